@@ -1,0 +1,128 @@
+//! Ebb's domain vocabulary, shared by every other crate.
+//!
+//! Typed ids, tiers, time and money live here so that the scheduler, the
+//! simulator and (later) the server agree on what a number means. Nothing in
+//! this crate does I/O or reads the clock: `Time` is whatever instant the
+//! caller says it is, which is what lets the scheduling core be a pure
+//! function and the simulator run in virtual time.
+
+pub mod money;
+pub mod time;
+
+pub use money::{MicroUsd, PriceBook};
+pub use time::{Span, Time};
+
+use std::fmt;
+
+macro_rules! typed_id {
+    ($(#[$doc:meta])* $name:ident($inner:ty), $prefix:literal) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub struct $name(pub $inner);
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, concat!($prefix, "{}"), self.0)
+            }
+        }
+    };
+}
+
+typed_id!(
+    /// A job, minted at the edge (server or simulator), never reused.
+    JobId(u64),
+    "j"
+);
+typed_id!(
+    /// A node. The scheduling core hands these out densely as nodes join,
+    /// so they double as indices; names live at the edge.
+    NodeId(u32),
+    "n"
+);
+typed_id!(
+    /// A tenant (an organisation owning jobs, tokens, reservations, bills).
+    TenantId(u32),
+    "t"
+);
+typed_id!(
+    /// A reservation of committed capacity.
+    ReservationId(u32),
+    "r"
+);
+typed_id!(
+    /// A GPU model, interned by the scheduling core (`H100-80GB` -> 0, ...).
+    GpuModelId(u16),
+    "m"
+);
+
+/// The attempt number of a job: 1 for its first run, +1 for each requeue.
+/// Together with the job id it fences stale processes: anything reported
+/// about an attempt other than the job's current one is refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Attempt(pub u32);
+
+impl fmt::Display for Attempt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// Capacity tiers, in fixed order of precedence: a lower `rank` wins.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Tier {
+    Reserved,
+    OnDemand,
+    Preemptible,
+}
+
+impl Tier {
+    pub const ALL: [Tier; 3] = [Tier::Reserved, Tier::OnDemand, Tier::Preemptible];
+
+    /// Precedence: reserved (0) > on-demand (1) > preemptible (2).
+    pub fn rank(self) -> u8 {
+        self as u8
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::Reserved => "reserved",
+            Tier::OnDemand => "on-demand",
+            Tier::Preemptible => "preemptible",
+        }
+    }
+}
+
+impl fmt::Display for Tier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A tier name that is not one of the three.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownTier(pub String);
+
+impl fmt::Display for UnknownTier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "unknown tier {:?}: expected reserved, on-demand or preemptible",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for UnknownTier {}
+
+impl std::str::FromStr for Tier {
+    type Err = UnknownTier;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "reserved" => Ok(Tier::Reserved),
+            "on-demand" | "ondemand" | "on_demand" => Ok(Tier::OnDemand),
+            "preemptible" => Ok(Tier::Preemptible),
+            other => Err(UnknownTier(other.to_string())),
+        }
+    }
+}

@@ -1,0 +1,217 @@
+//! What the scheduling core knows about the cluster: nodes, jobs, runs,
+//! reservations and the knobs of a scheduling pass.
+
+use std::collections::BTreeMap;
+
+use ebb_core::{
+    Attempt, GpuModelId, JobId, NodeId, ReservationId, Span, TenantId, Tier, Time,
+};
+
+/// Nodes carry their GPUs as a bit mask, so a node holds at most this many.
+pub const MAX_GPUS_PER_NODE: u8 = 64;
+
+/// Knobs of a scheduling pass. The same `Config` and state always give the
+/// same plan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Notice to deadline for every drain, chosen by the operator.
+    pub drain_window: Span,
+    /// How victims are ranked when a job must preempt.
+    pub victim_policy: VictimPolicy,
+    /// A node whose last heartbeat is older than this is declared lost and
+    /// its jobs requeued. `None` never declares a node lost (the simulator's
+    /// nodes do not fail).
+    pub heartbeat_timeout: Option<Span>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            drain_window: Span::from_secs(300),
+            victim_policy: VictimPolicy::LostWork,
+            heartbeat_timeout: None,
+        }
+    }
+}
+
+/// How the scheduler ranks preemptible victims. Every policy evicts whole
+/// gangs only and only when the preemptor then fits; they differ in which
+/// feasible set they prefer. `LostWork` is the product's policy; the others
+/// exist so the simulator can show what it is better than.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VictimPolicy {
+    /// Least GPU-time since the victims' last checkpoint (or start), then
+    /// fewest victims.
+    LostWork,
+    /// Most recently started first.
+    Youngest,
+    /// Longest running first.
+    Oldest,
+    /// Fewest GPUs evicted.
+    FewestGpus,
+    /// A seeded pseudo-random order (deterministic for a seed).
+    Random { seed: u64 },
+}
+
+impl std::str::FromStr for VictimPolicy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "lost-work" => Ok(VictimPolicy::LostWork),
+            "youngest" => Ok(VictimPolicy::Youngest),
+            "oldest" => Ok(VictimPolicy::Oldest),
+            "fewest-gpus" => Ok(VictimPolicy::FewestGpus),
+            other => match other.strip_prefix("random:") {
+                Some(seed) => seed
+                    .parse()
+                    .map(|seed| VictimPolicy::Random { seed })
+                    .map_err(|_| format!("victim policy: random seed must be an integer, got {seed:?}")),
+                None => Err(format!(
+                    "victim policy: expected lost-work, youngest, oldest, fewest-gpus or random:SEED, got {other:?}"
+                )),
+            },
+        }
+    }
+}
+
+/// What the edge tells the core about a new job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobSpec {
+    pub id: JobId,
+    pub tenant: TenantId,
+    pub tier: Tier,
+    /// Whole GPUs. More than one node's worth makes a gang over whole nodes,
+    /// so it must then be a multiple of the model's GPUs per node.
+    pub gpus: u32,
+    /// `None`: any model that fits. Reserved jobs name the model of their
+    /// reservation.
+    pub gpu_model: Option<GpuModelId>,
+    pub submitted_at: Time,
+    /// Requeue at most this many times after preemption; `None` = unbounded.
+    pub max_preemptions: Option<u32>,
+}
+
+/// One attempt's hold on concrete GPUs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Run {
+    pub attempt: Attempt,
+    pub model: GpuModelId,
+    /// GPUs by node, as bit masks of GPU indices; one entry per node.
+    pub alloc: Vec<(NodeId, u64)>,
+    pub started_at: Time,
+    pub last_checkpoint_at: Option<Time>,
+}
+
+impl Run {
+    pub fn gpus(&self) -> u32 {
+        self.alloc.iter().map(|(_, mask)| mask.count_ones()).sum()
+    }
+
+    /// Work since this instant is lost if the attempt is killed now.
+    pub fn progress_saved_at(&self) -> Time {
+        self.last_checkpoint_at.map_or(self.started_at, |ckpt| ckpt.max(self.started_at))
+    }
+}
+
+/// Why a running job is being drained.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum DrainReason {
+    /// Its GPUs are held for a reserved or on-demand job.
+    Preempted { by: JobId },
+    /// The operator drains its node.
+    NodeDrain { node: NodeId },
+    /// The operator reclaims preemptible capacity.
+    Reclaim,
+}
+
+/// A drain notice: notice now, forced kill at the deadline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Notice {
+    pub notice_at: Time,
+    pub deadline: Time,
+    pub reason: DrainReason,
+}
+
+/// Where a job is in the core's view. Finished jobs leave the core; their
+/// history is the edge's business.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Phase {
+    Queued,
+    /// Queued with GPUs held for it while its victims drain.
+    Holding,
+    Running,
+    Draining,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Job {
+    pub spec: JobSpec,
+    /// The latest attempt started; `Attempt(0)` before the first.
+    pub attempt: Attempt,
+    pub preemptions: u32,
+    pub phase: Phase,
+    /// Present while running or draining.
+    pub run: Option<Run>,
+    /// Present while draining.
+    pub notice: Option<Notice>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeStatus {
+    /// Takes new work.
+    Up,
+    /// Takes no new work; its preemptible jobs are drained, others finish.
+    Cordoned,
+    /// Declared lost; its jobs were requeued.
+    Lost,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeSpec {
+    pub name: String,
+    pub gpu_model: String,
+    pub gpus: u8,
+    pub labels: BTreeMap<String, String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reservation {
+    pub id: ReservationId,
+    pub tenant: TenantId,
+    pub gpu_model: GpuModelId,
+    pub gpus: u32,
+    pub start: Time,
+    pub end: Time,
+}
+
+impl Reservation {
+    pub fn is_active(&self, now: Time) -> bool {
+        self.start <= now && now < self.end
+    }
+}
+
+/// What the edge reports about an attempt's end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExitKind {
+    /// Exit code 0 with the completion marker (or, for a job that was not
+    /// draining, a plain success).
+    Completed,
+    /// A failure; `requeue` says whether the job's retry budget allows
+    /// another attempt. During a drain this is a preemption instead.
+    Failed { requeue: bool },
+    /// Stopped by its owner; never requeued.
+    Cancelled,
+}
+
+/// What the core did with an exited job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExitEffect {
+    Finished,
+    Failed,
+    Cancelled,
+    /// Back in the queue; `preempted` when the exit ended a drain.
+    Requeued { preempted: bool },
+    /// Preempted once more than its `max_preemptions` allows.
+    PreemptionLimitReached,
+}

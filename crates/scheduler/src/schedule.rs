@@ -1,0 +1,702 @@
+//! One scheduling pass: `schedule(&state, now, &config) -> Plan`.
+//!
+//! See `README.md` beside this file for the policy. The pass never mutates
+//! the state: what it decides is recorded in an overlay (`Pass`) holding
+//! only the nodes it touched, so a pass costs what its decisions need, not
+//! what the cluster holds.
+
+use std::cmp::Reverse;
+use std::collections::{btree_set, BTreeMap, BTreeSet, BinaryHeap};
+
+use ebb_core::{Attempt, GpuModelId, JobId, NodeId, TenantId, Tier, Time};
+
+use crate::model::*;
+use crate::plan::*;
+use crate::state::{full_mask, shape_fits, QueueClass, State};
+
+/// Plans one scheduling step at `now`. Pure: same inputs, same plan.
+pub fn schedule(state: &State, now: Time, config: &Config) -> Plan {
+    let mut pass = Pass::new(state, now, config);
+    pass.detect_lost_nodes();
+    pass.drain_cordoned_nodes();
+    pass.enforce_reclaims();
+    pass.start_ready_holds();
+    pass.walk_queue();
+    pass.plan
+}
+
+/// What a node looks like after the decisions made so far in this pass.
+#[derive(Clone, Copy)]
+struct Touched {
+    used: u64,
+    held: u64,
+}
+
+/// A feasible way to make room for one job.
+struct VictimSet {
+    model: GpuModelId,
+    hold: Vec<(NodeId, u64)>,
+    victims: Vec<JobId>,
+    /// Policy cost; lower is better.
+    cost: u128,
+}
+
+enum Outcome {
+    Started,
+    Preempting,
+    /// Waits for capacity; later jobs of its class cannot start either.
+    Blocked,
+}
+
+struct Pass<'a> {
+    state: &'a State,
+    now: Time,
+    config: &'a Config,
+    plan: Plan,
+    touched: BTreeMap<NodeId, Touched>,
+    /// Touched nodes that can still take work, by model and free GPUs.
+    touched_by_free: Vec<Vec<BTreeSet<NodeId>>>,
+    /// Nodes kept for a blocked job this pass: nothing else lands there.
+    earmarked: BTreeSet<NodeId>,
+    /// Nodes declared lost this pass.
+    dead: BTreeSet<NodeId>,
+    /// Per model and free count: nodes of the state's bucket below this id
+    /// were already found unusable this pass and need not be looked at.
+    cursor: Vec<Vec<u32>>,
+    /// Jobs given a drain notice this pass.
+    victims: BTreeSet<JobId>,
+    on_demand_used: Vec<u32>,
+    preemptible_active: Vec<u32>,
+    reserved_used: BTreeMap<(TenantId, GpuModelId), u32>,
+    reserved_total: Vec<u32>,
+}
+
+impl<'a> Pass<'a> {
+    fn new(state: &'a State, now: Time, config: &'a Config) -> Pass<'a> {
+        let models = &state.models;
+        Pass {
+            state,
+            now,
+            config,
+            plan: Plan { now, ..Plan::default() },
+            touched: BTreeMap::new(),
+            touched_by_free: models
+                .iter()
+                .map(|m| vec![BTreeSet::new(); m.gpus_per_node as usize + 1])
+                .collect(),
+            earmarked: BTreeSet::new(),
+            dead: BTreeSet::new(),
+            cursor: models.iter().map(|m| vec![0; m.gpus_per_node as usize + 1]).collect(),
+            victims: BTreeSet::new(),
+            on_demand_used: models.iter().map(|m| m.on_demand_used).collect(),
+            preemptible_active: models.iter().map(|m| m.preemptible_active).collect(),
+            reserved_used: BTreeMap::new(),
+            reserved_total: (0..models.len())
+                .map(|i| state.reserved_total(GpuModelId(i as u16), now))
+                .collect(),
+        }
+    }
+
+    // ---- lost nodes, operator drains and reclaims ------------------------
+
+    fn detect_lost_nodes(&mut self) {
+        let Some(timeout) = self.config.heartbeat_timeout else { return };
+        let state = self.state;
+        let mut requeued = BTreeSet::new();
+        for &(last, node) in &state.heartbeats {
+            if last + timeout > self.now {
+                break;
+            }
+            if state.nodes[node.0 as usize].status == NodeStatus::Lost {
+                continue;
+            }
+            self.plan.lost_nodes.push(node);
+            self.dead.insert(node);
+            self.untouch_bucket(node);
+            for job in state.nodes[node.0 as usize].jobs() {
+                if requeued.insert(job) {
+                    let attempt = state.jobs[&job].attempt;
+                    self.plan.requeues.push(Requeue { job, attempt, reason: RequeueReason::NodeLost(node) });
+                    self.victims.insert(job);
+                }
+            }
+        }
+    }
+
+    fn drain_cordoned_nodes(&mut self) {
+        let state = self.state;
+        for &node in &state.pending_node_drains {
+            for job in state.nodes[node.0 as usize].jobs() {
+                let j = &state.jobs[&job];
+                if j.spec.tier == Tier::Preemptible && j.phase == Phase::Running && !self.victims.contains(&job) {
+                    self.drain(job, DrainReason::NodeDrain { node });
+                }
+            }
+        }
+    }
+
+    /// Drains preemptible work of a model above its reclaim limit, cheapest
+    /// per GPU first. Runs only while a limit is exceeded (right after the
+    /// operator's reclaim), so its scan of the model's jobs is not per event.
+    fn enforce_reclaims(&mut self) {
+        let state = self.state;
+        for (model, m) in state.models() {
+            let Some(limit) = m.preemptible_limit else { continue };
+            let active = self.preemptible_active[model.0 as usize];
+            if active <= limit {
+                continue;
+            }
+            let mut candidates: Vec<(u128, JobId, u32)> = state
+                .jobs
+                .values()
+                .filter(|j| {
+                    j.spec.tier == Tier::Preemptible
+                        && j.phase == Phase::Running
+                        && !self.victims.contains(&j.spec.id)
+                        && j.run.as_ref().is_some_and(|r| r.model == model)
+                })
+                .map(|j| (self.victim_cost(j) / j.spec.gpus as u128, j.spec.id, j.spec.gpus))
+                .collect();
+            candidates.sort();
+            let mut excess = active - limit;
+            for (_, job, gpus) in candidates {
+                if excess == 0 {
+                    break;
+                }
+                self.drain(job, DrainReason::Reclaim);
+                excess = excess.saturating_sub(gpus);
+            }
+        }
+    }
+
+    fn drain(&mut self, job: JobId, reason: DrainReason) {
+        let j = &self.state.jobs[&job];
+        debug_assert_eq!(j.spec.tier, Tier::Preemptible, "only preemptible jobs are drained");
+        let run = j.run.as_ref().expect("drained job runs");
+        self.victims.insert(job);
+        self.preemptible_active[run.model.0 as usize] -= j.spec.gpus;
+        self.plan.drains.push(Drain {
+            job,
+            attempt: run.attempt,
+            notice_at: self.now,
+            deadline: self.now + self.config.drain_window,
+            reason,
+        });
+    }
+
+    // ---- starting jobs ---------------------------------------------------
+
+    fn start_ready_holds(&mut self) {
+        let state = self.state;
+        for &job in &state.ready_holds {
+            let hold = &state.holds[&job];
+            if hold.alloc.iter().any(|(n, _)| self.dead.contains(n)) {
+                continue;
+            }
+            for &(node, mask) in &hold.alloc {
+                let t = self.masks(node);
+                self.touch(node, Touched { used: t.used | mask, held: t.held & !mask });
+            }
+            let j = &state.jobs[&job];
+            self.plan.placements.push(Placement {
+                job,
+                attempt: Attempt(j.attempt.0 + 1),
+                model: hold.model,
+                alloc: hold.alloc.clone(),
+                from_hold: true,
+            });
+        }
+    }
+
+    /// Walks queued jobs in priority order (tier, then submission), one
+    /// cursor per queue class, until every class has started all it can or
+    /// is blocked.
+    fn walk_queue(&mut self) {
+        let state = self.state;
+        let mut classes: Vec<(QueueClass, btree_set::Iter<'a, (Time, JobId)>)> =
+            state.queues.iter().map(|(class, queue)| (*class, queue.iter())).collect();
+        let mut heap = BinaryHeap::new();
+        for (i, (class, iter)) in classes.iter_mut().enumerate() {
+            if let Some(&(at, job)) = iter.next() {
+                heap.push(Reverse((class.tier.rank(), at, job, i)));
+            }
+        }
+        while let Some(Reverse((_, _, job, i))) = heap.pop() {
+            match self.try_start(job) {
+                Outcome::Started | Outcome::Preempting => {
+                    let (class, iter) = &mut classes[i];
+                    if let Some(&(at, next)) = iter.next() {
+                        heap.push(Reverse((class.tier.rank(), at, next, i)));
+                    }
+                }
+                Outcome::Blocked => {}
+            }
+        }
+    }
+
+    fn try_start(&mut self, id: JobId) -> Outcome {
+        let state = self.state;
+        let job = &state.jobs[&id];
+        let spec = &job.spec;
+        let models: Vec<GpuModelId> = self
+            .candidate_models(spec)
+            .filter(|&m| self.cap_allows(spec, m))
+            .collect();
+        for &model in &models {
+            if let Some(alloc) = self.find_free(model, spec.gpus) {
+                self.place(id, model, alloc);
+                return Outcome::Started;
+            }
+        }
+        if spec.tier != Tier::Preemptible {
+            let mut best: Option<VictimSet> = None;
+            for &model in &models {
+                if let Some(set) = self.find_victims(model, spec.gpus) {
+                    let better = best.as_ref().map_or(true, |b| {
+                        (set.cost, set.victims.len()) < (b.cost, b.victims.len())
+                    });
+                    if better {
+                        best = Some(set);
+                    }
+                }
+            }
+            if let Some(set) = best {
+                self.preempt(id, set);
+                return Outcome::Preempting;
+            }
+        }
+        if let Some(&model) = models.first() {
+            self.earmark_for(model, spec.gpus);
+        }
+        Outcome::Blocked
+    }
+
+    /// Models the job could ever run on: its own, or any whose node size
+    /// admits its shape and whose capacity is large enough.
+    fn candidate_models<'s>(&'s self, spec: &'s JobSpec) -> impl Iterator<Item = GpuModelId> + 's {
+        self.state.models().filter_map(move |(id, m)| {
+            let wanted = spec.gpu_model.map_or(true, |w| w == id);
+            (wanted && shape_fits(spec.gpus, m.gpus_per_node) && spec.gpus <= m.capacity).then_some(id)
+        })
+    }
+
+    /// The tier caps: on-demand may not take GPUs reserved for others,
+    /// reserved jobs stay within their tenant's reservation, preemptible
+    /// work within any reclaim limit.
+    fn cap_allows(&self, spec: &JobSpec, model: GpuModelId) -> bool {
+        let m = &self.state.models[model.0 as usize];
+        let i = model.0 as usize;
+        match spec.tier {
+            Tier::OnDemand => {
+                self.on_demand_used[i] + spec.gpus <= m.capacity.saturating_sub(self.reserved_total[i])
+            }
+            Tier::Reserved => {
+                let used = self.reserved_used_now(spec.tenant, model);
+                used + spec.gpus <= self.state.reserved_capacity(spec.tenant, model, self.now)
+            }
+            Tier::Preemptible => m
+                .preemptible_limit
+                .map_or(true, |limit| self.preemptible_active[i] + spec.gpus <= limit),
+        }
+    }
+
+    fn reserved_used_now(&self, tenant: TenantId, model: GpuModelId) -> u32 {
+        self.reserved_used
+            .get(&(tenant, model))
+            .copied()
+            .unwrap_or_else(|| self.state.reserved_used(tenant, model))
+    }
+
+    fn count(&mut self, spec: &JobSpec, model: GpuModelId) {
+        let i = model.0 as usize;
+        match spec.tier {
+            Tier::OnDemand => self.on_demand_used[i] += spec.gpus,
+            Tier::Reserved => {
+                let used = self.reserved_used_now(spec.tenant, model);
+                self.reserved_used.insert((spec.tenant, model), used + spec.gpus);
+            }
+            Tier::Preemptible => self.preemptible_active[i] += spec.gpus,
+        }
+    }
+
+    fn place(&mut self, job: JobId, model: GpuModelId, alloc: Vec<(NodeId, u64)>) {
+        let state = self.state;
+        let j = &state.jobs[&job];
+        self.count(&j.spec, model);
+        for &(node, mask) in &alloc {
+            let t = self.masks(node);
+            self.touch(node, Touched { used: t.used | mask, held: t.held });
+        }
+        self.plan.placements.push(Placement {
+            job,
+            attempt: Attempt(j.attempt.0 + 1),
+            model,
+            alloc,
+            from_hold: false,
+        });
+    }
+
+    fn preempt(&mut self, job: JobId, set: VictimSet) {
+        let state = self.state;
+        let j = &state.jobs[&job];
+        self.count(&j.spec, set.model);
+        for &(node, mask) in &set.hold {
+            let t = self.masks(node);
+            self.touch(node, Touched { used: t.used, held: t.held | mask });
+        }
+        let mut lost_gpu_ms = 0;
+        for &victim in &set.victims {
+            let v = &state.jobs[&victim];
+            let run = v.run.as_ref().expect("victims run");
+            lost_gpu_ms += v.spec.gpus as u128 * self.now.saturating_since(run.progress_saved_at()).0 as u128;
+            self.drain(victim, DrainReason::Preempted { by: job });
+        }
+        self.plan.preemptions.push(Preemption {
+            preemptor: job,
+            model: set.model,
+            hold: set.hold,
+            victims: set.victims,
+            lost_gpu_ms,
+        });
+    }
+
+    // ---- free capacity ---------------------------------------------------
+
+    fn find_free(&mut self, model: GpuModelId, gpus: u32) -> Option<Vec<(NodeId, u64)>> {
+        let per_node = self.state.models[model.0 as usize].gpus_per_node;
+        if gpus <= per_node as u32 {
+            // Best fit: the fullest node that still fits keeps whole nodes free.
+            for free in gpus as usize..=per_node as usize {
+                if let Some(&node) = self.bucket_nodes(model, free, 1).first() {
+                    let mask = lowest_bits(self.free_mask(node), gpus);
+                    return Some(vec![(node, mask)]);
+                }
+            }
+            None
+        } else {
+            let k = gpus / per_node as u32;
+            let nodes = self.bucket_nodes(model, per_node as usize, k as usize);
+            (nodes.len() == k as usize)
+                .then(|| nodes.into_iter().map(|n| (n, full_mask(per_node))).collect())
+        }
+    }
+
+    /// Keeps the nodes closest to fitting a blocked job free of later work,
+    /// so a large job is never starved by smaller ones behind it.
+    fn earmark_for(&mut self, model: GpuModelId, gpus: u32) {
+        let per_node = self.state.models[model.0 as usize].gpus_per_node;
+        let mut wanted = if gpus <= per_node as u32 { 1 } else { (gpus / per_node as u32) as usize };
+        for free in (0..=per_node as usize).rev() {
+            if wanted == 0 {
+                break;
+            }
+            for node in self.bucket_nodes(model, free, wanted) {
+                self.earmarked.insert(node);
+                self.untouch_bucket(node);
+                wanted -= 1;
+            }
+        }
+    }
+
+    /// Up to `limit` usable nodes of `model` with exactly `free` free GPUs
+    /// after this pass's decisions, lowest id first.
+    fn bucket_nodes(&mut self, model: GpuModelId, free: usize, limit: usize) -> Vec<NodeId> {
+        let base = &self.state.index[model.0 as usize].by_free[free];
+        let cursor = &mut self.cursor[model.0 as usize][free];
+        let usable = |n: &NodeId| {
+            !self.touched.contains_key(n) && !self.earmarked.contains(n) && !self.dead.contains(n)
+        };
+        let mut from_base = Vec::with_capacity(limit);
+        let mut prefix = true;
+        for node in base.range(NodeId(*cursor)..) {
+            if usable(node) {
+                prefix = false;
+                from_base.push(*node);
+                if from_base.len() == limit {
+                    break;
+                }
+            } else if prefix {
+                *cursor = node.0 + 1;
+            }
+        }
+        let touched = &self.touched_by_free[model.0 as usize][free];
+        if touched.is_empty() {
+            return from_base;
+        }
+        let mut merged: Vec<NodeId> = from_base.into_iter().chain(touched.iter().take(limit).copied()).collect();
+        merged.sort_unstable();
+        merged.truncate(limit);
+        merged
+    }
+
+    fn masks(&self, node: NodeId) -> Touched {
+        self.touched.get(&node).copied().unwrap_or_else(|| {
+            let n = &self.state.nodes[node.0 as usize];
+            Touched { used: n.used_mask(), held: n.held_mask() }
+        })
+    }
+
+    fn free_mask(&self, node: NodeId) -> u64 {
+        let t = self.masks(node);
+        full_mask(self.state.nodes[node.0 as usize].gpus) & !t.used & !t.held
+    }
+
+    fn touch(&mut self, node: NodeId, after: Touched) {
+        self.untouch_bucket(node);
+        self.touched.insert(node, after);
+        let n = &self.state.nodes[node.0 as usize];
+        if n.status == NodeStatus::Up && !self.earmarked.contains(&node) && !self.dead.contains(&node) {
+            let free = self.free_mask(node).count_ones() as usize;
+            self.touched_by_free[n.model.0 as usize][free].insert(node);
+        }
+    }
+
+    fn untouch_bucket(&mut self, node: NodeId) {
+        if self.touched.contains_key(&node) {
+            let model = self.state.nodes[node.0 as usize].model;
+            let free = self.free_mask(node).count_ones() as usize;
+            self.touched_by_free[model.0 as usize][free].remove(&node);
+        }
+    }
+
+    // ---- victims -----------------------------------------------------------
+
+    /// The policy's cost of evicting one job now.
+    fn victim_cost(&self, job: &Job) -> u128 {
+        let run = job.run.as_ref().expect("victims run");
+        let gpus = job.spec.gpus as u128;
+        match self.config.victim_policy {
+            VictimPolicy::LostWork => gpus * self.now.saturating_since(run.progress_saved_at()).0 as u128,
+            VictimPolicy::Youngest => self.now.saturating_since(run.started_at).0 as u128,
+            VictimPolicy::Oldest => run.started_at.0 as u128,
+            VictimPolicy::FewestGpus => gpus,
+            VictimPolicy::Random { seed } => {
+                splitmix64(seed ^ splitmix64(job.spec.id.0 ^ ((run.attempt.0 as u64) << 48))) as u128
+            }
+        }
+    }
+
+    /// The cheapest set of preemptible jobs whose leaving lets a job of
+    /// `gpus` GPUs fit on `model`, or `None` if no set does.
+    fn find_victims(&self, model: GpuModelId, gpus: u32) -> Option<VictimSet> {
+        let per_node = self.state.models[model.0 as usize].gpus_per_node;
+        if gpus <= per_node as u32 {
+            self.victims_on_one_node(model, gpus as u8)
+        } else {
+            self.victims_on_whole_nodes(model, (gpus / per_node as u32) as usize)
+        }
+    }
+
+    /// Candidate nodes for a `gpus`-GPU preemptor, as (lower bound on cost,
+    /// node), in best-first order for the lost-work policy. `whole` asks for
+    /// nodes that can be emptied entirely.
+    fn candidate_nodes(&self, model: GpuModelId, gpus: u8, whole: bool) -> CandidateNodes<'a> {
+        let state = self.state;
+        let per_node = state.models[model.0 as usize].gpus_per_node;
+        let index = &state.index[model.0 as usize];
+        let mut buckets = Vec::new();
+        for free in 0..gpus.min(per_node + 1) {
+            let reclaimable: Vec<u8> = if whole {
+                vec![per_node - free]
+            } else {
+                (gpus - free..=per_node - free).collect()
+            };
+            for p in reclaimable {
+                let bucket = &index.by_reclaimable[free as usize][p as usize];
+                if !bucket.is_empty() {
+                    buckets.push(((gpus - free) as u128, bucket.iter()));
+                }
+            }
+        }
+        CandidateNodes::new(buckets, self.now)
+    }
+
+    fn victims_on_one_node(&self, model: GpuModelId, gpus: u8) -> Option<VictimSet> {
+        let exhaustive = self.config.victim_policy != VictimPolicy::LostWork;
+        let mut best: Option<(u128, usize, NodeId, Vec<JobId>)> = None;
+        let mut candidates = self.candidate_nodes(model, gpus, false);
+        while let Some((bound, node)) = candidates.next() {
+            if let (false, Some((cost, n, _, _))) = (exhaustive, &best) {
+                // Nothing further can be cheaper (nor equal with fewer victims).
+                if bound > *cost || (bound == *cost && *n == 1) {
+                    break;
+                }
+            }
+            if self.earmarked.contains(&node) || self.dead.contains(&node) {
+                continue;
+            }
+            let Some((cost, victims)) = self.cheapest_on_node(node, gpus) else { continue };
+            let better = best.as_ref().map_or(true, |(c, n, id, _)| {
+                let key = (cost, victims.len());
+                key < (*c, *n) || (exhaustive && key == (*c, *n) && node < *id)
+            });
+            if better {
+                best = Some((cost, victims.len(), node, victims));
+            }
+        }
+        let (cost, _, node, victims) = best?;
+        let free = self.free_mask(node);
+        let victim_gpus = victims.iter().fold(0, |acc, v| acc | self.mask_on(*v, node));
+        let mut hold = lowest_bits(free, gpus as u32);
+        hold |= lowest_bits(victim_gpus, gpus as u32 - hold.count_ones());
+        Some(VictimSet { model, hold: vec![(node, hold)], victims, cost })
+    }
+
+    fn victims_on_whole_nodes(&self, model: GpuModelId, k: usize) -> Option<VictimSet> {
+        let per_node = self.state.models[model.0 as usize].gpus_per_node;
+        let exhaustive = self.config.victim_policy != VictimPolicy::LostWork;
+        // (cost, node, victims), kept sorted; free nodes cost nothing.
+        let mut chosen: Vec<(u128, NodeId, Vec<JobId>)> = Vec::new();
+        let mut candidates = self.candidate_nodes(model, per_node, true);
+        let free_nodes: BTreeSet<NodeId> = self.state.index[model.0 as usize].by_free[per_node as usize]
+            .iter()
+            .chain(self.touched_by_free[model.0 as usize][per_node as usize].iter())
+            .filter(|n| !self.earmarked.contains(n) && !self.dead.contains(n))
+            .filter(|n| self.free_mask(**n).count_ones() == per_node as u32)
+            .copied()
+            .collect();
+        for node in free_nodes.into_iter().take(k) {
+            chosen.push((0, node, Vec::new()));
+        }
+        while let Some((bound, node)) = candidates.next() {
+            if !exhaustive && chosen.len() >= k && bound > chosen[k - 1].0 {
+                break;
+            }
+            if self.earmarked.contains(&node) || self.dead.contains(&node) || chosen.iter().any(|c| c.1 == node) {
+                continue;
+            }
+            let Some((cost, victims)) = self.cheapest_on_node(node, per_node) else { continue };
+            chosen.push((cost, node, victims));
+            chosen.sort_by_key(|(cost, node, victims)| (*cost, victims.len(), *node));
+            chosen.truncate(k);
+        }
+        if chosen.len() < k {
+            return None;
+        }
+        let mut victims: Vec<JobId> = chosen.iter().flat_map(|c| c.2.iter().copied()).collect();
+        victims.sort_unstable();
+        victims.dedup();
+        let cost = victims.iter().map(|v| self.victim_cost(&self.state.jobs[v])).sum();
+        let mut hold: Vec<(NodeId, u64)> = chosen.iter().map(|c| (c.1, full_mask(per_node))).collect();
+        hold.sort_unstable();
+        Some(VictimSet { model, hold, victims, cost })
+    }
+
+    /// The cheapest set of evictable jobs on `node` that frees room for
+    /// `gpus` GPUs there: (cost, victims), fewest victims among equals.
+    fn cheapest_on_node(&self, node: NodeId, gpus: u8) -> Option<(u128, Vec<JobId>)> {
+        let free = self.free_mask(node).count_ones();
+        if free >= gpus as u32 {
+            return None; // placeable without preemption; best fit saw it
+        }
+        let need = gpus as u32 - free;
+        let mut options: Vec<(u128, u32, JobId)> = self.state.nodes[node.0 as usize]
+            .jobs
+            .iter()
+            .filter(|(job, _)| !self.victims.contains(job))
+            .filter_map(|&(job, mask)| {
+                let j = &self.state.jobs[&job];
+                (j.spec.tier == Tier::Preemptible && j.phase == Phase::Running)
+                    .then(|| (self.victim_cost(j), mask.count_ones(), job))
+            })
+            .collect();
+        if options.iter().map(|o| o.1).sum::<u32>() < need {
+            return None;
+        }
+        options.sort_unstable();
+        const EXACT_UP_TO: usize = 12;
+        let pick: Vec<usize> = if options.len() <= EXACT_UP_TO {
+            let mut best: Option<(u128, u32, u32)> = None; // (cost, victims, subset)
+            for subset in 1u32..(1 << options.len()) {
+                let (mut cost, mut freed) = (0u128, 0u32);
+                for (i, option) in options.iter().enumerate() {
+                    if subset & (1 << i) != 0 {
+                        cost += option.0;
+                        freed += option.1;
+                    }
+                }
+                let key = (cost, subset.count_ones(), subset);
+                if freed >= need && best.map_or(true, |b| key < b) {
+                    best = Some(key);
+                }
+            }
+            let subset = best.expect("enough GPUs were checked above").2;
+            (0..options.len()).filter(|i| subset & (1 << i) != 0).collect()
+        } else {
+            // Many small jobs on a big node: cheapest per GPU first.
+            let mut order: Vec<usize> = (0..options.len()).collect();
+            order.sort_by_key(|&i| (options[i].0 / options[i].1 as u128, options[i].2));
+            let mut freed = 0;
+            order.into_iter().take_while(|&i| {
+                let take = freed < need;
+                freed += options[i].1;
+                take
+            }).collect()
+        };
+        let cost = pick.iter().map(|&i| options[i].0).sum();
+        let mut victims: Vec<JobId> = pick.iter().map(|&i| options[i].2).collect();
+        victims.sort_unstable();
+        Some((cost, victims))
+    }
+
+    fn mask_on(&self, job: JobId, node: NodeId) -> u64 {
+        self.state.nodes[node.0 as usize]
+            .jobs
+            .iter()
+            .find(|(j, _)| *j == job)
+            .map_or(0, |(_, mask)| *mask)
+    }
+}
+
+/// Best-first merge of the victim index's buckets: yields nodes by a lower
+/// bound on what evicting there loses, `needed GPUs * (now - t_max)`.
+struct CandidateNodes<'a> {
+    now: Time,
+    buckets: Vec<(u128, btree_set::Iter<'a, (Reverse<Time>, NodeId)>)>,
+    heap: BinaryHeap<Reverse<(u128, Reverse<Time>, NodeId, usize)>>,
+}
+
+impl<'a> CandidateNodes<'a> {
+    fn new(buckets: Vec<(u128, btree_set::Iter<'a, (Reverse<Time>, NodeId)>)>, now: Time) -> Self {
+        let mut this = CandidateNodes { now, buckets, heap: BinaryHeap::new() };
+        for i in 0..this.buckets.len() {
+            this.advance(i);
+        }
+        this
+    }
+
+    fn advance(&mut self, i: usize) {
+        let (needed, iter) = &mut self.buckets[i];
+        if let Some(&(Reverse(saved_at), node)) = iter.next() {
+            let bound = *needed * self.now.saturating_since(saved_at).0 as u128;
+            self.heap.push(Reverse((bound, Reverse(saved_at), node, i)));
+        }
+    }
+
+    fn next(&mut self) -> Option<(u128, NodeId)> {
+        let Reverse((bound, _, node, i)) = self.heap.pop()?;
+        self.advance(i);
+        Some((bound, node))
+    }
+}
+
+/// The lowest `n` set bits of `mask`.
+fn lowest_bits(mut mask: u64, n: u32) -> u64 {
+    let mut out = 0;
+    for _ in 0..n {
+        if mask == 0 {
+            break;
+        }
+        let bit = mask & mask.wrapping_neg();
+        out |= bit;
+        mask &= !bit;
+    }
+    out
+}
+
+fn splitmix64(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}

@@ -1,0 +1,263 @@
+//! Property tests: the invariants hold after every step of random clusters
+//! and job streams, the same input gives the same plans, and the indexed
+//! victim search finds the same cost as brute force.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::Cluster;
+use ebb_core::{JobId, NodeId, ReservationId, Span, TenantId, Tier, Time};
+use ebb_scheduler::*;
+use proptest::prelude::*;
+
+#[derive(Clone, Debug)]
+enum Op {
+    Submit { tier: Tier, gpus: u32, tenant: u32 },
+    Exit { pick: usize, kind: u8 },
+    Checkpoint { pick: usize },
+    Advance { secs: u64 },
+    Cancel { pick: usize },
+    DrainNode { node: u32 },
+    UndrainNode { node: u32 },
+    Reclaim { gpus: u32 },
+    ReleaseReclaim,
+    Heartbeats { skip: u32 },
+    Rejoin { node: u32 },
+    Step,
+}
+
+fn tier() -> impl Strategy<Value = Tier> {
+    prop_oneof![1 => Just(Tier::Reserved), 2 => Just(Tier::OnDemand), 4 => Just(Tier::Preemptible)]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        10 => (tier(), prop_oneof![Just(1u32), Just(2), Just(3), Just(4), Just(8), Just(16)], 0u32..3)
+            .prop_map(|(tier, gpus, tenant)| Op::Submit { tier, gpus, tenant }),
+        3 => (any::<usize>(), 0u8..4).prop_map(|(pick, kind)| Op::Exit { pick, kind }),
+        2 => any::<usize>().prop_map(|pick| Op::Checkpoint { pick }),
+        3 => (1u64..200).prop_map(|secs| Op::Advance { secs }),
+        1 => any::<usize>().prop_map(|pick| Op::Cancel { pick }),
+        1 => (0u32..6).prop_map(|node| Op::DrainNode { node }),
+        1 => (0u32..6).prop_map(|node| Op::UndrainNode { node }),
+        1 => (1u32..12).prop_map(|gpus| Op::Reclaim { gpus }),
+        1 => Just(Op::ReleaseReclaim),
+        4 => (0u32..8).prop_map(|skip| Op::Heartbeats { skip }),
+        1 => (0u32..6).prop_map(|node| Op::Rejoin { node }),
+        8 => Just(Op::Step),
+    ]
+}
+
+fn pick<T: Copy>(items: &[T], i: usize) -> Option<T> {
+    (!items.is_empty()).then(|| items[i % items.len()])
+}
+
+/// Runs `ops` on a fresh cluster, checking invariants after every op, and
+/// returns every plan made.
+fn run(nodes: u32, gpus_per_node: u8, policy: VictimPolicy, ops: &[Op]) -> Vec<Plan> {
+    let mut c = Cluster::new(nodes, gpus_per_node);
+    c.config.victim_policy = policy;
+    c.config.heartbeat_timeout = Some(Span::from_secs(600));
+    c.config.drain_window = Span::from_secs(120);
+    c.state
+        .add_reservation(Reservation {
+            id: ReservationId(1),
+            tenant: TenantId(1),
+            gpu_model: c.model(),
+            gpus: gpus_per_node as u32,
+            start: Time::ZERO,
+            end: Time::from_secs(5_000),
+        })
+        .unwrap();
+    for op in ops {
+        let live = |c: &Cluster, phases: &[Phase]| -> Vec<JobId> {
+            c.state.jobs().filter(|j| phases.contains(&j.phase)).map(|j| j.spec.id).collect()
+        };
+        match *op {
+            Op::Submit { tier, gpus, tenant } => {
+                let _ = c.submit_as(tier, gpus.min(nodes * gpus_per_node as u32), TenantId(tenant));
+            }
+            Op::Exit { pick: i, kind } => {
+                if let Some(job) = pick(&live(&c, &[Phase::Running, Phase::Draining]), i) {
+                    let kind = match kind {
+                        0 => ExitKind::Completed,
+                        1 => ExitKind::Failed { requeue: true },
+                        2 => ExitKind::Failed { requeue: false },
+                        _ => ExitKind::Cancelled,
+                    };
+                    c.exit(job, kind);
+                }
+            }
+            Op::Checkpoint { pick: i } => {
+                if let Some(job) = pick(&live(&c, &[Phase::Running, Phase::Draining]), i) {
+                    c.checkpoint(job);
+                }
+            }
+            Op::Advance { secs } => c.advance(secs),
+            Op::Cancel { pick: i } => {
+                if let Some(job) = pick(&live(&c, &[Phase::Queued, Phase::Holding]), i) {
+                    c.state.cancel(job).unwrap();
+                }
+            }
+            Op::DrainNode { node } => {
+                let _ = c.state.drain_node(NodeId(node % nodes));
+            }
+            Op::UndrainNode { node } => {
+                let _ = c.state.undrain_node(NodeId(node % nodes));
+            }
+            Op::Reclaim { gpus } => {
+                c.state.reclaim(c.model(), gpus).unwrap();
+            }
+            Op::ReleaseReclaim => c.state.release_reclaim(c.model()).unwrap(),
+            Op::Heartbeats { skip } => {
+                for n in 0..nodes {
+                    if n != skip {
+                        let _ = c.state.heartbeat(NodeId(n), c.now);
+                    }
+                }
+            }
+            Op::Rejoin { node } => {
+                let name = format!("node-{}", node % nodes);
+                let spec = NodeSpec { name, gpu_model: "H100".into(), gpus: gpus_per_node, labels: BTreeMap::new() };
+                let _ = c.state.add_node(spec, c.now);
+            }
+            Op::Step => {
+                let ready: Vec<JobId> = c
+                    .state
+                    .jobs()
+                    .filter(|j| j.phase == Phase::Holding)
+                    .filter(|j| c.state.hold(j.spec.id).unwrap().waiting_on.is_empty())
+                    .map(|j| j.spec.id)
+                    .collect();
+                let plan = c.step();
+                for d in &plan.drains {
+                    let job = c.state.job(d.job).unwrap();
+                    assert_eq!(job.spec.tier, Tier::Preemptible, "drained a {} job", job.spec.tier);
+                    assert_eq!(d.deadline, d.notice_at + c.config.drain_window);
+                }
+                // A preemptor whose victims have all left starts at once on
+                // exactly the GPUs held for it.
+                for job in ready {
+                    let started = plan.placements.iter().any(|p| p.job == job && p.from_hold);
+                    assert!(started || !plan.lost_nodes.is_empty(), "{job} kept waiting on a ready hold");
+                }
+            }
+        }
+        c.state.sanity_check().unwrap_or_else(|e| panic!("after {op:?}: {e}"));
+    }
+    c.plans
+}
+
+fn policy() -> impl Strategy<Value = VictimPolicy> {
+    prop_oneof![
+        3 => Just(VictimPolicy::LostWork),
+        1 => Just(VictimPolicy::Youngest),
+        1 => Just(VictimPolicy::Oldest),
+        1 => Just(VictimPolicy::FewestGpus),
+        1 => any::<u64>().prop_map(|seed| VictimPolicy::Random { seed }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn invariants_hold_after_every_step(
+        nodes in 1u32..6,
+        gpus_per_node in prop_oneof![Just(4u8), Just(8)],
+        policy in policy(),
+        ops in prop::collection::vec(op(), 1..200),
+    ) {
+        run(nodes, gpus_per_node, policy, &ops);
+    }
+
+    #[test]
+    fn same_input_same_plans(
+        nodes in 1u32..6,
+        policy in policy(),
+        ops in prop::collection::vec(op(), 1..80),
+    ) {
+        let first = run(nodes, 8, policy, &ops);
+        let second = run(nodes, 8, policy, &ops);
+        prop_assert_eq!(first, second);
+    }
+
+    /// The indexed, pruned search picks a victim set exactly as cheap as
+    /// trying every node and every subset of its preemptible jobs.
+    #[test]
+    fn victim_search_matches_brute_force(
+        nodes in 1u32..8,
+        sizes in prop::collection::vec(prop_oneof![Just(1u32), Just(2), Just(4)], 1..40),
+        checkpoints in prop::collection::vec((any::<usize>(), 1u64..1000), 0..10),
+        non_preemptible in prop::collection::vec(any::<usize>(), 0..4),
+        want in prop_oneof![Just(1u32), Just(2), Just(3), Just(4)],
+    ) {
+        let mut c = Cluster::new(nodes, 4);
+        for (i, gpus) in sizes.iter().enumerate() {
+            let tier = if non_preemptible.contains(&i) { Tier::OnDemand } else { Tier::Preemptible };
+            c.submit(tier, *gpus);
+            c.advance(7);
+            c.step();
+        }
+        let running: Vec<JobId> = c.state.jobs().filter(|j| j.phase == Phase::Running).map(|j| j.spec.id).collect();
+        for (pick, secs) in checkpoints {
+            c.advance(secs);
+            if let Some(job) = super_pick(&running, pick) {
+                c.checkpoint(job);
+            }
+        }
+        // Fill every free GPU with on-demand work so the next job must preempt.
+        c.config.victim_policy = VictimPolicy::LostWork;
+        loop {
+            let free: u32 = c.state.nodes().iter().map(|n| n.free_mask().count_ones()).sum();
+            if free == 0 { break; }
+            c.submit(Tier::OnDemand, 1);
+            c.step();
+        }
+        c.advance(300);
+        let expected = brute_force_min_lost(&c, want);
+        c.submit(Tier::OnDemand, want);
+        let plan = schedule(&c.state, c.now, &c.config);
+        match expected {
+            None => prop_assert!(plan.preemptions.is_empty()),
+            Some((cost, n)) => {
+                prop_assert_eq!(plan.preemptions.len(), 1);
+                prop_assert_eq!(plan.preemptions[0].lost_gpu_ms, cost);
+                prop_assert_eq!(plan.preemptions[0].victims.len(), n);
+            }
+        }
+    }
+}
+
+fn super_pick(items: &[JobId], i: usize) -> Option<JobId> {
+    pick(items, i)
+}
+
+/// (lost GPU-ms, victims) of the best single-node eviction for `want` GPUs.
+fn brute_force_min_lost(c: &Cluster, want: u32) -> Option<(u128, usize)> {
+    let mut best: Option<(u128, usize)> = None;
+    for node in c.state.nodes() {
+        let free = node.free_mask().count_ones();
+        let options: Vec<(u128, u32)> = node
+            .jobs()
+            .filter_map(|id| {
+                let j = c.state.job(id).unwrap();
+                let run = j.run.as_ref().unwrap();
+                (j.spec.tier == Tier::Preemptible && j.phase == Phase::Running).then(|| {
+                    let lost = j.spec.gpus as u128 * c.now.saturating_since(run.progress_saved_at()).0 as u128;
+                    (lost, j.spec.gpus)
+                })
+            })
+            .collect();
+        for subset in 1u32..(1 << options.len()) {
+            let chosen = options.iter().enumerate().filter(|(i, _)| subset & (1 << i) != 0);
+            let (cost, freed) = chosen.fold((0, 0), |(c, f), (_, o)| (c + o.0, f + o.1));
+            let key = (cost, subset.count_ones() as usize);
+            if free + freed >= want && best.map_or(true, |b| key < b) {
+                best = Some(key);
+            }
+        }
+    }
+    best
+}

@@ -1,0 +1,391 @@
+//! The scheduling policy, one behaviour per test.
+
+mod common;
+
+use common::Cluster;
+use ebb_core::{JobId, NodeId, ReservationId, Span, TenantId, Tier, Time};
+use ebb_scheduler::*;
+
+#[test]
+fn packs_partly_used_nodes_first() {
+    let mut c = Cluster::new(2, 8);
+    let a = c.submit(Tier::OnDemand, 3);
+    c.step();
+    let b = c.submit(Tier::OnDemand, 2);
+    c.step();
+    assert_eq!(c.nodes_of(a), c.nodes_of(b), "the 2-GPU job should fill the partly used node");
+    let big = c.submit(Tier::OnDemand, 8);
+    c.step();
+    assert_eq!(c.phase(big), Some(Phase::Running), "a whole node stayed free for the 8-GPU job");
+}
+
+#[test]
+fn tiers_start_in_precedence_order_then_submission_order() {
+    let mut c = Cluster::new(1, 4);
+    let pre = c.submit(Tier::Preemptible, 4);
+    let od = c.submit(Tier::OnDemand, 4);
+    let plan = c.step();
+    assert_eq!(plan.placements.len(), 1);
+    assert_eq!(plan.placements[0].job, od);
+    assert_eq!(c.phase(pre), Some(Phase::Queued));
+}
+
+#[test]
+fn preemption_drains_the_victim_and_holds_its_gpus_for_the_preemptor() {
+    let mut c = Cluster::new(1, 8);
+    let victim = c.submit(Tier::Preemptible, 8);
+    c.step();
+    c.advance(60);
+    let od = c.submit(Tier::OnDemand, 8);
+    let plan = c.step();
+    assert_eq!(plan.drains.len(), 1);
+    let drain = plan.drains[0];
+    assert_eq!(drain.job, victim);
+    assert_eq!(drain.deadline, drain.notice_at + Span::from_secs(300));
+    assert_eq!(drain.reason, DrainReason::Preempted { by: od });
+    assert_eq!(c.phase(od), Some(Phase::Holding));
+
+    // Nobody else may take the held GPUs, not even a higher-priority job.
+    let other = c.submit(Tier::OnDemand, 8);
+    let plan = c.step();
+    assert!(plan.placements.is_empty() && plan.drains.is_empty());
+
+    c.advance(10);
+    assert_eq!(c.exit(victim, ExitKind::Failed { requeue: false }), ExitEffect::Requeued { preempted: true });
+    let plan = c.step();
+    assert_eq!(plan.placements.len(), 1);
+    assert_eq!(plan.placements[0].job, od);
+    assert!(plan.placements[0].from_hold);
+    assert_eq!(c.phase(other), Some(Phase::Queued));
+    let v = c.state.job(victim).unwrap();
+    assert_eq!((v.phase, v.preemptions), (Phase::Queued, 1));
+}
+
+#[test]
+fn never_evicts_when_the_job_still_would_not_fit() {
+    let mut c = Cluster::new(1, 8);
+    c.submit(Tier::OnDemand, 4);
+    c.submit(Tier::Preemptible, 4);
+    c.step();
+    let big = c.submit(Tier::OnDemand, 8);
+    let plan = c.step();
+    assert!(plan.drains.is_empty(), "evicting the preemptible job would free only 4 of 8 GPUs");
+    assert_eq!(c.phase(big), Some(Phase::Queued));
+}
+
+#[test]
+fn victim_is_the_one_that_checkpointed_most_recently() {
+    let mut c = Cluster::new(2, 4);
+    let a = c.submit(Tier::Preemptible, 4);
+    let b = c.submit(Tier::Preemptible, 4);
+    c.step();
+    c.advance(600);
+    c.checkpoint(b);
+    c.advance(60);
+    c.submit(Tier::OnDemand, 4);
+    let plan = c.step();
+    assert_eq!(plan.drains.iter().map(|d| d.job).collect::<Vec<_>>(), vec![b]);
+    assert_eq!(plan.preemptions[0].lost_gpu_ms, 4 * 60_000);
+    assert_eq!(c.phase(a), Some(Phase::Running));
+}
+
+#[test]
+fn fewer_victims_break_a_tie_in_lost_work() {
+    let mut c = Cluster::new(2, 4);
+    // Node 0: two 2-GPU jobs; node 1: one 4-GPU job; all started together.
+    let small1 = c.submit(Tier::Preemptible, 2);
+    let small2 = c.submit(Tier::Preemptible, 2);
+    let big = c.submit(Tier::Preemptible, 4);
+    c.step();
+    assert_eq!(c.nodes_of(small1), c.nodes_of(small2));
+    c.advance(100);
+    c.submit(Tier::OnDemand, 4);
+    let plan = c.step();
+    assert_eq!(plan.drains.iter().map(|d| d.job).collect::<Vec<_>>(), vec![big]);
+}
+
+#[test]
+fn gangs_start_and_are_evicted_whole() {
+    let mut c = Cluster::new(4, 4);
+    let gang = c.submit(Tier::Preemptible, 8);
+    let plan = c.step();
+    assert_eq!(plan.placements[0].alloc.len(), 2, "8 GPUs on 4-GPU nodes is a 2-node gang");
+    let single = c.submit(Tier::Preemptible, 4);
+    c.step();
+    c.advance(30);
+    c.checkpoint(single);
+    c.advance(30);
+    // An on-demand 12-GPU gang needs three whole nodes: one free, the gang's two.
+    let od = c.submit(Tier::OnDemand, 12);
+    let plan = c.step();
+    let drained: Vec<JobId> = plan.drains.iter().map(|d| d.job).collect();
+    assert!(drained.contains(&gang), "{drained:?}");
+    assert_eq!(plan.preemptions[0].hold.len(), 3);
+    c.exit(gang, ExitKind::Failed { requeue: false });
+    if drained.contains(&single) {
+        c.exit(single, ExitKind::Failed { requeue: false });
+    }
+    c.step();
+    assert_eq!(c.phase(od), Some(Phase::Running));
+}
+
+#[test]
+fn reserved_and_on_demand_jobs_are_never_drained() {
+    let mut c = Cluster::new(1, 8);
+    c.state
+        .add_reservation(Reservation {
+            id: ReservationId(1),
+            tenant: TenantId(7),
+            gpu_model: c.model(),
+            gpus: 4,
+            start: Time::ZERO,
+            end: Time::from_secs(86_400),
+        })
+        .unwrap();
+    c.submit_as(Tier::Reserved, 4, TenantId(7));
+    c.submit(Tier::OnDemand, 4);
+    c.step();
+    c.submit(Tier::OnDemand, 4);
+    c.submit_as(Tier::Reserved, 4, TenantId(7));
+    let plan = c.step();
+    assert!(plan.drains.is_empty() && plan.placements.is_empty());
+}
+
+#[test]
+fn reserved_gpus_are_lent_to_preemptible_work_and_taken_back() {
+    let mut c = Cluster::new(2, 4);
+    let owner = TenantId(9);
+    c.state
+        .add_reservation(Reservation {
+            id: ReservationId(1),
+            tenant: owner,
+            gpu_model: c.model(),
+            gpus: 4,
+            start: Time::ZERO,
+            end: Time::from_secs(86_400),
+        })
+        .unwrap();
+    // On-demand may not use the reserved half of the cluster...
+    let od1 = c.submit(Tier::OnDemand, 4);
+    let od2 = c.submit(Tier::OnDemand, 4);
+    c.step();
+    assert_eq!(c.phase(od1), Some(Phase::Running));
+    assert_eq!(c.phase(od2), Some(Phase::Queued));
+    // ...but preemptible work borrows it.
+    let borrower = c.submit(Tier::Preemptible, 4);
+    c.step();
+    assert_eq!(c.phase(borrower), Some(Phase::Running));
+    // The owner takes it back with the drain window.
+    c.advance(100);
+    let reserved = c.submit_as(Tier::Reserved, 4, owner);
+    let plan = c.step();
+    assert_eq!(plan.drains[0].job, borrower);
+    c.exit(borrower, ExitKind::Failed { requeue: false });
+    c.step();
+    assert_eq!(c.phase(reserved), Some(Phase::Running));
+    // Beyond the reservation the owner waits like anyone.
+    let extra = c.submit_as(Tier::Reserved, 4, owner);
+    c.step();
+    assert_eq!(c.phase(extra), Some(Phase::Queued));
+}
+
+#[test]
+fn a_large_job_is_not_starved_by_small_ones_behind_it() {
+    let mut c = Cluster::new(2, 4);
+    let smalls: Vec<JobId> = (0..8).map(|_| c.submit(Tier::Preemptible, 1)).collect();
+    c.step();
+    let big = c.submit(Tier::Preemptible, 4);
+    // An endless stream of 1-GPU jobs behind it.
+    let mut running = smalls.clone();
+    for round in 0..20 {
+        for _ in 0..2 {
+            c.submit(Tier::Preemptible, 1);
+        }
+        // The oldest running small job finishes each round.
+        let done = running.remove(0);
+        c.advance(10);
+        c.exit(done, ExitKind::Completed);
+        c.step();
+        running = c
+            .state
+            .jobs()
+            .filter(|j| j.phase == Phase::Running && j.spec.id != big)
+            .map(|j| j.spec.id)
+            .collect();
+        running.sort();
+        if c.phase(big) == Some(Phase::Running) {
+            assert!(round <= 4, "big job started only after {round} rounds");
+            return;
+        }
+    }
+    panic!("the 4-GPU job starved behind 1-GPU jobs");
+}
+
+#[test]
+fn operator_drain_notices_preemptible_jobs_and_lets_others_finish() {
+    let mut c = Cluster::new(2, 4);
+    let od = c.submit(Tier::OnDemand, 2);
+    let pre = c.submit(Tier::Preemptible, 2);
+    c.step();
+    let node = c.nodes_of(od)[0];
+    assert_eq!(c.nodes_of(pre)[0], node);
+    c.state.drain_node(node).unwrap();
+    let plan = c.step();
+    assert_eq!(plan.drains.len(), 1);
+    assert_eq!(plan.drains[0].job, pre);
+    assert_eq!(plan.drains[0].reason, DrainReason::NodeDrain { node });
+    assert_eq!(c.phase(od), Some(Phase::Running));
+    c.exit(pre, ExitKind::Failed { requeue: false });
+    c.step();
+    assert_ne!(c.nodes_of(pre)[0], node, "requeued work avoids the drained node");
+    assert!(c.step().is_empty());
+}
+
+#[test]
+fn reclaim_drains_preemptible_capacity_and_keeps_it_free_of_preemptible_work() {
+    let mut c = Cluster::new(2, 4);
+    let jobs: Vec<JobId> = (0..4).map(|_| c.submit(Tier::Preemptible, 2)).collect();
+    c.step();
+    c.advance(50);
+    c.checkpoint(jobs[2]);
+    c.checkpoint(jobs[3]);
+    c.advance(50);
+    let limit = c.state.reclaim(c.model(), 3).unwrap();
+    assert_eq!(limit, 5);
+    let plan = c.step();
+    let mut drained: Vec<JobId> = plan.drains.iter().map(|d| d.job).collect();
+    drained.sort();
+    assert_eq!(drained, vec![jobs[2], jobs[3]], "4 GPUs freed to reclaim 3, freshest checkpoints first");
+    assert!(plan.drains.iter().all(|d| d.reason == DrainReason::Reclaim));
+    for job in drained {
+        c.exit(job, ExitKind::Failed { requeue: false });
+    }
+    let plan = c.step();
+    assert!(plan.placements.is_empty(), "preemptible work stays under the limit");
+    let od = c.submit(Tier::OnDemand, 4);
+    c.step();
+    assert_eq!(c.phase(od), Some(Phase::Running));
+    c.state.release_reclaim(c.model()).unwrap();
+}
+
+#[test]
+fn a_silent_node_is_lost_and_its_jobs_requeue() {
+    let mut c = Cluster::new(2, 4);
+    c.config.heartbeat_timeout = Some(Span::from_secs(30));
+    let a = c.submit(Tier::OnDemand, 4);
+    let b = c.submit(Tier::OnDemand, 4);
+    c.step();
+    let (node_a, node_b) = (c.nodes_of(a)[0], c.nodes_of(b)[0]);
+    c.advance(20);
+    c.state.heartbeat(node_b, c.now).unwrap();
+    c.advance(20);
+    let plan = c.step();
+    assert_eq!(plan.lost_nodes, vec![node_a]);
+    assert_eq!(plan.requeues.len(), 1);
+    assert_eq!(plan.requeues[0].job, a);
+    assert_eq!(c.phase(a), Some(Phase::Queued));
+    assert_eq!(c.attempt(a).0, 1, "requeued, not restarted yet");
+    // A stale report about the lost attempt is refused.
+    let err = c.state.exited(a, c.attempt(a), ExitKind::Completed).unwrap_err();
+    assert!(matches!(err, StateError::StaleAttempt { .. }), "{err}");
+    // The node comes back under its name and the job runs again.
+    let back = c
+        .state
+        .add_node(
+            NodeSpec { name: "node-0".into(), gpu_model: "H100".into(), gpus: 4, labels: Default::default() },
+            c.now,
+        )
+        .unwrap();
+    assert_eq!(back, NodeId(node_a.0));
+    c.state.heartbeat(node_b, c.now).unwrap();
+    c.step();
+    assert_eq!(c.phase(a), Some(Phase::Running));
+    assert_eq!(c.attempt(a).0, 2);
+}
+
+#[test]
+fn max_preemptions_bounds_requeues() {
+    let mut c = Cluster::new(1, 4);
+    let id = JobId(100);
+    c.state
+        .submit(JobSpec {
+            id,
+            tenant: TenantId(1),
+            tier: Tier::Preemptible,
+            gpus: 4,
+            gpu_model: None,
+            submitted_at: c.now,
+            max_preemptions: Some(0),
+        })
+        .unwrap();
+    c.step();
+    let od = c.submit(Tier::OnDemand, 4);
+    c.step();
+    assert_eq!(c.exit(id, ExitKind::Failed { requeue: false }), ExitEffect::PreemptionLimitReached);
+    assert!(c.state.job(id).is_none());
+    c.step();
+    assert_eq!(c.phase(od), Some(Phase::Running));
+}
+
+#[test]
+fn completing_during_the_drain_is_success_not_preemption() {
+    let mut c = Cluster::new(1, 4);
+    let pre = c.submit(Tier::Preemptible, 4);
+    c.step();
+    c.submit(Tier::OnDemand, 4);
+    c.step();
+    assert_eq!(c.exit(pre, ExitKind::Completed), ExitEffect::Finished);
+}
+
+#[test]
+fn bad_input_is_refused_with_the_field_named() {
+    let mut c = Cluster::new(1, 8);
+    let spec = |gpus, tier, model| JobSpec {
+        id: JobId(1),
+        tenant: TenantId(1),
+        tier,
+        gpus,
+        gpu_model: model,
+        submitted_at: Time::ZERO,
+        max_preemptions: None,
+    };
+    let err = c.state.submit(spec(0, Tier::OnDemand, None)).unwrap_err();
+    assert!(err.to_string().contains("gpus must be at least 1"), "{err}");
+    let m = Some(c.model());
+    let err = c.state.submit(spec(12, Tier::OnDemand, m)).unwrap_err();
+    assert!(err.to_string().contains("multiple of 8"), "{err}");
+    let err = c.state.submit(spec(4, Tier::Reserved, None)).unwrap_err();
+    assert!(err.to_string().contains("gpu model"), "{err}");
+    let err = c
+        .state
+        .add_node(
+            NodeSpec { name: "x".into(), gpu_model: "H100".into(), gpus: 4, labels: Default::default() },
+            Time::ZERO,
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("every H100 node has 8 GPUs"), "{err}");
+    let err = c
+        .state
+        .add_reservation(Reservation {
+            id: ReservationId(1),
+            tenant: TenantId(1),
+            gpu_model: c.model(),
+            gpus: 1,
+            start: Time::from_secs(10),
+            end: Time::from_secs(5),
+        })
+        .unwrap_err();
+    assert!(err.to_string().contains("start must be before end"), "{err}");
+    c.state.sanity_check().unwrap();
+}
+
+#[test]
+fn a_stale_plan_is_refused_whole() {
+    let mut c = Cluster::new(1, 4);
+    let a = c.submit(Tier::OnDemand, 4);
+    let plan = schedule(&c.state, c.now, &c.config);
+    c.state.cancel(a).unwrap();
+    let err = c.state.apply(&plan).unwrap_err();
+    assert!(err.is_retryable(), "{err}");
+    c.state.sanity_check().unwrap();
+}
