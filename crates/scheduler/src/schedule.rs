@@ -7,9 +7,11 @@
 
 use std::cmp::Reverse;
 use std::collections::{btree_set, BTreeMap, BTreeSet, BinaryHeap};
+use std::ops::Bound;
 
 use ebb_core::{Attempt, GpuModelId, JobId, NodeId, TenantId, Tier, Time};
 
+use crate::index::{Reclaimable, SingleVictim};
 use crate::model::*;
 use crate::plan::*;
 use crate::state::{full_mask, shape_fits, QueueClass, State};
@@ -65,6 +67,9 @@ struct Pass<'a> {
     cursor: Vec<Vec<u32>>,
     /// Jobs given a drain notice this pass.
     victims: BTreeSet<JobId>,
+    /// Per (model, free, gpus) bucket of the single-victim index: entries up
+    /// to this one were found unusable this pass.
+    single_cursor: BTreeMap<(GpuModelId, u8, u8), SingleVictim>,
     on_demand_used: Vec<u32>,
     preemptible_active: Vec<u32>,
     reserved_used: BTreeMap<(TenantId, GpuModelId), u32>,
@@ -88,6 +93,7 @@ impl<'a> Pass<'a> {
             dead: BTreeSet::new(),
             cursor: models.iter().map(|m| vec![0; m.gpus_per_node as usize + 1]).collect(),
             victims: BTreeSet::new(),
+            single_cursor: BTreeMap::new(),
             on_demand_used: models.iter().map(|m| m.on_demand_used).collect(),
             preemptible_active: models.iter().map(|m| m.preemptible_active).collect(),
             reserved_used: BTreeMap::new(),
@@ -478,7 +484,7 @@ impl<'a> Pass<'a> {
 
     /// The cheapest set of preemptible jobs whose leaving lets a job of
     /// `gpus` GPUs fit on `model`, or `None` if no set does.
-    fn find_victims(&self, model: GpuModelId, gpus: u32) -> Option<VictimSet> {
+    fn find_victims(&mut self, model: GpuModelId, gpus: u32) -> Option<VictimSet> {
         let per_node = self.state.models[model.0 as usize].gpus_per_node;
         if gpus <= per_node as u32 {
             self.victims_on_one_node(model, gpus as u8)
@@ -487,33 +493,36 @@ impl<'a> Pass<'a> {
         }
     }
 
-    /// Candidate nodes for a `gpus`-GPU preemptor, as (lower bound on cost,
-    /// node), in best-first order for the lost-work policy. `whole` asks for
-    /// nodes that can be emptied entirely.
+    /// Candidate nodes for a `gpus`-GPU preemptor in best-first order of a
+    /// lower bound on what evicting there loses (exact order for the
+    /// lost-work policy's bound; every candidate for the others). `whole`
+    /// asks for nodes that can be emptied entirely.
     fn candidate_nodes(&self, model: GpuModelId, gpus: u8, whole: bool) -> CandidateNodes<'a> {
         let state = self.state;
         let per_node = state.models[model.0 as usize].gpus_per_node;
         let index = &state.index[model.0 as usize];
         let mut buckets = Vec::new();
         for free in 0..gpus.min(per_node + 1) {
-            let reclaimable: Vec<u8> = if whole {
-                vec![per_node - free]
-            } else {
-                (gpus - free..=per_node - free).collect()
-            };
+            let needed = gpus - free;
+            let reclaimable = if whole { per_node - free..=per_node - free } else { needed..=per_node - free };
             for p in reclaimable {
-                let bucket = &index.by_reclaimable[free as usize][p as usize];
+                let bucket = &index.by_reclaimable[free as usize][p as usize][needed as usize];
                 if !bucket.is_empty() {
-                    buckets.push(((gpus - free) as u128, bucket.iter()));
+                    buckets.push((needed as u128, bucket.iter()));
                 }
             }
         }
         CandidateNodes::new(buckets, self.now)
     }
 
-    fn victims_on_one_node(&self, model: GpuModelId, gpus: u8) -> Option<VictimSet> {
+    fn victims_on_one_node(&mut self, model: GpuModelId, gpus: u8) -> Option<VictimSet> {
         let exhaustive = self.config.victim_policy != VictimPolicy::LostWork;
         let mut best: Option<(u128, usize, NodeId, Vec<JobId>)> = None;
+        if !exhaustive {
+            // The best single victim is exact for one-victim sets and bounds
+            // the node search: only nodes that might do better are visited.
+            best = self.best_single_victim(model, gpus).map(|(cost, node, job)| (cost, 1, node, vec![job]));
+        }
         let mut candidates = self.candidate_nodes(model, gpus, false);
         while let Some((bound, node)) = candidates.next() {
             if let (false, Some((cost, n, _, _))) = (exhaustive, &best) {
@@ -540,6 +549,42 @@ impl<'a> Pass<'a> {
         let mut hold = lowest_bits(free, gpus as u32);
         hold |= lowest_bits(victim_gpus, gpus as u32 - hold.count_ones());
         Some(VictimSet { model, hold: vec![(node, hold)], victims, cost })
+    }
+
+    /// The cheapest single running preemptible job whose leaving makes room
+    /// for `gpus` GPUs on its node, under the lost-work policy:
+    /// (lost GPU-ms, node, job).
+    fn best_single_victim(&mut self, model: GpuModelId, gpus: u8) -> Option<(u128, NodeId, JobId)> {
+        let state = self.state;
+        let per_node = state.models[model.0 as usize].gpus_per_node;
+        let index = &state.index[model.0 as usize];
+        let mut best: Option<(u128, NodeId, JobId)> = None;
+        for free in 0..gpus {
+            for size in gpus - free..=per_node - free {
+                let bucket = &index.singles[free as usize][size as usize];
+                let from = match self.single_cursor.get(&(model, free, size)) {
+                    Some(last) => Bound::Excluded(*last),
+                    None => Bound::Unbounded,
+                };
+                for entry in bucket.range((from, Bound::Unbounded)) {
+                    let &(Reverse(saved_at), node, job) = entry;
+                    let usable = !self.victims.contains(&job)
+                        && !self.earmarked.contains(&node)
+                        && !self.dead.contains(&node)
+                        && self.free_mask(node).count_ones() + size as u32 >= gpus as u32;
+                    if usable {
+                        let cost = size as u128 * self.now.saturating_since(saved_at).0 as u128;
+                        if best.map_or(true, |b| (cost, node, job) < b) {
+                            best = Some((cost, node, job));
+                        }
+                        break;
+                    }
+                    // Unusable for the rest of the pass: free GPUs only shrink.
+                    self.single_cursor.insert((model, free, size), *entry);
+                }
+            }
+        }
+        best
     }
 
     fn victims_on_whole_nodes(&self, model: GpuModelId, k: usize) -> Option<VictimSet> {
@@ -649,15 +694,15 @@ impl<'a> Pass<'a> {
 }
 
 /// Best-first merge of the victim index's buckets: yields nodes by a lower
-/// bound on what evicting there loses, `needed GPUs * (now - t_max)`.
+/// bound on what evicting `k` GPUs there loses, `k * now - T_k`.
 struct CandidateNodes<'a> {
     now: Time,
-    buckets: Vec<(u128, btree_set::Iter<'a, (Reverse<Time>, NodeId)>)>,
-    heap: BinaryHeap<Reverse<(u128, Reverse<Time>, NodeId, usize)>>,
+    buckets: Vec<(u128, btree_set::Iter<'a, Reclaimable>)>,
+    heap: BinaryHeap<Reverse<(u128, NodeId, usize)>>,
 }
 
 impl<'a> CandidateNodes<'a> {
-    fn new(buckets: Vec<(u128, btree_set::Iter<'a, (Reverse<Time>, NodeId)>)>, now: Time) -> Self {
+    fn new(buckets: Vec<(u128, btree_set::Iter<'a, Reclaimable>)>, now: Time) -> Self {
         let mut this = CandidateNodes { now, buckets, heap: BinaryHeap::new() };
         for i in 0..this.buckets.len() {
             this.advance(i);
@@ -667,14 +712,14 @@ impl<'a> CandidateNodes<'a> {
 
     fn advance(&mut self, i: usize) {
         let (needed, iter) = &mut self.buckets[i];
-        if let Some(&(Reverse(saved_at), node)) = iter.next() {
-            let bound = *needed * self.now.saturating_since(saved_at).0 as u128;
-            self.heap.push(Reverse((bound, Reverse(saved_at), node, i)));
+        if let Some(&(Reverse(top_sum), node)) = iter.next() {
+            let bound = (*needed * self.now.0 as u128).saturating_sub(top_sum as u128);
+            self.heap.push(Reverse((bound, node, i)));
         }
     }
 
     fn next(&mut self) -> Option<(u128, NodeId)> {
-        let Reverse((bound, _, node, i)) = self.heap.pop()?;
+        let Reverse((bound, node, i)) = self.heap.pop()?;
         self.advance(i);
         Some((bound, node))
     }

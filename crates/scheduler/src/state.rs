@@ -5,14 +5,17 @@
 //! here, asks [`crate::schedule`] for a plan, and commits it with
 //! [`State::apply`]. Every method is deterministic and does no I/O.
 
+use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 
 use ebb_core::{
     Attempt, GpuModelId, JobId, NodeId, ReservationId, TenantId, Tier, Time,
 };
 
+use rustc_hash::FxHashMap;
+
 use crate::error::{ApplyError, StateError};
-use crate::index::{IndexKey, ModelIndex};
+use crate::index::{IndexKey, ModelIndex, SingleKey};
 use crate::model::*;
 use crate::plan::{Plan, RequeueReason};
 
@@ -49,6 +52,7 @@ pub struct Node {
     /// Attempts on this node and their GPUs here.
     pub(crate) jobs: Vec<(JobId, u64)>,
     pub(crate) key: Option<IndexKey>,
+    pub(crate) single_keys: Vec<SingleKey>,
 }
 
 impl Node {
@@ -118,7 +122,9 @@ pub struct State {
     model_ids: BTreeMap<String, GpuModelId>,
     pub(crate) nodes: Vec<Node>,
     node_ids: BTreeMap<String, NodeId>,
-    pub(crate) jobs: BTreeMap<JobId, Job>,
+    /// Looked up on every decision, so hashed; `FxHash` has no random
+    /// seed, so even iteration order is the same for the same history.
+    pub(crate) jobs: FxHashMap<JobId, Job>,
     pub(crate) queues: BTreeMap<QueueClass, BTreeSet<(Time, JobId)>>,
     pub(crate) holds: BTreeMap<JobId, Hold>,
     /// Holds whose victims have all left: the job starts next pass.
@@ -145,6 +151,8 @@ impl State {
         self.jobs.get(&id)
     }
 
+    /// Every job the core tracks (queued, holding, running, draining), in
+    /// no meaningful order.
     pub fn jobs(&self) -> impl Iterator<Item = &Job> {
         self.jobs.values()
     }
@@ -286,6 +294,7 @@ impl State {
             held: 0,
             jobs: Vec::new(),
             key: None,
+            single_keys: Vec::new(),
         });
         self.node_ids.insert(spec.name, id);
         self.heartbeats.insert((now, id));
@@ -679,35 +688,69 @@ impl State {
     /// Recomputes a node's place in its model's indices.
     pub(crate) fn reindex(&mut self, id: NodeId) {
         let node = &self.nodes[id.0 as usize];
-        let new_key = (node.status == NodeStatus::Up).then(|| self.index_key(node));
-        let old_key = node.key;
-        if old_key == new_key {
-            return;
-        }
+        let up = node.status == NodeStatus::Up;
+        let new_key = up.then(|| self.index_key(node));
+        let new_singles = if up { self.single_keys(node) } else { Vec::new() };
         let index = &mut self.index[node.model.0 as usize];
-        if let Some(old) = old_key {
-            index.remove(id, old);
+        if node.key != new_key {
+            if let Some(old) = &node.key {
+                index.remove(id, old);
+            }
+            if let Some(new) = &new_key {
+                index.insert(id, new);
+            }
         }
-        if let Some(new) = new_key {
-            index.insert(id, new);
+        if node.single_keys != new_singles {
+            for &old in &node.single_keys {
+                index.remove_single(old);
+            }
+            for &new in &new_singles {
+                index.insert_single(new);
+            }
         }
-        self.nodes[id.0 as usize].key = new_key;
+        let node = &mut self.nodes[id.0 as usize];
+        node.key = new_key;
+        node.single_keys = new_singles;
+    }
+
+    fn single_keys(&self, node: &Node) -> Vec<SingleKey> {
+        let free = node.free_mask().count_ones() as u8;
+        let mut keys: Vec<SingleKey> = node
+            .jobs
+            .iter()
+            .filter_map(|&(job, mask)| {
+                let j = &self.jobs[&job];
+                let run = j.run.as_ref()?;
+                let single = j.spec.tier == Tier::Preemptible && j.phase == Phase::Running && run.alloc.len() == 1;
+                single.then(|| (free, mask.count_ones() as u8, (Reverse(run.progress_saved_at()), node.id, job)))
+            })
+            .collect();
+        keys.sort_unstable();
+        keys
     }
 
     fn index_key(&self, node: &Node) -> IndexKey {
-        let mut reclaimable = 0u32;
-        let mut saved_at = Time::ZERO;
+        let mut slots: Vec<u64> = Vec::new();
         for &(job, mask) in &node.jobs {
             let j = &self.jobs[&job];
             if j.spec.tier == Tier::Preemptible && j.phase == Phase::Running {
-                reclaimable += (mask & !node.held).count_ones();
-                saved_at = saved_at.max(j.run.as_ref().expect("running").progress_saved_at());
+                let saved_at = j.run.as_ref().expect("running").progress_saved_at();
+                slots.extend(std::iter::repeat(saved_at.0).take((mask & !node.held).count_ones() as usize));
             }
         }
+        slots.sort_unstable_by(|a, b| b.cmp(a));
+        let mut sum = 0;
+        let top_sums = slots
+            .iter()
+            .map(|t| {
+                sum += t;
+                sum
+            })
+            .collect();
         IndexKey {
             free: node.free_mask().count_ones() as u8,
-            reclaimable: reclaimable as u8,
-            saved_at,
+            reclaimable: slots.len() as u8,
+            top_sums,
         }
     }
 
@@ -1087,7 +1130,16 @@ impl State {
             if node.key != key {
                 return Err(format!("{} index key out of step", node.id));
             }
-            if let Some(key) = key {
+            let singles = if key.is_some() { self.single_keys(node) } else { Vec::new() };
+            if node.single_keys != singles {
+                return Err(format!("{} single-victim keys out of step", node.id));
+            }
+            for (free, gpus, entry) in &singles {
+                if !self.index[node.model.0 as usize].singles[*free as usize][*gpus as usize].contains(entry) {
+                    return Err(format!("{} missing from the single-victim index", entry.2));
+                }
+            }
+            if let Some(key) = &key {
                 let index = &self.index[node.model.0 as usize];
                 if !index.by_free[key.free as usize].contains(&node.id) {
                     return Err(format!("{} missing from the free index", node.id));
@@ -1115,6 +1167,15 @@ impl State {
             let up = self.nodes.iter().filter(|n| n.model.0 as usize == i && n.status == NodeStatus::Up).count();
             if indexed != up {
                 return Err(format!("{} index has {indexed} nodes, {up} are up", m.name));
+            }
+            let singles: usize = self
+                .nodes
+                .iter()
+                .filter(|n| n.model.0 as usize == i)
+                .map(|n| n.single_keys.len())
+                .sum();
+            if self.index[i].singles_len() != singles {
+                return Err(format!("{} single-victim index has stale entries", m.name));
             }
         }
         let reserved_use_nonzero: BTreeMap<_, _> =
