@@ -1,1 +1,99 @@
+//! `ebb sim`: replays job traces through Ebb's scheduling core in virtual
+//! time.
+//!
+//! The simulator is an edge of the core like the server is: it owns the
+//! clock (virtual), the processes (modelled: useful work, periodic
+//! checkpoints, the save on notice, the restart overhead) and the money,
+//! and asks `ebb_scheduler::schedule` what to do at every event. The same
+//! inputs give byte-identical output.
 
+mod engine;
+pub mod report;
+mod summary;
+pub mod trace;
+
+pub use engine::{run, Progress};
+pub use summary::{Percentiles, Series, SimOutput, Summary, TierFigures};
+pub use trace::{Trace, TraceJob};
+
+use ebb_core::{MicroUsd, Span};
+use ebb_scheduler::VictimPolicy;
+
+/// What a job gets when it is reclaimed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NoticeMode {
+    /// The product: notice now, kill at the end of the drain window.
+    Drain,
+    /// Killed without notice, for comparison.
+    None,
+}
+
+impl std::str::FromStr for NoticeMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "drain" => Ok(NoticeMode::Drain),
+            "none" => Ok(NoticeMode::None),
+            other => Err(format!("notice: expected drain or none, got {other:?}")),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    pub nodes: u32,
+    pub gpus_per_node: u8,
+    pub gpu_model: String,
+    /// Share of jobs from traces without a tier that are preemptible,
+    /// chosen deterministically from each job's id.
+    pub preemptible_fraction: f64,
+    pub drain_window: Span,
+    pub notice: NoticeMode,
+    /// Periodic checkpoints of preemptible jobs, in attempt progress.
+    pub checkpoint_interval: Option<Span>,
+    /// Time a job needs to save on notice; `None`: it does not save on
+    /// notice and works on until killed.
+    pub drain_checkpoint: Option<Span>,
+    /// Time a resumed attempt spends before making progress again.
+    pub restart_overhead: Span,
+    pub victim_policy: VictimPolicy,
+    pub on_demand_price: MicroUsd,
+    /// GPUs reserved for the jobs of `reserved=PATH` traces, billed for the
+    /// whole replay at `reserved_price`.
+    pub reserved_gpus: u32,
+    pub reserved_price: MicroUsd,
+    /// Preemptible discount in basis points (5000 = 50%).
+    pub preemptible_discount_bps: u32,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            nodes: 16,
+            gpus_per_node: 8,
+            gpu_model: "H100-80GB".into(),
+            preemptible_fraction: 0.0,
+            drain_window: Span::from_secs(300),
+            notice: NoticeMode::Drain,
+            checkpoint_interval: None,
+            drain_checkpoint: None,
+            restart_overhead: Span::ZERO,
+            victim_policy: VictimPolicy::LostWork,
+            on_demand_price: MicroUsd(2_000_000),
+            reserved_gpus: 0,
+            reserved_price: MicroUsd(1_400_000),
+            preemptible_discount_bps: ebb_core::PriceBook::DEFAULT_DISCOUNT_BPS,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    #[error("{trace} line {line}: {field}: {message}")]
+    Trace { trace: String, line: u64, field: String, message: String },
+    #[error("{0}: {1}")]
+    Io(String, #[source] std::io::Error),
+    #[error("{0}")]
+    Config(String),
+}

@@ -1,0 +1,203 @@
+//! `ebb sim`: flags in, summary out (terminal, `--json`, `--report`).
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use clap::Args;
+use ebb_core::{MicroUsd, Span};
+use ebb_scheduler::VictimPolicy;
+use ebb_sim::{NoticeMode, SimConfig, SimOutput, Trace};
+use indicatif::{ProgressBar, ProgressStyle};
+
+#[derive(Args)]
+pub struct SimArgs {
+    /// Trace file (ITP format: job_id,submission_time,duration,num_gpu).
+    /// Repeatable; TIER=PATH puts all of a trace's jobs in one tier
+    /// (reserved, on-demand or preemptible).
+    #[arg(long = "trace", value_name = "[TIER=]PATH", required = true)]
+    traces: Vec<String>,
+    /// Nodes in the simulated cluster.
+    #[arg(long, default_value_t = 16)]
+    nodes: u32,
+    /// GPUs per node.
+    #[arg(long, default_value_t = 8)]
+    gpus_per_node: u8,
+    /// GPU model of every node.
+    #[arg(long, default_value = "H100-80GB")]
+    gpu_model: String,
+    /// Share (0-1) of jobs from untagged traces made preemptible, chosen
+    /// deterministically from each job's id.
+    #[arg(long, default_value_t = 0.0)]
+    preemptible_fraction: f64,
+    /// Notice to forced kill, e.g. 300, 300s, 5m.
+    #[arg(long, default_value = "300", value_parser = parse_span)]
+    drain_window: Span,
+    /// `drain`: notice, then kill at the deadline; `none`: kill at once.
+    #[arg(long, default_value = "drain")]
+    notice: NoticeMode,
+    /// Preemptible jobs checkpoint every this much progress.
+    #[arg(long, value_parser = parse_span)]
+    checkpoint_interval: Option<Span>,
+    /// Time a job needs to save on notice (unset: it does not save on
+    /// notice and is killed at the deadline).
+    #[arg(long, value_parser = parse_span)]
+    drain_checkpoint: Option<Span>,
+    /// Time a resumed job spends before making progress.
+    #[arg(long, default_value = "0", value_parser = parse_span)]
+    restart_overhead: Span,
+    /// lost-work, youngest, oldest, fewest-gpus or random:SEED.
+    #[arg(long, default_value = "lost-work")]
+    victim_policy: VictimPolicy,
+    /// On-demand price, USD per GPU-hour; preemptible is half.
+    #[arg(long, default_value = "2.00", value_parser = parse_usd)]
+    on_demand_price: MicroUsd,
+    /// GPUs reserved for the jobs of reserved=PATH traces.
+    #[arg(long, default_value_t = 0)]
+    reserved_gpus: u32,
+    /// Reserved contract rate, USD per GPU-hour, billed for the whole replay.
+    #[arg(long, default_value = "1.40", value_parser = parse_usd)]
+    reserved_price: MicroUsd,
+    /// Ignore trace jobs submitted after this many seconds of trace time,
+    /// to compare traces over the same window.
+    #[arg(long, value_name = "SECONDS")]
+    until: Option<u64>,
+    /// Write the summary as JSON to FILE (`-` for standard output).
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Write a self-contained HTML report with charts to FILE.
+    #[arg(long, value_name = "FILE.html")]
+    report: Option<PathBuf>,
+}
+
+fn parse_span(text: &str) -> Result<Span, String> {
+    Span::parse(text)
+}
+
+fn parse_usd(text: &str) -> Result<MicroUsd, String> {
+    MicroUsd::parse_usd(text)
+}
+
+pub fn run(args: SimArgs) -> Result<(), String> {
+    let mut traces = args
+        .traces
+        .iter()
+        .map(|arg| Trace::load_arg(arg))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
+    if let Some(until) = args.until {
+        for trace in &mut traces {
+            trace.jobs.retain(|job| job.submit_s <= until);
+        }
+    }
+    let config = SimConfig {
+        nodes: args.nodes,
+        gpus_per_node: args.gpus_per_node,
+        gpu_model: args.gpu_model,
+        preemptible_fraction: args.preemptible_fraction,
+        drain_window: args.drain_window,
+        notice: args.notice,
+        checkpoint_interval: args.checkpoint_interval,
+        drain_checkpoint: args.drain_checkpoint,
+        restart_overhead: args.restart_overhead,
+        victim_policy: args.victim_policy,
+        on_demand_price: args.on_demand_price,
+        reserved_gpus: args.reserved_gpus,
+        reserved_price: args.reserved_price,
+        preemptible_discount_bps: ebb_core::PriceBook::DEFAULT_DISCOUNT_BPS,
+    };
+    // A bar only on a terminal; scripts and CI get quiet stderr.
+    let bar = if std::io::stderr().is_terminal() {
+        let total = traces.iter().map(|t| t.jobs.len() as u64).sum();
+        let bar = ProgressBar::new(total);
+        bar.set_style(
+            ProgressStyle::with_template("{spinner} replaying [{bar:40}] {pos}/{len} jobs arrived ({eta})")
+                .expect("valid template")
+                .progress_chars("=> "),
+        );
+        Some(bar)
+    } else {
+        None
+    };
+    let started = Instant::now();
+    let output = ebb_sim::run(&config, &traces, &mut |p| {
+        if let Some(bar) = &bar {
+            bar.set_length(p.total);
+            bar.set_position(p.arrived);
+        }
+    })
+    .map_err(|e| e.to_string())?;
+    let elapsed = started.elapsed();
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    if let Some(path) = &args.json {
+        let json = output.to_json();
+        if path.as_os_str() == "-" {
+            print!("{json}");
+        } else {
+            std::fs::write(path, json).map_err(|e| format!("--json {}: {e}", path.display()))?;
+        }
+    }
+    if let Some(path) = &args.report {
+        std::fs::write(path, ebb_sim::report::html(&output))
+            .map_err(|e| format!("--report {}: {e}", path.display()))?;
+    }
+    if args.json.as_deref().map_or(true, |p| p.as_os_str() != "-") {
+        print_summary(&output, elapsed.as_secs_f64());
+    }
+    Ok(())
+}
+
+fn print_summary(output: &SimOutput, wall_s: f64) {
+    let s = &output.summary;
+    let c = &s.config;
+    println!(
+        "replayed {} jobs ({} completed, {} unschedulable) on {} nodes x {} {} in {:.2} s",
+        s.jobs, s.completed, s.unschedulable, c.nodes, c.gpus_per_node, c.gpu_model, wall_s
+    );
+    let u = &s.utilization_by_tier;
+    let pct = |x: f64| format!("{:.1}%", x * 100.0);
+    let rows = [
+        ("makespan", format!("{:.1} h", s.makespan_s / 3600.0)),
+        (
+            "GPU utilisation",
+            format!(
+                "{} (reserved {}, on-demand {}, preemptible {})",
+                pct(s.gpu_utilization),
+                pct(u.reserved),
+                pct(u.on_demand),
+                pct(u.preemptible)
+            ),
+        ),
+        ("idle", format!("{:.1} GPU-h", s.idle_gpu_hours)),
+        (
+            "preemptions",
+            format!(
+                "{} (lost {:.1} GPU-h, drain {:.1} GPU-h, restart {:.1} GPU-h)",
+                s.preemptions, s.lost_gpu_hours, s.drain_gpu_hours, s.restart_gpu_hours
+            ),
+        ),
+        (
+            "on-demand wait",
+            format!(
+                "p50 {:.0} s, p99 {:.0} s, max {:.0} s",
+                s.on_demand_wait_s.p50, s.on_demand_wait_s.p99, s.on_demand_wait_s.max
+            ),
+        ),
+        (
+            "preemptible slowdown",
+            format!("p50 {:.2}, p99 {:.2}", s.preemptible_slowdown.p50, s.preemptible_slowdown.p99),
+        ),
+        (
+            "revenue",
+            format!(
+                "on-demand ${:.2}, preemptible ${:.2}, reserved ${:.2}",
+                s.revenue_usd.on_demand, s.revenue_usd.preemptible, s.revenue_usd.reserved
+            ),
+        ),
+    ];
+    for (name, value) in rows {
+        println!("  {name:<22}{value}");
+    }
+}

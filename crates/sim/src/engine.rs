@@ -1,0 +1,620 @@
+//! The discrete-event loop.
+//!
+//! Events (arrivals, completions, periodic checkpoints, exits after a drain)
+//! are taken in time order; after each instant's events the scheduling core
+//! plans and the plan is applied, repeatedly until it has nothing more to
+//! do at that instant.
+//!
+//! The work model of one job: it needs `duration` of useful work (its trace
+//! duration). An attempt after the first spends `restart_overhead` before
+//! making progress. Every `checkpoint_interval` of progress it saves
+//! (instantly). On a drain notice it either saves in `drain_checkpoint`
+//! (if that fits in the window) and exits having lost nothing, or — if it
+//! cannot save in time or does not save on notice — is killed at the
+//! deadline, losing what it did since its last checkpoint. A job that can
+//! finish before it would be killed simply finishes.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+
+use ebb_core::{Attempt, JobId, MicroUsd, PriceBook, ReservationId, Span, TenantId, Tier, Time};
+use ebb_scheduler::{
+    schedule, shape_fits, Config, DrainReason, ExitEffect, ExitKind, JobSpec, NodeSpec, Reservation, State,
+    VictimPolicy,
+};
+
+use crate::summary::{round, ConfigEcho, Percentiles, Series, SimOutput, Summary, TierFigures};
+use crate::{NoticeMode, SimConfig, SimError, Trace};
+
+const HOUR_MS: u64 = 3_600_000;
+const RESERVED_TENANT: TenantId = TenantId(1);
+
+/// Replay progress, for a progress bar.
+#[derive(Clone, Copy, Debug)]
+pub struct Progress {
+    pub arrived: u64,
+    pub total: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Event {
+    Arrive(usize),
+    /// The attempt of generation `.1` finishes its work.
+    Complete(usize, u32),
+    Checkpoint(usize, u32),
+    /// A draining attempt exits: after saving, or killed at its deadline.
+    DrainExit(usize, u32),
+}
+
+struct Running {
+    start: Time,
+    /// Time before the attempt makes progress (restart overhead).
+    overhead: u64,
+    /// Work saved when the attempt started.
+    base: u64,
+}
+
+struct Draining {
+    notice: Time,
+    /// The job stopped working (saving, or failing to) at this instant.
+    stopped_at: Option<Time>,
+    /// Whether the save on notice completes before the deadline.
+    saves: bool,
+}
+
+struct SimJob {
+    tier: Tier,
+    gpus: u32,
+    submit: Time,
+    /// Useful work needed, in ms.
+    duration: u64,
+    /// Work saved so far (by checkpoints), in ms.
+    saved: u64,
+    attempt: Attempt,
+    /// Bumped on every change so that events for an old state are ignored.
+    generation: u32,
+    run: Option<Running>,
+    drain: Option<Draining>,
+    first_start: Option<Time>,
+    done_at: Option<Time>,
+}
+
+impl SimJob {
+    /// Useful work done by `t` in the current attempt, saved work included.
+    fn progress(&self, t: Time) -> u64 {
+        let run = self.run.as_ref().expect("progress of a running job");
+        let until = self.drain.as_ref().and_then(|d| d.stopped_at).map_or(t, |s| s.min(t));
+        let worked = until.saturating_since(run.start).0.saturating_sub(run.overhead);
+        (run.base + worked).min(self.duration)
+    }
+
+    fn finish_time(&self) -> Time {
+        let run = self.run.as_ref().expect("finish time of a running job");
+        run.start + Span(run.overhead + self.duration - run.base)
+    }
+}
+
+struct Engine<'a> {
+    config: &'a SimConfig,
+    core: Config,
+    state: State,
+    jobs: Vec<SimJob>,
+    events: BinaryHeap<Reverse<(Time, u64, Event)>>,
+    seq: u64,
+    origin: Time,
+    capacity: u32,
+    // Accounting, GPU-milliseconds.
+    busy: [u128; 3],
+    lost: u128,
+    drain: u128,
+    restart: u128,
+    preemptions: u64,
+    // Hourly series.
+    busy_by_hour: Vec<[u128; 3]>,
+    queued_by_hour: Vec<[u32; 3]>,
+    preemptions_by_hour: Vec<u32>,
+    last_sampled_hour: Option<u64>,
+}
+
+/// Replays `traces` under `config`. `progress` is called now and then.
+pub fn run(
+    config: &SimConfig,
+    traces: &[Trace],
+    progress: &mut dyn FnMut(Progress),
+) -> Result<SimOutput, SimError> {
+    validate(config, traces)?;
+    let mut engine = Engine::new(config)?;
+    let (unschedulable, total) = engine.load(traces);
+    let mut arrived = 0u64;
+    while let Some(&Reverse((now, _, _))) = engine.events.peek() {
+        engine.sample_queues(now);
+        arrived += engine.process_events_at(now);
+        engine.settle(now);
+        if arrived % 1024 == 0 {
+            progress(Progress { arrived, total });
+        }
+    }
+    progress(Progress { arrived: total, total });
+    Ok(engine.finish(traces, unschedulable))
+}
+
+fn validate(config: &SimConfig, traces: &[Trace]) -> Result<(), SimError> {
+    let fail = |m: String| Err(SimError::Config(m));
+    if traces.is_empty() {
+        return fail("at least one --trace is required".into());
+    }
+    if config.nodes == 0 {
+        return fail("--nodes must be at least 1".into());
+    }
+    if config.gpus_per_node == 0 || config.gpus_per_node > ebb_scheduler::MAX_GPUS_PER_NODE {
+        return fail(format!(
+            "--gpus-per-node must be between 1 and {}, got {}",
+            ebb_scheduler::MAX_GPUS_PER_NODE,
+            config.gpus_per_node
+        ));
+    }
+    if !(0.0..=1.0).contains(&config.preemptible_fraction) {
+        return fail(format!("--preemptible-fraction must be between 0 and 1, got {}", config.preemptible_fraction));
+    }
+    if config.checkpoint_interval == Some(Span::ZERO) {
+        return fail("--checkpoint-interval must be positive".into());
+    }
+    let reserved_trace = traces.iter().any(|t| t.tier == Some(Tier::Reserved));
+    if reserved_trace && config.reserved_gpus == 0 {
+        return fail("a reserved=PATH trace needs --reserved-gpus N".into());
+    }
+    if config.reserved_gpus > config.nodes * config.gpus_per_node as u32 {
+        return fail("--reserved-gpus exceeds the cluster".into());
+    }
+    Ok(())
+}
+
+/// Whether a job with this id is made preemptible under `fraction`:
+/// FNV-1a of the id, as a fraction of 2^64, below `fraction`.
+fn preemptible_by_id(id: &str, fraction: f64) -> bool {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in id.bytes() {
+        hash ^= byte as u64;
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    (hash as f64 / 18_446_744_073_709_551_616.0) < fraction
+}
+
+impl<'a> Engine<'a> {
+    fn new(config: &'a SimConfig) -> Result<Engine<'a>, SimError> {
+        let mut state = State::new();
+        for i in 0..config.nodes {
+            let spec = NodeSpec {
+                name: format!("sim-{i:05}"),
+                gpu_model: config.gpu_model.clone(),
+                gpus: config.gpus_per_node,
+                labels: BTreeMap::new(),
+            };
+            state.add_node(spec, Time::ZERO).map_err(|e| SimError::Config(e.to_string()))?;
+        }
+        let drain_window = match config.notice {
+            NoticeMode::Drain => config.drain_window,
+            NoticeMode::None => Span::ZERO,
+        };
+        Ok(Engine {
+            config,
+            core: Config { drain_window, victim_policy: config.victim_policy, heartbeat_timeout: None },
+            state,
+            jobs: Vec::new(),
+            events: BinaryHeap::new(),
+            seq: 0,
+            origin: Time::ZERO,
+            capacity: config.nodes * config.gpus_per_node as u32,
+            busy: [0; 3],
+            lost: 0,
+            drain: 0,
+            restart: 0,
+            preemptions: 0,
+            busy_by_hour: Vec::new(),
+            queued_by_hour: Vec::new(),
+            preemptions_by_hour: Vec::new(),
+            last_sampled_hour: None,
+        })
+    }
+
+    /// Turns trace rows into jobs and arrival events; returns (jobs that can
+    /// never run here, total jobs that will run).
+    fn load(&mut self, traces: &[Trace]) -> (u64, u64) {
+        let model = self.state.model_by_name(&self.config.gpu_model).expect("nodes added");
+        let mut unschedulable = 0;
+        let mut rows: Vec<(u64, usize, usize)> = Vec::new();
+        for (t, trace) in traces.iter().enumerate() {
+            for (i, job) in trace.jobs.iter().enumerate() {
+                rows.push((job.submit_s, t, i));
+            }
+        }
+        rows.sort_unstable();
+        self.origin = rows.first().map_or(Time::ZERO, |r| Time::from_secs(r.0));
+        if traces.iter().any(|t| t.tier == Some(Tier::Reserved)) {
+            self.state
+                .add_reservation(Reservation {
+                    id: ReservationId(1),
+                    tenant: RESERVED_TENANT,
+                    gpu_model: model,
+                    gpus: self.config.reserved_gpus,
+                    start: Time::ZERO,
+                    end: Time(u64::MAX),
+                })
+                .expect("validated reservation");
+        }
+        for (_, t, i) in rows {
+            let trace = &traces[t];
+            let row = &trace.jobs[i];
+            let fits = shape_fits(row.gpus, self.config.gpus_per_node) && row.gpus <= self.capacity;
+            let tier = trace.tier.unwrap_or(if preemptible_by_id(&row.id, self.config.preemptible_fraction) {
+                Tier::Preemptible
+            } else {
+                Tier::OnDemand
+            });
+            let fits = fits
+                && match tier {
+                    Tier::Reserved => row.gpus <= self.config.reserved_gpus,
+                    Tier::OnDemand => row.gpus <= self.capacity - self.config.reserved_gpus,
+                    Tier::Preemptible => true,
+                };
+            if !fits {
+                unschedulable += 1;
+                continue;
+            }
+            let index = self.jobs.len();
+            self.jobs.push(SimJob {
+                tier,
+                gpus: row.gpus,
+                submit: Time::from_secs(row.submit_s),
+                duration: row.duration_s * 1000,
+                saved: 0,
+                attempt: Attempt(0),
+                generation: 0,
+                run: None,
+                drain: None,
+                first_start: None,
+                done_at: None,
+            });
+            self.push(Time::from_secs(row.submit_s), Event::Arrive(index));
+        }
+        (unschedulable, self.jobs.len() as u64)
+    }
+
+    fn push(&mut self, at: Time, event: Event) {
+        self.seq += 1;
+        self.events.push(Reverse((at, self.seq, event)));
+    }
+
+    fn id(index: usize) -> JobId {
+        JobId(index as u64 + 1)
+    }
+
+    /// Handles every event due at `now`; returns how many were arrivals.
+    fn process_events_at(&mut self, now: Time) -> u64 {
+        let mut arrivals = 0;
+        while let Some(&Reverse((at, _, event))) = self.events.peek() {
+            if at != now {
+                break;
+            }
+            self.events.pop();
+            match event {
+                Event::Arrive(i) => {
+                    arrivals += 1;
+                    let job = &self.jobs[i];
+                    let tenant = if job.tier == Tier::Reserved { RESERVED_TENANT } else { TenantId(2) };
+                    let gpu_model = (job.tier == Tier::Reserved).then(|| self.state.model_by_name(&self.config.gpu_model).unwrap());
+                    let spec = JobSpec {
+                        id: Self::id(i),
+                        tenant,
+                        tier: job.tier,
+                        gpus: job.gpus,
+                        gpu_model,
+                        submitted_at: now,
+                        max_preemptions: None,
+                    };
+                    self.state.submit(spec).expect("trace jobs are valid");
+                }
+                Event::Complete(i, generation) if self.jobs[i].generation == generation => self.exit(i, now, true),
+                Event::Checkpoint(i, generation) if self.jobs[i].generation == generation => self.checkpoint(i, now),
+                Event::DrainExit(i, generation) if self.jobs[i].generation == generation => {
+                    let job = &mut self.jobs[i];
+                    if job.drain.as_ref().is_some_and(|d| d.saves) {
+                        job.saved = job.progress(now);
+                        let attempt = job.attempt;
+                        self.state.checkpointed(Self::id(i), attempt, now).expect("live attempt");
+                    }
+                    self.exit(i, now, false);
+                }
+                _ => {} // for an attempt that has moved on
+            }
+        }
+        arrivals
+    }
+
+    /// Plans and applies until the core has nothing more to do at `now`.
+    fn settle(&mut self, now: Time) {
+        loop {
+            let plan = schedule(&self.state, now, &self.core);
+            if plan.is_empty() {
+                break;
+            }
+            self.state.apply(&plan).expect("the core's own plan applies");
+            for drain in &plan.drains {
+                if let DrainReason::Preempted { .. } = drain.reason {
+                    self.preemptions += 1;
+                    let hour = self.hour(now);
+                    bump(&mut self.preemptions_by_hour, hour, |c| *c += 1);
+                }
+                self.notice(drain.job.0 as usize - 1, now, drain.deadline);
+            }
+            for placement in &plan.placements {
+                self.start(placement.job.0 as usize - 1, now, placement.attempt);
+            }
+            // Exits due right now (no notice, or an instant save) free GPUs
+            // that this same instant can use.
+            self.process_events_at(now);
+        }
+    }
+
+    fn start(&mut self, i: usize, now: Time, attempt: Attempt) {
+        let overhead = if attempt.0 > 1 { self.config.restart_overhead.0 } else { 0 };
+        let interval = self.config.checkpoint_interval;
+        let job = &mut self.jobs[i];
+        job.attempt = attempt;
+        job.generation += 1;
+        job.run = Some(Running { start: now, overhead, base: job.saved });
+        job.first_start.get_or_insert(now);
+        let (generation, finish) = (job.generation, job.finish_time());
+        let first_checkpoint = (job.tier == Tier::Preemptible)
+            .then_some(interval)
+            .flatten()
+            .map(|every| now + Span(overhead) + every)
+            .filter(|at| *at < finish);
+        self.push(finish, Event::Complete(i, generation));
+        if let Some(at) = first_checkpoint {
+            self.push(at, Event::Checkpoint(i, generation));
+        }
+    }
+
+    fn checkpoint(&mut self, i: usize, now: Time) {
+        let job = &mut self.jobs[i];
+        if job.drain.as_ref().is_some_and(|d| d.stopped_at.is_some()) {
+            return; // not working any more
+        }
+        job.saved = job.progress(now);
+        let (attempt, generation, finish) = (job.attempt, job.generation, job.finish_time());
+        self.state.checkpointed(Self::id(i), attempt, now).expect("live attempt");
+        let every = self.config.checkpoint_interval.expect("periodic checkpoints configured");
+        if now + every < finish {
+            self.push(now + every, Event::Checkpoint(i, generation));
+        }
+    }
+
+    /// A drain notice reaches job `i` at `now`, to be killed at `deadline`.
+    fn notice(&mut self, i: usize, now: Time, deadline: Time) {
+        let window = deadline.saturating_since(now);
+        let save = self.config.drain_checkpoint;
+        let job = &mut self.jobs[i];
+        let remaining = job.duration - job.progress(now);
+        let finishes_in_window = job.finish_time() <= deadline;
+        let mut draining = Draining { notice: now, stopped_at: None, saves: false };
+        let exit_at = match (self.config.notice, save) {
+            (NoticeMode::None, _) => {
+                draining.stopped_at = Some(now);
+                Some(now)
+            }
+            // Finishing beats saving: let it finish (its Complete event stands).
+            _ if finishes_in_window && save.map_or(true, |s| remaining <= s.0) => None,
+            (NoticeMode::Drain, Some(save)) if save <= window => {
+                draining.stopped_at = Some(now);
+                draining.saves = true;
+                Some(now + save)
+            }
+            (NoticeMode::Drain, Some(_)) => {
+                // Tries to save, runs out of window, is killed.
+                draining.stopped_at = Some(now);
+                Some(deadline)
+            }
+            (NoticeMode::Drain, None) => Some(deadline), // works on until killed
+        };
+        let stops = draining.stopped_at.is_some();
+        job.drain = Some(draining);
+        if stops {
+            job.generation += 1; // its completion and checkpoints are off
+        }
+        if let Some(at) = exit_at {
+            let generation = job.generation;
+            self.push(at, Event::DrainExit(i, generation));
+        }
+    }
+
+    fn exit(&mut self, i: usize, now: Time, completed: bool) {
+        let hour_origin = self.origin;
+        let job = &mut self.jobs[i];
+        let run = job.run.as_ref().expect("exit of a running job");
+        let gpus = job.gpus as u128;
+        let ran = now.saturating_since(run.start).0;
+        let tier = job.tier.rank() as usize;
+        self.busy[tier] += gpus * ran as u128;
+        self.restart += gpus * run.overhead.min(ran) as u128;
+        add_interval(&mut self.busy_by_hour, hour_origin, tier, job.gpus, run.start, now);
+        if let Some(d) = &job.drain {
+            self.drain += gpus * now.saturating_since(d.notice).0 as u128;
+        }
+        if !completed {
+            self.lost += gpus * (job.progress(now) - job.saved) as u128;
+        } else {
+            job.done_at = Some(now);
+        }
+        let attempt = job.attempt;
+        job.run = None;
+        job.drain = None;
+        job.generation += 1;
+        let kind = if completed { ExitKind::Completed } else { ExitKind::Failed { requeue: false } };
+        let effect = self.state.exited(Self::id(i), attempt, kind).expect("live attempt");
+        debug_assert!(
+            matches!(effect, ExitEffect::Finished | ExitEffect::Requeued { preempted: true }),
+            "{effect:?}"
+        );
+    }
+
+    fn hour(&self, t: Time) -> usize {
+        (t.saturating_since(self.origin).0 / HOUR_MS) as usize
+    }
+
+    /// Records queue lengths at every hour boundary up to `now`.
+    fn sample_queues(&mut self, now: Time) {
+        let hour = self.hour(now) as u64;
+        let from = self.last_sampled_hour.map_or(0, |h| h + 1);
+        if from > hour {
+            return;
+        }
+        let queued = [Tier::Reserved, Tier::OnDemand, Tier::Preemptible].map(|t| self.state.queued(t));
+        for h in from..=hour {
+            bump(&mut self.queued_by_hour, h as usize, |q| *q = queued);
+        }
+        self.last_sampled_hour = Some(hour);
+    }
+
+    fn finish(self, traces: &[Trace], unschedulable: u64) -> SimOutput {
+        let config = self.config;
+        let book = PriceBook {
+            on_demand_per_gpu_hour: config.on_demand_price,
+            reserved_per_gpu_hour: config.reserved_price,
+            preemptible_discount_bps: config.preemptible_discount_bps,
+        };
+        let end = self.jobs.iter().filter_map(|j| j.done_at).max().unwrap_or(self.origin);
+        let makespan = end.saturating_since(self.origin).0;
+        let capacity_ms = self.capacity as u128 * makespan as u128;
+        let ratio = |x: u128| if capacity_ms == 0 { 0.0 } else { round(x as f64 / capacity_ms as f64, 6) };
+        let hours = |gpu_ms: u128| round(gpu_ms as f64 / HOUR_MS as f64, 3);
+        let busy_total: u128 = self.busy.iter().sum();
+        let rates = [
+            config.reserved_price,
+            book.on_demand_per_gpu_hour,
+            book.preemptible_per_gpu_hour(),
+        ];
+        let reserved_ms = config.reserved_gpus as u128 * makespan as u128;
+        let revenue = [
+            MicroUsd::for_gpu_millis(rates[0], reserved_ms),
+            MicroUsd::for_gpu_millis(rates[1], self.busy[1]),
+            MicroUsd::for_gpu_millis(rates[2], self.busy[2]),
+        ];
+        let per_tier = |f: &dyn Fn(&SimJob) -> bool| {
+            let mut counts = [0u64; 3];
+            for job in self.jobs.iter().filter(|j| f(j)) {
+                counts[job.tier.rank() as usize] += 1;
+            }
+            TierFigures::from_array(counts)
+        };
+        let waits = |tier: Tier| {
+            Percentiles::of(
+                self.jobs
+                    .iter()
+                    .filter(|j| j.tier == tier)
+                    .filter_map(|j| j.first_start.map(|s| s.saturating_since(j.submit).as_secs_f64()))
+                    .collect(),
+            )
+        };
+        let slowdown = Percentiles::of(
+            self.jobs
+                .iter()
+                .filter(|j| j.tier == Tier::Preemptible && j.duration > 0)
+                .filter_map(|j| j.done_at.map(|d| d.saturating_since(j.submit).0 as f64 / j.duration as f64))
+                .collect(),
+        );
+        let summary = Summary {
+            jobs: self.jobs.len() as u64 + unschedulable,
+            completed: self.jobs.iter().filter(|j| j.done_at.is_some()).count() as u64,
+            unschedulable,
+            makespan_s: round(makespan as f64 / 1000.0, 3),
+            gpu_utilization: ratio(busy_total),
+            utilization_by_tier: TierFigures::from_array(self.busy.map(ratio)),
+            preemptions: self.preemptions,
+            lost_gpu_hours: hours(self.lost),
+            drain_gpu_hours: hours(self.drain),
+            restart_gpu_hours: hours(self.restart),
+            idle_gpu_hours: hours(capacity_ms.saturating_sub(busy_total)),
+            busy_gpu_hours: TierFigures::from_array(self.busy.map(hours)),
+            on_demand_wait_s: waits(Tier::OnDemand),
+            preemptible_wait_s: waits(Tier::Preemptible),
+            preemptible_slowdown: Percentiles {
+                p50: round(slowdown.p50, 4),
+                p99: round(slowdown.p99, 4),
+                max: round(slowdown.max, 4),
+            },
+            revenue_usd: TierFigures::from_array(revenue.map(|m| round(m.as_usd_f64(), 2))),
+            revenue_micro_usd: TierFigures::from_array(revenue.map(|m| m.0)),
+            jobs_by_tier: per_tier(&|_| true),
+            completed_by_tier: per_tier(&|j| j.done_at.is_some()),
+            config: ConfigEcho {
+                traces: traces
+                    .iter()
+                    .map(|t| match t.tier {
+                        Some(tier) => format!("{tier}={}", t.name),
+                        None => t.name.clone(),
+                    })
+                    .collect(),
+                nodes: config.nodes,
+                gpus_per_node: config.gpus_per_node,
+                gpu_model: config.gpu_model.clone(),
+                preemptible_fraction: config.preemptible_fraction,
+                drain_window_s: config.drain_window.as_secs_f64(),
+                notice: match config.notice {
+                    NoticeMode::Drain => "drain",
+                    NoticeMode::None => "none",
+                },
+                checkpoint_interval_s: config.checkpoint_interval.map(Span::as_secs_f64),
+                drain_checkpoint_s: config.drain_checkpoint.map(Span::as_secs_f64),
+                restart_overhead_s: config.restart_overhead.as_secs_f64(),
+                victim_policy: policy_name(config.victim_policy),
+                on_demand_price_usd_per_gpu_hour: book.on_demand_per_gpu_hour.as_usd_f64(),
+                preemptible_price_usd_per_gpu_hour: book.preemptible_per_gpu_hour().as_usd_f64(),
+                reserved_gpus: config.reserved_gpus,
+            },
+        };
+        let n_hours = (makespan / HOUR_MS) as usize + 1;
+        let mut series = Series::default();
+        let mut cumulative = [0u128; 3];
+        for h in 0..n_hours {
+            let busy = self.busy_by_hour.get(h).copied().unwrap_or([0; 3]);
+            series.busy_gpus.push(busy.map(|ms| round(ms as f64 / HOUR_MS as f64, 3)));
+            series.queued.push(self.queued_by_hour.get(h).copied().unwrap_or([0; 3]));
+            series.preemptions.push(self.preemptions_by_hour.get(h).copied().unwrap_or(0));
+            cumulative[0] += config.reserved_gpus as u128 * HOUR_MS as u128;
+            cumulative[1] += busy[1];
+            cumulative[2] += busy[2];
+            series.revenue_usd.push([0, 1, 2].map(|t| MicroUsd::for_gpu_millis(rates[t], cumulative[t]).as_usd_f64()));
+        }
+        SimOutput { summary, series, capacity_gpus: self.capacity }
+    }
+}
+
+pub(crate) fn policy_name(policy: VictimPolicy) -> String {
+    match policy {
+        VictimPolicy::LostWork => "lost-work".into(),
+        VictimPolicy::Youngest => "youngest".into(),
+        VictimPolicy::Oldest => "oldest".into(),
+        VictimPolicy::FewestGpus => "fewest-gpus".into(),
+        VictimPolicy::Random { seed } => format!("random:{seed}"),
+    }
+}
+
+/// Applies `f` to slot `i`, growing the vector with defaults as needed.
+fn bump<T: Default + Clone>(v: &mut Vec<T>, i: usize, f: impl FnOnce(&mut T)) {
+    if v.len() <= i {
+        v.resize(i + 1, T::default());
+    }
+    f(&mut v[i]);
+}
+
+/// Adds `gpus` busy over [start, end) to the hourly buckets of `tier`.
+fn add_interval(by_hour: &mut Vec<[u128; 3]>, origin: Time, tier: usize, gpus: u32, start: Time, end: Time) {
+    let (mut from, to) = (start.saturating_since(origin).0, end.saturating_since(origin).0);
+    while from < to {
+        let hour = from / HOUR_MS;
+        let until = ((hour + 1) * HOUR_MS).min(to);
+        bump(by_hour, hour as usize, |b| b[tier] += gpus as u128 * (until - from) as u128);
+        from = until;
+    }
+}

@@ -1,0 +1,128 @@
+//! What a replay reports: the JSON summary (field names are part of the
+//! interface) and the hourly series behind the HTML report.
+
+use serde::Serialize;
+
+/// One figure per tier.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct TierFigures<T> {
+    pub reserved: T,
+    pub on_demand: T,
+    pub preemptible: T,
+}
+
+impl<T: Copy> TierFigures<T> {
+    pub fn from_array([reserved, on_demand, preemptible]: [T; 3]) -> Self {
+        TierFigures { reserved, on_demand, preemptible }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Percentiles {
+    pub p50: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+impl Percentiles {
+    /// Nearest-rank percentiles; zeros for an empty sample.
+    pub fn of(mut values: Vec<f64>) -> Percentiles {
+        if values.is_empty() {
+            return Percentiles::default();
+        }
+        values.sort_by(f64::total_cmp);
+        let rank = |p: f64| {
+            let i = (p * values.len() as f64).ceil() as usize;
+            values[i.clamp(1, values.len()) - 1]
+        };
+        Percentiles { p50: round(rank(0.50), 3), p99: round(rank(0.99), 3), max: round(*values.last().unwrap(), 3) }
+    }
+}
+
+/// Rounds for stable, readable output.
+pub(crate) fn round(x: f64, decimals: i32) -> f64 {
+    let scale = 10f64.powi(decimals);
+    (x * scale).round() / scale
+}
+
+/// The settings a replay ran with, echoed so a JSON file explains itself.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ConfigEcho {
+    pub traces: Vec<String>,
+    pub nodes: u32,
+    pub gpus_per_node: u8,
+    pub gpu_model: String,
+    pub preemptible_fraction: f64,
+    pub drain_window_s: f64,
+    pub notice: &'static str,
+    pub checkpoint_interval_s: Option<f64>,
+    pub drain_checkpoint_s: Option<f64>,
+    pub restart_overhead_s: f64,
+    pub victim_policy: String,
+    pub on_demand_price_usd_per_gpu_hour: f64,
+    pub preemptible_price_usd_per_gpu_hour: f64,
+    pub reserved_gpus: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Summary {
+    /// Jobs read from the traces.
+    pub jobs: u64,
+    pub completed: u64,
+    /// Jobs larger than the cluster or of a shape no node fits; not run.
+    pub unschedulable: u64,
+    /// First submission to last completion.
+    pub makespan_s: f64,
+    /// GPU-time running attempts / (GPUs x makespan).
+    pub gpu_utilization: f64,
+    pub utilization_by_tier: TierFigures<f64>,
+    /// Drain notices that were preemptions for another job.
+    pub preemptions: u64,
+    /// Work done since the last checkpoint and thrown away at a kill.
+    pub lost_gpu_hours: f64,
+    /// GPU-time from notice to exit.
+    pub drain_gpu_hours: f64,
+    /// GPU-time resumed attempts spent before making progress again.
+    pub restart_gpu_hours: f64,
+    pub idle_gpu_hours: f64,
+    pub busy_gpu_hours: TierFigures<f64>,
+    pub on_demand_wait_s: Percentiles,
+    pub preemptible_wait_s: Percentiles,
+    /// Completion time (submit to finish) over trace duration.
+    pub preemptible_slowdown: Percentiles,
+    pub revenue_usd: TierFigures<f64>,
+    pub revenue_micro_usd: TierFigures<i64>,
+    pub jobs_by_tier: TierFigures<u64>,
+    pub completed_by_tier: TierFigures<u64>,
+    pub config: ConfigEcho,
+}
+
+/// Hour-by-hour figures since the first submission.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Series {
+    /// Mean GPUs busy during each hour, per tier (reserved, on-demand,
+    /// preemptible).
+    pub busy_gpus: Vec<[f64; 3]>,
+    /// Jobs waiting at the start of each hour, per tier.
+    pub queued: Vec<[u32; 3]>,
+    pub preemptions: Vec<u32>,
+    /// Revenue earned up to the end of each hour, per tier, in dollars.
+    pub revenue_usd: Vec<[f64; 3]>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct SimOutput {
+    pub summary: Summary,
+    pub series: Series,
+    pub capacity_gpus: u32,
+}
+
+impl SimOutput {
+    /// The `--json` document: pretty-printed, byte-identical for the same
+    /// input.
+    pub fn to_json(&self) -> String {
+        let mut text = serde_json::to_string_pretty(&self.summary).expect("summary serialises");
+        text.push('\n');
+        text
+    }
+}

@@ -1,0 +1,122 @@
+//! Job traces in the ITP format: `job_id,submission_time,duration,num_gpu`,
+//! times in seconds. A bad file is refused whole, with the line and the
+//! field that was wrong.
+
+use std::path::Path;
+
+use ebb_core::Tier;
+
+use crate::SimError;
+
+/// One job as the trace records it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TraceJob {
+    pub id: String,
+    pub submit_s: u64,
+    pub duration_s: u64,
+    pub gpus: u32,
+}
+
+/// A trace and, if given as `--trace TIER=PATH`, the tier of all its jobs.
+#[derive(Clone, Debug)]
+pub struct Trace {
+    pub name: String,
+    pub tier: Option<Tier>,
+    pub jobs: Vec<TraceJob>,
+}
+
+const COLUMNS: [&str; 4] = ["job_id", "submission_time", "duration", "num_gpu"];
+
+impl Trace {
+    /// Parses `--trace` arguments: `PATH` or `TIER=PATH`.
+    pub fn load_arg(arg: &str) -> Result<Trace, SimError> {
+        let (tier, path) = match arg.split_once('=') {
+            Some((tier, path)) => {
+                let tier = tier.parse::<Tier>().map_err(|e| SimError::Config(format!("--trace {arg}: {e}")))?;
+                (Some(tier), path)
+            }
+            None => (None, arg),
+        };
+        Trace::load(Path::new(path), tier)
+    }
+
+    pub fn load(path: &Path, tier: Option<Tier>) -> Result<Trace, SimError> {
+        let text = std::fs::read(path).map_err(|e| SimError::Io(path.display().to_string(), e))?;
+        let name = path.display().to_string();
+        let jobs = parse(&name, &text)?;
+        Ok(Trace { name, tier, jobs })
+    }
+}
+
+/// Parses trace text; `name` is used in error messages.
+pub fn parse(name: &str, text: &[u8]) -> Result<Vec<TraceJob>, SimError> {
+    let bad = |line: u64, field: &str, message: String| SimError::Trace {
+        trace: name.to_string(),
+        line,
+        field: field.to_string(),
+        message,
+    };
+    let mut reader = csv::ReaderBuilder::new().has_headers(true).trim(csv::Trim::All).from_reader(text);
+    let header = reader.headers().map_err(|e| bad(1, "header", e.to_string()))?.clone();
+    let columns: Vec<&str> = header.iter().collect();
+    if columns != COLUMNS {
+        return Err(bad(1, "header", format!("expected {}, got {}", COLUMNS.join(","), columns.join(","))));
+    }
+    let mut jobs = Vec::new();
+    for record in reader.records() {
+        let record = record.map_err(|e| {
+            let line = e.position().map_or(0, |p| p.line());
+            bad(line, "record", e.to_string())
+        })?;
+        let line = record.position().map_or(0, |p| p.line());
+        let number = |i: usize| -> Result<u64, SimError> {
+            let text = &record[i];
+            text.parse::<u64>()
+                .map_err(|_| bad(line, COLUMNS[i], format!("expected a non-negative integer, got {text:?}")))
+        };
+        let id = record[0].to_string();
+        if id.is_empty() {
+            return Err(bad(line, "job_id", "must not be empty".into()));
+        }
+        let submit_s = number(1)?;
+        let duration_s = number(2)?;
+        let gpus = number(3)?;
+        if gpus == 0 || gpus > u32::MAX as u64 {
+            return Err(bad(line, "num_gpu", format!("must be at least 1, got {gpus}")));
+        }
+        jobs.push(TraceJob { id, submit_s, duration_s, gpus: gpus as u32 });
+    }
+    Ok(jobs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> String {
+        parse("t.csv", text.as_bytes()).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn parses_the_itp_format() {
+        let jobs = parse("t.csv", b"job_id,submission_time,duration,num_gpu\na,10,20,2\nb,11,5,1\n").unwrap();
+        assert_eq!(jobs.len(), 2);
+        assert_eq!(jobs[0], TraceJob { id: "a".into(), submit_s: 10, duration_s: 20, gpus: 2 });
+    }
+
+    #[test]
+    fn bad_input_names_the_line_and_field() {
+        let header = "job_id,submission_time,duration,num_gpu\n";
+        assert_eq!(
+            err(&format!("{header}a,10,20,2\nb,x,5,1\n")),
+            "t.csv line 3: submission_time: expected a non-negative integer, got \"x\""
+        );
+        assert_eq!(
+            err(&format!("{header}a,10,-3,2\n")),
+            "t.csv line 2: duration: expected a non-negative integer, got \"-3\""
+        );
+        assert_eq!(err(&format!("{header}a,10,3,0\n")), "t.csv line 2: num_gpu: must be at least 1, got 0");
+        assert!(err(&format!("{header}a,10,3\n")).starts_with("t.csv line 2: record:"), "{}", err(&format!("{header}a,10,3\n")));
+        assert!(err("id,submit,duration,gpus\n").starts_with("t.csv line 1: header: expected job_id,"));
+    }
+}
