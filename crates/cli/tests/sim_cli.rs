@@ -1,0 +1,101 @@
+//! `ebb sim` as a user runs it: the real binary, real files.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn ebb(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ebb")).args(args).output().expect("ebb runs")
+}
+
+fn shared_trace(name: &str) -> String {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces/itp").join(name);
+    assert!(path.is_file(), "missing shared trace {}", path.display());
+    path.display().to_string()
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ebb-cli-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn text(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap()
+}
+
+#[test]
+fn writes_json_and_a_self_contained_report() {
+    let dir = temp_dir("report");
+    let (json, report) = (dir.join("out.json"), dir.join("out.html"));
+    let trace = shared_trace("cluster10.csv");
+    let args = [
+        "sim",
+        "--trace",
+        &trace,
+        "--nodes",
+        "4",
+        "--preemptible-fraction",
+        "0.5",
+        "--drain-window",
+        "5m",
+        "--json",
+        json.to_str().unwrap(),
+        "--report",
+        report.to_str().unwrap(),
+    ];
+    let out = ebb(&args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(stdout.contains("replayed 260 jobs"), "{stdout}");
+    assert!(out.stderr.is_empty(), "no progress bar when stderr is not a terminal");
+
+    let summary: serde_json::Value = serde_json::from_str(&text(&json)).unwrap();
+    assert_eq!(summary["jobs"], 260);
+    assert_eq!(summary["config"]["drain_window_s"], 300.0);
+    let first = text(&json);
+    assert!(ebb(&args).status.success());
+    assert_eq!(first, text(&json), "byte-identical JSON for the same input");
+
+    let html = text(&report);
+    assert_eq!(html.matches("<svg").count(), 4, "four charts");
+    assert!(!html.contains("<script"), "no scripts");
+    let external = html.replace("http://www.w3.org/2000/svg", "");
+    assert!(!external.contains("http://") && !external.contains("https://"), "nothing fetched");
+    for title in ["utilisation by tier", "Jobs waiting", "Preemptions per hour", "Cumulative revenue"] {
+        assert!(html.contains(title), "{title}");
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn json_to_standard_output() {
+    let trace = shared_trace("cluster10.csv");
+    let out = ebb(&["sim", "--trace", &trace, "--nodes", "4", "--json", "-"]);
+    assert!(out.status.success());
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["completed"], 260);
+}
+
+#[test]
+fn a_bad_trace_is_refused_naming_line_and_field() {
+    let dir = temp_dir("bad");
+    let bad = dir.join("bad.csv");
+    std::fs::write(&bad, "job_id,submission_time,duration,num_gpu\na,1,10,1\nb,2,ten,1\n").unwrap();
+    let out = ebb(&["sim", "--trace", bad.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(stderr.contains("line 3: duration: expected a non-negative integer, got \"ten\""), "{stderr}");
+
+    let out = ebb(&["sim", "--trace", &format!("spot={}", bad.display())]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown tier \"spot\""));
+
+    let out = ebb(&["sim", "--trace", dir.join("missing.csv").to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("missing.csv"));
+
+    let out = ebb(&["sim", "--trace", bad.to_str().unwrap(), "--drain-window", "5 minutes"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--drain-window"));
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -1,0 +1,150 @@
+//! Replays of the shared ITP traces: every cluster runs, output is
+//! deterministic, the drain window saves work, the lost-work policy loses
+//! least.
+
+use std::path::PathBuf;
+
+use ebb_core::{Span, Tier};
+use ebb_scheduler::VictimPolicy;
+use ebb_sim::{run, NoticeMode, SimConfig, SimOutput, Summary, Trace};
+
+fn trace_dir() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces/itp");
+    assert!(dir.is_dir(), "the shared ITP traces are expected at {}", dir.display());
+    dir
+}
+
+fn trace(name: &str, tier: Option<Tier>) -> Trace {
+    Trace::load(&trace_dir().join(name), tier).unwrap()
+}
+
+fn replay(config: &SimConfig, traces: &[Trace]) -> SimOutput {
+    run(config, traces, &mut |_| {}).unwrap()
+}
+
+/// Half of cluster08's jobs preemptible on a cluster that is often full,
+/// hourly periodic checkpoints.
+fn contended(notice: NoticeMode, drain_checkpoint: Option<u64>, policy: VictimPolicy) -> Summary {
+    let config = SimConfig {
+        nodes: 12,
+        preemptible_fraction: 0.5,
+        checkpoint_interval: Some(Span::from_secs(3600)),
+        drain_checkpoint: drain_checkpoint.map(Span::from_secs),
+        notice,
+        victim_policy: policy,
+        ..SimConfig::default()
+    };
+    replay(&config, &[trace("cluster08.csv", None)]).summary
+}
+
+#[test]
+fn every_shared_cluster_replays_to_completion() {
+    let mut names: Vec<String> = std::fs::read_dir(trace_dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.ends_with(".csv"))
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 8);
+    for name in names {
+        let config = SimConfig { nodes: 32, preemptible_fraction: 0.3, ..SimConfig::default() };
+        let s = replay(&config, &[trace(&name, None)]).summary;
+        assert_eq!(s.completed + s.unschedulable, s.jobs, "{name}: every schedulable job completes");
+        assert!(s.gpu_utilization > 0.0 && s.gpu_utilization <= 1.0, "{name}: {}", s.gpu_utilization);
+        let by_tier = s.utilization_by_tier.on_demand + s.utilization_by_tier.preemptible;
+        assert!((by_tier - s.gpu_utilization).abs() < 1e-5, "{name}: tiers add up");
+        assert!(s.jobs_by_tier.preemptible > 0 && s.jobs_by_tier.on_demand > 0, "{name}");
+    }
+}
+
+#[test]
+fn same_input_gives_byte_identical_json() {
+    let config = SimConfig {
+        nodes: 12,
+        preemptible_fraction: 0.4,
+        checkpoint_interval: Some(Span::from_secs(1800)),
+        drain_checkpoint: Some(Span::from_secs(30)),
+        victim_policy: VictimPolicy::Random { seed: 7 },
+        ..SimConfig::default()
+    };
+    let traces = [trace("cluster10.csv", None), trace("cluster05.csv", Some(Tier::Preemptible))];
+    let first = replay(&config, &traces).to_json();
+    let second = replay(&config, &traces).to_json();
+    assert_eq!(first, second);
+    for field in [
+        "\"jobs\"",
+        "\"completed\"",
+        "\"makespan_s\"",
+        "\"gpu_utilization\"",
+        "\"utilization_by_tier\"",
+        "\"preemptions\"",
+        "\"lost_gpu_hours\"",
+        "\"drain_gpu_hours\"",
+        "\"idle_gpu_hours\"",
+        "\"on_demand_wait_s\"",
+        "\"preemptible_slowdown\"",
+        "\"revenue_usd\"",
+    ] {
+        assert!(first.contains(field), "{field} missing from {first}");
+    }
+}
+
+#[test]
+fn a_save_that_fits_the_drain_window_loses_nothing_and_no_notice_loses_work() {
+    let saved = contended(NoticeMode::Drain, Some(60), VictimPolicy::LostWork);
+    let killed = contended(NoticeMode::None, None, VictimPolicy::LostWork);
+    assert!(saved.preemptions > 100 && killed.preemptions > 100, "the scenario must preempt");
+    assert_eq!(saved.lost_gpu_hours, 0.0, "every victim saved within its window");
+    assert!(saved.drain_gpu_hours > 0.0, "the saves took time");
+    assert!(killed.lost_gpu_hours > 50.0, "without notice work is lost: {}", killed.lost_gpu_hours);
+    // A save that does not fit is no better than none.
+    let too_slow = contended(NoticeMode::Drain, Some(600), VictimPolicy::LostWork);
+    assert!(too_slow.lost_gpu_hours > 50.0, "{}", too_slow.lost_gpu_hours);
+}
+
+#[test]
+fn lost_work_policy_loses_less_than_youngest_and_random() {
+    let lost_work = contended(NoticeMode::None, None, VictimPolicy::LostWork).lost_gpu_hours;
+    for other in [VictimPolicy::Youngest, VictimPolicy::Random { seed: 1 }, VictimPolicy::Random { seed: 2 }] {
+        let theirs = contended(NoticeMode::None, None, other).lost_gpu_hours;
+        assert!(lost_work < theirs, "lost-work {lost_work} GPU-h vs {other:?} {theirs} GPU-h");
+    }
+}
+
+#[test]
+fn a_preemptible_backlog_adds_revenue_without_losing_on_demand_work() {
+    let base = SimConfig { nodes: 16, drain_checkpoint: Some(Span::from_secs(30)), ..SimConfig::default() };
+    let on_demand = trace("cluster08.csv", Some(Tier::OnDemand));
+    let alone = replay(&base, &[on_demand.clone()]).summary;
+    let mut backlog = trace("cluster09.csv", Some(Tier::Preemptible));
+    let last_on_demand = on_demand.jobs.iter().map(|j| j.submit_s).max().unwrap();
+    backlog.jobs.retain(|j| j.submit_s <= last_on_demand);
+    let mixed = replay(&base, &[on_demand, backlog]).summary;
+    assert_eq!(alone.revenue_usd.on_demand, mixed.revenue_usd.on_demand, "on-demand work is the same");
+    assert!(mixed.revenue_usd.preemptible > 0.0);
+    assert!(mixed.gpu_utilization > alone.gpu_utilization);
+    assert_eq!(mixed.busy_gpu_hours.on_demand, alone.busy_gpu_hours.on_demand);
+}
+
+#[test]
+fn reserved_traces_draw_on_their_reservation() {
+    let config = SimConfig { nodes: 4, reserved_gpus: 8, ..SimConfig::default() };
+    let s = replay(&config, &[trace("cluster10.csv", Some(Tier::Reserved)), trace("cluster05.csv", Some(Tier::Preemptible))])
+        .summary;
+    assert_eq!(s.completed + s.unschedulable, s.jobs);
+    assert!(s.utilization_by_tier.reserved > 0.0);
+    assert!(s.revenue_usd.reserved > 0.0);
+    // Jobs larger than the reservation can never run as reserved.
+    assert!(s.unschedulable > 0);
+}
+
+#[test]
+fn bad_configuration_is_refused_with_the_flag_named() {
+    let t = [trace("cluster10.csv", None)];
+    let err = |config: SimConfig| run(&config, &t, &mut |_| {}).unwrap_err().to_string();
+    assert!(err(SimConfig { nodes: 0, ..SimConfig::default() }).contains("--nodes"));
+    assert!(err(SimConfig { preemptible_fraction: 1.5, ..SimConfig::default() }).contains("--preemptible-fraction"));
+    let reserved = [trace("cluster10.csv", Some(Tier::Reserved))];
+    let e = run(&SimConfig::default(), &reserved, &mut |_| {}).unwrap_err().to_string();
+    assert!(e.contains("--reserved-gpus"), "{e}");
+}
