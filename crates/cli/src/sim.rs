@@ -59,7 +59,9 @@ pub struct SimArgs {
     #[arg(long, default_value = "1.40", value_parser = parse_usd)]
     reserved_price: MicroUsd,
     /// Ignore trace jobs submitted after this many seconds of trace time,
-    /// to compare traces over the same window.
+    /// and also report utilisation and revenue from the first submission
+    /// to SECONDS, so runs
+    /// with different backlogs compare over the same window.
     #[arg(long, value_name = "SECONDS")]
     until: Option<u64>,
     /// Write the summary as JSON to FILE (`-` for standard output).
@@ -105,6 +107,7 @@ pub fn run(args: SimArgs) -> Result<(), String> {
         reserved_gpus: args.reserved_gpus,
         reserved_price: args.reserved_price,
         preemptible_discount_bps: ebb_core::PriceBook::DEFAULT_DISCOUNT_BPS,
+        window_until: args.until,
     };
     // A bar only on a terminal; scripts and CI get quiet stderr.
     let bar = if std::io::stderr().is_terminal() {
@@ -143,7 +146,7 @@ pub fn run(args: SimArgs) -> Result<(), String> {
         std::fs::write(path, ebb_sim::report::html(&output))
             .map_err(|e| format!("--report {}: {e}", path.display()))?;
     }
-    if args.json.as_deref().map_or(true, |p| p.as_os_str() != "-") {
+    if args.json.as_deref().is_none_or(|p| p.as_os_str() != "-") {
         print_summary(&output, elapsed.as_secs_f64());
     }
     Ok(())
@@ -199,5 +202,21 @@ fn print_summary(output: &SimOutput, wall_s: f64) {
     ];
     for (name, value) in rows {
         println!("  {name:<22}{value}");
+    }
+    if let Some(w) = &s.window {
+        let u = &w.utilization_by_tier;
+        println!("  up to trace time {:.1} h:", w.until_s / 3600.0);
+        println!(
+            "  {:<22}{} (on-demand {}, preemptible {}), idle {:.1} GPU-h",
+            "GPU utilisation",
+            pct(w.gpu_utilization),
+            pct(u.on_demand),
+            pct(u.preemptible),
+            w.idle_gpu_hours
+        );
+        println!(
+            "  {:<22}on-demand ${:.2}, preemptible ${:.2}, reserved ${:.2}",
+            "revenue", w.revenue_usd.on_demand, w.revenue_usd.preemptible, w.revenue_usd.reserved
+        );
     }
 }

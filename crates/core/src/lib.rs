@@ -104,11 +104,7 @@ pub struct UnknownTier(pub String);
 
 impl fmt::Display for UnknownTier {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "unknown tier {:?}: expected reserved, on-demand or preemptible",
-            self.0
-        )
+        write!(f, "unknown tier {:?}: expected reserved, on-demand or preemptible", self.0)
     }
 }
 

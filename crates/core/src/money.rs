@@ -36,14 +36,9 @@ impl MicroUsd {
         if frac.len() > 6 {
             return Err(format!("more than six decimals (micro-dollars): {text:?}"));
         }
-        let whole: i64 = whole
-            .parse()
-            .map_err(|_| format!("dollar amount out of range: {text:?}"))?;
-        let frac_micros: i64 = if frac.is_empty() {
-            0
-        } else {
-            format!("{frac:0<6}").parse().expect("six ascii digits")
-        };
+        let whole: i64 = whole.parse().map_err(|_| format!("dollar amount out of range: {text:?}"))?;
+        let frac_micros: i64 =
+            if frac.is_empty() { 0 } else { format!("{frac:0<6}").parse().expect("six ascii digits") };
         whole
             .checked_mul(1_000_000)
             .and_then(|m| m.checked_add(frac_micros))
@@ -100,9 +95,8 @@ impl PriceBook {
     pub const DEFAULT_DISCOUNT_BPS: u32 = 5_000;
 
     pub fn preemptible_per_gpu_hour(&self) -> MicroUsd {
-        let rate = self.on_demand_per_gpu_hour.0 as i128
-            * (10_000 - self.preemptible_discount_bps as i128)
-            / 10_000;
+        let rate =
+            self.on_demand_per_gpu_hour.0 as i128 * (10_000 - self.preemptible_discount_bps as i128) / 10_000;
         MicroUsd(rate as i64)
     }
 }
@@ -130,10 +124,7 @@ mod tests {
                 reserved_per_gpu_hour: MicroUsd::ZERO,
                 preemptible_discount_bps: PriceBook::DEFAULT_DISCOUNT_BPS,
             };
-            assert_eq!(
-                book.preemptible_per_gpu_hour().0 * 2,
-                book.on_demand_per_gpu_hour.0
-            );
+            assert_eq!(book.preemptible_per_gpu_hour().0 * 2, book.on_demand_per_gpu_hour.0);
         }
     }
 

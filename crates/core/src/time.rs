@@ -77,7 +77,9 @@ impl Span {
         if whole.is_empty() && frac.is_empty() || !frac.bytes().all(|b| b.is_ascii_digit()) {
             return Err(format!("not a duration: {text:?} (e.g. 300, 300s, 5m)"));
         }
-        let whole: u64 = if whole.is_empty() { 0 } else {
+        let whole: u64 = if whole.is_empty() {
+            0
+        } else {
             whole.parse().map_err(|_| format!("not a duration: {text:?} (e.g. 300, 300s, 5m)"))?
         };
         let frac_millis = if frac.is_empty() {
@@ -124,7 +126,7 @@ impl fmt::Display for Time {
 
 impl fmt::Display for Span {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.0 % 1000 == 0 {
+        if self.0.is_multiple_of(1000) {
             write!(f, "{}s", self.0 / 1000)
         } else {
             write!(f, "{}.{:03}s", self.0 / 1000, self.0 % 1000)

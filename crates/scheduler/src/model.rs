@@ -3,9 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use ebb_core::{
-    Attempt, GpuModelId, JobId, NodeId, ReservationId, Span, TenantId, Tier, Time,
-};
+use ebb_core::{Attempt, GpuModelId, JobId, NodeId, ReservationId, Span, TenantId, Tier, Time};
 
 /// Nodes carry their GPUs as a bit mask, so a node holds at most this many.
 pub const MAX_GPUS_PER_NODE: u8 = 64;
@@ -211,7 +209,9 @@ pub enum ExitEffect {
     Failed,
     Cancelled,
     /// Back in the queue; `preempted` when the exit ended a drain.
-    Requeued { preempted: bool },
+    Requeued {
+        preempted: bool,
+    },
     /// Preempted once more than its `max_preemptions` allows.
     PreemptionLimitReached,
 }

@@ -134,7 +134,10 @@ impl<'a> Pass<'a> {
         for &node in &state.pending_node_drains {
             for job in state.nodes[node.0 as usize].jobs() {
                 let j = &state.jobs[&job];
-                if j.spec.tier == Tier::Preemptible && j.phase == Phase::Running && !self.victims.contains(&job) {
+                if j.spec.tier == Tier::Preemptible
+                    && j.phase == Phase::Running
+                    && !self.victims.contains(&job)
+                {
                     self.drain(job, DrainReason::NodeDrain { node });
                 }
             }
@@ -244,10 +247,8 @@ impl<'a> Pass<'a> {
         let state = self.state;
         let job = &state.jobs[&id];
         let spec = &job.spec;
-        let models: Vec<GpuModelId> = self
-            .candidate_models(spec)
-            .filter(|&m| self.cap_allows(spec, m))
-            .collect();
+        let models: Vec<GpuModelId> =
+            self.candidate_models(spec).filter(|&m| self.cap_allows(spec, m)).collect();
         for &model in &models {
             if let Some(alloc) = self.find_free(model, spec.gpus) {
                 self.place(id, model, alloc);
@@ -258,9 +259,9 @@ impl<'a> Pass<'a> {
             let mut best: Option<VictimSet> = None;
             for &model in &models {
                 if let Some(set) = self.find_victims(model, spec.gpus) {
-                    let better = best.as_ref().map_or(true, |b| {
-                        (set.cost, set.victims.len()) < (b.cost, b.victims.len())
-                    });
+                    let better = best
+                        .as_ref()
+                        .is_none_or(|b| (set.cost, set.victims.len()) < (b.cost, b.victims.len()));
                     if better {
                         best = Some(set);
                     }
@@ -281,7 +282,7 @@ impl<'a> Pass<'a> {
     /// admits its shape and whose capacity is large enough.
     fn candidate_models<'s>(&'s self, spec: &'s JobSpec) -> impl Iterator<Item = GpuModelId> + 's {
         self.state.models().filter_map(move |(id, m)| {
-            let wanted = spec.gpu_model.map_or(true, |w| w == id);
+            let wanted = spec.gpu_model.is_none_or(|w| w == id);
             (wanted && shape_fits(spec.gpus, m.gpus_per_node) && spec.gpus <= m.capacity).then_some(id)
         })
     }
@@ -300,9 +301,9 @@ impl<'a> Pass<'a> {
                 let used = self.reserved_used_now(spec.tenant, model);
                 used + spec.gpus <= self.state.reserved_capacity(spec.tenant, model, self.now)
             }
-            Tier::Preemptible => m
-                .preemptible_limit
-                .map_or(true, |limit| self.preemptible_active[i] + spec.gpus <= limit),
+            Tier::Preemptible => {
+                m.preemptible_limit.is_none_or(|limit| self.preemptible_active[i] + spec.gpus <= limit)
+            }
         }
     }
 
@@ -382,8 +383,7 @@ impl<'a> Pass<'a> {
         } else {
             let k = gpus / per_node as u32;
             let nodes = self.bucket_nodes(model, per_node as usize, k as usize);
-            (nodes.len() == k as usize)
-                .then(|| nodes.into_iter().map(|n| (n, full_mask(per_node))).collect())
+            (nodes.len() == k as usize).then(|| nodes.into_iter().map(|n| (n, full_mask(per_node))).collect())
         }
     }
 
@@ -429,7 +429,8 @@ impl<'a> Pass<'a> {
         if touched.is_empty() {
             return from_base;
         }
-        let mut merged: Vec<NodeId> = from_base.into_iter().chain(touched.iter().take(limit).copied()).collect();
+        let mut merged: Vec<NodeId> =
+            from_base.into_iter().chain(touched.iter().take(limit).copied()).collect();
         merged.sort_unstable();
         merged.truncate(limit);
         merged
@@ -504,7 +505,8 @@ impl<'a> Pass<'a> {
         let mut buckets = Vec::new();
         for free in 0..gpus.min(per_node + 1) {
             let needed = gpus - free;
-            let reclaimable = if whole { per_node - free..=per_node - free } else { needed..=per_node - free };
+            let reclaimable =
+                if whole { per_node - free..=per_node - free } else { needed..=per_node - free };
             for p in reclaimable {
                 let bucket = &index.by_reclaimable[free as usize][p as usize][needed as usize];
                 if !bucket.is_empty() {
@@ -535,7 +537,7 @@ impl<'a> Pass<'a> {
                 continue;
             }
             let Some((cost, victims)) = self.cheapest_on_node(node, gpus) else { continue };
-            let better = best.as_ref().map_or(true, |(c, n, id, _)| {
+            let better = best.as_ref().is_none_or(|(c, n, id, _)| {
                 let key = (cost, victims.len());
                 key < (*c, *n) || (exhaustive && key == (*c, *n) && node < *id)
             });
@@ -574,7 +576,7 @@ impl<'a> Pass<'a> {
                         && self.free_mask(node).count_ones() + size as u32 >= gpus as u32;
                     if usable {
                         let cost = size as u128 * self.now.saturating_since(saved_at).0 as u128;
-                        if best.map_or(true, |b| (cost, node, job) < b) {
+                        if best.is_none_or(|b| (cost, node, job) < b) {
                             best = Some((cost, node, job));
                         }
                         break;
@@ -607,7 +609,10 @@ impl<'a> Pass<'a> {
             if !exhaustive && chosen.len() >= k && bound > chosen[k - 1].0 {
                 break;
             }
-            if self.earmarked.contains(&node) || self.dead.contains(&node) || chosen.iter().any(|c| c.1 == node) {
+            if self.earmarked.contains(&node)
+                || self.dead.contains(&node)
+                || chosen.iter().any(|c| c.1 == node)
+            {
                 continue;
             }
             let Some((cost, victims)) = self.cheapest_on_node(node, per_node) else { continue };
@@ -661,7 +666,7 @@ impl<'a> Pass<'a> {
                     }
                 }
                 let key = (cost, subset.count_ones(), subset);
-                if freed >= need && best.map_or(true, |b| key < b) {
+                if freed >= need && best.is_none_or(|b| key < b) {
                     best = Some(key);
                 }
             }
@@ -672,11 +677,14 @@ impl<'a> Pass<'a> {
             let mut order: Vec<usize> = (0..options.len()).collect();
             order.sort_by_key(|&i| (options[i].0 / options[i].1 as u128, options[i].2));
             let mut freed = 0;
-            order.into_iter().take_while(|&i| {
-                let take = freed < need;
-                freed += options[i].1;
-                take
-            }).collect()
+            order
+                .into_iter()
+                .take_while(|&i| {
+                    let take = freed < need;
+                    freed += options[i].1;
+                    take
+                })
+                .collect()
         };
         let cost = pick.iter().map(|&i| options[i].0).sum();
         let mut victims: Vec<JobId> = pick.iter().map(|&i| options[i].2).collect();
@@ -685,11 +693,7 @@ impl<'a> Pass<'a> {
     }
 
     fn mask_on(&self, job: JobId, node: NodeId) -> u64 {
-        self.state.nodes[node.0 as usize]
-            .jobs
-            .iter()
-            .find(|(j, _)| *j == job)
-            .map_or(0, |(_, mask)| *mask)
+        self.state.nodes[node.0 as usize].jobs.iter().find(|(j, _)| *j == job).map_or(0, |(_, mask)| *mask)
     }
 }
 

@@ -8,9 +8,7 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 
-use ebb_core::{
-    Attempt, GpuModelId, JobId, NodeId, ReservationId, TenantId, Tier, Time,
-};
+use ebb_core::{Attempt, GpuModelId, JobId, NodeId, ReservationId, TenantId, Tier, Time};
 
 use rustc_hash::FxHashMap;
 
@@ -205,11 +203,7 @@ impl State {
     /// GPUs of all active reservations of `model` at `now`: on-demand work
     /// may not use them, preemptible work may borrow them.
     pub fn reserved_total(&self, model: GpuModelId, now: Time) -> u32 {
-        self.reservations
-            .values()
-            .filter(|r| r.gpu_model == model && r.is_active(now))
-            .map(|r| r.gpus)
-            .sum()
+        self.reservations.values().filter(|r| r.gpu_model == model && r.is_active(now)).map(|r| r.gpus).sum()
     }
 
     pub fn reserved_used(&self, tenant: TenantId, model: GpuModelId) -> u32 {
@@ -325,9 +319,7 @@ impl State {
         match self.node_checked(node)?.status {
             NodeStatus::Up => {}
             NodeStatus::Cordoned => return Ok(()),
-            NodeStatus::Lost => {
-                return Err(StateError::Conflict(format!("node {node}: lost, cannot drain")))
-            }
+            NodeStatus::Lost => return Err(StateError::Conflict(format!("node {node}: lost, cannot drain"))),
         }
         let n = &mut self.nodes[node.0 as usize];
         n.status = NodeStatus::Cordoned;
@@ -380,9 +372,7 @@ impl State {
     }
 
     fn node_checked(&self, node: NodeId) -> Result<&Node, StateError> {
-        self.nodes
-            .get(node.0 as usize)
-            .ok_or_else(|| StateError::NotFound(format!("node {node}")))
+        self.nodes.get(node.0 as usize).ok_or_else(|| StateError::NotFound(format!("node {node}")))
     }
 
     // ---- operator capacity ---------------------------------------------
@@ -417,10 +407,7 @@ impl State {
             return Err(StateError::Invalid(format!("reservation {}: gpus must be at least 1", r.id)));
         }
         if r.start >= r.end {
-            return Err(StateError::Invalid(format!(
-                "reservation {}: start must be before end",
-                r.id
-            )));
+            return Err(StateError::Invalid(format!("reservation {}: start must be before end", r.id)));
         }
         if self.reservations.contains_key(&r.id) {
             return Err(StateError::Conflict(format!("reservation {}: already exists", r.id)));
@@ -430,9 +417,7 @@ impl State {
     }
 
     pub fn remove_reservation(&mut self, id: ReservationId) -> Result<Reservation, StateError> {
-        self.reservations
-            .remove(&id)
-            .ok_or_else(|| StateError::NotFound(format!("reservation {id}")))
+        self.reservations.remove(&id).ok_or_else(|| StateError::NotFound(format!("reservation {id}")))
     }
 
     // ---- jobs ----------------------------------------------------------
@@ -466,14 +451,7 @@ impl State {
         let id = spec.id;
         self.jobs.insert(
             id,
-            Job {
-                spec,
-                attempt: Attempt(0),
-                preemptions: 0,
-                phase: Phase::Queued,
-                run: None,
-                notice: None,
-            },
+            Job { spec, attempt: Attempt(0), preemptions: 0, phase: Phase::Queued, run: None, notice: None },
         );
         self.enqueue(id);
         Ok(())
@@ -499,12 +477,7 @@ impl State {
 
     /// The attempt's processes have all exited; its GPUs are free (or pass
     /// to the preemptor holding them).
-    pub fn exited(
-        &mut self,
-        id: JobId,
-        attempt: Attempt,
-        kind: ExitKind,
-    ) -> Result<ExitEffect, StateError> {
+    pub fn exited(&mut self, id: JobId, attempt: Attempt, kind: ExitKind) -> Result<ExitEffect, StateError> {
         self.fence(id, attempt)?;
         let draining = self.jobs[&id].phase == Phase::Draining;
         self.end_run(id);
@@ -563,10 +536,7 @@ impl State {
     fn enqueue(&mut self, id: JobId) {
         let job = &self.jobs[&id];
         let class = QueueClass::of(&job.spec);
-        self.queues
-            .entry(class)
-            .or_default()
-            .insert((job.spec.submitted_at, id));
+        self.queues.entry(class).or_default().insert((job.spec.submitted_at, id));
         self.queued_by_tier[job.spec.tier.rank() as usize] += 1;
     }
 
@@ -649,12 +619,8 @@ impl State {
 
     /// Releases every hold with GPUs on `node`; the holders queue again.
     fn release_holds_on(&mut self, node: NodeId) {
-        let holders: Vec<JobId> = self
-            .holds
-            .values()
-            .filter(|h| h.alloc.iter().any(|(n, _)| *n == node))
-            .map(|h| h.job)
-            .collect();
+        let holders: Vec<JobId> =
+            self.holds.values().filter(|h| h.alloc.iter().any(|(n, _)| *n == node)).map(|h| h.job).collect();
         for job in holders {
             self.drop_hold(job);
             self.dequeue_holding_to_queue(job);
@@ -721,8 +687,11 @@ impl State {
             .filter_map(|&(job, mask)| {
                 let j = &self.jobs[&job];
                 let run = j.run.as_ref()?;
-                let single = j.spec.tier == Tier::Preemptible && j.phase == Phase::Running && run.alloc.len() == 1;
-                single.then(|| (free, mask.count_ones() as u8, (Reverse(run.progress_saved_at()), node.id, job)))
+                let single =
+                    j.spec.tier == Tier::Preemptible && j.phase == Phase::Running && run.alloc.len() == 1;
+                single.then(|| {
+                    (free, mask.count_ones() as u8, (Reverse(run.progress_saved_at()), node.id, job))
+                })
             })
             .collect();
         keys.sort_unstable();
@@ -735,7 +704,7 @@ impl State {
             let j = &self.jobs[&job];
             if j.spec.tier == Tier::Preemptible && j.phase == Phase::Running {
                 let saved_at = j.run.as_ref().expect("running").progress_saved_at();
-                slots.extend(std::iter::repeat(saved_at.0).take((mask & !node.held).count_ones() as usize));
+                slots.extend(std::iter::repeat_n(saved_at.0, (mask & !node.held).count_ones() as usize));
             }
         }
         slots.sort_unstable_by(|a, b| b.cmp(a));
@@ -747,11 +716,7 @@ impl State {
                 sum
             })
             .collect();
-        IndexKey {
-            free: node.free_mask().count_ones() as u8,
-            reclaimable: slots.len() as u8,
-            top_sums,
-        }
+        IndexKey { free: node.free_mask().count_ones() as u8, reclaimable: slots.len() as u8, top_sums }
     }
 
     // ---- applying a plan ----------------------------------------------
@@ -767,11 +732,8 @@ impl State {
         for drain in &plan.drains {
             let job = self.jobs.get_mut(&drain.job).expect("checked");
             job.phase = Phase::Draining;
-            job.notice = Some(Notice {
-                notice_at: drain.notice_at,
-                deadline: drain.deadline,
-                reason: drain.reason,
-            });
+            job.notice =
+                Some(Notice { notice_at: drain.notice_at, deadline: drain.deadline, reason: drain.reason });
             let run = job.run.as_ref().expect("checked");
             let (model, gpus, tenant) = (run.model, run.gpus(), job.spec.tenant);
             let nodes: Vec<NodeId> = run.alloc.iter().map(|(n, _)| *n).collect();
@@ -907,9 +869,10 @@ impl State {
                 return Err(ApplyError::Invariant(format!("{} cannot preempt", p.preemptor)));
             }
             for victim in &p.victims {
-                let ok = plan.drains.iter().any(|d| {
-                    d.job == *victim && d.reason == DrainReason::Preempted { by: p.preemptor }
-                });
+                let ok = plan
+                    .drains
+                    .iter()
+                    .any(|d| d.job == *victim && d.reason == DrainReason::Preempted { by: p.preemptor });
                 if !ok {
                     return Err(ApplyError::Invariant(format!("victim {victim} without its drain")));
                 }
@@ -962,10 +925,7 @@ impl State {
                 let n = self.usable_node(node, p.model, &lost)?;
                 let own_hold = if p.from_hold { mask } else { 0 };
                 if mask & !n.full_mask() != 0 || n.used & mask != 0 || n.held & mask & !own_hold != 0 {
-                    return Err(ApplyError::Invariant(format!(
-                        "{}: GPUs on {node} are not free",
-                        p.job
-                    )));
+                    return Err(ApplyError::Invariant(format!("{}: GPUs on {node} are not free", p.job)));
                 }
                 if !p.from_hold {
                     claim(node, mask, p.job)?;
@@ -1135,7 +1095,8 @@ impl State {
                 return Err(format!("{} single-victim keys out of step", node.id));
             }
             for (free, gpus, entry) in &singles {
-                if !self.index[node.model.0 as usize].singles[*free as usize][*gpus as usize].contains(entry) {
+                if !self.index[node.model.0 as usize].singles[*free as usize][*gpus as usize].contains(entry)
+                {
                     return Err(format!("{} missing from the single-victim index", entry.2));
                 }
             }
@@ -1164,16 +1125,13 @@ impl State {
                 return Err(format!("{} capacity out of step", m.name));
             }
             let indexed = self.index[i].len();
-            let up = self.nodes.iter().filter(|n| n.model.0 as usize == i && n.status == NodeStatus::Up).count();
+            let up =
+                self.nodes.iter().filter(|n| n.model.0 as usize == i && n.status == NodeStatus::Up).count();
             if indexed != up {
                 return Err(format!("{} index has {indexed} nodes, {up} are up", m.name));
             }
-            let singles: usize = self
-                .nodes
-                .iter()
-                .filter(|n| n.model.0 as usize == i)
-                .map(|n| n.single_keys.len())
-                .sum();
+            let singles: usize =
+                self.nodes.iter().filter(|n| n.model.0 as usize == i).map(|n| n.single_keys.len()).sum();
             if self.index[i].singles_len() != singles {
                 return Err(format!("{} single-victim index has stale entries", m.name));
             }
@@ -1190,7 +1148,7 @@ impl State {
 /// Whether `gpus` can be placed on nodes of `per_node` GPUs: on one node,
 /// or as a gang over whole nodes.
 pub fn shape_fits(gpus: u32, per_node: u8) -> bool {
-    gpus <= per_node as u32 || gpus % per_node as u32 == 0
+    gpus <= per_node as u32 || gpus.is_multiple_of(per_node as u32)
 }
 
 /// The tier caps, checked over a whole plan: what it starts or holds adds
@@ -1203,7 +1161,13 @@ struct CapCheck {
 }
 
 impl CapCheck {
-    fn check(&mut self, state: &State, spec: &JobSpec, model: GpuModelId, now: Time) -> Result<(), ApplyError> {
+    fn check(
+        &mut self,
+        state: &State,
+        spec: &JobSpec,
+        model: GpuModelId,
+        now: Time,
+    ) -> Result<(), ApplyError> {
         let m = &state.models[model.0 as usize];
         let gpus = spec.gpus;
         match spec.tier {

@@ -119,7 +119,8 @@ fn run(nodes: u32, gpus_per_node: u8, policy: VictimPolicy, ops: &[Op]) -> Vec<P
             }
             Op::Rejoin { node } => {
                 let name = format!("node-{}", node % nodes);
-                let spec = NodeSpec { name, gpu_model: "H100".into(), gpus: gpus_per_node, labels: BTreeMap::new() };
+                let spec =
+                    NodeSpec { name, gpu_model: "H100".into(), gpus: gpus_per_node, labels: BTreeMap::new() };
                 let _ = c.state.add_node(spec, c.now);
             }
             Op::Step => {
@@ -245,7 +246,8 @@ fn brute_force_min_lost(c: &Cluster, want: u32) -> Option<(u128, usize)> {
                 let j = c.state.job(id).unwrap();
                 let run = j.run.as_ref().unwrap();
                 (j.spec.tier == Tier::Preemptible && j.phase == Phase::Running).then(|| {
-                    let lost = j.spec.gpus as u128 * c.now.saturating_since(run.progress_saved_at()).0 as u128;
+                    let lost =
+                        j.spec.gpus as u128 * c.now.saturating_since(run.progress_saved_at()).0 as u128;
                     (lost, j.spec.gpus)
                 })
             })
@@ -254,7 +256,7 @@ fn brute_force_min_lost(c: &Cluster, want: u32) -> Option<(u128, usize)> {
             let chosen = options.iter().enumerate().filter(|(i, _)| subset & (1 << i) != 0);
             let (cost, freed) = chosen.fold((0, 0), |(c, f), (_, o)| (c + o.0, f + o.1));
             let key = (cost, subset.count_ones() as usize);
-            if free + freed >= want && best.map_or(true, |b| key < b) {
+            if free + freed >= want && best.is_none_or(|b| key < b) {
                 best = Some(key);
             }
         }

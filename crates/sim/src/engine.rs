@@ -23,7 +23,7 @@ use ebb_scheduler::{
     VictimPolicy,
 };
 
-use crate::summary::{round, ConfigEcho, Percentiles, Series, SimOutput, Summary, TierFigures};
+use crate::summary::{round, ConfigEcho, Percentiles, Series, SimOutput, Summary, TierFigures, Window};
 use crate::{NoticeMode, SimConfig, SimError, Trace};
 
 const HOUR_MS: u64 = 3_600_000;
@@ -105,6 +105,8 @@ struct Engine<'a> {
     capacity: u32,
     // Accounting, GPU-milliseconds.
     busy: [u128; 3],
+    /// Busy time inside the measurement window, if any.
+    busy_in_window: [u128; 3],
     lost: u128,
     drain: u128,
     restart: u128,
@@ -130,7 +132,7 @@ pub fn run(
         engine.sample_queues(now);
         arrived += engine.process_events_at(now);
         engine.settle(now);
-        if arrived % 1024 == 0 {
+        if arrived.is_multiple_of(1024) {
             progress(Progress { arrived, total });
         }
     }
@@ -154,7 +156,10 @@ fn validate(config: &SimConfig, traces: &[Trace]) -> Result<(), SimError> {
         ));
     }
     if !(0.0..=1.0).contains(&config.preemptible_fraction) {
-        return fail(format!("--preemptible-fraction must be between 0 and 1, got {}", config.preemptible_fraction));
+        return fail(format!(
+            "--preemptible-fraction must be between 0 and 1, got {}",
+            config.preemptible_fraction
+        ));
     }
     if config.checkpoint_interval == Some(Span::ZERO) {
         return fail("--checkpoint-interval must be positive".into());
@@ -206,6 +211,7 @@ impl<'a> Engine<'a> {
             origin: Time::ZERO,
             capacity: config.nodes * config.gpus_per_node as u32,
             busy: [0; 3],
+            busy_in_window: [0; 3],
             lost: 0,
             drain: 0,
             restart: 0,
@@ -246,11 +252,12 @@ impl<'a> Engine<'a> {
             let trace = &traces[t];
             let row = &trace.jobs[i];
             let fits = shape_fits(row.gpus, self.config.gpus_per_node) && row.gpus <= self.capacity;
-            let tier = trace.tier.unwrap_or(if preemptible_by_id(&row.id, self.config.preemptible_fraction) {
-                Tier::Preemptible
-            } else {
-                Tier::OnDemand
-            });
+            let tier =
+                trace.tier.unwrap_or(if preemptible_by_id(&row.id, self.config.preemptible_fraction) {
+                    Tier::Preemptible
+                } else {
+                    Tier::OnDemand
+                });
             let fits = fits
                 && match tier {
                     Tier::Reserved => row.gpus <= self.config.reserved_gpus,
@@ -302,7 +309,8 @@ impl<'a> Engine<'a> {
                     arrivals += 1;
                     let job = &self.jobs[i];
                     let tenant = if job.tier == Tier::Reserved { RESERVED_TENANT } else { TenantId(2) };
-                    let gpu_model = (job.tier == Tier::Reserved).then(|| self.state.model_by_name(&self.config.gpu_model).unwrap());
+                    let gpu_model = (job.tier == Tier::Reserved)
+                        .then(|| self.state.model_by_name(&self.config.gpu_model).unwrap());
                     let spec = JobSpec {
                         id: Self::id(i),
                         tenant,
@@ -314,8 +322,12 @@ impl<'a> Engine<'a> {
                     };
                     self.state.submit(spec).expect("trace jobs are valid");
                 }
-                Event::Complete(i, generation) if self.jobs[i].generation == generation => self.exit(i, now, true),
-                Event::Checkpoint(i, generation) if self.jobs[i].generation == generation => self.checkpoint(i, now),
+                Event::Complete(i, generation) if self.jobs[i].generation == generation => {
+                    self.exit(i, now, true)
+                }
+                Event::Checkpoint(i, generation) if self.jobs[i].generation == generation => {
+                    self.checkpoint(i, now)
+                }
                 Event::DrainExit(i, generation) if self.jobs[i].generation == generation => {
                     let job = &mut self.jobs[i];
                     if job.drain.as_ref().is_some_and(|d| d.saves) {
@@ -404,7 +416,7 @@ impl<'a> Engine<'a> {
                 Some(now)
             }
             // Finishing beats saving: let it finish (its Complete event stands).
-            _ if finishes_in_window && save.map_or(true, |s| remaining <= s.0) => None,
+            _ if finishes_in_window && save.is_none_or(|s| remaining <= s.0) => None,
             (NoticeMode::Drain, Some(save)) if save <= window => {
                 draining.stopped_at = Some(now);
                 draining.saves = true;
@@ -438,6 +450,10 @@ impl<'a> Engine<'a> {
         self.busy[tier] += gpus * ran as u128;
         self.restart += gpus * run.overhead.min(ran) as u128;
         add_interval(&mut self.busy_by_hour, hour_origin, tier, job.gpus, run.start, now);
+        if let Some(until) = self.config.window_until {
+            let end = now.min(Time::from_secs(until));
+            self.busy_in_window[tier] += gpus * end.saturating_since(run.start).0 as u128;
+        }
         if let Some(d) = &job.drain {
             self.drain += gpus * now.saturating_since(d.notice).0 as u128;
         }
@@ -489,11 +505,7 @@ impl<'a> Engine<'a> {
         let ratio = |x: u128| if capacity_ms == 0 { 0.0 } else { round(x as f64 / capacity_ms as f64, 6) };
         let hours = |gpu_ms: u128| round(gpu_ms as f64 / HOUR_MS as f64, 3);
         let busy_total: u128 = self.busy.iter().sum();
-        let rates = [
-            config.reserved_price,
-            book.on_demand_per_gpu_hour,
-            book.preemptible_per_gpu_hour(),
-        ];
+        let rates = [config.reserved_price, book.on_demand_per_gpu_hour, book.preemptible_per_gpu_hour()];
         let reserved_ms = config.reserved_gpus as u128 * makespan as u128;
         let revenue = [
             MicroUsd::for_gpu_millis(rates[0], reserved_ms),
@@ -547,6 +559,25 @@ impl<'a> Engine<'a> {
             revenue_micro_usd: TierFigures::from_array(revenue.map(|m| m.0)),
             jobs_by_tier: per_tier(&|_| true),
             completed_by_tier: per_tier(&|j| j.done_at.is_some()),
+            window: config.window_until.map(|until| {
+                let length = Time::from_secs(until).saturating_since(self.origin).0 as u128;
+                let capacity_ms = self.capacity as u128 * length;
+                let ratio =
+                    |x: u128| if capacity_ms == 0 { 0.0 } else { round(x as f64 / capacity_ms as f64, 6) };
+                let busy: u128 = self.busy_in_window.iter().sum();
+                let revenue = [
+                    MicroUsd::for_gpu_millis(rates[0], config.reserved_gpus as u128 * length),
+                    MicroUsd::for_gpu_millis(rates[1], self.busy_in_window[1]),
+                    MicroUsd::for_gpu_millis(rates[2], self.busy_in_window[2]),
+                ];
+                Window {
+                    until_s: until as f64,
+                    gpu_utilization: ratio(busy),
+                    utilization_by_tier: TierFigures::from_array(self.busy_in_window.map(ratio)),
+                    idle_gpu_hours: hours(capacity_ms.saturating_sub(busy)),
+                    revenue_usd: TierFigures::from_array(revenue.map(|m| round(m.as_usd_f64(), 2))),
+                }
+            }),
             config: ConfigEcho {
                 traces: traces
                     .iter()
@@ -584,7 +615,9 @@ impl<'a> Engine<'a> {
             cumulative[0] += config.reserved_gpus as u128 * HOUR_MS as u128;
             cumulative[1] += busy[1];
             cumulative[2] += busy[2];
-            series.revenue_usd.push([0, 1, 2].map(|t| MicroUsd::for_gpu_millis(rates[t], cumulative[t]).as_usd_f64()));
+            series
+                .revenue_usd
+                .push([0, 1, 2].map(|t| MicroUsd::for_gpu_millis(rates[t], cumulative[t]).as_usd_f64()));
         }
         SimOutput { summary, series, capacity_gpus: self.capacity }
     }

@@ -13,7 +13,7 @@ mod summary;
 pub mod trace;
 
 pub use engine::{run, Progress};
-pub use summary::{Percentiles, Series, SimOutput, Summary, TierFigures};
+pub use summary::{Percentiles, Series, SimOutput, Summary, TierFigures, Window};
 pub use trace::{Trace, TraceJob};
 
 use ebb_core::{MicroUsd, Span};
@@ -65,6 +65,10 @@ pub struct SimConfig {
     pub reserved_price: MicroUsd,
     /// Preemptible discount in basis points (5000 = 50%).
     pub preemptible_discount_bps: u32,
+    /// Also measure utilisation and revenue from the first submission to
+    /// trace time `until` (seconds),
+    /// so runs whose backlogs drain at different times compare fairly.
+    pub window_until: Option<u64>,
 }
 
 impl Default for SimConfig {
@@ -84,6 +88,7 @@ impl Default for SimConfig {
             reserved_gpus: 0,
             reserved_price: MicroUsd(1_400_000),
             preemptible_discount_bps: ebb_core::PriceBook::DEFAULT_DISCOUNT_BPS,
+            window_until: None,
         }
     }
 }

@@ -82,7 +82,10 @@ fn summary_table(s: &Summary) -> String {
         ("idle GPU-hours", format!("{:.1}", s.idle_gpu_hours)),
         (
             "on-demand wait p50 / p99 / max",
-            format!("{:.0} s / {:.0} s / {:.0} s", s.on_demand_wait_s.p50, s.on_demand_wait_s.p99, s.on_demand_wait_s.max),
+            format!(
+                "{:.0} s / {:.0} s / {:.0} s",
+                s.on_demand_wait_s.p50, s.on_demand_wait_s.p99, s.on_demand_wait_s.max
+            ),
         ),
         (
             "preemptible slowdown p50 / p99",
@@ -162,7 +165,8 @@ fn tier_points(rows: &[[f64; 3]], stack: bool) -> Vec<(RGBColor, Vec<(f64, f64)>
 
 fn utilisation_chart(output: &SimOutput) -> String {
     let capacity = output.capacity_gpus.max(1) as f64;
-    let rows: Vec<[f64; 3]> = output.series.busy_gpus.iter().map(|r| r.map(|g| g / capacity * 100.0)).collect();
+    let rows: Vec<[f64; 3]> =
+        output.series.busy_gpus.iter().map(|r| r.map(|g| g / capacity * 100.0)).collect();
     chart("% of GPUs", 100.0, tier_points(&rows, true), true)
 }
 

@@ -35,7 +35,11 @@ impl Percentiles {
             let i = (p * values.len() as f64).ceil() as usize;
             values[i.clamp(1, values.len()) - 1]
         };
-        Percentiles { p50: round(rank(0.50), 3), p99: round(rank(0.99), 3), max: round(*values.last().unwrap(), 3) }
+        Percentiles {
+            p50: round(rank(0.50), 3),
+            p99: round(rank(0.99), 3),
+            max: round(*values.last().unwrap(), 3),
+        }
     }
 }
 
@@ -94,7 +98,20 @@ pub struct Summary {
     pub revenue_micro_usd: TierFigures<i64>,
     pub jobs_by_tier: TierFigures<u64>,
     pub completed_by_tier: TierFigures<u64>,
+    /// The same figures over a fixed window, when one was asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub window: Option<Window>,
     pub config: ConfigEcho,
+}
+
+/// Utilisation and revenue over `[first submission, until_s]` of trace time.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Window {
+    pub until_s: f64,
+    pub gpu_utilization: f64,
+    pub utilization_by_tier: TierFigures<f64>,
+    pub idle_gpu_hours: f64,
+    pub revenue_usd: TierFigures<f64>,
 }
 
 /// Hour-by-hour figures since the first submission.

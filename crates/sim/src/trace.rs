@@ -32,7 +32,8 @@ impl Trace {
     pub fn load_arg(arg: &str) -> Result<Trace, SimError> {
         let (tier, path) = match arg.split_once('=') {
             Some((tier, path)) => {
-                let tier = tier.parse::<Tier>().map_err(|e| SimError::Config(format!("--trace {arg}: {e}")))?;
+                let tier =
+                    tier.parse::<Tier>().map_err(|e| SimError::Config(format!("--trace {arg}: {e}")))?;
                 (Some(tier), path)
             }
             None => (None, arg),
@@ -116,7 +117,11 @@ mod tests {
             "t.csv line 2: duration: expected a non-negative integer, got \"-3\""
         );
         assert_eq!(err(&format!("{header}a,10,3,0\n")), "t.csv line 2: num_gpu: must be at least 1, got 0");
-        assert!(err(&format!("{header}a,10,3\n")).starts_with("t.csv line 2: record:"), "{}", err(&format!("{header}a,10,3\n")));
+        assert!(
+            err(&format!("{header}a,10,3\n")).starts_with("t.csv line 2: record:"),
+            "{}",
+            err(&format!("{header}a,10,3\n"))
+        );
         assert!(err("id,submit,duration,gpus\n").starts_with("t.csv line 1: header: expected job_id,"));
     }
 }

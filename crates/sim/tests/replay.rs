@@ -105,7 +105,8 @@ fn a_save_that_fits_the_drain_window_loses_nothing_and_no_notice_loses_work() {
 #[test]
 fn lost_work_policy_loses_less_than_youngest_and_random() {
     let lost_work = contended(NoticeMode::None, None, VictimPolicy::LostWork).lost_gpu_hours;
-    for other in [VictimPolicy::Youngest, VictimPolicy::Random { seed: 1 }, VictimPolicy::Random { seed: 2 }] {
+    for other in [VictimPolicy::Youngest, VictimPolicy::Random { seed: 1 }, VictimPolicy::Random { seed: 2 }]
+    {
         let theirs = contended(NoticeMode::None, None, other).lost_gpu_hours;
         assert!(lost_work < theirs, "lost-work {lost_work} GPU-h vs {other:?} {theirs} GPU-h");
     }
@@ -115,7 +116,7 @@ fn lost_work_policy_loses_less_than_youngest_and_random() {
 fn a_preemptible_backlog_adds_revenue_without_losing_on_demand_work() {
     let base = SimConfig { nodes: 16, drain_checkpoint: Some(Span::from_secs(30)), ..SimConfig::default() };
     let on_demand = trace("cluster08.csv", Some(Tier::OnDemand));
-    let alone = replay(&base, &[on_demand.clone()]).summary;
+    let alone = replay(&base, std::slice::from_ref(&on_demand)).summary;
     let mut backlog = trace("cluster09.csv", Some(Tier::Preemptible));
     let last_on_demand = on_demand.jobs.iter().map(|j| j.submit_s).max().unwrap();
     backlog.jobs.retain(|j| j.submit_s <= last_on_demand);
@@ -129,8 +130,11 @@ fn a_preemptible_backlog_adds_revenue_without_losing_on_demand_work() {
 #[test]
 fn reserved_traces_draw_on_their_reservation() {
     let config = SimConfig { nodes: 4, reserved_gpus: 8, ..SimConfig::default() };
-    let s = replay(&config, &[trace("cluster10.csv", Some(Tier::Reserved)), trace("cluster05.csv", Some(Tier::Preemptible))])
-        .summary;
+    let s = replay(
+        &config,
+        &[trace("cluster10.csv", Some(Tier::Reserved)), trace("cluster05.csv", Some(Tier::Preemptible))],
+    )
+    .summary;
     assert_eq!(s.completed + s.unschedulable, s.jobs);
     assert!(s.utilization_by_tier.reserved > 0.0);
     assert!(s.revenue_usd.reserved > 0.0);
@@ -143,7 +147,8 @@ fn bad_configuration_is_refused_with_the_flag_named() {
     let t = [trace("cluster10.csv", None)];
     let err = |config: SimConfig| run(&config, &t, &mut |_| {}).unwrap_err().to_string();
     assert!(err(SimConfig { nodes: 0, ..SimConfig::default() }).contains("--nodes"));
-    assert!(err(SimConfig { preemptible_fraction: 1.5, ..SimConfig::default() }).contains("--preemptible-fraction"));
+    assert!(err(SimConfig { preemptible_fraction: 1.5, ..SimConfig::default() })
+        .contains("--preemptible-fraction"));
     let reserved = [trace("cluster10.csv", Some(Tier::Reserved))];
     let e = run(&SimConfig::default(), &reserved, &mut |_| {}).unwrap_err().to_string();
     assert!(e.contains("--reserved-gpus"), "{e}");
