@@ -20,6 +20,16 @@ enum Command {
     Sim(sim::SimArgs),
 }
 
+/// Writes command output; a closed pipe (`ebb ... | head`) is not an error.
+fn write_stdout(text: &str) -> Result<(), String> {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    match stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(format!("writing output: {e}")),
+        _ => Ok(()),
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {

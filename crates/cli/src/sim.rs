@@ -134,10 +134,11 @@ pub fn run(args: SimArgs) -> Result<(), String> {
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
+    let mut stdout = String::new();
     if let Some(path) = &args.json {
         let json = output.to_json();
         if path.as_os_str() == "-" {
-            print!("{json}");
+            stdout.push_str(&json);
         } else {
             std::fs::write(path, json).map_err(|e| format!("--json {}: {e}", path.display()))?;
         }
@@ -147,18 +148,22 @@ pub fn run(args: SimArgs) -> Result<(), String> {
             .map_err(|e| format!("--report {}: {e}", path.display()))?;
     }
     if args.json.as_deref().is_none_or(|p| p.as_os_str() != "-") {
-        print_summary(&output, elapsed.as_secs_f64());
+        stdout.push_str(&summary_text(&output, elapsed.as_secs_f64()));
     }
-    Ok(())
+    crate::write_stdout(&stdout)
 }
 
-fn print_summary(output: &SimOutput, wall_s: f64) {
+fn summary_text(output: &SimOutput, wall_s: f64) -> String {
+    use std::fmt::Write;
+    let mut text = String::new();
     let s = &output.summary;
     let c = &s.config;
-    println!(
+    writeln!(
+        text,
         "replayed {} jobs ({} completed, {} unschedulable) on {} nodes x {} {} in {:.2} s",
         s.jobs, s.completed, s.unschedulable, c.nodes, c.gpus_per_node, c.gpu_model, wall_s
-    );
+    )
+    .unwrap();
     let u = &s.utilization_by_tier;
     let pct = |x: f64| format!("{:.1}%", x * 100.0);
     let rows = [
@@ -201,22 +206,27 @@ fn print_summary(output: &SimOutput, wall_s: f64) {
         ),
     ];
     for (name, value) in rows {
-        println!("  {name:<22}{value}");
+        writeln!(text, "  {name:<22}{value}").unwrap();
     }
     if let Some(w) = &s.window {
         let u = &w.utilization_by_tier;
-        println!("  up to trace time {:.1} h:", w.until_s / 3600.0);
-        println!(
+        writeln!(text, "  up to trace time {:.1} h:", w.until_s / 3600.0).unwrap();
+        writeln!(
+            text,
             "  {:<22}{} (on-demand {}, preemptible {}), idle {:.1} GPU-h",
             "GPU utilisation",
             pct(w.gpu_utilization),
             pct(u.on_demand),
             pct(u.preemptible),
             w.idle_gpu_hours
-        );
-        println!(
+        )
+        .unwrap();
+        writeln!(
+            text,
             "  {:<22}on-demand ${:.2}, preemptible ${:.2}, reserved ${:.2}",
             "revenue", w.revenue_usd.on_demand, w.revenue_usd.preemptible, w.revenue_usd.reserved
-        );
+        )
+        .unwrap();
     }
+    text
 }
