@@ -127,13 +127,14 @@ pub fn run(
     validate(config, traces)?;
     let mut engine = Engine::new(config)?;
     let (unschedulable, total) = engine.load(traces);
-    let mut arrived = 0u64;
+    let (mut arrived, mut reported) = (0u64, 0u64);
     while let Some(&Reverse((now, _, _))) = engine.events.peek() {
         engine.sample_queues(now);
         arrived += engine.process_events_at(now);
         engine.settle(now);
-        if arrived.is_multiple_of(1024) {
+        if arrived - reported >= 256 {
             progress(Progress { arrived, total });
+            reported = arrived;
         }
     }
     progress(Progress { arrived: total, total });
