@@ -595,11 +595,14 @@ impl<'a> Pass<'a> {
         // (cost, node, victims), kept sorted; free nodes cost nothing.
         let mut chosen: Vec<(u128, NodeId, Vec<JobId>)> = Vec::new();
         let mut candidates = self.candidate_nodes(model, per_node, true);
+        // Entirely free nodes cost nothing; fewer than k exist (or the gang
+        // would have been placed), so this takes at most k of them.
         let free_nodes: BTreeSet<NodeId> = self.state.index[model.0 as usize].by_free[per_node as usize]
             .iter()
             .chain(self.touched_by_free[model.0 as usize][per_node as usize].iter())
             .filter(|n| !self.earmarked.contains(n) && !self.dead.contains(n))
             .filter(|n| self.free_mask(**n).count_ones() == per_node as u32)
+            .take(k)
             .copied()
             .collect();
         for node in free_nodes.into_iter().take(k) {

@@ -843,6 +843,9 @@ impl State {
             if job.phase != Phase::Running || !drained.insert(d.job) {
                 return Err(ApplyError::Stale(format!("{} is already draining", d.job)));
             }
+            if job.run.as_ref().expect("fenced").alloc.iter().any(|(n, _)| lost.contains(n)) {
+                return Err(ApplyError::Invariant(format!("drain of {} on a node this plan loses", d.job)));
+            }
             if d.deadline < d.notice_at {
                 return Err(ApplyError::Invariant(format!("drain of {}: deadline before notice", d.job)));
             }

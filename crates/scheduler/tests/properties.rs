@@ -161,7 +161,7 @@ fn policy() -> impl Strategy<Value = VictimPolicy> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 1024, ..ProptestConfig::default() })]
 
     #[test]
     fn invariants_hold_after_every_step(

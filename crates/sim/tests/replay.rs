@@ -153,3 +153,26 @@ fn bad_configuration_is_refused_with_the_flag_named() {
     let e = run(&SimConfig::default(), &reserved, &mut |_| {}).unwrap_err().to_string();
     assert!(e.contains("--reserved-gpus"), "{e}");
 }
+
+#[test]
+fn each_preemption_costs_the_restart_overhead() {
+    let config = |overhead| SimConfig {
+        nodes: 12,
+        preemptible_fraction: 0.5,
+        checkpoint_interval: Some(Span::from_secs(3600)),
+        drain_checkpoint: Some(Span::from_secs(60)),
+        restart_overhead: Span::from_secs(overhead),
+        ..SimConfig::default()
+    };
+    let t = [trace("cluster08.csv", None)];
+    let free = replay(&config(0), &t).summary;
+    let costly = replay(&config(600), &t).summary;
+    assert_eq!(free.restart_gpu_hours, 0.0);
+    assert!(costly.preemptions > 100);
+    // At least one GPU for ten minutes per resumed attempt that ran that long.
+    assert!(
+        costly.restart_gpu_hours > costly.preemptions as f64 * 0.5 * 600.0 / 3600.0,
+        "{}",
+        costly.restart_gpu_hours
+    );
+}
