@@ -160,73 +160,12 @@ fn summary_text(output: &SimOutput, wall_s: f64) -> String {
     let c = &s.config;
     writeln!(
         text,
-        "replayed {} jobs ({} completed, {} unschedulable) on {} nodes x {} {} in {:.2} s",
-        s.jobs, s.completed, s.unschedulable, c.nodes, c.gpus_per_node, c.gpu_model, wall_s
+        "replayed on {} nodes x {} {} GPUs in {:.2} s",
+        c.nodes, c.gpus_per_node, c.gpu_model, wall_s
     )
     .unwrap();
-    let u = &s.utilization_by_tier;
-    let pct = |x: f64| format!("{:.1}%", x * 100.0);
-    let rows = [
-        ("makespan", format!("{:.1} h", s.makespan_s / 3600.0)),
-        (
-            "GPU utilisation",
-            format!(
-                "{} (reserved {}, on-demand {}, preemptible {})",
-                pct(s.gpu_utilization),
-                pct(u.reserved),
-                pct(u.on_demand),
-                pct(u.preemptible)
-            ),
-        ),
-        ("idle", format!("{:.1} GPU-h", s.idle_gpu_hours)),
-        (
-            "preemptions",
-            format!(
-                "{} (lost {:.1} GPU-h, drain {:.1} GPU-h, restart {:.1} GPU-h)",
-                s.preemptions, s.lost_gpu_hours, s.drain_gpu_hours, s.restart_gpu_hours
-            ),
-        ),
-        (
-            "on-demand wait",
-            format!(
-                "p50 {:.0} s, p99 {:.0} s, max {:.0} s",
-                s.on_demand_wait_s.p50, s.on_demand_wait_s.p99, s.on_demand_wait_s.max
-            ),
-        ),
-        (
-            "preemptible slowdown",
-            format!("p50 {:.2}, p99 {:.2}", s.preemptible_slowdown.p50, s.preemptible_slowdown.p99),
-        ),
-        (
-            "revenue",
-            format!(
-                "on-demand ${:.2}, preemptible ${:.2}, reserved ${:.2}",
-                s.revenue_usd.on_demand, s.revenue_usd.preemptible, s.revenue_usd.reserved
-            ),
-        ),
-    ];
-    for (name, value) in rows {
-        writeln!(text, "  {name:<22}{value}").unwrap();
-    }
-    if let Some(w) = &s.window {
-        let u = &w.utilization_by_tier;
-        writeln!(text, "  up to trace time {:.1} h:", w.until_s / 3600.0).unwrap();
-        writeln!(
-            text,
-            "  {:<22}{} (on-demand {}, preemptible {}), idle {:.1} GPU-h",
-            "GPU utilisation",
-            pct(w.gpu_utilization),
-            pct(u.on_demand),
-            pct(u.preemptible),
-            w.idle_gpu_hours
-        )
-        .unwrap();
-        writeln!(
-            text,
-            "  {:<22}on-demand ${:.2}, preemptible ${:.2}, reserved ${:.2}",
-            "revenue", w.revenue_usd.on_demand, w.revenue_usd.preemptible, w.revenue_usd.reserved
-        )
-        .unwrap();
+    for (name, value) in s.rows() {
+        writeln!(text, "  {name:<24}{value}").unwrap();
     }
     text
 }

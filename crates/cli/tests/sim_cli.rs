@@ -46,7 +46,7 @@ fn writes_json_and_a_self_contained_report() {
     let out = ebb(&args);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8(out.stdout).unwrap();
-    assert!(stdout.contains("replayed 260 jobs"), "{stdout}");
+    assert!(stdout.contains("jobs                    260 (260 completed, 0 unschedulable)"), "{stdout}");
     assert!(out.stderr.is_empty(), "no progress bar when stderr is not a terminal");
 
     let summary: serde_json::Value = serde_json::from_str(&text(&json)).unwrap();

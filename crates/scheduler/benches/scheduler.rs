@@ -45,6 +45,8 @@ struct World {
     running: Vec<JobId>,
     where_running: HashMap<JobId, usize>,
     rng: Lcg,
+    /// Preemption decisions made (a victim set chosen and drained).
+    preemptions: usize,
 }
 
 impl World {
@@ -67,6 +69,7 @@ impl World {
             running: Vec::new(),
             where_running: HashMap::new(),
             rng: Lcg(42),
+            preemptions: 0,
         }
     }
 
@@ -151,6 +154,7 @@ impl World {
             let gpus = self.rng.size();
             self.submit(Tier::OnDemand, gpus);
             let plan = self.step();
+            self.preemptions += plan.preemptions.len();
             let mut placed = plan.placements.len();
             for drain in &plan.drains {
                 self.exit(drain.job, ExitKind::Failed { requeue: false });
@@ -206,6 +210,8 @@ fn bench_steady(c: &mut Criterion) {
     // Measure how many placements a batch of events makes, for throughput.
     let mut probe = World::full();
     let placed: usize = (0..EVENTS).map(|_| probe.event()).sum();
+    let decisions = probe.preemptions;
+    println!("steady state: {EVENTS} events make {placed} placements and {decisions} preemption decisions");
     drop(probe);
     let mut group = c.benchmark_group("steady");
     group.sample_size(10);

@@ -63,42 +63,7 @@ fn describe(s: &Summary) -> String {
 }
 
 fn summary_table(s: &Summary) -> String {
-    let rows: Vec<(&str, String)> = vec![
-        ("jobs (completed / total)", format!("{} / {}", s.completed, s.jobs)),
-        ("makespan", format!("{:.1} h", s.makespan_s / 3600.0)),
-        ("GPU utilisation", format!("{:.1}%", s.gpu_utilization * 100.0)),
-        (
-            "by tier (reserved / on-demand / preemptible)",
-            format!(
-                "{:.1}% / {:.1}% / {:.1}%",
-                s.utilization_by_tier.reserved * 100.0,
-                s.utilization_by_tier.on_demand * 100.0,
-                s.utilization_by_tier.preemptible * 100.0
-            ),
-        ),
-        ("preemptions", s.preemptions.to_string()),
-        ("lost GPU-hours", format!("{:.1}", s.lost_gpu_hours)),
-        ("drain GPU-hours", format!("{:.1}", s.drain_gpu_hours)),
-        ("idle GPU-hours", format!("{:.1}", s.idle_gpu_hours)),
-        (
-            "on-demand wait p50 / p99 / max",
-            format!(
-                "{:.0} s / {:.0} s / {:.0} s",
-                s.on_demand_wait_s.p50, s.on_demand_wait_s.p99, s.on_demand_wait_s.max
-            ),
-        ),
-        (
-            "preemptible slowdown p50 / p99",
-            format!("{:.2} / {:.2}", s.preemptible_slowdown.p50, s.preemptible_slowdown.p99),
-        ),
-        (
-            "revenue on-demand / preemptible / reserved",
-            format!(
-                "${:.2} / ${:.2} / ${:.2}",
-                s.revenue_usd.on_demand, s.revenue_usd.preemptible, s.revenue_usd.reserved
-            ),
-        ),
-    ];
+    let rows = s.rows();
     let mut table = String::from("<table>\n");
     for (name, value) in rows {
         table.push_str(&format!("<tr><th>{}</th><td>{}</td></tr>\n", escape(name), escape(&value)));

@@ -114,6 +114,74 @@ pub struct Window {
     pub revenue_usd: TierFigures<f64>,
 }
 
+impl Summary {
+    /// The summary as (label, value) lines, for the terminal and the report.
+    pub fn rows(&self) -> Vec<(&'static str, String)> {
+        let pct = |x: f64| format!("{:.1}%", x * 100.0);
+        let u = &self.utilization_by_tier;
+        let (wait, slow, rev) = (&self.on_demand_wait_s, &self.preemptible_slowdown, &self.revenue_usd);
+        let mut rows = vec![
+            (
+                "jobs",
+                format!("{} ({} completed, {} unschedulable)", self.jobs, self.completed, self.unschedulable),
+            ),
+            ("makespan", format!("{:.1} h", self.makespan_s / 3600.0)),
+            (
+                "GPU utilisation",
+                format!(
+                    "{} (reserved {}, on-demand {}, preemptible {})",
+                    pct(self.gpu_utilization),
+                    pct(u.reserved),
+                    pct(u.on_demand),
+                    pct(u.preemptible)
+                ),
+            ),
+            ("idle", format!("{:.1} GPU-h", self.idle_gpu_hours)),
+            (
+                "preemptions",
+                format!(
+                    "{} (lost {:.1} GPU-h, drain {:.1} GPU-h, restart {:.1} GPU-h)",
+                    self.preemptions, self.lost_gpu_hours, self.drain_gpu_hours, self.restart_gpu_hours
+                ),
+            ),
+            (
+                "on-demand wait",
+                format!("p50 {:.0} s, p99 {:.0} s, max {:.0} s", wait.p50, wait.p99, wait.max),
+            ),
+            ("preemptible slowdown", format!("p50 {:.2}, p99 {:.2}", slow.p50, slow.p99)),
+            (
+                "revenue",
+                format!(
+                    "on-demand ${:.2}, preemptible ${:.2}, reserved ${:.2}",
+                    rev.on_demand, rev.preemptible, rev.reserved
+                ),
+            ),
+        ];
+        if let Some(w) = &self.window {
+            let (u, rev) = (&w.utilization_by_tier, &w.revenue_usd);
+            rows.push((
+                "window utilisation",
+                format!(
+                    "{} (on-demand {}, preemptible {}), idle {:.1} GPU-h, up to trace time {:.1} h",
+                    pct(w.gpu_utilization),
+                    pct(u.on_demand),
+                    pct(u.preemptible),
+                    w.idle_gpu_hours,
+                    w.until_s / 3600.0
+                ),
+            ));
+            rows.push((
+                "window revenue",
+                format!(
+                    "on-demand ${:.2}, preemptible ${:.2}, reserved ${:.2}",
+                    rev.on_demand, rev.preemptible, rev.reserved
+                ),
+            ));
+        }
+        rows
+    }
+}
+
 /// Hour-by-hour figures since the first submission.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Series {
