@@ -569,7 +569,9 @@ impl State {
         job.notice = None;
         let (tier, tenant) = (job.spec.tier, job.spec.tenant);
         let gpus = run.gpus();
-        self.count_usage(tier, tenant, run.model, gpus, was_draining, false);
+        if !was_draining {
+            self.adjust_usage(tier, tenant, run.model, -(gpus as i64));
+        }
         for &(node, mask) in &run.alloc {
             let n = &mut self.nodes[node.0 as usize];
             debug_assert_eq!(n.used & mask, mask, "freeing GPUs that were not used");
@@ -587,33 +589,19 @@ impl State {
         }
     }
 
-    /// Adds (`release = false`) or removes a running job's GPUs from the
-    /// tier counters. Draining preemptible jobs no longer count as active.
-    fn count_usage(
-        &mut self,
-        tier: Tier,
-        tenant: TenantId,
-        model: GpuModelId,
-        gpus: u32,
-        draining: bool,
-        add: bool,
-    ) {
+    /// Moves the tier counters by `delta` GPUs (negative to release).
+    /// Draining preemptible jobs are no longer counted, so their callers
+    /// release them when the drain starts, not when they exit.
+    fn adjust_usage(&mut self, tier: Tier, tenant: TenantId, model: GpuModelId, delta: i64) {
+        let apply = |v: &mut u32| *v = (*v as i64 + delta) as u32;
         let m = &mut self.models[model.0 as usize];
-        let delta = |v: &mut u32| {
-            if add {
-                *v += gpus
-            } else {
-                *v -= gpus
-            }
-        };
         match tier {
             Tier::Reserved => {
-                delta(&mut m.reserved_used);
-                delta(self.reserved_used.entry((tenant, model)).or_insert(0));
+                apply(&mut m.reserved_used);
+                apply(self.reserved_used.entry((tenant, model)).or_insert(0));
             }
-            Tier::OnDemand => delta(&mut m.on_demand_used),
-            Tier::Preemptible if !draining => delta(&mut m.preemptible_active),
-            Tier::Preemptible => {}
+            Tier::OnDemand => apply(&mut m.on_demand_used),
+            Tier::Preemptible => apply(&mut m.preemptible_active),
         }
     }
 
@@ -623,11 +611,12 @@ impl State {
             self.holds.values().filter(|h| h.alloc.iter().any(|(n, _)| *n == node)).map(|h| h.job).collect();
         for job in holders {
             self.drop_hold(job);
-            self.dequeue_holding_to_queue(job);
+            self.requeue_holder(job);
         }
     }
 
-    fn dequeue_holding_to_queue(&mut self, job: JobId) {
+    /// A job whose hold was released waits in its queue class again.
+    fn requeue_holder(&mut self, job: JobId) {
         let j = self.jobs.get_mut(&job).expect("holder exists");
         j.phase = Phase::Queued;
         let class = QueueClass::of(&j.spec);
@@ -641,7 +630,7 @@ impl State {
         self.ready_holds.remove(&job);
         let spec = &self.jobs[&job].spec;
         let (tier, tenant, gpus) = (spec.tier, spec.tenant, spec.gpus);
-        self.count_usage(tier, tenant, hold.model, gpus, false, false);
+        self.adjust_usage(tier, tenant, hold.model, -(gpus as i64));
         for victim in &hold.waiting_on {
             self.victim_of.remove(victim);
         }
@@ -737,7 +726,7 @@ impl State {
             let run = job.run.as_ref().expect("checked");
             let (model, gpus, tenant) = (run.model, run.gpus(), job.spec.tenant);
             let nodes: Vec<NodeId> = run.alloc.iter().map(|(n, _)| *n).collect();
-            self.count_usage(Tier::Preemptible, tenant, model, gpus, false, false);
+            self.adjust_usage(Tier::Preemptible, tenant, model, -(gpus as i64));
             for node in nodes {
                 self.reindex(node);
             }
@@ -763,7 +752,7 @@ impl State {
             job.phase = Phase::Holding;
             let (tier, tenant, gpus) = (job.spec.tier, job.spec.tenant, job.spec.gpus);
             // Held GPUs count against the tier's caps from now on.
-            self.count_usage(tier, tenant, p.model, gpus, false, true);
+            self.adjust_usage(tier, tenant, p.model, gpus as i64);
             for &(node, mask) in &p.hold {
                 self.nodes[node.0 as usize].held |= mask;
                 self.reindex(node);
@@ -803,7 +792,7 @@ impl State {
             let (tier, tenant, gpus) = (job.spec.tier, job.spec.tenant, job.spec.gpus);
             self.queued_by_tier[tier.rank() as usize] -= 1;
             if !p.from_hold {
-                self.count_usage(tier, tenant, p.model, gpus, false, true);
+                self.adjust_usage(tier, tenant, p.model, gpus as i64);
             }
             for &(node, mask) in &p.alloc {
                 let n = &mut self.nodes[node.0 as usize];

@@ -31,6 +31,8 @@ impl Trace {
     /// Parses `--trace` arguments: `PATH` or `TIER=PATH`.
     pub fn load_arg(arg: &str) -> Result<Trace, SimError> {
         let (tier, path) = match arg.split_once('=') {
+            // A file whose name holds '=' is still a file.
+            Some(_) if Path::new(arg).is_file() => (None, arg),
             Some((tier, path)) => {
                 let tier =
                     tier.parse::<Tier>().map_err(|e| SimError::Config(format!("--trace {arg}: {e}")))?;
