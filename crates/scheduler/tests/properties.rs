@@ -39,12 +39,12 @@ fn op() -> impl Strategy<Value = Op> {
         2 => any::<usize>().prop_map(|pick| Op::Checkpoint { pick }),
         3 => (1u64..200).prop_map(|secs| Op::Advance { secs }),
         1 => any::<usize>().prop_map(|pick| Op::Cancel { pick }),
-        1 => (0u32..6).prop_map(|node| Op::DrainNode { node }),
-        1 => (0u32..6).prop_map(|node| Op::UndrainNode { node }),
+        1 => (0u32..8).prop_map(|node| Op::DrainNode { node }),
+        1 => (0u32..8).prop_map(|node| Op::UndrainNode { node }),
         1 => (1u32..12).prop_map(|gpus| Op::Reclaim { gpus }),
         1 => Just(Op::ReleaseReclaim),
         4 => (0u32..8).prop_map(|skip| Op::Heartbeats { skip }),
-        1 => (0u32..6).prop_map(|node| Op::Rejoin { node }),
+        1 => (0u32..8).prop_map(|node| Op::Rejoin { node }),
         8 => Just(Op::Step),
     ]
 }
@@ -55,8 +55,28 @@ fn pick<T: Copy>(items: &[T], i: usize) -> Option<T> {
 
 /// Runs `ops` on a fresh cluster, checking invariants after every op, and
 /// returns every plan made.
-fn run(nodes: u32, gpus_per_node: u8, policy: VictimPolicy, ops: &[Op]) -> Vec<Plan> {
+fn run(nodes: u32, gpus_per_node: u8, a100_nodes: u32, policy: VictimPolicy, ops: &[Op]) -> Vec<Plan> {
     let mut c = Cluster::new(nodes, gpus_per_node);
+    // A second GPU model: jobs that name no model may land on either.
+    let mut specs: Vec<NodeSpec> = (0..nodes)
+        .map(|i| NodeSpec {
+            name: format!("node-{i}"),
+            gpu_model: "H100".into(),
+            gpus: gpus_per_node,
+            labels: BTreeMap::new(),
+        })
+        .collect();
+    for i in 0..a100_nodes {
+        let spec = NodeSpec {
+            name: format!("a100-{i}"),
+            gpu_model: "A100".into(),
+            gpus: 4,
+            labels: BTreeMap::new(),
+        };
+        c.state.add_node(spec.clone(), Time::ZERO).unwrap();
+        specs.push(spec);
+    }
+    let all = specs.len() as u32;
     c.config.victim_policy = policy;
     c.config.heartbeat_timeout = Some(Span::from_secs(600));
     c.config.drain_window = Span::from_secs(120);
@@ -101,27 +121,24 @@ fn run(nodes: u32, gpus_per_node: u8, policy: VictimPolicy, ops: &[Op]) -> Vec<P
                 }
             }
             Op::DrainNode { node } => {
-                let _ = c.state.drain_node(NodeId(node % nodes));
+                let _ = c.state.drain_node(NodeId(node % all));
             }
             Op::UndrainNode { node } => {
-                let _ = c.state.undrain_node(NodeId(node % nodes));
+                let _ = c.state.undrain_node(NodeId(node % all));
             }
             Op::Reclaim { gpus } => {
                 c.state.reclaim(c.model(), gpus).unwrap();
             }
             Op::ReleaseReclaim => c.state.release_reclaim(c.model()).unwrap(),
             Op::Heartbeats { skip } => {
-                for n in 0..nodes {
+                for n in 0..all {
                     if n != skip {
                         let _ = c.state.heartbeat(NodeId(n), c.now);
                     }
                 }
             }
             Op::Rejoin { node } => {
-                let name = format!("node-{}", node % nodes);
-                let spec =
-                    NodeSpec { name, gpu_model: "H100".into(), gpus: gpus_per_node, labels: BTreeMap::new() };
-                let _ = c.state.add_node(spec, c.now);
+                let _ = c.state.add_node(specs[(node % all) as usize].clone(), c.now);
             }
             Op::Step => {
                 let ready: Vec<JobId> = c
@@ -167,10 +184,11 @@ proptest! {
     fn invariants_hold_after_every_step(
         nodes in 1u32..6,
         gpus_per_node in prop_oneof![Just(4u8), Just(8)],
+        a100_nodes in 0u32..3,
         policy in policy(),
         ops in prop::collection::vec(op(), 1..200),
     ) {
-        run(nodes, gpus_per_node, policy, &ops);
+        run(nodes, gpus_per_node, a100_nodes, policy, &ops);
     }
 
     #[test]
@@ -179,8 +197,8 @@ proptest! {
         policy in policy(),
         ops in prop::collection::vec(op(), 1..80),
     ) {
-        let first = run(nodes, 8, policy, &ops);
-        let second = run(nodes, 8, policy, &ops);
+        let first = run(nodes, 8, 1, policy, &ops);
+        let second = run(nodes, 8, 1, policy, &ops);
         prop_assert_eq!(first, second);
     }
 

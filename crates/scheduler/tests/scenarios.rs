@@ -389,3 +389,35 @@ fn a_stale_plan_is_refused_whole() {
     assert!(err.is_retryable(), "{err}");
     c.state.sanity_check().unwrap();
 }
+
+#[test]
+fn a_gang_is_not_starved_by_small_jobs_behind_it() {
+    let mut c = Cluster::new(4, 4);
+    for _ in 0..16 {
+        c.submit(Tier::Preemptible, 1);
+    }
+    c.step();
+    let gang = c.submit(Tier::Preemptible, 8);
+    for round in 0..40 {
+        c.submit(Tier::Preemptible, 1);
+        // One running small job ends each round, oldest first.
+        let mut running: Vec<JobId> = c
+            .state
+            .jobs()
+            .filter(|j| j.phase == Phase::Running && j.spec.id != gang)
+            .map(|j| j.spec.id)
+            .collect();
+        running.sort();
+        if let Some(&done) = running.first() {
+            c.advance(10);
+            c.exit(done, ExitKind::Completed);
+        }
+        c.step();
+        if c.phase(gang) == Some(Phase::Running) {
+            assert_eq!(c.nodes_of(gang).len(), 2);
+            assert!(round < 16, "the gang waited {round} rounds");
+            return;
+        }
+    }
+    panic!("the 8-GPU gang starved behind 1-GPU jobs");
+}
