@@ -1,6 +1,9 @@
 //! `ebb`: one binary, one subcommand per job. This file only parses
 //! arguments and hands them to the library crates.
 
+mod client;
+mod commands;
+mod daemons;
 mod sim;
 
 use std::process::ExitCode;
@@ -10,12 +13,64 @@ use clap::{Parser, Subcommand};
 #[derive(Parser)]
 #[command(name = "ebb", version, about = "Preemptible GPU compute with a five-minute drain window")]
 struct Cli {
+    #[command(flatten)]
+    conn: client::Connection,
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the control plane.
+    Server(daemons::ServerArgs),
+    /// Run a node agent.
+    Agent(daemons::AgentArgs),
+    /// Run a whole local cluster (server + agents with simulated GPUs).
+    Up(daemons::UpArgs),
+    /// Submit a job: ebb submit [flags] -- CMD ARGS..., or a job script.
+    Submit(commands::SubmitArgs),
+    /// List jobs.
+    Jobs(commands::JsonFlag),
+    /// Show a job with its event timeline.
+    Show {
+        id: u64,
+        #[command(flatten)]
+        out: commands::JsonFlag,
+    },
+    /// Print a job's output (-f follows it live).
+    Logs {
+        id: u64,
+        #[arg(short, long)]
+        follow: bool,
+    },
+    /// Cancel a job.
+    Cancel {
+        id: u64,
+        #[command(flatten)]
+        out: commands::JsonFlag,
+    },
+    /// List nodes (admin).
+    Nodes(commands::JsonFlag),
+    /// Drain a node for maintenance (admin).
+    Drain {
+        node: String,
+        #[command(flatten)]
+        out: commands::JsonFlag,
+    },
+    /// Take back preemptible capacity with the drain window (admin).
+    Reclaim {
+        #[arg(long)]
+        gpus: u32,
+        #[arg(long)]
+        gpu_model: Option<String>,
+        #[command(flatten)]
+        out: commands::JsonFlag,
+    },
+    /// Manage tenants (admin).
+    Tenant {
+        #[command(subcommand)]
+        command: commands::TenantCommand,
+    },
     /// Replay job traces through the scheduler in virtual time.
     Sim(sim::SimArgs),
 }
@@ -30,12 +85,50 @@ fn write_stdout(text: &str) -> Result<(), String> {
     }
 }
 
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    use std::io::IsTerminal;
+    let ansi = std::io::stderr().is_terminal();
+    tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).init();
+}
+
+async fn dispatch(cli: Cli) -> Result<(), String> {
+    let conn = &cli.conn;
+    let text = match cli.command {
+        Command::Server(args) => {
+            init_logging();
+            return daemons::server(args).await;
+        }
+        Command::Agent(args) => {
+            init_logging();
+            return daemons::agent(conn.server.clone(), args).await;
+        }
+        Command::Up(args) => return daemons::up(args).await,
+        Command::Sim(args) => return sim::run(args),
+        Command::Submit(args) => commands::submit(conn, &args).await?,
+        Command::Jobs(out) => commands::jobs(conn, &out).await?,
+        Command::Show { id, out } => commands::show(conn, id, &out).await?,
+        Command::Logs { id, follow } => return commands::logs(conn, id, follow).await,
+        Command::Cancel { id, out } => commands::cancel(conn, id, &out).await?,
+        Command::Nodes(out) => commands::nodes(conn, &out).await?,
+        Command::Drain { node, out } => commands::drain(conn, &node, &out).await?,
+        Command::Reclaim { gpus, gpu_model, out } => commands::reclaim(conn, gpus, gpu_model, &out).await?,
+        Command::Tenant { command } => commands::tenant(conn, &command).await?,
+    };
+    write_stdout(&text)
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Sim(args) => sim::run(args),
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
     };
-    match result {
+    match runtime.block_on(dispatch(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
             eprintln!("error: {message}");

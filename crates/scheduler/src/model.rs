@@ -200,6 +200,9 @@ pub enum ExitKind {
     Failed { requeue: bool },
     /// Stopped by its owner; never requeued.
     Cancelled,
+    /// The attempt vanished (its node restarted, or never started it): it
+    /// is requeued, counted neither as a failure nor as a preemption.
+    Lost,
 }
 
 /// What the core did with an exited job.
@@ -214,4 +217,6 @@ pub enum ExitEffect {
     },
     /// Preempted once more than its `max_preemptions` allows.
     PreemptionLimitReached,
+    /// Requeued after its attempt was lost.
+    RequeuedLost,
 }

@@ -457,6 +457,59 @@ impl State {
         Ok(())
     }
 
+    /// Puts back a job that was running when the edge restarted: `spec`
+    /// as submitted, attempt `attempt` on `alloc` since `started_at`, with
+    /// its drain notice if it was draining. Refused if the GPUs are not
+    /// free on up nodes of one model, or the shape is wrong.
+    pub fn restore_run(
+        &mut self,
+        spec: JobSpec,
+        attempt: Attempt,
+        preemptions: u32,
+        alloc: Vec<(NodeId, u64)>,
+        started_at: Time,
+        notice: Option<Notice>,
+    ) -> Result<(), StateError> {
+        let id = spec.id;
+        if self.jobs.contains_key(&id) {
+            return Err(StateError::Conflict(format!("job {id}: already known")));
+        }
+        let model = match alloc.first() {
+            Some((node, _)) => self.node_checked(*node)?.model,
+            None => return Err(StateError::Invalid(format!("job {id}: restored run has no GPUs"))),
+        };
+        let gpus: u32 = alloc.iter().map(|(_, m)| m.count_ones()).sum();
+        if gpus != spec.gpus {
+            return Err(StateError::Invalid(format!(
+                "job {id}: restored run has {gpus} GPUs, wants {}",
+                spec.gpus
+            )));
+        }
+        for &(node, mask) in &alloc {
+            let n = self.node_checked(node)?;
+            if n.status == NodeStatus::Lost || n.model != model || n.free_mask() & mask != mask {
+                return Err(StateError::Conflict(format!("job {id}: GPUs on {} are not free", n.name)));
+            }
+        }
+        if notice.is_some() && spec.tier != Tier::Preemptible {
+            return Err(StateError::Invalid(format!("job {id}: only preemptible jobs drain")));
+        }
+        let (tier, tenant) = (spec.tier, spec.tenant);
+        let phase = if notice.is_some() { Phase::Draining } else { Phase::Running };
+        let run = Run { attempt, model, alloc: alloc.clone(), started_at, last_checkpoint_at: None };
+        self.jobs.insert(id, Job { spec, attempt, preemptions, phase, run: Some(run), notice });
+        if phase == Phase::Running {
+            self.adjust_usage(tier, tenant, model, gpus as i64);
+        }
+        for (node, mask) in alloc {
+            let n = &mut self.nodes[node.0 as usize];
+            n.used |= mask;
+            n.jobs.push((id, mask));
+            self.reindex(node);
+        }
+        Ok(())
+    }
+
     /// Withdraws a job that is not running (running jobs end through
     /// [`State::exited`] once their processes are gone).
     pub fn cancel(&mut self, id: JobId) -> Result<(), StateError> {
@@ -482,6 +535,7 @@ impl State {
         let draining = self.jobs[&id].phase == Phase::Draining;
         self.end_run(id);
         let effect = match (draining, kind) {
+            (_, ExitKind::Lost) => ExitEffect::RequeuedLost,
             (_, ExitKind::Completed) => ExitEffect::Finished,
             (_, ExitKind::Cancelled) => ExitEffect::Cancelled,
             (true, ExitKind::Failed { .. }) => {
@@ -495,7 +549,7 @@ impl State {
             (false, ExitKind::Failed { requeue: true }) => ExitEffect::Requeued { preempted: false },
             (false, ExitKind::Failed { requeue: false }) => ExitEffect::Failed,
         };
-        if let ExitEffect::Requeued { .. } = effect {
+        if let ExitEffect::Requeued { .. } | ExitEffect::RequeuedLost = effect {
             self.requeue(id);
         } else {
             self.jobs.remove(&id);

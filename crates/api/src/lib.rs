@@ -1,0 +1,276 @@
+//! Ebb's wire formats: the REST API that users and the CLI speak, and the
+//! protocol between the server and its agents. JSON over HTTP; times are
+//! RFC 3339 strings for people and milliseconds since the Unix epoch
+//! (`*_ms`) for programs. This crate is an API boundary: change it only in
+//! ways old clients can read.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// `POST /v1/jobs`: a job as the user describes it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct JobSubmission {
+    /// A name for people; need not be unique.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// `preemptible` (default), `on-demand` or `reserved`.
+    #[serde(default)]
+    pub tier: Option<String>,
+    /// Whole GPUs (default 1). More than one node's worth is a gang.
+    #[serde(default)]
+    pub gpus: Option<u32>,
+    /// GPU model; any model when absent (reserved jobs: their reservation's).
+    #[serde(default)]
+    pub gpu_model: Option<String>,
+    /// Program and arguments, run directly (never through a shell).
+    pub argv: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Working directory on the node; a fresh per-job directory by default.
+    #[serde(default)]
+    pub workdir: Option<String>,
+    /// Signal sent at drain notice, like Slurm's `--signal` (default `TERM`).
+    #[serde(default)]
+    pub signal: Option<String>,
+    /// Give up after this many preemptions (default: never).
+    #[serde(default)]
+    pub max_preemptions: Option<u32>,
+    /// Retries after failures (default 0). Preemption is not a failure.
+    #[serde(default)]
+    pub max_retries: Option<u32>,
+    /// Treat exit code 0 during a drain as success even without the SDK's
+    /// completion marker.
+    #[serde(default)]
+    pub exit_on_drain_is_success: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Submitted {
+    pub id: u64,
+}
+
+/// A job as the API shows it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Job {
+    pub id: u64,
+    pub tenant: String,
+    pub name: Option<String>,
+    pub tier: String,
+    pub gpus: u32,
+    pub gpu_model: Option<String>,
+    pub argv: Vec<String>,
+    /// queued, starting, running, draining, succeeded, failed, cancelled.
+    pub state: String,
+    /// The latest attempt (0 before the first start).
+    pub attempt: u32,
+    pub preemptions: u32,
+    pub retries: u32,
+    pub submitted_at: String,
+    /// Node and GPU indices of the live attempt.
+    #[serde(default)]
+    pub placement: Vec<NodeGpus>,
+    pub exit_code: Option<i32>,
+    /// The event history, oldest first (only in `GET /v1/jobs/{id}`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<JobEvent>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct NodeGpus {
+    pub node: String,
+    pub gpus: Vec<u8>,
+}
+
+/// One entry of a job's history.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct JobEvent {
+    pub at: String,
+    pub at_ms: u64,
+    /// submitted, placed, started, drain_notice, exited, requeued,
+    /// succeeded, failed, cancelled, ...
+    pub kind: String,
+    pub attempt: u32,
+    /// Kind-specific details (node, deadline, exit code, reason, ...).
+    #[schema(value_type = Object)]
+    pub detail: serde_json::Value,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Node {
+    pub name: String,
+    pub gpu_model: String,
+    pub gpus: u8,
+    /// up, draining (cordoned), lost.
+    pub status: String,
+    pub gpus_used: u32,
+    pub gpus_held: u32,
+    pub last_heartbeat: String,
+    pub jobs: Vec<u64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReclaimRequest {
+    pub gpus: u32,
+    /// Which model's preemptible capacity (default: the only model).
+    #[serde(default)]
+    pub gpu_model: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ReclaimReply {
+    pub gpu_model: String,
+    /// Preemptible work of that model may now hold at most this many GPUs.
+    pub preemptible_limit: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TenantRequest {
+    pub name: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct TenantCreated {
+    pub tenant: String,
+    /// Shown once; only its hash is stored.
+    pub token: String,
+}
+
+/// A chunk of a job's output. `next_offset` continues from here.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct LogChunk {
+    pub offset: u64,
+    pub next_offset: u64,
+    pub data: String,
+    /// The job has ended: no more output will come.
+    pub finished: bool,
+}
+
+/// Every error body: one message that names what was wrong.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ErrorBody {
+    pub error: String,
+}
+
+// ---- agent protocol ------------------------------------------------------
+
+/// An attempt of a job: what the agent and the server fence on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, ToSchema)]
+pub struct AttemptRef {
+    pub job: u64,
+    pub attempt: u32,
+}
+
+/// `POST /v1/agent/register`: a node joins, or rejoins after a restart or
+/// a partition, saying what it is running.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Register {
+    pub node: String,
+    pub gpu_model: String,
+    pub gpus: u8,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub running: Vec<AttemptRef>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Registered {
+    pub heartbeat_interval_ms: u64,
+    /// Attempts the agent runs that the server no longer holds as running:
+    /// kill them.
+    pub kill: Vec<AttemptRef>,
+    /// Where the command stream continues from.
+    pub next_seq: u64,
+    /// The server's life: polls name it, and a restarted server (new epoch)
+    /// tells the agent to register again.
+    pub epoch: u64,
+}
+
+/// What the server asks of an agent, in order.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Command {
+    pub seq: u64,
+    pub action: Action,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Action {
+    Start(StartAttempt),
+    Drain(DrainAttempt),
+    /// Stop now (cancelled, or fenced): signal, then kill after `grace_ms`.
+    Stop {
+        attempt: AttemptRef,
+        grace_ms: u64,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct StartAttempt {
+    pub attempt: AttemptRef,
+    pub tier: String,
+    pub argv: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub workdir: Option<String>,
+    /// GPU indices on this node.
+    pub gpus: Vec<u8>,
+    /// Signal number sent at drain notice.
+    pub signal: i32,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct DrainAttempt {
+    pub attempt: AttemptRef,
+    pub notice_at_ms: u64,
+    pub deadline_ms: u64,
+    pub reason: String,
+}
+
+/// `GET /v1/agent/commands?node=N&after=SEQ`: commands after `after`,
+/// waiting up to `wait_ms` for one to appear.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Commands {
+    pub commands: Vec<Command>,
+    pub next_seq: u64,
+}
+
+/// `POST /v1/agent/report`: what happened on the node.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Report {
+    pub node: String,
+    pub events: Vec<AgentEvent>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum AgentEvent {
+    Started {
+        attempt: AttemptRef,
+        pid: u32,
+        at_ms: u64,
+    },
+    Exited {
+        attempt: AttemptRef,
+        code: Option<i32>,
+        signal: Option<i32>,
+        /// The SDK's completion marker was present at exit.
+        completed: bool,
+        at_ms: u64,
+    },
+    /// Output of the attempt, appended in order.
+    Output {
+        attempt: AttemptRef,
+        data: String,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ReportReply {
+    /// Attempts the report spoke of that are stale: kill them.
+    pub stale: Vec<AttemptRef>,
+}

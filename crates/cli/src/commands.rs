@@ -1,0 +1,328 @@
+//! The user commands: submit, jobs, show, logs, cancel, nodes, drain,
+//! reclaim, tenant. Each prints a table for people, or with `--json` the
+//! API's JSON for scripts.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::path::Path;
+
+use clap::{Args, Parser, Subcommand};
+use ebb_api as api;
+
+use crate::client::Connection;
+
+#[derive(Args, Clone, Debug, Default)]
+pub struct SubmitArgs {
+    /// preemptible (default), on-demand or reserved.
+    #[arg(long)]
+    pub tier: Option<String>,
+    /// Whole GPUs (default 1).
+    #[arg(long)]
+    pub gpus: Option<u32>,
+    /// GPU model (default: any).
+    #[arg(long)]
+    pub gpu_model: Option<String>,
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Signal sent at the drain notice (default TERM), like Slurm's --signal.
+    #[arg(long)]
+    pub signal: Option<String>,
+    /// Give up after this many preemptions.
+    #[arg(long)]
+    pub max_preemptions: Option<u32>,
+    /// Retries after failures (preemptions do not count).
+    #[arg(long)]
+    pub max_retries: Option<u32>,
+    /// Environment variable for the job, K=V; repeatable.
+    #[arg(long = "env", value_name = "K=V")]
+    pub env: Vec<String>,
+    /// Working directory on the node.
+    #[arg(long)]
+    pub workdir: Option<String>,
+    /// Exit code 0 during a drain counts as success without the SDK's marker.
+    #[arg(long)]
+    pub exit_on_drain_is_success: bool,
+    /// Print {"id": ...} instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// The program and its arguments (after --), or a job script whose
+    /// `#EBB` lines carry the flags above.
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+/// `#EBB --gpus 2` lines of a job script, parsed like command-line flags.
+#[derive(Parser)]
+struct ScriptFlags {
+    #[command(flatten)]
+    flags: SubmitArgs,
+}
+
+fn script_flags(path: &Path) -> Result<Option<SubmitArgs>, String> {
+    let Ok(text) = std::fs::read(path) else { return Ok(None) };
+    let text = String::from_utf8_lossy(&text);
+    let mut words = vec!["ebb-submit".to_string()];
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("#EBB") {
+            words.extend(rest.split_whitespace().map(str::to_string));
+        }
+    }
+    if words.len() == 1 {
+        return Ok(None);
+    }
+    words.push("--".into());
+    words.push(path.display().to_string());
+    ScriptFlags::try_parse_from(&words)
+        .map(|s| Some(s.flags))
+        .map_err(|e| format!("{}: #EBB lines: {}", path.display(), e.render().to_string().trim()))
+}
+
+/// Builds the submission: a job script's `#EBB` flags first, the command
+/// line's over them.
+pub fn submission(args: &SubmitArgs) -> Result<api::JobSubmission, String> {
+    let mut argv = args.command.clone();
+    let script = Path::new(&argv[0]);
+    let from_script = if argv.len() == 1 && script.is_file() { script_flags(script)? } else { None };
+    if from_script.is_some() || (argv.len() == 1 && script.is_file()) {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(script).map(|m| m.permissions().mode()).unwrap_or(0);
+        if mode & 0o111 == 0 {
+            return Err(format!("job script {} is not executable (chmod +x it)", script.display()));
+        }
+        let absolute = std::fs::canonicalize(script).map_err(|e| format!("{}: {e}", script.display()))?;
+        argv = vec![absolute.display().to_string()];
+    }
+    let base = from_script.unwrap_or_default();
+    let mut env = BTreeMap::new();
+    for pair in base.env.iter().chain(&args.env) {
+        let (k, v) = pair.split_once('=').ok_or_else(|| format!("--env {pair}: expected K=V"))?;
+        env.insert(k.to_string(), v.to_string());
+    }
+    Ok(api::JobSubmission {
+        name: args.name.clone().or(base.name),
+        tier: args.tier.clone().or(base.tier),
+        gpus: args.gpus.or(base.gpus),
+        gpu_model: args.gpu_model.clone().or(base.gpu_model),
+        argv,
+        env,
+        workdir: args.workdir.clone().or(base.workdir),
+        signal: args.signal.clone().or(base.signal),
+        max_preemptions: args.max_preemptions.or(base.max_preemptions),
+        max_retries: args.max_retries.or(base.max_retries),
+        exit_on_drain_is_success: args.exit_on_drain_is_success || base.exit_on_drain_is_success,
+    })
+}
+
+#[derive(Args)]
+pub struct JsonFlag {
+    /// Print JSON for scripts.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Subcommand)]
+pub enum TenantCommand {
+    /// Create a tenant and print its token (shown once).
+    Create {
+        name: String,
+        #[command(flatten)]
+        out: JsonFlag,
+    },
+}
+
+fn json<T: serde::Serialize>(value: &T) -> String {
+    let mut text = serde_json::to_string_pretty(value).expect("serialisable");
+    text.push('\n');
+    text
+}
+
+pub async fn submit(conn: &Connection, args: &SubmitArgs) -> Result<String, String> {
+    let spec = submission(args)?;
+    let submitted: api::Submitted = conn.client()?.post("/v1/jobs", &spec).await?;
+    Ok(if args.json { json(&submitted) } else { format!("submitted job {}\n", submitted.id) })
+}
+
+pub async fn jobs(conn: &Connection, out: &JsonFlag) -> Result<String, String> {
+    let jobs: Vec<api::Job> = conn.client()?.get("/v1/jobs").await?;
+    if out.json {
+        return Ok(json(&jobs));
+    }
+    let mut text = format!(
+        "{:>6}  {:<12} {:<10} {:>4}  {:<10} {:>7} {:>6}  {:<16} {}\n",
+        "ID", "TENANT", "STATE", "GPUS", "TIER", "ATTEMPT", "PREEMPT", "NODE", "NAME"
+    );
+    for j in jobs {
+        let node = j.placement.iter().map(|p| p.node.as_str()).collect::<Vec<_>>().join(",");
+        let name = j.name.clone().unwrap_or_else(|| j.argv.join(" "));
+        writeln!(
+            text,
+            "{:>6}  {:<12} {:<10} {:>4}  {:<10} {:>7} {:>6}  {:<16} {}",
+            j.id, j.tenant, j.state, j.gpus, j.tier, j.attempt, j.preemptions, node, name
+        )
+        .unwrap();
+    }
+    Ok(text)
+}
+
+pub async fn show(conn: &Connection, id: u64, out: &JsonFlag) -> Result<String, String> {
+    let job: api::Job = conn.client()?.get(&format!("/v1/jobs/{id}")).await?;
+    if out.json {
+        return Ok(json(&job));
+    }
+    let mut text = String::new();
+    writeln!(text, "job {}  {}", job.id, job.name.as_deref().unwrap_or("")).unwrap();
+    writeln!(text, "  state        {}", job.state).unwrap();
+    writeln!(
+        text,
+        "  tier         {}  ({} GPUs{})",
+        job.tier,
+        job.gpus,
+        job.gpu_model.map(|m| format!(" of {m}")).unwrap_or_default()
+    )
+    .unwrap();
+    writeln!(text, "  tenant       {}", job.tenant).unwrap();
+    writeln!(text, "  command      {}", job.argv.join(" ")).unwrap();
+    writeln!(
+        text,
+        "  attempt      {}  (preempted {}, retried {})",
+        job.attempt, job.preemptions, job.retries
+    )
+    .unwrap();
+    for p in &job.placement {
+        writeln!(text, "  placement    {} GPUs {:?}", p.node, p.gpus).unwrap();
+    }
+    if let Some(code) = job.exit_code {
+        writeln!(text, "  exit code    {code}").unwrap();
+    }
+    writeln!(text, "  submitted    {}", job.submitted_at).unwrap();
+    writeln!(text, "events:").unwrap();
+    for e in &job.events {
+        let detail = describe_event(&e.kind, &e.detail);
+        writeln!(text, "  {}  #{:<3} {:<16} {}", e.at, e.attempt, e.kind, detail).unwrap();
+    }
+    Ok(text)
+}
+
+/// One line of an event's details for people.
+fn describe_event(kind: &str, d: &serde_json::Value) -> String {
+    let s = |k: &str| {
+        d.get(k).map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_string)).unwrap_or_default()
+    };
+    match kind {
+        "placed" => d["placement"]
+            .as_array()
+            .map(|ps| {
+                ps.iter()
+                    .map(|p| format!("{} GPUs {}", p["node"].as_str().unwrap_or(""), p["gpus"]))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            })
+            .unwrap_or_default(),
+        "started" => format!("on {} (pid {})", s("node"), s("pid")),
+        "drain_notice" => format!("{}; kill at {}", s("reason"), s("deadline")),
+        "exited" => match (d["code"].as_i64(), d["signal"].as_i64()) {
+            (_, Some(sig)) => format!("on {} by signal {sig}", s("node")),
+            (Some(code), _) => format!("on {} with code {code}", s("node")),
+            _ => format!(
+                "on {} ({})",
+                s("node"),
+                if d["vanished"] == true { "vanished" } else { "unknown status" }
+            ),
+        },
+        "requeued" => s("reason"),
+        "preempting" => format!("victims {} (lost {} GPU-s)", d["victims"], s("lost_gpu_seconds")),
+        _ => {
+            if d.as_object().is_some_and(|o| o.is_empty()) {
+                String::new()
+            } else {
+                d.to_string()
+            }
+        }
+    }
+}
+
+pub async fn logs(conn: &Connection, id: u64, follow: bool) -> Result<(), String> {
+    use std::io::Write;
+    let client = conn.client()?;
+    let mut offset = 0;
+    loop {
+        let path = format!("/v1/jobs/{id}/logs?offset={offset}&follow={follow}");
+        let chunk: api::LogChunk = client.get(&path).await?;
+        let mut stdout = std::io::stdout().lock();
+        if stdout.write_all(chunk.data.as_bytes()).and_then(|()| stdout.flush()).is_err() {
+            return Ok(()); // the reader went away
+        }
+        offset = chunk.next_offset;
+        if !follow || chunk.finished {
+            return Ok(());
+        }
+    }
+}
+
+pub async fn cancel(conn: &Connection, id: u64, out: &JsonFlag) -> Result<String, String> {
+    let job: api::Job = conn.client()?.post(&format!("/v1/jobs/{id}/cancel"), &serde_json::json!({})).await?;
+    Ok(if out.json {
+        json(&job)
+    } else {
+        format!("job {id}: {}\n", if job.state == "cancelled" { "cancelled" } else { "stopping" })
+    })
+}
+
+pub async fn nodes(conn: &Connection, out: &JsonFlag) -> Result<String, String> {
+    let nodes: Vec<api::Node> = conn.client()?.get("/v1/nodes").await?;
+    if out.json {
+        return Ok(json(&nodes));
+    }
+    let mut text = format!(
+        "{:<16} {:<10} {:<14} {:>4} {:>5} {:>5}  {}\n",
+        "NODE", "STATUS", "MODEL", "GPUS", "USED", "HELD", "JOBS"
+    );
+    for n in nodes {
+        let jobs = n.jobs.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+        writeln!(
+            text,
+            "{:<16} {:<10} {:<14} {:>4} {:>5} {:>5}  {}",
+            n.name, n.status, n.gpu_model, n.gpus, n.gpus_used, n.gpus_held, jobs
+        )
+        .unwrap();
+    }
+    Ok(text)
+}
+
+pub async fn drain(conn: &Connection, node: &str, out: &JsonFlag) -> Result<String, String> {
+    let n: api::Node =
+        conn.client()?.post(&format!("/v1/nodes/{node}/drain"), &serde_json::json!({})).await?;
+    Ok(if out.json { json(&n) } else { format!("node {}: {}\n", n.name, n.status) })
+}
+
+pub async fn reclaim(
+    conn: &Connection,
+    gpus: u32,
+    gpu_model: Option<String>,
+    out: &JsonFlag,
+) -> Result<String, String> {
+    let reply: api::ReclaimReply =
+        conn.client()?.post("/v1/reclaim", &api::ReclaimRequest { gpus, gpu_model }).await?;
+    Ok(if out.json {
+        json(&reply)
+    } else {
+        format!(
+            "reclaimed {gpus} {} GPUs: preemptible work may now hold at most {}\n",
+            reply.gpu_model, reply.preemptible_limit
+        )
+    })
+}
+
+pub async fn tenant(conn: &Connection, command: &TenantCommand) -> Result<String, String> {
+    match command {
+        TenantCommand::Create { name, out } => {
+            let created: api::TenantCreated =
+                conn.client()?.post("/v1/tenants", &api::TenantRequest { name: name.clone() }).await?;
+            Ok(if out.json {
+                json(&created)
+            } else {
+                format!("tenant {} created; its token (shown once):\n{}\n", created.tenant, created.token)
+            })
+        }
+    }
+}

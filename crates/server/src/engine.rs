@@ -1,0 +1,1084 @@
+//! The server's single writer: one thread owns the scheduling core, the
+//! store and the agents' command streams, and handles messages in batches.
+//!
+//! A batch is one store transaction: every message in it is applied to the
+//! core and the store, the core is asked for plans until it has nothing more
+//! to do, the transaction commits, and only then are callers answered and
+//! agents woken. So an acknowledged submission is durable, and what agents
+//! are told to do is always something the store already says.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use ebb_api::{
+    Action, AgentEvent, AttemptRef, Command, DrainAttempt, JobEvent, JobSubmission, Register, Registered,
+    ReportReply, StartAttempt,
+};
+use ebb_core::{Attempt, GpuModelId, JobId, NodeId, Span, TenantId, Tier, Time};
+use ebb_scheduler::{DrainReason, ExitEffect, ExitKind, JobSpec, NodeSpec, NodeStatus, Notice, Phase, State};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use tokio::sync::{oneshot, watch};
+
+use crate::store::{NodeRow, Scope, Store, TenantRow, TokenRow};
+use crate::{hash_token, new_token, rfc3339, ApiError, Principal};
+
+pub fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    Queued,
+    Starting,
+    Running,
+    Draining,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl JobState {
+    fn as_str(self) -> &'static str {
+        match self {
+            JobState::Queued => "queued",
+            JobState::Starting => "starting",
+            JobState::Running => "running",
+            JobState::Draining => "draining",
+            JobState::Succeeded => "succeeded",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+        }
+    }
+
+    fn is_live(self) -> bool {
+        matches!(self, JobState::Starting | JobState::Running | JobState::Draining)
+    }
+
+    pub fn is_final(self) -> bool {
+        matches!(self, JobState::Succeeded | JobState::Failed | JobState::Cancelled)
+    }
+}
+
+/// The server's record of a job: what the store keeps.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct JobRecord {
+    pub id: u64,
+    pub tenant: u32,
+    pub spec: JobSubmission,
+    #[serde(with = "tier_name")]
+    pub tier: Tier,
+    pub gpus: u32,
+    pub signal: i32,
+    pub state: JobState,
+    pub attempt: u32,
+    pub preemptions: u32,
+    pub retries: u32,
+    pub submitted_ms: u64,
+    /// Live attempt: GPUs by node, when it started, nodes still running it.
+    pub placement: Vec<(String, Vec<u8>)>,
+    pub started_ms: u64,
+    pub running_on: Vec<String>,
+    pub notice: Option<(u64, u64, String)>,
+    pub exit_code: Option<i32>,
+    pub exit_signal: Option<i32>,
+    pub cancel_requested: bool,
+    /// A node lost track of the live attempt.
+    pub vanished: bool,
+}
+
+mod tier_name {
+    use ebb_core::Tier;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(tier: &Tier, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(tier.as_str())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Tier, D::Error> {
+        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// A message for the writer thread.
+pub enum Msg {
+    Submit { principal: Principal, spec: JobSubmission, reply: oneshot::Sender<Result<Vec<u64>, ApiError>> },
+    Jobs { principal: Principal, reply: oneshot::Sender<Vec<ebb_api::Job>> },
+    Job { principal: Principal, id: u64, reply: oneshot::Sender<Result<ebb_api::Job, ApiError>> },
+    Cancel { principal: Principal, id: u64, reply: oneshot::Sender<Result<ebb_api::Job, ApiError>> },
+    LogFile { principal: Principal, id: u64, reply: oneshot::Sender<Result<(PathBuf, bool), ApiError>> },
+    Nodes { reply: oneshot::Sender<Vec<ebb_api::Node>> },
+    DrainNode { name: String, reply: oneshot::Sender<Result<ebb_api::Node, ApiError>> },
+    Reclaim { req: ebb_api::ReclaimRequest, reply: oneshot::Sender<Result<ebb_api::ReclaimReply, ApiError>> },
+    CreateTenant { name: String, reply: oneshot::Sender<Result<ebb_api::TenantCreated, ApiError>> },
+    Register { reg: Register, reply: oneshot::Sender<Result<Registered, ApiError>> },
+    Poll { node: String, epoch: u64, after: u64, reply: oneshot::Sender<Result<Poll, ApiError>> },
+    Report { report: ebb_api::Report, reply: oneshot::Sender<Result<ReportReply, ApiError>> },
+    Metrics { reply: oneshot::Sender<crate::metrics::Snapshot> },
+    Tick,
+}
+
+pub struct Poll {
+    pub commands: Vec<Command>,
+    pub next_seq: u64,
+    pub changed: watch::Receiver<u64>,
+}
+
+/// One node's command stream.
+struct Channel {
+    commands: VecDeque<Command>,
+    next_seq: u64,
+    notify: watch::Sender<u64>,
+}
+
+impl Channel {
+    fn new() -> Channel {
+        Channel { commands: VecDeque::new(), next_seq: 1, notify: watch::channel(0).0 }
+    }
+
+    fn push(&mut self, action: Action) {
+        self.commands.push_back(Command { seq: self.next_seq, action });
+        self.next_seq += 1;
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    pub data_dir: PathBuf,
+    pub drain_window: Span,
+    pub heartbeat_timeout: Span,
+    pub heartbeat_interval: Span,
+}
+
+pub struct Engine<S: Store> {
+    store: S,
+    config: EngineConfig,
+    sched: ebb_scheduler::Config,
+    core: State,
+    jobs: BTreeMap<u64, JobRecord>,
+    tenants: BTreeMap<u32, String>,
+    tokens: Arc<RwLock<HashMap<String, Principal>>>,
+    nodes: BTreeMap<String, NodeRow>,
+    channels: HashMap<String, Channel>,
+    next_job: u64,
+    /// Changes with every server start, so agents notice a restart.
+    epoch: u64,
+    counters: crate::metrics::Counters,
+    /// Replies and wake-ups held until the batch commits.
+    after_commit: Vec<Box<dyn FnOnce() + Send>>,
+    woken: BTreeSet<String>,
+}
+
+/// What the writer thread answers with when the store fails.
+fn storage_error(e: impl std::fmt::Display) -> ApiError {
+    ApiError::internal(format!("storage: {e}"))
+}
+
+impl<S: Store> Engine<S> {
+    /// Loads the store (creating the first tenant and tokens on first
+    /// start) and rebuilds the core from it.
+    pub fn open(
+        mut store: S,
+        config: EngineConfig,
+        tokens: Arc<RwLock<HashMap<String, Principal>>>,
+    ) -> Result<(Engine<S>, Vec<String>), ApiError> {
+        let mut snapshot = store.load::<JobRecord>().map_err(storage_error)?;
+        let sched = ebb_scheduler::Config {
+            drain_window: config.drain_window,
+            victim_policy: ebb_scheduler::VictimPolicy::LostWork,
+            heartbeat_timeout: Some(config.heartbeat_timeout),
+        };
+        let mut engine = Engine {
+            store,
+            config,
+            sched,
+            core: State::new(),
+            jobs: BTreeMap::new(),
+            tenants: BTreeMap::new(),
+            tokens,
+            nodes: BTreeMap::new(),
+            channels: HashMap::new(),
+            next_job: 1,
+            epoch: {
+                let mut bytes = [0u8; 8];
+                getrandom::fill(&mut bytes).map_err(|e| ApiError::internal(e.to_string()))?;
+                u64::from_le_bytes(bytes) >> 1
+            },
+            counters: Default::default(),
+            after_commit: Vec::new(),
+            woken: BTreeSet::new(),
+        };
+        let mut notes = Vec::new();
+        if snapshot.tenants.is_empty() {
+            notes = engine.bootstrap()?;
+            snapshot = engine.store.load::<JobRecord>().map_err(storage_error)?;
+        }
+        for t in &snapshot.tenants {
+            engine.tenants.insert(t.id, t.name.clone());
+        }
+        {
+            let mut map = engine.tokens.write().expect("token map");
+            for t in &snapshot.tokens {
+                let tenant = t.tenant.and_then(|id| engine.tenants.get(&id).map(|n| (id, n.clone())));
+                map.insert(t.hash.clone(), Principal { scope: t.scope, tenant });
+            }
+        }
+        let now = now_ms();
+        for node in snapshot.nodes {
+            let spec = NodeSpec {
+                name: node.name.clone(),
+                gpu_model: node.gpu_model.clone(),
+                gpus: node.gpus,
+                labels: node.labels.clone(),
+            };
+            let id = engine.core.add_node(spec, Time(now)).map_err(|e| ApiError::internal(e.to_string()))?;
+            if node.drained {
+                let _ = engine.core.drain_node(id);
+            }
+            engine.channels.insert(node.name.clone(), Channel::new());
+            engine.nodes.insert(node.name.clone(), node);
+        }
+        let mut requeued = Vec::new();
+        for job in snapshot.jobs {
+            engine.next_job = engine.next_job.max(job.id + 1);
+            let id = job.id;
+            let state = job.state;
+            engine.jobs.insert(id, job);
+            match state {
+                JobState::Queued => {
+                    engine.core.submit(engine.spec_of(id)).map_err(|e| ApiError::internal(e.to_string()))?
+                }
+                s if s.is_live() => {
+                    if let Err(e) = engine.restore(id) {
+                        requeued.push((id, e));
+                    }
+                }
+                _ => {}
+            }
+        }
+        engine.store.begin().map_err(storage_error)?;
+        for (id, why) in requeued {
+            let job = engine.jobs.get_mut(&id).expect("loaded");
+            job.state = JobState::Queued;
+            job.placement.clear();
+            job.running_on.clear();
+            job.notice = None;
+            engine.core.submit(engine.spec_of(id)).map_err(|e| ApiError::internal(e.to_string()))?;
+            engine.event(id, "requeued", json!({ "reason": format!("server restart: {why}") }));
+            engine.save(id);
+        }
+        engine.store.commit().map_err(storage_error)?;
+        engine.after_commit.clear();
+        Ok((engine, notes))
+    }
+
+    /// First start: the default tenant, an admin token and a join token,
+    /// written under the data dir (0600).
+    fn bootstrap(&mut self) -> Result<Vec<String>, ApiError> {
+        self.store.begin().map_err(storage_error)?;
+        let tenant = TenantRow { id: 1, name: "default".into() };
+        self.store.put_tenant(&tenant).map_err(storage_error)?;
+        let mut notes = Vec::new();
+        for (file, scope) in [("admin.token", Scope::Admin), ("join.token", Scope::Agent)] {
+            let token = new_token();
+            let tenant = (scope == Scope::Admin).then_some(1);
+            self.store
+                .put_token(&TokenRow { hash: hash_token(&token), tenant, scope })
+                .map_err(storage_error)?;
+            let path = self.config.data_dir.join(file);
+            write_secret(&path, &token)
+                .map_err(|e| ApiError::internal(format!("{}: {e}", path.display())))?;
+            notes.push(path.display().to_string());
+        }
+        self.store.commit().map_err(storage_error)?;
+        Ok(notes)
+    }
+
+    fn spec_of(&self, id: u64) -> JobSpec {
+        let job = &self.jobs[&id];
+        JobSpec {
+            id: JobId(id),
+            tenant: TenantId(job.tenant),
+            tier: job.tier,
+            gpus: job.gpus,
+            gpu_model: job.spec.gpu_model.as_deref().and_then(|m| self.core.model_by_name(m)),
+            submitted_at: Time(job.submitted_ms),
+            max_preemptions: job.spec.max_preemptions,
+        }
+    }
+
+    /// Puts a job that was running before a restart back into the core.
+    fn restore(&mut self, id: u64) -> Result<(), String> {
+        let job = &self.jobs[&id];
+        let mut alloc = Vec::new();
+        for (node, gpus) in &job.placement {
+            let node_id = self.core.node_by_name(node).ok_or_else(|| format!("node {node} is gone"))?;
+            alloc.push((node_id, gpus.iter().fold(0u64, |m, g| m | (1 << g))));
+        }
+        let notice = job.notice.as_ref().map(|(at, deadline, _)| Notice {
+            notice_at: Time(*at),
+            deadline: Time(*deadline),
+            reason: DrainReason::Reclaim,
+        });
+        let (attempt, preemptions, started) = (job.attempt, job.preemptions, job.started_ms);
+        self.core
+            .restore_run(self.spec_of(id), Attempt(attempt), preemptions, alloc, Time(started), notice)
+            .map_err(|e| e.to_string())
+    }
+
+    /// Runs the writer loop until every sender is gone.
+    pub fn run(mut self, mut rx: tokio::sync::mpsc::Receiver<Msg>) {
+        while let Some(first) = rx.blocking_recv() {
+            let mut batch = vec![first];
+            while batch.len() < 1024 {
+                match rx.try_recv() {
+                    Ok(msg) => batch.push(msg),
+                    Err(_) => break,
+                }
+            }
+            if let Err(e) = self.store.begin() {
+                tracing::error!("cannot begin a transaction: {e}");
+                continue;
+            }
+            let now = now_ms();
+            for msg in batch {
+                self.handle(msg, now);
+            }
+            self.schedule(now);
+            match self.store.commit() {
+                Ok(()) => {
+                    for reply in self.after_commit.drain(..) {
+                        reply();
+                    }
+                    for node in std::mem::take(&mut self.woken) {
+                        if let Some(ch) = self.channels.get(&node) {
+                            ch.notify.send_replace(ch.next_seq);
+                        }
+                    }
+                }
+                Err(e) => {
+                    // Nothing of this batch is acknowledged; callers see the error
+                    // as a dropped reply. Memory is ahead of the store now, so stop
+                    // rather than serve state the store does not have.
+                    tracing::error!("commit failed, stopping: {e}");
+                    let _ = self.store.rollback();
+                    std::process::exit(70);
+                }
+            }
+        }
+    }
+
+    fn reply<T: Send + 'static>(&mut self, tx: oneshot::Sender<T>, value: T) {
+        self.after_commit.push(Box::new(move || {
+            let _ = tx.send(value);
+        }));
+    }
+
+    fn handle(&mut self, msg: Msg, now: u64) {
+        match msg {
+            Msg::Submit { principal, spec, reply } => {
+                let result = self.submit(&principal, spec, now);
+                self.reply(reply, result);
+            }
+            Msg::Jobs { principal, reply } => {
+                let jobs = self
+                    .jobs
+                    .values()
+                    .filter(|j| principal.may_see(j.tenant))
+                    .map(|j| self.view(j, Vec::new()))
+                    .collect();
+                let _ = reply.send(jobs);
+            }
+            Msg::Job { principal, id, reply } => {
+                let result = self.visible(&principal, id).and_then(|()| {
+                    let events = self.store.events(id).map_err(storage_error)?;
+                    Ok(self.view(&self.jobs[&id], events))
+                });
+                let _ = reply.send(result);
+            }
+            Msg::Cancel { principal, id, reply } => {
+                let result = self.visible(&principal, id).and_then(|()| self.cancel(id, now));
+                self.reply(reply, result);
+            }
+            Msg::LogFile { principal, id, reply } => {
+                let result = self
+                    .visible(&principal, id)
+                    .map(|()| (self.log_path(id), self.jobs[&id].state.is_final()));
+                let _ = reply.send(result);
+            }
+            Msg::Nodes { reply } => {
+                let nodes = self.nodes.keys().cloned().collect::<Vec<_>>();
+                let views = nodes.iter().map(|n| self.node_view(n)).collect();
+                let _ = reply.send(views);
+            }
+            Msg::DrainNode { name, reply } => {
+                let result = self.drain_node(&name);
+                self.reply(reply, result);
+            }
+            Msg::Reclaim { req, reply } => {
+                let result = self.reclaim(req);
+                self.reply(reply, result);
+            }
+            Msg::CreateTenant { name, reply } => {
+                let result = self.create_tenant(name);
+                self.reply(reply, result);
+            }
+            Msg::Register { reg, reply } => {
+                let result = self.register(reg, now);
+                self.reply(reply, result);
+            }
+            Msg::Poll { node, epoch, after, reply } => {
+                let result = self.poll(&node, epoch, after, now);
+                let _ = reply.send(result);
+            }
+            Msg::Report { report, reply } => {
+                let result = self.report(report, now);
+                self.reply(reply, result);
+            }
+            Msg::Metrics { reply } => {
+                let _ = reply.send(self.metrics_snapshot());
+            }
+            Msg::Tick => {}
+        }
+    }
+
+    fn visible(&self, principal: &Principal, id: u64) -> Result<(), ApiError> {
+        match self.jobs.get(&id) {
+            Some(job) if principal.may_see(job.tenant) => Ok(()),
+            // Another tenant's job is as good as absent: 404, never 403.
+            _ => Err(ApiError::not_found(format!("job {id}: not found"))),
+        }
+    }
+
+    // ---- writes ------------------------------------------------------
+
+    fn event(&mut self, id: u64, kind: &str, detail: serde_json::Value) {
+        let at_ms = now_ms();
+        let attempt = self.jobs.get(&id).map_or(0, |j| j.attempt);
+        let event = JobEvent { at: rfc3339(at_ms), at_ms, kind: kind.into(), attempt, detail };
+        if let Err(e) = self.store.add_event(id, &event) {
+            tracing::error!("job {id}: cannot record {kind}: {e}");
+        }
+        tracing::info!(job = id, attempt, kind, "{}", event.detail);
+    }
+
+    fn save(&mut self, id: u64) {
+        let job = &self.jobs[&id];
+        if let Err(e) = self.store.put_job(id, job.tenant, job) {
+            tracing::error!("job {id}: cannot store: {e}");
+        }
+    }
+
+    fn submit(&mut self, principal: &Principal, spec: JobSubmission, now: u64) -> Result<Vec<u64>, ApiError> {
+        let (tenant, _) =
+            principal.tenant.clone().ok_or_else(|| ApiError::forbidden("this token cannot submit jobs"))?;
+        let checked = crate::validate::submission(&spec, &self.core)?;
+        let id = self.next_job;
+        self.next_job += 1;
+        let record = JobRecord {
+            id,
+            tenant,
+            tier: checked.tier,
+            gpus: checked.gpus,
+            signal: checked.signal,
+            spec,
+            state: JobState::Queued,
+            attempt: 0,
+            preemptions: 0,
+            retries: 0,
+            submitted_ms: now,
+            placement: Vec::new(),
+            started_ms: 0,
+            running_on: Vec::new(),
+            notice: None,
+            exit_code: None,
+            exit_signal: None,
+            cancel_requested: false,
+            vanished: false,
+        };
+        self.jobs.insert(id, record);
+        if let Err(e) = self.core.submit(self.spec_of(id)) {
+            self.jobs.remove(&id);
+            return Err(ApiError::bad_request(e.to_string()));
+        }
+        self.save(id);
+        let tier = self.jobs[&id].tier;
+        self.event(id, "submitted", json!({ "tier": tier.as_str(), "gpus": self.jobs[&id].gpus }));
+        self.counters.submitted += 1;
+        Ok(vec![id])
+    }
+
+    fn cancel(&mut self, id: u64, now: u64) -> Result<ebb_api::Job, ApiError> {
+        let state = self.jobs[&id].state;
+        match state {
+            s if s.is_final() => {}
+            JobState::Queued => {
+                self.core.cancel(JobId(id)).map_err(|e| ApiError::internal(e.to_string()))?;
+                let job = self.jobs.get_mut(&id).expect("visible");
+                job.state = JobState::Cancelled;
+                self.event(id, "cancelled", json!({ "while": "queued" }));
+                self.save(id);
+            }
+            _ => {
+                let job = self.jobs.get_mut(&id).expect("visible");
+                if !job.cancel_requested {
+                    job.cancel_requested = true;
+                    let attempt = AttemptRef { job: id, attempt: job.attempt };
+                    for node in job.running_on.clone() {
+                        self.push(&node, Action::Stop { attempt, grace_ms: 10_000 });
+                    }
+                    self.event(id, "cancel_requested", json!({ "at": rfc3339(now) }));
+                    self.save(id);
+                }
+            }
+        }
+        Ok(self.view(&self.jobs[&id], Vec::new()))
+    }
+
+    fn push(&mut self, node: &str, action: Action) {
+        self.channels.entry(node.to_string()).or_insert_with(Channel::new).push(action);
+        self.woken.insert(node.to_string());
+    }
+
+    fn drain_node(&mut self, name: &str) -> Result<ebb_api::Node, ApiError> {
+        let id = self
+            .core
+            .node_by_name(name)
+            .ok_or_else(|| ApiError::not_found(format!("node {name}: not found")))?;
+        self.core.drain_node(id).map_err(|e| ApiError::conflict(e.to_string()))?;
+        let row = self.nodes.get_mut(name).expect("known node");
+        row.drained = true;
+        let row = row.clone();
+        self.store.put_node(&row).map_err(storage_error)?;
+        tracing::info!(node = name, "drained by the operator");
+        Ok(self.node_view(name))
+    }
+
+    fn reclaim(&mut self, req: ebb_api::ReclaimRequest) -> Result<ebb_api::ReclaimReply, ApiError> {
+        if req.gpus == 0 {
+            return Err(ApiError::bad_request("gpus: must be at least 1".into()));
+        }
+        let model = match &req.gpu_model {
+            Some(name) => self
+                .core
+                .model_by_name(name)
+                .ok_or_else(|| ApiError::bad_request(format!("gpu_model: unknown model {name:?}")))?,
+            None => {
+                let models: Vec<GpuModelId> = self.core.models().map(|(id, _)| id).collect();
+                match models.as_slice() {
+                    [only] => *only,
+                    [] => return Err(ApiError::conflict("no nodes have joined".into())),
+                    _ => {
+                        return Err(ApiError::bad_request(
+                            "gpu_model: required when nodes have several models".into(),
+                        ))
+                    }
+                }
+            }
+        };
+        let limit = self.core.reclaim(model, req.gpus).map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let name = self.core.model(model).expect("known model").name.clone();
+        tracing::info!(gpu_model = name, gpus = req.gpus, limit, "preemptible capacity reclaimed");
+        Ok(ebb_api::ReclaimReply { gpu_model: name, preemptible_limit: limit })
+    }
+
+    fn create_tenant(&mut self, name: String) -> Result<ebb_api::TenantCreated, ApiError> {
+        let valid = !name.is_empty()
+            && name.len() <= 64
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+        if !valid {
+            return Err(ApiError::bad_request(format!(
+                "name: must be 1-64 letters, digits, '-' or '_', got {name:?}"
+            )));
+        }
+        if self.tenants.values().any(|n| *n == name) {
+            return Err(ApiError::conflict(format!("tenant {name}: already exists")));
+        }
+        let id = self.tenants.keys().max().map_or(1, |m| m + 1);
+        let token = new_token();
+        let hash = hash_token(&token);
+        self.store.put_tenant(&TenantRow { id, name: name.clone() }).map_err(storage_error)?;
+        self.store
+            .put_token(&TokenRow { hash: hash.clone(), tenant: Some(id), scope: Scope::Tenant })
+            .map_err(storage_error)?;
+        self.tenants.insert(id, name.clone());
+        let tokens = self.tokens.clone();
+        let principal = Principal { scope: Scope::Tenant, tenant: Some((id, name.clone())) };
+        self.after_commit.push(Box::new(move || {
+            tokens.write().expect("token map").insert(hash, principal);
+        }));
+        Ok(ebb_api::TenantCreated { tenant: name, token })
+    }
+
+    // ---- agents ------------------------------------------------------
+
+    fn register(&mut self, reg: Register, now: u64) -> Result<Registered, ApiError> {
+        let spec = NodeSpec {
+            name: reg.node.clone(),
+            gpu_model: reg.gpu_model.clone(),
+            gpus: reg.gpus,
+            labels: reg.labels.clone(),
+        };
+        match self.core.node_by_name(&reg.node) {
+            Some(id) if self.core.node(id).expect("known").status != NodeStatus::Lost => {
+                let n = self.core.node(id).expect("known");
+                let model = &self.core.model(n.model).expect("known").name;
+                if n.gpus != reg.gpus || *model != reg.gpu_model {
+                    return Err(ApiError::conflict(format!(
+                        "node {}: joined before with {} x {model}, now reports {} x {}",
+                        reg.node, n.gpus, reg.gpus, reg.gpu_model
+                    )));
+                }
+                self.core.heartbeat(id, Time(now)).map_err(|e| ApiError::conflict(e.to_string()))?;
+            }
+            _ => {
+                self.core.add_node(spec, Time(now)).map_err(|e| ApiError::bad_request(e.to_string()))?;
+                let row = NodeRow {
+                    name: reg.node.clone(),
+                    gpu_model: reg.gpu_model.clone(),
+                    gpus: reg.gpus,
+                    labels: reg.labels.clone(),
+                    drained: false,
+                };
+                self.store.put_node(&row).map_err(storage_error)?;
+                self.nodes.insert(reg.node.clone(), row);
+                tracing::info!(node = reg.node, gpus = reg.gpus, gpu_model = reg.gpu_model, "node joined");
+            }
+        }
+        // A fresh stream: whatever was queued for the old session is
+        // re-derived below from what the store says.
+        let channel = self.channels.entry(reg.node.clone()).or_insert_with(Channel::new);
+        channel.commands.clear();
+        let running: BTreeSet<AttemptRef> = reg.running.iter().copied().collect();
+        let held: Vec<AttemptRef> = self
+            .jobs
+            .values()
+            .filter(|j| j.state.is_live() && j.running_on.contains(&reg.node))
+            .map(|j| AttemptRef { job: j.id, attempt: j.attempt })
+            .collect();
+        let held_set: BTreeSet<AttemptRef> = held.iter().copied().collect();
+        let kill: Vec<AttemptRef> = running.difference(&held_set).copied().collect();
+        for attempt in held {
+            if running.contains(&attempt) {
+                let job = &self.jobs[&attempt.job];
+                let (state, notice, cancel_requested) = (job.state, job.notice.clone(), job.cancel_requested);
+                if let (JobState::Draining, Some((at, deadline, reason))) = (state, notice) {
+                    let drain = DrainAttempt { attempt, notice_at_ms: at, deadline_ms: deadline, reason };
+                    self.push(&reg.node, Action::Drain(drain));
+                }
+                if cancel_requested {
+                    self.push(&reg.node, Action::Stop { attempt, grace_ms: 10_000 });
+                }
+            } else {
+                // The node does not run what we think it does: that part of
+                // the attempt is gone.
+                self.part_exited(&reg.node, attempt, None, None, false, true, now);
+            }
+        }
+        if !kill.is_empty() {
+            tracing::warn!(node = reg.node, ?kill, "agent runs stale attempts; told to kill them");
+        }
+        let next_seq = self.channels[&reg.node].next_seq - 1;
+        Ok(Registered {
+            heartbeat_interval_ms: self.config.heartbeat_interval.as_millis(),
+            kill,
+            next_seq,
+            epoch: self.epoch,
+        })
+    }
+
+    fn poll(&mut self, node: &str, epoch: u64, after: u64, now: u64) -> Result<Poll, ApiError> {
+        let Some(id) = self.core.node_by_name(node) else {
+            return Err(ApiError::conflict(format!("node {node}: not registered")));
+        };
+        if epoch != self.epoch {
+            return Err(ApiError::conflict("the server restarted: register again".into()));
+        }
+        self.core.heartbeat(id, Time(now)).map_err(|e| ApiError::conflict(e.to_string()))?;
+        let channel = self.channels.entry(node.to_string()).or_insert_with(Channel::new);
+        while channel.commands.front().is_some_and(|c| c.seq <= after) {
+            channel.commands.pop_front();
+        }
+        Ok(Poll {
+            commands: channel.commands.iter().cloned().collect(),
+            next_seq: channel.next_seq,
+            changed: channel.notify.subscribe(),
+        })
+    }
+
+    /// Is `attempt` the job's live attempt on `node`?
+    fn live_on(&self, attempt: AttemptRef, node: &str) -> bool {
+        self.jobs.get(&attempt.job).is_some_and(|j| {
+            j.attempt == attempt.attempt && j.state.is_live() && j.running_on.iter().any(|n| n == node)
+        })
+    }
+
+    fn report(&mut self, report: ebb_api::Report, now: u64) -> Result<ReportReply, ApiError> {
+        let node = report.node.clone();
+        let id = self
+            .core
+            .node_by_name(&node)
+            .ok_or_else(|| ApiError::conflict(format!("node {node}: not registered")))?;
+        let _ = self.core.heartbeat(id, Time(now));
+        let mut stale = BTreeSet::new();
+        for event in report.events {
+            match event {
+                AgentEvent::Started { attempt, pid, at_ms } => {
+                    if !self.live_on(attempt, &node) {
+                        stale.insert(attempt);
+                        continue;
+                    }
+                    let job = self.jobs.get_mut(&attempt.job).expect("live");
+                    if job.state == JobState::Starting {
+                        job.state = JobState::Running;
+                    }
+                    self.event(
+                        attempt.job,
+                        "started",
+                        json!({ "node": node, "pid": pid, "at": rfc3339(at_ms) }),
+                    );
+                    self.save(attempt.job);
+                }
+                AgentEvent::Exited { attempt, code, signal, completed, at_ms } => {
+                    if !self.live_on(attempt, &node) {
+                        continue; // already accounted for (lost or fenced)
+                    }
+                    let _ = at_ms;
+                    self.part_exited(&node, attempt, code, signal, completed, false, now);
+                }
+                AgentEvent::Output { attempt, data } => {
+                    if self.jobs.get(&attempt.job).is_some_and(|j| j.attempt == attempt.attempt) {
+                        self.append_log(attempt.job, &data);
+                    } else {
+                        stale.insert(attempt);
+                    }
+                }
+            }
+        }
+        Ok(ReportReply { stale: stale.into_iter().collect() })
+    }
+
+    /// One node's processes of an attempt are gone; when the last node's
+    /// are, the attempt has ended.
+    #[allow(clippy::too_many_arguments)]
+    fn part_exited(
+        &mut self,
+        node: &str,
+        attempt: AttemptRef,
+        code: Option<i32>,
+        signal: Option<i32>,
+        completed: bool,
+        vanished: bool,
+        now: u64,
+    ) {
+        let id = attempt.job;
+        let job = self.jobs.get_mut(&id).expect("live attempt");
+        job.running_on.retain(|n| n != node);
+        job.vanished |= vanished;
+        if job.exit_code.is_none() || code.is_some_and(|c| c != 0) {
+            job.exit_code = code;
+            job.exit_signal = signal;
+        }
+        let detail = json!({
+            "node": node, "code": code, "signal": signal, "completed_marker": completed, "vanished": vanished,
+        });
+        self.event(id, "exited", detail);
+        let job = self.jobs.get_mut(&id).expect("live attempt");
+        if !job.running_on.is_empty() {
+            // A gang ends as a whole: stop the rest.
+            let rest = job.running_on.clone();
+            for n in rest {
+                self.push(&n, Action::Stop { attempt, grace_ms: 0 });
+            }
+            self.save(id);
+            return;
+        }
+        let job = self.jobs.get_mut(&id).expect("live attempt");
+        let draining = job.state == JobState::Draining;
+        let success = job.exit_code == Some(0) && !job.vanished;
+        let kind = if job.cancel_requested {
+            ExitKind::Cancelled
+        } else if job.vanished {
+            ExitKind::Lost
+        } else if draining {
+            if success && (completed || job.spec.exit_on_drain_is_success) {
+                ExitKind::Completed
+            } else {
+                ExitKind::Failed { requeue: false }
+            }
+        } else if success {
+            ExitKind::Completed
+        } else {
+            ExitKind::Failed { requeue: job.retries < job.spec.max_retries.unwrap_or(0) }
+        };
+        let effect = match self.core.exited(JobId(id), Attempt(attempt.attempt), kind) {
+            Ok(effect) => effect,
+            Err(e) => {
+                tracing::error!(job = id, "core refused the exit: {e}");
+                return;
+            }
+        };
+        let job = self.jobs.get_mut(&id).expect("live attempt");
+        let ran_ms = now.saturating_sub(job.started_ms);
+        job.placement.clear();
+        job.notice = None;
+        job.vanished = false;
+        let (state, kind, detail) = match effect {
+            ExitEffect::Finished => (JobState::Succeeded, "succeeded", json!({ "ran_ms": ran_ms })),
+            ExitEffect::Failed => {
+                (JobState::Failed, "failed", json!({ "code": job.exit_code, "signal": job.exit_signal }))
+            }
+            ExitEffect::Cancelled => (JobState::Cancelled, "cancelled", json!({})),
+            ExitEffect::PreemptionLimitReached => {
+                job.preemptions += 1;
+                (JobState::Failed, "failed", json!({ "reason": "preempted more than max_preemptions" }))
+            }
+            ExitEffect::Requeued { preempted: true } => {
+                job.preemptions += 1;
+                self.counters.preempted += 1;
+                (
+                    JobState::Queued,
+                    "requeued",
+                    json!({ "reason": "preempted", "preemptions": job.preemptions }),
+                )
+            }
+            ExitEffect::Requeued { preempted: false } => {
+                job.retries += 1;
+                (
+                    JobState::Queued,
+                    "requeued",
+                    json!({ "reason": "failed, retrying", "retries": job.retries }),
+                )
+            }
+            ExitEffect::RequeuedLost => (JobState::Queued, "requeued", json!({ "reason": "lost" })),
+        };
+        let job = self.jobs.get_mut(&id).expect("live attempt");
+        job.state = state;
+        if state == JobState::Queued {
+            job.exit_code = None;
+            job.exit_signal = None;
+        }
+        self.event(id, kind, detail);
+        self.save(id);
+    }
+
+    fn log_path(&self, id: u64) -> PathBuf {
+        self.config.data_dir.join("logs").join(format!("{id}.log"))
+    }
+
+    fn append_log(&mut self, id: u64, data: &str) {
+        use std::io::Write;
+        let path = self.log_path(id);
+        let result = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .and_then(|mut f| f.write_all(data.as_bytes()));
+        if let Err(e) = result {
+            tracing::error!("job {id}: cannot append output to {}: {e}", path.display());
+        }
+    }
+
+    // ---- scheduling -----------------------------------------------------
+
+    /// Plans and applies until the core has nothing more to do.
+    fn schedule(&mut self, now: u64) {
+        for _ in 0..1000 {
+            let started = std::time::Instant::now();
+            let plan = ebb_scheduler::schedule(&self.core, Time(now), &self.sched);
+            if plan.is_empty() {
+                return;
+            }
+            if let Err(e) = self.core.apply(&plan) {
+                tracing::error!("plan refused: {e}");
+                return;
+            }
+            self.counters.passes += 1;
+            self.counters.pass_seconds += started.elapsed().as_secs_f64();
+            for &node in &plan.lost_nodes {
+                let name = self.core.node(node).expect("known").name.clone();
+                tracing::warn!(node = name, "node lost: no heartbeat within the timeout");
+            }
+            for r in &plan.requeues {
+                let id = r.job.0;
+                let job = self.jobs.get_mut(&id).expect("known job");
+                job.state = JobState::Queued;
+                job.placement.clear();
+                job.running_on.clear();
+                job.notice = None;
+                let node = match r.reason {
+                    ebb_scheduler::RequeueReason::NodeLost(n) => {
+                        self.core.node(n).expect("known").name.clone()
+                    }
+                };
+                self.event(id, "requeued", json!({ "reason": "lost", "node": node }));
+                self.save(id);
+            }
+            for d in &plan.drains {
+                let id = d.job.0;
+                let (reason, detail) = match d.reason {
+                    DrainReason::Preempted { by } => {
+                        (format!("preempted by job {}", by.0), json!({ "by": by.0 }))
+                    }
+                    DrainReason::NodeDrain { node } => {
+                        let name = self.core.node(node).expect("known").name.clone();
+                        (format!("node {name} drained by the operator"), json!({ "node": name }))
+                    }
+                    DrainReason::Reclaim => {
+                        ("preemptible capacity reclaimed by the operator".into(), json!({}))
+                    }
+                };
+                let job = self.jobs.get_mut(&id).expect("known job");
+                job.state = JobState::Draining;
+                job.notice = Some((d.notice_at.0, d.deadline.0, reason.clone()));
+                let attempt = AttemptRef { job: id, attempt: d.attempt.0 };
+                let drain = DrainAttempt {
+                    attempt,
+                    notice_at_ms: d.notice_at.0,
+                    deadline_ms: d.deadline.0,
+                    reason: reason.clone(),
+                };
+                for node in job.running_on.clone() {
+                    self.push(&node, Action::Drain(drain.clone()));
+                }
+                self.event(
+                    id,
+                    "drain_notice",
+                    json!({ "reason": reason, "notice_at": rfc3339(d.notice_at.0), "deadline": rfc3339(d.deadline.0), "detail": detail }),
+                );
+                self.save(id);
+            }
+            for p in &plan.preemptions {
+                let victims: Vec<u64> = p.victims.iter().map(|v| v.0).collect();
+                let lost = p.lost_gpu_ms as f64 / 1000.0;
+                self.event(
+                    p.preemptor.0,
+                    "preempting",
+                    json!({ "victims": victims, "lost_gpu_seconds": lost }),
+                );
+            }
+            for p in &plan.placements {
+                let id = p.job.0;
+                let placement: Vec<(String, Vec<u8>)> = p
+                    .alloc
+                    .iter()
+                    .map(|(node, mask)| {
+                        let name = self.core.node(*node).expect("known").name.clone();
+                        (name, (0..64u8).filter(|g| mask & (1 << g) != 0).collect())
+                    })
+                    .collect();
+                let job = self.jobs.get_mut(&id).expect("known job");
+                job.state = JobState::Starting;
+                job.attempt = p.attempt.0;
+                job.placement = placement.clone();
+                job.running_on = placement.iter().map(|(n, _)| n.clone()).collect();
+                job.started_ms = now;
+                job.notice = None;
+                job.exit_code = None;
+                job.exit_signal = None;
+                let start = |gpus: &Vec<u8>, job: &JobRecord| StartAttempt {
+                    attempt: AttemptRef { job: id, attempt: p.attempt.0 },
+                    tier: job.tier.as_str().into(),
+                    argv: job.spec.argv.clone(),
+                    env: job.spec.env.clone(),
+                    workdir: job.spec.workdir.clone(),
+                    gpus: gpus.clone(),
+                    signal: job.signal,
+                };
+                let starts: Vec<(String, StartAttempt)> =
+                    placement.iter().map(|(node, gpus)| (node.clone(), start(gpus, job))).collect();
+                for (node, start) in starts {
+                    self.push(&node, Action::Start(start));
+                }
+                let shown: Vec<serde_json::Value> =
+                    placement.iter().map(|(n, g)| json!({ "node": n, "gpus": g })).collect();
+                self.event(id, "placed", json!({ "placement": shown, "from_hold": p.from_hold }));
+                self.save(id);
+            }
+        }
+        tracing::error!("the scheduler did not settle in 1000 passes");
+    }
+
+    // ---- views ----------------------------------------------------------
+
+    fn view(&self, job: &JobRecord, events: Vec<JobEvent>) -> ebb_api::Job {
+        ebb_api::Job {
+            id: job.id,
+            tenant: self.tenants.get(&job.tenant).cloned().unwrap_or_default(),
+            name: job.spec.name.clone(),
+            tier: job.tier.as_str().into(),
+            gpus: job.gpus,
+            gpu_model: job.spec.gpu_model.clone(),
+            argv: job.spec.argv.clone(),
+            state: job.state.as_str().into(),
+            attempt: job.attempt,
+            preemptions: job.preemptions,
+            retries: job.retries,
+            submitted_at: rfc3339(job.submitted_ms),
+            placement: job
+                .placement
+                .iter()
+                .map(|(node, gpus)| ebb_api::NodeGpus { node: node.clone(), gpus: gpus.clone() })
+                .collect(),
+            exit_code: job.exit_code,
+            events,
+        }
+    }
+
+    fn node_view(&self, name: &str) -> ebb_api::Node {
+        let id: NodeId = self.core.node_by_name(name).expect("known node");
+        let n = self.core.node(id).expect("known node");
+        let status = match n.status {
+            NodeStatus::Up => "up",
+            NodeStatus::Cordoned => "draining",
+            NodeStatus::Lost => "lost",
+        };
+        ebb_api::Node {
+            name: n.name.clone(),
+            gpu_model: self.core.model(n.model).expect("known").name.clone(),
+            gpus: n.gpus,
+            status: status.into(),
+            gpus_used: n.used_mask().count_ones(),
+            gpus_held: n.held_mask().count_ones(),
+            last_heartbeat: rfc3339(n.last_heartbeat.0),
+            jobs: n.jobs().map(|j| j.0).collect(),
+        }
+    }
+
+    fn metrics_snapshot(&self) -> crate::metrics::Snapshot {
+        let mut snapshot = crate::metrics::Snapshot { counters: self.counters.clone(), ..Default::default() };
+        for job in self.jobs.values() {
+            *snapshot.jobs.entry((job.tier.as_str(), job.state.as_str())).or_insert(0) += 1;
+            if job.state.is_live() {
+                *snapshot.gpus_in_use.entry(job.tier.as_str()).or_insert(0) += job.gpus as u64;
+            }
+        }
+        for (_, m) in self.core.models() {
+            snapshot.gpus_total += m.capacity as u64;
+        }
+        for node in self.core.nodes() {
+            let status = match node.status {
+                NodeStatus::Up => "up",
+                NodeStatus::Cordoned => "draining",
+                NodeStatus::Lost => "lost",
+            };
+            *snapshot.nodes.entry(status).or_insert(0) += 1;
+        }
+        snapshot.queued =
+            self.core.jobs().filter(|j| matches!(j.phase, Phase::Queued | Phase::Holding)).count() as u64;
+        snapshot
+    }
+}
+
+fn write_secret(path: &std::path::Path, secret: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file =
+        std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
+    file.write_all(secret.as_bytes())?;
+    file.write_all(b"\n")?;
+    file.sync_all()
+}

@@ -1,0 +1,396 @@
+//! The REST API: routes, authentication, errors, the OpenAPI document.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use bytes::Bytes;
+use ebb_api as api;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use tokio::sync::{mpsc, oneshot};
+use utoipa::OpenApi;
+
+use crate::engine::{Engine, EngineConfig, Msg};
+use crate::store::{Scope, SqliteStore};
+use crate::{hash_token, ApiError, Principal, ServerConfig};
+
+#[derive(Clone)]
+struct App {
+    tx: mpsc::Sender<Msg>,
+    tokens: Arc<RwLock<HashMap<String, Principal>>>,
+    poll_wait: Duration,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        (status, Json(api::ErrorBody { error: self.message })).into_response()
+    }
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+impl App {
+    fn principal(&self, headers: &HeaderMap) -> ApiResult<Principal> {
+        let value = headers
+            .get(header::AUTHORIZATION)
+            .ok_or_else(|| ApiError::unauthorized("missing bearer token (Authorization: Bearer TOKEN)"))?;
+        let token =
+            value.to_str().ok().and_then(|v| v.strip_prefix("Bearer ")).ok_or_else(|| {
+                ApiError::unauthorized("malformed Authorization header: expected Bearer TOKEN")
+            })?;
+        self.tokens
+            .read()
+            .expect("token map")
+            .get(&hash_token(token))
+            .cloned()
+            .ok_or_else(|| ApiError::unauthorized("invalid token"))
+    }
+
+    fn require(&self, headers: &HeaderMap, scope: Scope) -> ApiResult<Principal> {
+        let principal = self.principal(headers)?;
+        if principal.scope != scope {
+            let what = match scope {
+                Scope::Admin => "this call needs an admin token",
+                Scope::Agent => "this call needs the agents' join token",
+                Scope::Tenant => "this call needs a tenant token",
+            };
+            return Err(ApiError::forbidden(what));
+        }
+        Ok(principal)
+    }
+
+    fn tenant(&self, headers: &HeaderMap) -> ApiResult<Principal> {
+        let principal = self.principal(headers)?;
+        if principal.scope == Scope::Agent {
+            return Err(ApiError::forbidden("the join token is for agents only"));
+        }
+        Ok(principal)
+    }
+
+    /// Sends a message to the writer and waits for its reply.
+    async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Msg) -> ApiResult<T> {
+        let (tx, rx) = oneshot::channel();
+        self.tx.send(make(tx)).await.map_err(|_| ApiError::internal("the server is stopping".into()))?;
+        rx.await.map_err(|_| ApiError::internal("the request was not committed".into()))
+    }
+}
+
+/// Parses a JSON body, naming the field that was wrong.
+fn parse<T: DeserializeOwned>(body: &Bytes) -> ApiResult<T> {
+    let de = &mut serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if path == "." || path.is_empty() {
+            ApiError::bad_request(format!("body: {inner}"))
+        } else {
+            ApiError::bad_request(format!("{path}: {inner}"))
+        }
+    })
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "Ebb", description = "Preemptible GPU compute with a drain window"),
+    paths(submit, list_jobs, show_job, cancel_job, job_logs, list_nodes, drain_node, reclaim, create_tenant),
+    components(schemas(
+        api::JobSubmission, api::Submitted, api::Job, api::JobEvent, api::NodeGpus, api::Node,
+        api::ReclaimRequest, api::ReclaimReply, api::TenantRequest, api::TenantCreated, api::LogChunk,
+        api::ErrorBody
+    )),
+    modifiers(&BearerAuth)
+)]
+struct ApiDoc;
+
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+        openapi.security = Some(vec![SecurityRequirement::new("bearer", Vec::<String>::new())]);
+    }
+}
+
+/// Submit a job. Answered only once the job is durable.
+#[utoipa::path(post, path = "/v1/jobs", request_body = api::JobSubmission,
+    responses((status = 201, body = api::Submitted), (status = 400, body = api::ErrorBody), (status = 401, body = api::ErrorBody)))]
+async fn submit(
+    State(app): State<App>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<(StatusCode, Json<api::Submitted>)> {
+    let principal = app.tenant(&headers)?;
+    let spec: api::JobSubmission = parse(&body)?;
+    let ids = app.ask(|reply| Msg::Submit { principal, spec, reply }).await??;
+    Ok((StatusCode::CREATED, Json(api::Submitted { id: ids[0] })))
+}
+
+/// The caller's jobs (an admin sees every tenant's).
+#[utoipa::path(get, path = "/v1/jobs", responses((status = 200, body = [api::Job])))]
+async fn list_jobs(State(app): State<App>, headers: HeaderMap) -> ApiResult<Json<Vec<api::Job>>> {
+    let principal = app.tenant(&headers)?;
+    Ok(Json(app.ask(|reply| Msg::Jobs { principal, reply }).await?))
+}
+
+/// One job with its event history.
+#[utoipa::path(get, path = "/v1/jobs/{id}", params(("id" = u64, Path)),
+    responses((status = 200, body = api::Job), (status = 404, body = api::ErrorBody)))]
+async fn show_job(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Path(id): Path<u64>,
+) -> ApiResult<Json<api::Job>> {
+    let principal = app.tenant(&headers)?;
+    Ok(Json(app.ask(|reply| Msg::Job { principal, id, reply }).await??))
+}
+
+/// Cancel a job: a queued job ends at once, a running one is stopped.
+#[utoipa::path(post, path = "/v1/jobs/{id}/cancel", params(("id" = u64, Path)),
+    responses((status = 200, body = api::Job), (status = 404, body = api::ErrorBody)))]
+async fn cancel_job(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Path(id): Path<u64>,
+) -> ApiResult<Json<api::Job>> {
+    let principal = app.tenant(&headers)?;
+    Ok(Json(app.ask(|reply| Msg::Cancel { principal, id, reply }).await??))
+}
+
+#[derive(Deserialize)]
+struct LogQuery {
+    #[serde(default)]
+    offset: u64,
+    #[serde(default)]
+    follow: bool,
+    #[serde(default)]
+    wait_ms: Option<u64>,
+}
+
+/// A job's output from `offset`; with `follow`, waits for more.
+#[utoipa::path(get, path = "/v1/jobs/{id}/logs",
+    params(("id" = u64, Path), ("offset" = Option<u64>, Query), ("follow" = Option<bool>, Query), ("wait_ms" = Option<u64>, Query)),
+    responses((status = 200, body = api::LogChunk), (status = 404, body = api::ErrorBody)))]
+async fn job_logs(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Path(id): Path<u64>,
+    Query(q): Query<LogQuery>,
+) -> ApiResult<Json<api::LogChunk>> {
+    let principal = app.tenant(&headers)?;
+    let wait = Duration::from_millis(q.wait_ms.unwrap_or(20_000).min(60_000));
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let p = principal.clone();
+        let (path, finished) = app.ask(|reply| Msg::LogFile { principal: p, id, reply }).await??;
+        let data = read_from(&path, q.offset).await;
+        if !data.is_empty() || !q.follow || finished || tokio::time::Instant::now() >= deadline {
+            let next_offset = q.offset + data.len() as u64;
+            let data = String::from_utf8_lossy(&data).into_owned();
+            // Finished only once everything has been read.
+            let finished = finished && read_from(&path, next_offset).await.is_empty();
+            return Ok(Json(api::LogChunk { offset: q.offset, next_offset, data, finished }));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn read_from(path: &std::path::Path, offset: u64) -> Vec<u8> {
+    use tokio::io::{AsyncReadExt, AsyncSeekExt};
+    let Ok(mut file) = tokio::fs::File::open(path).await else { return Vec::new() };
+    if file.seek(std::io::SeekFrom::Start(offset)).await.is_err() {
+        return Vec::new();
+    }
+    let mut data = Vec::new();
+    let _ = file.take(1 << 20).read_to_end(&mut data).await;
+    data
+}
+
+/// Nodes and their GPUs (admin).
+#[utoipa::path(get, path = "/v1/nodes", responses((status = 200, body = [api::Node])))]
+async fn list_nodes(State(app): State<App>, headers: HeaderMap) -> ApiResult<Json<Vec<api::Node>>> {
+    app.require(&headers, Scope::Admin)?;
+    Ok(Json(app.ask(|reply| Msg::Nodes { reply }).await?))
+}
+
+/// Drain a node for maintenance (admin): it takes no new work, its
+/// preemptible jobs get the drain window, others finish.
+#[utoipa::path(post, path = "/v1/nodes/{name}/drain", params(("name" = String, Path)),
+    responses((status = 200, body = api::Node), (status = 404, body = api::ErrorBody)))]
+async fn drain_node(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> ApiResult<Json<api::Node>> {
+    app.require(&headers, Scope::Admin)?;
+    Ok(Json(app.ask(|reply| Msg::DrainNode { name, reply }).await??))
+}
+
+/// Take back N GPUs of preemptible capacity with the drain window (admin).
+#[utoipa::path(post, path = "/v1/reclaim", request_body = api::ReclaimRequest,
+    responses((status = 200, body = api::ReclaimReply), (status = 400, body = api::ErrorBody)))]
+async fn reclaim(
+    State(app): State<App>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Json<api::ReclaimReply>> {
+    app.require(&headers, Scope::Admin)?;
+    let req: api::ReclaimRequest = parse(&body)?;
+    Ok(Json(app.ask(|reply| Msg::Reclaim { req, reply }).await??))
+}
+
+/// Create a tenant and its first token (admin). The token is shown once.
+#[utoipa::path(post, path = "/v1/tenants", request_body = api::TenantRequest,
+    responses((status = 201, body = api::TenantCreated), (status = 409, body = api::ErrorBody)))]
+async fn create_tenant(
+    State(app): State<App>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<(StatusCode, Json<api::TenantCreated>)> {
+    app.require(&headers, Scope::Admin)?;
+    let req: api::TenantRequest = parse(&body)?;
+    let created = app.ask(|reply| Msg::CreateTenant { name: req.name, reply }).await??;
+    Ok((StatusCode::CREATED, Json(created)))
+}
+
+async fn agent_register(
+    State(app): State<App>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Json<api::Registered>> {
+    app.require(&headers, Scope::Agent)?;
+    let reg: api::Register = parse(&body)?;
+    Ok(Json(app.ask(|reply| Msg::Register { reg, reply }).await??))
+}
+
+#[derive(Deserialize)]
+struct PollQuery {
+    node: String,
+    epoch: u64,
+    after: u64,
+}
+
+/// Long poll: commands after `after`, or an empty list once a heartbeat
+/// interval has passed.
+async fn agent_commands(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Query(q): Query<PollQuery>,
+) -> ApiResult<Json<api::Commands>> {
+    app.require(&headers, Scope::Agent)?;
+    let deadline = tokio::time::Instant::now() + app.poll_wait;
+    loop {
+        let node = q.node.clone();
+        let mut poll = app.ask(|reply| Msg::Poll { node, epoch: q.epoch, after: q.after, reply }).await??;
+        if !poll.commands.is_empty() {
+            return Ok(Json(api::Commands { commands: poll.commands, next_seq: poll.next_seq }));
+        }
+        if poll.changed.borrow_and_update().saturating_sub(1) > q.after {
+            continue;
+        }
+        match tokio::time::timeout_at(deadline, poll.changed.changed()).await {
+            Ok(Ok(())) => continue,
+            _ => return Ok(Json(api::Commands { commands: Vec::new(), next_seq: poll.next_seq })),
+        }
+    }
+}
+
+async fn agent_report(
+    State(app): State<App>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Json<api::ReportReply>> {
+    app.require(&headers, Scope::Agent)?;
+    let report: api::Report = parse(&body)?;
+    Ok(Json(app.ask(|reply| Msg::Report { report, reply }).await??))
+}
+
+async fn openapi() -> Json<utoipa::openapi::OpenApi> {
+    Json(ApiDoc::openapi())
+}
+
+async fn metrics(State(app): State<App>) -> ApiResult<Response> {
+    let snapshot = app.ask(|reply| Msg::Metrics { reply }).await?;
+    let text = crate::metrics::render(&snapshot);
+    Ok(([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text)
+        .into_response())
+}
+
+pub async fn serve(config: ServerConfig) -> Result<(), String> {
+    let dir = &config.data_dir;
+    std::fs::create_dir_all(dir.join("logs")).map_err(|e| format!("--data-dir {}: {e}", dir.display()))?;
+    let store = SqliteStore::open(&dir.join("ebb.db")).map_err(|e| e.to_string())?;
+    let tokens = Arc::new(RwLock::new(HashMap::new()));
+    let engine_config = EngineConfig {
+        data_dir: dir.clone(),
+        drain_window: config.drain_window,
+        heartbeat_timeout: config.heartbeat_timeout,
+        heartbeat_interval: config.heartbeat_interval,
+    };
+    let (engine, created) = Engine::open(store, engine_config, tokens.clone()).map_err(|e| e.message)?;
+    for path in created {
+        tracing::info!("created {path} (mode 0600)");
+        eprintln!("ebb server: wrote {path}");
+    }
+    let (tx, rx) = mpsc::channel(1 << 16);
+    std::thread::Builder::new()
+        .name("ebb-writer".into())
+        .spawn(move || engine.run(rx))
+        .map_err(|e| format!("cannot start the writer thread: {e}"))?;
+    let ticker = tx.clone();
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(Duration::from_millis(250));
+        loop {
+            every.tick().await;
+            if ticker.send(Msg::Tick).await.is_err() {
+                return;
+            }
+        }
+    });
+    let app = App { tx, tokens, poll_wait: Duration::from_millis(config.heartbeat_interval.as_millis()) };
+    let router = Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/openapi.json", get(openapi))
+        .route("/metrics", get(metrics))
+        .route("/v1/jobs", post(submit).get(list_jobs))
+        .route("/v1/jobs/{id}", get(show_job))
+        .route("/v1/jobs/{id}/cancel", post(cancel_job))
+        .route("/v1/jobs/{id}/logs", get(job_logs))
+        .route("/v1/nodes", get(list_nodes))
+        .route("/v1/nodes/{name}/drain", post(drain_node))
+        .route("/v1/reclaim", post(reclaim))
+        .route("/v1/tenants", post(create_tenant))
+        .route("/v1/agent/register", post(agent_register))
+        .route("/v1/agent/commands", get(agent_commands))
+        .route("/v1/agent/report", post(agent_report))
+        .with_state(app);
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| format!("--listen {}: {e}", config.listen))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let url = format!("http://{addr}");
+    std::fs::write(dir.join("server.url"), format!("{url}\n")).map_err(|e| e.to_string())?;
+    tracing::info!(%url, data_dir = %dir.display(), "ebb server listening");
+    eprintln!("ebb server: listening on {url}");
+    axum::serve(listener, router).with_graceful_shutdown(shutdown_signal()).await.map_err(|e| e.to_string())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

@@ -1,0 +1,99 @@
+//! `ebb server`: the control plane.
+//!
+//! HTTP handlers authenticate and parse, then hand every read and write to
+//! the single writer thread (`engine`), which owns the scheduling core and
+//! the store. See ARCHITECTURE.md.
+
+mod engine;
+mod http;
+mod metrics;
+pub mod store;
+mod validate;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use ebb_core::Span;
+use sha2::{Digest, Sha256};
+
+pub use engine::{now_ms, EngineConfig};
+pub use validate::parse_signal;
+
+use crate::store::Scope;
+
+/// Who is calling.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Principal {
+    pub scope: Scope,
+    /// (id, name) of the tenant whose jobs this token acts on.
+    pub tenant: Option<(u32, String)>,
+}
+
+impl Principal {
+    /// Admins see every tenant's jobs; a tenant only its own.
+    pub fn may_see(&self, tenant: u32) -> bool {
+        self.scope == Scope::Admin || self.tenant.as_ref().is_some_and(|(id, _)| *id == tenant)
+    }
+}
+
+/// An error for an API caller: an HTTP status and a message that names what
+/// was wrong.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApiError {
+    pub status: u16,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn bad_request(message: String) -> Self {
+        ApiError { status: 400, message }
+    }
+    pub fn unauthorized(message: &str) -> Self {
+        ApiError { status: 401, message: message.into() }
+    }
+    pub fn forbidden(message: &str) -> Self {
+        ApiError { status: 403, message: message.into() }
+    }
+    pub fn not_found(message: String) -> Self {
+        ApiError { status: 404, message }
+    }
+    pub fn conflict(message: String) -> Self {
+        ApiError { status: 409, message }
+    }
+    pub fn internal(message: String) -> Self {
+        ApiError { status: 500, message }
+    }
+}
+
+/// A fresh secret: `ebb_` and 32 random bytes in hex.
+pub fn new_token() -> String {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).expect("the OS has randomness");
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!("ebb_{hex}")
+}
+
+/// Tokens are stored only as their SHA-256.
+pub fn hash_token(token: &str) -> String {
+    Sha256::digest(token.trim().as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// RFC 3339 in UTC, millisecond precision.
+pub fn rfc3339(ms: u64) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    pub data_dir: PathBuf,
+    pub listen: SocketAddr,
+    pub drain_window: Span,
+    pub heartbeat_timeout: Span,
+    pub heartbeat_interval: Span,
+}
+
+/// Runs the server until SIGINT or SIGTERM.
+pub async fn serve(config: ServerConfig) -> Result<(), String> {
+    http::serve(config).await
+}

@@ -1,0 +1,237 @@
+//! Durable state behind one interface, so that a PostgreSQL backend can sit
+//! beside the embedded SQLite one.
+//!
+//! What is stored is what the server needs to come back after a crash:
+//! tenants, token hashes, nodes, every job's record and its event history.
+//! The scheduling core's indices are rebuilt from these on start. Every
+//! batch of changes is one transaction, committed (WAL, `synchronous=FULL`)
+//! before any caller is answered.
+
+use std::path::Path;
+
+use rusqlite::{params, Connection, OptionalExtension};
+use serde::{Deserialize, Serialize};
+
+use ebb_api::JobEvent;
+
+#[derive(Debug, thiserror::Error)]
+#[error("storage: {0}")]
+pub struct StoreError(String);
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        StoreError(e.to_string())
+    }
+}
+
+impl From<serde_json::Error> for StoreError {
+    fn from(e: serde_json::Error) -> Self {
+        StoreError(e.to_string())
+    }
+}
+
+pub type Result<T> = std::result::Result<T, StoreError>;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantRow {
+    pub id: u32,
+    pub name: String,
+}
+
+/// What a token may do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Scope {
+    /// A tenant's own jobs.
+    Tenant,
+    /// Operator calls, plus the default tenant's jobs.
+    Admin,
+    /// Agents joining and reporting.
+    Agent,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenRow {
+    pub hash: String,
+    pub tenant: Option<u32>,
+    pub scope: Scope,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeRow {
+    pub name: String,
+    pub gpu_model: String,
+    pub gpus: u8,
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// Cordoned by the operator.
+    pub drained: bool,
+}
+
+/// Everything needed to rebuild the server's memory.
+#[derive(Debug)]
+pub struct Snapshot<J> {
+    pub tenants: Vec<TenantRow>,
+    pub tokens: Vec<TokenRow>,
+    pub nodes: Vec<NodeRow>,
+    pub jobs: Vec<J>,
+}
+
+/// The storage interface the server is written against.
+pub trait Store: Send {
+    fn begin(&mut self) -> Result<()>;
+    fn commit(&mut self) -> Result<()>;
+    fn rollback(&mut self) -> Result<()>;
+    fn load<J: for<'de> Deserialize<'de>>(&mut self) -> Result<Snapshot<J>>;
+    fn put_tenant(&mut self, tenant: &TenantRow) -> Result<()>;
+    fn put_token(&mut self, token: &TokenRow) -> Result<()>;
+    fn put_node(&mut self, node: &NodeRow) -> Result<()>;
+    fn put_job<J: Serialize>(&mut self, id: u64, tenant: u32, job: &J) -> Result<()>;
+    fn add_event(&mut self, job: u64, event: &JobEvent) -> Result<()>;
+    fn events(&mut self, job: u64) -> Result<Vec<JobEvent>>;
+    fn max_job_id(&mut self) -> Result<u64>;
+}
+
+pub struct SqliteStore {
+    conn: Connection,
+}
+
+impl SqliteStore {
+    pub fn open(path: &Path) -> Result<SqliteStore> {
+        let conn = Connection::open(path)?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
+        conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS tenants (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE);
+             CREATE TABLE IF NOT EXISTS tokens (
+                 hash TEXT PRIMARY KEY, tenant INTEGER REFERENCES tenants(id), scope TEXT NOT NULL);
+             CREATE TABLE IF NOT EXISTS nodes (name TEXT PRIMARY KEY, record TEXT NOT NULL);
+             CREATE TABLE IF NOT EXISTS jobs (
+                 id INTEGER PRIMARY KEY, tenant INTEGER NOT NULL REFERENCES tenants(id), record TEXT NOT NULL);
+             CREATE TABLE IF NOT EXISTS events (
+                 seq INTEGER PRIMARY KEY AUTOINCREMENT, job INTEGER NOT NULL REFERENCES jobs(id),
+                 at_ms INTEGER NOT NULL, kind TEXT NOT NULL, attempt INTEGER NOT NULL, detail TEXT NOT NULL);
+             CREATE INDEX IF NOT EXISTS events_by_job ON events(job, seq);",
+        )?;
+        Ok(SqliteStore { conn })
+    }
+}
+
+fn scope_name(scope: Scope) -> &'static str {
+    match scope {
+        Scope::Tenant => "tenant",
+        Scope::Admin => "admin",
+        Scope::Agent => "agent",
+    }
+}
+
+impl Store for SqliteStore {
+    fn begin(&mut self) -> Result<()> {
+        self.conn.execute_batch("BEGIN IMMEDIATE")?;
+        Ok(())
+    }
+
+    fn commit(&mut self) -> Result<()> {
+        self.conn.execute_batch("COMMIT")?;
+        Ok(())
+    }
+
+    fn rollback(&mut self) -> Result<()> {
+        self.conn.execute_batch("ROLLBACK")?;
+        Ok(())
+    }
+
+    fn load<J: for<'de> Deserialize<'de>>(&mut self) -> Result<Snapshot<J>> {
+        let mut snapshot =
+            Snapshot { tenants: Vec::new(), tokens: Vec::new(), nodes: Vec::new(), jobs: Vec::new() };
+        let mut stmt = self.conn.prepare("SELECT id, name FROM tenants ORDER BY id")?;
+        snapshot.tenants = stmt
+            .query_map([], |r| Ok(TenantRow { id: r.get(0)?, name: r.get(1)? }))?
+            .collect::<rusqlite::Result<_>>()?;
+        let mut stmt = self.conn.prepare("SELECT hash, tenant, scope FROM tokens")?;
+        snapshot.tokens = stmt
+            .query_map([], |r| {
+                let scope: String = r.get(2)?;
+                let scope = match scope.as_str() {
+                    "admin" => Scope::Admin,
+                    "agent" => Scope::Agent,
+                    _ => Scope::Tenant,
+                };
+                Ok(TokenRow { hash: r.get(0)?, tenant: r.get(1)?, scope })
+            })?
+            .collect::<rusqlite::Result<_>>()?;
+        let mut stmt = self.conn.prepare("SELECT record FROM nodes ORDER BY name")?;
+        let nodes: Vec<String> = stmt.query_map([], |r| r.get(0))?.collect::<rusqlite::Result<_>>()?;
+        snapshot.nodes = nodes.iter().map(|n| serde_json::from_str(n)).collect::<serde_json::Result<_>>()?;
+        let mut stmt = self.conn.prepare("SELECT record FROM jobs ORDER BY id")?;
+        let jobs: Vec<String> = stmt.query_map([], |r| r.get(0))?.collect::<rusqlite::Result<_>>()?;
+        snapshot.jobs = jobs.iter().map(|j| serde_json::from_str(j)).collect::<serde_json::Result<_>>()?;
+        Ok(snapshot)
+    }
+
+    fn put_tenant(&mut self, t: &TenantRow) -> Result<()> {
+        self.conn
+            .execute("INSERT OR REPLACE INTO tenants (id, name) VALUES (?1, ?2)", params![t.id, t.name])?;
+        Ok(())
+    }
+
+    fn put_token(&mut self, t: &TokenRow) -> Result<()> {
+        self.conn.execute(
+            "INSERT OR REPLACE INTO tokens (hash, tenant, scope) VALUES (?1, ?2, ?3)",
+            params![t.hash, t.tenant, scope_name(t.scope)],
+        )?;
+        Ok(())
+    }
+
+    fn put_node(&mut self, node: &NodeRow) -> Result<()> {
+        self.conn.execute(
+            "INSERT OR REPLACE INTO nodes (name, record) VALUES (?1, ?2)",
+            params![node.name, serde_json::to_string(node)?],
+        )?;
+        Ok(())
+    }
+
+    fn put_job<J: Serialize>(&mut self, id: u64, tenant: u32, job: &J) -> Result<()> {
+        self.conn.execute(
+            "INSERT OR REPLACE INTO jobs (id, tenant, record) VALUES (?1, ?2, ?3)",
+            params![id as i64, tenant, serde_json::to_string(job)?],
+        )?;
+        Ok(())
+    }
+
+    fn add_event(&mut self, job: u64, e: &JobEvent) -> Result<()> {
+        self.conn.execute(
+            "INSERT INTO events (job, at_ms, kind, attempt, detail) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![job as i64, e.at_ms as i64, e.kind, e.attempt, e.detail.to_string()],
+        )?;
+        Ok(())
+    }
+
+    fn events(&mut self, job: u64) -> Result<Vec<JobEvent>> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT at_ms, kind, attempt, detail FROM events WHERE job = ?1 ORDER BY seq")?;
+        let rows = stmt.query_map(params![job as i64], |r| {
+            let at_ms: i64 = r.get(0)?;
+            let detail: String = r.get(3)?;
+            Ok((at_ms as u64, r.get::<_, String>(1)?, r.get::<_, u32>(2)?, detail))
+        })?;
+        let mut events = Vec::new();
+        for row in rows {
+            let (at_ms, kind, attempt, detail) = row?;
+            events.push(JobEvent {
+                at: crate::rfc3339(at_ms),
+                at_ms,
+                kind,
+                attempt,
+                detail: serde_json::from_str(&detail)?,
+            });
+        }
+        Ok(events)
+    }
+
+    fn max_job_id(&mut self) -> Result<u64> {
+        let id: Option<i64> =
+            self.conn.query_row("SELECT MAX(id) FROM jobs", [], |r| r.get(0)).optional()?.flatten();
+        Ok(id.unwrap_or(0) as u64)
+    }
+}
