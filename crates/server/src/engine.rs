@@ -652,6 +652,8 @@ impl<S: Store> Engine<S> {
         // re-derived below from what the store says.
         let channel = self.channels.entry(reg.node.clone()).or_insert_with(Channel::new);
         channel.commands.clear();
+        // The agent follows from here: what is re-derived below reaches it.
+        let next_seq = channel.next_seq - 1;
         let running: BTreeSet<AttemptRef> = reg.running.iter().copied().collect();
         let held: Vec<AttemptRef> = self
             .jobs
@@ -681,7 +683,6 @@ impl<S: Store> Engine<S> {
         if !kill.is_empty() {
             tracing::warn!(node = reg.node, ?kill, "agent runs stale attempts; told to kill them");
         }
-        let next_seq = self.channels[&reg.node].next_seq - 1;
         Ok(Registered {
             heartbeat_interval_ms: self.config.heartbeat_interval.as_millis(),
             kill,

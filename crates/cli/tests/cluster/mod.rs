@@ -1,0 +1,257 @@
+//! A real cluster for end-to-end tests: the `ebb` binary as server and
+//! agents on loopback, real processes for jobs, the CLI as a user runs it.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+pub struct Options {
+    pub nodes: u32,
+    pub gpus: u8,
+    pub drain_window: &'static str,
+    pub heartbeat_timeout: &'static str,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { nodes: 1, gpus: 4, drain_window: "30s", heartbeat_timeout: "10s" }
+    }
+}
+
+pub struct Cluster {
+    pub dir: PathBuf,
+    opts: Options,
+    server: Option<Child>,
+    agents: Vec<Option<Child>>,
+    pub url: String,
+    pub admin: String,
+}
+
+pub fn ebb_exe() -> &'static str {
+    env!("CARGO_BIN_EXE_ebb")
+}
+
+/// Waits for `check` to give a value, polling; panics with `what` after
+/// `timeout`.
+pub fn wait_for<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+impl Cluster {
+    pub fn start(opts: Options) -> Cluster {
+        let dir = std::env::temp_dir().join(format!(
+            "ebb-e2e-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::SeqCst)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("logs")).unwrap();
+        let mut cluster =
+            Cluster { dir, opts, server: None, agents: Vec::new(), url: String::new(), admin: String::new() };
+        cluster.start_server();
+        for i in 0..cluster.opts.nodes {
+            cluster.agents.push(None);
+            cluster.start_agent(i as usize);
+        }
+        cluster.wait_nodes_up(cluster.opts.nodes as usize);
+        cluster
+    }
+
+    fn log(&self, name: &str) -> Stdio {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("logs").join(format!("{name}.log")))
+            .unwrap();
+        Stdio::from(file)
+    }
+
+    pub fn start_server(&mut self) {
+        let server_dir = self.dir.join("server");
+        let _ = std::fs::remove_file(server_dir.join("server.url"));
+        // Reuse the port across restarts so agents find the server again.
+        let listen = if self.url.is_empty() {
+            "127.0.0.1:0".to_string()
+        } else {
+            self.url.trim_start_matches("http://").to_string()
+        };
+        let child = Command::new(ebb_exe())
+            .args(["server", "--data-dir", server_dir.to_str().unwrap(), "--listen", &listen])
+            .args([
+                "--drain-window",
+                self.opts.drain_window,
+                "--heartbeat-timeout",
+                self.opts.heartbeat_timeout,
+            ])
+            .args(["--heartbeat-interval", "200ms"])
+            .stdout(self.log("server"))
+            .stderr(self.log("server"))
+            .spawn()
+            .unwrap();
+        self.server = Some(child);
+        self.url = wait_for("server.url", Duration::from_secs(20), || {
+            std::fs::read_to_string(server_dir.join("server.url")).ok().filter(|s| !s.trim().is_empty())
+        })
+        .trim()
+        .to_string();
+        self.admin = std::fs::read_to_string(server_dir.join("admin.token")).unwrap().trim().to_string();
+    }
+
+    pub fn kill_server(&mut self) {
+        let mut child = self.server.take().expect("server running");
+        child.kill().unwrap(); // SIGKILL: no chance to flush anything
+        child.wait().unwrap();
+    }
+
+    pub fn start_agent(&mut self, i: usize) {
+        let name = format!("node-{i}");
+        let child = Command::new(ebb_exe())
+            .args(["agent", "--server", &self.url, "--name", &name])
+            .args(["--join-token-file", self.dir.join("server/join.token").to_str().unwrap()])
+            .args(["--fake-gpus", &self.opts.gpus.to_string(), "--gpu-model", "H100-80GB"])
+            .args(["--data-dir", self.dir.join("agents").join(&name).to_str().unwrap()])
+            .args(["--checkpoint-root", self.dir.join("checkpoints").to_str().unwrap()])
+            .stdout(self.log(&name))
+            .stderr(self.log(&name))
+            .spawn()
+            .unwrap();
+        self.agents[i] = Some(child);
+    }
+
+    pub fn kill_agent(&mut self, i: usize) {
+        let mut child = self.agents[i].take().expect("agent running");
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    pub fn wait_nodes_up(&self, n: usize) {
+        wait_for("nodes to join", Duration::from_secs(20), || {
+            let out = self.ebb_as(&self.admin, &["nodes", "--json"]);
+            let nodes: Value = serde_json::from_slice(&out.stdout).ok()?;
+            (nodes.as_array()?.iter().filter(|n| n["status"] == "up").count() == n).then_some(())
+        });
+    }
+
+    pub fn ebb_as(&self, token: &str, args: &[&str]) -> Output {
+        Command::new(ebb_exe())
+            .args(args)
+            .env("EBB_SERVER", &self.url)
+            .env("EBB_TOKEN", token)
+            .env_remove("EBB_CONFIG")
+            .output()
+            .unwrap()
+    }
+
+    /// Runs a CLI command as the admin and returns its standard output.
+    pub fn ebb(&self, args: &[&str]) -> String {
+        let out = self.ebb_as(&self.admin, args);
+        assert!(out.status.success(), "ebb {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    pub fn submit_as(&self, token: &str, args: &[&str]) -> u64 {
+        let mut full = vec!["submit", "--json"];
+        full.extend_from_slice(args);
+        let out = self.ebb_as(token, &full);
+        assert!(out.status.success(), "submit {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["id"].as_u64().unwrap()
+    }
+
+    pub fn submit(&self, args: &[&str]) -> u64 {
+        self.submit_as(&self.admin, args)
+    }
+
+    pub fn job(&self, id: u64) -> Value {
+        serde_json::from_str(&self.ebb(&["show", &id.to_string(), "--json"])).unwrap()
+    }
+
+    pub fn jobs(&self) -> Vec<Value> {
+        serde_json::from_str::<Value>(&self.ebb(&["jobs", "--json"])).unwrap().as_array().unwrap().clone()
+    }
+
+    pub fn wait_job(&self, id: u64, what: &str, timeout: Duration, check: impl Fn(&Value) -> bool) -> Value {
+        wait_for(&format!("job {id}: {what}"), timeout, || {
+            let job = self.job(id);
+            check(&job).then_some(job)
+        })
+    }
+
+    pub fn wait_state(&self, id: u64, state: &str) -> Value {
+        self.wait_job(id, state, Duration::from_secs(30), |j| j["state"] == state)
+    }
+
+    pub fn checkpoints(&self, id: u64) -> PathBuf {
+        self.dir.join("checkpoints").join(id.to_string())
+    }
+
+    /// No GPU of any node is given to two live attempts.
+    pub fn assert_no_double_booking(&self) {
+        let mut seen = std::collections::BTreeSet::new();
+        for job in self.jobs() {
+            for p in job["placement"].as_array().unwrap() {
+                for gpu in p["gpus"].as_array().unwrap() {
+                    let key = (p["node"].as_str().unwrap().to_string(), gpu.as_u64().unwrap());
+                    assert!(seen.insert(key.clone()), "GPU {key:?} held by two attempts");
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        // Agents end their jobs on SIGTERM; then the server.
+        for child in self.agents.iter_mut().flatten() {
+            let _ = nix_term(child);
+        }
+        for child in self.agents.iter_mut().flatten() {
+            let _ = child.wait();
+        }
+        if let Some(mut server) = self.server.take() {
+            let _ = nix_term(&server);
+            let _ = server.wait();
+        }
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        } else {
+            eprintln!("cluster files kept in {}", self.dir.display());
+        }
+    }
+}
+
+fn nix_term(child: &Child) -> std::io::Result<()> {
+    Command::new("kill").arg("-TERM").arg(child.id().to_string()).status().map(|_| ())
+}
+
+/// `KEY=value` lines of a file written by `env`.
+pub fn read_env(path: &Path) -> std::collections::BTreeMap<String, String> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
+        .collect()
+}
+
+pub fn events(job: &Value) -> Vec<String> {
+    job["events"].as_array().unwrap().iter().map(|e| e["kind"].as_str().unwrap().to_string()).collect()
+}
+
+pub fn pid_alive(pid: i32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default().contains(") Z ")
+}

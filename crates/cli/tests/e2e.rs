@@ -1,0 +1,297 @@
+//! Preemption end to end: the real `ebb` binary as server and agents on
+//! loopback, jobs as real processes, the CLI as a user runs it.
+
+mod cluster;
+
+use std::time::{Duration, Instant};
+
+use cluster::{events, pid_alive, read_env, wait_for, Cluster, Options};
+use serde_json::Value;
+
+const VICTIM: &str = r#"env > "$EBB_CHECKPOINT_DIR/env-$EBB_ATTEMPT"
+trap 'touch "$EBB_CHECKPOINT_DIR/term-$EBB_ATTEMPT"; sleep 1; exit 0' TERM
+while :; do sleep 0.05; done"#;
+
+fn http() -> reqwest::blocking::Client {
+    reqwest::blocking::Client::builder().timeout(Duration::from_secs(30)).build().unwrap()
+}
+
+fn get(url: &str, header: Option<(&str, &str)>) -> (u16, String) {
+    let mut req = http().get(url);
+    if let Some((k, v)) = header {
+        req = req.header(k, v);
+    }
+    let resp = req.send().unwrap();
+    (resp.status().as_u16(), resp.text().unwrap())
+}
+
+#[test]
+fn preemption_delivers_the_drain_and_requeues_the_victim() {
+    let c = Cluster::start(Options { nodes: 1, gpus: 4, drain_window: "30s", ..Options::default() });
+    let victim = c.submit(&["--gpus", "4", "--name", "victim", "--", "bash", "-c", VICTIM]);
+    let ckpt = c.checkpoints(victim);
+    let env1 = wait_for("the victim to start", Duration::from_secs(20), || {
+        std::fs::metadata(ckpt.join("env-1"))
+            .ok()
+            .filter(|m| m.len() > 0)
+            .map(|_| read_env(&ckpt.join("env-1")))
+    });
+    assert_eq!(env1["CUDA_VISIBLE_DEVICES"], "0,1,2,3");
+    assert_eq!(env1["EBB_JOB_ID"], victim.to_string());
+    assert_eq!(env1["EBB_ATTEMPT"], "1");
+    assert_eq!(env1["EBB_TIER"], "preemptible");
+    let meta = env1["EBB_METADATA_URL"].clone();
+    assert_eq!(env1["AWS_EC2_METADATA_SERVICE_ENDPOINT"], format!("{meta}/"));
+    assert_eq!(format!("http://{}", env1["GCE_METADATA_HOST"]), meta);
+    let drain_file = std::path::PathBuf::from(&env1["EBB_DRAIN_FILE"]);
+    assert!(!drain_file.exists());
+
+    // Before the notice: every shape says "nothing yet".
+    let aws = format!("{meta}/latest/meta-data/spot/instance-action");
+    let gcp = format!("{meta}/computeMetadata/v1/instance/preempted");
+    let azure = format!("{meta}/metadata/scheduledevents?api-version=2020-07-01");
+    assert_eq!(get(&aws, None).0, 404);
+    assert_eq!(get(&gcp, Some(("Metadata-Flavor", "Google"))), (200, "FALSE".into()));
+    assert_eq!(get(&gcp, None).0, 403, "GCP requires its header");
+    let (status, body) = get(&azure, Some(("Metadata", "true")));
+    assert_eq!(status, 200);
+    assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["Events"], serde_json::json!([]));
+    let token = http()
+        .put(format!("{meta}/latest/api/token"))
+        .header("X-aws-ec2-metadata-token-ttl-seconds", "60")
+        .send()
+        .unwrap();
+    assert_eq!(token.status().as_u16(), 200, "IMDSv2 token");
+    // A GCP client blocking on the change.
+    let waiter = {
+        let gcp = format!("{gcp}?wait_for_change=true");
+        std::thread::spawn(move || get(&gcp, Some(("Metadata-Flavor", "Google"))))
+    };
+    std::thread::sleep(Duration::from_millis(200));
+
+    let od = c.submit(&[
+        "--tier",
+        "on-demand",
+        "--gpus",
+        "4",
+        "--",
+        "bash",
+        "-c",
+        r#"echo "$CUDA_VISIBLE_DEVICES" > "$EBB_CHECKPOINT_DIR/gpus"; sleep 1"#,
+    ]);
+    wait_for("the victim's SIGTERM", Duration::from_secs(20), || ckpt.join("term-1").exists().then_some(()));
+    // While the victim is still saving (it sleeps 1 s after the signal):
+    let notice: Value = serde_json::from_slice(&std::fs::read(&drain_file).unwrap()).unwrap();
+    assert_eq!(notice["action"], "preempt");
+    assert!(notice["reason"].as_str().unwrap().contains(&format!("job {od}")));
+    let (status, body) = get(&aws, None);
+    assert_eq!(status, 200);
+    let action: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(action["action"], "terminate");
+    assert_eq!(&action["time"].as_str().unwrap()[..19], &notice["deadline"].as_str().unwrap()[..19]);
+    assert_eq!(get(&gcp, Some(("Metadata-Flavor", "Google"))), (200, "TRUE".into()));
+    assert_eq!(waiter.join().unwrap(), (200, "TRUE".into()), "wait_for_change returned on the notice");
+    let events_doc: Value = serde_json::from_str(&get(&azure, Some(("Metadata", "true"))).1).unwrap();
+    let event = &events_doc["Events"][0];
+    assert_eq!(event["EventType"], "Preempt");
+    assert_eq!(event["EventStatus"], "Scheduled");
+    assert!(event["NotBefore"].as_str().unwrap().ends_with("GMT"), "RFC 1123: {}", event["NotBefore"]);
+    assert_eq!(event["DurationInSeconds"], -1);
+
+    // The victim exits, the on-demand job starts on the freed GPUs.
+    let od_job = c.wait_state(od, "succeeded");
+    assert_eq!(std::fs::read_to_string(c.checkpoints(od).join("gpus")).unwrap().trim(), "0,1,2,3");
+    assert!(events(&od_job).contains(&"preempting".to_string()));
+    // The victim is requeued as attempt 2 with the same checkpoint directory,
+    // and runs again once the GPUs are free.
+    let env2 = wait_for("the victim's second attempt", Duration::from_secs(20), || {
+        std::fs::metadata(ckpt.join("env-2"))
+            .ok()
+            .filter(|m| m.len() > 0)
+            .map(|_| read_env(&ckpt.join("env-2")))
+    });
+    assert_eq!(env2["EBB_ATTEMPT"], "2");
+    assert_eq!(env2["EBB_CHECKPOINT_DIR"], env1["EBB_CHECKPOINT_DIR"]);
+    let job = c.wait_job(victim, "running attempt 2", Duration::from_secs(10), |j| {
+        j["state"] == "running" && j["attempt"] == 2
+    });
+    assert_eq!(job["preemptions"], 1);
+    let kinds = events(&job);
+    for kind in ["submitted", "placed", "started", "drain_notice", "exited", "requeued"] {
+        assert!(kinds.contains(&kind.to_string()), "{kind} missing from {kinds:?}");
+    }
+    // And `ebb show` tells the story to a person.
+    let shown = c.ebb(&["show", &victim.to_string()]);
+    assert!(shown.contains("drain_notice") && shown.contains(&format!("preempted by job {od}")), "{shown}");
+}
+
+#[test]
+fn a_victim_that_ignores_sigterm_is_killed_at_the_deadline_and_its_gpus_go_to_the_preemptor() {
+    let c = Cluster::start(Options { nodes: 1, gpus: 2, drain_window: "2s", ..Options::default() });
+    let stubborn =
+        c.submit(&["--gpus", "2", "--", "bash", "-c", "trap '' TERM; while :; do sleep 0.05; done"]);
+    c.wait_state(stubborn, "running");
+    let first = c.submit(&["--tier", "on-demand", "--gpus", "2", "--", "sleep", "30"]);
+    let notice_at = Instant::now();
+    c.wait_state(stubborn, "draining");
+    // A second on-demand job may not take the GPUs held for the first.
+    let second = c.submit(&["--tier", "on-demand", "--gpus", "2", "--", "sleep", "30"]);
+    let started = c.wait_state(first, "running");
+    let waited = notice_at.elapsed();
+    assert!(
+        waited >= Duration::from_millis(1500),
+        "the preemptor started {waited:?} after the notice, before the deadline"
+    );
+    assert_eq!(c.job(second)["state"], "queued");
+    assert_eq!(started["placement"][0]["gpus"], serde_json::json!([0, 1]));
+    let victim = c.job(stubborn);
+    let exited = victim["events"].as_array().unwrap().iter().find(|e| e["kind"] == "exited").unwrap().clone();
+    assert_eq!(exited["detail"]["signal"], 9, "SIGKILL at the deadline: {exited}");
+    assert_eq!(victim["state"], "queued");
+    c.assert_no_double_booking();
+}
+
+#[test]
+fn non_preemptible_work_is_never_drained_and_acknowledged_jobs_survive_kill_9() {
+    let mut c = Cluster::start(Options { nodes: 1, gpus: 2, drain_window: "30s", ..Options::default() });
+    let od = c.submit(&["--tier", "on-demand", "--gpus", "2", "--", "sleep", "60"]);
+    c.wait_state(od, "running");
+    let waiting = c.submit(&["--tier", "on-demand", "--gpus", "2", "--", "sleep", "60"]);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(c.job(waiting)["state"], "queued", "nothing to preempt: an on-demand job waits");
+    assert!(!events(&c.job(od)).contains(&"drain_notice".to_string()));
+    // Acknowledged submissions, then kill -9 of the server at once.
+    let acknowledged: Vec<u64> =
+        (0..10).map(|i| c.submit(&["--name", &format!("acked-{i}"), "--", "true"])).collect();
+    c.kill_server();
+    c.start_server();
+    let ids: Vec<u64> = c.jobs().iter().map(|j| j["id"].as_u64().unwrap()).collect();
+    for id in &acknowledged {
+        assert!(ids.contains(id), "acknowledged job {id} lost across kill -9");
+    }
+    // The running job is still the running job; the agent reconnected.
+    c.wait_nodes_up(1);
+    let job = c.job(od);
+    assert_eq!((job["state"].as_str(), job["attempt"].as_u64()), (Some("running"), Some(1)));
+    c.assert_no_double_booking();
+    // Cancel it: the waiting on-demand job gets the GPUs, then the rest run.
+    c.ebb(&["cancel", &od.to_string()]);
+    c.wait_state(od, "cancelled");
+    c.wait_state(waiting, "running");
+    c.assert_no_double_booking();
+    assert!(!events(&c.job(waiting)).contains(&"drain_notice".to_string()));
+}
+
+#[test]
+fn a_killed_agent_requeues_its_jobs_and_its_restart_runs_no_stale_attempt() {
+    let mut c =
+        Cluster::start(Options { nodes: 1, gpus: 2, heartbeat_timeout: "1500ms", ..Options::default() });
+    let job = c.submit(&[
+        "--gpus",
+        "2",
+        "--",
+        "bash",
+        "-c",
+        r#"echo $$ > "$EBB_CHECKPOINT_DIR/pid-$EBB_ATTEMPT"; exec sleep 600"#,
+    ]);
+    let ckpt = c.checkpoints(job);
+    let pid: i32 = wait_for("attempt 1's pid", Duration::from_secs(20), || {
+        std::fs::read_to_string(ckpt.join("pid-1")).ok()?.trim().parse().ok()
+    });
+    assert!(pid_alive(pid));
+    c.kill_agent(0);
+    let requeued = c.wait_job(job, "requeued as lost", Duration::from_secs(20), |j| j["state"] == "queued");
+    let last = requeued["events"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!((last["kind"].as_str(), last["detail"]["reason"].as_str()), (Some("requeued"), Some("lost")));
+    assert_eq!(requeued["preemptions"], 0, "lost is not preempted");
+    assert_eq!(requeued["retries"], 0, "lost is not failed");
+    assert!(pid_alive(pid), "the orphaned attempt still runs while its agent is gone");
+    c.start_agent(0);
+    c.wait_nodes_up(1);
+    wait_for("the stale attempt to be killed", Duration::from_secs(10), || (!pid_alive(pid)).then_some(()));
+    let again = c.wait_job(job, "attempt 2 running", Duration::from_secs(20), |j| {
+        j["state"] == "running" && j["attempt"] == 2
+    });
+    assert_eq!(again["placement"][0]["node"], "node-0");
+    let pid2: i32 = wait_for("attempt 2's pid", Duration::from_secs(20), || {
+        std::fs::read_to_string(ckpt.join("pid-2")).ok()?.trim().parse().ok()
+    });
+    assert!(pid_alive(pid2) && !pid_alive(pid));
+}
+
+#[test]
+fn tenants_see_only_their_own_jobs_and_bad_requests_name_what_was_wrong() {
+    let c = Cluster::start(Options::default());
+    let create = |name: &str| -> String {
+        let v: Value = serde_json::from_str(&c.ebb(&["tenant", "create", name, "--json"])).unwrap();
+        v["token"].as_str().unwrap().to_string()
+    };
+    let (a, b) = (create("team-a"), create("team-b"));
+    let job = c.submit_as(&a, &["--", "/bin/echo", "$HOME; touch /tmp/ebb-shell-test"]);
+    c.wait_state(job, "succeeded");
+    // argv is never passed through a shell.
+    let out = c.ebb_as(&a, &["logs", &job.to_string()]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "$HOME; touch /tmp/ebb-shell-test\n");
+    assert!(!std::path::Path::new("/tmp/ebb-shell-test").exists());
+
+    let api = |token: Option<&str>, method: &str, path: &str, body: Option<&str>| -> (u16, Value) {
+        let url = format!("{}{path}", c.url);
+        let mut req = match method {
+            "POST" => http().post(url),
+            _ => http().get(url),
+        };
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        if let Some(b) = body {
+            req = req.header("content-type", "application/json").body(b.to_string());
+        }
+        let resp = req.send().unwrap();
+        let status = resp.status().as_u16();
+        (status, resp.json().unwrap_or(Value::Null))
+    };
+    // Tenant B can neither see nor touch tenant A's job: 404, not 403.
+    let (status, list) = api(Some(&b), "GET", "/v1/jobs", None);
+    assert_eq!(status, 200);
+    assert!(list.as_array().unwrap().iter().all(|j| j["id"] != job));
+    for (method, path) in [
+        ("GET", format!("/v1/jobs/{job}")),
+        ("POST", format!("/v1/jobs/{job}/cancel")),
+        ("GET", format!("/v1/jobs/{job}/logs")),
+    ] {
+        let (status, body) = api(Some(&b), method, &path, None);
+        assert_eq!(status, 404, "{method} {path}: {body}");
+    }
+    assert_eq!(api(Some(&a), "GET", &format!("/v1/jobs/{job}"), None).0, 200);
+    // No token, or a bad one: 401.
+    assert_eq!(api(None, "GET", "/v1/jobs", None).0, 401);
+    assert_eq!(api(Some("ebb_not-a-token"), "GET", "/v1/jobs", None).0, 401);
+    // Tenants are not operators.
+    assert_eq!(api(Some(&a), "GET", "/v1/nodes", None).0, 403);
+    // A malformed spec: 400 naming the field.
+    for (body, field) in [
+        (r#"{"argv": []}"#, "argv"),
+        (r#"{"argv": ["x"], "gpus": "two"}"#, "gpus"),
+        (r#"{"argv": ["x"], "gpus": 0}"#, "gpus"),
+        (r#"{"argv": ["x"], "tier": "spot"}"#, "tier"),
+        (r#"{"argv": ["x"], "signal": "SIGFOO"}"#, "signal"),
+        (r#"{"argv": ["x"], "gpu": 2}"#, "gpu"),
+        (r#"{"argv": ["x"], "env": {"EBB_JOB_ID": "7"}}"#, "env"),
+        (r#"{"argv": ["x"], "gpus": 6}"#, "gpus"),
+    ] {
+        let (status, err) = api(Some(&a), "POST", "/v1/jobs", Some(body));
+        assert_eq!(status, 400, "{body}");
+        let message = err["error"].as_str().unwrap();
+        assert!(message.starts_with(field) || message.contains(&format!("`{field}`")), "{body}: {message}");
+    }
+    // The CLI says the same, and exits non-zero.
+    let out = c.ebb_as(&a, &["submit", "--gpus", "0", "--", "true"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("gpus: must be between 1"));
+    // The OpenAPI document and the metrics are served.
+    let (status, doc) = api(None, "GET", "/openapi.json", None);
+    assert_eq!(status, 200);
+    assert!(doc["paths"]["/v1/jobs"].is_object());
+    let metrics = http().get(format!("{}/metrics", c.url)).send().unwrap().text().unwrap();
+    assert!(metrics.contains("ebb_jobs{tier=\"preemptible\",state=\"succeeded\"} 1"), "{metrics}");
+}
