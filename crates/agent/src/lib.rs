@@ -428,11 +428,15 @@ impl Agent {
 }
 
 /// Runs the agent until SIGINT or SIGTERM, then stops its attempts.
-pub async fn run(config: AgentConfig) -> Result<(), String> {
-    std::fs::create_dir_all(&config.data_dir)
-        .map_err(|e| format!("--data-dir {}: {e}", config.data_dir.display()))?;
-    std::fs::create_dir_all(&config.checkpoint_root)
-        .map_err(|e| format!("--checkpoint-root {}: {e}", config.checkpoint_root.display()))?;
+pub async fn run(mut config: AgentConfig) -> Result<(), String> {
+    // Jobs run in their own directories: every path they are given is absolute.
+    let absolute = |dir: &PathBuf, flag: &str| -> Result<PathBuf, String> {
+        std::fs::create_dir_all(dir)
+            .and_then(|()| std::fs::canonicalize(dir))
+            .map_err(|e| format!("{flag} {}: {e}", dir.display()))
+    };
+    config.data_dir = absolute(&config.data_dir, "--data-dir")?;
+    config.checkpoint_root = absolute(&config.checkpoint_root, "--checkpoint-root")?;
     let http = reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(2))
         .timeout(Duration::from_secs(30))

@@ -170,6 +170,8 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
         return Err("--nodes and --gpus-per-node must be at least 1".into());
     }
     let data = &args.data_dir;
+    std::fs::create_dir_all(data).map_err(|e| format!("--data-dir {}: {e}", data.display()))?;
+    let data = &std::fs::canonicalize(data).map_err(|e| format!("--data-dir {}: {e}", data.display()))?;
     let logs = data.join("logs");
     std::fs::create_dir_all(&logs).map_err(|e| format!("--data-dir {}: {e}", data.display()))?;
     let server_dir = data.join("server");
