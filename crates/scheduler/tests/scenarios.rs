@@ -421,3 +421,33 @@ fn a_gang_is_not_starved_by_small_jobs_behind_it() {
     }
     panic!("the 8-GPU gang starved behind 1-GPU jobs");
 }
+
+#[test]
+fn a_restart_restores_running_work_and_a_lost_attempt_requeues_uncounted() {
+    let mut c = Cluster::new(1, 4);
+    let running = c.submit(Tier::Preemptible, 2);
+    c.step();
+    let run = c.state.job(running).unwrap().run.clone().unwrap();
+    let spec = c.state.job(running).unwrap().spec.clone();
+    // A fresh core, as after a server restart: the node joins, the running
+    // job is put back on exactly its GPUs.
+    let mut fresh = Cluster::new(1, 4);
+    fresh
+        .state
+        .restore_run(spec.clone(), run.attempt, 0, run.alloc.clone(), run.started_at, None)
+        .unwrap();
+    fresh.state.sanity_check().unwrap();
+    // Its GPUs are not free; a second restore onto them is refused.
+    let mut twin = spec.clone();
+    twin.id = JobId(99);
+    assert!(fresh.state.restore_run(twin, run.attempt, 0, run.alloc.clone(), run.started_at, None).is_err());
+    // The attempt vanished (its node restarted): requeued, neither a
+    // failure nor a preemption.
+    let attempt = fresh.attempt(running);
+    assert_eq!(fresh.state.exited(running, attempt, ExitKind::Lost).unwrap(), ExitEffect::RequeuedLost);
+    let job = fresh.state.job(running).unwrap();
+    assert_eq!((job.phase, job.preemptions), (Phase::Queued, 0));
+    fresh.state.sanity_check().unwrap();
+    fresh.step();
+    assert_eq!(fresh.attempt(running).0, 2);
+}
