@@ -45,11 +45,18 @@ pub struct JobSubmission {
     /// completion marker.
     #[serde(default)]
     pub exit_on_drain_is_success: bool,
+    /// `A-B`: one task per index, each its own job with `EBB_TASK_INDEX`.
+    #[serde(default)]
+    pub array: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Submitted {
+    /// The job, or an array's first task.
     pub id: u64,
+    /// Every task of an array, in index order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ids: Vec<u64>,
 }
 
 /// A job as the API shows it.

@@ -39,6 +39,9 @@ pub struct SubmitArgs {
     /// Working directory on the node.
     #[arg(long)]
     pub workdir: Option<String>,
+    /// An array of tasks A-B, each with EBB_TASK_INDEX.
+    #[arg(long, value_name = "A-B")]
+    pub array: Option<String>,
     /// Exit code 0 during a drain counts as success without the SDK's marker.
     #[arg(long)]
     pub exit_on_drain_is_success: bool,
@@ -110,6 +113,7 @@ pub fn submission(args: &SubmitArgs) -> Result<api::JobSubmission, String> {
         max_preemptions: args.max_preemptions.or(base.max_preemptions),
         max_retries: args.max_retries.or(base.max_retries),
         exit_on_drain_is_success: args.exit_on_drain_is_success || base.exit_on_drain_is_success,
+        array: args.array.clone().or(base.array),
     })
 }
 
@@ -139,7 +143,14 @@ fn json<T: serde::Serialize>(value: &T) -> String {
 pub async fn submit(conn: &Connection, args: &SubmitArgs) -> Result<String, String> {
     let spec = submission(args)?;
     let submitted: api::Submitted = conn.client()?.post("/v1/jobs", &spec).await?;
-    Ok(if args.json { json(&submitted) } else { format!("submitted job {}\n", submitted.id) })
+    Ok(if args.json {
+        json(&submitted)
+    } else if submitted.ids.is_empty() {
+        format!("submitted job {}\n", submitted.id)
+    } else {
+        let (first, last) = (submitted.ids[0], submitted.ids[submitted.ids.len() - 1]);
+        format!("submitted {} tasks: jobs {first}-{last}\n", submitted.ids.len())
+    })
 }
 
 pub async fn jobs(conn: &Connection, out: &JsonFlag) -> Result<String, String> {
@@ -241,7 +252,7 @@ fn describe_event(kind: &str, d: &serde_json::Value) -> String {
     }
 }
 
-pub async fn logs(conn: &Connection, id: u64, follow: bool) -> Result<(), String> {
+pub async fn logs(conn: &Connection, id: u64, follow: bool, as_json: bool) -> Result<(), String> {
     use std::io::Write;
     let client = conn.client()?;
     let mut offset = 0;
@@ -249,7 +260,15 @@ pub async fn logs(conn: &Connection, id: u64, follow: bool) -> Result<(), String
         let path = format!("/v1/jobs/{id}/logs?offset={offset}&follow={follow}");
         let chunk: api::LogChunk = client.get(&path).await?;
         let mut stdout = std::io::stdout().lock();
-        if stdout.write_all(chunk.data.as_bytes()).and_then(|()| stdout.flush()).is_err() {
+        // With --json: one LogChunk object per line.
+        let text = if as_json {
+            format!("{}\n", serde_json::to_string(&chunk).expect("serialisable"))
+        } else {
+            chunk.data.clone()
+        };
+        if (as_json || !chunk.data.is_empty())
+            && stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()).is_err()
+        {
             return Ok(()); // the reader went away
         }
         offset = chunk.next_offset;

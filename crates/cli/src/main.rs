@@ -42,6 +42,8 @@ enum Command {
         id: u64,
         #[arg(short, long)]
         follow: bool,
+        #[command(flatten)]
+        out: commands::JsonFlag,
     },
     /// Cancel a job.
     Cancel {
@@ -109,7 +111,7 @@ async fn dispatch(cli: Cli) -> Result<(), String> {
         Command::Submit(args) => commands::submit(conn, &args).await?,
         Command::Jobs(out) => commands::jobs(conn, &out).await?,
         Command::Show { id, out } => commands::show(conn, id, &out).await?,
-        Command::Logs { id, follow } => return commands::logs(conn, id, follow).await,
+        Command::Logs { id, follow, out } => return commands::logs(conn, id, follow, out.json).await,
         Command::Cancel { id, out } => commands::cancel(conn, id, &out).await?,
         Command::Nodes(out) => commands::nodes(conn, &out).await?,
         Command::Drain { node, out } => commands::drain(conn, &node, &out).await?,

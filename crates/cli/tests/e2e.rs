@@ -295,3 +295,58 @@ fn tenants_see_only_their_own_jobs_and_bad_requests_name_what_was_wrong() {
     let metrics = http().get(format!("{}/metrics", c.url)).send().unwrap().text().unwrap();
     assert!(metrics.contains("ebb_jobs{tier=\"preemptible\",state=\"succeeded\"} 1"), "{metrics}");
 }
+
+#[test]
+fn job_scripts_arrays_and_operator_drain_and_reclaim() {
+    let c = Cluster::start(Options { nodes: 2, gpus: 2, drain_window: "5s", ..Options::default() });
+    // A job script: its #EBB lines carry the flags, --array makes tasks.
+    let script = c.dir.join("job.sh");
+    std::fs::write(&script, "#!/bin/bash\n#EBB --gpus 2 --name scripted\n#EBB --env GREETING=hello\necho \"$GREETING task=$EBB_TASK_INDEX gpus=$CUDA_VISIBLE_DEVICES\"\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = c.ebb(&["submit", "--json", "--array", "0-2", script.to_str().unwrap()]);
+    let submitted: Value = serde_json::from_str(&out).unwrap();
+    let ids: Vec<u64> = submitted["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+    assert_eq!(ids.len(), 3);
+    for (index, id) in ids.iter().enumerate() {
+        let job = c.wait_state(*id, "succeeded");
+        assert_eq!(job["gpus"], 2);
+        assert_eq!(job["name"], format!("scripted[{index}]"));
+        let logs = c.ebb(&["logs", &id.to_string()]);
+        assert_eq!(logs, format!("hello task={index} gpus=0,1\n"));
+    }
+    // Operator drain: the node's preemptible job gets the window, its
+    // on-demand job runs on, and nothing new lands there.
+    let pre = c.submit(&["--gpus", "2", "--", "sleep", "600"]);
+    let od = c.submit(&["--tier", "on-demand", "--gpus", "2", "--", "sleep", "600"]);
+    let pre_node = c.wait_state(pre, "running")["placement"][0]["node"].as_str().unwrap().to_string();
+    let od_node = c.wait_state(od, "running")["placement"][0]["node"].as_str().unwrap().to_string();
+    assert_ne!(pre_node, od_node);
+    let drained: Value = serde_json::from_str(&c.ebb(&["drain", &pre_node, "--json"])).unwrap();
+    assert_eq!(drained["status"], "draining");
+    let requeued =
+        c.wait_job(pre, "requeued by the drain", Duration::from_secs(20), |j| j["state"] == "queued");
+    let notice =
+        requeued["events"].as_array().unwrap().iter().find(|e| e["kind"] == "drain_notice").unwrap().clone();
+    assert!(
+        notice["detail"]["reason"].as_str().unwrap().contains(&format!("node {pre_node} drained")),
+        "{notice}"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(c.job(pre)["state"], "queued", "the drained node takes no new work");
+    assert_eq!(c.job(od)["state"], "running");
+    // Reclaim: with the on-demand job gone, the preemptible one runs on the
+    // other node; reclaiming its 2 GPUs drains it and keeps it off.
+    c.ebb(&["cancel", &od.to_string()]);
+    let again = c.wait_job(pre, "running again", Duration::from_secs(20), |j| j["state"] == "running");
+    assert_eq!(again["placement"][0]["node"], od_node.as_str());
+    let reclaimed: Value = serde_json::from_str(&c.ebb(&["reclaim", "--gpus", "2", "--json"])).unwrap();
+    assert_eq!(reclaimed["preemptible_limit"], 0);
+    let job = c.wait_job(pre, "reclaimed", Duration::from_secs(20), |j| {
+        j["state"] == "queued" && j["preemptions"] == 2
+    });
+    assert!(events(&job).iter().filter(|k| *k == "drain_notice").count() == 2);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(c.job(pre)["state"], "queued", "preemptible work stays under the reclaim limit");
+    c.assert_no_double_booking();
+}

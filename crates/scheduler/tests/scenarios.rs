@@ -432,10 +432,7 @@ fn a_restart_restores_running_work_and_a_lost_attempt_requeues_uncounted() {
     // A fresh core, as after a server restart: the node joins, the running
     // job is put back on exactly its GPUs.
     let mut fresh = Cluster::new(1, 4);
-    fresh
-        .state
-        .restore_run(spec.clone(), run.attempt, 0, run.alloc.clone(), run.started_at, None)
-        .unwrap();
+    fresh.state.restore_run(spec.clone(), run.attempt, 0, run.alloc.clone(), run.started_at, None).unwrap();
     fresh.state.sanity_check().unwrap();
     // Its GPUs are not free; a second restore onto them is refused.
     let mut twin = spec.clone();

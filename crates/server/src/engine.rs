@@ -476,39 +476,53 @@ impl<S: Store> Engine<S> {
         let (tenant, _) =
             principal.tenant.clone().ok_or_else(|| ApiError::forbidden("this token cannot submit jobs"))?;
         let checked = crate::validate::submission(&spec, &self.core)?;
-        let id = self.next_job;
-        self.next_job += 1;
-        let record = JobRecord {
-            id,
-            tenant,
-            tier: checked.tier,
-            gpus: checked.gpus,
-            signal: checked.signal,
-            spec,
-            state: JobState::Queued,
-            attempt: 0,
-            preemptions: 0,
-            retries: 0,
-            submitted_ms: now,
-            placement: Vec::new(),
-            started_ms: 0,
-            running_on: Vec::new(),
-            notice: None,
-            exit_code: None,
-            exit_signal: None,
-            cancel_requested: false,
-            vanished: false,
+        let tasks: Vec<Option<u64>> = match checked.array {
+            Some((first, last)) => (first..=last).map(Some).collect(),
+            None => vec![None],
         };
-        self.jobs.insert(id, record);
-        if let Err(e) = self.core.submit(self.spec_of(id)) {
-            self.jobs.remove(&id);
-            return Err(ApiError::bad_request(e.to_string()));
+        let mut ids = Vec::with_capacity(tasks.len());
+        for task in tasks {
+            let mut spec = spec.clone();
+            if let Some(index) = task {
+                // Set by ebb, so not subject to the user-variable rules.
+                spec.env.insert("EBB_TASK_INDEX".into(), index.to_string());
+                spec.name = Some(format!("{}[{index}]", spec.name.as_deref().unwrap_or("array")));
+            }
+            let id = self.next_job;
+            self.next_job += 1;
+            let record = JobRecord {
+                id,
+                tenant,
+                tier: checked.tier,
+                gpus: checked.gpus,
+                signal: checked.signal,
+                spec,
+                state: JobState::Queued,
+                attempt: 0,
+                preemptions: 0,
+                retries: 0,
+                submitted_ms: now,
+                placement: Vec::new(),
+                started_ms: 0,
+                running_on: Vec::new(),
+                notice: None,
+                exit_code: None,
+                exit_signal: None,
+                cancel_requested: false,
+                vanished: false,
+            };
+            self.jobs.insert(id, record);
+            if let Err(e) = self.core.submit(self.spec_of(id)) {
+                self.jobs.remove(&id);
+                return Err(ApiError::bad_request(e.to_string()));
+            }
+            self.save(id);
+            let detail = json!({ "tier": checked.tier.as_str(), "gpus": checked.gpus, "task": task });
+            self.event(id, "submitted", detail);
+            self.counters.submitted += 1;
+            ids.push(id);
         }
-        self.save(id);
-        let tier = self.jobs[&id].tier;
-        self.event(id, "submitted", json!({ "tier": tier.as_str(), "gpus": self.jobs[&id].gpus }));
-        self.counters.submitted += 1;
-        Ok(vec![id])
+        Ok(ids)
     }
 
     fn cancel(&mut self, id: u64, now: u64) -> Result<ebb_api::Job, ApiError> {

@@ -134,7 +134,9 @@ async fn submit(
     let principal = app.tenant(&headers)?;
     let spec: api::JobSubmission = parse(&body)?;
     let ids = app.ask(|reply| Msg::Submit { principal, spec, reply }).await??;
-    Ok((StatusCode::CREATED, Json(api::Submitted { id: ids[0] })))
+    let id = ids[0];
+    let ids = if ids.len() > 1 { ids } else { Vec::new() };
+    Ok((StatusCode::CREATED, Json(api::Submitted { id, ids })))
 }
 
 /// The caller's jobs (an admin sees every tenant's).

@@ -11,6 +11,8 @@ pub struct Checked {
     pub tier: Tier,
     pub gpus: u32,
     pub signal: i32,
+    /// First and last task index of an array job.
+    pub array: Option<(u64, u64)>,
 }
 
 pub const MAX_GPUS: u32 = 4096;
@@ -74,10 +76,35 @@ pub fn submission(spec: &JobSubmission, core: &State) -> Result<Checked, ApiErro
             "gpus: {gpus} GPUs cannot be placed on nodes of {per_node} GPUs (at most {per_node}, or a multiple of {per_node})"
         ));
     }
+    let array = match spec.array.as_deref() {
+        None => None,
+        Some(text) => Some(parse_array(text).map_err(|e| ApiError::bad_request(format!("array: {e}")))?),
+    };
     if tier == Tier::Reserved {
         return bad("tier: reserved jobs draw on a reservation, and this cluster has none yet".into());
     }
-    Ok(Checked { tier, gpus, signal })
+    Ok(Checked { tier, gpus, signal, array })
+}
+
+pub const MAX_ARRAY_TASKS: u64 = 10_000;
+
+/// `A-B` (inclusive) or a single index `N`.
+fn parse_array(text: &str) -> Result<(u64, u64), String> {
+    let bad = || format!("expected A-B with A <= B, got {text:?}");
+    let (a, b) = match text.split_once('-') {
+        Some((a, b)) => (a.trim().parse().map_err(|_| bad())?, b.trim().parse().map_err(|_| bad())?),
+        None => {
+            let n = text.trim().parse().map_err(|_| bad())?;
+            (n, n)
+        }
+    };
+    if a > b {
+        return Err(bad());
+    }
+    if b - a + 1 > MAX_ARRAY_TASKS {
+        return Err(format!("at most {MAX_ARRAY_TASKS} tasks, got {}", b - a + 1));
+    }
+    Ok((a, b))
 }
 
 /// `TERM`, `SIGTERM`, `sigterm` or a number.
