@@ -350,3 +350,25 @@ fn job_scripts_arrays_and_operator_drain_and_reclaim() {
     assert_eq!(c.job(pre)["state"], "queued", "preemptible work stays under the reclaim limit");
     c.assert_no_double_booking();
 }
+
+#[test]
+fn logs_follow_a_running_job_live() {
+    use std::io::BufRead;
+    let c = Cluster::start(Options::default());
+    let job = c.submit(&["--", "bash", "-c", "echo one; sleep 1.5; echo two"]);
+    c.wait_state(job, "running");
+    let mut follow = std::process::Command::new(cluster::ebb_exe())
+        .args(["logs", "-f", &job.to_string()])
+        .env("EBB_SERVER", &c.url)
+        .env("EBB_TOKEN", &c.admin)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(follow.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "one");
+    assert_eq!(c.job(job)["state"], "running", "the first line arrived while the job still ran");
+    assert_eq!(lines.next().unwrap().unwrap(), "two");
+    assert!(lines.next().is_none(), "follow ends when the job does");
+    assert!(follow.wait().unwrap().success());
+    assert_eq!(c.job(job)["state"], "succeeded");
+}

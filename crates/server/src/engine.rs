@@ -431,8 +431,10 @@ impl<S: Store> Engine<S> {
                 self.reply(reply, result);
             }
             Msg::Poll { node, epoch, after, reply } => {
+                // After the commit, like every command: an agent never acts
+                // on something the store does not say yet.
                 let result = self.poll(&node, epoch, after, now);
-                let _ = reply.send(result);
+                self.reply(reply, result);
             }
             Msg::Report { report, reply } => {
                 let result = self.report(report, now);
