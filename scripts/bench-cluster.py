@@ -71,13 +71,13 @@ class Api:
             return resp.read().decode()
 
 
-def wait(what, check, timeout=30.0):
+def wait(what, check, timeout=30.0, every=0.002):
     deadline = time.time() + timeout
     while time.time() < deadline:
         value = check()
         if value:
             return value
-        time.sleep(0.002)
+        time.sleep(every)
     sys.exit(f"timed out waiting for {what}")
 
 
@@ -153,10 +153,13 @@ def main():
         with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
             list(pool.map(lambda _: api.submit(argv=["true"]), range(args.jobs)))
         submitted_in = time.time() - start
-        wait("all short jobs", lambda: succeeded() - before >= args.jobs, timeout=600)
+        # Poll gently: a scrape walks every job in the server's writer.
+        wait("all short jobs", lambda: succeeded() - before >= args.jobs, timeout=600, every=0.05)
         elapsed = time.time() - start
+        drained_in = elapsed - submitted_in
         print(f"{'short jobs (true) through one 8-GPU agent':<34} {args.jobs} jobs in {elapsed:.2f} s = "
-              f"{args.jobs / elapsed:.0f} jobs/s (submitted in {submitted_in:.2f} s)   (goal >= 500 jobs/s)")
+              f"{args.jobs / elapsed:.0f} jobs/s (submitted in {submitted_in:.2f} s, all done {drained_in:.2f} s later)"
+              f"   (goal >= 500 jobs/s)")
     finally:
         up.send_signal(signal.SIGINT)
         try:

@@ -48,6 +48,7 @@ pub(crate) fn rfc3339(ms: u64) -> String {
 /// A running attempt.
 struct Running {
     pgid: i32,
+    started_ticks: u64,
     signal: i32,
     drain_file: PathBuf,
     notice: watch::Sender<Option<Notice>>,
@@ -57,7 +58,16 @@ struct Running {
 /// restarted agent can kill them instead of leaving stale attempts running.
 #[derive(Default, Serialize, Deserialize)]
 struct Ledger {
-    groups: Vec<(AttemptRef, i32)>,
+    /// (attempt, process group, the leader's start time in clock ticks).
+    groups: Vec<(AttemptRef, i32, u64)>,
+}
+
+/// When process `pid` started (field 22 of /proc/PID/stat), so that a
+/// recycled pid is never mistaken for one of ours.
+fn process_start(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after_name = &stat[stat.rfind(')')? + 2..];
+    after_name.split_whitespace().nth(19)?.parse().ok()
 }
 
 struct Agent {
@@ -103,7 +113,7 @@ impl Agent {
     }
 
     fn write_ledger(&self, running: &HashMap<AttemptRef, Running>) {
-        let ledger = Ledger { groups: running.iter().map(|(a, r)| (*a, r.pgid)).collect() };
+        let ledger = Ledger { groups: running.iter().map(|(a, r)| (*a, r.pgid, r.started_ticks)).collect() };
         let tmp = self.ledger_path().with_extension("tmp");
         let written = serde_json::to_vec(&ledger)
             .map_err(std::io::Error::other)
@@ -118,7 +128,11 @@ impl Agent {
     fn kill_leftovers(&self) {
         let Ok(bytes) = std::fs::read(self.ledger_path()) else { return };
         let ledger: Ledger = serde_json::from_slice(&bytes).unwrap_or_default();
-        for (attempt, pgid) in ledger.groups {
+        for (attempt, pgid, started) in ledger.groups {
+            // Only if the group's leader is still the process we started.
+            if process_start(pgid) != Some(started) {
+                continue;
+            }
             if killpg(Pid::from_raw(pgid), Signal::SIGKILL).is_ok() {
                 tracing::warn!(
                     job = attempt.job,
@@ -261,7 +275,11 @@ impl Agent {
         let pid = child.id().ok_or("the process exited before it could be tracked")? as i32;
         {
             let mut running = self.running.lock().expect("running");
-            running.insert(a, Running { pgid: pid, signal: s.signal, drain_file, notice: notice_tx });
+            let started_ticks = process_start(pid).unwrap_or(0);
+            running.insert(
+                a,
+                Running { pgid: pid, started_ticks, signal: s.signal, drain_file, notice: notice_tx },
+            );
             self.write_ledger(&running);
         }
         let _ = self.events.send(AgentEvent::Started { attempt: a, pid: pid as u32, at_ms: now_ms() });
@@ -299,11 +317,9 @@ impl Agent {
                 Err(_) => (None, None),
             };
             let completed = completion_file.exists();
-            {
-                let mut running = agent.running.lock().expect("running");
-                running.remove(&a);
-                agent.write_ledger(&running);
-            }
+            // The ledger is rewritten at the next start; until then a stale
+            // entry is harmless (its start time no longer matches).
+            agent.running.lock().expect("running").remove(&a);
             tracing::info!(job = a.job, attempt = a.attempt, ?code, ?signal, "exited");
             let _ = agent.events.send(AgentEvent::Exited {
                 attempt: a,
@@ -390,16 +406,26 @@ impl Agent {
                     Duration::from_millis(registered.heartbeat_interval_ms) + Duration::from_secs(10);
                 match self.call::<ebb_api::Commands>(self.http.get(url).timeout(poll_timeout)).await {
                     Ok(commands) => {
+                        // Starts run side by side; any other command waits for
+                        // the starts before it, so it finds its attempt running.
+                        let mut starting = tokio::task::JoinSet::new();
                         for command in commands.commands {
                             after = command.seq;
+                            if !matches!(command.action, Action::Start(_)) {
+                                while starting.join_next().await.is_some() {}
+                            }
                             match command.action {
-                                Action::Start(start) => self.start(start).await,
+                                Action::Start(start) => {
+                                    let agent = self.clone();
+                                    starting.spawn(async move { agent.start(start).await });
+                                }
                                 Action::Drain(drain) => self.drain(drain),
                                 Action::Stop { attempt, grace_ms } => {
                                     self.stop(attempt, Duration::from_millis(grace_ms))
                                 }
                             }
                         }
+                        while starting.join_next().await.is_some() {}
                     }
                     Err(CallError::Reregister(why)) => {
                         tracing::warn!("registering again: {why}");
