@@ -298,9 +298,7 @@ async fn agent_commands(
         if !poll.commands.is_empty() {
             return Ok(Json(api::Commands { commands: poll.commands, next_seq: poll.next_seq }));
         }
-        if poll.changed.borrow_and_update().saturating_sub(1) > q.after {
-            continue;
-        }
+        // Subscribed while the poll was handled: any later push wakes us.
         match tokio::time::timeout_at(deadline, poll.changed.changed()).await {
             Ok(Ok(())) => continue,
             _ => return Ok(Json(api::Commands { commands: Vec::new(), next_seq: poll.next_seq })),
