@@ -163,12 +163,10 @@ impl Agent {
         }
     }
 
+    /// Ends an attempt that is not being drained (cancelled, or the rest of
+    /// a gang): SIGTERM, as `scancel` does, then SIGKILL after `grace`.
     fn stop(self: &Arc<Self>, attempt: AttemptRef, grace: Duration) {
-        let signal = {
-            let running = self.running.lock().expect("running");
-            running.get(&attempt).and_then(|r| Signal::try_from(r.signal).ok()).unwrap_or(Signal::SIGTERM)
-        };
-        self.signal(attempt, signal);
+        self.signal(attempt, Signal::SIGTERM);
         let agent = self.clone();
         tokio::spawn(async move {
             tokio::time::sleep(grace).await;
