@@ -372,3 +372,40 @@ fn logs_follow_a_running_job_live() {
     assert!(follow.wait().unwrap().success());
     assert_eq!(c.job(job)["state"], "succeeded");
 }
+
+#[test]
+fn a_server_restarted_mid_drain_keeps_the_hold_and_evicts_no_one_else() {
+    let mut c = Cluster::start(Options { nodes: 1, gpus: 4, drain_window: "60s", ..Options::default() });
+    let bystander = c.submit(&["--gpus", "2", "--", "sleep", "600"]);
+    c.wait_state(bystander, "running");
+    // Started later, so it has lost less work: the victim. It stays in its
+    // drain until the test releases it.
+    let slow = c.submit(&[
+        "--gpus",
+        "2",
+        "--",
+        "bash",
+        "-c",
+        r#"trap '' TERM; while [ ! -e "$EBB_CHECKPOINT_DIR/release" ]; do sleep 0.05; done"#,
+    ]);
+    c.wait_state(slow, "running");
+    std::thread::sleep(Duration::from_millis(50));
+    let od = c.submit(&["--tier", "on-demand", "--gpus", "2", "--", "sleep", "600"]);
+    c.wait_state(slow, "draining");
+    c.kill_server();
+    c.start_server();
+    c.wait_nodes_up(1);
+    std::thread::sleep(Duration::from_millis(800));
+    assert_eq!(c.job(od)["state"], "queued");
+    let bystander_job = c.job(bystander);
+    assert_eq!(bystander_job["state"], "running");
+    assert!(!events(&bystander_job).contains(&"drain_notice".to_string()), "a second victim was drained");
+    std::fs::write(c.checkpoints(slow).join("release"), "").unwrap();
+    let started = c.wait_state(od, "running");
+    let slow_gpus = c.job(slow)["events"].as_array().unwrap().iter().find(|e| e["kind"] == "placed").unwrap()
+        ["detail"]["placement"][0]["gpus"]
+        .clone();
+    assert_eq!(started["placement"][0]["gpus"], slow_gpus, "the preemptor got the victim's GPUs");
+    assert_eq!(c.job(bystander)["state"], "running");
+    c.assert_no_double_booking();
+}

@@ -510,6 +510,68 @@ impl State {
         Ok(())
     }
 
+    /// Puts back a hold that existed when the edge restarted: the queued job
+    /// `id` waits for `victims` (those still draining) on exactly `alloc`.
+    /// Without this a restarted server would preempt again for a job whose
+    /// first victims are still leaving. Refused unless the job is queued
+    /// and non-preemptible, and the GPUs are free or used only by draining
+    /// victims.
+    pub fn restore_hold(
+        &mut self,
+        id: JobId,
+        alloc: Vec<(NodeId, u64)>,
+        victims: &[JobId],
+    ) -> Result<(), StateError> {
+        let job = self.job_checked(id)?;
+        if job.phase != Phase::Queued || job.spec.tier == Tier::Preemptible {
+            return Err(StateError::Conflict(format!("job {id}: cannot hold GPUs")));
+        }
+        let (gpus, tier, tenant) = (job.spec.gpus, job.spec.tier, job.spec.tenant);
+        let waiting: BTreeSet<JobId> = victims
+            .iter()
+            .copied()
+            .filter(|v| {
+                self.jobs.get(v).is_some_and(|j| j.phase == Phase::Draining)
+                    && !self.victim_of.contains_key(v)
+            })
+            .collect();
+        let model = match alloc.first() {
+            Some((node, _)) => self.node_checked(*node)?.model,
+            None => return Err(StateError::Invalid(format!("job {id}: hold has no GPUs"))),
+        };
+        let total: u32 = alloc.iter().map(|(_, m)| m.count_ones()).sum();
+        if total != gpus {
+            return Err(StateError::Invalid(format!("job {id}: hold has {total} GPUs, wants {gpus}")));
+        }
+        for &(node, mask) in &alloc {
+            let n = self.node_checked(node)?;
+            let victims_here =
+                n.jobs.iter().filter(|(j, _)| waiting.contains(j)).fold(0, |acc, (_, m)| acc | m);
+            if n.status != NodeStatus::Up
+                || n.model != model
+                || n.held & mask != 0
+                || mask & n.used & !victims_here != 0
+            {
+                return Err(StateError::Conflict(format!("job {id}: GPUs on {} cannot be held", n.name)));
+            }
+        }
+        self.dequeue(id);
+        self.jobs.get_mut(&id).expect("checked").phase = Phase::Holding;
+        self.adjust_usage(tier, tenant, model, gpus as i64);
+        for &(node, mask) in &alloc {
+            self.nodes[node.0 as usize].held |= mask;
+            self.reindex(node);
+        }
+        for v in &waiting {
+            self.victim_of.insert(*v, id);
+        }
+        if waiting.is_empty() {
+            self.ready_holds.insert(id);
+        }
+        self.holds.insert(id, Hold { job: id, model, alloc, waiting_on: waiting });
+        Ok(())
+    }
+
     /// Withdraws a job that is not running (running jobs end through
     /// [`State::exited`] once their processes are gone).
     pub fn cancel(&mut self, id: JobId) -> Result<(), StateError> {

@@ -448,3 +448,38 @@ fn a_restart_restores_running_work_and_a_lost_attempt_requeues_uncounted() {
     fresh.step();
     assert_eq!(fresh.attempt(running).0, 2);
 }
+
+#[test]
+fn a_restored_hold_waits_for_its_victims_instead_of_preempting_again() {
+    let mut c = Cluster::new(1, 4);
+    let v1 = c.submit(Tier::Preemptible, 2);
+    let v2 = c.submit(Tier::Preemptible, 2);
+    c.step();
+    c.advance(10);
+    c.checkpoint(v2);
+    let od = c.submit(Tier::OnDemand, 2);
+    let plan = c.step();
+    assert_eq!(plan.drains.iter().map(|d| d.job).collect::<Vec<_>>(), vec![v2]);
+    let hold = c.state.hold(od).unwrap().alloc.clone();
+    // A fresh core as after a restart: runs (one draining), the queued
+    // preemptor, then its hold.
+    let mut fresh = Cluster::new(1, 4);
+    for id in [v1, v2] {
+        let job = c.state.job(id).unwrap();
+        let run = job.run.clone().unwrap();
+        fresh
+            .state
+            .restore_run(job.spec.clone(), run.attempt, 0, run.alloc, run.started_at, job.notice)
+            .unwrap();
+    }
+    fresh.state.submit(c.state.job(od).unwrap().spec.clone()).unwrap();
+    fresh.state.restore_hold(od, hold.clone(), &[v2]).unwrap();
+    fresh.state.sanity_check().unwrap();
+    fresh.now = c.now;
+    assert!(fresh.step().is_empty(), "no second victim while the first drains");
+    assert_eq!(fresh.phase(v1), Some(Phase::Running));
+    fresh.exit(v2, ExitKind::Failed { requeue: false });
+    let plan = fresh.step();
+    assert_eq!(plan.placements[0].job, od);
+    assert_eq!(plan.placements[0].alloc, hold);
+}

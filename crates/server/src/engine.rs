@@ -88,6 +88,11 @@ pub struct JobRecord {
     pub cancel_requested: bool,
     /// A node lost track of the live attempt.
     pub vanished: bool,
+    /// GPUs held for this queued job while `waiting_for` drain.
+    #[serde(default)]
+    pub held: Vec<(String, Vec<u8>)>,
+    #[serde(default)]
+    pub waiting_for: Vec<u64>,
 }
 
 mod tier_name {
@@ -270,6 +275,22 @@ impl<S: Store> Engine<S> {
             engine.event(id, "requeued", json!({ "reason": format!("server restart: {why}") }));
             engine.save(id);
         }
+        // Holds last: their victims must be back first.
+        let holders: Vec<u64> = engine
+            .jobs
+            .values()
+            .filter(|j| j.state == JobState::Queued && !j.held.is_empty())
+            .map(|j| j.id)
+            .collect();
+        for id in holders {
+            if let Err(why) = engine.restore_hold(id) {
+                tracing::warn!(job = id, "hold not restored: {why}");
+                let job = engine.jobs.get_mut(&id).expect("loaded");
+                job.held.clear();
+                job.waiting_for.clear();
+                engine.save(id);
+            }
+        }
         engine.store.commit().map_err(storage_error)?;
         engine.after_commit.clear();
         Ok((engine, notes))
@@ -327,6 +348,17 @@ impl<S: Store> Engine<S> {
         self.core
             .restore_run(self.spec_of(id), Attempt(attempt), preemptions, alloc, Time(started), notice)
             .map_err(|e| e.to_string())
+    }
+
+    fn restore_hold(&mut self, id: u64) -> Result<(), String> {
+        let job = &self.jobs[&id];
+        let mut alloc = Vec::new();
+        for (node, gpus) in &job.held {
+            let node_id = self.core.node_by_name(node).ok_or_else(|| format!("node {node} is gone"))?;
+            alloc.push((node_id, gpus.iter().fold(0u64, |m, g| m | (1 << g))));
+        }
+        let victims: Vec<JobId> = job.waiting_for.iter().map(|v| JobId(*v)).collect();
+        self.core.restore_hold(JobId(id), alloc, &victims).map_err(|e| e.to_string())
     }
 
     /// Runs the writer loop until every sender is gone.
@@ -512,6 +544,8 @@ impl<S: Store> Engine<S> {
                 exit_signal: None,
                 cancel_requested: false,
                 vanished: false,
+                held: Vec::new(),
+                waiting_for: Vec::new(),
             };
             self.jobs.insert(id, record);
             if let Err(e) = self.core.submit(self.spec_of(id)) {
@@ -559,12 +593,26 @@ impl<S: Store> Engine<S> {
         self.woken.insert(node.to_string());
     }
 
+    /// The core released every hold on `node` (lost or drained): so does
+    /// the record.
+    fn forget_holds_on(&mut self, node: &str) {
+        let holders: Vec<u64> =
+            self.jobs.values().filter(|j| j.held.iter().any(|(n, _)| n == node)).map(|j| j.id).collect();
+        for id in holders {
+            let job = self.jobs.get_mut(&id).expect("known job");
+            job.held.clear();
+            job.waiting_for.clear();
+            self.save(id);
+        }
+    }
+
     fn drain_node(&mut self, name: &str) -> Result<ebb_api::Node, ApiError> {
         let id = self
             .core
             .node_by_name(name)
             .ok_or_else(|| ApiError::not_found(format!("node {name}: not found")))?;
         self.core.drain_node(id).map_err(|e| ApiError::conflict(e.to_string()))?;
+        self.forget_holds_on(name);
         let row = self.nodes.get_mut(name).expect("known node");
         row.drained = true;
         let row = row.clone();
@@ -918,6 +966,7 @@ impl<S: Store> Engine<S> {
             for &node in &plan.lost_nodes {
                 let name = self.core.node(node).expect("known").name.clone();
                 tracing::warn!(node = name, "node lost: no heartbeat within the timeout");
+                self.forget_holds_on(&name);
             }
             for r in &plan.requeues {
                 let id = r.job.0;
@@ -970,6 +1019,18 @@ impl<S: Store> Engine<S> {
             }
             for p in &plan.preemptions {
                 let victims: Vec<u64> = p.victims.iter().map(|v| v.0).collect();
+                let held: Vec<(String, Vec<u8>)> = p
+                    .hold
+                    .iter()
+                    .map(|(node, mask)| {
+                        let name = self.core.node(*node).expect("known").name.clone();
+                        (name, (0..64u8).filter(|g| mask & (1 << g) != 0).collect())
+                    })
+                    .collect();
+                let job = self.jobs.get_mut(&p.preemptor.0).expect("known job");
+                job.held = held;
+                job.waiting_for = victims.clone();
+                self.save(p.preemptor.0);
                 let lost = p.lost_gpu_ms as f64 / 1000.0;
                 self.event(
                     p.preemptor.0,
@@ -994,6 +1055,8 @@ impl<S: Store> Engine<S> {
                 job.running_on = placement.iter().map(|(n, _)| n.clone()).collect();
                 job.started_ms = now;
                 job.notice = None;
+                job.held.clear();
+                job.waiting_for.clear();
                 job.exit_code = None;
                 job.exit_signal = None;
                 let start = |gpus: &Vec<u8>, job: &JobRecord| StartAttempt {
