@@ -409,3 +409,35 @@ fn a_server_restarted_mid_drain_keeps_the_hold_and_evicts_no_one_else() {
     assert_eq!(c.job(bystander)["state"], "running");
     c.assert_no_double_booking();
 }
+
+#[test]
+fn an_agent_back_from_a_partition_stops_the_attempt_the_server_replaced() {
+    let c = Cluster::start(Options { nodes: 1, gpus: 2, heartbeat_timeout: "1s", ..Options::default() });
+    let job = c.submit(&[
+        "--gpus",
+        "2",
+        "--",
+        "bash",
+        "-c",
+        r#"echo $$ > "$EBB_CHECKPOINT_DIR/pid-$EBB_ATTEMPT"; exec sleep 600"#,
+    ]);
+    let ckpt = c.checkpoints(job);
+    let pid1: i32 = wait_for("attempt 1's pid", Duration::from_secs(20), || {
+        std::fs::read_to_string(ckpt.join("pid-1")).ok()?.trim().parse().ok()
+    });
+    c.freeze_agent(0, true);
+    let requeued = c.wait_job(job, "requeued as lost", Duration::from_secs(20), |j| j["state"] == "queued");
+    assert_eq!(requeued["attempt"], 1);
+    c.freeze_agent(0, false);
+    // Back: the agent learns it was declared lost, rejoins, is told to kill
+    // attempt 1, and runs attempt 2 instead.
+    c.wait_job(job, "attempt 2 running", Duration::from_secs(20), |j| {
+        j["state"] == "running" && j["attempt"] == 2
+    });
+    wait_for("the replaced attempt to stop", Duration::from_secs(10), || (!pid_alive(pid1)).then_some(()));
+    let pid2: i32 = wait_for("attempt 2's pid", Duration::from_secs(20), || {
+        std::fs::read_to_string(ckpt.join("pid-2")).ok()?.trim().parse().ok()
+    });
+    assert!(pid_alive(pid2));
+    c.assert_no_double_booking();
+}

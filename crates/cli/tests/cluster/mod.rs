@@ -138,6 +138,14 @@ impl Cluster {
         child.wait().unwrap();
     }
 
+    /// Freezes (`true`) or thaws an agent: a partition, as far as the
+    /// server can tell.
+    pub fn freeze_agent(&self, i: usize, frozen: bool) {
+        let pid = self.agents[i].as_ref().expect("agent running").id().to_string();
+        let signal = if frozen { "-STOP" } else { "-CONT" };
+        assert!(Command::new("kill").args([signal, &pid]).status().unwrap().success());
+    }
+
     pub fn wait_nodes_up(&self, n: usize) {
         wait_for("nodes to join", Duration::from_secs(20), || {
             let out = self.ebb_as(&self.admin, &["nodes", "--json"]);
