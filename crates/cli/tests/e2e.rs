@@ -186,18 +186,8 @@ fn non_preemptible_work_is_never_drained_and_acknowledged_jobs_survive_kill_9() 
 fn a_killed_agent_requeues_its_jobs_and_its_restart_runs_no_stale_attempt() {
     let mut c =
         Cluster::start(Options { nodes: 1, gpus: 2, heartbeat_timeout: "1500ms", ..Options::default() });
-    let job = c.submit(&[
-        "--gpus",
-        "2",
-        "--",
-        "bash",
-        "-c",
-        r#"echo $$ > "$EBB_CHECKPOINT_DIR/pid-$EBB_ATTEMPT"; exec sleep 600"#,
-    ]);
-    let ckpt = c.checkpoints(job);
-    let pid: i32 = wait_for("attempt 1's pid", Duration::from_secs(20), || {
-        std::fs::read_to_string(ckpt.join("pid-1")).ok()?.trim().parse().ok()
-    });
+    let job = c.submit_sleeper(2);
+    let pid = c.sleeper_pid(job, 1);
     assert!(pid_alive(pid));
     c.kill_agent(0);
     let requeued = c.wait_job(job, "requeued as lost", Duration::from_secs(20), |j| j["state"] == "queued");
@@ -213,9 +203,7 @@ fn a_killed_agent_requeues_its_jobs_and_its_restart_runs_no_stale_attempt() {
         j["state"] == "running" && j["attempt"] == 2
     });
     assert_eq!(again["placement"][0]["node"], "node-0");
-    let pid2: i32 = wait_for("attempt 2's pid", Duration::from_secs(20), || {
-        std::fs::read_to_string(ckpt.join("pid-2")).ok()?.trim().parse().ok()
-    });
+    let pid2 = c.sleeper_pid(job, 2);
     assert!(pid_alive(pid2) && !pid_alive(pid));
 }
 
@@ -413,18 +401,8 @@ fn a_server_restarted_mid_drain_keeps_the_hold_and_evicts_no_one_else() {
 #[test]
 fn an_agent_back_from_a_partition_stops_the_attempt_the_server_replaced() {
     let c = Cluster::start(Options { nodes: 1, gpus: 2, heartbeat_timeout: "1s", ..Options::default() });
-    let job = c.submit(&[
-        "--gpus",
-        "2",
-        "--",
-        "bash",
-        "-c",
-        r#"echo $$ > "$EBB_CHECKPOINT_DIR/pid-$EBB_ATTEMPT"; exec sleep 600"#,
-    ]);
-    let ckpt = c.checkpoints(job);
-    let pid1: i32 = wait_for("attempt 1's pid", Duration::from_secs(20), || {
-        std::fs::read_to_string(ckpt.join("pid-1")).ok()?.trim().parse().ok()
-    });
+    let job = c.submit_sleeper(2);
+    let pid1 = c.sleeper_pid(job, 1);
     c.freeze_agent(0, true);
     let requeued = c.wait_job(job, "requeued as lost", Duration::from_secs(20), |j| j["state"] == "queued");
     assert_eq!(requeued["attempt"], 1);
@@ -435,9 +413,7 @@ fn an_agent_back_from_a_partition_stops_the_attempt_the_server_replaced() {
         j["state"] == "running" && j["attempt"] == 2
     });
     wait_for("the replaced attempt to stop", Duration::from_secs(10), || (!pid_alive(pid1)).then_some(()));
-    let pid2: i32 = wait_for("attempt 2's pid", Duration::from_secs(20), || {
-        std::fs::read_to_string(ckpt.join("pid-2")).ok()?.trim().parse().ok()
-    });
+    let pid2 = c.sleeper_pid(job, 2);
     assert!(pid_alive(pid2));
     c.assert_no_double_booking();
 }

@@ -334,11 +334,7 @@ impl<S: Store> Engine<S> {
     /// Puts a job that was running before a restart back into the core.
     fn restore(&mut self, id: u64) -> Result<(), String> {
         let job = &self.jobs[&id];
-        let mut alloc = Vec::new();
-        for (node, gpus) in &job.placement {
-            let node_id = self.core.node_by_name(node).ok_or_else(|| format!("node {node} is gone"))?;
-            alloc.push((node_id, gpus.iter().fold(0u64, |m, g| m | (1 << g))));
-        }
+        let alloc = self.masks(&job.placement)?;
         let notice = job.notice.as_ref().map(|(at, deadline, _)| Notice {
             notice_at: Time(*at),
             deadline: Time(*deadline),
@@ -350,13 +346,31 @@ impl<S: Store> Engine<S> {
             .map_err(|e| e.to_string())
     }
 
+    /// GPUs by node as the core has them (ids, bit masks) to GPUs by node
+    /// as records and agents have them (names, indices), and back.
+    fn named(&self, alloc: &[(NodeId, u64)]) -> Vec<(String, Vec<u8>)> {
+        alloc
+            .iter()
+            .map(|(node, mask)| {
+                let name = self.core.node(*node).expect("known node").name.clone();
+                (name, (0..64u8).filter(|g| mask & (1 << g) != 0).collect())
+            })
+            .collect()
+    }
+
+    fn masks(&self, named: &[(String, Vec<u8>)]) -> Result<Vec<(NodeId, u64)>, String> {
+        named
+            .iter()
+            .map(|(node, gpus)| {
+                let id = self.core.node_by_name(node).ok_or_else(|| format!("node {node} is gone"))?;
+                Ok((id, gpus.iter().fold(0u64, |m, g| m | (1 << g))))
+            })
+            .collect()
+    }
+
     fn restore_hold(&mut self, id: u64) -> Result<(), String> {
         let job = &self.jobs[&id];
-        let mut alloc = Vec::new();
-        for (node, gpus) in &job.held {
-            let node_id = self.core.node_by_name(node).ok_or_else(|| format!("node {node} is gone"))?;
-            alloc.push((node_id, gpus.iter().fold(0u64, |m, g| m | (1 << g))));
-        }
+        let alloc = self.masks(&job.held)?;
         let victims: Vec<JobId> = job.waiting_for.iter().map(|v| JobId(*v)).collect();
         self.core.restore_hold(JobId(id), alloc, &victims).map_err(|e| e.to_string())
     }
@@ -1019,14 +1033,7 @@ impl<S: Store> Engine<S> {
             }
             for p in &plan.preemptions {
                 let victims: Vec<u64> = p.victims.iter().map(|v| v.0).collect();
-                let held: Vec<(String, Vec<u8>)> = p
-                    .hold
-                    .iter()
-                    .map(|(node, mask)| {
-                        let name = self.core.node(*node).expect("known").name.clone();
-                        (name, (0..64u8).filter(|g| mask & (1 << g) != 0).collect())
-                    })
-                    .collect();
+                let held = self.named(&p.hold);
                 let job = self.jobs.get_mut(&p.preemptor.0).expect("known job");
                 job.held = held;
                 job.waiting_for = victims.clone();
@@ -1040,14 +1047,7 @@ impl<S: Store> Engine<S> {
             }
             for p in &plan.placements {
                 let id = p.job.0;
-                let placement: Vec<(String, Vec<u8>)> = p
-                    .alloc
-                    .iter()
-                    .map(|(node, mask)| {
-                        let name = self.core.node(*node).expect("known").name.clone();
-                        (name, (0..64u8).filter(|g| mask & (1 << g) != 0).collect())
-                    })
-                    .collect();
+                let placement = self.named(&p.alloc);
                 let job = self.jobs.get_mut(&id).expect("known job");
                 job.state = JobState::Starting;
                 job.attempt = p.attempt.0;

@@ -203,6 +203,22 @@ impl Cluster {
         self.wait_job(id, state, Duration::from_secs(30), |j| j["state"] == state)
     }
 
+    /// A preemptible job that records each attempt's pid in its checkpoint
+    /// directory and then sleeps.
+    pub fn submit_sleeper(&self, gpus: u32) -> u64 {
+        let gpus = gpus.to_string();
+        let script = r#"echo $$ > "$EBB_CHECKPOINT_DIR/pid-$EBB_ATTEMPT"; exec sleep 600"#;
+        self.submit(&["--gpus", &gpus, "--", "bash", "-c", script])
+    }
+
+    /// The pid of a sleeper's attempt, once it has started.
+    pub fn sleeper_pid(&self, id: u64, attempt: u32) -> i32 {
+        let file = self.checkpoints(id).join(format!("pid-{attempt}"));
+        wait_for(&format!("job {id} attempt {attempt}'s pid"), Duration::from_secs(20), || {
+            std::fs::read_to_string(&file).ok()?.trim().parse().ok()
+        })
+    }
+
     pub fn checkpoints(&self, id: u64) -> PathBuf {
         self.dir.join("checkpoints").join(id.to_string())
     }
