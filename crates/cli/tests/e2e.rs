@@ -189,6 +189,8 @@ fn a_killed_agent_requeues_its_jobs_and_its_restart_runs_no_stale_attempt() {
     let job = c.submit_sleeper(2);
     let pid = c.sleeper_pid(job, 1);
     assert!(pid_alive(pid));
+    // Once the start is reported, the agent has recorded the process group.
+    c.wait_state(job, "running");
     c.kill_agent(0);
     let requeued = c.wait_job(job, "requeued as lost", Duration::from_secs(20), |j| j["state"] == "queued");
     let last = requeued["events"].as_array().unwrap().last().unwrap().clone();
