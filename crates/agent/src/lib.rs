@@ -165,6 +165,14 @@ impl Agent {
 
     /// Ends an attempt that is not being drained (cancelled, or the rest of
     /// a gang): SIGTERM, as `scancel` does, then SIGKILL after `grace`.
+    /// Kills attempts the server says must not run.
+    fn kill_stale(&self, attempts: &[AttemptRef], why: &str) {
+        for attempt in attempts {
+            tracing::warn!(job = attempt.job, attempt = attempt.attempt, "{why}: killing it");
+            self.signal(*attempt, Signal::SIGKILL);
+        }
+    }
+
     fn stop(self: &Arc<Self>, attempt: AttemptRef, grace: Duration) {
         self.signal(attempt, Signal::SIGTERM);
         let agent = self.clone();
@@ -353,14 +361,7 @@ impl Agent {
                 let req = self.http.post(self.url("/v1/agent/report")).json(&report);
                 match self.call::<ebb_api::ReportReply>(req).await {
                     Ok(reply) => {
-                        for attempt in reply.stale {
-                            tracing::warn!(
-                                job = attempt.job,
-                                attempt = attempt.attempt,
-                                "stale attempt: killing it"
-                            );
-                            self.signal(attempt, Signal::SIGKILL);
-                        }
+                        self.kill_stale(&reply.stale, "the server fenced this stale attempt");
                         break;
                     }
                     Err(e) => {
@@ -386,14 +387,7 @@ impl Agent {
                 }
             };
             tracing::info!(node = self.config.name, gpus = self.config.gpus, "registered");
-            for attempt in registered.kill {
-                tracing::warn!(
-                    job = attempt.job,
-                    attempt = attempt.attempt,
-                    "the server no longer runs this attempt: killing it"
-                );
-                self.signal(attempt, Signal::SIGKILL);
-            }
+            self.kill_stale(&registered.kill, "the server no longer runs this attempt");
             let mut after = registered.next_seq;
             loop {
                 let url = self.url(&format!(
