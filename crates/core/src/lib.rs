@@ -6,6 +6,7 @@
 //! caller says it is, which is what lets the scheduling core be a pure
 //! function and the simulator run in virtual time.
 
+pub mod checkpoint;
 pub mod money;
 pub mod time;
 
