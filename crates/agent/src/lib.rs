@@ -35,6 +35,8 @@ pub struct AgentConfig {
     /// Where each job's checkpoint directory lives; shared storage in a
     /// real cluster, so that a job resumes on any node.
     pub checkpoint_root: PathBuf,
+    /// Where other nodes reach this one (a gang's `MASTER_ADDR`).
+    pub address: String,
 }
 
 pub(crate) fn now_ms() -> u64 {
@@ -153,6 +155,7 @@ impl Agent {
             gpus: self.config.gpus,
             labels: self.config.labels.clone(),
             running,
+            address: Some(self.config.address.clone()),
         };
         self.call(self.http.post(self.url("/v1/agent/register")).json(&body)).await
     }
@@ -255,7 +258,14 @@ impl Agent {
         let port = listener.local_addr().map_err(|e| e.to_string())?.port();
         let metadata_url = format!("http://127.0.0.1:{port}");
         let (notice_tx, notice_rx) = watch::channel(None);
-        tokio::spawn(metadata::serve(listener, a.job, a.attempt, self.config.name.clone(), notice_rx));
+        tokio::spawn(metadata::serve(
+            listener,
+            a.job,
+            a.attempt,
+            self.config.name.clone(),
+            notice_rx,
+            self.events.clone(),
+        ));
 
         let gpus: Vec<String> = s.gpus.iter().map(|g| g.to_string()).collect();
         let mut cmd = tokio::process::Command::new(&s.argv[0]);
@@ -269,6 +279,7 @@ impl Agent {
             .env("EBB_CHECKPOINT_DIR", &checkpoint_dir)
             .env("EBB_DRAIN_FILE", &drain_file)
             .env("EBB_COMPLETION_FILE", &completion_file)
+            .env("EBB_DRAIN_SIGNAL", s.signal.to_string())
             .env("EBB_METADATA_URL", &metadata_url)
             .env("AWS_EC2_METADATA_SERVICE_ENDPOINT", format!("{metadata_url}/"))
             .env("GCE_METADATA_HOST", format!("127.0.0.1:{port}"))

@@ -2,7 +2,9 @@
 //! and the three clouds' spot/preemption shapes, so that spot-aware tools
 //! and the clouds' SDKs find the drain notice where they already look.
 //!
-//! * native: `GET /ebb/v1/notice` (404 until notice, then the notice JSON)
+//! * native: `GET /ebb/v1/notice` (404 until notice, then the notice JSON);
+//!   `POST /ebb/v1/checkpoint` with `{"step", "bytes", "seconds"}` reports a
+//!   completed checkpoint, relayed to the server
 //! * AWS: `PUT /latest/api/token` (IMDSv2), `GET /latest/meta-data/spot/instance-action`
 //! * GCP: `GET /computeMetadata/v1/instance/preempted` (`Metadata-Flavor: Google`),
 //!   with `?wait_for_change=true` blocking until it changes
@@ -10,14 +12,16 @@
 
 use std::time::{Duration, UNIX_EPOCH};
 
+use axum::body::Bytes;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, put};
+use axum::routing::{get, post, put};
 use axum::{Json, Router};
+use ebb_api::{AgentEvent, AttemptRef};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
 /// The drain notice as every shape reports it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -48,21 +52,25 @@ struct Endpoint {
     attempt: u32,
     node: String,
     notice: watch::Receiver<Option<Notice>>,
+    events: mpsc::UnboundedSender<AgentEvent>,
 }
 
-/// Serves one attempt's endpoint on `listener` until `notice` is dropped.
+/// Serves one attempt's endpoint on `listener` until `notice` is dropped;
+/// checkpoint reports go to `events`.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     job: u64,
     attempt: u32,
     node: String,
     notice: watch::Receiver<Option<Notice>>,
+    events: mpsc::UnboundedSender<AgentEvent>,
 ) {
     let mut closed = notice.clone();
-    let endpoint = Endpoint { job, attempt, node, notice };
+    let endpoint = Endpoint { job, attempt, node, notice, events };
     let router = Router::new()
         .route("/", get(native_root))
         .route("/ebb/v1/notice", get(native_notice))
+        .route("/ebb/v1/checkpoint", post(native_checkpoint))
         .route("/latest/api/token", put(aws_token))
         .route("/latest/meta-data/spot/instance-action", get(aws_instance_action))
         .route("/computeMetadata/v1/instance/preempted", get(gcp_preempted))
@@ -82,6 +90,48 @@ async fn native_notice(State(e): State<Endpoint>) -> Response {
         Some(notice) => Json(notice).into_response(),
         None => (StatusCode::NOT_FOUND, "no drain notice\n").into_response(),
     }
+}
+
+/// A checkpoint report from the job: all fields optional, `seconds` is
+/// how long taking the checkpoint took.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CheckpointReport {
+    #[serde(default)]
+    step: Option<u64>,
+    #[serde(default)]
+    bytes: Option<u64>,
+    #[serde(default)]
+    seconds: Option<f64>,
+}
+
+async fn native_checkpoint(State(e): State<Endpoint>, body: Bytes) -> Response {
+    let bad = |m: String| (StatusCode::BAD_REQUEST, Json(json!({ "error": m }))).into_response();
+    let de = &mut serde_json::Deserializer::from_slice(&body);
+    let report: CheckpointReport = match serde_path_to_error::deserialize(de) {
+        Ok(r) => r,
+        Err(err) => {
+            let path = err.path().to_string();
+            return bad(format!("{path}: {}", err.into_inner()));
+        }
+    };
+    let seconds = report.seconds.unwrap_or(0.0);
+    if !seconds.is_finite() || !(0.0..=1e7).contains(&seconds) {
+        return bad(format!("seconds: must be a duration in seconds, got {seconds}"));
+    }
+    let at_ms = crate::now_ms();
+    let event = AgentEvent::Checkpoint {
+        attempt: AttemptRef { job: e.job, attempt: e.attempt },
+        step: report.step,
+        bytes: report.bytes,
+        duration_ms: (seconds * 1000.0).round() as u64,
+        at_ms,
+    };
+    if e.events.send(event).is_err() {
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "error": "the agent is stopping" })))
+            .into_response();
+    }
+    (StatusCode::ACCEPTED, Json(json!({ "accepted": true, "at": crate::rfc3339(at_ms) }))).into_response()
 }
 
 async fn aws_token(State(e): State<Endpoint>) -> String {

@@ -48,6 +48,18 @@ pub struct JobSubmission {
     /// `A-B`: one task per index, each its own job with `EBB_TASK_INDEX`.
     #[serde(default)]
     pub array: Option<String>,
+    /// A parameter grid: one task per combination, in order (the last
+    /// parameter varies fastest), each with its values in the environment.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sweep: Vec<SweepParam>,
+}
+
+/// One parameter of a sweep: `--sweep lr=1e-3,3e-4`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SweepParam {
+    pub name: String,
+    pub values: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -80,9 +92,72 @@ pub struct Job {
     #[serde(default)]
     pub placement: Vec<NodeGpus>,
     pub exit_code: Option<i32>,
+    /// The latest checkpoint any attempt reported.
+    #[serde(default)]
+    pub last_checkpoint: Option<Checkpoint>,
+    /// The periodic checkpoint interval recommended to the latest attempt
+    /// (`EBB_CHECKPOINT_INTERVAL_S`), and why.
+    #[serde(default)]
+    pub checkpoint_interval_s: Option<u64>,
+    #[serde(default)]
+    pub checkpoint_interval_why: Option<String>,
+    /// GPU-seconds of work lost to preemptions and lost nodes: from each
+    /// ended attempt's last checkpoint (or its start) to its exit.
+    #[serde(default)]
+    pub lost_gpu_seconds: f64,
+    /// The array (or sweep) this job is a task of.
+    #[serde(default)]
+    pub array: Option<ArrayTask>,
+    /// The whole array's progress (only in `GET /v1/jobs/{id}` of a task).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<ArrayProgress>,
     /// The event history, oldest first (only in `GET /v1/jobs/{id}`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub events: Vec<JobEvent>,
+}
+
+/// A checkpoint as the job reported it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Checkpoint {
+    pub at: String,
+    pub at_ms: u64,
+    pub attempt: u32,
+    pub step: Option<u64>,
+    pub bytes: Option<u64>,
+    /// How long taking it took.
+    pub seconds: f64,
+}
+
+/// Which array a task belongs to.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ArrayTask {
+    /// The array's id: its first task's job id.
+    pub id: u64,
+    /// `EBB_TASK_INDEX` of this task.
+    pub index: u64,
+    pub tasks: u64,
+    /// A sweep task's parameters.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub params: BTreeMap<String, String>,
+}
+
+/// How far an array has got: finished tasks over all, and each task's state.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ArrayProgress {
+    pub done: u64,
+    pub total: u64,
+    /// Tasks by state.
+    pub states: BTreeMap<String, u64>,
+    pub tasks: Vec<TaskState>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct TaskState {
+    pub id: u64,
+    pub index: u64,
+    pub state: String,
+    pub attempt: u32,
+    pub preemptions: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -183,6 +258,9 @@ pub struct Register {
     pub labels: BTreeMap<String, String>,
     #[serde(default)]
     pub running: Vec<AttemptRef>,
+    /// Where other nodes reach this one (a gang's `MASTER_ADDR`).
+    #[serde(default)]
+    pub address: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -267,6 +345,15 @@ pub enum AgentEvent {
         signal: Option<i32>,
         /// The SDK's completion marker was present at exit.
         completed: bool,
+        at_ms: u64,
+    },
+    /// The attempt reported a completed checkpoint to its endpoint.
+    Checkpoint {
+        attempt: AttemptRef,
+        step: Option<u64>,
+        bytes: Option<u64>,
+        /// How long the checkpoint took.
+        duration_ms: u64,
         at_ms: u64,
     },
     /// Output of the attempt, appended in order.

@@ -42,6 +42,10 @@ pub struct SubmitArgs {
     /// An array of tasks A-B, each with EBB_TASK_INDEX.
     #[arg(long, value_name = "A-B")]
     pub array: Option<String>,
+    /// A sweep parameter, NAME=V1,V2,...; repeatable. One task per
+    /// combination, each with EBB_PARAM_<NAME> and EBB_PARAMS (JSON).
+    #[arg(long = "sweep", value_name = "NAME=V1,V2")]
+    pub sweep: Vec<String>,
     /// Exit code 0 during a drain counts as success without the SDK's marker.
     #[arg(long)]
     pub exit_on_drain_is_success: bool,
@@ -96,6 +100,16 @@ pub fn submission(args: &SubmitArgs) -> Result<api::JobSubmission, String> {
         argv = vec![absolute.display().to_string()];
     }
     let base = from_script.unwrap_or_default();
+    let mut sweep = Vec::new();
+    for param in base.sweep.iter().chain(&args.sweep) {
+        let (name, values) =
+            param.split_once('=').ok_or_else(|| format!("--sweep {param}: expected NAME=V1,V2,..."))?;
+        let values: Vec<String> = values.split(',').map(str::to_string).collect();
+        if values.iter().any(String::is_empty) {
+            return Err(format!("--sweep {param}: empty value"));
+        }
+        sweep.push(api::SweepParam { name: name.to_string(), values });
+    }
     let mut env = BTreeMap::new();
     for pair in base.env.iter().chain(&args.env) {
         let (k, v) = pair.split_once('=').ok_or_else(|| format!("--env {pair}: expected K=V"))?;
@@ -114,6 +128,7 @@ pub fn submission(args: &SubmitArgs) -> Result<api::JobSubmission, String> {
         max_retries: args.max_retries.or(base.max_retries),
         exit_on_drain_is_success: args.exit_on_drain_is_success || base.exit_on_drain_is_success,
         array: args.array.clone().or(base.array),
+        sweep,
     })
 }
 
@@ -206,12 +221,78 @@ pub async fn show(conn: &Connection, id: u64, out: &JsonFlag) -> Result<String, 
         writeln!(text, "  exit code    {code}").unwrap();
     }
     writeln!(text, "  submitted    {}", job.submitted_at).unwrap();
+    match &job.last_checkpoint {
+        Some(c) => {
+            let step = c.step.map(|s| format!("step {s}, ")).unwrap_or_default();
+            let bytes = c.bytes.map(|b| format!("{}, ", human_bytes(b))).unwrap_or_default();
+            writeln!(
+                text,
+                "  checkpoint   {} ({step}{bytes}took {:.2}s, attempt {})",
+                c.at, c.seconds, c.attempt
+            )
+            .unwrap();
+        }
+        None => writeln!(text, "  checkpoint   none reported").unwrap(),
+    }
+    if let (Some(secs), Some(why)) = (job.checkpoint_interval_s, &job.checkpoint_interval_why) {
+        writeln!(text, "  interval     every {secs}s recommended: {why}").unwrap();
+    }
+    if job.preemptions > 0 || job.lost_gpu_seconds > 0.0 {
+        writeln!(
+            text,
+            "  lost work    {:.1} GPU-s over {} preemption(s)",
+            job.lost_gpu_seconds, job.preemptions
+        )
+        .unwrap();
+    }
+    if let Some(a) = &job.array {
+        let params: Vec<String> = a.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let params = if params.is_empty() { String::new() } else { format!(" ({})", params.join(", ")) };
+        writeln!(text, "  task         {} of array {} ({} tasks){params}", a.index, a.id, a.tasks).unwrap();
+    }
+    if let Some(p) = &job.progress {
+        let states: Vec<String> = p.states.iter().map(|(s, n)| format!("{n} {s}")).collect();
+        writeln!(text, "  progress     {}/{} done  ({})", p.done, p.total, states.join(", ")).unwrap();
+        let mut by_state: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+        for t in &p.tasks {
+            by_state.entry(t.state.as_str()).or_default().push(t.index);
+        }
+        for (state, indices) in by_state {
+            writeln!(text, "    {state:<10} {}", ranges(&indices)).unwrap();
+        }
+    }
     writeln!(text, "events:").unwrap();
     for e in &job.events {
         let detail = describe_event(&e.kind, &e.detail);
         writeln!(text, "  {}  #{:<3} {:<16} {}", e.at, e.attempt, e.kind, detail).unwrap();
     }
     Ok(text)
+}
+
+/// `0-3, 7, 9-12` from sorted or unsorted indices.
+fn ranges(indices: &[u64]) -> String {
+    let mut sorted = indices.to_vec();
+    sorted.sort_unstable();
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < sorted.len() {
+        let start = sorted[i];
+        while i + 1 < sorted.len() && sorted[i + 1] == sorted[i] + 1 {
+            i += 1;
+        }
+        parts.push(if sorted[i] == start { start.to_string() } else { format!("{start}-{}", sorted[i]) });
+        i += 1;
+    }
+    parts.join(", ")
+}
+
+fn human_bytes(b: u64) -> String {
+    match b {
+        b if b >= 1 << 30 => format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64),
+        b if b >= 1 << 20 => format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64),
+        b if b >= 1 << 10 => format!("{:.1} KiB", b as f64 / 1024.0),
+        b => format!("{b} B"),
+    }
 }
 
 /// One line of an event's details for people.
@@ -240,7 +321,12 @@ fn describe_event(kind: &str, d: &serde_json::Value) -> String {
                 if d["vanished"] == true { "vanished" } else { "unknown status" }
             ),
         },
-        "requeued" => s("reason"),
+        "requeued" => match d.get("lost_gpu_seconds") {
+            Some(lost) => format!("{} (lost {lost} GPU-s)", s("reason")),
+            None => s("reason"),
+        },
+        "checkpoint" => format!("step {}, {} bytes, took {}s", s("step"), s("bytes"), s("seconds")),
+        "warning" => s("message"),
         "preempting" => format!("victims {} (lost {} GPU-s)", d["victims"], s("lost_gpu_seconds")),
         _ => {
             if d.as_object().is_some_and(|o| o.is_empty()) {
@@ -343,5 +429,17 @@ pub async fn tenant(conn: &Connection, command: &TenantCommand) -> Result<String
                 format!("tenant {} created; its token (shown once):\n{}\n", created.tenant, created.token)
             })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn task_indices_read_as_ranges() {
+        assert_eq!(ranges(&[9, 0, 1, 2, 3, 7, 10, 11, 12]), "0-3, 7, 9-12");
+        assert_eq!(ranges(&[5]), "5");
+        assert_eq!(ranges(&[]), "");
     }
 }

@@ -68,6 +68,10 @@ pub struct AgentArgs {
     /// Root of the jobs' checkpoint directories (shared storage).
     #[arg(long)]
     pub checkpoint_root: Option<PathBuf>,
+    /// Where other nodes reach this one, for a gang's MASTER_ADDR
+    /// (default: the host name).
+    #[arg(long)]
+    pub address: Option<String>,
 }
 
 pub async fn agent(server: Option<String>, args: AgentArgs) -> Result<(), String> {
@@ -85,9 +89,16 @@ pub async fn agent(server: Option<String>, args: AgentArgs) -> Result<(), String
         (Some(_), None) => return Err("--fake-gpus needs --gpu-model M".into()),
         (None, _) => ebb_agent::gpus::discover()?,
     };
+    let hostname = || -> Result<String, String> {
+        Ok(nix::unistd::gethostname().map_err(|e| e.to_string())?.to_string_lossy().into_owned())
+    };
     let name = match args.name {
         Some(name) => name,
-        None => nix::unistd::gethostname().map_err(|e| e.to_string())?.to_string_lossy().into_owned(),
+        None => hostname()?,
+    };
+    let address = match args.address {
+        Some(address) => address,
+        None => hostname()?,
     };
     let mut labels = BTreeMap::new();
     for pair in &args.labels {
@@ -104,6 +115,7 @@ pub async fn agent(server: Option<String>, args: AgentArgs) -> Result<(), String
         labels,
         data_dir: args.data_dir,
         checkpoint_root,
+        address,
     })
     .await
 }
@@ -216,6 +228,8 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
                 data.join("agents").join(&name).display().to_string(),
                 "--checkpoint-root".into(),
                 data.join("checkpoints").display().to_string(),
+                "--address".into(),
+                "127.0.0.1".into(),
             ],
             &log,
         )?);

@@ -459,7 +459,7 @@ impl State {
 
     /// Puts back a job that was running when the edge restarted: `spec`
     /// as submitted, attempt `attempt` on `alloc` since `started_at`, with
-    /// its drain notice if it was draining. Refused if the GPUs are not
+    /// its last checkpoint and its drain notice if it was draining. Refused if the GPUs are not
     /// free on up nodes of one model, or the shape is wrong.
     pub fn restore_run(
         &mut self,
@@ -468,6 +468,7 @@ impl State {
         preemptions: u32,
         alloc: Vec<(NodeId, u64)>,
         started_at: Time,
+        last_checkpoint_at: Option<Time>,
         notice: Option<Notice>,
     ) -> Result<(), StateError> {
         let id = spec.id;
@@ -496,7 +497,7 @@ impl State {
         }
         let (tier, tenant) = (spec.tier, spec.tenant);
         let phase = if notice.is_some() { Phase::Draining } else { Phase::Running };
-        let run = Run { attempt, model, alloc: alloc.clone(), started_at, last_checkpoint_at: None };
+        let run = Run { attempt, model, alloc: alloc.clone(), started_at, last_checkpoint_at };
         self.jobs.insert(id, Job { spec, attempt, preemptions, phase, run: Some(run), notice });
         if phase == Phase::Running {
             self.adjust_usage(tier, tenant, model, gpus as i64);

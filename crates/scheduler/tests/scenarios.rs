@@ -432,12 +432,26 @@ fn a_restart_restores_running_work_and_a_lost_attempt_requeues_uncounted() {
     // A fresh core, as after a server restart: the node joins, the running
     // job is put back on exactly its GPUs.
     let mut fresh = Cluster::new(1, 4);
-    fresh.state.restore_run(spec.clone(), run.attempt, 0, run.alloc.clone(), run.started_at, None).unwrap();
+    fresh
+        .state
+        .restore_run(
+            spec.clone(),
+            run.attempt,
+            0,
+            run.alloc.clone(),
+            run.started_at,
+            run.last_checkpoint_at,
+            None,
+        )
+        .unwrap();
     fresh.state.sanity_check().unwrap();
     // Its GPUs are not free; a second restore onto them is refused.
     let mut twin = spec.clone();
     twin.id = JobId(99);
-    assert!(fresh.state.restore_run(twin, run.attempt, 0, run.alloc.clone(), run.started_at, None).is_err());
+    assert!(fresh
+        .state
+        .restore_run(twin, run.attempt, 0, run.alloc.clone(), run.started_at, run.last_checkpoint_at, None)
+        .is_err());
     // The attempt vanished (its node restarted): requeued, neither a
     // failure nor a preemption.
     let attempt = fresh.attempt(running);
@@ -469,7 +483,15 @@ fn a_restored_hold_waits_for_its_victims_instead_of_preempting_again() {
         let run = job.run.clone().unwrap();
         fresh
             .state
-            .restore_run(job.spec.clone(), run.attempt, 0, run.alloc, run.started_at, job.notice)
+            .restore_run(
+                job.spec.clone(),
+                run.attempt,
+                0,
+                run.alloc,
+                run.started_at,
+                run.last_checkpoint_at,
+                job.notice,
+            )
             .unwrap();
     }
     fresh.state.submit(c.state.job(od).unwrap().spec.clone()).unwrap();

@@ -93,6 +93,61 @@ pub struct JobRecord {
     pub held: Vec<(String, Vec<u8>)>,
     #[serde(default)]
     pub waiting_for: Vec<u64>,
+    /// The array or sweep this job is a task of.
+    #[serde(default)]
+    pub array: Option<ebb_api::ArrayTask>,
+    #[serde(default)]
+    pub checkpoints: CheckpointStats,
+    /// The live attempt, by the agents' clocks: when its first process
+    /// started, the nodes that have started it, when its last checkpoint
+    /// completed, and when its last process exited.
+    #[serde(default)]
+    pub run_started_ms: Option<u64>,
+    #[serde(default)]
+    pub started_on: Vec<String>,
+    #[serde(default)]
+    pub attempt_checkpoint_ms: Option<u64>,
+    #[serde(default)]
+    pub exited_ms: u64,
+    /// Work lost over all attempts, GPU-milliseconds.
+    #[serde(default)]
+    pub lost_gpu_ms: u64,
+    /// The interval recommended to the latest attempt, seconds, and why.
+    #[serde(default)]
+    pub interval: Option<(u64, String)>,
+    /// A live gang's rendezvous (`MASTER_ADDR`, `MASTER_PORT`).
+    #[serde(default)]
+    pub rendezvous: Option<(String, u16)>,
+}
+
+/// What a job's checkpoint reports have shown.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct CheckpointStats {
+    pub last: Option<ebb_api::Checkpoint>,
+    pub count: u64,
+    /// How long the latest few took, milliseconds: δ is their mean.
+    pub recent_ms: Vec<u64>,
+    /// The job was warned that a checkpoint does not fit the drain window.
+    pub warned: bool,
+}
+
+impl CheckpointStats {
+    const RECENT: usize = 5;
+
+    fn record(&mut self, checkpoint: ebb_api::Checkpoint, duration_ms: u64) {
+        self.last = Some(checkpoint);
+        self.count += 1;
+        self.recent_ms.push(duration_ms);
+        if self.recent_ms.len() > Self::RECENT {
+            self.recent_ms.remove(0);
+        }
+    }
+
+    /// δ: the mean of the recent checkpoint times, once there are any.
+    fn checkpoint_time(&self) -> Option<Span> {
+        let n = self.recent_ms.len() as u64;
+        (n > 0).then(|| Span(self.recent_ms.iter().sum::<u64>() / n))
+    }
 }
 
 mod tier_name {
@@ -175,6 +230,8 @@ pub struct Engine<S: Store> {
     /// Replies and wake-ups held until the batch commits.
     after_commit: Vec<Box<dyn FnOnce() + Send>>,
     woken: BTreeSet<String>,
+    /// Each array's tasks, by the array's id (its first task's).
+    arrays: BTreeMap<u64, Vec<u64>>,
 }
 
 /// What the writer thread answers with when the store fails.
@@ -215,6 +272,7 @@ impl<S: Store> Engine<S> {
             counters: Default::default(),
             after_commit: Vec::new(),
             woken: BTreeSet::new(),
+            arrays: BTreeMap::new(),
         };
         let mut notes = Vec::new();
         if snapshot.tenants.is_empty() {
@@ -232,7 +290,10 @@ impl<S: Store> Engine<S> {
             }
         }
         let now = now_ms();
-        for node in snapshot.nodes {
+        for mut node in snapshot.nodes {
+            if node.joined_ms == 0 {
+                node.joined_ms = now;
+            }
             let spec = NodeSpec {
                 name: node.name.clone(),
                 gpu_model: node.gpu_model.clone(),
@@ -251,6 +312,9 @@ impl<S: Store> Engine<S> {
             engine.next_job = engine.next_job.max(job.id + 1);
             let id = job.id;
             let state = job.state;
+            if let Some(array) = &job.array {
+                engine.arrays.entry(array.id).or_default().push(id);
+            }
             engine.jobs.insert(id, job);
             match state {
                 JobState::Queued => {
@@ -341,8 +405,17 @@ impl<S: Store> Engine<S> {
             reason: DrainReason::Reclaim,
         });
         let (attempt, preemptions, started) = (job.attempt, job.preemptions, job.started_ms);
+        let checkpoint = job.attempt_checkpoint_ms.map(Time);
         self.core
-            .restore_run(self.spec_of(id), Attempt(attempt), preemptions, alloc, Time(started), notice)
+            .restore_run(
+                self.spec_of(id),
+                Attempt(attempt),
+                preemptions,
+                alloc,
+                Time(started),
+                checkpoint,
+                notice,
+            )
             .map_err(|e| e.to_string())
     }
 
@@ -441,7 +514,9 @@ impl<S: Store> Engine<S> {
             Msg::Job { principal, id, reply } => {
                 let result = self.visible(&principal, id).and_then(|()| {
                     let events = self.store.events(id).map_err(storage_error)?;
-                    Ok(self.view(&self.jobs[&id], events))
+                    let mut view = self.view(&self.jobs[&id], events);
+                    view.progress = self.jobs[&id].array.as_ref().map(|a| self.progress(a.id));
+                    Ok(view)
                 });
                 let _ = reply.send(result);
             }
@@ -524,17 +599,44 @@ impl<S: Store> Engine<S> {
         let (tenant, _) =
             principal.tenant.clone().ok_or_else(|| ApiError::forbidden("this token cannot submit jobs"))?;
         let checked = crate::validate::submission(&spec, &self.core)?;
-        let tasks: Vec<Option<u64>> = match checked.array {
-            Some((first, last)) => (first..=last).map(Some).collect(),
-            None => vec![None],
+        let array_id = self.next_job;
+        let count = checked.tasks.len() as u64;
+        let tasks: Vec<Option<crate::validate::Task>> = match checked.tasks.is_empty() {
+            true => vec![None],
+            false => checked.tasks.into_iter().map(Some).collect(),
         };
         let mut ids = Vec::with_capacity(tasks.len());
         for task in tasks {
             let mut spec = spec.clone();
-            if let Some(index) = task {
+            let mut array = None;
+            if let Some(task) = &task {
                 // Set by ebb, so not subject to the user-variable rules.
+                let index = task.index;
                 spec.env.insert("EBB_TASK_INDEX".into(), index.to_string());
-                spec.name = Some(format!("{}[{index}]", spec.name.as_deref().unwrap_or("array")));
+                spec.env.insert("EBB_TASK_COUNT".into(), count.to_string());
+                spec.env.insert("EBB_ARRAY_ID".into(), array_id.to_string());
+                let base = spec
+                    .name
+                    .clone()
+                    .unwrap_or_else(|| if task.params.is_empty() { "array" } else { "sweep" }.into());
+                if task.params.is_empty() {
+                    spec.name = Some(format!("{base}[{index}]"));
+                } else {
+                    for (name, value) in &task.params {
+                        spec.env.insert(format!("EBB_PARAM_{}", name.to_ascii_uppercase()), value.clone());
+                    }
+                    let params: serde_json::Map<String, serde_json::Value> =
+                        task.params.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
+                    spec.env.insert("EBB_PARAMS".into(), serde_json::Value::Object(params).to_string());
+                    let shown: Vec<String> = task.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                    spec.name = Some(format!("{base}[{}]", shown.join(",")));
+                }
+                array = Some(ebb_api::ArrayTask {
+                    id: array_id,
+                    index,
+                    tasks: count,
+                    params: task.params.iter().cloned().collect(),
+                });
             }
             let id = self.next_job;
             self.next_job += 1;
@@ -560,14 +662,27 @@ impl<S: Store> Engine<S> {
                 vanished: false,
                 held: Vec::new(),
                 waiting_for: Vec::new(),
+                array,
+                checkpoints: CheckpointStats::default(),
+                run_started_ms: None,
+                started_on: Vec::new(),
+                attempt_checkpoint_ms: None,
+                exited_ms: 0,
+                lost_gpu_ms: 0,
+                interval: None,
+                rendezvous: None,
             };
             self.jobs.insert(id, record);
             if let Err(e) = self.core.submit(self.spec_of(id)) {
                 self.jobs.remove(&id);
                 return Err(ApiError::bad_request(e.to_string()));
             }
+            if task.is_some() {
+                self.arrays.entry(array_id).or_default().push(id);
+            }
             self.save(id);
-            let detail = json!({ "tier": checked.tier.as_str(), "gpus": checked.gpus, "task": task });
+            let index = task.map(|t| t.index);
+            let detail = json!({ "tier": checked.tier.as_str(), "gpus": checked.gpus, "task": index });
             self.event(id, "submitted", detail);
             self.counters.submitted += 1;
             ids.push(id);
@@ -711,15 +826,26 @@ impl<S: Store> Engine<S> {
                     )));
                 }
                 self.core.heartbeat(id, Time(now)).map_err(|e| ApiError::conflict(e.to_string()))?;
+                let row = self.nodes.get_mut(&reg.node).expect("known node");
+                if reg.address.is_some() && row.address != reg.address {
+                    row.address = reg.address.clone();
+                    let row = row.clone();
+                    self.store.put_node(&row).map_err(storage_error)?;
+                }
             }
             _ => {
                 self.core.add_node(spec, Time(now)).map_err(|e| ApiError::bad_request(e.to_string()))?;
+                // A node back after being lost keeps its history.
+                let known = self.nodes.get(&reg.node);
                 let row = NodeRow {
                     name: reg.node.clone(),
                     gpu_model: reg.gpu_model.clone(),
                     gpus: reg.gpus,
                     labels: reg.labels.clone(),
                     drained: false,
+                    address: reg.address.clone(),
+                    joined_ms: known.map_or(now, |n| n.joined_ms),
+                    interruptions: known.map_or(0, |n| n.interruptions),
                 };
                 self.store.put_node(&row).map_err(storage_error)?;
                 self.nodes.insert(reg.node.clone(), row);
@@ -741,6 +867,11 @@ impl<S: Store> Engine<S> {
             .collect();
         let held_set: BTreeSet<AttemptRef> = held.iter().copied().collect();
         let kill: Vec<AttemptRef> = running.difference(&held_set).copied().collect();
+        if held_set.difference(&running).next().is_some() {
+            // The agent came back without attempts it was running: an
+            // interruption without notice.
+            self.interrupted(&reg.node);
+        }
         for attempt in held {
             if running.contains(&attempt) {
                 let job = &self.jobs[&attempt.job];
@@ -755,7 +886,7 @@ impl<S: Store> Engine<S> {
             } else {
                 // The node does not run what we think it does: that part of
                 // the attempt is gone.
-                self.part_exited(&reg.node, attempt, None, None, false, true, now);
+                self.part_exited(&reg.node, attempt, None, None, false, true, now, now);
             }
         }
         if !kill.is_empty() {
@@ -811,7 +942,12 @@ impl<S: Store> Engine<S> {
                         continue;
                     }
                     let job = self.jobs.get_mut(&attempt.job).expect("live");
-                    if job.state == JobState::Starting {
+                    // A gang runs once every node has started its part.
+                    if !job.started_on.contains(&node) {
+                        job.started_on.push(node.clone());
+                    }
+                    job.run_started_ms = Some(job.run_started_ms.map_or(at_ms, |t| t.min(at_ms)));
+                    if job.state == JobState::Starting && job.started_on.len() == job.placement.len() {
                         job.state = JobState::Running;
                     }
                     self.event(
@@ -825,8 +961,14 @@ impl<S: Store> Engine<S> {
                     if !self.live_on(attempt, &node) {
                         continue; // already accounted for (lost or fenced)
                     }
-                    let _ = at_ms;
-                    self.part_exited(&node, attempt, code, signal, completed, false, now);
+                    self.part_exited(&node, attempt, code, signal, completed, false, at_ms, now);
+                }
+                AgentEvent::Checkpoint { attempt, step, bytes, duration_ms, at_ms } => {
+                    if !self.live_on(attempt, &node) {
+                        stale.insert(attempt);
+                        continue;
+                    }
+                    self.checkpointed(attempt, step, bytes, duration_ms, at_ms, now);
                 }
                 AgentEvent::Output { attempt, data } => {
                     if self.jobs.get(&attempt.job).is_some_and(|j| j.attempt == attempt.attempt) {
@@ -840,8 +982,76 @@ impl<S: Store> Engine<S> {
         Ok(ReportReply { stale: stale.into_iter().collect() })
     }
 
-    /// One node's processes of an attempt are gone; when the last node's
-    /// are, the attempt has ended.
+    /// The live attempt reported a completed checkpoint: the core picks
+    /// victims by it, the record shows it, and a checkpoint that would not
+    /// fit in the drain window earns the job a warning.
+    fn checkpointed(
+        &mut self,
+        attempt: AttemptRef,
+        step: Option<u64>,
+        bytes: Option<u64>,
+        duration_ms: u64,
+        at_ms: u64,
+        now: u64,
+    ) {
+        let id = attempt.job;
+        if let Err(e) = self.core.checkpointed(JobId(id), Attempt(attempt.attempt), Time(now)) {
+            tracing::warn!(job = id, "checkpoint not taken: {e}");
+            return;
+        }
+        self.counters.checkpoints += 1;
+        let window = self.config.drain_window;
+        let job = self.jobs.get_mut(&id).expect("live attempt");
+        let checkpoint = ebb_api::Checkpoint {
+            at: rfc3339(at_ms),
+            at_ms,
+            attempt: attempt.attempt,
+            step,
+            bytes,
+            seconds: duration_ms as f64 / 1000.0,
+        };
+        job.checkpoints.record(checkpoint, duration_ms);
+        job.attempt_checkpoint_ms = Some(job.attempt_checkpoint_ms.map_or(at_ms, |t| t.max(at_ms)));
+        let warn = duration_ms > window.as_millis() && !job.checkpoints.warned;
+        job.checkpoints.warned |= warn;
+        self.event(
+            id,
+            "checkpoint",
+            json!({ "step": step, "bytes": bytes, "seconds": duration_ms as f64 / 1000.0 }),
+        );
+        if warn {
+            let message = format!(
+                "a checkpoint took {}, longer than the {} drain window: a save started at notice will not finish before the kill; checkpoint periodically (EBB_CHECKPOINT_INTERVAL_S) or make the save faster",
+                ebb_core::checkpoint::human(Span(duration_ms)),
+                ebb_core::checkpoint::human(window),
+            );
+            tracing::warn!(job = id, "{message}");
+            self.event(id, "warning", json!({ "message": message, "checkpoint_seconds": duration_ms as f64 / 1000.0, "drain_window_seconds": window.as_secs() }));
+        }
+        self.save(id);
+    }
+
+    /// The node was interrupted without notice.
+    fn interrupted(&mut self, node: &str) {
+        if let Some(row) = self.nodes.get_mut(node) {
+            row.interruptions += 1;
+            let row = row.clone();
+            if let Err(e) = self.store.put_node(&row) {
+                tracing::error!("node {node}: cannot store: {e}");
+            }
+        }
+    }
+
+    /// GPU-milliseconds of the live attempt's work since its last
+    /// checkpoint (or its start), if it ended at `end_ms`.
+    fn lost_work(job: &JobRecord, end_ms: u64) -> u64 {
+        let started = job.run_started_ms.unwrap_or(job.started_ms);
+        let saved = job.attempt_checkpoint_ms.map_or(started, |c| c.max(started));
+        end_ms.saturating_sub(saved) * job.gpus as u64
+    }
+
+    /// One node's processes of an attempt are gone (at `at_ms` by the
+    /// agent's clock); when the last node's are, the attempt has ended.
     #[allow(clippy::too_many_arguments)]
     fn part_exited(
         &mut self,
@@ -851,11 +1061,13 @@ impl<S: Store> Engine<S> {
         signal: Option<i32>,
         completed: bool,
         vanished: bool,
+        at_ms: u64,
         now: u64,
     ) {
         let id = attempt.job;
         let job = self.jobs.get_mut(&id).expect("live attempt");
         job.running_on.retain(|n| n != node);
+        job.exited_ms = job.exited_ms.max(at_ms);
         job.vanished |= vanished;
         if job.exit_code.is_none() || code.is_some_and(|c| c != 0) {
             job.exit_code = code;
@@ -902,9 +1114,20 @@ impl<S: Store> Engine<S> {
         };
         let job = self.jobs.get_mut(&id).expect("live attempt");
         let ran_ms = now.saturating_sub(job.started_ms);
+        let lost_ms = match effect {
+            ExitEffect::Requeued { preempted: true }
+            | ExitEffect::RequeuedLost
+            | ExitEffect::PreemptionLimitReached => Self::lost_work(job, job.exited_ms),
+            _ => 0,
+        };
+        job.lost_gpu_ms += lost_ms;
+        self.counters.lost_gpu_seconds += lost_ms as f64 / 1000.0;
+        let lost = lost_ms as f64 / 1000.0;
+        let job = self.jobs.get_mut(&id).expect("live attempt");
         job.placement.clear();
         job.notice = None;
         job.vanished = false;
+        job.rendezvous = None;
         let (state, kind, detail) = match effect {
             ExitEffect::Finished => (JobState::Succeeded, "succeeded", json!({ "ran_ms": ran_ms })),
             ExitEffect::Failed => {
@@ -913,7 +1136,11 @@ impl<S: Store> Engine<S> {
             ExitEffect::Cancelled => (JobState::Cancelled, "cancelled", json!({})),
             ExitEffect::PreemptionLimitReached => {
                 job.preemptions += 1;
-                (JobState::Failed, "failed", json!({ "reason": "preempted more than max_preemptions" }))
+                (
+                    JobState::Failed,
+                    "failed",
+                    json!({ "reason": "preempted more than max_preemptions", "lost_gpu_seconds": lost }),
+                )
             }
             ExitEffect::Requeued { preempted: true } => {
                 job.preemptions += 1;
@@ -921,7 +1148,7 @@ impl<S: Store> Engine<S> {
                 (
                     JobState::Queued,
                     "requeued",
-                    json!({ "reason": "preempted", "preemptions": job.preemptions }),
+                    json!({ "reason": "preempted", "preemptions": job.preemptions, "lost_gpu_seconds": lost }),
                 )
             }
             ExitEffect::Requeued { preempted: false } => {
@@ -932,7 +1159,9 @@ impl<S: Store> Engine<S> {
                     json!({ "reason": "failed, retrying", "retries": job.retries }),
                 )
             }
-            ExitEffect::RequeuedLost => (JobState::Queued, "requeued", json!({ "reason": "lost" })),
+            ExitEffect::RequeuedLost => {
+                (JobState::Queued, "requeued", json!({ "reason": "lost", "lost_gpu_seconds": lost }))
+            }
         };
         let job = self.jobs.get_mut(&id).expect("live attempt");
         job.state = state;
@@ -981,20 +1210,30 @@ impl<S: Store> Engine<S> {
                 let name = self.core.node(node).expect("known").name.clone();
                 tracing::warn!(node = name, "node lost: no heartbeat within the timeout");
                 self.forget_holds_on(&name);
+                self.interrupted(&name);
             }
             for r in &plan.requeues {
                 let id = r.job.0;
                 let job = self.jobs.get_mut(&id).expect("known job");
+                let lost_ms = Self::lost_work(job, now);
+                job.lost_gpu_ms += lost_ms;
                 job.state = JobState::Queued;
                 job.placement.clear();
                 job.running_on.clear();
                 job.notice = None;
+                job.rendezvous = None;
+                self.counters.lost_gpu_seconds += lost_ms as f64 / 1000.0;
                 let node = match r.reason {
                     ebb_scheduler::RequeueReason::NodeLost(n) => {
                         self.core.node(n).expect("known").name.clone()
                     }
                 };
-                self.event(id, "requeued", json!({ "reason": "lost", "node": node }));
+                let lost = lost_ms as f64 / 1000.0;
+                self.event(
+                    id,
+                    "requeued",
+                    json!({ "reason": "lost", "node": node, "lost_gpu_seconds": lost }),
+                );
                 self.save(id);
             }
             for d in &plan.drains {
@@ -1048,7 +1287,15 @@ impl<S: Store> Engine<S> {
             for p in &plan.placements {
                 let id = p.job.0;
                 let placement = self.named(&p.alloc);
+                let recommendation = self.recommend(id, &placement, now);
+                let rendezvous = (placement.len() > 1).then(|| self.rendezvous(&placement[0].0));
                 let job = self.jobs.get_mut(&id).expect("known job");
+                job.interval = Some((recommendation.interval.as_secs(), recommendation.to_string()));
+                job.rendezvous = rendezvous.clone();
+                job.run_started_ms = None;
+                job.started_on.clear();
+                job.attempt_checkpoint_ms = None;
+                job.exited_ms = 0;
                 job.state = JobState::Starting;
                 job.attempt = p.attempt.0;
                 job.placement = placement.clone();
@@ -1059,27 +1306,79 @@ impl<S: Store> Engine<S> {
                 job.waiting_for.clear();
                 job.exit_code = None;
                 job.exit_signal = None;
-                let start = |gpus: &Vec<u8>, job: &JobRecord| StartAttempt {
-                    attempt: AttemptRef { job: id, attempt: p.attempt.0 },
-                    tier: job.tier.as_str().into(),
-                    argv: job.spec.argv.clone(),
-                    env: job.spec.env.clone(),
-                    workdir: job.spec.workdir.clone(),
-                    gpus: gpus.clone(),
-                    signal: job.signal,
+                let interval = recommendation.interval.as_secs().to_string();
+                let nodes = placement.len();
+                let start = |rank: usize, gpus: &Vec<u8>, job: &JobRecord| {
+                    let mut env = job.spec.env.clone();
+                    env.insert("EBB_CHECKPOINT_INTERVAL_S".into(), interval.clone());
+                    if let Some((addr, port)) = &job.rendezvous {
+                        env.extend(gang_env(addr, *port, rank, nodes, gpus.len(), job.gpus));
+                    }
+                    StartAttempt {
+                        attempt: AttemptRef { job: id, attempt: p.attempt.0 },
+                        tier: job.tier.as_str().into(),
+                        argv: job.spec.argv.clone(),
+                        env,
+                        workdir: job.spec.workdir.clone(),
+                        gpus: gpus.clone(),
+                        signal: job.signal,
+                    }
                 };
-                let starts: Vec<(String, StartAttempt)> =
-                    placement.iter().map(|(node, gpus)| (node.clone(), start(gpus, job))).collect();
+                let starts: Vec<(String, StartAttempt)> = placement
+                    .iter()
+                    .enumerate()
+                    .map(|(rank, (node, gpus))| (node.clone(), start(rank, gpus, job)))
+                    .collect();
                 for (node, start) in starts {
                     self.push(&node, Action::Start(start));
                 }
                 let shown: Vec<serde_json::Value> =
                     placement.iter().map(|(n, g)| json!({ "node": n, "gpus": g })).collect();
-                self.event(id, "placed", json!({ "placement": shown, "from_hold": p.from_hold }));
+                let interval = json!({ "seconds": recommendation.interval.as_secs(), "why": recommendation.to_string() });
+                self.event(
+                    id,
+                    "placed",
+                    json!({ "placement": shown, "from_hold": p.from_hold, "checkpoint_interval": interval }),
+                );
                 self.save(id);
             }
         }
         tracing::error!("the scheduler did not settle in 1000 passes");
+    }
+
+    /// Young/Daly for job `id` about to run on `placement`: δ from its own
+    /// checkpoints, M from the interruptions seen on nodes of that model.
+    fn recommend(
+        &self,
+        id: u64,
+        placement: &[(String, Vec<u8>)],
+        now: u64,
+    ) -> ebb_core::checkpoint::Recommendation {
+        let model = placement.first().and_then(|(n, _)| self.nodes.get(n)).map(|n| n.gpu_model.clone());
+        let mut exposure = ebb_core::checkpoint::Exposure::default();
+        for row in self.nodes.values().filter(|n| Some(&n.gpu_model) == model.as_ref()) {
+            exposure.node_time = exposure.node_time + Span(now.saturating_sub(row.joined_ms));
+            exposure.interruptions += row.interruptions;
+        }
+        let delta = self.jobs[&id].checkpoints.checkpoint_time();
+        ebb_core::checkpoint::recommend(delta, exposure, placement.len() as u32)
+    }
+
+    /// Where a gang led by `leader` meets: the leader's address and the
+    /// lowest port from 29500 that no live gang there uses.
+    fn rendezvous(&self, leader: &str) -> (String, u16) {
+        let addr =
+            self.nodes.get(leader).and_then(|n| n.address.clone()).unwrap_or_else(|| leader.to_string());
+        let taken: BTreeSet<u16> = self
+            .jobs
+            .values()
+            .filter(|j| j.state.is_live())
+            .filter_map(|j| j.rendezvous.as_ref())
+            .filter(|(a, _)| *a == addr)
+            .map(|(_, port)| *port)
+            .collect();
+        let port = (29500..u16::MAX).find(|p| !taken.contains(p)).unwrap_or(29500);
+        (addr, port)
     }
 
     // ---- views ----------------------------------------------------------
@@ -1104,8 +1403,34 @@ impl<S: Store> Engine<S> {
                 .map(|(node, gpus)| ebb_api::NodeGpus { node: node.clone(), gpus: gpus.clone() })
                 .collect(),
             exit_code: job.exit_code,
+            last_checkpoint: job.checkpoints.last.clone(),
+            checkpoint_interval_s: job.interval.as_ref().map(|(s, _)| *s),
+            checkpoint_interval_why: job.interval.as_ref().map(|(_, why)| why.clone()),
+            lost_gpu_seconds: job.lost_gpu_ms as f64 / 1000.0,
+            array: job.array.clone(),
+            progress: None,
             events,
         }
+    }
+
+    /// An array's finished tasks over all, and each task's state.
+    fn progress(&self, array: u64) -> ebb_api::ArrayProgress {
+        let mut progress =
+            ebb_api::ArrayProgress { done: 0, total: 0, states: BTreeMap::new(), tasks: Vec::new() };
+        for id in self.arrays.get(&array).map(Vec::as_slice).unwrap_or_default() {
+            let job = &self.jobs[id];
+            progress.total += 1;
+            progress.done += u64::from(job.state == JobState::Succeeded);
+            *progress.states.entry(job.state.as_str().to_string()).or_insert(0) += 1;
+            progress.tasks.push(ebb_api::TaskState {
+                id: *id,
+                index: job.array.as_ref().map_or(0, |a| a.index),
+                state: job.state.as_str().into(),
+                attempt: job.attempt,
+                preemptions: job.preemptions,
+            });
+        }
+        progress
     }
 
     fn node_view(&self, name: &str) -> ebb_api::Node {
@@ -1151,6 +1476,34 @@ impl<S: Store> Engine<S> {
             self.core.jobs().filter(|j| matches!(j.phase, Phase::Queued | Phase::Holding)).count() as u64;
         snapshot
     }
+}
+
+/// What `torchrun` and `torch.distributed` expect on each node of a gang,
+/// including the `PET_*` defaults so that a bare `torchrun train.py` joins
+/// the right rendezvous with one worker per GPU.
+fn gang_env(
+    addr: &str,
+    port: u16,
+    rank: usize,
+    nodes: usize,
+    local_gpus: usize,
+    total_gpus: u32,
+) -> Vec<(String, String)> {
+    let pairs = [
+        ("MASTER_ADDR", addr.to_string()),
+        ("MASTER_PORT", port.to_string()),
+        ("WORLD_SIZE", total_gpus.to_string()),
+        ("NODE_RANK", rank.to_string()),
+        ("GROUP_RANK", rank.to_string()),
+        ("NNODES", nodes.to_string()),
+        ("LOCAL_WORLD_SIZE", local_gpus.to_string()),
+        ("PET_NNODES", nodes.to_string()),
+        ("PET_NODE_RANK", rank.to_string()),
+        ("PET_NPROC_PER_NODE", local_gpus.to_string()),
+        ("PET_MASTER_ADDR", addr.to_string()),
+        ("PET_MASTER_PORT", port.to_string()),
+    ];
+    pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
 }
 
 fn write_secret(path: &std::path::Path, secret: &str) -> std::io::Result<()> {

@@ -103,7 +103,7 @@ fn parse<T: DeserializeOwned>(body: &Bytes) -> ApiResult<T> {
     components(schemas(
         api::JobSubmission, api::Submitted, api::Job, api::JobEvent, api::NodeGpus, api::Node,
         api::ReclaimRequest, api::ReclaimReply, api::TenantRequest, api::TenantCreated, api::LogChunk,
-        api::ErrorBody
+        api::ErrorBody, api::SweepParam, api::Checkpoint, api::ArrayTask, api::ArrayProgress, api::TaskState
     )),
     modifiers(&BearerAuth)
 )]

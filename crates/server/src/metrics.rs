@@ -13,6 +13,8 @@ use prometheus_client::registry::Registry;
 pub struct Counters {
     pub submitted: u64,
     pub preempted: u64,
+    pub checkpoints: u64,
+    pub lost_gpu_seconds: f64,
     pub passes: u64,
     pub pass_seconds: f64,
 }
@@ -67,6 +69,18 @@ pub fn render(s: &Snapshot) -> String {
         "preemptions",
         "Attempts preempted since the server started",
         counter(s.counters.preempted),
+    );
+    registry.register(
+        "checkpoints",
+        "Checkpoints reported by attempts since the server started",
+        counter(s.counters.checkpoints),
+    );
+    let lost = Counter::<f64>::default();
+    lost.inc_by(s.counters.lost_gpu_seconds);
+    registry.register(
+        "lost_gpu_seconds",
+        "GPU-seconds of work lost to preemptions and lost nodes since the server started",
+        lost,
     );
     registry.register(
         "scheduling_passes",

@@ -64,6 +64,16 @@ pub struct NodeRow {
     pub labels: std::collections::BTreeMap<String, String>,
     /// Cordoned by the operator.
     pub drained: bool,
+    /// Where other nodes reach it (a gang's `MASTER_ADDR`).
+    #[serde(default)]
+    pub address: Option<String>,
+    /// When it first joined, and how often it has been interrupted without
+    /// notice since (lost, or its agent came back without its attempts):
+    /// what the recommended checkpoint interval is estimated from.
+    #[serde(default)]
+    pub joined_ms: u64,
+    #[serde(default)]
+    pub interruptions: u64,
 }
 
 /// Everything needed to rebuild the server's memory.

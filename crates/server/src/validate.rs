@@ -11,8 +11,17 @@ pub struct Checked {
     pub tier: Tier,
     pub gpus: u32,
     pub signal: i32,
-    /// First and last task index of an array job.
-    pub array: Option<(u64, u64)>,
+    /// The tasks of an array or sweep (none for a single job).
+    pub tasks: Vec<Task>,
+}
+
+/// One task of an array or sweep.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Task {
+    /// `EBB_TASK_INDEX`: the array index, or the combination's ordinal.
+    pub index: u64,
+    /// A sweep task's parameters, in the order they were given.
+    pub params: Vec<(String, String)>,
 }
 
 pub const MAX_GPUS: u32 = 4096;
@@ -76,14 +85,26 @@ pub fn submission(spec: &JobSubmission, core: &State) -> Result<Checked, ApiErro
             "gpus: {gpus} GPUs cannot be placed on nodes of {per_node} GPUs (at most {per_node}, or a multiple of {per_node})"
         ));
     }
-    let array = match spec.array.as_deref() {
-        None => None,
-        Some(text) => Some(parse_array(text).map_err(|e| ApiError::bad_request(format!("array: {e}")))?),
+    let mut tasks = match spec.array.as_deref() {
+        None => Vec::new(),
+        Some(text) => {
+            let (first, last) =
+                parse_array(text).map_err(|e| ApiError::bad_request(format!("array: {e}")))?;
+            (first..=last).map(|index| Task { index, params: Vec::new() }).collect()
+        }
     };
+    if !spec.sweep.is_empty() {
+        if spec.array.is_some() {
+            return bad(
+                "sweep: cannot be combined with array (a sweep is an array of its combinations)".into()
+            );
+        }
+        tasks = sweep_tasks(&spec.sweep).map_err(|e| ApiError::bad_request(format!("sweep: {e}")))?;
+    }
     if tier == Tier::Reserved {
         return bad("tier: reserved jobs draw on a reservation, and this cluster has none yet".into());
     }
-    Ok(Checked { tier, gpus, signal, array })
+    Ok(Checked { tier, gpus, signal, tasks })
 }
 
 pub const MAX_ARRAY_TASKS: u64 = 10_000;
@@ -105,6 +126,48 @@ fn parse_array(text: &str) -> Result<(u64, u64), String> {
         return Err(format!("at most {MAX_ARRAY_TASKS} tasks, got {}", b - a + 1));
     }
     Ok((a, b))
+}
+
+/// One task per combination of the parameters' values, the last parameter
+/// varying fastest.
+fn sweep_tasks(params: &[ebb_api::SweepParam]) -> Result<Vec<Task>, String> {
+    let mut seen = std::collections::BTreeSet::new();
+    let mut total: u64 = 1;
+    for p in params {
+        let valid = !p.name.is_empty()
+            && p.name.len() <= 64
+            && !p.name.starts_with(|c: char| c.is_ascii_digit())
+            && p.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !valid {
+            return Err(format!("{:?} is not a valid parameter name (letters, digits, '_')", p.name));
+        }
+        if !seen.insert(p.name.to_ascii_uppercase()) {
+            return Err(format!("parameter {} is given twice", p.name));
+        }
+        if p.values.is_empty() {
+            return Err(format!("parameter {} has no values", p.name));
+        }
+        if let Some(v) = p.values.iter().find(|v| v.contains('\0') || v.len() > 4096) {
+            return Err(format!("parameter {}: value {v:?} has a NUL byte or is over 4096 bytes", p.name));
+        }
+        total = total.saturating_mul(p.values.len() as u64);
+        if total > MAX_ARRAY_TASKS {
+            return Err(format!("at most {MAX_ARRAY_TASKS} combinations, this grid has more"));
+        }
+    }
+    let tasks = (0..total)
+        .map(|index| {
+            let mut rest = index;
+            let mut chosen = vec![(String::new(), String::new()); params.len()];
+            for (slot, p) in chosen.iter_mut().zip(params).rev() {
+                let n = p.values.len() as u64;
+                *slot = (p.name.clone(), p.values[(rest % n) as usize].clone());
+                rest /= n;
+            }
+            Task { index, params: chosen }
+        })
+        .collect();
+    Ok(tasks)
 }
 
 /// `TERM`, `SIGTERM`, `sigterm` or a number.
@@ -129,4 +192,48 @@ pub fn parse_signal(name: &str) -> Option<i32> {
         _ => return None,
     };
     Some(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ebb_api::SweepParam;
+
+    fn param(name: &str, values: &[&str]) -> SweepParam {
+        SweepParam { name: name.into(), values: values.iter().map(|v| v.to_string()).collect() }
+    }
+
+    #[test]
+    fn a_sweep_is_the_grid_in_order() {
+        let tasks =
+            sweep_tasks(&[param("lr", &["1e-3", "3e-4"]), param("bs", &["32", "64", "128"])]).unwrap();
+        assert_eq!(tasks.len(), 6);
+        let shown: Vec<String> = tasks
+            .iter()
+            .map(|t| t.params.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(","))
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                "lr=1e-3,bs=32",
+                "lr=1e-3,bs=64",
+                "lr=1e-3,bs=128",
+                "lr=3e-4,bs=32",
+                "lr=3e-4,bs=64",
+                "lr=3e-4,bs=128"
+            ]
+        );
+        assert_eq!(tasks.iter().map(|t| t.index).collect::<Vec<_>>(), [0, 1, 2, 3, 4, 5]);
+    }
+
+    #[test]
+    fn bad_sweeps_say_what_is_wrong() {
+        let err = |p: &[SweepParam]| sweep_tasks(p).unwrap_err();
+        assert!(err(&[param("1lr", &["1"])]).contains("not a valid parameter name"));
+        assert!(err(&[param("lr", &[])]).contains("no values"));
+        assert!(err(&[param("lr", &["1"]), param("LR", &["2"])]).contains("twice"));
+        let big: Vec<String> = (0..101).map(|i| i.to_string()).collect();
+        let big: Vec<&str> = big.iter().map(|s| s.as_str()).collect();
+        assert!(err(&[param("a", &big), param("b", &big)]).contains("at most"));
+    }
 }

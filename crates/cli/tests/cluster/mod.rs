@@ -125,6 +125,7 @@ impl Cluster {
             .args(["--fake-gpus", &self.opts.gpus.to_string(), "--gpu-model", "H100-80GB"])
             .args(["--data-dir", self.dir.join("agents").join(&name).to_str().unwrap()])
             .args(["--checkpoint-root", self.dir.join("checkpoints").to_str().unwrap()])
+            .args(["--address", "127.0.0.1"])
             .stdout(self.log(&name))
             .stderr(self.log(&name))
             .spawn()
