@@ -1,0 +1,45 @@
+"""Ebb's job SDK: know when your preemptible attempt is being drained,
+checkpoint atomically, resume from the latest complete checkpoint, and tell
+Ebb when the work is done.
+
+    import ebb_sdk
+    ckpt = ebb_sdk.CheckpointManager(keep=3)
+    step, state = ckpt.load_latest(read) or (0, fresh_state())
+    while step < total:
+        state = train_step(state); step += 1
+        if ckpt.should_save():          # the drain came, or the interval passed
+            ckpt.save(step, lambda f: write(state, f))
+        if ebb_sdk.drain_requested():
+            sys.exit(0)                 # requeued: no completion marker
+    ebb_sdk.complete()                  # success, even during a drain
+
+No required dependencies. PyTorch and Hugging Face helpers live in
+`ebb_sdk.pytorch` and `ebb_sdk.huggingface`, imported only by the jobs that
+use those libraries.
+"""
+
+from ._env import attempt, checkpoint_interval, in_ebb, job_id, params, task_count, task_index
+from .checkpoint import Checkpoint, CheckpointManager, complete, report_checkpoint
+from .drain import DrainWatcher, Notice, drain_requested, notice, on_drain, watcher
+
+__all__ = [
+    "Checkpoint",
+    "CheckpointManager",
+    "DrainWatcher",
+    "Notice",
+    "attempt",
+    "checkpoint_interval",
+    "complete",
+    "drain_requested",
+    "in_ebb",
+    "job_id",
+    "notice",
+    "on_drain",
+    "params",
+    "report_checkpoint",
+    "task_count",
+    "task_index",
+    "watcher",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,44 @@
+"""What Ebb tells every attempt, read from the environment."""
+
+import json
+import os
+from typing import Dict, Optional
+
+
+def in_ebb() -> bool:
+    """True inside an attempt that Ebb started (and only there)."""
+    return bool(os.environ.get("EBB_JOB_ID")) and bool(os.environ.get("EBB_ATTEMPT"))
+
+
+def job_id() -> Optional[int]:
+    value = os.environ.get("EBB_JOB_ID")
+    return int(value) if value else None
+
+
+def attempt() -> Optional[int]:
+    value = os.environ.get("EBB_ATTEMPT")
+    return int(value) if value else None
+
+
+def task_index() -> Optional[int]:
+    """`EBB_TASK_INDEX` of an array or sweep task."""
+    value = os.environ.get("EBB_TASK_INDEX")
+    return int(value) if value else None
+
+
+def task_count() -> Optional[int]:
+    value = os.environ.get("EBB_TASK_COUNT")
+    return int(value) if value else None
+
+
+def params() -> Dict[str, str]:
+    """A sweep task's parameters (`EBB_PARAMS`), values as given."""
+    value = os.environ.get("EBB_PARAMS")
+    return json.loads(value) if value else {}
+
+
+def checkpoint_interval() -> Optional[float]:
+    """Seconds between periodic checkpoints that Ebb recommends
+    (`EBB_CHECKPOINT_INTERVAL_S`, Young/Daly), or None outside Ebb."""
+    value = os.environ.get("EBB_CHECKPOINT_INTERVAL_S")
+    return float(value) if value else None

@@ -1,0 +1,91 @@
+"""PyTorch: checkpoint model, optimizer (and scheduler), step and every RNG
+state, so a resumed run continues exactly where the saved one was.
+
+    from ebb_sdk import CheckpointManager
+    from ebb_sdk.pytorch import save, restore
+    ckpt = CheckpointManager()
+    step = restore(ckpt, model, optimizer)        # 0 on a first start
+    ...
+    if ckpt.should_save():
+        save(ckpt, step, model, optimizer)
+
+Import this module only where PyTorch is installed.
+"""
+
+import random
+from typing import Any, Optional
+
+import torch
+
+from .checkpoint import CheckpointManager
+
+try:  # numpy's global RNG too, when numpy is there
+    import numpy as _np
+except ImportError:  # pragma: no cover - numpy is optional
+    _np = None
+
+
+def _rng_state() -> dict:
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    if _np is not None:
+        state["numpy"] = _np.random.get_state()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "numpy" in state and _np is not None:
+        _np.random.set_state(state["numpy"])
+
+
+def save(
+    manager: CheckpointManager,
+    step: int,
+    model: Any,
+    optimizer: Optional[Any] = None,
+    scheduler: Optional[Any] = None,
+    extra: Optional[dict] = None,
+) -> str:
+    """Saves `step`, the model's and optimizer's (and scheduler's) state
+    dicts, the RNG states and `extra` as one atomic checkpoint."""
+    state = {
+        "step": step,
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict() if optimizer is not None else None,
+        "scheduler": scheduler.state_dict() if scheduler is not None else None,
+        "rng": _rng_state(),
+        "extra": extra or {},
+    }
+    return manager.save(step, lambda f: torch.save(state, f))
+
+
+def restore(
+    manager: CheckpointManager,
+    model: Any,
+    optimizer: Optional[Any] = None,
+    scheduler: Optional[Any] = None,
+    map_location: Any = None,
+) -> int:
+    """Loads the latest complete checkpoint into `model` (and `optimizer`,
+    `scheduler`), restores the RNG states and returns the step to continue
+    from; 0 when there is none. `manager.extra` holds what `save` got as
+    `extra`."""
+    latest = manager.latest()
+    manager.extra = {}
+    if latest is None:
+        return 0
+    with open(latest.path, "rb") as f:
+        state = torch.load(f, map_location=map_location, weights_only=False)
+    model.load_state_dict(state["model"])
+    if optimizer is not None and state.get("optimizer") is not None:
+        optimizer.load_state_dict(state["optimizer"])
+    if scheduler is not None and state.get("scheduler") is not None:
+        scheduler.load_state_dict(state["scheduler"])
+    _set_rng_state(state["rng"])
+    manager.extra = state.get("extra") or {}
+    return int(state["step"])

@@ -1,0 +1,179 @@
+"""The PyTorch and Hugging Face helpers against stand-ins that implement the
+part of those libraries' interfaces the helpers use (the libraries
+themselves are gigabytes of CUDA wheels; the stand-ins keep these tests in
+CI). What is checked is ours: what is saved, restored and reported."""
+
+import importlib
+import os
+import pickle
+import random
+import signal
+import sys
+import time
+import types
+
+import pytest
+
+import ebb_sdk
+
+
+def fake_torch():
+    torch = types.ModuleType("torch")
+    rng = random.Random(1234)
+    torch.save = lambda obj, f: pickle.dump(obj, f)
+    torch.load = lambda f, map_location=None, weights_only=None: pickle.load(f)
+    torch.get_rng_state = lambda: rng.getstate()
+    torch.set_rng_state = lambda state: rng.setstate(state)
+    torch.rand = lambda: rng.random()
+    torch.cuda = types.SimpleNamespace(is_available=lambda: False)
+    return torch
+
+
+class Model:
+    def __init__(self):
+        self.w = [0.0, 0.0]
+
+    def state_dict(self):
+        return {"w": list(self.w)}
+
+    def load_state_dict(self, state):
+        self.w = list(state["w"])
+
+
+class Optimizer:
+    def __init__(self):
+        self.momentum = 0.0
+
+    def state_dict(self):
+        return {"momentum": self.momentum}
+
+    def load_state_dict(self, state):
+        self.momentum = state["momentum"]
+
+
+def train(torch, model, opt, steps):
+    """A step draws from every RNG the helper must restore."""
+    for _ in range(steps):
+        noise = torch.rand() + random.random()
+        opt.momentum = 0.9 * opt.momentum + noise
+        model.w = [w + opt.momentum for w in model.w]
+
+
+@pytest.fixture
+def pytorch(monkeypatch):
+    torch = fake_torch()
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.delitem(sys.modules, "ebb_sdk.pytorch", raising=False)
+    module = importlib.import_module("ebb_sdk.pytorch")
+    return torch, module
+
+
+def test_pytorch_save_and_restore_continue_exactly(ebb_env, pytorch, endpoint):
+    torch, helper = pytorch
+    ckpt = ebb_sdk.CheckpointManager()
+    model, opt = Model(), Optimizer()
+    assert helper.restore(ckpt, model, opt) == 0, "first start: nothing to resume"
+    random.seed(7)
+    train(torch, model, opt, 5)
+    helper.save(ckpt, 5, model, opt, extra={"epoch": 1})
+    train(torch, model, opt, 5)
+    uninterrupted = (model.w, opt.momentum)
+
+    # The next attempt: fresh objects, RNGs elsewhere.
+    random.seed(999)
+    torch.set_rng_state(random.Random(5).getstate())
+    model2, opt2 = Model(), Optimizer()
+    assert helper.restore(ckpt, model2, opt2) == 5
+    assert ckpt.extra == {"epoch": 1}
+    train(torch, model2, opt2, 5)
+    assert (model2.w, opt2.momentum) == uninterrupted
+    assert [r["step"] for r in endpoint.reports] == [5]
+
+
+class TrainerCallback:
+    """The base class `transformers` provides: every hook returns None."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        return None
+
+    def on_save(self, args, state, control, **kwargs):
+        return None
+
+
+def fake_transformers():
+    module = types.ModuleType("transformers")
+    module.TrainerCallback = TrainerCallback
+    return module
+
+
+class Control:
+    def __init__(self):
+        self.should_save = False
+        self.should_training_stop = False
+
+
+def run_trainer(callback, output_dir, steps):
+    """The part of `Trainer`'s loop that drives callbacks: after each step,
+    `on_step_end`; if asked, save `checkpoint-N` (trainer_state.json last)
+    and call `on_save`; stop when asked."""
+    args = types.SimpleNamespace(output_dir=output_dir)
+    state = types.SimpleNamespace(global_step=0)
+    saved = []
+    for _ in range(steps):
+        state.global_step += 1
+        control = Control()
+        control = callback.on_step_end(args, state, control) or control
+        if control.should_save:
+            path = os.path.join(output_dir, f"checkpoint-{state.global_step}")
+            os.makedirs(path)
+            with open(os.path.join(path, "model.bin"), "wb") as f:
+                f.write(b"w" * 100)
+            with open(os.path.join(path, "trainer_state.json"), "w") as f:
+                f.write("{}")
+            callback.on_save(args, state, control)
+            saved.append(state.global_step)
+        if control.should_training_stop:
+            break
+    return state.global_step, saved
+
+
+@pytest.fixture
+def huggingface(monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", fake_transformers())
+    monkeypatch.delitem(sys.modules, "ebb_sdk.huggingface", raising=False)
+    return importlib.import_module("ebb_sdk.huggingface")
+
+
+def test_huggingface_callback_saves_and_stops_on_drain(ebb_env, huggingface, endpoint, tmp_path):
+    out = str(tmp_path / "out")
+    os.makedirs(out)
+    callback = huggingface.EbbCallback()
+    assert callback.interval == 600.0
+    assert huggingface.last_checkpoint(out) is None
+    os.kill(os.getpid(), signal.SIGUSR1)
+    deadline = time.monotonic() + 5
+    while not ebb_sdk.drain_requested() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    step, saved = run_trainer(callback, out, steps=100)
+    assert (step, saved) == (1, [1]), "saved and stopped right after the step in flight"
+    assert endpoint.reports[0]["step"] == 1 and endpoint.reports[0]["bytes"] == 102
+    assert huggingface.last_checkpoint(out) == os.path.join(out, "checkpoint-1")
+
+
+def test_huggingface_callback_saves_on_the_interval(ebb_env, huggingface, tmp_path):
+    out = str(tmp_path / "out")
+    os.makedirs(out)
+    callback = huggingface.EbbCallback(interval=0.0)
+    step, saved = run_trainer(callback, out, steps=3)
+    assert saved == [1, 2, 3]
+    # A directory cut short (no trainer_state.json) is not a checkpoint.
+    os.makedirs(os.path.join(out, "checkpoint-9"))
+    assert huggingface.last_checkpoint(out) == os.path.join(out, "checkpoint-3")
+
+
+def test_the_core_package_imports_neither_library():
+    import subprocess
+
+    code = "import sys, ebb_sdk; print('torch' in sys.modules, 'transformers' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False False"
