@@ -10,7 +10,7 @@ Ebb when the work is done.
         if ckpt.should_save():          # the drain came, or the interval passed
             ckpt.save(step, lambda f: write(state, f))
         if ebb_sdk.drain_requested():
-            sys.exit(0)                 # requeued: no completion marker
+            ebb_sdk.exit_now()          # requeued: no completion marker
     ebb_sdk.complete()                  # success, even during a drain
 
 No required dependencies. PyTorch and Hugging Face helpers live in
@@ -19,7 +19,7 @@ use those libraries.
 """
 
 from ._env import attempt, checkpoint_interval, in_ebb, job_id, params, task_count, task_index
-from .checkpoint import Checkpoint, CheckpointManager, complete, report_checkpoint
+from .checkpoint import Checkpoint, CheckpointManager, complete, exit_now, report_checkpoint
 from .drain import DrainWatcher, Notice, drain_requested, notice, on_drain, watcher
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "checkpoint_interval",
     "complete",
     "drain_requested",
+    "exit_now",
     "in_ebb",
     "job_id",
     "notice",

@@ -34,6 +34,11 @@ pub struct Cluster {
     pub admin: String,
 }
 
+/// The repository, for the examples and the SDK.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+}
+
 pub fn ebb_exe() -> &'static str {
     env!("CARGO_BIN_EXE_ebb")
 }
@@ -126,6 +131,8 @@ impl Cluster {
             .args(["--data-dir", self.dir.join("agents").join(&name).to_str().unwrap()])
             .args(["--checkpoint-root", self.dir.join("checkpoints").to_str().unwrap()])
             .args(["--address", "127.0.0.1"])
+            // A node with the SDK installed, as a workload's image would have it.
+            .env("PYTHONPATH", repo_root().join("sdk/python"))
             .stdout(self.log(&name))
             .stderr(self.log(&name))
             .spawn()
@@ -218,6 +225,11 @@ impl Cluster {
         wait_for(&format!("job {id} attempt {attempt}'s pid"), Duration::from_secs(20), || {
             std::fs::read_to_string(&file).ok()?.trim().parse().ok()
         })
+    }
+
+    /// What the job has printed so far (the server's copy of its output).
+    pub fn output(&self, id: u64) -> String {
+        std::fs::read_to_string(self.dir.join("server/logs").join(format!("{id}.log"))).unwrap_or_default()
     }
 
     pub fn checkpoints(&self, id: u64) -> PathBuf {

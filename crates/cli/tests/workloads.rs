@@ -1,0 +1,412 @@
+//! The workload kinds end to end, with the Python SDK and the examples in
+//! `examples/`: training that resumes bit-identically, an array of shards
+//! that completes each shard exactly once, victims chosen by checkpoint,
+//! sweeps, preprocessing, gangs, and serving next to batch work. Needs
+//! `python3` with numpy and scikit-learn (`.ci/run` installs them).
+
+mod cluster;
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use cluster::{events, read_env, repo_root, wait_for, Cluster, Options};
+use serde_json::Value;
+
+const STEPS: &str = "2000";
+
+fn example(name: &str) -> String {
+    repo_root().join("examples").join(name).display().to_string()
+}
+
+fn python() -> Command {
+    let mut cmd = Command::new("python3");
+    cmd.env("PYTHONPATH", repo_root().join("sdk/python"));
+    for (key, _) in std::env::vars() {
+        if key.starts_with("EBB_") {
+            cmd.env_remove(key);
+        }
+    }
+    cmd
+}
+
+/// The final weights of the training run never preempted: the same script,
+/// run directly.
+fn reference_weights() -> &'static [u8] {
+    static WEIGHTS: OnceLock<Vec<u8>> = OnceLock::new();
+    WEIGHTS.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("ebb-reference-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = dir.join("weights.npy");
+        let status = python()
+            .args([&example("train_digits.py"), "--steps", STEPS, "--out", out.to_str().unwrap()])
+            .current_dir(&dir)
+            .status()
+            .unwrap();
+        assert!(status.success(), "the reference run failed");
+        let weights = std::fs::read(&out).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        weights
+    })
+}
+
+fn event_details<'a>(job: &'a Value, kind: &str) -> Vec<&'a Value> {
+    job["events"].as_array().unwrap().iter().filter(|e| e["kind"] == kind).map(|e| &e["detail"]).collect()
+}
+
+fn lost_per_preemption(job: &Value) -> Vec<f64> {
+    event_details(job, "requeued")
+        .into_iter()
+        .filter(|d| d["reason"] == "preempted")
+        .map(|d| d["lost_gpu_seconds"].as_f64().unwrap())
+        .collect()
+}
+
+/// Takes the training job's GPU with an on-demand job and waits until
+/// the training job has been requeued for the `n`th time.
+fn preempt(c: &Cluster, job: u64, n: u64) {
+    c.submit(&["--tier", "on-demand", "--gpus", "1", "--", "sleep", "0.3"]);
+    c.wait_job(job, &format!("preemption {n}"), Duration::from_secs(60), |j| j["preemptions"] == n);
+}
+
+fn train(c: &Cluster, out: &Path, mode: &[&str]) -> u64 {
+    let script = example("train_digits.py");
+    let mut args = vec!["--gpus", "1", "--name", "digits", "--", "python3", &script, "--steps", STEPS];
+    args.extend_from_slice(&["--out", out.to_str().unwrap()]);
+    args.extend_from_slice(mode);
+    c.submit(&args)
+}
+
+#[test]
+fn training_saved_on_notice_resumes_bit_identical_and_loses_almost_nothing() {
+    let reference = reference_weights();
+    let c = Cluster::start(Options { nodes: 1, gpus: 1, ..Options::default() });
+    let out = c.dir.join("weights.npy");
+    let job = train(&c, &out, &["--mode", "notice"]);
+    for round in 1..=2u64 {
+        let started = format!("attempt {round}: training from step");
+        wait_for("training to run", Duration::from_secs(60), || {
+            c.output(job).contains(&started).then_some(())
+        });
+        std::thread::sleep(Duration::from_millis(800));
+        preempt(&c, job, round);
+    }
+    let done = c.wait_job(job, "to succeed", Duration::from_secs(120), |j| j["state"] == "succeeded");
+    assert_eq!((done["attempt"].as_u64(), done["preemptions"].as_u64()), (Some(3), Some(2)));
+    assert!(std::fs::read(&out).unwrap() == reference, "final weights differ from the run never preempted");
+    // Each attempt after the first resumed from the step saved at notice.
+    let output = c.output(job);
+    assert!(
+        output.contains("attempt 2: training from step")
+            && !output.contains("attempt 2: training from step 0\n")
+    );
+    let lost = lost_per_preemption(&done);
+    eprintln!("save on notice: lost GPU-s per preemption {lost:?}");
+    assert_eq!(lost.len(), 2);
+    for l in &lost {
+        assert!(*l < 0.25, "lost {l} GPU-s despite a save on notice: {lost:?}");
+    }
+    assert!(done["lost_gpu_seconds"].as_f64().unwrap() < 0.5);
+    // The saves were reported and shown.
+    assert_eq!(event_details(&done, "checkpoint").len(), 2);
+    assert!(done["last_checkpoint"]["step"].as_u64().unwrap() > 0);
+    let shown = c.ebb(&["show", &job.to_string()]);
+    assert!(shown.contains("lost work") && shown.contains("interval     every"), "{shown}");
+}
+
+#[test]
+fn training_with_periodic_checkpoints_loses_less_than_one_interval_per_preemption() {
+    let reference = reference_weights();
+    let c = Cluster::start(Options { nodes: 1, gpus: 1, ..Options::default() });
+    let out = c.dir.join("weights.npy");
+    let interval = 2.0;
+    let job = train(&c, &out, &["--mode", "periodic", "--every", "2"]);
+    for round in 1..=2u64 {
+        // Preempt half an interval after a periodic checkpoint of this attempt.
+        wait_for("a periodic checkpoint", Duration::from_secs(60), || {
+            let j = c.job(job);
+            j["events"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|e| e["kind"] == "checkpoint" && e["attempt"] == round)
+                .then_some(())
+        });
+        std::thread::sleep(Duration::from_millis(500));
+        preempt(&c, job, round);
+    }
+    let done = c.wait_job(job, "to succeed", Duration::from_secs(120), |j| j["state"] == "succeeded");
+    assert_eq!(done["preemptions"], 2);
+    assert!(std::fs::read(&out).unwrap() == reference, "final weights differ from the run never preempted");
+    let lost = lost_per_preemption(&done);
+    eprintln!("periodic saves every {interval} s: lost GPU-s per preemption {lost:?}");
+    assert_eq!(lost.len(), 2);
+    for l in &lost {
+        // The work since the last periodic save is really lost (at least the
+        // half interval waited above), and never a whole interval.
+        assert!(*l >= 0.4 && *l < interval, "lost {l} GPU-s with a {interval} s interval: {lost:?}");
+    }
+}
+
+#[test]
+fn an_array_of_100_shards_completes_each_shard_exactly_once_under_preemption() {
+    let c = Cluster::start(Options { nodes: 1, gpus: 4, ..Options::default() });
+    let data = c.dir.join("infer");
+    let script = example("batch_inference.py");
+    let data_arg = data.to_str().unwrap();
+    let prepared =
+        python().args([&script, "prepare", "--shards", "100", "--data", data_arg]).status().unwrap();
+    assert!(prepared.success());
+    let args = ["--array", "0-99", "--name", "infer", "--", "python3", &script, "run", "--data", data_arg];
+    let first = c.submit(&args);
+    // On-demand work keeps arriving and taking GPUs from the shards.
+    let progress = |c: &Cluster| c.job(first)["progress"].clone();
+    let mut bursts = 0;
+    while progress(&c)["done"].as_u64().unwrap() < 100 {
+        c.submit(&["--tier", "on-demand", "--gpus", "2", "--", "sleep", "0.4"]);
+        bursts += 1;
+        std::thread::sleep(Duration::from_millis(1200));
+        assert!(bursts < 200, "the array did not finish: {}", progress(&c));
+    }
+    let p = progress(&c);
+    assert_eq!((p["done"].as_u64(), p["total"].as_u64()), (Some(100), Some(100)));
+    let tasks = p["tasks"].as_array().unwrap();
+    assert!(tasks.iter().all(|t| t["state"] == "succeeded"));
+    let preempted: u64 = tasks.iter().map(|t| t["preemptions"].as_u64().unwrap()).sum();
+    assert!(preempted >= 2, "only {preempted} preemptions in {bursts} bursts");
+    eprintln!("100 shards: {preempted} preemptions in {bursts} on-demand bursts");
+    // Each shard finished once, and never started again after finishing.
+    let ledger = std::fs::read_to_string(data.join("ledger")).unwrap();
+    for i in 0..100 {
+        let lines: Vec<&str> =
+            ledger.lines().filter(|l| l.split_whitespace().nth(1) == Some(&i.to_string())).collect();
+        let done = lines.iter().filter(|l| l.starts_with("done")).count();
+        assert_eq!(done, 1, "shard {i}: {lines:?}");
+        assert!(lines.last().unwrap().starts_with("done"), "shard {i} ran again after finishing: {lines:?}");
+    }
+    for t in tasks {
+        let job = c.job(t["id"].as_u64().unwrap());
+        assert_eq!(events(&job).iter().filter(|k| *k == "succeeded").count(), 1);
+    }
+    let check = python().args([&script, "check", "--data", data_arg]).output().unwrap();
+    assert!(check.status.success(), "{}", String::from_utf8_lossy(&check.stdout));
+    let shown = c.ebb(&["show", &first.to_string()]);
+    assert!(shown.contains("progress     100/100 done") && shown.contains("succeeded  0-99"), "{shown}");
+}
+
+/// A preemptible job that reports a checkpoint whenever `go` appears in its
+/// checkpoint directory.
+const REPORTER: &str = r#"
+import os, time, ebb_sdk
+d = os.environ["EBB_CHECKPOINT_DIR"]
+ebb_sdk.watcher()
+step = 0
+while not ebb_sdk.drain_requested():
+    go = os.path.join(d, "go")
+    if os.path.exists(go):
+        step += 1
+        ebb_sdk.report_checkpoint(step, 1024, 0.01)
+        os.unlink(go)
+    time.sleep(0.02)
+"#;
+
+#[test]
+fn the_victim_is_the_candidate_that_checkpointed_most_recently() {
+    let c = Cluster::start(Options { nodes: 1, gpus: 2, ..Options::default() });
+    let older = c.submit(&["--name", "a", "--", "python3", "-c", REPORTER]);
+    c.wait_state(older, "running");
+    std::thread::sleep(Duration::from_millis(100));
+    let younger = c.submit(&["--name", "b", "--", "python3", "-c", REPORTER]);
+    c.wait_state(younger, "running");
+    // With no checkpoints the younger job would lose least; checkpoints
+    // change that: the younger saves first, the older one after it.
+    for id in [younger, older] {
+        std::fs::write(c.checkpoints(id).join("go"), "").unwrap();
+        c.wait_job(id, "a checkpoint", Duration::from_secs(20), |j| !j["last_checkpoint"].is_null());
+    }
+    let od = c.submit(&["--tier", "on-demand", "--", "sleep", "0.2"]);
+    let drained = c.wait_job(older, "drained", Duration::from_secs(20), |j| j["preemptions"] == 1);
+    assert_eq!(event_details(&drained, "drain_notice")[0]["detail"]["by"], od);
+    let spared = c.job(younger);
+    assert_eq!(spared["preemptions"], 0);
+    assert!(!events(&spared).contains(&"drain_notice".to_string()));
+    // The preemptor's record says why: the lost work of the set it chose.
+    let lost = event_details(&c.job(od), "preempting")[0]["lost_gpu_seconds"].as_f64().unwrap();
+    assert!(lost < 1.0, "{lost}");
+}
+
+#[test]
+fn a_sweep_runs_one_trial_per_combination_and_preempted_trials_resume() {
+    let c = Cluster::start(Options { nodes: 1, gpus: 2, ..Options::default() });
+    let out = c.dir.join("sweep");
+    let script = example("sweep.py");
+    let first = c.submit(&[
+        "--sweep",
+        "lr=0.3,0.03",
+        "--sweep",
+        "batch=16,64",
+        "--",
+        "python3",
+        &script,
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let task = c.job(first);
+    assert_eq!(task["array"]["tasks"], 4);
+    assert_eq!(task["name"], "sweep[lr=0.3,batch=16]");
+    // Two trials run; take both GPUs once they are training.
+    wait_for("two trials to train", Duration::from_secs(60), || {
+        let p = c.job(first)["progress"].clone();
+        let training = p["tasks"]
+            .as_array()?
+            .iter()
+            .filter(|t| t["state"] == "running" && c.output(t["id"].as_u64().unwrap()).contains("from step"))
+            .count();
+        (training == 2).then_some(())
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    c.submit(&["--tier", "on-demand", "--gpus", "2", "--", "sleep", "0.3"]);
+    let p = c.wait_job(first, "all trials", Duration::from_secs(120), |j| j["progress"]["done"] == 4)
+        ["progress"]
+        .clone();
+    let preempted: Vec<u64> = p["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["preemptions"].as_u64() > Some(0))
+        .map(|t| t["index"].as_u64().unwrap())
+        .collect();
+    assert!(!preempted.is_empty());
+    let mut combos = Vec::new();
+    for i in 0..4 {
+        let result: Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join(format!("trial-{i}.json"))).unwrap())
+                .unwrap();
+        combos.push(format!(
+            "{}/{}",
+            result["params"]["lr"].as_str().unwrap(),
+            result["params"]["batch"].as_str().unwrap()
+        ));
+        assert!(result["accuracy"].as_f64().unwrap() > 0.5, "{result}");
+        if preempted.contains(&i) {
+            assert!(result["attempt"].as_u64().unwrap() >= 2);
+        }
+    }
+    assert_eq!(combos, ["0.3/16", "0.3/64", "0.03/16", "0.03/64"]);
+    for t in p["tasks"].as_array().unwrap() {
+        let id = t["id"].as_u64().unwrap();
+        if preempted.contains(&t["index"].as_u64().unwrap()) {
+            let resumed =
+                c.output(id).lines().any(|l| l.contains("from step") && !l.ends_with("from step 0"));
+            assert!(resumed, "trial {id} did not resume: {}", c.output(id));
+        }
+    }
+}
+
+#[test]
+fn preprocessing_chunks_survive_preemption_with_idempotent_outputs() {
+    let c = Cluster::start(Options { nodes: 1, gpus: 2, ..Options::default() });
+    let out = c.dir.join("features");
+    let script = example("preprocess.py");
+    let out_arg = out.to_str().unwrap();
+    let first = c.submit(&["--array", "0-7", "--", "python3", &script, "--chunks", "8", "--out", out_arg]);
+    wait_for("two chunks to run", Duration::from_secs(60), || {
+        (c.job(first)["progress"]["states"]["running"] == 2).then_some(())
+    });
+    std::thread::sleep(Duration::from_millis(900));
+    c.submit(&["--tier", "on-demand", "--gpus", "2", "--", "sleep", "0.3"]);
+    let p = c.wait_job(first, "all chunks", Duration::from_secs(120), |j| j["progress"]["done"] == 8)
+        ["progress"]
+        .clone();
+    let preempted: u64 =
+        p["tasks"].as_array().unwrap().iter().map(|t| t["preemptions"].as_u64().unwrap()).sum();
+    assert!(preempted >= 1);
+    // The chunks put together are the whole data set, standardised.
+    let check = r#"
+import sys, numpy as np
+from sklearn.datasets import load_digits
+x = load_digits().data
+want = (x - x.mean(axis=0)) / (x.std(axis=0) + 1e-6)
+got = np.concatenate([np.load(f"{sys.argv[1]}/chunk-{i:05d}.npy") for i in range(8)])
+sys.exit(0 if np.array_equal(got, want) else 1)
+"#;
+    let status = python().args(["-c", check, out_arg]).status().unwrap();
+    assert!(status.success(), "preprocessed chunks differ from a direct computation");
+}
+
+#[test]
+fn a_gang_gets_torchrun_variables_starts_together_and_drains_together() {
+    let c = Cluster::start(Options { nodes: 2, gpus: 2, ..Options::default() });
+    let script = r#"env > "$EBB_CHECKPOINT_DIR/env-$EBB_NODE-$EBB_ATTEMPT"
+trap 'touch "$EBB_CHECKPOINT_DIR/term-$EBB_NODE-$EBB_ATTEMPT"; exit 0' TERM
+while :; do sleep 0.05; done"#;
+    let gang = c.submit(&["--gpus", "4", "--name", "gang", "--", "bash", "-c", script]);
+    let ckpt = c.checkpoints(gang);
+    let envs: Vec<_> = ["node-0", "node-1"]
+        .iter()
+        .map(|n| {
+            let path = ckpt.join(format!("env-{n}-1"));
+            wait_for("both parts to start", Duration::from_secs(20), || {
+                std::fs::metadata(&path).ok().filter(|m| m.len() > 0).map(|_| read_env(&path))
+            })
+        })
+        .collect();
+    let job = c.wait_state(gang, "running");
+    assert_eq!(job["placement"].as_array().unwrap().len(), 2);
+    let mut ranks: Vec<String> = envs.iter().map(|e| e["NODE_RANK"].clone()).collect();
+    ranks.sort();
+    assert_eq!(ranks, ["0", "1"]);
+    for env in &envs {
+        assert_eq!(env["MASTER_ADDR"], "127.0.0.1");
+        assert_eq!(env["MASTER_PORT"], envs[0]["MASTER_PORT"]);
+        assert_eq!(env["WORLD_SIZE"], "4");
+        assert_eq!(env["LOCAL_WORLD_SIZE"], "2");
+        assert_eq!(env["NNODES"], "2");
+        assert_eq!(env["PET_NPROC_PER_NODE"], "2");
+        assert_eq!(env["PET_MASTER_PORT"], env["MASTER_PORT"]);
+        assert_eq!(env["CUDA_VISIBLE_DEVICES"], "0,1");
+        assert!(env["EBB_CHECKPOINT_INTERVAL_S"].parse::<u64>().unwrap() >= 10);
+    }
+    // An on-demand job needing one node drains the whole gang, on both nodes.
+    c.submit(&["--tier", "on-demand", "--gpus", "2", "--", "sleep", "0.3"]);
+    for n in ["node-0", "node-1"] {
+        let term = ckpt.join(format!("term-{n}-1"));
+        wait_for("the drain on both nodes", Duration::from_secs(20), || term.exists().then_some(()));
+    }
+    let job = c.wait_job(gang, "requeued and back", Duration::from_secs(30), |j| {
+        j["preemptions"] == 1 && j["state"] == "running"
+    });
+    assert_eq!(job["attempt"], 2);
+    assert_eq!(event_details(&job, "drain_notice").len(), 1, "one notice for the gang");
+}
+
+#[test]
+fn serving_on_demand_is_never_drained_while_batch_work_is() {
+    let c = Cluster::start(Options { nodes: 1, gpus: 4, ..Options::default() });
+    let serve =
+        c.submit(&["--tier", "on-demand", "--name", "digits-api", "--", "python3", &example("serve.py")]);
+    let port_file = c.checkpoints(serve).join("port");
+    let port: u16 = wait_for("the server to listen", Duration::from_secs(60), || {
+        std::fs::read_to_string(&port_file).ok()?.trim().parse().ok()
+    });
+    let batch = c.submit(&["--array", "0-5", "--", "bash", "-c", "trap 'exit 0' TERM; sleep 600 & wait"]);
+    wait_for("batch on the other GPUs", Duration::from_secs(20), || {
+        (c.job(batch)["progress"]["states"]["running"] == 3).then_some(())
+    });
+    // More on-demand work: batch tasks are drained, the server is not.
+    c.submit(&["--tier", "on-demand", "--gpus", "2", "--", "sleep", "1"]);
+    wait_for("batch preempted", Duration::from_secs(20), || {
+        let p = c.job(batch)["progress"].clone();
+        let preempted: u64 = p["tasks"].as_array()?.iter().map(|t| t["preemptions"].as_u64().unwrap()).sum();
+        (preempted >= 2).then_some(())
+    });
+    let answer: Value =
+        reqwest::blocking::get(format!("http://127.0.0.1:{port}/predict?row=17")).unwrap().json().unwrap();
+    assert_eq!(answer["row"], 17);
+    let server = c.job(serve);
+    assert_eq!((server["state"].as_str(), server["attempt"].as_u64()), (Some("running"), Some(1)));
+    assert!(!events(&server).contains(&"drain_notice".to_string()));
+    c.ebb(&["cancel", &serve.to_string()]);
+    c.wait_state(serve, "cancelled");
+}
