@@ -207,6 +207,12 @@ fn a_killed_agent_requeues_its_jobs_and_its_restart_runs_no_stale_attempt() {
     assert_eq!(again["placement"][0]["node"], "node-0");
     let pid2 = c.sleeper_pid(job, 2);
     assert!(pid_alive(pid2) && !pid_alive(pid));
+    // The lost node is an unannounced interruption: it is in attempt 2's
+    // recommended checkpoint interval, and so is the work attempt 1 lost.
+    let why = again["checkpoint_interval_why"].as_str().unwrap();
+    assert!(why.contains("from 1 unannounced interruption"), "{why}");
+    let lost = last["detail"]["lost_gpu_seconds"].as_f64().unwrap();
+    assert!(lost > 0.0, "attempt 1 ran without a checkpoint: its work was lost");
 }
 
 #[test]

@@ -237,6 +237,52 @@ fn the_victim_is_the_candidate_that_checkpointed_most_recently() {
 }
 
 #[test]
+fn checkpoint_reports_set_the_interval_and_a_save_longer_than_the_window_is_warned() {
+    let c = Cluster::start(Options { nodes: 1, gpus: 1, drain_window: "2s", ..Options::default() });
+    let script =
+        r#"env > "$EBB_CHECKPOINT_DIR/env-$EBB_ATTEMPT"; trap 'exit 0' TERM; while :; do sleep 0.05; done"#;
+    let job = c.submit(&["--", "bash", "-c", script]);
+    let env = |attempt: u32| {
+        let path = c.checkpoints(job).join(format!("env-{attempt}"));
+        wait_for("the attempt's environment", Duration::from_secs(20), || {
+            std::fs::metadata(&path).ok().filter(|m| m.len() > 0).map(|_| read_env(&path))
+        })
+    };
+    let env1 = env(1);
+    // Nothing measured yet: δ 30 s, M the prior of 7 node-days, √(2·30·604800) s.
+    assert_eq!(env1["EBB_CHECKPOINT_INTERVAL_S"], "6023");
+    let report = format!("{}/ebb/v1/checkpoint", env1["EBB_METADATA_URL"]);
+    let post = |body: &str| {
+        let resp = reqwest::blocking::Client::new()
+            .post(&report)
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .unwrap();
+        (resp.status().as_u16(), resp.text().unwrap())
+    };
+    let (status, body) = post(r#"{"step": 1, "seconds": -1}"#);
+    assert!(status == 400 && body.contains("seconds"), "{status} {body}");
+    let (status, body) = post(r#"{"step": "ten"}"#);
+    assert!(status == 400 && body.contains("step"), "{status} {body}");
+    let (status, body) = post(r#"{"step": 1, "bytes": 4096, "seconds": 3.5}"#);
+    assert_eq!(status, 202, "{body}");
+    let warned =
+        c.wait_job(job, "the warning", Duration::from_secs(20), |j| events(j).contains(&"warning".into()));
+    let message = event_details(&warned, "warning")[0]["message"].as_str().unwrap().to_string();
+    assert!(message.contains("3.5s") && message.contains("2.0s drain window"), "{message}");
+    assert_eq!(warned["last_checkpoint"]["step"], 1);
+    assert_eq!(warned["last_checkpoint"]["bytes"], 4096);
+    // The next attempt's interval uses the measured 3.5 s: √(2·3.5·604800) s.
+    c.submit(&["--tier", "on-demand", "--", "sleep", "0.2"]);
+    let interval: u64 = env(2)["EBB_CHECKPOINT_INTERVAL_S"].parse().unwrap();
+    assert_eq!(interval, 2057);
+    let shown = c.ebb(&["show", &job.to_string()]);
+    assert!(shown.contains("every 2057s recommended") && shown.contains("δ measured"), "{shown}");
+    assert!(shown.contains("longer than the 2.0s drain window"), "{shown}");
+}
+
+#[test]
 fn a_sweep_runs_one_trial_per_combination_and_preempted_trials_resume() {
     let c = Cluster::start(Options { nodes: 1, gpus: 2, ..Options::default() });
     let out = c.dir.join("sweep");
