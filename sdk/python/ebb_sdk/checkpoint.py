@@ -8,6 +8,7 @@ mistaken for success."""
 import json
 import os
 import re
+import signal
 import sys
 import time
 import urllib.request
@@ -49,10 +50,19 @@ def report_checkpoint(step: Optional[int] = None, size: Optional[int] = None, se
 def complete() -> None:
     """Marks the job's work as done. Call it just before exiting 0 when
     the job has finished: an exit during a drain without the marker is a
-    preemption (requeued), with it a success."""
+    preemption (requeued), with it a success.
+
+    From here on the drain signal is ignored: a notice that arrives while
+    the process exits must not kill it by a signal (Python restores the
+    default handlers during its teardown), which would turn finished work
+    into a preemption and run it again."""
     path = os.environ.get("EBB_COMPLETION_FILE")
     if not path:
         return
+    try:
+        signal.signal(int(os.environ.get("EBB_DRAIN_SIGNAL", signal.SIGTERM)), signal.SIG_IGN)
+    except ValueError:
+        pass  # not the main thread: the handler (if any) stays, and only sets a flag
     with open(path, "w", encoding="utf-8") as f:
         f.write("complete\n")
         f.flush()

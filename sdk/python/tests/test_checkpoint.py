@@ -92,6 +92,26 @@ def test_completion_marker(ebb_env):
     assert not os.path.exists(ebb_env["EBB_COMPLETION_FILE"])
     ebb_sdk.complete()
     assert os.path.exists(ebb_env["EBB_COMPLETION_FILE"])
+    # Finished work is not turned into a preemption by a late notice.
+    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_IGN
+
+
+def test_a_notice_during_teardown_after_complete_does_not_kill_the_job(ebb_env, tmp_path):
+    # The drain signal arrives while the interpreter tears down modules,
+    # after it has put the default handlers back: the exit must still be a
+    # clean 0, not death by the signal.
+    code = (
+        "import os, signal, ebb_sdk\n"
+        "class Late:\n"
+        "    def __del__(self, kill=os.kill, pid=os.getpid(), sig=signal.SIGTERM):\n"
+        "        kill(pid, sig)\n"
+        "late = Late()\n"
+        "ebb_sdk.watcher()\n"
+        "ebb_sdk.complete()\n"
+    )
+    env = dict(os.environ, EBB_DRAIN_SIGNAL=str(int(signal.SIGTERM)), PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path)
+    assert done.returncode == 0
 
 
 def test_outside_ebb_it_is_a_plain_checkpoint_library(tmp_path, monkeypatch):
