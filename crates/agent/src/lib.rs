@@ -77,6 +77,9 @@ struct Agent {
     http: reqwest::Client,
     running: Mutex<HashMap<AttemptRef, Running>>,
     events: mpsc::UnboundedSender<AgentEvent>,
+    /// Exits not yet accepted by the server: a registration carries them,
+    /// so a server that restarted accounts them as they ended.
+    unreported: Mutex<Vec<AgentEvent>>,
 }
 
 #[derive(Debug)]
@@ -156,6 +159,7 @@ impl Agent {
             labels: self.config.labels.clone(),
             running,
             address: Some(self.config.address.clone()),
+            exited: self.unreported.lock().expect("unreported").clone(),
         };
         self.call(self.http.post(self.url("/v1/agent/register")).json(&body)).await
     }
@@ -336,15 +340,11 @@ impl Agent {
             let completed = completion_file.exists();
             // The ledger is rewritten at the next start; until then a stale
             // entry is harmless (its start time no longer matches).
+            let exited = AgentEvent::Exited { attempt: a, code, signal, completed, at_ms: now_ms() };
+            agent.unreported.lock().expect("unreported").push(exited.clone());
             agent.running.lock().expect("running").remove(&a);
             tracing::info!(job = a.job, attempt = a.attempt, ?code, ?signal, "exited");
-            let _ = agent.events.send(AgentEvent::Exited {
-                attempt: a,
-                code,
-                signal,
-                completed,
-                at_ms: now_ms(),
-            });
+            let _ = agent.events.send(exited);
         });
         Ok(())
     }
@@ -373,6 +373,17 @@ impl Agent {
                 match self.call::<ebb_api::ReportReply>(req).await {
                     Ok(reply) => {
                         self.kill_stale(&reply.stale, "the server fenced this stale attempt");
+                        let delivered: Vec<AttemptRef> = report
+                            .events
+                            .iter()
+                            .filter_map(|e| match e {
+                                AgentEvent::Exited { attempt, .. } => Some(*attempt),
+                                _ => None,
+                            })
+                            .collect();
+                        self.unreported.lock().expect("unreported").retain(|e| {
+                            !matches!(e, AgentEvent::Exited { attempt, .. } if delivered.contains(attempt))
+                        });
                         break;
                     }
                     Err(e) => {
@@ -472,7 +483,13 @@ pub async fn run(mut config: AgentConfig) -> Result<(), String> {
         .build()
         .map_err(|e| e.to_string())?;
     let (events, rx) = mpsc::unbounded_channel();
-    let agent = Arc::new(Agent { config, http, running: Mutex::new(HashMap::new()), events });
+    let agent = Arc::new(Agent {
+        config,
+        http,
+        running: Mutex::new(HashMap::new()),
+        events,
+        unreported: Mutex::new(Vec::new()),
+    });
     agent.kill_leftovers();
     tokio::spawn(agent.clone().report_loop(rx));
     let commands = tokio::spawn(agent.clone().command_loop());

@@ -111,6 +111,10 @@ pub struct Job {
     /// The whole array's progress (only in `GET /v1/jobs/{id}` of a task).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<ArrayProgress>,
+    /// What each ended attempt was metered and charged (only in
+    /// `GET /v1/jobs/{id}`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub usage: Vec<Usage>,
     /// The event history, oldest first (only in `GET /v1/jobs/{id}`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub events: Vec<JobEvent>,
@@ -261,6 +265,11 @@ pub struct Register {
     /// Where other nodes reach this one (a gang's `MASTER_ADDR`).
     #[serde(default)]
     pub address: Option<String>,
+    /// Attempts that exited while the server could not be told: their
+    /// `Exited` events, so the server accounts them as they ended rather
+    /// than as lost.
+    #[serde(default)]
+    pub exited: Vec<AgentEvent>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -367,4 +376,186 @@ pub enum AgentEvent {
 pub struct ReportReply {
     /// Attempts the report spoke of that are stale: kill them.
     pub stale: Vec<AttemptRef>,
+}
+
+// ---- money ------------------------------------------------------------------
+//
+// Amounts are integers: micro-dollars (`*_micro_usd`, 1 USD = 1,000,000).
+// The `*_usd` strings beside them are the same amounts for people.
+
+/// One GPU model's prices, per GPU-hour.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Price {
+    pub gpu_model: String,
+    pub on_demand_micro_usd: i64,
+    /// Always the on-demand price less the book's fixed discount.
+    pub preemptible_micro_usd: i64,
+    /// The contract rate a new reservation of this model gets by default.
+    pub reserved_micro_usd: i64,
+    pub on_demand_usd: String,
+    pub preemptible_usd: String,
+    pub reserved_usd: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct PriceBook {
+    /// The preemptible discount off on-demand, percent (fixed; never a bid).
+    pub preemptible_discount_percent: f64,
+    pub prices: Vec<Price>,
+}
+
+/// `PUT /v1/prices/{model}`: dollar amounts as decimal strings, e.g. `"2.50"`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PriceUpdate {
+    pub on_demand_usd: String,
+    #[serde(default)]
+    pub reserved_usd: Option<String>,
+}
+
+/// `POST /v1/reservations`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReservationRequest {
+    pub tenant: String,
+    pub gpu_model: String,
+    pub gpus: u32,
+    /// RFC 3339 or a date (`2026-12-01`, midnight UTC).
+    pub start: String,
+    pub end: String,
+    /// Contract rate per GPU-hour, dollars (default: the price book's).
+    #[serde(default)]
+    pub rate_usd: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Reservation {
+    pub id: u64,
+    pub tenant: String,
+    pub gpu_model: String,
+    pub gpus: u32,
+    pub start: String,
+    pub end: String,
+    pub start_ms: u64,
+    pub end_ms: u64,
+    pub rate_micro_usd: i64,
+    pub rate_usd: String,
+}
+
+/// What one attempt ran and cost: metered per second, from its process
+/// start to its exit, at the rate its tier had when it started.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Usage {
+    pub job: u64,
+    pub attempt: u32,
+    pub tenant: String,
+    pub tier: String,
+    pub gpu_model: String,
+    pub gpus: u32,
+    pub started_at: String,
+    pub ended_at: String,
+    pub started_ms: u64,
+    pub ended_ms: u64,
+    /// Whole seconds, a started second counting as one.
+    pub seconds: u64,
+    pub gpu_seconds: u64,
+    pub rate_micro_usd: i64,
+    pub amount_micro_usd: i64,
+    pub amount_usd: String,
+    /// GPU-seconds after the drain notice, and of work lost (since the
+    /// last checkpoint) when the attempt was preempted or lost.
+    pub drain_gpu_seconds: u64,
+    pub lost_gpu_seconds: u64,
+    /// completed, failed, cancelled, preempted, lost.
+    pub outcome: String,
+}
+
+/// One invoice line: a tier and GPU model at one rate.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct InvoiceLine {
+    pub tier: String,
+    pub gpu_model: String,
+    pub gpu_seconds: u64,
+    pub gpu_hours: f64,
+    pub rate_micro_usd: i64,
+    pub amount_micro_usd: i64,
+    pub rate_usd: String,
+    pub amount_usd: String,
+}
+
+/// A reservation's charge for the part of its committed period inside the
+/// invoice's, used or not.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ReservationCharge {
+    pub reservation: u64,
+    pub gpu_model: String,
+    pub gpus: u32,
+    pub from: String,
+    pub to: String,
+    pub gpu_seconds: u64,
+    pub gpu_hours: f64,
+    pub rate_micro_usd: i64,
+    pub amount_micro_usd: i64,
+    pub amount_usd: String,
+}
+
+/// `GET /v1/bill`: a tenant's invoice for a period. An attempt belongs to
+/// the period in which it ended.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Invoice {
+    pub tenant: String,
+    pub from: String,
+    pub to: String,
+    pub lines: Vec<InvoiceLine>,
+    pub reservations: Vec<ReservationCharge>,
+    pub total_micro_usd: i64,
+    pub total_usd: String,
+    /// The same usage at on-demand prices (reserved usage included), plus
+    /// nothing for reservations: what the work would have cost without them.
+    pub on_demand_equivalent_micro_usd: i64,
+    pub on_demand_equivalent_usd: String,
+    /// What running preemptible instead of on-demand saved.
+    pub preemptible_savings_micro_usd: i64,
+    pub preemptible_savings_usd: String,
+    pub attempts: u64,
+    pub preemptions: u64,
+    pub drain_gpu_hours: f64,
+    pub lost_gpu_hours: f64,
+}
+
+/// Per tier in the operator's report.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct TierReport {
+    pub tier: String,
+    pub gpu_hours: f64,
+    /// Share of the capacity's GPU-hours.
+    pub utilisation: f64,
+    pub revenue_micro_usd: i64,
+    pub revenue_usd: String,
+}
+
+/// `GET /v1/report`: the cluster's use and revenue over a period.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct OperatorReport {
+    pub from: String,
+    pub to: String,
+    /// GPU-hours of the nodes that had joined, over the period.
+    pub capacity_gpu_hours: f64,
+    pub used_gpu_hours: f64,
+    pub idle_gpu_hours: f64,
+    pub utilisation: f64,
+    /// Utilisation without the preemptible tier: what the cluster would
+    /// have sold without it.
+    pub utilisation_without_preemptible: f64,
+    pub tiers: Vec<TierReport>,
+    /// Reservation charges (committed capacity, used or not).
+    pub reservation_revenue_micro_usd: i64,
+    pub reservation_revenue_usd: String,
+    pub total_revenue_micro_usd: i64,
+    pub total_revenue_usd: String,
+    /// Preemptible work runs only on GPUs no reserved or on-demand job is
+    /// using: all of it is otherwise idle capacity, sold.
+    pub idle_capacity_sold_gpu_hours: f64,
+    pub idle_capacity_sold_micro_usd: i64,
+    pub idle_capacity_sold_usd: String,
 }

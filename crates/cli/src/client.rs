@@ -80,4 +80,21 @@ impl Client {
     pub async fn post<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> Result<T, String> {
         self.send(self.http.post(format!("{}{path}", self.server)).json(body)).await
     }
+
+    pub async fn put<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> Result<T, String> {
+        self.send(self.http.put(format!("{}{path}", self.server)).json(body)).await
+    }
+
+    pub async fn delete<T: DeserializeOwned>(&self, path: &str) -> Result<T, String> {
+        self.send(self.http.delete(format!("{}{path}", self.server))).await
+    }
+
+    /// GET with query parameters, encoded.
+    pub async fn get_query<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        query: &[(&str, &str)],
+    ) -> Result<T, String> {
+        self.send(self.http.get(format!("{}{path}", self.server)).query(query)).await
+    }
 }

@@ -245,6 +245,20 @@ pub async fn show(conn: &Connection, id: u64, out: &JsonFlag) -> Result<String, 
         )
         .unwrap();
     }
+    for u in &job.usage {
+        writeln!(
+            text,
+            "  billed       attempt {}: {} GPUs x {}s = {} GPU-s at ${}/GPU-h = ${} ({})",
+            u.attempt,
+            u.gpus,
+            u.seconds,
+            u.gpu_seconds,
+            ebb_server::billing::usd(u.rate_micro_usd),
+            u.amount_usd,
+            u.outcome
+        )
+        .unwrap();
+    }
     if let Some(a) = &job.array {
         let params: Vec<String> = a.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
         let params = if params.is_empty() { String::new() } else { format!(" ({})", params.join(", ")) };

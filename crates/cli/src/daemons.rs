@@ -30,15 +30,69 @@ pub struct ServerArgs {
     /// How often agents check in.
     #[arg(long, default_value = "1s", value_parser = parse_span)]
     pub heartbeat_interval: Span,
+    /// On-demand price of a GPU model, dollars per GPU-hour: MODEL=USD;
+    /// repeatable. Replaces the stored price at start.
+    #[arg(long = "price", value_name = "MODEL=USD")]
+    pub prices: Vec<String>,
+    /// Reserved contract rate of a GPU model: MODEL=USD; repeatable
+    /// (default: its on-demand price).
+    #[arg(long = "reserved-price", value_name = "MODEL=USD")]
+    pub reserved_prices: Vec<String>,
+    /// On-demand price of a model that joins without one.
+    #[arg(long, default_value = "2.00", value_name = "USD")]
+    pub default_price: String,
+    /// The preemptible discount off on-demand, percent (fixed; never a bid).
+    #[arg(long, default_value_t = 50.0, value_name = "PERCENT")]
+    pub preemptible_discount: f64,
+}
+
+/// `--price MODEL=USD` flags to micro-dollars, each checked.
+fn price_flags(flag: &str, pairs: &[String], discount_bps: u32) -> Result<Vec<(String, i64)>, String> {
+    pairs
+        .iter()
+        .map(|pair| {
+            let (model, usd) =
+                pair.split_once('=').ok_or_else(|| format!("{flag} {pair}: expected MODEL=USD"))?;
+            let micro = ebb_server::billing::parse_price(flag, usd, discount_bps).map_err(|e| e.message)?;
+            Ok((model.to_string(), micro))
+        })
+        .collect()
 }
 
 pub async fn server(args: ServerArgs) -> Result<(), String> {
+    let discount = args.preemptible_discount;
+    if !(0.0..100.0).contains(&discount) || (discount * 100.0).fract() != 0.0 {
+        return Err(format!(
+            "--preemptible-discount {discount}: a percentage from 0 to below 100, at most two decimals"
+        ));
+    }
+    let discount_bps = (discount * 100.0) as u32;
+    let on_demand = price_flags("--price", &args.prices, discount_bps)?;
+    let reserved = price_flags("--reserved-price", &args.reserved_prices, discount_bps)?;
+    if let Some((model, _)) = reserved.iter().find(|(m, _)| !on_demand.iter().any(|(o, _)| o == m)) {
+        return Err(format!(
+            "--reserved-price {model}=...: give its on-demand price too (--price {model}=USD)"
+        ));
+    }
+    let prices = on_demand
+        .into_iter()
+        .map(|(model, price)| {
+            let r = reserved.iter().find(|(m, _)| *m == model).map(|(_, p)| *p);
+            (model, price, r)
+        })
+        .collect();
+    let default_price =
+        ebb_server::billing::parse_price("--default-price", &args.default_price, discount_bps)
+            .map_err(|e| e.message)?;
     ebb_server::serve(ebb_server::ServerConfig {
         data_dir: args.data_dir,
         listen: args.listen,
         drain_window: args.drain_window,
         heartbeat_timeout: args.heartbeat_timeout,
         heartbeat_interval: args.heartbeat_interval,
+        prices,
+        default_price,
+        discount_bps,
     })
     .await
 }

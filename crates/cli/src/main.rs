@@ -4,6 +4,7 @@
 mod client;
 mod commands;
 mod daemons;
+mod money;
 mod sim;
 
 use std::process::ExitCode;
@@ -73,6 +74,20 @@ enum Command {
         #[command(subcommand)]
         command: commands::TenantCommand,
     },
+    /// The price book (set: admin).
+    Price {
+        #[command(subcommand)]
+        command: money::PriceCommand,
+    },
+    /// Reservations: committed GPUs of a model for a tenant over a period.
+    Reservation {
+        #[command(subcommand)]
+        command: money::ReservationCommand,
+    },
+    /// A tenant's invoice for a period.
+    Bill(money::BillArgs),
+    /// Utilisation and revenue by tier for a period (admin).
+    Report(money::ReportArgs),
     /// Replay job traces through the scheduler in virtual time.
     Sim(sim::SimArgs),
 }
@@ -117,6 +132,10 @@ async fn dispatch(cli: Cli) -> Result<(), String> {
         Command::Drain { node, out } => commands::drain(conn, &node, &out).await?,
         Command::Reclaim { gpus, gpu_model, out } => commands::reclaim(conn, gpus, gpu_model, &out).await?,
         Command::Tenant { command } => commands::tenant(conn, &command).await?,
+        Command::Price { command } => money::price(conn, &command).await?,
+        Command::Reservation { command } => money::reservation(conn, &command).await?,
+        Command::Bill(args) => money::bill(conn, &args).await?,
+        Command::Report(args) => money::report(conn, &args).await?,
     };
     write_stdout(&text)
 }

@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::sync::{oneshot, watch};
 
-use crate::store::{NodeRow, Scope, Store, TenantRow, TokenRow};
+use crate::store::{NodeRow, PriceRow, ReservationRow, Scope, Store, TenantRow, TokenRow};
 use crate::{hash_token, new_token, rfc3339, ApiError, Principal};
 
 pub fn now_ms() -> u64 {
@@ -118,6 +118,10 @@ pub struct JobRecord {
     /// A live gang's rendezvous (`MASTER_ADDR`, `MASTER_PORT`).
     #[serde(default)]
     pub rendezvous: Option<(String, u16)>,
+    /// The live attempt's GPU model and rates per GPU-hour (its tier's, and
+    /// on-demand's), fixed when it was placed.
+    #[serde(default)]
+    pub billing: Option<(String, i64, i64)>,
 }
 
 /// What a job's checkpoint reports have shown.
@@ -165,19 +169,94 @@ mod tier_name {
 
 /// A message for the writer thread.
 pub enum Msg {
-    Submit { principal: Principal, spec: JobSubmission, reply: oneshot::Sender<Result<Vec<u64>, ApiError>> },
-    Jobs { principal: Principal, reply: oneshot::Sender<Vec<ebb_api::Job>> },
-    Job { principal: Principal, id: u64, reply: oneshot::Sender<Result<ebb_api::Job, ApiError>> },
-    Cancel { principal: Principal, id: u64, reply: oneshot::Sender<Result<ebb_api::Job, ApiError>> },
-    LogFile { principal: Principal, id: u64, reply: oneshot::Sender<Result<(PathBuf, bool), ApiError>> },
-    Nodes { reply: oneshot::Sender<Vec<ebb_api::Node>> },
-    DrainNode { name: String, reply: oneshot::Sender<Result<ebb_api::Node, ApiError>> },
-    Reclaim { req: ebb_api::ReclaimRequest, reply: oneshot::Sender<Result<ebb_api::ReclaimReply, ApiError>> },
-    CreateTenant { name: String, reply: oneshot::Sender<Result<ebb_api::TenantCreated, ApiError>> },
-    Register { reg: Register, reply: oneshot::Sender<Result<Registered, ApiError>> },
-    Poll { node: String, epoch: u64, after: u64, reply: oneshot::Sender<Result<Poll, ApiError>> },
-    Report { report: ebb_api::Report, reply: oneshot::Sender<Result<ReportReply, ApiError>> },
-    Metrics { reply: oneshot::Sender<crate::metrics::Snapshot> },
+    Submit {
+        principal: Principal,
+        spec: JobSubmission,
+        reply: oneshot::Sender<Result<Vec<u64>, ApiError>>,
+    },
+    Jobs {
+        principal: Principal,
+        reply: oneshot::Sender<Vec<ebb_api::Job>>,
+    },
+    Job {
+        principal: Principal,
+        id: u64,
+        reply: oneshot::Sender<Result<ebb_api::Job, ApiError>>,
+    },
+    Cancel {
+        principal: Principal,
+        id: u64,
+        reply: oneshot::Sender<Result<ebb_api::Job, ApiError>>,
+    },
+    LogFile {
+        principal: Principal,
+        id: u64,
+        reply: oneshot::Sender<Result<(PathBuf, bool), ApiError>>,
+    },
+    Nodes {
+        reply: oneshot::Sender<Vec<ebb_api::Node>>,
+    },
+    DrainNode {
+        name: String,
+        reply: oneshot::Sender<Result<ebb_api::Node, ApiError>>,
+    },
+    Reclaim {
+        req: ebb_api::ReclaimRequest,
+        reply: oneshot::Sender<Result<ebb_api::ReclaimReply, ApiError>>,
+    },
+    CreateTenant {
+        name: String,
+        reply: oneshot::Sender<Result<ebb_api::TenantCreated, ApiError>>,
+    },
+    Register {
+        reg: Register,
+        reply: oneshot::Sender<Result<Registered, ApiError>>,
+    },
+    Poll {
+        node: String,
+        epoch: u64,
+        after: u64,
+        reply: oneshot::Sender<Result<Poll, ApiError>>,
+    },
+    Report {
+        report: ebb_api::Report,
+        reply: oneshot::Sender<Result<ReportReply, ApiError>>,
+    },
+    Metrics {
+        reply: oneshot::Sender<crate::metrics::Snapshot>,
+    },
+    Prices {
+        reply: oneshot::Sender<ebb_api::PriceBook>,
+    },
+    SetPrice {
+        model: String,
+        update: ebb_api::PriceUpdate,
+        reply: oneshot::Sender<Result<ebb_api::Price, ApiError>>,
+    },
+    CreateReservation {
+        req: ebb_api::ReservationRequest,
+        reply: oneshot::Sender<Result<ebb_api::Reservation, ApiError>>,
+    },
+    Reservations {
+        principal: Principal,
+        reply: oneshot::Sender<Vec<ebb_api::Reservation>>,
+    },
+    DeleteReservation {
+        id: u64,
+        reply: oneshot::Sender<Result<ebb_api::Reservation, ApiError>>,
+    },
+    Bill {
+        principal: Principal,
+        tenant: Option<String>,
+        from: String,
+        to: String,
+        reply: oneshot::Sender<Result<ebb_api::Invoice, ApiError>>,
+    },
+    OperatorReport {
+        from: String,
+        to: String,
+        reply: oneshot::Sender<Result<ebb_api::OperatorReport, ApiError>>,
+    },
     Tick,
 }
 
@@ -211,6 +290,13 @@ pub struct EngineConfig {
     pub drain_window: Span,
     pub heartbeat_timeout: Span,
     pub heartbeat_interval: Span,
+    /// On-demand (and optionally reserved) prices per GPU-hour given on the
+    /// command line, micro-dollars; they replace the stored ones at start.
+    pub prices: Vec<(String, i64, Option<i64>)>,
+    /// The on-demand price of a model that joins without one.
+    pub default_price: i64,
+    /// The preemptible discount in basis points (5000 = 50%).
+    pub discount_bps: u32,
 }
 
 pub struct Engine<S: Store> {
@@ -232,6 +318,8 @@ pub struct Engine<S: Store> {
     woken: BTreeSet<String>,
     /// Each array's tasks, by the array's id (its first task's).
     arrays: BTreeMap<u64, Vec<u64>>,
+    prices: BTreeMap<String, PriceRow>,
+    reservations: BTreeMap<u64, ReservationRow>,
 }
 
 /// What the writer thread answers with when the store fails.
@@ -273,6 +361,8 @@ impl<S: Store> Engine<S> {
             after_commit: Vec::new(),
             woken: BTreeSet::new(),
             arrays: BTreeMap::new(),
+            prices: BTreeMap::new(),
+            reservations: BTreeMap::new(),
         };
         let mut notes = Vec::new();
         if snapshot.tenants.is_empty() {
@@ -329,6 +419,25 @@ impl<S: Store> Engine<S> {
             }
         }
         engine.store.begin().map_err(storage_error)?;
+        for price in snapshot.prices {
+            engine.prices.insert(price.gpu_model.clone(), price);
+        }
+        for (model, on_demand, reserved) in engine.config.prices.clone() {
+            let row =
+                PriceRow { gpu_model: model.clone(), on_demand, reserved: reserved.unwrap_or(on_demand) };
+            engine.store.put_price(&row).map_err(storage_error)?;
+            engine.prices.insert(model, row);
+        }
+        let models: Vec<String> = engine.nodes.values().map(|n| n.gpu_model.clone()).collect();
+        for model in models {
+            engine.price_for(&model);
+        }
+        for r in snapshot.reservations {
+            if let Err(e) = engine.core.add_reservation(engine.core_reservation(&r)?) {
+                tracing::error!(reservation = r.id, "not restored: {e}");
+            }
+            engine.reservations.insert(r.id, r);
+        }
         for (id, why) in requeued {
             let job = engine.jobs.get_mut(&id).expect("loaded");
             job.state = JobState::Queued;
@@ -380,6 +489,36 @@ impl<S: Store> Engine<S> {
         }
         self.store.commit().map_err(storage_error)?;
         Ok(notes)
+    }
+
+    /// The model's prices, adding the default price for a model first seen.
+    fn price_for(&mut self, model: &str) -> PriceRow {
+        if let Some(row) = self.prices.get(model) {
+            return row.clone();
+        }
+        let price = self.config.default_price;
+        let row = PriceRow { gpu_model: model.to_string(), on_demand: price, reserved: price };
+        if let Err(e) = self.store.put_price(&row) {
+            tracing::error!("cannot store the price of {model}: {e}");
+        }
+        tracing::info!(gpu_model = model, on_demand = %crate::billing::usd(price), "priced at the default");
+        self.prices.insert(model.to_string(), row.clone());
+        row
+    }
+
+    fn core_reservation(&self, r: &ReservationRow) -> Result<ebb_scheduler::Reservation, ApiError> {
+        let model = self
+            .core
+            .model_by_name(&r.gpu_model)
+            .ok_or_else(|| ApiError::bad_request(format!("gpu_model: unknown model {:?}", r.gpu_model)))?;
+        Ok(ebb_scheduler::Reservation {
+            id: ebb_core::ReservationId(r.id as u32),
+            tenant: TenantId(r.tenant),
+            gpu_model: model,
+            gpus: r.gpus,
+            start: Time(r.start_ms),
+            end: Time(r.end_ms),
+        })
     }
 
     fn spec_of(&self, id: u64) -> JobSpec {
@@ -514,8 +653,10 @@ impl<S: Store> Engine<S> {
             Msg::Job { principal, id, reply } => {
                 let result = self.visible(&principal, id).and_then(|()| {
                     let events = self.store.events(id).map_err(storage_error)?;
+                    let usage = self.store.job_usage(id).map_err(storage_error)?;
                     let mut view = self.view(&self.jobs[&id], events);
                     view.progress = self.jobs[&id].array.as_ref().map(|a| self.progress(a.id));
+                    view.usage = usage.iter().map(|u| u.view(&view.tenant)).collect();
                     Ok(view)
                 });
                 let _ = reply.send(result);
@@ -564,6 +705,36 @@ impl<S: Store> Engine<S> {
             Msg::Metrics { reply } => {
                 let _ = reply.send(self.metrics_snapshot());
             }
+            Msg::Prices { reply } => {
+                let _ = reply.send(self.price_book());
+            }
+            Msg::SetPrice { model, update, reply } => {
+                let result = self.set_price(&model, &update);
+                self.reply(reply, result);
+            }
+            Msg::CreateReservation { req, reply } => {
+                let result = self.create_reservation(&req);
+                self.reply(reply, result);
+            }
+            Msg::Reservations { principal, reply } => {
+                let list = self
+                    .reservations
+                    .values()
+                    .filter(|r| principal.may_see(r.tenant))
+                    .map(|r| crate::billing::reservation_view(r, &self.tenant_name(r.tenant)))
+                    .collect();
+                let _ = reply.send(list);
+            }
+            Msg::DeleteReservation { id, reply } => {
+                let result = self.delete_reservation(id);
+                self.reply(reply, result);
+            }
+            Msg::Bill { principal, tenant, from, to, reply } => {
+                let _ = reply.send(self.bill(&principal, tenant.as_deref(), &from, &to));
+            }
+            Msg::OperatorReport { from, to, reply } => {
+                let _ = reply.send(self.report_for(&from, &to, now));
+            }
             Msg::Tick => {}
         }
     }
@@ -599,6 +770,20 @@ impl<S: Store> Engine<S> {
         let (tenant, _) =
             principal.tenant.clone().ok_or_else(|| ApiError::forbidden("this token cannot submit jobs"))?;
         let checked = crate::validate::submission(&spec, &self.core)?;
+        if checked.tier == Tier::Reserved {
+            let wanted = spec.gpu_model.as_deref();
+            let covered = self
+                .reservations
+                .values()
+                .any(|r| r.tenant == tenant && r.end_ms > now && wanted.is_none_or(|m| m == r.gpu_model));
+            if !covered {
+                return Err(ApiError::bad_request(format!(
+                    "tier: reserved jobs draw on a reservation, and tenant {} has none{} that has not ended",
+                    self.tenant_name(tenant),
+                    wanted.map(|m| format!(" of {m}")).unwrap_or_default()
+                )));
+            }
+        }
         let array_id = self.next_job;
         let count = checked.tasks.len() as u64;
         let tasks: Vec<Option<crate::validate::Task>> = match checked.tasks.is_empty() {
@@ -671,6 +856,7 @@ impl<S: Store> Engine<S> {
                 lost_gpu_ms: 0,
                 interval: None,
                 rendezvous: None,
+                billing: None,
             };
             self.jobs.insert(id, record);
             if let Err(e) = self.core.submit(self.spec_of(id)) {
@@ -849,6 +1035,7 @@ impl<S: Store> Engine<S> {
                 };
                 self.store.put_node(&row).map_err(storage_error)?;
                 self.nodes.insert(reg.node.clone(), row);
+                self.price_for(&reg.gpu_model);
                 tracing::info!(node = reg.node, gpus = reg.gpus, gpu_model = reg.gpu_model, "node joined");
             }
         }
@@ -867,7 +1054,15 @@ impl<S: Store> Engine<S> {
             .collect();
         let held_set: BTreeSet<AttemptRef> = held.iter().copied().collect();
         let kill: Vec<AttemptRef> = running.difference(&held_set).copied().collect();
-        if held_set.difference(&running).next().is_some() {
+        let reported: BTreeSet<AttemptRef> = reg
+            .exited
+            .iter()
+            .filter_map(|e| match e {
+                AgentEvent::Exited { attempt, .. } => Some(*attempt),
+                _ => None,
+            })
+            .collect();
+        if held_set.iter().any(|a| !running.contains(a) && !reported.contains(a)) {
             // The agent came back without attempts it was running: an
             // interruption without notice.
             self.interrupted(&reg.node);
@@ -883,6 +1078,13 @@ impl<S: Store> Engine<S> {
                 if cancel_requested {
                     self.push(&reg.node, Action::Stop { attempt, grace_ms: 10_000 });
                 }
+            } else if let Some(AgentEvent::Exited { code, signal, completed, at_ms, .. }) = reg
+                .exited
+                .iter()
+                .find(|e| matches!(e, AgentEvent::Exited { attempt: a, .. } if *a == attempt))
+            {
+                // It ended while the server could not be told: as it ended.
+                self.part_exited(&reg.node, attempt, *code, *signal, *completed, false, *at_ms, now);
             } else {
                 // The node does not run what we think it does: that part of
                 // the attempt is gone.
@@ -1123,6 +1325,15 @@ impl<S: Store> Engine<S> {
         job.lost_gpu_ms += lost_ms;
         self.counters.lost_gpu_seconds += lost_ms as f64 / 1000.0;
         let lost = lost_ms as f64 / 1000.0;
+        let outcome = match effect {
+            ExitEffect::Finished => "completed",
+            ExitEffect::Failed | ExitEffect::Requeued { preempted: false } => "failed",
+            ExitEffect::Cancelled => "cancelled",
+            ExitEffect::PreemptionLimitReached | ExitEffect::Requeued { preempted: true } => "preempted",
+            ExitEffect::RequeuedLost => "lost",
+        };
+        let end = self.jobs[&id].exited_ms;
+        self.meter(id, attempt.attempt, end, outcome, lost_ms);
         let job = self.jobs.get_mut(&id).expect("live attempt");
         job.placement.clear();
         job.notice = None;
@@ -1214,8 +1425,12 @@ impl<S: Store> Engine<S> {
             }
             for r in &plan.requeues {
                 let id = r.job.0;
+                // The node's processes ran until it was last heard from.
+                let ebb_scheduler::RequeueReason::NodeLost(lost_node) = r.reason;
+                let heard = self.core.node(lost_node).expect("known").last_heartbeat.0;
+                let lost_ms = Self::lost_work(&self.jobs[&id], heard);
+                self.meter(id, self.jobs[&id].attempt, heard, "lost", lost_ms);
                 let job = self.jobs.get_mut(&id).expect("known job");
-                let lost_ms = Self::lost_work(job, now);
                 job.lost_gpu_ms += lost_ms;
                 job.state = JobState::Queued;
                 job.placement.clear();
@@ -1289,7 +1504,18 @@ impl<S: Store> Engine<S> {
                 let placement = self.named(&p.alloc);
                 let recommendation = self.recommend(id, &placement, now);
                 let rendezvous = (placement.len() > 1).then(|| self.rendezvous(&placement[0].0));
+                let model = self.nodes[&placement[0].0].gpu_model.clone();
+                let price = self.price_for(&model);
+                let tier = self.jobs[&id].tier;
+                let rate = match tier {
+                    Tier::OnDemand => price.on_demand,
+                    Tier::Preemptible => {
+                        crate::billing::preemptible_rate(price.on_demand, self.config.discount_bps)
+                    }
+                    Tier::Reserved => 0,
+                };
                 let job = self.jobs.get_mut(&id).expect("known job");
+                job.billing = Some((model, rate, price.on_demand));
                 job.interval = Some((recommendation.interval.as_secs(), recommendation.to_string()));
                 job.rendezvous = rendezvous.clone();
                 job.run_started_ms = None;
@@ -1344,6 +1570,219 @@ impl<S: Store> Engine<S> {
             }
         }
         tracing::error!("the scheduler did not settle in 1000 passes");
+    }
+
+    /// The usage record of job `id`'s attempt, ended at `end_ms`: written
+    /// in this batch's transaction, with the state change that ended it.
+    fn meter(&mut self, id: u64, attempt: u32, end_ms: u64, outcome: &str, lost_gpu_ms: u64) {
+        let job = &self.jobs[&id];
+        let (Some(started_ms), Some((model, rate, on_demand_rate))) = (job.run_started_ms, &job.billing)
+        else {
+            return; // never reported started: nothing is known to have run
+        };
+        let usage = crate::billing::meter(crate::billing::Ended {
+            job: id,
+            attempt,
+            tenant: job.tenant,
+            tier: job.tier.as_str(),
+            gpu_model: model,
+            gpus: job.gpus,
+            started_ms,
+            ended_ms: end_ms,
+            notice_at_ms: job.notice.as_ref().map(|n| n.0),
+            rate: *rate,
+            on_demand_rate: *on_demand_rate,
+            lost_gpu_ms,
+            outcome,
+        });
+        if let Err(e) = self.store.add_usage(&usage) {
+            tracing::error!(job = id, attempt, "usage not recorded: {e}");
+        }
+    }
+
+    fn tenant_name(&self, id: u32) -> String {
+        self.tenants.get(&id).cloned().unwrap_or_default()
+    }
+
+    fn tenant_by_name(&self, name: &str) -> Result<u32, ApiError> {
+        self.tenants
+            .iter()
+            .find(|(_, n)| *n == name)
+            .map(|(id, _)| *id)
+            .ok_or_else(|| ApiError::bad_request(format!("tenant: unknown tenant {name:?}")))
+    }
+
+    fn known_model(&self, field: &str, model: &str) -> Result<(), ApiError> {
+        if self.core.model_by_name(model).is_some() || self.prices.contains_key(model) {
+            return Ok(());
+        }
+        let known: Vec<&str> = self.prices.keys().map(String::as_str).collect();
+        Err(ApiError::bad_request(format!(
+            "{field}: unknown GPU model {model:?} (known: {})",
+            if known.is_empty() { "none yet".to_string() } else { known.join(", ") }
+        )))
+    }
+
+    fn price_book(&self) -> ebb_api::PriceBook {
+        let bps = self.config.discount_bps;
+        ebb_api::PriceBook {
+            preemptible_discount_percent: f64::from(bps) / 100.0,
+            prices: self.prices.values().map(|p| crate::billing::price_view(p, bps)).collect(),
+        }
+    }
+
+    fn set_price(&mut self, model: &str, update: &ebb_api::PriceUpdate) -> Result<ebb_api::Price, ApiError> {
+        self.known_model("gpu_model", model)?;
+        let bps = self.config.discount_bps;
+        let on_demand = crate::billing::parse_price("on_demand_usd", &update.on_demand_usd, bps)?;
+        let reserved = match &update.reserved_usd {
+            Some(text) => crate::billing::parse_price("reserved_usd", text, bps)?,
+            None => self.prices.get(model).map_or(on_demand, |p| p.reserved),
+        };
+        let row = PriceRow { gpu_model: model.to_string(), on_demand, reserved };
+        self.store.put_price(&row).map_err(storage_error)?;
+        tracing::info!(gpu_model = model, on_demand = %crate::billing::usd(on_demand), "price set");
+        self.prices.insert(model.to_string(), row.clone());
+        Ok(crate::billing::price_view(&row, bps))
+    }
+
+    fn create_reservation(
+        &mut self,
+        req: &ebb_api::ReservationRequest,
+    ) -> Result<ebb_api::Reservation, ApiError> {
+        let tenant = self.tenant_by_name(&req.tenant)?;
+        self.known_model("gpu_model", &req.gpu_model)?;
+        let model = self.core.model_by_name(&req.gpu_model).ok_or_else(|| {
+            ApiError::bad_request(format!("gpu_model: no node of {} has joined yet", req.gpu_model))
+        })?;
+        let capacity = self.core.model(model).expect("known").capacity;
+        if req.gpus == 0 || req.gpus > capacity {
+            return Err(ApiError::bad_request(format!(
+                "gpus: must be between 1 and the {capacity} GPUs of {}, got {}",
+                req.gpu_model, req.gpus
+            )));
+        }
+        let start = crate::billing::parse_time("start", &req.start)?;
+        let end = crate::billing::parse_time("end", &req.end)?;
+        if start >= end {
+            return Err(ApiError::bad_request(format!("end: {} is not after start: {}", req.end, req.start)));
+        }
+        let overlapping: Vec<&ReservationRow> = self
+            .reservations
+            .values()
+            .filter(|r| r.gpu_model == req.gpu_model && r.start_ms < end && start < r.end_ms)
+            .collect();
+        if let Some(r) = overlapping.iter().find(|r| r.tenant == tenant) {
+            return Err(ApiError::conflict(format!(
+                "the period overlaps reservation {} of {} ({} to {}); change that one instead",
+                r.id,
+                req.tenant,
+                rfc3339(r.start_ms),
+                rfc3339(r.end_ms)
+            )));
+        }
+        let reserved: u32 = overlapping.iter().map(|r| r.gpus).sum();
+        if reserved + req.gpus > capacity {
+            return Err(ApiError::conflict(format!(
+                "gpus: {} of the {capacity} {} GPUs are already reserved in that period; {} are left",
+                reserved,
+                req.gpu_model,
+                capacity - reserved
+            )));
+        }
+        let rate = match &req.rate_usd {
+            Some(text) => crate::billing::parse_price("rate_usd", text, self.config.discount_bps)?,
+            None => self.price_for(&req.gpu_model).reserved,
+        };
+        let id = self.reservations.keys().max().map_or(1, |m| m + 1);
+        let row = ReservationRow {
+            id,
+            tenant,
+            gpu_model: req.gpu_model.clone(),
+            gpus: req.gpus,
+            start_ms: start,
+            end_ms: end,
+            rate,
+        };
+        self.core
+            .add_reservation(self.core_reservation(&row)?)
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        if let Err(e) = self.store.put_reservation(&row) {
+            let _ = self.core.remove_reservation(ebb_core::ReservationId(id as u32));
+            return Err(storage_error(e));
+        }
+        tracing::info!(reservation = id, tenant = req.tenant, gpus = req.gpus, "reservation created");
+        self.reservations.insert(id, row.clone());
+        Ok(crate::billing::reservation_view(&row, &req.tenant))
+    }
+
+    fn delete_reservation(&mut self, id: u64) -> Result<ebb_api::Reservation, ApiError> {
+        let row = self
+            .reservations
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(format!("reservation {id}: not found")))?;
+        let live: Vec<u64> = self
+            .jobs
+            .values()
+            .filter(|j| j.tier == Tier::Reserved && j.tenant == row.tenant && j.state.is_live())
+            .filter(|j| j.billing.as_ref().is_some_and(|(m, _, _)| *m == row.gpu_model))
+            .map(|j| j.id)
+            .collect();
+        if !live.is_empty() {
+            return Err(ApiError::conflict(format!(
+                "reservation {id}: reserved jobs {live:?} are running on it; cancel them first"
+            )));
+        }
+        self.core
+            .remove_reservation(ebb_core::ReservationId(id as u32))
+            .map_err(|e| ApiError::internal(e.to_string()))?;
+        self.store.delete_reservation(id).map_err(storage_error)?;
+        self.reservations.remove(&id);
+        Ok(crate::billing::reservation_view(&row, &self.tenant_name(row.tenant)))
+    }
+
+    fn bill(
+        &mut self,
+        principal: &Principal,
+        tenant: Option<&str>,
+        from: &str,
+        to: &str,
+    ) -> Result<ebb_api::Invoice, ApiError> {
+        let (from_ms, to_ms) = crate::billing::period(from, to)?;
+        let tenant = match (tenant, &principal.tenant) {
+            (Some(name), _) if principal.scope == crate::store::Scope::Admin => self.tenant_by_name(name)?,
+            (Some(name), Some((id, own))) if name == own => *id,
+            (Some(_), _) => return Err(ApiError::forbidden("only an operator may bill another tenant")),
+            (None, Some((id, _))) => *id,
+            (None, None) => return Err(ApiError::bad_request("tenant: required for this token".into())),
+        };
+        let usage = self.store.usage(Some(tenant), from_ms, to_ms).map_err(storage_error)?;
+        let reservations: Vec<ReservationRow> =
+            self.reservations.values().filter(|r| r.tenant == tenant).cloned().collect();
+        Ok(crate::billing::invoice(&self.tenant_name(tenant), &usage, &reservations, from_ms, to_ms))
+    }
+
+    fn report_for(&mut self, from: &str, to: &str, now: u64) -> Result<ebb_api::OperatorReport, ApiError> {
+        let (from_ms, to_ms) = crate::billing::period(from, to)?;
+        // Attempts that started before the period and ended in or after it
+        // count for the hours they ran inside it.
+        let usage = self.store.usage(None, from_ms, u64::MAX).map_err(storage_error)?;
+        let live: Vec<crate::billing::Live> = self
+            .jobs
+            .values()
+            .filter(|j| j.state.is_live())
+            .filter_map(|j| {
+                Some(crate::billing::Live {
+                    tier: j.tier.as_str().into(),
+                    gpus: j.gpus,
+                    started_ms: j.run_started_ms?,
+                })
+            })
+            .collect();
+        let nodes: Vec<(u64, u32)> = self.nodes.values().map(|n| (n.joined_ms, u32::from(n.gpus))).collect();
+        let reservations: Vec<ReservationRow> = self.reservations.values().cloned().collect();
+        Ok(crate::billing::report(&usage, &live, &reservations, &nodes, now, from_ms, to_ms))
     }
 
     /// Young/Daly for job `id` about to run on `placement`: δ from its own
@@ -1403,6 +1842,7 @@ impl<S: Store> Engine<S> {
                 .map(|(node, gpus)| ebb_api::NodeGpus { node: node.clone(), gpus: gpus.clone() })
                 .collect(),
             exit_code: job.exit_code,
+            usage: Vec::new(),
             last_checkpoint: job.checkpoints.last.clone(),
             checkpoint_interval_s: job.interval.as_ref().map(|(s, _)| *s),
             checkpoint_interval_why: job.interval.as_ref().map(|(_, why)| why.clone()),

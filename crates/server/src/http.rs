@@ -7,7 +7,7 @@ use std::time::Duration;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
 use bytes::Bytes;
 use ebb_api as api;
@@ -99,11 +99,14 @@ fn parse<T: DeserializeOwned>(body: &Bytes) -> ApiResult<T> {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "Ebb", description = "Preemptible GPU compute with a drain window"),
-    paths(submit, list_jobs, show_job, cancel_job, job_logs, list_nodes, drain_node, reclaim, create_tenant),
+    paths(submit, list_jobs, show_job, cancel_job, job_logs, list_nodes, drain_node, reclaim, create_tenant,
+        list_prices, set_price, create_reservation, list_reservations, delete_reservation, bill, operator_report),
     components(schemas(
         api::JobSubmission, api::Submitted, api::Job, api::JobEvent, api::NodeGpus, api::Node,
         api::ReclaimRequest, api::ReclaimReply, api::TenantRequest, api::TenantCreated, api::LogChunk,
-        api::ErrorBody, api::SweepParam, api::Checkpoint, api::ArrayTask, api::ArrayProgress, api::TaskState
+        api::ErrorBody, api::SweepParam, api::Checkpoint, api::ArrayTask, api::ArrayProgress, api::TaskState,
+        api::Price, api::PriceBook, api::PriceUpdate, api::ReservationRequest, api::Reservation, api::Usage,
+        api::InvoiceLine, api::ReservationCharge, api::Invoice, api::TierReport, api::OperatorReport
     )),
     modifiers(&BearerAuth)
 )]
@@ -266,6 +269,100 @@ async fn create_tenant(
     Ok((StatusCode::CREATED, Json(created)))
 }
 
+/// The price book: per GPU model, on-demand, preemptible (the fixed
+/// discount off on-demand) and reserved prices per GPU-hour.
+#[utoipa::path(get, path = "/v1/prices", responses((status = 200, body = api::PriceBook)))]
+async fn list_prices(State(app): State<App>, headers: HeaderMap) -> ApiResult<Json<api::PriceBook>> {
+    app.tenant(&headers)?;
+    Ok(Json(app.ask(|reply| Msg::Prices { reply }).await?))
+}
+
+/// Set a GPU model's prices (admin). Attempts already running keep the
+/// rate they started with.
+#[utoipa::path(put, path = "/v1/prices/{model}", params(("model" = String, Path)), request_body = api::PriceUpdate,
+    responses((status = 200, body = api::Price), (status = 400, body = api::ErrorBody)))]
+async fn set_price(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Path(model): Path<String>,
+    body: Bytes,
+) -> ApiResult<Json<api::Price>> {
+    app.require(&headers, Scope::Admin)?;
+    let update: api::PriceUpdate = parse(&body)?;
+    Ok(Json(app.ask(|reply| Msg::SetPrice { model, update, reply }).await??))
+}
+
+/// Reserve GPUs of a model for a tenant over a period (admin).
+#[utoipa::path(post, path = "/v1/reservations", request_body = api::ReservationRequest,
+    responses((status = 201, body = api::Reservation), (status = 400, body = api::ErrorBody), (status = 409, body = api::ErrorBody)))]
+async fn create_reservation(
+    State(app): State<App>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<(StatusCode, Json<api::Reservation>)> {
+    app.require(&headers, Scope::Admin)?;
+    let req: api::ReservationRequest = parse(&body)?;
+    let created = app.ask(|reply| Msg::CreateReservation { req, reply }).await??;
+    Ok((StatusCode::CREATED, Json(created)))
+}
+
+/// Reservations: a tenant's own, or every one for an admin.
+#[utoipa::path(get, path = "/v1/reservations", responses((status = 200, body = [api::Reservation])))]
+async fn list_reservations(
+    State(app): State<App>,
+    headers: HeaderMap,
+) -> ApiResult<Json<Vec<api::Reservation>>> {
+    let principal = app.tenant(&headers)?;
+    Ok(Json(app.ask(|reply| Msg::Reservations { principal, reply }).await?))
+}
+
+/// Delete a reservation (admin); refused while its reserved jobs run.
+#[utoipa::path(delete, path = "/v1/reservations/{id}", params(("id" = u64, Path)),
+    responses((status = 200, body = api::Reservation), (status = 404, body = api::ErrorBody), (status = 409, body = api::ErrorBody)))]
+async fn delete_reservation(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Path(id): Path<u64>,
+) -> ApiResult<Json<api::Reservation>> {
+    app.require(&headers, Scope::Admin)?;
+    Ok(Json(app.ask(|reply| Msg::DeleteReservation { id, reply }).await??))
+}
+
+#[derive(Deserialize)]
+struct PeriodQuery {
+    from: String,
+    to: String,
+    #[serde(default)]
+    tenant: Option<String>,
+}
+
+/// An invoice for `[from, to)`: the caller's tenant, or `tenant` for an admin.
+#[utoipa::path(get, path = "/v1/bill",
+    params(("from" = String, Query), ("to" = String, Query), ("tenant" = Option<String>, Query)),
+    responses((status = 200, body = api::Invoice), (status = 400, body = api::ErrorBody)))]
+async fn bill(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Query(q): Query<PeriodQuery>,
+) -> ApiResult<Json<api::Invoice>> {
+    let principal = app.tenant(&headers)?;
+    let PeriodQuery { from, to, tenant } = q;
+    Ok(Json(app.ask(|reply| Msg::Bill { principal, tenant, from, to, reply }).await??))
+}
+
+/// Utilisation and revenue by tier over `[from, to)` (admin).
+#[utoipa::path(get, path = "/v1/report", params(("from" = String, Query), ("to" = String, Query)),
+    responses((status = 200, body = api::OperatorReport), (status = 400, body = api::ErrorBody)))]
+async fn operator_report(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Query(q): Query<PeriodQuery>,
+) -> ApiResult<Json<api::OperatorReport>> {
+    app.require(&headers, Scope::Admin)?;
+    let PeriodQuery { from, to, .. } = q;
+    Ok(Json(app.ask(|reply| Msg::OperatorReport { from, to, reply }).await??))
+}
+
 async fn agent_register(
     State(app): State<App>,
     headers: HeaderMap,
@@ -337,6 +434,9 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
         drain_window: config.drain_window,
         heartbeat_timeout: config.heartbeat_timeout,
         heartbeat_interval: config.heartbeat_interval,
+        prices: config.prices.clone(),
+        default_price: config.default_price,
+        discount_bps: config.discount_bps,
     };
     let (engine, created) = Engine::open(store, engine_config, tokens.clone()).map_err(|e| e.message)?;
     for path in created {
@@ -371,6 +471,12 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
         .route("/v1/nodes/{name}/drain", post(drain_node))
         .route("/v1/reclaim", post(reclaim))
         .route("/v1/tenants", post(create_tenant))
+        .route("/v1/prices", get(list_prices))
+        .route("/v1/prices/{model}", put(set_price))
+        .route("/v1/reservations", post(create_reservation).get(list_reservations))
+        .route("/v1/reservations/{id}", delete(delete_reservation))
+        .route("/v1/bill", get(bill))
+        .route("/v1/report", get(operator_report))
         .route("/v1/agent/register", post(agent_register))
         .route("/v1/agent/commands", get(agent_commands))
         .route("/v1/agent/report", post(agent_report))

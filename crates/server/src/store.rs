@@ -14,6 +14,8 @@ use serde::{Deserialize, Serialize};
 
 use ebb_api::JobEvent;
 
+pub use crate::billing::{PriceRow, ReservationRow, UsageRow};
+
 #[derive(Debug, thiserror::Error)]
 #[error("storage: {0}")]
 pub struct StoreError(String);
@@ -83,6 +85,8 @@ pub struct Snapshot<J> {
     pub tokens: Vec<TokenRow>,
     pub nodes: Vec<NodeRow>,
     pub jobs: Vec<J>,
+    pub prices: Vec<PriceRow>,
+    pub reservations: Vec<ReservationRow>,
 }
 
 /// The storage interface the server is written against.
@@ -98,6 +102,14 @@ pub trait Store: Send {
     fn add_event(&mut self, job: u64, event: &JobEvent) -> Result<()>;
     fn events(&mut self, job: u64) -> Result<Vec<JobEvent>>;
     fn max_job_id(&mut self) -> Result<u64>;
+    fn put_price(&mut self, price: &PriceRow) -> Result<()>;
+    fn put_reservation(&mut self, reservation: &ReservationRow) -> Result<()>;
+    fn delete_reservation(&mut self, id: u64) -> Result<()>;
+    /// Fails if the attempt already has a record: usage is never counted twice.
+    fn add_usage(&mut self, usage: &UsageRow) -> Result<()>;
+    /// Records that ended in `[from_ms, to_ms)`, of one tenant or all.
+    fn usage(&mut self, tenant: Option<u32>, from_ms: u64, to_ms: u64) -> Result<Vec<UsageRow>>;
+    fn job_usage(&mut self, job: u64) -> Result<Vec<UsageRow>>;
 }
 
 pub struct SqliteStore {
@@ -120,9 +132,29 @@ impl SqliteStore {
              CREATE TABLE IF NOT EXISTS events (
                  seq INTEGER PRIMARY KEY AUTOINCREMENT, job INTEGER NOT NULL REFERENCES jobs(id),
                  at_ms INTEGER NOT NULL, kind TEXT NOT NULL, attempt INTEGER NOT NULL, detail TEXT NOT NULL);
-             CREATE INDEX IF NOT EXISTS events_by_job ON events(job, seq);",
+             CREATE INDEX IF NOT EXISTS events_by_job ON events(job, seq);
+             CREATE TABLE IF NOT EXISTS prices (model TEXT PRIMARY KEY, record TEXT NOT NULL);
+             CREATE TABLE IF NOT EXISTS reservations (id INTEGER PRIMARY KEY, record TEXT NOT NULL);
+             CREATE TABLE IF NOT EXISTS usage (
+                 job INTEGER NOT NULL REFERENCES jobs(id), attempt INTEGER NOT NULL,
+                 tenant INTEGER NOT NULL, ended_ms INTEGER NOT NULL, record TEXT NOT NULL,
+                 PRIMARY KEY (job, attempt));
+             CREATE INDEX IF NOT EXISTS usage_by_end ON usage(ended_ms);",
         )?;
         Ok(SqliteStore { conn })
+    }
+}
+
+impl SqliteStore {
+    /// Rows of one JSON `record` column.
+    fn records<T: for<'de> Deserialize<'de>>(
+        &self,
+        sql: &str,
+        args: impl rusqlite::Params,
+    ) -> Result<Vec<T>> {
+        let mut stmt = self.conn.prepare_cached(sql)?;
+        let rows: Vec<String> = stmt.query_map(args, |r| r.get(0))?.collect::<rusqlite::Result<_>>()?;
+        Ok(rows.iter().map(|r| serde_json::from_str(r)).collect::<serde_json::Result<_>>()?)
     }
 }
 
@@ -151,8 +183,14 @@ impl Store for SqliteStore {
     }
 
     fn load<J: for<'de> Deserialize<'de>>(&mut self) -> Result<Snapshot<J>> {
-        let mut snapshot =
-            Snapshot { tenants: Vec::new(), tokens: Vec::new(), nodes: Vec::new(), jobs: Vec::new() };
+        let mut snapshot = Snapshot {
+            tenants: Vec::new(),
+            tokens: Vec::new(),
+            nodes: Vec::new(),
+            jobs: Vec::new(),
+            prices: Vec::new(),
+            reservations: Vec::new(),
+        };
         let mut stmt = self.conn.prepare("SELECT id, name FROM tenants ORDER BY id")?;
         snapshot.tenants = stmt
             .query_map([], |r| Ok(TenantRow { id: r.get(0)?, name: r.get(1)? }))?
@@ -175,6 +213,8 @@ impl Store for SqliteStore {
         let mut stmt = self.conn.prepare("SELECT record FROM jobs ORDER BY id")?;
         let jobs: Vec<String> = stmt.query_map([], |r| r.get(0))?.collect::<rusqlite::Result<_>>()?;
         snapshot.jobs = jobs.iter().map(|j| serde_json::from_str(j)).collect::<serde_json::Result<_>>()?;
+        snapshot.prices = self.records("SELECT record FROM prices ORDER BY model", [])?;
+        snapshot.reservations = self.records("SELECT record FROM reservations ORDER BY id", [])?;
         Ok(snapshot)
     }
 
@@ -237,6 +277,53 @@ impl Store for SqliteStore {
             });
         }
         Ok(events)
+    }
+
+    fn put_price(&mut self, p: &PriceRow) -> Result<()> {
+        self.conn.execute(
+            "INSERT OR REPLACE INTO prices (model, record) VALUES (?1, ?2)",
+            params![p.gpu_model, serde_json::to_string(p)?],
+        )?;
+        Ok(())
+    }
+
+    fn put_reservation(&mut self, r: &ReservationRow) -> Result<()> {
+        self.conn.execute(
+            "INSERT OR REPLACE INTO reservations (id, record) VALUES (?1, ?2)",
+            params![r.id as i64, serde_json::to_string(r)?],
+        )?;
+        Ok(())
+    }
+
+    fn delete_reservation(&mut self, id: u64) -> Result<()> {
+        self.conn.execute("DELETE FROM reservations WHERE id = ?1", params![id as i64])?;
+        Ok(())
+    }
+
+    fn add_usage(&mut self, u: &UsageRow) -> Result<()> {
+        self.conn.execute(
+            "INSERT INTO usage (job, attempt, tenant, ended_ms, record) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![u.job as i64, u.attempt, u.tenant, u.ended_ms as i64, serde_json::to_string(u)?],
+        )?;
+        Ok(())
+    }
+
+    fn usage(&mut self, tenant: Option<u32>, from_ms: u64, to_ms: u64) -> Result<Vec<UsageRow>> {
+        let (from, to) = (from_ms as i64, to_ms as i64);
+        match tenant {
+            Some(t) => self.records(
+                "SELECT record FROM usage WHERE tenant = ?1 AND ended_ms >= ?2 AND ended_ms < ?3 ORDER BY ended_ms, job, attempt",
+                params![t, from, to],
+            ),
+            None => self.records(
+                "SELECT record FROM usage WHERE ended_ms >= ?1 AND ended_ms < ?2 ORDER BY ended_ms, job, attempt",
+                params![from, to],
+            ),
+        }
+    }
+
+    fn job_usage(&mut self, job: u64) -> Result<Vec<UsageRow>> {
+        self.records("SELECT record FROM usage WHERE job = ?1 ORDER BY attempt", params![job as i64])
     }
 
     fn max_job_id(&mut self) -> Result<u64> {

@@ -1,0 +1,318 @@
+//! The money commands: `price`, `reservation`, `bill`, `report`. Amounts
+//! come from the server as integer micro-dollars with display strings; this
+//! file only lays them out.
+
+use std::fmt::Write;
+
+use clap::{Args, Subcommand};
+use ebb_api as api;
+
+use crate::client::Connection;
+use crate::commands::JsonFlag;
+
+fn json<T: serde::Serialize>(value: &T) -> String {
+    let mut text = serde_json::to_string_pretty(value).expect("serialisable");
+    text.push('\n');
+    text
+}
+
+#[derive(Subcommand)]
+pub enum PriceCommand {
+    /// The price book: per GPU model, per GPU-hour.
+    List(JsonFlag),
+    /// Set a model's on-demand price (and reserved contract rate), in dollars per GPU-hour (admin).
+    Set {
+        gpu_model: String,
+        #[arg(long)]
+        on_demand: String,
+        #[arg(long)]
+        reserved: Option<String>,
+        #[command(flatten)]
+        out: JsonFlag,
+    },
+}
+
+pub async fn price(conn: &Connection, command: &PriceCommand) -> Result<String, String> {
+    let client = conn.client()?;
+    match command {
+        PriceCommand::List(out) => {
+            let book: api::PriceBook = client.get("/v1/prices").await?;
+            if out.json {
+                return Ok(json(&book));
+            }
+            let mut text = format!(
+                "preemptible = on-demand less {}% (fixed)\n{:<16} {:>12} {:>12} {:>12}  (USD per GPU-hour)\n",
+                book.preemptible_discount_percent, "GPU MODEL", "ON-DEMAND", "PREEMPTIBLE", "RESERVED"
+            );
+            for p in &book.prices {
+                writeln!(
+                    text,
+                    "{:<16} {:>12} {:>12} {:>12}",
+                    p.gpu_model, p.on_demand_usd, p.preemptible_usd, p.reserved_usd
+                )
+                .unwrap();
+            }
+            Ok(text)
+        }
+        PriceCommand::Set { gpu_model, on_demand, reserved, out } => {
+            let update =
+                api::PriceUpdate { on_demand_usd: on_demand.clone(), reserved_usd: reserved.clone() };
+            let p: api::Price = client.put(&format!("/v1/prices/{gpu_model}"), &update).await?;
+            Ok(if out.json {
+                json(&p)
+            } else {
+                format!(
+                    "{}: on-demand ${}, preemptible ${}, reserved ${} per GPU-hour\n",
+                    p.gpu_model, p.on_demand_usd, p.preemptible_usd, p.reserved_usd
+                )
+            })
+        }
+    }
+}
+
+#[derive(Subcommand)]
+pub enum ReservationCommand {
+    /// Reserve GPUs of a model for a tenant over a period (admin).
+    Create {
+        #[arg(long)]
+        tenant: String,
+        #[arg(long)]
+        gpu_model: String,
+        #[arg(long)]
+        gpus: u32,
+        /// RFC 3339 or a date (midnight UTC).
+        #[arg(long)]
+        start: String,
+        #[arg(long)]
+        end: String,
+        /// Contract rate, dollars per GPU-hour (default: the price book's).
+        #[arg(long)]
+        rate: Option<String>,
+        #[command(flatten)]
+        out: JsonFlag,
+    },
+    /// List reservations (a tenant's own; every one for an admin).
+    List(JsonFlag),
+    /// Delete a reservation (admin).
+    Delete {
+        id: u64,
+        #[command(flatten)]
+        out: JsonFlag,
+    },
+}
+
+fn reservation_line(r: &api::Reservation) -> String {
+    format!(
+        "{:>4}  {:<12} {:>4} x {:<12} {} .. {}  ${}/GPU-h\n",
+        r.id, r.tenant, r.gpus, r.gpu_model, r.start, r.end, r.rate_usd
+    )
+}
+
+pub async fn reservation(conn: &Connection, command: &ReservationCommand) -> Result<String, String> {
+    let client = conn.client()?;
+    match command {
+        ReservationCommand::Create { tenant, gpu_model, gpus, start, end, rate, out } => {
+            let req = api::ReservationRequest {
+                tenant: tenant.clone(),
+                gpu_model: gpu_model.clone(),
+                gpus: *gpus,
+                start: start.clone(),
+                end: end.clone(),
+                rate_usd: rate.clone(),
+            };
+            let r: api::Reservation = client.post("/v1/reservations", &req).await?;
+            Ok(if out.json { json(&r) } else { format!("created reservation\n{}", reservation_line(&r)) })
+        }
+        ReservationCommand::List(out) => {
+            let list: Vec<api::Reservation> = client.get("/v1/reservations").await?;
+            if out.json {
+                return Ok(json(&list));
+            }
+            Ok(list.iter().map(reservation_line).collect())
+        }
+        ReservationCommand::Delete { id, out } => {
+            let r: api::Reservation = client.delete(&format!("/v1/reservations/{id}")).await?;
+            Ok(if out.json { json(&r) } else { format!("deleted reservation\n{}", reservation_line(&r)) })
+        }
+    }
+}
+
+#[derive(Args)]
+pub struct BillArgs {
+    /// Another tenant's bill (admin).
+    #[arg(long)]
+    pub tenant: Option<String>,
+    /// Start of the period: RFC 3339 or a date (midnight UTC).
+    #[arg(long)]
+    pub from: String,
+    /// End of the period (exclusive).
+    #[arg(long)]
+    pub to: String,
+    #[arg(long, conflicts_with = "csv")]
+    pub json: bool,
+    #[arg(long)]
+    pub csv: bool,
+}
+
+pub async fn bill(conn: &Connection, args: &BillArgs) -> Result<String, String> {
+    let mut query = vec![("from", args.from.as_str()), ("to", args.to.as_str())];
+    if let Some(t) = &args.tenant {
+        query.push(("tenant", t.as_str()));
+    }
+    let inv: api::Invoice = conn.client()?.get_query("/v1/bill", &query).await?;
+    if args.json {
+        return Ok(json(&inv));
+    }
+    if args.csv {
+        return invoice_csv(&inv);
+    }
+    let mut text = format!("invoice for {}, {} to {}\n\n", inv.tenant, inv.from, inv.to);
+    writeln!(
+        text,
+        "{:<12} {:<14} {:>12} {:>14} {:>14}",
+        "TIER", "GPU MODEL", "GPU-HOURS", "USD/GPU-HOUR", "AMOUNT USD"
+    )
+    .unwrap();
+    for l in &inv.lines {
+        let rate = if l.tier == "reserved" { "reservation".to_string() } else { l.rate_usd.clone() };
+        writeln!(
+            text,
+            "{:<12} {:<14} {:>12.4} {:>14} {:>14}",
+            l.tier, l.gpu_model, l.gpu_hours, rate, l.amount_usd
+        )
+        .unwrap();
+    }
+    for c in &inv.reservations {
+        writeln!(
+            text,
+            "{:<12} {:<14} {:>12.4} {:>14} {:>14}   reservation {}: {} GPUs, {} to {}",
+            "reservation",
+            c.gpu_model,
+            c.gpu_hours,
+            ebb_server::billing::usd(c.rate_micro_usd),
+            c.amount_usd,
+            c.reservation,
+            c.gpus,
+            c.from,
+            c.to
+        )
+        .unwrap();
+    }
+    writeln!(text, "\n{:<42} {:>14}", "total", inv.total_usd).unwrap();
+    writeln!(text, "{:<42} {:>14}", "at on-demand prices", inv.on_demand_equivalent_usd).unwrap();
+    writeln!(text, "{:<42} {:>14}", "saved by running preemptible", inv.preemptible_savings_usd).unwrap();
+    writeln!(
+        text,
+        "\n{} attempts, {} preempted; {:.4} GPU-hours in drain windows, {:.4} GPU-hours of work lost",
+        inv.attempts, inv.preemptions, inv.drain_gpu_hours, inv.lost_gpu_hours
+    )
+    .unwrap();
+    Ok(text)
+}
+
+/// One row per line, reservation charge and summary figure; amounts in
+/// micro-dollars (exact) and dollars.
+fn invoice_csv(inv: &api::Invoice) -> Result<String, String> {
+    let mut w = csv::Writer::from_writer(Vec::new());
+    let err = |e: csv::Error| e.to_string();
+    w.write_record([
+        "kind",
+        "tier",
+        "gpu_model",
+        "gpu_seconds",
+        "gpu_hours",
+        "rate_micro_usd",
+        "amount_micro_usd",
+        "amount_usd",
+    ])
+    .map_err(err)?;
+    for l in &inv.lines {
+        w.write_record([
+            "usage",
+            &l.tier,
+            &l.gpu_model,
+            &l.gpu_seconds.to_string(),
+            &format!("{:.6}", l.gpu_hours),
+            &l.rate_micro_usd.to_string(),
+            &l.amount_micro_usd.to_string(),
+            &l.amount_usd,
+        ])
+        .map_err(err)?;
+    }
+    for c in &inv.reservations {
+        w.write_record([
+            &format!("reservation {}", c.reservation),
+            "reserved",
+            &c.gpu_model,
+            &c.gpu_seconds.to_string(),
+            &format!("{:.6}", c.gpu_hours),
+            &c.rate_micro_usd.to_string(),
+            &c.amount_micro_usd.to_string(),
+            &c.amount_usd,
+        ])
+        .map_err(err)?;
+    }
+    for (kind, micro, usd) in [
+        ("total", inv.total_micro_usd, &inv.total_usd),
+        ("on_demand_equivalent", inv.on_demand_equivalent_micro_usd, &inv.on_demand_equivalent_usd),
+        ("preemptible_savings", inv.preemptible_savings_micro_usd, &inv.preemptible_savings_usd),
+    ] {
+        w.write_record([kind, "", "", "", "", "", &micro.to_string(), usd]).map_err(err)?;
+    }
+    let bytes = w.into_inner().map_err(|e| e.to_string())?;
+    String::from_utf8(bytes).map_err(|e| e.to_string())
+}
+
+#[derive(Args)]
+pub struct ReportArgs {
+    #[arg(long)]
+    pub from: String,
+    #[arg(long)]
+    pub to: String,
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub async fn report(conn: &Connection, args: &ReportArgs) -> Result<String, String> {
+    let query = [("from", args.from.as_str()), ("to", args.to.as_str())];
+    let r: api::OperatorReport = conn.client()?.get_query("/v1/report", &query).await?;
+    if args.json {
+        return Ok(json(&r));
+    }
+    let pct = |x: f64| format!("{:.1}%", x * 100.0);
+    let mut text = format!("cluster report, {} to {}\n\n", r.from, r.to);
+    writeln!(
+        text,
+        "capacity {:.2} GPU-h, used {:.2} ({}), idle {:.2}",
+        r.capacity_gpu_hours,
+        r.used_gpu_hours,
+        pct(r.utilisation),
+        r.idle_gpu_hours
+    )
+    .unwrap();
+    writeln!(text, "\n{:<12} {:>12} {:>12} {:>14}", "TIER", "GPU-HOURS", "UTILISATION", "REVENUE USD")
+        .unwrap();
+    for t in &r.tiers {
+        writeln!(
+            text,
+            "{:<12} {:>12.2} {:>12} {:>14}",
+            t.tier,
+            t.gpu_hours,
+            pct(t.utilisation),
+            t.revenue_usd
+        )
+        .unwrap();
+    }
+    writeln!(text, "{:<12} {:>12} {:>12} {:>14}", "reservations", "", "", r.reservation_revenue_usd).unwrap();
+    writeln!(text, "{:<12} {:>12} {:>12} {:>14}", "total", "", "", r.total_revenue_usd).unwrap();
+    writeln!(
+        text,
+        "\nthe preemptible tier sold {:.2} GPU-h of otherwise idle capacity for ${}; utilisation {} without it, {} with it",
+        r.idle_capacity_sold_gpu_hours,
+        r.idle_capacity_sold_usd,
+        pct(r.utilisation_without_preemptible),
+        pct(r.utilisation)
+    )
+    .unwrap();
+    Ok(text)
+}
