@@ -23,9 +23,9 @@ pub enum PriceCommand {
     /// Set a model's on-demand price (and reserved contract rate), in dollars per GPU-hour (admin).
     Set {
         gpu_model: String,
-        #[arg(long)]
+        #[arg(long, allow_hyphen_values = true)]
         on_demand: String,
-        #[arg(long)]
+        #[arg(long, allow_hyphen_values = true)]
         reserved: Option<String>,
         #[command(flatten)]
         out: JsonFlag,
@@ -86,7 +86,7 @@ pub enum ReservationCommand {
         #[arg(long)]
         end: String,
         /// Contract rate, dollars per GPU-hour (default: the price book's).
-        #[arg(long)]
+        #[arg(long, allow_hyphen_values = true)]
         rate: Option<String>,
         #[command(flatten)]
         out: JsonFlag,

@@ -769,20 +769,33 @@ impl<S: Store> Engine<S> {
     fn submit(&mut self, principal: &Principal, spec: JobSubmission, now: u64) -> Result<Vec<u64>, ApiError> {
         let (tenant, _) =
             principal.tenant.clone().ok_or_else(|| ApiError::forbidden("this token cannot submit jobs"))?;
+        let mut spec = spec;
         let checked = crate::validate::submission(&spec, &self.core)?;
         if checked.tier == Tier::Reserved {
             let wanted = spec.gpu_model.as_deref();
-            let covered = self
+            let models: BTreeSet<&str> = self
                 .reservations
                 .values()
-                .any(|r| r.tenant == tenant && r.end_ms > now && wanted.is_none_or(|m| m == r.gpu_model));
-            if !covered {
-                return Err(ApiError::bad_request(format!(
+                .filter(|r| r.tenant == tenant && r.end_ms > now && wanted.is_none_or(|m| m == r.gpu_model))
+                .map(|r| r.gpu_model.as_str())
+                .collect();
+            let model = match models.len() {
+                0 => return Err(ApiError::bad_request(format!(
                     "tier: reserved jobs draw on a reservation, and tenant {} has none{} that has not ended",
                     self.tenant_name(tenant),
                     wanted.map(|m| format!(" of {m}")).unwrap_or_default()
-                )));
-            }
+                ))),
+                1 => models.first().expect("one").to_string(),
+                _ => {
+                    return Err(ApiError::bad_request(format!(
+                        "gpu_model: tenant {} has reservations of {}; say which",
+                        self.tenant_name(tenant),
+                        models.into_iter().collect::<Vec<_>>().join(", ")
+                    )))
+                }
+            };
+            // A reserved job runs on its reservation's model.
+            spec.gpu_model = Some(model);
         }
         let array_id = self.next_job;
         let count = checked.tasks.len() as u64;

@@ -309,7 +309,8 @@ impl Store for SqliteStore {
     }
 
     fn usage(&mut self, tenant: Option<u32>, from_ms: u64, to_ms: u64) -> Result<Vec<UsageRow>> {
-        let (from, to) = (from_ms as i64, to_ms as i64);
+        let clamp = |ms: u64| ms.min(i64::MAX as u64) as i64;
+        let (from, to) = (clamp(from_ms), clamp(to_ms));
         match tenant {
             Some(t) => self.records(
                 "SELECT record FROM usage WHERE tenant = ?1 AND ended_ms >= ?2 AND ended_ms < ?3 ORDER BY ended_ms, job, attempt",

@@ -1,0 +1,307 @@
+//! Money end to end: the price book, usage records, invoices and
+//! reservations on a real cluster (server, agents and job processes on
+//! loopback), checked through the CLI as a tenant and an operator use it.
+
+mod cluster;
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use cluster::{events, Cluster, Options};
+use serde_json::Value;
+
+const MODEL: &str = "H100-80GB";
+
+fn create_tenant(c: &Cluster, name: &str) -> String {
+    let v: Value = serde_json::from_str(&c.ebb(&["tenant", "create", name, "--json"])).unwrap();
+    v["token"].as_str().unwrap().to_string()
+}
+
+fn json_as(c: &Cluster, token: &str, args: &[&str]) -> Value {
+    let out = c.ebb_as(token, args);
+    assert!(out.status.success(), "ebb {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The period around now that every attempt of a test falls in.
+fn today() -> (String, String) {
+    let day = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() / 86_400;
+    let date = |d: u64| {
+        humantime::format_rfc3339(UNIX_EPOCH + Duration::from_secs(d * 86_400)).to_string()[..10].to_string()
+    };
+    (date(day - 1), date(day + 2))
+}
+
+fn sum(values: &[Value], field: &str) -> i64 {
+    values.iter().map(|v| v[field].as_i64().unwrap()).sum()
+}
+
+/// A job that "works" until told to stop, then exits at once.
+const WORKER: &str = "trap 'exit 0' TERM; sleep 1.5 & wait";
+
+#[test]
+fn a_tenant_pays_half_for_preemptible_work_and_the_bill_matches_show() {
+    let c = Cluster::start(Options { nodes: 1, gpus: 2, ..Options::default() });
+    // $3.60 per GPU-hour: 1,000 micro-dollars per GPU-second on demand.
+    c.ebb(&["price", "set", MODEL, "--on-demand", "3.60"]);
+    let book: Value = serde_json::from_str(&c.ebb(&["price", "list", "--json"])).unwrap();
+    assert_eq!(book["preemptible_discount_percent"], 50.0);
+    for p in book["prices"].as_array().unwrap() {
+        assert_eq!(
+            p["preemptible_micro_usd"].as_i64().unwrap() * 2,
+            p["on_demand_micro_usd"].as_i64().unwrap()
+        );
+    }
+    let acme = create_tenant(&c, "acme");
+    // The same job on each tier.
+    let od = c.submit_as(&acme, &["--tier", "on-demand", "--gpus", "2", "--", "bash", "-c", WORKER]);
+    c.wait_state(od, "succeeded");
+    let pe = c.submit_as(&acme, &["--gpus", "2", "--", "bash", "-c", WORKER]);
+    c.wait_state(pe, "running");
+    std::thread::sleep(Duration::from_millis(500));
+    // Someone else's on-demand work takes the GPUs once.
+    c.submit(&["--tier", "on-demand", "--gpus", "2", "--", "sleep", "0.5"]);
+    let done = c.wait_job(pe, "to finish after a preemption", Duration::from_secs(30), |j| {
+        j["state"] == "succeeded" && j["preemptions"] == 1
+    });
+    assert_eq!(done["attempt"], 2);
+
+    let (from, to) = today();
+    let bill = json_as(&c, &acme, &["bill", "--from", &from, "--to", &to, "--json"]);
+    let lines = bill["lines"].as_array().unwrap();
+    let line =
+        |tier: &str| lines.iter().find(|l| l["tier"] == tier).unwrap_or_else(|| panic!("{tier}: {bill}"));
+    let (on_demand, preemptible) = (line("on-demand"), line("preemptible"));
+    assert_eq!(lines.len(), 2, "{bill}");
+    assert_eq!(on_demand["rate_micro_usd"], 3_600_000);
+    assert_eq!(preemptible["rate_micro_usd"], 1_800_000, "preemptible at exactly 50%");
+    // Per GPU-second: 1,000 on demand, 500 preemptible -- exact here.
+    let (od_s, pe_s) =
+        (on_demand["gpu_seconds"].as_i64().unwrap(), preemptible["gpu_seconds"].as_i64().unwrap());
+    assert_eq!(on_demand["amount_micro_usd"].as_i64().unwrap(), od_s * 1_000);
+    assert_eq!(preemptible["amount_micro_usd"].as_i64().unwrap(), pe_s * 500);
+    assert_eq!(bill["preemptible_savings_micro_usd"].as_i64().unwrap(), pe_s * 500);
+    assert_eq!(bill["on_demand_equivalent_micro_usd"].as_i64().unwrap(), (od_s + pe_s) * 1_000);
+    assert_eq!(bill["total_micro_usd"].as_i64().unwrap(), od_s * 1_000 + pe_s * 500);
+    assert_eq!((bill["attempts"].as_u64(), bill["preemptions"].as_u64()), (Some(3), Some(1)));
+    assert!(bill["drain_gpu_hours"].as_f64().unwrap() > 0.0);
+
+    // The numbers match `ebb show`: one record per attempt, the same totals.
+    let usage = |id: u64| {
+        json_as(&c, &acme, &["show", &id.to_string(), "--json"])["usage"].as_array().unwrap().clone()
+    };
+    let (od_usage, pe_usage) = (usage(od), usage(pe));
+    assert_eq!((od_usage.len(), pe_usage.len()), (1, 2));
+    assert_eq!(sum(&od_usage, "gpu_seconds"), od_s);
+    assert_eq!(sum(&pe_usage, "gpu_seconds"), pe_s);
+    assert_eq!(sum(&od_usage, "amount_micro_usd"), on_demand["amount_micro_usd"].as_i64().unwrap());
+    assert_eq!(sum(&pe_usage, "amount_micro_usd"), preemptible["amount_micro_usd"].as_i64().unwrap());
+    assert_eq!(pe_usage[0]["outcome"], "preempted");
+    assert!(pe_usage[0]["drain_gpu_seconds"].as_u64().unwrap() >= 2);
+    // Metered per started second of the process's life: the worker sleeps 1.5 s.
+    assert_eq!(od_usage[0]["seconds"], 2, "{od_usage:?}");
+    let shown = String::from_utf8(c.ebb_as(&acme, &["show", &pe.to_string()]).stdout).unwrap();
+    assert!(shown.contains("billed       attempt 1: 2 GPUs x") && shown.contains("(preempted)"), "{shown}");
+
+    // The same invoice as CSV and for people.
+    let csv =
+        String::from_utf8(c.ebb_as(&acme, &["bill", "--from", &from, "--to", &to, "--csv"]).stdout).unwrap();
+    let total = csv.lines().find(|l| l.starts_with("total,")).unwrap();
+    assert!(total.contains(&bill["total_micro_usd"].to_string()), "{csv}");
+    let text = String::from_utf8(c.ebb_as(&acme, &["bill", "--from", &from, "--to", &to]).stdout).unwrap();
+    assert!(
+        text.contains("saved by running preemptible") && text.contains(bill["total_usd"].as_str().unwrap())
+    );
+    // A tenant cannot read another's bill; the operator can.
+    let other = c.ebb_as(&acme, &["bill", "--tenant", "default", "--from", &from, "--to", &to]);
+    assert!(!other.status.success());
+    let by_operator: Value =
+        serde_json::from_str(&c.ebb(&["bill", "--tenant", "acme", "--from", &from, "--to", &to, "--json"]))
+            .unwrap();
+    assert_eq!(by_operator["total_micro_usd"], bill["total_micro_usd"]);
+    // The operator's report sees both tiers' revenue.
+    let report: Value =
+        serde_json::from_str(&c.ebb(&["report", "--from", &from, "--to", &to, "--json"])).unwrap();
+    let tier = |t: &str| report["tiers"].as_array().unwrap().iter().find(|x| x["tier"] == t).unwrap().clone();
+    assert!(
+        tier("preemptible")["revenue_micro_usd"].as_i64().unwrap()
+            >= preemptible["amount_micro_usd"].as_i64().unwrap()
+    );
+    assert_eq!(report["idle_capacity_sold_micro_usd"], tier("preemptible")["revenue_micro_usd"]);
+    assert!(report["capacity_gpu_hours"].as_f64().unwrap() > report["used_gpu_hours"].as_f64().unwrap());
+}
+
+#[test]
+fn a_reservation_takes_back_its_lent_gpus_and_the_borrower_pays_only_what_it_ran() {
+    let c = Cluster::start(Options { nodes: 1, gpus: 4, drain_window: "20s", ..Options::default() });
+    c.ebb(&["price", "set", MODEL, "--on-demand", "3.60", "--reserved", "1.80"]);
+    let owner = create_tenant(&c, "owner");
+    let borrower = create_tenant(&c, "borrower");
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+    let at = |secs: i64| {
+        humantime::format_rfc3339(UNIX_EPOCH + Duration::from_secs((now.as_secs() as i64 + secs) as u64))
+            .to_string()
+    };
+    let r: Value = serde_json::from_str(&c.ebb(&[
+        "reservation",
+        "create",
+        "--tenant",
+        "owner",
+        "--gpu-model",
+        MODEL,
+        "--gpus",
+        "4",
+        "--start",
+        &at(-3600),
+        "--end",
+        &at(3600),
+        "--json",
+    ]))
+    .unwrap();
+    assert_eq!(r["rate_micro_usd"], 1_800_000, "the book's reserved rate");
+    // Idle reserved GPUs are lent to preemptible work.
+    let script = r#"date +%s%3N > "$EBB_CHECKPOINT_DIR/start-$EBB_ATTEMPT"
+trap 'date +%s%3N > "$EBB_CHECKPOINT_DIR/end-$EBB_ATTEMPT"; exit 0' TERM
+while :; do sleep 0.05; done"#;
+    let lent = c.submit_as(&borrower, &["--gpus", "4", "--", "bash", "-c", script]);
+    c.wait_state(lent, "running");
+    std::thread::sleep(Duration::from_millis(1500));
+    // The owner wants its GPUs back.
+    let own = c.submit_as(&owner, &["--tier", "reserved", "--gpus", "4", "--", "sleep", "1"]);
+    let started = c.wait_job(own, "the owner's job to start", Duration::from_secs(20), |j| {
+        events(j).contains(&"started".to_string())
+    });
+    let victim = c.job(lent);
+    let notice =
+        victim["events"].as_array().unwrap().iter().find(|e| e["kind"] == "drain_notice").unwrap().clone();
+    let placed =
+        started["events"].as_array().unwrap().iter().rev().find(|e| e["kind"] == "placed").unwrap().clone();
+    let took = placed["at_ms"].as_u64().unwrap() - notice["at_ms"].as_u64().unwrap();
+    assert!(took < 20_000, "the owner waited {took} ms, longer than the drain window");
+    assert_eq!(victim["preemptions"], 1);
+    c.wait_state(own, "succeeded");
+    // Back on its lent GPUs after the owner is done; cancel it there.
+    c.wait_job(lent, "attempt 2", Duration::from_secs(20), |j| j["attempt"] == 2 && j["state"] == "running");
+    c.ebb_as(&borrower, &["cancel", &lent.to_string()]);
+    c.wait_state(lent, "cancelled");
+
+    // The borrower is billed for what attempt 1 ran: per started second of
+    // its process's life, at the preemptible rate.
+    let ckpt = c.checkpoints(lent);
+    let ms = |name: &str| std::fs::read_to_string(ckpt.join(name)).unwrap().trim().parse::<u64>().unwrap();
+    let ran_ms = ms("end-1") - ms("start-1");
+    let (from, to) = today();
+    let bill = json_as(&c, &borrower, &["bill", "--from", &from, "--to", &to, "--json"]);
+    let usage =
+        json_as(&c, &borrower, &["show", &lent.to_string(), "--json"])["usage"].as_array().unwrap().clone();
+    assert_eq!(usage[0]["outcome"], "preempted");
+    let billed = usage[0]["seconds"].as_u64().unwrap();
+    // The process's own clock and the agent's differ by the time it takes to
+    // start bash and to notice its exit: at most a second either way.
+    assert!(billed.abs_diff(ran_ms.div_ceil(1000)) <= 1, "billed {billed} s, ran {ran_ms} ms");
+    assert_eq!(usage[0]["rate_micro_usd"], 1_800_000);
+    assert_eq!(bill["lines"][0]["tier"], "preemptible");
+    assert!(bill["reservations"].as_array().unwrap().is_empty(), "the borrower has no reservation");
+
+    // The owner pays the reservation for the committed period, used or not;
+    // its reserved job is on the bill at no extra charge.
+    let owner_bill = json_as(&c, &owner, &["bill", "--from", &from, "--to", &to, "--json"]);
+    let charge = &owner_bill["reservations"][0];
+    assert_eq!(charge["gpu_seconds"], 4 * 7200);
+    assert_eq!(charge["amount_micro_usd"], 4 * 2 * 1_800_000);
+    let reserved_line = &owner_bill["lines"][0];
+    assert_eq!(
+        (reserved_line["tier"].as_str(), reserved_line["amount_micro_usd"].as_i64()),
+        (Some("reserved"), Some(0))
+    );
+    assert_eq!(owner_bill["total_micro_usd"], charge["amount_micro_usd"]);
+    assert!(owner_bill["on_demand_equivalent_micro_usd"].as_i64().unwrap() > 0);
+    let listed: Value = serde_json::from_str(&c.ebb(&["reservation", "list", "--json"])).unwrap();
+    assert_eq!(listed.as_array().unwrap().len(), 1);
+}
+
+#[test]
+fn bad_money_input_is_refused_by_name_and_changes_nothing() {
+    let c = Cluster::start(Options { nodes: 1, gpus: 4, ..Options::default() });
+    create_tenant(&c, "acme");
+    let before_prices = c.ebb(&["price", "list", "--json"]);
+    let refused = |args: &[&str], says: &str| {
+        let out = c.ebb_as(&c.admin, args);
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(!out.status.success(), "{args:?} was accepted");
+        assert!(err.contains(says), "{args:?}: {err:?} does not say {says:?}");
+    };
+    refused(&["price", "set", "A100-40GB", "--on-demand", "2"], "unknown GPU model \"A100-40GB\"");
+    refused(&["price", "set", MODEL, "--on-demand", "-2"], "on_demand_usd: not a non-negative dollar amount");
+    refused(&["price", "set", MODEL, "--on-demand", "2.000001"], "cannot be discounted by 50%");
+    refused(&["price", "set", MODEL, "--on-demand", "2", "--reserved", "abc"], "reserved_usd");
+    assert_eq!(c.ebb(&["price", "list", "--json"]), before_prices, "a refused price changed the book");
+
+    let create = |gpus: &str, start: &str, end: &str, model: &str| -> Vec<String> {
+        [
+            "reservation",
+            "create",
+            "--tenant",
+            "acme",
+            "--gpu-model",
+            model,
+            "--gpus",
+            gpus,
+            "--start",
+            start,
+            "--end",
+            end,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    c.ebb(&strs(&create("2", "2030-01-01", "2030-02-01", MODEL)));
+    refused(&strs(&create("2", "2030-01-01", "2030-02-01", "A100-40GB")), "gpu_model: unknown GPU model");
+    refused(&strs(&create("2", "2030-03-01", "2030-02-01", MODEL)), "is not after start");
+    refused(&strs(&create("1", "2030-01-15", "2030-03-01", MODEL)), "overlaps reservation 1");
+    refused(&strs(&create("0", "2030-05-01", "2030-06-01", MODEL)), "gpus: must be between 1 and the 4");
+    refused(&strs(&create("2", "next week", "2030-06-01", MODEL)), "start: \"next week\" is not a date");
+    refused(
+        &[
+            "reservation",
+            "create",
+            "--tenant",
+            "nobody",
+            "--gpu-model",
+            MODEL,
+            "--gpus",
+            "1",
+            "--start",
+            "2031-01-01",
+            "--end",
+            "2031-02-01",
+        ],
+        "tenant: unknown tenant \"nobody\"",
+    );
+    let listed: Value = serde_json::from_str(&c.ebb(&["reservation", "list", "--json"])).unwrap();
+    assert_eq!(listed.as_array().unwrap().len(), 1, "only the good reservation exists: {listed}");
+
+    refused(
+        &["bill", "--from", "2026-12-01", "--to", "2026-11-01"],
+        "from: 2026-12-01 is not before to: 2026-11-01",
+    );
+    refused(&["report", "--from", "2026-12-01", "--to", "2026-12-01"], "is not before");
+    refused(&["bill", "--from", "2026-13-01", "--to", "2027-01-01"], "from: \"2026-13-01\" is not a date");
+    // Reserved work needs a reservation of the tenant's.
+    refused(&["submit", "--tier", "reserved", "--", "true"], "tenant default has none");
+    // Server flags are checked before it starts.
+    let out = std::process::Command::new(cluster::ebb_exe())
+        .args(["server", "--price", "H100=-1", "--data-dir", c.dir.join("other").to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--price"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
