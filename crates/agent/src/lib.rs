@@ -77,8 +77,9 @@ struct Agent {
     http: reqwest::Client,
     running: Mutex<HashMap<AttemptRef, Running>>,
     events: mpsc::UnboundedSender<AgentEvent>,
-    /// Exits not yet accepted by the server: a registration carries them,
-    /// so a server that restarted accounts them as they ended.
+    /// Starts, checkpoints and exits not yet accepted by the server, in
+    /// order: a registration carries them, so a server that restarted
+    /// accounts them as they happened.
     unreported: Mutex<Vec<AgentEvent>>,
 }
 
@@ -111,6 +112,15 @@ impl Agent {
         } else {
             Err(CallError::Other(format!("{status}: {message}")))
         }
+    }
+
+    /// Queues an event for the server, remembering it until accepted
+    /// unless it is output.
+    fn send(&self, event: AgentEvent) {
+        if !matches!(event, AgentEvent::Output { .. }) {
+            self.unreported.lock().expect("unreported").push(event.clone());
+        }
+        let _ = self.events.send(event);
     }
 
     fn ledger_path(&self) -> PathBuf {
@@ -159,7 +169,7 @@ impl Agent {
             labels: self.config.labels.clone(),
             running,
             address: Some(self.config.address.clone()),
-            exited: self.unreported.lock().expect("unreported").clone(),
+            unreported: self.unreported.lock().expect("unreported").clone(),
         };
         self.call(self.http.post(self.url("/v1/agent/register")).json(&body)).await
     }
@@ -229,14 +239,14 @@ impl Agent {
             Ok(()) => {}
             Err(message) => {
                 tracing::error!(job = a.job, attempt = a.attempt, "{message}");
-                let _ =
-                    self.events.send(AgentEvent::Output { attempt: a, data: format!("ebb: {message}\n") });
-                let _ = self.events.send(AgentEvent::Exited {
+                self.send(AgentEvent::Output { attempt: a, data: format!("ebb: {message}\n") });
+                let at_ms = now_ms();
+                self.send(AgentEvent::Exited {
                     attempt: a,
                     code: Some(127),
                     signal: None,
                     completed: false,
-                    at_ms: now_ms(),
+                    at_ms,
                 });
             }
         }
@@ -303,7 +313,7 @@ impl Agent {
             );
             self.write_ledger(&running);
         }
-        let _ = self.events.send(AgentEvent::Started { attempt: a, pid: pid as u32, at_ms: now_ms() });
+        self.send(AgentEvent::Started { attempt: a, pid: pid as u32, at_ms: now_ms() });
         type Pipe = Box<dyn tokio::io::AsyncRead + Unpin + Send>;
         let stdout = child.stdout.take().map(|p| Box::new(p) as Pipe);
         let stderr = child.stderr.take().map(|p| Box::new(p) as Pipe);
@@ -340,11 +350,9 @@ impl Agent {
             let completed = completion_file.exists();
             // The ledger is rewritten at the next start; until then a stale
             // entry is harmless (its start time no longer matches).
-            let exited = AgentEvent::Exited { attempt: a, code, signal, completed, at_ms: now_ms() };
-            agent.unreported.lock().expect("unreported").push(exited.clone());
             agent.running.lock().expect("running").remove(&a);
             tracing::info!(job = a.job, attempt = a.attempt, ?code, ?signal, "exited");
-            let _ = agent.events.send(exited);
+            agent.send(AgentEvent::Exited { attempt: a, code, signal, completed, at_ms: now_ms() });
         });
         Ok(())
     }
@@ -373,17 +381,7 @@ impl Agent {
                 match self.call::<ebb_api::ReportReply>(req).await {
                     Ok(reply) => {
                         self.kill_stale(&reply.stale, "the server fenced this stale attempt");
-                        let delivered: Vec<AttemptRef> = report
-                            .events
-                            .iter()
-                            .filter_map(|e| match e {
-                                AgentEvent::Exited { attempt, .. } => Some(*attempt),
-                                _ => None,
-                            })
-                            .collect();
-                        self.unreported.lock().expect("unreported").retain(|e| {
-                            !matches!(e, AgentEvent::Exited { attempt, .. } if delivered.contains(attempt))
-                        });
+                        self.unreported.lock().expect("unreported").retain(|e| !report.events.contains(e));
                         break;
                     }
                     Err(e) => {

@@ -265,11 +265,11 @@ pub struct Register {
     /// Where other nodes reach this one (a gang's `MASTER_ADDR`).
     #[serde(default)]
     pub address: Option<String>,
-    /// Attempts that exited while the server could not be told: their
-    /// `Exited` events, so the server accounts them as they ended rather
-    /// than as lost.
+    /// Events the server has not accepted yet (starts, checkpoints, exits;
+    /// not output), in order: a restarted server accounts them as they
+    /// happened rather than treating the attempts as lost.
     #[serde(default)]
-    pub exited: Vec<AgentEvent>,
+    pub unreported: Vec<AgentEvent>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]

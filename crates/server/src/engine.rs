@@ -334,6 +334,7 @@ impl<S: Store> Engine<S> {
         mut store: S,
         config: EngineConfig,
         tokens: Arc<RwLock<HashMap<String, Principal>>>,
+        now: u64,
     ) -> Result<(Engine<S>, Vec<String>), ApiError> {
         let mut snapshot = store.load::<JobRecord>().map_err(storage_error)?;
         let sched = ebb_scheduler::Config {
@@ -379,7 +380,6 @@ impl<S: Store> Engine<S> {
                 map.insert(t.hash.clone(), Principal { scope: t.scope, tenant });
             }
         }
-        let now = now_ms();
         for mut node in snapshot.nodes {
             if node.joined_ms == 0 {
                 node.joined_ms = now;
@@ -597,36 +597,58 @@ impl<S: Store> Engine<S> {
                     Err(_) => break,
                 }
             }
-            if let Err(e) = self.store.begin() {
-                tracing::error!("cannot begin a transaction: {e}");
-                continue;
+            if let Err(e) = self.batch(batch, now_ms()) {
+                // Nothing of this batch is acknowledged; callers see the error
+                // as a dropped reply. Memory is ahead of the store now, so stop
+                // rather than serve state the store does not have.
+                tracing::error!("{e}; stopping");
+                std::process::exit(70);
             }
-            let now = now_ms();
+        }
+    }
+
+    /// Handles one batch of messages at `now` as one store transaction:
+    /// apply them, schedule until settled, commit, then answer and wake.
+    /// On a failed commit nothing of the batch is answered and the engine
+    /// must not be used again.
+    pub fn batch(&mut self, batch: Vec<Msg>, now: u64) -> Result<(), String> {
+        self.store.begin().map_err(|e| format!("cannot begin a transaction: {e}"))?;
+        for msg in batch {
+            self.handle(msg, now);
+        }
+        self.schedule(now);
+        match self.store.commit() {
+            Ok(()) => {
+                for reply in self.after_commit.drain(..) {
+                    reply();
+                }
+                for node in std::mem::take(&mut self.woken) {
+                    if let Some(ch) = self.channels.get(&node) {
+                        ch.notify.send_replace(ch.next_seq);
+                    }
+                }
+                Ok(())
+            }
+            Err(e) => {
+                self.after_commit.clear();
+                let _ = self.store.rollback();
+                Err(format!("commit failed: {e}"))
+            }
+        }
+    }
+
+    /// Handles a batch but dies before committing it, as a `kill -9` in
+    /// the middle of a batch would: nothing of it reaches the store or any
+    /// caller. For tests of crash safety.
+    pub fn crash_during(mut self, batch: Vec<Msg>, now: u64) {
+        if self.store.begin().is_ok() {
             for msg in batch {
                 self.handle(msg, now);
             }
             self.schedule(now);
-            match self.store.commit() {
-                Ok(()) => {
-                    for reply in self.after_commit.drain(..) {
-                        reply();
-                    }
-                    for node in std::mem::take(&mut self.woken) {
-                        if let Some(ch) = self.channels.get(&node) {
-                            ch.notify.send_replace(ch.next_seq);
-                        }
-                    }
-                }
-                Err(e) => {
-                    // Nothing of this batch is acknowledged; callers see the error
-                    // as a dropped reply. Memory is ahead of the store now, so stop
-                    // rather than serve state the store does not have.
-                    tracing::error!("commit failed, stopping: {e}");
-                    let _ = self.store.rollback();
-                    std::process::exit(70);
-                }
-            }
         }
+        self.after_commit.clear();
+        drop(self);
     }
 
     fn reply<T: Send + 'static>(&mut self, tx: oneshot::Sender<T>, value: T) {
@@ -780,11 +802,13 @@ impl<S: Store> Engine<S> {
                 .map(|r| r.gpu_model.as_str())
                 .collect();
             let model = match models.len() {
-                0 => return Err(ApiError::bad_request(format!(
+                0 => {
+                    return Err(ApiError::bad_request(format!(
                     "tier: reserved jobs draw on a reservation, and tenant {} has none{} that has not ended",
                     self.tenant_name(tenant),
                     wanted.map(|m| format!(" of {m}")).unwrap_or_default()
-                ))),
+                )))
+                }
                 1 => models.first().expect("one").to_string(),
                 _ => {
                     return Err(ApiError::bad_request(format!(
@@ -1058,6 +1082,9 @@ impl<S: Store> Engine<S> {
         channel.commands.clear();
         // The agent follows from here: what is re-derived below reaches it.
         let next_seq = channel.next_seq - 1;
+        // What happened while the server could not be told (it restarted):
+        // starts, checkpoints and exits, accounted as they happened.
+        self.apply_events(&reg.node, reg.unreported.clone(), now);
         let running: BTreeSet<AttemptRef> = reg.running.iter().copied().collect();
         let held: Vec<AttemptRef> = self
             .jobs
@@ -1067,15 +1094,7 @@ impl<S: Store> Engine<S> {
             .collect();
         let held_set: BTreeSet<AttemptRef> = held.iter().copied().collect();
         let kill: Vec<AttemptRef> = running.difference(&held_set).copied().collect();
-        let reported: BTreeSet<AttemptRef> = reg
-            .exited
-            .iter()
-            .filter_map(|e| match e {
-                AgentEvent::Exited { attempt, .. } => Some(*attempt),
-                _ => None,
-            })
-            .collect();
-        if held_set.iter().any(|a| !running.contains(a) && !reported.contains(a)) {
+        if held_set.difference(&running).next().is_some() {
             // The agent came back without attempts it was running: an
             // interruption without notice.
             self.interrupted(&reg.node);
@@ -1091,13 +1110,6 @@ impl<S: Store> Engine<S> {
                 if cancel_requested {
                     self.push(&reg.node, Action::Stop { attempt, grace_ms: 10_000 });
                 }
-            } else if let Some(AgentEvent::Exited { code, signal, completed, at_ms, .. }) = reg
-                .exited
-                .iter()
-                .find(|e| matches!(e, AgentEvent::Exited { attempt: a, .. } if *a == attempt))
-            {
-                // It ended while the server could not be told: as it ended.
-                self.part_exited(&reg.node, attempt, *code, *signal, *completed, false, *at_ms, now);
             } else {
                 // The node does not run what we think it does: that part of
                 // the attempt is gone.
@@ -1148,8 +1160,17 @@ impl<S: Store> Engine<S> {
             .node_by_name(&node)
             .ok_or_else(|| ApiError::conflict(format!("node {node}: not registered")))?;
         let _ = self.core.heartbeat(id, Time(now));
+        let stale = self.apply_events(&node, report.events, now);
+        Ok(ReportReply { stale: stale.into_iter().collect() })
+    }
+
+    /// What a node's agent reports, in order; returns the stale attempts
+    /// it spoke of. An event delivered twice (once with a registration,
+    /// once in a report) counts once.
+    fn apply_events(&mut self, node: &str, events: Vec<AgentEvent>, now: u64) -> BTreeSet<AttemptRef> {
+        let node = node.to_string();
         let mut stale = BTreeSet::new();
-        for event in report.events {
+        for event in events {
             match event {
                 AgentEvent::Started { attempt, pid, at_ms } => {
                     if !self.live_on(attempt, &node) {
@@ -1157,10 +1178,11 @@ impl<S: Store> Engine<S> {
                         continue;
                     }
                     let job = self.jobs.get_mut(&attempt.job).expect("live");
-                    // A gang runs once every node has started its part.
-                    if !job.started_on.contains(&node) {
-                        job.started_on.push(node.clone());
+                    if job.started_on.contains(&node) {
+                        continue;
                     }
+                    // A gang runs once every node has started its part.
+                    job.started_on.push(node.clone());
                     job.run_started_ms = Some(job.run_started_ms.map_or(at_ms, |t| t.min(at_ms)));
                     if job.state == JobState::Starting && job.started_on.len() == job.placement.len() {
                         job.state = JobState::Running;
@@ -1194,7 +1216,7 @@ impl<S: Store> Engine<S> {
                 }
             }
         }
-        Ok(ReportReply { stale: stale.into_iter().collect() })
+        stale
     }
 
     /// The live attempt reported a completed checkpoint: the core picks

@@ -438,7 +438,8 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
         default_price: config.default_price,
         discount_bps: config.discount_bps,
     };
-    let (engine, created) = Engine::open(store, engine_config, tokens.clone()).map_err(|e| e.message)?;
+    let (engine, created) =
+        Engine::open(store, engine_config, tokens.clone(), crate::engine::now_ms()).map_err(|e| e.message)?;
     for path in created {
         tracing::info!("created {path} (mode 0600)");
         eprintln!("ebb server: wrote {path}");

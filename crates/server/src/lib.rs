@@ -5,7 +5,7 @@
 //! the store. See ARCHITECTURE.md.
 
 pub mod billing;
-mod engine;
+pub mod engine;
 mod http;
 mod metrics;
 pub mod store;
