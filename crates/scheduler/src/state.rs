@@ -457,6 +457,23 @@ impl State {
         Ok(())
     }
 
+    /// Puts back a queued job when the edge restarted, with the attempts
+    /// it has had and its preemptions: its next attempt gets a new number,
+    /// so an agent still holding an old one is fenced.
+    pub fn restore_queued(
+        &mut self,
+        spec: JobSpec,
+        attempt: Attempt,
+        preemptions: u32,
+    ) -> Result<(), StateError> {
+        let id = spec.id;
+        self.submit(spec)?;
+        let job = self.jobs.get_mut(&id).expect("just submitted");
+        job.attempt = attempt;
+        job.preemptions = preemptions;
+        Ok(())
+    }
+
     /// Puts back a job that was running when the edge restarted: `spec`
     /// as submitted, attempt `attempt` on `alloc` since `started_at`, with
     /// its last checkpoint and its drain notice if it was draining. Refused if the GPUs are not

@@ -450,6 +450,23 @@ mod tests {
         assert_eq!(preemptible_rate(2_500_000, 5_000) * 2, 2_500_000);
     }
 
+    proptest::proptest! {
+        /// Under the default book, every price the server accepts has a
+        /// preemptible rate of exactly half, and every price it refuses is
+        /// one that has none.
+        #[test]
+        fn preemptible_is_exactly_half_of_every_accepted_price(micro in 0i64..1_000_000_000_000) {
+            let text = format!("{}.{:06}", micro / 1_000_000, micro % 1_000_000);
+            match parse_price("on_demand_usd", &text, 5_000) {
+                Ok(price) => {
+                    proptest::prop_assert_eq!(price, micro);
+                    proptest::prop_assert_eq!(preemptible_rate(price, 5_000) * 2, price);
+                }
+                Err(_) => proptest::prop_assert!(micro % 2 == 1),
+            }
+        }
+    }
+
     #[test]
     fn dates_and_periods() {
         assert_eq!(parse_time("from", "1970-01-02").unwrap(), 86_400_000);

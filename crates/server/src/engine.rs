@@ -320,6 +320,10 @@ pub struct Engine<S: Store> {
     arrays: BTreeMap<u64, Vec<u64>>,
     prices: BTreeMap<String, PriceRow>,
     reservations: BTreeMap<u64, ReservationRow>,
+    /// When each node was last heard from before this server started, and
+    /// the nodes heard from since.
+    heard_before: HashMap<String, u64>,
+    heard_since_start: BTreeSet<String>,
 }
 
 /// What the writer thread answers with when the store fails.
@@ -364,6 +368,8 @@ impl<S: Store> Engine<S> {
             arrays: BTreeMap::new(),
             prices: BTreeMap::new(),
             reservations: BTreeMap::new(),
+            heard_before: HashMap::new(),
+            heard_since_start: BTreeSet::new(),
         };
         let mut notes = Vec::new();
         if snapshot.tenants.is_empty() {
@@ -407,9 +413,7 @@ impl<S: Store> Engine<S> {
             }
             engine.jobs.insert(id, job);
             match state {
-                JobState::Queued => {
-                    engine.core.submit(engine.spec_of(id)).map_err(|e| ApiError::internal(e.to_string()))?
-                }
+                JobState::Queued => engine.restore_queued(id)?,
                 s if s.is_live() => {
                     if let Err(e) = engine.restore(id) {
                         requeued.push((id, e));
@@ -419,6 +423,7 @@ impl<S: Store> Engine<S> {
             }
         }
         engine.store.begin().map_err(storage_error)?;
+        engine.heard_before = snapshot.heard.into_iter().collect();
         for price in snapshot.prices {
             engine.prices.insert(price.gpu_model.clone(), price);
         }
@@ -444,7 +449,7 @@ impl<S: Store> Engine<S> {
             job.placement.clear();
             job.running_on.clear();
             job.notice = None;
-            engine.core.submit(engine.spec_of(id)).map_err(|e| ApiError::internal(e.to_string()))?;
+            engine.restore_queued(id)?;
             engine.event(id, "requeued", json!({ "reason": format!("server restart: {why}") }));
             engine.save(id);
         }
@@ -532,6 +537,14 @@ impl<S: Store> Engine<S> {
             submitted_at: Time(job.submitted_ms),
             max_preemptions: job.spec.max_preemptions,
         }
+    }
+
+    /// Puts a queued job back into the core, with the attempts it has had.
+    fn restore_queued(&mut self, id: u64) -> Result<(), ApiError> {
+        let (attempt, preemptions) = (self.jobs[&id].attempt, self.jobs[&id].preemptions);
+        self.core
+            .restore_queued(self.spec_of(id), Attempt(attempt), preemptions)
+            .map_err(|e| ApiError::internal(e.to_string()))
     }
 
     /// Puts a job that was running before a restart back into the core.
@@ -1032,6 +1045,9 @@ impl<S: Store> Engine<S> {
     // ---- agents ------------------------------------------------------
 
     fn register(&mut self, reg: Register, now: u64) -> Result<Registered, ApiError> {
+        // Attempts the agent comes back without ended after this, the last
+        // time the node was heard from, and no later than now.
+        let last_contact = self.last_contact(&reg.node).unwrap_or(now).min(now);
         let spec = NodeSpec {
             name: reg.node.clone(),
             gpu_model: reg.gpu_model.clone(),
@@ -1049,6 +1065,7 @@ impl<S: Store> Engine<S> {
                     )));
                 }
                 self.core.heartbeat(id, Time(now)).map_err(|e| ApiError::conflict(e.to_string()))?;
+                self.heard(&reg.node, now);
                 let row = self.nodes.get_mut(&reg.node).expect("known node");
                 if reg.address.is_some() && row.address != reg.address {
                     row.address = reg.address.clone();
@@ -1073,6 +1090,7 @@ impl<S: Store> Engine<S> {
                 self.store.put_node(&row).map_err(storage_error)?;
                 self.nodes.insert(reg.node.clone(), row);
                 self.price_for(&reg.gpu_model);
+                self.heard(&reg.node, now);
                 tracing::info!(node = reg.node, gpus = reg.gpus, gpu_model = reg.gpu_model, "node joined");
             }
         }
@@ -1113,7 +1131,7 @@ impl<S: Store> Engine<S> {
             } else {
                 // The node does not run what we think it does: that part of
                 // the attempt is gone.
-                self.part_exited(&reg.node, attempt, None, None, false, true, now, now);
+                self.part_exited(&reg.node, attempt, None, None, false, true, last_contact, now);
             }
         }
         if !kill.is_empty() {
@@ -1135,6 +1153,7 @@ impl<S: Store> Engine<S> {
             return Err(ApiError::conflict("the server restarted: register again".into()));
         }
         self.core.heartbeat(id, Time(now)).map_err(|e| ApiError::conflict(e.to_string()))?;
+        self.heard(node, now);
         let channel = self.channels.entry(node.to_string()).or_insert_with(Channel::new);
         while channel.commands.front().is_some_and(|c| c.seq <= after) {
             channel.commands.pop_front();
@@ -1160,6 +1179,7 @@ impl<S: Store> Engine<S> {
             .node_by_name(&node)
             .ok_or_else(|| ApiError::conflict(format!("node {node}: not registered")))?;
         let _ = self.core.heartbeat(id, Time(now));
+        self.heard(&node, now);
         let stale = self.apply_events(&node, report.events, now);
         Ok(ReportReply { stale: stale.into_iter().collect() })
     }
@@ -1266,6 +1286,25 @@ impl<S: Store> Engine<S> {
             self.event(id, "warning", json!({ "message": message, "checkpoint_seconds": duration_ms as f64 / 1000.0, "drain_window_seconds": window.as_secs() }));
         }
         self.save(id);
+    }
+
+    /// When `node` was last heard from: by this server, or else by the
+    /// one before it.
+    fn last_contact(&self, node: &str) -> Option<u64> {
+        if self.heard_since_start.contains(node) {
+            let id = self.core.node_by_name(node)?;
+            return Some(self.core.node(id)?.last_heartbeat.0);
+        }
+        self.heard_before.get(node).copied()
+    }
+
+    /// Records contact with `node`: durable, so that a restarted server
+    /// meters work on a node that never comes back only up to here.
+    fn heard(&mut self, node: &str, now: u64) {
+        self.heard_since_start.insert(node.to_string());
+        if let Err(e) = self.store.heard(node, now) {
+            tracing::error!("node {node}: cannot record contact: {e}");
+        }
     }
 
     /// The node was interrupted without notice.
@@ -1460,9 +1499,11 @@ impl<S: Store> Engine<S> {
             }
             for r in &plan.requeues {
                 let id = r.job.0;
-                // The node's processes ran until it was last heard from.
+                // The node's processes ran until it was last heard from
+                // (before this server started, if not since).
                 let ebb_scheduler::RequeueReason::NodeLost(lost_node) = r.reason;
-                let heard = self.core.node(lost_node).expect("known").last_heartbeat.0;
+                let name = self.core.node(lost_node).expect("known").name.clone();
+                let heard = self.last_contact(&name).unwrap_or(now);
                 let lost_ms = Self::lost_work(&self.jobs[&id], heard);
                 self.meter(id, self.jobs[&id].attempt, heard, "lost", lost_ms);
                 let job = self.jobs.get_mut(&id).expect("known job");

@@ -87,6 +87,8 @@ pub struct Snapshot<J> {
     pub jobs: Vec<J>,
     pub prices: Vec<PriceRow>,
     pub reservations: Vec<ReservationRow>,
+    /// When each node was last heard from.
+    pub heard: Vec<(String, u64)>,
 }
 
 /// The storage interface the server is written against.
@@ -102,6 +104,9 @@ pub trait Store: Send {
     fn add_event(&mut self, job: u64, event: &JobEvent) -> Result<()>;
     fn events(&mut self, job: u64) -> Result<Vec<JobEvent>>;
     fn max_job_id(&mut self) -> Result<u64>;
+    /// The node was heard from at `at_ms`: after a restart, work on a node
+    /// that never comes back is metered up to here.
+    fn heard(&mut self, node: &str, at_ms: u64) -> Result<()>;
     fn put_price(&mut self, price: &PriceRow) -> Result<()>;
     fn put_reservation(&mut self, reservation: &ReservationRow) -> Result<()>;
     fn delete_reservation(&mut self, id: u64) -> Result<()>;
@@ -139,7 +144,8 @@ impl SqliteStore {
                  job INTEGER NOT NULL REFERENCES jobs(id), attempt INTEGER NOT NULL,
                  tenant INTEGER NOT NULL, ended_ms INTEGER NOT NULL, record TEXT NOT NULL,
                  PRIMARY KEY (job, attempt));
-             CREATE INDEX IF NOT EXISTS usage_by_end ON usage(ended_ms);",
+             CREATE INDEX IF NOT EXISTS usage_by_end ON usage(ended_ms);
+             CREATE TABLE IF NOT EXISTS heard (node TEXT PRIMARY KEY, at_ms INTEGER NOT NULL);",
         )?;
         Ok(SqliteStore { conn })
     }
@@ -190,6 +196,7 @@ impl Store for SqliteStore {
             jobs: Vec::new(),
             prices: Vec::new(),
             reservations: Vec::new(),
+            heard: Vec::new(),
         };
         let mut stmt = self.conn.prepare("SELECT id, name FROM tenants ORDER BY id")?;
         snapshot.tenants = stmt
@@ -215,6 +222,10 @@ impl Store for SqliteStore {
         snapshot.jobs = jobs.iter().map(|j| serde_json::from_str(j)).collect::<serde_json::Result<_>>()?;
         snapshot.prices = self.records("SELECT record FROM prices ORDER BY model", [])?;
         snapshot.reservations = self.records("SELECT record FROM reservations ORDER BY id", [])?;
+        let mut stmt = self.conn.prepare("SELECT node, at_ms FROM heard")?;
+        snapshot.heard = stmt
+            .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as u64)))?
+            .collect::<rusqlite::Result<_>>()?;
         Ok(snapshot)
     }
 
@@ -277,6 +288,13 @@ impl Store for SqliteStore {
             });
         }
         Ok(events)
+    }
+
+    fn heard(&mut self, node: &str, at_ms: u64) -> Result<()> {
+        let mut stmt =
+            self.conn.prepare_cached("INSERT OR REPLACE INTO heard (node, at_ms) VALUES (?1, ?2)")?;
+        stmt.execute(params![node, at_ms as i64])?;
+        Ok(())
     }
 
     fn put_price(&mut self, p: &PriceRow) -> Result<()> {

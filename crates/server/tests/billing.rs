@@ -1,0 +1,551 @@
+//! The billing property: for any sequence of submissions, preemptions,
+//! exits, failures, node crashes, agent restarts and server crashes (between
+//! batches or in the middle of one), with the server restarted from its
+//! SQLite file each time, the invoices add up to the usage records, which
+//! add up to what the processes actually ran × their rate, to the
+//! micro-dollar: every attempt that ran is billed once, none twice.
+//!
+//! The writer (`Engine`) is driven directly, one batch at a time, at
+//! explicit instants; the agents are modelled here, speaking the agent
+//! protocol (register, poll, report) as `ebb agent` does, and keeping the
+//! truth: when each process really started and ended.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+
+use ebb_api::{Action, AgentEvent, AttemptRef, JobSubmission, Register, Report};
+use ebb_core::Span;
+use ebb_server::engine::{Engine, EngineConfig, Msg};
+use ebb_server::store::{Scope, SqliteStore, Store};
+use ebb_server::Principal;
+use proptest::prelude::*;
+use tokio::sync::oneshot;
+
+const MODEL: &str = "H100";
+const NODES: usize = 2;
+const GPUS: u8 = 4;
+/// $2.50 per GPU-hour on demand; preemptible is half.
+const ON_DEMAND: i64 = 2_500_000;
+const DRAIN_WINDOW_MS: u64 = 3_000;
+/// How long a drained job takes to save and exit.
+const SAVE_MS: u64 = 700;
+const START: u64 = 1_800_000_000_000;
+
+#[derive(Clone, Debug)]
+enum Op {
+    Submit { on_demand: bool, gpus: u32, acme: bool },
+    Advance { ms: u64 },
+    Finish { node: usize, pick: usize, ok: bool },
+    NodeCrash { node: usize },
+    NodeBoot { node: usize },
+    AgentRestart { node: usize },
+    ServerCrash { mid_batch: bool, down_ms: u64 },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (any::<bool>(), 1u32..=4, any::<bool>()).prop_map(|(on_demand, gpus, acme)| Op::Submit { on_demand, gpus, acme }),
+        4 => (100u64..2_500).prop_map(|ms| Op::Advance { ms }),
+        3 => (0..NODES, any::<usize>(), prop::bool::weighted(0.8)).prop_map(|(node, pick, ok)| Op::Finish { node, pick, ok }),
+        1 => (0..NODES).prop_map(|node| Op::NodeCrash { node }),
+        1 => (0..NODES).prop_map(|node| Op::NodeBoot { node }),
+        1 => (0..NODES).prop_map(|node| Op::AgentRestart { node }),
+        1 => (any::<bool>(), 0u64..4_000).prop_map(|(mid_batch, down_ms)| Op::ServerCrash { mid_batch, down_ms }),
+    ]
+}
+
+/// A process the modelled agent runs.
+struct Proc {
+    started: u64,
+    gpus: u32,
+    tier: String,
+    /// Set by a drain: when the job will have saved and exited.
+    exit_at: Option<u64>,
+}
+
+/// One process's life: what the bill must come to.
+#[derive(Debug)]
+struct Ran {
+    attempt: AttemptRef,
+    tier: String,
+    gpus: u32,
+    started: u64,
+    ended: u64,
+}
+
+struct Node {
+    name: String,
+    up: bool,
+    epoch: Option<u64>,
+    after: u64,
+    running: BTreeMap<AttemptRef, Proc>,
+    /// Events the server has not accepted yet, in order.
+    unreported: Vec<AgentEvent>,
+}
+
+struct World {
+    dir: PathBuf,
+    engine: Option<Engine<SqliteStore>>,
+    now: u64,
+    nodes: Vec<Node>,
+    ran: Vec<Ran>,
+    admin: Principal,
+    acme: Principal,
+}
+
+fn config(dir: &PathBuf) -> EngineConfig {
+    EngineConfig {
+        data_dir: dir.clone(),
+        drain_window: Span(DRAIN_WINDOW_MS),
+        heartbeat_timeout: Span(2_000),
+        heartbeat_interval: Span(500),
+        prices: vec![(MODEL.to_string(), ON_DEMAND, None)],
+        default_price: ON_DEMAND,
+        discount_bps: 5_000,
+    }
+}
+
+impl World {
+    fn new(case: u64) -> World {
+        let root = if std::path::Path::new("/dev/shm").is_dir() {
+            PathBuf::from("/dev/shm")
+        } else {
+            std::env::temp_dir()
+        };
+        let dir = root.join(format!("ebb-billing-{}-{case}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("logs")).unwrap();
+        let nodes = (0..NODES)
+            .map(|i| Node {
+                name: format!("node-{i}"),
+                up: true,
+                epoch: None,
+                after: 0,
+                running: BTreeMap::new(),
+                unreported: Vec::new(),
+            })
+            .collect();
+        let admin = Principal { scope: Scope::Admin, tenant: Some((1, "default".into())) };
+        let acme = Principal { scope: Scope::Tenant, tenant: Some((2, "acme".into())) };
+        let mut world = World { dir, engine: None, now: START, nodes, ran: Vec::new(), admin, acme };
+        world.open();
+        let created = world.call(|reply| Msg::CreateTenant { name: "acme".into(), reply }).unwrap();
+        assert!(created.is_ok());
+        for i in 0..NODES {
+            world.sync(i);
+        }
+        world
+    }
+
+    fn open(&mut self) {
+        let store = SqliteStore::open(&self.dir.join("ebb.db")).unwrap();
+        let tokens = Arc::new(RwLock::new(HashMap::new()));
+        let (engine, _) =
+            Engine::open(store, config(&self.dir), tokens, self.now).map_err(|e| e.message).unwrap();
+        self.engine = Some(engine);
+        for node in &mut self.nodes {
+            node.epoch = None; // a new server life: register again
+        }
+    }
+
+    /// One message as its own batch; None while the server is down.
+    fn call<T>(&mut self, make: impl FnOnce(oneshot::Sender<T>) -> Msg) -> Option<T> {
+        let engine = self.engine.as_mut()?;
+        let (tx, mut rx) = oneshot::channel();
+        engine.batch(vec![make(tx)], self.now).unwrap();
+        rx.try_recv().ok()
+    }
+
+    fn exit(
+        &mut self,
+        i: usize,
+        attempt: AttemptRef,
+        code: Option<i32>,
+        signal: Option<i32>,
+        completed: bool,
+    ) {
+        let node = &mut self.nodes[i];
+        let Some(p) = node.running.remove(&attempt) else { return };
+        self.ran.push(Ran { attempt, tier: p.tier, gpus: p.gpus, started: p.started, ended: self.now });
+        node.unreported.push(AgentEvent::Exited { attempt, code, signal, completed, at_ms: self.now });
+    }
+
+    /// Every process of node `i` dies now (a crash, or killed by a new agent).
+    fn kill_all(&mut self, i: usize) {
+        let attempts: Vec<AttemptRef> = self.nodes[i].running.keys().copied().collect();
+        for a in attempts {
+            let p = self.nodes[i].running.remove(&a).unwrap();
+            self.ran.push(Ran {
+                attempt: a,
+                tier: p.tier,
+                gpus: p.gpus,
+                started: p.started,
+                ended: self.now,
+            });
+        }
+    }
+
+    /// Drained jobs whose save is done exit (the server need not be up).
+    fn exits_due(&mut self, i: usize) {
+        let due: Vec<AttemptRef> = self.nodes[i]
+            .running
+            .iter()
+            .filter(|(_, p)| p.exit_at.is_some_and(|t| t <= self.now))
+            .map(|(a, _)| *a)
+            .collect();
+        for a in due {
+            self.exit(i, a, Some(0), None, false);
+        }
+    }
+
+    /// What `ebb agent` does in one round: register if it must, deliver
+    /// what is unreported, follow its command stream.
+    fn sync(&mut self, i: usize) {
+        if !self.nodes[i].up || self.engine.is_none() {
+            return;
+        }
+        self.exits_due(i);
+        if self.nodes[i].epoch.is_none() {
+            let node = &self.nodes[i];
+            let reg = Register {
+                node: node.name.clone(),
+                gpu_model: MODEL.into(),
+                gpus: GPUS,
+                labels: BTreeMap::new(),
+                running: node.running.keys().copied().collect(),
+                address: Some("127.0.0.1".into()),
+                unreported: node.unreported.clone(),
+            };
+            let Some(Ok(registered)) = self.call(|reply| Msg::Register { reg, reply }) else { return };
+            let node = &mut self.nodes[i];
+            node.epoch = Some(registered.epoch);
+            node.after = registered.next_seq;
+            node.unreported.clear();
+            for a in registered.kill {
+                // Never expected here: every process this model runs is one
+                // the server knows of. If it were, it ran until now.
+                let p = node.running.remove(&a).unwrap();
+                self.ran.push(Ran {
+                    attempt: a,
+                    tier: p.tier,
+                    gpus: p.gpus,
+                    started: p.started,
+                    ended: self.now,
+                });
+            }
+        }
+        self.deliver(i);
+        let (name, epoch, after) = {
+            let n = &self.nodes[i];
+            (n.name.clone(), n.epoch.unwrap(), n.after)
+        };
+        let Some(polled) = self.call(|reply| Msg::Poll { node: name, epoch, after, reply }) else { return };
+        let Ok(poll) = polled else {
+            self.nodes[i].epoch = None; // the server restarted or lost us: register again
+            return;
+        };
+        for command in poll.commands {
+            if std::env::var_os("EBB_BILLING_TRACE").is_some() {
+                eprintln!("{} {} <- {:?}", self.now - START, self.nodes[i].name, command.action);
+            }
+            self.nodes[i].after = command.seq;
+            match command.action {
+                Action::Start(s) => {
+                    let node = &mut self.nodes[i];
+                    if node.running.contains_key(&s.attempt) {
+                        continue;
+                    }
+                    let p = Proc {
+                        started: self.now,
+                        gpus: s.gpus.len() as u32,
+                        tier: s.tier.clone(),
+                        exit_at: None,
+                    };
+                    node.running.insert(s.attempt, p);
+                    node.unreported.push(AgentEvent::Started { attempt: s.attempt, pid: 1, at_ms: self.now });
+                }
+                Action::Drain(d) => {
+                    if let Some(p) = self.nodes[i].running.get_mut(&d.attempt) {
+                        p.exit_at.get_or_insert((self.now + SAVE_MS).min(d.deadline_ms));
+                    }
+                }
+                Action::Stop { attempt, .. } => self.exit(i, attempt, None, Some(15), false),
+            }
+        }
+        self.exits_due(i);
+        self.deliver(i);
+    }
+
+    fn deliver(&mut self, i: usize) {
+        if self.nodes[i].unreported.is_empty() {
+            return;
+        }
+        let report = Report { node: self.nodes[i].name.clone(), events: self.nodes[i].unreported.clone() };
+        let sent = report.events.len();
+        match self.call(|reply| Msg::Report { report, reply }) {
+            Some(Ok(reply)) => {
+                self.nodes[i].unreported.drain(..sent);
+                assert!(
+                    reply.stale.is_empty(),
+                    "the server fenced an attempt the model ran: {:?}",
+                    reply.stale
+                );
+            }
+            Some(Err(_)) => self.nodes[i].epoch = None,
+            None => {}
+        }
+    }
+
+    fn advance(&mut self, ms: u64) {
+        let end = self.now + ms;
+        while self.now < end {
+            self.now = (self.now + 400).min(end);
+            for i in 0..NODES {
+                self.exits_due(i);
+                self.sync(i);
+            }
+            // Time passes for the scheduler too (heartbeat timeouts).
+            let _ = self.call(|_: oneshot::Sender<()>| Msg::Tick);
+        }
+    }
+
+    fn apply(&mut self, op: &Op) {
+        match *op {
+            Op::Submit { on_demand, gpus, acme } => {
+                let spec = JobSubmission {
+                    tier: Some(if on_demand { "on-demand" } else { "preemptible" }.into()),
+                    gpus: Some(gpus),
+                    argv: vec!["work".into()],
+                    ..Default::default()
+                };
+                let principal = if acme { self.acme.clone() } else { self.admin.clone() };
+                let _ = self.call(|reply| Msg::Submit { principal, spec, reply });
+                for i in 0..NODES {
+                    self.sync(i);
+                }
+            }
+            Op::Advance { ms } => self.advance(ms),
+            Op::Finish { node, pick, ok } => {
+                let candidates: Vec<AttemptRef> = self.nodes[node]
+                    .running
+                    .iter()
+                    .filter(|(_, p)| p.exit_at.is_none())
+                    .map(|(a, _)| *a)
+                    .collect();
+                if !candidates.is_empty() {
+                    let a = candidates[pick % candidates.len()];
+                    self.exit(node, a, Some(if ok { 0 } else { 1 }), None, ok);
+                    self.sync(node);
+                }
+            }
+            Op::NodeCrash { node } => {
+                // Only with the server up, right after a round: the node's
+                // last word to the server is at the instant it dies.
+                if self.nodes[node].up && self.engine.is_some() {
+                    self.sync(node);
+                    if self.nodes[node].unreported.is_empty() {
+                        self.kill_all(node);
+                        let n = &mut self.nodes[node];
+                        n.up = false;
+                        n.epoch = None;
+                    }
+                }
+            }
+            Op::NodeBoot { node } => {
+                if !self.nodes[node].up {
+                    self.nodes[node].up = true;
+                    self.sync(node);
+                }
+            }
+            Op::AgentRestart { node } => {
+                if self.nodes[node].up && self.engine.is_some() {
+                    self.sync(node);
+                    if self.nodes[node].unreported.is_empty() {
+                        // The new agent kills what the old one left running.
+                        self.kill_all(node);
+                        self.nodes[node].epoch = None;
+                        self.sync(node);
+                    }
+                }
+            }
+            Op::ServerCrash { mid_batch, down_ms } => {
+                let Some(engine) = self.engine.take() else { return };
+                if mid_batch {
+                    // It dies while handling a node's report: nothing of that
+                    // batch is stored, and the agent keeps the events.
+                    let i = self.now as usize % NODES;
+                    let (tx, _rx) = oneshot::channel();
+                    let report =
+                        Report { node: self.nodes[i].name.clone(), events: self.nodes[i].unreported.clone() };
+                    engine.crash_during(vec![Msg::Report { report, reply: tx }], self.now);
+                } else {
+                    drop(engine);
+                }
+                // While it is down, jobs go on; drained ones exit.
+                let end = self.now + down_ms;
+                while self.now < end {
+                    self.now = (self.now + 400).min(end);
+                    for i in 0..NODES {
+                        if self.nodes[i].up {
+                            self.exits_due(i);
+                        }
+                    }
+                }
+                self.open();
+                for i in 0..NODES {
+                    self.sync(i);
+                }
+            }
+        }
+    }
+
+    /// Lets everything that runs finish, and the server notice lost nodes.
+    fn settle(&mut self) {
+        if self.engine.is_none() {
+            self.open();
+        }
+        for _ in 0..200 {
+            for i in 0..NODES {
+                let attempts: Vec<AttemptRef> = self.nodes[i].running.keys().copied().collect();
+                for a in attempts {
+                    if self.nodes[i].running[&a].exit_at.is_none() {
+                        self.exit(i, a, Some(0), None, true);
+                    }
+                }
+            }
+            self.advance(500);
+            let principal = self.admin.clone();
+            let live = self
+                .call(|reply| Msg::Jobs { principal, reply })
+                .unwrap()
+                .iter()
+                .any(|j| matches!(j.state.as_str(), "starting" | "running" | "draining"));
+            if !live && self.nodes.iter().all(|n| n.running.is_empty() && n.unreported.is_empty()) {
+                return;
+            }
+        }
+        panic!("the cluster did not settle");
+    }
+}
+
+/// What a process's life costs: per started second, at its tier's rate.
+fn truth_amount(r: &Ran) -> i64 {
+    let rate = match r.tier.as_str() {
+        "on-demand" => ON_DEMAND,
+        "preemptible" => ON_DEMAND / 2,
+        other => panic!("unexpected tier {other}"),
+    };
+    let gpu_seconds = (r.ended - r.started).div_ceil(1000) * u64::from(r.gpus);
+    (i128::from(rate) * i128::from(gpu_seconds) * 1000 / 3_600_000) as i64
+}
+
+fn check(ops: &[Op], case: u64) -> Result<(), TestCaseError> {
+    let mut world = World::new(case);
+    for op in ops {
+        if std::env::var_os("EBB_BILLING_TRACE").is_some() {
+            eprintln!("{} {op:?}", world.now - START);
+        }
+        world.apply(op);
+    }
+    world.settle();
+
+    let records = SqliteStore::open(&world.dir.join("ebb.db")).unwrap().usage(None, 0, u64::MAX).unwrap();
+    let mut invoiced = 0;
+    for tenant in ["default", "acme"] {
+        let principal = world.admin.clone();
+        let invoice = world
+            .call(|reply| Msg::Bill {
+                principal,
+                tenant: Some(tenant.into()),
+                from: "2000-01-01".into(),
+                to: "2200-01-01".into(),
+                reply,
+            })
+            .unwrap()
+            .unwrap();
+        let lines: i64 = invoice.lines.iter().map(|l| l.amount_micro_usd).sum();
+        prop_assert_eq!(lines, invoice.total_micro_usd);
+        invoiced += lines;
+    }
+    let recorded: i64 = records.iter().map(|r| r.amount).sum();
+    let truth: i64 = world.ran.iter().map(truth_amount).sum();
+    prop_assert_eq!(invoiced, recorded, "invoices vs usage records");
+    // One record per process that ran, metered over its real life.
+    let mut by_attempt: BTreeMap<(u64, u32), &ebb_server::store::UsageRow> = BTreeMap::new();
+    for r in &records {
+        prop_assert!(by_attempt.insert((r.job, r.attempt), r).is_none(), "attempt billed twice");
+    }
+    prop_assert_eq!(records.len(), world.ran.len(), "records vs processes that ran: {:?}", world.ran);
+    for ran in &world.ran {
+        let r = by_attempt.get(&(ran.attempt.job, ran.attempt.attempt));
+        prop_assert!(r.is_some(), "{:?} ran but was not billed", ran);
+        let r = r.unwrap();
+        prop_assert_eq!((r.started_ms, r.ended_ms, r.gpus), (ran.started, ran.ended, ran.gpus), "{:?}", ran);
+        prop_assert_eq!(&r.tier, &ran.tier);
+    }
+    prop_assert_eq!(recorded, truth, "usage records vs what ran x rate");
+    if std::env::var_os("EBB_BILLING_TRACE").is_some() {
+        let outcomes: BTreeMap<&str, usize> = records.iter().fold(BTreeMap::new(), |mut m, r| {
+            *m.entry(r.outcome.as_str()).or_insert(0) += 1;
+            m
+        });
+        eprintln!(
+            "case {case}: {} ops, {} attempts billed {outcomes:?}, {recorded} micro-USD",
+            ops.len(),
+            records.len()
+        );
+    }
+    // The default book: preemptible is exactly half of on-demand.
+    let book = world.call(|reply| Msg::Prices { reply }).unwrap();
+    for p in &book.prices {
+        prop_assert_eq!(p.preemptible_micro_usd * 2, p.on_demand_micro_usd);
+    }
+    drop(world.engine.take());
+    let _ = std::fs::remove_dir_all(&world.dir);
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn invoices_equal_usage_records_equal_what_ran_times_the_rate(ops in prop::collection::vec(op(), 1..60)) {
+        static CASE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        check(&ops, CASE.fetch_add(1, std::sync::atomic::Ordering::SeqCst))?;
+    }
+}
+
+#[test]
+fn a_node_back_from_a_crash_before_a_server_restart() {
+    let ops = [
+        Op::NodeCrash { node: 0 },
+        Op::Submit { on_demand: false, gpus: 3, acme: false },
+        Op::Submit { on_demand: false, gpus: 2, acme: false },
+        Op::Submit { on_demand: true, gpus: 3, acme: false },
+        Op::NodeCrash { node: 1 },
+        Op::Submit { on_demand: true, gpus: 3, acme: false },
+        Op::NodeBoot { node: 1 },
+        Op::ServerCrash { mid_batch: false, down_ms: 0 },
+    ];
+    check(&ops, 1_000_001).unwrap();
+}
+
+#[test]
+fn a_crash_in_the_middle_of_a_report_loses_nothing_and_counts_nothing_twice() {
+    let ops = [
+        Op::Submit { on_demand: false, gpus: 4, acme: true },
+        Op::Submit { on_demand: false, gpus: 4, acme: false },
+        Op::Advance { ms: 1_500 },
+        Op::Submit { on_demand: true, gpus: 4, acme: false },
+        Op::Advance { ms: 300 },
+        Op::ServerCrash { mid_batch: true, down_ms: 2_500 },
+        Op::Finish { node: 0, pick: 0, ok: true },
+        Op::NodeCrash { node: 1 },
+        Op::Advance { ms: 3_000 },
+        Op::NodeBoot { node: 1 },
+        Op::AgentRestart { node: 0 },
+        Op::Advance { ms: 1_000 },
+    ];
+    check(&ops, 1_000_000).unwrap();
+}
