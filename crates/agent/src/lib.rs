@@ -381,7 +381,13 @@ impl Agent {
                 match self.call::<ebb_api::ReportReply>(req).await {
                     Ok(reply) => {
                         self.kill_stale(&reply.stale, "the server fenced this stale attempt");
-                        self.unreported.lock().expect("unreported").retain(|e| !report.events.contains(e));
+                        // Reports go out in order, so the events this one
+                        // carried are the oldest ones remembered.
+                        let delivered =
+                            report.events.iter().filter(|e| !matches!(e, AgentEvent::Output { .. })).count();
+                        let mut unreported = self.unreported.lock().expect("unreported");
+                        let delivered = delivered.min(unreported.len());
+                        unreported.drain(..delivered);
                         break;
                     }
                     Err(e) => {
