@@ -1278,12 +1278,19 @@ impl<S: Store> Engine<S> {
         );
         if warn {
             let message = format!(
-                "a checkpoint took {}, longer than the {} drain window: a save started at notice will not finish before the kill; checkpoint periodically (EBB_CHECKPOINT_INTERVAL_S) or make the save faster",
+                "a checkpoint took {}, longer than the {} drain window: a save started at notice will not \
+                 finish before the kill; checkpoint periodically (EBB_CHECKPOINT_INTERVAL_S) or make the \
+                 save faster",
                 ebb_core::checkpoint::human(Span(duration_ms)),
                 ebb_core::checkpoint::human(window),
             );
             tracing::warn!(job = id, "{message}");
-            self.event(id, "warning", json!({ "message": message, "checkpoint_seconds": duration_ms as f64 / 1000.0, "drain_window_seconds": window.as_secs() }));
+            let detail = json!({
+                "message": message,
+                "checkpoint_seconds": duration_ms as f64 / 1000.0,
+                "drain_window_seconds": window.as_secs(),
+            });
+            self.event(id, "warning", detail);
         }
         self.save(id);
     }
