@@ -385,8 +385,9 @@ sys.exit(0 if np.array_equal(got, want) else 1)
 fn a_gang_gets_torchrun_variables_starts_together_and_drains_together() {
     let c = Cluster::start(Options { nodes: 2, gpus: 2, ..Options::default() });
     let script = r#"env > "$EBB_CHECKPOINT_DIR/env-$EBB_NODE-$EBB_ATTEMPT"
-trap 'touch "$EBB_CHECKPOINT_DIR/term-$EBB_NODE-$EBB_ATTEMPT"; exit 0' TERM
+trap 'if [ "$NODE_RANK" = 1 ]; then sleep 1; fi; touch "$EBB_CHECKPOINT_DIR/term-$EBB_NODE-$EBB_ATTEMPT"; exit 0' TERM
 while :; do sleep 0.05; done"#;
+    // Rank 1 takes a second to save: rank 0's exit must not cut it short.
     let gang = c.submit(&["--gpus", "4", "--name", "gang", "--", "bash", "-c", script]);
     let ckpt = c.checkpoints(gang);
     let envs: Vec<_> = ["node-0", "node-1"]

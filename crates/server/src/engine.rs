@@ -1362,10 +1362,15 @@ impl<S: Store> Engine<S> {
         self.event(id, "exited", detail);
         let job = self.jobs.get_mut(&id).expect("live attempt");
         if !job.running_on.is_empty() {
-            // A gang ends as a whole: stop the rest.
-            let rest = job.running_on.clone();
-            for n in rest {
-                self.push(&n, Action::Stop { attempt, grace_ms: 0 });
+            // A gang ends as a whole. Being drained, the other parts already
+            // have their notice and deadline: they finish their own save.
+            // Otherwise they are stopped as a cancel stops them: the signal,
+            // then SIGKILL after a grace.
+            if job.state != JobState::Draining {
+                let rest = job.running_on.clone();
+                for n in rest {
+                    self.push(&n, Action::Stop { attempt, grace_ms: 10_000 });
+                }
             }
             self.save(id);
             return;
