@@ -48,6 +48,10 @@ pub struct JobSubmission {
     /// `A-B`: one task per index, each its own job with `EBB_TASK_INDEX`.
     #[serde(default)]
     pub array: Option<String>,
+    /// `never` (default) or `always`: run again after every exit but a
+    /// cancel, as a service does; such restarts are not failures.
+    #[serde(default)]
+    pub restart: Option<String>,
     /// A parameter grid: one task per combination, in order (the last
     /// parameter varies fastest), each with its values in the environment.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

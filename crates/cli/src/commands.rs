@@ -46,6 +46,9 @@ pub struct SubmitArgs {
     /// combination, each with EBB_PARAM_<NAME> and EBB_PARAMS (JSON).
     #[arg(long = "sweep", value_name = "NAME=V1,V2")]
     pub sweep: Vec<String>,
+    /// `always`: run again after every exit but a cancel (services).
+    #[arg(long, value_name = "never|always")]
+    pub restart: Option<String>,
     /// Exit code 0 during a drain counts as success without the SDK's marker.
     #[arg(long)]
     pub exit_on_drain_is_success: bool,
@@ -128,6 +131,7 @@ pub fn submission(args: &SubmitArgs) -> Result<api::JobSubmission, String> {
         max_retries: args.max_retries.or(base.max_retries),
         exit_on_drain_is_success: args.exit_on_drain_is_success || base.exit_on_drain_is_success,
         array: args.array.clone().or(base.array),
+        restart: args.restart.clone().or(base.restart),
         sweep,
     })
 }

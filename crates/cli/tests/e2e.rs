@@ -425,3 +425,45 @@ fn an_agent_back_from_a_partition_stops_the_attempt_the_server_replaced() {
     assert!(pid_alive(pid2));
     c.assert_no_double_booking();
 }
+
+#[test]
+fn a_service_with_restart_always_runs_again_after_each_exit_until_cancelled() {
+    let c = Cluster::start(Options { nodes: 1, gpus: 2, ..Options::default() });
+    let script = r#"echo "run $EBB_ATTEMPT"; sleep 0.2; exit $(( EBB_ATTEMPT % 2 ))"#;
+    let service = c.submit(&[
+        "--tier",
+        "on-demand",
+        "--restart",
+        "always",
+        "--name",
+        "api",
+        "--",
+        "bash",
+        "-c",
+        script,
+    ]);
+    let job =
+        c.wait_job(service, "a third run", Duration::from_secs(30), |j| j["attempt"].as_u64() >= Some(3));
+    // Exits with 1 and 0 alike: restarted, never failed, never retried.
+    assert_ne!(job["state"], "failed");
+    assert_eq!((job["retries"].as_u64(), job["preemptions"].as_u64()), (Some(0), Some(0)));
+    let restarts = job["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "requeued" && e["detail"]["reason"] == "restart always")
+        .count();
+    assert!(restarts >= 2, "{job}");
+    c.ebb(&["cancel", &service.to_string()]);
+    let cancelled = c.wait_state(service, "cancelled");
+    let attempts = cancelled["attempt"].as_u64().unwrap();
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(c.job(service)["attempt"].as_u64(), Some(attempts), "a cancelled service does not come back");
+    // Every run is billed, each with its own outcome.
+    let usage = c.job(service)["usage"].as_array().unwrap().clone();
+    assert!(
+        usage.iter().any(|u| u["outcome"] == "failed") && usage.iter().any(|u| u["outcome"] == "completed")
+    );
+    let bad = c.ebb_as(&c.admin, &["submit", "--restart", "sometimes", "--", "true"]);
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("restart: expected never or always"));
+}

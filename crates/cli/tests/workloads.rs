@@ -431,8 +431,17 @@ while :; do sleep 0.05; done"#;
 #[test]
 fn serving_on_demand_is_never_drained_while_batch_work_is() {
     let c = Cluster::start(Options { nodes: 1, gpus: 4, ..Options::default() });
-    let serve =
-        c.submit(&["--tier", "on-demand", "--name", "digits-api", "--", "python3", &example("serve.py")]);
+    let serve = c.submit(&[
+        "--tier",
+        "on-demand",
+        "--restart",
+        "always",
+        "--name",
+        "digits-api",
+        "--",
+        "python3",
+        &example("serve.py"),
+    ]);
     let port_file = c.checkpoints(serve).join("port");
     let port: u16 = wait_for("the server to listen", Duration::from_secs(60), || {
         std::fs::read_to_string(&port_file).ok()?.trim().parse().ok()

@@ -203,6 +203,9 @@ pub enum ExitKind {
     /// The attempt vanished (its node restarted, or never started it): it
     /// is requeued, counted neither as a failure nor as a preemption.
     Lost,
+    /// The job runs again after every exit (a service, `--restart
+    /// always`): requeued, counted neither as a failure nor as a preemption.
+    Restart,
 }
 
 /// What the core did with an exited job.
@@ -219,4 +222,6 @@ pub enum ExitEffect {
     PreemptionLimitReached,
     /// Requeued after its attempt was lost.
     RequeuedLost,
+    /// Requeued to run again, as its restart policy asks.
+    Restarted,
 }

@@ -616,6 +616,7 @@ impl State {
         self.end_run(id);
         let effect = match (draining, kind) {
             (_, ExitKind::Lost) => ExitEffect::RequeuedLost,
+            (_, ExitKind::Restart) => ExitEffect::Restarted,
             (_, ExitKind::Completed) => ExitEffect::Finished,
             (_, ExitKind::Cancelled) => ExitEffect::Cancelled,
             (true, ExitKind::Failed { .. }) => {
@@ -629,7 +630,7 @@ impl State {
             (false, ExitKind::Failed { requeue: true }) => ExitEffect::Requeued { preempted: false },
             (false, ExitKind::Failed { requeue: false }) => ExitEffect::Failed,
         };
-        if let ExitEffect::Requeued { .. } | ExitEffect::RequeuedLost = effect {
+        if let ExitEffect::Requeued { .. } | ExitEffect::RequeuedLost | ExitEffect::Restarted = effect {
             self.requeue(id);
         } else {
             self.jobs.remove(&id);

@@ -3,7 +3,7 @@
 mod common;
 
 use common::Cluster;
-use ebb_core::{JobId, NodeId, ReservationId, Span, TenantId, Tier, Time};
+use ebb_core::{Attempt, JobId, NodeId, ReservationId, Span, TenantId, Tier, Time};
 use ebb_scheduler::*;
 
 #[test]
@@ -420,6 +420,23 @@ fn a_gang_is_not_starved_by_small_jobs_behind_it() {
         }
     }
     panic!("the 8-GPU gang starved behind 1-GPU jobs");
+}
+
+#[test]
+fn a_service_restarts_after_every_exit_uncounted() {
+    let mut c = Cluster::new(1, 4);
+    let service = c.submit(Tier::OnDemand, 1);
+    for n in 1..=3u32 {
+        c.step();
+        let attempt = c.attempt(service);
+        assert_eq!(attempt, Attempt(n));
+        assert_eq!(c.state.exited(service, attempt, ExitKind::Restart).unwrap(), ExitEffect::Restarted);
+        c.state.sanity_check().unwrap();
+    }
+    let job = c.state.job(service).unwrap();
+    assert_eq!((job.phase, job.preemptions), (Phase::Queued, 0));
+    c.step();
+    assert_eq!(c.attempt(service), Attempt(4));
 }
 
 #[test]

@@ -1388,6 +1388,8 @@ impl<S: Store> Engine<S> {
             } else {
                 ExitKind::Failed { requeue: false }
             }
+        } else if job.spec.restart.as_deref() == Some("always") {
+            ExitKind::Restart
         } else if success {
             ExitKind::Completed
         } else {
@@ -1417,6 +1419,8 @@ impl<S: Store> Engine<S> {
             ExitEffect::Cancelled => "cancelled",
             ExitEffect::PreemptionLimitReached | ExitEffect::Requeued { preempted: true } => "preempted",
             ExitEffect::RequeuedLost => "lost",
+            ExitEffect::Restarted if success => "completed",
+            ExitEffect::Restarted => "failed",
         };
         let end = self.jobs[&id].exited_ms;
         self.meter(id, attempt.attempt, end, outcome, lost_ms);
@@ -1459,6 +1463,11 @@ impl<S: Store> Engine<S> {
             ExitEffect::RequeuedLost => {
                 (JobState::Queued, "requeued", json!({ "reason": "lost", "lost_gpu_seconds": lost }))
             }
+            ExitEffect::Restarted => (
+                JobState::Queued,
+                "requeued",
+                json!({ "reason": "restart always", "code": job.exit_code, "signal": job.exit_signal }),
+            ),
         };
         let job = self.jobs.get_mut(&id).expect("live attempt");
         job.state = state;

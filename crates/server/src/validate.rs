@@ -85,6 +85,10 @@ pub fn submission(spec: &JobSubmission, core: &State) -> Result<Checked, ApiErro
             "gpus: {gpus} GPUs cannot be placed on nodes of {per_node} GPUs (at most {per_node}, or a multiple of {per_node})"
         ));
     }
+    match spec.restart.as_deref() {
+        None | Some("never") | Some("always") => {}
+        Some(other) => return bad(format!("restart: expected never or always, got {other:?}")),
+    }
     let mut tasks = match spec.array.as_deref() {
         None => Vec::new(),
         Some(text) => {
