@@ -90,9 +90,7 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
         drain_window: args.drain_window,
         heartbeat_timeout: args.heartbeat_timeout,
         heartbeat_interval: args.heartbeat_interval,
-        prices,
-        default_price,
-        discount_bps,
+        pricing: ebb_server::billing::Pricing { prices, default_price, discount_bps },
     })
     .await
 }

@@ -23,6 +23,19 @@ use serde::{Deserialize, Serialize};
 
 use crate::{rfc3339, ApiError};
 
+/// What the operator configures about money.
+#[derive(Clone, Debug)]
+pub struct Pricing {
+    /// On-demand (and optionally reserved) prices per GPU-hour by model,
+    /// micro-dollars, from the command line; they replace the stored ones
+    /// at start.
+    pub prices: Vec<(String, i64, Option<i64>)>,
+    /// The on-demand price of a model that joins without one.
+    pub default_price: i64,
+    /// The preemptible discount in basis points (5000 = 50%).
+    pub discount_bps: u32,
+}
+
 /// One GPU model's prices per GPU-hour.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PriceRow {
@@ -163,7 +176,12 @@ fn hours(gpu_seconds: u64) -> f64 {
 
 /// The preemptible rate: on-demand less the discount, exactly.
 pub fn preemptible_rate(on_demand: i64, discount_bps: u32) -> i64 {
-    on_demand * i64::from(10_000 - discount_bps) / 10_000
+    let book = ebb_core::PriceBook {
+        on_demand_per_gpu_hour: MicroUsd(on_demand),
+        reserved_per_gpu_hour: MicroUsd::ZERO,
+        preemptible_discount_bps: discount_bps,
+    };
+    book.preemptible_per_gpu_hour().0
 }
 
 /// Checks a price: non-negative dollars, and discountable without a

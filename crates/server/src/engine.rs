@@ -290,13 +290,7 @@ pub struct EngineConfig {
     pub drain_window: Span,
     pub heartbeat_timeout: Span,
     pub heartbeat_interval: Span,
-    /// On-demand (and optionally reserved) prices per GPU-hour given on the
-    /// command line, micro-dollars; they replace the stored ones at start.
-    pub prices: Vec<(String, i64, Option<i64>)>,
-    /// The on-demand price of a model that joins without one.
-    pub default_price: i64,
-    /// The preemptible discount in basis points (5000 = 50%).
-    pub discount_bps: u32,
+    pub pricing: crate::billing::Pricing,
 }
 
 pub struct Engine<S: Store> {
@@ -427,7 +421,7 @@ impl<S: Store> Engine<S> {
         for price in snapshot.prices {
             engine.prices.insert(price.gpu_model.clone(), price);
         }
-        for (model, on_demand, reserved) in engine.config.prices.clone() {
+        for (model, on_demand, reserved) in engine.config.pricing.prices.clone() {
             let row =
                 PriceRow { gpu_model: model.clone(), on_demand, reserved: reserved.unwrap_or(on_demand) };
             engine.store.put_price(&row).map_err(storage_error)?;
@@ -501,7 +495,7 @@ impl<S: Store> Engine<S> {
         if let Some(row) = self.prices.get(model) {
             return row.clone();
         }
-        let price = self.config.default_price;
+        let price = self.config.pricing.default_price;
         let row = PriceRow { gpu_model: model.to_string(), on_demand: price, reserved: price };
         if let Err(e) = self.store.put_price(&row) {
             tracing::error!("cannot store the price of {model}: {e}");
@@ -1044,7 +1038,7 @@ impl<S: Store> Engine<S> {
 
     // ---- agents ------------------------------------------------------
 
-    fn register(&mut self, reg: Register, now: u64) -> Result<Registered, ApiError> {
+    fn register(&mut self, mut reg: Register, now: u64) -> Result<Registered, ApiError> {
         // Attempts the agent comes back without ended after this, the last
         // time the node was heard from, and no later than now.
         let last_contact = self.last_contact(&reg.node).unwrap_or(now).min(now);
@@ -1102,7 +1096,8 @@ impl<S: Store> Engine<S> {
         let next_seq = channel.next_seq - 1;
         // What happened while the server could not be told (it restarted):
         // starts, checkpoints and exits, accounted as they happened.
-        self.apply_events(&reg.node, reg.unreported.clone(), now);
+        let unreported = std::mem::take(&mut reg.unreported);
+        self.apply_events(&reg.node, unreported, now);
         let running: BTreeSet<AttemptRef> = reg.running.iter().copied().collect();
         let held: Vec<AttemptRef> = self
             .jobs
@@ -1607,7 +1602,7 @@ impl<S: Store> Engine<S> {
                 let rate = match tier {
                     Tier::OnDemand => price.on_demand,
                     Tier::Preemptible => {
-                        crate::billing::preemptible_rate(price.on_demand, self.config.discount_bps)
+                        crate::billing::preemptible_rate(price.on_demand, self.config.pricing.discount_bps)
                     }
                     Tier::Reserved => 0,
                 };
@@ -1721,7 +1716,7 @@ impl<S: Store> Engine<S> {
     }
 
     fn price_book(&self) -> ebb_api::PriceBook {
-        let bps = self.config.discount_bps;
+        let bps = self.config.pricing.discount_bps;
         ebb_api::PriceBook {
             preemptible_discount_percent: f64::from(bps) / 100.0,
             prices: self.prices.values().map(|p| crate::billing::price_view(p, bps)).collect(),
@@ -1730,7 +1725,7 @@ impl<S: Store> Engine<S> {
 
     fn set_price(&mut self, model: &str, update: &ebb_api::PriceUpdate) -> Result<ebb_api::Price, ApiError> {
         self.known_model("gpu_model", model)?;
-        let bps = self.config.discount_bps;
+        let bps = self.config.pricing.discount_bps;
         let on_demand = crate::billing::parse_price("on_demand_usd", &update.on_demand_usd, bps)?;
         let reserved = match &update.reserved_usd {
             Some(text) => crate::billing::parse_price("reserved_usd", text, bps)?,
@@ -1788,7 +1783,7 @@ impl<S: Store> Engine<S> {
             )));
         }
         let rate = match &req.rate_usd {
-            Some(text) => crate::billing::parse_price("rate_usd", text, self.config.discount_bps)?,
+            Some(text) => crate::billing::parse_price("rate_usd", text, self.config.pricing.discount_bps)?,
             None => self.price_for(&req.gpu_model).reserved,
         };
         let id = self.reservations.keys().max().map_or(1, |m| m + 1);

@@ -434,9 +434,7 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
         drain_window: config.drain_window,
         heartbeat_timeout: config.heartbeat_timeout,
         heartbeat_interval: config.heartbeat_interval,
-        prices: config.prices.clone(),
-        default_price: config.default_price,
-        discount_bps: config.discount_bps,
+        pricing: config.pricing.clone(),
     };
     let (engine, created) =
         Engine::open(store, engine_config, tokens.clone(), crate::engine::now_ms()).map_err(|e| e.message)?;

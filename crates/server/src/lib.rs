@@ -92,12 +92,7 @@ pub struct ServerConfig {
     pub drain_window: Span,
     pub heartbeat_timeout: Span,
     pub heartbeat_interval: Span,
-    /// On-demand (and reserved) prices per GPU-hour, micro-dollars, by model.
-    pub prices: Vec<(String, i64, Option<i64>)>,
-    /// The on-demand price of a model with none, micro-dollars per GPU-hour.
-    pub default_price: i64,
-    /// The preemptible discount, basis points (5000 = 50%).
-    pub discount_bps: u32,
+    pub pricing: billing::Pricing,
 }
 
 /// Runs the server until SIGINT or SIGTERM.

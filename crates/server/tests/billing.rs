@@ -16,6 +16,7 @@ use std::sync::{Arc, RwLock};
 
 use ebb_api::{Action, AgentEvent, AttemptRef, JobSubmission, Register, Report};
 use ebb_core::Span;
+use ebb_server::billing::Pricing;
 use ebb_server::engine::{Engine, EngineConfig, Msg};
 use ebb_server::store::{Scope, SqliteStore, Store};
 use ebb_server::Principal;
@@ -100,9 +101,11 @@ fn config(dir: &PathBuf) -> EngineConfig {
         drain_window: Span(DRAIN_WINDOW_MS),
         heartbeat_timeout: Span(2_000),
         heartbeat_interval: Span(500),
-        prices: vec![(MODEL.to_string(), ON_DEMAND, None)],
-        default_price: ON_DEMAND,
-        discount_bps: 5_000,
+        pricing: Pricing {
+            prices: vec![(MODEL.to_string(), ON_DEMAND, None)],
+            default_price: ON_DEMAND,
+            discount_bps: 5_000,
+        },
     }
 }
 
@@ -184,6 +187,21 @@ impl World {
                 ended: self.now,
             });
         }
+    }
+
+    /// A node crash or an agent restart: only with the server up, right
+    /// after a round, so the node's last word to the server is at the
+    /// instant its processes die. Whether it happened.
+    fn round_then_kill_all(&mut self, i: usize) -> bool {
+        if !self.nodes[i].up || self.engine.is_none() {
+            return false;
+        }
+        self.sync(i);
+        if !self.nodes[i].unreported.is_empty() {
+            return false;
+        }
+        self.kill_all(i);
+        true
     }
 
     /// Drained jobs whose save is done exit (the server need not be up).
@@ -340,16 +358,9 @@ impl World {
                 }
             }
             Op::NodeCrash { node } => {
-                // Only with the server up, right after a round: the node's
-                // last word to the server is at the instant it dies.
-                if self.nodes[node].up && self.engine.is_some() {
-                    self.sync(node);
-                    if self.nodes[node].unreported.is_empty() {
-                        self.kill_all(node);
-                        let n = &mut self.nodes[node];
-                        n.up = false;
-                        n.epoch = None;
-                    }
+                if self.round_then_kill_all(node) {
+                    self.nodes[node].up = false;
+                    self.nodes[node].epoch = None;
                 }
             }
             Op::NodeBoot { node } => {
@@ -359,14 +370,10 @@ impl World {
                 }
             }
             Op::AgentRestart { node } => {
-                if self.nodes[node].up && self.engine.is_some() {
+                // The new agent kills what the old one left running.
+                if self.round_then_kill_all(node) {
+                    self.nodes[node].epoch = None;
                     self.sync(node);
-                    if self.nodes[node].unreported.is_empty() {
-                        // The new agent kills what the old one left running.
-                        self.kill_all(node);
-                        self.nodes[node].epoch = None;
-                        self.sync(node);
-                    }
                 }
             }
             Op::ServerCrash { mid_batch, down_ms } => {
