@@ -173,7 +173,17 @@ pub async fn submit(conn: &Connection, args: &SubmitArgs) -> Result<String, Stri
 }
 
 pub async fn jobs(conn: &Connection, out: &JsonFlag) -> Result<String, String> {
-    let jobs: Vec<api::Job> = conn.client()?.get("/v1/jobs").await?;
+    let client = conn.client()?;
+    let mut jobs: Vec<api::Job> = Vec::new();
+    let mut cursor = 0;
+    loop {
+        let page: api::JobPage = client.get(&format!("/v1/jobs?cursor={cursor}")).await?;
+        jobs.extend(page.jobs);
+        match page.next_cursor {
+            Some(next) => cursor = next,
+            None => break,
+        }
+    }
     if out.json {
         return Ok(json(&jobs));
     }
@@ -202,6 +212,9 @@ pub async fn show(conn: &Connection, id: u64, out: &JsonFlag) -> Result<String, 
     let mut text = String::new();
     writeln!(text, "job {}  {}", job.id, job.name.as_deref().unwrap_or("")).unwrap();
     writeln!(text, "  state        {}", job.state).unwrap();
+    if let Some(why) = &job.waiting {
+        writeln!(text, "  waiting      {why}").unwrap();
+    }
     writeln!(
         text,
         "  tier         {}  ({} GPUs{})",

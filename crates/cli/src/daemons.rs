@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use clap::Args;
 use ebb_core::Span;
+use ebb_server::Limits;
 
 fn parse_span(text: &str) -> Result<Span, String> {
     Span::parse(text)
@@ -44,6 +45,66 @@ pub struct ServerArgs {
     /// The preemptible discount off on-demand, percent (fixed; never a bid).
     #[arg(long, default_value_t = 50.0, value_name = "PERCENT")]
     pub preemptible_discount: f64,
+    #[command(flatten)]
+    pub limits: LimitArgs,
+}
+
+/// What one submission may carry and one tenant may have.
+#[derive(Args)]
+pub struct LimitArgs {
+    /// One argument or one KEY=VALUE of a job's environment, bytes with its
+    /// NUL (Linux refuses more than 131072 at exec).
+    #[arg(long, default_value_t = Limits::default().max_argument_bytes, value_name = "BYTES")]
+    pub max_argument_bytes: u64,
+    /// A job's arguments and environment together, bytes.
+    #[arg(long, default_value_t = Limits::default().max_command_bytes, value_name = "BYTES")]
+    pub max_command_bytes: u64,
+    /// Tasks of one array or sweep.
+    #[arg(long, default_value_t = Limits::default().max_array_tasks, value_name = "N")]
+    pub max_array_tasks: u64,
+    /// A tenant's unfinished jobs (queued, waiting or running).
+    #[arg(long, default_value_t = Limits::default().max_jobs, value_name = "N")]
+    pub max_jobs_per_tenant: u64,
+    /// What a tenant's unfinished jobs' arguments and environments may
+    /// take in the server, bytes.
+    #[arg(long, default_value_t = Limits::default().max_stored_bytes, value_name = "BYTES")]
+    pub max_stored_bytes_per_tenant: u64,
+    /// A tenant's jobs admitted to the scheduler at once (running or queued
+    /// for GPUs); the rest wait their turn.
+    #[arg(long, default_value_t = Limits::default().max_running_jobs, value_name = "N")]
+    pub max_running_jobs: u64,
+}
+
+impl LimitArgs {
+    fn limits(&self) -> Result<Limits, String> {
+        let limits = Limits {
+            max_argument_bytes: self.max_argument_bytes,
+            max_command_bytes: self.max_command_bytes,
+            max_array_tasks: self.max_array_tasks,
+            max_jobs: self.max_jobs_per_tenant,
+            max_stored_bytes: self.max_stored_bytes_per_tenant,
+            max_running_jobs: self.max_running_jobs,
+        };
+        for (flag, value) in [
+            ("--max-argument-bytes", limits.max_argument_bytes),
+            ("--max-command-bytes", limits.max_command_bytes),
+            ("--max-array-tasks", limits.max_array_tasks),
+            ("--max-jobs-per-tenant", limits.max_jobs),
+            ("--max-stored-bytes-per-tenant", limits.max_stored_bytes),
+            ("--max-running-jobs", limits.max_running_jobs),
+        ] {
+            if value == 0 {
+                return Err(format!("{flag}: must be at least 1"));
+            }
+        }
+        if limits.max_argument_bytes > 128 * 1024 {
+            return Err(format!(
+                "--max-argument-bytes {}: Linux refuses a single argument over 131072 bytes at exec",
+                limits.max_argument_bytes
+            ));
+        }
+        Ok(limits)
+    }
 }
 
 /// `--price MODEL=USD` flags to micro-dollars, each checked.
@@ -91,6 +152,7 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
         heartbeat_timeout: args.heartbeat_timeout,
         heartbeat_interval: args.heartbeat_interval,
         pricing: ebb_server::billing::Pricing { prices, default_price, discount_bps },
+        limits: args.limits.limits()?,
     })
     .await
 }

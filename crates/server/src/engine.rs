@@ -122,6 +122,47 @@ pub struct JobRecord {
     /// on-demand's), fixed when it was placed.
     #[serde(default)]
     pub billing: Option<(String, i64, i64)>,
+    /// A queued job kept out of the scheduler for now, and why.
+    #[serde(default)]
+    pub waiting: Option<Waiting>,
+    /// Quick exits in a row of a `--restart always` job: its back-off.
+    #[serde(default)]
+    pub quick_exits: u32,
+}
+
+/// Why a queued job is not in the scheduling core yet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Waiting {
+    /// A `--restart always` job that keeps exiting quickly runs again
+    /// only after `until_ms`, as Kubernetes' CrashLoopBackOff.
+    Backoff { until_ms: u64 },
+    /// Its tenant has `max_running_jobs` admitted; it is admitted when
+    /// one of them finishes, in submission order.
+    TenantLimit,
+}
+
+/// A `--restart always` run shorter than this counts as a quick exit.
+pub const QUICK_EXIT_MS: u64 = 10_000;
+/// The back-off after the n-th quick exit in a row: 1 s, doubling, at most 5 min.
+pub fn restart_backoff_ms(quick_exits: u32) -> u64 {
+    match quick_exits {
+        0 => 0,
+        n => (1_000u64 << (n - 1).min(20)).min(300_000),
+    }
+}
+
+/// What one tenant has in the server, against its limits.
+#[derive(Clone, Debug, Default)]
+struct TenantLoad {
+    /// Jobs not finished, and the bytes of their arguments and environments.
+    jobs: u64,
+    bytes: u64,
+    /// Jobs admitted to the scheduling core (queued there, running, or in
+    /// a restart back-off).
+    admitted: u64,
+    /// Jobs waiting for admission, by id: submission order.
+    waiting: BTreeSet<u64>,
 }
 
 /// What a job's checkpoint reports have shown.
@@ -176,7 +217,10 @@ pub enum Msg {
     },
     Jobs {
         principal: Principal,
-        reply: oneshot::Sender<Vec<ebb_api::Job>>,
+        /// Jobs with ids above this.
+        after: u64,
+        limit: usize,
+        reply: oneshot::Sender<ebb_api::JobPage>,
     },
     Job {
         principal: Principal,
@@ -291,6 +335,7 @@ pub struct EngineConfig {
     pub heartbeat_timeout: Span,
     pub heartbeat_interval: Span,
     pub pricing: crate::billing::Pricing,
+    pub limits: crate::validate::Limits,
 }
 
 pub struct Engine<S: Store> {
@@ -318,6 +363,10 @@ pub struct Engine<S: Store> {
     /// the nodes heard from since.
     heard_before: HashMap<String, u64>,
     heard_since_start: BTreeSet<String>,
+    /// Per tenant, what its unfinished jobs hold against its limits.
+    load: BTreeMap<u32, TenantLoad>,
+    /// Jobs in a restart back-off, by when they may run again.
+    backoff: BTreeSet<(u64, u64)>,
 }
 
 /// What the writer thread answers with when the store fails.
@@ -364,6 +413,8 @@ impl<S: Store> Engine<S> {
             reservations: BTreeMap::new(),
             heard_before: HashMap::new(),
             heard_since_start: BTreeSet::new(),
+            load: BTreeMap::new(),
+            backoff: BTreeSet::new(),
         };
         let mut notes = Vec::new();
         if snapshot.tenants.is_empty() {
@@ -405,10 +456,26 @@ impl<S: Store> Engine<S> {
             if let Some(array) = &job.array {
                 engine.arrays.entry(array.id).or_default().push(id);
             }
+            let waiting = job.waiting;
+            if !state.is_final() {
+                let load = engine.load.entry(job.tenant).or_default();
+                load.jobs += 1;
+                load.bytes += crate::validate::command_bytes(&job.spec);
+                match waiting {
+                    Some(Waiting::TenantLimit) => {
+                        load.waiting.insert(id);
+                    }
+                    _ => load.admitted += 1,
+                }
+            }
             engine.jobs.insert(id, job);
-            match state {
-                JobState::Queued => engine.restore_queued(id)?,
-                s if s.is_live() => {
+            match (state, waiting) {
+                (JobState::Queued, Some(Waiting::Backoff { until_ms })) => {
+                    engine.backoff.insert((until_ms, id));
+                }
+                (JobState::Queued, Some(Waiting::TenantLimit)) => {}
+                (JobState::Queued, None) => engine.restore_queued(id)?,
+                (s, _) if s.is_live() => {
                     if let Err(e) = engine.restore(id) {
                         requeued.push((id, e));
                     }
@@ -462,6 +529,11 @@ impl<S: Store> Engine<S> {
                 job.waiting_for.clear();
                 engine.save(id);
             }
+        }
+        // The limits may have been raised since.
+        let tenants: Vec<u32> = engine.load.keys().copied().collect();
+        for tenant in tenants {
+            engine.admit_waiting(tenant);
         }
         engine.store.commit().map_err(storage_error)?;
         engine.after_commit.clear();
@@ -670,14 +742,18 @@ impl<S: Store> Engine<S> {
                 let result = self.submit(&principal, spec, now);
                 self.reply(reply, result);
             }
-            Msg::Jobs { principal, reply } => {
-                let jobs = self
+            Msg::Jobs { principal, after, limit, reply } => {
+                let mut visible = self
                     .jobs
-                    .values()
-                    .filter(|j| principal.may_see(j.tenant))
-                    .map(|j| self.view(j, Vec::new()))
-                    .collect();
-                let _ = reply.send(jobs);
+                    .range(after.saturating_add(1)..)
+                    .map(|(_, j)| j)
+                    .filter(|j| principal.may_see(j.tenant));
+                let jobs: Vec<ebb_api::Job> = visible.by_ref().take(limit).map(|j| self.view(j, Vec::new())).collect();
+                let next_cursor = match visible.next() {
+                    Some(_) => jobs.last().map(|j| j.id),
+                    None => None,
+                };
+                let _ = reply.send(ebb_api::JobPage { jobs, next_cursor });
             }
             Msg::Job { principal, id, reply } => {
                 let result = self.visible(&principal, id).and_then(|()| {
@@ -799,7 +875,8 @@ impl<S: Store> Engine<S> {
         let (tenant, _) =
             principal.tenant.clone().ok_or_else(|| ApiError::forbidden("this token cannot submit jobs"))?;
         let mut spec = spec;
-        let checked = crate::validate::submission(&spec, &self.core)?;
+        let limits = self.config.limits.clone();
+        let checked = crate::validate::submission(&spec, &self.core, &limits)?;
         if checked.tier == Tier::Reserved {
             let wanted = spec.gpu_model.as_deref();
             let models: BTreeSet<&str> = self
@@ -830,6 +907,27 @@ impl<S: Store> Engine<S> {
         }
         let array_id = self.next_job;
         let count = checked.tasks.len() as u64;
+        let jobs = count.max(1);
+        let bytes = crate::validate::command_bytes(&spec).saturating_mul(jobs);
+        let load = self.load.get(&tenant).cloned().unwrap_or_default();
+        if load.jobs.saturating_add(jobs) > limits.max_jobs {
+            return Err(ApiError::too_many(format!(
+                "tenant {}: {} unfinished jobs, and this submission adds {jobs}: over the limit of {} \
+                 (ebb server --max-jobs-per-tenant)",
+                self.tenant_name(tenant),
+                load.jobs,
+                limits.max_jobs
+            )));
+        }
+        if load.bytes.saturating_add(bytes) > limits.max_stored_bytes {
+            return Err(ApiError::too_many(format!(
+                "tenant {}: unfinished jobs' arguments and environments take {} bytes, and this submission \
+                 adds {bytes}: over the limit of {} (ebb server --max-stored-bytes-per-tenant)",
+                self.tenant_name(tenant),
+                load.bytes,
+                limits.max_stored_bytes
+            )));
+        }
         let tasks: Vec<Option<crate::validate::Task>> = match checked.tasks.is_empty() {
             true => vec![None],
             false => checked.tasks.into_iter().map(Some).collect(),
@@ -901,12 +999,25 @@ impl<S: Store> Engine<S> {
                 interval: None,
                 rendezvous: None,
                 billing: None,
+                waiting: None,
+                quick_exits: 0,
             };
+            let stored = crate::validate::command_bytes(&record.spec);
             self.jobs.insert(id, record);
-            if let Err(e) = self.core.submit(self.spec_of(id)) {
-                self.jobs.remove(&id);
-                return Err(ApiError::bad_request(e.to_string()));
+            let admitted = self.load.get(&tenant).map_or(0, |l| l.admitted);
+            if admitted < limits.max_running_jobs {
+                if let Err(e) = self.core.submit(self.spec_of(id)) {
+                    self.jobs.remove(&id);
+                    return Err(ApiError::bad_request(e.to_string()));
+                }
+                self.load.entry(tenant).or_default().admitted += 1;
+            } else {
+                self.load.entry(tenant).or_default().waiting.insert(id);
+                self.jobs.get_mut(&id).expect("just inserted").waiting = Some(Waiting::TenantLimit);
             }
+            let load = self.load.entry(tenant).or_default();
+            load.jobs += 1;
+            load.bytes += stored;
             if task.is_some() {
                 self.arrays.entry(array_id).or_default().push(id);
             }
@@ -925,9 +1036,16 @@ impl<S: Store> Engine<S> {
         match state {
             s if s.is_final() => {}
             JobState::Queued => {
-                self.core.cancel(JobId(id)).map_err(|e| ApiError::internal(e.to_string()))?;
+                match self.jobs[&id].waiting {
+                    Some(Waiting::Backoff { until_ms }) => {
+                        self.backoff.remove(&(until_ms, id));
+                    }
+                    Some(Waiting::TenantLimit) => {}
+                    None => self.core.cancel(JobId(id)).map_err(|e| ApiError::internal(e.to_string()))?,
+                }
                 let job = self.jobs.get_mut(&id).expect("visible");
                 job.state = JobState::Cancelled;
+                self.finished(id);
                 self.event(id, "cancelled", json!({ "while": "queued" }));
                 self.save(id);
             }
@@ -1458,11 +1576,19 @@ impl<S: Store> Engine<S> {
             ExitEffect::RequeuedLost => {
                 (JobState::Queued, "requeued", json!({ "reason": "lost", "lost_gpu_seconds": lost }))
             }
-            ExitEffect::Restarted => (
-                JobState::Queued,
-                "requeued",
-                json!({ "reason": "restart always", "code": job.exit_code, "signal": job.exit_signal }),
-            ),
+            ExitEffect::Restarted => {
+                let ran_ms = job.exited_ms.saturating_sub(job.run_started_ms.unwrap_or(job.exited_ms));
+                job.quick_exits = if ran_ms < QUICK_EXIT_MS { job.quick_exits.saturating_add(1) } else { 0 };
+                let backoff_ms = restart_backoff_ms(job.quick_exits);
+                (
+                    JobState::Queued,
+                    "requeued",
+                    json!({
+                        "reason": "restart always", "code": job.exit_code, "signal": job.exit_signal,
+                        "quick_exits": job.quick_exits, "backoff_seconds": backoff_ms as f64 / 1000.0,
+                    }),
+                )
+            }
         };
         let job = self.jobs.get_mut(&id).expect("live attempt");
         job.state = state;
@@ -1470,8 +1596,80 @@ impl<S: Store> Engine<S> {
             job.exit_code = None;
             job.exit_signal = None;
         }
+        let backoff_ms = match effect {
+            ExitEffect::Restarted => restart_backoff_ms(job.quick_exits),
+            _ => 0,
+        };
+        if backoff_ms > 0 {
+            // Out of the core's queue until the back-off is over.
+            match self.core.cancel(JobId(id)) {
+                Ok(()) => {
+                    let until_ms = now.saturating_add(backoff_ms);
+                    self.jobs.get_mut(&id).expect("live attempt").waiting = Some(Waiting::Backoff { until_ms });
+                    self.backoff.insert((until_ms, id));
+                }
+                Err(e) => tracing::error!(job = id, "restart back-off not applied: {e}"),
+            }
+        }
+        if state.is_final() {
+            self.finished(id);
+        }
         self.event(id, kind, detail);
         self.save(id);
+    }
+
+    /// Job `id` reached a final state: its tenant's load shrinks, and the
+    /// tenant's next waiting job may be admitted.
+    fn finished(&mut self, id: u64) {
+        let job = self.jobs.get_mut(&id).expect("known job");
+        let was_waiting = job.waiting == Some(Waiting::TenantLimit);
+        job.waiting = None;
+        let (tenant, bytes) = (job.tenant, crate::validate::command_bytes(&job.spec));
+        let load = self.load.entry(tenant).or_default();
+        load.jobs = load.jobs.saturating_sub(1);
+        load.bytes = load.bytes.saturating_sub(bytes);
+        if was_waiting {
+            load.waiting.remove(&id);
+        } else {
+            load.admitted = load.admitted.saturating_sub(1);
+        }
+        self.admit_waiting(tenant);
+    }
+
+    /// Admits the tenant's waiting jobs, oldest first, while it is under
+    /// its limit of running jobs.
+    fn admit_waiting(&mut self, tenant: u32) {
+        let max = self.config.limits.max_running_jobs;
+        loop {
+            let Some(load) = self.load.get_mut(&tenant) else { return };
+            if load.admitted >= max {
+                return;
+            }
+            let Some(id) = load.waiting.pop_first() else { return };
+            load.admitted += 1;
+            self.jobs.get_mut(&id).expect("waiting job").waiting = None;
+            if let Err(e) = self.restore_queued(id) {
+                tracing::error!(job = id, "not admitted: {}", e.message);
+                continue;
+            }
+            self.event(id, "admitted", json!({ "reason": "its tenant is under its limit of running jobs" }));
+            self.save(id);
+        }
+    }
+
+    /// Jobs whose restart back-off is over go back to the scheduler.
+    fn end_backoffs(&mut self, now: u64) {
+        while let Some(&(until_ms, id)) = self.backoff.first() {
+            if until_ms > now {
+                return;
+            }
+            self.backoff.pop_first();
+            self.jobs.get_mut(&id).expect("backed-off job").waiting = None;
+            if let Err(e) = self.restore_queued(id) {
+                tracing::error!(job = id, "back-off over, but not requeued: {}", e.message);
+            }
+            self.save(id);
+        }
     }
 
     fn log_path(&self, id: u64) -> PathBuf {
@@ -1495,6 +1693,7 @@ impl<S: Store> Engine<S> {
 
     /// Plans and applies until the core has nothing more to do.
     fn schedule(&mut self, now: u64) {
+        self.end_backoffs(now);
         for _ in 0..1000 {
             let started = std::time::Instant::now();
             let plan = ebb_scheduler::schedule(&self.core, Time(now), &self.sched);
@@ -1941,6 +2140,19 @@ impl<S: Store> Engine<S> {
             lost_gpu_seconds: job.lost_gpu_ms as f64 / 1000.0,
             array: job.array.clone(),
             progress: None,
+            waiting: job.waiting.map(|w| match w {
+                Waiting::Backoff { until_ms } => format!(
+                    "restart back-off until {}: {} quick exits in a row (runs under {} s)",
+                    rfc3339(until_ms),
+                    job.quick_exits,
+                    QUICK_EXIT_MS / 1000
+                ),
+                Waiting::TenantLimit => format!(
+                    "tenant {} has {} jobs admitted, its limit (ebb server --max-running-jobs)",
+                    self.tenant_name(job.tenant),
+                    self.config.limits.max_running_jobs
+                ),
+            }),
             events,
         }
     }

@@ -142,11 +142,34 @@ async fn submit(
     Ok((StatusCode::CREATED, Json(api::Submitted { id, ids })))
 }
 
-/// The caller's jobs (an admin sees every tenant's).
-#[utoipa::path(get, path = "/v1/jobs", responses((status = 200, body = [api::Job])))]
-async fn list_jobs(State(app): State<App>, headers: HeaderMap) -> ApiResult<Json<Vec<api::Job>>> {
+#[derive(Deserialize)]
+struct JobsQuery {
+    #[serde(default)]
+    cursor: u64,
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+/// Jobs on one page unless asked for fewer.
+const JOBS_PAGE: usize = 500;
+
+/// The caller's jobs (an admin sees every tenant's), in id order, a page
+/// at a time: `limit` (1-500, default 500) jobs with ids above `cursor`.
+#[utoipa::path(get, path = "/v1/jobs",
+    params(("cursor" = Option<u64>, Query, description = "the previous page's next_cursor"),
+        ("limit" = Option<usize>, Query, minimum = 1, maximum = 500)),
+    responses((status = 200, body = api::JobPage), (status = 400, body = api::ErrorBody)))]
+async fn list_jobs(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Query(q): Query<JobsQuery>,
+) -> ApiResult<Json<api::JobPage>> {
     let principal = app.tenant(&headers)?;
-    Ok(Json(app.ask(|reply| Msg::Jobs { principal, reply }).await?))
+    let limit = q.limit.unwrap_or(JOBS_PAGE);
+    if !(1..=JOBS_PAGE).contains(&limit) {
+        return Err(ApiError::bad_request(format!("limit: must be between 1 and {JOBS_PAGE}, got {limit}")));
+    }
+    Ok(Json(app.ask(|reply| Msg::Jobs { principal, after: q.cursor, limit, reply }).await?))
 }
 
 /// One job with its event history.
@@ -424,9 +447,47 @@ async fn metrics(State(app): State<App>) -> ApiResult<Response> {
         .into_response())
 }
 
-pub async fn serve(config: ServerConfig) -> Result<(), String> {
-    let dir = &config.data_dir;
+/// A panic anywhere in the server ends the process: the writer's state may
+/// be ahead of the store, and a server that answers 500 for ever serves no
+/// one. A supervisor (systemd, `ebb up`) restarts it from the last commit.
+fn exit_on_panic() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        default(info);
+        tracing::error!("panic: {info}; exiting so that a supervisor restarts the server from its last commit");
+        eprintln!("ebb server: panic; exiting (status 70) to restart from the last commit");
+        std::process::exit(70);
+    }));
+}
+
+/// The data dir holds tenants' environments, output and the tokens: only
+/// the server's user may read it. Files made before this rule are fixed.
+fn private_data_dir(dir: &std::path::Path) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
     std::fs::create_dir_all(dir.join("logs")).map_err(|e| format!("--data-dir {}: {e}", dir.display()))?;
+    let chmod = |path: &std::path::Path, mode: u32| -> Result<(), String> {
+        match std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(format!("{}: {e}", path.display())),
+            _ => Ok(()),
+        }
+    };
+    chmod(dir, 0o700)?;
+    chmod(&dir.join("logs"), 0o700)?;
+    for name in ["ebb.db", "ebb.db-wal", "ebb.db-shm", "admin.token", "join.token"] {
+        chmod(&dir.join(name), 0o600)?;
+    }
+    for entry in std::fs::read_dir(dir.join("logs")).map_err(|e| format!("{}: {e}", dir.display()))? {
+        let entry = entry.map_err(|e| e.to_string())?;
+        chmod(&entry.path(), 0o600)?;
+    }
+    Ok(())
+}
+
+pub async fn serve(config: ServerConfig) -> Result<(), String> {
+    exit_on_panic();
+    let dir = &config.data_dir;
+    private_data_dir(dir)?;
     let store = SqliteStore::open(&dir.join("ebb.db")).map_err(|e| e.to_string())?;
     let tokens = Arc::new(RwLock::new(HashMap::new()));
     let engine_config = EngineConfig {
@@ -435,6 +496,7 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
         heartbeat_timeout: config.heartbeat_timeout,
         heartbeat_interval: config.heartbeat_interval,
         pricing: config.pricing.clone(),
+        limits: config.limits.clone(),
     };
     let (engine, created) =
         Engine::open(store, engine_config, tokens.clone(), crate::engine::now_ms()).map_err(|e| e.message)?;

@@ -18,7 +18,7 @@ use ebb_core::Span;
 use sha2::{Digest, Sha256};
 
 pub use engine::{now_ms, EngineConfig};
-pub use validate::parse_signal;
+pub use validate::{parse_signal, Limits};
 
 use crate::store::Scope;
 
@@ -61,6 +61,11 @@ impl ApiError {
     pub fn conflict(message: String) -> Self {
         ApiError { status: 409, message }
     }
+    /// A tenant over one of its limits: retrying later, once some of its
+    /// jobs have finished, can help.
+    pub fn too_many(message: String) -> Self {
+        ApiError { status: 429, message }
+    }
     pub fn internal(message: String) -> Self {
         ApiError { status: 500, message }
     }
@@ -93,6 +98,7 @@ pub struct ServerConfig {
     pub heartbeat_timeout: Span,
     pub heartbeat_interval: Span,
     pub pricing: billing::Pricing,
+    pub limits: Limits,
 }
 
 /// Runs the server until SIGINT or SIGTERM.

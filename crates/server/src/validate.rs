@@ -26,7 +26,51 @@ pub struct Task {
 
 pub const MAX_GPUS: u32 = 4096;
 
-pub fn submission(spec: &JobSubmission, core: &State) -> Result<Checked, ApiError> {
+/// What one submission may carry and one tenant may have, set by the
+/// operator (`ebb server --max-...`). Each refusal names the limit and the
+/// flag that sets it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// One argument, or one `KEY=VALUE` of the environment. Linux refuses
+    /// a single string over 128 KiB at `execve` (MAX_ARG_STRLEN), so a
+    /// larger one could never start.
+    pub max_argument_bytes: u64,
+    /// The arguments and the environment together, per task.
+    pub max_command_bytes: u64,
+    /// Tasks of one array or sweep.
+    pub max_array_tasks: u64,
+    /// A tenant's jobs that have not finished (queued, waiting, running).
+    pub max_jobs: u64,
+    /// What a tenant's unfinished jobs may keep in the server: their
+    /// arguments and environments, all tasks counted.
+    pub max_stored_bytes: u64,
+    /// A tenant's jobs admitted to the scheduler at once (running, or
+    /// queued for GPUs); the rest wait their turn in submission order.
+    pub max_running_jobs: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_argument_bytes: 128 * 1024,
+            max_command_bytes: 1024 * 1024,
+            max_array_tasks: 10_000,
+            max_jobs: 20_000,
+            max_stored_bytes: 256 * 1024 * 1024,
+            max_running_jobs: 5_000,
+        }
+    }
+}
+
+/// Bytes a job's arguments and environment take at `execve` (each string
+/// with its NUL), which is also roughly what the server stores for it.
+pub fn command_bytes(spec: &JobSubmission) -> u64 {
+    let argv: u64 = spec.argv.iter().map(|a| a.len() as u64 + 1).sum();
+    let env: u64 = spec.env.iter().map(|(k, v)| (k.len() + v.len()) as u64 + 2).sum();
+    argv + env
+}
+
+pub fn submission(spec: &JobSubmission, core: &State, limits: &Limits) -> Result<Checked, ApiError> {
     let bad = |m: String| Err(ApiError::bad_request(m));
     match spec.argv.first() {
         None => return bad("argv: must name a program to run".into()),
@@ -35,6 +79,33 @@ pub fn submission(spec: &JobSubmission, core: &State) -> Result<Checked, ApiErro
     }
     if spec.argv.iter().any(|a| a.contains('\0')) {
         return bad("argv: arguments must not contain NUL bytes".into());
+    }
+    let one = limits.max_argument_bytes;
+    if let Some((i, arg)) = spec.argv.iter().enumerate().find(|(_, a)| a.len() as u64 >= one) {
+        return bad(format!(
+            "argv[{i}]: {} bytes, over the limit of {} bytes for one argument (ebb server --max-argument-bytes)",
+            arg.len(),
+            one - 1
+        ));
+    }
+    if let Some((key, value)) = spec.env.iter().find(|(k, v)| (k.len() + v.len()) as u64 + 1 >= one) {
+        return bad(format!(
+            "env: {key}={} bytes, over the limit of {} bytes for one variable (ebb server --max-argument-bytes)",
+            key.len() + value.len() + 1,
+            one - 1
+        ));
+    }
+    let command = command_bytes(spec);
+    if command > limits.max_command_bytes {
+        return bad(format!(
+            "argv and env: {command} bytes together, over the limit of {} (ebb server --max-command-bytes)",
+            limits.max_command_bytes
+        ));
+    }
+    if let Some(dir) = &spec.workdir {
+        if dir.is_empty() || dir.len() > 4096 || dir.contains('\0') || !dir.starts_with('/') {
+            return bad("workdir: must be an absolute path of at most 4096 bytes".into());
+        }
     }
     let tier = match spec.tier.as_deref() {
         None => Tier::Preemptible,
@@ -92,8 +163,8 @@ pub fn submission(spec: &JobSubmission, core: &State) -> Result<Checked, ApiErro
     let mut tasks = match spec.array.as_deref() {
         None => Vec::new(),
         Some(text) => {
-            let (first, last) =
-                parse_array(text).map_err(|e| ApiError::bad_request(format!("array: {e}")))?;
+            let (first, last) = parse_array(text, limits.max_array_tasks)
+                .map_err(|e| ApiError::bad_request(format!("array: {e}")))?;
             (first..=last).map(|index| Task { index, params: Vec::new() }).collect()
         }
     };
@@ -103,17 +174,18 @@ pub fn submission(spec: &JobSubmission, core: &State) -> Result<Checked, ApiErro
                 "sweep: cannot be combined with array (a sweep is an array of its combinations)".into()
             );
         }
-        tasks = sweep_tasks(&spec.sweep).map_err(|e| ApiError::bad_request(format!("sweep: {e}")))?;
+        tasks = sweep_tasks(&spec.sweep, limits.max_array_tasks)
+            .map_err(|e| ApiError::bad_request(format!("sweep: {e}")))?;
     }
     Ok(Checked { tier, gpus, signal, tasks })
 }
 
-pub const MAX_ARRAY_TASKS: u64 = 10_000;
-
-/// `A-B` (inclusive) or a single index `N`.
-fn parse_array(text: &str) -> Result<(u64, u64), String> {
+/// `A-B` (inclusive) or a single index `N`, of at most `max_tasks` tasks.
+/// The count is computed in `u128`: `0-18446744073709551615` has 2^64
+/// tasks, which `u64` arithmetic would wrap to 0.
+fn parse_array(text: &str, max_tasks: u64) -> Result<(u64, u64), String> {
     let bad = || format!("expected A-B with A <= B, got {text:?}");
-    let (a, b) = match text.split_once('-') {
+    let (a, b): (u64, u64) = match text.split_once('-') {
         Some((a, b)) => (a.trim().parse().map_err(|_| bad())?, b.trim().parse().map_err(|_| bad())?),
         None => {
             let n = text.trim().parse().map_err(|_| bad())?;
@@ -123,15 +195,16 @@ fn parse_array(text: &str) -> Result<(u64, u64), String> {
     if a > b {
         return Err(bad());
     }
-    if b - a + 1 > MAX_ARRAY_TASKS {
-        return Err(format!("at most {MAX_ARRAY_TASKS} tasks, got {}", b - a + 1));
+    let count = u128::from(b) - u128::from(a) + 1;
+    if count > u128::from(max_tasks) {
+        return Err(format!("at most {max_tasks} tasks (ebb server --max-array-tasks), got {count}"));
     }
     Ok((a, b))
 }
 
 /// One task per combination of the parameters' values, the last parameter
 /// varying fastest.
-fn sweep_tasks(params: &[ebb_api::SweepParam]) -> Result<Vec<Task>, String> {
+fn sweep_tasks(params: &[ebb_api::SweepParam], max_tasks: u64) -> Result<Vec<Task>, String> {
     let mut seen = std::collections::BTreeSet::new();
     let mut total: u64 = 1;
     for p in params {
@@ -152,8 +225,8 @@ fn sweep_tasks(params: &[ebb_api::SweepParam]) -> Result<Vec<Task>, String> {
             return Err(format!("parameter {}: value {v:?} has a NUL byte or is over 4096 bytes", p.name));
         }
         total = total.saturating_mul(p.values.len() as u64);
-        if total > MAX_ARRAY_TASKS {
-            return Err(format!("at most {MAX_ARRAY_TASKS} combinations, this grid has more"));
+        if total > max_tasks {
+            return Err(format!("at most {max_tasks} combinations (ebb server --max-array-tasks), this grid has more"));
         }
     }
     let tasks = (0..total)
@@ -207,7 +280,7 @@ mod tests {
     #[test]
     fn a_sweep_is_the_grid_in_order() {
         let tasks =
-            sweep_tasks(&[param("lr", &["1e-3", "3e-4"]), param("bs", &["32", "64", "128"])]).unwrap();
+            sweep_tasks(&[param("lr", &["1e-3", "3e-4"]), param("bs", &["32", "64", "128"])], 10_000).unwrap();
         assert_eq!(tasks.len(), 6);
         let shown: Vec<String> = tasks
             .iter()
@@ -229,12 +302,130 @@ mod tests {
 
     #[test]
     fn bad_sweeps_say_what_is_wrong() {
-        let err = |p: &[SweepParam]| sweep_tasks(p).unwrap_err();
+        let err = |p: &[SweepParam]| sweep_tasks(p, 10_000).unwrap_err();
         assert!(err(&[param("1lr", &["1"])]).contains("not a valid parameter name"));
         assert!(err(&[param("lr", &[])]).contains("no values"));
         assert!(err(&[param("lr", &["1"]), param("LR", &["2"])]).contains("twice"));
         let big: Vec<String> = (0..101).map(|i| i.to_string()).collect();
         let big: Vec<&str> = big.iter().map(|s| s.as_str()).collect();
         assert!(err(&[param("a", &big), param("b", &big)]).contains("at most"));
+    }
+}
+
+/// Every parser a request reaches, fed whatever a client could send: none
+/// may panic, and the limits they enforce hold for every input they accept.
+#[cfg(test)]
+mod properties {
+    use std::collections::BTreeMap;
+
+    use ebb_api::{JobSubmission, SweepParam};
+    use ebb_core::Time;
+    use ebb_scheduler::{NodeSpec, State};
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// Text that looks like what the parsers expect, and text that does not.
+    fn numberish() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "[0-9]{0,24}(-[0-9]{0,24})?",
+            "[0-9 .:+TZ-]{0,32}",
+            any::<(u64, u64)>().prop_map(|(a, b)| format!("{a}-{b}")),
+            ".{0,40}",
+        ]
+    }
+
+    fn cluster() -> State {
+        let mut core = State::new();
+        let node = NodeSpec { name: "n".into(), gpu_model: "H100".into(), gpus: 8, labels: BTreeMap::new() };
+        core.add_node(node, Time(0)).unwrap();
+        core
+    }
+
+    fn submission_strategy() -> impl Strategy<Value = JobSubmission> {
+        (
+            proptest::collection::vec(".{0,8}", 0..4),
+            proptest::collection::btree_map("[A-Za-z_0-9]{0,6}", ".{0,8}", 0..3),
+            proptest::option::of(any::<u32>()),
+            proptest::option::of(prop_oneof![Just("preemptible".to_string()), ".{0,12}"]),
+            proptest::option::of(numberish()),
+            proptest::option::of(".{0,10}"),
+            proptest::option::of(".{0,8}"),
+            proptest::collection::vec(
+                ("[a-z]{0,4}", proptest::collection::vec(".{0,4}", 0..4))
+                    .prop_map(|(name, values)| SweepParam { name, values }),
+                0..3,
+            ),
+            proptest::option::of(".{0,6}"),
+        )
+            .prop_map(|(argv, env, gpus, tier, array, signal, restart, sweep, workdir)| JobSubmission {
+                argv,
+                env,
+                gpus,
+                tier,
+                array,
+                signal,
+                restart,
+                sweep,
+                workdir,
+                ..JobSubmission::default()
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn an_array_is_accepted_only_within_the_task_limit(text in numberish(), max in 1u64..20_000) {
+            if let Ok((a, b)) = parse_array(&text, max) {
+                prop_assert!(a <= b);
+                prop_assert!(u128::from(b) - u128::from(a) < u128::from(max));
+            }
+        }
+
+        #[test]
+        fn every_range_within_the_limit_is_accepted(a in any::<u64>(), n in 0u64..10_000) {
+            let b = a.saturating_add(n);
+            prop_assert_eq!(parse_array(&format!("{a}-{b}"), 10_000), Ok((a, b)));
+        }
+
+        #[test]
+        fn no_submission_panics_the_validator(spec in submission_strategy()) {
+            let limits = Limits { max_array_tasks: 50, ..Limits::default() };
+            if let Ok(checked) = submission(&spec, &cluster(), &limits) {
+                prop_assert!(checked.tasks.len() as u64 <= limits.max_array_tasks);
+                prop_assert!((1..=MAX_GPUS).contains(&checked.gpus));
+                prop_assert!(command_bytes(&spec) <= limits.max_command_bytes);
+            }
+        }
+
+        #[test]
+        fn no_text_panics_the_other_parsers(text in numberish(), discount in 0u32..10_000) {
+            let _ = parse_signal(&text);
+            let _ = crate::billing::parse_time("from", &text);
+            let _ = crate::billing::period(&text, &text);
+            let _ = crate::billing::parse_price("price", &text, discount);
+            let _ = ebb_core::Span::parse(&text);
+            let _ = ebb_core::MicroUsd::parse_usd(&text);
+        }
+    }
+
+    /// `0-18446744073709551615` has 2^64 tasks: `b - a + 1` wrapped to 0 in
+    /// `u64`, passed the cap, and the writer died allocating them.
+    #[test]
+    fn the_overflowing_array_is_refused_by_name() {
+        let err = parse_array("0-18446744073709551615", 10_000).unwrap_err();
+        assert!(err.contains("at most 10000 tasks"), "{err}");
+        assert!(err.contains("18446744073709551616"), "{err}");
+    }
+
+    #[test]
+    fn a_200_kb_argument_is_refused_naming_the_limit() {
+        let spec = JobSubmission {
+            argv: vec!["echo".into(), "x".repeat(200_000)],
+            ..JobSubmission::default()
+        };
+        let err = submission(&spec, &cluster(), &Limits::default()).err().unwrap();
+        assert_eq!(err.status, 400);
+        assert!(err.message.starts_with("argv[1]: 200000 bytes"), "{}", err.message);
+        assert!(err.message.contains("--max-argument-bytes"), "{}", err.message);
     }
 }

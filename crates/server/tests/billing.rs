@@ -106,6 +106,7 @@ fn config(dir: &PathBuf) -> EngineConfig {
             default_price: ON_DEMAND,
             discount_bps: 5_000,
         },
+        limits: ebb_server::Limits::default(),
     }
 }
 
@@ -424,8 +425,9 @@ impl World {
             self.advance(500);
             let principal = self.admin.clone();
             let live = self
-                .call(|reply| Msg::Jobs { principal, reply })
+                .call(|reply| Msg::Jobs { principal, after: 0, limit: usize::MAX, reply })
                 .unwrap()
+                .jobs
                 .iter()
                 .any(|j| matches!(j.state.as_str(), "starting" | "running" | "draining"));
             if !live && self.nodes.iter().all(|n| n.running.is_empty() && n.unreported.is_empty()) {

@@ -1,0 +1,247 @@
+//! What one tenant may ask of the writer: its limits on jobs and running
+//! jobs, the restart back-off, paging. The writer (`Engine`) is driven
+//! directly at explicit instants, with one modelled node speaking the agent
+//! protocol, so every figure here is exact.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+
+use ebb_api::{Action, AgentEvent, AttemptRef, JobSubmission, Register, Report, StartAttempt};
+use ebb_core::Span;
+use ebb_server::billing::Pricing;
+use ebb_server::engine::{Engine, EngineConfig, Msg};
+use ebb_server::store::{Scope, SqliteStore};
+use ebb_server::{Limits, Principal};
+use tokio::sync::oneshot;
+
+const START: u64 = 1_800_000_000_000;
+
+struct World {
+    dir: PathBuf,
+    limits: Limits,
+    engine: Engine<SqliteStore>,
+    now: u64,
+    epoch: u64,
+    after: u64,
+    tenant: Principal,
+    /// Attempts the modelled node runs.
+    running: Vec<AttemptRef>,
+}
+
+impl World {
+    fn new(name: &str, limits: Limits) -> World {
+        let dir = std::env::temp_dir().join(format!("ebb-limits-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("logs")).unwrap();
+        let engine = open(&dir, &limits, START);
+        let tenant = Principal { scope: Scope::Tenant, tenant: Some((2, "acme".into())) };
+        let mut world = World { dir, limits, engine, now: START, epoch: 0, after: 0, tenant, running: Vec::new() };
+        let created = world.call(|reply| Msg::CreateTenant { name: "acme".into(), reply });
+        assert!(created.is_ok());
+        world.register();
+        world
+    }
+
+    fn call<T>(&mut self, make: impl FnOnce(oneshot::Sender<T>) -> Msg) -> T {
+        let (tx, mut rx) = oneshot::channel();
+        self.engine.batch(vec![make(tx)], self.now).unwrap();
+        rx.try_recv().expect("answered after the commit")
+    }
+
+    fn register(&mut self) {
+        let reg = Register {
+            node: "node-0".into(),
+            gpu_model: "H100".into(),
+            gpus: 8,
+            labels: BTreeMap::new(),
+            running: self.running.clone(),
+            address: None,
+            unreported: Vec::new(),
+        };
+        let registered = self.call(|reply| Msg::Register { reg, reply }).unwrap();
+        (self.epoch, self.after) = (registered.epoch, registered.next_seq);
+    }
+
+    /// A server restart from the same file.
+    fn restart(&mut self) {
+        self.engine = open(&self.dir, &self.limits, self.now);
+        self.register();
+    }
+
+    fn submit(&mut self, spec: JobSubmission) -> Result<Vec<u64>, ebb_server::ApiError> {
+        let principal = self.tenant.clone();
+        self.call(|reply| Msg::Submit { principal, spec, reply })
+    }
+
+    /// The starts the node is told of now.
+    fn starts(&mut self) -> Vec<StartAttempt> {
+        let (epoch, after) = (self.epoch, self.after);
+        let poll = self.call(|reply| Msg::Poll { node: "node-0".into(), epoch, after, reply }).unwrap();
+        let mut starts = Vec::new();
+        for command in poll.commands {
+            self.after = command.seq;
+            if let Action::Start(s) = command.action {
+                starts.push(s);
+            }
+        }
+        starts
+    }
+
+    fn report(&mut self, events: Vec<AgentEvent>) {
+        let report = Report { node: "node-0".into(), events };
+        self.call(|reply| Msg::Report { report, reply }).unwrap();
+    }
+
+    fn started(&mut self, attempt: AttemptRef) {
+        self.running.push(attempt);
+        self.report(vec![AgentEvent::Started { attempt, pid: 1, at_ms: self.now }]);
+    }
+
+    /// The attempt runs for `ms` (if it has not started yet, from now) and
+    /// exits with `code`.
+    fn run(&mut self, attempt: AttemptRef, ms: u64, code: i32) {
+        if !self.running.contains(&attempt) {
+            self.started(attempt);
+        }
+        self.running.retain(|a| *a != attempt);
+        self.now += ms;
+        let exited = AgentEvent::Exited { attempt, code: Some(code), signal: None, completed: false, at_ms: self.now };
+        self.report(vec![exited]);
+    }
+
+    fn job(&mut self, id: u64) -> ebb_api::Job {
+        let principal = self.tenant.clone();
+        self.call(|reply| Msg::Job { principal, id, reply }).unwrap()
+    }
+
+    /// Moves time on in ticks until the node is told to start something.
+    fn next_start(&mut self, limit_ms: u64) -> (StartAttempt, u64) {
+        let from = self.now;
+        loop {
+            let starts = self.starts();
+            if let Some(s) = starts.into_iter().next() {
+                return (s, self.now - from);
+            }
+            assert!(self.now - from < limit_ms, "nothing started within {limit_ms} ms");
+            self.now += 100;
+            self.engine.batch(vec![Msg::Tick], self.now).unwrap();
+        }
+    }
+}
+
+fn open(dir: &std::path::Path, limits: &Limits, now: u64) -> Engine<SqliteStore> {
+    let config = EngineConfig {
+        data_dir: dir.to_path_buf(),
+        drain_window: Span(30_000),
+        heartbeat_timeout: Span(3_600_000),
+        heartbeat_interval: Span(500),
+        pricing: Pricing { prices: Vec::new(), default_price: 2_000_000, discount_bps: 5_000 },
+        limits: limits.clone(),
+    };
+    let store = SqliteStore::open(&dir.join("ebb.db")).unwrap();
+    Engine::open(store, config, Arc::new(RwLock::new(HashMap::new())), now).map_err(|e| e.message).unwrap().0
+}
+
+fn job(argv: &[&str]) -> JobSubmission {
+    JobSubmission { argv: argv.iter().map(|a| a.to_string()).collect(), ..JobSubmission::default() }
+}
+
+/// `--restart always -- true` looped at 140 attempts a second for ever: now
+/// each quick exit in a row doubles the wait (1 s, 2 s, 4 s, ...), the job
+/// says why it waits, a server restart keeps the back-off, and a run of
+/// ten seconds or more starts the count again.
+#[test]
+fn a_service_that_keeps_exiting_quickly_backs_off_exponentially() {
+    let mut w = World::new("backoff", Limits::default());
+    let id = w.submit(JobSubmission { restart: Some("always".into()), ..job(&["true"]) }).unwrap()[0];
+    let (mut start, waited) = w.next_start(1_000);
+    assert_eq!(waited, 0, "the first run starts at once");
+    let mut waits = Vec::new();
+    for run in 1..=5 {
+        w.run(start.attempt, 50, 0);
+        if run == 3 {
+            let shown = w.job(id);
+            assert_eq!(shown.state, "queued");
+            let why = shown.waiting.expect("a waiting reason");
+            assert!(why.starts_with("restart back-off until") && why.contains("3 quick exits"), "{why}");
+            w.restart();
+        }
+        let (next, waited) = w.next_start(600_000);
+        waits.push(waited);
+        start = next;
+    }
+    assert_eq!(waits, [1_000, 2_000, 4_000, 8_000, 16_000]);
+    // A run of ten seconds or more: the next restart is immediate.
+    w.run(start.attempt, 10_000, 1);
+    let (start, waited) = w.next_start(1_000);
+    assert_eq!(waited, 0);
+    assert_eq!(start.attempt.attempt, 7);
+    let job = w.job(id);
+    assert_eq!((job.retries, job.preemptions), (0, 0), "back-off counts as neither");
+}
+
+#[test]
+fn a_tenant_at_its_running_limit_waits_its_turn_in_submission_order() {
+    let limits = Limits { max_running_jobs: 2, ..Limits::default() };
+    let mut w = World::new("running", limits);
+    let ids: Vec<u64> = (0..4).map(|i| w.submit(job(&["sleep", &i.to_string()])).unwrap()[0]).collect();
+    let started: Vec<AttemptRef> = w.starts().iter().map(|s| s.attempt).collect();
+    assert_eq!(started.iter().map(|a| a.job).collect::<Vec<_>>(), ids[..2], "8 GPUs free, but only 2 jobs admitted");
+    for attempt in started {
+        w.started(attempt);
+    }
+    let waiting = w.job(ids[2]);
+    assert_eq!(waiting.state, "queued");
+    assert!(waiting.waiting.unwrap().contains("its limit (ebb server --max-running-jobs)"));
+    // The limit survives a restart; an ended job admits the oldest waiting one.
+    w.restart();
+    assert!(w.starts().is_empty());
+    w.run(AttemptRef { job: ids[0], attempt: 1 }, 1_000, 0);
+    let started: Vec<u64> = w.starts().iter().map(|s| s.attempt.job).collect();
+    assert_eq!(started, [ids[2]]);
+    assert!(w.job(ids[2]).waiting.is_none());
+    // Cancelling a waiting job frees nothing and loses nothing.
+    let principal = w.tenant.clone();
+    let cancelled = w.call(|reply| Msg::Cancel { principal, id: ids[3], reply }).unwrap();
+    assert_eq!(cancelled.state, "cancelled");
+    w.run(AttemptRef { job: ids[1], attempt: 1 }, 1_000, 0);
+    assert!(w.starts().is_empty());
+}
+
+#[test]
+fn a_tenant_over_its_job_or_byte_limits_is_refused_and_nothing_is_stored() {
+    let limits = Limits { max_jobs: 5, max_stored_bytes: 4_000, ..Limits::default() };
+    let mut w = World::new("jobs", limits);
+    let array = JobSubmission { array: Some("0-3".into()), ..job(&["true"]) };
+    assert_eq!(w.submit(array.clone()).unwrap().len(), 4);
+    let err = w.submit(array).unwrap_err();
+    assert_eq!(err.status, 429);
+    assert!(err.message.contains("4 unfinished jobs, and this submission adds 4: over the limit of 5"), "{}", err.message);
+    let big = job(&["echo", &"x".repeat(5_000)]);
+    let err = w.submit(big).unwrap_err();
+    assert_eq!(err.status, 429);
+    assert!(err.message.contains("--max-stored-bytes-per-tenant"), "{}", err.message);
+    let principal = w.tenant.clone();
+    let page = w.call(|reply| Msg::Jobs { principal, after: 0, limit: 100, reply });
+    assert_eq!(page.jobs.len(), 4, "the refused submissions left nothing behind");
+}
+
+#[test]
+fn jobs_are_listed_a_page_at_a_time() {
+    let mut w = World::new("paging", Limits::default());
+    let ids = w.submit(JobSubmission { array: Some("0-6".into()), ..job(&["true"]) }).unwrap();
+    let mut seen = Vec::new();
+    let mut cursor = 0;
+    loop {
+        let principal = w.tenant.clone();
+        let page = w.call(|reply| Msg::Jobs { principal, after: cursor, limit: 3, reply });
+        assert!(page.jobs.len() <= 3);
+        seen.extend(page.jobs.iter().map(|j| j.id));
+        match page.next_cursor {
+            Some(next) => cursor = next,
+            None => break,
+        }
+    }
+    assert_eq!(seen, ids);
+}
