@@ -263,7 +263,11 @@ struct Child {
 
 fn spawn(name: &str, args: &[String], log: &Path) -> Result<Child, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let out = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .map_err(|e| format!("{}: {e}", log.display()))?;
     let err = out.try_clone().map_err(|e| e.to_string())?;
     let process = tokio::process::Command::new(exe)
         .args(args)
@@ -291,6 +295,11 @@ async fn wait_for_file(path: &Path, child: &mut Child, log: &Path) -> Result<Str
     Err(format!("{} did not write {} within 20 s", child.name, path.display()))
 }
 
+/// `ebb up` restarts a server that exits, unless it exits this many times
+/// within the window.
+const SERVER_RESTARTS: usize = 3;
+const SERVER_RESTART_WINDOW: Duration = Duration::from_secs(60);
+
 pub async fn up(args: UpArgs) -> Result<(), String> {
     if args.nodes == 0 || args.gpus_per_node == 0 {
         return Err("--nodes and --gpus-per-node must be at least 1".into());
@@ -303,22 +312,22 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
     let server_dir = data.join("server");
     let _ = std::fs::remove_file(server_dir.join("server.url"));
     let server_log = logs.join("server.log");
-    let mut server = spawn(
-        "ebb server",
-        &[
-            "server".into(),
-            "--data-dir".into(),
-            server_dir.display().to_string(),
-            "--listen".into(),
-            format!("127.0.0.1:{}", args.port),
-            "--drain-window".into(),
-            format!("{}ms", args.drain_window.as_millis()),
-            "--heartbeat-timeout".into(),
-            format!("{}ms", args.heartbeat_timeout.as_millis()),
-        ],
-        &server_log,
-    )?;
+    let mut server_args = [
+        "server".into(),
+        "--data-dir".into(),
+        server_dir.display().to_string(),
+        "--listen".into(),
+        format!("127.0.0.1:{}", args.port),
+        "--drain-window".into(),
+        format!("{}ms", args.drain_window.as_millis()),
+        "--heartbeat-timeout".into(),
+        format!("{}ms", args.heartbeat_timeout.as_millis()),
+    ];
+    let _ = std::fs::remove_file(&server_log);
+    let mut server = spawn("ebb server", &server_args, &server_log)?;
     let url = wait_for_file(&server_dir.join("server.url"), &mut server, &server_log).await?;
+    // A restarted server listens where the agents and the user found it.
+    server_args[4] = url.trim_start_matches("http://").to_string();
     let admin = wait_for_file(&server_dir.join("admin.token"), &mut server, &server_log).await?;
     let mut children = Vec::new();
     for i in 0..args.nodes {
@@ -371,11 +380,35 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
     println!("logs in {}; Ctrl-C stops the cluster", logs.display());
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
+    // The server exits on a panic or a failed commit, to restart from its
+    // last commit: it is restarted (agents re-register by themselves) unless
+    // it keeps failing. An agent that exits stops the cluster.
     let exited = async {
+        let mut restarts: Vec<std::time::Instant> = Vec::new();
         loop {
-            for child in children.iter_mut().chain(std::iter::once(&mut server)) {
+            for child in &mut children {
                 if let Ok(Some(status)) = child.process.try_wait() {
                     return format!("{} exited unexpectedly ({status})", child.name);
+                }
+            }
+            if let Ok(Some(status)) = server.process.try_wait() {
+                restarts.retain(|t| t.elapsed() < SERVER_RESTART_WINDOW);
+                if restarts.len() >= SERVER_RESTARTS {
+                    return format!(
+                        "ebb server exited ({status}) {} times within {} s; see {}",
+                        SERVER_RESTARTS + 1,
+                        SERVER_RESTART_WINDOW.as_secs(),
+                        server_log.display()
+                    );
+                }
+                restarts.push(std::time::Instant::now());
+                println!(
+                    "ebb up: the server exited ({status}); restarting it from its last commit (see {})",
+                    server_log.display()
+                );
+                match spawn("ebb server", &server_args, &server_log) {
+                    Ok(child) => server = child,
+                    Err(e) => return format!("cannot restart the server: {e}"),
                 }
             }
             tokio::time::sleep(Duration::from_millis(200)).await;

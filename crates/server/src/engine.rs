@@ -748,7 +748,8 @@ impl<S: Store> Engine<S> {
                     .range(after.saturating_add(1)..)
                     .map(|(_, j)| j)
                     .filter(|j| principal.may_see(j.tenant));
-                let jobs: Vec<ebb_api::Job> = visible.by_ref().take(limit).map(|j| self.view(j, Vec::new())).collect();
+                let jobs: Vec<ebb_api::Job> =
+                    visible.by_ref().take(limit).map(|j| self.view(j, Vec::new())).collect();
                 let next_cursor = match visible.next() {
                     Some(_) => jobs.last().map(|j| j.id),
                     None => None,
@@ -1605,7 +1606,8 @@ impl<S: Store> Engine<S> {
             match self.core.cancel(JobId(id)) {
                 Ok(()) => {
                     let until_ms = now.saturating_add(backoff_ms);
-                    self.jobs.get_mut(&id).expect("live attempt").waiting = Some(Waiting::Backoff { until_ms });
+                    self.jobs.get_mut(&id).expect("live attempt").waiting =
+                        Some(Waiting::Backoff { until_ms });
                     self.backoff.insert((until_ms, id));
                 }
                 Err(e) => tracing::error!(job = id, "restart back-off not applied: {e}"),

@@ -454,7 +454,9 @@ fn exit_on_panic() {
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
         default(info);
-        tracing::error!("panic: {info}; exiting so that a supervisor restarts the server from its last commit");
+        tracing::error!(
+            "panic: {info}; exiting so that a supervisor restarts the server from its last commit"
+        );
         eprintln!("ebb server: panic; exiting (status 70) to restart from the last commit");
         std::process::exit(70);
     }));

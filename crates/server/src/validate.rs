@@ -226,7 +226,9 @@ fn sweep_tasks(params: &[ebb_api::SweepParam], max_tasks: u64) -> Result<Vec<Tas
         }
         total = total.saturating_mul(p.values.len() as u64);
         if total > max_tasks {
-            return Err(format!("at most {max_tasks} combinations (ebb server --max-array-tasks), this grid has more"));
+            return Err(format!(
+                "at most {max_tasks} combinations (ebb server --max-array-tasks), this grid has more"
+            ));
         }
     }
     let tasks = (0..total)
@@ -279,8 +281,8 @@ mod tests {
 
     #[test]
     fn a_sweep_is_the_grid_in_order() {
-        let tasks =
-            sweep_tasks(&[param("lr", &["1e-3", "3e-4"]), param("bs", &["32", "64", "128"])], 10_000).unwrap();
+        let tasks = sweep_tasks(&[param("lr", &["1e-3", "3e-4"]), param("bs", &["32", "64", "128"])], 10_000)
+            .unwrap();
         assert_eq!(tasks.len(), 6);
         let shown: Vec<String> = tasks
             .iter()
@@ -358,17 +360,19 @@ mod properties {
             ),
             proptest::option::of(".{0,6}"),
         )
-            .prop_map(|(argv, env, gpus, tier, array, signal, restart, sweep, workdir)| JobSubmission {
-                argv,
-                env,
-                gpus,
-                tier,
-                array,
-                signal,
-                restart,
-                sweep,
-                workdir,
-                ..JobSubmission::default()
+            .prop_map(|(argv, env, gpus, tier, array, signal, restart, sweep, workdir)| {
+                JobSubmission {
+                    argv,
+                    env,
+                    gpus,
+                    tier,
+                    array,
+                    signal,
+                    restart,
+                    sweep,
+                    workdir,
+                    ..JobSubmission::default()
+                }
             })
     }
 
@@ -419,10 +423,8 @@ mod properties {
 
     #[test]
     fn a_200_kb_argument_is_refused_naming_the_limit() {
-        let spec = JobSubmission {
-            argv: vec!["echo".into(), "x".repeat(200_000)],
-            ..JobSubmission::default()
-        };
+        let spec =
+            JobSubmission { argv: vec!["echo".into(), "x".repeat(200_000)], ..JobSubmission::default() };
         let err = submission(&spec, &cluster(), &Limits::default()).err().unwrap();
         assert_eq!(err.status, 400);
         assert!(err.message.starts_with("argv[1]: 200000 bytes"), "{}", err.message);

@@ -36,7 +36,8 @@ impl World {
         std::fs::create_dir_all(dir.join("logs")).unwrap();
         let engine = open(&dir, &limits, START);
         let tenant = Principal { scope: Scope::Tenant, tenant: Some((2, "acme".into())) };
-        let mut world = World { dir, limits, engine, now: START, epoch: 0, after: 0, tenant, running: Vec::new() };
+        let mut world =
+            World { dir, limits, engine, now: START, epoch: 0, after: 0, tenant, running: Vec::new() };
         let created = world.call(|reply| Msg::CreateTenant { name: "acme".into(), reply });
         assert!(created.is_ok());
         world.register();
@@ -106,7 +107,8 @@ impl World {
         }
         self.running.retain(|a| *a != attempt);
         self.now += ms;
-        let exited = AgentEvent::Exited { attempt, code: Some(code), signal: None, completed: false, at_ms: self.now };
+        let exited =
+            AgentEvent::Exited { attempt, code: Some(code), signal: None, completed: false, at_ms: self.now };
         self.report(vec![exited]);
     }
 
@@ -187,7 +189,11 @@ fn a_tenant_at_its_running_limit_waits_its_turn_in_submission_order() {
     let mut w = World::new("running", limits);
     let ids: Vec<u64> = (0..4).map(|i| w.submit(job(&["sleep", &i.to_string()])).unwrap()[0]).collect();
     let started: Vec<AttemptRef> = w.starts().iter().map(|s| s.attempt).collect();
-    assert_eq!(started.iter().map(|a| a.job).collect::<Vec<_>>(), ids[..2], "8 GPUs free, but only 2 jobs admitted");
+    assert_eq!(
+        started.iter().map(|a| a.job).collect::<Vec<_>>(),
+        ids[..2],
+        "8 GPUs free, but only 2 jobs admitted"
+    );
     for attempt in started {
         w.started(attempt);
     }
@@ -217,7 +223,11 @@ fn a_tenant_over_its_job_or_byte_limits_is_refused_and_nothing_is_stored() {
     assert_eq!(w.submit(array.clone()).unwrap().len(), 4);
     let err = w.submit(array).unwrap_err();
     assert_eq!(err.status, 429);
-    assert!(err.message.contains("4 unfinished jobs, and this submission adds 4: over the limit of 5"), "{}", err.message);
+    assert!(
+        err.message.contains("4 unfinished jobs, and this submission adds 4: over the limit of 5"),
+        "{}",
+        err.message
+    );
     let big = job(&["echo", &"x".repeat(5_000)]);
     let err = w.submit(big).unwrap_err();
     assert_eq!(err.status, 429);

@@ -1,0 +1,133 @@
+//! What one tenant cannot do to the control plane, end to end: requests
+//! at and past their limits, a service that exits at once for ever, a
+//! server that dies under `ebb up`.
+
+mod cluster;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use cluster::{ebb_exe, wait_for, Cluster, Options};
+use serde_json::{json, Value};
+
+fn post(c: &Cluster, token: &str, path: &str, body: Value) -> (u16, Value) {
+    let resp = reqwest::blocking::Client::new()
+        .post(format!("{}{path}", c.url))
+        .bearer_auth(token)
+        .json(&body)
+        .send()
+        .unwrap();
+    (resp.status().as_u16(), resp.json().unwrap_or(Value::Null))
+}
+
+/// `"array": "0-18446744073709551615"` wrapped the task count to 0, passed
+/// the cap and killed the writer: every later call got 500 until a restart.
+#[test]
+fn no_request_stops_the_control_plane() {
+    let c = Cluster::start(Options { nodes: 1, gpus: 2, ..Options::default() });
+    let (status, body) =
+        post(&c, &c.admin, "/v1/jobs", json!({ "argv": ["true"], "array": "0-18446744073709551615" }));
+    assert_eq!(status, 400, "{body}");
+    assert!(body["error"].as_str().unwrap().starts_with("array: at most 10000 tasks"), "{body}");
+    // Linux refuses one argument over 128 KiB at exec: refused at submit.
+    let (status, body) = post(&c, &c.admin, "/v1/jobs", json!({ "argv": ["echo", "x".repeat(200_000)] }));
+    assert_eq!(status, 400, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("--max-argument-bytes"), "{body}");
+    // The server goes on: the next job runs.
+    let id = c.submit(&["--", "true"]);
+    c.wait_state(id, "succeeded");
+}
+
+/// `--restart always -- true` ran 140 attempts a second for ever.
+#[test]
+fn a_service_that_exits_at_once_backs_off() {
+    let c = Cluster::start(Options { nodes: 1, gpus: 2, ..Options::default() });
+    let id = c.submit(&["--restart", "always", "--", "true"]);
+    let job = c.wait_job(id, "a back-off", Duration::from_secs(30), |j| {
+        j["waiting"].as_str().is_some_and(|w| w.contains("3 quick exits"))
+    });
+    assert_eq!(job["attempt"], 3, "1 s and 2 s of back-off before the 4th run: {job}");
+    let shown = c.ebb(&["show", &id.to_string()]);
+    assert!(shown.contains("waiting      restart back-off until"), "{shown}");
+    c.ebb(&["cancel", &id.to_string()]);
+    c.wait_state(id, "cancelled");
+}
+
+/// The server exits rather than answer 500 for ever; `ebb up` restarts it
+/// on the same address, says so, and the cluster goes on.
+#[test]
+fn ebb_up_restarts_a_server_that_dies() {
+    let dir = std::env::temp_dir().join(format!("ebb-up-restart-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut up = Command::new(ebb_exe())
+        .args(["up", "--nodes", "1", "--gpus-per-node", "2", "--port", "0", "--data-dir"])
+        .arg(&dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (tx, lines) = mpsc::channel();
+    let stdout = up.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            let _ = tx.send(line);
+        }
+    });
+    let next_line = |what: &str| -> String {
+        wait_for(what, Duration::from_secs(60), || lines.recv_timeout(Duration::from_millis(100)).ok())
+    };
+    let export = loop {
+        let line = next_line("ebb up's export line");
+        if let Some(rest) = line.trim().strip_prefix("export ") {
+            break rest.to_string();
+        }
+    };
+    let vars: Vec<(String, String)> = export
+        .split_whitespace()
+        .map(|kv| kv.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())).unwrap())
+        .collect();
+    let ebb = |args: &[&str]| Command::new(ebb_exe()).args(args).envs(vars.clone()).output().unwrap();
+    let pid = server_pid(&dir);
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
+    loop {
+        let line = next_line("ebb up to say it restarts the server");
+        if line.contains("the server exited") {
+            assert!(line.contains("restarting it from its last commit"), "{line}");
+            break;
+        }
+    }
+    let out = wait_for("a submission to the restarted server", Duration::from_secs(30), || {
+        let out = ebb(&["submit", "--json", "--", "true"]);
+        out.status.success().then_some(out)
+    });
+    let id = serde_json::from_slice::<Value>(&out.stdout).unwrap()["id"].as_u64().unwrap().to_string();
+    wait_for("the job to run on the agent, which re-registered", Duration::from_secs(30), || {
+        let shown: Value = serde_json::from_slice(&ebb(&["show", &id, "--json"]).stdout).ok()?;
+        (shown["state"] == "succeeded").then_some(())
+    });
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(up.id() as i32), nix::sys::signal::Signal::SIGTERM)
+        .unwrap();
+    assert!(up.wait().unwrap().success());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The `ebb server` process serving `dir`, found in /proc.
+fn server_pid(dir: &std::path::Path) -> i32 {
+    let wanted = dir.join("server");
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        let is_server = args.get(1) == Some(&&b"server"[..])
+            && args
+                .windows(2)
+                .any(|w| w[0] == b"--data-dir" && w[1] == wanted.as_os_str().as_encoded_bytes());
+        if is_server {
+            return pid;
+        }
+    }
+    panic!("no ebb server for {}", wanted.display());
+}
