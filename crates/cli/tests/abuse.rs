@@ -131,3 +131,30 @@ fn server_pid(dir: &std::path::Path) -> i32 {
     }
     panic!("no ebb server for {}", wanted.display());
 }
+
+/// The database held job environments in plain text at 0644, and logs
+/// were world-readable: now only the server's user can read its data dir,
+/// including files an older server left readable.
+#[test]
+fn the_server_keeps_its_data_dir_to_itself() {
+    use std::os::unix::fs::PermissionsExt;
+    let mut c = Cluster::start(Options { nodes: 1, gpus: 2, ..Options::default() });
+    let id = c.submit(&["--env", "SECRET=hunter2", "--", "echo", "hello"]);
+    c.wait_state(id, "succeeded");
+    let server = c.dir.join("server");
+    let mode = |name: &str| std::fs::metadata(server.join(name)).unwrap().permissions().mode() & 0o777;
+    let files = ["ebb.db", "ebb.db-wal", "admin.token", "join.token", &format!("logs/{id}.log")];
+    for name in files {
+        assert_eq!(mode(name), 0o600, "{name}");
+    }
+    assert_eq!((mode("."), mode("logs")), (0o700, 0o700));
+    // As an older server left them: fixed at the next start.
+    for name in ["ebb.db", "admin.token", &format!("logs/{id}.log")] {
+        std::fs::set_permissions(server.join(name), std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    c.kill_server();
+    c.start_server();
+    for name in files {
+        assert_eq!(mode(name), 0o600, "{name} after a restart");
+    }
+}
