@@ -243,6 +243,38 @@ pub struct TenantCreated {
     pub token: String,
 }
 
+/// An operator's limits for one tenant; an absent one is the server's
+/// default (`ebb server --max-jobs-per-tenant`, ...).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct TenantLimits {
+    /// Unfinished jobs (queued, waiting or running).
+    #[serde(default)]
+    #[schema(minimum = 1)]
+    pub max_jobs: Option<u64>,
+    /// Jobs admitted to the scheduler at once; the rest wait their turn.
+    #[serde(default)]
+    #[schema(minimum = 1)]
+    pub max_running_jobs: Option<u64>,
+    /// Bytes the unfinished jobs' arguments and environments may take.
+    #[serde(default)]
+    #[schema(minimum = 1)]
+    pub max_stored_bytes: Option<u64>,
+}
+
+/// A tenant's limits in force and what it holds against them.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct TenantUsage {
+    pub tenant: String,
+    pub max_jobs: u64,
+    pub max_running_jobs: u64,
+    pub max_stored_bytes: u64,
+    /// Unfinished jobs, and of them those admitted and those waiting.
+    pub jobs: u64,
+    pub admitted: u64,
+    pub waiting: u64,
+    pub stored_bytes: u64,
+}
+
 /// A chunk of a job's output. `next_offset` continues from here.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct LogChunk {

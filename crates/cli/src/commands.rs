@@ -151,6 +151,25 @@ pub enum TenantCommand {
         #[command(flatten)]
         out: JsonFlag,
     },
+    /// Show a tenant's limits and usage; with a flag, set its own limits
+    /// (admin). Unset ones follow the server's defaults.
+    Limits {
+        name: String,
+        /// Unfinished jobs (queued, waiting or running).
+        #[arg(long, value_name = "N")]
+        max_jobs: Option<u64>,
+        /// Jobs admitted to the scheduler at once.
+        #[arg(long, value_name = "N")]
+        max_running_jobs: Option<u64>,
+        /// Bytes of arguments and environments its unfinished jobs may keep.
+        #[arg(long, value_name = "BYTES")]
+        max_stored_bytes: Option<u64>,
+        /// Drop the tenant's own limits: the server's defaults apply.
+        #[arg(long, conflicts_with_all = ["max_jobs", "max_running_jobs", "max_stored_bytes"])]
+        defaults: bool,
+        #[command(flatten)]
+        out: JsonFlag,
+    },
 }
 
 fn json<T: serde::Serialize>(value: &T) -> String {
@@ -459,6 +478,35 @@ pub async fn tenant(conn: &Connection, command: &TenantCommand) -> Result<String
             } else {
                 format!("tenant {} created; its token (shown once):\n{}\n", created.tenant, created.token)
             })
+        }
+        TenantCommand::Limits { name, max_jobs, max_running_jobs, max_stored_bytes, defaults, out } => {
+            let client = conn.client()?;
+            let path = format!("/v1/tenants/{name}/limits");
+            let set = api::TenantLimits {
+                max_jobs: *max_jobs,
+                max_running_jobs: *max_running_jobs,
+                max_stored_bytes: *max_stored_bytes,
+            };
+            let usage: api::TenantUsage = if *defaults || set != api::TenantLimits::default() {
+                client.put(&path, &set).await?
+            } else {
+                client.get(&path).await?
+            };
+            if out.json {
+                return Ok(json(&usage));
+            }
+            Ok(format!(
+                "tenant {}\n  jobs          {} unfinished of at most {} ({} admitted, {} waiting)\n  \
+                 running jobs  at most {} admitted at once\n  stored        {} bytes of at most {}\n",
+                usage.tenant,
+                usage.jobs,
+                usage.max_jobs,
+                usage.admitted,
+                usage.waiting,
+                usage.max_running_jobs,
+                usage.stored_bytes,
+                usage.max_stored_bytes
+            ))
         }
     }
 }

@@ -252,6 +252,13 @@ pub enum Msg {
         name: String,
         reply: oneshot::Sender<Result<ebb_api::TenantCreated, ApiError>>,
     },
+    /// A tenant's limits and usage; with `set`, first replaces its limits.
+    TenantLimits {
+        principal: Principal,
+        tenant: String,
+        set: Option<ebb_api::TenantLimits>,
+        reply: oneshot::Sender<Result<ebb_api::TenantUsage, ApiError>>,
+    },
     Register {
         reg: Register,
         reply: oneshot::Sender<Result<Registered, ApiError>>,
@@ -363,8 +370,10 @@ pub struct Engine<S: Store> {
     /// the nodes heard from since.
     heard_before: HashMap<String, u64>,
     heard_since_start: BTreeSet<String>,
-    /// Per tenant, what its unfinished jobs hold against its limits.
+    /// Per tenant, what its unfinished jobs hold against its limits, and
+    /// the limits the operator set for it alone.
     load: BTreeMap<u32, TenantLoad>,
+    tenant_limits: BTreeMap<u32, ebb_api::TenantLimits>,
     /// Jobs in a restart back-off, by when they may run again.
     backoff: BTreeSet<(u64, u64)>,
 }
@@ -414,6 +423,7 @@ impl<S: Store> Engine<S> {
             heard_before: HashMap::new(),
             heard_since_start: BTreeSet::new(),
             load: BTreeMap::new(),
+            tenant_limits: BTreeMap::new(),
             backoff: BTreeSet::new(),
         };
         let mut notes = Vec::new();
@@ -424,6 +434,7 @@ impl<S: Store> Engine<S> {
         for t in &snapshot.tenants {
             engine.tenants.insert(t.id, t.name.clone());
         }
+        engine.tenant_limits = std::mem::take(&mut snapshot.tenant_limits).into_iter().collect();
         {
             let mut map = engine.tokens.write().expect("token map");
             for t in &snapshot.tokens {
@@ -794,6 +805,10 @@ impl<S: Store> Engine<S> {
                 let result = self.create_tenant(name);
                 self.reply(reply, result);
             }
+            Msg::TenantLimits { principal, tenant, set, reply } => {
+                let result = self.tenant_limits(&principal, &tenant, set);
+                self.reply(reply, result);
+            }
             Msg::Register { reg, reply } => {
                 let result = self.register(reg, now);
                 self.reply(reply, result);
@@ -876,7 +891,7 @@ impl<S: Store> Engine<S> {
         let (tenant, _) =
             principal.tenant.clone().ok_or_else(|| ApiError::forbidden("this token cannot submit jobs"))?;
         let mut spec = spec;
-        let limits = self.config.limits.clone();
+        let limits = self.limits_of(tenant);
         let checked = crate::validate::submission(&spec, &self.core, &limits)?;
         if checked.tier == Tier::Reserved {
             let wanted = spec.gpu_model.as_deref();
@@ -1641,7 +1656,7 @@ impl<S: Store> Engine<S> {
     /// Admits the tenant's waiting jobs, oldest first, while it is under
     /// its limit of running jobs.
     fn admit_waiting(&mut self, tenant: u32) {
-        let max = self.config.limits.max_running_jobs;
+        let max = self.limits_of(tenant).max_running_jobs;
         loop {
             let Some(load) = self.load.get_mut(&tenant) else { return };
             if load.admitted >= max {
@@ -1657,6 +1672,65 @@ impl<S: Store> Engine<S> {
             self.event(id, "admitted", json!({ "reason": "its tenant is under its limit of running jobs" }));
             self.save(id);
         }
+    }
+
+    /// The server's limits with the tenant's own in place of the defaults.
+    fn limits_of(&self, tenant: u32) -> crate::validate::Limits {
+        let mut limits = self.config.limits.clone();
+        if let Some(own) = self.tenant_limits.get(&tenant) {
+            limits.max_jobs = own.max_jobs.unwrap_or(limits.max_jobs);
+            limits.max_running_jobs = own.max_running_jobs.unwrap_or(limits.max_running_jobs);
+            limits.max_stored_bytes = own.max_stored_bytes.unwrap_or(limits.max_stored_bytes);
+        }
+        limits
+    }
+
+    /// A tenant's limits and usage (the tenant itself or an admin); with
+    /// `set` (admin), its own limits first. Raising the running limit
+    /// admits waiting jobs at once; lowering any refuses nothing already
+    /// accepted.
+    fn tenant_limits(
+        &mut self,
+        principal: &Principal,
+        name: &str,
+        set: Option<ebb_api::TenantLimits>,
+    ) -> Result<ebb_api::TenantUsage, ApiError> {
+        let tenant = self
+            .tenant_by_name(name)
+            .map_err(|_| ApiError::not_found(format!("tenant {name}: not found")))?;
+        if !principal.may_see(tenant) {
+            return Err(ApiError::not_found(format!("tenant {name}: not found")));
+        }
+        if let Some(set) = set {
+            if principal.scope != Scope::Admin {
+                return Err(ApiError::forbidden("this call needs an admin token"));
+            }
+            for (field, value) in [
+                ("max_jobs", set.max_jobs),
+                ("max_running_jobs", set.max_running_jobs),
+                ("max_stored_bytes", set.max_stored_bytes),
+            ] {
+                if value == Some(0) {
+                    return Err(ApiError::bad_request(format!("{field}: must be at least 1, got 0")));
+                }
+            }
+            self.store.put_tenant_limits(tenant, &set).map_err(storage_error)?;
+            tracing::info!(tenant = name, ?set, "tenant limits set");
+            self.tenant_limits.insert(tenant, set);
+            self.admit_waiting(tenant);
+        }
+        let limits = self.limits_of(tenant);
+        let load = self.load.get(&tenant).cloned().unwrap_or_default();
+        Ok(ebb_api::TenantUsage {
+            tenant: name.to_string(),
+            max_jobs: limits.max_jobs,
+            max_running_jobs: limits.max_running_jobs,
+            max_stored_bytes: limits.max_stored_bytes,
+            jobs: load.jobs,
+            admitted: load.admitted,
+            waiting: load.waiting.len() as u64,
+            stored_bytes: load.bytes,
+        })
     }
 
     /// Jobs whose restart back-off is over go back to the scheduler.
@@ -2150,9 +2224,9 @@ impl<S: Store> Engine<S> {
                     QUICK_EXIT_MS / 1000
                 ),
                 Waiting::TenantLimit => format!(
-                    "tenant {} has {} jobs admitted, its limit (ebb server --max-running-jobs)",
+                    "tenant {} has {} jobs admitted, its limit (ebb tenant limits, ebb server --max-running-jobs)",
                     self.tenant_name(job.tenant),
-                    self.config.limits.max_running_jobs
+                    self.limits_of(job.tenant).max_running_jobs
                 ),
             }),
             events,

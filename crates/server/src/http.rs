@@ -100,6 +100,7 @@ fn parse<T: DeserializeOwned>(body: &Bytes) -> ApiResult<T> {
 #[openapi(
     info(title = "Ebb", description = "Preemptible GPU compute with a drain window"),
     paths(submit, list_jobs, show_job, cancel_job, job_logs, list_nodes, drain_node, reclaim, create_tenant,
+        get_tenant_limits, set_tenant_limits,
         list_prices, set_price, create_reservation, list_reservations, delete_reservation, bill, operator_report),
     components(schemas(
         api::JobSubmission, api::Submitted, api::Job, api::JobEvent, api::NodeGpus, api::Node,
@@ -290,6 +291,35 @@ async fn create_tenant(
     let req: api::TenantRequest = parse(&body)?;
     let created = app.ask(|reply| Msg::CreateTenant { name: req.name, reply }).await??;
     Ok((StatusCode::CREATED, Json(created)))
+}
+
+/// A tenant's limits in force and what it holds against them (an admin,
+/// or the tenant itself).
+#[utoipa::path(get, path = "/v1/tenants/{name}/limits", params(("name" = String, Path)),
+    responses((status = 200, body = api::TenantUsage), (status = 404, body = api::ErrorBody)))]
+async fn get_tenant_limits(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Path(tenant): Path<String>,
+) -> ApiResult<Json<api::TenantUsage>> {
+    let principal = app.tenant(&headers)?;
+    Ok(Json(app.ask(|reply| Msg::TenantLimits { principal, tenant, set: None, reply }).await??))
+}
+
+/// Set a tenant's own limits (admin); an absent one is the server's default.
+#[utoipa::path(put, path = "/v1/tenants/{name}/limits", params(("name" = String, Path)),
+    request_body = api::TenantLimits,
+    responses((status = 200, body = api::TenantUsage), (status = 400, body = api::ErrorBody),
+        (status = 404, body = api::ErrorBody)))]
+async fn set_tenant_limits(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Path(tenant): Path<String>,
+    body: Bytes,
+) -> ApiResult<Json<api::TenantUsage>> {
+    let principal = app.require(&headers, Scope::Admin)?;
+    let set: api::TenantLimits = parse(&body)?;
+    Ok(Json(app.ask(|reply| Msg::TenantLimits { principal, tenant, set: Some(set), reply }).await??))
 }
 
 /// The price book: per GPU model, on-demand, preemptible (the fixed
@@ -534,6 +564,7 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
         .route("/v1/nodes/{name}/drain", post(drain_node))
         .route("/v1/reclaim", post(reclaim))
         .route("/v1/tenants", post(create_tenant))
+        .route("/v1/tenants/{name}/limits", get(get_tenant_limits).put(set_tenant_limits))
         .route("/v1/prices", get(list_prices))
         .route("/v1/prices/{model}", put(set_price))
         .route("/v1/reservations", post(create_reservation).get(list_reservations))

@@ -89,6 +89,8 @@ pub struct Snapshot<J> {
     pub reservations: Vec<ReservationRow>,
     /// When each node was last heard from.
     pub heard: Vec<(String, u64)>,
+    /// Limits the operator set for single tenants.
+    pub tenant_limits: Vec<(u32, ebb_api::TenantLimits)>,
 }
 
 /// The storage interface the server is written against.
@@ -115,6 +117,7 @@ pub trait Store: Send {
     /// Records that ended in `[from_ms, to_ms)`, of one tenant or all.
     fn usage(&mut self, tenant: Option<u32>, from_ms: u64, to_ms: u64) -> Result<Vec<UsageRow>>;
     fn job_usage(&mut self, job: u64) -> Result<Vec<UsageRow>>;
+    fn put_tenant_limits(&mut self, tenant: u32, limits: &ebb_api::TenantLimits) -> Result<()>;
 }
 
 pub struct SqliteStore {
@@ -145,7 +148,9 @@ impl SqliteStore {
                  tenant INTEGER NOT NULL, ended_ms INTEGER NOT NULL, record TEXT NOT NULL,
                  PRIMARY KEY (job, attempt));
              CREATE INDEX IF NOT EXISTS usage_by_end ON usage(ended_ms);
-             CREATE TABLE IF NOT EXISTS heard (node TEXT PRIMARY KEY, at_ms INTEGER NOT NULL);",
+             CREATE TABLE IF NOT EXISTS heard (node TEXT PRIMARY KEY, at_ms INTEGER NOT NULL);
+             CREATE TABLE IF NOT EXISTS tenant_limits (
+                 tenant INTEGER PRIMARY KEY REFERENCES tenants(id), record TEXT NOT NULL);",
         )?;
         Ok(SqliteStore { conn })
     }
@@ -197,6 +202,7 @@ impl Store for SqliteStore {
             prices: Vec::new(),
             reservations: Vec::new(),
             heard: Vec::new(),
+            tenant_limits: Vec::new(),
         };
         let mut stmt = self.conn.prepare("SELECT id, name FROM tenants ORDER BY id")?;
         snapshot.tenants = stmt
@@ -226,6 +232,12 @@ impl Store for SqliteStore {
         snapshot.heard = stmt
             .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as u64)))?
             .collect::<rusqlite::Result<_>>()?;
+        let mut stmt = self.conn.prepare("SELECT tenant, record FROM tenant_limits ORDER BY tenant")?;
+        let limits: Vec<(u32, String)> =
+            stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<rusqlite::Result<_>>()?;
+        for (tenant, record) in limits {
+            snapshot.tenant_limits.push((tenant, serde_json::from_str(&record)?));
+        }
         Ok(snapshot)
     }
 
@@ -288,6 +300,14 @@ impl Store for SqliteStore {
             });
         }
         Ok(events)
+    }
+
+    fn put_tenant_limits(&mut self, tenant: u32, limits: &ebb_api::TenantLimits) -> Result<()> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("INSERT OR REPLACE INTO tenant_limits (tenant, record) VALUES (?1, ?2)")?;
+        stmt.execute(params![tenant, serde_json::to_string(limits)?])?;
+        Ok(())
     }
 
     fn heard(&mut self, node: &str, at_ms: u64) -> Result<()> {

@@ -199,7 +199,7 @@ fn a_tenant_at_its_running_limit_waits_its_turn_in_submission_order() {
     }
     let waiting = w.job(ids[2]);
     assert_eq!(waiting.state, "queued");
-    assert!(waiting.waiting.unwrap().contains("its limit (ebb server --max-running-jobs)"));
+    assert!(waiting.waiting.unwrap().contains("has 2 jobs admitted, its limit (ebb tenant limits"));
     // The limit survives a restart; an ended job admits the oldest waiting one.
     w.restart();
     assert!(w.starts().is_empty());
@@ -254,4 +254,34 @@ fn jobs_are_listed_a_page_at_a_time() {
         }
     }
     assert_eq!(seen, ids);
+}
+
+#[test]
+fn an_operator_sets_one_tenants_limits_and_raising_them_admits_at_once() {
+    let mut w = World::new("tenant-limits", Limits::default());
+    let admin = Principal { scope: Scope::Admin, tenant: Some((1, "default".into())) };
+    let set = |w: &mut World, who: &Principal, limits: ebb_api::TenantLimits| {
+        let principal = who.clone();
+        w.call(|reply| Msg::TenantLimits { principal, tenant: "acme".into(), set: Some(limits), reply })
+    };
+    let one = ebb_api::TenantLimits { max_running_jobs: Some(1), ..Default::default() };
+    let tenant = w.tenant.clone();
+    assert_eq!(set(&mut w, &tenant, one.clone()).unwrap_err().status, 403, "a tenant cannot raise its own");
+    let usage = set(&mut w, &admin, one).unwrap();
+    assert_eq!((usage.max_running_jobs, usage.max_jobs), (1, Limits::default().max_jobs));
+    let ids: Vec<u64> = (0..3).map(|_| w.submit(job(&["true"])).unwrap()[0]).collect();
+    assert_eq!(w.starts().len(), 1);
+    let principal = w.tenant.clone();
+    let usage =
+        w.call(|reply| Msg::TenantLimits { principal, tenant: "acme".into(), set: None, reply }).unwrap();
+    assert_eq!((usage.jobs, usage.admitted, usage.waiting), (3, 1, 2));
+    // Kept across a restart; raised, the waiting jobs start at once.
+    w.restart();
+    assert!(w.job(ids[1]).waiting.is_some());
+    let three = ebb_api::TenantLimits { max_running_jobs: Some(3), ..Default::default() };
+    set(&mut w, &admin, three).unwrap();
+    let started: Vec<u64> = w.starts().iter().map(|s| s.attempt.job).collect();
+    assert!(started.contains(&ids[1]) && started.contains(&ids[2]), "{started:?}");
+    let zero = ebb_api::TenantLimits { max_jobs: Some(0), ..Default::default() };
+    assert_eq!(set(&mut w, &admin, zero).unwrap_err().message, "max_jobs: must be at least 1, got 0");
 }
