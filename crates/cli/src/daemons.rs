@@ -44,6 +44,31 @@ pub struct ServerArgs {
     /// The preemptible discount off on-demand, percent (fixed; never a bid).
     #[arg(long, default_value_t = 50.0, value_name = "PERCENT")]
     pub preemptible_discount: f64,
+    /// The Unix user that runs a tenant's jobs on the nodes: TENANT=USER;
+    /// repeatable.
+    #[arg(long = "run-as", value_name = "TENANT=USER")]
+    pub run_as: Vec<String>,
+    /// The Unix user that runs the jobs of tenants no --run-as names.
+    #[arg(long, default_value = "nobody", value_name = "USER")]
+    pub default_run_as: String,
+}
+
+/// `--run-as TENANT=USER` flags and the default user, each checked.
+fn run_as_flags(pairs: &[String], default: &str) -> Result<ebb_server::RunAs, String> {
+    let mut by_tenant = BTreeMap::new();
+    for pair in pairs {
+        let (tenant, user) = pair
+            .split_once('=')
+            .filter(|(t, u)| !t.is_empty() && !u.is_empty())
+            .ok_or_else(|| format!("--run-as {pair}: expected TENANT=USER"))?;
+        if by_tenant.insert(tenant.to_string(), user.to_string()).is_some() {
+            return Err(format!("--run-as {pair}: tenant {tenant} is mapped twice"));
+        }
+    }
+    if default.is_empty() {
+        return Err("--default-run-as: a user name".into());
+    }
+    Ok(ebb_server::RunAs { by_tenant, default: default.to_string() })
 }
 
 /// `--price MODEL=USD` flags to micro-dollars, each checked.
@@ -84,6 +109,7 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
     let default_price =
         ebb_server::billing::parse_price("--default-price", &args.default_price, discount_bps)
             .map_err(|e| e.message)?;
+    let run_as = run_as_flags(&args.run_as, &args.default_run_as)?;
     ebb_server::serve(ebb_server::ServerConfig {
         data_dir: args.data_dir,
         listen: args.listen,
@@ -91,6 +117,7 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
         heartbeat_timeout: args.heartbeat_timeout,
         heartbeat_interval: args.heartbeat_interval,
         pricing: ebb_server::billing::Pricing { prices, default_price, discount_bps },
+        run_as,
     })
     .await
 }

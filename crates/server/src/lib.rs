@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use ebb_core::Span;
 use sha2::{Digest, Sha256};
 
-pub use engine::{now_ms, EngineConfig};
+pub use engine::{now_ms, EngineConfig, RunAs};
 pub use validate::parse_signal;
 
 use crate::store::Scope;
@@ -93,6 +93,7 @@ pub struct ServerConfig {
     pub heartbeat_timeout: Span,
     pub heartbeat_interval: Span,
     pub pricing: billing::Pricing,
+    pub run_as: RunAs,
 }
 
 /// Runs the server until SIGINT or SIGTERM.
