@@ -151,6 +151,21 @@ pub struct AgentArgs {
     /// (default: the host name).
     #[arg(long)]
     pub address: Option<String>,
+    /// Jobs' PATH (a submission's own PATH wins). Jobs never inherit the
+    /// agent's environment.
+    #[arg(long, default_value = ebb_agent::identity::DEFAULT_PATH, value_name = "PATH")]
+    pub job_path: String,
+    /// A variable every job gets (a submission's env wins): K=V; repeatable.
+    #[arg(long = "job-env", value_name = "K=V")]
+    pub job_env: Vec<String>,
+    /// Let a root agent run jobs as root: for a personal cluster only
+    /// (`ebb up`). Otherwise a job mapped to root is refused.
+    #[arg(long)]
+    pub allow_root_jobs: bool,
+    /// How long a finished attempt's run and default working directories
+    /// are kept (checkpoints are never removed).
+    #[arg(long, default_value = "24h", value_parser = parse_span)]
+    pub attempt_retention: Span,
 }
 
 pub async fn agent(server: Option<String>, args: AgentArgs) -> Result<(), String> {
@@ -179,11 +194,16 @@ pub async fn agent(server: Option<String>, args: AgentArgs) -> Result<(), String
         Some(address) => address,
         None => hostname()?,
     };
-    let mut labels = BTreeMap::new();
-    for pair in &args.labels {
-        let (k, v) = pair.split_once('=').ok_or_else(|| format!("--label {pair}: expected K=V"))?;
-        labels.insert(k.to_string(), v.to_string());
-    }
+    let pairs = |flag: &str, list: &[String]| -> Result<BTreeMap<String, String>, String> {
+        list.iter()
+            .map(|pair| {
+                let (k, v) = pair.split_once('=').ok_or_else(|| format!("{flag} {pair}: expected K=V"))?;
+                Ok((k.to_string(), v.to_string()))
+            })
+            .collect()
+    };
+    let labels = pairs("--label", &args.labels)?;
+    let job_env = pairs("--job-env", &args.job_env)?;
     let checkpoint_root = args.checkpoint_root.unwrap_or_else(|| args.data_dir.join("checkpoints"));
     ebb_agent::run(ebb_agent::AgentConfig {
         server,
@@ -195,8 +215,21 @@ pub async fn agent(server: Option<String>, args: AgentArgs) -> Result<(), String
         data_dir: args.data_dir,
         checkpoint_root,
         address,
+        job_path: args.job_path,
+        job_env,
+        allow_root_jobs: args.allow_root_jobs,
+        attempt_retention: Duration::from_millis(args.attempt_retention.as_millis()),
     })
     .await
+}
+
+/// The user who runs `ebb up`: a personal cluster runs jobs as them.
+fn invoking_user() -> Result<(String, u32), String> {
+    let uid = nix::unistd::geteuid();
+    let user = nix::unistd::User::from_uid(uid)
+        .map_err(|e| format!("cannot look up uid {uid}: {e}"))?
+        .ok_or_else(|| format!("uid {uid} has no user name; ebb up runs jobs as the user who starts it"))?;
+    Ok((user.name, uid.as_raw()))
 }
 
 #[derive(Args)]
@@ -268,6 +301,7 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
     let server_dir = data.join("server");
     let _ = std::fs::remove_file(server_dir.join("server.url"));
     let server_log = logs.join("server.log");
+    let (user, uid) = invoking_user()?;
     let mut server = spawn(
         "ebb server",
         &[
@@ -280,6 +314,8 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
             format!("{}ms", args.drain_window.as_millis()),
             "--heartbeat-timeout".into(),
             format!("{}ms", args.heartbeat_timeout.as_millis()),
+            "--default-run-as".into(),
+            user.clone(),
         ],
         &server_log,
     )?;
@@ -309,6 +345,10 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
                 data.join("checkpoints").display().to_string(),
                 "--address".into(),
                 "127.0.0.1".into(),
+                // A personal cluster: the user's own jobs, with their PATH.
+                "--allow-root-jobs".into(),
+                "--job-path".into(),
+                std::env::var("PATH").unwrap_or_else(|_| ebb_agent::identity::DEFAULT_PATH.into()),
             ],
             &log,
         )?);
@@ -333,6 +373,7 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
         args.nodes, args.gpus_per_node, args.gpu_model, args.drain_window
     );
     println!("point the CLI at it:\n  export EBB_SERVER={url} EBB_TOKEN={admin}");
+    println!("jobs run as {user} (uid {uid}), the user who started this cluster");
     println!("logs in {}; Ctrl-C stops the cluster", logs.display());
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;

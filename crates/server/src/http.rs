@@ -427,6 +427,13 @@ async fn metrics(State(app): State<App>) -> ApiResult<Response> {
 pub async fn serve(config: ServerConfig) -> Result<(), String> {
     let dir = &config.data_dir;
     std::fs::create_dir_all(dir.join("logs")).map_err(|e| format!("--data-dir {}: {e}", dir.display()))?;
+    // The database, tokens and every tenant's output: the server's alone
+    // (jobs on a node of the same host run as other users).
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| format!("--data-dir {}: {e}", dir.display()))?;
+    }
     let store = SqliteStore::open(&dir.join("ebb.db")).map_err(|e| e.to_string())?;
     let tokens = Arc::new(RwLock::new(HashMap::new()));
     let engine_config = EngineConfig {
