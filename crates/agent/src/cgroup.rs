@@ -51,7 +51,11 @@ pub fn parse_mountinfo(text: &str) -> Vec<CgroupMount> {
             let _source = rest.next();
             let options = rest.next().unwrap_or("");
             let controllers = if fstype == "cgroup" {
-                options.split(',').filter(|o| !o.contains('=') && *o != "rw" && *o != "ro").map(str::to_string).collect()
+                options
+                    .split(',')
+                    .filter(|o| !o.contains('=') && *o != "rw" && *o != "ro")
+                    .map(str::to_string)
+                    .collect()
             } else {
                 Vec::new()
             };
@@ -123,10 +127,13 @@ pub struct Parents {
 pub fn discover(mountinfo: &str, proc_cgroup: &str) -> Result<Parents, String> {
     let mounts = parse_mountinfo(mountinfo);
     let (v2_path, memory_path) = parse_proc_cgroup(proc_cgroup);
-    let v2_mount = mounts.iter().find(|m| m.fstype == "cgroup2").ok_or("no cgroup v2 hierarchy is mounted")?;
-    let v2_path = v2_path.ok_or("this process is in no cgroup v2 group (no 0:: line in /proc/self/cgroup)")?;
+    let v2_mount =
+        mounts.iter().find(|m| m.fstype == "cgroup2").ok_or("no cgroup v2 hierarchy is mounted")?;
+    let v2_path =
+        v2_path.ok_or("this process is in no cgroup v2 group (no 0:: line in /proc/self/cgroup)")?;
     let memory_v1 = memory_path.and_then(|path| {
-        let mount = mounts.iter().find(|m| m.fstype == "cgroup" && m.controllers.iter().any(|c| c == "memory"))?;
+        let mount =
+            mounts.iter().find(|m| m.fstype == "cgroup" && m.controllers.iter().any(|c| c == "memory"))?;
         Some(on_disk(mount, &path))
     });
     Ok(Parents { v2: on_disk(v2_mount, &v2_path), memory_v1 })
@@ -138,7 +145,8 @@ impl Parents {
         let read = |p: &str| std::fs::read_to_string(p).map_err(|e| format!("{p}: {e}"));
         let mut parents = discover(&read("/proc/self/mountinfo")?, &read("/proc/self/cgroup")?)?;
         let test = parents.v2.join(format!("ebb-probe-{}", std::process::id()));
-        std::fs::create_dir(&test).map_err(|e| format!("cannot create a cgroup in {}: {e}", parents.v2.display()))?;
+        std::fs::create_dir(&test)
+            .map_err(|e| format!("cannot create a cgroup in {}: {e}", parents.v2.display()))?;
         let kill_file = test.join("cgroup.kill").exists();
         let _ = std::fs::remove_dir(&test);
         if !kill_file {
@@ -160,15 +168,14 @@ impl Parents {
     /// A new group for an attempt (and its v1 memory group where there is
     /// one), empty: a leftover of the same name is killed first.
     pub fn create(&self, name: &str) -> Result<AttemptGroup, String> {
-        let group = AttemptGroup {
-            v2: self.v2.join(name),
-            memory_v1: self.memory_v1.as_ref().map(|m| m.join(name)),
-        };
+        let group =
+            AttemptGroup { v2: self.v2.join(name), memory_v1: self.memory_v1.as_ref().map(|m| m.join(name)) };
         if group.v2.exists() {
             group.kill();
             group.remove();
         }
-        std::fs::create_dir(&group.v2).map_err(|e| format!("cannot create cgroup {}: {e}", group.v2.display()))?;
+        std::fs::create_dir(&group.v2)
+            .map_err(|e| format!("cannot create cgroup {}: {e}", group.v2.display()))?;
         if let Some(memory) = &group.memory_v1 {
             if let Err(e) = std::fs::create_dir(memory) {
                 tracing::warn!("cannot create memory cgroup {}: {e}", memory.display());
@@ -216,7 +223,10 @@ impl AttemptGroup {
     pub fn join_files(&self) -> Result<JoinFiles, String> {
         let open = |dir: &Path| {
             let path = dir.join("cgroup.procs");
-            std::fs::OpenOptions::new().write(true).open(&path).map_err(|e| format!("{}: {e}", path.display()))
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .map_err(|e| format!("{}: {e}", path.display()))
         };
         let mut files = vec![open(&self.v2)?];
         if let Some(memory) = self.memory_v1.as_deref().filter(|m| m.exists()) {

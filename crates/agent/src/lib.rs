@@ -98,9 +98,11 @@ fn own_dir(path: &Path, mode: u32, who: Option<&identity::Identity>) -> Result<(
 /// data directory, so two agents on one host never touch each other's.
 fn tag(path: &Path) -> String {
     use std::os::unix::ffi::OsStrExt;
-    let hash = path.as_os_str().as_bytes().iter().fold(0xcbf29ce484222325u64, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x100000001b3)
-    });
+    let hash = path
+        .as_os_str()
+        .as_bytes()
+        .iter()
+        .fold(0xcbf29ce484222325u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x100000001b3));
     format!("{:08x}", hash as u32)
 }
 
@@ -368,6 +370,11 @@ impl Agent {
         let tenant_root = owned(self.config.checkpoint_root.join(tenant_dir_name(&s.tenant)?))?;
         let checkpoint_dir = owned(tenant_root.join(a.job.to_string()))?;
         let run_dir = owned(self.config.data_dir.join("run").join(format!("{}-{}", a.job, a.attempt)))?;
+        // Retention counts from the last use: a requeued job's old working
+        // directory is in use again.
+        for dir in std::iter::once(&run_dir).chain(s.workdir.is_none().then_some(&workdir)) {
+            touch(dir);
+        }
         let drain_file = run_dir.join("drain.json");
         let completion_file = run_dir.join("complete");
         let group = match &self.cgroups {
@@ -531,7 +538,14 @@ impl Agent {
             // cgroup is gone).
             agent.running.lock().expect("running").remove(&a);
             tracing::info!(job = a.job, attempt = a.attempt, ?code, ?signal, ?peak_memory_bytes, "exited");
-            agent.send(AgentEvent::Exited { attempt: a, code, signal, completed, at_ms: now_ms(), peak_memory_bytes });
+            agent.send(AgentEvent::Exited {
+                attempt: a,
+                code,
+                signal,
+                completed,
+                at_ms: now_ms(),
+                peak_memory_bytes,
+            });
         });
         Ok(())
     }
@@ -551,7 +565,9 @@ impl Agent {
                 let old = entry.metadata().and_then(|m| m.modified()).is_ok_and(|t| t < cutoff);
                 if old && !in_use.contains(&name) {
                     match std::fs::remove_dir_all(entry.path()) {
-                        Ok(()) => tracing::info!(dir = %entry.path().display(), "removed a finished attempt's directory"),
+                        Ok(()) => {
+                            tracing::info!(dir = %entry.path().display(), "removed a finished attempt's directory")
+                        }
                         Err(e) => tracing::warn!("cannot remove {}: {e}", entry.path().display()),
                     }
                 }
@@ -715,7 +731,11 @@ pub async fn run(mut config: AgentConfig) -> Result<(), String> {
     };
     let group_prefix = format!(
         "ebb-{}-{}-",
-        config.name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect::<String>(),
+        config
+            .name
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
+            .collect::<String>(),
         tag(&config.data_dir)
     );
     let http = reqwest::Client::builder()
@@ -737,7 +757,8 @@ pub async fn run(mut config: AgentConfig) -> Result<(), String> {
     agent.kill_leftovers();
     let sweeper = agent.clone();
     tokio::spawn(async move {
-        let every = (sweeper.config.attempt_retention / 4).clamp(Duration::from_secs(1), Duration::from_secs(600));
+        let every =
+            (sweeper.config.attempt_retention / 4).clamp(Duration::from_secs(1), Duration::from_secs(600));
         loop {
             sweeper.sweep();
             tokio::time::sleep(every).await;

@@ -1158,8 +1158,13 @@ impl<S: Store> Engine<S> {
             } else {
                 // The node does not run what we think it does: that part of
                 // the attempt is gone.
-                let exit =
-                    PartExit { code: None, signal: None, completed: false, vanished: true, peak_memory_bytes: None };
+                let exit = PartExit {
+                    code: None,
+                    signal: None,
+                    completed: false,
+                    vanished: true,
+                    peak_memory_bytes: None,
+                };
                 self.part_exited(&reg.node, attempt, exit, last_contact, now);
             }
         }

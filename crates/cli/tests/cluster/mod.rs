@@ -20,6 +20,8 @@ pub struct Options {
     /// Who runs the jobs. `None`: as `ebb up` does, the user running the
     /// tests (root may run jobs as root), with the tests' PATH.
     pub run_as: Option<RunAs>,
+    /// More flags for every agent.
+    pub agent_args: Vec<&'static str>,
 }
 
 /// An operator's mapping of tenants to Unix users, and the default user
@@ -34,7 +36,14 @@ pub const AGENT_CANARY: &str = "EBB_TEST_AGENT_CANARY";
 
 impl Default for Options {
     fn default() -> Self {
-        Options { nodes: 1, gpus: 4, drain_window: "30s", heartbeat_timeout: "10s", run_as: None }
+        Options {
+            nodes: 1,
+            gpus: 4,
+            drain_window: "30s",
+            heartbeat_timeout: "10s",
+            run_as: None,
+            agent_args: Vec::new(),
+        }
     }
 }
 
@@ -159,6 +168,7 @@ impl Cluster {
         let child = Command::new(ebb_exe())
             .args(["agent", "--server", &self.url, "--name", &name])
             .args(&personal)
+            .args(&self.opts.agent_args)
             .args(["--join-token-file", self.dir.join("server/join.token").to_str().unwrap()])
             .args(["--fake-gpus", &self.opts.gpus.to_string(), "--gpu-model", "H100-80GB"])
             .args(["--data-dir", self.dir.join("agents").join(&name).to_str().unwrap()])
