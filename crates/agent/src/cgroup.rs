@@ -152,8 +152,7 @@ impl Parents {
         if !kill_file {
             return Err(format!("{} has no cgroup.kill (kernel older than 5.14)", parents.v2.display()));
         }
-        // Memory accounting in the v2 groups, where the agent may enable it.
-        let _ = std::fs::write(parents.v2.join("cgroup.subtree_control"), "+memory");
+        parents.enable_memory();
         if let Some(memory) = &parents.memory_v1 {
             let test = memory.join(format!("ebb-probe-{}", std::process::id()));
             if std::fs::create_dir(&test).is_ok() {
@@ -163,6 +162,29 @@ impl Parents {
             }
         }
         Ok(parents)
+    }
+
+    /// Memory accounting in the attempts' v2 groups, where the memory
+    /// controller reaches the agent's group. A group with processes of its
+    /// own cannot hand controllers to its children (cgroup v2's "no
+    /// internal processes"), so an agent started in a group of its own (a
+    /// systemd service) first moves itself into a leaf beside its attempts.
+    fn enable_memory(&self) {
+        let controllers = std::fs::read_to_string(self.v2.join("cgroup.controllers")).unwrap_or_default();
+        if !controllers.split_whitespace().any(|c| c == "memory") {
+            return; // hybrid hosts: the v1 memory group accounts instead
+        }
+        let control = self.v2.join("cgroup.subtree_control");
+        if std::fs::write(&control, "+memory").is_ok() {
+            return;
+        }
+        let leaf = self.v2.join("ebb-agent");
+        let moved = std::fs::create_dir_all(&leaf)
+            .and_then(|()| std::fs::write(leaf.join("cgroup.procs"), std::process::id().to_string()));
+        match moved.and_then(|()| std::fs::write(&control, "+memory")) {
+            Ok(()) => tracing::info!(leaf = %leaf.display(), "moved into a leaf group to account attempts' memory"),
+            Err(e) => tracing::warn!("no memory accounting for attempts in {}: {e}", self.v2.display()),
+        }
     }
 
     /// A new group for an attempt (and its v1 memory group where there is

@@ -377,15 +377,21 @@ impl Agent {
         }
         let drain_file = run_dir.join("drain.json");
         let completion_file = run_dir.join("complete");
-        let group = match &self.cgroups {
-            Some(parents) => Some(parents.create(&format!("{}{}-{}", self.group_prefix, a.job, a.attempt))?),
-            None => None,
-        };
-        let join = group.as_ref().map(cgroup::AttemptGroup::join_files).transpose()?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .map_err(|e| format!("metadata endpoint: {e}"))?;
         let port = listener.local_addr().map_err(|e| e.to_string())?.port();
+        let group = match &self.cgroups {
+            Some(parents) => Some(parents.create(&format!("{}{}-{}", self.group_prefix, a.job, a.attempt))?),
+            None => None,
+        };
+        let join = match group.as_ref().map(cgroup::AttemptGroup::join_files).transpose() {
+            Ok(join) => join,
+            Err(e) => {
+                group.iter().for_each(cgroup::AttemptGroup::remove);
+                return Err(e);
+            }
+        };
         let metadata_url = format!("http://127.0.0.1:{port}");
         let (notice_tx, notice_rx) = watch::channel(None);
         tokio::spawn(metadata::serve(
