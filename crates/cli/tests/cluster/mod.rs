@@ -47,6 +47,16 @@ impl Default for Options {
     }
 }
 
+/// The host's BLAS settings, as `--job-env` flags: a job's numerics match
+/// those of the same script run directly by a test (the node's image would
+/// set them for its jobs).
+fn blas_settings() -> Vec<String> {
+    std::env::vars()
+        .filter(|(k, _)| ["OPENBLAS_", "OMP_", "MKL_"].iter().any(|p| k.starts_with(p)))
+        .map(|(k, v)| format!("--job-env={k}={v}"))
+        .collect()
+}
+
 fn current_user() -> String {
     let out = Command::new("id").arg("-un").output().unwrap();
     String::from_utf8(out.stdout).unwrap().trim().to_string()
@@ -169,6 +179,7 @@ impl Cluster {
             .args(["agent", "--server", &self.url, "--name", &name])
             .args(&personal)
             .args(&self.opts.agent_args)
+            .args(blas_settings())
             .args(["--join-token-file", self.dir.join("server/join.token").to_str().unwrap()])
             .args(["--fake-gpus", &self.opts.gpus.to_string(), "--gpu-model", "H100-80GB"])
             .args(["--data-dir", self.dir.join("agents").join(&name).to_str().unwrap()])
