@@ -110,7 +110,10 @@ pub fn parse_proc_cgroup(text: &str) -> (Option<String>, Option<String>) {
 /// Where group `path` of a hierarchy lies on disk under `mount`.
 fn on_disk(mount: &CgroupMount, path: &str) -> PathBuf {
     let relative = if mount.root != "/" { path.strip_prefix(&mount.root).unwrap_or(path) } else { path };
-    mount.mount_point.join(relative.trim_start_matches('/'))
+    match relative.trim_start_matches('/') {
+        "" => mount.mount_point.clone(),
+        relative => mount.mount_point.join(relative),
+    }
 }
 
 /// The directories under which the agent makes its attempts' groups.
@@ -182,7 +185,9 @@ impl Parents {
         let moved = std::fs::create_dir_all(&leaf)
             .and_then(|()| std::fs::write(leaf.join("cgroup.procs"), std::process::id().to_string()));
         match moved.and_then(|()| std::fs::write(&control, "+memory")) {
-            Ok(()) => tracing::info!(leaf = %leaf.display(), "moved into a leaf group to account attempts' memory"),
+            Ok(()) => {
+                tracing::info!(leaf = %leaf.display(), "moved into a leaf group to account attempts' memory")
+            }
             Err(e) => tracing::warn!("no memory accounting for attempts in {}: {e}", self.v2.display()),
         }
     }

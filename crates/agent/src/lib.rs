@@ -785,3 +785,23 @@ pub async fn run(mut config: AgentConfig) -> Result<(), String> {
     tokio::time::sleep(Duration::from_millis(300)).await;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tenant_name_never_leaves_the_checkpoint_root() {
+        assert_eq!(tenant_dir_name("team-a_1"), Ok("team-a_1"));
+        assert_eq!(tenant_dir_name(""), Ok("default"));
+        for bad in ["..", "../etc", "a/b", "."] {
+            assert!(tenant_dir_name(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn agents_with_different_data_directories_name_their_cgroups_apart() {
+        assert_ne!(tag(Path::new("/var/lib/ebb/a")), tag(Path::new("/var/lib/ebb/b")));
+        assert_eq!(tag(Path::new("/var/lib/ebb/a")), tag(Path::new("/var/lib/ebb/a")));
+    }
+}
