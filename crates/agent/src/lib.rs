@@ -1,14 +1,19 @@
 //! `ebb agent`: one per node. Joins the server, runs each attempt as a real
-//! process in its own process group, and delivers the drain: the job's
-//! signal, the notice file, the attempt's metadata endpoint, SIGKILL at the
-//! deadline. Everything it reports names the attempt, so the server can
-//! fence stale ones.
+//! process in its own cgroup (see `cgroup`; a process group where the
+//! agent cannot make cgroups), as the Unix user its tenant is mapped to,
+//! with an environment built for it (see `identity`), and delivers the
+//! drain: the job's signal, the notice file, the attempt's metadata
+//! endpoint, SIGKILL at the deadline. Everything it reports names the
+//! attempt, so the server can fence stale ones.
 
+pub mod cgroup;
 pub mod gpus;
+pub mod identity;
 mod metadata;
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -37,6 +42,15 @@ pub struct AgentConfig {
     pub checkpoint_root: PathBuf,
     /// Where other nodes reach this one (a gang's `MASTER_ADDR`).
     pub address: String,
+    /// Jobs' `PATH` (a submission's own `PATH` wins).
+    pub job_path: String,
+    /// Variables the operator adds to every job's base environment.
+    pub job_env: BTreeMap<String, String>,
+    /// A root agent may run jobs as root: a personal cluster (`ebb up`).
+    pub allow_root_jobs: bool,
+    /// How long a finished attempt's run directory and default working
+    /// directory are kept.
+    pub attempt_retention: Duration,
 }
 
 pub(crate) fn now_ms() -> u64 {
@@ -54,14 +68,60 @@ struct Running {
     signal: i32,
     drain_file: PathBuf,
     notice: watch::Sender<Option<Notice>>,
+    /// The attempt's cgroup; none where the agent cannot make cgroups.
+    group: Option<cgroup::AttemptGroup>,
 }
 
-/// What survives an agent crash: the process groups it started, so that a
-/// restarted agent can kill them instead of leaving stale attempts running.
+/// What survives an agent crash: the process groups and cgroups it
+/// started, so that a restarted agent can kill them instead of leaving
+/// stale attempts running.
 #[derive(Default, Serialize, Deserialize)]
 struct Ledger {
     /// (attempt, process group, the leader's start time in clock ticks).
     groups: Vec<(AttemptRef, i32, u64)>,
+    #[serde(default)]
+    cgroups: Vec<(AttemptRef, cgroup::AttemptGroup)>,
+}
+
+/// Creates `path` (and its parents) if missing, then gives it `mode` and,
+/// on a root agent, the owner `who`.
+fn own_dir(path: &Path, mode: u32, who: Option<&identity::Identity>) -> Result<(), String> {
+    let fail = |e: std::io::Error| format!("cannot prepare {}: {e}", path.display());
+    std::fs::create_dir_all(path).map_err(fail)?;
+    if let Some(who) = who.filter(|w| w.switch) {
+        nix::unistd::chown(path, Some(who.uid), Some(who.gid)).map_err(|e| fail(e.into()))?;
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(fail)
+}
+
+/// A short stable tag for a path: the agent's cgroups carry the tag of its
+/// data directory, so two agents on one host never touch each other's.
+fn tag(path: &Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let hash = path
+        .as_os_str()
+        .as_bytes()
+        .iter()
+        .fold(0xcbf29ce484222325u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x100000001b3));
+    format!("{:08x}", hash as u32)
+}
+
+/// A tenant name as a directory name: the server allows letters, digits,
+/// `-` and `_`; anything else is refused rather than trusted as a path.
+fn tenant_dir_name(tenant: &str) -> Result<&str, String> {
+    let name = if tenant.is_empty() { "default" } else { tenant };
+    if name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+        Ok(name)
+    } else {
+        Err(format!("tenant {tenant:?}: not a valid tenant name"))
+    }
+}
+
+/// Sets a directory's modification time to now.
+fn touch(dir: &Path) {
+    if let Err(e) = std::fs::File::open(dir).and_then(|f| f.set_modified(SystemTime::now())) {
+        tracing::warn!("cannot mark {} finished: {e}", dir.display());
+    }
 }
 
 /// When process `pid` started (field 22 of /proc/PID/stat), so that a
@@ -81,6 +141,12 @@ struct Agent {
     /// order: a registration carries them, so a server that restarted
     /// accounts them as they happened.
     unreported: Mutex<Vec<AgentEvent>>,
+    /// Where attempts' cgroups go; none: process groups only.
+    cgroups: Option<cgroup::Parents>,
+    /// The start of this agent's cgroup names.
+    group_prefix: String,
+    /// The user the agent runs as.
+    me: nix::unistd::Uid,
 }
 
 #[derive(Debug)]
@@ -128,11 +194,21 @@ impl Agent {
     }
 
     fn write_ledger(&self, running: &HashMap<AttemptRef, Running>) {
-        let ledger = Ledger { groups: running.iter().map(|(a, r)| (*a, r.pgid, r.started_ticks)).collect() };
+        let ledger = Ledger {
+            groups: running.iter().map(|(a, r)| (*a, r.pgid, r.started_ticks)).collect(),
+            cgroups: running.iter().filter_map(|(a, r)| Some((*a, r.group.clone()?))).collect(),
+        };
         let tmp = self.ledger_path().with_extension("tmp");
+        let write = |bytes: Vec<u8>| {
+            use std::io::Write;
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut file =
+                std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
+            file.write_all(&bytes)
+        };
         let written = serde_json::to_vec(&ledger)
             .map_err(std::io::Error::other)
-            .and_then(|bytes| std::fs::write(&tmp, bytes))
+            .and_then(write)
             .and_then(|()| std::fs::rename(&tmp, self.ledger_path()));
         if let Err(e) = written {
             tracing::error!("cannot record running attempts: {e}");
@@ -141,8 +217,29 @@ impl Agent {
 
     /// Kills what a previous life of this agent left running.
     fn kill_leftovers(&self) {
-        let Ok(bytes) = std::fs::read(self.ledger_path()) else { return };
-        let ledger: Ledger = serde_json::from_slice(&bytes).unwrap_or_default();
+        // Every cgroup of this agent's: recorded or not (it may have died
+        // between making one and recording it), none is running now.
+        let mut groups = self.cgroups.as_ref().map_or_else(Vec::new, |c| c.leftovers(&self.group_prefix));
+        let ledger: Ledger = std::fs::read(self.ledger_path())
+            .ok()
+            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+            .unwrap_or_default();
+        for (_, group) in ledger.cgroups {
+            if !groups.contains(&group) {
+                groups.push(group);
+            }
+        }
+        for group in groups {
+            if group.populated() {
+                tracing::warn!(cgroup = %group.v2.display(), "killing an attempt left by a previous agent");
+            }
+            group.kill();
+            let deadline = std::time::Instant::now() + Duration::from_secs(2);
+            while group.populated() && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            group.remove();
+        }
         for (attempt, pgid, started) in ledger.groups {
             // Only if the group's leader is still the process we started.
             if process_start(pgid) != Some(started) {
@@ -174,9 +271,16 @@ impl Agent {
         self.call(self.http.post(self.url("/v1/agent/register")).json(&body)).await
     }
 
+    /// Signals every process of the attempt: all of its cgroup, or its
+    /// process group where there is no cgroup.
     fn signal(&self, attempt: AttemptRef, signal: Signal) {
         if let Some(r) = self.running.lock().expect("running").get(&attempt) {
-            let _ = killpg(Pid::from_raw(r.pgid), signal);
+            match &r.group {
+                Some(group) => group.signal(signal),
+                None => {
+                    let _ = killpg(Pid::from_raw(r.pgid), signal);
+                }
+            }
         }
     }
 
@@ -247,6 +351,7 @@ impl Agent {
                     signal: None,
                     completed: false,
                     at_ms,
+                    peak_memory_bytes: None,
                 });
             }
         }
@@ -254,22 +359,39 @@ impl Agent {
 
     async fn spawn(self: &Arc<Self>, s: &StartAttempt) -> Result<(), String> {
         let a = s.attempt;
-        let dir = |p: PathBuf| -> Result<PathBuf, String> {
-            std::fs::create_dir_all(&p).map_err(|e| format!("cannot create {}: {e}", p.display()))?;
-            Ok(p)
-        };
+        let who = identity::resolve(s.run_as.as_deref(), self.me, self.config.allow_root_jobs)?;
+        // The attempt's own directories belong to its user, closed to others;
+        // the tenant's checkpoint root too, so tenants cannot see each other's.
+        let owned = |p: PathBuf| own_dir(&p, 0o700, Some(&who)).map(|()| p);
         let workdir = match &s.workdir {
             Some(w) => PathBuf::from(w),
-            None => dir(self.config.data_dir.join("work").join(a.job.to_string()))?,
+            None => owned(self.config.data_dir.join("work").join(a.job.to_string()))?,
         };
-        let checkpoint_dir = dir(self.config.checkpoint_root.join(a.job.to_string()))?;
-        let run_dir = dir(self.config.data_dir.join("run").join(format!("{}-{}", a.job, a.attempt)))?;
+        let tenant_root = owned(self.config.checkpoint_root.join(tenant_dir_name(&s.tenant)?))?;
+        let checkpoint_dir = owned(tenant_root.join(a.job.to_string()))?;
+        let run_dir = owned(self.config.data_dir.join("run").join(format!("{}-{}", a.job, a.attempt)))?;
+        // Retention counts from the last use: a requeued job's old working
+        // directory is in use again.
+        for dir in std::iter::once(&run_dir).chain(s.workdir.is_none().then_some(&workdir)) {
+            touch(dir);
+        }
         let drain_file = run_dir.join("drain.json");
         let completion_file = run_dir.join("complete");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .map_err(|e| format!("metadata endpoint: {e}"))?;
         let port = listener.local_addr().map_err(|e| e.to_string())?.port();
+        let group = match &self.cgroups {
+            Some(parents) => Some(parents.create(&format!("{}{}-{}", self.group_prefix, a.job, a.attempt))?),
+            None => None,
+        };
+        let join = match group.as_ref().map(cgroup::AttemptGroup::join_files).transpose() {
+            Ok(join) => join,
+            Err(e) => {
+                group.iter().for_each(cgroup::AttemptGroup::remove);
+                return Err(e);
+            }
+        };
         let metadata_url = format!("http://127.0.0.1:{port}");
         let (notice_tx, notice_rx) = watch::channel(None);
         tokio::spawn(metadata::serve(
@@ -282,34 +404,79 @@ impl Agent {
         ));
 
         let gpus: Vec<String> = s.gpus.iter().map(|g| g.to_string()).collect();
+        let path = |p: &Path| p.display().to_string();
+        let ebb = [
+            ("CUDA_VISIBLE_DEVICES", gpus.join(",")),
+            ("EBB_JOB_ID", a.job.to_string()),
+            ("EBB_ATTEMPT", a.attempt.to_string()),
+            ("EBB_TIER", s.tier.clone()),
+            ("EBB_NODE", self.config.name.clone()),
+            ("EBB_CHECKPOINT_DIR", path(&checkpoint_dir)),
+            ("EBB_DRAIN_FILE", path(&drain_file)),
+            ("EBB_COMPLETION_FILE", path(&completion_file)),
+            ("EBB_DRAIN_SIGNAL", s.signal.to_string()),
+            ("EBB_METADATA_URL", metadata_url.clone()),
+            ("AWS_EC2_METADATA_SERVICE_ENDPOINT", format!("{metadata_url}/")),
+            ("GCE_METADATA_HOST", format!("127.0.0.1:{port}")),
+        ];
+        let env = identity::job_env(&self.config.job_path, &who, &self.config.job_env, &s.env, &ebb);
+        let workdir_c = {
+            use std::os::unix::ffi::OsStrExt;
+            std::ffi::CString::new(workdir.as_os_str().as_bytes())
+                .map_err(|_| format!("workdir {}: contains a NUL byte", workdir.display()))?
+        };
         let mut cmd = tokio::process::Command::new(&s.argv[0]);
         cmd.args(&s.argv[1..])
-            .envs(&s.env)
-            .env("CUDA_VISIBLE_DEVICES", gpus.join(","))
-            .env("EBB_JOB_ID", a.job.to_string())
-            .env("EBB_ATTEMPT", a.attempt.to_string())
-            .env("EBB_TIER", &s.tier)
-            .env("EBB_NODE", &self.config.name)
-            .env("EBB_CHECKPOINT_DIR", &checkpoint_dir)
-            .env("EBB_DRAIN_FILE", &drain_file)
-            .env("EBB_COMPLETION_FILE", &completion_file)
-            .env("EBB_DRAIN_SIGNAL", s.signal.to_string())
-            .env("EBB_METADATA_URL", &metadata_url)
-            .env("AWS_EC2_METADATA_SERVICE_ENDPOINT", format!("{metadata_url}/"))
-            .env("GCE_METADATA_HOST", format!("127.0.0.1:{port}"))
-            .current_dir(&workdir)
+            .env_clear()
+            .envs(&env)
             .process_group(0)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let mut child = cmd.spawn().map_err(|e| format!("cannot start {:?}: {e}", s.argv[0]))?;
+        let child_who = who.clone();
+        // SAFETY: between fork and exec the closure only writes to files
+        // opened before the fork and makes plain system calls (setgroups,
+        // setgid, setuid, chdir): no allocation, no lock.
+        unsafe {
+            cmd.pre_exec(move || {
+                if let Some(join) = &join {
+                    join.join()?;
+                }
+                child_who.assume()?;
+                // As the user: a directory the user cannot enter fails here.
+                nix::unistd::chdir(workdir_c.as_c_str())?;
+                Ok(())
+            });
+        }
+        let mut child = match cmd.spawn() {
+            Ok(child) => child,
+            Err(e) => {
+                if let Some(group) = &group {
+                    group.remove();
+                }
+                return Err(format!(
+                    "cannot start {:?} as {} (uid {}) in {}: {e}",
+                    s.argv[0],
+                    who.user,
+                    who.uid,
+                    workdir.display()
+                ));
+            }
+        };
         let pid = child.id().ok_or("the process exited before it could be tracked")? as i32;
         {
             let mut running = self.running.lock().expect("running");
             let started_ticks = process_start(pid).unwrap_or(0);
             running.insert(
                 a,
-                Running { pgid: pid, started_ticks, signal: s.signal, drain_file, notice: notice_tx },
+                Running {
+                    pgid: pid,
+                    started_ticks,
+                    signal: s.signal,
+                    drain_file,
+                    notice: notice_tx,
+                    group: group.clone(),
+                },
             );
             self.write_ledger(&running);
         }
@@ -335,12 +502,32 @@ impl Agent {
             })
             .collect();
         let agent = self.clone();
+        let default_workdir = s.workdir.is_none().then_some(workdir);
         tokio::spawn(async move {
             let status = child.wait().await;
-            // Whatever the main process left behind in its group goes too.
-            let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
-            for reader in readers {
-                let _ = reader.await;
+            // Whatever the main process left behind goes too; the attempt
+            // ends when its cgroup is empty.
+            match &group {
+                Some(group) => {
+                    group.kill();
+                    group.emptied().await;
+                }
+                None => {
+                    let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+                }
+            }
+            // With the group empty every writer of the pipes is gone; a
+            // process that escaped a process group may still hold them, so
+            // the readers get a short, bounded wait, never the attempt's end.
+            let until = tokio::time::Instant::now() + Duration::from_millis(500);
+            for mut reader in readers {
+                if tokio::time::timeout_at(until, &mut reader).await.is_err() {
+                    reader.abort();
+                }
+            }
+            let peak_memory_bytes = group.as_ref().and_then(cgroup::AttemptGroup::peak_memory);
+            if let Some(group) = &group {
+                group.remove();
             }
             use std::os::unix::process::ExitStatusExt;
             let (code, signal) = match status {
@@ -348,13 +535,50 @@ impl Agent {
                 Err(_) => (None, None),
             };
             let completed = completion_file.exists();
+            // The retention period counts from the end of the attempt.
+            for dir in completion_file.parent().into_iter().chain(default_workdir.as_deref()) {
+                touch(dir);
+            }
             // The ledger is rewritten at the next start; until then a stale
-            // entry is harmless (its start time no longer matches).
+            // entry is harmless (its start time no longer matches, its
+            // cgroup is gone).
             agent.running.lock().expect("running").remove(&a);
-            tracing::info!(job = a.job, attempt = a.attempt, ?code, ?signal, "exited");
-            agent.send(AgentEvent::Exited { attempt: a, code, signal, completed, at_ms: now_ms() });
+            tracing::info!(job = a.job, attempt = a.attempt, ?code, ?signal, ?peak_memory_bytes, "exited");
+            agent.send(AgentEvent::Exited {
+                attempt: a,
+                code,
+                signal,
+                completed,
+                at_ms: now_ms(),
+                peak_memory_bytes,
+            });
         });
         Ok(())
+    }
+
+    /// Removes the run directories and default working directories of
+    /// attempts that ended more than the retention period ago; never a
+    /// checkpoint directory, never a running attempt's.
+    fn sweep(&self) {
+        let running: Vec<AttemptRef> = self.running.lock().expect("running").keys().copied().collect();
+        let cutoff = SystemTime::now().checked_sub(self.config.attempt_retention).unwrap_or(UNIX_EPOCH);
+        let run_names: Vec<String> = running.iter().map(|a| format!("{}-{}", a.job, a.attempt)).collect();
+        let work_names: Vec<String> = running.iter().map(|a| a.job.to_string()).collect();
+        for (parent, in_use) in [("run", run_names), ("work", work_names)] {
+            let Ok(entries) = std::fs::read_dir(self.config.data_dir.join(parent)) else { continue };
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let old = entry.metadata().and_then(|m| m.modified()).is_ok_and(|t| t < cutoff);
+                if old && !in_use.contains(&name) {
+                    match std::fs::remove_dir_all(entry.path()) {
+                        Ok(()) => {
+                            tracing::info!(dir = %entry.path().display(), "removed a finished attempt's directory")
+                        }
+                        Err(e) => tracing::warn!("cannot remove {}: {e}", entry.path().display()),
+                    }
+                }
+            }
+        }
     }
 
     /// Sends events to the server in order, batching what has piled up, and
@@ -481,6 +705,45 @@ pub async fn run(mut config: AgentConfig) -> Result<(), String> {
     };
     config.data_dir = absolute(&config.data_dir, "--data-dir")?;
     config.checkpoint_root = absolute(&config.checkpoint_root, "--checkpoint-root")?;
+    // Jobs may pass through these to their own directories, and see no
+    // other's: traversable, not listable.
+    for dir in [
+        config.data_dir.clone(),
+        config.data_dir.join("work"),
+        config.data_dir.join("run"),
+        config.checkpoint_root.clone(),
+    ] {
+        own_dir(&dir, 0o711, None)?;
+    }
+    let me = nix::unistd::geteuid();
+    let cgroups = match cgroup::Parents::probe() {
+        Ok(parents) => {
+            tracing::info!(
+                cgroup = %parents.v2.display(),
+                memory = ?parents.memory_v1,
+                "each attempt runs in its own cgroup"
+            );
+            Some(parents)
+        }
+        Err(why) => {
+            let warning = format!(
+                "warning: no cgroups ({why}): attempts run in process groups, so a job's setsid child or \
+                 daemon can escape cancel, the drain deadline and fencing, and no peak memory is reported"
+            );
+            tracing::warn!("{warning}");
+            eprintln!("ebb agent: {warning}");
+            None
+        }
+    };
+    let group_prefix = format!(
+        "ebb-{}-{}-",
+        config
+            .name
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
+            .collect::<String>(),
+        tag(&config.data_dir)
+    );
     let http = reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(2))
         .timeout(Duration::from_secs(30))
@@ -493,8 +756,20 @@ pub async fn run(mut config: AgentConfig) -> Result<(), String> {
         running: Mutex::new(HashMap::new()),
         events,
         unreported: Mutex::new(Vec::new()),
+        cgroups,
+        group_prefix,
+        me,
     });
     agent.kill_leftovers();
+    let sweeper = agent.clone();
+    tokio::spawn(async move {
+        let every =
+            (sweeper.config.attempt_retention / 4).clamp(Duration::from_secs(1), Duration::from_secs(600));
+        loop {
+            sweeper.sweep();
+            tokio::time::sleep(every).await;
+        }
+    });
     tokio::spawn(agent.clone().report_loop(rx));
     let commands = tokio::spawn(agent.clone().command_loop());
     use tokio::signal::unix::{signal, SignalKind};
@@ -509,4 +784,24 @@ pub async fn run(mut config: AgentConfig) -> Result<(), String> {
     // Give the reporter a moment to deliver the exits.
     tokio::time::sleep(Duration::from_millis(300)).await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tenant_name_never_leaves_the_checkpoint_root() {
+        assert_eq!(tenant_dir_name("team-a_1"), Ok("team-a_1"));
+        assert_eq!(tenant_dir_name(""), Ok("default"));
+        for bad in ["..", "../etc", "a/b", "."] {
+            assert!(tenant_dir_name(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn agents_with_different_data_directories_name_their_cgroups_apart() {
+        assert_ne!(tag(Path::new("/var/lib/ebb/a")), tag(Path::new("/var/lib/ebb/b")));
+        assert_eq!(tag(Path::new("/var/lib/ebb/a")), tag(Path::new("/var/lib/ebb/a")));
+    }
 }

@@ -364,6 +364,13 @@ pub struct StartAttempt {
     pub gpus: Vec<u8>,
     /// Signal number sent at drain notice.
     pub signal: i32,
+    /// The Unix user the attempt runs as (the operator's mapping of its
+    /// tenant); a root agent never runs a job as root unless told to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_as: Option<String>,
+    /// The job's tenant: its checkpoint directory lives under the tenant's.
+    #[serde(default)]
+    pub tenant: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -404,6 +411,10 @@ pub enum AgentEvent {
         /// The SDK's completion marker was present at exit.
         completed: bool,
         at_ms: u64,
+        /// The most memory the attempt's processes held together, where a
+        /// cgroup accounts it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        peak_memory_bytes: Option<u64>,
     },
     /// The attempt reported a completed checkpoint to its endpoint.
     Checkpoint {

@@ -362,15 +362,21 @@ fn describe_event(kind: &str, d: &serde_json::Value) -> String {
             .unwrap_or_default(),
         "started" => format!("on {} (pid {})", s("node"), s("pid")),
         "drain_notice" => format!("{}; kill at {}", s("reason"), s("deadline")),
-        "exited" => match (d["code"].as_i64(), d["signal"].as_i64()) {
-            (_, Some(sig)) => format!("on {} by signal {sig}", s("node")),
-            (Some(code), _) => format!("on {} with code {code}", s("node")),
-            _ => format!(
-                "on {} ({})",
-                s("node"),
-                if d["vanished"] == true { "vanished" } else { "unknown status" }
-            ),
-        },
+        "exited" => {
+            let how = match (d["code"].as_i64(), d["signal"].as_i64()) {
+                (_, Some(sig)) => format!("on {} by signal {sig}", s("node")),
+                (Some(code), _) => format!("on {} with code {code}", s("node")),
+                _ => format!(
+                    "on {} ({})",
+                    s("node"),
+                    if d["vanished"] == true { "vanished" } else { "unknown status" }
+                ),
+            };
+            match d["peak_memory_bytes"].as_u64() {
+                Some(peak) => format!("{how}, peak memory {}", human_bytes(peak)),
+                None => how,
+            }
+        }
         "requeued" => match d.get("lost_gpu_seconds") {
             Some(lost) => format!("{} (lost {lost} GPU-s)", s("reason")),
             None => s("reason"),

@@ -45,6 +45,13 @@ pub struct ServerArgs {
     /// The preemptible discount off on-demand, percent (fixed; never a bid).
     #[arg(long, default_value_t = 50.0, value_name = "PERCENT")]
     pub preemptible_discount: f64,
+    /// The Unix user that runs a tenant's jobs on the nodes: TENANT=USER;
+    /// repeatable.
+    #[arg(long = "run-as", value_name = "TENANT=USER")]
+    pub run_as: Vec<String>,
+    /// The Unix user that runs the jobs of tenants no --run-as names.
+    #[arg(long, default_value = "nobody", value_name = "USER")]
+    pub default_run_as: String,
     #[command(flatten)]
     pub limits: LimitArgs,
 }
@@ -107,6 +114,24 @@ impl LimitArgs {
     }
 }
 
+/// `--run-as TENANT=USER` flags and the default user, each checked.
+fn run_as_flags(pairs: &[String], default: &str) -> Result<ebb_server::RunAs, String> {
+    let mut by_tenant = BTreeMap::new();
+    for pair in pairs {
+        let (tenant, user) = pair
+            .split_once('=')
+            .filter(|(t, u)| !t.is_empty() && !u.is_empty())
+            .ok_or_else(|| format!("--run-as {pair}: expected TENANT=USER"))?;
+        if by_tenant.insert(tenant.to_string(), user.to_string()).is_some() {
+            return Err(format!("--run-as {pair}: tenant {tenant} is mapped twice"));
+        }
+    }
+    if default.is_empty() {
+        return Err("--default-run-as: a user name".into());
+    }
+    Ok(ebb_server::RunAs { by_tenant, default: default.to_string() })
+}
+
 /// `--price MODEL=USD` flags to micro-dollars, each checked.
 fn price_flags(flag: &str, pairs: &[String], discount_bps: u32) -> Result<Vec<(String, i64)>, String> {
     pairs
@@ -145,6 +170,7 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
     let default_price =
         ebb_server::billing::parse_price("--default-price", &args.default_price, discount_bps)
             .map_err(|e| e.message)?;
+    let run_as = run_as_flags(&args.run_as, &args.default_run_as)?;
     ebb_server::serve(ebb_server::ServerConfig {
         data_dir: args.data_dir,
         listen: args.listen,
@@ -153,6 +179,7 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
         heartbeat_interval: args.heartbeat_interval,
         pricing: ebb_server::billing::Pricing { prices, default_price, discount_bps },
         limits: args.limits.limits()?,
+        run_as,
     })
     .await
 }
@@ -186,6 +213,21 @@ pub struct AgentArgs {
     /// (default: the host name).
     #[arg(long)]
     pub address: Option<String>,
+    /// Jobs' PATH (a submission's own PATH wins). Jobs never inherit the
+    /// agent's environment.
+    #[arg(long, default_value = ebb_agent::identity::DEFAULT_PATH, value_name = "PATH")]
+    pub job_path: String,
+    /// A variable every job gets (a submission's env wins): K=V; repeatable.
+    #[arg(long = "job-env", value_name = "K=V")]
+    pub job_env: Vec<String>,
+    /// Let a root agent run jobs as root: for a personal cluster only
+    /// (`ebb up`). Otherwise a job mapped to root is refused.
+    #[arg(long)]
+    pub allow_root_jobs: bool,
+    /// How long a finished attempt's run and default working directories
+    /// are kept (checkpoints are never removed).
+    #[arg(long, default_value = "24h", value_parser = parse_span)]
+    pub attempt_retention: Span,
 }
 
 pub async fn agent(server: Option<String>, args: AgentArgs) -> Result<(), String> {
@@ -214,11 +256,16 @@ pub async fn agent(server: Option<String>, args: AgentArgs) -> Result<(), String
         Some(address) => address,
         None => hostname()?,
     };
-    let mut labels = BTreeMap::new();
-    for pair in &args.labels {
-        let (k, v) = pair.split_once('=').ok_or_else(|| format!("--label {pair}: expected K=V"))?;
-        labels.insert(k.to_string(), v.to_string());
-    }
+    let pairs = |flag: &str, list: &[String]| -> Result<BTreeMap<String, String>, String> {
+        list.iter()
+            .map(|pair| {
+                let (k, v) = pair.split_once('=').ok_or_else(|| format!("{flag} {pair}: expected K=V"))?;
+                Ok((k.to_string(), v.to_string()))
+            })
+            .collect()
+    };
+    let labels = pairs("--label", &args.labels)?;
+    let job_env = pairs("--job-env", &args.job_env)?;
     let checkpoint_root = args.checkpoint_root.unwrap_or_else(|| args.data_dir.join("checkpoints"));
     ebb_agent::run(ebb_agent::AgentConfig {
         server,
@@ -230,8 +277,21 @@ pub async fn agent(server: Option<String>, args: AgentArgs) -> Result<(), String
         data_dir: args.data_dir,
         checkpoint_root,
         address,
+        job_path: args.job_path,
+        job_env,
+        allow_root_jobs: args.allow_root_jobs,
+        attempt_retention: Duration::from_millis(args.attempt_retention.as_millis()),
     })
     .await
+}
+
+/// The user who runs `ebb up`: a personal cluster runs jobs as them.
+fn invoking_user() -> Result<(String, u32), String> {
+    let uid = nix::unistd::geteuid();
+    let user = nix::unistd::User::from_uid(uid)
+        .map_err(|e| format!("cannot look up uid {uid}: {e}"))?
+        .ok_or_else(|| format!("uid {uid} has no user name; ebb up runs jobs as the user who starts it"))?;
+    Ok((user.name, uid.as_raw()))
 }
 
 #[derive(Args)]
@@ -312,6 +372,7 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
     let server_dir = data.join("server");
     let _ = std::fs::remove_file(server_dir.join("server.url"));
     let server_log = logs.join("server.log");
+    let (user, uid) = invoking_user()?;
     let mut server_args = [
         "server".into(),
         "--data-dir".into(),
@@ -322,6 +383,8 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
         format!("{}ms", args.drain_window.as_millis()),
         "--heartbeat-timeout".into(),
         format!("{}ms", args.heartbeat_timeout.as_millis()),
+        "--default-run-as".into(),
+        user.clone(),
     ];
     let _ = std::fs::remove_file(&server_log);
     let mut server = spawn("ebb server", &server_args, &server_log)?;
@@ -353,6 +416,10 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
                 data.join("checkpoints").display().to_string(),
                 "--address".into(),
                 "127.0.0.1".into(),
+                // A personal cluster: the user's own jobs, with their PATH.
+                "--allow-root-jobs".into(),
+                "--job-path".into(),
+                std::env::var("PATH").unwrap_or_else(|_| ebb_agent::identity::DEFAULT_PATH.into()),
             ],
             &log,
         )?);
@@ -377,6 +444,7 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
         args.nodes, args.gpus_per_node, args.gpu_model, args.drain_window
     );
     println!("point the CLI at it:\n  export EBB_SERVER={url} EBB_TOKEN={admin}");
+    println!("jobs run as {user} (uid {uid}), the user who started this cluster");
     println!("logs in {}; Ctrl-C stops the cluster", logs.display());
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;

@@ -335,6 +335,16 @@ impl Channel {
     }
 }
 
+/// How one part of an attempt ended, as its agent reported it (or
+/// `vanished` when its node was lost).
+struct PartExit {
+    code: Option<i32>,
+    signal: Option<i32>,
+    completed: bool,
+    vanished: bool,
+    peak_memory_bytes: Option<u64>,
+}
+
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
     pub data_dir: PathBuf,
@@ -343,6 +353,28 @@ pub struct EngineConfig {
     pub heartbeat_interval: Span,
     pub pricing: crate::billing::Pricing,
     pub limits: crate::validate::Limits,
+    pub run_as: RunAs,
+}
+
+/// Which Unix user runs each tenant's jobs on the nodes: the operator's
+/// mapping, and a default for tenants it does not name. A root agent
+/// never runs a tenant's job as root unless it was told it may.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunAs {
+    pub by_tenant: BTreeMap<String, String>,
+    pub default: String,
+}
+
+impl Default for RunAs {
+    fn default() -> Self {
+        RunAs { by_tenant: BTreeMap::new(), default: "nobody".into() }
+    }
+}
+
+impl RunAs {
+    pub fn user(&self, tenant: &str) -> &str {
+        self.by_tenant.get(tenant).unwrap_or(&self.default)
+    }
 }
 
 pub struct Engine<S: Store> {
@@ -1260,7 +1292,14 @@ impl<S: Store> Engine<S> {
             } else {
                 // The node does not run what we think it does: that part of
                 // the attempt is gone.
-                self.part_exited(&reg.node, attempt, None, None, false, true, last_contact, now);
+                let exit = PartExit {
+                    code: None,
+                    signal: None,
+                    completed: false,
+                    vanished: true,
+                    peak_memory_bytes: None,
+                };
+                self.part_exited(&reg.node, attempt, exit, last_contact, now);
             }
         }
         if !kill.is_empty() {
@@ -1343,11 +1382,12 @@ impl<S: Store> Engine<S> {
                     );
                     self.save(attempt.job);
                 }
-                AgentEvent::Exited { attempt, code, signal, completed, at_ms } => {
+                AgentEvent::Exited { attempt, code, signal, completed, at_ms, peak_memory_bytes } => {
                     if !self.live_on(attempt, &node) {
                         continue; // already accounted for (lost or fenced)
                     }
-                    self.part_exited(&node, attempt, code, signal, completed, false, at_ms, now);
+                    let exit = PartExit { code, signal, completed, vanished: false, peak_memory_bytes };
+                    self.part_exited(&node, attempt, exit, at_ms, now);
                 }
                 AgentEvent::Checkpoint { attempt, step, bytes, duration_ms, at_ms } => {
                     if !self.live_on(attempt, &node) {
@@ -1465,17 +1505,8 @@ impl<S: Store> Engine<S> {
     /// One node's processes of an attempt are gone (at `at_ms` by the
     /// agent's clock); when the last node's are, the attempt has ended.
     #[allow(clippy::too_many_arguments)]
-    fn part_exited(
-        &mut self,
-        node: &str,
-        attempt: AttemptRef,
-        code: Option<i32>,
-        signal: Option<i32>,
-        completed: bool,
-        vanished: bool,
-        at_ms: u64,
-        now: u64,
-    ) {
+    fn part_exited(&mut self, node: &str, attempt: AttemptRef, exit: PartExit, at_ms: u64, now: u64) {
+        let PartExit { code, signal, completed, vanished, peak_memory_bytes } = exit;
         let id = attempt.job;
         let job = self.jobs.get_mut(&id).expect("live attempt");
         job.running_on.retain(|n| n != node);
@@ -1485,9 +1516,12 @@ impl<S: Store> Engine<S> {
             job.exit_code = code;
             job.exit_signal = signal;
         }
-        let detail = json!({
+        let mut detail = json!({
             "node": node, "code": code, "signal": signal, "completed_marker": completed, "vanished": vanished,
         });
+        if let Some(peak) = peak_memory_bytes {
+            detail["peak_memory_bytes"] = json!(peak);
+        }
         self.event(id, "exited", detail);
         let job = self.jobs.get_mut(&id).expect("live attempt");
         if !job.running_on.is_empty() {
@@ -1901,6 +1935,8 @@ impl<S: Store> Engine<S> {
                 job.exit_signal = None;
                 let interval = recommendation.interval.as_secs().to_string();
                 let nodes = placement.len();
+                let tenant = self.tenants.get(&job.tenant).cloned().unwrap_or_default();
+                let run_as = self.config.run_as.user(&tenant).to_string();
                 let start = |rank: usize, gpus: &Vec<u8>, job: &JobRecord| {
                     let mut env = job.spec.env.clone();
                     env.insert("EBB_CHECKPOINT_INTERVAL_S".into(), interval.clone());
@@ -1915,6 +1951,8 @@ impl<S: Store> Engine<S> {
                         workdir: job.spec.workdir.clone(),
                         gpus: gpus.clone(),
                         signal: job.signal,
+                        run_as: Some(run_as.clone()),
+                        tenant: tenant.clone(),
                     }
                 };
                 let starts: Vec<(String, StartAttempt)> = placement

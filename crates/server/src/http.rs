@@ -529,6 +529,7 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
         heartbeat_interval: config.heartbeat_interval,
         pricing: config.pricing.clone(),
         limits: config.limits.clone(),
+        run_as: config.run_as.clone(),
     };
     let (engine, created) =
         Engine::open(store, engine_config, tokens.clone(), crate::engine::now_ms()).map_err(|e| e.message)?;

@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use ebb_core::Span;
 use sha2::{Digest, Sha256};
 
-pub use engine::{now_ms, EngineConfig};
+pub use engine::{now_ms, EngineConfig, RunAs};
 pub use validate::{parse_signal, Limits};
 
 use crate::store::Scope;
@@ -99,6 +99,7 @@ pub struct ServerConfig {
     pub heartbeat_interval: Span,
     pub pricing: billing::Pricing,
     pub limits: Limits,
+    pub run_as: RunAs,
 }
 
 /// Runs the server until SIGINT or SIGTERM.

@@ -107,6 +107,7 @@ fn config(dir: &PathBuf) -> EngineConfig {
             discount_bps: 5_000,
         },
         limits: ebb_server::Limits::default(),
+        run_as: Default::default(),
     }
 }
 
@@ -172,7 +173,14 @@ impl World {
         let node = &mut self.nodes[i];
         let Some(p) = node.running.remove(&attempt) else { return };
         self.ran.push(Ran { attempt, tier: p.tier, gpus: p.gpus, started: p.started, ended: self.now });
-        node.unreported.push(AgentEvent::Exited { attempt, code, signal, completed, at_ms: self.now });
+        node.unreported.push(AgentEvent::Exited {
+            attempt,
+            code,
+            signal,
+            completed,
+            at_ms: self.now,
+            peak_memory_bytes: None,
+        });
     }
 
     /// Every process of node `i` dies now (a crash, or killed by a new agent).

@@ -17,12 +17,49 @@ pub struct Options {
     pub gpus: u8,
     pub drain_window: &'static str,
     pub heartbeat_timeout: &'static str,
+    /// Who runs the jobs. `None`: as `ebb up` does, the user running the
+    /// tests (root may run jobs as root), with the tests' PATH.
+    pub run_as: Option<RunAs>,
+    /// More flags for every agent.
+    pub agent_args: Vec<&'static str>,
 }
+
+/// An operator's mapping of tenants to Unix users, and the default user
+/// (the server's own default, `nobody`, when `None`).
+pub struct RunAs {
+    pub tenants: Vec<(&'static str, &'static str)>,
+    pub default: Option<&'static str>,
+}
+
+/// Every agent's environment carries this variable; no job may see it.
+pub const AGENT_CANARY: &str = "EBB_TEST_AGENT_CANARY";
 
 impl Default for Options {
     fn default() -> Self {
-        Options { nodes: 1, gpus: 4, drain_window: "30s", heartbeat_timeout: "10s" }
+        Options {
+            nodes: 1,
+            gpus: 4,
+            drain_window: "30s",
+            heartbeat_timeout: "10s",
+            run_as: None,
+            agent_args: Vec::new(),
+        }
     }
+}
+
+/// The host's BLAS settings, as `--job-env` flags: a job's numerics match
+/// those of the same script run directly by a test (the node's image would
+/// set them for its jobs).
+fn blas_settings() -> Vec<String> {
+    std::env::vars()
+        .filter(|(k, _)| ["OPENBLAS_", "OMP_", "MKL_"].iter().any(|p| k.starts_with(p)))
+        .map(|(k, v)| format!("--job-env={k}={v}"))
+        .collect()
+}
+
+fn current_user() -> String {
+    let out = Command::new("id").arg("-un").output().unwrap();
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
 pub struct Cluster {
@@ -94,8 +131,18 @@ impl Cluster {
         } else {
             self.url.trim_start_matches("http://").to_string()
         };
+        let run_as: Vec<String> = match &self.opts.run_as {
+            None => vec!["--default-run-as".into(), current_user()],
+            Some(r) => r
+                .tenants
+                .iter()
+                .flat_map(|(t, u)| ["--run-as".to_string(), format!("{t}={u}")])
+                .chain(r.default.iter().flat_map(|u| ["--default-run-as".to_string(), u.to_string()]))
+                .collect(),
+        };
         let child = Command::new(ebb_exe())
             .args(["server", "--data-dir", server_dir.to_str().unwrap(), "--listen", &listen])
+            .args(&run_as)
             .args([
                 "--drain-window",
                 self.opts.drain_window,
@@ -124,15 +171,23 @@ impl Cluster {
 
     pub fn start_agent(&mut self, i: usize) {
         let name = format!("node-{i}");
+        let personal: Vec<String> = match &self.opts.run_as {
+            None => vec!["--allow-root-jobs".into(), "--job-path".into(), std::env::var("PATH").unwrap()],
+            Some(_) => Vec::new(),
+        };
         let child = Command::new(ebb_exe())
             .args(["agent", "--server", &self.url, "--name", &name])
+            .args(&personal)
+            .args(&self.opts.agent_args)
+            .args(blas_settings())
             .args(["--join-token-file", self.dir.join("server/join.token").to_str().unwrap()])
             .args(["--fake-gpus", &self.opts.gpus.to_string(), "--gpu-model", "H100-80GB"])
             .args(["--data-dir", self.dir.join("agents").join(&name).to_str().unwrap()])
             .args(["--checkpoint-root", self.dir.join("checkpoints").to_str().unwrap()])
             .args(["--address", "127.0.0.1"])
             // A node with the SDK installed, as a workload's image would have it.
-            .env("PYTHONPATH", repo_root().join("sdk/python"))
+            .arg(format!("--job-env=PYTHONPATH={}", repo_root().join("sdk/python").display()))
+            .env(AGENT_CANARY, "agent-only")
             .stdout(self.log(&name))
             .stderr(self.log(&name))
             .spawn()
@@ -232,8 +287,22 @@ impl Cluster {
         std::fs::read_to_string(self.dir.join("server/logs").join(format!("{id}.log"))).unwrap_or_default()
     }
 
+    /// Job `id`'s checkpoint directory, under its tenant's
+    /// (`default` until the job has started).
     pub fn checkpoints(&self, id: u64) -> PathBuf {
-        self.dir.join("checkpoints").join(id.to_string())
+        let root = self.dir.join("checkpoints");
+        std::fs::read_dir(&root)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|tenant| tenant.path().join(id.to_string()))
+            .find(|dir| dir.is_dir())
+            .unwrap_or_else(|| root.join("default").join(id.to_string()))
+    }
+
+    /// The agent's arguments and the join token: what no job may see.
+    pub fn join_token(&self) -> String {
+        std::fs::read_to_string(self.dir.join("server/join.token")).unwrap().trim().to_string()
     }
 
     /// No GPU of any node is given to two live attempts.

@@ -1,0 +1,395 @@
+//! Containment of an attempt in its own cgroup.
+//!
+//! A process group does not hold a job: a `setsid` child or a
+//! double-forked daemon leaves it, survives cancel, the drain deadline and
+//! fencing, and — holding the job's stdout — kept the attempt "running"
+//! long after its main process was killed. A cgroup holds every process a
+//! job starts, whatever it does with sessions: each attempt gets a cgroup
+//! v2 group under the agent's own, its child joins it before `exec`,
+//! signals go to every process in it, SIGKILL is `cgroup.kill`, and the
+//! attempt ends when the group is empty (`populated 0`), never when some
+//! pipe closes.
+//!
+//! The v2 hierarchy is wherever `/proc/self/mountinfo` says `cgroup2` is
+//! mounted: `/sys/fs/cgroup` on unified hosts, `/sys/fs/cgroup/unified` on
+//! hybrid ones. On hybrid hosts memory is accounted in the v1 `memory`
+//! hierarchy, so the attempt also joins a parallel v1 memory group, which
+//! gives its peak memory; on unified hosts `memory.peak` gives it where the
+//! memory controller reaches the group.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+/// One line of `/proc/self/mountinfo` that mounts a cgroup hierarchy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CgroupMount {
+    /// The root of the hierarchy that this mount shows (field 4).
+    pub root: String,
+    pub mount_point: PathBuf,
+    /// `cgroup2`, or `cgroup` (v1).
+    pub fstype: String,
+    /// The v1 controllers (from the super options), empty for v2.
+    pub controllers: Vec<String>,
+}
+
+/// The cgroup mounts in a mountinfo text.
+pub fn parse_mountinfo(text: &str) -> Vec<CgroupMount> {
+    text.lines()
+        .filter_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            let fields: Vec<&str> = left.split_whitespace().collect();
+            let mut rest = right.split_whitespace();
+            let fstype = rest.next()?;
+            if fstype != "cgroup" && fstype != "cgroup2" {
+                return None;
+            }
+            let _source = rest.next();
+            let options = rest.next().unwrap_or("");
+            let controllers = if fstype == "cgroup" {
+                options
+                    .split(',')
+                    .filter(|o| !o.contains('=') && *o != "rw" && *o != "ro")
+                    .map(str::to_string)
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            Some(CgroupMount {
+                root: unescape(fields.get(3)?),
+                mount_point: PathBuf::from(unescape(fields.get(4)?)),
+                fstype: fstype.to_string(),
+                controllers,
+            })
+        })
+        .collect()
+}
+
+/// mountinfo writes spaces and the like as octal escapes (`\040`).
+fn unescape(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\' && i + 3 < bytes.len() {
+            if let Ok(v) = u8::from_str_radix(std::str::from_utf8(&bytes[i + 1..i + 4]).unwrap_or("x"), 8) {
+                out.push(v);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// This process's groups from a `/proc/self/cgroup` text: the v2 path
+/// (`0::/path`) and the v1 `memory` path (`N:memory:/path`), if any.
+pub fn parse_proc_cgroup(text: &str) -> (Option<String>, Option<String>) {
+    let mut v2 = None;
+    let mut memory = None;
+    for line in text.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(id), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next()) else {
+            continue;
+        };
+        if id == "0" && controllers.is_empty() {
+            v2 = Some(path.to_string());
+        } else if controllers.split(',').any(|c| c == "memory") {
+            memory = Some(path.to_string());
+        }
+    }
+    (v2, memory)
+}
+
+/// Where group `path` of a hierarchy lies on disk under `mount`.
+fn on_disk(mount: &CgroupMount, path: &str) -> PathBuf {
+    let relative = if mount.root != "/" { path.strip_prefix(&mount.root).unwrap_or(path) } else { path };
+    match relative.trim_start_matches('/') {
+        "" => mount.mount_point.clone(),
+        relative => mount.mount_point.join(relative),
+    }
+}
+
+/// The directories under which the agent makes its attempts' groups.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Parents {
+    /// The agent's own v2 group.
+    pub v2: PathBuf,
+    /// The agent's own v1 memory group (hybrid hosts).
+    pub memory_v1: Option<PathBuf>,
+}
+
+/// The agent's own groups, from the texts of mountinfo and
+/// `/proc/self/cgroup`.
+pub fn discover(mountinfo: &str, proc_cgroup: &str) -> Result<Parents, String> {
+    let mounts = parse_mountinfo(mountinfo);
+    let (v2_path, memory_path) = parse_proc_cgroup(proc_cgroup);
+    let v2_mount =
+        mounts.iter().find(|m| m.fstype == "cgroup2").ok_or("no cgroup v2 hierarchy is mounted")?;
+    let v2_path =
+        v2_path.ok_or("this process is in no cgroup v2 group (no 0:: line in /proc/self/cgroup)")?;
+    let memory_v1 = memory_path.and_then(|path| {
+        let mount =
+            mounts.iter().find(|m| m.fstype == "cgroup" && m.controllers.iter().any(|c| c == "memory"))?;
+        Some(on_disk(mount, &path))
+    });
+    Ok(Parents { v2: on_disk(v2_mount, &v2_path), memory_v1 })
+}
+
+impl Parents {
+    /// This process's groups, checked by making (and removing) one.
+    pub fn probe() -> Result<Parents, String> {
+        let read = |p: &str| std::fs::read_to_string(p).map_err(|e| format!("{p}: {e}"));
+        let mut parents = discover(&read("/proc/self/mountinfo")?, &read("/proc/self/cgroup")?)?;
+        let test = parents.v2.join(format!("ebb-probe-{}", std::process::id()));
+        std::fs::create_dir(&test)
+            .map_err(|e| format!("cannot create a cgroup in {}: {e}", parents.v2.display()))?;
+        let kill_file = test.join("cgroup.kill").exists();
+        let _ = std::fs::remove_dir(&test);
+        if !kill_file {
+            return Err(format!("{} has no cgroup.kill (kernel older than 5.14)", parents.v2.display()));
+        }
+        parents.enable_memory();
+        if let Some(memory) = &parents.memory_v1 {
+            let test = memory.join(format!("ebb-probe-{}", std::process::id()));
+            if std::fs::create_dir(&test).is_ok() {
+                let _ = std::fs::remove_dir(&test);
+            } else {
+                parents.memory_v1 = None;
+            }
+        }
+        Ok(parents)
+    }
+
+    /// Memory accounting in the attempts' v2 groups, where the memory
+    /// controller reaches the agent's group. A group with processes of its
+    /// own cannot hand controllers to its children (cgroup v2's "no
+    /// internal processes"), so an agent started in a group of its own (a
+    /// systemd service) first moves itself into a leaf beside its attempts.
+    fn enable_memory(&self) {
+        let controllers = std::fs::read_to_string(self.v2.join("cgroup.controllers")).unwrap_or_default();
+        if !controllers.split_whitespace().any(|c| c == "memory") {
+            return; // hybrid hosts: the v1 memory group accounts instead
+        }
+        let control = self.v2.join("cgroup.subtree_control");
+        if std::fs::write(&control, "+memory").is_ok() {
+            return;
+        }
+        let leaf = self.v2.join("ebb-agent");
+        let moved = std::fs::create_dir_all(&leaf)
+            .and_then(|()| std::fs::write(leaf.join("cgroup.procs"), std::process::id().to_string()));
+        match moved.and_then(|()| std::fs::write(&control, "+memory")) {
+            Ok(()) => {
+                tracing::info!(leaf = %leaf.display(), "moved into a leaf group to account attempts' memory")
+            }
+            Err(e) => tracing::warn!("no memory accounting for attempts in {}: {e}", self.v2.display()),
+        }
+    }
+
+    /// A new group for an attempt (and its v1 memory group where there is
+    /// one), empty: a leftover of the same name is killed first.
+    pub fn create(&self, name: &str) -> Result<AttemptGroup, String> {
+        let group =
+            AttemptGroup { v2: self.v2.join(name), memory_v1: self.memory_v1.as_ref().map(|m| m.join(name)) };
+        if group.v2.exists() {
+            group.kill();
+            group.remove();
+        }
+        std::fs::create_dir(&group.v2)
+            .map_err(|e| format!("cannot create cgroup {}: {e}", group.v2.display()))?;
+        if let Some(memory) = &group.memory_v1 {
+            if let Err(e) = std::fs::create_dir(memory) {
+                tracing::warn!("cannot create memory cgroup {}: {e}", memory.display());
+            }
+        }
+        Ok(group)
+    }
+
+    /// The groups left under the agent's whose names start with `prefix`.
+    pub fn leftovers(&self, prefix: &str) -> Vec<AttemptGroup> {
+        let Ok(entries) = std::fs::read_dir(&self.v2) else { return Vec::new() };
+        entries
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(prefix) && e.path().is_dir())
+            .map(|e| AttemptGroup {
+                v2: e.path(),
+                memory_v1: self.memory_v1.as_ref().map(|m| m.join(e.file_name())),
+            })
+            .collect()
+    }
+}
+
+/// One attempt's groups.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct AttemptGroup {
+    pub v2: PathBuf,
+    pub memory_v1: Option<PathBuf>,
+}
+
+/// What the child writes its pid into, opened before the fork: writing "0"
+/// to `cgroup.procs` moves the writer, and `write` is async-signal-safe.
+pub struct JoinFiles(Vec<File>);
+
+impl JoinFiles {
+    /// In the child between fork and exec: join every group.
+    pub fn join(&self) -> std::io::Result<()> {
+        for mut file in &self.0 {
+            file.write_all(b"0")?;
+        }
+        Ok(())
+    }
+}
+
+impl AttemptGroup {
+    pub fn join_files(&self) -> Result<JoinFiles, String> {
+        let open = |dir: &Path| {
+            let path = dir.join("cgroup.procs");
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .map_err(|e| format!("{}: {e}", path.display()))
+        };
+        let mut files = vec![open(&self.v2)?];
+        if let Some(memory) = self.memory_v1.as_deref().filter(|m| m.exists()) {
+            files.push(open(memory)?);
+        }
+        Ok(JoinFiles(files))
+    }
+
+    /// The processes in the group now.
+    pub fn pids(&self) -> Vec<i32> {
+        std::fs::read_to_string(self.v2.join("cgroup.procs"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    }
+
+    /// Sends `signal` to every process in the group; SIGKILL is `kill`.
+    pub fn signal(&self, signal: Signal) {
+        if signal == Signal::SIGKILL {
+            return self.kill();
+        }
+        for pid in self.pids() {
+            let _ = kill(Pid::from_raw(pid), signal);
+        }
+    }
+
+    /// SIGKILL to everything in the group, at once (`cgroup.kill`), or pid
+    /// by pid where the kernel has no `cgroup.kill`.
+    pub fn kill(&self) {
+        if std::fs::write(self.v2.join("cgroup.kill"), "1").is_err() {
+            // Processes fork while we read: go round until none is left.
+            for _ in 0..100 {
+                let pids = self.pids();
+                if pids.is_empty() {
+                    break;
+                }
+                for pid in pids {
+                    let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+                }
+            }
+        }
+    }
+
+    /// Whether any process is still in the group (a group that is gone
+    /// is empty).
+    pub fn populated(&self) -> bool {
+        match std::fs::read_to_string(self.v2.join("cgroup.events")) {
+            Ok(events) => events.lines().any(|l| l.trim() == "populated 1"),
+            Err(_) => false,
+        }
+    }
+
+    /// Waits until the group is empty.
+    pub async fn emptied(&self) {
+        while self.populated() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// The most memory the group's processes held together, in bytes.
+    pub fn peak_memory(&self) -> Option<u64> {
+        let read = |p: PathBuf| std::fs::read_to_string(p).ok()?.trim().parse::<u64>().ok();
+        read(self.v2.join("memory.peak"))
+            .or_else(|| self.memory_v1.as_ref().and_then(|m| read(m.join("memory.max_usage_in_bytes"))))
+    }
+
+    /// Removes the (empty) groups; the kernel may take a moment to let go.
+    pub fn remove(&self) {
+        for dir in std::iter::once(&self.v2).chain(self.memory_v1.as_ref()) {
+            for _ in 0..50 {
+                match std::fs::remove_dir(dir) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        std::thread::sleep(Duration::from_millis(10))
+                    }
+                    _ => break,
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HYBRID: &str = "\
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,name=systemd
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+";
+
+    const HYBRID_SELF: &str = "\
+9:name=systemd:/
+4:memory:/process_api/2fd0
+1:cpu:/
+0::/
+";
+
+    #[test]
+    fn hybrid_hosts_use_the_unified_mount_and_the_v1_memory_group() {
+        let parents = discover(HYBRID, HYBRID_SELF).unwrap();
+        assert_eq!(parents.v2, PathBuf::from("/sys/fs/cgroup/unified"));
+        assert_eq!(parents.memory_v1, Some(PathBuf::from("/sys/fs/cgroup/memory/process_api/2fd0")));
+    }
+
+    #[test]
+    fn unified_hosts_nest_under_the_agents_own_group() {
+        let mountinfo = "29 23 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot\n";
+        let parents = discover(mountinfo, "0::/system.slice/ebb-agent.service\n").unwrap();
+        assert_eq!(parents.v2, PathBuf::from("/sys/fs/cgroup/system.slice/ebb-agent.service"));
+        assert_eq!(parents.memory_v1, None);
+    }
+
+    #[test]
+    fn a_mount_of_a_subtree_is_joined_below_its_root() {
+        // A container that sees only its own part of the hierarchy.
+        let mountinfo = "700 690 0:26 /kubepods/pod1 /sys/fs/cgroup ro,nosuid - cgroup2 cgroup2 rw\n";
+        let parents = discover(mountinfo, "0::/kubepods/pod1/agent\n").unwrap();
+        assert_eq!(parents.v2, PathBuf::from("/sys/fs/cgroup/agent"));
+    }
+
+    #[test]
+    fn escaped_mount_points_are_read_back() {
+        let mounts = parse_mountinfo("41 31 0:38 / /mnt/my\\040cgroup rw - cgroup2 none rw\n");
+        assert_eq!(mounts[0].mount_point, PathBuf::from("/mnt/my cgroup"));
+    }
+
+    #[test]
+    fn without_a_v2_hierarchy_there_is_no_containment() {
+        let v1_only = "35 31 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n";
+        let err = discover(v1_only, "4:memory:/\n").unwrap_err();
+        assert!(err.contains("no cgroup v2 hierarchy"), "{err}");
+        let err = discover(HYBRID, "4:memory:/x\n").unwrap_err();
+        assert!(err.contains("0::"), "{err}");
+    }
+}

@@ -1,0 +1,226 @@
+//! A tenant's job cannot hurt the node, the cluster or another tenant: it
+//! runs as its tenant's Unix user with an environment built for it, and
+//! everything it starts — `setsid` children and double-forked daemons
+//! included — lives in the attempt's cgroup and dies with the attempt.
+
+mod cluster;
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::time::{Duration, Instant};
+
+use cluster::{pid_alive, read_env, wait_for, Cluster, Options, RunAs, AGENT_CANARY};
+use serde_json::Value;
+
+fn create_tenant(c: &Cluster, name: &str) -> String {
+    let v: Value = serde_json::from_str(&c.ebb(&["tenant", "create", name, "--json"])).unwrap();
+    v["token"].as_str().unwrap().to_string()
+}
+
+fn uid_of(user: &str) -> u32 {
+    let out = std::process::Command::new("id").args(["-u", user]).output().unwrap();
+    String::from_utf8(out.stdout).unwrap().trim().parse().unwrap()
+}
+
+fn event(job: &Value, kind: &str) -> Value {
+    job["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["kind"] == kind)
+        .unwrap_or_else(|| panic!("no {kind}: {job}"))
+        .clone()
+}
+
+/// Tries what a curious job would: reading the server's secrets and the
+/// other tenant's checkpoints, writing into them; prints what it managed.
+const PROBE: &str = r#"id -u > "$EBB_CHECKPOINT_DIR/uid"
+env > "$EBB_CHECKPOINT_DIR/env"
+for f in "$@"; do if cat "$f" > /dev/null 2>&1; then echo "read $f"; fi; done
+if ls "$OTHER" > /dev/null 2>&1; then echo "listed $OTHER"; fi
+if touch "$OTHER/planted" 2> /dev/null; then echo "wrote into $OTHER"; fi
+echo probed"#;
+
+#[test]
+fn a_tenants_job_runs_as_its_user_and_reaches_neither_the_agent_nor_the_server_nor_another_tenant() {
+    let c = Cluster::start(Options {
+        run_as: Some(RunAs {
+            tenants: vec![
+                ("team-a", "daemon"),
+                ("team-b", "bin"),
+                ("team-r", "root"),
+                ("team-x", "no-such-user-ebb"),
+            ],
+            default: None,
+        }),
+        ..Options::default()
+    });
+    let (a, b) = (create_tenant(&c, "team-a"), create_tenant(&c, "team-b"));
+    let secret = c.submit_as(&b, &["--", "bash", "-c", r#"echo secret > "$EBB_CHECKPOINT_DIR/secret""#]);
+    c.wait_state(secret, "succeeded");
+    let other = c.checkpoints(secret);
+    assert!(other.join("secret").exists());
+
+    let server = c.dir.join("server");
+    let targets =
+        [server.join("admin.token"), server.join("join.token"), server.join("ebb.db"), other.join("secret")];
+    let mut args = vec!["--env", "", "--", "bash", "-c", PROBE, "probe"];
+    let other_env = format!("OTHER={}", other.display());
+    args[1] = &other_env;
+    let target_strings: Vec<String> = targets.iter().map(|t| t.display().to_string()).collect();
+    args.extend(target_strings.iter().map(String::as_str));
+    let probe = c.submit_as(&a, &args);
+    c.wait_state(probe, "succeeded");
+    assert_eq!(c.output(probe), "probed\n", "the job reached what it must not");
+    assert!(!other.join("planted").exists());
+
+    let ckpt = c.checkpoints(probe);
+    let daemon = uid_of("daemon");
+    assert_ne!(daemon, 0);
+    assert_eq!(std::fs::read_to_string(ckpt.join("uid")).unwrap().trim(), daemon.to_string());
+    // Its checkpoint directory and its tenant's root belong to its user,
+    // closed to everyone else.
+    for dir in [&ckpt, &ckpt.parent().unwrap().to_path_buf()] {
+        let meta = std::fs::metadata(dir).unwrap();
+        assert_eq!((meta.uid(), meta.permissions().mode() & 0o777), (daemon, 0o700), "{}", dir.display());
+    }
+    assert_eq!(ckpt.parent().unwrap().file_name().unwrap(), "team-a");
+
+    // A built environment: the base, the submission's, Ebb's; nothing of
+    // the agent's (its canary, its join token).
+    let env = read_env(&ckpt.join("env"));
+    assert!(!env.contains_key(AGENT_CANARY), "the agent's environment leaked: {env:?}");
+    let token = c.join_token();
+    assert!(env.values().all(|v| !v.contains(&token)), "the join token leaked");
+    assert_eq!(env["USER"], "daemon");
+    assert_eq!(env["HOME"], "/usr/sbin");
+    assert_eq!(env["PATH"], "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
+    assert_eq!(env["LANG"], "C.UTF-8");
+    assert_eq!(env["EBB_JOB_ID"], probe.to_string());
+
+    // The default tenant runs as the default user, nobody.
+    let anon = c.submit(&["--", "bash", "-c", r#"id -un > "$EBB_CHECKPOINT_DIR/user""#]);
+    c.wait_state(anon, "succeeded");
+    assert_eq!(std::fs::read_to_string(c.checkpoints(anon).join("user")).unwrap().trim(), "nobody");
+
+    // Root, or a user the node does not know: the start fails and says why.
+    for (tenant, why) in [
+        ("team-r", "refusing to run a job as root"),
+        ("team-x", "run-as user no-such-user-ebb: no such user"),
+    ] {
+        let token = create_tenant(&c, tenant);
+        let job = c.submit_as(&token, &["--", "bash", "-c", "id -u"]);
+        let failed = c.wait_job(job, "its start to fail", Duration::from_secs(30), |j| {
+            j["events"].as_array().unwrap().iter().any(|e| e["kind"] == "exited")
+        });
+        assert_eq!(event(&failed, "exited")["detail"]["code"], 127);
+        let out = c.output(job);
+        assert!(out.starts_with("ebb: ") && out.contains(why), "{tenant}: {out}");
+    }
+}
+
+/// A job that leaves a `setsid` child and a double-forked daemon behind,
+/// both holding its output open, records their pids and ignores SIGTERM.
+const ESCAPER: &str = r#"setsid bash -c 'echo $$ > "$EBB_CHECKPOINT_DIR/setsid-$EBB_ATTEMPT"; exec sleep 1000' &
+( bash -c 'echo $$ > "$EBB_CHECKPOINT_DIR/daemon-$EBB_ATTEMPT"; exec sleep 1000' & )
+trap '' TERM
+echo started
+while :; do sleep 0.05; done"#;
+
+/// The escaped pids of `job`'s attempt `attempt`, once written.
+fn escaped_pids(c: &Cluster, job: u64, attempt: u32) -> Vec<i32> {
+    ["setsid", "daemon"]
+        .iter()
+        .map(|kind| {
+            wait_for(&format!("the {kind} pid"), Duration::from_secs(20), || {
+                let file = c.checkpoints(job).join(format!("{kind}-{attempt}"));
+                std::fs::read_to_string(file).ok()?.trim().parse().ok()
+            })
+        })
+        .collect()
+}
+
+fn assert_all_dead(pids: &[i32], when: &str) {
+    wait_for(&format!("every escaped process to die {when}"), Duration::from_secs(5), || {
+        pids.iter().all(|p| !pid_alive(*p)).then_some(())
+    });
+}
+
+#[test]
+fn a_cancel_kills_escaped_processes_and_ends_the_attempt_at_the_grace() {
+    let c = Cluster::start(Options { nodes: 1, gpus: 2, ..Options::default() });
+    let job = c.submit(&["--gpus", "2", "--", "bash", "-c", ESCAPER]);
+    c.wait_state(job, "running");
+    let pids = escaped_pids(&c, job, 1);
+    assert!(pids.iter().all(|p| pid_alive(*p)));
+    let asked = Instant::now();
+    c.ebb(&["cancel", &job.to_string()]);
+    // SIGTERM (ignored), then SIGKILL after the 10 s grace: the attempt ends
+    // then, though its escaped children hold its output open.
+    c.wait_job(job, "cancelled", Duration::from_secs(30), |j| j["state"] == "cancelled");
+    let took = asked.elapsed();
+    eprintln!("cancel with a 10 s grace ended the attempt after {took:?}");
+    assert!(took < Duration::from_secs(13), "the attempt outlived its grace: {took:?}");
+    assert_all_dead(&pids, "after cancel");
+}
+
+#[test]
+fn the_drain_deadline_kills_escaped_processes_and_is_kept_to_the_second() {
+    let c = Cluster::start(Options { nodes: 1, gpus: 2, drain_window: "3s", ..Options::default() });
+    let victim = c.submit(&["--gpus", "2", "--", "bash", "-c", ESCAPER]);
+    c.wait_state(victim, "running");
+    let pids = escaped_pids(&c, victim, 1);
+    let preemptor = c.submit(&["--tier", "on-demand", "--gpus", "2", "--", "sleep", "30"]);
+    c.wait_state(preemptor, "running");
+    assert_all_dead(&pids, "at the drain deadline");
+    let job = c.job(victim);
+    let deadline = event(&job, "drain_notice")["detail"]["deadline"].as_str().unwrap().to_string();
+    let deadline_ms = humantime::parse_rfc3339_weak(&deadline)
+        .unwrap()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let exited = event(&job, "exited");
+    let late_ms = exited["at_ms"].as_i64().unwrap() - deadline_ms;
+    eprintln!("the attempt ended {late_ms} ms after its drain deadline");
+    assert!(late_ms < 3_000, "the attempt ended {late_ms} ms after its deadline");
+    assert_eq!(exited["detail"]["signal"], 9);
+}
+
+#[test]
+fn a_fenced_attempts_escaped_processes_are_killed_by_the_restarted_agent() {
+    let mut c =
+        Cluster::start(Options { nodes: 1, gpus: 2, heartbeat_timeout: "1500ms", ..Options::default() });
+    let job = c.submit(&["--gpus", "2", "--", "bash", "-c", ESCAPER]);
+    c.wait_state(job, "running");
+    let pids = escaped_pids(&c, job, 1);
+    c.kill_agent(0);
+    c.wait_job(job, "requeued as lost", Duration::from_secs(20), |j| j["state"] == "queued");
+    assert!(pids.iter().all(|p| pid_alive(*p)), "the orphaned attempt runs while its agent is gone");
+    c.start_agent(0);
+    c.wait_nodes_up(1);
+    assert_all_dead(&pids, "once the agent is back");
+    c.wait_job(job, "attempt 2 running", Duration::from_secs(20), |j| {
+        j["state"] == "running" && j["attempt"] == 2
+    });
+}
+
+#[test]
+fn peak_memory_is_reported_and_finished_attempts_directories_are_swept_but_never_checkpoints() {
+    let c = Cluster::start(Options { agent_args: vec!["--attempt-retention", "1s"], ..Options::default() });
+    let script = r#"echo kept > "$EBB_CHECKPOINT_DIR/state"; /usr/bin/python3 -c 'x = bytearray(200 * 1024 * 1024); x[::4096] = b"y" * len(x[::4096])'"#;
+    let job = c.submit(&["--", "bash", "-c", script]);
+    let done = c.wait_state(job, "succeeded");
+    let peak = event(&done, "exited")["detail"]["peak_memory_bytes"].as_u64().expect("peak memory reported");
+    eprintln!("peak memory of a 200 MiB job: {peak} bytes");
+    assert!(peak >= 200 << 20, "{peak}");
+    let shown = c.ebb(&["show", &job.to_string()]);
+    assert!(shown.contains("peak memory 2"), "{shown}");
+
+    let agent = c.dir.join("agents/node-0");
+    let run_dir = agent.join(format!("run/{job}-1"));
+    let work_dir = agent.join(format!("work/{job}"));
+    wait_for("the finished attempt's directories to be swept", Duration::from_secs(15), || {
+        (!run_dir.exists() && !work_dir.exists()).then_some(())
+    });
+    assert_eq!(std::fs::read_to_string(c.checkpoints(job).join("state")).unwrap(), "kept\n");
+}
