@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, put};
@@ -378,6 +378,9 @@ struct PollQuery {
     node: String,
     epoch: u64,
     after: u64,
+    /// The agent's reports have not got through for a while: why.
+    #[serde(default)]
+    failing: Option<String>,
 }
 
 /// Long poll: commands after `after`, or an empty list once a heartbeat
@@ -391,7 +394,9 @@ async fn agent_commands(
     let deadline = tokio::time::Instant::now() + app.poll_wait;
     loop {
         let node = q.node.clone();
-        let mut poll = app.ask(|reply| Msg::Poll { node, epoch: q.epoch, after: q.after, reply }).await??;
+        let failing = q.failing.clone();
+        let mut poll =
+            app.ask(|reply| Msg::Poll { node, epoch: q.epoch, after: q.after, failing, reply }).await??;
         if !poll.commands.is_empty() {
             return Ok(Json(api::Commands { commands: poll.commands, next_seq: poll.next_seq }));
         }
@@ -479,6 +484,7 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
         .route("/v1/agent/register", post(agent_register))
         .route("/v1/agent/commands", get(agent_commands))
         .route("/v1/agent/report", post(agent_report))
+        .layer(DefaultBodyLimit::max(api::MAX_REQUEST_BYTES))
         .with_state(app);
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
