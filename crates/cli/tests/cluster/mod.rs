@@ -17,11 +17,13 @@ pub struct Options {
     pub gpus: u8,
     pub drain_window: &'static str,
     pub heartbeat_timeout: &'static str,
+    /// More arguments for every `ebb agent`.
+    pub agent_args: &'static [&'static str],
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { nodes: 1, gpus: 4, drain_window: "30s", heartbeat_timeout: "10s" }
+        Options { nodes: 1, gpus: 4, drain_window: "30s", heartbeat_timeout: "10s", agent_args: &[] }
     }
 }
 
@@ -131,6 +133,7 @@ impl Cluster {
             .args(["--data-dir", self.dir.join("agents").join(&name).to_str().unwrap()])
             .args(["--checkpoint-root", self.dir.join("checkpoints").to_str().unwrap()])
             .args(["--address", "127.0.0.1"])
+            .args(self.opts.agent_args)
             // A node with the SDK installed, as a workload's image would have it.
             .env("PYTHONPATH", repo_root().join("sdk/python"))
             .stdout(self.log(&name))
@@ -138,6 +141,11 @@ impl Cluster {
             .spawn()
             .unwrap();
         self.agents[i] = Some(child);
+    }
+
+    /// The process id of agent `i`.
+    pub fn agent_pid(&self, i: usize) -> u32 {
+        self.agents[i].as_ref().expect("agent running").id()
     }
 
     pub fn kill_agent(&mut self, i: usize) {
