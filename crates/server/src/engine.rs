@@ -216,8 +216,10 @@ pub enum Msg {
         node: String,
         epoch: u64,
         after: u64,
-        /// The agent's reports keep failing: why (the node is unhealthy).
-        failing: Option<String>,
+        /// What the poll says of the node's health: `Some(Some(why))` its
+        /// reports keep failing (it is unhealthy), `Some(None)` they do
+        /// not; `None` says nothing (a long poll asking again).
+        health: Option<Option<String>>,
         reply: oneshot::Sender<Result<Poll, ApiError>>,
     },
     Report {
@@ -726,10 +728,10 @@ impl<S: Store> Engine<S> {
                 let result = self.register(reg, now);
                 self.reply(reply, result);
             }
-            Msg::Poll { node, epoch, after, failing, reply } => {
+            Msg::Poll { node, epoch, after, health, reply } => {
                 // After the commit, like every command: an agent never acts
                 // on something the store does not say yet.
-                let result = self.poll(&node, epoch, after, failing, now);
+                let result = self.poll(&node, epoch, after, health, now);
                 self.reply(reply, result);
             }
             Msg::Report { report, reply } => {
@@ -1150,7 +1152,7 @@ impl<S: Store> Engine<S> {
         node: &str,
         epoch: u64,
         after: u64,
-        failing: Option<String>,
+        health: Option<Option<String>>,
         now: u64,
     ) -> Result<Poll, ApiError> {
         let Some(id) = self.core.node_by_name(node) else {
@@ -1161,7 +1163,9 @@ impl<S: Store> Engine<S> {
         }
         self.core.heartbeat(id, Time(now)).map_err(|e| ApiError::conflict(e.to_string()))?;
         self.heard(node, now);
-        self.set_health(node, failing);
+        if let Some(failing) = health {
+            self.set_health(node, failing);
+        }
         let channel = self.channels.entry(node.to_string()).or_insert_with(Channel::new);
         while channel.commands.front().is_some_and(|c| c.seq <= after) {
             channel.commands.pop_front();

@@ -392,11 +392,14 @@ async fn agent_commands(
 ) -> ApiResult<Json<api::Commands>> {
     app.require(&headers, Scope::Agent)?;
     let deadline = tokio::time::Instant::now() + app.poll_wait;
+    // What the poll says of the node's health counts once, when it comes:
+    // a report that got through meanwhile is newer news.
+    let mut health = Some(q.failing.clone());
     loop {
         let node = q.node.clone();
-        let failing = q.failing.clone();
+        let health = health.take();
         let mut poll =
-            app.ask(|reply| Msg::Poll { node, epoch: q.epoch, after: q.after, failing, reply }).await??;
+            app.ask(|reply| Msg::Poll { node, epoch: q.epoch, after: q.after, health, reply }).await??;
         if !poll.commands.is_empty() {
             return Ok(Json(api::Commands { commands: poll.commands, next_seq: poll.next_seq }));
         }

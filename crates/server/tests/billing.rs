@@ -258,7 +258,8 @@ impl World {
             let n = &self.nodes[i];
             (n.name.clone(), n.epoch.unwrap(), n.after)
         };
-        let Some(polled) = self.call(|reply| Msg::Poll { node: name, epoch, after, failing: None, reply })
+        let Some(polled) =
+            self.call(|reply| Msg::Poll { node: name, epoch, after, health: Some(None), reply })
         else {
             return;
         };

@@ -66,9 +66,9 @@ impl Server {
 
     /// One poll; the attempts it tells the node to start.
     fn poll(&mut self, failing: Option<&str>) -> Vec<AttemptRef> {
-        let (epoch, after, failing) = (self.epoch, self.after, failing.map(String::from));
+        let (epoch, after, health) = (self.epoch, self.after, Some(failing.map(String::from)));
         let poll =
-            self.call(|reply| Msg::Poll { node: NODE.into(), epoch, after, failing, reply }).expect("polled");
+            self.call(|reply| Msg::Poll { node: NODE.into(), epoch, after, health, reply }).expect("polled");
         let mut starts = Vec::new();
         for command in poll.commands {
             self.after = command.seq;
@@ -135,4 +135,16 @@ fn a_report_that_gets_through_makes_the_node_healthy_again() {
     s.call(|reply| Msg::Report { report, reply }).expect("report accepted");
     assert_eq!(s.node().status, "up");
     assert_eq!(s.state(job), "starting", "the healthy node takes the queued job");
+}
+
+#[test]
+fn a_long_poll_asking_again_does_not_undo_a_report_that_got_through() {
+    let mut s = Server::start("again");
+    assert!(s.poll(Some("reports failing for 30s: 503")).is_empty());
+    let report = Report { node: NODE.into(), events: Vec::<AgentEvent>::new() };
+    s.call(|reply| Msg::Report { report, reply }).expect("report accepted");
+    // The same long poll, woken: it says nothing of health.
+    let (epoch, after) = (s.epoch, s.after);
+    s.call(|reply| Msg::Poll { node: NODE.into(), epoch, after, health: None, reply }).expect("polled");
+    assert_eq!(s.node().status, "up");
 }
