@@ -61,20 +61,34 @@ fn yes_for_five_seconds_is_rate_limited_and_the_node_stays_healthy() {
 }
 
 #[test]
-fn control_characters_arrive_whole_under_the_limits_and_are_cut_with_a_marker_over_them() {
+fn a_megabyte_of_control_characters_arrives_whole_and_the_node_takes_the_next_job() {
     let c = Cluster::start(Options::default());
     // 1 MB of \x01 is 6 MB of JSON: more than the server takes in one body.
     let log = run_to_end(&c, r"head -c 1000000 /dev/zero | tr '\0' '\1'");
     assert_eq!(log.len(), 1_000_000, "every byte arrives");
     assert!(log.bytes().all(|b| b == 1));
     assert_node_takes_the_next_job(&c);
+}
 
-    // 5 MB at once: the 4 MiB burst arrives, the rest is dropped and said so.
+#[test]
+fn control_characters_over_the_rate_are_cut_with_a_marker_and_the_node_takes_the_next_job() {
+    let c = Cluster::start(Options {
+        agent_args: &["--output-rate", "100KiB", "--output-burst", "1MiB"],
+        ..Options::default()
+    });
+    // 5 MB at once: the 1 MiB burst arrives, the rest is dropped and said so.
     let log = run_to_end(&c, r"head -c 5000000 /dev/zero | tr '\0' '\1'");
     let kept = log.bytes().take_while(|&b| b == 1).count();
-    assert!((4 << 20..5_000_000).contains(&kept), "{kept} bytes kept");
-    assert!(log[kept..].starts_with("\n[ebb: output over the rate limit"), "{:?}", &log[kept..]);
-    assert!(log.ends_with("were kept]\n"), "{:?}", &log[kept..]);
+    assert!((1 << 20..5_000_000).contains(&kept), "{kept} bytes kept");
+    let rest = &log[kept..];
+    assert!(rest.starts_with("\n[ebb: output over the rate limit of 100 KiB/s (burst 1 MiB)"), "{rest:?}");
+    assert!(
+        rest.ends_with(&format!(
+            "were dropped ({0} over the rate limit); {kept} were kept]\n",
+            5_000_000 - kept
+        )),
+        "{rest:?}"
+    );
     assert_node_takes_the_next_job(&c);
 }
 
