@@ -10,13 +10,16 @@ pub mod cgroup;
 pub mod gpus;
 pub mod identity;
 mod metadata;
+pub mod output;
+mod report;
 
 use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ebb_api::{Action, AgentEvent, AttemptRef, DrainAttempt, Register, Registered, StartAttempt};
 use nix::sys::signal::{killpg, Signal};
@@ -26,6 +29,8 @@ use tokio::io::AsyncReadExt;
 use tokio::sync::{mpsc, watch};
 
 use crate::metadata::Notice;
+use crate::output::Gate;
+pub use crate::output::OutputLimits;
 
 #[derive(Clone, Debug)]
 pub struct AgentConfig {
@@ -51,6 +56,50 @@ pub struct AgentConfig {
     /// How long a finished attempt's run directory and default working
     /// directory are kept.
     pub attempt_retention: Duration,
+    /// What of a job's output is passed on.
+    pub output: OutputLimits,
+    /// How long reports may keep failing before the node says, on its
+    /// command poll, that it is unhealthy (it then gets no new work).
+    pub unhealthy_after: Duration,
+}
+
+/// What a queued output event costs the agent's budget beyond its bytes:
+/// a job writing a byte at a time must not fill memory with events.
+const EVENT_COST: u64 = 64;
+
+/// Reports failing in a row; what the command poll says while they do.
+#[derive(Debug, Default)]
+struct ReportHealth {
+    failing_since: Option<Instant>,
+    failures: u32,
+    last_error: String,
+}
+
+impl ReportHealth {
+    fn failed(&mut self, error: String, now: Instant) {
+        self.failing_since.get_or_insert(now);
+        self.failures += 1;
+        self.last_error = error;
+    }
+
+    fn delivered(&mut self) {
+        *self = ReportHealth::default();
+    }
+
+    /// Why the node is unhealthy: its reports have failed for `after` and
+    /// at least three times in a row (one slow answer is not a failure).
+    fn failing(&self, now: Instant, after: Duration) -> Option<String> {
+        let since = self.failing_since?;
+        let failing_for = now.saturating_duration_since(since);
+        (self.failures >= 3 && failing_for >= after).then(|| {
+            format!(
+                "reports failing for {}s ({} tries): {}",
+                failing_for.as_secs(),
+                self.failures,
+                self.last_error
+            )
+        })
+    }
 }
 
 pub(crate) fn now_ms() -> u64 {
@@ -147,13 +196,28 @@ struct Agent {
     group_prefix: String,
     /// The user the agent runs as.
     me: nix::unistd::Uid,
+    /// Output queued for the server, in bytes plus [`EVENT_COST`] per
+    /// event; bounded by `config.output.buffer`.
+    queued_output: Arc<AtomicU64>,
+    health: Mutex<ReportHealth>,
 }
 
 #[derive(Debug)]
 enum CallError {
     /// The server answered 409: register again.
     Reregister(String),
+    /// The server refused the request as it is (400, 413, 422, ...):
+    /// sending it again would be refused again.
+    Refused(String),
     Other(String),
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CallError::Reregister(e) | CallError::Refused(e) | CallError::Other(e) => f.write_str(e),
+        }
+    }
 }
 
 impl Agent {
@@ -173,20 +237,20 @@ impl Agent {
         }
         let body = resp.text().await.unwrap_or_default();
         let message = serde_json::from_str::<ebb_api::ErrorBody>(&body).map_or(body, |e| e.error);
-        if status.as_u16() == 409 {
-            Err(CallError::Reregister(message))
-        } else {
-            Err(CallError::Other(format!("{status}: {message}")))
+        match status.as_u16() {
+            409 => Err(CallError::Reregister(message)),
+            // Credentials may be fixed by the operator; the request itself
+            // was not at fault.
+            401 | 403 => Err(CallError::Other(format!("{status}: {message}"))),
+            400..=499 => Err(CallError::Refused(format!("{status}: {message}"))),
+            _ => Err(CallError::Other(format!("{status}: {message}"))),
         }
     }
 
     /// Queues an event for the server, remembering it until accepted
-    /// unless it is output.
+    /// unless it is output (whose bytes count against the budget instead).
     fn send(&self, event: AgentEvent) {
-        if !matches!(event, AgentEvent::Output { .. }) {
-            self.unreported.lock().expect("unreported").push(event.clone());
-        }
-        let _ = self.events.send(event);
+        send_event(&self.events, &self.queued_output, &self.unreported, event);
     }
 
     fn ledger_path(&self) -> PathBuf {
@@ -484,19 +548,22 @@ impl Agent {
         type Pipe = Box<dyn tokio::io::AsyncRead + Unpin + Send>;
         let stdout = child.stdout.take().map(|p| Box::new(p) as Pipe);
         let stderr = child.stderr.take().map(|p| Box::new(p) as Pipe);
+        // Both pipes share the attempt's limits; every byte is read, so the
+        // job never blocks on a full pipe, and what is over them is dropped.
+        let gate = Arc::new(Mutex::new(Gate::new(self.config.output, Instant::now())));
         let readers: Vec<_> = [stdout, stderr]
             .into_iter()
             .flatten()
             .map(|mut pipe| {
-                let events = self.events.clone();
+                let agent = self.clone();
+                let gate = gate.clone();
                 tokio::spawn(async move {
                     let mut buf = vec![0u8; 64 * 1024];
                     while let Ok(n) = pipe.read(&mut buf).await {
                         if n == 0 {
                             break;
                         }
-                        let data = String::from_utf8_lossy(&buf[..n]).into_owned();
-                        let _ = events.send(AgentEvent::Output { attempt: a, data });
+                        agent.forward_output(a, &gate, &buf[..n]);
                     }
                 })
             })
@@ -528,6 +595,10 @@ impl Agent {
             let peak_memory_bytes = group.as_ref().and_then(cgroup::AttemptGroup::peak_memory);
             if let Some(group) = &group {
                 group.remove();
+            }
+            let summary = gate.lock().expect("gate").summary();
+            if let Some(line) = summary {
+                agent.send(AgentEvent::Output { attempt: a, data: line });
             }
             use std::os::unix::process::ExitStatusExt;
             let (code, signal) = match status {
@@ -581,44 +652,83 @@ impl Agent {
         }
     }
 
-    /// Sends events to the server in order, batching what has piled up, and
-    /// retrying until they are accepted.
+    /// Passes on what the gate lets through of `data`, read from attempt
+    /// `a`, and the gate's marker if it has one.
+    fn forward_output(&self, a: AttemptRef, gate: &Mutex<Gate>, data: &[u8]) {
+        let queued = self.queued_output.load(Ordering::Relaxed);
+        let free = self.config.output.buffer.saturating_sub(queued);
+        // Under the lock: stdout and stderr's markers stay in order.
+        let mut gate = gate.lock().expect("gate");
+        let verdict = gate.admit(data, Instant::now(), free.saturating_sub(EVENT_COST));
+        if verdict.keep > 0 {
+            let data = String::from_utf8_lossy(&data[..verdict.keep]).into_owned();
+            self.send(AgentEvent::Output { attempt: a, data });
+        }
+        if let Some(marker) = verdict.marker {
+            self.send(AgentEvent::Output { attempt: a, data: marker });
+        }
+    }
+
+    /// Sends events to the server in order, in reports sized under the
+    /// server's limit, retrying until each is accepted.
     async fn report_loop(self: Arc<Self>, mut rx: mpsc::UnboundedReceiver<AgentEvent>) {
         while let Some(first) = rx.recv().await {
-            let mut batch = vec![first];
-            while let Ok(next) = rx.try_recv() {
-                match (batch.last_mut(), next) {
-                    (
-                        Some(AgentEvent::Output { attempt: last, data }),
-                        AgentEvent::Output { attempt, data: more },
-                    ) if *last == attempt && data.len() < (1 << 20) => data.push_str(&more),
-                    (_, next) => batch.push(next),
-                }
-                if batch.len() >= 512 {
-                    break;
-                }
+            // What has piled up, to a few reports' worth at a time.
+            let mut events = vec![first];
+            let mut weight = report::encoded_len(&events[0]);
+            while weight < 4 * ebb_api::MAX_REPORT_BYTES {
+                let Ok(next) = rx.try_recv() else { break };
+                weight += report::encoded_len(&next);
+                events.push(next);
             }
-            let report = ebb_api::Report { node: self.config.name.clone(), events: batch };
-            let mut backoff = Duration::from_millis(50);
-            loop {
-                let req = self.http.post(self.url("/v1/agent/report")).json(&report);
-                match self.call::<ebb_api::ReportReply>(req).await {
-                    Ok(reply) => {
-                        self.kill_stale(&reply.stale, "the server fenced this stale attempt");
-                        // Reports go out in order, so the events this one
-                        // carried are the oldest ones remembered.
-                        let delivered =
-                            report.events.iter().filter(|e| !matches!(e, AgentEvent::Output { .. })).count();
-                        let mut unreported = self.unreported.lock().expect("unreported");
-                        let delivered = delivered.min(unreported.len());
-                        unreported.drain(..delivered);
-                        break;
-                    }
-                    Err(e) => {
-                        tracing::warn!("report not delivered, retrying: {e:?}");
-                        tokio::time::sleep(backoff).await;
-                        backoff = (backoff * 2).min(Duration::from_secs(2));
-                    }
+            let cost: u64 = events.iter().map(output_cost).sum();
+            for batch in report::pack(&self.config.name, events, ebb_api::MAX_REPORT_BYTES) {
+                self.deliver(batch).await;
+            }
+            self.queued_output.fetch_sub(cost, Ordering::Relaxed);
+        }
+    }
+
+    /// Delivers one report, retrying with back-off while the server cannot
+    /// be reached or fails. A report it refuses as it is (too large, or
+    /// malformed) would be refused for ever: its output is dropped, with a
+    /// marker in each attempt's log, then the markers too if need be; the
+    /// starts, checkpoints and exits are always delivered.
+    async fn deliver(&self, mut events: Vec<AgentEvent>) {
+        let mut backoff = Duration::from_millis(50);
+        let mut refusals = 0;
+        loop {
+            let report = ebb_api::Report { node: self.config.name.clone(), events };
+            let req = self.http.post(self.url("/v1/agent/report")).json(&report);
+            let result = self.call::<ebb_api::ReportReply>(req).await;
+            events = report.events;
+            match result {
+                Ok(reply) => {
+                    self.health.lock().expect("health").delivered();
+                    self.kill_stale(&reply.stale, "the server fenced this stale attempt");
+                    // Reports go out in order, so the events this one
+                    // carried are the oldest ones remembered.
+                    let delivered = events.iter().filter(|e| !matches!(e, AgentEvent::Output { .. })).count();
+                    let mut unreported = self.unreported.lock().expect("unreported");
+                    let delivered = delivered.min(unreported.len());
+                    unreported.drain(..delivered);
+                    return;
+                }
+                Err(CallError::Refused(e)) if refusals < 2 && events.iter().any(is_output) => {
+                    tracing::error!("the server refused a report ({e}): dropping its output");
+                    self.health.lock().expect("health").failed(e.clone(), Instant::now());
+                    events = if refusals == 0 {
+                        drop_output(events, &e)
+                    } else {
+                        events.into_iter().filter(|e| !is_output(e)).collect()
+                    };
+                    refusals += 1;
+                }
+                Err(e) => {
+                    tracing::warn!("report not delivered, retrying: {e}");
+                    self.health.lock().expect("health").failed(e.to_string(), Instant::now());
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
                 }
             }
         }
@@ -646,7 +756,15 @@ impl Agent {
                 ));
                 let poll_timeout =
                     Duration::from_millis(registered.heartbeat_interval_ms) + Duration::from_secs(10);
-                match self.call::<ebb_api::Commands>(self.http.get(url).timeout(poll_timeout)).await {
+                let mut req = self.http.get(url).timeout(poll_timeout);
+                // The poll is the heartbeat: it says when reports keep failing.
+                let failing =
+                    self.health.lock().expect("health").failing(Instant::now(), self.config.unhealthy_after);
+                if let Some(why) = failing {
+                    tracing::warn!("telling the server this node is unhealthy: {why}");
+                    req = req.query(&[("failing", why)]);
+                }
+                match self.call::<ebb_api::Commands>(req).await {
                     Ok(commands) => {
                         // Starts run side by side; any other command waits for
                         // the starts before it, so it finds its attempt running.
@@ -673,7 +791,7 @@ impl Agent {
                         tracing::warn!("registering again: {why}");
                         break;
                     }
-                    Err(CallError::Other(e)) => {
+                    Err(e) => {
                         tracing::warn!("command poll failed: {e}");
                         tokio::time::sleep(Duration::from_millis(200)).await;
                     }
@@ -693,6 +811,55 @@ impl Agent {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
+}
+
+fn is_output(event: &AgentEvent) -> bool {
+    matches!(event, AgentEvent::Output { .. })
+}
+
+/// What an event costs the budget for unsent output.
+fn output_cost(event: &AgentEvent) -> u64 {
+    match event {
+        AgentEvent::Output { data, .. } => data.len() as u64 + EVENT_COST,
+        _ => 0,
+    }
+}
+
+/// Queues `event`: output counts against the budget for unsent output,
+/// anything else is remembered until the server accepts it.
+fn send_event(
+    events: &mpsc::UnboundedSender<AgentEvent>,
+    queued_output: &AtomicU64,
+    unreported: &Mutex<Vec<AgentEvent>>,
+    event: AgentEvent,
+) {
+    if is_output(&event) {
+        queued_output.fetch_add(output_cost(&event), Ordering::Relaxed);
+    } else {
+        unreported.lock().expect("unreported").push(event.clone());
+    }
+    let _ = events.send(event);
+}
+
+/// `events` with each attempt's output replaced by one marker saying how
+/// much was dropped and why.
+fn drop_output(events: Vec<AgentEvent>, why: &str) -> Vec<AgentEvent> {
+    let mut kept = Vec::new();
+    let mut dropped: Vec<(AttemptRef, usize)> = Vec::new();
+    for event in events {
+        match event {
+            AgentEvent::Output { attempt, data } => match dropped.iter_mut().find(|(a, _)| *a == attempt) {
+                Some((_, n)) => *n += data.len(),
+                None => dropped.push((attempt, data.len())),
+            },
+            other => kept.push(other),
+        }
+    }
+    let markers = dropped.into_iter().map(|(attempt, n)| AgentEvent::Output {
+        attempt,
+        data: format!("\n[ebb: {n} bytes of output dropped: the server refused them ({why})]\n"),
+    });
+    markers.chain(kept).collect()
 }
 
 /// Runs the agent until SIGINT or SIGTERM, then stops its attempts.
@@ -759,6 +926,8 @@ pub async fn run(mut config: AgentConfig) -> Result<(), String> {
         cgroups,
         group_prefix,
         me,
+        queued_output: Arc::new(AtomicU64::new(0)),
+        health: Mutex::new(ReportHealth::default()),
     });
     agent.kill_leftovers();
     let sweeper = agent.clone();
@@ -788,6 +957,13 @@ pub async fn run(mut config: AgentConfig) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::AtomicBool;
+
+    use axum::extract::{Query, State};
+    use axum::http::StatusCode;
+    use axum::routing::{get, post};
+    use axum::{Json, Router};
+
     use super::*;
 
     #[test]
@@ -803,5 +979,167 @@ mod tests {
     fn agents_with_different_data_directories_name_their_cgroups_apart() {
         assert_ne!(tag(Path::new("/var/lib/ebb/a")), tag(Path::new("/var/lib/ebb/b")));
         assert_eq!(tag(Path::new("/var/lib/ebb/a")), tag(Path::new("/var/lib/ebb/a")));
+    }
+
+    /// A server whose reports fail while `broken`, refuses output with 413
+    /// while `refuse_output`, and records what the agent says.
+    #[derive(Default)]
+    struct Fake {
+        broken: AtomicBool,
+        refuse_output: AtomicBool,
+        /// The `failing` parameter of each poll, in order.
+        polls: Mutex<Vec<Option<String>>>,
+        delivered: Mutex<Vec<AgentEvent>>,
+    }
+
+    async fn register(Json(_): Json<ebb_api::Register>) -> Json<Registered> {
+        Json(Registered { heartbeat_interval_ms: 50, kill: Vec::new(), next_seq: 0, epoch: 1 })
+    }
+
+    async fn commands(
+        State(fake): State<Arc<Fake>>,
+        Query(q): Query<HashMap<String, String>>,
+    ) -> Json<ebb_api::Commands> {
+        fake.polls.lock().unwrap().push(q.get("failing").cloned());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        Json(ebb_api::Commands { commands: Vec::new(), next_seq: 1 })
+    }
+
+    async fn report(
+        State(fake): State<Arc<Fake>>,
+        Json(r): Json<ebb_api::Report>,
+    ) -> Result<Json<ebb_api::ReportReply>, StatusCode> {
+        if fake.broken.load(Ordering::SeqCst) {
+            return Err(StatusCode::SERVICE_UNAVAILABLE);
+        }
+        if fake.refuse_output.load(Ordering::SeqCst) && r.events.iter().any(is_output) {
+            return Err(StatusCode::PAYLOAD_TOO_LARGE);
+        }
+        fake.delivered.lock().unwrap().extend(r.events);
+        Ok(Json(ebb_api::ReportReply { stale: Vec::new() }))
+    }
+
+    /// An agent following a fake server.
+    async fn start(fake: Arc<Fake>) -> Arc<Agent> {
+        let app = Router::new()
+            .route("/v1/agent/register", post(register))
+            .route("/v1/agent/commands", get(commands))
+            .route("/v1/agent/report", post(report))
+            .with_state(fake);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let server = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let dir = std::env::temp_dir().join(format!("ebb-agent-test-{}-{}", std::process::id(), now_ms()));
+        let config = AgentConfig {
+            server,
+            join_token: "t".into(),
+            name: "node-1".into(),
+            gpus: 1,
+            gpu_model: "H100".into(),
+            labels: BTreeMap::new(),
+            data_dir: dir.clone(),
+            checkpoint_root: dir,
+            address: "127.0.0.1".into(),
+            output: OutputLimits::default(),
+            unhealthy_after: Duration::from_millis(300),
+            job_path: identity::DEFAULT_PATH.into(),
+            job_env: BTreeMap::new(),
+            allow_root_jobs: false,
+            attempt_retention: Duration::from_secs(3600),
+        };
+        let (events, rx) = mpsc::unbounded_channel();
+        let agent = Arc::new(Agent {
+            config,
+            http: reqwest::Client::new(),
+            running: Mutex::new(HashMap::new()),
+            events,
+            unreported: Mutex::new(Vec::new()),
+            queued_output: Arc::new(AtomicU64::new(0)),
+            health: Mutex::new(ReportHealth::default()),
+            cgroups: None,
+            group_prefix: "ebb-test-".into(),
+            me: nix::unistd::geteuid(),
+        });
+        tokio::spawn(agent.clone().report_loop(rx));
+        tokio::spawn(agent.clone().command_loop());
+        agent
+    }
+
+    async fn until(what: &str, mut done: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !done() {
+            assert!(Instant::now() < deadline, "timed out waiting until {what}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    const A: AttemptRef = AttemptRef { job: 1, attempt: 1 };
+
+    #[tokio::test]
+    async fn failing_reports_make_the_poll_say_unhealthy_until_they_get_through() {
+        let fake = Arc::new(Fake::default());
+        fake.broken.store(true, Ordering::SeqCst);
+        let agent = start(fake.clone()).await;
+        agent.send(AgentEvent::Started { attempt: A, pid: 1, at_ms: 1 });
+        until("a poll says unhealthy", || fake.polls.lock().unwrap().iter().any(Option::is_some)).await;
+        let why = fake.polls.lock().unwrap().iter().flatten().next().cloned().unwrap();
+        assert!(why.contains("reports failing for") && why.contains("503"), "{why}");
+
+        fake.broken.store(false, Ordering::SeqCst);
+        until("the start is delivered", || !fake.delivered.lock().unwrap().is_empty()).await;
+        let seen = fake.polls.lock().unwrap().len();
+        until("a poll says healthy", || fake.polls.lock().unwrap()[seen..].iter().any(Option::is_none)).await;
+        assert!(agent.unreported.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_refused_report_drops_its_output_but_never_the_exit() {
+        let fake = Arc::new(Fake::default());
+        fake.refuse_output.store(true, Ordering::SeqCst);
+        let agent = start(fake.clone()).await;
+        agent.send(AgentEvent::Started { attempt: A, pid: 1, at_ms: 1 });
+        agent.send(AgentEvent::Output { attempt: A, data: "refused\n".into() });
+        agent.send(AgentEvent::Exited {
+            attempt: A,
+            code: Some(0),
+            signal: None,
+            completed: true,
+            at_ms: 2,
+            peak_memory_bytes: None,
+        });
+        let exited = |e: &AgentEvent| matches!(e, AgentEvent::Exited { .. });
+        until("the exit is delivered", || fake.delivered.lock().unwrap().iter().any(exited)).await;
+        assert!(!fake.delivered.lock().unwrap().iter().any(is_output));
+        until("nothing is left unreported", || agent.unreported.lock().unwrap().is_empty()).await;
+        until("the output's budget is back", || agent.queued_output.load(Ordering::SeqCst) == 0).await;
+
+        // With output accepted again, the marker says what was dropped.
+        fake.refuse_output.store(false, Ordering::SeqCst);
+        let events =
+            drop_output(vec![AgentEvent::Output { attempt: A, data: "xyz".into() }], "413 Payload Too Large");
+        assert_eq!(
+            events,
+            vec![AgentEvent::Output {
+                attempt: A,
+                data: "\n[ebb: 3 bytes of output dropped: the server refused them (413 Payload Too Large)]\n"
+                    .into()
+            }]
+        );
+    }
+
+    #[test]
+    fn health_needs_repeated_failures_over_time_and_one_delivery_restores_it() {
+        let t = Instant::now();
+        let after = Duration::from_secs(10);
+        let mut h = ReportHealth::default();
+        h.failed("503".into(), t);
+        assert_eq!(h.failing(t + Duration::from_secs(60), after), None, "one failure is not a pattern");
+        h.failed("503".into(), t + Duration::from_secs(1));
+        h.failed("connection refused".into(), t + Duration::from_secs(2));
+        assert_eq!(h.failing(t + Duration::from_secs(9), after), None, "not for long enough yet");
+        let why = h.failing(t + Duration::from_secs(10), after).unwrap();
+        assert_eq!(why, "reports failing for 10s (3 tries): connection refused");
+        h.delivered();
+        assert_eq!(h.failing(t + Duration::from_secs(60), after), None);
     }
 }

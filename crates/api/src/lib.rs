@@ -9,6 +9,14 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+/// The largest request body the server reads, in bytes; larger ones are
+/// refused with 413. Named here so that agents size their reports under it.
+pub const MAX_REQUEST_BYTES: usize = 2 * 1024 * 1024;
+
+/// The largest report body an agent sends: half the server's limit, so
+/// that an estimate a little off never meets a 413.
+pub const MAX_REPORT_BYTES: usize = MAX_REQUEST_BYTES / 2;
+
 /// `POST /v1/jobs`: a job as the user describes it.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -206,8 +214,12 @@ pub struct Node {
     pub name: String,
     pub gpu_model: String,
     pub gpus: u8,
-    /// up, draining (cordoned), lost.
+    /// up, draining (cordoned), unhealthy (takes no new work: its agent
+    /// cannot deliver its reports), lost.
     pub status: String,
+    /// Why the node is unhealthy, as its agent says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unhealthy: Option<String>,
     pub gpus_used: u32,
     pub gpus_held: u32,
     pub last_heartbeat: String,
@@ -381,8 +393,12 @@ pub struct DrainAttempt {
     pub reason: String,
 }
 
-/// `GET /v1/agent/commands?node=N&after=SEQ`: commands after `after`,
-/// waiting up to `wait_ms` for one to appear.
+/// `GET /v1/agent/commands?node=N&epoch=E&after=SEQ[&failing=WHY]`:
+/// commands after `after`, waiting up to a heartbeat interval for one to
+/// appear. The poll is the agent's heartbeat; `failing` says its reports
+/// have not got through for a while (and why): the node is shown
+/// unhealthy and takes no new work until a poll comes without it or a
+/// report gets through.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Commands {
     pub commands: Vec<Command>,

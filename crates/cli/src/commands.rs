@@ -446,6 +446,9 @@ pub async fn nodes(conn: &Connection, out: &JsonFlag) -> Result<String, String> 
             n.name, n.status, n.gpu_model, n.gpus, n.gpus_used, n.gpus_held, jobs
         )
         .unwrap();
+        if let Some(why) = &n.unhealthy {
+            writeln!(text, "  {}: unhealthy, takes no new work: {why}", n.name).unwrap();
+        }
     }
     Ok(text)
 }

@@ -228,6 +228,26 @@ pub struct AgentArgs {
     /// are kept (checkpoints are never removed).
     #[arg(long, default_value = "24h", value_parser = parse_span)]
     pub attempt_retention: Span,
+    /// Output one attempt may send (0: no limit); the rest is read and
+    /// dropped, with a line in its log saying so.
+    #[arg(long, value_name = "BYTES", default_value = "64MiB", value_parser = ebb_agent::output::parse_bytes)]
+    pub max_output_per_attempt: u64,
+    /// Output one attempt may send per second, sustained (0: no limit);
+    /// output over it is dropped, with a line in its log saying so.
+    #[arg(long, value_name = "BYTES", default_value = "1MiB", value_parser = ebb_agent::output::parse_bytes)]
+    pub output_rate: u64,
+    /// Output one attempt may send at once above --output-rate.
+    #[arg(long, value_name = "BYTES", default_value = "4MiB", value_parser = ebb_agent::output::parse_bytes)]
+    pub output_burst: u64,
+    /// Output the agent holds while the server has not taken it, across
+    /// attempts (0: no limit); when full, output is dropped, with a line
+    /// in each log saying so.
+    #[arg(long, value_name = "BYTES", default_value = "64MiB", value_parser = ebb_agent::output::parse_bytes)]
+    pub output_buffer: u64,
+    /// How long reports may keep failing before the node tells the server
+    /// it is unhealthy (it then gets no new work until they get through).
+    #[arg(long, default_value = "10s", value_parser = parse_span)]
+    pub unhealthy_after: Span,
 }
 
 pub async fn agent(server: Option<String>, args: AgentArgs) -> Result<(), String> {
@@ -281,6 +301,13 @@ pub async fn agent(server: Option<String>, args: AgentArgs) -> Result<(), String
         job_env,
         allow_root_jobs: args.allow_root_jobs,
         attempt_retention: Duration::from_millis(args.attempt_retention.as_millis()),
+        output: ebb_agent::OutputLimits {
+            max_per_attempt: args.max_output_per_attempt,
+            rate: args.output_rate,
+            burst: args.output_burst,
+            buffer: args.output_buffer,
+        },
+        unhealthy_after: std::time::Duration::from_millis(args.unhealthy_after.as_millis()),
     })
     .await
 }

@@ -161,6 +161,10 @@ pub enum NodeStatus {
     Up,
     /// Takes no new work; its preemptible jobs are drained, others finish.
     Cordoned,
+    /// Takes no new work, and its jobs run on undisturbed: its agent says it
+    /// cannot deliver what happens there (its reports keep failing), so
+    /// the node cannot be trusted with more until they get through.
+    Unhealthy,
     /// Declared lost; its jobs were requeued.
     Lost,
 }

@@ -316,15 +316,19 @@ impl State {
     /// Maintenance drain: the node takes no new work, its preemptible jobs
     /// get their notice in the next pass, other tiers run to completion.
     pub fn drain_node(&mut self, node: NodeId) -> Result<(), StateError> {
-        match self.node_checked(node)?.status {
-            NodeStatus::Up => {}
+        // An unhealthy node's capacity is out already; its drain goes ahead.
+        let counted = match self.node_checked(node)?.status {
+            NodeStatus::Up => true,
+            NodeStatus::Unhealthy => false,
             NodeStatus::Cordoned => return Ok(()),
             NodeStatus::Lost => return Err(StateError::Conflict(format!("node {node}: lost, cannot drain"))),
-        }
+        };
         let n = &mut self.nodes[node.0 as usize];
         n.status = NodeStatus::Cordoned;
         let (model, gpus) = (n.model, n.gpus);
-        self.models[model.0 as usize].capacity -= gpus as u32;
+        if counted {
+            self.models[model.0 as usize].capacity -= gpus as u32;
+        }
         self.reindex(node);
         self.release_holds_on(node);
         self.pending_node_drains.insert(node);
@@ -345,6 +349,30 @@ impl State {
         Ok(())
     }
 
+    /// Whether a node that is up may take new work: an unhealthy one takes
+    /// none (its capacity leaves the model and its holds are released, as
+    /// for a drain) but its jobs run on and nothing is drained. Only `Up`
+    /// and `Unhealthy` change; a cordoned or lost node stays as it is.
+    pub fn set_healthy(&mut self, node: NodeId, healthy: bool) -> Result<(), StateError> {
+        let n = self.node_checked(node)?;
+        let (model, gpus) = (n.model, n.gpus as u32);
+        match (n.status, healthy) {
+            (NodeStatus::Up, false) => {
+                self.nodes[node.0 as usize].status = NodeStatus::Unhealthy;
+                self.models[model.0 as usize].capacity -= gpus;
+                self.reindex(node);
+                self.release_holds_on(node);
+            }
+            (NodeStatus::Unhealthy, true) => {
+                self.nodes[node.0 as usize].status = NodeStatus::Up;
+                self.models[model.0 as usize].capacity += gpus;
+                self.reindex(node);
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
     /// The node is gone: its attempts are requeued as lost (not failed,
     /// not preempted) and holds on it are released.
     pub fn lose_node(&mut self, node: NodeId) -> Result<Vec<JobId>, StateError> {
@@ -355,7 +383,7 @@ impl State {
                 let (model, gpus) = (n.model, n.gpus);
                 self.models[model.0 as usize].capacity -= gpus as u32;
             }
-            NodeStatus::Cordoned => {}
+            NodeStatus::Cordoned | NodeStatus::Unhealthy => {}
         }
         let n = &mut self.nodes[node.0 as usize];
         n.status = NodeStatus::Lost;

@@ -20,6 +20,7 @@ enum Op {
     Cancel { pick: usize },
     DrainNode { node: u32 },
     UndrainNode { node: u32 },
+    SetHealthy { node: u32, healthy: bool },
     Reclaim { gpus: u32 },
     ReleaseReclaim,
     Heartbeats { skip: u32 },
@@ -41,6 +42,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<usize>().prop_map(|pick| Op::Cancel { pick }),
         1 => (0u32..8).prop_map(|node| Op::DrainNode { node }),
         1 => (0u32..8).prop_map(|node| Op::UndrainNode { node }),
+        1 => (0u32..8, any::<bool>()).prop_map(|(node, healthy)| Op::SetHealthy { node, healthy }),
         1 => (1u32..12).prop_map(|gpus| Op::Reclaim { gpus }),
         1 => Just(Op::ReleaseReclaim),
         4 => (0u32..8).prop_map(|skip| Op::Heartbeats { skip }),
@@ -126,6 +128,9 @@ fn run(nodes: u32, gpus_per_node: u8, a100_nodes: u32, policy: VictimPolicy, ops
             Op::UndrainNode { node } => {
                 let _ = c.state.undrain_node(NodeId(node % all));
             }
+            Op::SetHealthy { node, healthy } => {
+                c.state.set_healthy(NodeId(node % all), healthy).unwrap();
+            }
             Op::Reclaim { gpus } => {
                 c.state.reclaim(c.model(), gpus).unwrap();
             }
@@ -148,7 +153,19 @@ fn run(nodes: u32, gpus_per_node: u8, a100_nodes: u32, policy: VictimPolicy, ops
                     .filter(|j| c.state.hold(j.spec.id).unwrap().waiting_on.is_empty())
                     .map(|j| j.spec.id)
                     .collect();
+                let unhealthy: Vec<NodeId> = c
+                    .state
+                    .nodes()
+                    .iter()
+                    .filter(|n| n.status == NodeStatus::Unhealthy)
+                    .map(|n| n.id)
+                    .collect();
                 let plan = c.step();
+                for p in &plan.placements {
+                    for (node, _) in &p.alloc {
+                        assert!(!unhealthy.contains(node), "{} placed on unhealthy {node}", p.job);
+                    }
+                }
                 for d in &plan.drains {
                     let job = c.state.job(d.job).unwrap();
                     assert_eq!(job.spec.tier, Tier::Preemptible, "drained a {} job", job.spec.tier);

@@ -522,3 +522,21 @@ fn a_restored_hold_waits_for_its_victims_instead_of_preempting_again() {
     assert_eq!(plan.placements[0].job, od);
     assert_eq!(plan.placements[0].alloc, hold);
 }
+
+#[test]
+fn an_unhealthy_node_takes_no_new_work_and_keeps_its_jobs_until_healthy_again() {
+    let mut c = Cluster::new(1, 8);
+    let running = c.submit(Tier::Preemptible, 4);
+    c.step();
+    c.state.set_healthy(NodeId(0), false).unwrap();
+    assert_eq!(c.state.node(NodeId(0)).unwrap().status, NodeStatus::Unhealthy);
+    let next = c.submit(Tier::OnDemand, 4);
+    let plan = c.step();
+    assert!(plan.placements.is_empty(), "placed work on an unhealthy node: {plan:?}");
+    assert!(plan.drains.is_empty(), "an unhealthy node's jobs are not drained: {plan:?}");
+    assert_eq!(c.phase(running), Some(Phase::Running));
+    assert_eq!(c.phase(next), Some(Phase::Queued));
+    c.state.set_healthy(NodeId(0), true).unwrap();
+    c.step();
+    assert_eq!(c.phase(next), Some(Phase::Running), "a healthy node takes work again");
+}

@@ -267,6 +267,10 @@ pub enum Msg {
         node: String,
         epoch: u64,
         after: u64,
+        /// What the poll says of the node's health: `Some(Some(why))` its
+        /// reports keep failing (it is unhealthy), `Some(None)` they do
+        /// not; `None` says nothing (a long poll asking again).
+        health: Option<Option<String>>,
         reply: oneshot::Sender<Result<Poll, ApiError>>,
     },
     Report {
@@ -408,6 +412,8 @@ pub struct Engine<S: Store> {
     tenant_limits: BTreeMap<u32, ebb_api::TenantLimits>,
     /// Jobs in a restart back-off, by when they may run again.
     backoff: BTreeSet<(u64, u64)>,
+    /// Nodes whose agents say their reports keep failing, and why.
+    unhealthy: HashMap<String, String>,
 }
 
 /// What the writer thread answers with when the store fails.
@@ -457,6 +463,7 @@ impl<S: Store> Engine<S> {
             load: BTreeMap::new(),
             tenant_limits: BTreeMap::new(),
             backoff: BTreeSet::new(),
+            unhealthy: HashMap::new(),
         };
         let mut notes = Vec::new();
         if snapshot.tenants.is_empty() {
@@ -845,10 +852,10 @@ impl<S: Store> Engine<S> {
                 let result = self.register(reg, now);
                 self.reply(reply, result);
             }
-            Msg::Poll { node, epoch, after, reply } => {
+            Msg::Poll { node, epoch, after, health, reply } => {
                 // After the commit, like every command: an agent never acts
                 // on something the store does not say yet.
-                let result = self.poll(&node, epoch, after, now);
+                let result = self.poll(&node, epoch, after, health, now);
                 self.reply(reply, result);
             }
             Msg::Report { report, reply } => {
@@ -1313,7 +1320,14 @@ impl<S: Store> Engine<S> {
         })
     }
 
-    fn poll(&mut self, node: &str, epoch: u64, after: u64, now: u64) -> Result<Poll, ApiError> {
+    fn poll(
+        &mut self,
+        node: &str,
+        epoch: u64,
+        after: u64,
+        health: Option<Option<String>>,
+        now: u64,
+    ) -> Result<Poll, ApiError> {
         let Some(id) = self.core.node_by_name(node) else {
             return Err(ApiError::conflict(format!("node {node}: not registered")));
         };
@@ -1322,6 +1336,9 @@ impl<S: Store> Engine<S> {
         }
         self.core.heartbeat(id, Time(now)).map_err(|e| ApiError::conflict(e.to_string()))?;
         self.heard(node, now);
+        if let Some(failing) = health {
+            self.set_health(node, failing);
+        }
         let channel = self.channels.entry(node.to_string()).or_insert_with(Channel::new);
         while channel.commands.front().is_some_and(|c| c.seq <= after) {
             channel.commands.pop_front();
@@ -1348,6 +1365,8 @@ impl<S: Store> Engine<S> {
             .ok_or_else(|| ApiError::conflict(format!("node {node}: not registered")))?;
         let _ = self.core.heartbeat(id, Time(now));
         self.heard(&node, now);
+        // A report got through: whatever failed before does no longer.
+        self.set_health(&node, None);
         let stale = self.apply_events(&node, report.events, now);
         Ok(ReportReply { stale: stale.into_iter().collect() })
     }
@@ -1462,6 +1481,33 @@ impl<S: Store> Engine<S> {
             self.event(id, "warning", detail);
         }
         self.save(id);
+    }
+
+    /// Marks `node` unhealthy (it takes no new work) while its agent says
+    /// its reports keep failing, and healthy again once they get through.
+    /// Not stored: after a restart the agent's next poll says it again.
+    fn set_health(&mut self, node: &str, failing: Option<String>) {
+        let Some(id) = self.core.node_by_name(node) else { return };
+        let healthy = failing.is_none();
+        let was = self.unhealthy.contains_key(node);
+        match failing {
+            Some(why) => {
+                if !was {
+                    tracing::warn!(
+                        node,
+                        why,
+                        "node unhealthy: its reports keep failing; it takes no new work"
+                    );
+                }
+                self.unhealthy.insert(node.to_string(), why);
+            }
+            None if was => {
+                tracing::info!(node, "node healthy again: its reports get through");
+                self.unhealthy.remove(node);
+            }
+            None => return,
+        }
+        let _ = self.core.set_healthy(id, healthy);
     }
 
     /// When `node` was last heard from: by this server, or else by the
@@ -2294,16 +2340,17 @@ impl<S: Store> Engine<S> {
     fn node_view(&self, name: &str) -> ebb_api::Node {
         let id: NodeId = self.core.node_by_name(name).expect("known node");
         let n = self.core.node(id).expect("known node");
-        let status = match n.status {
-            NodeStatus::Up => "up",
-            NodeStatus::Cordoned => "draining",
-            NodeStatus::Lost => "lost",
+        let status = status_name(n.status);
+        let unhealthy = match n.status {
+            NodeStatus::Unhealthy => self.unhealthy.get(name).cloned(),
+            _ => None,
         };
         ebb_api::Node {
             name: n.name.clone(),
             gpu_model: self.core.model(n.model).expect("known").name.clone(),
             gpus: n.gpus,
             status: status.into(),
+            unhealthy,
             gpus_used: n.used_mask().count_ones(),
             gpus_held: n.held_mask().count_ones(),
             last_heartbeat: rfc3339(n.last_heartbeat.0),
@@ -2323,16 +2370,22 @@ impl<S: Store> Engine<S> {
             snapshot.gpus_total += m.capacity as u64;
         }
         for node in self.core.nodes() {
-            let status = match node.status {
-                NodeStatus::Up => "up",
-                NodeStatus::Cordoned => "draining",
-                NodeStatus::Lost => "lost",
-            };
+            let status = status_name(node.status);
             *snapshot.nodes.entry(status).or_insert(0) += 1;
         }
         snapshot.queued =
             self.core.jobs().filter(|j| matches!(j.phase, Phase::Queued | Phase::Holding)).count() as u64;
         snapshot
+    }
+}
+
+/// A node's status as the API and metrics name it.
+fn status_name(status: NodeStatus) -> &'static str {
+    match status {
+        NodeStatus::Up => "up",
+        NodeStatus::Cordoned => "draining",
+        NodeStatus::Unhealthy => "unhealthy",
+        NodeStatus::Lost => "lost",
     }
 }
 

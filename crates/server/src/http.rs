@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, put};
@@ -431,6 +431,9 @@ struct PollQuery {
     node: String,
     epoch: u64,
     after: u64,
+    /// The agent's reports have not got through for a while: why.
+    #[serde(default)]
+    failing: Option<String>,
 }
 
 /// Long poll: commands after `after`, or an empty list once a heartbeat
@@ -442,9 +445,14 @@ async fn agent_commands(
 ) -> ApiResult<Json<api::Commands>> {
     app.require(&headers, Scope::Agent)?;
     let deadline = tokio::time::Instant::now() + app.poll_wait;
+    // What the poll says of the node's health counts once, when it comes:
+    // a report that got through meanwhile is newer news.
+    let mut health = Some(q.failing.clone());
     loop {
         let node = q.node.clone();
-        let mut poll = app.ask(|reply| Msg::Poll { node, epoch: q.epoch, after: q.after, reply }).await??;
+        let health = health.take();
+        let mut poll =
+            app.ask(|reply| Msg::Poll { node, epoch: q.epoch, after: q.after, health, reply }).await??;
         if !poll.commands.is_empty() {
             return Ok(Json(api::Commands { commands: poll.commands, next_seq: poll.next_seq }));
         }
@@ -575,6 +583,7 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
         .route("/v1/agent/register", post(agent_register))
         .route("/v1/agent/commands", get(agent_commands))
         .route("/v1/agent/report", post(agent_report))
+        .layer(DefaultBodyLimit::max(api::MAX_REQUEST_BYTES))
         .with_state(app);
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await

@@ -267,7 +267,11 @@ impl World {
             let n = &self.nodes[i];
             (n.name.clone(), n.epoch.unwrap(), n.after)
         };
-        let Some(polled) = self.call(|reply| Msg::Poll { node: name, epoch, after, reply }) else { return };
+        let Some(polled) =
+            self.call(|reply| Msg::Poll { node: name, epoch, after, health: Some(None), reply })
+        else {
+            return;
+        };
         let Ok(poll) = polled else {
             self.nodes[i].epoch = None; // the server restarted or lost us: register again
             return;

@@ -78,7 +78,9 @@ impl World {
     /// The starts the node is told of now.
     fn starts(&mut self) -> Vec<StartAttempt> {
         let (epoch, after) = (self.epoch, self.after);
-        let poll = self.call(|reply| Msg::Poll { node: "node-0".into(), epoch, after, reply }).unwrap();
+        let poll = self
+            .call(|reply| Msg::Poll { node: "node-0".into(), epoch, after, health: None, reply })
+            .unwrap();
         let mut starts = Vec::new();
         for command in poll.commands {
             self.after = command.seq;
@@ -107,8 +109,14 @@ impl World {
         }
         self.running.retain(|a| *a != attempt);
         self.now += ms;
-        let exited =
-            AgentEvent::Exited { attempt, code: Some(code), signal: None, completed: false, at_ms: self.now };
+        let exited = AgentEvent::Exited {
+            attempt,
+            code: Some(code),
+            signal: None,
+            completed: false,
+            at_ms: self.now,
+            peak_memory_bytes: None,
+        };
         self.report(vec![exited]);
     }
 
@@ -140,6 +148,7 @@ fn open(dir: &std::path::Path, limits: &Limits, now: u64) -> Engine<SqliteStore>
         heartbeat_interval: Span(500),
         pricing: Pricing { prices: Vec::new(), default_price: 2_000_000, discount_bps: 5_000 },
         limits: limits.clone(),
+        run_as: Default::default(),
     };
     let store = SqliteStore::open(&dir.join("ebb.db")).unwrap();
     Engine::open(store, config, Arc::new(RwLock::new(HashMap::new())), now).map_err(|e| e.message).unwrap().0

@@ -195,6 +195,11 @@ impl Cluster {
         self.agents[i] = Some(child);
     }
 
+    /// The process id of agent `i`.
+    pub fn agent_pid(&self, i: usize) -> u32 {
+        self.agents[i].as_ref().expect("agent running").id()
+    }
+
     pub fn kill_agent(&mut self, i: usize) {
         let mut child = self.agents[i].take().expect("agent running");
         child.kill().unwrap();
