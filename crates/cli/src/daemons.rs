@@ -30,6 +30,11 @@ pub struct ServerArgs {
     /// How often agents check in.
     #[arg(long, default_value = "1s", value_parser = parse_span)]
     pub heartbeat_interval: Span,
+    /// How far ahead of the server's clock a node's event times may be;
+    /// a report stamped later is refused. Times are clamped to the
+    /// server's now in any case.
+    #[arg(long, default_value = "5s", value_parser = parse_span)]
+    pub max_clock_skew: Span,
     /// On-demand price of a GPU model, dollars per GPU-hour: MODEL=USD;
     /// repeatable. Replaces the stored price at start.
     #[arg(long = "price", value_name = "MODEL=USD")]
@@ -90,6 +95,7 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
         drain_window: args.drain_window,
         heartbeat_timeout: args.heartbeat_timeout,
         heartbeat_interval: args.heartbeat_interval,
+        max_clock_skew: args.max_clock_skew,
         pricing: ebb_server::billing::Pricing { prices, default_price, discount_bps },
     })
     .await

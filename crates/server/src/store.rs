@@ -47,8 +47,11 @@ pub enum Scope {
     Tenant,
     /// Operator calls, plus the default tenant's jobs.
     Admin,
-    /// Agents joining and reporting.
+    /// The agents' join token: registers a node that has no credential yet.
     Agent,
+    /// One node's own credential, issued when it joined: it speaks for
+    /// that node alone.
+    Node,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -56,6 +59,8 @@ pub struct TokenRow {
     pub hash: String,
     pub tenant: Option<u32>,
     pub scope: Scope,
+    /// The node a `Scope::Node` credential is bound to.
+    pub node: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -99,6 +104,8 @@ pub trait Store: Send {
     fn load<J: for<'de> Deserialize<'de>>(&mut self) -> Result<Snapshot<J>>;
     fn put_tenant(&mut self, tenant: &TenantRow) -> Result<()>;
     fn put_token(&mut self, token: &TokenRow) -> Result<()>;
+    /// Revokes one token (a no-op for an unknown hash).
+    fn delete_token(&mut self, hash: &str) -> Result<()>;
     fn put_node(&mut self, node: &NodeRow) -> Result<()>;
     fn put_job<J: Serialize>(&mut self, id: u64, tenant: u32, job: &J) -> Result<()>;
     fn add_event(&mut self, job: u64, event: &JobEvent) -> Result<()>;
@@ -127,28 +134,58 @@ impl SqliteStore {
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "FULL")?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
-        conn.execute_batch(
-            "CREATE TABLE IF NOT EXISTS tenants (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE);
-             CREATE TABLE IF NOT EXISTS tokens (
-                 hash TEXT PRIMARY KEY, tenant INTEGER REFERENCES tenants(id), scope TEXT NOT NULL);
-             CREATE TABLE IF NOT EXISTS nodes (name TEXT PRIMARY KEY, record TEXT NOT NULL);
-             CREATE TABLE IF NOT EXISTS jobs (
-                 id INTEGER PRIMARY KEY, tenant INTEGER NOT NULL REFERENCES tenants(id), record TEXT NOT NULL);
-             CREATE TABLE IF NOT EXISTS events (
-                 seq INTEGER PRIMARY KEY AUTOINCREMENT, job INTEGER NOT NULL REFERENCES jobs(id),
-                 at_ms INTEGER NOT NULL, kind TEXT NOT NULL, attempt INTEGER NOT NULL, detail TEXT NOT NULL);
-             CREATE INDEX IF NOT EXISTS events_by_job ON events(job, seq);
-             CREATE TABLE IF NOT EXISTS prices (model TEXT PRIMARY KEY, record TEXT NOT NULL);
-             CREATE TABLE IF NOT EXISTS reservations (id INTEGER PRIMARY KEY, record TEXT NOT NULL);
-             CREATE TABLE IF NOT EXISTS usage (
-                 job INTEGER NOT NULL REFERENCES jobs(id), attempt INTEGER NOT NULL,
-                 tenant INTEGER NOT NULL, ended_ms INTEGER NOT NULL, record TEXT NOT NULL,
-                 PRIMARY KEY (job, attempt));
-             CREATE INDEX IF NOT EXISTS usage_by_end ON usage(ended_ms);
-             CREATE TABLE IF NOT EXISTS heard (node TEXT PRIMARY KEY, at_ms INTEGER NOT NULL);",
-        )?;
+        migrate(&conn)?;
         Ok(SqliteStore { conn })
     }
+}
+
+/// The schema, one numbered step at a time: step N brings a database at
+/// `user_version` N-1 to N, in one transaction. Steps are never edited
+/// once released; a change is a new step. Step 1 is written so that it
+/// also adopts a database created before steps were numbered.
+const MIGRATIONS: &[&str] = &[
+    // 1: the original schema.
+    "CREATE TABLE IF NOT EXISTS tenants (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE);
+     CREATE TABLE IF NOT EXISTS tokens (
+         hash TEXT PRIMARY KEY, tenant INTEGER REFERENCES tenants(id), scope TEXT NOT NULL);
+     CREATE TABLE IF NOT EXISTS nodes (name TEXT PRIMARY KEY, record TEXT NOT NULL);
+     CREATE TABLE IF NOT EXISTS jobs (
+         id INTEGER PRIMARY KEY, tenant INTEGER NOT NULL REFERENCES tenants(id), record TEXT NOT NULL);
+     CREATE TABLE IF NOT EXISTS events (
+         seq INTEGER PRIMARY KEY AUTOINCREMENT, job INTEGER NOT NULL REFERENCES jobs(id),
+         at_ms INTEGER NOT NULL, kind TEXT NOT NULL, attempt INTEGER NOT NULL, detail TEXT NOT NULL);
+     CREATE INDEX IF NOT EXISTS events_by_job ON events(job, seq);
+     CREATE TABLE IF NOT EXISTS prices (model TEXT PRIMARY KEY, record TEXT NOT NULL);
+     CREATE TABLE IF NOT EXISTS reservations (id INTEGER PRIMARY KEY, record TEXT NOT NULL);
+     CREATE TABLE IF NOT EXISTS usage (
+         job INTEGER NOT NULL REFERENCES jobs(id), attempt INTEGER NOT NULL,
+         tenant INTEGER NOT NULL, ended_ms INTEGER NOT NULL, record TEXT NOT NULL,
+         PRIMARY KEY (job, attempt));
+     CREATE INDEX IF NOT EXISTS usage_by_end ON usage(ended_ms);
+     CREATE TABLE IF NOT EXISTS heard (node TEXT PRIMARY KEY, at_ms INTEGER NOT NULL);",
+    // 2: per-node credentials: a token may be bound to one node.
+    "ALTER TABLE tokens ADD COLUMN node TEXT;",
+];
+
+/// Brings the database to the latest step of `MIGRATIONS`.
+fn migrate(conn: &Connection) -> Result<()> {
+    let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+    let version = usize::try_from(version).unwrap_or(0);
+    if version > MIGRATIONS.len() {
+        return Err(StoreError(format!(
+            "the database is at schema version {version}, newer than this ebb ({}): upgrade ebb",
+            MIGRATIONS.len()
+        )));
+    }
+    for (i, step) in MIGRATIONS.iter().enumerate().skip(version) {
+        let number = i + 1;
+        conn.execute_batch(&format!("BEGIN IMMEDIATE; {step} PRAGMA user_version = {number}; COMMIT;"))
+            .map_err(|e| {
+                let _ = conn.execute_batch("ROLLBACK");
+                StoreError(format!("schema migration {number}: {e}"))
+            })?;
+    }
+    Ok(())
 }
 
 impl SqliteStore {
@@ -169,6 +206,7 @@ fn scope_name(scope: Scope) -> &'static str {
         Scope::Tenant => "tenant",
         Scope::Admin => "admin",
         Scope::Agent => "agent",
+        Scope::Node => "node",
     }
 }
 
@@ -202,16 +240,17 @@ impl Store for SqliteStore {
         snapshot.tenants = stmt
             .query_map([], |r| Ok(TenantRow { id: r.get(0)?, name: r.get(1)? }))?
             .collect::<rusqlite::Result<_>>()?;
-        let mut stmt = self.conn.prepare("SELECT hash, tenant, scope FROM tokens")?;
+        let mut stmt = self.conn.prepare("SELECT hash, tenant, scope, node FROM tokens")?;
         snapshot.tokens = stmt
             .query_map([], |r| {
                 let scope: String = r.get(2)?;
                 let scope = match scope.as_str() {
                     "admin" => Scope::Admin,
                     "agent" => Scope::Agent,
+                    "node" => Scope::Node,
                     _ => Scope::Tenant,
                 };
-                Ok(TokenRow { hash: r.get(0)?, tenant: r.get(1)?, scope })
+                Ok(TokenRow { hash: r.get(0)?, tenant: r.get(1)?, scope, node: r.get(3)? })
             })?
             .collect::<rusqlite::Result<_>>()?;
         let mut stmt = self.conn.prepare("SELECT record FROM nodes ORDER BY name")?;
@@ -237,9 +276,14 @@ impl Store for SqliteStore {
 
     fn put_token(&mut self, t: &TokenRow) -> Result<()> {
         self.conn.execute(
-            "INSERT OR REPLACE INTO tokens (hash, tenant, scope) VALUES (?1, ?2, ?3)",
-            params![t.hash, t.tenant, scope_name(t.scope)],
+            "INSERT OR REPLACE INTO tokens (hash, tenant, scope, node) VALUES (?1, ?2, ?3, ?4)",
+            params![t.hash, t.tenant, scope_name(t.scope), t.node],
         )?;
+        Ok(())
+    }
+
+    fn delete_token(&mut self, hash: &str) -> Result<()> {
+        self.conn.execute("DELETE FROM tokens WHERE hash = ?1", params![hash])?;
         Ok(())
     }
 
