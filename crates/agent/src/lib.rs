@@ -81,23 +81,58 @@ struct Agent {
     /// order: a registration carries them, so a server that restarted
     /// accounts them as they happened.
     unreported: Mutex<Vec<AgentEvent>>,
+    /// This node's own credential, once the server has issued it: every
+    /// call but the first registration carries it instead of the join
+    /// token.
+    credential: Mutex<Option<String>>,
 }
 
 #[derive(Debug)]
 enum CallError {
     /// The server answered 409: register again.
     Reregister(String),
+    /// The server answered 401 to this node's credential: it was revoked
+    /// (`ebb nodes remove`) or is unknown to the server.
+    Unauthorized(String),
     Other(String),
 }
+
+/// Where the node's credential is kept, in the agent's data dir (0600).
+fn credential_path(data_dir: &std::path::Path) -> PathBuf {
+    data_dir.join("node.credential")
+}
+
+/// Writes the credential atomically, readable by the agent's user alone.
+fn write_credential(path: &std::path::Path, credential: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("tmp");
+    let mut file =
+        std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
+    file.write_all(credential.as_bytes())?;
+    file.write_all(b"\n")?;
+    file.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
+/// How long to wait before trying again with a refused credential: the
+/// operator has to act, so there is no point in asking often.
+const REFUSED_RETRY: Duration = Duration::from_secs(30);
 
 impl Agent {
     fn url(&self, path: &str) -> String {
         format!("{}{}", self.config.server.trim_end_matches('/'), path)
     }
 
+    /// The node's credential, or the join token before it has one.
+    fn bearer(&self) -> String {
+        let credential = self.credential.lock().expect("credential");
+        credential.clone().unwrap_or_else(|| self.config.join_token.clone())
+    }
+
     async fn call<T: for<'de> Deserialize<'de>>(&self, req: reqwest::RequestBuilder) -> Result<T, CallError> {
         let resp = req
-            .bearer_auth(&self.config.join_token)
+            .bearer_auth(self.bearer())
             .send()
             .await
             .map_err(|e| CallError::Other(e.to_string()))?;
@@ -109,6 +144,8 @@ impl Agent {
         let message = serde_json::from_str::<ebb_api::ErrorBody>(&body).map_or(body, |e| e.error);
         if status.as_u16() == 409 {
             Err(CallError::Reregister(message))
+        } else if status.as_u16() == 401 && self.credential.lock().expect("credential").is_some() {
+            Err(CallError::Unauthorized(message))
         } else {
             Err(CallError::Other(format!("{status}: {message}")))
         }
@@ -171,7 +208,37 @@ impl Agent {
             address: Some(self.config.address.clone()),
             unreported: self.unreported.lock().expect("unreported").clone(),
         };
-        self.call(self.http.post(self.url("/v1/agent/register")).json(&body)).await
+        let registered: Registered =
+            self.call(self.http.post(self.url("/v1/agent/register")).json(&body)).await?;
+        if let Some(credential) = &registered.credential {
+            // Kept before it is used: a node whose credential is lost
+            // cannot rejoin without the operator.
+            let path = credential_path(&self.config.data_dir);
+            write_credential(&path, credential)
+                .map_err(|e| CallError::Other(format!("cannot keep the node credential in {}: {e}", path.display())))?;
+            tracing::info!(path = %path.display(), "node credential issued by the server and kept (0600)");
+            *self.credential.lock().expect("credential") = Some(credential.clone());
+        }
+        Ok(registered)
+    }
+
+    /// The server refused this node's credential: it was revoked, so the
+    /// server no longer holds anything this agent runs. Says what the
+    /// operator must do, and stops the attempts (they were requeued
+    /// elsewhere).
+    fn credential_refused(&self, why: &str) {
+        let path = credential_path(&self.config.data_dir);
+        tracing::error!(
+            "the server refused node {}'s credential: {why}. This agent cannot take part until the operator \
+             acts: to rejoin, delete {} and restart the agent, which then registers with the join token \
+             (after `ebb nodes remove {}` if the server still holds a credential for it). Retrying every {}s",
+            self.config.name,
+            path.display(),
+            self.config.name,
+            REFUSED_RETRY.as_secs(),
+        );
+        let running: Vec<AttemptRef> = self.running.lock().expect("running").keys().copied().collect();
+        self.kill_stale(&running, "the node's credential was revoked and its attempts requeued");
     }
 
     fn signal(&self, attempt: AttemptRef, signal: Signal) {
@@ -406,6 +473,11 @@ impl Agent {
         loop {
             let registered = match self.register().await {
                 Ok(r) => r,
+                Err(CallError::Unauthorized(why)) => {
+                    self.credential_refused(&why);
+                    tokio::time::sleep(REFUSED_RETRY).await;
+                    continue;
+                }
                 Err(e) => {
                     tracing::warn!("cannot register with {}: {e:?}", self.config.server);
                     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -449,6 +521,11 @@ impl Agent {
                         tracing::warn!("registering again: {why}");
                         break;
                     }
+                    Err(CallError::Unauthorized(why)) => {
+                        self.credential_refused(&why);
+                        tokio::time::sleep(REFUSED_RETRY).await;
+                        break;
+                    }
                     Err(CallError::Other(e)) => {
                         tracing::warn!("command poll failed: {e}");
                         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -471,6 +548,21 @@ impl Agent {
     }
 }
 
+/// The credential a previous life of this agent was issued, if any: with
+/// it the node rejoins as itself; without it, with the join token.
+fn load_credential(data_dir: &std::path::Path) -> Result<Option<String>, String> {
+    let path = credential_path(data_dir);
+    match std::fs::read_to_string(&path) {
+        Ok(text) if !text.trim().is_empty() => {
+            tracing::info!(path = %path.display(), "registering with the node credential kept here");
+            Ok(Some(text.trim().to_string()))
+        }
+        Ok(_) => Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("{}: {e}", path.display())),
+    }
+}
+
 /// Runs the agent until SIGINT or SIGTERM, then stops its attempts.
 pub async fn run(mut config: AgentConfig) -> Result<(), String> {
     // Jobs run in their own directories: every path they are given is absolute.
@@ -487,12 +579,14 @@ pub async fn run(mut config: AgentConfig) -> Result<(), String> {
         .build()
         .map_err(|e| e.to_string())?;
     let (events, rx) = mpsc::unbounded_channel();
+    let credential = load_credential(&config.data_dir)?;
     let agent = Arc::new(Agent {
         config,
         http,
         running: Mutex::new(HashMap::new()),
         events,
         unreported: Mutex::new(Vec::new()),
+        credential: Mutex::new(credential),
     });
     agent.kill_leftovers();
     tokio::spawn(agent.clone().report_loop(rx));
