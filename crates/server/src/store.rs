@@ -395,3 +395,50 @@ impl Store for SqliteStore {
         Ok(id.unwrap_or(0) as u64)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("ebb-store-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir.join("ebb.db")
+    }
+
+    /// A database made before the schema steps were numbered (its tokens
+    /// have no node column) is adopted and brought to the latest step,
+    /// keeping what it holds.
+    #[test]
+    fn a_database_from_before_numbered_migrations_is_migrated() {
+        let path = scratch("old");
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(
+                "CREATE TABLE tenants (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE);
+                 CREATE TABLE tokens (
+                     hash TEXT PRIMARY KEY, tenant INTEGER REFERENCES tenants(id), scope TEXT NOT NULL);
+                 INSERT INTO tenants (id, name) VALUES (1, 'default');
+                 INSERT INTO tokens (hash, tenant, scope) VALUES ('old', 1, 'admin');",
+            )
+            .unwrap();
+        }
+        let mut store = SqliteStore::open(&path).unwrap();
+        let node = TokenRow { hash: "n".into(), tenant: None, scope: Scope::Node, node: Some("node-1".into()) };
+        store.put_token(&node).unwrap();
+        let snapshot = store.load::<serde_json::Value>().unwrap();
+        let admin = TokenRow { hash: "old".into(), tenant: Some(1), scope: Scope::Admin, node: None };
+        assert_eq!(snapshot.tokens.len(), 2);
+        assert!(snapshot.tokens.contains(&admin) && snapshot.tokens.contains(&node));
+        store.delete_token("n").unwrap();
+        assert_eq!(store.load::<serde_json::Value>().unwrap().tokens, vec![admin]);
+        drop(store);
+        // Opening again runs no step twice.
+        let conn = Connection::open(&path).unwrap();
+        let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0)).unwrap();
+        assert_eq!(version, MIGRATIONS.len() as i64);
+        drop(conn);
+        SqliteStore::open(&path).unwrap();
+    }
+}
