@@ -228,6 +228,13 @@ fn a_removed_node_is_refused_at_once_its_attempts_requeued_and_it_may_rejoin() {
     });
     wait_for("the removed node's attempt to be killed", Duration::from_secs(20), || (!pid_alive(pid)).then_some(()));
 
+    // It stays out across a server restart.
+    c.kill_server();
+    c.start_server();
+    let nodes: Value = serde_json::from_str(&c.ebb(&["nodes", "--json"])).unwrap();
+    assert_eq!(nodes[0]["status"], "lost", "{nodes}");
+    assert_eq!(c.job(id)["state"], "queued");
+
     // The operator lets it rejoin: a fresh agent with the join token.
     c.kill_agent(0);
     std::fs::remove_file(c.dir.join("agents/node-0/node.credential")).unwrap();

@@ -420,6 +420,9 @@ impl<S: Store> Engine<S> {
             if node.drained {
                 let _ = engine.core.drain_node(id);
             }
+            if node.removed {
+                let _ = engine.core.lose_node(id);
+            }
             engine.channels.insert(node.name.clone(), Channel::new());
             engine.nodes.insert(node.name.clone(), node);
         }
@@ -1180,6 +1183,11 @@ impl<S: Store> Engine<S> {
             .map(|j| j.0)
             .collect();
         self.node_gone(name, &requeued, "removed by the operator", now);
+        if let Some(row) = self.nodes.get_mut(name) {
+            row.removed = true;
+            let row = row.clone();
+            self.store.put_node(&row).map_err(storage_error)?;
+        }
         if let Some(channel) = self.channels.get_mut(name) {
             channel.commands.clear();
         }
@@ -1268,6 +1276,7 @@ impl<S: Store> Engine<S> {
                     address: reg.address.clone(),
                     joined_ms: known.map_or(now, |n| n.joined_ms),
                     interruptions: known.map_or(0, |n| n.interruptions),
+                    removed: false,
                 };
                 self.store.put_node(&row).map_err(storage_error)?;
                 self.nodes.insert(reg.node.clone(), row);

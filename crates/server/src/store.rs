@@ -81,6 +81,10 @@ pub struct NodeRow {
     pub joined_ms: u64,
     #[serde(default)]
     pub interruptions: u64,
+    /// Removed by the operator (`ebb nodes remove`): it stays out, also
+    /// across a server restart, until it joins again.
+    #[serde(default)]
+    pub removed: bool,
 }
 
 /// Everything needed to rebuild the server's memory.
