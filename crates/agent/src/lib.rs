@@ -131,11 +131,8 @@ impl Agent {
     }
 
     async fn call<T: for<'de> Deserialize<'de>>(&self, req: reqwest::RequestBuilder) -> Result<T, CallError> {
-        let resp = req
-            .bearer_auth(self.bearer())
-            .send()
-            .await
-            .map_err(|e| CallError::Other(e.to_string()))?;
+        let resp =
+            req.bearer_auth(self.bearer()).send().await.map_err(|e| CallError::Other(e.to_string()))?;
         let status = resp.status();
         if status.is_success() {
             return resp.json().await.map_err(|e| CallError::Other(e.to_string()));
@@ -214,8 +211,9 @@ impl Agent {
             // Kept before it is used: a node whose credential is lost
             // cannot rejoin without the operator.
             let path = credential_path(&self.config.data_dir);
-            write_credential(&path, credential)
-                .map_err(|e| CallError::Other(format!("cannot keep the node credential in {}: {e}", path.display())))?;
+            write_credential(&path, credential).map_err(|e| {
+                CallError::Other(format!("cannot keep the node credential in {}: {e}", path.display()))
+            })?;
             tracing::info!(path = %path.display(), "node credential issued by the server and kept (0600)");
             *self.credential.lock().expect("credential") = Some(credential.clone());
         }

@@ -470,7 +470,11 @@ pub async fn nodes_command(conn: &Connection, command: &NodesCommand) -> Result<
                 format!(
                     "node {}: removed; {}; {}\n",
                     removed.node,
-                    if removed.credential_revoked { "its credential is revoked" } else { "it had no credential" },
+                    if removed.credential_revoked {
+                        "its credential is revoked"
+                    } else {
+                        "it had no credential"
+                    },
                     if jobs.is_empty() {
                         "no attempts were running there".to_string()
                     } else {
@@ -480,7 +484,8 @@ pub async fn nodes_command(conn: &Connection, command: &NodesCommand) -> Result<
             })
         }
         NodesCommand::JoinToken { command: JoinTokenCommand::Rotate { out } } => {
-            let rotated: api::JoinToken = conn.client()?.post("/v1/agent/join-token", &serde_json::json!({})).await?;
+            let rotated: api::JoinToken =
+                conn.client()?.post("/v1/agent/join-token", &serde_json::json!({})).await?;
             Ok(if out.json {
                 json(&rotated)
             } else {

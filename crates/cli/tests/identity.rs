@@ -226,7 +226,9 @@ fn a_removed_node_is_refused_at_once_its_attempts_requeued_and_it_may_rejoin() {
     wait_for("the agent to report its refused credential", Duration::from_secs(20), || {
         std::fs::read_to_string(&log).ok()?.contains("refused node node-0's credential").then_some(())
     });
-    wait_for("the removed node's attempt to be killed", Duration::from_secs(20), || (!pid_alive(pid)).then_some(()));
+    wait_for("the removed node's attempt to be killed", Duration::from_secs(20), || {
+        (!pid_alive(pid)).then_some(())
+    });
 
     // It stays out across a server restart.
     c.kill_server();
@@ -276,7 +278,8 @@ fn rotated_and_revoked_tenant_tokens_are_refused_at_once() {
     let old = create_tenant(&c, "bob");
     assert!(c.ebb_as(&old, &["jobs", "--json"]).status.success());
 
-    let rotated: Value = serde_json::from_str(&c.ebb(&["tenant", "token", "rotate", "bob", "--json"])).unwrap();
+    let rotated: Value =
+        serde_json::from_str(&c.ebb(&["tenant", "token", "rotate", "bob", "--json"])).unwrap();
     let new = rotated["token"].as_str().unwrap().to_string();
     assert_eq!(rotated["revoked"], 1);
     let refused = c.ebb_as(&old, &["jobs", "--json"]);
@@ -285,12 +288,16 @@ fn rotated_and_revoked_tenant_tokens_are_refused_at_once() {
     assert!(stderr.contains("HTTP 401") && stderr.contains("rotated"), "{stderr}");
     c.submit_as(&new, &["--", "true"]);
 
-    let revoked: Value = serde_json::from_str(&c.ebb(&["tenant", "token", "revoke", "bob", "--json"])).unwrap();
+    let revoked: Value =
+        serde_json::from_str(&c.ebb(&["tenant", "token", "revoke", "bob", "--json"])).unwrap();
     assert_eq!(revoked["revoked"], 1);
     assert_eq!(revoked["token"], Value::Null);
     let refused = c.ebb_as(&new, &["jobs", "--json"]);
     let stderr = String::from_utf8_lossy(&refused.stderr);
-    assert!(!refused.status.success() && stderr.contains("HTTP 401") && stderr.contains("revoked"), "{stderr}");
+    assert!(
+        !refused.status.success() && stderr.contains("HTTP 401") && stderr.contains("revoked"),
+        "{stderr}"
+    );
     // The operator is not affected.
     assert!(c.ebb_as(&c.admin, &["jobs", "--json"]).status.success());
 }

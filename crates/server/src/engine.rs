@@ -1129,10 +1129,8 @@ impl<S: Store> Engine<S> {
             "this token of tenant {name} was {} by the operator",
             if issue { "replaced (rotated)" } else { "revoked" }
         );
-        let revoked = self.revoke(
-            |p| p.scope == Scope::Tenant && p.tenant.as_ref().is_some_and(|(t, _)| *t == id),
-            &why,
-        )?;
+        let revoked = self
+            .revoke(|p| p.scope == Scope::Tenant && p.tenant.as_ref().is_some_and(|(t, _)| *t == id), &why)?;
         let token = if issue { Some(self.grant(Principal::tenant(Scope::Tenant, id, name))?) } else { None };
         tracing::info!(tenant = name, revoked, issued = issue, "tenant tokens changed by the operator");
         Ok(ebb_api::TenantTokens { tenant: name.to_string(), token, revoked })
@@ -1231,7 +1229,12 @@ impl<S: Store> Engine<S> {
 
     // ---- agents ------------------------------------------------------
 
-    fn register(&mut self, principal: &Principal, mut reg: Register, now: u64) -> Result<Registered, ApiError> {
+    fn register(
+        &mut self,
+        principal: &Principal,
+        mut reg: Register,
+        now: u64,
+    ) -> Result<Registered, ApiError> {
         let issue_credential = self.may_register(principal, &reg.node)?;
         // Checked before anything of the registration is applied.
         self.check_event_times("unreported", &reg.unreported, now)?;

@@ -429,7 +429,8 @@ mod tests {
             .unwrap();
         }
         let mut store = SqliteStore::open(&path).unwrap();
-        let node = TokenRow { hash: "n".into(), tenant: None, scope: Scope::Node, node: Some("node-1".into()) };
+        let node =
+            TokenRow { hash: "n".into(), tenant: None, scope: Scope::Node, node: Some("node-1".into()) };
         store.put_token(&node).unwrap();
         let snapshot = store.load::<serde_json::Value>().unwrap();
         let admin = TokenRow { hash: "old".into(), tenant: Some(1), scope: Scope::Admin, node: None };

@@ -241,7 +241,9 @@ impl World {
                 unreported: node.unreported.clone(),
             };
             let principal = if node.credential { Principal::node(&node.name) } else { Principal::join() };
-            let Some(Ok(registered)) = self.call(|reply| Msg::Register { principal, reg, reply }) else { return };
+            let Some(Ok(registered)) = self.call(|reply| Msg::Register { principal, reg, reply }) else {
+                return;
+            };
             let node = &mut self.nodes[i];
             node.credential |= registered.credential.is_some();
             node.epoch = Some(registered.epoch);
