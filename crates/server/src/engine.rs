@@ -1070,8 +1070,10 @@ impl<S: Store> Engine<S> {
 
     // ---- credentials ---------------------------------------------------
 
-    /// A fresh token for `principal`: stored hashed in this batch, usable
-    /// once the batch commits (the map is updated before any reply).
+    /// A fresh token for `principal`, stored hashed in this batch. It goes
+    /// into the map at once, so that a revocation later in the same batch
+    /// finds it; no one can use it before the batch commits, since no one
+    /// has it until the reply (and if the commit fails, the server exits).
     fn grant(&mut self, principal: Principal) -> Result<String, ApiError> {
         let token = new_token();
         let hash = hash_token(&token);
@@ -1085,10 +1087,7 @@ impl<S: Store> Engine<S> {
         if let (Scope::Node, Some(node)) = (principal.scope, &principal.node) {
             self.node_credentials.insert(node.clone(), hash.clone());
         }
-        let tokens = self.tokens.clone();
-        self.after_commit.push(Box::new(move || {
-            tokens.write().expect("token map").insert(hash, TokenState::Valid(principal));
-        }));
+        self.tokens.write().expect("token map").insert(hash, TokenState::Valid(principal));
         Ok(token)
     }
 
@@ -1151,10 +1150,7 @@ impl<S: Store> Engine<S> {
         self.store
             .put_token(&TokenRow { hash: hash.clone(), tenant: None, scope: Scope::Agent, node: None })
             .map_err(storage_error)?;
-        let tokens = self.tokens.clone();
-        self.after_commit.push(Box::new(move || {
-            tokens.write().expect("token map").insert(hash, TokenState::Valid(Principal::join()));
-        }));
+        self.tokens.write().expect("token map").insert(hash, TokenState::Valid(Principal::join()));
         tracing::info!(path = %path.display(), revoked, "join token rotated by the operator");
         Ok(ebb_api::JoinToken { token, path: path.display().to_string(), revoked })
     }

@@ -44,8 +44,9 @@ pub enum TokenState {
 }
 
 /// Token hashes to who they are: what every request is authenticated
-/// against. The writer changes it: grants after their commit, revocations
-/// at once, both before the call that made them is answered.
+/// against. The writer changes it as it handles a grant or revocation,
+/// before the call is answered: a revoked token is refused from then on,
+/// and a new one is known to no one until its reply, after the commit.
 pub type TokenMap = Arc<RwLock<HashMap<String, TokenState>>>;
 
 impl Principal {
