@@ -139,10 +139,16 @@ fn event_times_are_bounded_by_the_servers_clock() {
     let node0 = agent_credential(&c, 0);
     let events = json!([{ "type": "exited", "attempt": attempt_ref(&job), "code": 0, "signal": null,
                           "completed": true, "at_ms": now_ms() + YEAR_MS }]);
-    let (status, body) = report(&c, &node0, "node-0", events);
+    let (status, body) = report(&c, &node0, "node-0", events.clone());
     assert_eq!(status, 400, "{body}");
     let message = body["error"].as_str().unwrap();
     assert!(message.contains("events[0].at_ms") && message.contains("exited"), "{message}");
+    // Nor through a registration's unreported events.
+    let body = json!({ "node": "node-0", "gpu_model": "H100-80GB", "gpus": 4, "address": "127.0.0.1",
+                       "running": [attempt_ref(&job)], "unreported": events });
+    let (status, body) = call(&c, "POST", &node0, "/v1/agent/register", Some(body));
+    assert_eq!(status, 400, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("unreported[0].at_ms"), "{body}");
     assert_eq!(c.job(id)["state"], "running");
     assert_eq!(bill(&c, "alice"), before, "the invoice changed");
 
