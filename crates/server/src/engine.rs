@@ -1190,8 +1190,9 @@ impl<S: Store> Engine<S> {
     }
 
     /// Whether `principal` may register node `node`: its own credential,
-    /// or the join token for a node that has none. Returns the fresh
-    /// credential to issue, if any (issued only once the rest passed).
+    /// or the join token for a node that has none. Returns whether the
+    /// node is to be issued a credential (once the rest of the
+    /// registration has passed).
     fn may_register(&self, principal: &Principal, node: &str) -> Result<bool, ApiError> {
         match principal.scope {
             Scope::Node if principal.node.as_deref() == Some(node) => {
