@@ -246,6 +246,14 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
     std::fs::create_dir_all(&logs).map_err(|e| format!("--data-dir {}: {e}", data.display()))?;
     let server_dir = data.join("server");
     let _ = std::fs::remove_file(server_dir.join("server.url"));
+    if !server_dir.join("ebb.db").exists() {
+        // A new server knows no node credential: the agents join afresh
+        // with its join token rather than present ones it never issued.
+        for i in 0..args.nodes {
+            let _ =
+                std::fs::remove_file(data.join("agents").join(format!("node-{i}")).join("node.credential"));
+        }
+    }
     let server_log = logs.join("server.log");
     let mut server = spawn(
         "ebb server",
