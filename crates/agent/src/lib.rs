@@ -200,6 +200,10 @@ struct Agent {
     /// event; bounded by `config.output.buffer`.
     queued_output: Arc<AtomicU64>,
     health: Mutex<ReportHealth>,
+    /// This node's own credential, once the server has issued it: every
+    /// call but the first registration carries it instead of the join
+    /// token.
+    credential: Mutex<Option<String>>,
 }
 
 #[derive(Debug)]
@@ -209,28 +213,59 @@ enum CallError {
     /// The server refused the request as it is (400, 413, 422, ...):
     /// sending it again would be refused again.
     Refused(String),
+    /// The server answered 401 to this node's credential: it was revoked
+    /// (`ebb nodes remove`) or is unknown to the server.
+    Unauthorized(String),
     Other(String),
 }
 
 impl std::fmt::Display for CallError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            CallError::Reregister(e) | CallError::Refused(e) | CallError::Other(e) => f.write_str(e),
+            CallError::Reregister(e)
+            | CallError::Refused(e)
+            | CallError::Unauthorized(e)
+            | CallError::Other(e) => f.write_str(e),
         }
     }
 }
+
+/// Where the node's credential is kept, in the agent's data dir (0600).
+fn credential_path(data_dir: &std::path::Path) -> PathBuf {
+    data_dir.join("node.credential")
+}
+
+/// Writes the credential atomically, readable by the agent's user alone.
+fn write_credential(path: &std::path::Path, credential: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("tmp");
+    let mut file =
+        std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
+    file.write_all(credential.as_bytes())?;
+    file.write_all(b"\n")?;
+    file.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
+/// How long to wait before trying again with a refused credential: the
+/// operator has to act, so there is no point in asking often.
+const REFUSED_RETRY: Duration = Duration::from_secs(30);
 
 impl Agent {
     fn url(&self, path: &str) -> String {
         format!("{}{}", self.config.server.trim_end_matches('/'), path)
     }
 
+    /// The node's credential, or the join token before it has one.
+    fn bearer(&self) -> String {
+        let credential = self.credential.lock().expect("credential");
+        credential.clone().unwrap_or_else(|| self.config.join_token.clone())
+    }
+
     async fn call<T: for<'de> Deserialize<'de>>(&self, req: reqwest::RequestBuilder) -> Result<T, CallError> {
-        let resp = req
-            .bearer_auth(&self.config.join_token)
-            .send()
-            .await
-            .map_err(|e| CallError::Other(e.to_string()))?;
+        let resp =
+            req.bearer_auth(self.bearer()).send().await.map_err(|e| CallError::Other(e.to_string()))?;
         let status = resp.status();
         if status.is_success() {
             return resp.json().await.map_err(|e| CallError::Other(e.to_string()));
@@ -239,6 +274,9 @@ impl Agent {
         let message = serde_json::from_str::<ebb_api::ErrorBody>(&body).map_or(body, |e| e.error);
         match status.as_u16() {
             409 => Err(CallError::Reregister(message)),
+            401 if self.credential.lock().expect("credential").is_some() => {
+                Err(CallError::Unauthorized(message))
+            }
             // Credentials may be fixed by the operator; the request itself
             // was not at fault.
             401 | 403 => Err(CallError::Other(format!("{status}: {message}"))),
@@ -332,7 +370,38 @@ impl Agent {
             address: Some(self.config.address.clone()),
             unreported: self.unreported.lock().expect("unreported").clone(),
         };
-        self.call(self.http.post(self.url("/v1/agent/register")).json(&body)).await
+        let registered: Registered =
+            self.call(self.http.post(self.url("/v1/agent/register")).json(&body)).await?;
+        if let Some(credential) = &registered.credential {
+            // Kept before it is used: a node whose credential is lost
+            // cannot rejoin without the operator.
+            let path = credential_path(&self.config.data_dir);
+            write_credential(&path, credential).map_err(|e| {
+                CallError::Other(format!("cannot keep the node credential in {}: {e}", path.display()))
+            })?;
+            tracing::info!(path = %path.display(), "node credential issued by the server and kept (0600)");
+            *self.credential.lock().expect("credential") = Some(credential.clone());
+        }
+        Ok(registered)
+    }
+
+    /// The server refused this node's credential: it was revoked, so the
+    /// server no longer holds anything this agent runs. Says what the
+    /// operator must do, and stops the attempts (they were requeued
+    /// elsewhere).
+    fn credential_refused(&self, why: &str) {
+        let path = credential_path(&self.config.data_dir);
+        tracing::error!(
+            "the server refused node {}'s credential: {why}. This agent cannot take part until the operator \
+             acts: to rejoin, delete {} and restart the agent, which then registers with the join token \
+             (after `ebb nodes remove {}` if the server still holds a credential for it). Retrying every {}s",
+            self.config.name,
+            path.display(),
+            self.config.name,
+            REFUSED_RETRY.as_secs(),
+        );
+        let running: Vec<AttemptRef> = self.running.lock().expect("running").keys().copied().collect();
+        self.kill_stale(&running, "the node's credential was revoked and its attempts requeued");
     }
 
     /// Signals every process of the attempt: all of its cgroup, or its
@@ -740,6 +809,11 @@ impl Agent {
         loop {
             let registered = match self.register().await {
                 Ok(r) => r,
+                Err(CallError::Unauthorized(why)) => {
+                    self.credential_refused(&why);
+                    tokio::time::sleep(REFUSED_RETRY).await;
+                    continue;
+                }
                 Err(e) => {
                     tracing::warn!("cannot register with {}: {e:?}", self.config.server);
                     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -789,6 +863,11 @@ impl Agent {
                     }
                     Err(CallError::Reregister(why)) => {
                         tracing::warn!("registering again: {why}");
+                        break;
+                    }
+                    Err(CallError::Unauthorized(why)) => {
+                        self.credential_refused(&why);
+                        tokio::time::sleep(REFUSED_RETRY).await;
                         break;
                     }
                     Err(e) => {
@@ -862,6 +941,21 @@ fn drop_output(events: Vec<AgentEvent>, why: &str) -> Vec<AgentEvent> {
     markers.chain(kept).collect()
 }
 
+/// The credential a previous life of this agent was issued, if any: with
+/// it the node rejoins as itself; without it, with the join token.
+fn load_credential(data_dir: &std::path::Path) -> Result<Option<String>, String> {
+    let path = credential_path(data_dir);
+    match std::fs::read_to_string(&path) {
+        Ok(text) if !text.trim().is_empty() => {
+            tracing::info!(path = %path.display(), "registering with the node credential kept here");
+            Ok(Some(text.trim().to_string()))
+        }
+        Ok(_) => Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("{}: {e}", path.display())),
+    }
+}
+
 /// Runs the agent until SIGINT or SIGTERM, then stops its attempts.
 pub async fn run(mut config: AgentConfig) -> Result<(), String> {
     // Jobs run in their own directories: every path they are given is absolute.
@@ -917,6 +1011,7 @@ pub async fn run(mut config: AgentConfig) -> Result<(), String> {
         .build()
         .map_err(|e| e.to_string())?;
     let (events, rx) = mpsc::unbounded_channel();
+    let credential = load_credential(&config.data_dir)?;
     let agent = Arc::new(Agent {
         config,
         http,
@@ -928,6 +1023,7 @@ pub async fn run(mut config: AgentConfig) -> Result<(), String> {
         me,
         queued_output: Arc::new(AtomicU64::new(0)),
         health: Mutex::new(ReportHealth::default()),
+        credential: Mutex::new(credential),
     });
     agent.kill_leftovers();
     let sweeper = agent.clone();
@@ -993,7 +1089,13 @@ mod tests {
     }
 
     async fn register(Json(_): Json<ebb_api::Register>) -> Json<Registered> {
-        Json(Registered { heartbeat_interval_ms: 50, kill: Vec::new(), next_seq: 0, epoch: 1 })
+        Json(Registered {
+            heartbeat_interval_ms: 50,
+            kill: Vec::new(),
+            next_seq: 0,
+            epoch: 1,
+            credential: None,
+        })
     }
 
     async fn commands(
@@ -1059,6 +1161,7 @@ mod tests {
             cgroups: None,
             group_prefix: "ebb-test-".into(),
             me: nix::unistd::geteuid(),
+            credential: Mutex::new(None),
         });
         tokio::spawn(agent.clone().report_loop(rx));
         tokio::spawn(agent.clone().command_loop());

@@ -287,6 +287,39 @@ pub struct TenantUsage {
     pub stored_bytes: u64,
 }
 
+/// `DELETE /v1/nodes/{name}`: the node's credential is revoked and its
+/// live attempts requeued as lost.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct NodeRemoved {
+    pub node: String,
+    /// Jobs whose attempts on the node were requeued.
+    pub requeued: Vec<u64>,
+    /// Whether the node had a credential to revoke.
+    pub credential_revoked: bool,
+}
+
+/// `POST /v1/agent/join-token`: the new join token (shown once; also
+/// written to the server's `join.token`). The old one is refused from now.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct JoinToken {
+    pub token: String,
+    /// Where the server wrote it (mode 0600).
+    pub path: String,
+    /// Join tokens revoked by this rotation.
+    pub revoked: u32,
+}
+
+/// `POST` (rotate) or `DELETE` (revoke) `/v1/tenants/{name}/tokens`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct TenantTokens {
+    pub tenant: String,
+    /// The tenant's new token after a rotation (shown once); none after a
+    /// revocation.
+    pub token: Option<String>,
+    /// The tenant's tokens revoked.
+    pub revoked: u32,
+}
+
 /// A chunk of a job's output. `next_offset` continues from here.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct LogChunk {
@@ -344,6 +377,11 @@ pub struct Registered {
     /// The server's life: polls name it, and a restarted server (new epoch)
     /// tells the agent to register again.
     pub epoch: u64,
+    /// The node's own credential, issued when it registers with the join
+    /// token and shown only then: the agent keeps it and sends it on every
+    /// later call. Absent when the agent registered with its credential.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential: Option<String>,
 }
 
 /// What the server asks of an agent, in order.

@@ -170,6 +170,53 @@ pub enum TenantCommand {
         #[command(flatten)]
         out: JsonFlag,
     },
+    /// A tenant's tokens: rotate or revoke.
+    Token {
+        #[command(subcommand)]
+        command: TenantTokenCommand,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum TenantTokenCommand {
+    /// Issue a new token (shown once) and revoke every older one.
+    Rotate {
+        name: String,
+        #[command(flatten)]
+        out: JsonFlag,
+    },
+    /// Revoke every token of the tenant.
+    Revoke {
+        name: String,
+        #[command(flatten)]
+        out: JsonFlag,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum NodesCommand {
+    /// Take a node out: revoke its credential at once and requeue its
+    /// attempts as lost. It may join again with the join token.
+    Remove {
+        name: String,
+        #[command(flatten)]
+        out: JsonFlag,
+    },
+    /// The agents' join token.
+    JoinToken {
+        #[command(subcommand)]
+        command: JoinTokenCommand,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum JoinTokenCommand {
+    /// Issue a new join token (written to the server's join.token and
+    /// printed); the old one is refused at once, joined nodes keep working.
+    Rotate {
+        #[command(flatten)]
+        out: JsonFlag,
+    },
 }
 
 fn json<T: serde::Serialize>(value: &T) -> String {
@@ -453,6 +500,46 @@ pub async fn nodes(conn: &Connection, out: &JsonFlag) -> Result<String, String> 
     Ok(text)
 }
 
+pub async fn nodes_command(conn: &Connection, command: &NodesCommand) -> Result<String, String> {
+    match command {
+        NodesCommand::Remove { name, out } => {
+            let removed: api::NodeRemoved = conn.client()?.delete(&format!("/v1/nodes/{name}")).await?;
+            Ok(if out.json {
+                json(&removed)
+            } else {
+                let jobs = removed.requeued.iter().map(u64::to_string).collect::<Vec<_>>();
+                format!(
+                    "node {}: removed; {}; {}\n",
+                    removed.node,
+                    if removed.credential_revoked {
+                        "its credential is revoked"
+                    } else {
+                        "it had no credential"
+                    },
+                    if jobs.is_empty() {
+                        "no attempts were running there".to_string()
+                    } else {
+                        format!("jobs requeued as lost: {}", jobs.join(", "))
+                    }
+                )
+            })
+        }
+        NodesCommand::JoinToken { command: JoinTokenCommand::Rotate { out } } => {
+            let rotated: api::JoinToken =
+                conn.client()?.post("/v1/agent/join-token", &serde_json::json!({})).await?;
+            Ok(if out.json {
+                json(&rotated)
+            } else {
+                format!(
+                    "new join token (written to {} on the server; the old one is refused from now, joined nodes \
+                     keep their own credentials):\n{}\n",
+                    rotated.path, rotated.token
+                )
+            })
+        }
+    }
+}
+
 pub async fn drain(conn: &Connection, node: &str, out: &JsonFlag) -> Result<String, String> {
     let n: api::Node =
         conn.client()?.post(&format!("/v1/nodes/{node}/drain"), &serde_json::json!({})).await?;
@@ -516,6 +603,28 @@ pub async fn tenant(conn: &Connection, command: &TenantCommand) -> Result<String
                 usage.stored_bytes,
                 usage.max_stored_bytes
             ))
+        }
+        TenantCommand::Token { command } => {
+            let client = conn.client()?;
+            let (reply, out): (api::TenantTokens, &JsonFlag) = match command {
+                TenantTokenCommand::Rotate { name, out } => {
+                    (client.post(&format!("/v1/tenants/{name}/tokens"), &serde_json::json!({})).await?, out)
+                }
+                TenantTokenCommand::Revoke { name, out } => {
+                    (client.delete(&format!("/v1/tenants/{name}/tokens")).await?, out)
+                }
+            };
+            Ok(if out.json {
+                json(&reply)
+            } else {
+                match &reply.token {
+                    Some(token) => format!(
+                        "tenant {}: {} older token(s) revoked; its new token (shown once):\n{token}\n",
+                        reply.tenant, reply.revoked
+                    ),
+                    None => format!("tenant {}: {} token(s) revoked\n", reply.tenant, reply.revoked),
+                }
+            })
         }
     }
 }

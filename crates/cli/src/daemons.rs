@@ -31,6 +31,11 @@ pub struct ServerArgs {
     /// How often agents check in.
     #[arg(long, default_value = "1s", value_parser = parse_span)]
     pub heartbeat_interval: Span,
+    /// How far ahead of the server's clock a node's event times may be;
+    /// a report stamped later is refused. Times are clamped to the
+    /// server's now in any case.
+    #[arg(long, default_value = "5s", value_parser = parse_span)]
+    pub max_clock_skew: Span,
     /// On-demand price of a GPU model, dollars per GPU-hour: MODEL=USD;
     /// repeatable. Replaces the stored price at start.
     #[arg(long = "price", value_name = "MODEL=USD")]
@@ -177,6 +182,7 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
         drain_window: args.drain_window,
         heartbeat_timeout: args.heartbeat_timeout,
         heartbeat_interval: args.heartbeat_interval,
+        max_clock_skew: args.max_clock_skew,
         pricing: ebb_server::billing::Pricing { prices, default_price, discount_bps },
         limits: args.limits.limits()?,
         run_as,
@@ -398,6 +404,14 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
     std::fs::create_dir_all(&logs).map_err(|e| format!("--data-dir {}: {e}", data.display()))?;
     let server_dir = data.join("server");
     let _ = std::fs::remove_file(server_dir.join("server.url"));
+    if !server_dir.join("ebb.db").exists() {
+        // A new server knows no node credential: the agents join afresh
+        // with its join token rather than present ones it never issued.
+        for i in 0..args.nodes {
+            let _ =
+                std::fs::remove_file(data.join("agents").join(format!("node-{i}")).join("node.credential"));
+        }
+    }
     let server_log = logs.join("server.log");
     let (user, uid) = invoking_user()?;
     let mut server_args = [

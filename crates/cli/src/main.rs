@@ -52,8 +52,14 @@ enum Command {
         #[command(flatten)]
         out: commands::JsonFlag,
     },
-    /// List nodes (admin).
-    Nodes(commands::JsonFlag),
+    /// List nodes; remove one, rotate the join token (admin).
+    #[command(args_conflicts_with_subcommands = true)]
+    Nodes {
+        #[command(subcommand)]
+        command: Option<commands::NodesCommand>,
+        #[command(flatten)]
+        out: commands::JsonFlag,
+    },
     /// Drain a node for maintenance (admin).
     Drain {
         node: String,
@@ -128,7 +134,8 @@ async fn dispatch(cli: Cli) -> Result<(), String> {
         Command::Show { id, out } => commands::show(conn, id, &out).await?,
         Command::Logs { id, follow, out } => return commands::logs(conn, id, follow, out.json).await,
         Command::Cancel { id, out } => commands::cancel(conn, id, &out).await?,
-        Command::Nodes(out) => commands::nodes(conn, &out).await?,
+        Command::Nodes { command: None, out } => commands::nodes(conn, &out).await?,
+        Command::Nodes { command: Some(command), .. } => commands::nodes_command(conn, &command).await?,
         Command::Drain { node, out } => commands::drain(conn, &node, &out).await?,
         Command::Reclaim { gpus, gpu_model, out } => commands::reclaim(conn, gpus, gpu_model, &out).await?,
         Command::Tenant { command } => commands::tenant(conn, &command).await?,

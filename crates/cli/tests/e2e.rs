@@ -249,7 +249,7 @@ fn tenants_see_only_their_own_jobs_and_bad_requests_name_what_was_wrong() {
     // Tenant B can neither see nor touch tenant A's job: 404, not 403.
     let (status, list) = api(Some(&b), "GET", "/v1/jobs", None);
     assert_eq!(status, 200);
-    assert!(list.as_array().unwrap().iter().all(|j| j["id"] != job));
+    assert!(list["jobs"].as_array().unwrap().iter().all(|j| j["id"] != job));
     for (method, path) in [
         ("GET", format!("/v1/jobs/{job}")),
         ("POST", format!("/v1/jobs/{job}/cancel")),

@@ -9,7 +9,6 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::path::PathBuf;
-use std::sync::{Arc, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use ebb_api::{
@@ -23,7 +22,7 @@ use serde_json::json;
 use tokio::sync::{oneshot, watch};
 
 use crate::store::{NodeRow, PriceRow, ReservationRow, Scope, Store, TenantRow, TokenRow};
-use crate::{hash_token, new_token, rfc3339, ApiError, Principal};
+use crate::{hash_token, new_token, rfc3339, ApiError, Principal, TokenMap, TokenState};
 
 pub fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
@@ -259,10 +258,13 @@ pub enum Msg {
         set: Option<ebb_api::TenantLimits>,
         reply: oneshot::Sender<Result<ebb_api::TenantUsage, ApiError>>,
     },
+    /// `principal` is the join token, or the node's own credential.
     Register {
+        principal: Principal,
         reg: Register,
         reply: oneshot::Sender<Result<Registered, ApiError>>,
     },
+    /// `node` is the one the caller's credential speaks for.
     Poll {
         node: String,
         epoch: u64,
@@ -273,12 +275,26 @@ pub enum Msg {
         health: Option<Option<String>>,
         reply: oneshot::Sender<Result<Poll, ApiError>>,
     },
+    /// `report.node` is the one the caller's credential speaks for.
     Report {
         report: ebb_api::Report,
         reply: oneshot::Sender<Result<ReportReply, ApiError>>,
     },
     Metrics {
         reply: oneshot::Sender<crate::metrics::Snapshot>,
+    },
+    RemoveNode {
+        name: String,
+        reply: oneshot::Sender<Result<ebb_api::NodeRemoved, ApiError>>,
+    },
+    RotateJoinToken {
+        reply: oneshot::Sender<Result<ebb_api::JoinToken, ApiError>>,
+    },
+    TenantTokens {
+        name: String,
+        /// A new token (rotate) or none (revoke); every older one goes.
+        issue: bool,
+        reply: oneshot::Sender<Result<ebb_api::TenantTokens, ApiError>>,
     },
     Prices {
         reply: oneshot::Sender<ebb_api::PriceBook>,
@@ -355,6 +371,9 @@ pub struct EngineConfig {
     pub drain_window: Span,
     pub heartbeat_timeout: Span,
     pub heartbeat_interval: Span,
+    /// How far ahead of the server's clock an event time from a node may
+    /// be before the report is refused.
+    pub max_clock_skew: Span,
     pub pricing: crate::billing::Pricing,
     pub limits: crate::validate::Limits,
     pub run_as: RunAs,
@@ -388,7 +407,9 @@ pub struct Engine<S: Store> {
     core: State,
     jobs: BTreeMap<u64, JobRecord>,
     tenants: BTreeMap<u32, String>,
-    tokens: Arc<RwLock<HashMap<String, Principal>>>,
+    tokens: TokenMap,
+    /// Each node's credential, by node name: its hash.
+    node_credentials: BTreeMap<String, String>,
     nodes: BTreeMap<String, NodeRow>,
     channels: HashMap<String, Channel>,
     next_job: u64,
@@ -427,7 +448,7 @@ impl<S: Store> Engine<S> {
     pub fn open(
         mut store: S,
         config: EngineConfig,
-        tokens: Arc<RwLock<HashMap<String, Principal>>>,
+        tokens: TokenMap,
         now: u64,
     ) -> Result<(Engine<S>, Vec<String>), ApiError> {
         let mut snapshot = store.load::<JobRecord>().map_err(storage_error)?;
@@ -444,6 +465,7 @@ impl<S: Store> Engine<S> {
             jobs: BTreeMap::new(),
             tenants: BTreeMap::new(),
             tokens,
+            node_credentials: BTreeMap::new(),
             nodes: BTreeMap::new(),
             channels: HashMap::new(),
             next_job: 1,
@@ -478,7 +500,11 @@ impl<S: Store> Engine<S> {
             let mut map = engine.tokens.write().expect("token map");
             for t in &snapshot.tokens {
                 let tenant = t.tenant.and_then(|id| engine.tenants.get(&id).map(|n| (id, n.clone())));
-                map.insert(t.hash.clone(), Principal { scope: t.scope, tenant });
+                let principal = Principal { scope: t.scope, tenant, node: t.node.clone() };
+                map.insert(t.hash.clone(), TokenState::Valid(principal));
+                if let (Scope::Node, Some(node)) = (t.scope, &t.node) {
+                    engine.node_credentials.insert(node.clone(), t.hash.clone());
+                }
             }
         }
         for mut node in snapshot.nodes {
@@ -494,6 +520,9 @@ impl<S: Store> Engine<S> {
             let id = engine.core.add_node(spec, Time(now)).map_err(|e| ApiError::internal(e.to_string()))?;
             if node.drained {
                 let _ = engine.core.drain_node(id);
+            }
+            if node.removed {
+                let _ = engine.core.lose_node(id);
             }
             engine.channels.insert(node.name.clone(), Channel::new());
             engine.nodes.insert(node.name.clone(), node);
@@ -601,7 +630,7 @@ impl<S: Store> Engine<S> {
             let token = new_token();
             let tenant = (scope == Scope::Admin).then_some(1);
             self.store
-                .put_token(&TokenRow { hash: hash_token(&token), tenant, scope })
+                .put_token(&TokenRow { hash: hash_token(&token), tenant, scope, node: None })
                 .map_err(storage_error)?;
             let path = self.config.data_dir.join(file);
             write_secret(&path, &token)
@@ -848,8 +877,8 @@ impl<S: Store> Engine<S> {
                 let result = self.tenant_limits(&principal, &tenant, set);
                 self.reply(reply, result);
             }
-            Msg::Register { reg, reply } => {
-                let result = self.register(reg, now);
+            Msg::Register { principal, reg, reply } => {
+                let result = self.register(&principal, reg, now);
                 self.reply(reply, result);
             }
             Msg::Poll { node, epoch, after, health, reply } => {
@@ -864,6 +893,18 @@ impl<S: Store> Engine<S> {
             }
             Msg::Metrics { reply } => {
                 let _ = reply.send(self.metrics_snapshot());
+            }
+            Msg::RemoveNode { name, reply } => {
+                let result = self.remove_node(&name, now);
+                self.reply(reply, result);
+            }
+            Msg::RotateJoinToken { reply } => {
+                let result = self.rotate_join_token();
+                self.reply(reply, result);
+            }
+            Msg::TenantTokens { name, issue, reply } => {
+                let result = self.tenant_tokens(&name, issue);
+                self.reply(reply, result);
             }
             Msg::Prices { reply } => {
                 let _ = reply.send(self.price_book());
@@ -1194,24 +1235,179 @@ impl<S: Store> Engine<S> {
             return Err(ApiError::conflict(format!("tenant {name}: already exists")));
         }
         let id = self.tenants.keys().max().map_or(1, |m| m + 1);
+        self.store.put_tenant(&TenantRow { id, name: name.clone() }).map_err(storage_error)?;
+        self.tenants.insert(id, name.clone());
+        let token = self.grant(Principal::tenant(Scope::Tenant, id, &name))?;
+        Ok(ebb_api::TenantCreated { tenant: name, token })
+    }
+
+    // ---- credentials ---------------------------------------------------
+
+    /// A fresh token for `principal`, stored hashed in this batch. It goes
+    /// into the map at once, so that a revocation later in the same batch
+    /// finds it; no one can use it before the batch commits, since no one
+    /// has it until the reply (and if the commit fails, the server exits).
+    fn grant(&mut self, principal: Principal) -> Result<String, ApiError> {
         let token = new_token();
         let hash = hash_token(&token);
-        self.store.put_tenant(&TenantRow { id, name: name.clone() }).map_err(storage_error)?;
+        let row = TokenRow {
+            hash: hash.clone(),
+            tenant: principal.tenant.as_ref().map(|(id, _)| *id),
+            scope: principal.scope,
+            node: principal.node.clone(),
+        };
+        self.store.put_token(&row).map_err(storage_error)?;
+        if let (Scope::Node, Some(node)) = (principal.scope, &principal.node) {
+            self.node_credentials.insert(node.clone(), hash.clone());
+        }
+        self.tokens.write().expect("token map").insert(hash, TokenState::Valid(principal));
+        Ok(token)
+    }
+
+    /// Revokes every token `which` picks, at once: the next request
+    /// carrying one is refused with `why`, even before this batch commits
+    /// (if the commit fails, the server exits). Returns how many.
+    fn revoke(&mut self, which: impl Fn(&Principal) -> bool, why: &str) -> Result<u32, ApiError> {
+        let hashes: Vec<String> = self
+            .tokens
+            .read()
+            .expect("token map")
+            .iter()
+            .filter(|(_, state)| matches!(state, TokenState::Valid(p) if which(p)))
+            .map(|(hash, _)| hash.clone())
+            .collect();
+        for hash in &hashes {
+            self.store.delete_token(hash).map_err(storage_error)?;
+        }
+        let mut map = self.tokens.write().expect("token map");
+        for hash in &hashes {
+            map.insert(hash.clone(), TokenState::Revoked(why.to_string()));
+        }
+        self.node_credentials.retain(|_, hash| !hashes.contains(hash));
+        Ok(hashes.len() as u32)
+    }
+
+    /// `ebb tenant token rotate|revoke NAME`: the tenant's tokens are all
+    /// revoked, and with `issue` one new token is made. The admin token,
+    /// though it acts for the default tenant, is not a tenant token.
+    fn tenant_tokens(&mut self, name: &str, issue: bool) -> Result<ebb_api::TenantTokens, ApiError> {
+        let id = self
+            .tenants
+            .iter()
+            .find(|(_, n)| *n == name)
+            .map(|(id, _)| *id)
+            .ok_or_else(|| ApiError::not_found(format!("tenant {name}: not found")))?;
+        let why = format!(
+            "this token of tenant {name} was {} by the operator",
+            if issue { "replaced (rotated)" } else { "revoked" }
+        );
+        let revoked = self
+            .revoke(|p| p.scope == Scope::Tenant && p.tenant.as_ref().is_some_and(|(t, _)| *t == id), &why)?;
+        let token = if issue { Some(self.grant(Principal::tenant(Scope::Tenant, id, name))?) } else { None };
+        tracing::info!(tenant = name, revoked, issued = issue, "tenant tokens changed by the operator");
+        Ok(ebb_api::TenantTokens { tenant: name.to_string(), token, revoked })
+    }
+
+    /// A new join token, written to `join.token` (0600) before it is
+    /// stored; the old one is refused from now. Nodes keep their own
+    /// credentials.
+    fn rotate_join_token(&mut self) -> Result<ebb_api::JoinToken, ApiError> {
+        let path = self.config.data_dir.join("join.token");
+        let token = new_token();
+        write_secret(&path, &token).map_err(|e| ApiError::internal(format!("{}: {e}", path.display())))?;
+        let revoked = self.revoke(
+            |p| p.scope == Scope::Agent,
+            "this join token was replaced (rotated) by the operator: use the new one in the server's join.token",
+        )?;
+        let hash = hash_token(&token);
         self.store
-            .put_token(&TokenRow { hash: hash.clone(), tenant: Some(id), scope: Scope::Tenant })
+            .put_token(&TokenRow { hash: hash.clone(), tenant: None, scope: Scope::Agent, node: None })
             .map_err(storage_error)?;
-        self.tenants.insert(id, name.clone());
-        let tokens = self.tokens.clone();
-        let principal = Principal { scope: Scope::Tenant, tenant: Some((id, name.clone())) };
-        self.after_commit.push(Box::new(move || {
-            tokens.write().expect("token map").insert(hash, principal);
-        }));
-        Ok(ebb_api::TenantCreated { tenant: name, token })
+        self.tokens.write().expect("token map").insert(hash, TokenState::Valid(Principal::join()));
+        tracing::info!(path = %path.display(), revoked, "join token rotated by the operator");
+        Ok(ebb_api::JoinToken { token, path: path.display().to_string(), revoked })
+    }
+
+    /// `ebb nodes remove NAME`: the node's credential is revoked at once
+    /// and the node is taken out as a lost node is (its live attempts
+    /// requeued as lost, metered to its last contact). It may join again
+    /// with the join token, and gets a fresh credential then.
+    fn remove_node(&mut self, name: &str, now: u64) -> Result<ebb_api::NodeRemoved, ApiError> {
+        let id = self
+            .core
+            .node_by_name(name)
+            .ok_or_else(|| ApiError::not_found(format!("node {name}: not found")))?;
+        let why = format!(
+            "node {name}'s credential was revoked by the operator (ebb nodes remove {name}); to rejoin, \
+             delete the agent's node.credential and restart it with the join token"
+        );
+        let revoked = self.revoke(|p| p.scope == Scope::Node && p.node.as_deref() == Some(name), &why)?;
+        let requeued: Vec<u64> = self
+            .core
+            .lose_node(id)
+            .map_err(|e| ApiError::internal(e.to_string()))?
+            .into_iter()
+            .map(|j| j.0)
+            .collect();
+        self.node_gone(name, &requeued, "removed by the operator", now);
+        if let Some(row) = self.nodes.get_mut(name) {
+            row.removed = true;
+            let row = row.clone();
+            self.store.put_node(&row).map_err(storage_error)?;
+        }
+        if let Some(channel) = self.channels.get_mut(name) {
+            channel.commands.clear();
+        }
+        tracing::warn!(node = name, ?requeued, "node removed by the operator; its credential is revoked");
+        Ok(ebb_api::NodeRemoved { node: name.to_string(), requeued, credential_revoked: revoked > 0 })
+    }
+
+    /// Whether `principal` may register node `node`: its own credential,
+    /// or the join token for a node that has none. Returns whether the
+    /// node is to be issued a credential (once the rest of the
+    /// registration has passed).
+    fn may_register(&self, principal: &Principal, node: &str) -> Result<bool, ApiError> {
+        match principal.scope {
+            Scope::Node if principal.node.as_deref() == Some(node) => {
+                self.credential_valid(node)?;
+                Ok(false)
+            }
+            Scope::Node => Err(ApiError::forbidden(&format!(
+                "this credential is node {}'s; it cannot register node {node}",
+                principal.node.as_deref().unwrap_or("?")
+            ))),
+            Scope::Agent if self.node_credentials.contains_key(node) => Err(ApiError::forbidden(&format!(
+                "node {node}: already has its own credential, so the join token cannot register it; the agent \
+                 registers with its node.credential, or the operator runs `ebb nodes remove {node}` first"
+            ))),
+            Scope::Agent => Ok(true),
+            _ => Err(ApiError::forbidden("registering needs the join token or the node's credential")),
+        }
+    }
+
+    /// The node's credential has not been revoked since the request was
+    /// authenticated.
+    fn credential_valid(&self, node: &str) -> Result<(), ApiError> {
+        if self.node_credentials.contains_key(node) {
+            return Ok(());
+        }
+        Err(ApiError::unauthorized(&format!(
+            "node {node}'s credential was revoked by the operator (ebb nodes remove {node}); to rejoin, delete \
+             the agent's node.credential and restart it with the join token"
+        )))
     }
 
     // ---- agents ------------------------------------------------------
 
-    fn register(&mut self, mut reg: Register, now: u64) -> Result<Registered, ApiError> {
+    fn register(
+        &mut self,
+        principal: &Principal,
+        mut reg: Register,
+        now: u64,
+    ) -> Result<Registered, ApiError> {
+        let issue_credential = self.may_register(principal, &reg.node)?;
+        // Checked before anything of the registration is applied.
+        self.check_event_times("unreported", &reg.unreported, now)?;
         // Attempts the agent comes back without ended after this, the last
         // time the node was heard from, and no later than now.
         let last_contact = self.last_contact(&reg.node).unwrap_or(now).min(now);
@@ -1253,6 +1449,7 @@ impl<S: Store> Engine<S> {
                     address: reg.address.clone(),
                     joined_ms: known.map_or(now, |n| n.joined_ms),
                     interruptions: known.map_or(0, |n| n.interruptions),
+                    removed: false,
                 };
                 self.store.put_node(&row).map_err(storage_error)?;
                 self.nodes.insert(reg.node.clone(), row);
@@ -1312,11 +1509,19 @@ impl<S: Store> Engine<S> {
         if !kill.is_empty() {
             tracing::warn!(node = reg.node, ?kill, "agent runs stale attempts; told to kill them");
         }
+        let credential = match issue_credential {
+            true => {
+                tracing::info!(node = reg.node, "node credential issued");
+                Some(self.grant(Principal::node(&reg.node))?)
+            }
+            false => None,
+        };
         Ok(Registered {
             heartbeat_interval_ms: self.config.heartbeat_interval.as_millis(),
             kill,
             next_seq,
             epoch: self.epoch,
+            credential,
         })
     }
 
@@ -1328,6 +1533,7 @@ impl<S: Store> Engine<S> {
         health: Option<Option<String>>,
         now: u64,
     ) -> Result<Poll, ApiError> {
+        self.credential_valid(node)?;
         let Some(id) = self.core.node_by_name(node) else {
             return Err(ApiError::conflict(format!("node {node}: not registered")));
         };
@@ -1359,6 +1565,8 @@ impl<S: Store> Engine<S> {
 
     fn report(&mut self, report: ebb_api::Report, now: u64) -> Result<ReportReply, ApiError> {
         let node = report.node.clone();
+        self.credential_valid(&node)?;
+        self.check_event_times("events", &report.events, now)?;
         let id = self
             .core
             .node_by_name(&node)
@@ -1369,6 +1577,41 @@ impl<S: Store> Engine<S> {
         self.set_health(&node, None);
         let stale = self.apply_events(&node, report.events, now);
         Ok(ReportReply { stale: stale.into_iter().collect() })
+    }
+
+    /// Refuses, whole, events stamped later than the server's clock plus
+    /// the allowed skew: a node's clock that far ahead is wrong, and
+    /// nothing it says about time can be taken. `field` names where the
+    /// events came from in the request.
+    fn check_event_times(&self, field: &str, events: &[AgentEvent], now: u64) -> Result<(), ApiError> {
+        let bound = now.saturating_add(self.config.max_clock_skew.as_millis());
+        for (i, event) in events.iter().enumerate() {
+            let (kind, attempt, at_ms) = match event {
+                AgentEvent::Started { attempt, at_ms, .. } => ("started", attempt, *at_ms),
+                AgentEvent::Exited { attempt, at_ms, .. } => ("exited", attempt, *at_ms),
+                AgentEvent::Checkpoint { attempt, at_ms, .. } => ("checkpoint", attempt, *at_ms),
+                AgentEvent::Output { .. } => continue,
+            };
+            if at_ms > bound {
+                return Err(ApiError::bad_request(format!(
+                    "{field}[{i}].at_ms: the {kind} event of job {} attempt {} is stamped {} ({at_ms}), later \
+                     than the server's clock plus the allowed skew of {} ({bound}); nothing of this request \
+                     was applied: check the node's clock",
+                    attempt.job,
+                    attempt.attempt,
+                    rfc3339(at_ms),
+                    ebb_core::checkpoint::human(self.config.max_clock_skew),
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// An event time of a live attempt, clamped to what the server can
+    /// know: not before the attempt was placed, not after now.
+    fn known_time(&self, attempt: AttemptRef, at_ms: u64, now: u64) -> u64 {
+        let placed = self.jobs.get(&attempt.job).map_or(0, |j| j.started_ms);
+        at_ms.clamp(placed.min(now), now)
     }
 
     /// What a node's agent reports, in order; returns the stale attempts
@@ -1384,6 +1627,7 @@ impl<S: Store> Engine<S> {
                         stale.insert(attempt);
                         continue;
                     }
+                    let at_ms = self.known_time(attempt, at_ms, now);
                     let job = self.jobs.get_mut(&attempt.job).expect("live");
                     if job.started_on.contains(&node) {
                         continue;
@@ -1405,6 +1649,9 @@ impl<S: Store> Engine<S> {
                     if !self.live_on(attempt, &node) {
                         continue; // already accounted for (lost or fenced)
                     }
+                    // Not before the attempt's start, as the record has it.
+                    let started = self.jobs[&attempt.job].run_started_ms.unwrap_or(0);
+                    let at_ms = self.known_time(attempt, at_ms.max(started), now);
                     let exit = PartExit { code, signal, completed, vanished: false, peak_memory_bytes };
                     self.part_exited(&node, attempt, exit, at_ms, now);
                 }
@@ -1413,10 +1660,12 @@ impl<S: Store> Engine<S> {
                         stale.insert(attempt);
                         continue;
                     }
+                    let at_ms = self.known_time(attempt, at_ms, now);
                     self.checkpointed(attempt, step, bytes, duration_ms, at_ms, now);
                 }
                 AgentEvent::Output { attempt, data } => {
-                    if self.jobs.get(&attempt.job).is_some_and(|j| j.attempt == attempt.attempt) {
+                    // Only the node the attempt was placed on writes its log.
+                    if self.live_on(attempt, &node) {
                         self.append_log(attempt.job, &data);
                     } else {
                         stale.insert(attempt);
@@ -1864,39 +2113,13 @@ impl<S: Store> Engine<S> {
             self.counters.pass_seconds += started.elapsed().as_secs_f64();
             for &node in &plan.lost_nodes {
                 let name = self.core.node(node).expect("known").name.clone();
-                tracing::warn!(node = name, "node lost: no heartbeat within the timeout");
-                self.forget_holds_on(&name);
-                self.interrupted(&name);
-            }
-            for r in &plan.requeues {
-                let id = r.job.0;
-                // The node's processes ran until it was last heard from
-                // (before this server started, if not since).
-                let ebb_scheduler::RequeueReason::NodeLost(lost_node) = r.reason;
-                let name = self.core.node(lost_node).expect("known").name.clone();
-                let heard = self.last_contact(&name).unwrap_or(now);
-                let lost_ms = Self::lost_work(&self.jobs[&id], heard);
-                self.meter(id, self.jobs[&id].attempt, heard, "lost", lost_ms);
-                let job = self.jobs.get_mut(&id).expect("known job");
-                job.lost_gpu_ms += lost_ms;
-                job.state = JobState::Queued;
-                job.placement.clear();
-                job.running_on.clear();
-                job.notice = None;
-                job.rendezvous = None;
-                self.counters.lost_gpu_seconds += lost_ms as f64 / 1000.0;
-                let node = match r.reason {
-                    ebb_scheduler::RequeueReason::NodeLost(n) => {
-                        self.core.node(n).expect("known").name.clone()
-                    }
-                };
-                let lost = lost_ms as f64 / 1000.0;
-                self.event(
-                    id,
-                    "requeued",
-                    json!({ "reason": "lost", "node": node, "lost_gpu_seconds": lost }),
-                );
-                self.save(id);
+                let requeued: Vec<u64> = plan
+                    .requeues
+                    .iter()
+                    .filter(|r| matches!(r.reason, ebb_scheduler::RequeueReason::NodeLost(n) if n == node))
+                    .map(|r| r.job.0)
+                    .collect();
+                self.node_gone(&name, &requeued, "no heartbeat within the timeout", now);
             }
             for d in &plan.drains {
                 let id = d.job.0;
@@ -2021,6 +2244,37 @@ impl<S: Store> Engine<S> {
             }
         }
         tracing::error!("the scheduler did not settle in 1000 passes");
+    }
+
+    /// Node `name` is gone (no heartbeat within the timeout, or removed by
+    /// the operator) and the core has requeued the jobs `requeued` had on
+    /// it: their records follow. The node's processes are taken to have
+    /// run until it was last heard from (before this server started, if
+    /// not since), and are metered to there.
+    fn node_gone(&mut self, name: &str, requeued: &[u64], why: &str, now: u64) {
+        tracing::warn!(node = name, "node lost: {why}");
+        self.forget_holds_on(name);
+        self.interrupted(name);
+        let heard = self.last_contact(name).unwrap_or(now);
+        for &id in requeued {
+            let lost_ms = Self::lost_work(&self.jobs[&id], heard);
+            self.meter(id, self.jobs[&id].attempt, heard, "lost", lost_ms);
+            let job = self.jobs.get_mut(&id).expect("known job");
+            job.lost_gpu_ms += lost_ms;
+            job.state = JobState::Queued;
+            job.placement.clear();
+            job.running_on.clear();
+            job.notice = None;
+            job.rendezvous = None;
+            self.counters.lost_gpu_seconds += lost_ms as f64 / 1000.0;
+            let lost = lost_ms as f64 / 1000.0;
+            self.event(
+                id,
+                "requeued",
+                json!({ "reason": "lost", "node": name, "why": why, "lost_gpu_seconds": lost }),
+            );
+            self.save(id);
+        }
     }
 
     /// The usage record of job `id`'s attempt, ended at `end_ms`: written

@@ -18,12 +18,12 @@ use utoipa::OpenApi;
 
 use crate::engine::{Engine, EngineConfig, Msg};
 use crate::store::{Scope, SqliteStore};
-use crate::{hash_token, ApiError, Principal, ServerConfig};
+use crate::{hash_token, ApiError, Principal, ServerConfig, TokenMap, TokenState};
 
 #[derive(Clone)]
 struct App {
     tx: mpsc::Sender<Msg>,
-    tokens: Arc<RwLock<HashMap<String, Principal>>>,
+    tokens: TokenMap,
     poll_wait: Duration,
 }
 
@@ -45,12 +45,11 @@ impl App {
             value.to_str().ok().and_then(|v| v.strip_prefix("Bearer ")).ok_or_else(|| {
                 ApiError::unauthorized("malformed Authorization header: expected Bearer TOKEN")
             })?;
-        self.tokens
-            .read()
-            .expect("token map")
-            .get(&hash_token(token))
-            .cloned()
-            .ok_or_else(|| ApiError::unauthorized("invalid token"))
+        match self.tokens.read().expect("token map").get(&hash_token(token)) {
+            Some(TokenState::Valid(principal)) => Ok(principal.clone()),
+            Some(TokenState::Revoked(why)) => Err(ApiError::unauthorized(why)),
+            None => Err(ApiError::unauthorized("invalid token")),
+        }
     }
 
     fn require(&self, headers: &HeaderMap, scope: Scope) -> ApiResult<Principal> {
@@ -59,6 +58,7 @@ impl App {
             let what = match scope {
                 Scope::Admin => "this call needs an admin token",
                 Scope::Agent => "this call needs the agents' join token",
+                Scope::Node => "this call needs a node's credential",
                 Scope::Tenant => "this call needs a tenant token",
             };
             return Err(ApiError::forbidden(what));
@@ -68,10 +68,27 @@ impl App {
 
     fn tenant(&self, headers: &HeaderMap) -> ApiResult<Principal> {
         let principal = self.principal(headers)?;
-        if principal.scope == Scope::Agent {
-            return Err(ApiError::forbidden("the join token is for agents only"));
+        match principal.scope {
+            Scope::Agent => Err(ApiError::forbidden("the join token is for agents only")),
+            Scope::Node => Err(ApiError::forbidden("a node's credential is for its agent only")),
+            Scope::Admin | Scope::Tenant => Ok(principal),
         }
-        Ok(principal)
+    }
+
+    /// A poll or report: only with the credential of the node it names.
+    fn node(&self, headers: &HeaderMap, node: &str) -> ApiResult<Principal> {
+        let principal = self.principal(headers)?;
+        match (principal.scope, principal.node.as_deref()) {
+            (Scope::Node, Some(own)) if own == node => Ok(principal),
+            (Scope::Node, Some(own)) => Err(ApiError::forbidden(&format!(
+                "this credential is node {own}'s; it cannot speak for node {node}"
+            ))),
+            (Scope::Agent, _) => Err(ApiError::forbidden(
+                "the join token only registers a node: polls and reports need the node's own credential, \
+                 which registration returns",
+            )),
+            _ => Err(ApiError::forbidden("this call needs a node's credential")),
+        }
     }
 
     /// Sends a message to the writer and waits for its reply.
@@ -99,15 +116,17 @@ fn parse<T: DeserializeOwned>(body: &Bytes) -> ApiResult<T> {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "Ebb", description = "Preemptible GPU compute with a drain window"),
-    paths(submit, list_jobs, show_job, cancel_job, job_logs, list_nodes, drain_node, reclaim, create_tenant,
-        get_tenant_limits, set_tenant_limits,
-        list_prices, set_price, create_reservation, list_reservations, delete_reservation, bill, operator_report),
+    paths(submit, list_jobs, show_job, cancel_job, job_logs, list_nodes, drain_node, remove_node, reclaim,
+        create_tenant, rotate_tenant_token, revoke_tenant_tokens, rotate_join_token, get_tenant_limits,
+        set_tenant_limits, list_prices, set_price, create_reservation, list_reservations, delete_reservation, bill,
+        operator_report),
     components(schemas(
         api::JobSubmission, api::Submitted, api::Job, api::JobEvent, api::NodeGpus, api::Node,
         api::ReclaimRequest, api::ReclaimReply, api::TenantRequest, api::TenantCreated, api::LogChunk,
         api::ErrorBody, api::SweepParam, api::Checkpoint, api::ArrayTask, api::ArrayProgress, api::TaskState,
         api::Price, api::PriceBook, api::PriceUpdate, api::ReservationRequest, api::Reservation, api::Usage,
-        api::InvoiceLine, api::ReservationCharge, api::Invoice, api::TierReport, api::OperatorReport
+        api::InvoiceLine, api::ReservationCharge, api::Invoice, api::TierReport, api::OperatorReport,
+        api::NodeRemoved, api::JoinToken, api::TenantTokens
     )),
     modifiers(&BearerAuth)
 )]
@@ -266,6 +285,58 @@ async fn drain_node(
     Ok(Json(app.ask(|reply| Msg::DrainNode { name, reply }).await??))
 }
 
+/// Remove a node (admin): its credential is revoked at once and its live
+/// attempts are requeued as lost. It may join again with the join token.
+#[utoipa::path(delete, path = "/v1/nodes/{name}", params(("name" = String, Path)),
+    responses((status = 200, body = api::NodeRemoved), (status = 401, body = api::ErrorBody),
+        (status = 403, body = api::ErrorBody), (status = 404, body = api::ErrorBody)))]
+async fn remove_node(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> ApiResult<Json<api::NodeRemoved>> {
+    app.require(&headers, Scope::Admin)?;
+    Ok(Json(app.ask(|reply| Msg::RemoveNode { name, reply }).await??))
+}
+
+/// Replace the agents' join token (admin): the new one is written to the
+/// server's `join.token` and returned once; the old one is refused from
+/// now. Nodes that joined keep their own credentials.
+#[utoipa::path(post, path = "/v1/agent/join-token",
+    responses((status = 200, body = api::JoinToken), (status = 401, body = api::ErrorBody),
+        (status = 403, body = api::ErrorBody)))]
+async fn rotate_join_token(State(app): State<App>, headers: HeaderMap) -> ApiResult<Json<api::JoinToken>> {
+    app.require(&headers, Scope::Admin)?;
+    Ok(Json(app.ask(|reply| Msg::RotateJoinToken { reply }).await??))
+}
+
+/// Give a tenant a new token and revoke every older one (admin). The new
+/// token is shown once.
+#[utoipa::path(post, path = "/v1/tenants/{name}/tokens", params(("name" = String, Path)),
+    responses((status = 200, body = api::TenantTokens), (status = 401, body = api::ErrorBody),
+        (status = 403, body = api::ErrorBody), (status = 404, body = api::ErrorBody)))]
+async fn rotate_tenant_token(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> ApiResult<Json<api::TenantTokens>> {
+    app.require(&headers, Scope::Admin)?;
+    Ok(Json(app.ask(|reply| Msg::TenantTokens { name, issue: true, reply }).await??))
+}
+
+/// Revoke every token of a tenant (admin): refused from now.
+#[utoipa::path(delete, path = "/v1/tenants/{name}/tokens", params(("name" = String, Path)),
+    responses((status = 200, body = api::TenantTokens), (status = 401, body = api::ErrorBody),
+        (status = 403, body = api::ErrorBody), (status = 404, body = api::ErrorBody)))]
+async fn revoke_tenant_tokens(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> ApiResult<Json<api::TenantTokens>> {
+    app.require(&headers, Scope::Admin)?;
+    Ok(Json(app.ask(|reply| Msg::TenantTokens { name, issue: false, reply }).await??))
+}
+
 /// Take back N GPUs of preemptible capacity with the drain window (admin).
 #[utoipa::path(post, path = "/v1/reclaim", request_body = api::ReclaimRequest,
     responses((status = 200, body = api::ReclaimReply), (status = 400, body = api::ErrorBody)))]
@@ -421,9 +492,12 @@ async fn agent_register(
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Json<api::Registered>> {
-    app.require(&headers, Scope::Agent)?;
+    let principal = app.principal(&headers)?;
+    if !matches!(principal.scope, Scope::Agent | Scope::Node) {
+        return Err(ApiError::forbidden("registering needs the join token or the node's credential"));
+    }
     let reg: api::Register = parse(&body)?;
-    Ok(Json(app.ask(|reply| Msg::Register { reg, reply }).await??))
+    Ok(Json(app.ask(|reply| Msg::Register { principal, reg, reply }).await??))
 }
 
 #[derive(Deserialize)]
@@ -443,7 +517,7 @@ async fn agent_commands(
     headers: HeaderMap,
     Query(q): Query<PollQuery>,
 ) -> ApiResult<Json<api::Commands>> {
-    app.require(&headers, Scope::Agent)?;
+    app.node(&headers, &q.node)?;
     let deadline = tokio::time::Instant::now() + app.poll_wait;
     // What the poll says of the node's health counts once, when it comes:
     // a report that got through meanwhile is newer news.
@@ -469,8 +543,12 @@ async fn agent_report(
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Json<api::ReportReply>> {
-    app.require(&headers, Scope::Agent)?;
+    let principal = app.principal(&headers)?;
+    if !matches!(principal.scope, Scope::Agent | Scope::Node) {
+        return Err(ApiError::forbidden("this call needs a node's credential"));
+    }
     let report: api::Report = parse(&body)?;
+    app.node(&headers, &report.node)?;
     Ok(Json(app.ask(|reply| Msg::Report { report, reply }).await??))
 }
 
@@ -535,6 +613,7 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
         drain_window: config.drain_window,
         heartbeat_timeout: config.heartbeat_timeout,
         heartbeat_interval: config.heartbeat_interval,
+        max_clock_skew: config.max_clock_skew,
         pricing: config.pricing.clone(),
         limits: config.limits.clone(),
         run_as: config.run_as.clone(),
@@ -570,16 +649,19 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
         .route("/v1/jobs/{id}/cancel", post(cancel_job))
         .route("/v1/jobs/{id}/logs", get(job_logs))
         .route("/v1/nodes", get(list_nodes))
+        .route("/v1/nodes/{name}", delete(remove_node))
         .route("/v1/nodes/{name}/drain", post(drain_node))
         .route("/v1/reclaim", post(reclaim))
         .route("/v1/tenants", post(create_tenant))
         .route("/v1/tenants/{name}/limits", get(get_tenant_limits).put(set_tenant_limits))
+        .route("/v1/tenants/{name}/tokens", post(rotate_tenant_token).delete(revoke_tenant_tokens))
         .route("/v1/prices", get(list_prices))
         .route("/v1/prices/{model}", put(set_price))
         .route("/v1/reservations", post(create_reservation).get(list_reservations))
         .route("/v1/reservations/{id}", delete(delete_reservation))
         .route("/v1/bill", get(bill))
         .route("/v1/report", get(operator_report))
+        .route("/v1/agent/join-token", post(rotate_join_token))
         .route("/v1/agent/register", post(agent_register))
         .route("/v1/agent/commands", get(agent_commands))
         .route("/v1/agent/report", post(agent_report))

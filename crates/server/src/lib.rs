@@ -11,8 +11,10 @@ mod metrics;
 pub mod store;
 mod validate;
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
 
 use ebb_core::Span;
 use sha2::{Digest, Sha256};
@@ -28,9 +30,38 @@ pub struct Principal {
     pub scope: Scope,
     /// (id, name) of the tenant whose jobs this token acts on.
     pub tenant: Option<(u32, String)>,
+    /// The node a node credential speaks for.
+    pub node: Option<String>,
 }
 
+/// What a token's hash stands for in the server's memory. A revoked token
+/// is remembered (until the server restarts) so that its holder is told
+/// why it is refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TokenState {
+    Valid(Principal),
+    Revoked(String),
+}
+
+/// Token hashes to who they are: what every request is authenticated
+/// against. The writer changes it as it handles a grant or revocation,
+/// before the call is answered: a revoked token is refused from then on,
+/// and a new one is known to no one until its reply, after the commit.
+pub type TokenMap = Arc<RwLock<HashMap<String, TokenState>>>;
+
 impl Principal {
+    pub fn tenant(scope: Scope, id: u32, name: &str) -> Principal {
+        Principal { scope, tenant: Some((id, name.to_string())), node: None }
+    }
+
+    pub fn join() -> Principal {
+        Principal { scope: Scope::Agent, tenant: None, node: None }
+    }
+
+    pub fn node(name: &str) -> Principal {
+        Principal { scope: Scope::Node, tenant: None, node: Some(name.to_string()) }
+    }
+
     /// Admins see every tenant's jobs; a tenant only its own.
     pub fn may_see(&self, tenant: u32) -> bool {
         self.scope == Scope::Admin || self.tenant.as_ref().is_some_and(|(id, _)| *id == tenant)
@@ -97,6 +128,8 @@ pub struct ServerConfig {
     pub drain_window: Span,
     pub heartbeat_timeout: Span,
     pub heartbeat_interval: Span,
+    /// How far ahead of the server's clock a node's event time may be.
+    pub max_clock_skew: Span,
     pub pricing: billing::Pricing,
     pub limits: Limits,
     pub run_as: RunAs,

@@ -47,8 +47,11 @@ pub enum Scope {
     Tenant,
     /// Operator calls, plus the default tenant's jobs.
     Admin,
-    /// Agents joining and reporting.
+    /// The agents' join token: registers a node that has no credential yet.
     Agent,
+    /// One node's own credential, issued when it joined: it speaks for
+    /// that node alone.
+    Node,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -56,6 +59,8 @@ pub struct TokenRow {
     pub hash: String,
     pub tenant: Option<u32>,
     pub scope: Scope,
+    /// The node a `Scope::Node` credential is bound to.
+    pub node: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -76,6 +81,10 @@ pub struct NodeRow {
     pub joined_ms: u64,
     #[serde(default)]
     pub interruptions: u64,
+    /// Removed by the operator (`ebb nodes remove`): it stays out, also
+    /// across a server restart, until it joins again.
+    #[serde(default)]
+    pub removed: bool,
 }
 
 /// Everything needed to rebuild the server's memory.
@@ -101,6 +110,8 @@ pub trait Store: Send {
     fn load<J: for<'de> Deserialize<'de>>(&mut self) -> Result<Snapshot<J>>;
     fn put_tenant(&mut self, tenant: &TenantRow) -> Result<()>;
     fn put_token(&mut self, token: &TokenRow) -> Result<()>;
+    /// Revokes one token (a no-op for an unknown hash).
+    fn delete_token(&mut self, hash: &str) -> Result<()>;
     fn put_node(&mut self, node: &NodeRow) -> Result<()>;
     fn put_job<J: Serialize>(&mut self, id: u64, tenant: u32, job: &J) -> Result<()>;
     fn add_event(&mut self, job: u64, event: &JobEvent) -> Result<()>;
@@ -130,30 +141,60 @@ impl SqliteStore {
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "FULL")?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
-        conn.execute_batch(
-            "CREATE TABLE IF NOT EXISTS tenants (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE);
-             CREATE TABLE IF NOT EXISTS tokens (
-                 hash TEXT PRIMARY KEY, tenant INTEGER REFERENCES tenants(id), scope TEXT NOT NULL);
-             CREATE TABLE IF NOT EXISTS nodes (name TEXT PRIMARY KEY, record TEXT NOT NULL);
-             CREATE TABLE IF NOT EXISTS jobs (
-                 id INTEGER PRIMARY KEY, tenant INTEGER NOT NULL REFERENCES tenants(id), record TEXT NOT NULL);
-             CREATE TABLE IF NOT EXISTS events (
-                 seq INTEGER PRIMARY KEY AUTOINCREMENT, job INTEGER NOT NULL REFERENCES jobs(id),
-                 at_ms INTEGER NOT NULL, kind TEXT NOT NULL, attempt INTEGER NOT NULL, detail TEXT NOT NULL);
-             CREATE INDEX IF NOT EXISTS events_by_job ON events(job, seq);
-             CREATE TABLE IF NOT EXISTS prices (model TEXT PRIMARY KEY, record TEXT NOT NULL);
-             CREATE TABLE IF NOT EXISTS reservations (id INTEGER PRIMARY KEY, record TEXT NOT NULL);
-             CREATE TABLE IF NOT EXISTS usage (
-                 job INTEGER NOT NULL REFERENCES jobs(id), attempt INTEGER NOT NULL,
-                 tenant INTEGER NOT NULL, ended_ms INTEGER NOT NULL, record TEXT NOT NULL,
-                 PRIMARY KEY (job, attempt));
-             CREATE INDEX IF NOT EXISTS usage_by_end ON usage(ended_ms);
-             CREATE TABLE IF NOT EXISTS heard (node TEXT PRIMARY KEY, at_ms INTEGER NOT NULL);
-             CREATE TABLE IF NOT EXISTS tenant_limits (
-                 tenant INTEGER PRIMARY KEY REFERENCES tenants(id), record TEXT NOT NULL);",
-        )?;
+        migrate(&conn)?;
         Ok(SqliteStore { conn })
     }
+}
+
+/// The schema, one numbered step at a time: step N brings a database at
+/// `user_version` N-1 to N, in one transaction. Steps are never edited
+/// once released; a change is a new step. Step 1 is written so that it
+/// also adopts a database created before steps were numbered.
+const MIGRATIONS: &[&str] = &[
+    // 1: the original schema.
+    "CREATE TABLE IF NOT EXISTS tenants (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE);
+     CREATE TABLE IF NOT EXISTS tokens (
+         hash TEXT PRIMARY KEY, tenant INTEGER REFERENCES tenants(id), scope TEXT NOT NULL);
+     CREATE TABLE IF NOT EXISTS nodes (name TEXT PRIMARY KEY, record TEXT NOT NULL);
+     CREATE TABLE IF NOT EXISTS jobs (
+         id INTEGER PRIMARY KEY, tenant INTEGER NOT NULL REFERENCES tenants(id), record TEXT NOT NULL);
+     CREATE TABLE IF NOT EXISTS events (
+         seq INTEGER PRIMARY KEY AUTOINCREMENT, job INTEGER NOT NULL REFERENCES jobs(id),
+         at_ms INTEGER NOT NULL, kind TEXT NOT NULL, attempt INTEGER NOT NULL, detail TEXT NOT NULL);
+     CREATE INDEX IF NOT EXISTS events_by_job ON events(job, seq);
+     CREATE TABLE IF NOT EXISTS prices (model TEXT PRIMARY KEY, record TEXT NOT NULL);
+     CREATE TABLE IF NOT EXISTS reservations (id INTEGER PRIMARY KEY, record TEXT NOT NULL);
+     CREATE TABLE IF NOT EXISTS usage (
+         job INTEGER NOT NULL REFERENCES jobs(id), attempt INTEGER NOT NULL,
+         tenant INTEGER NOT NULL, ended_ms INTEGER NOT NULL, record TEXT NOT NULL,
+         PRIMARY KEY (job, attempt));
+     CREATE INDEX IF NOT EXISTS usage_by_end ON usage(ended_ms);
+     CREATE TABLE IF NOT EXISTS heard (node TEXT PRIMARY KEY, at_ms INTEGER NOT NULL);",
+    // 2: per-node credentials: a token may be bound to one node.
+    "ALTER TABLE tokens ADD COLUMN node TEXT;",
+    // 3: limits the operator set for single tenants.
+    "CREATE TABLE tenant_limits (tenant INTEGER PRIMARY KEY REFERENCES tenants(id), record TEXT NOT NULL);",
+];
+
+/// Brings the database to the latest step of `MIGRATIONS`.
+fn migrate(conn: &Connection) -> Result<()> {
+    let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+    let version = usize::try_from(version).unwrap_or(0);
+    if version > MIGRATIONS.len() {
+        return Err(StoreError(format!(
+            "the database is at schema version {version}, newer than this ebb ({}): upgrade ebb",
+            MIGRATIONS.len()
+        )));
+    }
+    for (i, step) in MIGRATIONS.iter().enumerate().skip(version) {
+        let number = i + 1;
+        conn.execute_batch(&format!("BEGIN IMMEDIATE; {step} PRAGMA user_version = {number}; COMMIT;"))
+            .map_err(|e| {
+                let _ = conn.execute_batch("ROLLBACK");
+                StoreError(format!("schema migration {number}: {e}"))
+            })?;
+    }
+    Ok(())
 }
 
 impl SqliteStore {
@@ -174,6 +215,7 @@ fn scope_name(scope: Scope) -> &'static str {
         Scope::Tenant => "tenant",
         Scope::Admin => "admin",
         Scope::Agent => "agent",
+        Scope::Node => "node",
     }
 }
 
@@ -208,16 +250,17 @@ impl Store for SqliteStore {
         snapshot.tenants = stmt
             .query_map([], |r| Ok(TenantRow { id: r.get(0)?, name: r.get(1)? }))?
             .collect::<rusqlite::Result<_>>()?;
-        let mut stmt = self.conn.prepare("SELECT hash, tenant, scope FROM tokens")?;
+        let mut stmt = self.conn.prepare("SELECT hash, tenant, scope, node FROM tokens")?;
         snapshot.tokens = stmt
             .query_map([], |r| {
                 let scope: String = r.get(2)?;
                 let scope = match scope.as_str() {
                     "admin" => Scope::Admin,
                     "agent" => Scope::Agent,
+                    "node" => Scope::Node,
                     _ => Scope::Tenant,
                 };
-                Ok(TokenRow { hash: r.get(0)?, tenant: r.get(1)?, scope })
+                Ok(TokenRow { hash: r.get(0)?, tenant: r.get(1)?, scope, node: r.get(3)? })
             })?
             .collect::<rusqlite::Result<_>>()?;
         let mut stmt = self.conn.prepare("SELECT record FROM nodes ORDER BY name")?;
@@ -249,9 +292,14 @@ impl Store for SqliteStore {
 
     fn put_token(&mut self, t: &TokenRow) -> Result<()> {
         self.conn.execute(
-            "INSERT OR REPLACE INTO tokens (hash, tenant, scope) VALUES (?1, ?2, ?3)",
-            params![t.hash, t.tenant, scope_name(t.scope)],
+            "INSERT OR REPLACE INTO tokens (hash, tenant, scope, node) VALUES (?1, ?2, ?3, ?4)",
+            params![t.hash, t.tenant, scope_name(t.scope), t.node],
         )?;
+        Ok(())
+    }
+
+    fn delete_token(&mut self, hash: &str) -> Result<()> {
+        self.conn.execute("DELETE FROM tokens WHERE hash = ?1", params![hash])?;
         Ok(())
     }
 
@@ -369,5 +417,53 @@ impl Store for SqliteStore {
         let id: Option<i64> =
             self.conn.query_row("SELECT MAX(id) FROM jobs", [], |r| r.get(0)).optional()?.flatten();
         Ok(id.unwrap_or(0) as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("ebb-store-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir.join("ebb.db")
+    }
+
+    /// A database made before the schema steps were numbered (its tokens
+    /// have no node column) is adopted and brought to the latest step,
+    /// keeping what it holds.
+    #[test]
+    fn a_database_from_before_numbered_migrations_is_migrated() {
+        let path = scratch("old");
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(
+                "CREATE TABLE tenants (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE);
+                 CREATE TABLE tokens (
+                     hash TEXT PRIMARY KEY, tenant INTEGER REFERENCES tenants(id), scope TEXT NOT NULL);
+                 INSERT INTO tenants (id, name) VALUES (1, 'default');
+                 INSERT INTO tokens (hash, tenant, scope) VALUES ('old', 1, 'admin');",
+            )
+            .unwrap();
+        }
+        let mut store = SqliteStore::open(&path).unwrap();
+        let node =
+            TokenRow { hash: "n".into(), tenant: None, scope: Scope::Node, node: Some("node-1".into()) };
+        store.put_token(&node).unwrap();
+        let snapshot = store.load::<serde_json::Value>().unwrap();
+        let admin = TokenRow { hash: "old".into(), tenant: Some(1), scope: Scope::Admin, node: None };
+        assert_eq!(snapshot.tokens.len(), 2);
+        assert!(snapshot.tokens.contains(&admin) && snapshot.tokens.contains(&node));
+        store.delete_token("n").unwrap();
+        assert_eq!(store.load::<serde_json::Value>().unwrap().tokens, vec![admin]);
+        drop(store);
+        // Opening again runs no step twice.
+        let conn = Connection::open(&path).unwrap();
+        let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0)).unwrap();
+        assert_eq!(version, MIGRATIONS.len() as i64);
+        drop(conn);
+        SqliteStore::open(&path).unwrap();
     }
 }

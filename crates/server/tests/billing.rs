@@ -83,6 +83,9 @@ struct Node {
     running: BTreeMap<AttemptRef, Proc>,
     /// Events the server has not accepted yet, in order.
     unreported: Vec<AgentEvent>,
+    /// The server issued this node its credential: it registers as itself
+    /// from then on, no longer with the join token.
+    credential: bool,
 }
 
 struct World {
@@ -101,6 +104,7 @@ fn config(dir: &PathBuf) -> EngineConfig {
         drain_window: Span(DRAIN_WINDOW_MS),
         heartbeat_timeout: Span(2_000),
         heartbeat_interval: Span(500),
+        max_clock_skew: Span(5_000),
         pricing: Pricing {
             prices: vec![(MODEL.to_string(), ON_DEMAND, None)],
             default_price: ON_DEMAND,
@@ -129,10 +133,11 @@ impl World {
                 after: 0,
                 running: BTreeMap::new(),
                 unreported: Vec::new(),
+                credential: false,
             })
             .collect();
-        let admin = Principal { scope: Scope::Admin, tenant: Some((1, "default".into())) };
-        let acme = Principal { scope: Scope::Tenant, tenant: Some((2, "acme".into())) };
+        let admin = Principal::tenant(Scope::Admin, 1, "default");
+        let acme = Principal::tenant(Scope::Tenant, 2, "acme");
         let mut world = World { dir, engine: None, now: START, nodes, ran: Vec::new(), admin, acme };
         world.open();
         let created = world.call(|reply| Msg::CreateTenant { name: "acme".into(), reply }).unwrap();
@@ -244,8 +249,12 @@ impl World {
                 address: Some("127.0.0.1".into()),
                 unreported: node.unreported.clone(),
             };
-            let Some(Ok(registered)) = self.call(|reply| Msg::Register { reg, reply }) else { return };
+            let principal = if node.credential { Principal::node(&node.name) } else { Principal::join() };
+            let Some(Ok(registered)) = self.call(|reply| Msg::Register { principal, reg, reply }) else {
+                return;
+            };
             let node = &mut self.nodes[i];
+            node.credential |= registered.credential.is_some();
             node.epoch = Some(registered.epoch);
             node.after = registered.next_seq;
             node.unreported.clear();

@@ -38,12 +38,13 @@ impl Server {
             pricing: Pricing { prices: Vec::new(), default_price: 1_000_000, discount_bps: 5_000 },
             limits: Default::default(),
             run_as: Default::default(),
+            max_clock_skew: Span(5_000),
         };
         let store = SqliteStore::open(&dir.join("ebb.db")).unwrap();
         let (engine, _) = Engine::open(store, config, Arc::new(RwLock::new(HashMap::new())), NOW)
             .map_err(|e| e.message)
             .unwrap();
-        let admin = Principal { scope: Scope::Admin, tenant: Some((1, "default".into())) };
+        let admin = Principal::tenant(Scope::Admin, 1, "default");
         let mut server = Server { engine, epoch: 0, after: 0, admin };
         let reg = Register {
             node: NODE.into(),
@@ -54,7 +55,8 @@ impl Server {
             address: None,
             unreported: Vec::new(),
         };
-        let registered = server.call(|reply| Msg::Register { reg, reply }).unwrap();
+        let registered =
+            server.call(|reply| Msg::Register { principal: Principal::join(), reg, reply }).unwrap();
         server.epoch = registered.epoch;
         server.after = registered.next_seq;
         server

@@ -27,6 +27,8 @@ struct World {
     tenant: Principal,
     /// Attempts the modelled node runs.
     running: Vec<AttemptRef>,
+    /// The node has its credential.
+    joined: bool,
 }
 
 impl World {
@@ -35,9 +37,18 @@ impl World {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("logs")).unwrap();
         let engine = open(&dir, &limits, START);
-        let tenant = Principal { scope: Scope::Tenant, tenant: Some((2, "acme".into())) };
-        let mut world =
-            World { dir, limits, engine, now: START, epoch: 0, after: 0, tenant, running: Vec::new() };
+        let tenant = Principal::tenant(Scope::Tenant, 2, "acme");
+        let mut world = World {
+            dir,
+            limits,
+            engine,
+            now: START,
+            epoch: 0,
+            after: 0,
+            tenant,
+            running: Vec::new(),
+            joined: false,
+        };
         let created = world.call(|reply| Msg::CreateTenant { name: "acme".into(), reply });
         assert!(created.is_ok());
         world.register();
@@ -60,8 +71,11 @@ impl World {
             address: None,
             unreported: Vec::new(),
         };
-        let registered = self.call(|reply| Msg::Register { reg, reply }).unwrap();
+        // The join token the first time; after that, the node's credential.
+        let principal = if self.joined { Principal::node("node-0") } else { Principal::join() };
+        let registered = self.call(|reply| Msg::Register { principal, reg, reply }).unwrap();
         (self.epoch, self.after) = (registered.epoch, registered.next_seq);
+        self.joined = true;
     }
 
     /// A server restart from the same file.
@@ -149,6 +163,7 @@ fn open(dir: &std::path::Path, limits: &Limits, now: u64) -> Engine<SqliteStore>
         pricing: Pricing { prices: Vec::new(), default_price: 2_000_000, discount_bps: 5_000 },
         limits: limits.clone(),
         run_as: Default::default(),
+        max_clock_skew: Span(5_000),
     };
     let store = SqliteStore::open(&dir.join("ebb.db")).unwrap();
     Engine::open(store, config, Arc::new(RwLock::new(HashMap::new())), now).map_err(|e| e.message).unwrap().0
@@ -268,7 +283,7 @@ fn jobs_are_listed_a_page_at_a_time() {
 #[test]
 fn an_operator_sets_one_tenants_limits_and_raising_them_admits_at_once() {
     let mut w = World::new("tenant-limits", Limits::default());
-    let admin = Principal { scope: Scope::Admin, tenant: Some((1, "default".into())) };
+    let admin = Principal::tenant(Scope::Admin, 1, "default");
     let set = |w: &mut World, who: &Principal, limits: ebb_api::TenantLimits| {
         let principal = who.clone();
         w.call(|reply| Msg::TenantLimits { principal, tenant: "acme".into(), set: Some(limits), reply })
