@@ -26,11 +26,14 @@ pub struct Task {
 
 pub const MAX_GPUS: u32 = 4096;
 
+/// Refusals the API document states (a limit, a pattern) are 400s; those
+/// it cannot state (what this cluster has, how fields relate) are 422s.
 pub fn submission(spec: &JobSubmission, core: &State) -> Result<Checked, ApiError> {
     let bad = |m: String| Err(ApiError::bad_request(m));
+    let refuse = |m: String| Err(ApiError::unprocessable(m));
     match spec.argv.first() {
         None => return bad("argv: must name a program to run".into()),
-        Some(program) if program.is_empty() => return bad("argv: the program name is empty".into()),
+        Some(program) if program.is_empty() => return refuse("argv: the program name is empty".into()),
         _ => {}
     }
     if spec.argv.iter().any(|a| a.contains('\0')) {
@@ -65,8 +68,8 @@ pub fn submission(spec: &JobSubmission, core: &State) -> Result<Checked, ApiErro
         })?,
     };
     if let Some(name) = spec.name.as_deref() {
-        if name.len() > 256 || name.contains(['\n', '\0']) {
-            return bad("name: must be one line of at most 256 bytes".into());
+        if name.chars().count() > 256 || name.contains(['\n', '\0']) {
+            return bad("name: must be one line of at most 256 characters".into());
         }
     }
     // Against the cluster as it is: a model that exists, a shape that fits.
@@ -74,14 +77,14 @@ pub fn submission(spec: &JobSubmission, core: &State) -> Result<Checked, ApiErro
     if let Some(wanted) = &spec.gpu_model {
         if !models.is_empty() && core.model_by_name(wanted).is_none() {
             let known: Vec<&str> = models.iter().map(|(_, m)| m.name.as_str()).collect();
-            return bad(format!("gpu_model: unknown model {wanted:?} (nodes have {})", known.join(", ")));
+            return refuse(format!("gpu_model: unknown model {wanted:?} (nodes have {})", known.join(", ")));
         }
     }
     let candidates: Vec<_> =
         models.iter().filter(|(_, m)| spec.gpu_model.as_deref().is_none_or(|w| w == m.name)).collect();
     if !candidates.is_empty() && !candidates.iter().any(|(_, m)| shape_fits(gpus, m.gpus_per_node)) {
         let per_node = candidates[0].1.gpus_per_node;
-        return bad(format!(
+        return refuse(format!(
             "gpus: {gpus} GPUs cannot be placed on nodes of {per_node} GPUs (at most {per_node}, or a multiple of {per_node})"
         ));
     }
@@ -93,17 +96,17 @@ pub fn submission(spec: &JobSubmission, core: &State) -> Result<Checked, ApiErro
         None => Vec::new(),
         Some(text) => {
             let (first, last) =
-                parse_array(text).map_err(|e| ApiError::bad_request(format!("array: {e}")))?;
+                parse_array(text).map_err(|e| ApiError::unprocessable(format!("array: {e}")))?;
             (first..=last).map(|index| Task { index, params: Vec::new() }).collect()
         }
     };
     if !spec.sweep.is_empty() {
         if spec.array.is_some() {
-            return bad(
+            return refuse(
                 "sweep: cannot be combined with array (a sweep is an array of its combinations)".into()
             );
         }
-        tasks = sweep_tasks(&spec.sweep).map_err(|e| ApiError::bad_request(format!("sweep: {e}")))?;
+        tasks = sweep_tasks(&spec.sweep).map_err(|e| ApiError::unprocessable(format!("sweep: {e}")))?;
     }
     Ok(Checked { tier, gpus, signal, tasks })
 }
@@ -148,8 +151,8 @@ fn sweep_tasks(params: &[ebb_api::SweepParam]) -> Result<Vec<Task>, String> {
         if p.values.is_empty() {
             return Err(format!("parameter {} has no values", p.name));
         }
-        if let Some(v) = p.values.iter().find(|v| v.contains('\0') || v.len() > 4096) {
-            return Err(format!("parameter {}: value {v:?} has a NUL byte or is over 4096 bytes", p.name));
+        if let Some(v) = p.values.iter().find(|v| v.contains('\0') || v.chars().count() > 4096) {
+            return Err(format!("parameter {}: value {v:?} has a NUL byte or is over 4096 characters", p.name));
         }
         total = total.saturating_mul(p.values.len() as u64);
         if total > MAX_ARRAY_TASKS {
