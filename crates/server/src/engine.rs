@@ -1757,7 +1757,10 @@ impl<S: Store> Engine<S> {
         let start = crate::billing::parse_time("start", &req.start)?;
         let end = crate::billing::parse_time("end", &req.end)?;
         if start >= end {
-            return Err(ApiError::unprocessable(format!("end: {} is not after start: {}", req.end, req.start)));
+            return Err(ApiError::unprocessable(format!(
+                "end: {} is not after start: {}",
+                req.end, req.start
+            )));
         }
         let overlapping: Vec<&ReservationRow> = self
             .reservations

@@ -93,7 +93,9 @@ impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for ApiPath
     async fn from_request_parts(parts: &mut Parts, state: &S) -> ApiResult<Self> {
         match Path::<T>::from_request_parts(parts, state).await {
             Ok(Path(value)) => Ok(ApiPath(value)),
-            Err(e) => Err(ApiError { status: e.status().as_u16(), message: format!("path: {}", e.body_text()) }),
+            Err(e) => {
+                Err(ApiError { status: e.status().as_u16(), message: format!("path: {}", e.body_text()) })
+            }
         }
     }
 }
@@ -130,11 +132,12 @@ impl<S: Send + Sync> FromRequest<S> for Body {
     async fn from_request(req: Request, state: &S) -> ApiResult<Self> {
         match Bytes::from_request(req, state).await {
             Ok(bytes) => Ok(Body(bytes)),
-            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => Err(ApiError {
-                status: 413,
-                message: format!("body: over the {BODY_LIMIT} limit"),
-            }),
-            Err(e) => Err(ApiError { status: e.status().as_u16(), message: format!("body: {}", e.body_text()) }),
+            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                Err(ApiError { status: 413, message: format!("body: over the {BODY_LIMIT} limit") })
+            }
+            Err(e) => {
+                Err(ApiError { status: e.status().as_u16(), message: format!("body: {}", e.body_text()) })
+            }
         }
     }
 }
@@ -149,7 +152,8 @@ fn parse<T: DeserializeOwned>(body: &Bytes) -> ApiResult<T> {
             let mut value: serde_json::Value =
                 serde_json::from_slice(body).map_err(|e| body_error(String::new(), e))?;
             integral_floats_as_integers(&mut value);
-            serde_path_to_error::deserialize(value).map_err(|e| body_error(e.path().to_string(), e.into_inner()))
+            serde_path_to_error::deserialize(value)
+                .map_err(|e| body_error(e.path().to_string(), e.into_inner()))
         }
         Err(e) => Err(body_error(e.path().to_string(), e.into_inner())),
     }
@@ -543,7 +547,9 @@ fn document() -> serde_json::Value {
     let mut doc = serde_json::to_value(ApiDoc::openapi()).expect("the document serialises");
     state_unsigned_ranges(&mut doc);
     if let Some(paths) = doc.get_mut("paths").and_then(|p| p.as_object_mut()) {
-        for operation in paths.values_mut().filter_map(|item| item.as_object_mut()).flat_map(|item| item.values_mut()) {
+        for operation in
+            paths.values_mut().filter_map(|item| item.as_object_mut()).flat_map(|item| item.values_mut())
+        {
             add_common_errors(operation);
         }
     }
@@ -577,7 +583,8 @@ fn state_unsigned_ranges(value: &mut serde_json::Value) {
 
 /// The refusals every operation can give: each a JSON `ErrorBody`.
 fn add_common_errors(operation: &mut serde_json::Value) {
-    let takes_input = operation.get("parameters").is_some_and(|p| p.as_array().is_some_and(|p| !p.is_empty()));
+    let takes_input =
+        operation.get("parameters").is_some_and(|p| p.as_array().is_some_and(|p| !p.is_empty()));
     let takes_body = operation.get("requestBody").is_some();
     let Some(responses) = operation.get_mut("responses").and_then(|r| r.as_object_mut()) else { return };
     let error = |description: &str| {
@@ -594,10 +601,12 @@ fn add_common_errors(operation: &mut serde_json::Value) {
     if takes_body {
         responses.entry("413").or_insert_with(|| error(&format!("The body is over the {BODY_LIMIT} limit")));
     }
+    responses.entry("401").or_insert_with(|| {
+        error("No bearer token, a malformed Authorization header, or an unknown or revoked token")
+    });
     responses
-        .entry("401")
-        .or_insert_with(|| error("No bearer token, a malformed Authorization header, or an unknown or revoked token"));
-    responses.entry("403").or_insert_with(|| error("The token may not make this call (an admin-only call, or an agent's)"));
+        .entry("403")
+        .or_insert_with(|| error("The token may not make this call (an admin-only call, or an agent's)"));
 }
 
 /// Anything not routed: a JSON 404.
@@ -693,5 +702,93 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_operation_documents_its_refusals_as_error_bodies() {
+        let doc = document();
+        let error_body = serde_json::json!({"$ref": "#/components/schemas/ErrorBody"});
+        let mut operations = 0;
+        for (path, item) in doc["paths"].as_object().unwrap() {
+            for (method, op) in item.as_object().unwrap() {
+                operations += 1;
+                let responses = op["responses"].as_object().unwrap();
+                for code in ["401", "403"] {
+                    assert!(responses.contains_key(code), "{method} {path}: no {code}");
+                }
+                if op.get("requestBody").is_some() {
+                    assert!(
+                        responses.contains_key("400") && responses.contains_key("413"),
+                        "{method} {path}"
+                    );
+                }
+                for (code, response) in responses {
+                    if code.starts_with('4') {
+                        let schema = &response["content"]["application/json"]["schema"];
+                        assert_eq!(*schema, error_body, "{method} {path} {code}");
+                    }
+                }
+            }
+        }
+        assert_eq!(operations, 19);
+    }
+
+    #[test]
+    fn the_agent_protocol_is_documented_under_its_own_tag() {
+        let doc = document();
+        for (path, method) in
+            [("/v1/agent/register", "post"), ("/v1/agent/commands", "get"), ("/v1/agent/report", "post")]
+        {
+            assert_eq!(doc["paths"][path][method]["tags"], serde_json::json!(["agent"]), "{path}");
+        }
+    }
+
+    #[test]
+    fn unsigned_integers_and_limits_state_their_ranges() {
+        let doc = document();
+        let job = &doc["components"]["schemas"]["JobSubmission"]["properties"];
+        assert_eq!((job["gpus"]["minimum"].as_u64(), job["gpus"]["maximum"].as_u64()), (Some(1), Some(4096)));
+        assert_eq!(u64::from(crate::validate::MAX_GPUS), job["gpus"]["maximum"].as_u64().unwrap());
+        assert_eq!(job["max_retries"]["maximum"].as_u64(), Some(u64::from(u32::MAX)));
+        assert_eq!(job["argv"]["minItems"].as_u64(), Some(1));
+        let array = regex_lite_match(job["array"]["pattern"].as_str().unwrap());
+        assert!(
+            array("0-99") && array("7") && !array("1-") && !array("a-b") && !array("0-18446744073709551615")
+        );
+        let reservation = &doc["components"]["schemas"]["ReservationRequest"]["properties"];
+        assert_eq!(reservation["start"]["pattern"].as_str(), Some(ebb_api::TIME_PATTERN));
+        assert_eq!(reservation["rate_usd"]["pattern"].as_str(), Some(ebb_api::USD_PATTERN));
+        let price = &doc["components"]["schemas"]["PriceUpdate"]["properties"];
+        assert_eq!(price["on_demand_usd"]["pattern"].as_str(), Some(ebb_api::USD_PATTERN));
+        let logs = &doc["paths"]["/v1/jobs/{id}/logs"]["get"]["parameters"];
+        let id = logs.as_array().unwrap().iter().find(|p| p["name"] == "id").unwrap();
+        assert_eq!(
+            (id["schema"]["format"].as_str(), id["schema"]["maximum"].as_u64()),
+            (Some("uint64"), Some(u64::MAX))
+        );
+        let bill = doc["paths"]["/v1/bill"]["get"]["parameters"].as_array().unwrap().clone();
+        let from = bill.iter().find(|p| p["name"] == "from").unwrap();
+        assert_eq!(from["schema"]["pattern"].as_str(), Some(ebb_api::TIME_PATTERN));
+    }
+
+    /// The array pattern is simple enough to check by hand: digits, an
+    /// optional `-` and digits, each part at most 19 digits after zeros.
+    fn regex_lite_match(pattern: &str) -> impl Fn(&str) -> bool {
+        assert_eq!(pattern, r"^0*[0-9]{1,19}(-0*[0-9]{1,19})?$");
+        |text: &str| {
+            let part = |p: &str| {
+                let digits = p.trim_start_matches('0');
+                p.bytes().all(|b| b.is_ascii_digit()) && !p.is_empty() && digits.len() <= 19
+            };
+            match text.split_once('-') {
+                Some((a, b)) => part(a) && part(b),
+                None => part(text),
+            }
+        }
     }
 }

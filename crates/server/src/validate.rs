@@ -103,7 +103,7 @@ pub fn submission(spec: &JobSubmission, core: &State) -> Result<Checked, ApiErro
     if !spec.sweep.is_empty() {
         if spec.array.is_some() {
             return refuse(
-                "sweep: cannot be combined with array (a sweep is an array of its combinations)".into()
+                "sweep: cannot be combined with array (a sweep is an array of its combinations)".into(),
             );
         }
         tasks = sweep_tasks(&spec.sweep).map_err(|e| ApiError::unprocessable(format!("sweep: {e}")))?;
@@ -152,7 +152,10 @@ fn sweep_tasks(params: &[ebb_api::SweepParam]) -> Result<Vec<Task>, String> {
             return Err(format!("parameter {} has no values", p.name));
         }
         if let Some(v) = p.values.iter().find(|v| v.contains('\0') || v.chars().count() > 4096) {
-            return Err(format!("parameter {}: value {v:?} has a NUL byte or is over 4096 characters", p.name));
+            return Err(format!(
+                "parameter {}: value {v:?} has a NUL byte or is over 4096 characters",
+                p.name
+            ));
         }
         total = total.saturating_mul(p.values.len() as u64);
         if total > MAX_ARRAY_TASKS {
