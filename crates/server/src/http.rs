@@ -741,6 +741,18 @@ mod tests {
     }
 
     #[test]
+    fn a_whole_number_written_with_a_fraction_is_that_integer() {
+        let body = |text: &str| Bytes::from(text.to_string());
+        let spec: api::JobSubmission = parse(&body(r#"{"argv": ["x"], "gpus": 2.0}"#)).unwrap();
+        assert_eq!(spec.gpus, Some(2));
+        let err = parse::<api::JobSubmission>(&body(r#"{"argv": ["x"], "gpus": 2.5}"#)).unwrap_err();
+        assert_eq!(err.status, 400);
+        assert!(err.message.starts_with("gpus: "), "{}", err.message);
+        let err = parse::<api::JobSubmission>(&body(r#"{"argv": ["x"], "gpus": -1.0}"#)).unwrap_err();
+        assert!(err.message.starts_with("gpus: "), "{}", err.message);
+    }
+
+    #[test]
     fn the_agent_protocol_is_documented_under_its_own_tag() {
         let doc = document();
         for (path, method) in
