@@ -95,8 +95,16 @@ pub fn submission(spec: &JobSubmission, core: &State) -> Result<Checked, ApiErro
     let mut tasks = match spec.array.as_deref() {
         None => Vec::new(),
         Some(text) => {
-            let (first, last) =
-                parse_array(text).map_err(|e| ApiError::unprocessable(format!("array: {e}")))?;
+            let (first, last) = parse_array(text).map_err(|e| {
+                let message = format!("array: {e}");
+                // 400 for text the document's pattern rules out; 422 for a
+                // range it allows that runs backwards or is too long.
+                if array_pattern_allows(text) {
+                    ApiError::unprocessable(message)
+                } else {
+                    ApiError::bad_request(message)
+                }
+            })?;
             (first..=last).map(|index| Task { index, params: Vec::new() }).collect()
         }
     };
@@ -130,6 +138,18 @@ fn parse_array(text: &str) -> Result<(u64, u64), String> {
         return Err(format!("at most {MAX_ARRAY_TASKS} tasks, got {}", b - a + 1));
     }
     Ok((a, b))
+}
+
+/// The API document's pattern for `array`, `^0*[0-9]{1,19}(-0*[0-9]{1,19})?$`:
+/// one or two runs of digits, each at most 19 digits after leading zeros.
+fn array_pattern_allows(text: &str) -> bool {
+    let part = |p: &str| {
+        !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) && p.trim_start_matches('0').len() <= 19
+    };
+    match text.split_once('-') {
+        Some((a, b)) => part(a) && part(b),
+        None => part(text),
+    }
 }
 
 /// One task per combination of the parameters' values, the last parameter
@@ -231,6 +251,15 @@ mod tests {
             ]
         );
         assert_eq!(tasks.iter().map(|t| t.index).collect::<Vec<_>>(), [0, 1, 2, 3, 4, 5]);
+    }
+
+    #[test]
+    fn the_array_pattern_is_the_documents() {
+        assert!(array_pattern_allows("0-99") && array_pattern_allows("7") && array_pattern_allows("007-9"));
+        assert!(array_pattern_allows("0-9999999999999999999"));
+        for text in ["", "1-", "-1", "a-b", "1-2-3", " 1", "0-18446744073709551615", "1_000"] {
+            assert!(!array_pattern_allows(text), "{text:?}");
+        }
     }
 
     #[test]
