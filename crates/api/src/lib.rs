@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, Type};
 use utoipa::ToSchema;
 
 /// The largest request body the server reads, in bytes; larger ones are
@@ -17,31 +18,80 @@ pub const MAX_REQUEST_BYTES: usize = 2 * 1024 * 1024;
 /// that an estimate a little off never meets a 413.
 pub const MAX_REPORT_BYTES: usize = MAX_REQUEST_BYTES / 2;
 
+// ---- limits the server enforces, as the API document states them ----------
+
+/// A time given by a person: RFC 3339 (`2026-12-01T08:00:00Z`, `Z` or
+/// `+00:00` optional, `T` or a space) or a date (`2026-12-01`, midnight
+/// UTC), from 1970. Days past the 28th are valid but not stated here.
+pub const TIME_PATTERN: &str = r"^(19[7-9][0-9]|[2-9][0-9]{3})-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])([T ]([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)(\.[0-9]*)?(Z|\+00:00)?)?$";
+/// Dollars as a decimal string, at most six decimals (micro-dollars).
+pub const USD_PATTERN: &str = r"^[0-9]{1,12}(\.[0-9]{0,6})?$";
+/// A string without NUL bytes (arguments, environment values).
+const NO_NUL_PATTERN: &str = r"^[^\u0000]*$";
+/// An environment variable a job may set: not Ebb's own (`EBB_*`,
+/// `CUDA_VISIBLE_DEVICES`).
+const ENV_NAME_PATTERN: &str = r"^(?!EBB_)(?!CUDA_VISIBLE_DEVICES$)[A-Za-z_][A-Za-z0-9_]*$";
+
+fn no_nul_string() -> ObjectBuilder {
+    ObjectBuilder::new().schema_type(Type::String).pattern(Some(NO_NUL_PATTERN))
+}
+
+/// `argv`: a program and its arguments, none with a NUL byte.
+fn argv_schema() -> ArrayBuilder {
+    ArrayBuilder::new()
+        .items(no_nul_string())
+        .min_items(Some(1))
+        .description(Some("Program and arguments, run directly (never through a shell)."))
+}
+
+/// `env`: variable names and values.
+fn env_schema() -> ObjectBuilder {
+    ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .property_names(Some(ObjectBuilder::new().schema_type(Type::String).pattern(Some(ENV_NAME_PATTERN))))
+        .additional_properties(Some(no_nul_string()))
+        .description(Some("Environment of the job, on top of what Ebb sets (EBB_*, CUDA_VISIBLE_DEVICES)."))
+}
+
+/// A sweep parameter's values: at least one, each at most 4096 characters.
+fn sweep_values_schema() -> ArrayBuilder {
+    ArrayBuilder::new().items(no_nul_string().max_length(Some(4096))).min_items(Some(1))
+}
+
 /// `POST /v1/jobs`: a job as the user describes it.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct JobSubmission {
-    /// A name for people; need not be unique.
+    /// A name for people; need not be unique. One line.
     #[serde(default)]
+    #[schema(max_length = 256, pattern = r"^[^\n\u0000]*$")]
     pub name: Option<String>,
     /// `preemptible` (default), `on-demand` or `reserved`.
     #[serde(default)]
+    #[schema(pattern = r"^(preemptible|on-demand|ondemand|on_demand|reserved)$")]
     pub tier: Option<String>,
     /// Whole GPUs (default 1). More than one node's worth is a gang.
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 4096)]
     pub gpus: Option<u32>,
     /// GPU model; any model when absent (reserved jobs: their reservation's).
     #[serde(default)]
     pub gpu_model: Option<String>,
     /// Program and arguments, run directly (never through a shell).
+    #[schema(schema_with = argv_schema)]
     pub argv: Vec<String>,
     #[serde(default)]
+    #[schema(schema_with = env_schema)]
     pub env: BTreeMap<String, String>,
     /// Working directory on the node; a fresh per-job directory by default.
     #[serde(default)]
     pub workdir: Option<String>,
-    /// Signal sent at drain notice, like Slurm's `--signal` (default `TERM`).
+    /// Signal sent at drain notice, like Slurm's `--signal` (default `TERM`):
+    /// a name, with or without `SIG`, or a number from 1 to 64.
     #[serde(default)]
+    #[schema(
+        pattern = r"^(([Ss][Ii][Gg])?([Hh][Uu][Pp]|[Ii][Nn][Tt]|[Qq][Uu][Ii][Tt]|[Kk][Ii][Ll][Ll]|[Uu][Ss][Rr][12]|[Tt][Ee][Rr][Mm]|[Cc][Oo][Nn][Tt]|[Ss][Tt][Oo][Pp]|[Tt][Ss][Tt][Pp]|[Ww][Ii][Nn][Cc][Hh])|\+?0*([1-9]|[1-5][0-9]|6[0-4]))$"
+    )]
     pub signal: Option<String>,
     /// Give up after this many preemptions (default: never).
     #[serde(default)]
@@ -53,12 +103,15 @@ pub struct JobSubmission {
     /// completion marker.
     #[serde(default)]
     pub exit_on_drain_is_success: bool,
-    /// `A-B`: one task per index, each its own job with `EBB_TASK_INDEX`.
+    /// `A-B` (A <= B, at most 10000 tasks) or one index `N`: one task per
+    /// index, each its own job with `EBB_TASK_INDEX`.
     #[serde(default)]
+    #[schema(pattern = r"^0*[0-9]{1,19}(-0*[0-9]{1,19})?$")]
     pub array: Option<String>,
     /// `never` (default) or `always`: run again after every exit but a
     /// cancel, as a service does; such restarts are not failures.
     #[serde(default)]
+    #[schema(pattern = r"^(never|always)$")]
     pub restart: Option<String>,
     /// A parameter grid: one task per combination, in order (the last
     /// parameter varies fastest), each with its values in the environment.
@@ -70,7 +123,10 @@ pub struct JobSubmission {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SweepParam {
+    /// Letters, digits and `_`, not starting with a digit.
+    #[schema(max_length = 64, pattern = r"^[A-Za-z_][A-Za-z0-9_]*$")]
     pub name: String,
+    #[schema(schema_with = sweep_values_schema)]
     pub values: Vec<String>,
 }
 
@@ -229,6 +285,7 @@ pub struct Node {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReclaimRequest {
+    #[schema(minimum = 1)]
     pub gpus: u32,
     /// Which model's preemptible capacity (default: the only model).
     #[serde(default)]
@@ -245,6 +302,8 @@ pub struct ReclaimReply {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TenantRequest {
+    /// 1 to 64 letters, digits, `-` or `_`.
+    #[schema(min_length = 1, max_length = 64, pattern = r"^[A-Za-z0-9_-]{1,64}$")]
     pub name: String,
 }
 
@@ -522,8 +581,10 @@ pub struct PriceBook {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PriceUpdate {
+    #[schema(pattern = r"^[0-9]{1,12}(\.[0-9]{0,6})?$")]
     pub on_demand_usd: String,
     #[serde(default)]
+    #[schema(pattern = r"^[0-9]{1,12}(\.[0-9]{0,6})?$")]
     pub reserved_usd: Option<String>,
 }
 
@@ -533,12 +594,20 @@ pub struct PriceUpdate {
 pub struct ReservationRequest {
     pub tenant: String,
     pub gpu_model: String,
+    #[schema(minimum = 1)]
     pub gpus: u32,
     /// RFC 3339 or a date (`2026-12-01`, midnight UTC).
+    #[schema(
+        pattern = r"^(19[7-9][0-9]|[2-9][0-9]{3})-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])([T ]([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)(\.[0-9]*)?(Z|\+00:00)?)?$"
+    )]
     pub start: String,
+    #[schema(
+        pattern = r"^(19[7-9][0-9]|[2-9][0-9]{3})-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])([T ]([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)(\.[0-9]*)?(Z|\+00:00)?)?$"
+    )]
     pub end: String,
     /// Contract rate per GPU-hour, dollars (default: the price book's).
     #[serde(default)]
+    #[schema(pattern = r"^[0-9]{1,12}(\.[0-9]{0,6})?$")]
     pub rate_usd: Option<String>,
 }
 

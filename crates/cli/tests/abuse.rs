@@ -33,7 +33,7 @@ fn no_request_stops_the_control_plane() {
     assert!(body["error"].as_str().unwrap().starts_with("array: at most 10000 tasks"), "{body}");
     // Linux refuses one argument over 128 KiB at exec: refused at submit.
     let (status, body) = post(&c, &c.admin, "/v1/jobs", json!({ "argv": ["echo", "x".repeat(200_000)] }));
-    assert_eq!(status, 400, "{body}");
+    assert_eq!(status, 422, "{body}");
     assert!(body["error"].as_str().unwrap().contains("--max-argument-bytes"), "{body}");
     // The server goes on: the next job runs.
     let id = c.submit(&["--", "true"]);

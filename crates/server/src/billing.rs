@@ -190,7 +190,7 @@ pub fn parse_price(field: &str, text: &str, discount_bps: u32) -> Result<i64, Ap
     let micro = MicroUsd::parse_usd(text).map_err(|e| ApiError::bad_request(format!("{field}: {e}")))?.0;
     if (micro as i128 * i128::from(10_000 - discount_bps)) % 10_000 != 0 {
         let step = 10_000 / gcd(10_000, u64::from(10_000 - discount_bps));
-        return Err(ApiError::bad_request(format!(
+        return Err(ApiError::unprocessable(format!(
             "{field}: ${text} cannot be discounted by {}% to a whole micro-dollar; use a multiple of {}",
             f64::from(discount_bps) / 100.0,
             usd(step as i64)
@@ -260,7 +260,7 @@ pub fn parse_time(field: &str, text: &str) -> Result<u64, ApiError> {
 pub fn period(from: &str, to: &str) -> Result<(u64, u64), ApiError> {
     let (f, t) = (parse_time("from", from)?, parse_time("to", to)?);
     if f >= t {
-        return Err(ApiError::bad_request(format!("from: {from} is not before to: {to}")));
+        return Err(ApiError::unprocessable(format!("from: {from} is not before to: {to}")));
     }
     Ok((f, t))
 }

@@ -983,7 +983,7 @@ impl<S: Store> Engine<S> {
                 .collect();
             let model = match models.len() {
                 0 => {
-                    return Err(ApiError::bad_request(format!(
+                    return Err(ApiError::unprocessable(format!(
                     "tier: reserved jobs draw on a reservation, and tenant {} has none{} that has not ended",
                     self.tenant_name(tenant),
                     wanted.map(|m| format!(" of {m}")).unwrap_or_default()
@@ -991,7 +991,7 @@ impl<S: Store> Engine<S> {
                 }
                 1 => models.first().expect("one").to_string(),
                 _ => {
-                    return Err(ApiError::bad_request(format!(
+                    return Err(ApiError::unprocessable(format!(
                         "gpu_model: tenant {} has reservations of {}; say which",
                         self.tenant_name(tenant),
                         models.into_iter().collect::<Vec<_>>().join(", ")
@@ -1104,7 +1104,7 @@ impl<S: Store> Engine<S> {
             if admitted < limits.max_running_jobs {
                 if let Err(e) = self.core.submit(self.spec_of(id)) {
                     self.jobs.remove(&id);
-                    return Err(ApiError::bad_request(e.to_string()));
+                    return Err(ApiError::unprocessable(e.to_string()));
                 }
                 self.load.entry(tenant).or_default().admitted += 1;
             } else {
@@ -1202,21 +1202,21 @@ impl<S: Store> Engine<S> {
             Some(name) => self
                 .core
                 .model_by_name(name)
-                .ok_or_else(|| ApiError::bad_request(format!("gpu_model: unknown model {name:?}")))?,
+                .ok_or_else(|| ApiError::unprocessable(format!("gpu_model: unknown model {name:?}")))?,
             None => {
                 let models: Vec<GpuModelId> = self.core.models().map(|(id, _)| id).collect();
                 match models.as_slice() {
                     [only] => *only,
                     [] => return Err(ApiError::conflict("no nodes have joined".into())),
                     _ => {
-                        return Err(ApiError::bad_request(
+                        return Err(ApiError::unprocessable(
                             "gpu_model: required when nodes have several models".into(),
                         ))
                     }
                 }
             }
         };
-        let limit = self.core.reclaim(model, req.gpus).map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let limit = self.core.reclaim(model, req.gpus).map_err(|e| ApiError::unprocessable(e.to_string()))?;
         let name = self.core.model(model).expect("known model").name.clone();
         tracing::info!(gpu_model = name, gpus = req.gpus, limit, "preemptible capacity reclaimed");
         Ok(ebb_api::ReclaimReply { gpu_model: name, preemptible_limit: limit })
@@ -2040,7 +2040,7 @@ impl<S: Store> Engine<S> {
                 ("max_stored_bytes", set.max_stored_bytes),
             ] {
                 if value == Some(0) {
-                    return Err(ApiError::bad_request(format!("{field}: must be at least 1, got 0")));
+                    return Err(ApiError::unprocessable(format!("{field}: must be at least 1, got 0")));
                 }
             }
             self.store.put_tenant_limits(tenant, &set).map_err(storage_error)?;
@@ -2314,7 +2314,7 @@ impl<S: Store> Engine<S> {
             .iter()
             .find(|(_, n)| *n == name)
             .map(|(id, _)| *id)
-            .ok_or_else(|| ApiError::bad_request(format!("tenant: unknown tenant {name:?}")))
+            .ok_or_else(|| ApiError::unprocessable(format!("tenant: unknown tenant {name:?}")))
     }
 
     fn known_model(&self, field: &str, model: &str) -> Result<(), ApiError> {
@@ -2322,7 +2322,7 @@ impl<S: Store> Engine<S> {
             return Ok(());
         }
         let known: Vec<&str> = self.prices.keys().map(String::as_str).collect();
-        Err(ApiError::bad_request(format!(
+        Err(ApiError::unprocessable(format!(
             "{field}: unknown GPU model {model:?} (known: {})",
             if known.is_empty() { "none yet".to_string() } else { known.join(", ") }
         )))
@@ -2358,11 +2358,11 @@ impl<S: Store> Engine<S> {
         let tenant = self.tenant_by_name(&req.tenant)?;
         self.known_model("gpu_model", &req.gpu_model)?;
         let model = self.core.model_by_name(&req.gpu_model).ok_or_else(|| {
-            ApiError::bad_request(format!("gpu_model: no node of {} has joined yet", req.gpu_model))
+            ApiError::unprocessable(format!("gpu_model: no node of {} has joined yet", req.gpu_model))
         })?;
         let capacity = self.core.model(model).expect("known").capacity;
         if req.gpus == 0 || req.gpus > capacity {
-            return Err(ApiError::bad_request(format!(
+            return Err(ApiError::unprocessable(format!(
                 "gpus: must be between 1 and the {capacity} GPUs of {}, got {}",
                 req.gpu_model, req.gpus
             )));
@@ -2370,7 +2370,10 @@ impl<S: Store> Engine<S> {
         let start = crate::billing::parse_time("start", &req.start)?;
         let end = crate::billing::parse_time("end", &req.end)?;
         if start >= end {
-            return Err(ApiError::bad_request(format!("end: {} is not after start: {}", req.end, req.start)));
+            return Err(ApiError::unprocessable(format!(
+                "end: {} is not after start: {}",
+                req.end, req.start
+            )));
         }
         let overlapping: Vec<&ReservationRow> = self
             .reservations
@@ -2460,7 +2463,7 @@ impl<S: Store> Engine<S> {
             (Some(name), Some((id, own))) if name == own => *id,
             (Some(_), _) => return Err(ApiError::forbidden("only an operator may bill another tenant")),
             (None, Some((id, _))) => *id,
-            (None, None) => return Err(ApiError::bad_request("tenant: required for this token".into())),
+            (None, None) => return Err(ApiError::unprocessable("tenant: required for this token".into())),
         };
         let usage = self.store.usage(Some(tenant), from_ms, to_ms).map_err(storage_error)?;
         let reservations: Vec<ReservationRow> =

@@ -4,7 +4,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, Query, Request, State};
+use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, put};
@@ -99,18 +100,104 @@ impl App {
     }
 }
 
-/// Parses a JSON body, naming the field that was wrong.
+/// A path parameter. One that does not parse (`/v1/jobs/abc`) is a JSON 400
+/// like every other refusal, never axum's plain-text one.
+struct ApiPath<T>(T);
+
+impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for ApiPath<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> ApiResult<Self> {
+        match Path::<T>::from_request_parts(parts, state).await {
+            Ok(Path(value)) => Ok(ApiPath(value)),
+            Err(e) => {
+                Err(ApiError { status: e.status().as_u16(), message: format!("path: {}", e.body_text()) })
+            }
+        }
+    }
+}
+
+/// A query string. A malformed one is a JSON 400 naming the parameter.
+struct ApiQuery<T>(T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> ApiResult<Self> {
+        match Query::<T>::from_request_parts(parts, state).await {
+            Ok(Query(value)) => Ok(ApiQuery(value)),
+            Err(e) => {
+                let text = e.body_text();
+                let detail = text.strip_prefix("Failed to deserialize query string: ").unwrap_or(&text);
+                let message =
+                    if detail.contains(": ") { detail.to_string() } else { format!("query: {detail}") };
+                Err(ApiError { status: e.status().as_u16(), message })
+            }
+        }
+    }
+}
+
+/// A request body, read whole. One over the server's limit is a JSON 413.
+struct Body(Bytes);
+
+/// axum's default body limit, which every route keeps.
+const BODY_LIMIT: &str = "2 MiB";
+
+impl<S: Send + Sync> FromRequest<S> for Body {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> ApiResult<Self> {
+        match Bytes::from_request(req, state).await {
+            Ok(bytes) => Ok(Body(bytes)),
+            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                Err(ApiError { status: 413, message: format!("body: over the {BODY_LIMIT} limit") })
+            }
+            Err(e) => {
+                Err(ApiError { status: e.status().as_u16(), message: format!("body: {}", e.body_text()) })
+            }
+        }
+    }
+}
+
+/// Parses a JSON body, naming the field that was wrong. A number written
+/// with a zero fraction (`2.0`) is the integer it equals, as in JSON Schema.
 fn parse<T: DeserializeOwned>(body: &Bytes) -> ApiResult<T> {
     let de = &mut serde_json::Deserializer::from_slice(body);
-    serde_path_to_error::deserialize(de).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner();
-        if path == "." || path.is_empty() {
-            ApiError::bad_request(format!("body: {inner}"))
-        } else {
-            ApiError::bad_request(format!("{path}: {inner}"))
+    match serde_path_to_error::deserialize(de) {
+        Ok(value) => Ok(value),
+        Err(e) if e.inner().to_string().starts_with("invalid type: floating point") => {
+            let mut value: serde_json::Value =
+                serde_json::from_slice(body).map_err(|e| body_error(String::new(), e))?;
+            integral_floats_as_integers(&mut value);
+            serde_path_to_error::deserialize(value)
+                .map_err(|e| body_error(e.path().to_string(), e.into_inner()))
         }
-    })
+        Err(e) => Err(body_error(e.path().to_string(), e.into_inner())),
+    }
+}
+
+fn body_error(path: String, inner: impl std::fmt::Display) -> ApiError {
+    if path == "." || path.is_empty() {
+        ApiError::bad_request(format!("body: {inner}"))
+    } else {
+        ApiError::bad_request(format!("{path}: {inner}"))
+    }
+}
+
+fn integral_floats_as_integers(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Number(n) if n.is_f64() => {
+            let f = n.as_f64().expect("an f64");
+            if f.fract() == 0.0 && f >= 0.0 && f < u64::MAX as f64 {
+                *n = (f as u64).into();
+            } else if f.fract() == 0.0 && f < 0.0 && f >= i64::MIN as f64 {
+                *n = (f as i64).into();
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(integral_floats_as_integers),
+        serde_json::Value::Object(map) => map.values_mut().for_each(integral_floats_as_integers),
+        _ => {}
+    }
 }
 
 #[derive(OpenApi)]
@@ -119,15 +206,23 @@ fn parse<T: DeserializeOwned>(body: &Bytes) -> ApiResult<T> {
     paths(submit, list_jobs, show_job, cancel_job, job_logs, list_nodes, drain_node, remove_node, reclaim,
         create_tenant, rotate_tenant_token, revoke_tenant_tokens, rotate_join_token, get_tenant_limits,
         set_tenant_limits, list_prices, set_price, create_reservation, list_reservations, delete_reservation, bill,
-        operator_report),
+        operator_report, agent_register, agent_commands, agent_report),
     components(schemas(
         api::JobSubmission, api::Submitted, api::Job, api::JobEvent, api::NodeGpus, api::Node,
         api::ReclaimRequest, api::ReclaimReply, api::TenantRequest, api::TenantCreated, api::LogChunk,
         api::ErrorBody, api::SweepParam, api::Checkpoint, api::ArrayTask, api::ArrayProgress, api::TaskState,
         api::Price, api::PriceBook, api::PriceUpdate, api::ReservationRequest, api::Reservation, api::Usage,
         api::InvoiceLine, api::ReservationCharge, api::Invoice, api::TierReport, api::OperatorReport,
-        api::NodeRemoved, api::JoinToken, api::TenantTokens
+        api::NodeRemoved, api::JoinToken, api::TenantTokens,
+        api::AttemptRef, api::Register, api::Registered, api::Command, api::Action, api::StartAttempt,
+        api::DrainAttempt, api::Commands, api::Report, api::AgentEvent, api::ReportReply
     )),
+    tags(
+        (name = "jobs", description = "Submitting, watching and cancelling jobs (tenant or admin token)"),
+        (name = "operator", description = "Nodes, capacity and tenants (admin token)"),
+        (name = "billing", description = "Prices, reservations, invoices and the operator's report"),
+        (name = "agent", description = "The protocol between the server and its agents (join token)")
+    ),
     modifiers(&BearerAuth)
 )]
 struct ApiDoc;
@@ -147,12 +242,13 @@ impl utoipa::Modify for BearerAuth {
 }
 
 /// Submit a job. Answered only once the job is durable.
-#[utoipa::path(post, path = "/v1/jobs", request_body = api::JobSubmission,
-    responses((status = 201, body = api::Submitted), (status = 400, body = api::ErrorBody), (status = 401, body = api::ErrorBody)))]
+#[utoipa::path(post, path = "/v1/jobs", tag = "jobs", request_body = api::JobSubmission,
+    responses((status = 201, body = api::Submitted),
+        (status = 422, description = "A well-formed job this cluster refuses: an unknown GPU model, a shape its nodes cannot hold, a reserved job without a reservation, an empty program name, an array range backwards or over 10000 tasks, a sweep with an array", body = api::ErrorBody)))]
 async fn submit(
     State(app): State<App>,
     headers: HeaderMap,
-    body: Bytes,
+    Body(body): Body,
 ) -> ApiResult<(StatusCode, Json<api::Submitted>)> {
     let principal = app.tenant(&headers)?;
     let spec: api::JobSubmission = parse(&body)?;
@@ -175,14 +271,14 @@ const JOBS_PAGE: usize = 500;
 
 /// The caller's jobs (an admin sees every tenant's), in id order, a page
 /// at a time: `limit` (1-500, default 500) jobs with ids above `cursor`.
-#[utoipa::path(get, path = "/v1/jobs",
+#[utoipa::path(get, path = "/v1/jobs", tag = "jobs",
     params(("cursor" = Option<u64>, Query, description = "the previous page's next_cursor"),
         ("limit" = Option<usize>, Query, minimum = 1, maximum = 500)),
     responses((status = 200, body = api::JobPage), (status = 400, body = api::ErrorBody)))]
 async fn list_jobs(
     State(app): State<App>,
     headers: HeaderMap,
-    Query(q): Query<JobsQuery>,
+    ApiQuery(q): ApiQuery<JobsQuery>,
 ) -> ApiResult<Json<api::JobPage>> {
     let principal = app.tenant(&headers)?;
     let limit = q.limit.unwrap_or(JOBS_PAGE);
@@ -193,24 +289,24 @@ async fn list_jobs(
 }
 
 /// One job with its event history.
-#[utoipa::path(get, path = "/v1/jobs/{id}", params(("id" = u64, Path)),
-    responses((status = 200, body = api::Job), (status = 404, body = api::ErrorBody)))]
+#[utoipa::path(get, path = "/v1/jobs/{id}", tag = "jobs", params(("id" = u64, Path)),
+    responses((status = 200, body = api::Job), (status = 404, description = "No such job the caller may see", body = api::ErrorBody)))]
 async fn show_job(
     State(app): State<App>,
     headers: HeaderMap,
-    Path(id): Path<u64>,
+    ApiPath(id): ApiPath<u64>,
 ) -> ApiResult<Json<api::Job>> {
     let principal = app.tenant(&headers)?;
     Ok(Json(app.ask(|reply| Msg::Job { principal, id, reply }).await??))
 }
 
 /// Cancel a job: a queued job ends at once, a running one is stopped.
-#[utoipa::path(post, path = "/v1/jobs/{id}/cancel", params(("id" = u64, Path)),
-    responses((status = 200, body = api::Job), (status = 404, body = api::ErrorBody)))]
+#[utoipa::path(post, path = "/v1/jobs/{id}/cancel", tag = "jobs", params(("id" = u64, Path)),
+    responses((status = 200, body = api::Job), (status = 404, description = "No such job the caller may see", body = api::ErrorBody)))]
 async fn cancel_job(
     State(app): State<App>,
     headers: HeaderMap,
-    Path(id): Path<u64>,
+    ApiPath(id): ApiPath<u64>,
 ) -> ApiResult<Json<api::Job>> {
     let principal = app.tenant(&headers)?;
     Ok(Json(app.ask(|reply| Msg::Cancel { principal, id, reply }).await??))
@@ -227,14 +323,14 @@ struct LogQuery {
 }
 
 /// A job's output from `offset`; with `follow`, waits for more.
-#[utoipa::path(get, path = "/v1/jobs/{id}/logs",
-    params(("id" = u64, Path), ("offset" = Option<u64>, Query), ("follow" = Option<bool>, Query), ("wait_ms" = Option<u64>, Query)),
-    responses((status = 200, body = api::LogChunk), (status = 404, body = api::ErrorBody)))]
+#[utoipa::path(get, path = "/v1/jobs/{id}/logs", tag = "jobs",
+    params(("id" = u64, Path), ("offset" = Option<u64>, Query), ("follow" = Option<bool>, Query), ("wait_ms" = Option<u64>, Query, description = "With follow: how long to wait for output, at most 60000")),
+    responses((status = 200, body = api::LogChunk), (status = 404, description = "No such job the caller may see", body = api::ErrorBody)))]
 async fn job_logs(
     State(app): State<App>,
     headers: HeaderMap,
-    Path(id): Path<u64>,
-    Query(q): Query<LogQuery>,
+    ApiPath(id): ApiPath<u64>,
+    ApiQuery(q): ApiQuery<LogQuery>,
 ) -> ApiResult<Json<api::LogChunk>> {
     let principal = app.tenant(&headers)?;
     let wait = Duration::from_millis(q.wait_ms.unwrap_or(20_000).min(60_000));
@@ -266,7 +362,7 @@ async fn read_from(path: &std::path::Path, offset: u64) -> Vec<u8> {
 }
 
 /// Nodes and their GPUs (admin).
-#[utoipa::path(get, path = "/v1/nodes", responses((status = 200, body = [api::Node])))]
+#[utoipa::path(get, path = "/v1/nodes", tag = "operator", responses((status = 200, body = [api::Node])))]
 async fn list_nodes(State(app): State<App>, headers: HeaderMap) -> ApiResult<Json<Vec<api::Node>>> {
     app.require(&headers, Scope::Admin)?;
     Ok(Json(app.ask(|reply| Msg::Nodes { reply }).await?))
@@ -274,12 +370,13 @@ async fn list_nodes(State(app): State<App>, headers: HeaderMap) -> ApiResult<Jso
 
 /// Drain a node for maintenance (admin): it takes no new work, its
 /// preemptible jobs get the drain window, others finish.
-#[utoipa::path(post, path = "/v1/nodes/{name}/drain", params(("name" = String, Path)),
-    responses((status = 200, body = api::Node), (status = 404, body = api::ErrorBody)))]
+#[utoipa::path(post, path = "/v1/nodes/{name}/drain", tag = "operator", params(("name" = String, Path)),
+    responses((status = 200, body = api::Node), (status = 404, description = "No such node", body = api::ErrorBody),
+        (status = 409, description = "The node cannot be drained now", body = api::ErrorBody)))]
 async fn drain_node(
     State(app): State<App>,
     headers: HeaderMap,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
 ) -> ApiResult<Json<api::Node>> {
     app.require(&headers, Scope::Admin)?;
     Ok(Json(app.ask(|reply| Msg::DrainNode { name, reply }).await??))
@@ -287,13 +384,13 @@ async fn drain_node(
 
 /// Remove a node (admin): its credential is revoked at once and its live
 /// attempts are requeued as lost. It may join again with the join token.
-#[utoipa::path(delete, path = "/v1/nodes/{name}", params(("name" = String, Path)),
+#[utoipa::path(delete, path = "/v1/nodes/{name}", tag = "operator", params(("name" = String, Path)),
     responses((status = 200, body = api::NodeRemoved), (status = 401, body = api::ErrorBody),
         (status = 403, body = api::ErrorBody), (status = 404, body = api::ErrorBody)))]
 async fn remove_node(
     State(app): State<App>,
     headers: HeaderMap,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
 ) -> ApiResult<Json<api::NodeRemoved>> {
     app.require(&headers, Scope::Admin)?;
     Ok(Json(app.ask(|reply| Msg::RemoveNode { name, reply }).await??))
@@ -302,7 +399,7 @@ async fn remove_node(
 /// Replace the agents' join token (admin): the new one is written to the
 /// server's `join.token` and returned once; the old one is refused from
 /// now. Nodes that joined keep their own credentials.
-#[utoipa::path(post, path = "/v1/agent/join-token",
+#[utoipa::path(post, path = "/v1/agent/join-token", tag = "operator",
     responses((status = 200, body = api::JoinToken), (status = 401, body = api::ErrorBody),
         (status = 403, body = api::ErrorBody)))]
 async fn rotate_join_token(State(app): State<App>, headers: HeaderMap) -> ApiResult<Json<api::JoinToken>> {
@@ -312,38 +409,39 @@ async fn rotate_join_token(State(app): State<App>, headers: HeaderMap) -> ApiRes
 
 /// Give a tenant a new token and revoke every older one (admin). The new
 /// token is shown once.
-#[utoipa::path(post, path = "/v1/tenants/{name}/tokens", params(("name" = String, Path)),
+#[utoipa::path(post, path = "/v1/tenants/{name}/tokens", tag = "operator", params(("name" = String, Path)),
     responses((status = 200, body = api::TenantTokens), (status = 401, body = api::ErrorBody),
         (status = 403, body = api::ErrorBody), (status = 404, body = api::ErrorBody)))]
 async fn rotate_tenant_token(
     State(app): State<App>,
     headers: HeaderMap,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
 ) -> ApiResult<Json<api::TenantTokens>> {
     app.require(&headers, Scope::Admin)?;
     Ok(Json(app.ask(|reply| Msg::TenantTokens { name, issue: true, reply }).await??))
 }
 
 /// Revoke every token of a tenant (admin): refused from now.
-#[utoipa::path(delete, path = "/v1/tenants/{name}/tokens", params(("name" = String, Path)),
+#[utoipa::path(delete, path = "/v1/tenants/{name}/tokens", tag = "operator", params(("name" = String, Path)),
     responses((status = 200, body = api::TenantTokens), (status = 401, body = api::ErrorBody),
         (status = 403, body = api::ErrorBody), (status = 404, body = api::ErrorBody)))]
 async fn revoke_tenant_tokens(
     State(app): State<App>,
     headers: HeaderMap,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
 ) -> ApiResult<Json<api::TenantTokens>> {
     app.require(&headers, Scope::Admin)?;
     Ok(Json(app.ask(|reply| Msg::TenantTokens { name, issue: false, reply }).await??))
 }
 
 /// Take back N GPUs of preemptible capacity with the drain window (admin).
-#[utoipa::path(post, path = "/v1/reclaim", request_body = api::ReclaimRequest,
-    responses((status = 200, body = api::ReclaimReply), (status = 400, body = api::ErrorBody)))]
+#[utoipa::path(post, path = "/v1/reclaim", tag = "operator", request_body = api::ReclaimRequest,
+    responses((status = 200, body = api::ReclaimReply), (status = 409, description = "No node has joined yet", body = api::ErrorBody),
+        (status = 422, description = "An unknown GPU model, or none named when nodes have several", body = api::ErrorBody)))]
 async fn reclaim(
     State(app): State<App>,
     headers: HeaderMap,
-    body: Bytes,
+    Body(body): Body,
 ) -> ApiResult<Json<api::ReclaimReply>> {
     app.require(&headers, Scope::Admin)?;
     let req: api::ReclaimRequest = parse(&body)?;
@@ -351,12 +449,12 @@ async fn reclaim(
 }
 
 /// Create a tenant and its first token (admin). The token is shown once.
-#[utoipa::path(post, path = "/v1/tenants", request_body = api::TenantRequest,
-    responses((status = 201, body = api::TenantCreated), (status = 409, body = api::ErrorBody)))]
+#[utoipa::path(post, path = "/v1/tenants", tag = "operator", request_body = api::TenantRequest,
+    responses((status = 201, body = api::TenantCreated), (status = 409, description = "The tenant exists", body = api::ErrorBody)))]
 async fn create_tenant(
     State(app): State<App>,
     headers: HeaderMap,
-    body: Bytes,
+    Body(body): Body,
 ) -> ApiResult<(StatusCode, Json<api::TenantCreated>)> {
     app.require(&headers, Scope::Admin)?;
     let req: api::TenantRequest = parse(&body)?;
@@ -366,27 +464,27 @@ async fn create_tenant(
 
 /// A tenant's limits in force and what it holds against them (an admin,
 /// or the tenant itself).
-#[utoipa::path(get, path = "/v1/tenants/{name}/limits", params(("name" = String, Path)),
+#[utoipa::path(get, path = "/v1/tenants/{name}/limits", tag = "operator", params(("name" = String, Path)),
     responses((status = 200, body = api::TenantUsage), (status = 404, body = api::ErrorBody)))]
 async fn get_tenant_limits(
     State(app): State<App>,
     headers: HeaderMap,
-    Path(tenant): Path<String>,
+    ApiPath(tenant): ApiPath<String>,
 ) -> ApiResult<Json<api::TenantUsage>> {
     let principal = app.tenant(&headers)?;
     Ok(Json(app.ask(|reply| Msg::TenantLimits { principal, tenant, set: None, reply }).await??))
 }
 
 /// Set a tenant's own limits (admin); an absent one is the server's default.
-#[utoipa::path(put, path = "/v1/tenants/{name}/limits", params(("name" = String, Path)),
+#[utoipa::path(put, path = "/v1/tenants/{name}/limits", tag = "operator", params(("name" = String, Path)),
     request_body = api::TenantLimits,
-    responses((status = 200, body = api::TenantUsage), (status = 400, body = api::ErrorBody),
-        (status = 404, body = api::ErrorBody)))]
+    responses((status = 200, body = api::TenantUsage), (status = 404, body = api::ErrorBody),
+        (status = 422, description = "A limit of 0", body = api::ErrorBody)))]
 async fn set_tenant_limits(
     State(app): State<App>,
     headers: HeaderMap,
-    Path(tenant): Path<String>,
-    body: Bytes,
+    ApiPath(tenant): ApiPath<String>,
+    Body(body): Body,
 ) -> ApiResult<Json<api::TenantUsage>> {
     let principal = app.require(&headers, Scope::Admin)?;
     let set: api::TenantLimits = parse(&body)?;
@@ -395,7 +493,7 @@ async fn set_tenant_limits(
 
 /// The price book: per GPU model, on-demand, preemptible (the fixed
 /// discount off on-demand) and reserved prices per GPU-hour.
-#[utoipa::path(get, path = "/v1/prices", responses((status = 200, body = api::PriceBook)))]
+#[utoipa::path(get, path = "/v1/prices", tag = "billing", responses((status = 200, body = api::PriceBook)))]
 async fn list_prices(State(app): State<App>, headers: HeaderMap) -> ApiResult<Json<api::PriceBook>> {
     app.tenant(&headers)?;
     Ok(Json(app.ask(|reply| Msg::Prices { reply }).await?))
@@ -403,13 +501,14 @@ async fn list_prices(State(app): State<App>, headers: HeaderMap) -> ApiResult<Js
 
 /// Set a GPU model's prices (admin). Attempts already running keep the
 /// rate they started with.
-#[utoipa::path(put, path = "/v1/prices/{model}", params(("model" = String, Path)), request_body = api::PriceUpdate,
-    responses((status = 200, body = api::Price), (status = 400, body = api::ErrorBody)))]
+#[utoipa::path(put, path = "/v1/prices/{model}", tag = "billing", params(("model" = String, Path)), request_body = api::PriceUpdate,
+    responses((status = 200, body = api::Price),
+        (status = 422, description = "An unknown GPU model, or a price the preemptible discount cannot take to a whole micro-dollar", body = api::ErrorBody)))]
 async fn set_price(
     State(app): State<App>,
     headers: HeaderMap,
-    Path(model): Path<String>,
-    body: Bytes,
+    ApiPath(model): ApiPath<String>,
+    Body(body): Body,
 ) -> ApiResult<Json<api::Price>> {
     app.require(&headers, Scope::Admin)?;
     let update: api::PriceUpdate = parse(&body)?;
@@ -417,12 +516,14 @@ async fn set_price(
 }
 
 /// Reserve GPUs of a model for a tenant over a period (admin).
-#[utoipa::path(post, path = "/v1/reservations", request_body = api::ReservationRequest,
-    responses((status = 201, body = api::Reservation), (status = 400, body = api::ErrorBody), (status = 409, body = api::ErrorBody)))]
+#[utoipa::path(post, path = "/v1/reservations", tag = "billing", request_body = api::ReservationRequest,
+    responses((status = 201, body = api::Reservation),
+        (status = 409, description = "The period overlaps the tenant's other reservation, or the model's GPUs are already reserved", body = api::ErrorBody),
+        (status = 422, description = "An unknown tenant or GPU model, more GPUs than the model has, an end not after the start, a rate the discount cannot take", body = api::ErrorBody)))]
 async fn create_reservation(
     State(app): State<App>,
     headers: HeaderMap,
-    body: Bytes,
+    Body(body): Body,
 ) -> ApiResult<(StatusCode, Json<api::Reservation>)> {
     app.require(&headers, Scope::Admin)?;
     let req: api::ReservationRequest = parse(&body)?;
@@ -431,7 +532,7 @@ async fn create_reservation(
 }
 
 /// Reservations: a tenant's own, or every one for an admin.
-#[utoipa::path(get, path = "/v1/reservations", responses((status = 200, body = [api::Reservation])))]
+#[utoipa::path(get, path = "/v1/reservations", tag = "billing", responses((status = 200, body = [api::Reservation])))]
 async fn list_reservations(
     State(app): State<App>,
     headers: HeaderMap,
@@ -441,12 +542,13 @@ async fn list_reservations(
 }
 
 /// Delete a reservation (admin); refused while its reserved jobs run.
-#[utoipa::path(delete, path = "/v1/reservations/{id}", params(("id" = u64, Path)),
-    responses((status = 200, body = api::Reservation), (status = 404, body = api::ErrorBody), (status = 409, body = api::ErrorBody)))]
+#[utoipa::path(delete, path = "/v1/reservations/{id}", tag = "billing", params(("id" = u64, Path)),
+    responses((status = 200, body = api::Reservation), (status = 404, description = "No such reservation", body = api::ErrorBody),
+        (status = 409, description = "Its reserved jobs are running", body = api::ErrorBody)))]
 async fn delete_reservation(
     State(app): State<App>,
     headers: HeaderMap,
-    Path(id): Path<u64>,
+    ApiPath(id): ApiPath<u64>,
 ) -> ApiResult<Json<api::Reservation>> {
     app.require(&headers, Scope::Admin)?;
     Ok(Json(app.ask(|reply| Msg::DeleteReservation { id, reply }).await??))
@@ -461,13 +563,16 @@ struct PeriodQuery {
 }
 
 /// An invoice for `[from, to)`: the caller's tenant, or `tenant` for an admin.
-#[utoipa::path(get, path = "/v1/bill",
-    params(("from" = String, Query), ("to" = String, Query), ("tenant" = Option<String>, Query)),
-    responses((status = 200, body = api::Invoice), (status = 400, body = api::ErrorBody)))]
+#[utoipa::path(get, path = "/v1/bill", tag = "billing",
+    params(("from" = String, Query, pattern = r"^(19[7-9][0-9]|[2-9][0-9]{3})-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])([T ]([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)(\.[0-9]*)?(Z|\+00:00)?)?$", description = "RFC 3339 (2026-12-01T08:00:00Z) or a date (2026-12-01, midnight UTC)"),
+        ("to" = String, Query, pattern = r"^(19[7-9][0-9]|[2-9][0-9]{3})-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])([T ]([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)(\.[0-9]*)?(Z|\+00:00)?)?$", description = "RFC 3339 (2026-12-01T08:00:00Z) or a date (2026-12-01, midnight UTC)"),
+        ("tenant" = Option<String>, Query, description = "The tenant to bill (an admin's token; a tenant may name only itself)")),
+    responses((status = 200, body = api::Invoice),
+        (status = 422, description = "From not before to, an unknown tenant, or no tenant named with an admin token", body = api::ErrorBody)))]
 async fn bill(
     State(app): State<App>,
     headers: HeaderMap,
-    Query(q): Query<PeriodQuery>,
+    ApiQuery(q): ApiQuery<PeriodQuery>,
 ) -> ApiResult<Json<api::Invoice>> {
     let principal = app.tenant(&headers)?;
     let PeriodQuery { from, to, tenant } = q;
@@ -475,22 +580,30 @@ async fn bill(
 }
 
 /// Utilisation and revenue by tier over `[from, to)` (admin).
-#[utoipa::path(get, path = "/v1/report", params(("from" = String, Query), ("to" = String, Query)),
-    responses((status = 200, body = api::OperatorReport), (status = 400, body = api::ErrorBody)))]
+#[utoipa::path(get, path = "/v1/report", tag = "billing",
+    params(("from" = String, Query, pattern = r"^(19[7-9][0-9]|[2-9][0-9]{3})-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])([T ]([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)(\.[0-9]*)?(Z|\+00:00)?)?$", description = "RFC 3339 (2026-12-01T08:00:00Z) or a date (2026-12-01, midnight UTC)"),
+        ("to" = String, Query, pattern = r"^(19[7-9][0-9]|[2-9][0-9]{3})-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])([T ]([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)(\.[0-9]*)?(Z|\+00:00)?)?$", description = "RFC 3339 (2026-12-01T08:00:00Z) or a date (2026-12-01, midnight UTC)")),
+    responses((status = 200, body = api::OperatorReport), (status = 422, description = "From not before to", body = api::ErrorBody)))]
 async fn operator_report(
     State(app): State<App>,
     headers: HeaderMap,
-    Query(q): Query<PeriodQuery>,
+    ApiQuery(q): ApiQuery<PeriodQuery>,
 ) -> ApiResult<Json<api::OperatorReport>> {
     app.require(&headers, Scope::Admin)?;
     let PeriodQuery { from, to, .. } = q;
     Ok(Json(app.ask(|reply| Msg::OperatorReport { from, to, reply }).await??))
 }
 
+/// An agent joins (join token), or rejoins after a restart or a partition
+/// saying what it runs.
+#[utoipa::path(post, path = "/v1/agent/register", tag = "agent", request_body = api::Register,
+    responses((status = 200, body = api::Registered),
+        (status = 409, description = "The node cannot join as it says (another node's name with other GPUs)", body = api::ErrorBody),
+        (status = 422, description = "A node the cluster cannot take", body = api::ErrorBody)))]
 async fn agent_register(
     State(app): State<App>,
     headers: HeaderMap,
-    body: Bytes,
+    Body(body): Body,
 ) -> ApiResult<Json<api::Registered>> {
     let principal = app.principal(&headers)?;
     if !matches!(principal.scope, Scope::Agent | Scope::Node) {
@@ -512,10 +625,15 @@ struct PollQuery {
 
 /// Long poll: commands after `after`, or an empty list once a heartbeat
 /// interval has passed.
+#[utoipa::path(get, path = "/v1/agent/commands", tag = "agent",
+    params(("node" = String, Query), ("epoch" = u64, Query, description = "The server's epoch from registration"),
+        ("after" = u64, Query, description = "The last command sequence number seen")),
+    responses((status = 200, body = api::Commands),
+        (status = 409, description = "The node is not registered, or the server restarted: register again", body = api::ErrorBody)))]
 async fn agent_commands(
     State(app): State<App>,
     headers: HeaderMap,
-    Query(q): Query<PollQuery>,
+    ApiQuery(q): ApiQuery<PollQuery>,
 ) -> ApiResult<Json<api::Commands>> {
     app.node(&headers, &q.node)?;
     let deadline = tokio::time::Instant::now() + app.poll_wait;
@@ -538,10 +656,14 @@ async fn agent_commands(
     }
 }
 
+/// What happened on the node: starts, checkpoints, output, exits.
+#[utoipa::path(post, path = "/v1/agent/report", tag = "agent", request_body = api::Report,
+    responses((status = 200, body = api::ReportReply),
+        (status = 409, description = "The node is not registered", body = api::ErrorBody)))]
 async fn agent_report(
     State(app): State<App>,
     headers: HeaderMap,
-    body: Bytes,
+    Body(body): Body,
 ) -> ApiResult<Json<api::ReportReply>> {
     let principal = app.principal(&headers)?;
     if !matches!(principal.scope, Scope::Agent | Scope::Node) {
@@ -552,8 +674,88 @@ async fn agent_report(
     Ok(Json(app.ask(|reply| Msg::Report { report, reply }).await??))
 }
 
-async fn openapi() -> Json<utoipa::openapi::OpenApi> {
-    Json(ApiDoc::openapi())
+async fn openapi() -> Json<serde_json::Value> {
+    static DOCUMENT: std::sync::OnceLock<serde_json::Value> = std::sync::OnceLock::new();
+    Json(DOCUMENT.get_or_init(document).clone())
+}
+
+/// The OpenAPI document: the operations as annotated, plus what holds for
+/// all of them, so that no answer the server gives goes undescribed.
+fn document() -> serde_json::Value {
+    let mut doc = serde_json::to_value(ApiDoc::openapi()).expect("the document serialises");
+    state_unsigned_ranges(&mut doc);
+    if let Some(paths) = doc.get_mut("paths").and_then(|p| p.as_object_mut()) {
+        for operation in
+            paths.values_mut().filter_map(|item| item.as_object_mut()).flat_map(|item| item.values_mut())
+        {
+            add_common_errors(operation);
+        }
+    }
+    doc
+}
+
+/// Every unsigned integer states its range: a value outside it does not
+/// parse, and is refused with a 400.
+fn state_unsigned_ranges(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Object(map) => {
+            // utoipa spells these `u-int32` and so on.
+            let unsigned = match map.get("format").and_then(|f| f.as_str()) {
+                Some("uint8" | "u-int8") => Some(("uint8", u64::from(u8::MAX))),
+                Some("uint16" | "u-int16") => Some(("uint16", u64::from(u16::MAX))),
+                Some("uint32" | "u-int32") => Some(("uint32", u64::from(u32::MAX))),
+                Some("uint64" | "u-int64") => Some(("uint64", u64::MAX)),
+                _ => None,
+            };
+            if let Some((format, max)) = unsigned {
+                map.insert("format".into(), format.into());
+                map.entry("minimum").or_insert(0.into());
+                map.entry("maximum").or_insert(max.into());
+            }
+            map.values_mut().for_each(state_unsigned_ranges);
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(state_unsigned_ranges),
+        _ => {}
+    }
+}
+
+/// The refusals every operation can give: each a JSON `ErrorBody`.
+fn add_common_errors(operation: &mut serde_json::Value) {
+    let takes_input =
+        operation.get("parameters").is_some_and(|p| p.as_array().is_some_and(|p| !p.is_empty()));
+    let takes_body = operation.get("requestBody").is_some();
+    let Some(responses) = operation.get_mut("responses").and_then(|r| r.as_object_mut()) else { return };
+    let error = |description: &str| {
+        serde_json::json!({
+            "description": description,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
+        })
+    };
+    if takes_input || takes_body {
+        responses.entry("400").or_insert_with(|| {
+            error("A malformed request: a parameter or body that does not match this document (the message names the field)")
+        });
+    }
+    if takes_body {
+        responses.entry("413").or_insert_with(|| error(&format!("The body is over the {BODY_LIMIT} limit")));
+    }
+    responses.entry("401").or_insert_with(|| {
+        error("No bearer token, a malformed Authorization header, or an unknown or revoked token")
+    });
+    responses
+        .entry("403")
+        .or_insert_with(|| error("The token may not make this call (an admin-only call, or an agent's)"));
+}
+
+/// Anything not routed: a JSON 404.
+async fn no_route() -> ApiError {
+    ApiError::not_found("no such route (see /openapi.json)".into())
+}
+
+/// A route called with a method it does not take: a JSON 405 (axum adds
+/// the `Allow` header).
+async fn wrong_method() -> ApiError {
+    ApiError { status: 405, message: "method not allowed on this route (see /openapi.json)".into() }
 }
 
 async fn metrics(State(app): State<App>) -> ApiResult<Response> {
@@ -666,6 +868,8 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
         .route("/v1/agent/commands", get(agent_commands))
         .route("/v1/agent/report", post(agent_report))
         .layer(DefaultBodyLimit::max(api::MAX_REQUEST_BYTES))
+        .fallback(no_route)
+        .method_not_allowed_fallback(wrong_method)
         .with_state(app);
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
@@ -684,5 +888,89 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_operation_documents_its_refusals_as_error_bodies() {
+        let doc = document();
+        let error_body = serde_json::json!({"$ref": "#/components/schemas/ErrorBody"});
+        let mut operations = 0;
+        for (path, item) in doc["paths"].as_object().unwrap() {
+            for (method, op) in item.as_object().unwrap() {
+                operations += 1;
+                let responses = op["responses"].as_object().unwrap();
+                for code in ["401", "403"] {
+                    assert!(responses.contains_key(code), "{method} {path}: no {code}");
+                }
+                if op.get("requestBody").is_some() {
+                    assert!(
+                        responses.contains_key("400") && responses.contains_key("413"),
+                        "{method} {path}"
+                    );
+                }
+                for (code, response) in responses {
+                    if code.starts_with('4') {
+                        let schema = &response["content"]["application/json"]["schema"];
+                        assert_eq!(*schema, error_body, "{method} {path} {code}");
+                    }
+                }
+            }
+        }
+        // Every route `serve` routes under /v1: a new one needs its
+        // `#[utoipa::path]` and a place in `ApiDoc`'s paths.
+        assert_eq!(operations, 25, "routes documented");
+    }
+
+    #[test]
+    fn a_whole_number_written_with_a_fraction_is_that_integer() {
+        let body = |text: &str| Bytes::from(text.to_string());
+        let spec: api::JobSubmission = parse(&body(r#"{"argv": ["x"], "gpus": 2.0}"#)).unwrap();
+        assert_eq!(spec.gpus, Some(2));
+        let err = parse::<api::JobSubmission>(&body(r#"{"argv": ["x"], "gpus": 2.5}"#)).unwrap_err();
+        assert_eq!(err.status, 400);
+        assert!(err.message.starts_with("gpus: "), "{}", err.message);
+        let err = parse::<api::JobSubmission>(&body(r#"{"argv": ["x"], "gpus": -1.0}"#)).unwrap_err();
+        assert!(err.message.starts_with("gpus: "), "{}", err.message);
+    }
+
+    #[test]
+    fn the_agent_protocol_is_documented_under_its_own_tag() {
+        let doc = document();
+        for (path, method) in
+            [("/v1/agent/register", "post"), ("/v1/agent/commands", "get"), ("/v1/agent/report", "post")]
+        {
+            assert_eq!(doc["paths"][path][method]["tags"], serde_json::json!(["agent"]), "{path}");
+        }
+    }
+
+    #[test]
+    fn unsigned_integers_and_limits_state_their_ranges() {
+        let doc = document();
+        let job = &doc["components"]["schemas"]["JobSubmission"]["properties"];
+        assert_eq!((job["gpus"]["minimum"].as_u64(), job["gpus"]["maximum"].as_u64()), (Some(1), Some(4096)));
+        assert_eq!(u64::from(crate::validate::MAX_GPUS), job["gpus"]["maximum"].as_u64().unwrap());
+        assert_eq!(job["max_retries"]["maximum"].as_u64(), Some(u64::from(u32::MAX)));
+        assert_eq!(job["argv"]["minItems"].as_u64(), Some(1));
+        // validate::array_pattern_allows implements this pattern.
+        assert_eq!(job["array"]["pattern"].as_str(), Some(r"^0*[0-9]{1,19}(-0*[0-9]{1,19})?$"));
+        let reservation = &doc["components"]["schemas"]["ReservationRequest"]["properties"];
+        assert_eq!(reservation["start"]["pattern"].as_str(), Some(ebb_api::TIME_PATTERN));
+        assert_eq!(reservation["rate_usd"]["pattern"].as_str(), Some(ebb_api::USD_PATTERN));
+        let price = &doc["components"]["schemas"]["PriceUpdate"]["properties"];
+        assert_eq!(price["on_demand_usd"]["pattern"].as_str(), Some(ebb_api::USD_PATTERN));
+        let logs = &doc["paths"]["/v1/jobs/{id}/logs"]["get"]["parameters"];
+        let id = logs.as_array().unwrap().iter().find(|p| p["name"] == "id").unwrap();
+        assert_eq!(
+            (id["schema"]["format"].as_str(), id["schema"]["maximum"].as_u64()),
+            (Some("uint64"), Some(u64::MAX))
+        );
+        let bill = doc["paths"]["/v1/bill"]["get"]["parameters"].as_array().unwrap().clone();
+        let from = bill.iter().find(|p| p["name"] == "from").unwrap();
+        assert_eq!(from["schema"]["pattern"].as_str(), Some(ebb_api::TIME_PATTERN));
     }
 }

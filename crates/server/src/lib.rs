@@ -89,6 +89,12 @@ impl ApiError {
     pub fn not_found(message: String) -> Self {
         ApiError { status: 404, message }
     }
+    /// A well-formed request, as the API document describes it, that the
+    /// server refuses on its meaning: it names something that does not exist,
+    /// contradicts itself, or asks what this cluster cannot do.
+    pub fn unprocessable(message: String) -> Self {
+        ApiError { status: 422, message }
+    }
     pub fn conflict(message: String) -> Self {
         ApiError { status: 409, message }
     }

@@ -70,11 +70,15 @@ pub fn command_bytes(spec: &JobSubmission) -> u64 {
     argv + env
 }
 
+/// Refusals the API document states (a limit, a pattern) are 400s; those
+/// it cannot state (what this cluster has, how fields relate, limits the
+/// operator sets) are 422s.
 pub fn submission(spec: &JobSubmission, core: &State, limits: &Limits) -> Result<Checked, ApiError> {
     let bad = |m: String| Err(ApiError::bad_request(m));
+    let refuse = |m: String| Err(ApiError::unprocessable(m));
     match spec.argv.first() {
         None => return bad("argv: must name a program to run".into()),
-        Some(program) if program.is_empty() => return bad("argv: the program name is empty".into()),
+        Some(program) if program.is_empty() => return refuse("argv: the program name is empty".into()),
         _ => {}
     }
     if spec.argv.iter().any(|a| a.contains('\0')) {
@@ -82,14 +86,14 @@ pub fn submission(spec: &JobSubmission, core: &State, limits: &Limits) -> Result
     }
     let one = limits.max_argument_bytes;
     if let Some((i, arg)) = spec.argv.iter().enumerate().find(|(_, a)| a.len() as u64 >= one) {
-        return bad(format!(
+        return refuse(format!(
             "argv[{i}]: {} bytes, over the limit of {} bytes for one argument (ebb server --max-argument-bytes)",
             arg.len(),
             one - 1
         ));
     }
     if let Some((key, value)) = spec.env.iter().find(|(k, v)| (k.len() + v.len()) as u64 + 1 >= one) {
-        return bad(format!(
+        return refuse(format!(
             "env: {key}={} bytes, over the limit of {} bytes for one variable (ebb server --max-argument-bytes)",
             key.len() + value.len() + 1,
             one - 1
@@ -97,14 +101,14 @@ pub fn submission(spec: &JobSubmission, core: &State, limits: &Limits) -> Result
     }
     let command = command_bytes(spec);
     if command > limits.max_command_bytes {
-        return bad(format!(
+        return refuse(format!(
             "argv and env: {command} bytes together, over the limit of {} (ebb server --max-command-bytes)",
             limits.max_command_bytes
         ));
     }
     if let Some(dir) = &spec.workdir {
         if dir.is_empty() || dir.len() > 4096 || dir.contains('\0') || !dir.starts_with('/') {
-            return bad("workdir: must be an absolute path of at most 4096 bytes".into());
+            return refuse("workdir: must be an absolute path of at most 4096 bytes".into());
         }
     }
     let tier = match spec.tier.as_deref() {
@@ -136,8 +140,8 @@ pub fn submission(spec: &JobSubmission, core: &State, limits: &Limits) -> Result
         })?,
     };
     if let Some(name) = spec.name.as_deref() {
-        if name.len() > 256 || name.contains(['\n', '\0']) {
-            return bad("name: must be one line of at most 256 bytes".into());
+        if name.chars().count() > 256 || name.contains(['\n', '\0']) {
+            return bad("name: must be one line of at most 256 characters".into());
         }
     }
     // Against the cluster as it is: a model that exists, a shape that fits.
@@ -145,14 +149,14 @@ pub fn submission(spec: &JobSubmission, core: &State, limits: &Limits) -> Result
     if let Some(wanted) = &spec.gpu_model {
         if !models.is_empty() && core.model_by_name(wanted).is_none() {
             let known: Vec<&str> = models.iter().map(|(_, m)| m.name.as_str()).collect();
-            return bad(format!("gpu_model: unknown model {wanted:?} (nodes have {})", known.join(", ")));
+            return refuse(format!("gpu_model: unknown model {wanted:?} (nodes have {})", known.join(", ")));
         }
     }
     let candidates: Vec<_> =
         models.iter().filter(|(_, m)| spec.gpu_model.as_deref().is_none_or(|w| w == m.name)).collect();
     if !candidates.is_empty() && !candidates.iter().any(|(_, m)| shape_fits(gpus, m.gpus_per_node)) {
         let per_node = candidates[0].1.gpus_per_node;
-        return bad(format!(
+        return refuse(format!(
             "gpus: {gpus} GPUs cannot be placed on nodes of {per_node} GPUs (at most {per_node}, or a multiple of {per_node})"
         ));
     }
@@ -163,19 +167,27 @@ pub fn submission(spec: &JobSubmission, core: &State, limits: &Limits) -> Result
     let mut tasks = match spec.array.as_deref() {
         None => Vec::new(),
         Some(text) => {
-            let (first, last) = parse_array(text, limits.max_array_tasks)
-                .map_err(|e| ApiError::bad_request(format!("array: {e}")))?;
+            let (first, last) = parse_array(text, limits.max_array_tasks).map_err(|e| {
+                let message = format!("array: {e}");
+                // 400 for text the document's pattern rules out; 422 for a
+                // range it allows that runs backwards or is too long.
+                if array_pattern_allows(text) {
+                    ApiError::unprocessable(message)
+                } else {
+                    ApiError::bad_request(message)
+                }
+            })?;
             (first..=last).map(|index| Task { index, params: Vec::new() }).collect()
         }
     };
     if !spec.sweep.is_empty() {
         if spec.array.is_some() {
-            return bad(
-                "sweep: cannot be combined with array (a sweep is an array of its combinations)".into()
+            return refuse(
+                "sweep: cannot be combined with array (a sweep is an array of its combinations)".into(),
             );
         }
         tasks = sweep_tasks(&spec.sweep, limits.max_array_tasks)
-            .map_err(|e| ApiError::bad_request(format!("sweep: {e}")))?;
+            .map_err(|e| ApiError::unprocessable(format!("sweep: {e}")))?;
     }
     Ok(Checked { tier, gpus, signal, tasks })
 }
@@ -202,6 +214,18 @@ fn parse_array(text: &str, max_tasks: u64) -> Result<(u64, u64), String> {
     Ok((a, b))
 }
 
+/// The API document's pattern for `array`, `^0*[0-9]{1,19}(-0*[0-9]{1,19})?$`:
+/// one or two runs of digits, each at most 19 digits after leading zeros.
+fn array_pattern_allows(text: &str) -> bool {
+    let part = |p: &str| {
+        !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) && p.trim_start_matches('0').len() <= 19
+    };
+    match text.split_once('-') {
+        Some((a, b)) => part(a) && part(b),
+        None => part(text),
+    }
+}
+
 /// One task per combination of the parameters' values, the last parameter
 /// varying fastest.
 fn sweep_tasks(params: &[ebb_api::SweepParam], max_tasks: u64) -> Result<Vec<Task>, String> {
@@ -221,8 +245,11 @@ fn sweep_tasks(params: &[ebb_api::SweepParam], max_tasks: u64) -> Result<Vec<Tas
         if p.values.is_empty() {
             return Err(format!("parameter {} has no values", p.name));
         }
-        if let Some(v) = p.values.iter().find(|v| v.contains('\0') || v.len() > 4096) {
-            return Err(format!("parameter {}: value {v:?} has a NUL byte or is over 4096 bytes", p.name));
+        if let Some(v) = p.values.iter().find(|v| v.contains('\0') || v.chars().count() > 4096) {
+            return Err(format!(
+                "parameter {}: value {v:?} has a NUL byte or is over 4096 characters",
+                p.name
+            ));
         }
         total = total.saturating_mul(p.values.len() as u64);
         if total > max_tasks {
@@ -300,6 +327,15 @@ mod tests {
             ]
         );
         assert_eq!(tasks.iter().map(|t| t.index).collect::<Vec<_>>(), [0, 1, 2, 3, 4, 5]);
+    }
+
+    #[test]
+    fn the_array_pattern_is_the_documents() {
+        assert!(array_pattern_allows("0-99") && array_pattern_allows("7") && array_pattern_allows("007-9"));
+        assert!(array_pattern_allows("0-9999999999999999999"));
+        for text in ["", "1-", "-1", "a-b", "1-2-3", " 1", "0-18446744073709551615", "1_000"] {
+            assert!(!array_pattern_allows(text), "{text:?}");
+        }
     }
 
     #[test]
@@ -426,7 +462,7 @@ mod properties {
         let spec =
             JobSubmission { argv: vec!["echo".into(), "x".repeat(200_000)], ..JobSubmission::default() };
         let err = submission(&spec, &cluster(), &Limits::default()).err().unwrap();
-        assert_eq!(err.status, 400);
+        assert_eq!(err.status, 422);
         assert!(err.message.starts_with("argv[1]: 200000 bytes"), "{}", err.message);
         assert!(err.message.contains("--max-argument-bytes"), "{}", err.message);
     }
