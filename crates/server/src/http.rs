@@ -162,6 +162,11 @@ impl<S: Send + Sync> FromRequest<S> for Body {
 /// Parses a JSON body, naming the field that was wrong. A number written
 /// with a zero fraction (`2.0`) is the integer it equals, as in JSON Schema.
 fn parse<T: DeserializeOwned>(body: &Bytes) -> ApiResult<T> {
+    // Every body is an object; serde would also read a struct from an
+    // array of its fields (`[null, null]`), which the document rules out.
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(ApiError::bad_request("body: expected a JSON object".into()));
+    }
     let de = &mut serde_json::Deserializer::from_slice(body);
     match serde_path_to_error::deserialize(de) {
         Ok(value) => Ok(value),
@@ -936,6 +941,11 @@ mod tests {
         assert!(err.message.starts_with("gpus: "), "{}", err.message);
         let err = parse::<api::JobSubmission>(&body(r#"{"argv": ["x"], "gpus": -1.0}"#)).unwrap_err();
         assert!(err.message.starts_with("gpus: "), "{}", err.message);
+        // Exactly, even where a quick parse of the decimal is off by one ulp.
+        let limits: api::TenantLimits = parse(&body(r#"{"max_jobs": 3826017507836854.0}"#)).unwrap();
+        assert_eq!(limits.max_jobs, Some(3826017507836854));
+        let err = parse::<api::TenantLimits>(&body("[null, null]")).unwrap_err();
+        assert_eq!(err.message, "body: expected a JSON object");
     }
 
     #[test]
