@@ -112,7 +112,8 @@ def main():
                 sys.exit("ebb up failed; see " + os.path.join(data, "logs"))
         url, token = re.search(r"EBB_SERVER=(\S+) EBB_TOKEN=(\S+)", line).groups()
         api = Api(url, token)
-        ckpt = lambda job_id: os.path.join(data, "checkpoints", str(job_id))
+        # The admin token acts for the default tenant: its checkpoints.
+        ckpt = lambda job_id: os.path.join(data, "checkpoints", "default", str(job_id))
 
         sent_to_term, to_term, to_start = [], [], []
         for _ in range(args.reps):

@@ -35,6 +35,8 @@ pub struct CgroupMount {
     pub fstype: String,
     /// The v1 controllers (from the super options), empty for v2.
     pub controllers: Vec<String>,
+    /// Mounted with `favordynmods` (see [`favor_dynamic_changes`]).
+    pub favordynmods: bool,
 }
 
 /// The cgroup mounts in a mountinfo text.
@@ -64,6 +66,7 @@ pub fn parse_mountinfo(text: &str) -> Vec<CgroupMount> {
                 mount_point: PathBuf::from(unescape(fields.get(4)?)),
                 fstype: fstype.to_string(),
                 controllers,
+                favordynmods: options.split(',').any(|o| o == "favordynmods"),
             })
         })
         .collect()
@@ -140,6 +143,35 @@ pub fn discover(mountinfo: &str, proc_cgroup: &str) -> Result<Parents, String> {
         Some(on_disk(mount, &path))
     });
     Ok(Parents { v2: on_disk(v2_mount, &v2_path), memory_v1 })
+}
+
+/// Moving a process into a group takes a lock every fork in the host reads;
+/// by default the kernel makes the first move after a quiet spell wait for
+/// an RCU grace period (about 10 ms here), and every attempt's process
+/// moves once, right before it starts: a preemptor would wait that long
+/// after its victim left. The `favordynmods` mount option (Linux 6.0)
+/// trades this for slightly dearer forks, which is what a node whose
+/// purpose is starting jobs wants. Whether the mount was changed.
+pub fn favor_dynamic_changes(mountinfo: &str) -> Result<bool, String> {
+    let mounts = parse_mountinfo(mountinfo);
+    let v2 = mounts.iter().find(|m| m.fstype == "cgroup2").ok_or("no cgroup v2 hierarchy is mounted")?;
+    if v2.favordynmods {
+        return Ok(false);
+    }
+    let out = std::process::Command::new("mount")
+        .arg("-o")
+        .arg("remount,favordynmods")
+        .arg(&v2.mount_point)
+        .output()
+        .map_err(|e| format!("mount -o remount,favordynmods {}: {e}", v2.mount_point.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "mount -o remount,favordynmods {}: {}",
+            v2.mount_point.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(true)
 }
 
 impl Parents {
@@ -307,10 +339,14 @@ impl AttemptGroup {
         }
     }
 
-    /// Waits until the group is empty.
+    /// Waits until the group is empty: at once in the common case (the
+    /// main process was the last), else polling from 0.2 ms up to 10 ms,
+    /// since a waiting preemptor starts only after this.
     pub async fn emptied(&self) {
+        let mut wait = Duration::from_micros(200);
         while self.populated() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(Duration::from_millis(10));
         }
     }
 
@@ -339,6 +375,15 @@ impl AttemptGroup {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn favordynmods_is_read_from_the_super_options() {
+        let line =
+            |options: &str| format!("41 31 0:38 / /sys/fs/cgroup rw,relatime - cgroup2 cgroup2 {options}\n");
+        assert!(!parse_mountinfo(&line("rw,nsdelegate"))[0].favordynmods);
+        assert!(parse_mountinfo(&line("rw,nsdelegate,favordynmods"))[0].favordynmods);
+        assert_eq!(favor_dynamic_changes(&line("rw,favordynmods")), Ok(false), "already set: nothing to do");
+    }
 
     const HYBRID: &str = "\
 31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755

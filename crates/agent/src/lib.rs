@@ -32,6 +32,11 @@ use crate::metadata::Notice;
 use crate::output::Gate;
 pub use crate::output::OutputLimits;
 
+/// Whether the agent may remount the cgroup v2 hierarchy for faster starts.
+fn agent_config_favors(config: &AgentConfig) -> bool {
+    !config.keep_cgroup_mount && nix::unistd::geteuid().is_root()
+}
+
 #[derive(Clone, Debug)]
 pub struct AgentConfig {
     pub server: String,
@@ -56,6 +61,8 @@ pub struct AgentConfig {
     /// How long a finished attempt's run directory and default working
     /// directory are kept.
     pub attempt_retention: Duration,
+    /// Leave the cgroup v2 mount as it is (no `favordynmods` remount).
+    pub keep_cgroup_mount: bool,
     /// What of a job's output is passed on.
     pub output: OutputLimits,
     /// How long reports may keep failing before the node says, on its
@@ -662,9 +669,6 @@ impl Agent {
                 }
             }
             let peak_memory_bytes = group.as_ref().and_then(cgroup::AttemptGroup::peak_memory);
-            if let Some(group) = &group {
-                group.remove();
-            }
             let summary = gate.lock().expect("gate").summary();
             if let Some(line) = summary {
                 agent.send(AgentEvent::Output { attempt: a, data: line });
@@ -692,6 +696,11 @@ impl Agent {
                 at_ms: now_ms(),
                 peak_memory_bytes,
             });
+            // After the exit is on its way: the kernel may take a moment to
+            // let an emptied group go, and a waiting preemptor need not.
+            if let Some(group) = group {
+                let _ = tokio::task::spawn_blocking(move || group.remove()).await;
+            }
         });
         Ok(())
     }
@@ -978,6 +987,27 @@ pub async fn run(mut config: AgentConfig) -> Result<(), String> {
     }
     let me = nix::unistd::geteuid();
     let cgroups = match cgroup::Parents::probe() {
+        Ok(parents) if agent_config_favors(&config) => {
+            match std::fs::read_to_string("/proc/self/mountinfo")
+                .map_err(|e| e.to_string())
+                .and_then(|m| cgroup::favor_dynamic_changes(&m))
+            {
+                Ok(true) => tracing::info!(
+                    "cgroup v2 remounted with favordynmods: a process joins its attempt's group without \
+                     waiting for an RCU grace period"
+                ),
+                Ok(false) => {}
+                Err(e) => tracing::warn!(
+                    "{e}: each attempt may wait ~10 ms more to start (ebb agent --keep-cgroup-mount to not try)"
+                ),
+            }
+            tracing::info!(
+                cgroup = %parents.v2.display(),
+                memory = ?parents.memory_v1,
+                "each attempt runs in its own cgroup"
+            );
+            Some(parents)
+        }
         Ok(parents) => {
             tracing::info!(
                 cgroup = %parents.v2.display(),
@@ -1148,6 +1178,7 @@ mod tests {
             job_env: BTreeMap::new(),
             allow_root_jobs: false,
             attempt_retention: Duration::from_secs(3600),
+            keep_cgroup_mount: true,
         };
         let (events, rx) = mpsc::unbounded_channel();
         let agent = Arc::new(Agent {

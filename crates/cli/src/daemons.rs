@@ -234,6 +234,11 @@ pub struct AgentArgs {
     /// are kept (checkpoints are never removed).
     #[arg(long, default_value = "24h", value_parser = parse_span)]
     pub attempt_retention: Span,
+    /// Leave the cgroup v2 mount as it is. By default a root agent adds
+    /// `favordynmods` to it (Linux 6.0+), so that a process joins its
+    /// attempt's group without waiting ~10 ms for an RCU grace period.
+    #[arg(long)]
+    pub keep_cgroup_mount: bool,
     /// Output one attempt may send (0: no limit); the rest is read and
     /// dropped, with a line in its log saying so.
     #[arg(long, value_name = "BYTES", default_value = "64MiB", value_parser = ebb_agent::output::parse_bytes)]
@@ -307,6 +312,7 @@ pub async fn agent(server: Option<String>, args: AgentArgs) -> Result<(), String
         job_env,
         allow_root_jobs: args.allow_root_jobs,
         attempt_retention: Duration::from_millis(args.attempt_retention.as_millis()),
+        keep_cgroup_mount: args.keep_cgroup_mount,
         output: ebb_agent::OutputLimits {
             max_per_attempt: args.max_output_per_attempt,
             rate: args.output_rate,
