@@ -120,8 +120,11 @@ fn training_with_periodic_checkpoints_loses_less_than_one_interval_per_preemptio
     let reference = reference_weights();
     let c = Cluster::start(Options { nodes: 1, gpus: 1, ..Options::default() });
     let out = c.dir.join("weights.npy");
-    let interval = 2.0;
-    let job = train(&c, &out, &["--mode", "periodic", "--every", "2"]);
+    // Short enough that the second attempt still has work left after its
+    // first periodic save and the half interval waited below, however fast
+    // the machine trains.
+    let interval = 1.0;
+    let job = train(&c, &out, &["--mode", "periodic", "--every", "1"]);
     for round in 1..=2u64 {
         // Preempt half an interval after a periodic checkpoint of this attempt.
         wait_for("a periodic checkpoint", Duration::from_secs(60), || {
@@ -133,7 +136,7 @@ fn training_with_periodic_checkpoints_loses_less_than_one_interval_per_preemptio
                 .any(|e| e["kind"] == "checkpoint" && e["attempt"] == round)
                 .then_some(())
         });
-        std::thread::sleep(Duration::from_millis(500));
+        std::thread::sleep(Duration::from_millis(400));
         preempt(&c, job, round);
     }
     let done = c.wait_job(job, "to succeed", Duration::from_secs(120), |j| j["state"] == "succeeded");
@@ -145,7 +148,7 @@ fn training_with_periodic_checkpoints_loses_less_than_one_interval_per_preemptio
     for l in &lost {
         // The work since the last periodic save is really lost (at least the
         // half interval waited above), and never a whole interval.
-        assert!(*l >= 0.4 && *l < interval, "lost {l} GPU-s with a {interval} s interval: {lost:?}");
+        assert!(*l >= 0.3 && *l < interval, "lost {l} GPU-s with a {interval} s interval: {lost:?}");
     }
 }
 
