@@ -987,28 +987,22 @@ pub async fn run(mut config: AgentConfig) -> Result<(), String> {
     }
     let me = nix::unistd::geteuid();
     let cgroups = match cgroup::Parents::probe() {
-        Ok(parents) if agent_config_favors(&config) => {
-            match std::fs::read_to_string("/proc/self/mountinfo")
-                .map_err(|e| e.to_string())
-                .and_then(|m| cgroup::favor_dynamic_changes(&m))
-            {
-                Ok(true) => tracing::info!(
-                    "cgroup v2 remounted with favordynmods: a process joins its attempt's group without \
-                     waiting for an RCU grace period"
-                ),
-                Ok(false) => {}
-                Err(e) => tracing::warn!(
-                    "{e}: each attempt may wait ~10 ms more to start (ebb agent --keep-cgroup-mount to not try)"
-                ),
-            }
-            tracing::info!(
-                cgroup = %parents.v2.display(),
-                memory = ?parents.memory_v1,
-                "each attempt runs in its own cgroup"
-            );
-            Some(parents)
-        }
         Ok(parents) => {
+            if agent_config_favors(&config) {
+                match std::fs::read_to_string("/proc/self/mountinfo")
+                    .map_err(|e| e.to_string())
+                    .and_then(|m| cgroup::favor_dynamic_changes(&m))
+                {
+                    Ok(true) => tracing::info!(
+                        "cgroup v2 remounted with favordynmods: a process joins its attempt's group without \
+                         waiting for an RCU grace period"
+                    ),
+                    Ok(false) => {}
+                    Err(e) => tracing::warn!(
+                        "{e}: each attempt may wait ~10 ms more to start (ebb agent --keep-cgroup-mount to not try)"
+                    ),
+                }
+            }
             tracing::info!(
                 cgroup = %parents.v2.display(),
                 memory = ?parents.memory_v1,
