@@ -191,6 +191,20 @@ fn a_killed_agent_requeues_its_jobs_and_its_restart_runs_no_stale_attempt() {
     assert!(pid_alive(pid));
     // Once the start is reported, the agent has recorded the process group.
     c.wait_state(job, "running");
+    // The server meters a lost node's work up to its last contact: let the
+    // agent be heard once after the start, so that the attempt has run.
+    let started = c.job(job)["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["kind"] == "started")
+        .map(|e| e["at"].as_str().unwrap().to_string())
+        .expect("a started event");
+    wait_for("a heartbeat after the start", Duration::from_secs(10), || {
+        let nodes: Value = serde_json::from_str(&c.ebb(&["nodes", "--json"])).unwrap();
+        // Both times are RFC 3339 in UTC to the millisecond: they sort as strings.
+        (nodes[0]["last_heartbeat"].as_str().unwrap() > started.as_str()).then_some(())
+    });
     c.kill_agent(0);
     let requeued = c.wait_job(job, "requeued as lost", Duration::from_secs(20), |j| j["state"] == "queued");
     let last = requeued["events"].as_array().unwrap().last().unwrap().clone();
