@@ -17,9 +17,13 @@
 //! gives its peak memory; on unified hosts `memory.peak` gives it where the
 //! memory controller reaches the group.
 
+use std::collections::BTreeSet;
 use std::fs::File;
 use std::io::Write;
+use std::os::fd::{AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use nix::sys::signal::{kill, Signal};
@@ -257,24 +261,217 @@ impl Parents {
     }
 }
 
+/// A group whose attempt ended is used again if it holds no more memory
+/// than this (page cache its processes left), so that the next attempt's
+/// peak memory starts from at most this much.
+pub const RECYCLE_MAX_BYTES: u64 = 16 << 20;
+
+/// The agent's attempt groups. Each attempt runs in a group nothing else
+/// runs in; a group whose attempt has ended, empty and holding little
+/// memory, is used again rather than removed and made anew. Making and
+/// removing groups cost a short job's agent about a fifth of its time, and
+/// every removed memory group that still holds page cache lingers in the
+/// kernel ("dying" memory cgroups) and slows every later group operation.
+/// Groups are made ahead of the starts that take them, off their path.
+pub struct Pool {
+    parents: Parents,
+    /// The start of every group's name: the agent's prefix and pid.
+    prefix: String,
+    /// Idle groups kept, at most.
+    keep: usize,
+    idle: Mutex<Vec<Ready>>,
+    /// Every group of the pool's, idle or in use: the agent's ledger.
+    all: Mutex<BTreeSet<AttemptGroup>>,
+    /// Whether `all` changed since `changed` was last asked.
+    changed: AtomicBool,
+    made: AtomicU64,
+}
+
+/// An idle group, ready for an attempt: the files that join it open, and
+/// its peak memory counter reset.
+pub struct Ready {
+    pub group: AttemptGroup,
+    pub join: JoinFiles,
+    pub peak: Peak,
+}
+
+/// Where an attempt's peak memory is read.
+#[derive(Debug)]
+pub enum Peak {
+    /// No memory accounting for the group.
+    None,
+    /// A counter file read by path: v1 `memory.max_usage_in_bytes` (reset
+    /// by writing 0), or v2 `memory.peak` of a group never used before.
+    Path(PathBuf),
+    /// v2 `memory.peak` reset through this descriptor (Linux 6.12), which
+    /// reads the peak since that reset.
+    Reset(File),
+}
+
+impl Peak {
+    pub fn read(&self) -> Option<u64> {
+        let text = match self {
+            Peak::None => return None,
+            Peak::Path(path) => std::fs::read_to_string(path).ok()?,
+            Peak::Reset(file) => {
+                use std::os::unix::fs::FileExt;
+                let mut buf = [0u8; 32];
+                let n = file.read_at(&mut buf, 0).ok()?;
+                String::from_utf8_lossy(&buf[..n]).into_owned()
+            }
+        };
+        text.trim().parse().ok()
+    }
+}
+
+impl Pool {
+    /// A pool under `parents` keeping up to `keep` idle groups, named
+    /// `prefix`, the agent's pid and a number.
+    pub fn new(parents: Parents, prefix: &str, keep: usize) -> Pool {
+        Pool {
+            parents,
+            prefix: format!("{prefix}{}-", std::process::id()),
+            keep,
+            idle: Mutex::new(Vec::new()),
+            all: Mutex::new(BTreeSet::new()),
+            changed: AtomicBool::new(false),
+            made: AtomicU64::new(0),
+        }
+    }
+
+    pub fn parents(&self) -> &Parents {
+        &self.parents
+    }
+
+    /// Every group the pool has made and not removed.
+    pub fn all(&self) -> Vec<AttemptGroup> {
+        self.all.lock().expect("pool").iter().cloned().collect()
+    }
+
+    /// Whether groups were made or removed since the last call.
+    pub fn changed(&self) -> bool {
+        self.changed.swap(false, Ordering::AcqRel)
+    }
+
+    /// An empty group for an attempt: an idle one, or one made now.
+    pub fn take(&self) -> Result<Ready, String> {
+        if let Some(ready) = self.idle.lock().expect("pool").pop() {
+            return Ok(ready);
+        }
+        self.make()
+    }
+
+    fn make(&self) -> Result<Ready, String> {
+        let n = self.made.fetch_add(1, Ordering::Relaxed);
+        let group = self.parents.create(&format!("{}{n}", self.prefix))?;
+        self.all.lock().expect("pool").insert(group.clone());
+        self.changed.store(true, Ordering::Release);
+        let join = match group.join_files() {
+            Ok(join) => join,
+            Err(e) => {
+                self.remove(&group);
+                return Err(e);
+            }
+        };
+        let peak = if group.v2.join("memory.peak").exists() {
+            Peak::Path(group.v2.join("memory.peak"))
+        } else if let Some(memory) = &group.memory_v1 {
+            Peak::Path(memory.join("memory.max_usage_in_bytes"))
+        } else {
+            Peak::None
+        };
+        Ok(Ready { group, join, peak })
+    }
+
+    /// Makes groups until `keep` are idle (file system calls: blocking).
+    pub fn fill(&self) {
+        while self.idle.lock().expect("pool").len() < self.keep {
+            match self.make() {
+                Ok(ready) => self.idle.lock().expect("pool").push(ready),
+                Err(e) => {
+                    tracing::warn!("cannot make a cgroup ahead: {e}");
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Takes back the group of an attempt that has ended (its processes
+    /// gone): idle again if it is empty, holds little memory and its peak
+    /// can be reset, else removed.
+    pub fn recycle(&self, group: AttemptGroup) {
+        if self.idle.lock().expect("pool").len() >= self.keep || group.populated() {
+            return self.remove(&group);
+        }
+        match self.reset(&group) {
+            Ok(ready) => self.idle.lock().expect("pool").push(ready),
+            Err(why) => {
+                tracing::debug!(cgroup = %group.v2.display(), "not used again: {why}");
+                self.remove(&group);
+            }
+        }
+    }
+
+    fn reset(&self, group: &AttemptGroup) -> Result<Ready, String> {
+        let read = |p: PathBuf| std::fs::read_to_string(&p).ok()?.trim().parse::<u64>().ok();
+        let v2_memory = group.v2.join("memory.current").exists();
+        let held = if v2_memory {
+            read(group.v2.join("memory.current"))
+        } else {
+            group.memory_v1.as_ref().and_then(|m| read(m.join("memory.usage_in_bytes")))
+        };
+        if held.is_some_and(|held| held > RECYCLE_MAX_BYTES) {
+            return Err(format!("it holds {} bytes", held.unwrap_or(0)));
+        }
+        let peak = if v2_memory {
+            let path = group.v2.join("memory.peak");
+            let mut file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            file.write_all(b"reset\n").map_err(|e| format!("cannot reset {}: {e}", path.display()))?;
+            Peak::Reset(file)
+        } else if let Some(memory) = &group.memory_v1 {
+            let path = memory.join("memory.max_usage_in_bytes");
+            std::fs::write(&path, "0").map_err(|e| format!("cannot reset {}: {e}", path.display()))?;
+            Peak::Path(path)
+        } else {
+            Peak::None
+        };
+        Ok(Ready { group: group.clone(), join: group.join_files()?, peak })
+    }
+
+    fn remove(&self, group: &AttemptGroup) {
+        group.remove();
+        self.all.lock().expect("pool").remove(group);
+        self.changed.store(true, Ordering::Release);
+    }
+
+    /// Removes the idle groups (the agent is stopping).
+    pub fn clear(&self) {
+        let idle: Vec<Ready> = self.idle.lock().expect("pool").drain(..).collect();
+        for ready in idle {
+            self.remove(&ready.group);
+        }
+    }
+}
+
 /// One attempt's groups.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct AttemptGroup {
     pub v2: PathBuf,
     pub memory_v1: Option<PathBuf>,
 }
 
-/// What the child writes its pid into, opened before the fork: writing "0"
-/// to `cgroup.procs` moves the writer, and `write` is async-signal-safe.
+/// What the child writes its pid into, opened before it starts: writing
+/// "0" to `cgroup.procs` moves the writer.
 pub struct JoinFiles(Vec<File>);
 
 impl JoinFiles {
-    /// In the child between fork and exec: join every group.
-    pub fn join(&self) -> std::io::Result<()> {
-        for mut file in &self.0 {
-            file.write_all(b"0")?;
-        }
-        Ok(())
+    /// The descriptors the child writes to, between clone and exec.
+    pub fn fds(&self) -> Vec<RawFd> {
+        self.0.iter().map(AsRawFd::as_raw_fd).collect()
     }
 }
 
@@ -348,13 +545,6 @@ impl AttemptGroup {
             tokio::time::sleep(wait).await;
             wait = (wait * 2).min(Duration::from_millis(10));
         }
-    }
-
-    /// The most memory the group's processes held together, in bytes.
-    pub fn peak_memory(&self) -> Option<u64> {
-        let read = |p: PathBuf| std::fs::read_to_string(p).ok()?.trim().parse::<u64>().ok();
-        read(self.v2.join("memory.peak"))
-            .or_else(|| self.memory_v1.as_ref().and_then(|m| read(m.join("memory.max_usage_in_bytes"))))
     }
 
     /// Removes the (empty) groups; the kernel may take a moment to let go.

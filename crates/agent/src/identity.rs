@@ -67,20 +67,6 @@ pub fn resolve(run_as: Option<&str>, me: Uid, allow_root: bool) -> Result<Identi
     Ok(Identity { user: user.name, uid: user.uid, gid: user.gid, home: user.dir, groups, switch: true })
 }
 
-impl Identity {
-    /// In the child between fork and exec: become the user. Only
-    /// async-signal-safe calls.
-    pub fn assume(&self) -> std::io::Result<()> {
-        if !self.switch {
-            return Ok(());
-        }
-        nix::unistd::setgroups(&self.groups)?;
-        nix::unistd::setgid(self.gid)?;
-        nix::unistd::setuid(self.uid)?;
-        Ok(())
-    }
-}
-
 /// A job's whole environment: the base (`PATH`, `HOME`, `LANG`, `USER`,
 /// `LOGNAME`), then the operator's `--job-env`, then the submission's
 /// `env`, then Ebb's variables; later ones win.

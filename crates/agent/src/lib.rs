@@ -12,11 +12,11 @@ pub mod identity;
 mod metadata;
 pub mod output;
 mod report;
+pub mod spawn;
 
 use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -128,26 +128,79 @@ struct Running {
     group: Option<cgroup::AttemptGroup>,
 }
 
-/// What survives an agent crash: the process groups and cgroups it
-/// started, so that a restarted agent can kill them instead of leaving
-/// stale attempts running.
+/// What survives an agent crash, so that a restarted agent can kill what
+/// it left running instead of leaving stale attempts running: every cgroup
+/// of its pool (written when the pool changes), or where there are no
+/// cgroups, each attempt's process group (written at each start).
 #[derive(Default, Serialize, Deserialize)]
 struct Ledger {
     /// (attempt, process group, the leader's start time in clock ticks).
     groups: Vec<(AttemptRef, i32, u64)>,
     #[serde(default)]
-    cgroups: Vec<(AttemptRef, cgroup::AttemptGroup)>,
+    cgroup_pool: Vec<cgroup::AttemptGroup>,
 }
 
-/// Creates `path` (and its parents) if missing, then gives it `mode` and,
-/// on a root agent, the owner `who`.
-fn own_dir(path: &Path, mode: u32, who: Option<&identity::Identity>) -> Result<(), String> {
+/// Creates `path` (and its parents) if missing, and gives it `mode` and,
+/// on a root agent, the owner `who` (none: the agent's own), writing only what differs: a start
+/// changes no metadata it need not. Returns whether it was created.
+///
+/// The directory is opened without following a symbolic link and changed
+/// through that descriptor: a job that plants a link where one of its
+/// directories will be (its tenant's checkpoint root is its own) gets an
+/// error, never the root agent handing the link's target to its user.
+fn own_dir(path: &Path, mode: u32, who: Option<&identity::Identity>) -> Result<bool, String> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
     let fail = |e: std::io::Error| format!("cannot prepare {}: {e}", path.display());
-    std::fs::create_dir_all(path).map_err(fail)?;
+    let create = || std::fs::DirBuilder::new().mode(mode).create(path);
+    let created = match create() {
+        Ok(()) => true,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => false,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let parent = path.parent().unwrap_or(path);
+            std::fs::create_dir_all(parent).and_then(|()| create()).map_err(fail)?;
+            true
+        }
+        Err(e) => return Err(fail(e)),
+    };
+    // The agent's own directories are where the operator says, links or not.
+    let no_follow = if who.is_some() { libc::O_NOFOLLOW } else { 0 };
+    let dir = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | no_follow)
+        .open(path)
+        .map_err(|e| match std::fs::symlink_metadata(path) {
+            Ok(m) if m.file_type().is_symlink() => {
+                format!("cannot prepare {}: it is a symbolic link, which is refused", path.display())
+            }
+            _ => fail(e),
+        })?;
+    let meta = dir.metadata().map_err(fail)?;
     if let Some(who) = who.filter(|w| w.switch) {
-        nix::unistd::chown(path, Some(who.uid), Some(who.gid)).map_err(|e| fail(e.into()))?;
+        if (meta.uid(), meta.gid()) != (who.uid.as_raw(), who.gid.as_raw()) {
+            std::os::unix::fs::fchown(&dir, Some(who.uid.as_raw()), Some(who.gid.as_raw())).map_err(fail)?;
+        }
     }
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(fail)
+    if meta.mode() & 0o7777 != mode {
+        dir.set_permissions(std::fs::Permissions::from_mode(mode)).map_err(fail)?;
+    }
+    Ok(created)
+}
+
+/// Writes `body` to `path` in a directory the job owns, atomically (a
+/// temporary file, then a rename), through no link the job may have put
+/// there: a fresh file replaces whatever has the temporary name.
+fn write_job_file(path: &Path, body: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("tmp");
+    match std::fs::remove_file(&tmp) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    // create_new (O_EXCL) follows no link, dangling or not.
+    let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o644).open(&tmp)?;
+    file.write_all(body)?;
+    std::fs::rename(&tmp, path)
 }
 
 /// A short stable tag for a path: the agent's cgroups carry the tag of its
@@ -197,8 +250,8 @@ struct Agent {
     /// order: a registration carries them, so a server that restarted
     /// accounts them as they happened.
     unreported: Mutex<Vec<AgentEvent>>,
-    /// Where attempts' cgroups go; none: process groups only.
-    cgroups: Option<cgroup::Parents>,
+    /// Where attempts' cgroups come from; none: process groups only.
+    cgroups: Option<Arc<cgroup::Pool>>,
     /// The start of this agent's cgroup names.
     group_prefix: String,
     /// The user the agent runs as.
@@ -303,9 +356,12 @@ impl Agent {
     }
 
     fn write_ledger(&self, running: &HashMap<AttemptRef, Running>) {
-        let ledger = Ledger {
-            groups: running.iter().map(|(a, r)| (*a, r.pgid, r.started_ticks)).collect(),
-            cgroups: running.iter().filter_map(|(a, r)| Some((*a, r.group.clone()?))).collect(),
+        let ledger = match &self.cgroups {
+            Some(pool) => Ledger { groups: Vec::new(), cgroup_pool: pool.all() },
+            None => Ledger {
+                groups: running.iter().map(|(a, r)| (*a, r.pgid, r.started_ticks)).collect(),
+                cgroup_pool: Vec::new(),
+            },
         };
         let tmp = self.ledger_path().with_extension("tmp");
         let write = |bytes: Vec<u8>| {
@@ -328,12 +384,13 @@ impl Agent {
     fn kill_leftovers(&self) {
         // Every cgroup of this agent's: recorded or not (it may have died
         // between making one and recording it), none is running now.
-        let mut groups = self.cgroups.as_ref().map_or_else(Vec::new, |c| c.leftovers(&self.group_prefix));
+        let mut groups =
+            self.cgroups.as_ref().map_or_else(Vec::new, |c| c.parents().leftovers(&self.group_prefix));
         let ledger: Ledger = std::fs::read(self.ledger_path())
             .ok()
             .and_then(|bytes| serde_json::from_slice(&bytes).ok())
             .unwrap_or_default();
-        for (_, group) in ledger.cgroups {
+        for group in ledger.cgroup_pool {
             if !groups.contains(&group) {
                 groups.push(group);
             }
@@ -453,9 +510,8 @@ impl Agent {
             let notice = Notice::new(d.notice_at_ms, d.deadline_ms, d.reason.clone());
             // The file and the endpoint first, so that a job woken by the
             // signal finds the notice wherever it looks.
-            let tmp = r.drain_file.with_extension("tmp");
             let body = serde_json::to_vec_pretty(&notice).expect("notice serialises");
-            if let Err(e) = std::fs::write(&tmp, body).and_then(|()| std::fs::rename(&tmp, &r.drain_file)) {
+            if let Err(e) = write_job_file(&r.drain_file, &body) {
                 tracing::error!("cannot write the drain file {}: {e}", r.drain_file.display());
             }
             r.notice.send_replace(Some(notice));
@@ -502,35 +558,31 @@ impl Agent {
         let who = identity::resolve(s.run_as.as_deref(), self.me, self.config.allow_root_jobs)?;
         // The attempt's own directories belong to its user, closed to others;
         // the tenant's checkpoint root too, so tenants cannot see each other's.
-        let owned = |p: PathBuf| own_dir(&p, 0o700, Some(&who)).map(|()| p);
+        // Retention counts from the last use: a requeued job's old working
+        // directory is in use again (a new one is new enough).
+        let owned = |p: PathBuf, in_use: bool| {
+            let created = own_dir(&p, 0o700, Some(&who))?;
+            if in_use && !created {
+                touch(&p);
+            }
+            Ok::<_, String>(p)
+        };
         let workdir = match &s.workdir {
             Some(w) => PathBuf::from(w),
-            None => owned(self.config.data_dir.join("work").join(a.job.to_string()))?,
+            None => owned(self.config.data_dir.join("work").join(a.job.to_string()), true)?,
         };
-        let tenant_root = owned(self.config.checkpoint_root.join(tenant_dir_name(&s.tenant)?))?;
-        let checkpoint_dir = owned(tenant_root.join(a.job.to_string()))?;
-        let run_dir = owned(self.config.data_dir.join("run").join(format!("{}-{}", a.job, a.attempt)))?;
-        // Retention counts from the last use: a requeued job's old working
-        // directory is in use again.
-        for dir in std::iter::once(&run_dir).chain(s.workdir.is_none().then_some(&workdir)) {
-            touch(dir);
-        }
+        let tenant_root = owned(self.config.checkpoint_root.join(tenant_dir_name(&s.tenant)?), false)?;
+        let checkpoint_dir = owned(tenant_root.join(a.job.to_string()), false)?;
+        let run_dir = owned(self.config.data_dir.join("run").join(format!("{}-{}", a.job, a.attempt)), true)?;
         let drain_file = run_dir.join("drain.json");
         let completion_file = run_dir.join("complete");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .map_err(|e| format!("metadata endpoint: {e}"))?;
         let port = listener.local_addr().map_err(|e| e.to_string())?.port();
-        let group = match &self.cgroups {
-            Some(parents) => Some(parents.create(&format!("{}{}-{}", self.group_prefix, a.job, a.attempt))?),
-            None => None,
-        };
-        let join = match group.as_ref().map(cgroup::AttemptGroup::join_files).transpose() {
-            Ok(join) => join,
-            Err(e) => {
-                group.iter().for_each(cgroup::AttemptGroup::remove);
-                return Err(e);
-            }
+        let (group, join_files, peak) = match self.cgroups.as_ref().map(|pool| pool.take()).transpose()? {
+            Some(cgroup::Ready { group, join, peak }) => (Some(group), Some(join), peak),
+            None => (None, None, cgroup::Peak::None),
         };
         let metadata_url = format!("http://127.0.0.1:{port}");
         let (notice_tx, notice_rx) = watch::channel(None);
@@ -560,39 +612,13 @@ impl Agent {
             ("GCE_METADATA_HOST", format!("127.0.0.1:{port}")),
         ];
         let env = identity::job_env(&self.config.job_path, &who, &self.config.job_env, &s.env, &ebb);
-        let workdir_c = {
-            use std::os::unix::ffi::OsStrExt;
-            std::ffi::CString::new(workdir.as_os_str().as_bytes())
-                .map_err(|_| format!("workdir {}: contains a NUL byte", workdir.display()))?
-        };
-        let mut cmd = tokio::process::Command::new(&s.argv[0]);
-        cmd.args(&s.argv[1..])
-            .env_clear()
-            .envs(&env)
-            .process_group(0)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let child_who = who.clone();
-        // SAFETY: between fork and exec the closure only writes to files
-        // opened before the fork and makes plain system calls (setgroups,
-        // setgid, setuid, chdir): no allocation, no lock.
-        unsafe {
-            cmd.pre_exec(move || {
-                if let Some(join) = &join {
-                    join.join()?;
-                }
-                child_who.assume()?;
-                // As the user: a directory the user cannot enter fails here.
-                nix::unistd::chdir(workdir_c.as_c_str())?;
-                Ok(())
-            });
-        }
-        let mut child = match cmd.spawn() {
+        let join = join_files.as_ref().map_or_else(Vec::new, cgroup::JoinFiles::fds);
+        let request = spawn::Request { argv: &s.argv, env: &env, cwd: &workdir, who: &who, join: &join };
+        let child = match spawn::spawn(&request) {
             Ok(child) => child,
             Err(e) => {
-                if let Some(group) = &group {
-                    group.remove();
+                if let (Some(pool), Some(group)) = (&self.cgroups, group) {
+                    pool.recycle(group);
                 }
                 return Err(format!(
                     "cannot start {:?} as {} (uid {}) in {}: {e}",
@@ -603,7 +629,7 @@ impl Agent {
                 ));
             }
         };
-        let pid = child.id().ok_or("the process exited before it could be tracked")? as i32;
+        let pid = child.pid;
         {
             let mut running = self.running.lock().expect("running");
             let started_ticks = process_start(pid).unwrap_or(0);
@@ -618,16 +644,22 @@ impl Agent {
                     group: group.clone(),
                 },
             );
-            self.write_ledger(&running);
+            if self.cgroups.as_ref().is_none_or(|pool| pool.changed()) {
+                self.write_ledger(&running);
+            }
         }
         self.send(AgentEvent::Started { attempt: a, pid: pid as u32, at_ms: now_ms() });
-        type Pipe = Box<dyn tokio::io::AsyncRead + Unpin + Send>;
-        let stdout = child.stdout.take().map(|p| Box::new(p) as Pipe);
-        let stderr = child.stderr.take().map(|p| Box::new(p) as Pipe);
+        // A pipe tokio cannot watch is dropped: the job's writes to it fail
+        // (EPIPE), and the log says why.
+        let pipes = [child.stdout, child.stderr].map(|fd| {
+            tokio::net::unix::pipe::Receiver::from_owned_fd(fd).inspect_err(|e| {
+                tracing::error!(job = a.job, attempt = a.attempt, "cannot read the job's output: {e}")
+            })
+        });
         // Both pipes share the attempt's limits; every byte is read, so the
         // job never blocks on a full pipe, and what is over them is dropped.
         let gate = Arc::new(Mutex::new(Gate::new(self.config.output, Instant::now())));
-        let readers: Vec<_> = [stdout, stderr]
+        let readers: Vec<_> = pipes
             .into_iter()
             .flatten()
             .map(|mut pipe| {
@@ -647,7 +679,7 @@ impl Agent {
         let agent = self.clone();
         let default_workdir = s.workdir.is_none().then_some(workdir);
         tokio::spawn(async move {
-            let status = child.wait().await;
+            let status = spawn::wait(pid).await;
             // Whatever the main process left behind goes too; the attempt
             // ends when its cgroup is empty.
             match &group {
@@ -668,24 +700,26 @@ impl Agent {
                     reader.abort();
                 }
             }
-            let peak_memory_bytes = group.as_ref().and_then(cgroup::AttemptGroup::peak_memory);
+            let peak_memory_bytes = peak.read();
             let summary = gate.lock().expect("gate").summary();
             if let Some(line) = summary {
                 agent.send(AgentEvent::Output { attempt: a, data: line });
             }
-            use std::os::unix::process::ExitStatusExt;
             let (code, signal) = match status {
-                Ok(s) => (s.code(), s.signal()),
-                Err(_) => (None, None),
+                Ok(ended) => (ended.code, ended.signal),
+                Err(e) => {
+                    tracing::error!(job = a.job, attempt = a.attempt, "cannot wait for pid {pid}: {e}");
+                    (None, None)
+                }
             };
             let completed = completion_file.exists();
             // The retention period counts from the end of the attempt.
             for dir in completion_file.parent().into_iter().chain(default_workdir.as_deref()) {
                 touch(dir);
             }
-            // The ledger is rewritten at the next start; until then a stale
-            // entry is harmless (its start time no longer matches, its
-            // cgroup is gone).
+            // Without cgroups, the ledger is rewritten at the next start;
+            // until then a stale entry is harmless (its start time no
+            // longer matches).
             agent.running.lock().expect("running").remove(&a);
             tracing::info!(job = a.job, attempt = a.attempt, ?code, ?signal, ?peak_memory_bytes, "exited");
             agent.send(AgentEvent::Exited {
@@ -696,10 +730,13 @@ impl Agent {
                 at_ms: now_ms(),
                 peak_memory_bytes,
             });
-            // After the exit is on its way: the kernel may take a moment to
-            // let an emptied group go, and a waiting preemptor need not.
-            if let Some(group) = group {
-                let _ = tokio::task::spawn_blocking(move || group.remove()).await;
+            // After the exit is on its way: a waiting preemptor need not
+            // wait for the group to be put back.
+            if let (Some(pool), Some(group)) = (agent.cgroups.clone(), group) {
+                let _ = tokio::task::spawn_blocking(move || pool.recycle(group)).await;
+                if agent.cgroups.as_ref().is_some_and(|pool| pool.changed()) {
+                    agent.write_ledger(&agent.running.lock().expect("running"));
+                }
             }
         });
         Ok(())
@@ -815,6 +852,7 @@ impl Agent {
     /// Register, then follow the command stream; register again whenever
     /// the server says so (it restarted, or declared this node lost).
     async fn command_loop(self: Arc<Self>) {
+        let mut pending = HashMap::new();
         loop {
             let registered = match self.register().await {
                 Ok(r) => r,
@@ -849,26 +887,11 @@ impl Agent {
                 }
                 match self.call::<ebb_api::Commands>(req).await {
                     Ok(commands) => {
-                        // Starts run side by side; any other command waits for
-                        // the starts before it, so it finds its attempt running.
-                        let mut starting = tokio::task::JoinSet::new();
+                        // A start never holds up the next poll.
                         for command in commands.commands {
                             after = command.seq;
-                            if !matches!(command.action, Action::Start(_)) {
-                                while starting.join_next().await.is_some() {}
-                            }
-                            match command.action {
-                                Action::Start(start) => {
-                                    let agent = self.clone();
-                                    starting.spawn(async move { agent.start(start).await });
-                                }
-                                Action::Drain(drain) => self.drain(drain),
-                                Action::Stop { attempt, grace_ms } => {
-                                    self.stop(attempt, Duration::from_millis(grace_ms))
-                                }
-                            }
+                            self.execute(command.action, &mut pending);
                         }
-                        while starting.join_next().await.is_some() {}
                     }
                     Err(CallError::Reregister(why)) => {
                         tracing::warn!("registering again: {why}");
@@ -886,6 +909,45 @@ impl Agent {
                 }
             }
         }
+    }
+
+    /// Carries out a command of the server's without waiting for it: starts
+    /// run side by side, and a command for an attempt whose earlier command
+    /// is still under way (its start, above all) runs after it, so that a
+    /// drain finds its attempt running. `pending` holds the commands under
+    /// way, by attempt.
+    fn execute(
+        self: &Arc<Self>,
+        action: Action,
+        pending: &mut HashMap<AttemptRef, tokio::task::JoinHandle<()>>,
+    ) {
+        pending.retain(|_, task| !task.is_finished());
+        let attempt = match &action {
+            Action::Start(start) => start.attempt,
+            Action::Drain(drain) => drain.attempt,
+            Action::Stop { attempt, .. } => *attempt,
+        };
+        let before = match (pending.remove(&attempt), action) {
+            // The common case: at once.
+            (None, Action::Drain(drain)) => return self.drain(drain),
+            (None, Action::Stop { attempt, grace_ms }) => {
+                return self.stop(attempt, Duration::from_millis(grace_ms))
+            }
+            (before, action) => (before, action),
+        };
+        let agent = self.clone();
+        let task = tokio::spawn(async move {
+            let (before, action) = before;
+            if let Some(before) = before {
+                let _ = before.await;
+            }
+            match action {
+                Action::Start(start) => agent.start(start).await,
+                Action::Drain(drain) => agent.drain(drain),
+                Action::Stop { attempt, grace_ms } => agent.stop(attempt, Duration::from_millis(grace_ms)),
+            }
+        });
+        pending.insert(attempt, task);
     }
 
     /// Stops every attempt: the job's signal, then SIGKILL after `grace`.
@@ -986,8 +1048,16 @@ pub async fn run(mut config: AgentConfig) -> Result<(), String> {
         own_dir(&dir, 0o711, None)?;
     }
     let me = nix::unistd::geteuid();
-    let cgroups = match cgroup::Parents::probe() {
-        Ok(parents) => {
+    let probed = if std::env::var_os("EBB_X_NOCG").is_some() {
+        Err("x".to_string())
+    } else {
+        cgroup::Parents::probe()
+    };
+    let cgroups = match probed {
+        Ok(mut parents) => {
+            if std::env::var_os("EBB_X_NOV1").is_some() {
+                parents.memory_v1 = None;
+            }
             if agent_config_favors(&config) {
                 match std::fs::read_to_string("/proc/self/mountinfo")
                     .map_err(|e| e.to_string())
@@ -1029,6 +1099,10 @@ pub async fn run(mut config: AgentConfig) -> Result<(), String> {
             .collect::<String>(),
         tag(&config.data_dir)
     );
+    // Idle groups for as many attempts as the node can start at once.
+    let cgroups = cgroups.map(|parents| {
+        Arc::new(cgroup::Pool::new(parents, &group_prefix, usize::from(config.gpus).clamp(2, 64)))
+    });
     let http = reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(2))
         .timeout(Duration::from_secs(30))
@@ -1050,6 +1124,15 @@ pub async fn run(mut config: AgentConfig) -> Result<(), String> {
         credential: Mutex::new(credential),
     });
     agent.kill_leftovers();
+    if let Some(pool) = agent.cgroups.clone() {
+        let agent = agent.clone();
+        tokio::task::spawn_blocking(move || {
+            pool.fill();
+            if pool.changed() {
+                agent.write_ledger(&agent.running.lock().expect("running"));
+            }
+        });
+    }
     let sweeper = agent.clone();
     tokio::spawn(async move {
         let every =
@@ -1070,6 +1153,9 @@ pub async fn run(mut config: AgentConfig) -> Result<(), String> {
     commands.abort();
     tracing::info!("stopping: ending running attempts");
     agent.stop_all(Duration::from_secs(3)).await;
+    if let Some(pool) = &agent.cgroups {
+        pool.clear();
+    }
     // Give the reporter a moment to deliver the exits.
     tokio::time::sleep(Duration::from_millis(300)).await;
     Ok(())

@@ -224,3 +224,55 @@ fn peak_memory_is_reported_and_finished_attempts_directories_are_swept_but_never
     });
     assert_eq!(std::fs::read_to_string(c.checkpoints(job).join("state")).unwrap(), "kept\n");
 }
+
+/// Plants links where the root agent will write next: in the tenant's
+/// checkpoint root, named after the next jobs, and in place of the drain
+/// notice's temporary file; then waits for its drain and keeps the notice.
+const PLANTER: &str = r#"root="$(dirname "$EBB_CHECKPOINT_DIR")"
+for next in 1 2 3; do ln -s "$VICTIM_DIR" "$root/$((EBB_JOB_ID + next))"; done
+ln -s "$VICTIM_FILE" "$(dirname "$EBB_DRAIN_FILE")/drain.tmp"
+trap 'cp "$EBB_DRAIN_FILE" "$EBB_CHECKPOINT_DIR/notice"; exit 0' TERM
+touch "$EBB_CHECKPOINT_DIR/planted"
+while :; do sleep 0.05; done"#;
+
+#[test]
+fn links_a_job_plants_never_turn_the_root_agents_writes_onto_other_files() {
+    let c = Cluster::start(Options {
+        run_as: Some(RunAs { tenants: vec![("team-a", "daemon")], default: None }),
+        drain_window: "5s",
+        ..Options::default()
+    });
+    let a = create_tenant(&c, "team-a");
+    let victim_dir = c.dir.join("victim-dir");
+    std::fs::create_dir(&victim_dir).unwrap();
+    std::fs::set_permissions(&victim_dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let victim_file = c.dir.join("victim-file");
+    std::fs::write(&victim_file, "precious\n").unwrap();
+    let env_dir = format!("VICTIM_DIR={}", victim_dir.display());
+    let env_file = format!("VICTIM_FILE={}", victim_file.display());
+    let planter =
+        c.submit_as(&a, &["--gpus", "2", "--env", &env_dir, "--env", &env_file, "--", "bash", "-c", PLANTER]);
+    wait_for("the links", Duration::from_secs(20), || c.checkpoints(planter).join("planted").exists().then_some(()));
+
+    // The next job's checkpoint directory is a link: its start fails and
+    // says why; the link's target is not handed to the tenant's user.
+    let next = c.submit_as(&a, &["--", "true"]);
+    assert_eq!(next, planter + 1);
+    let failed = c.wait_job(next, "its start to fail", Duration::from_secs(20), |j| {
+        j["events"].as_array().unwrap().iter().any(|e| e["kind"] == "exited")
+    });
+    assert_eq!(event(&failed, "exited")["detail"]["code"], 127);
+    let out = c.output(next);
+    assert!(out.contains("it is a symbolic link, which is refused"), "{out}");
+    let meta = std::fs::metadata(&victim_dir).unwrap();
+    assert_eq!((meta.uid(), meta.permissions().mode() & 0o7777), (0, 0o755), "the agent changed the link's target");
+
+    // The drain notice replaces the planted temporary file; it does not
+    // write through it.
+    let preemptor = c.submit(&["--tier", "on-demand", "--gpus", "4", "--", "true"]);
+    c.wait_state(preemptor, "succeeded");
+    assert_eq!(std::fs::read_to_string(&victim_file).unwrap(), "precious\n");
+    let notice: Value =
+        serde_json::from_str(&std::fs::read_to_string(c.checkpoints(planter).join("notice")).unwrap()).unwrap();
+    assert!(notice["deadline"].is_string(), "{notice}");
+}
