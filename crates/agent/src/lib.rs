@@ -683,10 +683,12 @@ impl Agent {
             // Whatever the main process left behind goes too; the attempt
             // ends when its cgroup is empty.
             match &group {
-                Some(group) => {
+                // Usually the main process was the last: nothing to kill.
+                Some(group) if group.populated() => {
                     group.kill();
                     group.emptied().await;
                 }
+                Some(_) => {}
                 None => {
                     let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
                 }
