@@ -169,11 +169,11 @@ fn own_dir(path: &Path, mode: u32, who: Option<&identity::Identity>) -> Result<b
         .custom_flags(libc::O_DIRECTORY | no_follow)
         .open(path)
         .map_err(|e| match std::fs::symlink_metadata(path) {
-            Ok(m) if m.file_type().is_symlink() => {
-                format!("cannot prepare {}: it is a symbolic link, which is refused", path.display())
-            }
-            _ => fail(e),
-        })?;
+        Ok(m) if m.file_type().is_symlink() => {
+            format!("cannot prepare {}: it is a symbolic link, which is refused", path.display())
+        }
+        _ => fail(e),
+    })?;
     let meta = dir.metadata().map_err(fail)?;
     if let Some(who) = who.filter(|w| w.switch) {
         if (meta.uid(), meta.gid()) != (who.uid.as_raw(), who.gid.as_raw()) {

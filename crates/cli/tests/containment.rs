@@ -252,7 +252,9 @@ fn links_a_job_plants_never_turn_the_root_agents_writes_onto_other_files() {
     let env_file = format!("VICTIM_FILE={}", victim_file.display());
     let planter =
         c.submit_as(&a, &["--gpus", "2", "--env", &env_dir, "--env", &env_file, "--", "bash", "-c", PLANTER]);
-    wait_for("the links", Duration::from_secs(20), || c.checkpoints(planter).join("planted").exists().then_some(()));
+    wait_for("the links", Duration::from_secs(20), || {
+        c.checkpoints(planter).join("planted").exists().then_some(())
+    });
 
     // The next job's checkpoint directory is a link: its start fails and
     // says why; the link's target is not handed to the tenant's user.
@@ -265,7 +267,11 @@ fn links_a_job_plants_never_turn_the_root_agents_writes_onto_other_files() {
     let out = c.output(next);
     assert!(out.contains("it is a symbolic link, which is refused"), "{out}");
     let meta = std::fs::metadata(&victim_dir).unwrap();
-    assert_eq!((meta.uid(), meta.permissions().mode() & 0o7777), (0, 0o755), "the agent changed the link's target");
+    assert_eq!(
+        (meta.uid(), meta.permissions().mode() & 0o7777),
+        (0, 0o755),
+        "the agent changed the link's target"
+    );
 
     // The drain notice replaces the planted temporary file; it does not
     // write through it.
@@ -273,6 +279,7 @@ fn links_a_job_plants_never_turn_the_root_agents_writes_onto_other_files() {
     c.wait_state(preemptor, "succeeded");
     assert_eq!(std::fs::read_to_string(&victim_file).unwrap(), "precious\n");
     let notice: Value =
-        serde_json::from_str(&std::fs::read_to_string(c.checkpoints(planter).join("notice")).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(c.checkpoints(planter).join("notice")).unwrap())
+            .unwrap();
     assert!(notice["deadline"].is_string(), "{notice}");
 }
