@@ -120,7 +120,9 @@ pub(crate) fn rfc3339(ms: u64) -> String {
 /// A running attempt.
 struct Running {
     pgid: i32,
-    started_ticks: u64,
+    /// When the leader started, in clock ticks: only where the ledger
+    /// records process groups (no cgroups).
+    started_ticks: Option<u64>,
     signal: i32,
     drain_file: PathBuf,
     notice: watch::Sender<Option<Notice>>,
@@ -359,7 +361,7 @@ impl Agent {
         let ledger = match &self.cgroups {
             Some(pool) => Ledger { groups: Vec::new(), cgroup_pool: pool.all() },
             None => Ledger {
-                groups: running.iter().map(|(a, r)| (*a, r.pgid, r.started_ticks)).collect(),
+                groups: running.iter().filter_map(|(a, r)| Some((*a, r.pgid, r.started_ticks?))).collect(),
                 cgroup_pool: Vec::new(),
             },
         };
@@ -632,7 +634,7 @@ impl Agent {
         let pid = child.pid;
         {
             let mut running = self.running.lock().expect("running");
-            let started_ticks = process_start(pid).unwrap_or(0);
+            let started_ticks = if self.cgroups.is_none() { process_start(pid) } else { None };
             running.insert(
                 a,
                 Running {

@@ -67,17 +67,7 @@ impl SpawnError {
     }
 }
 
-/// The child's steps, in order; the index is what a failed child records.
-const STEPS: [&str; 8] = [
-    "",
-    "cannot join its cgroup",
-    "cannot make its process group",
-    "cannot take its user's groups",
-    "cannot take its user's gid",
-    "cannot take its user's uid",
-    "cannot connect its standard streams",
-    "cannot enter its working directory",
-];
+/// The child's steps, as a failed child records them (0: none failed).
 const JOIN: u8 = 1;
 const PGROUP: u8 = 2;
 const GROUPS: u8 = 3;
@@ -86,6 +76,19 @@ const UID: u8 = 5;
 const STDIO: u8 = 6;
 const CHDIR: u8 = 7;
 const EXEC: u8 = 8;
+
+fn step_name(step: u8) -> &'static str {
+    match step {
+        JOIN => "cannot join its cgroup",
+        PGROUP => "cannot make its process group",
+        GROUPS => "cannot take its user's groups",
+        GID => "cannot take its user's gid",
+        UID => "cannot take its user's uid",
+        STDIO => "cannot connect its standard streams",
+        CHDIR => "cannot enter its working directory",
+        _ => "cannot run it",
+    }
+}
 
 /// Everything the child reads, built before the clone.
 struct Context<'a> {
@@ -183,8 +186,7 @@ pub fn spawn(req: &Request) -> Result<Child, SpawnError> {
     if step != 0 {
         reap(pid);
         let error = std::io::Error::from_raw_os_error(ctx.failed_errno.load(Ordering::Acquire));
-        let step = if step == EXEC { "cannot run it" } else { STEPS[step as usize] };
-        return Err(SpawnError::new(step, error));
+        return Err(SpawnError::new(step_name(step), error));
     }
     Ok(Child { pid, stdout: out_r, stderr: err_r })
 }
