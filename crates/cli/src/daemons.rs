@@ -298,6 +298,8 @@ pub async fn agent(server: Option<String>, args: AgentArgs) -> Result<(), String
     let labels = pairs("--label", &args.labels)?;
     let job_env = pairs("--job-env", &args.job_env)?;
     let checkpoint_root = args.checkpoint_root.unwrap_or_else(|| args.data_dir.join("checkpoints"));
+    // Before the agent kills what it finds in its ledger as left over.
+    let _owner = ebb_server::lock::lock_dir(&args.data_dir, "ebb agent")?;
     ebb_agent::run(ebb_agent::AgentConfig {
         server,
         join_token: join_token.trim().to_string(),
@@ -368,14 +370,32 @@ fn spawn(name: &str, args: &[String], log: &Path) -> Result<Child, String> {
         .open(log)
         .map_err(|e| format!("{}: {e}", log.display()))?;
     let err = out.try_clone().map_err(|e| e.to_string())?;
-    let process = tokio::process::Command::new(exe)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err)
+    let up = std::process::id();
+    let mut command = tokio::process::Command::new(exe);
+    command.args(args).stdin(Stdio::null()).stdout(out).stderr(err);
+    // SAFETY: between fork and exec the closure makes two system calls,
+    // no allocation, no lock.
+    unsafe {
+        command.pre_exec(move || die_with_parent(up));
+    }
+    let process = command
         .spawn()
         .map_err(|e| format!("cannot start {name}: {e}"))?;
     Ok(Child { name: name.to_string(), process })
+}
+
+/// In a child of `ebb up` (pid `up`) before exec: SIGTERM when `ebb up`
+/// goes, however it goes (`kill -9` included), so that nothing of the
+/// cluster is left holding its port and directories. SIGTERM, not SIGKILL,
+/// so that an agent ends its jobs first. If `ebb up` is already gone, exit.
+fn die_with_parent(up: u32) -> std::io::Result<()> {
+    // The signal comes when the thread that forked exits: tokio's worker
+    // threads live as long as `ebb up` does.
+    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM).map_err(std::io::Error::from)?;
+    if nix::unistd::getppid().as_raw() as u32 != up {
+        return Err(std::io::Error::other("ebb up is gone"));
+    }
+    Ok(())
 }
 
 async fn wait_for_file(path: &Path, child: &mut Child, log: &Path) -> Result<String, String> {
@@ -404,7 +424,9 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
         return Err("--nodes and --gpus-per-node must be at least 1".into());
     }
     let data = &args.data_dir;
-    std::fs::create_dir_all(data).map_err(|e| format!("--data-dir {}: {e}", data.display()))?;
+    // Before anything in it is touched: a second `ebb up` here would reuse
+    // the first one's node names, database and logs.
+    let _owner = ebb_server::lock::lock_dir(data, "ebb up")?;
     let data = &std::fs::canonicalize(data).map_err(|e| format!("--data-dir {}: {e}", data.display()))?;
     let logs = data.join("logs");
     std::fs::create_dir_all(&logs).map_err(|e| format!("--data-dir {}: {e}", data.display()))?;

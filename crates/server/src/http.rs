@@ -812,6 +812,9 @@ fn private_data_dir(dir: &std::path::Path) -> Result<(), String> {
 pub async fn serve(config: ServerConfig) -> Result<(), String> {
     exit_on_panic();
     let dir = &config.data_dir;
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
+    // Before anything in the directory is touched; held until the process ends.
+    let _owner = crate::lock::lock_dir(dir, "ebb server")?;
     private_data_dir(dir)?;
     let store = SqliteStore::open(&dir.join("ebb.db")).map_err(|e| e.to_string())?;
     let tokens = Arc::new(RwLock::new(HashMap::new()));

@@ -7,6 +7,7 @@
 pub mod billing;
 pub mod engine;
 mod http;
+pub mod lock;
 mod metrics;
 pub mod store;
 mod validate;

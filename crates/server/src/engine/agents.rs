@@ -1,0 +1,410 @@
+//! The agent protocol: registration, the command poll, reports of starts, checkpoints and output.
+
+use super::*;
+
+impl<S: Store> Engine<S> {
+    pub(super) fn push(&mut self, node: &str, action: Action) {
+        self.channels.entry(node.to_string()).or_insert_with(Channel::new).push(action);
+        self.woken.insert(node.to_string());
+    }
+
+    pub(super) fn register(
+        &mut self,
+        principal: &Principal,
+        mut reg: Register,
+        now: u64,
+    ) -> Result<Registered, ApiError> {
+        let issue_credential = self.may_register(principal, &reg.node)?;
+        // Checked before anything of the registration is applied.
+        self.check_event_times("unreported", &reg.unreported, now)?;
+        // Attempts the agent comes back without ended after this, the last
+        // time the node was heard from, and no later than now.
+        let last_contact = self.last_contact(&reg.node).unwrap_or(now).min(now);
+        let spec = NodeSpec {
+            name: reg.node.clone(),
+            gpu_model: reg.gpu_model.clone(),
+            gpus: reg.gpus,
+            labels: reg.labels.clone(),
+        };
+        match self.core.node_by_name(&reg.node) {
+            Some(id) if self.core.node(id).expect("known").status != NodeStatus::Lost => {
+                let n = self.core.node(id).expect("known");
+                let model = &self.core.model(n.model).expect("known").name;
+                if n.gpus != reg.gpus || *model != reg.gpu_model {
+                    return Err(ApiError::conflict(format!(
+                        "node {}: joined before with {} x {model}, now reports {} x {}",
+                        reg.node, n.gpus, reg.gpus, reg.gpu_model
+                    )));
+                }
+                self.core.heartbeat(id, Time(now)).map_err(|e| ApiError::conflict(e.to_string()))?;
+                self.heard(&reg.node, now);
+                let row = self.nodes.get_mut(&reg.node).expect("known node");
+                if reg.address.is_some() && row.address != reg.address {
+                    row.address = reg.address.clone();
+                    let row = row.clone();
+                    self.store.put_node(&row).map_err(storage_error)?;
+                }
+            }
+            _ => {
+                self.core.add_node(spec, Time(now)).map_err(|e| ApiError::bad_request(e.to_string()))?;
+                // A node back after being lost keeps its history.
+                let known = self.nodes.get(&reg.node);
+                let row = NodeRow {
+                    name: reg.node.clone(),
+                    gpu_model: reg.gpu_model.clone(),
+                    gpus: reg.gpus,
+                    labels: reg.labels.clone(),
+                    drained: false,
+                    address: reg.address.clone(),
+                    joined_ms: known.map_or(now, |n| n.joined_ms),
+                    interruptions: known.map_or(0, |n| n.interruptions),
+                    removed: false,
+                };
+                self.store.put_node(&row).map_err(storage_error)?;
+                self.nodes.insert(reg.node.clone(), row);
+                self.price_for(&reg.gpu_model);
+                self.heard(&reg.node, now);
+                tracing::info!(node = reg.node, gpus = reg.gpus, gpu_model = reg.gpu_model, "node joined");
+            }
+        }
+        // A fresh stream: whatever was queued for the old session is
+        // re-derived below from what the store says.
+        let channel = self.channels.entry(reg.node.clone()).or_insert_with(Channel::new);
+        channel.commands.clear();
+        // The agent follows from here: what is re-derived below reaches it.
+        let next_seq = channel.next_seq - 1;
+        // What happened while the server could not be told (it restarted):
+        // starts, checkpoints and exits, accounted as they happened.
+        let unreported = std::mem::take(&mut reg.unreported);
+        self.apply_events(&reg.node, unreported, now);
+        let running: BTreeSet<AttemptRef> = reg.running.iter().copied().collect();
+        let held: Vec<AttemptRef> = self
+            .jobs
+            .values()
+            .filter(|j| j.state.is_live() && j.running_on.contains(&reg.node))
+            .map(|j| AttemptRef { job: j.id, attempt: j.attempt })
+            .collect();
+        let held_set: BTreeSet<AttemptRef> = held.iter().copied().collect();
+        let kill: Vec<AttemptRef> = running.difference(&held_set).copied().collect();
+        if held_set.difference(&running).next().is_some() {
+            // The agent came back without attempts it was running: an
+            // interruption without notice.
+            self.interrupted(&reg.node);
+        }
+        for attempt in held {
+            if running.contains(&attempt) {
+                let job = &self.jobs[&attempt.job];
+                let (state, notice, cancel_requested) = (job.state, job.notice.clone(), job.cancel_requested);
+                if let (JobState::Draining, Some((at, deadline, reason))) = (state, notice) {
+                    let drain = DrainAttempt { attempt, notice_at_ms: at, deadline_ms: deadline, reason };
+                    self.push(&reg.node, Action::Drain(drain));
+                }
+                if cancel_requested {
+                    self.push(&reg.node, Action::Stop { attempt, grace_ms: 10_000 });
+                }
+            } else {
+                // The node does not run what we think it does: that part of
+                // the attempt is gone.
+                let exit = PartExit {
+                    code: None,
+                    signal: None,
+                    completed: false,
+                    vanished: true,
+                    peak_memory_bytes: None,
+                };
+                self.part_exited(&reg.node, attempt, exit, last_contact, now);
+            }
+        }
+        if !kill.is_empty() {
+            tracing::warn!(node = reg.node, ?kill, "agent runs stale attempts; told to kill them");
+        }
+        let credential = match issue_credential {
+            true => {
+                tracing::info!(node = reg.node, "node credential issued");
+                Some(self.grant(Principal::node(&reg.node))?)
+            }
+            false => None,
+        };
+        Ok(Registered {
+            heartbeat_interval_ms: self.config.heartbeat_interval.as_millis(),
+            kill,
+            next_seq,
+            epoch: self.epoch,
+            credential,
+        })
+    }
+
+    pub(super) fn poll(
+        &mut self,
+        node: &str,
+        epoch: u64,
+        after: u64,
+        health: Option<Option<String>>,
+        now: u64,
+    ) -> Result<Poll, ApiError> {
+        self.credential_valid(node)?;
+        let Some(id) = self.core.node_by_name(node) else {
+            return Err(ApiError::conflict(format!("node {node}: not registered")));
+        };
+        if epoch != self.epoch {
+            return Err(ApiError::conflict("the server restarted: register again".into()));
+        }
+        self.core.heartbeat(id, Time(now)).map_err(|e| ApiError::conflict(e.to_string()))?;
+        self.heard(node, now);
+        if let Some(failing) = health {
+            self.set_health(node, failing);
+        }
+        let channel = self.channels.entry(node.to_string()).or_insert_with(Channel::new);
+        while channel.commands.front().is_some_and(|c| c.seq <= after) {
+            channel.commands.pop_front();
+        }
+        Ok(Poll {
+            commands: channel.commands.iter().cloned().collect(),
+            next_seq: channel.next_seq,
+            changed: channel.notify.subscribe(),
+        })
+    }
+
+    /// Is `attempt` the job's live attempt on `node`?
+    pub(super) fn live_on(&self, attempt: AttemptRef, node: &str) -> bool {
+        self.jobs.get(&attempt.job).is_some_and(|j| {
+            j.attempt == attempt.attempt && j.state.is_live() && j.running_on.iter().any(|n| n == node)
+        })
+    }
+
+    pub(super) fn report(&mut self, report: ebb_api::Report, now: u64) -> Result<ReportReply, ApiError> {
+        let node = report.node.clone();
+        self.credential_valid(&node)?;
+        self.check_event_times("events", &report.events, now)?;
+        let id = self
+            .core
+            .node_by_name(&node)
+            .ok_or_else(|| ApiError::conflict(format!("node {node}: not registered")))?;
+        let _ = self.core.heartbeat(id, Time(now));
+        self.heard(&node, now);
+        // A report got through: whatever failed before does no longer.
+        self.set_health(&node, None);
+        let stale = self.apply_events(&node, report.events, now);
+        Ok(ReportReply { stale: stale.into_iter().collect() })
+    }
+
+    /// Refuses, whole, events stamped later than the server's clock plus
+    /// the allowed skew: a node's clock that far ahead is wrong, and
+    /// nothing it says about time can be taken. `field` names where the
+    /// events came from in the request.
+    pub(super) fn check_event_times(
+        &self,
+        field: &str,
+        events: &[AgentEvent],
+        now: u64,
+    ) -> Result<(), ApiError> {
+        let bound = now.saturating_add(self.config.max_clock_skew.as_millis());
+        for (i, event) in events.iter().enumerate() {
+            let (kind, attempt, at_ms) = match event {
+                AgentEvent::Started { attempt, at_ms, .. } => ("started", attempt, *at_ms),
+                AgentEvent::Exited { attempt, at_ms, .. } => ("exited", attempt, *at_ms),
+                AgentEvent::Checkpoint { attempt, at_ms, .. } => ("checkpoint", attempt, *at_ms),
+                AgentEvent::Output { .. } => continue,
+            };
+            if at_ms > bound {
+                return Err(ApiError::bad_request(format!(
+                    "{field}[{i}].at_ms: the {kind} event of job {} attempt {} is stamped {} ({at_ms}), later \
+                     than the server's clock plus the allowed skew of {} ({bound}); nothing of this request \
+                     was applied: check the node's clock",
+                    attempt.job,
+                    attempt.attempt,
+                    rfc3339(at_ms),
+                    ebb_core::checkpoint::human(self.config.max_clock_skew),
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// An event time of a live attempt, clamped to what the server can
+    /// know: not before the attempt was placed, not after now.
+    pub(super) fn known_time(&self, attempt: AttemptRef, at_ms: u64, now: u64) -> u64 {
+        let placed = self.jobs.get(&attempt.job).map_or(0, |j| j.started_ms);
+        at_ms.clamp(placed.min(now), now)
+    }
+
+    /// What a node's agent reports, in order; returns the stale attempts
+    /// it spoke of. An event delivered twice (once with a registration,
+    /// once in a report) counts once.
+    pub(super) fn apply_events(
+        &mut self,
+        node: &str,
+        events: Vec<AgentEvent>,
+        now: u64,
+    ) -> BTreeSet<AttemptRef> {
+        let node = node.to_string();
+        let mut stale = BTreeSet::new();
+        for event in events {
+            match event {
+                AgentEvent::Started { attempt, pid, at_ms } => {
+                    if !self.live_on(attempt, &node) {
+                        stale.insert(attempt);
+                        continue;
+                    }
+                    let at_ms = self.known_time(attempt, at_ms, now);
+                    let job = self.jobs.get_mut(&attempt.job).expect("live");
+                    if job.started_on.contains(&node) {
+                        continue;
+                    }
+                    // A gang runs once every node has started its part.
+                    job.started_on.push(node.clone());
+                    job.run_started_ms = Some(job.run_started_ms.map_or(at_ms, |t| t.min(at_ms)));
+                    if job.state == JobState::Starting && job.started_on.len() == job.placement.len() {
+                        job.state = JobState::Running;
+                    }
+                    self.event(
+                        attempt.job,
+                        "started",
+                        json!({ "node": node, "pid": pid, "at": rfc3339(at_ms) }),
+                    );
+                    self.save(attempt.job);
+                }
+                AgentEvent::Exited { attempt, code, signal, completed, at_ms, peak_memory_bytes } => {
+                    if !self.live_on(attempt, &node) {
+                        continue; // already accounted for (lost or fenced)
+                    }
+                    // Not before the attempt's start, as the record has it.
+                    let started = self.jobs[&attempt.job].run_started_ms.unwrap_or(0);
+                    let at_ms = self.known_time(attempt, at_ms.max(started), now);
+                    let exit = PartExit { code, signal, completed, vanished: false, peak_memory_bytes };
+                    self.part_exited(&node, attempt, exit, at_ms, now);
+                }
+                AgentEvent::Checkpoint { attempt, step, bytes, duration_ms, at_ms } => {
+                    if !self.live_on(attempt, &node) {
+                        stale.insert(attempt);
+                        continue;
+                    }
+                    let at_ms = self.known_time(attempt, at_ms, now);
+                    self.checkpointed(attempt, step, bytes, duration_ms, at_ms, now);
+                }
+                AgentEvent::Output { attempt, data } => {
+                    // Only the node the attempt was placed on writes its log.
+                    if self.live_on(attempt, &node) {
+                        self.append_log(attempt.job, &data);
+                    } else {
+                        stale.insert(attempt);
+                    }
+                }
+            }
+        }
+        stale
+    }
+
+    /// The live attempt reported a completed checkpoint: the core picks
+    /// victims by it, the record shows it, and a checkpoint that would not
+    /// fit in the drain window earns the job a warning.
+    pub(super) fn checkpointed(
+        &mut self,
+        attempt: AttemptRef,
+        step: Option<u64>,
+        bytes: Option<u64>,
+        duration_ms: u64,
+        at_ms: u64,
+        now: u64,
+    ) {
+        let id = attempt.job;
+        if let Err(e) = self.core.checkpointed(JobId(id), Attempt(attempt.attempt), Time(now)) {
+            tracing::warn!(job = id, "checkpoint not taken: {e}");
+            return;
+        }
+        self.counters.checkpoints += 1;
+        let window = self.config.drain_window;
+        let job = self.jobs.get_mut(&id).expect("live attempt");
+        let checkpoint = ebb_api::Checkpoint {
+            at: rfc3339(at_ms),
+            at_ms,
+            attempt: attempt.attempt,
+            step,
+            bytes,
+            seconds: duration_ms as f64 / 1000.0,
+        };
+        job.checkpoints.record(checkpoint, duration_ms);
+        job.attempt_checkpoint_ms = Some(job.attempt_checkpoint_ms.map_or(at_ms, |t| t.max(at_ms)));
+        let warn = duration_ms > window.as_millis() && !job.checkpoints.warned;
+        job.checkpoints.warned |= warn;
+        self.event(
+            id,
+            "checkpoint",
+            json!({ "step": step, "bytes": bytes, "seconds": duration_ms as f64 / 1000.0 }),
+        );
+        if warn {
+            let message = format!(
+                "a checkpoint took {}, longer than the {} drain window: a save started at notice will not \
+                 finish before the kill; checkpoint periodically (EBB_CHECKPOINT_INTERVAL_S) or make the \
+                 save faster",
+                ebb_core::checkpoint::human(Span(duration_ms)),
+                ebb_core::checkpoint::human(window),
+            );
+            tracing::warn!(job = id, "{message}");
+            let detail = json!({
+                "message": message,
+                "checkpoint_seconds": duration_ms as f64 / 1000.0,
+                "drain_window_seconds": window.as_secs(),
+            });
+            self.event(id, "warning", detail);
+        }
+        self.save(id);
+    }
+
+    /// Marks `node` unhealthy (it takes no new work) while its agent says
+    /// its reports keep failing, and healthy again once they get through.
+    /// Not stored: after a restart the agent's next poll says it again.
+    pub(super) fn set_health(&mut self, node: &str, failing: Option<String>) {
+        let Some(id) = self.core.node_by_name(node) else { return };
+        let healthy = failing.is_none();
+        let was = self.unhealthy.contains_key(node);
+        match failing {
+            Some(why) => {
+                if !was {
+                    tracing::warn!(
+                        node,
+                        why,
+                        "node unhealthy: its reports keep failing; it takes no new work"
+                    );
+                }
+                self.unhealthy.insert(node.to_string(), why);
+            }
+            None if was => {
+                tracing::info!(node, "node healthy again: its reports get through");
+                self.unhealthy.remove(node);
+            }
+            None => return,
+        }
+        let _ = self.core.set_healthy(id, healthy);
+    }
+
+    /// When `node` was last heard from: by this server, or else by the
+    /// one before it.
+    pub(super) fn last_contact(&self, node: &str) -> Option<u64> {
+        if self.heard_since_start.contains(node) {
+            let id = self.core.node_by_name(node)?;
+            return Some(self.core.node(id)?.last_heartbeat.0);
+        }
+        self.heard_before.get(node).copied()
+    }
+
+    /// Records contact with `node`: durable, so that a restarted server
+    /// meters work on a node that never comes back only up to here.
+    pub(super) fn heard(&mut self, node: &str, now: u64) {
+        self.heard_since_start.insert(node.to_string());
+        if let Err(e) = self.store.heard(node, now) {
+            tracing::error!("node {node}: cannot record contact: {e}");
+        }
+    }
+
+    /// The node was interrupted without notice.
+    pub(super) fn interrupted(&mut self, node: &str) {
+        if let Some(row) = self.nodes.get_mut(node) {
+            row.interruptions += 1;
+            let row = row.clone();
+            if let Err(e) = self.store.put_node(&row) {
+                tracing::error!("node {node}: cannot store: {e}");
+            }
+        }
+    }
+}

@@ -1,0 +1,129 @@
+//! Nodes as the operator and the heartbeat timeout change them: drain, reclaim, removal, loss.
+
+use super::*;
+
+impl<S: Store> Engine<S> {
+    /// The core released every hold on `node` (lost or drained): so does
+    /// the record.
+    pub(super) fn forget_holds_on(&mut self, node: &str) {
+        let holders: Vec<u64> =
+            self.jobs.values().filter(|j| j.held.iter().any(|(n, _)| n == node)).map(|j| j.id).collect();
+        for id in holders {
+            let job = self.jobs.get_mut(&id).expect("known job");
+            job.held.clear();
+            job.waiting_for.clear();
+            self.save(id);
+        }
+    }
+
+    pub(super) fn drain_node(&mut self, name: &str) -> Result<ebb_api::Node, ApiError> {
+        let id = self
+            .core
+            .node_by_name(name)
+            .ok_or_else(|| ApiError::not_found(format!("node {name}: not found")))?;
+        self.core.drain_node(id).map_err(|e| ApiError::conflict(e.to_string()))?;
+        self.forget_holds_on(name);
+        let row = self.nodes.get_mut(name).expect("known node");
+        row.drained = true;
+        let row = row.clone();
+        self.store.put_node(&row).map_err(storage_error)?;
+        tracing::info!(node = name, "drained by the operator");
+        Ok(self.node_view(name))
+    }
+
+    pub(super) fn reclaim(
+        &mut self,
+        req: ebb_api::ReclaimRequest,
+    ) -> Result<ebb_api::ReclaimReply, ApiError> {
+        if req.gpus == 0 {
+            return Err(ApiError::bad_request("gpus: must be at least 1".into()));
+        }
+        let model = match &req.gpu_model {
+            Some(name) => self
+                .core
+                .model_by_name(name)
+                .ok_or_else(|| ApiError::unprocessable(format!("gpu_model: unknown model {name:?}")))?,
+            None => {
+                let models: Vec<GpuModelId> = self.core.models().map(|(id, _)| id).collect();
+                match models.as_slice() {
+                    [only] => *only,
+                    [] => return Err(ApiError::conflict("no nodes have joined".into())),
+                    _ => {
+                        return Err(ApiError::unprocessable(
+                            "gpu_model: required when nodes have several models".into(),
+                        ))
+                    }
+                }
+            }
+        };
+        let limit = self.core.reclaim(model, req.gpus).map_err(|e| ApiError::unprocessable(e.to_string()))?;
+        let name = self.core.model(model).expect("known model").name.clone();
+        tracing::info!(gpu_model = name, gpus = req.gpus, limit, "preemptible capacity reclaimed");
+        Ok(ebb_api::ReclaimReply { gpu_model: name, preemptible_limit: limit })
+    }
+
+    /// `ebb nodes remove NAME`: the node's credential is revoked at once
+    /// and the node is taken out as a lost node is (its live attempts
+    /// requeued as lost, metered to its last contact). It may join again
+    /// with the join token, and gets a fresh credential then.
+    pub(super) fn remove_node(&mut self, name: &str, now: u64) -> Result<ebb_api::NodeRemoved, ApiError> {
+        let id = self
+            .core
+            .node_by_name(name)
+            .ok_or_else(|| ApiError::not_found(format!("node {name}: not found")))?;
+        let why = format!(
+            "node {name}'s credential was revoked by the operator (ebb nodes remove {name}); to rejoin, \
+             delete the agent's node.credential and restart it with the join token"
+        );
+        let revoked = self.revoke(|p| p.scope == Scope::Node && p.node.as_deref() == Some(name), &why)?;
+        let requeued: Vec<u64> = self
+            .core
+            .lose_node(id)
+            .map_err(|e| ApiError::internal(e.to_string()))?
+            .into_iter()
+            .map(|j| j.0)
+            .collect();
+        self.node_gone(name, &requeued, "removed by the operator", now);
+        if let Some(row) = self.nodes.get_mut(name) {
+            row.removed = true;
+            let row = row.clone();
+            self.store.put_node(&row).map_err(storage_error)?;
+        }
+        if let Some(channel) = self.channels.get_mut(name) {
+            channel.commands.clear();
+        }
+        tracing::warn!(node = name, ?requeued, "node removed by the operator; its credential is revoked");
+        Ok(ebb_api::NodeRemoved { node: name.to_string(), requeued, credential_revoked: revoked > 0 })
+    }
+
+    /// Node `name` is gone (no heartbeat within the timeout, or removed by
+    /// the operator) and the core has requeued the jobs `requeued` had on
+    /// it: their records follow. The node's processes are taken to have
+    /// run until it was last heard from (before this server started, if
+    /// not since), and are metered to there.
+    pub(super) fn node_gone(&mut self, name: &str, requeued: &[u64], why: &str, now: u64) {
+        tracing::warn!(node = name, "node lost: {why}");
+        self.forget_holds_on(name);
+        self.interrupted(name);
+        let heard = self.last_contact(name).unwrap_or(now);
+        for &id in requeued {
+            let lost_ms = Self::lost_work(&self.jobs[&id], heard);
+            self.meter(id, self.jobs[&id].attempt, heard, "lost", lost_ms);
+            let job = self.jobs.get_mut(&id).expect("known job");
+            job.lost_gpu_ms += lost_ms;
+            job.state = JobState::Queued;
+            job.placement.clear();
+            job.running_on.clear();
+            job.notice = None;
+            job.rendezvous = None;
+            self.counters.lost_gpu_seconds += lost_ms as f64 / 1000.0;
+            let lost = lost_ms as f64 / 1000.0;
+            self.event(
+                id,
+                "requeued",
+                json!({ "reason": "lost", "node": name, "why": why, "lost_gpu_seconds": lost }),
+            );
+            self.save(id);
+        }
+    }
+}

@@ -1,0 +1,182 @@
+//! The server's record of a job, as the store keeps it.
+
+use super::*;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    Queued,
+    Starting,
+    Running,
+    Draining,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl JobState {
+    pub(super) fn as_str(self) -> &'static str {
+        match self {
+            JobState::Queued => "queued",
+            JobState::Starting => "starting",
+            JobState::Running => "running",
+            JobState::Draining => "draining",
+            JobState::Succeeded => "succeeded",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+        }
+    }
+
+    pub(super) fn is_live(self) -> bool {
+        matches!(self, JobState::Starting | JobState::Running | JobState::Draining)
+    }
+
+    pub fn is_final(self) -> bool {
+        matches!(self, JobState::Succeeded | JobState::Failed | JobState::Cancelled)
+    }
+}
+
+/// The server's record of a job: what the store keeps.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct JobRecord {
+    pub id: u64,
+    pub tenant: u32,
+    pub spec: JobSubmission,
+    #[serde(with = "tier_name")]
+    pub tier: Tier,
+    pub gpus: u32,
+    pub signal: i32,
+    pub state: JobState,
+    pub attempt: u32,
+    pub preemptions: u32,
+    pub retries: u32,
+    pub submitted_ms: u64,
+    /// Live attempt: GPUs by node, when it started, nodes still running it.
+    pub placement: Vec<(String, Vec<u8>)>,
+    pub started_ms: u64,
+    pub running_on: Vec<String>,
+    pub notice: Option<(u64, u64, String)>,
+    pub exit_code: Option<i32>,
+    pub exit_signal: Option<i32>,
+    pub cancel_requested: bool,
+    /// A node lost track of the live attempt.
+    pub vanished: bool,
+    /// GPUs held for this queued job while `waiting_for` drain.
+    #[serde(default)]
+    pub held: Vec<(String, Vec<u8>)>,
+    #[serde(default)]
+    pub waiting_for: Vec<u64>,
+    /// The array or sweep this job is a task of.
+    #[serde(default)]
+    pub array: Option<ebb_api::ArrayTask>,
+    #[serde(default)]
+    pub checkpoints: CheckpointStats,
+    /// The live attempt, by the agents' clocks: when its first process
+    /// started, the nodes that have started it, when its last checkpoint
+    /// completed, and when its last process exited.
+    #[serde(default)]
+    pub run_started_ms: Option<u64>,
+    #[serde(default)]
+    pub started_on: Vec<String>,
+    #[serde(default)]
+    pub attempt_checkpoint_ms: Option<u64>,
+    #[serde(default)]
+    pub exited_ms: u64,
+    /// Work lost over all attempts, GPU-milliseconds.
+    #[serde(default)]
+    pub lost_gpu_ms: u64,
+    /// The interval recommended to the latest attempt, seconds, and why.
+    #[serde(default)]
+    pub interval: Option<(u64, String)>,
+    /// A live gang's rendezvous (`MASTER_ADDR`, `MASTER_PORT`).
+    #[serde(default)]
+    pub rendezvous: Option<(String, u16)>,
+    /// The live attempt's GPU model and rates per GPU-hour (its tier's, and
+    /// on-demand's), fixed when it was placed.
+    #[serde(default)]
+    pub billing: Option<(String, i64, i64)>,
+    /// A queued job kept out of the scheduler for now, and why.
+    #[serde(default)]
+    pub waiting: Option<Waiting>,
+    /// Quick exits in a row of a `--restart always` job: its back-off.
+    #[serde(default)]
+    pub quick_exits: u32,
+}
+
+/// Why a queued job is not in the scheduling core yet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Waiting {
+    /// A `--restart always` job that keeps exiting quickly runs again
+    /// only after `until_ms`, as Kubernetes' CrashLoopBackOff.
+    Backoff { until_ms: u64 },
+    /// Its tenant has `max_running_jobs` admitted; it is admitted when
+    /// one of them finishes, in submission order.
+    TenantLimit,
+}
+
+/// A `--restart always` run shorter than this counts as a quick exit.
+pub const QUICK_EXIT_MS: u64 = 10_000;
+/// The back-off after the n-th quick exit in a row: 1 s, doubling, at most 5 min.
+pub fn restart_backoff_ms(quick_exits: u32) -> u64 {
+    match quick_exits {
+        0 => 0,
+        n => (1_000u64 << (n - 1).min(20)).min(300_000),
+    }
+}
+
+/// What one tenant has in the server, against its limits.
+#[derive(Clone, Debug, Default)]
+pub(super) struct TenantLoad {
+    /// Jobs not finished, and the bytes of their arguments and environments.
+    pub(super) jobs: u64,
+    pub(super) bytes: u64,
+    /// Jobs admitted to the scheduling core (queued there, running, or in
+    /// a restart back-off).
+    pub(super) admitted: u64,
+    /// Jobs waiting for admission, by id: submission order.
+    pub(super) waiting: BTreeSet<u64>,
+}
+
+/// What a job's checkpoint reports have shown.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct CheckpointStats {
+    pub last: Option<ebb_api::Checkpoint>,
+    pub count: u64,
+    /// How long the latest few took, milliseconds: δ is their mean.
+    pub recent_ms: Vec<u64>,
+    /// The job was warned that a checkpoint does not fit the drain window.
+    pub warned: bool,
+}
+
+impl CheckpointStats {
+    const RECENT: usize = 5;
+
+    pub(super) fn record(&mut self, checkpoint: ebb_api::Checkpoint, duration_ms: u64) {
+        self.last = Some(checkpoint);
+        self.count += 1;
+        self.recent_ms.push(duration_ms);
+        if self.recent_ms.len() > Self::RECENT {
+            self.recent_ms.remove(0);
+        }
+    }
+
+    /// δ: the mean of the recent checkpoint times, once there are any.
+    pub(super) fn checkpoint_time(&self) -> Option<Span> {
+        let n = self.recent_ms.len() as u64;
+        (n > 0).then(|| Span(self.recent_ms.iter().sum::<u64>() / n))
+    }
+}
+
+mod tier_name {
+    use ebb_core::Tier;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(tier: &Tier, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(tier.as_str())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Tier, D::Error> {
+        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+    }
+}

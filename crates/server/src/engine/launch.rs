@@ -1,0 +1,68 @@
+//! Launch details: the checkpoint interval, a gang's rendezvous and its torchrun variables.
+
+use super::*;
+
+impl<S: Store> Engine<S> {
+    /// Young/Daly for job `id` about to run on `placement`: δ from its own
+    /// checkpoints, M from the interruptions seen on nodes of that model.
+    pub(super) fn recommend(
+        &self,
+        id: u64,
+        placement: &[(String, Vec<u8>)],
+        now: u64,
+    ) -> ebb_core::checkpoint::Recommendation {
+        let model = placement.first().and_then(|(n, _)| self.nodes.get(n)).map(|n| n.gpu_model.clone());
+        let mut exposure = ebb_core::checkpoint::Exposure::default();
+        for row in self.nodes.values().filter(|n| Some(&n.gpu_model) == model.as_ref()) {
+            exposure.node_time = exposure.node_time + Span(now.saturating_sub(row.joined_ms));
+            exposure.interruptions += row.interruptions;
+        }
+        let delta = self.jobs[&id].checkpoints.checkpoint_time();
+        ebb_core::checkpoint::recommend(delta, exposure, placement.len() as u32)
+    }
+
+    /// Where a gang led by `leader` meets: the leader's address and the
+    /// lowest port from 29500 that no live gang there uses.
+    pub(super) fn rendezvous(&self, leader: &str) -> (String, u16) {
+        let addr =
+            self.nodes.get(leader).and_then(|n| n.address.clone()).unwrap_or_else(|| leader.to_string());
+        let taken: BTreeSet<u16> = self
+            .jobs
+            .values()
+            .filter(|j| j.state.is_live())
+            .filter_map(|j| j.rendezvous.as_ref())
+            .filter(|(a, _)| *a == addr)
+            .map(|(_, port)| *port)
+            .collect();
+        let port = (29500..u16::MAX).find(|p| !taken.contains(p)).unwrap_or(29500);
+        (addr, port)
+    }
+}
+
+/// What `torchrun` and `torch.distributed` expect on each node of a gang,
+/// including the `PET_*` defaults so that a bare `torchrun train.py` joins
+/// the right rendezvous with one worker per GPU.
+pub(super) fn gang_env(
+    addr: &str,
+    port: u16,
+    rank: usize,
+    nodes: usize,
+    local_gpus: usize,
+    total_gpus: u32,
+) -> Vec<(String, String)> {
+    let pairs = [
+        ("MASTER_ADDR", addr.to_string()),
+        ("MASTER_PORT", port.to_string()),
+        ("WORLD_SIZE", total_gpus.to_string()),
+        ("NODE_RANK", rank.to_string()),
+        ("GROUP_RANK", rank.to_string()),
+        ("NNODES", nodes.to_string()),
+        ("LOCAL_WORLD_SIZE", local_gpus.to_string()),
+        ("PET_NNODES", nodes.to_string()),
+        ("PET_NODE_RANK", rank.to_string()),
+        ("PET_NPROC_PER_NODE", local_gpus.to_string()),
+        ("PET_MASTER_ADDR", addr.to_string()),
+        ("PET_MASTER_PORT", port.to_string()),
+    ];
+    pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+}

@@ -1,0 +1,284 @@
+//! The server's single writer: one thread owns the scheduling core, the
+//! store and the agents' command streams, and handles messages in batches.
+//!
+//! A batch is one store transaction: every message in it is applied to the
+//! core and the store, the core is asked for plans until it has nothing more
+//! to do, the transaction commits, and only then are callers answered and
+//! agents woken. So an acknowledged submission is durable, and what agents
+//! are told to do is always something the store already says.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::path::PathBuf;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use ebb_api::{
+    Action, AgentEvent, AttemptRef, Command, DrainAttempt, JobEvent, JobSubmission, Register, Registered,
+    ReportReply, StartAttempt,
+};
+use ebb_core::{Attempt, GpuModelId, JobId, NodeId, Span, TenantId, Tier, Time};
+use ebb_scheduler::{DrainReason, ExitEffect, ExitKind, JobSpec, NodeSpec, NodeStatus, Notice, Phase, State};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use tokio::sync::{oneshot, watch};
+
+use crate::store::{NodeRow, PriceRow, ReservationRow, Scope, Store, TenantRow, TokenRow};
+use crate::{hash_token, new_token, rfc3339, ApiError, Principal, TokenMap, TokenState};
+
+mod agents;
+mod batch;
+mod credentials;
+mod dispatch;
+mod exits;
+mod fleet;
+mod job;
+mod jobs;
+mod launch;
+mod money;
+mod plan;
+mod recovery;
+mod views;
+mod write;
+
+use credentials::write_secret;
+use job::TenantLoad;
+pub use job::{restart_backoff_ms, CheckpointStats, JobRecord, JobState, Waiting, QUICK_EXIT_MS};
+use launch::gang_env;
+
+pub fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A message for the writer thread.
+pub enum Msg {
+    Submit {
+        principal: Principal,
+        spec: JobSubmission,
+        reply: oneshot::Sender<Result<Vec<u64>, ApiError>>,
+    },
+    Jobs {
+        principal: Principal,
+        /// Jobs with ids above this.
+        after: u64,
+        limit: usize,
+        reply: oneshot::Sender<ebb_api::JobPage>,
+    },
+    Job {
+        principal: Principal,
+        id: u64,
+        reply: oneshot::Sender<Result<ebb_api::Job, ApiError>>,
+    },
+    Cancel {
+        principal: Principal,
+        id: u64,
+        reply: oneshot::Sender<Result<ebb_api::Job, ApiError>>,
+    },
+    LogFile {
+        principal: Principal,
+        id: u64,
+        reply: oneshot::Sender<Result<(PathBuf, bool), ApiError>>,
+    },
+    Nodes {
+        reply: oneshot::Sender<Vec<ebb_api::Node>>,
+    },
+    DrainNode {
+        name: String,
+        reply: oneshot::Sender<Result<ebb_api::Node, ApiError>>,
+    },
+    Reclaim {
+        req: ebb_api::ReclaimRequest,
+        reply: oneshot::Sender<Result<ebb_api::ReclaimReply, ApiError>>,
+    },
+    CreateTenant {
+        name: String,
+        reply: oneshot::Sender<Result<ebb_api::TenantCreated, ApiError>>,
+    },
+    /// A tenant's limits and usage; with `set`, first replaces its limits.
+    TenantLimits {
+        principal: Principal,
+        tenant: String,
+        set: Option<ebb_api::TenantLimits>,
+        reply: oneshot::Sender<Result<ebb_api::TenantUsage, ApiError>>,
+    },
+    /// `principal` is the join token, or the node's own credential.
+    Register {
+        principal: Principal,
+        reg: Register,
+        reply: oneshot::Sender<Result<Registered, ApiError>>,
+    },
+    /// `node` is the one the caller's credential speaks for.
+    Poll {
+        node: String,
+        epoch: u64,
+        after: u64,
+        /// What the poll says of the node's health: `Some(Some(why))` its
+        /// reports keep failing (it is unhealthy), `Some(None)` they do
+        /// not; `None` says nothing (a long poll asking again).
+        health: Option<Option<String>>,
+        reply: oneshot::Sender<Result<Poll, ApiError>>,
+    },
+    /// `report.node` is the one the caller's credential speaks for.
+    Report {
+        report: ebb_api::Report,
+        reply: oneshot::Sender<Result<ReportReply, ApiError>>,
+    },
+    Metrics {
+        reply: oneshot::Sender<crate::metrics::Snapshot>,
+    },
+    RemoveNode {
+        name: String,
+        reply: oneshot::Sender<Result<ebb_api::NodeRemoved, ApiError>>,
+    },
+    RotateJoinToken {
+        reply: oneshot::Sender<Result<ebb_api::JoinToken, ApiError>>,
+    },
+    TenantTokens {
+        name: String,
+        /// A new token (rotate) or none (revoke); every older one goes.
+        issue: bool,
+        reply: oneshot::Sender<Result<ebb_api::TenantTokens, ApiError>>,
+    },
+    Prices {
+        reply: oneshot::Sender<ebb_api::PriceBook>,
+    },
+    SetPrice {
+        model: String,
+        update: ebb_api::PriceUpdate,
+        reply: oneshot::Sender<Result<ebb_api::Price, ApiError>>,
+    },
+    CreateReservation {
+        req: ebb_api::ReservationRequest,
+        reply: oneshot::Sender<Result<ebb_api::Reservation, ApiError>>,
+    },
+    Reservations {
+        principal: Principal,
+        reply: oneshot::Sender<Vec<ebb_api::Reservation>>,
+    },
+    DeleteReservation {
+        id: u64,
+        reply: oneshot::Sender<Result<ebb_api::Reservation, ApiError>>,
+    },
+    Bill {
+        principal: Principal,
+        tenant: Option<String>,
+        from: String,
+        to: String,
+        reply: oneshot::Sender<Result<ebb_api::Invoice, ApiError>>,
+    },
+    OperatorReport {
+        from: String,
+        to: String,
+        reply: oneshot::Sender<Result<ebb_api::OperatorReport, ApiError>>,
+    },
+    Tick,
+}
+
+pub struct Poll {
+    pub commands: Vec<Command>,
+    pub next_seq: u64,
+    pub changed: watch::Receiver<u64>,
+}
+
+/// One node's command stream.
+struct Channel {
+    commands: VecDeque<Command>,
+    next_seq: u64,
+    notify: watch::Sender<u64>,
+}
+
+impl Channel {
+    fn new() -> Channel {
+        Channel { commands: VecDeque::new(), next_seq: 1, notify: watch::channel(0).0 }
+    }
+
+    fn push(&mut self, action: Action) {
+        self.commands.push_back(Command { seq: self.next_seq, action });
+        self.next_seq += 1;
+    }
+}
+
+/// How one part of an attempt ended, as its agent reported it (or
+/// `vanished` when its node was lost).
+struct PartExit {
+    code: Option<i32>,
+    signal: Option<i32>,
+    completed: bool,
+    vanished: bool,
+    peak_memory_bytes: Option<u64>,
+}
+
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    pub data_dir: PathBuf,
+    pub drain_window: Span,
+    pub heartbeat_timeout: Span,
+    pub heartbeat_interval: Span,
+    /// How far ahead of the server's clock an event time from a node may
+    /// be before the report is refused.
+    pub max_clock_skew: Span,
+    pub pricing: crate::billing::Pricing,
+    pub limits: crate::validate::Limits,
+    pub run_as: RunAs,
+}
+
+/// Which Unix user runs each tenant's jobs on the nodes: the operator's
+/// mapping, and a default for tenants it does not name. A root agent
+/// never runs a tenant's job as root unless it was told it may.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunAs {
+    pub by_tenant: BTreeMap<String, String>,
+    pub default: String,
+}
+
+impl Default for RunAs {
+    fn default() -> Self {
+        RunAs { by_tenant: BTreeMap::new(), default: "nobody".into() }
+    }
+}
+
+impl RunAs {
+    pub fn user(&self, tenant: &str) -> &str {
+        self.by_tenant.get(tenant).unwrap_or(&self.default)
+    }
+}
+
+pub struct Engine<S: Store> {
+    store: S,
+    config: EngineConfig,
+    sched: ebb_scheduler::Config,
+    core: State,
+    jobs: BTreeMap<u64, JobRecord>,
+    tenants: BTreeMap<u32, String>,
+    tokens: TokenMap,
+    /// Each node's credential, by node name: its hash.
+    node_credentials: BTreeMap<String, String>,
+    nodes: BTreeMap<String, NodeRow>,
+    channels: HashMap<String, Channel>,
+    next_job: u64,
+    /// Changes with every server start, so agents notice a restart.
+    epoch: u64,
+    counters: crate::metrics::Counters,
+    /// Replies and wake-ups held until the batch commits.
+    after_commit: Vec<Box<dyn FnOnce() + Send>>,
+    woken: BTreeSet<String>,
+    /// Each array's tasks, by the array's id (its first task's).
+    arrays: BTreeMap<u64, Vec<u64>>,
+    prices: BTreeMap<String, PriceRow>,
+    reservations: BTreeMap<u64, ReservationRow>,
+    /// When each node was last heard from before this server started, and
+    /// the nodes heard from since.
+    heard_before: HashMap<String, u64>,
+    heard_since_start: BTreeSet<String>,
+    /// Per tenant, what its unfinished jobs hold against its limits, and
+    /// the limits the operator set for it alone.
+    load: BTreeMap<u32, TenantLoad>,
+    tenant_limits: BTreeMap<u32, ebb_api::TenantLimits>,
+    /// Jobs in a restart back-off, by when they may run again.
+    backoff: BTreeSet<(u64, u64)>,
+    /// Nodes whose agents say their reports keep failing, and why.
+    unhealthy: HashMap<String, String>,
+}
+
+/// What the writer thread answers with when the store fails.
+fn storage_error(e: impl std::fmt::Display) -> ApiError {
+    ApiError::internal(format!("storage: {e}"))
+}

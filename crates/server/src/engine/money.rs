@@ -1,0 +1,205 @@
+//! Money: prices, reservations, invoices and the operator's report.
+
+use super::*;
+
+impl<S: Store> Engine<S> {
+    /// The model's prices, adding the default price for a model first seen.
+    pub(super) fn price_for(&mut self, model: &str) -> PriceRow {
+        if let Some(row) = self.prices.get(model) {
+            return row.clone();
+        }
+        let price = self.config.pricing.default_price;
+        let row = PriceRow { gpu_model: model.to_string(), on_demand: price, reserved: price };
+        if let Err(e) = self.store.put_price(&row) {
+            tracing::error!("cannot store the price of {model}: {e}");
+        }
+        tracing::info!(gpu_model = model, on_demand = %crate::billing::usd(price), "priced at the default");
+        self.prices.insert(model.to_string(), row.clone());
+        row
+    }
+
+    pub(super) fn known_model(&self, field: &str, model: &str) -> Result<(), ApiError> {
+        if self.core.model_by_name(model).is_some() || self.prices.contains_key(model) {
+            return Ok(());
+        }
+        let known: Vec<&str> = self.prices.keys().map(String::as_str).collect();
+        Err(ApiError::unprocessable(format!(
+            "{field}: unknown GPU model {model:?} (known: {})",
+            if known.is_empty() { "none yet".to_string() } else { known.join(", ") }
+        )))
+    }
+
+    pub(super) fn price_book(&self) -> ebb_api::PriceBook {
+        let bps = self.config.pricing.discount_bps;
+        ebb_api::PriceBook {
+            preemptible_discount_percent: f64::from(bps) / 100.0,
+            prices: self.prices.values().map(|p| crate::billing::price_view(p, bps)).collect(),
+        }
+    }
+
+    pub(super) fn set_price(
+        &mut self,
+        model: &str,
+        update: &ebb_api::PriceUpdate,
+    ) -> Result<ebb_api::Price, ApiError> {
+        self.known_model("gpu_model", model)?;
+        let bps = self.config.pricing.discount_bps;
+        let on_demand = crate::billing::parse_price("on_demand_usd", &update.on_demand_usd, bps)?;
+        let reserved = match &update.reserved_usd {
+            Some(text) => crate::billing::parse_price("reserved_usd", text, bps)?,
+            None => self.prices.get(model).map_or(on_demand, |p| p.reserved),
+        };
+        let row = PriceRow { gpu_model: model.to_string(), on_demand, reserved };
+        self.store.put_price(&row).map_err(storage_error)?;
+        tracing::info!(gpu_model = model, on_demand = %crate::billing::usd(on_demand), "price set");
+        self.prices.insert(model.to_string(), row.clone());
+        Ok(crate::billing::price_view(&row, bps))
+    }
+
+    pub(super) fn create_reservation(
+        &mut self,
+        req: &ebb_api::ReservationRequest,
+    ) -> Result<ebb_api::Reservation, ApiError> {
+        let tenant = self.tenant_by_name(&req.tenant)?;
+        self.known_model("gpu_model", &req.gpu_model)?;
+        let model = self.core.model_by_name(&req.gpu_model).ok_or_else(|| {
+            ApiError::unprocessable(format!("gpu_model: no node of {} has joined yet", req.gpu_model))
+        })?;
+        let capacity = self.core.model(model).expect("known").capacity;
+        if req.gpus == 0 || req.gpus > capacity {
+            return Err(ApiError::unprocessable(format!(
+                "gpus: must be between 1 and the {capacity} GPUs of {}, got {}",
+                req.gpu_model, req.gpus
+            )));
+        }
+        let start = crate::billing::parse_time("start", &req.start)?;
+        let end = crate::billing::parse_time("end", &req.end)?;
+        if start >= end {
+            return Err(ApiError::unprocessable(format!(
+                "end: {} is not after start: {}",
+                req.end, req.start
+            )));
+        }
+        let overlapping: Vec<&ReservationRow> = self
+            .reservations
+            .values()
+            .filter(|r| r.gpu_model == req.gpu_model && r.start_ms < end && start < r.end_ms)
+            .collect();
+        if let Some(r) = overlapping.iter().find(|r| r.tenant == tenant) {
+            return Err(ApiError::conflict(format!(
+                "the period overlaps reservation {} of {} ({} to {}); change that one instead",
+                r.id,
+                req.tenant,
+                rfc3339(r.start_ms),
+                rfc3339(r.end_ms)
+            )));
+        }
+        let reserved: u32 = overlapping.iter().map(|r| r.gpus).sum();
+        if reserved + req.gpus > capacity {
+            return Err(ApiError::conflict(format!(
+                "gpus: {} of the {capacity} {} GPUs are already reserved in that period; {} are left",
+                reserved,
+                req.gpu_model,
+                capacity - reserved
+            )));
+        }
+        let rate = match &req.rate_usd {
+            Some(text) => crate::billing::parse_price("rate_usd", text, self.config.pricing.discount_bps)?,
+            None => self.price_for(&req.gpu_model).reserved,
+        };
+        let id = self.reservations.keys().max().map_or(1, |m| m + 1);
+        let row = ReservationRow {
+            id,
+            tenant,
+            gpu_model: req.gpu_model.clone(),
+            gpus: req.gpus,
+            start_ms: start,
+            end_ms: end,
+            rate,
+        };
+        self.core
+            .add_reservation(self.core_reservation(&row)?)
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        if let Err(e) = self.store.put_reservation(&row) {
+            let _ = self.core.remove_reservation(ebb_core::ReservationId(id as u32));
+            return Err(storage_error(e));
+        }
+        tracing::info!(reservation = id, tenant = req.tenant, gpus = req.gpus, "reservation created");
+        self.reservations.insert(id, row.clone());
+        Ok(crate::billing::reservation_view(&row, &req.tenant))
+    }
+
+    pub(super) fn delete_reservation(&mut self, id: u64) -> Result<ebb_api::Reservation, ApiError> {
+        let row = self
+            .reservations
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(format!("reservation {id}: not found")))?;
+        let live: Vec<u64> = self
+            .jobs
+            .values()
+            .filter(|j| j.tier == Tier::Reserved && j.tenant == row.tenant && j.state.is_live())
+            .filter(|j| j.billing.as_ref().is_some_and(|(m, _, _)| *m == row.gpu_model))
+            .map(|j| j.id)
+            .collect();
+        if !live.is_empty() {
+            return Err(ApiError::conflict(format!(
+                "reservation {id}: reserved jobs {live:?} are running on it; cancel them first"
+            )));
+        }
+        self.core
+            .remove_reservation(ebb_core::ReservationId(id as u32))
+            .map_err(|e| ApiError::internal(e.to_string()))?;
+        self.store.delete_reservation(id).map_err(storage_error)?;
+        self.reservations.remove(&id);
+        Ok(crate::billing::reservation_view(&row, &self.tenant_name(row.tenant)))
+    }
+
+    pub(super) fn bill(
+        &mut self,
+        principal: &Principal,
+        tenant: Option<&str>,
+        from: &str,
+        to: &str,
+    ) -> Result<ebb_api::Invoice, ApiError> {
+        let (from_ms, to_ms) = crate::billing::period(from, to)?;
+        let tenant = match (tenant, &principal.tenant) {
+            (Some(name), _) if principal.scope == crate::store::Scope::Admin => self.tenant_by_name(name)?,
+            (Some(name), Some((id, own))) if name == own => *id,
+            (Some(_), _) => return Err(ApiError::forbidden("only an operator may bill another tenant")),
+            (None, Some((id, _))) => *id,
+            (None, None) => return Err(ApiError::unprocessable("tenant: required for this token".into())),
+        };
+        let usage = self.store.usage(Some(tenant), from_ms, to_ms).map_err(storage_error)?;
+        let reservations: Vec<ReservationRow> =
+            self.reservations.values().filter(|r| r.tenant == tenant).cloned().collect();
+        Ok(crate::billing::invoice(&self.tenant_name(tenant), &usage, &reservations, from_ms, to_ms))
+    }
+
+    pub(super) fn report_for(
+        &mut self,
+        from: &str,
+        to: &str,
+        now: u64,
+    ) -> Result<ebb_api::OperatorReport, ApiError> {
+        let (from_ms, to_ms) = crate::billing::period(from, to)?;
+        // Attempts that started before the period and ended in or after it
+        // count for the hours they ran inside it.
+        let usage = self.store.usage(None, from_ms, u64::MAX).map_err(storage_error)?;
+        let live: Vec<crate::billing::Live> = self
+            .jobs
+            .values()
+            .filter(|j| j.state.is_live())
+            .filter_map(|j| {
+                Some(crate::billing::Live {
+                    tier: j.tier.as_str().into(),
+                    gpus: j.gpus,
+                    started_ms: j.run_started_ms?,
+                })
+            })
+            .collect();
+        let nodes: Vec<(u64, u32)> = self.nodes.values().map(|n| (n.joined_ms, u32::from(n.gpus))).collect();
+        let reservations: Vec<ReservationRow> = self.reservations.values().cloned().collect();
+        Ok(crate::billing::report(&usage, &live, &reservations, &nodes, now, from_ms, to_ms))
+    }
+}

@@ -1,0 +1,120 @@
+//! Views: records as the API shows them, and the metrics snapshot.
+
+use super::*;
+
+impl<S: Store> Engine<S> {
+    pub(super) fn view(&self, job: &JobRecord, events: Vec<JobEvent>) -> ebb_api::Job {
+        ebb_api::Job {
+            id: job.id,
+            tenant: self.tenants.get(&job.tenant).cloned().unwrap_or_default(),
+            name: job.spec.name.clone(),
+            tier: job.tier.as_str().into(),
+            gpus: job.gpus,
+            gpu_model: job.spec.gpu_model.clone(),
+            argv: job.spec.argv.clone(),
+            state: job.state.as_str().into(),
+            attempt: job.attempt,
+            preemptions: job.preemptions,
+            retries: job.retries,
+            submitted_at: rfc3339(job.submitted_ms),
+            placement: job
+                .placement
+                .iter()
+                .map(|(node, gpus)| ebb_api::NodeGpus { node: node.clone(), gpus: gpus.clone() })
+                .collect(),
+            exit_code: job.exit_code,
+            usage: Vec::new(),
+            last_checkpoint: job.checkpoints.last.clone(),
+            checkpoint_interval_s: job.interval.as_ref().map(|(s, _)| *s),
+            checkpoint_interval_why: job.interval.as_ref().map(|(_, why)| why.clone()),
+            lost_gpu_seconds: job.lost_gpu_ms as f64 / 1000.0,
+            array: job.array.clone(),
+            progress: None,
+            waiting: job.waiting.map(|w| match w {
+                Waiting::Backoff { until_ms } => format!(
+                    "restart back-off until {}: {} quick exits in a row (runs under {} s)",
+                    rfc3339(until_ms),
+                    job.quick_exits,
+                    QUICK_EXIT_MS / 1000
+                ),
+                Waiting::TenantLimit => format!(
+                    "tenant {} has {} jobs admitted, its limit (ebb tenant limits, ebb server --max-running-jobs)",
+                    self.tenant_name(job.tenant),
+                    self.limits_of(job.tenant).max_running_jobs
+                ),
+            }),
+            events,
+        }
+    }
+
+    /// An array's finished tasks over all, and each task's state.
+    pub(super) fn progress(&self, array: u64) -> ebb_api::ArrayProgress {
+        let mut progress =
+            ebb_api::ArrayProgress { done: 0, total: 0, states: BTreeMap::new(), tasks: Vec::new() };
+        for id in self.arrays.get(&array).map(Vec::as_slice).unwrap_or_default() {
+            let job = &self.jobs[id];
+            progress.total += 1;
+            progress.done += u64::from(job.state == JobState::Succeeded);
+            *progress.states.entry(job.state.as_str().to_string()).or_insert(0) += 1;
+            progress.tasks.push(ebb_api::TaskState {
+                id: *id,
+                index: job.array.as_ref().map_or(0, |a| a.index),
+                state: job.state.as_str().into(),
+                attempt: job.attempt,
+                preemptions: job.preemptions,
+            });
+        }
+        progress
+    }
+
+    pub(super) fn node_view(&self, name: &str) -> ebb_api::Node {
+        let id: NodeId = self.core.node_by_name(name).expect("known node");
+        let n = self.core.node(id).expect("known node");
+        let status = status_name(n.status);
+        let unhealthy = match n.status {
+            NodeStatus::Unhealthy => self.unhealthy.get(name).cloned(),
+            _ => None,
+        };
+        ebb_api::Node {
+            name: n.name.clone(),
+            gpu_model: self.core.model(n.model).expect("known").name.clone(),
+            gpus: n.gpus,
+            status: status.into(),
+            unhealthy,
+            gpus_used: n.used_mask().count_ones(),
+            gpus_held: n.held_mask().count_ones(),
+            last_heartbeat: rfc3339(n.last_heartbeat.0),
+            jobs: n.jobs().map(|j| j.0).collect(),
+        }
+    }
+
+    pub(super) fn metrics_snapshot(&self) -> crate::metrics::Snapshot {
+        let mut snapshot = crate::metrics::Snapshot { counters: self.counters.clone(), ..Default::default() };
+        for job in self.jobs.values() {
+            *snapshot.jobs.entry((job.tier.as_str(), job.state.as_str())).or_insert(0) += 1;
+            if job.state.is_live() {
+                *snapshot.gpus_in_use.entry(job.tier.as_str()).or_insert(0) += job.gpus as u64;
+            }
+        }
+        for (_, m) in self.core.models() {
+            snapshot.gpus_total += m.capacity as u64;
+        }
+        for node in self.core.nodes() {
+            let status = status_name(node.status);
+            *snapshot.nodes.entry(status).or_insert(0) += 1;
+        }
+        snapshot.queued =
+            self.core.jobs().filter(|j| matches!(j.phase, Phase::Queued | Phase::Holding)).count() as u64;
+        snapshot
+    }
+}
+
+/// A node's status as the API and metrics name it.
+pub(super) fn status_name(status: NodeStatus) -> &'static str {
+    match status {
+        NodeStatus::Up => "up",
+        NodeStatus::Cordoned => "draining",
+        NodeStatus::Unhealthy => "unhealthy",
+        NodeStatus::Lost => "lost",
+    }
+}
