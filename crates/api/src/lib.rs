@@ -256,13 +256,98 @@ pub struct NodeGpus {
 pub struct JobEvent {
     pub at: String,
     pub at_ms: u64,
-    /// submitted, placed, started, drain_notice, exited, requeued,
-    /// succeeded, failed, cancelled, ...
-    pub kind: String,
+    pub kind: EventKind,
     pub attempt: u32,
     /// Kind-specific details (node, deadline, exit code, reason, ...).
     #[schema(value_type = Object)]
     pub detail: serde_json::Value,
+}
+
+/// What happened to a job. The names are an interface: scripts match on
+/// them in `ebb show --json` and `GET /v1/jobs/{id}`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    /// Accepted; `task` names an array's or sweep's task.
+    Submitted,
+    /// Let into the scheduler once its tenant was under its running limit.
+    Admitted,
+    /// Placed on nodes: `placement`, `from_hold`, `checkpoint_interval`.
+    Placed,
+    /// A node started its part: `node`, `pid`, `at`.
+    Started,
+    /// The job reported a completed checkpoint: `step`, `bytes`, `seconds`.
+    Checkpoint,
+    /// Something the job's owner should fix: `message`.
+    Warning,
+    /// The drain notice: `reason`, `notice_at`, `deadline`.
+    DrainNotice,
+    /// Preemptible jobs are being drained for this one: `victims`.
+    Preempting,
+    /// A node's processes ended: `node`, `code`, `signal`, `vanished`.
+    Exited,
+    /// Back in the queue: `reason` (preempted, lost, retrying, restart).
+    Requeued,
+    Succeeded,
+    Failed,
+    Cancelled,
+    /// Cancelled while running: its processes are being stopped.
+    CancelRequested,
+}
+
+impl EventKind {
+    pub const ALL: [EventKind; 14] = [
+        EventKind::Submitted,
+        EventKind::Admitted,
+        EventKind::Placed,
+        EventKind::Started,
+        EventKind::Checkpoint,
+        EventKind::Warning,
+        EventKind::DrainNotice,
+        EventKind::Preempting,
+        EventKind::Exited,
+        EventKind::Requeued,
+        EventKind::Succeeded,
+        EventKind::Failed,
+        EventKind::Cancelled,
+        EventKind::CancelRequested,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::Submitted => "submitted",
+            EventKind::Admitted => "admitted",
+            EventKind::Placed => "placed",
+            EventKind::Started => "started",
+            EventKind::Checkpoint => "checkpoint",
+            EventKind::Warning => "warning",
+            EventKind::DrainNotice => "drain_notice",
+            EventKind::Preempting => "preempting",
+            EventKind::Exited => "exited",
+            EventKind::Requeued => "requeued",
+            EventKind::Succeeded => "succeeded",
+            EventKind::Failed => "failed",
+            EventKind::Cancelled => "cancelled",
+            EventKind::CancelRequested => "cancel_requested",
+        }
+    }
+}
+
+impl std::fmt::Display for EventKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+impl std::str::FromStr for EventKind {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<EventKind, String> {
+        EventKind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == text)
+            .ok_or_else(|| format!("unknown event kind {text:?}"))
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]

@@ -360,7 +360,7 @@ pub async fn show(conn: &Connection, id: u64, out: &JsonFlag) -> Result<String, 
     }
     writeln!(text, "events:").unwrap();
     for e in &job.events {
-        let detail = describe_event(&e.kind, &e.detail);
+        let detail = describe_event(e.kind, &e.detail);
         writeln!(text, "  {}  #{:<3} {:<16} {}", e.at, e.attempt, e.kind, detail).unwrap();
     }
     Ok(text)
@@ -393,12 +393,13 @@ fn human_bytes(b: u64) -> String {
 }
 
 /// One line of an event's details for people.
-fn describe_event(kind: &str, d: &serde_json::Value) -> String {
+fn describe_event(kind: api::EventKind, d: &serde_json::Value) -> String {
+    use api::EventKind as K;
     let s = |k: &str| {
         d.get(k).map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_string)).unwrap_or_default()
     };
     match kind {
-        "placed" => d["placement"]
+        K::Placed => d["placement"]
             .as_array()
             .map(|ps| {
                 ps.iter()
@@ -407,9 +408,9 @@ fn describe_event(kind: &str, d: &serde_json::Value) -> String {
                     .join("; ")
             })
             .unwrap_or_default(),
-        "started" => format!("on {} (pid {})", s("node"), s("pid")),
-        "drain_notice" => format!("{}; kill at {}", s("reason"), s("deadline")),
-        "exited" => {
+        K::Started => format!("on {} (pid {})", s("node"), s("pid")),
+        K::DrainNotice => format!("{}; kill at {}", s("reason"), s("deadline")),
+        K::Exited => {
             let how = match (d["code"].as_i64(), d["signal"].as_i64()) {
                 (_, Some(sig)) => format!("on {} by signal {sig}", s("node")),
                 (Some(code), _) => format!("on {} with code {code}", s("node")),
@@ -424,14 +425,17 @@ fn describe_event(kind: &str, d: &serde_json::Value) -> String {
                 None => how,
             }
         }
-        "requeued" => match d.get("lost_gpu_seconds") {
-            Some(lost) => format!("{} (lost {lost} GPU-s)", s("reason")),
-            None => s("reason"),
-        },
-        "checkpoint" => format!("step {}, {} bytes, took {}s", s("step"), s("bytes"), s("seconds")),
-        "warning" => s("message"),
-        "preempting" => format!("victims {} (lost {} GPU-s)", d["victims"], s("lost_gpu_seconds")),
-        _ => {
+        K::Requeued => {
+            let why = d.get("why").map(|_| format!(": {}", s("why"))).unwrap_or_default();
+            match d.get("lost_gpu_seconds") {
+                Some(lost) => format!("{}{why} (lost {lost} GPU-s)", s("reason")),
+                None => format!("{}{why}", s("reason")),
+            }
+        }
+        K::Checkpoint => format!("step {}, {} bytes, took {}s", s("step"), s("bytes"), s("seconds")),
+        K::Warning => s("message"),
+        K::Preempting => format!("victims {} (lost {} GPU-s)", d["victims"], s("lost_gpu_seconds")),
+        K::Submitted | K::Admitted | K::Succeeded | K::Failed | K::Cancelled | K::CancelRequested => {
             if d.as_object().is_some_and(|o| o.is_empty()) {
                 String::new()
             } else {

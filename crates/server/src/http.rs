@@ -213,7 +213,7 @@ fn integral_floats_as_integers(value: &mut serde_json::Value) {
         set_tenant_limits, list_prices, set_price, create_reservation, list_reservations, delete_reservation, bill,
         operator_report, agent_register, agent_commands, agent_report),
     components(schemas(
-        api::JobSubmission, api::Submitted, api::Job, api::JobEvent, api::NodeGpus, api::Node,
+        api::JobSubmission, api::Submitted, api::Job, api::JobEvent, api::EventKind, api::NodeGpus, api::Node,
         api::ReclaimRequest, api::ReclaimReply, api::TenantRequest, api::TenantCreated, api::LogChunk,
         api::ErrorBody, api::SweepParam, api::Checkpoint, api::ArrayTask, api::ArrayProgress, api::TaskState,
         api::Price, api::PriceBook, api::PriceUpdate, api::ReservationRequest, api::Reservation, api::Usage,

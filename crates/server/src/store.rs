@@ -18,7 +18,7 @@ pub use crate::billing::{PriceRow, ReservationRow, UsageRow};
 
 #[derive(Debug, thiserror::Error)]
 #[error("storage: {0}")]
-pub struct StoreError(String);
+pub struct StoreError(pub String);
 
 impl From<rusqlite::Error> for StoreError {
     fn from(e: rusqlite::Error) -> Self {
@@ -129,6 +129,20 @@ pub trait Store: Send {
     fn usage(&mut self, tenant: Option<u32>, from_ms: u64, to_ms: u64) -> Result<Vec<UsageRow>>;
     fn job_usage(&mut self, job: u64) -> Result<Vec<UsageRow>>;
     fn put_tenant_limits(&mut self, tenant: u32, limits: &ebb_api::TenantLimits) -> Result<()>;
+    /// How much of the job's log is committed (see `LogState`).
+    fn log_state(&mut self, job: u64) -> Result<Option<LogState>>;
+    fn put_log_state(&mut self, job: u64, state: &LogState) -> Result<()>;
+}
+
+/// How much of a job's output the store has taken: the committed length
+/// of its log file, and for the attempt that wrote last, how far each
+/// node's output stream has been taken. Output past `bytes` in the file
+/// is from a batch that never committed.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogState {
+    pub bytes: u64,
+    pub attempt: u32,
+    pub taken: std::collections::BTreeMap<String, u64>,
 }
 
 pub struct SqliteStore {
@@ -137,11 +151,11 @@ pub struct SqliteStore {
 
 impl SqliteStore {
     pub fn open(path: &Path) -> Result<SqliteStore> {
-        let conn = Connection::open(path)?;
+        let mut conn = Connection::open(path)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "FULL")?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
-        migrate(&conn)?;
+        migrate(&mut conn)?;
         Ok(SqliteStore { conn })
     }
 }
@@ -174,27 +188,27 @@ const MIGRATIONS: &[&str] = &[
     "ALTER TABLE tokens ADD COLUMN node TEXT;",
     // 3: limits the operator set for single tenants.
     "CREATE TABLE tenant_limits (tenant INTEGER PRIMARY KEY REFERENCES tenants(id), record TEXT NOT NULL);",
+    // 4: how much of each job's log is committed, and how far each node's
+    // output of the live attempt has been taken (so a retried report adds
+    // nothing twice).
+    "CREATE TABLE logs (job INTEGER PRIMARY KEY REFERENCES jobs(id), record TEXT NOT NULL);",
 ];
 
-/// Brings the database to the latest step of `MIGRATIONS`.
-fn migrate(conn: &Connection) -> Result<()> {
+/// Brings the database to the latest step of `MIGRATIONS`
+/// (`rusqlite_migration`, which tracks the step in `PRAGMA user_version`
+/// and runs each in its own transaction).
+fn migrate(conn: &mut Connection) -> Result<()> {
     let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
-    let version = usize::try_from(version).unwrap_or(0);
-    if version > MIGRATIONS.len() {
+    if usize::try_from(version).unwrap_or(0) > MIGRATIONS.len() {
         return Err(StoreError(format!(
             "the database is at schema version {version}, newer than this ebb ({}): upgrade ebb",
             MIGRATIONS.len()
         )));
     }
-    for (i, step) in MIGRATIONS.iter().enumerate().skip(version) {
-        let number = i + 1;
-        conn.execute_batch(&format!("BEGIN IMMEDIATE; {step} PRAGMA user_version = {number}; COMMIT;"))
-            .map_err(|e| {
-                let _ = conn.execute_batch("ROLLBACK");
-                StoreError(format!("schema migration {number}: {e}"))
-            })?;
-    }
-    Ok(())
+    let steps = MIGRATIONS.iter().map(|sql| rusqlite_migration::M::up(sql)).collect();
+    rusqlite_migration::Migrations::new(steps)
+        .to_latest(conn)
+        .map_err(|e| StoreError(format!("schema migration: {e}")))
 }
 
 impl SqliteStore {
@@ -322,7 +336,7 @@ impl Store for SqliteStore {
     fn add_event(&mut self, job: u64, e: &JobEvent) -> Result<()> {
         self.conn.execute(
             "INSERT INTO events (job, at_ms, kind, attempt, detail) VALUES (?1, ?2, ?3, ?4, ?5)",
-            params![job as i64, e.at_ms as i64, e.kind, e.attempt, e.detail.to_string()],
+            params![job as i64, e.at_ms as i64, e.kind.as_str(), e.attempt, e.detail.to_string()],
         )?;
         Ok(())
     }
@@ -339,6 +353,7 @@ impl Store for SqliteStore {
         let mut events = Vec::new();
         for row in rows {
             let (at_ms, kind, attempt, detail) = row?;
+            let kind = kind.parse().map_err(StoreError)?;
             events.push(JobEvent {
                 at: crate::rfc3339(at_ms),
                 at_ms,
@@ -348,6 +363,17 @@ impl Store for SqliteStore {
             });
         }
         Ok(events)
+    }
+
+    fn log_state(&mut self, job: u64) -> Result<Option<LogState>> {
+        Ok(self.records("SELECT record FROM logs WHERE job = ?1", params![job as i64])?.pop())
+    }
+
+    fn put_log_state(&mut self, job: u64, state: &LogState) -> Result<()> {
+        let mut stmt =
+            self.conn.prepare_cached("INSERT OR REPLACE INTO logs (job, record) VALUES (?1, ?2)")?;
+        stmt.execute(params![job as i64, serde_json::to_string(state)?])?;
+        Ok(())
     }
 
     fn put_tenant_limits(&mut self, tenant: u32, limits: &ebb_api::TenantLimits) -> Result<()> {

@@ -1,6 +1,8 @@
 //! Checking a submission before anything is stored: every refusal names
 //! the field that was wrong.
 
+use std::collections::BTreeMap;
+
 use ebb_api::JobSubmission;
 use ebb_core::Tier;
 use ebb_scheduler::{shape_fits, State};
@@ -64,9 +66,9 @@ impl Default for Limits {
 
 /// Bytes a job's arguments and environment take at `execve` (each string
 /// with its NUL), which is also roughly what the server stores for it.
-pub fn command_bytes(spec: &JobSubmission) -> u64 {
-    let argv: u64 = spec.argv.iter().map(|a| a.len() as u64 + 1).sum();
-    let env: u64 = spec.env.iter().map(|(k, v)| (k.len() + v.len()) as u64 + 2).sum();
+pub fn command_bytes(argv: &[String], env: &BTreeMap<String, String>) -> u64 {
+    let argv: u64 = argv.iter().map(|a| a.len() as u64 + 1).sum();
+    let env: u64 = env.iter().map(|(k, v)| (k.len() + v.len()) as u64 + 2).sum();
     argv + env
 }
 
@@ -99,7 +101,7 @@ pub fn submission(spec: &JobSubmission, core: &State, limits: &Limits) -> Result
             one - 1
         ));
     }
-    let command = command_bytes(spec);
+    let command = command_bytes(&spec.argv, &spec.env);
     if command > limits.max_command_bytes {
         return refuse(format!(
             "argv and env: {command} bytes together, over the limit of {} (ebb server --max-command-bytes)",
@@ -433,7 +435,7 @@ mod properties {
             if let Ok(checked) = submission(&spec, &cluster(), &limits) {
                 prop_assert!(checked.tasks.len() as u64 <= limits.max_array_tasks);
                 prop_assert!((1..=MAX_GPUS).contains(&checked.gpus));
-                prop_assert!(command_bytes(&spec) <= limits.max_command_bytes);
+                prop_assert!(command_bytes(&spec.argv, &spec.env) <= limits.max_command_bytes);
             }
         }
 

@@ -3,17 +3,12 @@
 use super::*;
 
 impl<S: Store> Engine<S> {
-    pub(super) fn push(&mut self, node: &str, action: Action) {
-        self.channels.entry(node.to_string()).or_insert_with(Channel::new).push(action);
-        self.woken.insert(node.to_string());
-    }
-
     pub(super) fn register(
         &mut self,
         principal: &Principal,
         mut reg: Register,
         now: u64,
-    ) -> Result<Registered, ApiError> {
+    ) -> Result<Registered, Fail> {
         let issue_credential = self.may_register(principal, &reg.node)?;
         // Checked before anything of the registration is applied.
         self.check_event_times("unreported", &reg.unreported, now)?;
@@ -34,21 +29,22 @@ impl<S: Store> Engine<S> {
                     return Err(ApiError::conflict(format!(
                         "node {}: joined before with {} x {model}, now reports {} x {}",
                         reg.node, n.gpus, reg.gpus, reg.gpu_model
-                    )));
+                    ))
+                    .into());
                 }
                 self.core.heartbeat(id, Time(now)).map_err(|e| ApiError::conflict(e.to_string()))?;
-                self.heard(&reg.node, now);
-                let row = self.nodes.get_mut(&reg.node).expect("known node");
+                self.heard(&reg.node, now)?;
+                let row = self.fleet.nodes.get_mut(&reg.node).expect("known node");
                 if reg.address.is_some() && row.address != reg.address {
                     row.address = reg.address.clone();
                     let row = row.clone();
-                    self.store.put_node(&row).map_err(storage_error)?;
+                    self.store.put_node(&row)?;
                 }
             }
             _ => {
                 self.core.add_node(spec, Time(now)).map_err(|e| ApiError::bad_request(e.to_string()))?;
                 // A node back after being lost keeps its history.
-                let known = self.nodes.get(&reg.node);
+                let known = self.fleet.nodes.get(&reg.node);
                 let row = NodeRow {
                     name: reg.node.clone(),
                     gpu_model: reg.gpu_model.clone(),
@@ -60,23 +56,23 @@ impl<S: Store> Engine<S> {
                     interruptions: known.map_or(0, |n| n.interruptions),
                     removed: false,
                 };
-                self.store.put_node(&row).map_err(storage_error)?;
-                self.nodes.insert(reg.node.clone(), row);
-                self.price_for(&reg.gpu_model);
-                self.heard(&reg.node, now);
+                self.store.put_node(&row)?;
+                self.fleet.nodes.insert(reg.node.clone(), row);
+                self.price_for(&reg.gpu_model)?;
+                self.heard(&reg.node, now)?;
                 tracing::info!(node = reg.node, gpus = reg.gpus, gpu_model = reg.gpu_model, "node joined");
             }
         }
         // A fresh stream: whatever was queued for the old session is
         // re-derived below from what the store says.
-        let channel = self.channels.entry(reg.node.clone()).or_insert_with(Channel::new);
+        let channel = self.outbox.channels.entry(reg.node.clone()).or_insert_with(Channel::new);
         channel.commands.clear();
         // The agent follows from here: what is re-derived below reaches it.
         let next_seq = channel.next_seq - 1;
         // What happened while the server could not be told (it restarted):
         // starts, checkpoints and exits, accounted as they happened.
         let unreported = std::mem::take(&mut reg.unreported);
-        self.apply_events(&reg.node, unreported, now);
+        self.apply_events(&reg.node, unreported, now)?;
         let running: BTreeSet<AttemptRef> = reg.running.iter().copied().collect();
         let held: Vec<AttemptRef> = self
             .jobs
@@ -89,7 +85,7 @@ impl<S: Store> Engine<S> {
         if held_set.difference(&running).next().is_some() {
             // The agent came back without attempts it was running: an
             // interruption without notice.
-            self.interrupted(&reg.node);
+            self.interrupted(&reg.node)?;
         }
         for attempt in held {
             if running.contains(&attempt) {
@@ -97,10 +93,10 @@ impl<S: Store> Engine<S> {
                 let (state, notice, cancel_requested) = (job.state, job.notice.clone(), job.cancel_requested);
                 if let (JobState::Draining, Some((at, deadline, reason))) = (state, notice) {
                     let drain = DrainAttempt { attempt, notice_at_ms: at, deadline_ms: deadline, reason };
-                    self.push(&reg.node, Action::Drain(drain));
+                    self.outbox.push(&reg.node, Action::Drain(drain));
                 }
                 if cancel_requested {
-                    self.push(&reg.node, Action::Stop { attempt, grace_ms: 10_000 });
+                    self.outbox.push(&reg.node, Action::Stop { attempt, grace_ms: STOP_GRACE_MS });
                 }
             } else {
                 // The node does not run what we think it does: that part of
@@ -112,7 +108,7 @@ impl<S: Store> Engine<S> {
                     vanished: true,
                     peak_memory_bytes: None,
                 };
-                self.part_exited(&reg.node, attempt, exit, last_contact, now);
+                self.part_exited(&reg.node, attempt, exit, last_contact, now)?;
             }
         }
         if !kill.is_empty() {
@@ -141,20 +137,20 @@ impl<S: Store> Engine<S> {
         after: u64,
         health: Option<Option<String>>,
         now: u64,
-    ) -> Result<Poll, ApiError> {
+    ) -> Result<Poll, Fail> {
         self.credential_valid(node)?;
         let Some(id) = self.core.node_by_name(node) else {
-            return Err(ApiError::conflict(format!("node {node}: not registered")));
+            return Err(ApiError::conflict(format!("node {node}: not registered")).into());
         };
         if epoch != self.epoch {
-            return Err(ApiError::conflict("the server restarted: register again".into()));
+            return Err(ApiError::conflict("the server restarted: register again".into()).into());
         }
         self.core.heartbeat(id, Time(now)).map_err(|e| ApiError::conflict(e.to_string()))?;
-        self.heard(node, now);
+        self.heard(node, now)?;
         if let Some(failing) = health {
             self.set_health(node, failing);
         }
-        let channel = self.channels.entry(node.to_string()).or_insert_with(Channel::new);
+        let channel = self.outbox.channels.entry(node.to_string()).or_insert_with(Channel::new);
         while channel.commands.front().is_some_and(|c| c.seq <= after) {
             channel.commands.pop_front();
         }
@@ -172,7 +168,7 @@ impl<S: Store> Engine<S> {
         })
     }
 
-    pub(super) fn report(&mut self, report: ebb_api::Report, now: u64) -> Result<ReportReply, ApiError> {
+    pub(super) fn report(&mut self, report: ebb_api::Report, now: u64) -> Result<ReportReply, Fail> {
         let node = report.node.clone();
         self.credential_valid(&node)?;
         self.check_event_times("events", &report.events, now)?;
@@ -181,10 +177,10 @@ impl<S: Store> Engine<S> {
             .node_by_name(&node)
             .ok_or_else(|| ApiError::conflict(format!("node {node}: not registered")))?;
         let _ = self.core.heartbeat(id, Time(now));
-        self.heard(&node, now);
+        self.heard(&node, now)?;
         // A report got through: whatever failed before does no longer.
         self.set_health(&node, None);
-        let stale = self.apply_events(&node, report.events, now);
+        let stale = self.apply_events(&node, report.events, now)?;
         Ok(ReportReply { stale: stale.into_iter().collect() })
     }
 
@@ -236,7 +232,7 @@ impl<S: Store> Engine<S> {
         node: &str,
         events: Vec<AgentEvent>,
         now: u64,
-    ) -> BTreeSet<AttemptRef> {
+    ) -> Written<BTreeSet<AttemptRef>> {
         let node = node.to_string();
         let mut stale = BTreeSet::new();
         for event in events {
@@ -259,10 +255,10 @@ impl<S: Store> Engine<S> {
                     }
                     self.event(
                         attempt.job,
-                        "started",
+                        EventKind::Started,
                         json!({ "node": node, "pid": pid, "at": rfc3339(at_ms) }),
-                    );
-                    self.save(attempt.job);
+                    )?;
+                    self.save(attempt.job)?;
                 }
                 AgentEvent::Exited { attempt, code, signal, completed, at_ms, peak_memory_bytes } => {
                     if !self.live_on(attempt, &node) {
@@ -272,7 +268,7 @@ impl<S: Store> Engine<S> {
                     let started = self.jobs[&attempt.job].run_started_ms.unwrap_or(0);
                     let at_ms = self.known_time(attempt, at_ms.max(started), now);
                     let exit = PartExit { code, signal, completed, vanished: false, peak_memory_bytes };
-                    self.part_exited(&node, attempt, exit, at_ms, now);
+                    self.part_exited(&node, attempt, exit, at_ms, now)?;
                 }
                 AgentEvent::Checkpoint { attempt, step, bytes, duration_ms, at_ms } => {
                     if !self.live_on(attempt, &node) {
@@ -280,19 +276,19 @@ impl<S: Store> Engine<S> {
                         continue;
                     }
                     let at_ms = self.known_time(attempt, at_ms, now);
-                    self.checkpointed(attempt, step, bytes, duration_ms, at_ms, now);
+                    self.checkpointed(attempt, step, bytes, duration_ms, at_ms, now)?;
                 }
                 AgentEvent::Output { attempt, data } => {
                     // Only the node the attempt was placed on writes its log.
                     if self.live_on(attempt, &node) {
-                        self.append_log(attempt.job, &data);
+                        self.append_output(&node, attempt, None, &data)?;
                     } else {
                         stale.insert(attempt);
                     }
                 }
             }
         }
-        stale
+        Ok(stale)
     }
 
     /// The live attempt reported a completed checkpoint: the core picks
@@ -306,11 +302,11 @@ impl<S: Store> Engine<S> {
         duration_ms: u64,
         at_ms: u64,
         now: u64,
-    ) {
+    ) -> Written {
         let id = attempt.job;
         if let Err(e) = self.core.checkpointed(JobId(id), Attempt(attempt.attempt), Time(now)) {
             tracing::warn!(job = id, "checkpoint not taken: {e}");
-            return;
+            return Ok(());
         }
         self.counters.checkpoints += 1;
         let window = self.config.drain_window;
@@ -329,9 +325,9 @@ impl<S: Store> Engine<S> {
         job.checkpoints.warned |= warn;
         self.event(
             id,
-            "checkpoint",
+            EventKind::Checkpoint,
             json!({ "step": step, "bytes": bytes, "seconds": duration_ms as f64 / 1000.0 }),
-        );
+        )?;
         if warn {
             let message = format!(
                 "a checkpoint took {}, longer than the {} drain window: a save started at notice will not \
@@ -346,9 +342,9 @@ impl<S: Store> Engine<S> {
                 "checkpoint_seconds": duration_ms as f64 / 1000.0,
                 "drain_window_seconds": window.as_secs(),
             });
-            self.event(id, "warning", detail);
+            self.event(id, EventKind::Warning, detail)?;
         }
-        self.save(id);
+        self.save(id)
     }
 
     /// Marks `node` unhealthy (it takes no new work) while its agent says
@@ -357,7 +353,7 @@ impl<S: Store> Engine<S> {
     pub(super) fn set_health(&mut self, node: &str, failing: Option<String>) {
         let Some(id) = self.core.node_by_name(node) else { return };
         let healthy = failing.is_none();
-        let was = self.unhealthy.contains_key(node);
+        let was = self.fleet.unhealthy.contains_key(node);
         match failing {
             Some(why) => {
                 if !was {
@@ -367,11 +363,11 @@ impl<S: Store> Engine<S> {
                         "node unhealthy: its reports keep failing; it takes no new work"
                     );
                 }
-                self.unhealthy.insert(node.to_string(), why);
+                self.fleet.unhealthy.insert(node.to_string(), why);
             }
             None if was => {
                 tracing::info!(node, "node healthy again: its reports get through");
-                self.unhealthy.remove(node);
+                self.fleet.unhealthy.remove(node);
             }
             None => return,
         }
@@ -381,30 +377,26 @@ impl<S: Store> Engine<S> {
     /// When `node` was last heard from: by this server, or else by the
     /// one before it.
     pub(super) fn last_contact(&self, node: &str) -> Option<u64> {
-        if self.heard_since_start.contains(node) {
+        if self.fleet.heard_since_start.contains(node) {
             let id = self.core.node_by_name(node)?;
             return Some(self.core.node(id)?.last_heartbeat.0);
         }
-        self.heard_before.get(node).copied()
+        self.fleet.heard_before.get(node).copied()
     }
 
     /// Records contact with `node`: durable, so that a restarted server
     /// meters work on a node that never comes back only up to here.
-    pub(super) fn heard(&mut self, node: &str, now: u64) {
-        self.heard_since_start.insert(node.to_string());
-        if let Err(e) = self.store.heard(node, now) {
-            tracing::error!("node {node}: cannot record contact: {e}");
-        }
+    pub(super) fn heard(&mut self, node: &str, now: u64) -> Written {
+        self.fleet.heard_since_start.insert(node.to_string());
+        self.store.heard(node, now)
     }
 
     /// The node was interrupted without notice.
-    pub(super) fn interrupted(&mut self, node: &str) {
-        if let Some(row) = self.nodes.get_mut(node) {
+    pub(super) fn interrupted(&mut self, node: &str) -> Written {
+        if let Some(row) = self.fleet.nodes.get_mut(node) {
             row.interruptions += 1;
-            let row = row.clone();
-            if let Err(e) = self.store.put_node(&row) {
-                tracing::error!("node {node}: cannot store: {e}");
-            }
+            self.store.put_node(row)?;
         }
+        Ok(())
     }
 }

@@ -25,51 +25,59 @@ impl<S: Store> Engine<S> {
 
     /// Handles one batch of messages at `now` as one store transaction:
     /// apply them, schedule until settled, commit, then answer and wake.
-    /// On a failed commit nothing of the batch is answered and the engine
-    /// must not be used again.
+    /// If any store write fails, or the commit does, the transaction is
+    /// rolled back, nothing of the batch is answered or sent to an agent,
+    /// and the engine must not be used again.
     pub fn batch(&mut self, batch: Vec<Msg>, now: u64) -> Result<(), String> {
+        self.now = now;
         self.store.begin().map_err(|e| format!("cannot begin a transaction: {e}"))?;
-        for msg in batch {
-            self.handle(msg, now);
-        }
-        self.schedule(now);
-        match self.store.commit() {
+        let applied = self.apply(batch, now).map_err(|e| format!("a write failed, nothing committed: {e}"));
+        let committed = applied.and_then(|()| self.store.commit().map_err(|e| format!("commit failed: {e}")));
+        match committed {
             Ok(()) => {
-                for reply in self.after_commit.drain(..) {
-                    reply();
-                }
-                for node in std::mem::take(&mut self.woken) {
-                    if let Some(ch) = self.channels.get(&node) {
-                        ch.notify.send_replace(ch.next_seq);
-                    }
-                }
+                self.outbox.deliver();
                 Ok(())
             }
             Err(e) => {
-                self.after_commit.clear();
+                self.outbox.discard();
                 let _ = self.store.rollback();
-                Err(format!("commit failed: {e}"))
+                Err(e)
             }
         }
+    }
+
+    /// Every message of the batch, then the core's plans until it settles.
+    fn apply(&mut self, batch: Vec<Msg>, now: u64) -> Written {
+        for msg in batch {
+            self.handle(msg, now)?;
+        }
+        self.schedule(now)
     }
 
     /// Handles a batch but dies before committing it, as a `kill -9` in
     /// the middle of a batch would: nothing of it reaches the store or any
     /// caller. For tests of crash safety.
     pub fn crash_during(mut self, batch: Vec<Msg>, now: u64) {
+        self.now = now;
         if self.store.begin().is_ok() {
-            for msg in batch {
-                self.handle(msg, now);
-            }
-            self.schedule(now);
+            let _ = self.apply(batch, now);
         }
-        self.after_commit.clear();
+        self.outbox.discard();
         drop(self);
     }
 
-    pub(super) fn reply<T: Send + 'static>(&mut self, tx: oneshot::Sender<T>, value: T) {
-        self.after_commit.push(Box::new(move || {
-            let _ = tx.send(value);
-        }));
+    /// Answers `tx` with `result` after the commit, unless the store
+    /// failed: then the batch is abandoned and nobody is answered.
+    pub(super) fn answer<T: Send + 'static, E: Into<Fail>>(
+        &mut self,
+        tx: oneshot::Sender<Result<T, ApiError>>,
+        result: Result<T, E>,
+    ) -> Written {
+        match result.map_err(Into::into) {
+            Ok(value) => self.outbox.reply(tx, Ok(value)),
+            Err(Fail::Refused(e)) => self.outbox.reply(tx, Err(e)),
+            Err(Fail::Store(e)) => return Err(e),
+        }
+        Ok(())
     }
 }

@@ -7,7 +7,7 @@ impl<S: Store> Engine<S> {
     /// into the map at once, so that a revocation later in the same batch
     /// finds it; no one can use it before the batch commits, since no one
     /// has it until the reply (and if the commit fails, the server exits).
-    pub(super) fn grant(&mut self, principal: Principal) -> Result<String, ApiError> {
+    pub(super) fn grant(&mut self, principal: Principal) -> Result<String, Fail> {
         let token = new_token();
         let hash = hash_token(&token);
         let row = TokenRow {
@@ -16,19 +16,20 @@ impl<S: Store> Engine<S> {
             scope: principal.scope,
             node: principal.node.clone(),
         };
-        self.store.put_token(&row).map_err(storage_error)?;
+        self.store.put_token(&row)?;
         if let (Scope::Node, Some(node)) = (principal.scope, &principal.node) {
-            self.node_credentials.insert(node.clone(), hash.clone());
+            self.access.node_credentials.insert(node.clone(), hash.clone());
         }
-        self.tokens.write().expect("token map").insert(hash, TokenState::Valid(principal));
+        self.access.tokens.write().expect("token map").insert(hash, TokenState::Valid(principal));
         Ok(token)
     }
 
     /// Revokes every token `which` picks, at once: the next request
     /// carrying one is refused with `why`, even before this batch commits
     /// (if the commit fails, the server exits). Returns how many.
-    pub(super) fn revoke(&mut self, which: impl Fn(&Principal) -> bool, why: &str) -> Result<u32, ApiError> {
+    pub(super) fn revoke(&mut self, which: impl Fn(&Principal) -> bool, why: &str) -> Result<u32, Fail> {
         let hashes: Vec<String> = self
+            .access
             .tokens
             .read()
             .expect("token map")
@@ -37,26 +38,23 @@ impl<S: Store> Engine<S> {
             .map(|(hash, _)| hash.clone())
             .collect();
         for hash in &hashes {
-            self.store.delete_token(hash).map_err(storage_error)?;
+            self.store.delete_token(hash)?;
         }
-        let mut map = self.tokens.write().expect("token map");
+        let mut map = self.access.tokens.write().expect("token map");
         for hash in &hashes {
             map.insert(hash.clone(), TokenState::Revoked(why.to_string()));
         }
-        self.node_credentials.retain(|_, hash| !hashes.contains(hash));
+        self.access.node_credentials.retain(|_, hash| !hashes.contains(hash));
         Ok(hashes.len() as u32)
     }
 
     /// `ebb tenant token rotate|revoke NAME`: the tenant's tokens are all
     /// revoked, and with `issue` one new token is made. The admin token,
     /// though it acts for the default tenant, is not a tenant token.
-    pub(super) fn tenant_tokens(
-        &mut self,
-        name: &str,
-        issue: bool,
-    ) -> Result<ebb_api::TenantTokens, ApiError> {
+    pub(super) fn tenant_tokens(&mut self, name: &str, issue: bool) -> Result<ebb_api::TenantTokens, Fail> {
         let id = self
             .tenants
+            .names
             .iter()
             .find(|(_, n)| *n == name)
             .map(|(id, _)| *id)
@@ -75,7 +73,7 @@ impl<S: Store> Engine<S> {
     /// A new join token, written to `join.token` (0600) before it is
     /// stored; the old one is refused from now. Nodes keep their own
     /// credentials.
-    pub(super) fn rotate_join_token(&mut self) -> Result<ebb_api::JoinToken, ApiError> {
+    pub(super) fn rotate_join_token(&mut self) -> Result<ebb_api::JoinToken, Fail> {
         let path = self.config.data_dir.join("join.token");
         let token = new_token();
         write_secret(&path, &token).map_err(|e| ApiError::internal(format!("{}: {e}", path.display())))?;
@@ -84,10 +82,13 @@ impl<S: Store> Engine<S> {
             "this join token was replaced (rotated) by the operator: use the new one in the server's join.token",
         )?;
         let hash = hash_token(&token);
-        self.store
-            .put_token(&TokenRow { hash: hash.clone(), tenant: None, scope: Scope::Agent, node: None })
-            .map_err(storage_error)?;
-        self.tokens.write().expect("token map").insert(hash, TokenState::Valid(Principal::join()));
+        self.store.put_token(&TokenRow {
+            hash: hash.clone(),
+            tenant: None,
+            scope: Scope::Agent,
+            node: None,
+        })?;
+        self.access.tokens.write().expect("token map").insert(hash, TokenState::Valid(Principal::join()));
         tracing::info!(path = %path.display(), revoked, "join token rotated by the operator");
         Ok(ebb_api::JoinToken { token, path: path.display().to_string(), revoked })
     }
@@ -106,7 +107,7 @@ impl<S: Store> Engine<S> {
                 "this credential is node {}'s; it cannot register node {node}",
                 principal.node.as_deref().unwrap_or("?")
             ))),
-            Scope::Agent if self.node_credentials.contains_key(node) => Err(ApiError::forbidden(&format!(
+            Scope::Agent if self.access.node_credentials.contains_key(node) => Err(ApiError::forbidden(&format!(
                 "node {node}: already has its own credential, so the join token cannot register it; the agent \
                  registers with its node.credential, or the operator runs `ebb nodes remove {node}` first"
             ))),
@@ -118,7 +119,7 @@ impl<S: Store> Engine<S> {
     /// The node's credential has not been revoked since the request was
     /// authenticated.
     pub(super) fn credential_valid(&self, node: &str) -> Result<(), ApiError> {
-        if self.node_credentials.contains_key(node) {
+        if self.access.node_credentials.contains_key(node) {
             return Ok(());
         }
         Err(ApiError::unauthorized(&format!(

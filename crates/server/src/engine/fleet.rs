@@ -5,28 +5,29 @@ use super::*;
 impl<S: Store> Engine<S> {
     /// The core released every hold on `node` (lost or drained): so does
     /// the record.
-    pub(super) fn forget_holds_on(&mut self, node: &str) {
+    pub(super) fn forget_holds_on(&mut self, node: &str) -> Written {
         let holders: Vec<u64> =
             self.jobs.values().filter(|j| j.held.iter().any(|(n, _)| n == node)).map(|j| j.id).collect();
         for id in holders {
             let job = self.jobs.get_mut(&id).expect("known job");
             job.held.clear();
             job.waiting_for.clear();
-            self.save(id);
+            self.save(id)?;
         }
+        Ok(())
     }
 
-    pub(super) fn drain_node(&mut self, name: &str) -> Result<ebb_api::Node, ApiError> {
+    pub(super) fn drain_node(&mut self, name: &str) -> Result<ebb_api::Node, Fail> {
         let id = self
             .core
             .node_by_name(name)
             .ok_or_else(|| ApiError::not_found(format!("node {name}: not found")))?;
         self.core.drain_node(id).map_err(|e| ApiError::conflict(e.to_string()))?;
-        self.forget_holds_on(name);
-        let row = self.nodes.get_mut(name).expect("known node");
+        self.forget_holds_on(name)?;
+        let row = self.fleet.nodes.get_mut(name).expect("known node");
         row.drained = true;
         let row = row.clone();
-        self.store.put_node(&row).map_err(storage_error)?;
+        self.store.put_node(&row)?;
         tracing::info!(node = name, "drained by the operator");
         Ok(self.node_view(name))
     }
@@ -66,7 +67,7 @@ impl<S: Store> Engine<S> {
     /// and the node is taken out as a lost node is (its live attempts
     /// requeued as lost, metered to its last contact). It may join again
     /// with the join token, and gets a fresh credential then.
-    pub(super) fn remove_node(&mut self, name: &str, now: u64) -> Result<ebb_api::NodeRemoved, ApiError> {
+    pub(super) fn remove_node(&mut self, name: &str, now: u64) -> Result<ebb_api::NodeRemoved, Fail> {
         let id = self
             .core
             .node_by_name(name)
@@ -83,13 +84,13 @@ impl<S: Store> Engine<S> {
             .into_iter()
             .map(|j| j.0)
             .collect();
-        self.node_gone(name, &requeued, "removed by the operator", now);
-        if let Some(row) = self.nodes.get_mut(name) {
+        self.node_gone(name, &requeued, "removed by the operator", now)?;
+        if let Some(row) = self.fleet.nodes.get_mut(name) {
             row.removed = true;
             let row = row.clone();
-            self.store.put_node(&row).map_err(storage_error)?;
+            self.store.put_node(&row)?;
         }
-        if let Some(channel) = self.channels.get_mut(name) {
+        if let Some(channel) = self.outbox.channels.get_mut(name) {
             channel.commands.clear();
         }
         tracing::warn!(node = name, ?requeued, "node removed by the operator; its credential is revoked");
@@ -101,29 +102,14 @@ impl<S: Store> Engine<S> {
     /// it: their records follow. The node's processes are taken to have
     /// run until it was last heard from (before this server started, if
     /// not since), and are metered to there.
-    pub(super) fn node_gone(&mut self, name: &str, requeued: &[u64], why: &str, now: u64) {
+    pub(super) fn node_gone(&mut self, name: &str, requeued: &[u64], why: &str, now: u64) -> Written {
         tracing::warn!(node = name, "node lost: {why}");
-        self.forget_holds_on(name);
-        self.interrupted(name);
+        self.forget_holds_on(name)?;
+        self.interrupted(name)?;
         let heard = self.last_contact(name).unwrap_or(now);
         for &id in requeued {
-            let lost_ms = Self::lost_work(&self.jobs[&id], heard);
-            self.meter(id, self.jobs[&id].attempt, heard, "lost", lost_ms);
-            let job = self.jobs.get_mut(&id).expect("known job");
-            job.lost_gpu_ms += lost_ms;
-            job.state = JobState::Queued;
-            job.placement.clear();
-            job.running_on.clear();
-            job.notice = None;
-            job.rendezvous = None;
-            self.counters.lost_gpu_seconds += lost_ms as f64 / 1000.0;
-            let lost = lost_ms as f64 / 1000.0;
-            self.event(
-                id,
-                "requeued",
-                json!({ "reason": "lost", "node": name, "why": why, "lost_gpu_seconds": lost }),
-            );
-            self.save(id);
+            self.ended(id, ExitEffect::RequeuedLost, heard, now, json!({ "node": name, "why": why }))?;
         }
+        Ok(())
     }
 }

@@ -41,7 +41,7 @@ impl JobState {
 pub struct JobRecord {
     pub id: u64,
     pub tenant: u32,
-    pub spec: JobSubmission,
+    pub spec: StoredSpec,
     #[serde(with = "tier_name")]
     pub tier: Tier,
     pub gpus: u32,
@@ -101,6 +101,104 @@ pub struct JobRecord {
     /// Quick exits in a row of a `--restart always` job: its back-off.
     #[serde(default)]
     pub quick_exits: u32,
+}
+
+/// What the server keeps of a submission once it is checked: what runs,
+/// and the rules for its ends. Tier, GPUs, signal and array are resolved
+/// into the record. Its own type, not the API's request: the API may grow
+/// without changing what the store holds. Fields read from records of
+/// older servers that are not here are ignored.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StoredSpec {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub gpu_model: Option<String>,
+    pub argv: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub workdir: Option<String>,
+    #[serde(default)]
+    pub max_preemptions: Option<u32>,
+    #[serde(default)]
+    pub max_retries: Option<u32>,
+    #[serde(default)]
+    pub exit_on_drain_is_success: bool,
+    #[serde(default)]
+    pub restart: Option<String>,
+}
+
+impl From<JobSubmission> for StoredSpec {
+    fn from(s: JobSubmission) -> StoredSpec {
+        StoredSpec {
+            name: s.name,
+            gpu_model: s.gpu_model,
+            argv: s.argv,
+            env: s.env,
+            workdir: s.workdir,
+            max_preemptions: s.max_preemptions,
+            max_retries: s.max_retries,
+            exit_on_drain_is_success: s.exit_on_drain_is_success,
+            restart: s.restart,
+        }
+    }
+}
+
+impl StoredSpec {
+    /// Bytes of its arguments and environment, as tenants' limits count them.
+    pub fn command_bytes(&self) -> u64 {
+        crate::validate::command_bytes(&self.argv, &self.env)
+    }
+}
+
+impl JobRecord {
+    /// A job just accepted: queued, never placed.
+    pub fn queued(
+        id: u64,
+        tenant: u32,
+        spec: StoredSpec,
+        tier: Tier,
+        gpus: u32,
+        signal: i32,
+        submitted_ms: u64,
+    ) -> JobRecord {
+        JobRecord {
+            id,
+            tenant,
+            spec,
+            tier,
+            gpus,
+            signal,
+            state: JobState::Queued,
+            attempt: 0,
+            preemptions: 0,
+            retries: 0,
+            submitted_ms,
+            placement: Vec::new(),
+            started_ms: 0,
+            running_on: Vec::new(),
+            notice: None,
+            exit_code: None,
+            exit_signal: None,
+            cancel_requested: false,
+            vanished: false,
+            held: Vec::new(),
+            waiting_for: Vec::new(),
+            array: None,
+            checkpoints: CheckpointStats::default(),
+            run_started_ms: None,
+            started_on: Vec::new(),
+            attempt_checkpoint_ms: None,
+            exited_ms: 0,
+            lost_gpu_ms: 0,
+            interval: None,
+            rendezvous: None,
+            billing: None,
+            waiting: None,
+            quick_exits: 0,
+        }
+    }
 }
 
 /// Why a queued job is not in the scheduling core yet.

@@ -16,45 +16,74 @@ impl<S: Store> Engine<S> {
         principal: &Principal,
         spec: JobSubmission,
         now: u64,
-    ) -> Result<Vec<u64>, ApiError> {
+    ) -> Result<Vec<u64>, Fail> {
         let (tenant, _) =
             principal.tenant.clone().ok_or_else(|| ApiError::forbidden("this token cannot submit jobs"))?;
-        let mut spec = spec;
         let limits = self.limits_of(tenant);
         let checked = crate::validate::submission(&spec, &self.core, &limits)?;
+        let mut spec = StoredSpec::from(spec);
         if checked.tier == Tier::Reserved {
-            let wanted = spec.gpu_model.as_deref();
-            let models: BTreeSet<&str> = self
-                .reservations
-                .values()
-                .filter(|r| r.tenant == tenant && r.end_ms > now && wanted.is_none_or(|m| m == r.gpu_model))
-                .map(|r| r.gpu_model.as_str())
-                .collect();
-            let model = match models.len() {
-                0 => {
-                    return Err(ApiError::unprocessable(format!(
-                    "tier: reserved jobs draw on a reservation, and tenant {} has none{} that has not ended",
-                    self.tenant_name(tenant),
-                    wanted.map(|m| format!(" of {m}")).unwrap_or_default()
-                )))
-                }
-                1 => models.first().expect("one").to_string(),
-                _ => {
-                    return Err(ApiError::unprocessable(format!(
-                        "gpu_model: tenant {} has reservations of {}; say which",
-                        self.tenant_name(tenant),
-                        models.into_iter().collect::<Vec<_>>().join(", ")
-                    )))
-                }
-            };
             // A reserved job runs on its reservation's model.
-            spec.gpu_model = Some(model);
+            spec.gpu_model = Some(self.reserved_model(tenant, spec.gpu_model.as_deref(), now)?);
         }
-        let array_id = self.next_job;
-        let count = checked.tasks.len() as u64;
-        let jobs = count.max(1);
-        let bytes = crate::validate::command_bytes(&spec).saturating_mul(jobs);
-        let load = self.load.get(&tenant).cloned().unwrap_or_default();
+        let tasks = expand(&spec, checked.tasks, self.next_job);
+        self.check_room(tenant, &limits, &tasks)?;
+        let mut ids = Vec::with_capacity(tasks.len());
+        for (spec, array) in tasks {
+            let id = self.next_job;
+            self.next_job += 1;
+            let index = array.as_ref().map(|a| a.index);
+            let mut record =
+                JobRecord::queued(id, tenant, spec, checked.tier, checked.gpus, checked.signal, now);
+            if let Some(array) = array {
+                self.arrays.entry(array.id).or_default().push(id);
+                record.array = Some(array);
+            }
+            self.admit(record, &limits)?;
+            let detail = json!({ "tier": checked.tier.as_str(), "gpus": checked.gpus, "task": index });
+            self.event(id, EventKind::Submitted, detail)?;
+            self.counters.submitted += 1;
+            ids.push(id);
+        }
+        Ok(ids)
+    }
+
+    /// The model a reserved job of `tenant` runs on: that of its one
+    /// reservation not yet ended (of `wanted`, if given).
+    fn reserved_model(&self, tenant: u32, wanted: Option<&str>, now: u64) -> Result<String, ApiError> {
+        let models: BTreeSet<&str> = self
+            .money
+            .reservations
+            .values()
+            .filter(|r| r.tenant == tenant && r.end_ms > now && wanted.is_none_or(|m| m == r.gpu_model))
+            .map(|r| r.gpu_model.as_str())
+            .collect();
+        match models.len() {
+            0 => Err(ApiError::unprocessable(format!(
+                "tier: reserved jobs draw on a reservation, and tenant {} has none{} that has not ended",
+                self.tenant_name(tenant),
+                wanted.map(|m| format!(" of {m}")).unwrap_or_default()
+            ))),
+            1 => Ok(models.first().expect("one").to_string()),
+            _ => Err(ApiError::unprocessable(format!(
+                "gpu_model: tenant {} has reservations of {}; say which",
+                self.tenant_name(tenant),
+                models.into_iter().collect::<Vec<_>>().join(", ")
+            ))),
+        }
+    }
+
+    /// Refuses a submission that would take the tenant over its limits of
+    /// unfinished jobs or their stored bytes.
+    fn check_room(
+        &self,
+        tenant: u32,
+        limits: &crate::validate::Limits,
+        tasks: &[(StoredSpec, Option<ebb_api::ArrayTask>)],
+    ) -> Result<(), ApiError> {
+        let jobs = tasks.len() as u64;
+        let bytes = tasks.iter().map(|(spec, _)| spec.command_bytes()).fold(0u64, u64::saturating_add);
+        let load = self.tenants.load.get(&tenant).cloned().unwrap_or_default();
         if load.jobs.saturating_add(jobs) > limits.max_jobs {
             return Err(ApiError::too_many(format!(
                 "tenant {}: {} unfinished jobs, and this submission adds {jobs}: over the limit of {} \
@@ -73,110 +102,37 @@ impl<S: Store> Engine<S> {
                 limits.max_stored_bytes
             )));
         }
-        let tasks: Vec<Option<crate::validate::Task>> = match checked.tasks.is_empty() {
-            true => vec![None],
-            false => checked.tasks.into_iter().map(Some).collect(),
-        };
-        let mut ids = Vec::with_capacity(tasks.len());
-        for task in tasks {
-            let mut spec = spec.clone();
-            let mut array = None;
-            if let Some(task) = &task {
-                // Set by ebb, so not subject to the user-variable rules.
-                let index = task.index;
-                spec.env.insert("EBB_TASK_INDEX".into(), index.to_string());
-                spec.env.insert("EBB_TASK_COUNT".into(), count.to_string());
-                spec.env.insert("EBB_ARRAY_ID".into(), array_id.to_string());
-                let base = spec
-                    .name
-                    .clone()
-                    .unwrap_or_else(|| if task.params.is_empty() { "array" } else { "sweep" }.into());
-                if task.params.is_empty() {
-                    spec.name = Some(format!("{base}[{index}]"));
-                } else {
-                    for (name, value) in &task.params {
-                        spec.env.insert(format!("EBB_PARAM_{}", name.to_ascii_uppercase()), value.clone());
-                    }
-                    let params: serde_json::Map<String, serde_json::Value> =
-                        task.params.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
-                    spec.env.insert("EBB_PARAMS".into(), serde_json::Value::Object(params).to_string());
-                    let shown: Vec<String> = task.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                    spec.name = Some(format!("{base}[{}]", shown.join(",")));
-                }
-                array = Some(ebb_api::ArrayTask {
-                    id: array_id,
-                    index,
-                    tasks: count,
-                    params: task.params.iter().cloned().collect(),
-                });
-            }
-            let id = self.next_job;
-            self.next_job += 1;
-            let record = JobRecord {
-                id,
-                tenant,
-                tier: checked.tier,
-                gpus: checked.gpus,
-                signal: checked.signal,
-                spec,
-                state: JobState::Queued,
-                attempt: 0,
-                preemptions: 0,
-                retries: 0,
-                submitted_ms: now,
-                placement: Vec::new(),
-                started_ms: 0,
-                running_on: Vec::new(),
-                notice: None,
-                exit_code: None,
-                exit_signal: None,
-                cancel_requested: false,
-                vanished: false,
-                held: Vec::new(),
-                waiting_for: Vec::new(),
-                array,
-                checkpoints: CheckpointStats::default(),
-                run_started_ms: None,
-                started_on: Vec::new(),
-                attempt_checkpoint_ms: None,
-                exited_ms: 0,
-                lost_gpu_ms: 0,
-                interval: None,
-                rendezvous: None,
-                billing: None,
-                waiting: None,
-                quick_exits: 0,
-            };
-            let stored = crate::validate::command_bytes(&record.spec);
-            self.jobs.insert(id, record);
-            let admitted = self.load.get(&tenant).map_or(0, |l| l.admitted);
-            if admitted < limits.max_running_jobs {
-                if let Err(e) = self.core.submit(self.spec_of(id)) {
-                    self.jobs.remove(&id);
-                    return Err(ApiError::unprocessable(e.to_string()));
-                }
-                self.load.entry(tenant).or_default().admitted += 1;
-            } else {
-                self.load.entry(tenant).or_default().waiting.insert(id);
-                self.jobs.get_mut(&id).expect("just inserted").waiting = Some(Waiting::TenantLimit);
-            }
-            let load = self.load.entry(tenant).or_default();
-            load.jobs += 1;
-            load.bytes += stored;
-            if task.is_some() {
-                self.arrays.entry(array_id).or_default().push(id);
-            }
-            self.save(id);
-            let index = task.map(|t| t.index);
-            let detail = json!({ "tier": checked.tier.as_str(), "gpus": checked.gpus, "task": index });
-            self.event(id, "submitted", detail);
-            self.counters.submitted += 1;
-            ids.push(id);
-        }
-        Ok(ids)
+        Ok(())
     }
 
-    pub(super) fn cancel(&mut self, id: u64, now: u64) -> Result<ebb_api::Job, ApiError> {
+    /// A new job into the table and, while its tenant is under its limit
+    /// of running jobs, into the core; otherwise it waits for admission.
+    fn admit(&mut self, mut record: JobRecord, limits: &crate::validate::Limits) -> Result<(), Fail> {
+        let (id, tenant, stored) = (record.id, record.tenant, record.spec.command_bytes());
+        let admitted = self.tenants.load.get(&tenant).map_or(0, |l| l.admitted) < limits.max_running_jobs;
+        if !admitted {
+            record.waiting = Some(Waiting::TenantLimit);
+        }
+        self.jobs.insert(id, record);
+        if admitted {
+            if let Err(e) = self.core.submit(self.spec_of(id)) {
+                self.jobs.remove(&id);
+                return Err(ApiError::unprocessable(e.to_string()).into());
+            }
+        }
+        let load = self.tenants.load.entry(tenant).or_default();
+        match admitted {
+            true => load.admitted += 1,
+            false => {
+                load.waiting.insert(id);
+            }
+        }
+        load.jobs += 1;
+        load.bytes += stored;
+        Ok(self.save(id)?)
+    }
+
+    pub(super) fn cancel(&mut self, id: u64, now: u64) -> Result<ebb_api::Job, Fail> {
         let state = self.jobs[&id].state;
         match state {
             s if s.is_final() => {}
@@ -190,9 +146,9 @@ impl<S: Store> Engine<S> {
                 }
                 let job = self.jobs.get_mut(&id).expect("visible");
                 job.state = JobState::Cancelled;
-                self.finished(id);
-                self.event(id, "cancelled", json!({ "while": "queued" }));
-                self.save(id);
+                self.finished(id)?;
+                self.event(id, EventKind::Cancelled, json!({ "while": "queued" }))?;
+                self.save(id)?;
             }
             _ => {
                 let job = self.jobs.get_mut(&id).expect("visible");
@@ -200,10 +156,10 @@ impl<S: Store> Engine<S> {
                     job.cancel_requested = true;
                     let attempt = AttemptRef { job: id, attempt: job.attempt };
                     for node in job.running_on.clone() {
-                        self.push(&node, Action::Stop { attempt, grace_ms: 10_000 });
+                        self.outbox.push(&node, Action::Stop { attempt, grace_ms: STOP_GRACE_MS });
                     }
-                    self.event(id, "cancel_requested", json!({ "at": rfc3339(now) }));
-                    self.save(id);
+                    self.event(id, EventKind::CancelRequested, json!({ "at": rfc3339(now) }))?;
+                    self.save(id)?;
                 }
             }
         }
@@ -212,12 +168,12 @@ impl<S: Store> Engine<S> {
 
     /// Job `id` reached a final state: its tenant's load shrinks, and the
     /// tenant's next waiting job may be admitted.
-    pub(super) fn finished(&mut self, id: u64) {
+    pub(super) fn finished(&mut self, id: u64) -> Written {
         let job = self.jobs.get_mut(&id).expect("known job");
         let was_waiting = job.waiting == Some(Waiting::TenantLimit);
         job.waiting = None;
-        let (tenant, bytes) = (job.tenant, crate::validate::command_bytes(&job.spec));
-        let load = self.load.entry(tenant).or_default();
+        let (tenant, bytes) = (job.tenant, job.spec.command_bytes());
+        let load = self.tenants.load.entry(tenant).or_default();
         load.jobs = load.jobs.saturating_sub(1);
         load.bytes = load.bytes.saturating_sub(bytes);
         if was_waiting {
@@ -225,34 +181,40 @@ impl<S: Store> Engine<S> {
         } else {
             load.admitted = load.admitted.saturating_sub(1);
         }
-        self.admit_waiting(tenant);
+        // No more output can come for it.
+        self.logs.remove(&id);
+        self.admit_waiting(tenant)
     }
 
     /// Admits the tenant's waiting jobs, oldest first, while it is under
     /// its limit of running jobs.
-    pub(super) fn admit_waiting(&mut self, tenant: u32) {
+    pub(super) fn admit_waiting(&mut self, tenant: u32) -> Written {
         let max = self.limits_of(tenant).max_running_jobs;
         loop {
-            let Some(load) = self.load.get_mut(&tenant) else { return };
+            let Some(load) = self.tenants.load.get_mut(&tenant) else { return Ok(()) };
             if load.admitted >= max {
-                return;
+                return Ok(());
             }
-            let Some(id) = load.waiting.pop_first() else { return };
+            let Some(id) = load.waiting.pop_first() else { return Ok(()) };
             load.admitted += 1;
             self.jobs.get_mut(&id).expect("waiting job").waiting = None;
             if let Err(e) = self.restore_queued(id) {
                 tracing::error!(job = id, "not admitted: {}", e.message);
                 continue;
             }
-            self.event(id, "admitted", json!({ "reason": "its tenant is under its limit of running jobs" }));
-            self.save(id);
+            self.event(
+                id,
+                EventKind::Admitted,
+                json!({ "reason": "its tenant is under its limit of running jobs" }),
+            )?;
+            self.save(id)?;
         }
     }
 
     /// The server's limits with the tenant's own in place of the defaults.
     pub(super) fn limits_of(&self, tenant: u32) -> crate::validate::Limits {
         let mut limits = self.config.limits.clone();
-        if let Some(own) = self.tenant_limits.get(&tenant) {
+        if let Some(own) = self.tenants.limits.get(&tenant) {
             limits.max_jobs = own.max_jobs.unwrap_or(limits.max_jobs);
             limits.max_running_jobs = own.max_running_jobs.unwrap_or(limits.max_running_jobs);
             limits.max_stored_bytes = own.max_stored_bytes.unwrap_or(limits.max_stored_bytes);
@@ -269,16 +231,16 @@ impl<S: Store> Engine<S> {
         principal: &Principal,
         name: &str,
         set: Option<ebb_api::TenantLimits>,
-    ) -> Result<ebb_api::TenantUsage, ApiError> {
+    ) -> Result<ebb_api::TenantUsage, Fail> {
         let tenant = self
             .tenant_by_name(name)
             .map_err(|_| ApiError::not_found(format!("tenant {name}: not found")))?;
         if !principal.may_see(tenant) {
-            return Err(ApiError::not_found(format!("tenant {name}: not found")));
+            return Err(ApiError::not_found(format!("tenant {name}: not found")).into());
         }
         if let Some(set) = set {
             if principal.scope != Scope::Admin {
-                return Err(ApiError::forbidden("this call needs an admin token"));
+                return Err(ApiError::forbidden("this call needs an admin token").into());
             }
             for (field, value) in [
                 ("max_jobs", set.max_jobs),
@@ -286,16 +248,16 @@ impl<S: Store> Engine<S> {
                 ("max_stored_bytes", set.max_stored_bytes),
             ] {
                 if value == Some(0) {
-                    return Err(ApiError::unprocessable(format!("{field}: must be at least 1, got 0")));
+                    return Err(ApiError::unprocessable(format!("{field}: must be at least 1, got 0")).into());
                 }
             }
-            self.store.put_tenant_limits(tenant, &set).map_err(storage_error)?;
+            self.store.put_tenant_limits(tenant, &set)?;
             tracing::info!(tenant = name, ?set, "tenant limits set");
-            self.tenant_limits.insert(tenant, set);
-            self.admit_waiting(tenant);
+            self.tenants.limits.insert(tenant, set);
+            self.admit_waiting(tenant)?;
         }
         let limits = self.limits_of(tenant);
-        let load = self.load.get(&tenant).cloned().unwrap_or_default();
+        let load = self.tenants.load.get(&tenant).cloned().unwrap_or_default();
         Ok(ebb_api::TenantUsage {
             tenant: name.to_string(),
             max_jobs: limits.max_jobs,
@@ -309,48 +271,142 @@ impl<S: Store> Engine<S> {
     }
 
     /// Jobs whose restart back-off is over go back to the scheduler.
-    pub(super) fn end_backoffs(&mut self, now: u64) {
+    pub(super) fn end_backoffs(&mut self, now: u64) -> Written {
         while let Some(&(until_ms, id)) = self.backoff.first() {
             if until_ms > now {
-                return;
+                return Ok(());
             }
             self.backoff.pop_first();
             self.jobs.get_mut(&id).expect("backed-off job").waiting = None;
             if let Err(e) = self.restore_queued(id) {
                 tracing::error!(job = id, "back-off over, but not requeued: {}", e.message);
             }
-            self.save(id);
+            self.save(id)?;
         }
+        Ok(())
     }
 
-    pub(super) fn create_tenant(&mut self, name: String) -> Result<ebb_api::TenantCreated, ApiError> {
+    pub(super) fn create_tenant(&mut self, name: String) -> Result<ebb_api::TenantCreated, Fail> {
         let valid = !name.is_empty()
             && name.len() <= 64
             && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
         if !valid {
             return Err(ApiError::bad_request(format!(
                 "name: must be 1-64 letters, digits, '-' or '_', got {name:?}"
-            )));
+            ))
+            .into());
         }
-        if self.tenants.values().any(|n| *n == name) {
-            return Err(ApiError::conflict(format!("tenant {name}: already exists")));
+        if self.tenants.names.values().any(|n| *n == name) {
+            return Err(ApiError::conflict(format!("tenant {name}: already exists")).into());
         }
-        let id = self.tenants.keys().max().map_or(1, |m| m + 1);
-        self.store.put_tenant(&TenantRow { id, name: name.clone() }).map_err(storage_error)?;
-        self.tenants.insert(id, name.clone());
+        let id = self.tenants.names.keys().max().map_or(1, |m| m + 1);
+        self.store.put_tenant(&TenantRow { id, name: name.clone() })?;
+        self.tenants.names.insert(id, name.clone());
         let token = self.grant(Principal::tenant(Scope::Tenant, id, &name))?;
         Ok(ebb_api::TenantCreated { tenant: name, token })
     }
 
     pub(super) fn tenant_name(&self, id: u32) -> String {
-        self.tenants.get(&id).cloned().unwrap_or_default()
+        self.tenants.names.get(&id).cloned().unwrap_or_default()
     }
 
     pub(super) fn tenant_by_name(&self, name: &str) -> Result<u32, ApiError> {
         self.tenants
+            .names
             .iter()
             .find(|(_, n)| *n == name)
             .map(|(id, _)| *id)
             .ok_or_else(|| ApiError::unprocessable(format!("tenant: unknown tenant {name:?}")))
+    }
+}
+
+/// The jobs one submission makes, with the ids they will get from
+/// `first_id` on: one job, or one per task of an array or sweep (sharing
+/// the array id, the first task's), each with its task's variables and
+/// name. A pure function of the submission.
+pub(super) fn expand(
+    spec: &StoredSpec,
+    tasks: Vec<crate::validate::Task>,
+    first_id: u64,
+) -> Vec<(StoredSpec, Option<ebb_api::ArrayTask>)> {
+    if tasks.is_empty() {
+        return vec![(spec.clone(), None)];
+    }
+    let count = tasks.len() as u64;
+    let array_id = first_id;
+    tasks
+        .into_iter()
+        .map(|task| {
+            let mut spec = spec.clone();
+            // Set by ebb, so not subject to the user-variable rules.
+            let index = task.index;
+            spec.env.insert("EBB_TASK_INDEX".into(), index.to_string());
+            spec.env.insert("EBB_TASK_COUNT".into(), count.to_string());
+            spec.env.insert("EBB_ARRAY_ID".into(), array_id.to_string());
+            let base = spec
+                .name
+                .clone()
+                .unwrap_or_else(|| if task.params.is_empty() { "array" } else { "sweep" }.into());
+            if task.params.is_empty() {
+                spec.name = Some(format!("{base}[{index}]"));
+            } else {
+                for (name, value) in &task.params {
+                    spec.env.insert(format!("EBB_PARAM_{}", name.to_ascii_uppercase()), value.clone());
+                }
+                let params: serde_json::Map<String, serde_json::Value> =
+                    task.params.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
+                spec.env.insert("EBB_PARAMS".into(), serde_json::Value::Object(params).to_string());
+                let shown: Vec<String> = task.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                spec.name = Some(format!("{base}[{}]", shown.join(",")));
+            }
+            let array = ebb_api::ArrayTask {
+                id: array_id,
+                index,
+                tasks: count,
+                params: task.params.into_iter().collect(),
+            };
+            (spec, Some(array))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::validate::Task;
+
+    #[test]
+    fn an_array_becomes_one_job_per_task_sharing_the_first_id_with_its_index_and_name() {
+        let spec = StoredSpec { name: Some("prep".into()), argv: vec!["x".into()], ..Default::default() };
+        let tasks = (3..5).map(|index| Task { index, params: Vec::new() }).collect();
+        let jobs = expand(&spec, tasks, 40);
+        assert_eq!(jobs.len(), 2);
+        let (first, array) = &jobs[0];
+        assert_eq!(first.name.as_deref(), Some("prep[3]"));
+        assert_eq!(first.env["EBB_TASK_INDEX"], "3");
+        assert_eq!(first.env["EBB_TASK_COUNT"], "2");
+        assert_eq!(first.env["EBB_ARRAY_ID"], "40");
+        let array = array.as_ref().expect("a task");
+        assert_eq!((array.id, array.index, array.tasks), (40, 3, 2));
+        assert_eq!(jobs[1].1.as_ref().map(|a| (a.id, a.index)), Some((40, 4)));
+    }
+
+    #[test]
+    fn a_sweep_task_gets_its_parameters_as_variables_and_in_its_name() {
+        let spec = StoredSpec { argv: vec!["x".into()], ..Default::default() };
+        let params = vec![("lr".to_string(), "0.1".to_string()), ("depth".to_string(), "4".to_string())];
+        let jobs = expand(&spec, vec![Task { index: 0, params }], 7);
+        let (task, _) = &jobs[0];
+        assert_eq!(task.name.as_deref(), Some("sweep[lr=0.1,depth=4]"));
+        assert_eq!(task.env["EBB_PARAM_LR"], "0.1");
+        assert_eq!(task.env["EBB_PARAM_DEPTH"], "4");
+        let params: serde_json::Value = serde_json::from_str(&task.env["EBB_PARAMS"]).expect("json");
+        assert_eq!(params, json!({ "lr": "0.1", "depth": "4" }));
+    }
+
+    #[test]
+    fn a_single_job_is_left_as_it_was() {
+        let spec = StoredSpec { name: Some("one".into()), argv: vec!["x".into()], ..Default::default() };
+        assert_eq!(expand(&spec, Vec::new(), 1), vec![(spec, None)]);
     }
 }

@@ -3,6 +3,55 @@
 use super::*;
 
 impl<S: Store> Engine<S> {
+    /// The rates an attempt of `tier` on `node` is billed at, per GPU-hour,
+    /// fixed now for the whole attempt: (model, its tier's, on-demand's).
+    pub(super) fn rates(&mut self, tier: Tier, node: &str) -> Written<(String, i64, i64)> {
+        let model = self.fleet.nodes[node].gpu_model.clone();
+        let price = self.price_for(&model)?;
+        let rate = match tier {
+            Tier::OnDemand => price.on_demand,
+            Tier::Preemptible => {
+                crate::billing::preemptible_rate(price.on_demand, self.config.pricing.discount_bps)
+            }
+            Tier::Reserved => 0,
+        };
+        Ok((model, rate, price.on_demand))
+    }
+
+    /// What each node of job `id`'s new attempt is told to start: the
+    /// command, the tenant's Unix user, and the environment with the
+    /// checkpoint interval and, for a gang, its rank's rendezvous.
+    pub(super) fn starts(&self, id: u64) -> Vec<(String, StartAttempt)> {
+        let job = &self.jobs[&id];
+        let tenant = self.tenant_name(job.tenant);
+        let run_as = self.config.run_as.user(&tenant).to_string();
+        let interval = job.interval.as_ref().map(|(s, _)| s.to_string()).unwrap_or_default();
+        let nodes = job.placement.len();
+        let start = |rank: usize, gpus: &Vec<u8>| {
+            let mut env = job.spec.env.clone();
+            env.insert("EBB_CHECKPOINT_INTERVAL_S".into(), interval.clone());
+            if let Some((addr, port)) = &job.rendezvous {
+                env.extend(gang_env(addr, *port, rank, nodes, gpus.len(), job.gpus));
+            }
+            StartAttempt {
+                attempt: AttemptRef { job: id, attempt: job.attempt },
+                tier: job.tier.as_str().into(),
+                argv: job.spec.argv.clone(),
+                env,
+                workdir: job.spec.workdir.clone(),
+                gpus: gpus.clone(),
+                signal: job.signal,
+                run_as: Some(run_as.clone()),
+                tenant: tenant.clone(),
+            }
+        };
+        job.placement
+            .iter()
+            .enumerate()
+            .map(|(rank, (node, gpus))| (node.clone(), start(rank, gpus)))
+            .collect()
+    }
+
     /// Young/Daly for job `id` about to run on `placement`: δ from its own
     /// checkpoints, M from the interruptions seen on nodes of that model.
     pub(super) fn recommend(
@@ -11,9 +60,9 @@ impl<S: Store> Engine<S> {
         placement: &[(String, Vec<u8>)],
         now: u64,
     ) -> ebb_core::checkpoint::Recommendation {
-        let model = placement.first().and_then(|(n, _)| self.nodes.get(n)).map(|n| n.gpu_model.clone());
+        let model = placement.first().and_then(|(n, _)| self.fleet.nodes.get(n)).map(|n| n.gpu_model.clone());
         let mut exposure = ebb_core::checkpoint::Exposure::default();
-        for row in self.nodes.values().filter(|n| Some(&n.gpu_model) == model.as_ref()) {
+        for row in self.fleet.nodes.values().filter(|n| Some(&n.gpu_model) == model.as_ref()) {
             exposure.node_time = exposure.node_time + Span(now.saturating_sub(row.joined_ms));
             exposure.interruptions += row.interruptions;
         }
@@ -24,8 +73,12 @@ impl<S: Store> Engine<S> {
     /// Where a gang led by `leader` meets: the leader's address and the
     /// lowest port from 29500 that no live gang there uses.
     pub(super) fn rendezvous(&self, leader: &str) -> (String, u16) {
-        let addr =
-            self.nodes.get(leader).and_then(|n| n.address.clone()).unwrap_or_else(|| leader.to_string());
+        let addr = self
+            .fleet
+            .nodes
+            .get(leader)
+            .and_then(|n| n.address.clone())
+            .unwrap_or_else(|| leader.to_string());
         let taken: BTreeSet<u16> = self
             .jobs
             .values()

@@ -12,8 +12,8 @@ use std::path::PathBuf;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use ebb_api::{
-    Action, AgentEvent, AttemptRef, Command, DrainAttempt, JobEvent, JobSubmission, Register, Registered,
-    ReportReply, StartAttempt,
+    Action, AgentEvent, AttemptRef, Command, DrainAttempt, EventKind, JobEvent, JobSubmission, Register,
+    Registered, ReportReply, StartAttempt,
 };
 use ebb_core::{Attempt, GpuModelId, JobId, NodeId, Span, TenantId, Tier, Time};
 use ebb_scheduler::{DrainReason, ExitEffect, ExitKind, JobSpec, NodeSpec, NodeStatus, Notice, Phase, State};
@@ -21,13 +21,14 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::sync::{oneshot, watch};
 
-use crate::store::{NodeRow, PriceRow, ReservationRow, Scope, Store, TenantRow, TokenRow};
+use crate::store::{NodeRow, PriceRow, ReservationRow, Scope, Store, StoreError, TenantRow, TokenRow};
 use crate::{hash_token, new_token, rfc3339, ApiError, Principal, TokenMap, TokenState};
 
 mod agents;
 mod batch;
 mod credentials;
 mod dispatch;
+mod ending;
 mod exits;
 mod fleet;
 mod job;
@@ -40,9 +41,9 @@ mod views;
 mod write;
 
 use credentials::write_secret;
+pub use ending::STOP_GRACE_MS;
 use job::TenantLoad;
-pub use job::{restart_backoff_ms, CheckpointStats, JobRecord, JobState, Waiting, QUICK_EXIT_MS};
-use launch::gang_env;
+pub use job::{restart_backoff_ms, CheckpointStats, JobRecord, JobState, StoredSpec, Waiting, QUICK_EXIT_MS};
 
 pub fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
@@ -241,44 +242,132 @@ impl RunAs {
     }
 }
 
+/// The writer. Its state is grouped by what each part of it serves, so
+/// that a handler's borrows show what it touches.
 pub struct Engine<S: Store> {
     store: S,
     config: EngineConfig,
     sched: ebb_scheduler::Config,
     core: State,
+    /// The batch's instant: every time written in a batch is this one.
+    now: u64,
+    /// The job table: every job's record, by id.
     jobs: BTreeMap<u64, JobRecord>,
-    tenants: BTreeMap<u32, String>,
-    tokens: TokenMap,
-    /// Each node's credential, by node name: its hash.
-    node_credentials: BTreeMap<String, String>,
-    nodes: BTreeMap<String, NodeRow>,
-    channels: HashMap<String, Channel>,
     next_job: u64,
+    /// Each array's tasks, by the array's id (its first task's).
+    arrays: BTreeMap<u64, Vec<u64>>,
+    /// Jobs in a restart back-off, by when they may run again.
+    backoff: BTreeSet<(u64, u64)>,
+    /// How much of each unfinished job's log is committed, once output came.
+    logs: HashMap<u64, crate::store::LogState>,
+    tenants: Tenants,
+    access: Access,
+    fleet: Fleet,
+    money: Money,
+    outbox: Outbox,
     /// Changes with every server start, so agents notice a restart.
     epoch: u64,
     counters: crate::metrics::Counters,
-    /// Replies and wake-ups held until the batch commits.
-    after_commit: Vec<Box<dyn FnOnce() + Send>>,
-    woken: BTreeSet<String>,
-    /// Each array's tasks, by the array's id (its first task's).
-    arrays: BTreeMap<u64, Vec<u64>>,
-    prices: BTreeMap<String, PriceRow>,
-    reservations: BTreeMap<u64, ReservationRow>,
+}
+
+/// Tenants: names, what their unfinished jobs hold against their limits,
+/// and the limits the operator set for single tenants.
+#[derive(Default)]
+struct Tenants {
+    names: BTreeMap<u32, String>,
+    load: BTreeMap<u32, TenantLoad>,
+    limits: BTreeMap<u32, ebb_api::TenantLimits>,
+}
+
+/// Who may call: the token map the HTTP handlers authenticate against,
+/// and each node's credential, by node name (its hash).
+struct Access {
+    tokens: TokenMap,
+    node_credentials: BTreeMap<String, String>,
+}
+
+/// The nodes as the server knows them beyond the core.
+#[derive(Default)]
+struct Fleet {
+    nodes: BTreeMap<String, NodeRow>,
     /// When each node was last heard from before this server started, and
     /// the nodes heard from since.
     heard_before: HashMap<String, u64>,
     heard_since_start: BTreeSet<String>,
-    /// Per tenant, what its unfinished jobs hold against its limits, and
-    /// the limits the operator set for it alone.
-    load: BTreeMap<u32, TenantLoad>,
-    tenant_limits: BTreeMap<u32, ebb_api::TenantLimits>,
-    /// Jobs in a restart back-off, by when they may run again.
-    backoff: BTreeSet<(u64, u64)>,
     /// Nodes whose agents say their reports keep failing, and why.
     unhealthy: HashMap<String, String>,
 }
 
-/// What the writer thread answers with when the store fails.
-fn storage_error(e: impl std::fmt::Display) -> ApiError {
-    ApiError::internal(format!("storage: {e}"))
+/// Prices by model, and reservations by id.
+#[derive(Default)]
+struct Money {
+    prices: BTreeMap<String, PriceRow>,
+    reservations: BTreeMap<u64, ReservationRow>,
 }
+
+/// What leaves the writer, held until the batch commits: replies to
+/// callers, and commands in the nodes' streams with the nodes to wake.
+#[derive(Default)]
+struct Outbox {
+    replies: Vec<Box<dyn FnOnce() + Send>>,
+    channels: HashMap<String, Channel>,
+    woken: BTreeSet<String>,
+}
+
+impl Outbox {
+    fn reply<T: Send + 'static>(&mut self, tx: oneshot::Sender<T>, value: T) {
+        self.replies.push(Box::new(move || {
+            let _ = tx.send(value);
+        }));
+    }
+
+    /// Queues `action` in `node`'s stream; the node is woken after the commit.
+    fn push(&mut self, node: &str, action: Action) {
+        self.channels.entry(node.to_string()).or_insert_with(Channel::new).push(action);
+        self.woken.insert(node.to_string());
+    }
+
+    /// The batch committed: answer, and wake the nodes with new commands.
+    fn deliver(&mut self) {
+        for reply in self.replies.drain(..) {
+            reply();
+        }
+        for node in std::mem::take(&mut self.woken) {
+            if let Some(ch) = self.channels.get(&node) {
+                ch.notify.send_replace(ch.next_seq);
+            }
+        }
+    }
+
+    /// The batch did not commit: nothing of it is answered. Commands it
+    /// queued stay unseen (the server exits, and a restarted one derives
+    /// every stream afresh from the store).
+    fn discard(&mut self) {
+        self.replies.clear();
+        self.woken.clear();
+    }
+}
+
+/// How a handler fails: the request is refused (the caller is answered
+/// with the error and the batch goes on), or the store failed (the batch
+/// is rolled back, nothing of it is answered, and the server exits).
+#[derive(Debug)]
+pub(crate) enum Fail {
+    Refused(ApiError),
+    Store(StoreError),
+}
+
+impl From<ApiError> for Fail {
+    fn from(e: ApiError) -> Fail {
+        Fail::Refused(e)
+    }
+}
+
+impl From<StoreError> for Fail {
+    fn from(e: StoreError) -> Fail {
+        Fail::Store(e)
+    }
+}
+
+/// A store write inside a batch: its error ends the batch.
+type Written<T = ()> = Result<T, StoreError>;

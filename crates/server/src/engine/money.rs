@@ -4,25 +4,23 @@ use super::*;
 
 impl<S: Store> Engine<S> {
     /// The model's prices, adding the default price for a model first seen.
-    pub(super) fn price_for(&mut self, model: &str) -> PriceRow {
-        if let Some(row) = self.prices.get(model) {
-            return row.clone();
+    pub(super) fn price_for(&mut self, model: &str) -> Written<PriceRow> {
+        if let Some(row) = self.money.prices.get(model) {
+            return Ok(row.clone());
         }
         let price = self.config.pricing.default_price;
         let row = PriceRow { gpu_model: model.to_string(), on_demand: price, reserved: price };
-        if let Err(e) = self.store.put_price(&row) {
-            tracing::error!("cannot store the price of {model}: {e}");
-        }
+        self.store.put_price(&row)?;
         tracing::info!(gpu_model = model, on_demand = %crate::billing::usd(price), "priced at the default");
-        self.prices.insert(model.to_string(), row.clone());
-        row
+        self.money.prices.insert(model.to_string(), row.clone());
+        Ok(row)
     }
 
     pub(super) fn known_model(&self, field: &str, model: &str) -> Result<(), ApiError> {
-        if self.core.model_by_name(model).is_some() || self.prices.contains_key(model) {
+        if self.core.model_by_name(model).is_some() || self.money.prices.contains_key(model) {
             return Ok(());
         }
-        let known: Vec<&str> = self.prices.keys().map(String::as_str).collect();
+        let known: Vec<&str> = self.money.prices.keys().map(String::as_str).collect();
         Err(ApiError::unprocessable(format!(
             "{field}: unknown GPU model {model:?} (known: {})",
             if known.is_empty() { "none yet".to_string() } else { known.join(", ") }
@@ -33,7 +31,7 @@ impl<S: Store> Engine<S> {
         let bps = self.config.pricing.discount_bps;
         ebb_api::PriceBook {
             preemptible_discount_percent: f64::from(bps) / 100.0,
-            prices: self.prices.values().map(|p| crate::billing::price_view(p, bps)).collect(),
+            prices: self.money.prices.values().map(|p| crate::billing::price_view(p, bps)).collect(),
         }
     }
 
@@ -41,25 +39,25 @@ impl<S: Store> Engine<S> {
         &mut self,
         model: &str,
         update: &ebb_api::PriceUpdate,
-    ) -> Result<ebb_api::Price, ApiError> {
+    ) -> Result<ebb_api::Price, Fail> {
         self.known_model("gpu_model", model)?;
         let bps = self.config.pricing.discount_bps;
         let on_demand = crate::billing::parse_price("on_demand_usd", &update.on_demand_usd, bps)?;
         let reserved = match &update.reserved_usd {
             Some(text) => crate::billing::parse_price("reserved_usd", text, bps)?,
-            None => self.prices.get(model).map_or(on_demand, |p| p.reserved),
+            None => self.money.prices.get(model).map_or(on_demand, |p| p.reserved),
         };
         let row = PriceRow { gpu_model: model.to_string(), on_demand, reserved };
-        self.store.put_price(&row).map_err(storage_error)?;
+        self.store.put_price(&row)?;
         tracing::info!(gpu_model = model, on_demand = %crate::billing::usd(on_demand), "price set");
-        self.prices.insert(model.to_string(), row.clone());
+        self.money.prices.insert(model.to_string(), row.clone());
         Ok(crate::billing::price_view(&row, bps))
     }
 
     pub(super) fn create_reservation(
         &mut self,
         req: &ebb_api::ReservationRequest,
-    ) -> Result<ebb_api::Reservation, ApiError> {
+    ) -> Result<ebb_api::Reservation, Fail> {
         let tenant = self.tenant_by_name(&req.tenant)?;
         self.known_model("gpu_model", &req.gpu_model)?;
         let model = self.core.model_by_name(&req.gpu_model).ok_or_else(|| {
@@ -70,7 +68,8 @@ impl<S: Store> Engine<S> {
             return Err(ApiError::unprocessable(format!(
                 "gpus: must be between 1 and the {capacity} GPUs of {}, got {}",
                 req.gpu_model, req.gpus
-            )));
+            ))
+            .into());
         }
         let start = crate::billing::parse_time("start", &req.start)?;
         let end = crate::billing::parse_time("end", &req.end)?;
@@ -78,9 +77,11 @@ impl<S: Store> Engine<S> {
             return Err(ApiError::unprocessable(format!(
                 "end: {} is not after start: {}",
                 req.end, req.start
-            )));
+            ))
+            .into());
         }
         let overlapping: Vec<&ReservationRow> = self
+            .money
             .reservations
             .values()
             .filter(|r| r.gpu_model == req.gpu_model && r.start_ms < end && start < r.end_ms)
@@ -92,7 +93,8 @@ impl<S: Store> Engine<S> {
                 req.tenant,
                 rfc3339(r.start_ms),
                 rfc3339(r.end_ms)
-            )));
+            ))
+            .into());
         }
         let reserved: u32 = overlapping.iter().map(|r| r.gpus).sum();
         if reserved + req.gpus > capacity {
@@ -101,13 +103,14 @@ impl<S: Store> Engine<S> {
                 reserved,
                 req.gpu_model,
                 capacity - reserved
-            )));
+            ))
+            .into());
         }
         let rate = match &req.rate_usd {
             Some(text) => crate::billing::parse_price("rate_usd", text, self.config.pricing.discount_bps)?,
-            None => self.price_for(&req.gpu_model).reserved,
+            None => self.price_for(&req.gpu_model)?.reserved,
         };
-        let id = self.reservations.keys().max().map_or(1, |m| m + 1);
+        let id = self.money.reservations.keys().max().map_or(1, |m| m + 1);
         let row = ReservationRow {
             id,
             tenant,
@@ -120,17 +123,15 @@ impl<S: Store> Engine<S> {
         self.core
             .add_reservation(self.core_reservation(&row)?)
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
-        if let Err(e) = self.store.put_reservation(&row) {
-            let _ = self.core.remove_reservation(ebb_core::ReservationId(id as u32));
-            return Err(storage_error(e));
-        }
+        self.store.put_reservation(&row)?;
         tracing::info!(reservation = id, tenant = req.tenant, gpus = req.gpus, "reservation created");
-        self.reservations.insert(id, row.clone());
+        self.money.reservations.insert(id, row.clone());
         Ok(crate::billing::reservation_view(&row, &req.tenant))
     }
 
-    pub(super) fn delete_reservation(&mut self, id: u64) -> Result<ebb_api::Reservation, ApiError> {
+    pub(super) fn delete_reservation(&mut self, id: u64) -> Result<ebb_api::Reservation, Fail> {
         let row = self
+            .money
             .reservations
             .get(&id)
             .cloned()
@@ -145,13 +146,14 @@ impl<S: Store> Engine<S> {
         if !live.is_empty() {
             return Err(ApiError::conflict(format!(
                 "reservation {id}: reserved jobs {live:?} are running on it; cancel them first"
-            )));
+            ))
+            .into());
         }
         self.core
             .remove_reservation(ebb_core::ReservationId(id as u32))
             .map_err(|e| ApiError::internal(e.to_string()))?;
-        self.store.delete_reservation(id).map_err(storage_error)?;
-        self.reservations.remove(&id);
+        self.store.delete_reservation(id)?;
+        self.money.reservations.remove(&id);
         Ok(crate::billing::reservation_view(&row, &self.tenant_name(row.tenant)))
     }
 
@@ -161,18 +163,22 @@ impl<S: Store> Engine<S> {
         tenant: Option<&str>,
         from: &str,
         to: &str,
-    ) -> Result<ebb_api::Invoice, ApiError> {
+    ) -> Result<ebb_api::Invoice, Fail> {
         let (from_ms, to_ms) = crate::billing::period(from, to)?;
         let tenant = match (tenant, &principal.tenant) {
             (Some(name), _) if principal.scope == crate::store::Scope::Admin => self.tenant_by_name(name)?,
             (Some(name), Some((id, own))) if name == own => *id,
-            (Some(_), _) => return Err(ApiError::forbidden("only an operator may bill another tenant")),
+            (Some(_), _) => {
+                return Err(ApiError::forbidden("only an operator may bill another tenant").into())
+            }
             (None, Some((id, _))) => *id,
-            (None, None) => return Err(ApiError::unprocessable("tenant: required for this token".into())),
+            (None, None) => {
+                return Err(ApiError::unprocessable("tenant: required for this token".into()).into())
+            }
         };
-        let usage = self.store.usage(Some(tenant), from_ms, to_ms).map_err(storage_error)?;
+        let usage = self.store.usage(Some(tenant), from_ms, to_ms)?;
         let reservations: Vec<ReservationRow> =
-            self.reservations.values().filter(|r| r.tenant == tenant).cloned().collect();
+            self.money.reservations.values().filter(|r| r.tenant == tenant).cloned().collect();
         Ok(crate::billing::invoice(&self.tenant_name(tenant), &usage, &reservations, from_ms, to_ms))
     }
 
@@ -181,11 +187,11 @@ impl<S: Store> Engine<S> {
         from: &str,
         to: &str,
         now: u64,
-    ) -> Result<ebb_api::OperatorReport, ApiError> {
+    ) -> Result<ebb_api::OperatorReport, Fail> {
         let (from_ms, to_ms) = crate::billing::period(from, to)?;
         // Attempts that started before the period and ended in or after it
         // count for the hours they ran inside it.
-        let usage = self.store.usage(None, from_ms, u64::MAX).map_err(storage_error)?;
+        let usage = self.store.usage(None, from_ms, u64::MAX)?;
         let live: Vec<crate::billing::Live> = self
             .jobs
             .values()
@@ -198,8 +204,9 @@ impl<S: Store> Engine<S> {
                 })
             })
             .collect();
-        let nodes: Vec<(u64, u32)> = self.nodes.values().map(|n| (n.joined_ms, u32::from(n.gpus))).collect();
-        let reservations: Vec<ReservationRow> = self.reservations.values().cloned().collect();
+        let nodes: Vec<(u64, u32)> =
+            self.fleet.nodes.values().map(|n| (n.joined_ms, u32::from(n.gpus))).collect();
+        let reservations: Vec<ReservationRow> = self.money.reservations.values().cloned().collect();
         Ok(crate::billing::report(&usage, &live, &reservations, &nodes, now, from_ms, to_ms))
     }
 }

@@ -11,7 +11,7 @@ impl<S: Store> Engine<S> {
         tokens: TokenMap,
         now: u64,
     ) -> Result<(Engine<S>, Vec<String>), ApiError> {
-        let mut snapshot = store.load::<JobRecord>().map_err(storage_error)?;
+        let mut snapshot = store.load::<JobRecord>().map_err(fatal)?;
         let sched = ebb_scheduler::Config {
             drain_window: config.drain_window,
             victim_policy: ebb_scheduler::VictimPolicy::LostWork,
@@ -22,52 +22,60 @@ impl<S: Store> Engine<S> {
             config,
             sched,
             core: State::new(),
+            now,
             jobs: BTreeMap::new(),
-            tenants: BTreeMap::new(),
-            tokens,
-            node_credentials: BTreeMap::new(),
-            nodes: BTreeMap::new(),
-            channels: HashMap::new(),
             next_job: 1,
+            arrays: BTreeMap::new(),
+            backoff: BTreeSet::new(),
+            logs: HashMap::new(),
+            tenants: Tenants::default(),
+            access: Access { tokens, node_credentials: BTreeMap::new() },
+            fleet: Fleet::default(),
+            money: Money::default(),
+            outbox: Outbox::default(),
             epoch: {
                 let mut bytes = [0u8; 8];
                 getrandom::fill(&mut bytes).map_err(|e| ApiError::internal(e.to_string()))?;
                 u64::from_le_bytes(bytes) >> 1
             },
             counters: Default::default(),
-            after_commit: Vec::new(),
-            woken: BTreeSet::new(),
-            arrays: BTreeMap::new(),
-            prices: BTreeMap::new(),
-            reservations: BTreeMap::new(),
-            heard_before: HashMap::new(),
-            heard_since_start: BTreeSet::new(),
-            load: BTreeMap::new(),
-            tenant_limits: BTreeMap::new(),
-            backoff: BTreeSet::new(),
-            unhealthy: HashMap::new(),
         };
         let mut notes = Vec::new();
         if snapshot.tenants.is_empty() {
             notes = engine.bootstrap()?;
-            snapshot = engine.store.load::<JobRecord>().map_err(storage_error)?;
+            snapshot = engine.store.load::<JobRecord>().map_err(fatal)?;
         }
+        engine.load_access(&mut snapshot);
+        engine.load_nodes(std::mem::take(&mut snapshot.nodes), now)?;
+        engine.fleet.heard_before = std::mem::take(&mut snapshot.heard).into_iter().collect();
+        let unrestored = engine.load_jobs(std::mem::take(&mut snapshot.jobs))?;
+        engine.store.begin().map_err(fatal)?;
+        engine.recover(snapshot, unrestored, now).map_err(fatal)?;
+        engine.store.commit().map_err(fatal)?;
+        engine.outbox.discard();
+        Ok((engine, notes))
+    }
+
+    /// Tenants, their limits and every token that has not been revoked.
+    fn load_access(&mut self, snapshot: &mut crate::store::Snapshot<JobRecord>) {
         for t in &snapshot.tenants {
-            engine.tenants.insert(t.id, t.name.clone());
+            self.tenants.names.insert(t.id, t.name.clone());
         }
-        engine.tenant_limits = std::mem::take(&mut snapshot.tenant_limits).into_iter().collect();
-        {
-            let mut map = engine.tokens.write().expect("token map");
-            for t in &snapshot.tokens {
-                let tenant = t.tenant.and_then(|id| engine.tenants.get(&id).map(|n| (id, n.clone())));
-                let principal = Principal { scope: t.scope, tenant, node: t.node.clone() };
-                map.insert(t.hash.clone(), TokenState::Valid(principal));
-                if let (Scope::Node, Some(node)) = (t.scope, &t.node) {
-                    engine.node_credentials.insert(node.clone(), t.hash.clone());
-                }
+        self.tenants.limits = std::mem::take(&mut snapshot.tenant_limits).into_iter().collect();
+        let mut map = self.access.tokens.write().expect("token map");
+        for t in &snapshot.tokens {
+            let tenant = t.tenant.and_then(|id| self.tenants.names.get(&id).map(|n| (id, n.clone())));
+            let principal = Principal { scope: t.scope, tenant, node: t.node.clone() };
+            map.insert(t.hash.clone(), TokenState::Valid(principal));
+            if let (Scope::Node, Some(node)) = (t.scope, &t.node) {
+                self.access.node_credentials.insert(node.clone(), t.hash.clone());
             }
         }
-        for mut node in snapshot.nodes {
+    }
+
+    /// Every node back in the core, drained or removed as it was.
+    fn load_nodes(&mut self, nodes: Vec<NodeRow>, now: u64) -> Result<(), ApiError> {
+        for mut node in nodes {
             if node.joined_ms == 0 {
                 node.joined_ms = now;
             }
@@ -77,29 +85,34 @@ impl<S: Store> Engine<S> {
                 gpus: node.gpus,
                 labels: node.labels.clone(),
             };
-            let id = engine.core.add_node(spec, Time(now)).map_err(|e| ApiError::internal(e.to_string()))?;
+            let id = self.core.add_node(spec, Time(now)).map_err(|e| ApiError::internal(e.to_string()))?;
             if node.drained {
-                let _ = engine.core.drain_node(id);
+                let _ = self.core.drain_node(id);
             }
             if node.removed {
-                let _ = engine.core.lose_node(id);
+                let _ = self.core.lose_node(id);
             }
-            engine.channels.insert(node.name.clone(), Channel::new());
-            engine.nodes.insert(node.name.clone(), node);
+            self.outbox.channels.insert(node.name.clone(), Channel::new());
+            self.fleet.nodes.insert(node.name.clone(), node);
         }
-        let mut requeued = Vec::new();
-        for job in snapshot.jobs {
-            engine.next_job = engine.next_job.max(job.id + 1);
-            let id = job.id;
-            let state = job.state;
+        Ok(())
+    }
+
+    /// Every job's record, with its tenant's load; queued and live jobs
+    /// back in the core. Returns the live attempts the core could not take
+    /// back, and why.
+    fn load_jobs(&mut self, jobs: Vec<JobRecord>) -> Result<Vec<(u64, String)>, ApiError> {
+        let mut unrestored = Vec::new();
+        for job in jobs {
+            self.next_job = self.next_job.max(job.id + 1);
+            let (id, state, waiting) = (job.id, job.state, job.waiting);
             if let Some(array) = &job.array {
-                engine.arrays.entry(array.id).or_default().push(id);
+                self.arrays.entry(array.id).or_default().push(id);
             }
-            let waiting = job.waiting;
             if !state.is_final() {
-                let load = engine.load.entry(job.tenant).or_default();
+                let load = self.tenants.load.entry(job.tenant).or_default();
                 load.jobs += 1;
-                load.bytes += crate::validate::command_bytes(&job.spec);
+                load.bytes += job.spec.command_bytes();
                 match waiting {
                     Some(Waiting::TenantLimit) => {
                         load.waiting.insert(id);
@@ -107,97 +120,109 @@ impl<S: Store> Engine<S> {
                     _ => load.admitted += 1,
                 }
             }
-            engine.jobs.insert(id, job);
+            self.jobs.insert(id, job);
             match (state, waiting) {
                 (JobState::Queued, Some(Waiting::Backoff { until_ms })) => {
-                    engine.backoff.insert((until_ms, id));
+                    self.backoff.insert((until_ms, id));
                 }
                 (JobState::Queued, Some(Waiting::TenantLimit)) => {}
-                (JobState::Queued, None) => engine.restore_queued(id)?,
+                (JobState::Queued, None) => self.restore_queued(id)?,
                 (s, _) if s.is_live() => {
-                    if let Err(e) = engine.restore(id) {
-                        requeued.push((id, e));
+                    if let Err(e) = self.restore(id) {
+                        unrestored.push((id, e));
                     }
                 }
                 _ => {}
             }
         }
-        engine.store.begin().map_err(storage_error)?;
-        engine.heard_before = snapshot.heard.into_iter().collect();
+        Ok(unrestored)
+    }
+
+    /// What recovery writes, in one transaction: prices, reservations,
+    /// attempts that could not be restored (ended as lost, and metered to
+    /// their nodes' last contact, as any attempt lost with its node is),
+    /// holds, and tenants' waiting jobs the limits now let in.
+    fn recover(
+        &mut self,
+        snapshot: crate::store::Snapshot<JobRecord>,
+        unrestored: Vec<(u64, String)>,
+        now: u64,
+    ) -> Written {
         for price in snapshot.prices {
-            engine.prices.insert(price.gpu_model.clone(), price);
+            self.money.prices.insert(price.gpu_model.clone(), price);
         }
-        for (model, on_demand, reserved) in engine.config.pricing.prices.clone() {
+        for (model, on_demand, reserved) in self.config.pricing.prices.clone() {
             let row =
                 PriceRow { gpu_model: model.clone(), on_demand, reserved: reserved.unwrap_or(on_demand) };
-            engine.store.put_price(&row).map_err(storage_error)?;
-            engine.prices.insert(model, row);
+            self.store.put_price(&row)?;
+            self.money.prices.insert(model, row);
         }
-        let models: Vec<String> = engine.nodes.values().map(|n| n.gpu_model.clone()).collect();
+        let models: Vec<String> = self.fleet.nodes.values().map(|n| n.gpu_model.clone()).collect();
         for model in models {
-            engine.price_for(&model);
+            self.price_for(&model)?;
         }
         for r in snapshot.reservations {
-            if let Err(e) = engine.core.add_reservation(engine.core_reservation(&r)?) {
-                tracing::error!(reservation = r.id, "not restored: {e}");
+            match self.core_reservation(&r).map(|c| self.core.add_reservation(c)) {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::error!(reservation = r.id, "not restored: {e}"),
+                Err(e) => tracing::error!(reservation = r.id, "not restored: {}", e.message),
             }
-            engine.reservations.insert(r.id, r);
+            self.money.reservations.insert(r.id, r);
         }
-        for (id, why) in requeued {
-            let job = engine.jobs.get_mut(&id).expect("loaded");
-            job.state = JobState::Queued;
-            job.placement.clear();
-            job.running_on.clear();
-            job.notice = None;
-            engine.restore_queued(id)?;
-            engine.event(id, "requeued", json!({ "reason": format!("server restart: {why}") }));
-            engine.save(id);
+        for (id, why) in unrestored {
+            let job = &self.jobs[&id];
+            let heard = job.running_on.iter().filter_map(|n| self.last_contact(n)).min();
+            let end_ms = heard.unwrap_or(job.started_ms).min(now);
+            tracing::warn!(job = id, "attempt not restored, requeued as lost: {why}");
+            let detail = json!({ "reason": "lost", "why": format!("server restart: {why}") });
+            self.ended(id, ExitEffect::RequeuedLost, end_ms, now, detail)?;
+            if let Err(e) = self.restore_queued(id) {
+                tracing::error!(job = id, "not requeued: {}", e.message);
+            }
         }
         // Holds last: their victims must be back first.
-        let holders: Vec<u64> = engine
+        let holders: Vec<u64> = self
             .jobs
             .values()
             .filter(|j| j.state == JobState::Queued && !j.held.is_empty())
             .map(|j| j.id)
             .collect();
         for id in holders {
-            if let Err(why) = engine.restore_hold(id) {
+            if let Err(why) = self.restore_hold(id) {
                 tracing::warn!(job = id, "hold not restored: {why}");
-                let job = engine.jobs.get_mut(&id).expect("loaded");
+                let job = self.jobs.get_mut(&id).expect("loaded");
                 job.held.clear();
                 job.waiting_for.clear();
-                engine.save(id);
+                self.save(id)?;
             }
         }
         // The limits may have been raised since.
-        let tenants: Vec<u32> = engine.load.keys().copied().collect();
+        let tenants: Vec<u32> = self.tenants.load.keys().copied().collect();
         for tenant in tenants {
-            engine.admit_waiting(tenant);
+            self.admit_waiting(tenant)?;
         }
-        engine.store.commit().map_err(storage_error)?;
-        engine.after_commit.clear();
-        Ok((engine, notes))
+        Ok(())
     }
 
     /// First start: the default tenant, an admin token and a join token,
     /// written under the data dir (0600).
     pub(super) fn bootstrap(&mut self) -> Result<Vec<String>, ApiError> {
-        self.store.begin().map_err(storage_error)?;
+        self.store.begin().map_err(fatal)?;
         let tenant = TenantRow { id: 1, name: "default".into() };
-        self.store.put_tenant(&tenant).map_err(storage_error)?;
+        self.store.put_tenant(&tenant).map_err(fatal)?;
         let mut notes = Vec::new();
         for (file, scope) in [("admin.token", Scope::Admin), ("join.token", Scope::Agent)] {
             let token = new_token();
             let tenant = (scope == Scope::Admin).then_some(1);
             self.store
                 .put_token(&TokenRow { hash: hash_token(&token), tenant, scope, node: None })
-                .map_err(storage_error)?;
+                .map_err(fatal)?;
             let path = self.config.data_dir.join(file);
             write_secret(&path, &token)
                 .map_err(|e| ApiError::internal(format!("{}: {e}", path.display())))?;
             notes.push(path.display().to_string());
         }
-        self.store.commit().map_err(storage_error)?;
+        self.store.commit().map_err(fatal)?;
         Ok(notes)
     }
 
@@ -292,4 +317,9 @@ impl<S: Store> Engine<S> {
             end: Time(r.end_ms),
         })
     }
+}
+
+/// The store failed while the server starts: it does not start.
+fn fatal(e: StoreError) -> ApiError {
+    ApiError::internal(format!("storage: {e}"))
 }

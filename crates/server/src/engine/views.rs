@@ -3,10 +3,46 @@
 use super::*;
 
 impl<S: Store> Engine<S> {
+    /// One page of the jobs `principal` may see, with ids above `after`.
+    pub(super) fn job_page(&self, principal: &Principal, after: u64, limit: usize) -> ebb_api::JobPage {
+        let mut visible = self
+            .jobs
+            .range(after.saturating_add(1)..)
+            .map(|(_, j)| j)
+            .filter(|j| principal.may_see(j.tenant));
+        let jobs: Vec<ebb_api::Job> =
+            visible.by_ref().take(limit).map(|j| self.view(j, Vec::new())).collect();
+        let next_cursor = match visible.next() {
+            Some(_) => jobs.last().map(|j| j.id),
+            None => None,
+        };
+        ebb_api::JobPage { jobs, next_cursor }
+    }
+
+    /// One job with its history, usage and its array's progress.
+    pub(super) fn job_view(&mut self, principal: &Principal, id: u64) -> Result<ebb_api::Job, Fail> {
+        self.visible(principal, id)?;
+        let events = self.store.events(id).map_err(read_error)?;
+        let usage = self.store.job_usage(id).map_err(read_error)?;
+        let mut view = self.view(&self.jobs[&id], events);
+        view.progress = self.jobs[&id].array.as_ref().map(|a| self.progress(a.id));
+        view.usage = usage.iter().map(|u| u.view(&view.tenant)).collect();
+        Ok(view)
+    }
+
+    pub(super) fn reservation_views(&self, principal: &Principal) -> Vec<ebb_api::Reservation> {
+        self.money
+            .reservations
+            .values()
+            .filter(|r| principal.may_see(r.tenant))
+            .map(|r| crate::billing::reservation_view(r, &self.tenant_name(r.tenant)))
+            .collect()
+    }
+
     pub(super) fn view(&self, job: &JobRecord, events: Vec<JobEvent>) -> ebb_api::Job {
         ebb_api::Job {
             id: job.id,
-            tenant: self.tenants.get(&job.tenant).cloned().unwrap_or_default(),
+            tenant: self.tenants.names.get(&job.tenant).cloned().unwrap_or_default(),
             name: job.spec.name.clone(),
             tier: job.tier.as_str().into(),
             gpus: job.gpus,
@@ -72,7 +108,7 @@ impl<S: Store> Engine<S> {
         let n = self.core.node(id).expect("known node");
         let status = status_name(n.status);
         let unhealthy = match n.status {
-            NodeStatus::Unhealthy => self.unhealthy.get(name).cloned(),
+            NodeStatus::Unhealthy => self.fleet.unhealthy.get(name).cloned(),
             _ => None,
         };
         ebb_api::Node {
@@ -117,4 +153,10 @@ pub(super) fn status_name(status: NodeStatus) -> &'static str {
         NodeStatus::Unhealthy => "unhealthy",
         NodeStatus::Lost => "lost",
     }
+}
+
+/// A read the store could not answer: the caller gets a 500, and the
+/// batch goes on (nothing was written).
+pub(super) fn read_error(e: StoreError) -> Fail {
+    Fail::Refused(ApiError::internal(format!("storage: {e}")))
 }
