@@ -592,6 +592,19 @@ pub struct Commands {
 pub struct Report {
     pub node: String,
     pub events: Vec<AgentEvent>,
+    /// Which report this is, so that one sent again (its reply was lost)
+    /// is applied once. Reports without it are applied as they come.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<ReportId>,
+}
+
+/// A report's identity: the agent's session (random, new each time the
+/// agent starts) and the report's number in it, from 1, each new report
+/// numbered above the last.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ReportId {
+    pub session: u64,
+    pub seq: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]

@@ -342,27 +342,29 @@ async fn job_logs(
     let deadline = tokio::time::Instant::now() + wait;
     loop {
         let p = principal.clone();
-        let (path, finished) = app.ask(|reply| Msg::LogFile { principal: p, id, reply }).await??;
-        let data = read_from(&path, q.offset).await;
+        let log = app.ask(|reply| Msg::LogFile { principal: p, id, reply }).await??;
+        let (path, finished) = (log.path, log.finished);
+        let data = read_from(&path, q.offset, log.committed).await;
         if !data.is_empty() || !q.follow || finished || tokio::time::Instant::now() >= deadline {
             let next_offset = q.offset + data.len() as u64;
             let data = String::from_utf8_lossy(&data).into_owned();
             // Finished only once everything has been read.
-            let finished = finished && read_from(&path, next_offset).await.is_empty();
+            let finished = finished && next_offset >= log.committed;
             return Ok(Json(api::LogChunk { offset: q.offset, next_offset, data, finished }));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
-async fn read_from(path: &std::path::Path, offset: u64) -> Vec<u8> {
+/// Up to 1 MiB of the log from `offset`, never past what is committed.
+async fn read_from(path: &std::path::Path, offset: u64, committed: u64) -> Vec<u8> {
     use tokio::io::{AsyncReadExt, AsyncSeekExt};
     let Ok(mut file) = tokio::fs::File::open(path).await else { return Vec::new() };
-    if file.seek(std::io::SeekFrom::Start(offset)).await.is_err() {
+    if offset >= committed || file.seek(std::io::SeekFrom::Start(offset)).await.is_err() {
         return Vec::new();
     }
     let mut data = Vec::new();
-    let _ = file.take(1 << 20).read_to_end(&mut data).await;
+    let _ = file.take((committed - offset).min(1 << 20)).read_to_end(&mut data).await;
     data
 }
 

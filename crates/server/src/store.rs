@@ -132,17 +132,17 @@ pub trait Store: Send {
     /// How much of the job's log is committed (see `LogState`).
     fn log_state(&mut self, job: u64) -> Result<Option<LogState>>;
     fn put_log_state(&mut self, job: u64, state: &LogState) -> Result<()>;
+    /// The last report applied from `node`.
+    fn last_report(&mut self, node: &str) -> Result<Option<ebb_api::ReportId>>;
+    fn put_last_report(&mut self, node: &str, id: ebb_api::ReportId) -> Result<()>;
 }
 
 /// How much of a job's output the store has taken: the committed length
-/// of its log file, and for the attempt that wrote last, how far each
-/// node's output stream has been taken. Output past `bytes` in the file
-/// is from a batch that never committed.
+/// of its log file. Output past it in the file is from a batch that never
+/// committed.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LogState {
     pub bytes: u64,
-    pub attempt: u32,
-    pub taken: std::collections::BTreeMap<String, u64>,
 }
 
 pub struct SqliteStore {
@@ -188,10 +188,11 @@ const MIGRATIONS: &[&str] = &[
     "ALTER TABLE tokens ADD COLUMN node TEXT;",
     // 3: limits the operator set for single tenants.
     "CREATE TABLE tenant_limits (tenant INTEGER PRIMARY KEY REFERENCES tenants(id), record TEXT NOT NULL);",
-    // 4: how much of each job's log is committed, and how far each node's
-    // output of the live attempt has been taken (so a retried report adds
-    // nothing twice).
+    // 4: how much of each job's log is committed.
     "CREATE TABLE logs (job INTEGER PRIMARY KEY REFERENCES jobs(id), record TEXT NOT NULL);",
+    // 5: the last report applied from each node (its agent's session and
+    // the report's number), so that a report sent again is applied once.
+    "CREATE TABLE reports (node TEXT PRIMARY KEY, session INTEGER NOT NULL, seq INTEGER NOT NULL);",
 ];
 
 /// Brings the database to the latest step of `MIGRATIONS`
@@ -373,6 +374,24 @@ impl Store for SqliteStore {
         let mut stmt =
             self.conn.prepare_cached("INSERT OR REPLACE INTO logs (job, record) VALUES (?1, ?2)")?;
         stmt.execute(params![job as i64, serde_json::to_string(state)?])?;
+        Ok(())
+    }
+
+    fn last_report(&mut self, node: &str) -> Result<Option<ebb_api::ReportId>> {
+        let mut stmt = self.conn.prepare_cached("SELECT session, seq FROM reports WHERE node = ?1")?;
+        let id = stmt
+            .query_row(params![node], |r| {
+                Ok(ebb_api::ReportId { session: r.get::<_, i64>(0)? as u64, seq: r.get::<_, i64>(1)? as u64 })
+            })
+            .optional()?;
+        Ok(id)
+    }
+
+    fn put_last_report(&mut self, node: &str, id: ebb_api::ReportId) -> Result<()> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("INSERT OR REPLACE INTO reports (node, session, seq) VALUES (?1, ?2, ?3)")?;
+        stmt.execute(params![node, id.session as i64, id.seq as i64])?;
         Ok(())
     }
 

@@ -321,7 +321,8 @@ impl World {
         if self.nodes[i].unreported.is_empty() {
             return;
         }
-        let report = Report { node: self.nodes[i].name.clone(), events: self.nodes[i].unreported.clone() };
+        let report =
+            Report { node: self.nodes[i].name.clone(), events: self.nodes[i].unreported.clone(), id: None };
         let sent = report.events.len();
         match self.call(|reply| Msg::Report { report, reply }) {
             Some(Ok(reply)) => {
@@ -405,8 +406,11 @@ impl World {
                     // batch is stored, and the agent keeps the events.
                     let i = self.now as usize % NODES;
                     let (tx, _rx) = oneshot::channel();
-                    let report =
-                        Report { node: self.nodes[i].name.clone(), events: self.nodes[i].unreported.clone() };
+                    let report = Report {
+                        node: self.nodes[i].name.clone(),
+                        events: self.nodes[i].unreported.clone(),
+                        id: None,
+                    };
                     engine.crash_during(vec![Msg::Report { report, reply: tx }], self.now);
                 } else {
                     drop(engine);

@@ -135,7 +135,7 @@ fn a_report_that_gets_through_makes_the_node_healthy_again() {
     assert!(s.poll(Some("still")).is_empty());
     assert_eq!(s.state(job), "queued");
 
-    let report = Report { node: NODE.into(), events: Vec::<AgentEvent>::new() };
+    let report = Report { node: NODE.into(), events: Vec::<AgentEvent>::new(), id: None };
     s.call(|reply| Msg::Report { report, reply }).expect("report accepted");
     assert_eq!(s.node().status, "up");
     assert_eq!(s.state(job), "starting", "the healthy node takes the queued job");
@@ -145,7 +145,7 @@ fn a_report_that_gets_through_makes_the_node_healthy_again() {
 fn a_long_poll_asking_again_does_not_undo_a_report_that_got_through() {
     let mut s = Server::start("again");
     assert!(s.poll(Some("reports failing for 30s: 503")).is_empty());
-    let report = Report { node: NODE.into(), events: Vec::<AgentEvent>::new() };
+    let report = Report { node: NODE.into(), events: Vec::<AgentEvent>::new(), id: None };
     s.call(|reply| Msg::Report { report, reply }).expect("report accepted");
     // The same long poll, woken: it says nothing of health.
     let (epoch, after) = (s.epoch, s.after);

@@ -106,7 +106,7 @@ impl World {
     }
 
     fn report(&mut self, events: Vec<AgentEvent>) {
-        let report = Report { node: "node-0".into(), events };
+        let report = Report { node: "node-0".into(), events, id: None };
         self.call(|reply| Msg::Report { report, reply }).unwrap();
     }
 

@@ -180,6 +180,18 @@ impl<S: Store> Engine<S> {
         self.heard(&node, now)?;
         // A report got through: whatever failed before does no longer.
         self.set_health(&node, None);
+        if let Some(report_id) = report.id {
+            let last = match self.fleet.reports.get(&node) {
+                Some(last) => Some(*last),
+                None => self.store.last_report(&node)?,
+            };
+            if last.is_some_and(|l| l.session == report_id.session && l.seq >= report_id.seq) {
+                tracing::debug!(node, seq = report_id.seq, "report applied before: not again");
+                return Ok(ReportReply { stale: Vec::new() });
+            }
+            self.store.put_last_report(&node, report_id)?;
+            self.fleet.reports.insert(node.clone(), report_id);
+        }
         let stale = self.apply_events(&node, report.events, now)?;
         Ok(ReportReply { stale: stale.into_iter().collect() })
     }
@@ -281,7 +293,7 @@ impl<S: Store> Engine<S> {
                 AgentEvent::Output { attempt, data } => {
                     // Only the node the attempt was placed on writes its log.
                     if self.live_on(attempt, &node) {
-                        self.append_output(&node, attempt, None, &data)?;
+                        self.append_output(attempt.job, &data)?;
                     } else {
                         stale.insert(attempt);
                     }

@@ -25,9 +25,14 @@ impl<S: Store> Engine<S> {
                 self.answer(reply, result)?;
             }
             Msg::LogFile { principal, id, reply } => {
-                let result = self
-                    .visible(&principal, id)
-                    .map(|()| (self.log_path(id), self.jobs[&id].state.is_final()));
+                let result = match self.visible(&principal, id) {
+                    Ok(()) => Ok(LogFile {
+                        path: self.log_path(id),
+                        committed: self.log_state(id)?.bytes,
+                        finished: self.jobs[&id].state.is_final(),
+                    }),
+                    Err(e) => Err(e),
+                };
                 self.answer(reply, result)?;
             }
             Msg::Nodes { reply } => {

@@ -101,6 +101,11 @@ pub struct JobRecord {
     /// Quick exits in a row of a `--restart always` job: its back-off.
     #[serde(default)]
     pub quick_exits: u32,
+    /// Its log's committed length is kept in the store (`LogState`): true
+    /// for every job since that was so; older jobs' logs are taken as
+    /// they are when first touched.
+    #[serde(default)]
+    pub log_tracked: bool,
 }
 
 /// What the server keeps of a submission once it is checked: what runs,
@@ -197,6 +202,7 @@ impl JobRecord {
             billing: None,
             waiting: None,
             quick_exits: 0,
+            log_tracked: true,
         }
     }
 }

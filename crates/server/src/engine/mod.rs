@@ -76,7 +76,7 @@ pub enum Msg {
     LogFile {
         principal: Principal,
         id: u64,
-        reply: oneshot::Sender<Result<(PathBuf, bool), ApiError>>,
+        reply: oneshot::Sender<Result<LogFile, ApiError>>,
     },
     Nodes {
         reply: oneshot::Sender<Vec<ebb_api::Node>>,
@@ -171,6 +171,14 @@ pub enum Msg {
         reply: oneshot::Sender<Result<ebb_api::OperatorReport, ApiError>>,
     },
     Tick,
+}
+
+/// Where a job's log is and how much of it may be read: what is committed.
+pub struct LogFile {
+    pub path: PathBuf,
+    pub committed: u64,
+    /// The job has ended: no more output will come.
+    pub finished: bool,
 }
 
 pub struct Poll {
@@ -296,6 +304,8 @@ struct Fleet {
     heard_since_start: BTreeSet<String>,
     /// Nodes whose agents say their reports keep failing, and why.
     unhealthy: HashMap<String, String>,
+    /// The last report applied from each node, once one came.
+    reports: HashMap<String, ebb_api::ReportId>,
 }
 
 /// Prices by model, and reservations by id.

@@ -180,6 +180,11 @@ impl<S: Store> Engine<S> {
                 tracing::error!(job = id, "not requeued: {}", e.message);
             }
         }
+        // Output of live attempts past the last commit goes, before anyone reads it.
+        let live: Vec<u64> = self.jobs.values().filter(|j| j.state.is_live()).map(|j| j.id).collect();
+        for id in live {
+            self.log_state(id)?;
+        }
         // Holds last: their victims must be back first.
         let holders: Vec<u64> = self
             .jobs

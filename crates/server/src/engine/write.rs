@@ -25,48 +25,14 @@ impl<S: Store> Engine<S> {
         self.config.data_dir.join("logs").join(format!("{id}.log"))
     }
 
-    /// Appends `node`'s output of `attempt` to the job's log. `offset` is
-    /// where `data` starts in that node's stream of the attempt: what was
-    /// taken before (a report retried after its reply was lost) is not
-    /// taken again. The length the log has after this is committed with
-    /// the batch; output past the committed length, from a batch that
-    /// never committed, is cut off before the next append.
-    pub(super) fn append_output(
-        &mut self,
-        node: &str,
-        attempt: AttemptRef,
-        offset: Option<u64>,
-        data: &str,
-    ) -> Written {
-        let id = attempt.job;
-        let mut state = match self.logs.get(&id) {
-            Some(state) => state.clone(),
-            None => {
-                let state = self.store.log_state(id)?.unwrap_or_default();
-                self.cut_uncommitted(id, state.bytes)?;
-                state
-            }
-        };
-        if state.attempt != attempt.attempt {
-            state.attempt = attempt.attempt;
-            state.taken.clear();
-        }
-        let taken = state.taken.get(node).copied().unwrap_or(0);
-        let data = match offset {
-            // Already taken, whole or in part.
-            Some(offset) if offset < taken => {
-                let skip = (taken - offset) as usize;
-                match data.get(skip..) {
-                    Some(rest) => rest,
-                    None => "",
-                }
-            }
-            _ => data,
-        };
-        let end = offset.map_or(taken, |o| o.max(taken)) + data.len() as u64;
+    /// Appends output of job `id` to its log; the length the log has
+    /// after this is committed with the batch. (A report sent again after
+    /// its reply was lost is not applied again: see `report`.)
+    pub(super) fn append_output(&mut self, id: u64, data: &str) -> Written {
         if data.is_empty() {
             return Ok(());
         }
+        let mut state = self.log_state(id)?;
         let path = self.log_path(id);
         std::fs::OpenOptions::new()
             .create(true)
@@ -75,10 +41,30 @@ impl<S: Store> Engine<S> {
             .and_then(|mut f| f.write_all(data.as_bytes()))
             .map_err(|e| StoreError(format!("job {id}: cannot append output to {}: {e}", path.display())))?;
         state.bytes += data.len() as u64;
-        state.taken.insert(node.to_string(), end);
         self.store.put_log_state(id, &state)?;
         self.logs.insert(id, state);
         Ok(())
+    }
+
+    /// How much of job `id`'s log is committed. The first time this
+    /// server looks, a log longer than that (output of a batch that never
+    /// committed) is cut back to it.
+    pub(super) fn log_state(&mut self, id: u64) -> Written<crate::store::LogState> {
+        if let Some(state) = self.logs.get(&id) {
+            return Ok(state.clone());
+        }
+        let state = match self.store.log_state(id)? {
+            Some(state) => state,
+            None if self.jobs[&id].log_tracked => Default::default(),
+            // A job from before logs were tracked: its log is as it is.
+            None => {
+                let bytes = std::fs::metadata(self.log_path(id)).map_or(0, |m| m.len());
+                crate::store::LogState { bytes, ..Default::default() }
+            }
+        };
+        self.cut_uncommitted(id, state.bytes)?;
+        self.logs.insert(id, state.clone());
+        Ok(state)
     }
 
     /// The log of job `id` is cut back to `committed` bytes if a batch

@@ -1,0 +1,96 @@
+//! A database written by an earlier release is opened, migrated and used:
+//! `fixtures/ebb-7a4d3a2.db` is what `ebb up` of commit 7a4d3a2 left after
+//! `kill -9` with two jobs done (one with output), two running after a
+//! preemption, and one queued.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use ebb_api::{EventKind, JobSubmission};
+use ebb_core::Span;
+use ebb_server::billing::Pricing;
+use ebb_server::engine::{Engine, EngineConfig, Msg};
+use ebb_server::store::{Scope, SqliteStore, Store};
+use ebb_server::Principal;
+use tokio::sync::oneshot;
+
+const NOW: u64 = 1_900_000_000_000;
+
+fn call<T>(engine: &mut Engine<SqliteStore>, make: impl FnOnce(oneshot::Sender<T>) -> Msg) -> T {
+    let (tx, mut rx) = oneshot::channel();
+    engine.batch(vec![make(tx)], NOW).unwrap();
+    rx.try_recv().expect("answered")
+}
+
+#[test]
+fn a_database_written_by_the_release_before_is_migrated_and_everything_in_it_kept() {
+    let dir = std::env::temp_dir().join(format!("ebb-migrate-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("logs")).unwrap();
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    std::fs::copy(fixtures.join("ebb-7a4d3a2.db"), dir.join("ebb.db")).unwrap();
+    std::fs::copy(fixtures.join("ebb-7a4d3a2-1.log"), dir.join("logs/1.log")).unwrap();
+    let config = EngineConfig {
+        data_dir: dir.clone(),
+        drain_window: Span(300_000),
+        heartbeat_timeout: Span(10_000),
+        heartbeat_interval: Span(500),
+        pricing: Pricing { prices: Vec::new(), default_price: 2_000_000, discount_bps: 5_000 },
+        limits: Default::default(),
+        run_as: Default::default(),
+        max_clock_skew: Span(5_000),
+    };
+    let mut store = SqliteStore::open(&dir.join("ebb.db")).unwrap();
+    let usage = store.usage(None, 0, u64::MAX).unwrap();
+    assert_eq!(usage.len(), 4, "every usage record is kept");
+    let tokens = Arc::new(RwLock::new(HashMap::new()));
+    let (mut engine, created) =
+        Engine::open(store, config.clone(), tokens.clone(), NOW).map_err(|e| e.message).unwrap();
+    assert!(created.is_empty(), "no new tokens for a database that has them");
+    let admin = Principal::tenant(Scope::Admin, 1, "default");
+
+    let page = call(&mut engine, |reply| Msg::Jobs { principal: admin.clone(), after: 0, limit: 10, reply });
+    let states: Vec<(u64, &str, u32, u32)> =
+        page.jobs.iter().map(|j| (j.id, j.state.as_str(), j.attempt, j.preemptions)).collect();
+    assert_eq!(
+        states,
+        vec![
+            (1, "succeeded", 1, 0),
+            (2, "running", 2, 1),
+            (3, "running", 2, 1),
+            (4, "succeeded", 1, 0),
+            (5, "queued", 0, 0),
+        ]
+    );
+    let victim = call(&mut engine, |reply| Msg::Job { principal: admin.clone(), id: 2, reply }).unwrap();
+    let kinds: Vec<EventKind> = victim.events.iter().map(|e| e.kind).collect();
+    assert!(kinds.starts_with(&[
+        EventKind::Submitted,
+        EventKind::Placed,
+        EventKind::Started,
+        EventKind::DrainNotice
+    ]));
+    assert!(kinds.contains(&EventKind::Requeued));
+    assert_eq!(victim.usage.len(), 1, "the preempted attempt's record");
+
+    // The log of a job from before logs were tracked is read whole.
+    let log = call(&mut engine, |reply| Msg::LogFile { principal: admin.clone(), id: 1, reply }).unwrap();
+    assert_eq!(log.committed, "hello from the old main\n".len() as u64);
+
+    // It goes on: new jobs get the next ids.
+    let spec = JobSubmission { argv: vec!["true".into()], ..Default::default() };
+    let ids = call(&mut engine, |reply| Msg::Submit { principal: admin.clone(), spec, reply }).unwrap();
+    assert_eq!(ids, vec![6]);
+    drop(engine);
+
+    // At the latest schema step; opening again changes nothing.
+    let conn = rusqlite::Connection::open(dir.join("ebb.db")).unwrap();
+    let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0)).unwrap();
+    assert_eq!(version, 5);
+    drop(conn);
+    let store = SqliteStore::open(&dir.join("ebb.db")).unwrap();
+    let (mut engine, _) = Engine::open(store, config, tokens, NOW).map_err(|e| e.message).unwrap();
+    let page = call(&mut engine, |reply| Msg::Jobs { principal: admin.clone(), after: 0, limit: 10, reply });
+    assert_eq!(page.jobs.len(), 6);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,478 @@
+//! The writer's durability contract, driven directly: a `TestEnv` owns an
+//! `Engine` over a store that can be told to fail one write, and speaks for
+//! fake agents (register, poll, report) as `ebb agent` does. Each test
+//! drives batches at explicit instants and reopens the store as a
+//! restarted server would.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+
+use ebb_api::{
+    Action, AgentEvent, AttemptRef, EventKind, JobEvent, JobSubmission, Register, Report, ReportId,
+};
+use ebb_core::Span;
+use ebb_server::billing::Pricing;
+use ebb_server::engine::{Engine, EngineConfig, Msg};
+use ebb_server::store::{
+    LogState, NodeRow, PriceRow, ReservationRow, Scope, Snapshot, SqliteStore, Store, StoreError, TenantRow,
+    TokenRow, UsageRow,
+};
+use ebb_server::Principal;
+use serde::{Deserialize, Serialize};
+use tokio::sync::oneshot;
+
+/// An instant far from the wall clock of any machine running this.
+const T0: u64 = 1_900_000_000_000;
+
+/// A store that fails the `n`-th call (from 1) of one write once armed.
+struct Faulty {
+    inner: SqliteStore,
+    armed: Arc<Mutex<Option<(&'static str, u32)>>>,
+}
+
+impl Faulty {
+    fn trip(&self, op: &'static str) -> Result<(), StoreError> {
+        let mut armed = self.armed.lock().unwrap();
+        match &mut *armed {
+            Some((name, n)) if *name == op => {
+                *n -= 1;
+                if *n == 0 {
+                    *armed = None;
+                    return Err(StoreError(format!("injected failure of {op}")));
+                }
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Store for Faulty {
+    fn begin(&mut self) -> Result<(), StoreError> {
+        self.inner.begin()
+    }
+    fn commit(&mut self) -> Result<(), StoreError> {
+        self.trip("commit")?;
+        self.inner.commit()
+    }
+    fn rollback(&mut self) -> Result<(), StoreError> {
+        self.inner.rollback()
+    }
+    fn load<J: for<'de> Deserialize<'de>>(&mut self) -> Result<Snapshot<J>, StoreError> {
+        self.inner.load()
+    }
+    fn put_tenant(&mut self, tenant: &TenantRow) -> Result<(), StoreError> {
+        self.trip("put_tenant")?;
+        self.inner.put_tenant(tenant)
+    }
+    fn put_token(&mut self, token: &TokenRow) -> Result<(), StoreError> {
+        self.trip("put_token")?;
+        self.inner.put_token(token)
+    }
+    fn delete_token(&mut self, hash: &str) -> Result<(), StoreError> {
+        self.trip("delete_token")?;
+        self.inner.delete_token(hash)
+    }
+    fn put_node(&mut self, node: &NodeRow) -> Result<(), StoreError> {
+        self.trip("put_node")?;
+        self.inner.put_node(node)
+    }
+    fn put_job<J: Serialize>(&mut self, id: u64, tenant: u32, job: &J) -> Result<(), StoreError> {
+        self.trip("put_job")?;
+        self.inner.put_job(id, tenant, job)
+    }
+    fn add_event(&mut self, job: u64, event: &JobEvent) -> Result<(), StoreError> {
+        self.trip("add_event")?;
+        self.inner.add_event(job, event)
+    }
+    fn events(&mut self, job: u64) -> Result<Vec<JobEvent>, StoreError> {
+        self.inner.events(job)
+    }
+    fn max_job_id(&mut self) -> Result<u64, StoreError> {
+        self.inner.max_job_id()
+    }
+    fn heard(&mut self, node: &str, at_ms: u64) -> Result<(), StoreError> {
+        self.trip("heard")?;
+        self.inner.heard(node, at_ms)
+    }
+    fn put_price(&mut self, price: &PriceRow) -> Result<(), StoreError> {
+        self.trip("put_price")?;
+        self.inner.put_price(price)
+    }
+    fn put_reservation(&mut self, reservation: &ReservationRow) -> Result<(), StoreError> {
+        self.trip("put_reservation")?;
+        self.inner.put_reservation(reservation)
+    }
+    fn delete_reservation(&mut self, id: u64) -> Result<(), StoreError> {
+        self.trip("delete_reservation")?;
+        self.inner.delete_reservation(id)
+    }
+    fn add_usage(&mut self, usage: &UsageRow) -> Result<(), StoreError> {
+        self.trip("add_usage")?;
+        self.inner.add_usage(usage)
+    }
+    fn usage(&mut self, tenant: Option<u32>, from_ms: u64, to_ms: u64) -> Result<Vec<UsageRow>, StoreError> {
+        self.inner.usage(tenant, from_ms, to_ms)
+    }
+    fn job_usage(&mut self, job: u64) -> Result<Vec<UsageRow>, StoreError> {
+        self.inner.job_usage(job)
+    }
+    fn put_tenant_limits(&mut self, tenant: u32, limits: &ebb_api::TenantLimits) -> Result<(), StoreError> {
+        self.trip("put_tenant_limits")?;
+        self.inner.put_tenant_limits(tenant, limits)
+    }
+    fn last_report(&mut self, node: &str) -> Result<Option<ReportId>, StoreError> {
+        self.inner.last_report(node)
+    }
+    fn put_last_report(&mut self, node: &str, id: ReportId) -> Result<(), StoreError> {
+        self.trip("put_last_report")?;
+        self.inner.put_last_report(node, id)
+    }
+    fn log_state(&mut self, job: u64) -> Result<Option<LogState>, StoreError> {
+        self.inner.log_state(job)
+    }
+    fn put_log_state(&mut self, job: u64, state: &LogState) -> Result<(), StoreError> {
+        self.trip("put_log_state")?;
+        self.inner.put_log_state(job, state)
+    }
+}
+
+/// One fake agent's view of its command stream.
+struct Agent {
+    epoch: u64,
+    after: u64,
+}
+
+/// The writer, its store's directory and the fake agents.
+struct TestEnv {
+    dir: PathBuf,
+    engine: Option<Engine<Faulty>>,
+    armed: Arc<Mutex<Option<(&'static str, u32)>>>,
+    agents: BTreeMap<String, Agent>,
+    admin: Principal,
+    now: u64,
+}
+
+fn config(dir: &Path) -> EngineConfig {
+    EngineConfig {
+        data_dir: dir.to_path_buf(),
+        drain_window: Span(3_000),
+        heartbeat_timeout: Span(60_000),
+        heartbeat_interval: Span(500),
+        pricing: Pricing { prices: Vec::new(), default_price: 3_600_000, discount_bps: 5_000 },
+        limits: Default::default(),
+        run_as: Default::default(),
+        max_clock_skew: Span(5_000),
+    }
+}
+
+impl TestEnv {
+    fn new(name: &str) -> TestEnv {
+        let dir = std::env::temp_dir().join(format!("ebb-writer-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("logs")).unwrap();
+        let mut env = TestEnv {
+            dir,
+            engine: None,
+            armed: Arc::new(Mutex::new(None)),
+            agents: BTreeMap::new(),
+            admin: Principal::tenant(Scope::Admin, 1, "default"),
+            now: T0,
+        };
+        env.restart();
+        env
+    }
+
+    /// A fresh writer over the same database, as after `kill -9`: the
+    /// agents must register again.
+    fn restart(&mut self) {
+        self.engine = None;
+        let inner = SqliteStore::open(&self.dir.join("ebb.db")).unwrap();
+        let store = Faulty { inner, armed: self.armed.clone() };
+        let tokens = Arc::new(RwLock::new(HashMap::new()));
+        let (engine, _) =
+            Engine::open(store, config(&self.dir), tokens, self.now).map_err(|e| e.message).unwrap();
+        self.engine = Some(engine);
+    }
+
+    fn engine(&mut self) -> &mut Engine<Faulty> {
+        self.engine.as_mut().expect("running")
+    }
+
+    /// Fails the `n`-th `op` from now on.
+    fn fail(&self, op: &'static str, n: u32) {
+        *self.armed.lock().unwrap() = Some((op, n));
+    }
+
+    /// One batch of one message, answered.
+    fn call<T>(&mut self, make: impl FnOnce(oneshot::Sender<T>) -> Msg) -> T {
+        let (tx, mut rx) = oneshot::channel();
+        let now = self.now;
+        self.engine().batch(vec![make(tx)], now).unwrap();
+        rx.try_recv().expect("answered after the commit")
+    }
+
+    fn register(&mut self, node: &str, running: Vec<AttemptRef>, unreported: Vec<AgentEvent>) {
+        let reg = Register {
+            node: node.into(),
+            gpu_model: "H100".into(),
+            gpus: 8,
+            labels: BTreeMap::new(),
+            running,
+            address: None,
+            unreported,
+        };
+        // The join token the first time; the node's own credential after.
+        let principal = match self.agents.contains_key(node) {
+            true => Principal::node(node),
+            false => Principal::join(),
+        };
+        let registered = self.call(|reply| Msg::Register { principal, reg, reply }).unwrap();
+        self.agents.insert(node.into(), Agent { epoch: registered.epoch, after: registered.next_seq });
+    }
+
+    /// One poll of `node`'s stream: the attempts it is told to start.
+    fn poll(&mut self, node: &str) -> Vec<AttemptRef> {
+        let agent = &self.agents[node];
+        let (epoch, after) = (agent.epoch, agent.after);
+        let node_name = node.to_string();
+        let poll = self
+            .call(|reply| Msg::Poll { node: node_name, epoch, after, health: None, reply })
+            .expect("polled");
+        let mut starts = Vec::new();
+        for command in poll.commands {
+            self.agents.get_mut(node).unwrap().after = command.seq;
+            if let Action::Start(s) = command.action {
+                starts.push(s.attempt);
+            }
+        }
+        starts
+    }
+
+    fn report_msg(
+        node: &str,
+        events: Vec<AgentEvent>,
+    ) -> (Msg, oneshot::Receiver<Result<ebb_api::ReportReply, ebb_server::ApiError>>) {
+        let (reply, rx) = oneshot::channel();
+        (Msg::Report { report: Report { node: node.into(), events, id: None }, reply }, rx)
+    }
+
+    fn report(&mut self, node: &str, events: Vec<AgentEvent>) {
+        self.report_as(node, events, None);
+    }
+
+    fn report_as(&mut self, node: &str, events: Vec<AgentEvent>, id: Option<ReportId>) {
+        let report = Report { node: node.into(), events, id };
+        self.call(|reply| Msg::Report { report, reply }).expect("report taken");
+    }
+
+    fn submit_msg(&self, gpus: u32) -> (Msg, oneshot::Receiver<Result<Vec<u64>, ebb_server::ApiError>>) {
+        let (reply, rx) = oneshot::channel();
+        let spec = JobSubmission { gpus: Some(gpus), argv: vec!["work".into()], ..Default::default() };
+        (Msg::Submit { principal: self.admin.clone(), spec, reply }, rx)
+    }
+
+    fn submit(&mut self, gpus: u32) -> u64 {
+        let (msg, mut rx) = self.submit_msg(gpus);
+        let now = self.now;
+        self.engine().batch(vec![msg], now).unwrap();
+        rx.try_recv().unwrap().unwrap()[0]
+    }
+
+    fn job(&mut self, id: u64) -> Result<ebb_api::Job, ebb_server::ApiError> {
+        let principal = self.admin.clone();
+        self.call(|reply| Msg::Job { principal, id, reply })
+    }
+
+    fn jobs(&mut self) -> Vec<u64> {
+        let principal = self.admin.clone();
+        let page = self.call(|reply| Msg::Jobs { principal, after: 0, limit: 1000, reply });
+        page.jobs.iter().map(|j| j.id).collect()
+    }
+
+    /// A job submitted, placed on `node` and reported started at `now`.
+    fn running(&mut self, node: &str) -> AttemptRef {
+        let id = self.submit(2);
+        let starts = self.poll(node);
+        let attempt = *starts.iter().find(|a| a.job == id).expect("placed");
+        let at_ms = self.now;
+        self.report(node, vec![AgentEvent::Started { attempt, pid: 4242, at_ms }]);
+        attempt
+    }
+
+    fn log(&self, id: u64) -> String {
+        std::fs::read_to_string(self.dir.join("logs").join(format!("{id}.log"))).unwrap_or_default()
+    }
+
+    fn usage(&self, id: u64) -> Vec<UsageRow> {
+        SqliteStore::open(&self.dir.join("ebb.db")).unwrap().job_usage(id).unwrap()
+    }
+}
+
+fn exited(attempt: AttemptRef, code: i32, at_ms: u64) -> AgentEvent {
+    AgentEvent::Exited {
+        attempt,
+        code: Some(code),
+        signal: None,
+        completed: false,
+        at_ms,
+        peak_memory_bytes: None,
+    }
+}
+
+/// Every write the writer makes, each failed in turn inside a batch that
+/// makes it: the batch commits nothing, answers nobody, and the restarted
+/// writer holds exactly what the last commit held; the agent's retry then
+/// goes through whole.
+#[test]
+fn a_store_error_mid_batch_commits_and_answers_nothing_and_the_restarted_server_is_consistent() {
+    for (op, n) in [("put_job", 2), ("add_event", 2), ("heard", 1), ("add_usage", 1), ("put_log_state", 1)] {
+        let mut env = TestEnv::new(&format!("fail-{op}"));
+        env.register("a", Vec::new(), Vec::new());
+        let attempt = env.running("a");
+        env.now += 60_000;
+
+        // One batch: a submission, a read, and the report of the running
+        // job's exit with its output.
+        let (submit, mut submitted) = env.submit_msg(1);
+        let (read_tx, mut read) = oneshot::channel();
+        let jobs = Msg::Jobs { principal: env.admin.clone(), after: 0, limit: 100, reply: read_tx };
+        let events = vec![AgentEvent::Output { attempt, data: "done\n".into() }, exited(attempt, 0, env.now)];
+        let (report, mut reported) = TestEnv::report_msg("a", events.clone());
+        env.fail(op, n);
+        let now = env.now;
+        let result = env.engine().batch(vec![submit, jobs, report], now);
+        assert!(result.is_err(), "{op}: a failed write must fail the batch");
+        assert!(submitted.try_recv().is_err(), "{op}: a submission was acknowledged");
+        assert!(read.try_recv().is_err(), "{op}: a read was answered");
+        assert!(reported.try_recv().is_err(), "{op}: a report was acknowledged");
+
+        // The restarted writer has what the last commit had: one running job.
+        env.restart();
+        assert_eq!(env.jobs(), vec![attempt.job], "{op}");
+        assert_eq!(env.job(attempt.job).unwrap().state, "running", "{op}");
+        assert!(env.usage(attempt.job).is_empty(), "{op}: usage of an abandoned batch");
+        assert_eq!(env.log(attempt.job), "", "{op}: output of an abandoned batch");
+
+        // The agent registers again and delivers what it still holds.
+        env.register("a", vec![attempt], Vec::new());
+        env.report("a", events);
+        assert_eq!(env.job(attempt.job).unwrap().state, "succeeded", "{op}");
+        assert_eq!(env.usage(attempt.job).len(), 1, "{op}");
+        assert_eq!(env.log(attempt.job), "done\n", "{op}");
+    }
+}
+
+/// A read in the same batch as a submission sees it, and is answered only
+/// once it is committed: when the batch dies before its commit, the read
+/// is never answered.
+#[test]
+fn a_read_issued_in_the_batch_of_a_submission_is_answered_only_after_its_commit() {
+    let mut env = TestEnv::new("read");
+    let (submit, mut submitted) = env.submit_msg(1);
+    let (tx, mut read) = oneshot::channel();
+    let jobs = Msg::Jobs { principal: env.admin.clone(), after: 0, limit: 100, reply: tx };
+    let (tx, mut one) = oneshot::channel();
+    let job = Msg::Job { principal: env.admin.clone(), id: 1, reply: tx };
+    let now = env.now;
+    env.engine.take().unwrap().crash_during(vec![submit, jobs, job], now);
+    assert!(submitted.try_recv().is_err());
+    assert!(read.try_recv().is_err(), "a read showed a job that was never committed");
+    assert!(one.try_recv().is_err(), "a read showed a job that was never committed");
+
+    env.restart();
+    assert!(env.jobs().is_empty());
+    let (submit, mut submitted) = env.submit_msg(1);
+    let (tx, mut read) = oneshot::channel();
+    let jobs = Msg::Jobs { principal: env.admin.clone(), after: 0, limit: 100, reply: tx };
+    env.engine().batch(vec![submit, jobs], now).unwrap();
+    let id = submitted.try_recv().unwrap().unwrap()[0];
+    assert_eq!(read.try_recv().unwrap().jobs.iter().map(|j| j.id).collect::<Vec<_>>(), vec![id]);
+}
+
+/// Every event written in a batch carries the batch's instant, never the
+/// wall clock.
+#[test]
+fn every_event_of_a_batch_is_stamped_with_the_batchs_instant() {
+    let mut env = TestEnv::new("clock");
+    env.register("a", Vec::new(), Vec::new());
+    let attempt = env.running("a");
+    env.now += 1_234;
+    let at = env.now;
+    env.report("a", vec![exited(attempt, 0, at)]);
+    let events = env.job(attempt.job).unwrap().events;
+    let stamps: Vec<(EventKind, u64)> = events.iter().map(|e| (e.kind, e.at_ms)).collect();
+    assert_eq!(
+        stamps,
+        vec![
+            (EventKind::Submitted, T0),
+            (EventKind::Placed, T0),
+            (EventKind::Started, T0),
+            (EventKind::Exited, at),
+            (EventKind::Succeeded, at),
+        ]
+    );
+}
+
+/// A restarted server that cannot put a live attempt back (its node is
+/// gone from the store) ends it as lost, and meters it to the node's last
+/// contact, as any attempt lost with its node is.
+#[test]
+fn recovery_meters_the_attempts_it_ends() {
+    let mut env = TestEnv::new("recovery");
+    env.register("a", Vec::new(), Vec::new());
+    let attempt = env.running("a");
+    env.now += 30_000;
+    env.poll("a"); // last contact
+    let heard = env.now;
+    env.engine = None;
+    let db = rusqlite::Connection::open(env.dir.join("ebb.db")).unwrap();
+    db.execute("DELETE FROM nodes WHERE name = 'a'", []).unwrap();
+    drop(db);
+    env.now += 600_000;
+    env.restart();
+
+    let job = env.job(attempt.job).unwrap();
+    assert_eq!(job.state, "queued");
+    let usage = env.usage(attempt.job);
+    assert_eq!(usage.len(), 1, "the attempt recovery ended was not metered");
+    assert_eq!((usage[0].started_ms, usage[0].ended_ms), (T0, heard));
+    assert_eq!(usage[0].outcome, "lost");
+    let requeued = job.events.iter().find(|e| e.kind == EventKind::Requeued).expect("requeued");
+    assert!(requeued.detail["why"].as_str().unwrap().starts_with("server restart"), "{}", requeued.detail);
+    assert_eq!(requeued.at_ms, env.now);
+}
+
+/// A report sent again because its reply was lost (the server committed
+/// it) is applied once: its output is in the log once and its checkpoint
+/// counts once, also after a restart of the server. A new session of the
+/// agent numbers its reports afresh.
+#[test]
+fn a_report_sent_again_adds_its_output_and_checkpoint_once() {
+    let mut env = TestEnv::new("resend");
+    env.register("a", Vec::new(), Vec::new());
+    let attempt = env.running("a");
+    let at_ms = env.now;
+    let events = vec![
+        AgentEvent::Output { attempt, data: "step 1\n".into() },
+        AgentEvent::Checkpoint { attempt, step: Some(1), bytes: Some(10), duration_ms: 100, at_ms },
+    ];
+    let first = ReportId { session: 77, seq: 1 };
+    env.report_as("a", events.clone(), Some(first));
+    env.report_as("a", events.clone(), Some(first));
+    env.restart();
+    env.register("a", vec![attempt], Vec::new());
+    env.report_as("a", events.clone(), Some(first));
+    assert_eq!(env.log(attempt.job), "step 1\n");
+    let checkpoints =
+        env.job(attempt.job).unwrap().events.iter().filter(|e| e.kind == EventKind::Checkpoint).count();
+    assert_eq!(checkpoints, 1);
+
+    let next = vec![AgentEvent::Output { attempt, data: "step 2\n".into() }];
+    env.report_as("a", next, Some(ReportId { session: 77, seq: 2 }));
+    // The agent restarted: a new session starts again from 1.
+    let again = vec![AgentEvent::Output { attempt, data: "step 3\n".into() }];
+    env.report_as("a", again, Some(ReportId { session: 78, seq: 1 }));
+    assert_eq!(env.log(attempt.job), "step 1\nstep 2\nstep 3\n");
+}
