@@ -18,7 +18,7 @@ No required dependencies. PyTorch and Hugging Face helpers live in
 use those libraries.
 """
 
-from ._env import attempt, checkpoint_interval, in_ebb, job_id, params, task_count, task_index
+from ._env import attempt, checkpoint_interval, in_ebb, job_id, params, rank, task_count, task_index, world_size
 from .checkpoint import Checkpoint, CheckpointManager, complete, exit_now, report_checkpoint
 from .drain import DrainWatcher, Notice, drain_requested, notice, on_drain, watcher
 
@@ -37,10 +37,12 @@ __all__ = [
     "notice",
     "on_drain",
     "params",
+    "rank",
     "report_checkpoint",
     "task_count",
     "task_index",
     "watcher",
+    "world_size",
 ]
 
 __version__ = "0.1.0"

@@ -42,3 +42,25 @@ def checkpoint_interval() -> Optional[float]:
     (`EBB_CHECKPOINT_INTERVAL_S`, Young/Daly), or None outside Ebb."""
     value = os.environ.get("EBB_CHECKPOINT_INTERVAL_S")
     return float(value) if value else None
+
+
+def rank() -> int:
+    """This process's rank in its gang; 0 outside one. `RANK` where a
+    launcher such as torchrun started one process per GPU; without it,
+    `NODE_RANK`, for a command that Ebb started once on each node."""
+    value = os.environ.get("RANK")
+    if value:
+        return int(value)
+    value = os.environ.get("NODE_RANK")
+    return int(value) if value and os.environ.get("NNODES") else 0
+
+
+def world_size() -> int:
+    """How many ranks the gang has; 1 outside one. `WORLD_SIZE` where
+    `RANK` is set; without `RANK`, `NNODES`, one process per node (Ebb's
+    own `WORLD_SIZE` counts GPUs, not the processes it started)."""
+    if os.environ.get("RANK"):
+        value = os.environ.get("WORLD_SIZE")
+        return int(value) if value else 1
+    value = os.environ.get("NNODES")
+    return int(value) if value and os.environ.get("NODE_RANK") else 1

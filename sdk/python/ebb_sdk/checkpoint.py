@@ -3,7 +3,12 @@ attempts: write to a temporary file, fsync, rename, fsync the directory;
 keep the last K; report each to the attempt's endpoint so Ebb can pick
 victims by it and account lost work; find the latest complete one on
 resume. And the completion marker, so that an exit during a drain is not
-mistaken for success."""
+mistaken for success.
+
+In a gang every rank shares the one directory. Each rank writes its own
+part of a step, and a step is complete only once every rank's part is
+there: a resume never pairs one rank's new state with another's missing
+or older one. A rank deletes only files it wrote itself."""
 
 import json
 import os
@@ -12,15 +17,20 @@ import signal
 import sys
 import time
 import urllib.request
-from typing import Any, BinaryIO, Callable, List, NamedTuple, Optional, Union
+from typing import Any, BinaryIO, Callable, Dict, List, NamedTuple, Optional, Tuple, Union
 
 from . import drain
 from ._env import checkpoint_interval, in_ebb
+from ._env import rank as _env_rank
+from ._env import world_size as _env_world_size
 
 Writer = Union[bytes, Callable[[BinaryIO], Any]]
 
 
 class Checkpoint(NamedTuple):
+    """A complete step, and the file this process reads it from: its own
+    part in a gang, the step's single file otherwise."""
+
     step: int
     path: str
 
@@ -91,6 +101,26 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+_PREFIX = r"[A-Za-z0-9_.]+"
+# A step written by one process: `ckpt-000000001200.ckpt`.
+_WHOLE = re.compile(rf"^(?P<prefix>{_PREFIX})-(?P<step>\d{{12}})\.ckpt$")
+# One rank's part of a step: `ckpt-000000001200.rank00003-of-00016.ckpt`.
+_PART = re.compile(rf"^(?P<prefix>{_PREFIX})-(?P<step>\d{{12}})\.rank(?P<rank>\d+)-of-(?P<world>\d+)\.ckpt$")
+# A write in progress, or cut short: `.<final name>.tmp-<pid>`.
+_TEMPORARY = re.compile(r"^\.(?P<final>.+)\.tmp-\d+$")
+# Claimed by the rank that reports a gang's step: `.ckpt-000000001200.reported-<attempt>`.
+_REPORTED = re.compile(rf"^\.(?P<prefix>{_PREFIX})-(?P<step>\d{{12}})\.reported-\d+$")
+
+
+class _Listing(NamedTuple):
+    """The directory's files of one prefix, by kind."""
+
+    whole: Dict[int, str]  # step -> path
+    parts: Dict[int, Dict[Tuple[int, int], str]]  # step -> (world, rank) -> path
+    reported: List[Tuple[int, str]]  # (step, path)
+    temporaries: List[Tuple[str, str]]  # (final name, path)
+
+
 class CheckpointManager:
     """Checkpoints named `<prefix>-<step>.ckpt` in `directory` (default
     `$EBB_CHECKPOINT_DIR`, or `./checkpoints` outside Ebb).
@@ -99,9 +129,15 @@ class CheckpointManager:
     file object (`lambda f: torch.save(state, f)`, `lambda f: np.savez(f,
     ...)`). A file is visible under its final name only once it is complete
     and on disk, so `latest()` never returns a torn checkpoint.
-    """
 
-    _NAME = re.compile(r"^(?P<prefix>.+)-(?P<step>\d{12})\.ckpt$")
+    In a gang (`world_size` above 1; by default from `RANK` and
+    `WORLD_SIZE`, see `ebb_sdk.rank()`), each rank saves its own part,
+    `<prefix>-<step>.rank<R>-of-<N>.ckpt`, and a step counts only once all
+    N parts exist; every rank then resumes from the same step, each from
+    its own part. Where one rank alone saves (ranks that hold the same
+    state), give that rank's manager `world_size=1`: it writes whole steps,
+    which every rank's manager reads.
+    """
 
     def __init__(
         self,
@@ -110,11 +146,19 @@ class CheckpointManager:
         prefix: str = "ckpt",
         interval: Optional[float] = None,
         report: bool = True,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
     ):
         if keep < 1:
             raise ValueError("keep must be at least 1")
-        if not re.fullmatch(r"[A-Za-z0-9_.]+", prefix):
+        if not re.fullmatch(_PREFIX, prefix):
             raise ValueError(f"prefix {prefix!r}: letters, digits, '_' and '.' only")
+        self.world_size = _env_world_size() if world_size is None else world_size
+        self.rank = _env_rank() if rank is None else rank
+        if self.world_size < 1:
+            raise ValueError(f"world_size must be at least 1, got {self.world_size}")
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank}: must be between 0 and world_size - 1 ({self.world_size - 1})")
         self.directory = directory or os.environ.get("EBB_CHECKPOINT_DIR") or "checkpoints"
         os.makedirs(self.directory, exist_ok=True)
         self.keep = keep
@@ -125,14 +169,20 @@ class CheckpointManager:
         self._last_save = time.monotonic()
         # The drain signal's handler goes in now, on the main thread.
         self.watcher = drain.watcher()
-        self._clean_temporaries()
+        self._clean_leftovers()
 
     def path_for(self, step: int) -> str:
-        return os.path.join(self.directory, f"{self.prefix}-{step:012d}.ckpt")
+        """The file this process writes for `step`."""
+        if self.world_size == 1:
+            name = f"{self.prefix}-{step:012d}.ckpt"
+        else:
+            name = f"{self.prefix}-{step:012d}.rank{self.rank:05d}-of-{self.world_size:05d}.ckpt"
+        return os.path.join(self.directory, name)
 
     def save(self, step: int, data: Writer) -> str:
-        """Writes checkpoint `step` atomically, keeps the last K, reports it.
-        Returns its path."""
+        """Writes checkpoint `step` (this rank's part of it, in a gang)
+        atomically, keeps the last K complete steps, reports the step once
+        it is complete. Returns the path written."""
         if step < 0:
             raise ValueError("step must be non-negative")
         started = time.monotonic()
@@ -159,17 +209,15 @@ class CheckpointManager:
         self._last_save = time.monotonic()
         self._prune()
         if self.report:
-            report_checkpoint(step, os.path.getsize(final), seconds)
+            if self.world_size == 1:
+                report_checkpoint(step, os.path.getsize(final), seconds)
+            else:
+                self._report_if_complete(step, seconds)
         return final
 
     def checkpoints(self) -> List[Checkpoint]:
         """Complete checkpoints, oldest first."""
-        found = []
-        for name in os.listdir(self.directory):
-            m = self._NAME.match(name)
-            if m and m.group("prefix") == self.prefix:
-                found.append(Checkpoint(int(m.group("step")), os.path.join(self.directory, name)))
-        return sorted(found)
+        return [Checkpoint(step, path) for step, path in sorted(self._complete(self._list()).items())]
 
     def latest(self) -> Optional[Checkpoint]:
         """The newest complete checkpoint, or None on a first start."""
@@ -186,7 +234,9 @@ class CheckpointManager:
 
     def should_save(self) -> bool:
         """True when a drain was requested, or the periodic interval has
-        passed since the last save."""
+        passed since the last save. In a gang, ranks see the notice at
+        slightly different moments: agree across ranks before saving (say,
+        an all-reduce of this flag) so that every rank saves the same step."""
         if self.watcher.drain_requested():
             return True
         return self.interval is not None and time.monotonic() - self._last_save >= self.interval
@@ -194,18 +244,134 @@ class CheckpointManager:
     def drain_requested(self) -> bool:
         return self.watcher.drain_requested()
 
+    # -- the directory ----------------------------------------------------
+
+    def _list(self) -> _Listing:
+        listing = _Listing({}, {}, [], [])
+        for name in os.listdir(self.directory):
+            path = os.path.join(self.directory, name)
+            m = _WHOLE.match(name)
+            if m and m.group("prefix") == self.prefix:
+                listing.whole[int(m.group("step"))] = path
+                continue
+            m = _PART.match(name)
+            if m and m.group("prefix") == self.prefix:
+                key = (int(m.group("world")), int(m.group("rank")))
+                listing.parts.setdefault(int(m.group("step")), {})[key] = path
+                continue
+            m = _REPORTED.match(name)
+            if m and m.group("prefix") == self.prefix:
+                listing.reported.append((int(m.group("step")), path))
+                continue
+            m = _TEMPORARY.match(name)
+            if m:
+                listing.temporaries.append((m.group("final"), path))
+        return listing
+
+    def _complete(self, listing: _Listing) -> Dict[int, str]:
+        """Complete steps and the file this process reads each from. A
+        whole step serves every rank; in a gang, a step of parts is complete
+        when every rank of this world has its part there."""
+        found = dict(listing.whole)
+        if self.world_size > 1:
+            for step, parts in listing.parts.items():
+                if all((self.world_size, r) in parts for r in range(self.world_size)):
+                    found[step] = parts[(self.world_size, self.rank)]
+        return found
+
+    def _owns(self, name: str) -> bool:
+        """Whether `name` is a checkpoint file this process writes: whole
+        steps with `world_size=1`, this rank's parts otherwise."""
+        if self.world_size == 1:
+            m = _WHOLE.match(name)
+            return bool(m) and m.group("prefix") == self.prefix
+        m = _PART.match(name)
+        return bool(m) and m.group("prefix") == self.prefix and int(m.group("rank")) == self.rank
+
+    def _report_if_complete(self, step: int, seconds: float) -> None:
+        """Reports a gang's step once, when it is complete: Ebb counts each
+        report as one checkpoint of the job and dates its lost work from
+        it. The rank that finds the step complete after saving its part
+        claims the report with a marker file created exclusively, so two
+        ranks finishing together do not both report it."""
+        if not in_ebb() or not os.environ.get("EBB_METADATA_URL"):
+            return
+        parts = self._list().parts.get(step, {})
+        paths = [parts.get((self.world_size, r)) for r in range(self.world_size)]
+        if None in paths:
+            return  # a rank is still writing its part: that rank reports
+        try:
+            size = sum(os.path.getsize(p) for p in paths)
+        except OSError:
+            return
+        attempt = os.environ.get("EBB_ATTEMPT")
+        marker = os.path.join(self.directory, f".{self.prefix}-{step:012d}.reported-{attempt}")
+        try:
+            os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        except FileExistsError:
+            return  # another rank reported it
+        except OSError as e:
+            print(f"ebb_sdk: checkpoint report marker not written: {e}", file=sys.stderr)
+        report_checkpoint(step, size, seconds)
+
     def _prune(self) -> None:
-        for old in self.checkpoints()[: -self.keep]:
+        """Keeps the newest K complete steps. A process deletes only files
+        it writes itself, and rank 0 also the report markers and whole-step
+        files of steps it no longer keeps; never a temporary, which may be
+        another rank's write in progress. A rank's part of a step older than
+        the newest complete one that never became complete goes too: every
+        rank saves its steps in order, so no rank will add its part now."""
+        listing = self._list()
+        complete = sorted(self._complete(listing))
+        if not complete:
+            return
+        kept = set(complete[-self.keep :])
+        newest = complete[-1]
+        gone = lambda step: step < newest and step not in kept
+        doomed = []
+        if self.rank == 0:
+            doomed.extend(path for step, path in listing.whole.items() if gone(step))
+            doomed.extend(path for step, path in listing.reported if gone(step))
+        if self.world_size > 1:
+            for step, parts in listing.parts.items():
+                if gone(step):
+                    doomed.extend(path for (_, r), path in parts.items() if r == self.rank)
+        for path in doomed:
             try:
-                os.unlink(old.path)
+                os.unlink(path)
             except FileNotFoundError:
                 pass
 
-    def _clean_temporaries(self) -> None:
-        """Leftovers of saves that a kill interrupted."""
-        for name in os.listdir(self.directory):
-            if name.startswith(f".{self.prefix}-") and ".tmp-" in name:
-                try:
-                    os.unlink(os.path.join(self.directory, name))
-                except OSError:
-                    pass
+    def _clean_leftovers(self) -> None:
+        """What this process's predecessor (the same rank, in an attempt
+        that ended) left unfinished: its temporaries, and in a gang its
+        parts of steps newer than the newest complete one, which the other
+        ranks never finished; kept, such a part could pair with their parts
+        of the same step written in a later attempt."""
+        listing = self._list()
+        doomed = [path for final, path in listing.temporaries if self._owns(final)]
+        if self.world_size > 1:
+            self._warn_if_alone(listing)
+            newest = max(self._complete(listing), default=-1)
+            for step, parts in listing.parts.items():
+                if step > newest:
+                    doomed.extend(path for (_, r), path in parts.items() if r == self.rank)
+        for path in doomed:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+    def _warn_if_alone(self, listing: _Listing) -> None:
+        """No complete step, but parts of one rank only: most likely that
+        rank alone saves, and then no step will ever be complete."""
+        if self._complete(listing):
+            return
+        ranks = {r for parts in listing.parts.values() for (w, r) in parts if w == self.world_size}
+        if len(ranks) == 1:
+            print(
+                f"ebb_sdk: no complete checkpoint: of {self.world_size} ranks only rank {ranks.pop()} "
+                "has saved parts; in a gang every rank saves its own part, or the one rank that "
+                "saves uses CheckpointManager(world_size=1)",
+                file=sys.stderr,
+            )

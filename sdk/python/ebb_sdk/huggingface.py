@@ -1,6 +1,12 @@
 """Hugging Face `Trainer`: a callback that saves and stops when the drain
 comes, saves on Ebb's recommended interval, and reports each checkpoint.
 
+`Trainer` writes the checkpoints itself, one `checkpoint-N` directory per
+step that all ranks of a gang share, and prunes them (`save_total_limit`)
+from its main process; this module neither writes nor deletes any. In a
+gang every rank's callback sees each save, and the world's main process
+alone reports it: Ebb counts each report as one checkpoint.
+
     from ebb_sdk.huggingface import EbbCallback, last_checkpoint
     args = TrainingArguments(output_dir=os.environ["EBB_CHECKPOINT_DIR"], ...)
     trainer = Trainer(..., args=args, callbacks=[EbbCallback()])
@@ -19,7 +25,7 @@ from typing import Optional
 from transformers import TrainerCallback
 
 from . import drain
-from ._env import checkpoint_interval
+from ._env import checkpoint_interval, rank
 from .checkpoint import report_checkpoint
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
@@ -77,6 +83,9 @@ class EbbCallback(TrainerCallback):
         seconds = now - self._save_started if self._save_started is not None else 0.0
         self._save_started = None
         self._last_save = now
+        main = getattr(state, "is_world_process_zero", None)
+        if not (rank() == 0 if main is None else main):
+            return control
         path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
         report_checkpoint(state.global_step, _size(path) if os.path.isdir(path) else None, seconds)
         return control

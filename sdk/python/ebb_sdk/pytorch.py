@@ -9,6 +9,11 @@ state, so a resumed run continues exactly where the saved one was.
     if ckpt.should_save():
         save(ckpt, step, model, optimizer)
 
+In a gang, each rank calls `save` and `restore` with its own manager:
+each saves its own part (its model shard or replica, its optimizer state,
+its RNG states, which differ between ranks) and restores its own part of
+the newest step that every rank saved.
+
 Import this module only where PyTorch is installed.
 """
 
@@ -52,7 +57,8 @@ def save(
     extra: Optional[dict] = None,
 ) -> str:
     """Saves `step`, the model's and optimizer's (and scheduler's) state
-    dicts, the RNG states and `extra` as one atomic checkpoint."""
+    dicts, the RNG states and `extra` as one atomic checkpoint (this rank's
+    part of it, in a gang)."""
     state = {
         "step": step,
         "model": model.state_dict(),
@@ -71,10 +77,10 @@ def restore(
     scheduler: Optional[Any] = None,
     map_location: Any = None,
 ) -> int:
-    """Loads the latest complete checkpoint into `model` (and `optimizer`,
-    `scheduler`), restores the RNG states and returns the step to continue
-    from; 0 when there is none. `manager.extra` holds what `save` got as
-    `extra`."""
+    """Loads the latest complete checkpoint (this rank's part of it, in a
+    gang) into `model` (and `optimizer`, `scheduler`), restores the RNG
+    states and returns the step to continue from; 0 when there is none.
+    `manager.extra` holds what `save` got as `extra`."""
     latest = manager.latest()
     manager.extra = {}
     if latest is None:

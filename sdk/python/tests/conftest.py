@@ -60,10 +60,11 @@ def endpoint():
 
 @pytest.fixture(autouse=True)
 def fresh(monkeypatch):
-    """No Ebb environment unless a test sets one; a fresh default watcher;
-    signal handlers as they were."""
+    """No Ebb environment, and no gang's, unless a test sets one; a fresh
+    default watcher; signal handlers as they were."""
+    gang = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "NNODES", "LOCAL_WORLD_SIZE"}
     for key in list(os.environ):
-        if key.startswith("EBB_"):
+        if key.startswith("EBB_") or key in gang:
             monkeypatch.delenv(key)
     saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
     drain._default = None

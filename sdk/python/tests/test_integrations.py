@@ -90,6 +90,21 @@ def test_pytorch_save_and_restore_continue_exactly(ebb_env, pytorch, endpoint):
     assert [r["step"] for r in endpoint.reports] == [5]
 
 
+def test_pytorch_ranks_of_a_gang_save_and_restore_their_own_parts(ebb_env, pytorch, endpoint):
+    torch, helper = pytorch
+    d = ebb_env["EBB_CHECKPOINT_DIR"]
+    ranks = [ebb_sdk.CheckpointManager(d, rank=r, world_size=2) for r in (0, 1)]
+    models = [Model(), Model()]
+    for r, (ckpt, model) in enumerate(zip(ranks, models)):
+        model.w = [float(r), float(r)]
+        helper.save(ckpt, 3, model)
+    assert [r["step"] for r in endpoint.reports] == [3], "the gang's step reported once"
+    for r, ckpt in enumerate(ranks):
+        model = Model()
+        assert helper.restore(ckpt, model) == 3
+        assert model.w == [float(r), float(r)], "each rank restores its own part"
+
+
 class TrainerCallback:
     """The base class `transformers` provides: every hook returns None."""
 
@@ -112,12 +127,12 @@ class Control:
         self.should_training_stop = False
 
 
-def run_trainer(callback, output_dir, steps):
+def run_trainer(callback, output_dir, steps, **state):
     """The part of `Trainer`'s loop that drives callbacks: after each step,
     `on_step_end`; if asked, save `checkpoint-N` (trainer_state.json last)
     and call `on_save`; stop when asked."""
     args = types.SimpleNamespace(output_dir=output_dir)
-    state = types.SimpleNamespace(global_step=0)
+    state = types.SimpleNamespace(global_step=0, **state)
     saved = []
     for _ in range(steps):
         state.global_step += 1
@@ -169,6 +184,24 @@ def test_huggingface_callback_saves_on_the_interval(ebb_env, huggingface, tmp_pa
     # A directory cut short (no trainer_state.json) is not a checkpoint.
     os.makedirs(os.path.join(out, "checkpoint-9"))
     assert huggingface.last_checkpoint(out) == os.path.join(out, "checkpoint-3")
+
+
+def test_huggingface_callback_in_a_gang_reports_from_the_main_process_only(
+    ebb_env, huggingface, endpoint, tmp_path, monkeypatch
+):
+    def run(name, steps, **state):
+        os.makedirs(tmp_path / name)
+        return run_trainer(huggingface.EbbCallback(interval=0.0), str(tmp_path / name), steps, **state)
+
+    run("rank1", steps=2, is_world_process_zero=False)
+    assert endpoint.reports == [], "not the main process"
+    # Without `Trainer`'s word on it, the rank from the environment decides.
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    run("rank1-env", steps=1)
+    assert endpoint.reports == []
+    _, saved = run("rank0", steps=3, is_world_process_zero=True)
+    assert [r["step"] for r in endpoint.reports] == saved == [1, 2, 3]
 
 
 def test_the_core_package_imports_neither_library():
