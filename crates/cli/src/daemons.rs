@@ -378,9 +378,7 @@ fn spawn(name: &str, args: &[String], log: &Path) -> Result<Child, String> {
     unsafe {
         command.pre_exec(move || die_with_parent(up));
     }
-    let process = command
-        .spawn()
-        .map_err(|e| format!("cannot start {name}: {e}"))?;
+    let process = command.spawn().map_err(|e| format!("cannot start {name}: {e}"))?;
     Ok(Child { name: name.to_string(), process })
 }
 

@@ -1,0 +1,220 @@
+//! One owner per data directory, and nothing of `ebb up` outlives it: a
+//! second server, agent or `ebb up` on a directory in use refuses at once
+//! and touches nothing; `kill -9` of `ebb up` takes its server, agents and
+//! jobs with it.
+
+mod cluster;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use cluster::{ebb_exe, pid_alive, wait_for, Cluster, Options};
+use serde_json::Value;
+
+/// Every process whose command line names `dir`: `ebb up`'s server and
+/// agents (and `ebb up` itself).
+fn processes_of(dir: &Path) -> Vec<i32> {
+    let needle = dir.as_os_str().as_encoded_bytes();
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        if cmdline.windows(needle.len()).any(|w| w == needle) && pid_alive(pid) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// A running `ebb up` on `dir` and what it printed for the user.
+struct Up {
+    child: Child,
+    env: Vec<(String, String)>,
+}
+
+impl Up {
+    fn start(dir: &Path) -> Up {
+        let mut child = Command::new(ebb_exe())
+            .args(["up", "--nodes", "1", "--gpus-per-node", "2", "--port", "0", "--data-dir"])
+            .arg(dir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let (tx, lines) = mpsc::channel();
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { return };
+                let _ = tx.send(line);
+            }
+        });
+        let export = wait_for("ebb up's export line", Duration::from_secs(60), || {
+            let line = lines.recv_timeout(Duration::from_millis(100)).ok()?;
+            line.trim().strip_prefix("export ").map(str::to_string)
+        });
+        let env = export
+            .split_whitespace()
+            .map(|kv| kv.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())).unwrap())
+            .collect();
+        Up { child, env }
+    }
+
+    fn ebb(&self, args: &[&str]) -> std::process::Output {
+        Command::new(ebb_exe()).args(args).envs(self.env.clone()).output().unwrap()
+    }
+
+    /// A job that sleeps, once it runs: its id and pid.
+    fn sleeper(&self) -> (String, i32) {
+        let out = self.ebb(&["submit", "--json", "--", "sleep", "600"]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let id = serde_json::from_slice::<Value>(&out.stdout).unwrap()["id"].as_u64().unwrap().to_string();
+        let pid = wait_for("the job to start", Duration::from_secs(30), || {
+            let shown: Value = serde_json::from_slice(&self.ebb(&["show", &id, "--json"]).stdout).ok()?;
+            let events = shown["events"].as_array()?.clone();
+            events.iter().find(|e| e["kind"] == "started").and_then(|e| e["detail"]["pid"].as_i64())
+        });
+        (id, pid as i32)
+    }
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ebb-own-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// What the directory holds, file by file (name, length, modified).
+fn listing(dir: &Path) -> Vec<(PathBuf, u64, std::time::SystemTime)> {
+    let mut all = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap().flatten() {
+            let meta = entry.metadata().unwrap();
+            match meta.is_dir() {
+                true => stack.push(entry.path()),
+                false => all.push((entry.path(), meta.len(), meta.modified().unwrap())),
+            }
+        }
+    }
+    all.sort();
+    all
+}
+
+/// Two servers on one database both acknowledged the same job id, and the
+/// store kept only one: the second now refuses before it touches anything.
+#[test]
+fn a_second_server_or_agent_on_a_data_dir_in_use_refuses_and_the_first_is_untouched() {
+    let c = Cluster::start(Options { nodes: 1, gpus: 2, ..Options::default() });
+    let id = c.submit(&["--", "true"]);
+    c.wait_state(id, "succeeded");
+    let server_dir = c.dir.join("server");
+    let before = std::fs::read_to_string(server_dir.join("server.url")).unwrap();
+    let started = Instant::now();
+    let out = Command::new(ebb_exe())
+        .args(["server", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(&server_dir)
+        .output()
+        .unwrap();
+    assert!(started.elapsed() < Duration::from_secs(5), "it must refuse at once");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("--data-dir {}: in use by another process (pid ", server_dir.display())),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_to_string(server_dir.join("server.url")).unwrap(), before);
+    // The first goes on, with the ids it hands out.
+    assert_eq!(c.submit(&["--", "true"]), id + 1);
+
+    let agent_dir = c.dir.join("agents/node-0");
+    let out = Command::new(ebb_exe())
+        .args([
+            "agent",
+            "--server",
+            &c.url,
+            "--name",
+            "node-0",
+            "--fake-gpus",
+            "2",
+            "--gpu-model",
+            "H100-80GB",
+        ])
+        .args(["--join-token-file", server_dir.join("join.token").to_str().unwrap(), "--data-dir"])
+        .arg(&agent_dir)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("--data-dir {}: in use by another process (pid ", agent_dir.display())),
+        "{err}"
+    );
+    c.wait_state(id + 1, "succeeded");
+}
+
+/// A second `ebb up` on the directory of a running one reused its node
+/// names: its agents killed the first cluster's jobs as leftovers and its
+/// logs were overwritten. Now it refuses, and the first runs on.
+#[test]
+fn a_second_ebb_up_on_a_directory_in_use_refuses_and_the_first_cluster_is_untouched() {
+    let dir = scratch("two-ups");
+    let first = Up::start(&dir);
+    let (id, pid) = first.sleeper();
+    let before = listing(&dir.join("logs"));
+    let out = Command::new(ebb_exe())
+        .args(["up", "--nodes", "1", "--gpus-per-node", "2", "--port", "0", "--data-dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    let holder =
+        format!("--data-dir {}: in use by another process (pid {})", dir.display(), first.child.id());
+    assert!(err.contains(&holder), "{err}");
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(pid_alive(pid), "the first cluster's job was killed");
+    assert_eq!(listing(&dir.join("logs")).len(), before.len());
+    let shown: Value = serde_json::from_slice(&first.ebb(&["show", &id, "--json"]).stdout).unwrap();
+    assert_eq!(shown["state"], "running");
+    let mut first = first;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(first.child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert!(first.child.wait().unwrap().success());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `kill -9` of `ebb up` left its server and agents running under PID 1,
+/// holding the port. Now they go with it, and so do their jobs; the same
+/// command then starts the cluster again.
+#[test]
+fn kill_9_of_ebb_up_leaves_no_process_within_2_s() {
+    let dir = scratch("kill-up");
+    let mut up = Up::start(&dir);
+    let (_, job) = up.sleeper();
+    let mut cluster = processes_of(&dir);
+    cluster.push(job);
+    assert!(cluster.len() >= 4, "ebb up, its server, its agent and the job: {cluster:?}");
+    up.child.kill().unwrap(); // SIGKILL
+    up.child.wait().unwrap();
+    let killed = Instant::now();
+    wait_for("every process of the cluster to end", Duration::from_secs(2), || {
+        cluster.iter().all(|pid| !pid_alive(*pid)).then_some(())
+    });
+    eprintln!("all gone {:?} after the kill", killed.elapsed());
+    // The directory is free again, and the port with it.
+    let mut again = Up::start(&dir);
+    again.sleeper();
+    again.child.kill().unwrap();
+    again.child.wait().unwrap();
+    wait_for("the second cluster to end", Duration::from_secs(5), || {
+        processes_of(&dir).is_empty().then_some(())
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}
