@@ -3,6 +3,9 @@
 use super::*;
 
 impl<S: Store> Engine<S> {
+    /// A node's agent (re)registers: the node joins or is heard from, what
+    /// happened while the server could not be told is applied, and what
+    /// the agent runs is reconciled with what the store says it runs.
     pub(super) fn register(
         &mut self,
         principal: &Principal,
@@ -15,54 +18,7 @@ impl<S: Store> Engine<S> {
         // Attempts the agent comes back without ended after this, the last
         // time the node was heard from, and no later than now.
         let last_contact = self.last_contact(&reg.node).unwrap_or(now).min(now);
-        let spec = NodeSpec {
-            name: reg.node.clone(),
-            gpu_model: reg.gpu_model.clone(),
-            gpus: reg.gpus,
-            labels: reg.labels.clone(),
-        };
-        match self.core.node_by_name(&reg.node) {
-            Some(id) if self.core.node(id).expect("known").status != NodeStatus::Lost => {
-                let n = self.core.node(id).expect("known");
-                let model = &self.core.model(n.model).expect("known").name;
-                if n.gpus != reg.gpus || *model != reg.gpu_model {
-                    return Err(ApiError::conflict(format!(
-                        "node {}: joined before with {} x {model}, now reports {} x {}",
-                        reg.node, n.gpus, reg.gpus, reg.gpu_model
-                    ))
-                    .into());
-                }
-                self.core.heartbeat(id, Time(now)).map_err(|e| ApiError::conflict(e.to_string()))?;
-                self.heard(&reg.node, now)?;
-                let row = self.fleet.nodes.get_mut(&reg.node).expect("known node");
-                if reg.address.is_some() && row.address != reg.address {
-                    row.address = reg.address.clone();
-                    let row = row.clone();
-                    self.store.put_node(&row)?;
-                }
-            }
-            _ => {
-                self.core.add_node(spec, Time(now)).map_err(|e| ApiError::bad_request(e.to_string()))?;
-                // A node back after being lost keeps its history.
-                let known = self.fleet.nodes.get(&reg.node);
-                let row = NodeRow {
-                    name: reg.node.clone(),
-                    gpu_model: reg.gpu_model.clone(),
-                    gpus: reg.gpus,
-                    labels: reg.labels.clone(),
-                    drained: false,
-                    address: reg.address.clone(),
-                    joined_ms: known.map_or(now, |n| n.joined_ms),
-                    interruptions: known.map_or(0, |n| n.interruptions),
-                    removed: false,
-                };
-                self.store.put_node(&row)?;
-                self.fleet.nodes.insert(reg.node.clone(), row);
-                self.price_for(&reg.gpu_model)?;
-                self.heard(&reg.node, now)?;
-                tracing::info!(node = reg.node, gpus = reg.gpus, gpu_model = reg.gpu_model, "node joined");
-            }
-        }
+        self.join(&reg, now)?;
         // A fresh stream: whatever was queued for the old session is
         // re-derived below from what the store says.
         let channel = self.outbox.channels.entry(reg.node.clone()).or_insert_with(Channel::new);
@@ -73,47 +29,7 @@ impl<S: Store> Engine<S> {
         // starts, checkpoints and exits, accounted as they happened.
         let unreported = std::mem::take(&mut reg.unreported);
         self.apply_events(&reg.node, unreported, now)?;
-        let running: BTreeSet<AttemptRef> = reg.running.iter().copied().collect();
-        let held: Vec<AttemptRef> = self
-            .jobs
-            .values()
-            .filter(|j| j.state.is_live() && j.running_on.contains(&reg.node))
-            .map(|j| AttemptRef { job: j.id, attempt: j.attempt })
-            .collect();
-        let held_set: BTreeSet<AttemptRef> = held.iter().copied().collect();
-        let kill: Vec<AttemptRef> = running.difference(&held_set).copied().collect();
-        if held_set.difference(&running).next().is_some() {
-            // The agent came back without attempts it was running: an
-            // interruption without notice.
-            self.interrupted(&reg.node)?;
-        }
-        for attempt in held {
-            if running.contains(&attempt) {
-                let job = &self.jobs[&attempt.job];
-                let (state, notice, cancel_requested) = (job.state, job.notice.clone(), job.cancel_requested);
-                if let (JobState::Draining, Some((at, deadline, reason))) = (state, notice) {
-                    let drain = DrainAttempt { attempt, notice_at_ms: at, deadline_ms: deadline, reason };
-                    self.outbox.push(&reg.node, Action::Drain(drain));
-                }
-                if cancel_requested {
-                    self.outbox.push(&reg.node, Action::Stop { attempt, grace_ms: STOP_GRACE_MS });
-                }
-            } else {
-                // The node does not run what we think it does: that part of
-                // the attempt is gone.
-                let exit = PartExit {
-                    code: None,
-                    signal: None,
-                    completed: false,
-                    vanished: true,
-                    peak_memory_bytes: None,
-                };
-                self.part_exited(&reg.node, attempt, exit, last_contact, now)?;
-            }
-        }
-        if !kill.is_empty() {
-            tracing::warn!(node = reg.node, ?kill, "agent runs stale attempts; told to kill them");
-        }
+        let kill = self.reconcile(&reg.node, &reg.running, last_contact, now)?;
         let credential = match issue_credential {
             true => {
                 tracing::info!(node = reg.node, "node credential issued");
@@ -128,6 +44,112 @@ impl<S: Store> Engine<S> {
             epoch: self.epoch,
             credential,
         })
+    }
+
+    /// The registering node into the core: heard from if it is there
+    /// already (with the GPUs it had), else added, keeping the history of
+    /// a node back after being lost.
+    fn join(&mut self, reg: &Register, now: u64) -> Result<(), Fail> {
+        if let Some(id) = self.core.node_by_name(&reg.node) {
+            let n = self.core.node(id).expect("known");
+            if n.status != NodeStatus::Lost {
+                let model = &self.core.model(n.model).expect("known").name;
+                if n.gpus != reg.gpus || *model != reg.gpu_model {
+                    return Err(ApiError::conflict(format!(
+                        "node {}: joined before with {} x {model}, now reports {} x {}",
+                        reg.node, n.gpus, reg.gpus, reg.gpu_model
+                    ))
+                    .into());
+                }
+                self.core.heartbeat(id, Time(now)).map_err(|e| ApiError::conflict(e.to_string()))?;
+                self.heard(&reg.node, now)?;
+                let row = self.fleet.nodes.get_mut(&reg.node).expect("known node");
+                if reg.address.is_some() && row.address != reg.address {
+                    row.address = reg.address.clone();
+                    self.store.put_node(row)?;
+                }
+                return Ok(());
+            }
+        }
+        let spec = NodeSpec {
+            name: reg.node.clone(),
+            gpu_model: reg.gpu_model.clone(),
+            gpus: reg.gpus,
+            labels: reg.labels.clone(),
+        };
+        self.core.add_node(spec, Time(now)).map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let known = self.fleet.nodes.get(&reg.node);
+        let row = NodeRow {
+            name: reg.node.clone(),
+            gpu_model: reg.gpu_model.clone(),
+            gpus: reg.gpus,
+            labels: reg.labels.clone(),
+            drained: false,
+            address: reg.address.clone(),
+            joined_ms: known.map_or(now, |n| n.joined_ms),
+            interruptions: known.map_or(0, |n| n.interruptions),
+            removed: false,
+        };
+        self.store.put_node(&row)?;
+        self.fleet.nodes.insert(reg.node.clone(), row);
+        self.price_for(&reg.gpu_model)?;
+        self.heard(&reg.node, now)?;
+        tracing::info!(node = reg.node, gpus = reg.gpus, gpu_model = reg.gpu_model, "node joined");
+        Ok(())
+    }
+
+    /// What `node`'s agent runs against what the store says it runs:
+    /// drains and stops of attempts it still runs are sent again, attempts
+    /// it came back without end (as vanished, at its last contact), and
+    /// the attempts it runs that nobody holds are returned, to be killed.
+    fn reconcile(
+        &mut self,
+        node: &str,
+        running: &[AttemptRef],
+        last_contact: u64,
+        now: u64,
+    ) -> Written<Vec<AttemptRef>> {
+        let running: BTreeSet<AttemptRef> = running.iter().copied().collect();
+        let held: BTreeSet<AttemptRef> = self
+            .jobs
+            .values()
+            .filter(|j| j.state.is_live() && j.running_on.iter().any(|n| n == node))
+            .map(|j| AttemptRef { job: j.id, attempt: j.attempt })
+            .collect();
+        let kill: Vec<AttemptRef> = running.difference(&held).copied().collect();
+        if held.difference(&running).next().is_some() {
+            // The agent came back without attempts it was running: an
+            // interruption without notice.
+            self.interrupted(node)?;
+        }
+        for attempt in held {
+            if running.contains(&attempt) {
+                let job = &self.jobs[&attempt.job];
+                let (state, notice, cancel_requested) = (job.state, job.notice.clone(), job.cancel_requested);
+                if let (JobState::Draining, Some((at, deadline, reason))) = (state, notice) {
+                    let drain = DrainAttempt { attempt, notice_at_ms: at, deadline_ms: deadline, reason };
+                    self.outbox.push(node, Action::Drain(drain));
+                }
+                if cancel_requested {
+                    self.outbox.push(node, Action::Stop { attempt, grace_ms: STOP_GRACE_MS });
+                }
+            } else {
+                // The node does not run what we think it does: that part of
+                // the attempt is gone.
+                let exit = PartExit {
+                    code: None,
+                    signal: None,
+                    completed: false,
+                    vanished: true,
+                    peak_memory_bytes: None,
+                };
+                self.part_exited(node, attempt, exit, last_contact, now)?;
+            }
+        }
+        if !kill.is_empty() {
+            tracing::warn!(node, ?kill, "agent runs stale attempts; told to kill them");
+        }
+        Ok(kill)
     }
 
     pub(super) fn poll(
