@@ -5,7 +5,26 @@
 //! core and the store, the core is asked for plans until it has nothing more
 //! to do, the transaction commits, and only then are callers answered and
 //! agents woken. So an acknowledged submission is durable, and what agents
-//! are told to do is always something the store already says.
+//! are told to do is always something the store already says. A store
+//! write that fails abandons the whole batch (`Fail::Store`): it is rolled
+//! back, nobody is answered, and the server exits to restart from the last
+//! commit.
+//!
+//! The writer by responsibility:
+//!
+//! * `batch`: the loop, one transaction per batch; `dispatch`: each
+//!   message to its handler, every reply held in the `Outbox`.
+//! * `recovery`: the core rebuilt from the store at start.
+//! * `jobs`: submission (`expand`: arrays and sweeps, pure), cancel,
+//!   tenants' limits and admission; `credentials`: tokens.
+//! * `agents`: the agent protocol (register, poll, report) and the events
+//!   it carries; `fleet`: operator actions on nodes, and lost nodes.
+//! * `exits` and `ending`: an attempt's end, as one pure transition.
+//! * `plan`: what a scheduling pass decided, as records and commands;
+//!   `launch`: what a start carries (rates, interval, gang variables).
+//! * `money`: prices, reservations, bills; `views`: what the API shows.
+//! * `write`: the store writes of a batch (records, events, output);
+//!   `job`: the record itself.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::path::PathBuf;
