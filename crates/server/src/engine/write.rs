@@ -59,7 +59,7 @@ impl<S: Store> Engine<S> {
             // A job from before logs were tracked: its log is as it is.
             None => {
                 let bytes = std::fs::metadata(self.log_path(id)).map_or(0, |m| m.len());
-                crate::store::LogState { bytes, ..Default::default() }
+                crate::store::LogState { bytes }
             }
         };
         self.cut_uncommitted(id, state.bytes)?;
