@@ -400,7 +400,9 @@ impl Pool {
     /// gone): idle again if it is empty, holds little memory and its peak
     /// can be reset, else removed.
     pub fn recycle(&self, group: AttemptGroup) {
-        if self.idle.lock().expect("pool").len() >= self.keep || group.populated() {
+        // The lock is not held while the group's files are read.
+        let full = self.idle.lock().expect("pool").len() >= self.keep;
+        if full || group.populated() {
             return self.remove(&group);
         }
         match self.reset(&group) {

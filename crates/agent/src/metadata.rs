@@ -10,6 +10,7 @@
 //!   with `?wait_for_change=true` blocking until it changes
 //! * Azure: `GET /metadata/scheduledevents` (`Metadata: true`)
 
+use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use axum::body::Bytes;
@@ -21,7 +22,9 @@ use axum::{Json, Router};
 use ebb_api::{AgentEvent, AttemptRef};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
+
+use crate::report::{now_ms, Reporter};
 
 /// The drain notice as every shape reports it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -38,12 +41,17 @@ impl Notice {
     pub fn new(notice_at_ms: u64, deadline_ms: u64, reason: String) -> Notice {
         Notice {
             action: "preempt".into(),
-            notice_at: crate::rfc3339(notice_at_ms),
-            deadline: crate::rfc3339(deadline_ms),
+            notice_at: rfc3339(notice_at_ms),
+            deadline: rfc3339(deadline_ms),
             reason,
             deadline_ms,
         }
     }
+}
+
+/// Times as the native shape writes them: `2026-11-29T08:22:00.000Z`.
+fn rfc3339(ms: u64) -> String {
+    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
 }
 
 #[derive(Clone)]
@@ -52,18 +60,19 @@ struct Endpoint {
     attempt: u32,
     node: String,
     notice: watch::Receiver<Option<Notice>>,
-    events: mpsc::UnboundedSender<AgentEvent>,
+    events: Arc<Reporter>,
 }
 
 /// Serves one attempt's endpoint on `listener` until `notice` is dropped;
-/// checkpoint reports go to `events`.
+/// checkpoint reports go to `events`, remembered until the server has
+/// them, as the attempt's start and exit are.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     job: u64,
     attempt: u32,
     node: String,
     notice: watch::Receiver<Option<Notice>>,
-    events: mpsc::UnboundedSender<AgentEvent>,
+    events: Arc<Reporter>,
 ) {
     let mut closed = notice.clone();
     let endpoint = Endpoint { job, attempt, node, notice, events };
@@ -119,7 +128,7 @@ async fn native_checkpoint(State(e): State<Endpoint>, body: Bytes) -> Response {
     if !seconds.is_finite() || !(0.0..=1e7).contains(&seconds) {
         return bad(format!("seconds: must be a duration in seconds, got {seconds}"));
     }
-    let at_ms = crate::now_ms();
+    let at_ms = now_ms();
     let event = AgentEvent::Checkpoint {
         attempt: AttemptRef { job: e.job, attempt: e.attempt },
         step: report.step,
@@ -127,11 +136,11 @@ async fn native_checkpoint(State(e): State<Endpoint>, body: Bytes) -> Response {
         duration_ms: (seconds * 1000.0).round() as u64,
         at_ms,
     };
-    if e.events.send(event).is_err() {
+    if e.events.try_send(event).is_err() {
         return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "error": "the agent is stopping" })))
             .into_response();
     }
-    (StatusCode::ACCEPTED, Json(json!({ "accepted": true, "at": crate::rfc3339(at_ms) }))).into_response()
+    (StatusCode::ACCEPTED, Json(json!({ "accepted": true, "at": rfc3339(at_ms) }))).into_response()
 }
 
 async fn aws_token(State(e): State<Endpoint>) -> String {
@@ -205,4 +214,42 @@ async fn azure_events(State(e): State<Endpoint>, headers: HeaderMap) -> Response
         }
     };
     Json(body).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use super::*;
+    use crate::testing::{self, until, FakeServer};
+
+    /// The endpoint put checkpoints straight on the report queue, so a
+    /// registration never carried one the server had not had, and its
+    /// delivery made the agent forget a later start or exit instead.
+    #[tokio::test]
+    async fn a_checkpoint_the_job_reports_is_remembered_until_the_server_has_it() {
+        let fake = Arc::new(FakeServer::default());
+        fake.broken.store(true, Ordering::SeqCst);
+        let (_, reporter) = testing::reporter(fake.clone(), "metadata-checkpoint").await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (_notice, notice_rx) = watch::channel(None);
+        tokio::spawn(serve(listener, 4, 2, "node-1".into(), notice_rx, reporter.clone()));
+        let answer = reqwest::Client::new()
+            .post(format!("http://127.0.0.1:{port}/ebb/v1/checkpoint"))
+            .body(r#"{"step": 7, "seconds": 1.5}"#)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 202);
+        let checkpoint = |e: &AgentEvent| {
+            matches!(e, AgentEvent::Checkpoint { attempt, step: Some(7), duration_ms: 1500, .. }
+                if *attempt == AttemptRef { job: 4, attempt: 2 })
+        };
+        let unreported = reporter.unreported();
+        assert!(unreported.len() == 1 && checkpoint(&unreported[0]), "{unreported:?}");
+        fake.broken.store(false, Ordering::SeqCst);
+        until("the checkpoint is delivered", || fake.delivered().iter().any(checkpoint)).await;
+        until("it is forgotten", || reporter.unreported().is_empty()).await;
+    }
 }

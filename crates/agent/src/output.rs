@@ -8,8 +8,27 @@
 //! disk), a rate with a burst (the server's single writer, shared by every
 //! node), and a budget for output not yet accepted by the server (the
 //! agent's own memory while the server is slow or away).
+//!
+//! Output travels as text. Each pipe is read in chunks of up to 64 KiB,
+//! and a character may straddle two reads: a stream's incomplete trailing
+//! sequence (at most three bytes) waits for the next read
+//! ([`Utf8Stream`]); bytes that are not UTF-8 become U+FFFD, and so does
+//! a sequence the stream's end leaves incomplete. The limits count the
+//! bytes of that text, which is what reaches the server, and cut it only
+//! between characters.
 
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
+
+use ebb_api::{AgentEvent, AttemptRef};
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::net::unix::pipe;
+
+use crate::report::{Reporter, EVENT_COST};
+
+/// How much of a pipe is read at a time.
+pub(crate) const READ_SIZE: usize = 64 * 1024;
 
 const KIB: u64 = 1024;
 const MIB: u64 = 1024 * KIB;
@@ -156,11 +175,12 @@ impl Gate {
         }
     }
 
-    /// Decides on `n` bytes just read, with `buffer_free` bytes left in the
-    /// agent's budget for unsent output.
-    pub(crate) fn admit(&mut self, data: &[u8], now: Instant, buffer_free: u64) -> Verdict {
+    /// Decides on `text` just read, with `buffer_free` bytes left in the
+    /// agent's budget for unsent output. What is kept ends at a character
+    /// boundary, and every byte is counted once: kept or dropped.
+    pub(crate) fn admit(&mut self, text: &str, now: Instant, buffer_free: u64) -> Verdict {
         self.refill(now);
-        let n = data.len() as u64;
+        let n = text.len() as u64;
         let mut resumed = None;
         if let Some(reason) = self.dropping {
             if !self.may_resume(reason, buffer_free) {
@@ -172,13 +192,13 @@ impl Gate {
         }
         let (reason, room) =
             self.room(buffer_free).into_iter().min_by_key(|(_, room)| *room).expect("three limits");
-        let keep = n.min(room);
+        let keep = floor_char_boundary(text, n.min(room) as usize) as u64;
         self.forwarded += keep;
         if self.limits.rate != 0 {
             self.tokens -= keep;
         }
         if keep > 0 {
-            self.at_line_start = data[keep as usize - 1] == b'\n';
+            self.at_line_start = text.as_bytes()[keep as usize - 1] == b'\n';
         }
         let mut marker = resumed;
         if keep < n {
@@ -254,6 +274,175 @@ impl Gate {
     }
 }
 
+/// The largest character boundary of `text` at or below `at`.
+fn floor_char_boundary(text: &str, at: usize) -> usize {
+    let mut at = at.min(text.len());
+    while !text.is_char_boundary(at) {
+        at -= 1;
+    }
+    at
+}
+
+/// One stream's bytes as text, read after read: a character split between
+/// two reads is decoded whole.
+#[derive(Debug, Default)]
+pub(crate) struct Utf8Stream {
+    /// The start of a character the last read cut short (at most three
+    /// bytes), to go before the next read.
+    pending: Vec<u8>,
+}
+
+impl Utf8Stream {
+    /// `bytes`, read after what came before, as text: a sequence cut short
+    /// at the end waits for the next read; bytes that cannot be UTF-8
+    /// become U+FFFD.
+    pub(crate) fn decode(&mut self, bytes: &[u8]) -> String {
+        let joined;
+        let bytes = if self.pending.is_empty() {
+            bytes
+        } else {
+            joined = [std::mem::take(&mut self.pending).as_slice(), bytes].concat();
+            joined.as_slice()
+        };
+        let complete = incomplete_tail(bytes);
+        self.pending = bytes[complete..].to_vec();
+        String::from_utf8_lossy(&bytes[..complete]).into_owned()
+    }
+
+    /// The stream has ended: a sequence it left incomplete, as U+FFFD.
+    pub(crate) fn finish(&mut self) -> Option<String> {
+        (!std::mem::take(&mut self.pending).is_empty()).then(|| char::REPLACEMENT_CHARACTER.to_string())
+    }
+}
+
+/// Where a character cut short by the end of `bytes` starts: a lead byte
+/// among the last three, followed only by the continuation bytes it
+/// expects, too few of them. `bytes.len()` if there is none.
+fn incomplete_tail(bytes: &[u8]) -> usize {
+    for back in 1..=bytes.len().min(3) {
+        let start = bytes.len() - back;
+        if bytes[start] & 0xc0 == 0x80 {
+            continue; // a continuation byte: its lead is further back
+        }
+        return match std::str::from_utf8(&bytes[start..]) {
+            // Valid as far as it goes: only the end came too soon.
+            Err(e) if e.valid_up_to() == 0 && e.error_len().is_none() => start,
+            _ => bytes.len(),
+        };
+    }
+    bytes.len()
+}
+
+/// One attempt's output on its way to the server: its stdout and stderr
+/// share the attempt's limits (and markers), each pipe is decoded on its
+/// own.
+pub(crate) struct Forwarder {
+    attempt: AttemptRef,
+    gate: Mutex<Gate>,
+    reporter: Arc<Reporter>,
+}
+
+impl Forwarder {
+    pub(crate) fn new(attempt: AttemptRef, limits: OutputLimits, reporter: Arc<Reporter>) -> Arc<Forwarder> {
+        Arc::new(Forwarder { attempt, gate: Mutex::new(Gate::new(limits, Instant::now())), reporter })
+    }
+
+    /// Reads `pipe` to its end, every byte, so the job never blocks on a
+    /// full pipe, and passes on what fits the limits.
+    pub(crate) async fn read(&self, mut pipe: impl AsyncRead + Unpin) {
+        let mut buf = vec![0u8; READ_SIZE];
+        let mut stream = Utf8Stream::default();
+        while let Ok(n) = pipe.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            self.forward(&stream.decode(&buf[..n]));
+        }
+        if let Some(rest) = stream.finish() {
+            self.forward(&rest);
+        }
+    }
+
+    /// Passes on what the gate lets through of `text`, and the gate's
+    /// marker if it has one.
+    fn forward(&self, text: &str) {
+        if text.is_empty() {
+            return;
+        }
+        let free = self.reporter.output_room();
+        // Under the lock: stdout and stderr's markers stay in order.
+        let mut gate = self.gate.lock().expect("gate");
+        let verdict = gate.admit(text, Instant::now(), free.saturating_sub(EVENT_COST));
+        if verdict.keep > 0 {
+            let data = text[..verdict.keep].to_string();
+            self.reporter.send(AgentEvent::Output { attempt: self.attempt, data });
+        }
+        if let Some(marker) = verdict.marker {
+            self.reporter.send(AgentEvent::Output { attempt: self.attempt, data: marker });
+        }
+    }
+
+    /// The attempt has ended: passes on how much was dropped, and why, if
+    /// any was.
+    pub(crate) fn finish(&self) {
+        let summary = self.gate.lock().expect("gate").summary();
+        if let Some(line) = summary {
+            self.reporter.send(AgentEvent::Output { attempt: self.attempt, data: line });
+        }
+    }
+}
+
+/// The readers of one attempt's stdout and stderr.
+pub(crate) struct Readers {
+    forwarder: Arc<Forwarder>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Readers {
+    /// Reads `pipes` until they close, passing on what fits `limits`.
+    pub(crate) fn start(
+        attempt: AttemptRef,
+        limits: OutputLimits,
+        reporter: &Arc<Reporter>,
+        pipes: [OwnedFd; 2],
+    ) -> Readers {
+        let forwarder = Forwarder::new(attempt, limits, reporter.clone());
+        // A pipe tokio cannot watch is dropped: the job's writes to it
+        // fail (EPIPE), and the log says why.
+        let tasks = pipes
+            .into_iter()
+            .filter_map(|fd| {
+                pipe::Receiver::from_owned_fd(fd)
+                    .inspect_err(|e| {
+                        let a = attempt;
+                        tracing::error!(job = a.job, attempt = a.attempt, "cannot read the job's output: {e}")
+                    })
+                    .ok()
+            })
+            .map(|pipe| {
+                let forwarder = forwarder.clone();
+                tokio::spawn(async move { forwarder.read(pipe).await })
+            })
+            .collect();
+        Readers { forwarder, tasks }
+    }
+
+    /// The attempt's processes are gone: waits for the last of its output
+    /// and passes on what was dropped, if any was. With the attempt's
+    /// group empty every writer of the pipes is gone; a process that
+    /// escaped a process group may still hold them, so the readers get a
+    /// short, bounded wait, never the attempt's end.
+    pub(crate) async fn finish(self) {
+        let until = tokio::time::Instant::now() + std::time::Duration::from_millis(500);
+        for mut reader in self.tasks {
+            if tokio::time::timeout_at(until, &mut reader).await.is_err() {
+                reader.abort();
+            }
+        }
+        self.forwarder.finish();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -268,15 +457,15 @@ mod tests {
     fn the_cap_keeps_the_first_bytes_and_drops_the_rest_with_one_marker() {
         let t = Instant::now();
         let mut gate = Gate::new(limits(10, 0, 0, 0), t);
-        assert_eq!(gate.admit(b"hello\n", t, 0), Verdict { keep: 6, marker: None });
-        let v = gate.admit(b"world\nmore", t, 0);
+        assert_eq!(gate.admit("hello\n", t, 0), Verdict { keep: 6, marker: None });
+        let v = gate.admit("world\nmore", t, 0);
         assert_eq!(v.keep, 4);
         assert_eq!(
             v.marker.as_deref(),
             Some("\n[ebb: output over the 10 bytes per-attempt limit: dropping the rest]\n")
         );
         // Later output goes silently, even after a long pause.
-        assert_eq!(gate.admit(b"again", t + Duration::from_secs(3600), 0), Verdict { keep: 0, marker: None });
+        assert_eq!(gate.admit("again", t + Duration::from_secs(3600), 0), Verdict { keep: 0, marker: None });
         assert_eq!(
             gate.summary().as_deref(),
             Some("[ebb: 11 bytes of this attempt's output were dropped (11 over the per-attempt limit); 10 were kept]\n")
@@ -287,7 +476,7 @@ mod tests {
     fn the_rate_limit_lets_the_burst_through_then_the_rate_and_says_what_it_dropped() {
         let t = Instant::now();
         let mut gate = Gate::new(limits(0, 100, 1000, 0), t);
-        let chunk = [b'x'; 600];
+        let chunk = "x".repeat(600);
         assert_eq!(gate.admit(&chunk, t, 0).keep, 600);
         let v = gate.admit(&chunk, t, 0);
         assert_eq!(v.keep, 400, "the rest of the burst");
@@ -306,11 +495,11 @@ mod tests {
     fn a_full_buffer_drops_until_half_of_it_is_free() {
         let t = Instant::now();
         let mut gate = Gate::new(limits(0, 0, 0, 100), t);
-        let v = gate.admit(b"0123456789", t, 4);
+        let v = gate.admit("0123456789", t, 4);
         assert_eq!(v.keep, 4);
         assert!(v.marker.unwrap().contains("the agent's 100 bytes of unsent output is full"));
-        assert_eq!(gate.admit(b"0123456789", t, 40).keep, 0);
-        let v = gate.admit(b"0123456789", t, 60);
+        assert_eq!(gate.admit("0123456789", t, 40).keep, 0);
+        let v = gate.admit("0123456789", t, 60);
         assert_eq!(v.keep, 10);
         assert!(v.marker.unwrap().contains("16 bytes were dropped"));
     }
@@ -319,7 +508,7 @@ mod tests {
     fn no_limits_forward_everything() {
         let t = Instant::now();
         let mut gate = Gate::new(limits(0, 0, 0, 0), t);
-        assert_eq!(gate.admit(&[1u8; 1 << 20], t, 0), Verdict { keep: 1 << 20, marker: None });
+        assert_eq!(gate.admit(&"\x01".repeat(1 << 20), t, 0), Verdict { keep: 1 << 20, marker: None });
         assert_eq!(gate.summary(), None);
     }
 
@@ -339,5 +528,110 @@ mod tests {
         assert_eq!(human_bytes(64 * MIB), "64 MiB");
         assert_eq!(human_bytes(1536), "1.5 KiB");
         assert_eq!(human_bytes(12), "12 bytes");
+    }
+
+    /// What `stream` makes of `reads`, one after another, and its end.
+    fn decode(reads: &[&[u8]]) -> String {
+        let mut stream = Utf8Stream::default();
+        let mut text: String = reads.iter().map(|r| stream.decode(r)).collect();
+        text.extend(stream.finish());
+        text
+    }
+
+    #[test]
+    fn a_character_split_between_two_reads_is_decoded_whole() {
+        for whole in ["é", "日本", "🦀", "a🦀b"] {
+            let bytes = whole.as_bytes();
+            for cut in 0..=bytes.len() {
+                assert_eq!(decode(&[&bytes[..cut], &bytes[cut..]]), whole, "{whole:?} cut at {cut}");
+            }
+        }
+        // A 4-byte character in four reads of a byte each.
+        let crab = "🦀".as_bytes();
+        assert_eq!(decode(&[&crab[..1], &crab[1..2], &crab[2..3], &crab[3..]]), "🦀");
+        let mut stream = Utf8Stream::default();
+        assert_eq!(stream.decode(&crab[..3]), "", "nothing to pass on yet");
+        assert_eq!(stream.pending.len(), 3);
+    }
+
+    #[test]
+    fn bytes_that_are_not_utf8_become_replacement_characters_and_so_does_a_cut_off_end() {
+        assert_eq!(decode(&[b"a\xffb", b"\xc3"]), "a\u{fffd}b\u{fffd}");
+        // A lead byte followed by what cannot continue it is invalid at once.
+        assert_eq!(decode(&[b"\xe6\x97", b"x"]), "\u{fffd}x");
+        assert_eq!(decode(&[b"\xe0\x80", b"\x80"]), "\u{fffd}\u{fffd}\u{fffd}", "an overlong form");
+        assert_eq!(decode(&[b"\xf0\x9f\xa6"]), "\u{fffd}", "the stream ended inside a character");
+        assert_eq!(decode(&[b"\x80\x80\x80", b"\x80"]), "\u{fffd}".repeat(4), "continuation bytes alone");
+    }
+
+    #[test]
+    fn the_limits_count_the_text_forwarded_and_cut_only_between_characters() {
+        let t = Instant::now();
+        let mut gate = Gate::new(limits(10, 0, 0, 0), t);
+        // Each invalid byte is forwarded as three: the cap counts those.
+        let text = String::from_utf8_lossy(b"\xff\xff\xff\xff").into_owned();
+        let v = gate.admit(&text, t, 0);
+        assert_eq!(v.keep, 9, "three whole U+FFFD, not a part of a fourth");
+        assert!(text.is_char_boundary(v.keep));
+        assert!(gate.summary().unwrap().contains("3 bytes of this attempt's output were dropped"));
+        let mut gate = Gate::new(limits(0, 0, 0, 100), t);
+        assert_eq!(gate.admit("日本語", t, 7).keep, 6);
+        assert_eq!(gate.admit("🦀", t, 3).keep, 0, "less room than the character");
+    }
+
+    /// A forwarder's output as the server would get it.
+    async fn forwarded(limits: OutputLimits, pipe: impl AsyncRead + Unpin) -> String {
+        let (reporter, mut queue) = Reporter::new(limits.buffer);
+        let a = AttemptRef { job: 1, attempt: 1 };
+        let forwarder = Forwarder::new(a, limits, reporter);
+        forwarder.read(pipe).await;
+        forwarder.finish();
+        drop(forwarder);
+        let mut text = String::new();
+        while let Ok(AgentEvent::Output { data, .. }) = queue.try_recv() {
+            text.push_str(&data);
+        }
+        text
+    }
+
+    #[tokio::test]
+    async fn a_character_across_two_reads_of_a_pipe_arrives_whole() {
+        let line = format!("{}🦀 end\n", "a".repeat(READ_SIZE - 2));
+        let bytes = line.as_bytes();
+        // Two reads, the first ending two bytes into the crab.
+        let pipe = (&bytes[..READ_SIZE]).chain(&bytes[READ_SIZE..]);
+        assert_eq!(forwarded(OutputLimits::default(), pipe).await, line);
+        let cut_off = &bytes[..READ_SIZE];
+        let text = forwarded(OutputLimits::default(), cut_off).await;
+        assert_eq!(text, format!("{}\u{fffd}", "a".repeat(READ_SIZE - 2)));
+    }
+
+    /// Through a real pipe, written by a real process: `dd` writes the
+    /// line in one call, the pipe holds 64 KiB, so the first read ends
+    /// inside the 4-byte character.
+    #[tokio::test]
+    async fn a_process_line_with_a_character_across_the_64_kib_read_boundary_arrives_whole() {
+        let line = format!("{}🦀 end\n", "a".repeat(READ_SIZE - 2));
+        let dir = std::env::temp_dir().join(format!("ebb-output-boundary-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("line");
+        std::fs::write(&file, &line).unwrap();
+        let argv = [
+            "dd".to_string(),
+            format!("if={}", file.display()),
+            format!("bs={}", line.len()),
+            "status=none".into(),
+        ];
+        let env = std::collections::BTreeMap::from([("PATH".to_string(), "/usr/bin:/bin".to_string())]);
+        let who = crate::identity::resolve(None, nix::unistd::geteuid(), true).unwrap();
+        let request = crate::spawn::Request { argv: &argv, env: &env, cwd: &dir, who: &who, join: &[] };
+        let child = crate::spawn::spawn(&request).unwrap();
+        let stdout = pipe::Receiver::from_owned_fd(child.stdout).unwrap();
+        let text = forwarded(OutputLimits::default(), stdout).await;
+        let ended = crate::spawn::wait(child.pid).await.unwrap();
+        assert_eq!(ended.code, Some(0));
+        assert_eq!(text.len(), line.len());
+        assert!(text == line, "the line came back changed around {:?}", &text[READ_SIZE - 4..]);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

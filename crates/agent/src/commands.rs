@@ -1,0 +1,346 @@
+//! The agent's part of the protocol: register, then follow the command
+//! stream, carrying each command out through the [`Supervisor`]; register
+//! again whenever the server says so (it restarted, or declared this node
+//! lost).
+//!
+//! The poll is the node's heartbeat, so no command holds it up: starts run
+//! side by side, and a command for an attempt whose earlier command is
+//! still under way (its start, above all) runs after it, so that a drain
+//! finds its attempt running. Failed calls are retried after jittered
+//! waits ([`crate::retry`]), and so is registering again with a server
+//! that restarted: every agent learns of the restart at the same moment.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use backon::Retryable;
+use ebb_api::{Action, AgentEvent, AttemptRef, Register, Registered, StartAttempt};
+use tokio::task::JoinHandle;
+
+use crate::client::{CallError, Client};
+use crate::drain;
+use crate::report::{now_ms, Reporter};
+use crate::retry;
+use crate::supervisor::Supervisor;
+
+/// How long to wait before trying again with a refused credential: the
+/// operator has to act, so there is no point in asking often.
+const REFUSED_RETRY: Duration = Duration::from_secs(30);
+
+/// What the node says of itself when it registers.
+#[derive(Clone, Debug)]
+pub(crate) struct Node {
+    pub name: String,
+    pub gpu_model: String,
+    pub gpus: u8,
+    pub labels: BTreeMap<String, String>,
+    /// Where other nodes reach this one (a gang's `MASTER_ADDR`).
+    pub address: String,
+    /// How long reports may keep failing before the poll says the node is
+    /// unhealthy.
+    pub unhealthy_after: Duration,
+}
+
+/// The agent: the server on one side, its attempts on the other.
+pub(crate) struct Agent<S> {
+    pub node: Node,
+    pub client: Arc<Client>,
+    pub reporter: Arc<Reporter>,
+    pub supervisor: Arc<S>,
+}
+
+/// Commands under way, by attempt.
+type Pending = HashMap<AttemptRef, JoinHandle<()>>;
+
+/// How the node registers again.
+#[derive(Debug, PartialEq, Eq)]
+enum Rejoin {
+    /// After a jittered pause: the server said so, because it restarted
+    /// (every agent hears of that at the same moment) or lost this node.
+    Spread,
+    /// At once: the node has waited already (its credential was refused).
+    Now,
+}
+
+impl<S: Supervisor> Agent<S> {
+    /// Registers, then follows the command stream, for ever.
+    pub(crate) async fn follow(self: Arc<Self>) {
+        let mut pending = Pending::new();
+        loop {
+            let registered = self.register().await;
+            if self.follow_from(registered, &mut pending).await == Rejoin::Spread {
+                tokio::time::sleep(retry::REGISTRATION.delays().next_wait()).await;
+            }
+        }
+    }
+
+    /// Registers, retrying until the server takes it.
+    async fn register(&self) -> Registered {
+        loop {
+            let registered = (|| self.register_once())
+                .retry(retry::REGISTRATION)
+                .when(|e| !matches!(e, CallError::Unauthorized(_)))
+                .notify(|e, _| tracing::warn!("cannot register with {}: {e:?}", self.client.server()))
+                .await;
+            match registered {
+                Ok(registered) => return registered,
+                Err(CallError::Unauthorized(why)) => {
+                    self.credential_refused(&why);
+                    tokio::time::sleep(REFUSED_RETRY).await;
+                }
+                Err(e) => tracing::warn!("cannot register with {}: {e:?}", self.client.server()),
+            }
+        }
+    }
+
+    async fn register_once(&self) -> Result<Registered, CallError> {
+        let body = Register {
+            node: self.node.name.clone(),
+            gpu_model: self.node.gpu_model.clone(),
+            gpus: self.node.gpus,
+            labels: self.node.labels.clone(),
+            running: self.supervisor.running(),
+            address: Some(self.node.address.clone()),
+            unreported: self.reporter.unreported(),
+        };
+        let registered = self.client.register(&body).await?;
+        tracing::info!(node = self.node.name, gpus = self.node.gpus, "registered");
+        drain::kill_stale(&*self.supervisor, &registered.kill, "the server no longer runs this attempt");
+        Ok(registered)
+    }
+
+    /// Follows the command stream until the node must register again.
+    async fn follow_from(self: &Arc<Self>, registered: Registered, pending: &mut Pending) -> Rejoin {
+        let mut after = registered.next_seq;
+        let timeout = Duration::from_millis(registered.heartbeat_interval_ms) + Duration::from_secs(10);
+        let mut failures: Option<retry::Delays> = None;
+        loop {
+            // The poll is the heartbeat: it says when reports keep failing.
+            let failing = self.reporter.failing(Instant::now(), self.node.unhealthy_after);
+            if let Some(why) = &failing {
+                tracing::warn!("telling the server this node is unhealthy: {why}");
+            }
+            match self.client.poll(&self.node.name, registered.epoch, after, timeout, failing).await {
+                Ok(commands) => {
+                    failures = None;
+                    for command in commands.commands {
+                        after = command.seq;
+                        self.execute(command.action, pending);
+                    }
+                }
+                Err(CallError::Reregister(why)) => {
+                    tracing::warn!("registering again: {why}");
+                    return Rejoin::Spread;
+                }
+                Err(CallError::Unauthorized(why)) => {
+                    self.credential_refused(&why);
+                    tokio::time::sleep(REFUSED_RETRY).await;
+                    return Rejoin::Now;
+                }
+                Err(e) => {
+                    tracing::warn!("command poll failed: {e}");
+                    let delays = failures.get_or_insert_with(|| retry::POLLS.delays());
+                    tokio::time::sleep(delays.next_wait()).await;
+                }
+            }
+        }
+    }
+
+    /// Carries out a command of the server's without waiting for it: a
+    /// stop at once, anything else as a task of its own, after the
+    /// attempt's command under way if there is one.
+    fn execute(self: &Arc<Self>, action: Action, pending: &mut Pending) {
+        pending.retain(|_, task| !task.is_finished());
+        let attempt = match &action {
+            Action::Start(start) => start.attempt,
+            Action::Drain(drain) => drain.attempt,
+            Action::Stop { attempt, .. } => *attempt,
+        };
+        let before = pending.remove(&attempt);
+        if let (None, Action::Stop { attempt, grace_ms }) = (&before, &action) {
+            // The common case: at once.
+            return drain::stop(&self.supervisor, *attempt, Duration::from_millis(*grace_ms));
+        }
+        let agent = self.clone();
+        let task = tokio::spawn(async move {
+            if let Some(before) = before {
+                let _ = before.await;
+            }
+            match action {
+                Action::Start(start) => agent.start(start).await,
+                Action::Drain(d) => drain::drain(&agent.supervisor, d).await,
+                Action::Stop { attempt, grace_ms } => {
+                    drain::stop(&agent.supervisor, attempt, Duration::from_millis(grace_ms))
+                }
+            }
+        });
+        pending.insert(attempt, task);
+    }
+
+    /// Starts an attempt; one that cannot start is reported as having
+    /// exited with 127, with why in its log.
+    async fn start(&self, s: StartAttempt) {
+        let a = s.attempt;
+        if self.supervisor.is_running(a) {
+            return; // a repeated command
+        }
+        if let Err(message) = self.supervisor.start(s).await {
+            tracing::error!(job = a.job, attempt = a.attempt, "{message}");
+            self.reporter.send(AgentEvent::Output { attempt: a, data: format!("ebb: {message}\n") });
+            self.reporter.send(AgentEvent::Exited {
+                attempt: a,
+                code: Some(127),
+                signal: None,
+                completed: false,
+                at_ms: now_ms(),
+                peak_memory_bytes: None,
+            });
+        }
+    }
+
+    /// The server refused this node's credential: it was revoked, so the
+    /// server no longer holds anything this agent runs. Says what the
+    /// operator must do, and stops the attempts (they were requeued
+    /// elsewhere).
+    fn credential_refused(&self, why: &str) {
+        let name = &self.node.name;
+        tracing::error!(
+            "the server refused node {name}'s credential: {why}. This agent cannot take part until the \
+             operator acts: to rejoin, delete {} and restart the agent, which then registers with the join \
+             token (after `ebb nodes remove {name}` if the server still holds a credential for it). \
+             Retrying every {}s",
+            self.client.credential_path().display(),
+            REFUSED_RETRY.as_secs(),
+        );
+        let running = self.supervisor.running();
+        drain::kill_stale(
+            &*self.supervisor,
+            &running,
+            "the node's credential was revoked and its attempts requeued",
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use ebb_api::DrainAttempt;
+    use nix::sys::signal::Signal;
+
+    use super::*;
+    use crate::supervisor::fake::Op;
+    use crate::testing::{self, until, FakeServer};
+
+    const A: AttemptRef = AttemptRef { job: 1, attempt: 1 };
+    const B: AttemptRef = AttemptRef { job: 2, attempt: 1 };
+
+    fn start_of(attempt: AttemptRef) -> Action {
+        Action::Start(StartAttempt {
+            attempt,
+            tier: "spot".into(),
+            argv: vec!["train".into()],
+            env: BTreeMap::new(),
+            workdir: None,
+            gpus: vec![0],
+            signal: Signal::SIGUSR1 as i32,
+            run_as: None,
+            tenant: String::new(),
+        })
+    }
+
+    #[tokio::test]
+    async fn failing_reports_make_the_poll_say_unhealthy_until_they_get_through() {
+        let fake = Arc::new(FakeServer::default());
+        fake.broken.store(true, Ordering::SeqCst);
+        let agent = testing::agent(fake.clone(), "unhealthy").await;
+        agent.reporter.send(AgentEvent::Started { attempt: A, pid: 1, at_ms: 1 });
+        until("a poll says unhealthy", || fake.polls.lock().unwrap().iter().any(Option::is_some)).await;
+        let why = fake.polls.lock().unwrap().iter().flatten().next().cloned().unwrap();
+        assert!(why.contains("reports failing for") && why.contains("503"), "{why}");
+
+        fake.broken.store(false, Ordering::SeqCst);
+        until("the start is delivered", || !fake.delivered().is_empty()).await;
+        let seen = fake.polls.lock().unwrap().len();
+        until("a poll says healthy", || fake.polls.lock().unwrap()[seen..].iter().any(Option::is_none)).await;
+        assert!(agent.reporter.unreported().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_start_that_cannot_run_is_reported_as_an_exit_of_127_saying_why() {
+        let fake = Arc::new(FakeServer::default());
+        let agent = testing::agent(fake.clone(), "refused-start").await;
+        agent.supervisor.refuse_starts("run-as user alice: no such user on this node");
+        fake.commands.lock().unwrap().push(start_of(A));
+        let exited = |e: &AgentEvent| matches!(e, AgentEvent::Exited { code: Some(127), .. });
+        until("the exit is delivered", || fake.delivered().iter().any(exited)).await;
+        let delivered = fake.delivered();
+        assert_eq!(
+            delivered[0],
+            AgentEvent::Output {
+                attempt: A,
+                data: "ebb: run-as user alice: no such user on this node\n".into()
+            }
+        );
+        assert!(matches!(
+            delivered[1],
+            AgentEvent::Exited { attempt: A, signal: None, completed: false, .. }
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_drain_that_comes_with_its_start_is_delivered_once_the_attempt_runs() {
+        let fake = Arc::new(FakeServer::default());
+        let agent = testing::agent(fake.clone(), "drain-after-start").await;
+        agent.supervisor.open_starts(false);
+        let now = now_ms();
+        let drain = DrainAttempt {
+            attempt: A,
+            notice_at_ms: now,
+            deadline_ms: now + 60_000,
+            reason: "preempted".into(),
+        };
+        fake.commands.lock().unwrap().extend([start_of(A), Action::Drain(drain)]);
+        // Both were taken, and the poll after them shows they were handed on.
+        until("the commands are taken", || fake.commands.lock().unwrap().is_empty()).await;
+        let polls = fake.polls.lock().unwrap().len();
+        until("the next poll", || fake.polls.lock().unwrap().len() > polls).await;
+        assert!(agent.supervisor.ops().is_empty(), "the start is held");
+        agent.supervisor.open_starts(true);
+        agent.supervisor.until("the drain's signal", |ops| ops.len() == 3).await;
+        assert_eq!(
+            agent.supervisor.ops(),
+            vec![
+                Op::Start(A),
+                Op::Notice(A),
+                Op::Signal { attempt: A, signal: Signal::SIGUSR1, notice_file: true }
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn after_a_server_restart_the_node_registers_again_with_what_it_runs_and_has_not_reported() {
+        let fake = Arc::new(FakeServer::default());
+        let agent = testing::agent(fake.clone(), "restart").await;
+        until("the node registers", || fake.registrations.lock().unwrap().len() == 1).await;
+        agent.supervisor.run(A, Signal::SIGTERM);
+        agent.supervisor.run(B, Signal::SIGTERM);
+        fake.broken.store(true, Ordering::SeqCst);
+        let started = AgentEvent::Started { attempt: B, pid: 7, at_ms: 3 };
+        agent.reporter.send(started.clone());
+        // The restarted server holds B, not A.
+        *fake.kill.lock().unwrap() = vec![A];
+        fake.restarted.store(true, Ordering::SeqCst);
+        until("the node registers again", || fake.registrations.lock().unwrap().len() == 2).await;
+        let again = fake.registrations.lock().unwrap()[1].clone();
+        assert_eq!(again.running, vec![A, B]);
+        assert_eq!(again.unreported, vec![started]);
+        agent.supervisor.until("A is killed", |ops| !ops.is_empty()).await;
+        assert_eq!(
+            agent.supervisor.ops(),
+            vec![Op::Signal { attempt: A, signal: Signal::SIGKILL, notice_file: false }]
+        );
+        assert_eq!(agent.supervisor.running(), vec![B]);
+    }
+}

@@ -1,0 +1,151 @@
+//! Ending attempts: the drain, stops, and kills.
+//!
+//! A drain gives a preemptible job its notice and time to save its work:
+//! the notice goes on the attempt's metadata endpoint and into its notice
+//! file *before* the job's signal, so a job woken by the signal finds the
+//! notice wherever it looks; SIGKILL follows at the deadline. A stop (a
+//! cancel, the rest of a gang) is SIGTERM, as `scancel` does, then SIGKILL
+//! after its grace. A kill is SIGKILL at once, for attempts the server
+//! says must not run.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ebb_api::{AttemptRef, DrainAttempt};
+use nix::sys::signal::Signal;
+
+use crate::dirs;
+use crate::metadata::Notice;
+use crate::report::now_ms;
+use crate::supervisor::Supervisor;
+
+/// Delivers drain `d`: the endpoint and the notice file (written on a
+/// blocking thread, in a directory the job owns), then the job's signal,
+/// then SIGKILL at the deadline. A repeated command (after a reconnect)
+/// does nothing.
+pub(crate) async fn drain<S: Supervisor>(supervisor: &Arc<S>, d: DrainAttempt) {
+    let a = d.attempt;
+    let notice = Notice::new(d.notice_at_ms, d.deadline_ms, d.reason);
+    let body = serde_json::to_vec_pretty(&notice).expect("notice serialises");
+    let Some(target) = supervisor.post_notice(a, notice) else { return };
+    let file = target.drain_file.clone();
+    let written = tokio::task::spawn_blocking(move || dirs::write_job_file(&file, &body))
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+    if let Err(e) = written {
+        tracing::error!("cannot write the drain file {}: {e}", target.drain_file.display());
+    }
+    tracing::info!(
+        job = a.job,
+        attempt = a.attempt,
+        deadline = d.deadline_ms,
+        file = %target.drain_file.display(),
+        "drain notice"
+    );
+    supervisor.signal(a, target.signal);
+    let supervisor = supervisor.clone();
+    let wait = Duration::from_millis(d.deadline_ms.saturating_sub(now_ms()));
+    tokio::spawn(async move {
+        tokio::time::sleep(wait).await;
+        if supervisor.is_running(a) {
+            tracing::warn!(job = a.job, attempt = a.attempt, "deadline reached: SIGKILL");
+            supervisor.signal(a, Signal::SIGKILL);
+        }
+    });
+}
+
+/// Ends an attempt that is not being drained (cancelled, or the rest of
+/// a gang): SIGTERM, as `scancel` does, then SIGKILL after `grace`.
+pub(crate) fn stop<S: Supervisor>(supervisor: &Arc<S>, attempt: AttemptRef, grace: Duration) {
+    supervisor.signal(attempt, Signal::SIGTERM);
+    let supervisor = supervisor.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(grace).await;
+        supervisor.signal(attempt, Signal::SIGKILL);
+    });
+}
+
+/// Stops every attempt, and waits until they have ended, or `grace` and a
+/// second more have passed.
+pub(crate) async fn stop_all<S: Supervisor>(supervisor: &Arc<S>, grace: Duration) {
+    for a in supervisor.running() {
+        stop(supervisor, a, grace);
+    }
+    let deadline = tokio::time::Instant::now() + grace + Duration::from_secs(1);
+    while !supervisor.running().is_empty() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Kills attempts the server says must not run, saying `why`.
+pub(crate) fn kill_stale<S: Supervisor>(supervisor: &S, attempts: &[AttemptRef], why: &str) {
+    for attempt in attempts {
+        tracing::warn!(job = attempt.job, attempt = attempt.attempt, "{why}: killing it");
+        supervisor.signal(*attempt, Signal::SIGKILL);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::supervisor::fake::{FakeSupervisor, Op};
+
+    const A: AttemptRef = AttemptRef { job: 1, attempt: 1 };
+
+    fn drain_of(a: AttemptRef, deadline_in: Duration) -> DrainAttempt {
+        let now = now_ms();
+        DrainAttempt {
+            attempt: a,
+            notice_at_ms: now,
+            deadline_ms: now + deadline_in.as_millis() as u64,
+            reason: "preempted by job 2".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_drain_posts_the_notice_and_writes_its_file_before_the_signal_then_kills_at_the_deadline() {
+        let (fake, _queue) = FakeSupervisor::new("drain-order");
+        fake.run(A, Signal::SIGUSR1);
+        drain(&fake, drain_of(A, Duration::from_millis(200))).await;
+        let notice: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(fake.drain_file(A)).unwrap()).unwrap();
+        assert_eq!(notice["action"], "preempt");
+        assert_eq!(notice["reason"], "preempted by job 2");
+        assert_eq!(
+            fake.ops(),
+            vec![Op::Notice(A), Op::Signal { attempt: A, signal: Signal::SIGUSR1, notice_file: true }]
+        );
+        fake.until("the deadline's SIGKILL", |ops| ops.len() == 3).await;
+        assert_eq!(fake.ops()[2], Op::Signal { attempt: A, signal: Signal::SIGKILL, notice_file: true });
+    }
+
+    #[tokio::test]
+    async fn a_repeated_drain_is_delivered_once_and_an_exited_attempt_is_not_killed() {
+        let (fake, _queue) = FakeSupervisor::new("drain-repeated");
+        fake.run(A, Signal::SIGTERM);
+        drain(&fake, drain_of(A, Duration::from_millis(100))).await;
+        drain(&fake, drain_of(A, Duration::from_millis(100))).await;
+        fake.exit(A, Some(0));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            fake.ops(),
+            vec![Op::Notice(A), Op::Signal { attempt: A, signal: Signal::SIGTERM, notice_file: true }]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stop_is_sigterm_then_sigkill_after_the_grace() {
+        let (fake, _queue) = FakeSupervisor::new("stop");
+        fake.run(A, Signal::SIGUSR1);
+        stop(&fake, A, Duration::from_millis(50));
+        fake.until("the SIGKILL", |ops| ops.len() == 2).await;
+        assert_eq!(
+            fake.ops(),
+            vec![
+                Op::Signal { attempt: A, signal: Signal::SIGTERM, notice_file: false },
+                Op::Signal { attempt: A, signal: Signal::SIGKILL, notice_file: false },
+            ]
+        );
+        assert!(!fake.is_running(A), "SIGKILL ended it");
+    }
+}

@@ -1,0 +1,436 @@
+//! Attempts' processes: starting them, signalling them, and seeing them
+//! end.
+//!
+//! The agent's command loop and its drains speak to a [`Supervisor`], so
+//! that they can be tested without processes ([`fake`]). The real one,
+//! [`Processes`], runs each attempt as a real process (no shell) in its
+//! own cgroup (a process group where the agent cannot make cgroups), as
+//! its tenant's user, in directories owned by that user, with its own
+//! metadata endpoint, its output read and passed on ([`crate::output`]),
+//! and its start and exit reported ([`crate::report`]).
+//!
+//! A start is on the path from a victim's exit to its preemptor's start,
+//! so it makes one trip to a blocking thread, for everything that touches
+//! the disk (the user's entry, the directories, a cgroup if none is idle),
+//! and the exit makes one, overlapped with the last reads of the job's
+//! output. What is left — putting the group back, writing the ledger —
+//! happens after the exit is on its way. Signals, cgroup events and
+//! `/proc` are kernel interfaces, not storage, and are used in place.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ebb_api::{AgentEvent, AttemptRef, StartAttempt};
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::{Pid, Uid};
+use tokio::sync::watch;
+
+use crate::cgroup::{self, AttemptGroup};
+use crate::dirs;
+use crate::identity::{self, Identity};
+use crate::ledger::{self, Ledger};
+use crate::metadata::{self, Notice};
+use crate::output::{OutputLimits, Readers};
+use crate::report::{now_ms, Reporter};
+use crate::spawn;
+
+#[cfg(test)]
+pub(crate) mod fake;
+
+/// What the agent needs of attempts' processes.
+pub(crate) trait Supervisor: Send + Sync + 'static {
+    /// The attempts running now.
+    fn running(&self) -> Vec<AttemptRef>;
+
+    fn is_running(&self, attempt: AttemptRef) -> bool;
+
+    /// Starts an attempt; returns once its process runs, having reported
+    /// the start, and reports its output and exit as they come. An error
+    /// says why it could not start: then nothing runs and nothing was
+    /// reported.
+    fn start(self: &Arc<Self>, start: StartAttempt) -> impl Future<Output = Result<(), String>> + Send;
+
+    /// Sends `signal` to every process of the attempt (nothing if it is
+    /// not running).
+    fn signal(&self, attempt: AttemptRef, signal: Signal);
+
+    /// Puts the drain notice on the attempt's metadata endpoint. None if
+    /// the attempt is not running or already has its notice (a repeated
+    /// command after a reconnect); else where the notice file goes and the
+    /// signal the job asked for.
+    fn post_notice(&self, attempt: AttemptRef, notice: Notice) -> Option<NoticeTarget>;
+}
+
+/// Where a drain notice goes beyond the endpoint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct NoticeTarget {
+    pub drain_file: PathBuf,
+    pub signal: Signal,
+}
+
+/// What the real supervisor needs of the agent's configuration.
+#[derive(Clone, Debug)]
+pub(crate) struct Config {
+    /// The node's name, as jobs see it (`EBB_NODE`).
+    pub node: String,
+    pub data_dir: PathBuf,
+    pub checkpoint_root: PathBuf,
+    pub job_path: String,
+    pub job_env: BTreeMap<String, String>,
+    pub allow_root_jobs: bool,
+    pub output: OutputLimits,
+}
+
+/// Attempts as real processes.
+pub(crate) struct Processes {
+    config: Config,
+    /// The user the agent runs as.
+    me: Uid,
+    /// Where attempts' cgroups come from; none: process groups only.
+    cgroups: Option<Arc<cgroup::Pool>>,
+    running: Mutex<HashMap<AttemptRef, Running>>,
+    reporter: Arc<Reporter>,
+    ledger: Arc<Ledger>,
+}
+
+/// A running attempt.
+struct Running {
+    pgid: i32,
+    /// When the leader started, in clock ticks: only where the ledger
+    /// records process groups (no cgroups).
+    started_ticks: Option<u64>,
+    signal: i32,
+    drain_file: PathBuf,
+    notice: watch::Sender<Option<Notice>>,
+    /// The attempt's cgroup; none where the agent cannot make cgroups.
+    group: Option<AttemptGroup>,
+}
+
+/// Where an attempt runs, prepared before its process starts.
+struct Prepared {
+    who: Identity,
+    workdir: PathBuf,
+    /// The job's default working directory, where it set none.
+    default_workdir: Option<PathBuf>,
+    checkpoint_dir: PathBuf,
+    run_dir: PathBuf,
+    cgroup: Option<cgroup::Ready>,
+}
+
+/// What an attempt's end needs once its process has started.
+struct Ending {
+    pid: i32,
+    group: Option<AttemptGroup>,
+    peak: cgroup::Peak,
+    run_dir: PathBuf,
+    default_workdir: Option<PathBuf>,
+    output: Readers,
+}
+
+impl Processes {
+    pub(crate) fn new(
+        config: Config,
+        cgroups: Option<Arc<cgroup::Pool>>,
+        reporter: Arc<Reporter>,
+        ledger: Arc<Ledger>,
+    ) -> Processes {
+        Processes {
+            config,
+            me: nix::unistd::geteuid(),
+            cgroups,
+            running: Mutex::new(HashMap::new()),
+            reporter,
+            ledger,
+        }
+    }
+
+    /// Makes idle cgroups for the starts to come, on a blocking thread.
+    pub(crate) fn fill_pool(&self) {
+        if let Some(pool) = self.cgroups.clone() {
+            let ledger = self.ledger.clone();
+            tokio::task::spawn_blocking(move || {
+                pool.fill();
+                record_pool(&pool, &ledger);
+            });
+        }
+    }
+
+    /// Removes the idle cgroups (the agent is stopping).
+    pub(crate) async fn clear_pool(&self) {
+        if let Some(pool) = self.cgroups.clone() {
+            let _ = tokio::task::spawn_blocking(move || pool.clear()).await;
+        }
+    }
+
+    /// Removes finished attempts' directories older than `retention`, for
+    /// ever, a quarter of it apart (1 s to 10 min).
+    pub(crate) async fn sweep_every(self: Arc<Self>, retention: Duration) {
+        let every = (retention / 4).clamp(Duration::from_secs(1), Duration::from_secs(600));
+        loop {
+            let running = self.running();
+            let data_dir = self.config.data_dir.clone();
+            let _ = tokio::task::spawn_blocking(move || dirs::sweep(&data_dir, retention, &running)).await;
+            tokio::time::sleep(every).await;
+        }
+    }
+
+    /// Starts attempt `s`: its directories and cgroup, its metadata
+    /// endpoint, its process, then what watches it.
+    async fn launch(self: &Arc<Self>, s: StartAttempt) -> Result<(), String> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(|e| format!("metadata endpoint: {e}"))?;
+        let port = listener.local_addr().map_err(|e| format!("metadata endpoint: {e}"))?.port();
+        let this = self.clone();
+        let (prepared, s) = tokio::task::spawn_blocking(move || (this.prepare(&s), s))
+            .await
+            .map_err(|e| format!("cannot prepare the attempt: {e}"))?;
+        let mut prepared = prepared?;
+        let (notice, notice_rx) = watch::channel(None);
+        let a = s.attempt;
+        tokio::spawn(metadata::serve(
+            listener,
+            a.job,
+            a.attempt,
+            self.config.node.clone(),
+            notice_rx,
+            self.reporter.clone(),
+        ));
+        let child = match self.spawn(&s, &prepared, port) {
+            Ok(child) => child,
+            Err(e) => {
+                self.give_back(prepared.cgroup.take().map(|ready| ready.group));
+                return Err(e);
+            }
+        };
+        let Prepared { run_dir, default_workdir, cgroup, .. } = prepared;
+        let (group, peak) =
+            cgroup.map_or((None, cgroup::Peak::None), |ready| (Some(ready.group), ready.peak));
+        self.record(&s, child.pid, run_dir.join("drain.json"), notice, group.clone());
+        self.reporter.send(AgentEvent::Started { attempt: a, pid: child.pid as u32, at_ms: now_ms() });
+        let output = Readers::start(a, self.config.output, &self.reporter, [child.stdout, child.stderr]);
+        let ending = Ending { pid: child.pid, group, peak, run_dir, default_workdir, output };
+        tokio::spawn(self.clone().watch(a, ending));
+        Ok(())
+    }
+
+    /// Who the attempt runs as, its directories, and its cgroup: all the
+    /// file system work of a start, on a blocking thread.
+    ///
+    /// The attempt's own directories belong to its user, closed to others;
+    /// the tenant's checkpoint root too, so tenants cannot see each
+    /// other's. Retention counts from the last use: a requeued job's old
+    /// working directory is in use again (a new one is new enough).
+    fn prepare(&self, s: &StartAttempt) -> Result<Prepared, String> {
+        let a = s.attempt;
+        let who = identity::resolve(s.run_as.as_deref(), self.me, self.config.allow_root_jobs)?;
+        let owned = |p: PathBuf, in_use: bool| {
+            let created = dirs::own_dir(&p, 0o700, Some(&who))?;
+            if in_use && !created {
+                dirs::touch(&p);
+            }
+            Ok::<_, String>(p)
+        };
+        let (workdir, default_workdir) = match &s.workdir {
+            Some(w) => (PathBuf::from(w), None),
+            None => {
+                let dir = owned(dirs::default_workdir(&self.config.data_dir, a.job), true)?;
+                (dir.clone(), Some(dir))
+            }
+        };
+        let tenant_root = owned(self.config.checkpoint_root.join(dirs::tenant_dir_name(&s.tenant)?), false)?;
+        let checkpoint_dir = owned(tenant_root.join(a.job.to_string()), false)?;
+        let run_dir = owned(dirs::run_dir(&self.config.data_dir, a), true)?;
+        let cgroup = self.cgroups.as_ref().map(|pool| pool.take()).transpose()?;
+        Ok(Prepared { who, workdir, default_workdir, checkpoint_dir, run_dir, cgroup })
+    }
+
+    /// Starts the attempt's process, with the metadata endpoint on `port`.
+    fn spawn(&self, s: &StartAttempt, p: &Prepared, port: u16) -> Result<spawn::Child, String> {
+        let env = self.job_env(s, p, port);
+        let join = p.cgroup.as_ref().map_or_else(Vec::new, |ready| ready.join.fds());
+        let request = spawn::Request { argv: &s.argv, env: &env, cwd: &p.workdir, who: &p.who, join: &join };
+        spawn::spawn(&request).map_err(|e| {
+            format!(
+                "cannot start {:?} as {} (uid {}) in {}: {e}",
+                s.argv.first().map_or("", String::as_str),
+                p.who.user,
+                p.who.uid,
+                p.workdir.display()
+            )
+        })
+    }
+
+    /// The job's whole environment: see [`identity::job_env`].
+    fn job_env(&self, s: &StartAttempt, p: &Prepared, port: u16) -> BTreeMap<String, String> {
+        let a = s.attempt;
+        let gpus: Vec<String> = s.gpus.iter().map(|g| g.to_string()).collect();
+        let path = |p: &Path| p.display().to_string();
+        let metadata_url = format!("http://127.0.0.1:{port}");
+        let ebb = [
+            ("CUDA_VISIBLE_DEVICES", gpus.join(",")),
+            ("EBB_JOB_ID", a.job.to_string()),
+            ("EBB_ATTEMPT", a.attempt.to_string()),
+            ("EBB_TIER", s.tier.clone()),
+            ("EBB_NODE", self.config.node.clone()),
+            ("EBB_CHECKPOINT_DIR", path(&p.checkpoint_dir)),
+            ("EBB_DRAIN_FILE", path(&p.run_dir.join("drain.json"))),
+            ("EBB_COMPLETION_FILE", path(&p.run_dir.join("complete"))),
+            ("EBB_DRAIN_SIGNAL", s.signal.to_string()),
+            ("EBB_METADATA_URL", metadata_url.clone()),
+            ("AWS_EC2_METADATA_SERVICE_ENDPOINT", format!("{metadata_url}/")),
+            ("GCE_METADATA_HOST", format!("127.0.0.1:{port}")),
+        ];
+        identity::job_env(&self.config.job_path, &p.who, &self.config.job_env, &s.env, &ebb)
+    }
+
+    /// Records the attempt as running, in memory and in the ledger.
+    fn record(
+        &self,
+        s: &StartAttempt,
+        pid: i32,
+        drain_file: PathBuf,
+        notice: watch::Sender<Option<Notice>>,
+        group: Option<AttemptGroup>,
+    ) {
+        let started_ticks = if self.cgroups.is_none() { ledger::process_start(pid) } else { None };
+        let running = Running { pgid: pid, started_ticks, signal: s.signal, drain_file, notice, group };
+        let mut attempts = self.running.lock().expect("running");
+        attempts.insert(s.attempt, running);
+        match &self.cgroups {
+            Some(pool) => record_pool(pool, &self.ledger),
+            None => self.ledger.record_process_groups(
+                attempts.iter().filter_map(|(a, r)| Some((*a, r.pgid, r.started_ticks?))).collect(),
+            ),
+        }
+    }
+
+    /// Waits for the attempt to end, and reports how it did.
+    async fn watch(self: Arc<Self>, a: AttemptRef, ending: Ending) {
+        let Ending { pid, group, peak, run_dir, default_workdir, output } = ending;
+        let status = spawn::wait(pid).await;
+        kill_remains(pid, group.as_ref()).await;
+        // What the exit reports, read while the last output drains.
+        let facts =
+            tokio::task::spawn_blocking(move || exit_facts(&peak, &run_dir, default_workdir.as_deref()));
+        output.finish().await;
+        let (peak_memory_bytes, completed) = facts.await.unwrap_or((None, false));
+        let (code, signal) = match status {
+            Ok(ended) => (ended.code, ended.signal),
+            Err(e) => {
+                tracing::error!(job = a.job, attempt = a.attempt, "cannot wait for pid {pid}: {e}");
+                (None, None)
+            }
+        };
+        // Without cgroups, the ledger is rewritten at the next start;
+        // until then a stale entry is harmless (its start time no longer
+        // matches).
+        self.running.lock().expect("running").remove(&a);
+        tracing::info!(job = a.job, attempt = a.attempt, ?code, ?signal, ?peak_memory_bytes, "exited");
+        let at_ms = now_ms();
+        self.reporter.send(AgentEvent::Exited {
+            attempt: a,
+            code,
+            signal,
+            completed,
+            at_ms,
+            peak_memory_bytes,
+        });
+        // After the exit is on its way: a waiting preemptor need not wait
+        // for the group to be put back.
+        if let (Some(pool), Some(group)) = (self.cgroups.clone(), group) {
+            let ledger = self.ledger.clone();
+            let _ = tokio::task::spawn_blocking(move || {
+                pool.recycle(group);
+                record_pool(&pool, &ledger);
+            })
+            .await;
+        }
+    }
+
+    /// Puts back the cgroup of an attempt that did not start.
+    fn give_back(&self, group: Option<AttemptGroup>) {
+        if let (Some(pool), Some(group)) = (self.cgroups.clone(), group) {
+            let ledger = self.ledger.clone();
+            tokio::task::spawn_blocking(move || {
+                pool.recycle(group);
+                record_pool(&pool, &ledger);
+            });
+        }
+    }
+}
+
+impl Supervisor for Processes {
+    fn running(&self) -> Vec<AttemptRef> {
+        self.running.lock().expect("running").keys().copied().collect()
+    }
+
+    fn is_running(&self, attempt: AttemptRef) -> bool {
+        self.running.lock().expect("running").contains_key(&attempt)
+    }
+
+    fn start(self: &Arc<Self>, start: StartAttempt) -> impl Future<Output = Result<(), String>> + Send {
+        self.launch(start)
+    }
+
+    /// Every process of the attempt: all of its cgroup, or its process
+    /// group where there is no cgroup.
+    fn signal(&self, attempt: AttemptRef, signal: Signal) {
+        let target = self.running.lock().expect("running").get(&attempt).map(|r| (r.pgid, r.group.clone()));
+        match target {
+            Some((_, Some(group))) => group.signal(signal),
+            Some((pgid, None)) => {
+                let _ = killpg(Pid::from_raw(pgid), signal);
+            }
+            None => {}
+        }
+    }
+
+    fn post_notice(&self, attempt: AttemptRef, notice: Notice) -> Option<NoticeTarget> {
+        let running = self.running.lock().expect("running");
+        let r = running.get(&attempt)?;
+        if r.notice.borrow().is_some() {
+            return None;
+        }
+        r.notice.send_replace(Some(notice));
+        let signal = Signal::try_from(r.signal).unwrap_or(Signal::SIGTERM);
+        Some(NoticeTarget { drain_file: r.drain_file.clone(), signal })
+    }
+}
+
+/// Records the pool's groups in the ledger if they changed.
+fn record_pool(pool: &cgroup::Pool, ledger: &Ledger) {
+    if pool.changed() {
+        ledger.record_cgroups(pool.all());
+    }
+}
+
+/// Whatever the main process left behind goes too; the attempt ends when
+/// its cgroup is empty.
+async fn kill_remains(pid: i32, group: Option<&AttemptGroup>) {
+    match group {
+        // Usually the main process was the last: nothing to kill.
+        Some(group) if group.populated() => {
+            group.kill();
+            group.emptied().await;
+        }
+        Some(_) => {}
+        None => {
+            let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+    }
+}
+
+/// The attempt's peak memory and whether the job marked itself complete;
+/// its directories are marked used now, since the retention period counts
+/// from the attempt's end. Blocking.
+fn exit_facts(peak: &cgroup::Peak, run_dir: &Path, default_workdir: Option<&Path>) -> (Option<u64>, bool) {
+    let completed = run_dir.join("complete").exists();
+    for dir in std::iter::once(run_dir).chain(default_workdir) {
+        dirs::touch(dir);
+    }
+    (peak.read(), completed)
+}
