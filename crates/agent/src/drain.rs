@@ -29,20 +29,15 @@ pub(crate) async fn drain<S: Supervisor>(supervisor: &Arc<S>, d: DrainAttempt) {
     let body = serde_json::to_vec_pretty(&notice).expect("notice serialises");
     let Some(target) = supervisor.post_notice(a, notice) else { return };
     let file = target.drain_file.clone();
-    // The file is written, and the signal sent right after it, with this
-    // worker made a blocking thread for the while (its other tasks move
-    // on): no trip to another thread before the job hears.
+    // The file is written and the signal sent right after it, in one
+    // blocking step: nothing between them.
     let signaller = supervisor.clone();
     let deliver = move || {
         let written = dirs::write_job_file(&file, &body);
         signaller.signal(a, target.signal);
         written
     };
-    let written = match tokio::runtime::Handle::current().runtime_flavor() {
-        tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(deliver),
-        // A single-threaded runtime (tests) cannot lend its thread.
-        _ => tokio::task::spawn_blocking(deliver).await.unwrap_or_else(|e| Err(std::io::Error::other(e))),
-    };
+    let written = crate::blocking(deliver).await;
     if let Err(e) = written {
         tracing::error!("cannot write the drain file {}: {e}", target.drain_file.display());
     }

@@ -263,6 +263,18 @@ async fn until_told_to_stop() -> Result<(), String> {
     Ok(())
 }
 
+/// Runs blocking file I/O off the async scheduling: on a multi-threaded
+/// runtime, on this very worker lent to blocking (`block_in_place`: its
+/// other tasks move to the other workers, and no trip between threads adds
+/// to a start's or a drain's latency); else (tests' single thread) on the
+/// blocking pool.
+pub(crate) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    match tokio::runtime::Handle::current().runtime_flavor() {
+        tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
+        _ => tokio::task::spawn_blocking(f).await.expect("a blocking task panicked"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

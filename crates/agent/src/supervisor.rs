@@ -185,9 +185,7 @@ impl Processes {
             .map_err(|e| format!("metadata endpoint: {e}"))?;
         let port = listener.local_addr().map_err(|e| format!("metadata endpoint: {e}"))?.port();
         let this = self.clone();
-        let (prepared, s) = tokio::task::spawn_blocking(move || (this.prepare(&s), s))
-            .await
-            .map_err(|e| format!("cannot prepare the attempt: {e}"))?;
+        let (prepared, s) = crate::blocking(move || (this.prepare(&s), s)).await;
         let mut prepared = prepared?;
         let (notice, notice_rx) = watch::channel(None);
         let a = s.attempt;
@@ -313,11 +311,9 @@ impl Processes {
         let Ending { pid, group, peak, run_dir, default_workdir, output } = ending;
         let status = spawn::wait(pid).await;
         kill_remains(pid, group.as_ref()).await;
-        // What the exit reports, read while the last output drains.
-        let facts =
-            tokio::task::spawn_blocking(move || exit_facts(&peak, &run_dir, default_workdir.as_deref()));
         output.finish().await;
-        let (peak_memory_bytes, completed) = facts.await.unwrap_or((None, false));
+        let (peak_memory_bytes, completed) =
+            crate::blocking(move || exit_facts(&peak, &run_dir, default_workdir.as_deref())).await;
         let (code, signal) = match status {
             Ok(ended) => (ended.code, ended.signal),
             Err(e) => {
