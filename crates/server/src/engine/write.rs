@@ -63,7 +63,10 @@ impl<S: Store> Engine<S> {
             }
         };
         self.cut_uncommitted(id, state.bytes)?;
-        self.logs.insert(id, state.clone());
+        // Kept while output can still come; a finished job's is read again.
+        if !self.jobs[&id].state.is_final() {
+            self.logs.insert(id, state.clone());
+        }
         Ok(state)
     }
 
