@@ -22,6 +22,7 @@ pub struct SubmitArgs {
     /// GPU model (default: any).
     #[arg(long)]
     pub gpu_model: Option<String>,
+    /// A name to tell the job by (`ebb jobs`, `ebb show`).
     #[arg(long)]
     pub name: Option<String>,
     /// Signal sent at the drain notice (default TERM), like Slurm's --signal.
@@ -52,12 +53,15 @@ pub struct SubmitArgs {
     /// Exit code 0 during a drain counts as success without the SDK's marker.
     #[arg(long)]
     pub exit_on_drain_is_success: bool,
-    /// Print {"id": ...} instead of text.
+    /// Print one line {"id": N, "ids": [...]} instead of text: the job
+    /// (an array's first task) and every job made.
     #[arg(long)]
     pub json: bool,
-    /// The program and its arguments (after --), or a job script whose
-    /// `#EBB` lines carry the flags above.
-    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
+    /// The program and its arguments, or a job script whose `#EBB` lines
+    /// carry the flags above. It starts after `--` or at the first word
+    /// that is not one of the flags above; an unknown flag before it is an
+    /// error.
+    #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
     pub command: Vec<String>,
 }
 
@@ -68,22 +72,39 @@ struct ScriptFlags {
     flags: SubmitArgs,
 }
 
+/// The flags of a job script's `#EBB` lines, in order: each line split as
+/// a shell would (quotes, `\` escapes, a `# comment` at its end). An
+/// unknown or malformed flag is an error naming the script's line.
 fn script_flags(path: &Path) -> Result<Option<SubmitArgs>, String> {
     let Ok(text) = std::fs::read(path) else { return Ok(None) };
     let text = String::from_utf8_lossy(&text);
-    let mut words = vec!["ebb-submit".to_string()];
-    for line in text.lines() {
-        if let Some(rest) = line.strip_prefix("#EBB") {
-            words.extend(rest.split_whitespace().map(str::to_string));
+    let parse = |words: &[String]| {
+        let mut argv = vec!["#EBB".to_string()];
+        argv.extend(words.iter().cloned());
+        argv.extend(["--".to_string(), path.display().to_string()]);
+        ScriptFlags::try_parse_from(&argv).map(|s| s.flags)
+    };
+    let mut words = Vec::new();
+    for (number, line) in text.lines().enumerate() {
+        let Some(rest) = line.strip_prefix("#EBB") else { continue };
+        let at = || format!("{}:{}: {}", path.display(), number + 1, line.trim());
+        if !rest.is_empty() && !rest.starts_with([' ', '\t']) {
+            return Err(format!("{}: a directive is `#EBB --flag value`", at()));
         }
+        let line_words = shlex::split(rest).ok_or_else(|| format!("{}: an unclosed quote", at()))?;
+        if let Err(e) = parse(&line_words) {
+            let message = e.render().to_string();
+            let first = message.lines().find(|l| !l.trim().is_empty()).unwrap_or("").trim().to_string();
+            let tip = message.lines().find(|l| l.trim().starts_with("tip:")).map(|l| format!(" ({})", l.trim()));
+            return Err(format!("{}: {}{}", at(), first.trim_start_matches("error: "), tip.unwrap_or_default()));
+        }
+        words.extend(line_words);
     }
-    if words.len() == 1 {
+    if words.is_empty() {
         return Ok(None);
     }
-    words.push("--".into());
-    words.push(path.display().to_string());
-    ScriptFlags::try_parse_from(&words)
-        .map(|s| Some(s.flags))
+    parse(&words)
+        .map(Some)
         .map_err(|e| format!("{}: #EBB lines: {}", path.display(), e.render().to_string().trim()))
 }
 
@@ -229,7 +250,10 @@ pub async fn submit(conn: &Connection, args: &SubmitArgs) -> Result<String, Stri
     let spec = submission(args)?;
     let submitted: api::Submitted = conn.client()?.post("/v1/jobs", &spec).await?;
     Ok(if args.json {
-        json(&submitted)
+        // One line, for scripts: the job (or an array's first task) and
+        // every job made.
+        let ids = if submitted.ids.is_empty() { vec![submitted.id] } else { submitted.ids.clone() };
+        format!("{}\n", serde_json::json!({ "id": submitted.id, "ids": ids }))
     } else if submitted.ids.is_empty() {
         format!("submitted job {}\n", submitted.id)
     } else {
@@ -471,13 +495,46 @@ pub async fn logs(conn: &Connection, id: u64, follow: bool, as_json: bool) -> Re
     }
 }
 
-pub async fn cancel(conn: &Connection, id: u64, out: &JsonFlag) -> Result<String, String> {
-    let job: api::Job = conn.client()?.post(&format!("/v1/jobs/{id}/cancel"), &serde_json::json!({})).await?;
-    Ok(if out.json {
-        json(&job)
-    } else {
-        format!("job {id}: {}\n", if job.state == "cancelled" { "cancelled" } else { "stopping" })
-    })
+/// `ebb cancel ID...` and `ebb cancel --array ID`: every job named, and
+/// every task of the array not yet ended. Each is tried; one that cannot be
+/// cancelled (already ended, not found) is said, and makes the command
+/// fail once the others are done.
+pub async fn cancel(conn: &Connection, ids: &[u64], array: Option<u64>, out: &JsonFlag) -> Result<String, String> {
+    let client = conn.client()?;
+    let mut wanted = ids.to_vec();
+    if let Some(array) = array {
+        let job: api::Job = client.get(&format!("/v1/jobs/{array}")).await?;
+        let progress = job.progress.ok_or_else(|| format!("--array {array}: job {array} is not an array"))?;
+        if job.array.as_ref().is_some_and(|a| a.id != array) {
+            return Err(format!("--array {array}: job {array} is a task of array {}", job.array.unwrap().id));
+        }
+        let done = ["succeeded", "failed", "cancelled"];
+        wanted.extend(progress.tasks.iter().filter(|t| !done.contains(&t.state.as_str())).map(|t| t.id));
+    }
+    if wanted.is_empty() {
+        return Err("nothing to cancel: give job ids, or --array ID".into());
+    }
+    let (mut text, mut jobs, mut failed) = (String::new(), Vec::new(), Vec::new());
+    for id in wanted {
+        match client.post::<_, api::Job>(&format!("/v1/jobs/{id}/cancel"), &serde_json::json!({})).await {
+            Ok(job) => {
+                let what = if job.state == "cancelled" { "cancelled" } else { "stopping" };
+                writeln!(text, "job {id}: {what}").unwrap();
+                jobs.push(job);
+            }
+            Err(e) => failed.push(e),
+        }
+    }
+    if out.json {
+        text = json(&jobs);
+    }
+    match failed.is_empty() {
+        true => Ok(text),
+        false => {
+            print!("{text}");
+            Err(failed.join("\n"))
+        }
+    }
 }
 
 pub async fn nodes(conn: &Connection, out: &JsonFlag) -> Result<String, String> {

@@ -46,9 +46,14 @@ enum Command {
         #[command(flatten)]
         out: commands::JsonFlag,
     },
-    /// Cancel a job.
+    /// Cancel jobs: each ID given, and with --array every task of the
+    /// array (its id is its first task's) not yet ended.
     Cancel {
-        id: u64,
+        #[arg(value_name = "ID", required_unless_present = "array")]
+        ids: Vec<u64>,
+        /// A whole array or sweep, by its id.
+        #[arg(long, value_name = "ID")]
+        array: Option<u64>,
         #[command(flatten)]
         out: commands::JsonFlag,
     },
@@ -133,7 +138,7 @@ async fn dispatch(cli: Cli) -> Result<(), String> {
         Command::Jobs(out) => commands::jobs(conn, &out).await?,
         Command::Show { id, out } => commands::show(conn, id, &out).await?,
         Command::Logs { id, follow, out } => return commands::logs(conn, id, follow, out.json).await,
-        Command::Cancel { id, out } => commands::cancel(conn, id, &out).await?,
+        Command::Cancel { ids, array, out } => commands::cancel(conn, &ids, array, &out).await?,
         Command::Nodes { command: None, out } => commands::nodes(conn, &out).await?,
         Command::Nodes { command: Some(command), .. } => commands::nodes_command(conn, &command).await?,
         Command::Drain { node, out } => commands::drain(conn, &node, &out).await?,

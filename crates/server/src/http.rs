@@ -305,9 +305,11 @@ async fn show_job(
     Ok(Json(app.ask(|reply| Msg::Job { principal, id, reply }).await??))
 }
 
-/// Cancel a job: a queued job ends at once, a running one is stopped.
+/// Cancel a job: a queued job ends at once, a running one is stopped. A
+/// job that has already ended is a 409 naming its state.
 #[utoipa::path(post, path = "/v1/jobs/{id}/cancel", tag = "jobs", params(("id" = u64, Path)),
-    responses((status = 200, body = api::Job), (status = 404, description = "No such job the caller may see", body = api::ErrorBody)))]
+    responses((status = 200, body = api::Job), (status = 404, description = "No such job the caller may see", body = api::ErrorBody),
+        (status = 409, description = "The job has already ended", body = api::ErrorBody)))]
 async fn cancel_job(
     State(app): State<App>,
     headers: HeaderMap,

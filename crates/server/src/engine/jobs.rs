@@ -135,7 +135,10 @@ impl<S: Store> Engine<S> {
     pub(super) fn cancel(&mut self, id: u64, now: u64) -> Result<ebb_api::Job, Fail> {
         let state = self.jobs[&id].state;
         match state {
-            s if s.is_final() => {}
+            s if s.is_final() => {
+                let message = format!("job {id}: already {}; there is nothing to cancel", s.as_str());
+                return Err(ApiError::conflict(message).into());
+            }
             JobState::Queued => {
                 match self.jobs[&id].waiting {
                     Some(Waiting::Backoff { until_ms }) => {

@@ -1,0 +1,119 @@
+//! What a new user meets in the first hour, on a real cluster: typos in
+//! flags are errors, job scripts' `#EBB` lines are split as a shell would,
+//! `submit --json` gives every id on one line, `cancel` takes several jobs
+//! and a whole array, and a finished job cannot be cancelled.
+
+mod cluster;
+
+use std::time::Duration;
+
+use cluster::{Cluster, Options};
+use serde_json::Value;
+
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// `ebb submit --gpu 2 -- true` ran `--gpu` as the command; `#EBB` lines
+/// were split on spaces, so a quoted value arrived in pieces.
+#[test]
+fn a_mistyped_flag_is_refused_naming_it_and_a_quoted_directive_reaches_the_job_whole() {
+    let c = Cluster::start(Options { nodes: 1, gpus: 2, ..Options::default() });
+    let out = c.ebb_as(&c.admin, &["submit", "--gpu", "2", "--", "true"]);
+    assert!(!out.status.success(), "a typo was accepted");
+    let err = stderr(&out);
+    assert!(err.contains("unexpected argument '--gpu'"), "{err}");
+    assert!(err.contains("'--gpus'"), "no suggestion: {err}");
+    assert!(c.jobs().is_empty(), "a job was made");
+
+    // Flags may also end where the command starts, without `--`, and the
+    // command's own flags stay its own.
+    let id = c.submit(&["--gpus", "1", "sh", "-c", "echo plain"]);
+    c.wait_state(id, "succeeded");
+    assert_eq!(c.output(id), "plain\n");
+
+    let dir = c.dir.join("scripts");
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join("hello.sh");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\n#EBB --name \"my job\" --env MSG=\"hello world\"   # says hello\n#EBB --gpus 1\necho \"$MSG\"\n",
+    )
+    .unwrap();
+    make_executable(&script);
+    let id = c.submit(&[script.to_str().unwrap()]);
+    let job = c.wait_state(id, "succeeded");
+    assert_eq!(job["name"], "my job");
+    assert_eq!(c.output(id), "hello world\n");
+
+    let bad = dir.join("bad.sh");
+    std::fs::write(&bad, "#!/bin/sh\n#EBB --gpus 1\n#EBB --gpu 2\ntrue\n").unwrap();
+    make_executable(&bad);
+    let out = c.ebb_as(&c.admin, &["submit", bad.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains(&format!("{}:3: #EBB --gpu 2: unexpected argument '--gpu'", bad.display())), "{err}");
+    assert!(err.contains("'--gpus'"), "{err}");
+}
+
+/// `submit --json` printed pretty JSON with `ids` only for arrays, and
+/// `cancel` took one id.
+#[test]
+fn submit_json_is_one_line_with_every_id_and_cancel_takes_several_jobs_and_a_whole_array() {
+    let c = Cluster::start(Options { nodes: 1, gpus: 2, ..Options::default() });
+    let submit = |args: &[&str]| -> Value {
+        let mut full = vec!["submit", "--json"];
+        full.extend_from_slice(args);
+        let text = c.ebb(&full);
+        assert_eq!(text.lines().count(), 1, "{text}");
+        serde_json::from_str(&text).unwrap()
+    };
+    let one = submit(&["--", "sleep", "600"]);
+    let id = one["id"].as_u64().unwrap();
+    assert_eq!(one["ids"], serde_json::json!([id]));
+    let array = submit(&["--array", "0-3", "--", "sleep", "600"]);
+    let first = array["id"].as_u64().unwrap();
+    let ids: Vec<u64> = array["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+    assert_eq!(ids, (first..first + 4).collect::<Vec<_>>());
+    let other = submit(&["--", "sleep", "600"])["id"].as_u64().unwrap();
+
+    c.wait_state(id, "running");
+    let said = c.ebb(&["cancel", "--array", &first.to_string()]);
+    assert_eq!(said.lines().count(), 4, "{said}");
+    for task in &ids {
+        c.wait_state(*task, "cancelled");
+    }
+    let said = c.ebb(&["cancel", &id.to_string(), &other.to_string()]);
+    assert_eq!(said.lines().count(), 2, "{said}");
+    c.wait_state(id, "cancelled");
+    c.wait_state(other, "cancelled");
+
+    // A task's id is not its array's.
+    let out = c.ebb_as(&c.admin, &["cancel", "--array", &(first + 1).to_string()]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains(&format!("is a task of array {first}")), "{}", stderr(&out));
+}
+
+/// Cancelling a job that had ended answered 200 as if it had done
+/// something.
+#[test]
+fn cancelling_a_finished_job_is_refused_naming_its_state() {
+    let c = Cluster::start(Options { nodes: 1, gpus: 2, ..Options::default() });
+    let done = c.submit(&["--", "true"]);
+    c.wait_state(done, "succeeded");
+    let running = c.submit(&["--", "sleep", "600"]);
+    c.wait_state(running, "running");
+    let out = c.ebb_as(&c.admin, &["cancel", &done.to_string(), &running.to_string()]);
+    assert!(!out.status.success(), "cancelling a finished job succeeded");
+    let err = stderr(&out);
+    assert!(err.contains(&format!("job {done}: already succeeded; there is nothing to cancel")), "{err}");
+    // The other job named is cancelled all the same.
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("job {running}: stopping")));
+    c.wait_job(running, "cancelled", Duration::from_secs(20), |j| j["state"] == "cancelled");
+    assert_eq!(c.job(done)["state"], "succeeded");
+}
+
+fn make_executable(path: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
