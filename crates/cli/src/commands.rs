@@ -95,8 +95,14 @@ fn script_flags(path: &Path) -> Result<Option<SubmitArgs>, String> {
         if let Err(e) = parse(&line_words) {
             let message = e.render().to_string();
             let first = message.lines().find(|l| !l.trim().is_empty()).unwrap_or("").trim().to_string();
-            let tip = message.lines().find(|l| l.trim().starts_with("tip:")).map(|l| format!(" ({})", l.trim()));
-            return Err(format!("{}: {}{}", at(), first.trim_start_matches("error: "), tip.unwrap_or_default()));
+            let tip =
+                message.lines().find(|l| l.trim().starts_with("tip:")).map(|l| format!(" ({})", l.trim()));
+            return Err(format!(
+                "{}: {}{}",
+                at(),
+                first.trim_start_matches("error: "),
+                tip.unwrap_or_default()
+            ));
         }
         words.extend(line_words);
     }
@@ -499,7 +505,12 @@ pub async fn logs(conn: &Connection, id: u64, follow: bool, as_json: bool) -> Re
 /// every task of the array not yet ended. Each is tried; one that cannot be
 /// cancelled (already ended, not found) is said, and makes the command
 /// fail once the others are done.
-pub async fn cancel(conn: &Connection, ids: &[u64], array: Option<u64>, out: &JsonFlag) -> Result<String, String> {
+pub async fn cancel(
+    conn: &Connection,
+    ids: &[u64],
+    array: Option<u64>,
+    out: &JsonFlag,
+) -> Result<String, String> {
     let client = conn.client()?;
     let mut wanted = ids.to_vec();
     if let Some(array) = array {

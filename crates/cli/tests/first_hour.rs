@@ -52,7 +52,10 @@ fn a_mistyped_flag_is_refused_naming_it_and_a_quoted_directive_reaches_the_job_w
     let out = c.ebb_as(&c.admin, &["submit", bad.to_str().unwrap()]);
     assert!(!out.status.success());
     let err = stderr(&out);
-    assert!(err.contains(&format!("{}:3: #EBB --gpu 2: unexpected argument '--gpu'", bad.display())), "{err}");
+    assert!(
+        err.contains(&format!("{}:3: #EBB --gpu 2: unexpected argument '--gpu'", bad.display())),
+        "{err}"
+    );
     assert!(err.contains("'--gpus'"), "{err}");
 }
 
@@ -116,4 +119,29 @@ fn cancelling_a_finished_job_is_refused_naming_its_state() {
 fn make_executable(path: &std::path::Path) {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// 24 GPUs on two 8-GPU nodes, or 4096, were accepted and waited for ever.
+#[test]
+fn a_job_larger_than_the_cluster_is_refused_naming_what_it_has() {
+    let c = Cluster::start(Options { nodes: 2, gpus: 8, ..Options::default() });
+    for gpus in ["24", "4096"] {
+        let out = c.ebb_as(&c.admin, &["submit", "--gpus", gpus, "--", "true"]);
+        assert!(!out.status.success(), "{gpus} GPUs were accepted");
+        let err = stderr(&out);
+        assert!(
+            err.contains(&format!("gpus: {gpus} GPUs, but the cluster has 16 H100-80GB on 2 nodes in all")),
+            "{err}"
+        );
+    }
+    let out = c.ebb_as(&c.admin, &["submit", "--gpus", "24", "--gpu-model", "H100-80GB", "--", "true"]);
+    assert!(
+        stderr(&out).contains("gpus: 24 GPUs of H100-80GB, but the cluster has 16 H100-80GB"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(c.jobs().is_empty());
+    // A gang of both nodes is as large as it gets, and runs.
+    let id = c.submit(&["--gpus", "16", "--", "true"]);
+    c.wait_state(id, "succeeded");
 }

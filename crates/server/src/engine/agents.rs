@@ -91,7 +91,7 @@ impl<S: Store> Engine<S> {
             removed: false,
         };
         self.store.put_node(&row)?;
-        self.fleet.nodes.insert(reg.node.clone(), row);
+        self.fleet.put(row);
         self.price_for(&reg.gpu_model)?;
         self.heard(&reg.node, now)?;
         tracing::info!(node = reg.node, gpus = reg.gpus, gpu_model = reg.gpu_model, "node joined");

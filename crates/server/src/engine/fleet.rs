@@ -85,10 +85,10 @@ impl<S: Store> Engine<S> {
             .map(|j| j.0)
             .collect();
         self.node_gone(name, &requeued, "removed by the operator", now)?;
-        if let Some(row) = self.fleet.nodes.get_mut(name) {
-            row.removed = true;
-            let row = row.clone();
+        if let Some(row) = self.fleet.nodes.get(name) {
+            let row = NodeRow { removed: true, ..row.clone() };
             self.store.put_node(&row)?;
+            self.fleet.put(row);
         }
         if let Some(channel) = self.outbox.channels.get_mut(name) {
             channel.commands.clear();

@@ -26,6 +26,7 @@ impl<S: Store> Engine<S> {
             // A reserved job runs on its reservation's model.
             spec.gpu_model = Some(self.reserved_model(tenant, spec.gpu_model.as_deref(), now)?);
         }
+        self.check_capacity(checked.gpus, spec.gpu_model.as_deref())?;
         let tasks = expand(&spec, checked.tasks, self.next_job);
         self.check_room(tenant, &limits, &tasks)?;
         let mut ids = Vec::with_capacity(tasks.len());
@@ -71,6 +72,34 @@ impl<S: Store> Engine<S> {
                 models.into_iter().collect::<Vec<_>>().join(", ")
             ))),
         }
+    }
+
+    /// Refuses a job larger than all the nodes of its model (of any model,
+    /// if it names none) that have joined could ever give it together,
+    /// naming what the cluster has. A cluster no node has joined yet
+    /// takes any size: the nodes may be on their way.
+    fn check_capacity(&self, gpus: u32, model: Option<&str>) -> Result<(), ApiError> {
+        let registered = &self.fleet.registered;
+        let fits = |m: &str| registered.get(m).is_some_and(|(have, _)| u64::from(gpus) <= *have);
+        let fitting = match model {
+            Some(m) => fits(m),
+            None => registered.keys().any(|m| fits(m)),
+        };
+        if fitting || registered.values().all(|(have, _)| *have == 0) {
+            return Ok(());
+        }
+        let has: Vec<String> = registered
+            .iter()
+            .filter(|(m, (have, _))| *have > 0 && model.is_none_or(|w| w == m.as_str()))
+            .map(|(m, (have, nodes))| {
+                format!("{have} {m} on {nodes} node{}", if *nodes == 1 { "" } else { "s" })
+            })
+            .collect();
+        Err(ApiError::unprocessable(format!(
+            "gpus: {gpus} GPUs{}, but the cluster has {} in all: more than its nodes could ever give one job",
+            model.map(|m| format!(" of {m}")).unwrap_or_default(),
+            if has.is_empty() { "none of that model".to_string() } else { has.join(", ") }
+        )))
     }
 
     /// Refuses a submission that would take the tenant over its limits of

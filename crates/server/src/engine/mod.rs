@@ -325,6 +325,28 @@ struct Fleet {
     unhealthy: HashMap<String, String>,
     /// The last report applied from each node, once one came.
     reports: HashMap<String, ebb_api::ReportId>,
+    /// GPUs and nodes of each model that have joined and not been removed
+    /// (lost ones may come back): the most a job of that model could get.
+    registered: BTreeMap<String, (u64, u32)>,
+}
+
+impl Fleet {
+    /// `row` replaces what the fleet had under its name.
+    fn put(&mut self, row: NodeRow) {
+        if let Some(old) = self.nodes.get(&row.name) {
+            if !old.removed {
+                let entry = self.registered.entry(old.gpu_model.clone()).or_default();
+                entry.0 = entry.0.saturating_sub(u64::from(old.gpus));
+                entry.1 = entry.1.saturating_sub(1);
+            }
+        }
+        if !row.removed {
+            let entry = self.registered.entry(row.gpu_model.clone()).or_default();
+            entry.0 += u64::from(row.gpus);
+            entry.1 += 1;
+        }
+        self.nodes.insert(row.name.clone(), row);
+    }
 }
 
 /// Prices by model, and reservations by id.

@@ -93,7 +93,7 @@ impl<S: Store> Engine<S> {
                 let _ = self.core.lose_node(id);
             }
             self.outbox.channels.insert(node.name.clone(), Channel::new());
-            self.fleet.nodes.insert(node.name.clone(), node);
+            self.fleet.put(node);
         }
         Ok(())
     }
