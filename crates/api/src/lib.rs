@@ -377,6 +377,22 @@ pub struct ReclaimRequest {
     pub gpu_model: Option<String>,
 }
 
+/// `POST /v1/reclaim/release`: lift a reclaim.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReclaimRelease {
+    /// Which model's reclaim (default: the only model).
+    #[serde(default)]
+    pub gpu_model: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ReclaimReleased {
+    pub gpu_model: String,
+    /// The limit that was lifted; none if there was no reclaim.
+    pub released_limit: Option<u32>,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ReclaimReply {
     pub gpu_model: String,

@@ -618,6 +618,28 @@ pub async fn drain(conn: &Connection, node: &str, out: &JsonFlag) -> Result<Stri
     Ok(if out.json { json(&n) } else { format!("node {}: {}\n", n.name, n.status) })
 }
 
+pub async fn undrain(conn: &Connection, node: &str, out: &JsonFlag) -> Result<String, String> {
+    let n: api::Node =
+        conn.client()?.post(&format!("/v1/nodes/{node}/undrain"), &serde_json::json!({})).await?;
+    Ok(if out.json { json(&n) } else { format!("node {}: {}\n", n.name, n.status) })
+}
+
+pub async fn release(conn: &Connection, gpu_model: Option<String>, out: &JsonFlag) -> Result<String, String> {
+    let reply: api::ReclaimReleased =
+        conn.client()?.post("/v1/reclaim/release", &api::ReclaimRelease { gpu_model }).await?;
+    Ok(if out.json {
+        json(&reply)
+    } else {
+        match reply.released_limit {
+            Some(limit) => format!(
+                "released the reclaim of {} (preemptible work was held to {limit} GPUs): it may use any idle GPU again\n",
+                reply.gpu_model
+            ),
+            None => format!("{}: no reclaim to release\n", reply.gpu_model),
+        }
+    })
+}
+
 pub async fn reclaim(
     conn: &Connection,
     gpus: u32,

@@ -494,10 +494,13 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
     // Ready when every agent has joined.
     let conn = crate::client::Connection { server: Some(url.clone()), token: Some(admin.clone()) };
     let client = conn.client()?;
+    // Joined: up, or drained by the operator before a restart (it stays
+    // drained, and is said so below).
     let mut joined = 0;
+    let mut nodes: Vec<ebb_api::Node> = Vec::new();
     for _ in 0..400 {
-        let nodes: Vec<ebb_api::Node> = client.get("/v1/nodes").await.unwrap_or_default();
-        joined = nodes.iter().filter(|n| n.status == "up").count();
+        nodes = client.get("/v1/nodes").await.unwrap_or_default();
+        joined = nodes.iter().filter(|n| n.status == "up" || n.status == "draining").count();
         if joined == args.nodes as usize {
             break;
         }
@@ -513,6 +516,9 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
     println!("point the CLI at it:\n  export EBB_SERVER={url} EBB_TOKEN={admin}");
     println!("jobs run as {user} (uid {uid}), the user who started this cluster");
     println!("logs in {}; Ctrl-C stops the cluster", logs.display());
+    for node in nodes.iter().filter(|n| n.status == "draining") {
+        println!("{} is drained: it takes no new work (ebb undrain {} puts it back)", node.name, node.name);
+    }
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
     // The server exits on a panic or a failed commit, to restart from its

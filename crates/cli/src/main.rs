@@ -71,10 +71,21 @@ enum Command {
         #[command(flatten)]
         out: commands::JsonFlag,
     },
+    /// Put a drained node back into service (admin).
+    Undrain {
+        node: String,
+        #[command(flatten)]
+        out: commands::JsonFlag,
+    },
     /// Take back preemptible capacity with the drain window (admin).
     Reclaim {
+        /// GPUs to take back from preemptible work.
+        #[arg(long, required_unless_present = "release", conflicts_with = "release")]
+        gpus: Option<u32>,
+        /// Lift the reclaim: preemptible work may use any idle GPU again.
         #[arg(long)]
-        gpus: u32,
+        release: bool,
+        /// The model (needed when nodes have several).
         #[arg(long)]
         gpu_model: Option<String>,
         #[command(flatten)]
@@ -142,7 +153,13 @@ async fn dispatch(cli: Cli) -> Result<(), String> {
         Command::Nodes { command: None, out } => commands::nodes(conn, &out).await?,
         Command::Nodes { command: Some(command), .. } => commands::nodes_command(conn, &command).await?,
         Command::Drain { node, out } => commands::drain(conn, &node, &out).await?,
-        Command::Reclaim { gpus, gpu_model, out } => commands::reclaim(conn, gpus, gpu_model, &out).await?,
+        Command::Undrain { node, out } => commands::undrain(conn, &node, &out).await?,
+        Command::Reclaim { gpus: Some(gpus), gpu_model, out, .. } => {
+            commands::reclaim(conn, gpus, gpu_model, &out).await?
+        }
+        Command::Reclaim { gpus: None, gpu_model, out, .. } => {
+            commands::release(conn, gpu_model, &out).await?
+        }
         Command::Tenant { command } => commands::tenant(conn, &command).await?,
         Command::Price { command } => money::price(conn, &command).await?,
         Command::Reservation { command } => money::reservation(conn, &command).await?,

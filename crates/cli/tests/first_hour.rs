@@ -145,3 +145,43 @@ fn a_job_larger_than_the_cluster_is_refused_naming_what_it_has() {
     let id = c.submit(&["--gpus", "16", "--", "true"]);
     c.wait_state(id, "succeeded");
 }
+
+/// A drained node could not be put back, nor a reclaim lifted, and a
+/// reclaim was forgotten by a restarted server.
+#[test]
+fn undrain_and_releasing_a_reclaim_undo_what_the_operator_did_and_a_reclaim_survives_a_restart() {
+    let mut c = Cluster::start(Options { nodes: 2, gpus: 2, ..Options::default() });
+    assert!(c.ebb(&["drain", "node-1"]).contains("node-1: draining"));
+    let first = c.submit(&["--gpus", "2", "--", "sleep", "600"]);
+    let second = c.submit(&["--gpus", "2", "--", "sleep", "600"]);
+    c.wait_state(first, "running");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(c.job(second)["state"], "queued", "a drained node took work");
+    assert!(c.ebb(&["undrain", "node-1"]).contains("node-1: up"));
+    let job = c.wait_state(second, "running");
+    assert_eq!(job["placement"][0]["node"], "node-1");
+    let out = c.ebb_as(&c.admin, &["undrain", "node-1"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("node-1: not drained (it is up)"), "{}", stderr(&out));
+
+    // Take back all preemptible capacity: both jobs drain, and wait queued.
+    let said = c.ebb(&["reclaim", "--gpus", "4"]);
+    assert!(said.contains("preemptible work may now hold at most 0"), "{said}");
+    for id in [first, second] {
+        c.wait_job(id, "requeued", Duration::from_secs(20), |j| j["state"] == "queued");
+    }
+    // The limit is stored: a restarted server keeps it.
+    c.kill_server();
+    c.start_server();
+    c.wait_nodes_up(2);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(c.job(first)["state"], "queued", "the reclaim was forgotten");
+    let said = c.ebb(&["reclaim", "--release"]);
+    assert!(
+        said.contains("released the reclaim of H100-80GB (preemptible work was held to 0 GPUs)"),
+        "{said}"
+    );
+    c.wait_state(first, "running");
+    c.wait_state(second, "running");
+    assert!(c.ebb(&["reclaim", "--release"]).contains("no reclaim to release"));
+}

@@ -33,12 +33,18 @@ fn processes_of(dir: &Path) -> Vec<i32> {
 struct Up {
     child: Child,
     env: Vec<(String, String)>,
+    /// What it printed after the export line, as it comes.
+    lines: mpsc::Receiver<String>,
 }
 
 impl Up {
     fn start(dir: &Path) -> Up {
+        Up::start_with(dir, 1)
+    }
+
+    fn start_with(dir: &Path, nodes: u32) -> Up {
         let mut child = Command::new(ebb_exe())
-            .args(["up", "--nodes", "1", "--gpus-per-node", "2", "--port", "0", "--data-dir"])
+            .args(["up", "--nodes", &nodes.to_string(), "--gpus-per-node", "2", "--port", "0", "--data-dir"])
             .arg(dir)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -60,7 +66,14 @@ impl Up {
             .split_whitespace()
             .map(|kv| kv.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())).unwrap())
             .collect();
-        Up { child, env }
+        Up { child, env, lines }
+    }
+
+    /// Waits for a line of its output containing `text`.
+    fn says(&self, text: &str) -> String {
+        wait_for(&format!("ebb up to say {text:?}"), Duration::from_secs(10), || {
+            self.lines.recv_timeout(Duration::from_millis(100)).ok().filter(|l| l.contains(text))
+        })
     }
 
     fn ebb(&self, args: &[&str]) -> std::process::Output {
@@ -216,5 +229,37 @@ fn kill_9_of_ebb_up_leaves_no_process_within_2_s() {
     wait_for("the second cluster to end", Duration::from_secs(5), || {
         processes_of(&dir).is_empty().then_some(())
     });
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `ebb up` restarted on a directory with a drained node waited 20 s for
+/// the node to be "up", said only 1 of 2 agents joined, and stopped. Now it
+/// comes up and says the node is drained.
+#[test]
+fn ebb_up_restarted_with_a_drained_node_comes_up_and_says_so() {
+    let dir = scratch("drained");
+    let mut up = Up::start_with(&dir, 2);
+    let out = up.ebb(&["drain", "node-1"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(up.child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert!(up.child.wait().unwrap().success());
+
+    let started = Instant::now();
+    let mut again = Up::start_with(&dir, 2);
+    let said = again.says("is drained");
+    assert!(
+        said.contains("node-1 is drained: it takes no new work (ebb undrain node-1 puts it back)"),
+        "{said}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(10), "it waited for the drained node");
+    let out = again.ebb(&["undrain", "node-1"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("node-1: up"));
+    again.child.kill().unwrap();
+    again.child.wait().unwrap();
+    wait_for("the cluster to end", Duration::from_secs(5), || processes_of(&dir).is_empty().then_some(()));
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -415,6 +415,12 @@ impl State {
         Ok(limit)
     }
 
+    /// Puts back a reclaim limit as it stood (a restarted server).
+    pub fn restore_reclaim(&mut self, model: GpuModelId, limit: u32) -> Result<(), StateError> {
+        self.model_mut(model)?.preemptible_limit = Some(limit);
+        Ok(())
+    }
+
     /// Lifts a reclaim: preemptible work may use any idle GPU again.
     pub fn release_reclaim(&mut self, model: GpuModelId) -> Result<(), StateError> {
         self.model_mut(model)?.preemptible_limit = None;

@@ -208,13 +208,13 @@ fn integral_floats_as_integers(value: &mut serde_json::Value) {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "Ebb", description = "Preemptible GPU compute with a drain window"),
-    paths(submit, list_jobs, show_job, cancel_job, job_logs, list_nodes, drain_node, remove_node, reclaim,
+    paths(submit, list_jobs, show_job, cancel_job, job_logs, list_nodes, drain_node, undrain_node, remove_node, reclaim, release_reclaim,
         create_tenant, rotate_tenant_token, revoke_tenant_tokens, rotate_join_token, get_tenant_limits,
         set_tenant_limits, list_prices, set_price, create_reservation, list_reservations, delete_reservation, bill,
         operator_report, agent_register, agent_commands, agent_report),
     components(schemas(
         api::JobSubmission, api::Submitted, api::Job, api::JobEvent, api::EventKind, api::NodeGpus, api::Node,
-        api::ReclaimRequest, api::ReclaimReply, api::TenantRequest, api::TenantCreated, api::LogChunk,
+        api::ReclaimRequest, api::ReclaimReply, api::ReclaimRelease, api::ReclaimReleased, api::TenantRequest, api::TenantCreated, api::LogChunk,
         api::ErrorBody, api::SweepParam, api::Checkpoint, api::ArrayTask, api::ArrayProgress, api::TaskState,
         api::Price, api::PriceBook, api::PriceUpdate, api::ReservationRequest, api::Reservation, api::Usage,
         api::InvoiceLine, api::ReservationCharge, api::Invoice, api::TierReport, api::OperatorReport,
@@ -391,6 +391,19 @@ async fn drain_node(
     Ok(Json(app.ask(|reply| Msg::DrainNode { name, reply }).await??))
 }
 
+/// Put a drained node back into service (admin).
+#[utoipa::path(post, path = "/v1/nodes/{name}/undrain", tag = "operator", params(("name" = String, Path)),
+    responses((status = 200, body = api::Node), (status = 404, description = "No such node", body = api::ErrorBody),
+        (status = 409, description = "The node is not drained", body = api::ErrorBody)))]
+async fn undrain_node(
+    State(app): State<App>,
+    headers: HeaderMap,
+    ApiPath(name): ApiPath<String>,
+) -> ApiResult<Json<api::Node>> {
+    app.require(&headers, Scope::Admin)?;
+    Ok(Json(app.ask(|reply| Msg::UndrainNode { name, reply }).await??))
+}
+
 /// Remove a node (admin): its credential is revoked at once and its live
 /// attempts are requeued as lost. It may join again with the join token.
 #[utoipa::path(delete, path = "/v1/nodes/{name}", tag = "operator", params(("name" = String, Path)),
@@ -455,6 +468,21 @@ async fn reclaim(
     app.require(&headers, Scope::Admin)?;
     let req: api::ReclaimRequest = parse(&body)?;
     Ok(Json(app.ask(|reply| Msg::Reclaim { req, reply }).await??))
+}
+
+/// Lift a reclaim (admin): preemptible work may use any idle GPU of the
+/// model again.
+#[utoipa::path(post, path = "/v1/reclaim/release", tag = "operator", request_body = api::ReclaimRelease,
+    responses((status = 200, body = api::ReclaimReleased), (status = 409, description = "No node has joined yet", body = api::ErrorBody),
+        (status = 422, description = "An unknown GPU model, or none named when nodes have several", body = api::ErrorBody)))]
+async fn release_reclaim(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Body(body): Body,
+) -> ApiResult<Json<api::ReclaimReleased>> {
+    app.require(&headers, Scope::Admin)?;
+    let req: api::ReclaimRelease = parse(&body)?;
+    Ok(Json(app.ask(|reply| Msg::ReleaseReclaim { req, reply }).await??))
 }
 
 /// Create a tenant and its first token (admin). The token is shown once.
@@ -865,7 +893,9 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
         .route("/v1/nodes", get(list_nodes))
         .route("/v1/nodes/{name}", delete(remove_node))
         .route("/v1/nodes/{name}/drain", post(drain_node))
+        .route("/v1/nodes/{name}/undrain", post(undrain_node))
         .route("/v1/reclaim", post(reclaim))
+        .route("/v1/reclaim/release", post(release_reclaim))
         .route("/v1/tenants", post(create_tenant))
         .route("/v1/tenants/{name}/limits", get(get_tenant_limits).put(set_tenant_limits))
         .route("/v1/tenants/{name}/tokens", post(rotate_tenant_token).delete(revoke_tenant_tokens))

@@ -100,6 +100,8 @@ pub struct Snapshot<J> {
     pub heard: Vec<(String, u64)>,
     /// Limits the operator set for single tenants.
     pub tenant_limits: Vec<(u32, ebb_api::TenantLimits)>,
+    /// Reclaim limits, by model.
+    pub reclaims: Vec<(String, u32)>,
 }
 
 /// The storage interface the server is written against.
@@ -132,6 +134,8 @@ pub trait Store: Send {
     /// How much of the job's log is committed (see `LogState`).
     fn log_state(&mut self, job: u64) -> Result<Option<LogState>>;
     fn put_log_state(&mut self, job: u64, state: &LogState) -> Result<()>;
+    /// A model's reclaim limit, or none (lifted).
+    fn put_reclaim(&mut self, model: &str, limit: Option<u32>) -> Result<()>;
     /// The last report applied from `node`.
     fn last_report(&mut self, node: &str) -> Result<Option<ebb_api::ReportId>>;
     fn put_last_report(&mut self, node: &str, id: ebb_api::ReportId) -> Result<()>;
@@ -193,6 +197,9 @@ const MIGRATIONS: &[&str] = &[
     // 5: the last report applied from each node (its agent's session and
     // the report's number), so that a report sent again is applied once.
     "CREATE TABLE reports (node TEXT PRIMARY KEY, session INTEGER NOT NULL, seq INTEGER NOT NULL);",
+    // 6: operators' reclaims of preemptible capacity, by model: the most
+    // GPUs preemptible work of that model may hold.
+    "CREATE TABLE reclaims (model TEXT PRIMARY KEY, preemptible_limit INTEGER NOT NULL);",
 ];
 
 /// Brings the database to the latest step of `MIGRATIONS`
@@ -260,6 +267,7 @@ impl Store for SqliteStore {
             reservations: Vec::new(),
             heard: Vec::new(),
             tenant_limits: Vec::new(),
+            reclaims: Vec::new(),
         };
         let mut stmt = self.conn.prepare("SELECT id, name FROM tenants ORDER BY id")?;
         snapshot.tenants = stmt
@@ -295,6 +303,11 @@ impl Store for SqliteStore {
             stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<rusqlite::Result<_>>()?;
         for (tenant, record) in limits {
             snapshot.tenant_limits.push((tenant, serde_json::from_str(&record)?));
+        }
+        let mut stmt = self.conn.prepare("SELECT model, preemptible_limit FROM reclaims ORDER BY model")?;
+        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, u32>(1)?)))?;
+        for row in rows {
+            snapshot.reclaims.push(row?);
         }
         Ok(snapshot)
     }
@@ -374,6 +387,17 @@ impl Store for SqliteStore {
         let mut stmt =
             self.conn.prepare_cached("INSERT OR REPLACE INTO logs (job, record) VALUES (?1, ?2)")?;
         stmt.execute(params![job as i64, serde_json::to_string(state)?])?;
+        Ok(())
+    }
+
+    fn put_reclaim(&mut self, model: &str, limit: Option<u32>) -> Result<()> {
+        match limit {
+            Some(limit) => self.conn.execute(
+                "INSERT OR REPLACE INTO reclaims (model, preemptible_limit) VALUES (?1, ?2)",
+                params![model, limit],
+            )?,
+            None => self.conn.execute("DELETE FROM reclaims WHERE model = ?1", params![model])?,
+        };
         Ok(())
     }
 

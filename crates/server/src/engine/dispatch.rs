@@ -47,6 +47,14 @@ impl<S: Store> Engine<S> {
                 let result = self.reclaim(req);
                 self.answer(reply, result)?;
             }
+            Msg::ReleaseReclaim { req, reply } => {
+                let result = self.release_reclaim(req);
+                self.answer(reply, result)?;
+            }
+            Msg::UndrainNode { name, reply } => {
+                let result = self.undrain_node(&name);
+                self.answer(reply, result)?;
+            }
             Msg::CreateTenant { name, reply } => {
                 let result = self.create_tenant(name);
                 self.answer(reply, result)?;

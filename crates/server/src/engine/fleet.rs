@@ -32,35 +32,69 @@ impl<S: Store> Engine<S> {
         Ok(self.node_view(name))
     }
 
-    pub(super) fn reclaim(
-        &mut self,
-        req: ebb_api::ReclaimRequest,
-    ) -> Result<ebb_api::ReclaimReply, ApiError> {
-        if req.gpus == 0 {
-            return Err(ApiError::bad_request("gpus: must be at least 1".into()));
+    /// `ebb undrain NODE`: a drained node takes work again.
+    pub(super) fn undrain_node(&mut self, name: &str) -> Result<ebb_api::Node, Fail> {
+        let id = self
+            .core
+            .node_by_name(name)
+            .ok_or_else(|| ApiError::not_found(format!("node {name}: not found")))?;
+        if self.core.node(id).expect("known").status != NodeStatus::Cordoned {
+            let status = super::views::status_name(self.core.node(id).expect("known").status);
+            return Err(ApiError::conflict(format!("node {name}: not drained (it is {status})")).into());
         }
-        let model = match &req.gpu_model {
-            Some(name) => self
+        self.core.undrain_node(id).map_err(|e| ApiError::conflict(e.to_string()))?;
+        let row = NodeRow { drained: false, ..self.fleet.nodes[name].clone() };
+        self.store.put_node(&row)?;
+        self.fleet.put(row);
+        tracing::info!(node = name, "back in service (undrained by the operator)");
+        Ok(self.node_view(name))
+    }
+
+    /// The model a reclaim names, or the only one.
+    fn reclaim_model(&self, gpu_model: Option<&str>) -> Result<GpuModelId, ApiError> {
+        if let Some(name) = gpu_model {
+            return self
                 .core
                 .model_by_name(name)
-                .ok_or_else(|| ApiError::unprocessable(format!("gpu_model: unknown model {name:?}")))?,
-            None => {
-                let models: Vec<GpuModelId> = self.core.models().map(|(id, _)| id).collect();
-                match models.as_slice() {
-                    [only] => *only,
-                    [] => return Err(ApiError::conflict("no nodes have joined".into())),
-                    _ => {
-                        return Err(ApiError::unprocessable(
-                            "gpu_model: required when nodes have several models".into(),
-                        ))
-                    }
-                }
-            }
-        };
+                .ok_or_else(|| ApiError::unprocessable(format!("gpu_model: unknown model {name:?}")));
+        }
+        let models: Vec<GpuModelId> = self.core.models().map(|(id, _)| id).collect();
+        match models.as_slice() {
+            [only] => Ok(*only),
+            [] => Err(ApiError::conflict("no nodes have joined".into())),
+            _ => Err(ApiError::unprocessable("gpu_model: required when nodes have several models".into())),
+        }
+    }
+
+    /// `ebb reclaim --gpus N`: preemptible work of the model may hold N
+    /// fewer GPUs than it does now; the limit is stored, so it holds
+    /// across a restart until released.
+    pub(super) fn reclaim(&mut self, req: ebb_api::ReclaimRequest) -> Result<ebb_api::ReclaimReply, Fail> {
+        if req.gpus == 0 {
+            return Err(ApiError::bad_request("gpus: must be at least 1".into()).into());
+        }
+        let model = self.reclaim_model(req.gpu_model.as_deref())?;
         let limit = self.core.reclaim(model, req.gpus).map_err(|e| ApiError::unprocessable(e.to_string()))?;
         let name = self.core.model(model).expect("known model").name.clone();
+        let limit = self.core.model(model).expect("known model").preemptible_limit.unwrap_or(limit);
+        self.store.put_reclaim(&name, Some(limit))?;
         tracing::info!(gpu_model = name, gpus = req.gpus, limit, "preemptible capacity reclaimed");
         Ok(ebb_api::ReclaimReply { gpu_model: name, preemptible_limit: limit })
+    }
+
+    /// `ebb reclaim --release`: preemptible work may use any idle GPU of
+    /// the model again.
+    pub(super) fn release_reclaim(
+        &mut self,
+        req: ebb_api::ReclaimRelease,
+    ) -> Result<ebb_api::ReclaimReleased, Fail> {
+        let model = self.reclaim_model(req.gpu_model.as_deref())?;
+        let m = self.core.model(model).expect("known model");
+        let (name, released_limit) = (m.name.clone(), m.preemptible_limit);
+        self.core.release_reclaim(model).map_err(|e| ApiError::internal(e.to_string()))?;
+        self.store.put_reclaim(&name, None)?;
+        tracing::info!(gpu_model = name, ?released_limit, "reclaim released");
+        Ok(ebb_api::ReclaimReleased { gpu_model: name, released_limit })
     }
 
     /// `ebb nodes remove NAME`: the node's credential is revoked at once

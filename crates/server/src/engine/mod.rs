@@ -108,6 +108,14 @@ pub enum Msg {
         req: ebb_api::ReclaimRequest,
         reply: oneshot::Sender<Result<ebb_api::ReclaimReply, ApiError>>,
     },
+    ReleaseReclaim {
+        req: ebb_api::ReclaimRelease,
+        reply: oneshot::Sender<Result<ebb_api::ReclaimReleased, ApiError>>,
+    },
+    UndrainNode {
+        name: String,
+        reply: oneshot::Sender<Result<ebb_api::Node, ApiError>>,
+    },
     CreateTenant {
         name: String,
         reply: oneshot::Sender<Result<ebb_api::TenantCreated, ApiError>>,

@@ -161,6 +161,12 @@ impl<S: Store> Engine<S> {
         for model in models {
             self.price_for(&model)?;
         }
+        for (model, limit) in snapshot.reclaims {
+            match self.core.model_by_name(&model) {
+                Some(id) => self.core.restore_reclaim(id, limit).expect("known model"),
+                None => tracing::warn!(gpu_model = model, "reclaim of a model no node has: not restored"),
+            }
+        }
         for r in snapshot.reservations {
             match self.core_reservation(&r).map(|c| self.core.add_reservation(c)) {
                 Ok(Ok(())) => {}
