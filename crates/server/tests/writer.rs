@@ -122,6 +122,10 @@ impl Store for Faulty {
         self.trip("put_tenant_limits")?;
         self.inner.put_tenant_limits(tenant, limits)
     }
+    fn put_reclaim(&mut self, model: &str, limit: Option<u32>) -> Result<(), StoreError> {
+        self.trip("put_reclaim")?;
+        self.inner.put_reclaim(model, limit)
+    }
     fn last_report(&mut self, node: &str) -> Result<Option<ReportId>, StoreError> {
         self.inner.last_report(node)
     }
