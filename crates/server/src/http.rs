@@ -965,7 +965,7 @@ mod tests {
         }
         // Every route `serve` routes under /v1: a new one needs its
         // `#[utoipa::path]` and a place in `ApiDoc`'s paths.
-        assert_eq!(operations, 25, "routes documented");
+        assert_eq!(operations, 27, "routes documented");
     }
 
     #[test]
