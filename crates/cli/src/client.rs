@@ -53,6 +53,7 @@ impl Connection {
         let token = self.token.clone().or(file.token).ok_or(
             "no token: pass --token TOKEN, set EBB_TOKEN, or put \"token\" in ~/.config/ebb/config.json",
         )?;
+        let server = check_url(server.trim())?;
         let http = reqwest::Client::builder()
             .connect_timeout(std::time::Duration::from_secs(5))
             .build()
@@ -61,16 +62,57 @@ impl Connection {
     }
 }
 
+/// The server's URL, or an error saying what it should look like: a
+/// scheme is needed (`127.0.0.1:7300` and `localhost:7300` are not URLs).
+fn check_url(server: &str) -> Result<String, String> {
+    let parsed =
+        reqwest::Url::parse(server).ok().filter(|u| matches!(u.scheme(), "http" | "https") && u.has_host());
+    match parsed {
+        Some(_) => Ok(server.trim_end_matches('/').to_string()),
+        None if server.contains("://") => Err(format!("server {server:?}: not an http:// or https:// URL")),
+        None => Err(format!("server {server:?}: not a URL; did you mean http://{server}?")),
+    }
+}
+
+/// Why a request got no answer, in words: the innermost cause (`connection
+/// refused`), not the HTTP library's wrapping of it.
+fn unreachable(server: &str, e: &reqwest::Error) -> String {
+    if e.is_timeout() {
+        return format!("cannot connect to {server}: no answer in time");
+    }
+    let mut cause: &dyn std::error::Error = e;
+    while let Some(inner) = cause.source() {
+        cause = inner;
+    }
+    let text = cause.to_string();
+    let text = text.split(" (os error").next().unwrap_or(&text).to_string();
+    let mut words = text.chars();
+    let text = match words.next() {
+        Some(first) => first.to_lowercase().chain(words).collect(),
+        None => text,
+    };
+    format!("cannot connect to {server}: {text}")
+}
+
 impl Client {
     async fn send<T: DeserializeOwned>(&self, req: reqwest::RequestBuilder) -> Result<T, String> {
-        let resp = req.bearer_auth(&self.token).send().await.map_err(|e| format!("{}: {e}", self.server))?;
+        let resp = req.bearer_auth(&self.token).send().await.map_err(|e| unreachable(&self.server, &e))?;
         let status = resp.status();
-        let body = resp.text().await.map_err(|e| e.to_string())?;
+        let body = resp.text().await.map_err(|e| unreachable(&self.server, &e))?;
+        let not_ebb = || {
+            format!(
+                "{} answered HTTP {} with something that is not Ebb's API: is it an Ebb server (EBB_SERVER, --server)?",
+                self.server,
+                status.as_u16()
+            )
+        };
         if !status.is_success() {
-            let message = serde_json::from_str::<ebb_api::ErrorBody>(&body).map_or(body, |e| e.error);
-            return Err(format!("{message} (HTTP {})", status.as_u16()));
+            return match serde_json::from_str::<ebb_api::ErrorBody>(&body) {
+                Ok(e) => Err(format!("{} (HTTP {})", e.error, status.as_u16())),
+                Err(_) => Err(not_ebb()),
+            };
         }
-        serde_json::from_str(&body).map_err(|e| format!("unexpected answer from the server: {e}"))
+        serde_json::from_str(&body).map_err(|_| not_ebb())
     }
 
     pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, String> {

@@ -421,6 +421,17 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
     if args.nodes == 0 || args.gpus_per_node == 0 {
         return Err("--nodes and --gpus-per-node must be at least 1".into());
     }
+    // Before anything is written: a port in use would only show as the
+    // server failing after the directory was set up.
+    if args.port != 0 {
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], args.port));
+        if let Err(e) = std::net::TcpListener::bind(addr) {
+            return Err(format!(
+                "--port {}: cannot listen on {addr}: {e} (another ebb up? pass --port 0 for any free port)",
+                args.port
+            ));
+        }
+    }
     let data = &args.data_dir;
     // Before anything in it is touched: a second `ebb up` here would reuse
     // the first one's node names, database and logs.

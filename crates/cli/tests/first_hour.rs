@@ -185,3 +185,62 @@ fn undrain_and_releasing_a_reclaim_undo_what_the_operator_did_and_a_reclaim_surv
     c.wait_state(second, "running");
     assert!(c.ebb(&["reclaim", "--release"]).contains("no reclaim to release"));
 }
+
+/// reqwest's wording ("error sending request for url", "builder error"),
+/// or a whole HTML error page, was what a user saw for a wrong server; a
+/// port in use showed only as the server failing after `ebb up` had set
+/// up its directory.
+#[test]
+fn an_unreachable_or_wrong_server_is_said_plainly_and_ebb_up_on_a_port_in_use_writes_nothing() {
+    use std::io::{Read, Write};
+    let ebb = |server: &str| {
+        let out = std::process::Command::new(cluster::ebb_exe())
+            .args(["jobs", "--server", server, "--token", "x"])
+            .env_remove("EBB_CONFIG")
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        stderr(&out)
+    };
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let err = ebb(&format!("http://127.0.0.1:{port}"));
+    assert!(err.contains(&format!("cannot connect to http://127.0.0.1:{port}: connection refused")), "{err}");
+    let err = ebb(&format!("127.0.0.1:{port}"));
+    assert!(err.contains(&format!("not a URL; did you mean http://127.0.0.1:{port}?")), "{err}");
+    let err = ebb(&format!("localhost:{port}"));
+    assert!(err.contains(&format!("did you mean http://localhost:{port}?")), "{err}");
+
+    // Something else listens there: a web server's error page.
+    let other = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = other.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in other.incoming().flatten() {
+            let mut stream = stream;
+            let mut request = [0u8; 4096];
+            let _ = stream.read(&mut request);
+            let page = "<!DOCTYPE html><html><body><h1>404 Not Found</h1></body></html>";
+            let _ = write!(
+                stream,
+                "HTTP/1.1 404 Not Found\r\nContent-Type: text/html\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{page}",
+                page.len()
+            );
+        }
+    });
+    let err = ebb(&format!("http://127.0.0.1:{port}"));
+    assert!(!err.contains("<html"), "the page was dumped: {err}");
+    assert!(err.contains("answered HTTP 404 with something that is not Ebb's API"), "{err}");
+
+    // `ebb up` on that port: said at once, nothing written.
+    let dir = std::env::temp_dir().join(format!("ebb-busy-port-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = std::process::Command::new(cluster::ebb_exe())
+        .args(["up", "--port", &port.to_string(), "--data-dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("pass --port 0 for any free port"), "{}", stderr(&out));
+    assert!(!dir.exists(), "ebb up wrote its directory first");
+}
