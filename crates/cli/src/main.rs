@@ -112,6 +112,44 @@ enum Command {
     Report(money::ReportArgs),
     /// Replay job traces through the scheduler in virtual time.
     Sim(sim::SimArgs),
+    /// Print shell completions: ebb completions bash > /etc/bash_completion.d/ebb
+    Completions {
+        /// The shell: bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff): ebb man | man -l -
+    Man {
+        /// Write a page per command (ebb.1, ebb-submit.1, ...) into DIR instead.
+        #[arg(long, value_name = "DIR")]
+        out_dir: Option<std::path::PathBuf>,
+    },
+}
+
+/// `ebb completions SHELL`, from the command's own definition.
+fn completions(shell: clap_complete::Shell) -> String {
+    use clap::CommandFactory;
+    let mut out = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "ebb", &mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `ebb man`: the page of `ebb`, or with `--out-dir` one per command.
+fn man(out_dir: Option<std::path::PathBuf>) -> Result<String, String> {
+    use clap::CommandFactory;
+    let command = Cli::command();
+    match out_dir {
+        Some(dir) => {
+            std::fs::create_dir_all(&dir).map_err(|e| format!("--out-dir {}: {e}", dir.display()))?;
+            clap_mangen::generate_to(command, &dir)
+                .map_err(|e| format!("--out-dir {}: {e}", dir.display()))?;
+            Ok(format!("wrote the manual pages into {}\n", dir.display()))
+        }
+        None => {
+            let mut out = Vec::new();
+            clap_mangen::Man::new(command).render(&mut out).map_err(|e| e.to_string())?;
+            Ok(String::from_utf8_lossy(&out).into_owned())
+        }
+    }
 }
 
 /// Writes command output; a closed pipe (`ebb ... | head`) is not an error.
@@ -145,6 +183,8 @@ async fn dispatch(cli: Cli) -> Result<(), String> {
         }
         Command::Up(args) => return daemons::up(args).await,
         Command::Sim(args) => return sim::run(args),
+        Command::Completions { shell } => completions(shell),
+        Command::Man { out_dir } => man(out_dir)?,
         Command::Submit(args) => commands::submit(conn, &args).await?,
         Command::Jobs(out) => commands::jobs(conn, &out).await?,
         Command::Show { id, out } => commands::show(conn, id, &out).await?,

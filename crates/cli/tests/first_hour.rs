@@ -244,3 +244,35 @@ fn an_unreachable_or_wrong_server_is_said_plainly_and_ebb_up_on_a_port_in_use_wr
     assert!(stderr(&out).contains("pass --port 0 for any free port"), "{}", stderr(&out));
     assert!(!dir.exists(), "ebb up wrote its directory first");
 }
+
+/// Shell completions and manual pages, made from the command's own
+/// definition, so they list every command and flag there is.
+#[test]
+fn completions_and_manual_pages_come_from_the_command_itself() {
+    let ebb = |args: &[&str]| {
+        let out = std::process::Command::new(cluster::ebb_exe())
+            .args(args)
+            .env_remove("EBB_SERVER")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "ebb {args:?}: {}", stderr(&out));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let bash = ebb(&["completions", "bash"]);
+    assert!(bash.contains("_ebb()") && bash.contains("undrain") && bash.contains("--gpu-model"), "{bash}");
+    assert!(ebb(&["completions", "zsh"]).starts_with("#compdef ebb"));
+    let out = std::process::Command::new(cluster::ebb_exe()).args(["completions", "tcsh"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("possible values: bash, elvish, fish, powershell, zsh"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(ebb(&["man"]).contains(".TH ebb 1"));
+    let dir = std::env::temp_dir().join(format!("ebb-man-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    ebb(&["man", "--out-dir", dir.to_str().unwrap()]);
+    let submit = std::fs::read_to_string(dir.join("ebb-submit.1")).unwrap();
+    assert!(submit.contains("\\-\\-gpus") && submit.contains("#EBB"), "{submit}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
