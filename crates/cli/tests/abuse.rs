@@ -4,12 +4,9 @@
 
 mod cluster;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
 
-use cluster::{ebb_exe, wait_for, Cluster, Options};
+use cluster::{wait_for, Cluster, Options, Up};
 use serde_json::{json, Value};
 
 fn post(c: &Cluster, token: &str, path: &str, body: Value) -> (u16, Value) {
@@ -61,44 +58,12 @@ fn a_service_that_exits_at_once_backs_off() {
 fn ebb_up_restarts_a_server_that_dies() {
     let dir = std::env::temp_dir().join(format!("ebb-up-restart-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let mut up = Command::new(ebb_exe())
-        .args(["up", "--nodes", "1", "--gpus-per-node", "2", "--port", "0", "--data-dir"])
-        .arg(&dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let (tx, lines) = mpsc::channel();
-    let stdout = up.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { return };
-            let _ = tx.send(line);
-        }
-    });
-    let next_line = |what: &str| -> String {
-        wait_for(what, Duration::from_secs(60), || lines.recv_timeout(Duration::from_millis(100)).ok())
-    };
-    let export = loop {
-        let line = next_line("ebb up's export line");
-        if let Some(rest) = line.trim().strip_prefix("export ") {
-            break rest.to_string();
-        }
-    };
-    let vars: Vec<(String, String)> = export
-        .split_whitespace()
-        .map(|kv| kv.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())).unwrap())
-        .collect();
-    let ebb = |args: &[&str]| Command::new(ebb_exe()).args(args).envs(vars.clone()).output().unwrap();
+    let mut up = Up::start(&dir);
+    let ebb = |args: &[&str]| up.ebb(args);
     let pid = server_pid(&dir);
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
-    loop {
-        let line = next_line("ebb up to say it restarts the server");
-        if line.contains("the server exited") {
-            assert!(line.contains("restarting it from its last commit"), "{line}");
-            break;
-        }
-    }
+    let line = up.says("the server exited");
+    assert!(line.contains("restarting it from its last commit"), "{line}");
     let out = wait_for("a submission to the restarted server", Duration::from_secs(30), || {
         let out = ebb(&["submit", "--json", "--", "true"]);
         out.status.success().then_some(out)
@@ -108,9 +73,12 @@ fn ebb_up_restarts_a_server_that_dies() {
         let shown: Value = serde_json::from_slice(&ebb(&["show", &id, "--json"]).stdout).ok()?;
         (shown["state"] == "succeeded").then_some(())
     });
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(up.id() as i32), nix::sys::signal::Signal::SIGTERM)
-        .unwrap();
-    assert!(up.wait().unwrap().success());
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(up.child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert!(up.child.wait().unwrap().success());
     let _ = std::fs::remove_dir_all(&dir);
 }
 

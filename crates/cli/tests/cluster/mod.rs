@@ -3,9 +3,11 @@
 
 #![allow(dead_code)]
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -365,4 +367,69 @@ pub fn events(job: &Value) -> Vec<String> {
 pub fn pid_alive(pid: i32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
         && !std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default().contains(") Z ")
+}
+
+/// A running `ebb up` on `dir` and what it printed for the user.
+pub struct Up {
+    pub child: Child,
+    pub env: Vec<(String, String)>,
+    /// What it printed after the export line, as it comes.
+    lines: mpsc::Receiver<String>,
+}
+
+impl Up {
+    pub fn start(dir: &Path) -> Up {
+        Up::start_with(dir, 1)
+    }
+
+    pub fn start_with(dir: &Path, nodes: u32) -> Up {
+        let mut child = Command::new(ebb_exe())
+            .args(["up", "--nodes", &nodes.to_string(), "--gpus-per-node", "2", "--port", "0", "--data-dir"])
+            .arg(dir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let (tx, lines) = mpsc::channel();
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { return };
+                let _ = tx.send(line);
+            }
+        });
+        let export = wait_for("ebb up's export line", Duration::from_secs(60), || {
+            let line = lines.recv_timeout(Duration::from_millis(100)).ok()?;
+            line.trim().strip_prefix("export ").map(str::to_string)
+        });
+        let env = export
+            .split_whitespace()
+            .map(|kv| kv.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())).unwrap())
+            .collect();
+        Up { child, env, lines }
+    }
+
+    /// Waits for a line of its output containing `text`.
+    pub fn says(&self, text: &str) -> String {
+        wait_for(&format!("ebb up to say {text:?}"), Duration::from_secs(10), || {
+            self.lines.recv_timeout(Duration::from_millis(100)).ok().filter(|l| l.contains(text))
+        })
+    }
+
+    pub fn ebb(&self, args: &[&str]) -> std::process::Output {
+        Command::new(ebb_exe()).args(args).envs(self.env.clone()).output().unwrap()
+    }
+
+    /// A job that sleeps, once it runs: its id and pid.
+    pub fn sleeper(&self) -> (String, i32) {
+        let out = self.ebb(&["submit", "--json", "--", "sleep", "600"]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let id = serde_json::from_slice::<Value>(&out.stdout).unwrap()["id"].as_u64().unwrap().to_string();
+        let pid = wait_for("the job to start", Duration::from_secs(30), || {
+            let shown: Value = serde_json::from_slice(&self.ebb(&["show", &id, "--json"]).stdout).ok()?;
+            let events = shown["events"].as_array()?.clone();
+            events.iter().find(|e| e["kind"] == "started").and_then(|e| e["detail"]["pid"].as_i64())
+        });
+        (id, pid as i32)
+    }
 }
