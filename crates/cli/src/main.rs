@@ -78,9 +78,10 @@ enum Command {
         out: commands::JsonFlag,
     },
     /// Take back preemptible capacity with the drain window (admin).
+    #[command(group(clap::ArgGroup::new("what").required(true).args(["gpus", "release"])))]
     Reclaim {
         /// GPUs to take back from preemptible work.
-        #[arg(long, required_unless_present = "release", conflicts_with = "release")]
+        #[arg(long)]
         gpus: Option<u32>,
         /// Lift the reclaim: preemptible work may use any idle GPU again.
         #[arg(long)]
