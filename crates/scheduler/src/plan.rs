@@ -17,6 +17,12 @@ pub struct Plan {
     /// GPUs to hold for a waiting job while its victims drain.
     pub preemptions: Vec<Preemption>,
     pub placements: Vec<Placement>,
+    /// Why each job the pass looked at and could not start waits: the
+    /// first of every queue class left waiting. The others of its class
+    /// wait behind it ([`crate::State::first_in_line`]). Informational:
+    /// [`crate::State::apply`] ignores it, and a plan of only this is
+    /// empty.
+    pub pending: Vec<(JobId, Pending)>,
 }
 
 impl Plan {
@@ -61,6 +67,37 @@ pub struct Preemption {
     pub victims: Vec<JobId>,
     /// The victims' GPU-milliseconds since their last checkpoint, at notice.
     pub lost_gpu_ms: u128,
+}
+
+/// Why a queued job did not start in a pass, with the numbers that say so.
+/// The edge keeps the latest per job and shows it to its owner.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Pending {
+    /// Not enough free GPUs of `model` on one node, and nothing may be
+    /// drained for it (it is preemptible, or no preemptible work can make
+    /// room). `largest_free`: the most any usable node has free.
+    Resources { model: GpuModelId, largest_free: u32 },
+    /// The GPUs it would fit on are kept for `behind`, an earlier job of
+    /// higher precedence that waits for them (backfill never starves it).
+    Priority { behind: JobId },
+    /// A gang needs `nodes` whole free nodes of `model`; `free` are free
+    /// now, and `earmarked` are kept for it as they empty.
+    WholeNodes { model: GpuModelId, nodes: u32, free: u32, earmarked: Vec<NodeId> },
+    /// On-demand work may use `capacity - reserved` GPUs of `model`, and
+    /// `used` of those are in use by on-demand work already.
+    ReservationCap { model: GpuModelId, capacity: u32, reserved: u32, used: u32 },
+    /// A reserved job's tenant has `reserved` GPUs of `model` reserved
+    /// now, `used` of them in use.
+    ReservationFull { model: GpuModelId, reserved: u32, used: u32 },
+    /// A reserved job's tenant has no active reservation of `model`; the
+    /// next one starts at `starts` (none: there is no later one).
+    ReservationNotStarted { model: GpuModelId, starts: Option<Time> },
+    /// The operator reclaimed preemptible capacity of `model`: preemptible
+    /// work may hold at most `limit` GPUs, and holds `used`.
+    Reclaimed { model: GpuModelId, limit: u32, used: u32 },
+    /// No model it may run on has `gpus` GPUs in service now (nodes are
+    /// drained, lost or gone). `model`: the one it asked for, if any.
+    NoCapacity { model: Option<GpuModelId> },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -46,8 +46,8 @@ struct VictimSet {
 enum Outcome {
     Started,
     Preempting,
-    /// Waits for capacity; later jobs of its class cannot start either.
-    Blocked,
+    /// Waits, for this reason; later jobs of its class cannot start either.
+    Blocked(Pending),
 }
 
 struct Pass<'a> {
@@ -58,8 +58,9 @@ struct Pass<'a> {
     touched: BTreeMap<NodeId, Touched>,
     /// Touched nodes that can still take work, by model and free GPUs.
     touched_by_free: Vec<Vec<BTreeSet<NodeId>>>,
-    /// Nodes kept for a blocked job this pass: nothing else lands there.
-    earmarked: BTreeSet<NodeId>,
+    /// Nodes kept for a blocked job this pass, and for which: nothing else
+    /// lands there.
+    earmarked: BTreeMap<NodeId, JobId>,
     /// Nodes declared lost this pass.
     dead: BTreeSet<NodeId>,
     /// Per model and free count: nodes of the state's bucket below this id
@@ -89,7 +90,7 @@ impl<'a> Pass<'a> {
                 .iter()
                 .map(|m| vec![BTreeSet::new(); m.gpus_per_node as usize + 1])
                 .collect(),
-            earmarked: BTreeSet::new(),
+            earmarked: BTreeMap::new(),
             dead: BTreeSet::new(),
             cursor: models.iter().map(|m| vec![0; m.gpus_per_node as usize + 1]).collect(),
             victims: BTreeSet::new(),
@@ -238,7 +239,7 @@ impl<'a> Pass<'a> {
                         heap.push(Reverse((class.tier.rank(), at, next, i)));
                     }
                 }
-                Outcome::Blocked => {}
+                Outcome::Blocked(why) => self.plan.pending.push((job, why)),
             }
         }
     }
@@ -247,8 +248,11 @@ impl<'a> Pass<'a> {
         let state = self.state;
         let job = &state.jobs[&id];
         let spec = &job.spec;
-        let models: Vec<GpuModelId> =
-            self.candidate_models(spec).filter(|&m| self.cap_allows(spec, m)).collect();
+        let candidates: Vec<GpuModelId> = self.candidate_models(spec).collect();
+        let Some(&first) = candidates.first() else {
+            return Outcome::Blocked(Pending::NoCapacity { model: spec.gpu_model });
+        };
+        let models: Vec<GpuModelId> = candidates.into_iter().filter(|&m| self.cap_allows(spec, m)).collect();
         for &model in &models {
             if let Some(alloc) = self.find_free(model, spec.gpus) {
                 self.place(id, model, alloc);
@@ -272,10 +276,79 @@ impl<'a> Pass<'a> {
                 return Outcome::Preempting;
             }
         }
-        if let Some(&model) = models.first() {
-            self.earmark_for(model, spec.gpus);
+        let Some(&model) = models.first() else {
+            return Outcome::Blocked(self.capped(spec, first));
+        };
+        let mut why = self.short_of(model, spec.gpus);
+        let earmarked = self.earmark_for(id, model, spec.gpus);
+        if let Pending::WholeNodes { earmarked: kept, .. } = &mut why {
+            *kept = earmarked;
         }
-        Outcome::Blocked
+        Outcome::Blocked(why)
+    }
+
+    /// Why a job within its tier's cap on `model` found no room there:
+    /// called before the job earmarks nodes of its own.
+    fn short_of(&mut self, model: GpuModelId, gpus: u32) -> Pending {
+        let per_node = self.state.models[model.0 as usize].gpus_per_node as u32;
+        let kept_for = |pass: &Self, fits: &dyn Fn(u32) -> bool| {
+            pass.earmarked.iter().find_map(|(&node, &job)| {
+                let n = &pass.state.nodes[node.0 as usize];
+                (n.model == model && fits(pass.free_mask(node).count_ones())).then_some(job)
+            })
+        };
+        if gpus <= per_node {
+            if let Some(behind) = kept_for(self, &|free| free >= gpus) {
+                return Pending::Priority { behind };
+            }
+            let largest_free =
+                (0..gpus as usize).rev().find(|&free| !self.bucket_nodes(model, free, 1).is_empty());
+            Pending::Resources { model, largest_free: largest_free.unwrap_or(0) as u32 }
+        } else {
+            let nodes = gpus / per_node;
+            let free = self.bucket_nodes(model, per_node as usize, nodes as usize).len() as u32;
+            if let Some(behind) = kept_for(self, &|f| f == per_node) {
+                return Pending::Priority { behind };
+            }
+            Pending::WholeNodes { model, nodes, free, earmarked: Vec::new() }
+        }
+    }
+
+    /// Why a job over its tier's cap on `model` waits.
+    fn capped(&self, spec: &JobSpec, model: GpuModelId) -> Pending {
+        let m = &self.state.models[model.0 as usize];
+        let i = model.0 as usize;
+        match spec.tier {
+            Tier::OnDemand => Pending::ReservationCap {
+                model,
+                capacity: m.capacity,
+                reserved: self.reserved_total[i],
+                used: self.on_demand_used[i],
+            },
+            Tier::Reserved => {
+                let reserved = self.state.reserved_capacity(spec.tenant, model, self.now);
+                if reserved == 0 {
+                    let starts = self
+                        .state
+                        .reservations()
+                        .filter(|r| r.tenant == spec.tenant && r.gpu_model == model && r.start > self.now)
+                        .map(|r| r.start)
+                        .min();
+                    Pending::ReservationNotStarted { model, starts }
+                } else {
+                    Pending::ReservationFull {
+                        model,
+                        reserved,
+                        used: self.reserved_used_now(spec.tenant, model),
+                    }
+                }
+            }
+            Tier::Preemptible => Pending::Reclaimed {
+                model,
+                limit: m.preemptible_limit.unwrap_or(m.capacity),
+                used: self.preemptible_active[i],
+            },
+        }
     }
 
     /// Models the job could ever run on: its own, or any whose node size
@@ -389,19 +462,23 @@ impl<'a> Pass<'a> {
 
     /// Keeps the nodes closest to fitting a blocked job free of later work,
     /// so a large job is never starved by smaller ones behind it.
-    fn earmark_for(&mut self, model: GpuModelId, gpus: u32) {
+    /// Returns the nodes it earmarked.
+    fn earmark_for(&mut self, job: JobId, model: GpuModelId, gpus: u32) -> Vec<NodeId> {
         let per_node = self.state.models[model.0 as usize].gpus_per_node;
         let mut wanted = if gpus <= per_node as u32 { 1 } else { (gpus / per_node as u32) as usize };
+        let mut kept = Vec::new();
         for free in (0..=per_node as usize).rev() {
             if wanted == 0 {
                 break;
             }
             for node in self.bucket_nodes(model, free, wanted) {
-                self.earmarked.insert(node);
+                self.earmarked.insert(node, job);
                 self.untouch_bucket(node);
+                kept.push(node);
                 wanted -= 1;
             }
         }
+        kept
     }
 
     /// Up to `limit` usable nodes of `model` with exactly `free` free GPUs
@@ -410,7 +487,7 @@ impl<'a> Pass<'a> {
         let base = &self.state.index[model.0 as usize].by_free[free];
         let cursor = &mut self.cursor[model.0 as usize][free];
         let usable = |n: &NodeId| {
-            !self.touched.contains_key(n) && !self.earmarked.contains(n) && !self.dead.contains(n)
+            !self.touched.contains_key(n) && !self.earmarked.contains_key(n) && !self.dead.contains(n)
         };
         let mut from_base = Vec::with_capacity(limit);
         let mut prefix = true;
@@ -452,7 +529,7 @@ impl<'a> Pass<'a> {
         self.untouch_bucket(node);
         self.touched.insert(node, after);
         let n = &self.state.nodes[node.0 as usize];
-        if n.status == NodeStatus::Up && !self.earmarked.contains(&node) && !self.dead.contains(&node) {
+        if n.status == NodeStatus::Up && !self.earmarked.contains_key(&node) && !self.dead.contains(&node) {
             let free = self.free_mask(node).count_ones() as usize;
             self.touched_by_free[n.model.0 as usize][free].insert(node);
         }
@@ -533,7 +610,7 @@ impl<'a> Pass<'a> {
                     break;
                 }
             }
-            if self.earmarked.contains(&node) || self.dead.contains(&node) {
+            if self.earmarked.contains_key(&node) || self.dead.contains(&node) {
                 continue;
             }
             let Some((cost, victims)) = self.cheapest_on_node(node, gpus) else { continue };
@@ -571,7 +648,7 @@ impl<'a> Pass<'a> {
                 for entry in bucket.range((from, Bound::Unbounded)) {
                     let &(Reverse(saved_at), node, job) = entry;
                     let usable = !self.victims.contains(&job)
-                        && !self.earmarked.contains(&node)
+                        && !self.earmarked.contains_key(&node)
                         && !self.dead.contains(&node)
                         && self.free_mask(node).count_ones() + size as u32 >= gpus as u32;
                     if usable {
@@ -600,7 +677,7 @@ impl<'a> Pass<'a> {
         let free_nodes: BTreeSet<NodeId> = self.state.index[model.0 as usize].by_free[per_node as usize]
             .iter()
             .chain(self.touched_by_free[model.0 as usize][per_node as usize].iter())
-            .filter(|n| !self.earmarked.contains(n) && !self.dead.contains(n))
+            .filter(|n| !self.earmarked.contains_key(n) && !self.dead.contains(n))
             .filter(|n| self.free_mask(**n).count_ones() == per_node as u32)
             .take(k)
             .copied()
@@ -612,7 +689,7 @@ impl<'a> Pass<'a> {
             if !exhaustive && chosen.len() >= k && bound > chosen[k - 1].0 {
                 break;
             }
-            if self.earmarked.contains(&node)
+            if self.earmarked.contains_key(&node)
                 || self.dead.contains(&node)
                 || chosen.iter().any(|c| c.1 == node)
             {

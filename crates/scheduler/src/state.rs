@@ -179,6 +179,13 @@ impl State {
         self.models.iter().enumerate().map(|(i, m)| (GpuModelId(i as u16), m))
     }
 
+    /// The first queued job of `job`'s queue class (jobs of the same tier,
+    /// size and model): while it waits, `job` waits behind it.
+    pub fn first_in_line(&self, job: JobId) -> Option<JobId> {
+        let j = self.jobs.get(&job)?;
+        self.queues.get(&QueueClass::of(&j.spec))?.first().map(|&(_, id)| id)
+    }
+
     pub fn hold(&self, job: JobId) -> Option<&Hold> {
         self.holds.get(&job)
     }

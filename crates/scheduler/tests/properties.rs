@@ -160,6 +160,8 @@ fn run(nodes: u32, gpus_per_node: u8, a100_nodes: u32, policy: VictimPolicy, ops
                     .filter(|n| n.status == NodeStatus::Unhealthy)
                     .map(|n| n.id)
                     .collect();
+                let queued: Vec<JobId> =
+                    c.state.jobs().filter(|j| j.phase == Phase::Queued).map(|j| j.spec.id).collect();
                 let plan = c.step();
                 for p in &plan.placements {
                     for (node, _) in &p.alloc {
@@ -171,6 +173,36 @@ fn run(nodes: u32, gpus_per_node: u8, a100_nodes: u32, policy: VictimPolicy, ops
                     assert_eq!(job.spec.tier, Tier::Preemptible, "drained a {} job", job.spec.tier);
                     assert_eq!(d.deadline, d.notice_at + c.config.drain_window);
                 }
+                // Every job left queued says why: the first of its class
+                // has a reason from this pass (unless it joined the queue
+                // as the pass was applied: requeued from a lost node, or
+                // its hold there released), the rest wait behind it.
+                for j in c.state.jobs().filter(|j| j.phase == Phase::Queued) {
+                    let first = c.state.first_in_line(j.spec.id).expect("a queued job is in line");
+                    let joined_after = !queued.contains(&first);
+                    let why = plan.pending.iter().find(|(id, _)| *id == first).map(|(_, why)| why);
+                    assert!(
+                        why.is_some() || joined_after,
+                        "{first} waits without a reason: {:?}",
+                        plan.pending
+                    );
+                    let tier = c.state.job(first).unwrap().spec.tier;
+                    let fits_tier = match why {
+                        Some(Pending::ReservationCap { .. }) => tier == Tier::OnDemand,
+                        Some(Pending::ReservationFull { .. } | Pending::ReservationNotStarted { .. }) => {
+                            tier == Tier::Reserved
+                        }
+                        Some(Pending::Reclaimed { .. }) => tier == Tier::Preemptible,
+                        _ => true,
+                    };
+                    assert!(fits_tier, "{first} ({tier}) waits for {why:?}");
+                }
+                assert!(
+                    plan.pending
+                        .iter()
+                        .all(|(id, _)| c.state.job(*id).is_some_and(|j| j.phase == Phase::Queued)),
+                    "a reason is given only for a job still queued"
+                );
                 // A preemptor whose victims have all left starts at once on
                 // exactly the GPUs held for it.
                 for job in ready {
