@@ -183,10 +183,21 @@ pub struct Job {
     /// `GET /v1/jobs/{id}`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub usage: Vec<Usage>,
-    /// Why a queued job is not yet eligible to run, when something other
-    /// than free GPUs holds it back (a restart back-off, its tenant's limit).
+    /// Why a queued job waits, as a stable code: `resources` (not enough
+    /// free GPUs), `priority` (behind earlier work that waits for the same
+    /// GPUs), `whole_nodes` (a gang short of whole free nodes),
+    /// `reservation_cap` (on-demand may not use reserved GPUs),
+    /// `reservation_full` (its tenant's reservation is in use),
+    /// `reservation_not_started`, `reclaimed` (the operator's reclaim),
+    /// `no_capacity` (not that many GPUs in service), `victims_draining`
+    /// (GPUs held for it while preemptible jobs drain), `backoff` (a
+    /// restart back-off), `tenant_limit`, `scheduling` (not yet looked at).
+    /// Absent unless the job is queued.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub waiting: Option<String>,
+    pub pending_reason: Option<String>,
+    /// The reason as a sentence, with the numbers (which jobs, until when).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_detail: Option<String>,
     /// The event history, oldest first (only in `GET /v1/jobs/{id}`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub events: Vec<JobEvent>,
@@ -233,6 +244,8 @@ pub struct ArrayProgress {
     pub total: u64,
     /// Tasks by state.
     pub states: BTreeMap<String, u64>,
+    /// Each task (absent in a listing's collapsed array).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tasks: Vec<TaskState>,
 }
 

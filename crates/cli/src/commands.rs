@@ -268,36 +268,149 @@ pub async fn submit(conn: &Connection, args: &SubmitArgs) -> Result<String, Stri
     })
 }
 
-pub async fn jobs(conn: &Connection, out: &JsonFlag) -> Result<String, String> {
+#[derive(Args)]
+pub struct JobsArgs {
+    /// Only jobs in these states, comma-separated: queued, starting,
+    /// running, draining, succeeded, failed, cancelled; active = the
+    /// unfinished four. An array is listed when any task matches.
+    #[arg(long, value_name = "STATE[,STATE...]")]
+    pub state: Option<String>,
+    /// Only jobs of this tier.
+    #[arg(long, value_parser = ["reserved", "on-demand", "preemptible"])]
+    pub tier: Option<String>,
+    /// Only jobs whose name contains TEXT.
+    #[arg(long, value_name = "TEXT")]
+    pub name: Option<String>,
+    /// A row per task of an array instead of one per array.
+    #[arg(long)]
+    pub expand: bool,
+    /// The newest N jobs (default: 100 in the table, every job with --json).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1_000_000), conflicts_with = "all")]
+    pub limit: Option<u64>,
+    /// Every job, however many.
+    #[arg(long)]
+    pub all: bool,
+    #[command(flatten)]
+    pub out: JsonFlag,
+}
+
+/// Rows the table shows unless asked for more.
+const JOBS_SHOWN: u64 = 100;
+
+pub async fn jobs(conn: &Connection, args: &JobsArgs) -> Result<String, String> {
     let client = conn.client()?;
-    let mut jobs: Vec<api::Job> = Vec::new();
-    let mut cursor = 0;
-    loop {
-        let page: api::JobPage = client.get(&format!("/v1/jobs?cursor={cursor}")).await?;
-        jobs.extend(page.jobs);
-        match page.next_cursor {
-            Some(next) => cursor = next,
-            None => break,
+    // The table collapses arrays and shows the newest rows; --json gives
+    // every matching job record.
+    let collapse = !args.out.json && !args.expand;
+    let limit = match (args.all, args.limit) {
+        (true, _) => None,
+        (false, Some(n)) => Some(n),
+        (false, None) => (!args.out.json).then_some(JOBS_SHOWN),
+    };
+    let mut query: Vec<(&str, String)> =
+        vec![("order", "desc".into()), ("arrays", if collapse { "collapse" } else { "expand" }.into())];
+    for (key, value) in [("state", &args.state), ("tier", &args.tier), ("name", &args.name)] {
+        if let Some(value) = value {
+            query.push((key, value.clone()));
         }
     }
-    if out.json {
+    let mut jobs: Vec<api::Job> = Vec::new();
+    let mut cursor: Option<u64> = None;
+    let more = loop {
+        let wanted = limit.map_or(500, |l| (l - jobs.len() as u64).min(500));
+        let mut page_query: Vec<(&str, &str)> = query.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let (cursor_text, limit_text) = (cursor.map(|c| c.to_string()), wanted.to_string());
+        page_query.push(("limit", &limit_text));
+        if let Some(c) = &cursor_text {
+            page_query.push(("cursor", c));
+        }
+        let page: api::JobPage = client.get_query("/v1/jobs", &page_query).await?;
+        jobs.extend(page.jobs);
+        match page.next_cursor {
+            Some(next) if limit.is_none_or(|l| (jobs.len() as u64) < l) => cursor = Some(next),
+            next => break next.is_some(),
+        }
+    };
+    jobs.reverse(); // oldest first, the newest beside the prompt
+    if args.out.json {
         return Ok(json(&jobs));
     }
-    let mut text = format!(
-        "{:>6}  {:<12} {:<10} {:>4}  {:<10} {:>7} {:>6}  {:<16} {}\n",
-        "ID", "TENANT", "STATE", "GPUS", "TIER", "ATTEMPT", "PREEMPT", "NODE", "NAME"
-    );
-    for j in jobs {
-        let node = j.placement.iter().map(|p| p.node.as_str()).collect::<Vec<_>>().join(",");
-        let name = j.name.clone().unwrap_or_else(|| j.argv.join(" "));
-        writeln!(
-            text,
-            "{:>6}  {:<12} {:<10} {:>4}  {:<10} {:>7} {:>6}  {:<16} {}",
-            j.id, j.tenant, j.state, j.gpus, j.tier, j.attempt, j.preemptions, node, name
-        )
-        .unwrap();
+    let mut text = job_table(&jobs, crate::now_secs());
+    if more {
+        writeln!(text, "(the newest {}; --limit N or --all for more)", jobs.len()).unwrap();
     }
     Ok(text)
+}
+
+/// The jobs as an aligned table, one row per job or collapsed array.
+fn job_table(jobs: &[api::Job], now_s: u64) -> String {
+    use comfy_table::{presets::NOTHING, CellAlignment, Table};
+    let mut table = Table::new();
+    table
+        .load_style(NOTHING)
+        .set_header(["ID", "NAME", "TENANT", "TIER", "GPUS", "STATE", "ATTEMPT", "AGE", "NODE", "REASON"]);
+    for j in jobs {
+        let (id, state) = match (&j.array, &j.progress) {
+            (Some(a), Some(p)) => (
+                format!("{}-{}", a.id, a.id + a.tasks.saturating_sub(1)),
+                format!("{}/{} done", p.done, p.total),
+            ),
+            _ => (j.id.to_string(), j.state.clone()),
+        };
+        let name = j.name.clone().unwrap_or_else(|| j.argv.join(" "));
+        let node = j.placement.iter().map(|p| p.node.as_str()).collect::<Vec<_>>().join(",");
+        table.add_row([
+            id,
+            truncate(&name, 32),
+            j.tenant.clone(),
+            j.tier.clone(),
+            j.gpus.to_string(),
+            state,
+            attempt(j),
+            humantime::parse_rfc3339(&j.submitted_at)
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or_else(|| "?".into(), |t| age(now_s.saturating_sub(t.as_secs()))),
+            if node.is_empty() { "-".into() } else { node },
+            j.pending_reason.clone().unwrap_or_else(|| "-".into()),
+        ]);
+    }
+    for column in [0, 4, 6, 7] {
+        if let Some(c) = table.column_mut(column) {
+            c.set_cell_alignment(CellAlignment::Right);
+        }
+    }
+    let mut text = table.trim_fmt();
+    text.push('\n');
+    text
+}
+
+/// The attempt a job runs as, or for a queued job that has run before,
+/// the attempt it will run as next ("3 next").
+fn attempt(job: &api::Job) -> String {
+    match (job.state.as_str(), job.attempt) {
+        ("queued", 0) => "-".into(),
+        ("queued", n) => format!("{} next", n + 1),
+        (_, n) => n.to_string(),
+    }
+}
+
+/// A compact age: 45s, 3m12s, 2h05m, 4d03h.
+fn age(secs: u64) -> String {
+    match secs {
+        s if s < 60 => format!("{s}s"),
+        s if s < 3600 => format!("{}m{:02}s", s / 60, s % 60),
+        s if s < 86_400 => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+        s => format!("{}d{:02}h", s / 86_400, s % 86_400 / 3600),
+    }
+}
+
+fn truncate(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        text.to_string()
+    } else {
+        text.chars().take(max - 1).chain(['…']).collect()
+    }
 }
 
 pub async fn show(conn: &Connection, id: u64, out: &JsonFlag) -> Result<String, String> {
@@ -308,8 +421,8 @@ pub async fn show(conn: &Connection, id: u64, out: &JsonFlag) -> Result<String, 
     let mut text = String::new();
     writeln!(text, "job {}  {}", job.id, job.name.as_deref().unwrap_or("")).unwrap();
     writeln!(text, "  state        {}", job.state).unwrap();
-    if let Some(why) = &job.waiting {
-        writeln!(text, "  waiting      {why}").unwrap();
+    if let (Some(code), Some(why)) = (&job.pending_reason, &job.pending_detail) {
+        writeln!(text, "  waiting      {why} ({code})").unwrap();
     }
     writeln!(
         text,

@@ -30,8 +30,9 @@ enum Command {
     Up(daemons::UpArgs),
     /// Submit a job: ebb submit [flags] -- CMD ARGS..., or a job script.
     Submit(commands::SubmitArgs),
-    /// List jobs.
-    Jobs(commands::JsonFlag),
+    /// List jobs: the newest 100 as a table (arrays as one row), with why
+    /// each waiting job waits.
+    Jobs(commands::JobsArgs),
     /// Show a job with its event timeline.
     Show {
         id: u64,
@@ -153,6 +154,11 @@ fn man(out_dir: Option<std::path::PathBuf>) -> Result<String, String> {
     }
 }
 
+/// Seconds since the epoch, by this machine's clock.
+fn now_secs() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
 /// Writes command output; a closed pipe (`ebb ... | head`) is not an error.
 fn write_stdout(text: &str) -> Result<(), String> {
     use std::io::Write;
@@ -187,7 +193,7 @@ async fn dispatch(cli: Cli) -> Result<(), String> {
         Command::Completions { shell } => completions(shell),
         Command::Man { out_dir } => man(out_dir)?,
         Command::Submit(args) => commands::submit(conn, &args).await?,
-        Command::Jobs(out) => commands::jobs(conn, &out).await?,
+        Command::Jobs(args) => commands::jobs(conn, &args).await?,
         Command::Show { id, out } => commands::show(conn, id, &out).await?,
         Command::Logs { id, follow, out } => return commands::logs(conn, id, follow, out.json).await,
         Command::Cancel { ids, array, out } => commands::cancel(conn, &ids, array, &out).await?,

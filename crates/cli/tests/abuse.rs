@@ -43,7 +43,8 @@ fn a_service_that_exits_at_once_backs_off() {
     let c = Cluster::start(Options { nodes: 1, gpus: 2, ..Options::default() });
     let id = c.submit(&["--restart", "always", "--", "true"]);
     let job = c.wait_job(id, "a back-off", Duration::from_secs(30), |j| {
-        j["waiting"].as_str().is_some_and(|w| w.contains("3 quick exits"))
+        j["pending_reason"] == "backoff"
+            && j["pending_detail"].as_str().is_some_and(|w| w.contains("3 quick exits"))
     });
     assert_eq!(job["attempt"], 3, "1 s and 2 s of back-off before the 4th run: {job}");
     let shown = c.ebb(&["show", &id.to_string()]);

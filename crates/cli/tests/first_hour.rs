@@ -276,3 +276,201 @@ fn completions_and_manual_pages_come_from_the_command_itself() {
     assert!(submit.contains("\\-\\-gpus") && submit.contains("#EBB"), "{submit}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A job's row in `ebb jobs`: the line whose first field is `id`.
+fn row(table: &str, id: u64) -> String {
+    table
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(id.to_string().as_str()))
+        .unwrap_or_else(|| panic!("no row for job {id} in\n{table}"))
+        .to_string()
+}
+
+/// A waiting job said nothing about why, beyond a restart back-off or a
+/// tenant's limit.
+#[test]
+fn every_waiting_job_says_why_in_jobs_show_and_the_api() {
+    let c = Cluster::start(Options { nodes: 2, gpus: 4, drain_window: "60s", ..Options::default() });
+    let tenant = |name: &str| -> String {
+        let created: Value = serde_json::from_str(&c.ebb(&["tenant", "create", name, "--json"])).unwrap();
+        created["token"].as_str().unwrap().to_string()
+    };
+    let (_team, later) = (tenant("team"), tenant("later"));
+    let day = |d: i64| {
+        humantime::format_rfc3339_seconds(
+            std::time::SystemTime::now().checked_add(Duration::from_secs((d * 86_400) as u64)).unwrap(),
+        )
+        .to_string()
+    };
+    let in_an_hour =
+        humantime::format_rfc3339_seconds(std::time::SystemTime::now() + Duration::from_secs(3600))
+            .to_string();
+    c.ebb(&[
+        "reservation",
+        "create",
+        "--tenant",
+        "team",
+        "--gpu-model",
+        "H100-80GB",
+        "--gpus",
+        "4",
+        "--start",
+        "2020-01-01",
+        "--end",
+        &day(1),
+    ]);
+    c.ebb(&[
+        "reservation",
+        "create",
+        "--tenant",
+        "later",
+        "--gpu-model",
+        "H100-80GB",
+        "--gpus",
+        "2",
+        "--start",
+        &in_an_hour,
+        "--end",
+        &day(2),
+    ]);
+
+    // Two preemptible jobs fill the cluster and take their time to drain.
+    let slow = ["bash", "-c", "trap '' TERM; sleep 600"];
+    let victims: Vec<u64> = (0..2)
+        .map(|_| {
+            let mut args = vec!["--gpus", "4", "--"];
+            args.extend(slow);
+            c.submit(&args)
+        })
+        .collect();
+    for v in &victims {
+        c.wait_state(*v, "running");
+    }
+    // On-demand may use 8 - 4 reserved: the first preempts, and waits for
+    // its victim's drain; the second is capped, the third waits behind it.
+    let preemptor = c.submit(&["--tier", "on-demand", "--gpus", "4", "--", "sleep", "600"]);
+    let capped = c.submit(&["--tier", "on-demand", "--gpus", "4", "--", "sleep", "600"]);
+    let behind = c.submit(&["--tier", "on-demand", "--gpus", "4", "--", "sleep", "600"]);
+    let early = c.submit_as(&later, &["--tier", "reserved", "--gpus", "2", "--", "sleep", "600"]);
+
+    let reason = |id: u64, code: &str| -> Value {
+        c.wait_job(id, code, Duration::from_secs(20), |j| j["pending_reason"] == code)
+    };
+    let held = reason(preemptor, "victims_draining");
+    let detail = held["pending_detail"].as_str().unwrap();
+    let victim = victims
+        .iter()
+        .find(|v| detail.contains(&format!("waiting for job {v} to drain (deadline ")))
+        .copied();
+    let victim = victim.unwrap_or_else(|| panic!("{detail}"));
+    assert!(detail.contains("its GPUs are held on node-"), "{detail}");
+    assert_eq!(c.job(victim)["state"], "draining");
+    let capped_view = reason(capped, "reservation_cap");
+    assert_eq!(
+        capped_view["pending_detail"],
+        "on-demand may use 4 of 8 H100-80GB: 4 are reserved, and on-demand work uses 4"
+    );
+    let behind_view = reason(behind, "priority");
+    assert!(
+        behind_view["pending_detail"].as_str().unwrap().starts_with(&format!("behind job {capped}, ")),
+        "{behind_view}"
+    );
+    let early_view = reason(early, "reservation_not_started");
+    let text = early_view["pending_detail"].as_str().unwrap();
+    assert!(text.starts_with("waits for its tenant's reservation of H100-80GB, which starts at "), "{text}");
+
+    // The table has a REASON column; `ebb show` says the sentence.
+    let table = c.ebb(&["jobs"]);
+    assert!(table.lines().next().unwrap().split_whitespace().any(|h| h == "REASON"), "{table}");
+    for (id, code) in [
+        (preemptor, "victims_draining"),
+        (capped, "reservation_cap"),
+        (behind, "priority"),
+        (early, "reservation_not_started"),
+    ] {
+        assert!(row(&table, id).ends_with(code), "{id}: {table}");
+    }
+    assert!(row(&table, victims[0]).ends_with('-'), "a running job waits for nothing: {table}");
+    let shown = c.ebb(&["show", &capped.to_string()]);
+    assert!(
+        shown.contains("waiting      on-demand may use 4 of 8 H100-80GB: 4 are reserved, and on-demand work uses 4 (reservation_cap)"),
+        "{shown}"
+    );
+
+    // The operator reclaims all preemptible capacity: a preemptible job waits for it.
+    c.ebb(&["cancel", &preemptor.to_string(), &capped.to_string(), &behind.to_string()]);
+    c.ebb(&["reclaim", "--gpus", "8"]);
+    let small = c.submit(&["--gpus", "1", "--", "sleep", "600"]);
+    let view = reason(small, "reclaimed");
+    assert!(
+        view["pending_detail"].as_str().unwrap().starts_with(
+            "the operator reclaimed preemptible H100-80GB capacity: preemptible work may use 0, and uses 0"
+        ),
+        "{view}"
+    );
+}
+
+/// `ebb jobs` printed every job of every page, an array as a row per task,
+/// with no age, no reason and no filters.
+#[test]
+fn jobs_is_a_table_with_arrays_collapsed_filters_and_the_newest_first_page() {
+    let c = Cluster::start(Options { nodes: 1, gpus: 2, ..Options::default() });
+    let done = c.submit(&["--name", "quick", "--", "true"]);
+    c.wait_state(done, "succeeded");
+    let array = c.submit(&["--array", "0-9", "--name", "sweep", "--", "sleep", "600"]);
+    let od = c.submit(&["--tier", "on-demand", "--name", "serve", "--", "sleep", "600"]);
+    c.wait_state(od, "running");
+
+    let table = c.ebb(&["jobs"]);
+    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(header, ["ID", "NAME", "TENANT", "TIER", "GPUS", "STATE", "ATTEMPT", "AGE", "NODE", "REASON"]);
+    // One row for the whole array, with its progress; every column aligned.
+    let rows: Vec<&str> = table.lines().collect();
+    assert_eq!(rows.len(), 4, "{table}");
+    let array_row =
+        rows.iter().find(|r| r.trim_start().starts_with(&format!("{array}-{} ", array + 9))).unwrap();
+    assert!(array_row.contains(" 0/10 done "), "{table}");
+    let state_at = rows[0].find("STATE").unwrap();
+    for r in &rows[1..] {
+        assert!(r[state_at..].starts_with(|ch: char| !ch.is_whitespace()), "STATE not aligned:\n{table}");
+    }
+    assert!(row(&table, od).contains(" running "), "{table}");
+
+    // --expand: a row per task; filters by state, tier and name.
+    let expanded = c.ebb(&["jobs", "--expand"]);
+    assert_eq!(expanded.lines().count(), 1 + 12, "{expanded}");
+    let running = c.ebb(&["jobs", "--state", "running", "--expand"]);
+    let ids: Vec<u64> =
+        running.lines().skip(1).map(|l| l.split_whitespace().next().unwrap().parse().unwrap()).collect();
+    assert!(ids.contains(&od) && ids.iter().all(|id| c.job(*id)["state"] == "running"), "{running}");
+    let od_only = c.ebb(&["jobs", "--tier", "on-demand"]);
+    assert_eq!(od_only.lines().count(), 2, "{od_only}");
+    let named = c.ebb(&["jobs", "--name", "quic"]);
+    assert_eq!(named.lines().count(), 2, "{named}");
+    assert!(row(&named, done).contains(" succeeded "), "{named}");
+    let out = c.ebb_as(&c.admin, &["jobs", "--state", "runing"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("state: unknown state \"runing\""), "{}", stderr(&out));
+
+    // The newest first page, said to be one; --json gives every record.
+    let newest = c.ebb(&["jobs", "--expand", "--limit", "3"]);
+    let ids: Vec<u64> = newest
+        .lines()
+        .skip(1)
+        .filter(|l| !l.starts_with('('))
+        .map(|l| l.split_whitespace().next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(ids, [array + 8, array + 9, od], "the newest three, oldest of them first: {newest}");
+    assert!(newest.ends_with("(the newest 3; --limit N or --all for more)\n"), "{newest}");
+    assert_eq!(c.jobs().len(), 12);
+
+    // A requeued job shows the attempt it will run as.
+    c.ebb(&["cancel", &od.to_string()]);
+    let first_task = array;
+    c.wait_state(first_task, "running");
+    c.ebb(&["reclaim", "--gpus", "2"]);
+    let requeued = c.wait_job(first_task, "requeued", Duration::from_secs(40), |j| j["state"] == "queued");
+    let next = requeued["attempt"].as_u64().unwrap() + 1;
+    let expanded = c.ebb(&["jobs", "--expand"]);
+    assert!(row(&expanded, first_task).contains(&format!(" {next} next ")), "{expanded}");
+}

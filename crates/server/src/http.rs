@@ -17,7 +17,7 @@ use serde::Deserialize;
 use tokio::sync::{mpsc, oneshot};
 use utoipa::OpenApi;
 
-use crate::engine::{Engine, EngineConfig, Msg};
+use crate::engine::{Engine, EngineConfig, JobState, Msg};
 use crate::store::{Scope, SqliteStore};
 use crate::{hash_token, ApiError, Principal, ServerConfig, TokenMap, TokenState};
 
@@ -266,19 +266,100 @@ async fn submit(
 #[derive(Deserialize)]
 struct JobsQuery {
     #[serde(default)]
-    cursor: u64,
+    cursor: Option<u64>,
     #[serde(default)]
     limit: Option<usize>,
+    #[serde(default)]
+    order: Option<String>,
+    #[serde(default)]
+    state: Option<String>,
+    #[serde(default)]
+    tier: Option<String>,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    arrays: Option<String>,
+}
+
+impl JobsQuery {
+    /// The engine's query, or a 400 naming the parameter that is wrong.
+    fn check(self) -> ApiResult<crate::engine::JobQuery> {
+        let limit = self.limit.unwrap_or(JOBS_PAGE);
+        if !(1..=JOBS_PAGE).contains(&limit) {
+            return Err(ApiError::bad_request(format!(
+                "limit: must be between 1 and {JOBS_PAGE}, got {limit}"
+            )));
+        }
+        let desc = match self.order.as_deref() {
+            None | Some("asc") => false,
+            Some("desc") => true,
+            Some(other) => {
+                return Err(ApiError::bad_request(format!("order: must be asc or desc, got {other:?}")))
+            }
+        };
+        let collapse = match self.arrays.as_deref() {
+            None | Some("expand") => false,
+            Some("collapse") => true,
+            Some(other) => {
+                return Err(ApiError::bad_request(format!(
+                    "arrays: must be expand or collapse, got {other:?}"
+                )))
+            }
+        };
+        let states = match self.state.as_deref() {
+            None => None,
+            Some(list) => Some(job_states(list)?),
+        };
+        let tier = match self.tier.as_deref() {
+            None => None,
+            Some(t) => {
+                Some(t.parse::<ebb_core::Tier>().map_err(|e| ApiError::bad_request(format!("tier: {e}")))?)
+            }
+        };
+        Ok(crate::engine::JobQuery {
+            cursor: self.cursor,
+            limit,
+            desc,
+            states,
+            tier,
+            name: self.name,
+            collapse,
+        })
+    }
+}
+
+/// `queued,running`, or `active` for every unfinished state.
+fn job_states(list: &str) -> ApiResult<Vec<JobState>> {
+    let mut states = Vec::new();
+    for name in list.split(',').map(str::trim) {
+        match name {
+            "active" => states.extend(JobState::ALL.into_iter().filter(|s| !s.is_final())),
+            _ => states.push(JobState::parse(name).ok_or_else(|| {
+                let known: Vec<&str> = JobState::ALL.iter().map(|s| s.as_str()).collect();
+                ApiError::bad_request(format!(
+                    "state: unknown state {name:?}; states are active, {}",
+                    known.join(", ")
+                ))
+            })?),
+        }
+    }
+    Ok(states)
 }
 
 /// Jobs on one page unless asked for fewer.
 const JOBS_PAGE: usize = 500;
 
-/// The caller's jobs (an admin sees every tenant's), in id order, a page
-/// at a time: `limit` (1-500, default 500) jobs with ids above `cursor`.
+/// The caller's jobs (an admin sees every tenant's), a page at a time by
+/// id: `limit` (1-500, default 500) jobs past `cursor`, oldest first
+/// (`order=desc`: newest first), filtered by state, tier and name.
 #[utoipa::path(get, path = "/v1/jobs", tag = "jobs",
     params(("cursor" = Option<u64>, Query, description = "the previous page's next_cursor"),
-        ("limit" = Option<usize>, Query, minimum = 1, maximum = 500)),
+        ("limit" = Option<usize>, Query, minimum = 1, maximum = 500),
+        ("order" = Option<String>, Query, description = "asc (oldest first, the default) or desc (newest first)"),
+        ("state" = Option<String>, Query, description = "only these states, comma-separated: queued, starting, running, draining, succeeded, failed, cancelled; active = the unfinished four"),
+        ("tier" = Option<String>, Query, description = "only this tier: reserved, on-demand or preemptible"),
+        ("name" = Option<String>, Query, description = "only jobs whose name contains this"),
+        ("arrays" = Option<String>, Query, description = "expand (every task, the default) or collapse (an array is one entry: its first task, with the array's progress; a state filter matches any task's state)")),
     responses((status = 200, body = api::JobPage), (status = 400, body = api::ErrorBody)))]
 async fn list_jobs(
     State(app): State<App>,
@@ -286,11 +367,8 @@ async fn list_jobs(
     ApiQuery(q): ApiQuery<JobsQuery>,
 ) -> ApiResult<Json<api::JobPage>> {
     let principal = app.tenant(&headers)?;
-    let limit = q.limit.unwrap_or(JOBS_PAGE);
-    if !(1..=JOBS_PAGE).contains(&limit) {
-        return Err(ApiError::bad_request(format!("limit: must be between 1 and {JOBS_PAGE}, got {limit}")));
-    }
-    Ok(Json(app.ask(|reply| Msg::Jobs { principal, after: q.cursor, limit, reply }).await?))
+    let query = q.check()?;
+    Ok(Json(app.ask(|reply| Msg::Jobs { principal, query, reply }).await?))
 }
 
 /// One job with its event history.

@@ -150,8 +150,9 @@ pub fn submission(spec: &JobSubmission, core: &State, limits: &Limits) -> Result
     let models: Vec<_> = core.models().collect();
     if let Some(wanted) = &spec.gpu_model {
         if !models.is_empty() && core.model_by_name(wanted).is_none() {
-            let known: Vec<&str> = models.iter().map(|(_, m)| m.name.as_str()).collect();
-            return refuse(format!("gpu_model: unknown model {wanted:?} (nodes have {})", known.join(", ")));
+            let known: Vec<String> =
+                models.iter().map(|(_, m)| format!("{} {} GPUs in service", m.name, m.capacity)).collect();
+            return bad(format!("gpu_model: no node has {wanted:?}; the cluster has {}", known.join(", ")));
         }
     }
     let candidates: Vec<_> =

@@ -450,7 +450,15 @@ impl World {
             self.advance(500);
             let principal = self.admin.clone();
             let live = self
-                .call(|reply| Msg::Jobs { principal, after: 0, limit: usize::MAX, reply })
+                .call(|reply| Msg::Jobs {
+                    principal,
+                    query: ebb_server::engine::JobQuery {
+                        cursor: Some(0),
+                        limit: usize::MAX,
+                        ..Default::default()
+                    },
+                    reply,
+                })
                 .unwrap()
                 .jobs
                 .iter()

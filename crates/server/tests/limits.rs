@@ -10,7 +10,7 @@ use std::sync::{Arc, RwLock};
 use ebb_api::{Action, AgentEvent, AttemptRef, JobSubmission, Register, Report, StartAttempt};
 use ebb_core::Span;
 use ebb_server::billing::Pricing;
-use ebb_server::engine::{Engine, EngineConfig, Msg};
+use ebb_server::engine::{Engine, EngineConfig, JobQuery, JobState, Msg};
 use ebb_server::store::{Scope, SqliteStore};
 use ebb_server::{Limits, Principal};
 use tokio::sync::oneshot;
@@ -189,7 +189,8 @@ fn a_service_that_keeps_exiting_quickly_backs_off_exponentially() {
         if run == 3 {
             let shown = w.job(id);
             assert_eq!(shown.state, "queued");
-            let why = shown.waiting.expect("a waiting reason");
+            assert_eq!(shown.pending_reason.as_deref(), Some("backoff"));
+            let why = shown.pending_detail.expect("a waiting reason");
             assert!(why.starts_with("restart back-off until") && why.contains("3 quick exits"), "{why}");
             w.restart();
         }
@@ -223,14 +224,15 @@ fn a_tenant_at_its_running_limit_waits_its_turn_in_submission_order() {
     }
     let waiting = w.job(ids[2]);
     assert_eq!(waiting.state, "queued");
-    assert!(waiting.waiting.unwrap().contains("has 2 jobs admitted, its limit (ebb tenant limits"));
+    assert_eq!(waiting.pending_reason.as_deref(), Some("tenant_limit"));
+    assert!(waiting.pending_detail.unwrap().contains("has 2 jobs admitted, its limit (ebb tenant limits"));
     // The limit survives a restart; an ended job admits the oldest waiting one.
     w.restart();
     assert!(w.starts().is_empty());
     w.run(AttemptRef { job: ids[0], attempt: 1 }, 1_000, 0);
     let started: Vec<u64> = w.starts().iter().map(|s| s.attempt.job).collect();
     assert_eq!(started, [ids[2]]);
-    assert!(w.job(ids[2]).waiting.is_none());
+    assert!(w.job(ids[2]).pending_reason.is_none());
     // Cancelling a waiting job frees nothing and loses nothing.
     let principal = w.tenant.clone();
     let cancelled = w.call(|reply| Msg::Cancel { principal, id: ids[3], reply }).unwrap();
@@ -257,7 +259,11 @@ fn a_tenant_over_its_job_or_byte_limits_is_refused_and_nothing_is_stored() {
     assert_eq!(err.status, 429);
     assert!(err.message.contains("--max-stored-bytes-per-tenant"), "{}", err.message);
     let principal = w.tenant.clone();
-    let page = w.call(|reply| Msg::Jobs { principal, after: 0, limit: 100, reply });
+    let page = w.call(|reply| Msg::Jobs {
+        principal,
+        query: ebb_server::engine::JobQuery { cursor: Some(0), limit: 100, ..Default::default() },
+        reply,
+    });
     assert_eq!(page.jobs.len(), 4, "the refused submissions left nothing behind");
 }
 
@@ -269,7 +275,11 @@ fn jobs_are_listed_a_page_at_a_time() {
     let mut cursor = 0;
     loop {
         let principal = w.tenant.clone();
-        let page = w.call(|reply| Msg::Jobs { principal, after: cursor, limit: 3, reply });
+        let page = w.call(|reply| Msg::Jobs {
+            principal,
+            query: ebb_server::engine::JobQuery { cursor: Some(cursor), limit: 3, ..Default::default() },
+            reply,
+        });
         assert!(page.jobs.len() <= 3);
         seen.extend(page.jobs.iter().map(|j| j.id));
         match page.next_cursor {
@@ -278,6 +288,58 @@ fn jobs_are_listed_a_page_at_a_time() {
         }
     }
     assert_eq!(seen, ids);
+}
+
+#[test]
+fn newest_first_pages_with_filters_and_collapsed_arrays_list_each_entry_once() {
+    let mut w = World::new("paging-filters", Limits::default());
+    let single = w.submit(JobSubmission { name: Some("alpha".into()), ..job(&["true"]) }).unwrap();
+    let array =
+        w.submit(JobSubmission { array: Some("0-4".into()), name: Some("sweep".into()), ..job(&["true"]) });
+    let array = array.unwrap();
+    let on_demand = w.submit(JobSubmission { tier: Some("on-demand".into()), ..job(&["true"]) }).unwrap();
+    // The node's 8 GPUs are taken: this one waits.
+    let waiting = w.submit(JobSubmission { gpus: Some(8), ..job(&["true"]) }).unwrap();
+    let page = |w: &mut World, query: JobQuery| -> Vec<ebb_api::Job> {
+        let mut all = Vec::new();
+        let mut query = JobQuery { limit: 2, ..query };
+        loop {
+            let principal = w.tenant.clone();
+            let q = query.clone();
+            let page = w.call(|reply| Msg::Jobs { principal, query: q, reply });
+            assert!(page.jobs.len() <= 2);
+            all.extend(page.jobs);
+            match page.next_cursor {
+                Some(next) => query.cursor = Some(next),
+                None => return all,
+            }
+        }
+    };
+    // Newest first, an array as one entry with its progress.
+    let collapsed = page(&mut w, JobQuery { desc: true, collapse: true, ..Default::default() });
+    let ids: Vec<u64> = collapsed.iter().map(|j| j.id).collect();
+    assert_eq!(ids, [waiting[0], on_demand[0], array[0], single[0]]);
+    let progress = collapsed[2].progress.as_ref().expect("a collapsed array has its progress");
+    assert_eq!((progress.done, progress.total), (0, 5));
+    assert!(progress.tasks.is_empty(), "a listing does not carry every task");
+    // Expanded, every job once, newest first.
+    let expanded = page(&mut w, JobQuery { desc: true, ..Default::default() });
+    let mut want: Vec<u64> = single.iter().chain(&array).chain(&on_demand).chain(&waiting).copied().collect();
+    want.reverse();
+    assert_eq!(expanded.iter().map(|j| j.id).collect::<Vec<_>>(), want);
+    // Filters: tier, name, state.
+    let tier = page(&mut w, JobQuery { tier: Some(ebb_core::Tier::OnDemand), ..Default::default() });
+    assert_eq!(tier.iter().map(|j| j.id).collect::<Vec<_>>(), on_demand);
+    let named = page(&mut w, JobQuery { name: Some("swe".into()), collapse: true, ..Default::default() });
+    assert_eq!(named.iter().map(|j| j.id).collect::<Vec<_>>(), [array[0]]);
+    for state in JobState::ALL {
+        let listed = page(&mut w, JobQuery { states: Some(vec![state]), ..Default::default() });
+        let want: Vec<u64> =
+            expanded.iter().rev().filter(|j| j.state == state.as_str()).map(|j| j.id).collect();
+        assert_eq!(listed.iter().map(|j| j.id).collect::<Vec<_>>(), want, "{}", state.as_str());
+    }
+    let states: Vec<&str> = expanded.iter().map(|j| j.state.as_str()).collect();
+    assert!(states.contains(&"queued") && states.contains(&"starting"), "{states:?}");
 }
 
 #[test]
@@ -301,7 +363,7 @@ fn an_operator_sets_one_tenants_limits_and_raising_them_admits_at_once() {
     assert_eq!((usage.jobs, usage.admitted, usage.waiting), (3, 1, 2));
     // Kept across a restart; raised, the waiting jobs start at once.
     w.restart();
-    assert!(w.job(ids[1]).waiting.is_some());
+    assert_eq!(w.job(ids[1]).pending_reason.as_deref(), Some("tenant_limit"));
     let three = ebb_api::TenantLimits { max_running_jobs: Some(3), ..Default::default() };
     set(&mut w, &admin, three).unwrap();
     let started: Vec<u64> = w.starts().iter().map(|s| s.attempt.job).collect();

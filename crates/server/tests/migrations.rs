@@ -49,7 +49,11 @@ fn a_database_written_by_the_release_before_is_migrated_and_everything_in_it_kep
     assert!(created.is_empty(), "no new tokens for a database that has them");
     let admin = Principal::tenant(Scope::Admin, 1, "default");
 
-    let page = call(&mut engine, |reply| Msg::Jobs { principal: admin.clone(), after: 0, limit: 10, reply });
+    let page = call(&mut engine, |reply| Msg::Jobs {
+        principal: admin.clone(),
+        query: ebb_server::engine::JobQuery { cursor: Some(0), limit: 10, ..Default::default() },
+        reply,
+    });
     let states: Vec<(u64, &str, u32, u32)> =
         page.jobs.iter().map(|j| (j.id, j.state.as_str(), j.attempt, j.preemptions)).collect();
     assert_eq!(
@@ -90,7 +94,11 @@ fn a_database_written_by_the_release_before_is_migrated_and_everything_in_it_kep
     drop(conn);
     let store = SqliteStore::open(&dir.join("ebb.db")).unwrap();
     let (mut engine, _) = Engine::open(store, config, tokens, NOW).map_err(|e| e.message).unwrap();
-    let page = call(&mut engine, |reply| Msg::Jobs { principal: admin.clone(), after: 0, limit: 10, reply });
+    let page = call(&mut engine, |reply| Msg::Jobs {
+        principal: admin.clone(),
+        query: ebb_server::engine::JobQuery { cursor: Some(0), limit: 10, ..Default::default() },
+        reply,
+    });
     assert_eq!(page.jobs.len(), 6);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -291,7 +291,11 @@ impl TestEnv {
 
     fn jobs(&mut self) -> Vec<u64> {
         let principal = self.admin.clone();
-        let page = self.call(|reply| Msg::Jobs { principal, after: 0, limit: 1000, reply });
+        let page = self.call(|reply| Msg::Jobs {
+            principal,
+            query: ebb_server::engine::JobQuery { cursor: Some(0), limit: 1000, ..Default::default() },
+            reply,
+        });
         page.jobs.iter().map(|j| j.id).collect()
     }
 
@@ -341,7 +345,11 @@ fn a_store_error_mid_batch_commits_and_answers_nothing_and_the_restarted_server_
         // job's exit with its output.
         let (submit, mut submitted) = env.submit_msg(1);
         let (read_tx, mut read) = oneshot::channel();
-        let jobs = Msg::Jobs { principal: env.admin.clone(), after: 0, limit: 100, reply: read_tx };
+        let jobs = Msg::Jobs {
+            principal: env.admin.clone(),
+            query: ebb_server::engine::JobQuery { cursor: Some(0), limit: 100, ..Default::default() },
+            reply: read_tx,
+        };
         let events = vec![AgentEvent::Output { attempt, data: "done\n".into() }, exited(attempt, 0, env.now)];
         let (report, mut reported) = TestEnv::report_msg("a", events.clone());
         env.fail(op, n);
@@ -376,7 +384,11 @@ fn a_read_issued_in_the_batch_of_a_submission_is_answered_only_after_its_commit(
     let mut env = TestEnv::new("read");
     let (submit, mut submitted) = env.submit_msg(1);
     let (tx, mut read) = oneshot::channel();
-    let jobs = Msg::Jobs { principal: env.admin.clone(), after: 0, limit: 100, reply: tx };
+    let jobs = Msg::Jobs {
+        principal: env.admin.clone(),
+        query: ebb_server::engine::JobQuery { cursor: Some(0), limit: 100, ..Default::default() },
+        reply: tx,
+    };
     let (tx, mut one) = oneshot::channel();
     let job = Msg::Job { principal: env.admin.clone(), id: 1, reply: tx };
     let now = env.now;
@@ -389,7 +401,11 @@ fn a_read_issued_in_the_batch_of_a_submission_is_answered_only_after_its_commit(
     assert!(env.jobs().is_empty());
     let (submit, mut submitted) = env.submit_msg(1);
     let (tx, mut read) = oneshot::channel();
-    let jobs = Msg::Jobs { principal: env.admin.clone(), after: 0, limit: 100, reply: tx };
+    let jobs = Msg::Jobs {
+        principal: env.admin.clone(),
+        query: ebb_server::engine::JobQuery { cursor: Some(0), limit: 100, ..Default::default() },
+        reply: tx,
+    };
     env.engine().batch(vec![submit, jobs], now).unwrap();
     let id = submitted.try_recv().unwrap().unwrap()[0];
     assert_eq!(read.try_recv().unwrap().jobs.iter().map(|j| j.id).collect::<Vec<_>>(), vec![id]);

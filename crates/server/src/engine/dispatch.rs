@@ -11,8 +11,8 @@ impl<S: Store> Engine<S> {
                 let result = self.submit(&principal, spec, now);
                 self.answer(reply, result)?;
             }
-            Msg::Jobs { principal, after, limit, reply } => {
-                let page = self.job_page(&principal, after, limit);
+            Msg::Jobs { principal, query, reply } => {
+                let page = self.job_page(&principal, &query);
                 self.outbox.reply(reply, page);
             }
             Msg::Job { principal, id, reply } => {

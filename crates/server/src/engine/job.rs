@@ -15,7 +15,22 @@ pub enum JobState {
 }
 
 impl JobState {
-    pub(super) fn as_str(self) -> &'static str {
+    pub const ALL: [JobState; 7] = [
+        JobState::Queued,
+        JobState::Starting,
+        JobState::Running,
+        JobState::Draining,
+        JobState::Succeeded,
+        JobState::Failed,
+        JobState::Cancelled,
+    ];
+
+    /// The state named `name`, as the API spells it.
+    pub fn parse(name: &str) -> Option<JobState> {
+        JobState::ALL.into_iter().find(|s| s.as_str() == name)
+    }
+
+    pub fn as_str(self) -> &'static str {
         match self {
             JobState::Queued => "queued",
             JobState::Starting => "starting",

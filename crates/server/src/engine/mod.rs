@@ -54,6 +54,7 @@ mod job;
 mod jobs;
 mod launch;
 mod money;
+mod pending;
 mod plan;
 mod recovery;
 mod views;
@@ -63,6 +64,8 @@ use credentials::write_secret;
 pub use ending::STOP_GRACE_MS;
 use job::TenantLoad;
 pub use job::{restart_backoff_ms, CheckpointStats, JobRecord, JobState, StoredSpec, Waiting, QUICK_EXIT_MS};
+pub use pending::REASONS as PENDING_REASONS;
+pub use views::JobQuery;
 
 pub fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
@@ -77,9 +80,7 @@ pub enum Msg {
     },
     Jobs {
         principal: Principal,
-        /// Jobs with ids above this.
-        after: u64,
-        limit: usize,
+        query: JobQuery,
         reply: oneshot::Sender<ebb_api::JobPage>,
     },
     Job {
@@ -303,6 +304,8 @@ pub struct Engine<S: Store> {
     /// Changes with every server start, so agents notice a restart.
     epoch: u64,
     counters: crate::metrics::Counters,
+    /// The latest pass's reason for each job first in line that waits.
+    pending: HashMap<JobId, ebb_scheduler::Pending>,
 }
 
 /// Tenants: names, what their unfinished jobs hold against their limits,

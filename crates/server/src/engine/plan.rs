@@ -11,7 +11,8 @@ impl<S: Store> Engine<S> {
         self.end_backoffs(now)?;
         for _ in 0..1000 {
             let started = std::time::Instant::now();
-            let plan = ebb_scheduler::schedule(&self.core, Time(now), &self.sched);
+            let mut plan = ebb_scheduler::schedule(&self.core, Time(now), &self.sched);
+            self.keep_pending(std::mem::take(&mut plan.pending));
             if plan.is_empty() {
                 return Ok(());
             }

@@ -39,6 +39,7 @@ impl<S: Store> Engine<S> {
                 u64::from_le_bytes(bytes) >> 1
             },
             counters: Default::default(),
+            pending: HashMap::new(),
         };
         let mut notes = Vec::new();
         if snapshot.tenants.is_empty() {

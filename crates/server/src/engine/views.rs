@@ -2,21 +2,71 @@
 
 use super::*;
 
+/// Which jobs a page lists, checked by the HTTP layer.
+#[derive(Clone, Debug, Default)]
+pub struct JobQuery {
+    /// The previous page's last id: the page continues past it.
+    pub cursor: Option<u64>,
+    pub limit: usize,
+    /// Newest first.
+    pub desc: bool,
+    /// Only these states (any task's state, for a collapsed array).
+    pub states: Option<Vec<JobState>>,
+    pub tier: Option<Tier>,
+    /// Only names containing this.
+    pub name: Option<String>,
+    /// An array is one entry, its first task with the array's progress.
+    pub collapse: bool,
+}
+
 impl<S: Store> Engine<S> {
-    /// One page of the jobs `principal` may see, with ids above `after`.
-    pub(super) fn job_page(&self, principal: &Principal, after: u64, limit: usize) -> ebb_api::JobPage {
-        let mut visible = self
-            .jobs
-            .range(after.saturating_add(1)..)
-            .map(|(_, j)| j)
-            .filter(|j| principal.may_see(j.tenant));
-        let jobs: Vec<ebb_api::Job> =
-            visible.by_ref().take(limit).map(|j| self.view(j, Vec::new())).collect();
-        let next_cursor = match visible.next() {
+    /// One page of the jobs `principal` may see that match `q`, by id past
+    /// the cursor (keyset paging: a page costs what it skips and shows,
+    /// and a job submitted meanwhile never shifts one already seen).
+    pub(super) fn job_page(&self, principal: &Principal, q: &JobQuery) -> ebb_api::JobPage {
+        let ordered: Box<dyn Iterator<Item = &JobRecord>> = match (q.desc, q.cursor) {
+            (false, cursor) => {
+                Box::new(self.jobs.range(cursor.map_or(0, |c| c.saturating_add(1))..).map(|(_, j)| j))
+            }
+            (true, cursor) => Box::new(self.jobs.range(..cursor.unwrap_or(u64::MAX)).rev().map(|(_, j)| j)),
+        };
+        let mut entries = ordered.filter(|j| principal.may_see(j.tenant)).filter_map(|j| self.entry(j, q));
+        let jobs: Vec<ebb_api::Job> = entries.by_ref().take(q.limit).collect();
+        let next_cursor = match entries.next() {
             Some(_) => jobs.last().map(|j| j.id),
             None => None,
         };
         ebb_api::JobPage { jobs, next_cursor }
+    }
+
+    /// `job` as a page entry, if `q` lists it: a collapsed array shows as
+    /// its first task with the array's progress (tasks by state).
+    fn entry(&self, job: &JobRecord, q: &JobQuery) -> Option<ebb_api::Job> {
+        if q.tier.is_some_and(|t| t != job.tier)
+            || q.name.as_ref().is_some_and(|n| !job.spec.name.as_deref().unwrap_or("").contains(n.as_str()))
+        {
+            return None;
+        }
+        let array = job.array.as_ref().filter(|_| q.collapse);
+        if array.is_some_and(|a| a.id != job.id) {
+            return None;
+        }
+        let progress = array.map(|a| {
+            let mut p = self.progress(a.id);
+            p.tasks.clear();
+            p
+        });
+        let states_match = match (&q.states, &progress) {
+            (None, _) => true,
+            (Some(states), None) => states.contains(&job.state),
+            (Some(states), Some(p)) => states.iter().any(|s| p.states.contains_key(s.as_str())),
+        };
+        if !states_match {
+            return None;
+        }
+        let mut view = self.view(job, Vec::new());
+        view.progress = progress;
+        Some(view)
     }
 
     /// One job with its history, usage and its array's progress.
@@ -40,6 +90,7 @@ impl<S: Store> Engine<S> {
     }
 
     pub(super) fn view(&self, job: &JobRecord, events: Vec<JobEvent>) -> ebb_api::Job {
+        let pending = self.pending(job, now_ms());
         ebb_api::Job {
             id: job.id,
             tenant: self.tenants.names.get(&job.tenant).cloned().unwrap_or_default(),
@@ -66,19 +117,8 @@ impl<S: Store> Engine<S> {
             lost_gpu_seconds: job.lost_gpu_ms as f64 / 1000.0,
             array: job.array.clone(),
             progress: None,
-            waiting: job.waiting.map(|w| match w {
-                Waiting::Backoff { until_ms } => format!(
-                    "restart back-off until {}: {} quick exits in a row (runs under {} s)",
-                    rfc3339(until_ms),
-                    job.quick_exits,
-                    QUICK_EXIT_MS / 1000
-                ),
-                Waiting::TenantLimit => format!(
-                    "tenant {} has {} jobs admitted, its limit (ebb tenant limits, ebb server --max-running-jobs)",
-                    self.tenant_name(job.tenant),
-                    self.limits_of(job.tenant).max_running_jobs
-                ),
-            }),
+            pending_reason: pending.as_ref().map(|(code, _)| code.to_string()),
+            pending_detail: pending.map(|(_, detail)| detail),
             events,
         }
     }

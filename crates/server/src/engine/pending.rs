@@ -1,0 +1,192 @@
+//! Why a queued job waits, as its owner reads it: a stable code and a
+//! sentence with the numbers. The scheduling core gives the reason for the
+//! first waiting job of each queue class in every pass (`Plan::pending`);
+//! the rest of a class wait behind it; a job whose GPUs are held waits for
+//! its victims' drain; the edge's own waits (a restart back-off, a tenant's
+//! limit) come before the core sees the job.
+
+use ebb_scheduler::Pending;
+
+use super::*;
+
+/// The codes `pending_reason` takes, stable across releases.
+pub const REASONS: [&str; 12] = [
+    "resources",
+    "priority",
+    "whole_nodes",
+    "reservation_cap",
+    "reservation_full",
+    "reservation_not_started",
+    "reclaimed",
+    "no_capacity",
+    "victims_draining",
+    "backoff",
+    "tenant_limit",
+    "scheduling",
+];
+
+impl<S: Store> Engine<S> {
+    /// Keeps the reasons of a pass: every pass gives them for the first
+    /// waiting job of every class, so the latest pass's replace the last.
+    pub(super) fn keep_pending(&mut self, pending: Vec<(JobId, Pending)>) {
+        self.pending.clear();
+        self.pending.extend(pending);
+    }
+
+    /// A queued job's reason code and sentence; `None` for any other.
+    pub(super) fn pending(&self, job: &JobRecord, now_ms: u64) -> Option<(&'static str, String)> {
+        if job.state != JobState::Queued {
+            return None;
+        }
+        match job.waiting {
+            Some(Waiting::Backoff { until_ms }) => {
+                return Some((
+                    "backoff",
+                    format!(
+                        "restart back-off until {}: {} quick exits in a row (runs under {} s)",
+                        rfc3339(until_ms),
+                        job.quick_exits,
+                        QUICK_EXIT_MS / 1000
+                    ),
+                ))
+            }
+            Some(Waiting::TenantLimit) => {
+                return Some((
+                    "tenant_limit",
+                    format!(
+                        "tenant {} has {} jobs admitted, its limit (ebb tenant limits, ebb server --max-running-jobs)",
+                        self.tenant_name(job.tenant),
+                        self.limits_of(job.tenant).max_running_jobs
+                    ),
+                ))
+            }
+            None => {}
+        }
+        let id = JobId(job.id);
+        if let Some(hold) = self.core.hold(id) {
+            return Some(("victims_draining", self.victims_draining(hold, now_ms)));
+        }
+        let first = self.core.first_in_line(id)?;
+        if first != id {
+            return Some((
+                "priority",
+                format!(
+                    "behind job {}, which is ahead of it in line for the same GPUs and waits too",
+                    first.0
+                ),
+            ));
+        }
+        match self.pending.get(&id) {
+            Some(why) => Some(self.describe(job, why)),
+            None => Some(("scheduling", "not yet looked at by the scheduler".into())),
+        }
+    }
+
+    fn describe(&self, job: &JobRecord, why: &Pending) -> (&'static str, String) {
+        let model = |m: GpuModelId| self.core.model(m).map_or_else(|| m.to_string(), |m| m.name.clone());
+        let node = |n: NodeId| self.core.node(n).map_or_else(|| n.to_string(), |n| n.name.clone());
+        let gpus = gpus(job.gpus);
+        match why {
+            Pending::Resources { model: m, largest_free } => {
+                let mut text = format!(
+                    "waiting for {gpus} of {} free on one node; the most free on any node is {largest_free}",
+                    model(*m)
+                );
+                if job.tier != Tier::Preemptible {
+                    text.push_str(", and no preemptible work can make room");
+                }
+                ("resources", text)
+            }
+            Pending::Priority { behind } => (
+                "priority",
+                format!("behind job {}: the GPUs it would fit on are kept for that job, which is ahead of it", behind.0),
+            ),
+            Pending::WholeNodes { model: m, nodes, free, earmarked } => {
+                let mut text = format!(
+                    "a gang of {gpus} waits for {nodes} whole free {} nodes; {free} free now",
+                    model(*m)
+                );
+                if !earmarked.is_empty() {
+                    let names: Vec<String> = earmarked.iter().map(|n| node(*n)).collect();
+                    text.push_str(&format!("; kept for it as they empty: {}", names.join(", ")));
+                }
+                ("whole_nodes", text)
+            }
+            Pending::ReservationCap { model: m, capacity, reserved, used } => (
+                "reservation_cap",
+                format!(
+                    "on-demand may use {} of {capacity} {}: {reserved} are reserved, and on-demand work uses {used}",
+                    capacity.saturating_sub(*reserved),
+                    model(*m)
+                ),
+            ),
+            Pending::ReservationFull { model: m, reserved, used } => (
+                "reservation_full",
+                format!(
+                    "its tenant's reservation of {} is {} with {used} in use; it needs {gpus}",
+                    model(*m),
+                    self::gpus(*reserved)
+                ),
+            ),
+            Pending::ReservationNotStarted { model: m, starts: Some(at) } => (
+                "reservation_not_started",
+                format!("waits for its tenant's reservation of {}, which starts at {}", model(*m), rfc3339(at.0)),
+            ),
+            Pending::ReservationNotStarted { model: m, starts: None } => (
+                "reservation_not_started",
+                format!("its tenant has no reservation of {} now or later", model(*m)),
+            ),
+            Pending::Reclaimed { model: m, limit, used } => (
+                "reclaimed",
+                format!(
+                    "the operator reclaimed preemptible {} capacity: preemptible work may use {limit}, and uses {used} \
+                     (ebb reclaim --release lifts it)",
+                    model(*m)
+                ),
+            ),
+            Pending::NoCapacity { model: m } => {
+                let what = m.map_or_else(|| "of any model".to_string(), |m| format!("of {}", model(m)));
+                (
+                    "no_capacity",
+                    format!("not {gpus} {what} are in service now (nodes are drained, lost or gone)"),
+                )
+            }
+        }
+    }
+
+    fn victims_draining(&self, hold: &ebb_scheduler::Hold, now_ms: u64) -> String {
+        let nodes: Vec<String> =
+            hold.alloc.iter().filter_map(|(n, _)| self.core.node(*n)).map(|n| n.name.clone()).collect();
+        let deadline = hold
+            .waiting_on
+            .iter()
+            .filter_map(|v| self.core.job(*v).and_then(|j| j.notice))
+            .map(|n| n.deadline)
+            .max();
+        let victims: Vec<String> = hold.waiting_on.iter().map(|v| v.0.to_string()).collect();
+        let mut text = match victims.len() {
+            0 => "its GPUs are free; it starts now".to_string(),
+            1 => format!("waiting for job {} to drain", victims[0]),
+            _ => format!("waiting for jobs {} to drain", victims.join(", ")),
+        };
+        if let Some(deadline) = deadline {
+            let left = Span(deadline.0.saturating_sub(now_ms));
+            text.push_str(&format!(
+                " (deadline {}, in {})",
+                rfc3339(deadline.0),
+                humantime::format_duration(std::time::Duration::from_secs(left.0.div_ceil(1000)))
+            ));
+        }
+        text.push_str(&format!("; its GPUs are held on {}", nodes.join(", ")));
+        text
+    }
+}
+
+/// "1 GPU", "4 GPUs".
+fn gpus(n: u32) -> String {
+    if n == 1 {
+        "1 GPU".into()
+    } else {
+        format!("{n} GPUs")
+    }
+}
