@@ -6,9 +6,9 @@ and writes its predictions with write-then-rename. A shard drained
 mid-way exits without output and is rerun alone; a finished shard is never
 rerun (its output and the completion marker are written before it exits).
 
-    python3 examples/batch_inference.py prepare --shards 100 --data $PWD/infer
-    ebb submit --array 0-99 -- python3 $PWD/examples/batch_inference.py run --data $PWD/infer
-    python3 examples/batch_inference.py check --data $PWD/infer
+    python3 examples/batch_inference.py prepare --shards 100 --data infer
+    ebb submit --array 0-99 -- python3 examples/batch_inference.py run --data infer
+    python3 examples/batch_inference.py check --data infer
 
 Every start and finish is appended to DATA/ledger, for checking that no
 shard ran to completion twice.

@@ -5,7 +5,7 @@ with write-then-rename. Outputs are idempotent: a rerun (after a
 preemption) rewrites the same bytes, and a chunk whose output exists is
 skipped.
 
-    ebb submit --array 0-15 -- python3 $PWD/examples/preprocess.py --chunks 16 --out $PWD/features
+    ebb submit --array 0-15 -- python3 examples/preprocess.py --chunks 16 --out features
 """
 
 import argparse

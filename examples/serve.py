@@ -3,7 +3,7 @@
 reserved), is never drained, and answers predictions over HTTP while batch
 work fills the rest of the cluster on the preemptible tier.
 
-    ebb submit --tier on-demand --restart always --name digits-api -- python3 $PWD/examples/serve.py --port 8500
+    ebb submit --tier on-demand --restart always --name digits-api -- python3 examples/serve.py --port 8500
     curl 'http://127.0.0.1:8500/predict?row=17'
 
 Writes its port to $EBB_CHECKPOINT_DIR/port when it is ready.

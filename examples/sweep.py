@@ -5,7 +5,7 @@ EBB_PARAM_BATCH. Each trial checkpoints on notice and resumes, so a
 preempted trial loses only itself, and nothing of its work.
 
     ebb submit --sweep lr=0.3,0.1,0.03 --sweep batch=16,64 -- \\
-        python3 $PWD/examples/sweep.py --out $PWD/sweep-results
+        python3 examples/sweep.py --out sweep-results
 
 Each trial writes OUT/trial-<index>.json with its parameters and accuracy.
 """

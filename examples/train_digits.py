@@ -11,7 +11,7 @@ run never preempted.
   --mode periodic  save every --every seconds; on notice exit without saving
                    (lost work < one interval per preemption)
 
-    ebb submit --gpus 1 -- python3 $PWD/examples/train_digits.py --out $PWD/weights.npy
+    ebb submit --gpus 1 -- python3 examples/train_digits.py --out weights.npy
 """
 
 import argparse

@@ -198,6 +198,14 @@ pub struct Job {
     /// The reason as a sentence, with the numbers (which jobs, until when).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pending_detail: Option<String>,
+    /// Its working directory on the node; absent: a fresh directory per job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<String>,
+    /// The environment it was submitted with: the submitter's exported
+    /// variables and its own (only in `GET /v1/jobs/{id}`, which only its
+    /// tenant and an operator may read).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
     /// The event history, oldest first (only in `GET /v1/jobs/{id}`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub events: Vec<JobEvent>,

@@ -34,12 +34,21 @@ pub struct SubmitArgs {
     /// Retries after failures (preemptions do not count).
     #[arg(long)]
     pub max_retries: Option<u32>,
-    /// Environment variable for the job, K=V; repeatable.
+    /// Environment variable for the job, K=V; repeatable. Wins over
+    /// what --export takes.
     #[arg(long = "env", value_name = "K=V")]
     pub env: Vec<String>,
-    /// Working directory on the node.
-    #[arg(long)]
-    pub workdir: Option<String>,
+    /// The submitter's environment the job gets, as sbatch's --export:
+    /// ALL (the default: every variable but EBB_*, CUDA_VISIBLE_DEVICES,
+    /// HOME, USER, LOGNAME and the shell's PWD, OLDPWD, SHLVL, _), NONE,
+    /// or a list VAR,VAR=VALUE,... of only those. Ebb's own variables
+    /// always win.
+    #[arg(long, value_name = "ALL|NONE|VAR,...")]
+    pub export: Option<String>,
+    /// The job's working directory on the node (default: the directory
+    /// ebb submit runs in). A relative one is taken from there.
+    #[arg(long, visible_alias = "workdir", value_name = "DIR")]
+    pub chdir: Option<String>,
     /// An array of tasks A-B, each with EBB_TASK_INDEX.
     #[arg(long, value_name = "A-B")]
     pub array: Option<String>,
@@ -140,7 +149,8 @@ pub fn submission(args: &SubmitArgs) -> Result<api::JobSubmission, String> {
         }
         sweep.push(api::SweepParam { name: name.to_string(), values });
     }
-    let mut env = BTreeMap::new();
+    let export = args.export.as_deref().or(base.export.as_deref()).unwrap_or("ALL");
+    let mut env = exported(export, std::env::vars_os())?;
     for pair in base.env.iter().chain(&args.env) {
         let (k, v) = pair.split_once('=').ok_or_else(|| format!("--env {pair}: expected K=V"))?;
         env.insert(k.to_string(), v.to_string());
@@ -152,7 +162,7 @@ pub fn submission(args: &SubmitArgs) -> Result<api::JobSubmission, String> {
         gpu_model: args.gpu_model.clone().or(base.gpu_model),
         argv,
         env,
-        workdir: args.workdir.clone().or(base.workdir),
+        workdir: Some(workdir(args.chdir.as_deref().or(base.chdir.as_deref()))?),
         signal: args.signal.clone().or(base.signal),
         max_preemptions: args.max_preemptions.or(base.max_preemptions),
         max_retries: args.max_retries.or(base.max_retries),
@@ -161,6 +171,69 @@ pub fn submission(args: &SubmitArgs) -> Result<api::JobSubmission, String> {
         restart: args.restart.clone().or(base.restart),
         sweep,
     })
+}
+
+/// Variables `--export ALL` leaves out: Ebb's own (and the CLI's token),
+/// the GPUs Ebb assigns, who runs the job (the node's user for the
+/// tenant), and the submitting shell's bookkeeping.
+fn not_exported(name: &str) -> bool {
+    name.starts_with("EBB_")
+        || ["CUDA_VISIBLE_DEVICES", "HOME", "USER", "LOGNAME", "PWD", "OLDPWD", "SHLVL", "_"].contains(&name)
+}
+
+/// A name a job's environment can carry: what the server accepts.
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// The submitter's variables the job gets, for `--export`.
+fn exported(
+    mode: &str,
+    vars: impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+) -> Result<BTreeMap<String, String>, String> {
+    let vars: BTreeMap<String, String> =
+        vars.filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))).collect();
+    match mode {
+        all if all.eq_ignore_ascii_case("all") => {
+            Ok(vars.into_iter().filter(|(k, _)| valid_name(k) && !not_exported(k)).collect())
+        }
+        none if none.eq_ignore_ascii_case("none") => Ok(BTreeMap::new()),
+        list => {
+            let mut env = BTreeMap::new();
+            for item in list.split(',') {
+                let (name, value) = match item.split_once('=') {
+                    Some((name, value)) => (name, value.to_string()),
+                    None => {
+                        let value = vars.get(item).ok_or_else(|| {
+                            format!("--export {item}: not set here (ALL, NONE, or VAR,VAR=VALUE,...)")
+                        })?;
+                        (item, value.clone())
+                    }
+                };
+                if !valid_name(name) {
+                    return Err(format!(
+                        "--export {item}: {name:?} is not a variable name (ALL, NONE, or VAR,VAR=VALUE,...)"
+                    ));
+                }
+                env.insert(name.to_string(), value);
+            }
+            Ok(env)
+        }
+    }
+}
+
+/// The job's working directory: `--chdir` made absolute, or where the
+/// submitter is.
+fn workdir(chdir: Option<&str>) -> Result<String, String> {
+    let here =
+        std::env::current_dir().map_err(|e| format!("the current directory: {e} (pass --chdir DIR)"))?;
+    let dir = match chdir {
+        Some(dir) => here.join(dir),
+        None => here,
+    };
+    dir.into_os_string().into_string().map_err(|d| format!("--chdir {}: not UTF-8", d.to_string_lossy()))
 }
 
 #[derive(Args)]
@@ -434,6 +507,18 @@ pub async fn show(conn: &Connection, id: u64, out: &JsonFlag) -> Result<String, 
     .unwrap();
     writeln!(text, "  tenant       {}", job.tenant).unwrap();
     writeln!(text, "  command      {}", job.argv.join(" ")).unwrap();
+    let workdir = job.workdir.as_deref().unwrap_or("a fresh directory on its node");
+    writeln!(text, "  workdir      {workdir}").unwrap();
+    if !job.env.is_empty() {
+        let n = job.env.len();
+        writeln!(
+            text,
+            "  environment  {n} variable{} (ebb show {} --json lists them)",
+            if n == 1 { "" } else { "s" },
+            job.id
+        )
+        .unwrap();
+    }
     writeln!(
         text,
         "  attempt      {}  (preempted {}, retried {})",

@@ -63,7 +63,8 @@ fn a_tenants_job_runs_as_its_user_and_reaches_neither_the_agent_nor_the_server_n
     let server = c.dir.join("server");
     let targets =
         [server.join("admin.token"), server.join("join.token"), server.join("ebb.db"), other.join("secret")];
-    let mut args = vec!["--env", "", "--", "bash", "-c", PROBE, "probe"];
+    // Only what the submission names: the submitter's environment is not exported.
+    let mut args = vec!["--env", "", "--export", "NONE", "--", "bash", "-c", PROBE, "probe"];
     let other_env = format!("OTHER={}", other.display());
     args[1] = &other_env;
     let target_strings: Vec<String> = targets.iter().map(|t| t.display().to_string()).collect();

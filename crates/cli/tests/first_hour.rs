@@ -140,6 +140,16 @@ fn a_job_larger_than_the_cluster_is_refused_naming_what_it_has() {
         "{}",
         stderr(&out)
     );
+    // A model no node has: a 400 naming what the cluster has.
+    let out = c.ebb_as(&c.admin, &["submit", "--gpu-model", "B200", "--", "true"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains(
+            "gpu_model: no node has \"B200\"; the cluster has H100-80GB 16 GPUs in service (HTTP 400)"
+        ),
+        "{}",
+        stderr(&out)
+    );
     assert!(c.jobs().is_empty());
     // A gang of both nodes is as large as it gets, and runs.
     let id = c.submit(&["--gpus", "16", "--", "true"]);
@@ -473,4 +483,60 @@ fn jobs_is_a_table_with_arrays_collapsed_filters_and_the_newest_first_page() {
     let next = requeued["attempt"].as_u64().unwrap() + 1;
     let expanded = c.ebb(&["jobs", "--expand"]);
     assert!(row(&expanded, first_task).contains(&format!(" {next} next ")), "{expanded}");
+}
+
+/// A job got the agent's environment and directory: the README's own
+/// workload commands failed with the virtual environment on PATH.
+#[test]
+fn a_job_runs_where_it_was_submitted_with_the_submitters_environment() {
+    let c = Cluster::start(Options { nodes: 1, gpus: 2, ..Options::default() });
+    let project = c.submit_dir().join("project");
+    std::fs::create_dir_all(project.join("sub")).unwrap();
+    let submit = |extra: &[&str]| -> std::process::Output {
+        let script = r#"printf '%s\n' "${GREETING-unset}" "$PWD" "${EBB_TOKEN-no token}" > seen"#;
+        let mut args = vec!["submit", "--json"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--", "bash", "-c", script]);
+        std::process::Command::new(cluster::ebb_exe())
+            .args(&args)
+            .current_dir(&project)
+            .env("EBB_SERVER", &c.url)
+            .env("EBB_TOKEN", &c.admin)
+            .env("GREETING", "hello from the submitter")
+            .env_remove("EBB_CONFIG")
+            .output()
+            .unwrap()
+    };
+    let run = |extra: &[&str], dir: &std::path::Path| -> Vec<String> {
+        let out = submit(extra);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let id = serde_json::from_slice::<Value>(&out.stdout).unwrap()["id"].as_u64().unwrap();
+        c.wait_state(id, "succeeded");
+        let seen = std::fs::read_to_string(dir.join("seen")).unwrap();
+        std::fs::remove_file(dir.join("seen")).unwrap();
+        seen.lines().map(str::to_string).collect()
+    };
+    let here = project.display().to_string();
+    // By default: the submitter's variables and directory, never its token.
+    assert_eq!(run(&[], &project), ["hello from the submitter", here.as_str(), "no token"]);
+    // None of them, or only those named; a relative --chdir from here.
+    assert_eq!(run(&["--export", "NONE"], &project), ["unset", here.as_str(), "no token"]);
+    let sub = project.join("sub");
+    let seen = run(&["--export", "GREETING,OTHER=1", "--chdir", "sub"], &sub);
+    assert_eq!(seen, ["hello from the submitter", sub.display().to_string().as_str(), "no token"]);
+    // --env wins over what is exported.
+    assert_eq!(run(&["--env", "GREETING=mine"], &project)[0], "mine");
+    let out = submit(&["--export", "NOT_SET_ANYWHERE"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("--export NOT_SET_ANYWHERE: not set here"), "{}", stderr(&out));
+    let out = submit(&["--export", "EBB_TOKEN"]);
+    assert!(!out.status.success(), "a job was given the submitter's token");
+    assert!(stderr(&out).contains("env: EBB_TOKEN is set by ebb"), "{}", stderr(&out));
+
+    // The environment is the job's: its tenant (and an operator) see it.
+    let id = c.jobs().last().unwrap()["id"].as_u64().unwrap();
+    let job = c.job(id);
+    assert_eq!(job["env"]["GREETING"], "mine");
+    assert_eq!(job["workdir"], here);
+    assert!(c.ebb(&["show", &id.to_string()]).contains(&format!("  workdir      {here}\n")));
 }

@@ -227,11 +227,25 @@ impl Cluster {
     pub fn ebb_as(&self, token: &str, args: &[&str]) -> Output {
         Command::new(ebb_exe())
             .args(args)
+            .current_dir(self.submit_dir())
             .env("EBB_SERVER", &self.url)
             .env("EBB_TOKEN", token)
             .env_remove("EBB_CONFIG")
             .output()
             .unwrap()
+    }
+
+    /// Where the tests' CLI runs, and so where jobs run unless they say
+    /// otherwise (`ebb submit` takes the submitter's directory): writable
+    /// by every tenant's user, as /tmp is.
+    pub fn submit_dir(&self) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = self.dir.join("submit");
+        if !dir.exists() {
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        }
+        dir
     }
 
     /// Runs a CLI command as the admin and returns its standard output.
@@ -326,6 +340,16 @@ impl Cluster {
     }
 }
 
+/// `ebb up` stops its cluster on SIGTERM, as on Ctrl-C.
+impl Drop for Up {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = nix_term(&self.child);
+            let _ = self.child.wait();
+        }
+    }
+}
+
 impl Drop for Cluster {
     fn drop(&mut self) {
         // Agents end their jobs on SIGTERM; then the server.
@@ -373,6 +397,8 @@ pub fn pid_alive(pid: i32) -> bool {
 pub struct Up {
     pub child: Child,
     pub env: Vec<(String, String)>,
+    /// Where its CLI commands run: the directory holding its data dir.
+    dir: PathBuf,
     /// What it printed after the export line, as it comes.
     lines: mpsc::Receiver<String>,
 }
@@ -406,7 +432,8 @@ impl Up {
             .split_whitespace()
             .map(|kv| kv.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())).unwrap())
             .collect();
-        Up { child, env, lines }
+        let dir = dir.parent().unwrap_or(Path::new("/")).to_path_buf();
+        Up { child, env, dir, lines }
     }
 
     /// Waits for a line of its output containing `text`.
@@ -417,7 +444,7 @@ impl Up {
     }
 
     pub fn ebb(&self, args: &[&str]) -> std::process::Output {
-        Command::new(ebb_exe()).args(args).envs(self.env.clone()).output().unwrap()
+        Command::new(ebb_exe()).args(args).envs(self.env.clone()).current_dir(&self.dir).output().unwrap()
     }
 
     /// A job that sleeps, once it runs: its id and pid.

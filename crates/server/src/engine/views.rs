@@ -77,6 +77,7 @@ impl<S: Store> Engine<S> {
         let mut view = self.view(&self.jobs[&id], events);
         view.progress = self.jobs[&id].array.as_ref().map(|a| self.progress(a.id));
         view.usage = usage.iter().map(|u| u.view(&view.tenant)).collect();
+        view.env = self.jobs[&id].spec.env.clone();
         Ok(view)
     }
 
@@ -119,6 +120,8 @@ impl<S: Store> Engine<S> {
             progress: None,
             pending_reason: pending.as_ref().map(|(code, _)| code.to_string()),
             pending_detail: pending.map(|(_, detail)| detail),
+            workdir: job.spec.workdir.clone(),
+            env: BTreeMap::new(),
             events,
         }
     }
