@@ -34,13 +34,13 @@ impl<S: Store> Engine<S> {
         self.event(id, EventKind::Exited, detail)?;
         let job = &self.jobs[&id];
         if !job.running_on.is_empty() {
-            // A gang ends as a whole. Being drained, the other parts already
-            // have their notice and deadline: they finish their own save.
-            // Otherwise they are stopped as a cancel stops them: the signal,
-            // then SIGKILL after a grace.
-            if job.state != JobState::Draining {
+            // A gang ends as a whole. Being drained or cancelled, the other
+            // parts already have their notice and deadline: they finish
+            // their own save. Otherwise they are stopped: SIGTERM, then
+            // SIGKILL after the default grace.
+            if job.state != JobState::Draining && !job.cancel_requested {
                 for n in job.running_on.clone() {
-                    self.outbox.push(&n, Action::Stop { attempt, grace_ms: STOP_GRACE_MS });
+                    self.outbox.push(&n, Action::Stop { attempt, grace_ms: STOP_GRACE_MS, notice: None });
                 }
             }
             return self.save(id);
