@@ -66,6 +66,7 @@ pub(super) struct Ended {
     pub lost_gpu_ms: u64,
     /// A `--restart always` job's back-off before it runs again.
     pub backoff_ms: u64,
+    /// It ended preempted: requeued, or failed past its max_preemptions.
     pub preempted: bool,
 }
 
@@ -177,7 +178,8 @@ pub(super) fn end_attempt(job: &mut JobRecord, effect: ExitEffect, end_ms: u64, 
         job.exit_code = None;
         job.exit_signal = None;
     }
-    let preempted = matches!(effect, ExitEffect::Requeued { preempted: true });
+    let preempted =
+        matches!(effect, ExitEffect::Requeued { preempted: true } | ExitEffect::PreemptionLimitReached);
     Ended { state, kind, detail, usage, lost_gpu_ms, backoff_ms, preempted }
 }
 
@@ -257,6 +259,20 @@ mod tests {
             cancel_stop(&job, a, 20_500),
             Action::Stop { attempt: a, grace_ms: STOP_GRACE_MS, notice: None }
         );
+    }
+
+    /// `ebb_preemptions_total` left out the preemption that took a job
+    /// past its `max_preemptions`.
+    #[test]
+    fn a_preemption_past_the_limit_fails_the_job_and_counts_as_a_preemption() {
+        let mut job = running();
+        job.state = JobState::Draining;
+        job.notice = Some((8_000, 9_000, "preempted by job 9".into()));
+        let ended = end_attempt(&mut job, ExitEffect::PreemptionLimitReached, 9_000, 9_500);
+        assert_eq!((ended.state, ended.kind), (JobState::Failed, EventKind::Failed));
+        assert!(ended.preempted);
+        assert_eq!(ended.usage.expect("metered").outcome, "preempted");
+        assert_eq!(job.preemptions, 1);
     }
 
     #[test]
