@@ -158,7 +158,7 @@ impl<S: Supervisor> Agent<S> {
             Action::Stop { attempt, .. } => *attempt,
         };
         let before = pending.remove(&attempt);
-        if let (None, Action::Stop { attempt, grace_ms }) = (&before, &action) {
+        if let (None, Action::Stop { attempt, grace_ms, notice: None }) = (&before, &action) {
             // The common case: at once.
             return drain::stop(&self.supervisor, *attempt, Duration::from_millis(*grace_ms));
         }
@@ -170,7 +170,10 @@ impl<S: Supervisor> Agent<S> {
             match action {
                 Action::Start(start) => agent.start(start).await,
                 Action::Drain(d) => drain::drain(&agent.supervisor, d).await,
-                Action::Stop { attempt, grace_ms } => {
+                Action::Stop { attempt, notice: Some(notice), .. } => {
+                    drain::cancel(&agent.supervisor, attempt, notice).await
+                }
+                Action::Stop { attempt, grace_ms, notice: None } => {
                     drain::stop(&agent.supervisor, attempt, Duration::from_millis(grace_ms))
                 }
             }

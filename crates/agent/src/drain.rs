@@ -1,17 +1,18 @@
-//! Ending attempts: the drain, stops, and kills.
+//! Ending attempts: the drain, cancels, stops, and kills.
 //!
 //! A drain gives a preemptible job its notice and time to save its work:
 //! the notice goes on the attempt's metadata endpoint and into its notice
 //! file *before* the job's signal, so a job woken by the signal finds the
-//! notice wherever it looks; SIGKILL follows at the deadline. A stop (a
-//! cancel, the rest of a gang) is SIGTERM, as `scancel` does, then SIGKILL
-//! after its grace. A kill is SIGKILL at once, for attempts the server
-//! says must not run.
+//! notice wherever it looks; SIGKILL follows at the deadline. A cancel is
+//! the same with its own notice (`action` and `reason` `cancel`) and
+//! SIGTERM, as `scancel` sends, whatever signal the job asked for drains.
+//! A stop (the rest of a gang) is SIGTERM, then SIGKILL after its grace.
+//! A kill is SIGKILL at once, for attempts the server says must not run.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use ebb_api::{AttemptRef, DrainAttempt};
+use ebb_api::{AttemptRef, DrainAttempt, StopNotice};
 use nix::sys::signal::Signal;
 
 use crate::dirs;
@@ -24,32 +25,50 @@ use crate::supervisor::Supervisor;
 /// then SIGKILL at the deadline. A repeated command (after a reconnect)
 /// does nothing.
 pub(crate) async fn drain<S: Supervisor>(supervisor: &Arc<S>, d: DrainAttempt) {
-    let a = d.attempt;
     let notice = Notice::new(d.notice_at_ms, d.deadline_ms, d.reason);
+    deliver(supervisor, d.attempt, notice, None).await;
+}
+
+/// Delivers a cancel: its notice as a drain's, then SIGTERM, then SIGKILL
+/// at its deadline. A cancel of an attempt being drained replaces the
+/// drain's notice only if it ends the attempt sooner.
+pub(crate) async fn cancel<S: Supervisor>(supervisor: &Arc<S>, attempt: AttemptRef, n: StopNotice) {
+    let notice = Notice::cancel(n.notice_at_ms, n.deadline_ms);
+    deliver(supervisor, attempt, notice, Some(Signal::SIGTERM)).await;
+}
+
+/// Posts `notice`, writes its file, sends `signal` (the job's drain signal
+/// if none), and SIGKILL at the notice's deadline if the attempt is still
+/// running then. Nothing if the attempt already has a notice this one
+/// does not supersede.
+async fn deliver<S: Supervisor>(supervisor: &Arc<S>, a: AttemptRef, notice: Notice, signal: Option<Signal>) {
+    let (action, deadline_ms) = (notice.action.clone(), notice.deadline_ms);
     let body = serde_json::to_vec_pretty(&notice).expect("notice serialises");
     let Some(target) = supervisor.post_notice(a, notice) else { return };
     let file = target.drain_file.clone();
+    let signal = signal.unwrap_or(target.signal);
     // The file is written and the signal sent right after it, in one
     // blocking step: nothing between them.
     let signaller = supervisor.clone();
     let deliver = move || {
         let written = dirs::write_job_file(&file, &body);
-        signaller.signal(a, target.signal);
+        signaller.signal(a, signal);
         written
     };
     let written = crate::blocking(deliver).await;
     if let Err(e) = written {
-        tracing::error!("cannot write the drain file {}: {e}", target.drain_file.display());
+        tracing::error!("cannot write the notice file {}: {e}", target.drain_file.display());
     }
     tracing::info!(
         job = a.job,
         attempt = a.attempt,
-        deadline = d.deadline_ms,
+        action,
+        deadline = deadline_ms,
         file = %target.drain_file.display(),
-        "drain notice"
+        "notice"
     );
     let supervisor = supervisor.clone();
-    let wait = Duration::from_millis(d.deadline_ms.saturating_sub(now_ms()));
+    let wait = Duration::from_millis(deadline_ms.saturating_sub(now_ms()));
     tokio::spawn(async move {
         tokio::time::sleep(wait).await;
         if supervisor.is_running(a) {
@@ -59,8 +78,9 @@ pub(crate) async fn drain<S: Supervisor>(supervisor: &Arc<S>, d: DrainAttempt) {
     });
 }
 
-/// Ends an attempt that is not being drained (cancelled, or the rest of
-/// a gang): SIGTERM, as `scancel` does, then SIGKILL after `grace`.
+/// Ends an attempt without a notice (the rest of a gang, or every attempt
+/// when the agent stops): SIGTERM, as `scancel` does, then SIGKILL after
+/// `grace`.
 pub(crate) fn stop<S: Supervisor>(supervisor: &Arc<S>, attempt: AttemptRef, grace: Duration) {
     supervisor.signal(attempt, Signal::SIGTERM);
     let supervisor = supervisor.clone();
@@ -135,6 +155,59 @@ mod tests {
         assert_eq!(
             fake.ops(),
             vec![Op::Notice(A), Op::Signal { attempt: A, signal: Signal::SIGTERM, notice_file: true }]
+        );
+    }
+
+    fn cancel_of(deadline_in: Duration) -> StopNotice {
+        let now = now_ms();
+        StopNotice { notice_at_ms: now, deadline_ms: now + deadline_in.as_millis() as u64 }
+    }
+
+    fn notice_file(fake: &FakeSupervisor, a: AttemptRef) -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(fake.drain_file(a)).unwrap()).unwrap()
+    }
+
+    /// A cancel was SIGTERM without a notice: a job's trap found nothing
+    /// to say it was cancelled, or when it would be killed.
+    #[tokio::test]
+    async fn a_cancel_writes_its_notice_before_sigterm_then_kills_at_its_deadline() {
+        let (fake, _queue) = FakeSupervisor::new("cancel");
+        fake.run(A, Signal::SIGUSR1);
+        let n = cancel_of(Duration::from_millis(200));
+        cancel(&fake, A, n.clone()).await;
+        let notice = notice_file(&fake, A);
+        assert_eq!((notice["action"].as_str(), notice["reason"].as_str()), (Some("cancel"), Some("cancel")));
+        assert_eq!(
+            notice["deadline"],
+            crate::metadata::Notice::cancel(n.notice_at_ms, n.deadline_ms).deadline
+        );
+        // SIGTERM, as scancel sends, not the signal the job asked drains for.
+        assert_eq!(
+            fake.ops(),
+            vec![Op::Notice(A), Op::Signal { attempt: A, signal: Signal::SIGTERM, notice_file: true }]
+        );
+        fake.until("the deadline's SIGKILL", |ops| ops.len() == 3).await;
+        assert_eq!(fake.ops()[2], Op::Signal { attempt: A, signal: Signal::SIGKILL, notice_file: true });
+    }
+
+    #[tokio::test]
+    async fn a_cancel_of_a_draining_attempt_replaces_its_notice_only_if_it_ends_it_sooner() {
+        let (fake, _queue) = FakeSupervisor::new("cancel-draining");
+        fake.run(A, Signal::SIGUSR1);
+        drain(&fake, drain_of(A, Duration::from_secs(60))).await;
+        cancel(&fake, A, cancel_of(Duration::from_secs(120))).await;
+        assert_eq!(notice_file(&fake, A)["action"], "preempt", "a later deadline changed the notice");
+        assert_eq!(fake.ops().len(), 2);
+        cancel(&fake, A, cancel_of(Duration::from_millis(100))).await;
+        assert_eq!(notice_file(&fake, A)["action"], "cancel");
+        fake.until("the cancel's SIGKILL", |ops| ops.len() == 5).await;
+        assert_eq!(
+            fake.ops()[2..],
+            [
+                Op::Notice(A),
+                Op::Signal { attempt: A, signal: Signal::SIGTERM, notice_file: true },
+                Op::Signal { attempt: A, signal: Signal::SIGKILL, notice_file: true },
+            ]
         );
     }
 

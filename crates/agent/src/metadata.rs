@@ -38,6 +38,8 @@ pub struct Notice {
 }
 
 impl Notice {
+    /// A drain's notice: the job is preempted (and requeued) unless it
+    /// finishes first.
     pub fn new(notice_at_ms: u64, deadline_ms: u64, reason: String) -> Notice {
         Notice {
             action: "preempt".into(),
@@ -46,6 +48,19 @@ impl Notice {
             reason,
             deadline_ms,
         }
+    }
+
+    /// A cancel's notice: the job ends, whatever it does, by the deadline.
+    pub fn cancel(notice_at_ms: u64, deadline_ms: u64) -> Notice {
+        Notice { action: "cancel".into(), ..Notice::new(notice_at_ms, deadline_ms, "cancel".into()) }
+    }
+
+    /// Whether this notice replaces `current`: an attempt has one notice,
+    /// and a later one counts only if its deadline comes sooner (a cancel
+    /// of a job being drained, a second cancel with a shorter grace). The
+    /// same notice again (a command repeated after a reconnect) does not.
+    pub fn supersedes(&self, current: Option<&Notice>) -> bool {
+        current.is_none_or(|c| self.deadline_ms < c.deadline_ms)
     }
 }
 
@@ -201,7 +216,7 @@ async fn azure_events(State(e): State<Endpoint>, headers: HeaderMap) -> Response
                 "DocumentIncarnation": 1,
                 "Events": [{
                     "EventId": format!("ebb-{}-{}", e.job, e.attempt),
-                    "EventType": "Preempt",
+                    "EventType": if n.action == "cancel" { "Terminate" } else { "Preempt" },
                     "ResourceType": "VirtualMachine",
                     "Resources": [e.node],
                     "EventStatus": "Scheduled",

@@ -57,14 +57,15 @@ pub(crate) trait Supervisor: Send + Sync + 'static {
     /// not running).
     fn signal(&self, attempt: AttemptRef, signal: Signal);
 
-    /// Puts the drain notice on the attempt's metadata endpoint. None if
-    /// the attempt is not running or already has its notice (a repeated
-    /// command after a reconnect); else where the notice file goes and the
-    /// signal the job asked for.
+    /// Puts the notice (a drain's or a cancel's) on the attempt's metadata
+    /// endpoint. None if the attempt is not running or already has a
+    /// notice this one does not supersede (a repeated command after a
+    /// reconnect); else where the notice file goes and the signal the job
+    /// asked for.
     fn post_notice(&self, attempt: AttemptRef, notice: Notice) -> Option<NoticeTarget>;
 }
 
-/// Where a drain notice goes beyond the endpoint.
+/// Where a notice goes beyond the endpoint.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct NoticeTarget {
     pub drain_file: PathBuf,
@@ -388,7 +389,7 @@ impl Supervisor for Processes {
     fn post_notice(&self, attempt: AttemptRef, notice: Notice) -> Option<NoticeTarget> {
         let running = self.running.lock().expect("running");
         let r = running.get(&attempt)?;
-        if r.notice.borrow().is_some() {
+        if !notice.supersedes(r.notice.borrow().as_ref()) {
             return None;
         }
         r.notice.send_replace(Some(notice));

@@ -398,6 +398,19 @@ pub struct ReclaimRequest {
     pub gpu_model: Option<String>,
 }
 
+/// `POST /v1/jobs/{id}/cancel`: how a running job is stopped. The body
+/// may be empty or `{}`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CancelRequest {
+    /// Milliseconds between the notice and SIGTERM and the SIGKILL of
+    /// whatever is left: 10000 by default (or the drain window, if it is
+    /// shorter), at most the cluster's drain window (a larger one is a
+    /// 422). A second cancel may shorten it, never lengthen it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grace_ms: Option<u64>,
+}
+
 /// `POST /v1/reclaim/release`: lift a reclaim.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -577,11 +590,24 @@ pub struct Command {
 pub enum Action {
     Start(StartAttempt),
     Drain(DrainAttempt),
-    /// Stop now (cancelled, or fenced): signal, then kill after `grace_ms`.
+    /// Stop now (cancelled, or the rest of a gang): SIGTERM, then SIGKILL
+    /// after `grace_ms`. A cancel carries its notice: the agent posts it
+    /// and writes the notice file before the signal, and kills at its
+    /// deadline.
     Stop {
         attempt: AttemptRef,
         grace_ms: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        notice: Option<StopNotice>,
     },
+}
+
+/// A cancel's notice, as a drain's (`action` `cancel`, `reason` `cancel`
+/// in the notice file): when it was given and when SIGKILL comes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct StopNotice {
+    pub notice_at_ms: u64,
+    pub deadline_ms: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]

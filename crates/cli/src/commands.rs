@@ -663,6 +663,10 @@ fn describe_event(kind: api::EventKind, d: &serde_json::Value) -> String {
         K::Checkpoint => format!("step {}, {} bytes, took {}s", s("step"), s("bytes"), s("seconds")),
         K::Warning => s("message"),
         K::Preempting => format!("victims {} (lost {} GPU-s)", d["victims"], s("lost_gpu_seconds")),
+        K::CancelRequested if d.get("deadline").is_some() => {
+            let grace = d["grace_seconds"].as_f64().unwrap_or_default();
+            format!("SIGTERM, kill at {} (grace {grace} s)", s("deadline"))
+        }
         K::Submitted | K::Admitted | K::Succeeded | K::Failed | K::Cancelled | K::CancelRequested => {
             if d.as_object().is_some_and(|o| o.is_empty()) {
                 String::new()
@@ -700,13 +704,15 @@ pub async fn logs(conn: &Connection, id: u64, follow: bool, as_json: bool) -> Re
 }
 
 /// `ebb cancel ID...` and `ebb cancel --array ID`: every job named, and
-/// every task of the array not yet ended. Each is tried; one that cannot be
+/// every task of the array not yet ended, each running one with `grace`
+/// (the server's default if none). Each is tried; one that cannot be
 /// cancelled (already ended, not found) is said, and makes the command
 /// fail once the others are done.
 pub async fn cancel(
     conn: &Connection,
     ids: &[u64],
     array: Option<u64>,
+    grace: Option<ebb_core::Span>,
     out: &JsonFlag,
 ) -> Result<String, String> {
     let client = conn.client()?;
@@ -723,14 +729,18 @@ pub async fn cancel(
     if wanted.is_empty() {
         return Err("nothing to cancel: give job ids, or --array ID".into());
     }
+    let request = api::CancelRequest { grace_ms: grace.map(|g| g.0) };
     let (mut text, mut jobs, mut failed) = (String::new(), Vec::new(), Vec::new());
     for id in wanted {
-        match client.post::<_, api::Job>(&format!("/v1/jobs/{id}/cancel"), &serde_json::json!({})).await {
+        match client.post::<_, api::Job>(&format!("/v1/jobs/{id}/cancel"), &request).await {
             Ok(job) => {
                 let what = if job.state == "cancelled" { "cancelled" } else { "stopping" };
                 writeln!(text, "job {id}: {what}").unwrap();
                 jobs.push(job);
             }
+            // The request itself is refused (a grace over the drain
+            // window): it would be for every job.
+            Err(e) if e.ends_with("(HTTP 422)") => return Err(e),
             Err(e) => failed.push(e),
         }
     }

@@ -55,6 +55,11 @@ enum Command {
         /// A whole array or sweep, by its id.
         #[arg(long, value_name = "ID")]
         array: Option<u64>,
+        /// How long a running job has between its notice and SIGTERM and
+        /// the SIGKILL of what is left: 10s by default (the drain window
+        /// if shorter), at most the cluster's drain window (500ms, 3s, 1m).
+        #[arg(long, value_name = "DURATION", value_parser = ebb_core::Span::parse)]
+        grace: Option<ebb_core::Span>,
         #[command(flatten)]
         out: commands::JsonFlag,
     },
@@ -196,7 +201,9 @@ async fn dispatch(cli: Cli) -> Result<(), String> {
         Command::Jobs(args) => commands::jobs(conn, &args).await?,
         Command::Show { id, out } => commands::show(conn, id, &out).await?,
         Command::Logs { id, follow, out } => return commands::logs(conn, id, follow, out.json).await,
-        Command::Cancel { ids, array, out } => commands::cancel(conn, &ids, array, &out).await?,
+        Command::Cancel { ids, array, grace, out } => {
+            commands::cancel(conn, &ids, array, grace, &out).await?
+        }
         Command::Nodes { command: None, out } => commands::nodes(conn, &out).await?,
         Command::Nodes { command: Some(command), .. } => commands::nodes_command(conn, &command).await?,
         Command::Drain { node, out } => commands::drain(conn, &node, &out).await?,

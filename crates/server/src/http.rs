@@ -220,7 +220,7 @@ fn integral_floats_as_integers(value: &mut serde_json::Value) {
         api::InvoiceLine, api::ReservationCharge, api::Invoice, api::TierReport, api::OperatorReport,
         api::NodeRemoved, api::JoinToken, api::TenantTokens,
         api::AttemptRef, api::Register, api::Registered, api::Command, api::Action, api::StartAttempt,
-        api::DrainAttempt, api::Commands, api::Report, api::AgentEvent, api::ReportReply
+        api::DrainAttempt, api::StopNotice, api::CancelRequest, api::Commands, api::Report, api::AgentEvent, api::ReportReply
     )),
     tags(
         (name = "jobs", description = "Submitting, watching and cancelling jobs (tenant or admin token)"),
@@ -383,18 +383,27 @@ async fn show_job(
     Ok(Json(app.ask(|reply| Msg::Job { principal, id, reply }).await??))
 }
 
-/// Cancel a job: a queued job ends at once, a running one is stopped. A
-/// job that has already ended is a 409 naming its state.
+/// Cancel a job: a queued job ends at once, a running one gets a notice
+/// (`reason` `cancel`), SIGTERM, and SIGKILL after the grace. A job that
+/// has already ended is a 409 naming its state.
 #[utoipa::path(post, path = "/v1/jobs/{id}/cancel", tag = "jobs", params(("id" = u64, Path)),
+    request_body(content = Option<api::CancelRequest>, description = "Optional: an empty body takes the defaults"),
     responses((status = 200, body = api::Job), (status = 404, description = "No such job the caller may see", body = api::ErrorBody),
-        (status = 409, description = "The job has already ended", body = api::ErrorBody)))]
+        (status = 409, description = "The job has already ended", body = api::ErrorBody),
+        (status = 422, description = "A grace longer than the cluster's drain window", body = api::ErrorBody)))]
 async fn cancel_job(
     State(app): State<App>,
     headers: HeaderMap,
     ApiPath(id): ApiPath<u64>,
+    Body(body): Body,
 ) -> ApiResult<Json<api::Job>> {
     let principal = app.tenant(&headers)?;
-    Ok(Json(app.ask(|reply| Msg::Cancel { principal, id, reply }).await??))
+    // No body, or the document's `null`, takes the defaults.
+    let req: api::CancelRequest = match body.trim_ascii() {
+        b"" | b"null" => api::CancelRequest::default(),
+        _ => parse(&body)?,
+    };
+    Ok(Json(app.ask(|reply| Msg::Cancel { principal, id, req, reply }).await??))
 }
 
 #[derive(Deserialize)]

@@ -1,5 +1,13 @@
 //! Prometheus metrics at `/metrics`, computed from the writer's state at
 //! scrape time.
+//!
+//! Every series is exported from the first scrape, zero included: each
+//! label takes every value it can have ([`TIERS`], [`JOB_STATES`],
+//! [`GPU_STATES`], [`NODE_STATUSES`]), so a dashboard never shows a gap
+//! where nothing happened yet and an alert on a rate never meets a missing
+//! series. Counters count since the server started (Prometheus' `rate` and
+//! `increase` take restarts in their stride), end in `_total`, and carry
+//! their unit in the name (`_seconds`, `_gpu_seconds`, `_usd`).
 
 use std::collections::BTreeMap;
 
@@ -7,9 +15,26 @@ use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::Registry;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Registry, Unit};
 
-#[derive(Clone, Debug, Default)]
+/// The tiers, as labels name them.
+pub const TIERS: [&str; 3] = ["reserved", "on-demand", "preemptible"];
+/// A job's states, as the API names them.
+pub const JOB_STATES: [&str; 7] =
+    ["queued", "starting", "running", "draining", "succeeded", "failed", "cancelled"];
+/// What an allocated GPU is doing: running an attempt, running one in its
+/// drain window, or free but held for a job whose victims are draining
+/// elsewhere (GPUs a victim still runs on count as `draining`).
+pub const GPU_STATES: [&str; 3] = ["running", "draining", "held"];
+/// A node's statuses, as the API names them.
+pub const NODE_STATUSES: [&str; 4] = ["up", "draining", "unhealthy", "lost"];
+/// Bucket bounds of `ebb_drain_seconds`, up to past the default drain
+/// window (300 s).
+const DRAIN_BUCKETS: [f64; 10] = [1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 180.0, 240.0, 300.0, 600.0];
+
+/// What the writer counts as things happen.
+#[derive(Clone, Debug)]
 pub struct Counters {
     pub submitted: u64,
     pub preempted: u64,
@@ -17,80 +42,280 @@ pub struct Counters {
     pub lost_gpu_seconds: f64,
     pub passes: u64,
     pub pass_seconds: f64,
+    /// GPU-seconds metered in drain windows (as invoices count them).
+    pub drain_gpu_seconds: u64,
+    /// Metered revenue of ended attempts, micro-dollars, by tier.
+    pub revenue_micro_usd: BTreeMap<&'static str, i64>,
+    /// Seconds from each drained attempt's notice to its end. Shared with
+    /// every snapshot (a histogram is its buckets, not one number).
+    pub drain_seconds: Histogram,
 }
 
+impl Default for Counters {
+    fn default() -> Counters {
+        Counters {
+            submitted: 0,
+            preempted: 0,
+            checkpoints: 0,
+            lost_gpu_seconds: 0.0,
+            passes: 0,
+            pass_seconds: 0.0,
+            drain_gpu_seconds: 0,
+            revenue_micro_usd: TIERS.iter().map(|&t| (t, 0)).collect(),
+            drain_seconds: Histogram::new(DRAIN_BUCKETS),
+        }
+    }
+}
+
+impl Counters {
+    /// An attempt of `tier` ended, metered `amount` micro-dollars with
+    /// `drain_gpu_seconds` in its drain window, having had its notice for
+    /// `drained_ms` if it was drained.
+    pub fn ended(
+        &mut self,
+        tier: &'static str,
+        amount: i64,
+        drain_gpu_seconds: u64,
+        drained_ms: Option<u64>,
+    ) {
+        *self.revenue_micro_usd.entry(tier).or_insert(0) += amount;
+        self.drain_gpu_seconds += drain_gpu_seconds;
+        if let Some(ms) = drained_ms {
+            self.drain_seconds.observe(ms as f64 / 1000.0);
+        }
+    }
+}
+
+/// A series of `ebb_jobs_queued`: the queued jobs it counts. Its labels
+/// are its fields; a new label (the pending reason's code) is a field
+/// here, its values in [`QueueKey::all`], and the one place that makes a
+/// key from a job (`Engine::metrics_snapshot`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct QueueKey {
+    pub tier: &'static str,
+}
+
+impl QueueKey {
+    /// Every series, so that each is exported at zero too.
+    fn all() -> impl Iterator<Item = QueueKey> {
+        TIERS.into_iter().map(|tier| QueueKey { tier })
+    }
+
+    fn labels(&self) -> Labels {
+        vec![("tier".into(), self.tier.into())]
+    }
+}
+
+/// The state at one scrape.
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
     pub counters: Counters,
+    /// Jobs by (tier, state).
     pub jobs: BTreeMap<(&'static str, &'static str), u64>,
-    pub gpus_in_use: BTreeMap<&'static str, u64>,
+    pub queued: BTreeMap<QueueKey, u64>,
+    /// Allocated GPUs by (tier, GPU state).
+    pub gpus: BTreeMap<(&'static str, &'static str), u64>,
+    /// GPUs on nodes that take work, and of those the ones neither
+    /// allocated nor held.
     pub gpus_total: u64,
+    pub gpus_idle: u64,
     pub nodes: BTreeMap<&'static str, u64>,
-    pub queued: u64,
 }
 
 type Labels = Vec<(String, String)>;
 
+fn labels(pairs: &[(&str, &str)]) -> Labels {
+    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+fn gauge(value: u64) -> Gauge {
+    let g = Gauge::default();
+    g.set(i64::try_from(value).unwrap_or(i64::MAX));
+    g
+}
+
+fn counter(value: u64) -> Counter {
+    let c = Counter::default();
+    c.inc_by(value);
+    c
+}
+
+fn counter_f64(value: f64) -> Counter<f64> {
+    let c = Counter::<f64>::default();
+    c.inc_by(value);
+    c
+}
+
 pub fn render(s: &Snapshot) -> String {
     let mut registry = Registry::with_prefix("ebb");
+    let count = |map: &BTreeMap<(&str, &str), u64>, key: (&str, &str)| map.get(&key).copied().unwrap_or(0);
+
     let jobs = Family::<Labels, Gauge>::default();
-    for ((tier, state), n) in &s.jobs {
-        jobs.get_or_create(&vec![("tier".into(), tier.to_string()), ("state".into(), state.to_string())])
-            .set(*n as i64);
+    for tier in TIERS {
+        for state in JOB_STATES {
+            jobs.get_or_create(&labels(&[("tier", tier), ("state", state)]))
+                .set(count(&s.jobs, (tier, state)) as i64);
+        }
     }
     registry.register("jobs", "Jobs by tier and state", jobs);
-    let gpus = Family::<Labels, Gauge>::default();
-    for (tier, n) in &s.gpus_in_use {
-        gpus.get_or_create(&vec![("tier".into(), tier.to_string())]).set(*n as i64);
+
+    let queued = Family::<Labels, Gauge>::default();
+    for key in QueueKey::all() {
+        queued.get_or_create(&key.labels()).set(s.queued.get(&key).copied().unwrap_or(0) as i64);
     }
-    registry.register("gpus_in_use", "GPUs held by live attempts, by tier", gpus);
-    let total = Gauge::<i64>::default();
-    total.set(s.gpus_total as i64);
-    registry.register("gpus", "GPUs on nodes that take work", total);
+    registry.register("jobs_queued", "Jobs waiting to start, by tier", queued);
+
+    let gpus = Family::<Labels, Gauge>::default();
+    for tier in TIERS {
+        for state in GPU_STATES {
+            gpus.get_or_create(&labels(&[("tier", tier), ("state", state)]))
+                .set(count(&s.gpus, (tier, state)) as i64);
+        }
+    }
+    registry.register(
+        "gpus_allocated",
+        "GPUs given to jobs, by the job's tier and what the GPU does: running an attempt, running one in its \
+         drain window, or free and held for a job waiting for its victims",
+        gpus,
+    );
+    registry.register("gpus", "GPUs on nodes that take work", gauge(s.gpus_total));
+    registry.register(
+        "gpus_idle",
+        "GPUs on nodes that take work, neither allocated nor held",
+        gauge(s.gpus_idle),
+    );
+
     let nodes = Family::<Labels, Gauge>::default();
-    for (status, n) in &s.nodes {
-        nodes.get_or_create(&vec![("status".into(), status.to_string())]).set(*n as i64);
+    for status in NODE_STATUSES {
+        nodes
+            .get_or_create(&labels(&[("status", status)]))
+            .set(s.nodes.get(status).copied().unwrap_or(0) as i64);
     }
     registry.register("nodes", "Nodes by status", nodes);
-    let queued = Gauge::<i64>::default();
-    queued.set(s.queued as i64);
-    registry.register("queued_jobs", "Jobs waiting to start", queued);
-    let counter = |v: u64| {
-        let c = Counter::<u64>::default();
-        c.inc_by(v);
-        c
-    };
-    registry.register(
-        "submissions",
-        "Jobs submitted since the server started",
-        counter(s.counters.submitted),
-    );
+
+    let c = &s.counters;
+    registry.register("submissions", "Jobs submitted since the server started", counter(c.submitted));
     registry.register(
         "preemptions",
-        "Attempts preempted since the server started",
-        counter(s.counters.preempted),
+        "Attempts that ended preempted (drained, then requeued or past their max_preemptions) since the server \
+         started",
+        counter(c.preempted),
+    );
+    registry.register_with_unit(
+        "drain",
+        "Time from a drained attempt's notice to its end, since the server started",
+        Unit::Seconds,
+        c.drain_seconds.clone(),
+    );
+    registry.register_with_unit(
+        "drain",
+        "GPU-seconds metered in drain windows (as invoices count them) since the server started",
+        Unit::Other("gpu_seconds".into()),
+        counter(c.drain_gpu_seconds),
     );
     registry.register(
         "checkpoints",
         "Checkpoints reported by attempts since the server started",
-        counter(s.counters.checkpoints),
+        counter(c.checkpoints),
     );
-    let lost = Counter::<f64>::default();
-    lost.inc_by(s.counters.lost_gpu_seconds);
-    registry.register(
-        "lost_gpu_seconds",
+    registry.register_with_unit(
+        "lost",
         "GPU-seconds of work lost to preemptions and lost nodes since the server started",
-        lost,
+        Unit::Other("gpu_seconds".into()),
+        counter_f64(c.lost_gpu_seconds),
     );
-    registry.register(
-        "scheduling_passes",
-        "Plans applied since the server started",
-        counter(s.counters.passes),
+    let revenue = Family::<Labels, Counter<f64>>::default();
+    for tier in TIERS {
+        let micro = c.revenue_micro_usd.get(tier).copied().unwrap_or(0);
+        revenue.get_or_create(&labels(&[("tier", tier)])).inc_by(micro as f64 / 1e6);
+    }
+    registry.register_with_unit(
+        "revenue",
+        "Metered revenue of attempts that ended since the server started, by tier, in dollars (reserved jobs \
+         are covered by their reservation, whose charges are in `ebb report`)",
+        Unit::Other("usd".into()),
+        revenue,
     );
-    let seconds = Counter::<f64>::default();
-    seconds.inc_by(s.counters.pass_seconds);
-    registry.register("scheduling_seconds", "Time spent planning", seconds);
+    registry.register("scheduling_passes", "Plans applied since the server started", counter(c.passes));
+    registry.register_with_unit(
+        "scheduling",
+        "Time spent planning since the server started",
+        Unit::Seconds,
+        counter_f64(c.pass_seconds),
+    );
     let mut text = String::new();
     encode(&mut text, &registry).expect("metrics encode into a string");
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The value of the series `name` (with its labels, as exported).
+    fn value(text: &str, series: &str) -> Option<f64> {
+        text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    #[test]
+    fn a_fresh_server_exports_every_series_at_zero() {
+        let text = render(&Snapshot::default());
+        let mut series = vec![
+            "ebb_gpus".to_string(),
+            "ebb_gpus_idle".into(),
+            "ebb_submissions_total".into(),
+            "ebb_preemptions_total".into(),
+            "ebb_drain_seconds_count".into(),
+            "ebb_drain_seconds_sum".into(),
+            "ebb_drain_seconds_bucket{le=\"300.0\"}".into(),
+            "ebb_drain_seconds_bucket{le=\"+Inf\"}".into(),
+            "ebb_drain_gpu_seconds_total".into(),
+            "ebb_checkpoints_total".into(),
+            "ebb_lost_gpu_seconds_total".into(),
+            "ebb_scheduling_passes_total".into(),
+            "ebb_scheduling_seconds_total".into(),
+        ];
+        for tier in TIERS {
+            series.push(format!("ebb_jobs_queued{{tier=\"{tier}\"}}"));
+            series.push(format!("ebb_revenue_usd_total{{tier=\"{tier}\"}}"));
+            for state in JOB_STATES {
+                series.push(format!("ebb_jobs{{tier=\"{tier}\",state=\"{state}\"}}"));
+            }
+            for state in GPU_STATES {
+                series.push(format!("ebb_gpus_allocated{{tier=\"{tier}\",state=\"{state}\"}}"));
+            }
+        }
+        for status in NODE_STATUSES {
+            series.push(format!("ebb_nodes{{status=\"{status}\"}}"));
+        }
+        for s in &series {
+            assert_eq!(value(&text, s), Some(0.0), "{s} is not exported at zero:\n{text}");
+        }
+        for family in ["jobs", "jobs_queued", "gpus_allocated", "nodes", "revenue_usd", "drain_seconds"] {
+            assert!(text.contains(&format!("# HELP ebb_{family} ")), "no HELP for {family}");
+            assert!(text.contains(&format!("# TYPE ebb_{family} ")), "no TYPE for {family}");
+        }
+        assert!(text.contains("# TYPE ebb_revenue_usd counter\n# UNIT ebb_revenue_usd usd"), "{text}");
+        assert!(
+            text.contains("# TYPE ebb_drain_seconds histogram\n# UNIT ebb_drain_seconds seconds"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn an_ended_attempt_moves_revenue_drain_time_and_drain_gpu_seconds() {
+        let mut counters = Counters::default();
+        counters.ended("preemptible", 1_250_000, 4, Some(2_500));
+        counters.ended("on-demand", 3_000_000, 0, None);
+        counters.ended("preemptible", 250_000, 0, None);
+        let text = render(&Snapshot { counters, ..Default::default() });
+        assert_eq!(value(&text, "ebb_revenue_usd_total{tier=\"preemptible\"}"), Some(1.5));
+        assert_eq!(value(&text, "ebb_revenue_usd_total{tier=\"on-demand\"}"), Some(3.0));
+        assert_eq!(value(&text, "ebb_revenue_usd_total{tier=\"reserved\"}"), Some(0.0));
+        assert_eq!(value(&text, "ebb_drain_gpu_seconds_total"), Some(4.0));
+        assert_eq!(value(&text, "ebb_drain_seconds_count"), Some(1.0));
+        assert_eq!(value(&text, "ebb_drain_seconds_sum"), Some(2.5));
+        assert_eq!(value(&text, "ebb_drain_seconds_bucket{le=\"1.0\"}"), Some(0.0));
+        assert_eq!(value(&text, "ebb_drain_seconds_bucket{le=\"5.0\"}"), Some(1.0));
+    }
 }

@@ -235,7 +235,8 @@ fn a_tenant_at_its_running_limit_waits_its_turn_in_submission_order() {
     assert!(w.job(ids[2]).pending_reason.is_none());
     // Cancelling a waiting job frees nothing and loses nothing.
     let principal = w.tenant.clone();
-    let cancelled = w.call(|reply| Msg::Cancel { principal, id: ids[3], reply }).unwrap();
+    let cancelled =
+        w.call(|reply| Msg::Cancel { principal, id: ids[3], req: Default::default(), reply }).unwrap();
     assert_eq!(cancelled.state, "cancelled");
     w.run(AttemptRef { job: ids[1], attempt: 1 }, 1_000, 0);
     assert!(w.starts().is_empty());

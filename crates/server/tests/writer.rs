@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 
 use ebb_api::{
-    Action, AgentEvent, AttemptRef, EventKind, JobEvent, JobSubmission, Register, Report, ReportId,
+    Action, AgentEvent, AttemptRef, CancelRequest, EventKind, JobEvent, JobSubmission, Register, Report,
+    ReportId, StopNotice,
 };
 use ebb_core::Span;
 use ebb_server::billing::Pricing;
@@ -238,20 +239,36 @@ impl TestEnv {
 
     /// One poll of `node`'s stream: the attempts it is told to start.
     fn poll(&mut self, node: &str) -> Vec<AttemptRef> {
+        let actions = self.commands(node);
+        actions
+            .into_iter()
+            .filter_map(|a| match a {
+                Action::Start(s) => Some(s.attempt),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// One poll of `node`'s stream: every command it is given.
+    fn commands(&mut self, node: &str) -> Vec<Action> {
         let agent = &self.agents[node];
         let (epoch, after) = (agent.epoch, agent.after);
         let node_name = node.to_string();
         let poll = self
             .call(|reply| Msg::Poll { node: node_name, epoch, after, health: None, reply })
             .expect("polled");
-        let mut starts = Vec::new();
+        let mut actions = Vec::new();
         for command in poll.commands {
             self.agents.get_mut(node).unwrap().after = command.seq;
-            if let Action::Start(s) = command.action {
-                starts.push(s.attempt);
-            }
+            actions.push(command.action);
         }
-        starts
+        actions
+    }
+
+    fn cancel(&mut self, id: u64, grace_ms: Option<u64>) -> Result<ebb_api::Job, ebb_server::ApiError> {
+        let principal = self.admin.clone();
+        let req = CancelRequest { grace_ms };
+        self.call(|reply| Msg::Cancel { principal, id, req, reply })
     }
 
     fn report_msg(
@@ -462,6 +479,55 @@ fn recovery_meters_the_attempts_it_ends() {
     let requeued = job.events.iter().find(|e| e.kind == EventKind::Requeued).expect("requeued");
     assert!(requeued.detail["why"].as_str().unwrap().starts_with("server restart"), "{}", requeued.detail);
     assert_eq!(requeued.at_ms, env.now);
+}
+
+/// A cancel was SIGTERM and SIGKILL 10 s later, whatever the drain window,
+/// with no notice for the job's trap; `--grace` did not exist.
+#[test]
+fn a_cancel_sends_its_notice_and_grace_keeps_its_deadline_and_is_sent_again_after_a_restart() {
+    let mut env = TestEnv::new("cancel-grace");
+    env.register("a", Vec::new(), Vec::new());
+    let attempt = env.running("a");
+    let id = attempt.job;
+
+    // The drain window here is 3 s: a longer grace is refused, and
+    // nothing is cancelled.
+    let refused = env.cancel(id, Some(3_001)).unwrap_err();
+    assert_eq!(refused.status, 422);
+    assert_eq!(refused.message, "grace_ms: a cancel's grace may be at most the drain window, 3s; got 3.001s");
+    assert!(env.commands("a").is_empty());
+    assert_eq!(env.job(id).unwrap().state, "running");
+
+    // No grace asked: 10 s, or the drain window if shorter.
+    env.now += 100;
+    let asked = env.now;
+    assert_eq!(env.cancel(id, None).unwrap().state, "running");
+    let notice = StopNotice { notice_at_ms: asked, deadline_ms: asked + 3_000 };
+    assert_eq!(env.commands("a"), vec![Action::Stop { attempt, grace_ms: 3_000, notice: Some(notice) }]);
+    let event =
+        env.job(id).unwrap().events.into_iter().find(|e| e.kind == EventKind::CancelRequested).unwrap();
+    assert_eq!(event.detail["grace_seconds"], 3.0);
+
+    // Again with more time: nothing changes; with less: the deadline
+    // comes sooner.
+    env.now += 100;
+    env.cancel(id, Some(3_000)).unwrap();
+    assert!(env.commands("a").is_empty(), "a second cancel gave more time");
+    let sooner = StopNotice { notice_at_ms: env.now, deadline_ms: env.now + 1_000 };
+    env.cancel(id, Some(1_000)).unwrap();
+    assert_eq!(
+        env.commands("a"),
+        vec![Action::Stop { attempt, grace_ms: 1_000, notice: Some(sooner.clone()) }]
+    );
+
+    // A restarted server tells the agent again, with the same deadline.
+    env.now += 400;
+    env.restart();
+    env.register("a", vec![attempt], Vec::new());
+    assert_eq!(env.commands("a"), vec![Action::Stop { attempt, grace_ms: 600, notice: Some(sooner) }]);
+
+    env.report("a", vec![exited(attempt, 143, env.now)]);
+    assert_eq!(env.job(id).unwrap().state, "cancelled");
 }
 
 /// A report sent again because its reply was lost (the server committed

@@ -17,7 +17,10 @@ from ._env import in_ebb
 
 
 class Notice:
-    """A drain notice: when it came, the forced-kill deadline, and why."""
+    """A notice that the attempt must end: when it came, the forced-kill
+    deadline, and why. `action` is "preempt" for a drain (the job runs
+    again as its next attempt unless it finishes first) and "cancel" for a
+    cancel (it never runs again; `reason` is "cancel")."""
 
     def __init__(self, raw: dict, source: str):
         self.raw = raw
@@ -27,12 +30,20 @@ class Notice:
         self.notice_at = _epoch(raw.get("notice_at"))
         self.deadline = _epoch(raw.get("deadline"))
 
+    @property
+    def cancelled(self) -> bool:
+        """True for a cancel's notice: nothing will resume from a save."""
+        return self.action == "cancel"
+
     def time_left(self) -> Optional[float]:
         """Seconds until the forced kill, if the deadline is known."""
         return None if self.deadline is None else self.deadline - time.time()
 
     def __repr__(self) -> str:
-        return f"Notice(source={self.source!r}, deadline={self.raw.get('deadline')!r}, reason={self.reason!r})"
+        return (
+            f"Notice(source={self.source!r}, action={self.action!r}, "
+            f"deadline={self.raw.get('deadline')!r}, reason={self.reason!r})"
+        )
 
 
 def _epoch(text: Optional[str]) -> Optional[float]:

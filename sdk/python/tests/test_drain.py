@@ -15,6 +15,14 @@ NOTICE = {
 }
 
 
+CANCEL = {
+    "action": "cancel",
+    "notice_at": "2026-11-29T08:17:00.000Z",
+    "deadline": "2026-11-29T08:17:03.000Z",
+    "reason": "cancel",
+}
+
+
 def wait_until(check, timeout=5.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -57,6 +65,27 @@ def test_the_drain_signal_fires_and_the_notice_file_gives_the_deadline(ebb_env):
     assert notice.reason == "preempted by job 9"
     assert notice.deadline - notice.notice_at == 300
     assert wait_until(lambda: len(seen) == 1)
+
+
+def test_a_cancel_notice_is_a_notice_that_says_it_is_a_cancel(ebb_env):
+    # A cancel writes its notice as a drain does, then sends SIGTERM.
+    w = DrainWatcher(poll_interval=5)
+    with open(ebb_env["EBB_DRAIN_FILE"], "w") as f:
+        json.dump(CANCEL, f)
+    os.kill(os.getpid(), signal.SIGUSR1)
+    assert wait_until(w.drain_requested)
+    notice = w.notice()
+    assert (notice.action, notice.reason, notice.cancelled) == ("cancel", "cancel", True)
+    assert notice.deadline - notice.notice_at == 3
+    assert "action='cancel'" in repr(notice)
+
+
+def test_a_drain_notice_is_not_a_cancel(ebb_env):
+    w = DrainWatcher(poll_interval=0.02, install_signal=False)
+    with open(ebb_env["EBB_DRAIN_FILE"], "w") as f:
+        json.dump(NOTICE, f)
+    assert w.wait(5)
+    assert not w.notice().cancelled
 
 
 def test_a_signal_without_a_file_still_counts(ebb_env):

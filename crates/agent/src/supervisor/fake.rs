@@ -42,9 +42,8 @@ pub(crate) struct FakeSupervisor {
 
 #[derive(Default)]
 struct State {
-    /// Running attempts: the signal each asked for, and whether it has
-    /// its notice.
-    running: BTreeMap<AttemptRef, (Signal, bool)>,
+    /// Running attempts: the signal each asked for, and its notice.
+    running: BTreeMap<AttemptRef, (Signal, Option<Notice>)>,
     ops: Vec<Op>,
     refuse_starts: Option<String>,
 }
@@ -66,7 +65,7 @@ impl FakeSupervisor {
 
     /// An attempt running already, whose drain signal is `signal`.
     pub(crate) fn run(&self, attempt: AttemptRef, signal: Signal) {
-        self.state.lock().unwrap().running.insert(attempt, (signal, false));
+        self.state.lock().unwrap().running.insert(attempt, (signal, None));
     }
 
     /// The attempt's process exits with `code`.
@@ -136,7 +135,7 @@ impl Supervisor for FakeSupervisor {
                 }
                 state.ops.push(Op::Start(a));
                 let signal = Signal::try_from(start.signal).unwrap_or(Signal::SIGTERM);
-                state.running.insert(a, (signal, false));
+                state.running.insert(a, (signal, None));
             }
             fake.reporter.send(AgentEvent::Started { attempt: a, pid: 1, at_ms: now_ms() });
             Ok(())
@@ -157,13 +156,13 @@ impl Supervisor for FakeSupervisor {
         }
     }
 
-    fn post_notice(&self, attempt: AttemptRef, _notice: Notice) -> Option<NoticeTarget> {
+    fn post_notice(&self, attempt: AttemptRef, notice: Notice) -> Option<NoticeTarget> {
         let mut state = self.state.lock().unwrap();
-        let (signal, noticed) = state.running.get_mut(&attempt)?;
-        if *noticed {
+        let (signal, current) = state.running.get_mut(&attempt)?;
+        if !notice.supersedes(current.as_ref()) {
             return None;
         }
-        *noticed = true;
+        *current = Some(notice);
         let signal = *signal;
         state.ops.push(Op::Notice(attempt));
         Some(NoticeTarget { drain_file: self.drain_file(attempt), signal })

@@ -1,5 +1,6 @@
 //! The agent protocol: registration, the command poll, reports of starts, checkpoints and output.
 
+use super::ending::cancel_stop;
 use super::*;
 
 impl<S: Store> Engine<S> {
@@ -125,13 +126,14 @@ impl<S: Store> Engine<S> {
         for attempt in held {
             if running.contains(&attempt) {
                 let job = &self.jobs[&attempt.job];
-                let (state, notice, cancel_requested) = (job.state, job.notice.clone(), job.cancel_requested);
+                let (state, notice) = (job.state, job.notice.clone());
+                let stop = job.cancel_requested.then(|| cancel_stop(job, attempt, now));
                 if let (JobState::Draining, Some((at, deadline, reason))) = (state, notice) {
                     let drain = DrainAttempt { attempt, notice_at_ms: at, deadline_ms: deadline, reason };
                     self.outbox.push(node, Action::Drain(drain));
                 }
-                if cancel_requested {
-                    self.outbox.push(node, Action::Stop { attempt, grace_ms: STOP_GRACE_MS });
+                if let Some(stop) = stop {
+                    self.outbox.push(node, stop);
                 }
             } else {
                 // The node does not run what we think it does: that part of

@@ -19,9 +19,11 @@ impl<S: Store> Engine<S> {
                 let result = self.job_view(&principal, id);
                 self.answer(reply, result)?;
             }
-            Msg::Cancel { principal, id, reply } => {
-                let result =
-                    self.visible(&principal, id).map_err(Fail::from).and_then(|()| self.cancel(id, now));
+            Msg::Cancel { principal, id, req, reply } => {
+                let result = self
+                    .visible(&principal, id)
+                    .map_err(Fail::from)
+                    .and_then(|()| self.cancel(id, &req, now));
                 self.answer(reply, result)?;
             }
             Msg::LogFile { principal, id, reply } => {

@@ -6,9 +6,53 @@
 
 use super::*;
 
-/// The grace between a stop's signal and SIGKILL: cancels, and the other
-/// nodes of a gang whose part ended.
+/// The grace between a stop's signal and SIGKILL: a cancel's unless it
+/// asks for another (`ebb cancel --grace`), and the other nodes' of a gang
+/// whose part ended.
 pub const STOP_GRACE_MS: u64 = 10_000;
+
+/// The grace a cancel gets: the one asked for, or [`STOP_GRACE_MS`] (the
+/// drain window if that is shorter). A cancel never holds GPUs longer
+/// than a preemption may, so more than the drain window is refused.
+pub(super) fn cancel_grace_ms(asked_ms: Option<u64>, drain_window: Span) -> Result<u64, ApiError> {
+    match asked_ms {
+        None => Ok(STOP_GRACE_MS.min(drain_window.0)),
+        Some(ms) if ms <= drain_window.0 => Ok(ms),
+        Some(ms) => Err(ApiError::unprocessable(format!(
+            "grace_ms: a cancel's grace may be at most the drain window, {drain_window}; got {}",
+            Span(ms)
+        ))),
+    }
+}
+
+/// The deadline of a cancel of `job` asked at `now` with `grace_ms`: its
+/// drain's deadline if that comes sooner. None if the job already has a
+/// cancel that ends it no later (a cancel never gives more time).
+pub(super) fn cancel_deadline(job: &JobRecord, grace_ms: u64, now: u64) -> Option<u64> {
+    let mut deadline = now.saturating_add(grace_ms);
+    if let Some((_, drain_deadline, _)) = &job.notice {
+        deadline = deadline.min(*drain_deadline);
+    }
+    match (job.cancel_requested, job.cancel_notice) {
+        (false, _) => Some(deadline),
+        (true, Some((_, earlier))) if deadline < earlier => Some(deadline),
+        (true, _) => None,
+    }
+}
+
+/// What stops `job`'s live `attempt` once its cancel was asked, as seen
+/// at `now`: the cancel's notice and SIGKILL at its deadline (a record
+/// of an older server, without one: the default grace from now).
+pub(super) fn cancel_stop(job: &JobRecord, attempt: AttemptRef, now: u64) -> Action {
+    match job.cancel_notice {
+        Some((notice_at_ms, deadline_ms)) => Action::Stop {
+            attempt,
+            grace_ms: deadline_ms.saturating_sub(now),
+            notice: Some(ebb_api::StopNotice { notice_at_ms, deadline_ms }),
+        },
+        None => Action::Stop { attempt, grace_ms: STOP_GRACE_MS, notice: None },
+    }
+}
 
 /// What ending an attempt writes, beside the record it changed.
 #[derive(Debug, PartialEq)]
@@ -22,6 +66,7 @@ pub(super) struct Ended {
     pub lost_gpu_ms: u64,
     /// A `--restart always` job's back-off before it runs again.
     pub backoff_ms: u64,
+    /// It ended preempted: requeued, or failed past its max_preemptions.
     pub preempted: bool,
 }
 
@@ -133,7 +178,8 @@ pub(super) fn end_attempt(job: &mut JobRecord, effect: ExitEffect, end_ms: u64, 
         job.exit_code = None;
         job.exit_signal = None;
     }
-    let preempted = matches!(effect, ExitEffect::Requeued { preempted: true });
+    let preempted =
+        matches!(effect, ExitEffect::Requeued { preempted: true } | ExitEffect::PreemptionLimitReached);
     Ended { state, kind, detail, usage, lost_gpu_ms, backoff_ms, preempted }
 }
 
@@ -178,6 +224,55 @@ mod tests {
         job.attempt_checkpoint_ms = Some(5_000);
         job.billing = Some(("H100".into(), 1_000_000, 2_000_000));
         job
+    }
+
+    #[test]
+    fn a_cancels_grace_is_ten_seconds_or_the_drain_window_and_never_more_than_the_window() {
+        assert_eq!(cancel_grace_ms(None, Span(300_000)), Ok(10_000));
+        assert_eq!(cancel_grace_ms(None, Span(3_000)), Ok(3_000));
+        assert_eq!(cancel_grace_ms(Some(0), Span(3_000)), Ok(0));
+        assert_eq!(cancel_grace_ms(Some(300_000), Span(300_000)), Ok(300_000));
+        let refused = cancel_grace_ms(Some(600_000), Span(300_000)).unwrap_err();
+        assert_eq!(
+            (refused.status, refused.message.as_str()),
+            (422, "grace_ms: a cancel's grace may be at most the drain window, 300s; got 600s")
+        );
+    }
+
+    #[test]
+    fn a_cancel_ends_a_draining_job_no_later_than_its_drain_and_a_second_cancel_only_sooner() {
+        let mut job = running();
+        assert_eq!(cancel_deadline(&job, 10_000, 20_000), Some(30_000));
+        job.state = JobState::Draining;
+        job.notice = Some((15_000, 25_000, "preempted by job 9".into()));
+        assert_eq!(cancel_deadline(&job, 10_000, 20_000), Some(25_000), "the drain's deadline is sooner");
+        assert_eq!(cancel_deadline(&job, 1_000, 20_000), Some(21_000));
+        job.cancel_requested = true;
+        job.cancel_notice = Some((20_000, 21_000));
+        assert_eq!(cancel_deadline(&job, 1_000, 20_500), None, "no more time for a second cancel");
+        assert_eq!(cancel_deadline(&job, 0, 20_500), Some(20_500));
+        // A record of an older server, cancelled without a notice.
+        job.cancel_notice = None;
+        assert_eq!(cancel_deadline(&job, 0, 20_500), None);
+        let a = AttemptRef { job: 7, attempt: 3 };
+        assert_eq!(
+            cancel_stop(&job, a, 20_500),
+            Action::Stop { attempt: a, grace_ms: STOP_GRACE_MS, notice: None }
+        );
+    }
+
+    /// `ebb_preemptions_total` left out the preemption that took a job
+    /// past its `max_preemptions`.
+    #[test]
+    fn a_preemption_past_the_limit_fails_the_job_and_counts_as_a_preemption() {
+        let mut job = running();
+        job.state = JobState::Draining;
+        job.notice = Some((8_000, 9_000, "preempted by job 9".into()));
+        let ended = end_attempt(&mut job, ExitEffect::PreemptionLimitReached, 9_000, 9_500);
+        assert_eq!((ended.state, ended.kind), (JobState::Failed, EventKind::Failed));
+        assert!(ended.preempted);
+        assert_eq!(ended.usage.expect("metered").outcome, "preempted");
+        assert_eq!(job.preemptions, 1);
     }
 
     #[test]

@@ -34,13 +34,13 @@ impl<S: Store> Engine<S> {
         self.event(id, EventKind::Exited, detail)?;
         let job = &self.jobs[&id];
         if !job.running_on.is_empty() {
-            // A gang ends as a whole. Being drained, the other parts already
-            // have their notice and deadline: they finish their own save.
-            // Otherwise they are stopped as a cancel stops them: the signal,
-            // then SIGKILL after a grace.
-            if job.state != JobState::Draining {
+            // A gang ends as a whole. Being drained or cancelled, the other
+            // parts already have their notice and deadline: they finish
+            // their own save. Otherwise they are stopped: SIGTERM, then
+            // SIGKILL after the default grace.
+            if job.state != JobState::Draining && !job.cancel_requested {
                 for n in job.running_on.clone() {
-                    self.outbox.push(&n, Action::Stop { attempt, grace_ms: STOP_GRACE_MS });
+                    self.outbox.push(&n, Action::Stop { attempt, grace_ms: STOP_GRACE_MS, notice: None });
                 }
             }
             return self.save(id);
@@ -69,10 +69,14 @@ impl<S: Store> Engine<S> {
         extra: serde_json::Value,
     ) -> Written {
         let job = self.jobs.get_mut(&id).expect("live attempt");
+        let (tier, drained_ms) = (job.tier.as_str(), job.notice.as_ref().map(|n| end_ms.saturating_sub(n.0)));
         let mut ended = end_attempt(job, effect, end_ms, now);
         if let Some(usage) = &ended.usage {
             self.store.add_usage(usage)?;
         }
+        let (amount, drain_gpu_seconds) =
+            ended.usage.as_ref().map_or((0, 0), |u| (u.amount, u.drain_gpu_seconds));
+        self.counters.ended(tier, amount, drain_gpu_seconds, drained_ms);
         self.counters.lost_gpu_seconds += ended.lost_gpu_ms as f64 / 1000.0;
         self.counters.preempted += u64::from(ended.preempted);
         if ended.backoff_ms > 0 {

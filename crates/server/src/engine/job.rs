@@ -74,6 +74,10 @@ pub struct JobRecord {
     pub exit_code: Option<i32>,
     pub exit_signal: Option<i32>,
     pub cancel_requested: bool,
+    /// A running job's cancel: when its notice was given and when SIGKILL
+    /// comes (absent in records of servers before cancels had notices).
+    #[serde(default)]
+    pub cancel_notice: Option<(u64, u64)>,
     /// A node lost track of the live attempt.
     pub vanished: bool,
     /// GPUs held for this queued job while `waiting_for` drain.
@@ -202,6 +206,7 @@ impl JobRecord {
             exit_code: None,
             exit_signal: None,
             cancel_requested: false,
+            cancel_notice: None,
             vanished: false,
             held: Vec::new(),
             waiting_for: Vec::new(),

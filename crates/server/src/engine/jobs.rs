@@ -1,5 +1,6 @@
 //! Job commands: submission (arrays and sweeps expanded), cancel, tenants' limits and admission.
 
+use super::ending::{cancel_deadline, cancel_grace_ms, cancel_stop};
 use super::*;
 
 impl<S: Store> Engine<S> {
@@ -161,7 +162,15 @@ impl<S: Store> Engine<S> {
         Ok(self.save(id)?)
     }
 
-    pub(super) fn cancel(&mut self, id: u64, now: u64) -> Result<ebb_api::Job, Fail> {
+    /// Cancels job `id`: a queued one ends now; a running one is told (its
+    /// notice, then SIGTERM) and killed at the end of its grace.
+    pub(super) fn cancel(
+        &mut self,
+        id: u64,
+        req: &ebb_api::CancelRequest,
+        now: u64,
+    ) -> Result<ebb_api::Job, Fail> {
+        let grace_ms = cancel_grace_ms(req.grace_ms, self.config.drain_window)?;
         let state = self.jobs[&id].state;
         match state {
             s if s.is_final() => {
@@ -184,13 +193,19 @@ impl<S: Store> Engine<S> {
             }
             _ => {
                 let job = self.jobs.get_mut(&id).expect("visible");
-                if !job.cancel_requested {
+                if let Some(deadline) = cancel_deadline(job, grace_ms, now) {
                     job.cancel_requested = true;
-                    let attempt = AttemptRef { job: id, attempt: job.attempt };
+                    job.cancel_notice = Some((now, deadline));
+                    let stop = cancel_stop(job, AttemptRef { job: id, attempt: job.attempt }, now);
                     for node in job.running_on.clone() {
-                        self.outbox.push(&node, Action::Stop { attempt, grace_ms: STOP_GRACE_MS });
+                        self.outbox.push(&node, stop.clone());
                     }
-                    self.event(id, EventKind::CancelRequested, json!({ "at": rfc3339(now) }))?;
+                    let detail = json!({
+                        "at": rfc3339(now),
+                        "deadline": rfc3339(deadline),
+                        "grace_seconds": deadline.saturating_sub(now) as f64 / 1000.0,
+                    });
+                    self.event(id, EventKind::CancelRequested, detail)?;
                     self.save(id)?;
                 }
             }

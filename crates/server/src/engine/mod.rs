@@ -91,6 +91,7 @@ pub enum Msg {
     Cancel {
         principal: Principal,
         id: u64,
+        req: ebb_api::CancelRequest,
         reply: oneshot::Sender<Result<ebb_api::Job, ApiError>>,
     },
     LogFile {

@@ -167,23 +167,43 @@ impl<S: Store> Engine<S> {
         }
     }
 
+    /// What `/metrics` exports, counted now: by job record (every job,
+    /// finished ones too), by the core's holds and by node.
     pub(super) fn metrics_snapshot(&self) -> crate::metrics::Snapshot {
         let mut snapshot = crate::metrics::Snapshot { counters: self.counters.clone(), ..Default::default() };
         for job in self.jobs.values() {
-            *snapshot.jobs.entry((job.tier.as_str(), job.state.as_str())).or_insert(0) += 1;
-            if job.state.is_live() {
-                *snapshot.gpus_in_use.entry(job.tier.as_str()).or_insert(0) += job.gpus as u64;
-            }
+            let tier = job.tier.as_str();
+            *snapshot.jobs.entry((tier, job.state.as_str())).or_insert(0) += 1;
+            let gpu_state = match job.state {
+                JobState::Queued => {
+                    *snapshot.queued.entry(crate::metrics::QueueKey { tier }).or_insert(0) += 1;
+                    continue;
+                }
+                JobState::Starting | JobState::Running => "running",
+                JobState::Draining => "draining",
+                JobState::Succeeded | JobState::Failed | JobState::Cancelled => continue,
+            };
+            *snapshot.gpus.entry((tier, gpu_state)).or_insert(0) += u64::from(job.gpus);
+        }
+        // Held GPUs a victim still runs on are counted as its (draining).
+        for job in self.core.jobs().filter(|j| j.phase == Phase::Holding) {
+            let Some(hold) = self.core.hold(job.spec.id) else { continue };
+            let free_held: u32 = hold
+                .alloc
+                .iter()
+                .filter_map(|(node, mask)| Some((mask & !self.core.node(*node)?.used_mask()).count_ones()))
+                .sum();
+            *snapshot.gpus.entry((job.spec.tier.as_str(), "held")).or_insert(0) += u64::from(free_held);
         }
         for (_, m) in self.core.models() {
             snapshot.gpus_total += m.capacity as u64;
         }
         for node in self.core.nodes() {
-            let status = status_name(node.status);
-            *snapshot.nodes.entry(status).or_insert(0) += 1;
+            *snapshot.nodes.entry(status_name(node.status)).or_insert(0) += 1;
+            if node.status == NodeStatus::Up {
+                snapshot.gpus_idle += u64::from(node.free_mask().count_ones());
+            }
         }
-        snapshot.queued =
-            self.core.jobs().filter(|j| matches!(j.phase, Phase::Queued | Phase::Holding)).count() as u64;
         snapshot
     }
 }
