@@ -133,6 +133,22 @@ fn stop(mut up: Up, dir: &Path) {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// Every `pending_reason` code (docs/cli.md lists them).
+const REASONS: [&str; 12] = [
+    "resources",
+    "priority",
+    "whole_nodes",
+    "reservation_cap",
+    "reservation_full",
+    "reservation_not_started",
+    "reclaimed",
+    "no_capacity",
+    "victims_draining",
+    "backoff",
+    "tenant_limit",
+    "scheduling",
+];
+
 /// `/metrics` left out every series nothing had happened to yet (no
 /// `preemptible` row before the first preemptible job), and had no drain
 /// time, held or draining GPUs, queue by tier or revenue at all.
@@ -152,7 +168,9 @@ fn metrics_export_every_series_at_zero_and_count_a_preemption_as_the_report_does
         "ebb_checkpoints_total".into(),
     ];
     for tier in ["reserved", "on-demand", "preemptible"] {
-        zero.push(format!("ebb_jobs_queued{{tier=\"{tier}\"}}"));
+        for reason in REASONS {
+            zero.push(format!("ebb_jobs_queued{{tier=\"{tier}\",reason=\"{reason}\"}}"));
+        }
         zero.push(format!("ebb_revenue_usd_total{{tier=\"{tier}\"}}"));
         for state in ["queued", "starting", "running", "draining", "succeeded", "failed", "cancelled"] {
             zero.push(format!("ebb_jobs{{tier=\"{tier}\",state=\"{state}\"}}"));
@@ -194,8 +212,11 @@ fn metrics_export_every_series_at_zero_and_count_a_preemption_as_the_report_does
     });
     assert_eq!(during["ebb_gpus_allocated{tier=\"preemptible\",state=\"draining\"}"], 1.0);
     assert_eq!(during["ebb_gpus_allocated{tier=\"preemptible\",state=\"running\"}"], 0.0);
-    assert_eq!(during["ebb_jobs_queued{tier=\"on-demand\"}"], 1.0);
-    assert_eq!(during["ebb_jobs_queued{tier=\"preemptible\"}"], 1.0);
+    // Each waiting job is counted under why it waits.
+    assert_eq!(during["ebb_jobs_queued{tier=\"on-demand\",reason=\"victims_draining\"}"], 1.0);
+    assert_eq!(during["ebb_jobs_queued{tier=\"preemptible\",reason=\"resources\"}"], 1.0);
+    let queued: f64 = during.iter().filter(|(k, _)| k.starts_with("ebb_jobs_queued{")).map(|(_, v)| v).sum();
+    assert_eq!(queued, 2.0, "{during:?}");
     assert_eq!(during["ebb_jobs{tier=\"preemptible\",state=\"draining\"}"], 1.0);
     assert_eq!(during["ebb_gpus_idle"], 0.0);
     assert_eq!(during["ebb_preemptions_total"], 1.0);

@@ -312,8 +312,11 @@ impl JobsQuery {
         };
         let tier = match self.tier.as_deref() {
             None => None,
-            Some(t) => {
-                Some(t.parse::<ebb_core::Tier>().map_err(|e| ApiError::bad_request(format!("tier: {e}")))?)
+            Some(t @ ("reserved" | "on-demand" | "preemptible")) => t.parse::<ebb_core::Tier>().ok(),
+            Some(other) => {
+                return Err(ApiError::bad_request(format!(
+                    "tier: must be reserved, on-demand or preemptible, got {other:?}"
+                )))
             }
         };
         Ok(crate::engine::JobQuery {
@@ -331,7 +334,7 @@ impl JobsQuery {
 /// `queued,running`, or `active` for every unfinished state.
 fn job_states(list: &str) -> ApiResult<Vec<JobState>> {
     let mut states = Vec::new();
-    for name in list.split(',').map(str::trim) {
+    for name in list.split(',') {
         match name {
             "active" => states.extend(JobState::ALL.into_iter().filter(|s| !s.is_final())),
             _ => states.push(JobState::parse(name).ok_or_else(|| {
@@ -355,11 +358,12 @@ const JOBS_PAGE: usize = 500;
 #[utoipa::path(get, path = "/v1/jobs", tag = "jobs",
     params(("cursor" = Option<u64>, Query, description = "the previous page's next_cursor"),
         ("limit" = Option<usize>, Query, minimum = 1, maximum = 500),
-        ("order" = Option<String>, Query, description = "asc (oldest first, the default) or desc (newest first)"),
-        ("state" = Option<String>, Query, description = "only these states, comma-separated: queued, starting, running, draining, succeeded, failed, cancelled; active = the unfinished four"),
-        ("tier" = Option<String>, Query, description = "only this tier: reserved, on-demand or preemptible"),
+        ("order" = Option<String>, Query, pattern = "^(asc|desc)$", description = "asc (oldest first, the default) or desc (newest first)"),
+        ("state" = Option<String>, Query, pattern = "^(active|queued|starting|running|draining|succeeded|failed|cancelled)(,(active|queued|starting|running|draining|succeeded|failed|cancelled))*$",
+            description = "only these states, comma-separated: queued, starting, running, draining, succeeded, failed, cancelled; active = the unfinished four"),
+        ("tier" = Option<String>, Query, pattern = "^(reserved|on-demand|preemptible)$", description = "only this tier: reserved, on-demand or preemptible"),
         ("name" = Option<String>, Query, description = "only jobs whose name contains this"),
-        ("arrays" = Option<String>, Query, description = "expand (every task, the default) or collapse (an array is one entry: its first task, with the array's progress; a state filter matches any task's state)")),
+        ("arrays" = Option<String>, Query, pattern = "^(expand|collapse)$", description = "expand (every task, the default) or collapse (an array is one entry: its first task, with the array's progress; a state filter matches any task's state)")),
     responses((status = 200, body = api::JobPage), (status = 400, body = api::ErrorBody)))]
 async fn list_jobs(
     State(app): State<App>,

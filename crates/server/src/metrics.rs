@@ -87,22 +87,25 @@ impl Counters {
 }
 
 /// A series of `ebb_jobs_queued`: the queued jobs it counts. Its labels
-/// are its fields; a new label (the pending reason's code) is a field
-/// here, its values in [`QueueKey::all`], and the one place that makes a
-/// key from a job (`Engine::metrics_snapshot`).
+/// are its fields; their values are in [`QueueKey::all`], and the one
+/// place that makes a key from a job is `Engine::metrics_snapshot`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct QueueKey {
     pub tier: &'static str,
+    /// The job's `pending_reason` code.
+    pub reason: &'static str,
 }
 
 impl QueueKey {
     /// Every series, so that each is exported at zero too.
     fn all() -> impl Iterator<Item = QueueKey> {
-        TIERS.into_iter().map(|tier| QueueKey { tier })
+        TIERS.into_iter().flat_map(|tier| {
+            crate::engine::PENDING_REASONS.into_iter().map(move |reason| QueueKey { tier, reason })
+        })
     }
 
     fn labels(&self) -> Labels {
-        vec![("tier".into(), self.tier.into())]
+        vec![("tier".into(), self.tier.into()), ("reason".into(), self.reason.into())]
     }
 }
 
@@ -163,7 +166,11 @@ pub fn render(s: &Snapshot) -> String {
     for key in QueueKey::all() {
         queued.get_or_create(&key.labels()).set(s.queued.get(&key).copied().unwrap_or(0) as i64);
     }
-    registry.register("jobs_queued", "Jobs waiting to start, by tier", queued);
+    registry.register(
+        "jobs_queued",
+        "Jobs waiting to start, by tier and why they wait (pending_reason)",
+        queued,
+    );
 
     let gpus = Family::<Labels, Gauge>::default();
     for tier in TIERS {
@@ -276,7 +283,9 @@ mod tests {
             "ebb_scheduling_seconds_total".into(),
         ];
         for tier in TIERS {
-            series.push(format!("ebb_jobs_queued{{tier=\"{tier}\"}}"));
+            for reason in crate::engine::PENDING_REASONS {
+                series.push(format!("ebb_jobs_queued{{tier=\"{tier}\",reason=\"{reason}\"}}"));
+            }
             series.push(format!("ebb_revenue_usd_total{{tier=\"{tier}\"}}"));
             for state in JOB_STATES {
                 series.push(format!("ebb_jobs{{tier=\"{tier}\",state=\"{state}\"}}"));

@@ -33,56 +33,58 @@ impl<S: Store> Engine<S> {
         self.pending.extend(pending);
     }
 
-    /// A queued job's reason code and sentence; `None` for any other.
-    pub(super) fn pending(&self, job: &JobRecord, now_ms: u64) -> Option<(&'static str, String)> {
+    /// Why a queued job waits; `None` for any other.
+    fn why<'s>(&'s self, job: &JobRecord) -> Option<Why<'s>> {
         if job.state != JobState::Queued {
             return None;
         }
         match job.waiting {
-            Some(Waiting::Backoff { until_ms }) => {
-                return Some((
-                    "backoff",
-                    format!(
-                        "restart back-off until {}: {} quick exits in a row (runs under {} s)",
-                        rfc3339(until_ms),
-                        job.quick_exits,
-                        QUICK_EXIT_MS / 1000
-                    ),
-                ))
-            }
-            Some(Waiting::TenantLimit) => {
-                return Some((
-                    "tenant_limit",
-                    format!(
-                        "tenant {} has {} jobs admitted, its limit (ebb tenant limits, ebb server --max-running-jobs)",
-                        self.tenant_name(job.tenant),
-                        self.limits_of(job.tenant).max_running_jobs
-                    ),
-                ))
-            }
+            Some(Waiting::Backoff { until_ms }) => return Some(Why::Backoff { until_ms }),
+            Some(Waiting::TenantLimit) => return Some(Why::TenantLimit),
             None => {}
         }
         let id = JobId(job.id);
         if let Some(hold) = self.core.hold(id) {
-            return Some(("victims_draining", self.victims_draining(hold, now_ms)));
+            return Some(Why::Held(hold));
         }
         let first = self.core.first_in_line(id)?;
         if first != id {
-            return Some((
-                "priority",
-                format!(
-                    "behind job {}, which is ahead of it in line for the same GPUs and waits too",
-                    first.0
-                ),
-            ));
+            return Some(Why::Behind(first));
         }
-        match self.pending.get(&id) {
-            Some(why) => Some(self.describe(job, why)),
-            None => Some(("scheduling", "not yet looked at by the scheduler".into())),
-        }
+        Some(self.pending.get(&id).map_or(Why::NotYet, Why::Core))
     }
 
-    fn describe(&self, job: &JobRecord, why: &Pending) -> (&'static str, String) {
+    /// A queued job's reason code, cheaply (for `/metrics`).
+    pub(super) fn pending_code(&self, job: &JobRecord) -> Option<&'static str> {
+        self.why(job).map(|why| why.code())
+    }
+
+    /// A queued job's reason code and sentence; `None` for any other.
+    pub(super) fn pending(&self, job: &JobRecord, now_ms: u64) -> Option<(&'static str, String)> {
+        let why = self.why(job)?;
+        let text = match &why {
+            Why::Backoff { until_ms } => format!(
+                "restart back-off until {}: {} quick exits in a row (runs under {} s)",
+                rfc3339(*until_ms),
+                job.quick_exits,
+                QUICK_EXIT_MS / 1000
+            ),
+            Why::TenantLimit => format!(
+                "tenant {} has {} jobs admitted, its limit (ebb tenant limits, ebb server --max-running-jobs)",
+                self.tenant_name(job.tenant),
+                self.limits_of(job.tenant).max_running_jobs
+            ),
+            Why::Held(hold) => self.victims_draining(hold, now_ms),
+            Why::Behind(first) => {
+                format!("behind job {}, which is ahead of it in line for the same GPUs and waits too", first.0)
+            }
+            Why::Core(pending) => self.describe(job, pending),
+            Why::NotYet => "not yet looked at by the scheduler".into(),
+        };
+        Some((why.code(), text))
+    }
+
+    fn describe(&self, job: &JobRecord, why: &Pending) -> String {
         let model = |m: GpuModelId| self.core.model(m).map_or_else(|| m.to_string(), |m| m.name.clone());
         let node = |n: NodeId| self.core.node(n).map_or_else(|| n.to_string(), |n| n.name.clone());
         let gpus = gpus(job.gpus);
@@ -95,12 +97,9 @@ impl<S: Store> Engine<S> {
                 if job.tier != Tier::Preemptible {
                     text.push_str(", and no preemptible work can make room");
                 }
-                ("resources", text)
+                text
             }
-            Pending::Priority { behind } => (
-                "priority",
-                format!("behind job {}: the GPUs it would fit on are kept for that job, which is ahead of it", behind.0),
-            ),
+            Pending::Priority { behind } => format!("behind job {}: the GPUs it would fit on are kept for that job, which is ahead of it", behind.0),
             Pending::WholeNodes { model: m, nodes, free, earmarked } => {
                 let mut text = format!(
                     "a gang of {gpus} waits for {nodes} whole free {} nodes; {free} free now",
@@ -110,46 +109,28 @@ impl<S: Store> Engine<S> {
                     let names: Vec<String> = earmarked.iter().map(|n| node(*n)).collect();
                     text.push_str(&format!("; kept for it as they empty: {}", names.join(", ")));
                 }
-                ("whole_nodes", text)
+                text
             }
-            Pending::ReservationCap { model: m, capacity, reserved, used } => (
-                "reservation_cap",
-                format!(
+            Pending::ReservationCap { model: m, capacity, reserved, used } => format!(
                     "on-demand may use {} of {capacity} {}: {reserved} are reserved, and on-demand work uses {used}",
                     capacity.saturating_sub(*reserved),
                     model(*m)
                 ),
-            ),
-            Pending::ReservationFull { model: m, reserved, used } => (
-                "reservation_full",
-                format!(
+            Pending::ReservationFull { model: m, reserved, used } => format!(
                     "its tenant's reservation of {} is {} with {used} in use; it needs {gpus}",
                     model(*m),
                     self::gpus(*reserved)
                 ),
-            ),
-            Pending::ReservationNotStarted { model: m, starts: Some(at) } => (
-                "reservation_not_started",
-                format!("waits for its tenant's reservation of {}, which starts at {}", model(*m), rfc3339(at.0)),
-            ),
-            Pending::ReservationNotStarted { model: m, starts: None } => (
-                "reservation_not_started",
-                format!("its tenant has no reservation of {} now or later", model(*m)),
-            ),
-            Pending::Reclaimed { model: m, limit, used } => (
-                "reclaimed",
-                format!(
+            Pending::ReservationNotStarted { model: m, starts: Some(at) } => format!("waits for its tenant's reservation of {}, which starts at {}", model(*m), rfc3339(at.0)),
+            Pending::ReservationNotStarted { model: m, starts: None } => format!("its tenant has no reservation of {} now or later", model(*m)),
+            Pending::Reclaimed { model: m, limit, used } => format!(
                     "the operator reclaimed preemptible {} capacity: preemptible work may use {limit}, and uses {used} \
                      (ebb reclaim --release lifts it)",
                     model(*m)
                 ),
-            ),
             Pending::NoCapacity { model: m } => {
                 let what = m.map_or_else(|| "of any model".to_string(), |m| format!("of {}", model(m)));
-                (
-                    "no_capacity",
-                    format!("not {gpus} {what} are in service now (nodes are drained, lost or gone)"),
-                )
+                format!("not {gpus} {what} are in service now (nodes are drained, lost or gone)")
             }
         }
     }
@@ -179,6 +160,43 @@ impl<S: Store> Engine<S> {
         }
         text.push_str(&format!("; its GPUs are held on {}", nodes.join(", ")));
         text
+    }
+}
+
+/// Why a queued job waits, before it is put in words.
+enum Why<'s> {
+    Backoff {
+        until_ms: u64,
+    },
+    TenantLimit,
+    /// GPUs are held for it while its victims drain.
+    Held(&'s ebb_scheduler::Hold),
+    /// Behind the first job of its queue class.
+    Behind(JobId),
+    /// The latest pass's reason.
+    Core(&'s Pending),
+    NotYet,
+}
+
+impl Why<'_> {
+    fn code(&self) -> &'static str {
+        match self {
+            Why::Backoff { .. } => "backoff",
+            Why::TenantLimit => "tenant_limit",
+            Why::Held(_) => "victims_draining",
+            Why::Behind(_) => "priority",
+            Why::NotYet => "scheduling",
+            Why::Core(pending) => match pending {
+                Pending::Resources { .. } => "resources",
+                Pending::Priority { .. } => "priority",
+                Pending::WholeNodes { .. } => "whole_nodes",
+                Pending::ReservationCap { .. } => "reservation_cap",
+                Pending::ReservationFull { .. } => "reservation_full",
+                Pending::ReservationNotStarted { .. } => "reservation_not_started",
+                Pending::Reclaimed { .. } => "reclaimed",
+                Pending::NoCapacity { .. } => "no_capacity",
+            },
+        }
     }
 }
 

@@ -176,7 +176,8 @@ impl<S: Store> Engine<S> {
             *snapshot.jobs.entry((tier, job.state.as_str())).or_insert(0) += 1;
             let gpu_state = match job.state {
                 JobState::Queued => {
-                    *snapshot.queued.entry(crate::metrics::QueueKey { tier }).or_insert(0) += 1;
+                    let reason = self.pending_code(job).unwrap_or("scheduling");
+                    *snapshot.queued.entry(crate::metrics::QueueKey { tier, reason }).or_insert(0) += 1;
                     continue;
                 }
                 JobState::Starting | JobState::Running => "running",
