@@ -244,7 +244,7 @@ impl<S: Store> Engine<S> {
                     attempt.job,
                     attempt.attempt,
                     rfc3339(at_ms),
-                    ebb_core::checkpoint::human(self.config.max_clock_skew),
+                    self.config.max_clock_skew.human(),
                 )));
             }
         }
@@ -367,8 +367,8 @@ impl<S: Store> Engine<S> {
                 "a checkpoint took {}, longer than the {} drain window: a save started at notice will not \
                  finish before the kill; checkpoint periodically (EBB_CHECKPOINT_INTERVAL_S) or make the \
                  save faster",
-                ebb_core::checkpoint::human(Span(duration_ms)),
-                ebb_core::checkpoint::human(window),
+                Span(duration_ms).human(),
+                window.human(),
             );
             tracing::warn!(job = id, "{message}");
             let detail = json!({
