@@ -1,14 +1,27 @@
 //! The money commands: `price`, `reservation`, `bill`, `report`. Amounts
-//! come from the server as integer micro-dollars with display strings; this
-//! file only lays them out.
+//! come from the server as integer micro-dollars; this file lays them out,
+//! every amount to the cent and every rate per GPU-hour to four decimals
+//! (`amount`, `rate`: the one formatter, also used by `ebb show`). The
+//! exact figures are in `--json` and `--csv`.
 
 use std::fmt::Write;
 
 use clap::{Args, Subcommand};
 use ebb_api as api;
+use ebb_core::MicroUsd;
 
 use crate::client::Connection;
 use crate::commands::JsonFlag;
+
+/// An amount of micro-dollars for people: `12.35`.
+pub fn amount(micro_usd: i64) -> String {
+    MicroUsd(micro_usd).amount_text()
+}
+
+/// A price per GPU-hour, in micro-dollars, for people: `3.6000`.
+pub fn rate(micro_usd: i64) -> String {
+    MicroUsd(micro_usd).rate_text()
+}
 
 fn json<T: serde::Serialize>(value: &T) -> String {
     let mut text = serde_json::to_string_pretty(value).expect("serialisable");
@@ -48,7 +61,10 @@ pub async fn price(conn: &Connection, command: &PriceCommand) -> Result<String, 
                 writeln!(
                     text,
                     "{:<16} {:>12} {:>12} {:>12}",
-                    p.gpu_model, p.on_demand_usd, p.preemptible_usd, p.reserved_usd
+                    p.gpu_model,
+                    rate(p.on_demand_micro_usd),
+                    rate(p.preemptible_micro_usd),
+                    rate(p.reserved_micro_usd)
                 )
                 .unwrap();
             }
@@ -63,7 +79,10 @@ pub async fn price(conn: &Connection, command: &PriceCommand) -> Result<String, 
             } else {
                 format!(
                     "{}: on-demand ${}, preemptible ${}, reserved ${} per GPU-hour\n",
-                    p.gpu_model, p.on_demand_usd, p.preemptible_usd, p.reserved_usd
+                    p.gpu_model,
+                    rate(p.on_demand_micro_usd),
+                    rate(p.preemptible_micro_usd),
+                    rate(p.reserved_micro_usd)
                 )
             })
         }
@@ -174,37 +193,51 @@ pub async fn bill(conn: &Connection, args: &BillArgs) -> Result<String, String> 
     )
     .unwrap();
     for l in &inv.lines {
-        let rate = if l.tier == "reserved" { "reservation".to_string() } else { l.rate_usd.clone() };
+        let line_rate = if l.tier == "reserved" { "reservation".to_string() } else { rate(l.rate_micro_usd) };
         writeln!(
             text,
             "{:<12} {:<14} {:>12.4} {:>14} {:>14}",
-            l.tier, l.gpu_model, l.gpu_hours, rate, l.amount_usd
+            l.tier,
+            l.gpu_model,
+            l.gpu_hours,
+            line_rate,
+            amount(l.amount_micro_usd)
         )
         .unwrap();
     }
     for c in &inv.reservations {
         writeln!(
             text,
-            "{:<12} {:<14} {:>12.4} {:>14} {:>14}   reservation {}: {} GPUs, {} to {}",
+            "{:<12} {:<14} {:>12.4} {:>14} {:>14}   reservation {}: {}, {} to {}",
             "reservation",
             c.gpu_model,
             c.gpu_hours,
-            ebb_server::billing::usd(c.rate_micro_usd),
-            c.amount_usd,
+            rate(c.rate_micro_usd),
+            amount(c.amount_micro_usd),
             c.reservation,
-            c.gpus,
+            ebb_core::count(u64::from(c.gpus), "GPU"),
             c.from,
             c.to
         )
         .unwrap();
     }
-    writeln!(text, "\n{:<42} {:>14}", "total", inv.total_usd).unwrap();
-    writeln!(text, "{:<42} {:>14}", "at on-demand prices", inv.on_demand_equivalent_usd).unwrap();
-    writeln!(text, "{:<42} {:>14}", "saved by running preemptible", inv.preemptible_savings_usd).unwrap();
+    writeln!(text, "\n{:<42} {:>14}", "total", amount(inv.total_micro_usd)).unwrap();
+    writeln!(text, "{:<42} {:>14}", "at on-demand prices", amount(inv.on_demand_equivalent_micro_usd))
+        .unwrap();
     writeln!(
         text,
-        "\n{} attempts, {} preempted; {:.4} GPU-hours in drain windows, {:.4} GPU-hours of work lost",
-        inv.attempts, inv.preemptions, inv.drain_gpu_hours, inv.lost_gpu_hours
+        "{:<42} {:>14}",
+        "saved by running preemptible",
+        amount(inv.preemptible_savings_micro_usd)
+    )
+    .unwrap();
+    writeln!(
+        text,
+        "\n{}, {} preempted; {:.4} GPU-hours in drain windows, {:.4} GPU-hours of work lost",
+        ebb_core::count(inv.attempts, "attempt"),
+        inv.preemptions,
+        inv.drain_gpu_hours,
+        inv.lost_gpu_hours
     )
     .unwrap();
     Ok(text)
@@ -299,17 +332,26 @@ pub async fn report(conn: &Connection, args: &ReportArgs) -> Result<String, Stri
             t.tier,
             t.gpu_hours,
             pct(t.utilisation),
-            t.revenue_usd
+            amount(t.revenue_micro_usd)
         )
         .unwrap();
     }
-    writeln!(text, "{:<12} {:>12} {:>12} {:>14}", "reservations", "", "", r.reservation_revenue_usd).unwrap();
-    writeln!(text, "{:<12} {:>12} {:>12} {:>14}", "total", "", "", r.total_revenue_usd).unwrap();
+    writeln!(
+        text,
+        "{:<12} {:>12} {:>12} {:>14}",
+        "reservations",
+        "",
+        "",
+        amount(r.reservation_revenue_micro_usd)
+    )
+    .unwrap();
+    writeln!(text, "{:<12} {:>12} {:>12} {:>14}", "total", "", "", amount(r.total_revenue_micro_usd))
+        .unwrap();
     writeln!(
         text,
         "\nthe preemptible tier sold {:.2} GPU-h of otherwise idle capacity for ${}; utilisation {} without it, {} with it",
         r.idle_capacity_sold_gpu_hours,
-        r.idle_capacity_sold_usd,
+        amount(r.idle_capacity_sold_micro_usd),
         pct(r.utilisation_without_preemptible),
         pct(r.utilisation)
     )
