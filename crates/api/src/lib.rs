@@ -642,6 +642,12 @@ pub enum AgentEvent {
         /// cgroup accounts it.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         peak_memory_bytes: Option<u64>,
+        /// The attempt never ran: why its start failed (`cannot start
+        /// "x": No such file or directory`), for its timeline. Exit code
+        /// 127, as a shell gives a command it cannot run.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[schema(max_length = 4096)]
+        start_error: Option<String>,
     },
     /// The attempt reported a completed checkpoint to its endpoint.
     Checkpoint {

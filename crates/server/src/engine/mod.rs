@@ -240,6 +240,8 @@ struct PartExit {
     completed: bool,
     vanished: bool,
     peak_memory_bytes: Option<u64>,
+    /// It never ran: why its start failed, as the agent says it.
+    start_error: Option<String>,
 }
 
 #[derive(Clone, Debug)]

@@ -62,7 +62,7 @@ impl<S: Store> Engine<S> {
             usage: Vec::new(),
             last_checkpoint: job.checkpoints.last.clone(),
             checkpoint_interval_s: job.interval.as_ref().map(|(s, _)| *s),
-            checkpoint_interval_why: job.interval.as_ref().map(|(_, why)| why.clone()),
+            checkpoint_interval_why: job.interval.as_ref().map(|(_, why)| interval_why(job, why)),
             lost_gpu_seconds: job.lost_gpu_ms as f64 / 1000.0,
             array: job.array.clone(),
             progress: None,
@@ -159,4 +159,19 @@ pub(super) fn status_name(status: NodeStatus) -> &'static str {
 /// batch goes on (nothing was written).
 pub(super) fn read_error(e: StoreError) -> Fail {
     Fail::Refused(ApiError::internal(format!("storage: {e}")))
+}
+
+/// Why the latest attempt got its interval, computed at its placement,
+/// and, when the job has reported checkpoints since, that the reports
+/// shown beside it are not in it yet: the attempt keeps the interval it
+/// started with, a next attempt's uses them.
+fn interval_why(job: &JobRecord, why: &str) -> String {
+    let since_placement = job.checkpoints.last.as_ref().is_some_and(|c| c.at_ms >= job.started_ms);
+    match job.checkpoints.checkpoint_time() {
+        Some(delta) if since_placement => format!(
+            "{why}; checkpoints reported since this attempt started (δ now {}) are for a next attempt's interval",
+            delta.human()
+        ),
+        _ => why.to_string(),
+    }
 }
