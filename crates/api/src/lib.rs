@@ -447,6 +447,20 @@ pub struct TenantUsage {
     pub stored_bytes: u64,
 }
 
+/// `GET /v1/tenants`: one tenant, by name, with what it holds.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct TenantSummary {
+    pub tenant: String,
+    /// Its tokens that work now (0 once revoked).
+    pub tokens: u32,
+    /// Unfinished jobs, and of them those admitted and those waiting.
+    pub jobs: u64,
+    pub admitted: u64,
+    pub waiting: u64,
+    /// Its reservations in force or to come.
+    pub reservations: u32,
+}
+
 /// `DELETE /v1/nodes/{name}`: the node's credential is revoked and its
 /// live attempts requeued as lost.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]

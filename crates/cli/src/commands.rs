@@ -173,8 +173,12 @@ pub struct JsonFlag {
 
 #[derive(Subcommand)]
 pub enum TenantCommand {
+    /// List the tenants: their working tokens, unfinished jobs and
+    /// reservations not yet ended.
+    List(JsonFlag),
     /// Create a tenant and print its token (shown once).
     Create {
+        /// 1 to 64 letters, digits, `-` or `_`.
         name: String,
         #[command(flatten)]
         out: JsonFlag,
@@ -696,14 +700,34 @@ pub async fn reclaim(
         json(&reply)
     } else {
         format!(
-            "reclaimed {gpus} {} GPUs: preemptible work may now hold at most {}\n",
-            reply.gpu_model, reply.preemptible_limit
+            "reclaimed {}: preemptible work may now hold at most {}\n",
+            count(u64::from(gpus), &format!("{} GPU", reply.gpu_model)),
+            reply.preemptible_limit
         )
     })
 }
 
 pub async fn tenant(conn: &Connection, command: &TenantCommand) -> Result<String, String> {
     match command {
+        TenantCommand::List(out) => {
+            let tenants: Vec<api::TenantSummary> = conn.client()?.get("/v1/tenants").await?;
+            if out.json {
+                return Ok(json(&tenants));
+            }
+            let mut text = format!(
+                "{:<24} {:>6} {:>8} {:>8} {:>8} {:>12}\n",
+                "TENANT", "TOKENS", "JOBS", "ADMITTED", "WAITING", "RESERVATIONS"
+            );
+            for t in tenants {
+                writeln!(
+                    text,
+                    "{:<24} {:>6} {:>8} {:>8} {:>8} {:>12}",
+                    t.tenant, t.tokens, t.jobs, t.admitted, t.waiting, t.reservations
+                )
+                .unwrap();
+            }
+            Ok(text)
+        }
         TenantCommand::Create { name, out } => {
             let created: api::TenantCreated =
                 conn.client()?.post("/v1/tenants", &api::TenantRequest { name: name.clone() }).await?;

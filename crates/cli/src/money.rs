@@ -112,19 +112,37 @@ pub enum ReservationCommand {
     },
     /// List reservations (a tenant's own; every one for an admin).
     List(JsonFlag),
-    /// Delete a reservation (admin).
+    /// Delete a reservation (admin): one not started is withdrawn; one in
+    /// force ends now; what it charged stays on the invoices.
     Delete {
+        /// The reservation's id, as `ebb reservation list` shows it.
         id: u64,
         #[command(flatten)]
         out: JsonFlag,
     },
 }
 
-fn reservation_line(r: &api::Reservation) -> String {
-    format!(
-        "{:>4}  {:<12} {:>4} x {:<12} {} .. {}  ${}/GPU-h\n",
-        r.id, r.tenant, r.gpus, r.gpu_model, r.start, r.end, r.rate_usd
-    )
+/// Reservations as a table, under a header.
+fn reservation_table(list: &[api::Reservation]) -> String {
+    let mut text = format!(
+        "{:>4}  {:<12} {:>4}  {:<14} {:<24} {:<24} {:>12}\n",
+        "ID", "TENANT", "GPUS", "GPU MODEL", "START", "END", "USD/GPU-HOUR"
+    );
+    for r in list {
+        writeln!(
+            text,
+            "{:>4}  {:<12} {:>4}  {:<14} {:<24} {:<24} {:>12}",
+            r.id,
+            r.tenant,
+            r.gpus,
+            r.gpu_model,
+            r.start,
+            r.end,
+            rate(r.rate_micro_usd)
+        )
+        .unwrap();
+    }
+    text
 }
 
 pub async fn reservation(conn: &Connection, command: &ReservationCommand) -> Result<String, String> {
@@ -140,18 +158,38 @@ pub async fn reservation(conn: &Connection, command: &ReservationCommand) -> Res
                 rate_usd: rate.clone(),
             };
             let r: api::Reservation = client.post("/v1/reservations", &req).await?;
-            Ok(if out.json { json(&r) } else { format!("created reservation\n{}", reservation_line(&r)) })
+            Ok(if out.json {
+                json(&r)
+            } else {
+                format!("created reservation {}\n{}", r.id, reservation_table(std::slice::from_ref(&r)))
+            })
         }
         ReservationCommand::List(out) => {
             let list: Vec<api::Reservation> = client.get("/v1/reservations").await?;
             if out.json {
                 return Ok(json(&list));
             }
-            Ok(list.iter().map(reservation_line).collect())
+            if list.is_empty() {
+                return Ok("no reservations\n".into());
+            }
+            Ok(reservation_table(&list))
         }
         ReservationCommand::Delete { id, out } => {
             let r: api::Reservation = client.delete(&format!("/v1/reservations/{id}")).await?;
-            Ok(if out.json { json(&r) } else { format!("deleted reservation\n{}", reservation_line(&r)) })
+            Ok(if out.json {
+                json(&r)
+            } else if r.end_ms <= r.start_ms {
+                format!(
+                    "reservation {}: withdrawn before its start ({}); it charged nothing\n",
+                    r.id, r.start
+                )
+            } else {
+                format!(
+                    "reservation {}: deleted; its charge from {} to {} stays on the invoices of that time, \
+                     and nothing after {} is charged or reserved\n",
+                    r.id, r.start, r.end, r.end
+                )
+            })
         }
     }
 }

@@ -120,6 +120,10 @@ pub enum Msg {
         name: String,
         reply: oneshot::Sender<Result<ebb_api::TenantCreated, ApiError>>,
     },
+    /// Every tenant, with what it holds (admin).
+    Tenants {
+        reply: oneshot::Sender<Vec<ebb_api::TenantSummary>>,
+    },
     /// A tenant's limits and usage; with `set`, first replaces its limits.
     TenantLimits {
         principal: Principal,

@@ -30,11 +30,48 @@ impl<S: Store> Engine<S> {
         Ok(view)
     }
 
+    /// `ebb tenant list`: every tenant by name, its working tokens, what
+    /// it holds and its reservations not yet ended at `now`.
+    pub(super) fn tenant_list(&self, now: u64) -> Vec<ebb_api::TenantSummary> {
+        let mut tokens: BTreeMap<u32, u32> = BTreeMap::new();
+        for state in self.access.tokens.read().expect("token map").values() {
+            if let TokenState::Valid(p) = state {
+                if let (Scope::Tenant, Some((id, _))) = (p.scope, &p.tenant) {
+                    *tokens.entry(*id).or_default() += 1;
+                }
+            }
+        }
+        let mut list: Vec<ebb_api::TenantSummary> = self
+            .tenants
+            .names
+            .iter()
+            .map(|(id, name)| {
+                let load = self.tenants.load.get(id).cloned().unwrap_or_default();
+                let reservations = self
+                    .money
+                    .reservations
+                    .values()
+                    .filter(|r| r.tenant == *id && r.deleted_ms.is_none() && r.end_ms > now)
+                    .count() as u32;
+                ebb_api::TenantSummary {
+                    tenant: name.clone(),
+                    tokens: tokens.get(id).copied().unwrap_or(0),
+                    jobs: load.jobs,
+                    admitted: load.admitted,
+                    waiting: load.waiting.len() as u64,
+                    reservations,
+                }
+            })
+            .collect();
+        list.sort_by(|a, b| a.tenant.cmp(&b.tenant));
+        list
+    }
+
     pub(super) fn reservation_views(&self, principal: &Principal) -> Vec<ebb_api::Reservation> {
         self.money
             .reservations
             .values()
-            .filter(|r| principal.may_see(r.tenant))
+            .filter(|r| principal.may_see(r.tenant) && r.deleted_ms.is_none())
             .map(|r| crate::billing::reservation_view(r, &self.tenant_name(r.tenant)))
             .collect()
     }
