@@ -186,6 +186,7 @@ pub enum TenantCommand {
     /// Show a tenant's limits and usage; with a flag, set its own limits
     /// (admin). Unset ones follow the server's defaults.
     Limits {
+        /// The tenant.
         name: String,
         /// Unfinished jobs (queued, waiting or running).
         #[arg(long, value_name = "N")]
@@ -213,12 +214,14 @@ pub enum TenantCommand {
 pub enum TenantTokenCommand {
     /// Issue a new token (shown once) and revoke every older one.
     Rotate {
+        /// The tenant.
         name: String,
         #[command(flatten)]
         out: JsonFlag,
     },
     /// Revoke every token of the tenant.
     Revoke {
+        /// The tenant.
         name: String,
         #[command(flatten)]
         out: JsonFlag,
@@ -230,6 +233,7 @@ pub enum NodesCommand {
     /// Take a node out: revoke its credential at once and requeue its
     /// attempts as lost. It may join again with the join token.
     Remove {
+        /// The node's name, as `ebb nodes` lists it.
         name: String,
         #[command(flatten)]
         out: JsonFlag,

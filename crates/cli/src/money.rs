@@ -35,10 +35,13 @@ pub enum PriceCommand {
     List(JsonFlag),
     /// Set a model's on-demand price (and reserved contract rate), in dollars per GPU-hour (admin).
     Set {
+        /// The GPU model, as nodes report it (H100-80GB).
         gpu_model: String,
-        #[arg(long, allow_hyphen_values = true)]
+        /// On-demand dollars per GPU-hour (2.50); preemptible is this less the fixed discount.
+        #[arg(long, allow_hyphen_values = true, value_name = "USD")]
         on_demand: String,
-        #[arg(long, allow_hyphen_values = true)]
+        /// Contract rate of new reservations, dollars per GPU-hour (default: unchanged, or on-demand).
+        #[arg(long, allow_hyphen_values = true, value_name = "USD")]
         reserved: Option<String>,
         #[command(flatten)]
         out: JsonFlag,
@@ -93,15 +96,19 @@ pub async fn price(conn: &Connection, command: &PriceCommand) -> Result<String, 
 pub enum ReservationCommand {
     /// Reserve GPUs of a model for a tenant over a period (admin).
     Create {
+        /// The tenant whose reserved jobs draw on it.
         #[arg(long)]
         tenant: String,
+        /// The GPU model reserved.
         #[arg(long)]
         gpu_model: String,
+        /// GPUs reserved.
         #[arg(long)]
         gpus: u32,
-        /// RFC 3339 or a date (midnight UTC).
+        /// Start: RFC 3339 or a date (midnight UTC).
         #[arg(long)]
         start: String,
+        /// End (exclusive): RFC 3339 or a date (midnight UTC).
         #[arg(long)]
         end: String,
         /// Contract rate, dollars per GPU-hour (default: the price book's).
@@ -205,8 +212,10 @@ pub struct BillArgs {
     /// End of the period (exclusive).
     #[arg(long)]
     pub to: String,
+    /// Print the invoice as JSON (exact micro-dollars) for scripts.
     #[arg(long, conflicts_with = "csv")]
     pub json: bool,
+    /// Print the invoice as CSV: a row per line, reservation and total.
     #[arg(long)]
     pub csv: bool,
 }
@@ -336,10 +345,13 @@ fn invoice_csv(inv: &api::Invoice) -> Result<String, String> {
 
 #[derive(Args)]
 pub struct ReportArgs {
+    /// Start of the period: RFC 3339 or a date (midnight UTC).
     #[arg(long)]
     pub from: String,
+    /// End of the period (exclusive).
     #[arg(long)]
     pub to: String,
+    /// Print the report as JSON for scripts.
     #[arg(long)]
     pub json: bool,
 }
