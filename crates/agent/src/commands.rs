@@ -182,7 +182,8 @@ impl<S: Supervisor> Agent<S> {
     }
 
     /// Starts an attempt; one that cannot start is reported as having
-    /// exited with 127, with why in its log.
+    /// exited with 127, with why in its log and in the exit itself (for
+    /// the job's timeline).
     async fn start(&self, s: StartAttempt) {
         let a = s.attempt;
         if self.supervisor.is_running(a) {
@@ -198,6 +199,7 @@ impl<S: Supervisor> Agent<S> {
                 completed: false,
                 at_ms: now_ms(),
                 peak_memory_bytes: None,
+                start_error: Some(message),
             });
         }
     }
@@ -287,8 +289,9 @@ mod tests {
             }
         );
         assert!(matches!(
-            delivered[1],
-            AgentEvent::Exited { attempt: A, signal: None, completed: false, .. }
+            &delivered[1],
+            AgentEvent::Exited { attempt: A, signal: None, completed: false, start_error: Some(why), .. }
+                if why == "run-as user alice: no such user on this node"
         ));
     }
 

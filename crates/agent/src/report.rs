@@ -401,6 +401,7 @@ mod tests {
             completed: false,
             at_ms: 1,
             peak_memory_bytes: None,
+            start_error: None,
         }
     }
 

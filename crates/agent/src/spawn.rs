@@ -65,6 +65,19 @@ impl SpawnError {
     fn new(step: &'static str, error: impl Into<std::io::Error>) -> SpawnError {
         SpawnError { step, error: error.into() }
     }
+
+    /// Why, for people: the step that failed and the system's words,
+    /// without `(os error N)`; for `exec` itself the words say it all
+    /// (`No such file or directory`, `Permission denied`).
+    pub fn cause(&self) -> String {
+        let text = self.error.to_string();
+        let text = text.split(" (os error").next().unwrap_or(&text);
+        if self.step == EXEC_STEP {
+            text.to_string()
+        } else {
+            format!("{}: {text}", self.step)
+        }
+    }
 }
 
 /// The child's steps, as a failed child records them (0: none failed).
@@ -77,6 +90,8 @@ const STDIO: u8 = 6;
 const CHDIR: u8 = 7;
 const EXEC: u8 = 8;
 
+const EXEC_STEP: &str = "cannot run it";
+
 fn step_name(step: u8) -> &'static str {
     match step {
         JOIN => "cannot join its cgroup",
@@ -86,7 +101,7 @@ fn step_name(step: u8) -> &'static str {
         UID => "cannot take its user's uid",
         STDIO => "cannot connect its standard streams",
         CHDIR => "cannot enter its working directory",
-        _ => "cannot run it",
+        _ => EXEC_STEP,
     }
 }
 
@@ -443,8 +458,10 @@ mod tests {
         let missing = run(&["no-such-program-here"], &path, &dir).err().unwrap();
         assert_eq!(missing.step, "cannot run it");
         assert_eq!(missing.error.kind(), std::io::ErrorKind::NotFound);
+        assert_eq!(missing.cause(), "No such file or directory");
         let bad_dir = run(&["true"], &path, Path::new("/nonexistent/dir")).err().unwrap();
         assert_eq!(bad_dir.step, "cannot enter its working directory");
+        assert_eq!(bad_dir.cause(), "cannot enter its working directory: No such file or directory");
         let plain = dir.join(format!("ebb-spawn-not-executable-{}", std::process::id()));
         std::fs::write(&plain, "hello\n").unwrap();
         let not_exec = run(&[plain.to_str().unwrap()], &path, &dir).err().unwrap();

@@ -254,8 +254,9 @@ impl Processes {
         let request = spawn::Request { argv: &s.argv, env: &env, cwd: &p.workdir, who: &p.who, join: &join };
         spawn::spawn(&request).map_err(|e| {
             format!(
-                "cannot start {:?} as {} (uid {}) in {}: {e}",
+                "cannot start {:?}: {} (as {}, uid {}, in {})",
                 s.argv.first().map_or("", String::as_str),
+                e.cause(),
                 p.who.user,
                 p.who.uid,
                 p.workdir.display()
@@ -335,6 +336,7 @@ impl Processes {
             completed,
             at_ms,
             peak_memory_bytes,
+            start_error: None,
         });
         // After the exit is on its way: a waiting preemptor need not wait
         // for the group to be put back.

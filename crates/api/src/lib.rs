@@ -481,6 +481,20 @@ pub struct TenantUsage {
     pub stored_bytes: u64,
 }
 
+/// `GET /v1/tenants`: one tenant, by name, with what it holds.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct TenantSummary {
+    pub tenant: String,
+    /// Its tokens that work now (0 once revoked).
+    pub tokens: u32,
+    /// Unfinished jobs, and of them those admitted and those waiting.
+    pub jobs: u64,
+    pub admitted: u64,
+    pub waiting: u64,
+    /// Its reservations in force or to come.
+    pub reservations: u32,
+}
+
 /// `DELETE /v1/nodes/{name}`: the node's credential is revoked and its
 /// live attempts requeued as lost.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -689,6 +703,12 @@ pub enum AgentEvent {
         /// cgroup accounts it.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         peak_memory_bytes: Option<u64>,
+        /// The attempt never ran: why its start failed (`cannot start
+        /// "x": No such file or directory`), for its timeline. Exit code
+        /// 127, as a shell gives a command it cannot run.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[schema(max_length = 4096)]
+        start_error: Option<String>,
     },
     /// The attempt reported a completed checkpoint to its endpoint.
     Checkpoint {

@@ -9,14 +9,56 @@ use serde::{Deserialize, Serialize};
 
 /// How to reach the server: flags, then `EBB_SERVER` / `EBB_TOKEN`, then
 /// the config file (`$EBB_CONFIG`, or `~/.config/ebb/config.json`).
-#[derive(Args, Clone, Debug)]
+/// Flattened into each command that talks to a server (global there, so
+/// `ebb tenant create NAME --server URL` works too), and only those.
+#[derive(Args, Clone, Debug, Default)]
 pub struct Connection {
     /// Server URL, e.g. http://127.0.0.1:7300.
-    #[arg(long, env = "EBB_SERVER", global = true, hide_env_values = true)]
+    #[arg(long, env = "EBB_SERVER", global = true, hide_env_values = true, value_name = "URL")]
     pub server: Option<String>,
     /// API token.
-    #[arg(long, env = "EBB_TOKEN", global = true, hide_env_values = true)]
+    #[arg(long, env = "EBB_TOKEN", global = true, hide_env_values = true, value_name = "TOKEN")]
     pub token: Option<String>,
+}
+
+/// `ebb --server URL --token T COMMAND`: the same flags given before the
+/// command, as earlier releases took them. Not shown in `ebb --help`: each
+/// command that talks to a server lists them itself.
+#[derive(Args, Clone, Debug, Default)]
+pub struct BeforeCommand {
+    /// Server URL for the command that follows (as its own --server).
+    #[arg(long, value_name = "URL", hide = true)]
+    pub server: Option<String>,
+    /// API token for the command that follows (as its own --token).
+    #[arg(long, value_name = "TOKEN", hide = true)]
+    pub token: Option<String>,
+}
+
+impl BeforeCommand {
+    /// The command's connection, with these flags over its own (which may
+    /// have come from the environment).
+    pub fn or(&self, conn: Connection) -> Connection {
+        Connection { server: self.server.clone().or(conn.server), token: self.token.clone().or(conn.token) }
+    }
+
+    /// A command that talks to no server was given `--server` or `--token`.
+    pub fn refuse(&self, command: &str) -> Result<(), String> {
+        match (&self.server, &self.token) {
+            (Some(_), _) => {
+                Err(format!("--server: {command} talks to no server; give it to a command that does"))
+            }
+            _ => self.refuse_token(command),
+        }
+    }
+
+    /// `--token` for a command that takes none (`ebb agent` joins with its
+    /// join token).
+    pub fn refuse_token(&self, command: &str) -> Result<(), String> {
+        match &self.token {
+            Some(_) => Err(format!("--token: {command} takes no API token")),
+            None => Ok(()),
+        }
+    }
 }
 
 #[derive(Default, Deserialize)]

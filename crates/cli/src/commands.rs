@@ -8,6 +8,7 @@ use std::path::Path;
 
 use clap::{Args, Parser, Subcommand};
 use ebb_api as api;
+use ebb_core::{count, Span};
 
 use crate::client::Connection;
 
@@ -245,8 +246,12 @@ pub struct JsonFlag {
 
 #[derive(Subcommand)]
 pub enum TenantCommand {
+    /// List the tenants: their working tokens, unfinished jobs and
+    /// reservations not yet ended.
+    List(JsonFlag),
     /// Create a tenant and print its token (shown once).
     Create {
+        /// 1 to 64 letters, digits, `-` or `_`.
         name: String,
         #[command(flatten)]
         out: JsonFlag,
@@ -254,6 +259,7 @@ pub enum TenantCommand {
     /// Show a tenant's limits and usage; with a flag, set its own limits
     /// (admin). Unset ones follow the server's defaults.
     Limits {
+        /// The tenant.
         name: String,
         /// Unfinished jobs (queued, waiting or running).
         #[arg(long, value_name = "N")]
@@ -281,12 +287,14 @@ pub enum TenantCommand {
 pub enum TenantTokenCommand {
     /// Issue a new token (shown once) and revoke every older one.
     Rotate {
+        /// The tenant.
         name: String,
         #[command(flatten)]
         out: JsonFlag,
     },
     /// Revoke every token of the tenant.
     Revoke {
+        /// The tenant.
         name: String,
         #[command(flatten)]
         out: JsonFlag,
@@ -298,6 +306,7 @@ pub enum NodesCommand {
     /// Take a node out: revoke its credential at once and requeue its
     /// attempts as lost. It may join again with the join token.
     Remove {
+        /// The node's name, as `ebb nodes` lists it.
         name: String,
         #[command(flatten)]
         out: JsonFlag,
@@ -408,7 +417,7 @@ pub async fn jobs(conn: &Connection, args: &JobsArgs) -> Result<String, String> 
     if args.out.json {
         return Ok(json(&jobs));
     }
-    let mut text = job_table(&jobs, crate::now_secs());
+    let mut text = job_table(&jobs, crate::now_ms());
     if more {
         writeln!(text, "(the newest {}; --limit N or --all for more)", jobs.len()).unwrap();
     }
@@ -416,7 +425,7 @@ pub async fn jobs(conn: &Connection, args: &JobsArgs) -> Result<String, String> 
 }
 
 /// The jobs as an aligned table, one row per job or collapsed array.
-fn job_table(jobs: &[api::Job], now_s: u64) -> String {
+fn job_table(jobs: &[api::Job], now_ms: u64) -> String {
     use comfy_table::{presets::NOTHING, CellAlignment, Table};
     let mut table = Table::new();
     table
@@ -443,7 +452,7 @@ fn job_table(jobs: &[api::Job], now_s: u64) -> String {
             humantime::parse_rfc3339(&j.submitted_at)
                 .ok()
                 .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-                .map_or_else(|| "?".into(), |t| age(now_s.saturating_sub(t.as_secs()))),
+                .map_or_else(|| "?".into(), |t| Span(now_ms.saturating_sub(t.as_millis() as u64)).human()),
             if node.is_empty() { "-".into() } else { node },
             j.pending_reason.clone().unwrap_or_else(|| "-".into()),
         ]);
@@ -468,16 +477,6 @@ fn attempt(job: &api::Job) -> String {
     }
 }
 
-/// A compact age: 45s, 3m12s, 2h05m, 4d03h.
-fn age(secs: u64) -> String {
-    match secs {
-        s if s < 60 => format!("{s}s"),
-        s if s < 3600 => format!("{}m{:02}s", s / 60, s % 60),
-        s if s < 86_400 => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
-        s => format!("{}d{:02}h", s / 86_400, s % 86_400 / 3600),
-    }
-}
-
 fn truncate(text: &str, max: usize) -> String {
     if text.chars().count() <= max {
         text.to_string()
@@ -499,9 +498,9 @@ pub async fn show(conn: &Connection, id: u64, out: &JsonFlag) -> Result<String, 
     }
     writeln!(
         text,
-        "  tier         {}  ({} GPUs{})",
+        "  tier         {}  ({}{})",
         job.tier,
-        job.gpus,
+        count(u64::from(job.gpus), "GPU"),
         job.gpu_model.map(|m| format!(" of {m}")).unwrap_or_default()
     )
     .unwrap();
@@ -526,7 +525,7 @@ pub async fn show(conn: &Connection, id: u64, out: &JsonFlag) -> Result<String, 
     )
     .unwrap();
     for p in &job.placement {
-        writeln!(text, "  placement    {} GPUs {:?}", p.node, p.gpus).unwrap();
+        writeln!(text, "  placement    {}", on_gpus(&p.node, &p.gpus)).unwrap();
     }
     if let Some(code) = job.exit_code {
         writeln!(text, "  exit code    {code}").unwrap();
@@ -538,34 +537,45 @@ pub async fn show(conn: &Connection, id: u64, out: &JsonFlag) -> Result<String, 
             let bytes = c.bytes.map(|b| format!("{}, ", human_bytes(b))).unwrap_or_default();
             writeln!(
                 text,
-                "  checkpoint   {} ({step}{bytes}took {:.2}s, attempt {})",
-                c.at, c.seconds, c.attempt
+                "  checkpoint   {} ({step}{bytes}took {}, attempt {})",
+                c.at,
+                Span::from_secs_f64(c.seconds).human(),
+                c.attempt
             )
             .unwrap();
         }
         None => writeln!(text, "  checkpoint   none reported").unwrap(),
     }
     if let (Some(secs), Some(why)) = (job.checkpoint_interval_s, &job.checkpoint_interval_why) {
-        writeln!(text, "  interval     every {secs}s recommended: {why}").unwrap();
+        // The interval the latest attempt was given at its start, and why
+        // (the server's words, which say whether reports since are in it).
+        writeln!(
+            text,
+            "  interval     checkpoint every {} (EBB_CHECKPOINT_INTERVAL_S={secs} for attempt {}): {why}",
+            Span::from_secs(secs).human(),
+            job.attempt
+        )
+        .unwrap();
     }
     if job.preemptions > 0 || job.lost_gpu_seconds > 0.0 {
         writeln!(
             text,
-            "  lost work    {:.1} GPU-s over {} preemption(s)",
-            job.lost_gpu_seconds, job.preemptions
+            "  lost work    {} over {}",
+            gpu_time(job.lost_gpu_seconds),
+            count(u64::from(job.preemptions), "preemption")
         )
         .unwrap();
     }
     for u in &job.usage {
         writeln!(
             text,
-            "  billed       attempt {}: {} GPUs x {}s = {} GPU-s at ${}/GPU-h = ${} ({})",
+            "  billed       attempt {}: {} x {} = {} GPU-s at ${}/GPU-h = ${} ({})",
             u.attempt,
-            u.gpus,
-            u.seconds,
+            count(u64::from(u.gpus), "GPU"),
+            Span::from_secs(u.seconds).human(),
             u.gpu_seconds,
-            ebb_server::billing::usd(u.rate_micro_usd),
-            u.amount_usd,
+            crate::money::rate(u.rate_micro_usd),
+            crate::money::amount(u.amount_micro_usd),
             u.outcome
         )
         .unwrap();
@@ -611,6 +621,17 @@ fn ranges(indices: &[u64]) -> String {
     parts.join(", ")
 }
 
+/// `node-0: GPU 3`, `node-1: GPUs 0,1,2,3`.
+fn on_gpus(node: &str, gpus: &[u8]) -> String {
+    let list = gpus.iter().map(u8::to_string).collect::<Vec<_>>().join(",");
+    format!("{node}: {} {list}", if gpus.len() == 1 { "GPU" } else { "GPUs" })
+}
+
+/// GPU-seconds of work for people: `3ms of GPU time`, `2m 05s of GPU time`.
+fn gpu_time(gpu_seconds: f64) -> String {
+    format!("{} of GPU time", Span::from_secs_f64(gpu_seconds).human())
+}
+
 fn human_bytes(b: u64) -> String {
     match b {
         b if b >= 1 << 30 => format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64),
@@ -631,7 +652,13 @@ fn describe_event(kind: api::EventKind, d: &serde_json::Value) -> String {
             .as_array()
             .map(|ps| {
                 ps.iter()
-                    .map(|p| format!("{} GPUs {}", p["node"].as_str().unwrap_or(""), p["gpus"]))
+                    .map(|p| {
+                        let gpus: Vec<u8> = p["gpus"]
+                            .as_array()
+                            .map(|g| g.iter().filter_map(|i| i.as_u64()).map(|i| i as u8).collect())
+                            .unwrap_or_default();
+                        on_gpus(p["node"].as_str().unwrap_or(""), &gpus)
+                    })
                     .collect::<Vec<_>>()
                     .join("; ")
             })
@@ -648,24 +675,38 @@ fn describe_event(kind: api::EventKind, d: &serde_json::Value) -> String {
                     if d["vanished"] == true { "vanished" } else { "unknown status" }
                 ),
             };
-            match d["peak_memory_bytes"].as_u64() {
+            let how = match d["peak_memory_bytes"].as_u64() {
                 Some(peak) => format!("{how}, peak memory {}", human_bytes(peak)),
+                None => how,
+            };
+            // A start that failed: the agent's words, here and not only in the log.
+            match d["start_error"].as_str() {
+                Some(why) => format!("{how}: {why}"),
                 None => how,
             }
         }
         K::Requeued => {
             let why = d.get("why").map(|_| format!(": {}", s("why"))).unwrap_or_default();
-            match d.get("lost_gpu_seconds") {
-                Some(lost) => format!("{}{why} (lost {lost} GPU-s)", s("reason")),
+            match d["lost_gpu_seconds"].as_f64() {
+                Some(lost) => format!("{}{why} (lost {})", s("reason"), gpu_time(lost)),
                 None => format!("{}{why}", s("reason")),
             }
         }
-        K::Checkpoint => format!("step {}, {} bytes, took {}s", s("step"), s("bytes"), s("seconds")),
+        K::Checkpoint => {
+            let step = d["step"].as_u64().map(|n| format!("step {n}, ")).unwrap_or_default();
+            let bytes = d["bytes"].as_u64().map(|b| format!("{}, ", human_bytes(b))).unwrap_or_default();
+            let took = Span::from_secs_f64(d["seconds"].as_f64().unwrap_or(0.0)).human();
+            format!("{step}{bytes}took {took}")
+        }
         K::Warning => s("message"),
-        K::Preempting => format!("victims {} (lost {} GPU-s)", d["victims"], s("lost_gpu_seconds")),
+        K::Preempting => format!(
+            "victims {} (lost {})",
+            d["victims"],
+            gpu_time(d["lost_gpu_seconds"].as_f64().unwrap_or(0.0))
+        ),
         K::CancelRequested if d.get("deadline").is_some() => {
-            let grace = d["grace_seconds"].as_f64().unwrap_or_default();
-            format!("SIGTERM, kill at {} (grace {grace} s)", s("deadline"))
+            let grace = Span::from_secs_f64(d["grace_seconds"].as_f64().unwrap_or_default()).human();
+            format!("SIGTERM, kill at {} (grace {grace})", s("deadline"))
         }
         K::Submitted | K::Admitted | K::Succeeded | K::Failed | K::Cancelled | K::CancelRequested => {
             if d.as_object().is_some_and(|o| o.is_empty()) {
@@ -840,8 +881,9 @@ pub async fn release(conn: &Connection, gpu_model: Option<String>, out: &JsonFla
     } else {
         match reply.released_limit {
             Some(limit) => format!(
-                "released the reclaim of {} (preemptible work was held to {limit} GPUs): it may use any idle GPU again\n",
-                reply.gpu_model
+                "released the reclaim of {} (preemptible work was held to {}): it may use any idle GPU again\n",
+                reply.gpu_model,
+                count(u64::from(limit), "GPU")
             ),
             None => format!("{}: no reclaim to release\n", reply.gpu_model),
         }
@@ -860,14 +902,34 @@ pub async fn reclaim(
         json(&reply)
     } else {
         format!(
-            "reclaimed {gpus} {} GPUs: preemptible work may now hold at most {}\n",
-            reply.gpu_model, reply.preemptible_limit
+            "reclaimed {}: preemptible work may now hold at most {}\n",
+            count(u64::from(gpus), &format!("{} GPU", reply.gpu_model)),
+            reply.preemptible_limit
         )
     })
 }
 
 pub async fn tenant(conn: &Connection, command: &TenantCommand) -> Result<String, String> {
     match command {
+        TenantCommand::List(out) => {
+            let tenants: Vec<api::TenantSummary> = conn.client()?.get("/v1/tenants").await?;
+            if out.json {
+                return Ok(json(&tenants));
+            }
+            let mut text = format!(
+                "{:<24} {:>6} {:>8} {:>8} {:>8} {:>12}\n",
+                "TENANT", "TOKENS", "JOBS", "ADMITTED", "WAITING", "RESERVATIONS"
+            );
+            for t in tenants {
+                writeln!(
+                    text,
+                    "{:<24} {:>6} {:>8} {:>8} {:>8} {:>12}",
+                    t.tenant, t.tokens, t.jobs, t.admitted, t.waiting, t.reservations
+                )
+                .unwrap();
+            }
+            Ok(text)
+        }
         TenantCommand::Create { name, out } => {
             let created: api::TenantCreated =
                 conn.client()?.post("/v1/tenants", &api::TenantRequest { name: name.clone() }).await?;

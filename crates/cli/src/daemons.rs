@@ -192,10 +192,15 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
 
 #[derive(Args)]
 pub struct AgentArgs {
+    /// The server's URL, e.g. http://10.0.0.1:7300.
+    #[arg(long, env = "EBB_SERVER", hide_env_values = true, value_name = "URL")]
+    pub server: Option<String>,
     /// The join token (or --join-token-file).
     #[arg(long, env = "EBB_JOIN_TOKEN", hide_env_values = true)]
     pub join_token: Option<String>,
-    #[arg(long)]
+    /// A file holding the join token (the server writes its join.token);
+    /// keeps the token off the command line.
+    #[arg(long, value_name = "FILE")]
     pub join_token_file: Option<PathBuf>,
     /// This node's name (default: the host name).
     #[arg(long)]
@@ -261,8 +266,8 @@ pub struct AgentArgs {
     pub unhealthy_after: Span,
 }
 
-pub async fn agent(server: Option<String>, args: AgentArgs) -> Result<(), String> {
-    let server = server.ok_or("no server: pass --server URL or set EBB_SERVER")?;
+pub async fn agent(args: AgentArgs) -> Result<(), String> {
+    let server = args.server.clone().ok_or("no server: pass --server URL or set EBB_SERVER")?;
     let join_token = match (&args.join_token, &args.join_token_file) {
         (Some(token), _) => token.clone(),
         (None, Some(path)) => {
@@ -343,10 +348,13 @@ pub struct UpArgs {
     /// Simulated GPUs per node.
     #[arg(long, default_value_t = 8)]
     pub gpus_per_node: u8,
+    /// GPU model of the simulated GPUs.
     #[arg(long, default_value = "H100-80GB")]
     pub gpu_model: String,
+    /// Notice to forced kill for every drain: 300, 300s, 5m.
     #[arg(long, default_value = "300s", value_parser = parse_span)]
     pub drain_window: Span,
+    /// A node silent this long is lost; its jobs are requeued.
     #[arg(long, default_value = "10s", value_parser = parse_span)]
     pub heartbeat_timeout: Span,
     /// Server, agents, checkpoints and logs go here.

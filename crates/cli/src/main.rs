@@ -10,16 +10,21 @@ mod sim;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use client::Connection;
 
 #[derive(Parser)]
 #[command(name = "ebb", version, about = "Preemptible GPU compute with a five-minute drain window")]
 struct Cli {
     #[command(flatten)]
-    conn: client::Connection,
+    before: client::BeforeCommand,
     #[command(subcommand)]
     command: Command,
 }
 
+/// Each command that talks to a server takes `--server` and `--token`
+/// (`Connection`, also from `EBB_SERVER` / `EBB_TOKEN`); those that run
+/// things here (`server`, `up`, `sim`, ...) take neither, so their help
+/// does not offer them.
 #[derive(Subcommand)]
 enum Command {
     /// Run the control plane.
@@ -29,27 +34,45 @@ enum Command {
     /// Run a whole local cluster (server + agents with simulated GPUs).
     Up(daemons::UpArgs),
     /// Submit a job: ebb submit [flags] -- CMD ARGS..., or a job script.
-    Submit(commands::SubmitArgs),
+    Submit {
+        #[command(flatten)]
+        args: commands::SubmitArgs,
+        #[command(flatten)]
+        conn: Connection,
+    },
     /// List jobs: the newest 100 as a table (arrays as one row), with why
     /// each waiting job waits.
-    Jobs(commands::JobsArgs),
+    Jobs {
+        #[command(flatten)]
+        args: commands::JobsArgs,
+        #[command(flatten)]
+        conn: Connection,
+    },
     /// Show a job with its event timeline.
     Show {
+        /// The job's id.
         id: u64,
         #[command(flatten)]
         out: commands::JsonFlag,
+        #[command(flatten)]
+        conn: Connection,
     },
     /// Print a job's output (-f follows it live).
     Logs {
+        /// The job's id.
         id: u64,
+        /// Keep printing what the job writes until it ends.
         #[arg(short, long)]
         follow: bool,
         #[command(flatten)]
         out: commands::JsonFlag,
+        #[command(flatten)]
+        conn: Connection,
     },
     /// Cancel jobs: each ID given, and with --array every task of the
     /// array (its id is its first task's) not yet ended.
     Cancel {
+        /// Jobs to cancel.
         #[arg(value_name = "ID", required_unless_present = "array")]
         ids: Vec<u64>,
         /// A whole array or sweep, by its id.
@@ -62,6 +85,8 @@ enum Command {
         grace: Option<ebb_core::Span>,
         #[command(flatten)]
         out: commands::JsonFlag,
+        #[command(flatten)]
+        conn: Connection,
     },
     /// List nodes; remove one, rotate the join token (admin).
     #[command(args_conflicts_with_subcommands = true)]
@@ -70,18 +95,26 @@ enum Command {
         command: Option<commands::NodesCommand>,
         #[command(flatten)]
         out: commands::JsonFlag,
+        #[command(flatten)]
+        conn: Connection,
     },
     /// Drain a node for maintenance (admin).
     Drain {
+        /// The node's name, as `ebb nodes` lists it.
         node: String,
         #[command(flatten)]
         out: commands::JsonFlag,
+        #[command(flatten)]
+        conn: Connection,
     },
     /// Put a drained node back into service (admin).
     Undrain {
+        /// The node's name, as `ebb nodes` lists it.
         node: String,
         #[command(flatten)]
         out: commands::JsonFlag,
+        #[command(flatten)]
+        conn: Connection,
     },
     /// Take back preemptible capacity with the drain window (admin).
     #[command(group(clap::ArgGroup::new("what").required(true).args(["gpus", "release"])))]
@@ -97,26 +130,44 @@ enum Command {
         gpu_model: Option<String>,
         #[command(flatten)]
         out: commands::JsonFlag,
+        #[command(flatten)]
+        conn: Connection,
     },
     /// Manage tenants (admin).
     Tenant {
         #[command(subcommand)]
         command: commands::TenantCommand,
+        #[command(flatten)]
+        conn: Connection,
     },
     /// The price book (set: admin).
     Price {
         #[command(subcommand)]
         command: money::PriceCommand,
+        #[command(flatten)]
+        conn: Connection,
     },
     /// Reservations: committed GPUs of a model for a tenant over a period.
     Reservation {
         #[command(subcommand)]
         command: money::ReservationCommand,
+        #[command(flatten)]
+        conn: Connection,
     },
     /// A tenant's invoice for a period.
-    Bill(money::BillArgs),
+    Bill {
+        #[command(flatten)]
+        args: money::BillArgs,
+        #[command(flatten)]
+        conn: Connection,
+    },
     /// Utilisation and revenue by tier for a period (admin).
-    Report(money::ReportArgs),
+    Report {
+        #[command(flatten)]
+        args: money::ReportArgs,
+        #[command(flatten)]
+        conn: Connection,
+    },
     /// Replay job traces through the scheduler in virtual time.
     Sim(sim::SimArgs),
     /// Print shell completions: ebb completions bash > /etc/bash_completion.d/ebb
@@ -159,9 +210,9 @@ fn man(out_dir: Option<std::path::PathBuf>) -> Result<String, String> {
     }
 }
 
-/// Seconds since the epoch, by this machine's clock.
-fn now_secs() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+/// Milliseconds since the epoch, by this machine's clock.
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Writes command output; a closed pipe (`ebb ... | head`) is not an error.
@@ -183,42 +234,62 @@ fn init_logging() {
 }
 
 async fn dispatch(cli: Cli) -> Result<(), String> {
-    let conn = &cli.conn;
+    let before = cli.before;
+    let here = |what: &str| before.refuse(what);
     let text = match cli.command {
         Command::Server(args) => {
+            here("ebb server")?;
             init_logging();
             return daemons::server(args).await;
         }
-        Command::Agent(args) => {
+        Command::Agent(mut args) => {
+            before.refuse_token("ebb agent")?;
+            args.server = before.server.clone().or(args.server);
             init_logging();
-            return daemons::agent(conn.server.clone(), args).await;
+            return daemons::agent(args).await;
         }
-        Command::Up(args) => return daemons::up(args).await,
-        Command::Sim(args) => return sim::run(args),
-        Command::Completions { shell } => completions(shell),
-        Command::Man { out_dir } => man(out_dir)?,
-        Command::Submit(args) => commands::submit(conn, &args).await?,
-        Command::Jobs(args) => commands::jobs(conn, &args).await?,
-        Command::Show { id, out } => commands::show(conn, id, &out).await?,
-        Command::Logs { id, follow, out } => return commands::logs(conn, id, follow, out.json).await,
-        Command::Cancel { ids, array, grace, out } => {
-            commands::cancel(conn, &ids, array, grace, &out).await?
+        Command::Up(args) => {
+            here("ebb up")?;
+            return daemons::up(args).await;
         }
-        Command::Nodes { command: None, out } => commands::nodes(conn, &out).await?,
-        Command::Nodes { command: Some(command), .. } => commands::nodes_command(conn, &command).await?,
-        Command::Drain { node, out } => commands::drain(conn, &node, &out).await?,
-        Command::Undrain { node, out } => commands::undrain(conn, &node, &out).await?,
-        Command::Reclaim { gpus: Some(gpus), gpu_model, out, .. } => {
-            commands::reclaim(conn, gpus, gpu_model, &out).await?
+        Command::Sim(args) => {
+            here("ebb sim")?;
+            return sim::run(args);
         }
-        Command::Reclaim { gpus: None, gpu_model, out, .. } => {
-            commands::release(conn, gpu_model, &out).await?
+        Command::Completions { shell } => {
+            here("ebb completions")?;
+            completions(shell)
         }
-        Command::Tenant { command } => commands::tenant(conn, &command).await?,
-        Command::Price { command } => money::price(conn, &command).await?,
-        Command::Reservation { command } => money::reservation(conn, &command).await?,
-        Command::Bill(args) => money::bill(conn, &args).await?,
-        Command::Report(args) => money::report(conn, &args).await?,
+        Command::Man { out_dir } => {
+            here("ebb man")?;
+            man(out_dir)?
+        }
+        Command::Submit { args, conn } => commands::submit(&before.or(conn), &args).await?,
+        Command::Jobs { args, conn } => commands::jobs(&before.or(conn), &args).await?,
+        Command::Show { id, out, conn } => commands::show(&before.or(conn), id, &out).await?,
+        Command::Logs { id, follow, out, conn } => {
+            return commands::logs(&before.or(conn), id, follow, out.json).await
+        }
+        Command::Cancel { ids, array, grace, out, conn } => {
+            commands::cancel(&before.or(conn), &ids, array, grace, &out).await?
+        }
+        Command::Nodes { command: None, out, conn } => commands::nodes(&before.or(conn), &out).await?,
+        Command::Nodes { command: Some(command), conn, .. } => {
+            commands::nodes_command(&before.or(conn), &command).await?
+        }
+        Command::Drain { node, out, conn } => commands::drain(&before.or(conn), &node, &out).await?,
+        Command::Undrain { node, out, conn } => commands::undrain(&before.or(conn), &node, &out).await?,
+        Command::Reclaim { gpus: Some(gpus), gpu_model, out, conn, .. } => {
+            commands::reclaim(&before.or(conn), gpus, gpu_model, &out).await?
+        }
+        Command::Reclaim { gpus: None, gpu_model, out, conn, .. } => {
+            commands::release(&before.or(conn), gpu_model, &out).await?
+        }
+        Command::Tenant { command, conn } => commands::tenant(&before.or(conn), &command).await?,
+        Command::Price { command, conn } => money::price(&before.or(conn), &command).await?,
+        Command::Reservation { command, conn } => money::reservation(&before.or(conn), &command).await?,
+        Command::Bill { args, conn } => money::bill(&before.or(conn), &args).await?,
+        Command::Report { args, conn } => money::report(&before.or(conn), &args).await?,
     };
     write_stdout(&text)
 }
@@ -237,6 +308,62 @@ fn main() -> ExitCode {
         Err(message) => {
             eprintln!("error: {message}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    /// Every argument of every command, by its path (`ebb tenant create
+    /// NAME`), that `check` finds wanting.
+    fn args_where(check: impl Fn(&clap::Arg) -> bool) -> Vec<String> {
+        fn walk(
+            command: &clap::Command,
+            path: &str,
+            check: &dyn Fn(&clap::Arg) -> bool,
+            out: &mut Vec<String>,
+        ) {
+            for arg in command.get_arguments().filter(|a| check(a)) {
+                out.push(format!(
+                    "{path} {}",
+                    arg.get_long().map_or(arg.get_id().to_string(), |l| format!("--{l}"))
+                ));
+            }
+            for sub in command.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()), check, out);
+            }
+        }
+        let mut command = Cli::command();
+        command.build();
+        let mut out = Vec::new();
+        walk(&command, "ebb", &check, &mut out);
+        out
+    }
+
+    #[test]
+    fn every_flag_and_argument_has_help() {
+        let missing = args_where(|a| a.get_help().is_none() && a.get_long_help().is_none());
+        assert!(missing.is_empty(), "no help text: {missing:#?}");
+    }
+
+    /// `--server` and `--token` are offered only by the commands that talk
+    /// to a server (and the agent takes only `--server`).
+    #[test]
+    fn only_commands_that_talk_to_a_server_offer_server_and_token() {
+        let offering = args_where(|a| matches!(a.get_long(), Some("server" | "token")));
+        for local in
+            ["ebb server ", "ebb up ", "ebb sim ", "ebb completions ", "ebb man ", "ebb agent --token"]
+        {
+            assert!(!offering.iter().any(|a| a.starts_with(local)), "{local}: {offering:#?}");
+        }
+        for remote in
+            ["ebb agent --server", "ebb jobs --server", "ebb tenant create --token", "ebb bill --token"]
+        {
+            assert!(offering.iter().any(|a| a == remote), "{remote}: {offering:#?}");
         }
     }
 }

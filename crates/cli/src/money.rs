@@ -1,14 +1,27 @@
 //! The money commands: `price`, `reservation`, `bill`, `report`. Amounts
-//! come from the server as integer micro-dollars with display strings; this
-//! file only lays them out.
+//! come from the server as integer micro-dollars; this file lays them out,
+//! every amount to the cent and every rate per GPU-hour to four decimals
+//! (`amount`, `rate`: the one formatter, also used by `ebb show`). The
+//! exact figures are in `--json` and `--csv`.
 
 use std::fmt::Write;
 
 use clap::{Args, Subcommand};
 use ebb_api as api;
+use ebb_core::MicroUsd;
 
 use crate::client::Connection;
 use crate::commands::JsonFlag;
+
+/// An amount of micro-dollars for people: `12.35`.
+pub fn amount(micro_usd: i64) -> String {
+    MicroUsd(micro_usd).amount_text()
+}
+
+/// A price per GPU-hour, in micro-dollars, for people: `3.6000`.
+pub fn rate(micro_usd: i64) -> String {
+    MicroUsd(micro_usd).rate_text()
+}
 
 fn json<T: serde::Serialize>(value: &T) -> String {
     let mut text = serde_json::to_string_pretty(value).expect("serialisable");
@@ -22,10 +35,13 @@ pub enum PriceCommand {
     List(JsonFlag),
     /// Set a model's on-demand price (and reserved contract rate), in dollars per GPU-hour (admin).
     Set {
+        /// The GPU model, as nodes report it (H100-80GB).
         gpu_model: String,
-        #[arg(long, allow_hyphen_values = true)]
+        /// On-demand dollars per GPU-hour (2.50); preemptible is this less the fixed discount.
+        #[arg(long, allow_hyphen_values = true, value_name = "USD")]
         on_demand: String,
-        #[arg(long, allow_hyphen_values = true)]
+        /// Contract rate of new reservations, dollars per GPU-hour (default: unchanged, or on-demand).
+        #[arg(long, allow_hyphen_values = true, value_name = "USD")]
         reserved: Option<String>,
         #[command(flatten)]
         out: JsonFlag,
@@ -48,7 +64,10 @@ pub async fn price(conn: &Connection, command: &PriceCommand) -> Result<String, 
                 writeln!(
                     text,
                     "{:<16} {:>12} {:>12} {:>12}",
-                    p.gpu_model, p.on_demand_usd, p.preemptible_usd, p.reserved_usd
+                    p.gpu_model,
+                    rate(p.on_demand_micro_usd),
+                    rate(p.preemptible_micro_usd),
+                    rate(p.reserved_micro_usd)
                 )
                 .unwrap();
             }
@@ -63,7 +82,10 @@ pub async fn price(conn: &Connection, command: &PriceCommand) -> Result<String, 
             } else {
                 format!(
                     "{}: on-demand ${}, preemptible ${}, reserved ${} per GPU-hour\n",
-                    p.gpu_model, p.on_demand_usd, p.preemptible_usd, p.reserved_usd
+                    p.gpu_model,
+                    rate(p.on_demand_micro_usd),
+                    rate(p.preemptible_micro_usd),
+                    rate(p.reserved_micro_usd)
                 )
             })
         }
@@ -74,15 +96,19 @@ pub async fn price(conn: &Connection, command: &PriceCommand) -> Result<String, 
 pub enum ReservationCommand {
     /// Reserve GPUs of a model for a tenant over a period (admin).
     Create {
+        /// The tenant whose reserved jobs draw on it.
         #[arg(long)]
         tenant: String,
+        /// The GPU model reserved.
         #[arg(long)]
         gpu_model: String,
+        /// GPUs reserved.
         #[arg(long)]
         gpus: u32,
-        /// RFC 3339 or a date (midnight UTC).
+        /// Start: RFC 3339 or a date (midnight UTC).
         #[arg(long)]
         start: String,
+        /// End (exclusive): RFC 3339 or a date (midnight UTC).
         #[arg(long)]
         end: String,
         /// Contract rate, dollars per GPU-hour (default: the price book's).
@@ -93,19 +119,37 @@ pub enum ReservationCommand {
     },
     /// List reservations (a tenant's own; every one for an admin).
     List(JsonFlag),
-    /// Delete a reservation (admin).
+    /// Delete a reservation (admin): one not started is withdrawn; one in
+    /// force ends now; what it charged stays on the invoices.
     Delete {
+        /// The reservation's id, as `ebb reservation list` shows it.
         id: u64,
         #[command(flatten)]
         out: JsonFlag,
     },
 }
 
-fn reservation_line(r: &api::Reservation) -> String {
-    format!(
-        "{:>4}  {:<12} {:>4} x {:<12} {} .. {}  ${}/GPU-h\n",
-        r.id, r.tenant, r.gpus, r.gpu_model, r.start, r.end, r.rate_usd
-    )
+/// Reservations as a table, under a header.
+fn reservation_table(list: &[api::Reservation]) -> String {
+    let mut text = format!(
+        "{:>4}  {:<12} {:>4}  {:<14} {:<24} {:<24} {:>12}\n",
+        "ID", "TENANT", "GPUS", "GPU MODEL", "START", "END", "USD/GPU-HOUR"
+    );
+    for r in list {
+        writeln!(
+            text,
+            "{:>4}  {:<12} {:>4}  {:<14} {:<24} {:<24} {:>12}",
+            r.id,
+            r.tenant,
+            r.gpus,
+            r.gpu_model,
+            r.start,
+            r.end,
+            rate(r.rate_micro_usd)
+        )
+        .unwrap();
+    }
+    text
 }
 
 pub async fn reservation(conn: &Connection, command: &ReservationCommand) -> Result<String, String> {
@@ -121,18 +165,38 @@ pub async fn reservation(conn: &Connection, command: &ReservationCommand) -> Res
                 rate_usd: rate.clone(),
             };
             let r: api::Reservation = client.post("/v1/reservations", &req).await?;
-            Ok(if out.json { json(&r) } else { format!("created reservation\n{}", reservation_line(&r)) })
+            Ok(if out.json {
+                json(&r)
+            } else {
+                format!("created reservation {}\n{}", r.id, reservation_table(std::slice::from_ref(&r)))
+            })
         }
         ReservationCommand::List(out) => {
             let list: Vec<api::Reservation> = client.get("/v1/reservations").await?;
             if out.json {
                 return Ok(json(&list));
             }
-            Ok(list.iter().map(reservation_line).collect())
+            if list.is_empty() {
+                return Ok("no reservations\n".into());
+            }
+            Ok(reservation_table(&list))
         }
         ReservationCommand::Delete { id, out } => {
             let r: api::Reservation = client.delete(&format!("/v1/reservations/{id}")).await?;
-            Ok(if out.json { json(&r) } else { format!("deleted reservation\n{}", reservation_line(&r)) })
+            Ok(if out.json {
+                json(&r)
+            } else if r.end_ms <= r.start_ms {
+                format!(
+                    "reservation {}: withdrawn before its start ({}); it charged nothing\n",
+                    r.id, r.start
+                )
+            } else {
+                format!(
+                    "reservation {}: deleted; its charge from {} to {} stays on the invoices of that time, \
+                     and nothing after {} is charged or reserved\n",
+                    r.id, r.start, r.end, r.end
+                )
+            })
         }
     }
 }
@@ -148,8 +212,10 @@ pub struct BillArgs {
     /// End of the period (exclusive).
     #[arg(long)]
     pub to: String,
+    /// Print the invoice as JSON (exact micro-dollars) for scripts.
     #[arg(long, conflicts_with = "csv")]
     pub json: bool,
+    /// Print the invoice as CSV: a row per line, reservation and total.
     #[arg(long)]
     pub csv: bool,
 }
@@ -174,37 +240,51 @@ pub async fn bill(conn: &Connection, args: &BillArgs) -> Result<String, String> 
     )
     .unwrap();
     for l in &inv.lines {
-        let rate = if l.tier == "reserved" { "reservation".to_string() } else { l.rate_usd.clone() };
+        let line_rate = if l.tier == "reserved" { "reservation".to_string() } else { rate(l.rate_micro_usd) };
         writeln!(
             text,
             "{:<12} {:<14} {:>12.4} {:>14} {:>14}",
-            l.tier, l.gpu_model, l.gpu_hours, rate, l.amount_usd
+            l.tier,
+            l.gpu_model,
+            l.gpu_hours,
+            line_rate,
+            amount(l.amount_micro_usd)
         )
         .unwrap();
     }
     for c in &inv.reservations {
         writeln!(
             text,
-            "{:<12} {:<14} {:>12.4} {:>14} {:>14}   reservation {}: {} GPUs, {} to {}",
+            "{:<12} {:<14} {:>12.4} {:>14} {:>14}   reservation {}: {}, {} to {}",
             "reservation",
             c.gpu_model,
             c.gpu_hours,
-            ebb_server::billing::usd(c.rate_micro_usd),
-            c.amount_usd,
+            rate(c.rate_micro_usd),
+            amount(c.amount_micro_usd),
             c.reservation,
-            c.gpus,
+            ebb_core::count(u64::from(c.gpus), "GPU"),
             c.from,
             c.to
         )
         .unwrap();
     }
-    writeln!(text, "\n{:<42} {:>14}", "total", inv.total_usd).unwrap();
-    writeln!(text, "{:<42} {:>14}", "at on-demand prices", inv.on_demand_equivalent_usd).unwrap();
-    writeln!(text, "{:<42} {:>14}", "saved by running preemptible", inv.preemptible_savings_usd).unwrap();
+    writeln!(text, "\n{:<42} {:>14}", "total", amount(inv.total_micro_usd)).unwrap();
+    writeln!(text, "{:<42} {:>14}", "at on-demand prices", amount(inv.on_demand_equivalent_micro_usd))
+        .unwrap();
     writeln!(
         text,
-        "\n{} attempts, {} preempted; {:.4} GPU-hours in drain windows, {:.4} GPU-hours of work lost",
-        inv.attempts, inv.preemptions, inv.drain_gpu_hours, inv.lost_gpu_hours
+        "{:<42} {:>14}",
+        "saved by running preemptible",
+        amount(inv.preemptible_savings_micro_usd)
+    )
+    .unwrap();
+    writeln!(
+        text,
+        "\n{}, {} preempted; {:.4} GPU-hours in drain windows, {:.4} GPU-hours of work lost",
+        ebb_core::count(inv.attempts, "attempt"),
+        inv.preemptions,
+        inv.drain_gpu_hours,
+        inv.lost_gpu_hours
     )
     .unwrap();
     Ok(text)
@@ -265,10 +345,13 @@ fn invoice_csv(inv: &api::Invoice) -> Result<String, String> {
 
 #[derive(Args)]
 pub struct ReportArgs {
+    /// Start of the period: RFC 3339 or a date (midnight UTC).
     #[arg(long)]
     pub from: String,
+    /// End of the period (exclusive).
     #[arg(long)]
     pub to: String,
+    /// Print the report as JSON for scripts.
     #[arg(long)]
     pub json: bool,
 }
@@ -299,17 +382,26 @@ pub async fn report(conn: &Connection, args: &ReportArgs) -> Result<String, Stri
             t.tier,
             t.gpu_hours,
             pct(t.utilisation),
-            t.revenue_usd
+            amount(t.revenue_micro_usd)
         )
         .unwrap();
     }
-    writeln!(text, "{:<12} {:>12} {:>12} {:>14}", "reservations", "", "", r.reservation_revenue_usd).unwrap();
-    writeln!(text, "{:<12} {:>12} {:>12} {:>14}", "total", "", "", r.total_revenue_usd).unwrap();
+    writeln!(
+        text,
+        "{:<12} {:>12} {:>12} {:>14}",
+        "reservations",
+        "",
+        "",
+        amount(r.reservation_revenue_micro_usd)
+    )
+    .unwrap();
+    writeln!(text, "{:<12} {:>12} {:>12} {:>14}", "total", "", "", amount(r.total_revenue_micro_usd))
+        .unwrap();
     writeln!(
         text,
         "\nthe preemptible tier sold {:.2} GPU-h of otherwise idle capacity for ${}; utilisation {} without it, {} with it",
         r.idle_capacity_sold_gpu_hours,
-        r.idle_capacity_sold_usd,
+        amount(r.idle_capacity_sold_micro_usd),
         pct(r.utilisation_without_preemptible),
         pct(r.utilisation)
     )

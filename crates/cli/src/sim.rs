@@ -135,20 +135,28 @@ pub fn run(args: SimArgs) -> Result<(), String> {
         bar.finish_and_clear();
     }
     let mut stdout = String::new();
+    // Which files were written, said after the summary (on standard error
+    // when standard output carries the JSON).
+    let mut wrote = String::new();
     if let Some(path) = &args.json {
         let json = output.to_json();
         if path.as_os_str() == "-" {
             stdout.push_str(&json);
         } else {
             std::fs::write(path, json).map_err(|e| format!("--json {}: {e}", path.display()))?;
+            wrote.push_str(&format!("wrote the summary (JSON) to {}\n", path.display()));
         }
     }
     if let Some(path) = &args.report {
         std::fs::write(path, ebb_sim::report::html(&output))
             .map_err(|e| format!("--report {}: {e}", path.display()))?;
+        wrote.push_str(&format!("wrote the report (HTML) to {}\n", path.display()));
     }
     if args.json.as_deref().is_none_or(|p| p.as_os_str() != "-") {
         stdout.push_str(&summary_text(&output, elapsed.as_secs_f64()));
+        stdout.push_str(&wrote);
+    } else {
+        eprint!("{wrote}");
     }
     crate::write_stdout(&stdout)
 }

@@ -108,9 +108,9 @@ fn a_tenant_pays_half_for_preemptible_work_and_the_bill_matches_show() {
     let total = csv.lines().find(|l| l.starts_with("total,")).unwrap();
     assert!(total.contains(&bill["total_micro_usd"].to_string()), "{csv}");
     let text = String::from_utf8(c.ebb_as(&acme, &["bill", "--from", &from, "--to", &to]).stdout).unwrap();
-    assert!(
-        text.contains("saved by running preemptible") && text.contains(bill["total_usd"].as_str().unwrap())
-    );
+    // For people, to the cent.
+    let cents = ebb_core::MicroUsd(bill["total_micro_usd"].as_i64().unwrap()).amount_text();
+    assert!(text.contains("saved by running preemptible") && text.contains(&cents), "{text}");
     // A tenant cannot read another's bill; the operator can.
     let other = c.ebb_as(&acme, &["bill", "--tenant", "default", "--from", &from, "--to", &to]);
     assert!(!other.status.success());

@@ -48,6 +48,9 @@ fn writes_json_and_a_self_contained_report() {
     let stdout = String::from_utf8(out.stdout).unwrap();
     assert!(stdout.contains("jobs                    260 (260 completed, 0 unschedulable)"), "{stdout}");
     assert!(out.stderr.is_empty(), "no progress bar when stderr is not a terminal");
+    // It says which files it wrote.
+    assert!(stdout.contains(&format!("wrote the summary (JSON) to {}\n", json.display())), "{stdout}");
+    assert!(stdout.contains(&format!("wrote the report (HTML) to {}\n", report.display())), "{stdout}");
 
     let summary: serde_json::Value = serde_json::from_str(&text(&json)).unwrap();
     assert_eq!(summary["jobs"], 260);
@@ -70,10 +73,17 @@ fn writes_json_and_a_self_contained_report() {
 #[test]
 fn json_to_standard_output() {
     let trace = shared_trace("cluster10.csv");
-    let out = ebb(&["sim", "--trace", &trace, "--nodes", "4", "--json", "-"]);
+    let dir = temp_dir("stdout");
+    let report = dir.join("out.html");
+    let out =
+        ebb(&["sim", "--trace", &trace, "--nodes", "4", "--json", "-", "--report", report.to_str().unwrap()]);
     assert!(out.status.success());
     let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(summary["completed"], 260);
+    // Standard output is the JSON alone; what was written is said beside it.
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(stderr, format!("wrote the report (HTML) to {}\n", report.display()));
+    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]

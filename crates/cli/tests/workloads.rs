@@ -112,7 +112,7 @@ fn training_saved_on_notice_resumes_bit_identical_and_loses_almost_nothing() {
     assert_eq!(event_details(&done, "checkpoint").len(), 2);
     assert!(done["last_checkpoint"]["step"].as_u64().unwrap() > 0);
     let shown = c.ebb(&["show", &job.to_string()]);
-    assert!(shown.contains("lost work") && shown.contains("interval     every"), "{shown}");
+    assert!(shown.contains("lost work") && shown.contains("interval     checkpoint every"), "{shown}");
 }
 
 #[test]
@@ -281,7 +281,11 @@ fn checkpoint_reports_set_the_interval_and_a_save_longer_than_the_window_is_warn
     let interval: u64 = env(2)["EBB_CHECKPOINT_INTERVAL_S"].parse().unwrap();
     assert_eq!(interval, 2057);
     let shown = c.ebb(&["show", &job.to_string()]);
-    assert!(shown.contains("every 2057s recommended") && shown.contains("δ measured"), "{shown}");
+    assert!(
+        shown.contains("checkpoint every 34m 17s (EBB_CHECKPOINT_INTERVAL_S=2057 for attempt 2)")
+            && shown.contains("δ measured"),
+        "{shown}"
+    );
     assert!(shown.contains("longer than the 2.0s drain window"), "{shown}");
 }
 

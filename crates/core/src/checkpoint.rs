@@ -71,44 +71,32 @@ pub fn recommend(checkpoint_time: Option<Span>, exposure: Exposure, nodes: u32) 
     }
 }
 
-/// A span for people: `45s`, `12m 30s`, `3.2h`, `6.5d`.
-pub fn human(span: Span) -> String {
-    let s = span.0 as f64 / 1000.0;
-    if s < 60.0 {
-        format!("{s:.1}s")
-    } else if s < 3600.0 {
-        format!("{}m {:02}s", span.0 / 60_000, (span.0 / 1000) % 60)
-    } else if s < 86_400.0 {
-        format!("{:.1}h", s / 3600.0)
-    } else {
-        format!("{:.1}d", s / 86_400.0)
-    }
-}
-
 impl fmt::Display for Recommendation {
-    /// Why: the formula with its inputs and where each came from.
+    /// Why: the formula with its inputs and where each came from, as they
+    /// stood when it was computed (an attempt's placement: reports that
+    /// come later are for the next attempt).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
             "√(2 × δ {} × M {}) = {}",
-            human(self.checkpoint_time),
-            human(self.mtbi),
-            human(self.interval)
+            self.checkpoint_time.human(),
+            self.mtbi.human(),
+            self.interval.human()
         )?;
         if self.clamped {
-            write!(f, " (kept within {}..{})", human(MIN_INTERVAL), human(MAX_INTERVAL))?;
+            write!(f, " (kept within {}..{})", MIN_INTERVAL.human(), MAX_INTERVAL.human())?;
         }
         if self.measured {
-            write!(f, "; δ measured from this job's checkpoints")?;
+            write!(f, "; δ measured from the job's checkpoint reports before this attempt")?;
         } else {
-            write!(f, "; δ assumed until the job reports a checkpoint")?;
+            write!(f, "; δ assumed: no checkpoint reported before this attempt")?;
         }
         write!(
             f,
-            "; M from {} unannounced interruption(s) in {} of node time, plus a prior of one per {}",
-            self.exposure.interruptions,
-            human(self.exposure.node_time),
-            human(PRIOR_NODE_TIME)
+            "; M from {} in {} of node time, plus a prior of one per {}",
+            crate::count(self.exposure.interruptions, "unannounced interruption"),
+            self.exposure.node_time.human(),
+            PRIOR_NODE_TIME.human()
         )?;
         if self.nodes > 1 {
             write!(f, ", divided by the job's {} nodes", self.nodes)?;

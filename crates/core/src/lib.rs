@@ -15,6 +15,16 @@ pub use time::{Span, Time};
 
 use std::fmt;
 
+/// A count of things for people: `1 GPU`, `8 GPUs`, `1 preemption`.
+/// Every noun Ebb counts takes an `s`.
+pub fn count(n: u64, thing: &str) -> String {
+    if n == 1 {
+        format!("1 {thing}")
+    } else {
+        format!("{n} {thing}s")
+    }
+}
+
 macro_rules! typed_id {
     ($(#[$doc:meta])* $name:ident($inner:ty), $prefix:literal) => {
         $(#[$doc])*
@@ -121,5 +131,15 @@ impl std::str::FromStr for Tier {
             "preemptible" => Ok(Tier::Preemptible),
             other => Err(UnknownTier(other.to_string())),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn one_gpu_is_singular() {
+        assert_eq!(super::count(1, "GPU"), "1 GPU");
+        assert_eq!(super::count(0, "GPU"), "0 GPUs");
+        assert_eq!(super::count(8, "preemption"), "8 preemptions");
     }
 }

@@ -57,6 +57,28 @@ impl MicroUsd {
     pub fn as_usd_f64(self) -> f64 {
         self.0 as f64 / 1e6
     }
+
+    /// An amount for people: dollars to the cent, rounded half away from
+    /// zero (`12.35`). What a person reads on an invoice; the exact
+    /// micro-dollars are in every `--json`.
+    pub fn amount_text(self) -> String {
+        self.decimals(2)
+    }
+
+    /// A price per GPU-hour for people: dollars to the hundredth of a
+    /// cent (`3.6000`), so that rates line up and a discounted rate
+    /// (`1.8000`) keeps its digits.
+    pub fn rate_text(self) -> String {
+        self.decimals(4)
+    }
+
+    fn decimals(self, places: u32) -> String {
+        let unit = 10u64.pow(6 - places);
+        let rounded = (self.0.unsigned_abs() + unit / 2) / unit;
+        let scale = 10u64.pow(places);
+        let sign = if self.0 < 0 && rounded > 0 { "-" } else { "" };
+        format!("{sign}{}.{:0width$}", rounded / scale, rounded % scale, width = places as usize)
+    }
 }
 
 impl Add for MicroUsd {
@@ -134,5 +156,21 @@ mod tests {
         assert_eq!(MicroUsd::for_gpu_millis(rate, 3_600_000), rate);
         assert_eq!(MicroUsd::for_gpu_millis(rate, 8 * 1_800_000), MicroUsd(8_000_000));
         assert_eq!(MicroUsd(2_500_000).to_string(), "$2.500000");
+    }
+
+    #[test]
+    fn amounts_read_to_the_cent_and_rates_to_four_decimals() {
+        assert_eq!(MicroUsd(2_500_000).amount_text(), "2.50");
+        assert_eq!(MicroUsd(101_111).amount_text(), "0.10");
+        assert_eq!(MicroUsd(105_000).amount_text(), "0.11");
+        assert_eq!(MicroUsd(0).amount_text(), "0.00");
+        assert_eq!(MicroUsd(4_999).amount_text(), "0.00");
+        assert_eq!(MicroUsd(-4_999).amount_text(), "0.00");
+        assert_eq!(MicroUsd(-1_235_000).amount_text(), "-1.24");
+        assert_eq!(MicroUsd(i64::MAX).amount_text(), "9223372036854.78");
+        assert_eq!(MicroUsd(3_600_000).rate_text(), "3.6000");
+        assert_eq!(MicroUsd(1_800_000).rate_text(), "1.8000");
+        assert_eq!(MicroUsd(1_234_567).rate_text(), "1.2346");
+        assert_eq!(MicroUsd(2).rate_text(), "0.0000");
     }
 }

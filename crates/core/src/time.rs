@@ -60,6 +60,35 @@ impl Span {
         self.0 as f64 / 1000.0
     }
 
+    /// Seconds as a job or a person gives them (`3.5`, `0.003`), to the
+    /// millisecond; negative or not a number is zero.
+    pub fn from_secs_f64(secs: f64) -> Span {
+        if secs.is_finite() && secs > 0.0 {
+            Span((secs * 1000.0).round().min(u64::MAX as f64) as u64)
+        } else {
+            Span::ZERO
+        }
+    }
+
+    /// The span for people, in its largest unit and the next:
+    /// `3ms`, `3.5s`, `34m 17s`, `2h 05m`, `7d 0h`. Every duration the
+    /// CLI and the server's messages print goes through here, so a 3 ms
+    /// save reads `3ms`, never `0.0s`.
+    pub fn human(self) -> String {
+        const SECOND: u64 = 1_000;
+        const MINUTE: u64 = 60 * SECOND;
+        const HOUR: u64 = 60 * MINUTE;
+        const DAY: u64 = 24 * HOUR;
+        let ms = self.0;
+        match ms {
+            ms if ms < SECOND => format!("{ms}ms"),
+            ms if ms < MINUTE => format!("{}.{}s", ms / SECOND, ms % SECOND / 100),
+            ms if ms < HOUR => format!("{}m {:02}s", ms / MINUTE, ms % MINUTE / SECOND),
+            ms if ms < DAY => format!("{}h {:02}m", ms / HOUR, ms % HOUR / MINUTE),
+            ms => format!("{}d {}h", ms / DAY, ms % DAY / HOUR),
+        }
+    }
+
     /// Parses a duration as people write it on a command line: `300`
     /// (seconds), `300s`, `5m`, `1h`, `1.5s`, `250ms`.
     pub fn parse(text: &str) -> Result<Span, String> {
@@ -150,5 +179,29 @@ mod tests {
         assert!(Span::parse("-1").is_err());
         assert!(Span::parse("").is_err());
         assert!(Span::parse("s").is_err());
+    }
+
+    #[test]
+    fn spans_for_people_keep_their_unit() {
+        let cases = [
+            (0, "0ms"),
+            (3, "3ms"),
+            (999, "999ms"),
+            (1_000, "1.0s"),
+            (3_500, "3.5s"),
+            (59_999, "59.9s"),
+            (60_000, "1m 00s"),
+            (2_057_000, "34m 17s"),
+            (3_600_000, "1h 00m"),
+            (7_500_000, "2h 05m"),
+            (7 * 86_400_000, "7d 0h"),
+            (8 * 86_400_000 + 5 * 3_600_000, "8d 5h"),
+        ];
+        for (ms, text) in cases {
+            assert_eq!(Span(ms).human(), text, "{ms} ms");
+        }
+        assert_eq!(Span::from_secs_f64(0.003), Span(3));
+        assert_eq!(Span::from_secs_f64(-1.0), Span::ZERO);
+        assert_eq!(Span::from_secs_f64(f64::NAN), Span::ZERO);
     }
 }

@@ -44,6 +44,12 @@ pub struct PriceRow {
     pub reserved: i64,
 }
 
+/// A reservation as the store keeps it. Its charge is computed from it
+/// whenever an invoice asks, so a row is never removed once it has charged
+/// anything: deleting a reservation that has started ends it then
+/// (`end_ms` becomes the deletion's instant) and marks it `deleted_ms`,
+/// which takes it off the list and out of the scheduler but leaves every
+/// invoice of its past unchanged.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReservationRow {
     pub id: u64,
@@ -53,6 +59,9 @@ pub struct ReservationRow {
     pub start_ms: u64,
     pub end_ms: u64,
     pub rate: i64,
+    /// When an operator deleted it; its charge stops at `end_ms`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deleted_ms: Option<u64>,
 }
 
 /// What one attempt ran and cost.

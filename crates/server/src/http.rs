@@ -209,12 +209,12 @@ fn integral_floats_as_integers(value: &mut serde_json::Value) {
 #[openapi(
     info(title = "Ebb", description = "Preemptible GPU compute with a drain window"),
     paths(submit, list_jobs, show_job, cancel_job, job_logs, list_nodes, drain_node, undrain_node, remove_node, reclaim, release_reclaim,
-        create_tenant, rotate_tenant_token, revoke_tenant_tokens, rotate_join_token, get_tenant_limits,
+        create_tenant, list_tenants, rotate_tenant_token, revoke_tenant_tokens, rotate_join_token, get_tenant_limits,
         set_tenant_limits, list_prices, set_price, create_reservation, list_reservations, delete_reservation, bill,
         operator_report, agent_register, agent_commands, agent_report),
     components(schemas(
         api::JobSubmission, api::Submitted, api::Job, api::JobEvent, api::EventKind, api::NodeGpus, api::Node,
-        api::ReclaimRequest, api::ReclaimReply, api::ReclaimRelease, api::ReclaimReleased, api::TenantRequest, api::TenantCreated, api::LogChunk,
+        api::ReclaimRequest, api::ReclaimReply, api::ReclaimRelease, api::ReclaimReleased, api::TenantRequest, api::TenantCreated, api::TenantSummary, api::LogChunk,
         api::ErrorBody, api::SweepParam, api::Checkpoint, api::ArrayTask, api::ArrayProgress, api::TaskState,
         api::Price, api::PriceBook, api::PriceUpdate, api::ReservationRequest, api::Reservation, api::Usage,
         api::InvoiceLine, api::ReservationCharge, api::Invoice, api::TierReport, api::OperatorReport,
@@ -588,6 +588,18 @@ async fn create_tenant(
     let req: api::TenantRequest = parse(&body)?;
     let created = app.ask(|reply| Msg::CreateTenant { name: req.name, reply }).await??;
     Ok((StatusCode::CREATED, Json(created)))
+}
+
+/// Every tenant, by name, with its working tokens, what it holds and its
+/// reservations not yet ended (admin).
+#[utoipa::path(get, path = "/v1/tenants", tag = "operator",
+    responses((status = 200, body = [api::TenantSummary])))]
+async fn list_tenants(
+    State(app): State<App>,
+    headers: HeaderMap,
+) -> ApiResult<Json<Vec<api::TenantSummary>>> {
+    app.require(&headers, Scope::Admin)?;
+    Ok(Json(app.ask(|reply| Msg::Tenants { reply }).await?))
 }
 
 /// A tenant's limits in force and what it holds against them (an admin,
@@ -987,7 +999,7 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
         .route("/v1/nodes/{name}/undrain", post(undrain_node))
         .route("/v1/reclaim", post(reclaim))
         .route("/v1/reclaim/release", post(release_reclaim))
-        .route("/v1/tenants", post(create_tenant))
+        .route("/v1/tenants", post(create_tenant).get(list_tenants))
         .route("/v1/tenants/{name}/limits", get(get_tenant_limits).put(set_tenant_limits))
         .route("/v1/tenants/{name}/tokens", post(rotate_tenant_token).delete(revoke_tenant_tokens))
         .route("/v1/prices", get(list_prices))
@@ -1056,7 +1068,7 @@ mod tests {
         }
         // Every route `serve` routes under /v1: a new one needs its
         // `#[utoipa::path]` and a place in `ApiDoc`'s paths.
-        assert_eq!(operations, 27, "routes documented");
+        assert_eq!(operations, 28, "routes documented");
     }
 
     #[test]

@@ -160,7 +160,8 @@ pub fn submission(spec: &JobSubmission, core: &State, limits: &Limits) -> Result
     if !candidates.is_empty() && !candidates.iter().any(|(_, m)| shape_fits(gpus, m.gpus_per_node)) {
         let per_node = candidates[0].1.gpus_per_node;
         return refuse(format!(
-            "gpus: {gpus} GPUs cannot be placed on nodes of {per_node} GPUs (at most {per_node}, or a multiple of {per_node})"
+            "gpus: {gpus} GPUs cannot be placed on nodes of {} (at most {per_node}, or a multiple of {per_node})",
+            ebb_core::count(u64::from(per_node), "GPU")
         ));
     }
     match spec.restart.as_deref() {

@@ -185,6 +185,7 @@ impl World {
             completed,
             at_ms: self.now,
             peak_memory_bytes: None,
+            start_error: None,
         });
     }
 

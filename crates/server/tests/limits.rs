@@ -130,6 +130,7 @@ impl World {
             completed: false,
             at_ms: self.now,
             peak_memory_bytes: None,
+            start_error: None,
         };
         self.report(vec![exited]);
     }

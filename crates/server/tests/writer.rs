@@ -343,6 +343,7 @@ fn exited(attempt: AttemptRef, code: i32, at_ms: u64) -> AgentEvent {
         completed: false,
         at_ms,
         peak_memory_bytes: None,
+        start_error: None,
     }
 }
 

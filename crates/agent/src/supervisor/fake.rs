@@ -83,6 +83,7 @@ impl FakeSupervisor {
             completed: false,
             at_ms: now_ms(),
             peak_memory_bytes: None,
+            start_error: None,
         });
     }
 

@@ -144,6 +144,7 @@ impl<S: Store> Engine<S> {
                     completed: false,
                     vanished: true,
                     peak_memory_bytes: None,
+                    start_error: None,
                 };
                 self.part_exited(node, attempt, exit, last_contact, now)?;
             }
@@ -246,7 +247,7 @@ impl<S: Store> Engine<S> {
                     attempt.job,
                     attempt.attempt,
                     rfc3339(at_ms),
-                    ebb_core::checkpoint::human(self.config.max_clock_skew),
+                    self.config.max_clock_skew.human(),
                 )));
             }
         }
@@ -296,14 +297,25 @@ impl<S: Store> Engine<S> {
                     )?;
                     self.save(attempt.job)?;
                 }
-                AgentEvent::Exited { attempt, code, signal, completed, at_ms, peak_memory_bytes } => {
+                AgentEvent::Exited {
+                    attempt,
+                    code,
+                    signal,
+                    completed,
+                    at_ms,
+                    peak_memory_bytes,
+                    start_error,
+                } => {
                     if !self.live_on(attempt, &node) {
                         continue; // already accounted for (lost or fenced)
                     }
                     // Not before the attempt's start, as the record has it.
                     let started = self.jobs[&attempt.job].run_started_ms.unwrap_or(0);
                     let at_ms = self.known_time(attempt, at_ms.max(started), now);
-                    let exit = PartExit { code, signal, completed, vanished: false, peak_memory_bytes };
+                    // A node's words, kept to a line's worth.
+                    let start_error = start_error.map(|e| clip(&e, MAX_START_ERROR_BYTES));
+                    let exit =
+                        PartExit { code, signal, completed, vanished: false, peak_memory_bytes, start_error };
                     self.part_exited(&node, attempt, exit, at_ms, now)?;
                 }
                 AgentEvent::Checkpoint { attempt, step, bytes, duration_ms, at_ms } => {
@@ -369,8 +381,8 @@ impl<S: Store> Engine<S> {
                 "a checkpoint took {}, longer than the {} drain window: a save started at notice will not \
                  finish before the kill; checkpoint periodically (EBB_CHECKPOINT_INTERVAL_S) or make the \
                  save faster",
-                ebb_core::checkpoint::human(Span(duration_ms)),
-                ebb_core::checkpoint::human(window),
+                Span(duration_ms).human(),
+                window.human(),
             );
             tracing::warn!(job = id, "{message}");
             let detail = json!({
@@ -434,5 +446,32 @@ impl<S: Store> Engine<S> {
             self.store.put_node(row)?;
         }
         Ok(())
+    }
+}
+
+/// What a start failure's cause may take in an event: the schema's bound.
+const MAX_START_ERROR_BYTES: usize = 4096;
+
+/// `text` cut to at most `max` bytes, between characters, with `…` where
+/// it was cut.
+fn clip(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut at = max.saturating_sub('…'.len_utf8());
+    while !text.is_char_boundary(at) {
+        at -= 1;
+    }
+    format!("{}…", &text[..at])
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_start_error_is_clipped_between_characters() {
+        assert_eq!(super::clip("short", 4096), "short");
+        let long = "é".repeat(3000);
+        let clipped = super::clip(&long, super::MAX_START_ERROR_BYTES);
+        assert!(clipped.len() <= super::MAX_START_ERROR_BYTES && clipped.ends_with('…'), "{}", clipped.len());
     }
 }

@@ -61,6 +61,10 @@ impl<S: Store> Engine<S> {
                 let result = self.create_tenant(name);
                 self.answer(reply, result)?;
             }
+            Msg::Tenants { reply } => {
+                let list = self.tenant_list(now);
+                self.outbox.reply(reply, list);
+            }
             Msg::TenantLimits { principal, tenant, set, reply } => {
                 let result = self.tenant_limits(&principal, &tenant, set);
                 self.answer(reply, result)?;
@@ -112,7 +116,7 @@ impl<S: Store> Engine<S> {
                 self.outbox.reply(reply, list);
             }
             Msg::DeleteReservation { id, reply } => {
-                let result = self.delete_reservation(id);
+                let result = self.delete_reservation(id, now);
                 self.answer(reply, result)?;
             }
             Msg::Bill { principal, tenant, from, to, reply } => {

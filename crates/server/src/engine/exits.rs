@@ -15,7 +15,7 @@ impl<S: Store> Engine<S> {
         at_ms: u64,
         now: u64,
     ) -> Written {
-        let PartExit { code, signal, completed, vanished, peak_memory_bytes } = exit;
+        let PartExit { code, signal, completed, vanished, peak_memory_bytes, start_error } = exit;
         let id = attempt.job;
         let job = self.jobs.get_mut(&id).expect("live attempt");
         job.running_on.retain(|n| n != node);
@@ -30,6 +30,9 @@ impl<S: Store> Engine<S> {
         });
         if let Some(peak) = peak_memory_bytes {
             detail["peak_memory_bytes"] = json!(peak);
+        }
+        if let Some(error) = start_error {
+            detail["start_error"] = json!(error);
         }
         self.event(id, EventKind::Exited, detail)?;
         let job = &self.jobs[&id];

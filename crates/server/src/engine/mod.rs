@@ -122,6 +122,10 @@ pub enum Msg {
         name: String,
         reply: oneshot::Sender<Result<ebb_api::TenantCreated, ApiError>>,
     },
+    /// Every tenant, with what it holds (admin).
+    Tenants {
+        reply: oneshot::Sender<Vec<ebb_api::TenantSummary>>,
+    },
     /// A tenant's limits and usage; with `set`, first replaces its limits.
     TenantLimits {
         principal: Principal,
@@ -242,6 +246,8 @@ struct PartExit {
     completed: bool,
     vanished: bool,
     peak_memory_bytes: Option<u64>,
+    /// It never ran: why its start failed, as the agent says it.
+    start_error: Option<String>,
 }
 
 #[derive(Clone, Debug)]

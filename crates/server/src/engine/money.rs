@@ -66,8 +66,10 @@ impl<S: Store> Engine<S> {
         let capacity = self.core.model(model).expect("known").capacity;
         if req.gpus == 0 || req.gpus > capacity {
             return Err(ApiError::unprocessable(format!(
-                "gpus: must be between 1 and the {capacity} GPUs of {}, got {}",
-                req.gpu_model, req.gpus
+                "gpus: must be between 1 and the {} of {}, got {}",
+                ebb_core::count(u64::from(capacity), "GPU"),
+                req.gpu_model,
+                req.gpus
             ))
             .into());
         }
@@ -88,21 +90,29 @@ impl<S: Store> Engine<S> {
             .collect();
         if let Some(r) = overlapping.iter().find(|r| r.tenant == tenant) {
             return Err(ApiError::conflict(format!(
-                "the period overlaps reservation {} of {} ({} to {}); change that one instead",
+                "the period overlaps reservation {} of {} ({} to {}); {}",
                 r.id,
                 req.tenant,
                 rfc3339(r.start_ms),
-                rfc3339(r.end_ms)
+                rfc3339(r.end_ms),
+                if r.deleted_ms.is_some() {
+                    "it was deleted, but that time stays charged to it"
+                } else {
+                    "change that one instead"
+                }
             ))
             .into());
         }
         let reserved: u32 = overlapping.iter().map(|r| r.gpus).sum();
         if reserved + req.gpus > capacity {
             return Err(ApiError::conflict(format!(
-                "gpus: {} of the {capacity} {} GPUs are already reserved in that period; {} are left",
-                reserved,
-                req.gpu_model,
-                capacity - reserved
+                "gpus: {reserved} of the {} are already reserved in that period; {} left",
+                ebb_core::count(u64::from(capacity), &format!("{} GPU", req.gpu_model)),
+                if capacity - reserved == 1 {
+                    "1 is".to_string()
+                } else {
+                    format!("{} are", capacity - reserved)
+                }
             ))
             .into());
         }
@@ -119,6 +129,7 @@ impl<S: Store> Engine<S> {
             start_ms: start,
             end_ms: end,
             rate,
+            deleted_ms: None,
         };
         self.core
             .add_reservation(self.core_reservation(&row)?)
@@ -129,32 +140,54 @@ impl<S: Store> Engine<S> {
         Ok(crate::billing::reservation_view(&row, &req.tenant))
     }
 
-    pub(super) fn delete_reservation(&mut self, id: u64) -> Result<ebb_api::Reservation, Fail> {
+    /// Deletes reservation `id` at `now` without touching what it has
+    /// charged: invoices are computed from the reservation rows, so a row
+    /// that has charged anything stays. One not started yet is withdrawn
+    /// (removed: it never charged); one in force ends now (charged up to
+    /// now, nothing after; refused while its reserved jobs run); one
+    /// already over only leaves the list. The reply is the reservation as
+    /// it is charged from now on (a withdrawn one ends where it starts).
+    pub(super) fn delete_reservation(&mut self, id: u64, now: u64) -> Result<ebb_api::Reservation, Fail> {
         let row = self
             .money
             .reservations
             .get(&id)
+            .filter(|r| r.deleted_ms.is_none())
             .cloned()
             .ok_or_else(|| ApiError::not_found(format!("reservation {id}: not found")))?;
-        let live: Vec<u64> = self
-            .jobs
-            .values()
-            .filter(|j| j.tier == Tier::Reserved && j.tenant == row.tenant && j.state.is_live())
-            .filter(|j| j.billing.as_ref().is_some_and(|(m, _, _)| *m == row.gpu_model))
-            .map(|j| j.id)
-            .collect();
-        if !live.is_empty() {
-            return Err(ApiError::conflict(format!(
-                "reservation {id}: reserved jobs {live:?} are running on it; cancel them first"
-            ))
-            .into());
+        let in_force = row.start_ms <= now && now < row.end_ms;
+        if in_force {
+            let live: Vec<u64> = self
+                .jobs
+                .values()
+                .filter(|j| j.tier == Tier::Reserved && j.tenant == row.tenant && j.state.is_live())
+                .filter(|j| j.billing.as_ref().is_some_and(|(m, _, _)| *m == row.gpu_model))
+                .map(|j| j.id)
+                .collect();
+            if !live.is_empty() {
+                return Err(ApiError::conflict(format!(
+                    "reservation {id}: reserved jobs {live:?} are running on it; cancel them first"
+                ))
+                .into());
+            }
         }
-        self.core
-            .remove_reservation(ebb_core::ReservationId(id as u32))
-            .map_err(|e| ApiError::internal(e.to_string()))?;
-        self.store.delete_reservation(id)?;
-        self.money.reservations.remove(&id);
-        Ok(crate::billing::reservation_view(&row, &self.tenant_name(row.tenant)))
+        if let Err(e) = self.core.remove_reservation(ebb_core::ReservationId(id as u32)) {
+            // It was not restored at start (logged then): nothing to take back.
+            tracing::warn!(reservation = id, "not in the scheduler: {e}");
+        }
+        let tenant = self.tenant_name(row.tenant);
+        if row.start_ms > now {
+            self.store.delete_reservation(id)?;
+            self.money.reservations.remove(&id);
+            tracing::info!(reservation = id, tenant, "reservation withdrawn before its start");
+            let withdrawn = ReservationRow { end_ms: row.start_ms, ..row };
+            return Ok(crate::billing::reservation_view(&withdrawn, &tenant));
+        }
+        let kept = ReservationRow { end_ms: row.end_ms.min(now), deleted_ms: Some(now), ..row };
+        self.store.put_reservation(&kept)?;
+        tracing::info!(reservation = id, tenant, end = %rfc3339(kept.end_ms), "reservation deleted; its charges stay");
+        self.money.reservations.insert(id, kept.clone());
+        Ok(crate::billing::reservation_view(&kept, &tenant))
     }
 
     pub(super) fn bill(

@@ -169,10 +169,13 @@ impl<S: Store> Engine<S> {
             }
         }
         for r in snapshot.reservations {
-            match self.core_reservation(&r).map(|c| self.core.add_reservation(c)) {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::error!(reservation = r.id, "not restored: {e}"),
-                Err(e) => tracing::error!(reservation = r.id, "not restored: {}", e.message),
+            // A deleted one is kept for the invoices of its past only.
+            if r.deleted_ms.is_none() {
+                match self.core_reservation(&r).map(|c| self.core.add_reservation(c)) {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => tracing::error!(reservation = r.id, "not restored: {e}"),
+                    Err(e) => tracing::error!(reservation = r.id, "not restored: {}", e.message),
+                }
             }
             self.money.reservations.insert(r.id, r);
         }

@@ -81,11 +81,48 @@ impl<S: Store> Engine<S> {
         Ok(view)
     }
 
+    /// `ebb tenant list`: every tenant by name, its working tokens, what
+    /// it holds and its reservations not yet ended at `now`.
+    pub(super) fn tenant_list(&self, now: u64) -> Vec<ebb_api::TenantSummary> {
+        let mut tokens: BTreeMap<u32, u32> = BTreeMap::new();
+        for state in self.access.tokens.read().expect("token map").values() {
+            if let TokenState::Valid(p) = state {
+                if let (Scope::Tenant, Some((id, _))) = (p.scope, &p.tenant) {
+                    *tokens.entry(*id).or_default() += 1;
+                }
+            }
+        }
+        let mut list: Vec<ebb_api::TenantSummary> = self
+            .tenants
+            .names
+            .iter()
+            .map(|(id, name)| {
+                let load = self.tenants.load.get(id).cloned().unwrap_or_default();
+                let reservations = self
+                    .money
+                    .reservations
+                    .values()
+                    .filter(|r| r.tenant == *id && r.deleted_ms.is_none() && r.end_ms > now)
+                    .count() as u32;
+                ebb_api::TenantSummary {
+                    tenant: name.clone(),
+                    tokens: tokens.get(id).copied().unwrap_or(0),
+                    jobs: load.jobs,
+                    admitted: load.admitted,
+                    waiting: load.waiting.len() as u64,
+                    reservations,
+                }
+            })
+            .collect();
+        list.sort_by(|a, b| a.tenant.cmp(&b.tenant));
+        list
+    }
+
     pub(super) fn reservation_views(&self, principal: &Principal) -> Vec<ebb_api::Reservation> {
         self.money
             .reservations
             .values()
-            .filter(|r| principal.may_see(r.tenant))
+            .filter(|r| principal.may_see(r.tenant) && r.deleted_ms.is_none())
             .map(|r| crate::billing::reservation_view(r, &self.tenant_name(r.tenant)))
             .collect()
     }
@@ -114,7 +151,7 @@ impl<S: Store> Engine<S> {
             usage: Vec::new(),
             last_checkpoint: job.checkpoints.last.clone(),
             checkpoint_interval_s: job.interval.as_ref().map(|(s, _)| *s),
-            checkpoint_interval_why: job.interval.as_ref().map(|(_, why)| why.clone()),
+            checkpoint_interval_why: job.interval.as_ref().map(|(_, why)| interval_why(job, why)),
             lost_gpu_seconds: job.lost_gpu_ms as f64 / 1000.0,
             array: job.array.clone(),
             progress: None,
@@ -223,4 +260,19 @@ pub(super) fn status_name(status: NodeStatus) -> &'static str {
 /// batch goes on (nothing was written).
 pub(super) fn read_error(e: StoreError) -> Fail {
     Fail::Refused(ApiError::internal(format!("storage: {e}")))
+}
+
+/// Why the latest attempt got its interval, computed at its placement,
+/// and, when the job has reported checkpoints since, that the reports
+/// shown beside it are not in it yet: the attempt keeps the interval it
+/// started with, a next attempt's uses them.
+fn interval_why(job: &JobRecord, why: &str) -> String {
+    let since_placement = job.checkpoints.last.as_ref().is_some_and(|c| c.at_ms >= job.started_ms);
+    match job.checkpoints.checkpoint_time() {
+        Some(delta) if since_placement => format!(
+            "{why}; checkpoints reported since this attempt started (δ now {}) are for a next attempt's interval",
+            delta.human()
+        ),
+        _ => why.to_string(),
+    }
 }
