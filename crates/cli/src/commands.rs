@@ -491,7 +491,11 @@ pub async fn show(conn: &Connection, id: u64, out: &JsonFlag) -> Result<String, 
         return Ok(json(&job));
     }
     let mut text = String::new();
-    writeln!(text, "job {}  {}", job.id, job.name.as_deref().unwrap_or("")).unwrap();
+    match &job.name {
+        Some(name) => writeln!(text, "job {}  {name}", job.id),
+        None => writeln!(text, "job {}", job.id),
+    }
+    .unwrap();
     writeln!(text, "  state        {}", job.state).unwrap();
     if let (Some(code), Some(why)) = (&job.pending_reason, &job.pending_detail) {
         writeln!(text, "  waiting      {why} ({code})").unwrap();

@@ -94,7 +94,7 @@ fn a_cancelled_jobs_trap_finds_a_cancel_notice_and_a_job_ignoring_sigterm_is_kil
     assert!((2_500..8_000).contains(&after), "killed {after} ms after the cancel, not about 3 s");
     assert!(events(&killed).contains(&"cancel_requested".to_string()));
     let shown = c.ebb(&["show", &b]);
-    assert!(shown.contains("SIGTERM, kill at") && shown.contains("(grace 3 s)"), "{shown}");
+    assert!(shown.contains("SIGTERM, kill at") && shown.contains("(grace 3.0s)"), "{shown}");
 }
 
 /// The value of each series in a scrape, by its name with labels.
