@@ -140,12 +140,13 @@ fn a_job_larger_than_the_cluster_is_refused_naming_what_it_has() {
         "{}",
         stderr(&out)
     );
-    // A model no node has: a 400 naming what the cluster has.
+    // A model no node has: refused, naming what the cluster has (a 422,
+    // as every request the API document allows but the cluster refuses).
     let out = c.ebb_as(&c.admin, &["submit", "--gpu-model", "B200", "--", "true"]);
     assert!(!out.status.success());
     assert!(
         stderr(&out).contains(
-            "gpu_model: no node has \"B200\"; the cluster has H100-80GB 16 GPUs in service (HTTP 400)"
+            "gpu_model: no node has \"B200\"; the cluster has H100-80GB 16 GPUs in service (HTTP 422)"
         ),
         "{}",
         stderr(&out)
