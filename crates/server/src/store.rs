@@ -88,6 +88,16 @@ pub struct NodeRow {
 }
 
 /// Everything needed to rebuild the server's memory.
+/// A job record as the store reads it back.
+pub trait JobRow: for<'de> Deserialize<'de> {
+    /// Takes what it has in common with the row read before it (the
+    /// previous id), sharing instead of copying; by default nothing.
+    fn share_with(&mut self, _previous: &Self) {}
+}
+
+/// Rows read as plain JSON (store tests) share nothing.
+impl JobRow for serde_json::Value {}
+
 #[derive(Debug)]
 pub struct Snapshot<J> {
     pub tenants: Vec<TenantRow>,
@@ -109,7 +119,7 @@ pub trait Store: Send {
     fn begin(&mut self) -> Result<()>;
     fn commit(&mut self) -> Result<()>;
     fn rollback(&mut self) -> Result<()>;
-    fn load<J: for<'de> Deserialize<'de>>(&mut self) -> Result<Snapshot<J>>;
+    fn load<J: JobRow>(&mut self) -> Result<Snapshot<J>>;
     fn put_tenant(&mut self, tenant: &TenantRow) -> Result<()>;
     fn put_token(&mut self, token: &TokenRow) -> Result<()>;
     /// Revokes one token (a no-op for an unknown hash).
@@ -257,7 +267,7 @@ impl Store for SqliteStore {
         Ok(())
     }
 
-    fn load<J: for<'de> Deserialize<'de>>(&mut self) -> Result<Snapshot<J>> {
+    fn load<J: JobRow>(&mut self) -> Result<Snapshot<J>> {
         let mut snapshot = Snapshot {
             tenants: Vec::new(),
             tokens: Vec::new(),
@@ -289,9 +299,19 @@ impl Store for SqliteStore {
         let mut stmt = self.conn.prepare("SELECT record FROM nodes ORDER BY name")?;
         let nodes: Vec<String> = stmt.query_map([], |r| r.get(0))?.collect::<rusqlite::Result<_>>()?;
         snapshot.nodes = nodes.iter().map(|n| serde_json::from_str(n)).collect::<serde_json::Result<_>>()?;
+        // Row by row, each sharing what it has in common with the one
+        // before (an array's tasks, one environment): a large array never
+        // has every copy in memory at once.
         let mut stmt = self.conn.prepare("SELECT record FROM jobs ORDER BY id")?;
-        let jobs: Vec<String> = stmt.query_map([], |r| r.get(0))?.collect::<rusqlite::Result<_>>()?;
-        snapshot.jobs = jobs.iter().map(|j| serde_json::from_str(j)).collect::<serde_json::Result<_>>()?;
+        let mut rows = stmt.query([])?;
+        while let Some(row) = rows.next()? {
+            let text: String = row.get(0)?;
+            let mut job: J = serde_json::from_str(&text)?;
+            if let Some(previous) = snapshot.jobs.last() {
+                job.share_with(previous);
+            }
+            snapshot.jobs.push(job);
+        }
         snapshot.prices = self.records("SELECT record FROM prices ORDER BY model", [])?;
         snapshot.reservations = self.records("SELECT record FROM reservations ORDER BY id", [])?;
         let mut stmt = self.conn.prepare("SELECT node, at_ms FROM heard")?;

@@ -152,7 +152,10 @@ pub fn submission(spec: &JobSubmission, core: &State, limits: &Limits) -> Result
         if !models.is_empty() && core.model_by_name(wanted).is_none() {
             let known: Vec<String> =
                 models.iter().map(|(_, m)| format!("{} {} GPUs in service", m.name, m.capacity)).collect();
-            return refuse(format!("gpu_model: no node has {wanted:?}; the cluster has {}", known.join(", ")));
+            return refuse(format!(
+                "gpu_model: no node has {wanted:?}; the cluster has {}",
+                known.join(", ")
+            ));
         }
     }
     let candidates: Vec<_> =

@@ -20,7 +20,7 @@ use ebb_server::store::{
     TokenRow, UsageRow,
 };
 use ebb_server::Principal;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use tokio::sync::oneshot;
 
 /// An instant far from the wall clock of any machine running this.
@@ -60,7 +60,7 @@ impl Store for Faulty {
     fn rollback(&mut self) -> Result<(), StoreError> {
         self.inner.rollback()
     }
-    fn load<J: for<'de> Deserialize<'de>>(&mut self) -> Result<Snapshot<J>, StoreError> {
+    fn load<J: ebb_server::store::JobRow>(&mut self) -> Result<Snapshot<J>, StoreError> {
         self.inner.load()
     }
     fn put_tenant(&mut self, tenant: &TenantRow) -> Result<(), StoreError> {

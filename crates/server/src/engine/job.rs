@@ -127,6 +127,16 @@ pub struct JobRecord {
     pub log_tracked: bool,
 }
 
+/// The tasks of one submission are stored a row each, and share one
+/// environment again when read back.
+impl crate::store::JobRow for JobRecord {
+    fn share_with(&mut self, previous: &JobRecord) {
+        if previous.spec.env == self.spec.env {
+            self.spec.env = previous.spec.env.clone();
+        }
+    }
+}
+
 /// What the server keeps of a submission once it is checked: what runs,
 /// and the rules for its ends. Tier, GPUs, signal and array are resolved
 /// into the record. Its own type, not the API's request: the API may grow
@@ -139,8 +149,10 @@ pub struct StoredSpec {
     #[serde(default)]
     pub gpu_model: Option<String>,
     pub argv: Vec<String>,
+    /// Shared by the tasks of one submission (an array's may be the
+    /// submitter's whole environment, 100,000 times).
     #[serde(default)]
-    pub env: BTreeMap<String, String>,
+    pub env: Arc<BTreeMap<String, String>>,
     #[serde(default)]
     pub workdir: Option<String>,
     #[serde(default)]
@@ -159,7 +171,7 @@ impl From<JobSubmission> for StoredSpec {
             name: s.name,
             gpu_model: s.gpu_model,
             argv: s.argv,
-            env: s.env,
+            env: Arc::new(s.env),
             workdir: s.workdir,
             max_preemptions: s.max_preemptions,
             max_retries: s.max_retries,

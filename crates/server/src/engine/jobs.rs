@@ -369,8 +369,8 @@ impl<S: Store> Engine<S> {
 
 /// The jobs one submission makes, with the ids they will get from
 /// `first_id` on: one job, or one per task of an array or sweep (sharing
-/// the array id, the first task's), each with its task's variables and
-/// name. A pure function of the submission.
+/// the array id, the first task's, and the submission's environment),
+/// each with its task and name. A pure function of the submission.
 pub(super) fn expand(
     spec: &StoredSpec,
     tasks: Vec<crate::validate::Task>,
@@ -385,11 +385,7 @@ pub(super) fn expand(
         .into_iter()
         .map(|task| {
             let mut spec = spec.clone();
-            // Set by ebb, so not subject to the user-variable rules.
             let index = task.index;
-            spec.env.insert("EBB_TASK_INDEX".into(), index.to_string());
-            spec.env.insert("EBB_TASK_COUNT".into(), count.to_string());
-            spec.env.insert("EBB_ARRAY_ID".into(), array_id.to_string());
             let base = spec
                 .name
                 .clone()
@@ -397,12 +393,6 @@ pub(super) fn expand(
             if task.params.is_empty() {
                 spec.name = Some(format!("{base}[{index}]"));
             } else {
-                for (name, value) in &task.params {
-                    spec.env.insert(format!("EBB_PARAM_{}", name.to_ascii_uppercase()), value.clone());
-                }
-                let params: serde_json::Map<String, serde_json::Value> =
-                    task.params.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
-                spec.env.insert("EBB_PARAMS".into(), serde_json::Value::Object(params).to_string());
                 let shown: Vec<String> = task.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
                 spec.name = Some(format!("{base}[{}]", shown.join(",")));
             }
@@ -415,6 +405,26 @@ pub(super) fn expand(
             (spec, Some(array))
         })
         .collect()
+}
+
+/// A task's own variables, set by ebb (so not subject to the rules for
+/// users' variables): its index, the array's size and id, and a sweep
+/// task's parameters, each as `EBB_PARAM_<NAME>` and all as JSON.
+pub(super) fn task_env(task: &ebb_api::ArrayTask) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::from([
+        ("EBB_TASK_INDEX".to_string(), task.index.to_string()),
+        ("EBB_TASK_COUNT".to_string(), task.tasks.to_string()),
+        ("EBB_ARRAY_ID".to_string(), task.id.to_string()),
+    ]);
+    if !task.params.is_empty() {
+        for (name, value) in &task.params {
+            env.insert(format!("EBB_PARAM_{}", name.to_ascii_uppercase()), value.clone());
+        }
+        let params: serde_json::Map<String, serde_json::Value> =
+            task.params.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
+        env.insert("EBB_PARAMS".into(), serde_json::Value::Object(params).to_string());
+    }
+    env
 }
 
 #[cfg(test)]
@@ -430,10 +440,12 @@ mod tests {
         assert_eq!(jobs.len(), 2);
         let (first, array) = &jobs[0];
         assert_eq!(first.name.as_deref(), Some("prep[3]"));
-        assert_eq!(first.env["EBB_TASK_INDEX"], "3");
-        assert_eq!(first.env["EBB_TASK_COUNT"], "2");
-        assert_eq!(first.env["EBB_ARRAY_ID"], "40");
+        assert!(Arc::ptr_eq(&first.env, &jobs[1].0.env), "the tasks share one environment");
         let array = array.as_ref().expect("a task");
+        let env = task_env(array);
+        assert_eq!(env["EBB_TASK_INDEX"], "3");
+        assert_eq!(env["EBB_TASK_COUNT"], "2");
+        assert_eq!(env["EBB_ARRAY_ID"], "40");
         assert_eq!((array.id, array.index, array.tasks), (40, 3, 2));
         assert_eq!(jobs[1].1.as_ref().map(|a| (a.id, a.index)), Some((40, 4)));
     }
@@ -443,11 +455,12 @@ mod tests {
         let spec = StoredSpec { argv: vec!["x".into()], ..Default::default() };
         let params = vec![("lr".to_string(), "0.1".to_string()), ("depth".to_string(), "4".to_string())];
         let jobs = expand(&spec, vec![Task { index: 0, params }], 7);
-        let (task, _) = &jobs[0];
+        let (task, array) = &jobs[0];
         assert_eq!(task.name.as_deref(), Some("sweep[lr=0.1,depth=4]"));
-        assert_eq!(task.env["EBB_PARAM_LR"], "0.1");
-        assert_eq!(task.env["EBB_PARAM_DEPTH"], "4");
-        let params: serde_json::Value = serde_json::from_str(&task.env["EBB_PARAMS"]).expect("json");
+        let env = task_env(array.as_ref().expect("a task"));
+        assert_eq!(env["EBB_PARAM_LR"], "0.1");
+        assert_eq!(env["EBB_PARAM_DEPTH"], "4");
+        let params: serde_json::Value = serde_json::from_str(&env["EBB_PARAMS"]).expect("json");
         assert_eq!(params, json!({ "lr": "0.1", "depth": "4" }));
     }
 

@@ -28,7 +28,10 @@ impl<S: Store> Engine<S> {
         let interval = job.interval.as_ref().map(|(s, _)| s.to_string()).unwrap_or_default();
         let nodes = job.placement.len();
         let start = |rank: usize, gpus: &Vec<u8>| {
-            let mut env = job.spec.env.clone();
+            let mut env = (*job.spec.env).clone();
+            if let Some(task) = &job.array {
+                env.extend(super::jobs::task_env(task));
+            }
             env.insert("EBB_CHECKPOINT_INTERVAL_S".into(), interval.clone());
             if let Some((addr, port)) = &job.rendezvous {
                 env.extend(gang_env(addr, *port, rank, nodes, gpus.len(), job.gpus));

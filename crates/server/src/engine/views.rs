@@ -77,7 +77,7 @@ impl<S: Store> Engine<S> {
         let mut view = self.view(&self.jobs[&id], events);
         view.progress = self.jobs[&id].array.as_ref().map(|a| self.progress(a.id));
         view.usage = usage.iter().map(|u| u.view(&view.tenant)).collect();
-        view.env = self.jobs[&id].spec.env.clone();
+        view.env = (*self.jobs[&id].spec.env).clone();
         Ok(view)
     }
 
