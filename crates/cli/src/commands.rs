@@ -432,14 +432,20 @@ fn job_table(jobs: &[api::Job], now_ms: u64) -> String {
         .load_style(NOTHING)
         .set_header(["ID", "NAME", "TENANT", "TIER", "GPUS", "STATE", "ATTEMPT", "AGE", "NODE", "REASON"]);
     for j in jobs {
+        let mut name = j.name.clone().unwrap_or_else(|| j.argv.join(" "));
         let (id, state) = match (&j.array, &j.progress) {
-            (Some(a), Some(p)) => (
-                format!("{}-{}", a.id, a.id + a.tasks.saturating_sub(1)),
-                format!("{}/{} done", p.done, p.total),
-            ),
+            (Some(a), Some(p)) => {
+                // The array's name, without its first task's "[0]".
+                if let Some((base, _)) = name.strip_suffix(']').and_then(|n| n.rsplit_once('[')) {
+                    name = base.to_string();
+                }
+                (
+                    format!("{}-{}", a.id, a.id + a.tasks.saturating_sub(1)),
+                    format!("{}/{} done", p.done, p.total),
+                )
+            }
             _ => (j.id.to_string(), j.state.clone()),
         };
-        let name = j.name.clone().unwrap_or_else(|| j.argv.join(" "));
         let node = j.placement.iter().map(|p| p.node.as_str()).collect::<Vec<_>>().join(",");
         table.add_row([
             id,

@@ -441,6 +441,7 @@ fn jobs_is_a_table_with_arrays_collapsed_filters_and_the_newest_first_page() {
     let array_row =
         rows.iter().find(|r| r.trim_start().starts_with(&format!("{array}-{} ", array + 9))).unwrap();
     assert!(array_row.contains(" 0/10 done "), "{table}");
+    assert!(array_row.contains(" sweep "), "the array's name, not its first task's: {table}");
     let state_at = rows[0].find("STATE").unwrap();
     for r in &rows[1..] {
         assert!(r[state_at..].starts_with(|ch: char| !ch.is_whitespace()), "STATE not aligned:\n{table}");
