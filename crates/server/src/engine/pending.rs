@@ -208,3 +208,42 @@ fn gpus(n: u32) -> String {
         format!("{n} GPUs")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `REASONS` (what `/metrics` exports at zero and the docs list) is
+    /// exactly the codes a wait can have.
+    #[test]
+    fn every_reason_code_is_listed_once() {
+        let m = GpuModelId(0);
+        let hold =
+            ebb_scheduler::Hold { job: JobId(1), model: m, alloc: Vec::new(), waiting_on: BTreeSet::new() };
+        let core = [
+            Pending::Resources { model: m, largest_free: 0 },
+            Pending::Priority { behind: JobId(1) },
+            Pending::WholeNodes { model: m, nodes: 2, free: 0, earmarked: Vec::new() },
+            Pending::ReservationCap { model: m, capacity: 8, reserved: 4, used: 4 },
+            Pending::ReservationFull { model: m, reserved: 4, used: 4 },
+            Pending::ReservationNotStarted { model: m, starts: None },
+            Pending::Reclaimed { model: m, limit: 0, used: 0 },
+            Pending::NoCapacity { model: None },
+        ];
+        let mut codes: Vec<&str> = core.iter().map(|p| Why::Core(p).code()).collect();
+        for why in [
+            Why::Backoff { until_ms: 0 },
+            Why::TenantLimit,
+            Why::Held(&hold),
+            Why::Behind(JobId(1)),
+            Why::NotYet,
+        ] {
+            codes.push(why.code());
+        }
+        codes.sort_unstable();
+        codes.dedup();
+        let mut listed = REASONS.to_vec();
+        listed.sort_unstable();
+        assert_eq!(codes, listed);
+    }
+}
