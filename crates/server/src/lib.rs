@@ -9,6 +9,7 @@ pub mod engine;
 mod http;
 pub mod lock;
 mod metrics;
+pub mod pg;
 pub mod store;
 mod validate;
 

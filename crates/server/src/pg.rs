@@ -1,0 +1,393 @@
+//! The PostgreSQL backend of [`Store`]: the same contract as the embedded
+//! SQLite store, for a control plane whose database outlives any one host.
+//! A synchronous client (`postgres`), as the writer is one thread; every
+//! batch is one transaction. Records are the same JSON text as in SQLite.
+
+use std::collections::HashMap;
+
+use postgres::fallible_iterator::FallibleIterator;
+use postgres::types::ToSql;
+use postgres::{Client, NoTls, Statement};
+use serde::{Deserialize, Serialize};
+
+use ebb_api::JobEvent;
+
+use crate::store::{
+    JobRow, LogState, NodeRow, PriceRow, ReservationRow, Result, Scope, Snapshot, Store, StoreError,
+    TenantRow, TokenRow, UsageRow,
+};
+
+impl From<postgres::Error> for StoreError {
+    fn from(e: postgres::Error) -> Self {
+        StoreError(e.to_string())
+    }
+}
+
+/// The schema, one numbered step at a time, as SQLite's: step N brings a
+/// database at version N-1 to N, in one transaction, and is never edited
+/// once released. The version is kept in `ebb_schema`.
+const MIGRATIONS: &[&str] = &[
+    // 1: the schema SQLite reached in its six steps.
+    "CREATE TABLE tenants (id BIGINT PRIMARY KEY, name TEXT NOT NULL UNIQUE);
+     CREATE TABLE tokens (
+         hash TEXT PRIMARY KEY, tenant BIGINT REFERENCES tenants(id), scope TEXT NOT NULL, node TEXT);
+     CREATE TABLE nodes (name TEXT PRIMARY KEY, record TEXT NOT NULL);
+     CREATE TABLE jobs (id BIGINT PRIMARY KEY, tenant BIGINT NOT NULL REFERENCES tenants(id), record TEXT NOT NULL);
+     CREATE TABLE events (
+         seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, job BIGINT NOT NULL REFERENCES jobs(id),
+         at_ms BIGINT NOT NULL, kind TEXT NOT NULL, attempt BIGINT NOT NULL, detail TEXT NOT NULL);
+     CREATE INDEX events_by_job ON events(job, seq);
+     CREATE TABLE prices (model TEXT PRIMARY KEY, record TEXT NOT NULL);
+     CREATE TABLE reservations (id BIGINT PRIMARY KEY, record TEXT NOT NULL);
+     CREATE TABLE usage (
+         job BIGINT NOT NULL REFERENCES jobs(id), attempt BIGINT NOT NULL,
+         tenant BIGINT NOT NULL, ended_ms BIGINT NOT NULL, record TEXT NOT NULL,
+         PRIMARY KEY (job, attempt));
+     CREATE INDEX usage_by_end ON usage(ended_ms);
+     CREATE TABLE heard (node TEXT PRIMARY KEY, at_ms BIGINT NOT NULL);
+     CREATE TABLE tenant_limits (tenant BIGINT PRIMARY KEY REFERENCES tenants(id), record TEXT NOT NULL);
+     CREATE TABLE logs (job BIGINT PRIMARY KEY REFERENCES jobs(id), record TEXT NOT NULL);
+     CREATE TABLE reports (node TEXT PRIMARY KEY, session BIGINT NOT NULL, seq BIGINT NOT NULL);
+     CREATE TABLE reclaims (model TEXT PRIMARY KEY, preemptible_limit BIGINT NOT NULL);",
+];
+
+pub struct PgStore {
+    client: Client,
+    /// Statements prepared once per connection, by their text.
+    prepared: HashMap<&'static str, Statement>,
+}
+
+impl PgStore {
+    /// Connects to `url` (`postgres://user@host/db`, or a `host=/socket/dir`
+    /// key-value string) and brings its schema to this ebb's.
+    pub fn open(url: &str) -> Result<PgStore> {
+        let client = Client::connect(url, NoTls)
+            .map_err(|e| StoreError(format!("--database: cannot connect to PostgreSQL: {e}")))?;
+        let mut store = PgStore { client, prepared: HashMap::new() };
+        store.migrate()?;
+        Ok(store)
+    }
+
+    fn migrate(&mut self) -> Result<()> {
+        let mut tx = self.client.transaction()?;
+        // One migrator at a time, however many servers start together.
+        tx.batch_execute(
+            "SELECT pg_advisory_xact_lock(7300);
+             CREATE TABLE IF NOT EXISTS ebb_schema (version BIGINT NOT NULL);",
+        )?;
+        let version: i64 = match tx.query_opt("SELECT version FROM ebb_schema", &[])? {
+            Some(row) => row.get(0),
+            None => {
+                tx.execute("INSERT INTO ebb_schema (version) VALUES (0)", &[])?;
+                0
+            }
+        };
+        let version = usize::try_from(version).unwrap_or(0);
+        if version > MIGRATIONS.len() {
+            return Err(StoreError(format!(
+                "the database is at schema version {version}, newer than this ebb ({}): upgrade ebb",
+                MIGRATIONS.len()
+            )));
+        }
+        for (i, step) in MIGRATIONS.iter().enumerate().skip(version) {
+            tx.batch_execute(step).map_err(|e| StoreError(format!("schema migration {}: {e}", i + 1)))?;
+            tx.execute("UPDATE ebb_schema SET version = $1", &[&(i as i64 + 1)])?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn statement(&mut self, sql: &'static str) -> Result<Statement> {
+        if let Some(stmt) = self.prepared.get(sql) {
+            return Ok(stmt.clone());
+        }
+        let stmt = self.client.prepare(sql)?;
+        self.prepared.insert(sql, stmt.clone());
+        Ok(stmt)
+    }
+
+    fn exec(&mut self, sql: &'static str, params: &[&(dyn ToSql + Sync)]) -> Result<()> {
+        let stmt = self.statement(sql)?;
+        self.client.execute(&stmt, params)?;
+        Ok(())
+    }
+
+    /// Rows of one JSON `record` column.
+    fn records<T: for<'de> Deserialize<'de>>(
+        &mut self,
+        sql: &'static str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<T>> {
+        let stmt = self.statement(sql)?;
+        let rows = self.client.query(&stmt, params)?;
+        rows.iter().map(|r| Ok(serde_json::from_str(r.get::<_, &str>(0))?)).collect()
+    }
+}
+
+fn scope_name(scope: Scope) -> &'static str {
+    match scope {
+        Scope::Tenant => "tenant",
+        Scope::Admin => "admin",
+        Scope::Agent => "agent",
+        Scope::Node => "node",
+    }
+}
+
+fn scope_of(name: &str) -> Scope {
+    match name {
+        "admin" => Scope::Admin,
+        "agent" => Scope::Agent,
+        "node" => Scope::Node,
+        _ => Scope::Tenant,
+    }
+}
+
+/// Milliseconds and ids as PostgreSQL's BIGINT.
+fn big(n: u64) -> i64 {
+    n.min(i64::MAX as u64) as i64
+}
+
+impl Store for PgStore {
+    fn begin(&mut self) -> Result<()> {
+        self.client.batch_execute("BEGIN")?;
+        Ok(())
+    }
+
+    fn commit(&mut self) -> Result<()> {
+        self.client.batch_execute("COMMIT")?;
+        Ok(())
+    }
+
+    fn rollback(&mut self) -> Result<()> {
+        self.client.batch_execute("ROLLBACK")?;
+        Ok(())
+    }
+
+    fn load<J: JobRow>(&mut self) -> Result<Snapshot<J>> {
+        let c = &mut self.client;
+        let tenants = c.query("SELECT id, name FROM tenants ORDER BY id", &[])?;
+        let tokens = c.query("SELECT hash, tenant, scope, node FROM tokens", &[])?;
+        let nodes = c.query("SELECT record FROM nodes ORDER BY name", &[])?;
+        let mut snapshot = Snapshot {
+            tenants: tenants
+                .iter()
+                .map(|r| TenantRow { id: r.get::<_, i64>(0) as u32, name: r.get(1) })
+                .collect(),
+            tokens: tokens
+                .iter()
+                .map(|r| TokenRow {
+                    hash: r.get(0),
+                    tenant: r.get::<_, Option<i64>>(1).map(|t| t as u32),
+                    scope: scope_of(r.get(2)),
+                    node: r.get(3),
+                })
+                .collect(),
+            nodes: nodes
+                .iter()
+                .map(|r| serde_json::from_str(r.get::<_, &str>(0)))
+                .collect::<serde_json::Result<_>>()?,
+            jobs: Vec::new(),
+            prices: Vec::new(),
+            reservations: Vec::new(),
+            heard: Vec::new(),
+            tenant_limits: Vec::new(),
+            reclaims: Vec::new(),
+        };
+        // Row by row, each sharing what it has in common with the one
+        // before, as SQLite's `load` does.
+        {
+            let mut rows = c.query_raw("SELECT record FROM jobs ORDER BY id", std::iter::empty::<i64>())?;
+            while let Some(row) = rows.next()? {
+                let mut job: J = serde_json::from_str(row.get::<_, &str>(0))?;
+                if let Some(previous) = snapshot.jobs.last() {
+                    job.share_with(previous);
+                }
+                snapshot.jobs.push(job);
+            }
+        }
+        snapshot.prices = self.records("SELECT record FROM prices ORDER BY model", &[])?;
+        snapshot.reservations = self.records("SELECT record FROM reservations ORDER BY id", &[])?;
+        let c = &mut self.client;
+        snapshot.heard = c
+            .query("SELECT node, at_ms FROM heard", &[])?
+            .iter()
+            .map(|r| (r.get(0), r.get::<_, i64>(1) as u64))
+            .collect();
+        for r in c.query("SELECT tenant, record FROM tenant_limits ORDER BY tenant", &[])? {
+            snapshot
+                .tenant_limits
+                .push((r.get::<_, i64>(0) as u32, serde_json::from_str(r.get::<_, &str>(1))?));
+        }
+        snapshot.reclaims = c
+            .query("SELECT model, preemptible_limit FROM reclaims ORDER BY model", &[])?
+            .iter()
+            .map(|r| (r.get(0), r.get::<_, i64>(1) as u32))
+            .collect();
+        Ok(snapshot)
+    }
+
+    fn put_tenant(&mut self, t: &TenantRow) -> Result<()> {
+        self.exec(
+            "INSERT INTO tenants (id, name) VALUES ($1, $2) ON CONFLICT (id) DO UPDATE SET name = EXCLUDED.name",
+            &[&i64::from(t.id), &t.name],
+        )
+    }
+
+    fn put_token(&mut self, t: &TokenRow) -> Result<()> {
+        self.exec(
+            "INSERT INTO tokens (hash, tenant, scope, node) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (hash) DO UPDATE SET tenant = EXCLUDED.tenant, scope = EXCLUDED.scope, node = EXCLUDED.node",
+            &[&t.hash, &t.tenant.map(i64::from), &scope_name(t.scope), &t.node],
+        )
+    }
+
+    fn delete_token(&mut self, hash: &str) -> Result<()> {
+        self.exec("DELETE FROM tokens WHERE hash = $1", &[&hash])
+    }
+
+    fn put_node(&mut self, node: &NodeRow) -> Result<()> {
+        self.exec(
+            "INSERT INTO nodes (name, record) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET record = EXCLUDED.record",
+            &[&node.name, &serde_json::to_string(node)?],
+        )
+    }
+
+    fn put_job<J: Serialize>(&mut self, id: u64, tenant: u32, job: &J) -> Result<()> {
+        self.exec(
+            "INSERT INTO jobs (id, tenant, record) VALUES ($1, $2, $3)
+             ON CONFLICT (id) DO UPDATE SET tenant = EXCLUDED.tenant, record = EXCLUDED.record",
+            &[&big(id), &i64::from(tenant), &serde_json::to_string(job)?],
+        )
+    }
+
+    fn add_event(&mut self, job: u64, e: &JobEvent) -> Result<()> {
+        self.exec(
+            "INSERT INTO events (job, at_ms, kind, attempt, detail) VALUES ($1, $2, $3, $4, $5)",
+            &[&big(job), &big(e.at_ms), &e.kind.as_str(), &i64::from(e.attempt), &e.detail.to_string()],
+        )
+    }
+
+    fn events(&mut self, job: u64) -> Result<Vec<JobEvent>> {
+        let stmt =
+            self.statement("SELECT at_ms, kind, attempt, detail FROM events WHERE job = $1 ORDER BY seq")?;
+        let mut events = Vec::new();
+        for r in self.client.query(&stmt, &[&big(job)])? {
+            let at_ms = r.get::<_, i64>(0) as u64;
+            events.push(JobEvent {
+                at: crate::rfc3339(at_ms),
+                at_ms,
+                kind: r.get::<_, &str>(1).parse().map_err(StoreError)?,
+                attempt: r.get::<_, i64>(2) as u32,
+                detail: serde_json::from_str(r.get::<_, &str>(3))?,
+            });
+        }
+        Ok(events)
+    }
+
+    fn max_job_id(&mut self) -> Result<u64> {
+        let row = self.client.query_one("SELECT MAX(id) FROM jobs", &[])?;
+        Ok(row.get::<_, Option<i64>>(0).unwrap_or(0) as u64)
+    }
+
+    fn heard(&mut self, node: &str, at_ms: u64) -> Result<()> {
+        self.exec(
+            "INSERT INTO heard (node, at_ms) VALUES ($1, $2) ON CONFLICT (node) DO UPDATE SET at_ms = EXCLUDED.at_ms",
+            &[&node, &big(at_ms)],
+        )
+    }
+
+    fn put_price(&mut self, p: &PriceRow) -> Result<()> {
+        self.exec(
+            "INSERT INTO prices (model, record) VALUES ($1, $2) ON CONFLICT (model) DO UPDATE SET record = EXCLUDED.record",
+            &[&p.gpu_model, &serde_json::to_string(p)?],
+        )
+    }
+
+    fn put_reservation(&mut self, r: &ReservationRow) -> Result<()> {
+        self.exec(
+            "INSERT INTO reservations (id, record) VALUES ($1, $2) ON CONFLICT (id) DO UPDATE SET record = EXCLUDED.record",
+            &[&big(r.id), &serde_json::to_string(r)?],
+        )
+    }
+
+    fn delete_reservation(&mut self, id: u64) -> Result<()> {
+        self.exec("DELETE FROM reservations WHERE id = $1", &[&big(id)])
+    }
+
+    fn add_usage(&mut self, u: &UsageRow) -> Result<()> {
+        self.exec(
+            "INSERT INTO usage (job, attempt, tenant, ended_ms, record) VALUES ($1, $2, $3, $4, $5)",
+            &[
+                &big(u.job),
+                &i64::from(u.attempt),
+                &i64::from(u.tenant),
+                &big(u.ended_ms),
+                &serde_json::to_string(u)?,
+            ],
+        )
+    }
+
+    fn usage(&mut self, tenant: Option<u32>, from_ms: u64, to_ms: u64) -> Result<Vec<UsageRow>> {
+        let (from, to) = (big(from_ms), big(to_ms));
+        match tenant {
+            Some(t) => self.records(
+                "SELECT record FROM usage WHERE tenant = $1 AND ended_ms >= $2 AND ended_ms < $3 ORDER BY ended_ms, job, attempt",
+                &[&i64::from(t), &from, &to],
+            ),
+            None => self.records(
+                "SELECT record FROM usage WHERE ended_ms >= $1 AND ended_ms < $2 ORDER BY ended_ms, job, attempt",
+                &[&from, &to],
+            ),
+        }
+    }
+
+    fn job_usage(&mut self, job: u64) -> Result<Vec<UsageRow>> {
+        self.records("SELECT record FROM usage WHERE job = $1 ORDER BY attempt", &[&big(job)])
+    }
+
+    fn put_tenant_limits(&mut self, tenant: u32, limits: &ebb_api::TenantLimits) -> Result<()> {
+        self.exec(
+            "INSERT INTO tenant_limits (tenant, record) VALUES ($1, $2)
+             ON CONFLICT (tenant) DO UPDATE SET record = EXCLUDED.record",
+            &[&i64::from(tenant), &serde_json::to_string(limits)?],
+        )
+    }
+
+    fn log_state(&mut self, job: u64) -> Result<Option<LogState>> {
+        Ok(self.records("SELECT record FROM logs WHERE job = $1", &[&big(job)])?.pop())
+    }
+
+    fn put_log_state(&mut self, job: u64, state: &LogState) -> Result<()> {
+        self.exec(
+            "INSERT INTO logs (job, record) VALUES ($1, $2) ON CONFLICT (job) DO UPDATE SET record = EXCLUDED.record",
+            &[&big(job), &serde_json::to_string(state)?],
+        )
+    }
+
+    fn put_reclaim(&mut self, model: &str, limit: Option<u32>) -> Result<()> {
+        match limit {
+            Some(limit) => self.exec(
+                "INSERT INTO reclaims (model, preemptible_limit) VALUES ($1, $2)
+                 ON CONFLICT (model) DO UPDATE SET preemptible_limit = EXCLUDED.preemptible_limit",
+                &[&model, &i64::from(limit)],
+            ),
+            None => self.exec("DELETE FROM reclaims WHERE model = $1", &[&model]),
+        }
+    }
+
+    fn last_report(&mut self, node: &str) -> Result<Option<ebb_api::ReportId>> {
+        let stmt = self.statement("SELECT session, seq FROM reports WHERE node = $1")?;
+        Ok(self.client.query_opt(&stmt, &[&node])?.map(|r| ebb_api::ReportId {
+            session: r.get::<_, i64>(0) as u64,
+            seq: r.get::<_, i64>(1) as u64,
+        }))
+    }
+
+    fn put_last_report(&mut self, node: &str, id: ebb_api::ReportId) -> Result<()> {
+        self.exec(
+            "INSERT INTO reports (node, session, seq) VALUES ($1, $2, $3)
+             ON CONFLICT (node) DO UPDATE SET session = EXCLUDED.session, seq = EXCLUDED.seq",
+            &[&node, &big(id.session), &big(id.seq)],
+        )
+    }
+}

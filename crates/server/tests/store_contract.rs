@@ -1,0 +1,256 @@
+//! One `Store` contract, two backends: the same writes through the embedded
+//! SQLite store and through PostgreSQL (a throwaway server this test
+//! starts with `initdb` and `pg_ctl`, on a unix socket in a temporary
+//! directory) read back the same, fail the same, and roll back the same.
+
+use std::collections::BTreeMap;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use ebb_api::{EventKind, JobEvent, ReportId, TenantLimits};
+use ebb_server::pg::PgStore;
+use ebb_server::store::{
+    LogState, NodeRow, PriceRow, ReservationRow, Scope, SqliteStore, Store, TenantRow, TokenRow, UsageRow,
+};
+use serde_json::{json, Value};
+
+/// PostgreSQL's programs: `EBB_PG_BIN`, or Debian's PostgreSQL 15.
+fn pg_bin(program: &str) -> PathBuf {
+    let dir = std::env::var_os("EBB_PG_BIN")
+        .map_or_else(|| PathBuf::from("/usr/lib/postgresql/15/bin"), PathBuf::from);
+    dir.join(program)
+}
+
+/// A PostgreSQL server of its own, stopped and removed when dropped.
+/// `initdb` refuses to run as root, so as root it runs as `postgres`.
+struct Postgres {
+    dir: PathBuf,
+    user: Option<(u32, u32)>,
+}
+
+impl Postgres {
+    fn start(name: &str) -> Postgres {
+        let dir = std::env::temp_dir().join(format!("ebb-pg-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("sock")).unwrap();
+        let user = nix::unistd::Uid::effective().is_root().then(|| {
+            let pg =
+                nix::unistd::User::from_name("postgres").unwrap().expect("a postgres user to run initdb as");
+            nix::unistd::chown(&dir, Some(pg.uid), Some(pg.gid)).unwrap();
+            nix::unistd::chown(&dir.join("sock"), Some(pg.uid), Some(pg.gid)).unwrap();
+            (pg.uid.as_raw(), pg.gid.as_raw())
+        });
+        let pg = Postgres { dir, user };
+        pg.run(
+            "initdb",
+            &["-D", pg.data().to_str().unwrap(), "-U", "ebb", "--auth=trust", "-E", "UTF8", "--no-sync"],
+        );
+        let options = format!("-c listen_addresses='' -k {} -c fsync=off", pg.dir.join("sock").display());
+        let log = pg.dir.join("log");
+        pg.run(
+            "pg_ctl",
+            &["-D", pg.data().to_str().unwrap(), "-o", &options, "-l", log.to_str().unwrap(), "-w", "start"],
+        );
+        pg
+    }
+
+    fn data(&self) -> PathBuf {
+        self.dir.join("data")
+    }
+
+    fn run(&self, program: &str, args: &[&str]) {
+        let mut cmd = Command::new(pg_bin(program));
+        cmd.args(args).current_dir(&self.dir);
+        if let Some((uid, gid)) = self.user {
+            cmd.uid(uid).gid(gid);
+        }
+        let out = cmd.output().unwrap_or_else(|e| panic!("{program}: {e}"));
+        assert!(
+            out.status.success(),
+            "{program}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    fn url(&self) -> String {
+        format!("host={} user=ebb dbname=postgres", self.dir.join("sock").display())
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        let data = self.data();
+        let mut cmd = Command::new(pg_bin("pg_ctl"));
+        cmd.args(["-D", data.to_str().unwrap(), "-m", "immediate", "stop"]);
+        if let Some((uid, gid)) = self.user {
+            cmd.uid(uid).gid(gid);
+        }
+        let _ = cmd.output();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn event(at_ms: u64, kind: EventKind, attempt: u32, detail: Value) -> JobEvent {
+    JobEvent { at: ebb_server::rfc3339(at_ms), at_ms, kind, attempt, detail }
+}
+
+fn usage(job: u64, attempt: u32, ended_ms: u64) -> UsageRow {
+    UsageRow {
+        job,
+        attempt,
+        tenant: 2,
+        tier: "preemptible".into(),
+        gpu_model: "H100".into(),
+        gpus: 8,
+        started_ms: ended_ms - 60_000,
+        ended_ms,
+        seconds: 60,
+        rate: 1_800_000,
+        on_demand_rate: 3_600_000,
+        amount: 240_000,
+        drain_gpu_seconds: 0,
+        lost_gpu_seconds: 12,
+        outcome: "preempted".into(),
+    }
+}
+
+/// Every write the contract has, then everything read back, as text.
+fn exercise(store: &mut impl Store) -> String {
+    let mut seen = Vec::new();
+    store.begin().unwrap();
+    store.put_tenant(&TenantRow { id: 1, name: "default".into() }).unwrap();
+    store.put_tenant(&TenantRow { id: 2, name: "acme".into() }).unwrap();
+    for (hash, tenant, scope, node) in [
+        ("h-admin", Some(1), Scope::Admin, None),
+        ("h-acme", Some(2), Scope::Tenant, None),
+        ("h-join", None, Scope::Agent, None),
+        ("h-node", None, Scope::Node, Some("node-0".to_string())),
+        ("h-gone", Some(2), Scope::Tenant, None),
+    ] {
+        store.put_token(&TokenRow { hash: hash.into(), tenant, scope, node }).unwrap();
+    }
+    store.delete_token("h-gone").unwrap();
+    let node = NodeRow {
+        name: "node-0".into(),
+        gpu_model: "H100".into(),
+        gpus: 8,
+        labels: BTreeMap::from([("rack".to_string(), "a".to_string())]),
+        drained: false,
+        address: Some("10.0.0.1".into()),
+        joined_ms: 1_000,
+        interruptions: 0,
+        removed: false,
+    };
+    store.put_node(&node).unwrap();
+    store.put_node(&NodeRow { drained: true, ..node }).unwrap();
+    for id in [3u64, 4, 5] {
+        store.put_job(id, 2, &json!({ "id": id, "state": "queued" })).unwrap();
+    }
+    store.put_job(4, 2, &json!({ "id": 4, "state": "running", "env": { "K": "v w" } })).unwrap();
+    store.add_event(4, &event(5_000, EventKind::Submitted, 0, json!({ "tier": "preemptible" }))).unwrap();
+    store.add_event(4, &event(6_000, EventKind::Placed, 1, json!({ "node": "node-0" }))).unwrap();
+    store.heard("node-0", 7_000).unwrap();
+    store.heard("node-0", 8_000).unwrap();
+    store
+        .put_price(&PriceRow { gpu_model: "H100".into(), on_demand: 3_600_000, reserved: 2_000_000 })
+        .unwrap();
+    for id in [1u64, 2] {
+        store
+            .put_reservation(&ReservationRow {
+                id,
+                tenant: 2,
+                gpu_model: "H100".into(),
+                gpus: 8,
+                start_ms: 0,
+                end_ms: 86_400_000,
+                rate: 2_000_000,
+                deleted_ms: None,
+            })
+            .unwrap();
+    }
+    store.delete_reservation(2).unwrap();
+    store.add_usage(&usage(4, 1, 100_000)).unwrap();
+    store.add_usage(&usage(4, 2, 200_000)).unwrap();
+    store.add_usage(&usage(3, 1, 150_000)).unwrap();
+    store.put_tenant_limits(2, &TenantLimits { max_jobs: Some(10), ..Default::default() }).unwrap();
+    store.put_log_state(4, &LogState { bytes: 42 }).unwrap();
+    store.put_log_state(4, &LogState { bytes: 84 }).unwrap();
+    store.put_reclaim("H100", Some(4)).unwrap();
+    store.put_reclaim("A100", Some(0)).unwrap();
+    store.put_reclaim("A100", None).unwrap();
+    store.put_last_report("node-0", ReportId { session: 9, seq: 1 }).unwrap();
+    store.put_last_report("node-0", ReportId { session: 9, seq: 2 }).unwrap();
+    store.commit().unwrap();
+
+    // Usage is never counted twice; the failed write leaves the rest.
+    store.begin().unwrap();
+    assert!(store.add_usage(&usage(4, 1, 100_000)).is_err(), "a second usage record for one attempt");
+    store.rollback().unwrap();
+    // A rolled-back batch leaves nothing.
+    store.begin().unwrap();
+    store.put_job(6, 2, &json!({ "id": 6 })).unwrap();
+    store.add_event(4, &event(9_000, EventKind::Cancelled, 1, json!({}))).unwrap();
+    store.rollback().unwrap();
+
+    let mut snapshot = store.load::<Value>().unwrap();
+    snapshot.tokens.sort_by(|a, b| a.hash.cmp(&b.hash));
+    snapshot.heard.sort();
+    seen.push(format!("{snapshot:?}"));
+    seen.push(format!("{:?}", store.events(4).unwrap()));
+    seen.push(format!("{:?}", store.events(99).unwrap()));
+    seen.push(format!("{:?}", store.usage(Some(2), 100_000, 200_000).unwrap()));
+    seen.push(format!("{:?}", store.usage(None, 0, u64::MAX).unwrap()));
+    seen.push(format!("{:?}", store.usage(Some(1), 0, u64::MAX).unwrap()));
+    seen.push(format!("{:?}", store.job_usage(4).unwrap()));
+    seen.push(format!("{:?} {:?}", store.log_state(4).unwrap(), store.log_state(5).unwrap()));
+    seen.push(format!(
+        "{:?} {:?}",
+        store.last_report("node-0").unwrap(),
+        store.last_report("node-1").unwrap()
+    ));
+    seen.push(format!("max job {}", store.max_job_id().unwrap()));
+    seen.join("\n")
+}
+
+fn sqlite(dir: &Path) -> SqliteStore {
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir).unwrap();
+    SqliteStore::open(&dir.join("ebb.db")).unwrap()
+}
+
+#[test]
+fn both_backends_keep_the_same_contract() {
+    let pg = Postgres::start("contract");
+    let dir = std::env::temp_dir().join(format!("ebb-contract-{}", std::process::id()));
+    let on_sqlite = exercise(&mut sqlite(&dir));
+    let on_postgres = exercise(&mut PgStore::open(&pg.url()).unwrap());
+    assert_eq!(on_postgres, on_sqlite);
+    // What was read is what was written.
+    assert!(on_sqlite.contains("max job 5"), "{on_sqlite}");
+    assert!(on_sqlite.contains("Some(LogState { bytes: 84 }) None"), "{on_sqlite}");
+    assert!(on_sqlite.contains("Some(ReportId { session: 9, seq: 2 }) None"), "{on_sqlite}");
+    assert!(!on_sqlite.contains("h-gone") && !on_sqlite.contains("cancelled"), "{on_sqlite}");
+    assert!(on_sqlite.contains(r#"reclaims: [("H100", 4)]"#), "{on_sqlite}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_postgres_database_is_migrated_once_and_a_newer_one_is_refused() {
+    let pg = Postgres::start("migrate");
+    let mut first = PgStore::open(&pg.url()).unwrap();
+    first.begin().unwrap();
+    first.put_tenant(&TenantRow { id: 1, name: "default".into() }).unwrap();
+    first.commit().unwrap();
+    // A second server on the same database finds it migrated and its rows.
+    let mut second = PgStore::open(&pg.url()).unwrap();
+    assert_eq!(second.load::<Value>().unwrap().tenants, vec![TenantRow { id: 1, name: "default".into() }]);
+    let mut client = postgres::Client::connect(&pg.url(), postgres::NoTls).unwrap();
+    client.batch_execute("UPDATE ebb_schema SET version = version + 1").unwrap();
+    let err = PgStore::open(&pg.url()).err().expect("a newer schema is refused");
+    assert!(err.to_string().contains("newer than this ebb"), "{err}");
+    // A database that cannot be reached is said plainly.
+    let err = PgStore::open("host=/nonexistent-ebb-socket user=ebb").err().expect("no server there");
+    assert!(err.to_string().contains("--database: cannot connect to PostgreSQL"), "{err}");
+}
