@@ -19,6 +19,11 @@ pub struct ServerArgs {
     /// Where the database, tokens and job output live.
     #[arg(long, default_value = "ebb-data/server")]
     pub data_dir: PathBuf,
+    /// Keep the state in PostgreSQL instead of the embedded SQLite file:
+    /// postgres://USER@HOST/DB, or host=/socket/dir user=U dbname=DB.
+    /// One server per database (a second one is refused).
+    #[arg(long, value_name = "URL")]
+    pub database: Option<String>,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:7300")]
     pub listen: std::net::SocketAddr,
@@ -178,6 +183,7 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
     let run_as = run_as_flags(&args.run_as, &args.default_run_as)?;
     ebb_server::serve(ebb_server::ServerConfig {
         data_dir: args.data_dir,
+        database: args.database,
         listen: args.listen,
         drain_window: args.drain_window,
         heartbeat_timeout: args.heartbeat_timeout,

@@ -18,7 +18,7 @@ use tokio::sync::{mpsc, oneshot};
 use utoipa::OpenApi;
 
 use crate::engine::{Engine, EngineConfig, JobState, Msg};
-use crate::store::{Scope, SqliteStore};
+use crate::store::{Scope, SqliteStore, Store};
 use crate::{hash_token, ApiError, Principal, ServerConfig, TokenMap, TokenState};
 
 #[derive(Clone)]
@@ -944,6 +944,37 @@ fn private_data_dir(dir: &std::path::Path) -> Result<(), String> {
     Ok(())
 }
 
+/// Starts the writer thread: it opens the store (on its own thread, as a
+/// blocking database client must not run on the async runtime), restores
+/// the engine from it, and then takes messages. Returns the files the
+/// engine created, once it is ready.
+fn start_writer<S: Store + 'static>(
+    open: impl FnOnce() -> Result<S, crate::store::StoreError> + Send + 'static,
+    config: EngineConfig,
+    tokens: TokenMap,
+    rx: mpsc::Receiver<Msg>,
+) -> Result<Vec<String>, String> {
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("ebb-writer".into())
+        .spawn(move || {
+            let opened = open().map_err(|e| e.to_string()).and_then(|store| {
+                Engine::open(store, config, tokens, crate::engine::now_ms()).map_err(|e| e.message)
+            });
+            match opened {
+                Ok((engine, created)) => {
+                    let _ = ready_tx.send(Ok(created));
+                    engine.run(rx);
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                }
+            }
+        })
+        .map_err(|e| format!("cannot start the writer thread: {e}"))?;
+    ready_rx.recv().map_err(|_| "the writer thread ended before it was ready".to_string())?
+}
+
 pub async fn serve(config: ServerConfig) -> Result<(), String> {
     exit_on_panic();
     let dir = &config.data_dir;
@@ -951,7 +982,6 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
     // Before anything in the directory is touched; held until the process ends.
     let _owner = crate::lock::lock_dir(dir, "ebb server")?;
     private_data_dir(dir)?;
-    let store = SqliteStore::open(&dir.join("ebb.db")).map_err(|e| e.to_string())?;
     let tokens = Arc::new(RwLock::new(HashMap::new()));
     let engine_config = EngineConfig {
         data_dir: dir.clone(),
@@ -963,17 +993,26 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
         limits: config.limits.clone(),
         run_as: config.run_as.clone(),
     };
-    let (engine, created) =
-        Engine::open(store, engine_config, tokens.clone(), crate::engine::now_ms()).map_err(|e| e.message)?;
+    let (tx, rx) = mpsc::channel(1 << 16);
+    let created = match &config.database {
+        None => {
+            let path = dir.join("ebb.db");
+            start_writer(move || SqliteStore::open(&path), engine_config, tokens.clone(), rx)?
+        }
+        Some(url) => {
+            let url = url.clone();
+            start_writer(
+                move || crate::pg::PgStore::open_for_server(&url),
+                engine_config,
+                tokens.clone(),
+                rx,
+            )?
+        }
+    };
     for path in created {
         tracing::info!("created {path} (mode 0600)");
         eprintln!("ebb server: wrote {path}");
     }
-    let (tx, rx) = mpsc::channel(1 << 16);
-    std::thread::Builder::new()
-        .name("ebb-writer".into())
-        .spawn(move || engine.run(rx))
-        .map_err(|e| format!("cannot start the writer thread: {e}"))?;
     let ticker = tx.clone();
     tokio::spawn(async move {
         let mut every = tokio::time::interval(Duration::from_millis(250));

@@ -132,6 +132,8 @@ pub fn rfc3339(ms: u64) -> String {
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
     pub data_dir: PathBuf,
+    /// PostgreSQL instead of `<data_dir>/ebb.db`.
+    pub database: Option<String>,
     pub listen: SocketAddr,
     pub drain_window: Span,
     pub heartbeat_timeout: Span,

@@ -51,6 +51,9 @@ const MIGRATIONS: &[&str] = &[
      CREATE TABLE reclaims (model TEXT PRIMARY KEY, preemptible_limit BIGINT NOT NULL);",
 ];
 
+/// The advisory lock a server holds on its database.
+const SERVER_LOCK: i64 = 7301;
+
 pub struct PgStore {
     client: Client,
     /// Statements prepared once per connection, by their text.
@@ -65,6 +68,21 @@ impl PgStore {
             .map_err(|e| StoreError(format!("--database: cannot connect to PostgreSQL: {e}")))?;
         let mut store = PgStore { client, prepared: HashMap::new() };
         store.migrate()?;
+        Ok(store)
+    }
+
+    /// Opens the store for a server: as `open`, and the database is this
+    /// server's alone for as long as its connection lives (a session
+    /// advisory lock), so a second server on it is refused rather than
+    /// writing beside the first.
+    pub fn open_for_server(url: &str) -> Result<PgStore> {
+        let mut store = PgStore::open(url)?;
+        let held: bool = store.client.query_one("SELECT pg_try_advisory_lock($1)", &[&SERVER_LOCK])?.get(0);
+        if !held {
+            return Err(StoreError(
+                "--database: another ebb server is using this database (one server per database)".into(),
+            ));
+        }
         Ok(store)
     }
 

@@ -3,10 +3,10 @@
 //! starts with `initdb` and `pg_ctl`, on a unix socket in a temporary
 //! directory) read back the same, fail the same, and roll back the same.
 
+mod pg;
+
 use std::collections::BTreeMap;
-use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
 use ebb_api::{EventKind, JobEvent, ReportId, TenantLimits};
 use ebb_server::pg::PgStore;
@@ -14,83 +14,6 @@ use ebb_server::store::{
     LogState, NodeRow, PriceRow, ReservationRow, Scope, SqliteStore, Store, TenantRow, TokenRow, UsageRow,
 };
 use serde_json::{json, Value};
-
-/// PostgreSQL's programs: `EBB_PG_BIN`, or Debian's PostgreSQL 15.
-fn pg_bin(program: &str) -> PathBuf {
-    let dir = std::env::var_os("EBB_PG_BIN")
-        .map_or_else(|| PathBuf::from("/usr/lib/postgresql/15/bin"), PathBuf::from);
-    dir.join(program)
-}
-
-/// A PostgreSQL server of its own, stopped and removed when dropped.
-/// `initdb` refuses to run as root, so as root it runs as `postgres`.
-struct Postgres {
-    dir: PathBuf,
-    user: Option<(u32, u32)>,
-}
-
-impl Postgres {
-    fn start(name: &str) -> Postgres {
-        let dir = std::env::temp_dir().join(format!("ebb-pg-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(dir.join("sock")).unwrap();
-        let user = nix::unistd::Uid::effective().is_root().then(|| {
-            let pg =
-                nix::unistd::User::from_name("postgres").unwrap().expect("a postgres user to run initdb as");
-            nix::unistd::chown(&dir, Some(pg.uid), Some(pg.gid)).unwrap();
-            nix::unistd::chown(&dir.join("sock"), Some(pg.uid), Some(pg.gid)).unwrap();
-            (pg.uid.as_raw(), pg.gid.as_raw())
-        });
-        let pg = Postgres { dir, user };
-        pg.run(
-            "initdb",
-            &["-D", pg.data().to_str().unwrap(), "-U", "ebb", "--auth=trust", "-E", "UTF8", "--no-sync"],
-        );
-        let options = format!("-c listen_addresses='' -k {} -c fsync=off", pg.dir.join("sock").display());
-        let log = pg.dir.join("log");
-        pg.run(
-            "pg_ctl",
-            &["-D", pg.data().to_str().unwrap(), "-o", &options, "-l", log.to_str().unwrap(), "-w", "start"],
-        );
-        pg
-    }
-
-    fn data(&self) -> PathBuf {
-        self.dir.join("data")
-    }
-
-    fn run(&self, program: &str, args: &[&str]) {
-        let mut cmd = Command::new(pg_bin(program));
-        cmd.args(args).current_dir(&self.dir);
-        if let Some((uid, gid)) = self.user {
-            cmd.uid(uid).gid(gid);
-        }
-        let out = cmd.output().unwrap_or_else(|e| panic!("{program}: {e}"));
-        assert!(
-            out.status.success(),
-            "{program}: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
-    fn url(&self) -> String {
-        format!("host={} user=ebb dbname=postgres", self.dir.join("sock").display())
-    }
-}
-
-impl Drop for Postgres {
-    fn drop(&mut self) {
-        let data = self.data();
-        let mut cmd = Command::new(pg_bin("pg_ctl"));
-        cmd.args(["-D", data.to_str().unwrap(), "-m", "immediate", "stop"]);
-        if let Some((uid, gid)) = self.user {
-            cmd.uid(uid).gid(gid);
-        }
-        let _ = cmd.output();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
 
 fn event(at_ms: u64, kind: EventKind, attempt: u32, detail: Value) -> JobEvent {
     JobEvent { at: ebb_server::rfc3339(at_ms), at_ms, kind, attempt, detail }
@@ -222,7 +145,7 @@ fn sqlite(dir: &Path) -> SqliteStore {
 
 #[test]
 fn both_backends_keep_the_same_contract() {
-    let pg = Postgres::start("contract");
+    let pg = pg::Postgres::start("contract");
     let dir = std::env::temp_dir().join(format!("ebb-contract-{}", std::process::id()));
     let on_sqlite = exercise(&mut sqlite(&dir));
     let on_postgres = exercise(&mut PgStore::open(&pg.url()).unwrap());
@@ -238,7 +161,7 @@ fn both_backends_keep_the_same_contract() {
 
 #[test]
 fn a_postgres_database_is_migrated_once_and_a_newer_one_is_refused() {
-    let pg = Postgres::start("migrate");
+    let pg = pg::Postgres::start("migrate");
     let mut first = PgStore::open(&pg.url()).unwrap();
     first.begin().unwrap();
     first.put_tenant(&TenantRow { id: 1, name: "default".into() }).unwrap();

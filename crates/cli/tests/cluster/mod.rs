@@ -24,6 +24,8 @@ pub struct Options {
     pub run_as: Option<RunAs>,
     /// More flags for every agent.
     pub agent_args: Vec<&'static str>,
+    /// `ebb server --database URL`: PostgreSQL instead of SQLite.
+    pub database: Option<String>,
 }
 
 /// An operator's mapping of tenants to Unix users, and the default user
@@ -45,6 +47,7 @@ impl Default for Options {
             heartbeat_timeout: "10s",
             run_as: None,
             agent_args: Vec::new(),
+            database: None,
         }
     }
 }
@@ -152,6 +155,7 @@ impl Cluster {
                 self.opts.heartbeat_timeout,
             ])
             .args(["--heartbeat-interval", "200ms"])
+            .args(self.opts.database.iter().flat_map(|url| ["--database", url.as_str()]))
             .stdout(self.log("server"))
             .stderr(self.log("server"))
             .spawn()
