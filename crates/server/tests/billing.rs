@@ -1,7 +1,8 @@
 //! The billing property: for any sequence of submissions, preemptions,
 //! exits, failures, node crashes, agent restarts and server crashes (between
 //! batches or in the middle of one), with the server restarted from its
-//! SQLite file each time, the invoices add up to the usage records, which
+//! store each time (its SQLite file; and, in fewer cases, a PostgreSQL
+//! database on a throwaway server), the invoices add up to the usage records, which
 //! add up to what the processes actually ran × their rate, to the
 //! micro-dollar: every attempt that ran is billed once, none twice.
 //!
@@ -9,6 +10,8 @@
 //! explicit instants; the agents are modelled here, speaking the agent
 //! protocol (register, poll, report) as `ebb agent` does, and keeping the
 //! truth: when each process really started and ended.
+
+mod pg;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -88,9 +91,13 @@ struct Node {
     credential: bool,
 }
 
-struct World {
+/// Where the server keeps its state: opened afresh at every (re)start.
+type Open<S> = Box<dyn Fn() -> S>;
+
+struct World<S: Store> {
     dir: PathBuf,
-    engine: Option<Engine<SqliteStore>>,
+    open_store: Open<S>,
+    engine: Option<Engine<S>>,
     now: u64,
     nodes: Vec<Node>,
     ran: Vec<Ran>,
@@ -115,8 +122,14 @@ fn config(dir: &PathBuf) -> EngineConfig {
     }
 }
 
-impl World {
-    fn new(case: u64) -> World {
+/// The server's state in SQLite, a file in the case's directory.
+fn sqlite(dir: &std::path::Path) -> Open<SqliteStore> {
+    let path = dir.join("ebb.db");
+    Box::new(move || SqliteStore::open(&path).unwrap())
+}
+
+impl<S: Store> World<S> {
+    fn new(case: u64, open_store: impl FnOnce(&std::path::Path) -> Open<S>) -> World<S> {
         let root = if std::path::Path::new("/dev/shm").is_dir() {
             PathBuf::from("/dev/shm")
         } else {
@@ -138,7 +151,9 @@ impl World {
             .collect();
         let admin = Principal::tenant(Scope::Admin, 1, "default");
         let acme = Principal::tenant(Scope::Tenant, 2, "acme");
-        let mut world = World { dir, engine: None, now: START, nodes, ran: Vec::new(), admin, acme };
+        let open_store = open_store(&dir);
+        let mut world =
+            World { dir, open_store, engine: None, now: START, nodes, ran: Vec::new(), admin, acme };
         world.open();
         let created = world.call(|reply| Msg::CreateTenant { name: "acme".into(), reply }).unwrap();
         assert!(created.is_ok());
@@ -149,7 +164,7 @@ impl World {
     }
 
     fn open(&mut self) {
-        let store = SqliteStore::open(&self.dir.join("ebb.db")).unwrap();
+        let store = (self.open_store)();
         let tokens = Arc::new(RwLock::new(HashMap::new()));
         let (engine, _) =
             Engine::open(store, config(&self.dir), tokens, self.now).map_err(|e| e.message).unwrap();
@@ -484,7 +499,15 @@ fn truth_amount(r: &Ran) -> i64 {
 }
 
 fn check(ops: &[Op], case: u64) -> Result<(), TestCaseError> {
-    let mut world = World::new(case);
+    check_on(ops, case, sqlite)
+}
+
+fn check_on<S: Store>(
+    ops: &[Op],
+    case: u64,
+    open_store: impl FnOnce(&std::path::Path) -> Open<S>,
+) -> Result<(), TestCaseError> {
+    let mut world = World::new(case, open_store);
     for op in ops {
         if std::env::var_os("EBB_BILLING_TRACE").is_some() {
             eprintln!("{} {op:?}", world.now - START);
@@ -493,7 +516,7 @@ fn check(ops: &[Op], case: u64) -> Result<(), TestCaseError> {
     }
     world.settle();
 
-    let records = SqliteStore::open(&world.dir.join("ebb.db")).unwrap().usage(None, 0, u64::MAX).unwrap();
+    let records = (world.open_store)().usage(None, 0, u64::MAX).unwrap();
     let mut invoiced = 0;
     for tenant in ["default", "acme"] {
         let principal = world.admin.clone();
@@ -556,6 +579,32 @@ proptest! {
     fn invoices_equal_usage_records_equal_what_ran_times_the_rate(ops in prop::collection::vec(op(), 1..60)) {
         static CASE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         check(&ops, CASE.fetch_add(1, std::sync::atomic::Ordering::SeqCst))?;
+    }
+}
+
+/// The same property with the server's state in PostgreSQL: a database of
+/// its own per case, on one throwaway server. Fewer cases: each batch is
+/// a round trip to another process.
+#[test]
+fn on_postgres_invoices_equal_usage_records_equal_what_ran_times_the_rate() {
+    use proptest::test_runner::{Config, TestRunner};
+    let server = pg::Postgres::start("billing");
+    let admin = std::cell::RefCell::new(postgres::Client::connect(&server.url(), postgres::NoTls).unwrap());
+    let case = std::cell::Cell::new(0u64);
+    let mut runner = TestRunner::new(Config { cases: 48, ..Config::default() });
+    let result = runner.run(&prop::collection::vec(op(), 1..60), |ops| {
+        case.set(case.get() + 1);
+        let name = format!("billing_{}", case.get());
+        admin.borrow_mut().batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
+        let url = server.url_for(&name);
+        let outcome = check_on(&ops, 2_000_000 + case.get(), |_| {
+            Box::new(move || ebb_server::pg::PgStore::open(&url).unwrap())
+        });
+        admin.borrow_mut().batch_execute(&format!("DROP DATABASE {name} WITH (FORCE)")).unwrap();
+        outcome
+    });
+    if let Err(e) = result {
+        panic!("{e}");
     }
 }
 

@@ -68,7 +68,12 @@ impl Postgres {
     }
 
     pub fn url(&self) -> String {
-        format!("host={} user=ebb dbname=postgres", self.dir.join("sock").display())
+        self.url_for("postgres")
+    }
+
+    /// A connection string for database `name` on this server.
+    pub fn url_for(&self, name: &str) -> String {
+        format!("host={} user=ebb dbname={name}", self.dir.join("sock").display())
     }
 }
 
