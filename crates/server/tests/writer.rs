@@ -4,6 +4,8 @@
 //! drives batches at explicit instants and reopens the store as a
 //! restarted server would.
 
+mod pg;
+
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
@@ -27,12 +29,12 @@ use tokio::sync::oneshot;
 const T0: u64 = 1_900_000_000_000;
 
 /// A store that fails the `n`-th call (from 1) of one write once armed.
-struct Faulty {
-    inner: SqliteStore,
+struct Faulty<S: Store> {
+    inner: S,
     armed: Arc<Mutex<Option<(&'static str, u32)>>>,
 }
 
-impl Faulty {
+impl<S: Store> Faulty<S> {
     fn trip(&self, op: &'static str) -> Result<(), StoreError> {
         let mut armed = self.armed.lock().unwrap();
         match &mut *armed {
@@ -49,7 +51,7 @@ impl Faulty {
     }
 }
 
-impl Store for Faulty {
+impl<S: Store> Store for Faulty<S> {
     fn begin(&mut self) -> Result<(), StoreError> {
         self.inner.begin()
     }
@@ -150,9 +152,13 @@ struct Agent {
 }
 
 /// The writer, its store's directory and the fake agents.
-struct TestEnv {
+/// Where the writer keeps its state: opened afresh at every (re)start.
+type Open<S> = Box<dyn Fn() -> S>;
+
+struct TestEnv<S: Store = SqliteStore> {
     dir: PathBuf,
-    engine: Option<Engine<Faulty>>,
+    open_store: Open<S>,
+    engine: Option<Engine<Faulty<S>>>,
     armed: Arc<Mutex<Option<(&'static str, u32)>>>,
     agents: BTreeMap<String, Agent>,
     admin: Principal,
@@ -172,13 +178,25 @@ fn config(dir: &Path) -> EngineConfig {
     }
 }
 
-impl TestEnv {
-    fn new(name: &str) -> TestEnv {
+impl TestEnv<SqliteStore> {
+    /// A writer on SQLite, a file in the test's directory.
+    fn new(name: &str) -> TestEnv<SqliteStore> {
+        TestEnv::with_store(name, |dir| {
+            let path = dir.join("ebb.db");
+            Box::new(move || SqliteStore::open(&path).unwrap())
+        })
+    }
+}
+
+impl<S: Store> TestEnv<S> {
+    fn with_store(name: &str, open_store: impl FnOnce(&Path) -> Open<S>) -> TestEnv<S> {
         let dir = std::env::temp_dir().join(format!("ebb-writer-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("logs")).unwrap();
+        let open_store = open_store(&dir);
         let mut env = TestEnv {
             dir,
+            open_store,
             engine: None,
             armed: Arc::new(Mutex::new(None)),
             agents: BTreeMap::new(),
@@ -193,7 +211,7 @@ impl TestEnv {
     /// agents must register again.
     fn restart(&mut self) {
         self.engine = None;
-        let inner = SqliteStore::open(&self.dir.join("ebb.db")).unwrap();
+        let inner = (self.open_store)();
         let store = Faulty { inner, armed: self.armed.clone() };
         let tokens = Arc::new(RwLock::new(HashMap::new()));
         let (engine, _) =
@@ -201,7 +219,7 @@ impl TestEnv {
         self.engine = Some(engine);
     }
 
-    fn engine(&mut self) -> &mut Engine<Faulty> {
+    fn engine(&mut self) -> &mut Engine<Faulty<S>> {
         self.engine.as_mut().expect("running")
     }
 
@@ -331,7 +349,7 @@ impl TestEnv {
     }
 
     fn usage(&self, id: u64) -> Vec<UsageRow> {
-        SqliteStore::open(&self.dir.join("ebb.db")).unwrap().job_usage(id).unwrap()
+        (self.open_store)().job_usage(id).unwrap()
     }
 }
 
@@ -353,8 +371,28 @@ fn exited(attempt: AttemptRef, code: i32, at_ms: u64) -> AgentEvent {
 /// goes through whole.
 #[test]
 fn a_store_error_mid_batch_commits_and_answers_nothing_and_the_restarted_server_is_consistent() {
+    store_errors_mid_batch(|name| TestEnv::new(name));
+}
+
+/// The same on PostgreSQL: a database of its own per write failed, on a
+/// throwaway server.
+#[test]
+fn on_postgres_a_store_error_mid_batch_commits_and_answers_nothing() {
+    let server = pg::Postgres::start("writer");
+    let mut admin = postgres::Client::connect(&server.url(), postgres::NoTls).unwrap();
+    store_errors_mid_batch(|name| {
+        let db = name.replace('-', "_");
+        admin.batch_execute(&format!("CREATE DATABASE {db}")).unwrap();
+        let url = server.url_for(&db);
+        TestEnv::with_store(&format!("pg-{name}"), move |_| {
+            Box::new(move || ebb_server::pg::PgStore::open(&url).unwrap())
+        })
+    });
+}
+
+fn store_errors_mid_batch<S: Store>(mut env_for: impl FnMut(&str) -> TestEnv<S>) {
     for (op, n) in [("put_job", 2), ("add_event", 2), ("heard", 1), ("add_usage", 1), ("put_log_state", 1)] {
-        let mut env = TestEnv::new(&format!("fail-{op}"));
+        let mut env = env_for(&format!("fail-{op}"));
         env.register("a", Vec::new(), Vec::new());
         let attempt = env.running("a");
         env.now += 60_000;
@@ -369,7 +407,7 @@ fn a_store_error_mid_batch_commits_and_answers_nothing_and_the_restarted_server_
             reply: read_tx,
         };
         let events = vec![AgentEvent::Output { attempt, data: "done\n".into() }, exited(attempt, 0, env.now)];
-        let (report, mut reported) = TestEnv::report_msg("a", events.clone());
+        let (report, mut reported) = TestEnv::<S>::report_msg("a", events.clone());
         env.fail(op, n);
         let now = env.now;
         let result = env.engine().batch(vec![submit, jobs, report], now);
