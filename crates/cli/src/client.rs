@@ -13,8 +13,9 @@ use serde::{Deserialize, Serialize};
 /// `ebb tenant create NAME --server URL` works too), and only those.
 #[derive(Args, Clone, Debug, Default)]
 pub struct Connection {
-    /// Server URL, e.g. http://127.0.0.1:7300.
-    #[arg(long, env = "EBB_SERVER", global = true, hide_env_values = true, value_name = "URL")]
+    /// Server URL, e.g. http://127.0.0.1:7300; or several, comma-separated,
+    /// tried in turn while one cannot be reached.
+    #[arg(long, env = "EBB_SERVER", global = true, hide_env_values = true, value_name = "URL[,URL...]")]
     pub server: Option<String>,
     /// API token.
     #[arg(long, env = "EBB_TOKEN", global = true, hide_env_values = true, value_name = "TOKEN")]
@@ -75,7 +76,9 @@ fn config_path() -> Option<PathBuf> {
 }
 
 pub struct Client {
-    server: String,
+    /// Tried in order; the next only when one cannot be reached at all
+    /// (the request never left), so nothing is ever sent twice.
+    servers: Vec<String>,
     token: String,
     http: reqwest::Client,
 }
@@ -95,12 +98,13 @@ impl Connection {
         let token = self.token.clone().or(file.token).ok_or(
             "no token: pass --token TOKEN, set EBB_TOKEN, or put \"token\" in ~/.config/ebb/config.json",
         )?;
-        let server = check_url(server.trim())?;
+        let servers =
+            server.split(',').map(|s| check_url(s.trim())).collect::<Result<Vec<String>, String>>()?;
         let http = reqwest::Client::builder()
             .connect_timeout(std::time::Duration::from_secs(5))
             .build()
             .map_err(|e| e.to_string())?;
-        Ok(Client { server: server.trim_end_matches('/').to_string(), token: token.trim().to_string(), http })
+        Ok(Client { servers, token: token.trim().to_string(), http })
     }
 }
 
@@ -137,14 +141,30 @@ fn unreachable(server: &str, e: &reqwest::Error) -> String {
 }
 
 impl Client {
-    async fn send<T: DeserializeOwned>(&self, req: reqwest::RequestBuilder) -> Result<T, String> {
-        let resp = req.bearer_auth(&self.token).send().await.map_err(|e| unreachable(&self.server, &e))?;
+    /// Sends the request `build` makes for a server's base URL to each
+    /// server in turn until one can be reached.
+    async fn send<T: DeserializeOwned>(
+        &self,
+        build: impl Fn(&str) -> reqwest::RequestBuilder,
+    ) -> Result<T, String> {
+        let mut refused = Vec::new();
+        for server in &self.servers {
+            match build(server).bearer_auth(&self.token).send().await {
+                Ok(resp) => return self.answer(server, resp).await,
+                // Not connected: the request never left; the next may answer.
+                Err(e) if e.is_connect() => refused.push(unreachable(server, &e)),
+                Err(e) => return Err(unreachable(server, &e)),
+            }
+        }
+        Err(refused.join("; "))
+    }
+
+    async fn answer<T: DeserializeOwned>(&self, server: &str, resp: reqwest::Response) -> Result<T, String> {
         let status = resp.status();
-        let body = resp.text().await.map_err(|e| unreachable(&self.server, &e))?;
+        let body = resp.text().await.map_err(|e| unreachable(server, &e))?;
         let not_ebb = || {
             format!(
-                "{} answered HTTP {} with something that is not Ebb's API: is it an Ebb server (EBB_SERVER, --server)?",
-                self.server,
+                "{server} answered HTTP {} with something that is not Ebb's API: is it an Ebb server (EBB_SERVER, --server)?",
                 status.as_u16()
             )
         };
@@ -158,19 +178,19 @@ impl Client {
     }
 
     pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, String> {
-        self.send(self.http.get(format!("{}{path}", self.server))).await
+        self.send(|base| self.http.get(format!("{base}{path}"))).await
     }
 
     pub async fn post<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> Result<T, String> {
-        self.send(self.http.post(format!("{}{path}", self.server)).json(body)).await
+        self.send(|base| self.http.post(format!("{base}{path}")).json(body)).await
     }
 
     pub async fn put<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> Result<T, String> {
-        self.send(self.http.put(format!("{}{path}", self.server)).json(body)).await
+        self.send(|base| self.http.put(format!("{base}{path}")).json(body)).await
     }
 
     pub async fn delete<T: DeserializeOwned>(&self, path: &str) -> Result<T, String> {
-        self.send(self.http.delete(format!("{}{path}", self.server))).await
+        self.send(|base| self.http.delete(format!("{base}{path}"))).await
     }
 
     /// GET with query parameters, encoded.
@@ -179,6 +199,6 @@ impl Client {
         path: &str,
         query: &[(&str, &str)],
     ) -> Result<T, String> {
-        self.send(self.http.get(format!("{}{path}", self.server)).query(query)).await
+        self.send(|base| self.http.get(format!("{base}{path}")).query(query)).await
     }
 }

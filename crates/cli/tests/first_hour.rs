@@ -542,3 +542,37 @@ fn a_job_runs_where_it_was_submitted_with_the_submitters_environment() {
     assert_eq!(job["workdir"], here);
     assert!(c.ebb(&["show", &id.to_string()]).contains(&format!("  workdir      {here}\n")));
 }
+
+/// A list of servers is tried in turn while one cannot be reached: the
+/// request goes to the first that answers, once.
+#[test]
+fn a_comma_separated_server_list_is_tried_in_turn_and_a_request_is_sent_once() {
+    let c = Cluster::start(Options { nodes: 1, gpus: 2, ..Options::default() });
+    let run = |servers: &str, args: &[&str]| {
+        std::process::Command::new(cluster::ebb_exe())
+            .args(args)
+            .env("EBB_SERVER", servers)
+            .env("EBB_TOKEN", &c.admin)
+            .env_remove("EBB_CONFIG")
+            .output()
+            .unwrap()
+    };
+    let servers = format!("http://127.0.0.1:9, {}", c.url);
+    let out = run(&servers, &["submit", "--json", "--", "true"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let id = serde_json::from_slice::<Value>(&out.stdout).unwrap()["id"].as_u64().unwrap();
+    c.wait_state(id, "succeeded");
+    assert_eq!(c.jobs().len(), 1, "the submission was made once");
+    // None reachable: each is named with its cause.
+    let out = run("http://127.0.0.1:9,http://127.0.0.1:10", &["jobs"]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("cannot connect to http://127.0.0.1:9: connection refused")
+            && err.contains("cannot connect to http://127.0.0.1:10: connection refused"),
+        "{err}"
+    );
+    // A malformed entry is named.
+    let out = run(&format!("{},127.0.0.1:7300", c.url), &["jobs"]);
+    assert!(stderr(&out).contains("did you mean http://127.0.0.1:7300?"), "{}", stderr(&out));
+}
