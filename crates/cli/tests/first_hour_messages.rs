@@ -246,7 +246,7 @@ fn only_commands_that_talk_to_a_server_offer_server_and_token() {
     for remote in [&["jobs"][..], &["submit"], &["tenant", "list"], &["bill"]] {
         let text = help(remote);
         assert!(
-            text.contains("--server <URL>") && text.contains("--token <TOKEN>"),
+            text.contains("--server <URL[,URL...]>") && text.contains("--token <TOKEN>"),
             "ebb {remote:?}: {text}"
         );
     }
