@@ -133,22 +133,6 @@ fn stop(mut up: Up, dir: &Path) {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// Every `pending_reason` code (docs/cli.md lists them).
-const REASONS: [&str; 12] = [
-    "resources",
-    "priority",
-    "whole_nodes",
-    "reservation_cap",
-    "reservation_full",
-    "reservation_not_started",
-    "reclaimed",
-    "no_capacity",
-    "victims_draining",
-    "backoff",
-    "tenant_limit",
-    "scheduling",
-];
-
 /// `/metrics` left out every series nothing had happened to yet (no
 /// `preemptible` row before the first preemptible job), and had no drain
 /// time, held or draining GPUs, queue by tier or revenue at all.
@@ -168,7 +152,7 @@ fn metrics_export_every_series_at_zero_and_count_a_preemption_as_the_report_does
         "ebb_checkpoints_total".into(),
     ];
     for tier in ["reserved", "on-demand", "preemptible"] {
-        for reason in REASONS {
+        for reason in ebb_server::engine::PENDING_REASONS {
             zero.push(format!("ebb_jobs_queued{{tier=\"{tier}\",reason=\"{reason}\"}}"));
         }
         zero.push(format!("ebb_revenue_usd_total{{tier=\"{tier}\"}}"));

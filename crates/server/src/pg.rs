@@ -13,8 +13,8 @@ use serde::{Deserialize, Serialize};
 use ebb_api::JobEvent;
 
 use crate::store::{
-    JobRow, LogState, NodeRow, PriceRow, ReservationRow, Result, Scope, Snapshot, Store, StoreError,
-    TenantRow, TokenRow, UsageRow,
+    scope_name, scope_of, JobRow, LogState, NodeRow, PriceRow, ReservationRow, Result, Snapshot, Store,
+    StoreError, TenantRow, TokenRow, UsageRow,
 };
 
 impl From<postgres::Error> for StoreError {
@@ -142,24 +142,6 @@ impl PgStore {
     }
 }
 
-fn scope_name(scope: Scope) -> &'static str {
-    match scope {
-        Scope::Tenant => "tenant",
-        Scope::Admin => "admin",
-        Scope::Agent => "agent",
-        Scope::Node => "node",
-    }
-}
-
-fn scope_of(name: &str) -> Scope {
-    match name {
-        "admin" => Scope::Admin,
-        "agent" => Scope::Agent,
-        "node" => Scope::Node,
-        _ => Scope::Tenant,
-    }
-}
-
 /// Milliseconds and ids as PostgreSQL's BIGINT.
 fn big(n: u64) -> i64 {
     n.min(i64::MAX as u64) as i64
@@ -204,12 +186,7 @@ impl Store for PgStore {
                 .iter()
                 .map(|r| serde_json::from_str(r.get::<_, &str>(0)))
                 .collect::<serde_json::Result<_>>()?,
-            jobs: Vec::new(),
-            prices: Vec::new(),
-            reservations: Vec::new(),
-            heard: Vec::new(),
-            tenant_limits: Vec::new(),
-            reclaims: Vec::new(),
+            ..Snapshot::empty()
         };
         // Row by row, each sharing what it has in common with the one
         // before, as SQLite's `load` does.

@@ -114,6 +114,22 @@ pub struct Snapshot<J> {
     pub reclaims: Vec<(String, u32)>,
 }
 
+impl<J> Snapshot<J> {
+    pub fn empty() -> Snapshot<J> {
+        Snapshot {
+            tenants: Vec::new(),
+            tokens: Vec::new(),
+            nodes: Vec::new(),
+            jobs: Vec::new(),
+            prices: Vec::new(),
+            reservations: Vec::new(),
+            heard: Vec::new(),
+            tenant_limits: Vec::new(),
+            reclaims: Vec::new(),
+        }
+    }
+}
+
 /// The storage interface the server is written against.
 pub trait Store: Send {
     fn begin(&mut self) -> Result<()>;
@@ -242,7 +258,17 @@ impl SqliteStore {
     }
 }
 
-fn scope_name(scope: Scope) -> &'static str {
+/// The scope a stored name stands for.
+pub(crate) fn scope_of(name: &str) -> Scope {
+    match name {
+        "admin" => Scope::Admin,
+        "agent" => Scope::Agent,
+        "node" => Scope::Node,
+        _ => Scope::Tenant,
+    }
+}
+
+pub(crate) fn scope_name(scope: Scope) -> &'static str {
     match scope {
         Scope::Tenant => "tenant",
         Scope::Admin => "admin",
@@ -268,17 +294,7 @@ impl Store for SqliteStore {
     }
 
     fn load<J: JobRow>(&mut self) -> Result<Snapshot<J>> {
-        let mut snapshot = Snapshot {
-            tenants: Vec::new(),
-            tokens: Vec::new(),
-            nodes: Vec::new(),
-            jobs: Vec::new(),
-            prices: Vec::new(),
-            reservations: Vec::new(),
-            heard: Vec::new(),
-            tenant_limits: Vec::new(),
-            reclaims: Vec::new(),
-        };
+        let mut snapshot = Snapshot::empty();
         let mut stmt = self.conn.prepare("SELECT id, name FROM tenants ORDER BY id")?;
         snapshot.tenants = stmt
             .query_map([], |r| Ok(TenantRow { id: r.get(0)?, name: r.get(1)? }))?
@@ -286,13 +302,7 @@ impl Store for SqliteStore {
         let mut stmt = self.conn.prepare("SELECT hash, tenant, scope, node FROM tokens")?;
         snapshot.tokens = stmt
             .query_map([], |r| {
-                let scope: String = r.get(2)?;
-                let scope = match scope.as_str() {
-                    "admin" => Scope::Admin,
-                    "agent" => Scope::Agent,
-                    "node" => Scope::Node,
-                    _ => Scope::Tenant,
-                };
+                let scope = scope_of(&r.get::<_, String>(2)?);
                 Ok(TokenRow { hash: r.get(0)?, tenant: r.get(1)?, scope, node: r.get(3)? })
             })?
             .collect::<rusqlite::Result<_>>()?;
