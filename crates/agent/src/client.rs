@@ -39,7 +39,12 @@ impl std::fmt::Display for CallError {
 /// The server's agent API, as this node.
 pub(crate) struct Client {
     http: reqwest::Client,
-    server: String,
+    /// The control plane's servers, any of which answers (one leads, the
+    /// others forward to it).
+    servers: Vec<String>,
+    /// The one calls go to, until it cannot be reached or does not
+    /// answer in time; then the next.
+    current: std::sync::atomic::AtomicUsize,
     join_token: String,
     /// This node's own credential, once the server has issued it: every
     /// call but the first registration carries it instead of the join
@@ -50,26 +55,42 @@ pub(crate) struct Client {
 }
 
 impl Client {
-    /// A client for `server`, with the credential a previous life of this
-    /// agent kept in `data_dir` if any (see [`load_credential`]).
+    /// A client for `servers` (comma-separated URLs), with the credential
+    /// a previous life of this agent kept in `data_dir` if any (see
+    /// [`load_credential`]).
     pub(crate) fn new(
         http: reqwest::Client,
-        server: &str,
+        servers: &str,
         join_token: &str,
         data_dir: &Path,
         credential: Option<String>,
     ) -> Client {
         Client {
             http,
-            server: server.trim_end_matches('/').to_string(),
+            servers: servers
+                .split(',')
+                .map(|s| s.trim().trim_end_matches('/').to_string())
+                .filter(|s| !s.is_empty())
+                .collect(),
+            current: Default::default(),
             join_token: join_token.to_string(),
             credential: Mutex::new(credential),
             credential_path: credential_path(data_dir),
         }
     }
 
+    /// The server calls go to now.
     pub(crate) fn server(&self) -> &str {
-        &self.server
+        let i = self.current.load(std::sync::atomic::Ordering::Relaxed);
+        &self.servers[i % self.servers.len()]
+    }
+
+    /// Calls go to the next server from now on.
+    fn next_server(&self, from: &str) {
+        if self.servers.len() > 1 && self.server() == from {
+            self.current.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tracing::warn!("{from} cannot be reached; trying {}", self.server());
+        }
     }
 
     pub(crate) fn credential_path(&self) -> &Path {
@@ -77,7 +98,7 @@ impl Client {
     }
 
     fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.server)
+        format!("{}{path}", self.server())
     }
 
     /// The node's credential, or the join token before it has one.
@@ -91,8 +112,13 @@ impl Client {
     }
 
     async fn call<T: for<'de> Deserialize<'de>>(&self, req: reqwest::RequestBuilder) -> Result<T, CallError> {
-        let resp =
-            req.bearer_auth(self.bearer()).send().await.map_err(|e| CallError::Other(e.to_string()))?;
+        let server = self.server().to_string();
+        let resp = req.bearer_auth(self.bearer()).send().await.map_err(|e| {
+            if e.is_connect() || e.is_timeout() {
+                self.next_server(&server);
+            }
+            CallError::Other(e.to_string())
+        })?;
         let status = resp.status();
         if status.is_success() {
             return resp.json().await.map_err(|e| CallError::Other(e.to_string()));

@@ -43,6 +43,7 @@ use crate::supervisor::Processes;
 
 #[derive(Clone, Debug)]
 pub struct AgentConfig {
+    /// The server's URL, or the control plane's servers comma-separated.
     pub server: String,
     pub join_token: String,
     pub name: String,

@@ -75,9 +75,13 @@ fn config_path() -> Option<PathBuf> {
     std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".config/ebb/config.json"))
 }
 
+/// How long a command waits for the servers to elect a leader.
+const ELECTION: std::time::Duration = std::time::Duration::from_secs(20);
+
 pub struct Client {
     /// Tried in order; the next only when one cannot be reached at all
-    /// (the request never left), so nothing is ever sent twice.
+    /// (the request never left) or did nothing with it (503), so nothing
+    /// is ever applied twice.
     servers: Vec<String>,
     token: String,
     http: reqwest::Client,
@@ -142,21 +146,36 @@ fn unreachable(server: &str, e: &reqwest::Error) -> String {
 
 impl Client {
     /// Sends the request `build` makes for a server's base URL to each
-    /// server in turn until one can be reached.
+    /// server in turn until one answers. A server that cannot be reached,
+    /// or answers 503 (it is not leading and could not forward the
+    /// request: nothing was done), is passed over; while the servers are
+    /// electing a leader (some answered 503), the round is tried again for
+    /// a while.
     async fn send<T: DeserializeOwned>(
         &self,
         build: impl Fn(&str) -> reqwest::RequestBuilder,
     ) -> Result<T, String> {
-        let mut refused = Vec::new();
-        for server in &self.servers {
-            match build(server).bearer_auth(&self.token).send().await {
-                Ok(resp) => return self.answer(server, resp).await,
-                // Not connected: the request never left; the next may answer.
-                Err(e) if e.is_connect() => refused.push(unreachable(server, &e)),
-                Err(e) => return Err(unreachable(server, &e)),
+        let deadline = std::time::Instant::now() + ELECTION;
+        loop {
+            let mut passed = Vec::new();
+            let mut electing = false;
+            for server in &self.servers {
+                match build(server).bearer_auth(&self.token).send().await {
+                    Ok(resp) if resp.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE => {
+                        electing = true;
+                        passed.push(self.answer::<serde_json::Value>(server, resp).await.unwrap_err());
+                    }
+                    Ok(resp) => return self.answer(server, resp).await,
+                    // Not connected: the request never left; the next may answer.
+                    Err(e) if e.is_connect() => passed.push(unreachable(server, &e)),
+                    Err(e) => return Err(unreachable(server, &e)),
+                }
             }
+            if !electing || std::time::Instant::now() >= deadline {
+                return Err(passed.join("; "));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
         }
-        Err(refused.join("; "))
     }
 
     async fn answer<T: DeserializeOwned>(&self, server: &str, resp: reqwest::Response) -> Result<T, String> {

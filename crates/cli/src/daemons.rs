@@ -21,12 +21,22 @@ pub struct ServerArgs {
     pub data_dir: PathBuf,
     /// Keep the state in PostgreSQL instead of the embedded SQLite file:
     /// postgres://USER@HOST/DB, or host=/socket/dir user=U dbname=DB.
-    /// One server per database (a second one is refused).
+    /// Several servers may share one database: one leads, the others
+    /// forward to it and take over when it fails.
     #[arg(long, value_name = "URL")]
     pub database: Option<String>,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:7300")]
     pub listen: std::net::SocketAddr,
+    /// With --database: the URL other servers and clients reach this one
+    /// at (default: http://LISTEN).
+    #[arg(long, value_name = "URL")]
+    pub advertise: Option<String>,
+    /// With --database: a leader that has not renewed its lease for this
+    /// long (frozen, or cut off from the database) is replaced. A leader
+    /// whose process dies is replaced at once. Default 5s.
+    #[arg(long, value_parser = parse_span)]
+    pub lease: Option<Span>,
     /// Notice to forced kill for every drain: 300, 300s, 5m.
     #[arg(long, default_value = "300s", value_parser = parse_span)]
     pub drain_window: Span,
@@ -181,10 +191,31 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
         ebb_server::billing::parse_price("--default-price", &args.default_price, discount_bps)
             .map_err(|e| e.message)?;
     let run_as = run_as_flags(&args.run_as, &args.default_run_as)?;
+    if args.database.is_none() {
+        for (flag, given) in [("--advertise", args.advertise.is_some()), ("--lease", args.lease.is_some())] {
+            if given {
+                return Err(format!(
+                    "{flag}: only with --database (servers sharing a PostgreSQL database); \
+                     a server on its embedded database is alone"
+                ));
+            }
+        }
+    }
+    let lease = args.lease.unwrap_or(Span::from_secs(5));
+    if !(500..=600_000).contains(&lease.as_millis()) {
+        return Err(format!("--lease {}: from 500ms to 10m", lease.human()));
+    }
+    if let Some(url) = &args.advertise {
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            return Err(format!("--advertise {url}: a URL, e.g. http://10.0.0.2:7300"));
+        }
+    }
     ebb_server::serve(ebb_server::ServerConfig {
         data_dir: args.data_dir,
         database: args.database,
         listen: args.listen,
+        advertise: args.advertise,
+        lease: Duration::from_millis(lease.as_millis()),
         drain_window: args.drain_window,
         heartbeat_timeout: args.heartbeat_timeout,
         heartbeat_interval: args.heartbeat_interval,
@@ -198,8 +229,10 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
 
 #[derive(Args)]
 pub struct AgentArgs {
-    /// The server's URL, e.g. http://10.0.0.1:7300.
-    #[arg(long, env = "EBB_SERVER", hide_env_values = true, value_name = "URL")]
+    /// The server's URL, e.g. http://10.0.0.1:7300; or the control
+    /// plane's servers, comma-separated: the agent moves to the next when
+    /// one cannot be reached or does not answer in time.
+    #[arg(long, env = "EBB_SERVER", hide_env_values = true, value_name = "URL[,URL...]")]
     pub server: Option<String>,
     /// The join token (or --join-token-file).
     #[arg(long, env = "EBB_JOIN_TOKEN", hide_env_values = true)]
@@ -274,6 +307,11 @@ pub struct AgentArgs {
 
 pub async fn agent(args: AgentArgs) -> Result<(), String> {
     let server = args.server.clone().ok_or("no server: pass --server URL or set EBB_SERVER")?;
+    for url in server.split(',').map(str::trim) {
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            return Err(format!("--server {url:?}: a URL, e.g. http://10.0.0.1:7300 (several: comma-separated)"));
+        }
+    }
     let join_token = match (&args.join_token, &args.join_token_file) {
         (Some(token), _) => token.clone(),
         (None, Some(path)) => {

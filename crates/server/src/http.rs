@@ -18,12 +18,13 @@ use tokio::sync::{mpsc, oneshot};
 use utoipa::OpenApi;
 
 use crate::engine::{Engine, EngineConfig, JobState, Msg};
+use crate::leader::{LeaseConfig, Proxy, Role};
 use crate::store::{Scope, SqliteStore, Store};
 use crate::{hash_token, ApiError, Principal, ServerConfig, TokenMap, TokenState};
 
 #[derive(Clone)]
 struct App {
-    tx: mpsc::Sender<Msg>,
+    role: Arc<Role>,
     tokens: TokenMap,
     poll_wait: Duration,
 }
@@ -95,7 +96,12 @@ impl App {
     /// Sends a message to the writer and waits for its reply.
     async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Msg) -> ApiResult<T> {
         let (tx, rx) = oneshot::channel();
-        self.tx.send(make(tx)).await.map_err(|_| ApiError::internal("the server is stopping".into()))?;
+        let not_leading = || ApiError {
+            status: 503,
+            message: "this server is not leading now; nothing was done, try again".into(),
+        };
+        let writer = self.role.writer().ok_or_else(not_leading)?;
+        writer.send(make(tx)).await.map_err(|_| not_leading())?;
         rx.await.map_err(|_| ApiError::internal("the request was not committed".into()))
     }
 }
@@ -964,7 +970,11 @@ fn start_writer<S: Store + 'static>(
             match opened {
                 Ok((engine, created)) => {
                     let _ = ready_tx.send(Ok(created));
-                    engine.run(rx);
+                    if let Some(e) = engine.run(rx) {
+                        // Serve no state the store does not have.
+                        tracing::error!("{e}; stopping");
+                        std::process::exit(70);
+                    }
                 }
                 Err(e) => {
                     let _ = ready_tx.send(Err(e));
@@ -993,39 +1003,59 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
         limits: config.limits.clone(),
         run_as: config.run_as.clone(),
     };
-    let (tx, rx) = mpsc::channel(1 << 16);
+    // Bound first: a server on one database with others says where it
+    // answers, and `--listen 127.0.0.1:0` picks its port here.
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| format!("--listen {}: {e}", config.listen))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let url = format!("http://{addr}");
+    let role = Arc::new(Role::default());
     let created = match &config.database {
         None => {
+            let (tx, rx) = mpsc::channel(1 << 16);
             let path = dir.join("ebb.db");
-            start_writer(move || SqliteStore::open(&path), engine_config, tokens.clone(), rx)?
+            let created = start_writer(move || SqliteStore::open(&path), engine_config, tokens.clone(), rx)?;
+            role.lead(0, &url, tx);
+            created
         }
-        Some(url) => {
-            let url = url.clone();
-            start_writer(
-                move || crate::pg::PgStore::open_for_server(&url),
-                engine_config,
-                tokens.clone(),
-                rx,
-            )?
+        Some(database) => {
+            let advertise = match &config.advertise {
+                Some(advertise) => advertise.trim_end_matches('/').to_string(),
+                None if addr.ip().is_unspecified() => {
+                    return Err(format!(
+                        "--advertise: with --database, say where the other servers reach this one \
+                         (--listen {addr} is every address)"
+                    ))
+                }
+                None => url.clone(),
+            };
+            let lease = LeaseConfig { database: database.clone(), url: advertise, lease: config.lease };
+            let role = role.clone();
+            let tokens = tokens.clone();
+            tokio::task::spawn_blocking(move || crate::leader::start(lease, engine_config, tokens, role))
+                .await
+                .map_err(|e| e.to_string())??
         }
     };
     for path in created {
         tracing::info!("created {path} (mode 0600)");
         eprintln!("ebb server: wrote {path}");
     }
-    let ticker = tx.clone();
+    let ticks = role.clone();
     tokio::spawn(async move {
         let mut every = tokio::time::interval(Duration::from_millis(250));
         loop {
             every.tick().await;
-            if ticker.send(Msg::Tick).await.is_err() {
-                return;
+            if let Some(writer) = ticks.writer() {
+                let _ = writer.send(Msg::Tick).await;
             }
         }
     });
-    let app = App { tx, tokens, poll_wait: Duration::from_millis(config.heartbeat_interval.as_millis()) };
+    let proxy = Proxy::new(role.clone());
+    let app = App { role: role.clone(), tokens, poll_wait: Duration::from_millis(config.heartbeat_interval.as_millis()) };
     let router = Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(crate::leader::healthz).with_state(role))
         .route("/openapi.json", get(openapi))
         .route("/metrics", get(metrics))
         .route("/v1/jobs", post(submit).get(list_jobs))
@@ -1054,12 +1084,8 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
         .layer(DefaultBodyLimit::max(api::MAX_REQUEST_BYTES))
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method)
-        .with_state(app);
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .map_err(|e| format!("--listen {}: {e}", config.listen))?;
-    let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    let url = format!("http://{addr}");
+        .with_state(app)
+        .layer(axum::middleware::from_fn_with_state(proxy, crate::leader::forward));
     std::fs::write(dir.join("server.url"), format!("{url}\n")).map_err(|e| e.to_string())?;
     tracing::info!(%url, data_dir = %dir.display(), "ebb server listening");
     eprintln!("ebb server: listening on {url}");

@@ -7,6 +7,7 @@
 pub mod billing;
 pub mod engine;
 mod http;
+pub mod leader;
 pub mod lock;
 mod metrics;
 pub mod pg;
@@ -132,9 +133,15 @@ pub fn rfc3339(ms: u64) -> String {
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
     pub data_dir: PathBuf,
-    /// PostgreSQL instead of `<data_dir>/ebb.db`.
+    /// PostgreSQL instead of `<data_dir>/ebb.db`; several servers may
+    /// share it, one leading.
     pub database: Option<String>,
     pub listen: SocketAddr,
+    /// Where other servers and clients reach this one (default: the
+    /// listen address).
+    pub advertise: Option<String>,
+    /// The leader's lease on a shared database.
+    pub lease: std::time::Duration,
     pub drain_window: Span,
     pub heartbeat_timeout: Span,
     pub heartbeat_interval: Span,

@@ -49,15 +49,41 @@ const MIGRATIONS: &[&str] = &[
      CREATE TABLE logs (job BIGINT PRIMARY KEY REFERENCES jobs(id), record TEXT NOT NULL);
      CREATE TABLE reports (node TEXT PRIMARY KEY, session BIGINT NOT NULL, seq BIGINT NOT NULL);
      CREATE TABLE reclaims (model TEXT PRIMARY KEY, preemptible_limit BIGINT NOT NULL);",
+    // 2: the leader's lease. One row: the epoch of the current leadership,
+    // where the leader is reached, its database session (`pid`), and when
+    // the lease ends unless renewed.
+    "CREATE TABLE leader (
+         id INT PRIMARY KEY CHECK (id = 1), epoch BIGINT NOT NULL, url TEXT NOT NULL,
+         pid INT NOT NULL, expires_at TIMESTAMPTZ NOT NULL);
+     INSERT INTO leader VALUES (1, 0, '', 0, '-infinity');",
 ];
-
-/// The advisory lock a server holds on its database.
-const SERVER_LOCK: i64 = 7301;
 
 pub struct PgStore {
     client: Client,
     /// Statements prepared once per connection, by their text.
     prepared: HashMap<&'static str, Statement>,
+    /// The leadership this connection writes under, once it holds the
+    /// lease: every transaction checks it and renews the lease.
+    lease: Option<Held>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Held {
+    epoch: i64,
+    /// The lease's length, milliseconds.
+    ms: i64,
+}
+
+/// The leader's lease as a server not holding it sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    /// 0 before the first leader.
+    pub epoch: u64,
+    /// Where the leader answers ("" before the first).
+    pub url: String,
+    /// A new leader may take over: the lease ran out, or the leader's
+    /// database session has ended (its process died).
+    pub open: bool,
 }
 
 impl PgStore {
@@ -66,24 +92,46 @@ impl PgStore {
     pub fn open(url: &str) -> Result<PgStore> {
         let client = Client::connect(url, NoTls)
             .map_err(|e| StoreError(format!("--database: cannot connect to PostgreSQL: {e}")))?;
-        let mut store = PgStore { client, prepared: HashMap::new() };
+        let mut store = PgStore { client, prepared: HashMap::new(), lease: None };
         store.migrate()?;
         Ok(store)
     }
 
-    /// Opens the store for a server: as `open`, and the database is this
-    /// server's alone for as long as its connection lives (a session
-    /// advisory lock), so a second server on it is refused rather than
-    /// writing beside the first.
-    pub fn open_for_server(url: &str) -> Result<PgStore> {
-        let mut store = PgStore::open(url)?;
-        let held: bool = store.client.query_one("SELECT pg_try_advisory_lock($1)", &[&SERVER_LOCK])?.get(0);
-        if !held {
-            return Err(StoreError(
-                "--database: another ebb server is using this database (one server per database)".into(),
-            ));
+    /// The lease as it stands.
+    pub fn lease(&mut self) -> Result<Lease> {
+        let row = self.client.query_one(LEASE, &[])?;
+        Ok(Lease { epoch: row.get::<_, i64>(0) as u64, url: row.get(1), open: row.get(2) })
+    }
+
+    /// Takes the lease if it is open, as the leader reached at `url`, for
+    /// `ms` milliseconds at a time: the epoch goes up by one, and from
+    /// then on every transaction of this store checks it. Returns the new
+    /// epoch, or `None` while another leader holds the lease.
+    ///
+    /// The row is locked for the decision, so two servers cannot both take
+    /// it, and a takeover waits for the leader's transaction in flight: a
+    /// batch the old leader began before it lost the lease is either in the
+    /// database before the new leader loads it, or refused.
+    pub fn take_lease(&mut self, url: &str, ms: u64) -> Result<Option<u64>> {
+        let ms = big(ms);
+        // A session that stops talking in the middle of a transaction (its
+        // process frozen) must not hold the lease's row forever.
+        self.client.batch_execute(&format!("SET idle_in_transaction_session_timeout = {ms}"))?;
+        let mut tx = self.client.transaction()?;
+        let row = tx.query_one(&format!("{LEASE} FOR UPDATE OF leader"), &[])?;
+        let (epoch, open): (i64, bool) = (row.get(0), row.get(2));
+        if !open {
+            return Ok(None);
         }
-        Ok(store)
+        tx.execute(
+            "UPDATE leader SET epoch = $1, url = $2, pid = pg_backend_pid(),
+                 expires_at = clock_timestamp() + $3 * interval '1 millisecond'
+             WHERE id = 1",
+            &[&(epoch + 1), &url, &(ms as f64)],
+        )?;
+        tx.commit()?;
+        self.lease = Some(Held { epoch: epoch + 1, ms });
+        Ok(Some(epoch as u64 + 1))
     }
 
     fn migrate(&mut self) -> Result<()> {
@@ -142,14 +190,42 @@ impl PgStore {
     }
 }
 
+/// The lease row, and whether it is open: expired, never taken, or its
+/// leader's session gone from the server (a process that died closes its
+/// connection at once; a pid that was reused only delays the takeover to
+/// the lease's end).
+const LEASE: &str = "SELECT epoch, url,
+        epoch = 0 OR expires_at < clock_timestamp()
+        OR NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = leader.pid)
+     FROM leader WHERE id = 1";
+
 /// Milliseconds and ids as PostgreSQL's BIGINT.
 fn big(n: u64) -> i64 {
     n.min(i64::MAX as u64) as i64
 }
 
 impl Store for PgStore {
+    /// Under a lease, the transaction first renews it, which is also the
+    /// fencing check: it renews only the epoch this store took. A leader
+    /// deposed while it was stopped or cut off finds a later epoch and
+    /// writes nothing; its successor's takeover waits for this
+    /// transaction, which holds the row.
     fn begin(&mut self) -> Result<()> {
         self.client.batch_execute("BEGIN")?;
+        if let Some(held) = self.lease {
+            let stmt = self.statement(
+                "UPDATE leader SET expires_at = clock_timestamp() + $2 * interval '1 millisecond'
+                 WHERE id = 1 AND epoch = $1 RETURNING epoch",
+            )?;
+            if self.client.query_opt(&stmt, &[&held.epoch, &(held.ms as f64)])?.is_none() {
+                let now: i64 = self.client.query_one("SELECT epoch FROM leader WHERE id = 1", &[])?.get(0);
+                let _ = self.client.batch_execute("ROLLBACK");
+                return Err(StoreError(format!(
+                    "deposed: this server led at epoch {}, and the database is at epoch {now}",
+                    held.epoch
+                )));
+            }
+        }
         Ok(())
     }
 

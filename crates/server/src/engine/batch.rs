@@ -3,8 +3,10 @@
 use super::*;
 
 impl<S: Store> Engine<S> {
-    /// Runs the writer loop until every sender is gone.
-    pub fn run(mut self, mut rx: tokio::sync::mpsc::Receiver<Msg>) {
+    /// Runs the writer loop until every sender is gone (`None`), or until
+    /// a batch fails: then nothing of it was acknowledged, memory is ahead
+    /// of the store, and the engine is dropped with the reason returned.
+    pub fn run(mut self, mut rx: tokio::sync::mpsc::Receiver<Msg>) -> Option<String> {
         while let Some(first) = rx.blocking_recv() {
             let mut batch = vec![first];
             while batch.len() < 1024 {
@@ -14,13 +16,11 @@ impl<S: Store> Engine<S> {
                 }
             }
             if let Err(e) = self.batch(batch, now_ms()) {
-                // Nothing of this batch is acknowledged; callers see the error
-                // as a dropped reply. Memory is ahead of the store now, so stop
-                // rather than serve state the store does not have.
-                tracing::error!("{e}; stopping");
-                std::process::exit(70);
+                // Callers see the error as a dropped reply.
+                return Some(e);
             }
         }
+        None
     }
 
     /// Handles one batch of messages at `now` as one store transaction:
