@@ -113,7 +113,10 @@ impl<S: Supervisor> Agent<S> {
     /// Follows the command stream until the node must register again.
     async fn follow_from(self: &Arc<Self>, registered: Registered, pending: &mut Pending) -> Rejoin {
         let mut after = registered.next_seq;
-        let timeout = Duration::from_millis(registered.heartbeat_interval_ms) + Duration::from_secs(10);
+        // The server answers within an interval; one that has not answered
+        // a few seconds later is frozen or cut off, and the next server of
+        // the list is tried (see `Client::call`).
+        let timeout = Duration::from_millis(registered.heartbeat_interval_ms) + Duration::from_secs(4);
         let mut failures: Option<retry::Delays> = None;
         loop {
             // The poll is the heartbeat: it says when reports keep failing.

@@ -1,6 +1,6 @@
 //! `ebb server --database` on PostgreSQL: a real cluster (server, agent,
 //! jobs) whose state is in a throwaway PostgreSQL, through a `kill -9` of
-//! the server; and one server per database.
+//! the server; and a second server on the database following the first.
 
 mod cluster;
 #[path = "../../server/tests/pg/mod.rs"]
@@ -12,7 +12,7 @@ use std::time::Duration;
 use cluster::{Cluster, Options};
 
 #[test]
-fn a_cluster_on_postgres_keeps_its_jobs_through_a_kill_9_and_a_second_server_is_refused() {
+fn a_cluster_on_postgres_keeps_its_jobs_through_a_kill_9_and_a_second_server_follows() {
     let pg = pg::Postgres::start("e2e");
     let mut c = Cluster::start(Options { nodes: 1, gpus: 2, database: Some(pg.url()), ..Options::default() });
     let done = c.submit(&["--", "true"]);
@@ -33,16 +33,34 @@ fn a_cluster_on_postgres_keeps_its_jobs_through_a_kill_9_and_a_second_server_is_
     let usage = c.job(done)["usage"].as_array().unwrap().len();
     assert_eq!(usage, 1, "one usage record for the finished job");
 
-    // A second server on the same database is refused at start.
+    // A second server on the same database follows the first, and answers
+    // for it: a request to it is the leader's.
     let other = c.dir.join("other");
-    let out = Command::new(cluster::ebb_exe())
+    let mut follower = Command::new(cluster::ebb_exe())
         .args(["server", "--data-dir", other.to_str().unwrap(), "--listen", "127.0.0.1:0", "--database"])
         .arg(pg.url())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let url = cluster::wait_for("the follower's url", Duration::from_secs(20), || {
+        std::fs::read_to_string(other.join("server.url")).ok().filter(|s| !s.trim().is_empty())
+    });
+    let health: serde_json::Value =
+        reqwest::blocking::get(format!("{}/healthz", url.trim())).unwrap().json().unwrap();
+    assert_eq!(health["role"], "follower", "{health}");
+    assert_eq!(health["leader"], c.url.as_str(), "{health}");
+    let out = Command::new(cluster::ebb_exe())
+        .args(["show", &done.to_string(), "--json"])
+        .env("EBB_SERVER", url.trim())
+        .env("EBB_TOKEN", &c.admin)
         .output()
         .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("another ebb server is using this database"), "{err}");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let job: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(job["state"], "succeeded");
+    let _ = follower.kill();
+    let _ = follower.wait();
     // And an unreachable database is said plainly.
     let out = Command::new(cluster::ebb_exe())
         .args(["server", "--data-dir", other.to_str().unwrap(), "--listen", "127.0.0.1:0"])

@@ -105,9 +105,9 @@ struct World<S: Store> {
     acme: Principal,
 }
 
-fn config(dir: &PathBuf) -> EngineConfig {
+fn config(dir: &std::path::Path) -> EngineConfig {
     EngineConfig {
-        data_dir: dir.clone(),
+        data_dir: dir.to_path_buf(),
         drain_window: Span(DRAIN_WINDOW_MS),
         heartbeat_timeout: Span(2_000),
         heartbeat_interval: Span(500),

@@ -371,7 +371,7 @@ fn exited(attempt: AttemptRef, code: i32, at_ms: u64) -> AgentEvent {
 /// goes through whole.
 #[test]
 fn a_store_error_mid_batch_commits_and_answers_nothing_and_the_restarted_server_is_consistent() {
-    store_errors_mid_batch(|name| TestEnv::new(name));
+    store_errors_mid_batch(TestEnv::new);
 }
 
 /// The same on PostgreSQL: a database of its own per write failed, on a

@@ -1,0 +1,443 @@
+//! A control plane of two servers on one PostgreSQL: the leader is killed
+//! (`kill -9`) or frozen past its lease (SIGSTOP) while a job drains,
+//! another runs and a client submits continuously; the other server takes
+//! over. Nothing answered is lost, nothing runs twice, the drain keeps its
+//! deadline, and the bill is what the processes ran.
+
+mod cluster;
+#[path = "../../server/tests/pg/mod.rs"]
+mod pg;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cluster::{ebb_exe, pid_alive, wait_for};
+use serde_json::Value;
+
+const MODEL: &str = "H100-80GB";
+const DRAIN_WINDOW_MS: u64 = 8000;
+
+/// Two servers, two agents with two fake GPUs each, on one PostgreSQL.
+struct Plane {
+    dir: PathBuf,
+    _pg: pg::Postgres,
+    servers: Vec<Option<Child>>,
+    urls: Vec<String>,
+    agents: Vec<Child>,
+    admin: String,
+}
+
+impl Plane {
+    fn start(name: &str) -> Plane {
+        let pg = pg::Postgres::start(name);
+        let dir = std::env::temp_dir().join(format!("ebb-failover-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("submit")).unwrap();
+        let mut plane =
+            Plane { dir, servers: Vec::new(), urls: Vec::new(), agents: Vec::new(), admin: String::new(), _pg: pg };
+        for i in 0..2 {
+            plane.start_server(i);
+            let role = if i == 0 { "leader" } else { "follower" };
+            plane.wait_role(i, role);
+        }
+        plane.admin = std::fs::read_to_string(plane.dir.join("server-0/admin.token")).unwrap().trim().into();
+        let servers = plane.urls.join(",");
+        for i in 0..2 {
+            let name = format!("node-{i}");
+            let log = plane.log(&name);
+            let agent = Command::new(ebb_exe())
+                .args(["agent", "--server", &servers, "--name", &name, "--fake-gpus", "2", "--gpu-model", MODEL])
+                .args(["--join-token-file", plane.dir.join("server-0/join.token").to_str().unwrap()])
+                .args(["--data-dir", plane.dir.join(&name).to_str().unwrap()])
+                .args(["--checkpoint-root", plane.dir.join("checkpoints").to_str().unwrap()])
+                .args(["--address", "127.0.0.1", "--allow-root-jobs"])
+                .args(["--job-path", &std::env::var("PATH").unwrap()])
+                .stdout(log.try_clone().unwrap())
+                .stderr(log)
+                .spawn()
+                .unwrap();
+            plane.agents.push(agent);
+        }
+        wait_for("both nodes up", Duration::from_secs(30), || {
+            let nodes: Value = serde_json::from_slice(&plane.ebb(&["nodes", "--json"]).stdout).ok()?;
+            (nodes.as_array()?.iter().filter(|n| n["status"] == "up").count() == 2).then_some(())
+        });
+        plane
+    }
+
+    fn log(&self, name: &str) -> std::fs::File {
+        std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join(format!("{name}.log"))).unwrap()
+    }
+
+    fn start_server(&mut self, i: usize) {
+        let data = self.dir.join(format!("server-{i}"));
+        let listen = self.urls.get(i).map_or("127.0.0.1:0".to_string(), |u| u.trim_start_matches("http://").into());
+        let _ = std::fs::remove_file(data.join("server.url"));
+        let log = self.log(&format!("server-{i}"));
+        let child = Command::new(ebb_exe())
+            .args(["server", "--data-dir", data.to_str().unwrap(), "--listen", &listen])
+            .args(["--database", &self._pg.url(), "--lease", "2s", "--price", &format!("{MODEL}=3.60")])
+            .args(["--drain-window", &format!("{DRAIN_WINDOW_MS}ms"), "--heartbeat-interval", "200ms"])
+            .args(["--default-run-as", &nix::unistd::User::from_uid(nix::unistd::getuid()).unwrap().unwrap().name])
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let url = wait_for("server.url", Duration::from_secs(20), || {
+            std::fs::read_to_string(data.join("server.url")).ok().filter(|s| !s.trim().is_empty())
+        });
+        if self.servers.len() <= i {
+            self.servers.push(Some(child));
+            self.urls.push(url.trim().to_string());
+        } else {
+            self.servers[i] = Some(child);
+        }
+    }
+
+    fn health(&self, i: usize) -> Option<Value> {
+        let out = Command::new("curl").args(["-s", "-m", "1", &format!("{}/healthz", self.urls[i])]).output().ok()?;
+        serde_json::from_slice(&out.stdout).ok()
+    }
+
+    fn wait_role(&self, i: usize, role: &str) -> Value {
+        wait_for(&format!("server {i} to be {role}"), Duration::from_secs(30), || {
+            self.health(i).filter(|h| h["role"] == role)
+        })
+    }
+
+    /// The CLI as the admin, given both servers.
+    fn ebb(&self, args: &[&str]) -> Output {
+        Command::new(ebb_exe())
+            .args(args)
+            .current_dir(self.dir.join("submit"))
+            .env("EBB_SERVER", self.urls.join(","))
+            .env("EBB_TOKEN", &self.admin)
+            .env_remove("EBB_CONFIG")
+            .output()
+            .unwrap()
+    }
+
+    fn run(&self, args: &[&str]) -> String {
+        let out = self.ebb(args);
+        assert!(out.status.success(), "ebb {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    fn submit(&self, args: &[&str]) -> u64 {
+        let mut full = vec!["submit", "--json"];
+        full.extend_from_slice(args);
+        let v: Value = serde_json::from_str(&self.run(&full)).unwrap();
+        v["id"].as_u64().unwrap()
+    }
+
+    fn job(&self, id: u64) -> Value {
+        serde_json::from_str(&self.run(&["show", &id.to_string(), "--json"])).unwrap()
+    }
+
+    fn wait_job(&self, id: u64, what: &str, check: impl Fn(&Value) -> bool) -> Value {
+        wait_for(&format!("job {id}: {what}"), Duration::from_secs(60), || {
+            let job = self.job(id);
+            check(&job).then_some(job)
+        })
+    }
+
+    fn checkpoints(&self, id: u64) -> PathBuf {
+        self.dir.join("checkpoints/default").join(id.to_string())
+    }
+
+    fn signal(&self, i: usize, signal: &str) {
+        let pid = self.servers[i].as_ref().unwrap().id().to_string();
+        assert!(Command::new("kill").args([signal, &pid]).status().unwrap().success());
+    }
+
+    fn kill_server(&mut self, i: usize) {
+        let mut child = self.servers[i].take().unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    fn server_log(&self, i: usize) -> String {
+        std::fs::read_to_string(self.dir.join(format!("server-{i}.log"))).unwrap_or_default()
+    }
+}
+
+impl Drop for Plane {
+    fn drop(&mut self) {
+        let term = |child: &Child| {
+            let _ = Command::new("kill").args(["-CONT", &child.id().to_string()]).status();
+            let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+        };
+        self.agents.iter().for_each(term);
+        for agent in &mut self.agents {
+            let _ = agent.wait();
+        }
+        for server in self.servers.iter_mut().flatten() {
+            term(server);
+            let _ = server.wait();
+        }
+        if std::thread::panicking() {
+            eprintln!("failover files kept in {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// Submits jobs one after another until stopped, through both servers;
+/// keeps the ids of those answered 2xx.
+struct Submitter {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<(Vec<u64>, usize)>,
+}
+
+impl Submitter {
+    /// As a tenant of its own, so that the bill of the jobs under test is
+    /// theirs alone.
+    fn start(plane: &Plane) -> Submitter {
+        let stop = Arc::new(AtomicBool::new(false));
+        let tenant: Value = serde_json::from_str(&plane.run(&["tenant", "create", "steady", "--json"])).unwrap();
+        let token = tenant["token"].as_str().unwrap().to_string();
+        let (flag, dir, servers, admin) = (stop.clone(), plane.dir.join("submit"), plane.urls.join(","), token);
+        let thread = std::thread::spawn(move || {
+            let (mut answered, mut refused) = (Vec::new(), 0);
+            while !flag.load(Ordering::SeqCst) {
+                let out = Command::new(ebb_exe())
+                    .args(["submit", "--json", "--name", "steady", "--", "true"])
+                    .current_dir(&dir)
+                    .env("EBB_SERVER", &servers)
+                    .env("EBB_TOKEN", &admin)
+                    .stderr(Stdio::null())
+                    .output()
+                    .unwrap();
+                match serde_json::from_slice::<Value>(&out.stdout) {
+                    Ok(v) if out.status.success() => answered.push(v["id"].as_u64().unwrap()),
+                    _ => refused += 1,
+                }
+            }
+            (answered, refused)
+        });
+        Submitter { stop, thread }
+    }
+
+    fn finish(self) -> (Vec<u64>, usize) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.thread.join().unwrap()
+    }
+}
+
+/// A job that notes each attempt's pid and start time (ms), and its end
+/// when it is let end (not when it is killed).
+const NOTED: &str = r#"d="$EBB_CHECKPOINT_DIR"; echo "$EBB_ATTEMPT $$ $(date +%s%3N)" >> "$d/starts"
+trap 'echo "$EBB_ATTEMPT $(date +%s%3N)" >> "$d/ends"; exit 0' TERM
+sleep 600 & wait"#;
+
+/// As `NOTED`, but deaf to the drain notice: it is killed at the deadline.
+const DEAF: &str = r#"d="$EBB_CHECKPOINT_DIR"; echo "$EBB_ATTEMPT $$ $(date +%s%3N)" >> "$d/starts"
+trap '' TERM
+sleep 600 & while true; do wait; done"#;
+
+fn lines(path: &Path) -> Vec<Vec<u64>> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| l.split_whitespace().map(|w| w.parse().unwrap()).collect())
+        .collect()
+}
+
+fn event_ms(job: &Value, kind: &str, attempt: u64) -> Option<u64> {
+    job["events"].as_array().unwrap().iter().find(|e| e["kind"] == kind && e["attempt"] == attempt)?["at_ms"].as_u64()
+}
+
+/// A draining job, a running one and a steady stream of submissions, then
+/// `fail` done to the leader (server 0); server 1 must take over.
+fn survives(name: &str, fail: impl FnOnce(&mut Plane) -> Instant, after: impl FnOnce(&mut Plane)) {
+    let mut plane = Plane::start(name);
+    let victim = plane.submit(&["--gpus", "2", "--", "bash", "-c", DEAF]);
+    plane.wait_job(victim, "running", |j| j["state"] == "running");
+    let runner = plane.submit(&["--tier", "on-demand", "--gpus", "2", "--", "bash", "-c", NOTED]);
+    let runner_job = plane.wait_job(runner, "running", |j| j["state"] == "running");
+    let runner_pid = wait_for("the runner's pid", Duration::from_secs(10), || {
+        lines(&plane.checkpoints(runner).join("starts")).first().map(|l| l[1] as i32)
+    });
+    let submitter = Submitter::start(&plane);
+    let preemptor = plane.submit(&["--tier", "on-demand", "--gpus", "2", "--", "bash", "-c", NOTED]);
+    let draining = plane.wait_job(victim, "draining", |j| j["state"] == "draining");
+    let deadline = event_ms(&draining, "drain_notice", 1).unwrap() + DRAIN_WINDOW_MS;
+    std::thread::sleep(Duration::from_millis(1500));
+
+    let failed_at = fail(&mut plane);
+    let health = plane.wait_role(1, "leader");
+    eprintln!("server 1 leads after {:?}: {health}", failed_at.elapsed());
+    assert_eq!(health["epoch"], 2, "{health}");
+    assert_eq!(health["leader"], plane.urls[1].as_str(), "{health}");
+    after(&mut plane);
+
+    plane.wait_job(preemptor, "running", |j| j["state"] == "running");
+    std::thread::sleep(Duration::from_secs(2));
+    let (answered, refused) = submitter.finish();
+    eprintln!("{} submissions answered, {refused} not", answered.len());
+    assert!(answered.len() >= 10, "too few submissions answered: {}", answered.len());
+
+    // Every submission answered 2xx exists, once; ids never went back.
+    let all: Value = serde_json::from_str(&plane.run(&["jobs", "--json", "--all"])).unwrap();
+    let ids: Vec<u64> = all.as_array().unwrap().iter().map(|j| j["id"].as_u64().unwrap()).collect();
+    for id in &answered {
+        assert!(ids.contains(id), "job {id} was answered 2xx and is gone");
+    }
+    assert!(answered.windows(2).all(|w| w[0] < w[1]), "ids went back: {answered:?}");
+    let steady = all.as_array().unwrap().iter().filter(|j| j["name"] == "steady").count();
+    assert!(steady >= answered.len() && steady <= answered.len() + refused, "{steady} steady jobs");
+
+    // The running job was never restarted: its one process lives on.
+    let job = plane.job(runner);
+    assert_eq!((job["state"].as_str(), job["attempt"].as_u64()), (Some("running"), Some(1)), "{job}");
+    assert_eq!(job["placement"], runner_job["placement"]);
+    assert_eq!(lines(&plane.checkpoints(runner).join("starts")).len(), 1);
+    assert!(pid_alive(runner_pid), "the running job's process is gone");
+
+    // The draining job was killed at its original deadline, after which
+    // (and not before) its preemptor started.
+    let victim_job = plane.job(victim);
+    let first = usage(&victim_job).into_iter().find(|u| u["attempt"] == 1).expect("the drained attempt's usage");
+    let ended = first["ended_ms"].as_u64().unwrap();
+    assert!(
+        ended + 500 >= deadline && ended <= deadline + 1500,
+        "drained attempt ended at {ended}, its deadline was {deadline}: {victim_job}"
+    );
+    assert_eq!(first["outcome"], "preempted");
+    let started = event_ms(&plane.job(preemptor), "started", 1).unwrap();
+    assert!(started >= ended, "the preemptor started at {started}, before its victim ended at {ended}");
+
+    // Nothing ran twice: the attempts the agents started (each keeps a run
+    // directory per attempt) are exactly those the server has a usage
+    // record for or has running, each on one node.
+    let mut known: Vec<(u64, u64)> = Vec::new();
+    for j in all.as_array().unwrap() {
+        let id = j["id"].as_u64().unwrap();
+        if ["running", "draining", "starting"].contains(&j["state"].as_str().unwrap()) {
+            known.push((id, j["attempt"].as_u64().unwrap()));
+        }
+        if [victim, runner, preemptor].contains(&id) {
+            for u in usage(&plane.job(id)) {
+                known.push((id, u["attempt"].as_u64().unwrap()));
+            }
+        }
+    }
+    known.sort();
+    let mut started: Vec<(u64, u64)> = ["node-0", "node-1"].iter().flat_map(|n| run_dirs(&plane.dir.join(n))).collect();
+    started.sort();
+    assert_eq!(started, known, "the agents started other attempts than the server accounts for");
+    assert_eq!(known, vec![(victim, 1), (runner, 1), (preemptor, 1)]);
+
+    // The bill is what the processes ran: end the two on-demand jobs, then
+    // compare each usage record with the process's own start and end, and
+    // the invoice with the records, to the micro-dollar.
+    plane.run(&["cancel", &victim.to_string(), &runner.to_string(), &preemptor.to_string()]);
+    for id in [victim, runner, preemptor] {
+        plane.wait_job(id, "cancelled", |j| j["state"] == "cancelled");
+    }
+    let mut total = 0i64;
+    for id in [victim, runner, preemptor] {
+        let job = plane.job(id);
+        let starts = lines(&plane.checkpoints(id).join("starts"));
+        let ends = lines(&plane.checkpoints(id).join("ends"));
+        for u in usage(&job) {
+            let attempt = u["attempt"].as_u64().unwrap();
+            let start = starts.iter().find(|l| l[0] == attempt).expect("a start noted by the process")[2];
+            let (from, to) = (u["started_ms"].as_u64().unwrap(), u["ended_ms"].as_u64().unwrap());
+            assert!(from.abs_diff(start) < 1000, "job {id}.{attempt}: metered from {from}, began {start}");
+            if let Some(end) = ends.iter().find(|l| l[0] == attempt) {
+                assert!(to.abs_diff(end[1]) < 1000, "job {id}.{attempt}: metered to {to}, ended {}", end[1]);
+            }
+            let seconds = (to - from).div_ceil(1000);
+            assert_eq!(u["seconds"].as_u64().unwrap(), seconds, "{u}");
+            let gpu_seconds = seconds * u["gpus"].as_u64().unwrap();
+            let rate = u["rate_micro_usd"].as_i64().unwrap();
+            let amount = (i128::from(rate) * i128::from(gpu_seconds as i64) / 3600) as i64;
+            assert_eq!(u["amount_micro_usd"].as_i64().unwrap(), amount, "{u}");
+            total += amount;
+        }
+    }
+    let day = |t: std::time::SystemTime| humantime::format_rfc3339_seconds(t).to_string()[..10].to_string();
+    let now = std::time::SystemTime::now();
+    let (from, to) = (day(now), day(now + Duration::from_secs(86_400)));
+    let bill: Value = serde_json::from_str(&plane.run(&["bill", "--from", &from, "--to", &to, "--json"])).unwrap();
+    assert_eq!(bill["total_micro_usd"].as_i64().unwrap(), total, "{bill}");
+}
+
+/// A job's usage records (none while its first attempt runs).
+fn usage(job: &Value) -> Vec<Value> {
+    job["usage"].as_array().cloned().unwrap_or_default()
+}
+
+/// The attempts an agent started: one run directory each.
+fn run_dirs(data_dir: &Path) -> Vec<(u64, u64)> {
+    std::fs::read_dir(data_dir.join("run"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let (job, attempt) = name.split_once('-')?;
+            Some((job.parse().ok()?, attempt.parse().ok()?))
+        })
+        .collect()
+}
+
+#[test]
+fn the_leader_killed_mid_drain_loses_nothing_and_runs_nothing_twice() {
+    survives(
+        "kill",
+        |plane| {
+            plane.kill_server(0);
+            Instant::now()
+        },
+        |_| {},
+    );
+}
+
+#[test]
+fn a_leader_frozen_past_its_lease_is_fenced_off_and_follows_when_it_wakes() {
+    let late = Arc::new(Mutex::new(None));
+    let late_out = late.clone();
+    survives(
+        "stop",
+        |plane| {
+            plane.signal(0, "-STOP");
+            let frozen = Instant::now();
+            // A submission to the frozen leader alone waits in its socket.
+            let child = Command::new(ebb_exe())
+                .args(["submit", "--json", "--name", "late", "--", "true"])
+                .current_dir(plane.dir.join("submit"))
+                .env("EBB_SERVER", &plane.urls[0])
+                .env("EBB_TOKEN", &plane.admin)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            *late.lock().unwrap() = Some(child);
+            frozen
+        },
+        move |plane| {
+            plane.signal(0, "-CONT");
+            let health = wait_for("the woken leader to follow epoch 2", Duration::from_secs(20), || {
+                plane.health(0).filter(|h| h["role"] == "follower" && h["epoch"] == 2)
+            });
+            assert_eq!(health["leader"], plane.urls[1].as_str());
+            let log = plane.server_log(0);
+            assert!(
+                log.contains("deposed: this server led at epoch 1, and the database is at epoch 2"),
+                "the woken leader's batch was not refused by the epoch check:\n{log}"
+            );
+            // Whatever the late submission was told, it was applied at most
+            // once, and exactly once if it was told it was.
+            let out = late_out.lock().unwrap().take().unwrap().wait_with_output().unwrap();
+            let all: Value = serde_json::from_str(&plane.run(&["jobs", "--json", "--all"])).unwrap();
+            let late_jobs = all.as_array().unwrap().iter().filter(|j| j["name"] == "late").count();
+            assert_eq!(late_jobs, usize::from(out.status.success()), "{}", String::from_utf8_lossy(&out.stderr));
+        },
+    );
+}
