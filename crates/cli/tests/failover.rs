@@ -231,6 +231,7 @@ impl Submitter {
 /// A job that notes each attempt's pid and start time (ms), and its end
 /// when it is let end (not when it is killed).
 const NOTED: &str = r#"d="$EBB_CHECKPOINT_DIR"; echo "$EBB_ATTEMPT $$ $(date +%s%3N)" >> "$d/starts"
+echo "noted attempt $EBB_ATTEMPT began"
 trap 'echo "$EBB_ATTEMPT $(date +%s%3N)" >> "$d/ends"; exit 0' TERM
 sleep 600 & wait"#;
 
@@ -262,6 +263,10 @@ fn survives(name: &str, fail: impl FnOnce(&mut Plane) -> Instant, after: impl Fn
     let runner_pid = wait_for("the runner's pid", Duration::from_secs(10), || {
         lines(&plane.checkpoints(runner).join("starts")).first().map(|l| l[1] as i32)
     });
+    let began = "noted attempt 1 began";
+    wait_for("the runner's output", Duration::from_secs(10), || {
+        plane.run(&["logs", &runner.to_string()]).contains(began).then_some(())
+    });
     let submitter = Submitter::start(&plane);
     let preemptor = plane.submit(&["--tier", "on-demand", "--gpus", "2", "--", "bash", "-c", NOTED]);
     let draining = plane.wait_job(victim, "draining", |j| j["state"] == "draining");
@@ -290,6 +295,10 @@ fn survives(name: &str, fail: impl FnOnce(&mut Plane) -> Instant, after: impl Fn
     assert!(answered.windows(2).all(|w| w[0] < w[1]), "ids went back: {answered:?}");
     let steady = all.as_array().unwrap().iter().filter(|j| j["name"] == "steady").count();
     assert!(steady >= answered.len() && steady <= answered.len() + refused, "{steady} steady jobs");
+
+    // Its output from before the failover is there, from the new leader.
+    let logs = plane.run(&["logs", &runner.to_string()]);
+    assert_eq!(logs.matches(began).count(), 1, "{logs}");
 
     // The running job was never restarted: its one process lives on.
     let job = plane.job(runner);

@@ -441,9 +441,12 @@ async fn job_logs(
     let deadline = tokio::time::Instant::now() + wait;
     loop {
         let p = principal.clone();
-        let log = app.ask(|reply| Msg::LogFile { principal: p, id, reply }).await??;
+        let log = app.ask(|reply| Msg::LogFile { principal: p, id, offset: q.offset, reply }).await??;
         let (path, finished) = (log.path, log.finished);
-        let data = read_from(&path, q.offset, log.committed).await;
+        let data = match log.stored {
+            Some(data) => data,
+            None => read_from(&path, q.offset, log.committed).await,
+        };
         if !data.is_empty() || !q.follow || finished || tokio::time::Instant::now() >= deadline {
             let next_offset = q.offset + data.len() as u64;
             let data = String::from_utf8_lossy(&data).into_owned();

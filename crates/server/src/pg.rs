@@ -56,6 +56,12 @@ const MIGRATIONS: &[&str] = &[
          id INT PRIMARY KEY CHECK (id = 1), epoch BIGINT NOT NULL, url TEXT NOT NULL,
          pid INT NOT NULL, expires_at TIMESTAMPTZ NOT NULL);
      INSERT INTO leader VALUES (1, 0, '', 0, '-infinity');",
+    // 3: jobs' output, here rather than in one server's data dir, so that
+    // whichever server leads has all of it. One row per piece, by where it
+    // starts in the log.
+    "CREATE TABLE output (
+         job BIGINT NOT NULL REFERENCES jobs(id), start BIGINT NOT NULL, data BYTEA NOT NULL,
+         PRIMARY KEY (job, start));",
 ];
 
 pub struct PgStore {
@@ -452,6 +458,35 @@ impl Store for PgStore {
             session: r.get::<_, i64>(0) as u64,
             seq: r.get::<_, i64>(1) as u64,
         }))
+    }
+
+    fn keeps_output(&self) -> bool {
+        true
+    }
+
+    fn put_output(&mut self, job: u64, offset: u64, data: &[u8]) -> Result<()> {
+        self.exec("INSERT INTO output (job, start, data) VALUES ($1, $2, $3)", &[&big(job), &big(offset), &data])
+    }
+
+    fn output(&mut self, job: u64, from: u64, to: u64) -> Result<Vec<u8>> {
+        let stmt = self.statement(
+            "SELECT start, data FROM output
+             WHERE job = $1 AND start < $3 AND start + length(data) > $2 ORDER BY start",
+        )?;
+        let mut out = Vec::new();
+        for row in self.client.query(&stmt, &[&big(job), &big(from), &big(to)])? {
+            let (start, data): (i64, &[u8]) = (row.get(0), row.get(1));
+            let start = start as u64;
+            if start > from + out.len() as u64 {
+                break; // a gap: nothing past it is read as if it followed
+            }
+            let skip = (from + out.len() as u64 - start) as usize;
+            let end = data.len().min((to - start) as usize);
+            if skip < end {
+                out.extend_from_slice(&data[skip..end]);
+            }
+        }
+        Ok(out)
     }
 
     fn put_last_report(&mut self, node: &str, id: ebb_api::ReportId) -> Result<()> {

@@ -165,6 +165,21 @@ pub trait Store: Send {
     /// The last report applied from `node`.
     fn last_report(&mut self, node: &str) -> Result<Option<ebb_api::ReportId>>;
     fn put_last_report(&mut self, node: &str, id: ebb_api::ReportId) -> Result<()>;
+    /// Whether jobs' output is kept here, where every server of the
+    /// control plane reads it, rather than in the server's data dir.
+    fn keeps_output(&self) -> bool {
+        false
+    }
+    /// Output of job `job` from byte `offset` of its log.
+    fn put_output(&mut self, job: u64, offset: u64, data: &[u8]) -> Result<()> {
+        let _ = (job, offset, data);
+        Err(StoreError("this store keeps no output".into()))
+    }
+    /// Bytes `[from, to)` of job `job`'s log, as far as it is kept.
+    fn output(&mut self, job: u64, from: u64, to: u64) -> Result<Vec<u8>> {
+        let _ = (job, from, to);
+        Err(StoreError("this store keeps no output".into()))
+    }
 }
 
 /// How much of a job's output the store has taken: the committed length

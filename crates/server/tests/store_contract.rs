@@ -177,3 +177,70 @@ fn a_postgres_database_is_migrated_once_and_a_newer_one_is_refused() {
     let err = PgStore::open("host=/nonexistent-ebb-socket user=ebb").err().expect("no server there");
     assert!(err.to_string().contains("--database: cannot connect to PostgreSQL"), "{err}");
 }
+
+#[test]
+fn the_lease_goes_to_one_server_and_fences_off_a_deposed_one() {
+    let pg = pg::Postgres::start("lease");
+    let mut a = PgStore::open(&pg.url()).unwrap();
+    let mut b = PgStore::open(&pg.url()).unwrap();
+    assert_eq!(a.lease().unwrap(), pg_lease(0, "", true), "no leader yet");
+    assert_eq!(a.take_lease("http://a", 60_000).unwrap(), Some(1));
+    // Held and renewed: the other cannot take it.
+    assert_eq!(b.lease().unwrap(), pg_lease(1, "http://a", false));
+    assert_eq!(b.take_lease("http://b", 60_000).unwrap(), None);
+    a.begin().unwrap();
+    a.put_tenant(&TenantRow { id: 1, name: "default".into() }).unwrap();
+    a.commit().unwrap();
+
+    // The leader's lease runs out (here: made to): the other takes it, and
+    // the deposed leader's next transaction is refused before it writes.
+    let mut admin = postgres::Client::connect(&pg.url(), postgres::NoTls).unwrap();
+    admin.batch_execute("UPDATE leader SET expires_at = now() - interval '1 second'").unwrap();
+    assert!(b.lease().unwrap().open);
+    assert_eq!(b.take_lease("http://b", 60_000).unwrap(), Some(2));
+    let err = a.begin().err().expect("a deposed leader's transaction is refused");
+    assert!(err.to_string().contains("deposed: this server led at epoch 1, and the database is at epoch 2"), "{err}");
+    b.begin().unwrap();
+    b.put_tenant(&TenantRow { id: 2, name: "second".into() }).unwrap();
+    b.commit().unwrap();
+
+    // A leader whose session ends (its process died) is replaced at once,
+    // its lease notwithstanding.
+    assert_eq!(a.lease().unwrap(), pg_lease(2, "http://b", false));
+    drop(b);
+    let open = (0..100).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        a.lease().unwrap().open
+    });
+    assert!(open, "the lease of a leader whose session ended stayed closed");
+    assert_eq!(a.take_lease("http://a", 60_000).unwrap(), Some(3));
+    a.begin().unwrap();
+    a.commit().unwrap();
+}
+
+fn pg_lease(epoch: u64, url: &str, open: bool) -> ebb_server::pg::Lease {
+    ebb_server::pg::Lease { epoch, url: url.into(), open }
+}
+
+#[test]
+fn postgres_keeps_output_for_whichever_server_leads() {
+    let pg = pg::Postgres::start("output");
+    let mut store = PgStore::open(&pg.url()).unwrap();
+    assert!(store.keeps_output() && !sqlite(&std::env::temp_dir().join("ebb-output-sqlite")).keeps_output());
+    store.begin().unwrap();
+    store.put_tenant(&TenantRow { id: 1, name: "default".into() }).unwrap();
+    store.put_job(7, 1, &serde_json::json!({"id": 7})).unwrap();
+    store.put_output(7, 0, b"hello ").unwrap();
+    store.put_output(7, 6, b"world\n").unwrap();
+    store.commit().unwrap();
+    // Output of a transaction that did not commit is not there.
+    store.begin().unwrap();
+    store.put_output(7, 12, b"lost").unwrap();
+    store.rollback().unwrap();
+    let mut other = PgStore::open(&pg.url()).unwrap();
+    assert_eq!(other.output(7, 0, 12).unwrap(), b"hello world\n");
+    assert_eq!(other.output(7, 3, 9).unwrap(), b"lo wor", "a range across pieces");
+    assert_eq!(other.output(7, 12, 100).unwrap(), b"", "nothing past the log");
+    assert_eq!(other.output(8, 0, 100).unwrap(), b"", "no such job");
+    let _ = std::fs::remove_dir_all(std::env::temp_dir().join("ebb-output-sqlite"));
+}

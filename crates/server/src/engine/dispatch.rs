@@ -26,13 +26,24 @@ impl<S: Store> Engine<S> {
                     .and_then(|()| self.cancel(id, &req, now));
                 self.answer(reply, result)?;
             }
-            Msg::LogFile { principal, id, reply } => {
+            Msg::LogFile { principal, id, offset, reply } => {
                 let result = match self.visible(&principal, id) {
-                    Ok(()) => Ok(LogFile {
-                        path: self.log_path(id),
-                        committed: self.log_state(id)?.bytes,
-                        finished: self.jobs[&id].state.is_final(),
-                    }),
+                    Ok(()) => {
+                        let committed = self.log_state(id)?.bytes;
+                        let stored = match self.store.keeps_output() {
+                            true if offset < committed => {
+                                Some(self.store.output(id, offset, committed.min(offset + (1 << 20)))?)
+                            }
+                            true => Some(Vec::new()),
+                            false => None,
+                        };
+                        Ok(LogFile {
+                            path: self.log_path(id),
+                            committed,
+                            stored,
+                            finished: self.jobs[&id].state.is_final(),
+                        })
+                    }
                     Err(e) => Err(e),
                 };
                 self.answer(reply, result)?;

@@ -98,6 +98,8 @@ pub enum Msg {
     LogFile {
         principal: Principal,
         id: u64,
+        /// Where the reader is in the log.
+        offset: u64,
         reply: oneshot::Sender<Result<LogFile, ApiError>>,
     },
     Nodes {
@@ -211,6 +213,9 @@ pub enum Msg {
 pub struct LogFile {
     pub path: PathBuf,
     pub committed: u64,
+    /// Up to 1 MiB from the offset asked, where the store keeps output
+    /// (then `path` is not used).
+    pub stored: Option<Vec<u8>>,
     /// The job has ended: no more output will come.
     pub finished: bool,
 }

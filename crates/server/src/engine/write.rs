@@ -33,13 +33,17 @@ impl<S: Store> Engine<S> {
             return Ok(());
         }
         let mut state = self.log_state(id)?;
-        let path = self.log_path(id);
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .and_then(|mut f| f.write_all(data.as_bytes()))
-            .map_err(|e| StoreError(format!("job {id}: cannot append output to {}: {e}", path.display())))?;
+        if self.store.keeps_output() {
+            self.store.put_output(id, state.bytes, data.as_bytes())?;
+        } else {
+            let path = self.log_path(id);
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+                .and_then(|mut f| f.write_all(data.as_bytes()))
+                .map_err(|e| StoreError(format!("job {id}: cannot append output to {}: {e}", path.display())))?;
+        }
         state.bytes += data.len() as u64;
         self.store.put_log_state(id, &state)?;
         self.logs.insert(id, state);
@@ -73,6 +77,9 @@ impl<S: Store> Engine<S> {
     /// The log of job `id` is cut back to `committed` bytes if a batch
     /// that never committed wrote past it.
     fn cut_uncommitted(&self, id: u64, committed: u64) -> Written {
+        if self.store.keeps_output() {
+            return Ok(()); // what did not commit is not there
+        }
         let path = self.log_path(id);
         let cut = || -> std::io::Result<()> {
             let file = std::fs::OpenOptions::new().write(true).open(&path)?;
