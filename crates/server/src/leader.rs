@@ -238,10 +238,18 @@ pub async fn forward(State(proxy): State<Proxy>, request: Request, next: Next) -
     }
     match proxy.role.elsewhere() {
         Ok(None) => next.run(request).await,
+        // Forwarded once already: the servers' views of the lease differ for
+        // a moment, and a request is never passed round between them.
+        Ok(Some(_)) if request.headers().contains_key(FORWARDED) => {
+            unavailable("this server is not leading now; nothing was done, try again in a moment".into())
+        }
         Ok(Some(leader)) => proxy.send(&leader, request).await,
         Err(()) => unavailable("no leader yet: the servers are electing one; try again in a moment".into()),
     }
 }
+
+/// Marks a request one server forwarded to another.
+const FORWARDED: &str = "x-ebb-forwarded";
 
 #[derive(Clone)]
 pub struct Proxy {
@@ -269,7 +277,7 @@ impl Proxy {
                 return ApiError { status: 413, message: "body: over the 2 MiB limit".into() }.into_response()
             }
         };
-        let mut out = self.http.request(parts.method, &url).body(body);
+        let mut out = self.http.request(parts.method, &url).header(FORWARDED, "1").body(body);
         for name in [header::AUTHORIZATION, header::CONTENT_TYPE, header::ACCEPT] {
             if let Some(value) = parts.headers.get(&name) {
                 out = out.header(name, value);
