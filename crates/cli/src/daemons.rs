@@ -309,7 +309,9 @@ pub async fn agent(args: AgentArgs) -> Result<(), String> {
     let server = args.server.clone().ok_or("no server: pass --server URL or set EBB_SERVER")?;
     for url in server.split(',').map(str::trim) {
         if !(url.starts_with("http://") || url.starts_with("https://")) {
-            return Err(format!("--server {url:?}: a URL, e.g. http://10.0.0.1:7300 (several: comma-separated)"));
+            return Err(format!(
+                "--server {url:?}: a URL, e.g. http://10.0.0.1:7300 (several: comma-separated)"
+            ));
         }
     }
     let join_token = match (&args.join_token, &args.join_token_file) {

@@ -36,8 +36,14 @@ impl Plane {
         let dir = std::env::temp_dir().join(format!("ebb-failover-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("submit")).unwrap();
-        let mut plane =
-            Plane { dir, servers: Vec::new(), urls: Vec::new(), agents: Vec::new(), admin: String::new(), _pg: pg };
+        let mut plane = Plane {
+            dir,
+            servers: Vec::new(),
+            urls: Vec::new(),
+            agents: Vec::new(),
+            admin: String::new(),
+            _pg: pg,
+        };
         for i in 0..2 {
             plane.start_server(i);
             let role = if i == 0 { "leader" } else { "follower" };
@@ -49,7 +55,17 @@ impl Plane {
             let name = format!("node-{i}");
             let log = plane.log(&name);
             let agent = Command::new(ebb_exe())
-                .args(["agent", "--server", &servers, "--name", &name, "--fake-gpus", "2", "--gpu-model", MODEL])
+                .args([
+                    "agent",
+                    "--server",
+                    &servers,
+                    "--name",
+                    &name,
+                    "--fake-gpus",
+                    "2",
+                    "--gpu-model",
+                    MODEL,
+                ])
                 .args(["--join-token-file", plane.dir.join("server-0/join.token").to_str().unwrap()])
                 .args(["--data-dir", plane.dir.join(&name).to_str().unwrap()])
                 .args(["--checkpoint-root", plane.dir.join("checkpoints").to_str().unwrap()])
@@ -69,19 +85,27 @@ impl Plane {
     }
 
     fn log(&self, name: &str) -> std::fs::File {
-        std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join(format!("{name}.log"))).unwrap()
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("{name}.log")))
+            .unwrap()
     }
 
     fn start_server(&mut self, i: usize) {
         let data = self.dir.join(format!("server-{i}"));
-        let listen = self.urls.get(i).map_or("127.0.0.1:0".to_string(), |u| u.trim_start_matches("http://").into());
+        let listen =
+            self.urls.get(i).map_or("127.0.0.1:0".to_string(), |u| u.trim_start_matches("http://").into());
         let _ = std::fs::remove_file(data.join("server.url"));
         let log = self.log(&format!("server-{i}"));
         let child = Command::new(ebb_exe())
             .args(["server", "--data-dir", data.to_str().unwrap(), "--listen", &listen])
             .args(["--database", &self._pg.url(), "--lease", "2s", "--price", &format!("{MODEL}=3.60")])
             .args(["--drain-window", &format!("{DRAIN_WINDOW_MS}ms"), "--heartbeat-interval", "200ms"])
-            .args(["--default-run-as", &nix::unistd::User::from_uid(nix::unistd::getuid()).unwrap().unwrap().name])
+            .args([
+                "--default-run-as",
+                &nix::unistd::User::from_uid(nix::unistd::getuid()).unwrap().unwrap().name,
+            ])
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()
@@ -98,8 +122,8 @@ impl Plane {
     }
 
     fn health(&self, i: usize) -> Option<Value> {
-        let out = Command::new("curl").args(["-s", "-m", "1", &format!("{}/healthz", self.urls[i])]).output().ok()?;
-        serde_json::from_slice(&out.stdout).ok()
+        let http = reqwest::blocking::Client::builder().timeout(Duration::from_secs(1)).build().ok()?;
+        http.get(format!("{}/healthz", self.urls[i])).send().ok()?.json().ok()
     }
 
     fn wait_role(&self, i: usize, role: &str) -> Value {
@@ -198,9 +222,11 @@ impl Submitter {
     /// theirs alone.
     fn start(plane: &Plane) -> Submitter {
         let stop = Arc::new(AtomicBool::new(false));
-        let tenant: Value = serde_json::from_str(&plane.run(&["tenant", "create", "steady", "--json"])).unwrap();
+        let tenant: Value =
+            serde_json::from_str(&plane.run(&["tenant", "create", "steady", "--json"])).unwrap();
         let token = tenant["token"].as_str().unwrap().to_string();
-        let (flag, dir, servers, admin) = (stop.clone(), plane.dir.join("submit"), plane.urls.join(","), token);
+        let (flag, dir, servers, admin) =
+            (stop.clone(), plane.dir.join("submit"), plane.urls.join(","), token);
         let thread = std::thread::spawn(move || {
             let (mut answered, mut refused) = (Vec::new(), 0);
             while !flag.load(Ordering::SeqCst) {
@@ -249,7 +275,8 @@ fn lines(path: &Path) -> Vec<Vec<u64>> {
 }
 
 fn event_ms(job: &Value, kind: &str, attempt: u64) -> Option<u64> {
-    job["events"].as_array().unwrap().iter().find(|e| e["kind"] == kind && e["attempt"] == attempt)?["at_ms"].as_u64()
+    job["events"].as_array().unwrap().iter().find(|e| e["kind"] == kind && e["attempt"] == attempt)?["at_ms"]
+        .as_u64()
 }
 
 /// A draining job, a running one and a steady stream of submissions, then
@@ -310,7 +337,8 @@ fn survives(name: &str, fail: impl FnOnce(&mut Plane) -> Instant, after: impl Fn
     // The draining job was killed at its original deadline, after which
     // (and not before) its preemptor started.
     let victim_job = plane.job(victim);
-    let first = usage(&victim_job).into_iter().find(|u| u["attempt"] == 1).expect("the drained attempt's usage");
+    let first =
+        usage(&victim_job).into_iter().find(|u| u["attempt"] == 1).expect("the drained attempt's usage");
     let ended = first["ended_ms"].as_u64().unwrap();
     assert!(
         ended + 500 >= deadline && ended <= deadline + 1500,
@@ -336,7 +364,8 @@ fn survives(name: &str, fail: impl FnOnce(&mut Plane) -> Instant, after: impl Fn
         }
     }
     known.sort();
-    let mut started: Vec<(u64, u64)> = ["node-0", "node-1"].iter().flat_map(|n| run_dirs(&plane.dir.join(n))).collect();
+    let mut started: Vec<(u64, u64)> =
+        ["node-0", "node-1"].iter().flat_map(|n| run_dirs(&plane.dir.join(n))).collect();
     started.sort();
     assert_eq!(started, known, "the agents started other attempts than the server accounts for");
     assert_eq!(known, vec![(victim, 1), (runner, 1), (preemptor, 1)]);
@@ -373,7 +402,8 @@ fn survives(name: &str, fail: impl FnOnce(&mut Plane) -> Instant, after: impl Fn
     let day = |t: std::time::SystemTime| humantime::format_rfc3339_seconds(t).to_string()[..10].to_string();
     let now = std::time::SystemTime::now();
     let (from, to) = (day(now), day(now + Duration::from_secs(86_400)));
-    let bill: Value = serde_json::from_str(&plane.run(&["bill", "--from", &from, "--to", &to, "--json"])).unwrap();
+    let bill: Value =
+        serde_json::from_str(&plane.run(&["bill", "--from", &from, "--to", &to, "--json"])).unwrap();
     assert_eq!(bill["total_micro_usd"].as_i64().unwrap(), total, "{bill}");
 }
 
@@ -446,7 +476,12 @@ fn a_leader_frozen_past_its_lease_is_fenced_off_and_follows_when_it_wakes() {
             let out = late_out.lock().unwrap().take().unwrap().wait_with_output().unwrap();
             let all: Value = serde_json::from_str(&plane.run(&["jobs", "--json", "--all"])).unwrap();
             let late_jobs = all.as_array().unwrap().iter().filter(|j| j["name"] == "late").count();
-            assert_eq!(late_jobs, usize::from(out.status.success()), "{}", String::from_utf8_lossy(&out.stderr));
+            assert_eq!(
+                late_jobs,
+                usize::from(out.status.success()),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
         },
     );
 }

@@ -251,7 +251,7 @@ fn only_commands_that_talk_to_a_server_offer_server_and_token() {
         );
     }
     let agent = help(&["agent"]);
-    assert!(agent.contains("--server <URL>") && !agent.contains("--token"), "{agent}");
+    assert!(agent.contains("--server <URL[,URL...]>") && !agent.contains("--token"), "{agent}");
 
     let out = Command::new(ebb_exe()).args(["--server", "http://127.0.0.1:9", "up"]).output().unwrap();
     assert!(!out.status.success());

@@ -1056,7 +1056,11 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
         }
     });
     let proxy = Proxy::new(role.clone());
-    let app = App { role: role.clone(), tokens, poll_wait: Duration::from_millis(config.heartbeat_interval.as_millis()) };
+    let app = App {
+        role: role.clone(),
+        tokens,
+        poll_wait: Duration::from_millis(config.heartbeat_interval.as_millis()),
+    };
     let router = Router::new()
         .route("/healthz", get(crate::leader::healthz).with_state(role))
         .route("/openapi.json", get(openapi))

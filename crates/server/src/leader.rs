@@ -138,7 +138,14 @@ pub fn start(
 
 type Ready = std::sync::mpsc::Sender<Result<Vec<String>, String>>;
 
-fn run(lease: LeaseConfig, engine: EngineConfig, tokens: TokenMap, role: Arc<Role>, first: PgStore, ready: Ready) {
+fn run(
+    lease: LeaseConfig,
+    engine: EngineConfig,
+    tokens: TokenMap,
+    role: Arc<Role>,
+    first: PgStore,
+    ready: Ready,
+) {
     let mut ready = Some(ready);
     let mut store = Some(first);
     loop {
@@ -197,7 +204,12 @@ fn run(lease: LeaseConfig, engine: EngineConfig, tokens: TokenMap, role: Arc<Rol
 
 /// Follows the leader until the lease is open, then takes it. Returns the
 /// new epoch.
-fn follow(db: &mut PgStore, lease: &LeaseConfig, role: &Role, ready: &mut Option<Ready>) -> Result<u64, String> {
+fn follow(
+    db: &mut PgStore,
+    lease: &LeaseConfig,
+    role: &Role,
+    ready: &mut Option<Ready>,
+) -> Result<u64, String> {
     let ms = lease.lease.as_millis() as u64;
     loop {
         let seen = db.lease().map_err(|e| e.to_string())?;

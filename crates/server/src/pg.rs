@@ -465,7 +465,10 @@ impl Store for PgStore {
     }
 
     fn put_output(&mut self, job: u64, offset: u64, data: &[u8]) -> Result<()> {
-        self.exec("INSERT INTO output (job, start, data) VALUES ($1, $2, $3)", &[&big(job), &big(offset), &data])
+        self.exec(
+            "INSERT INTO output (job, start, data) VALUES ($1, $2, $3)",
+            &[&big(job), &big(offset), &data],
+        )
     }
 
     fn output(&mut self, job: u64, from: u64, to: u64) -> Result<Vec<u8>> {

@@ -199,7 +199,10 @@ fn the_lease_goes_to_one_server_and_fences_off_a_deposed_one() {
     assert!(b.lease().unwrap().open);
     assert_eq!(b.take_lease("http://b", 60_000).unwrap(), Some(2));
     let err = a.begin().err().expect("a deposed leader's transaction is refused");
-    assert!(err.to_string().contains("deposed: this server led at epoch 1, and the database is at epoch 2"), "{err}");
+    assert!(
+        err.to_string().contains("deposed: this server led at epoch 1, and the database is at epoch 2"),
+        "{err}"
+    );
     b.begin().unwrap();
     b.put_tenant(&TenantRow { id: 2, name: "second".into() }).unwrap();
     b.commit().unwrap();

@@ -42,7 +42,9 @@ impl<S: Store> Engine<S> {
                 .append(true)
                 .open(&path)
                 .and_then(|mut f| f.write_all(data.as_bytes()))
-                .map_err(|e| StoreError(format!("job {id}: cannot append output to {}: {e}", path.display())))?;
+                .map_err(|e| {
+                    StoreError(format!("job {id}: cannot append output to {}: {e}", path.display()))
+                })?;
         }
         state.bytes += data.len() as u64;
         self.store.put_log_state(id, &state)?;
