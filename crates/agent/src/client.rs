@@ -120,6 +120,11 @@ impl Client {
             CallError::Other(e.to_string())
         })?;
         let status = resp.status();
+        if status == reqwest::StatusCode::SERVICE_UNAVAILABLE {
+            // A server that is not leading and cannot reach the leader: the
+            // next may be the one that leads now.
+            self.next_server(&server);
+        }
         if status.is_success() {
             return resp.json().await.map_err(|e| CallError::Other(e.to_string()));
         }

@@ -75,6 +75,11 @@ fn config_path() -> Option<PathBuf> {
     std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".config/ebb/config.json"))
 }
 
+/// How long a read may take (a followed log waits up to 20 s for output).
+const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long a write may take before the command gives up on its answer.
+const WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// How long a command waits for the servers to elect a leader.
 const ELECTION: std::time::Duration = std::time::Duration::from_secs(20);
 
@@ -160,14 +165,34 @@ impl Client {
             let mut passed = Vec::new();
             let mut electing = false;
             for server in &self.servers {
-                match build(server).bearer_auth(&self.token).send().await {
-                    Ok(resp) if resp.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE => {
+                let mut request =
+                    build(server).bearer_auth(&self.token).build().map_err(|e| e.to_string())?;
+                // A read is the same on any server: one that holds it too long
+                // (frozen, cut off) is passed over. A write is not sent twice.
+                let read = request.method() == reqwest::Method::GET;
+                *request.timeout_mut() = Some(if read { READ_TIMEOUT } else { WRITE_TIMEOUT });
+                match self.http.execute(request).await {
+                    // 503: not forwarded, nothing done. 502 to a read: the leader
+                    // went while it held it; a read is asked again.
+                    Ok(resp)
+                        if resp.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE
+                            || (read && resp.status() == reqwest::StatusCode::BAD_GATEWAY) =>
+                    {
                         electing = true;
                         passed.push(self.answer::<serde_json::Value>(server, resp).await.unwrap_err());
                     }
                     Ok(resp) => return self.answer(server, resp).await,
                     // Not connected: the request never left; the next may answer.
-                    Err(e) if e.is_connect() => passed.push(unreachable(server, &e)),
+                    Err(e) if e.is_connect() || (read && e.is_timeout()) => {
+                        passed.push(unreachable(server, &e))
+                    }
+                    Err(e) if e.is_timeout() => {
+                        return Err(format!(
+                            "{server} did not answer in {}s; the request may or may not have been applied \
+                             (look before sending it again)",
+                            WRITE_TIMEOUT.as_secs()
+                        ))
+                    }
                     Err(e) => return Err(unreachable(server, &e)),
                 }
             }

@@ -22,8 +22,9 @@ pub struct ServerArgs {
     /// Keep the state in PostgreSQL instead of the embedded SQLite file:
     /// postgres://USER@HOST/DB, or host=/socket/dir user=U dbname=DB.
     /// Several servers may share one database: one leads, the others
-    /// forward to it and take over when it fails.
-    #[arg(long, value_name = "URL")]
+    /// forward to it and take over when it fails. From EBB_DATABASE if not
+    /// given, which keeps a password off the command line.
+    #[arg(long, env = "EBB_DATABASE", hide_env_values = true, value_name = "URL")]
     pub database: Option<String>,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:7300")]

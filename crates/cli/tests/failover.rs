@@ -457,10 +457,27 @@ fn a_leader_frozen_past_its_lease_is_fenced_off_and_follows_when_it_wakes() {
                 .stderr(Stdio::piped())
                 .spawn()
                 .unwrap();
-            *late.lock().unwrap() = Some(child);
+            // A read through the follower, which forwards it to the frozen
+            // leader until it takes over: then it is asked again, of the new
+            // leader, and answered while the old one is still frozen.
+            let read = Command::new(ebb_exe())
+                .args(["nodes", "--json"])
+                .env("EBB_SERVER", &plane.urls[1])
+                .env("EBB_TOKEN", &plane.admin)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            *late.lock().unwrap() = Some((child, read));
             frozen
         },
         move |plane| {
+            let (late, mut read) = late_out.lock().unwrap().take().unwrap();
+            let answered = wait_for("the read through the follower", Duration::from_secs(15), || {
+                read.try_wait().unwrap()
+            });
+            let out = read.wait_with_output().unwrap();
+            assert!(answered.success(), "{}", String::from_utf8_lossy(&out.stderr));
             plane.signal(0, "-CONT");
             let health = wait_for("the woken leader to follow epoch 2", Duration::from_secs(20), || {
                 plane.health(0).filter(|h| h["role"] == "follower" && h["epoch"] == 2)
@@ -473,7 +490,7 @@ fn a_leader_frozen_past_its_lease_is_fenced_off_and_follows_when_it_wakes() {
             );
             // Whatever the late submission was told, it was applied at most
             // once, and exactly once if it was told it was.
-            let out = late_out.lock().unwrap().take().unwrap().wait_with_output().unwrap();
+            let out = late.wait_with_output().unwrap();
             let all: Value = serde_json::from_str(&plane.run(&["jobs", "--json", "--all"])).unwrap();
             let late_jobs = all.as_array().unwrap().iter().filter(|j| j["name"] == "late").count();
             assert_eq!(

@@ -38,9 +38,16 @@ use crate::pg::PgStore;
 use crate::{ApiError, TokenMap};
 
 /// What this server is now, shared by the handlers and the lease loop.
-#[derive(Default)]
 pub struct Role {
     now: RwLock<Now>,
+    /// Bumped whenever the leadership this server sees changes.
+    changes: tokio::sync::watch::Sender<u64>,
+}
+
+impl Default for Role {
+    fn default() -> Self {
+        Role { now: RwLock::default(), changes: tokio::sync::watch::Sender::new(0) }
+    }
 }
 
 #[derive(Clone, Default)]
@@ -65,11 +72,20 @@ pub struct Health {
 
 impl Role {
     pub fn lead(&self, epoch: u64, url: &str, writer: mpsc::Sender<Msg>) {
-        *self.now.write().expect("role") = Now { writer: Some(writer), epoch, leader: url.to_string() };
+        self.set(Now { writer: Some(writer), epoch, leader: url.to_string() });
     }
 
     pub fn follow(&self, epoch: u64, leader: &str) {
-        *self.now.write().expect("role") = Now { writer: None, epoch, leader: leader.to_string() };
+        self.set(Now { writer: None, epoch, leader: leader.to_string() });
+    }
+
+    fn set(&self, new: Now) {
+        let mut now = self.now.write().expect("role");
+        let changed = now.writer.is_some() != new.writer.is_some() || now.leader != new.leader;
+        *now = new;
+        if changed {
+            self.changes.send_modify(|n| *n += 1);
+        }
     }
 
     /// The writer's queue, while this server leads.
@@ -295,7 +311,24 @@ impl Proxy {
                 out = out.header(name, value);
             }
         }
-        let answer = match out.send().await {
+        // A leader replaced while it holds the request (frozen, cut off) may
+        // never answer; the request is given up then, its outcome unknown:
+        // the old leader may have committed it before it stopped.
+        let mut changes = self.role.changes.subscribe();
+        let sent = tokio::select! {
+            sent = out.send() => sent,
+            _ = changes.changed() => {
+                return ApiError {
+                    status: 502,
+                    message: format!(
+                        "the leader at {leader} was replaced while it held the request; \
+                         it may or may not have been applied"
+                    ),
+                }
+                .into_response()
+            }
+        };
+        let answer = match sent {
             Ok(answer) => answer,
             Err(e) if e.is_connect() => {
                 return unavailable(format!(

@@ -78,7 +78,8 @@ fn a_database_written_by_the_release_before_is_migrated_and_everything_in_it_kep
     assert_eq!(victim.usage.len(), 1, "the preempted attempt's record");
 
     // The log of a job from before logs were tracked is read whole.
-    let log = call(&mut engine, |reply| Msg::LogFile { principal: admin.clone(), id: 1, offset: 0, reply }).unwrap();
+    let log = call(&mut engine, |reply| Msg::LogFile { principal: admin.clone(), id: 1, offset: 0, reply })
+        .unwrap();
     assert_eq!(log.committed, "hello from the old main\n".len() as u64);
 
     // It goes on: new jobs get the next ids.
