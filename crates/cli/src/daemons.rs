@@ -63,7 +63,46 @@ pub struct ServerArgs {
     #[arg(long, default_value = "nobody", value_name = "USER")]
     pub default_run_as: String,
     #[command(flatten)]
+    pub tls: TlsArgs,
+    #[command(flatten)]
     pub limits: LimitArgs,
+}
+
+/// HTTPS, for agents and users on other hosts. Plain HTTP without these.
+#[derive(Args)]
+pub struct TlsArgs {
+    /// Serve HTTPS with this certificate, PEM (a chain is fine: the
+    /// server's first). Agents verify it with --ca FILE, or with
+    /// --ca-fingerprint if the CA's certificate is in --data-dir as ca.crt.
+    #[arg(long, value_name = "FILE", requires = "tls_key", conflicts_with = "tls_generate")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert, PEM.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Serve HTTPS with a certificate of the server's own: on first start
+    /// it makes a CA in --data-dir (ca.crt, ca.key) and a certificate it
+    /// signs (tls.crt, tls.key) for the listen address, localhost,
+    /// 127.0.0.1, the host name and each --tls-san, re-issued when those
+    /// change. A CA already there is used instead: copy ca.crt and ca.key
+    /// from another server so that the servers of one control plane share
+    /// one CA. Prints the CA's fingerprint for agents' --ca-fingerprint.
+    #[arg(long)]
+    pub tls_generate: bool,
+    /// Another name or IP address agents and users reach the server by,
+    /// for --tls-generate's certificate; repeatable.
+    #[arg(long = "tls-san", value_name = "NAME_OR_IP", requires = "tls_generate")]
+    pub tls_sans: Vec<String>,
+}
+
+impl TlsArgs {
+    fn config(&self) -> ebb_server::tls::TlsConfig {
+        use ebb_server::tls::TlsConfig;
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => TlsConfig::Files { cert: cert.clone(), key: key.clone() },
+            _ if self.tls_generate => TlsConfig::Generate { extra_names: self.tls_sans.clone() },
+            _ => TlsConfig::Off,
+        }
+    }
 }
 
 /// What one submission may carry and one tenant may have.
@@ -192,6 +231,7 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
         pricing: ebb_server::billing::Pricing { prices, default_price, discount_bps },
         limits: args.limits.limits()?,
         run_as,
+        tls: args.tls.config(),
     })
     .await
 }
