@@ -47,6 +47,8 @@ pub(crate) struct Client {
     credential: Mutex<Option<String>>,
     /// Where the credential is kept (0600).
     credential_path: PathBuf,
+    /// The CA an `https://` server is verified with, for messages.
+    trust: Option<crate::tls::Trust>,
 }
 
 impl Client {
@@ -65,7 +67,15 @@ impl Client {
             join_token: join_token.to_string(),
             credential: Mutex::new(credential),
             credential_path: credential_path(data_dir),
+            trust: None,
         }
+    }
+
+    /// Says, when a certificate cannot be verified, which CA it was
+    /// verified with.
+    pub(crate) fn trusting(mut self, trust: Option<crate::tls::Trust>) -> Client {
+        self.trust = trust;
+        self
     }
 
     pub(crate) fn server(&self) -> &str {
@@ -91,8 +101,12 @@ impl Client {
     }
 
     async fn call<T: for<'de> Deserialize<'de>>(&self, req: reqwest::RequestBuilder) -> Result<T, CallError> {
-        let resp =
-            req.bearer_auth(self.bearer()).send().await.map_err(|e| CallError::Other(e.to_string()))?;
+        let resp = req.bearer_auth(self.bearer()).send().await.map_err(|e| {
+            CallError::Other(
+                crate::tls::certificate_problem(&self.server, &e, self.trust.as_ref())
+                    .unwrap_or_else(|| e.to_string()),
+            )
+        })?;
         let status = resp.status();
         if status.is_success() {
             return resp.json().await.map_err(|e| CallError::Other(e.to_string()));

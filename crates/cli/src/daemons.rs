@@ -238,9 +238,21 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
 
 #[derive(Args)]
 pub struct AgentArgs {
-    /// The server's URL, e.g. http://10.0.0.1:7300.
+    /// The server's URL, e.g. http://10.0.0.1:7300, or https://... with
+    /// --ca or --ca-fingerprint.
     #[arg(long, env = "EBB_SERVER", hide_env_values = true, value_name = "URL")]
     pub server: Option<String>,
+    /// For an https:// server: the CA certificate (PEM) its certificate
+    /// must be signed by; nothing else is trusted.
+    #[arg(long, env = "EBB_CA", value_name = "FILE", conflicts_with = "ca_fingerprint")]
+    pub ca: Option<PathBuf>,
+    /// For an https:// server that made its own CA (ebb server
+    /// --tls-generate): the CA's fingerprint the server printed at start.
+    /// The agent fetches the CA from the server, refuses it unless its
+    /// SHA-256 is this, keeps it in --data-dir as ca.crt and verifies every
+    /// connection with it from then on.
+    #[arg(long, env = "EBB_CA_FINGERPRINT", value_name = "sha256:HEX")]
+    pub ca_fingerprint: Option<ebb_agent::tls::Fingerprint>,
     /// The join token (or --join-token-file).
     #[arg(long, env = "EBB_JOIN_TOKEN", hide_env_values = true)]
     pub join_token: Option<String>,
@@ -354,6 +366,8 @@ pub async fn agent(args: AgentArgs) -> Result<(), String> {
     ebb_agent::run(ebb_agent::AgentConfig {
         server,
         join_token: join_token.trim().to_string(),
+        ca: args.ca,
+        ca_fingerprint: args.ca_fingerprint,
         name,
         gpus: gpus.count,
         gpu_model: gpus.model,
@@ -557,7 +571,7 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
         )?);
     }
     // Ready when every agent has joined.
-    let conn = crate::client::Connection { server: Some(url.clone()), token: Some(admin.clone()) };
+    let conn = crate::client::Connection { server: Some(url.clone()), token: Some(admin.clone()), ca: None };
     let client = conn.client()?;
     // Joined: up, or drained by the operator before a restart (it stays
     // drained, and is said so below).
