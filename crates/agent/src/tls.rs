@@ -187,7 +187,7 @@ pub async fn fetch_ca(server: &str, expected: Fingerprint) -> Result<Vec<u8>, Fe
         .build()
         .map_err(|e| FetchError::Refused(e.to_string()))?;
     let unreachable = |e: reqwest::Error| {
-        let text = certificate_problem(server, &e, None).unwrap_or_else(|| innermost(&e));
+        let text = certificate_problem(server, &e, None).unwrap_or_else(|| in_words(&e));
         FetchError::Unreachable(format!("cannot fetch the CA from {url}: {text}"))
     };
     let resp = http.get(&url).send().await.map_err(unreachable)?;
@@ -221,13 +221,21 @@ pub async fn fetch_ca(server: &str, expected: Fingerprint) -> Result<Vec<u8>, Fe
     Ok(body.to_vec())
 }
 
-/// The innermost cause of an error, in words (`connection refused`).
+/// The innermost cause of an error, as its library words it.
 fn innermost(e: &(dyn std::error::Error + 'static)) -> String {
     let mut cause = e;
     while let Some(inner) = cause.source() {
         cause = inner;
     }
     cause.to_string()
+}
+
+/// The innermost cause in words, as the CLI says it: `connection refused`.
+fn in_words(e: &(dyn std::error::Error + 'static)) -> String {
+    let text = innermost(e);
+    let text = text.split(" (os error").next().unwrap_or(&text);
+    let mut chars = text.chars();
+    chars.next().map(|first| first.to_lowercase().chain(chars).collect()).unwrap_or_default()
 }
 
 /// Where an agent keeps the CA it fetched by fingerprint.
@@ -341,6 +349,90 @@ mod tests {
             let err = wrong.parse::<Fingerprint>().unwrap_err();
             assert!(err.contains("expected sha256: and 64 hex digits"), "{wrong:?}: {err}");
         }
+    }
+
+    /// As the TLS stream reports a failed handshake: an I/O error wrapping
+    /// rustls's, itself wrapped (an I/O error's `source` skips what it
+    /// wraps).
+    fn failed_handshake(tls: rustls::Error) -> std::io::Error {
+        let inner = std::io::Error::new(std::io::ErrorKind::InvalidData, tls);
+        std::io::Error::other(inner)
+    }
+
+    #[test]
+    fn a_certificate_that_fails_verification_is_said_in_words_naming_the_server_and_the_ca() {
+        use rustls::CertificateError as C;
+        let server = "https://10.0.0.1:7300";
+        let trust = Trust { certs: Vec::new(), source: "the CA in ca.pem given with --ca".into() };
+        let said = |tls: rustls::Error| {
+            certificate_problem(server, &failed_handshake(tls), Some(&trust)).expect("a certificate problem")
+        };
+        let cannot = "cannot verify the certificate of https://10.0.0.1:7300: ";
+        for (tls, why) in [
+            (C::UnknownIssuer, "it is not signed by the CA in ca.pem given with --ca"),
+            (C::BadSignature, "it is not signed by the CA in ca.pem given with --ca"),
+            (C::NotValidForName, "it is not valid for the host in that URL"),
+            (C::Expired, "invalid peer certificate: Expired (compare the clocks of both hosts)"),
+        ] {
+            let text = said(rustls::Error::InvalidCertificate(tls));
+            assert!(text.starts_with(&format!("{cannot}{why}")), "{text}");
+        }
+        let text = said(rustls::Error::InvalidMessage(rustls::InvalidMessage::InvalidContentType));
+        assert!(text.ends_with("does it serve plain http:// instead?"), "{text}");
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert_eq!(certificate_problem(server, &refused, Some(&trust)), None);
+        assert_eq!(in_words(&std::io::Error::from_raw_os_error(111)), "connection refused");
+    }
+
+    /// A CA certificate (made with `openssl req -x509`) and its fingerprint
+    /// as `openssl x509 -fingerprint -sha256` printed it.
+    const FIXTURE_CA: &str = "-----BEGIN CERTIFICATE-----
+MIIBpzCCAU2gAwIBAgIUOiw+B8m5clc0eOM0dT+ftqNFGaYwCgYIKoZIzj0EAwIw
+KDEMMAoGA1UECgwDRWJiMRgwFgYDVQQDDA90ZXN0IGZpeHR1cmUgQ0EwIBcNMjYx
+MTMwMTM0MTQ5WhgPMjEyNjExMDYxMzQxNDlaMCgxDDAKBgNVBAoMA0ViYjEYMBYG
+A1UEAwwPdGVzdCBmaXh0dXJlIENBMFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAE
+1dcd+upeCYR0Dn3BJjhslzazr16RZDMkp42VmuLuCefrNsegsHuQrJ0/rkfKsUGO
+FjzfQkvE96D8HPAfllwNDaNTMFEwHQYDVR0OBBYEFHopwailLuCuPZn+R4xvlbhu
+mvoRMB8GA1UdIwQYMBaAFHopwailLuCuPZn+R4xvlbhumvoRMA8GA1UdEwEB/wQF
+MAMBAf8wCgYIKoZIzj0EAwIDSAAwRQIhAI8aPPASVeanlfEhWRpNVjC9IX7gY50m
+h9VNWqujxDcjAiB9lE9tGMCpRyNRrcpcBDlMDuAFte8Rry1BSPpX8c8UzQ==
+-----END CERTIFICATE-----\n";
+    const FIXTURE_FINGERPRINT: &str =
+        "sha256:89:FA:C9:E0:DF:83:3D:15:F1:9B:11:B9:B0:AD:21:01:0B:AC:C4:66:04:70:58:FE:03:AF:52:B2:A6:54:AE:3F";
+
+    fn temp_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("ebb-agent-tls-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[tokio::test]
+    async fn an_agent_needs_a_ca_for_an_https_server_and_none_for_a_plain_one() {
+        let dir = temp_dir("trust");
+        let fingerprint: Fingerprint = FIXTURE_FINGERPRINT.parse().unwrap();
+        let ca = dir.join("given.pem");
+        std::fs::write(&ca, FIXTURE_CA).unwrap();
+        assert!(agent_trust("http://10.0.0.1:7300", None, None, &dir).await.unwrap().is_none());
+        let err = agent_trust("http://10.0.0.1:7300", Some(&ca), None, &dir).await.unwrap_err();
+        assert_eq!(err, "--ca: the server http://10.0.0.1:7300 is plain HTTP; give its https:// URL");
+        let err = agent_trust("http://10.0.0.1:7300", None, Some(fingerprint), &dir).await.unwrap_err();
+        assert!(err.starts_with("--ca-fingerprint: the server http://10.0.0.1:7300 is plain HTTP"), "{err}");
+        let err = agent_trust("https://10.0.0.1:7300", None, None, &dir).await.unwrap_err();
+        assert!(err.contains("pass --ca FILE") && err.contains("--ca-fingerprint sha256:HEX"), "{err}");
+
+        let given = agent_trust("https://10.0.0.1:7300", Some(&ca), None, &dir).await.unwrap().unwrap();
+        assert_eq!(given.fingerprints(), [fingerprint]);
+
+        // A CA kept at an earlier join is used, with or without its
+        // fingerprint, without asking the server (none is listening here).
+        keep_ca(&kept_ca_path(&dir), FIXTURE_CA.as_bytes()).unwrap();
+        for again in [Some(fingerprint), None] {
+            let kept = agent_trust("https://127.0.0.1:9", None, again, &dir).await.unwrap().unwrap();
+            assert_eq!(kept.fingerprints(), [fingerprint]);
+            assert!(kept.source.starts_with("the CA kept in "), "{}", kept.source);
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
