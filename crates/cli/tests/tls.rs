@@ -320,7 +320,9 @@ fn agents_in_their_own_network_namespaces_join_over_tls_by_fingerprint_and_run_a
     let logs = server.ebb(&server.ca(), &["logs", &id]);
     assert_eq!(String::from_utf8_lossy(&logs.stdout).trim(), format!("over TLS on {node}"));
     let jobs = server.json(&["jobs", "--json"]);
-    assert!(jobs.as_array().unwrap().iter().any(|j| j["id"].to_string() == id && j["state"] == "succeeded"));
+    let listed =
+        jobs.as_array().unwrap().iter().find(|j| j["id"].as_u64().map(|n| n.to_string()) == Some(id.clone()));
+    assert_eq!(listed.expect("the job in ebb jobs")["state"], "succeeded");
     let shown = server.ebb(&server.ca(), &["show", &id]);
     assert!(String::from_utf8_lossy(&shown.stdout).contains("succeeded"));
     for i in 0..2 {

@@ -1099,8 +1099,8 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
     std::fs::write(dir.join("server.url"), format!("{url}\n")).map_err(|e| e.to_string())?;
     tracing::info!(%url, data_dir = %dir.display(), "ebb server listening");
     eprintln!("ebb server: listening on {url}");
-    if let Some(tls) = &tls {
-        eprintln!("ebb server: {}", tls.join_hint(dir));
+    for line in tls.iter().flat_map(|t| t.join_hint(dir)) {
+        eprintln!("ebb server: {line}");
     }
     crate::tls::serve(listener, router, tls.as_ref(), shutdown_signal()).await.map_err(|e| e.to_string())
 }

@@ -68,6 +68,8 @@ pub struct ServerTls {
     pub ca: Option<KnownCa>,
     /// Files written at this start (a new CA, a re-issued certificate).
     pub written: Vec<PathBuf>,
+    /// The names a generated certificate is valid for.
+    pub names: BTreeSet<String>,
 }
 
 /// The files `--tls-generate` keeps in the data directory.
@@ -111,7 +113,8 @@ impl ServerTls {
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
                     Err(e) => return Err(format!("{}: {e}", data_dir.join(CA_CERT).display())),
                 };
-                Ok(Some(ServerTls { config: server_config(chain, key)?, ca, written: Vec::new() }))
+                let config = server_config(chain, key)?;
+                Ok(Some(ServerTls { config, ca, written: Vec::new(), names: BTreeSet::new() }))
             }
             TlsConfig::Generate { extra_names } => {
                 let names = names(listen, extra_names, host_name().as_deref())?;
@@ -127,15 +130,16 @@ impl ServerTls {
                 let chain = read_chain(&cert_path, "--tls-generate")?;
                 let key = PrivateKeyDer::from_pem_file(&key_path)
                     .map_err(|e| format!("{}: no private key in PEM: {e}", key_path.display()))?;
-                Ok(Some(ServerTls { config: server_config(chain, key)?, ca: Some(ca), written }))
+                Ok(Some(ServerTls { config: server_config(chain, key)?, ca: Some(ca), written, names }))
             }
         }
     }
 
-    /// What the server tells the operator at start, after it listens on
-    /// `url`: how agents on other hosts verify it.
-    pub fn join_hint(&self, data_dir: &Path) -> String {
-        match &self.ca {
+    /// What the server tells the operator at start, a line each, once it
+    /// listens: how agents on other hosts verify it, and by which names
+    /// they may reach it.
+    pub fn join_hint(&self, data_dir: &Path) -> Vec<String> {
+        let mut lines = vec![match &self.ca {
             Some(ca) => format!(
                 "agents join with --ca-fingerprint {} (and the join token in {}), or --ca {}",
                 ca.fingerprint,
@@ -145,7 +149,15 @@ impl ServerTls {
             None => {
                 "agents and the CLI verify this server with --ca FILE, the CA that signed --tls-cert".into()
             }
+        }];
+        if !self.names.is_empty() {
+            let names: Vec<&str> = self.names.iter().map(String::as_str).collect();
+            lines.push(format!(
+                "its certificate is valid for {}; reach it by one of these (--tls-san adds names)",
+                names.join(", ")
+            ));
         }
+        lines
     }
 }
 
@@ -551,6 +563,12 @@ mod tests {
         expected.extend(host_name().filter(|h| is_dns_name(h)).map(|h| h.to_ascii_lowercase()));
         let (ca, cert) = (read(dir.join(CA_CERT)), read(dir.join(SERVER_CERT)));
         assert_eq!(names_in(&cert), expected);
+        assert_eq!(tls.names, expected);
+        let hint = tls.join_hint(&dir);
+        assert!(
+            hint[1].starts_with("its certificate is valid for 10.213.0.1, 10.9.8.7, 127.0.0.1, ::1, "),
+            "{hint:?}"
+        );
         for name in &expected {
             verify(&ca, &cert, name).unwrap_or_else(|e| panic!("{name}: {e}"));
         }
@@ -674,11 +692,11 @@ mod tests {
         let listen = "127.0.0.1:0".parse().unwrap();
         let tls = ServerTls::prepare(&files(SERVER_CERT, SERVER_KEY), &dir, listen).unwrap().unwrap();
         assert!(tls.ca.is_none() && tls.written.is_empty());
-        assert!(tls.join_hint(&dir).contains("--ca FILE"));
+        assert!(tls.join_hint(&dir)[0].contains("--ca FILE"));
         // Its CA put in the data dir is handed to joining agents.
         std::fs::copy(generated.join(CA_CERT), dir.join(CA_CERT)).unwrap();
         let tls = ServerTls::prepare(&files(SERVER_CERT, SERVER_KEY), &dir, listen).unwrap().unwrap();
-        assert!(tls.join_hint(&dir).contains(&tls.ca.unwrap().fingerprint));
+        assert!(tls.join_hint(&dir)[0].contains(&tls.ca.unwrap().fingerprint));
         let err = ServerTls::prepare(&files("missing.crt", SERVER_KEY), &dir, listen).err().unwrap();
         assert!(
             err.starts_with(&format!("--tls-cert {}: ", generated.join("missing.crt").display())),
