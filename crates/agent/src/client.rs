@@ -52,6 +52,8 @@ pub(crate) struct Client {
     credential: Mutex<Option<String>>,
     /// Where the credential is kept (0600).
     credential_path: PathBuf,
+    /// The CA an `https://` server is verified with, for messages.
+    trust: Option<crate::tls::Trust>,
 }
 
 impl Client {
@@ -76,7 +78,15 @@ impl Client {
             join_token: join_token.to_string(),
             credential: Mutex::new(credential),
             credential_path: credential_path(data_dir),
+            trust: None,
         }
+    }
+
+    /// Says, when a certificate cannot be verified, which CA it was
+    /// verified with.
+    pub(crate) fn trusting(mut self, trust: Option<crate::tls::Trust>) -> Client {
+        self.trust = trust;
+        self
     }
 
     /// The server calls go to now.
@@ -117,7 +127,9 @@ impl Client {
             if e.is_connect() || e.is_timeout() {
                 self.next_server(&server);
             }
-            CallError::Other(e.to_string())
+            CallError::Other(
+                crate::tls::certificate_problem(&server, &e, self.trust.as_ref()).unwrap_or_else(|| e.to_string()),
+            )
         })?;
         let status = resp.status();
         if status == reqwest::StatusCode::SERVICE_UNAVAILABLE {

@@ -29,6 +29,7 @@ pub mod spawn;
 mod supervisor;
 #[cfg(test)]
 mod testing;
+pub mod tls;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -46,6 +47,10 @@ pub struct AgentConfig {
     /// The server's URL, or the control plane's servers comma-separated.
     pub server: String,
     pub join_token: String,
+    /// The CA an `https://` server's certificate must chain to (`--ca`).
+    pub ca: Option<PathBuf>,
+    /// Or the fingerprint of the CA to fetch from the server and keep.
+    pub ca_fingerprint: Option<tls::Fingerprint>,
     pub name: String,
     pub gpus: u8,
     pub gpu_model: String,
@@ -88,6 +93,11 @@ struct Found {
 pub async fn run(config: AgentConfig) -> Result<(), String> {
     let found = tokio::task::spawn_blocking(move || find(config)).await.map_err(|e| e.to_string())??;
     let Found { config, cgroups, group_prefix, credential } = found;
+    // Before anything else talks to the server, and before any attempt is
+    // started: an agent that cannot verify its server must not join it.
+    let trust =
+        tls::agent_trust(&config.server, config.ca.as_deref(), config.ca_fingerprint, &config.data_dir)
+            .await?;
     let (reporter, queue) = Reporter::new(config.output.buffer);
     let ledger = Ledger::new(&config.data_dir);
     tokio::spawn(ledger.clone().write_on_change());
@@ -97,13 +107,16 @@ pub async fn run(config: AgentConfig) -> Result<(), String> {
     let supervisor = Arc::new(Processes::new(supervisor_config(&config), pool, reporter.clone(), ledger));
     supervisor.fill_pool();
     tokio::spawn(supervisor.clone().sweep_every(config.attempt_retention));
-    let client = Arc::new(client::Client::new(
-        http_client()?,
-        &config.server,
-        &config.join_token,
-        &config.data_dir,
-        credential,
-    ));
+    let client = Arc::new(
+        client::Client::new(
+            http_client(trust.as_ref())?,
+            &config.server,
+            &config.join_token,
+            &config.data_dir,
+            credential,
+        )
+        .trusting(trust),
+    );
     let fenced = supervisor.clone();
     tokio::spawn(reporter.clone().run(queue, client.clone(), config.name.clone(), move |stale| {
         drain::kill_stale(&*fenced, stale, "the server fenced this stale attempt")
@@ -245,8 +258,13 @@ fn node(config: &AgentConfig) -> Node {
     }
 }
 
-fn http_client() -> Result<reqwest::Client, String> {
-    reqwest::Client::builder()
+/// The agent's client: for an `https://` server, trusting `trust` alone.
+fn http_client(trust: Option<&tls::Trust>) -> Result<reqwest::Client, String> {
+    let builder = match trust {
+        Some(trust) => trust.client_builder()?,
+        None => reqwest::Client::builder(),
+    };
+    builder
         .connect_timeout(Duration::from_secs(2))
         .timeout(Duration::from_secs(30))
         .build()

@@ -20,6 +20,10 @@ pub struct Connection {
     /// API token.
     #[arg(long, env = "EBB_TOKEN", global = true, hide_env_values = true, value_name = "TOKEN")]
     pub token: Option<String>,
+    /// For https:// servers: the CA certificate (PEM) their certificates
+    /// must be signed by; nothing else is trusted.
+    #[arg(long, env = "EBB_CA", global = true, value_name = "FILE")]
+    pub ca: Option<PathBuf>,
 }
 
 /// `ebb --server URL --token T COMMAND`: the same flags given before the
@@ -39,7 +43,11 @@ impl BeforeCommand {
     /// The command's connection, with these flags over its own (which may
     /// have come from the environment).
     pub fn or(&self, conn: Connection) -> Connection {
-        Connection { server: self.server.clone().or(conn.server), token: self.token.clone().or(conn.token) }
+        Connection {
+            server: self.server.clone().or(conn.server),
+            token: self.token.clone().or(conn.token),
+            ca: conn.ca,
+        }
     }
 
     /// A command that talks to no server was given `--server` or `--token`.
@@ -66,6 +74,7 @@ impl BeforeCommand {
 struct ConfigFile {
     server: Option<String>,
     token: Option<String>,
+    ca: Option<PathBuf>,
 }
 
 fn config_path() -> Option<PathBuf> {
@@ -90,6 +99,8 @@ pub struct Client {
     servers: Vec<String>,
     token: String,
     http: reqwest::Client,
+    /// The CA `https://` servers are verified with, for messages.
+    trust: Option<ebb_agent::tls::Trust>,
 }
 
 impl Connection {
@@ -109,11 +120,42 @@ impl Connection {
         )?;
         let servers =
             server.split(',').map(|s| check_url(s.trim())).collect::<Result<Vec<String>, String>>()?;
-        let http = reqwest::Client::builder()
-            .connect_timeout(std::time::Duration::from_secs(5))
-            .build()
-            .map_err(|e| e.to_string())?;
-        Ok(Client { servers, token: token.trim().to_string(), http })
+        let trust = self.trust(file.ca, &servers)?;
+        let builder = match &trust {
+            Some(trust) => trust.client_builder()?,
+            None => reqwest::Client::builder(),
+        };
+        let http =
+            builder.connect_timeout(std::time::Duration::from_secs(5)).build().map_err(|e| e.to_string())?;
+        Ok(Client { servers, token: token.trim().to_string(), http, trust })
+    }
+
+    /// The CA `https://` servers are verified with: `--ca`, `EBB_CA` or the
+    /// config file's `ca`. Needed for an `https://` server. `--ca` or
+    /// `EBB_CA` with a plain `http://` server is refused: whoever gave it
+    /// would think the server verified.
+    fn trust(
+        &self,
+        file: Option<PathBuf>,
+        servers: &[String],
+    ) -> Result<Option<ebb_agent::tls::Trust>, String> {
+        let Some(path) = self.ca.clone().or(file) else {
+            return match servers.iter().find(|s| ebb_agent::tls::is_https(s)) {
+                Some(server) => Err(format!(
+                    "server {server} is https://: pass --ca FILE, set EBB_CA, or put \"ca\" in \
+                     ~/.config/ebb/config.json (the CA that signed its certificate)"
+                )),
+                None => Ok(None),
+            };
+        };
+        if let Some(server) =
+            servers.iter().find(|s| !ebb_agent::tls::is_https(s)).filter(|_| self.ca.is_some())
+        {
+            return Err(format!(
+                "--ca: server {server} is plain http://, not verified; give its https:// URL"
+            ));
+        }
+        ebb_agent::tls::Trust::from_pem_file(&path, "--ca").map(Some)
     }
 }
 
@@ -130,8 +172,12 @@ fn check_url(server: &str) -> Result<String, String> {
 }
 
 /// Why a request got no answer, in words: the innermost cause (`connection
-/// refused`), not the HTTP library's wrapping of it.
-fn unreachable(server: &str, e: &reqwest::Error) -> String {
+/// refused`), not the HTTP library's wrapping of it; for a certificate that
+/// could not be verified, why, and against which CA.
+fn unreachable(server: &str, e: &reqwest::Error, trust: Option<&ebb_agent::tls::Trust>) -> String {
+    if let Some(problem) = ebb_agent::tls::certificate_problem(server, e, trust) {
+        return problem;
+    }
     if e.is_timeout() {
         return format!("cannot connect to {server}: no answer in time");
     }
@@ -184,7 +230,7 @@ impl Client {
                     Ok(resp) => return self.answer(server, resp).await,
                     // Not connected: the request never left; the next may answer.
                     Err(e) if e.is_connect() || (read && e.is_timeout()) => {
-                        passed.push(unreachable(server, &e))
+                        passed.push(unreachable(server, &e, self.trust.as_ref()))
                     }
                     Err(e) if e.is_timeout() => {
                         return Err(format!(
@@ -193,7 +239,7 @@ impl Client {
                             WRITE_TIMEOUT.as_secs()
                         ))
                     }
-                    Err(e) => return Err(unreachable(server, &e)),
+                    Err(e) => return Err(unreachable(server, &e, self.trust.as_ref())),
                 }
             }
             if !electing || std::time::Instant::now() >= deadline {
@@ -205,7 +251,7 @@ impl Client {
 
     async fn answer<T: DeserializeOwned>(&self, server: &str, resp: reqwest::Response) -> Result<T, String> {
         let status = resp.status();
-        let body = resp.text().await.map_err(|e| unreachable(server, &e))?;
+        let body = resp.text().await.map_err(|e| unreachable(server, &e, self.trust.as_ref()))?;
         let not_ebb = || {
             format!(
                 "{server} answered HTTP {} with something that is not Ebb's API: is it an Ebb server (EBB_SERVER, --server)?",

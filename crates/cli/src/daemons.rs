@@ -74,7 +74,46 @@ pub struct ServerArgs {
     #[arg(long, default_value = "nobody", value_name = "USER")]
     pub default_run_as: String,
     #[command(flatten)]
+    pub tls: TlsArgs,
+    #[command(flatten)]
     pub limits: LimitArgs,
+}
+
+/// HTTPS, for agents and users on other hosts. Plain HTTP without these.
+#[derive(Args)]
+pub struct TlsArgs {
+    /// Serve HTTPS with this certificate, PEM (a chain is fine: the
+    /// server's first). Agents verify it with --ca FILE, or with
+    /// --ca-fingerprint if the CA's certificate is in --data-dir as ca.crt.
+    #[arg(long, value_name = "FILE", requires = "tls_key", conflicts_with = "tls_generate")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert, PEM.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Serve HTTPS with a certificate of the server's own: on first start
+    /// it makes a CA in --data-dir (ca.crt, ca.key) and a certificate it
+    /// signs (tls.crt, tls.key) for the listen address, localhost,
+    /// 127.0.0.1, the host name and each --tls-san, re-issued when those
+    /// change. A CA already there is used instead: copy ca.crt and ca.key
+    /// from another server so that the servers of one control plane share
+    /// one CA. Prints the CA's fingerprint for agents' --ca-fingerprint.
+    #[arg(long)]
+    pub tls_generate: bool,
+    /// Another name or IP address agents and users reach the server by,
+    /// for --tls-generate's certificate; repeatable.
+    #[arg(long = "tls-san", value_name = "NAME_OR_IP", requires = "tls_generate")]
+    pub tls_sans: Vec<String>,
+}
+
+impl TlsArgs {
+    fn config(&self) -> ebb_server::tls::TlsConfig {
+        use ebb_server::tls::TlsConfig;
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => TlsConfig::Files { cert: cert.clone(), key: key.clone() },
+            _ if self.tls_generate => TlsConfig::Generate { extra_names: self.tls_sans.clone() },
+            _ => TlsConfig::Off,
+        }
+    }
 }
 
 /// What one submission may carry and one tenant may have.
@@ -224,17 +263,30 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
         pricing: ebb_server::billing::Pricing { prices, default_price, discount_bps },
         limits: args.limits.limits()?,
         run_as,
+        tls: args.tls.config(),
     })
     .await
 }
 
 #[derive(Args)]
 pub struct AgentArgs {
-    /// The server's URL, e.g. http://10.0.0.1:7300; or the control
-    /// plane's servers, comma-separated: the agent moves to the next when
-    /// one cannot be reached or does not answer in time.
+    /// The server's URL, e.g. http://10.0.0.1:7300, or https://... with
+    /// --ca or --ca-fingerprint; or the control plane's servers,
+    /// comma-separated: the agent moves to the next when one cannot be
+    /// reached or does not answer in time.
     #[arg(long, env = "EBB_SERVER", hide_env_values = true, value_name = "URL[,URL...]")]
     pub server: Option<String>,
+    /// For an https:// server: the CA certificate (PEM) its certificate
+    /// must be signed by; nothing else is trusted.
+    #[arg(long, env = "EBB_CA", value_name = "FILE", conflicts_with = "ca_fingerprint")]
+    pub ca: Option<PathBuf>,
+    /// For an https:// server that made its own CA (ebb server
+    /// --tls-generate): the CA's fingerprint the server printed at start.
+    /// The agent fetches the CA from the server, refuses it unless its
+    /// SHA-256 is this, keeps it in --data-dir as ca.crt and verifies every
+    /// connection with it from then on.
+    #[arg(long, env = "EBB_CA_FINGERPRINT", value_name = "sha256:HEX")]
+    pub ca_fingerprint: Option<ebb_agent::tls::Fingerprint>,
     /// The join token (or --join-token-file).
     #[arg(long, env = "EBB_JOIN_TOKEN", hide_env_values = true)]
     pub join_token: Option<String>,
@@ -355,6 +407,8 @@ pub async fn agent(args: AgentArgs) -> Result<(), String> {
     ebb_agent::run(ebb_agent::AgentConfig {
         server,
         join_token: join_token.trim().to_string(),
+        ca: args.ca,
+        ca_fingerprint: args.ca_fingerprint,
         name,
         gpus: gpus.count,
         gpu_model: gpus.model,
@@ -558,7 +612,7 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
         )?);
     }
     // Ready when every agent has joined.
-    let conn = crate::client::Connection { server: Some(url.clone()), token: Some(admin.clone()) };
+    let conn = crate::client::Connection { server: Some(url.clone()), token: Some(admin.clone()), ca: None };
     let client = conn.client()?;
     // Joined: up, or drained by the operator before a restart (it stays
     // drained, and is said so below).

@@ -27,6 +27,9 @@ struct App {
     role: Arc<Role>,
     tokens: TokenMap,
     poll_wait: Duration,
+    /// The CA certificate (PEM) joining agents fetch, when the server
+    /// serves HTTPS and knows its CA.
+    tls_ca: Option<Arc<str>>,
 }
 
 impl IntoResponse for ApiError {
@@ -217,7 +220,7 @@ fn integral_floats_as_integers(value: &mut serde_json::Value) {
     paths(submit, list_jobs, show_job, cancel_job, job_logs, list_nodes, drain_node, undrain_node, remove_node, reclaim, release_reclaim,
         create_tenant, list_tenants, rotate_tenant_token, revoke_tenant_tokens, rotate_join_token, get_tenant_limits,
         set_tenant_limits, list_prices, set_price, create_reservation, list_reservations, delete_reservation, bill,
-        operator_report, agent_register, agent_commands, agent_report),
+        operator_report, agent_register, agent_commands, agent_report, tls_ca),
     components(schemas(
         api::JobSubmission, api::Submitted, api::Job, api::JobEvent, api::EventKind, api::NodeGpus, api::Node,
         api::ReclaimRequest, api::ReclaimReply, api::ReclaimRelease, api::ReclaimReleased, api::TenantRequest, api::TenantCreated, api::TenantSummary, api::LogChunk,
@@ -823,6 +826,24 @@ async fn agent_report(
     Ok(Json(app.ask(|reply| Msg::Report { report, reply }).await??))
 }
 
+/// The CA that signed this server's certificate, PEM: an agent joining
+/// with `--ca-fingerprint` fetches it without verifying the connection,
+/// then trusts it only if its SHA-256 is the fingerprint it was given. No
+/// token: it is public, and the agent has none it may send yet.
+#[utoipa::path(get, path = "/v1/tls/ca.crt", tag = "agent", security(()),
+    responses(
+        (status = 200, description = "The CA certificate, PEM", content_type = "application/x-pem-file", body = String),
+        (status = 404, description = "The server serves plain HTTP, or was given a certificate without its CA", body = api::ErrorBody)))]
+async fn tls_ca(State(app): State<App>) -> ApiResult<Response> {
+    match &app.tls_ca {
+        Some(pem) => Ok(([(header::CONTENT_TYPE, "application/x-pem-file")], pem.to_string()).into_response()),
+        None => Err(ApiError::not_found(
+            "this server has no CA to hand out: it serves plain HTTP, or HTTPS with --tls-cert and no ca.crt in its data dir"
+                .into(),
+        )),
+    }
+}
+
 async fn openapi() -> Json<serde_json::Value> {
     static DOCUMENT: std::sync::OnceLock<serde_json::Value> = std::sync::OnceLock::new();
     Json(DOCUMENT.get_or_init(document).clone())
@@ -873,6 +894,8 @@ fn add_common_errors(operation: &mut serde_json::Value) {
     let takes_input =
         operation.get("parameters").is_some_and(|p| p.as_array().is_some_and(|p| !p.is_empty()));
     let takes_body = operation.get("requestBody").is_some();
+    // Open to anyone (`security: [{}]`): no token is looked at.
+    let open = operation.get("security").is_some_and(|s| *s == serde_json::json!([{}]));
     let Some(responses) = operation.get_mut("responses").and_then(|r| r.as_object_mut()) else { return };
     let error = |description: &str| {
         serde_json::json!({
@@ -887,6 +910,9 @@ fn add_common_errors(operation: &mut serde_json::Value) {
     }
     if takes_body {
         responses.entry("413").or_insert_with(|| error(&format!("The body is over the {BODY_LIMIT} limit")));
+    }
+    if open {
+        return;
     }
     responses.entry("401").or_insert_with(|| {
         error("No bearer token, a malformed Authorization header, or an unknown or revoked token")
@@ -995,6 +1021,17 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
     // Before anything in the directory is touched; held until the process ends.
     let _owner = crate::lock::lock_dir(dir, "ebb server")?;
     private_data_dir(dir)?;
+    let tls = crate::tls::ServerTls::prepare(&config.tls, dir, config.listen)?;
+    for path in tls.iter().flat_map(|t| &t.written) {
+        eprintln!("ebb server: wrote {}", path.display());
+    }
+    if config.database.is_some() && tls.as_ref().is_some_and(|t| t.ca.is_none()) {
+        return Err(format!(
+            "--tls-cert with --database: put the CA that signed the servers' certificates in {}; \
+             a server verifies the leader's certificate with it when it forwards a request",
+            dir.join(crate::tls::CA_CERT).display()
+        ));
+    }
     let tokens = Arc::new(RwLock::new(HashMap::new()));
     let engine_config = EngineConfig {
         data_dir: dir.clone(),
@@ -1012,7 +1049,7 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
         .await
         .map_err(|e| format!("--listen {}: {e}", config.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    let url = format!("http://{addr}");
+    let url = format!("{}://{addr}", if tls.is_some() { "https" } else { "http" });
     let role = Arc::new(Role::default());
     let created = match &config.database {
         None => {
@@ -1055,11 +1092,12 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
             }
         }
     });
-    let proxy = Proxy::new(role.clone());
+    let proxy = Proxy::new(role.clone(), tls.as_ref().and_then(|t| t.ca.as_ref()).map(|ca| ca.pem.as_str()))?;
     let app = App {
         role: role.clone(),
         tokens,
         poll_wait: Duration::from_millis(config.heartbeat_interval.as_millis()),
+        tls_ca: tls.as_ref().and_then(|t| t.ca.as_ref()).map(|ca| Arc::from(ca.pem.as_str())),
     };
     let router = Router::new()
         .route("/healthz", get(crate::leader::healthz).with_state(role))
@@ -1088,6 +1126,7 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
         .route("/v1/agent/register", post(agent_register))
         .route("/v1/agent/commands", get(agent_commands))
         .route("/v1/agent/report", post(agent_report))
+        .route("/v1/tls/ca.crt", get(tls_ca))
         .layer(DefaultBodyLimit::max(api::MAX_REQUEST_BYTES))
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method)
@@ -1096,7 +1135,10 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
     std::fs::write(dir.join("server.url"), format!("{url}\n")).map_err(|e| e.to_string())?;
     tracing::info!(%url, data_dir = %dir.display(), "ebb server listening");
     eprintln!("ebb server: listening on {url}");
-    axum::serve(listener, router).with_graceful_shutdown(shutdown_signal()).await.map_err(|e| e.to_string())
+    for line in tls.iter().flat_map(|t| t.join_hint(dir)) {
+        eprintln!("ebb server: {line}");
+    }
+    crate::tls::serve(listener, router, tls.as_ref(), shutdown_signal()).await.map_err(|e| e.to_string())
 }
 
 async fn shutdown_signal() {
@@ -1121,8 +1163,9 @@ mod tests {
             for (method, op) in item.as_object().unwrap() {
                 operations += 1;
                 let responses = op["responses"].as_object().unwrap();
+                let open = op["security"] == serde_json::json!([{}]);
                 for code in ["401", "403"] {
-                    assert!(responses.contains_key(code), "{method} {path}: no {code}");
+                    assert_eq!(responses.contains_key(code), !open, "{method} {path}: {code}");
                 }
                 if op.get("requestBody").is_some() {
                     assert!(
@@ -1140,7 +1183,7 @@ mod tests {
         }
         // Every route `serve` routes under /v1: a new one needs its
         // `#[utoipa::path]` and a place in `ApiDoc`'s paths.
-        assert_eq!(operations, 28, "routes documented");
+        assert_eq!(operations, 29, "routes documented");
     }
 
     #[test]

@@ -250,7 +250,7 @@ pub async fn healthz(State(role): State<Arc<Role>>) -> Json<Health> {
     Json(role.health())
 }
 
-/// Every request to a server that does not lead is forwarded to the one
+/// Every request (but `/healthz` and the CA) to a server that does not lead is forwarded to the one
 /// that does, and its answer returned as it came. A proxy rather than a
 /// redirect: every client works unchanged (HTTP clients drop the
 /// `Authorization` header when a redirect changes the host), and an agent
@@ -261,7 +261,8 @@ pub async fn healthz(State(role): State<Arc<Role>>) -> Json<Health> {
 /// again. A 502 means it was sent and no answer came: it may or may not
 /// have been applied.
 pub async fn forward(State(proxy): State<Proxy>, request: Request, next: Next) -> Response {
-    if request.uri().path() == "/healthz" {
+    // Every server answers these itself: who leads, and the CA they share.
+    if ["/healthz", "/v1/tls/ca.crt"].contains(&request.uri().path()) {
         return next.run(request).await;
     }
     match proxy.role.elsewhere() {
@@ -286,13 +287,18 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    pub fn new(role: Arc<Role>) -> Proxy {
-        let http = reqwest::Client::builder()
+    /// Forwards over HTTPS trusting `ca` (PEM) alone: the servers of one
+    /// control plane share their CA.
+    pub fn new(role: Arc<Role>, ca: Option<&str>) -> Result<Proxy, String> {
+        let mut http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(2))
             .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .expect("an HTTP client");
-        Proxy { role, http }
+            .tls_built_in_root_certs(false);
+        if let Some(pem) = ca {
+            let cert = reqwest::Certificate::from_pem(pem.as_bytes()).map_err(|e| format!("the CA: {e}"))?;
+            http = http.add_root_certificate(cert);
+        }
+        Ok(Proxy { role, http: http.build().map_err(|e| format!("the forwarding client: {e}"))? })
     }
 
     async fn send(&self, leader: &str, request: Request) -> Response {

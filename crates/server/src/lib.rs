@@ -12,6 +12,7 @@ pub mod lock;
 mod metrics;
 pub mod pg;
 pub mod store;
+pub mod tls;
 mod validate;
 
 use std::collections::HashMap;
@@ -150,6 +151,8 @@ pub struct ServerConfig {
     pub pricing: billing::Pricing,
     pub limits: Limits,
     pub run_as: RunAs,
+    /// Plain HTTP, or HTTPS with which certificate.
+    pub tls: tls::TlsConfig,
 }
 
 /// Runs the server until SIGINT or SIGTERM.
