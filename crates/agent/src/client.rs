@@ -128,7 +128,8 @@ impl Client {
                 self.next_server(&server);
             }
             CallError::Other(
-                crate::tls::certificate_problem(&server, &e, self.trust.as_ref()).unwrap_or_else(|| e.to_string()),
+                crate::tls::certificate_problem(&server, &e, self.trust.as_ref())
+                    .unwrap_or_else(|| e.to_string()),
             )
         })?;
         let status = resp.status();
