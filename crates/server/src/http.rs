@@ -25,6 +25,7 @@ use crate::{hash_token, ApiError, Principal, ServerConfig, TokenMap, TokenState}
 #[derive(Clone)]
 struct App {
     role: Arc<Role>,
+    feed: crate::engine::Feed,
     tokens: TokenMap,
     poll_wait: Duration,
     /// The CA certificate (PEM) joining agents fetch, when the server
@@ -922,6 +923,27 @@ fn add_common_errors(operation: &mut serde_json::Value) {
         .or_insert_with(|| error("The token may not make this call (an admin-only call, or an agent's)"));
 }
 
+/// Server-sent events, one each time a batch that changed jobs, nodes or
+/// money commits (`data: {"seq": N}`; the first says where the count
+/// stands), for a page to read again what it shows; a comment every 15 s
+/// keeps the connection open. The events carry no data: what is read
+/// again is what the token may see. Read with `fetch` (an `EventSource`
+/// cannot send the token).
+async fn stream(State(app): State<App>, headers: HeaderMap) -> ApiResult<Response> {
+    use axum::response::sse::{Event, KeepAlive, Sse};
+    app.tenant(&headers)?;
+    let changes = app.feed.subscribe();
+    let events = futures_util::stream::unfold((changes, true), |(mut changes, first)| async move {
+        if !first && changes.changed().await.is_err() {
+            return None;
+        }
+        let seq = *changes.borrow_and_update();
+        let event = Event::default().data(format!("{{\"seq\":{seq}}}"));
+        Some((Ok::<_, std::convert::Infallible>(event), (changes, false)))
+    });
+    Ok(Sse::new(events).keep_alive(KeepAlive::default()).into_response())
+}
+
 /// Anything not routed: a JSON 404.
 async fn no_route() -> ApiError {
     ApiError::not_found("no such route (see /openapi.json)".into())
@@ -987,6 +1009,7 @@ fn start_writer<S: Store + 'static>(
     open: impl FnOnce() -> Result<S, crate::store::StoreError> + Send + 'static,
     config: EngineConfig,
     tokens: TokenMap,
+    feed: crate::engine::Feed,
     rx: mpsc::Receiver<Msg>,
 ) -> Result<Vec<String>, String> {
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
@@ -997,7 +1020,8 @@ fn start_writer<S: Store + 'static>(
                 Engine::open(store, config, tokens, crate::engine::now_ms()).map_err(|e| e.message)
             });
             match opened {
-                Ok((engine, created)) => {
+                Ok((mut engine, created)) => {
+                    engine.feed(feed);
                     let _ = ready_tx.send(Ok(created));
                     if let Some(e) = engine.run(rx) {
                         // Serve no state the store does not have.
@@ -1051,11 +1075,18 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let url = format!("{}://{addr}", if tls.is_some() { "https" } else { "http" });
     let role = Arc::new(Role::default());
+    let feed: crate::engine::Feed = Arc::new(tokio::sync::watch::Sender::new(0));
     let created = match &config.database {
         None => {
             let (tx, rx) = mpsc::channel(1 << 16);
             let path = dir.join("ebb.db");
-            let created = start_writer(move || SqliteStore::open(&path), engine_config, tokens.clone(), rx)?;
+            let created = start_writer(
+                move || SqliteStore::open(&path),
+                engine_config,
+                tokens.clone(),
+                feed.clone(),
+                rx,
+            )?;
             role.lead(0, &url, tx);
             created
         }
@@ -1072,10 +1103,12 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
             };
             let lease = LeaseConfig { database: database.clone(), url: advertise, lease: config.lease };
             let role = role.clone();
-            let tokens = tokens.clone();
-            tokio::task::spawn_blocking(move || crate::leader::start(lease, engine_config, tokens, role))
-                .await
-                .map_err(|e| e.to_string())??
+            let (tokens, feed) = (tokens.clone(), feed.clone());
+            tokio::task::spawn_blocking(move || {
+                crate::leader::start(lease, engine_config, tokens, role, feed)
+            })
+            .await
+            .map_err(|e| e.to_string())??
         }
     };
     for path in created {
@@ -1095,6 +1128,7 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
     let proxy = Proxy::new(role.clone(), tls.as_ref().and_then(|t| t.ca.as_ref()).map(|ca| ca.pem.as_str()))?;
     let app = App {
         role: role.clone(),
+        feed,
         tokens,
         poll_wait: Duration::from_millis(config.heartbeat_interval.as_millis()),
         tls_ca: tls.as_ref().and_then(|t| t.ca.as_ref()).map(|ca| Arc::from(ca.pem.as_str())),
@@ -1127,6 +1161,9 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
         .route("/v1/agent/commands", get(agent_commands))
         .route("/v1/agent/report", post(agent_report))
         .route("/v1/tls/ca.crt", get(tls_ca))
+        .route("/v1/stream", get(stream))
+        .route("/", get(crate::web::index))
+        .route("/assets/{name}", get(crate::web::asset))
         .layer(DefaultBodyLimit::max(api::MAX_REQUEST_BYTES))
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method)

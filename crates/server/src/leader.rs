@@ -33,7 +33,7 @@ use axum::Json;
 use serde::Serialize;
 use tokio::sync::mpsc;
 
-use crate::engine::{Engine, EngineConfig, Msg};
+use crate::engine::{Engine, EngineConfig, Feed, Msg};
 use crate::pg::PgStore;
 use crate::{ApiError, TokenMap};
 
@@ -142,12 +142,13 @@ pub fn start(
     engine: EngineConfig,
     tokens: TokenMap,
     role: Arc<Role>,
+    feed: Feed,
 ) -> Result<Vec<String>, String> {
     let first = PgStore::open(&lease.database).map_err(|e| e.to_string())?;
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name("ebb-lease".into())
-        .spawn(move || run(lease, engine, tokens, role, first, ready_tx))
+        .spawn(move || run(lease, engine, tokens, role, feed, first, ready_tx))
         .map_err(|e| format!("cannot start the lease thread: {e}"))?;
     ready_rx.recv().map_err(|_| "the lease thread ended before it was ready".to_string())?
 }
@@ -159,6 +160,7 @@ fn run(
     engine: EngineConfig,
     tokens: TokenMap,
     role: Arc<Role>,
+    feed: Feed,
     first: PgStore,
     ready: Ready,
 ) {
@@ -183,7 +185,8 @@ fn run(
         };
         tokens.write().expect("token map").clear();
         match Engine::open(db, engine.clone(), tokens.clone(), crate::engine::now_ms()) {
-            Ok((writer, created)) => {
+            Ok((mut writer, created)) => {
+                writer.feed(feed.clone());
                 let (tx, rx) = mpsc::channel(1 << 16);
                 role.lead(epoch, &lease.url, tx);
                 tracing::info!(epoch, url = %lease.url, "leading");
@@ -355,24 +358,15 @@ impl Proxy {
         };
         let status = answer.status();
         let mut response = Response::builder().status(status.as_u16());
-        for name in [header::CONTENT_TYPE, header::ALLOW, header::RETRY_AFTER] {
+        for name in [header::CONTENT_TYPE, header::ALLOW, header::RETRY_AFTER, header::CACHE_CONTROL] {
             if let Some(value) = answer.headers().get(&name) {
                 response = response.header(name, value);
             }
         }
-        match answer.bytes().await {
-            Ok(bytes) => response.body(Body::from(bytes)).unwrap_or_else(|e| {
-                ApiError::internal(format!("forwarding the leader's answer: {e}")).into_response()
-            }),
-            Err(e) => ApiError {
-                status: 502,
-                message: format!(
-                    "the leader at {leader} did not finish its answer ({}); the request may or may not have been applied",
-                    source(&e)
-                ),
-            }
-            .into_response(),
-        }
+        // Passed on as it comes: a live page's event stream never ends.
+        response.body(Body::from_stream(answer.bytes_stream())).unwrap_or_else(|e| {
+            ApiError::internal(format!("forwarding the leader's answer: {e}")).into_response()
+        })
     }
 }
 

@@ -14,6 +14,7 @@ pub mod pg;
 pub mod store;
 pub mod tls;
 mod validate;
+mod web;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -67,6 +67,7 @@ impl<S: Store> Engine<S> {
                 let row = self.fleet.nodes.get_mut(&reg.node).expect("known node");
                 if reg.address.is_some() && row.address != reg.address {
                     row.address = reg.address.clone();
+                    self.outbox.changed = true;
                     self.store.put_node(row)?;
                 }
                 return Ok(());
@@ -91,6 +92,7 @@ impl<S: Store> Engine<S> {
             interruptions: known.map_or(0, |n| n.interruptions),
             removed: false,
         };
+        self.outbox.changed = true;
         self.store.put_node(&row)?;
         self.fleet.put(row);
         self.price_for(&reg.gpu_model)?;
@@ -443,6 +445,7 @@ impl<S: Store> Engine<S> {
     pub(super) fn interrupted(&mut self, node: &str) -> Written {
         if let Some(row) = self.fleet.nodes.get_mut(node) {
             row.interruptions += 1;
+            self.outbox.changed = true;
             self.store.put_node(row)?;
         }
         Ok(())

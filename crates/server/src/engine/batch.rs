@@ -3,6 +3,11 @@
 use super::*;
 
 impl<S: Store> Engine<S> {
+    /// Committed changes are counted on `feed` from now on.
+    pub fn feed(&mut self, feed: Feed) {
+        self.outbox.feed = Some(feed);
+    }
+
     /// Runs the writer loop until every sender is gone (`None`), or until
     /// a batch fails: then nothing of it was acknowledged, memory is ahead
     /// of the store, and the engine is dropped with the reason returned.

@@ -27,6 +27,7 @@ impl<S: Store> Engine<S> {
         let row = self.fleet.nodes.get_mut(name).expect("known node");
         row.drained = true;
         let row = row.clone();
+        self.outbox.changed = true;
         self.store.put_node(&row)?;
         tracing::info!(node = name, "drained by the operator");
         Ok(self.node_view(name))
@@ -44,6 +45,7 @@ impl<S: Store> Engine<S> {
         }
         self.core.undrain_node(id).map_err(|e| ApiError::conflict(e.to_string()))?;
         let row = NodeRow { drained: false, ..self.fleet.nodes[name].clone() };
+        self.outbox.changed = true;
         self.store.put_node(&row)?;
         self.fleet.put(row);
         tracing::info!(node = name, "back in service (undrained by the operator)");
@@ -121,6 +123,7 @@ impl<S: Store> Engine<S> {
         self.node_gone(name, &requeued, "removed by the operator", now)?;
         if let Some(row) = self.fleet.nodes.get(name) {
             let row = NodeRow { removed: true, ..row.clone() };
+            self.outbox.changed = true;
             self.store.put_node(&row)?;
             self.fleet.put(row);
         }

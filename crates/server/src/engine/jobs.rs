@@ -347,6 +347,7 @@ impl<S: Store> Engine<S> {
             return Err(ApiError::conflict(format!("tenant {name}: already exists")).into());
         }
         let id = self.tenants.names.keys().max().map_or(1, |m| m + 1);
+        self.outbox.changed = true;
         self.store.put_tenant(&TenantRow { id, name: name.clone() })?;
         self.tenants.names.insert(id, name.clone());
         let token = self.grant(Principal::tenant(Scope::Tenant, id, &name))?;

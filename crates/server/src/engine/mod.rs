@@ -387,7 +387,15 @@ struct Outbox {
     replies: Vec<Box<dyn FnOnce() + Send>>,
     channels: HashMap<String, Channel>,
     woken: BTreeSet<String>,
+    /// The batch changed what people watch: jobs, nodes, money.
+    changed: bool,
+    /// Counts the commits that changed something, for live pages.
+    feed: Option<Feed>,
 }
+
+/// The count of committed batches that changed jobs, nodes or money; a
+/// page following it reads again what it shows when it moves.
+pub type Feed = std::sync::Arc<tokio::sync::watch::Sender<u64>>;
 
 impl Outbox {
     fn reply<T: Send + 'static>(&mut self, tx: oneshot::Sender<T>, value: T) {
@@ -412,6 +420,11 @@ impl Outbox {
                 ch.notify.send_replace(ch.next_seq);
             }
         }
+        if std::mem::take(&mut self.changed) {
+            if let Some(feed) = &self.feed {
+                feed.send_modify(|n| *n += 1);
+            }
+        }
     }
 
     /// The batch did not commit: nothing of it is answered. Commands it
@@ -420,6 +433,7 @@ impl Outbox {
     fn discard(&mut self) {
         self.replies.clear();
         self.woken.clear();
+        self.changed = false;
     }
 }
 

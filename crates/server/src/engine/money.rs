@@ -10,6 +10,7 @@ impl<S: Store> Engine<S> {
         }
         let price = self.config.pricing.default_price;
         let row = PriceRow { gpu_model: model.to_string(), on_demand: price, reserved: price };
+        self.outbox.changed = true;
         self.store.put_price(&row)?;
         tracing::info!(gpu_model = model, on_demand = %crate::billing::usd(price), "priced at the default");
         self.money.prices.insert(model.to_string(), row.clone());
@@ -48,6 +49,7 @@ impl<S: Store> Engine<S> {
             None => self.money.prices.get(model).map_or(on_demand, |p| p.reserved),
         };
         let row = PriceRow { gpu_model: model.to_string(), on_demand, reserved };
+        self.outbox.changed = true;
         self.store.put_price(&row)?;
         tracing::info!(gpu_model = model, on_demand = %crate::billing::usd(on_demand), "price set");
         self.money.prices.insert(model.to_string(), row.clone());
@@ -134,6 +136,7 @@ impl<S: Store> Engine<S> {
         self.core
             .add_reservation(self.core_reservation(&row)?)
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        self.outbox.changed = true;
         self.store.put_reservation(&row)?;
         tracing::info!(reservation = id, tenant = req.tenant, gpus = req.gpus, "reservation created");
         self.money.reservations.insert(id, row.clone());
@@ -177,6 +180,7 @@ impl<S: Store> Engine<S> {
         }
         let tenant = self.tenant_name(row.tenant);
         if row.start_ms > now {
+            self.outbox.changed = true;
             self.store.delete_reservation(id)?;
             self.money.reservations.remove(&id);
             tracing::info!(reservation = id, tenant, "reservation withdrawn before its start");
@@ -184,6 +188,7 @@ impl<S: Store> Engine<S> {
             return Ok(crate::billing::reservation_view(&withdrawn, &tenant));
         }
         let kept = ReservationRow { end_ms: row.end_ms.min(now), deleted_ms: Some(now), ..row };
+        self.outbox.changed = true;
         self.store.put_reservation(&kept)?;
         tracing::info!(reservation = id, tenant, end = %rfc3339(kept.end_ms), "reservation deleted; its charges stay");
         self.money.reservations.insert(id, kept.clone());

@@ -11,12 +11,14 @@ impl<S: Store> Engine<S> {
         let at_ms = self.now;
         let attempt = self.jobs.get(&id).map_or(0, |j| j.attempt);
         let event = JobEvent { at: rfc3339(at_ms), at_ms, kind, attempt, detail };
+        self.outbox.changed = true;
         self.store.add_event(id, &event)?;
         tracing::info!(job = id, attempt, kind = kind.as_str(), "{}", event.detail);
         Ok(())
     }
 
     pub(super) fn save(&mut self, id: u64) -> Written {
+        self.outbox.changed = true;
         let job = &self.jobs[&id];
         self.store.put_job(id, job.tenant, job)
     }
