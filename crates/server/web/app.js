@@ -21,6 +21,17 @@ class ApiError extends Error {
   }
 }
 
+/// The API leaves out empty lists (a job's `usage`, `events`, `placement`
+/// before there are any): give them back, so every view can read them.
+function withLists(job) {
+  for (const key of ["usage", "events", "placement"]) job[key] = job[key] || [];
+  return job;
+}
+
+async function getJob(id) {
+  return withLists(await api(`/v1/jobs/${id}`));
+}
+
 async function api(path, token = session && session.token) {
   const response = await fetch(path, { headers: { Authorization: `Bearer ${token}` } });
   if (!response.ok) {
@@ -201,7 +212,7 @@ async function allJobs(query) {
   let cursor = null;
   do {
     const page = await api(`/v1/jobs?${query}${cursor ? `&cursor=${cursor}` : ""}`);
-    jobs.push(...page.jobs);
+    jobs.push(...page.jobs.map(withLists));
     cursor = page.next_cursor;
   } while (cursor);
   return jobs;
@@ -215,12 +226,15 @@ function drainDeadline(job) {
 }
 
 async function clusterView() {
-  const [nodes, active] = await Promise.all([
+  const [nodes, active, recent, reservations] = await Promise.all([
     api("/v1/nodes"),
     allJobs("state=active&limit=500"),
+    api("/v1/jobs?order=desc&limit=200"),
+    api("/v1/reservations"),
   ]);
+  const preemptions = await preemptionTimeline(recent.jobs.map(withLists));
   const draining = await Promise.all(
-    active.filter((j) => j.state === "draining").map((j) => api(`/v1/jobs/${j.id}`)),
+    active.filter((j) => j.state === "draining").map((j) => getJob(j.id)),
   );
   const deadlines = new Map(draining.map((j) => [j.id, drainDeadline(j)]));
   // Which job runs on each GPU: node -> index -> job.
@@ -312,7 +326,109 @@ async function clusterView() {
             ),
           ),
     ),
+    el(
+      "section",
+      { "aria-labelledby": "preemptions-heading" },
+      el("h2", { id: "preemptions-heading", text: "Preemptions" }),
+      preemptions.length === 0
+        ? el("p", { text: "No recent preemption." })
+        : el(
+            "div",
+            { class: "scroll" },
+            table(
+              "The latest preemptions: notice, the victim's exit, the preemptor's start, and the work lost",
+              ["Victim", "Preemptor", "Notice", "Victim exited", "Preemptor started", "Lost GPU-seconds"],
+              preemptions.map((p) =>
+                el(
+                  "tr",
+                  { "data-victim": p.victim, "data-preemptor": p.preemptor },
+                  el("td", {}, jobLink(p.victim), ` attempt ${p.attempt}`),
+                  el("td", {}, p.preemptor ? jobLink(p.preemptor) : "none"),
+                  el("td", {}, el("time", { datetime: p.noticeAt, text: p.noticeAt })),
+                  el("td", { class: "exited", text: p.exitedMs ? `${seconds(p.exitedMs - p.noticeMs)} after the notice` : "draining" }),
+                  el("td", { class: "started", text: p.startedMs ? `${seconds(p.startedMs - (p.exitedMs || p.noticeMs))} after the exit` : "not yet" }),
+                  el("td", { text: p.lost === null ? "" : p.lost }),
+                ),
+              ),
+            ),
+          ),
+    ),
+    el(
+      "section",
+      { "aria-labelledby": "reservations-heading" },
+      el("h2", { id: "reservations-heading", text: "Reservations" }),
+      reservations.length === 0
+        ? el("p", { text: "No reservation." })
+        : el(
+            "div",
+            { class: "scroll" },
+            table(
+              "Reserved capacity by tenant",
+              ["Reservation", "Tenant", "GPU model", "GPUs", "Start", "End", "Rate (USD/GPU-hour)"],
+              reservations.map((r) =>
+                el(
+                  "tr",
+                  {},
+                  el("td", { text: r.id }),
+                  el("td", { text: r.tenant }),
+                  el("td", { text: r.gpu_model }),
+                  el("td", { text: r.gpus }),
+                  el("td", { text: r.start }),
+                  el("td", { text: r.end }),
+                  el("td", { class: "money", text: r.rate_usd }),
+                ),
+              ),
+            ),
+          ),
+    ),
   ];
+}
+
+function seconds(ms) {
+  return `${(ms / 1000).toFixed(1)} s`;
+}
+
+/// The latest preemptions (at most 10 victims'), from the victims' drain
+/// notices and exits, and their preemptors' starts.
+async function preemptionTimeline(recentJobs) {
+  const victims = await Promise.all(
+    recentJobs.filter((j) => j.preemptions > 0 || j.state === "draining").slice(0, 10).map((j) => getJob(j.id)),
+  );
+  const found = [];
+  for (const victim of victims) {
+    for (const notice of victim.events.filter((e) => e.kind === "drain_notice")) {
+      const by = notice.detail.detail && notice.detail.detail.by;
+      if (by === undefined) continue; // a node drain or a reclaim
+      const exited = victim.events.find((e) => e.kind === "exited" && e.attempt === notice.attempt && e.at_ms >= notice.at_ms);
+      const usage = victim.usage.find((u) => u.attempt === notice.attempt);
+      found.push({
+        victim: victim.id,
+        attempt: notice.attempt,
+        preemptor: by,
+        noticeAt: notice.at,
+        noticeMs: notice.at_ms,
+        exitedMs: exited ? exited.at_ms : null,
+        startedMs: null,
+        lost: usage ? usage.lost_gpu_seconds : null,
+      });
+    }
+  }
+  const preemptors = new Map();
+  await Promise.all(
+    [...new Set(found.map((p) => p.preemptor))].map(async (id) => {
+      try {
+        preemptors.set(id, await getJob(id));
+      } catch (_) {
+        // Another tenant's job, or gone: shown by its id alone.
+      }
+    }),
+  );
+  for (const p of found) {
+    const preemptor = preemptors.get(p.preemptor);
+    const started = preemptor && preemptor.events.find((e) => e.kind === "started" && e.at_ms >= p.noticeMs);
+    if (started) p.startedMs = started.at_ms;
+  }
+  return found.sort((a, b) => b.noticeMs - a.noticeMs).slice(0, 10);
 }
 
 function legend() {
@@ -394,7 +510,7 @@ function progress(job) {
 async function jobView(id) {
   let job;
   try {
-    job = await api(`/v1/jobs/${id}`);
+    job = await getJob(id);
   } catch (e) {
     if (e.status === 404) {
       announce(`job ${id} not found`);
@@ -402,12 +518,7 @@ async function jobView(id) {
     }
     throw e;
   }
-  let logs = null;
-  try {
-    logs = await api(`/v1/jobs/${id}/logs?offset=0`);
-  } catch (_) {
-    // No output yet, or none kept: the section says so.
-  }
+  followLogs(id);
   announce(`job ${id} ${job.state}`);
   const facts = [
     ["State", job.state],
@@ -465,10 +576,34 @@ async function jobView(id) {
           ),
         ),
     el("h2", { text: "Logs" }),
-    logs && logs.data
-      ? el("pre", { class: "logs", tabindex: "0", "aria-label": "Job output" }, logs.data)
-      : el("p", { text: "No output yet." }),
+    el("pre", { id: "logs", class: "logs", tabindex: "0", "aria-label": "Job output" }, logs.id === id ? logs.text : ""),
   ];
+}
+
+// A job's output as far as it has been read, and the one follower reading it:
+// a long poll (`follow`), which answers as soon as there is more.
+const logs = { id: null, text: "", offset: 0, finished: false, follower: null };
+
+async function followLogs(id) {
+  if (logs.id !== id) Object.assign(logs, { id, text: "", offset: 0, finished: false });
+  if (logs.finished || logs.follower === id) return;
+  logs.follower = id;
+  try {
+    while (session && logs.id === id && location.hash === `#/jobs/${id}`) {
+      const chunk = await api(`/v1/jobs/${id}/logs?offset=${logs.offset}&follow=true&wait_ms=20000`);
+      if (logs.id !== id) break;
+      logs.text += chunk.data;
+      logs.offset = chunk.next_offset;
+      logs.finished = chunk.finished;
+      const pre = document.getElementById("logs");
+      if (pre && chunk.data) pre.textContent = logs.text;
+      if (chunk.finished) break;
+    }
+  } catch (_) {
+    // No output kept, or signed out: the page shows what was read.
+  } finally {
+    if (logs.follower === id) logs.follower = null;
+  }
 }
 
 function detail(value) {
