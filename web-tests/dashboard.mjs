@@ -188,6 +188,22 @@ async function operatorSeesPreemption(browser, server, admin, problems) {
     (DRAIN_WINDOW_S + 20) * 1000);
   check(await page.evaluate(() => window.notReloaded === true), "the preemptor appears on the victim's GPUs without a reload");
   check((await cells(victim, "draining").count()) === 0, "no cell is left draining");
+  const preemption = page.locator(`tr[data-victim="${victim}"][data-preemptor="${preemptor}"]`);
+  await until("the preemption's row with the preemptor's start",
+    async () => (await preemption.count()) === 1 && / after the exit$/.test(await preemption.locator(".started").textContent()), 5000);
+  check(/ after the notice$/.test(await preemption.locator(".exited").textContent()),
+    "the preemption timeline shows the notice, the victim's exit and the preemptor's start");
+
+  // A running job's page: no attempt has ended yet; the victim's shows its notice.
+  await page.getByRole("link", { name: `${preemptor}`, exact: true }).first().click();
+  await page.getByRole("heading", { level: 1, name: `Job ${preemptor} (preemptor)` }).waitFor();
+  await page.getByText("No attempt has ended yet.").waitFor();
+  check(true, "a running job's page opens from the timeline's link");
+  await page.goto(`${server}/#/jobs/${victim}`);
+  await page.getByRole("heading", { level: 1, name: `Job ${victim} (victim)` }).waitFor();
+  check((await page.locator(".timeline li", { hasText: "drain_notice" }).count()) === 1, "the victim's timeline has its drain notice");
+  await page.goto(`${server}/#/cluster`);
+  await page.getByRole("heading", { level: 1, name: "Cluster" }).waitFor();
 
   // Phone width: nothing wider than the screen.
   await page.setViewportSize({ width: 390, height: 844 });
@@ -232,7 +248,8 @@ async function tenantSeesOnlyItsOwn(browser, server, admin, problems) {
   await page.getByRole("heading", { level: 1, name: `Job ${mine} (hello)` }).waitFor();
   const output = page.getByLabel("Job output");
   await output.waitFor();
-  check((await output.textContent()) === "hello from alice\n", "a job's page shows its output");
+  await until("the job's output on its page", async () => (await output.textContent()) === "hello from alice\n", 5000);
+  check(true, "a job's page shows its output");
   check((await page.getByRole("heading", { name: "Timeline" }).count()) === 1, "a job's page has its timeline");
   await page.getByRole("cell", { name: "completed" }).waitFor();
   check(true, "a job's page lists its attempts with their charges");
