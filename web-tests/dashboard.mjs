@@ -214,6 +214,19 @@ async function operatorSeesPreemption(browser, server, admin, problems) {
   for (const job of [filler, victim, preemptor]) {
     await until(`job ${job} cancelled`, async () => (await jobState(server, admin, job)) === "cancelled");
   }
+
+  // The month's revenue by tier, live, as `ebb report` gives it.
+  const [from, to] = thisMonth();
+  const report = JSON.parse(cli(server, admin, ["report", "--json", "--from", from, "--to", to]));
+  const page2 = await newPage(browser, problems);
+  await signIn(page2, server, admin);
+  const revenue = (key) => page2.locator(`[data-revenue="${key}"]`).textContent();
+  for (const tier of report.tiers) {
+    await until(`${tier.tier} revenue on the page`, async () => (await revenue(tier.tier)) === tier.revenue_usd, 5000);
+  }
+  check((await revenue("total")) === report.total_revenue_usd,
+    `the month's revenue by tier is ebb report's (total $${report.total_revenue_usd})`);
+  await page2.context().close();
 }
 
 async function tenantSeesOnlyItsOwn(browser, server, admin, problems) {

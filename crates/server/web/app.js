@@ -226,11 +226,12 @@ function drainDeadline(job) {
 }
 
 async function clusterView() {
-  const [nodes, active, recent, reservations] = await Promise.all([
+  const [nodes, active, recent, reservations, report] = await Promise.all([
     api("/v1/nodes"),
     allJobs("state=active&limit=500"),
     api("/v1/jobs?order=desc&limit=200"),
     api("/v1/reservations"),
+    api(`/v1/report?from=${thisMonth()[0]}&to=${thisMonth()[1]}`),
   ]);
   const preemptions = await preemptionTimeline(recent.jobs.map(withLists));
   const draining = await Promise.all(
@@ -355,6 +356,47 @@ async function clusterView() {
     ),
     el(
       "section",
+      { "aria-labelledby": "report-heading" },
+      el("h2", { id: "report-heading", text: "This month by tier" }),
+      el(
+        "div",
+        { class: "scroll" },
+        table(
+          `Utilisation and revenue from ${report.from} to ${report.to}`,
+          ["Tier", "GPU-hours", "Utilisation", "Revenue (USD)"],
+          [
+            ...report.tiers.map((t) =>
+              el(
+                "tr",
+                { "data-tier": t.tier },
+                el("th", { scope: "row", text: t.tier }),
+                el("td", { text: t.gpu_hours.toFixed(2) }),
+                el("td", { text: percent(t.utilisation) }),
+                el("td", { class: "money", "data-revenue": t.tier, text: t.revenue_usd }),
+              ),
+            ),
+            el(
+              "tr",
+              {},
+              el("th", { scope: "row", text: "reservations" }),
+              el("td", {}),
+              el("td", {}),
+              el("td", { class: "money", "data-revenue": "reservations", text: report.reservation_revenue_usd }),
+            ),
+            el(
+              "tr",
+              {},
+              el("th", { scope: "row", text: "all" }),
+              el("td", { text: report.used_gpu_hours.toFixed(2) }),
+              el("td", { text: percent(report.utilisation) }),
+              el("td", { class: "money", "data-revenue": "total", text: report.total_revenue_usd }),
+            ),
+          ],
+        ),
+      ),
+    ),
+    el(
+      "section",
       { "aria-labelledby": "reservations-heading" },
       el("h2", { id: "reservations-heading", text: "Reservations" }),
       reservations.length === 0
@@ -382,6 +424,10 @@ async function clusterView() {
           ),
     ),
   ];
+}
+
+function percent(share) {
+  return `${(share * 100).toFixed(1)}%`;
 }
 
 function seconds(ms) {
