@@ -37,5 +37,9 @@ fn dashboard_in_a_browser() {
         .expect("node: the dashboard's browser tests need Node.js");
     print!("{}", String::from_utf8_lossy(&output.stdout));
     eprint!("{}", String::from_utf8_lossy(&output.stderr));
-    assert!(output.status.success(), "the dashboard's browser tests failed ({}): see their output above", output.status);
+    assert!(
+        output.status.success(),
+        "the dashboard's browser tests failed ({}): see their output above",
+        output.status
+    );
 }
