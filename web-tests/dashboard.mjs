@@ -132,6 +132,12 @@ async function signIn(page, server, token) {
   check(!page.url().includes(token), "the token is not in the page's URL");
 }
 
+async function screenshot(page, name) {
+  if (!SCREENSHOTS) return;
+  await page.evaluate(() => window.scrollTo(0, 0)); // axe-core scrolls as it checks contrast
+  await page.screenshot({ path: path.join(SCREENSHOTS, name) });
+}
+
 async function axe(page, what) {
   await page.evaluate(axeSource);
   const result = await page.evaluate(() => window.axe.run(document, { resultTypes: ["violations"] }));
@@ -182,7 +188,7 @@ async function operatorSeesPreemption(browser, server, admin, problems) {
   const seconds = (t) => Number(t.split(":")[0]) * 60 + Number(t.split(":")[1]);
   check(seconds(later) < seconds(first), `the countdown goes down (${first} then ${later})`);
   await axe(page, "the operator's view");
-  if (SCREENSHOTS) await page.screenshot({ path: path.join(SCREENSHOTS, "dashboard-operator.png") });
+  await screenshot(page, "dashboard-operator.png");
 
   await until("the preemptor's 8 on-demand cells", async () => (await cells(preemptor, "on-demand").count()) === 8,
     (DRAIN_WINDOW_S + 20) * 1000);
@@ -250,7 +256,7 @@ async function tenantSeesOnlyItsOwn(browser, server, admin, problems) {
   check((await page.locator(`tr[data-job="${secret}"]`).count()) === 0, "bob's job is not on alice's page");
   check(!(await page.textContent("main")).includes("bobs-job"), "bob's job's name is nowhere on alice's page");
   await axe(page, "a tenant's jobs");
-  if (SCREENSHOTS) await page.screenshot({ path: path.join(SCREENSHOTS, "dashboard-user.png") });
+  await screenshot(page, "dashboard-user.png");
 
   await page.getByLabel("State").selectOption("succeeded");
   await page.waitForURL(/state=succeeded/);
