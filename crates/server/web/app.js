@@ -1,1 +1,774 @@
-/* The dashboard (see index.html). */
+// Ebb's dashboard. The server decides what a token may see; the page only
+// follows: it reads the REST API with the token from sessionStorage (never a
+// URL) and re-reads what it shows after each event of /v1/stream, the
+// writer's committed changes. Money is shown exactly as the API formats it.
+
+const TOKEN_KEY = "ebb.token";
+const app = document.getElementById("app");
+const live = document.getElementById("live");
+
+let session = null; // { token, operator }
+let streamAbort = null;
+let refreshTimer = null;
+let renderSeq = 0;
+
+// ---- the API ---------------------------------------------------------------
+
+class ApiError extends Error {
+  constructor(status, message) {
+    super(message);
+    this.status = status;
+  }
+}
+
+/// The API leaves out empty lists (a job's `usage`, `events`, `placement`
+/// before there are any): give them back, so every view can read them.
+function withLists(job) {
+  for (const key of ["usage", "events", "placement"]) job[key] = job[key] || [];
+  return job;
+}
+
+async function getJob(id) {
+  return withLists(await api(`/v1/jobs/${id}`));
+}
+
+async function api(path, token = session && session.token) {
+  const response = await fetch(path, { headers: { Authorization: `Bearer ${token}` } });
+  if (!response.ok) {
+    let message = `${response.status}`;
+    try {
+      message = (await response.json()).error || message;
+    } catch (_) {
+      // Not a JSON error body: the status says enough.
+    }
+    throw new ApiError(response.status, message);
+  }
+  return response.json();
+}
+
+// ---- small DOM helpers -------------------------------------------------------
+
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs)) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key === "class") node.className = value;
+    else if (key === "text") node.textContent = value;
+    else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else node.setAttribute(key, value === true ? "" : value);
+  }
+  for (const child of children.flat(Infinity)) {
+    if (child === null || child === undefined) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function table(caption, headers, rows) {
+  return el(
+    "table",
+    {},
+    el("caption", { text: caption }),
+    el("thead", {}, el("tr", {}, headers.map((h) => el("th", { scope: "col", text: h })))),
+    el("tbody", {}, rows),
+  );
+}
+
+function jobLink(id) {
+  return el("a", { href: `#/jobs/${id}`, text: `${id}` });
+}
+
+/// m:ss until a deadline (never negative).
+function countdown(deadlineMs) {
+  const left = Math.max(0, Math.ceil((deadlineMs - Date.now()) / 1000));
+  return `${Math.floor(left / 60)}:${String(left % 60).padStart(2, "0")}`;
+}
+
+function age(ms) {
+  const s = Math.max(0, Math.round((Date.now() - ms) / 1000));
+  if (s < 120) return `${s} s`;
+  if (s < 7200) return `${Math.round(s / 60)} min`;
+  return `${Math.round(s / 3600)} h`;
+}
+
+function announce(text) {
+  live.textContent = text;
+}
+
+// ---- sign in and out ---------------------------------------------------------
+
+async function signIn(token) {
+  // Who is signed in: an operator may list the nodes, a tenant may not.
+  let operator;
+  try {
+    await api("/v1/nodes", token);
+    operator = true;
+  } catch (e) {
+    if (e.status === 403) operator = false;
+    else throw e;
+  }
+  session = { token, operator };
+  sessionStorage.setItem(TOKEN_KEY, token);
+  document.getElementById("nav").hidden = false;
+  document.getElementById("nav-cluster").hidden = !operator;
+  document.getElementById("sign-out").hidden = false;
+  const who = document.getElementById("who");
+  who.hidden = false;
+  who.textContent = operator ? "Signed in as operator" : "Signed in as tenant";
+  follow();
+  if (!location.hash || location.hash === "#") location.hash = operator ? "#/cluster" : "#/jobs";
+  else render();
+}
+
+function signOut() {
+  sessionStorage.removeItem(TOKEN_KEY);
+  session = null;
+  if (streamAbort) streamAbort.abort();
+  streamAbort = null;
+  location.hash = "";
+  location.reload();
+}
+
+// ---- live: the stream of committed changes -----------------------------------
+
+/// Reads /v1/stream (fetch, so the token goes in a header) and re-reads the
+/// page after each event, at most once per 100 ms. Reconnects after a second
+/// when the stream ends.
+async function follow() {
+  if (streamAbort) streamAbort.abort();
+  const abort = new AbortController();
+  streamAbort = abort;
+  while (!abort.signal.aborted && session) {
+    try {
+      const response = await fetch("/v1/stream", {
+        headers: { Authorization: `Bearer ${session.token}` },
+        signal: abort.signal,
+      });
+      if (response.status === 401) return signOut();
+      const reader = response.body.getReader();
+      const decoder = new TextDecoder();
+      let buffered = "";
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buffered += decoder.decode(value, { stream: true });
+        const events = buffered.split("\n\n");
+        buffered = events.pop();
+        if (events.some((e) => e.split("\n").some((line) => line.startsWith("data:")))) scheduleRefresh();
+      }
+    } catch (_) {
+      if (abort.signal.aborted) return;
+    }
+    await new Promise((resolve) => setTimeout(resolve, 1000));
+  }
+}
+
+function scheduleRefresh() {
+  clearTimeout(refreshTimer);
+  refreshTimer = setTimeout(() => render({ quiet: true }), 100);
+}
+
+// The only timer: re-renders the drain countdowns from deadlines already known.
+setInterval(() => {
+  for (const span of document.querySelectorAll("[data-deadline]")) {
+    span.textContent = countdown(Number(span.dataset.deadline));
+  }
+}, 1000);
+
+// ---- views -------------------------------------------------------------------
+
+async function render({ quiet = false } = {}) {
+  if (!session) return;
+  const seq = ++renderSeq;
+  const hash = location.hash || "#/jobs";
+  let view;
+  try {
+    const job = hash.match(/^#\/jobs\/(\d+)$/);
+    if (job) view = await jobView(Number(job[1]));
+    else if (hash.startsWith("#/cluster") && session.operator) view = await clusterView();
+    else if (hash.startsWith("#/bill")) view = await billView();
+    else view = await jobsView();
+  } catch (e) {
+    if (e.status === 401) return signOut();
+    view = [el("h1", { text: "Error" }), el("p", { class: "error", role: "alert", text: e.message })];
+  }
+  if (seq !== renderSeq) return; // a later render started meanwhile
+  const focused = document.activeElement && document.activeElement.id;
+  app.replaceChildren(...view);
+  if (focused) {
+    const again = document.getElementById(focused);
+    if (again) again.focus();
+  }
+  for (const link of document.querySelectorAll("#nav a")) {
+    if (hash.startsWith(link.getAttribute("href"))) link.setAttribute("aria-current", "page");
+    else link.removeAttribute("aria-current");
+  }
+  if (!quiet) app.focus();
+}
+
+/// Every page of a listing.
+async function allJobs(query) {
+  const jobs = [];
+  let cursor = null;
+  do {
+    const page = await api(`/v1/jobs?${query}${cursor ? `&cursor=${cursor}` : ""}`);
+    jobs.push(...page.jobs.map(withLists));
+    cursor = page.next_cursor;
+  } while (cursor);
+  return jobs;
+}
+
+/// The drain deadline of a draining job: its latest drain notice's.
+function drainDeadline(job) {
+  const notices = job.events.filter((e) => e.kind === "drain_notice");
+  const last = notices[notices.length - 1];
+  return last ? Date.parse(last.detail.deadline) : null;
+}
+
+async function clusterView() {
+  const [nodes, active, recent, reservations, report] = await Promise.all([
+    api("/v1/nodes"),
+    allJobs("state=active&limit=500"),
+    api("/v1/jobs?order=desc&limit=200"),
+    api("/v1/reservations"),
+    api(`/v1/report?from=${thisMonth()[0]}&to=${thisMonth()[1]}`),
+  ]);
+  const preemptions = await preemptionTimeline(recent.jobs.map(withLists));
+  const draining = await Promise.all(
+    active.filter((j) => j.state === "draining").map((j) => getJob(j.id)),
+  );
+  const deadlines = new Map(draining.map((j) => [j.id, drainDeadline(j)]));
+  // Which job runs on each GPU: node -> index -> job.
+  const onGpu = new Map();
+  for (const job of active) {
+    for (const part of job.placement) {
+      if (!onGpu.has(part.node)) onGpu.set(part.node, new Map());
+      for (const gpu of part.gpus) onGpu.get(part.node).set(gpu, job);
+    }
+  }
+  const rows = nodes.map((node) => {
+    const jobs = onGpu.get(node.name) || new Map();
+    let held = node.gpus_held;
+    const cells = [];
+    for (let gpu = 0; gpu < node.gpus; gpu++) {
+      const job = jobs.get(gpu);
+      let state, label, extra = null;
+      if (job && job.state === "draining") {
+        state = "draining";
+        const deadline = deadlines.get(job.id);
+        label = `GPU ${gpu}: job ${job.id}, ${job.tier}, draining`;
+        if (deadline) extra = el("span", { class: "countdown", "data-deadline": deadline, text: countdown(deadline) });
+      } else if (job) {
+        state = job.tier;
+        label = `GPU ${gpu}: job ${job.id}, ${job.tier}, ${job.state}`;
+      } else if (held > 0) {
+        held -= 1;
+        state = "held";
+        label = `GPU ${gpu}: held for a waiting job`;
+      } else {
+        state = "idle";
+        label = `GPU ${gpu}: idle`;
+      }
+      cells.push(
+        el(
+          "li",
+          { class: `gpu gpu-${state}`, "data-state": state, "data-job": job ? job.id : null, title: label },
+          el("span", { class: "visually-hidden", text: label }),
+          el("span", { "aria-hidden": "true", text: job ? `${job.id}` : state === "held" ? "H" : "·" }),
+          extra,
+        ),
+      );
+    }
+    const status = node.status === "draining" ? "drained" : node.status;
+    return el(
+      "tr",
+      { "data-node": node.name },
+      el("th", { scope: "row" }, node.name, el("br"), el("small", { text: node.gpu_model })),
+      el("td", { class: `node-${status}`, text: status + (node.unhealthy ? `: ${node.unhealthy}` : "") }),
+      el("td", {}, el("ul", { class: "gpus", "aria-label": `GPUs of ${node.name}` }, cells)),
+    );
+  });
+  const queued = active.filter((j) => j.state === "queued");
+  const drainingNow = draining.length;
+  announce(`${nodes.length} nodes, ${active.length - queued.length} jobs placed, ${drainingNow} draining, ${queued.length} queued`);
+  return [
+    el("h1", { text: "Cluster" }),
+    el(
+      "section",
+      { "aria-labelledby": "nodes-heading" },
+      el("h2", { id: "nodes-heading", text: "Nodes" }),
+      legend(),
+      el("div", { class: "scroll" }, table("Each node's GPUs, by tier and state", ["Node", "State", "GPUs"], rows)),
+    ),
+    el(
+      "section",
+      { "aria-labelledby": "queue-heading" },
+      el("h2", { id: "queue-heading", text: "Queue" }),
+      queued.length === 0
+        ? el("p", { text: "No job is waiting." })
+        : el(
+            "div",
+            { class: "scroll" },
+            table(
+              "Waiting jobs and why",
+              ["Job", "Tenant", "Tier", "GPUs", "Reason", "Detail"],
+              queued.map((j) =>
+                el(
+                  "tr",
+                  { "data-job": j.id },
+                  el("td", {}, jobLink(j.id), j.name ? ` ${j.name}` : ""),
+                  el("td", { text: j.tenant }),
+                  el("td", { text: j.tier }),
+                  el("td", { text: j.gpus }),
+                  el("td", { text: j.pending_reason || "" }),
+                  el("td", { text: j.pending_detail || "" }),
+                ),
+              ),
+            ),
+          ),
+    ),
+    el(
+      "section",
+      { "aria-labelledby": "preemptions-heading" },
+      el("h2", { id: "preemptions-heading", text: "Preemptions" }),
+      preemptions.length === 0
+        ? el("p", { text: "No recent preemption." })
+        : el(
+            "div",
+            { class: "scroll" },
+            table(
+              "The latest preemptions: notice, the victim's exit, the preemptor's start, and the work lost",
+              ["Victim", "Preemptor", "Notice", "Victim exited", "Preemptor started", "Lost GPU-seconds"],
+              preemptions.map((p) =>
+                el(
+                  "tr",
+                  { "data-victim": p.victim, "data-preemptor": p.preemptor },
+                  el("td", {}, jobLink(p.victim), ` attempt ${p.attempt}`),
+                  el("td", {}, p.preemptor ? jobLink(p.preemptor) : "none"),
+                  el("td", {}, el("time", { datetime: p.noticeAt, text: p.noticeAt })),
+                  el("td", { class: "exited", text: p.exitedMs ? `${seconds(p.exitedMs - p.noticeMs)} after the notice` : "draining" }),
+                  el("td", { class: "started", text: p.startedMs ? `${seconds(p.startedMs - (p.exitedMs || p.noticeMs))} after the exit` : "not yet" }),
+                  el("td", { text: p.lost === null ? "" : p.lost }),
+                ),
+              ),
+            ),
+          ),
+    ),
+    el(
+      "section",
+      { "aria-labelledby": "report-heading" },
+      el("h2", { id: "report-heading", text: "This month by tier" }),
+      el(
+        "div",
+        { class: "scroll" },
+        table(
+          `Utilisation and revenue from ${report.from} to ${report.to}`,
+          ["Tier", "GPU-hours", "Utilisation", "Revenue (USD)"],
+          [
+            ...report.tiers.map((t) =>
+              el(
+                "tr",
+                { "data-tier": t.tier },
+                el("th", { scope: "row", text: t.tier }),
+                el("td", { text: t.gpu_hours.toFixed(2) }),
+                el("td", { text: percent(t.utilisation) }),
+                el("td", { class: "money", "data-revenue": t.tier, text: t.revenue_usd }),
+              ),
+            ),
+            el(
+              "tr",
+              {},
+              el("th", { scope: "row", text: "reservations" }),
+              el("td", {}),
+              el("td", {}),
+              el("td", { class: "money", "data-revenue": "reservations", text: report.reservation_revenue_usd }),
+            ),
+            el(
+              "tr",
+              {},
+              el("th", { scope: "row", text: "all" }),
+              el("td", { text: report.used_gpu_hours.toFixed(2) }),
+              el("td", { text: percent(report.utilisation) }),
+              el("td", { class: "money", "data-revenue": "total", text: report.total_revenue_usd }),
+            ),
+          ],
+        ),
+      ),
+    ),
+    el(
+      "section",
+      { "aria-labelledby": "reservations-heading" },
+      el("h2", { id: "reservations-heading", text: "Reservations" }),
+      reservations.length === 0
+        ? el("p", { text: "No reservation." })
+        : el(
+            "div",
+            { class: "scroll" },
+            table(
+              "Reserved capacity by tenant",
+              ["Reservation", "Tenant", "GPU model", "GPUs", "Start", "End", "Rate (USD/GPU-hour)"],
+              reservations.map((r) =>
+                el(
+                  "tr",
+                  {},
+                  el("td", { text: r.id }),
+                  el("td", { text: r.tenant }),
+                  el("td", { text: r.gpu_model }),
+                  el("td", { text: r.gpus }),
+                  el("td", { text: r.start }),
+                  el("td", { text: r.end }),
+                  el("td", { class: "money", text: r.rate_usd }),
+                ),
+              ),
+            ),
+          ),
+    ),
+  ];
+}
+
+function percent(share) {
+  return `${(share * 100).toFixed(1)}%`;
+}
+
+function seconds(ms) {
+  return `${(ms / 1000).toFixed(1)} s`;
+}
+
+/// The latest preemptions (at most 10 victims'), from the victims' drain
+/// notices and exits, and their preemptors' starts.
+async function preemptionTimeline(recentJobs) {
+  const victims = await Promise.all(
+    recentJobs.filter((j) => j.preemptions > 0 || j.state === "draining").slice(0, 10).map((j) => getJob(j.id)),
+  );
+  const found = [];
+  for (const victim of victims) {
+    for (const notice of victim.events.filter((e) => e.kind === "drain_notice")) {
+      const by = notice.detail.detail && notice.detail.detail.by;
+      if (by === undefined) continue; // a node drain or a reclaim
+      const exited = victim.events.find((e) => e.kind === "exited" && e.attempt === notice.attempt && e.at_ms >= notice.at_ms);
+      const usage = victim.usage.find((u) => u.attempt === notice.attempt);
+      found.push({
+        victim: victim.id,
+        attempt: notice.attempt,
+        preemptor: by,
+        noticeAt: notice.at,
+        noticeMs: notice.at_ms,
+        exitedMs: exited ? exited.at_ms : null,
+        startedMs: null,
+        lost: usage ? usage.lost_gpu_seconds : null,
+      });
+    }
+  }
+  const preemptors = new Map();
+  await Promise.all(
+    [...new Set(found.map((p) => p.preemptor))].map(async (id) => {
+      try {
+        preemptors.set(id, await getJob(id));
+      } catch (_) {
+        // Another tenant's job, or gone: shown by its id alone.
+      }
+    }),
+  );
+  for (const p of found) {
+    const preemptor = preemptors.get(p.preemptor);
+    const started = preemptor && preemptor.events.find((e) => e.kind === "started" && e.at_ms >= p.noticeMs);
+    if (started) p.startedMs = started.at_ms;
+  }
+  return found.sort((a, b) => b.noticeMs - a.noticeMs).slice(0, 10);
+}
+
+function legend() {
+  const states = [
+    ["idle", "idle"],
+    ["reserved", "reserved"],
+    ["on-demand", "on-demand"],
+    ["preemptible", "preemptible"],
+    ["draining", "draining (time left)"],
+    ["held", "held for a waiting job"],
+  ];
+  return el(
+    "ul",
+    { class: "legend", "aria-label": "Legend" },
+    states.map(([state, text]) => el("li", {}, el("span", { class: `swatch gpu-${state}`, "aria-hidden": "true" }), text)),
+  );
+}
+
+const STATES = ["active", "queued", "starting", "running", "draining", "succeeded", "failed", "cancelled"];
+
+async function jobsView() {
+  const params = new URLSearchParams((location.hash.split("?")[1]) || "");
+  const state = STATES.includes(params.get("state")) ? params.get("state") : "";
+  const query = `order=desc&arrays=collapse&limit=200${state ? `&state=${state}` : ""}`;
+  const page = await api(`/v1/jobs?${query}`);
+  const select = el(
+    "select",
+    {
+      id: "state-filter",
+      onchange: (event) => {
+        location.hash = event.target.value ? `#/jobs?state=${event.target.value}` : "#/jobs";
+      },
+    },
+    el("option", { value: "", text: "all" }),
+    STATES.map((s) => el("option", { value: s, text: s, selected: s === state })),
+  );
+  const rows = page.jobs.map((j) =>
+    el(
+      "tr",
+      { "data-job": j.id },
+      el("td", {}, jobLink(j.id)),
+      el("td", { text: j.name || "" }),
+      el("td", { text: j.tier }),
+      el("td", { text: j.gpus }),
+      el("td", { class: `state-${j.state}`, text: j.state }),
+      el("td", {}, progress(j)),
+      el("td", { text: j.submitted_at }),
+    ),
+  );
+  return [
+    el("h1", { text: session.operator ? "Jobs" : "My jobs" }),
+    el("div", { class: "filters" }, el("label", { for: "state-filter", text: "State" }), select),
+    page.jobs.length === 0
+      ? el("p", { text: "No jobs." })
+      : el(
+          "div",
+          { class: "scroll" },
+          table(
+            page.next_cursor ? "The latest 200 jobs" : "Jobs, newest first",
+            ["Job", "Name", "Tier", "GPUs", "State", "Array", "Submitted"],
+            rows,
+          ),
+        ),
+  ];
+}
+
+function progress(job) {
+  if (!job.array) return "";
+  const p = job.progress;
+  if (!p) return `task ${job.array.index} of ${job.array.tasks}`;
+  return el(
+    "span",
+    {},
+    el("progress", { max: p.total, value: p.done, "aria-label": `array ${job.array.id}: ${p.done} of ${p.total} done` }),
+    ` ${p.done}/${p.total}`,
+  );
+}
+
+async function jobView(id) {
+  let job;
+  try {
+    job = await getJob(id);
+  } catch (e) {
+    if (e.status === 404) {
+      announce(`job ${id} not found`);
+      return [el("h1", { text: `Job ${id}` }), el("p", { class: "error", role: "alert", text: "Job not found." })];
+    }
+    throw e;
+  }
+  followLogs(id);
+  announce(`job ${id} ${job.state}`);
+  const facts = [
+    ["State", job.state],
+    ["Tenant", job.tenant],
+    ["Tier", job.tier],
+    ["GPUs", `${job.gpus}${job.gpu_model ? ` × ${job.gpu_model}` : ""}`],
+    ["Command", job.argv.join(" ")],
+    ["Attempt", `${job.attempt} (${job.preemptions} preemptions, ${job.retries} retries)`],
+    ["Placement", job.placement.map((p) => `${p.node}: GPUs ${p.gpus.join(", ")}`).join("; ") || "none"],
+    ["Lost GPU-seconds", `${job.lost_gpu_seconds}`],
+  ];
+  if (job.pending_reason) facts.push(["Waiting", `${job.pending_reason}: ${job.pending_detail || ""}`]);
+  const checkpoint = [];
+  if (job.last_checkpoint) {
+    const c = job.last_checkpoint;
+    checkpoint.push(["Last checkpoint", `${age(c.at_ms)} ago (attempt ${c.attempt}${c.step != null ? `, step ${c.step}` : ""}, took ${c.seconds} s)`]);
+  }
+  if (job.checkpoint_interval_s != null) {
+    checkpoint.push(["Recommended interval", `${job.checkpoint_interval_s} s${job.checkpoint_interval_why ? `: ${job.checkpoint_interval_why}` : ""}`]);
+  }
+  const dl = (pairs) => el("dl", {}, pairs.map(([k, v]) => [el("dt", { text: k }), el("dd", { text: v })]));
+  return [
+    el("h1", { text: `Job ${id}${job.name ? ` (${job.name})` : ""}` }),
+    dl(facts),
+    el("h2", { text: "Checkpoints" }),
+    checkpoint.length ? dl(checkpoint) : el("p", { text: "No checkpoint reported." }),
+    el("h2", { text: "Timeline" }),
+    el(
+      "ol",
+      { class: "timeline" },
+      job.events.map((e) => el("li", {}, el("time", { datetime: e.at, text: e.at }), ` ${e.kind} (attempt ${e.attempt})`, detail(e.detail))),
+    ),
+    el("h2", { text: "Attempts" }),
+    job.usage.length === 0
+      ? el("p", { text: "No attempt has ended yet." })
+      : el(
+          "div",
+          { class: "scroll" },
+          table(
+            "Each ended attempt and its charge",
+            ["Attempt", "Outcome", "Started", "Ended", "GPU-seconds", "Lost GPU-seconds", "Charge (USD)"],
+            job.usage.map((u) =>
+              el(
+                "tr",
+                {},
+                el("td", { text: u.attempt }),
+                el("td", { text: u.outcome }),
+                el("td", { text: u.started_at }),
+                el("td", { text: u.ended_at }),
+                el("td", { text: u.gpu_seconds }),
+                el("td", { text: u.lost_gpu_seconds }),
+                el("td", { class: "money", text: u.amount_usd }),
+              ),
+            ),
+          ),
+        ),
+    el("h2", { text: "Logs" }),
+    el("pre", { id: "logs", class: "logs", tabindex: "0", "aria-label": "Job output" }, logs.id === id ? logs.text : ""),
+  ];
+}
+
+// A job's output as far as it has been read, and the one follower reading it:
+// a long poll (`follow`), which answers as soon as there is more.
+const logs = { id: null, text: "", offset: 0, finished: false, follower: null };
+
+async function followLogs(id) {
+  if (logs.id !== id) Object.assign(logs, { id, text: "", offset: 0, finished: false });
+  if (logs.finished || logs.follower === id) return;
+  logs.follower = id;
+  try {
+    while (session && logs.id === id && location.hash === `#/jobs/${id}`) {
+      const chunk = await api(`/v1/jobs/${id}/logs?offset=${logs.offset}&follow=true&wait_ms=20000`);
+      if (logs.id !== id) break;
+      logs.text += chunk.data;
+      logs.offset = chunk.next_offset;
+      logs.finished = chunk.finished;
+      const pre = document.getElementById("logs");
+      if (pre && chunk.data) pre.textContent = logs.text;
+      if (chunk.finished) break;
+    }
+  } catch (_) {
+    // No output kept, or signed out: the page shows what was read.
+  } finally {
+    if (logs.follower === id) logs.follower = null;
+  }
+}
+
+function detail(value) {
+  if (!value || typeof value !== "object" || Object.keys(value).length === 0) return null;
+  return el("span", { class: "detail", text: ` ${JSON.stringify(value)}` });
+}
+
+/// This month, UTC, as [from, to) dates.
+function thisMonth() {
+  const now = new Date();
+  const from = new Date(Date.UTC(now.getUTCFullYear(), now.getUTCMonth(), 1));
+  const to = new Date(Date.UTC(now.getUTCFullYear(), now.getUTCMonth() + 1, 1));
+  return [from.toISOString().slice(0, 10), to.toISOString().slice(0, 10)];
+}
+
+async function billView() {
+  const params = new URLSearchParams((location.hash.split("?")[1]) || "");
+  const [defaultFrom, defaultTo] = thisMonth();
+  const date = /^\d{4}-\d{2}-\d{2}$/;
+  const from = date.test(params.get("from") || "") ? params.get("from") : defaultFrom;
+  const to = date.test(params.get("to") || "") ? params.get("to") : defaultTo;
+  const bill = await api(`/v1/bill?from=${from}&to=${to}`);
+  const form = el(
+    "form",
+    {
+      class: "filters",
+      onsubmit: (event) => {
+        event.preventDefault();
+        const data = new FormData(event.target);
+        location.hash = `#/bill?from=${data.get("from")}&to=${data.get("to")}`;
+      },
+    },
+    el("label", { for: "bill-from", text: "From" }),
+    el("input", { id: "bill-from", name: "from", type: "date", value: from, required: true }),
+    el("label", { for: "bill-to", text: "To (exclusive)" }),
+    el("input", { id: "bill-to", name: "to", type: "date", value: to, required: true }),
+    el("button", { type: "submit", text: "Show" }),
+  );
+  const totals = [
+    ["Total", bill.total_usd, "total"],
+    ["On-demand equivalent", bill.on_demand_equivalent_usd, "on-demand-equivalent"],
+    ["Saved by preemptible", bill.preemptible_savings_usd, "savings"],
+  ];
+  return [
+    el("h1", { text: `Bill for ${bill.tenant}` }),
+    form,
+    el("p", { text: `From ${bill.from} to ${bill.to}: ${bill.attempts} attempts, ${bill.preemptions} preemptions.` }),
+    el(
+      "dl",
+      { class: "totals" },
+      totals.map(([k, v, key]) => [el("dt", { text: k }), el("dd", { class: "money", "data-amount": key, text: `$${v}` })]),
+    ),
+    el("h2", { text: "Lines" }),
+    bill.lines.length === 0
+      ? el("p", { text: "No usage in this period." })
+      : el(
+          "div",
+          { class: "scroll" },
+          table(
+            "Usage by tier and GPU model",
+            ["Tier", "GPU model", "GPU-hours", "Rate (USD/GPU-hour)", "Amount (USD)"],
+            bill.lines.map((l) =>
+              el(
+                "tr",
+                { "data-line": `${l.tier}/${l.gpu_model}` },
+                el("td", { text: l.tier }),
+                el("td", { text: l.gpu_model }),
+                el("td", { text: l.gpu_hours }),
+                el("td", { class: "money", text: l.rate_usd }),
+                el("td", { class: "money", "data-amount": "line", text: l.amount_usd }),
+              ),
+            ),
+          ),
+        ),
+    el("h2", { text: "Reservations" }),
+    bill.reservations.length === 0
+      ? el("p", { text: "No reservation in this period." })
+      : el(
+          "div",
+          { class: "scroll" },
+          table(
+            "Reservation charges",
+            ["Reservation", "GPU model", "GPUs", "From", "To", "Amount (USD)"],
+            bill.reservations.map((r) =>
+              el(
+                "tr",
+                {},
+                el("td", { text: r.reservation }),
+                el("td", { text: r.gpu_model }),
+                el("td", { text: r.gpus }),
+                el("td", { text: r.from }),
+                el("td", { text: r.to }),
+                el("td", { class: "money", text: r.amount_usd }),
+              ),
+            ),
+          ),
+        ),
+  ];
+}
+
+// ---- start -------------------------------------------------------------------
+
+document.getElementById("sign-in").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  const input = document.getElementById("token");
+  const error = document.getElementById("sign-in-error");
+  error.textContent = "";
+  try {
+    await signIn(input.value.trim());
+  } catch (e) {
+    error.textContent = e.status === 401 ? "That token is not valid." : `Cannot sign in: ${e.message}`;
+  }
+});
+document.getElementById("sign-out").addEventListener("click", signOut);
+window.addEventListener("hashchange", () => render());
+
+const saved = sessionStorage.getItem(TOKEN_KEY);
+if (saved) {
+  signIn(saved).catch(() => {
+    sessionStorage.removeItem(TOKEN_KEY);
+  });
+}

@@ -1,0 +1,324 @@
+// Browser tests of the dashboard: headless Chromium (Debian's chromium,
+// driven by playwright-core) against a real `ebb up` on loopback, in a
+// temporary directory. Exits non-zero, naming the check, on any failure.
+//
+//   node web-tests/dashboard.mjs
+//
+// EBB: the ebb binary (default target/debug/ebb). EBB_CHROMIUM: the browser
+// (default /usr/bin/chromium). EBB_SCREENSHOTS=DIR: also save the operator's
+// and a tenant's view, 1280x800, as DIR/dashboard-operator.png and
+// DIR/dashboard-user.png.
+
+import { spawn, execFileSync } from "node:child_process";
+import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { createRequire } from "node:module";
+import { tmpdir } from "node:os";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import { chromium } from "playwright-core";
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+const root = path.dirname(here);
+const EBB = process.env.EBB || path.join(root, "target/debug/ebb");
+const CHROMIUM = process.env.EBB_CHROMIUM || "/usr/bin/chromium";
+const SCREENSHOTS = process.env.EBB_SCREENSHOTS;
+const DRAIN_WINDOW_S = 10;
+const axeSource = readFileSync(createRequire(import.meta.url).resolve("axe-core/axe.min.js"), "utf8");
+
+function fail(message) {
+  console.error(`dashboard: FAIL: ${message}`);
+  process.exitCode = 1;
+  throw new Error(message);
+}
+
+function check(ok, message) {
+  if (!ok) fail(message);
+  console.log(`dashboard: ok: ${message}`);
+}
+
+if (!existsSync(CHROMIUM)) {
+  console.error(`dashboard: no Chromium at ${CHROMIUM}: install Debian's chromium (apt-get install chromium) or set EBB_CHROMIUM`);
+  process.exit(1);
+}
+if (!existsSync(EBB)) {
+  console.error(`dashboard: no ebb binary at ${EBB}: cargo build -p ebb, or set EBB`);
+  process.exit(1);
+}
+
+// ---- the cluster -------------------------------------------------------------
+
+const dataDir = mkdtempSync(path.join(tmpdir(), "ebb-dashboard-"));
+let up = null;
+
+async function startCluster() {
+  up = spawn(EBB, ["up", "--nodes", "2", "--gpus-per-node", "8", "--port", "0",
+    "--drain-window", `${DRAIN_WINDOW_S}s`, "--data-dir", path.join(dataDir, "cluster")],
+    { stdio: ["ignore", "pipe", "pipe"] });
+  let output = "";
+  up.stderr.on("data", (chunk) => { output += chunk; });
+  const line = await new Promise((resolve, reject) => {
+    let buffered = "";
+    up.stdout.on("data", (chunk) => {
+      buffered += chunk;
+      const match = buffered.match(/EBB_SERVER=(\S+) EBB_TOKEN=(\S+)/);
+      if (match) resolve(match);
+    });
+    up.on("exit", (code) => reject(new Error(`ebb up exited (${code}): ${buffered}${output}`)));
+  });
+  return { url: line[1], admin: line[2] };
+}
+
+function stopCluster() {
+  if (up && up.exitCode === null) {
+    const exited = new Promise((resolve) => up.on("exit", resolve));
+    up.kill("SIGTERM");
+    return Promise.race([exited, new Promise((resolve) => setTimeout(resolve, 20000))]).then(() => {
+      if (up.exitCode === null) up.kill("SIGKILL");
+    });
+  }
+  return Promise.resolve();
+}
+
+function cli(server, token, args) {
+  const [command, ...rest] = args;
+  const sub = command === "tenant" ? [command, rest.shift()] : [command];
+  return execFileSync(EBB, [...sub, "--server", server, "--token", token, ...rest], { encoding: "utf8" });
+}
+
+async function get(server, token, route) {
+  const response = await fetch(server + route, { headers: { Authorization: `Bearer ${token}` } });
+  if (!response.ok) throw new Error(`GET ${route}: ${response.status} ${await response.text()}`);
+  return response.json();
+}
+
+async function until(what, probe, timeoutMs = 30000) {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const value = await probe();
+    if (value) return value;
+    if (Date.now() > deadline) fail(`timed out waiting for ${what}`);
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
+}
+
+function jobState(server, token, id) {
+  return get(server, token, `/v1/jobs/${id}`).then((job) => job.state);
+}
+
+// ---- the browser ---------------------------------------------------------------
+
+async function newPage(browser, problems, viewport = { width: 1280, height: 800 }) {
+  const context = await browser.newContext({ viewport });
+  const page = await context.newPage();
+  // A script or style the content security policy blocks, or any script
+  // error, is a failure of the page. An API's 403 or 404 is an answer the
+  // page expects (who is signed in; another tenant's job), not an error.
+  page.on("console", (message) => {
+    const text = message.text();
+    if (message.type() === "error" && !/^Failed to load resource: .* status of 40[34]/.test(text)) {
+      problems.push(`console: ${text}`);
+    }
+  });
+  page.on("pageerror", (error) => problems.push(`page error: ${error.message}`));
+  return page;
+}
+
+async function signIn(page, server, token) {
+  await page.goto(server + "/");
+  // By keyboard: the field is labelled "Token"; Enter submits.
+  await page.getByLabel("Token").fill(token);
+  await page.getByLabel("Token").press("Enter");
+  await page.getByRole("button", { name: "Sign out" }).waitFor();
+  check(!page.url().includes(token), "the token is not in the page's URL");
+}
+
+async function screenshot(page, name) {
+  if (!SCREENSHOTS) return;
+  await page.evaluate(() => window.scrollTo(0, 0)); // axe-core scrolls as it checks contrast
+  await page.screenshot({ path: path.join(SCREENSHOTS, name) });
+}
+
+async function axe(page, what) {
+  await page.evaluate(axeSource);
+  const result = await page.evaluate(() => window.axe.run(document, { resultTypes: ["violations"] }));
+  const bad = result.violations.filter((v) => v.impact === "serious" || v.impact === "critical");
+  for (const v of bad) {
+    console.error(`dashboard: axe: ${v.id} (${v.impact}): ${v.help}: ${v.nodes.map((n) => n.target.join(" ")).join(", ")}`);
+  }
+  check(bad.length === 0, `axe-core finds no serious or critical violations on ${what}`);
+}
+
+function thisMonth() {
+  const now = new Date();
+  const from = new Date(Date.UTC(now.getUTCFullYear(), now.getUTCMonth(), 1));
+  const to = new Date(Date.UTC(now.getUTCFullYear(), now.getUTCMonth() + 1, 1));
+  return [from.toISOString().slice(0, 10), to.toISOString().slice(0, 10)];
+}
+
+// ---- the checks ------------------------------------------------------------------
+
+async function operatorSeesPreemption(browser, server, admin, problems) {
+  const page = await newPage(browser, problems);
+  await signIn(page, server, admin);
+  await page.getByRole("heading", { level: 1, name: "Cluster" }).waitFor();
+  check(await page.getByRole("navigation", { name: "Views" }).isVisible(), "the operator has the views' navigation");
+  await until("both nodes up", async () => (await get(server, admin, "/v1/nodes")).filter((n) => n.status === "up").length === 2);
+
+  const submit = (...args) => JSON.parse(cli(server, admin, ["submit", "--json", ...args])).id;
+  // Both nodes busy: an on-demand job on one, a preemptible one on the other
+  // that ignores the drain notice's SIGTERM, so it drains for the whole window.
+  const filler = submit("--tier", "on-demand", "--gpus", "8", "--name", "filler", "--", "sleep", "600");
+  await until("the on-demand filler running", async () => (await jobState(server, admin, filler)) === "running");
+  const victim = submit("--gpus", "8", "--name", "victim", "--", "sh", "-c", "trap '' TERM; sleep 600");
+  await until("the preemptible victim running", async () => (await jobState(server, admin, victim)) === "running");
+  const cells = (job, state) => page.locator(`li.gpu[data-job="${job}"][data-state="${state}"]`);
+  await until("the victim's 8 preemptible cells", async () => (await cells(victim, "preemptible").count()) === 8, 5000);
+  check(true, "the page shows the victim's 8 GPUs as preemptible without a reload");
+
+  await page.evaluate(() => { window.notReloaded = true; });
+  const preemptor = submit("--tier", "on-demand", "--gpus", "8", "--name", "preemptor", "--", "sleep", "600");
+  await until("the victim's cells draining", async () => (await cells(victim, "draining").count()) === 8, 5000);
+  const first = await cells(victim, "draining").first().locator(".countdown").textContent();
+  check(/^\d+:\d\d$/.test(first), `a draining cell counts down m:ss to its deadline (${first})`);
+  const queued = page.locator(`tr[data-job="${preemptor}"]`);
+  await queued.waitFor({ timeout: 5000 });
+  check((await queued.textContent()).includes("victims_draining"), "the queue shows the preemptor waiting for the victims to drain");
+  await page.waitForTimeout(2100);
+  const later = await cells(victim, "draining").first().locator(".countdown").textContent();
+  const seconds = (t) => Number(t.split(":")[0]) * 60 + Number(t.split(":")[1]);
+  check(seconds(later) < seconds(first), `the countdown goes down (${first} then ${later})`);
+  await axe(page, "the operator's view");
+  await screenshot(page, "dashboard-operator.png");
+
+  await until("the preemptor's 8 on-demand cells", async () => (await cells(preemptor, "on-demand").count()) === 8,
+    (DRAIN_WINDOW_S + 20) * 1000);
+  check(await page.evaluate(() => window.notReloaded === true), "the preemptor appears on the victim's GPUs without a reload");
+  check((await cells(victim, "draining").count()) === 0, "no cell is left draining");
+  const preemption = page.locator(`tr[data-victim="${victim}"][data-preemptor="${preemptor}"]`);
+  await until("the preemption's row with the preemptor's start",
+    async () => (await preemption.count()) === 1 && / after the exit$/.test(await preemption.locator(".started").textContent()), 5000);
+  check(/ after the notice$/.test(await preemption.locator(".exited").textContent()),
+    "the preemption timeline shows the notice, the victim's exit and the preemptor's start");
+
+  // A running job's page: no attempt has ended yet; the victim's shows its notice.
+  await page.getByRole("link", { name: `${preemptor}`, exact: true }).first().click();
+  await page.getByRole("heading", { level: 1, name: `Job ${preemptor} (preemptor)` }).waitFor();
+  await page.getByText("No attempt has ended yet.").waitFor();
+  check(true, "a running job's page opens from the timeline's link");
+  await page.goto(`${server}/#/jobs/${victim}`);
+  await page.getByRole("heading", { level: 1, name: `Job ${victim} (victim)` }).waitFor();
+  check((await page.locator(".timeline li", { hasText: "drain_notice" }).count()) === 1, "the victim's timeline has its drain notice");
+  await page.goto(`${server}/#/cluster`);
+  await page.getByRole("heading", { level: 1, name: "Cluster" }).waitFor();
+
+  // Phone width: nothing wider than the screen.
+  await page.setViewportSize({ width: 390, height: 844 });
+  const overflow = await page.evaluate(() => document.documentElement.scrollWidth);
+  check(overflow <= 390, `the operator's view fits 390 px (${overflow})`);
+  await page.context().close();
+  for (const job of [filler, victim, preemptor]) cli(server, admin, ["cancel", `${job}`]);
+  for (const job of [filler, victim, preemptor]) {
+    await until(`job ${job} cancelled`, async () => (await jobState(server, admin, job)) === "cancelled");
+  }
+
+  // The month's revenue by tier, live, as `ebb report` gives it.
+  const [from, to] = thisMonth();
+  const report = JSON.parse(cli(server, admin, ["report", "--json", "--from", from, "--to", to]));
+  const page2 = await newPage(browser, problems);
+  await signIn(page2, server, admin);
+  const revenue = (key) => page2.locator(`[data-revenue="${key}"]`).textContent();
+  for (const tier of report.tiers) {
+    await until(`${tier.tier} revenue on the page`, async () => (await revenue(tier.tier)) === tier.revenue_usd, 5000);
+  }
+  check((await revenue("total")) === report.total_revenue_usd,
+    `the month's revenue by tier is ebb report's (total $${report.total_revenue_usd})`);
+  await page2.context().close();
+}
+
+async function tenantSeesOnlyItsOwn(browser, server, admin, problems) {
+  const tenant = (name) => JSON.parse(cli(server, admin, ["tenant", "create", name, "--json"])).token;
+  const alice = tenant("alice");
+  const bob = tenant("bob");
+  const submit = (token, ...args) => JSON.parse(cli(server, token, ["submit", "--json", ...args])).id;
+  const secret = submit(bob, "--name", "bobs-job", "--", "sleep", "600");
+  const mine = submit(alice, "--name", "hello", "--", "sh", "-c", "echo hello from alice");
+  const onDemand = submit(alice, "--tier", "on-demand", "--name", "quick", "--", "true");
+  for (const job of [mine, onDemand]) {
+    await until(`alice's job ${job} succeeded`, async () => (await jobState(server, alice, job)) === "succeeded");
+  }
+
+  const page = await newPage(browser, problems);
+  await signIn(page, server, alice);
+  await page.getByRole("heading", { level: 1, name: "My jobs" }).waitFor();
+  check(await page.getByRole("link", { name: "Cluster" }).count() === 0, "a tenant has no cluster view");
+  await page.locator(`tr[data-job="${mine}"]`).waitFor();
+  check((await page.locator(`tr[data-job="${onDemand}"]`).count()) === 1, "alice's jobs are on her page");
+  check((await page.locator(`tr[data-job="${secret}"]`).count()) === 0, "bob's job is not on alice's page");
+  check(!(await page.textContent("main")).includes("bobs-job"), "bob's job's name is nowhere on alice's page");
+  await axe(page, "a tenant's jobs");
+  await screenshot(page, "dashboard-user.png");
+
+  await page.getByLabel("State").selectOption("succeeded");
+  await page.waitForURL(/state=succeeded/);
+  await page.locator(`tr[data-job="${mine}"]`).waitFor();
+  check((await page.locator("tbody tr").count()) === 2, "the state filter shows alice's two succeeded jobs");
+
+  await page.goto(`${server}/#/jobs/${mine}`);
+  await page.getByRole("heading", { level: 1, name: `Job ${mine} (hello)` }).waitFor();
+  const output = page.getByLabel("Job output");
+  await output.waitFor();
+  await until("the job's output on its page", async () => (await output.textContent()) === "hello from alice\n", 5000);
+  check(true, "a job's page shows its output");
+  check((await page.getByRole("heading", { name: "Timeline" }).count()) === 1, "a job's page has its timeline");
+  await page.getByRole("cell", { name: "completed" }).waitFor();
+  check(true, "a job's page lists its attempts with their charges");
+  await axe(page, "a tenant's job page");
+
+  await page.goto(`${server}/#/jobs/${secret}`);
+  await page.getByText("Job not found.").waitFor();
+  check(true, "bob's job's URL shows \"not found\" to alice");
+
+  const [from, to] = thisMonth();
+  const invoice = JSON.parse(cli(server, alice, ["bill", "--json", "--from", from, "--to", to]));
+  check(invoice.lines.length > 0, "alice has a bill this month");
+  await page.goto(`${server}/#/bill`);
+  await page.getByRole("heading", { level: 1, name: "Bill for alice" }).waitFor();
+  const amount = (key) => page.locator(`[data-amount="${key}"]`).allTextContents();
+  check((await amount("total"))[0] === `$${invoice.total_usd}`, `the bill's total is ebb bill's ($${invoice.total_usd})`);
+  check((await amount("on-demand-equivalent"))[0] === `$${invoice.on_demand_equivalent_usd}`,
+    `the on-demand equivalent is ebb bill's ($${invoice.on_demand_equivalent_usd})`);
+  check((await amount("savings"))[0] === `$${invoice.preemptible_savings_usd}`,
+    `the savings are ebb bill's ($${invoice.preemptible_savings_usd})`);
+  check(JSON.stringify(await amount("line")) === JSON.stringify(invoice.lines.map((l) => l.amount_usd)),
+    `every line's amount is ebb bill's (${invoice.lines.map((l) => l.amount_usd).join(", ")})`);
+  await axe(page, "a tenant's bill");
+  await page.setViewportSize({ width: 390, height: 844 });
+  const overflow = await page.evaluate(() => document.documentElement.scrollWidth);
+  check(overflow <= 390, `the bill fits 390 px (${overflow})`);
+
+  await page.getByRole("button", { name: "Sign out" }).click();
+  await page.getByLabel("Token").waitFor();
+  check(await page.evaluate(() => sessionStorage.length === 0), "signing out forgets the token");
+  await page.context().close();
+}
+
+let browser = null;
+try {
+  const { url, admin } = await startCluster();
+  console.log(`dashboard: cluster at ${url}`);
+  browser = await chromium.launch({ executablePath: CHROMIUM, args: ["--no-sandbox"] });
+  const problems = [];
+  await operatorSeesPreemption(browser, url, admin, problems);
+  await tenantSeesOnlyItsOwn(browser, url, admin, problems);
+  for (const p of problems) console.error(`dashboard: ${p}`);
+  check(problems.length === 0, "no script errors or content security policy violations");
+  console.log("dashboard: all checks passed");
+} catch (error) {
+  process.exitCode = 1;
+  console.error(`dashboard: ${error.stack || error}`);
+} finally {
+  if (browser) await browser.close();
+  await stopCluster();
+  if (process.exitCode) console.error(`dashboard: kept ${dataDir} (cluster logs)`);
+  else rmSync(dataDir, { recursive: true, force: true });
+}
