@@ -64,13 +64,18 @@ function el(tag, attrs = {}, ...children) {
   return node;
 }
 
+/** A table in a box that scrolls sideways on a narrow screen. */
 function table(caption, headers, rows) {
   return el(
-    "table",
-    {},
-    el("caption", { text: caption }),
-    el("thead", {}, el("tr", {}, headers.map((h) => el("th", { scope: "col", text: h })))),
-    el("tbody", {}, rows),
+    "div",
+    { class: "scroll" },
+    el(
+      "table",
+      {},
+      el("caption", { text: caption }),
+      el("thead", {}, el("tr", {}, headers.map((h) => el("th", { scope: "col", text: h })))),
+      el("tbody", {}, rows),
+    ),
   );
 }
 
@@ -298,7 +303,7 @@ async function clusterView() {
       { "aria-labelledby": "nodes-heading" },
       el("h2", { id: "nodes-heading", text: "Nodes" }),
       legend(),
-      el("div", { class: "scroll" }, table("Each node's GPUs, by tier and state", ["Node", "State", "GPUs"], rows)),
+      table("Each node's GPUs, by tier and state", ["Node", "State", "GPUs"], rows),
     ),
     el(
       "section",
@@ -306,10 +311,7 @@ async function clusterView() {
       el("h2", { id: "queue-heading", text: "Queue" }),
       queued.length === 0
         ? el("p", { text: "No job is waiting." })
-        : el(
-            "div",
-            { class: "scroll" },
-            table(
+        : table(
               "Waiting jobs and why",
               ["Job", "Tenant", "Tier", "GPUs", "Reason", "Detail"],
               queued.map((j) =>
@@ -325,7 +327,6 @@ async function clusterView() {
                 ),
               ),
             ),
-          ),
     ),
     el(
       "section",
@@ -333,10 +334,7 @@ async function clusterView() {
       el("h2", { id: "preemptions-heading", text: "Preemptions" }),
       preemptions.length === 0
         ? el("p", { text: "No recent preemption." })
-        : el(
-            "div",
-            { class: "scroll" },
-            table(
+        : table(
               "The latest preemptions: notice, the victim's exit, the preemptor's start, and the work lost",
               ["Victim", "Preemptor", "Notice", "Victim exited", "Preemptor started", "Lost GPU-seconds"],
               preemptions.map((p) =>
@@ -352,16 +350,12 @@ async function clusterView() {
                 ),
               ),
             ),
-          ),
     ),
     el(
       "section",
       { "aria-labelledby": "report-heading" },
       el("h2", { id: "report-heading", text: "This month by tier" }),
-      el(
-        "div",
-        { class: "scroll" },
-        table(
+      table(
           `Utilisation and revenue from ${report.from} to ${report.to}`,
           ["Tier", "GPU-hours", "Utilisation", "Revenue (USD)"],
           [
@@ -393,7 +387,6 @@ async function clusterView() {
             ),
           ],
         ),
-      ),
     ),
     el(
       "section",
@@ -401,10 +394,7 @@ async function clusterView() {
       el("h2", { id: "reservations-heading", text: "Reservations" }),
       reservations.length === 0
         ? el("p", { text: "No reservation." })
-        : el(
-            "div",
-            { class: "scroll" },
-            table(
+        : table(
               "Reserved capacity by tenant",
               ["Reservation", "Tenant", "GPU model", "GPUs", "Start", "End", "Rate (USD/GPU-hour)"],
               reservations.map((r) =>
@@ -421,7 +411,6 @@ async function clusterView() {
                 ),
               ),
             ),
-          ),
     ),
   ];
 }
@@ -529,15 +518,11 @@ async function jobsView() {
     el("div", { class: "filters" }, el("label", { for: "state-filter", text: "State" }), select),
     page.jobs.length === 0
       ? el("p", { text: "No jobs." })
-      : el(
-          "div",
-          { class: "scroll" },
-          table(
+      : table(
             page.next_cursor ? "The latest 200 jobs" : "Jobs, newest first",
             ["Job", "Name", "Tier", "GPUs", "State", "Array", "Submitted"],
             rows,
           ),
-        ),
   ];
 }
 
@@ -600,10 +585,7 @@ async function jobView(id) {
     el("h2", { text: "Attempts" }),
     job.usage.length === 0
       ? el("p", { text: "No attempt has ended yet." })
-      : el(
-          "div",
-          { class: "scroll" },
-          table(
+      : table(
             "Each ended attempt and its charge",
             ["Attempt", "Outcome", "Started", "Ended", "GPU-seconds", "Lost GPU-seconds", "Charge (USD)"],
             job.usage.map((u) =>
@@ -620,7 +602,6 @@ async function jobView(id) {
               ),
             ),
           ),
-        ),
     el("h2", { text: "Logs" }),
     el("pre", { id: "logs", class: "logs", tabindex: "0", "aria-label": "Job output" }, logs.id === id ? logs.text : ""),
   ];
@@ -705,10 +686,7 @@ async function billView() {
     el("h2", { text: "Lines" }),
     bill.lines.length === 0
       ? el("p", { text: "No usage in this period." })
-      : el(
-          "div",
-          { class: "scroll" },
-          table(
+      : table(
             "Usage by tier and GPU model",
             ["Tier", "GPU model", "GPU-hours", "Rate (USD/GPU-hour)", "Amount (USD)"],
             bill.lines.map((l) =>
@@ -723,14 +701,10 @@ async function billView() {
               ),
             ),
           ),
-        ),
     el("h2", { text: "Reservations" }),
     bill.reservations.length === 0
       ? el("p", { text: "No reservation in this period." })
-      : el(
-          "div",
-          { class: "scroll" },
-          table(
+      : table(
             "Reservation charges",
             ["Reservation", "GPU model", "GPUs", "From", "To", "Amount (USD)"],
             bill.reservations.map((r) =>
@@ -746,7 +720,6 @@ async function billView() {
               ),
             ),
           ),
-        ),
   ];
 }
 
