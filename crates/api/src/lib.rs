@@ -384,8 +384,20 @@ pub struct Node {
     pub unhealthy: Option<String>,
     pub gpus_used: u32,
     pub gpus_held: u32,
+    /// Which GPUs are held, and for which waiting job: a reserved or
+    /// on-demand job that starts on them once their preemptible jobs have
+    /// drained.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub held: Vec<HeldGpus>,
     pub last_heartbeat: String,
     pub jobs: Vec<u64>,
+}
+
+/// GPUs of one node held for a waiting job.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct HeldGpus {
+    pub job: u64,
+    pub gpus: Vec<u8>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -804,6 +816,35 @@ pub struct Reservation {
     pub end_ms: u64,
     pub rate_micro_usd: i64,
     pub rate_usd: String,
+    /// Active now (between its start and end).
+    #[serde(default)]
+    pub active: bool,
+    /// GPUs its tenant's reserved jobs use now (a tenant's reservations of
+    /// one model are drawn on in id order).
+    #[serde(default)]
+    pub in_use: u32,
+    /// Of the GPUs it leaves idle, how many preemptible jobs use now: lent,
+    /// and taken back with the drain window when its tenant needs them.
+    /// Reserved capacity is a count, not fixed GPUs, so a model's
+    /// preemptible GPUs beyond what the unreserved capacity leaves them
+    /// are the lent ones, drawn on in reservation id order.
+    #[serde(default)]
+    pub lent: u32,
+    /// Who borrows them: the preemptible jobs that started last on the
+    /// model, until their GPUs make up `lent`. Only jobs the caller may
+    /// see are named; a tenant sees how many of its GPUs are lent, not to
+    /// whom.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub borrowers: Vec<Borrower>,
+}
+
+/// A preemptible job using GPUs a reservation leaves idle.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Borrower {
+    pub job: u64,
+    pub tenant: String,
+    /// Of the reservation's idle GPUs, how many this job accounts for.
+    pub gpus: u32,
 }
 
 /// What one attempt ran and cost: metered per second, from its process

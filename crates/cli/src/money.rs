@@ -132,20 +132,28 @@ pub enum ReservationCommand {
 /// Reservations as a table, under a header.
 fn reservation_table(list: &[api::Reservation]) -> String {
     let mut text = format!(
-        "{:>4}  {:<12} {:>4}  {:<14} {:<24} {:<24} {:>12}\n",
-        "ID", "TENANT", "GPUS", "GPU MODEL", "START", "END", "USD/GPU-HOUR"
+        "{:>4}  {:<12} {:>4}  {:<14} {:<24} {:<24} {:>12}  {:>6} {:>4}  {}\n",
+        "ID", "TENANT", "GPUS", "GPU MODEL", "START", "END", "USD/GPU-HOUR", "IN USE", "LENT", "BORROWERS"
     );
     for r in list {
+        let borrowers: Vec<String> = r.borrowers.iter().map(|b| format!("{} ({})", b.job, b.gpus)).collect();
+        let (in_use, lent) = match r.active {
+            true => (r.in_use.to_string(), r.lent.to_string()),
+            false => ("-".into(), "-".into()),
+        };
         writeln!(
             text,
-            "{:>4}  {:<12} {:>4}  {:<14} {:<24} {:<24} {:>12}",
+            "{:>4}  {:<12} {:>4}  {:<14} {:<24} {:<24} {:>12}  {:>6} {:>4}  {}",
             r.id,
             r.tenant,
             r.gpus,
             r.gpu_model,
             r.start,
             r.end,
-            rate(r.rate_micro_usd)
+            rate(r.rate_micro_usd),
+            in_use,
+            lent,
+            borrowers.join(", ")
         )
         .unwrap();
     }

@@ -7,7 +7,7 @@ mod cluster;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use cluster::{events, Cluster, Options};
-use serde_json::Value;
+use serde_json::{json, Value};
 
 const MODEL: &str = "H100-80GB";
 
@@ -164,9 +164,24 @@ trap 'date +%s%3N > "$EBB_CHECKPOINT_DIR/end-$EBB_ATTEMPT"; exit 0' TERM
 while :; do sleep 0.05; done"#;
     let lent = c.submit_as(&borrower, &["--gpus", "4", "--", "bash", "-c", script]);
     c.wait_state(lent, "running");
+    // The operator sees who borrows the idle reserved GPUs; the owner sees
+    // how many are lent, not to whom.
+    let listed: Value = serde_json::from_str(&c.ebb(&["reservation", "list", "--json"])).unwrap();
+    let lending =
+        |r: &Value| (r["active"].clone(), r["in_use"].clone(), r["lent"].clone(), r["borrowers"].clone());
+    assert_eq!(
+        lending(&listed[0]),
+        (json!(true), json!(0), json!(4), json!([{"job": lent, "tenant": "borrower", "gpus": 4}])),
+        "{listed}"
+    );
+    let seen: Value = serde_json::from_str(
+        &String::from_utf8(c.ebb_as(&owner, &["reservation", "list", "--json"]).stdout).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(lending(&seen[0]), (json!(true), json!(0), json!(4), Value::Null), "{seen}");
     std::thread::sleep(Duration::from_millis(1500));
     // The owner wants its GPUs back.
-    let own = c.submit_as(&owner, &["--tier", "reserved", "--gpus", "4", "--", "sleep", "1"]);
+    let own = c.submit_as(&owner, &["--tier", "reserved", "--gpus", "4", "--", "sleep", "3"]);
     let started = c.wait_job(own, "the owner's job to start", Duration::from_secs(20), |j| {
         events(j).contains(&"started".to_string())
     });
@@ -178,6 +193,12 @@ while :; do sleep 0.05; done"#;
     let took = placed["at_ms"].as_u64().unwrap() - notice["at_ms"].as_u64().unwrap();
     assert!(took < 20_000, "the owner waited {took} ms, longer than the drain window");
     assert_eq!(victim["preemptions"], 1);
+    let listed: Value = serde_json::from_str(&c.ebb(&["reservation", "list", "--json"])).unwrap();
+    assert_eq!(
+        lending(&listed[0]),
+        (json!(true), json!(4), json!(0), Value::Null),
+        "its owner uses it: {listed}"
+    );
     c.wait_state(own, "succeeded");
     // Back on its lent GPUs after the owner is done; cancel it there.
     c.wait_job(lent, "attempt 2", Duration::from_secs(20), |j| j["attempt"] == 2 && j["state"] == "running");

@@ -190,6 +190,11 @@ impl State {
         self.holds.get(&job)
     }
 
+    /// Every hold, by the waiting job's id.
+    pub fn holds(&self) -> impl Iterator<Item = &Hold> {
+        self.holds.values()
+    }
+
     pub fn queued(&self, tier: Tier) -> u32 {
         self.queued_by_tier[tier.rank() as usize]
     }

@@ -241,6 +241,10 @@ pub fn reservation_view(r: &ReservationRow, tenant: &str) -> api::Reservation {
         end_ms: r.end_ms,
         rate_micro_usd: r.rate,
         rate_usd: usd(r.rate),
+        active: false,
+        in_use: 0,
+        lent: 0,
+        borrowers: Vec::new(),
     }
 }
 

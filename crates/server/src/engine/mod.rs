@@ -66,6 +66,7 @@ pub use ending::STOP_GRACE_MS;
 use job::TenantLoad;
 pub use job::{restart_backoff_ms, CheckpointStats, JobRecord, JobState, StoredSpec, Waiting, QUICK_EXIT_MS};
 pub use pending::REASONS as PENDING_REASONS;
+use recovery::gpu_indices;
 pub use views::JobQuery;
 
 pub fn now_ms() -> u64 {

@@ -287,7 +287,7 @@ impl<S: Store> Engine<S> {
             .iter()
             .map(|(node, mask)| {
                 let name = self.core.node(*node).expect("known node").name.clone();
-                (name, (0..64u8).filter(|g| mask & (1 << g) != 0).collect())
+                (name, gpu_indices(*mask))
             })
             .collect()
     }
@@ -337,4 +337,9 @@ impl<S: Store> Engine<S> {
 /// The store failed while the server starts: it does not start.
 fn fatal(e: StoreError) -> ApiError {
     ApiError::internal(format!("storage: {e}"))
+}
+
+/// The GPU indices a mask names, in order.
+pub(super) fn gpu_indices(mask: u64) -> Vec<u8> {
+    (0..64u8).filter(|g| mask & (1 << g) != 0).collect()
 }

@@ -2,6 +2,13 @@
 
 use super::*;
 
+/// What one active reservation's tenant uses of it, and who borrows the
+/// rest: (job, GPUs).
+struct Lending {
+    in_use: u32,
+    borrowers: Vec<(u64, u32)>,
+}
+
 /// Which jobs a page lists, checked by the HTTP layer.
 #[derive(Clone, Debug, Default)]
 pub struct JobQuery {
@@ -118,13 +125,106 @@ impl<S: Store> Engine<S> {
         list
     }
 
+    /// The reservations `principal` may see, each with what its tenant
+    /// uses of it now and what it lends to preemptible work, and to whom.
     pub(super) fn reservation_views(&self, principal: &Principal) -> Vec<ebb_api::Reservation> {
+        let now = now_ms();
+        let lending = self.lending(now);
         self.money
             .reservations
             .values()
             .filter(|r| principal.may_see(r.tenant) && r.deleted_ms.is_none())
-            .map(|r| crate::billing::reservation_view(r, &self.tenant_name(r.tenant)))
+            .map(|r| {
+                let mut view = crate::billing::reservation_view(r, &self.tenant_name(r.tenant));
+                if let Some(share) = lending.get(&r.id) {
+                    view.active = true;
+                    view.in_use = share.in_use;
+                    view.lent = share.borrowers.iter().map(|(_, gpus)| gpus).sum();
+                    view.borrowers = share
+                        .borrowers
+                        .iter()
+                        .filter_map(|&(job, gpus)| {
+                            let tenant = self.jobs.get(&job)?.tenant;
+                            principal.may_see(tenant).then(|| ebb_api::Borrower {
+                                job,
+                                tenant: self.tenant_name(tenant),
+                                gpus,
+                            })
+                        })
+                        .collect();
+                }
+                view
+            })
             .collect()
+    }
+
+    /// What each active reservation's tenant uses of it now, and which
+    /// preemptible jobs use the GPUs it leaves idle. Reserved capacity is
+    /// a count, not fixed GPUs: on each model, preemptible GPUs beyond
+    /// what the unreserved capacity leaves them (after on-demand work) are
+    /// lent, and are put down to the preemptible jobs that started last.
+    /// A tenant's use and the lent GPUs fill reservations in id order.
+    fn lending(&self, now: u64) -> BTreeMap<u64, Lending> {
+        #[derive(Default)]
+        struct Model {
+            on_demand: u32,
+            reserved: BTreeMap<TenantId, u32>,
+            /// Preemptible jobs by start, latest first: (start, job, GPUs).
+            preemptible: Vec<(Time, u64, u32)>,
+        }
+        let mut models: BTreeMap<GpuModelId, Model> = BTreeMap::new();
+        for job in self.core.jobs() {
+            let Some(run) = &job.run else { continue };
+            let model = models.entry(run.model).or_default();
+            match job.spec.tier {
+                Tier::Reserved => *model.reserved.entry(job.spec.tenant).or_default() += run.gpus(),
+                Tier::OnDemand => model.on_demand += run.gpus(),
+                Tier::Preemptible => model.preemptible.push((run.started_at, job.spec.id.0, run.gpus())),
+            }
+        }
+        let mut lending = BTreeMap::new();
+        for (name, rows) in self.active_reservations(now) {
+            let Some(id) = self.core.model_by_name(&name) else { continue };
+            let capacity = self.core.model(id).map_or(0, |m| m.capacity);
+            let mut model = models.remove(&id).unwrap_or_default();
+            let reserved: u32 = rows.iter().map(|r| r.gpus).sum();
+            let unreserved_free = capacity.saturating_sub(reserved).saturating_sub(model.on_demand);
+            let preemptible: u32 = model.preemptible.iter().map(|p| p.2).sum();
+            let mut borrowed = preemptible.saturating_sub(unreserved_free);
+            model.preemptible.sort_by(|a, b| b.cmp(a));
+            let mut borrowers = model.preemptible.into_iter().map(|(_, job, gpus)| (job, gpus));
+            let mut current: Option<(u64, u32)> = None;
+            for r in rows {
+                let used = model.reserved.entry(TenantId(r.tenant)).or_default();
+                let in_use = (*used).min(r.gpus);
+                *used -= in_use;
+                let mut idle = (r.gpus - in_use).min(borrowed);
+                borrowed -= idle;
+                let mut share = Lending { in_use, borrowers: Vec::new() };
+                while idle > 0 {
+                    let Some((job, left)) = current.take().or_else(|| borrowers.next()) else { break };
+                    let take = left.min(idle);
+                    share.borrowers.push((job, take));
+                    idle -= take;
+                    if take < left {
+                        current = Some((job, left - take));
+                    }
+                }
+                lending.insert(r.id, share);
+            }
+        }
+        lending
+    }
+
+    /// Active reservations by GPU model, in id order.
+    fn active_reservations(&self, now: u64) -> BTreeMap<String, Vec<&ReservationRow>> {
+        let mut by_model: BTreeMap<String, Vec<&ReservationRow>> = BTreeMap::new();
+        for r in self.money.reservations.values() {
+            if r.deleted_ms.is_none() && r.start_ms <= now && now < r.end_ms {
+                by_model.entry(r.gpu_model.clone()).or_default().push(r);
+            }
+        }
+        by_model
     }
 
     pub(super) fn view(&self, job: &JobRecord, events: Vec<JobEvent>) -> ebb_api::Job {
@@ -199,6 +299,14 @@ impl<S: Store> Engine<S> {
             unhealthy,
             gpus_used: n.used_mask().count_ones(),
             gpus_held: n.held_mask().count_ones(),
+            held: self
+                .core
+                .holds()
+                .filter_map(|h| {
+                    let (_, mask) = h.alloc.iter().find(|(node, _)| *node == id)?;
+                    Some(ebb_api::HeldGpus { job: h.job.0, gpus: gpu_indices(*mask) })
+                })
+                .collect(),
             last_heartbeat: rfc3339(n.last_heartbeat.0),
             jobs: n.jobs().map(|j| j.0).collect(),
         }
