@@ -73,3 +73,31 @@ fn the_dashboard_is_served_from_the_server_with_nothing_from_elsewhere() {
     }
     assert_eq!(reqwest::blocking::get(format!("{}/assets/nope.js", c.url)).unwrap().status(), 404);
 }
+
+#[test]
+fn a_tenant_cannot_hold_more_than_its_share_of_streams_open() {
+    let c = Cluster::start(Options { nodes: 1, gpus: 1, ..Options::default() });
+    let http = reqwest::blocking::Client::builder().timeout(Duration::from_secs(30)).build().unwrap();
+    let tenant: serde_json::Value =
+        serde_json::from_str(&c.ebb(&["tenant", "create", "greedy", "--json"])).unwrap();
+    let token = tenant["token"].as_str().unwrap();
+    let open = |token: &str| http.get(format!("{}/v1/stream", c.url)).bearer_auth(token).send().unwrap();
+    let held: Vec<_> = (0..32).map(|_| open(token)).collect();
+    assert!(held.iter().all(|r| r.status() == 200));
+    let refused = open(token);
+    assert_eq!(refused.status(), 429);
+    let said = refused.text().unwrap();
+    assert!(said.contains("tenant greedy has 32 event streams open"), "{said}");
+    // Another tenant and the operators are not held up by it.
+    assert_eq!(open(&c.admin).status(), 200);
+    // A closed stream gives its place back.
+    drop(held);
+    let reopened = (0..50).find_map(|_| {
+        let r = open(token);
+        (r.status() == 200).then_some(r).or_else(|| {
+            std::thread::sleep(Duration::from_millis(100));
+            None
+        })
+    });
+    assert!(reopened.is_some(), "the tenant's closed streams were never given back");
+}

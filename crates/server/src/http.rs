@@ -31,6 +31,48 @@ struct App {
     /// The CA certificate (PEM) joining agents fetch, when the server
     /// serves HTTPS and knows its CA.
     tls_ca: Option<Arc<str>>,
+    /// Open `/v1/stream` connections by tenant (`None`: operators).
+    streams: Arc<std::sync::Mutex<HashMap<Option<u32>, usize>>>,
+}
+
+/// How many `/v1/stream` connections one tenant (or the operators) may
+/// hold open at once: each is a task and a socket for as long as a page
+/// stays open, so a tenant opening them in a loop cannot starve others.
+const STREAMS_PER_TENANT: usize = 32;
+
+/// One open stream, counted while it lives.
+struct StreamSlot {
+    streams: Arc<std::sync::Mutex<HashMap<Option<u32>, usize>>>,
+    tenant: Option<u32>,
+}
+
+impl StreamSlot {
+    fn take(app: &App, principal: &Principal) -> ApiResult<StreamSlot> {
+        let tenant = principal.tenant.as_ref().map(|(id, _)| *id);
+        let mut open = app.streams.lock().expect("stream counts");
+        let count = open.entry(tenant).or_insert(0);
+        if *count >= STREAMS_PER_TENANT {
+            let who =
+                principal.tenant.as_ref().map_or("the operators".to_string(), |(_, n)| format!("tenant {n}"));
+            return Err(ApiError::too_many(format!(
+                "{who} has {STREAMS_PER_TENANT} event streams open, the most allowed; close a dashboard tab or another reader of /v1/stream"
+            )));
+        }
+        *count += 1;
+        Ok(StreamSlot { streams: app.streams.clone(), tenant })
+    }
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        let mut open = self.streams.lock().expect("stream counts");
+        if let Some(count) = open.get_mut(&self.tenant) {
+            *count -= 1;
+            if *count == 0 {
+                open.remove(&self.tenant);
+            }
+        }
+    }
 }
 
 impl IntoResponse for ApiError {
@@ -223,10 +265,10 @@ fn integral_floats_as_integers(value: &mut serde_json::Value) {
         set_tenant_limits, list_prices, set_price, create_reservation, list_reservations, delete_reservation, bill,
         operator_report, agent_register, agent_commands, agent_report, tls_ca),
     components(schemas(
-        api::JobSubmission, api::Submitted, api::Job, api::JobEvent, api::EventKind, api::NodeGpus, api::Node,
+        api::JobSubmission, api::Submitted, api::Job, api::JobEvent, api::EventKind, api::NodeGpus, api::Node, api::HeldGpus,
         api::ReclaimRequest, api::ReclaimReply, api::ReclaimRelease, api::ReclaimReleased, api::TenantRequest, api::TenantCreated, api::TenantSummary, api::LogChunk,
         api::ErrorBody, api::SweepParam, api::Checkpoint, api::ArrayTask, api::ArrayProgress, api::TaskState,
-        api::Price, api::PriceBook, api::PriceUpdate, api::ReservationRequest, api::Reservation, api::Usage,
+        api::Price, api::PriceBook, api::PriceUpdate, api::ReservationRequest, api::Reservation, api::Borrower, api::Usage,
         api::InvoiceLine, api::ReservationCharge, api::Invoice, api::TierReport, api::OperatorReport,
         api::NodeRemoved, api::JoinToken, api::TenantTokens,
         api::AttemptRef, api::Register, api::Registered, api::Command, api::Action, api::StartAttempt,
@@ -931,16 +973,18 @@ fn add_common_errors(operation: &mut serde_json::Value) {
 /// cannot send the token).
 async fn stream(State(app): State<App>, headers: HeaderMap) -> ApiResult<Response> {
     use axum::response::sse::{Event, KeepAlive, Sse};
-    app.tenant(&headers)?;
+    let principal = app.tenant(&headers)?;
+    let slot = StreamSlot::take(&app, &principal)?;
     let changes = app.feed.subscribe();
-    let events = futures_util::stream::unfold((changes, true), |(mut changes, first)| async move {
-        if !first && changes.changed().await.is_err() {
-            return None;
-        }
-        let seq = *changes.borrow_and_update();
-        let event = Event::default().data(format!("{{\"seq\":{seq}}}"));
-        Some((Ok::<_, std::convert::Infallible>(event), (changes, false)))
-    });
+    let events =
+        futures_util::stream::unfold((changes, true, slot), |(mut changes, first, slot)| async move {
+            if !first && changes.changed().await.is_err() {
+                return None;
+            }
+            let seq = *changes.borrow_and_update();
+            let event = Event::default().data(format!("{{\"seq\":{seq}}}"));
+            Some((Ok::<_, std::convert::Infallible>(event), (changes, false, slot)))
+        });
     Ok(Sse::new(events).keep_alive(KeepAlive::default()).into_response())
 }
 
@@ -1132,6 +1176,7 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
         tokens,
         poll_wait: Duration::from_millis(config.heartbeat_interval.as_millis()),
         tls_ca: tls.as_ref().and_then(|t| t.ca.as_ref()).map(|ca| Arc::from(ca.pem.as_str())),
+        streams: Arc::default(),
     };
     let router = Router::new()
         .route("/healthz", get(crate::leader::healthz).with_state(role))
