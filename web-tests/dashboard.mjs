@@ -10,7 +10,7 @@
 // DIR/dashboard-user.png.
 
 import { spawn, execFileSync } from "node:child_process";
-import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
 import { createRequire } from "node:module";
 import { tmpdir } from "node:os";
 import path from "node:path";
@@ -52,7 +52,7 @@ let up = null;
 
 async function startCluster() {
   up = spawn(EBB, ["up", "--nodes", "2", "--gpus-per-node", "8", "--port", "0",
-    "--drain-window", `${DRAIN_WINDOW_S}s`, "--data-dir", path.join(dataDir, "cluster")],
+    "--drain-window", `${DRAIN_WINDOW_S}s`, "--heartbeat-timeout", "4s", "--data-dir", path.join(dataDir, "cluster")],
     { stdio: ["ignore", "pipe", "pipe"] });
   let output = "";
   up.stderr.on("data", (chunk) => { output += chunk; });
@@ -259,6 +259,7 @@ async function tenantSeesOnlyItsOwn(browser, server, admin, problems) {
   await screenshot(page, "dashboard-user.png");
 
   await page.getByLabel("State").selectOption("succeeded");
+  await page.getByRole("button", { name: "Filter" }).click();
   await page.waitForURL(/state=succeeded/);
   await page.locator(`tr[data-job="${mine}"]`).waitFor();
   check((await page.locator("tbody tr").count()) === 2, "the state filter shows alice's two succeeded jobs");
@@ -302,6 +303,183 @@ async function tenantSeesOnlyItsOwn(browser, server, admin, problems) {
   await page.context().close();
 }
 
+async function post(server, token, route, body) {
+  const response = await fetch(server + route, {
+    method: "POST",
+    headers: { Authorization: `Bearer ${token}`, "Content-Type": "application/json" },
+    body: JSON.stringify(body),
+  });
+  if (!response.ok) throw new Error(`POST ${route}: ${response.status} ${await response.text()}`);
+  return response.json();
+}
+
+/// The pid of `ebb up`'s agent for `node`, from /proc.
+function agentPid(node) {
+  const dir = path.join(dataDir, "cluster", "agents", node);
+  for (const entry of readdirSync("/proc")) {
+    if (!/^\d+$/.test(entry)) continue;
+    let args;
+    try {
+      args = readFileSync(`/proc/${entry}/cmdline`, "utf8").split("\0");
+    } catch (_) {
+      continue;
+    }
+    if (args[1] === "agent" && args.includes(dir)) return Number(entry);
+  }
+  fail(`no agent process for ${node}`);
+}
+
+/// Reservations and who borrows them, GPUs held for a waiting job and
+/// reserved cells, node states, arrays, checkpoint age and live output.
+async function operatorSeesEverything(browser, server, admin, problems) {
+  // Every GPU free: what earlier checks left running is cancelled.
+  const left = (await get(server, admin, "/v1/jobs?state=active&limit=500")).jobs.map((j) => j.id);
+  for (const job of left) cli(server, admin, ["cancel", `${job}`]);
+  for (const job of left) await until(`job ${job} cancelled`, async () => (await jobState(server, admin, job)) === "cancelled");
+  const nodes = await get(server, admin, "/v1/nodes");
+  const model = nodes[0].gpu_model;
+  const owner = JSON.parse(cli(server, admin, ["tenant", "create", "owner", "--json"])).token;
+  const hour = 3600 * 1000;
+  const reservation = JSON.parse(cli(server, admin, ["reservation", "create", "--tenant", "owner", "--gpu-model", model,
+    "--gpus", "8", "--start", new Date(Date.now() - hour).toISOString(), "--end", new Date(Date.now() + hour).toISOString(),
+    "--json"])).id;
+  const submit = (token, ...args) => JSON.parse(cli(server, token, ["submit", "--json", ...args])).id;
+  const stubborn = ["--gpus", "8", "--", "sh", "-c", "trap '' TERM; sleep 600"];
+  const first = submit(admin, "--name", "lender-1", ...stubborn);
+  await until("the first preemptible job running", async () => (await jobState(server, admin, first)) === "running");
+  const second = submit(admin, "--name", "lender-2", ...stubborn);
+  await until("the second preemptible job running", async () => (await jobState(server, admin, second)) === "running");
+
+  const page = await newPage(browser, problems);
+  await signIn(page, server, admin);
+  await page.getByRole("heading", { level: 1, name: "Cluster" }).waitFor();
+  // 16 GPUs, 8 reserved and idle: the 8 unreserved ones hold one job, the
+  // other job uses the reservation's, lent; the job that started last.
+  const row = page.locator(`tr[data-reservation="${reservation}"]`);
+  await until("the reservation's lent GPUs", async () => (await row.locator(".lent").textContent()) === "8", 5000);
+  const [listed] = await get(server, admin, "/v1/reservations");
+  check(listed.lent === 8 && listed.borrowers.length === 1 && listed.borrowers[0].job === second,
+    `the API puts the lent GPUs down to the job that started last (${JSON.stringify(listed.borrowers)})`);
+  check((await row.locator(".borrowers a").textContent()) === `${second}`, "the reservation's row names its borrower");
+  check((await row.locator(".in-use").textContent()) === "0", "the owner uses none of it yet");
+
+  // The owner wants its GPUs: the borrower drains, its GPUs held for the
+  // owner's job, which then runs on them as reserved.
+  const own = submit(owner, "--tier", "reserved", "--gpus", "8", "--name", "owners", "--", "sleep", "600");
+  const heldFor = page.locator(`li.gpu[data-held-for="${own}"]`);
+  await until("the borrower's GPUs held for the owner's job", async () => (await heldFor.count()) === 8, 5000);
+  check((await heldFor.first().getAttribute("data-state")) === "draining" &&
+    (await heldFor.first().getAttribute("title")).endsWith(`held for job ${own}`),
+    "the draining GPUs say which waiting job they are held for");
+  const reserved = page.locator(`li.gpu[data-job="${own}"][data-state="reserved"]`);
+  await until("the owner's job on 8 reserved cells", async () => (await reserved.count()) === 8, (DRAIN_WINDOW_S + 20) * 1000);
+  const colour = (state) => page.locator(`.legend .gpu-${state}`).evaluate((e) => getComputedStyle(e).backgroundColor);
+  check((await reserved.first().evaluate((e) => getComputedStyle(e).backgroundColor)) === (await colour("reserved")),
+    "reserved cells have the legend's reserved colour");
+  await until("the owner's use on the reservation's row", async () => (await row.locator(".in-use").textContent()) === "8", 5000);
+  check((await row.locator(".lent").textContent()) === "0", "nothing of a reservation in use is lent");
+  for (const job of [first, second, own]) cli(server, admin, ["cancel", `${job}`]);
+  for (const job of [first, second, own]) {
+    await until(`job ${job} cancelled`, async () => (await jobState(server, admin, job)) === "cancelled");
+  }
+
+  // Node states: drained by the operator, then lost while its agent is stopped.
+  const nodeState = page.locator('tr[data-node="node-1"] td').first();
+  cli(server, admin, ["drain", "node-1"]);
+  await until("node-1 drained on the page", async () => (await nodeState.textContent()) === "drained", 5000);
+  cli(server, admin, ["undrain", "node-1"]);
+  await until("node-1 up again", async () => (await nodeState.textContent()) === "up", 5000);
+  const agent = agentPid("node-1");
+  process.kill(agent, "SIGSTOP");
+  try {
+    await until("node-1 lost on the page", async () => (await nodeState.textContent()) === "lost", 30000);
+    check(await nodeState.evaluate((e) => e.classList.contains("node-lost")), "a lost node is marked as lost");
+  } finally {
+    process.kill(agent, "SIGCONT");
+  }
+  await until("node-1 back", async () => (await nodeState.textContent()) === "up", 30000);
+  check(true, "node states show drained, lost and up again, live");
+  await axe(page, "the operator's view with a reservation");
+
+  // An array collapsed to one row with its progress.
+  const array = JSON.parse(cli(server, admin, ["submit", "--json", "--array", "0-3", "--name", "quad", "--", "true"]));
+  await page.goto(`${server}/#/jobs`);
+  const bar = page.locator(`tr[data-job="${array.id}"] progress`);
+  await until("the array's progress, all done", async () =>
+    (await bar.count()) === 1 && (await bar.getAttribute("aria-label")) === `array ${array.id}: 4 of 4 done`, 20000);
+  check((await page.locator("tbody tr", { hasText: "quad" }).count()) === 1, "an array is one row, with its progress");
+
+  // A job's checkpoint age, and output arriving while the page is open.
+  const script = `${JSON.stringify(process.execPath)} -e 'fetch(process.env.EBB_METADATA_URL + "/ebb/v1/checkpoint",` +
+    ` {method: "POST", body: JSON.stringify({step: 7, seconds: 1.5})}).then((r) => process.exit(r.ok ? 0 : 1))'` +
+    " && echo first; sleep 3; echo second; sleep 600";
+  const talker = submit(admin, "--name", "talker", "--", "sh", "-c", script);
+  await page.goto(`${server}/#/jobs/${talker}`);
+  await page.getByRole("heading", { level: 1, name: `Job ${talker} (talker)` }).waitFor();
+  const output = page.getByLabel("Job output");
+  await until("the first line of output", async () => (await output.textContent()) === "first\n", 15000);
+  await page.evaluate(() => { window.notReloaded = true; });
+  await until("the second line, followed", async () => (await output.textContent()) === "first\nsecond\n", 10000);
+  check(await page.evaluate(() => window.notReloaded === true), "output arrives on an open job page as the job writes it");
+  await until("the checkpoint's age", async () =>
+    /^\d+ s ago \(attempt 1, step 7, took 1.5 s\)$/.test(await page.locator("dt:text-is('Last checkpoint') + dd").textContent().catch(() => "")), 5000);
+  check(true, "a job's page shows its last checkpoint's age and step");
+  check(await page.locator("dt:text-is('Recommended interval')").count() === 1, "and the recommended checkpoint interval");
+  cli(server, admin, ["cancel", `${talker}`]);
+  await page.context().close();
+}
+
+/// A tenant's jobs page by page, filtered by name and tier, and its bill for
+/// another period.
+async function tenantPagesAndFilters(browser, server, admin, problems) {
+  const token = JSON.parse(cli(server, admin, ["tenant", "create", "pager", "--json"])).token;
+  const ids = [];
+  for (let i = 0; i < 60; i++) {
+    const tier = i % 10 === 0 ? "on-demand" : "preemptible";
+    const name = i % 2 === 0 ? `batch-${i}` : `other-${i}`;
+    ids.push((await post(server, token, "/v1/jobs", { argv: ["true"], name, tier })).id);
+  }
+  const page = await newPage(browser, problems);
+  await signIn(page, server, token);
+  await page.getByRole("heading", { level: 1, name: "My jobs" }).waitFor();
+  const shown = () => page.locator("tbody tr").evaluateAll((rows) => rows.map((r) => Number(r.dataset.job)));
+  const newest = [...ids].reverse();
+  await until("the first page", async () => JSON.stringify(await shown()) === JSON.stringify(newest.slice(0, 50)), 5000);
+  check(true, "the first page is the newest 50 jobs");
+  await page.getByRole("link", { name: "Older →" }).click();
+  await until("the second page", async () => JSON.stringify(await shown()) === JSON.stringify(newest.slice(50)), 5000);
+  check((await page.getByRole("link", { name: "Older →" }).count()) === 0, "the last page has no older page");
+  await page.getByRole("link", { name: "← Newer" }).click();
+  await until("the first page again", async () => JSON.stringify(await shown()) === JSON.stringify(newest.slice(0, 50)), 5000);
+  check(true, "paging older and back newer shows every job once, in order");
+
+  await page.getByLabel("Name contains").fill("batch");
+  await page.getByRole("button", { name: "Filter" }).click();
+  const batch = newest.filter((_, i) => (59 - i) % 2 === 0);
+  await until("the name filter", async () => JSON.stringify(await shown()) === JSON.stringify(batch), 5000);
+  check(true, `the name filter shows the ${batch.length} jobs whose names contain "batch"`);
+  await page.getByLabel("Name contains").fill("");
+  await page.getByLabel("Tier").selectOption("on-demand");
+  await page.getByRole("button", { name: "Filter" }).click();
+  const onDemand = newest.filter((_, i) => (59 - i) % 10 === 0);
+  await until("the tier filter", async () => JSON.stringify(await shown()) === JSON.stringify(onDemand), 5000);
+  check(true, `the tier filter shows the ${onDemand.length} on-demand jobs`);
+  await axe(page, "a filtered jobs page");
+
+  // The bill for a period chosen in its fields.
+  await page.goto(`${server}/#/bill`);
+  await page.getByRole("heading", { level: 1, name: "Bill for pager" }).waitFor();
+  await page.getByLabel("From").fill("2025-03-01");
+  await page.getByLabel("To (exclusive)").fill("2025-04-01");
+  await page.getByRole("button", { name: "Show" }).click();
+  await page.waitForURL(/from=2025-03-01&to=2025-04-01/);
+  await page.getByText("No usage in this period.").waitFor();
+  const invoice = JSON.parse(cli(server, token, ["bill", "--json", "--from", "2025-03-01", "--to", "2025-04-01"]));
+  check((await page.locator('[data-amount="total"]').textContent()) === `$${invoice.total_usd}`,
+    `the bill for a chosen period is ebb bill's ($${invoice.total_usd})`);
+  await page.context().close();
+}
+
 let browser = null;
 try {
   const { url, admin } = await startCluster();
@@ -310,6 +488,8 @@ try {
   const problems = [];
   await operatorSeesPreemption(browser, url, admin, problems);
   await tenantSeesOnlyItsOwn(browser, url, admin, problems);
+  await operatorSeesEverything(browser, url, admin, problems);
+  await tenantPagesAndFilters(browser, url, admin, problems);
   for (const p of problems) console.error(`dashboard: ${p}`);
   check(problems.length === 0, "no script errors or content security policy violations");
   console.log("dashboard: all checks passed");

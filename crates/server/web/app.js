@@ -253,23 +253,26 @@ async function clusterView() {
   }
   const rows = nodes.map((node) => {
     const jobs = onGpu.get(node.name) || new Map();
-    let held = node.gpus_held;
+    // GPU index -> the waiting job it is held for.
+    const heldFor = new Map();
+    for (const h of node.held || []) for (const gpu of h.gpus) heldFor.set(gpu, h.job);
     const cells = [];
     for (let gpu = 0; gpu < node.gpus; gpu++) {
       const job = jobs.get(gpu);
+      const waiting = heldFor.get(gpu);
+      const forWaiting = waiting === undefined ? "" : `, held for job ${waiting}`;
       let state, label, extra = null;
       if (job && job.state === "draining") {
         state = "draining";
         const deadline = deadlines.get(job.id);
-        label = `GPU ${gpu}: job ${job.id}, ${job.tier}, draining`;
+        label = `GPU ${gpu}: job ${job.id}, ${job.tier}, draining${forWaiting}`;
         if (deadline) extra = el("span", { class: "countdown", "data-deadline": deadline, text: countdown(deadline) });
       } else if (job) {
         state = job.tier;
-        label = `GPU ${gpu}: job ${job.id}, ${job.tier}, ${job.state}`;
-      } else if (held > 0) {
-        held -= 1;
+        label = `GPU ${gpu}: job ${job.id}, ${job.tier}, ${job.state}${forWaiting}`;
+      } else if (waiting !== undefined) {
         state = "held";
-        label = `GPU ${gpu}: held for a waiting job`;
+        label = `GPU ${gpu}: held for job ${waiting}`;
       } else {
         state = "idle";
         label = `GPU ${gpu}: idle`;
@@ -277,9 +280,15 @@ async function clusterView() {
       cells.push(
         el(
           "li",
-          { class: `gpu gpu-${state}`, "data-state": state, "data-job": job ? job.id : null, title: label },
+          {
+            class: `gpu gpu-${state}`,
+            "data-state": state,
+            "data-job": job ? job.id : null,
+            "data-held-for": waiting,
+            title: label,
+          },
           el("span", { class: "visually-hidden", text: label }),
-          el("span", { "aria-hidden": "true", text: job ? `${job.id}` : state === "held" ? "H" : "·" }),
+          el("span", { "aria-hidden": "true", text: job ? `${job.id}` : waiting !== undefined ? `H${waiting}` : "·" }),
           extra,
         ),
       );
@@ -395,16 +404,23 @@ async function clusterView() {
       reservations.length === 0
         ? el("p", { text: "No reservation." })
         : table(
-              "Reserved capacity by tenant",
-              ["Reservation", "Tenant", "GPU model", "GPUs", "Start", "End", "Rate (USD/GPU-hour)"],
+              "Reserved capacity by tenant: what its tenant uses now, and the idle GPUs lent to preemptible jobs",
+              ["Reservation", "Tenant", "GPU model", "GPUs", "In use", "Lent", "Borrowers", "Start", "End", "Rate (USD/GPU-hour)"],
               reservations.map((r) =>
                 el(
                   "tr",
-                  {},
+                  { "data-reservation": r.id },
                   el("td", { text: r.id }),
                   el("td", { text: r.tenant }),
                   el("td", { text: r.gpu_model }),
                   el("td", { text: r.gpus }),
+                  el("td", { class: "in-use", text: r.active ? r.in_use : "not in force" }),
+                  el("td", { class: "lent", text: r.active ? r.lent : "" }),
+                  el(
+                    "td",
+                    { class: "borrowers" },
+                    (r.borrowers || []).map((b, i) => [i ? ", " : "", jobLink(b.job), ` (${b.tenant}, ${b.gpus} GPUs)`]),
+                  ),
                   el("td", { text: r.start }),
                   el("td", { text: r.end }),
                   el("td", { class: "money", text: r.rate_usd }),
@@ -483,24 +499,80 @@ function legend() {
 }
 
 const STATES = ["active", "queued", "starting", "running", "draining", "succeeded", "failed", "cancelled"];
+const TIERS = ["reserved", "on-demand", "preemptible"];
+const PAGE = 50;
 
-async function jobsView() {
+/// The jobs list's filters and page, from the hash: `#/jobs?state=&tier=
+/// &name=` and `before=ID` (older than ID) or `after=ID` (newer than ID).
+function jobsParams() {
   const params = new URLSearchParams((location.hash.split("?")[1]) || "");
-  const state = STATES.includes(params.get("state")) ? params.get("state") : "";
-  const query = `order=desc&arrays=collapse&limit=200${state ? `&state=${state}` : ""}`;
-  const page = await api(`/v1/jobs?${query}`);
-  const select = el(
-    "select",
+  const id = (key) => (/^\d+$/.test(params.get(key) || "") ? params.get(key) : "");
+  return {
+    state: STATES.includes(params.get("state")) ? params.get("state") : "",
+    tier: TIERS.includes(params.get("tier")) ? params.get("tier") : "",
+    name: (params.get("name") || "").slice(0, 200),
+    before: id("before"),
+    after: id("after"),
+  };
+}
+
+function jobsHash(filters, page = {}) {
+  const params = new URLSearchParams();
+  for (const key of ["state", "tier", "name"]) if (filters[key]) params.set(key, filters[key]);
+  for (const [key, value] of Object.entries(page)) params.set(key, value);
+  const query = params.toString();
+  return query ? `#/jobs?${query}` : "#/jobs";
+}
+
+/// One page of jobs, newest first, keyset-paged by id: older pages read
+/// down from the last id shown, newer ones up from the first.
+async function jobsView() {
+  const f = jobsParams();
+  const filter = new URLSearchParams({ arrays: "collapse", limit: PAGE });
+  for (const key of ["state", "tier", "name"]) if (f[key]) filter.set(key, f[key]);
+  let jobs, older, newer;
+  if (f.after) {
+    const page = await api(`/v1/jobs?${filter}&order=asc&cursor=${f.after}`);
+    jobs = page.jobs.reverse();
+    newer = Boolean(page.next_cursor);
+    older = jobs.length > 0;
+  } else {
+    const page = await api(`/v1/jobs?${filter}&order=desc${f.before ? `&cursor=${f.before}` : ""}`);
+    jobs = page.jobs;
+    older = Boolean(page.next_cursor);
+    newer = Boolean(f.before) && jobs.length > 0;
+  }
+  const form = el(
+    "form",
     {
-      id: "state-filter",
-      onchange: (event) => {
-        location.hash = event.target.value ? `#/jobs?state=${event.target.value}` : "#/jobs";
+      class: "filters",
+      role: "search",
+      "aria-label": "Filter jobs",
+      onsubmit: (event) => {
+        event.preventDefault();
+        const data = new FormData(event.target);
+        location.hash = jobsHash({ state: data.get("state"), tier: data.get("tier"), name: data.get("name").trim() });
       },
     },
-    el("option", { value: "", text: "all" }),
-    STATES.map((s) => el("option", { value: s, text: s, selected: s === state })),
+    el("label", { for: "state-filter", text: "State" }),
+    el(
+      "select",
+      { id: "state-filter", name: "state" },
+      el("option", { value: "", text: "all" }),
+      STATES.map((s) => el("option", { value: s, text: s, selected: s === f.state })),
+    ),
+    el("label", { for: "tier-filter", text: "Tier" }),
+    el(
+      "select",
+      { id: "tier-filter", name: "tier" },
+      el("option", { value: "", text: "all" }),
+      TIERS.map((t) => el("option", { value: t, text: t, selected: t === f.tier })),
+    ),
+    el("label", { for: "name-filter", text: "Name contains" }),
+    el("input", { id: "name-filter", name: "name", type: "search", value: f.name, maxlength: "200" }),
+    el("button", { type: "submit", text: "Filter" }),
   );
-  const rows = page.jobs.map((j) =>
+  const rows = jobs.map((j) =>
     el(
       "tr",
       { "data-job": j.id },
@@ -513,16 +585,22 @@ async function jobsView() {
       el("td", { text: j.submitted_at }),
     ),
   );
+  const pager = el(
+    "nav",
+    { class: "pager", "aria-label": "Pages of jobs" },
+    newer ? el("a", { id: "newer", href: jobsHash(f, { after: jobs[0].id }), text: "← Newer" }) : null,
+    f.before || f.after ? el("a", { id: "newest", href: jobsHash(f), text: "Newest" }) : null,
+    older ? el("a", { id: "older", href: jobsHash(f, { before: jobs[jobs.length - 1].id }), text: "Older →" }) : null,
+  );
+  const first = jobs.length ? jobs[0].id : null;
+  const last = jobs.length ? jobs[jobs.length - 1].id : null;
   return [
     el("h1", { text: session.operator ? "Jobs" : "My jobs" }),
-    el("div", { class: "filters" }, el("label", { for: "state-filter", text: "State" }), select),
-    page.jobs.length === 0
-      ? el("p", { text: "No jobs." })
-      : table(
-            page.next_cursor ? "The latest 200 jobs" : "Jobs, newest first",
-            ["Job", "Name", "Tier", "GPUs", "State", "Array", "Submitted"],
-            rows,
-          ),
+    form,
+    jobs.length === 0
+      ? el("p", { text: f.state || f.tier || f.name ? "No job matches." : "No jobs." })
+      : table(`Jobs ${first} to ${last}, newest first`, ["Job", "Name", "Tier", "GPUs", "State", "Array", "Submitted"], rows),
+    pager,
   ];
 }
 
