@@ -198,7 +198,7 @@ fn metrics_export_every_series_at_zero_and_count_a_preemption_as_the_report_does
     assert_eq!(during["ebb_gpus_allocated{tier=\"preemptible\",state=\"running\"}"], 0.0);
     // Each waiting job is counted under why it waits.
     assert_eq!(during["ebb_jobs_queued{tier=\"on-demand\",reason=\"victims_draining\"}"], 1.0);
-    assert_eq!(during["ebb_jobs_queued{tier=\"preemptible\",reason=\"resources\"}"], 1.0);
+    assert_eq!(during["ebb_jobs_queued{tier=\"preemptible\",reason=\"resources\"}"], 1.0, "{during:?}");
     let queued: f64 = during.iter().filter(|(k, _)| k.starts_with("ebb_jobs_queued{")).map(|(_, v)| v).sum();
     assert_eq!(queued, 2.0, "{during:?}");
     assert_eq!(during["ebb_jobs{tier=\"preemptible\",state=\"draining\"}"], 1.0);

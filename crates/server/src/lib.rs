@@ -9,7 +9,7 @@ pub mod engine;
 mod http;
 pub mod leader;
 pub mod lock;
-mod metrics;
+pub mod metrics;
 pub mod pg;
 pub mod store;
 pub mod tls;

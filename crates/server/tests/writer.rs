@@ -601,3 +601,169 @@ fn a_report_sent_again_adds_its_output_and_checkpoint_once() {
     env.report_as("a", again, Some(ReportId { session: 78, seq: 1 }));
     assert_eq!(env.log(attempt.job), "step 1\nstep 2\nstep 3\n");
 }
+
+/// One step of a random run.
+#[derive(Clone, Debug)]
+enum Step {
+    Submit {
+        tier: usize,
+        gpus: u32,
+    },
+    /// Node `node` polls and reports every attempt it is told to start as started.
+    Poll {
+        node: usize,
+    },
+    /// The `k`-th running attempt (mod their count) exits with `code`.
+    Exit {
+        k: usize,
+        code: i32,
+    },
+    Cancel {
+        k: usize,
+    },
+    Drain {
+        node: usize,
+    },
+    Later {
+        ms: u64,
+    },
+    Restart,
+}
+
+fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+    use proptest::prelude::*;
+    prop_oneof![
+        4 => (0..3usize, 1..=8u32).prop_map(|(tier, gpus)| Step::Submit { tier, gpus }),
+        4 => (0..2usize).prop_map(|node| Step::Poll { node }),
+        3 => (0..16usize, 0..2i32).prop_map(|(k, code)| Step::Exit { k, code }),
+        1 => (0..16usize).prop_map(|k| Step::Cancel { k }),
+        1 => (0..2usize).prop_map(|node| Step::Drain { node }),
+        2 => (100..5_000u64).prop_map(|ms| Step::Later { ms }),
+        1 => Just(Step::Restart),
+    ]
+}
+
+/// `/metrics`' jobs, GPUs and queue as a walk over every job gives them.
+fn recount(env: &mut TestEnv<SqliteStore>) -> ebb_server::metrics::Snapshot {
+    let principal = env.admin.clone();
+    let page = env.call(|reply| Msg::Jobs {
+        principal,
+        query: ebb_server::engine::JobQuery { cursor: Some(0), limit: 100_000, ..Default::default() },
+        reply,
+    });
+    let name = |s: &str| -> &'static str {
+        ebb_server::metrics::JOB_STATES
+            .iter()
+            .chain(ebb_server::metrics::TIERS.iter())
+            .chain(ebb_server::engine::PENDING_REASONS.iter())
+            .find(|n| **n == s)
+            .copied()
+            .unwrap_or_else(|| panic!("unknown name {s}"))
+    };
+    let mut counted = ebb_server::metrics::Snapshot::default();
+    for job in page.jobs {
+        let (tier, state) = (name(&job.tier), name(&job.state));
+        *counted.jobs.entry((tier, state)).or_insert(0) += 1;
+        let gpu_state = match state {
+            "starting" | "running" => "running",
+            "draining" => "draining",
+            "queued" => {
+                let reason = name(job.pending_reason.as_deref().unwrap_or("scheduling"));
+                *counted.queued.entry(ebb_server::metrics::QueueKey { tier, reason }).or_insert(0) += 1;
+                continue;
+            }
+            _ => continue,
+        };
+        *counted.gpus.entry((tier, gpu_state)).or_insert(0) += u64::from(job.gpus);
+    }
+    counted
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 24, ..Default::default() })]
+
+    /// The tallies `/metrics` keeps as jobs change agree with a walk over
+    /// every job after any run, a restart included.
+    #[test]
+    fn metrics_agree_with_a_recount_after_a_random_run(steps in proptest::collection::vec(step(), 1..60)) {
+        let mut env = TestEnv::new("metrics-recount");
+        let nodes = ["a", "b"];
+        for node in nodes {
+            env.register(node, Vec::new(), Vec::new());
+        }
+        let mut running: Vec<(String, AttemptRef)> = Vec::new();
+        for step in steps {
+            match step {
+                Step::Submit { tier, gpus } => {
+                    let tier = ["reserved", "on-demand", "preemptible"][tier];
+                    let (reply, _rx) = oneshot::channel();
+                    let spec = JobSubmission {
+                        gpus: Some(gpus),
+                        tier: Some(tier.into()),
+                        argv: vec!["work".into()],
+                        ..Default::default()
+                    };
+                    let now = env.now;
+                    let principal = env.admin.clone();
+                    env.engine().batch(vec![Msg::Submit { principal, spec, reply }], now).unwrap();
+                }
+                Step::Poll { node } => {
+                    let node = nodes[node];
+                    for action in env.commands(node) {
+                        let at_ms = env.now;
+                        match action {
+                            Action::Start(s) => {
+                                env.report(node, vec![AgentEvent::Started { attempt: s.attempt, pid: 4242, at_ms }]);
+                                running.push((node.to_string(), s.attempt));
+                            }
+                            // A stop (a cancel) ends the attempt; a drained one
+                            // runs on until a later step ends it.
+                            Action::Stop { attempt, .. } => {
+                                if running.iter().any(|(_, a)| *a == attempt) {
+                                    env.report(node, vec![exited(attempt, 143, at_ms)]);
+                                    running.retain(|(_, a)| *a != attempt);
+                                }
+                            }
+                            Action::Drain(_) => {}
+                        }
+                    }
+                }
+                Step::Exit { k, code } => {
+                    if !running.is_empty() {
+                        let (node, attempt) = running.remove(k % running.len());
+                        let at_ms = env.now;
+                        env.report(&node, vec![exited(attempt, code, at_ms)]);
+                    }
+                }
+                Step::Cancel { k } => {
+                    let jobs = env.jobs();
+                    if !jobs.is_empty() {
+                        let _ = env.cancel(jobs[k % jobs.len()], None);
+                    }
+                }
+                Step::Drain { node } => {
+                    let name = nodes[node].to_string();
+                    let _ = env.call(|reply| Msg::DrainNode { name, reply });
+                }
+                Step::Later { ms } => {
+                    env.now += ms;
+                    let now = env.now;
+                    env.engine().batch(vec![Msg::Tick], now).unwrap();
+                }
+                Step::Restart => {
+                    env.restart();
+                    for node in nodes {
+                        let mine: Vec<AttemptRef> =
+                            running.iter().filter(|(n, _)| n == node).map(|(_, a)| *a).collect();
+                        env.register(node, mine, Vec::new());
+                    }
+                }
+            }
+            let kept = env.call(|reply| Msg::Metrics { reply });
+            let counted = recount(&mut env);
+            proptest::prop_assert_eq!(&kept.jobs.into_iter().filter(|(_, n)| *n > 0).collect::<BTreeMap<_, _>>(), &counted.jobs);
+            proptest::prop_assert_eq!(&kept.gpus.into_iter().filter(|(k, n)| *n > 0 && k.1 != "held").collect::<BTreeMap<_, _>>(), &counted.gpus);
+            proptest::prop_assert_eq!(&kept.queued, &counted.queued);
+        }
+    }
+}

@@ -2,7 +2,7 @@
 
 use super::*;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum JobState {
     Queued,
@@ -125,6 +125,49 @@ pub struct JobRecord {
     /// they are when first touched.
     #[serde(default)]
     pub log_tracked: bool,
+    /// What the tally counts it as: its tier, state and GPUs when it was
+    /// last saved (not stored: counted again at load).
+    #[serde(skip)]
+    pub counted: Option<(Tier, JobState, u32)>,
+}
+
+/// Jobs by tier and state, and their GPUs, kept as records are saved, so
+/// that `/metrics` need not walk every job; and the queued jobs' ids, the
+/// only ones whose reasons it reads.
+#[derive(Default)]
+pub(super) struct Tally {
+    pub jobs: BTreeMap<(Tier, JobState), u64>,
+    pub gpus: BTreeMap<(Tier, JobState), u64>,
+    pub queued: BTreeSet<u64>,
+}
+
+impl Tally {
+    /// Counts `job` as it is now, in place of what it was counted as.
+    pub fn count(&mut self, job: &mut JobRecord) {
+        let now = (job.tier, job.state, job.gpus);
+        if job.counted == Some(now) {
+            return;
+        }
+        if let Some((tier, state, gpus)) = job.counted.take() {
+            Self::sub(&mut self.jobs, (tier, state), 1);
+            Self::sub(&mut self.gpus, (tier, state), u64::from(gpus));
+            if state == JobState::Queued {
+                self.queued.remove(&job.id);
+            }
+        }
+        *self.jobs.entry((job.tier, job.state)).or_default() += 1;
+        *self.gpus.entry((job.tier, job.state)).or_default() += u64::from(job.gpus);
+        if job.state == JobState::Queued {
+            self.queued.insert(job.id);
+        }
+        job.counted = Some(now);
+    }
+
+    fn sub(map: &mut BTreeMap<(Tier, JobState), u64>, key: (Tier, JobState), n: u64) {
+        if let Some(count) = map.get_mut(&key) {
+            *count = count.saturating_sub(n);
+        }
+    }
 }
 
 /// The tasks of one submission are stored a row each, and share one
@@ -235,6 +278,7 @@ impl JobRecord {
             waiting: None,
             quick_exits: 0,
             log_tracked: true,
+            counted: None,
         }
     }
 }

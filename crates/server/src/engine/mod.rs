@@ -318,6 +318,7 @@ pub struct Engine<S: Store> {
     /// Changes with every server start, so agents notice a restart.
     epoch: u64,
     counters: crate::metrics::Counters,
+    tally: job::Tally,
     /// The latest pass's reason for each job first in line that waits.
     pending: HashMap<JobId, ebb_scheduler::Pending>,
 }

@@ -39,6 +39,7 @@ impl<S: Store> Engine<S> {
                 u64::from_le_bytes(bytes) >> 1
             },
             counters: Default::default(),
+            tally: Default::default(),
             pending: HashMap::new(),
         };
         let mut notes = Vec::new();
@@ -121,6 +122,8 @@ impl<S: Store> Engine<S> {
                     _ => load.admitted += 1,
                 }
             }
+            let mut job = job;
+            self.tally.count(&mut job);
             self.jobs.insert(id, job);
             match (state, waiting) {
                 (JobState::Queued, Some(Waiting::Backoff { until_ms })) => {

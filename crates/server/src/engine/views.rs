@@ -316,20 +316,21 @@ impl<S: Store> Engine<S> {
     /// finished ones too), by the core's holds and by node.
     pub(super) fn metrics_snapshot(&self) -> crate::metrics::Snapshot {
         let mut snapshot = crate::metrics::Snapshot { counters: self.counters.clone(), ..Default::default() };
-        for job in self.jobs.values() {
-            let tier = job.tier.as_str();
-            *snapshot.jobs.entry((tier, job.state.as_str())).or_insert(0) += 1;
-            let gpu_state = match job.state {
-                JobState::Queued => {
-                    let reason = self.pending_code(job).unwrap_or("scheduling");
-                    *snapshot.queued.entry(crate::metrics::QueueKey { tier, reason }).or_insert(0) += 1;
-                    continue;
-                }
+        // Jobs and their GPUs from the tally kept as records are saved;
+        // only the queued are looked at, for their reasons.
+        for (&(tier, state), &count) in &self.tally.jobs {
+            *snapshot.jobs.entry((tier.as_str(), state.as_str())).or_insert(0) += count;
+            let gpu_state = match state {
                 JobState::Starting | JobState::Running => "running",
                 JobState::Draining => "draining",
-                JobState::Succeeded | JobState::Failed | JobState::Cancelled => continue,
+                _ => continue,
             };
-            *snapshot.gpus.entry((tier, gpu_state)).or_insert(0) += u64::from(job.gpus);
+            *snapshot.gpus.entry((tier.as_str(), gpu_state)).or_insert(0) += self.tally.gpus[&(tier, state)];
+        }
+        for job in self.tally.queued.iter().filter_map(|id| self.jobs.get(id)) {
+            let reason = self.pending_code(job).unwrap_or("scheduling");
+            let key = crate::metrics::QueueKey { tier: job.tier.as_str(), reason };
+            *snapshot.queued.entry(key).or_insert(0) += 1;
         }
         // Held GPUs a victim still runs on are counted as its (draining).
         for job in self.core.jobs().filter(|j| j.phase == Phase::Holding) {

@@ -17,9 +17,11 @@ impl<S: Store> Engine<S> {
         Ok(())
     }
 
+    /// Writes job `id`'s record, and counts it as it is now.
     pub(super) fn save(&mut self, id: u64) -> Written {
         self.outbox.changed = true;
-        let job = &self.jobs[&id];
+        let job = self.jobs.get_mut(&id).expect("a saved job is in the table");
+        self.tally.count(job);
         self.store.put_job(id, job.tenant, job)
     }
 
