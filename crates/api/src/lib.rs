@@ -139,6 +139,21 @@ pub struct Submitted {
     pub ids: Vec<u64>,
 }
 
+/// `POST /v1/jobs/batch`: several submissions in one request and one
+/// transaction, all accepted or none.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct JobBatch {
+    /// At most 10,000 jobs in all (arrays' tasks counted), in 2 MiB.
+    pub jobs: Vec<JobSubmission>,
+}
+
+/// What a batch made: each submission's ids, in the batch's order.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct BatchSubmitted {
+    pub jobs: Vec<Submitted>,
+}
+
 /// A job as the API shows it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Job {

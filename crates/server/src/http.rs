@@ -260,12 +260,12 @@ fn integral_floats_as_integers(value: &mut serde_json::Value) {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "Ebb", description = "Preemptible GPU compute with a drain window"),
-    paths(submit, list_jobs, show_job, cancel_job, job_logs, list_nodes, drain_node, undrain_node, remove_node, reclaim, release_reclaim,
+    paths(submit, submit_batch, list_jobs, show_job, cancel_job, job_logs, list_nodes, drain_node, undrain_node, remove_node, reclaim, release_reclaim,
         create_tenant, list_tenants, rotate_tenant_token, revoke_tenant_tokens, rotate_join_token, get_tenant_limits,
         set_tenant_limits, list_prices, set_price, create_reservation, list_reservations, delete_reservation, bill,
         operator_report, agent_register, agent_commands, agent_report, tls_ca),
     components(schemas(
-        api::JobSubmission, api::Submitted, api::Job, api::JobEvent, api::EventKind, api::NodeGpus, api::Node, api::HeldGpus,
+        api::JobSubmission, api::Submitted, api::JobBatch, api::BatchSubmitted, api::Job, api::JobEvent, api::EventKind, api::NodeGpus, api::Node, api::HeldGpus,
         api::ReclaimRequest, api::ReclaimReply, api::ReclaimRelease, api::ReclaimReleased, api::TenantRequest, api::TenantCreated, api::TenantSummary, api::LogChunk,
         api::ErrorBody, api::SweepParam, api::Checkpoint, api::ArrayTask, api::ArrayProgress, api::TaskState,
         api::Price, api::PriceBook, api::PriceUpdate, api::ReservationRequest, api::Reservation, api::Borrower, api::Usage,
@@ -313,6 +313,30 @@ async fn submit(
     let id = ids[0];
     let ids = if ids.len() > 1 { ids } else { Vec::new() };
     Ok((StatusCode::CREATED, Json(api::Submitted { id, ids })))
+}
+
+/// Submit several jobs in one request: one transaction, all or none. A
+/// refusal names the submission (`jobs[3].gpus: ...`).
+#[utoipa::path(post, path = "/v1/jobs/batch", tag = "jobs", request_body = api::JobBatch,
+    responses((status = 201, body = api::BatchSubmitted),
+        (status = 422, description = "A submission this cluster refuses (named by its index), an empty batch, or over 10000 jobs in all", body = api::ErrorBody)))]
+async fn submit_batch(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Body(body): Body,
+) -> ApiResult<(StatusCode, Json<api::BatchSubmitted>)> {
+    let principal = app.tenant(&headers)?;
+    let batch: api::JobBatch = parse(&body)?;
+    if batch.jobs.is_empty() {
+        return Err(ApiError::unprocessable("jobs: the batch is empty".into()));
+    }
+    let specs = batch.jobs;
+    let made = app.ask(|reply| Msg::SubmitBatch { principal, specs, reply }).await??;
+    let jobs = made
+        .into_iter()
+        .map(|ids| api::Submitted { id: ids[0], ids: if ids.len() > 1 { ids } else { Vec::new() } })
+        .collect();
+    Ok((StatusCode::CREATED, Json(api::BatchSubmitted { jobs })))
 }
 
 #[derive(Deserialize)]
@@ -1183,6 +1207,7 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
         .route("/openapi.json", get(openapi))
         .route("/metrics", get(metrics))
         .route("/v1/jobs", post(submit).get(list_jobs))
+        .route("/v1/jobs/batch", post(submit_batch))
         .route("/v1/jobs/{id}", get(show_job))
         .route("/v1/jobs/{id}/cancel", post(cancel_job))
         .route("/v1/jobs/{id}/logs", get(job_logs))

@@ -11,6 +11,10 @@ impl<S: Store> Engine<S> {
                 let result = self.submit(&principal, spec, now);
                 self.answer(reply, result)?;
             }
+            Msg::SubmitBatch { principal, specs, reply } => {
+                let result = self.submit_all(&principal, specs, now);
+                self.answer(reply, result)?;
+            }
             Msg::Jobs { principal, query, reply } => {
                 let page = self.job_page(&principal, &query);
                 self.outbox.reply(reply, page);

@@ -18,36 +18,88 @@ impl<S: Store> Engine<S> {
         spec: JobSubmission,
         now: u64,
     ) -> Result<Vec<u64>, Fail> {
+        let mut ids = self.submit_all(principal, vec![spec], now)?;
+        Ok(ids.pop().expect("one submission"))
+    }
+
+    /// Several submissions at once, all or none: each is checked (an
+    /// error names its index in a batch of more than one), the tenant's
+    /// limits against them together, and only then is any job made. The
+    /// ids of each, in order.
+    pub(super) fn submit_all(
+        &mut self,
+        principal: &Principal,
+        specs: Vec<JobSubmission>,
+        now: u64,
+    ) -> Result<Vec<Vec<u64>>, Fail> {
         let (tenant, _) =
             principal.tenant.clone().ok_or_else(|| ApiError::forbidden("this token cannot submit jobs"))?;
         let limits = self.limits_of(tenant);
-        let checked = crate::validate::submission(&spec, &self.core, &limits)?;
+        let several = specs.len() > 1;
+        let mut prepared = Vec::with_capacity(specs.len());
+        let mut first_id = self.next_job;
+        let mut all_tasks = 0usize;
+        for (i, spec) in specs.into_iter().enumerate() {
+            let one = self.prepare(tenant, spec, first_id, &limits, now).map_err(|e| match several {
+                true => ApiError { message: format!("jobs[{i}]: {}", e.message), ..e },
+                false => e,
+            })?;
+            first_id += one.1.len() as u64;
+            all_tasks += one.1.len();
+            if several && all_tasks as u64 > limits.max_array_tasks {
+                return Err(ApiError::unprocessable(format!(
+                    "jobs: a batch makes at most {} jobs (ebb server --max-array-tasks), and this one makes more                      by jobs[{i}]",
+                    limits.max_array_tasks
+                ))
+                .into());
+            }
+            prepared.push(one);
+        }
+        let tasks: Vec<_> = prepared.iter().flat_map(|(_, tasks)| tasks.iter().cloned()).collect();
+        self.check_room(tenant, &limits, &tasks)?;
+        let mut all = Vec::with_capacity(prepared.len());
+        for (checked, tasks) in prepared {
+            let mut ids = Vec::with_capacity(tasks.len());
+            for (spec, array) in tasks {
+                let id = self.next_job;
+                self.next_job += 1;
+                let index = array.as_ref().map(|a| a.index);
+                let mut record =
+                    JobRecord::queued(id, tenant, spec, checked.tier, checked.gpus, checked.signal, now);
+                if let Some(array) = array {
+                    self.arrays.entry(array.id).or_default().push(id);
+                    record.array = Some(array);
+                }
+                self.admit(record, &limits)?;
+                let detail = json!({ "tier": checked.tier.as_str(), "gpus": checked.gpus, "task": index });
+                self.event(id, EventKind::Submitted, detail)?;
+                self.counters.submitted += 1;
+                ids.push(id);
+            }
+            all.push(ids);
+        }
+        Ok(all)
+    }
+
+    /// One submission checked and expanded into its tasks, the first of
+    /// which will be job `first_id`.
+    fn prepare(
+        &self,
+        tenant: u32,
+        spec: JobSubmission,
+        first_id: u64,
+        limits: &crate::validate::Limits,
+        now: u64,
+    ) -> Result<(crate::validate::Checked, Tasks), ApiError> {
+        let mut checked = crate::validate::submission(&spec, &self.core, limits)?;
         let mut spec = StoredSpec::from(spec);
         if checked.tier == Tier::Reserved {
             // A reserved job runs on its reservation's model.
             spec.gpu_model = Some(self.reserved_model(tenant, spec.gpu_model.as_deref(), now)?);
         }
         self.check_capacity(checked.gpus, spec.gpu_model.as_deref())?;
-        let tasks = expand(&spec, checked.tasks, self.next_job);
-        self.check_room(tenant, &limits, &tasks)?;
-        let mut ids = Vec::with_capacity(tasks.len());
-        for (spec, array) in tasks {
-            let id = self.next_job;
-            self.next_job += 1;
-            let index = array.as_ref().map(|a| a.index);
-            let mut record =
-                JobRecord::queued(id, tenant, spec, checked.tier, checked.gpus, checked.signal, now);
-            if let Some(array) = array {
-                self.arrays.entry(array.id).or_default().push(id);
-                record.array = Some(array);
-            }
-            self.admit(record, &limits)?;
-            let detail = json!({ "tier": checked.tier.as_str(), "gpus": checked.gpus, "task": index });
-            self.event(id, EventKind::Submitted, detail)?;
-            self.counters.submitted += 1;
-            ids.push(id);
-        }
-        Ok(ids)
+        let tasks = expand(&spec, std::mem::take(&mut checked.tasks), first_id);
+        Ok((checked, tasks))
     }
 
     /// The model a reserved job of `tenant` runs on: that of its one
@@ -372,6 +424,9 @@ impl<S: Store> Engine<S> {
 /// `first_id` on: one job, or one per task of an array or sweep (sharing
 /// the array id, the first task's, and the submission's environment),
 /// each with its task and name. A pure function of the submission.
+/// A submission's jobs: each task's spec and its place in its array.
+type Tasks = Vec<(StoredSpec, Option<ebb_api::ArrayTask>)>;
+
 pub(super) fn expand(
     spec: &StoredSpec,
     tasks: Vec<crate::validate::Task>,

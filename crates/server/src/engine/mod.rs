@@ -80,6 +80,12 @@ pub enum Msg {
         spec: JobSubmission,
         reply: oneshot::Sender<Result<Vec<u64>, ApiError>>,
     },
+    /// Several submissions in one transaction, all or none.
+    SubmitBatch {
+        principal: Principal,
+        specs: Vec<JobSubmission>,
+        reply: oneshot::Sender<Result<Vec<Vec<u64>>, ApiError>>,
+    },
     Jobs {
         principal: Principal,
         query: JobQuery,
