@@ -109,6 +109,10 @@ function jobState(server, token, id) {
 
 async function newPage(browser, problems, viewport = { width: 1280, height: 800 }) {
   const context = await browser.newContext({ viewport });
+  // Also said on the console, as a failure, whatever Chromium itself logs.
+  await context.addInitScript(() => document.addEventListener("securitypolicyviolation", (e) => {
+    console.error(`content security policy violation: ${e.violatedDirective} blocked ${e.blockedURI || "inline"}`);
+  }));
   const page = await context.newPage();
   // A script or style the content security policy blocks, or any script
   // error, is a failure of the page. An API's 403 or 404 is an answer the
@@ -148,6 +152,35 @@ async function axe(page, what) {
   check(bad.length === 0, `axe-core finds no serious or critical violations on ${what}`);
 }
 
+/// The "Over time" section's tables, and /v1/report/series for the period
+/// the section says it shows.
+async function seriesOnPage(page, server, admin) {
+  const section = page.locator("section[aria-labelledby=\"over-time-heading\"]");
+  const [from, to, step] = await Promise.all(["data-from", "data-to", "data-step"].map((a) => section.getAttribute(a)));
+  const series = await get(server, admin, `/v1/report/series?${new URLSearchParams({ from, to, step })}`);
+  const shown = await page.evaluate(() => {
+    const rows = (id) => [...document.querySelectorAll(`#${id} tbody tr`)].map((tr) => ({
+      start: Number(tr.dataset.startMs),
+      cells: Object.fromEntries([...tr.querySelectorAll("td[data-tier]")].map((td) => [td.dataset.tier, td.textContent])),
+    }));
+    return { use: rows("use-table"), revenue: rows("revenue-table") };
+  });
+  return { series, shown };
+}
+
+/// Whether the tables show the API's numbers: each tier's GPU-hours to the
+/// hundredth, and every amount as the API's string. (Shares of capacity
+/// change as time passes; GPU-hours of ended attempts do not.)
+function tablesMatch({ series, shown }) {
+  const buckets = series.buckets;
+  return shown.use.length === buckets.length && shown.revenue.length === buckets.length && buckets.every((b, i) => {
+    const [use, revenue] = [shown.use[i], shown.revenue[i]];
+    return use.start === b.start_ms && revenue.start === b.start_ms
+      && b.tiers.every((t) => use.cells[t.tier].split(" ")[0] === t.gpu_hours.toFixed(2) && revenue.cells[t.tier] === t.revenue_usd)
+      && revenue.cells.reservations === b.reservation_revenue_usd && revenue.cells.total === b.total_revenue_usd;
+  });
+}
+
 function thisMonth() {
   const now = new Date();
   const from = new Date(Date.UTC(now.getUTCFullYear(), now.getUTCMonth(), 1));
@@ -162,6 +195,12 @@ async function operatorSeesPreemption(browser, server, admin, problems) {
   await signIn(page, server, admin);
   await page.getByRole("heading", { level: 1, name: "Cluster" }).waitFor();
   check(await page.getByRole("navigation", { name: "Views" }).isVisible(), "the operator has the views' navigation");
+  for (const [id, what] of [["chart-use", "Utilisation by tier"], ["chart-revenue", "Revenue by tier"]]) {
+    const chart = page.locator(`#${id}[role="img"]`);
+    await chart.locator("canvas").first().waitFor();
+    check((await chart.getAttribute("aria-label")).startsWith(`${what}, 24 buckets of 1h from `),
+      `the chart "${what}" is drawn and described to screen readers`);
+  }
   await until("both nodes up", async () => (await get(server, admin, "/v1/nodes")).filter((n) => n.status === "up").length === 2);
 
   const submit = (...args) => JSON.parse(cli(server, admin, ["submit", "--json", ...args])).id;
@@ -211,10 +250,13 @@ async function operatorSeesPreemption(browser, server, admin, problems) {
   await page.goto(`${server}/#/cluster`);
   await page.getByRole("heading", { level: 1, name: "Cluster" }).waitFor();
 
-  // Phone width: nothing wider than the screen.
+  // Phone width: nothing wider than the screen, the charts included.
   await page.setViewportSize({ width: 390, height: 844 });
   const overflow = await page.evaluate(() => document.documentElement.scrollWidth);
   check(overflow <= 390, `the operator's view fits 390 px (${overflow})`);
+  const chartWidths = () => page.evaluate(() => [...document.querySelectorAll(".chart canvas")].map((c) => c.getBoundingClientRect().right));
+  await until("the charts redrawn at 390 px", async () => (await chartWidths()).every((right) => right <= 390), 5000);
+  check((await chartWidths()).length === 2, "both charts are redrawn within 390 px");
   await page.context().close();
   for (const job of [filler, victim, preemptor]) cli(server, admin, ["cancel", `${job}`]);
   for (const job of [filler, victim, preemptor]) {
@@ -232,6 +274,28 @@ async function operatorSeesPreemption(browser, server, admin, problems) {
   }
   check((await revenue("total")) === report.total_revenue_usd,
     `the month's revenue by tier is ebb report's (total $${report.total_revenue_usd})`);
+
+  // The charts' tables say what /v1/report/series says, bucket by bucket.
+  let seen = await until("the charts' tables as /v1/report/series gives them", async () => {
+    const both = await seriesOnPage(page2, server, admin);
+    return tablesMatch(both) && both;
+  }, 5000);
+  const preemptibleHours = seen.series.buckets.map((b) => b.tiers.find((t) => t.tier === "preemptible").gpu_hours);
+  check(preemptibleHours[preemptibleHours.length - 1] > 0 || preemptibleHours[preemptibleHours.length - 2] > 0,
+    `the victim's preemptible GPU-hours are in the last hour's bucket (${preemptibleHours.slice(-2).join(", ")})`);
+  check(seen.series.buckets.some((b) => b.tiers.find((t) => t.tier === "preemptible").revenue_micro_usd > 0),
+    "and its revenue in the bucket it ended in");
+  check(true, `every bucket's GPU-hours and revenue on the page are /v1/report/series's (${seen.series.buckets.length} of ${seen.series.step})`);
+  check((await page2.locator(".uplot").count()) === 2, "the page holds the two charts, however often it was redrawn");
+  await page2.getByLabel("Period").selectOption({ label: "last 7 days / 6 h" });
+  seen = await until("the week's charts by 6 h", async () => {
+    const both = await seriesOnPage(page2, server, admin);
+    return both.series.step === "6h" && tablesMatch(both) && both;
+  }, 5000);
+  check(seen.shown.revenue.length === 28, "the last 7 days by 6 h: 28 buckets, as /v1/report/series gives them");
+  await page2.getByText("Revenue as a table").click();
+  check(await page2.locator("#revenue-table table").isVisible(), "the revenue's table opens for a sighted reader");
+  await axe(page2, "the operator's charts and their tables");
   await page2.context().close();
 }
 

@@ -26,6 +26,10 @@ pub const MAX_REPORT_BYTES: usize = MAX_REQUEST_BYTES / 2;
 pub const TIME_PATTERN: &str = r"^(19[7-9][0-9]|[2-9][0-9]{3})-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])([T ]([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)(\.[0-9]*)?(Z|\+00:00)?)?$";
 /// Dollars as a decimal string, at most six decimals (micro-dollars).
 pub const USD_PATTERN: &str = r"^[0-9]{1,12}(\.[0-9]{0,6})?$";
+/// A series' step: a whole number of seconds, minutes, hours or days
+/// (`15m`, `1h`, `1d`). The server takes any `humantime` duration
+/// (`1h 30m`); this is the form every client can rely on.
+pub const STEP_PATTERN: &str = r"^[0-9]{1,6}(s|m|h|d)$";
 /// A string without NUL bytes (arguments, environment values).
 const NO_NUL_PATTERN: &str = r"^[^\u0000]*$";
 /// An environment variable a job may set: not Ebb's own (`EBB_*`,
@@ -978,4 +982,46 @@ pub struct OperatorReport {
     pub idle_capacity_sold_gpu_hours: f64,
     pub idle_capacity_sold_micro_usd: i64,
     pub idle_capacity_sold_usd: String,
+}
+
+/// One bucket of `GET /v1/report/series`: the report's figures for
+/// `[start, end)` alone. GPU-hours are clipped to the bucket; an attempt's
+/// revenue counts in the bucket in which it ended, as in the report.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ReportBucket {
+    pub start: String,
+    pub start_ms: u64,
+    /// The next bucket's start; the period's end for the last bucket.
+    pub end: String,
+    pub end_ms: u64,
+    pub capacity_gpu_hours: f64,
+    pub used_gpu_hours: f64,
+    pub utilisation: f64,
+    /// Every tier, in the report's order, each with its share of this
+    /// bucket's capacity.
+    pub tiers: Vec<TierReport>,
+    /// Reservation charges for the bucket's committed time. The buckets'
+    /// charges add up to the period's exactly: each bucket's is rounded so
+    /// that the running total is the period's so far, rounded down.
+    pub reservation_revenue_micro_usd: i64,
+    pub reservation_revenue_usd: String,
+    pub total_revenue_micro_usd: i64,
+    pub total_revenue_usd: String,
+}
+
+/// `GET /v1/report/series`: the operator's report over a period, bucket by
+/// bucket. The buckets' GPU-hours add up to the report's for the same
+/// period (to floating-point rounding), their revenue to the micro-dollar.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ReportSeries {
+    pub from: String,
+    pub to: String,
+    pub from_ms: u64,
+    pub to_ms: u64,
+    /// The buckets' length, for people (`1h`).
+    pub step: String,
+    pub step_ms: u64,
+    /// `[from, from + step)`, `[from + step, from + 2 step)` and so on, the
+    /// last one ending at `to`.
+    pub buckets: Vec<ReportBucket>,
 }

@@ -35,6 +35,62 @@ fn sum(values: &[Value], field: &str) -> i64 {
     values.iter().map(|v| v[field].as_i64().unwrap()).sum()
 }
 
+fn get(c: &Cluster, token: &str, path: &str) -> (u16, Value) {
+    let client = reqwest::blocking::Client::builder().timeout(Duration::from_secs(30)).build().unwrap();
+    let response = client.get(format!("{}{path}", c.url)).bearer_auth(token).send().unwrap();
+    (response.status().as_u16(), response.json().unwrap())
+}
+
+/// `GET /v1/report/series` adds up to `GET /v1/report` over the same
+/// period, for steps that divide it evenly and not. The period ends now, so
+/// that neither the capacity nor a running attempt grows between the calls.
+fn assert_series_adds_up_to_the_report(c: &Cluster) {
+    let (from, _) = today();
+    let to = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
+    let (status, report) = get(c, &c.admin, &format!("/v1/report?from={from}&to={to}"));
+    assert_eq!(status, 200, "{report}");
+    for step in ["1h", "7m"] {
+        let (status, series) =
+            get(c, &c.admin, &format!("/v1/report/series?from={from}&to={to}&step={step}"));
+        assert_eq!(status, 200, "{series}");
+        let buckets = series["buckets"].as_array().unwrap();
+        assert!(buckets.len() > 24, "{step}: {} buckets", buckets.len());
+        assert_eq!(
+            (&buckets[0]["start"], &buckets[buckets.len() - 1]["end"]),
+            (&report["from"], &report["to"])
+        );
+        let hours = |b: &Value, tier: &str| {
+            b["tiers"].as_array().unwrap().iter().find(|t| t["tier"] == tier).unwrap()["gpu_hours"]
+                .as_f64()
+                .unwrap()
+        };
+        let micro = |b: &Value, tier: &str| {
+            b["tiers"].as_array().unwrap().iter().find(|t| t["tier"] == tier).unwrap()["revenue_micro_usd"]
+                .as_i64()
+                .unwrap()
+        };
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(1.0);
+        let sum_f = |f: &dyn Fn(&Value) -> f64| buckets.iter().map(f).sum::<f64>();
+        assert!(close(
+            sum_f(&|b| b["capacity_gpu_hours"].as_f64().unwrap()),
+            report["capacity_gpu_hours"].as_f64().unwrap()
+        ));
+        for tier in ["reserved", "on-demand", "preemptible"] {
+            let (in_report, summed) = (hours(&report, tier), sum_f(&|b| hours(b, tier)));
+            assert!(
+                close(summed, in_report),
+                "{step} {tier}: {summed} GPU-hours in the buckets, {in_report} in the report"
+            );
+            let summed: i64 = buckets.iter().map(|b| micro(b, tier)).sum();
+            assert_eq!(summed, micro(&report, tier), "{step} {tier}: revenue");
+        }
+        for field in ["reservation_revenue_micro_usd", "total_revenue_micro_usd"] {
+            let summed: i64 = buckets.iter().map(|b| b[field].as_i64().unwrap()).sum();
+            assert_eq!(summed, report[field].as_i64().unwrap(), "{step}: {field}");
+        }
+    }
+}
+
 /// A job that "works" until told to stop, then exits at once.
 const WORKER: &str = "trap 'exit 0' TERM; sleep 1.5 & wait";
 
@@ -128,6 +184,24 @@ fn a_tenant_pays_half_for_preemptible_work_and_the_bill_matches_show() {
     );
     assert_eq!(report["idle_capacity_sold_micro_usd"], tier("preemptible")["revenue_micro_usd"]);
     assert!(report["capacity_gpu_hours"].as_f64().unwrap() > report["used_gpu_hours"].as_f64().unwrap());
+    // And over time, bucket by bucket.
+    assert_series_adds_up_to_the_report(&c);
+    // A step that is too short, or makes too many buckets, is refused by
+    // name, saying what fits; a tenant may not read the report at all.
+    for (step, status, says) in [
+        ("30s", 422, "step: 30s is shorter than the shortest step, 1m"),
+        ("1m", 422, "makes 4320 buckets, over the limit of 1000; use a step of at least 5m for this period"),
+        ("soon", 400, "step: \"soon\" is not a duration"),
+    ] {
+        let (got, body) = get(&c, &c.admin, &format!("/v1/report/series?from={from}&to={to}&step={step}"));
+        assert_eq!(got, status, "{step}: {body}");
+        assert!(body["error"].as_str().unwrap().contains(says), "{step}: {body}");
+    }
+    let (got, body) = get(&c, &c.admin, &format!("/v1/report/series?from={to}&to={from}&step=1h"));
+    assert_eq!(got, 422, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("is not before"), "{body}");
+    let (got, body) = get(&c, &acme, &format!("/v1/report/series?from={from}&to={to}&step=1h"));
+    assert_eq!(got, 403, "{body}");
 }
 
 #[test]
@@ -238,6 +312,9 @@ while :; do sleep 0.05; done"#;
     assert!(owner_bill["on_demand_equivalent_micro_usd"].as_i64().unwrap() > 0);
     let listed: Value = serde_json::from_str(&c.ebb(&["reservation", "list", "--json"])).unwrap();
     assert_eq!(listed.as_array().unwrap().len(), 1);
+    // The report over time has the reservation's charges too, to the
+    // micro-dollar.
+    assert_series_adds_up_to_the_report(&c);
 }
 
 #[test]

@@ -282,14 +282,19 @@ fn overlap(a: (u64, u64), b: (u64, u64)) -> u64 {
     a.1.min(b.1).saturating_sub(a.0.max(b.0))
 }
 
+/// A reservation's committed GPU-milliseconds inside `[from, to)` and
+/// their charge at its rate, rounded down.
+fn reserved_in(r: &ReservationRow, from: u64, to: u64) -> (u128, i64) {
+    let gpu_ms = u128::from(overlap((r.start_ms, r.end_ms), (from, to))) * u128::from(r.gpus);
+    (gpu_ms, MicroUsd::for_gpu_millis(MicroUsd(r.rate), gpu_ms).0)
+}
+
 /// A reservation's charge for its committed time inside `[from, to)`.
 pub fn reservation_charge(r: &ReservationRow, from: u64, to: u64) -> Option<api::ReservationCharge> {
-    let ms = overlap((r.start_ms, r.end_ms), (from, to));
-    if ms == 0 {
+    let (gpu_ms, amount) = reserved_in(r, from, to);
+    if gpu_ms == 0 {
         return None;
     }
-    let gpu_ms = u128::from(ms) * u128::from(r.gpus);
-    let amount = MicroUsd::for_gpu_millis(MicroUsd(r.rate), gpu_ms).0;
     let gpu_seconds = (gpu_ms / 1000) as u64;
     Some(api::ReservationCharge {
         reservation: r.id,
@@ -367,34 +372,39 @@ pub fn invoice(
 }
 
 /// An attempt still running, for the report's use figures.
+#[derive(Clone, Debug)]
 pub struct Live {
     pub tier: String,
     pub gpus: u32,
     pub started_ms: u64,
 }
 
+/// What the operator's report and its series are computed from: the usage
+/// records that ended at or after the period's start, the attempts still
+/// running, every reservation, and each node's join instant and GPUs.
+#[derive(Clone, Debug)]
+pub struct Ledger {
+    pub usage: Vec<UsageRow>,
+    pub live: Vec<Live>,
+    pub reservations: Vec<ReservationRow>,
+    pub nodes: Vec<(u64, u32)>,
+    pub now: u64,
+}
+
+/// The tiers every report lists, in its order, even when one sold nothing.
+const TIERS: [&str; 3] = ["on-demand", "preemptible", "reserved"];
+
 /// The operator's report for `[from, to)`: use by tier (ended and running
 /// attempts, clipped to the period), capacity from the nodes' GPUs since
 /// they joined, revenue from records ended in the period and reservations.
-pub fn report(
-    usage: &[UsageRow],
-    live: &[Live],
-    reservations: &[ReservationRow],
-    nodes: &[(u64, u32)],
-    now: u64,
-    from: u64,
-    to: u64,
-) -> api::OperatorReport {
+pub fn report(ledger: &Ledger, from: u64, to: u64) -> api::OperatorReport {
+    let Ledger { usage, live, reservations, nodes, now } = ledger;
     let capacity_ms: u128 = nodes
         .iter()
-        .map(|&(joined, gpus)| u128::from(overlap((joined, now), (from, to))) * u128::from(gpus))
+        .map(|&(joined, gpus)| u128::from(overlap((joined, *now), (from, to))) * u128::from(gpus))
         .sum();
-    let mut used_ms: BTreeMap<&str, u128> = BTreeMap::new();
-    let mut revenue: BTreeMap<&str, i64> = BTreeMap::new();
-    for tier in ["reserved", "on-demand", "preemptible"] {
-        used_ms.insert(tier, 0);
-        revenue.insert(tier, 0);
-    }
+    let mut used_ms: BTreeMap<&str, u128> = TIERS.iter().map(|&tier| (tier, 0)).collect();
+    let mut revenue: BTreeMap<&str, i64> = TIERS.iter().map(|&tier| (tier, 0)).collect();
     for u in usage {
         let ms = overlap((u.started_ms, u.ended_ms), (from, to));
         *used_ms.entry(u.tier.as_str()).or_insert(0) += u128::from(ms) * u128::from(u.gpus);
@@ -403,47 +413,202 @@ pub fn report(
         }
     }
     for l in live {
-        let ms = overlap((l.started_ms, now), (from, to));
+        let ms = overlap((l.started_ms, *now), (from, to));
         *used_ms.entry(l.tier.as_str()).or_insert(0) += u128::from(ms) * u128::from(l.gpus);
     }
     let reservation_revenue: i64 =
         reservations.iter().filter_map(|r| reservation_charge(r, from, to)).map(|c| c.amount_micro_usd).sum();
-    let gpu_hours = |ms: u128| ms as f64 / 3_600_000.0;
     let share = |ms: u128| if capacity_ms == 0 { 0.0 } else { ms as f64 / capacity_ms as f64 };
     let used: u128 = used_ms.values().sum();
     let preemptible_ms = used_ms["preemptible"];
-    let tiers = used_ms
-        .iter()
-        .map(|(tier, ms)| api::TierReport {
-            tier: tier.to_string(),
-            gpu_hours: gpu_hours(*ms),
-            utilisation: share(*ms),
-            revenue_micro_usd: revenue[tier],
-            revenue_usd: usd(revenue[tier]),
-        })
-        .collect();
     let total = revenue.values().sum::<i64>() + reservation_revenue;
     api::OperatorReport {
         from: rfc3339(from),
         to: rfc3339(to),
-        capacity_gpu_hours: gpu_hours(capacity_ms),
-        used_gpu_hours: gpu_hours(used),
-        idle_gpu_hours: gpu_hours(capacity_ms.saturating_sub(used)),
+        capacity_gpu_hours: ms_hours(capacity_ms),
+        used_gpu_hours: ms_hours(used),
+        idle_gpu_hours: ms_hours(capacity_ms.saturating_sub(used)),
         utilisation: share(used),
         utilisation_without_preemptible: share(used - preemptible_ms),
-        tiers,
+        tiers: tier_reports(&used_ms, &revenue, capacity_ms),
         reservation_revenue_micro_usd: reservation_revenue,
         reservation_revenue_usd: usd(reservation_revenue),
         total_revenue_micro_usd: total,
         total_revenue_usd: usd(total),
-        idle_capacity_sold_gpu_hours: gpu_hours(preemptible_ms),
+        idle_capacity_sold_gpu_hours: ms_hours(preemptible_ms),
         idle_capacity_sold_micro_usd: revenue["preemptible"],
         idle_capacity_sold_usd: usd(revenue["preemptible"]),
     }
 }
 
+fn ms_hours(gpu_ms: u128) -> f64 {
+    gpu_ms as f64 / 3_600_000.0
+}
+
+/// Each tier's use, share of `capacity_ms` and revenue, in the tiers' order.
+fn tier_reports(
+    used_ms: &BTreeMap<&str, u128>,
+    revenue: &BTreeMap<&str, i64>,
+    capacity_ms: u128,
+) -> Vec<api::TierReport> {
+    used_ms
+        .iter()
+        .map(|(tier, &ms)| {
+            let revenue = revenue.get(tier).copied().unwrap_or(0);
+            api::TierReport {
+                tier: tier.to_string(),
+                gpu_hours: ms_hours(ms),
+                utilisation: if capacity_ms == 0 { 0.0 } else { ms as f64 / capacity_ms as f64 },
+                revenue_micro_usd: revenue,
+                revenue_usd: usd(revenue),
+            }
+        })
+        .collect()
+}
+
+/// The most buckets a series answers: enough for a month by the hour or a
+/// day by the two minutes, few enough for a chart and a table.
+pub const MAX_BUCKETS: u64 = 1_000;
+/// The shortest step of a series: usage is metered by the second, and
+/// finer buckets than a minute say nothing a chart can show.
+pub const MIN_STEP_MS: u64 = 60_000;
+
+fn duration_text(ms: u64) -> String {
+    humantime::format_duration(std::time::Duration::from_millis(ms)).to_string()
+}
+
+/// A series' step (`15m`, `1h`, `1d`) over `[from, to)`, checked: at least
+/// `MIN_STEP_MS`, and at most `MAX_BUCKETS` buckets. Milliseconds.
+pub fn series_step(text: &str, from: u64, to: u64) -> Result<u64, ApiError> {
+    let step = humantime::parse_duration(text.trim())
+        .map_err(|e| ApiError::bad_request(format!("step: {text:?} is not a duration (15m, 1h, 1d): {e}")))?;
+    let step_ms = u64::try_from(step.as_millis()).unwrap_or(u64::MAX);
+    if step_ms < MIN_STEP_MS {
+        return Err(ApiError::unprocessable(format!(
+            "step: {text} is shorter than the shortest step, {}",
+            duration_text(MIN_STEP_MS)
+        )));
+    }
+    let period = to.saturating_sub(from);
+    let buckets = period.div_ceil(step_ms);
+    if buckets > MAX_BUCKETS {
+        // In whole minutes, so that the advice reads as a step one would type.
+        let shortest = period.div_ceil(MAX_BUCKETS).div_ceil(MIN_STEP_MS) * MIN_STEP_MS;
+        return Err(ApiError::unprocessable(format!(
+            "step: {text} over the {} from {} to {} makes {buckets} buckets, over the limit of {MAX_BUCKETS}; \
+             use a step of at least {} for this period, or a period of at most {} for this step",
+            duration_text(period),
+            rfc3339(from),
+            rfc3339(to),
+            duration_text(shortest),
+            duration_text(step_ms.saturating_mul(MAX_BUCKETS)),
+        )));
+    }
+    Ok(step_ms)
+}
+
+/// The report for `[from, to)` bucket by bucket (`[from + i step, from +
+/// (i + 1) step)`, the last ending at `to`), in one pass over the ledger:
+/// each record, running attempt, node and reservation adds to the buckets
+/// it overlaps, by the report's rules. The buckets add up to `report`'s
+/// figures for the same period: GPU-milliseconds exactly (so GPU-hours to
+/// floating-point rounding), revenue to the micro-dollar. A reservation's
+/// charge in a bucket is its charge up to the bucket's end less its charge
+/// up to the bucket's start, each rounded down as the report rounds: never
+/// more than a micro-dollar from the bucket's own charge, and no rounding
+/// lost over the period.
+pub fn series(ledger: &Ledger, from: u64, to: u64, step_ms: u64) -> api::ReportSeries {
+    assert!(from < to && step_ms > 0, "a series of a period that runs forwards, by a positive step");
+    let Ledger { usage, live, reservations, nodes, now } = ledger;
+    let n = usize::try_from((to - from).div_ceil(step_ms)).expect("a bounded number of buckets");
+    let bounds = |i: usize| {
+        let start = from + i as u64 * step_ms;
+        (start, start.saturating_add(step_ms).min(to))
+    };
+    // The buckets `[start, end)` overlaps, clipped to the period.
+    let buckets_of = |(start, end): (u64, u64)| {
+        let (start, end) = (start.max(from), end.min(to));
+        let range = if start < end {
+            ((start - from) / step_ms) as usize..((end - 1 - from) / step_ms) as usize + 1
+        } else {
+            0..0
+        };
+        range.map(move |i| (i, overlap((start, end), bounds(i))))
+    };
+    let mut capacity_ms = vec![0u128; n];
+    for &(joined, gpus) in nodes {
+        for (i, ms) in buckets_of((joined, *now)) {
+            capacity_ms[i] += u128::from(ms) * u128::from(gpus);
+        }
+    }
+    let mut used_ms: BTreeMap<&str, Vec<u128>> = TIERS.iter().map(|&tier| (tier, vec![0; n])).collect();
+    let mut revenue: BTreeMap<&str, Vec<i64>> = TIERS.iter().map(|&tier| (tier, vec![0; n])).collect();
+    for u in usage {
+        let used = used_ms.entry(u.tier.as_str()).or_insert_with(|| vec![0; n]);
+        for (i, ms) in buckets_of((u.started_ms, u.ended_ms)) {
+            used[i] += u128::from(ms) * u128::from(u.gpus);
+        }
+        if (from..to).contains(&u.ended_ms) {
+            let revenue = revenue.entry(u.tier.as_str()).or_insert_with(|| vec![0; n]);
+            revenue[((u.ended_ms - from) / step_ms) as usize] += u.amount;
+        }
+    }
+    for l in live {
+        let used = used_ms.entry(l.tier.as_str()).or_insert_with(|| vec![0; n]);
+        for (i, ms) in buckets_of((l.started_ms, *now)) {
+            used[i] += u128::from(ms) * u128::from(l.gpus);
+        }
+    }
+    let mut reservation_revenue = vec![0i64; n];
+    for r in reservations {
+        let charged_until = |t: u64| reserved_in(r, from, t).1;
+        for (i, _) in buckets_of((r.start_ms, r.end_ms)) {
+            let (start, end) = bounds(i);
+            reservation_revenue[i] += charged_until(end) - charged_until(start);
+        }
+    }
+    let buckets = (0..n)
+        .map(|i| {
+            let (start, end) = bounds(i);
+            let used: BTreeMap<&str, u128> = used_ms.iter().map(|(&tier, ms)| (tier, ms[i])).collect();
+            let earned: BTreeMap<&str, i64> = revenue.iter().map(|(&tier, m)| (tier, m[i])).collect();
+            let used_total: u128 = used.values().sum();
+            let total = earned.values().sum::<i64>() + reservation_revenue[i];
+            api::ReportBucket {
+                start: rfc3339(start),
+                start_ms: start,
+                end: rfc3339(end),
+                end_ms: end,
+                capacity_gpu_hours: ms_hours(capacity_ms[i]),
+                used_gpu_hours: ms_hours(used_total),
+                utilisation: if capacity_ms[i] == 0 {
+                    0.0
+                } else {
+                    used_total as f64 / capacity_ms[i] as f64
+                },
+                tiers: tier_reports(&used, &earned, capacity_ms[i]),
+                reservation_revenue_micro_usd: reservation_revenue[i],
+                reservation_revenue_usd: usd(reservation_revenue[i]),
+                total_revenue_micro_usd: total,
+                total_revenue_usd: usd(total),
+            }
+        })
+        .collect();
+    api::ReportSeries {
+        from: rfc3339(from),
+        to: rfc3339(to),
+        from_ms: from,
+        to_ms: to,
+        step: duration_text(step_ms),
+        step_ms,
+        buckets,
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::prop_compose;
+
     use super::*;
 
     #[test]
@@ -496,6 +661,221 @@ mod tests {
                 Err(_) => proptest::prop_assert!(micro % 2 == 1),
             }
         }
+    }
+
+    const TIERS_AND_MORE: [&str; 3] = ["on-demand", "preemptible", "reserved"];
+
+    prop_compose! {
+        fn usage_row()(tier in 0..3usize, gpus in 1u32..9, started_ms in 0u64..40_000_000,
+                       ms in 0u64..20_000_000, rate in 0i64..10_000_000) -> UsageRow {
+            let seconds = ms.div_ceil(1000);
+            UsageRow {
+                job: 1,
+                attempt: 1,
+                tenant: 1,
+                tier: TIERS_AND_MORE[tier].to_string(),
+                gpu_model: "H100".into(),
+                gpus,
+                started_ms,
+                ended_ms: started_ms + ms,
+                seconds,
+                rate,
+                on_demand_rate: rate,
+                amount: amount(rate, seconds * u64::from(gpus)),
+                drain_gpu_seconds: 0,
+                lost_gpu_seconds: 0,
+                outcome: "completed".into(),
+            }
+        }
+    }
+
+    prop_compose! {
+        fn reservation()(gpus in 1u32..9, start_ms in 0u64..50_000_000, ms in 1u64..30_000_000,
+                         rate in 0i64..10_000_000) -> ReservationRow {
+            ReservationRow { id: 1, tenant: 1, gpu_model: "H100".into(), gpus, start_ms,
+                             end_ms: start_ms + ms, rate, deleted_ms: None }
+        }
+    }
+
+    prop_compose! {
+        fn ledger()(usage in proptest::collection::vec(usage_row(), 0..30),
+                    live in proptest::collection::vec((0..3usize, 1u32..9, 0u64..60_000_000), 0..5),
+                    reservations in proptest::collection::vec(reservation(), 0..4),
+                    nodes in proptest::collection::vec((0u64..30_000_000, 1u32..9), 0..4),
+                    now in 0u64..70_000_000) -> Ledger {
+            let live = live
+                .into_iter()
+                .map(|(tier, gpus, started_ms)| Live { tier: TIERS_AND_MORE[tier].into(), gpus, started_ms })
+                .collect();
+            Ledger { usage, live, reservations, nodes, now }
+        }
+    }
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0)
+    }
+
+    proptest::proptest! {
+        /// The series adds up to the report of its period: GPU-hours to
+        /// floating-point rounding, every micro-dollar exactly.
+        #[test]
+        fn a_series_adds_up_to_the_report_of_its_period(
+            ledger in ledger(),
+            from in 0u64..40_000_000,
+            length in 1u64..30_000_000,
+            step_minutes in 1u64..600,
+        ) {
+            use proptest::prop_assert;
+            let (to, step_ms) = (from + length, step_minutes * 60_000);
+            let report = report(&ledger, from, to);
+            let series = series(&ledger, from, to, step_ms);
+            let buckets = &series.buckets;
+            proptest::prop_assert_eq!(buckets.len() as u64, length.div_ceil(step_ms));
+            proptest::prop_assert_eq!((buckets[0].start_ms, buckets[buckets.len() - 1].end_ms), (from, to));
+            for pair in buckets.windows(2) {
+                proptest::prop_assert_eq!(pair[0].end_ms, pair[1].start_ms);
+            }
+            let sum_f = |f: &dyn Fn(&api::ReportBucket) -> f64| buckets.iter().map(f).sum::<f64>();
+            let sum_i = |f: &dyn Fn(&api::ReportBucket) -> i64| buckets.iter().map(f).sum::<i64>();
+            prop_assert!(close(sum_f(&|b| b.capacity_gpu_hours), report.capacity_gpu_hours));
+            prop_assert!(close(sum_f(&|b| b.used_gpu_hours), report.used_gpu_hours));
+            for (t, tier) in report.tiers.iter().enumerate() {
+                prop_assert!(buckets.iter().all(|b| b.tiers[t].tier == tier.tier));
+                prop_assert!(close(sum_f(&|b| b.tiers[t].gpu_hours), tier.gpu_hours), "{}", tier.tier);
+                proptest::prop_assert_eq!(sum_i(&|b| b.tiers[t].revenue_micro_usd), tier.revenue_micro_usd);
+            }
+            proptest::prop_assert_eq!(
+                sum_i(&|b| b.reservation_revenue_micro_usd),
+                report.reservation_revenue_micro_usd
+            );
+            proptest::prop_assert_eq!(sum_i(&|b| b.total_revenue_micro_usd), report.total_revenue_micro_usd);
+            // Each bucket's reservation charge is within a micro-dollar per
+            // reservation of what the bucket alone would be charged.
+            for b in buckets {
+                let own: i64 = ledger
+                    .reservations
+                    .iter()
+                    .filter_map(|r| reservation_charge(r, b.start_ms, b.end_ms))
+                    .map(|c| c.amount_micro_usd)
+                    .sum();
+                let slack = ledger.reservations.len() as i64;
+                prop_assert!((b.reservation_revenue_micro_usd - own).abs() <= slack);
+            }
+        }
+    }
+
+    #[test]
+    fn a_series_buckets_what_ran_in_each_and_counts_revenue_where_it_ended() {
+        const H: u64 = 3_600_000;
+        let record = |tier: &str, started_ms, ended_ms, amount| UsageRow {
+            tier: tier.into(),
+            gpus: 2,
+            started_ms,
+            ended_ms,
+            amount,
+            ..usage_template()
+        };
+        let ledger = Ledger {
+            // Two GPU-hours of preemptible work across the first two
+            // buckets, ended in the second; on-demand work that ended
+            // before the period counts in neither.
+            usage: vec![record("preemptible", H, 2 * H, 7_000_000), record("on-demand", 0, H / 4, 5_000_000)],
+            live: vec![Live { tier: "reserved".into(), gpus: 1, started_ms: 2 * H }],
+            reservations: vec![ReservationRow {
+                id: 1,
+                tenant: 1,
+                gpu_model: "H100".into(),
+                gpus: 1,
+                start_ms: 0,
+                end_ms: 10 * H,
+                rate: 1_000_001,
+                deleted_ms: None,
+            }],
+            nodes: vec![(0, 4)],
+            now: 2 * H + H / 2,
+        };
+        let series = series(&ledger, H / 2, 3 * H, H);
+        // Start, capacity, GPU-hours and revenue by tier, reservations' revenue.
+        type Bucket = (u64, f64, [f64; 3], [i64; 3], i64);
+        let got: Vec<Bucket> = series
+            .buckets
+            .iter()
+            .map(|b| {
+                let hours = [0, 1, 2].map(|t| b.tiers[t].gpu_hours);
+                let revenue = [0, 1, 2].map(|t| b.tiers[t].revenue_micro_usd);
+                (b.start_ms, b.capacity_gpu_hours, hours, revenue, b.reservation_revenue_micro_usd)
+            })
+            .collect();
+        // Tiers in the report's order: on-demand, preemptible, reserved.
+        // Capacity and the running attempt stop at now; the last half
+        // hour of the reservation is charged what brings the buckets to
+        // its 2.5 hours' charge, 2_500_002 (2_500_002.5 rounded down).
+        assert_eq!(
+            got,
+            vec![
+                (H / 2, 4.0, [0.0, 1.0, 0.0], [0, 0, 0], 1_000_001),
+                (H + H / 2, 4.0, [0.0, 1.0, 0.5], [0, 7_000_000, 0], 1_000_001),
+                (2 * H + H / 2, 0.0, [0.0, 0.0, 0.0], [0, 0, 0], 500_000),
+            ]
+        );
+        assert_eq!(series.step, "1h");
+        assert_eq!(series.buckets[2].end_ms, 3 * H, "the last bucket ends with the period");
+    }
+
+    fn usage_template() -> UsageRow {
+        UsageRow {
+            job: 1,
+            attempt: 1,
+            tenant: 1,
+            tier: "preemptible".into(),
+            gpu_model: "H100".into(),
+            gpus: 1,
+            started_ms: 0,
+            ended_ms: 0,
+            seconds: 0,
+            rate: 0,
+            on_demand_rate: 0,
+            amount: 0,
+            drain_gpu_seconds: 0,
+            lost_gpu_seconds: 0,
+            outcome: "completed".into(),
+        }
+    }
+
+    proptest::proptest! {
+        /// A step of the form the API document states is never malformed:
+        /// it is taken, or refused for its length (422), never with a 400.
+        #[test]
+        fn every_step_the_document_allows_parses(step in &ebb_api::STEP_PATTERN[1..ebb_api::STEP_PATTERN.len() - 1]) {
+            if let Err(e) = series_step(&step, 0, 86_400_000) {
+                proptest::prop_assert_eq!(e.status, 422, "{}", e.message);
+            }
+        }
+    }
+
+    #[test]
+    fn a_series_step_is_a_minute_or_more_and_makes_at_most_a_thousand_buckets() {
+        const DAY: u64 = 86_400_000;
+        assert_eq!(series_step("1h", 0, DAY).unwrap(), 3_600_000);
+        assert_eq!(series_step("15m", 0, DAY).unwrap(), 900_000);
+        assert_eq!(series_step("1d", 0, 30 * DAY).unwrap(), DAY);
+        let err = series_step("hourly", 0, DAY).unwrap_err();
+        assert_eq!(err.status, 400);
+        assert!(err.message.starts_with("step: \"hourly\" is not a duration"), "{}", err.message);
+        let err = series_step("30s", 0, DAY).unwrap_err();
+        assert_eq!(
+            (err.status, err.message.as_str()),
+            (422, "step: 30s is shorter than the shortest step, 1m")
+        );
+        let err = series_step("1m", 0, 30 * DAY).unwrap_err();
+        assert_eq!(err.status, 422);
+        assert_eq!(
+            err.message,
+            "step: 1m over the 30days from 1970-01-01T00:00:00.000Z to 1970-01-31T00:00:00.000Z \
+             makes 43200 buckets, over the limit of 1000; use a step of at least 44m for this \
+             period, or a period of at most 16h 40m for this step"
+        );
+        assert_eq!(series_step("1m", 0, 1_000 * 60_000).unwrap(), 60_000, "exactly 1000 buckets");
     }
 
     #[test]

@@ -263,13 +263,14 @@ fn integral_floats_as_integers(value: &mut serde_json::Value) {
     paths(submit, submit_batch, list_jobs, show_job, cancel_job, job_logs, list_nodes, drain_node, undrain_node, remove_node, reclaim, release_reclaim,
         create_tenant, list_tenants, rotate_tenant_token, revoke_tenant_tokens, rotate_join_token, get_tenant_limits,
         set_tenant_limits, list_prices, set_price, create_reservation, list_reservations, delete_reservation, bill,
-        operator_report, agent_register, agent_commands, agent_report, tls_ca),
+        operator_report, operator_report_series, agent_register, agent_commands, agent_report, tls_ca),
     components(schemas(
         api::JobSubmission, api::Submitted, api::JobBatch, api::BatchSubmitted, api::Job, api::JobEvent, api::EventKind, api::NodeGpus, api::Node, api::HeldGpus,
         api::ReclaimRequest, api::ReclaimReply, api::ReclaimRelease, api::ReclaimReleased, api::TenantRequest, api::TenantCreated, api::TenantSummary, api::LogChunk,
         api::ErrorBody, api::SweepParam, api::Checkpoint, api::ArrayTask, api::ArrayProgress, api::TaskState,
         api::Price, api::PriceBook, api::PriceUpdate, api::ReservationRequest, api::Reservation, api::Borrower, api::Usage,
         api::InvoiceLine, api::ReservationCharge, api::Invoice, api::TierReport, api::OperatorReport,
+        api::ReportBucket, api::ReportSeries,
         api::NodeRemoved, api::JoinToken, api::TenantTokens,
         api::AttemptRef, api::Register, api::Registered, api::Command, api::Action, api::StartAttempt,
         api::DrainAttempt, api::StopNotice, api::CancelRequest, api::Commands, api::Report, api::AgentEvent, api::ReportReply
@@ -813,6 +814,32 @@ async fn operator_report(
     Ok(Json(app.ask(|reply| Msg::OperatorReport { from, to, reply }).await??))
 }
 
+#[derive(Deserialize)]
+struct SeriesQuery {
+    from: String,
+    to: String,
+    step: String,
+}
+
+/// The operator's report over `[from, to)` in buckets of `step` (admin):
+/// per bucket, capacity, use and utilisation by tier, and revenue by tier
+/// and from reservations. The buckets add up to `/v1/report`'s figures.
+#[utoipa::path(get, path = "/v1/report/series", tag = "billing",
+    params(("from" = String, Query, pattern = r"^(19[7-9][0-9]|[2-9][0-9]{3})-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])([T ]([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)(\.[0-9]*)?(Z|\+00:00)?)?$", description = "RFC 3339 (2026-12-01T08:00:00Z) or a date (2026-12-01, midnight UTC)"),
+        ("to" = String, Query, pattern = r"^(19[7-9][0-9]|[2-9][0-9]{3})-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])([T ]([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)(\.[0-9]*)?(Z|\+00:00)?)?$", description = "RFC 3339 (2026-12-01T08:00:00Z) or a date (2026-12-01, midnight UTC)"),
+        ("step" = String, Query, pattern = r"^[0-9]{1,6}(s|m|h|d)$", description = "The buckets' length (15m, 1h, 1d): at least a minute, and at most 1,000 buckets in the period")),
+    responses((status = 200, body = api::ReportSeries),
+        (status = 422, description = "From not before to, a step under a minute, or more than 1,000 buckets (the message says what fits)", body = api::ErrorBody)))]
+async fn operator_report_series(
+    State(app): State<App>,
+    headers: HeaderMap,
+    ApiQuery(q): ApiQuery<SeriesQuery>,
+) -> ApiResult<Json<api::ReportSeries>> {
+    app.require(&headers, Scope::Admin)?;
+    let SeriesQuery { from, to, step } = q;
+    Ok(Json(app.ask(|reply| Msg::OperatorReportSeries { from, to, step, reply }).await??))
+}
+
 /// An agent joins (join token), or rejoins after a restart or a partition
 /// saying what it runs.
 #[utoipa::path(post, path = "/v1/agent/register", tag = "agent", request_body = api::Register,
@@ -1226,6 +1253,7 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
         .route("/v1/reservations/{id}", delete(delete_reservation))
         .route("/v1/bill", get(bill))
         .route("/v1/report", get(operator_report))
+        .route("/v1/report/series", get(operator_report_series))
         .route("/v1/agent/join-token", post(rotate_join_token))
         .route("/v1/agent/register", post(agent_register))
         .route("/v1/agent/commands", get(agent_commands))
@@ -1290,7 +1318,7 @@ mod tests {
         }
         // Every route `serve` routes under /v1: a new one needs its
         // `#[utoipa::path]` and a place in `ApiDoc`'s paths.
-        assert_eq!(operations, 29, "routes documented");
+        assert_eq!(operations, 30, "routes documented");
     }
 
     #[test]
@@ -1344,5 +1372,8 @@ mod tests {
         let bill = doc["paths"]["/v1/bill"]["get"]["parameters"].as_array().unwrap().clone();
         let from = bill.iter().find(|p| p["name"] == "from").unwrap();
         assert_eq!(from["schema"]["pattern"].as_str(), Some(ebb_api::TIME_PATTERN));
+        let series = doc["paths"]["/v1/report/series"]["get"]["parameters"].as_array().unwrap().clone();
+        let step = series.iter().find(|p| p["name"] == "step").unwrap();
+        assert_eq!(step["schema"]["pattern"].as_str(), Some(ebb_api::STEP_PATTERN));
     }
 }

@@ -1,6 +1,7 @@
 //! The dashboard: a page and its assets, built into the binary from
 //! `crates/server/web/`, served from the server's own origin. Nothing is
-//! fetched from anywhere else.
+//! fetched from anywhere else: the chart library, uPlot, is vendored in
+//! `web/vendor/` (`scripts/vendor-uplot`).
 
 use axum::extract::Path;
 use axum::http::{header, HeaderValue};
@@ -10,6 +11,12 @@ use axum::response::{IntoResponse, Response};
 const ASSETS: &[(&str, &str, &[u8])] = &[
     ("app.js", "text/javascript; charset=utf-8", include_bytes!("../web/app.js")),
     ("app.css", "text/css; charset=utf-8", include_bytes!("../web/app.css")),
+    (
+        "uPlot.iife.min.js",
+        "text/javascript; charset=utf-8",
+        include_bytes!("../web/vendor/uPlot.iife.min.js"),
+    ),
+    ("uPlot.min.css", "text/css; charset=utf-8", include_bytes!("../web/vendor/uPlot.min.css")),
 ];
 
 const INDEX: &[u8] = include_bytes!("../web/index.html");

@@ -11,6 +11,7 @@ let session = null; // { token, operator }
 let streamAbort = null;
 let refreshTimer = null;
 let renderSeq = 0;
+let charts = []; // the uPlot instances on the page, destroyed on each render
 
 // ---- the API ---------------------------------------------------------------
 
@@ -200,6 +201,7 @@ async function render({ quiet = false } = {}) {
   if (seq !== renderSeq) return; // a later render started meanwhile
   const focused = document.activeElement && document.activeElement.id;
   app.replaceChildren(...view);
+  drawCharts();
   if (focused) {
     const again = document.getElementById(focused);
     if (again) again.focus();
@@ -231,12 +233,13 @@ function drainDeadline(job) {
 }
 
 async function clusterView() {
-  const [nodes, active, recent, reservations, report] = await Promise.all([
+  const [nodes, active, recent, reservations, report, series] = await Promise.all([
     api("/v1/nodes"),
     allJobs("state=active&limit=500"),
     api("/v1/jobs?order=desc&limit=200"),
     api("/v1/reservations"),
     api(`/v1/report?from=${thisMonth()[0]}&to=${thisMonth()[1]}`),
+    api(`/v1/report/series?${new URLSearchParams(seriesPeriod())}`),
   ]);
   const preemptions = await preemptionTimeline(recent.jobs.map(withLists));
   const draining = await Promise.all(
@@ -397,6 +400,7 @@ async function clusterView() {
           ],
         ),
     ),
+    overTime(series),
     el(
       "section",
       { "aria-labelledby": "reservations-heading" },
@@ -430,6 +434,232 @@ async function clusterView() {
     ),
   ];
 }
+
+// ---- charts: utilisation and revenue by tier over time ----------------------
+
+/// The periods the "Over time" section offers: each ends with the bucket
+/// that holds now, so a fresh cluster's work shows at once.
+const PERIODS = [
+  { key: "day", text: "last 24 hours / 1 h", step: "1h", stepMs: 3600e3, spanMs: 24 * 3600e3 },
+  { key: "week", text: "last 7 days / 6 h", step: "6h", stepMs: 6 * 3600e3, spanMs: 7 * 24 * 3600e3 },
+  { key: "month", text: "this month / 1 d", step: "1d" },
+];
+let periodKey = "day";
+const CHART_HEIGHT = 220;
+// The tables under the charts that were left open, kept open across renders.
+const openTables = new Set();
+
+/// The chosen period as `/v1/report/series` takes it, buckets aligned to
+/// the step in UTC.
+function seriesPeriod() {
+  const period = PERIODS.find((p) => p.key === periodKey);
+  if (!period.stepMs) {
+    const [from, to] = thisMonth();
+    return { from, to, step: period.step };
+  }
+  const to = (Math.floor(Date.now() / period.stepMs) + 1) * period.stepMs;
+  const iso = (ms) => new Date(ms).toISOString().replace(".000Z", "Z");
+  return { from: iso(to - period.spanMs), to: iso(to), step: period.step };
+}
+
+/// A tier's colour: the one its GPU cells have (app.css).
+function tierColour(tier) {
+  return getComputedStyle(document.documentElement).getPropertyValue(`--${tier}`).trim();
+}
+
+/// Bucket starts for people: the API's UTC time to the minute.
+function bucketTime(rfc3339) {
+  return rfc3339.slice(0, 16).replace("T", " ");
+}
+
+function overTime(series) {
+  const buckets = series.buckets;
+  const tiers = buckets.length ? buckets[0].tiers.map((t) => t.tier) : [];
+  // Each bucket is drawn flat from its start to its end: the last one needs
+  // its end as a point too.
+  const times = [...buckets.map((b) => b.start_ms / 1000), series.to_ms / 1000];
+  const held = (values) => [...values, values[values.length - 1]];
+  const span = `${buckets.length} buckets of ${series.step} from ${bucketTime(series.from)} to ${bucketTime(series.to)} UTC`;
+  const peak = (tier) => Math.max(0, ...buckets.map((b) => b.tiers.find((t) => t.tier === tier).utilisation));
+  const richest = buckets.reduce((best, b) => (!best || b.total_revenue_micro_usd > best.total_revenue_micro_usd ? b : best), null);
+  const select = el(
+    "select",
+    {
+      id: "period",
+      onchange: (event) => {
+        periodKey = event.target.value;
+        render({ quiet: true });
+      },
+    },
+    PERIODS.map((p) => el("option", { value: p.key, text: p.text, selected: p.key === periodKey })),
+  );
+  const useChart = chart({
+    id: "chart-use",
+    label: `Utilisation by tier, ${span}: ${tiers.map((t) => `${t} peaks at ${percent(peak(t))}`).join(", ")}.`,
+    yLabel: "% of capacity",
+    format: (v, decimals = 1) => `${v.toFixed(decimals)}%`,
+    minDecimals: 0,
+    times,
+    lines: tiers.map((tier) => ({
+      label: tier,
+      colour: tierColour(tier),
+      values: held(buckets.map((b) => b.tiers.find((t) => t.tier === tier).utilisation * 100)),
+    })),
+  });
+  const revenueChart = chart({
+    id: "chart-revenue",
+    label: `Revenue by tier, ${span}, in USD: ${
+      richest && richest.total_revenue_micro_usd > 0
+        ? `the bucket from ${bucketTime(richest.start)} earned the most, $${richest.total_revenue_usd} in all`
+        : "nothing earned"
+    }.`,
+    yLabel: "USD",
+    format: (v, decimals) => `$${decimals === undefined ? dollars(v) : v.toFixed(decimals)}`,
+    minDecimals: 2,
+    times,
+    lines: [
+      ...tiers.map((tier) => ({
+        label: tier,
+        colour: tierColour(tier),
+        values: held(buckets.map((b) => b.tiers.find((t) => t.tier === tier).revenue_micro_usd / 1e6)),
+      })),
+      {
+        label: "reservations",
+        colour: tierColour("reserved"),
+        dash: [6, 4],
+        values: held(buckets.map((b) => b.reservation_revenue_micro_usd / 1e6)),
+      },
+    ],
+  });
+  const useRows = buckets.map((b) =>
+    el(
+      "tr",
+      { "data-start-ms": b.start_ms },
+      el("th", { scope: "row", text: bucketTime(b.start) }),
+      el("td", { text: b.capacity_gpu_hours.toFixed(2) }),
+      b.tiers.map((t) => el("td", { "data-tier": t.tier, text: `${t.gpu_hours.toFixed(2)} (${percent(t.utilisation)})` })),
+      el("td", { text: percent(b.utilisation) }),
+    ),
+  );
+  const revenueRows = buckets.map((b) =>
+    el(
+      "tr",
+      { "data-start-ms": b.start_ms },
+      el("th", { scope: "row", text: bucketTime(b.start) }),
+      b.tiers.map((t) => el("td", { class: "money", "data-tier": t.tier, text: t.revenue_usd })),
+      el("td", { class: "money", "data-tier": "reservations", text: b.reservation_revenue_usd }),
+      el("td", { class: "money", "data-tier": "total", text: b.total_revenue_usd }),
+    ),
+  );
+  return el(
+    "section",
+    { "aria-labelledby": "over-time-heading", "data-from": series.from, "data-to": series.to, "data-step": series.step },
+    el("h2", { id: "over-time-heading", text: "Over time" }),
+    el("div", { class: "filters" }, el("label", { for: "period", text: "Period" }), select),
+    el("h3", { text: "Utilisation by tier" }),
+    useChart,
+    asTable(
+      "use-table",
+      "Utilisation as a table",
+      table(
+        `GPU-hours and share of capacity by tier, ${span}`,
+        ["Bucket (UTC)", "Capacity (GPU-hours)", ...tiers.map((t) => `${t} GPU-hours (share)`), "Utilisation"],
+        useRows,
+      ),
+    ),
+    el("h3", { text: "Revenue by tier" }),
+    revenueChart,
+    asTable(
+      "revenue-table",
+      "Revenue as a table",
+      table(
+        `Revenue in USD by tier, ${span}; an attempt counts in the bucket in which it ended`,
+        ["Bucket (UTC)", ...tiers.map((t) => `${t} (USD)`), "reservations (USD)", "Total (USD)"],
+        revenueRows,
+      ),
+    ),
+  );
+}
+
+/// A chart's numbers behind a disclosure, left as the reader left it.
+function asTable(id, summary, content) {
+  return el(
+    "details",
+    {
+      id,
+      open: openTables.has(id),
+      ontoggle: (event) => (event.target.open ? openTables.add(id) : openTables.delete(id)),
+    },
+    el("summary", { text: summary }),
+    content,
+  );
+}
+
+// How to draw each chart box of the view being built, once it is on the page.
+const chartSpecs = new WeakMap();
+
+/// A box for a line chart (one line per entry of `lines`, over `times` in
+/// seconds), described to screen readers by `label`; uPlot draws it at the
+/// box's width once it is on the page (`drawCharts`).
+function chart(spec) {
+  const box = el("div", { id: spec.id, class: "chart", role: "img", "aria-label": spec.label });
+  chartSpecs.set(box, spec);
+  return box;
+}
+
+/// A chart's dollars for the legend: as many decimals as the amount needs,
+/// at least two (as the API writes them).
+function dollars(v) {
+  return v.toFixed(6).replace(/(\.\d\d\d*?)0+$/, "$1");
+}
+
+function chartOptions(spec, width) {
+  const value = (_, v) => (v == null ? "–" : spec.format(v));
+  // Enough decimals on the axis that no two ticks read the same.
+  const decimals = (step) => Math.min(6, Math.max(spec.minDecimals, Math.ceil(-Math.log10(step))));
+  return {
+    width,
+    height: CHART_HEIGHT,
+    tzDate: (ts) => uPlot.tzDate(new Date(ts * 1000), "Etc/UTC"),
+    scales: { x: { time: true }, y: { range: (_, min, max) => [0, max > 0 ? max * 1.1 : 1] } },
+    axes: [
+      {},
+      {
+        label: spec.yLabel,
+        size: 64,
+        values: (_, ticks, _axis, _space, step) => ticks.map((t) => spec.format(t, decimals(step))),
+      },
+    ],
+    series: [
+      { label: "Bucket (UTC)" },
+      ...spec.lines.map((line) => ({
+        label: line.label,
+        stroke: line.colour,
+        width: 2,
+        dash: line.dash,
+        value,
+        paths: uPlot.paths.stepped({ align: 1 }),
+        points: { show: false },
+      })),
+    ],
+  };
+}
+
+/// Destroys the charts of the view just replaced and draws the new view's.
+function drawCharts() {
+  for (const old of charts) old.destroy();
+  charts = [];
+  for (const box of app.querySelectorAll(".chart")) {
+    const spec = chartSpecs.get(box);
+    if (!spec) continue;
+    const data = [spec.times, ...spec.lines.map((line) => line.values)];
+    charts.push(new uPlot(chartOptions(spec, box.clientWidth || 300), data, box));
+  }
+}
+
+window.addEventListener("resize", () => {
+  for (const c of charts) c.setSize({ width: c.root.parentElement.clientWidth || 300, height: CHART_HEIGHT });
+});
 
 function percent(share) {
   return `${(share * 100).toFixed(1)}%`;

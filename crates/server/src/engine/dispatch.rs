@@ -142,6 +142,10 @@ impl<S: Store> Engine<S> {
                 let result = self.report_for(&from, &to, now);
                 self.answer(reply, result)?;
             }
+            Msg::OperatorReportSeries { from, to, step, reply } => {
+                let result = self.report_series_for(&from, &to, &step, now);
+                self.answer(reply, result)?;
+            }
             Msg::Tick => {}
         }
         Ok(())

@@ -213,6 +213,12 @@ pub enum Msg {
         to: String,
         reply: oneshot::Sender<Result<ebb_api::OperatorReport, ApiError>>,
     },
+    OperatorReportSeries {
+        from: String,
+        to: String,
+        step: String,
+        reply: oneshot::Sender<Result<ebb_api::ReportSeries, ApiError>>,
+    },
     Tick,
 }
 

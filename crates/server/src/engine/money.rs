@@ -227,6 +227,23 @@ impl<S: Store> Engine<S> {
         now: u64,
     ) -> Result<ebb_api::OperatorReport, Fail> {
         let (from_ms, to_ms) = crate::billing::period(from, to)?;
+        Ok(crate::billing::report(&self.ledger(from_ms, now)?, from_ms, to_ms))
+    }
+
+    pub(super) fn report_series_for(
+        &mut self,
+        from: &str,
+        to: &str,
+        step: &str,
+        now: u64,
+    ) -> Result<ebb_api::ReportSeries, Fail> {
+        let (from_ms, to_ms) = crate::billing::period(from, to)?;
+        let step_ms = crate::billing::series_step(step, from_ms, to_ms)?;
+        Ok(crate::billing::series(&self.ledger(from_ms, now)?, from_ms, to_ms, step_ms))
+    }
+
+    /// What the report of a period from `from_ms` is computed from.
+    fn ledger(&mut self, from_ms: u64, now: u64) -> Result<crate::billing::Ledger, Fail> {
         // Attempts that started before the period and ended in or after it
         // count for the hours they ran inside it.
         let usage = self.store.usage(None, from_ms, u64::MAX)?;
@@ -245,6 +262,6 @@ impl<S: Store> Engine<S> {
         let nodes: Vec<(u64, u32)> =
             self.fleet.nodes.values().map(|n| (n.joined_ms, u32::from(n.gpus))).collect();
         let reservations: Vec<ReservationRow> = self.money.reservations.values().cloned().collect();
-        Ok(crate::billing::report(&usage, &live, &reservations, &nodes, now, from_ms, to_ms))
+        Ok(crate::billing::Ledger { usage, live, reservations, nodes, now })
     }
 }
