@@ -1318,7 +1318,7 @@ mod tests {
         }
         // Every route `serve` routes under /v1: a new one needs its
         // `#[utoipa::path]` and a place in `ApiDoc`'s paths.
-        assert_eq!(operations, 30, "routes documented");
+        assert_eq!(operations, 31, "routes documented");
     }
 
     #[test]
