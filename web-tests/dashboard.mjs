@@ -7,7 +7,8 @@
 // EBB: the ebb binary (default target/debug/ebb). EBB_CHROMIUM: the browser
 // (default /usr/bin/chromium). EBB_SCREENSHOTS=DIR: also save the operator's
 // and a tenant's view, 1280x800, as DIR/dashboard-operator.png and
-// DIR/dashboard-user.png.
+// DIR/dashboard-user.png, and the charts and reservations as
+// DIR/dashboard-charts.png and DIR/dashboard-reservations.png.
 
 import { spawn, execFileSync } from "node:child_process";
 import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
@@ -134,6 +135,24 @@ async function signIn(page, server, token) {
   await page.getByLabel("Token").press("Enter");
   await page.getByRole("button", { name: "Sign out" }).waitFor();
   check(!page.url().includes(token), "the token is not in the page's URL");
+}
+
+/// One part of the page, as it is now, when screenshots are asked for.
+/// The page re-renders on every change, so the part is found again each try
+/// and taken as a clip of the page, not as an element that may be replaced.
+async function screenshotOf(locator, name) {
+  if (!SCREENSHOTS) return;
+  for (let tries = 0; ; tries++) {
+    try {
+      await locator.scrollIntoViewIfNeeded();
+      const box = await locator.boundingBox();
+      await locator.page().screenshot({ path: path.join(SCREENSHOTS, name), fullPage: true,
+        clip: { ...box, y: box.y + (await locator.page().evaluate(() => window.scrollY)) } });
+      return;
+    } catch (error) {
+      if (tries === 5) throw error;
+    }
+  }
 }
 
 async function screenshot(page, name) {
@@ -426,6 +445,8 @@ async function operatorSeesEverything(browser, server, admin, problems) {
     `the API puts the lent GPUs down to the job that started last (${JSON.stringify(listed.borrowers)})`);
   check((await row.locator(".borrowers a").textContent()) === `${second}`, "the reservation's row names its borrower");
   check((await row.locator(".in-use").textContent()) === "0", "the owner uses none of it yet");
+  await screenshotOf(page.locator('section[aria-labelledby="over-time-heading"]'), "dashboard-charts.png");
+  await screenshotOf(page.locator('section[aria-labelledby="reservations-heading"]'), "dashboard-reservations.png");
 
   // The owner wants its GPUs: the borrower drains, its GPUs held for the
   // owner's job, which then runs on them as reserved.
