@@ -357,20 +357,22 @@ pub struct AgentArgs {
     /// it is unhealthy (it then gets no new work until they get through).
     #[arg(long, default_value = "10s", value_parser = parse_span)]
     pub unhealthy_after: Span,
-    /// Run N simulated nodes in this one process, to measure a server with
-    /// a fleet a small machine could not otherwise hold (1 to 100000).
+    /// Run N simulated nodes in this one process (1 to 100000), to
+    /// measure a server with a fleet a small machine could not otherwise
+    /// hold; needs --fake-gpus and --gpu-model.
+    ///
     /// Each registers as NAME-00000, NAME-00001, ... (NAME: --name or the
     /// host name) with --fake-gpus GPUs of --gpu-model and the --label
     /// labels, keeps its credential in --data-dir/nodes/NAME-i, and
     /// follows its command stream and reports as an agent does. Its
-    /// attempts are not processes: each runs as its job's environment
-    /// says, EBB_SIM_DURATION (then exits 0, complete), EBB_SIM_CHECKPOINT
-    /// (reports a checkpoint every interval), EBB_SIM_SAVE (at its
-    /// signal, saves this long, reports a checkpoint, exits 0),
-    /// EBB_SIM_IGNORE_NOTICE=1 (SIGKILL at the deadline ends it): seconds
-    /// (2.5) or spans (90s, 5m). Needs --fake-gpus and --gpu-model; no
-    /// --checkpoint-root (simulated jobs write no files). See
-    /// docs/simulated-fleet.md.
+    /// attempts are not processes: each does what its job's environment
+    /// says. EBB_SIM_DURATION: runs this long, then exits 0, complete
+    /// (absent: until stopped). EBB_SIM_CHECKPOINT: reports a checkpoint
+    /// every interval. EBB_SIM_SAVE: at its signal, saves this long,
+    /// reports a checkpoint and exits 0. EBB_SIM_IGNORE_NOTICE=1: ignores
+    /// its signal, so SIGKILL at the deadline ends it. Durations are
+    /// seconds (2.5) or spans (90s, 5m). --checkpoint-root is refused
+    /// (simulated jobs write no files). See docs/simulated-fleet.md.
     #[arg(long, value_name = "N")]
     pub simulate_nodes: Option<u32>,
 }
