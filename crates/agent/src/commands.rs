@@ -11,6 +11,7 @@
 //! that restarted: every agent learns of the restart at the same moment.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -48,6 +49,9 @@ pub(crate) struct Agent<S> {
     pub client: Arc<Client>,
     pub reporter: Arc<Reporter>,
     pub supervisor: Arc<S>,
+    /// How many times the server has taken this node's registration (a
+    /// simulated fleet counts its nodes that joined by it).
+    pub registrations: AtomicU64,
 }
 
 /// Commands under way, by attempt.
@@ -84,7 +88,10 @@ impl<S: Supervisor> Agent<S> {
                 .notify(|e, _| tracing::warn!("cannot register with {}: {e:?}", self.client.server()))
                 .await;
             match registered {
-                Ok(registered) => return registered,
+                Ok(registered) => {
+                    self.registrations.fetch_add(1, Ordering::Relaxed);
+                    return registered;
+                }
                 Err(CallError::Unauthorized(why)) => {
                     self.credential_refused(&why);
                     tokio::time::sleep(REFUSED_RETRY).await;
@@ -232,8 +239,6 @@ impl<S: Supervisor> Agent<S> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::Ordering;
-
     use ebb_api::DrainAttempt;
     use nix::sys::signal::Signal;
 

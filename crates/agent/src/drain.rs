@@ -37,34 +37,38 @@ pub(crate) async fn cancel<S: Supervisor>(supervisor: &Arc<S>, attempt: AttemptR
     deliver(supervisor, attempt, notice, Some(Signal::SIGTERM)).await;
 }
 
-/// Posts `notice`, writes its file, sends `signal` (the job's drain signal
-/// if none), and SIGKILL at the notice's deadline if the attempt is still
-/// running then. Nothing if the attempt already has a notice this one
-/// does not supersede.
+/// Posts `notice`, writes its file (where the attempt has one), sends
+/// `signal` (the job's drain signal if none), and SIGKILL at the notice's
+/// deadline if the attempt is still running then. Nothing if the attempt
+/// already has a notice this one does not supersede.
 async fn deliver<S: Supervisor>(supervisor: &Arc<S>, a: AttemptRef, notice: Notice, signal: Option<Signal>) {
     let (action, deadline_ms) = (notice.action.clone(), notice.deadline_ms);
     let body = serde_json::to_vec_pretty(&notice).expect("notice serialises");
     let Some(target) = supervisor.post_notice(a, notice) else { return };
-    let file = target.drain_file.clone();
     let signal = signal.unwrap_or(target.signal);
-    // The file is written and the signal sent right after it, in one
-    // blocking step: nothing between them.
-    let signaller = supervisor.clone();
-    let deliver = move || {
-        let written = dirs::write_job_file(&file, &body);
-        signaller.signal(a, signal);
-        written
-    };
-    let written = crate::blocking(deliver).await;
-    if let Err(e) = written {
-        tracing::error!("cannot write the notice file {}: {e}", target.drain_file.display());
+    match target.drain_file.clone() {
+        Some(file) => {
+            // The file is written and the signal sent right after it, in
+            // one blocking step: nothing between them.
+            let signaller = supervisor.clone();
+            let path = file.clone();
+            let deliver = move || {
+                let written = dirs::write_job_file(&path, &body);
+                signaller.signal(a, signal);
+                written
+            };
+            if let Err(e) = crate::blocking(deliver).await {
+                tracing::error!("cannot write the notice file {}: {e}", file.display());
+            }
+        }
+        None => supervisor.signal(a, signal),
     }
     tracing::info!(
         job = a.job,
         attempt = a.attempt,
         action,
         deadline = deadline_ms,
-        file = %target.drain_file.display(),
+        file = target.drain_file.as_deref().map(|f| f.display().to_string()).unwrap_or_default(),
         "notice"
     );
     let supervisor = supervisor.clone();

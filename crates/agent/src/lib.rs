@@ -11,13 +11,16 @@
 //! `supervisor` (attempts' processes, behind a trait), `drain` (drains,
 //! stops, kills), `output` and `report` (what reaches the server),
 //! `ledger` (what a crash leaves to kill), `dirs` (jobs' directories).
-//! This file only wires them together.
+//! `fleet` and `simulated` are `--simulate-nodes N`: N nodes in one
+//! process, speaking the protocol as this agent does, whose attempts are
+//! tasks rather than processes. This file only wires them together.
 
 pub mod cgroup;
 mod client;
 mod commands;
 mod dirs;
 mod drain;
+mod fleet;
 pub mod gpus;
 pub mod identity;
 mod ledger;
@@ -25,6 +28,7 @@ mod metadata;
 pub mod output;
 mod report;
 mod retry;
+mod simulated;
 pub mod spawn;
 mod supervisor;
 #[cfg(test)]
@@ -121,7 +125,13 @@ pub async fn run(config: AgentConfig) -> Result<(), String> {
     tokio::spawn(reporter.clone().run(queue, client.clone(), config.name.clone(), move |stale| {
         drain::kill_stale(&*fenced, stale, "the server fenced this stale attempt")
     }));
-    let agent = Arc::new(Agent { node: node(&config), client, reporter, supervisor: supervisor.clone() });
+    let agent = Arc::new(Agent {
+        node: node(&config),
+        client,
+        reporter,
+        supervisor: supervisor.clone(),
+        registrations: Default::default(),
+    });
     let commands = tokio::spawn(agent.follow());
     until_told_to_stop().await?;
     commands.abort();
@@ -131,6 +141,15 @@ pub async fn run(config: AgentConfig) -> Result<(), String> {
     // Give the reporter a moment to deliver the exits.
     tokio::time::sleep(Duration::from_millis(300)).await;
     Ok(())
+}
+
+/// Runs `nodes` simulated nodes (see `fleet`) until SIGINT or SIGTERM,
+/// then stops their attempts. `config.name` names the fleet, each node's
+/// data directory is under `config.data_dir`; what concerns processes
+/// (checkpoint root, jobs' PATH and environment, cgroups, retention) is
+/// not used.
+pub async fn simulate(config: AgentConfig, nodes: u32) -> Result<(), String> {
+    fleet::run(config, nodes).await
 }
 
 /// Makes the agent's directories, finds its cgroups and its credential,

@@ -68,7 +68,9 @@ pub(crate) trait Supervisor: Send + Sync + 'static {
 /// Where a notice goes beyond the endpoint.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct NoticeTarget {
-    pub drain_file: PathBuf,
+    /// The attempt's notice file (`EBB_DRAIN_FILE`); none where attempts
+    /// have no files (a simulated node's).
+    pub drain_file: Option<PathBuf>,
     pub signal: Signal,
 }
 
@@ -396,7 +398,7 @@ impl Supervisor for Processes {
         }
         r.notice.send_replace(Some(notice));
         let signal = Signal::try_from(r.signal).unwrap_or(Signal::SIGTERM);
-        Some(NoticeTarget { drain_file: r.drain_file.clone(), signal })
+        Some(NoticeTarget { drain_file: Some(r.drain_file.clone()), signal })
     }
 }
 

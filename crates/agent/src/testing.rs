@@ -143,7 +143,7 @@ pub(crate) async fn agent(fake: Arc<FakeServer>, name: &str) -> Arc<Agent<FakeSu
         address: "127.0.0.1".into(),
         unhealthy_after: Duration::from_millis(300),
     };
-    let agent = Arc::new(Agent { node, client, reporter, supervisor });
+    let agent = Arc::new(Agent { node, client, reporter, supervisor, registrations: Default::default() });
     tokio::spawn(agent.clone().follow());
     agent
 }

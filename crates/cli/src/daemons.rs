@@ -206,6 +206,7 @@ fn price_flags(flag: &str, pairs: &[String], discount_bps: u32) -> Result<Vec<(S
 }
 
 pub async fn server(args: ServerArgs) -> Result<(), String> {
+    raise_open_files();
     let discount = args.preemptible_discount;
     if !(0.0..100.0).contains(&discount) || (discount * 100.0).fract() != 0.0 {
         return Err(format!(
@@ -356,9 +357,97 @@ pub struct AgentArgs {
     /// it is unhealthy (it then gets no new work until they get through).
     #[arg(long, default_value = "10s", value_parser = parse_span)]
     pub unhealthy_after: Span,
+    /// Run N simulated nodes in this one process (1 to 100000), to
+    /// measure a server with a fleet a small machine could not otherwise
+    /// hold; needs --fake-gpus and --gpu-model.
+    ///
+    /// Each registers as NAME-00000, NAME-00001, ... (NAME: --name or the
+    /// host name) with --fake-gpus GPUs of --gpu-model and the --label
+    /// labels, keeps its credential in --data-dir/nodes/NAME-i, and
+    /// follows its command stream and reports as an agent does. Its
+    /// attempts are not processes: each does what its job's environment
+    /// says. EBB_SIM_DURATION: runs this long, then exits 0, complete
+    /// (absent: until stopped). EBB_SIM_CHECKPOINT: reports a checkpoint
+    /// every interval. EBB_SIM_SAVE: at its signal, saves this long,
+    /// reports a checkpoint and exits 0. EBB_SIM_IGNORE_NOTICE=1: ignores
+    /// its signal, so SIGKILL at the deadline ends it. Durations are
+    /// seconds (2.5) or spans (90s, 5m). --checkpoint-root is refused
+    /// (simulated jobs write no files). See docs/simulated-fleet.md.
+    #[arg(long, value_name = "N")]
+    pub simulate_nodes: Option<u32>,
+}
+
+/// The most nodes one `ebb agent --simulate-nodes` runs.
+const MAX_SIMULATED_NODES: u32 = 100_000;
+
+/// Descriptors an agent or server needs beyond one per connection (its
+/// files, its listeners, the runtime's own).
+const SPARE_FILES: u64 = 256;
+
+/// Raises this process's open-file soft limit to its hard limit: every
+/// node's command poll is a socket on both sides, so a server with ten
+/// thousand nodes holds ten thousand. Returns the limit now in force.
+fn raise_open_files() -> u64 {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft, hard) = match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok(limits) => limits,
+        Err(e) => {
+            tracing::warn!("cannot read the open-file limit: {e}");
+            return 1024;
+        }
+    };
+    if soft < hard {
+        if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            tracing::warn!("cannot raise the open-file limit from {soft} to {hard}: {e}");
+            return soft;
+        }
+    }
+    tracing::info!("open-file limit: {hard} (the hard limit; ulimit -Hn raises it)");
+    hard
+}
+
+/// Refuses `--simulate-nodes n` that the agent's flags or the open-file
+/// limit `files` cannot hold.
+fn check_simulated_fleet(n: u32, args: &AgentArgs, files: u64) -> Result<(), String> {
+    if !(1..=MAX_SIMULATED_NODES).contains(&n) {
+        return Err(format!("--simulate-nodes {n}: from 1 to {MAX_SIMULATED_NODES}"));
+    }
+    if args.fake_gpus.is_none() {
+        return Err(format!(
+            "--simulate-nodes {n} needs --fake-gpus N --gpu-model M: simulated nodes have no GPUs to discover"
+        ));
+    }
+    if args.checkpoint_root.is_some() {
+        return Err(format!(
+            "--simulate-nodes {n} with --checkpoint-root: simulated jobs write no files, checkpoints \
+             included (they are reports to the server only)"
+        ));
+    }
+    // Each node's command poll holds a socket for as long as it waits.
+    let needed = u64::from(n) + SPARE_FILES;
+    if needed > files {
+        return Err(format!(
+            "--simulate-nodes {n}: the open-file limit is {files}, and {n} nodes need {needed} (a socket \
+             each for its command poll, and some to spare); raise it (ulimit -n {}, or LimitNOFILE= for \
+             a systemd unit) or simulate fewer nodes",
+            2 * u64::from(n) + SPARE_FILES
+        ));
+    }
+    if 2 * u64::from(n) + SPARE_FILES > files {
+        tracing::warn!(
+            "open-file limit {files}: reports sent beside {n} nodes' command polls may run out of \
+             descriptors at busy moments (ulimit -n {} for ample room)",
+            2 * u64::from(n) + SPARE_FILES
+        );
+    }
+    Ok(())
 }
 
 pub async fn agent(args: AgentArgs) -> Result<(), String> {
+    let files = raise_open_files();
+    if let Some(n) = args.simulate_nodes {
+        check_simulated_fleet(n, &args, files)?;
+    }
     let server = args.server.clone().ok_or("no server: pass --server URL or set EBB_SERVER")?;
     for url in server.split(',').map(str::trim) {
         if !(url.starts_with("http://") || url.starts_with("https://")) {
@@ -404,7 +493,7 @@ pub async fn agent(args: AgentArgs) -> Result<(), String> {
     let checkpoint_root = args.checkpoint_root.unwrap_or_else(|| args.data_dir.join("checkpoints"));
     // Before the agent kills what it finds in its ledger as left over.
     let _owner = ebb_server::lock::lock_dir(&args.data_dir, "ebb agent")?;
-    ebb_agent::run(ebb_agent::AgentConfig {
+    let config = ebb_agent::AgentConfig {
         server,
         join_token: join_token.trim().to_string(),
         ca: args.ca,
@@ -428,8 +517,11 @@ pub async fn agent(args: AgentArgs) -> Result<(), String> {
             buffer: args.output_buffer,
         },
         unhealthy_after: std::time::Duration::from_millis(args.unhealthy_after.as_millis()),
-    })
-    .await
+    };
+    match args.simulate_nodes {
+        Some(n) => ebb_agent::simulate(config, n).await,
+        None => ebb_agent::run(config).await,
+    }
 }
 
 /// The user who runs `ebb up`: a personal cluster runs jobs as them.

@@ -99,9 +99,8 @@ fn preemption_delivers_the_drain_and_requeues_the_victim() {
     assert_eq!(event["DurationInSeconds"], -1);
 
     // The victim exits, the on-demand job starts on the freed GPUs.
-    let od_job = c.wait_state(od, "succeeded");
+    c.wait_state(od, "succeeded");
     assert_eq!(std::fs::read_to_string(c.checkpoints(od).join("gpus")).unwrap().trim(), "0,1,2,3");
-    assert!(events(&od_job).contains(&"preempting".to_string()));
     // The victim is requeued as attempt 2 with the same checkpoint directory,
     // and runs again once the GPUs are free.
     let env2 = wait_for("the victim's second attempt", Duration::from_secs(20), || {
@@ -112,6 +111,57 @@ fn preemption_delivers_the_drain_and_requeues_the_victim() {
     });
     assert_eq!(env2["EBB_ATTEMPT"], "2");
     assert_eq!(env2["EBB_CHECKPOINT_DIR"], env1["EBB_CHECKPOINT_DIR"]);
+    preempted_and_resumed(&c, victim, od);
+}
+
+/// The same preemption on simulated nodes (one `ebb agent
+/// --simulate-nodes 2` process), its jobs driven by their `EBB_SIM_*`
+/// variables: the victim saves for a second at its notice, reports its
+/// checkpoint and exits within the window; it is requeued and resumes.
+#[test]
+fn preemption_delivers_the_drain_and_requeues_the_victim_on_simulated_nodes() {
+    let c = Cluster::start(Options {
+        nodes: 1,
+        simulated_nodes: 2,
+        gpus: 4,
+        drain_window: "30s",
+        ..Options::default()
+    });
+    // One node is held by on-demand work, which is never drained.
+    let held = c.submit(&["--tier", "on-demand", "--gpus", "4", "--", "train"]);
+    c.wait_state(held, "running");
+    let victim =
+        c.submit(&["--gpus", "4", "--name", "victim", "--env", "EBB_SIM_SAVE=1", "--", "train", "--resume"]);
+    c.wait_state(victim, "running");
+    let od = c.submit(&["--tier", "on-demand", "--gpus", "4", "--env", "EBB_SIM_DURATION=1s", "--", "train"]);
+    let job = preempted_and_resumed(&c, victim, od);
+    // It saved for a second after its notice, then said so and exited 0.
+    let at = |kind: &str| {
+        let e = job["events"].as_array().unwrap().iter().find(|e| e["kind"] == kind && e["attempt"] == 1);
+        e.unwrap_or_else(|| panic!("no {kind} of attempt 1: {job}")).clone()
+    };
+    let (notice, checkpoint, exited) = (at("drain_notice"), at("checkpoint"), at("exited"));
+    assert_eq!((exited["detail"]["code"].as_i64(), exited["detail"]["signal"].as_i64()), (Some(0), None));
+    let saved_ms = checkpoint["at_ms"].as_u64().unwrap() - notice["at_ms"].as_u64().unwrap();
+    assert!((900..30_000).contains(&saved_ms), "checkpoint {saved_ms} ms after the notice");
+    assert!(exited["at_ms"].as_u64() >= checkpoint["at_ms"].as_u64(), "{checkpoint} {exited}");
+    assert_eq!(job["last_checkpoint"]["attempt"], 1);
+    assert_eq!(job["last_checkpoint"]["step"], 1);
+    assert_eq!(job["last_checkpoint"]["seconds"], 1.0);
+    let first = job["usage"].as_array().unwrap().iter().find(|u| u["attempt"] == 1).unwrap().clone();
+    assert!(first["lost_gpu_seconds"].as_u64().unwrap() <= 4, "saved at the exit: {first}");
+    assert_eq!(c.job(held)["state"], "running");
+    let log = c.output(victim);
+    assert!(log.contains("simulated attempt on node-0-0000") && log.contains("runs until stopped"), "{log}");
+}
+
+/// What a preemption leaves, whatever runs the jobs: the preemptor ran to
+/// its end, the victim was requeued and runs again as attempt 2, `ebb
+/// show` tells the story, and the usage records bill each attempt as what
+/// it was. Returns the victim as it is then.
+fn preempted_and_resumed(c: &Cluster, victim: u64, od: u64) -> Value {
+    let od_job = c.wait_state(od, "succeeded");
+    assert!(events(&od_job).contains(&"preempting".to_string()));
     let job = c.wait_job(victim, "running attempt 2", Duration::from_secs(10), |j| {
         j["state"] == "running" && j["attempt"] == 2
     });
@@ -123,6 +173,24 @@ fn preemption_delivers_the_drain_and_requeues_the_victim() {
     // And `ebb show` tells the story to a person.
     let shown = c.ebb(&["show", &victim.to_string()]);
     assert!(shown.contains("drain_notice") && shown.contains(&format!("preempted by job {od}")), "{shown}");
+    // Attempt 1 is billed as preempted, its drain included; the preemptor
+    // as completed.
+    let usage = |job: &Value| job["usage"].as_array().cloned().unwrap_or_default();
+    let victim_usage = usage(&job);
+    assert_eq!(victim_usage.len(), 1, "attempt 2 still runs: {victim_usage:?}");
+    let first = &victim_usage[0];
+    assert_eq!((first["attempt"].as_u64(), first["outcome"].as_str()), (Some(1), Some("preempted")));
+    assert_eq!((first["tier"].as_str(), first["gpus"].as_u64()), (Some("preemptible"), Some(4)));
+    assert_eq!(first["gpu_seconds"].as_u64().unwrap(), 4 * first["seconds"].as_u64().unwrap());
+    assert!(first["drain_gpu_seconds"].as_u64().unwrap() >= 4, "a second of drain at least: {first}");
+    let od_usage = usage(&od_job);
+    assert_eq!(od_usage.len(), 1, "{od_usage:?}");
+    assert_eq!(
+        (od_usage[0]["outcome"].as_str(), od_usage[0]["tier"].as_str()),
+        (Some("completed"), Some("on-demand"))
+    );
+    assert_eq!(od_usage[0]["gpu_seconds"].as_u64().unwrap(), 4 * od_usage[0]["seconds"].as_u64().unwrap());
+    job
 }
 
 #[test]

@@ -128,7 +128,10 @@ pub fn submission(spec: &JobSubmission, core: &State, limits: &Limits) -> Result
         if !valid {
             return bad(format!("env: {key:?} is not a valid variable name"));
         }
-        if key.starts_with("EBB_") || key == "CUDA_VISIBLE_DEVICES" {
+        // `EBB_SIM_*` are the submitter's: they say what a job does on a
+        // simulated node (`ebb agent --simulate-nodes`), and a real one
+        // passes them on like any variable.
+        if (key.starts_with("EBB_") && !key.starts_with("EBB_SIM_")) || key == "CUDA_VISIBLE_DEVICES" {
             return bad(format!("env: {key} is set by ebb and cannot be overridden"));
         }
         if value.contains('\0') {
@@ -472,5 +475,17 @@ mod properties {
         assert_eq!(err.status, 422);
         assert!(err.message.starts_with("argv[1]: 200000 bytes"), "{}", err.message);
         assert!(err.message.contains("--max-argument-bytes"), "{}", err.message);
+    }
+
+    #[test]
+    fn ebb_variables_are_refused_but_those_for_simulated_nodes() {
+        let with = |key: &str| JobSubmission {
+            argv: vec!["train".into()],
+            env: [(key.to_string(), "1".to_string())].into(),
+            ..JobSubmission::default()
+        };
+        let err = submission(&with("EBB_JOB_ID"), &cluster(), &Limits::default()).err().unwrap();
+        assert_eq!(err.message, "env: EBB_JOB_ID is set by ebb and cannot be overridden");
+        assert!(submission(&with("EBB_SIM_DURATION"), &cluster(), &Limits::default()).is_ok());
     }
 }

@@ -166,6 +166,6 @@ impl Supervisor for FakeSupervisor {
         *current = Some(notice);
         let signal = *signal;
         state.ops.push(Op::Notice(attempt));
-        Some(NoticeTarget { drain_file: self.drain_file(attempt), signal })
+        Some(NoticeTarget { drain_file: Some(self.drain_file(attempt)), signal })
     }
 }

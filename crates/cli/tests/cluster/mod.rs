@@ -19,6 +19,8 @@ pub struct Options {
     pub gpus: u8,
     pub drain_window: &'static str,
     pub heartbeat_timeout: &'static str,
+    /// How often agents poll (`ebb server --heartbeat-interval`).
+    pub heartbeat_interval: &'static str,
     /// Who runs the jobs. `None`: as `ebb up` does, the user running the
     /// tests (root may run jobs as root), with the tests' PATH.
     pub run_as: Option<RunAs>,
@@ -26,6 +28,10 @@ pub struct Options {
     pub agent_args: Vec<&'static str>,
     /// `ebb server --database URL`: PostgreSQL instead of SQLite.
     pub database: Option<String>,
+    /// Each of the `nodes` agents is a simulated fleet of this many nodes
+    /// (`ebb agent --simulate-nodes`), named `node-{i}-{j:05}`; 0: real
+    /// agents.
+    pub simulated_nodes: u32,
 }
 
 /// An operator's mapping of tenants to Unix users, and the default user
@@ -34,6 +40,9 @@ pub struct RunAs {
     pub tenants: Vec<(&'static str, &'static str)>,
     pub default: Option<&'static str>,
 }
+
+/// The agents' GPU model unless told otherwise.
+pub const DEFAULT_GPU_MODEL: &str = "H100-80GB";
 
 /// Every agent's environment carries this variable; no job may see it.
 pub const AGENT_CANARY: &str = "EBB_TEST_AGENT_CANARY";
@@ -45,9 +54,11 @@ impl Default for Options {
             gpus: 4,
             drain_window: "30s",
             heartbeat_timeout: "10s",
+            heartbeat_interval: "200ms",
             run_as: None,
             agent_args: Vec::new(),
             database: None,
+            simulated_nodes: 0,
         }
     }
 }
@@ -72,6 +83,8 @@ pub struct Cluster {
     opts: Options,
     server: Option<Child>,
     agents: Vec<Option<Child>>,
+    /// Agents' GPU model, where not the default.
+    gpu_models: std::collections::BTreeMap<usize, &'static str>,
     pub url: String,
     pub admin: String,
 }
@@ -107,14 +120,21 @@ impl Cluster {
         ));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("logs")).unwrap();
-        let mut cluster =
-            Cluster { dir, opts, server: None, agents: Vec::new(), url: String::new(), admin: String::new() };
+        let mut cluster = Cluster {
+            dir,
+            opts,
+            server: None,
+            agents: Vec::new(),
+            gpu_models: Default::default(),
+            url: String::new(),
+            admin: String::new(),
+        };
         cluster.start_server();
         for i in 0..cluster.opts.nodes {
             cluster.agents.push(None);
             cluster.start_agent(i as usize);
         }
-        cluster.wait_nodes_up(cluster.opts.nodes as usize);
+        cluster.wait_nodes_up(cluster.opts.nodes as usize * cluster.opts.simulated_nodes.max(1) as usize);
         cluster
     }
 
@@ -154,7 +174,7 @@ impl Cluster {
                 "--heartbeat-timeout",
                 self.opts.heartbeat_timeout,
             ])
-            .args(["--heartbeat-interval", "200ms"])
+            .args(["--heartbeat-interval", self.opts.heartbeat_interval])
             .args(self.opts.database.iter().flat_map(|url| ["--database", url.as_str()]))
             .stdout(self.log("server"))
             .stderr(self.log("server"))
@@ -175,7 +195,12 @@ impl Cluster {
         child.wait().unwrap();
     }
 
+    /// Starts agent `i`: as the options say for the first `nodes`, a real
+    /// one for those added after them ([`Cluster::add_real_agent`]).
     pub fn start_agent(&mut self, i: usize) {
+        if self.opts.simulated_nodes > 0 && i < self.opts.nodes as usize {
+            return self.start_simulated_fleet(i);
+        }
         let name = format!("node-{i}");
         let personal: Vec<String> = match &self.opts.run_as {
             None => vec!["--allow-root-jobs".into(), "--job-path".into(), std::env::var("PATH").unwrap()],
@@ -187,7 +212,8 @@ impl Cluster {
             .args(&self.opts.agent_args)
             .args(blas_settings())
             .args(["--join-token-file", self.dir.join("server/join.token").to_str().unwrap()])
-            .args(["--fake-gpus", &self.opts.gpus.to_string(), "--gpu-model", "H100-80GB"])
+            .args(["--fake-gpus", &self.opts.gpus.to_string()])
+            .args(["--gpu-model", self.gpu_models.get(&i).copied().unwrap_or(DEFAULT_GPU_MODEL)])
             .args(["--data-dir", self.dir.join("agents").join(&name).to_str().unwrap()])
             .args(["--checkpoint-root", self.dir.join("checkpoints").to_str().unwrap()])
             .args(["--address", "127.0.0.1"])
@@ -199,6 +225,37 @@ impl Cluster {
             .spawn()
             .unwrap();
         self.agents[i] = Some(child);
+    }
+
+    /// Agent `i` as a simulated fleet: its nodes' attempts are tasks that
+    /// do what their `EBB_SIM_*` variables say.
+    fn start_simulated_fleet(&mut self, i: usize) {
+        let name = format!("node-{i}");
+        let child = Command::new(ebb_exe())
+            .args(["agent", "--server", &self.url, "--name", &name])
+            .args(["--simulate-nodes", &self.opts.simulated_nodes.to_string()])
+            .args(&self.opts.agent_args)
+            .args(["--join-token-file", self.dir.join("server/join.token").to_str().unwrap()])
+            .args(["--fake-gpus", &self.opts.gpus.to_string(), "--gpu-model", DEFAULT_GPU_MODEL])
+            .args(["--data-dir", self.dir.join("agents").join(&name).to_str().unwrap()])
+            .args(["--address", "127.0.0.1"])
+            .env(AGENT_CANARY, "agent-only")
+            .stdout(self.log(&name))
+            .stderr(self.log(&name))
+            .spawn()
+            .unwrap();
+        self.agents[i] = Some(child);
+    }
+
+    /// Starts one more agent, a real one whatever the options say, with
+    /// GPUs of `gpu_model` (a job asking for it runs there), and returns
+    /// its index.
+    pub fn add_real_agent(&mut self, gpu_model: &'static str) -> usize {
+        self.agents.push(None);
+        let i = self.agents.len() - 1;
+        self.gpu_models.insert(i, gpu_model);
+        self.start_agent(i);
+        i
     }
 
     /// The process id of agent `i`.

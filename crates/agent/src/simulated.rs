@@ -1,0 +1,463 @@
+//! Attempts without processes, for a simulated fleet (`ebb agent
+//! --simulate-nodes N`, see [`crate::fleet`]): each attempt is a task that
+//! behaves as its job's environment says, and is reported exactly as a
+//! process doing the same would be.
+//!
+//! * `EBB_SIM_DURATION`: how long it runs; then it exits 0 having marked
+//!   itself complete (as a job that creates `EBB_COMPLETION_FILE` before
+//!   exiting), so one that finishes during a drain succeeds. Absent: it
+//!   runs until it is stopped.
+//! * `EBB_SIM_CHECKPOINT`: it reports a checkpoint every interval, with
+//!   steps counted from 1, as a job posting to its metadata endpoint's
+//!   `/ebb/v1/checkpoint` does.
+//! * `EBB_SIM_SAVE` (default 0): at its first signal other than SIGKILL (a
+//!   drain's, a cancel's, a stop's), it saves for this long, reports a
+//!   checkpoint that took as long, and exits 0 without the completion
+//!   mark: a well-behaved job that traps its signal. From the signal on,
+//!   it only saves; a SIGKILL during the save ends it as it would a
+//!   process.
+//! * `EBB_SIM_IGNORE_NOTICE=1`: it ignores every signal but SIGKILL, so a
+//!   drain or a cancel ends it at the deadline.
+//!
+//! Durations are a number of seconds (`2.5`) or a span with units (`90s`,
+//! `5m`, `1h 30m`, `500ms`). A value that is not one is the job's error:
+//! the attempt does not start, and is reported as an exit of 127 saying
+//! why, as a program that cannot be run would be.
+//!
+//! SIGKILL ends an attempt at once, reported as a process killed by it
+//! is: no exit code, signal 9. Attempts have no files (no notice file, no
+//! directories) and report pid 0; the notice is on no endpoint, since no
+//! job reads it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ebb_api::{AgentEvent, AttemptRef, StartAttempt};
+use nix::sys::signal::Signal;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::metadata::Notice;
+use crate::report::{now_ms, Reporter};
+use crate::supervisor::{NoticeTarget, Supervisor};
+
+/// What a simulated job does, from its environment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Behaviour {
+    /// How long it runs before it exits 0 of itself; none: until stopped.
+    pub duration: Option<Duration>,
+    /// How often it reports a checkpoint while it runs.
+    pub checkpoint_every: Option<Duration>,
+    /// How long it saves after its signal before it exits.
+    pub save: Duration,
+    /// It ignores every signal but SIGKILL.
+    pub ignore_notice: bool,
+}
+
+/// The longest span a variable may give: a year.
+const LONGEST: Duration = Duration::from_secs(366 * 24 * 3600);
+
+impl Behaviour {
+    /// The behaviour `env` asks for; an error names the variable.
+    pub(crate) fn from_env(env: &BTreeMap<String, String>) -> Result<Behaviour, String> {
+        let span =
+            |name: &str| env.get(name).map(|v| parse_span(v).map_err(|e| format!("{name}={v:?}: {e}")));
+        let duration = span("EBB_SIM_DURATION").transpose()?;
+        let checkpoint_every = span("EBB_SIM_CHECKPOINT").transpose()?;
+        if checkpoint_every == Some(Duration::ZERO) {
+            return Err("EBB_SIM_CHECKPOINT=0: the interval between checkpoints must be above 0".into());
+        }
+        let save = span("EBB_SIM_SAVE").transpose()?.unwrap_or_default();
+        let ignore_notice = match env.get("EBB_SIM_IGNORE_NOTICE").map(String::as_str) {
+            None | Some("" | "0" | "false") => false,
+            Some("1" | "true") => true,
+            Some(other) => return Err(format!("EBB_SIM_IGNORE_NOTICE={other:?}: 1 or 0")),
+        };
+        Ok(Behaviour { duration, checkpoint_every, save, ignore_notice })
+    }
+}
+
+/// A duration as the `EBB_SIM_*` variables give it: seconds (`2.5`) or a
+/// span with units (`90s`, `5m`), at most a year.
+pub(crate) fn parse_span(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let span = match text.parse::<f64>() {
+        Ok(seconds) => Duration::try_from_secs_f64(seconds).map_err(|_| "not a number of seconds")?,
+        Err(_) => humantime::parse_duration(text)
+            .map_err(|_| "a number of seconds (2.5) or a span with units (90s, 5m, 500ms)")?,
+    };
+    if span > LONGEST {
+        return Err("at most a year".into());
+    }
+    Ok(span)
+}
+
+/// One simulated node's attempts.
+pub(crate) struct Simulated {
+    node: String,
+    reporter: Arc<Reporter>,
+    /// Every event of an attempt is sent while this is held and the attempt
+    /// is in it: whoever takes an attempt out reports its exit, and nothing
+    /// of it follows.
+    running: Mutex<HashMap<AttemptRef, Running>>,
+}
+
+/// A running simulated attempt.
+struct Running {
+    /// The signal its job asked drains for.
+    signal: Signal,
+    notice: Option<Notice>,
+    /// Set at its first signal other than SIGKILL; dropped when it ends.
+    signalled: watch::Sender<bool>,
+}
+
+impl Simulated {
+    pub(crate) fn new(node: &str, reporter: Arc<Reporter>) -> Simulated {
+        Simulated { node: node.to_string(), reporter, running: Mutex::new(HashMap::new()) }
+    }
+
+    /// Runs attempt `a` as `behaviour` says, until it exits or is killed.
+    async fn run(self: Arc<Self>, a: AttemptRef, behaviour: Behaviour, mut signalled: watch::Receiver<bool>) {
+        let started = Instant::now();
+        let end = behaviour.duration.map(|d| started + d);
+        let mut next_checkpoint = behaviour.checkpoint_every.map(|every| started + every);
+        let mut step = 0;
+        loop {
+            tokio::select! {
+                biased;
+                () = until(end) => {
+                    self.exit(a, Some(0), None, true);
+                    return;
+                }
+                changed = signalled.changed() => {
+                    if changed.is_err() {
+                        return; // killed: the exit is reported
+                    }
+                    if behaviour.ignore_notice {
+                        continue;
+                    }
+                    tokio::time::sleep(behaviour.save).await;
+                    step += 1;
+                    if self.checkpoint(a, step, behaviour.save) {
+                        self.exit(a, Some(0), None, false);
+                    }
+                    return;
+                }
+                () = until(next_checkpoint) => {
+                    step += 1;
+                    if !self.checkpoint(a, step, Duration::ZERO) {
+                        return;
+                    }
+                    next_checkpoint = next_checkpoint.zip(behaviour.checkpoint_every).map(|(at, every)| at + every);
+                }
+            }
+        }
+    }
+
+    /// Reports a checkpoint of `a` if it still runs; says whether it does.
+    fn checkpoint(&self, a: AttemptRef, step: u64, took: Duration) -> bool {
+        let running = self.running.lock().expect("running");
+        if !running.contains_key(&a) {
+            return false;
+        }
+        self.reporter.send(AgentEvent::Checkpoint {
+            attempt: a,
+            step: Some(step),
+            bytes: None,
+            duration_ms: took.as_millis() as u64,
+            at_ms: now_ms(),
+        });
+        true
+    }
+
+    /// Ends `a` and reports its exit, unless it has ended already.
+    fn exit(&self, a: AttemptRef, code: Option<i32>, signal: Option<i32>, completed: bool) {
+        let mut running = self.running.lock().expect("running");
+        if running.remove(&a).is_none() {
+            return;
+        }
+        tracing::info!(node = self.node, job = a.job, attempt = a.attempt, ?code, ?signal, "exited");
+        self.reporter.send(AgentEvent::Exited {
+            attempt: a,
+            code,
+            signal,
+            completed,
+            at_ms: now_ms(),
+            peak_memory_bytes: None,
+            start_error: None,
+        });
+    }
+}
+
+/// Sleeps until `at`; for ever if there is none.
+async fn until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The line a simulated attempt writes at its start.
+fn first_line(node: &str, b: &Behaviour) -> String {
+    let runs = match b.duration {
+        Some(d) => format!("runs for {}", humantime::format_duration(d)),
+        None => "runs until stopped".to_string(),
+    };
+    format!("simulated attempt on {node}: {runs}\n")
+}
+
+impl Supervisor for Simulated {
+    fn running(&self) -> Vec<AttemptRef> {
+        self.running.lock().expect("running").keys().copied().collect()
+    }
+
+    fn is_running(&self, attempt: AttemptRef) -> bool {
+        self.running.lock().expect("running").contains_key(&attempt)
+    }
+
+    fn start(self: &Arc<Self>, start: StartAttempt) -> impl Future<Output = Result<(), String>> + Send {
+        let this = self.clone();
+        async move {
+            let behaviour = Behaviour::from_env(&start.env)?;
+            let a = start.attempt;
+            let (signalled, watching) = watch::channel(false);
+            {
+                let mut running = this.running.lock().expect("running");
+                let signal = Signal::try_from(start.signal).unwrap_or(Signal::SIGTERM);
+                running.insert(a, Running { signal, notice: None, signalled });
+                this.reporter.send(AgentEvent::Started { attempt: a, pid: 0, at_ms: now_ms() });
+                this.reporter
+                    .send(AgentEvent::Output { attempt: a, data: first_line(&this.node, &behaviour) });
+            }
+            tokio::spawn(this.clone().run(a, behaviour, watching));
+            Ok(())
+        }
+    }
+
+    fn signal(&self, attempt: AttemptRef, signal: Signal) {
+        if signal == Signal::SIGKILL {
+            return self.exit(attempt, None, Some(Signal::SIGKILL as i32), false);
+        }
+        if let Some(r) = self.running.lock().expect("running").get(&attempt) {
+            r.signalled.send_if_modified(|signalled| !std::mem::replace(signalled, true));
+        }
+    }
+
+    fn post_notice(&self, attempt: AttemptRef, notice: Notice) -> Option<NoticeTarget> {
+        let mut running = self.running.lock().expect("running");
+        let r = running.get_mut(&attempt)?;
+        if !notice.supersedes(r.notice.as_ref()) {
+            return None;
+        }
+        r.notice = Some(notice);
+        Some(NoticeTarget { drain_file: None, signal: r.signal })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ebb_api::DrainAttempt;
+
+    use super::*;
+    use crate::drain;
+    use crate::report::Queue;
+
+    const A: AttemptRef = AttemptRef { job: 7, attempt: 1 };
+
+    fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    fn start_of(a: AttemptRef, pairs: &[(&str, &str)]) -> StartAttempt {
+        StartAttempt {
+            attempt: a,
+            tier: "preemptible".into(),
+            argv: vec!["train".into()],
+            env: env(pairs),
+            workdir: None,
+            gpus: vec![0, 1],
+            signal: Signal::SIGUSR1 as i32,
+            run_as: None,
+            tenant: "default".into(),
+        }
+    }
+
+    fn node() -> (Arc<Simulated>, Queue) {
+        let (reporter, queue) = Reporter::new(0);
+        (Arc::new(Simulated::new("sim-00000", reporter)), queue)
+    }
+
+    /// A reported event, with the second of the paused clock it came in.
+    #[derive(Debug, PartialEq)]
+    enum Seen {
+        Started,
+        Output,
+        Checkpoint { step: u64, took_ms: u64, at_s: u64 },
+        Exited { code: Option<i32>, signal: Option<i32>, completed: bool, at_s: u64 },
+    }
+
+    /// Watches a node's reports on the paused clock, half a second after
+    /// each whole second: an event is put in the second it was seen by
+    /// (what a test does between two looks happens at the half second).
+    struct Watch {
+        queue: Queue,
+        t0: Instant,
+        second: u64,
+        seen: Vec<Seen>,
+    }
+
+    impl Watch {
+        fn new(queue: Queue) -> Watch {
+            Watch { queue, t0: Instant::now(), second: 0, seen: Vec::new() }
+        }
+
+        /// Lets the clock run to half a second past second `s`.
+        async fn to(&mut self, s: u64) {
+            while self.second <= s {
+                tokio::time::sleep_until(self.t0 + Duration::from_millis(self.second * 1000 + 500)).await;
+                let at_s = self.second;
+                while let Ok(event) = self.queue.try_recv() {
+                    self.seen.push(match event {
+                        AgentEvent::Started { pid: 0, .. } => Seen::Started,
+                        AgentEvent::Output { .. } => Seen::Output,
+                        AgentEvent::Checkpoint { step, duration_ms, .. } => {
+                            Seen::Checkpoint { step: step.unwrap(), took_ms: duration_ms, at_s }
+                        }
+                        AgentEvent::Exited { code, signal, completed, .. } => {
+                            Seen::Exited { code, signal, completed, at_s }
+                        }
+                        other => panic!("unexpected {other:?}"),
+                    });
+                }
+                self.second += 1;
+            }
+        }
+    }
+
+    #[test]
+    fn durations_are_seconds_or_spans_with_units() {
+        assert_eq!(parse_span("2.5"), Ok(Duration::from_millis(2500)));
+        assert_eq!(parse_span("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_span("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_span("1h 30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_span("0"), Ok(Duration::ZERO));
+        assert!(parse_span("-1").is_err());
+        assert!(parse_span("soon").is_err());
+        assert!(parse_span("400d").unwrap_err().contains("at most a year"));
+        let b = Behaviour::from_env(&env(&[])).unwrap();
+        assert_eq!(
+            b,
+            Behaviour { duration: None, checkpoint_every: None, save: Duration::ZERO, ignore_notice: false }
+        );
+        let e = Behaviour::from_env(&env(&[("EBB_SIM_SAVE", "a while")])).unwrap_err();
+        assert!(e.starts_with("EBB_SIM_SAVE=\"a while\": a number of seconds"), "{e}");
+        assert!(Behaviour::from_env(&env(&[("EBB_SIM_CHECKPOINT", "0")])).is_err());
+        assert!(Behaviour::from_env(&env(&[("EBB_SIM_IGNORE_NOTICE", "yes")])).is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_job_checkpoints_every_interval_and_exits_complete_when_its_duration_ends() {
+        let (sim, queue) = node();
+        let mut watch = Watch::new(queue);
+        sim.start(start_of(A, &[("EBB_SIM_DURATION", "10"), ("EBB_SIM_CHECKPOINT", "4s")])).await.unwrap();
+        assert!(sim.is_running(A));
+        watch.to(11).await;
+        assert_eq!(
+            watch.seen,
+            [
+                Seen::Started,
+                Seen::Output,
+                Seen::Checkpoint { step: 1, took_ms: 0, at_s: 4 },
+                Seen::Checkpoint { step: 2, took_ms: 0, at_s: 8 },
+                Seen::Exited { code: Some(0), signal: None, completed: true, at_s: 10 },
+            ]
+        );
+        assert!(!sim.is_running(A));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn at_its_notice_a_job_saves_reports_a_checkpoint_and_exits_without_the_completion_mark() {
+        let (sim, queue) = node();
+        let mut watch = Watch::new(queue);
+        sim.start(start_of(A, &[("EBB_SIM_CHECKPOINT", "3s"), ("EBB_SIM_SAVE", "2.25s")])).await.unwrap();
+        watch.to(4).await;
+        let now = now_ms();
+        let d = DrainAttempt { attempt: A, notice_at_ms: now, deadline_ms: now + 30_000, reason: "x".into() };
+        drain::drain(&sim, d).await;
+        watch.to(9).await;
+        assert_eq!(
+            watch.seen,
+            [
+                Seen::Started,
+                Seen::Output,
+                Seen::Checkpoint { step: 1, took_ms: 0, at_s: 3 },
+                Seen::Checkpoint { step: 2, took_ms: 2250, at_s: 7 },
+                Seen::Exited { code: Some(0), signal: None, completed: false, at_s: 7 },
+            ]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_job_that_ignores_its_notice_runs_until_sigkill_which_ends_it_at_once() {
+        let (sim, queue) = node();
+        let mut watch = Watch::new(queue);
+        sim.start(start_of(A, &[("EBB_SIM_IGNORE_NOTICE", "1"), ("EBB_SIM_SAVE", "1")])).await.unwrap();
+        sim.signal(A, Signal::SIGUSR1);
+        sim.signal(A, Signal::SIGTERM);
+        watch.to(4).await;
+        assert!(sim.is_running(A));
+        sim.signal(A, Signal::SIGKILL);
+        sim.signal(A, Signal::SIGKILL);
+        watch.to(8).await;
+        assert_eq!(
+            watch.seen,
+            [
+                Seen::Started,
+                Seen::Output,
+                Seen::Exited { code: None, signal: Some(9), completed: false, at_s: 5 },
+            ]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_sigkill_during_the_save_ends_the_job_with_no_checkpoint_after_its_exit() {
+        let (sim, queue) = node();
+        let mut watch = Watch::new(queue);
+        sim.start(start_of(A, &[("EBB_SIM_SAVE", "10s"), ("EBB_SIM_DURATION", "5s")])).await.unwrap();
+        sim.signal(A, Signal::SIGTERM);
+        watch.to(5).await;
+        assert!(sim.is_running(A), "from its signal on, it only saves");
+        sim.signal(A, Signal::SIGKILL);
+        watch.to(15).await;
+        assert_eq!(
+            watch.seen,
+            [
+                Seen::Started,
+                Seen::Output,
+                Seen::Exited { code: None, signal: Some(9), completed: false, at_s: 6 },
+            ]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_job_whose_environment_is_wrong_does_not_start() {
+        let (sim, mut queue) = node();
+        let e = sim.start(start_of(A, &[("EBB_SIM_DURATION", "ten")])).await.unwrap_err();
+        assert!(e.starts_with("EBB_SIM_DURATION=\"ten\""), "{e}");
+        assert!(!sim.is_running(A));
+        assert!(queue.try_recv().is_err(), "nothing reported");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_repeated_notice_is_posted_once_and_a_sooner_one_replaces_it() {
+        let (sim, _queue) = node();
+        sim.start(start_of(A, &[])).await.unwrap();
+        let drain = Notice::new(1, 60_000, "preempted".into());
+        let target = sim.post_notice(A, drain.clone()).unwrap();
+        assert_eq!(target, NoticeTarget { drain_file: None, signal: Signal::SIGUSR1 });
+        assert_eq!(sim.post_notice(A, drain), None);
+        assert!(sim.post_notice(A, Notice::cancel(2, 10_000)).is_some());
+    }
+}
