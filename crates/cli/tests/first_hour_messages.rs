@@ -190,7 +190,7 @@ fn deleting_a_reservation_leaves_the_invoices_of_its_past_unchanged_and_tenants_
     let row: Vec<&str> = rows.next().unwrap().split_whitespace().collect();
     assert_eq!(
         row,
-        [&*kept.to_string(), "beta", "3", MODEL, &row[4], &row[5], "1.8000", "-", "-"],
+        [&*kept.to_string(), "beta", "3", MODEL, row[4], row[5], "1.8000", "-", "-"],
         "{listed}"
     );
 

@@ -434,10 +434,29 @@ impl<S: Store> Engine<S> {
         self.fleet.heard_before.get(node).copied()
     }
 
-    /// Records contact with `node`: durable, so that a restarted server
-    /// meters work on a node that never comes back only up to here.
+    /// Records contact with `node`, durably while it runs attempts, so
+    /// that a restarted server meters work on a node that never comes back
+    /// up to its last contact. A node that runs nothing has nothing to
+    /// meter: its contact is written at most every quarter of the heartbeat
+    /// timeout (1 s to 10 s), so an idle fleet's heartbeats are not each a
+    /// write and a sync of the database.
     pub(super) fn heard(&mut self, node: &str, now: u64) -> Written {
-        self.fleet.heard_since_start.insert(node.to_string());
+        if !self.fleet.heard_since_start.contains(node) {
+            self.fleet.heard_since_start.insert(node.to_string());
+        }
+        let every = (self.config.heartbeat_timeout.0 / 4).clamp(1_000, 10_000);
+        let idle = self
+            .core
+            .node_by_name(node)
+            .and_then(|id| self.core.node(id))
+            .is_none_or(|n| n.jobs().next().is_none());
+        match self.fleet.heard_stored.get_mut(node) {
+            Some(stored) if idle && now.saturating_sub(*stored) < every => return Ok(()),
+            Some(stored) => *stored = now,
+            None => {
+                self.fleet.heard_stored.insert(node.to_string(), now);
+            }
+        }
         self.store.heard(node, now)
     }
 
@@ -445,6 +464,7 @@ impl<S: Store> Engine<S> {
     pub(super) fn interrupted(&mut self, node: &str) -> Written {
         if let Some(row) = self.fleet.nodes.get_mut(node) {
             row.interruptions += 1;
+            self.fleet.exposure.entry(row.gpu_model.clone()).or_default().interruptions += 1;
             self.outbox.changed = true;
             self.store.put_node(row)?;
         }

@@ -63,12 +63,15 @@ impl<S: Store> Engine<S> {
         placement: &[(String, Vec<u8>)],
         now: u64,
     ) -> ebb_core::checkpoint::Recommendation {
-        let model = placement.first().and_then(|(n, _)| self.fleet.nodes.get(n)).map(|n| n.gpu_model.clone());
-        let mut exposure = ebb_core::checkpoint::Exposure::default();
-        for row in self.fleet.nodes.values().filter(|n| Some(&n.gpu_model) == model.as_ref()) {
-            exposure.node_time = exposure.node_time + Span(now.saturating_sub(row.joined_ms));
-            exposure.interruptions += row.interruptions;
-        }
+        let model = placement.first().and_then(|(n, _)| self.fleet.nodes.get(n)).map(|n| &n.gpu_model);
+        let sums = model.and_then(|m| self.fleet.exposure.get(m)).copied().unwrap_or_default();
+        // The nodes' time since they joined: n x now less the sum of their
+        // joining times (none joined after now: times are the server's).
+        let node_time = (u128::from(now) * u128::from(sums.nodes)).saturating_sub(sums.joined_ms);
+        let exposure = ebb_core::checkpoint::Exposure {
+            node_time: Span(u64::try_from(node_time).unwrap_or(u64::MAX)),
+            interruptions: sums.interruptions,
+        };
         let delta = self.jobs[&id].checkpoints.checkpoint_time();
         ebb_core::checkpoint::recommend(delta, exposure, placement.len() as u32)
     }

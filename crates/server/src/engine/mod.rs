@@ -359,6 +359,8 @@ struct Fleet {
     /// the nodes heard from since.
     heard_before: HashMap<String, u64>,
     heard_since_start: BTreeSet<String>,
+    /// When each node's contact was last written to the store.
+    heard_stored: HashMap<String, u64>,
     /// Nodes whose agents say their reports keep failing, and why.
     unhealthy: HashMap<String, String>,
     /// The last report applied from each node, once one came.
@@ -366,12 +368,29 @@ struct Fleet {
     /// GPUs and nodes of each model that have joined and not been removed
     /// (lost ones may come back): the most a job of that model could get.
     registered: BTreeMap<String, (u64, u32)>,
+    /// Every node row of each model, removed ones too, summed for the
+    /// checkpoint advice: how many, when they joined, how often they were
+    /// interrupted. Kept as rows change, so a placement does not walk the
+    /// fleet.
+    exposure: HashMap<String, Exposure>,
+}
+
+/// Sums over the node rows of one model.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Exposure {
+    pub nodes: u64,
+    pub joined_ms: u128,
+    pub interruptions: u64,
 }
 
 impl Fleet {
     /// `row` replaces what the fleet had under its name.
     fn put(&mut self, row: NodeRow) {
         if let Some(old) = self.nodes.get(&row.name) {
+            let sums = self.exposure.entry(old.gpu_model.clone()).or_default();
+            sums.nodes -= 1;
+            sums.joined_ms -= u128::from(old.joined_ms);
+            sums.interruptions -= old.interruptions;
             if !old.removed {
                 let entry = self.registered.entry(old.gpu_model.clone()).or_default();
                 entry.0 = entry.0.saturating_sub(u64::from(old.gpus));
@@ -383,6 +402,10 @@ impl Fleet {
             entry.0 += u64::from(row.gpus);
             entry.1 += 1;
         }
+        let sums = self.exposure.entry(row.gpu_model.clone()).or_default();
+        sums.nodes += 1;
+        sums.joined_ms += u128::from(row.joined_ms);
+        sums.interruptions += row.interruptions;
         self.nodes.insert(row.name.clone(), row);
     }
 }
