@@ -188,11 +188,7 @@ fn deleting_a_reservation_leaves_the_invoices_of_its_past_unchanged_and_tenants_
     );
     // Not in force yet: nothing in use or lent.
     let row: Vec<&str> = rows.next().unwrap().split_whitespace().collect();
-    assert_eq!(
-        row,
-        [&*kept.to_string(), "beta", "3", MODEL, row[4], row[5], "1.8000", "-", "-"],
-        "{listed}"
-    );
+    assert_eq!(row, [&*kept.to_string(), "beta", "3", MODEL, row[4], row[5], "1.8000", "-", "-"], "{listed}");
 
     // Tenants, with their working tokens; the operator's flags before the
     // command work as they always did.

@@ -437,14 +437,14 @@ impl<S: Store> Engine<S> {
     /// Records contact with `node`, durably while it runs attempts, so
     /// that a restarted server meters work on a node that never comes back
     /// up to its last contact. A node that runs nothing has nothing to
-    /// meter: its contact is written at most every quarter of the heartbeat
-    /// timeout (1 s to 10 s), so an idle fleet's heartbeats are not each a
-    /// write and a sync of the database.
+    /// meter: its contact is written at most every [`IDLE_CONTACT_MS`], so
+    /// an idle fleet's heartbeats are not each a write and a sync of the
+    /// database.
     pub(super) fn heard(&mut self, node: &str, now: u64) -> Written {
         if !self.fleet.heard_since_start.contains(node) {
             self.fleet.heard_since_start.insert(node.to_string());
         }
-        let every = (self.config.heartbeat_timeout.0 / 4).clamp(1_000, 10_000);
+        let every = IDLE_CONTACT_MS;
         let idle = self
             .core
             .node_by_name(node)
@@ -471,6 +471,9 @@ impl<S: Store> Engine<S> {
         Ok(())
     }
 }
+
+/// How often an idle node's contact is written (it has nothing to meter).
+pub(super) const IDLE_CONTACT_MS: u64 = 5 * 60 * 1000;
 
 /// What a start failure's cause may take in an event: the schema's bound.
 const MAX_START_ERROR_BYTES: usize = 4096;
