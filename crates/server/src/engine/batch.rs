@@ -36,10 +36,7 @@ impl<S: Store> Engine<S> {
     pub fn batch(&mut self, batch: Vec<Msg>, now: u64) -> Result<(), String> {
         self.now = now;
         self.store.begin().map_err(|e| format!("cannot begin a transaction: {e}"))?;
-        let applied = self
-            .apply(batch, now)
-            .and_then(|()| self.logfiles.flush())
-            .map_err(|e| format!("a write failed, nothing committed: {e}"));
+        let applied = self.apply(batch, now).map_err(|e| format!("a write failed, nothing committed: {e}"));
         let committed = applied.and_then(|()| self.store.commit().map_err(|e| format!("commit failed: {e}")));
         match committed {
             Ok(()) => {

@@ -54,7 +54,6 @@ mod fleet;
 mod job;
 mod jobs;
 mod launch;
-mod logfiles;
 mod money;
 mod pending;
 mod plan;
@@ -332,8 +331,6 @@ pub struct Engine<S: Store> {
     epoch: u64,
     counters: crate::metrics::Counters,
     tally: job::Tally,
-    /// Jobs' output on its way into their log files (SQLite).
-    logfiles: logfiles::LogFiles,
     /// The latest pass's reason for each job first in line that waits.
     pending: HashMap<JobId, ebb_scheduler::Pending>,
 }

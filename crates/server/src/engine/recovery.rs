@@ -40,7 +40,6 @@ impl<S: Store> Engine<S> {
             },
             counters: Default::default(),
             tally: Default::default(),
-            logfiles: logfiles::LogFiles::start(),
             pending: HashMap::new(),
         };
         let mut notes = Vec::new();

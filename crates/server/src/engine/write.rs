@@ -1,6 +1,8 @@
 //! Store writes of a batch: job records, events and output. Each returns
 //! the store's error, and the batch that made it is abandoned.
 
+use std::io::Write as _;
+
 use super::*;
 
 impl<S: Store> Engine<S> {
@@ -38,10 +40,15 @@ impl<S: Store> Engine<S> {
         if self.store.keeps_output() {
             self.store.put_output(id, state.bytes, data.as_bytes())?;
         } else {
-            // Written off this thread; the batch waits for it before its
-            // commit records the new length (see `logfiles`).
             let path = self.log_path(id);
-            self.logfiles.append(id, path, data.as_bytes().to_vec());
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+                .and_then(|mut f| f.write_all(data.as_bytes()))
+                .map_err(|e| {
+                    StoreError(format!("job {id}: cannot append output to {}: {e}", path.display()))
+                })?;
         }
         state.bytes += data.len() as u64;
         self.store.put_log_state(id, &state)?;
