@@ -55,8 +55,11 @@ impl<S: Store> Engine<S> {
             }
             prepared.push(one);
         }
-        let tasks: Vec<_> = prepared.iter().flat_map(|(_, tasks)| tasks.iter().cloned()).collect();
-        self.check_room(tenant, &limits, &tasks)?;
+        self.check_room(
+            tenant,
+            &limits,
+            prepared.iter().flat_map(|(_, tasks)| tasks.iter().map(|(spec, _)| spec)),
+        )?;
         let mut all = Vec::with_capacity(prepared.len());
         for (checked, tasks) in prepared {
             let mut ids = Vec::with_capacity(tasks.len());
@@ -157,14 +160,14 @@ impl<S: Store> Engine<S> {
 
     /// Refuses a submission that would take the tenant over its limits of
     /// unfinished jobs or their stored bytes.
-    fn check_room(
+    fn check_room<'a>(
         &self,
         tenant: u32,
         limits: &crate::validate::Limits,
-        tasks: &[(StoredSpec, Option<ebb_api::ArrayTask>)],
+        specs: impl Iterator<Item = &'a StoredSpec>,
     ) -> Result<(), ApiError> {
-        let jobs = tasks.len() as u64;
-        let bytes = tasks.iter().map(|(spec, _)| spec.command_bytes()).fold(0u64, u64::saturating_add);
+        let (jobs, bytes) = specs
+            .fold((0u64, 0u64), |(jobs, bytes), spec| (jobs + 1, bytes.saturating_add(spec.command_bytes())));
         let load = self.tenants.load.get(&tenant).cloned().unwrap_or_default();
         if load.jobs.saturating_add(jobs) > limits.max_jobs {
             return Err(ApiError::too_many(format!(
