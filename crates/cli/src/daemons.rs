@@ -214,6 +214,19 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
         ));
     }
     let discount_bps = (discount * 100.0) as u32;
+    let (interval, timeout) = (args.heartbeat_interval, args.heartbeat_timeout);
+    if interval.as_millis() == 0 {
+        return Err(format!("--heartbeat-interval {}: more than 0", interval.human()));
+    }
+    if timeout.as_millis() < 2 * interval.as_millis() {
+        return Err(format!(
+            "--heartbeat-timeout {} with --heartbeat-interval {}: the timeout must be at least twice the \
+             interval, or a node that misses one check-in is lost (e.g. --heartbeat-timeout {})",
+            timeout.human(),
+            interval.human(),
+            Span::from_millis(interval.as_millis() * 3).human()
+        ));
+    }
     let on_demand = price_flags("--price", &args.prices, discount_bps)?;
     let reserved = price_flags("--reserved-price", &args.reserved_prices, discount_bps)?;
     if let Some((model, _)) = reserved.iter().find(|(m, _)| !on_demand.iter().any(|(o, _)| o == m)) {

@@ -568,3 +568,70 @@ fn a_service_with_restart_always_runs_again_after_each_exit_until_cancelled() {
     let bad = c.ebb_as(&c.admin, &["submit", "--restart", "sometimes", "--", "true"]);
     assert!(String::from_utf8_lossy(&bad.stderr).contains("restart: expected never or always"));
 }
+
+/// An agent's polls, by who answered them: (the writer, the quiet line).
+fn polls(c: &Cluster) -> (f64, f64) {
+    let (_, text) = get(&format!("{}/metrics", c.url), None);
+    let value = |answered: &str| {
+        let series = format!("ebb_agent_polls_total{{answered=\"{answered}\"}} ");
+        text.lines().find_map(|l| l.strip_prefix(&series)?.parse().ok()).unwrap()
+    };
+    (value("writer"), value("quiet"))
+}
+
+fn last_heartbeat(c: &Cluster) -> String {
+    let nodes: Value = serde_json::from_str(&c.ebb(&["nodes", "--json"])).unwrap();
+    nodes[0]["last_heartbeat"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn an_idle_nodes_polls_are_answered_without_the_writer_and_still_count_as_contact() {
+    let c = Cluster::start(Options { nodes: 1, gpus: 2, heartbeat_timeout: "1500ms", ..Options::default() });
+    // Idle at a 200 ms interval: about 5 polls a second, all but the first
+    // answered from the node's quiet line.
+    std::thread::sleep(Duration::from_millis(500));
+    let (writer0, quiet0) = polls(&c);
+    let heard0 = last_heartbeat(&c);
+    std::thread::sleep(Duration::from_secs(2));
+    let (writer1, quiet1) = polls(&c);
+    assert!(quiet1 - quiet0 >= 5.0, "quiet polls {quiet0} -> {quiet1}");
+    assert!(writer1 - writer0 <= 1.0, "polls to the writer {writer0} -> {writer1}");
+    // Their contact is applied: the node's last heartbeat moves on, and it
+    // stays up well past the 1.5 s timeout.
+    let heard1 = last_heartbeat(&c);
+    assert!(heard1 > heard0, "last heartbeat {heard0} -> {heard1}");
+    let nodes: Value = serde_json::from_str(&c.ebb(&["nodes", "--json"])).unwrap();
+    assert_eq!(nodes[0]["status"], "up", "{nodes}");
+
+    // A job for the quiet node is delivered at once; while it runs, the
+    // node is not quiet and its polls go to the writer.
+    let job = c.submit_sleeper(2);
+    let started = Instant::now();
+    c.wait_state(job, "running");
+    assert!(started.elapsed() < Duration::from_secs(3), "started after {:?}", started.elapsed());
+    std::thread::sleep(Duration::from_millis(300));
+    let (writer2, quiet2) = polls(&c);
+    std::thread::sleep(Duration::from_secs(1));
+    let (writer3, quiet3) = polls(&c);
+    assert!(writer3 - writer2 >= 3.0, "polls to the writer while busy {writer2} -> {writer3}");
+    assert_eq!(quiet3, quiet2, "a busy node's polls are not quiet");
+    c.ebb(&["cancel", &job.to_string()]);
+    c.wait_state(job, "cancelled");
+    wait_for("the node to be quiet again", Duration::from_secs(10), || {
+        let (_, before) = polls(&c);
+        std::thread::sleep(Duration::from_millis(500));
+        (polls(&c).1 > before).then_some(())
+    });
+
+    // A quiet node that goes silent is lost at the timeout as any other,
+    // and joins again when it comes back.
+    c.freeze_agent(0, true);
+    wait_for("the silent node to be lost", Duration::from_secs(10), || {
+        let nodes: Value = serde_json::from_str(&c.ebb(&["nodes", "--json"])).unwrap();
+        (nodes[0]["status"] == "lost").then_some(())
+    });
+    c.freeze_agent(0, false);
+    c.wait_nodes_up(1);
+    let job = c.submit_sleeper(1);
+    c.wait_state(job, "running");
+}

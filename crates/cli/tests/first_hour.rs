@@ -576,3 +576,25 @@ fn a_comma_separated_server_list_is_tried_in_turn_and_a_request_is_sent_once() {
     let out = run(&format!("{},127.0.0.1:7300", c.url), &["jobs"]);
     assert!(stderr(&out).contains("did you mean http://127.0.0.1:7300?"), "{}", stderr(&out));
 }
+
+/// A heartbeat timeout shorter than two intervals loses every node that
+/// misses a single check-in: the server refuses it, naming both flags.
+#[test]
+fn a_heartbeat_timeout_under_two_intervals_is_refused_before_anything_starts() {
+    let dir = std::env::temp_dir().join(format!("ebb-heartbeat-flags-{}", std::process::id()));
+    let out = std::process::Command::new(cluster::ebb_exe())
+        .args(["server", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(&dir)
+        .args(["--heartbeat-interval", "10s", "--heartbeat-timeout", "15s"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "the server started");
+    let err = stderr(&out);
+    assert!(
+        err.contains("--heartbeat-timeout 15.0s with --heartbeat-interval 10.0s")
+            && err.contains("at least twice the interval")
+            && err.contains("--heartbeat-timeout 30.0s"),
+        "{err}"
+    );
+    assert!(!dir.exists(), "a refused server made {}", dir.display());
+}

@@ -318,6 +318,12 @@ impl State {
         Ok(())
     }
 
+    /// Nodes last heard at or before `before`, the longest silent first
+    /// (lost nodes among them).
+    pub fn silent_since(&self, before: Time) -> impl Iterator<Item = NodeId> + '_ {
+        self.heartbeats.iter().take_while(move |(last, _)| *last <= before).map(|&(_, id)| id)
+    }
+
     fn set_heartbeat(&mut self, id: NodeId, now: Time) {
         let node = &mut self.nodes[id.0 as usize];
         self.heartbeats.remove(&(node.last_heartbeat, id));

@@ -882,10 +882,22 @@ async fn agent_commands(
     ApiQuery(q): ApiQuery<PollQuery>,
 ) -> ApiResult<Json<api::Commands>> {
     app.node(&headers, &q.node)?;
-    let deadline = tokio::time::Instant::now() + app.poll_wait;
+    let deadline = poll_deadline(app.poll_wait);
     // What the poll says of the node's health counts once, when it comes:
     // a report that got through meanwhile is newer news.
     let mut health = Some(q.failing.clone());
+    // A quiet node (idle, healthy, nothing waiting) is answered without
+    // the writer; anything else, or a wake, goes to it.
+    let quiet = match (&q.failing, app.role.lines()) {
+        (None, Some(lines)) => lines.poll(&q.node, q.epoch, q.after, crate::engine::now_ms()),
+        _ => None,
+    };
+    if let Some(mut poll) = quiet {
+        match tokio::time::timeout_at(deadline, poll.changed.changed()).await {
+            Ok(Ok(())) => health = None,
+            _ => return Ok(Json(api::Commands { commands: Vec::new(), next_seq: poll.next_seq })),
+        }
+    }
     loop {
         let node = q.node.clone();
         let health = health.take();
@@ -900,6 +912,20 @@ async fn agent_commands(
             _ => return Ok(Json(api::Commands { commands: Vec::new(), next_seq: poll.next_seq })),
         }
     }
+}
+
+/// When an empty poll is answered: a heartbeat interval from now, brought
+/// back to a tick of a shared grid (a quarter of the interval, at most
+/// 250 ms). Polls that come at scattered moments then end together, and
+/// their agents ask again together: an idle fleet wakes the server a few
+/// times a second instead of at every poll's own instant.
+fn poll_deadline(wait: Duration) -> tokio::time::Instant {
+    static ORIGIN: std::sync::OnceLock<tokio::time::Instant> = std::sync::OnceLock::new();
+    let origin = *ORIGIN.get_or_init(tokio::time::Instant::now);
+    let grid = (wait / 4).clamp(Duration::from_millis(1), Duration::from_millis(250));
+    let due = (tokio::time::Instant::now() + wait).duration_since(origin);
+    let ticks = due.as_nanos() / grid.as_nanos();
+    origin + Duration::from_nanos((ticks * grid.as_nanos()) as u64)
 }
 
 /// What happened on the node: starts, checkpoints, output, exits.
@@ -1106,7 +1132,7 @@ fn start_writer<S: Store + 'static>(
     tokens: TokenMap,
     feed: crate::engine::Feed,
     rx: mpsc::Receiver<Msg>,
-) -> Result<Vec<String>, String> {
+) -> Result<(Vec<String>, Arc<crate::engine::Lines>), String> {
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name("ebb-writer".into())
@@ -1117,7 +1143,7 @@ fn start_writer<S: Store + 'static>(
             match opened {
                 Ok((mut engine, created)) => {
                     engine.feed(feed);
-                    let _ = ready_tx.send(Ok(created));
+                    let _ = ready_tx.send(Ok((created, engine.lines())));
                     if let Some(e) = engine.run(rx) {
                         // Serve no state the store does not have.
                         tracing::error!("{e}; stopping");
@@ -1175,14 +1201,14 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
         None => {
             let (tx, rx) = mpsc::channel(1 << 16);
             let path = dir.join("ebb.db");
-            let created = start_writer(
+            let (created, lines) = start_writer(
                 move || SqliteStore::open(&path),
                 engine_config,
                 tokens.clone(),
                 feed.clone(),
                 rx,
             )?;
-            role.lead(0, &url, tx);
+            role.lead(0, &url, tx, lines);
             created
         }
         Some(database) => {

@@ -33,7 +33,7 @@ use axum::Json;
 use serde::Serialize;
 use tokio::sync::mpsc;
 
-use crate::engine::{Engine, EngineConfig, Feed, Msg};
+use crate::engine::{Engine, EngineConfig, Feed, Lines, Msg};
 use crate::pg::PgStore;
 use crate::{ApiError, TokenMap};
 
@@ -54,6 +54,8 @@ impl Default for Role {
 struct Now {
     /// The writer's queue while this server leads.
     writer: Option<mpsc::Sender<Msg>>,
+    /// The writer's quiet lines while this server leads.
+    lines: Option<Arc<Lines>>,
     epoch: u64,
     /// Where the leader answers: this server's own URL while it leads.
     leader: String,
@@ -71,12 +73,12 @@ pub struct Health {
 }
 
 impl Role {
-    pub fn lead(&self, epoch: u64, url: &str, writer: mpsc::Sender<Msg>) {
-        self.set(Now { writer: Some(writer), epoch, leader: url.to_string() });
+    pub fn lead(&self, epoch: u64, url: &str, writer: mpsc::Sender<Msg>, lines: Arc<Lines>) {
+        self.set(Now { writer: Some(writer), lines: Some(lines), epoch, leader: url.to_string() });
     }
 
     pub fn follow(&self, epoch: u64, leader: &str) {
-        self.set(Now { writer: None, epoch, leader: leader.to_string() });
+        self.set(Now { writer: None, lines: None, epoch, leader: leader.to_string() });
     }
 
     fn set(&self, new: Now) {
@@ -91,6 +93,11 @@ impl Role {
     /// The writer's queue, while this server leads.
     pub fn writer(&self) -> Option<mpsc::Sender<Msg>> {
         self.now.read().expect("role").writer.clone()
+    }
+
+    /// The writer's quiet lines, while this server leads.
+    pub fn lines(&self) -> Option<Arc<Lines>> {
+        self.now.read().expect("role").lines.clone()
     }
 
     pub fn health(&self) -> Health {
@@ -188,7 +195,7 @@ fn run(
             Ok((mut writer, created)) => {
                 writer.feed(feed.clone());
                 let (tx, rx) = mpsc::channel(1 << 16);
-                role.lead(epoch, &lease.url, tx);
+                role.lead(epoch, &lease.url, tx, writer.lines());
                 tracing::info!(epoch, url = %lease.url, "leading");
                 eprintln!("ebb server: leading at epoch {epoch}");
                 match ready.take() {

@@ -42,6 +42,10 @@ pub struct Counters {
     pub lost_gpu_seconds: f64,
     pub passes: u64,
     pub pass_seconds: f64,
+    /// Agents' command polls taken by the writer, and those answered
+    /// without it (quiet nodes: idle, healthy, nothing waiting).
+    pub polls_writer: u64,
+    pub polls_quiet: u64,
     /// GPU-seconds metered in drain windows (as invoices count them).
     pub drain_gpu_seconds: u64,
     /// Metered revenue of ended attempts, micro-dollars, by tier.
@@ -60,6 +64,8 @@ impl Default for Counters {
             lost_gpu_seconds: 0.0,
             passes: 0,
             pass_seconds: 0.0,
+            polls_writer: 0,
+            polls_quiet: 0,
             drain_gpu_seconds: 0,
             revenue_micro_usd: TIERS.iter().map(|&t| (t, 0)).collect(),
             drain_seconds: Histogram::new(DRAIN_BUCKETS),
@@ -243,6 +249,15 @@ pub fn render(s: &Snapshot) -> String {
         Unit::Other("usd".into()),
         revenue,
     );
+    let polls = Family::<Labels, Counter>::default();
+    polls.get_or_create(&labels(&[("answered", "writer")])).inc_by(c.polls_writer);
+    polls.get_or_create(&labels(&[("answered", "quiet")])).inc_by(c.polls_quiet);
+    registry.register(
+        "agent_polls",
+        "Agents' command polls since the server started: taken by the writer, or answered without it for a \
+         quiet node (idle, healthy, no command waiting)",
+        polls,
+    );
     registry.register("scheduling_passes", "Plans applied since the server started", counter(c.passes));
     registry.register_with_unit(
         "scheduling",
@@ -281,6 +296,8 @@ mod tests {
             "ebb_lost_gpu_seconds_total".into(),
             "ebb_scheduling_passes_total".into(),
             "ebb_scheduling_seconds_total".into(),
+            "ebb_agent_polls_total{answered=\"writer\"}".into(),
+            "ebb_agent_polls_total{answered=\"quiet\"}".into(),
         ];
         for tier in TIERS {
             for reason in crate::engine::PENDING_REASONS {

@@ -165,6 +165,7 @@ impl<S: Store> Engine<S> {
         health: Option<Option<String>>,
         now: u64,
     ) -> Result<Poll, Fail> {
+        self.counters.polls_writer += 1;
         self.credential_valid(node)?;
         let Some(id) = self.core.node_by_name(node) else {
             return Err(ApiError::conflict(format!("node {node}: not registered")).into());
@@ -177,6 +178,7 @@ impl<S: Store> Engine<S> {
         if let Some(failing) = health {
             self.set_health(node, failing);
         }
+        self.line(node);
         let channel = self.outbox.channels.entry(node.to_string()).or_insert_with(Channel::new);
         while channel.commands.front().is_some_and(|c| c.seq <= after) {
             channel.commands.pop_front();
@@ -406,6 +408,7 @@ impl<S: Store> Engine<S> {
         let was = self.fleet.unhealthy.contains_key(node);
         match failing {
             Some(why) => {
+                self.unquiet(node);
                 if !was {
                     tracing::warn!(
                         node,

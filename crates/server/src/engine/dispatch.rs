@@ -146,7 +146,7 @@ impl<S: Store> Engine<S> {
                 let result = self.report_series_for(&from, &to, &step, now);
                 self.answer(reply, result)?;
             }
-            Msg::Tick => {}
+            Msg::Tick => self.hear_lines()?,
         }
         Ok(())
     }

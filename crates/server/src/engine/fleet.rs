@@ -141,6 +141,7 @@ impl<S: Store> Engine<S> {
     /// not since), and are metered to there.
     pub(super) fn node_gone(&mut self, name: &str, requeued: &[u64], why: &str, now: u64) -> Written {
         tracing::warn!(node = name, "node lost: {why}");
+        self.unquiet(name);
         self.forget_holds_on(name)?;
         self.interrupted(name)?;
         let heard = self.last_contact(name).unwrap_or(now);

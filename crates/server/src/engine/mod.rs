@@ -54,6 +54,7 @@ mod fleet;
 mod job;
 mod jobs;
 mod launch;
+mod lines;
 mod money;
 mod pending;
 mod plan;
@@ -65,6 +66,7 @@ use credentials::write_secret;
 pub use ending::STOP_GRACE_MS;
 use job::TenantLoad;
 pub use job::{restart_backoff_ms, CheckpointStats, JobRecord, JobState, StoredSpec, Waiting, QUICK_EXIT_MS};
+pub use lines::{Lines, QuietPoll};
 pub use pending::REASONS as PENDING_REASONS;
 use recovery::gpu_indices;
 pub use views::JobQuery;
@@ -329,6 +331,8 @@ pub struct Engine<S: Store> {
     outbox: Outbox,
     /// Changes with every server start, so agents notice a restart.
     epoch: u64,
+    /// Quiet nodes' polls, answered without the writer.
+    lines: Arc<Lines>,
     counters: crate::metrics::Counters,
     tally: job::Tally,
     /// The latest pass's reason for each job first in line that waits.

@@ -9,6 +9,7 @@ impl<S: Store> Engine<S> {
     /// Plans and applies until the core has nothing more to do.
     pub(super) fn schedule(&mut self, now: u64) -> Written {
         self.end_backoffs(now)?;
+        self.hear_silent(now)?;
         for _ in 0..1000 {
             let started = std::time::Instant::now();
             let mut plan = ebb_scheduler::schedule(&self.core, Time(now), &self.sched);

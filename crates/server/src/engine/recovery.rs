@@ -17,6 +17,11 @@ impl<S: Store> Engine<S> {
             victim_policy: ebb_scheduler::VictimPolicy::LostWork,
             heartbeat_timeout: Some(config.heartbeat_timeout),
         };
+        let epoch = {
+            let mut bytes = [0u8; 8];
+            getrandom::fill(&mut bytes).map_err(|e| ApiError::internal(e.to_string()))?;
+            u64::from_le_bytes(bytes) >> 1
+        };
         let mut engine = Engine {
             store,
             config,
@@ -33,11 +38,8 @@ impl<S: Store> Engine<S> {
             fleet: Fleet::default(),
             money: Money::default(),
             outbox: Outbox::default(),
-            epoch: {
-                let mut bytes = [0u8; 8];
-                getrandom::fill(&mut bytes).map_err(|e| ApiError::internal(e.to_string()))?;
-                u64::from_le_bytes(bytes) >> 1
-            },
+            epoch,
+            lines: Arc::new(Lines::new(epoch)),
             counters: Default::default(),
             tally: Default::default(),
             pending: HashMap::new(),

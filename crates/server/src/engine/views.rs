@@ -316,6 +316,7 @@ impl<S: Store> Engine<S> {
     /// finished ones too), by the core's holds and by node.
     pub(super) fn metrics_snapshot(&self) -> crate::metrics::Snapshot {
         let mut snapshot = crate::metrics::Snapshot { counters: self.counters.clone(), ..Default::default() };
+        snapshot.counters.polls_quiet = self.lines.answered();
         // Jobs and their GPUs from the tally kept as records are saved;
         // only the queued are looked at, for their reasons.
         for (&(tier, state), &count) in &self.tally.jobs {
