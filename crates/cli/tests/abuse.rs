@@ -112,18 +112,23 @@ fn the_server_keeps_its_data_dir_to_itself() {
     c.wait_state(id, "succeeded");
     let server = c.dir.join("server");
     let mode = |name: &str| std::fs::metadata(server.join(name)).unwrap().permissions().mode() & 0o777;
-    let files = ["ebb.db", "ebb.db-wal", "admin.token", "join.token", &format!("logs/{id}.log")];
+    let files = ["ebb.db", "ebb.db-wal", "admin.token", "join.token"];
     for name in files {
         assert_eq!(mode(name), 0o600, "{name}");
     }
     assert_eq!((mode("."), mode("logs")), (0o700, 0o700));
-    // As an older server left them: fixed at the next start.
-    for name in ["ebb.db", "admin.token", &format!("logs/{id}.log")] {
+    // Output is in the database: no file per job.
+    assert_eq!(std::fs::read_dir(server.join("logs")).unwrap().count(), 0);
+    assert_eq!(c.ebb(&["logs", &id.to_string()]), "hello\n");
+    // As an older server left them (its logs were files): fixed at the
+    // next start.
+    std::fs::write(server.join("logs/1.log"), "old output\n").unwrap();
+    for name in ["ebb.db", "admin.token", "logs/1.log"] {
         std::fs::set_permissions(server.join(name), std::fs::Permissions::from_mode(0o644)).unwrap();
     }
     c.kill_server();
     c.start_server();
-    for name in files {
+    for name in files.iter().chain(&["logs/1.log"]) {
         assert_eq!(mode(name), 0o600, "{name} after a restart");
     }
 }

@@ -460,15 +460,18 @@ impl Store for PgStore {
         }))
     }
 
-    fn keeps_output(&self) -> bool {
-        true
-    }
-
     fn put_output(&mut self, job: u64, offset: u64, data: &[u8]) -> Result<()> {
         self.exec(
             "INSERT INTO output (job, start, data) VALUES ($1, $2, $3)",
             &[&big(job), &big(offset), &data],
         )
+    }
+
+    fn output_len(&mut self, job: u64) -> Result<u64> {
+        let stmt =
+            self.statement("SELECT COALESCE(MAX(start + length(data)), 0) FROM output WHERE job = $1")?;
+        let len: i64 = self.client.query_one(&stmt, &[&big(job)])?.get(0);
+        Ok(len as u64)
     }
 
     fn output(&mut self, job: u64, from: u64, to: u64) -> Result<Vec<u8>> {
@@ -479,14 +482,8 @@ impl Store for PgStore {
         let mut out = Vec::new();
         for row in self.client.query(&stmt, &[&big(job), &big(from), &big(to)])? {
             let (start, data): (i64, &[u8]) = (row.get(0), row.get(1));
-            let start = start as u64;
-            if start > from + out.len() as u64 {
-                break; // a gap: nothing past it is read as if it followed
-            }
-            let skip = (from + out.len() as u64 - start) as usize;
-            let end = data.len().min((to - start) as usize);
-            if skip < end {
-                out.extend_from_slice(&data[skip..end]);
+            if !crate::store::append_piece(&mut out, from, to, start as u64, data) {
+                break;
             }
         }
         Ok(out)

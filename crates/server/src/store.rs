@@ -165,29 +165,42 @@ pub trait Store: Send {
     /// The last report applied from `node`.
     fn last_report(&mut self, node: &str) -> Result<Option<ebb_api::ReportId>>;
     fn put_last_report(&mut self, node: &str, id: ebb_api::ReportId) -> Result<()>;
-    /// Whether jobs' output is kept here, where every server of the
-    /// control plane reads it, rather than in the server's data dir.
-    fn keeps_output(&self) -> bool {
-        false
-    }
     /// Output of job `job` from byte `offset` of its log.
-    fn put_output(&mut self, job: u64, offset: u64, data: &[u8]) -> Result<()> {
-        let _ = (job, offset, data);
-        Err(StoreError("this store keeps no output".into()))
-    }
+    fn put_output(&mut self, job: u64, offset: u64, data: &[u8]) -> Result<()>;
     /// Bytes `[from, to)` of job `job`'s log, as far as it is kept.
-    fn output(&mut self, job: u64, from: u64, to: u64) -> Result<Vec<u8>> {
-        let _ = (job, from, to);
-        Err(StoreError("this store keeps no output".into()))
-    }
+    fn output(&mut self, job: u64, from: u64, to: u64) -> Result<Vec<u8>>;
+    /// The length of job `job`'s log as kept: where its last piece ends.
+    fn output_len(&mut self, job: u64) -> Result<u64>;
 }
 
-/// How much of a job's output the store has taken: the committed length
-/// of its log file. Output past it in the file is from a batch that never
-/// committed.
+/// How much of a job's log file is committed. Output is kept in the
+/// store, in the same transactions as everything else, and a log's length
+/// is where its last piece ends; a log written before the store kept
+/// output is a file in the data dir's `logs/`, whose committed length is
+/// recorded here (output past it is from a batch that never committed).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LogState {
     pub bytes: u64,
+    /// The log is the file `logs/JOB.log` (written before the store kept
+    /// output): it stays there, and output still to come is appended to it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub file: bool,
+}
+
+/// Adds to `out` (bytes of a log from `from`, up to `to`) what the piece
+/// of the log at `start` holds of it. False at a gap: nothing past it is
+/// read as if it followed.
+pub(crate) fn append_piece(out: &mut Vec<u8>, from: u64, to: u64, start: u64, data: &[u8]) -> bool {
+    let at = from + out.len() as u64;
+    if start > at {
+        return false;
+    }
+    let skip = (at - start) as usize;
+    let end = data.len().min((to - start) as usize);
+    if skip < end {
+        out.extend_from_slice(&data[skip..end]);
+    }
+    true
 }
 
 pub struct SqliteStore {
@@ -242,6 +255,14 @@ const MIGRATIONS: &[&str] = &[
     // 6: operators' reclaims of preemptible capacity, by model: the most
     // GPUs preemptible work of that model may hold.
     "CREATE TABLE reclaims (model TEXT PRIMARY KEY, preemptible_limit INTEGER NOT NULL);",
+    // 7: jobs' output, in the database as every other record is (a file
+    // per job cost a file creation per start: at a fleet's scale, most of
+    // the writer's time). One row per piece, by where it starts in the
+    // log. Logs written before stay files, marked so.
+    "CREATE TABLE output (
+         job INTEGER NOT NULL REFERENCES jobs(id), start INTEGER NOT NULL, data BLOB NOT NULL,
+         PRIMARY KEY (job, start)) WITHOUT ROWID;
+     UPDATE logs SET record = json_set(record, '$.file', json('true'));",
 ];
 
 /// Brings the database to the latest step of `MIGRATIONS`
@@ -475,6 +496,38 @@ impl Store for SqliteStore {
         Ok(())
     }
 
+    fn put_output(&mut self, job: u64, offset: u64, data: &[u8]) -> Result<()> {
+        let mut stmt =
+            self.conn.prepare_cached("INSERT INTO output (job, start, data) VALUES (?1, ?2, ?3)")?;
+        stmt.execute(params![job as i64, offset as i64, data])?;
+        Ok(())
+    }
+
+    fn output_len(&mut self, job: u64) -> Result<u64> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT COALESCE(MAX(start + length(data)), 0) FROM output WHERE job = ?1")?;
+        Ok(stmt.query_row(params![job as i64], |row| row.get::<_, i64>(0))? as u64)
+    }
+
+    fn output(&mut self, job: u64, from: u64, to: u64) -> Result<Vec<u8>> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT start, data FROM output
+             WHERE job = ?1 AND start < ?3 AND start + length(data) > ?2 ORDER BY start",
+        )?;
+        let pieces = stmt.query_map(params![job as i64, from as i64, to as i64], |row| {
+            Ok((row.get::<_, i64>(0)? as u64, row.get::<_, Vec<u8>>(1)?))
+        })?;
+        let mut out = Vec::new();
+        for piece in pieces {
+            let (start, data) = piece?;
+            if !append_piece(&mut out, from, to, start, &data) {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
     fn put_tenant_limits(&mut self, tenant: u32, limits: &ebb_api::TenantLimits) -> Result<()> {
         let mut stmt = self
             .conn
@@ -559,6 +612,56 @@ mod tests {
     /// A database made before the schema steps were numbered (its tokens
     /// have no node column) is adopted and brought to the latest step,
     /// keeping what it holds.
+    /// Every lookup the writer makes while it runs (loads at start read
+    /// whole tables) searches an index or a primary key: none scans a
+    /// table that grows with the jobs.
+    #[test]
+    fn every_lookup_searches_an_index() {
+        let store = SqliteStore::open(&scratch("plans")).unwrap();
+        let lookups = [
+            "SELECT at_ms, kind, attempt, detail FROM events WHERE job = 1 ORDER BY seq",
+            "SELECT record FROM logs WHERE job = 1",
+            "SELECT session, seq FROM reports WHERE node = 'a'",
+            "SELECT COALESCE(MAX(start + length(data)), 0) FROM output WHERE job = 1",
+            "SELECT start, data FROM output WHERE job = 1 AND start < 10 AND start + length(data) > 0 ORDER BY start",
+            "SELECT record FROM usage WHERE tenant = 1 AND ended_ms >= 0 AND ended_ms < 10 \
+             ORDER BY ended_ms, job, attempt",
+            "SELECT record FROM usage WHERE ended_ms >= 0 AND ended_ms < 10 ORDER BY ended_ms, job, attempt",
+            "SELECT record FROM usage WHERE job = 1 ORDER BY attempt",
+            "SELECT MAX(id) FROM jobs",
+        ];
+        for sql in lookups {
+            let mut stmt = store.conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+            let plan: Vec<String> =
+                stmt.query_map([], |r| r.get::<_, String>(3)).unwrap().map(|r| r.unwrap()).collect();
+            assert!(plan.iter().all(|step| !step.starts_with("SCAN")), "{sql}: scans a table: {plan:?}");
+        }
+    }
+
+    #[test]
+    fn logs_from_before_the_store_kept_output_are_marked_files() {
+        let path = scratch("logs-in-files");
+        {
+            let mut conn = Connection::open(&path).unwrap();
+            let steps = MIGRATIONS[..6].iter().map(|sql| rusqlite_migration::M::up(sql)).collect();
+            rusqlite_migration::Migrations::new(steps).to_latest(&mut conn).unwrap();
+            conn.execute_batch(
+                "INSERT INTO tenants (id, name) VALUES (1, 'default');
+                 INSERT INTO jobs (id, tenant, record) VALUES (3, 1, '{}'), (4, 1, '{}');
+                 INSERT INTO logs (job, record) VALUES (3, '{\"bytes\":42}');",
+            )
+            .unwrap();
+        }
+        let mut store = SqliteStore::open(&path).unwrap();
+        assert_eq!(store.log_state(3).unwrap(), Some(LogState { bytes: 42, file: true }));
+        // A log begun now is the store's, and says nothing of files.
+        store.put_log_state(4, &LogState { bytes: 7, file: false }).unwrap();
+        let record: String =
+            store.conn.query_row("SELECT record FROM logs WHERE job = 4", [], |r| r.get(0)).unwrap();
+        assert_eq!(record, r#"{"bytes":7}"#);
+        assert_eq!(store.log_state(4).unwrap(), Some(LogState { bytes: 7, file: false }));
+    }
+
     #[test]
     fn a_database_from_before_numbered_migrations_is_migrated() {
         let path = scratch("old");

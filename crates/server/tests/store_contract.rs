@@ -98,8 +98,8 @@ fn exercise(store: &mut impl Store) -> String {
     store.add_usage(&usage(4, 2, 200_000)).unwrap();
     store.add_usage(&usage(3, 1, 150_000)).unwrap();
     store.put_tenant_limits(2, &TenantLimits { max_jobs: Some(10), ..Default::default() }).unwrap();
-    store.put_log_state(4, &LogState { bytes: 42 }).unwrap();
-    store.put_log_state(4, &LogState { bytes: 84 }).unwrap();
+    store.put_log_state(4, &LogState { bytes: 42, file: false }).unwrap();
+    store.put_log_state(4, &LogState { bytes: 84, file: true }).unwrap();
     store.put_reclaim("H100", Some(4)).unwrap();
     store.put_reclaim("A100", Some(0)).unwrap();
     store.put_reclaim("A100", None).unwrap();
@@ -152,7 +152,7 @@ fn both_backends_keep_the_same_contract() {
     assert_eq!(on_postgres, on_sqlite);
     // What was read is what was written.
     assert!(on_sqlite.contains("max job 5"), "{on_sqlite}");
-    assert!(on_sqlite.contains("Some(LogState { bytes: 84 }) None"), "{on_sqlite}");
+    assert!(on_sqlite.contains("Some(LogState { bytes: 84, file: true }) None"), "{on_sqlite}");
     assert!(on_sqlite.contains("Some(ReportId { session: 9, seq: 2 }) None"), "{on_sqlite}");
     assert!(!on_sqlite.contains("h-gone") && !on_sqlite.contains("cancelled"), "{on_sqlite}");
     assert!(on_sqlite.contains(r#"reclaims: [("H100", 4)]"#), "{on_sqlite}");
@@ -225,11 +225,9 @@ fn pg_lease(epoch: u64, url: &str, open: bool) -> ebb_server::pg::Lease {
     ebb_server::pg::Lease { epoch, url: url.into(), open }
 }
 
-#[test]
-fn postgres_keeps_output_for_whichever_server_leads() {
-    let pg = pg::Postgres::start("output");
-    let mut store = PgStore::open(&pg.url()).unwrap();
-    assert!(store.keeps_output() && !sqlite(&std::env::temp_dir().join("ebb-output-sqlite")).keeps_output());
+/// Output, in pieces, read back across them, with what did not commit
+/// absent: the same through both stores.
+fn keeps_output<S: Store>(store: &mut S, mut reopen: impl FnMut() -> S) {
     store.begin().unwrap();
     store.put_tenant(&TenantRow { id: 1, name: "default".into() }).unwrap();
     store.put_job(7, 1, &serde_json::json!({"id": 7})).unwrap();
@@ -240,10 +238,19 @@ fn postgres_keeps_output_for_whichever_server_leads() {
     store.begin().unwrap();
     store.put_output(7, 12, b"lost").unwrap();
     store.rollback().unwrap();
-    let mut other = PgStore::open(&pg.url()).unwrap();
+    let mut other = reopen();
     assert_eq!(other.output(7, 0, 12).unwrap(), b"hello world\n");
     assert_eq!(other.output(7, 3, 9).unwrap(), b"lo wor", "a range across pieces");
     assert_eq!(other.output(7, 12, 100).unwrap(), b"", "nothing past the log");
     assert_eq!(other.output(8, 0, 100).unwrap(), b"", "no such job");
-    let _ = std::fs::remove_dir_all(std::env::temp_dir().join("ebb-output-sqlite"));
+    assert_eq!((other.output_len(7).unwrap(), other.output_len(8).unwrap()), (12, 0), "a log's length");
+}
+
+#[test]
+fn both_stores_keep_output_and_postgres_for_whichever_server_leads() {
+    let dir = std::env::temp_dir().join(format!("ebb-output-sqlite-{}", std::process::id()));
+    keeps_output(&mut sqlite(&dir), || SqliteStore::open(&dir.join("ebb.db")).unwrap());
+    let _ = std::fs::remove_dir_all(&dir);
+    let pg = pg::Postgres::start("output");
+    keeps_output(&mut PgStore::open(&pg.url()).unwrap(), || PgStore::open(&pg.url()).unwrap());
 }

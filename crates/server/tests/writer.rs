@@ -143,6 +143,16 @@ impl<S: Store> Store for Faulty<S> {
         self.trip("put_log_state")?;
         self.inner.put_log_state(job, state)
     }
+    fn put_output(&mut self, job: u64, offset: u64, data: &[u8]) -> Result<(), StoreError> {
+        self.trip("put_output")?;
+        self.inner.put_output(job, offset, data)
+    }
+    fn output(&mut self, job: u64, from: u64, to: u64) -> Result<Vec<u8>, StoreError> {
+        self.inner.output(job, from, to)
+    }
+    fn output_len(&mut self, job: u64) -> Result<u64, StoreError> {
+        self.inner.output_len(job)
+    }
 }
 
 /// One fake agent's view of its command stream.
@@ -344,8 +354,10 @@ impl<S: Store> TestEnv<S> {
         attempt
     }
 
+    /// Job `id`'s output, as the store has it committed.
     fn log(&self, id: u64) -> String {
-        std::fs::read_to_string(self.dir.join("logs").join(format!("{id}.log"))).unwrap_or_default()
+        let bytes = (self.open_store)().output(id, 0, i64::MAX as u64).unwrap();
+        String::from_utf8(bytes).unwrap()
     }
 
     fn usage(&self, id: u64) -> Vec<UsageRow> {
@@ -391,7 +403,7 @@ fn on_postgres_a_store_error_mid_batch_commits_and_answers_nothing() {
 }
 
 fn store_errors_mid_batch<S: Store>(mut env_for: impl FnMut(&str) -> TestEnv<S>) {
-    for (op, n) in [("put_job", 2), ("add_event", 2), ("heard", 1), ("add_usage", 1), ("put_log_state", 1)] {
+    for (op, n) in [("put_job", 2), ("add_event", 2), ("heard", 1), ("add_usage", 1), ("put_output", 1)] {
         let mut env = env_for(&format!("fail-{op}"));
         env.register("a", Vec::new(), Vec::new());
         let attempt = env.running("a");

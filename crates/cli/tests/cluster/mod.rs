@@ -365,8 +365,9 @@ impl Cluster {
     }
 
     /// What the job has printed so far (the server's copy of its output).
+    /// Job `id`'s output so far, as `ebb logs` gives it.
     pub fn output(&self, id: u64) -> String {
-        std::fs::read_to_string(self.dir.join("server/logs").join(format!("{id}.log"))).unwrap_or_default()
+        self.ebb(&["logs", &id.to_string()])
     }
 
     /// Job `id`'s checkpoint directory, under its tenant's

@@ -33,13 +33,14 @@ impl<S: Store> Engine<S> {
             Msg::LogFile { principal, id, offset, reply } => {
                 let result = match self.visible(&principal, id) {
                     Ok(()) => {
-                        let committed = self.log_state(id)?.bytes;
-                        let stored = match self.store.keeps_output() {
-                            true if offset < committed => {
+                        let state = self.log_state(id)?;
+                        let committed = state.bytes;
+                        let stored = match state.file {
+                            false if offset < committed => {
                                 Some(self.store.output(id, offset, committed.min(offset + (1 << 20)))?)
                             }
-                            true => Some(Vec::new()),
-                            false => None,
+                            false => Some(Vec::new()),
+                            true => None,
                         };
                         Ok(LogFile {
                             path: self.log_path(id),

@@ -228,8 +228,8 @@ pub enum Msg {
 pub struct LogFile {
     pub path: PathBuf,
     pub committed: u64,
-    /// Up to 1 MiB from the offset asked, where the store keeps output
-    /// (then `path` is not used).
+    /// Up to 1 MiB from the offset asked, from the store; none for a log
+    /// written before the store kept output, which is the file `path`.
     pub stored: Option<Vec<u8>>,
     /// The job has ended: no more output will come.
     pub finished: bool,

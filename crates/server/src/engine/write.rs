@@ -37,9 +37,7 @@ impl<S: Store> Engine<S> {
             return Ok(());
         }
         let mut state = self.log_state(id)?;
-        if self.store.keeps_output() {
-            self.store.put_output(id, state.bytes, data.as_bytes())?;
-        } else {
+        if state.file {
             let path = self.log_path(id);
             std::fs::OpenOptions::new()
                 .create(true)
@@ -49,30 +47,35 @@ impl<S: Store> Engine<S> {
                 .map_err(|e| {
                     StoreError(format!("job {id}: cannot append output to {}: {e}", path.display()))
                 })?;
+            state.bytes += data.len() as u64;
+            self.store.put_log_state(id, &state)?;
+        } else {
+            self.store.put_output(id, state.bytes, data.as_bytes())?;
+            state.bytes += data.len() as u64;
         }
-        state.bytes += data.len() as u64;
-        self.store.put_log_state(id, &state)?;
         self.logs.insert(id, state);
         Ok(())
     }
 
-    /// How much of job `id`'s log is committed. The first time this
-    /// server looks, a log longer than that (output of a batch that never
-    /// committed) is cut back to it.
+    /// How long job `id`'s log is, and where. The first time this server
+    /// looks at a log that is a file, output past its committed length
+    /// (of a batch that never committed) is cut from it.
     pub(super) fn log_state(&mut self, id: u64) -> Written<crate::store::LogState> {
         if let Some(state) = self.logs.get(&id) {
             return Ok(state.clone());
         }
         let state = match self.store.log_state(id)? {
-            Some(state) => state,
-            None if self.jobs[&id].log_tracked => Default::default(),
-            // A job from before logs were tracked: its log is as it is.
-            None => {
+            Some(state) if state.file => state,
+            // A job from before logs were tracked: its log file is as it is.
+            None if !self.jobs[&id].log_tracked && self.log_path(id).exists() => {
                 let bytes = std::fs::metadata(self.log_path(id)).map_or(0, |m| m.len());
-                crate::store::LogState { bytes }
+                crate::store::LogState { bytes, file: true }
             }
+            _ => crate::store::LogState { bytes: self.store.output_len(id)?, file: false },
         };
-        self.cut_uncommitted(id, state.bytes)?;
+        if state.file {
+            self.cut_uncommitted(id, state.bytes)?;
+        }
         // Kept while output can still come; a finished job's is read again.
         if !self.jobs[&id].state.is_final() {
             self.logs.insert(id, state.clone());
@@ -80,12 +83,9 @@ impl<S: Store> Engine<S> {
         Ok(state)
     }
 
-    /// The log of job `id` is cut back to `committed` bytes if a batch
-    /// that never committed wrote past it.
+    /// The log file of job `id` is cut back to `committed` bytes if a
+    /// batch that never committed wrote past it.
     fn cut_uncommitted(&self, id: u64, committed: u64) -> Written {
-        if self.store.keeps_output() {
-            return Ok(()); // what did not commit is not there
-        }
         let path = self.log_path(id);
         let cut = || -> std::io::Result<()> {
             let file = std::fs::OpenOptions::new().write(true).open(&path)?;
