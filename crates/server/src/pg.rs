@@ -18,8 +18,13 @@ use crate::store::{
 };
 
 impl From<postgres::Error> for StoreError {
+    /// With the server's own words where it gave them: `db error` alone
+    /// says nothing of what failed.
     fn from(e: postgres::Error) -> Self {
-        StoreError(e.to_string())
+        match e.as_db_error() {
+            Some(db) => StoreError(format!("{e}: {} ({})", db.message(), db.code().code())),
+            None => StoreError(e.to_string()),
+        }
     }
 }
 
