@@ -735,20 +735,23 @@ pub async fn logs(conn: &Connection, id: u64, follow: bool, as_json: bool) -> Re
     loop {
         let path = format!("/v1/jobs/{id}/logs?offset={offset}&follow={follow}");
         let chunk: api::LogChunk = client.get(&path).await?;
+        // A chunk is at most 1 MiB: without --follow, read on until the
+        // log has no more.
+        let last = if follow { chunk.finished } else { chunk.data.is_empty() || chunk.finished };
         let mut stdout = std::io::stdout().lock();
-        // With --json: one LogChunk object per line.
+        // With --json: one LogChunk object per line (a log's empty end
+        // only when it is all there is).
         let text = if as_json {
             format!("{}\n", serde_json::to_string(&chunk).expect("serialisable"))
         } else {
             chunk.data.clone()
         };
-        if (as_json || !chunk.data.is_empty())
-            && stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()).is_err()
-        {
+        let shown = !chunk.data.is_empty() || (as_json && (follow || offset == 0));
+        if shown && stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()).is_err() {
             return Ok(()); // the reader went away
         }
         offset = chunk.next_offset;
-        if !follow || chunk.finished {
+        if last {
             return Ok(());
         }
     }
