@@ -36,7 +36,7 @@ use ebb_api::{
     Registered, ReportReply, StartAttempt,
 };
 use ebb_core::{Attempt, GpuModelId, JobId, NodeId, Span, TenantId, Tier, Time};
-use ebb_scheduler::{DrainReason, ExitEffect, ExitKind, JobSpec, NodeSpec, NodeStatus, Notice, Phase, State};
+use ebb_scheduler::{DrainReason, ExitEffect, ExitKind, JobSpec, NodeSpec, NodeStatus, Notice, State};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::sync::{oneshot, watch};

@@ -334,8 +334,8 @@ impl<S: Store> Engine<S> {
             *snapshot.queued.entry(key).or_insert(0) += 1;
         }
         // Held GPUs a victim still runs on are counted as its (draining).
-        for job in self.core.jobs().filter(|j| j.phase == Phase::Holding) {
-            let Some(hold) = self.core.hold(job.spec.id) else { continue };
+        for hold in self.core.holds() {
+            let Some(job) = self.core.job(hold.job) else { continue };
             let free_held: u32 = hold
                 .alloc
                 .iter()
