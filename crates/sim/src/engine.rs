@@ -204,7 +204,12 @@ impl<'a> Engine<'a> {
         };
         Ok(Engine {
             config,
-            core: Config { drain_window, victim_policy: config.victim_policy, heartbeat_timeout: None },
+            core: Config {
+                drain_window,
+                victim_policy: config.victim_policy,
+                heartbeat_timeout: None,
+                min_runtime: Config::default().min_runtime,
+            },
             state,
             jobs: Vec::new(),
             events: BinaryHeap::new(),
