@@ -32,6 +32,8 @@ const GPUS: u8 = 4;
 /// $2.50 per GPU-hour on demand; preemptible is half.
 const ON_DEMAND: i64 = 2_500_000;
 const DRAIN_WINDOW_MS: u64 = 3_000;
+/// A job preempted before is spared as a victim this long after it resumes.
+const MIN_RUNTIME_MS: u64 = 2_000;
 /// How long a drained job takes to save and exit.
 const SAVE_MS: u64 = 700;
 const START: u64 = 1_800_000_000_000;
@@ -109,6 +111,7 @@ fn config(dir: &std::path::Path) -> EngineConfig {
     EngineConfig {
         data_dir: dir.to_path_buf(),
         drain_window: Span(DRAIN_WINDOW_MS),
+        min_runtime: Span(MIN_RUNTIME_MS),
         heartbeat_timeout: Span(2_000),
         heartbeat_interval: Span(500),
         max_clock_skew: Span(5_000),
