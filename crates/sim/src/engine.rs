@@ -591,6 +591,7 @@ impl<'a> Engine<'a> {
                 p50: round(slowdown.p50, 4),
                 p99: round(slowdown.p99, 4),
                 max: round(slowdown.max, 4),
+                mean: round(slowdown.mean, 4),
             },
             revenue_usd: TierFigures::from_array(revenue.map(|m| round(m.as_usd_f64(), 2))),
             revenue_micro_usd: TierFigures::from_array(revenue.map(|m| m.0)),

@@ -22,10 +22,12 @@ pub struct Percentiles {
     pub p50: f64,
     pub p99: f64,
     pub max: f64,
+    /// The mean: moves with every value, where a percentile may not.
+    pub mean: f64,
 }
 
 impl Percentiles {
-    /// Nearest-rank percentiles; zeros for an empty sample.
+    /// Nearest-rank percentiles and the mean; zeros for an empty sample.
     pub fn of(mut values: Vec<f64>) -> Percentiles {
         if values.is_empty() {
             return Percentiles::default();
@@ -39,6 +41,7 @@ impl Percentiles {
             p50: round(rank(0.50), 3),
             p99: round(rank(0.99), 3),
             max: round(*values.last().unwrap(), 3),
+            mean: round(values.iter().sum::<f64>() / values.len() as f64, 3),
         }
     }
 }
