@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # What the drain window and the victim policy are worth, on cluster08 with
 # half its jobs preemptible on 12 nodes (often full), hourly checkpoints.
-# Usage: scripts/drain-and-victims.sh   (prints two Markdown tables)
+# Usage: scripts/drain-and-victims.sh   (prints two Markdown tables; EBB=PATH
+# replays with that ebb binary instead of building the release one)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 traces=${EBB_TRACES:-../shared/traces/itp}
-cargo build --release -q -p ebb
-ebb=target/release/ebb
+ebb=${EBB:-}
+if [ -z "$ebb" ]; then
+  cargo build --release -q -p ebb
+  ebb=target/release/ebb
+fi
 common=(--trace "$traces/cluster08.csv" --nodes 12 --preemptible-fraction 0.5 --checkpoint-interval 1h)
 summarise=$(cat <<'PY'
 import json, sys

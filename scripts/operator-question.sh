@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # The operator's question on the shared ITP traces: the same on-demand demand
 # (cluster08) with and without a preemptible backlog, side by side.
-# Usage: scripts/operator-question.sh [NODES]   (prints a Markdown table)
+# Usage: scripts/operator-question.sh [NODES]   (prints a Markdown table;
+# EBB=PATH replays with that ebb binary instead of building the release one)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 traces=${EBB_TRACES:-../shared/traces/itp}
 nodes=${1:-16}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-cargo build --release -q -p ebb
-ebb=target/release/ebb
+ebb=${EBB:-}
+if [ -z "$ebb" ]; then
+  cargo build --release -q -p ebb
+  ebb=target/release/ebb
+fi
 # Window: up to cluster08's last submission, so every run is measured alike.
 until=$(tail -n +2 "$traces/cluster08.csv" | cut -d, -f2 | sort -n | tail -1)
 common=(--nodes "$nodes" --drain-checkpoint 30 --checkpoint-interval 1800 --until "$until")

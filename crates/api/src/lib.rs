@@ -942,7 +942,17 @@ pub struct Invoice {
     pub preemptible_savings_micro_usd: i64,
     pub preemptible_savings_usd: String,
     pub attempts: u64,
+    /// Attempts that ended preempted.
     pub preemptions: u64,
+    /// Of those, attempts of jobs that had been preempted before.
+    #[serde(default)]
+    pub repeat_preemptions: u64,
+    /// Of those, the ones whose notice came less than the server's
+    /// `--min-runtime` after the job resumed: taken again so soon only
+    /// because no other victim would do (or by an operator's drain or
+    /// reclaim).
+    #[serde(default)]
+    pub preemptions_within_min_runtime: u64,
     pub drain_gpu_hours: f64,
     pub lost_gpu_hours: f64,
 }

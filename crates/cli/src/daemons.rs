@@ -41,6 +41,12 @@ pub struct ServerArgs {
     /// Notice to forced kill for every drain: 300, 300s, 5m.
     #[arg(long, default_value = "300s", value_parser = parse_span)]
     pub drain_window: Span,
+    /// A job preempted before is not chosen as a victim again until its new
+    /// attempt has run this long, while other victims would do (it is
+    /// still chosen when nothing else makes room); 0 turns this off. At
+    /// most 24h.
+    #[arg(long, default_value = "5m", value_parser = parse_span)]
+    pub min_runtime: Span,
     /// A node silent this long is lost; its jobs are requeued.
     #[arg(long, default_value = "10s", value_parser = parse_span)]
     pub heartbeat_timeout: Span,
@@ -205,6 +211,18 @@ fn price_flags(flag: &str, pairs: &[String], discount_bps: u32) -> Result<Vec<(S
         .collect()
 }
 
+/// The longest `--min-runtime`: a day. Longer would spare a job preempted
+/// before for most of its life, which is no longer a rule against thrash
+/// (and most likely a slip of the unit).
+const MAX_MIN_RUNTIME: Span = Span(24 * 3_600_000);
+
+fn check_min_runtime(min_runtime: Span) -> Result<(), String> {
+    if min_runtime > MAX_MIN_RUNTIME {
+        return Err(format!("--min-runtime {}: at most 24h (0 turns the rule off)", min_runtime.human()));
+    }
+    Ok(())
+}
+
 pub async fn server(args: ServerArgs) -> Result<(), String> {
     raise_open_files();
     let discount = args.preemptible_discount;
@@ -227,6 +245,7 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
             Span::from_millis(interval.as_millis() * 3).human()
         ));
     }
+    check_min_runtime(args.min_runtime)?;
     let on_demand = price_flags("--price", &args.prices, discount_bps)?;
     let reserved = price_flags("--reserved-price", &args.reserved_prices, discount_bps)?;
     if let Some((model, _)) = reserved.iter().find(|(m, _)| !on_demand.iter().any(|(o, _)| o == m)) {
@@ -271,6 +290,7 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
         advertise: args.advertise,
         lease: Duration::from_millis(lease.as_millis()),
         drain_window: args.drain_window,
+        min_runtime: args.min_runtime,
         heartbeat_timeout: args.heartbeat_timeout,
         heartbeat_interval: args.heartbeat_interval,
         max_clock_skew: args.max_clock_skew,
@@ -560,6 +580,11 @@ pub struct UpArgs {
     /// Notice to forced kill for every drain: 300, 300s, 5m.
     #[arg(long, default_value = "300s", value_parser = parse_span)]
     pub drain_window: Span,
+    /// A job preempted before is not chosen as a victim again until its new
+    /// attempt has run this long, while other victims would do; 0 turns
+    /// this off (as ebb server --min-runtime).
+    #[arg(long, default_value = "5m", value_parser = parse_span)]
+    pub min_runtime: Span,
     /// A node silent this long is lost; its jobs are requeued.
     #[arg(long, default_value = "10s", value_parser = parse_span)]
     pub heartbeat_timeout: Span,
@@ -635,6 +660,7 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
     if args.nodes == 0 || args.gpus_per_node == 0 {
         return Err("--nodes and --gpus-per-node must be at least 1".into());
     }
+    check_min_runtime(args.min_runtime)?;
     // Before anything is written: a port in use would only show as the
     // server failing after the directory was set up.
     if args.port != 0 {
@@ -673,6 +699,8 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
         format!("127.0.0.1:{}", args.port),
         "--drain-window".into(),
         format!("{}ms", args.drain_window.as_millis()),
+        "--min-runtime".into(),
+        format!("{}ms", args.min_runtime.as_millis()),
         "--heartbeat-timeout".into(),
         format!("{}ms", args.heartbeat_timeout.as_millis()),
         "--default-run-as".into(),

@@ -288,14 +288,28 @@ pub async fn bill(conn: &Connection, args: &BillArgs) -> Result<String, String> 
     .unwrap();
     writeln!(
         text,
-        "\n{}, {} preempted; {:.4} GPU-hours in drain windows, {:.4} GPU-hours of work lost",
+        "\n{}, {} preempted{}; {:.4} GPU-hours in drain windows, {:.4} GPU-hours of work lost",
         ebb_core::count(inv.attempts, "attempt"),
         inv.preemptions,
+        repeats_text(&inv),
         inv.drain_gpu_hours,
         inv.lost_gpu_hours
     )
     .unwrap();
     Ok(text)
+}
+
+/// How many preemptions took a job preempted before, and how many of those
+/// came within the server's minimum run time of its resuming (only when
+/// nothing else would make room): nothing when there were none.
+fn repeats_text(inv: &api::Invoice) -> String {
+    if inv.repeat_preemptions == 0 {
+        return String::new();
+    }
+    format!(
+        " ({} again after an earlier preemption, {} of them within the minimum run time)",
+        inv.repeat_preemptions, inv.preemptions_within_min_runtime
+    )
 }
 
 /// One row per line, reservation charge and summary figure; amounts in

@@ -49,6 +49,11 @@ pub struct SimArgs {
     /// lost-work, youngest, oldest, fewest-gpus or random:SEED.
     #[arg(long, default_value = "lost-work")]
     victim_policy: VictimPolicy,
+    /// A job preempted before is not chosen as a victim again until its
+    /// new attempt has run this long, while another victim fits (as the
+    /// server's --min-runtime); 0 turns the rule off.
+    #[arg(long, default_value = "5m", value_parser = parse_span)]
+    min_runtime: Span,
     /// On-demand price, USD per GPU-hour; preemptible is half.
     #[arg(long, default_value = "2.00", value_parser = parse_usd)]
     on_demand_price: MicroUsd,
@@ -103,6 +108,7 @@ pub fn run(args: SimArgs) -> Result<(), String> {
         drain_checkpoint: args.drain_checkpoint,
         restart_overhead: args.restart_overhead,
         victim_policy: args.victim_policy,
+        min_runtime: args.min_runtime,
         on_demand_price: args.on_demand_price,
         reserved_gpus: args.reserved_gpus,
         reserved_price: args.reserved_price,

@@ -577,6 +577,28 @@ fn a_comma_separated_server_list_is_tried_in_turn_and_a_request_is_sent_once() {
     assert!(stderr(&out).contains("did you mean http://127.0.0.1:7300?"), "{}", stderr(&out));
 }
 
+/// A minimum run time is a duration of at most a day: more would spare a
+/// job preempted before for most of its life.
+#[test]
+fn a_minimum_run_time_over_a_day_or_not_a_duration_is_refused_naming_the_flag() {
+    for (value, says) in [
+        ("25h", "--min-runtime 1d 1h: at most 24h (0 turns the rule off)"),
+        ("5 minutes", "invalid value '5 minutes' for '--min-runtime <MIN_RUNTIME>'"),
+    ] {
+        let dir = std::env::temp_dir().join(format!("ebb-min-runtime-flag-{}", std::process::id()));
+        let out = std::process::Command::new(cluster::ebb_exe())
+            .args(["server", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(&dir)
+            .args(["--min-runtime", value])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "the server started with --min-runtime {value}");
+        let err = stderr(&out);
+        assert!(err.contains(says), "{err}");
+        assert!(!dir.exists(), "a refused server made {}", dir.display());
+    }
+}
+
 /// A heartbeat timeout shorter than two intervals loses every node that
 /// misses a single check-in: the server refuses it, naming both flags.
 #[test]

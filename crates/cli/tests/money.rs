@@ -94,6 +94,66 @@ fn assert_series_adds_up_to_the_report(c: &Cluster) {
 /// A job that "works" until told to stop, then exits at once.
 const WORKER: &str = "trap 'exit 0' TERM; sleep 1.5 & wait";
 
+/// The same, for a minute.
+const LONG_WORKER: &str = "trap 'exit 0' TERM; sleep 60 & wait";
+
+#[test]
+fn a_resumed_job_is_spared_while_another_victim_fits_and_the_bill_counts_every_preemption() {
+    let c = Cluster::start(Options { nodes: 1, gpus: 2, ..Options::default() });
+    let acme = create_tenant(&c, "acme");
+    let jobs = [
+        c.submit_as(&acme, &["--gpus", "1", "--", "bash", "-c", LONG_WORKER]),
+        c.submit_as(&acme, &["--gpus", "1", "--", "bash", "-c", LONG_WORKER]),
+    ];
+    // An on-demand job of 1 GPU takes one of them; waits until it has run
+    // and both preemptible jobs run again. The preemptions of each job.
+    let preempt = |total: u64| -> Vec<u64> {
+        let od = c.submit(&["--tier", "on-demand", "--gpus", "1", "--", "sleep", "0.3"]);
+        c.wait_state(od, "succeeded");
+        wait_for_preemptions(&c, &jobs, total)
+    };
+    let first = preempt(1);
+    let resumed = if first[0] == 1 { 0 } else { 1 };
+    // The resumed job has lost least (nothing since it started again), yet
+    // the other one is taken: the resumed one is within the server's
+    // default minimum run time, 5 minutes.
+    assert_eq!(preempt(2), vec![1, 1], "the job that had just resumed was taken again");
+    // Now both have just resumed: one must go all the same, and the
+    // on-demand job does not wait for the rule.
+    let third = preempt(3);
+    assert!(third.contains(&2), "{third:?}");
+    assert_eq!(first[resumed], 1);
+    for job in jobs {
+        c.ebb(&["cancel", &job.to_string()]);
+        c.wait_state(job, "cancelled");
+    }
+
+    let (from, to) = today();
+    let bill = json_as(&c, &acme, &["bill", "--from", &from, "--to", &to, "--json"]);
+    assert_eq!(bill["attempts"], 5, "{bill}");
+    assert_eq!(bill["preemptions"], 3, "{bill}");
+    assert_eq!(bill["repeat_preemptions"], 1, "{bill}");
+    assert_eq!(bill["preemptions_within_min_runtime"], 1, "{bill}");
+    let text = String::from_utf8(c.ebb_as(&acme, &["bill", "--from", &from, "--to", &to]).stdout).unwrap();
+    assert!(
+        text.contains(
+            "5 attempts, 3 preempted (1 again after an earlier preemption, 1 of them within the minimum run time)"
+        ),
+        "{text}"
+    );
+}
+
+/// Waits until `jobs` have been preempted `total` times in all and all run
+/// again; returns each one's preemptions.
+fn wait_for_preemptions(c: &Cluster, jobs: &[u64], total: u64) -> Vec<u64> {
+    cluster::wait_for(&format!("{total} preemptions, every job running"), Duration::from_secs(30), || {
+        let shown: Vec<Value> = jobs.iter().map(|j| c.job(*j)).collect();
+        let counts: Vec<u64> = shown.iter().map(|j| j["preemptions"].as_u64().unwrap()).collect();
+        let running = shown.iter().all(|j| j["state"] == "running");
+        (running && counts.iter().sum::<u64>() == total).then_some(counts)
+    })
+}
+
 #[test]
 fn a_tenant_pays_half_for_preemptible_work_and_the_bill_matches_show() {
     let c = Cluster::start(Options { nodes: 1, gpus: 2, ..Options::default() });

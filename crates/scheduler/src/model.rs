@@ -20,6 +20,11 @@ pub struct Config {
     /// its jobs requeued. `None` never declares a node lost (the simulator's
     /// nodes do not fail).
     pub heartbeat_timeout: Option<Span>,
+    /// How long a job that has been preempted is spared once it runs again:
+    /// while it is [settling](Job::settling), no victim is chosen among
+    /// settling jobs if victims without them would do. Zero turns the rule
+    /// off.
+    pub min_runtime: Span,
 }
 
 impl Default for Config {
@@ -28,6 +33,7 @@ impl Default for Config {
             drain_window: Span::from_secs(300),
             victim_policy: VictimPolicy::LostWork,
             heartbeat_timeout: None,
+            min_runtime: Span::from_secs(300),
         }
     }
 }
@@ -153,6 +159,28 @@ pub struct Job {
     pub run: Option<Run>,
     /// Present while draining.
     pub notice: Option<Notice>,
+}
+
+impl Job {
+    /// Whether the job is *settling* at `now`: it has been preempted before
+    /// and its current attempt started less than `min_runtime` ago.
+    ///
+    /// Thrash is one job preempted again and again before it can make
+    /// progress, and the lost-work policy invites it: a job that has just
+    /// resumed has lost nothing since its start, so it is the cheapest
+    /// victim there is. What protects it is run time since it resumed, not
+    /// time since its notice: the drain and the wait in the queue make no
+    /// progress, and a rule counted from the notice would often have
+    /// expired before the job ran again. A first attempt is not settling:
+    /// preempting a job once is the tier's bargain, not thrash, and
+    /// sparing every young attempt would push preemptions onto jobs that
+    /// have more unsaved work to lose. The preemption count is the core's
+    /// own, which the edge restores after a restart, so the rule holds
+    /// across one.
+    pub fn settling(&self, now: Time, min_runtime: Span) -> bool {
+        self.preemptions > 0
+            && self.run.as_ref().is_some_and(|run| now.saturating_since(run.started_at) < min_runtime)
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

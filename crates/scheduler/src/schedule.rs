@@ -5,11 +5,12 @@
 //! only the nodes it touched, so a pass costs what its decisions need, not
 //! what the cluster holds.
 
+use std::cell::Cell;
 use std::cmp::Reverse;
 use std::collections::{btree_set, BTreeMap, BTreeSet, BinaryHeap};
 use std::ops::Bound;
 
-use ebb_core::{Attempt, GpuModelId, JobId, NodeId, TenantId, Tier, Time};
+use ebb_core::{Attempt, GpuModelId, JobId, NodeId, Span, TenantId, Tier, Time};
 
 use crate::index::{Reclaimable, SingleVictim};
 use crate::model::*;
@@ -71,6 +72,11 @@ struct Pass<'a> {
     /// Per (model, free, gpus) bucket of the single-victim index: entries up
     /// to this one were found unusable this pass.
     single_cursor: BTreeMap<(GpuModelId, u8, u8), SingleVictim>,
+    /// Whether the victim search under way passes over settling jobs.
+    sparing_settling: bool,
+    /// Whether it has passed over one: a search that spared settling jobs
+    /// and found nothing is tried again without sparing them.
+    passed_over_settling: Cell<bool>,
     on_demand_used: Vec<u32>,
     preemptible_active: Vec<u32>,
     reserved_used: BTreeMap<(TenantId, GpuModelId), u32>,
@@ -95,6 +101,8 @@ impl<'a> Pass<'a> {
             cursor: models.iter().map(|m| vec![0; m.gpus_per_node as usize + 1]).collect(),
             victims: BTreeSet::new(),
             single_cursor: BTreeMap::new(),
+            sparing_settling: false,
+            passed_over_settling: Cell::new(false),
             on_demand_used: models.iter().map(|m| m.on_demand_used).collect(),
             preemptible_active: models.iter().map(|m| m.preemptible_active).collect(),
             reserved_used: BTreeMap::new(),
@@ -146,8 +154,9 @@ impl<'a> Pass<'a> {
     }
 
     /// Drains preemptible work of a model above its reclaim limit, cheapest
-    /// per GPU first. Runs only while a limit is exceeded (right after the
-    /// operator's reclaim), so its scan of the model's jobs is not per event.
+    /// per GPU first and settling jobs after every other. Runs only while a
+    /// limit is exceeded (right after the operator's reclaim), so its scan
+    /// of the model's jobs is not per event.
     fn enforce_reclaims(&mut self) {
         let state = self.state;
         for (model, m) in state.models() {
@@ -156,7 +165,7 @@ impl<'a> Pass<'a> {
             if active <= limit {
                 continue;
             }
-            let mut candidates: Vec<(u128, JobId, u32)> = state
+            let mut candidates: Vec<(bool, u128, JobId, u32)> = state
                 .jobs
                 .values()
                 .filter(|j| {
@@ -165,11 +174,14 @@ impl<'a> Pass<'a> {
                         && !self.victims.contains(&j.spec.id)
                         && j.run.as_ref().is_some_and(|r| r.model == model)
                 })
-                .map(|j| (self.victim_cost(j) / j.spec.gpus as u128, j.spec.id, j.spec.gpus))
+                .map(|j| {
+                    let settling = j.settling(self.now, self.config.min_runtime);
+                    (settling, self.victim_cost(j) / j.spec.gpus as u128, j.spec.id, j.spec.gpus)
+                })
                 .collect();
             candidates.sort();
             let mut excess = active - limit;
-            for (_, job, gpus) in candidates {
+            for (_, _, job, gpus) in candidates {
                 if excess == 0 {
                     break;
                 }
@@ -260,18 +272,7 @@ impl<'a> Pass<'a> {
             }
         }
         if spec.tier != Tier::Preemptible {
-            let mut best: Option<VictimSet> = None;
-            for &model in &models {
-                if let Some(set) = self.find_victims(model, spec.gpus) {
-                    let better = best
-                        .as_ref()
-                        .is_none_or(|b| (set.cost, set.victims.len()) < (b.cost, b.victims.len()));
-                    if better {
-                        best = Some(set);
-                    }
-                }
-            }
-            if let Some(set) = best {
+            if let Some(set) = self.choose_victims(&models, spec.gpus) {
                 self.preempt(id, set);
                 return Outcome::Preempting;
             }
@@ -545,6 +546,47 @@ impl<'a> Pass<'a> {
 
     // ---- victims -----------------------------------------------------------
 
+    /// The victims for a preemptor of `gpus` GPUs that may use `models`: the
+    /// cheapest set without a settling job, or, only when no such set
+    /// exists, the cheapest set of all, so that the rule never makes a
+    /// reserved or on-demand job wait. The second search runs only when
+    /// the first passed over a settling job.
+    fn choose_victims(&mut self, models: &[GpuModelId], gpus: u32) -> Option<VictimSet> {
+        self.sparing_settling = self.config.min_runtime > Span::ZERO;
+        self.passed_over_settling.set(false);
+        let sparing = self.cheapest_victims(models, gpus);
+        self.sparing_settling = false;
+        if sparing.is_some() || !self.passed_over_settling.get() {
+            return sparing;
+        }
+        self.cheapest_victims(models, gpus)
+    }
+
+    /// The cheapest victim set over every model the preemptor may use.
+    fn cheapest_victims(&mut self, models: &[GpuModelId], gpus: u32) -> Option<VictimSet> {
+        let mut best: Option<VictimSet> = None;
+        for &model in models {
+            if let Some(set) = self.find_victims(model, gpus) {
+                let better =
+                    best.as_ref().is_none_or(|b| (set.cost, set.victims.len()) < (b.cost, b.victims.len()));
+                if better {
+                    best = Some(set);
+                }
+            }
+        }
+        best
+    }
+
+    /// Whether the search under way passes over `job` because it is
+    /// settling (and notes that it did).
+    fn spared(&self, job: &Job) -> bool {
+        let spared = self.sparing_settling && job.settling(self.now, self.config.min_runtime);
+        if spared {
+            self.passed_over_settling.set(true);
+        }
+        spared
+    }
+
     /// The policy's cost of evicting one job now.
     fn victim_cost(&self, job: &Job) -> u128 {
         let run = job.run.as_ref().expect("victims run");
@@ -645,8 +687,15 @@ impl<'a> Pass<'a> {
                     Some(last) => Bound::Excluded(*last),
                     None => Bound::Unbounded,
                 };
+                // A settling job passed over may be wanted by a search that
+                // does not spare it: the cursor stops before it.
+                let mut advance = true;
                 for entry in bucket.range((from, Bound::Unbounded)) {
                     let &(Reverse(saved_at), node, job) = entry;
+                    if self.spared(&state.jobs[&job]) {
+                        advance = false;
+                        continue;
+                    }
                     let usable = !self.victims.contains(&job)
                         && !self.earmarked.contains_key(&node)
                         && !self.dead.contains(&node)
@@ -659,7 +708,9 @@ impl<'a> Pass<'a> {
                         break;
                     }
                     // Unusable for the rest of the pass: free GPUs only shrink.
-                    self.single_cursor.insert((model, free, size), *entry);
+                    if advance {
+                        self.single_cursor.insert((model, free, size), *entry);
+                    }
                 }
             }
         }
@@ -726,7 +777,7 @@ impl<'a> Pass<'a> {
             .filter(|(job, _)| !self.victims.contains(job))
             .filter_map(|&(job, mask)| {
                 let j = &self.state.jobs[&job];
-                (j.spec.tier == Tier::Preemptible && j.phase == Phase::Running)
+                (j.spec.tier == Tier::Preemptible && j.phase == Phase::Running && !self.spared(j))
                     .then(|| (self.victim_cost(j), mask.count_ones(), job))
             })
             .collect();

@@ -1,13 +1,14 @@
 //! Property tests: the invariants hold after every step of random clusters
 //! and job streams, the same input gives the same plans, and the indexed
-//! victim search finds the same cost as brute force.
+//! victim search finds the same cost as brute force, settling jobs spared
+//! as brute force spares them.
 
 mod common;
 
 use std::collections::BTreeMap;
 
 use common::Cluster;
-use ebb_core::{JobId, NodeId, ReservationId, Span, TenantId, Tier, Time};
+use ebb_core::{Attempt, JobId, NodeId, ReservationId, Span, TenantId, Tier, Time};
 use ebb_scheduler::*;
 use proptest::prelude::*;
 
@@ -57,7 +58,14 @@ fn pick<T: Copy>(items: &[T], i: usize) -> Option<T> {
 
 /// Runs `ops` on a fresh cluster, checking invariants after every op, and
 /// returns every plan made.
-fn run(nodes: u32, gpus_per_node: u8, a100_nodes: u32, policy: VictimPolicy, ops: &[Op]) -> Vec<Plan> {
+fn run(
+    nodes: u32,
+    gpus_per_node: u8,
+    a100_nodes: u32,
+    policy: VictimPolicy,
+    min_runtime: Span,
+    ops: &[Op],
+) -> Vec<Plan> {
     let mut c = Cluster::new(nodes, gpus_per_node);
     // A second GPU model: jobs that name no model may land on either.
     let mut specs: Vec<NodeSpec> = (0..nodes)
@@ -80,6 +88,7 @@ fn run(nodes: u32, gpus_per_node: u8, a100_nodes: u32, policy: VictimPolicy, ops
     }
     let all = specs.len() as u32;
     c.config.victim_policy = policy;
+    c.config.min_runtime = min_runtime;
     c.config.heartbeat_timeout = Some(Span::from_secs(600));
     c.config.drain_window = Span::from_secs(120);
     c.state
@@ -216,6 +225,10 @@ fn run(nodes: u32, gpus_per_node: u8, a100_nodes: u32, policy: VictimPolicy, ops
     c.plans
 }
 
+fn min_runtime() -> impl Strategy<Value = Span> {
+    prop_oneof![Just(Span::ZERO), Just(Span::from_secs(120)), Just(Span::from_secs(600))]
+}
+
 fn policy() -> impl Strategy<Value = VictimPolicy> {
     prop_oneof![
         3 => Just(VictimPolicy::LostWork),
@@ -235,19 +248,21 @@ proptest! {
         gpus_per_node in prop_oneof![Just(4u8), Just(8)],
         a100_nodes in 0u32..3,
         policy in policy(),
+        min_runtime in min_runtime(),
         ops in prop::collection::vec(op(), 1..200),
     ) {
-        run(nodes, gpus_per_node, a100_nodes, policy, &ops);
+        run(nodes, gpus_per_node, a100_nodes, policy, min_runtime, &ops);
     }
 
     #[test]
     fn same_input_same_plans(
         nodes in 1u32..6,
         policy in policy(),
+        min_runtime in min_runtime(),
         ops in prop::collection::vec(op(), 1..80),
     ) {
-        let first = run(nodes, 8, 1, policy, &ops);
-        let second = run(nodes, 8, 1, policy, &ops);
+        let first = run(nodes, 8, 1, policy, min_runtime, &ops);
+        let second = run(nodes, 8, 1, policy, min_runtime, &ops);
         prop_assert_eq!(first, second);
     }
 
@@ -296,6 +311,80 @@ proptest! {
             }
         }
     }
+
+    /// With some preemptible jobs settling (preempted before, resumed less
+    /// than `min_runtime` ago), the search picks the cheapest set without
+    /// one if any set without one makes room, and otherwise the cheapest
+    /// set of all: exactly what trying every subset of every node gives.
+    #[test]
+    fn victim_search_spares_settling_jobs_as_brute_force_does(
+        nodes in prop::collection::vec(
+            prop::collection::vec((prop_oneof![Just(1u32), Just(2), Just(4)], any::<bool>(), 0u64..900, prop::option::of(0u64..900), 0u32..3), 0..5),
+            1..6,
+        ),
+        min_runtime in min_runtime(),
+        want in 1u32..=4,
+    ) {
+        let mut c = Cluster::new(nodes.len() as u32, 4);
+        c.now = Time::from_secs(10_000);
+        c.config.min_runtime = min_runtime;
+        let mut next = 1000;
+        for (n, jobs) in nodes.iter().enumerate() {
+            let node = NodeId(n as u32);
+            let mut free = 4u32;
+            // The node's jobs as far as they fit, then on-demand work on
+            // every GPU left, so the preemptor must preempt.
+            let fill = jobs
+                .iter()
+                .map(|&(gpus, preemptible, ago, saved, preemptions)| (gpus, preemptible, ago, saved, preemptions))
+                .chain(std::iter::repeat((1, false, 0, None, 0)));
+            for (gpus, preemptible, ago, saved, preemptions) in fill {
+                if free == 0 {
+                    break;
+                }
+                if gpus > free {
+                    continue;
+                }
+                let tier = if preemptible { Tier::Preemptible } else { Tier::OnDemand };
+                let started = Time(c.now.0 - ago * 1000);
+                let checkpoint = saved.filter(|s| *s <= ago).map(|s| Time(c.now.0 - s * 1000));
+                let mask = ((1u64 << gpus) - 1) << (4 - free);
+                let spec = JobSpec {
+                    id: JobId(next),
+                    tenant: TenantId(1),
+                    tier,
+                    gpus,
+                    gpu_model: None,
+                    submitted_at: Time::ZERO,
+                    max_preemptions: None,
+                };
+                let preemptions = if preemptible { preemptions } else { 0 };
+                c.state
+                    .restore_run(spec, Attempt(preemptions + 1), preemptions, vec![(node, mask)], started, checkpoint, None)
+                    .unwrap();
+                next += 1;
+                free -= gpus;
+            }
+        }
+        c.state.sanity_check().unwrap();
+        let expected = brute_force_sparing(&c, want);
+        c.submit(Tier::OnDemand, want);
+        let plan = schedule(&c.state, c.now, &c.config);
+        match expected {
+            None => prop_assert!(plan.preemptions.is_empty()),
+            Some((settling, cost, n)) => {
+                prop_assert_eq!(plan.preemptions.len(), 1);
+                let p = &plan.preemptions[0];
+                let chosen_settling = p
+                    .victims
+                    .iter()
+                    .any(|v| c.state.job(*v).unwrap().settling(c.now, c.config.min_runtime));
+                prop_assert_eq!((chosen_settling, p.lost_gpu_ms, p.victims.len()), (settling, cost, n));
+            }
+        }
+        c.state.apply(&plan).unwrap();
+        c.state.sanity_check().unwrap();
+    }
 }
 
 fn super_pick(items: &[JobId], i: usize) -> Option<JobId> {
@@ -323,6 +412,38 @@ fn brute_force_min_lost(c: &Cluster, want: u32) -> Option<(u128, usize)> {
             let chosen = options.iter().enumerate().filter(|(i, _)| subset & (1 << i) != 0);
             let (cost, freed) = chosen.fold((0, 0), |(c, f), (_, o)| (c + o.0, f + o.1));
             let key = (cost, subset.count_ones() as usize);
+            if free + freed >= want && best.is_none_or(|b| key < b) {
+                best = Some(key);
+            }
+        }
+    }
+    best
+}
+
+/// (any victim settling, lost GPU-ms, victims) of the best single-node
+/// eviction for `want` GPUs: sets without a settling job first.
+fn brute_force_sparing(c: &Cluster, want: u32) -> Option<(bool, u128, usize)> {
+    let mut best: Option<(bool, u128, usize)> = None;
+    for node in c.state.nodes() {
+        let free = node.free_mask().count_ones();
+        let options: Vec<(u128, u32, bool)> = node
+            .jobs()
+            .filter_map(|id| {
+                let j = c.state.job(id).unwrap();
+                let run = j.run.as_ref().unwrap();
+                (j.spec.tier == Tier::Preemptible && j.phase == Phase::Running).then(|| {
+                    let lost =
+                        j.spec.gpus as u128 * c.now.saturating_since(run.progress_saved_at()).0 as u128;
+                    (lost, j.spec.gpus, j.settling(c.now, c.config.min_runtime))
+                })
+            })
+            .collect();
+        for subset in 1u32..(1 << options.len()) {
+            let chosen: Vec<_> = options.iter().enumerate().filter(|(i, _)| subset & (1 << i) != 0).collect();
+            let cost = chosen.iter().map(|(_, o)| o.0).sum();
+            let freed: u32 = chosen.iter().map(|(_, o)| o.1).sum();
+            let settling = chosen.iter().any(|(_, o)| o.2);
+            let key = (settling, cost, chosen.len());
             if free + freed >= want && best.is_none_or(|b| key < b) {
                 best = Some(key);
             }

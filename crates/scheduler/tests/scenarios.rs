@@ -641,3 +641,119 @@ fn a_gang_says_which_nodes_it_waits_for_and_smaller_work_says_it_waits_behind_it
     let plan = c.step();
     assert_eq!(pending(&plan, again), Pending::NoCapacity { model: None });
 }
+
+/// Two 4-GPU preemptible jobs on two 4-GPU nodes: `resumed` was preempted
+/// once and started again 60 s ago, with nothing to lose since; `steady`
+/// has run 16 minutes without a checkpoint. Returns (resumed, steady).
+fn resumed_and_steady(c: &mut Cluster) -> (JobId, JobId) {
+    let resumed = c.submit(Tier::Preemptible, 4);
+    let steady = c.submit(Tier::Preemptible, 4);
+    c.step();
+    c.advance(300);
+    c.checkpoint(resumed);
+    c.advance(300);
+    let first = c.submit(Tier::OnDemand, 4);
+    let plan = c.step();
+    assert_eq!(plan.drains.iter().map(|d| d.job).collect::<Vec<_>>(), vec![resumed], "the cheaper victim");
+    c.exit(resumed, ExitKind::Failed { requeue: false });
+    c.step();
+    c.advance(300);
+    c.exit(first, ExitKind::Completed);
+    c.step();
+    assert_eq!(c.phase(resumed), Some(Phase::Running));
+    assert_eq!(c.state.job(resumed).unwrap().preemptions, 1);
+    c.advance(60);
+    (resumed, steady)
+}
+
+#[test]
+fn a_job_preempted_recently_is_passed_over_while_another_victim_fits() {
+    let mut c = Cluster::new(2, 4);
+    let (resumed, steady) = resumed_and_steady(&mut c);
+    assert!(c.state.job(resumed).unwrap().settling(c.now, c.config.min_runtime));
+    c.submit(Tier::OnDemand, 4);
+    let plan = c.step();
+    assert_eq!(plan.drains.iter().map(|d| d.job).collect::<Vec<_>>(), vec![steady]);
+    assert_eq!(plan.preemptions[0].lost_gpu_ms, 4 * 960_000, "it costs more lost work, by design");
+    assert_eq!(c.phase(resumed), Some(Phase::Running));
+}
+
+#[test]
+fn a_job_preempted_before_is_a_victim_like_any_other_once_it_has_run_min_runtime() {
+    let mut c = Cluster::new(2, 4);
+    let (resumed, _) = resumed_and_steady(&mut c);
+    c.advance(240); // 300 s since it resumed: the default min runtime
+    assert!(!c.state.job(resumed).unwrap().settling(c.now, c.config.min_runtime));
+    c.submit(Tier::OnDemand, 4);
+    let plan = c.step();
+    assert_eq!(plan.drains.iter().map(|d| d.job).collect::<Vec<_>>(), vec![resumed]);
+}
+
+#[test]
+fn a_zero_min_runtime_chooses_victims_by_lost_work_alone() {
+    let mut c = Cluster::new(2, 4);
+    let (resumed, _) = resumed_and_steady(&mut c);
+    c.config.min_runtime = Span::ZERO;
+    c.submit(Tier::OnDemand, 4);
+    let plan = c.step();
+    assert_eq!(plan.drains.iter().map(|d| d.job).collect::<Vec<_>>(), vec![resumed]);
+    assert_eq!(plan.preemptions[0].lost_gpu_ms, 4 * 60_000);
+}
+
+#[test]
+fn a_settling_job_is_still_drained_when_nothing_else_makes_room() {
+    let mut c = Cluster::new(2, 4);
+    let (resumed, steady) = resumed_and_steady(&mut c);
+    // Both preemptible jobs must go for an 8-GPU gang: the rule does not
+    // keep it waiting.
+    let gang = c.submit(Tier::OnDemand, 8);
+    let plan = c.step();
+    let mut drained: Vec<JobId> = plan.drains.iter().map(|d| d.job).collect();
+    drained.sort();
+    assert_eq!(drained, vec![resumed, steady]);
+    assert_eq!(c.phase(gang), Some(Phase::Holding));
+
+    // And alone on its node, it is drained for an on-demand job.
+    let mut c = Cluster::new(1, 4);
+    let job = c.submit(Tier::Preemptible, 4);
+    c.step();
+    let first = c.submit(Tier::OnDemand, 4);
+    c.step();
+    c.exit(job, ExitKind::Failed { requeue: false });
+    c.step();
+    c.exit(first, ExitKind::Completed);
+    c.step();
+    assert!(c.state.job(job).unwrap().settling(c.now, c.config.min_runtime));
+    let second = c.submit(Tier::OnDemand, 4);
+    let plan = c.step();
+    assert_eq!(plan.drains.iter().map(|d| d.job).collect::<Vec<_>>(), vec![job]);
+    assert_eq!(c.phase(second), Some(Phase::Holding));
+}
+
+#[test]
+fn a_gang_preemptor_empties_nodes_without_settling_jobs_when_it_can() {
+    let mut c = Cluster::new(3, 4);
+    let other = c.submit(Tier::Preemptible, 4);
+    c.step();
+    let (resumed, steady) = resumed_and_steady(&mut c);
+    c.checkpoint(other);
+    c.advance(1);
+    // Emptying the settling job's node and `other`'s would lose least; the
+    // gang takes `other`'s node and `steady`'s instead.
+    c.submit(Tier::OnDemand, 8);
+    let plan = c.step();
+    let mut drained: Vec<JobId> = plan.drains.iter().map(|d| d.job).collect();
+    drained.sort();
+    assert_eq!(drained, vec![other, steady]);
+    assert_eq!(c.phase(resumed), Some(Phase::Running));
+}
+
+#[test]
+fn a_reclaim_drains_settling_jobs_last() {
+    let mut c = Cluster::new(2, 4);
+    let (resumed, steady) = resumed_and_steady(&mut c);
+    c.state.reclaim(c.model(), 4).unwrap();
+    let plan = c.step();
+    assert_eq!(plan.drains.iter().map(|d| d.job).collect::<Vec<_>>(), vec![steady]);
+    assert_eq!(c.phase(resumed), Some(Phase::Running));
+}

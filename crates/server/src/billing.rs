@@ -83,6 +83,14 @@ pub struct UsageRow {
     pub drain_gpu_seconds: u64,
     pub lost_gpu_seconds: u64,
     pub outcome: String,
+    /// The job had been preempted before this attempt (false in records
+    /// written before servers kept it).
+    #[serde(default)]
+    pub follows_preemption: bool,
+    /// It also had its drain notice less than the server's `--min-runtime`
+    /// after it was placed: the scheduler could spare it no longer.
+    #[serde(default)]
+    pub within_min_runtime: bool,
 }
 
 impl UsageRow {
@@ -129,6 +137,8 @@ pub struct Ended<'a> {
     pub on_demand_rate: i64,
     pub lost_gpu_ms: u64,
     pub outcome: &'a str,
+    pub follows_preemption: bool,
+    pub within_min_runtime: bool,
 }
 
 /// Whole seconds, a started second counting as one.
@@ -164,6 +174,8 @@ pub fn meter(e: Ended<'_>) -> UsageRow {
         drain_gpu_seconds: drain_seconds * u64::from(e.gpus),
         lost_gpu_seconds: e.lost_gpu_ms.div_ceil(1000),
         outcome: e.outcome.to_string(),
+        follows_preemption: e.follows_preemption,
+        within_min_runtime: e.within_min_runtime,
     }
 }
 
@@ -320,7 +332,8 @@ pub fn invoice(
     to: u64,
 ) -> api::Invoice {
     let mut lines: BTreeMap<(String, String, i64), (u64, i64)> = BTreeMap::new();
-    let (mut od_equivalent, mut savings, mut preemptions) = (0i64, 0i64, 0u64);
+    let (mut od_equivalent, mut savings) = (0i64, 0i64);
+    let (mut preemptions, mut repeat_preemptions, mut within_min_runtime) = (0u64, 0u64, 0u64);
     let (mut drain, mut lost) = (0u64, 0u64);
     for u in usage {
         let line = lines.entry((u.tier.clone(), u.gpu_model.clone(), u.rate)).or_insert((0, 0));
@@ -331,7 +344,11 @@ pub fn invoice(
         if u.tier == "preemptible" {
             savings += at_on_demand - u.amount;
         }
-        preemptions += u64::from(u.outcome == "preempted");
+        if u.outcome == "preempted" {
+            preemptions += 1;
+            repeat_preemptions += u64::from(u.follows_preemption);
+            within_min_runtime += u64::from(u.follows_preemption && u.within_min_runtime);
+        }
         drain += u.drain_gpu_seconds;
         lost += u.lost_gpu_seconds;
     }
@@ -366,6 +383,8 @@ pub fn invoice(
         preemptible_savings_usd: usd(savings),
         attempts: usage.len() as u64,
         preemptions,
+        repeat_preemptions,
+        preemptions_within_min_runtime: within_min_runtime,
         drain_gpu_hours: hours(drain),
         lost_gpu_hours: hours(lost),
     }
@@ -627,8 +646,11 @@ mod tests {
             on_demand_rate: 2_000_000,
             lost_gpu_ms: 1_500,
             outcome: "preempted",
+            follows_preemption: true,
+            within_min_runtime: false,
         };
         let u = meter(base);
+        assert!(u.follows_preemption && !u.within_min_runtime);
         assert_eq!(u.seconds, 91);
         assert_eq!(u.gpu_seconds(), 364);
         // 364 GPU-s at $1/GPU-h = $0.101111 (rounded down).
@@ -685,6 +707,8 @@ mod tests {
                 drain_gpu_seconds: 0,
                 lost_gpu_seconds: 0,
                 outcome: "completed".into(),
+                follows_preemption: false,
+                within_min_runtime: false,
             }
         }
     }
@@ -839,7 +863,40 @@ mod tests {
             drain_gpu_seconds: 0,
             lost_gpu_seconds: 0,
             outcome: "completed".into(),
+            follows_preemption: false,
+            within_min_runtime: false,
         }
+    }
+
+    #[test]
+    fn an_invoice_counts_preemptions_again_and_within_the_minimum_run_time() {
+        let row = |outcome: &str, follows_preemption, within_min_runtime| UsageRow {
+            outcome: outcome.into(),
+            follows_preemption,
+            within_min_runtime,
+            ..usage_template()
+        };
+        let usage = [
+            row("preempted", false, false),
+            row("preempted", true, false),
+            row("preempted", true, true),
+            row("preempted", true, true),
+            // Not preempted: a job preempted before that then finished or
+            // was lost counts for nothing here.
+            row("completed", true, false),
+            row("lost", true, true),
+            // A record from before servers kept the facts reads as neither.
+            serde_json::from_value(serde_json::json!({
+                "job": 1, "attempt": 1, "tenant": 1, "tier": "preemptible", "gpu_model": "H100",
+                "gpus": 1, "started_ms": 0, "ended_ms": 0, "seconds": 0, "rate": 0,
+                "on_demand_rate": 0, "amount": 0, "drain_gpu_seconds": 0, "lost_gpu_seconds": 0,
+                "outcome": "preempted"
+            }))
+            .unwrap(),
+        ];
+        let inv = invoice("acme", &usage, &[], 0, 1);
+        assert_eq!(inv.attempts, 7);
+        assert_eq!((inv.preemptions, inv.repeat_preemptions, inv.preemptions_within_min_runtime), (5, 3, 2));
     }
 
     proptest::proptest! {

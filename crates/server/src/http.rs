@@ -1181,6 +1181,7 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
     let engine_config = EngineConfig {
         data_dir: dir.clone(),
         drain_window: config.drain_window,
+        min_runtime: config.min_runtime,
         heartbeat_timeout: config.heartbeat_timeout,
         heartbeat_interval: config.heartbeat_interval,
         max_clock_skew: config.max_clock_skew,

@@ -145,6 +145,9 @@ pub struct ServerConfig {
     /// The leader's lease on a shared database.
     pub lease: std::time::Duration,
     pub drain_window: Span,
+    /// How long a job preempted before is spared as a victim once it runs
+    /// again, while another victim fits; zero turns it off.
+    pub min_runtime: Span,
     pub heartbeat_timeout: Span,
     pub heartbeat_interval: Span,
     /// How far ahead of the server's clock a node's event time may be.

@@ -4,7 +4,9 @@
 //! store each time (its SQLite file; and, in fewer cases, a PostgreSQL
 //! database on a throwaway server), the invoices add up to the usage records, which
 //! add up to what the processes actually ran × their rate, to the
-//! micro-dollar: every attempt that ran is billed once, none twice.
+//! micro-dollar: every attempt that ran is billed once, none twice; and
+//! the invoices count exactly the attempts that were preempted, and those
+//! of jobs preempted before.
 //!
 //! The writer (`Engine`) is driven directly, one batch at a time, at
 //! explicit instants; the agents are modelled here, speaking the agent
@@ -32,6 +34,8 @@ const GPUS: u8 = 4;
 /// $2.50 per GPU-hour on demand; preemptible is half.
 const ON_DEMAND: i64 = 2_500_000;
 const DRAIN_WINDOW_MS: u64 = 3_000;
+/// A job preempted before is spared as a victim this long after it resumes.
+const MIN_RUNTIME_MS: u64 = 2_000;
 /// How long a drained job takes to save and exit.
 const SAVE_MS: u64 = 700;
 const START: u64 = 1_800_000_000_000;
@@ -76,6 +80,8 @@ struct Ran {
     gpus: u32,
     started: u64,
     ended: u64,
+    /// It exited on its own during a drain: a preemption.
+    preempted: bool,
 }
 
 struct Node {
@@ -109,6 +115,7 @@ fn config(dir: &std::path::Path) -> EngineConfig {
     EngineConfig {
         data_dir: dir.to_path_buf(),
         drain_window: Span(DRAIN_WINDOW_MS),
+        min_runtime: Span(MIN_RUNTIME_MS),
         heartbeat_timeout: Span(2_000),
         heartbeat_interval: Span(500),
         max_clock_skew: Span(5_000),
@@ -192,7 +199,15 @@ impl<S: Store> World<S> {
     ) {
         let node = &mut self.nodes[i];
         let Some(p) = node.running.remove(&attempt) else { return };
-        self.ran.push(Ran { attempt, tier: p.tier, gpus: p.gpus, started: p.started, ended: self.now });
+        let preempted = p.exit_at.is_some() && signal.is_none();
+        self.ran.push(Ran {
+            attempt,
+            tier: p.tier,
+            gpus: p.gpus,
+            started: p.started,
+            ended: self.now,
+            preempted,
+        });
         node.unreported.push(AgentEvent::Exited {
             attempt,
             code,
@@ -215,6 +230,7 @@ impl<S: Store> World<S> {
                 gpus: p.gpus,
                 started: p.started,
                 ended: self.now,
+                preempted: false,
             });
         }
     }
@@ -284,6 +300,7 @@ impl<S: Store> World<S> {
                     gpus: p.gpus,
                     started: p.started,
                     ended: self.now,
+                    preempted: false,
                 });
             }
         }
@@ -517,7 +534,7 @@ fn check_on<S: Store>(
     world.settle();
 
     let records = (world.open_store)().usage(None, 0, u64::MAX).unwrap();
-    let mut invoiced = 0;
+    let (mut invoiced, mut preemptions, mut repeat_preemptions, mut within_min_runtime) = (0, 0, 0, 0);
     for tenant in ["default", "acme"] {
         let principal = world.admin.clone();
         let invoice = world
@@ -533,6 +550,9 @@ fn check_on<S: Store>(
         let lines: i64 = invoice.lines.iter().map(|l| l.amount_micro_usd).sum();
         prop_assert_eq!(lines, invoice.total_micro_usd);
         invoiced += lines;
+        preemptions += invoice.preemptions;
+        repeat_preemptions += invoice.repeat_preemptions;
+        within_min_runtime += invoice.preemptions_within_min_runtime;
     }
     let recorded: i64 = records.iter().map(|r| r.amount).sum();
     let truth: i64 = world.ran.iter().map(truth_amount).sum();
@@ -551,6 +571,16 @@ fn check_on<S: Store>(
         prop_assert_eq!(&r.tier, &ran.tier);
     }
     prop_assert_eq!(recorded, truth, "usage records vs what ran x rate");
+    // Preemptions: every process that exited on its own in a drain, and of
+    // those every one after its job's first.
+    let mut preempted_by_job: BTreeMap<u64, u64> = BTreeMap::new();
+    for ran in world.ran.iter().filter(|r| r.preempted) {
+        *preempted_by_job.entry(ran.attempt.job).or_default() += 1;
+    }
+    let truth_preemptions: u64 = preempted_by_job.values().sum();
+    let truth_repeats: u64 = preempted_by_job.values().map(|n| n - 1).sum();
+    prop_assert_eq!((preemptions, repeat_preemptions), (truth_preemptions, truth_repeats), "{:?}", world.ran);
+    prop_assert!(within_min_runtime <= repeat_preemptions);
     if std::env::var_os("EBB_BILLING_TRACE").is_some() {
         let outcomes: BTreeMap<&str, usize> = records.iter().fold(BTreeMap::new(), |mut m, r| {
             *m.entry(r.outcome.as_str()).or_insert(0) += 1;

@@ -33,6 +33,7 @@ impl Server {
         let config = EngineConfig {
             data_dir: PathBuf::from(&dir),
             drain_window: Span(3_000),
+            min_runtime: Span(300_000),
             heartbeat_timeout: Span(60_000),
             heartbeat_interval: Span(500),
             pricing: Pricing { prices: Vec::new(), default_price: 1_000_000, discount_bps: 5_000 },

@@ -159,6 +159,7 @@ fn open(dir: &std::path::Path, limits: &Limits, now: u64) -> Engine<SqliteStore>
     let config = EngineConfig {
         data_dir: dir.to_path_buf(),
         drain_window: Span(30_000),
+        min_runtime: Span(300_000),
         heartbeat_timeout: Span(3_600_000),
         heartbeat_interval: Span(500),
         pricing: Pricing { prices: Vec::new(), default_price: 2_000_000, discount_bps: 5_000 },

@@ -33,6 +33,7 @@ fn a_database_written_by_the_release_before_is_migrated_and_everything_in_it_kep
     let config = EngineConfig {
         data_dir: dir.clone(),
         drain_window: Span(300_000),
+        min_runtime: Span(300_000),
         heartbeat_timeout: Span(10_000),
         heartbeat_interval: Span(500),
         pricing: Pricing { prices: Vec::new(), default_price: 2_000_000, discount_bps: 5_000 },

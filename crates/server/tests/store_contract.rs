@@ -36,6 +36,8 @@ fn usage(job: u64, attempt: u32, ended_ms: u64) -> UsageRow {
         drain_gpu_seconds: 0,
         lost_gpu_seconds: 12,
         outcome: "preempted".into(),
+        follows_preemption: attempt > 1,
+        within_min_runtime: attempt > 2,
     }
 }
 

@@ -179,6 +179,7 @@ fn config(dir: &Path) -> EngineConfig {
     EngineConfig {
         data_dir: dir.to_path_buf(),
         drain_window: Span(3_000),
+        min_runtime: Span(300_000),
         heartbeat_timeout: Span(60_000),
         heartbeat_interval: Span(500),
         pricing: Pricing { prices: Vec::new(), default_price: 3_600_000, discount_bps: 5_000 },

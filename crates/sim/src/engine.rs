@@ -27,6 +27,10 @@ use crate::summary::{round, ConfigEcho, Percentiles, Series, SimOutput, Summary,
 use crate::{NoticeMode, SimConfig, SimError, Trace};
 
 const HOUR_MS: u64 = 3_600_000;
+/// A repeat preemption this early in the attempt is counted as quick: a
+/// fixed yardstick, so that replays under different `--min-runtime`
+/// compare.
+const QUICK_REPEAT: Span = Span(10 * 60_000);
 const RESERVED_TENANT: TenantId = TenantId(1);
 
 /// Replay progress, for a progress bar.
@@ -77,6 +81,8 @@ struct SimJob {
     drain: Option<Draining>,
     first_start: Option<Time>,
     done_at: Option<Time>,
+    /// Preemption notices it has had.
+    preemptions: u32,
 }
 
 impl SimJob {
@@ -111,6 +117,10 @@ struct Engine<'a> {
     drain: u128,
     restart: u128,
     preemptions: u64,
+    /// Preemptions of a job preempted before, and those of them that came
+    /// within `QUICK_REPEAT` of the attempt's start.
+    repeat_preemptions: u64,
+    quick_repeat_preemptions: u64,
     // Hourly series.
     busy_by_hour: Vec<[u128; 3]>,
     queued_by_hour: Vec<[u32; 3]>,
@@ -204,7 +214,12 @@ impl<'a> Engine<'a> {
         };
         Ok(Engine {
             config,
-            core: Config { drain_window, victim_policy: config.victim_policy, heartbeat_timeout: None },
+            core: Config {
+                drain_window,
+                victim_policy: config.victim_policy,
+                heartbeat_timeout: None,
+                min_runtime: config.min_runtime,
+            },
             state,
             jobs: Vec::new(),
             events: BinaryHeap::new(),
@@ -217,6 +232,8 @@ impl<'a> Engine<'a> {
             drain: 0,
             restart: 0,
             preemptions: 0,
+            repeat_preemptions: 0,
+            quick_repeat_preemptions: 0,
             busy_by_hour: Vec::new(),
             queued_by_hour: Vec::new(),
             preemptions_by_hour: Vec::new(),
@@ -282,6 +299,7 @@ impl<'a> Engine<'a> {
                 drain: None,
                 first_start: None,
                 done_at: None,
+                preemptions: 0,
             });
             self.push(Time::from_secs(row.submit_s), Event::Arrive(index));
         }
@@ -354,9 +372,7 @@ impl<'a> Engine<'a> {
             self.state.apply(&plan).expect("the core's own plan applies");
             for drain in &plan.drains {
                 if let DrainReason::Preempted { .. } = drain.reason {
-                    self.preemptions += 1;
-                    let hour = self.hour(now);
-                    bump(&mut self.preemptions_by_hour, hour, |c| *c += 1);
+                    self.count_preemption(drain.job.0 as usize - 1, now);
                 }
                 self.notice(drain.job.0 as usize - 1, now, drain.deadline);
             }
@@ -367,6 +383,21 @@ impl<'a> Engine<'a> {
             // that this same instant can use.
             self.process_events_at(now);
         }
+    }
+
+    fn count_preemption(&mut self, i: usize, now: Time) {
+        self.preemptions += 1;
+        let hour = self.hour(now);
+        bump(&mut self.preemptions_by_hour, hour, |c| *c += 1);
+        let job = &mut self.jobs[i];
+        if job.preemptions > 0 {
+            self.repeat_preemptions += 1;
+            let ran = now.saturating_since(job.run.as_ref().expect("a victim runs").start);
+            if ran < QUICK_REPEAT {
+                self.quick_repeat_preemptions += 1;
+            }
+        }
+        job.preemptions += 1;
     }
 
     fn start(&mut self, i: usize, now: Time, attempt: Attempt) {
@@ -544,6 +575,11 @@ impl<'a> Engine<'a> {
             gpu_utilization: ratio(busy_total),
             utilization_by_tier: TierFigures::from_array(self.busy.map(ratio)),
             preemptions: self.preemptions,
+            jobs_preempted: self.jobs.iter().filter(|j| j.preemptions > 0).count() as u64,
+            jobs_preempted_repeatedly: self.jobs.iter().filter(|j| j.preemptions > 1).count() as u64,
+            repeat_preemptions: self.repeat_preemptions,
+            quick_repeat_preemptions: self.quick_repeat_preemptions,
+            max_preemptions_of_a_job: self.jobs.iter().map(|j| j.preemptions).max().unwrap_or(0),
             lost_gpu_hours: hours(self.lost),
             drain_gpu_hours: hours(self.drain),
             restart_gpu_hours: hours(self.restart),
@@ -555,6 +591,7 @@ impl<'a> Engine<'a> {
                 p50: round(slowdown.p50, 4),
                 p99: round(slowdown.p99, 4),
                 max: round(slowdown.max, 4),
+                mean: round(slowdown.mean, 4),
             },
             revenue_usd: TierFigures::from_array(revenue.map(|m| round(m.as_usd_f64(), 2))),
             revenue_micro_usd: TierFigures::from_array(revenue.map(|m| m.0)),
@@ -600,6 +637,7 @@ impl<'a> Engine<'a> {
                 drain_checkpoint_s: config.drain_checkpoint.map(Span::as_secs_f64),
                 restart_overhead_s: config.restart_overhead.as_secs_f64(),
                 victim_policy: policy_name(config.victim_policy),
+                min_runtime_s: config.min_runtime.as_secs_f64(),
                 on_demand_price_usd_per_gpu_hour: book.on_demand_per_gpu_hour.as_usd_f64(),
                 preemptible_price_usd_per_gpu_hour: book.preemptible_per_gpu_hour().as_usd_f64(),
                 reserved_gpus: config.reserved_gpus,

@@ -58,6 +58,10 @@ pub struct SimConfig {
     /// Time a resumed attempt spends before making progress again.
     pub restart_overhead: Span,
     pub victim_policy: VictimPolicy,
+    /// A job preempted before is spared as a victim until its new attempt
+    /// has run this long, while another victim fits (the server's
+    /// `--min-runtime`); zero turns the rule off.
+    pub min_runtime: Span,
     pub on_demand_price: MicroUsd,
     /// GPUs reserved for the jobs of `reserved=PATH` traces, billed for the
     /// whole replay at `reserved_price`.
@@ -84,6 +88,7 @@ impl Default for SimConfig {
             drain_checkpoint: None,
             restart_overhead: Span::ZERO,
             victim_policy: VictimPolicy::LostWork,
+            min_runtime: ebb_scheduler::Config::default().min_runtime,
             on_demand_price: MicroUsd(2_000_000),
             reserved_gpus: 0,
             reserved_price: MicroUsd(1_400_000),

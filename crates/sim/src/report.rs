@@ -46,7 +46,8 @@ pub fn html(output: &SimOutput) -> String {
 fn describe(s: &Summary) -> String {
     let c = &s.config;
     format!(
-        "{} on {} nodes x {} {} GPUs; drain window {} s, notice {}, victim policy {}; traces: {}.",
+        "{} on {} nodes x {} {} GPUs; drain window {} s, notice {}, victim policy {}, min runtime {} s; \
+         traces: {}.",
         if c.preemptible_fraction > 0.0 {
             format!("{:.0}% of untagged jobs preemptible", c.preemptible_fraction * 100.0)
         } else {
@@ -58,6 +59,7 @@ fn describe(s: &Summary) -> String {
         c.drain_window_s,
         c.notice,
         c.victim_policy,
+        c.min_runtime_s,
         c.traces.join(", ")
     )
 }

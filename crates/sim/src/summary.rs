@@ -22,10 +22,12 @@ pub struct Percentiles {
     pub p50: f64,
     pub p99: f64,
     pub max: f64,
+    /// The mean: moves with every value, where a percentile may not.
+    pub mean: f64,
 }
 
 impl Percentiles {
-    /// Nearest-rank percentiles; zeros for an empty sample.
+    /// Nearest-rank percentiles and the mean; zeros for an empty sample.
     pub fn of(mut values: Vec<f64>) -> Percentiles {
         if values.is_empty() {
             return Percentiles::default();
@@ -39,6 +41,7 @@ impl Percentiles {
             p50: round(rank(0.50), 3),
             p99: round(rank(0.99), 3),
             max: round(*values.last().unwrap(), 3),
+            mean: round(values.iter().sum::<f64>() / values.len() as f64, 3),
         }
     }
 }
@@ -63,6 +66,7 @@ pub struct ConfigEcho {
     pub drain_checkpoint_s: Option<f64>,
     pub restart_overhead_s: f64,
     pub victim_policy: String,
+    pub min_runtime_s: f64,
     pub on_demand_price_usd_per_gpu_hour: f64,
     pub preemptible_price_usd_per_gpu_hour: f64,
     pub reserved_gpus: u32,
@@ -82,6 +86,17 @@ pub struct Summary {
     pub utilization_by_tier: TierFigures<f64>,
     /// Drain notices that were preemptions for another job.
     pub preemptions: u64,
+    /// Jobs preempted at least once, and more than once.
+    pub jobs_preempted: u64,
+    pub jobs_preempted_repeatedly: u64,
+    /// Preemptions of a job that had been preempted before (every one
+    /// after a job's first): the thrash `--min-runtime` is there to curb.
+    pub repeat_preemptions: u64,
+    /// Those that came less than 10 minutes into the attempt: the job
+    /// resumed and was taken again before it could do much. The yardstick
+    /// is fixed, so that replays under different `--min-runtime` compare.
+    pub quick_repeat_preemptions: u64,
+    pub max_preemptions_of_a_job: u32,
     /// Work done since the last checkpoint and thrown away at a kill.
     pub lost_gpu_hours: f64,
     /// GPU-time from notice to exit.
@@ -142,6 +157,17 @@ impl Summary {
                 format!(
                     "{} (lost {:.1} GPU-h, drain {:.1} GPU-h, restart {:.1} GPU-h)",
                     self.preemptions, self.lost_gpu_hours, self.drain_gpu_hours, self.restart_gpu_hours
+                ),
+            ),
+            (
+                "repeat preemptions",
+                format!(
+                    "{} ({} within 10 min of resuming; {} of {} preempted jobs more than once, at most {} times)",
+                    self.repeat_preemptions,
+                    self.quick_repeat_preemptions,
+                    self.jobs_preempted_repeatedly,
+                    self.jobs_preempted,
+                    self.max_preemptions_of_a_job
                 ),
             ),
             (

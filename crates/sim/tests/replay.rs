@@ -1,12 +1,13 @@
 //! Replays of the shared ITP traces: every cluster runs, output is
 //! deterministic, the drain window saves work, the lost-work policy loses
-//! least.
+//! least; and a small synthetic trace on which `--min-runtime` stops a job
+//! being preempted again as soon as it resumes.
 
 use std::path::PathBuf;
 
 use ebb_core::{Span, Tier};
 use ebb_scheduler::VictimPolicy;
-use ebb_sim::{run, NoticeMode, SimConfig, SimOutput, Summary, Trace};
+use ebb_sim::{run, NoticeMode, SimConfig, SimOutput, Summary, Trace, TraceJob};
 
 fn trace_dir() -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces/itp");
@@ -78,6 +79,9 @@ fn same_input_gives_byte_identical_json() {
         "\"gpu_utilization\"",
         "\"utilization_by_tier\"",
         "\"preemptions\"",
+        "\"repeat_preemptions\"",
+        "\"quick_repeat_preemptions\"",
+        "\"jobs_preempted_repeatedly\"",
         "\"lost_gpu_hours\"",
         "\"drain_gpu_hours\"",
         "\"idle_gpu_hours\"",
@@ -175,4 +179,50 @@ fn each_preemption_costs_the_restart_overhead() {
         "{}",
         costly.restart_gpu_hours
     );
+}
+
+/// Two long preemptible jobs fill two 4-GPU nodes; every 15 minutes an
+/// on-demand job needs one node for 10 minutes. A victim saves in 60 s and
+/// resumes when the on-demand job ends, 4 minutes before the next arrives.
+fn thrash(min_runtime: Span) -> Summary {
+    let job = |id: &str, submit_s, duration_s| TraceJob { id: id.into(), submit_s, duration_s, gpus: 4 };
+    let preemptible = Trace {
+        name: "preemptible".into(),
+        tier: Some(Tier::Preemptible),
+        jobs: vec![job("a", 0, 100_000), job("b", 0, 100_000)],
+    };
+    let on_demand = Trace {
+        name: "on-demand".into(),
+        tier: Some(Tier::OnDemand),
+        jobs: (0..6).map(|k| job(&format!("od{k}"), 1_000 + 900 * k, 600)).collect(),
+    };
+    let config = SimConfig {
+        nodes: 2,
+        gpus_per_node: 4,
+        drain_checkpoint: Some(Span::from_secs(60)),
+        min_runtime,
+        ..SimConfig::default()
+    };
+    replay(&config, &[preemptible, on_demand]).summary
+}
+
+#[test]
+fn min_runtime_stops_a_resumed_job_being_preempted_again_at_once() {
+    let off = thrash(Span::ZERO);
+    let on = thrash(Span::from_secs(300));
+    // Without the rule the job that has just resumed is always the
+    // cheapest victim: one job takes every preemption, each within minutes
+    // of resuming.
+    assert_eq!(off.preemptions, 6);
+    assert_eq!((off.jobs_preempted, off.max_preemptions_of_a_job), (1, 6));
+    assert_eq!((off.repeat_preemptions, off.quick_repeat_preemptions), (5, 5));
+    // With it the two jobs take turns, each running 19 minutes between
+    // preemptions.
+    assert_eq!(on.preemptions, 6);
+    assert_eq!((on.jobs_preempted, on.max_preemptions_of_a_job), (2, 3));
+    assert_eq!((on.repeat_preemptions, on.quick_repeat_preemptions), (4, 0));
+    // On-demand jobs wait for the victim's save alike, and no work is lost.
+    assert_eq!(on.on_demand_wait_s, off.on_demand_wait_s);
+    assert_eq!(on.on_demand_wait_s.max, 60.0);
+    assert_eq!((on.lost_gpu_hours, off.lost_gpu_hours), (0.0, 0.0));
 }

@@ -102,9 +102,15 @@ pub(super) fn lost_work(job: &JobRecord, end_ms: u64) -> u64 {
 
 /// The live attempt of `job` ended at `end_ms` (by the agents' clocks, or
 /// the node's last contact) with `effect`, as the core decided, at the
-/// server's `now`. The record leaves the attempt behind: its new state,
-/// counters and no placement.
-pub(super) fn end_attempt(job: &mut JobRecord, effect: ExitEffect, end_ms: u64, now: u64) -> Ended {
+/// server's `now`, under the scheduler's `min_runtime`. The record leaves
+/// the attempt behind: its new state, counters and no placement.
+pub(super) fn end_attempt(
+    job: &mut JobRecord,
+    effect: ExitEffect,
+    end_ms: u64,
+    now: u64,
+    min_runtime: Span,
+) -> Ended {
     let success = job.exit_code == Some(0) && !job.vanished;
     let lost_gpu_ms = match effect {
         ExitEffect::Requeued { preempted: true }
@@ -121,7 +127,7 @@ pub(super) fn end_attempt(job: &mut JobRecord, effect: ExitEffect, end_ms: u64, 
         ExitEffect::Restarted if success => "completed",
         ExitEffect::Restarted => "failed",
     };
-    let usage = meter(job, end_ms, outcome, lost_gpu_ms);
+    let usage = meter(job, end_ms, outcome, lost_gpu_ms, min_runtime);
     job.lost_gpu_ms += lost_gpu_ms;
     let lost = lost_gpu_ms as f64 / 1000.0;
     let mut backoff_ms = 0;
@@ -183,11 +189,28 @@ pub(super) fn end_attempt(job: &mut JobRecord, effect: ExitEffect, end_ms: u64, 
     Ended { state, kind, detail, usage, lost_gpu_ms, backoff_ms, preempted }
 }
 
-/// The usage record of the live attempt, ended at `end_ms`.
-fn meter(job: &JobRecord, end_ms: u64, outcome: &str, lost_gpu_ms: u64) -> Option<crate::store::UsageRow> {
+/// The usage record of the live attempt, ended at `end_ms`. Whether it
+/// had its notice within `min_runtime` of its placement is judged as the
+/// core judged it when it chose the victim: from the placement instant
+/// (`started_ms`, the core's `Run::started_at`) to the notice, both the
+/// server's instants, for a job preempted before (its count is not yet
+/// moved by this ending).
+fn meter(
+    job: &JobRecord,
+    end_ms: u64,
+    outcome: &str,
+    lost_gpu_ms: u64,
+    min_runtime: Span,
+) -> Option<crate::store::UsageRow> {
     let (Some(started_ms), Some((model, rate, on_demand_rate))) = (job.run_started_ms, &job.billing) else {
         return None; // never reported started: nothing is known to have run
     };
+    let follows_preemption = job.preemptions > 0;
+    let within_min_runtime = follows_preemption
+        && job
+            .notice
+            .as_ref()
+            .is_some_and(|(notice_at, _, _)| Span(notice_at.saturating_sub(job.started_ms)) < min_runtime);
     Some(crate::billing::meter(crate::billing::Ended {
         job: job.id,
         attempt: job.attempt,
@@ -202,12 +225,16 @@ fn meter(job: &JobRecord, end_ms: u64, outcome: &str, lost_gpu_ms: u64) -> Optio
         on_demand_rate: *on_demand_rate,
         lost_gpu_ms,
         outcome,
+        follows_preemption,
+        within_min_runtime,
     }))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const MIN_RUNTIME: Span = Span(300_000);
 
     /// A preemptible job of 2 GPUs placed at 1,000, started at 2,000 by its
     /// agent, checkpointed at 5,000, at $2.00 (preemptible $1.00) per GPU-hour.
@@ -268,7 +295,7 @@ mod tests {
         let mut job = running();
         job.state = JobState::Draining;
         job.notice = Some((8_000, 9_000, "preempted by job 9".into()));
-        let ended = end_attempt(&mut job, ExitEffect::PreemptionLimitReached, 9_000, 9_500);
+        let ended = end_attempt(&mut job, ExitEffect::PreemptionLimitReached, 9_000, 9_500, MIN_RUNTIME);
         assert_eq!((ended.state, ended.kind), (JobState::Failed, EventKind::Failed));
         assert!(ended.preempted);
         assert_eq!(ended.usage.expect("metered").outcome, "preempted");
@@ -281,7 +308,8 @@ mod tests {
         job.state = JobState::Draining;
         job.notice = Some((8_000, 9_000, "preempted by job 9".into()));
         job.exit_code = Some(0);
-        let ended = end_attempt(&mut job, ExitEffect::Requeued { preempted: true }, 9_000, 9_500);
+        let ended =
+            end_attempt(&mut job, ExitEffect::Requeued { preempted: true }, 9_000, 9_500, MIN_RUNTIME);
         assert_eq!((ended.state, ended.kind), (JobState::Queued, EventKind::Requeued));
         assert_eq!(ended.lost_gpu_ms, 2 * 4_000);
         assert!(ended.preempted);
@@ -294,15 +322,34 @@ mod tests {
     }
 
     #[test]
+    fn a_preemption_says_whether_the_job_was_preempted_before_and_within_the_minimum_run_time() {
+        // Placed at 1,000, noticed at 8,000: 7 s into the attempt.
+        let preempted = |preemptions, min_runtime| {
+            let mut job = running();
+            job.preemptions = preemptions;
+            job.state = JobState::Draining;
+            job.notice = Some((8_000, 9_000, "preempted by job 9".into()));
+            let ended =
+                end_attempt(&mut job, ExitEffect::Requeued { preempted: true }, 9_000, 9_500, min_runtime);
+            let usage = ended.usage.expect("metered");
+            (usage.follows_preemption, usage.within_min_runtime)
+        };
+        assert_eq!(preempted(0, Span(10_000)), (false, false), "a first preemption is no repeat");
+        assert_eq!(preempted(1, Span(10_000)), (true, true));
+        assert_eq!(preempted(2, Span(7_000)), (true, false), "7 s is not less than 7 s");
+        assert_eq!(preempted(1, Span::ZERO), (true, false), "the rule off");
+    }
+
+    #[test]
     fn a_lost_attempt_is_metered_to_the_given_end_and_an_attempt_never_started_is_not_metered() {
         let mut job = running();
-        let ended = end_attempt(&mut job, ExitEffect::RequeuedLost, 6_000, 60_000);
+        let ended = end_attempt(&mut job, ExitEffect::RequeuedLost, 6_000, 60_000, MIN_RUNTIME);
         assert_eq!(ended.usage.expect("metered").ended_ms, 6_000);
         assert_eq!(ended.lost_gpu_ms, 2 * 1_000);
         assert_eq!(ended.detail["reason"], "lost");
         let mut never = running();
         never.run_started_ms = None;
-        let ended = end_attempt(&mut never, ExitEffect::RequeuedLost, 6_000, 60_000);
+        let ended = end_attempt(&mut never, ExitEffect::RequeuedLost, 6_000, 60_000, MIN_RUNTIME);
         assert_eq!(ended.usage, None);
     }
 
@@ -310,15 +357,15 @@ mod tests {
     fn quick_restarts_back_off_and_a_long_run_resets_the_count() {
         let mut job = running();
         job.exit_code = Some(1);
-        let first = end_attempt(&mut job, ExitEffect::Restarted, 3_000, 3_000);
+        let first = end_attempt(&mut job, ExitEffect::Restarted, 3_000, 3_000, MIN_RUNTIME);
         assert_eq!((first.backoff_ms, job.quick_exits), (1_000, 1));
         assert_eq!(first.usage.expect("metered").outcome, "failed");
         job.run_started_ms = Some(10_000);
         job.billing = Some(("H100".into(), 1, 1));
-        let second = end_attempt(&mut job, ExitEffect::Restarted, 10_500, 10_500);
+        let second = end_attempt(&mut job, ExitEffect::Restarted, 10_500, 10_500, MIN_RUNTIME);
         assert_eq!((second.backoff_ms, job.quick_exits), (2_000, 2));
         job.run_started_ms = Some(20_000);
-        let long = end_attempt(&mut job, ExitEffect::Restarted, 20_000 + QUICK_EXIT_MS, 40_000);
+        let long = end_attempt(&mut job, ExitEffect::Restarted, 20_000 + QUICK_EXIT_MS, 40_000, MIN_RUNTIME);
         assert_eq!((long.backoff_ms, job.quick_exits), (0, 0));
     }
 

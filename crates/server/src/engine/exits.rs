@@ -71,9 +71,10 @@ impl<S: Store> Engine<S> {
         now: u64,
         extra: serde_json::Value,
     ) -> Written {
+        let min_runtime = self.sched.min_runtime;
         let job = self.jobs.get_mut(&id).expect("live attempt");
         let (tier, drained_ms) = (job.tier.as_str(), job.notice.as_ref().map(|n| end_ms.saturating_sub(n.0)));
-        let mut ended = end_attempt(job, effect, end_ms, now);
+        let mut ended = end_attempt(job, effect, end_ms, now, min_runtime);
         if let Some(usage) = &ended.usage {
             self.store.add_usage(usage)?;
         }

@@ -275,6 +275,9 @@ struct PartExit {
 pub struct EngineConfig {
     pub data_dir: PathBuf,
     pub drain_window: Span,
+    /// A job preempted before is spared as a victim until its new attempt
+    /// has run this long, while another victim fits; zero turns it off.
+    pub min_runtime: Span,
     pub heartbeat_timeout: Span,
     pub heartbeat_interval: Span,
     /// How far ahead of the server's clock an event time from a node may

@@ -16,6 +16,7 @@ impl<S: Store> Engine<S> {
             drain_window: config.drain_window,
             victim_policy: ebb_scheduler::VictimPolicy::LostWork,
             heartbeat_timeout: Some(config.heartbeat_timeout),
+            min_runtime: config.min_runtime,
         };
         let epoch = {
             let mut bytes = [0u8; 8];
