@@ -113,6 +113,7 @@ pub(super) fn end_attempt(job: &mut JobRecord, effect: ExitEffect, end_ms: u64, 
         _ => 0,
     };
     let outcome = match effect {
+        ExitEffect::Drilled => "drill",
         ExitEffect::Finished => "completed",
         ExitEffect::Failed | ExitEffect::Requeued { preempted: false } => "failed",
         ExitEffect::Cancelled => "cancelled",
@@ -121,7 +122,9 @@ pub(super) fn end_attempt(job: &mut JobRecord, effect: ExitEffect, end_ms: u64, 
         ExitEffect::Restarted if success => "completed",
         ExitEffect::Restarted => "failed",
     };
-    let usage = meter(job, end_ms, outcome, lost_gpu_ms);
+    // A drill's window is run time like any other: no drain in its record.
+    let notice_at_ms = job.notice.as_ref().map(|n| n.0).filter(|_| effect != ExitEffect::Drilled);
+    let usage = meter(job, end_ms, outcome, notice_at_ms, lost_gpu_ms);
     job.lost_gpu_ms += lost_gpu_ms;
     let lost = lost_gpu_ms as f64 / 1000.0;
     let mut backoff_ms = 0;
@@ -157,6 +160,7 @@ pub(super) fn end_attempt(job: &mut JobRecord, effect: ExitEffect, end_ms: u64, 
         ExitEffect::RequeuedLost => {
             (JobState::Queued, EventKind::Requeued, json!({ "reason": "lost", "lost_gpu_seconds": lost }))
         }
+        ExitEffect::Drilled => (JobState::Queued, EventKind::Requeued, json!({ "reason": "drill" })),
         ExitEffect::Restarted => {
             let ran_ms = end_ms.saturating_sub(job.run_started_ms.unwrap_or(end_ms));
             job.quick_exits = if ran_ms < QUICK_EXIT_MS { job.quick_exits.saturating_add(1) } else { 0 };
@@ -183,8 +187,15 @@ pub(super) fn end_attempt(job: &mut JobRecord, effect: ExitEffect, end_ms: u64, 
     Ended { state, kind, detail, usage, lost_gpu_ms, backoff_ms, preempted }
 }
 
-/// The usage record of the live attempt, ended at `end_ms`.
-fn meter(job: &JobRecord, end_ms: u64, outcome: &str, lost_gpu_ms: u64) -> Option<crate::store::UsageRow> {
+/// The usage record of the live attempt, ended at `end_ms`, drained from
+/// `notice_at_ms` if it was.
+fn meter(
+    job: &JobRecord,
+    end_ms: u64,
+    outcome: &str,
+    notice_at_ms: Option<u64>,
+    lost_gpu_ms: u64,
+) -> Option<crate::store::UsageRow> {
     let (Some(started_ms), Some((model, rate, on_demand_rate))) = (job.run_started_ms, &job.billing) else {
         return None; // never reported started: nothing is known to have run
     };
@@ -197,7 +208,7 @@ fn meter(job: &JobRecord, end_ms: u64, outcome: &str, lost_gpu_ms: u64) -> Optio
         gpus: job.gpus,
         started_ms,
         ended_ms: end_ms,
-        notice_at_ms: job.notice.as_ref().map(|n| n.0),
+        notice_at_ms,
         rate: *rate,
         on_demand_rate: *on_demand_rate,
         lost_gpu_ms,
@@ -291,6 +302,24 @@ mod tests {
         assert_eq!((job.preemptions, job.lost_gpu_ms), (1, 8_000));
         assert!(job.placement.is_empty() && job.running_on.is_empty() && job.notice.is_none());
         assert_eq!(job.exit_code, None, "a requeued job shows no exit code");
+    }
+
+    #[test]
+    fn a_drilled_attempt_is_requeued_and_billed_as_run_time_neither_preempted_nor_failed() {
+        let mut job = running();
+        job.state = JobState::Draining;
+        job.notice = Some((8_000, 18_000, "drill: save and exit".into()));
+        job.exit_code = Some(0);
+        let ended = end_attempt(&mut job, ExitEffect::Drilled, 9_000, 9_500);
+        assert_eq!((ended.state, ended.kind), (JobState::Queued, EventKind::Requeued));
+        assert_eq!(ended.detail["reason"], "drill");
+        assert!(!ended.preempted);
+        assert_eq!(ended.lost_gpu_ms, 0, "not in the lost-work counters");
+        let usage = ended.usage.expect("metered");
+        assert_eq!((usage.outcome.as_str(), usage.seconds, usage.drain_gpu_seconds), ("drill", 7, 0));
+        assert_eq!(usage.amount, crate::billing::amount(1_000_000, 2 * 7), "at the tier's rate");
+        assert_eq!((job.preemptions, job.retries, job.lost_gpu_ms), (0, 0, 0));
+        assert!(job.placement.is_empty() && job.notice.is_none());
     }
 
     #[test]
