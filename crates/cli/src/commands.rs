@@ -590,6 +590,11 @@ pub async fn show(conn: &Connection, id: u64, out: &JsonFlag) -> Result<String, 
         )
         .unwrap();
     }
+    if let Some(d) = &job.drill {
+        for (i, line) in crate::drill::summary(d).iter().enumerate() {
+            writeln!(text, "  {:<12} {line}", if i == 0 { "drill" } else { "" }).unwrap();
+        }
+    }
     if let Some(a) = &job.array {
         let params: Vec<String> = a.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
         let params = if params.is_empty() { String::new() } else { format!(" ({})", params.join(", ")) };
