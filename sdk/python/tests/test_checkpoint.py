@@ -18,7 +18,9 @@ def test_save_latest_keep_and_report(ebb_env, endpoint):
     m.save(20, lambda f: f.write(b"twenty"))
     m.save(30, b"thirty")
     assert [c.step for c in m.checkpoints()] == [20, 30], "only the last 2 are kept"
+    assert endpoint.resumes == [], "nothing to resume from is no resume"
     assert m.load_latest(lambda f: f.read()) == (30, b"thirty")
+    assert endpoint.resumes == [{"step": 30}], "a restore is reported"
     assert [r["step"] for r in endpoint.reports] == [10, 20, 30]
     assert endpoint.reports[1]["bytes"] == len(b"twenty")
     assert all(r["seconds"] >= 0 for r in endpoint.reports)
