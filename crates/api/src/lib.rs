@@ -996,7 +996,8 @@ pub struct Usage {
     /// last checkpoint) when the attempt was preempted or lost.
     pub drain_gpu_seconds: u64,
     pub lost_gpu_seconds: u64,
-    /// completed, failed, cancelled, preempted, lost.
+    /// completed, failed, cancelled, preempted, lost, or drill (an attempt
+    /// ended by a fire drill: run time, neither preempted nor failed).
     pub outcome: String,
 }
 
