@@ -223,10 +223,13 @@ class CheckpointManager:
         seconds = time.monotonic() - started
         self.last_seconds = seconds
         self._last_save = time.monotonic()
+        # Measured before pruning: a step older than the K newest (a job
+        # that started over) is pruned as soon as it is saved.
+        size = os.path.getsize(final)
         self._prune()
         if self.report:
             if self.world_size == 1:
-                report_checkpoint(step, os.path.getsize(final), seconds)
+                report_checkpoint(step, size, seconds)
             else:
                 self._report_if_complete(step, seconds)
         return final

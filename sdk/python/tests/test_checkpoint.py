@@ -26,6 +26,18 @@ def test_save_latest_keep_and_report(ebb_env, endpoint):
     assert all(r["seconds"] >= 0 for r in endpoint.reports)
 
 
+def test_a_save_older_than_the_steps_kept_is_reported_not_raised(ebb_env, endpoint):
+    """A job that started over saved step 1 next to steps 5 and 6 of its
+    previous attempt: pruning took the new file before its size was read,
+    and `save` raised FileNotFoundError."""
+    m = CheckpointManager(keep=2)
+    m.save(5, b"five")
+    m.save(6, b"six")
+    m.save(1, b"one")
+    assert [c.step for c in m.checkpoints()] == [5, 6]
+    assert endpoint.reports[-1]["step"] == 1 and endpoint.reports[-1]["bytes"] == 3
+
+
 def test_a_failed_save_leaves_the_previous_checkpoint(ebb_env, endpoint):
     m = CheckpointManager()
     m.save(1, b"good")
