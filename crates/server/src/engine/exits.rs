@@ -71,9 +71,10 @@ impl<S: Store> Engine<S> {
         now: u64,
         extra: serde_json::Value,
     ) -> Written {
-        // A drill is not a drain in the counters: its time is run time.
+        // What a drill needs of the attempt, before the record forgets it.
         let drill_end = self.drill_attempt_end(id, effect, end_ms);
         let job = self.jobs.get_mut(&id).expect("live attempt");
+        // A drill is not a drain in the counters: its time is run time.
         let drained_ms =
             job.notice.as_ref().filter(|_| effect != ExitEffect::Drilled).map(|n| end_ms.saturating_sub(n.0));
         let tier = job.tier.as_str();
