@@ -4,7 +4,9 @@
 //!
 //! * native: `GET /ebb/v1/notice` (404 until notice, then the notice JSON);
 //!   `POST /ebb/v1/checkpoint` with `{"step", "bytes", "seconds"}` reports a
-//!   completed checkpoint, relayed to the server
+//!   completed checkpoint, relayed to the server; `POST /ebb/v1/resumed`
+//!   with `{"step"}` says the attempt resumed from a checkpoint (a drill
+//!   waits for it)
 //! * AWS: `PUT /latest/api/token` (IMDSv2), `GET /latest/meta-data/spot/instance-action`
 //! * GCP: `GET /computeMetadata/v1/instance/preempted` (`Metadata-Flavor: Google`),
 //!   with `?wait_for_change=true` blocking until it changes
@@ -95,6 +97,7 @@ pub async fn serve(
         .route("/", get(native_root))
         .route("/ebb/v1/notice", get(native_notice))
         .route("/ebb/v1/checkpoint", post(native_checkpoint))
+        .route("/ebb/v1/resumed", post(native_resumed))
         .route("/latest/api/token", put(aws_token))
         .route("/latest/meta-data/spot/instance-action", get(aws_instance_action))
         .route("/computeMetadata/v1/instance/preempted", get(gcp_preempted))
@@ -152,6 +155,34 @@ async fn native_checkpoint(State(e): State<Endpoint>, body: Bytes) -> Response {
         at_ms,
     };
     if e.events.try_send(event).is_err() {
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "error": "the agent is stopping" })))
+            .into_response();
+    }
+    (StatusCode::ACCEPTED, Json(json!({ "accepted": true, "at": rfc3339(at_ms) }))).into_response()
+}
+
+/// A resume report from the job: the step of the checkpoint it resumed
+/// from, if it has steps.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResumeReport {
+    #[serde(default)]
+    step: Option<u64>,
+}
+
+async fn native_resumed(State(e): State<Endpoint>, body: Bytes) -> Response {
+    let de = &mut serde_json::Deserializer::from_slice(&body);
+    let report: ResumeReport = match serde_path_to_error::deserialize(de) {
+        Ok(r) => r,
+        Err(err) => {
+            let path = err.path().to_string();
+            let message = format!("{path}: {}", err.into_inner());
+            return (StatusCode::BAD_REQUEST, Json(json!({ "error": message }))).into_response();
+        }
+    };
+    let at_ms = now_ms();
+    let attempt = AttemptRef { job: e.job, attempt: e.attempt };
+    if e.events.try_send(AgentEvent::Resumed { attempt, step: report.step, at_ms }).is_err() {
         return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "error": "the agent is stopping" })))
             .into_response();
     }
@@ -266,5 +297,37 @@ mod tests {
         fake.broken.store(false, Ordering::SeqCst);
         until("the checkpoint is delivered", || fake.delivered().iter().any(checkpoint)).await;
         until("it is forgotten", || reporter.unreported().is_empty()).await;
+    }
+
+    /// A resume report is a fact the server needs, as a checkpoint is:
+    /// relayed in order and remembered until delivered; a malformed one
+    /// is refused naming the field.
+    #[tokio::test]
+    async fn a_resume_the_job_reports_is_relayed_and_a_malformed_one_refused() {
+        let fake = Arc::new(FakeServer::default());
+        let (_, reporter) = testing::reporter(fake.clone(), "metadata-resumed").await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (_notice, notice_rx) = watch::channel(None);
+        tokio::spawn(serve(listener, 4, 3, "node-1".into(), notice_rx, reporter.clone()));
+        let post = |body: &'static str| {
+            reqwest::Client::new().post(format!("http://127.0.0.1:{port}/ebb/v1/resumed")).body(body).send()
+        };
+        let bad = post(r#"{"step": -1}"#).await.unwrap();
+        assert_eq!(bad.status(), 400);
+        assert!(bad.text().await.unwrap().contains("step"), "the field is named");
+        assert_eq!(post(r#"{"step": 1200}"#).await.unwrap().status(), 202);
+        assert_eq!(post("{}").await.unwrap().status(), 202);
+        let resumed = |step: Option<u64>| {
+            move |e: &AgentEvent| {
+                matches!(e, AgentEvent::Resumed { attempt, step: s, .. }
+                    if *attempt == AttemptRef { job: 4, attempt: 3 } && *s == step)
+            }
+        };
+        until("both are delivered", || {
+            let delivered = fake.delivered();
+            delivered.iter().any(resumed(Some(1200))) && delivered.iter().any(resumed(None))
+        })
+        .await;
     }
 }

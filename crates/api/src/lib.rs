@@ -228,6 +228,96 @@ pub struct Job {
     /// The event history, oldest first (only in `GET /v1/jobs/{id}`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub events: Vec<JobEvent>,
+    /// The job's latest fire drill (`POST /v1/jobs/{id}/drill`), as it
+    /// stands (only in `GET /v1/jobs/{id}` and the drill's answer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drill: Option<Drill>,
+}
+
+/// A fire drill of the drain: a running preemptible job was given a real
+/// drain notice with the cluster's drain window, then requeued at once;
+/// this is what it did, and whether its next attempt resumed from what it
+/// saved. Times are RFC 3339 and milliseconds since the epoch; durations
+/// in seconds from the notice. Fields stay absent until what they tell
+/// has happened.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Drill {
+    /// The attempt given the notice, and the nodes it ran on.
+    pub attempt: u32,
+    pub nodes: Vec<String>,
+    pub notice_at: String,
+    pub notice_at_ms: u64,
+    /// SIGKILL: the notice plus the cluster's drain window.
+    pub deadline: String,
+    pub deadline_ms: u64,
+    pub window_seconds: f64,
+    /// What the next attempt should resume from: the newest checkpoint
+    /// reported up to the drilled attempt's exit, by any attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<DrillCheckpoint>,
+    /// When the drilled attempt's last process exited, and how: `exited
+    /// with code 0`, `killed at the deadline`, ...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exited_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exited_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_after_notice_seconds: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit: Option<String>,
+    /// The exit came before the deadline, without SIGKILL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fit_window: Option<bool>,
+    /// Seconds from the exit to the deadline (negative past it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub margin_seconds: Option<f64>,
+    /// Seconds of work the drilled attempt had done since its last
+    /// checkpoint (or its start) when it exited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lost_seconds: Option<f64>,
+    /// The drilled attempt was requeued (it exited without finishing).
+    #[serde(default)]
+    pub requeued: bool,
+    /// The attempt after it: its number, first node, and when it started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_attempt: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_node: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_started_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_started_ms: Option<u64>,
+    /// The next attempt reported resuming (`POST /ebb/v1/resumed` on its
+    /// endpoint): when, and from which step, if it said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resumed_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resumed_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resumed_step: Option<u64>,
+    /// `ready`, or `failed` with the `failures`; absent while the drill
+    /// goes on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verdict: Option<String>,
+    /// What failed, each beginning with what it is: `no checkpoint`,
+    /// `exceeded the window`, `did not resume`, `lost 12s`, `not
+    /// requeued`; then, after a colon, the particulars.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failures: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concluded_at: Option<String>,
+}
+
+/// The checkpoint a drill expects the next attempt to resume from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct DrillCheckpoint {
+    pub at: String,
+    pub at_ms: u64,
+    /// The attempt that reported it.
+    pub attempt: u32,
+    pub step: Option<u64>,
+    /// Seconds from the notice to the report (negative: before the notice).
+    pub after_notice_seconds: f64,
 }
 
 /// One page of `GET /v1/jobs`, in id order.
@@ -333,10 +423,15 @@ pub enum EventKind {
     Cancelled,
     /// Cancelled while running: its processes are being stopped.
     CancelRequested,
+    /// A fire drill: `phase` `notice` when it began (`deadline`), then
+    /// `phase` `verdict` with the report (`verdict`, `failures`, ...).
+    Drill,
+    /// An attempt reported resuming from a checkpoint: `step`.
+    Resumed,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 14] = [
+    pub const ALL: [EventKind; 16] = [
         EventKind::Submitted,
         EventKind::Admitted,
         EventKind::Placed,
@@ -351,6 +446,8 @@ impl EventKind {
         EventKind::Failed,
         EventKind::Cancelled,
         EventKind::CancelRequested,
+        EventKind::Drill,
+        EventKind::Resumed,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -369,6 +466,8 @@ impl EventKind {
             EventKind::Failed => "failed",
             EventKind::Cancelled => "cancelled",
             EventKind::CancelRequested => "cancel_requested",
+            EventKind::Drill => "drill",
+            EventKind::Resumed => "resumed",
         }
     }
 }
@@ -750,6 +849,13 @@ pub enum AgentEvent {
         duration_ms: u64,
         at_ms: u64,
     },
+    /// The attempt reported resuming from a checkpoint to its endpoint
+    /// (`step`: the checkpoint's, if it said).
+    Resumed {
+        attempt: AttemptRef,
+        step: Option<u64>,
+        at_ms: u64,
+    },
     /// Output of the attempt, appended in order.
     Output {
         attempt: AttemptRef,
@@ -890,7 +996,8 @@ pub struct Usage {
     /// last checkpoint) when the attempt was preempted or lost.
     pub drain_gpu_seconds: u64,
     pub lost_gpu_seconds: u64,
-    /// completed, failed, cancelled, preempted, lost.
+    /// completed, failed, cancelled, preempted, lost, or drill (an attempt
+    /// ended by a fire drill: run time, neither preempted nor failed).
     pub outcome: String,
 }
 

@@ -590,6 +590,11 @@ pub async fn show(conn: &Connection, id: u64, out: &JsonFlag) -> Result<String, 
         )
         .unwrap();
     }
+    if let Some(d) = &job.drill {
+        for (i, line) in crate::drill::summary(d).iter().enumerate() {
+            writeln!(text, "  {:<12} {line}", if i == 0 { "drill" } else { "" }).unwrap();
+        }
+    }
     if let Some(a) = &job.array {
         let params: Vec<String> = a.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
         let params = if params.is_empty() { String::new() } else { format!(" ({})", params.join(", ")) };
@@ -718,6 +723,24 @@ fn describe_event(kind: api::EventKind, d: &serde_json::Value) -> String {
             let grace = Span::from_secs_f64(d["grace_seconds"].as_f64().unwrap_or_default()).human();
             format!("SIGTERM, kill at {} (grace {grace})", s("deadline"))
         }
+        K::Drill if d["phase"] == "notice" => format!(
+            "notice sent to attempt {}; kill at {} (window {})",
+            d["attempt"].as_u64().map_or_else(|| "?".into(), |a| a.to_string()),
+            s("deadline"),
+            Span::from_secs_f64(d["window_seconds"].as_f64().unwrap_or_default()).human()
+        ),
+        K::Drill => {
+            let failures: Vec<&str> =
+                d["failures"].as_array().into_iter().flatten().filter_map(|f| f.as_str()).collect();
+            match failures.is_empty() {
+                true => format!("verdict: {}", s("verdict")),
+                false => format!("verdict: {}: {}", s("verdict"), failures.join("; ")),
+            }
+        }
+        K::Resumed => match d["step"].as_u64() {
+            Some(step) => format!("from step {step}"),
+            None => "from its latest checkpoint".into(),
+        },
         K::Submitted | K::Admitted | K::Succeeded | K::Failed | K::Cancelled | K::CancelRequested => {
             if d.as_object().is_some_and(|o| o.is_empty()) {
                 String::new()

@@ -4,6 +4,7 @@
 mod client;
 mod commands;
 mod daemons;
+mod drill;
 mod money;
 mod sim;
 
@@ -85,6 +86,15 @@ enum Command {
         grace: Option<ebb_core::Span>,
         #[command(flatten)]
         out: commands::JsonFlag,
+        #[command(flatten)]
+        conn: Connection,
+    },
+    /// A fire drill of a running preemptible job: a real drain notice with
+    /// the cluster's window, requeued at once, followed until its next
+    /// attempt resumes; exits 0 only if the job is ready for preemption.
+    Drill {
+        #[command(flatten)]
+        args: drill::DrillArgs,
         #[command(flatten)]
         conn: Connection,
     },
@@ -273,6 +283,7 @@ async fn dispatch(cli: Cli) -> Result<(), String> {
         Command::Cancel { ids, array, grace, out, conn } => {
             commands::cancel(&before.or(conn), &ids, array, grace, &out).await?
         }
+        Command::Drill { args, conn } => return drill::drill(&before.or(conn), &args).await,
         Command::Nodes { command: None, out, conn } => commands::nodes(&before.or(conn), &out).await?,
         Command::Nodes { command: Some(command), conn, .. } => {
             commands::nodes_command(&before.or(conn), &command).await?

@@ -127,6 +127,10 @@ pub enum DrainReason {
     NodeDrain { node: NodeId },
     /// The operator reclaims preemptible capacity.
     Reclaim,
+    /// A fire drill of the drain, asked for by the job's owner: the real
+    /// notice and window, then the job is requeued at once. It counts as
+    /// neither a preemption nor a failure.
+    Drill,
 }
 
 /// A drain notice: notice now, forced kill at the deadline.
@@ -256,4 +260,7 @@ pub enum ExitEffect {
     RequeuedLost,
     /// Requeued to run again, as its restart policy asks.
     Restarted,
+    /// Requeued at once after the exit that ended a drill: neither a
+    /// preemption (its `max_preemptions` is not consulted) nor a failure.
+    Drilled,
 }

@@ -8,14 +8,14 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 
-use ebb_core::{Attempt, GpuModelId, JobId, NodeId, ReservationId, TenantId, Tier, Time};
+use ebb_core::{Attempt, GpuModelId, JobId, NodeId, ReservationId, Span, TenantId, Tier, Time};
 
 use rustc_hash::FxHashMap;
 
 use crate::error::{ApplyError, StateError};
 use crate::index::{IndexKey, ModelIndex, SingleKey};
 use crate::model::*;
-use crate::plan::{Plan, RequeueReason};
+use crate::plan::{Drain, Plan, RequeueReason};
 
 /// One GPU model and the tier counters the caps are checked against.
 #[derive(Clone, Debug)]
@@ -660,17 +660,55 @@ impl State {
         Ok(())
     }
 
+    /// A fire drill: gives running preemptible job `id` a real drain
+    /// notice now, with the deadline any drain would have (`now` plus the
+    /// operator's `drain_window`). It is committed as a one-drain plan
+    /// through [`State::apply`], so it meets every check a pass's drain
+    /// does; the edge carries it out as it carries out a pass's drains.
+    /// When the attempt exits without finishing, [`State::exited`] requeues
+    /// it as [`ExitEffect::Drilled`]. Refused unless the job is preemptible
+    /// and running without a notice.
+    pub fn drill(&mut self, id: JobId, now: Time, drain_window: Span) -> Result<Drain, StateError> {
+        let job = self.job_checked(id)?;
+        if job.spec.tier != Tier::Preemptible {
+            return Err(StateError::Invalid(format!(
+                "job {id}: {}; only preemptible jobs are drained, so only they can be drilled",
+                job.spec.tier
+            )));
+        }
+        let attempt = match (job.phase, &job.run) {
+            (Phase::Running, Some(run)) => run.attempt,
+            (Phase::Draining, _) => {
+                return Err(StateError::Conflict(format!("job {id}: already draining")));
+            }
+            _ => return Err(StateError::Conflict(format!("job {id}: not running"))),
+        };
+        let drain = Drain {
+            job: id,
+            attempt,
+            notice_at: now,
+            deadline: now + drain_window,
+            reason: DrainReason::Drill,
+        };
+        let plan = Plan { now, drains: vec![drain], ..Plan::default() };
+        self.apply(&plan).map_err(|e| StateError::Conflict(format!("job {id}: {e}")))?;
+        Ok(drain)
+    }
+
     /// The attempt's processes have all exited; its GPUs are free (or pass
     /// to the preemptor holding them).
     pub fn exited(&mut self, id: JobId, attempt: Attempt, kind: ExitKind) -> Result<ExitEffect, StateError> {
         self.fence(id, attempt)?;
-        let draining = self.jobs[&id].phase == Phase::Draining;
+        let job = &self.jobs[&id];
+        let draining = job.phase == Phase::Draining;
+        let drill = job.notice.is_some_and(|n| n.reason == DrainReason::Drill);
         self.end_run(id);
         let effect = match (draining, kind) {
             (_, ExitKind::Lost) => ExitEffect::RequeuedLost,
             (_, ExitKind::Restart) => ExitEffect::Restarted,
             (_, ExitKind::Completed) => ExitEffect::Finished,
             (_, ExitKind::Cancelled) => ExitEffect::Cancelled,
+            (true, ExitKind::Failed { .. }) if drill => ExitEffect::Drilled,
             (true, ExitKind::Failed { .. }) => {
                 let job = self.jobs.get_mut(&id).expect("fenced");
                 job.preemptions += 1;
@@ -682,7 +720,11 @@ impl State {
             (false, ExitKind::Failed { requeue: true }) => ExitEffect::Requeued { preempted: false },
             (false, ExitKind::Failed { requeue: false }) => ExitEffect::Failed,
         };
-        if let ExitEffect::Requeued { .. } | ExitEffect::RequeuedLost | ExitEffect::Restarted = effect {
+        if let ExitEffect::Requeued { .. }
+        | ExitEffect::RequeuedLost
+        | ExitEffect::Restarted
+        | ExitEffect::Drilled = effect
+        {
             self.requeue(id);
         } else {
             self.jobs.remove(&id);

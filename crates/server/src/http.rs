@@ -260,14 +260,14 @@ fn integral_floats_as_integers(value: &mut serde_json::Value) {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "Ebb", description = "Preemptible GPU compute with a drain window"),
-    paths(submit, submit_batch, list_jobs, show_job, cancel_job, job_logs, list_nodes, drain_node, undrain_node, remove_node, reclaim, release_reclaim,
+    paths(submit, submit_batch, list_jobs, show_job, cancel_job, drill_job, job_logs, list_nodes, drain_node, undrain_node, remove_node, reclaim, release_reclaim,
         create_tenant, list_tenants, rotate_tenant_token, revoke_tenant_tokens, rotate_join_token, get_tenant_limits,
         set_tenant_limits, list_prices, set_price, create_reservation, list_reservations, delete_reservation, bill,
         operator_report, operator_report_series, agent_register, agent_commands, agent_report, tls_ca),
     components(schemas(
         api::JobSubmission, api::Submitted, api::JobBatch, api::BatchSubmitted, api::Job, api::JobEvent, api::EventKind, api::NodeGpus, api::Node, api::HeldGpus,
         api::ReclaimRequest, api::ReclaimReply, api::ReclaimRelease, api::ReclaimReleased, api::TenantRequest, api::TenantCreated, api::TenantSummary, api::LogChunk,
-        api::ErrorBody, api::SweepParam, api::Checkpoint, api::ArrayTask, api::ArrayProgress, api::TaskState,
+        api::ErrorBody, api::SweepParam, api::Checkpoint, api::Drill, api::DrillCheckpoint, api::ArrayTask, api::ArrayProgress, api::TaskState,
         api::Price, api::PriceBook, api::PriceUpdate, api::ReservationRequest, api::Reservation, api::Borrower, api::Usage,
         api::InvoiceLine, api::ReservationCharge, api::Invoice, api::TierReport, api::OperatorReport,
         api::ReportBucket, api::ReportSeries,
@@ -485,6 +485,25 @@ async fn cancel_job(
         _ => parse(&body)?,
     };
     Ok(Json(app.ask(|reply| Msg::Cancel { principal, id, req, reply }).await??))
+}
+
+/// A fire drill: the running preemptible job gets a real drain notice
+/// with the cluster's drain window (its notice file, its endpoint, its
+/// signal, SIGKILL at the deadline) and is requeued at once when it exits,
+/// counted as neither a preemption nor a failure and billed as run time.
+/// `drill` in the answer, and in `GET /v1/jobs/{id}` as it goes on, says
+/// what it did and, once its next attempt reported resuming, the verdict.
+#[utoipa::path(post, path = "/v1/jobs/{id}/drill", tag = "jobs", params(("id" = u64, Path)),
+    responses((status = 200, body = api::Job), (status = 404, description = "No such job the caller may see", body = api::ErrorBody),
+        (status = 409, description = "The job is not running, is already draining, or is being cancelled", body = api::ErrorBody),
+        (status = 422, description = "The job is not preemptible", body = api::ErrorBody)))]
+async fn drill_job(
+    State(app): State<App>,
+    headers: HeaderMap,
+    ApiPath(id): ApiPath<u64>,
+) -> ApiResult<Json<api::Job>> {
+    let principal = app.tenant(&headers)?;
+    Ok(Json(app.ask(|reply| Msg::Drill { principal, id, reply }).await??))
 }
 
 #[derive(Deserialize)]
@@ -1264,6 +1283,7 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
         .route("/v1/jobs/batch", post(submit_batch))
         .route("/v1/jobs/{id}", get(show_job))
         .route("/v1/jobs/{id}/cancel", post(cancel_job))
+        .route("/v1/jobs/{id}/drill", post(drill_job))
         .route("/v1/jobs/{id}/logs", get(job_logs))
         .route("/v1/nodes", get(list_nodes))
         .route("/v1/nodes/{name}", delete(remove_node))
@@ -1345,7 +1365,7 @@ mod tests {
         }
         // Every route `serve` routes under /v1: a new one needs its
         // `#[utoipa::path]` and a place in `ApiDoc`'s paths.
-        assert_eq!(operations, 31, "routes documented");
+        assert_eq!(operations, 32, "routes documented");
     }
 
     #[test]

@@ -300,6 +300,11 @@ impl<S: Store> TestEnv<S> {
         self.call(|reply| Msg::Cancel { principal, id, req, reply })
     }
 
+    fn drill(&mut self, id: u64) -> Result<ebb_api::Job, ebb_server::ApiError> {
+        let principal = self.admin.clone();
+        self.call(|reply| Msg::Drill { principal, id, reply })
+    }
+
     fn report_msg(
         node: &str,
         events: Vec<AgentEvent>,
@@ -582,6 +587,94 @@ fn a_cancel_sends_its_notice_and_grace_keeps_its_deadline_and_is_sent_again_afte
     assert_eq!(env.job(id).unwrap().state, "cancelled");
 }
 
+/// A drill is kept with the job: a server restarted while the drilled
+/// attempt saves tells its node the notice again, takes its exit as the
+/// drill's (requeued at once, not a preemption, billed as run time), and
+/// concludes the drill when the next attempt reports its resume.
+#[test]
+fn a_drill_survives_a_restart_and_its_exit_requeues_the_job_as_a_drill() {
+    let mut env = TestEnv::new("drill");
+    env.register("a", Vec::new(), Vec::new());
+    let attempt = env.running("a");
+    let id = attempt.job;
+    env.now += 5_000;
+    let notice_at = env.now;
+    let job = env.drill(id).unwrap();
+    assert_eq!(job.state, "draining");
+    let drill = job.drill.expect("the drill, in the answer");
+    assert_eq!((drill.attempt, drill.notice_at_ms, drill.deadline_ms), (1, notice_at, notice_at + 3_000));
+    assert_eq!((drill.verdict, drill.nodes), (None, vec!["a".to_string()]));
+    let drains = |actions: Vec<Action>| -> Vec<ebb_api::DrainAttempt> {
+        actions
+            .into_iter()
+            .filter_map(|a| match a {
+                Action::Drain(d) => Some(d),
+                _ => None,
+            })
+            .collect()
+    };
+    let sent = drains(env.commands("a"));
+    assert_eq!(sent.len(), 1);
+    assert_eq!((sent[0].attempt, sent[0].deadline_ms), (attempt, notice_at + 3_000));
+    assert!(sent[0].reason.starts_with("drill: "), "{}", sent[0].reason);
+    let again = env.drill(id).unwrap_err();
+    assert_eq!(
+        (again.status, again.message.as_str()),
+        (409, format!("job {id}: already draining ({})", sent[0].reason).as_str())
+    );
+
+    env.now += 500;
+    env.restart();
+    env.register("a", vec![attempt], Vec::new());
+    assert_eq!(drains(env.commands("a")), sent, "the notice is sent again, as it was");
+    env.now += 300;
+    let at_ms = env.now;
+    let save = AgentEvent::Checkpoint { attempt, step: Some(8), bytes: None, duration_ms: 200, at_ms };
+    env.report("a", vec![save, exited(attempt, 0, at_ms + 50)]);
+    let job = env.job(id).unwrap();
+    // Requeued and placed again in the same batch.
+    assert_eq!((job.state.as_str(), job.attempt), ("starting", 2));
+    assert_eq!((job.preemptions, job.retries, job.lost_gpu_seconds), (0, 0, 0.0));
+    let usage = env.usage(id);
+    assert_eq!(usage.len(), 1);
+    assert_eq!(
+        (usage[0].outcome.as_str(), usage[0].drain_gpu_seconds, usage[0].lost_gpu_seconds),
+        ("drill", 0, 0)
+    );
+    let drill = job.drill.unwrap();
+    assert_eq!(
+        (drill.exit.as_deref(), drill.fit_window, drill.requeued),
+        (Some("exited with code 0"), Some(true), true)
+    );
+    assert_eq!(drill.checkpoint.as_ref().and_then(|c| c.step), Some(8));
+    assert!(drill.verdict.is_none(), "waiting for the resume");
+
+    // Placed again at once; the new attempt resumes from step 8.
+    let next = *env.poll("a").first().expect("placed again");
+    assert_eq!(next, AttemptRef { job: id, attempt: 2 });
+    let at_ms = env.now;
+    env.report("a", vec![AgentEvent::Started { attempt: next, pid: 4343, at_ms }]);
+    env.report("a", vec![AgentEvent::Resumed { attempt: next, step: Some(8), at_ms }]);
+    let job = env.job(id).unwrap();
+    let drill = job.drill.unwrap();
+    assert_eq!((drill.verdict.as_deref(), drill.failures.len()), (Some("ready"), 0));
+    assert_eq!(
+        (drill.next_attempt, drill.next_node.as_deref(), drill.resumed_step),
+        (Some(2), Some("a"), Some(8))
+    );
+    let kinds: Vec<EventKind> = job.events.iter().map(|e| e.kind).collect();
+    let drills: Vec<&JobEvent> = job.events.iter().filter(|e| e.kind == EventKind::Drill).collect();
+    assert_eq!(drills.len(), 2, "{kinds:?}");
+    assert_eq!(
+        (drills[0].detail["phase"].as_str(), drills[1].detail["phase"].as_str()),
+        (Some("notice"), Some("verdict"))
+    );
+    assert_eq!(drills[1].detail["verdict"], "ready");
+    assert!(kinds.contains(&EventKind::Resumed) && kinds.contains(&EventKind::DrainNotice), "{kinds:?}");
+    let requeued = job.events.iter().find(|e| e.kind == EventKind::Requeued).unwrap();
+    assert_eq!(requeued.detail["reason"], "drill");
+}
+
 /// A report sent again because its reply was lost (the server committed
 /// it) is applied once: its output is in the log once and its checkpoint
 /// counts once, also after a restart of the server. A new session of the
@@ -637,6 +730,11 @@ enum Step {
     Drain {
         node: usize,
     },
+    /// A fire drill of the `k`-th job (mod their count), refused unless
+    /// it is a running preemptible one.
+    Drill {
+        k: usize,
+    },
     Later {
         ms: u64,
     },
@@ -651,6 +749,7 @@ fn step() -> impl proptest::strategy::Strategy<Value = Step> {
         3 => (0..16usize, 0..2i32).prop_map(|(k, code)| Step::Exit { k, code }),
         1 => (0..16usize).prop_map(|k| Step::Cancel { k }),
         1 => (0..2usize).prop_map(|node| Step::Drain { node }),
+        1 => (0..16usize).prop_map(|k| Step::Drill { k }),
         2 => (100..5_000u64).prop_map(|ms| Step::Later { ms }),
         1 => Just(Step::Restart),
     ]
@@ -757,6 +856,12 @@ proptest::proptest! {
                 Step::Drain { node } => {
                     let name = nodes[node].to_string();
                     let _ = env.call(|reply| Msg::DrainNode { name, reply });
+                }
+                Step::Drill { k } => {
+                    let jobs = env.jobs();
+                    if !jobs.is_empty() {
+                        let _ = env.drill(jobs[k % jobs.len()]);
+                    }
                 }
                 Step::Later { ms } => {
                     env.now += ms;

@@ -13,23 +13,29 @@ Ebb when the work is done.
             ebb_sdk.exit_now()          # requeued: no completion marker
     ebb_sdk.complete()                  # success, even during a drain
 
+From a notebook, `ebb_sdk.drill(job_id)` runs a fire drill of a running
+job's drain (as `ebb drill` does) and returns its report.
+
 No required dependencies. PyTorch and Hugging Face helpers live in
 `ebb_sdk.pytorch` and `ebb_sdk.huggingface`, imported only by the jobs that
 use those libraries.
 """
 
 from ._env import attempt, checkpoint_interval, in_ebb, job_id, params, rank, task_count, task_index, world_size
-from .checkpoint import Checkpoint, CheckpointManager, complete, exit_now, report_checkpoint
+from .checkpoint import Checkpoint, CheckpointManager, complete, exit_now, report_checkpoint, report_resumed
 from .drain import DrainWatcher, Notice, drain_requested, notice, on_drain, watcher
+from .drills import DrillError, drill
 
 __all__ = [
     "Checkpoint",
     "CheckpointManager",
     "DrainWatcher",
+    "DrillError",
     "Notice",
     "attempt",
     "checkpoint_interval",
     "complete",
+    "drill",
     "drain_requested",
     "exit_now",
     "in_ebb",
@@ -39,6 +45,7 @@ __all__ = [
     "params",
     "rank",
     "report_checkpoint",
+    "report_resumed",
     "task_count",
     "task_index",
     "watcher",

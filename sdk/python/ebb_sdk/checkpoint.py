@@ -35,17 +35,15 @@ class Checkpoint(NamedTuple):
     path: str
 
 
-def report_checkpoint(step: Optional[int] = None, size: Optional[int] = None, seconds: float = 0.0) -> bool:
-    """Tells Ebb a checkpoint is complete (for checkpoints not written by
-    `CheckpointManager`). Returns False outside Ebb or if the agent could
-    not be told; never raises."""
+def _post(path: str, what: str, body: dict) -> bool:
+    """Posts `body` to the attempt's endpoint; False outside Ebb or if the
+    agent could not be told. Never raises."""
     url = os.environ.get("EBB_METADATA_URL")
     if not in_ebb() or not url:
         return False
-    body = json.dumps({"step": step, "bytes": size, "seconds": max(0.0, float(seconds))}).encode()
     req = urllib.request.Request(
-        url.rstrip("/") + "/ebb/v1/checkpoint",
-        data=body,
+        url.rstrip("/") + path,
+        data=json.dumps(body).encode(),
         method="POST",
         headers={"Content-Type": "application/json"},
     )
@@ -53,8 +51,26 @@ def report_checkpoint(step: Optional[int] = None, size: Optional[int] = None, se
         with urllib.request.urlopen(req, timeout=5) as resp:
             return 200 <= resp.status < 300
     except OSError as e:
-        print(f"ebb_sdk: checkpoint report not delivered: {e}", file=sys.stderr)
+        print(f"ebb_sdk: {what} not delivered: {e}", file=sys.stderr)
         return False
+
+
+def report_checkpoint(step: Optional[int] = None, size: Optional[int] = None, seconds: float = 0.0) -> bool:
+    """Tells Ebb a checkpoint is complete (for checkpoints not written by
+    `CheckpointManager`). Returns False outside Ebb or if the agent could
+    not be told; never raises."""
+    body = {"step": step, "bytes": size, "seconds": max(0.0, float(seconds))}
+    return _post("/ebb/v1/checkpoint", "checkpoint report", body)
+
+
+def report_resumed(step: Optional[int] = None) -> bool:
+    """Tells Ebb this attempt resumed from the checkpoint of `step` (for
+    restores not done by `CheckpointManager.load_latest` or the
+    integrations, which say it themselves). A drill (`ebb drill`) waits
+    for it: it is how Ebb knows the work resumed rather than started over.
+    Returns False outside Ebb or if the agent could not be told; never
+    raises."""
+    return _post("/ebb/v1/resumed", "resume report", {"step": step})
 
 
 def complete() -> None:
@@ -207,10 +223,13 @@ class CheckpointManager:
         seconds = time.monotonic() - started
         self.last_seconds = seconds
         self._last_save = time.monotonic()
+        # Measured before pruning: a step older than the K newest (a job
+        # that started over) is pruned as soon as it is saved.
+        size = os.path.getsize(final)
         self._prune()
         if self.report:
             if self.world_size == 1:
-                report_checkpoint(step, os.path.getsize(final), seconds)
+                report_checkpoint(step, size, seconds)
             else:
                 self._report_if_complete(step, seconds)
         return final
@@ -225,12 +244,23 @@ class CheckpointManager:
         return found[-1] if found else None
 
     def load_latest(self, read: Callable[[BinaryIO], Any]) -> Optional[tuple]:
-        """`(step, read(file))` of the newest checkpoint, or None."""
+        """`(step, read(file))` of the newest checkpoint, or None. Once
+        read, the resume is reported (`resumed`)."""
         latest = self.latest()
         if latest is None:
             return None
         with open(latest.path, "rb") as f:
-            return latest.step, read(f)
+            state = read(f)
+        self.resumed(latest.step)
+        return latest.step, state
+
+    def resumed(self, step: int) -> None:
+        """Reports that this attempt resumed from `step`, once per gang
+        (from rank 0), unless the manager was made with `report=False`.
+        `load_latest` and `ebb_sdk.pytorch.restore` call it; call it after
+        restoring from `latest()` yourself."""
+        if self.report and self.rank == 0:
+            report_resumed(step)
 
     def should_save(self) -> bool:
         """True when a drain was requested, or the periodic interval has

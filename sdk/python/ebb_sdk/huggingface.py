@@ -1,5 +1,6 @@
 """Hugging Face `Trainer`: a callback that saves and stops when the drain
-comes, saves on Ebb's recommended interval, and reports each checkpoint.
+comes, saves on Ebb's recommended interval, reports each checkpoint, and
+reports the resume when training starts from a checkpoint.
 
 `Trainer` writes the checkpoints itself, one `checkpoint-N` directory per
 step that all ranks of a gang share, and prunes them (`save_total_limit`)
@@ -26,7 +27,7 @@ from transformers import TrainerCallback
 
 from . import drain
 from ._env import checkpoint_interval, rank
-from .checkpoint import report_checkpoint
+from .checkpoint import report_checkpoint, report_resumed
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
@@ -67,6 +68,18 @@ class EbbCallback(TrainerCallback):
         self._last_save = time.monotonic()
         self._save_started: Optional[float] = None
 
+    def on_train_begin(self, args, state, control, **kwargs):
+        # `Trainer` has loaded the checkpoint's state by now: a step above
+        # zero is the one it resumed from.
+        if state.global_step > 0 and self._main(state):
+            report_resumed(state.global_step)
+        return control
+
+    @staticmethod
+    def _main(state) -> bool:
+        main = getattr(state, "is_world_process_zero", None)
+        return rank() == 0 if main is None else main
+
     def on_step_end(self, args, state, control, **kwargs):
         due = self.interval is not None and time.monotonic() - self._last_save >= self.interval
         if self.watcher.drain_requested():
@@ -83,8 +96,7 @@ class EbbCallback(TrainerCallback):
         seconds = now - self._save_started if self._save_started is not None else 0.0
         self._save_started = None
         self._last_save = now
-        main = getattr(state, "is_world_process_zero", None)
-        if not (rank() == 0 if main is None else main):
+        if not self._main(state):
             return control
         path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
         report_checkpoint(state.global_step, _size(path) if os.path.isdir(path) else None, seconds)

@@ -79,7 +79,8 @@ def restore(
 ) -> int:
     """Loads the latest complete checkpoint (this rank's part of it, in a
     gang) into `model` (and `optimizer`, `scheduler`), restores the RNG
-    states and returns the step to continue from; 0 when there is none.
+    states, reports the resume and returns the step to continue from; 0
+    when there is none.
     `manager.extra` holds what `save` got as `extra`."""
     latest = manager.latest()
     manager.extra = {}
@@ -94,4 +95,5 @@ def restore(
         scheduler.load_state_dict(state["scheduler"])
     _set_rng_state(state["rng"])
     manager.extra = state.get("extra") or {}
+    manager.resumed(int(state["step"]))
     return int(state["step"])

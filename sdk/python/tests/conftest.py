@@ -11,11 +11,12 @@ from ebb_sdk import drain
 
 class Endpoint:
     """A stand-in for the agent's per-attempt endpoint: serves the notice
-    once set, records checkpoint reports."""
+    once set, records checkpoint and resume reports."""
 
     def __init__(self):
         self.notice = None
         self.reports = []
+        self.resumes = []
         endpoint = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -38,6 +39,9 @@ class Endpoint:
                 body = json.loads(self.rfile.read(length))
                 if self.path == "/ebb/v1/checkpoint":
                     endpoint.reports.append(body)
+                    self.send_response(202)
+                elif self.path == "/ebb/v1/resumed":
+                    endpoint.resumes.append(body)
                     self.send_response(202)
                 else:
                     self.send_response(404)

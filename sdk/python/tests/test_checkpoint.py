@@ -18,10 +18,24 @@ def test_save_latest_keep_and_report(ebb_env, endpoint):
     m.save(20, lambda f: f.write(b"twenty"))
     m.save(30, b"thirty")
     assert [c.step for c in m.checkpoints()] == [20, 30], "only the last 2 are kept"
+    assert endpoint.resumes == [], "nothing to resume from is no resume"
     assert m.load_latest(lambda f: f.read()) == (30, b"thirty")
+    assert endpoint.resumes == [{"step": 30}], "a restore is reported"
     assert [r["step"] for r in endpoint.reports] == [10, 20, 30]
     assert endpoint.reports[1]["bytes"] == len(b"twenty")
     assert all(r["seconds"] >= 0 for r in endpoint.reports)
+
+
+def test_a_save_older_than_the_steps_kept_is_reported_not_raised(ebb_env, endpoint):
+    """A job that started over saved step 1 next to steps 5 and 6 of its
+    previous attempt: pruning took the new file before its size was read,
+    and `save` raised FileNotFoundError."""
+    m = CheckpointManager(keep=2)
+    m.save(5, b"five")
+    m.save(6, b"six")
+    m.save(1, b"one")
+    assert [c.step for c in m.checkpoints()] == [5, 6]
+    assert endpoint.reports[-1]["step"] == 1 and endpoint.reports[-1]["bytes"] == 3
 
 
 def test_a_failed_save_leaves_the_previous_checkpoint(ebb_env, endpoint):

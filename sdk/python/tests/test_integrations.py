@@ -88,6 +88,7 @@ def test_pytorch_save_and_restore_continue_exactly(ebb_env, pytorch, endpoint):
     train(torch, model2, opt2, 5)
     assert (model2.w, opt2.momentum) == uninterrupted
     assert [r["step"] for r in endpoint.reports] == [5]
+    assert endpoint.resumes == [{"step": 5}], "the restore is reported, the first start is not"
 
 
 def test_pytorch_ranks_of_a_gang_save_and_restore_their_own_parts(ebb_env, pytorch, endpoint):
@@ -103,10 +104,14 @@ def test_pytorch_ranks_of_a_gang_save_and_restore_their_own_parts(ebb_env, pytor
         model = Model()
         assert helper.restore(ckpt, model) == 3
         assert model.w == [float(r), float(r)], "each rank restores its own part"
+    assert endpoint.resumes == [{"step": 3}], "the gang's resume reported once, by rank 0"
 
 
 class TrainerCallback:
     """The base class `transformers` provides: every hook returns None."""
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        return None
 
     def on_step_end(self, args, state, control, **kwargs):
         return None
@@ -127,12 +132,14 @@ class Control:
         self.should_training_stop = False
 
 
-def run_trainer(callback, output_dir, steps, **state):
-    """The part of `Trainer`'s loop that drives callbacks: after each step,
-    `on_step_end`; if asked, save `checkpoint-N` (trainer_state.json last)
-    and call `on_save`; stop when asked."""
+def run_trainer(callback, output_dir, steps, start=0, **state):
+    """The part of `Trainer`'s loop that drives callbacks: `on_train_begin`
+    with the state loaded (`start`: the step resumed from); after each
+    step, `on_step_end`; if asked, save `checkpoint-N` (trainer_state.json
+    last) and call `on_save`; stop when asked."""
     args = types.SimpleNamespace(output_dir=output_dir)
-    state = types.SimpleNamespace(global_step=0, **state)
+    state = types.SimpleNamespace(global_step=start, **state)
+    callback.on_train_begin(args, state, Control())
     saved = []
     for _ in range(steps):
         state.global_step += 1
@@ -173,6 +180,17 @@ def test_huggingface_callback_saves_and_stops_on_drain(ebb_env, huggingface, end
     assert (step, saved) == (1, [1]), "saved and stopped right after the step in flight"
     assert endpoint.reports[0]["step"] == 1 and endpoint.reports[0]["bytes"] == 102
     assert huggingface.last_checkpoint(out) == os.path.join(out, "checkpoint-1")
+
+
+def test_huggingface_callback_reports_the_resume_from_the_main_process(ebb_env, huggingface, endpoint, tmp_path):
+    out = str(tmp_path / "out")
+    os.makedirs(out)
+    run_trainer(huggingface.EbbCallback(), out, steps=1)
+    assert endpoint.resumes == [], "a first start resumes nothing"
+    run_trainer(huggingface.EbbCallback(), out, steps=1, start=40, is_world_process_zero=False)
+    assert endpoint.resumes == [], "not the main process"
+    run_trainer(huggingface.EbbCallback(), out, steps=1, start=40, is_world_process_zero=True)
+    assert endpoint.resumes == [{"step": 40}]
 
 
 def test_huggingface_callback_saves_on_the_interval(ebb_env, huggingface, tmp_path):

@@ -241,6 +241,7 @@ impl<S: Store> Engine<S> {
                 AgentEvent::Started { attempt, at_ms, .. } => ("started", attempt, *at_ms),
                 AgentEvent::Exited { attempt, at_ms, .. } => ("exited", attempt, *at_ms),
                 AgentEvent::Checkpoint { attempt, at_ms, .. } => ("checkpoint", attempt, *at_ms),
+                AgentEvent::Resumed { attempt, at_ms, .. } => ("resumed", attempt, *at_ms),
                 AgentEvent::Output { .. } => continue,
             };
             if at_ms > bound {
@@ -299,6 +300,7 @@ impl<S: Store> Engine<S> {
                         EventKind::Started,
                         json!({ "node": node, "pid": pid, "at": rfc3339(at_ms) }),
                     )?;
+                    self.drill_changed(attempt.job, |d| d.started(attempt.attempt, at_ms, now))?;
                     self.save(attempt.job)?;
                 }
                 AgentEvent::Exited {
@@ -329,6 +331,20 @@ impl<S: Store> Engine<S> {
                     }
                     let at_ms = self.known_time(attempt, at_ms, now);
                     self.checkpointed(attempt, step, bytes, duration_ms, at_ms, now)?;
+                }
+                AgentEvent::Resumed { attempt, step, at_ms } => {
+                    if !self.live_on(attempt, &node) {
+                        stale.insert(attempt);
+                        continue;
+                    }
+                    let at_ms = self.known_time(attempt, at_ms, now);
+                    self.event(
+                        attempt.job,
+                        EventKind::Resumed,
+                        json!({ "step": step, "at": rfc3339(at_ms) }),
+                    )?;
+                    self.drill_changed(attempt.job, |d| d.resumed(attempt.attempt, step, at_ms, now))?;
+                    self.save(attempt.job)?;
                 }
                 AgentEvent::Output { attempt, data } => {
                     // Only the node the attempt was placed on writes its log.
@@ -380,6 +396,7 @@ impl<S: Store> Engine<S> {
             EventKind::Checkpoint,
             json!({ "step": step, "bytes": bytes, "seconds": duration_ms as f64 / 1000.0 }),
         )?;
+        self.drill_changed(id, |d| d.checkpointed(attempt.attempt, step, now))?;
         if warn {
             let message = format!(
                 "a checkpoint took {}, longer than the {} drain window: a save started at notice will not \

@@ -30,6 +30,10 @@ impl<S: Store> Engine<S> {
                     .and_then(|()| self.cancel(id, &req, now));
                 self.answer(reply, result)?;
             }
+            Msg::Drill { principal, id, reply } => {
+                let result = self.drill(&principal, id, now);
+                self.answer(reply, result)?;
+            }
             Msg::LogFile { principal, id, offset, reply } => {
                 let result = match self.visible(&principal, id) {
                     Ok(()) => {

@@ -119,6 +119,7 @@ pub(super) fn end_attempt(
         _ => 0,
     };
     let outcome = match effect {
+        ExitEffect::Drilled => "drill",
         ExitEffect::Finished => "completed",
         ExitEffect::Failed | ExitEffect::Requeued { preempted: false } => "failed",
         ExitEffect::Cancelled => "cancelled",
@@ -127,7 +128,9 @@ pub(super) fn end_attempt(
         ExitEffect::Restarted if success => "completed",
         ExitEffect::Restarted => "failed",
     };
-    let usage = meter(job, end_ms, outcome, lost_gpu_ms, min_runtime);
+    // A drill's window is run time like any other: no drain in its record.
+    let notice_at_ms = job.notice.as_ref().map(|n| n.0).filter(|_| effect != ExitEffect::Drilled);
+    let usage = meter(job, end_ms, outcome, notice_at_ms, lost_gpu_ms, min_runtime);
     job.lost_gpu_ms += lost_gpu_ms;
     let lost = lost_gpu_ms as f64 / 1000.0;
     let mut backoff_ms = 0;
@@ -163,6 +166,7 @@ pub(super) fn end_attempt(
         ExitEffect::RequeuedLost => {
             (JobState::Queued, EventKind::Requeued, json!({ "reason": "lost", "lost_gpu_seconds": lost }))
         }
+        ExitEffect::Drilled => (JobState::Queued, EventKind::Requeued, json!({ "reason": "drill" })),
         ExitEffect::Restarted => {
             let ran_ms = end_ms.saturating_sub(job.run_started_ms.unwrap_or(end_ms));
             job.quick_exits = if ran_ms < QUICK_EXIT_MS { job.quick_exits.saturating_add(1) } else { 0 };
@@ -189,16 +193,17 @@ pub(super) fn end_attempt(
     Ended { state, kind, detail, usage, lost_gpu_ms, backoff_ms, preempted }
 }
 
-/// The usage record of the live attempt, ended at `end_ms`. Whether it
-/// had its notice within `min_runtime` of its placement is judged as the
-/// core judged it when it chose the victim: from the placement instant
-/// (`started_ms`, the core's `Run::started_at`) to the notice, both the
-/// server's instants, for a job preempted before (its count is not yet
-/// moved by this ending).
+/// The usage record of the live attempt, ended at `end_ms`, drained from
+/// `notice_at_ms` if it was. Whether it had its notice within
+/// `min_runtime` of its placement is judged as the core judged it when it
+/// chose the victim: from the placement instant (`started_ms`, the core's
+/// `Run::started_at`) to the notice, both the server's instants, for a job
+/// preempted before (its count is not yet moved by this ending).
 fn meter(
     job: &JobRecord,
     end_ms: u64,
     outcome: &str,
+    notice_at_ms: Option<u64>,
     lost_gpu_ms: u64,
     min_runtime: Span,
 ) -> Option<crate::store::UsageRow> {
@@ -207,10 +212,7 @@ fn meter(
     };
     let follows_preemption = job.preemptions > 0;
     let within_min_runtime = follows_preemption
-        && job
-            .notice
-            .as_ref()
-            .is_some_and(|(notice_at, _, _)| Span(notice_at.saturating_sub(job.started_ms)) < min_runtime);
+        && notice_at_ms.is_some_and(|notice_at| Span(notice_at.saturating_sub(job.started_ms)) < min_runtime);
     Some(crate::billing::meter(crate::billing::Ended {
         job: job.id,
         attempt: job.attempt,
@@ -220,7 +222,7 @@ fn meter(
         gpus: job.gpus,
         started_ms,
         ended_ms: end_ms,
-        notice_at_ms: job.notice.as_ref().map(|n| n.0),
+        notice_at_ms,
         rate: *rate,
         on_demand_rate: *on_demand_rate,
         lost_gpu_ms,
@@ -338,6 +340,24 @@ mod tests {
         assert_eq!(preempted(1, Span(10_000)), (true, true));
         assert_eq!(preempted(2, Span(7_000)), (true, false), "7 s is not less than 7 s");
         assert_eq!(preempted(1, Span::ZERO), (true, false), "the rule off");
+    }
+
+    #[test]
+    fn a_drilled_attempt_is_requeued_and_billed_as_run_time_neither_preempted_nor_failed() {
+        let mut job = running();
+        job.state = JobState::Draining;
+        job.notice = Some((8_000, 18_000, "drill: save and exit".into()));
+        job.exit_code = Some(0);
+        let ended = end_attempt(&mut job, ExitEffect::Drilled, 9_000, 9_500, MIN_RUNTIME);
+        assert_eq!((ended.state, ended.kind), (JobState::Queued, EventKind::Requeued));
+        assert_eq!(ended.detail["reason"], "drill");
+        assert!(!ended.preempted);
+        assert_eq!(ended.lost_gpu_ms, 0, "not in the lost-work counters");
+        let usage = ended.usage.expect("metered");
+        assert_eq!((usage.outcome.as_str(), usage.seconds, usage.drain_gpu_seconds), ("drill", 7, 0));
+        assert_eq!(usage.amount, crate::billing::amount(1_000_000, 2 * 7), "at the tier's rate");
+        assert_eq!((job.preemptions, job.retries, job.lost_gpu_ms), (0, 0, 0));
+        assert!(job.placement.is_empty() && job.notice.is_none());
     }
 
     #[test]

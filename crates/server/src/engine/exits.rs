@@ -72,8 +72,13 @@ impl<S: Store> Engine<S> {
         extra: serde_json::Value,
     ) -> Written {
         let min_runtime = self.sched.min_runtime;
+        // What a drill needs of the attempt, before the record forgets it.
+        let drill_end = self.drill_attempt_end(id, effect, end_ms);
         let job = self.jobs.get_mut(&id).expect("live attempt");
-        let (tier, drained_ms) = (job.tier.as_str(), job.notice.as_ref().map(|n| end_ms.saturating_sub(n.0)));
+        // A drill is not a drain in the counters: its time is run time.
+        let drained_ms =
+            job.notice.as_ref().filter(|_| effect != ExitEffect::Drilled).map(|n| end_ms.saturating_sub(n.0));
+        let tier = job.tier.as_str();
         let mut ended = end_attempt(job, effect, end_ms, now, min_runtime);
         if let Some(usage) = &ended.usage {
             self.store.add_usage(usage)?;
@@ -95,13 +100,14 @@ impl<S: Store> Engine<S> {
                 Err(e) => tracing::error!(job = id, "restart back-off not applied: {e}"),
             }
         }
-        if ended.state.is_final() {
-            self.finished(id)?;
-        }
         if let (Some(detail), serde_json::Value::Object(extra)) = (ended.detail.as_object_mut(), extra) {
             detail.extend(extra);
         }
         self.event(id, ended.kind, ended.detail)?;
+        self.drill_changed(id, |d| d.attempt_ended(drill_end, now))?;
+        if ended.state.is_final() {
+            self.finished(id)?;
+        }
         self.save(id)
     }
 }

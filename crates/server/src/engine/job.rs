@@ -120,6 +120,9 @@ pub struct JobRecord {
     /// Quick exits in a row of a `--restart always` job: its back-off.
     #[serde(default)]
     pub quick_exits: u32,
+    /// Its latest fire drill, concluded or not.
+    #[serde(default)]
+    pub drill: Option<super::DrillRecord>,
     /// Its log's committed length is kept in the store (`LogState`): true
     /// for every job since that was so; older jobs' logs are taken as
     /// they are when first touched.
@@ -277,6 +280,7 @@ impl JobRecord {
             billing: None,
             waiting: None,
             quick_exits: 0,
+            drill: None,
             log_tracked: true,
             counted: None,
         }

@@ -271,6 +271,13 @@ impl<S: Store> Engine<S> {
     /// Job `id` reached a final state: its tenant's load shrinks, and the
     /// tenant's next waiting job may be admitted.
     pub(super) fn finished(&mut self, id: u64) -> Written {
+        let why = match self.jobs[&id].state {
+            JobState::Cancelled => "the job was cancelled",
+            JobState::Failed => "the job failed",
+            _ => "the job succeeded",
+        };
+        let now = self.now;
+        self.drill_changed(id, |d| d.abandoned(why, now))?;
         let job = self.jobs.get_mut(&id).expect("known job");
         let was_waiting = job.waiting == Some(Waiting::TenantLimit);
         job.waiting = None;

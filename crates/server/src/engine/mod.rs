@@ -20,6 +20,7 @@
 //! * `agents`: the agent protocol (register, poll, report) and the events
 //!   it carries; `fleet`: operator actions on nodes, and lost nodes.
 //! * `exits` and `ending`: an attempt's end, as one pure transition.
+//! * `drill`: fire drills of the drain, and their verdicts.
 //! * `plan`: what a scheduling pass decided, as records and commands;
 //!   `launch`: what a start carries (rates, interval, gang variables).
 //! * `money`: prices, reservations, bills; `views`: what the API shows.
@@ -48,6 +49,7 @@ mod agents;
 mod batch;
 mod credentials;
 mod dispatch;
+mod drill;
 mod ending;
 mod exits;
 mod fleet;
@@ -63,6 +65,7 @@ mod views;
 mod write;
 
 use credentials::write_secret;
+pub use drill::{DrillExit, DrillRecord, NextAttempt, Resume, LOST_WORK_TOLERANCE};
 pub use ending::STOP_GRACE_MS;
 use job::TenantLoad;
 pub use job::{restart_backoff_ms, CheckpointStats, JobRecord, JobState, StoredSpec, Waiting, QUICK_EXIT_MS};
@@ -102,6 +105,12 @@ pub enum Msg {
         principal: Principal,
         id: u64,
         req: ebb_api::CancelRequest,
+        reply: oneshot::Sender<Result<ebb_api::Job, ApiError>>,
+    },
+    /// A fire drill of a running preemptible job's drain.
+    Drill {
+        principal: Principal,
+        id: u64,
         reply: oneshot::Sender<Result<ebb_api::Job, ApiError>>,
     },
     LogFile {

@@ -5,6 +5,9 @@ use ebb_scheduler::{Drain, Placement, Plan, Preemption};
 
 use super::*;
 
+/// A drill's notice, as the job reads it: a drain like any other.
+pub(super) const DRILL_REASON: &str = "drill: save and exit as for a preemption; the job is requeued at once";
+
 impl<S: Store> Engine<S> {
     /// Plans and applies until the core has nothing more to do.
     pub(super) fn schedule(&mut self, now: u64) -> Written {
@@ -56,7 +59,7 @@ impl<S: Store> Engine<S> {
 
     /// A drain notice: the record says draining until the deadline, and
     /// every node of the attempt is told.
-    fn drained(&mut self, d: &Drain) -> Written {
+    pub(super) fn drained(&mut self, d: &Drain) -> Written {
         let id = d.job.0;
         let (reason, detail) = match d.reason {
             DrainReason::Preempted { by } => (format!("preempted by job {}", by.0), json!({ "by": by.0 })),
@@ -65,6 +68,7 @@ impl<S: Store> Engine<S> {
                 (format!("node {name} drained by the operator"), json!({ "node": name }))
             }
             DrainReason::Reclaim => ("preemptible capacity reclaimed by the operator".into(), json!({})),
+            DrainReason::Drill => (DRILL_REASON.into(), json!({})),
         };
         let job = self.jobs.get_mut(&id).expect("known job");
         job.state = JobState::Draining;
@@ -128,6 +132,9 @@ impl<S: Store> Engine<S> {
         job.waiting_for.clear();
         job.exit_code = None;
         job.exit_signal = None;
+        if let Some(drill) = job.drill.as_mut() {
+            drill.placed(p.attempt.0, &placement[0].0);
+        }
         for (node, start) in self.starts(id) {
             self.outbox.push(&node, Action::Start(start));
         }

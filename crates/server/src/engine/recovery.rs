@@ -259,10 +259,13 @@ impl<S: Store> Engine<S> {
     pub(super) fn restore(&mut self, id: u64) -> Result<(), String> {
         let job = &self.jobs[&id];
         let alloc = self.masks(&job.placement)?;
+        // The core needs to know a drill's notice from the others (its
+        // exit requeues the job as drilled); any other reason will do.
+        let drilled = job.drill.as_ref().is_some_and(|d| d.attempt == job.attempt && d.exit.is_none());
         let notice = job.notice.as_ref().map(|(at, deadline, _)| Notice {
             notice_at: Time(*at),
             deadline: Time(*deadline),
-            reason: DrainReason::Reclaim,
+            reason: if drilled { DrainReason::Drill } else { DrainReason::Reclaim },
         });
         let (attempt, preemptions, started) = (job.attempt, job.preemptions, job.started_ms);
         let checkpoint = job.attempt_checkpoint_ms.map(Time);

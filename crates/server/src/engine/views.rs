@@ -85,6 +85,7 @@ impl<S: Store> Engine<S> {
         view.progress = self.jobs[&id].array.as_ref().map(|a| self.progress(a.id));
         view.usage = usage.iter().map(|u| u.view(&view.tenant)).collect();
         view.env = (*self.jobs[&id].spec.env).clone();
+        view.drill = self.jobs[&id].drill.as_ref().map(DrillRecord::view);
         Ok(view)
     }
 
@@ -260,6 +261,7 @@ impl<S: Store> Engine<S> {
             workdir: job.spec.workdir.clone(),
             env: BTreeMap::new(),
             events,
+            drill: None,
         }
     }
 
