@@ -391,39 +391,10 @@ fn super_pick(items: &[JobId], i: usize) -> Option<JobId> {
     pick(items, i)
 }
 
-/// (lost GPU-ms, victims) of the best single-node eviction for `want` GPUs.
-fn brute_force_min_lost(c: &Cluster, want: u32) -> Option<(u128, usize)> {
-    let mut best: Option<(u128, usize)> = None;
-    for node in c.state.nodes() {
-        let free = node.free_mask().count_ones();
-        let options: Vec<(u128, u32)> = node
-            .jobs()
-            .filter_map(|id| {
-                let j = c.state.job(id).unwrap();
-                let run = j.run.as_ref().unwrap();
-                (j.spec.tier == Tier::Preemptible && j.phase == Phase::Running).then(|| {
-                    let lost =
-                        j.spec.gpus as u128 * c.now.saturating_since(run.progress_saved_at()).0 as u128;
-                    (lost, j.spec.gpus)
-                })
-            })
-            .collect();
-        for subset in 1u32..(1 << options.len()) {
-            let chosen = options.iter().enumerate().filter(|(i, _)| subset & (1 << i) != 0);
-            let (cost, freed) = chosen.fold((0, 0), |(c, f), (_, o)| (c + o.0, f + o.1));
-            let key = (cost, subset.count_ones() as usize);
-            if free + freed >= want && best.is_none_or(|b| key < b) {
-                best = Some(key);
-            }
-        }
-    }
-    best
-}
-
-/// (any victim settling, lost GPU-ms, victims) of the best single-node
-/// eviction for `want` GPUs: sets without a settling job first.
-fn brute_force_sparing(c: &Cluster, want: u32) -> Option<(bool, u128, usize)> {
-    let mut best: Option<(bool, u128, usize)> = None;
+/// Every single-node eviction of running preemptible jobs that frees
+/// `want` GPUs: (any victim settling, lost GPU-ms, victims) of each.
+fn single_node_evictions(c: &Cluster, want: u32) -> Vec<(bool, u128, usize)> {
+    let mut sets = Vec::new();
     for node in c.state.nodes() {
         let free = node.free_mask().count_ones();
         let options: Vec<(u128, u32, bool)> = node
@@ -440,14 +411,23 @@ fn brute_force_sparing(c: &Cluster, want: u32) -> Option<(bool, u128, usize)> {
             .collect();
         for subset in 1u32..(1 << options.len()) {
             let chosen: Vec<_> = options.iter().enumerate().filter(|(i, _)| subset & (1 << i) != 0).collect();
-            let cost = chosen.iter().map(|(_, o)| o.0).sum();
             let freed: u32 = chosen.iter().map(|(_, o)| o.1).sum();
-            let settling = chosen.iter().any(|(_, o)| o.2);
-            let key = (settling, cost, chosen.len());
-            if free + freed >= want && best.is_none_or(|b| key < b) {
-                best = Some(key);
+            if free + freed >= want {
+                let cost = chosen.iter().map(|(_, o)| o.0).sum();
+                sets.push((chosen.iter().any(|(_, o)| o.2), cost, chosen.len()));
             }
         }
     }
-    best
+    sets
+}
+
+/// (lost GPU-ms, victims) of the best single-node eviction for `want` GPUs.
+fn brute_force_min_lost(c: &Cluster, want: u32) -> Option<(u128, usize)> {
+    single_node_evictions(c, want).into_iter().map(|(_, cost, n)| (cost, n)).min()
+}
+
+/// (any victim settling, lost GPU-ms, victims) of the best single-node
+/// eviction for `want` GPUs: sets without a settling job first.
+fn brute_force_sparing(c: &Cluster, want: u32) -> Option<(bool, u128, usize)> {
+    single_node_evictions(c, want).into_iter().min()
 }
