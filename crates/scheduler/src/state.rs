@@ -186,6 +186,12 @@ impl State {
         self.queues.get(&QueueClass::of(&j.spec))?.first().map(|&(_, id)| id)
     }
 
+    /// Every queue class that has jobs: its tier, its first job and how
+    /// many wait in it (the first included). O(classes).
+    pub fn queue_heads(&self) -> impl Iterator<Item = (Tier, JobId, usize)> + '_ {
+        self.queues.iter().filter_map(|(class, queue)| Some((class.tier, queue.first()?.1, queue.len())))
+    }
+
     pub fn hold(&self, job: JobId) -> Option<&Hold> {
         self.holds.get(&job)
     }

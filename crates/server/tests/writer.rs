@@ -711,9 +711,15 @@ fn a_report_sent_again_adds_its_output_and_checkpoint_once() {
 /// One step of a random run.
 #[derive(Clone, Debug)]
 enum Step {
+    /// `always`: `--restart always`, which quick exits put in back-off.
     Submit {
         tier: usize,
         gpus: u32,
+        always: bool,
+    },
+    /// The tenant's `max_running_jobs`, or none.
+    Limit {
+        running: Option<u64>,
     },
     /// Node `node` polls and reports every attempt it is told to start as started.
     Poll {
@@ -744,7 +750,9 @@ enum Step {
 fn step() -> impl proptest::strategy::Strategy<Value = Step> {
     use proptest::prelude::*;
     prop_oneof![
-        4 => (0..3usize, 1..=8u32).prop_map(|(tier, gpus)| Step::Submit { tier, gpus }),
+        4 => (0..3usize, 1..=8u32, proptest::bool::weighted(0.3))
+            .prop_map(|(tier, gpus, always)| Step::Submit { tier, gpus, always }),
+        1 => proptest::option::of(1..4u64).prop_map(|running| Step::Limit { running }),
         4 => (0..2usize).prop_map(|node| Step::Poll { node }),
         3 => (0..16usize, 0..2i32).prop_map(|(k, code)| Step::Exit { k, code }),
         1 => (0..16usize).prop_map(|k| Step::Cancel { k }),
@@ -806,18 +814,25 @@ proptest::proptest! {
         let mut running: Vec<(String, AttemptRef)> = Vec::new();
         for step in steps {
             match step {
-                Step::Submit { tier, gpus } => {
+                Step::Submit { tier, gpus, always } => {
                     let tier = ["reserved", "on-demand", "preemptible"][tier];
                     let (reply, _rx) = oneshot::channel();
                     let spec = JobSubmission {
                         gpus: Some(gpus),
                         tier: Some(tier.into()),
                         argv: vec!["work".into()],
+                        restart: always.then(|| "always".into()),
                         ..Default::default()
                     };
                     let now = env.now;
                     let principal = env.admin.clone();
                     env.engine().batch(vec![Msg::Submit { principal, spec, reply }], now).unwrap();
+                }
+                Step::Limit { running } => {
+                    let principal = env.admin.clone();
+                    let set = ebb_api::TenantLimits { max_running_jobs: running, ..Default::default() };
+                    let tenant = "default".into();
+                    env.call(|reply| Msg::TenantLimits { principal, tenant, set: Some(set), reply }).unwrap();
                 }
                 Step::Poll { node } => {
                     let node = nodes[node];

@@ -128,45 +128,53 @@ pub struct JobRecord {
     /// they are when first touched.
     #[serde(default)]
     pub log_tracked: bool,
-    /// What the tally counts it as: its tier, state and GPUs when it was
-    /// last saved (not stored: counted again at load).
+    /// What the tally counts it as when it was last saved (not stored:
+    /// counted again at load).
     #[serde(skip)]
-    pub counted: Option<(Tier, JobState, u32)>,
+    pub counted: Option<Counted>,
 }
 
+/// What the tally counts a job as: its tier, state and GPUs, and, while
+/// it is queued outside the core, why (a `Waiting`'s reason code).
+pub type Counted = (Tier, JobState, u32, Option<&'static str>);
+
 /// Jobs by tier and state, and their GPUs, kept as records are saved, so
-/// that `/metrics` need not walk every job; and the queued jobs' ids, the
-/// only ones whose reasons it reads.
+/// that `/metrics` need not walk every job; and the queued jobs kept out
+/// of the core by tier and reason (the core knows why the others wait).
 #[derive(Default)]
 pub(super) struct Tally {
     pub jobs: BTreeMap<(Tier, JobState), u64>,
     pub gpus: BTreeMap<(Tier, JobState), u64>,
-    pub queued: BTreeSet<u64>,
+    pub waiting: BTreeMap<(Tier, &'static str), u64>,
 }
 
 impl Tally {
     /// Counts `job` as it is now, in place of what it was counted as.
     pub fn count(&mut self, job: &mut JobRecord) {
-        let now = (job.tier, job.state, job.gpus);
+        let waiting = match (job.state, job.waiting) {
+            (JobState::Queued, Some(w)) => Some(w.code()),
+            _ => None,
+        };
+        let now = (job.tier, job.state, job.gpus, waiting);
         if job.counted == Some(now) {
             return;
         }
-        if let Some((tier, state, gpus)) = job.counted.take() {
+        if let Some((tier, state, gpus, waiting)) = job.counted.take() {
             Self::sub(&mut self.jobs, (tier, state), 1);
             Self::sub(&mut self.gpus, (tier, state), u64::from(gpus));
-            if state == JobState::Queued {
-                self.queued.remove(&job.id);
+            if let Some(reason) = waiting {
+                Self::sub(&mut self.waiting, (tier, reason), 1);
             }
         }
         *self.jobs.entry((job.tier, job.state)).or_default() += 1;
         *self.gpus.entry((job.tier, job.state)).or_default() += u64::from(job.gpus);
-        if job.state == JobState::Queued {
-            self.queued.insert(job.id);
+        if let Some(reason) = waiting {
+            *self.waiting.entry((job.tier, reason)).or_default() += 1;
         }
         job.counted = Some(now);
     }
 
-    fn sub(map: &mut BTreeMap<(Tier, JobState), u64>, key: (Tier, JobState), n: u64) {
+    fn sub<K: Ord>(map: &mut BTreeMap<K, u64>, key: K, n: u64) {
         if let Some(count) = map.get_mut(&key) {
             *count = count.saturating_sub(n);
         }
@@ -297,6 +305,16 @@ pub enum Waiting {
     /// Its tenant has `max_running_jobs` admitted; it is admitted when
     /// one of them finishes, in submission order.
     TenantLimit,
+}
+
+impl Waiting {
+    /// Its `pending_reason` code.
+    pub fn code(self) -> &'static str {
+        match self {
+            Waiting::Backoff { .. } => "backoff",
+            Waiting::TenantLimit => "tenant_limit",
+        }
+    }
 }
 
 /// A `--restart always` run shorter than this counts as a quick exit.

@@ -54,9 +54,44 @@ impl<S: Store> Engine<S> {
         Some(self.pending.get(&id).map_or(Why::NotYet, Why::Core))
     }
 
-    /// A queued job's reason code, cheaply (for `/metrics`).
-    pub(super) fn pending_code(&self, job: &JobRecord) -> Option<&'static str> {
-        self.why(job).map(|why| why.code())
+    /// The queued jobs by tier and reason code, as `why` gives them one by
+    /// one, without looking at each (for `/metrics`): those kept out of
+    /// the core from the tally, those holding GPUs from the holds, and
+    /// from each queue class its first with the pass's reason and the rest
+    /// behind it. Any queued job none of these counts is `scheduling`.
+    pub(super) fn queued_reasons(&self, out: &mut BTreeMap<crate::metrics::QueueKey, u64>) {
+        let mut add = |tier: Tier, reason: &'static str, n: u64| {
+            if n == 0 {
+                return;
+            }
+            *out.entry(crate::metrics::QueueKey { tier: tier.as_str(), reason }).or_insert(0) += n;
+        };
+        let mut unexplained: BTreeMap<Tier, u64> = Tier::ALL
+            .iter()
+            .map(|&tier| (tier, self.tally.jobs.get(&(tier, JobState::Queued)).copied().unwrap_or(0)))
+            .collect();
+        let mut explain = |tier: Tier, n: u64| {
+            let left = unexplained.entry(tier).or_insert(0);
+            *left = left.saturating_sub(n);
+        };
+        for (&(tier, reason), &n) in &self.tally.waiting {
+            add(tier, reason, n);
+            explain(tier, n);
+        }
+        for hold in self.core.holds() {
+            let Some(job) = self.core.job(hold.job) else { continue };
+            add(job.spec.tier, "victims_draining", 1);
+            explain(job.spec.tier, 1);
+        }
+        for (tier, first, len) in self.core.queue_heads() {
+            let first_why = self.pending.get(&first).map_or(Why::NotYet, Why::Core);
+            add(tier, first_why.code(), 1);
+            add(tier, "priority", len as u64 - 1);
+            explain(tier, len as u64);
+        }
+        for (tier, n) in unexplained {
+            add(tier, "scheduling", n);
+        }
     }
 
     /// A queued job's reason code and sentence; `None` for any other.

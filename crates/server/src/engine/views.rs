@@ -319,8 +319,7 @@ impl<S: Store> Engine<S> {
     pub(super) fn metrics_snapshot(&self) -> crate::metrics::Snapshot {
         let mut snapshot = crate::metrics::Snapshot { counters: self.counters.clone(), ..Default::default() };
         snapshot.counters.polls_quiet = self.lines.answered();
-        // Jobs and their GPUs from the tally kept as records are saved;
-        // only the queued are looked at, for their reasons.
+        // Jobs and their GPUs from the tally kept as records are saved.
         for (&(tier, state), &count) in &self.tally.jobs {
             *snapshot.jobs.entry((tier.as_str(), state.as_str())).or_insert(0) += count;
             let gpu_state = match state {
@@ -330,11 +329,7 @@ impl<S: Store> Engine<S> {
             };
             *snapshot.gpus.entry((tier.as_str(), gpu_state)).or_insert(0) += self.tally.gpus[&(tier, state)];
         }
-        for job in self.tally.queued.iter().filter_map(|id| self.jobs.get(id)) {
-            let reason = self.pending_code(job).unwrap_or("scheduling");
-            let key = crate::metrics::QueueKey { tier: job.tier.as_str(), reason };
-            *snapshot.queued.entry(key).or_insert(0) += 1;
-        }
+        self.queued_reasons(&mut snapshot.queued);
         // Held GPUs a victim still runs on are counted as its (draining).
         for hold in self.core.holds() {
             let Some(job) = self.core.job(hold.job) else { continue };
