@@ -362,6 +362,21 @@ async function tenantSeesOnlyItsOwn(browser, server, admin, problems) {
   await page.getByText("Job not found.").waitFor();
   check(true, "bob's job's URL shows \"not found\" to alice");
 
+  // A drill of a job that saves nothing: its page tells the drill, step by step.
+  const drilled = submit(alice, "--name", "drilled", "--", "sleep", "600");
+  await until(`alice's job ${drilled} running`, async () => (await jobState(server, alice, drilled)) === "running");
+  await post(server, alice, `/v1/jobs/${drilled}/drill`, {});
+  await until("the drill's verdict", async () => (await get(server, alice, `/v1/jobs/${drilled}`)).drill?.verdict === "failed", 30000);
+  await page.goto(`${server}/#/jobs/${drilled}`);
+  await page.getByRole("heading", { level: 2, name: "Drill" }).waitFor();
+  const told = await page.locator('.drill[data-verdict="failed"]').textContent();
+  check(/Noticeattempt 1 on node-\d/.test(told) && told.includes("SIGKILL at +10 s"), `the drill's notice on the job's page (${told})`);
+  check(/Next attemptattempt 2 on node-\d started at \+/.test(told), "the drill's next attempt on the job's page");
+  check(/Verdictfailed: no checkpoint/.test(told), "the drill's verdict on the job's page");
+  await axe(page, "a drilled job's page");
+  cli(server, alice, ["cancel", `${drilled}`]);
+  await until(`alice's job ${drilled} cancelled`, async () => (await jobState(server, alice, drilled)) === "cancelled");
+
   const [from, to] = thisMonth();
   const invoice = JSON.parse(cli(server, alice, ["bill", "--json", "--from", from, "--to", to]));
   check(invoice.lines.length > 0, "alice has a bill this month");
@@ -375,6 +390,9 @@ async function tenantSeesOnlyItsOwn(browser, server, admin, problems) {
     `the savings are ebb bill's ($${invoice.preemptible_savings_usd})`);
   check(JSON.stringify(await amount("line")) === JSON.stringify(invoice.lines.map((l) => l.amount_usd)),
     `every line's amount is ebb bill's (${invoice.lines.map((l) => l.amount_usd).join(", ")})`);
+  const counts = await page.locator(".bill-counts").textContent();
+  check(counts.includes(`${invoice.attempts} attempts, ${invoice.preemptions} preemptions (${invoice.repeat_preemptions} again after an earlier preemption, ${invoice.preemptions_within_min_runtime} of them within the minimum run time)`),
+    `the bill counts attempts and preemptions as ebb bill does (${counts})`);
   await axe(page, "a tenant's bill");
   await page.setViewportSize({ width: 390, height: 844 });
   const overflow = await page.evaluate(() => document.documentElement.scrollWidth);

@@ -313,7 +313,8 @@ fn repeats_text(inv: &api::Invoice) -> String {
 }
 
 /// One row per line, reservation charge and summary figure; amounts in
-/// micro-dollars (exact) and dollars.
+/// micro-dollars (exact) and dollars; then the attempts and preemptions,
+/// in `count`.
 fn invoice_csv(inv: &api::Invoice) -> Result<String, String> {
     let mut w = csv::Writer::from_writer(Vec::new());
     let err = |e: csv::Error| e.to_string();
@@ -326,6 +327,7 @@ fn invoice_csv(inv: &api::Invoice) -> Result<String, String> {
         "rate_micro_usd",
         "amount_micro_usd",
         "amount_usd",
+        "count",
     ])
     .map_err(err)?;
     for l in &inv.lines {
@@ -338,6 +340,7 @@ fn invoice_csv(inv: &api::Invoice) -> Result<String, String> {
             &l.rate_micro_usd.to_string(),
             &l.amount_micro_usd.to_string(),
             &l.amount_usd,
+            "",
         ])
         .map_err(err)?;
     }
@@ -351,6 +354,7 @@ fn invoice_csv(inv: &api::Invoice) -> Result<String, String> {
             &c.rate_micro_usd.to_string(),
             &c.amount_micro_usd.to_string(),
             &c.amount_usd,
+            "",
         ])
         .map_err(err)?;
     }
@@ -359,7 +363,15 @@ fn invoice_csv(inv: &api::Invoice) -> Result<String, String> {
         ("on_demand_equivalent", inv.on_demand_equivalent_micro_usd, &inv.on_demand_equivalent_usd),
         ("preemptible_savings", inv.preemptible_savings_micro_usd, &inv.preemptible_savings_usd),
     ] {
-        w.write_record([kind, "", "", "", "", "", &micro.to_string(), usd]).map_err(err)?;
+        w.write_record([kind, "", "", "", "", "", &micro.to_string(), usd, ""]).map_err(err)?;
+    }
+    for (kind, count) in [
+        ("attempts", inv.attempts),
+        ("preemptions", inv.preemptions),
+        ("repeat_preemptions", inv.repeat_preemptions),
+        ("preemptions_within_min_runtime", inv.preemptions_within_min_runtime),
+    ] {
+        w.write_record([kind, "", "", "", "", "", "", "", &count.to_string()]).map_err(err)?;
     }
     let bytes = w.into_inner().map_err(|e| e.to_string())?;
     String::from_utf8(bytes).map_err(|e| e.to_string())

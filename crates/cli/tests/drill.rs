@@ -74,6 +74,14 @@ fn drill(c: &Cluster, token: &str, id: u64, args: &[&str]) -> Output {
     c.ebb_as(token, &full)
 }
 
+/// `ebb_drills_total{verdict}` from the server's `/metrics`.
+fn drills(c: &Cluster, verdict: &str) -> f64 {
+    let text = reqwest::blocking::get(format!("{}/metrics", c.url)).unwrap().text().unwrap();
+    let series = format!("ebb_drills_total{{verdict=\"{verdict}\"}} ");
+    let line = text.lines().find_map(|l| l.strip_prefix(series.as_str()));
+    line.unwrap_or_else(|| panic!("no {series} in:\n{text}")).parse().unwrap()
+}
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
@@ -191,6 +199,7 @@ fn a_ready_job_saves_exits_in_the_window_and_resumes_and_the_drill_is_neither_a_
     );
     let job = c.wait_job(id, "attempt 3", Duration::from_secs(10), |j| j["state"] == "running");
     assert_eq!((job["attempt"].as_u64(), job["preemptions"].as_u64()), (Some(3), Some(0)));
+    assert_eq!((drills(&c, "ready"), drills(&c, "failed")), (2.0, 0.0), "both drills counted ready");
 }
 
 #[test]
@@ -220,6 +229,7 @@ fn a_job_that_ignores_the_notice_is_killed_at_the_deadline_and_exceeded_the_wind
     let job = c.job(id);
     assert_eq!((job["preemptions"].as_u64(), job["attempt"].as_u64()), (Some(0), Some(2)));
     assert_eq!(job["usage"][0]["outcome"], "drill");
+    assert_eq!((drills(&c, "ready"), drills(&c, "failed")), (0.0, 1.0), "the drill counted failed");
 }
 
 #[test]

@@ -223,6 +223,9 @@ fn a_tenant_pays_half_for_preemptible_work_and_the_bill_matches_show() {
         String::from_utf8(c.ebb_as(&acme, &["bill", "--from", &from, "--to", &to, "--csv"]).stdout).unwrap();
     let total = csv.lines().find(|l| l.starts_with("total,")).unwrap();
     assert!(total.contains(&bill["total_micro_usd"].to_string()), "{csv}");
+    let preemptions = csv.lines().find(|l| l.starts_with("preemptions,")).unwrap();
+    assert_eq!(preemptions, format!("preemptions,,,,,,,,{}", bill["preemptions"]), "{csv}");
+    assert_eq!(bill["preemptions"], 1, "{bill}");
     let text = String::from_utf8(c.ebb_as(&acme, &["bill", "--from", &from, "--to", &to]).stdout).unwrap();
     // For people, to the cent.
     let cents = ebb_core::MicroUsd(bill["total_micro_usd"].as_i64().unwrap()).amount_text();

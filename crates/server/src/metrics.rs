@@ -46,6 +46,9 @@ pub struct Counters {
     /// without it (quiet nodes: idle, healthy, nothing waiting).
     pub polls_writer: u64,
     pub polls_quiet: u64,
+    /// Drills concluded, by verdict (`ready`, `failed`).
+    pub drills_ready: u64,
+    pub drills_failed: u64,
     /// GPU-seconds metered in drain windows (as invoices count them).
     pub drain_gpu_seconds: u64,
     /// Metered revenue of ended attempts, micro-dollars, by tier.
@@ -66,6 +69,8 @@ impl Default for Counters {
             pass_seconds: 0.0,
             polls_writer: 0,
             polls_quiet: 0,
+            drills_ready: 0,
+            drills_failed: 0,
             drain_gpu_seconds: 0,
             revenue_micro_usd: TIERS.iter().map(|&t| (t, 0)).collect(),
             drain_seconds: Histogram::new(DRAIN_BUCKETS),
@@ -258,6 +263,10 @@ pub fn render(s: &Snapshot) -> String {
          quiet node (idle, healthy, no command waiting)",
         polls,
     );
+    let drills = Family::<Labels, Counter>::default();
+    drills.get_or_create(&labels(&[("verdict", "ready")])).inc_by(c.drills_ready);
+    drills.get_or_create(&labels(&[("verdict", "failed")])).inc_by(c.drills_failed);
+    registry.register("drills", "Drills (ebb drill) concluded since the server started, by verdict", drills);
     registry.register("scheduling_passes", "Plans applied since the server started", counter(c.passes));
     registry.register_with_unit(
         "scheduling",
@@ -298,6 +307,8 @@ mod tests {
             "ebb_scheduling_seconds_total".into(),
             "ebb_agent_polls_total{answered=\"writer\"}".into(),
             "ebb_agent_polls_total{answered=\"quiet\"}".into(),
+            "ebb_drills_total{verdict=\"ready\"}".into(),
+            "ebb_drills_total{verdict=\"failed\"}".into(),
         ];
         for tier in TIERS {
             for reason in crate::engine::PENDING_REASONS {

@@ -200,7 +200,7 @@ async function render({ quiet = false } = {}) {
   }
   if (seq !== renderSeq) return; // a later render started meanwhile
   const focused = document.activeElement && document.activeElement.id;
-  app.replaceChildren(...view);
+  app.replaceChildren(...view.flat(Infinity));
   drawCharts();
   if (focused) {
     const again = document.getElementById(focused);
@@ -884,6 +884,7 @@ async function jobView(id) {
     dl(facts),
     el("h2", { text: "Checkpoints" }),
     checkpoint.length ? dl(checkpoint) : el("p", { text: "No checkpoint reported." }),
+    job.drill ? [el("h2", { text: "Drill" }), el("div", { class: "drill", "data-verdict": job.drill.verdict || "pending" }, dl(drillFacts(job.drill)))] : [],
     el("h2", { text: "Timeline" }),
     el(
       "ol",
@@ -911,8 +912,32 @@ async function jobView(id) {
             ),
           ),
     el("h2", { text: "Logs" }),
-    el("pre", { id: "logs", class: "logs", tabindex: "0", "aria-label": "Job output" }, logs.id === id ? logs.text : ""),
+    el("pre", { id: "logs", class: "logs", role: "log", tabindex: "0", "aria-label": "Job output" }, logs.id === id ? logs.text : ""),
   ];
+}
+
+/// The latest drill (`ebb drill`), step by step, as `ebb show` tells it:
+/// times are from the notice.
+function drillFacts(d) {
+  const after = (ms) => `+${((ms - d.notice_at_ms) / 1000).toFixed(1)} s`;
+  const facts = [["Notice", `attempt ${d.attempt} on ${d.nodes.join(", ")} at ${d.notice_at}, SIGKILL at +${d.window_seconds} s`]];
+  if (d.checkpoint) {
+    const what = d.checkpoint.step != null ? `step ${d.checkpoint.step}` : "reported";
+    facts.push(["Checkpoint", `${what} at ${after(d.checkpoint.at_ms)} (attempt ${d.checkpoint.attempt})`]);
+  }
+  if (d.exited_ms != null) {
+    const margin = d.fit_window ? `${d.margin_seconds.toFixed(1)} s before the deadline` : "past the window";
+    facts.push(["Exit", `${d.exit} at ${after(d.exited_ms)} (${margin}, lost ${d.lost_seconds.toFixed(1)} s)`]);
+  }
+  if (d.next_attempt != null) {
+    let next = `attempt ${d.next_attempt} on ${d.next_node}`;
+    if (d.next_started_ms != null) next += ` started at ${after(d.next_started_ms)}`;
+    if (d.resumed_ms != null) next += `, resumed${d.resumed_step != null ? ` from step ${d.resumed_step}` : ""} at ${after(d.resumed_ms)}`;
+    facts.push(["Next attempt", next]);
+  }
+  const failures = (d.failures || []).join("; ");
+  facts.push(["Verdict", d.verdict ? `${d.verdict}${failures ? `: ${failures}` : ""}` : "pending"]);
+  return facts;
 }
 
 // A job's output as far as it has been read, and the one follower reading it:
@@ -985,7 +1010,12 @@ async function billView() {
   return [
     el("h1", { text: `Bill for ${bill.tenant}` }),
     form,
-    el("p", { text: `From ${bill.from} to ${bill.to}: ${bill.attempts} attempts, ${bill.preemptions} preemptions.` }),
+    el("p", {
+      class: "bill-counts",
+      text: `From ${bill.from} to ${bill.to}: ${bill.attempts} attempts, ${bill.preemptions} preemptions`
+        + ` (${bill.repeat_preemptions} again after an earlier preemption,`
+        + ` ${bill.preemptions_within_min_runtime} of them within the minimum run time).`,
+    }),
     el(
       "dl",
       { class: "totals" },

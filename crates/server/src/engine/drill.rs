@@ -384,6 +384,10 @@ impl<S: Store> Engine<S> {
             return Ok(());
         }
         let report = drill.view();
+        match report.verdict.as_deref() {
+            Some("ready") => self.counters.drills_ready += 1,
+            _ => self.counters.drills_failed += 1,
+        }
         tracing::info!(job = id, verdict = report.verdict.as_deref(), failures = ?report.failures, "drill concluded");
         let mut detail = serde_json::to_value(&report).expect("serialisable");
         detail["phase"] = json!("verdict");
