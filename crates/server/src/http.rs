@@ -272,7 +272,7 @@ fn integral_floats_as_integers(value: &mut serde_json::Value) {
         api::InvoiceLine, api::ReservationCharge, api::Invoice, api::TierReport, api::OperatorReport,
         api::ReportBucket, api::ReportSeries,
         api::NodeRemoved, api::JoinToken, api::TenantTokens,
-        api::AttemptRef, api::Register, api::Registered, api::Command, api::Action, api::StartAttempt,
+        api::AttemptRef, api::Register, api::Registered, api::CheckpointStoreLocation, api::Command, api::Action, api::StartAttempt,
         api::DrainAttempt, api::StopNotice, api::CancelRequest, api::Commands, api::Report, api::AgentEvent, api::ReportReply
     )),
     tags(
