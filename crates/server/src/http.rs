@@ -1207,6 +1207,7 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
         pricing: config.pricing.clone(),
         limits: config.limits.clone(),
         run_as: config.run_as.clone(),
+        checkpoint_store: config.checkpoint_store.clone(),
     };
     // Bound first: a server on one database with others says where it
     // answers, and `--listen 127.0.0.1:0` picks its port here.
