@@ -57,6 +57,7 @@ async fn register(State(fake): State<Arc<FakeServer>>, Json(body): Json<Register
         next_seq: fake.seq.load(Ordering::SeqCst),
         epoch: 1,
         credential: None,
+        checkpoint_store: None,
     })
 }
 
