@@ -19,6 +19,7 @@ use backon::Retryable;
 use ebb_api::{Action, AgentEvent, AttemptRef, Register, Registered, StartAttempt};
 use tokio::task::JoinHandle;
 
+use crate::checkpoints::Checkpoints;
 use crate::client::{CallError, Client};
 use crate::drain;
 use crate::report::{now_ms, Reporter};
@@ -52,6 +53,9 @@ pub(crate) struct Agent<S> {
     /// How many times the server has taken this node's registration (a
     /// simulated fleet counts its nodes that joined by it).
     pub registrations: AtomicU64,
+    /// The checkpoint store the server names at registration; none where
+    /// attempts write no files (a simulated fleet).
+    pub checkpoints: Option<Arc<Checkpoints>>,
 }
 
 /// Commands under way, by attempt.
@@ -113,6 +117,15 @@ impl<S: Supervisor> Agent<S> {
         };
         let registered = self.client.register(&body).await?;
         tracing::info!(node = self.node.name, gpus = self.node.gpus, "registered");
+        if let Some(checkpoints) = &self.checkpoints {
+            if let Err(e) = checkpoints.configure(registered.checkpoint_store.as_ref()) {
+                // Jobs started here would lose their checkpoints to the
+                // node: the operator must give this agent what it needs.
+                tracing::error!("{e}");
+                eprintln!("ebb agent: {e}");
+                std::process::exit(78);
+            }
+        }
         drain::kill_stale(&*self.supervisor, &registered.kill, "the server no longer runs this attempt");
         Ok(registered)
     }

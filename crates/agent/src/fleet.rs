@@ -181,7 +181,14 @@ async fn start_node(
         drain::kill_stale(&*fenced, stale, "the server fenced this stale attempt")
     }));
     let node = crate::commands::Node { name, ..crate::node(config) };
-    let agent = Arc::new(Agent { node, client, reporter, supervisor, registrations: Default::default() });
+    let agent = Arc::new(Agent {
+        node,
+        client,
+        reporter,
+        supervisor,
+        registrations: Default::default(),
+        checkpoints: None,
+    });
     let follow = tokio::spawn(agent.clone().follow());
     Ok(SimNode { agent, follow })
 }

@@ -16,6 +16,7 @@
 //! tasks rather than processes. This file only wires them together.
 
 pub mod cgroup;
+mod checkpoints;
 mod client;
 mod commands;
 mod dirs;
@@ -82,6 +83,10 @@ pub struct AgentConfig {
     /// How long reports may keep failing before the node says, on its
     /// command poll, that it is unhealthy (it then gets no new work).
     pub unhealthy_after: Duration,
+    /// This agent's credentials for the cluster's checkpoint store, if
+    /// the server names an S3 one (`--checkpoint-store-credentials`, or
+    /// the standard `AWS_*` variables).
+    pub checkpoint_credentials: Option<ebb_checkpoints::Credentials>,
 }
 
 /// What the agent finds before it starts: its directories made absolute,
@@ -108,7 +113,14 @@ pub async fn run(config: AgentConfig) -> Result<(), String> {
     // Idle groups for as many attempts as the node can start at once.
     let keep = usize::from(config.gpus).clamp(2, 64);
     let pool = cgroups.map(|parents| Arc::new(cgroup::Pool::new(parents, &group_prefix, keep)));
-    let supervisor = Arc::new(Processes::new(supervisor_config(&config), pool, reporter.clone(), ledger));
+    let checkpoints = Arc::new(checkpoints::Checkpoints::new(config.checkpoint_credentials.clone()));
+    let supervisor = Arc::new(Processes::new(
+        supervisor_config(&config),
+        pool,
+        reporter.clone(),
+        ledger,
+        checkpoints.clone(),
+    ));
     supervisor.fill_pool();
     tokio::spawn(supervisor.clone().sweep_every(config.attempt_retention));
     let client = Arc::new(
@@ -131,6 +143,7 @@ pub async fn run(config: AgentConfig) -> Result<(), String> {
         reporter,
         supervisor: supervisor.clone(),
         registrations: Default::default(),
+        checkpoints: Some(checkpoints),
     });
     let commands = tokio::spawn(agent.follow());
     until_told_to_stop().await?;

@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::sync::watch;
 
+use crate::checkpoints::AttemptUploads;
 use crate::report::{now_ms, Reporter};
 
 /// The drain notice as every shape reports it.
@@ -78,21 +79,24 @@ struct Endpoint {
     node: String,
     notice: watch::Receiver<Option<Notice>>,
     events: Arc<Reporter>,
+    /// The attempt's checkpoint uploads, where there is a store.
+    uploads: Option<Arc<AttemptUploads>>,
 }
 
 /// Serves one attempt's endpoint on `listener` until `notice` is dropped;
 /// checkpoint reports go to `events`, remembered until the server has
 /// them, as the attempt's start and exit are.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: tokio::net::TcpListener,
     job: u64,
     attempt: u32,
     node: String,
     notice: watch::Receiver<Option<Notice>>,
     events: Arc<Reporter>,
+    uploads: Option<Arc<AttemptUploads>>,
 ) {
     let mut closed = notice.clone();
-    let endpoint = Endpoint { job, attempt, node, notice, events };
+    let endpoint = Endpoint { job, attempt, node, notice, events, uploads };
     let router = Router::new()
         .route("/", get(native_root))
         .route("/ebb/v1/notice", get(native_notice))
@@ -157,6 +161,10 @@ async fn native_checkpoint(State(e): State<Endpoint>, body: Bytes) -> Response {
     if e.events.try_send(event).is_err() {
         return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "error": "the agent is stopping" })))
             .into_response();
+    }
+    // The job renamed its files before reporting: they are complete.
+    if let Some(uploads) = &e.uploads {
+        uploads.checkpointed(report.step);
     }
     (StatusCode::ACCEPTED, Json(json!({ "accepted": true, "at": rfc3339(at_ms) }))).into_response()
 }
@@ -280,7 +288,7 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let (_notice, notice_rx) = watch::channel(None);
-        tokio::spawn(serve(listener, 4, 2, "node-1".into(), notice_rx, reporter.clone()));
+        tokio::spawn(serve(listener, 4, 2, "node-1".into(), notice_rx, reporter.clone(), None));
         let answer = reqwest::Client::new()
             .post(format!("http://127.0.0.1:{port}/ebb/v1/checkpoint"))
             .body(r#"{"step": 7, "seconds": 1.5}"#)
@@ -309,7 +317,7 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let (_notice, notice_rx) = watch::channel(None);
-        tokio::spawn(serve(listener, 4, 3, "node-1".into(), notice_rx, reporter.clone()));
+        tokio::spawn(serve(listener, 4, 3, "node-1".into(), notice_rx, reporter.clone(), None));
         let post = |body: &'static str| {
             reqwest::Client::new().post(format!("http://127.0.0.1:{port}/ebb/v1/resumed")).body(body).send()
         };

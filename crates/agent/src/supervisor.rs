@@ -29,6 +29,7 @@ use nix::unistd::{Pid, Uid};
 use tokio::sync::watch;
 
 use crate::cgroup::{self, AttemptGroup};
+use crate::checkpoints::{self, AttemptUploads, Checkpoints};
 use crate::dirs;
 use crate::identity::{self, Identity};
 use crate::ledger::{self, Ledger};
@@ -97,6 +98,8 @@ pub(crate) struct Processes {
     running: Mutex<HashMap<AttemptRef, Running>>,
     reporter: Arc<Reporter>,
     ledger: Arc<Ledger>,
+    /// The cluster's checkpoint store, if it has one.
+    checkpoints: Arc<Checkpoints>,
 }
 
 /// A running attempt.
@@ -131,6 +134,8 @@ struct Ending {
     run_dir: PathBuf,
     default_workdir: Option<PathBuf>,
     output: Readers,
+    /// Uploads of its checkpoints, where there is a store.
+    uploads: Option<Arc<AttemptUploads>>,
 }
 
 impl Processes {
@@ -139,6 +144,7 @@ impl Processes {
         cgroups: Option<Arc<cgroup::Pool>>,
         reporter: Arc<Reporter>,
         ledger: Arc<Ledger>,
+        checkpoints: Arc<Checkpoints>,
     ) -> Processes {
         Processes {
             config,
@@ -147,6 +153,7 @@ impl Processes {
             running: Mutex::new(HashMap::new()),
             reporter,
             ledger,
+            checkpoints,
         }
     }
 
@@ -190,6 +197,7 @@ impl Processes {
         let this = self.clone();
         let (prepared, s) = crate::blocking(move || (this.prepare(&s), s)).await;
         let mut prepared = prepared?;
+        let (notes, uploads) = self.restore_checkpoint(&s, &prepared).await;
         let (notice, notice_rx) = watch::channel(None);
         let a = s.attempt;
         tokio::spawn(metadata::serve(
@@ -199,6 +207,7 @@ impl Processes {
             self.config.node.clone(),
             notice_rx,
             self.reporter.clone(),
+            uploads.clone(),
         ));
         let child = match self.spawn(&s, &prepared, port) {
             Ok(child) => child,
@@ -212,10 +221,39 @@ impl Processes {
             cgroup.map_or((None, cgroup::Peak::None), |ready| (Some(ready.group), ready.peak));
         self.record(&s, child.pid, run_dir.join("drain.json"), notice, group.clone());
         self.reporter.send(AgentEvent::Started { attempt: a, pid: child.pid as u32, at_ms: now_ms() });
+        for data in notes {
+            self.reporter.send(AgentEvent::Output { attempt: a, data });
+        }
         let output = Readers::start(a, self.config.output, &self.reporter, [child.stdout, child.stderr]);
-        let ending = Ending { pid: child.pid, group, peak, run_dir, default_workdir, output };
+        let ending = Ending { pid: child.pid, group, peak, run_dir, default_workdir, output, uploads };
         tokio::spawn(self.clone().watch(a, ending));
         Ok(())
+    }
+
+    /// Where the cluster has a checkpoint store: puts the job's latest
+    /// checkpoint into its directory, and starts the attempt's uploads.
+    /// Returns the lines for the job's log, to follow its start.
+    async fn restore_checkpoint(
+        &self,
+        s: &StartAttempt,
+        p: &Prepared,
+    ) -> (Vec<String>, Option<Arc<AttemptUploads>>) {
+        let Some(store) = self.checkpoints.store() else { return (Vec::new(), None) };
+        let job_store = match store.job(&s.tenant, s.attempt.job) {
+            Ok(job_store) => job_store,
+            Err(e) => return (vec![format!("ebb: checkpoint store: {e}\n")], None),
+        };
+        let owner = p.who.switch.then(|| (p.who.uid.as_raw(), p.who.gid.as_raw()));
+        let (notes, cache) = checkpoints::restore(&job_store, store.url(), &p.checkpoint_dir, owner).await;
+        let uploads = AttemptUploads::start(checkpoints::UploadTask {
+            store: job_store,
+            dir: p.checkpoint_dir.clone(),
+            owner_uid: owner.map(|(uid, _)| uid),
+            attempt: s.attempt,
+            cache,
+            reporter: self.reporter.clone(),
+        });
+        (notes, Some(uploads))
     }
 
     /// Who the attempt runs as, its directories, and its cgroup: all the
@@ -312,10 +350,17 @@ impl Processes {
 
     /// Waits for the attempt to end, and reports how it did.
     async fn watch(self: Arc<Self>, a: AttemptRef, ending: Ending) {
-        let Ending { pid, group, peak, run_dir, default_workdir, output } = ending;
+        let Ending { pid, group, peak, run_dir, default_workdir, output, uploads } = ending;
         let status = spawn::wait(pid).await;
         kill_remains(pid, group.as_ref()).await;
         output.finish().await;
+        if let Some(uploads) = uploads {
+            // What the job left is uploaded; a drained job's exit waits for
+            // it, up to the deadline (see `checkpoints`).
+            let notice =
+                self.running.lock().expect("running").get(&a).and_then(|r| r.notice.borrow().clone());
+            uploads.finish(checkpoints::hold_exit_until(notice.as_ref())).await;
+        }
         let (peak_memory_bytes, completed) =
             crate::blocking(move || exit_facts(&peak, &run_dir, default_workdir.as_deref())).await;
         let (code, signal) = match status {

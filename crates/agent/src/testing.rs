@@ -57,6 +57,7 @@ async fn register(State(fake): State<Arc<FakeServer>>, Json(body): Json<Register
         next_seq: fake.seq.load(Ordering::SeqCst),
         epoch: 1,
         credential: None,
+        checkpoint_store: None,
     })
 }
 
@@ -143,7 +144,14 @@ pub(crate) async fn agent(fake: Arc<FakeServer>, name: &str) -> Arc<Agent<FakeSu
         address: "127.0.0.1".into(),
         unhealthy_after: Duration::from_millis(300),
     };
-    let agent = Arc::new(Agent { node, client, reporter, supervisor, registrations: Default::default() });
+    let agent = Arc::new(Agent {
+        node,
+        client,
+        reporter,
+        supervisor,
+        registrations: Default::default(),
+        checkpoints: None,
+    });
     tokio::spawn(agent.clone().follow());
     agent
 }

@@ -720,6 +720,27 @@ pub struct Registered {
     /// later call. Absent when the agent registered with its credential.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credential: Option<String>,
+    /// Where jobs' checkpoints are kept between attempts (`ebb server
+    /// --checkpoint-store`); absent: in each node's checkpoint root, which
+    /// the operator shares between nodes. Credentials are never sent: each
+    /// agent has its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_store: Option<CheckpointStoreLocation>,
+}
+
+/// Where a checkpoint store is: a URL (`s3://BUCKET/PREFIX` or
+/// `file:///PATH`) and, for S3, the service's endpoint and region.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct CheckpointStoreLocation {
+    #[schema(max_length = 1024)]
+    pub url: String,
+    /// An S3-compatible service's URL; absent: AWS's own for the region.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(max_length = 1024)]
+    pub endpoint: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(max_length = 64)]
+    pub region: Option<String>,
 }
 
 /// What the server asks of an agent, in order.

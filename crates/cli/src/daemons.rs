@@ -83,6 +83,63 @@ pub struct ServerArgs {
     pub tls: TlsArgs,
     #[command(flatten)]
     pub limits: LimitArgs,
+    #[command(flatten)]
+    pub checkpoint_store: CheckpointStoreArgs,
+}
+
+/// Where jobs' checkpoints are kept between attempts, so that a job
+/// resumes on any node without storage shared by the nodes.
+#[derive(Args)]
+pub struct CheckpointStoreArgs {
+    /// Keep jobs' checkpoints in this store: s3://BUCKET/PREFIX (AWS or
+    /// any S3-compatible service) or file:///PATH (a directory every node
+    /// sees). Agents are told it when they register; each uploads a job's
+    /// checkpoint directory after each checkpoint the job reports and
+    /// restores the latest before the job's next attempt, on any node.
+    /// Checked at start. Without it, --checkpoint-root is shared storage.
+    #[arg(long, value_name = "URL")]
+    pub checkpoint_store: Option<String>,
+    /// The S3-compatible service's URL, e.g. https://minio.internal:9000
+    /// (default: AWS's own for the region).
+    #[arg(long, value_name = "URL", requires = "checkpoint_store")]
+    pub checkpoint_store_endpoint: Option<String>,
+    /// The S3 region (default us-east-1).
+    #[arg(long, value_name = "REGION", requires = "checkpoint_store")]
+    pub checkpoint_store_region: Option<String>,
+    /// The server's credentials for an s3:// store, to check it at start:
+    /// an AWS credentials file (aws_access_key_id, aws_secret_access_key,
+    /// optionally aws_session_token). Default: the AWS_ACCESS_KEY_ID and
+    /// AWS_SECRET_ACCESS_KEY variables. Never sent to agents: each has its
+    /// own.
+    #[arg(long, value_name = "FILE", requires = "checkpoint_store")]
+    pub checkpoint_store_credentials: Option<PathBuf>,
+}
+
+impl CheckpointStoreArgs {
+    /// The store's location, once it has answered with the server's
+    /// credentials: a wrong URL, a missing bucket or an endpoint that does
+    /// not answer stops the server at start, naming the flag.
+    async fn checked(&self) -> Result<Option<ebb_api::CheckpointStoreLocation>, String> {
+        let Some(url) = &self.checkpoint_store else { return Ok(None) };
+        let location = ebb_api::CheckpointStoreLocation {
+            url: url.trim().to_string(),
+            endpoint: self.checkpoint_store_endpoint.clone(),
+            region: self.checkpoint_store_region.clone(),
+        };
+        let credentials = ebb_checkpoints::Credentials::load(
+            "--checkpoint-store-credentials",
+            self.checkpoint_store_credentials.as_deref(),
+        )
+        .map_err(|e| e.to_string())?;
+        let store =
+            ebb_checkpoints::Store::open(&location, credentials.as_ref()).map_err(|e| e.to_string())?;
+        store.check(Duration::from_secs(15)).await.map_err(|e| {
+            let at = location.endpoint.as_deref().map_or(String::new(), |e| format!(" at {e}"));
+            format!("--checkpoint-store {url}{at}: {e}")
+        })?;
+        eprintln!("ebb server: jobs' checkpoints are kept in {url}");
+        Ok(Some(location))
+    }
 }
 
 /// HTTPS, for agents and users on other hosts. Plain HTTP without these.
@@ -298,6 +355,7 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
         limits: args.limits.limits()?,
         run_as,
         tls: args.tls.config(),
+        checkpoint_store: args.checkpoint_store.checked().await?,
     })
     .await
 }
@@ -343,9 +401,17 @@ pub struct AgentArgs {
     /// Working directories and the agent's state.
     #[arg(long, default_value = "ebb-data/agent")]
     pub data_dir: PathBuf,
-    /// Root of the jobs' checkpoint directories (shared storage).
+    /// Root of the jobs' checkpoint directories: shared storage, unless
+    /// the server has a --checkpoint-store (then node-local, and each
+    /// job's latest checkpoint is restored into it before an attempt).
     #[arg(long)]
     pub checkpoint_root: Option<PathBuf>,
+    /// This agent's credentials for the server's s3:// checkpoint store:
+    /// an AWS credentials file (aws_access_key_id, aws_secret_access_key,
+    /// optionally aws_session_token). Default: the AWS_ACCESS_KEY_ID and
+    /// AWS_SECRET_ACCESS_KEY variables. Jobs never see them.
+    #[arg(long, value_name = "FILE")]
+    pub checkpoint_store_credentials: Option<PathBuf>,
     /// Where other nodes reach this one, for a gang's MASTER_ADDR
     /// (default: the host name).
     #[arg(long)]
@@ -550,6 +616,11 @@ pub async fn agent(args: AgentArgs) -> Result<(), String> {
             buffer: args.output_buffer,
         },
         unhealthy_after: std::time::Duration::from_millis(args.unhealthy_after.as_millis()),
+        checkpoint_credentials: ebb_checkpoints::Credentials::load(
+            "--checkpoint-store-credentials",
+            args.checkpoint_store_credentials.as_deref(),
+        )
+        .map_err(|e| e.to_string())?,
     };
     match args.simulate_nodes {
         Some(n) => ebb_agent::simulate(config, n).await,

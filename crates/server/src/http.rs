@@ -272,7 +272,7 @@ fn integral_floats_as_integers(value: &mut serde_json::Value) {
         api::InvoiceLine, api::ReservationCharge, api::Invoice, api::TierReport, api::OperatorReport,
         api::ReportBucket, api::ReportSeries,
         api::NodeRemoved, api::JoinToken, api::TenantTokens,
-        api::AttemptRef, api::Register, api::Registered, api::Command, api::Action, api::StartAttempt,
+        api::AttemptRef, api::Register, api::Registered, api::CheckpointStoreLocation, api::Command, api::Action, api::StartAttempt,
         api::DrainAttempt, api::StopNotice, api::CancelRequest, api::Commands, api::Report, api::AgentEvent, api::ReportReply
     )),
     tags(
@@ -1207,6 +1207,7 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
         pricing: config.pricing.clone(),
         limits: config.limits.clone(),
         run_as: config.run_as.clone(),
+        checkpoint_store: config.checkpoint_store.clone(),
     };
     // Bound first: a server on one database with others says where it
     // answers, and `--listen 127.0.0.1:0` picks its port here.

@@ -157,6 +157,8 @@ pub struct ServerConfig {
     pub run_as: RunAs,
     /// Plain HTTP, or HTTPS with which certificate.
     pub tls: tls::TlsConfig,
+    /// Where agents keep jobs' checkpoints (checked by the caller).
+    pub checkpoint_store: Option<ebb_api::CheckpointStoreLocation>,
 }
 
 /// Runs the server until SIGINT or SIGTERM.

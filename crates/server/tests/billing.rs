@@ -126,6 +126,7 @@ fn config(dir: &std::path::Path) -> EngineConfig {
         },
         limits: ebb_server::Limits::default(),
         run_as: Default::default(),
+        checkpoint_store: None,
     }
 }
 

@@ -39,6 +39,7 @@ impl Server {
             pricing: Pricing { prices: Vec::new(), default_price: 1_000_000, discount_bps: 5_000 },
             limits: Default::default(),
             run_as: Default::default(),
+            checkpoint_store: None,
             max_clock_skew: Span(5_000),
         };
         let store = SqliteStore::open(&dir.join("ebb.db")).unwrap();

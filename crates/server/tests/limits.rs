@@ -165,6 +165,7 @@ fn open(dir: &std::path::Path, limits: &Limits, now: u64) -> Engine<SqliteStore>
         pricing: Pricing { prices: Vec::new(), default_price: 2_000_000, discount_bps: 5_000 },
         limits: limits.clone(),
         run_as: Default::default(),
+        checkpoint_store: None,
         max_clock_skew: Span(5_000),
     };
     let store = SqliteStore::open(&dir.join("ebb.db")).unwrap();

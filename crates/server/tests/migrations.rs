@@ -39,6 +39,7 @@ fn a_database_written_by_the_release_before_is_migrated_and_everything_in_it_kep
         pricing: Pricing { prices: Vec::new(), default_price: 2_000_000, discount_bps: 5_000 },
         limits: Default::default(),
         run_as: Default::default(),
+        checkpoint_store: None,
         max_clock_skew: Span(5_000),
     };
     let mut store = SqliteStore::open(&dir.join("ebb.db")).unwrap();

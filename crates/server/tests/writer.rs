@@ -185,6 +185,7 @@ fn config(dir: &Path) -> EngineConfig {
         pricing: Pricing { prices: Vec::new(), default_price: 3_600_000, discount_bps: 5_000 },
         limits: Default::default(),
         run_as: Default::default(),
+        checkpoint_store: None,
         max_clock_skew: Span(5_000),
     }
 }

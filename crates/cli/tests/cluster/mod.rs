@@ -32,6 +32,13 @@ pub struct Options {
     /// (`ebb agent --simulate-nodes`), named `node-{i}-{j:05}`; 0: real
     /// agents.
     pub simulated_nodes: u32,
+    /// More flags for the server.
+    pub server_args: Vec<String>,
+    /// Each agent has a checkpoint root of its own
+    /// (`checkpoints-node-{i}`), as nodes without shared storage do.
+    pub own_checkpoint_roots: bool,
+    /// More environment for every agent.
+    pub agent_env: Vec<(String, String)>,
 }
 
 /// An operator's mapping of tenants to Unix users, and the default user
@@ -59,6 +66,9 @@ impl Default for Options {
             agent_args: Vec::new(),
             database: None,
             simulated_nodes: 0,
+            server_args: Vec::new(),
+            own_checkpoint_roots: false,
+            agent_env: Vec::new(),
         }
     }
 }
@@ -176,6 +186,7 @@ impl Cluster {
             ])
             .args(["--heartbeat-interval", self.opts.heartbeat_interval])
             .args(self.opts.database.iter().flat_map(|url| ["--database", url.as_str()]))
+            .args(&self.opts.server_args)
             .stdout(self.log("server"))
             .stderr(self.log("server"))
             .spawn()
@@ -215,16 +226,25 @@ impl Cluster {
             .args(["--fake-gpus", &self.opts.gpus.to_string()])
             .args(["--gpu-model", self.gpu_models.get(&i).copied().unwrap_or(DEFAULT_GPU_MODEL)])
             .args(["--data-dir", self.dir.join("agents").join(&name).to_str().unwrap()])
-            .args(["--checkpoint-root", self.dir.join("checkpoints").to_str().unwrap()])
+            .args(["--checkpoint-root", self.checkpoint_root(i).to_str().unwrap()])
             .args(["--address", "127.0.0.1"])
             // A node with the SDK installed, as a workload's image would have it.
             .arg(format!("--job-env=PYTHONPATH={}", repo_root().join("sdk/python").display()))
             .env(AGENT_CANARY, "agent-only")
+            .envs(self.opts.agent_env.iter().cloned())
             .stdout(self.log(&name))
             .stderr(self.log(&name))
             .spawn()
             .unwrap();
         self.agents[i] = Some(child);
+    }
+
+    /// Agent `i`'s checkpoint root: shared by all, unless each has its own.
+    pub fn checkpoint_root(&self, i: usize) -> PathBuf {
+        match self.opts.own_checkpoint_roots {
+            true => self.dir.join(format!("checkpoints-node-{i}")),
+            false => self.dir.join("checkpoints"),
+        }
     }
 
     /// Agent `i` as a simulated fleet: its nodes' attempts are tasks that

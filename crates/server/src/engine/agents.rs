@@ -44,6 +44,7 @@ impl<S: Store> Engine<S> {
             next_seq,
             epoch: self.epoch,
             credential,
+            checkpoint_store: self.config.checkpoint_store.clone(),
         })
     }
 

@@ -295,6 +295,9 @@ pub struct EngineConfig {
     pub pricing: crate::billing::Pricing,
     pub limits: crate::validate::Limits,
     pub run_as: RunAs,
+    /// Where agents keep jobs' checkpoints (`--checkpoint-store`), told to
+    /// each at registration; none: their shared checkpoint root.
+    pub checkpoint_store: Option<ebb_api::CheckpointStoreLocation>,
 }
 
 /// Which Unix user runs each tenant's jobs on the nodes: the operator's

@@ -1,0 +1,754 @@
+//! Copying a job's checkpoint directory to the store and back.
+//!
+//! **Upload** ([`JobStore::upload`]): every regular file of the directory
+//! (not links, not names starting with `.`: temporaries), hashed (a file
+//! unchanged since the last upload is not read again), each blob the store
+//! lacks stored — hashed again as it is sent, and refused if the file
+//! changed meanwhile — then the manifest, last. A directory the same as at
+//! the last upload makes no new manifest.
+//!
+//! **Restore** ([`JobStore::restore`]): the newest manifest whose every
+//! file arrives with its size and hash; each file is staged under a
+//! hidden name beside its place, and only when all are there are they
+//! renamed into place. A manifest that cannot be read, a blob missing or
+//! not matching its hash: that manifest is refused, said in the notes,
+//! and the one before tried. Files are made through descriptors opened
+//! without following links, owned by the job's user: the directory is
+//! the job's, and a root agent must not be turned onto other files.
+
+use std::collections::{HashMap, HashSet};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use futures::TryStreamExt;
+use nix::fcntl::OFlag;
+use nix::sys::stat::Mode;
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, PutPayload};
+use sha2::{Digest, Sha256};
+use tokio::io::AsyncWriteExt;
+
+use crate::location::{Store, StoreError};
+use crate::manifest::{self, FileEntry, Manifest};
+
+/// How many manifests of a job are kept; blobs no kept manifest names go.
+pub const KEEP_MANIFESTS: usize = 3;
+
+/// Reads and writes go in pieces of this size.
+const CHUNK: usize = 8 << 20;
+
+/// One job's part of the store.
+#[derive(Clone, Debug)]
+pub struct JobStore {
+    pub(crate) store: Store,
+    pub(crate) prefix: ObjectPath,
+}
+
+/// What an attempt remembers between its uploads: the files it hashed,
+/// the blobs it knows the store has, the files of the last manifest.
+#[derive(Debug, Default)]
+pub struct UploadCache {
+    /// (device, inode, size, mtime ns) to SHA-256.
+    hashes: HashMap<(u64, u64, u64, i64), String>,
+    stored: HashSet<String>,
+    last: Option<Vec<FileEntry>>,
+    seq: u32,
+}
+
+/// An upload done.
+#[derive(Debug)]
+pub struct Uploaded {
+    pub manifest: Manifest,
+    /// Bytes sent (blobs the store lacked).
+    pub sent_bytes: u64,
+    pub seconds: f64,
+}
+
+/// What a restore did.
+#[derive(Debug, Default)]
+pub struct Restored {
+    /// The checkpoint put in place; none: nothing (the job starts from
+    /// what the directory had).
+    pub manifest: Option<Manifest>,
+    /// What people should know: each refused manifest and why, fallbacks.
+    pub notes: Vec<String>,
+    pub seconds: f64,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+fn local(what: impl std::fmt::Display) -> StoreError {
+    StoreError::Local(what.to_string())
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f).await.expect("a blocking task panicked")
+}
+
+impl JobStore {
+    fn manifests(&self) -> ObjectPath {
+        self.prefix.child("manifests")
+    }
+
+    fn blob(&self, sha256: &str) -> ObjectPath {
+        self.prefix.child("blobs").child(sha256)
+    }
+
+    fn objects(&self) -> &Arc<dyn ObjectStore> {
+        &self.store.objects
+    }
+
+    /// The job's manifests' names, newest first.
+    pub async fn manifest_names(&self) -> Result<Vec<String>, StoreError> {
+        let listed: Vec<_> = self
+            .objects()
+            .list(Some(&self.manifests()))
+            .try_collect()
+            .await
+            .map_err(|e| self.store.failed(e))?;
+        let names: Vec<String> =
+            listed.iter().filter_map(|m| m.location.filename().map(str::to_string)).collect();
+        Ok(manifest::newest_first(names.iter().map(String::as_str)).into_iter().map(str::to_string).collect())
+    }
+
+    /// Uploads `dir` as attempt `attempt`'s next checkpoint (see the module
+    /// doc); `owner`: only files of this uid are taken (a root agent's
+    /// guard against a job's links to files it may not read). None when
+    /// nothing changed since the last upload.
+    pub async fn upload(
+        &self,
+        dir: &Path,
+        owner: Option<u32>,
+        attempt: u32,
+        step: Option<u64>,
+        cache: &mut UploadCache,
+    ) -> Result<Option<Uploaded>, StoreError> {
+        let began = Instant::now();
+        let dir_owned = dir.to_path_buf();
+        let found = blocking(move || walk(&dir_owned, owner)).await?;
+        // Hash what the cache does not know.
+        let mut files = Vec::with_capacity(found.len());
+        for (path, file, meta) in found {
+            let key = (meta.dev(), meta.ino(), meta.size(), meta.mtime() * 1_000_000_000 + meta.mtime_nsec());
+            let file = Arc::new(file);
+            let sha256 = match cache.hashes.get(&key) {
+                Some(hash) => hash.clone(),
+                None => {
+                    let f = file.clone();
+                    let hash =
+                        blocking(move || hash_file(&f)).await.map_err(|e| local(format!("{path}: {e}")))?;
+                    cache.hashes.insert(key, hash.clone());
+                    hash
+                }
+            };
+            files.push((FileEntry { path, size: meta.size(), sha256 }, file));
+        }
+        files.sort_by(|a, b| a.0.path.cmp(&b.0.path));
+        let entries: Vec<FileEntry> = files.iter().map(|(e, _)| e.clone()).collect();
+        if entries.is_empty() || cache.last.as_ref() == Some(&entries) {
+            return Ok(None);
+        }
+        let mut sent_bytes = 0;
+        for (entry, file) in &files {
+            if cache.stored.contains(&entry.sha256) {
+                continue;
+            }
+            let blob = self.blob(&entry.sha256);
+            match self.objects().head(&blob).await {
+                Ok(meta) if meta.size == entry.size => {}
+                Ok(_) | Err(object_store::Error::NotFound { .. }) => {
+                    self.put_blob(&blob, entry, file.clone()).await?;
+                    sent_bytes += entry.size;
+                    test_pause().await;
+                }
+                Err(e) => return Err(self.store.failed(e)),
+            }
+            cache.stored.insert(entry.sha256.clone());
+        }
+        cache.seq += 1;
+        let manifest = Manifest {
+            format: manifest::FORMAT,
+            job: self.job_id(),
+            attempt,
+            seq: cache.seq,
+            step,
+            written_ms: now_ms(),
+            files: entries.clone(),
+        };
+        let body = serde_json::to_vec_pretty(&manifest).map_err(local)?;
+        // The commit: from here on this is the job's latest checkpoint.
+        self.objects()
+            .put(&self.manifests().child(manifest.key()), PutPayload::from(body))
+            .await
+            .map_err(|e| self.store.failed(e))?;
+        cache.last = Some(entries);
+        if let Err(e) = self.prune().await {
+            tracing::warn!("checkpoint store: pruning job {}'s old checkpoints: {e}", self.job_id());
+        }
+        Ok(Some(Uploaded { manifest, sent_bytes, seconds: began.elapsed().as_secs_f64() }))
+    }
+
+    /// The job id, the last part of the prefix.
+    fn job_id(&self) -> u64 {
+        self.prefix.filename().and_then(|s| s.parse().ok()).unwrap_or(0)
+    }
+
+    /// Sends `file` as `blob`, hashing it again on the way: a file changed
+    /// since it was hashed (a job writing in place, against the contract)
+    /// is refused and its upload aborted, never stored under a wrong name.
+    async fn put_blob(
+        &self,
+        blob: &ObjectPath,
+        entry: &FileEntry,
+        file: Arc<std::fs::File>,
+    ) -> Result<(), StoreError> {
+        let mut writer =
+            object_store::buffered::BufWriter::with_capacity(self.objects().clone(), blob.clone(), CHUNK);
+        let mut hasher = Sha256::new();
+        let mut offset = 0u64;
+        let failed = |e: std::io::Error| local(format!("storing {}: {e}", entry.path));
+        loop {
+            let f = file.clone();
+            let chunk = blocking(move || {
+                let mut buf = vec![0u8; CHUNK];
+                let n = f.read_at(&mut buf, offset)?;
+                buf.truncate(n);
+                Ok::<_, std::io::Error>(buf)
+            })
+            .await
+            .map_err(failed)?;
+            if chunk.is_empty() {
+                break;
+            }
+            offset += chunk.len() as u64;
+            hasher.update(&chunk);
+            if let Err(e) = writer.write_all(&chunk).await {
+                let _ = writer.abort().await;
+                return Err(failed(e));
+            }
+        }
+        let sha256 = hex(&hasher.finalize());
+        if sha256 != entry.sha256 || offset != entry.size {
+            let _ = writer.abort().await;
+            return Err(local(format!(
+                "{}: changed while it was being stored (checkpoints must be written to a temporary and renamed)",
+                entry.path
+            )));
+        }
+        writer.shutdown().await.map_err(failed)
+    }
+
+    /// Deletes manifests older than the newest [`KEEP_MANIFESTS`], then
+    /// blobs that no remaining manifest names.
+    async fn prune(&self) -> Result<(), StoreError> {
+        let names = self.manifest_names().await?;
+        for old in names.iter().skip(KEEP_MANIFESTS) {
+            self.objects()
+                .delete(&self.manifests().child(old.as_str()))
+                .await
+                .map_err(|e| self.store.failed(e))?;
+        }
+        if names.len() <= KEEP_MANIFESTS {
+            return Ok(());
+        }
+        let mut named = HashSet::new();
+        for name in names.iter().take(KEEP_MANIFESTS) {
+            let body = self.get(&self.manifests().child(name.as_str())).await?;
+            let m = Manifest::parse(&body, self.job_id(), name).map_err(StoreError::Integrity)?;
+            named.extend(m.files.into_iter().map(|f| f.sha256));
+        }
+        let blobs: Vec<_> = self
+            .objects()
+            .list(Some(&self.prefix.child("blobs")))
+            .try_collect()
+            .await
+            .map_err(|e| self.store.failed(e))?;
+        for blob in blobs {
+            if blob.location.filename().is_some_and(|h| !named.contains(h)) {
+                self.objects().delete(&blob.location).await.map_err(|e| self.store.failed(e))?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn get(&self, path: &ObjectPath) -> Result<Bytes, StoreError> {
+        let got = self.objects().get(path).await.map_err(|e| self.store.failed(e))?;
+        got.bytes().await.map_err(|e| self.store.failed(e))
+    }
+
+    /// Puts the newest good checkpoint into `dir` (see the module doc).
+    /// `owner`: the uid and gid its files and directories get (a root
+    /// agent's job user). An error is the store failing (unreachable,
+    /// refusing): the caller decides whether to start without it.
+    pub async fn restore(
+        &self,
+        dir: &Path,
+        owner: Option<(u32, u32)>,
+        cache: &mut UploadCache,
+    ) -> Result<Restored, StoreError> {
+        let began = Instant::now();
+        let mut restored = Restored::default();
+        let names = self.manifest_names().await?;
+        for (i, name) in names.iter().enumerate() {
+            let fallback = if i + 1 < names.len() { "trying the one before" } else { "no older checkpoint" };
+            let body = match self.get(&self.manifests().child(name.as_str())).await {
+                Ok(body) => body,
+                Err(StoreError::Store { source: object_store::Error::NotFound { .. }, .. }) => continue, // pruned meanwhile
+                Err(e) => return Err(e),
+            };
+            let manifest = match Manifest::parse(&body, self.job_id(), name) {
+                Ok(m) => m,
+                Err(why) => {
+                    restored.notes.push(format!("refused {why}; {fallback}"));
+                    continue;
+                }
+            };
+            match self.fetch(dir, owner, &manifest).await {
+                Ok(placed) => {
+                    for (entry, key) in manifest.files.iter().zip(placed) {
+                        cache.hashes.insert(key, entry.sha256.clone());
+                        cache.stored.insert(entry.sha256.clone());
+                    }
+                    cache.last = Some(manifest.files.clone());
+                    restored.manifest = Some(manifest);
+                    break;
+                }
+                Err(StoreError::Integrity(why)) => {
+                    restored.notes.push(format!("refused {}: {why}; {fallback}", manifest.describe()));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if restored.manifest.is_none() && !names.is_empty() {
+            restored.notes.push("no good checkpoint in the store: the attempt starts without one".into());
+        }
+        restored.seconds = began.elapsed().as_secs_f64();
+        Ok(restored)
+    }
+
+    /// Downloads every file of `manifest` into a staged name beside its
+    /// place, checking size and hash; then renames them all into place.
+    /// Returns each file's cache key, in the manifest's order.
+    async fn fetch(
+        &self,
+        dir: &Path,
+        owner: Option<(u32, u32)>,
+        manifest: &Manifest,
+    ) -> Result<Vec<(u64, u64, u64, i64)>, StoreError> {
+        let root = {
+            let dir = dir.to_path_buf();
+            Arc::new(blocking(move || open_dir(&dir)).await?)
+        };
+        let stage = format!(".ebb-restore-{}-{}", manifest.attempt, manifest.seq);
+        let mut staged: Vec<(Arc<OwnedFd>, String, String)> = Vec::new();
+        let outcome = self.fetch_all(&root, owner, manifest, &stage, &mut staged).await;
+        if let Err(e) = outcome {
+            let staged = std::mem::take(&mut staged);
+            blocking(move || {
+                for (parent, tmp, _) in staged {
+                    let _ = nix::unistd::unlinkat(
+                        &*parent,
+                        tmp.as_str(),
+                        nix::unistd::UnlinkatFlags::NoRemoveDir,
+                    );
+                }
+            })
+            .await;
+            return Err(e);
+        }
+        blocking(move || {
+            let mut keys = Vec::new();
+            for (parent, tmp, name) in staged {
+                nix::fcntl::renameat(&*parent, tmp.as_str(), &*parent, name.as_str())
+                    .map_err(|e| local(format!("cannot put {name} in place: {e}")))?;
+                let fd = nix::fcntl::openat(
+                    &*parent,
+                    name.as_str(),
+                    OFlag::O_RDONLY | OFlag::O_NOFOLLOW,
+                    Mode::empty(),
+                )
+                .map_err(|e| local(format!("{name}: {e}")))?;
+                let st = nix::sys::stat::fstat(&fd).map_err(|e| local(format!("{name}: {e}")))?;
+                keys.push((
+                    st.st_dev as u64,
+                    st.st_ino as u64,
+                    st.st_size as u64,
+                    st.st_mtime as i64 * 1_000_000_000 + st.st_mtime_nsec as i64,
+                ));
+            }
+            Ok(keys)
+        })
+        .await
+    }
+
+    async fn fetch_all(
+        &self,
+        root: &Arc<OwnedFd>,
+        owner: Option<(u32, u32)>,
+        manifest: &Manifest,
+        stage: &str,
+        staged: &mut Vec<(Arc<OwnedFd>, String, String)>,
+    ) -> Result<(), StoreError> {
+        for entry in &manifest.files {
+            let (parent, name) = {
+                let root = root.clone();
+                let path = entry.path.clone();
+                blocking(move || subdir(&root, &path, owner)).await?
+            };
+            let tmp = format!("{stage}-{name}");
+            let file = {
+                let parent = parent.clone();
+                let tmp = tmp.clone();
+                blocking(move || create_fresh(&parent, &tmp, owner)).await?
+            };
+            staged.push((parent, tmp, name));
+            let file = Arc::new(file);
+            let blob = self.blob(&entry.sha256);
+            let got = match self.objects().get(&blob).await {
+                Ok(got) => got,
+                Err(object_store::Error::NotFound { .. }) => {
+                    return Err(StoreError::Integrity(format!(
+                        "file {}: its blob is missing from the store",
+                        entry.path
+                    )))
+                }
+                Err(e) => return Err(self.store.failed(e)),
+            };
+            let mut stream = got.into_stream();
+            let mut hasher = Sha256::new();
+            let mut size = 0u64;
+            let mut pending: Vec<u8> = Vec::with_capacity(CHUNK);
+            loop {
+                let next = stream.try_next().await.map_err(|e| self.store.failed(e))?;
+                let done = next.is_none();
+                if let Some(bytes) = next {
+                    hasher.update(&bytes);
+                    size += bytes.len() as u64;
+                    if size > entry.size {
+                        return Err(StoreError::Integrity(format!(
+                            "file {}: the store holds more than the {} bytes its manifest says",
+                            entry.path, entry.size
+                        )));
+                    }
+                    pending.extend_from_slice(&bytes);
+                }
+                if pending.len() >= CHUNK || (done && !pending.is_empty()) {
+                    let buf = std::mem::replace(&mut pending, Vec::with_capacity(CHUNK));
+                    let f = file.clone();
+                    let at = size - buf.len() as u64;
+                    blocking(move || f.write_all_at(&buf, at))
+                        .await
+                        .map_err(|e| local(format!("{}: {e}", entry.path)))?;
+                }
+                if done {
+                    break;
+                }
+            }
+            let sha256 = hex(&hasher.finalize());
+            if size != entry.size || sha256 != entry.sha256 {
+                return Err(StoreError::Integrity(format!(
+                    "file {}: the store's copy ({size} bytes, SHA-256 {sha256}) is not what its manifest says \
+                     ({} bytes, SHA-256 {})",
+                    entry.path, entry.size, entry.sha256
+                )));
+            }
+            let f = file.clone();
+            blocking(move || f.sync_all()).await.map_err(|e| local(format!("{}: {e}", entry.path)))?;
+        }
+        Ok(())
+    }
+}
+
+/// Opens the checkpoint directory itself (made by the agent beforehand),
+/// not through a link.
+fn open_dir(dir: &Path) -> Result<OwnedFd, StoreError> {
+    nix::fcntl::open(dir, OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW, Mode::empty())
+        .map_err(|e| local(format!("cannot open {}: {e}", dir.display())))
+}
+
+/// The directory a manifest path's file goes in (made as needed, owned by
+/// `owner`), opened without following links, and the file's name.
+fn subdir(
+    root: &Arc<OwnedFd>,
+    path: &str,
+    owner: Option<(u32, u32)>,
+) -> Result<(Arc<OwnedFd>, String), StoreError> {
+    let mut parts: Vec<&str> = path.split('/').collect();
+    let name = parts.pop().expect("a checked path has a part").to_string();
+    let mut dir = root.clone();
+    for part in parts {
+        match nix::sys::stat::mkdirat(&*dir, part, Mode::from_bits_truncate(0o700)) {
+            Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
+            Err(e) => return Err(local(format!("cannot make {part} for {path}: {e}"))),
+        }
+        let fd = nix::fcntl::openat(
+            &*dir,
+            part,
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW,
+            Mode::empty(),
+        )
+        .map_err(|e| local(format!("cannot open {part} for {path}: {e}")))?;
+        chown(&fd, owner).map_err(|e| local(format!("{path}: {e}")))?;
+        dir = Arc::new(fd);
+    }
+    Ok((dir, name))
+}
+
+/// Creates `name` in `dir` afresh (O_EXCL follows no link), owned by `owner`.
+fn create_fresh(dir: &OwnedFd, name: &str, owner: Option<(u32, u32)>) -> Result<std::fs::File, StoreError> {
+    let _ = nix::unistd::unlinkat(dir, name, nix::unistd::UnlinkatFlags::NoRemoveDir);
+    let fd = nix::fcntl::openat(
+        dir,
+        name,
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(0o600),
+    )
+    .map_err(|e| local(format!("cannot create {name}: {e}")))?;
+    chown(&fd, owner).map_err(|e| local(format!("{name}: {e}")))?;
+    Ok(std::fs::File::from(fd))
+}
+
+fn chown(fd: &impl AsFd, owner: Option<(u32, u32)>) -> nix::Result<()> {
+    match owner {
+        Some((uid, gid)) => nix::unistd::fchown(
+            fd,
+            Some(nix::unistd::Uid::from_raw(uid)),
+            Some(nix::unistd::Gid::from_raw(gid)),
+        ),
+        None => Ok(()),
+    }
+}
+
+/// The regular files under `dir`, by relative path, opened (without
+/// following a link) with what `fstat` says of them. Names starting with
+/// `.` are left out (temporaries), and so are links, other kinds of file
+/// and, with `owner`, files another user owns. A file that vanishes
+/// while the walk runs (a job pruning old checkpoints) is simply not
+/// there.
+fn walk(
+    dir: &Path,
+    owner: Option<u32>,
+) -> Result<Vec<(String, std::fs::File, std::fs::Metadata)>, StoreError> {
+    let mut found = Vec::new();
+    let mut todo = vec![(dir.to_path_buf(), String::new())];
+    while let Some((abs, rel)) = todo.pop() {
+        let entries = match std::fs::read_dir(&abs) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !rel.is_empty() => continue,
+            Err(e) => return Err(local(format!("cannot read {}: {e}", abs.display()))),
+        };
+        for entry in entries.flatten() {
+            let Ok(name) = entry.file_name().into_string() else { continue };
+            if name.starts_with('.') {
+                continue;
+            }
+            let path = if rel.is_empty() { name.clone() } else { format!("{rel}/{name}") };
+            if manifest::check_path(&path).is_err() {
+                continue;
+            }
+            let Ok(kind) = entry.file_type() else { continue };
+            if kind.is_dir() {
+                todo.push((abs.join(&name), path));
+            } else if kind.is_file() {
+                let opened = std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc_nofollow())
+                    .open(abs.join(&name));
+                let file = match opened {
+                    Ok(file) => file,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(local(format!("cannot read {path}: {e}"))),
+                };
+                let meta = file.metadata().map_err(|e| local(format!("{path}: {e}")))?;
+                if !meta.is_file() || owner.is_some_and(|uid| meta.uid() != uid) {
+                    continue;
+                }
+                found.push((path, file, meta));
+            }
+        }
+    }
+    Ok(found)
+}
+
+fn libc_nofollow() -> i32 {
+    OFlag::O_NOFOLLOW.bits()
+}
+
+fn hash_file(file: &std::fs::File) -> std::io::Result<String> {
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut offset = 0u64;
+    loop {
+        let n = file.read_at(&mut buf, offset)?;
+        if n == 0 {
+            return Ok(hex(&hasher.finalize()));
+        }
+        hasher.update(&buf[..n]);
+        offset += n as u64;
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// For tests of an upload cut off half way: `EBB_X_CHECKPOINT_PAUSE_MS`
+/// makes each stored blob wait this long before the next step. Unset in
+/// production.
+async fn test_pause() {
+    if let Some(ms) = std::env::var("EBB_X_CHECKPOINT_PAUSE_MS").ok().and_then(|v| v.parse::<u64>().ok()) {
+        tracing::info!("checkpoint store: pausing {ms} ms after a blob (EBB_X_CHECKPOINT_PAUSE_MS)");
+        tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ebb_api::CheckpointStoreLocation;
+
+    struct Fixture {
+        root: std::path::PathBuf,
+        store: JobStore,
+    }
+
+    impl Drop for Fixture {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.root);
+        }
+    }
+
+    fn fixture(name: &str) -> Fixture {
+        let root = std::env::temp_dir().join(format!("ebb-ckpt-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let location = CheckpointStoreLocation {
+            url: format!("file://{}/store", root.display()),
+            endpoint: None,
+            region: None,
+        };
+        let store = Store::open(&location, None).unwrap().job("team", 7).unwrap();
+        Fixture { root, store }
+    }
+
+    fn node_dir(f: &Fixture, node: &str) -> std::path::PathBuf {
+        let dir = f.root.join(node);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn write(dir: &Path, name: &str, body: &[u8]) {
+        if let Some(parent) = dir.join(name).parent() {
+            std::fs::create_dir_all(parent).unwrap();
+        }
+        std::fs::write(dir.join(name), body).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_checkpoint_uploaded_on_one_node_is_restored_on_another() {
+        let f = fixture("roundtrip");
+        let a = node_dir(&f, "a");
+        write(&a, "ckpt-1.ckpt", b"one");
+        write(&a, "sub/state.bin", &vec![7u8; 3 * CHUNK / 2]);
+        write(&a, ".ckpt-2.ckpt.tmp-9", b"half");
+        let mut cache = UploadCache::default();
+        let up = f.store.upload(&a, None, 1, Some(1), &mut cache).await.unwrap().unwrap();
+        assert_eq!(
+            up.manifest.files.iter().map(|f| f.path.as_str()).collect::<Vec<_>>(),
+            ["ckpt-1.ckpt", "sub/state.bin"]
+        );
+        assert_eq!(up.sent_bytes, 3 + 3 * CHUNK as u64 / 2);
+        // Nothing changed: no new manifest.
+        assert!(f.store.upload(&a, None, 1, None, &mut cache).await.unwrap().is_none());
+        write(&a, "ckpt-2.ckpt", b"two");
+        let up = f.store.upload(&a, None, 1, Some(2), &mut cache).await.unwrap().unwrap();
+        assert_eq!(up.sent_bytes, 3, "unchanged files are not sent again");
+
+        let b = node_dir(&f, "b");
+        let restored = f.store.restore(&b, None, &mut UploadCache::default()).await.unwrap();
+        assert_eq!(restored.manifest.unwrap().step, Some(2));
+        assert!(restored.notes.is_empty(), "{:?}", restored.notes);
+        assert_eq!(std::fs::read(b.join("ckpt-2.ckpt")).unwrap(), b"two");
+        assert_eq!(std::fs::read(b.join("sub/state.bin")).unwrap().len(), 3 * CHUNK / 2);
+        assert!(!b.join(".ckpt-2.ckpt.tmp-9").exists(), "temporaries never travel");
+        let staged: Vec<_> = std::fs::read_dir(&b)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(".ebb"))
+            .collect();
+        assert!(staged.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_blob_that_does_not_match_its_hash_is_refused_and_the_previous_checkpoint_restored() {
+        let f = fixture("corrupt");
+        let a = node_dir(&f, "a");
+        write(&a, "ckpt-1.ckpt", b"one");
+        let mut cache = UploadCache::default();
+        f.store.upload(&a, None, 1, Some(1), &mut cache).await.unwrap().unwrap();
+        write(&a, "ckpt-2.ckpt", b"two");
+        let second = f.store.upload(&a, None, 1, Some(2), &mut cache).await.unwrap().unwrap().manifest;
+        let two = second.files.iter().find(|e| e.path == "ckpt-2.ckpt").unwrap();
+        let blob = f.root.join("store/team/7/blobs").join(&two.sha256);
+        std::fs::write(&blob, b"tw0").unwrap();
+
+        let b = node_dir(&f, "b");
+        let restored = f.store.restore(&b, None, &mut UploadCache::default()).await.unwrap();
+        assert_eq!(restored.manifest.unwrap().step, Some(1));
+        assert_eq!(restored.notes.len(), 1);
+        let note = &restored.notes[0];
+        assert!(
+            note.starts_with("refused step 2 (attempt 1, upload 2): file ckpt-2.ckpt: the store's copy"),
+            "{note}"
+        );
+        assert!(note.ends_with("trying the one before"), "{note}");
+        assert!(!b.join("ckpt-2.ckpt").exists(), "nothing of a refused checkpoint is put in place");
+        assert_eq!(std::fs::read(b.join("ckpt-1.ckpt")).unwrap(), b"one");
+    }
+
+    #[tokio::test]
+    async fn blobs_without_a_manifest_are_never_the_latest() {
+        let f = fixture("partial");
+        let a = node_dir(&f, "a");
+        write(&a, "ckpt-1.ckpt", b"one");
+        let mut cache = UploadCache::default();
+        f.store.upload(&a, None, 1, Some(1), &mut cache).await.unwrap().unwrap();
+        // An upload cut off after its blob: the blob is there, no manifest.
+        let blob = f.store.blob(&hex(&Sha256::digest(b"two")));
+        f.store.objects().put(&blob, PutPayload::from_static(b"two")).await.unwrap();
+        let b = node_dir(&f, "b");
+        let restored = f.store.restore(&b, None, &mut UploadCache::default()).await.unwrap();
+        assert_eq!(restored.manifest.unwrap().step, Some(1));
+        assert_eq!(std::fs::read_dir(&b).unwrap().count(), 1);
+    }
+
+    #[tokio::test]
+    async fn only_the_newest_manifests_and_their_blobs_are_kept() {
+        let f = fixture("prune");
+        let a = node_dir(&f, "a");
+        let mut cache = UploadCache::default();
+        for step in 1..=5u64 {
+            // keep-1 as a job would: only the newest file is there.
+            let _ = std::fs::remove_file(a.join(format!("ckpt-{}.ckpt", step - 1)));
+            write(&a, &format!("ckpt-{step}.ckpt"), format!("state {step}").as_bytes());
+            f.store.upload(&a, None, 1, Some(step), &mut cache).await.unwrap().unwrap();
+        }
+        let names = f.store.manifest_names().await.unwrap();
+        assert_eq!(names, [manifest::key(1, 5), manifest::key(1, 4), manifest::key(1, 3)]);
+        let blobs = std::fs::read_dir(f.root.join("store/team/7/blobs")).unwrap().count();
+        assert_eq!(blobs, KEEP_MANIFESTS);
+    }
+
+    #[tokio::test]
+    async fn a_store_with_nothing_restores_nothing_and_says_nothing() {
+        let f = fixture("empty");
+        let b = node_dir(&f, "b");
+        let restored = f.store.restore(&b, None, &mut UploadCache::default()).await.unwrap();
+        assert!(restored.manifest.is_none() && restored.notes.is_empty());
+    }
+}
