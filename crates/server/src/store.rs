@@ -130,18 +130,158 @@ impl<J> Snapshot<J> {
     }
 }
 
+/// What the store keeps of a job beside its record, as columns: what the
+/// listing filters on, what arrays' progress and the finished jobs'
+/// counts are read from, so that none of them reads a record (nor keeps
+/// one in memory: a finished job's record lives only here).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct JobColumns<'a> {
+    pub tenant: u32,
+    /// As the API spells it (`queued`, …, `cancelled`).
+    pub state: &'a str,
+    pub tier: &'a str,
+    pub gpus: u32,
+    pub name: Option<&'a str>,
+    /// The array the job is a task of (its first task's id), and its index there.
+    pub array: Option<(u64, u64)>,
+    pub attempt: u32,
+    pub preemptions: u32,
+}
+
+/// The states a job never leaves, as `JobColumns::state` spells them.
+pub const FINISHED_STATES: [&str; 3] = ["succeeded", "failed", "cancelled"];
+/// The others: the jobs the writer keeps in memory.
+pub const UNFINISHED_STATES: [&str; 4] = ["queued", "starting", "running", "draining"];
+
+/// One page of the job listing, by id past a cursor (keyset paging).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct JobPageQuery {
+    /// Only this tenant's jobs (none: every tenant's).
+    pub tenant: Option<u32>,
+    /// The previous page's last id: the page continues past it.
+    pub cursor: Option<u64>,
+    /// Newest first.
+    pub desc: bool,
+    /// At most this many rows.
+    pub limit: usize,
+    /// Only these states; with `collapse`, an array is listed when any of
+    /// its tasks is in one of them.
+    pub states: Option<Vec<String>>,
+    pub tier: Option<String>,
+    /// Only names containing this (case-sensitive); a job without a name
+    /// has the empty one.
+    pub name: Option<String>,
+    /// An array is one row, its first task.
+    pub collapse: bool,
+}
+
+/// A task of an array, as its progress shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskRow {
+    pub id: u64,
+    pub index: u64,
+    pub state: String,
+    pub attempt: u32,
+    pub preemptions: u32,
+}
+
+/// Finished jobs of one tier and state: how many, and their GPUs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FinishedCount {
+    pub tier: String,
+    pub state: String,
+    pub jobs: u64,
+    pub gpus: u64,
+}
+
+/// A value bound to a page query's placeholder.
+#[derive(Clone, Debug)]
+pub(crate) enum PageArg {
+    Int(i64),
+    Text(String),
+}
+
+/// The page query `q` as SQL with numbered placeholders (`?N` for SQLite,
+/// `$N` for PostgreSQL) and their values, or none when nothing can match
+/// (an empty list of states). Only the filters asked for are in it, so
+/// each shape is planned for what it filters on: the id range always
+/// (the primary key), the tenant's index when a tenant lists.
+pub(crate) fn job_page_sql(q: &JobPageQuery, postgres: bool) -> Option<(String, Vec<PageArg>)> {
+    let mut args: Vec<PageArg> = Vec::new();
+    let mut arg = |value: PageArg| {
+        args.push(value);
+        format!("{}{}", if postgres { '$' } else { '?' }, args.len())
+    };
+    let clamp = |n: u64| n.min(i64::MAX as u64) as i64;
+    let mut sql = String::from("SELECT record FROM jobs WHERE ");
+    match q.desc {
+        false => {
+            let from = q.cursor.map_or(0, |c| c.saturating_add(1));
+            sql += &format!("id >= {}", arg(PageArg::Int(clamp(from))));
+        }
+        true => {
+            let below = q.cursor.unwrap_or(u64::MAX);
+            sql += &format!("id < {}", arg(PageArg::Int(clamp(below))));
+        }
+    }
+    if let Some(tenant) = q.tenant {
+        sql += &format!(" AND tenant = {}", arg(PageArg::Int(i64::from(tenant))));
+    }
+    if let Some(tier) = &q.tier {
+        sql += &format!(" AND tier = {}", arg(PageArg::Text(tier.clone())));
+    }
+    if let Some(name) = &q.name {
+        let find = if postgres { "strpos" } else { "instr" };
+        sql += &format!(" AND {find}(COALESCE(name, ''), {}) > 0", arg(PageArg::Text(name.clone())));
+    }
+    if q.collapse {
+        sql += " AND (array_id IS NULL OR array_id = id)";
+    }
+    if let Some(states) = &q.states {
+        if states.is_empty() {
+            return None;
+        }
+        let list: Vec<String> = states.iter().map(|s| arg(PageArg::Text(s.clone()))).collect();
+        let list = list.join(", ");
+        sql += &match q.collapse {
+            false => format!(" AND state IN ({list})"),
+            true => format!(
+                " AND ((array_id IS NULL AND state IN ({list})) OR (array_id IS NOT NULL AND EXISTS \
+                 (SELECT 1 FROM jobs AS task WHERE task.array_id = jobs.id AND task.state IN ({list}))))"
+            ),
+        };
+    }
+    let order = if q.desc { "DESC" } else { "ASC" };
+    let limit = arg(PageArg::Int(clamp(q.limit as u64)));
+    sql += &format!(" ORDER BY id {order} LIMIT {limit}");
+    Some((sql, args))
+}
+
 /// The storage interface the server is written against.
 pub trait Store: Send {
     fn begin(&mut self) -> Result<()>;
     fn commit(&mut self) -> Result<()>;
     fn rollback(&mut self) -> Result<()>;
+    /// Everything the server holds in memory; of the jobs, only those
+    /// not finished (finished ones are read from here when asked for).
     fn load<J: JobRow>(&mut self) -> Result<Snapshot<J>>;
     fn put_tenant(&mut self, tenant: &TenantRow) -> Result<()>;
     fn put_token(&mut self, token: &TokenRow) -> Result<()>;
     /// Revokes one token (a no-op for an unknown hash).
     fn delete_token(&mut self, hash: &str) -> Result<()>;
     fn put_node(&mut self, node: &NodeRow) -> Result<()>;
-    fn put_job<J: Serialize>(&mut self, id: u64, tenant: u32, job: &J) -> Result<()>;
+    fn put_job<J: Serialize>(&mut self, id: u64, columns: &JobColumns, job: &J) -> Result<()>;
+    /// Job `id`'s record, if there is one.
+    fn job<J: JobRow>(&mut self, id: u64) -> Result<Option<J>>;
+    /// One page of the job listing: the records, in the page's order.
+    fn job_page<J: JobRow>(&mut self, query: &JobPageQuery) -> Result<Vec<J>>;
+    /// How many of array `array`'s tasks are in each state.
+    fn array_states(&mut self, array: u64) -> Result<Vec<(String, u64)>>;
+    /// Array `array`'s tasks, by id.
+    fn array_tasks(&mut self, array: u64) -> Result<Vec<TaskRow>>;
+    /// The finished jobs, counted by tier and state (read at start, for
+    /// `/metrics`: their records are not loaded).
+    fn finished_counts(&mut self) -> Result<Vec<FinishedCount>>;
     fn add_event(&mut self, job: u64, event: &JobEvent) -> Result<()>;
     fn events(&mut self, job: u64) -> Result<Vec<JobEvent>>;
     fn max_job_id(&mut self) -> Result<u64>;
@@ -263,6 +403,29 @@ const MIGRATIONS: &[&str] = &[
          job INTEGER NOT NULL REFERENCES jobs(id), start INTEGER NOT NULL, data BLOB NOT NULL,
          PRIMARY KEY (job, start)) WITHOUT ROWID;
      UPDATE logs SET record = json_set(record, '$.file', json('true'));",
+    // 8: what the listing, arrays' progress and the finished jobs' counts
+    // read, as columns beside the record, filled from the records there
+    // are: finished jobs stay only here, never in the writer's memory.
+    "ALTER TABLE jobs ADD COLUMN state TEXT;
+     ALTER TABLE jobs ADD COLUMN tier TEXT;
+     ALTER TABLE jobs ADD COLUMN gpus INTEGER;
+     ALTER TABLE jobs ADD COLUMN name TEXT;
+     ALTER TABLE jobs ADD COLUMN array_id INTEGER;
+     ALTER TABLE jobs ADD COLUMN array_index INTEGER;
+     ALTER TABLE jobs ADD COLUMN attempt INTEGER;
+     ALTER TABLE jobs ADD COLUMN preemptions INTEGER;
+     UPDATE jobs SET
+         state = json_extract(record, '$.state'),
+         tier = json_extract(record, '$.tier'),
+         gpus = json_extract(record, '$.gpus'),
+         name = json_extract(record, '$.spec.name'),
+         array_id = json_extract(record, '$.array.id'),
+         array_index = json_extract(record, '$.array.index'),
+         attempt = json_extract(record, '$.attempt'),
+         preemptions = json_extract(record, '$.preemptions');
+     CREATE INDEX jobs_by_state ON jobs(state, id);
+     CREATE INDEX jobs_by_tenant ON jobs(tenant, id);
+     CREATE INDEX jobs_by_array ON jobs(array_id, state);",
 ];
 
 /// Brings the database to the latest step of `MIGRATIONS`
@@ -360,8 +523,9 @@ impl Store for SqliteStore {
         // Row by row, each sharing what it has in common with the one
         // before (an array's tasks, one environment): a large array never
         // has every copy in memory at once.
-        let mut stmt = self.conn.prepare("SELECT record FROM jobs ORDER BY id")?;
-        let mut rows = stmt.query([])?;
+        let mut stmt =
+            self.conn.prepare("SELECT record FROM jobs WHERE state IN (?1, ?2, ?3, ?4) ORDER BY id")?;
+        let mut rows = stmt.query(UNFINISHED_STATES)?;
         while let Some(row) = rows.next()? {
             let text: String = row.get(0)?;
             let mut job: J = serde_json::from_str(&text)?;
@@ -416,12 +580,84 @@ impl Store for SqliteStore {
         Ok(())
     }
 
-    fn put_job<J: Serialize>(&mut self, id: u64, tenant: u32, job: &J) -> Result<()> {
+    fn put_job<J: Serialize>(&mut self, id: u64, c: &JobColumns, job: &J) -> Result<()> {
         self.run(
-            "INSERT OR REPLACE INTO jobs (id, tenant, record) VALUES (?1, ?2, ?3)",
-            params![id as i64, tenant, serde_json::to_string(job)?],
+            "INSERT OR REPLACE INTO jobs
+                 (id, tenant, record, state, tier, gpus, name, array_id, array_index, attempt, preemptions)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+            params![
+                id as i64,
+                c.tenant,
+                serde_json::to_string(job)?,
+                c.state,
+                c.tier,
+                c.gpus,
+                c.name,
+                c.array.map(|(array, _)| array as i64),
+                c.array.map(|(_, index)| index.min(i64::MAX as u64) as i64),
+                c.attempt,
+                c.preemptions
+            ],
         )?;
         Ok(())
+    }
+
+    fn job<J: JobRow>(&mut self, id: u64) -> Result<Option<J>> {
+        Ok(self.records("SELECT record FROM jobs WHERE id = ?1", params![id as i64])?.pop())
+    }
+
+    fn job_page<J: JobRow>(&mut self, query: &JobPageQuery) -> Result<Vec<J>> {
+        let Some((sql, args)) = job_page_sql(query, false) else { return Ok(Vec::new()) };
+        let args: Vec<Box<dyn rusqlite::ToSql>> = args
+            .into_iter()
+            .map(|a| -> Box<dyn rusqlite::ToSql> {
+                match a {
+                    PageArg::Int(n) => Box::new(n),
+                    PageArg::Text(t) => Box::new(t),
+                }
+            })
+            .collect();
+        self.records(&sql, rusqlite::params_from_iter(args))
+    }
+
+    fn array_states(&mut self, array: u64) -> Result<Vec<(String, u64)>> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT state, COUNT(*) FROM jobs WHERE array_id = ?1 GROUP BY state ORDER BY state",
+        )?;
+        let rows = stmt.query_map(params![array as i64], |r| Ok((r.get(0)?, r.get::<_, i64>(1)? as u64)))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    fn array_tasks(&mut self, array: u64) -> Result<Vec<TaskRow>> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT id, array_index, state, attempt, preemptions FROM jobs WHERE array_id = ?1 ORDER BY id",
+        )?;
+        let rows = stmt.query_map(params![array as i64], |r| {
+            Ok(TaskRow {
+                id: r.get::<_, i64>(0)? as u64,
+                index: r.get::<_, i64>(1)? as u64,
+                state: r.get(2)?,
+                attempt: r.get(3)?,
+                preemptions: r.get(4)?,
+            })
+        })?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    fn finished_counts(&mut self) -> Result<Vec<FinishedCount>> {
+        let mut stmt = self.conn.prepare(
+            "SELECT tier, state, COUNT(*), COALESCE(SUM(gpus), 0) FROM jobs
+             WHERE state IN (?1, ?2, ?3) GROUP BY tier, state ORDER BY tier, state",
+        )?;
+        let rows = stmt.query_map(FINISHED_STATES, |r| {
+            Ok(FinishedCount {
+                tier: r.get(0)?,
+                state: r.get(1)?,
+                jobs: r.get::<_, i64>(2)? as u64,
+                gpus: r.get::<_, i64>(3)? as u64,
+            })
+        })?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
     fn add_event(&mut self, job: u64, e: &JobEvent) -> Result<()> {

@@ -11,12 +11,27 @@ use std::path::Path;
 use ebb_api::{EventKind, JobEvent, ReportId, TenantLimits};
 use ebb_server::pg::PgStore;
 use ebb_server::store::{
-    LogState, NodeRow, PriceRow, ReservationRow, Scope, SqliteStore, Store, TenantRow, TokenRow, UsageRow,
+    JobColumns, LogState, NodeRow, PriceRow, ReservationRow, Scope, SqliteStore, Store, TenantRow, TokenRow,
+    UsageRow,
 };
 use serde_json::{json, Value};
 
 fn event(at_ms: u64, kind: EventKind, attempt: u32, detail: Value) -> JobEvent {
     JobEvent { at: ebb_server::rfc3339(at_ms), at_ms, kind, attempt, detail }
+}
+
+/// A job's columns: a queued single job of one GPU unless said otherwise.
+fn columns(tenant: u32, state: &str) -> JobColumns<'_> {
+    JobColumns {
+        tenant,
+        state,
+        tier: "preemptible",
+        gpus: 1,
+        name: None,
+        array: None,
+        attempt: 0,
+        preemptions: 0,
+    }
 }
 
 fn usage(job: u64, attempt: u32, ended_ms: u64) -> UsageRow {
@@ -71,9 +86,11 @@ fn exercise(store: &mut impl Store) -> String {
     store.put_node(&node).unwrap();
     store.put_node(&NodeRow { drained: true, ..node }).unwrap();
     for id in [3u64, 4, 5] {
-        store.put_job(id, 2, &json!({ "id": id, "state": "queued" })).unwrap();
+        store.put_job(id, &columns(2, "queued"), &json!({ "id": id, "state": "queued" })).unwrap();
     }
-    store.put_job(4, 2, &json!({ "id": 4, "state": "running", "env": { "K": "v w" } })).unwrap();
+    store
+        .put_job(4, &columns(2, "running"), &json!({ "id": 4, "state": "running", "env": { "K": "v w" } }))
+        .unwrap();
     store.add_event(4, &event(5_000, EventKind::Submitted, 0, json!({ "tier": "preemptible" }))).unwrap();
     store.add_event(4, &event(6_000, EventKind::Placed, 1, json!({ "node": "node-0" }))).unwrap();
     store.heard("node-0", 7_000).unwrap();
@@ -115,7 +132,7 @@ fn exercise(store: &mut impl Store) -> String {
     store.rollback().unwrap();
     // A rolled-back batch leaves nothing.
     store.begin().unwrap();
-    store.put_job(6, 2, &json!({ "id": 6 })).unwrap();
+    store.put_job(6, &columns(2, "queued"), &json!({ "id": 6 })).unwrap();
     store.add_event(4, &event(9_000, EventKind::Cancelled, 1, json!({}))).unwrap();
     store.rollback().unwrap();
 
@@ -232,7 +249,7 @@ fn pg_lease(epoch: u64, url: &str, open: bool) -> ebb_server::pg::Lease {
 fn keeps_output<S: Store>(store: &mut S, mut reopen: impl FnMut() -> S) {
     store.begin().unwrap();
     store.put_tenant(&TenantRow { id: 1, name: "default".into() }).unwrap();
-    store.put_job(7, 1, &serde_json::json!({"id": 7})).unwrap();
+    store.put_job(7, &columns(1, "queued"), &serde_json::json!({"id": 7})).unwrap();
     store.put_output(7, 0, b"hello ").unwrap();
     store.put_output(7, 6, b"world\n").unwrap();
     store.commit().unwrap();

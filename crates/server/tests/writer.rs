@@ -18,8 +18,8 @@ use ebb_core::Span;
 use ebb_server::billing::Pricing;
 use ebb_server::engine::{Engine, EngineConfig, Msg};
 use ebb_server::store::{
-    LogState, NodeRow, PriceRow, ReservationRow, Scope, Snapshot, SqliteStore, Store, StoreError, TenantRow,
-    TokenRow, UsageRow,
+    FinishedCount, JobColumns, JobPageQuery, LogState, NodeRow, PriceRow, ReservationRow, Scope, Snapshot,
+    SqliteStore, Store, StoreError, TaskRow, TenantRow, TokenRow, UsageRow,
 };
 use ebb_server::Principal;
 use serde::Serialize;
@@ -81,9 +81,24 @@ impl<S: Store> Store for Faulty<S> {
         self.trip("put_node")?;
         self.inner.put_node(node)
     }
-    fn put_job<J: Serialize>(&mut self, id: u64, tenant: u32, job: &J) -> Result<(), StoreError> {
+    fn put_job<J: Serialize>(&mut self, id: u64, columns: &JobColumns, job: &J) -> Result<(), StoreError> {
         self.trip("put_job")?;
-        self.inner.put_job(id, tenant, job)
+        self.inner.put_job(id, columns, job)
+    }
+    fn job<J: ebb_server::store::JobRow>(&mut self, id: u64) -> Result<Option<J>, StoreError> {
+        self.inner.job(id)
+    }
+    fn job_page<J: ebb_server::store::JobRow>(&mut self, query: &JobPageQuery) -> Result<Vec<J>, StoreError> {
+        self.inner.job_page(query)
+    }
+    fn array_states(&mut self, array: u64) -> Result<Vec<(String, u64)>, StoreError> {
+        self.inner.array_states(array)
+    }
+    fn array_tasks(&mut self, array: u64) -> Result<Vec<TaskRow>, StoreError> {
+        self.inner.array_tasks(array)
+    }
+    fn finished_counts(&mut self) -> Result<Vec<FinishedCount>, StoreError> {
+        self.inner.finished_counts()
     }
     fn add_event(&mut self, job: u64, event: &JobEvent) -> Result<(), StoreError> {
         self.trip("add_event")?;
@@ -182,6 +197,7 @@ fn config(dir: &Path) -> EngineConfig {
         min_runtime: Span(300_000),
         heartbeat_timeout: Span(60_000),
         heartbeat_interval: Span(500),
+        keep_finished: Span(0),
         pricing: Pricing { prices: Vec::new(), default_price: 3_600_000, discount_bps: 5_000 },
         limits: Default::default(),
         run_as: Default::default(),
@@ -342,11 +358,13 @@ impl<S: Store> TestEnv<S> {
 
     fn jobs(&mut self) -> Vec<u64> {
         let principal = self.admin.clone();
-        let page = self.call(|reply| Msg::Jobs {
-            principal,
-            query: ebb_server::engine::JobQuery { cursor: Some(0), limit: 1000, ..Default::default() },
-            reply,
-        });
+        let page = self
+            .call(|reply| Msg::Jobs {
+                principal,
+                query: ebb_server::engine::JobQuery { cursor: Some(0), limit: 1000, ..Default::default() },
+                reply,
+            })
+            .unwrap();
         page.jobs.iter().map(|j| j.id).collect()
     }
 
@@ -482,7 +500,7 @@ fn a_read_issued_in_the_batch_of_a_submission_is_answered_only_after_its_commit(
     };
     env.engine().batch(vec![submit, jobs], now).unwrap();
     let id = submitted.try_recv().unwrap().unwrap()[0];
-    assert_eq!(read.try_recv().unwrap().jobs.iter().map(|j| j.id).collect::<Vec<_>>(), vec![id]);
+    assert_eq!(read.try_recv().unwrap().unwrap().jobs.iter().map(|j| j.id).collect::<Vec<_>>(), vec![id]);
 }
 
 /// Every event written in a batch carries the batch's instant, never the
@@ -758,11 +776,13 @@ fn step() -> impl proptest::strategy::Strategy<Value = Step> {
 /// `/metrics`' jobs, GPUs and queue as a walk over every job gives them.
 fn recount(env: &mut TestEnv<SqliteStore>) -> ebb_server::metrics::Snapshot {
     let principal = env.admin.clone();
-    let page = env.call(|reply| Msg::Jobs {
-        principal,
-        query: ebb_server::engine::JobQuery { cursor: Some(0), limit: 100_000, ..Default::default() },
-        reply,
-    });
+    let page = env
+        .call(|reply| Msg::Jobs {
+            principal,
+            query: ebb_server::engine::JobQuery { cursor: Some(0), limit: 100_000, ..Default::default() },
+            reply,
+        })
+        .unwrap();
     let name = |s: &str| -> &'static str {
         ebb_server::metrics::JOB_STATES
             .iter()
