@@ -866,12 +866,118 @@ mod tests {
             "SELECT record FROM usage WHERE job = 1 ORDER BY attempt",
             "SELECT MAX(id) FROM jobs",
         ];
+        let mut lookups: Vec<String> = lookups.iter().map(|s| s.to_string()).collect();
+        lookups.extend([
+            "SELECT record FROM jobs WHERE id = 1".to_string(),
+            "SELECT state, COUNT(*) FROM jobs WHERE array_id = 1 GROUP BY state ORDER BY state".into(),
+            "SELECT id, array_index, state, attempt, preemptions FROM jobs WHERE array_id = 1 ORDER BY id"
+                .into(),
+        ]);
+        // The listing, in every shape a page can take.
+        let states = || Some(vec!["queued".to_string(), "running".to_string()]);
+        for desc in [false, true] {
+            for tenant in [None, Some(2)] {
+                for collapse in [false, true] {
+                    for q in [
+                        JobPageQuery { states: states(), ..Default::default() },
+                        JobPageQuery { tier: Some("preemptible".into()), ..Default::default() },
+                        JobPageQuery { name: Some("train".into()), ..Default::default() },
+                        JobPageQuery { cursor: Some(7), ..Default::default() },
+                        JobPageQuery {
+                            states: states(),
+                            tier: Some("on-demand".into()),
+                            name: Some("x".into()),
+                            ..Default::default()
+                        },
+                    ] {
+                        let q = JobPageQuery { desc, tenant, collapse, limit: 50, ..q };
+                        let (sql, args) = job_page_sql(&q, false).expect("a query");
+                        let mut sql = sql;
+                        // Bound as literals, as EXPLAIN is given them here.
+                        for (i, arg) in args.iter().enumerate().rev() {
+                            let value = match arg {
+                                PageArg::Int(n) => n.to_string(),
+                                PageArg::Text(t) => format!("'{t}'"),
+                            };
+                            sql = sql.replace(&format!("?{}", i + 1), &value);
+                        }
+                        lookups.push(sql);
+                    }
+                }
+            }
+        }
         for sql in lookups {
             let mut stmt = store.conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
             let plan: Vec<String> =
                 stmt.query_map([], |r| r.get::<_, String>(3)).unwrap().map(|r| r.unwrap()).collect();
             assert!(plan.iter().all(|step| !step.starts_with("SCAN")), "{sql}: scans a table: {plan:?}");
         }
+    }
+
+    /// The store's names of finished and unfinished states are the
+    /// writer's: a job it loads is one it keeps in memory.
+    #[test]
+    fn the_finished_states_are_the_final_ones() {
+        for state in crate::engine::JobState::ALL {
+            assert_eq!(FINISHED_STATES.contains(&state.as_str()), state.is_final(), "{state:?}");
+            assert_eq!(UNFINISHED_STATES.contains(&state.as_str()), !state.is_final(), "{state:?}");
+        }
+    }
+
+    /// A database of the release before the job columns (schema step 7)
+    /// gets them filled from its records, and its finished jobs counted
+    /// and left out of the load.
+    #[test]
+    fn jobs_from_before_the_job_columns_get_them_from_their_records() {
+        let path = scratch("job-columns");
+        {
+            let mut conn = Connection::open(&path).unwrap();
+            let steps = MIGRATIONS[..7].iter().map(|sql| rusqlite_migration::M::up(sql)).collect();
+            rusqlite_migration::Migrations::new(steps).to_latest(&mut conn).unwrap();
+            conn.execute_batch(
+                r#"INSERT INTO tenants (id, name) VALUES (1, 'default'), (2, 'acme');
+                 INSERT INTO jobs (id, tenant, record) VALUES
+                 (1, 1, '{"id":1,"state":"succeeded","tier":"on-demand","gpus":2,"attempt":1,"preemptions":0,
+                          "spec":{"name":"train","argv":["true"]}}'),
+                 (2, 2, '{"id":2,"state":"queued","tier":"preemptible","gpus":1,"attempt":0,"preemptions":0,
+                          "spec":{"argv":["true"]},"array":{"id":2,"index":0,"tasks":2}}'),
+                 (3, 2, '{"id":3,"state":"cancelled","tier":"preemptible","gpus":1,"attempt":3,"preemptions":2,
+                          "spec":{"argv":["true"]},"array":{"id":2,"index":1,"tasks":2}}');"#,
+            )
+            .unwrap();
+        }
+        let mut store = SqliteStore::open(&path).unwrap();
+        let page = |store: &mut SqliteStore, q: JobPageQuery| -> Vec<i64> {
+            let q = JobPageQuery { limit: 10, ..q };
+            store
+                .job_page::<serde_json::Value>(&q)
+                .unwrap()
+                .iter()
+                .map(|j| j["id"].as_i64().unwrap())
+                .collect()
+        };
+        assert_eq!(page(&mut store, JobPageQuery { name: Some("train".into()), ..Default::default() }), [1]);
+        assert_eq!(
+            page(&mut store, JobPageQuery { tenant: Some(2), collapse: true, ..Default::default() }),
+            [2]
+        );
+        let cancelled = Some(vec!["cancelled".to_string()]);
+        assert_eq!(page(&mut store, JobPageQuery { states: cancelled, ..Default::default() }), [3]);
+        let tasks = store.array_tasks(2).unwrap();
+        assert_eq!(
+            tasks
+                .iter()
+                .map(|t| (t.id, t.index, t.state.as_str(), t.attempt, t.preemptions))
+                .collect::<Vec<_>>(),
+            [(2, 0, "queued", 0, 0), (3, 1, "cancelled", 3, 2)]
+        );
+        let counts = store.finished_counts().unwrap();
+        assert_eq!(
+            counts.iter().map(|c| (c.tier.as_str(), c.state.as_str(), c.jobs, c.gpus)).collect::<Vec<_>>(),
+            [("on-demand", "succeeded", 1, 2), ("preemptible", "cancelled", 1, 1)]
+        );
+        let loaded = store.load::<serde_json::Value>().unwrap().jobs;
+        assert_eq!(loaded.iter().map(|j| j["id"].as_i64().unwrap()).collect::<Vec<_>>(), [2]);
     }
 
     #[test]
