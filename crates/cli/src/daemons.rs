@@ -56,7 +56,7 @@ pub struct ServerArgs {
     /// How long a finished job's record stays in the server's memory; after
     /// that it is read from the database when asked for (show, logs,
     /// listing, bills: nothing changes for users). 0 drops it at once. At
-    /// most 7d.
+    /// most 168h.
     #[arg(long, default_value = "5m", value_parser = parse_span)]
     pub keep_finished: Span,
     /// How far ahead of the server's clock a node's event times may be;
@@ -229,7 +229,7 @@ const MAX_KEEP_FINISHED: Span = Span(7 * 24 * 3_600_000);
 fn check_keep_finished(keep: Span) -> Result<(), String> {
     if keep > MAX_KEEP_FINISHED {
         return Err(format!(
-            "--keep-finished {}: at most 7d (finished jobs are read from the database after it; 0 drops \
+            "--keep-finished {}: at most 168h, a week (finished jobs are read from the database after it; 0 drops \
              them from memory at once)",
             keep.human()
         ));
