@@ -53,6 +53,12 @@ pub struct ServerArgs {
     /// How often agents check in.
     #[arg(long, default_value = "1s", value_parser = parse_span)]
     pub heartbeat_interval: Span,
+    /// How long a finished job's record stays in the server's memory; after
+    /// that it is read from the database when asked for (show, logs,
+    /// listing, bills: nothing changes for users). 0 drops it at once. At
+    /// most 168h.
+    #[arg(long, default_value = "5m", value_parser = parse_span)]
+    pub keep_finished: Span,
     /// How far ahead of the server's clock a node's event times may be;
     /// a report stamped later is refused. Times are clamped to the
     /// server's now in any case.
@@ -273,6 +279,21 @@ fn price_flags(flag: &str, pairs: &[String], discount_bps: u32) -> Result<Vec<(S
 /// (and most likely a slip of the unit).
 const MAX_MIN_RUNTIME: Span = Span(24 * 3_600_000);
 
+/// The longest `--keep-finished`: a week. Memory grows with the jobs that
+/// finish within it, and the database answers for them as well after it.
+const MAX_KEEP_FINISHED: Span = Span(7 * 24 * 3_600_000);
+
+fn check_keep_finished(keep: Span) -> Result<(), String> {
+    if keep > MAX_KEEP_FINISHED {
+        return Err(format!(
+            "--keep-finished {}: at most 168h, a week (finished jobs are read from the database after it; 0 drops \
+             them from memory at once)",
+            keep.human()
+        ));
+    }
+    Ok(())
+}
+
 fn check_min_runtime(min_runtime: Span) -> Result<(), String> {
     if min_runtime > MAX_MIN_RUNTIME {
         return Err(format!("--min-runtime {}: at most 24h (0 turns the rule off)", min_runtime.human()));
@@ -303,6 +324,7 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
         ));
     }
     check_min_runtime(args.min_runtime)?;
+    check_keep_finished(args.keep_finished)?;
     let on_demand = price_flags("--price", &args.prices, discount_bps)?;
     let reserved = price_flags("--reserved-price", &args.reserved_prices, discount_bps)?;
     if let Some((model, _)) = reserved.iter().find(|(m, _)| !on_demand.iter().any(|(o, _)| o == m)) {
@@ -350,6 +372,7 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
         min_runtime: args.min_runtime,
         heartbeat_timeout: args.heartbeat_timeout,
         heartbeat_interval: args.heartbeat_interval,
+        keep_finished: args.keep_finished,
         max_clock_skew: args.max_clock_skew,
         pricing: ebb_server::billing::Pricing { prices, default_price, discount_bps },
         limits: args.limits.limits()?,

@@ -599,6 +599,28 @@ fn a_minimum_run_time_over_a_day_or_not_a_duration_is_refused_naming_the_flag() 
     }
 }
 
+/// How long finished jobs stay in the server's memory is a duration of
+/// at most a week: beyond it the memory grows with them for nothing.
+#[test]
+fn keeping_finished_jobs_over_a_week_or_not_a_duration_is_refused_naming_the_flag() {
+    for (value, says) in [
+        ("200h", "--keep-finished 8d 8h: at most 168h, a week"),
+        ("5 minutes", "invalid value '5 minutes' for '--keep-finished <KEEP_FINISHED>'"),
+    ] {
+        let dir = std::env::temp_dir().join(format!("ebb-keep-finished-flag-{}", std::process::id()));
+        let out = std::process::Command::new(cluster::ebb_exe())
+            .args(["server", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(&dir)
+            .args(["--keep-finished", value])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "the server started with --keep-finished {value}");
+        let err = stderr(&out);
+        assert!(err.contains(says), "{err}");
+        assert!(!dir.exists(), "a refused server made {}", dir.display());
+    }
+}
+
 /// A heartbeat timeout shorter than two intervals loses every node that
 /// misses a single check-in: the server refuses it, naming both flags.
 #[test]

@@ -449,7 +449,7 @@ async fn list_jobs(
 ) -> ApiResult<Json<api::JobPage>> {
     let principal = app.tenant(&headers)?;
     let query = q.check()?;
-    Ok(Json(app.ask(|reply| Msg::Jobs { principal, query, reply }).await?))
+    Ok(Json(app.ask(|reply| Msg::Jobs { principal, query, reply }).await??))
 }
 
 /// One job with its event history.
@@ -1203,6 +1203,7 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
         min_runtime: config.min_runtime,
         heartbeat_timeout: config.heartbeat_timeout,
         heartbeat_interval: config.heartbeat_interval,
+        keep_finished: config.keep_finished,
         max_clock_skew: config.max_clock_skew,
         pricing: config.pricing.clone(),
         limits: config.limits.clone(),

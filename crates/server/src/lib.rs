@@ -150,6 +150,9 @@ pub struct ServerConfig {
     pub min_runtime: Span,
     pub heartbeat_timeout: Span,
     pub heartbeat_interval: Span,
+    /// How long a finished job stays in the writer's memory (it is read
+    /// from the store after).
+    pub keep_finished: Span,
     /// How far ahead of the server's clock a node's event time may be.
     pub max_clock_skew: Span,
     pub pricing: billing::Pricing,

@@ -13,8 +13,9 @@ use serde::{Deserialize, Serialize};
 use ebb_api::JobEvent;
 
 use crate::store::{
-    scope_name, scope_of, JobRow, LogState, NodeRow, PriceRow, ReservationRow, Result, Snapshot, Store,
-    StoreError, TenantRow, TokenRow, UsageRow,
+    job_page_sql, scope_name, scope_of, FinishedCount, JobColumns, JobPageQuery, JobRow, LogState, NodeRow,
+    PageArg, PriceRow, ReservationRow, Result, Snapshot, Store, StoreError, TaskRow, TenantRow, TokenRow,
+    UsageRow, FINISHED_STATES, UNFINISHED_STATES,
 };
 
 impl From<postgres::Error> for StoreError {
@@ -67,6 +68,24 @@ const MIGRATIONS: &[&str] = &[
     "CREATE TABLE output (
          job BIGINT NOT NULL REFERENCES jobs(id), start BIGINT NOT NULL, data BYTEA NOT NULL,
          PRIMARY KEY (job, start));",
+    // 4: what the listing, arrays' progress and the finished jobs' counts
+    // read, as columns beside the record, filled from the records there
+    // are: finished jobs stay only here, never in the writer's memory.
+    "ALTER TABLE jobs ADD COLUMN state TEXT, ADD COLUMN tier TEXT, ADD COLUMN gpus BIGINT,
+         ADD COLUMN name TEXT, ADD COLUMN array_id BIGINT, ADD COLUMN array_index BIGINT,
+         ADD COLUMN attempt BIGINT, ADD COLUMN preemptions BIGINT;
+     UPDATE jobs SET
+         state = record::json->>'state',
+         tier = record::json->>'tier',
+         gpus = (record::json->>'gpus')::BIGINT,
+         name = record::json->'spec'->>'name',
+         array_id = (record::json->'array'->>'id')::BIGINT,
+         array_index = (record::json->'array'->>'index')::BIGINT,
+         attempt = (record::json->>'attempt')::BIGINT,
+         preemptions = (record::json->>'preemptions')::BIGINT;
+     CREATE INDEX jobs_by_state ON jobs(state, id);
+     CREATE INDEX jobs_by_tenant ON jobs(tenant, id);
+     CREATE INDEX jobs_by_array ON jobs(array_id, state);",
 ];
 
 pub struct PgStore {
@@ -278,7 +297,10 @@ impl Store for PgStore {
         // Row by row, each sharing what it has in common with the one
         // before, as SQLite's `load` does.
         {
-            let mut rows = c.query_raw("SELECT record FROM jobs ORDER BY id", std::iter::empty::<i64>())?;
+            let mut rows = c.query_raw(
+                "SELECT record FROM jobs WHERE state = ANY($1) ORDER BY id",
+                [&&UNFINISHED_STATES[..] as &(dyn ToSql + Sync)],
+            )?;
             while let Some(row) = rows.next()? {
                 let mut job: J = serde_json::from_str(row.get::<_, &str>(0))?;
                 if let Some(previous) = snapshot.jobs.last() {
@@ -334,12 +356,91 @@ impl Store for PgStore {
         )
     }
 
-    fn put_job<J: Serialize>(&mut self, id: u64, tenant: u32, job: &J) -> Result<()> {
+    fn put_job<J: Serialize>(&mut self, id: u64, c: &JobColumns, job: &J) -> Result<()> {
         self.exec(
-            "INSERT INTO jobs (id, tenant, record) VALUES ($1, $2, $3)
-             ON CONFLICT (id) DO UPDATE SET tenant = EXCLUDED.tenant, record = EXCLUDED.record",
-            &[&big(id), &i64::from(tenant), &serde_json::to_string(job)?],
+            "INSERT INTO jobs
+                 (id, tenant, record, state, tier, gpus, name, array_id, array_index, attempt, preemptions)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+             ON CONFLICT (id) DO UPDATE SET tenant = EXCLUDED.tenant, record = EXCLUDED.record,
+                 state = EXCLUDED.state, tier = EXCLUDED.tier, gpus = EXCLUDED.gpus, name = EXCLUDED.name,
+                 array_id = EXCLUDED.array_id, array_index = EXCLUDED.array_index,
+                 attempt = EXCLUDED.attempt, preemptions = EXCLUDED.preemptions",
+            &[
+                &big(id),
+                &i64::from(c.tenant),
+                &serde_json::to_string(job)?,
+                &c.state,
+                &c.tier,
+                &i64::from(c.gpus),
+                &c.name,
+                &c.array.map(|(array, _)| big(array)),
+                &c.array.map(|(_, index)| big(index)),
+                &i64::from(c.attempt),
+                &i64::from(c.preemptions),
+            ],
         )
+    }
+
+    fn job<J: JobRow>(&mut self, id: u64) -> Result<Option<J>> {
+        Ok(self.records("SELECT record FROM jobs WHERE id = $1", &[&big(id)])?.pop())
+    }
+
+    fn job_page<J: JobRow>(&mut self, query: &JobPageQuery) -> Result<Vec<J>> {
+        let Some((sql, args)) = job_page_sql(query, true) else { return Ok(Vec::new()) };
+        let args: Vec<Box<dyn ToSql + Sync>> = args
+            .into_iter()
+            .map(|a| -> Box<dyn ToSql + Sync> {
+                match a {
+                    PageArg::Int(n) => Box::new(n),
+                    PageArg::Text(t) => Box::new(t),
+                }
+            })
+            .collect();
+        let params: Vec<&(dyn ToSql + Sync)> = args.iter().map(|a| a.as_ref()).collect();
+        let rows = self.client.query(sql.as_str(), &params)?;
+        rows.iter().map(|r| Ok(serde_json::from_str(r.get::<_, &str>(0))?)).collect()
+    }
+
+    fn array_states(&mut self, array: u64) -> Result<Vec<(String, u64)>> {
+        let stmt = self.statement(
+            "SELECT state, COUNT(*) FROM jobs WHERE array_id = $1 GROUP BY state ORDER BY state",
+        )?;
+        let rows = self.client.query(&stmt, &[&big(array)])?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get::<_, i64>(1) as u64)).collect())
+    }
+
+    fn array_tasks(&mut self, array: u64) -> Result<Vec<TaskRow>> {
+        let stmt = self.statement(
+            "SELECT id, array_index, state, attempt, preemptions FROM jobs WHERE array_id = $1 ORDER BY id",
+        )?;
+        let rows = self.client.query(&stmt, &[&big(array)])?;
+        Ok(rows
+            .iter()
+            .map(|r| TaskRow {
+                id: r.get::<_, i64>(0) as u64,
+                index: r.get::<_, i64>(1) as u64,
+                state: r.get(2),
+                attempt: r.get::<_, i64>(3) as u32,
+                preemptions: r.get::<_, i64>(4) as u32,
+            })
+            .collect())
+    }
+
+    fn finished_counts(&mut self) -> Result<Vec<FinishedCount>> {
+        let rows = self.client.query(
+            "SELECT tier, state, COUNT(*), COALESCE(SUM(gpus), 0)::BIGINT FROM jobs
+             WHERE state = ANY($1) GROUP BY tier, state ORDER BY tier, state",
+            &[&&FINISHED_STATES[..]],
+        )?;
+        Ok(rows
+            .iter()
+            .map(|r| FinishedCount {
+                tier: r.get(0),
+                state: r.get(1),
+                jobs: r.get::<_, i64>(2) as u64,
+                gpus: r.get::<_, i64>(3) as u64,
+            })
+            .collect())
     }
 
     fn add_event(&mut self, job: u64, e: &JobEvent) -> Result<()> {

@@ -130,18 +130,158 @@ impl<J> Snapshot<J> {
     }
 }
 
+/// What the store keeps of a job beside its record, as columns: what the
+/// listing filters on, what arrays' progress and the finished jobs'
+/// counts are read from, so that none of them reads a record (nor keeps
+/// one in memory: a finished job's record lives only here).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct JobColumns<'a> {
+    pub tenant: u32,
+    /// As the API spells it (`queued`, …, `cancelled`).
+    pub state: &'a str,
+    pub tier: &'a str,
+    pub gpus: u32,
+    pub name: Option<&'a str>,
+    /// The array the job is a task of (its first task's id), and its index there.
+    pub array: Option<(u64, u64)>,
+    pub attempt: u32,
+    pub preemptions: u32,
+}
+
+/// The states a job never leaves, as `JobColumns::state` spells them.
+pub const FINISHED_STATES: [&str; 3] = ["succeeded", "failed", "cancelled"];
+/// The others: the jobs the writer keeps in memory.
+pub const UNFINISHED_STATES: [&str; 4] = ["queued", "starting", "running", "draining"];
+
+/// One page of the job listing, by id past a cursor (keyset paging).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct JobPageQuery {
+    /// Only this tenant's jobs (none: every tenant's).
+    pub tenant: Option<u32>,
+    /// The previous page's last id: the page continues past it.
+    pub cursor: Option<u64>,
+    /// Newest first.
+    pub desc: bool,
+    /// At most this many rows.
+    pub limit: usize,
+    /// Only these states; with `collapse`, an array is listed when any of
+    /// its tasks is in one of them.
+    pub states: Option<Vec<String>>,
+    pub tier: Option<String>,
+    /// Only names containing this (case-sensitive); a job without a name
+    /// has the empty one.
+    pub name: Option<String>,
+    /// An array is one row, its first task.
+    pub collapse: bool,
+}
+
+/// A task of an array, as its progress shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskRow {
+    pub id: u64,
+    pub index: u64,
+    pub state: String,
+    pub attempt: u32,
+    pub preemptions: u32,
+}
+
+/// Finished jobs of one tier and state: how many, and their GPUs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FinishedCount {
+    pub tier: String,
+    pub state: String,
+    pub jobs: u64,
+    pub gpus: u64,
+}
+
+/// A value bound to a page query's placeholder.
+#[derive(Clone, Debug)]
+pub(crate) enum PageArg {
+    Int(i64),
+    Text(String),
+}
+
+/// The page query `q` as SQL with numbered placeholders (`?N` for SQLite,
+/// `$N` for PostgreSQL) and their values, or none when nothing can match
+/// (an empty list of states). Only the filters asked for are in it, so
+/// each shape is planned for what it filters on: the id range always
+/// (the primary key), the tenant's index when a tenant lists.
+pub(crate) fn job_page_sql(q: &JobPageQuery, postgres: bool) -> Option<(String, Vec<PageArg>)> {
+    let mut args: Vec<PageArg> = Vec::new();
+    let mut arg = |value: PageArg| {
+        args.push(value);
+        format!("{}{}", if postgres { '$' } else { '?' }, args.len())
+    };
+    let clamp = |n: u64| n.min(i64::MAX as u64) as i64;
+    let mut sql = String::from("SELECT record FROM jobs WHERE ");
+    match q.desc {
+        false => {
+            let from = q.cursor.map_or(0, |c| c.saturating_add(1));
+            sql += &format!("id >= {}", arg(PageArg::Int(clamp(from))));
+        }
+        true => {
+            let below = q.cursor.unwrap_or(u64::MAX);
+            sql += &format!("id < {}", arg(PageArg::Int(clamp(below))));
+        }
+    }
+    if let Some(tenant) = q.tenant {
+        sql += &format!(" AND tenant = {}", arg(PageArg::Int(i64::from(tenant))));
+    }
+    if let Some(tier) = &q.tier {
+        sql += &format!(" AND tier = {}", arg(PageArg::Text(tier.clone())));
+    }
+    if let Some(name) = &q.name {
+        let find = if postgres { "strpos" } else { "instr" };
+        sql += &format!(" AND {find}(COALESCE(name, ''), {}) > 0", arg(PageArg::Text(name.clone())));
+    }
+    if q.collapse {
+        sql += " AND (array_id IS NULL OR array_id = id)";
+    }
+    if let Some(states) = &q.states {
+        if states.is_empty() {
+            return None;
+        }
+        let list: Vec<String> = states.iter().map(|s| arg(PageArg::Text(s.clone()))).collect();
+        let list = list.join(", ");
+        sql += &match q.collapse {
+            false => format!(" AND state IN ({list})"),
+            true => format!(
+                " AND ((array_id IS NULL AND state IN ({list})) OR (array_id IS NOT NULL AND EXISTS \
+                 (SELECT 1 FROM jobs AS task WHERE task.array_id = jobs.id AND task.state IN ({list}))))"
+            ),
+        };
+    }
+    let order = if q.desc { "DESC" } else { "ASC" };
+    let limit = arg(PageArg::Int(clamp(q.limit as u64)));
+    sql += &format!(" ORDER BY id {order} LIMIT {limit}");
+    Some((sql, args))
+}
+
 /// The storage interface the server is written against.
 pub trait Store: Send {
     fn begin(&mut self) -> Result<()>;
     fn commit(&mut self) -> Result<()>;
     fn rollback(&mut self) -> Result<()>;
+    /// Everything the server holds in memory; of the jobs, only those
+    /// not finished (finished ones are read from here when asked for).
     fn load<J: JobRow>(&mut self) -> Result<Snapshot<J>>;
     fn put_tenant(&mut self, tenant: &TenantRow) -> Result<()>;
     fn put_token(&mut self, token: &TokenRow) -> Result<()>;
     /// Revokes one token (a no-op for an unknown hash).
     fn delete_token(&mut self, hash: &str) -> Result<()>;
     fn put_node(&mut self, node: &NodeRow) -> Result<()>;
-    fn put_job<J: Serialize>(&mut self, id: u64, tenant: u32, job: &J) -> Result<()>;
+    fn put_job<J: Serialize>(&mut self, id: u64, columns: &JobColumns, job: &J) -> Result<()>;
+    /// Job `id`'s record, if there is one.
+    fn job<J: JobRow>(&mut self, id: u64) -> Result<Option<J>>;
+    /// One page of the job listing: the records, in the page's order.
+    fn job_page<J: JobRow>(&mut self, query: &JobPageQuery) -> Result<Vec<J>>;
+    /// How many of array `array`'s tasks are in each state.
+    fn array_states(&mut self, array: u64) -> Result<Vec<(String, u64)>>;
+    /// Array `array`'s tasks, by id.
+    fn array_tasks(&mut self, array: u64) -> Result<Vec<TaskRow>>;
+    /// The finished jobs, counted by tier and state (read at start, for
+    /// `/metrics`: their records are not loaded).
+    fn finished_counts(&mut self) -> Result<Vec<FinishedCount>>;
     fn add_event(&mut self, job: u64, event: &JobEvent) -> Result<()>;
     fn events(&mut self, job: u64) -> Result<Vec<JobEvent>>;
     fn max_job_id(&mut self) -> Result<u64>;
@@ -270,6 +410,29 @@ const MIGRATIONS: &[&str] = &[
          job INTEGER NOT NULL REFERENCES jobs(id), start INTEGER NOT NULL, data BLOB NOT NULL,
          PRIMARY KEY (job, start)) WITHOUT ROWID;
      UPDATE logs SET record = json_set(record, '$.file', json('true'));",
+    // 8: what the listing, arrays' progress and the finished jobs' counts
+    // read, as columns beside the record, filled from the records there
+    // are: finished jobs stay only here, never in the writer's memory.
+    "ALTER TABLE jobs ADD COLUMN state TEXT;
+     ALTER TABLE jobs ADD COLUMN tier TEXT;
+     ALTER TABLE jobs ADD COLUMN gpus INTEGER;
+     ALTER TABLE jobs ADD COLUMN name TEXT;
+     ALTER TABLE jobs ADD COLUMN array_id INTEGER;
+     ALTER TABLE jobs ADD COLUMN array_index INTEGER;
+     ALTER TABLE jobs ADD COLUMN attempt INTEGER;
+     ALTER TABLE jobs ADD COLUMN preemptions INTEGER;
+     UPDATE jobs SET
+         state = json_extract(record, '$.state'),
+         tier = json_extract(record, '$.tier'),
+         gpus = json_extract(record, '$.gpus'),
+         name = json_extract(record, '$.spec.name'),
+         array_id = json_extract(record, '$.array.id'),
+         array_index = json_extract(record, '$.array.index'),
+         attempt = json_extract(record, '$.attempt'),
+         preemptions = json_extract(record, '$.preemptions');
+     CREATE INDEX jobs_by_state ON jobs(state, id);
+     CREATE INDEX jobs_by_tenant ON jobs(tenant, id);
+     CREATE INDEX jobs_by_array ON jobs(array_id, state);",
 ];
 
 /// Brings the database to the latest step of `MIGRATIONS`
@@ -367,8 +530,9 @@ impl Store for SqliteStore {
         // Row by row, each sharing what it has in common with the one
         // before (an array's tasks, one environment): a large array never
         // has every copy in memory at once.
-        let mut stmt = self.conn.prepare("SELECT record FROM jobs ORDER BY id")?;
-        let mut rows = stmt.query([])?;
+        let mut stmt =
+            self.conn.prepare("SELECT record FROM jobs WHERE state IN (?1, ?2, ?3, ?4) ORDER BY id")?;
+        let mut rows = stmt.query(UNFINISHED_STATES)?;
         while let Some(row) = rows.next()? {
             let text: String = row.get(0)?;
             let mut job: J = serde_json::from_str(&text)?;
@@ -423,13 +587,88 @@ impl Store for SqliteStore {
         Ok(())
     }
 
-    fn put_job<J: Serialize>(&mut self, id: u64, tenant: u32, job: &J) -> Result<()> {
+    fn put_job<J: Serialize>(&mut self, id: u64, c: &JobColumns, job: &J) -> Result<()> {
         self.run(
-            "INSERT INTO jobs (id, tenant, record) VALUES (?1, ?2, ?3)
-             ON CONFLICT (id) DO UPDATE SET tenant = excluded.tenant, record = excluded.record",
-            params![id as i64, tenant, serde_json::to_string(job)?],
+            "INSERT INTO jobs
+                 (id, tenant, record, state, tier, gpus, name, array_id, array_index, attempt, preemptions)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
+             ON CONFLICT (id) DO UPDATE SET tenant = excluded.tenant, record = excluded.record,
+                 state = excluded.state, tier = excluded.tier, gpus = excluded.gpus, name = excluded.name,
+                 array_id = excluded.array_id, array_index = excluded.array_index,
+                 attempt = excluded.attempt, preemptions = excluded.preemptions",
+            params![
+                id as i64,
+                c.tenant,
+                serde_json::to_string(job)?,
+                c.state,
+                c.tier,
+                c.gpus,
+                c.name,
+                c.array.map(|(array, _)| array as i64),
+                c.array.map(|(_, index)| index.min(i64::MAX as u64) as i64),
+                c.attempt,
+                c.preemptions
+            ],
         )?;
         Ok(())
+    }
+
+    fn job<J: JobRow>(&mut self, id: u64) -> Result<Option<J>> {
+        Ok(self.records("SELECT record FROM jobs WHERE id = ?1", params![id as i64])?.pop())
+    }
+
+    fn job_page<J: JobRow>(&mut self, query: &JobPageQuery) -> Result<Vec<J>> {
+        let Some((sql, args)) = job_page_sql(query, false) else { return Ok(Vec::new()) };
+        let args: Vec<Box<dyn rusqlite::ToSql>> = args
+            .into_iter()
+            .map(|a| -> Box<dyn rusqlite::ToSql> {
+                match a {
+                    PageArg::Int(n) => Box::new(n),
+                    PageArg::Text(t) => Box::new(t),
+                }
+            })
+            .collect();
+        self.records(&sql, rusqlite::params_from_iter(args))
+    }
+
+    fn array_states(&mut self, array: u64) -> Result<Vec<(String, u64)>> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT state, COUNT(*) FROM jobs WHERE array_id = ?1 GROUP BY state ORDER BY state",
+        )?;
+        let rows = stmt.query_map(params![array as i64], |r| Ok((r.get(0)?, r.get::<_, i64>(1)? as u64)))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    fn array_tasks(&mut self, array: u64) -> Result<Vec<TaskRow>> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT id, array_index, state, attempt, preemptions FROM jobs WHERE array_id = ?1 ORDER BY id",
+        )?;
+        let rows = stmt.query_map(params![array as i64], |r| {
+            Ok(TaskRow {
+                id: r.get::<_, i64>(0)? as u64,
+                index: r.get::<_, i64>(1)? as u64,
+                state: r.get(2)?,
+                attempt: r.get(3)?,
+                preemptions: r.get(4)?,
+            })
+        })?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    fn finished_counts(&mut self) -> Result<Vec<FinishedCount>> {
+        let mut stmt = self.conn.prepare(
+            "SELECT tier, state, COUNT(*), COALESCE(SUM(gpus), 0) FROM jobs
+             WHERE state IN (?1, ?2, ?3) GROUP BY tier, state ORDER BY tier, state",
+        )?;
+        let rows = stmt.query_map(FINISHED_STATES, |r| {
+            Ok(FinishedCount {
+                tier: r.get(0)?,
+                state: r.get(1)?,
+                jobs: r.get::<_, i64>(2)? as u64,
+                gpus: r.get::<_, i64>(3)? as u64,
+            })
+        })?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
     fn add_event(&mut self, job: u64, e: &JobEvent) -> Result<()> {
@@ -638,12 +877,118 @@ mod tests {
             "SELECT record FROM usage WHERE job = 1 ORDER BY attempt",
             "SELECT MAX(id) FROM jobs",
         ];
+        let mut lookups: Vec<String> = lookups.iter().map(|s| s.to_string()).collect();
+        lookups.extend([
+            "SELECT record FROM jobs WHERE id = 1".to_string(),
+            "SELECT state, COUNT(*) FROM jobs WHERE array_id = 1 GROUP BY state ORDER BY state".into(),
+            "SELECT id, array_index, state, attempt, preemptions FROM jobs WHERE array_id = 1 ORDER BY id"
+                .into(),
+        ]);
+        // The listing, in every shape a page can take.
+        let states = || Some(vec!["queued".to_string(), "running".to_string()]);
+        for desc in [false, true] {
+            for tenant in [None, Some(2)] {
+                for collapse in [false, true] {
+                    for q in [
+                        JobPageQuery { states: states(), ..Default::default() },
+                        JobPageQuery { tier: Some("preemptible".into()), ..Default::default() },
+                        JobPageQuery { name: Some("train".into()), ..Default::default() },
+                        JobPageQuery { cursor: Some(7), ..Default::default() },
+                        JobPageQuery {
+                            states: states(),
+                            tier: Some("on-demand".into()),
+                            name: Some("x".into()),
+                            ..Default::default()
+                        },
+                    ] {
+                        let q = JobPageQuery { desc, tenant, collapse, limit: 50, ..q };
+                        let (sql, args) = job_page_sql(&q, false).expect("a query");
+                        let mut sql = sql;
+                        // Bound as literals, as EXPLAIN is given them here.
+                        for (i, arg) in args.iter().enumerate().rev() {
+                            let value = match arg {
+                                PageArg::Int(n) => n.to_string(),
+                                PageArg::Text(t) => format!("'{t}'"),
+                            };
+                            sql = sql.replace(&format!("?{}", i + 1), &value);
+                        }
+                        lookups.push(sql);
+                    }
+                }
+            }
+        }
         for sql in lookups {
             let mut stmt = store.conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
             let plan: Vec<String> =
                 stmt.query_map([], |r| r.get::<_, String>(3)).unwrap().map(|r| r.unwrap()).collect();
             assert!(plan.iter().all(|step| !step.starts_with("SCAN")), "{sql}: scans a table: {plan:?}");
         }
+    }
+
+    /// The store's names of finished and unfinished states are the
+    /// writer's: a job it loads is one it keeps in memory.
+    #[test]
+    fn the_finished_states_are_the_final_ones() {
+        for state in crate::engine::JobState::ALL {
+            assert_eq!(FINISHED_STATES.contains(&state.as_str()), state.is_final(), "{state:?}");
+            assert_eq!(UNFINISHED_STATES.contains(&state.as_str()), !state.is_final(), "{state:?}");
+        }
+    }
+
+    /// A database of the release before the job columns (schema step 7)
+    /// gets them filled from its records, and its finished jobs counted
+    /// and left out of the load.
+    #[test]
+    fn jobs_from_before_the_job_columns_get_them_from_their_records() {
+        let path = scratch("job-columns");
+        {
+            let mut conn = Connection::open(&path).unwrap();
+            let steps = MIGRATIONS[..7].iter().map(|sql| rusqlite_migration::M::up(sql)).collect();
+            rusqlite_migration::Migrations::new(steps).to_latest(&mut conn).unwrap();
+            conn.execute_batch(
+                r#"INSERT INTO tenants (id, name) VALUES (1, 'default'), (2, 'acme');
+                 INSERT INTO jobs (id, tenant, record) VALUES
+                 (1, 1, '{"id":1,"state":"succeeded","tier":"on-demand","gpus":2,"attempt":1,"preemptions":0,
+                          "spec":{"name":"train","argv":["true"]}}'),
+                 (2, 2, '{"id":2,"state":"queued","tier":"preemptible","gpus":1,"attempt":0,"preemptions":0,
+                          "spec":{"argv":["true"]},"array":{"id":2,"index":0,"tasks":2}}'),
+                 (3, 2, '{"id":3,"state":"cancelled","tier":"preemptible","gpus":1,"attempt":3,"preemptions":2,
+                          "spec":{"argv":["true"]},"array":{"id":2,"index":1,"tasks":2}}');"#,
+            )
+            .unwrap();
+        }
+        let mut store = SqliteStore::open(&path).unwrap();
+        let page = |store: &mut SqliteStore, q: JobPageQuery| -> Vec<i64> {
+            let q = JobPageQuery { limit: 10, ..q };
+            store
+                .job_page::<serde_json::Value>(&q)
+                .unwrap()
+                .iter()
+                .map(|j| j["id"].as_i64().unwrap())
+                .collect()
+        };
+        assert_eq!(page(&mut store, JobPageQuery { name: Some("train".into()), ..Default::default() }), [1]);
+        assert_eq!(
+            page(&mut store, JobPageQuery { tenant: Some(2), collapse: true, ..Default::default() }),
+            [2]
+        );
+        let cancelled = Some(vec!["cancelled".to_string()]);
+        assert_eq!(page(&mut store, JobPageQuery { states: cancelled, ..Default::default() }), [3]);
+        let tasks = store.array_tasks(2).unwrap();
+        assert_eq!(
+            tasks
+                .iter()
+                .map(|t| (t.id, t.index, t.state.as_str(), t.attempt, t.preemptions))
+                .collect::<Vec<_>>(),
+            [(2, 0, "queued", 0, 0), (3, 1, "cancelled", 3, 2)]
+        );
+        let counts = store.finished_counts().unwrap();
+        assert_eq!(
+            counts.iter().map(|c| (c.tier.as_str(), c.state.as_str(), c.jobs, c.gpus)).collect::<Vec<_>>(),
+            [("on-demand", "succeeded", 1, 2), ("preemptible", "cancelled", 1, 1)]
+        );
+        let loaded = store.load::<serde_json::Value>().unwrap().jobs;
+        assert_eq!(loaded.iter().map(|j| j["id"].as_i64().unwrap()).collect::<Vec<_>>(), [2]);
     }
 
     #[test]

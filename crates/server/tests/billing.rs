@@ -118,6 +118,7 @@ fn config(dir: &std::path::Path) -> EngineConfig {
         min_runtime: Span(MIN_RUNTIME_MS),
         heartbeat_timeout: Span(2_000),
         heartbeat_interval: Span(500),
+        keep_finished: Span(0),
         max_clock_skew: Span(5_000),
         pricing: Pricing {
             prices: vec![(MODEL.to_string(), ON_DEMAND, None)],
@@ -493,6 +494,7 @@ impl<S: Store> World<S> {
                     },
                     reply,
                 })
+                .unwrap()
                 .unwrap()
                 .jobs
                 .iter()

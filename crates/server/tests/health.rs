@@ -36,6 +36,7 @@ impl Server {
             min_runtime: Span(300_000),
             heartbeat_timeout: Span(60_000),
             heartbeat_interval: Span(500),
+            keep_finished: Span(300_000),
             pricing: Pricing { prices: Vec::new(), default_price: 1_000_000, discount_bps: 5_000 },
             limits: Default::default(),
             run_as: Default::default(),

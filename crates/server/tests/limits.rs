@@ -162,6 +162,7 @@ fn open(dir: &std::path::Path, limits: &Limits, now: u64) -> Engine<SqliteStore>
         min_runtime: Span(300_000),
         heartbeat_timeout: Span(3_600_000),
         heartbeat_interval: Span(500),
+        keep_finished: Span(0),
         pricing: Pricing { prices: Vec::new(), default_price: 2_000_000, discount_bps: 5_000 },
         limits: limits.clone(),
         run_as: Default::default(),
@@ -263,11 +264,13 @@ fn a_tenant_over_its_job_or_byte_limits_is_refused_and_nothing_is_stored() {
     assert_eq!(err.status, 429);
     assert!(err.message.contains("--max-stored-bytes-per-tenant"), "{}", err.message);
     let principal = w.tenant.clone();
-    let page = w.call(|reply| Msg::Jobs {
-        principal,
-        query: ebb_server::engine::JobQuery { cursor: Some(0), limit: 100, ..Default::default() },
-        reply,
-    });
+    let page = w
+        .call(|reply| Msg::Jobs {
+            principal,
+            query: ebb_server::engine::JobQuery { cursor: Some(0), limit: 100, ..Default::default() },
+            reply,
+        })
+        .unwrap();
     assert_eq!(page.jobs.len(), 4, "the refused submissions left nothing behind");
 }
 
@@ -279,11 +282,13 @@ fn jobs_are_listed_a_page_at_a_time() {
     let mut cursor = 0;
     loop {
         let principal = w.tenant.clone();
-        let page = w.call(|reply| Msg::Jobs {
-            principal,
-            query: ebb_server::engine::JobQuery { cursor: Some(cursor), limit: 3, ..Default::default() },
-            reply,
-        });
+        let page = w
+            .call(|reply| Msg::Jobs {
+                principal,
+                query: ebb_server::engine::JobQuery { cursor: Some(cursor), limit: 3, ..Default::default() },
+                reply,
+            })
+            .unwrap();
         assert!(page.jobs.len() <= 3);
         seen.extend(page.jobs.iter().map(|j| j.id));
         match page.next_cursor {
@@ -310,7 +315,7 @@ fn newest_first_pages_with_filters_and_collapsed_arrays_list_each_entry_once() {
         loop {
             let principal = w.tenant.clone();
             let q = query.clone();
-            let page = w.call(|reply| Msg::Jobs { principal, query: q, reply });
+            let page = w.call(|reply| Msg::Jobs { principal, query: q, reply }).unwrap();
             assert!(page.jobs.len() <= 2);
             all.extend(page.jobs);
             match page.next_cursor {

@@ -36,6 +36,7 @@ fn a_database_written_by_the_release_before_is_migrated_and_everything_in_it_kep
         min_runtime: Span(300_000),
         heartbeat_timeout: Span(10_000),
         heartbeat_interval: Span(500),
+        keep_finished: Span(300_000),
         pricing: Pricing { prices: Vec::new(), default_price: 2_000_000, discount_bps: 5_000 },
         limits: Default::default(),
         run_as: Default::default(),
@@ -55,7 +56,8 @@ fn a_database_written_by_the_release_before_is_migrated_and_everything_in_it_kep
         principal: admin.clone(),
         query: ebb_server::engine::JobQuery { cursor: Some(0), limit: 10, ..Default::default() },
         reply,
-    });
+    })
+    .unwrap();
     let states: Vec<(u64, &str, u32, u32)> =
         page.jobs.iter().map(|j| (j.id, j.state.as_str(), j.attempt, j.preemptions)).collect();
     assert_eq!(
@@ -79,6 +81,23 @@ fn a_database_written_by_the_release_before_is_migrated_and_everything_in_it_kep
     assert!(kinds.contains(&EventKind::Requeued));
     assert_eq!(victim.usage.len(), 1, "the preempted attempt's record");
 
+    // The finished jobs stay in the database only (step 8 gave it their
+    // states, tiers and names as columns): listed by state, shown, counted.
+    let query = ebb_server::engine::JobQuery {
+        cursor: Some(0),
+        limit: 10,
+        states: Some(vec![ebb_server::engine::JobState::Succeeded]),
+        ..Default::default()
+    };
+    let page = call(&mut engine, |reply| Msg::Jobs { principal: admin.clone(), query, reply }).unwrap();
+    assert_eq!(page.jobs.iter().map(|j| j.id).collect::<Vec<_>>(), vec![1, 4]);
+    let done = call(&mut engine, |reply| Msg::Job { principal: admin.clone(), id: 4, reply }).unwrap();
+    assert_eq!((done.state.as_str(), done.usage.len()), ("succeeded", 1));
+    let metrics = call(&mut engine, |reply| Msg::Metrics { reply });
+    let succeeded: u64 =
+        metrics.jobs.iter().filter(|((_, state), _)| *state == "succeeded").map(|(_, n)| n).sum();
+    assert_eq!(succeeded, 2, "finished jobs are counted from the database");
+
     // The log of a job from before logs were tracked is read whole.
     let log = call(&mut engine, |reply| Msg::LogFile { principal: admin.clone(), id: 1, offset: 0, reply })
         .unwrap();
@@ -94,7 +113,7 @@ fn a_database_written_by_the_release_before_is_migrated_and_everything_in_it_kep
     // At the latest schema step; opening again changes nothing.
     let conn = rusqlite::Connection::open(dir.join("ebb.db")).unwrap();
     let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0)).unwrap();
-    assert_eq!(version, 7);
+    assert_eq!(version, 8);
     drop(conn);
     let store = SqliteStore::open(&dir.join("ebb.db")).unwrap();
     let (mut engine, _) = Engine::open(store, config, tokens, NOW).map_err(|e| e.message).unwrap();
@@ -102,7 +121,8 @@ fn a_database_written_by_the_release_before_is_migrated_and_everything_in_it_kep
         principal: admin.clone(),
         query: ebb_server::engine::JobQuery { cursor: Some(0), limit: 10, ..Default::default() },
         reply,
-    });
+    })
+    .unwrap();
     assert_eq!(page.jobs.len(), 6);
     let _ = std::fs::remove_dir_all(&dir);
 }

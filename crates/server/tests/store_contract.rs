@@ -11,12 +11,27 @@ use std::path::Path;
 use ebb_api::{EventKind, JobEvent, ReportId, TenantLimits};
 use ebb_server::pg::PgStore;
 use ebb_server::store::{
-    LogState, NodeRow, PriceRow, ReservationRow, Scope, SqliteStore, Store, TenantRow, TokenRow, UsageRow,
+    JobColumns, JobPageQuery, LogState, NodeRow, PriceRow, ReservationRow, Scope, SqliteStore, Store,
+    TenantRow, TokenRow, UsageRow,
 };
 use serde_json::{json, Value};
 
 fn event(at_ms: u64, kind: EventKind, attempt: u32, detail: Value) -> JobEvent {
     JobEvent { at: ebb_server::rfc3339(at_ms), at_ms, kind, attempt, detail }
+}
+
+/// A job's columns: a queued single job of one GPU unless said otherwise.
+fn columns(tenant: u32, state: &str) -> JobColumns<'_> {
+    JobColumns {
+        tenant,
+        state,
+        tier: "preemptible",
+        gpus: 1,
+        name: None,
+        array: None,
+        attempt: 0,
+        preemptions: 0,
+    }
 }
 
 fn usage(job: u64, attempt: u32, ended_ms: u64) -> UsageRow {
@@ -71,9 +86,11 @@ fn exercise(store: &mut impl Store) -> String {
     store.put_node(&node).unwrap();
     store.put_node(&NodeRow { drained: true, ..node }).unwrap();
     for id in [3u64, 4, 5] {
-        store.put_job(id, 2, &json!({ "id": id, "state": "queued" })).unwrap();
+        store.put_job(id, &columns(2, "queued"), &json!({ "id": id, "state": "queued" })).unwrap();
     }
-    store.put_job(4, 2, &json!({ "id": 4, "state": "running", "env": { "K": "v w" } })).unwrap();
+    store
+        .put_job(4, &columns(2, "running"), &json!({ "id": 4, "state": "running", "env": { "K": "v w" } }))
+        .unwrap();
     store.add_event(4, &event(5_000, EventKind::Submitted, 0, json!({ "tier": "preemptible" }))).unwrap();
     store.add_event(4, &event(6_000, EventKind::Placed, 1, json!({ "node": "node-0" }))).unwrap();
     store.heard("node-0", 7_000).unwrap();
@@ -115,7 +132,7 @@ fn exercise(store: &mut impl Store) -> String {
     store.rollback().unwrap();
     // A rolled-back batch leaves nothing.
     store.begin().unwrap();
-    store.put_job(6, 2, &json!({ "id": 6 })).unwrap();
+    store.put_job(6, &columns(2, "queued"), &json!({ "id": 6 })).unwrap();
     store.add_event(4, &event(9_000, EventKind::Cancelled, 1, json!({}))).unwrap();
     store.rollback().unwrap();
 
@@ -232,7 +249,7 @@ fn pg_lease(epoch: u64, url: &str, open: bool) -> ebb_server::pg::Lease {
 fn keeps_output<S: Store>(store: &mut S, mut reopen: impl FnMut() -> S) {
     store.begin().unwrap();
     store.put_tenant(&TenantRow { id: 1, name: "default".into() }).unwrap();
-    store.put_job(7, 1, &serde_json::json!({"id": 7})).unwrap();
+    store.put_job(7, &columns(1, "queued"), &serde_json::json!({"id": 7})).unwrap();
     store.put_output(7, 0, b"hello ").unwrap();
     store.put_output(7, 6, b"world\n").unwrap();
     store.commit().unwrap();
@@ -255,4 +272,159 @@ fn both_stores_keep_output_and_postgres_for_whichever_server_leads() {
     let _ = std::fs::remove_dir_all(&dir);
     let pg = pg::Postgres::start("output");
     keeps_output(&mut PgStore::open(&pg.url()).unwrap(), || PgStore::open(&pg.url()).unwrap());
+}
+
+/// The listing, arrays' progress and the finished counts, read from the
+/// columns `put_job` writes: the same through both stores.
+fn lists_jobs<S: Store>(store: &mut S) {
+    store.begin().unwrap();
+    store.put_tenant(&TenantRow { id: 1, name: "default".into() }).unwrap();
+    store.put_tenant(&TenantRow { id: 2, name: "acme".into() }).unwrap();
+    // (id, tenant, state, tier, gpus, name, array)
+    let jobs: [(u64, u32, &str, &str, u32, Option<&str>, Option<(u64, u64)>); 9] = [
+        (1, 1, "succeeded", "on-demand", 2, Some("train-a"), None),
+        (2, 2, "failed", "preemptible", 4, None, None),
+        (3, 1, "queued", "preemptible", 1, Some("sweep"), Some((3, 0))),
+        (4, 1, "succeeded", "preemptible", 1, Some("sweep"), Some((3, 1))),
+        (5, 1, "cancelled", "preemptible", 1, Some("sweep"), Some((3, 2))),
+        (6, 1, "running", "preemptible", 1, Some("sweep"), Some((3, 3))),
+        (7, 2, "running", "reserved", 8, Some("train-b"), None),
+        (8, 1, "cancelled", "on-demand", 3, Some("x"), None),
+        (9, 1, "queued", "on-demand", 1, None, None),
+    ];
+    for (id, tenant, state, tier, gpus, name, array) in jobs {
+        let columns =
+            JobColumns { tenant, state, tier, gpus, name, array, attempt: id as u32 % 3, preemptions: 1 };
+        // Written twice, as a record changes: the columns follow.
+        store.put_job(id, &JobColumns { state: "queued", ..columns }, &json!({ "id": id })).unwrap();
+        store.put_job(id, &columns, &json!({ "id": id, "state": state })).unwrap();
+    }
+    store.commit().unwrap();
+
+    let ids = |store: &mut S, q: JobPageQuery| -> Vec<u64> {
+        store.job_page::<Value>(&q).unwrap().iter().map(|j| j["id"].as_u64().unwrap()).collect()
+    };
+    let all = JobPageQuery { limit: 100, ..Default::default() };
+    assert_eq!(ids(store, all.clone()), (1..=9).collect::<Vec<_>>());
+    assert_eq!(ids(store, JobPageQuery { cursor: Some(3), limit: 2, ..all.clone() }), vec![4, 5]);
+    assert_eq!(ids(store, JobPageQuery { desc: true, limit: 3, ..all.clone() }), vec![9, 8, 7]);
+    assert_eq!(ids(store, JobPageQuery { desc: true, cursor: Some(3), ..all.clone() }), vec![2, 1]);
+    assert_eq!(ids(store, JobPageQuery { cursor: Some(u64::MAX), ..all.clone() }), Vec::<u64>::new());
+    assert_eq!(ids(store, JobPageQuery { tenant: Some(2), ..all.clone() }), vec![2, 7]);
+    let finished = Some(vec!["succeeded".to_string(), "failed".into(), "cancelled".into()]);
+    assert_eq!(ids(store, JobPageQuery { states: finished.clone(), ..all.clone() }), vec![1, 2, 4, 5, 8]);
+    assert_eq!(ids(store, JobPageQuery { states: Some(Vec::new()), ..all.clone() }), Vec::<u64>::new());
+    assert_eq!(ids(store, JobPageQuery { tier: Some("on-demand".into()), ..all.clone() }), vec![1, 8, 9]);
+    assert_eq!(ids(store, JobPageQuery { name: Some("train".into()), ..all.clone() }), vec![1, 7]);
+    assert_eq!(
+        ids(store, JobPageQuery { name: Some("".into()), ..all.clone() }),
+        (1..=9).collect::<Vec<_>>()
+    );
+    // Collapsed, an array is its first task, listed when any task matches.
+    let collapsed = JobPageQuery { collapse: true, ..all.clone() };
+    assert_eq!(ids(store, collapsed.clone()), vec![1, 2, 3, 7, 8, 9]);
+    let succeeded = Some(vec!["succeeded".to_string()]);
+    assert_eq!(ids(store, JobPageQuery { states: succeeded.clone(), ..collapsed.clone() }), vec![1, 3]);
+    let failed = Some(vec!["failed".to_string()]);
+    assert_eq!(ids(store, JobPageQuery { states: failed, ..collapsed.clone() }), vec![2]);
+    assert_eq!(
+        ids(store, JobPageQuery { tenant: Some(1), states: succeeded, desc: true, ..collapsed }),
+        vec![3, 1]
+    );
+
+    let states = store.array_states(3).unwrap();
+    let expected = [("cancelled", 1), ("queued", 1), ("running", 1), ("succeeded", 1)];
+    assert_eq!(states, expected.map(|(s, n)| (s.to_string(), n)).to_vec());
+    assert_eq!(store.array_states(99).unwrap(), Vec::new());
+    let tasks = store.array_tasks(3).unwrap();
+    assert_eq!(
+        tasks.iter().map(|t| (t.id, t.index, t.state.as_str(), t.attempt)).collect::<Vec<_>>(),
+        vec![(3, 0, "queued", 0), (4, 1, "succeeded", 1), (5, 2, "cancelled", 2), (6, 3, "running", 0)]
+    );
+    let counts = store.finished_counts().unwrap();
+    let counts: Vec<(&str, &str, u64, u64)> =
+        counts.iter().map(|c| (c.tier.as_str(), c.state.as_str(), c.jobs, c.gpus)).collect();
+    assert_eq!(
+        counts,
+        vec![
+            ("on-demand", "cancelled", 1, 3),
+            ("on-demand", "succeeded", 1, 2),
+            ("preemptible", "cancelled", 1, 1),
+            ("preemptible", "failed", 1, 4),
+            ("preemptible", "succeeded", 1, 1),
+        ]
+    );
+    assert_eq!(store.job::<Value>(8).unwrap(), Some(json!({ "id": 8, "state": "cancelled" })));
+    assert_eq!(store.job::<Value>(10).unwrap(), None);
+    // Only unfinished jobs are loaded; finished ones stay here.
+    let loaded: Vec<u64> =
+        store.load::<Value>().unwrap().jobs.iter().map(|j| j["id"].as_u64().unwrap()).collect();
+    assert_eq!(loaded, vec![3, 6, 7, 9]);
+    assert_eq!(store.max_job_id().unwrap(), 9);
+}
+
+#[test]
+fn both_stores_list_count_and_load_jobs_by_their_columns() {
+    let dir = std::env::temp_dir().join(format!("ebb-lists-sqlite-{}", std::process::id()));
+    lists_jobs(&mut sqlite(&dir));
+    let _ = std::fs::remove_dir_all(&dir);
+    let pg = pg::Postgres::start("lists");
+    lists_jobs(&mut PgStore::open(&pg.url()).unwrap());
+}
+
+/// A PostgreSQL database of the release before the job columns (schema
+/// step 3) gets them filled from its records when a server opens it.
+#[test]
+fn a_postgres_database_from_before_the_job_columns_gets_them_from_its_records() {
+    let pg = pg::Postgres::start("columns");
+    drop(PgStore::open(&pg.url()).unwrap());
+    let mut client = postgres::Client::connect(&pg.url(), postgres::NoTls).unwrap();
+    // Back to step 3: without what step 4 adds.
+    client
+        .batch_execute(
+            "DROP INDEX jobs_by_state; DROP INDEX jobs_by_tenant; DROP INDEX jobs_by_array;
+             ALTER TABLE jobs DROP COLUMN state, DROP COLUMN tier, DROP COLUMN gpus, DROP COLUMN name,
+                 DROP COLUMN array_id, DROP COLUMN array_index, DROP COLUMN attempt, DROP COLUMN preemptions;
+             UPDATE ebb_schema SET version = 3;
+             INSERT INTO tenants (id, name) VALUES (1, 'default');",
+        )
+        .unwrap();
+    for (id, record) in [
+        (
+            1i64,
+            json!({ "id": 1, "state": "succeeded", "tier": "on-demand", "gpus": 2, "attempt": 1,
+                       "preemptions": 0, "spec": { "name": "a", "argv": ["true"] } }),
+        ),
+        (
+            2,
+            json!({ "id": 2, "state": "queued", "tier": "preemptible", "gpus": 1, "attempt": 0,
+                    "preemptions": 0, "spec": { "argv": ["true"] },
+                    "array": { "id": 2, "index": 0, "tasks": 2 } }),
+        ),
+        (
+            3,
+            json!({ "id": 3, "state": "failed", "tier": "preemptible", "gpus": 1, "attempt": 2,
+                    "preemptions": 1, "spec": { "argv": ["true"] },
+                    "array": { "id": 2, "index": 1, "tasks": 2 } }),
+        ),
+    ] {
+        client
+            .execute("INSERT INTO jobs (id, tenant, record) VALUES ($1, 1, $2)", &[&id, &record.to_string()])
+            .unwrap();
+    }
+    let mut store = PgStore::open(&pg.url()).unwrap();
+    let named = JobPageQuery { name: Some("a".into()), limit: 10, ..Default::default() };
+    assert_eq!(store.job_page::<Value>(&named).unwrap().len(), 1);
+    let tasks = store.array_tasks(2).unwrap();
+    assert_eq!(
+        tasks.iter().map(|t| (t.id, t.index, t.state.as_str(), t.attempt, t.preemptions)).collect::<Vec<_>>(),
+        vec![(2, 0, "queued", 0, 0), (3, 1, "failed", 2, 1)]
+    );
+    let counts = store.finished_counts().unwrap();
+    assert_eq!(
+        counts.iter().map(|c| (c.tier.as_str(), c.state.as_str(), c.jobs, c.gpus)).collect::<Vec<_>>(),
+        vec![("on-demand", "succeeded", 1, 2), ("preemptible", "failed", 1, 1)]
+    );
+    let loaded = store.load::<Value>().unwrap().jobs;
+    assert_eq!(loaded.iter().map(|j| j["id"].as_i64().unwrap()).collect::<Vec<_>>(), vec![2]);
 }

@@ -18,8 +18,8 @@ use ebb_core::Span;
 use ebb_server::billing::Pricing;
 use ebb_server::engine::{Engine, EngineConfig, Msg};
 use ebb_server::store::{
-    LogState, NodeRow, PriceRow, ReservationRow, Scope, Snapshot, SqliteStore, Store, StoreError, TenantRow,
-    TokenRow, UsageRow,
+    FinishedCount, JobColumns, JobPageQuery, LogState, NodeRow, PriceRow, ReservationRow, Scope, Snapshot,
+    SqliteStore, Store, StoreError, TaskRow, TenantRow, TokenRow, UsageRow,
 };
 use ebb_server::Principal;
 use serde::Serialize;
@@ -81,9 +81,24 @@ impl<S: Store> Store for Faulty<S> {
         self.trip("put_node")?;
         self.inner.put_node(node)
     }
-    fn put_job<J: Serialize>(&mut self, id: u64, tenant: u32, job: &J) -> Result<(), StoreError> {
+    fn put_job<J: Serialize>(&mut self, id: u64, columns: &JobColumns, job: &J) -> Result<(), StoreError> {
         self.trip("put_job")?;
-        self.inner.put_job(id, tenant, job)
+        self.inner.put_job(id, columns, job)
+    }
+    fn job<J: ebb_server::store::JobRow>(&mut self, id: u64) -> Result<Option<J>, StoreError> {
+        self.inner.job(id)
+    }
+    fn job_page<J: ebb_server::store::JobRow>(&mut self, query: &JobPageQuery) -> Result<Vec<J>, StoreError> {
+        self.inner.job_page(query)
+    }
+    fn array_states(&mut self, array: u64) -> Result<Vec<(String, u64)>, StoreError> {
+        self.inner.array_states(array)
+    }
+    fn array_tasks(&mut self, array: u64) -> Result<Vec<TaskRow>, StoreError> {
+        self.inner.array_tasks(array)
+    }
+    fn finished_counts(&mut self) -> Result<Vec<FinishedCount>, StoreError> {
+        self.inner.finished_counts()
     }
     fn add_event(&mut self, job: u64, event: &JobEvent) -> Result<(), StoreError> {
         self.trip("add_event")?;
@@ -182,6 +197,7 @@ fn config(dir: &Path) -> EngineConfig {
         min_runtime: Span(300_000),
         heartbeat_timeout: Span(60_000),
         heartbeat_interval: Span(500),
+        keep_finished: Span(0),
         pricing: Pricing { prices: Vec::new(), default_price: 3_600_000, discount_bps: 5_000 },
         limits: Default::default(),
         run_as: Default::default(),
@@ -343,11 +359,13 @@ impl<S: Store> TestEnv<S> {
 
     fn jobs(&mut self) -> Vec<u64> {
         let principal = self.admin.clone();
-        let page = self.call(|reply| Msg::Jobs {
-            principal,
-            query: ebb_server::engine::JobQuery { cursor: Some(0), limit: 1000, ..Default::default() },
-            reply,
-        });
+        let page = self
+            .call(|reply| Msg::Jobs {
+                principal,
+                query: ebb_server::engine::JobQuery { cursor: Some(0), limit: 1000, ..Default::default() },
+                reply,
+            })
+            .unwrap();
         page.jobs.iter().map(|j| j.id).collect()
     }
 
@@ -483,7 +501,7 @@ fn a_read_issued_in_the_batch_of_a_submission_is_answered_only_after_its_commit(
     };
     env.engine().batch(vec![submit, jobs], now).unwrap();
     let id = submitted.try_recv().unwrap().unwrap()[0];
-    assert_eq!(read.try_recv().unwrap().jobs.iter().map(|j| j.id).collect::<Vec<_>>(), vec![id]);
+    assert_eq!(read.try_recv().unwrap().unwrap().jobs.iter().map(|j| j.id).collect::<Vec<_>>(), vec![id]);
 }
 
 /// Every event written in a batch carries the batch's instant, never the
@@ -767,11 +785,13 @@ fn step() -> impl proptest::strategy::Strategy<Value = Step> {
 /// `/metrics`' jobs, GPUs and queue as a walk over every job gives them.
 fn recount(env: &mut TestEnv<SqliteStore>) -> ebb_server::metrics::Snapshot {
     let principal = env.admin.clone();
-    let page = env.call(|reply| Msg::Jobs {
-        principal,
-        query: ebb_server::engine::JobQuery { cursor: Some(0), limit: 100_000, ..Default::default() },
-        reply,
-    });
+    let page = env
+        .call(|reply| Msg::Jobs {
+            principal,
+            query: ebb_server::engine::JobQuery { cursor: Some(0), limit: 100_000, ..Default::default() },
+            reply,
+        })
+        .unwrap();
     let name = |s: &str| -> &'static str {
         ebb_server::metrics::JOB_STATES
             .iter()
@@ -929,4 +949,146 @@ fn an_idle_nodes_heartbeats_write_its_contact_only_now_and_then() {
     let poll = Msg::Poll { node: "a".into(), epoch: agent_epoch, after, health: None, reply };
     let now = env.now;
     assert!(env.engine().batch(vec![poll], now).is_err(), "a busy node's contact is written at every poll");
+}
+
+/// Every page of the listing, `limit` at a time, with `between` run
+/// after each page: the ids listed, in order.
+fn all_pages(
+    env: &mut TestEnv<SqliteStore>,
+    query: ebb_server::engine::JobQuery,
+    mut between: impl FnMut(&mut TestEnv<SqliteStore>),
+) -> Vec<ebb_api::Job> {
+    let mut all = Vec::new();
+    let mut query = query;
+    loop {
+        let principal = env.admin.clone();
+        let q = query.clone();
+        let page = env.call(|reply| Msg::Jobs { principal, query: q, reply }).unwrap();
+        all.extend(page.jobs);
+        between(env);
+        match page.next_cursor {
+            Some(next) => query.cursor = Some(next),
+            None => return all,
+        }
+    }
+}
+
+/// What a user sees of a finished job (here, with `keep_finished` 0, out
+/// of the writer's memory as soon as its batch ends): show with events,
+/// usage and its array's progress, its log, the listing, `/metrics`, a
+/// refused cancel and drill, another tenant's 404; and all of it again
+/// after a restart, which loads only the unfinished jobs.
+#[test]
+fn a_finished_job_out_of_memory_is_still_listed_shown_logged_and_counted() {
+    let mut env = TestEnv::new("pruned");
+    env.register("a", Vec::new(), Vec::new());
+    let single = env.running("a");
+    let (reply, mut rx) = oneshot::channel();
+    let spec = JobSubmission {
+        gpus: Some(1),
+        argv: vec!["work".into()],
+        array: Some("0-2".into()),
+        name: Some("sweep".into()),
+        ..Default::default()
+    };
+    let principal = env.admin.clone();
+    let now = env.now;
+    env.engine().batch(vec![Msg::Submit { principal, spec, reply }], now).unwrap();
+    let tasks = rx.try_recv().unwrap().unwrap();
+    assert_eq!(tasks.len(), 3);
+    let started: Vec<AttemptRef> = env.poll("a").into_iter().filter(|a| tasks.contains(&a.job)).collect();
+    assert_eq!(started.len(), 3);
+    let at_ms = env.now;
+    let starts = started.iter().map(|&attempt| AgentEvent::Started { attempt, pid: 1, at_ms }).collect();
+    env.report("a", starts);
+
+    // The single job and the first task succeed, the second is cancelled,
+    // the third runs on; the listing is read a page at a time while they end.
+    let mut step = 0;
+    let ending = |env: &mut TestEnv<SqliteStore>| {
+        step += 1;
+        env.now += 1_000;
+        let at_ms = env.now;
+        match step {
+            1 => env.report(
+                "a",
+                vec![
+                    AgentEvent::Output { attempt: single, data: "hello\n".into() },
+                    exited(single, 0, at_ms),
+                ],
+            ),
+            2 => env.report("a", vec![exited(started[0], 0, at_ms)]),
+            3 => {
+                env.cancel(started[1].job, None).unwrap();
+                env.report("a", vec![exited(started[1], 143, at_ms)]);
+            }
+            _ => {}
+        }
+    };
+    let query = ebb_server::engine::JobQuery { cursor: Some(0), limit: 1, ..Default::default() };
+    let listed: Vec<u64> = all_pages(&mut env, query, ending).iter().map(|j| j.id).collect();
+    assert_eq!(listed, vec![single.job, tasks[0], tasks[1], tasks[2]], "each job exactly once");
+
+    for life in ["before a restart", "after a restart"] {
+        let shown = env.job(single.job).unwrap();
+        assert_eq!(shown.state, "succeeded", "{life}");
+        assert!(shown.events.iter().any(|e| e.kind == EventKind::Exited), "{life}");
+        assert_eq!(shown.usage.len(), 1, "{life}: its usage");
+        let principal = env.admin.clone();
+        let log = env.call(|reply| Msg::LogFile { principal, id: single.job, offset: 0, reply }).unwrap();
+        assert_eq!((log.stored.as_deref(), log.finished), (Some(&b"hello\n"[..]), true), "{life}");
+        let refused = env.cancel(single.job, None).unwrap_err();
+        assert_eq!(
+            (refused.status, refused.message.as_str()),
+            (409, "job 1: already succeeded; there is nothing to cancel")
+        );
+        let refused = env.drill(single.job).unwrap_err();
+        assert_eq!(
+            (refused.status, refused.message.as_str()),
+            (409, "job 1: succeeded; only a running job can be drilled")
+        );
+        let other = Principal::tenant(Scope::Tenant, 2, "acme");
+        let hidden = env.call(|reply| Msg::Job { principal: other, id: single.job, reply }).unwrap_err();
+        assert_eq!(hidden.status, 404, "{life}: another tenant's finished job");
+
+        // The array counts its finished tasks by state, shown and listed.
+        let head = env.job(tasks[0]).unwrap();
+        let progress = head.progress.expect("an array's progress");
+        let states: Vec<(&str, u64)> = progress.states.iter().map(|(s, n)| (s.as_str(), *n)).collect();
+        assert_eq!(states, vec![("cancelled", 1), ("running", 1), ("succeeded", 1)], "{life}");
+        assert_eq!((progress.done, progress.total, progress.tasks.len()), (1, 3, 3), "{life}");
+        let query = ebb_server::engine::JobQuery {
+            cursor: Some(0),
+            limit: 10,
+            collapse: true,
+            states: Some(vec![ebb_server::engine::JobState::Cancelled]),
+            ..Default::default()
+        };
+        let collapsed = all_pages(&mut env, query, |_| {});
+        assert_eq!(collapsed.iter().map(|j| j.id).collect::<Vec<_>>(), vec![tasks[0]], "{life}");
+        assert_eq!(collapsed[0].progress.as_ref().map(|p| (p.done, p.total)), Some((1, 3)), "{life}");
+        let query = ebb_server::engine::JobQuery { cursor: Some(0), limit: 2, ..Default::default() };
+        let listed: Vec<(u64, String)> =
+            all_pages(&mut env, query, |_| {}).into_iter().map(|j| (j.id, j.state)).collect();
+        assert_eq!(
+            listed,
+            vec![
+                (single.job, "succeeded".to_string()),
+                (tasks[0], "succeeded".into()),
+                (tasks[1], "cancelled".into()),
+                (tasks[2], "running".into())
+            ],
+            "{life}"
+        );
+
+        let metrics = env.call(|reply| Msg::Metrics { reply });
+        let count = |state: &str| -> u64 {
+            metrics.jobs.iter().filter(|((_, s), _)| *s == state).map(|(_, n)| n).sum()
+        };
+        assert_eq!((count("succeeded"), count("cancelled"), count("running")), (2, 1, 1), "{life}");
+        env.restart();
+        env.register("a", vec![started[2]], Vec::new());
+    }
+    // Ids go on past every job, finished ones included.
+    assert_eq!(env.submit(1), tasks[2] + 1);
 }

@@ -56,7 +56,9 @@ impl<S: Store> Engine<S> {
         for msg in batch {
             self.handle(msg, now)?;
         }
-        self.schedule(now)
+        self.schedule(now)?;
+        self.prune_finished(now);
+        Ok(())
     }
 
     /// Handles a batch but dies before committing it, as a `kill -9` in

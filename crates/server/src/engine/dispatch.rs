@@ -17,17 +17,14 @@ impl<S: Store> Engine<S> {
             }
             Msg::Jobs { principal, query, reply } => {
                 let page = self.job_page(&principal, &query);
-                self.outbox.reply(reply, page);
+                self.answer(reply, page)?;
             }
             Msg::Job { principal, id, reply } => {
                 let result = self.job_view(&principal, id);
                 self.answer(reply, result)?;
             }
             Msg::Cancel { principal, id, req, reply } => {
-                let result = self
-                    .visible(&principal, id)
-                    .map_err(Fail::from)
-                    .and_then(|()| self.cancel(id, &req, now));
+                let result = self.visible(&principal, id).and_then(|()| self.cancel(id, &req, now));
                 self.answer(reply, result)?;
             }
             Msg::Drill { principal, id, reply } => {

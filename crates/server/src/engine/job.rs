@@ -51,6 +51,22 @@ impl JobState {
     }
 }
 
+impl JobRecord {
+    /// What the store keeps of it as columns.
+    pub fn columns(&self) -> crate::store::JobColumns<'_> {
+        crate::store::JobColumns {
+            tenant: self.tenant,
+            state: self.state.as_str(),
+            tier: self.tier.as_str(),
+            gpus: self.gpus,
+            name: self.spec.name.as_deref(),
+            array: self.array.as_ref().map(|a| (a.id, a.index)),
+            attempt: self.attempt,
+            preemptions: self.preemptions,
+        }
+    }
+}
+
 /// The server's record of a job: what the store keeps.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct JobRecord {
@@ -172,6 +188,13 @@ impl Tally {
             *self.waiting.entry((job.tier, reason)).or_default() += 1;
         }
         job.counted = Some(now);
+    }
+
+    /// Counts `jobs` jobs of `tier` in `state` with `gpus` GPUs in all,
+    /// whose records are not in memory (finished jobs, at start).
+    pub fn add(&mut self, tier: Tier, state: JobState, jobs: u64, gpus: u64) {
+        *self.jobs.entry((tier, state)).or_default() += jobs;
+        *self.gpus.entry((tier, state)).or_default() += gpus;
     }
 
     fn sub<K: Ord>(map: &mut BTreeMap<K, u64>, key: K, n: u64) {

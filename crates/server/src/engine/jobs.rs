@@ -4,11 +4,24 @@ use super::ending::{cancel_deadline, cancel_grace_ms, cancel_stop};
 use super::*;
 
 impl<S: Store> Engine<S> {
-    pub(super) fn visible(&self, principal: &Principal, id: u64) -> Result<(), ApiError> {
+    /// Whether `principal` may see job `id`. A finished job no longer in
+    /// memory is read back from the store for the rest of the batch, so
+    /// that what is asked of it is answered as for any finished job.
+    pub(super) fn visible(&mut self, principal: &Principal, id: u64) -> Result<(), Fail> {
+        if !self.jobs.contains_key(&id) {
+            if let Some(mut job) = self.store.job::<JobRecord>(id).map_err(views::read_error)? {
+                if job.state.is_final() {
+                    // Counted while it was saved: the tally has it already.
+                    job.counted = Some((job.tier, job.state, job.gpus, None));
+                    self.finished_jobs.insert((0, id));
+                    self.jobs.insert(id, job);
+                }
+            }
+        }
         match self.jobs.get(&id) {
             Some(job) if principal.may_see(job.tenant) => Ok(()),
             // Another tenant's job is as good as absent: 404, never 403.
-            _ => Err(ApiError::not_found(format!("job {id}: not found"))),
+            _ => Err(ApiError::not_found(format!("job {id}: not found")).into()),
         }
     }
 
@@ -70,7 +83,6 @@ impl<S: Store> Engine<S> {
                 let mut record =
                     JobRecord::queued(id, tenant, spec, checked.tier, checked.gpus, checked.signal, now);
                 if let Some(array) = array {
-                    self.arrays.entry(array.id).or_default().push(id);
                     record.array = Some(array);
                 }
                 self.admit(record, &limits)?;

@@ -94,7 +94,7 @@ pub enum Msg {
     Jobs {
         principal: Principal,
         query: JobQuery,
-        reply: oneshot::Sender<ebb_api::JobPage>,
+        reply: oneshot::Sender<Result<ebb_api::JobPage, ApiError>>,
     },
     Job {
         principal: Principal,
@@ -289,6 +289,9 @@ pub struct EngineConfig {
     pub min_runtime: Span,
     pub heartbeat_timeout: Span,
     pub heartbeat_interval: Span,
+    /// How long a finished job's record stays in the writer's memory; after
+    /// it (and after a restart) it is read from the store when asked for.
+    pub keep_finished: Span,
     /// How far ahead of the server's clock an event time from a node may
     /// be before the report is refused.
     pub max_clock_skew: Span,
@@ -330,11 +333,16 @@ pub struct Engine<S: Store> {
     core: State,
     /// The batch's instant: every time written in a batch is this one.
     now: u64,
-    /// The job table: every job's record, by id.
+    /// The job table: the records of jobs not finished, and of those
+    /// finished less than `keep_finished` ago, by id. Every record is in
+    /// the store too, written in the batch that changed it: the listing,
+    /// arrays' progress and finished jobs are read from there.
     jobs: BTreeMap<u64, JobRecord>,
+    /// Finished jobs still in `jobs`, by when they finished: they leave it
+    /// `keep_finished` later (one read back from the store for a request,
+    /// stamped 0, at the end of that batch).
+    finished_jobs: BTreeSet<(u64, u64)>,
     next_job: u64,
-    /// Each array's tasks, by the array's id (its first task's).
-    arrays: BTreeMap<u64, Vec<u64>>,
     /// Jobs in a restart back-off, by when they may run again.
     backoff: BTreeSet<(u64, u64)>,
     /// How much of each unfinished job's log is committed, once output came.

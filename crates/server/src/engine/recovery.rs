@@ -30,8 +30,8 @@ impl<S: Store> Engine<S> {
             core: State::new(),
             now,
             jobs: BTreeMap::new(),
+            finished_jobs: BTreeSet::new(),
             next_job: 1,
-            arrays: BTreeMap::new(),
             backoff: BTreeSet::new(),
             logs: HashMap::new(),
             tenants: Tenants::default(),
@@ -54,6 +54,7 @@ impl<S: Store> Engine<S> {
         engine.load_nodes(std::mem::take(&mut snapshot.nodes), now)?;
         engine.fleet.heard_before = std::mem::take(&mut snapshot.heard).into_iter().collect();
         let unrestored = engine.load_jobs(std::mem::take(&mut snapshot.jobs))?;
+        engine.count_finished().map_err(fatal)?;
         engine.store.begin().map_err(fatal)?;
         engine.recover(snapshot, unrestored, now).map_err(fatal)?;
         engine.store.commit().map_err(fatal)?;
@@ -103,17 +104,30 @@ impl<S: Store> Engine<S> {
         Ok(())
     }
 
-    /// Every job's record, with its tenant's load; queued and live jobs
-    /// back in the core. Returns the live attempts the core could not take
-    /// back, and why.
+    /// The finished jobs, which stay in the store, counted for `/metrics`
+    /// by tier and state; and the next id, past every job's.
+    fn count_finished(&mut self) -> Result<(), StoreError> {
+        for count in self.store.finished_counts()? {
+            let (Ok(tier), Some(state)) = (count.tier.parse::<Tier>(), JobState::parse(&count.state)) else {
+                return Err(StoreError(format!(
+                    "jobs: a finished job of tier {:?} in state {:?}, which this ebb does not know",
+                    count.tier, count.state
+                )));
+            };
+            self.tally.add(tier, state, count.jobs, count.gpus);
+        }
+        self.next_job = self.next_job.max(self.store.max_job_id()? + 1);
+        Ok(())
+    }
+
+    /// Every unfinished job's record, with its tenant's load; queued and
+    /// live jobs back in the core. Returns the live attempts the core
+    /// could not take back, and why.
     fn load_jobs(&mut self, jobs: Vec<JobRecord>) -> Result<Vec<(u64, String)>, ApiError> {
         let mut unrestored = Vec::new();
         for job in jobs {
             self.next_job = self.next_job.max(job.id + 1);
             let (id, state, waiting) = (job.id, job.state, job.waiting);
-            if let Some(array) = &job.array {
-                self.arrays.entry(array.id).or_default().push(id);
-            }
             if !state.is_final() {
                 let load = self.tenants.load.entry(job.tenant).or_default();
                 load.jobs += 1;

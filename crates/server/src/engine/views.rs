@@ -30,50 +30,42 @@ impl<S: Store> Engine<S> {
     /// One page of the jobs `principal` may see that match `q`, by id past
     /// the cursor (keyset paging: a page costs what it skips and shows,
     /// and a job submitted meanwhile never shifts one already seen).
-    pub(super) fn job_page(&self, principal: &Principal, q: &JobQuery) -> ebb_api::JobPage {
-        let ordered: Box<dyn Iterator<Item = &JobRecord>> = match (q.desc, q.cursor) {
-            (false, cursor) => {
-                Box::new(self.jobs.range(cursor.map_or(0, |c| c.saturating_add(1))..).map(|(_, j)| j))
+    ///
+    /// Read from the store, finished jobs and all: the writer's reads are
+    /// in its batch's transaction, so the store has every change the
+    /// batch made so far, as memory does. A job still in memory is shown
+    /// from its record there (with why it waits); the others from the
+    /// store's.
+    pub(super) fn job_page(&mut self, principal: &Principal, q: &JobQuery) -> Result<ebb_api::JobPage, Fail> {
+        let tenant = match (principal.scope, &principal.tenant) {
+            (Scope::Admin, _) => None,
+            (_, Some((id, _))) => Some(*id),
+            (_, None) => return Ok(ebb_api::JobPage { jobs: Vec::new(), next_cursor: None }),
+        };
+        let query = crate::store::JobPageQuery {
+            tenant,
+            cursor: q.cursor,
+            desc: q.desc,
+            limit: q.limit.saturating_add(1),
+            states: q.states.as_ref().map(|s| s.iter().map(|s| s.as_str().to_string()).collect()),
+            tier: q.tier.map(|t| t.as_str().to_string()),
+            name: q.name.clone(),
+            collapse: q.collapse,
+        };
+        let mut rows: Vec<JobRecord> = self.store.job_page(&query).map_err(read_error)?;
+        let more = rows.len() > q.limit;
+        rows.truncate(q.limit);
+        let mut jobs = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let job = self.jobs.get(&row.id).unwrap_or(row);
+            let mut view = self.view(job, Vec::new());
+            if let Some(array) = job.array.as_ref().filter(|_| q.collapse) {
+                view.progress = Some(self.progress_counts(array.id).map_err(read_error)?);
             }
-            (true, cursor) => Box::new(self.jobs.range(..cursor.unwrap_or(u64::MAX)).rev().map(|(_, j)| j)),
-        };
-        let mut entries = ordered.filter(|j| principal.may_see(j.tenant)).filter_map(|j| self.entry(j, q));
-        let jobs: Vec<ebb_api::Job> = entries.by_ref().take(q.limit).collect();
-        let next_cursor = match entries.next() {
-            Some(_) => jobs.last().map(|j| j.id),
-            None => None,
-        };
-        ebb_api::JobPage { jobs, next_cursor }
-    }
-
-    /// `job` as a page entry, if `q` lists it: a collapsed array shows as
-    /// its first task with the array's progress (tasks by state).
-    fn entry(&self, job: &JobRecord, q: &JobQuery) -> Option<ebb_api::Job> {
-        if q.tier.is_some_and(|t| t != job.tier)
-            || q.name.as_ref().is_some_and(|n| !job.spec.name.as_deref().unwrap_or("").contains(n.as_str()))
-        {
-            return None;
+            jobs.push(view);
         }
-        let array = job.array.as_ref().filter(|_| q.collapse);
-        if array.is_some_and(|a| a.id != job.id) {
-            return None;
-        }
-        let progress = array.map(|a| {
-            let mut p = self.progress(a.id);
-            p.tasks.clear();
-            p
-        });
-        let states_match = match (&q.states, &progress) {
-            (None, _) => true,
-            (Some(states), None) => states.contains(&job.state),
-            (Some(states), Some(p)) => states.iter().any(|s| p.states.contains_key(s.as_str())),
-        };
-        if !states_match {
-            return None;
-        }
-        let mut view = self.view(job, Vec::new());
-        view.progress = progress;
-        Some(view)
+        let next_cursor = if more { jobs.last().map(|j| j.id) } else { None };
+        Ok(ebb_api::JobPage { jobs, next_cursor })
     }
 
     /// One job with its history, usage and its array's progress.
@@ -81,8 +73,12 @@ impl<S: Store> Engine<S> {
         self.visible(principal, id)?;
         let events = self.store.events(id).map_err(read_error)?;
         let usage = self.store.job_usage(id).map_err(read_error)?;
+        let progress = match self.jobs[&id].array.as_ref().map(|a| a.id) {
+            Some(array) => Some(self.progress(array).map_err(read_error)?),
+            None => None,
+        };
         let mut view = self.view(&self.jobs[&id], events);
-        view.progress = self.jobs[&id].array.as_ref().map(|a| self.progress(a.id));
+        view.progress = progress;
         view.usage = usage.iter().map(|u| u.view(&view.tenant)).collect();
         view.env = (*self.jobs[&id].spec.env).clone();
         view.drill = self.jobs[&id].drill.as_ref().map(DrillRecord::view);
@@ -265,24 +261,36 @@ impl<S: Store> Engine<S> {
         }
     }
 
-    /// An array's finished tasks over all, and each task's state.
-    pub(super) fn progress(&self, array: u64) -> ebb_api::ArrayProgress {
+    /// An array's finished tasks over all, and each task's state, from
+    /// the store (which has every task, finished ones that left memory too).
+    pub(super) fn progress(&mut self, array: u64) -> Result<ebb_api::ArrayProgress, StoreError> {
         let mut progress =
             ebb_api::ArrayProgress { done: 0, total: 0, states: BTreeMap::new(), tasks: Vec::new() };
-        for id in self.arrays.get(&array).map(Vec::as_slice).unwrap_or_default() {
-            let job = &self.jobs[id];
+        for task in self.store.array_tasks(array)? {
             progress.total += 1;
-            progress.done += u64::from(job.state == JobState::Succeeded);
-            *progress.states.entry(job.state.as_str().to_string()).or_insert(0) += 1;
+            progress.done += u64::from(task.state == JobState::Succeeded.as_str());
+            *progress.states.entry(task.state.clone()).or_insert(0) += 1;
             progress.tasks.push(ebb_api::TaskState {
-                id: *id,
-                index: job.array.as_ref().map_or(0, |a| a.index),
-                state: job.state.as_str().into(),
-                attempt: job.attempt,
-                preemptions: job.preemptions,
+                id: task.id,
+                index: task.index,
+                state: task.state,
+                attempt: task.attempt,
+                preemptions: task.preemptions,
             });
         }
-        progress
+        Ok(progress)
+    }
+
+    /// An array's progress without its tasks: counts by state, as a page
+    /// of the listing shows a collapsed array.
+    fn progress_counts(&mut self, array: u64) -> Result<ebb_api::ArrayProgress, StoreError> {
+        let states: BTreeMap<String, u64> = self.store.array_states(array)?.into_iter().collect();
+        Ok(ebb_api::ArrayProgress {
+            done: states.get(JobState::Succeeded.as_str()).copied().unwrap_or(0),
+            total: states.values().sum(),
+            states,
+            tasks: Vec::new(),
+        })
     }
 
     pub(super) fn node_view(&self, name: &str) -> ebb_api::Node {

@@ -17,12 +17,32 @@ impl<S: Store> Engine<S> {
         Ok(())
     }
 
-    /// Writes job `id`'s record, and counts it as it is now.
+    /// Writes job `id`'s record, and counts it as it is now. A job that
+    /// has just finished leaves memory `keep_finished` from now.
     pub(super) fn save(&mut self, id: u64) -> Written {
         self.outbox.changed = true;
         let job = self.jobs.get_mut(&id).expect("a saved job is in the table");
+        let was_final = job.counted.is_some_and(|(_, state, _, _)| state.is_final());
         self.tally.count(job);
-        self.store.put_job(id, job.tenant, job)
+        if job.state.is_final() && !was_final {
+            self.finished_jobs.insert((self.now, id));
+        }
+        self.store.put_job(id, &job.columns(), job)
+    }
+
+    /// Finished jobs kept `keep_finished` by `now` leave memory: the store
+    /// has all of them, and the tally keeps counting them.
+    pub(super) fn prune_finished(&mut self, now: u64) {
+        let keep = self.config.keep_finished.as_millis();
+        while let Some(&(finished_ms, id)) = self.finished_jobs.first() {
+            if finished_ms.saturating_add(keep) > now {
+                break;
+            }
+            self.finished_jobs.pop_first();
+            if self.jobs.get(&id).is_some_and(|j| j.state.is_final()) {
+                self.jobs.remove(&id);
+            }
+        }
     }
 
     pub(super) fn log_path(&self, id: u64) -> PathBuf {
