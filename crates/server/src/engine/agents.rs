@@ -243,6 +243,7 @@ impl<S: Store> Engine<S> {
                 AgentEvent::Exited { attempt, at_ms, .. } => ("exited", attempt, *at_ms),
                 AgentEvent::Checkpoint { attempt, at_ms, .. } => ("checkpoint", attempt, *at_ms),
                 AgentEvent::Resumed { attempt, at_ms, .. } => ("resumed", attempt, *at_ms),
+                AgentEvent::Progress { attempt, at_ms, .. } => ("progress", attempt, *at_ms),
                 AgentEvent::Output { .. } => continue,
             };
             if at_ms > bound {
@@ -346,6 +347,14 @@ impl<S: Store> Engine<S> {
                     )?;
                     self.drill_changed(attempt.job, |d| d.resumed(attempt.attempt, step, at_ms, now))?;
                     self.save(attempt.job)?;
+                }
+                AgentEvent::Progress { attempt, fraction, at_ms } => {
+                    if !self.live_on(attempt, &node) {
+                        stale.insert(attempt);
+                        continue;
+                    }
+                    let at_ms = self.known_time(attempt, at_ms, now);
+                    self.progressed(attempt, fraction, at_ms, now)?;
                 }
                 AgentEvent::Output { attempt, data } => {
                     // Only the node the attempt was placed on writes its log.

@@ -262,6 +262,10 @@ impl<S: Store> Engine<S> {
             env: BTreeMap::new(),
             events,
             drill: None,
+            deadline: job
+                .deadline
+                .as_ref()
+                .map(|d| deadline::status(job, d, now_ms(), self.config.drain_window)),
         }
     }
 
