@@ -599,14 +599,28 @@ pub async fn show(conn: &Connection, id: u64, out: &JsonFlag) -> Result<String, 
         .unwrap();
     }
     for u in &job.usage {
+        // A promoted attempt: each part at its own rate.
+        let rates = match u.segments.as_slice() {
+            [] => format!("{} GPU-s at ${}/GPU-h", u.gpu_seconds, crate::money::rate(u.rate_micro_usd)),
+            parts => parts
+                .iter()
+                .map(|p| {
+                    let gpu_seconds = p.seconds * u64::from(u.gpus);
+                    format!(
+                        "{gpu_seconds} GPU-s {} at ${}/GPU-h",
+                        p.tier,
+                        crate::money::rate(p.rate_micro_usd)
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(" + "),
+        };
         writeln!(
             text,
-            "  billed       attempt {}: {} x {} = {} GPU-s at ${}/GPU-h = ${} ({})",
+            "  billed       attempt {}: {} x {} = {rates} = ${} ({})",
             u.attempt,
             count(u64::from(u.gpus), "GPU"),
             Span::from_secs(u.seconds).human(),
-            u.gpu_seconds,
-            crate::money::rate(u.rate_micro_usd),
             crate::money::amount(u.amount_micro_usd),
             u.outcome
         )

@@ -104,6 +104,14 @@ fn a_job_whose_progress_slows_is_promoted_and_billed_at_both_rates_to_the_micro_
         seg(0, "amount_micro_usd") + seg(1, "amount_micro_usd")
     );
 
+    let shown = String::from_utf8(c.ebb_as(&c.admin, &["show", &id.to_string()]).stdout).unwrap();
+    let both = format!(
+        "{} GPU-s preemptible at $1.8000/GPU-h + {} GPU-s on-demand at $3.6000/GPU-h",
+        seg(0, "seconds") * 2,
+        seg(1, "seconds") * 2
+    );
+    assert!(shown.contains(&both) && shown.contains("deadline") && shown.contains("met: done"), "{shown}");
+
     // The invoice has a line at each rate, and they add up to the record.
     let day = now_ms() / 86_400_000;
     let date = |d: u64| rfc3339(d * 86_400_000)[..10].to_string();

@@ -226,9 +226,10 @@ impl<S: Store> Engine<S> {
         Ok(ReportReply { stale: stale.into_iter().collect() })
     }
 
-    /// Refuses, whole, events stamped later than the server's clock plus
-    /// the allowed skew: a node's clock that far ahead is wrong, and
-    /// nothing it says about time can be taken. `field` names where the
+    /// Refuses, whole, a progress report that is not a fraction, and
+    /// events stamped later than the server's clock plus the allowed
+    /// skew: a node's clock that far ahead is wrong, and nothing it says
+    /// about time can be taken. `field` names where the
     /// events came from in the request.
     pub(super) fn check_event_times(
         &self,
@@ -238,6 +239,13 @@ impl<S: Store> Engine<S> {
     ) -> Result<(), ApiError> {
         let bound = now.saturating_add(self.config.max_clock_skew.as_millis());
         for (i, event) in events.iter().enumerate() {
+            if let AgentEvent::Progress { fraction, .. } = event {
+                if !(0.0..=1.0).contains(fraction) {
+                    return Err(ApiError::bad_request(format!(
+                        "{field}[{i}].fraction: must be from 0 to 1, got {fraction}; nothing of this request was applied"
+                    )));
+                }
+            }
             let (kind, attempt, at_ms) = match event {
                 AgentEvent::Started { attempt, at_ms, .. } => ("started", attempt, *at_ms),
                 AgentEvent::Exited { attempt, at_ms, .. } => ("exited", attempt, *at_ms),
