@@ -265,7 +265,7 @@ impl<S: Store> Engine<S> {
             deadline: job
                 .deadline
                 .as_ref()
-                .map(|d| deadline::status(job, d, now_ms(), self.config.drain_window)),
+                .map(|d| deadline::status(job, d, self.now, self.config.drain_window)),
         }
     }
 
