@@ -370,4 +370,31 @@ mod tests {
         })
         .await;
     }
+
+    /// A progress report is relayed to the server; one that is not a
+    /// fraction from 0 to 1 is refused naming the field.
+    #[tokio::test]
+    async fn a_progress_report_is_relayed_and_one_that_is_not_a_fraction_refused() {
+        let fake = Arc::new(FakeServer::default());
+        let (_, reporter) = testing::reporter(fake.clone(), "metadata-progress").await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (_notice, notice_rx) = watch::channel(None);
+        tokio::spawn(serve(listener, 4, 3, "node-1".into(), notice_rx, reporter.clone(), None));
+        let post = |body: &'static str| {
+            reqwest::Client::new().post(format!("http://127.0.0.1:{port}/ebb/v1/progress")).body(body).send()
+        };
+        for bad in [r#"{"fraction": 1.5}"#, r#"{"fraction": -0.1}"#, "{}", r#"{"fraction": "half"}"#] {
+            let answer = post(bad).await.unwrap();
+            assert_eq!(answer.status(), 400, "{bad}");
+            assert!(answer.text().await.unwrap().contains("fraction"), "{bad}: the field is named");
+        }
+        assert_eq!(post(r#"{"fraction": 0.62}"#).await.unwrap().status(), 202);
+        let progress = |e: &AgentEvent| {
+            matches!(e, AgentEvent::Progress { attempt, fraction, .. }
+                if *attempt == AttemptRef { job: 4, attempt: 3 } && *fraction == 0.62)
+        };
+        until("it is delivered", || fake.delivered().iter().any(progress)).await;
+        assert_eq!(fake.delivered().iter().filter(|e| matches!(e, AgentEvent::Progress { .. })).count(), 1);
+    }
 }
