@@ -6,7 +6,8 @@
 //!   `POST /ebb/v1/checkpoint` with `{"step", "bytes", "seconds"}` reports a
 //!   completed checkpoint, relayed to the server; `POST /ebb/v1/resumed`
 //!   with `{"step"}` says the attempt resumed from a checkpoint (a drill
-//!   waits for it)
+//!   waits for it); `POST /ebb/v1/progress` with `{"fraction"}` (0 to 1)
+//!   reports how much of the job is done, by which a deadline is judged
 //! * AWS: `PUT /latest/api/token` (IMDSv2), `GET /latest/meta-data/spot/instance-action`
 //! * GCP: `GET /computeMetadata/v1/instance/preempted` (`Metadata-Flavor: Google`),
 //!   with `?wait_for_change=true` blocking until it changes
@@ -102,6 +103,7 @@ pub(crate) async fn serve(
         .route("/ebb/v1/notice", get(native_notice))
         .route("/ebb/v1/checkpoint", post(native_checkpoint))
         .route("/ebb/v1/resumed", post(native_resumed))
+        .route("/ebb/v1/progress", post(native_progress))
         .route("/latest/api/token", put(aws_token))
         .route("/latest/meta-data/spot/instance-action", get(aws_instance_action))
         .route("/computeMetadata/v1/instance/preempted", get(gcp_preempted))
@@ -191,6 +193,36 @@ async fn native_resumed(State(e): State<Endpoint>, body: Bytes) -> Response {
     let at_ms = now_ms();
     let attempt = AttemptRef { job: e.job, attempt: e.attempt };
     if e.events.try_send(AgentEvent::Resumed { attempt, step: report.step, at_ms }).is_err() {
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "error": "the agent is stopping" })))
+            .into_response();
+    }
+    (StatusCode::ACCEPTED, Json(json!({ "accepted": true, "at": rfc3339(at_ms) }))).into_response()
+}
+
+/// A progress report from the job: the fraction of its work done, from
+/// 0 to 1, which the server judges a deadline by.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProgressReport {
+    fraction: f64,
+}
+
+async fn native_progress(State(e): State<Endpoint>, body: Bytes) -> Response {
+    let bad = |m: String| (StatusCode::BAD_REQUEST, Json(json!({ "error": m }))).into_response();
+    let de = &mut serde_json::Deserializer::from_slice(&body);
+    let report: ProgressReport = match serde_path_to_error::deserialize(de) {
+        Ok(r) => r,
+        Err(err) => {
+            let path = err.path().to_string();
+            return bad(format!("{path}: {}", err.into_inner()));
+        }
+    };
+    if !report.fraction.is_finite() || !(0.0..=1.0).contains(&report.fraction) {
+        return bad(format!("fraction: must be from 0 to 1, got {}", report.fraction));
+    }
+    let at_ms = now_ms();
+    let attempt = AttemptRef { job: e.job, attempt: e.attempt };
+    if e.events.try_send(AgentEvent::Progress { attempt, fraction: report.fraction, at_ms }).is_err() {
         return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "error": "the agent is stopping" })))
             .into_response();
     }
@@ -337,5 +369,32 @@ mod tests {
             delivered.iter().any(resumed(Some(1200))) && delivered.iter().any(resumed(None))
         })
         .await;
+    }
+
+    /// A progress report is relayed to the server; one that is not a
+    /// fraction from 0 to 1 is refused naming the field.
+    #[tokio::test]
+    async fn a_progress_report_is_relayed_and_one_that_is_not_a_fraction_refused() {
+        let fake = Arc::new(FakeServer::default());
+        let (_, reporter) = testing::reporter(fake.clone(), "metadata-progress").await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (_notice, notice_rx) = watch::channel(None);
+        tokio::spawn(serve(listener, 4, 3, "node-1".into(), notice_rx, reporter.clone(), None));
+        let post = |body: &'static str| {
+            reqwest::Client::new().post(format!("http://127.0.0.1:{port}/ebb/v1/progress")).body(body).send()
+        };
+        for bad in [r#"{"fraction": 1.5}"#, r#"{"fraction": -0.1}"#, "{}", r#"{"fraction": "half"}"#] {
+            let answer = post(bad).await.unwrap();
+            assert_eq!(answer.status(), 400, "{bad}");
+            assert!(answer.text().await.unwrap().contains("fraction"), "{bad}: the field is named");
+        }
+        assert_eq!(post(r#"{"fraction": 0.62}"#).await.unwrap().status(), 202);
+        let progress = |e: &AgentEvent| {
+            matches!(e, AgentEvent::Progress { attempt, fraction, .. }
+                if *attempt == AttemptRef { job: 4, attempt: 3 } && *fraction == 0.62)
+        };
+        until("it is delivered", || fake.delivered().iter().any(progress)).await;
+        assert_eq!(fake.delivered().iter().filter(|e| matches!(e, AgentEvent::Progress { .. })).count(), 1);
     }
 }

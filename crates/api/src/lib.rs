@@ -121,6 +121,15 @@ pub struct JobSubmission {
     /// parameter varies fastest), each with its values in the environment.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sweep: Vec<SweepParam>,
+    /// When a preemptible job must be done (RFC 3339, after now): it runs
+    /// preemptible while its reported progress says the rest fits before
+    /// then with a margin, and on-demand (billed at that rate from then
+    /// on) once it would not. Only for preemptible jobs.
+    #[serde(default)]
+    #[schema(
+        pattern = r"^(19[7-9][0-9]|[2-9][0-9]{3})-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])([T ]([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)(\.[0-9]*)?(Z|\+00:00)?)?$"
+    )]
+    pub deadline: Option<String>,
 }
 
 /// One parameter of a sweep: `--sweep lr=1e-3,3e-4`.
@@ -232,6 +241,28 @@ pub struct Job {
     /// stands (only in `GET /v1/jobs/{id}` and the drill's answer).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drill: Option<Drill>,
+    /// Where a job with a deadline stands.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<DeadlineStatus>,
+}
+
+/// A deadline job's standing: `state` is `no_progress` (nothing reported
+/// yet), `on_track`, `promoted` (moved to on-demand: `promoted_at`,
+/// `promoted_why`), `met` or `missed`; `summary` says it for people.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct DeadlineStatus {
+    pub deadline: String,
+    pub deadline_ms: u64,
+    pub state: String,
+    pub summary: String,
+    /// The latest fraction done the job reported (0 to 1).
+    pub fraction_done: Option<f64>,
+    /// Run time the estimate says the rest needs, seconds.
+    pub needed_seconds: Option<u64>,
+    /// Seconds from now to the deadline (0 once it has passed).
+    pub left_seconds: u64,
+    pub promoted_at: Option<String>,
+    pub promoted_why: Option<String>,
 }
 
 /// A fire drill of the drain: a running preemptible job was given a real
@@ -428,10 +459,14 @@ pub enum EventKind {
     Drill,
     /// An attempt reported resuming from a checkpoint: `step`.
     Resumed,
+    /// A deadline job moved to on-demand: `running` (in place, billed at
+    /// the on-demand rate from now) or queued, `fraction_done`,
+    /// `needed_seconds`, `margin_seconds`, `left_seconds`, `reason`.
+    Promoted,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 16] = [
+    pub const ALL: [EventKind; 17] = [
         EventKind::Submitted,
         EventKind::Admitted,
         EventKind::Placed,
@@ -448,6 +483,7 @@ impl EventKind {
         EventKind::CancelRequested,
         EventKind::Drill,
         EventKind::Resumed,
+        EventKind::Promoted,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -468,6 +504,7 @@ impl EventKind {
             EventKind::CancelRequested => "cancel_requested",
             EventKind::Drill => "drill",
             EventKind::Resumed => "resumed",
+            EventKind::Promoted => "promoted",
         }
     }
 }
@@ -877,6 +914,14 @@ pub enum AgentEvent {
         step: Option<u64>,
         at_ms: u64,
     },
+    /// The attempt reported how much of the job is done, a fraction from
+    /// 0 to 1 (`POST /ebb/v1/progress`): deadlines are judged by it.
+    Progress {
+        attempt: AttemptRef,
+        #[schema(minimum = 0.0, maximum = 1.0)]
+        fraction: f64,
+        at_ms: u64,
+    },
     /// Output of the attempt, appended in order.
     Output {
         attempt: AttemptRef,
@@ -1020,6 +1065,21 @@ pub struct Usage {
     /// completed, failed, cancelled, preempted, lost, or drill (an attempt
     /// ended by a fire drill: run time, neither preempted nor failed).
     pub outcome: String,
+    /// An attempt of a deadline job promoted while it ran: its parts at
+    /// each rate (preemptible, then on-demand), which add up to it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub segments: Vec<UsageSegment>,
+}
+
+/// Part of an attempt's usage at one tier's rate.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct UsageSegment {
+    pub tier: String,
+    pub from_ms: u64,
+    pub to_ms: u64,
+    pub seconds: u64,
+    pub rate_micro_usd: i64,
+    pub amount_micro_usd: i64,
 }
 
 /// One invoice line: a tier and GPU model at one rate.

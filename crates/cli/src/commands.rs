@@ -32,6 +32,11 @@ pub struct SubmitArgs {
     /// Give up after this many preemptions.
     #[arg(long)]
     pub max_preemptions: Option<u32>,
+    /// When a preemptible job must be done (2026-12-01T18:00Z): it stays
+    /// preemptible while its reported progress fits before then, and moves
+    /// to on-demand (billed at that rate from then on) once it would not.
+    #[arg(long, value_name = "TIME")]
+    pub deadline: Option<String>,
     /// Retries after failures (preemptions do not count).
     #[arg(long)]
     pub max_retries: Option<u32>,
@@ -171,7 +176,21 @@ pub fn submission(args: &SubmitArgs) -> Result<api::JobSubmission, String> {
         array: args.array.clone().or(base.array),
         restart: args.restart.clone().or(base.restart),
         sweep,
+        deadline: args.deadline.as_deref().or(base.deadline.as_deref()).map(with_seconds),
     })
+}
+
+/// `2026-12-01T18:00Z` as the API spells it, `2026-12-01T18:00:00Z`: a
+/// time given to the minute gets its seconds.
+fn with_seconds(text: &str) -> String {
+    let text = text.trim();
+    let b = text.as_bytes();
+    let to_the_minute =
+        b.len() >= 16 && matches!(b[10], b'T' | b' ') && b[13] == b':' && b.get(16) != Some(&b':');
+    match to_the_minute {
+        true => format!("{}:00{}", &text[..16], &text[16..]),
+        false => text.to_string(),
+    }
 }
 
 /// Variables `--export ALL` leaves out: Ebb's own (and the CLI's token),
@@ -556,6 +575,9 @@ pub async fn show(conn: &Connection, id: u64, out: &JsonFlag) -> Result<String, 
         }
         None => writeln!(text, "  checkpoint   none reported").unwrap(),
     }
+    if let Some(d) = &job.deadline {
+        writeln!(text, "  deadline     {} — {}", d.deadline, d.summary).unwrap();
+    }
     if let (Some(secs), Some(why)) = (job.checkpoint_interval_s, &job.checkpoint_interval_why) {
         // The interval the latest attempt was given at its start, and why
         // (the server's words, which say whether reports since are in it).
@@ -577,14 +599,28 @@ pub async fn show(conn: &Connection, id: u64, out: &JsonFlag) -> Result<String, 
         .unwrap();
     }
     for u in &job.usage {
+        // A promoted attempt: each part at its own rate.
+        let rates = match u.segments.as_slice() {
+            [] => format!("{} GPU-s at ${}/GPU-h", u.gpu_seconds, crate::money::rate(u.rate_micro_usd)),
+            parts => parts
+                .iter()
+                .map(|p| {
+                    let gpu_seconds = p.seconds * u64::from(u.gpus);
+                    format!(
+                        "{gpu_seconds} GPU-s {} at ${}/GPU-h",
+                        p.tier,
+                        crate::money::rate(p.rate_micro_usd)
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(" + "),
+        };
         writeln!(
             text,
-            "  billed       attempt {}: {} x {} = {} GPU-s at ${}/GPU-h = ${} ({})",
+            "  billed       attempt {}: {} x {} = {rates} = ${} ({})",
             u.attempt,
             count(u64::from(u.gpus), "GPU"),
             Span::from_secs(u.seconds).human(),
-            u.gpu_seconds,
-            crate::money::rate(u.rate_micro_usd),
             crate::money::amount(u.amount_micro_usd),
             u.outcome
         )
@@ -737,6 +773,11 @@ fn describe_event(kind: api::EventKind, d: &serde_json::Value) -> String {
                 false => format!("verdict: {}: {}", s("verdict"), failures.join("; ")),
             }
         }
+        K::Promoted => format!(
+            "to on-demand{}: {}",
+            if d["running"] == true { " where it runs" } else { " in the queue" },
+            s("reason")
+        ),
         K::Resumed => match d["step"].as_u64() {
             Some(step) => format!("from step {step}"),
             None => "from its latest checkpoint".into(),
@@ -1032,6 +1073,14 @@ pub async fn tenant(conn: &Connection, command: &TenantCommand) -> Result<String
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_deadline_to_the_minute_gets_its_seconds() {
+        assert_eq!(with_seconds("2026-12-01T18:00Z"), "2026-12-01T18:00:00Z");
+        assert_eq!(with_seconds("2026-12-01T18:00"), "2026-12-01T18:00:00");
+        assert_eq!(with_seconds("2026-12-01T18:00:30Z"), "2026-12-01T18:00:30Z");
+        assert_eq!(with_seconds("2026-12-01"), "2026-12-01");
+    }
 
     #[test]
     fn task_indices_read_as_ranges() {

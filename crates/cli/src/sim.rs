@@ -69,6 +69,15 @@ pub struct SimArgs {
     /// with different backlogs compare over the same window.
     #[arg(long, value_name = "SECONDS")]
     until: Option<u64>,
+    /// Give the preemptible jobs a deadline at submission + SLACK x their
+    /// duration, and report how many met it and what they cost.
+    #[arg(long, value_name = "SLACK")]
+    deadline_slack: Option<f64>,
+    /// What the jobs with deadlines run as: promote (preemptible, moved to
+    /// on-demand by the server's rule once the rest would not fit),
+    /// preemptible (throughout) or on-demand (throughout).
+    #[arg(long, default_value = "promote", value_name = "POLICY")]
+    deadline_policy: ebb_sim::DeadlinePolicy,
     /// Write the summary as JSON to FILE (`-` for standard output).
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -114,6 +123,8 @@ pub fn run(args: SimArgs) -> Result<(), String> {
         reserved_price: args.reserved_price,
         preemptible_discount_bps: ebb_core::PriceBook::DEFAULT_DISCOUNT_BPS,
         window_until: args.until,
+        deadline_slack: args.deadline_slack,
+        deadline_policy: args.deadline_policy,
     };
     // A bar only on a terminal; scripts and CI get quiet stderr.
     let bar = if std::io::stderr().is_terminal() {
@@ -180,6 +191,14 @@ fn summary_text(output: &SimOutput, wall_s: f64) -> String {
     .unwrap();
     for (name, value) in s.rows() {
         writeln!(text, "  {name:<24}{value}").unwrap();
+    }
+    if let Some(d) = &s.deadlines {
+        writeln!(
+            text,
+            "  deadlines ({} x slack, {}): {} jobs, {} met, {} missed, {} promoted; cost ${:.2} (${:.2} at on-demand)",
+            d.slack, d.policy, d.jobs, d.met, d.missed, d.promoted, d.cost_usd, d.on_demand_cost_usd
+        )
+        .unwrap();
     }
     text
 }

@@ -244,6 +244,18 @@ pub enum ExitKind {
     Restart,
 }
 
+/// What [`State::promote`] did with a preemptible job whose deadline
+/// needs it to run on-demand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Promoted {
+    /// It was queued: it waits in the on-demand queue, in its place by
+    /// submission time.
+    Queued,
+    /// It was running: it runs on as on-demand where it is, no longer a
+    /// candidate victim.
+    Running,
+}
+
 /// What the core did with an exited job.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ExitEffect {

@@ -701,6 +701,59 @@ impl State {
         Ok(drain)
     }
 
+    /// Moves preemptible job `id` to the on-demand tier because its
+    /// deadline no longer fits the preemptible tier's risk (the edge
+    /// decides when). A queued job changes queue and keeps its submission
+    /// time. A running job changes tier where it runs: its GPUs move from
+    /// the preemptible to the on-demand counters and it leaves the victim
+    /// indices. That needs on-demand room outside every reservation at
+    /// `now` (a job on lent reserved GPUs may be what fills it); without
+    /// it the promotion is refused as a conflict and the job runs on as
+    /// preemptible, for the edge to try again. A draining job is refused
+    /// too: it is promoted once its exit has requeued it.
+    pub fn promote(&mut self, id: JobId, now: Time) -> Result<Promoted, StateError> {
+        let job = self.job_checked(id)?;
+        if job.spec.tier != Tier::Preemptible {
+            return Err(StateError::Invalid(format!(
+                "job {id}: {}; only preemptible jobs are promoted",
+                job.spec.tier
+            )));
+        }
+        match job.phase {
+            Phase::Queued => {
+                self.dequeue(id);
+                self.queued_by_tier[Tier::Preemptible.rank() as usize] -= 1;
+                self.jobs.get_mut(&id).expect("checked above").spec.tier = Tier::OnDemand;
+                self.enqueue(id);
+                Ok(Promoted::Queued)
+            }
+            Phase::Running => {
+                let run = job.run.as_ref().expect("a running job has a run");
+                let (model, gpus, tenant) = (run.model, run.gpus(), job.spec.tenant);
+                let nodes: Vec<NodeId> = run.alloc.iter().map(|(n, _)| *n).collect();
+                let m = &self.models[model.0 as usize];
+                let cap = m.capacity.saturating_sub(self.reserved_total(model, now));
+                if m.on_demand_used + gpus > cap {
+                    return Err(StateError::Conflict(format!(
+                        "job {id}: no on-demand room outside reservations for {gpus} {} GPUs ({} of {cap} in use)",
+                        m.name, m.on_demand_used
+                    )));
+                }
+                self.adjust_usage(Tier::Preemptible, tenant, model, -(gpus as i64));
+                self.adjust_usage(Tier::OnDemand, tenant, model, gpus as i64);
+                self.jobs.get_mut(&id).expect("checked above").spec.tier = Tier::OnDemand;
+                for node in nodes {
+                    self.reindex(node);
+                }
+                Ok(Promoted::Running)
+            }
+            Phase::Draining => {
+                Err(StateError::Conflict(format!("job {id}: draining; promoted once requeued")))
+            }
+            Phase::Holding => unreachable!("preemptible jobs never hold GPUs"),
+        }
+    }
+
     /// The attempt's processes have all exited; its GPUs are free (or pass
     /// to the preemptor holding them).
     pub fn exited(&mut self, id: JobId, attempt: Attempt, kind: ExitKind) -> Result<ExitEffect, StateError> {

@@ -11,6 +11,11 @@
 //!   the book, preemptible = on-demand less the book's fixed discount,
 //!   reserved = 0 (the reservation's contract covers it, charged for its
 //!   whole committed period).
+//! * A deadline job promoted to on-demand while it ran has one record for
+//!   the attempt with two segments: its seconds up to the promotion
+//!   (a started second counting as one) at the preemptible rate, the rest
+//!   at the on-demand rate. The record's amount is their sum, and invoices
+//!   and reports count each segment under its own tier.
 //! * An attempt belongs to the invoice period in which it ended. Invoice
 //!   lines sum their records' amounts, so lines and records agree to the
 //!   micro-dollar.
@@ -91,11 +96,41 @@ pub struct UsageRow {
     /// after it was placed: the scheduler could spare it no longer.
     #[serde(default)]
     pub within_min_runtime: bool,
+    /// A promoted attempt's parts, preemptible then on-demand; empty for
+    /// every other attempt (the record is one part at its own tier).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub segments: Vec<Segment>,
+}
+
+/// Part of an attempt at one tier's rate.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Segment {
+    pub tier: String,
+    pub from_ms: u64,
+    pub to_ms: u64,
+    pub seconds: u64,
+    pub rate: i64,
+    pub amount: i64,
 }
 
 impl UsageRow {
     pub fn gpu_seconds(&self) -> u64 {
         self.seconds * u64::from(self.gpus)
+    }
+
+    /// Its parts at each tier's rate: its segments, or itself whole.
+    pub fn parts(&self) -> Vec<Segment> {
+        if !self.segments.is_empty() {
+            return self.segments.clone();
+        }
+        vec![Segment {
+            tier: self.tier.clone(),
+            from_ms: self.started_ms,
+            to_ms: self.ended_ms,
+            seconds: self.seconds,
+            rate: self.rate,
+            amount: self.amount,
+        }]
     }
 
     pub fn view(&self, tenant: &str) -> api::Usage {
@@ -118,6 +153,18 @@ impl UsageRow {
             drain_gpu_seconds: self.drain_gpu_seconds,
             lost_gpu_seconds: self.lost_gpu_seconds,
             outcome: self.outcome.clone(),
+            segments: self
+                .segments
+                .iter()
+                .map(|s| api::UsageSegment {
+                    tier: s.tier.clone(),
+                    from_ms: s.from_ms,
+                    to_ms: s.to_ms,
+                    seconds: s.seconds,
+                    rate_micro_usd: s.rate,
+                    amount_micro_usd: s.amount,
+                })
+                .collect(),
         }
     }
 }
@@ -139,6 +186,9 @@ pub struct Ended<'a> {
     pub outcome: &'a str,
     pub follows_preemption: bool,
     pub within_min_runtime: bool,
+    /// Promoted to on-demand during the attempt: when (clamped to the
+    /// attempt), and the preemptible rate it ran at before.
+    pub promoted: Option<(u64, i64)>,
 }
 
 /// Whole seconds, a started second counting as one.
@@ -158,6 +208,29 @@ pub fn meter(e: Ended<'_>) -> UsageRow {
     let drain_seconds = e
         .notice_at_ms
         .map_or(0, |notice| whole_seconds(ended_ms.saturating_sub(notice.max(e.started_ms))).min(seconds));
+    let (amount, segments) = match e.promoted {
+        None => (amount(e.rate, seconds * u64::from(e.gpus)), Vec::new()),
+        Some((promoted_ms, preemptible_rate)) => {
+            let at = promoted_ms.clamp(e.started_ms, ended_ms);
+            let before = whole_seconds(at - e.started_ms).min(seconds);
+            let parts = [
+                ("preemptible", e.started_ms, at, before, preemptible_rate),
+                (e.tier, at, ended_ms, seconds - before, e.rate),
+            ];
+            let segments: Vec<Segment> = parts
+                .into_iter()
+                .map(|(tier, from_ms, to_ms, seconds, rate)| Segment {
+                    tier: tier.to_string(),
+                    from_ms,
+                    to_ms,
+                    seconds,
+                    rate,
+                    amount: amount(rate, seconds * u64::from(e.gpus)),
+                })
+                .collect();
+            (segments.iter().map(|s| s.amount).sum(), segments)
+        }
+    };
     UsageRow {
         job: e.job,
         attempt: e.attempt,
@@ -170,12 +243,13 @@ pub fn meter(e: Ended<'_>) -> UsageRow {
         seconds,
         rate: e.rate,
         on_demand_rate: e.on_demand_rate,
-        amount: amount(e.rate, seconds * u64::from(e.gpus)),
+        amount,
         drain_gpu_seconds: drain_seconds * u64::from(e.gpus),
         lost_gpu_seconds: e.lost_gpu_ms.div_ceil(1000),
         outcome: e.outcome.to_string(),
         follows_preemption: e.follows_preemption,
         within_min_runtime: e.within_min_runtime,
+        segments,
     }
 }
 
@@ -336,13 +410,16 @@ pub fn invoice(
     let (mut preemptions, mut repeat_preemptions, mut within_min_runtime) = (0u64, 0u64, 0u64);
     let (mut drain, mut lost) = (0u64, 0u64);
     for u in usage {
-        let line = lines.entry((u.tier.clone(), u.gpu_model.clone(), u.rate)).or_insert((0, 0));
-        line.0 += u.gpu_seconds();
-        line.1 += u.amount;
-        let at_on_demand = amount(u.on_demand_rate, u.gpu_seconds());
-        od_equivalent += at_on_demand;
-        if u.tier == "preemptible" {
-            savings += at_on_demand - u.amount;
+        for part in u.parts() {
+            let gpu_seconds = part.seconds * u64::from(u.gpus);
+            let line = lines.entry((part.tier.clone(), u.gpu_model.clone(), part.rate)).or_insert((0, 0));
+            line.0 += gpu_seconds;
+            line.1 += part.amount;
+            let at_on_demand = amount(u.on_demand_rate, gpu_seconds);
+            od_equivalent += at_on_demand;
+            if part.tier == "preemptible" {
+                savings += at_on_demand - part.amount;
+            }
         }
         if u.outcome == "preempted" {
             preemptions += 1;
@@ -413,6 +490,11 @@ pub struct Ledger {
 /// The tiers every report lists, in its order, even when one sold nothing.
 const TIERS: [&str; 3] = ["on-demand", "preemptible", "reserved"];
 
+/// A tier's name as a key that outlives the record it came from.
+fn tier_key(tier: &str) -> &'static str {
+    TIERS.into_iter().find(|t| *t == tier).unwrap_or("on-demand")
+}
+
 /// The operator's report for `[from, to)`: use by tier (ended and running
 /// attempts, clipped to the period), capacity from the nodes' GPUs since
 /// they joined, revenue from records ended in the period and reservations.
@@ -425,10 +507,13 @@ pub fn report(ledger: &Ledger, from: u64, to: u64) -> api::OperatorReport {
     let mut used_ms: BTreeMap<&str, u128> = TIERS.iter().map(|&tier| (tier, 0)).collect();
     let mut revenue: BTreeMap<&str, i64> = TIERS.iter().map(|&tier| (tier, 0)).collect();
     for u in usage {
-        let ms = overlap((u.started_ms, u.ended_ms), (from, to));
-        *used_ms.entry(u.tier.as_str()).or_insert(0) += u128::from(ms) * u128::from(u.gpus);
-        if (from..to).contains(&u.ended_ms) {
-            *revenue.entry(u.tier.as_str()).or_insert(0) += u.amount;
+        for part in u.parts() {
+            let tier = tier_key(&part.tier);
+            let ms = overlap((part.from_ms, part.to_ms), (from, to));
+            *used_ms.entry(tier).or_insert(0) += u128::from(ms) * u128::from(u.gpus);
+            if (from..to).contains(&u.ended_ms) {
+                *revenue.entry(tier).or_insert(0) += part.amount;
+            }
         }
     }
     for l in live {
@@ -563,13 +648,16 @@ pub fn series(ledger: &Ledger, from: u64, to: u64, step_ms: u64) -> api::ReportS
     let mut used_ms: BTreeMap<&str, Vec<u128>> = TIERS.iter().map(|&tier| (tier, vec![0; n])).collect();
     let mut revenue: BTreeMap<&str, Vec<i64>> = TIERS.iter().map(|&tier| (tier, vec![0; n])).collect();
     for u in usage {
-        let used = used_ms.entry(u.tier.as_str()).or_insert_with(|| vec![0; n]);
-        for (i, ms) in buckets_of((u.started_ms, u.ended_ms)) {
-            used[i] += u128::from(ms) * u128::from(u.gpus);
-        }
-        if (from..to).contains(&u.ended_ms) {
-            let revenue = revenue.entry(u.tier.as_str()).or_insert_with(|| vec![0; n]);
-            revenue[((u.ended_ms - from) / step_ms) as usize] += u.amount;
+        for part in u.parts() {
+            let tier = tier_key(&part.tier);
+            let used = used_ms.entry(tier).or_insert_with(|| vec![0; n]);
+            for (i, ms) in buckets_of((part.from_ms, part.to_ms)) {
+                used[i] += u128::from(ms) * u128::from(u.gpus);
+            }
+            if (from..to).contains(&u.ended_ms) {
+                let revenue = revenue.entry(tier).or_insert_with(|| vec![0; n]);
+                revenue[((u.ended_ms - from) / step_ms) as usize] += part.amount;
+            }
         }
     }
     for l in live {
@@ -648,6 +736,7 @@ mod tests {
             outcome: "preempted",
             follows_preemption: true,
             within_min_runtime: false,
+            promoted: None,
         };
         let u = meter(base);
         assert!(u.follows_preemption && !u.within_min_runtime);
@@ -709,6 +798,7 @@ mod tests {
                 outcome: "completed".into(),
                 follows_preemption: false,
                 within_min_runtime: false,
+                segments: Vec::new(),
             }
         }
     }
@@ -865,7 +955,48 @@ mod tests {
             outcome: "completed".into(),
             follows_preemption: false,
             within_min_runtime: false,
+            segments: Vec::new(),
         }
+    }
+
+    #[test]
+    fn a_promoted_attempt_is_billed_at_each_rate_for_its_seconds_and_invoiced_on_two_lines() {
+        // 2 GPUs from 10 s; promoted at 70.2 s (61 started seconds as
+        // preemptible at $1/GPU-h), ended at 100.5 s (91 seconds in all,
+        // 30 of them on-demand at $2/GPU-h).
+        let u = meter(Ended {
+            job: 1,
+            attempt: 1,
+            tenant: 1,
+            tier: "on-demand",
+            gpu_model: "H100",
+            gpus: 2,
+            started_ms: 10_000,
+            ended_ms: 100_500,
+            notice_at_ms: None,
+            rate: 2_000_000,
+            on_demand_rate: 2_000_000,
+            lost_gpu_ms: 0,
+            outcome: "completed",
+            follows_preemption: false,
+            within_min_runtime: false,
+            promoted: Some((70_200, 1_000_000)),
+        });
+        let parts: Vec<_> = u.parts().iter().map(|p| (p.tier.clone(), p.seconds, p.rate, p.amount)).collect();
+        assert_eq!(
+            parts,
+            vec![
+                ("preemptible".to_string(), 61, 1_000_000, 61 * 2 * 1_000_000 / 3600),
+                ("on-demand".to_string(), 30, 2_000_000, 30 * 2 * 2_000_000 / 3600),
+            ]
+        );
+        assert_eq!((u.seconds, u.amount), (91, 33_888 + 33_333));
+        let invoice = invoice("acme", std::slice::from_ref(&u), &[], 0, 1_000_000);
+        let lines: Vec<_> =
+            invoice.lines.iter().map(|l| (l.tier.as_str(), l.gpu_seconds, l.amount_micro_usd)).collect();
+        assert_eq!(lines, vec![("on-demand", 60, 33_333), ("preemptible", 122, 33_888)]);
+        assert_eq!(invoice.total_micro_usd, u.amount);
+        assert_eq!(invoice.preemptible_savings_micro_usd, amount(2_000_000, 122) - 33_888);
     }
 
     #[test]

@@ -267,7 +267,7 @@ fn integral_floats_as_integers(value: &mut serde_json::Value) {
     components(schemas(
         api::JobSubmission, api::Submitted, api::JobBatch, api::BatchSubmitted, api::Job, api::JobEvent, api::EventKind, api::NodeGpus, api::Node, api::HeldGpus,
         api::ReclaimRequest, api::ReclaimReply, api::ReclaimRelease, api::ReclaimReleased, api::TenantRequest, api::TenantCreated, api::TenantSummary, api::LogChunk,
-        api::ErrorBody, api::SweepParam, api::Checkpoint, api::Drill, api::DrillCheckpoint, api::ArrayTask, api::ArrayProgress, api::TaskState,
+        api::ErrorBody, api::SweepParam, api::Checkpoint, api::Drill, api::DrillCheckpoint, api::DeadlineStatus, api::UsageSegment, api::ArrayTask, api::ArrayProgress, api::TaskState,
         api::Price, api::PriceBook, api::PriceUpdate, api::ReservationRequest, api::Reservation, api::Borrower, api::Usage,
         api::InvoiceLine, api::ReservationCharge, api::Invoice, api::TierReport, api::OperatorReport,
         api::ReportBucket, api::ReportSeries,

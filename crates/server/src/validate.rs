@@ -13,6 +13,8 @@ pub struct Checked {
     pub tier: Tier,
     pub gpus: u32,
     pub signal: i32,
+    /// When a preemptible job must be done, milliseconds since the epoch.
+    pub deadline_ms: Option<u64>,
     /// The tasks of an array or sweep (none for a single job).
     pub tasks: Vec<Task>,
 }
@@ -199,7 +201,16 @@ pub fn submission(spec: &JobSubmission, core: &State, limits: &Limits) -> Result
         tasks = sweep_tasks(&spec.sweep, limits.max_array_tasks)
             .map_err(|e| ApiError::unprocessable(format!("sweep: {e}")))?;
     }
-    Ok(Checked { tier, gpus, signal, tasks })
+    let deadline_ms = match spec.deadline.as_deref() {
+        None => None,
+        Some(_) if tier != Tier::Preemptible => {
+            return refuse(format!(
+                "deadline: only preemptible jobs have deadlines ({tier} jobs are never preempted); drop it or submit as preemptible"
+            ))
+        }
+        Some(text) => Some(crate::billing::parse_time("deadline", text)?),
+    };
+    Ok(Checked { tier, gpus, signal, deadline_ms, tasks })
 }
 
 /// `A-B` (inclusive) or a single index `N`, of at most `max_tasks` tasks.

@@ -53,6 +53,7 @@ fn usage(job: u64, attempt: u32, ended_ms: u64) -> UsageRow {
         outcome: "preempted".into(),
         follows_preemption: attempt > 1,
         within_min_runtime: attempt > 2,
+        segments: Vec::new(),
     }
 }
 

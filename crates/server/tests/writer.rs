@@ -1092,3 +1092,60 @@ fn a_finished_job_out_of_memory_is_still_listed_shown_logged_and_counted() {
     // Ids go on past every job, finished ones included.
     assert_eq!(env.submit(1), tasks[2] + 1);
 }
+
+/// A deadline job on track stays preemptible; once its progress says it
+/// would be late it is promoted where it runs, stays promoted across a
+/// restart, and its one usage record is split at the promotion.
+#[test]
+fn a_deadline_job_is_promoted_in_place_and_its_attempt_is_billed_at_both_rates() {
+    let mut env = TestEnv::new("deadline");
+    env.register("a", Vec::new(), Vec::new());
+    let (reply, mut rx) = oneshot::channel();
+    let spec = JobSubmission {
+        gpus: Some(2),
+        argv: vec!["work".into()],
+        deadline: Some(ebb_server::rfc3339(env.now + 600_000)),
+        ..Default::default()
+    };
+    let (now, principal) = (env.now, env.admin.clone());
+    env.engine().batch(vec![Msg::Submit { principal, spec, reply }], now).unwrap();
+    let id = rx.try_recv().unwrap().unwrap()[0];
+    let attempt = *env.poll("a").iter().find(|a| a.job == id).expect("placed");
+    let started = env.now;
+    env.report("a", vec![AgentEvent::Started { attempt, pid: 1, at_ms: started }]);
+    assert_eq!(env.job(id).unwrap().deadline.unwrap().state, "no_progress");
+
+    // 10% in 10 s: 90 s more and a 72 s margin fit in the 590 s left.
+    env.now += 10_000;
+    env.report("a", vec![AgentEvent::Progress { attempt, fraction: 0.1, at_ms: env.now }]);
+    let job = env.job(id).unwrap();
+    assert_eq!((job.tier.as_str(), job.deadline.unwrap().state.as_str()), ("preemptible", "on_track"));
+    // 40% in 300 s: 450 s more and a 108 s margin do not fit in 300 s.
+    env.now = started + 300_000;
+    env.report("a", vec![AgentEvent::Progress { attempt, fraction: 0.4, at_ms: env.now }]);
+    let job = env.job(id).unwrap();
+    assert_eq!((job.tier.as_str(), job.state.as_str(), job.attempt), ("on-demand", "running", 1));
+    assert_eq!(job.deadline.as_ref().unwrap().state, "promoted");
+    let promoted = job.events.iter().find(|e| e.kind == EventKind::Promoted).expect("a promoted event");
+    assert_eq!((promoted.at_ms, &promoted.detail["running"]), (env.now, &serde_json::json!(true)));
+
+    // A restarted server keeps it on-demand and still splits its bill.
+    env.restart();
+    env.register("a", vec![attempt], Vec::new());
+    assert_eq!(env.job(id).unwrap().tier, "on-demand");
+    env.now += 100_000;
+    env.report("a", vec![exited(attempt, 0, env.now)]);
+    let usage = env.usage(id);
+    assert_eq!(usage.len(), 1);
+    let parts: Vec<_> =
+        usage[0].parts().iter().map(|p| (p.tier.clone(), p.seconds, p.rate, p.amount)).collect();
+    assert_eq!(
+        parts,
+        vec![
+            ("preemptible".to_string(), 300, 1_800_000, 300_000),
+            ("on-demand".to_string(), 100, 3_600_000, 200_000),
+        ]
+    );
+    assert_eq!((usage[0].seconds, usage[0].amount), (400, 500_000));
+    assert_eq!(env.job(id).unwrap().deadline.unwrap().state, "met");
+}

@@ -23,8 +23,10 @@ use ebb_scheduler::{
     VictimPolicy,
 };
 
-use crate::summary::{round, ConfigEcho, Percentiles, Series, SimOutput, Summary, TierFigures, Window};
-use crate::{NoticeMode, SimConfig, SimError, Trace};
+use crate::summary::{
+    round, ConfigEcho, DeadlineFigures, Percentiles, Series, SimOutput, Summary, TierFigures, Window,
+};
+use crate::{DeadlinePolicy, NoticeMode, SimConfig, SimError, Trace};
 
 const HOUR_MS: u64 = 3_600_000;
 /// A repeat preemption this early in the attempt is counted as quick: a
@@ -48,7 +50,13 @@ enum Event {
     Checkpoint(usize, u32),
     /// A draining attempt exits: after saving, or killed at its deadline.
     DrainExit(usize, u32),
+    /// Judge job `.0`'s deadline (`--deadline-slack`, policy `promote`).
+    DeadlineCheck(usize),
 }
+
+/// The server's restart allowance in the deadline margin
+/// (`ebb_server::engine::RESTART_ALLOWANCE_MS`).
+const RESTART_ALLOWANCE_MS: u64 = 60_000;
 
 struct Running {
     start: Time,
@@ -83,6 +91,11 @@ struct SimJob {
     done_at: Option<Time>,
     /// Preemption notices it has had.
     preemptions: u32,
+    /// When it must be done (`--deadline-slack`), and whether it was promoted.
+    deadline: Option<Time>,
+    promoted: bool,
+    /// What its attempts cost, micro-dollars.
+    cost: i64,
 }
 
 impl SimJob {
@@ -126,6 +139,8 @@ struct Engine<'a> {
     queued_by_hour: Vec<[u32; 3]>,
     preemptions_by_hour: Vec<u32>,
     last_sampled_hour: Option<u64>,
+    /// Rates per GPU-hour by tier rank: reserved, on-demand, preemptible.
+    rates: [MicroUsd; 3],
 }
 
 /// Replays `traces` under `config`. `progress` is called now and then.
@@ -170,6 +185,12 @@ fn validate(config: &SimConfig, traces: &[Trace]) -> Result<(), SimError> {
         return fail(format!(
             "--preemptible-fraction must be between 0 and 1, got {}",
             config.preemptible_fraction
+        ));
+    }
+    if config.deadline_slack.is_some_and(|slack| !(slack.is_finite() && slack >= 1.0)) {
+        return fail(format!(
+            "--deadline-slack must be at least 1 (a deadline before the work could be done), got {}",
+            config.deadline_slack.unwrap_or_default()
         ));
     }
     if config.checkpoint_interval == Some(Span::ZERO) {
@@ -238,6 +259,14 @@ impl<'a> Engine<'a> {
             queued_by_hour: Vec::new(),
             preemptions_by_hour: Vec::new(),
             last_sampled_hour: None,
+            rates: {
+                let book = PriceBook {
+                    on_demand_per_gpu_hour: config.on_demand_price,
+                    reserved_per_gpu_hour: config.reserved_price,
+                    preemptible_discount_bps: config.preemptible_discount_bps,
+                };
+                [config.reserved_price, book.on_demand_per_gpu_hour, book.preemptible_per_gpu_hour()]
+            },
         })
     }
 
@@ -270,12 +299,22 @@ impl<'a> Engine<'a> {
             let trace = &traces[t];
             let row = &trace.jobs[i];
             let fits = shape_fits(row.gpus, self.config.gpus_per_node) && row.gpus <= self.capacity;
-            let tier =
+            let mut tier =
                 trace.tier.unwrap_or(if preemptible_by_id(&row.id, self.config.preemptible_fraction) {
                     Tier::Preemptible
                 } else {
                     Tier::OnDemand
                 });
+            let deadline = match (tier, self.config.deadline_slack) {
+                (Tier::Preemptible, Some(slack)) => {
+                    let allowed = (row.duration_s as f64 * 1000.0 * slack).round() as u64;
+                    Some(Time::from_secs(row.submit_s) + Span(allowed))
+                }
+                _ => None,
+            };
+            if deadline.is_some() && self.config.deadline_policy == DeadlinePolicy::OnDemand {
+                tier = Tier::OnDemand;
+            }
             let fits = fits
                 && match tier {
                     Tier::Reserved => row.gpus <= self.config.reserved_gpus,
@@ -300,6 +339,9 @@ impl<'a> Engine<'a> {
                 first_start: None,
                 done_at: None,
                 preemptions: 0,
+                deadline,
+                promoted: false,
+                cost: 0,
             });
             self.push(Time::from_secs(row.submit_s), Event::Arrive(index));
         }
@@ -340,7 +382,9 @@ impl<'a> Engine<'a> {
                         max_preemptions: None,
                     };
                     self.state.submit(spec).expect("trace jobs are valid");
+                    self.plan_deadline_check(i, now);
                 }
+                Event::DeadlineCheck(i) => self.check_deadline(i, now),
                 Event::Complete(i, generation) if self.jobs[i].generation == generation => {
                     self.exit(i, now, true)
                 }
@@ -382,6 +426,40 @@ impl<'a> Engine<'a> {
             // Exits due right now (no notice, or an instant save) free GPUs
             // that this same instant can use.
             self.process_events_at(now);
+        }
+    }
+
+    /// Under policy `promote`, when job `i`, queued from `now`, must be
+    /// judged: the last instant it could start and still finish with the
+    /// server's margin (the drain window, the restart allowance and a
+    /// tenth of the rest). The simulator knows the rest exactly; the
+    /// server estimates it from the job's progress reports.
+    fn plan_deadline_check(&mut self, i: usize, now: Time) {
+        let job = &self.jobs[i];
+        let Some(deadline) = job.deadline else { return };
+        if self.config.deadline_policy != DeadlinePolicy::Promote || job.promoted || job.done_at.is_some() {
+            return;
+        }
+        let overhead = if job.attempt.0 > 0 { self.config.restart_overhead.0 } else { 0 };
+        let needed = job.duration - job.saved + overhead;
+        let margin = self.core.drain_window.0 + RESTART_ALLOWANCE_MS + needed / 10;
+        let due = Time(deadline.0.saturating_sub(margin + needed)).max(now);
+        self.push(due, Event::DeadlineCheck(i));
+    }
+
+    /// A queued deadline job whose slack is gone is promoted to on-demand;
+    /// a running one is left to run (it progresses at its rate, so its
+    /// judgement changes only if it is preempted, which plans a new check).
+    fn check_deadline(&mut self, i: usize, now: Time) {
+        let job = &self.jobs[i];
+        if job.promoted || job.done_at.is_some() || job.run.is_some() || job.tier != Tier::Preemptible {
+            return;
+        }
+        if self.state.job(Self::id(i)).is_some_and(|j| j.phase == ebb_scheduler::Phase::Queued) {
+            self.state.promote(Self::id(i), now).expect("a queued preemptible job is promoted");
+            let job = &mut self.jobs[i];
+            job.tier = Tier::OnDemand;
+            job.promoted = true;
         }
     }
 
@@ -480,6 +558,7 @@ impl<'a> Engine<'a> {
         let ran = now.saturating_since(run.start).0;
         let tier = job.tier.rank() as usize;
         self.busy[tier] += gpus * ran as u128;
+        job.cost += MicroUsd::for_gpu_millis(self.rates[tier], gpus * ran as u128).0;
         self.restart += gpus * run.overhead.min(ran) as u128;
         add_interval(&mut self.busy_by_hour, hour_origin, tier, job.gpus, run.start, now);
         if let Some(until) = self.config.window_until {
@@ -504,6 +583,9 @@ impl<'a> Engine<'a> {
             matches!(effect, ExitEffect::Finished | ExitEffect::Requeued { preempted: true }),
             "{effect:?}"
         );
+        if !completed {
+            self.plan_deadline_check(i, now);
+        }
     }
 
     fn hour(&self, t: Time) -> usize {
@@ -597,6 +679,30 @@ impl<'a> Engine<'a> {
             revenue_micro_usd: TierFigures::from_array(revenue.map(|m| m.0)),
             jobs_by_tier: per_tier(&|_| true),
             completed_by_tier: per_tier(&|j| j.done_at.is_some()),
+            deadlines: config.deadline_slack.map(|slack| {
+                let with: Vec<&SimJob> = self.jobs.iter().filter(|j| j.deadline.is_some()).collect();
+                let met =
+                    with.iter().filter(|j| j.done_at.is_some_and(|d| Some(d) <= j.deadline)).count() as u64;
+                let cost: i64 = with.iter().map(|j| j.cost).sum();
+                let gpu_ms: u128 = with.iter().map(|j| j.gpus as u128 * j.duration as u128).sum();
+                let on_demand = MicroUsd::for_gpu_millis(rates[1], gpu_ms);
+                DeadlineFigures {
+                    slack,
+                    policy: match config.deadline_policy {
+                        DeadlinePolicy::OnDemand => "on-demand",
+                        DeadlinePolicy::Preemptible => "preemptible",
+                        DeadlinePolicy::Promote => "promote",
+                    }
+                    .into(),
+                    jobs: with.len() as u64,
+                    met,
+                    missed: with.len() as u64 - met,
+                    promoted: with.iter().filter(|j| j.promoted).count() as u64,
+                    cost_usd: round(MicroUsd(cost).as_usd_f64(), 2),
+                    cost_micro_usd: cost,
+                    on_demand_cost_usd: round(on_demand.as_usd_f64(), 2),
+                }
+            }),
             window: config.window_until.map(|until| {
                 let length = Time::from_secs(until).saturating_since(self.origin).0 as u128;
                 let capacity_ms = self.capacity as u128 * length;

@@ -13,7 +13,7 @@ mod summary;
 pub mod trace;
 
 pub use engine::{run, Progress};
-pub use summary::{Percentiles, Series, SimOutput, Summary, TierFigures, Window};
+pub use summary::{DeadlineFigures, Percentiles, Series, SimOutput, Summary, TierFigures, Window};
 pub use trace::{Trace, TraceJob};
 
 use ebb_core::{MicroUsd, Span};
@@ -36,6 +36,32 @@ impl std::str::FromStr for NoticeMode {
             "drain" => Ok(NoticeMode::Drain),
             "none" => Ok(NoticeMode::None),
             other => Err(format!("notice: expected drain or none, got {other:?}")),
+        }
+    }
+}
+
+/// What becomes of the jobs given deadlines (`--deadline-slack`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeadlinePolicy {
+    /// Submitted on-demand: never preempted, full price.
+    OnDemand,
+    /// Preemptible throughout, whatever the deadline.
+    Preemptible,
+    /// Preemptible, promoted to on-demand by the server's rule (a queued
+    /// job whose remaining run time and margin no longer fit).
+    Promote,
+}
+
+impl std::str::FromStr for DeadlinePolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "on-demand" => Ok(DeadlinePolicy::OnDemand),
+            "preemptible" => Ok(DeadlinePolicy::Preemptible),
+            "promote" => Ok(DeadlinePolicy::Promote),
+            other => {
+                Err(format!("deadline policy: expected on-demand, preemptible or promote, got {other:?}"))
+            }
         }
     }
 }
@@ -73,6 +99,10 @@ pub struct SimConfig {
     /// trace time `until` (seconds),
     /// so runs whose backlogs drain at different times compare fairly.
     pub window_until: Option<u64>,
+    /// Give the jobs chosen preemptible a deadline at submission + this
+    /// many times their duration, handled by `deadline_policy`.
+    pub deadline_slack: Option<f64>,
+    pub deadline_policy: DeadlinePolicy,
 }
 
 impl Default for SimConfig {
@@ -94,6 +124,8 @@ impl Default for SimConfig {
             reserved_price: MicroUsd(1_400_000),
             preemptible_discount_bps: ebb_core::PriceBook::DEFAULT_DISCOUNT_BPS,
             window_until: None,
+            deadline_slack: None,
+            deadline_policy: DeadlinePolicy::Promote,
         }
     }
 }

@@ -116,6 +116,9 @@ pub struct Summary {
     /// The same figures over a fixed window, when one was asked for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub window: Option<Window>,
+    /// The jobs given deadlines, when `--deadline-slack` was given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deadlines: Option<DeadlineFigures>,
     pub config: ConfigEcho,
 }
 
@@ -219,6 +222,22 @@ pub struct Series {
     pub preemptions: Vec<u32>,
     /// Revenue earned up to the end of each hour, per tier, in dollars.
     pub revenue_usd: Vec<[f64; 3]>,
+}
+
+/// The jobs given deadlines (`--deadline-slack`): how many met them,
+/// and what they cost their owners.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DeadlineFigures {
+    pub slack: f64,
+    pub policy: String,
+    pub jobs: u64,
+    pub met: u64,
+    pub missed: u64,
+    pub promoted: u64,
+    pub cost_usd: f64,
+    pub cost_micro_usd: i64,
+    /// The same work at the on-demand price (their GPU-time run once).
+    pub on_demand_cost_usd: f64,
 }
 
 #[derive(Clone, Debug, PartialEq)]

@@ -226,3 +226,41 @@ fn min_runtime_stops_a_resumed_job_being_preempted_again_at_once() {
     assert_eq!(on.on_demand_wait_s.max, 60.0);
     assert_eq!((on.lost_gpu_hours, off.lost_gpu_hours), (0.0, 0.0));
 }
+
+/// One preemptible job of an hour with a deadline at 1.5 times that, on a
+/// node that on-demand work of 5 minutes takes every 15 minutes.
+fn deadline_run(policy: ebb_sim::DeadlinePolicy) -> ebb_sim::DeadlineFigures {
+    let job = |id: &str, submit_s, duration_s| TraceJob { id: id.into(), submit_s, duration_s, gpus: 4 };
+    let preemptible = Trace { name: "preemptible".into(), tier: None, jobs: vec![job("a", 0, 3_600)] };
+    let on_demand = Trace {
+        name: "on-demand".into(),
+        tier: Some(Tier::OnDemand),
+        jobs: (0..6).map(|k| job(&format!("od{k}"), 600 + 900 * k, 300)).collect(),
+    };
+    let config = SimConfig {
+        nodes: 1,
+        gpus_per_node: 4,
+        preemptible_fraction: 1.0,
+        drain_checkpoint: Some(Span::from_secs(60)),
+        deadline_slack: Some(1.5),
+        deadline_policy: policy,
+        ..SimConfig::default()
+    };
+    replay(&config, &[preemptible, on_demand]).summary.deadlines.unwrap()
+}
+
+#[test]
+fn promotion_meets_a_deadline_that_preemptions_would_miss_for_less_than_on_demand() {
+    use ebb_sim::DeadlinePolicy::*;
+    let (on_demand, preemptible, promote) =
+        (deadline_run(OnDemand), deadline_run(Preemptible), deadline_run(Promote));
+    // Preempted by every burst, it loses 6 minutes to each and is late.
+    assert_eq!((preemptible.jobs, preemptible.met, preemptible.promoted), (1, 0, 0));
+    // Promoted once the rest and the margin no longer fit, it is no victim
+    // from then on and finishes in time.
+    assert_eq!((promote.met, promote.promoted), (1, 1));
+    assert_eq!((on_demand.met, on_demand.promoted), (1, 0));
+    assert!(preemptible.cost_micro_usd < promote.cost_micro_usd, "{preemptible:?} {promote:?}");
+    assert!(promote.cost_micro_usd < on_demand.cost_micro_usd, "{promote:?} {on_demand:?}");
+    assert_eq!(on_demand.cost_usd, on_demand.on_demand_cost_usd);
+}

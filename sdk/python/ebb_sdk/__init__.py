@@ -13,6 +13,9 @@ Ebb when the work is done.
             ebb_sdk.exit_now()          # requeued: no completion marker
     ebb_sdk.complete()                  # success, even during a drain
 
+A job with a deadline reports how far it has got, `ebb_sdk.progress(step /
+total)`, so that Ebb moves it to on-demand only when it would be late.
+
 From a notebook, `ebb_sdk.drill(job_id)` runs a fire drill of a running
 job's drain (as `ebb drill` does) and returns its report.
 
@@ -22,7 +25,15 @@ use those libraries.
 """
 
 from ._env import attempt, checkpoint_interval, in_ebb, job_id, params, rank, task_count, task_index, world_size
-from .checkpoint import Checkpoint, CheckpointManager, complete, exit_now, report_checkpoint, report_resumed
+from .checkpoint import (
+    Checkpoint,
+    CheckpointManager,
+    complete,
+    exit_now,
+    progress,
+    report_checkpoint,
+    report_resumed,
+)
 from .drain import DrainWatcher, Notice, drain_requested, notice, on_drain, watcher
 from .drills import DrillError, drill
 
@@ -43,6 +54,7 @@ __all__ = [
     "notice",
     "on_drain",
     "params",
+    "progress",
     "rank",
     "report_checkpoint",
     "report_resumed",

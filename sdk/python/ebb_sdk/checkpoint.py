@@ -63,6 +63,20 @@ def report_checkpoint(step: Optional[int] = None, size: Optional[int] = None, se
     return _post("/ebb/v1/checkpoint", "checkpoint report", body)
 
 
+def progress(fraction: float) -> bool:
+    """Tells Ebb how much of the job is done, a fraction from 0 to 1
+    (e.g. steps done over steps in all). A job submitted with a deadline
+    (`ebb submit --deadline`) is judged by it: it stays preemptible while
+    the rest fits before the deadline and moves to on-demand once it would
+    not. Report it every few minutes, or with each checkpoint. Returns
+    False outside Ebb or if the agent could not be told; never raises
+    (a fraction outside 0..1 raises ValueError: that is a bug in the job)."""
+    fraction = float(fraction)
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"progress: the fraction done must be from 0 to 1, got {fraction}")
+    return _post("/ebb/v1/progress", "progress report", {"fraction": fraction})
+
+
 def report_resumed(step: Optional[int] = None) -> bool:
     """Tells Ebb this attempt resumed from the checkpoint of `step` (for
     restores not done by `CheckpointManager.load_latest` or the

@@ -17,6 +17,7 @@ class Endpoint:
         self.notice = None
         self.reports = []
         self.resumes = []
+        self.progress = []
         endpoint = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -39,6 +40,9 @@ class Endpoint:
                 body = json.loads(self.rfile.read(length))
                 if self.path == "/ebb/v1/checkpoint":
                     endpoint.reports.append(body)
+                    self.send_response(202)
+                elif self.path == "/ebb/v1/progress":
+                    endpoint.progress.append(body)
                     self.send_response(202)
                 elif self.path == "/ebb/v1/resumed":
                     endpoint.resumes.append(body)

@@ -145,3 +145,16 @@ def test_bad_arguments_are_refused(ebb_env):
         CheckpointManager(prefix="a/b")
     with pytest.raises(ValueError, match="step"):
         CheckpointManager().save(-1, b"")
+
+
+def test_progress_is_reported_to_the_endpoint_and_checked(ebb_env, endpoint):
+    assert ebb_sdk.progress(0.62)
+    assert ebb_sdk.progress(1)
+    assert endpoint.progress == [{"fraction": 0.62}, {"fraction": 1.0}]
+    with pytest.raises(ValueError, match="from 0 to 1"):
+        ebb_sdk.progress(1.5)
+    assert len(endpoint.progress) == 2
+
+
+def test_progress_outside_ebb_is_a_no_op():
+    assert not ebb_sdk.progress(0.5)

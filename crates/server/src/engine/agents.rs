@@ -226,9 +226,10 @@ impl<S: Store> Engine<S> {
         Ok(ReportReply { stale: stale.into_iter().collect() })
     }
 
-    /// Refuses, whole, events stamped later than the server's clock plus
-    /// the allowed skew: a node's clock that far ahead is wrong, and
-    /// nothing it says about time can be taken. `field` names where the
+    /// Refuses, whole, a progress report that is not a fraction, and
+    /// events stamped later than the server's clock plus the allowed
+    /// skew: a node's clock that far ahead is wrong, and nothing it says
+    /// about time can be taken. `field` names where the
     /// events came from in the request.
     pub(super) fn check_event_times(
         &self,
@@ -238,11 +239,19 @@ impl<S: Store> Engine<S> {
     ) -> Result<(), ApiError> {
         let bound = now.saturating_add(self.config.max_clock_skew.as_millis());
         for (i, event) in events.iter().enumerate() {
+            if let AgentEvent::Progress { fraction, .. } = event {
+                if !(0.0..=1.0).contains(fraction) {
+                    return Err(ApiError::bad_request(format!(
+                        "{field}[{i}].fraction: must be from 0 to 1, got {fraction}; nothing of this request was applied"
+                    )));
+                }
+            }
             let (kind, attempt, at_ms) = match event {
                 AgentEvent::Started { attempt, at_ms, .. } => ("started", attempt, *at_ms),
                 AgentEvent::Exited { attempt, at_ms, .. } => ("exited", attempt, *at_ms),
                 AgentEvent::Checkpoint { attempt, at_ms, .. } => ("checkpoint", attempt, *at_ms),
                 AgentEvent::Resumed { attempt, at_ms, .. } => ("resumed", attempt, *at_ms),
+                AgentEvent::Progress { attempt, at_ms, .. } => ("progress", attempt, *at_ms),
                 AgentEvent::Output { .. } => continue,
             };
             if at_ms > bound {
@@ -346,6 +355,14 @@ impl<S: Store> Engine<S> {
                     )?;
                     self.drill_changed(attempt.job, |d| d.resumed(attempt.attempt, step, at_ms, now))?;
                     self.save(attempt.job)?;
+                }
+                AgentEvent::Progress { attempt, fraction, at_ms } => {
+                    if !self.live_on(attempt, &node) {
+                        stale.insert(attempt);
+                        continue;
+                    }
+                    let at_ms = self.known_time(attempt, at_ms, now);
+                    self.progressed(attempt, fraction, at_ms, now)?;
                 }
                 AgentEvent::Output { attempt, data } => {
                     // Only the node the attempt was placed on writes its log.

@@ -229,6 +229,9 @@ fn meter(
         outcome,
         follows_preemption,
         within_min_runtime,
+        promoted: job.deadline.as_ref().and_then(|d| d.promoted.as_ref()).and_then(|p| {
+            p.running.filter(|(attempt, _)| *attempt == job.attempt).map(|(_, rate)| (p.at_ms, rate))
+        }),
     }))
 }
 

@@ -74,6 +74,7 @@ impl<S: Store> Engine<S> {
         let min_runtime = self.sched.min_runtime;
         // What a drill needs of the attempt, before the record forgets it.
         let drill_end = self.drill_attempt_end(id, effect, end_ms);
+        self.deadline_attempt_ended(id, end_ms);
         let job = self.jobs.get_mut(&id).expect("live attempt");
         // A drill is not a drain in the counters: its time is run time.
         let drained_ms =
@@ -108,6 +109,8 @@ impl<S: Store> Engine<S> {
         if ended.state.is_final() {
             self.finished(id)?;
         }
-        self.save(id)
+        self.save(id)?;
+        // Back in the queue, it may no longer have the time to wait.
+        self.judge_deadline(id, now)
     }
 }

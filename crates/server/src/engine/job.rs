@@ -144,6 +144,9 @@ pub struct JobRecord {
     /// they are when first touched.
     #[serde(default)]
     pub log_tracked: bool,
+    /// A preemptible job's deadline, its progress and its promotion.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<super::Deadline>,
     /// What the tally counts it as when it was last saved (not stored:
     /// counted again at load).
     #[serde(skip)]
@@ -313,6 +316,7 @@ impl JobRecord {
             quick_exits: 0,
             drill: None,
             log_tracked: true,
+            deadline: None,
             counted: None,
         }
     }

@@ -82,6 +82,7 @@ impl<S: Store> Engine<S> {
                 let index = array.as_ref().map(|a| a.index);
                 let mut record =
                     JobRecord::queued(id, tenant, spec, checked.tier, checked.gpus, checked.signal, now);
+                record.deadline = checked.deadline_ms.map(|at_ms| Deadline { at_ms, ..Deadline::default() });
                 if let Some(array) = array {
                     record.array = Some(array);
                 }
@@ -89,6 +90,7 @@ impl<S: Store> Engine<S> {
                 let detail = json!({ "tier": checked.tier.as_str(), "gpus": checked.gpus, "task": index });
                 self.event(id, EventKind::Submitted, detail)?;
                 self.counters.submitted += 1;
+                self.judge_deadline(id, now)?;
                 ids.push(id);
             }
             all.push(ids);
@@ -107,6 +109,13 @@ impl<S: Store> Engine<S> {
         now: u64,
     ) -> Result<(crate::validate::Checked, Tasks), ApiError> {
         let mut checked = crate::validate::submission(&spec, &self.core, limits)?;
+        if let Some(deadline_ms) = checked.deadline_ms.filter(|ms| *ms <= now) {
+            return Err(ApiError::unprocessable(format!(
+                "deadline: {} is not in the future (the server's time is {})",
+                rfc3339(deadline_ms),
+                rfc3339(now)
+            )));
+        }
         let mut spec = StoredSpec::from(spec);
         if checked.tier == Tier::Reserved {
             // A reserved job runs on its reservation's model.

@@ -48,6 +48,7 @@ use crate::{hash_token, new_token, rfc3339, ApiError, Principal, TokenMap, Token
 mod agents;
 mod batch;
 mod credentials;
+mod deadline;
 mod dispatch;
 mod drill;
 mod ending;
@@ -65,6 +66,7 @@ mod views;
 mod write;
 
 use credentials::write_secret;
+pub use deadline::{Deadline, Progress, Promotion, RESTART_ALLOWANCE_MS};
 pub use drill::{DrillExit, DrillRecord, NextAttempt, Resume, LOST_WORK_TOLERANCE};
 pub use ending::STOP_GRACE_MS;
 use job::TenantLoad;
@@ -345,6 +347,8 @@ pub struct Engine<S: Store> {
     next_job: u64,
     /// Jobs in a restart back-off, by when they may run again.
     backoff: BTreeSet<(u64, u64)>,
+    /// Deadline jobs not yet promoted, by when to judge them again.
+    deadlines: BTreeSet<(u64, u64)>,
     /// How much of each unfinished job's log is committed, once output came.
     logs: HashMap<u64, crate::store::LogState>,
     tenants: Tenants,

@@ -12,6 +12,7 @@ impl<S: Store> Engine<S> {
     /// Plans and applies until the core has nothing more to do.
     pub(super) fn schedule(&mut self, now: u64) -> Written {
         self.end_backoffs(now)?;
+        self.check_deadlines(now)?;
         self.hear_silent(now)?;
         for _ in 0..1000 {
             let started = std::time::Instant::now();

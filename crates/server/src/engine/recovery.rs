@@ -33,6 +33,7 @@ impl<S: Store> Engine<S> {
             finished_jobs: BTreeSet::new(),
             next_job: 1,
             backoff: BTreeSet::new(),
+            deadlines: BTreeSet::new(),
             logs: HashMap::new(),
             tenants: Tenants::default(),
             access: Access { tokens, node_credentials: BTreeMap::new() },
@@ -140,6 +141,9 @@ impl<S: Store> Engine<S> {
                 }
             }
             let mut job = job;
+            if job.deadline.as_ref().is_some_and(|d| d.promoted.is_none()) && !state.is_final() {
+                self.deadlines.insert((0, id)); // judged at the first pass
+            }
             self.tally.count(&mut job);
             self.jobs.insert(id, job);
             match (state, waiting) {

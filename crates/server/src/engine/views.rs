@@ -258,6 +258,10 @@ impl<S: Store> Engine<S> {
             env: BTreeMap::new(),
             events,
             drill: None,
+            deadline: job
+                .deadline
+                .as_ref()
+                .map(|d| deadline::status(job, d, self.now, self.config.drain_window)),
         }
     }
 
