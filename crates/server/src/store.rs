@@ -146,6 +146,10 @@ pub struct JobColumns<'a> {
     pub array: Option<(u64, u64)>,
     pub attempt: u32,
     pub preemptions: u32,
+    /// The state the store holds for the job as far as the writer knows
+    /// (none: not stored yet). A hint, not a promise: a store may use it
+    /// to write less and must still be right when it is wrong.
+    pub stored_state: Option<&'a str>,
 }
 
 /// The states a job never leaves, as `JobColumns::state` spells them.
@@ -588,6 +592,30 @@ impl Store for SqliteStore {
     }
 
     fn put_job<J: Serialize>(&mut self, id: u64, c: &JobColumns, job: &J) -> Result<()> {
+        let record = serde_json::to_string(job)?;
+        // A job's tenant, GPUs, name and array never change once it is
+        // stored: an update sets only what can, and its state only when
+        // that changed (SQLite rewrites the entries of every index whose
+        // column is set, whatever the value). When the hint is wrong, the
+        // update finds no row and the upsert below writes it whole.
+        if let Some(stored) = c.stored_state {
+            let updated = if stored == c.state {
+                self.run(
+                    "UPDATE jobs SET record = ?2, tier = ?3, attempt = ?4, preemptions = ?5
+                     WHERE id = ?1 AND state = ?6",
+                    params![id as i64, record, c.tier, c.attempt, c.preemptions, c.state],
+                )?
+            } else {
+                self.run(
+                    "UPDATE jobs SET record = ?2, tier = ?3, attempt = ?4, preemptions = ?5, state = ?6
+                     WHERE id = ?1",
+                    params![id as i64, record, c.tier, c.attempt, c.preemptions, c.state],
+                )?
+            };
+            if updated > 0 {
+                return Ok(());
+            }
+        }
         self.run(
             "INSERT INTO jobs
                  (id, tenant, record, state, tier, gpus, name, array_id, array_index, attempt, preemptions)
@@ -599,7 +627,7 @@ impl Store for SqliteStore {
             params![
                 id as i64,
                 c.tenant,
-                serde_json::to_string(job)?,
+                record,
                 c.state,
                 c.tier,
                 c.gpus,

@@ -31,6 +31,7 @@ fn columns(tenant: u32, state: &str) -> JobColumns<'_> {
         array: None,
         attempt: 0,
         preemptions: 0,
+        stored_state: None,
     }
 }
 
@@ -294,11 +295,32 @@ fn lists_jobs<S: Store>(store: &mut S) {
         (9, 1, "queued", "on-demand", 1, None, None),
     ];
     for (id, tenant, state, tier, gpus, name, array) in jobs {
-        let columns =
-            JobColumns { tenant, state, tier, gpus, name, array, attempt: id as u32 % 3, preemptions: 1 };
-        // Written twice, as a record changes: the columns follow.
-        store.put_job(id, &JobColumns { state: "queued", ..columns }, &json!({ "id": id })).unwrap();
-        store.put_job(id, &columns, &json!({ "id": id, "state": state })).unwrap();
+        let columns = JobColumns {
+            tenant,
+            state,
+            tier,
+            gpus,
+            name,
+            array,
+            attempt: id as u32 % 3,
+            preemptions: 1,
+            stored_state: Some("queued"),
+        };
+        // Written twice, as a record changes: the columns follow. The
+        // second write's hint of what is stored is right for some jobs and
+        // wrong for others (the new state; another one): the result is the
+        // same.
+        store
+            .put_job(id, &JobColumns { state: "queued", stored_state: None, ..columns }, &json!({ "id": id }))
+            .unwrap();
+        let hint = match id % 3 {
+            0 => Some("queued"),
+            1 => Some(state),
+            _ => Some("draining"),
+        };
+        store
+            .put_job(id, &JobColumns { stored_state: hint, ..columns }, &json!({ "id": id, "state": state }))
+            .unwrap();
     }
     store.commit().unwrap();
 

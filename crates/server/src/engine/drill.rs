@@ -357,7 +357,7 @@ impl<S: Store> Engine<S> {
         self.drill_changed(id, |d| d.abandoned("a new drill began", now))?;
         let job = self.jobs.get_mut(&id).expect("visible");
         let nodes = job.running_on.clone();
-        job.drill = Some(DrillRecord::new(drain.attempt.0, nodes.clone(), now, drain.deadline.0));
+        job.drill = Some(Box::new(DrillRecord::new(drain.attempt.0, nodes.clone(), now, drain.deadline.0)));
         let detail = json!({
             "phase": "notice",
             "attempt": drain.attempt.0,
@@ -405,7 +405,7 @@ impl<S: Store> Engine<S> {
             code: job.exit_code,
             signal: job.exit_signal,
             lost_ms: ending::lost_work(job, end_ms) / u64::from(job.gpus.max(1)),
-            saved: job.checkpoints.last.clone(),
+            saved: job.checkpoints.last.as_deref().cloned(),
         }
     }
 }

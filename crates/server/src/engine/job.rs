@@ -63,6 +63,7 @@ impl JobRecord {
             array: self.array.as_ref().map(|a| (a.id, a.index)),
             attempt: self.attempt,
             preemptions: self.preemptions,
+            stored_state: None,
         }
     }
 }
@@ -86,59 +87,62 @@ pub struct JobRecord {
     pub placement: Vec<(String, Vec<u8>)>,
     pub started_ms: u64,
     pub running_on: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notice: Option<(u64, u64, String)>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_signal: Option<i32>,
     pub cancel_requested: bool,
     /// A running job's cancel: when its notice was given and when SIGKILL
     /// comes (absent in records of servers before cancels had notices).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cancel_notice: Option<(u64, u64)>,
     /// A node lost track of the live attempt.
     pub vanished: bool,
     /// GPUs held for this queued job while `waiting_for` drain.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub held: Vec<(String, Vec<u8>)>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub waiting_for: Vec<u64>,
     /// The array or sweep this job is a task of.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub array: Option<ebb_api::ArrayTask>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub checkpoints: CheckpointStats,
     /// The live attempt, by the agents' clocks: when its first process
     /// started, the nodes that have started it, when its last checkpoint
     /// completed, and when its last process exited.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_started_ms: Option<u64>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub started_on: Vec<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempt_checkpoint_ms: Option<u64>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub exited_ms: u64,
     /// Work lost over all attempts, GPU-milliseconds.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub lost_gpu_ms: u64,
     /// The interval recommended to the latest attempt, seconds, and why.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interval: Option<(u64, String)>,
     /// A live gang's rendezvous (`MASTER_ADDR`, `MASTER_PORT`).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rendezvous: Option<(String, u16)>,
     /// The live attempt's GPU model and rates per GPU-hour (its tier's, and
     /// on-demand's), fixed when it was placed.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub billing: Option<(String, i64, i64)>,
     /// A queued job kept out of the scheduler for now, and why.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting: Option<Waiting>,
     /// Quick exits in a row of a `--restart always` job: its back-off.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub quick_exits: u32,
     /// Its latest fire drill, concluded or not.
-    #[serde(default)]
-    pub drill: Option<super::DrillRecord>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drill: Option<Box<super::DrillRecord>>,
     /// Its log's committed length is kept in the store (`LogState`): true
     /// for every job since that was so; older jobs' logs are taken as
     /// they are when first touched.
@@ -146,7 +150,7 @@ pub struct JobRecord {
     pub log_tracked: bool,
     /// A preemptible job's deadline, its progress and its promotion.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub deadline: Option<super::Deadline>,
+    pub deadline: Option<Box<super::Deadline>>,
     /// What the tally counts it as when it was last saved (not stored:
     /// counted again at load).
     #[serde(skip)]
@@ -224,24 +228,24 @@ impl crate::store::JobRow for JobRecord {
 /// older servers that are not here are ignored.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct StoredSpec {
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_model: Option<String>,
     pub argv: Vec<String>,
     /// Shared by the tasks of one submission (an array's may be the
     /// submitter's whole environment, 100,000 times).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_empty_env")]
     pub env: Arc<BTreeMap<String, String>>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workdir: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_preemptions: Option<u32>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_retries: Option<u32>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub exit_on_drain_is_success: bool,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restart: Option<String>,
 }
 
@@ -368,9 +372,9 @@ pub(super) struct TenantLoad {
 }
 
 /// What a job's checkpoint reports have shown.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct CheckpointStats {
-    pub last: Option<ebb_api::Checkpoint>,
+    pub last: Option<Box<ebb_api::Checkpoint>>,
     pub count: u64,
     /// How long the latest few took, milliseconds: δ is their mean.
     pub recent_ms: Vec<u64>,
@@ -382,7 +386,7 @@ impl CheckpointStats {
     const RECENT: usize = 5;
 
     pub(super) fn record(&mut self, checkpoint: ebb_api::Checkpoint, duration_ms: u64) {
-        self.last = Some(checkpoint);
+        self.last = Some(Box::new(checkpoint));
         self.count += 1;
         self.recent_ms.push(duration_ms);
         if self.recent_ms.len() > Self::RECENT {
@@ -395,6 +399,17 @@ impl CheckpointStats {
         let n = self.recent_ms.len() as u64;
         (n > 0).then(|| Span(self.recent_ms.iter().sum::<u64>() / n))
     }
+}
+
+/// A record leaves out what is at its default (a missing field reads
+/// back as its default, in this server and the ones before it): a record
+/// is written at every change of its job.
+fn is_default<T: Default + PartialEq>(value: &T) -> bool {
+    *value == T::default()
+}
+
+fn is_empty_env(env: &Arc<BTreeMap<String, String>>) -> bool {
+    env.is_empty()
 }
 
 mod tier_name {

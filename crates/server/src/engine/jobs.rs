@@ -82,7 +82,8 @@ impl<S: Store> Engine<S> {
                 let index = array.as_ref().map(|a| a.index);
                 let mut record =
                     JobRecord::queued(id, tenant, spec, checked.tier, checked.gpus, checked.signal, now);
-                record.deadline = checked.deadline_ms.map(|at_ms| Deadline { at_ms, ..Deadline::default() });
+                record.deadline =
+                    checked.deadline_ms.map(|at_ms| Box::new(Deadline { at_ms, ..Deadline::default() }));
                 if let Some(array) = array {
                     record.array = Some(array);
                 }

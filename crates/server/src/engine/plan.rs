@@ -117,7 +117,8 @@ impl<S: Store> Engine<S> {
         let billing = self.rates(self.jobs[&id].tier, &placement[0].0)?;
         let job = self.jobs.get_mut(&id).expect("known job");
         job.billing = Some(billing);
-        job.interval = Some((recommendation.interval.as_secs(), recommendation.to_string()));
+        let why = recommendation.to_string();
+        job.interval = Some((recommendation.interval.as_secs(), why.clone()));
         job.rendezvous = rendezvous;
         job.run_started_ms = None;
         job.started_on.clear();
@@ -141,8 +142,7 @@ impl<S: Store> Engine<S> {
         }
         let shown: Vec<serde_json::Value> =
             placement.iter().map(|(n, g)| json!({ "node": n, "gpus": g })).collect();
-        let interval =
-            json!({ "seconds": recommendation.interval.as_secs(), "why": recommendation.to_string() });
+        let interval = json!({ "seconds": recommendation.interval.as_secs(), "why": why });
         let detail = json!({ "placement": shown, "from_hold": p.from_hold, "checkpoint_interval": interval });
         self.event(id, EventKind::Placed, detail)?;
         self.save(id)

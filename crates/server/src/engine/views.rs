@@ -81,7 +81,7 @@ impl<S: Store> Engine<S> {
         view.progress = progress;
         view.usage = usage.iter().map(|u| u.view(&view.tenant)).collect();
         view.env = (*self.jobs[&id].spec.env).clone();
-        view.drill = self.jobs[&id].drill.as_ref().map(DrillRecord::view);
+        view.drill = self.jobs[&id].drill.as_deref().map(DrillRecord::view);
         Ok(view)
     }
 
@@ -246,7 +246,7 @@ impl<S: Store> Engine<S> {
                 .collect(),
             exit_code: job.exit_code,
             usage: Vec::new(),
-            last_checkpoint: job.checkpoints.last.clone(),
+            last_checkpoint: job.checkpoints.last.as_deref().cloned(),
             checkpoint_interval_s: job.interval.as_ref().map(|(s, _)| *s),
             checkpoint_interval_why: job.interval.as_ref().map(|(_, why)| interval_why(job, why)),
             lost_gpu_seconds: job.lost_gpu_ms as f64 / 1000.0,

@@ -13,7 +13,25 @@ impl<S: Store> Engine<S> {
         let event = JobEvent { at: rfc3339(at_ms), at_ms, kind, attempt, detail };
         self.outbox.changed = true;
         self.store.add_event(id, &event)?;
-        tracing::info!(job = id, attempt, kind = kind.as_str(), "{}", event.detail);
+        // Every event is in the job's timeline. The log has the ones an
+        // operator follows; the steps every job takes on its way (a fleet's
+        // fill is hundreds of thousands of them, and formatting their lines
+        // was a tenth of the writer's time) are logged at debug.
+        let routine = matches!(
+            kind,
+            EventKind::Submitted
+                | EventKind::Admitted
+                | EventKind::Placed
+                | EventKind::Started
+                | EventKind::Checkpoint
+                | EventKind::Resumed
+                | EventKind::Exited
+        );
+        if routine {
+            tracing::debug!(job = id, attempt, kind = kind.as_str(), "{}", event.detail);
+        } else {
+            tracing::info!(job = id, attempt, kind = kind.as_str(), "{}", event.detail);
+        }
         Ok(())
     }
 
@@ -22,12 +40,15 @@ impl<S: Store> Engine<S> {
     pub(super) fn save(&mut self, id: u64) -> Written {
         self.outbox.changed = true;
         let job = self.jobs.get_mut(&id).expect("a saved job is in the table");
-        let was_final = job.counted.is_some_and(|(_, state, _, _)| state.is_final());
+        // What it was counted as is what it was stored as.
+        let stored = job.counted.map(|(_, state, _, _)| state);
         self.tally.count(job);
-        if job.state.is_final() && !was_final {
+        if job.state.is_final() && !stored.is_some_and(JobState::is_final) {
             self.finished_jobs.insert((self.now, id));
         }
-        self.store.put_job(id, &job.columns(), job)
+        let columns =
+            crate::store::JobColumns { stored_state: stored.map(JobState::as_str), ..job.columns() };
+        self.store.put_job(id, &columns, job)
     }
 
     /// Finished jobs kept `keep_finished` by `now` leave memory: the store
