@@ -14,7 +14,7 @@ impl<S: Store> Engine<S> {
                     // Counted while it was saved: the tally has it already.
                     job.counted = Some((job.tier, job.state, job.gpus, None));
                     self.finished_jobs.insert((0, id));
-                    self.jobs.insert(id, job);
+                    self.jobs.insert(id, Box::new(job));
                 }
             }
         }
@@ -220,7 +220,7 @@ impl<S: Store> Engine<S> {
         if !admitted {
             record.waiting = Some(Waiting::TenantLimit);
         }
-        self.jobs.insert(id, record);
+        self.jobs.insert(id, Box::new(record));
         if admitted {
             if let Err(e) = self.core.submit(self.spec_of(id)) {
                 self.jobs.remove(&id);

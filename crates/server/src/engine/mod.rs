@@ -338,8 +338,10 @@ pub struct Engine<S: Store> {
     /// The job table: the records of jobs not finished, and of those
     /// finished less than `keep_finished` ago, by id. Every record is in
     /// the store too, written in the batch that changed it: the listing,
-    /// arrays' progress and finished jobs are read from there.
-    jobs: BTreeMap<u64, JobRecord>,
+    /// arrays' progress and finished jobs are read from there. Boxed: a
+    /// map filled in id order leaves its nodes half empty, and a record is
+    /// hundreds of bytes (60,000 queued jobs: server RSS 204 -> 171 MiB).
+    jobs: BTreeMap<u64, Box<JobRecord>>,
     /// Finished jobs still in `jobs`, by when they finished: they leave it
     /// `keep_finished` later (one read back from the store for a request,
     /// stamped 0, at the end of that batch).

@@ -145,7 +145,7 @@ impl<S: Store> Engine<S> {
                 self.deadlines.insert((0, id)); // judged at the first pass
             }
             self.tally.count(&mut job);
-            self.jobs.insert(id, job);
+            self.jobs.insert(id, Box::new(job));
             match (state, waiting) {
                 (JobState::Queued, Some(Waiting::Backoff { until_ms })) => {
                     self.backoff.insert((until_ms, id));

@@ -57,7 +57,7 @@ impl<S: Store> Engine<S> {
         rows.truncate(q.limit);
         let mut jobs = Vec::with_capacity(rows.len());
         for row in &rows {
-            let job = self.jobs.get(&row.id).unwrap_or(row);
+            let job = self.jobs.get(&row.id).map_or(row, |j| j);
             let mut view = self.view(job, Vec::new());
             if let Some(array) = job.array.as_ref().filter(|_| q.collapse) {
                 view.progress = Some(self.progress_counts(array.id).map_err(read_error)?);
