@@ -1148,4 +1148,9 @@ fn a_deadline_job_is_promoted_in_place_and_its_attempt_is_billed_at_both_rates()
     );
     assert_eq!((usage[0].seconds, usage[0].amount), (400, 500_000));
     assert_eq!(env.job(id).unwrap().deadline.unwrap().state, "met");
+    // `/metrics` counts its revenue as the record's parts, each under its
+    // tier (the counter starts at the restart, before the attempt ended).
+    let metrics = env.call(|reply| Msg::Metrics { reply });
+    let revenue: Vec<_> = metrics.counters.revenue_micro_usd.into_iter().collect();
+    assert_eq!(revenue, [("on-demand", 200_000), ("preemptible", 300_000), ("reserved", 0)]);
 }
