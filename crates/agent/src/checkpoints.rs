@@ -196,17 +196,28 @@ pub(crate) fn size_text(bytes: u64) -> String {
     format!("{value:.1} {}", UNITS[unit])
 }
 
-/// Restores the job's latest checkpoint into `dir` before its attempt
-/// starts. Returns the lines for the job's log (what was restored, what
-/// was refused and why) and the upload cache primed with what is there.
+/// What a restore before an attempt's start did.
+pub(crate) struct Restore {
+    /// For the job's log: what was restored, what was refused and why.
+    pub lines: Vec<String>,
+    /// Primed with what the directory holds now.
+    pub cache: UploadCache,
+    /// For the job's timeline: the checkpoint put in place, if any.
+    pub restored: Option<AgentEvent>,
+}
+
+/// Restores the job's latest checkpoint into `dir` before `attempt`
+/// starts.
 pub(crate) async fn restore(
     store: &JobStore,
     url: &str,
+    attempt: AttemptRef,
     dir: &std::path::Path,
     owner: Option<(u32, u32)>,
-) -> (Vec<String>, UploadCache) {
+) -> Restore {
     let mut cache = UploadCache::default();
     let mut lines = Vec::new();
+    let mut event = None;
     match store.restore(dir, owner, &mut cache).await {
         Ok(restored) => {
             for note in &restored.notes {
@@ -221,6 +232,16 @@ pub(crate) async fn restore(
                     size_text(m.bytes()),
                     restored.seconds
                 ));
+                event = Some(AgentEvent::Restored {
+                    attempt,
+                    from_attempt: m.attempt,
+                    upload: m.seq,
+                    step: m.step,
+                    files: m.files.len() as u64,
+                    bytes: m.bytes(),
+                    duration_ms: (restored.seconds * 1000.0).round() as u64,
+                    at_ms: crate::report::now_ms(),
+                });
             }
         }
         Err(e) => {
@@ -231,7 +252,7 @@ pub(crate) async fn restore(
             ));
         }
     }
-    (lines, cache)
+    Restore { lines, cache, restored: event }
 }
 
 #[cfg(test)]

@@ -9,7 +9,9 @@
 //! the server gives and reports through a reporter of its own — the
 //! agent's own code for all of it ([`Agent`], [`Client`], [`Reporter`]).
 //! Only the attempts are simulated ([`Simulated`]): no processes, no
-//! cgroups, no ledger, no job directories.
+//! cgroups, no ledger, no job directories. The nodes share one
+//! [`FleetCheckpoints`], so a job's attempt resumes from what an earlier
+//! attempt saved on any node, as through a cluster's checkpoint store.
 //!
 //! The nodes share one HTTP client, so one connection pool and one TLS
 //! trust. Their starts are paced, a node a millisecond, with at most
@@ -27,7 +29,7 @@ use crate::client::{self, Client};
 use crate::commands::Agent;
 use crate::drain;
 use crate::report::Reporter;
-use crate::simulated::Simulated;
+use crate::simulated::{FleetCheckpoints, Simulated};
 use crate::supervisor::Supervisor;
 use crate::{tls, AgentConfig};
 
@@ -79,7 +81,8 @@ pub(crate) async fn run(mut config: AgentConfig, n: u32) -> Result<(), String> {
     let http = crate::http_client(trust.as_ref())?;
     tracing::info!(nodes = n, gpus = config.gpus, gpu_model = config.gpu_model, "starting a simulated fleet");
     let nodes = Nodes::default();
-    let mut starting = tokio::spawn(start_all(Arc::new(config), http, trust, n, nodes.clone()));
+    let fleet = Fleet { config: Arc::new(config), http, trust, checkpoints: Default::default() };
+    let mut starting = tokio::spawn(start_all(fleet, n, nodes.clone()));
     let outcome = tokio::select! {
         stopped = crate::until_told_to_stop() => stopped,
         started = &mut starting => match started {
@@ -95,14 +98,18 @@ pub(crate) async fn run(mut config: AgentConfig, n: u32) -> Result<(), String> {
     outcome
 }
 
-/// Starts the nodes, paced, then logs their joining until all have.
-async fn start_all(
+/// What every node of the fleet shares.
+struct Fleet {
     config: Arc<AgentConfig>,
+    /// One connection pool.
     http: reqwest::Client,
     trust: Option<tls::Trust>,
-    n: u32,
-    nodes: Nodes,
-) -> Result<(), String> {
+    /// Jobs' newest checkpoints, whichever node reported them.
+    checkpoints: Arc<FleetCheckpoints>,
+}
+
+/// Starts the nodes, paced, then logs their joining until all have.
+async fn start_all(fleet: Fleet, n: u32, nodes: Nodes) -> Result<(), String> {
     let began = Instant::now();
     let mut progress = Progress { last: began, n };
     // Nodes before this one have all joined.
@@ -113,7 +120,7 @@ async fn start_all(
             progress.log(&nodes);
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        let node = start_node(&config, &http, &trust, i).await?;
+        let node = start_node(&fleet, i).await?;
         nodes.lock().expect("nodes").push(node);
         progress.log(&nodes);
     }
@@ -155,12 +162,8 @@ impl Progress {
 
 /// Starts node `i`: its data directory and credential, its reporter, its
 /// command loop.
-async fn start_node(
-    config: &AgentConfig,
-    http: &reqwest::Client,
-    trust: &Option<tls::Trust>,
-    i: u32,
-) -> Result<SimNode, String> {
+async fn start_node(fleet: &Fleet, i: u32) -> Result<SimNode, String> {
+    let Fleet { config, http, trust, checkpoints } = fleet;
     let name = node_name(&config.name, i);
     let data_dir = config.data_dir.join("nodes").join(&name);
     let dir = data_dir.clone();
@@ -175,7 +178,7 @@ async fn start_node(
             .trusting(trust.clone()),
     );
     let (reporter, queue) = Reporter::new(OUTPUT_BUFFER);
-    let supervisor = Arc::new(Simulated::new(&name, reporter.clone()));
+    let supervisor = Arc::new(Simulated::new(&name, reporter.clone(), checkpoints.clone()));
     let fenced = supervisor.clone();
     tokio::spawn(reporter.clone().run(queue, client.clone(), name.clone(), move |stale| {
         drain::kill_stale(&*fenced, stale, "the server fenced this stale attempt")

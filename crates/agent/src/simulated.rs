@@ -3,13 +3,14 @@
 //! behaves as its job's environment says, and is reported exactly as a
 //! process doing the same would be.
 //!
-//! * `EBB_SIM_DURATION`: how long it runs; then it exits 0 having marked
-//!   itself complete (as a job that creates `EBB_COMPLETION_FILE` before
-//!   exiting), so one that finishes during a drain succeeds. Absent: it
-//!   runs until it is stopped.
+//! * `EBB_SIM_DURATION`: how much work it does (run time, over its
+//!   attempts); then it exits 0 having marked itself complete (as a job
+//!   that creates `EBB_COMPLETION_FILE` before exiting), so one that
+//!   finishes during a drain succeeds. Absent: it runs until it is
+//!   stopped.
 //! * `EBB_SIM_CHECKPOINT`: it reports a checkpoint every interval, with
-//!   steps counted from 1, as a job posting to its metadata endpoint's
-//!   `/ebb/v1/checkpoint` does.
+//!   steps counted from 1 (or on from the step it resumed from), as a job
+//!   posting to its metadata endpoint's `/ebb/v1/checkpoint` does.
 //! * `EBB_SIM_SAVE` (default 0): at its first signal other than SIGKILL (a
 //!   drain's, a cancel's, a stop's), it saves for this long, reports a
 //!   checkpoint that took as long, and exits 0 without the completion
@@ -28,6 +29,22 @@
 //! is: no exit code, signal 9. Attempts have no files (no notice file, no
 //! directories) and report pid 0; the notice is on no endpoint, since no
 //! job reads it.
+//!
+//! A simulated job resumes as a real one that loads its latest checkpoint
+//! does. Every checkpoint an attempt reports (periodic or at its signal)
+//! is remembered by the fleet ([`FleetCheckpoints`], shared by all its
+//! nodes, as a checkpoint store is shared by a cluster's) with its step
+//! and the work it stands for: the attempt's run time up to the save,
+//! plus what the attempt had resumed from. A later attempt of the job, on
+//! any node of the fleet, reports that it resumed from that step (what
+//! `POST /ebb/v1/resumed` relays for a real job), numbers its checkpoints
+//! on from it, and runs only what is left of `EBB_SIM_DURATION`. An
+//! attempt with nothing saved starts from the beginning and reports no
+//! resume. The newest checkpoint is the one of the greatest (attempt,
+//! step), never the latest to arrive, so a late report of an attempt
+//! the server has moved on from cannot hide a newer one's; a job that
+//! completed or was cancelled is forgotten. The fleet remembers only
+//! while its process runs.
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -94,10 +111,55 @@ pub(crate) fn parse_span(text: &str) -> Result<Duration, String> {
     Ok(span)
 }
 
+/// A checkpoint a simulated attempt reported, as the fleet remembers it
+/// for the job's later attempts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Saved {
+    /// The attempt that reported it.
+    pub attempt: u32,
+    pub step: u64,
+    /// The work it holds: how long the job had run, over all its attempts,
+    /// when it saved.
+    pub work: Duration,
+}
+
+/// The newest checkpoint of each job, reported by any node of the fleet:
+/// what a checkpoint store shared by every node would give a job's next
+/// attempt. Kept in the fleet's memory only.
+#[derive(Debug, Default)]
+pub(crate) struct FleetCheckpoints {
+    jobs: Mutex<HashMap<u64, Saved>>,
+}
+
+impl FleetCheckpoints {
+    /// Job `job`'s attempt `saved.attempt` reported `saved`: it becomes the
+    /// job's newest unless one of a greater (attempt, step) is known, as a
+    /// stale attempt's late report must not hide a newer attempt's.
+    pub(crate) fn saved(&self, job: u64, saved: Saved) {
+        let mut jobs = self.jobs.lock().expect("checkpoints");
+        let newest = jobs.entry(job).or_insert(saved);
+        if (saved.attempt, saved.step) > (newest.attempt, newest.step) {
+            *newest = saved;
+        }
+    }
+
+    /// The newest checkpoint of job `job`, if any of its attempts saved.
+    pub(crate) fn newest(&self, job: u64) -> Option<Saved> {
+        self.jobs.lock().expect("checkpoints").get(&job).copied()
+    }
+
+    /// Job `job` will not run again (it completed, or was cancelled).
+    fn forget(&self, job: u64) {
+        self.jobs.lock().expect("checkpoints").remove(&job);
+    }
+}
+
 /// One simulated node's attempts.
 pub(crate) struct Simulated {
     node: String,
     reporter: Arc<Reporter>,
+    /// The fleet's checkpoints, shared with every other node.
+    checkpoints: Arc<FleetCheckpoints>,
     /// Every event of an attempt is sent while this is held and the attempt
     /// is in it: whoever takes an attempt out reports its exit, and nothing
     /// of it follows.
@@ -114,16 +176,26 @@ struct Running {
 }
 
 impl Simulated {
-    pub(crate) fn new(node: &str, reporter: Arc<Reporter>) -> Simulated {
-        Simulated { node: node.to_string(), reporter, running: Mutex::new(HashMap::new()) }
+    pub(crate) fn new(node: &str, reporter: Arc<Reporter>, checkpoints: Arc<FleetCheckpoints>) -> Simulated {
+        Simulated { node: node.to_string(), reporter, checkpoints, running: Mutex::new(HashMap::new()) }
     }
 
-    /// Runs attempt `a` as `behaviour` says, until it exits or is killed.
-    async fn run(self: Arc<Self>, a: AttemptRef, behaviour: Behaviour, mut signalled: watch::Receiver<bool>) {
+    /// Runs attempt `a` as `behaviour` says, from `resumed` if it resumed
+    /// from a checkpoint, until it exits or is killed.
+    async fn run(
+        self: Arc<Self>,
+        a: AttemptRef,
+        behaviour: Behaviour,
+        resumed: Option<Saved>,
+        mut signalled: watch::Receiver<bool>,
+    ) {
         let started = Instant::now();
-        let end = behaviour.duration.map(|d| started + d);
+        let done_before = resumed.map_or(Duration::ZERO, |r| r.work);
+        // The work done by `at`, this attempt's and what it resumed from.
+        let work = |at: Instant| done_before + at.saturating_duration_since(started);
+        let end = behaviour.duration.map(|d| started + d.saturating_sub(done_before));
         let mut next_checkpoint = behaviour.checkpoint_every.map(|every| started + every);
-        let mut step = 0;
+        let mut step = resumed.map_or(0, |r| r.step);
         loop {
             tokio::select! {
                 biased;
@@ -138,16 +210,19 @@ impl Simulated {
                     if behaviour.ignore_notice {
                         continue;
                     }
+                    // The save holds the work done up to the signal.
+                    let saving = work(Instant::now());
                     tokio::time::sleep(behaviour.save).await;
                     step += 1;
-                    if self.checkpoint(a, step, behaviour.save) {
+                    if self.checkpoint(a, Saved { attempt: a.attempt, step, work: saving }, behaviour.save) {
                         self.exit(a, Some(0), None, false);
                     }
                     return;
                 }
                 () = until(next_checkpoint) => {
                     step += 1;
-                    if !self.checkpoint(a, step, Duration::ZERO) {
+                    let at = next_checkpoint.expect("a checkpoint is due");
+                    if !self.checkpoint(a, Saved { attempt: a.attempt, step, work: work(at) }, Duration::ZERO) {
                         return;
                     }
                     next_checkpoint = next_checkpoint.zip(behaviour.checkpoint_every).map(|(at, every)| at + every);
@@ -156,15 +231,20 @@ impl Simulated {
         }
     }
 
-    /// Reports a checkpoint of `a` if it still runs; says whether it does.
-    fn checkpoint(&self, a: AttemptRef, step: u64, took: Duration) -> bool {
+    /// Reports `saved`, a checkpoint of `a` that took `took`, and keeps it
+    /// for the job's later attempts, if `a` still runs; says whether it
+    /// does.
+    fn checkpoint(&self, a: AttemptRef, saved: Saved, took: Duration) -> bool {
         let running = self.running.lock().expect("running");
         if !running.contains_key(&a) {
             return false;
         }
+        // Kept before the report: the next attempt is placed only after
+        // this one's exit, which follows it.
+        self.checkpoints.saved(a.job, saved);
         self.reporter.send(AgentEvent::Checkpoint {
             attempt: a,
-            step: Some(step),
+            step: Some(saved.step),
             bytes: None,
             duration_ms: took.as_millis() as u64,
             at_ms: now_ms(),
@@ -175,8 +255,12 @@ impl Simulated {
     /// Ends `a` and reports its exit, unless it has ended already.
     fn exit(&self, a: AttemptRef, code: Option<i32>, signal: Option<i32>, completed: bool) {
         let mut running = self.running.lock().expect("running");
-        if running.remove(&a).is_none() {
+        let Some(ended) = running.remove(&a) else {
             return;
+        };
+        // A job that is done, or cancelled, does not run again.
+        if completed || ended.notice.is_some_and(|n| n.action == "cancel") {
+            self.checkpoints.forget(a.job);
         }
         tracing::info!(node = self.node, job = a.job, attempt = a.attempt, ?code, ?signal, "exited");
         self.reporter.send(AgentEvent::Exited {
@@ -200,12 +284,20 @@ async fn until(at: Option<Instant>) {
 }
 
 /// The line a simulated attempt writes at its start.
-fn first_line(node: &str, b: &Behaviour) -> String {
+fn first_line(node: &str, b: &Behaviour, resumed: Option<Saved>) -> String {
+    let done = resumed.map_or(Duration::ZERO, |r| r.work);
     let runs = match b.duration {
-        Some(d) => format!("runs for {}", humantime::format_duration(d)),
+        Some(d) => format!("runs for {}", humantime::format_duration(d.saturating_sub(done))),
         None => "runs until stopped".to_string(),
     };
-    format!("simulated attempt on {node}: {runs}\n")
+    match resumed {
+        Some(r) => format!(
+            "simulated attempt on {node}: resumes from step {} ({} of work saved), {runs}\n",
+            r.step,
+            humantime::format_duration(r.work)
+        ),
+        None => format!("simulated attempt on {node}: {runs}\n"),
+    }
 }
 
 impl Supervisor for Simulated {
@@ -223,15 +315,24 @@ impl Supervisor for Simulated {
             let behaviour = Behaviour::from_env(&start.env)?;
             let a = start.attempt;
             let (signalled, watching) = watch::channel(false);
+            // What an earlier attempt saved, from whichever node.
+            let resumed = this.checkpoints.newest(a.job);
             {
                 let mut running = this.running.lock().expect("running");
                 let signal = Signal::try_from(start.signal).unwrap_or(Signal::SIGTERM);
                 running.insert(a, Running { signal, notice: None, signalled });
                 this.reporter.send(AgentEvent::Started { attempt: a, pid: 0, at_ms: now_ms() });
-                this.reporter
-                    .send(AgentEvent::Output { attempt: a, data: first_line(&this.node, &behaviour) });
+                let data = first_line(&this.node, &behaviour, resumed);
+                this.reporter.send(AgentEvent::Output { attempt: a, data });
+                if let Some(r) = resumed {
+                    this.reporter.send(AgentEvent::Resumed {
+                        attempt: a,
+                        step: Some(r.step),
+                        at_ms: now_ms(),
+                    });
+                }
             }
-            tokio::spawn(this.clone().run(a, behaviour, watching));
+            tokio::spawn(this.clone().run(a, behaviour, resumed, watching));
             Ok(())
         }
     }
@@ -286,7 +387,15 @@ mod tests {
 
     fn node() -> (Arc<Simulated>, Queue) {
         let (reporter, queue) = Reporter::new(0);
-        (Arc::new(Simulated::new("sim-00000", reporter)), queue)
+        (Arc::new(Simulated::new("sim-00000", reporter, Default::default())), queue)
+    }
+
+    /// Two nodes of one fleet, reporting on one queue.
+    fn two_nodes() -> (Arc<Simulated>, Arc<Simulated>, Queue) {
+        let (reporter, queue) = Reporter::new(0);
+        let checkpoints = Arc::new(FleetCheckpoints::default());
+        let node = |name: &str| Arc::new(Simulated::new(name, reporter.clone(), checkpoints.clone()));
+        (node("sim-00000"), node("sim-00001"), queue)
     }
 
     /// A reported event, with the second of the paused clock it came in.
@@ -294,6 +403,7 @@ mod tests {
     enum Seen {
         Started,
         Output,
+        Resumed { step: u64, at_s: u64 },
         Checkpoint { step: u64, took_ms: u64, at_s: u64 },
         Exited { code: Option<i32>, signal: Option<i32>, completed: bool, at_s: u64 },
     }
@@ -322,6 +432,7 @@ mod tests {
                     self.seen.push(match event {
                         AgentEvent::Started { pid: 0, .. } => Seen::Started,
                         AgentEvent::Output { .. } => Seen::Output,
+                        AgentEvent::Resumed { step, .. } => Seen::Resumed { step: step.unwrap(), at_s },
                         AgentEvent::Checkpoint { step, duration_ms, .. } => {
                             Seen::Checkpoint { step: step.unwrap(), took_ms: duration_ms, at_s }
                         }
@@ -459,5 +570,111 @@ mod tests {
         assert_eq!(target, NoticeTarget { drain_file: None, signal: Signal::SIGUSR1 });
         assert_eq!(sim.post_notice(A, drain), None);
         assert!(sim.post_notice(A, Notice::cancel(2, 10_000)).is_some());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_later_attempt_on_another_node_resumes_from_the_saved_step_and_runs_what_is_left() {
+        let (first, second, queue) = two_nodes();
+        let mut watch = Watch::new(queue);
+        let job = [("EBB_SIM_DURATION", "10"), ("EBB_SIM_CHECKPOINT", "3s"), ("EBB_SIM_SAVE", "1.25")];
+        first.start(start_of(A, &job)).await.unwrap();
+        // Its notice at 4.5 s: it saves the 4.5 s of work done as step 2.
+        watch.to(4).await;
+        let now = now_ms();
+        let d = DrainAttempt { attempt: A, notice_at_ms: now, deadline_ms: now + 30_000, reason: "x".into() };
+        drain::drain(&first, d).await;
+        watch.to(6).await;
+        assert_eq!(first.checkpoints.newest(A.job), Some(Saved { attempt: 1, step: 2, work: ms(4_500) }));
+        // Attempt 2 on the other node at 6.75 s: 5.5 s left, steps from 3.
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let next = AttemptRef { job: A.job, attempt: 2 };
+        second.start(start_of(next, &job)).await.unwrap();
+        watch.to(14).await;
+        assert_eq!(
+            watch.seen,
+            [
+                Seen::Started,
+                Seen::Output,
+                Seen::Checkpoint { step: 1, took_ms: 0, at_s: 3 },
+                Seen::Checkpoint { step: 2, took_ms: 1250, at_s: 6 },
+                Seen::Exited { code: Some(0), signal: None, completed: false, at_s: 6 },
+                Seen::Started,
+                Seen::Output,
+                Seen::Resumed { step: 2, at_s: 7 },
+                Seen::Checkpoint { step: 3, took_ms: 0, at_s: 10 },
+                Seen::Exited { code: Some(0), signal: None, completed: true, at_s: 12 },
+            ]
+        );
+        // Done, the job is forgotten: nothing to resume from again.
+        assert_eq!(second.checkpoints.newest(A.job), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_attempt_says_where_it_resumes_from_and_how_long_it_has_left() {
+        let (first, second, _queue) = two_nodes();
+        let job = [("EBB_SIM_DURATION", "1m"), ("EBB_SIM_CHECKPOINT", "20s")];
+        first.start(start_of(A, &job)).await.unwrap();
+        assert_eq!(
+            first_line("sim-00000", &Behaviour::from_env(&env(&job)).unwrap(), None),
+            "simulated attempt on sim-00000: runs for 1m\n"
+        );
+        tokio::time::sleep(Duration::from_secs(45)).await;
+        first.signal(A, Signal::SIGKILL);
+        let saved = second.checkpoints.newest(A.job).expect("saved");
+        assert_eq!(saved, Saved { attempt: 1, step: 2, work: ms(40_000) });
+        let line = first_line("sim-00001", &Behaviour::from_env(&env(&job)).unwrap(), Some(saved));
+        assert_eq!(
+            line,
+            "simulated attempt on sim-00001: resumes from step 2 (40s of work saved), runs for 20s\n"
+        );
+    }
+
+    #[test]
+    fn the_newest_checkpoint_is_the_greatest_attempt_and_step_not_the_last_to_arrive() {
+        let fleet = FleetCheckpoints::default();
+        assert_eq!(fleet.newest(7), None);
+        let saved = |attempt, step, s| Saved { attempt, step, work: Duration::from_secs(s) };
+        fleet.saved(7, saved(1, 4, 40));
+        fleet.saved(7, saved(2, 5, 50));
+        // Attempt 1, on a node cut off from the server, saves on.
+        fleet.saved(7, saved(1, 6, 60));
+        assert_eq!(fleet.newest(7), Some(saved(2, 5, 50)));
+        fleet.saved(7, saved(2, 6, 55));
+        assert_eq!(fleet.newest(7), Some(saved(2, 6, 55)));
+        fleet.saved(8, saved(1, 1, 10));
+        fleet.forget(7);
+        assert_eq!((fleet.newest(7), fleet.newest(8)), (None, Some(saved(1, 1, 10))));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cancelled_job_is_forgotten_and_a_drained_one_is_not() {
+        let (sim, _queue) = node();
+        let job = [("EBB_SIM_CHECKPOINT", "1s")];
+        let drained = AttemptRef { job: 8, attempt: 1 };
+        for a in [A, drained] {
+            sim.start(start_of(a, &job)).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+        let now = now_ms();
+        drain::drain(
+            &sim,
+            DrainAttempt {
+                attempt: drained,
+                notice_at_ms: now,
+                deadline_ms: now + 30_000,
+                reason: "x".into(),
+            },
+        )
+        .await;
+        assert!(sim.post_notice(A, Notice::cancel(now, now + 10_000)).is_some());
+        sim.signal(A, Signal::SIGTERM);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!sim.is_running(A) && !sim.is_running(drained));
+        assert_eq!(sim.checkpoints.newest(A.job), None, "cancelled: it will not run again");
+        assert_eq!(sim.checkpoints.newest(drained.job).map(|s| s.step), Some(3), "requeued: it resumes");
+    }
+
+    fn ms(ms: u64) -> Duration {
+        Duration::from_millis(ms)
     }
 }

@@ -197,7 +197,7 @@ impl Processes {
         let this = self.clone();
         let (prepared, s) = crate::blocking(move || (this.prepare(&s), s)).await;
         let mut prepared = prepared?;
-        let (notes, uploads) = self.restore_checkpoint(&s, &prepared).await;
+        let (restored, notes, uploads) = self.restore_checkpoint(&s, &prepared).await;
         let (notice, notice_rx) = watch::channel(None);
         let a = s.attempt;
         tokio::spawn(metadata::serve(
@@ -220,6 +220,10 @@ impl Processes {
         let (group, peak) =
             cgroup.map_or((None, cgroup::Peak::None), |ready| (Some(ready.group), ready.peak));
         self.record(&s, child.pid, run_dir.join("drain.json"), notice, group.clone());
+        // Restored before the start, and so in the timeline.
+        if let Some(restored) = restored {
+            self.reporter.send(restored);
+        }
         self.reporter.send(AgentEvent::Started { attempt: a, pid: child.pid as u32, at_ms: now_ms() });
         for data in notes {
             self.reporter.send(AgentEvent::Output { attempt: a, data });
@@ -232,19 +236,21 @@ impl Processes {
 
     /// Where the cluster has a checkpoint store: puts the job's latest
     /// checkpoint into its directory, and starts the attempt's uploads.
-    /// Returns the lines for the job's log, to follow its start.
+    /// Returns the report of the checkpoint restored, for the timeline, and
+    /// the lines for the job's log, to follow its start.
     async fn restore_checkpoint(
         &self,
         s: &StartAttempt,
         p: &Prepared,
-    ) -> (Vec<String>, Option<Arc<AttemptUploads>>) {
-        let Some(store) = self.checkpoints.store() else { return (Vec::new(), None) };
+    ) -> (Option<AgentEvent>, Vec<String>, Option<Arc<AttemptUploads>>) {
+        let Some(store) = self.checkpoints.store() else { return (None, Vec::new(), None) };
         let job_store = match store.job(&s.tenant, s.attempt.job) {
             Ok(job_store) => job_store,
-            Err(e) => return (vec![format!("ebb: checkpoint store: {e}\n")], None),
+            Err(e) => return (None, vec![format!("ebb: checkpoint store: {e}\n")], None),
         };
         let owner = p.who.switch.then(|| (p.who.uid.as_raw(), p.who.gid.as_raw()));
-        let (notes, cache) = checkpoints::restore(&job_store, store.url(), &p.checkpoint_dir, owner).await;
+        let checkpoints::Restore { lines, cache, restored } =
+            checkpoints::restore(&job_store, store.url(), s.attempt, &p.checkpoint_dir, owner).await;
         let uploads = AttemptUploads::start(checkpoints::UploadTask {
             store: job_store,
             dir: p.checkpoint_dir.clone(),
@@ -253,7 +259,7 @@ impl Processes {
             cache,
             reporter: self.reporter.clone(),
         });
-        (notes, Some(uploads))
+        (restored, lines, Some(uploads))
     }
 
     /// Who the attempt runs as, its directories, and its cgroup: all the

@@ -459,6 +459,12 @@ pub enum EventKind {
     Drill,
     /// An attempt reported resuming from a checkpoint: `step`.
     Resumed,
+    /// Before the attempt started, its node put the job's latest checkpoint
+    /// from the cluster's checkpoint store in its checkpoint directory:
+    /// `node`, `from_attempt` and `upload` (which upload it was), `step`
+    /// (none: the state an attempt left at its exit), `files`, `bytes`,
+    /// `seconds`.
+    Restored,
     /// A deadline job moved to on-demand: `running` (in place, billed at
     /// the on-demand rate from now) or queued, `fraction_done`,
     /// `needed_seconds`, `margin_seconds`, `left_seconds`, `reason`.
@@ -466,7 +472,7 @@ pub enum EventKind {
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 17] = [
+    pub const ALL: [EventKind; 18] = [
         EventKind::Submitted,
         EventKind::Admitted,
         EventKind::Placed,
@@ -483,6 +489,7 @@ impl EventKind {
         EventKind::CancelRequested,
         EventKind::Drill,
         EventKind::Resumed,
+        EventKind::Restored,
         EventKind::Promoted,
     ];
 
@@ -504,6 +511,7 @@ impl EventKind {
             EventKind::CancelRequested => "cancel_requested",
             EventKind::Drill => "drill",
             EventKind::Resumed => "resumed",
+            EventKind::Restored => "restored",
             EventKind::Promoted => "promoted",
         }
     }
@@ -912,6 +920,21 @@ pub enum AgentEvent {
     Resumed {
         attempt: AttemptRef,
         step: Option<u64>,
+        at_ms: u64,
+    },
+    /// Before the attempt started, the agent restored the job's latest
+    /// checkpoint from the cluster's checkpoint store into its checkpoint
+    /// directory: the upload `upload` of attempt `from_attempt`, made
+    /// after a checkpoint report of `step` (none: at that attempt's exit).
+    Restored {
+        attempt: AttemptRef,
+        from_attempt: u32,
+        upload: u32,
+        step: Option<u64>,
+        files: u64,
+        bytes: u64,
+        /// How long the restore took.
+        duration_ms: u64,
         at_ms: u64,
     },
     /// The attempt reported how much of the job is done, a fraction from

@@ -782,6 +782,22 @@ fn describe_event(kind: api::EventKind, d: &serde_json::Value) -> String {
             Some(step) => format!("from step {step}"),
             None => "from its latest checkpoint".into(),
         },
+        K::Restored => {
+            let what = match d["step"].as_u64() {
+                Some(step) => format!("step {step}"),
+                None => "the state at exit".into(),
+            };
+            let files = d["files"].as_u64().unwrap_or(0);
+            format!(
+                "{what} (attempt {}, upload {}) from the checkpoint store on {}: {files} {}, {}, took {}",
+                s("from_attempt"),
+                s("upload"),
+                s("node"),
+                if files == 1 { "file" } else { "files" },
+                human_bytes(d["bytes"].as_u64().unwrap_or(0)),
+                Span::from_secs_f64(d["seconds"].as_f64().unwrap_or(0.0)).human()
+            )
+        }
         K::Submitted | K::Admitted | K::Succeeded | K::Failed | K::Cancelled | K::CancelRequested => {
             if d.as_object().is_some_and(|o| o.is_empty()) {
                 String::new()

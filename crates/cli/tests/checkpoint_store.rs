@@ -148,6 +148,25 @@ fn a_preempted_job_resumes_on_another_node_from_a_file_store_and_refuses_a_damag
     assert_eq!(resumed, saved_at_exit, "resumed from the save at the notice\n{log}");
     assert!(log.contains(&format!("ebb: checkpoint store: restored step {resumed}")), "{log}");
     assert!(log.contains(&format!("resumed from step {resumed} on {second}")), "{log}");
+    // The timeline says which checkpoint attempt 2 started from, before
+    // its start; attempt 1 found nothing to restore.
+    let job = c.job(id);
+    assert_eq!(job["attempt"].as_u64(), Some(2), "{job}");
+    assert_eq!(timeline(&job, "restored", 1), None, "{job}");
+    let (at, restored) = timeline(&job, "restored", 2).expect("a restored event");
+    let (started_at, _) = timeline(&job, "started", 2).expect("a started event");
+    assert!(at < started_at, "{job}");
+    let d = &restored["detail"];
+    assert_eq!((d["step"].as_u64(), d["from_attempt"].as_u64()), (Some(resumed), Some(1)), "{restored}");
+    assert_eq!(d["node"].as_str(), Some(second.as_str()), "{restored}");
+    let files = d["files"].as_u64().unwrap();
+    assert!(files >= 1 && d["bytes"].as_u64() == Some(files * 65_532), "{restored}");
+    let shown = c.ebb(&["show", &id.to_string()]);
+    let line = format!(
+        "restored         step {resumed} (attempt 1, upload {}) from the checkpoint store on {second}: ",
+        d["upload"]
+    );
+    assert!(shown.contains(&line), "{line:?} not in:\n{shown}");
     // No storage was shared: the first node's directory never reached the second's.
     let dirs: Vec<PathBuf> =
         (0..2).map(|i| c.checkpoint_root(i).join("default").join(id.to_string())).collect();
@@ -184,8 +203,23 @@ fn a_preempted_job_resumes_on_another_node_from_a_file_store_and_refuses_a_damag
         "resumed from {again}, not the damaged {newest_step:?}\n{log}"
     );
     assert!(log.contains(&format!("restored step {again}")), "{log}");
+    let job = c.job(id);
+    let (_, restored) = timeline(&job, "restored", 3).expect("a restored event");
+    assert_eq!(
+        restored["detail"]["step"].as_u64(),
+        Some(again),
+        "the checkpoint before the damaged one: {restored}"
+    );
     c.ebb(&["cancel", &id.to_string()]);
     let _ = std::fs::remove_dir_all(&base);
+}
+
+/// The first event of `kind` in attempt `attempt`'s timeline, with its
+/// place in the timeline.
+fn timeline(job: &serde_json::Value, kind: &str, attempt: u64) -> Option<(usize, serde_json::Value)> {
+    let events = job["events"].as_array().unwrap();
+    let found = events.iter().enumerate().find(|(_, e)| e["kind"] == kind && e["attempt"] == attempt);
+    found.map(|(i, e)| (i, e.clone()))
 }
 
 fn newest_manifest(dir: &Path) -> PathBuf {

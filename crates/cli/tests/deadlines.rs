@@ -130,6 +130,21 @@ fn a_job_whose_progress_slows_is_promoted_and_billed_at_both_rates_to_the_micro_
     assert_eq!(bill["preemptible_savings_micro_usd"].as_i64().unwrap(), seg(0, "seconds") * 2 * 500);
     let text = String::from_utf8(c.ebb_as(&c.admin, &["bill", "--from", &from, "--to", &to]).stdout).unwrap();
     assert!(text.contains("preemptible") && text.contains("on-demand"), "{text}");
+
+    // `/metrics` counts the same revenue as the bill, each part under its
+    // tier: this attempt is the only one that ended.
+    assert_eq!(revenue_micro_usd(&c, "preemptible"), seg(0, "amount_micro_usd"));
+    assert_eq!(revenue_micro_usd(&c, "on-demand"), seg(1, "amount_micro_usd"));
+}
+
+/// `ebb_revenue_usd_total{tier}` from the server's `/metrics`, in
+/// micro-dollars.
+fn revenue_micro_usd(c: &Cluster, tier: &str) -> i64 {
+    let text = reqwest::blocking::get(format!("{}/metrics", c.url)).unwrap().text().unwrap();
+    let series = format!("ebb_revenue_usd_total{{tier=\"{tier}\"}} ");
+    let line = text.lines().find_map(|l| l.strip_prefix(series.as_str()));
+    let usd: f64 = line.unwrap_or_else(|| panic!("no {series} in:\n{text}")).parse().unwrap();
+    (usd * 1e6).round() as i64
 }
 
 #[test]

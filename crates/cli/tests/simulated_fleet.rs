@@ -182,3 +182,125 @@ fn a_simulated_fleet_is_refused_what_it_cannot_do() {
     assert!(!out.status.success());
     assert!(e.contains("the open-file limit is 1000") && e.contains("ulimit -n"), "{e}");
 }
+
+/// `ebb drill`'s report of a job, as `--json` gives it.
+fn drill(c: &Cluster, id: u64) -> Value {
+    let out = c.ebb_as(&c.admin, &["drill", &id.to_string(), "--timeout", "30s", "--json"]);
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Waits until job `id`'s attempt `attempt` runs and has reported a
+/// checkpoint of at least `step`.
+fn saved(c: &Cluster, id: u64, attempt: u64, step: u64) -> Value {
+    c.wait_job(id, &format!("attempt {attempt}'s checkpoint of step {step}"), Duration::from_secs(30), |j| {
+        j["state"] == "running"
+            && j["attempt"] == attempt
+            && j["last_checkpoint"]["step"].as_u64().is_some_and(|s| s >= step)
+    })
+}
+
+#[test]
+fn a_drill_of_a_simulated_job_that_checkpoints_concludes_ready_with_the_step_it_resumed_from() {
+    let c = Cluster::start(Options {
+        nodes: 1,
+        simulated_nodes: 2,
+        gpus: 2,
+        drain_window: "5s",
+        ..Options::default()
+    });
+    let id = c.submit(&[
+        "--gpus",
+        "2",
+        "--env",
+        "EBB_SIM_CHECKPOINT=1s",
+        "--env",
+        "EBB_SIM_SAVE=0.2",
+        "--",
+        "train",
+    ]);
+    saved(&c, id, 1, 2);
+    let report = drill(&c, id);
+    assert_eq!(
+        (report["verdict"].as_str(), report["failures"].as_array()),
+        (Some("ready"), None),
+        "{report}"
+    );
+    // It saved at its notice, a step past its periodic ones, and resumed
+    // from that step.
+    let step = report["checkpoint"]["step"].as_u64().unwrap();
+    assert!(step >= 3, "{report}");
+    assert!(report["checkpoint"]["after_notice_seconds"].as_f64().unwrap() >= 0.0, "{report}");
+    assert_eq!((report["next_attempt"].as_u64(), report["resumed_step"].as_u64()), (Some(2), Some(step)));
+
+    // Attempt 2 said so, and numbers its checkpoints on from there.
+    saved(&c, id, 2, step + 1);
+    let job = c.job(id);
+    assert_eq!(event(&job, "resumed", 2)["detail"]["step"].as_u64(), Some(step), "{job}");
+    assert_eq!(event(&job, "checkpoint", 2)["detail"]["step"].as_u64(), Some(step + 1), "{job}");
+    assert_eq!(job["preemptions"].as_u64(), Some(0));
+    let log = c.output(id);
+    assert!(log.contains(&format!("resumes from step {step} (")), "{log}");
+    let shown = c.ebb(&["show", &id.to_string()]);
+    assert!(
+        shown.contains("verdict: ready") && shown.contains(&format!("resumed from step {step}")),
+        "{shown}"
+    );
+}
+
+#[test]
+fn a_preempted_simulated_job_resumes_on_another_node_and_runs_only_what_was_left() {
+    let c = Cluster::start(Options {
+        nodes: 1,
+        simulated_nodes: 2,
+        gpus: 2,
+        drain_window: "5s",
+        ..Options::default()
+    });
+    // One node is busy with a job that never saves, the other with one
+    // that runs 8 s, saving every second and at its notice.
+    let filler = c.submit(&["--gpus", "2", "--", "train"]);
+    c.wait_state(filler, "running");
+    let id = c.submit(&[
+        "--gpus",
+        "2",
+        "--env",
+        "EBB_SIM_DURATION=8",
+        "--env",
+        "EBB_SIM_CHECKPOINT=1s",
+        "--env",
+        "EBB_SIM_SAVE=0.2",
+        "--",
+        "train",
+    ]);
+    saved(&c, id, 1, 3);
+    // An on-demand job takes its GPUs: it has the least work to lose.
+    let urgent =
+        c.submit(&["--tier", "on-demand", "--gpus", "2", "--env", "EBB_SIM_DURATION=60", "--", "train"]);
+    c.wait_state(urgent, "running");
+    let job = c.wait_state(id, "queued");
+    assert_eq!((job["preemptions"].as_u64(), job["attempt"].as_u64()), (Some(1), Some(1)), "{job}");
+    let step = job["last_checkpoint"]["step"].as_u64().unwrap();
+    // The other node frees up: attempt 2 runs there.
+    c.ebb(&["cancel", &filler.to_string()]);
+    let job = c.wait_job(id, "to finish", Duration::from_secs(30), |j| j["state"] == "succeeded");
+    let node = |attempt| event(&job, "started", attempt)["detail"]["node"].as_str().unwrap().to_string();
+    assert_ne!(node(1), node(2), "{job}");
+    assert_eq!(event(&job, "resumed", 2)["detail"]["step"].as_u64(), Some(step), "{job}");
+
+    // It ran its 8 s once (and its save), not 8 s more after the
+    // preemption: less than twice its duration, and less than its duration
+    // with a second and a half to spare.
+    let usage = job["usage"].as_array().unwrap();
+    let outcomes: Vec<&str> = usage.iter().map(|u| u["outcome"].as_str().unwrap()).collect();
+    assert_eq!(outcomes, ["preempted", "completed"], "{job}");
+    let ran = |u: &Value| u["ended_ms"].as_u64().unwrap() - u["started_ms"].as_u64().unwrap();
+    let total: u64 = usage.iter().map(ran).sum();
+    assert!(total < 2 * 8_000, "ran {total} ms in all: {usage:?}");
+    assert!(total < 8_000 + 1_500, "ran {total} ms in all: {usage:?}");
+    // Step 3 or later was saved: at least 3 s of work, so at most 5 s left.
+    assert!(ran(&usage[1]) < 5_000 + 500, "attempt 2 ran {} ms: {usage:?}", ran(&usage[1]));
+    assert!(c.output(id).contains(&format!("resumes from step {step} (")), "{}", c.output(id));
+    c.assert_no_double_booking();
+}

@@ -18,6 +18,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
+use crate::billing::UsageRow;
+
 /// The tiers, as labels name them.
 pub const TIERS: [&str; 3] = ["reserved", "on-demand", "preemptible"];
 /// A job's states, as the API names them.
@@ -51,7 +53,8 @@ pub struct Counters {
     pub drills_failed: u64,
     /// GPU-seconds metered in drain windows (as invoices count them).
     pub drain_gpu_seconds: u64,
-    /// Metered revenue of ended attempts, micro-dollars, by tier.
+    /// Metered revenue of ended attempts, micro-dollars, by the tier each
+    /// part of an attempt ran at (`UsageRow::parts`).
     pub revenue_micro_usd: BTreeMap<&'static str, i64>,
     /// Seconds from each drained attempt's notice to its end. Shared with
     /// every snapshot (a histogram is its buckets, not one number).
@@ -79,18 +82,20 @@ impl Default for Counters {
 }
 
 impl Counters {
-    /// An attempt of `tier` ended, metered `amount` micro-dollars with
-    /// `drain_gpu_seconds` in its drain window, having had its notice for
-    /// `drained_ms` if it was drained.
-    pub fn ended(
-        &mut self,
-        tier: &'static str,
-        amount: i64,
-        drain_gpu_seconds: u64,
-        drained_ms: Option<u64>,
-    ) {
-        *self.revenue_micro_usd.entry(tier).or_insert(0) += amount;
-        self.drain_gpu_seconds += drain_gpu_seconds;
+    /// An attempt ended, metered as `usage` (none: it never ran), having
+    /// had its notice for `drained_ms` if it was drained. Its revenue is
+    /// counted part by part, each under its own tier, as invoices and
+    /// reports count it: a deadline job promoted while it ran earned the
+    /// preemptible rate up to the promotion and on-demand after.
+    pub fn ended(&mut self, usage: Option<&UsageRow>, drained_ms: Option<u64>) {
+        if let Some(usage) = usage {
+            for part in usage.parts() {
+                // As the report counts it (`billing::report`).
+                let tier = TIERS.into_iter().find(|t| *t == part.tier).unwrap_or("on-demand");
+                *self.revenue_micro_usd.entry(tier).or_insert(0) += part.amount;
+            }
+            self.drain_gpu_seconds += usage.drain_gpu_seconds;
+        }
         if let Some(ms) = drained_ms {
             self.drain_seconds.observe(ms as f64 / 1000.0);
         }
@@ -249,8 +254,9 @@ pub fn render(s: &Snapshot) -> String {
     }
     registry.register_with_unit(
         "revenue",
-        "Metered revenue of attempts that ended since the server started, by tier, in dollars (reserved jobs \
-         are covered by their reservation, whose charges are in `ebb report`)",
+        "Metered revenue of attempts that ended since the server started, by the tier each part ran at (a \
+         deadline job promoted while it ran: preemptible up to the promotion, on-demand after), in dollars \
+         (reserved jobs are covered by their reservation, whose charges are in `ebb report`)",
         Unit::Other("usd".into()),
         revenue,
     );
@@ -339,12 +345,44 @@ mod tests {
         );
     }
 
+    /// A usage record of `gpus` GPUs at `tier` for `seconds`, drained for
+    /// the last `drained_s` of them, promoted `promoted_s` in if it was.
+    fn usage(
+        tier: &str,
+        gpus: u32,
+        seconds: u64,
+        drained_s: Option<u64>,
+        promoted_s: Option<u64>,
+    ) -> UsageRow {
+        let ms = |s: u64| 1_000_000 + s * 1000;
+        crate::billing::meter(crate::billing::Ended {
+            job: 1,
+            attempt: 1,
+            tenant: 0,
+            tier,
+            gpu_model: "H100",
+            gpus,
+            started_ms: ms(0),
+            ended_ms: ms(seconds),
+            notice_at_ms: drained_s.map(|d| ms(seconds - d)),
+            // $3.60 and $1.80 per GPU-hour: 1,000 and 500 micro-dollars a GPU-second.
+            rate: if tier == "preemptible" { 1_800_000 } else { 3_600_000 },
+            on_demand_rate: 3_600_000,
+            lost_gpu_ms: 0,
+            outcome: "completed",
+            follows_preemption: false,
+            within_min_runtime: false,
+            promoted: promoted_s.map(|p| (ms(p), 1_800_000)),
+        })
+    }
+
     #[test]
     fn an_ended_attempt_moves_revenue_drain_time_and_drain_gpu_seconds() {
         let mut counters = Counters::default();
-        counters.ended("preemptible", 1_250_000, 4, Some(2_500));
-        counters.ended("on-demand", 3_000_000, 0, None);
-        counters.ended("preemptible", 250_000, 0, None);
+        counters.ended(Some(&usage("preemptible", 2, 1_250, Some(2), None)), Some(2_500));
+        counters.ended(Some(&usage("on-demand", 1, 3_000, None, None)), None);
+        counters.ended(Some(&usage("preemptible", 1, 500, None, None)), None);
+        counters.ended(None, None);
         let text = render(&Snapshot { counters, ..Default::default() });
         assert_eq!(value(&text, "ebb_revenue_usd_total{tier=\"preemptible\"}"), Some(1.5));
         assert_eq!(value(&text, "ebb_revenue_usd_total{tier=\"on-demand\"}"), Some(3.0));
@@ -354,5 +392,38 @@ mod tests {
         assert_eq!(value(&text, "ebb_drain_seconds_sum"), Some(2.5));
         assert_eq!(value(&text, "ebb_drain_seconds_bucket{le=\"1.0\"}"), Some(0.0));
         assert_eq!(value(&text, "ebb_drain_seconds_bucket{le=\"5.0\"}"), Some(1.0));
+    }
+
+    #[test]
+    fn a_promoted_attempts_revenue_is_counted_under_each_segments_tier_as_invoices_count_it() {
+        // 2 GPUs for 1,000 s, promoted to on-demand 600 s in: 600 s at the
+        // preemptible rate, 400 s at the on-demand rate.
+        let promoted = usage("on-demand", 2, 1_000, None, Some(600));
+        let mut counters = Counters::default();
+        counters.ended(Some(&promoted), None);
+        let expected: BTreeMap<&str, i64> =
+            [("reserved", 0), ("on-demand", 2 * 400 * 1_000), ("preemptible", 2 * 600 * 500)].into();
+        assert_eq!(counters.revenue_micro_usd, expected);
+        assert_eq!(counters.revenue_micro_usd.values().sum::<i64>(), promoted.amount);
+        // What the operator's report counts for the same record, tier by tier.
+        let ledger = crate::billing::Ledger {
+            usage: vec![promoted],
+            live: Vec::new(),
+            reservations: Vec::new(),
+            nodes: Vec::new(),
+            now: 3_000_000,
+        };
+        let report = crate::billing::report(&ledger, 0, 3_000_000);
+        for tier in &report.tiers {
+            assert_eq!(
+                counters.revenue_micro_usd[tier.tier.as_str()],
+                tier.revenue_micro_usd,
+                "{}",
+                tier.tier
+            );
+        }
+        let text = render(&Snapshot { counters, ..Default::default() });
+        assert_eq!(value(&text, "ebb_revenue_usd_total{tier=\"preemptible\"}"), Some(0.6));
+        assert_eq!(value(&text, "ebb_revenue_usd_total{tier=\"on-demand\"}"), Some(0.8));
     }
 }

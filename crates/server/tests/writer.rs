@@ -694,6 +694,49 @@ fn a_drill_survives_a_restart_and_its_exit_requeues_the_job_as_a_drill() {
     assert_eq!(requeued.detail["reason"], "drill");
 }
 
+/// The checkpoint a node restored from the checkpoint store before an
+/// attempt started is in the job's timeline, before the start; the same
+/// report from a node the attempt is not on is stale, and no event.
+#[test]
+fn a_restored_checkpoint_is_in_the_timeline_before_the_start_and_only_from_the_attempts_node() {
+    let mut env = TestEnv::new("restored");
+    env.register("a", Vec::new(), Vec::new());
+    let id = env.submit(8);
+    let attempt = *env.poll("a").first().expect("placed");
+    env.register("b", Vec::new(), Vec::new());
+    let restored = |at_ms| AgentEvent::Restored {
+        attempt,
+        from_attempt: 1,
+        upload: 3,
+        step: Some(1200),
+        files: 2,
+        bytes: 4096,
+        duration_ms: 250,
+        at_ms,
+    };
+    let at_ms = env.now;
+    let reply = env.call(|reply| Msg::Report {
+        report: Report { node: "b".into(), events: vec![restored(at_ms)], id: None },
+        reply,
+    });
+    assert_eq!(reply.unwrap().stale, vec![attempt], "b does not run it");
+    env.now += 100;
+    env.report("a", vec![restored(at_ms), AgentEvent::Started { attempt, pid: 7, at_ms: at_ms + 100 }]);
+    let job = env.job(id).unwrap();
+    let kinds: Vec<EventKind> = job.events.iter().map(|e| e.kind).collect();
+    assert_eq!(kinds, [EventKind::Submitted, EventKind::Placed, EventKind::Restored, EventKind::Started]);
+    let detail = &job.events[2].detail;
+    assert_eq!(
+        (&detail["node"], &detail["from_attempt"], &detail["upload"], &detail["step"]),
+        (&serde_json::json!("a"), &serde_json::json!(1), &serde_json::json!(3), &serde_json::json!(1200))
+    );
+    assert_eq!(
+        (&detail["files"], &detail["bytes"], &detail["seconds"]),
+        (&serde_json::json!(2), &serde_json::json!(4096), &serde_json::json!(0.25))
+    );
+    assert_eq!(detail["at"], ebb_server::rfc3339(at_ms));
+}
+
 /// A report sent again because its reply was lost (the server committed
 /// it) is applied once: its output is in the log once and its checkpoint
 /// counts once, also after a restart of the server. A new session of the
@@ -1148,4 +1191,9 @@ fn a_deadline_job_is_promoted_in_place_and_its_attempt_is_billed_at_both_rates()
     );
     assert_eq!((usage[0].seconds, usage[0].amount), (400, 500_000));
     assert_eq!(env.job(id).unwrap().deadline.unwrap().state, "met");
+    // `/metrics` counts its revenue as the record's parts, each under its
+    // tier (the counter starts at the restart, before the attempt ended).
+    let metrics = env.call(|reply| Msg::Metrics { reply });
+    let revenue: Vec<_> = metrics.counters.revenue_micro_usd.into_iter().collect();
+    assert_eq!(revenue, [("on-demand", 200_000), ("preemptible", 300_000), ("reserved", 0)]);
 }

@@ -251,6 +251,7 @@ impl<S: Store> Engine<S> {
                 AgentEvent::Exited { attempt, at_ms, .. } => ("exited", attempt, *at_ms),
                 AgentEvent::Checkpoint { attempt, at_ms, .. } => ("checkpoint", attempt, *at_ms),
                 AgentEvent::Resumed { attempt, at_ms, .. } => ("resumed", attempt, *at_ms),
+                AgentEvent::Restored { attempt, at_ms, .. } => ("restored", attempt, *at_ms),
                 AgentEvent::Progress { attempt, at_ms, .. } => ("progress", attempt, *at_ms),
                 AgentEvent::Output { .. } => continue,
             };
@@ -355,6 +356,33 @@ impl<S: Store> Engine<S> {
                     )?;
                     self.drill_changed(attempt.job, |d| d.resumed(attempt.attempt, step, at_ms, now))?;
                     self.save(attempt.job)?;
+                }
+                AgentEvent::Restored {
+                    attempt,
+                    from_attempt,
+                    upload,
+                    step,
+                    files,
+                    bytes,
+                    duration_ms,
+                    at_ms,
+                } => {
+                    if !self.live_on(attempt, &node) {
+                        stale.insert(attempt);
+                        continue;
+                    }
+                    let at_ms = self.known_time(attempt, at_ms, now);
+                    let detail = json!({
+                        "node": node,
+                        "from_attempt": from_attempt,
+                        "upload": upload,
+                        "step": step,
+                        "files": files,
+                        "bytes": bytes,
+                        "seconds": duration_ms as f64 / 1000.0,
+                        "at": rfc3339(at_ms),
+                    });
+                    self.event(attempt.job, EventKind::Restored, detail)?;
                 }
                 AgentEvent::Progress { attempt, fraction, at_ms } => {
                     if !self.live_on(attempt, &node) {

@@ -79,14 +79,11 @@ impl<S: Store> Engine<S> {
         // A drill is not a drain in the counters: its time is run time.
         let drained_ms =
             job.notice.as_ref().filter(|_| effect != ExitEffect::Drilled).map(|n| end_ms.saturating_sub(n.0));
-        let tier = job.tier.as_str();
         let mut ended = end_attempt(job, effect, end_ms, now, min_runtime);
         if let Some(usage) = &ended.usage {
             self.store.add_usage(usage)?;
         }
-        let (amount, drain_gpu_seconds) =
-            ended.usage.as_ref().map_or((0, 0), |u| (u.amount, u.drain_gpu_seconds));
-        self.counters.ended(tier, amount, drain_gpu_seconds, drained_ms);
+        self.counters.ended(ended.usage.as_ref(), drained_ms);
         self.counters.lost_gpu_seconds += ended.lost_gpu_ms as f64 / 1000.0;
         self.counters.preempted += u64::from(ended.preempted);
         if ended.backoff_ms > 0 {
