@@ -24,6 +24,7 @@ impl<S: Store> Engine<S> {
                 | EventKind::Placed
                 | EventKind::Started
                 | EventKind::Checkpoint
+                | EventKind::Restored
                 | EventKind::Resumed
                 | EventKind::Exited
         );
