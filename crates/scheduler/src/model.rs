@@ -25,6 +25,12 @@ pub struct Config {
     /// settling jobs if victims without them would do. Zero turns the rule
     /// off.
     pub min_runtime: Span,
+    /// A pass starts or preempts for at most this many jobs; the rest of
+    /// the queue is left, not yet looked at, for the next pass. Bounds the
+    /// work one pass hands its caller (a server commits each pass's
+    /// effects before the next, so a fleet's backlog reaches its nodes in
+    /// pieces rather than all at once). `None` for no bound.
+    pub max_starts: Option<usize>,
 }
 
 impl Default for Config {
@@ -34,6 +40,7 @@ impl Default for Config {
             victim_policy: VictimPolicy::LostWork,
             heartbeat_timeout: None,
             min_runtime: Span::from_secs(300),
+            max_starts: None,
         }
     }
 }

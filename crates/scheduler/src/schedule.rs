@@ -243,7 +243,11 @@ impl<'a> Pass<'a> {
                 heap.push(Reverse((class.tier.rank(), at, job, i)));
             }
         }
+        let bound = self.config.max_starts.unwrap_or(usize::MAX);
         while let Some(Reverse((_, _, job, i))) = heap.pop() {
+            if self.plan.placements.len() + self.plan.preemptions.len() >= bound {
+                return;
+            }
             match self.try_start(job) {
                 Outcome::Started | Outcome::Preempting => {
                     let (class, iter) = &mut classes[i];

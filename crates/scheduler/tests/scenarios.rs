@@ -31,6 +31,23 @@ fn tiers_start_in_precedence_order_then_submission_order() {
 }
 
 #[test]
+fn a_bounded_pass_starts_the_head_of_the_queue_and_leaves_the_rest_for_the_next() {
+    let mut c = Cluster::new(4, 8);
+    c.config.max_starts = Some(2);
+    let pre: Vec<JobId> = (0..3).map(|_| c.submit(Tier::Preemptible, 8)).collect();
+    let od = c.submit(Tier::OnDemand, 8);
+    let first = c.step();
+    let started: Vec<JobId> = first.placements.iter().map(|p| p.job).collect();
+    assert_eq!(started, vec![od, pre[0]], "the head of the queue, in precedence order");
+    assert!(first.pending.is_empty(), "the jobs the pass did not look at have no reason yet: {:?}", first.pending);
+    assert_eq!(c.phase(pre[1]), Some(Phase::Queued));
+    let second = c.step();
+    let started: Vec<JobId> = second.placements.iter().map(|p| p.job).collect();
+    assert_eq!(started, vec![pre[1], pre[2]]);
+    assert!(c.step().is_empty(), "every job started: nothing is left for a third pass");
+}
+
+#[test]
 fn preemption_drains_the_victim_and_holds_its_gpus_for_the_preemptor() {
     let mut c = Cluster::new(1, 8);
     let victim = c.submit(Tier::Preemptible, 8);

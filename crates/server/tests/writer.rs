@@ -504,6 +504,34 @@ fn a_read_issued_in_the_batch_of_a_submission_is_answered_only_after_its_commit(
     assert_eq!(read.try_recv().unwrap().unwrap().jobs.iter().map(|j| j.id).collect::<Vec<_>>(), vec![id]);
 }
 
+/// A backlog larger than a batch may start is placed a batch's worth at a
+/// time: each piece is committed and at its nodes before the next is
+/// placed, and the next batch goes on with no message to start it.
+#[test]
+fn a_backlog_is_placed_a_batch_at_a_time() {
+    let mut env = TestEnv::new("pieces");
+    let bound = ebb_server::engine::BATCH_STARTS;
+    let nodes: Vec<String> = (0..bound.div_ceil(8) + 16).map(|i| format!("n{i:04}")).collect();
+    for node in &nodes {
+        env.register(node, Vec::new(), Vec::new());
+    }
+    let backlog = bound + 100;
+    let (msgs, mut replies): (Vec<Msg>, Vec<_>) = (0..backlog).map(|_| env.submit_msg(1)).unzip();
+    let now = env.now;
+    env.engine().batch(msgs, now).unwrap();
+    assert!(replies.iter_mut().all(|r| r.try_recv().is_ok_and(|r| r.is_ok())), "every job accepted");
+    // Read beside the writer: any message to it is a batch that schedules.
+    let db = rusqlite::Connection::open(env.dir.join("ebb.db")).unwrap();
+    let placed = || -> usize {
+        db.query_row("SELECT COUNT(*) FROM jobs WHERE state = 'starting'", [], |r| r.get(0)).unwrap()
+    };
+    assert_eq!(placed(), bound, "the first batch starts as many as a batch may");
+    env.engine().batch(Vec::new(), now).unwrap();
+    assert_eq!(placed(), backlog, "the next, with no message, the rest");
+    let starts: usize = nodes.iter().map(|n| env.poll(n).len()).sum();
+    assert_eq!(starts, backlog, "every start reached its node once");
+}
+
 /// Every event written in a batch carries the batch's instant, never the
 /// wall clock.
 #[test]

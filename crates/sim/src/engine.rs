@@ -240,6 +240,7 @@ impl<'a> Engine<'a> {
                 victim_policy: config.victim_policy,
                 heartbeat_timeout: None,
                 min_runtime: config.min_runtime,
+                max_starts: None,
             },
             state,
             jobs: Vec::new(),

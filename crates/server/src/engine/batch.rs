@@ -11,9 +11,15 @@ impl<S: Store> Engine<S> {
     /// Runs the writer loop until every sender is gone (`None`), or until
     /// a batch fails: then nothing of it was acknowledged, memory is ahead
     /// of the store, and the engine is dropped with the reason returned.
+    /// A batch that stopped scheduling at its bound is followed at once by
+    /// the next, with whatever messages came meanwhile, until the core
+    /// settles.
     pub fn run(mut self, mut rx: tokio::sync::mpsc::Receiver<Msg>) -> Option<String> {
-        while let Some(first) = rx.blocking_recv() {
-            let mut batch = vec![first];
+        loop {
+            let mut batch = Vec::new();
+            if !self.unsettled {
+                batch.push(rx.blocking_recv()?);
+            }
             while batch.len() < 1024 {
                 match rx.try_recv() {
                     Ok(msg) => batch.push(msg),
@@ -25,7 +31,6 @@ impl<S: Store> Engine<S> {
                 return Some(e);
             }
         }
-        None
     }
 
     /// Handles one batch of messages at `now` as one store transaction:

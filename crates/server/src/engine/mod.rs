@@ -73,6 +73,7 @@ use job::TenantLoad;
 pub use job::{restart_backoff_ms, CheckpointStats, JobRecord, JobState, StoredSpec, Waiting, QUICK_EXIT_MS};
 pub use lines::{Lines, QuietPoll};
 pub use pending::REASONS as PENDING_REASONS;
+pub use plan::BATCH_STARTS;
 use recovery::gpu_indices;
 pub use views::JobQuery;
 
@@ -366,6 +367,11 @@ pub struct Engine<S: Store> {
     tally: job::Tally,
     /// The latest pass's reason for each job first in line that waits.
     pending: HashMap<JobId, ebb_scheduler::Pending>,
+    /// The last batch stopped scheduling at its bound with more to start:
+    /// the next batch comes at once, with or without messages.
+    unsettled: bool,
+    /// The last checkpoint recommendation a placement made, and its text.
+    last_why: Option<(ebb_core::checkpoint::Recommendation, String)>,
 }
 
 /// Tenants: names, what their unfinished jobs hold against their limits,

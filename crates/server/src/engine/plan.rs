@@ -8,19 +8,37 @@ use super::*;
 /// A drill's notice, as the job reads it: a drain like any other.
 pub(super) const DRILL_REASON: &str = "drill: save and exit as for a preemption; the job is requeued at once";
 
+/// The most jobs one batch starts (or preempts for). A backlog released
+/// onto a fleet is placed a piece at a time, each piece committed and sent
+/// to its nodes while the next is placed, and nothing that comes meanwhile
+/// (an on-demand job, a node's report) waits behind the whole of it. A
+/// placement costs the writer tens of microseconds: a piece, tens of
+/// milliseconds.
+pub const BATCH_STARTS: usize = 2048;
+
 impl<S: Store> Engine<S> {
-    /// Plans and applies until the core has nothing more to do.
+    /// Plans and applies until the core has nothing more to do, or this
+    /// batch has started `BATCH_STARTS` jobs: then `unsettled` says the
+    /// next batch goes on at once.
     pub(super) fn schedule(&mut self, now: u64) -> Written {
         self.end_backoffs(now)?;
         self.check_deadlines(now)?;
         self.hear_silent(now)?;
+        let mut starts = 0;
+        self.unsettled = false;
         for _ in 0..1000 {
+            if starts >= BATCH_STARTS {
+                self.unsettled = true;
+                return Ok(());
+            }
             let started = std::time::Instant::now();
+            self.sched.max_starts = Some(BATCH_STARTS - starts);
             let mut plan = ebb_scheduler::schedule(&self.core, Time(now), &self.sched);
             self.keep_pending(std::mem::take(&mut plan.pending));
             if plan.is_empty() {
                 return Ok(());
             }
+            starts += plan.placements.len() + plan.preemptions.len();
             if let Err(e) = self.core.apply(&plan) {
                 tracing::error!("plan refused: {e}");
                 return Ok(());
@@ -107,6 +125,19 @@ impl<S: Store> Engine<S> {
         )
     }
 
+    /// The text of `recommendation`: the last one's again when it is the
+    /// same (a backlog's placements in one batch mostly are).
+    fn why_text(&mut self, recommendation: &ebb_core::checkpoint::Recommendation) -> String {
+        match &self.last_why {
+            Some((last, text)) if last == recommendation => text.clone(),
+            _ => {
+                let text = recommendation.to_string();
+                self.last_why = Some((recommendation.clone(), text.clone()));
+                text
+            }
+        }
+    }
+
     /// A new attempt: its rate fixed, its record reset for the attempt, and
     /// a start sent to each of its nodes.
     fn placed(&mut self, p: &Placement, now: u64) -> Written {
@@ -115,9 +146,9 @@ impl<S: Store> Engine<S> {
         let recommendation = self.recommend(id, &placement, now);
         let rendezvous = (placement.len() > 1).then(|| self.rendezvous(&placement[0].0));
         let billing = self.rates(self.jobs[&id].tier, &placement[0].0)?;
+        let why = self.why_text(&recommendation);
         let job = self.jobs.get_mut(&id).expect("known job");
         job.billing = Some(billing);
-        let why = recommendation.to_string();
         job.interval = Some((recommendation.interval.as_secs(), why.clone()));
         job.rendezvous = rendezvous;
         job.run_started_ms = None;

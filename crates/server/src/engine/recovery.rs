@@ -17,6 +17,7 @@ impl<S: Store> Engine<S> {
             victim_policy: ebb_scheduler::VictimPolicy::LostWork,
             heartbeat_timeout: Some(config.heartbeat_timeout),
             min_runtime: config.min_runtime,
+            max_starts: None,
         };
         let epoch = {
             let mut bytes = [0u8; 8];
@@ -45,6 +46,8 @@ impl<S: Store> Engine<S> {
             counters: Default::default(),
             tally: Default::default(),
             pending: HashMap::new(),
+            unsettled: false,
+            last_why: None,
         };
         let mut notes = Vec::new();
         if snapshot.tenants.is_empty() {
