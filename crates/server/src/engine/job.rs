@@ -155,6 +155,11 @@ pub struct JobRecord {
     /// counted again at load).
     #[serde(skip)]
     pub counted: Option<Counted>,
+    /// Known to have no output in the store: accepted by this server, and
+    /// none has come since (not stored: a job loaded at start is looked
+    /// up). Spares a new job's first output two reads.
+    #[serde(skip)]
+    pub no_output: bool,
 }
 
 /// What the tally counts a job as: its tier, state and GPUs, and, while
@@ -322,6 +327,7 @@ impl JobRecord {
             log_tracked: true,
             deadline: None,
             counted: None,
+            no_output: true,
         }
     }
 }

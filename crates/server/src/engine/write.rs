@@ -95,6 +95,9 @@ impl<S: Store> Engine<S> {
             self.store.put_output(id, state.bytes, data.as_bytes())?;
             state.bytes += data.len() as u64;
         }
+        if let Some(job) = self.jobs.get_mut(&id) {
+            job.no_output = false;
+        }
         self.logs.insert(id, state);
         Ok(())
     }
@@ -105,6 +108,9 @@ impl<S: Store> Engine<S> {
     pub(super) fn log_state(&mut self, id: u64) -> Written<crate::store::LogState> {
         if let Some(state) = self.logs.get(&id) {
             return Ok(state.clone());
+        }
+        if self.jobs.get(&id).is_some_and(|j| j.no_output) {
+            return Ok(crate::store::LogState::default());
         }
         let state = match self.store.log_state(id)? {
             Some(state) if state.file => state,
