@@ -129,7 +129,7 @@ impl Client {
             }
             CallError::Other(
                 crate::tls::certificate_problem(&server, &e, self.trust.as_ref())
-                    .unwrap_or_else(|| e.to_string()),
+                    .unwrap_or_else(|| with_causes(&e)),
             )
         })?;
         let status = resp.status();
@@ -202,6 +202,23 @@ impl Client {
     pub(crate) async fn report(&self, report: &Report) -> Result<ReportReply, CallError> {
         self.call(self.http.post(self.url("/v1/agent/report")).json(report)).await
     }
+}
+
+/// `e` and what caused it, down to the root ("error sending request for
+/// url (...): client error (Connect): tcp connect error: Connection
+/// refused (os error 111)"): the first alone seldom says what went wrong.
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let next = c.to_string();
+        if !text.contains(&next) {
+            text.push_str(": ");
+            text.push_str(&next);
+        }
+        cause = c.source();
+    }
+    text
 }
 
 /// Where the node's credential is kept, in the agent's data dir (0600).

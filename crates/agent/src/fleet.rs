@@ -14,7 +14,11 @@
 //! attempt saved on any node, as through a cluster's checkpoint store.
 //!
 //! The nodes share one HTTP client, so one connection pool and one TLS
-//! trust. Their starts are paced, a node a millisecond, with at most
+//! trust, and one process's descriptors: each node's command poll holds a
+//! connection, and the reports beside the polls take turns at what the
+//! open-file limit leaves (at most [`REPORTS_IN_FLIGHT`] at once). A
+//! report past the limit would not fail to connect and retry: it waits
+//! for a slot. Their starts are paced, a node a millisecond, with at most
 //! [`JOINING`] registrations under way at once, so that ten thousand nodes
 //! do not all hit the server in the same millisecond; progress is logged
 //! every second until every node has joined.
@@ -38,6 +42,15 @@ const PACE: Duration = Duration::from_millis(1);
 
 /// At most this many nodes are registering at once.
 const JOINING: usize = 256;
+
+/// The most reports the fleet's nodes have in flight at once: enough to
+/// keep a server busy, few enough that their connections stay open in the
+/// pool for the next ones.
+const REPORTS_IN_FLIGHT: u64 = 1024;
+
+/// Descriptors the fleet keeps for what is not a node's connection: its
+/// runtime, its log, the files of a node registering.
+const SPARE_FILES: u64 = 256;
 
 /// Output a simulated node holds while the server has not taken it: its
 /// attempts write one line each.
@@ -64,8 +77,8 @@ pub(crate) fn node_name(name: &str, i: u32) -> String {
 }
 
 /// Runs `n` simulated nodes until SIGINT or SIGTERM, then stops their
-/// attempts.
-pub(crate) async fn run(mut config: AgentConfig, n: u32) -> Result<(), String> {
+/// attempts; their connections stay within `files` descriptors.
+pub(crate) async fn run(mut config: AgentConfig, n: u32, files: u64) -> Result<(), String> {
     let data_dir = config.data_dir.clone();
     config.data_dir = tokio::task::spawn_blocking(move || {
         std::fs::create_dir_all(data_dir.join("nodes"))
@@ -79,9 +92,17 @@ pub(crate) async fn run(mut config: AgentConfig, n: u32) -> Result<(), String> {
         tls::agent_trust(&config.server, config.ca.as_deref(), config.ca_fingerprint, &config.data_dir)
             .await?;
     let http = crate::http_client(trust.as_ref())?;
-    tracing::info!(nodes = n, gpus = config.gpus, gpu_model = config.gpu_model, "starting a simulated fleet");
     let nodes = Nodes::default();
-    let fleet = Fleet { config: Arc::new(config), http, trust, checkpoints: Default::default() };
+    let slots = files.saturating_sub(u64::from(n) + SPARE_FILES).clamp(16, REPORTS_IN_FLIGHT);
+    let reports = Arc::new(tokio::sync::Semaphore::new(slots as usize));
+    tracing::info!(
+        nodes = n,
+        gpus = config.gpus,
+        gpu_model = config.gpu_model,
+        reports_in_flight = slots,
+        "starting a simulated fleet"
+    );
+    let fleet = Fleet { config: Arc::new(config), http, trust, checkpoints: Default::default(), reports };
     let mut starting = tokio::spawn(start_all(fleet, n, nodes.clone()));
     let outcome = tokio::select! {
         stopped = crate::until_told_to_stop() => stopped,
@@ -106,6 +127,8 @@ struct Fleet {
     trust: Option<tls::Trust>,
     /// Jobs' newest checkpoints, whichever node reported them.
     checkpoints: Arc<FleetCheckpoints>,
+    /// Slots for reports in flight.
+    reports: Arc<tokio::sync::Semaphore>,
 }
 
 /// Starts the nodes, paced, then logs their joining until all have.
@@ -163,7 +186,7 @@ impl Progress {
 /// Starts node `i`: its data directory and credential, its reporter, its
 /// command loop.
 async fn start_node(fleet: &Fleet, i: u32) -> Result<SimNode, String> {
-    let Fleet { config, http, trust, checkpoints } = fleet;
+    let Fleet { config, http, trust, checkpoints, reports } = fleet;
     let name = node_name(&config.name, i);
     let data_dir = config.data_dir.join("nodes").join(&name);
     let dir = data_dir.clone();
@@ -177,7 +200,7 @@ async fn start_node(fleet: &Fleet, i: u32) -> Result<SimNode, String> {
         Client::new(http.clone(), &config.server, &config.join_token, &data_dir, credential)
             .trusting(trust.clone()),
     );
-    let (reporter, queue) = Reporter::new(OUTPUT_BUFFER);
+    let (reporter, queue) = Reporter::sharing(OUTPUT_BUFFER, Some(reports.clone()));
     let supervisor = Arc::new(Simulated::new(&name, reporter.clone(), checkpoints.clone()));
     let fenced = supervisor.clone();
     tokio::spawn(reporter.clone().run(queue, client.clone(), name.clone(), move |stale| {

@@ -160,9 +160,10 @@ pub async fn run(config: AgentConfig) -> Result<(), String> {
 /// then stops their attempts. `config.name` names the fleet, each node's
 /// data directory is under `config.data_dir`; what concerns processes
 /// (checkpoint root, jobs' PATH and environment, cgroups, retention) is
-/// not used.
-pub async fn simulate(config: AgentConfig, nodes: u32) -> Result<(), String> {
-    fleet::run(config, nodes).await
+/// not used. `files` is the open-file limit the fleet's connections stay
+/// within.
+pub async fn simulate(config: AgentConfig, nodes: u32, files: u64) -> Result<(), String> {
+    fleet::run(config, nodes, files).await
 }
 
 /// Makes the agent's directories, finds its cgroups and its credential,

@@ -51,6 +51,11 @@ pub(crate) struct Reporter {
     /// (its reply was lost) once.
     session: u64,
     reports: AtomicU64,
+    /// Slots for reports in flight, shared by the nodes of a simulated
+    /// fleet (one process, one descriptor per connection: each node's
+    /// command poll holds one, and a report beside it another). `None` for
+    /// an agent: its one report at a time needs no bound.
+    in_flight: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 /// The events queued by a [`Reporter`], for its report loop.
@@ -64,6 +69,15 @@ impl Reporter {
     /// A reporter holding at most `output_buffer` bytes of unsent output
     /// (0: no limit), and the queue its report loop reads.
     pub(crate) fn new(output_buffer: u64) -> (Arc<Reporter>, Queue) {
+        Self::sharing(output_buffer, None)
+    }
+
+    /// As [`new`](Self::new), its reports waiting for one of `in_flight`'s
+    /// slots.
+    pub(crate) fn sharing(
+        output_buffer: u64,
+        in_flight: Option<Arc<tokio::sync::Semaphore>>,
+    ) -> (Arc<Reporter>, Queue) {
         let (events, queue) = mpsc::unbounded_channel();
         let reporter = Reporter {
             events,
@@ -77,6 +91,7 @@ impl Reporter {
                 u64::from_le_bytes(bytes) >> 1
             },
             reports: AtomicU64::new(0),
+            in_flight,
         };
         (Arc::new(reporter), queue)
     }
@@ -165,7 +180,12 @@ impl Reporter {
         let id = Some(ReportId { session: self.session, seq });
         loop {
             let report = Report { node: node.to_string(), events, id };
+            let slot = match &self.in_flight {
+                Some(slots) => slots.acquire().await.ok(),
+                None => None,
+            };
             let result = client.report(&report).await;
+            drop(slot);
             events = report.events;
             match result {
                 Ok(reply) => {
@@ -512,6 +532,29 @@ mod tests {
         let (last, tries) = ids.split_last().unwrap();
         assert!(tries.iter().all(|id| *id == tries[0]), "{ids:?}");
         assert_eq!((last.session, last.seq), (tries[0].session, tries[0].seq + 1), "{ids:?}");
+    }
+
+    #[tokio::test]
+    async fn reports_sharing_slots_wait_for_one_and_are_delivered_once_one_is_free() {
+        let fake = Arc::new(FakeServer::default());
+        let server = testing::serve(fake.clone()).await;
+        let slots = Arc::new(tokio::sync::Semaphore::new(1));
+        let taken = slots.clone().acquire_owned().await.unwrap();
+        let mut reporters = Vec::new();
+        for node in ["node-1", "node-2"] {
+            let dir = testing::temp_dir(&format!("slots-{node}"));
+            let client = Arc::new(Client::new(reqwest::Client::new(), &server, "t", &dir, None));
+            let (reporter, queue) = Reporter::sharing(0, Some(slots.clone()));
+            tokio::spawn(reporter.clone().run(queue, client, node.into(), |_| {}));
+            reporter.send(STARTED);
+            reporters.push(reporter);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(fake.report_ids.lock().unwrap().is_empty(), "a report went out without a slot");
+        drop(taken);
+        until("both nodes' starts are delivered", || fake.delivered().len() == 2).await;
+        assert_eq!(fake.report_ids.lock().unwrap().len(), 2, "each report tried once: none failed");
+        assert_eq!(slots.available_permits(), 1, "every slot given back");
     }
 
     #[tokio::test]
