@@ -39,7 +39,11 @@ fn a_bounded_pass_starts_the_head_of_the_queue_and_leaves_the_rest_for_the_next(
     let first = c.step();
     let started: Vec<JobId> = first.placements.iter().map(|p| p.job).collect();
     assert_eq!(started, vec![od, pre[0]], "the head of the queue, in precedence order");
-    assert!(first.pending.is_empty(), "the jobs the pass did not look at have no reason yet: {:?}", first.pending);
+    assert!(
+        first.pending.is_empty(),
+        "the jobs the pass did not look at have no reason yet: {:?}",
+        first.pending
+    );
     assert_eq!(c.phase(pre[1]), Some(Phase::Queued));
     let second = c.step();
     let started: Vec<JobId> = second.placements.iter().map(|p| p.job).collect();
