@@ -104,6 +104,23 @@ fn a_database_written_by_the_release_before_is_migrated_and_everything_in_it_kep
     assert_eq!(log.committed, "hello from the old main\n".len() as u64);
     assert!(log.stored.is_none(), "a log from before the store kept output stays its file");
 
+    // Step 9 renumbered nothing: an old job's timeline is as it was, and
+    // what happens to it now comes after it.
+    let before =
+        call(&mut engine, |reply| Msg::Job { principal: admin.clone(), id: 5, reply }).unwrap().events;
+    let req = ebb_api::CancelRequest::default();
+    let cancelled =
+        call(&mut engine, |reply| Msg::Cancel { principal: admin.clone(), id: 5, req, reply }).unwrap();
+    assert_eq!(cancelled.state, "cancelled");
+    let after =
+        call(&mut engine, |reply| Msg::Job { principal: admin.clone(), id: 5, reply }).unwrap().events;
+    assert!(!before.is_empty());
+    assert_eq!(
+        after[..before.len()].iter().map(|e| e.kind).collect::<Vec<_>>(),
+        before.iter().map(|e| e.kind).collect::<Vec<_>>()
+    );
+    assert_eq!(after.last().map(|e| e.kind), Some(EventKind::Cancelled));
+
     // It goes on: new jobs get the next ids.
     let spec = JobSubmission { argv: vec!["true".into()], ..Default::default() };
     let ids = call(&mut engine, |reply| Msg::Submit { principal: admin.clone(), spec, reply }).unwrap();
@@ -113,7 +130,7 @@ fn a_database_written_by_the_release_before_is_migrated_and_everything_in_it_kep
     // At the latest schema step; opening again changes nothing.
     let conn = rusqlite::Connection::open(dir.join("ebb.db")).unwrap();
     let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0)).unwrap();
-    assert_eq!(version, 8);
+    assert_eq!(version, 9);
     drop(conn);
     let store = SqliteStore::open(&dir.join("ebb.db")).unwrap();
     let (mut engine, _) = Engine::open(store, config, tokens, NOW).map_err(|e| e.message).unwrap();
