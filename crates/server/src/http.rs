@@ -13,7 +13,7 @@ use axum::{Json, Router};
 use bytes::Bytes;
 use ebb_api as api;
 use serde::de::DeserializeOwned;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 use utoipa::OpenApi;
 
@@ -899,7 +899,7 @@ async fn agent_commands(
     State(app): State<App>,
     headers: HeaderMap,
     ApiQuery(q): ApiQuery<PollQuery>,
-) -> ApiResult<Json<api::Commands>> {
+) -> ApiResult<Json<CommandsOut>> {
     app.node(&headers, &q.node)?;
     let deadline = poll_deadline(app.poll_wait);
     // What the poll says of the node's health counts once, when it comes:
@@ -914,7 +914,7 @@ async fn agent_commands(
     if let Some(mut poll) = quiet {
         match tokio::time::timeout_at(deadline, poll.changed.changed()).await {
             Ok(Ok(())) => health = None,
-            _ => return Ok(Json(api::Commands { commands: Vec::new(), next_seq: poll.next_seq })),
+            _ => return Ok(Json(CommandsOut { commands: Vec::new(), next_seq: poll.next_seq })),
         }
     }
     loop {
@@ -923,14 +923,27 @@ async fn agent_commands(
         let mut poll =
             app.ask(|reply| Msg::Poll { node, epoch: q.epoch, after: q.after, health, reply }).await??;
         if !poll.commands.is_empty() {
-            return Ok(Json(api::Commands { commands: poll.commands, next_seq: poll.next_seq }));
+            return Ok(Json(CommandsOut { commands: poll.commands, next_seq: poll.next_seq }));
         }
         // Subscribed while the poll was handled: any later push wakes us.
         match tokio::time::timeout_at(deadline, poll.changed.changed()).await {
             Ok(Ok(())) => continue,
-            _ => return Ok(Json(api::Commands { commands: Vec::new(), next_seq: poll.next_seq })),
+            _ => return Ok(Json(CommandsOut { commands: Vec::new(), next_seq: poll.next_seq })),
         }
     }
+}
+
+/// [`api::Commands`] as a poll answers it: the commands shared with the
+/// node's stream, written out as they are.
+#[derive(Serialize)]
+struct CommandsOut {
+    #[serde(serialize_with = "shared_commands")]
+    commands: Vec<Arc<api::Command>>,
+    next_seq: u64,
+}
+
+fn shared_commands<S: serde::Serializer>(commands: &[Arc<api::Command>], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(commands.iter().map(|c| &**c))
 }
 
 /// When an empty poll is answered: a heartbeat interval from now, brought

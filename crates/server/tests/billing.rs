@@ -320,7 +320,7 @@ impl<S: Store> World<S> {
             self.nodes[i].epoch = None; // the server restarted or lost us: register again
             return;
         };
-        for command in poll.commands {
+        for command in poll.commands.into_iter().map(std::sync::Arc::unwrap_or_clone) {
             if std::env::var_os("EBB_BILLING_TRACE").is_some() {
                 eprintln!("{} {} <- {:?}", self.now - START, self.nodes[i].name, command.action);
             }

@@ -77,7 +77,7 @@ impl Server {
         let poll =
             self.call(|reply| Msg::Poll { node: NODE.into(), epoch, after, health, reply }).expect("polled");
         let mut starts = Vec::new();
-        for command in poll.commands {
+        for command in poll.commands.into_iter().map(std::sync::Arc::unwrap_or_clone) {
             self.after = command.seq;
             if let Action::Start(s) = command.action {
                 starts.push(s.attempt);

@@ -96,7 +96,7 @@ impl World {
             .call(|reply| Msg::Poll { node: "node-0".into(), epoch, after, health: None, reply })
             .unwrap();
         let mut starts = Vec::new();
-        for command in poll.commands {
+        for command in poll.commands.into_iter().map(std::sync::Arc::unwrap_or_clone) {
             self.after = command.seq;
             if let Action::Start(s) = command.action {
                 starts.push(s);

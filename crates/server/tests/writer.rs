@@ -304,7 +304,7 @@ impl<S: Store> TestEnv<S> {
             .call(|reply| Msg::Poll { node: node_name, epoch, after, health: None, reply })
             .expect("polled");
         let mut actions = Vec::new();
-        for command in poll.commands {
+        for command in poll.commands.into_iter().map(std::sync::Arc::unwrap_or_clone) {
             self.agents.get_mut(node).unwrap().after = command.seq;
             actions.push(command.action);
         }

@@ -248,14 +248,16 @@ pub struct LogFile {
 }
 
 pub struct Poll {
-    pub commands: Vec<Command>,
+    /// Shared with the node's stream: a poll answered again (a node's
+    /// commands stay until it says it has them) costs the writer no copy.
+    pub commands: Vec<Arc<Command>>,
     pub next_seq: u64,
     pub changed: watch::Receiver<u64>,
 }
 
 /// One node's command stream.
 struct Channel {
-    commands: VecDeque<Command>,
+    commands: VecDeque<Arc<Command>>,
     next_seq: u64,
     notify: watch::Sender<u64>,
 }
@@ -266,7 +268,7 @@ impl Channel {
     }
 
     fn push(&mut self, action: Action) {
-        self.commands.push_back(Command { seq: self.next_seq, action });
+        self.commands.push_back(Arc::new(Command { seq: self.next_seq, action }));
         self.next_seq += 1;
     }
 }
