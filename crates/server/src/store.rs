@@ -349,14 +349,25 @@ pub(crate) fn append_piece(out: &mut Vec<u8>, from: u64, to: u64, start: u64, da
 
 pub struct SqliteStore {
     conn: Connection,
+    /// Copies committed pages from the log back into the database, on a
+    /// thread of its own.
+    checkpoints: Checkpointer,
 }
 
 /// The page cache, KiB: the pages a fleet's worth of job records touch.
 const PAGE_CACHE_KIB: i64 = 64 * 1024;
 
-/// The write-ahead log's length, in pages, at which a commit copies it
-/// back into the database.
-const WAL_CHECKPOINT_PAGES: i64 = 10_000;
+/// How long after a commit the checkpointer copies the log back: the
+/// commits of that while share one copy of each page they rewrote.
+const CHECKPOINT_AFTER: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// The log's length, in pages, at which a commit copies back what the
+/// checkpointer has not yet (SQLite's own checkpoint, in the writer's
+/// thread). Under a load that never pauses, the log starts again from its
+/// beginning only once a copy has caught up with the last commit, which
+/// the checkpointer cannot do while the writer keeps committing: this is
+/// the log's bound, and that copy is short.
+const WAL_BOUND_PAGES: i64 = 10_000;
 
 impl SqliteStore {
     pub fn open(path: &Path) -> Result<SqliteStore> {
@@ -368,15 +379,84 @@ impl SqliteStore {
         // thousands of job records then reads most of their pages back from
         // the OS and spills dirty ones to the WAL before it commits.
         conn.pragma_update(None, "cache_size", -PAGE_CACHE_KIB)?;
-        // A busy writer rewrites the same pages (a fleet's job records,
-        // their indices) batch after batch: checkpointed every 1,000 pages
-        // (the default), each copy went back to the database file again
-        // and again. Every 10,000 (40 MiB of log): a fleet's fill costs
-        // the server a tenth less.
-        conn.pragma_update(None, "wal_autocheckpoint", WAL_CHECKPOINT_PAGES)?;
+        // Copying the log back is the checkpointer's, off the writer's
+        // thread: a copy in a commit (SQLite's default, every 1,000 pages)
+        // held up every caller of that batch, and a fleet's fill spent a
+        // twentieth of the writer's time there. The writer copies what is
+        // left when the log reaches its bound.
+        conn.pragma_update(None, "wal_autocheckpoint", WAL_BOUND_PAGES)?;
         conn.set_prepared_statement_cache_capacity(64);
         migrate(&mut conn)?;
-        Ok(SqliteStore { conn })
+        let checkpoints = Checkpointer::start(path)?;
+        Ok(SqliteStore { conn, checkpoints })
+    }
+}
+
+/// A thread with a connection of its own that copies the write-ahead log
+/// back into the database a while after commits (`PASSIVE`: it never
+/// waits for the writer, nor the writer for it). Stops when the store is
+/// dropped.
+struct Checkpointer {
+    /// Rows the writer had changed at its last commit that changed any.
+    changes: u64,
+    wake: Option<std::sync::mpsc::SyncSender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Checkpointer {
+    fn start(path: &Path) -> Result<Checkpointer> {
+        let conn = Connection::open(path)?;
+        // Its copies are synced as the writer's commits are.
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        conn.pragma_update(None, "wal_autocheckpoint", 0)?;
+        let (wake, woken) = std::sync::mpsc::sync_channel(1);
+        let thread = std::thread::Builder::new()
+            .name("ebb-checkpoint".into())
+            .spawn(move || Checkpointer::run(&conn, &woken))
+            .map_err(|e| StoreError(format!("cannot start the checkpoint thread: {e}")))?;
+        Ok(Checkpointer { changes: 0, wake: Some(wake), thread: Some(thread) })
+    }
+
+    /// A commit happened, the writer's connection having changed
+    /// `changes` rows since it opened: one that changed none wrote nothing
+    /// to the log.
+    fn committed(&mut self, changes: u64) {
+        if changes == self.changes {
+            return;
+        }
+        self.changes = changes;
+        if let Some(wake) = &self.wake {
+            // Full: a copy is already due.
+            let _ = wake.try_send(());
+        }
+    }
+
+    fn run(conn: &Connection, woken: &std::sync::mpsc::Receiver<()>) {
+        use std::sync::mpsc::RecvTimeoutError;
+        while woken.recv().is_ok() {
+            let due = std::time::Instant::now() + CHECKPOINT_AFTER;
+            loop {
+                match woken.recv_timeout(due.saturating_duration_since(std::time::Instant::now())) {
+                    Ok(()) => continue,
+                    Err(RecvTimeoutError::Timeout) => break,
+                    Err(RecvTimeoutError::Disconnected) => return,
+                }
+            }
+            if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+                // The next commit's wake tries again; the log's bound holds
+                // meanwhile.
+                tracing::warn!("copying the write-ahead log into the database: {e}");
+            }
+        }
+    }
+}
+
+impl Drop for Checkpointer {
+    fn drop(&mut self) {
+        self.wake = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
     }
 }
 
@@ -522,10 +602,11 @@ pub(crate) fn scope_name(scope: Scope) -> &'static str {
 }
 
 impl Store for SqliteStore {
-    /// Deferred: the server's connection is the database's only one (the
-    /// data dir's lock), so a batch takes the write lock at its first
-    /// write, and one that writes nothing (an idle heartbeat, a read)
-    /// commits without touching the file.
+    /// Deferred: the server's connection is the database's only writer
+    /// (the data dir's lock; the checkpointer's only copies the log back),
+    /// so a batch takes the write lock at its first write, and one that
+    /// writes nothing (an idle heartbeat, a read) commits without touching
+    /// the file.
     fn begin(&mut self) -> Result<()> {
         self.run("BEGIN", [])?;
         Ok(())
@@ -533,6 +614,7 @@ impl Store for SqliteStore {
 
     fn commit(&mut self) -> Result<()> {
         self.run("COMMIT", [])?;
+        self.checkpoints.committed(self.conn.total_changes());
         Ok(())
     }
 
@@ -910,9 +992,6 @@ mod tests {
         dir.join("ebb.db")
     }
 
-    /// A database made before the schema steps were numbered (its tokens
-    /// have no node column) is adopted and brought to the latest step,
-    /// keeping what it holds.
     /// Every lookup the writer makes while it runs (loads at start read
     /// whole tables) searches an index or a primary key: none scans a
     /// table that grows with the jobs.
@@ -1075,6 +1154,9 @@ mod tests {
         assert_eq!(store.log_state(4).unwrap(), Some(LogState { bytes: 7, file: false }));
     }
 
+    /// A database made before the schema steps were numbered (its tokens
+    /// have no node column) is adopted and brought to the latest step,
+    /// keeping what it holds.
     #[test]
     fn a_database_from_before_numbered_migrations_is_migrated() {
         let path = scratch("old");
@@ -1106,5 +1188,33 @@ mod tests {
         assert_eq!(version, MIGRATIONS.len() as i64);
         drop(conn);
         SqliteStore::open(&path).unwrap();
+    }
+
+    /// A commit reaches the database file without the writer copying the
+    /// log back (its own copy waits for a log of `WAL_BOUND_PAGES`): the
+    /// checkpointer copies it a while after. The file alone, copied
+    /// without its log, has what was committed.
+    #[test]
+    fn the_checkpointer_copies_commits_into_the_database_file() {
+        let path = scratch("checkpointer");
+        let mut store = SqliteStore::open(&path).unwrap();
+        store.begin().unwrap();
+        let token = TokenRow { hash: "committed".into(), tenant: None, scope: Scope::Admin, node: None };
+        store.put_token(&token).unwrap();
+        store.commit().unwrap();
+        let copy = path.with_file_name("copy.db");
+        let in_file = || {
+            let _ = std::fs::remove_file(copy.with_extension("db-wal"));
+            std::fs::copy(&path, &copy).ok()?;
+            let conn = Connection::open(&copy).ok()?;
+            conn.query_row("SELECT count(*) FROM tokens WHERE hash = 'committed'", [], |r| r.get::<_, i64>(0))
+                .ok()
+        };
+        let give_up = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while in_file() != Some(1) {
+            assert!(std::time::Instant::now() < give_up, "the commit never reached the database file");
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        drop(store);
     }
 }
