@@ -14,7 +14,7 @@
 //! * Azure: `GET /metadata/scheduledevents` (`Metadata: true`)
 
 use std::sync::Arc;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{Query, State};
@@ -70,7 +70,7 @@ impl Notice {
 
 /// Times as the native shape writes them: `2026-11-29T08:22:00.000Z`.
 fn rfc3339(ms: u64) -> String {
-    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+    ebb_core::time::rfc3339_millis(ms)
 }
 
 #[derive(Clone)]
@@ -235,7 +235,7 @@ async fn aws_token(State(e): State<Endpoint>) -> String {
 
 /// AWS times are whole seconds: `2026-11-29T08:22:00Z`.
 fn aws_time(ms: u64) -> String {
-    humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+    ebb_core::time::rfc3339_seconds(ms)
 }
 
 async fn aws_instance_action(State(e): State<Endpoint>) -> Response {
@@ -282,7 +282,7 @@ async fn azure_events(State(e): State<Endpoint>, headers: HeaderMap) -> Response
     let body = match e.notice.borrow().clone() {
         None => json!({ "DocumentIncarnation": 0, "Events": [] }),
         Some(n) => {
-            let not_before = httpdate::fmt_http_date(UNIX_EPOCH + Duration::from_millis(n.deadline_ms));
+            let not_before = httpdate::fmt_http_date(ebb_core::time::writable(n.deadline_ms));
             json!({
                 "DocumentIncarnation": 1,
                 "Events": [{

@@ -880,12 +880,17 @@ pub struct ReportId {
     pub seq: u64,
 }
 
+/// What an agent tells the server about its attempts. Every `at_ms` is
+/// the agent's clock, milliseconds since the Unix epoch, at most the last
+/// millisecond of the year 9999; one later than the server's clock plus
+/// its allowed skew refuses the whole request (422).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum AgentEvent {
     Started {
         attempt: AttemptRef,
         pid: u32,
+        #[schema(maximum = 253402300799999.0)]
         at_ms: u64,
     },
     Exited {
@@ -894,6 +899,7 @@ pub enum AgentEvent {
         signal: Option<i32>,
         /// The SDK's completion marker was present at exit.
         completed: bool,
+        #[schema(maximum = 253402300799999.0)]
         at_ms: u64,
         /// The most memory the attempt's processes held together, where a
         /// cgroup accounts it.
@@ -913,6 +919,7 @@ pub enum AgentEvent {
         bytes: Option<u64>,
         /// How long the checkpoint took.
         duration_ms: u64,
+        #[schema(maximum = 253402300799999.0)]
         at_ms: u64,
     },
     /// The attempt reported resuming from a checkpoint to its endpoint
@@ -920,6 +927,7 @@ pub enum AgentEvent {
     Resumed {
         attempt: AttemptRef,
         step: Option<u64>,
+        #[schema(maximum = 253402300799999.0)]
         at_ms: u64,
     },
     /// Before the attempt started, the agent restored the job's latest
@@ -935,6 +943,7 @@ pub enum AgentEvent {
         bytes: u64,
         /// How long the restore took.
         duration_ms: u64,
+        #[schema(maximum = 253402300799999.0)]
         at_ms: u64,
     },
     /// The attempt reported how much of the job is done, a fraction from
@@ -943,6 +952,7 @@ pub enum AgentEvent {
         attempt: AttemptRef,
         #[schema(minimum = 0.0, maximum = 1.0)]
         fraction: f64,
+        #[schema(maximum = 253402300799999.0)]
         at_ms: u64,
     },
     /// Output of the attempt, appended in order.

@@ -126,6 +126,41 @@ fn forged_reports_for_another_nodes_attempt_are_refused_and_change_no_invoice() 
     assert_eq!(bill(&c, "alice"), before, "the invoice changed");
 }
 
+/// A registration (join token) or a report (a node's credential) with an
+/// event in the year 10000 or at `u64::MAX`: the clock-skew check wrote
+/// the time into its refusal, the formatter panicked and the server
+/// exited; in HA every server in turn. Now each is a 400 naming the
+/// field, nothing of it is applied, and the same server goes on.
+#[test]
+fn an_event_past_the_year_9999_is_a_400_and_the_server_goes_on() {
+    let mut c = Cluster::start(Options { nodes: 1, gpus: 4, ..Options::default() });
+    let id = c.submit(&["--tier", "on-demand", "--", "sleep", "600"]);
+    let job = c.wait_state(id, "running");
+    let pid = c.server_pid();
+    let join = join_token(&c);
+    let node0 = agent_credential(&c, 0);
+    for at_ms in [253_402_300_800_000u64, u64::MAX] {
+        let exited = json!([{ "type": "exited", "attempt": attempt_ref(&job), "code": 0, "signal": null,
+                              "completed": true, "at_ms": at_ms }]);
+        let body = json!({ "node": "year-10000", "gpu_model": "H100-80GB", "gpus": 4,
+                           "address": "127.0.0.1", "unreported": exited });
+        let (status, body) = call(&c, "POST", &join, "/v1/agent/register", Some(body));
+        assert_eq!(status, 400, "{at_ms}: {body}");
+        assert!(body["error"].as_str().unwrap().contains("unreported[0].at_ms"), "{body}");
+        let (status, body) = report(&c, &node0, "node-0", exited);
+        assert_eq!(status, 400, "{at_ms}: {body}");
+        assert!(body["error"].as_str().unwrap().contains("events[0].at_ms"), "{body}");
+    }
+    assert_eq!(c.server_exited(), None, "the server stopped");
+    assert_eq!(c.server_pid(), pid);
+    // Nothing was applied: the job runs on, the node never joined.
+    assert_eq!(c.job(id)["state"], "running");
+    let nodes: Value = serde_json::from_str(&c.ebb(&["nodes", "--json"])).unwrap();
+    assert!(nodes.as_array().unwrap().iter().all(|n| n["name"] != "year-10000"), "{nodes}");
+    let next = c.submit(&["--", "true"]);
+    c.wait_state(next, "succeeded");
+}
+
 #[test]
 fn event_times_are_bounded_by_the_servers_clock() {
     let c = Cluster::start(Options { nodes: 1, gpus: 4, ..Options::default() });
@@ -140,14 +175,14 @@ fn event_times_are_bounded_by_the_servers_clock() {
     let events = json!([{ "type": "exited", "attempt": attempt_ref(&job), "code": 0, "signal": null,
                           "completed": true, "at_ms": now_ms() + YEAR_MS }]);
     let (status, body) = report(&c, &node0, "node-0", events.clone());
-    assert_eq!(status, 400, "{body}");
+    assert_eq!(status, 422, "{body}");
     let message = body["error"].as_str().unwrap();
     assert!(message.contains("events[0].at_ms") && message.contains("exited"), "{message}");
     // Nor through a registration's unreported events.
     let body = json!({ "node": "node-0", "gpu_model": "H100-80GB", "gpus": 4, "address": "127.0.0.1",
                        "running": [attempt_ref(&job)], "unreported": events });
     let (status, body) = call(&c, "POST", &node0, "/v1/agent/register", Some(body));
-    assert_eq!(status, 400, "{body}");
+    assert_eq!(status, 422, "{body}");
     assert!(body["error"].as_str().unwrap().contains("unreported[0].at_ms"), "{body}");
     assert_eq!(c.job(id)["state"], "running");
     assert_eq!(bill(&c, "alice"), before, "the invoice changed");

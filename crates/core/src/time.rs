@@ -6,6 +6,33 @@
 
 use std::fmt;
 use std::ops::{Add, Sub};
+use std::time::{Duration, UNIX_EPOCH};
+
+/// The last instant RFC 3339 can write with a four-digit year,
+/// 9999-12-31T23:59:59.999Z, in milliseconds since the Unix epoch.
+pub const LAST_WRITABLE_MS: u64 = 253_402_300_799_999;
+
+/// Milliseconds since the Unix epoch in RFC 3339, UTC, to the millisecond
+/// (`2026-11-29T08:22:00.000Z`). Every time Ebb writes for people and
+/// programs goes through here or [`rfc3339_seconds`]: an instant past the
+/// year 9999, which only a wrong clock or a hostile request can give, is
+/// written as the last one that has four digits, never a panic.
+pub fn rfc3339_millis(ms: u64) -> String {
+    humantime::format_rfc3339_millis(writable(ms)).to_string()
+}
+
+/// As [`rfc3339_millis`], to the whole second (`2026-11-29T08:22:00Z`), as
+/// the clouds' metadata services write times.
+pub fn rfc3339_seconds(ms: u64) -> String {
+    humantime::format_rfc3339_seconds(writable(ms)).to_string()
+}
+
+/// The instant `ms` after the Unix epoch, no later than
+/// [`LAST_WRITABLE_MS`], for formatters that cannot write a fifth digit
+/// of the year (humantime's and httpdate's panic).
+pub fn writable(ms: u64) -> std::time::SystemTime {
+    UNIX_EPOCH + Duration::from_millis(ms.min(LAST_WRITABLE_MS))
+}
 
 /// An instant, in milliseconds since an epoch chosen by the caller.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -166,6 +193,20 @@ impl fmt::Display for Span {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The clock-skew check formatted a node's `at_ms` of the year 10000
+    /// for its refusal, and the formatter panicked: one request stopped
+    /// the server.
+    #[test]
+    fn times_past_the_year_9999_are_written_as_its_last_instant() {
+        assert_eq!(rfc3339_millis(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339_millis(LAST_WRITABLE_MS), "9999-12-31T23:59:59.999Z");
+        for ms in [LAST_WRITABLE_MS + 1, 253_402_300_800_000, u64::MAX / 2, u64::MAX] {
+            assert_eq!(rfc3339_millis(ms), "9999-12-31T23:59:59.999Z", "{ms}");
+            assert_eq!(rfc3339_seconds(ms), "9999-12-31T23:59:59Z", "{ms}");
+        }
+        assert_eq!(rfc3339_seconds(1_764_404_520_500), "2025-11-29T08:22:00Z");
+    }
 
     #[test]
     fn parses_durations_as_written() {

@@ -126,10 +126,10 @@ pub fn hash_token(token: &str) -> String {
     Sha256::digest(token.trim().as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// RFC 3339 in UTC, millisecond precision.
+/// RFC 3339 in UTC, millisecond precision; never panics (see
+/// [`ebb_core::time::rfc3339_millis`]).
 pub fn rfc3339(ms: u64) -> String {
-    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
-    humantime::format_rfc3339_millis(t).to_string()
+    ebb_core::time::rfc3339_millis(ms)
 }
 
 #[derive(Clone, Debug)]

@@ -200,6 +200,17 @@ impl Cluster {
         self.admin = std::fs::read_to_string(server_dir.join("admin.token")).unwrap().trim().to_string();
     }
 
+    /// The server's process, while this cluster runs it: the same pid
+    /// before and after a request says the request did not stop it.
+    pub fn server_pid(&self) -> u32 {
+        self.server.as_ref().expect("server running").id()
+    }
+
+    /// Whether the server process has exited (and how), without waiting.
+    pub fn server_exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.server.as_mut().expect("server running").try_wait().unwrap()
+    }
+
     pub fn kill_server(&mut self) {
         let mut child = self.server.take().expect("server running");
         child.kill().unwrap(); // SIGKILL: no chance to flush anything

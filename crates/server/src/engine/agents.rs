@@ -226,11 +226,12 @@ impl<S: Store> Engine<S> {
         Ok(ReportReply { stale: stale.into_iter().collect() })
     }
 
-    /// Refuses, whole, a progress report that is not a fraction, and
-    /// events stamped later than the server's clock plus the allowed
-    /// skew: a node's clock that far ahead is wrong, and nothing it says
-    /// about time can be taken. `field` names where the
-    /// events came from in the request.
+    /// Refuses, whole, a progress report that is not a fraction, events
+    /// stamped past what RFC 3339 can write (the document's bound: a 400),
+    /// and events stamped later than the server's clock plus the allowed
+    /// skew (a 422: a node's clock that far ahead is wrong, and nothing it
+    /// says about time can be taken). `field` names where the events came
+    /// from in the request.
     pub(super) fn check_event_times(
         &self,
         field: &str,
@@ -255,8 +256,15 @@ impl<S: Store> Engine<S> {
                 AgentEvent::Progress { attempt, at_ms, .. } => ("progress", attempt, *at_ms),
                 AgentEvent::Output { .. } => continue,
             };
-            if at_ms > bound {
+            if at_ms > ebb_core::time::LAST_WRITABLE_MS {
                 return Err(ApiError::bad_request(format!(
+                    "{field}[{i}].at_ms: {at_ms} is past the year 9999 (at most {}); nothing of this \
+                     request was applied",
+                    ebb_core::time::LAST_WRITABLE_MS
+                )));
+            }
+            if at_ms > bound {
+                return Err(ApiError::unprocessable(format!(
                     "{field}[{i}].at_ms: the {kind} event of job {} attempt {} is stamped {} ({at_ms}), later \
                      than the server's clock plus the allowed skew of {} ({bound}); nothing of this request \
                      was applied: check the node's clock",

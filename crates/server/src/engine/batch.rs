@@ -71,6 +71,19 @@ impl<S: Store> Engine<S> {
         Ok(())
     }
 
+    /// The invariants of what the writer holds, checked whole: the core's
+    /// (`State::sanity_check`), and that every job the core knows has a
+    /// record that is not final. Tests call it after every batch.
+    pub fn sanity_check(&self) -> Result<(), String> {
+        self.core.sanity_check()?;
+        for (id, job) in &self.jobs {
+            if job.state.is_final() && self.core.job(JobId(*id)).is_some() {
+                return Err(format!("job {id}: {} in its record, still in the core", job.state.as_str()));
+            }
+        }
+        Ok(())
+    }
+
     /// Handles a batch but dies before committing it, as a `kill -9` in
     /// the middle of a batch would: nothing of it reaches the store or any
     /// caller. For tests of crash safety.

@@ -400,10 +400,12 @@ impl CheckpointStats {
         }
     }
 
-    /// δ: the mean of the recent checkpoint times, once there are any.
+    /// δ: the mean of the recent checkpoint times, once there are any
+    /// (summed wide: each is a node's word, up to `u64::MAX`).
     pub(super) fn checkpoint_time(&self) -> Option<Span> {
-        let n = self.recent_ms.len() as u64;
-        (n > 0).then(|| Span(self.recent_ms.iter().sum::<u64>() / n))
+        let n = self.recent_ms.len() as u128;
+        let sum: u128 = self.recent_ms.iter().map(|&ms| u128::from(ms)).sum();
+        (n > 0).then(|| Span(u64::try_from(sum / n).unwrap_or(u64::MAX)))
     }
 }
 

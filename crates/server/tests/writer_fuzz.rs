@@ -1,0 +1,630 @@
+//! The writer under any input. Arbitrary sequences of API and agent
+//! messages, with any value each field's type admits (as the HTTP layer
+//! hands them over once a request has parsed), are driven through one
+//! `Engine` on a real SQLite file, with restarts in between. Required of
+//! every batch: no panic (one request must never stop the server), a
+//! commit (a write that fails stops the server too, so no input may make
+//! one fail), and the writer's invariants (`Engine::sanity_check`: the
+//! core's, and the records against the core) after it; of every restart,
+//! that the store loads.
+//!
+//! The agents' messages speak of attempts the writer really started (the
+//! starts polled so far) as well as of made-up ones, so that exits,
+//! checkpoints and progress with extreme values reach the handlers behind
+//! the fences. `PROPTEST_CASES` sets how many sequences (default 256).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+
+use ebb_api::{
+    Action, AgentEvent, AttemptRef, CancelRequest, JobSubmission, PriceUpdate, ReclaimRelease, ReclaimRequest,
+    Register, Report, ReportId, ReservationRequest, SweepParam, TenantLimits,
+};
+use ebb_core::time::LAST_WRITABLE_MS;
+use ebb_core::Span;
+use ebb_server::billing::Pricing;
+use ebb_server::engine::{Engine, EngineConfig, JobQuery, Msg};
+use ebb_server::store::{Scope, SqliteStore};
+use ebb_server::Principal;
+use proptest::prelude::*;
+use tokio::sync::oneshot;
+
+const T0: u64 = 1_900_000_000_000;
+const NODES: [&str; 3] = ["node-a", "node-b", "node-c"];
+
+/// An instant as the fuzzer gives it: fixed, or relative to the batch's.
+#[derive(Clone, Copy, Debug)]
+enum At {
+    Fixed(u64),
+    Ago(u64),
+    Ahead(u64),
+}
+
+impl At {
+    fn resolve(self, now: u64) -> u64 {
+        match self {
+            At::Fixed(ms) => ms,
+            At::Ago(ms) => now.saturating_sub(ms),
+            At::Ahead(ms) => now.saturating_add(ms),
+        }
+    }
+}
+
+fn at() -> impl Strategy<Value = At> {
+    prop_oneof![
+        1 => Just(At::Fixed(0)),
+        1 => Just(At::Fixed(u64::MAX)),
+        1 => Just(At::Fixed(LAST_WRITABLE_MS)),
+        1 => Just(At::Fixed(LAST_WRITABLE_MS + 1)),
+        1 => any::<u64>().prop_map(At::Fixed),
+        4 => (0u64..600_000).prop_map(At::Ago),
+        2 => (0u64..10_000).prop_map(At::Ahead),
+        1 => any::<u64>().prop_map(At::Ahead),
+    ]
+}
+
+/// Which attempt an agent's event is about: one the writer started (the
+/// `n`-th polled, modulo), or any.
+#[derive(Clone, Copy, Debug)]
+enum Which {
+    Started(usize),
+    Any(AttemptRef),
+}
+
+fn which() -> impl Strategy<Value = Which> {
+    prop_oneof![
+        4 => any::<usize>().prop_map(Which::Started),
+        1 => (0u64..12, 0u32..4).prop_map(|(job, attempt)| Which::Any(AttemptRef { job, attempt })),
+        1 => (any::<u64>(), any::<u32>()).prop_map(|(job, attempt)| Which::Any(AttemptRef { job, attempt })),
+    ]
+}
+
+fn big_u64() -> impl Strategy<Value = u64> {
+    prop_oneof![Just(0), Just(1), Just(u64::MAX), Just(u64::MAX / 2), Just(i64::MAX as u64), any::<u64>()]
+}
+
+fn text() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just(String::new()),
+        Just("H100".to_string()),
+        Just("\u{1b}]0;owned\u{7}\u{1b}[2J".to_string()),
+        Just("x".repeat(5000)),
+        "[a-z0-9\\-]{1,12}",
+        any::<String>(),
+    ]
+}
+
+#[derive(Clone, Debug)]
+enum Event {
+    Started { which: Which, pid: u32, at: At },
+    Exited { which: Which, code: Option<i32>, signal: Option<i32>, completed: bool, at: At, peak: Option<u64>, error: Option<String> },
+    Checkpoint { which: Which, step: Option<u64>, bytes: Option<u64>, duration_ms: u64, at: At },
+    Resumed { which: Which, step: Option<u64>, at: At },
+    Restored { which: Which, from_attempt: u32, upload: u32, step: Option<u64>, files: u64, bytes: u64, duration_ms: u64, at: At },
+    Progress { which: Which, fraction: f64, at: At },
+    Output { which: Which, data: String },
+}
+
+fn event() -> impl Strategy<Value = Event> {
+    let fraction = prop_oneof![Just(0.0), Just(1.0), Just(0.5), Just(f64::NAN), Just(f64::INFINITY), Just(-1.0), Just(1e-300), any::<f64>()];
+    prop_oneof![
+        3 => (which(), any::<u32>(), at()).prop_map(|(which, pid, at)| Event::Started { which, pid, at }),
+        3 => (which(), any::<Option<i32>>(), any::<Option<i32>>(), any::<bool>(), at(), proptest::option::of(big_u64()), proptest::option::of(text()))
+            .prop_map(|(which, code, signal, completed, at, peak, error)| Event::Exited { which, code, signal, completed, at, peak, error }),
+        2 => (which(), proptest::option::of(big_u64()), proptest::option::of(big_u64()), big_u64(), at())
+            .prop_map(|(which, step, bytes, duration_ms, at)| Event::Checkpoint { which, step, bytes, duration_ms, at }),
+        1 => (which(), proptest::option::of(big_u64()), at()).prop_map(|(which, step, at)| Event::Resumed { which, step, at }),
+        1 => (which(), any::<u32>(), any::<u32>(), proptest::option::of(big_u64()), big_u64(), big_u64(), big_u64(), at())
+            .prop_map(|(which, from_attempt, upload, step, files, bytes, duration_ms, at)| Event::Restored { which, from_attempt, upload, step, files, bytes, duration_ms, at }),
+        2 => (which(), fraction, at()).prop_map(|(which, fraction, at)| Event::Progress { which, fraction, at }),
+        1 => (which(), text()).prop_map(|(which, data)| Event::Output { which, data }),
+    ]
+}
+
+/// Mostly `None`: a submission with one bad field is refused whole, so
+/// each field is odd only now and then, and most submissions run.
+fn rarely<T: std::fmt::Debug + Clone>(odd: impl Strategy<Value = T>) -> impl Strategy<Value = Option<T>> {
+    prop_oneof![24 => Just(None), 1 => odd.prop_map(Some)]
+}
+
+fn submission() -> impl Strategy<Value = JobSubmission> {
+    let argv = prop_oneof![
+        8 => Just(vec!["true".to_string()]),
+        4 => Just(vec!["sleep".to_string(), "100".to_string()]),
+        1 => Just(Vec::new()),
+        1 => Just(vec![String::new()]),
+        1 => Just(vec!["a\0b".to_string()]),
+        1 => Just(vec!["true".to_string(); 2000]),
+        1 => proptest::collection::vec(text(), 1..4),
+    ];
+    let tier = prop_oneof![
+        3 => Just(None),
+        2 => Just(Some("on-demand".to_string())),
+        1 => Just(Some("reserved".to_string())),
+        1 => Just(Some("preemptible".to_string())),
+        1 => Just(Some("spot".to_string())),
+    ];
+    let gpus = proptest::option::of(prop_oneof![8 => 1u32..=8, 1 => 9u32..=24, 1 => Just(0), 1 => Just(4096), 1 => Just(u32::MAX)]);
+    let model = rarely(prop_oneof![Just("H100".to_string()), Just("T4".to_string()), text()]);
+    let signal = rarely(prop_oneof![Just("TERM".to_string()), Just("64".to_string()), Just("0".to_string()), Just("USR1".to_string()), text()]);
+    let array = rarely(prop_oneof![
+        3 => Just("0-3".to_string()),
+        1 => Just("5-1".to_string()),
+        1 => Just("0-18446744073709551615".to_string()),
+        1 => Just("18446744073709551615".to_string()),
+        1 => Just("0-99999999".to_string()),
+        1 => text(),
+    ]);
+    let deadline = rarely(prop_oneof![
+        3 => Just("2030-01-01".to_string()),
+        1 => Just("9999-12-28T23:59:59Z".to_string()),
+        1 => Just("1970-01-01".to_string()),
+        1 => Just("2030-02-28T00:00:60Z".to_string()),
+        1 => text(),
+    ]);
+    let restart = rarely(prop_oneof![Just("always".to_string()), Just("never".to_string()), text()]);
+    let env = prop_oneof![
+        4 => Just(BTreeMap::new()),
+        1 => proptest::collection::btree_map("[A-Z_]{1,6}|EBB_X|CUDA_VISIBLE_DEVICES|1A", text(), 0..3),
+    ];
+    let sweep = prop_oneof![
+        6 => Just(Vec::new()),
+        1 => proptest::collection::vec(
+            ("[a-z]{1,4}", proptest::collection::vec("[0-9]{1,3}", 0..4)).prop_map(|(name, values)| SweepParam { name, values }),
+            0..3,
+        ),
+    ];
+    (
+        (argv, tier, gpus, model, signal, array),
+        (deadline, restart, env, sweep, rarely(text()), rarely(any::<u32>())),
+        (rarely(any::<u32>()), any::<bool>(), rarely(text())),
+    )
+        .prop_map(
+            |(
+                (argv, tier, gpus, gpu_model, signal, array),
+                (deadline, restart, env, sweep, name, max_preemptions),
+                (max_retries, exit_on_drain_is_success, workdir),
+            )| JobSubmission {
+                name,
+                tier,
+                gpus,
+                gpu_model,
+                argv,
+                env,
+                workdir,
+                signal,
+                max_preemptions,
+                max_retries,
+                exit_on_drain_is_success,
+                array,
+                restart,
+                sweep,
+                deadline,
+            },
+        )
+}
+
+#[derive(Clone, Debug)]
+enum Step {
+    Submit { alice: bool, spec: JobSubmission },
+    SubmitBatch { specs: Vec<JobSubmission> },
+    Cancel { id: u64, grace_ms: Option<u64>, alice: bool },
+    Drill { id: u64, alice: bool },
+    Show { id: u64 },
+    List,
+    Log { id: u64, offset: u64 },
+    /// `join`: with the join token or the node's credential; none: as an
+    /// agent would, the join token the first time.
+    Register { node: usize, join: Option<bool>, gpus: u8, model: String, running: Vec<Which>, unreported: Vec<Event> },
+    Poll { node: usize, epoch: Option<u64>, after: Option<u64>, failing: Option<Option<String>> },
+    Report { node: usize, events: Vec<Event>, id: Option<(u64, u64)> },
+    Node { node: usize, op: u8 },
+    Reclaim { gpus: u32, model: Option<String>, release: bool },
+    Tenant { name: String, limits: TenantLimits, tokens: Option<bool> },
+    Price { model: String, on_demand: String, reserved: Option<String> },
+    Reserve { gpus: u32, start: String, end: String, rate: Option<String>, delete: Option<u64> },
+    Money { from: String, to: String, step: String },
+    Metrics,
+    Advance { ms: u64 },
+    Restart,
+}
+
+fn day() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just("2030-03-01".to_string()),
+        Just("2030-03-02T00:00:00Z".to_string()),
+        Just("1970-01-01".to_string()),
+        Just("9999-12-28".to_string()),
+        text(),
+    ]
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    let node = 0..NODES.len();
+    prop_oneof![
+        6 => (any::<bool>(), submission()).prop_map(|(alice, spec)| Step::Submit { alice, spec }),
+        1 => proptest::collection::vec(submission(), 0..4).prop_map(|specs| Step::SubmitBatch { specs }),
+        2 => (0u64..14, proptest::option::of(big_u64()), any::<bool>()).prop_map(|(id, grace_ms, alice)| Step::Cancel { id, grace_ms, alice }),
+        2 => (0u64..14, any::<bool>()).prop_map(|(id, alice)| Step::Drill { id, alice }),
+        1 => (0u64..14).prop_map(|id| Step::Show { id }),
+        1 => Just(Step::List),
+        1 => (0u64..14, big_u64()).prop_map(|(id, offset)| Step::Log { id, offset }),
+        3 => (node.clone(), rarely(any::<bool>()), prop_oneof![4 => Just(8u8), 1 => any::<u8>()], prop_oneof![4 => Just("H100".to_string()), 1 => text()],
+              proptest::collection::vec(which(), 0..3), proptest::collection::vec(event(), 0..3))
+            .prop_map(|(node, join, gpus, model, running, unreported)| Step::Register { node, join, gpus, model, running, unreported }),
+        10 => (node.clone(), rarely(big_u64()), rarely(big_u64()), rarely(proptest::option::of(text())))
+            .prop_map(|(node, epoch, after, failing)| Step::Poll { node, epoch, after, failing }),
+        8 => (node.clone(), proptest::collection::vec(event(), 0..5), proptest::option::of((0u64..3, big_u64())))
+            .prop_map(|(node, events, id)| Step::Report { node, events, id }),
+        1 => (node.clone(), 0u8..3).prop_map(|(node, op)| Step::Node { node, op }),
+        1 => (prop_oneof![Just(0u32), 1u32..16, Just(u32::MAX)], proptest::option::of(text()), any::<bool>())
+            .prop_map(|(gpus, model, release)| Step::Reclaim { gpus, model, release }),
+        1 => (text(), (proptest::option::of(big_u64()), proptest::option::of(big_u64()), proptest::option::of(big_u64())), proptest::option::of(any::<bool>()))
+            .prop_map(|(name, (max_jobs, max_running_jobs, max_stored_bytes), tokens)| Step::Tenant {
+                name, limits: TenantLimits { max_jobs, max_running_jobs, max_stored_bytes }, tokens }),
+        1 => (prop_oneof![Just("H100".to_string()), text()], prop_oneof![Just("2.50".to_string()), Just("92233720368547.75807".to_string()), Just("-1".to_string()), Just("1e308".to_string()), text()], proptest::option::of(text()))
+            .prop_map(|(model, on_demand, reserved)| Step::Price { model, on_demand, reserved }),
+        1 => (prop_oneof![1u32..8, Just(0), Just(u32::MAX)], day(), day(), proptest::option::of(prop_oneof![Just("92233720368547.75807".to_string()), text()]), proptest::option::of(0u64..4))
+            .prop_map(|(gpus, start, end, rate, delete)| Step::Reserve { gpus, start, end, rate, delete }),
+        1 => (day(), day(), prop_oneof![Just("1d".to_string()), Just("1ms".to_string()), Just("18446744073709551615s".to_string()), text()])
+            .prop_map(|(from, to, step)| Step::Money { from, to, step }),
+        1 => Just(Step::Metrics),
+        4 => prop_oneof![8 => 0u64..2_000, 2 => 0u64..30_000, 1 => 0u64..400_000, 1 => 0u64..30 * 86_400_000]
+            .prop_map(|ms| Step::Advance { ms }),
+        1 => Just(Step::Restart),
+    ]
+}
+
+/// The writer and what the fuzzer knows of it.
+struct World {
+    dir: PathBuf,
+    engine: Option<Engine<SqliteStore>>,
+    now: u64,
+    admin: Principal,
+    alice: Principal,
+    /// Each node's epoch and the last command seen, once registered.
+    agents: HashMap<&'static str, (u64, u64)>,
+    /// Nodes that have a credential.
+    joined: std::collections::BTreeSet<&'static str>,
+    /// Attempts the writer told a node to start, and where.
+    started: Vec<(&'static str, AttemptRef)>,
+    batches: u64,
+}
+
+fn config(dir: &std::path::Path) -> EngineConfig {
+    EngineConfig {
+        data_dir: dir.to_path_buf(),
+        drain_window: Span(3_000),
+        min_runtime: Span(2_000),
+        heartbeat_timeout: Span(20_000),
+        heartbeat_interval: Span(500),
+        keep_finished: Span(0),
+        pricing: Pricing { prices: Vec::new(), default_price: 3_600_000, discount_bps: 5_000 },
+        limits: Default::default(),
+        run_as: Default::default(),
+        checkpoint_store: None,
+        max_clock_skew: Span(5_000),
+    }
+}
+
+impl World {
+    fn new(case: u64) -> World {
+        // Commits fsync; on a memory file system they cost nothing.
+        let base = if std::path::Path::new("/dev/shm").is_dir() { PathBuf::from("/dev/shm") } else { std::env::temp_dir() };
+        let dir = base.join(format!("ebb-writer-fuzz-{}-{case}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("logs")).unwrap();
+        let mut world = World {
+            dir,
+            engine: None,
+            now: T0,
+            admin: Principal::tenant(Scope::Admin, 1, "default"),
+            alice: Principal::tenant(Scope::Tenant, 2, "alice"),
+            agents: HashMap::new(),
+            joined: Default::default(),
+            started: Vec::new(),
+            batches: 0,
+        };
+        world.restart();
+        world.call(|reply| Msg::CreateTenant { name: "alice".into(), reply }).unwrap();
+        world
+    }
+
+    fn restart(&mut self) {
+        self.engine = None;
+        let store = SqliteStore::open(&self.dir.join("ebb.db")).expect("the store opens");
+        let tokens = Arc::new(RwLock::new(HashMap::new()));
+        let (engine, _) = Engine::open(store, config(&self.dir), tokens, self.now)
+            .unwrap_or_else(|e| panic!("the store does not load after a restart: {}", e.message));
+        self.engine = Some(engine);
+        // Every agent must register again.
+        self.agents.clear();
+    }
+
+    /// One batch of `msgs`: it must commit and leave the writer sane.
+    fn batch(&mut self, msgs: Vec<Msg>) {
+        let now = self.now;
+        let engine = self.engine.as_mut().expect("running");
+        engine.batch(msgs, now).unwrap_or_else(|e| panic!("a batch failed, which stops the server: {e}"));
+        engine.sanity_check().unwrap_or_else(|e| panic!("after a batch: {e}"));
+        self.batches += 1;
+    }
+
+    fn call<T>(&mut self, make: impl FnOnce(oneshot::Sender<T>) -> Msg) -> T {
+        let (tx, mut rx) = oneshot::channel();
+        self.batch(vec![make(tx)]);
+        rx.try_recv().expect("answered after the commit")
+    }
+
+    fn attempt(&self, which: Which, node: &str) -> AttemptRef {
+        match which {
+            Which::Any(attempt) => attempt,
+            Which::Started(_) if self.started.is_empty() => AttemptRef { job: 1, attempt: 1 },
+            Which::Started(n) => {
+                // Prefer this node's own attempts: those pass the fence.
+                let own: Vec<AttemptRef> =
+                    self.started.iter().filter(|(s, _)| *s == node).map(|(_, a)| *a).collect();
+                match own.is_empty() {
+                    true => self.started[n % self.started.len()].1,
+                    false => own[n % own.len()],
+                }
+            }
+        }
+    }
+
+    fn event(&self, event: &Event, node: &str) -> AgentEvent {
+        let now = self.now;
+        match event.clone() {
+            Event::Started { which, pid, at } => AgentEvent::Started { attempt: self.attempt(which, node), pid, at_ms: at.resolve(now) },
+            Event::Exited { which, code, signal, completed, at, peak, error } => AgentEvent::Exited {
+                attempt: self.attempt(which, node),
+                code,
+                signal,
+                completed,
+                at_ms: at.resolve(now),
+                peak_memory_bytes: peak,
+                start_error: error,
+            },
+            Event::Checkpoint { which, step, bytes, duration_ms, at } => AgentEvent::Checkpoint {
+                attempt: self.attempt(which, node),
+                step,
+                bytes,
+                duration_ms,
+                at_ms: at.resolve(now),
+            },
+            Event::Resumed { which, step, at } => AgentEvent::Resumed { attempt: self.attempt(which, node), step, at_ms: at.resolve(now) },
+            Event::Restored { which, from_attempt, upload, step, files, bytes, duration_ms, at } => AgentEvent::Restored {
+                attempt: self.attempt(which, node),
+                from_attempt,
+                upload,
+                step,
+                files,
+                bytes,
+                duration_ms,
+                at_ms: at.resolve(now),
+            },
+            Event::Progress { which, fraction, at } => {
+                AgentEvent::Progress { attempt: self.attempt(which, node), fraction, at_ms: at.resolve(now) }
+            }
+            Event::Output { which, data } => AgentEvent::Output { attempt: self.attempt(which, node), data },
+        }
+    }
+
+    fn who(&self, alice: bool) -> Principal {
+        if alice { self.alice.clone() } else { self.admin.clone() }
+    }
+
+    fn run(&mut self, step: &Step) {
+        match step.clone() {
+            Step::Submit { alice, spec } => {
+                let principal = self.who(alice);
+                let _ = self.call(|reply| Msg::Submit { principal, spec, reply });
+            }
+            Step::SubmitBatch { specs } => {
+                let principal = self.admin.clone();
+                let _ = self.call(|reply| Msg::SubmitBatch { principal, specs, reply });
+            }
+            Step::Cancel { id, grace_ms, alice } => {
+                let principal = self.who(alice);
+                let _ = self.call(|reply| Msg::Cancel { principal, id, req: CancelRequest { grace_ms }, reply });
+            }
+            Step::Drill { id, alice } => {
+                let principal = self.who(alice);
+                let _ = self.call(|reply| Msg::Drill { principal, id, reply });
+            }
+            Step::Show { id } => {
+                let principal = self.admin.clone();
+                let _ = self.call(|reply| Msg::Job { principal, id, reply });
+            }
+            Step::List => {
+                let principal = self.alice.clone();
+                let query = JobQuery { cursor: None, limit: 100, desc: true, states: None, tier: None, name: None, collapse: true };
+                let _ = self.call(|reply| Msg::Jobs { principal, query, reply });
+            }
+            Step::Log { id, offset } => {
+                let principal = self.admin.clone();
+                let _ = self.call(|reply| Msg::LogFile { principal, id, offset, reply });
+            }
+            Step::Register { node, join, gpus, model, running, unreported } => {
+                let name = NODES[node];
+                let join = join.unwrap_or(!self.joined.contains(name));
+                let principal = if join { Principal::join() } else { Principal::node(name) };
+                let reg = Register {
+                    node: name.into(),
+                    gpu_model: model,
+                    gpus,
+                    labels: BTreeMap::new(),
+                    running: running.iter().map(|w| self.attempt(*w, name)).collect(),
+                    address: Some("127.0.0.1".into()),
+                    unreported: unreported.iter().map(|e| self.event(e, name)).collect(),
+                };
+                if let Ok(registered) = self.call(|reply| Msg::Register { principal, reg, reply }) {
+                    self.agents.insert(name, (registered.epoch, registered.next_seq));
+                    self.joined.insert(name);
+                }
+            }
+            Step::Poll { node, epoch, after, failing } => {
+                let name = NODES[node];
+                let (known_epoch, known_after) = self.agents.get(name).copied().unwrap_or((0, 0));
+                let (epoch, after) = (epoch.unwrap_or(known_epoch), after.unwrap_or(known_after));
+                let polled = self.call(|reply| Msg::Poll { node: name.into(), epoch, after, health: failing, reply });
+                let poll = match polled {
+                    Ok(poll) => poll,
+                    // As an agent does: told to register again (the server
+                    // restarted, or the node was lost), it does.
+                    Err(e) if e.status == 409 => {
+                        let running = Vec::new();
+                        return self.run(&Step::Register { node, join: None, gpus: 8, model: "H100".into(), running, unreported: vec![] });
+                    }
+                    Err(_) => return,
+                };
+                {
+                    for command in poll.commands {
+                        if let Action::Start(start) = &command.action {
+                            self.started.push((name, start.attempt));
+                        }
+                        if let Some(agent) = self.agents.get_mut(name) {
+                            agent.1 = agent.1.max(command.seq);
+                        }
+                    }
+                }
+            }
+            Step::Report { node, events, id } => {
+                let name = NODES[node];
+                let events = events.iter().map(|e| self.event(e, name)).collect();
+                let id = id.map(|(session, seq)| ReportId { session, seq });
+                let report = Report { node: name.into(), events, id };
+                let _ = self.call(|reply| Msg::Report { report, reply });
+            }
+            Step::Node { node, op } => {
+                let name = NODES[node].to_string();
+                match op {
+                    0 => drop(self.call(|reply| Msg::DrainNode { name, reply })),
+                    1 => drop(self.call(|reply| Msg::UndrainNode { name, reply })),
+                    _ => drop(self.call(|reply| Msg::RemoveNode { name, reply })),
+                }
+            }
+            Step::Reclaim { gpus, model, release } => match release {
+                false => drop(self.call(|reply| Msg::Reclaim { req: ReclaimRequest { gpus, gpu_model: model }, reply })),
+                true => drop(self.call(|reply| Msg::ReleaseReclaim { req: ReclaimRelease { gpu_model: model }, reply })),
+            },
+            Step::Tenant { name, limits, tokens } => {
+                let _ = self.call(|reply| Msg::CreateTenant { name: name.clone(), reply });
+                let principal = self.admin.clone();
+                let tenant = name.clone();
+                let _ = self.call(|reply| Msg::TenantLimits { principal, tenant, set: Some(limits), reply });
+                if let Some(issue) = tokens {
+                    let _ = self.call(|reply| Msg::TenantTokens { name, issue, reply });
+                }
+            }
+            Step::Price { model, on_demand, reserved } => {
+                let update = PriceUpdate { on_demand_usd: on_demand, reserved_usd: reserved };
+                let _ = self.call(|reply| Msg::SetPrice { model, update, reply });
+            }
+            Step::Reserve { gpus, start, end, rate, delete } => {
+                let req = ReservationRequest { tenant: "alice".into(), gpu_model: "H100".into(), gpus, start, end, rate_usd: rate };
+                let _ = self.call(|reply| Msg::CreateReservation { req, reply });
+                if let Some(id) = delete {
+                    let _ = self.call(|reply| Msg::DeleteReservation { id, reply });
+                }
+            }
+            Step::Money { from, to, step } => {
+                let principal = self.alice.clone();
+                let (f, t) = (from.clone(), to.clone());
+                let _ = self.call(|reply| Msg::Bill { principal, tenant: None, from: f, to: t, reply });
+                let (f, t) = (from.clone(), to.clone());
+                let _ = self.call(|reply| Msg::OperatorReport { from: f, to: t, reply });
+                let _ = self.call(|reply| Msg::OperatorReportSeries { from, to, step, reply });
+            }
+            Step::Metrics => {
+                let _ = self.call(|reply| Msg::Metrics { reply });
+            }
+            Step::Advance { ms } => {
+                self.now = self.now.saturating_add(ms);
+                self.batch(vec![Msg::Tick]);
+            }
+            Step::Restart => {
+                // The agents come back, as real ones do.
+                self.restart();
+                for node in 0..NODES.len() {
+                    let running: Vec<Which> = Vec::new();
+                    self.run(&Step::Register { node, join: None, gpus: 8, model: "H100".into(), running, unreported: vec![] });
+                }
+            }
+        }
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        self.engine = None;
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(256)
+}
+
+static CASE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// What all cases together did: batches, attempts started, and each
+/// step's kind, printed at the end (`--nocapture`).
+static TOTALS: std::sync::Mutex<(u64, u64, BTreeMap<&'static str, u64>)> =
+    std::sync::Mutex::new((0, 0, BTreeMap::new()));
+
+fn kind(step: &Step) -> &'static str {
+    match step {
+        Step::Submit { .. } => "submit",
+        Step::SubmitBatch { .. } => "submit_batch",
+        Step::Cancel { .. } => "cancel",
+        Step::Drill { .. } => "drill",
+        Step::Show { .. } => "show",
+        Step::List => "list",
+        Step::Log { .. } => "log",
+        Step::Register { .. } => "register",
+        Step::Poll { .. } => "poll",
+        Step::Report { .. } => "report",
+        Step::Node { .. } => "drain/undrain/remove node",
+        Step::Reclaim { .. } => "reclaim",
+        Step::Tenant { .. } => "tenant",
+        Step::Price { .. } => "price",
+        Step::Reserve { .. } => "reservation",
+        Step::Money { .. } => "bill/report",
+        Step::Metrics => "metrics",
+        Step::Advance { .. } => "advance the clock",
+        Step::Restart => "restart",
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(), max_shrink_iters: 200, ..ProptestConfig::default() })]
+
+    #[test]
+    fn no_sequence_of_messages_panics_the_writer_or_breaks_its_invariants(
+        steps in proptest::collection::vec(step(), 1..100)
+    ) {
+        let case = CASE.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let mut world = World::new(case);
+        // The nodes join first, most of the time, so that jobs run.
+        for node in 0..NODES.len() {
+            world.run(&Step::Register { node, join: None, gpus: 8, model: "H100".into(), running: vec![], unreported: vec![] });
+        }
+        for step in &steps {
+            world.run(step);
+            *TOTALS.lock().unwrap().2.entry(kind(step)).or_default() += 1;
+        }
+        // Whatever was left running ends; the writer settles.
+        world.now = world.now.saturating_add(120_000);
+        world.batch(vec![Msg::Tick]);
+        world.restart();
+        world.batch(vec![Msg::Tick]);
+        let mut totals = TOTALS.lock().unwrap();
+        totals.0 += world.batches;
+        totals.1 += world.started.len() as u64;
+        if case + 1 == u64::from(cases()) {
+            eprintln!("writer fuzz: {} cases, {} batches, {} attempts started; steps: {:?}", case + 1, totals.0, totals.1, totals.2);
+        }
+    }
+}
+
