@@ -297,9 +297,12 @@ fn http_client(trust: Option<&tls::Trust>) -> Result<reqwest::Client, String> {
         Some(trust) => trust.client_builder()?,
         None => reqwest::Client::builder(),
     };
+    // Idle connections are dropped before the server closes them (its
+    // header-read timeout, 30 s by default), so none is reused as it goes.
     builder
         .connect_timeout(Duration::from_secs(2))
         .timeout(Duration::from_secs(30))
+        .pool_idle_timeout(Duration::from_secs(20))
         .build()
         .map_err(|e| e.to_string())
 }

@@ -2,6 +2,28 @@
 //! and the three clouds' spot/preemption shapes, so that spot-aware tools
 //! and the clouds' SDKs find the drain notice where they already look.
 //!
+//! **It is the attempt's alone.** Every job on the node shares its
+//! loopback, and a port scan finds every endpoint in a fraction of a
+//! second, so each endpoint answers only requests whose path starts with
+//! the attempt's own secret (128 random bits, hex), which only its
+//! environment holds: `EBB_METADATA_URL` is `http://127.0.0.1:PORT/SECRET`,
+//! and the clouds' variables name the same prefix
+//! (`AWS_EC2_METADATA_SERVICE_ENDPOINT=http://127.0.0.1:PORT/SECRET/`,
+//! `GCE_METADATA_HOST=127.0.0.1:PORT/SECRET`), which botocore, `google-auth`
+//! and `ec2-metadata` (given the endpoint as its `service_url`) put in
+//! front of their own paths. Why a path and not a header: the clouds'
+//! clients send no header a job can set (IMDSv2's token is itself fetched
+//! with a bare `PUT`), but all of them take an endpoint; a network
+//! namespace per attempt would cut a gang's ranks off each other. Without
+//! the secret, every path (`GET /` too) is a bare 404 that names nothing.
+//! The environment is readable only by the job's own user (tenants run as
+//! users of their own), and the secret never leaves the node.
+//!
+//! It bounds what a job can hold of its agent: 32 connections at once
+//! (long polls count), each closed when idle for 10 s; and its reports
+//! (checkpoints, resumes, progress) to a burst of 20, then one a second,
+//! answering 429 beyond.
+//!
 //! * native: `GET /ebb/v1/notice` (404 until notice, then the notice JSON);
 //!   `POST /ebb/v1/checkpoint` with `{"step", "bytes", "seconds"}` reports a
 //!   completed checkpoint, relayed to the server; `POST /ebb/v1/resumed`
@@ -17,8 +39,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::{Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{Query, Request, State};
+use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
@@ -73,6 +96,79 @@ fn rfc3339(ms: u64) -> String {
     ebb_core::time::rfc3339_millis(ms)
 }
 
+/// An attempt's secret: the first segment of every path its endpoint
+/// answers.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct Secret(String);
+
+impl Secret {
+    /// 128 bits from the OS, in hex.
+    pub(crate) fn new() -> Result<Secret, String> {
+        let mut bytes = [0u8; 16];
+        getrandom::fill(&mut bytes).map_err(|e| format!("metadata endpoint: no random bytes: {e}"))?;
+        Ok(Secret(bytes.iter().map(|b| format!("{b:02x}")).collect()))
+    }
+
+    pub(crate) fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// What is left of `path` once its first segment is this secret
+    /// (compared in constant time); none if it is not.
+    fn strip<'a>(&self, path: &'a str) -> Option<&'a str> {
+        let rest = path.strip_prefix('/')?;
+        let (first, rest) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, ""),
+        };
+        let same = first.len() == self.0.len()
+            && first.bytes().zip(self.0.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0;
+        same.then_some(rest)
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
+}
+
+/// Connections one endpoint holds at once, long polls included.
+const MAX_CONNECTIONS: usize = 32;
+/// A connection idle (or sending an unfinished request head) this long
+/// is closed.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Reports (checkpoints, resumes, progress) taken at once, and how many a
+/// second after that.
+const REPORT_BURST: f64 = 20.0;
+const REPORTS_PER_SECOND: f64 = 1.0;
+
+/// A token bucket for the job's reports.
+struct Reports {
+    tokens: f64,
+    at: std::time::Instant,
+}
+
+impl Reports {
+    fn new() -> Reports {
+        Reports { tokens: REPORT_BURST, at: std::time::Instant::now() }
+    }
+
+    /// Takes one report if the bucket has one.
+    fn take(&mut self) -> bool {
+        let now = std::time::Instant::now();
+        let refill = now.duration_since(self.at).as_secs_f64() * REPORTS_PER_SECOND;
+        self.tokens = (self.tokens + refill).min(REPORT_BURST);
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
 #[derive(Clone)]
 struct Endpoint {
     job: u64,
@@ -82,13 +178,32 @@ struct Endpoint {
     events: Arc<Reporter>,
     /// The attempt's checkpoint uploads, where there is a store.
     uploads: Option<Arc<AttemptUploads>>,
+    reports: Arc<std::sync::Mutex<Reports>>,
 }
 
-/// Serves one attempt's endpoint on `listener` until `notice` is dropped;
-/// checkpoint reports go to `events`, remembered until the server has
-/// them, as the attempt's start and exit are.
+impl Endpoint {
+    /// The job's report is within its rate, or the answer that says not.
+    fn within_rate(&self) -> Result<(), Response> {
+        match self.reports.lock().expect("report bucket").take() {
+            true => Ok(()),
+            false => Err((
+                StatusCode::TOO_MANY_REQUESTS,
+                Json(json!({ "error": format!(
+                    "over {REPORTS_PER_SECOND} report a second (a burst of {REPORT_BURST}): this one was not taken"
+                ) })),
+            )
+                .into_response()),
+        }
+    }
+}
+
+/// Serves one attempt's endpoint on `listener`, under `secret`, until
+/// `notice` is dropped; checkpoint reports go to `events`, remembered
+/// until the server has them, as the attempt's start and exit are.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn serve(
     listener: tokio::net::TcpListener,
+    secret: Secret,
     job: u64,
     attempt: u32,
     node: String,
@@ -97,8 +212,9 @@ pub(crate) async fn serve(
     uploads: Option<Arc<AttemptUploads>>,
 ) {
     let mut closed = notice.clone();
-    let endpoint = Endpoint { job, attempt, node, notice, events, uploads };
-    let router = Router::new()
+    let reports = Arc::new(std::sync::Mutex::new(Reports::new()));
+    let endpoint = Endpoint { job, attempt, node, notice, events, uploads, reports };
+    let routes = Router::new()
         .route("/", get(native_root))
         .route("/ebb/v1/notice", get(native_notice))
         .route("/ebb/v1/checkpoint", post(native_checkpoint))
@@ -109,8 +225,40 @@ pub(crate) async fn serve(
         .route("/computeMetadata/v1/instance/preempted", get(gcp_preempted))
         .route("/metadata/scheduledevents", get(azure_events))
         .with_state(endpoint);
+    // The secret is taken off the path before routing, so the routes are
+    // the clouds' own paths.
+    let router = Router::new()
+        .fallback_service(routes)
+        .layer(axum::middleware::from_fn_with_state(Arc::new(secret), require_secret));
     let stop = async move { while closed.changed().await.is_ok() {} };
-    let _ = axum::serve(listener, router).with_graceful_shutdown(stop).await;
+    let limits = ebb_http::Limits { header_read_timeout: IDLE_TIMEOUT, per_address: 0, total: MAX_CONNECTIONS };
+    ebb_http::serve(listener, router, limits, stop).await;
+}
+
+/// Passes on a request whose path starts with the attempt's secret, with
+/// the secret taken off; anything else is a bare 404 that names nothing.
+async fn require_secret(State(secret): State<Arc<Secret>>, mut request: Request, next: Next) -> Response {
+    let rest = secret.strip(request.uri().path()).map(|rest| match rest {
+        "" => "/".to_string(),
+        rest => rest.to_string(),
+    });
+    let Some(rest) = rest else {
+        return (StatusCode::NOT_FOUND, "Not Found\n").into_response();
+    };
+    let path_and_query = match request.uri().query() {
+        Some(query) => format!("{rest}?{query}"),
+        None => rest,
+    };
+    let mut parts = request.uri().clone().into_parts();
+    parts.path_and_query = match path_and_query.parse() {
+        Ok(pq) => Some(pq),
+        Err(_) => return (StatusCode::NOT_FOUND, "Not Found\n").into_response(),
+    };
+    *request.uri_mut() = match Uri::from_parts(parts) {
+        Ok(uri) => uri,
+        Err(_) => return (StatusCode::NOT_FOUND, "Not Found\n").into_response(),
+    };
+    next.run(request).await
 }
 
 async fn native_root(State(e): State<Endpoint>) -> Json<serde_json::Value> {
@@ -140,6 +288,9 @@ struct CheckpointReport {
 
 async fn native_checkpoint(State(e): State<Endpoint>, body: Bytes) -> Response {
     let bad = |m: String| (StatusCode::BAD_REQUEST, Json(json!({ "error": m }))).into_response();
+    if let Err(over) = e.within_rate() {
+        return over;
+    }
     let de = &mut serde_json::Deserializer::from_slice(&body);
     let report: CheckpointReport = match serde_path_to_error::deserialize(de) {
         Ok(r) => r,
@@ -181,6 +332,9 @@ struct ResumeReport {
 }
 
 async fn native_resumed(State(e): State<Endpoint>, body: Bytes) -> Response {
+    if let Err(over) = e.within_rate() {
+        return over;
+    }
     let de = &mut serde_json::Deserializer::from_slice(&body);
     let report: ResumeReport = match serde_path_to_error::deserialize(de) {
         Ok(r) => r,
@@ -209,6 +363,9 @@ struct ProgressReport {
 
 async fn native_progress(State(e): State<Endpoint>, body: Bytes) -> Response {
     let bad = |m: String| (StatusCode::BAD_REQUEST, Json(json!({ "error": m }))).into_response();
+    if let Err(over) = e.within_rate() {
+        return over;
+    }
     let de = &mut serde_json::Deserializer::from_slice(&body);
     let report: ProgressReport = match serde_path_to_error::deserialize(de) {
         Ok(r) => r,
@@ -320,9 +477,11 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let (_notice, notice_rx) = watch::channel(None);
-        tokio::spawn(serve(listener, 4, 2, "node-1".into(), notice_rx, reporter.clone(), None));
+        let secret = Secret::new().unwrap();
+        let base = format!("http://127.0.0.1:{port}/{}", secret.as_str());
+        tokio::spawn(serve(listener, secret, 4, 2, "node-1".into(), notice_rx, reporter.clone(), None));
         let answer = reqwest::Client::new()
-            .post(format!("http://127.0.0.1:{port}/ebb/v1/checkpoint"))
+            .post(format!("{base}/ebb/v1/checkpoint"))
             .body(r#"{"step": 7, "seconds": 1.5}"#)
             .send()
             .await
@@ -349,10 +508,10 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let (_notice, notice_rx) = watch::channel(None);
-        tokio::spawn(serve(listener, 4, 3, "node-1".into(), notice_rx, reporter.clone(), None));
-        let post = |body: &'static str| {
-            reqwest::Client::new().post(format!("http://127.0.0.1:{port}/ebb/v1/resumed")).body(body).send()
-        };
+        let secret = Secret::new().unwrap();
+        let base = format!("http://127.0.0.1:{port}/{}", secret.as_str());
+        tokio::spawn(serve(listener, secret, 4, 3, "node-1".into(), notice_rx, reporter.clone(), None));
+        let post = |body: &'static str| reqwest::Client::new().post(format!("{base}/ebb/v1/resumed")).body(body).send();
         let bad = post(r#"{"step": -1}"#).await.unwrap();
         assert_eq!(bad.status(), 400);
         assert!(bad.text().await.unwrap().contains("step"), "the field is named");
@@ -380,10 +539,10 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let (_notice, notice_rx) = watch::channel(None);
-        tokio::spawn(serve(listener, 4, 3, "node-1".into(), notice_rx, reporter.clone(), None));
-        let post = |body: &'static str| {
-            reqwest::Client::new().post(format!("http://127.0.0.1:{port}/ebb/v1/progress")).body(body).send()
-        };
+        let secret = Secret::new().unwrap();
+        let base = format!("http://127.0.0.1:{port}/{}", secret.as_str());
+        tokio::spawn(serve(listener, secret, 4, 3, "node-1".into(), notice_rx, reporter.clone(), None));
+        let post = |body: &'static str| reqwest::Client::new().post(format!("{base}/ebb/v1/progress")).body(body).send();
         for bad in [r#"{"fraction": 1.5}"#, r#"{"fraction": -0.1}"#, "{}", r#"{"fraction": "half"}"#] {
             let answer = post(bad).await.unwrap();
             assert_eq!(answer.status(), 400, "{bad}");
@@ -396,5 +555,116 @@ mod tests {
         };
         until("it is delivered", || fake.delivered().iter().any(progress)).await;
         assert_eq!(fake.delivered().iter().filter(|e| matches!(e, AgentEvent::Progress { .. })).count(), 1);
+    }
+
+    /// Bob's job scanned the node's ports, found Alice's endpoint by
+    /// `GET /` (which named her job) and reported a checkpoint she never
+    /// took, faked progress, and read her notice. Without her attempt's
+    /// secret, every path is a bare 404 now, and nothing reaches the
+    /// server; with a wrong secret of the right length too.
+    #[tokio::test]
+    async fn without_the_attempts_secret_every_path_is_a_404_that_names_nothing() {
+        let fake = Arc::new(FakeServer::default());
+        let (_, reporter) = testing::reporter(fake.clone(), "metadata-secret").await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (notice, notice_rx) = watch::channel(None);
+        notice.send_replace(Some(Notice::new(1, 2, "preempted".into())));
+        let secret = Secret::new().unwrap();
+        let own = secret.as_str().to_string();
+        tokio::spawn(serve(listener, secret, 4, 2, "node-1".into(), notice_rx, reporter.clone(), None));
+        let http = reqwest::Client::new();
+        let wrong = "0".repeat(own.len());
+        let paths = [
+            "/",
+            "/ebb/v1/notice",
+            "/latest/meta-data/spot/instance-action",
+            "/computeMetadata/v1/instance/preempted",
+            "/metadata/scheduledevents?api-version=2020-07-01",
+        ];
+        for prefix in ["".to_string(), format!("/{wrong}"), format!("/{}", &own[..8]), format!("/{own}x")] {
+            for path in paths {
+                let url = format!("http://127.0.0.1:{port}{prefix}{path}");
+                let answer = http
+                    .get(&url)
+                    .header("Metadata-Flavor", "Google")
+                    .header("Metadata", "true")
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(answer.status(), 404, "{url}");
+                let body = answer.text().await.unwrap();
+                assert!(!body.contains("node-1") && !body.contains("preempt") && !body.contains('4'), "{url}: {body}");
+            }
+            for path in ["/ebb/v1/checkpoint", "/ebb/v1/progress", "/ebb/v1/resumed"] {
+                let url = format!("http://127.0.0.1:{port}{prefix}{path}");
+                let body = if path.ends_with("progress") { r#"{"fraction": 0.0001}"# } else { r#"{"step": 999999}"# };
+                assert_eq!(http.post(&url).body(body).send().await.unwrap().status(), 404, "{url}");
+            }
+            let url = format!("http://127.0.0.1:{port}{prefix}/latest/api/token");
+            assert_eq!(http.put(&url).send().await.unwrap().status(), 404, "{url}");
+        }
+        assert!(reporter.unreported().is_empty(), "a stranger's report was taken");
+        // The attempt itself, with its secret, sees its own.
+        let root: serde_json::Value =
+            http.get(format!("http://127.0.0.1:{port}/{own}/")).send().await.unwrap().json().await.unwrap();
+        assert_eq!((root["job"].as_u64(), root["attempt"].as_u64()), (Some(4), Some(2)));
+        let aws = http.get(format!("http://127.0.0.1:{port}/{own}/latest/meta-data/spot/instance-action")).send();
+        assert_eq!(aws.await.unwrap().status(), 200);
+    }
+
+    /// A job sent 20,000 checkpoint reports in 3.7 s, each an event kept
+    /// for ever: past a burst, one a second is taken and the rest are
+    /// refused with a 429 that says why.
+    #[tokio::test]
+    async fn reports_past_the_burst_are_refused_with_a_429() {
+        let fake = Arc::new(FakeServer::default());
+        let (_, reporter) = testing::reporter(fake.clone(), "metadata-rate").await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (_notice, notice_rx) = watch::channel(None);
+        let secret = Secret::new().unwrap();
+        let base = format!("http://127.0.0.1:{port}/{}", secret.as_str());
+        tokio::spawn(serve(listener, secret, 4, 2, "node-1".into(), notice_rx, reporter.clone(), None));
+        let http = reqwest::Client::new();
+        let mut statuses = Vec::new();
+        for step in 0..40 {
+            let body = format!(r#"{{"step": {step}}}"#);
+            statuses.push(http.post(format!("{base}/ebb/v1/checkpoint")).body(body).send().await.unwrap().status());
+        }
+        let accepted = statuses.iter().filter(|s| **s == 202).count();
+        assert!((20..=22).contains(&accepted), "{accepted} of 40 taken at once: {statuses:?}");
+        let refused = http.post(format!("{base}/ebb/v1/progress")).body(r#"{"fraction": 0.5}"#).send().await.unwrap();
+        assert_eq!(refused.status(), 429);
+        assert!(refused.text().await.unwrap().contains("report a second"));
+    }
+
+    /// A job opened 2,145 idle connections to its own endpoint and the
+    /// root agent ran out of descriptors: an endpoint holds 32 at once and
+    /// closes the rest as they come.
+    #[tokio::test]
+    async fn an_endpoint_holds_a_bounded_number_of_connections() {
+        use tokio::io::AsyncReadExt;
+        let fake = Arc::new(FakeServer::default());
+        let (_, reporter) = testing::reporter(fake.clone(), "metadata-conns").await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (_notice, notice_rx) = watch::channel(None);
+        let secret = Secret::new().unwrap();
+        let base = format!("http://{addr}/{}", secret.as_str());
+        tokio::spawn(serve(listener, secret, 4, 2, "node-1".into(), notice_rx, reporter.clone(), None));
+        let mut held = Vec::new();
+        for _ in 0..MAX_CONNECTIONS {
+            held.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut over = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut buf = [0u8; 16];
+        let read = tokio::time::timeout(Duration::from_secs(5), over.read(&mut buf)).await;
+        assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "a connection over the bound was kept: {read:?}");
+        held.pop();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let answer = reqwest::Client::new().get(format!("{base}/ebb/v1/notice")).send().await.unwrap();
+        assert_eq!(answer.text().await.unwrap(), "no drain notice\n", "a freed place was not given back");
     }
 }

@@ -194,14 +194,17 @@ impl Processes {
             .await
             .map_err(|e| format!("metadata endpoint: {e}"))?;
         let port = listener.local_addr().map_err(|e| format!("metadata endpoint: {e}"))?.port();
+        let secret = metadata::Secret::new()?;
         let this = self.clone();
         let (prepared, s) = crate::blocking(move || (this.prepare(&s), s)).await;
         let mut prepared = prepared?;
         let (restored, notes, uploads) = self.restore_checkpoint(&s, &prepared).await;
         let (notice, notice_rx) = watch::channel(None);
         let a = s.attempt;
+        let endpoint = format!("127.0.0.1:{port}/{}", secret.as_str());
         tokio::spawn(metadata::serve(
             listener,
+            secret,
             a.job,
             a.attempt,
             self.config.node.clone(),
@@ -209,7 +212,7 @@ impl Processes {
             self.reporter.clone(),
             uploads.clone(),
         ));
-        let child = match self.spawn(&s, &prepared, port) {
+        let child = match self.spawn(&s, &prepared, &endpoint) {
             Ok(child) => child,
             Err(e) => {
                 self.give_back(prepared.cgroup.take().map(|ready| ready.group));
@@ -293,9 +296,10 @@ impl Processes {
         Ok(Prepared { who, workdir, default_workdir, checkpoint_dir, run_dir, cgroup })
     }
 
-    /// Starts the attempt's process, with the metadata endpoint on `port`.
-    fn spawn(&self, s: &StartAttempt, p: &Prepared, port: u16) -> Result<spawn::Child, String> {
-        let env = self.job_env(s, p, port);
+    /// Starts the attempt's process, with its metadata endpoint at
+    /// `endpoint` (`HOST:PORT/SECRET`).
+    fn spawn(&self, s: &StartAttempt, p: &Prepared, endpoint: &str) -> Result<spawn::Child, String> {
+        let env = self.job_env(s, p, endpoint);
         let join = p.cgroup.as_ref().map_or_else(Vec::new, |ready| ready.join.fds());
         let request = spawn::Request { argv: &s.argv, env: &env, cwd: &p.workdir, who: &p.who, join: &join };
         spawn::spawn(&request).map_err(|e| {
@@ -310,12 +314,14 @@ impl Processes {
         })
     }
 
-    /// The job's whole environment: see [`identity::job_env`].
-    fn job_env(&self, s: &StartAttempt, p: &Prepared, port: u16) -> BTreeMap<String, String> {
+    /// The job's whole environment: see [`identity::job_env`]. The
+    /// metadata endpoint's secret is in the path every variable that names
+    /// the endpoint gives (see [`metadata`]).
+    fn job_env(&self, s: &StartAttempt, p: &Prepared, endpoint: &str) -> BTreeMap<String, String> {
         let a = s.attempt;
         let gpus: Vec<String> = s.gpus.iter().map(|g| g.to_string()).collect();
         let path = |p: &Path| p.display().to_string();
-        let metadata_url = format!("http://127.0.0.1:{port}");
+        let metadata_url = format!("http://{endpoint}");
         let ebb = [
             ("CUDA_VISIBLE_DEVICES", gpus.join(",")),
             ("EBB_JOB_ID", a.job.to_string()),
@@ -328,7 +334,7 @@ impl Processes {
             ("EBB_DRAIN_SIGNAL", s.signal.to_string()),
             ("EBB_METADATA_URL", metadata_url.clone()),
             ("AWS_EC2_METADATA_SERVICE_ENDPOINT", format!("{metadata_url}/")),
-            ("GCE_METADATA_HOST", format!("127.0.0.1:{port}")),
+            ("GCE_METADATA_HOST", endpoint.to_string()),
         ];
         identity::job_env(&self.config.job_path, &p.who, &self.config.job_env, &s.env, &ebb)
     }

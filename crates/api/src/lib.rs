@@ -732,8 +732,13 @@ pub struct AttemptRef {
 /// a partition, saying what it is running.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Register {
+    /// The node's name: 1 to 253 bytes, no control characters, no `/`.
+    #[schema(min_length = 1, max_length = 253, pattern = r"^[^\u0000-\u001f\u007f/]+$")]
     pub node: String,
+    /// 1 to 64 bytes, no control characters.
+    #[schema(min_length = 1, max_length = 64, pattern = r"^[^\u0000-\u001f\u007f]+$")]
     pub gpu_model: String,
+    #[schema(minimum = 1, maximum = 64)]
     pub gpus: u8,
     #[serde(default)]
     pub labels: BTreeMap<String, String>,

@@ -125,8 +125,13 @@ impl Connection {
             Some(trust) => trust.client_builder()?,
             None => reqwest::Client::builder(),
         };
-        let http =
-            builder.connect_timeout(std::time::Duration::from_secs(5)).build().map_err(|e| e.to_string())?;
+        // Idle connections are dropped before the server closes them (its
+        // header-read timeout, 30 s by default).
+        let http = builder
+            .connect_timeout(std::time::Duration::from_secs(5))
+            .pool_idle_timeout(std::time::Duration::from_secs(20))
+            .build()
+            .map_err(|e| e.to_string())?;
         Ok(Client { servers, token: token.trim().to_string(), http, trust })
     }
 

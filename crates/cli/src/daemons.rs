@@ -59,6 +59,17 @@ pub struct ServerArgs {
     /// most 168h.
     #[arg(long, default_value = "5m", value_parser = parse_span)]
     pub keep_finished: Span,
+    /// A request's head (its line and headers) must arrive within this
+    /// once a connection is ready for it; also how long an idle
+    /// connection stays open. A request being answered (an agent's long
+    /// poll, the dashboard's stream) is not idle.
+    #[arg(long, default_value = "30s", value_parser = parse_span)]
+    pub header_read_timeout: Span,
+    /// Connections open at once from one client address; more are closed
+    /// as they come. Each agent holds two or three; raise it for many
+    /// nodes behind one address (a simulated fleet: 0, no bound).
+    #[arg(long, default_value_t = 1024, value_name = "N")]
+    pub max_connections_per_address: usize,
     /// How far ahead of the server's clock a node's event times may be;
     /// a report stamped later is refused. Times are clamped to the
     /// server's now in any case.
@@ -353,6 +364,9 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
             }
         }
     }
+    if !(100..=3_600_000).contains(&args.header_read_timeout.as_millis()) {
+        return Err(format!("--header-read-timeout {}: from 100ms to 1h", args.header_read_timeout.human()));
+    }
     let lease = args.lease.unwrap_or(Span::from_secs(5));
     if !(500..=600_000).contains(&lease.as_millis()) {
         return Err(format!("--lease {}: from 500ms to 10m", lease.human()));
@@ -379,6 +393,11 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
         run_as,
         tls: args.tls.config(),
         checkpoint_store: args.checkpoint_store.checked().await?,
+        connections: ebb_http::Limits {
+            header_read_timeout: Duration::from_millis(args.header_read_timeout.as_millis()),
+            per_address: args.max_connections_per_address,
+            total: 0,
+        },
     })
     .await
 }

@@ -864,7 +864,7 @@ async fn operator_report_series(
 #[utoipa::path(post, path = "/v1/agent/register", tag = "agent", request_body = api::Register,
     responses((status = 200, body = api::Registered),
         (status = 409, description = "The node cannot join as it says (another node's name with other GPUs)", body = api::ErrorBody),
-        (status = 422, description = "A node the cluster cannot take", body = api::ErrorBody)))]
+        (status = 422, description = "A node the cluster cannot take (its model's nodes have another number of GPUs), or an unreported event stamped later than the server's clock plus the allowed skew", body = api::ErrorBody)))]
 async fn agent_register(
     State(app): State<App>,
     headers: HeaderMap,
@@ -963,7 +963,8 @@ fn poll_deadline(wait: Duration) -> tokio::time::Instant {
 /// What happened on the node: starts, checkpoints, output, exits.
 #[utoipa::path(post, path = "/v1/agent/report", tag = "agent", request_body = api::Report,
     responses((status = 200, body = api::ReportReply),
-        (status = 409, description = "The node is not registered", body = api::ErrorBody)))]
+        (status = 409, description = "The node is not registered", body = api::ErrorBody),
+        (status = 422, description = "An event stamped later than the server's clock plus the allowed skew: nothing of the report was applied", body = api::ErrorBody)))]
 async fn agent_report(
     State(app): State<App>,
     headers: HeaderMap,
@@ -1335,7 +1336,9 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
     for line in tls.iter().flat_map(|t| t.join_hint(dir)) {
         eprintln!("ebb server: {line}");
     }
-    crate::tls::serve(listener, router, tls.as_ref(), shutdown_signal()).await.map_err(|e| e.to_string())
+    crate::tls::serve(listener, router, tls.as_ref(), config.connections, shutdown_signal())
+        .await
+        .map_err(|e| e.to_string())
 }
 
 async fn shutdown_signal() {

@@ -302,6 +302,7 @@ impl Proxy {
     pub fn new(role: Arc<Role>, ca: Option<&str>) -> Result<Proxy, String> {
         let mut http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(2))
+            .pool_idle_timeout(Duration::from_secs(20))
             .redirect(reqwest::redirect::Policy::none())
             .tls_built_in_root_certs(false);
         if let Some(pem) = ca {

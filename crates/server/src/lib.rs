@@ -162,6 +162,9 @@ pub struct ServerConfig {
     pub tls: tls::TlsConfig,
     /// Where agents keep jobs' checkpoints (checked by the caller).
     pub checkpoint_store: Option<ebb_api::CheckpointStoreLocation>,
+    /// How the API's connections are bounded: the header-read (and idle)
+    /// timeout, connections per client address.
+    pub connections: ebb_http::Limits,
 }
 
 /// Runs the server until SIGINT or SIGTERM.

@@ -418,20 +418,21 @@ pub async fn serve(
     listener: TcpListener,
     router: axum::Router,
     tls: Option<&ServerTls>,
+    connections: ebb_http::Limits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    // The router's routes are made into services once, here, and each
-    // connection shares them: served as a plain `Router`, axum makes them
-    // again for every connection (about 26 KB each, held as long as the
-    // connection: 10,000 agents' long polls held 265 MB of routers).
-    let service = router.into_make_service();
+    // Each connection shares the router's routes (an `Arc`): served as a
+    // plain `Router` by `axum::serve`, axum made them again for every
+    // connection (about 26 KB each, held as long as the connection:
+    // 10,000 agents' long polls held 265 MB of routers).
     match tls {
-        None => axum::serve(listener, service).with_graceful_shutdown(shutdown).await,
+        None => ebb_http::serve(listener, router, connections, shutdown).await,
         Some(tls) => {
             let listener = TlsListener::new(listener, tls.config.clone())?;
-            axum::serve(listener, service).with_graceful_shutdown(shutdown).await
+            ebb_http::serve(listener, router, connections, shutdown).await
         }
     }
+    Ok(())
 }
 
 /// Connections whose TLS handshake has completed. Handshakes run side by

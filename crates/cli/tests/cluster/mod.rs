@@ -186,6 +186,11 @@ impl Cluster {
             ])
             .args(["--heartbeat-interval", self.opts.heartbeat_interval])
             .args(self.opts.database.iter().flat_map(|url| ["--database", url.as_str()]))
+            // A simulated fleet's nodes all connect from 127.0.0.1.
+            .args(match self.opts.simulated_nodes > 100 {
+                true => &["--max-connections-per-address", "0"][..],
+                false => &[][..],
+            })
             .args(&self.opts.server_args)
             .stdout(self.log("server"))
             .stderr(self.log("server"))

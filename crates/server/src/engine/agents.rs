@@ -13,6 +13,7 @@ impl<S: Store> Engine<S> {
         mut reg: Register,
         now: u64,
     ) -> Result<Registered, Fail> {
+        check_registration(&reg)?;
         let issue_credential = self.may_register(principal, &reg.node)?;
         // Checked before anything of the registration is applied.
         self.check_event_times("unreported", &reg.unreported, now)?;
@@ -80,7 +81,9 @@ impl<S: Store> Engine<S> {
             gpus: reg.gpus,
             labels: reg.labels.clone(),
         };
-        self.core.add_node(spec, Time(now)).map_err(|e| ApiError::bad_request(e.to_string()))?;
+        // What the document states was checked first (400s); what is left
+        // is the cluster's (a model's nodes all have one number of GPUs).
+        self.core.add_node(spec, Time(now)).map_err(|e| ApiError::unprocessable(e.to_string()))?;
         let known = self.fleet.nodes.get(&reg.node);
         let row = NodeRow {
             name: reg.node.clone(),
@@ -574,4 +577,33 @@ mod tests {
         let clipped = super::clip(&long, super::MAX_START_ERROR_BYTES);
         assert!(clipped.len() <= super::MAX_START_ERROR_BYTES && clipped.ends_with('…'), "{}", clipped.len());
     }
+}
+
+/// What the document states of a registration, refused with a 400 naming
+/// the field: names that fit in a listing and a URL path, a GPU count a
+/// node can have.
+fn check_registration(reg: &Register) -> Result<(), ApiError> {
+    let plain = |text: &str, slash_too: bool| {
+        !text.chars().any(|c| c.is_control() && c <= '\u{7f}' || (slash_too && c == '/'))
+    };
+    if reg.node.is_empty() || reg.node.len() > 253 || !plain(&reg.node, true) {
+        return Err(ApiError::bad_request(format!(
+            "node: a name of 1 to 253 bytes without control characters or '/', got {:?}",
+            reg.node
+        )));
+    }
+    if reg.gpu_model.is_empty() || reg.gpu_model.len() > 64 || !plain(&reg.gpu_model, false) {
+        return Err(ApiError::bad_request(format!(
+            "gpu_model: a name of 1 to 64 bytes without control characters, got {:?}",
+            reg.gpu_model
+        )));
+    }
+    if !(1..=ebb_scheduler::MAX_GPUS_PER_NODE).contains(&reg.gpus) {
+        return Err(ApiError::bad_request(format!(
+            "gpus: must be between 1 and {}, got {}",
+            ebb_scheduler::MAX_GPUS_PER_NODE,
+            reg.gpus
+        )));
+    }
+    Ok(())
 }
