@@ -76,8 +76,8 @@ pub(crate) struct AttemptUploads {
 pub(crate) struct UploadTask {
     pub store: JobStore,
     pub dir: std::path::PathBuf,
-    /// Files of another uid are never taken (a root agent's job user).
-    pub owner_uid: Option<u32>,
+    /// Whose files are taken and what one checkpoint may hold.
+    pub rules: ebb_checkpoints::Rules,
     pub attempt: AttemptRef,
     pub cache: UploadCache,
     pub reporter: Arc<Reporter>,
@@ -92,11 +92,11 @@ impl AttemptUploads {
         let log = live.clone();
         let uploads = Arc::new(AttemptUploads { requested, done, live });
         tokio::spawn(async move {
-            let UploadTask { store, dir, owner_uid, attempt: a, mut cache, reporter } = task;
+            let UploadTask { store, dir, rules, attempt: a, mut cache, reporter } = task;
             while asked.changed().await.is_ok() {
                 let (n, step) = *asked.borrow_and_update();
                 let began = Instant::now();
-                let line = match store.upload(&dir, owner_uid, a.attempt, step, &mut cache).await {
+                let line = match store.upload(&dir, rules, a.attempt, step, &mut cache).await {
                     Ok(Some(up)) => {
                         let m = &up.manifest;
                         tracing::info!(

@@ -222,7 +222,8 @@ impl<S: Supervisor> Agent<S> {
                 completed: false,
                 at_ms: now_ms(),
                 peak_memory_bytes: None,
-                start_error: Some(message),
+                // The program's name is the submitter's, up to 128 KiB.
+                start_error: Some(message.chars().take(ebb_api::MAX_START_ERROR_CHARS).collect()),
             });
         }
     }
@@ -273,6 +274,7 @@ mod tests {
             signal: Signal::SIGUSR1 as i32,
             run_as: None,
             tenant: String::new(),
+            tenant_id: 1,
         })
     }
 

@@ -84,6 +84,8 @@ pub(crate) fn write_job_file(path: &Path, body: &[u8]) -> std::io::Result<()> {
     }
     // create_new (O_EXCL) follows no link, dangling or not.
     let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o644).open(&tmp)?;
+    // The agent's umask (0077) took the job's read bits off.
+    file.set_permissions(std::fs::Permissions::from_mode(0o644))?;
     file.write_all(body)?;
     std::fs::rename(&tmp, path)
 }

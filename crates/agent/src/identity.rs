@@ -2,11 +2,14 @@
 //!
 //! A root agent holds the join token and can read everything on the node:
 //! a job that inherited its user and environment would too. So a root
-//! agent runs each job as the Unix user its tenant is mapped to (never
-//! root, unless the agent runs a personal cluster), and a job's
+//! agent runs each job as the Unix user its tenant is mapped to, or, for a
+//! tenant the operator mapped to none, as a uid of the tenant's own (never
+//! root, unless the agent runs a personal cluster); and a job's
 //! environment is built from a small safe base, the operator's additions,
 //! the submission's `env` and Ebb's variables — never the agent's own
-//! environment or arguments.
+//! environment or arguments. Two tenants on one user would be one tenant:
+//! each could read the other's `/proc/PID/environ`, checkpoints and
+//! completion files.
 
 use std::collections::BTreeMap;
 use std::ffi::CString;
@@ -29,10 +32,51 @@ pub struct Identity {
     /// Whether the child must switch to this user (a root agent) or already
     /// is it (an agent that runs as this user).
     pub switch: bool,
+    /// The tenant's own uid from the agent's range, with no account: its
+    /// home is the agent's to make.
+    pub allocated: bool,
 }
 
-/// Who runs a job asked to run as `run_as`, on an agent running as `me`.
-pub fn resolve(run_as: Option<&str>, me: Uid, allow_root: bool) -> Result<Identity, String> {
+/// How a root agent chooses users for jobs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Users {
+    /// A job mapped to root may run (a personal cluster).
+    pub allow_root: bool,
+    /// The uids (and gids) of tenants the operator mapped to no user: a
+    /// tenant's is the range's first plus the tenant's number, the same
+    /// on every node, so no two tenants share one.
+    pub tenant_uids: std::ops::RangeInclusive<u32>,
+    /// Where those tenants' home directories are (`<data dir>/homes`).
+    pub homes: PathBuf,
+}
+
+/// The default range of tenants' own uids: above the users a system and a
+/// directory service hand out, below 2^31 (some tools take uids as signed).
+pub const DEFAULT_TENANT_UIDS: &str = "2000000-2999999";
+
+/// `FIRST-LAST`, a range of uids for tenants: never root, never the
+/// invalid `(uid_t)-1`.
+pub fn parse_uid_range(text: &str) -> Result<std::ops::RangeInclusive<u32>, String> {
+    let (first, last) = text
+        .split_once('-')
+        .and_then(|(f, l)| Some((f.trim().parse::<u32>().ok()?, l.trim().parse::<u32>().ok()?)))
+        .ok_or_else(|| format!("{text:?}: expected FIRST-LAST, two uids, e.g. {DEFAULT_TENANT_UIDS}"))?;
+    if first == 0 || first > last || last == u32::MAX {
+        return Err(format!("{text:?}: FIRST from 1, LAST at least FIRST and below {}", u32::MAX));
+    }
+    Ok(first..=last)
+}
+
+/// Who runs a job of `tenant` (its name and number) asked to run as
+/// `run_as`, on an agent running as `me`.
+///
+/// An agent that is not root runs every job as itself (a personal
+/// cluster). A root agent runs a job as the user the operator mapped its
+/// tenant to, or, where it mapped none, as the tenant's own uid from
+/// `users.tenant_uids` — as systemd's `DynamicUser` does, a uid no
+/// account has, with a group of the same number and a home of its own —
+/// so that tenants never share a user unless the operator says so.
+pub fn resolve(run_as: Option<&str>, tenant: (&str, u32), me: Uid, users: &Users) -> Result<Identity, String> {
     if !me.is_root() {
         let own = User::from_uid(me).ok().flatten();
         let own_name = own.as_ref().map_or_else(|| me.to_string(), |u| u.name.clone());
@@ -49,13 +93,14 @@ pub fn resolve(run_as: Option<&str>, me: Uid, allow_root: bool) -> Result<Identi
             home: own.map_or_else(|| PathBuf::from("/"), |u| u.dir),
             groups: Vec::new(),
             switch: false,
+            allocated: false,
         });
     }
-    let name = run_as.unwrap_or("nobody");
+    let Some(name) = run_as else { return tenant_user(tenant, users) };
     let user = User::from_name(name)
         .map_err(|e| format!("run-as user {name}: cannot look it up: {e}"))?
         .ok_or_else(|| format!("run-as user {name}: no such user on this node"))?;
-    if user.uid.is_root() && !allow_root {
+    if user.uid.is_root() && !users.allow_root {
         return Err(format!(
             "run-as user {name}: refusing to run a job as root (uid 0); map the tenant to an unprivileged \
              user, or start the agent with --allow-root-jobs (a personal cluster)"
@@ -64,7 +109,47 @@ pub fn resolve(run_as: Option<&str>, me: Uid, allow_root: bool) -> Result<Identi
     let cname = CString::new(name).map_err(|_| format!("run-as user {name:?}: not a user name"))?;
     let groups = nix::unistd::getgrouplist(&cname, user.gid)
         .map_err(|e| format!("run-as user {name}: cannot list its groups: {e}"))?;
-    Ok(Identity { user: user.name, uid: user.uid, gid: user.gid, home: user.dir, groups, switch: true })
+    Ok(Identity {
+        user: user.name,
+        uid: user.uid,
+        gid: user.gid,
+        home: user.dir,
+        groups,
+        switch: true,
+        allocated: false,
+    })
+}
+
+/// The tenant's own uid from the range, refused where the range has none
+/// left for its number or an account of the node already has it.
+fn tenant_user((tenant, number): (&str, u32), users: &Users) -> Result<Identity, String> {
+    let dir = crate::dirs::tenant_dir_name(tenant)?;
+    let (first, last) = (*users.tenant_uids.start(), *users.tenant_uids.end());
+    let uid = first
+        .checked_add(number)
+        .filter(|uid| *uid <= last)
+        .ok_or_else(|| {
+            format!(
+                "tenant {tenant} (number {number}): past this agent's --tenant-uids {first}-{last}; \
+                 widen the range, or map the tenant to a user (ebb server --run-as {tenant}=USER)"
+            )
+        })?;
+    if let Ok(Some(account)) = User::from_uid(Uid::from_raw(uid)) {
+        return Err(format!(
+            "tenant {tenant}: its uid {uid} (--tenant-uids {first}-{last}) belongs to the node's user {}; \
+             choose a range no account on the nodes has",
+            account.name
+        ));
+    }
+    Ok(Identity {
+        user: format!("ebb-{dir}"),
+        uid: Uid::from_raw(uid),
+        gid: Gid::from_raw(uid),
+        home: users.homes.join(dir),
+        groups: Vec::new(),
+        switch: true,
+        allocated: true,
+    })
 }
 
 /// A job's whole environment: the base (`PATH`, `HOME`, `LANG`, `USER`,
@@ -90,6 +175,15 @@ pub fn job_env(
     env
 }
 
+/// The user running the tests, as a job's (root may run jobs as root).
+#[cfg(test)]
+pub(crate) fn test_user() -> Identity {
+    let me = nix::unistd::geteuid();
+    let name = User::from_uid(me).ok().flatten().map(|u| u.name).expect("the tests' user has a name");
+    let users = Users { allow_root: true, tenant_uids: 2_000_000..=2_999_999, homes: std::env::temp_dir() };
+    resolve(Some(&name), ("default", 1), me, &users).expect("the tests' user")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -102,7 +196,12 @@ mod tests {
             home: "/usr/sbin".into(),
             groups: vec![],
             switch: true,
+            allocated: false,
         }
+    }
+
+    fn users(allow_root: bool) -> Users {
+        Users { allow_root, tenant_uids: 2_000_000..=2_000_009, homes: "/var/lib/ebb/homes".into() }
     }
 
     #[test]
@@ -134,21 +233,56 @@ mod tests {
     #[test]
     fn a_root_agent_refuses_root_and_unknown_users() {
         let root = Uid::from_raw(0);
-        let err = resolve(Some("root"), root, false).unwrap_err();
+        let alice = ("alice", 2);
+        let err = resolve(Some("root"), alice, root, &users(false)).unwrap_err();
         assert!(err.contains("refusing to run a job as root"), "{err}");
-        assert!(resolve(Some("root"), root, true).is_ok());
-        let err = resolve(Some("no-such-user-ebb"), root, false).unwrap_err();
+        assert!(resolve(Some("root"), alice, root, &users(true)).is_ok());
+        let err = resolve(Some("no-such-user-ebb"), alice, root, &users(false)).unwrap_err();
         assert!(err.contains("no such user"), "{err}");
-        let daemon = resolve(Some("daemon"), root, false).unwrap();
-        assert!(!daemon.uid.is_root() && daemon.switch);
+        let daemon = resolve(Some("daemon"), alice, root, &users(false)).unwrap();
+        assert!(!daemon.uid.is_root() && daemon.switch && !daemon.allocated);
+    }
+
+    /// Tenants the operator mapped to no user used to share `nobody`:
+    /// each could read the other's environment and overwrite its
+    /// checkpoints. Each runs as its own uid now, the same on every node.
+    #[test]
+    fn a_root_agent_gives_each_unmapped_tenant_a_uid_of_its_own() {
+        let root = Uid::from_raw(0);
+        let alice = resolve(None, ("alice", 2), root, &users(false)).unwrap();
+        let bob = resolve(None, ("bob", 3), root, &users(false)).unwrap();
+        assert_eq!((alice.uid.as_raw(), alice.gid.as_raw()), (2_000_002, 2_000_002));
+        assert_eq!(bob.uid.as_raw(), 2_000_003);
+        assert!(alice.switch && alice.allocated && alice.groups.is_empty());
+        assert_eq!(alice.user, "ebb-alice");
+        assert_eq!(alice.home, PathBuf::from("/var/lib/ebb/homes/alice"));
+        assert_eq!(resolve(None, ("alice", 2), root, &users(false)).unwrap(), alice, "not the same twice");
+        let err = resolve(None, ("late", 10), root, &users(false)).unwrap_err();
+        assert!(err.contains("--tenant-uids 2000000-2000009") && err.contains("--run-as late=USER"), "{err}");
+        let err = resolve(None, ("odd/name", 4), root, &users(false)).unwrap_err();
+        assert!(err.contains("not a valid tenant name"), "{err}");
+        // A range that holds an account of the node (daemon is uid 1).
+        let clash = Users { tenant_uids: 1..=10, ..users(false) };
+        let err = resolve(None, ("t", 0), root, &clash).unwrap_err();
+        assert!(err.contains("belongs to the node's user daemon"), "{err}");
+    }
+
+    #[test]
+    fn uid_ranges_are_checked() {
+        assert_eq!(parse_uid_range(DEFAULT_TENANT_UIDS), Ok(2_000_000..=2_999_999));
+        for bad in ["", "5", "0-10", "10-5", "1-4294967295", "a-b", "-1-5"] {
+            assert!(parse_uid_range(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]
     fn an_unprivileged_agent_runs_jobs_only_as_itself() {
         let me = Uid::from_raw(1); // daemon
-        let err = resolve(Some("bin"), me, false).unwrap_err();
+        let err = resolve(Some("bin"), ("alice", 2), me, &users(false)).unwrap_err();
         assert!(err.contains("not root"), "{err}");
-        let same = resolve(Some("daemon"), me, false).unwrap();
+        let same = resolve(Some("daemon"), ("alice", 2), me, &users(false)).unwrap();
         assert!(!same.switch);
+        let unmapped = resolve(None, ("alice", 2), me, &users(false)).unwrap();
+        assert_eq!(unmapped.uid, me);
     }
 }

@@ -73,6 +73,12 @@ pub struct AgentConfig {
     pub job_env: BTreeMap<String, String>,
     /// A root agent may run jobs as root: a personal cluster (`ebb up`).
     pub allow_root_jobs: bool,
+    /// The uids a root agent gives tenants the operator mapped to no user
+    /// (`--tenant-uids`): the first plus the tenant's number.
+    pub tenant_uids: std::ops::RangeInclusive<u32>,
+    /// The most one checkpoint of a job may hold in the cluster's store
+    /// (`--max-checkpoint-bytes`; 0: no limit).
+    pub max_checkpoint_bytes: u64,
     /// How long a finished attempt's run directory and default working
     /// directory are kept.
     pub attempt_retention: Duration,
@@ -100,6 +106,7 @@ struct Found {
 
 /// Runs the agent until SIGINT or SIGTERM, then stops its attempts.
 pub async fn run(config: AgentConfig) -> Result<(), String> {
+    private_files();
     let found = tokio::task::spawn_blocking(move || find(config)).await.map_err(|e| e.to_string())??;
     let Found { config, cgroups, group_prefix, credential } = found;
     // Before anything else talks to the server, and before any attempt is
@@ -163,7 +170,16 @@ pub async fn run(config: AgentConfig) -> Result<(), String> {
 /// not used. `files` is the open-file limit the fleet's connections stay
 /// within.
 pub async fn simulate(config: AgentConfig, nodes: u32, files: u64) -> Result<(), String> {
+    private_files();
     fleet::run(config, nodes, files).await
+}
+
+/// What the agent makes is its own unless it says otherwise (a root
+/// agent's files in a shared checkpoint store were 0644): umask 0077.
+/// Directories jobs pass through and files they read are given their
+/// modes explicitly; a job's process starts with [`spawn::JOB_UMASK`].
+fn private_files() {
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
 }
 
 /// Makes the agent's directories, finds its cgroups and its credential,
@@ -183,6 +199,7 @@ fn find(mut config: AgentConfig) -> Result<Found, String> {
         config.data_dir.clone(),
         config.data_dir.join("work"),
         config.data_dir.join("run"),
+        config.data_dir.join("homes"),
         config.checkpoint_root.clone(),
     ] {
         dirs::own_dir(&dir, 0o711, None)?;
@@ -275,7 +292,12 @@ fn supervisor_config(config: &AgentConfig) -> supervisor::Config {
         checkpoint_root: config.checkpoint_root.clone(),
         job_path: config.job_path.clone(),
         job_env: config.job_env.clone(),
-        allow_root_jobs: config.allow_root_jobs,
+        users: identity::Users {
+            allow_root: config.allow_root_jobs,
+            tenant_uids: config.tenant_uids.clone(),
+            homes: config.data_dir.join("homes"),
+        },
+        max_checkpoint_bytes: config.max_checkpoint_bytes,
         output: config.output,
     }
 }

@@ -623,7 +623,7 @@ mod tests {
             "status=none".into(),
         ];
         let env = std::collections::BTreeMap::from([("PATH".to_string(), "/usr/bin:/bin".to_string())]);
-        let who = crate::identity::resolve(None, nix::unistd::geteuid(), true).unwrap();
+        let who = crate::identity::test_user();
         let request = crate::spawn::Request { argv: &argv, env: &env, cwd: &dir, who: &who, join: &[] };
         let child = crate::spawn::spawn(&request).unwrap();
         let stdout = pipe::Receiver::from_owned_fd(child.stdout).unwrap();

@@ -382,6 +382,7 @@ mod tests {
             signal: Signal::SIGUSR1 as i32,
             run_as: None,
             tenant: "default".into(),
+            tenant_id: 1,
         }
     }
 

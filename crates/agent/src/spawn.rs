@@ -256,6 +256,9 @@ fn errno() -> c_int {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL)
 }
 
+/// The umask a job's process starts with.
+pub const JOB_UMASK: libc::mode_t = 0o022;
+
 /// Returns only on failure: the step and errno.
 unsafe fn prepare_and_exec(ctx: &Context) -> (u8, c_int) {
     unsafe {
@@ -278,6 +281,11 @@ unsafe fn prepare_and_exec(ctx: &Context) -> (u8, c_int) {
         if libc::setpgid(0, 0) != 0 {
             return (PGROUP, errno());
         }
+        // The agent's own umask is 0077 (its files are its own); a job
+        // starts with the usual one, as from a login. The child has its
+        // own copy of the file system context (no CLONE_FS): the agent's
+        // is untouched.
+        libc::umask(JOB_UMASK);
         if let Some((gid, uid, groups)) = &ctx.switch {
             if libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) != 0 {
                 return (GROUPS, errno());
@@ -407,7 +415,7 @@ mod tests {
     use std::io::Read;
 
     fn me() -> Identity {
-        crate::identity::resolve(None, nix::unistd::geteuid(), true).unwrap()
+        crate::identity::test_user()
     }
 
     fn run(argv: &[&str], env: &[(&str, &str)], cwd: &Path) -> Result<(String, Ended), SpawnError> {

@@ -84,7 +84,10 @@ pub(crate) struct Config {
     pub checkpoint_root: PathBuf,
     pub job_path: String,
     pub job_env: BTreeMap<String, String>,
-    pub allow_root_jobs: bool,
+    /// Who jobs run as.
+    pub users: identity::Users,
+    /// The most one checkpoint of a job may hold in the store (0: no limit).
+    pub max_checkpoint_bytes: u64,
     pub output: OutputLimits,
 }
 
@@ -100,6 +103,9 @@ pub(crate) struct Processes {
     ledger: Arc<Ledger>,
     /// The cluster's checkpoint store, if it has one.
     checkpoints: Arc<Checkpoints>,
+    /// The tenants whose jobs ran here as each uid: two on one uid are
+    /// warned of, once.
+    tenants_by_uid: Mutex<HashMap<u32, Vec<String>>>,
 }
 
 /// A running attempt.
@@ -154,6 +160,30 @@ impl Processes {
             reporter,
             ledger,
             checkpoints,
+            tenants_by_uid: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Warns, once per tenant, of a tenant whose jobs run as a uid another
+    /// tenant's did: they can read each other's processes and files.
+    fn note_user(&self, tenant: &str, who: &Identity) {
+        if !who.switch {
+            return; // a personal cluster: every job is its user's
+        }
+        let mut seen = self.tenants_by_uid.lock().expect("tenants by uid");
+        let tenants = seen.entry(who.uid.as_raw()).or_default();
+        if tenants.iter().any(|t| t == tenant) {
+            return;
+        }
+        tenants.push(tenant.to_string());
+        if tenants.len() > 1 {
+            tracing::warn!(
+                uid = who.uid.as_raw(),
+                user = who.user,
+                tenants = ?tenants,
+                "tenants share a Unix user on this node: their jobs can read each other's processes, \
+                 environments and files (the server's --run-as or --default-run-as maps them so)"
+            );
         }
     }
 
@@ -257,7 +287,7 @@ impl Processes {
         let uploads = AttemptUploads::start(checkpoints::UploadTask {
             store: job_store,
             dir: p.checkpoint_dir.clone(),
-            owner_uid: owner.map(|(uid, _)| uid),
+            rules: ebb_checkpoints::Rules { owner, max_bytes: self.config.max_checkpoint_bytes },
             attempt: s.attempt,
             cache,
             reporter: self.reporter.clone(),
@@ -274,7 +304,12 @@ impl Processes {
     /// working directory is in use again (a new one is new enough).
     fn prepare(&self, s: &StartAttempt) -> Result<Prepared, String> {
         let a = s.attempt;
-        let who = identity::resolve(s.run_as.as_deref(), self.me, self.config.allow_root_jobs)?;
+        let who = identity::resolve(s.run_as.as_deref(), (&s.tenant, s.tenant_id), self.me, &self.config.users)?;
+        self.note_user(&s.tenant, &who);
+        if who.allocated {
+            // The tenant's own home, made as its other directories are.
+            dirs::own_dir(&who.home, 0o700, Some(&who))?;
+        }
         let owned = |p: PathBuf, in_use: bool| {
             let created = dirs::own_dir(&p, 0o700, Some(&who))?;
             if in_use && !created {

@@ -836,13 +836,19 @@ pub struct StartAttempt {
     pub gpus: Vec<u8>,
     /// Signal number sent at drain notice.
     pub signal: i32,
-    /// The Unix user the attempt runs as (the operator's mapping of its
-    /// tenant); a root agent never runs a job as root unless told to.
+    /// The Unix user the attempt runs as, where the operator mapped its
+    /// tenant to one (`ebb server --run-as`); a root agent never runs a
+    /// job as root unless told to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_as: Option<String>,
     /// The job's tenant: its checkpoint directory lives under the tenant's.
     #[serde(default)]
     pub tenant: String,
+    /// The tenant's number. A root agent runs a job without `run_as` as a
+    /// uid of the tenant's own: its `--tenant-uids` range's first plus this
+    /// number, the same on every node.
+    #[serde(default)]
+    pub tenant_id: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -885,6 +891,9 @@ pub struct ReportId {
     pub seq: u64,
 }
 
+/// The longest `start_error` an exit carries, in characters.
+pub const MAX_START_ERROR_CHARS: usize = 4096;
+
 /// What an agent tells the server about its attempts. Every `at_ms` is
 /// the agent's clock, milliseconds since the Unix epoch, at most the last
 /// millisecond of the year 9999; one later than the server's clock plus
@@ -916,6 +925,7 @@ pub enum AgentEvent {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         #[schema(max_length = 4096)]
         start_error: Option<String>,
+        // MAX_START_ERROR_CHARS, as the schema needs a literal.
     },
     /// The attempt reported a completed checkpoint to its endpoint.
     Checkpoint {

@@ -37,4 +37,4 @@ pub mod sync;
 
 pub use location::{Credentials, Store, StoreError};
 pub use manifest::{FileEntry, Manifest};
-pub use sync::{JobStore, Restored, UploadCache};
+pub use sync::{JobStore, Restored, Rules, UploadCache};

@@ -36,6 +36,9 @@ pub enum StoreError {
     /// A local file or directory.
     #[error("{0}")]
     Local(String),
+    /// Over a limit the operator set: never retried.
+    #[error("{0}")]
+    Limit(String),
 }
 
 impl StoreError {
@@ -142,6 +145,9 @@ pub struct Store {
     pub(crate) prefix: ObjectPath,
     /// The URL, for messages.
     pub(crate) url: String,
+    /// A `file://` store's directory: what is stored there is made private
+    /// to the job's user (the rest of the store's kind decides alone).
+    pub(crate) local: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for Store {
@@ -184,7 +190,12 @@ impl Store {
                 std::fs::create_dir_all(dir)
                     .map_err(|e| bad(format!("cannot make {}: {e}", dir.display())))?;
                 let local = LocalFileSystem::new_with_prefix(dir).map_err(|e| bad(e.to_string()))?;
-                Ok(Store { objects: Arc::new(local), prefix: ObjectPath::default(), url: url.to_string() })
+                Ok(Store {
+                    objects: Arc::new(local),
+                    prefix: ObjectPath::default(),
+                    url: url.to_string(),
+                    local: Some(dir.to_path_buf()),
+                })
             }
             "s3" => {
                 let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
@@ -230,7 +241,7 @@ impl Store {
                 }
                 let s3 = builder.build().map_err(|e| bad(e.to_string()))?;
                 let prefix = ObjectPath::parse(prefix.trim_matches('/')).map_err(|e| bad(e.to_string()))?;
-                Ok(Store { objects: Arc::new(s3), prefix, url: url.to_string() })
+                Ok(Store { objects: Arc::new(s3), prefix, url: url.to_string(), local: None })
             }
             other => Err(bad(format!("unknown scheme {other}://: s3://BUCKET/PREFIX or file:///PATH"))),
         }

@@ -59,6 +59,19 @@ pub struct UploadCache {
     seq: u32,
 }
 
+/// What an upload may take, and whose it is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Rules {
+    /// The job's user (uid, gid): only its files are taken (a root agent's
+    /// guard against a job's links to files it may not read), and what a
+    /// `file://` store keeps of the job is owned by it, 0600 and 0700.
+    pub owner: Option<(u32, u32)>,
+    /// The most one checkpoint may hold, by its files' sizes as the
+    /// directory says them (a sparse file counts whole: it is stored
+    /// whole); 0: no limit. Checked before anything is read.
+    pub max_bytes: u64,
+}
+
 /// An upload done.
 #[derive(Debug)]
 pub struct Uploaded {
@@ -118,20 +131,29 @@ impl JobStore {
     }
 
     /// Uploads `dir` as attempt `attempt`'s next checkpoint (see the module
-    /// doc); `owner`: only files of this uid are taken (a root agent's
-    /// guard against a job's links to files it may not read). None when
-    /// nothing changed since the last upload.
+    /// doc), under `rules`. None when nothing changed since the last
+    /// upload.
     pub async fn upload(
         &self,
         dir: &Path,
-        owner: Option<u32>,
+        rules: Rules,
         attempt: u32,
         step: Option<u64>,
         cache: &mut UploadCache,
     ) -> Result<Option<Uploaded>, StoreError> {
         let began = Instant::now();
         let dir_owned = dir.to_path_buf();
-        let found = blocking(move || walk(&dir_owned, owner)).await?;
+        let uid = rules.owner.map(|(uid, _)| uid);
+        let found = blocking(move || walk(&dir_owned, uid)).await?;
+        let total: u64 = found.iter().map(|(_, _, meta)| meta.size()).sum();
+        if rules.max_bytes > 0 && total > rules.max_bytes {
+            return Err(StoreError::Limit(format!(
+                "the checkpoint directory holds {total} bytes in {} files, over this node's limit of {} \
+                 bytes for one job's checkpoint (ebb agent --max-checkpoint-bytes): not stored",
+                found.len(),
+                rules.max_bytes
+            )));
+        }
         // Hash what the cache does not know.
         let mut files = Vec::with_capacity(found.len());
         for (path, file, meta) in found {
@@ -190,6 +212,13 @@ impl JobStore {
         cache.last = Some(entries);
         if let Err(e) = self.prune().await {
             tracing::warn!("checkpoint store: pruning job {}'s old checkpoints: {e}", self.job_id());
+        }
+        if let Some(root) = &self.store.local {
+            // `<store>/<prefix>/<tenant>/<job>`
+            let job = root.join(self.prefix.as_ref());
+            let tenant = job.parent().map_or_else(|| job.clone(), Path::to_path_buf);
+            let owner = rules.owner;
+            blocking(move || seal(&tenant, &job, owner)).await?;
         }
         Ok(Some(Uploaded { manifest, sent_bytes, seconds: began.elapsed().as_secs_f64() }))
     }
@@ -465,6 +494,62 @@ impl JobStore {
     }
 }
 
+/// Makes what a `file://` store keeps of a job its user's alone: the
+/// tenant's directory and the job's 0700, every file under the job's
+/// 0600, all owned by `owner` (none: as they are, the agent's). Nothing
+/// here follows a link, and nothing but directories and regular files is
+/// changed: a store is the operator's, but a shared one is mounted where
+/// jobs may reach it.
+fn seal(tenant: &Path, job: &Path, owner: Option<(u32, u32)>) -> Result<(), StoreError> {
+    // Each is opened without following a link (a link is refused), then
+    // changed through its descriptor, never by name.
+    let fix = |fd: &OwnedFd, what: &str, is_dir: bool| -> Result<(), StoreError> {
+        let failed = |e: nix::Error| local(format!("cannot make {what} private: {e}"));
+        nix::sys::stat::fchmod(fd, Mode::from_bits_truncate(if is_dir { 0o700 } else { 0o600 })).map_err(failed)?;
+        chown(fd, owner).map_err(failed)
+    };
+    for dir in [tenant, job] {
+        fix(&open_dir(dir)?, &dir.display().to_string(), true)?;
+    }
+    let mut todo = vec![open_dir(job)?];
+    while let Some(dir) = todo.pop() {
+        let listing = nix::dir::Dir::from_fd(nix::unistd::dup(&dir).map_err(|e| local(e.to_string()))?)
+            .map_err(|e| local(format!("cannot list the store: {e}")))?;
+        let mut entries = Vec::new();
+        for entry in listing.into_iter().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name != "." && name != ".." {
+                entries.push((name, entry.file_type()));
+            }
+        }
+        for (name, kind) in entries {
+            let is_dir = match kind {
+                Some(nix::dir::Type::Directory) => true,
+                Some(nix::dir::Type::File) => false,
+                _ => continue,
+            };
+            // O_NONBLOCK: a file swapped for a FIFO meanwhile must not hang the open.
+            let flags = if is_dir { OFlag::O_RDONLY | OFlag::O_DIRECTORY } else { OFlag::O_RDONLY | OFlag::O_NONBLOCK };
+            let fd = match nix::fcntl::openat(&dir, name.as_str(), flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC, Mode::empty()) {
+                Ok(fd) => fd,
+                // Pruned meanwhile, or swapped for a link: not ours to change.
+                Err(nix::errno::Errno::ENOENT | nix::errno::Errno::ELOOP | nix::errno::Errno::ENOTDIR) => continue,
+                Err(e) => return Err(local(format!("cannot open {name} in the store: {e}"))),
+            };
+            let stat = nix::sys::stat::fstat(&fd).map_err(|e| local(format!("{name}: {e}")))?;
+            let kind = nix::sys::stat::SFlag::from_bits_truncate(stat.st_mode) & nix::sys::stat::SFlag::S_IFMT;
+            if kind != if is_dir { nix::sys::stat::SFlag::S_IFDIR } else { nix::sys::stat::SFlag::S_IFREG } {
+                continue;
+            }
+            fix(&fd, &name, is_dir)?;
+            if is_dir {
+                todo.push(fd);
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Opens the checkpoint directory itself (made by the agent beforehand),
 /// not through a link.
 fn open_dir(dir: &Path) -> Result<OwnedFd, StoreError> {
@@ -657,16 +742,16 @@ mod tests {
         write(&a, "sub/state.bin", &vec![7u8; 3 * CHUNK / 2]);
         write(&a, ".ckpt-2.ckpt.tmp-9", b"half");
         let mut cache = UploadCache::default();
-        let up = f.store.upload(&a, None, 1, Some(1), &mut cache).await.unwrap().unwrap();
+        let up = f.store.upload(&a, Rules::default(), 1, Some(1), &mut cache).await.unwrap().unwrap();
         assert_eq!(
             up.manifest.files.iter().map(|f| f.path.as_str()).collect::<Vec<_>>(),
             ["ckpt-1.ckpt", "sub/state.bin"]
         );
         assert_eq!(up.sent_bytes, 3 + 3 * CHUNK as u64 / 2);
         // Nothing changed: no new manifest.
-        assert!(f.store.upload(&a, None, 1, None, &mut cache).await.unwrap().is_none());
+        assert!(f.store.upload(&a, Rules::default(), 1, None, &mut cache).await.unwrap().is_none());
         write(&a, "ckpt-2.ckpt", b"two");
-        let up = f.store.upload(&a, None, 1, Some(2), &mut cache).await.unwrap().unwrap();
+        let up = f.store.upload(&a, Rules::default(), 1, Some(2), &mut cache).await.unwrap().unwrap();
         assert_eq!(up.sent_bytes, 3, "unchanged files are not sent again");
 
         let b = node_dir(&f, "b");
@@ -690,9 +775,9 @@ mod tests {
         let a = node_dir(&f, "a");
         write(&a, "ckpt-1.ckpt", b"one");
         let mut cache = UploadCache::default();
-        f.store.upload(&a, None, 1, Some(1), &mut cache).await.unwrap().unwrap();
+        f.store.upload(&a, Rules::default(), 1, Some(1), &mut cache).await.unwrap().unwrap();
         write(&a, "ckpt-2.ckpt", b"two");
-        let second = f.store.upload(&a, None, 1, Some(2), &mut cache).await.unwrap().unwrap().manifest;
+        let second = f.store.upload(&a, Rules::default(), 1, Some(2), &mut cache).await.unwrap().unwrap().manifest;
         let two = second.files.iter().find(|e| e.path == "ckpt-2.ckpt").unwrap();
         let blob = f.root.join("store/team/7/blobs").join(&two.sha256);
         std::fs::write(&blob, b"tw0").unwrap();
@@ -717,7 +802,7 @@ mod tests {
         let a = node_dir(&f, "a");
         write(&a, "ckpt-1.ckpt", b"one");
         let mut cache = UploadCache::default();
-        f.store.upload(&a, None, 1, Some(1), &mut cache).await.unwrap().unwrap();
+        f.store.upload(&a, Rules::default(), 1, Some(1), &mut cache).await.unwrap().unwrap();
         // An upload cut off after its blob: the blob is there, no manifest.
         let blob = f.store.blob(&hex(&Sha256::digest(b"two")));
         f.store.objects().put(&blob, PutPayload::from_static(b"two")).await.unwrap();
@@ -736,7 +821,7 @@ mod tests {
             // keep-1 as a job would: only the newest file is there.
             let _ = std::fs::remove_file(a.join(format!("ckpt-{}.ckpt", step - 1)));
             write(&a, &format!("ckpt-{step}.ckpt"), format!("state {step}").as_bytes());
-            f.store.upload(&a, None, 1, Some(step), &mut cache).await.unwrap().unwrap();
+            f.store.upload(&a, Rules::default(), 1, Some(step), &mut cache).await.unwrap().unwrap();
         }
         let names = f.store.manifest_names().await.unwrap();
         assert_eq!(names, [manifest::key(1, 5), manifest::key(1, 4), manifest::key(1, 3)]);
@@ -750,5 +835,80 @@ mod tests {
         let b = node_dir(&f, "b");
         let restored = f.store.restore(&b, None, &mut UploadCache::default()).await.unwrap();
         assert!(restored.manifest.is_none() && restored.notes.is_empty());
+    }
+
+    /// The root agent wrote a `file://` store's blobs 0644 under 0755
+    /// directories, and another tenant's job printed the weights: what the
+    /// store keeps of a job is its user's alone, 0600 and 0700.
+    #[tokio::test]
+    async fn a_file_store_keeps_a_jobs_checkpoint_private_to_its_user() {
+        use std::os::unix::fs::PermissionsExt;
+        let f = fixture("private");
+        let a = node_dir(&f, "a");
+        write(&a, "weights.bin", b"alice's weights");
+        write(&a, "opt/state.bin", b"moments");
+        let root = nix::unistd::geteuid().is_root();
+        // Root: owned by the job's user (here nobody's ids); else as the agent's.
+        let owner = root.then_some((65534, 65534));
+        let rules = Rules { owner: None, max_bytes: 0 };
+        f.store.upload(&a, rules, 1, Some(1), &mut UploadCache::default()).await.unwrap().unwrap();
+        let rules = Rules { owner, ..rules };
+        write(&a, "weights.bin", b"alice's newer weights");
+        if let Some((uid, gid)) = owner {
+            // The job's files are its user's: only those are taken.
+            for path in walkdir(&a) {
+                std::os::unix::fs::chown(&path, Some(uid), Some(gid)).unwrap();
+            }
+        }
+        f.store.upload(&a, rules, 1, Some(2), &mut UploadCache::default()).await.unwrap().unwrap();
+        let job = f.root.join("store/team/7");
+        let mut seen = 0;
+        let mut todo = vec![f.root.join("store/team"), job.clone()];
+        for entry in walkdir(&job) {
+            todo.push(entry);
+        }
+        for path in todo {
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            let mode = meta.permissions().mode() & 0o777;
+            assert_eq!(mode, if meta.is_dir() { 0o700 } else { 0o600 }, "{}", path.display());
+            if let Some((uid, gid)) = owner {
+                assert_eq!((meta.uid(), meta.gid()), (uid, gid), "{}", path.display());
+            }
+            seen += 1;
+        }
+        assert!(seen >= 6, "blobs, manifests and their directories: {seen}");
+    }
+
+    fn walkdir(dir: &Path) -> Vec<std::path::PathBuf> {
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+            let path = entry.path();
+            if entry.file_type().unwrap().is_dir() {
+                found.extend(walkdir(&path));
+            }
+            found.push(path);
+        }
+        found
+    }
+
+    /// A job stored a sparse 1 GiB file whole: a checkpoint over the
+    /// operator's limit is refused before a byte of it is read or stored.
+    #[tokio::test]
+    async fn a_checkpoint_over_the_limit_is_refused_before_it_is_read() {
+        let f = fixture("limit");
+        let a = node_dir(&f, "a");
+        let sparse = std::fs::File::create(a.join("huge.bin")).unwrap();
+        sparse.set_len(1 << 30).unwrap();
+        write(&a, "small.bin", b"ok");
+        let rules = Rules { owner: None, max_bytes: 64 << 20 };
+        let began = Instant::now();
+        let err = f.store.upload(&a, rules, 1, Some(1), &mut UploadCache::default()).await.unwrap_err();
+        assert!(matches!(err, StoreError::Limit(_)) && !err.retryable(), "{err}");
+        let text = err.to_string();
+        assert!(text.contains("1073741826 bytes") && text.contains("--max-checkpoint-bytes"), "{text}");
+        assert!(began.elapsed() < std::time::Duration::from_secs(5), "the file was read");
+        assert!(f.store.manifest_names().await.unwrap().is_empty(), "something was stored");
+        std::fs::remove_file(a.join("huge.bin")).unwrap();
+        assert!(f.store.upload(&a, rules, 1, Some(2), &mut UploadCache::default()).await.unwrap().is_some());
     }
 }

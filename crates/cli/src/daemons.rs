@@ -94,8 +94,12 @@ pub struct ServerArgs {
     #[arg(long = "run-as", value_name = "TENANT=USER")]
     pub run_as: Vec<String>,
     /// The Unix user that runs the jobs of tenants no --run-as names.
-    #[arg(long, default_value = "nobody", value_name = "USER")]
-    pub default_run_as: String,
+    /// Default: none; each such tenant runs as a uid of its own, which
+    /// every root agent allocates from its --tenant-uids range. Naming a
+    /// user here makes those tenants share it, and so each other's
+    /// processes, environments and files.
+    #[arg(long, value_name = "USER")]
+    pub default_run_as: Option<String>,
     #[command(flatten)]
     pub tls: TlsArgs,
     #[command(flatten)]
@@ -255,7 +259,7 @@ impl LimitArgs {
 }
 
 /// `--run-as TENANT=USER` flags and the default user, each checked.
-fn run_as_flags(pairs: &[String], default: &str) -> Result<ebb_server::RunAs, String> {
+fn run_as_flags(pairs: &[String], default: Option<&str>) -> Result<ebb_server::RunAs, String> {
     let mut by_tenant = BTreeMap::new();
     for pair in pairs {
         let (tenant, user) = pair
@@ -266,10 +270,10 @@ fn run_as_flags(pairs: &[String], default: &str) -> Result<ebb_server::RunAs, St
             return Err(format!("--run-as {pair}: tenant {tenant} is mapped twice"));
         }
     }
-    if default.is_empty() {
+    if default.is_some_and(str::is_empty) {
         return Err("--default-run-as: a user name".into());
     }
-    Ok(ebb_server::RunAs { by_tenant, default: default.to_string() })
+    Ok(ebb_server::RunAs { by_tenant, default: default.map(str::to_string) })
 }
 
 /// `--price MODEL=USD` flags to micro-dollars, each checked.
@@ -353,7 +357,7 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
     let default_price =
         ebb_server::billing::parse_price("--default-price", &args.default_price, discount_bps)
             .map_err(|e| e.message)?;
-    let run_as = run_as_flags(&args.run_as, &args.default_run_as)?;
+    let run_as = run_as_flags(&args.run_as, args.default_run_as.as_deref())?;
     if args.database.is_none() {
         for (flag, given) in [("--advertise", args.advertise.is_some()), ("--lease", args.lease.is_some())] {
             if given {
@@ -469,6 +473,14 @@ pub struct AgentArgs {
     /// (`ebb up`). Otherwise a job mapped to root is refused.
     #[arg(long)]
     pub allow_root_jobs: bool,
+    /// The uids a root agent runs tenants' jobs as where the server maps
+    /// the tenant to no user (--run-as): FIRST-LAST, a tenant's uid being
+    /// FIRST plus its number, the same on every node, with a group of the
+    /// same number and a home under --data-dir/homes. No account of the
+    /// node may have one (a start that would is refused).
+    #[arg(long, default_value = ebb_agent::identity::DEFAULT_TENANT_UIDS, value_name = "FIRST-LAST",
+          value_parser = ebb_agent::identity::parse_uid_range)]
+    pub tenant_uids: std::ops::RangeInclusive<u32>,
     /// How long a finished attempt's run and default working directories
     /// are kept (checkpoints are never removed).
     #[arg(long, default_value = "24h", value_parser = parse_span)]
@@ -478,6 +490,12 @@ pub struct AgentArgs {
     /// attempt's group without waiting ~10 ms for an RCU grace period.
     #[arg(long)]
     pub keep_cgroup_mount: bool,
+    /// The most one checkpoint of a job may hold when it is stored in the
+    /// cluster's checkpoint store, counting each file at its size (a
+    /// sparse file is stored whole); a larger one is not stored, and the
+    /// job's log says so (0: no limit).
+    #[arg(long, value_name = "BYTES", default_value = "256GiB", value_parser = ebb_agent::output::parse_bytes)]
+    pub max_checkpoint_bytes: u64,
     /// Output one attempt may send (0: no limit); the rest is read and
     /// dropped, with a line in its log saying so.
     #[arg(long, value_name = "BYTES", default_value = "64MiB", value_parser = ebb_agent::output::parse_bytes)]
@@ -643,6 +661,8 @@ pub async fn agent(args: AgentArgs) -> Result<(), String> {
         job_path: args.job_path,
         job_env,
         allow_root_jobs: args.allow_root_jobs,
+        tenant_uids: args.tenant_uids,
+        max_checkpoint_bytes: args.max_checkpoint_bytes,
         attempt_retention: Duration::from_millis(args.attempt_retention.as_millis()),
         keep_cgroup_mount: args.keep_cgroup_mount,
         output: ebb_agent::OutputLimits {

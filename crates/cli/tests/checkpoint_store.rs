@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::Duration;
 
-use cluster::{wait_for, Cluster, Options};
+use cluster::{wait_for, Cluster, Options, RunAs};
 
 /// A job that resumes from the newest `ckpt-<step>.ckpt` in its checkpoint
 /// directory (checking its content), then saves a step every 0.3 s as the
@@ -128,6 +128,61 @@ fn move_job(c: &Cluster, id: u64, from: &str) -> (String, u64) {
     c.ebb(&["drain", from]);
     let log = wait_log(c, id, "resumed from step", Duration::from_secs(60));
     (log.clone(), last_step(&log, "resumed from step "))
+}
+
+/// Alice's job: weights in its checkpoint directory, reported as a
+/// checkpoint, then it waits.
+const ALICE: &str = r#"echo "alice's weights" > "$EBB_CHECKPOINT_DIR/weights.bin"
+python3 -c 'import os, urllib.request; urllib.request.urlopen(urllib.request.Request(os.environ["EBB_METADATA_URL"] + "/ebb/v1/checkpoint", b"{\"step\": 1}", {"Content-Type": "application/json"})).read()'
+exec sleep 600"#;
+
+/// Bob's job: every file of the store it can read, printed.
+const BOB: &str = r#"find "$STORE" -type f 2> /dev/null | while read -r f; do cat "$f" 2> /dev/null; done
+echo probed"#;
+
+/// The root agent made a `file://` store's blobs 0644 under 0755
+/// directories (no umask), and Bob's job printed Alice's weights. What the
+/// store keeps of a job is 0600 and 0700 now, owned by the job's user.
+#[test]
+fn another_tenants_job_cannot_read_a_jobs_checkpoint_in_a_file_store() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let base = store_dir();
+    let (store, args) = file_store(&base);
+    let c = Cluster::start(Options {
+        nodes: 1,
+        gpus: 2,
+        server_args: args,
+        run_as: Some(RunAs { tenants: vec![], default: None }),
+        ..Options::default()
+    });
+    let token = |name: &str| {
+        let v: serde_json::Value = serde_json::from_str(&c.ebb(&["tenant", "create", name, "--json"])).unwrap();
+        v["token"].as_str().unwrap().to_string()
+    };
+    let (alice, bob) = (token("alice"), token("bob"));
+    let id = c.submit_as(&alice, &["--", "bash", "-c", ALICE]);
+    wait_log(&c, id, "checkpoint store: stored", Duration::from_secs(30));
+    let store_env = format!("STORE={}", store.display());
+    let probe = c.submit_as(&bob, &["--env", &store_env, "--", "bash", "-c", BOB]);
+    c.wait_state(probe, "succeeded");
+    let out = c.output(probe);
+    assert!(!out.contains("alice's weights"), "bob's job read alice's checkpoint: {out}");
+    assert_eq!(out, "probed\n", "bob's job read something of the store");
+    // Every blob and manifest of alice's is hers alone.
+    let alice_uid = std::fs::metadata(c.checkpoints(id)).unwrap().uid();
+    let mut checked = 0;
+    let mut todo = vec![store.join("alice")];
+    while let Some(path) = todo.pop() {
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        let want = if meta.is_dir() { 0o700 } else { 0o600 };
+        assert_eq!((meta.permissions().mode() & 0o777, meta.uid()), (want, alice_uid), "{}", path.display());
+        if meta.is_dir() {
+            todo.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+        }
+        checked += 1;
+    }
+    assert!(checked >= 6, "the tenant's and job's directories, blobs and manifests: {checked}");
+    let _ = std::fs::remove_dir_all(&base);
 }
 
 #[test]

@@ -98,10 +98,11 @@ fn a_tenants_job_runs_as_its_user_and_reaches_neither_the_agent_nor_the_server_n
     assert_eq!(env["LANG"], "C.UTF-8");
     assert_eq!(env["EBB_JOB_ID"], probe.to_string());
 
-    // The default tenant runs as the default user, nobody.
-    let anon = c.submit(&["--", "bash", "-c", r#"id -un > "$EBB_CHECKPOINT_DIR/user""#]);
+    // A tenant the operator mapped to no user runs as a uid of its own:
+    // the range's first plus its number (the default tenant's is 1).
+    let anon = c.submit(&["--", "bash", "-c", r#"id -u > "$EBB_CHECKPOINT_DIR/uid""#]);
     c.wait_state(anon, "succeeded");
-    assert_eq!(std::fs::read_to_string(c.checkpoints(anon).join("user")).unwrap().trim(), "nobody");
+    assert_eq!(std::fs::read_to_string(c.checkpoints(anon).join("uid")).unwrap().trim(), "2000001");
 
     // Root, or a user the node does not know: the start fails and says why.
     for (tenant, why) in [
@@ -117,6 +118,64 @@ fn a_tenants_job_runs_as_its_user_and_reaches_neither_the_agent_nor_the_server_n
         let out = c.output(job);
         assert!(out.starts_with("ebb: ") && out.contains(why), "{tenant}: {out}");
     }
+}
+
+/// Carol's job, which Dave's will try to reach: it keeps a secret in its
+/// environment and its weights in its checkpoint directory, and says
+/// where its process and completion file are.
+const CAROL: &str = r#"echo weights > "$EBB_CHECKPOINT_DIR/model.pt"
+id -u > "$EBB_CHECKPOINT_DIR/uid"
+echo "$EBB_COMPLETION_FILE" > "$EBB_CHECKPOINT_DIR/completion"
+echo $$ > "$EBB_CHECKPOINT_DIR/pid"
+exec sleep 600"#;
+
+/// Dave's job: what another tenant's job on the node would try.
+const DAVE: &str = r#"id -u > "$EBB_CHECKPOINT_DIR/uid"
+if { tr '\0' '\n' < "/proc/$VICTIM_PID/environ"; } 2> /dev/null | grep -q SECRET_API_KEY; then echo "read the environment"; fi
+if echo planted 2> /dev/null > "$VICTIM_DIR/model.pt"; then echo "overwrote the checkpoint"; fi
+if touch "$VICTIM_COMPLETION" 2> /dev/null; then echo "touched the completion file"; fi
+if kill -0 "$VICTIM_PID" 2> /dev/null; then echo "could signal the process"; fi
+echo probed"#;
+
+/// Tenants mapped to no user used to share `nobody`, and so were one
+/// tenant: Dave's job read Carol's `SECRET_API_KEY` from
+/// `/proc/PID/environ`, overwrote her checkpoint and touched her
+/// completion file (her next drain would have ended her job succeeded).
+/// Each runs as a uid of its own now, and reaches nothing of the other's.
+#[test]
+fn two_tenants_without_a_mapping_run_as_different_uids_and_cannot_reach_each_other() {
+    let c = Cluster::start(Options { run_as: Some(RunAs { tenants: vec![], default: None }), ..Options::default() });
+    let (carol, dave) = (create_tenant(&c, "carol"), create_tenant(&c, "dave"));
+    let victim = c.submit_as(&carol, &["--env", "SECRET_API_KEY=hunter2", "--", "bash", "-c", CAROL]);
+    c.wait_state(victim, "running");
+    let victim_dir = c.checkpoints(victim);
+    let pid = wait_for("carol's pid", Duration::from_secs(20), || {
+        std::fs::read_to_string(victim_dir.join("pid")).ok().filter(|p| p.ends_with('\n'))
+    });
+    let completion = std::fs::read_to_string(victim_dir.join("completion")).unwrap();
+    let env = |k: &str, v: &str| format!("{k}={}", v.trim());
+    let (pid_env, dir_env, completion_env) = (
+        env("VICTIM_PID", &pid),
+        env("VICTIM_DIR", &victim_dir.display().to_string()),
+        env("VICTIM_COMPLETION", &completion),
+    );
+    let probe = c.submit_as(
+        &dave,
+        &["--env", &pid_env, "--env", &dir_env, "--env", &completion_env, "--", "bash", "-c", DAVE],
+    );
+    c.wait_state(probe, "succeeded");
+    assert_eq!(c.output(probe), "probed\n", "dave's job reached carol's");
+    assert_eq!(std::fs::read_to_string(victim_dir.join("model.pt")).unwrap(), "weights\n");
+    assert!(!std::path::Path::new(completion.trim()).exists(), "the completion file was made");
+    let uid = |id: u64| std::fs::read_to_string(c.checkpoints(id).join("uid")).unwrap().trim().parse::<u32>().unwrap();
+    let (carol_uid, dave_uid) = (uid(victim), uid(probe));
+    assert_ne!(carol_uid, dave_uid);
+    for u in [carol_uid, dave_uid] {
+        assert!((2_000_000..=2_999_999).contains(&u), "uid {u} is not from the tenants' range");
+    }
+    // Each tenant's checkpoints belong to its own uid, closed to the other.
+    let meta = std::fs::metadata(&victim_dir).unwrap();
+    assert_eq!((meta.uid(), meta.permissions().mode() & 0o777), (carol_uid, 0o700));
 }
 
 /// A job that leaves a `setsid` child and a double-forked daemon behind,

@@ -1210,6 +1210,19 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
             dir.join(crate::tls::CA_CERT).display()
         ));
     }
+    // A personal cluster (`ebb up`) runs every job as its own user: no news.
+    let own_user = nix::unistd::User::from_uid(nix::unistd::geteuid()).ok().flatten().map(|u| u.name);
+    for (user, tenants) in config.run_as.shared().into_iter().filter(|(user, _)| Some(user) != own_user.as_ref()) {
+        let who = match tenants.iter().any(|t| t == "*") {
+            true => "every tenant --run-as does not name".to_string(),
+            false => format!("tenants {}", tenants.join(", ")),
+        };
+        tracing::warn!(
+            user,
+            "{who} run as one Unix user, {user}: their jobs can read each other's processes, \
+             environments, checkpoints and notices on a shared node"
+        );
+    }
     let tokens = Arc::new(RwLock::new(HashMap::new()));
     let engine_config = EngineConfig {
         data_dir: dir.clone(),

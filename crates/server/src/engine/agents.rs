@@ -250,6 +250,15 @@ impl<S: Store> Engine<S> {
                     )));
                 }
             }
+            if let AgentEvent::Exited { start_error: Some(error), .. } = event {
+                if error.chars().count() > ebb_api::MAX_START_ERROR_CHARS {
+                    return Err(ApiError::bad_request(format!(
+                        "{field}[{i}].start_error: at most {} characters, got {}; nothing of this request was applied",
+                        ebb_api::MAX_START_ERROR_CHARS,
+                        error.chars().count()
+                    )));
+                }
+            }
             let (kind, attempt, at_ms) = match event {
                 AgentEvent::Started { attempt, at_ms, .. } => ("started", attempt, *at_ms),
                 AgentEvent::Exited { attempt, at_ms, .. } => ("exited", attempt, *at_ms),

@@ -19,12 +19,13 @@ impl<S: Store> Engine<S> {
     }
 
     /// What each node of job `id`'s new attempt is told to start: the
-    /// command, the tenant's Unix user, and the environment with the
+    /// command, the tenant (its Unix user where the operator mapped it),
+    /// and the environment with the
     /// checkpoint interval and, for a gang, its rank's rendezvous.
     pub(super) fn starts(&self, id: u64) -> Vec<(String, StartAttempt)> {
         let job = &self.jobs[&id];
         let tenant = self.tenant_name(job.tenant);
-        let run_as = self.config.run_as.user(&tenant).to_string();
+        let run_as = self.config.run_as.user(&tenant).map(str::to_string);
         let interval = job.interval.as_ref().map(|(s, _)| s.to_string()).unwrap_or_default();
         let nodes = job.placement.len();
         let start = |rank: usize, gpus: &Vec<u8>| {
@@ -44,8 +45,9 @@ impl<S: Store> Engine<S> {
                 workdir: job.spec.workdir.clone(),
                 gpus: gpus.clone(),
                 signal: job.signal,
-                run_as: Some(run_as.clone()),
+                run_as: run_as.clone(),
                 tenant: tenant.clone(),
+                tenant_id: job.tenant,
             }
         };
         job.placement

@@ -309,23 +309,39 @@ pub struct EngineConfig {
 }
 
 /// Which Unix user runs each tenant's jobs on the nodes: the operator's
-/// mapping, and a default for tenants it does not name. A root agent
-/// never runs a tenant's job as root unless it was told it may.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// mapping, and optionally a default for tenants it does not name. A
+/// tenant without either runs as a uid of its own, which each root agent
+/// allocates from its range by the tenant's number. A root agent never
+/// runs a tenant's job as root unless it was told it may.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RunAs {
     pub by_tenant: BTreeMap<String, String>,
-    pub default: String,
-}
-
-impl Default for RunAs {
-    fn default() -> Self {
-        RunAs { by_tenant: BTreeMap::new(), default: "nobody".into() }
-    }
+    /// The user of every tenant `by_tenant` does not name: those tenants
+    /// share it, and so each other's files and processes.
+    pub default: Option<String>,
 }
 
 impl RunAs {
-    pub fn user(&self, tenant: &str) -> &str {
-        self.by_tenant.get(tenant).unwrap_or(&self.default)
+    pub fn user(&self, tenant: &str) -> Option<&str> {
+        self.by_tenant.get(tenant).or(self.default.as_ref()).map(String::as_str)
+    }
+
+    /// Tenants this mapping makes share a Unix user, for the operator's
+    /// warning at start: each shared user with the tenants named to it
+    /// (`*` for every tenant the mapping does not name).
+    pub fn shared(&self) -> Vec<(String, Vec<String>)> {
+        let mut by_user: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+        for (tenant, user) in &self.by_tenant {
+            by_user.entry(user).or_default().push(tenant.clone());
+        }
+        if let Some(user) = &self.default {
+            by_user.entry(user).or_default().push("*".into());
+        }
+        by_user
+            .into_iter()
+            .filter(|(_, tenants)| tenants.len() > 1 || tenants.iter().any(|t| t == "*"))
+            .map(|(user, tenants)| (user.to_string(), tenants))
+            .collect()
     }
 }
 
