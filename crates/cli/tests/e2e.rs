@@ -5,7 +5,7 @@ mod cluster;
 
 use std::time::{Duration, Instant};
 
-use cluster::{events, pid_alive, read_env, wait_for, Cluster, Options};
+use cluster::{events, pid_alive, read_env, repo_root, wait_for, Cluster, Options, RunAs};
 use serde_json::Value;
 
 const VICTIM: &str = r#"env > "$EBB_CHECKPOINT_DIR/env-$EBB_ATTEMPT"
@@ -635,3 +635,129 @@ fn an_idle_nodes_polls_are_answered_without_the_writer_and_still_count_as_contac
     let job = c.submit_sleeper(1);
     c.wait_state(job, "running");
 }
+
+/// Alice's job, through the clouds' own clients unchanged: `ec2-metadata`
+/// (given the endpoint as its `service_url`, as it has no variable) and
+/// `google-auth` (which reads `GCE_METADATA_HOST`) each poll for the
+/// notice; on it, the job prints what each saw and exits in its window.
+const CLOUD_CLIENTS: &str = r#"
+import os, signal, sys, time
+from ec2_metadata import EC2Metadata
+import google.auth.transport.requests
+from google.auth.compute_engine import _metadata
+with open(os.path.join(os.environ["EBB_CHECKPOINT_DIR"], "endpoint"), "w") as f:
+    f.write(os.environ["EBB_METADATA_URL"])
+aws = EC2Metadata()
+aws.service_url = os.environ["AWS_EC2_METADATA_SERVICE_ENDPOINT"] + "latest/"
+aws.metadata_url = aws.service_url + "meta-data/"
+gcp = google.auth.transport.requests.Request()
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the clients say when to go
+print("before: aws", aws.spot_instance_action, "gcp", _metadata.get(gcp, "instance/preempted"), flush=True)
+while True:
+    action = aws.spot_instance_action
+    preempted = _metadata.get(gcp, "instance/preempted")
+    if action is not None and preempted == "TRUE":
+        print("aws:", action.action, action.time.strftime("%Y-%m-%dT%H:%M:%S"), "gcp:", preempted, flush=True)
+        sys.exit(0)
+    time.sleep(0.1)
+"#;
+
+/// Bob's job: every open port on the node's loopback, and what each
+/// answers to what an attacker would send an endpoint.
+const SCANNER: &str = r#"
+import json, socket, urllib.request, urllib.error
+opened = []
+for port in range(32768, 61000):
+    s = socket.socket()
+    s.settimeout(0.05)
+    if s.connect_ex(("127.0.0.1", port)) == 0:
+        opened.append(port)
+    s.close()
+print("open", " ".join(map(str, opened)), flush=True)
+tries = [("GET", "/", None), ("GET", "/ebb/v1/notice", None),
+         ("POST", "/ebb/v1/checkpoint", {"step": 999999}), ("POST", "/ebb/v1/progress", {"fraction": 0.0001}),
+         ("POST", "/ebb/v1/resumed", {"step": 1}), ("PUT", "/latest/api/token", None),
+         ("GET", "/latest/meta-data/spot/instance-action", None),
+         ("GET", "/computeMetadata/v1/instance/preempted", None), ("GET", "/metadata/scheduledevents", None)]
+for port in opened:
+    for prefix in ["", "/" + "0" * 32]:
+        for method, path, body in tries:
+            data = json.dumps(body).encode() if body is not None else None
+            req = urllib.request.Request("http://127.0.0.1:%d%s%s" % (port, prefix, path), data, method=method,
+                                         headers={"Metadata-Flavor": "Google", "Metadata": "true"})
+            try:
+                with urllib.request.urlopen(req, timeout=2) as answer:
+                    text = answer.read(300).decode(errors="replace")
+                    print("ANSWERED", port, prefix + path, answer.status, text.replace("\n", " ")[:200], flush=True)
+            except urllib.error.HTTPError as e:
+                text = e.read(300).decode(errors="replace")
+                if "job" in text or "preempt" in text:
+                    print("NAMED", port, prefix + path, e.code, text[:200], flush=True)
+            except Exception:
+                pass
+print("scanned", flush=True)
+"#;
+
+/// Bob's job scanned the node's loopback, found Alice's endpoint by
+/// `GET /` (which named her job), reported a checkpoint she never took
+/// (her lost work read 0, so she was drained in Bob's place), faked her
+/// progress and read her notice. Each endpoint answers its own attempt
+/// alone now: Bob's scan finds her port and gets a bare 404 everywhere,
+/// the server hears nothing, and the clouds' real clients in her job
+/// still see her notice.
+#[test]
+fn another_tenants_job_cannot_use_an_attempts_endpoint_and_the_clouds_clients_see_their_notice() {
+    let c = Cluster::start(Options {
+        nodes: 1,
+        gpus: 4,
+        run_as: Some(RunAs { tenants: vec![], default: None }),
+        ..Options::default()
+    });
+    let token = |name: &str| {
+        let v: Value = serde_json::from_str(&c.ebb(&["tenant", "create", name, "--json"])).unwrap();
+        v["token"].as_str().unwrap().to_string()
+    };
+    let (alice, bob) = (token("alice"), token("bob"));
+    // Each job runs as its tenant's own uid: the system's python3, with the
+    // clients scripts/test installed for it.
+    let python = "/usr/bin/python3";
+    let clients = format!("PYTHONPATH={}", repo_root().join("target/py-clients").display());
+    let victim = c.submit_as(&alice, &["--gpus", "2", "--env", &clients, "--", python, "-c", CLOUD_CLIENTS]);
+    let endpoint = wait_for("alice's endpoint", Duration::from_secs(30), || {
+        std::fs::read_to_string(c.checkpoints(victim).join("endpoint")).ok().filter(|e| !e.is_empty())
+    });
+    wait_for("alice's clients to ask", Duration::from_secs(30), || c.output(victim).contains("before:").then_some(()));
+    assert!(c.output(victim).starts_with("before: aws None gcp FALSE"), "{}", c.output(victim));
+    let port: u16 = endpoint.trim_start_matches("http://127.0.0.1:").split('/').next().unwrap().parse().unwrap();
+
+    let scan = c.submit_as(&bob, &["--gpus", "1", "--", python, "-c", SCANNER]);
+    let scanned = c.wait_job(scan, "the scan", Duration::from_secs(120), |j| j["state"] == "succeeded");
+    let out = c.output(scan);
+    assert!(out.ends_with("scanned\n"), "{out} {scanned}");
+    let open: Vec<u16> = out.lines().next().unwrap().split(' ').skip(1).map(|p| p.parse().unwrap()).collect();
+    assert!(open.contains(&port), "the scan did not reach alice's port {port}: {out}");
+    // The control plane's own port answers, as it answers anyone.
+    let server_port = c.url.rsplit(':').next().unwrap();
+    let through: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("ANSWERED") || l.starts_with("NAMED"))
+        .filter(|l| l.split(' ').nth(1) != Some(server_port))
+        .collect();
+    assert!(through.is_empty(), "bob's job got through: {through:?}");
+    let job = c.job(victim);
+    assert!(job["checkpoint"].is_null() || job["checkpoint"]["last"].is_null(), "a forged checkpoint: {job}");
+    assert!(!events(&job).iter().any(|e| e == "checkpoint" || e == "progress"), "{job}");
+
+    // Her own notice reaches her through both clouds' clients.
+    let od = c.submit(&["--tier", "on-demand", "--gpus", "4", "--", "sleep", "1"]);
+    let log = wait_for("alice's clients to see the notice", Duration::from_secs(30), || {
+        let out = c.output(victim);
+        out.contains("aws: ").then_some(out)
+    });
+    let notice = c.job(victim);
+    let drained = notice["events"].as_array().unwrap().iter().find(|e| e["kind"] == "drain_notice").cloned().unwrap();
+    let deadline = drained["detail"]["deadline"].as_str().unwrap();
+    assert!(log.contains(&format!("aws: terminate {} gcp: TRUE", &deadline[..19])), "{log}\n{drained}");
+    c.wait_state(od, "succeeded");
+}
+
