@@ -13,7 +13,8 @@ use serde::{Deserialize, Serialize};
 use ebb_api::JobEvent;
 
 use crate::store::{
-    job_page_sql, scope_name, scope_of, FinishedCount, JobColumns, JobPageQuery, JobRow, LogState, NodeRow,
+    job_page_sql, scope_name, scope_of, FinishedCount, JobColumns, JobPageQuery, JobRow, JobRows, LogState,
+    NodeRow,
     PageArg, PriceRow, ReservationRow, Result, Snapshot, Store, StoreError, TaskRow, TenantRow, TokenRow,
     UsageRow, FINISHED_STATES, UNFINISHED_STATES,
 };
@@ -385,8 +386,10 @@ impl Store for PgStore {
         Ok(self.records("SELECT record FROM jobs WHERE id = $1", &[&big(id)])?.pop())
     }
 
-    fn job_page<J: JobRow>(&mut self, query: &JobPageQuery) -> Result<Vec<J>> {
-        let Some((sql, args)) = job_page_sql(query, true) else { return Ok(Vec::new()) };
+    fn job_page<J: JobRow>(&mut self, query: &JobPageQuery) -> Result<JobRows<J>> {
+        let Some((sql, args)) = job_page_sql(query, true) else {
+            return Ok(JobRows { rows: Vec::new(), cut: false });
+        };
         let args: Vec<Box<dyn ToSql + Sync>> = args
             .into_iter()
             .map(|a| -> Box<dyn ToSql + Sync> {
@@ -397,8 +400,14 @@ impl Store for PgStore {
             })
             .collect();
         let params: Vec<&(dyn ToSql + Sync)> = args.iter().map(|a| a.as_ref()).collect();
-        let rows = self.client.query(sql.as_str(), &params)?;
-        rows.iter().map(|r| Ok(serde_json::from_str(r.get::<_, &str>(0))?)).collect()
+        // Row by row as they arrive, not the whole answer at once.
+        let mut rows = self.client.query_raw(sql.as_str(), params)?;
+        let records = std::iter::from_fn(|| match rows.next() {
+            Ok(Some(row)) => Some(row.try_get::<_, String>(0).map_err(StoreError::from)),
+            Ok(None) => None,
+            Err(e) => Some(Err(StoreError::from(e))),
+        });
+        JobRows::read(records, query)
     }
 
     fn array_states(&mut self, array: u64) -> Result<Vec<(String, u64)>> {

@@ -177,6 +177,45 @@ pub struct JobPageQuery {
     pub name: Option<String>,
     /// An array is one row, its first task.
     pub collapse: bool,
+    /// Rows stop once their records hold this many bytes of text (the
+    /// row that passes it is the last), so that no page of jobs with huge
+    /// arguments is read whole into memory; 0: no bound.
+    pub max_bytes: usize,
+}
+
+/// A page of jobs as the store read it.
+#[derive(Debug)]
+pub struct JobRows<J> {
+    pub rows: Vec<J>,
+    /// It stopped at `max_bytes`, not at `limit` or the last row: more may
+    /// follow.
+    pub cut: bool,
+}
+
+impl<J> JobRows<J> {
+    /// Reads records (JSON text, in order) until `limit` of them or past
+    /// `max_bytes` of text, whichever comes first.
+    pub(crate) fn read(
+        records: impl Iterator<Item = Result<String>>,
+        query: &JobPageQuery,
+    ) -> Result<JobRows<J>>
+    where
+        J: for<'de> Deserialize<'de>,
+    {
+        let (mut rows, mut bytes) = (Vec::new(), 0usize);
+        for record in records {
+            if rows.len() >= query.limit {
+                break;
+            }
+            if query.max_bytes > 0 && bytes >= query.max_bytes {
+                return Ok(JobRows { rows, cut: true });
+            }
+            let record = record?;
+            bytes = bytes.saturating_add(record.len());
+            rows.push(serde_json::from_str(&record)?);
+        }
+        Ok(JobRows { rows, cut: false })
+    }
 }
 
 /// A task of an array, as its progress shows it.
@@ -278,7 +317,7 @@ pub trait Store: Send {
     /// Job `id`'s record, if there is one.
     fn job<J: JobRow>(&mut self, id: u64) -> Result<Option<J>>;
     /// One page of the job listing: the records, in the page's order.
-    fn job_page<J: JobRow>(&mut self, query: &JobPageQuery) -> Result<Vec<J>>;
+    fn job_page<J: JobRow>(&mut self, query: &JobPageQuery) -> Result<JobRows<J>>;
     /// How many of array `array`'s tasks are in each state.
     fn array_states(&mut self, array: u64) -> Result<Vec<(String, u64)>>;
     /// Array `array`'s tasks, by id.
@@ -753,8 +792,10 @@ impl Store for SqliteStore {
         Ok(self.records("SELECT record FROM jobs WHERE id = ?1", params![id as i64])?.pop())
     }
 
-    fn job_page<J: JobRow>(&mut self, query: &JobPageQuery) -> Result<Vec<J>> {
-        let Some((sql, args)) = job_page_sql(query, false) else { return Ok(Vec::new()) };
+    fn job_page<J: JobRow>(&mut self, query: &JobPageQuery) -> Result<JobRows<J>> {
+        let Some((sql, args)) = job_page_sql(query, false) else {
+            return Ok(JobRows { rows: Vec::new(), cut: false });
+        };
         let args: Vec<Box<dyn rusqlite::ToSql>> = args
             .into_iter()
             .map(|a| -> Box<dyn rusqlite::ToSql> {
@@ -764,7 +805,10 @@ impl Store for SqliteStore {
                 }
             })
             .collect();
-        self.records(&sql, rusqlite::params_from_iter(args))
+        let mut stmt = self.conn.prepare_cached(&sql)?;
+        // Row by row: SQLite reads a row only when it is asked for.
+        let records = stmt.query_map(rusqlite::params_from_iter(args), |r| r.get::<_, String>(0))?;
+        JobRows::read(records.map(|r| r.map_err(StoreError::from)), query)
     }
 
     fn array_states(&mut self, array: u64) -> Result<Vec<(String, u64)>> {
@@ -1102,6 +1146,7 @@ mod tests {
             store
                 .job_page::<serde_json::Value>(&q)
                 .unwrap()
+                .rows
                 .iter()
                 .map(|j| j["id"].as_i64().unwrap())
                 .collect()

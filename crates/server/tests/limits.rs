@@ -380,3 +380,58 @@ fn an_operator_sets_one_tenants_limits_and_raising_them_admits_at_once() {
     let zero = ebb_api::TenantLimits { max_jobs: Some(0), ..Default::default() };
     assert_eq!(set(&mut w, &admin, zero).unwrap_err().message, "max_jobs: must be at least 1, got 0");
 }
+
+/// `argv = ["true"] + [""] * 480000` was counted as 480 KB and cost the
+/// server ~14.5 MB; 80 such jobs took it from 28 MB to 1.16 GB, and one
+/// `GET /v1/jobs?limit=500` answered 115 MB. Now that command is over
+/// `--max-command-bytes` (it is 4.3 MB at `execve`, each argument's
+/// pointer counted), an argument costs the tenant what the server keeps
+/// of it, and a page of jobs stops at its byte bound with a cursor for
+/// the rest.
+#[test]
+fn many_small_arguments_cost_what_is_kept_of_them_and_a_page_is_bounded_in_bytes() {
+    let many = |n: usize| JobSubmission {
+        argv: std::iter::once("true".to_string()).chain(std::iter::repeat_n(String::new(), n)).collect(),
+        ..JobSubmission::default()
+    };
+    let mut w = World::new("argv", Limits::default());
+    let err = w.submit(many(480_000)).unwrap_err();
+    assert_eq!(err.status, 422, "{}", err.message);
+    assert!(err.message.contains("--max-command-bytes"), "{}", err.message);
+
+    // 100,000 empty arguments fit a command (900 KB at execve) and cost
+    // 3.2 MB to keep: a tenant allowed 16 MiB keeps five such jobs.
+    let limits = Limits { max_stored_bytes: 16 << 20, ..Limits::default() };
+    let mut w = World::new("argv-stored", limits);
+    let mut kept = 0;
+    let err = loop {
+        match w.submit(many(100_000)) {
+            Ok(_) => kept += 1,
+            Err(e) => break e,
+        }
+        assert!(kept <= 10, "counted as their bytes alone");
+    };
+    assert_eq!((kept, err.status), (5, 429), "{}", err.message);
+    assert!(err.message.contains("--max-stored-bytes-per-tenant"), "{}", err.message);
+
+    // A hundred jobs of 100 KB each: no page is more than its bound.
+    let mut w = World::new("argv-page", Limits::default());
+    let big = "x".repeat(100_000);
+    let ids: Vec<u64> = (0..100).map(|_| w.submit(job(&["echo", &big])).unwrap()[0]).collect();
+    let (mut seen, mut pages, mut cursor) = (Vec::new(), 0, 0);
+    loop {
+        let principal = w.tenant.clone();
+        let query = JobQuery { cursor: Some(cursor), limit: 500, ..Default::default() };
+        let page = w.call(|reply| Msg::Jobs { principal, query, reply }).unwrap();
+        let bytes = serde_json::to_vec(&page).unwrap().len();
+        assert!(bytes < 10 << 20, "a page of {bytes} bytes");
+        pages += 1;
+        seen.extend(page.jobs.iter().map(|j| j.id));
+        match page.next_cursor {
+            Some(next) => cursor = next,
+            None => break,
+        }
+    }
+    assert_eq!(seen, ids, "every job once, in order");
+    assert!(pages >= 2, "one page held all of them");
+}

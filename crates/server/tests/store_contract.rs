@@ -325,7 +325,7 @@ fn lists_jobs<S: Store>(store: &mut S) {
     store.commit().unwrap();
 
     let ids = |store: &mut S, q: JobPageQuery| -> Vec<u64> {
-        store.job_page::<Value>(&q).unwrap().iter().map(|j| j["id"].as_u64().unwrap()).collect()
+        store.job_page::<Value>(&q).unwrap().rows.iter().map(|j| j["id"].as_u64().unwrap()).collect()
     };
     let all = JobPageQuery { limit: 100, ..Default::default() };
     assert_eq!(ids(store, all.clone()), (1..=9).collect::<Vec<_>>());
@@ -338,6 +338,17 @@ fn lists_jobs<S: Store>(store: &mut S) {
     assert_eq!(ids(store, JobPageQuery { states: finished.clone(), ..all.clone() }), vec![1, 2, 4, 5, 8]);
     assert_eq!(ids(store, JobPageQuery { states: Some(Vec::new()), ..all.clone() }), Vec::<u64>::new());
     assert_eq!(ids(store, JobPageQuery { tier: Some("on-demand".into()), ..all.clone() }), vec![1, 8, 9]);
+    // A byte bound stops the page after the row that passes it, and says
+    // more may follow; the last row read to its end is not a cut.
+    let records = store.job_page::<Value>(&all).unwrap().rows;
+    let first_two = records[0].to_string().len() + records[1].to_string().len();
+    let bounded = JobPageQuery { max_bytes: first_two, ..all.clone() };
+    let read = store.job_page::<Value>(&bounded).unwrap();
+    assert_eq!((read.rows.len(), read.cut), (2, true));
+    let tail = store.job_page::<Value>(&JobPageQuery { cursor: Some(7), ..bounded.clone() }).unwrap();
+    assert_eq!((tail.rows.len(), tail.cut), (2, false));
+    let one = store.job_page::<Value>(&JobPageQuery { max_bytes: 1, ..all.clone() }).unwrap();
+    assert_eq!((one.rows.len(), one.cut), (1, true), "a page holds at least one job");
     assert_eq!(ids(store, JobPageQuery { name: Some("train".into()), ..all.clone() }), vec![1, 7]);
     assert_eq!(
         ids(store, JobPageQuery { name: Some("".into()), ..all.clone() }),
@@ -437,7 +448,7 @@ fn a_postgres_database_from_before_the_job_columns_gets_them_from_its_records() 
     }
     let mut store = PgStore::open(&pg.url()).unwrap();
     let named = JobPageQuery { name: Some("a".into()), limit: 10, ..Default::default() };
-    assert_eq!(store.job_page::<Value>(&named).unwrap().len(), 1);
+    assert_eq!(store.job_page::<Value>(&named).unwrap().rows.len(), 1);
     let tasks = store.array_tasks(2).unwrap();
     assert_eq!(
         tasks.iter().map(|t| (t.id, t.index, t.state.as_str(), t.attempt, t.preemptions)).collect::<Vec<_>>(),

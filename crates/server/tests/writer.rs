@@ -88,7 +88,10 @@ impl<S: Store> Store for Faulty<S> {
     fn job<J: ebb_server::store::JobRow>(&mut self, id: u64) -> Result<Option<J>, StoreError> {
         self.inner.job(id)
     }
-    fn job_page<J: ebb_server::store::JobRow>(&mut self, query: &JobPageQuery) -> Result<Vec<J>, StoreError> {
+    fn job_page<J: ebb_server::store::JobRow>(
+        &mut self,
+        query: &JobPageQuery,
+    ) -> Result<ebb_server::store::JobRows<J>, StoreError> {
         self.inner.job_page(query)
     }
     fn array_states(&mut self, array: u64) -> Result<Vec<(String, u64)>, StoreError> {

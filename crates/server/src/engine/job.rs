@@ -223,6 +223,9 @@ impl crate::store::JobRow for JobRecord {
         if previous.spec.env == self.spec.env {
             self.spec.env = previous.spec.env.clone();
         }
+        if previous.spec.argv == self.spec.argv {
+            self.spec.argv = previous.spec.argv.clone();
+        }
     }
 }
 
@@ -237,7 +240,8 @@ pub struct StoredSpec {
     pub name: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_model: Option<String>,
-    pub argv: Vec<String>,
+    /// Shared by the tasks of one submission, as `env` is.
+    pub argv: Arc<Vec<String>>,
     /// Shared by the tasks of one submission (an array's may be the
     /// submitter's whole environment, 100,000 times).
     #[serde(default, skip_serializing_if = "is_empty_env")]
@@ -259,7 +263,7 @@ impl From<JobSubmission> for StoredSpec {
         StoredSpec {
             name: s.name,
             gpu_model: s.gpu_model,
-            argv: s.argv,
+            argv: Arc::new(s.argv),
             env: Arc::new(s.env),
             workdir: s.workdir,
             max_preemptions: s.max_preemptions,
@@ -271,9 +275,10 @@ impl From<JobSubmission> for StoredSpec {
 }
 
 impl StoredSpec {
-    /// Bytes of its arguments and environment, as tenants' limits count them.
-    pub fn command_bytes(&self) -> u64 {
-        crate::validate::command_bytes(&self.argv, &self.env)
+    /// What its arguments and environment cost the server to keep, as
+    /// tenants' limits count them (see [`crate::validate::stored_bytes`]).
+    pub fn stored_bytes(&self) -> u64 {
+        crate::validate::stored_bytes(&self.argv, &self.env)
     }
 }
 

@@ -189,7 +189,7 @@ impl<S: Store> Engine<S> {
         specs: impl Iterator<Item = &'a StoredSpec>,
     ) -> Result<(), ApiError> {
         let (jobs, bytes) = specs
-            .fold((0u64, 0u64), |(jobs, bytes), spec| (jobs + 1, bytes.saturating_add(spec.command_bytes())));
+            .fold((0u64, 0u64), |(jobs, bytes), spec| (jobs + 1, bytes.saturating_add(spec.stored_bytes())));
         let load = self.tenants.load.get(&tenant).cloned().unwrap_or_default();
         if load.jobs.saturating_add(jobs) > limits.max_jobs {
             return Err(ApiError::too_many(format!(
@@ -215,7 +215,7 @@ impl<S: Store> Engine<S> {
     /// A new job into the table and, while its tenant is under its limit
     /// of running jobs, into the core; otherwise it waits for admission.
     fn admit(&mut self, mut record: JobRecord, limits: &crate::validate::Limits) -> Result<(), Fail> {
-        let (id, tenant, stored) = (record.id, record.tenant, record.spec.command_bytes());
+        let (id, tenant, stored) = (record.id, record.tenant, record.spec.stored_bytes());
         let admitted = self.tenants.load.get(&tenant).map_or(0, |l| l.admitted) < limits.max_running_jobs;
         if !admitted {
             record.waiting = Some(Waiting::TenantLimit);
@@ -303,7 +303,7 @@ impl<S: Store> Engine<S> {
         let job = self.jobs.get_mut(&id).expect("known job");
         let was_waiting = job.waiting == Some(Waiting::TenantLimit);
         job.waiting = None;
-        let (tenant, bytes) = (job.tenant, job.spec.command_bytes());
+        let (tenant, bytes) = (job.tenant, job.spec.stored_bytes());
         let load = self.tenants.load.entry(tenant).or_default();
         load.jobs = load.jobs.saturating_sub(1);
         load.bytes = load.bytes.saturating_sub(bytes);
@@ -522,13 +522,14 @@ mod tests {
 
     #[test]
     fn an_array_becomes_one_job_per_task_sharing_the_first_id_with_its_index_and_name() {
-        let spec = StoredSpec { name: Some("prep".into()), argv: vec!["x".into()], ..Default::default() };
+        let spec = StoredSpec { name: Some("prep".into()), argv: vec!["x".into()].into(), ..Default::default() };
         let tasks = (3..5).map(|index| Task { index, params: Vec::new() }).collect();
         let jobs = expand(&spec, tasks, 40);
         assert_eq!(jobs.len(), 2);
         let (first, array) = &jobs[0];
         assert_eq!(first.name.as_deref(), Some("prep[3]"));
         assert!(Arc::ptr_eq(&first.env, &jobs[1].0.env), "the tasks share one environment");
+        assert!(Arc::ptr_eq(&first.argv, &jobs[1].0.argv), "and one argument list");
         let array = array.as_ref().expect("a task");
         let env = task_env(array);
         assert_eq!(env["EBB_TASK_INDEX"], "3");
@@ -540,7 +541,7 @@ mod tests {
 
     #[test]
     fn a_sweep_task_gets_its_parameters_as_variables_and_in_its_name() {
-        let spec = StoredSpec { argv: vec!["x".into()], ..Default::default() };
+        let spec = StoredSpec { argv: vec!["x".into()].into(), ..Default::default() };
         let params = vec![("lr".to_string(), "0.1".to_string()), ("depth".to_string(), "4".to_string())];
         let jobs = expand(&spec, vec![Task { index: 0, params }], 7);
         let (task, array) = &jobs[0];
@@ -554,7 +555,7 @@ mod tests {
 
     #[test]
     fn a_single_job_is_left_as_it_was() {
-        let spec = StoredSpec { name: Some("one".into()), argv: vec!["x".into()], ..Default::default() };
+        let spec = StoredSpec { name: Some("one".into()), argv: vec!["x".into()].into(), ..Default::default() };
         assert_eq!(expand(&spec, Vec::new(), 1), vec![(spec, None)]);
     }
 }

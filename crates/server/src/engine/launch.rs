@@ -40,7 +40,7 @@ impl<S: Store> Engine<S> {
             StartAttempt {
                 attempt: AttemptRef { job: id, attempt: job.attempt },
                 tier: job.tier.as_str().into(),
-                argv: job.spec.argv.clone(),
+                argv: (*job.spec.argv).clone(),
                 env,
                 workdir: job.spec.workdir.clone(),
                 gpus: gpus.clone(),

@@ -135,7 +135,7 @@ impl<S: Store> Engine<S> {
             if !state.is_final() {
                 let load = self.tenants.load.entry(job.tenant).or_default();
                 load.jobs += 1;
-                load.bytes += job.spec.command_bytes();
+                load.bytes += job.spec.stored_bytes();
                 match waiting {
                     Some(Waiting::TenantLimit) => {
                         load.waiting.insert(id);
