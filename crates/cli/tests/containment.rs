@@ -178,6 +178,49 @@ fn two_tenants_without_a_mapping_run_as_different_uids_and_cannot_reach_each_oth
     assert_eq!((meta.uid(), meta.permissions().mode() & 0o777), (carol_uid, 0o700));
 }
 
+/// A job that opens 10,000 connections to its own endpoint from each of
+/// two processes (past the agent's open-file limit together) and holds
+/// them, saying how many it holds.
+const HOARDER: &str = r#"
+import os, resource, socket, time
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+host, port = os.environ["EBB_METADATA_URL"][len("http://"):].split("/")[0].split(":")
+pid = os.fork()
+held = []
+for _ in range(10000):
+    s = socket.socket()
+    try:
+        s.connect((host, int(port)))
+        held.append(s)
+    except OSError:
+        s.close()
+print("held", len(held), flush=True)
+time.sleep(600)
+"#;
+
+/// A job held 2,145 idle connections to its own metadata endpoint, and
+/// the root agent ran out of descriptors: the next job placed on the node
+/// failed "metadata endpoint: Too many open files". An endpoint holds 32
+/// connections at once and closes the rest as they come, so the node goes
+/// on starting jobs.
+#[test]
+fn a_job_that_hoards_connections_to_its_endpoint_does_not_stop_the_next_job_starting() {
+    let c = Cluster::start(Options::default());
+    let hoarder = c.submit(&["--gpus", "1", "--", "python3", "-c", HOARDER]);
+    let held = c.wait_job(hoarder, "its connections", Duration::from_secs(60), |_| {
+        c.output(hoarder).matches("held ").count() == 2
+    });
+    assert_eq!(held["state"], "running");
+    let next = c.submit(&["--gpus", "1", "--", "true"]);
+    let done = c.wait_job(next, "the next job", Duration::from_secs(30), |j| {
+        j["state"] == "succeeded" || j["state"] == "failed"
+    });
+    assert_eq!(done["state"], "succeeded", "{}", c.output(next));
+    c.ebb(&["cancel", "--grace", "1s", &hoarder.to_string()]);
+    c.wait_state(hoarder, "cancelled");
+}
+
 /// A job that leaves a `setsid` child and a double-forked daemon behind,
 /// both holding its output open, records their pids and ignores SIGTERM.
 const ESCAPER: &str = r#"setsid bash -c 'echo $$ > "$EBB_CHECKPOINT_DIR/setsid-$EBB_ATTEMPT"; exec sleep 1000' &
