@@ -170,11 +170,16 @@ pub struct Job {
     pub run: Option<Run>,
     /// Present while draining.
     pub notice: Option<Notice>,
+    /// It was requeued by a drill since it was last preempted: the attempt
+    /// after a drill resumes from no preemption, so it does not settle.
+    pub drilled: bool,
 }
 
 impl Job {
-    /// Whether the job is *settling* at `now`: it has been preempted before
-    /// and its current attempt started less than `min_runtime` ago.
+    /// Whether the job is *settling* at `now`: it has been preempted before,
+    /// its current attempt is the one that resumed from that preemption
+    /// (not one a drill requeued since), and it started less than
+    /// `min_runtime` ago.
     ///
     /// Thrash is one job preempted again and again before it can make
     /// progress, and the lost-work policy invites it: a job that has just
@@ -188,8 +193,13 @@ impl Job {
     /// have more unsaved work to lose. The preemption count is the core's
     /// own, which the edge restores after a restart, so the rule holds
     /// across one.
+    ///
+    /// A drill starts no settling period: were it to, a tenant could drill
+    /// its job just before an on-demand job arrives and have another's
+    /// drained in its place, as often as it liked, at no cost.
     pub fn settling(&self, now: Time, min_runtime: Span) -> bool {
         self.preemptions > 0
+            && !self.drilled
             && self.run.as_ref().is_some_and(|run| now.saturating_since(run.started_at) < min_runtime)
     }
 }

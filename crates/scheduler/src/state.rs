@@ -509,7 +509,15 @@ impl State {
         let id = spec.id;
         self.jobs.insert(
             id,
-            Job { spec, attempt: Attempt(0), preemptions: 0, phase: Phase::Queued, run: None, notice: None },
+            Job {
+                spec,
+                attempt: Attempt(0),
+                preemptions: 0,
+                phase: Phase::Queued,
+                run: None,
+                notice: None,
+                drilled: false,
+            },
         );
         self.enqueue(id);
         Ok(())
@@ -529,6 +537,14 @@ impl State {
         let job = self.jobs.get_mut(&id).expect("just submitted");
         job.attempt = attempt;
         job.preemptions = preemptions;
+        Ok(())
+    }
+
+    /// A restored job (queued or running) was requeued by a drill since it
+    /// was last preempted (see [`Job::settling`]): the edge keeps that
+    /// with its record and says so after restoring it.
+    pub fn restore_drilled(&mut self, id: JobId) -> Result<(), StateError> {
+        self.jobs.get_mut(&id).ok_or_else(|| StateError::NotFound(format!("job {id}")))?.drilled = true;
         Ok(())
     }
 
@@ -573,7 +589,7 @@ impl State {
         let (tier, tenant) = (spec.tier, spec.tenant);
         let phase = if notice.is_some() { Phase::Draining } else { Phase::Running };
         let run = Run { attempt, model, alloc: alloc.clone(), started_at, last_checkpoint_at };
-        self.jobs.insert(id, Job { spec, attempt, preemptions, phase, run: Some(run), notice });
+        self.jobs.insert(id, Job { spec, attempt, preemptions, phase, run: Some(run), notice, drilled: false });
         if phase == Phase::Running {
             self.adjust_usage(tier, tenant, model, gpus as i64);
         }
@@ -767,10 +783,14 @@ impl State {
             (_, ExitKind::Restart) => ExitEffect::Restarted,
             (_, ExitKind::Completed) => ExitEffect::Finished,
             (_, ExitKind::Cancelled) => ExitEffect::Cancelled,
-            (true, ExitKind::Failed { .. }) if drill => ExitEffect::Drilled,
+            (true, ExitKind::Failed { .. }) if drill => {
+                self.jobs.get_mut(&id).expect("fenced").drilled = true;
+                ExitEffect::Drilled
+            }
             (true, ExitKind::Failed { .. }) => {
                 let job = self.jobs.get_mut(&id).expect("fenced");
                 job.preemptions += 1;
+                job.drilled = false;
                 match job.spec.max_preemptions {
                     Some(max) if job.preemptions > max => ExitEffect::PreemptionLimitReached,
                     _ => ExitEffect::Requeued { preempted: true },

@@ -778,3 +778,67 @@ fn a_reclaim_drains_settling_jobs_last() {
     assert_eq!(plan.drains.iter().map(|d| d.job).collect::<Vec<_>>(), vec![steady]);
     assert_eq!(c.phase(resumed), Some(Phase::Running));
 }
+
+/// Tina drilled her job, preempted once long ago and running well past
+/// its minimum run time, 6 s before an on-demand job arrived: the drill's
+/// requeue started a new attempt, that attempt counted as settling, and
+/// Oscar's job, which had more to lose, was drained in its place. A drill
+/// starts no settling period now, and a restored core keeps it so.
+#[test]
+fn a_drill_does_not_make_a_job_settling_and_so_does_not_change_the_victim() {
+    let mut c = Cluster::new(2, 4);
+    let (tina, oscar) = resumed_and_steady(&mut c);
+    c.advance(600); // long settled
+    let drill = c.state.drill(tina, c.now, Span::from_secs(300)).unwrap();
+    assert_eq!(drill.job, tina);
+    c.advance(1);
+    assert_eq!(c.exit(tina, ExitKind::Failed { requeue: false }), ExitEffect::Drilled);
+    c.step();
+    assert_eq!(c.phase(tina), Some(Phase::Running), "the drilled job runs again at once");
+    c.advance(5);
+    let job = c.state.job(tina).unwrap().clone();
+    assert!(!job.settling(c.now, c.config.min_runtime), "a drill made it settling");
+    assert_eq!(job.preemptions, 1, "a drill is no preemption");
+
+    // As after a restart: the same attempt put back, the drill said.
+    let run = job.run.clone().unwrap();
+    let mut fresh = Cluster::new(2, 4);
+    (fresh.now, fresh.next_job) = (c.now, c.next_job);
+    let oscar_job = c.state.job(oscar).unwrap().clone();
+    let oscar_run = oscar_job.run.clone().unwrap();
+    fresh
+        .state
+        .restore_run(oscar_job.spec, oscar_run.attempt, 0, oscar_run.alloc, oscar_run.started_at, None, None)
+        .unwrap();
+    fresh.state.restore_run(job.spec, run.attempt, 1, run.alloc, run.started_at, None, None).unwrap();
+    assert!(fresh.state.job(tina).unwrap().settling(fresh.now, fresh.config.min_runtime), "not yet told");
+    fresh.state.restore_drilled(tina).unwrap();
+    for cluster in [&mut c, &mut fresh] {
+        cluster.submit(Tier::OnDemand, 4);
+        let plan = cluster.step();
+        assert_eq!(plan.drains.iter().map(|d| d.job).collect::<Vec<_>>(), vec![tina]);
+        assert_eq!(cluster.phase(oscar), Some(Phase::Running));
+    }
+}
+
+/// A drilled job preempted afterwards settles again: only the drill's own
+/// requeue is passed over.
+#[test]
+fn a_preemption_after_a_drill_starts_a_settling_period_again() {
+    let mut c = Cluster::new(2, 4);
+    let (tina, _) = resumed_and_steady(&mut c);
+    c.advance(600);
+    c.state.drill(tina, c.now, Span::from_secs(300)).unwrap();
+    c.exit(tina, ExitKind::Failed { requeue: false });
+    c.step();
+    c.advance(1);
+    let od = c.submit(Tier::OnDemand, 4);
+    let plan = c.step();
+    assert_eq!(plan.drains.iter().map(|d| d.job).collect::<Vec<_>>(), vec![tina]);
+    assert_eq!(c.exit(tina, ExitKind::Failed { requeue: false }), ExitEffect::Requeued { preempted: true });
+    c.step();
+    c.exit(od, ExitKind::Completed);
+    c.step();
+    assert_eq!(c.phase(tina), Some(Phase::Running));
+    assert!(c.state.job(tina).unwrap().settling(c.now, c.config.min_runtime));
+}

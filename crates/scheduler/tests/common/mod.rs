@@ -12,7 +12,9 @@ pub struct Cluster {
     pub state: State,
     pub config: Config,
     pub now: Time,
-    next_job: u64,
+    /// The next job's id: a restored core's harness starts past those it
+    /// was given.
+    pub next_job: u64,
     pub plans: Vec<Plan>,
 }
 

@@ -146,11 +146,13 @@ pub(super) fn end_attempt(
         ExitEffect::Cancelled => (JobState::Cancelled, EventKind::Cancelled, json!({})),
         ExitEffect::PreemptionLimitReached => {
             job.preemptions += 1;
+            job.drilled_since_preempted = false;
             let detail = json!({ "reason": "preempted more than max_preemptions", "lost_gpu_seconds": lost });
             (JobState::Failed, EventKind::Failed, detail)
         }
         ExitEffect::Requeued { preempted: true } => {
             job.preemptions += 1;
+            job.drilled_since_preempted = false;
             let detail =
                 json!({ "reason": "preempted", "preemptions": job.preemptions, "lost_gpu_seconds": lost });
             (JobState::Queued, EventKind::Requeued, detail)
@@ -166,7 +168,11 @@ pub(super) fn end_attempt(
         ExitEffect::RequeuedLost => {
             (JobState::Queued, EventKind::Requeued, json!({ "reason": "lost", "lost_gpu_seconds": lost }))
         }
-        ExitEffect::Drilled => (JobState::Queued, EventKind::Requeued, json!({ "reason": "drill" })),
+        ExitEffect::Drilled => {
+            // As the core has it: the next attempt resumes from no preemption.
+            job.drilled_since_preempted = true;
+            (JobState::Queued, EventKind::Requeued, json!({ "reason": "drill" }))
+        }
         ExitEffect::Restarted => {
             let ran_ms = end_ms.saturating_sub(job.run_started_ms.unwrap_or(end_ms));
             job.quick_exits = if ran_ms < QUICK_EXIT_MS { job.quick_exits.saturating_add(1) } else { 0 };
@@ -210,7 +216,8 @@ fn meter(
     let (Some(started_ms), Some((model, rate, on_demand_rate))) = (job.run_started_ms, &job.billing) else {
         return None; // never reported started: nothing is known to have run
     };
-    let follows_preemption = job.preemptions > 0;
+    // As the core judged settling: an attempt a drill requeued follows none.
+    let follows_preemption = job.preemptions > 0 && !job.drilled_since_preempted;
     let within_min_runtime = follows_preemption
         && notice_at_ms.is_some_and(|notice_at| Span(notice_at.saturating_sub(job.started_ms)) < min_runtime);
     Some(crate::billing::meter(crate::billing::Ended {

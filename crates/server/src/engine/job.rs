@@ -140,6 +140,11 @@ pub struct JobRecord {
     /// Quick exits in a row of a `--restart always` job: its back-off.
     #[serde(default, skip_serializing_if = "is_default")]
     pub quick_exits: u32,
+    /// A drill requeued it since it was last preempted: its attempts since
+    /// are no resume from a preemption, and so not settling (the core's
+    /// `Job::drilled`, restored with it).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub drilled_since_preempted: bool,
     /// Its latest fire drill, concluded or not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drill: Option<Box<super::DrillRecord>>,
@@ -328,6 +333,7 @@ impl JobRecord {
             billing: None,
             waiting: None,
             quick_exits: 0,
+            drilled_since_preempted: false,
             drill: None,
             log_tracked: true,
             deadline: None,

@@ -273,7 +273,17 @@ impl<S: Store> Engine<S> {
         let (attempt, preemptions) = (self.jobs[&id].attempt, self.jobs[&id].preemptions);
         self.core
             .restore_queued(self.spec_of(id), Attempt(attempt), preemptions)
-            .map_err(|e| ApiError::internal(e.to_string()))
+            .map_err(|e| ApiError::internal(e.to_string()))?;
+        self.restore_drilled(id).map_err(ApiError::internal)
+    }
+
+    /// Tells the core a restored job was requeued by a drill since it was
+    /// last preempted, where its record says so.
+    fn restore_drilled(&mut self, id: u64) -> Result<(), String> {
+        match self.jobs[&id].drilled_since_preempted {
+            true => self.core.restore_drilled(JobId(id)).map_err(|e| e.to_string()),
+            false => Ok(()),
+        }
     }
 
     /// Puts a job that was running before a restart back into the core.
@@ -300,7 +310,8 @@ impl<S: Store> Engine<S> {
                 checkpoint,
                 notice,
             )
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string())?;
+        self.restore_drilled(id)
     }
 
     pub(super) fn restore_hold(&mut self, id: u64) -> Result<(), String> {
