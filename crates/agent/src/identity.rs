@@ -76,7 +76,12 @@ pub fn parse_uid_range(text: &str) -> Result<std::ops::RangeInclusive<u32>, Stri
 /// `users.tenant_uids` — as systemd's `DynamicUser` does, a uid no
 /// account has, with a group of the same number and a home of its own —
 /// so that tenants never share a user unless the operator says so.
-pub fn resolve(run_as: Option<&str>, tenant: (&str, u32), me: Uid, users: &Users) -> Result<Identity, String> {
+pub fn resolve(
+    run_as: Option<&str>,
+    tenant: (&str, u32),
+    me: Uid,
+    users: &Users,
+) -> Result<Identity, String> {
     if !me.is_root() {
         let own = User::from_uid(me).ok().flatten();
         let own_name = own.as_ref().map_or_else(|| me.to_string(), |u| u.name.clone());
@@ -125,15 +130,12 @@ pub fn resolve(run_as: Option<&str>, tenant: (&str, u32), me: Uid, users: &Users
 fn tenant_user((tenant, number): (&str, u32), users: &Users) -> Result<Identity, String> {
     let dir = crate::dirs::tenant_dir_name(tenant)?;
     let (first, last) = (*users.tenant_uids.start(), *users.tenant_uids.end());
-    let uid = first
-        .checked_add(number)
-        .filter(|uid| *uid <= last)
-        .ok_or_else(|| {
-            format!(
-                "tenant {tenant} (number {number}): past this agent's --tenant-uids {first}-{last}; \
+    let uid = first.checked_add(number).filter(|uid| *uid <= last).ok_or_else(|| {
+        format!(
+            "tenant {tenant} (number {number}): past this agent's --tenant-uids {first}-{last}; \
                  widen the range, or map the tenant to a user (ebb server --run-as {tenant}=USER)"
-            )
-        })?;
+        )
+    })?;
     if let Ok(Some(account)) = User::from_uid(Uid::from_raw(uid)) {
         return Err(format!(
             "tenant {tenant}: its uid {uid} (--tenant-uids {first}-{last}) belongs to the node's user {}; \

@@ -231,7 +231,8 @@ pub(crate) async fn serve(
         .fallback_service(routes)
         .layer(axum::middleware::from_fn_with_state(Arc::new(secret), require_secret));
     let stop = async move { while closed.changed().await.is_ok() {} };
-    let limits = ebb_http::Limits { header_read_timeout: IDLE_TIMEOUT, per_address: 0, total: MAX_CONNECTIONS };
+    let limits =
+        ebb_http::Limits { header_read_timeout: IDLE_TIMEOUT, per_address: 0, total: MAX_CONNECTIONS };
     ebb_http::serve(listener, router, limits, stop).await;
 }
 
@@ -511,7 +512,9 @@ mod tests {
         let secret = Secret::new().unwrap();
         let base = format!("http://127.0.0.1:{port}/{}", secret.as_str());
         tokio::spawn(serve(listener, secret, 4, 3, "node-1".into(), notice_rx, reporter.clone(), None));
-        let post = |body: &'static str| reqwest::Client::new().post(format!("{base}/ebb/v1/resumed")).body(body).send();
+        let post = |body: &'static str| {
+            reqwest::Client::new().post(format!("{base}/ebb/v1/resumed")).body(body).send()
+        };
         let bad = post(r#"{"step": -1}"#).await.unwrap();
         assert_eq!(bad.status(), 400);
         assert!(bad.text().await.unwrap().contains("step"), "the field is named");
@@ -542,7 +545,9 @@ mod tests {
         let secret = Secret::new().unwrap();
         let base = format!("http://127.0.0.1:{port}/{}", secret.as_str());
         tokio::spawn(serve(listener, secret, 4, 3, "node-1".into(), notice_rx, reporter.clone(), None));
-        let post = |body: &'static str| reqwest::Client::new().post(format!("{base}/ebb/v1/progress")).body(body).send();
+        let post = |body: &'static str| {
+            reqwest::Client::new().post(format!("{base}/ebb/v1/progress")).body(body).send()
+        };
         for bad in [r#"{"fraction": 1.5}"#, r#"{"fraction": -0.1}"#, "{}", r#"{"fraction": "half"}"#] {
             let answer = post(bad).await.unwrap();
             assert_eq!(answer.status(), 400, "{bad}");
@@ -594,11 +599,18 @@ mod tests {
                     .unwrap();
                 assert_eq!(answer.status(), 404, "{url}");
                 let body = answer.text().await.unwrap();
-                assert!(!body.contains("node-1") && !body.contains("preempt") && !body.contains('4'), "{url}: {body}");
+                assert!(
+                    !body.contains("node-1") && !body.contains("preempt") && !body.contains('4'),
+                    "{url}: {body}"
+                );
             }
             for path in ["/ebb/v1/checkpoint", "/ebb/v1/progress", "/ebb/v1/resumed"] {
                 let url = format!("http://127.0.0.1:{port}{prefix}{path}");
-                let body = if path.ends_with("progress") { r#"{"fraction": 0.0001}"# } else { r#"{"step": 999999}"# };
+                let body = if path.ends_with("progress") {
+                    r#"{"fraction": 0.0001}"#
+                } else {
+                    r#"{"step": 999999}"#
+                };
                 assert_eq!(http.post(&url).body(body).send().await.unwrap().status(), 404, "{url}");
             }
             let url = format!("http://127.0.0.1:{port}{prefix}/latest/api/token");
@@ -609,7 +621,8 @@ mod tests {
         let root: serde_json::Value =
             http.get(format!("http://127.0.0.1:{port}/{own}/")).send().await.unwrap().json().await.unwrap();
         assert_eq!((root["job"].as_u64(), root["attempt"].as_u64()), (Some(4), Some(2)));
-        let aws = http.get(format!("http://127.0.0.1:{port}/{own}/latest/meta-data/spot/instance-action")).send();
+        let aws =
+            http.get(format!("http://127.0.0.1:{port}/{own}/latest/meta-data/spot/instance-action")).send();
         assert_eq!(aws.await.unwrap().status(), 200);
     }
 
@@ -630,11 +643,14 @@ mod tests {
         let mut statuses = Vec::new();
         for step in 0..40 {
             let body = format!(r#"{{"step": {step}}}"#);
-            statuses.push(http.post(format!("{base}/ebb/v1/checkpoint")).body(body).send().await.unwrap().status());
+            statuses.push(
+                http.post(format!("{base}/ebb/v1/checkpoint")).body(body).send().await.unwrap().status(),
+            );
         }
         let accepted = statuses.iter().filter(|s| **s == 202).count();
         assert!((20..=22).contains(&accepted), "{accepted} of 40 taken at once: {statuses:?}");
-        let refused = http.post(format!("{base}/ebb/v1/progress")).body(r#"{"fraction": 0.5}"#).send().await.unwrap();
+        let refused =
+            http.post(format!("{base}/ebb/v1/progress")).body(r#"{"fraction": 0.5}"#).send().await.unwrap();
         assert_eq!(refused.status(), 429);
         assert!(refused.text().await.unwrap().contains("report a second"));
     }

@@ -304,7 +304,8 @@ impl Processes {
     /// working directory is in use again (a new one is new enough).
     fn prepare(&self, s: &StartAttempt) -> Result<Prepared, String> {
         let a = s.attempt;
-        let who = identity::resolve(s.run_as.as_deref(), (&s.tenant, s.tenant_id), self.me, &self.config.users)?;
+        let who =
+            identity::resolve(s.run_as.as_deref(), (&s.tenant, s.tenant_id), self.me, &self.config.users)?;
         self.note_user(&s.tenant, &who);
         if who.allocated {
             // The tenant's own home, made as its other directories are.

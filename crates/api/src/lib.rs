@@ -971,10 +971,7 @@ pub enum AgentEvent {
         at_ms: u64,
     },
     /// Output of the attempt, appended in order.
-    Output {
-        attempt: AttemptRef,
-        data: String,
-    },
+    Output { attempt: AttemptRef, data: String },
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]

@@ -505,7 +505,8 @@ fn seal(tenant: &Path, job: &Path, owner: Option<(u32, u32)>) -> Result<(), Stor
     // changed through its descriptor, never by name.
     let fix = |fd: &OwnedFd, what: &str, is_dir: bool| -> Result<(), StoreError> {
         let failed = |e: nix::Error| local(format!("cannot make {what} private: {e}"));
-        nix::sys::stat::fchmod(fd, Mode::from_bits_truncate(if is_dir { 0o700 } else { 0o600 })).map_err(failed)?;
+        nix::sys::stat::fchmod(fd, Mode::from_bits_truncate(if is_dir { 0o700 } else { 0o600 }))
+            .map_err(failed)?;
         chown(fd, owner).map_err(failed)
     };
     for dir in [tenant, job] {
@@ -529,15 +530,27 @@ fn seal(tenant: &Path, job: &Path, owner: Option<(u32, u32)>) -> Result<(), Stor
                 _ => continue,
             };
             // O_NONBLOCK: a file swapped for a FIFO meanwhile must not hang the open.
-            let flags = if is_dir { OFlag::O_RDONLY | OFlag::O_DIRECTORY } else { OFlag::O_RDONLY | OFlag::O_NONBLOCK };
-            let fd = match nix::fcntl::openat(&dir, name.as_str(), flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC, Mode::empty()) {
+            let flags = if is_dir {
+                OFlag::O_RDONLY | OFlag::O_DIRECTORY
+            } else {
+                OFlag::O_RDONLY | OFlag::O_NONBLOCK
+            };
+            let fd = match nix::fcntl::openat(
+                &dir,
+                name.as_str(),
+                flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            ) {
                 Ok(fd) => fd,
                 // Pruned meanwhile, or swapped for a link: not ours to change.
-                Err(nix::errno::Errno::ENOENT | nix::errno::Errno::ELOOP | nix::errno::Errno::ENOTDIR) => continue,
+                Err(nix::errno::Errno::ENOENT | nix::errno::Errno::ELOOP | nix::errno::Errno::ENOTDIR) => {
+                    continue
+                }
                 Err(e) => return Err(local(format!("cannot open {name} in the store: {e}"))),
             };
             let stat = nix::sys::stat::fstat(&fd).map_err(|e| local(format!("{name}: {e}")))?;
-            let kind = nix::sys::stat::SFlag::from_bits_truncate(stat.st_mode) & nix::sys::stat::SFlag::S_IFMT;
+            let kind =
+                nix::sys::stat::SFlag::from_bits_truncate(stat.st_mode) & nix::sys::stat::SFlag::S_IFMT;
             if kind != if is_dir { nix::sys::stat::SFlag::S_IFDIR } else { nix::sys::stat::SFlag::S_IFREG } {
                 continue;
             }
@@ -777,7 +790,8 @@ mod tests {
         let mut cache = UploadCache::default();
         f.store.upload(&a, Rules::default(), 1, Some(1), &mut cache).await.unwrap().unwrap();
         write(&a, "ckpt-2.ckpt", b"two");
-        let second = f.store.upload(&a, Rules::default(), 1, Some(2), &mut cache).await.unwrap().unwrap().manifest;
+        let second =
+            f.store.upload(&a, Rules::default(), 1, Some(2), &mut cache).await.unwrap().unwrap().manifest;
         let two = second.files.iter().find(|e| e.path == "ckpt-2.ckpt").unwrap();
         let blob = f.root.join("store/team/7/blobs").join(&two.sha256);
         std::fs::write(&blob, b"tw0").unwrap();

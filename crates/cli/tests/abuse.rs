@@ -97,7 +97,8 @@ fn twenty_thousand_slow_connections_leave_healthz_answering() {
                 .unwrap()
         })
         .collect();
-    let mut lines: Vec<_> = attackers.iter_mut().map(|a| BufReader::new(a.stdout.take().unwrap()).lines()).collect();
+    let mut lines: Vec<_> =
+        attackers.iter_mut().map(|a| BufReader::new(a.stdout.take().unwrap()).lines()).collect();
     let mut opened = 0;
     for out in &mut lines {
         let line = out.next().unwrap().unwrap();

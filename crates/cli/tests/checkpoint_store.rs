@@ -156,7 +156,8 @@ fn another_tenants_job_cannot_read_a_jobs_checkpoint_in_a_file_store() {
         ..Options::default()
     });
     let token = |name: &str| {
-        let v: serde_json::Value = serde_json::from_str(&c.ebb(&["tenant", "create", name, "--json"])).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&c.ebb(&["tenant", "create", name, "--json"])).unwrap();
         v["token"].as_str().unwrap().to_string()
     };
     let (alice, bob) = (token("alice"), token("bob"));

@@ -144,7 +144,10 @@ echo probed"#;
 /// Each runs as a uid of its own now, and reaches nothing of the other's.
 #[test]
 fn two_tenants_without_a_mapping_run_as_different_uids_and_cannot_reach_each_other() {
-    let c = Cluster::start(Options { run_as: Some(RunAs { tenants: vec![], default: None }), ..Options::default() });
+    let c = Cluster::start(Options {
+        run_as: Some(RunAs { tenants: vec![], default: None }),
+        ..Options::default()
+    });
     let (carol, dave) = (create_tenant(&c, "carol"), create_tenant(&c, "dave"));
     let victim = c.submit_as(&carol, &["--env", "SECRET_API_KEY=hunter2", "--", "bash", "-c", CAROL]);
     c.wait_state(victim, "running");
@@ -167,7 +170,9 @@ fn two_tenants_without_a_mapping_run_as_different_uids_and_cannot_reach_each_oth
     assert_eq!(c.output(probe), "probed\n", "dave's job reached carol's");
     assert_eq!(std::fs::read_to_string(victim_dir.join("model.pt")).unwrap(), "weights\n");
     assert!(!std::path::Path::new(completion.trim()).exists(), "the completion file was made");
-    let uid = |id: u64| std::fs::read_to_string(c.checkpoints(id).join("uid")).unwrap().trim().parse::<u32>().unwrap();
+    let uid = |id: u64| {
+        std::fs::read_to_string(c.checkpoints(id).join("uid")).unwrap().trim().parse::<u32>().unwrap()
+    };
     let (carol_uid, dave_uid) = (uid(victim), uid(probe));
     assert_ne!(carol_uid, dave_uid);
     for u in [carol_uid, dave_uid] {

@@ -726,9 +726,12 @@ fn another_tenants_job_cannot_use_an_attempts_endpoint_and_the_clouds_clients_se
     let endpoint = wait_for("alice's endpoint", Duration::from_secs(30), || {
         std::fs::read_to_string(c.checkpoints(victim).join("endpoint")).ok().filter(|e| !e.is_empty())
     });
-    wait_for("alice's clients to ask", Duration::from_secs(30), || c.output(victim).contains("before:").then_some(()));
+    wait_for("alice's clients to ask", Duration::from_secs(30), || {
+        c.output(victim).contains("before:").then_some(())
+    });
     assert!(c.output(victim).starts_with("before: aws None gcp FALSE"), "{}", c.output(victim));
-    let port: u16 = endpoint.trim_start_matches("http://127.0.0.1:").split('/').next().unwrap().parse().unwrap();
+    let port: u16 =
+        endpoint.trim_start_matches("http://127.0.0.1:").split('/').next().unwrap().parse().unwrap();
 
     let scan = c.submit_as(&bob, &["--gpus", "1", "--", python, "-c", SCANNER]);
     let scanned = c.wait_job(scan, "the scan", Duration::from_secs(120), |j| j["state"] == "succeeded");
@@ -755,9 +758,9 @@ fn another_tenants_job_cannot_use_an_attempts_endpoint_and_the_clouds_clients_se
         out.contains("aws: ").then_some(out)
     });
     let notice = c.job(victim);
-    let drained = notice["events"].as_array().unwrap().iter().find(|e| e["kind"] == "drain_notice").cloned().unwrap();
+    let drained =
+        notice["events"].as_array().unwrap().iter().find(|e| e["kind"] == "drain_notice").cloned().unwrap();
     let deadline = drained["detail"]["deadline"].as_str().unwrap();
     assert!(log.contains(&format!("aws: terminate {} gcp: TRUE", &deadline[..19])), "{log}\n{drained}");
     c.wait_state(od, "succeeded");
 }
-

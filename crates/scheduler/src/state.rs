@@ -589,7 +589,8 @@ impl State {
         let (tier, tenant) = (spec.tier, spec.tenant);
         let phase = if notice.is_some() { Phase::Draining } else { Phase::Running };
         let run = Run { attempt, model, alloc: alloc.clone(), started_at, last_checkpoint_at };
-        self.jobs.insert(id, Job { spec, attempt, preemptions, phase, run: Some(run), notice, drilled: false });
+        self.jobs
+            .insert(id, Job { spec, attempt, preemptions, phase, run: Some(run), notice, drilled: false });
         if phase == Phase::Running {
             self.adjust_usage(tier, tenant, model, gpus as i64);
         }
@@ -719,8 +720,11 @@ impl State {
 
     /// Moves preemptible job `id` to the on-demand tier because its
     /// deadline no longer fits the preemptible tier's risk (the edge
-    /// decides when). A queued job changes queue and keeps its submission
-    /// time. A running job changes tier where it runs: its GPUs move from
+    /// decides when). A queued job changes queue, where it takes its place
+    /// as of `now`, as if submitted to on-demand then: by its submission
+    /// time, a tenant could hold an early place in the on-demand queue at
+    /// the preemptible price and claim it later. A running job changes
+    /// tier where it runs (and would queue from `now` if it ran again): its GPUs move from
     /// the preemptible to the on-demand counters and it leaves the victim
     /// indices. That needs on-demand room outside every reservation at
     /// `now` (a job on lent reserved GPUs may be what fills it); without
@@ -739,7 +743,9 @@ impl State {
             Phase::Queued => {
                 self.dequeue(id);
                 self.queued_by_tier[Tier::Preemptible.rank() as usize] -= 1;
-                self.jobs.get_mut(&id).expect("checked above").spec.tier = Tier::OnDemand;
+                let spec = &mut self.jobs.get_mut(&id).expect("checked above").spec;
+                spec.tier = Tier::OnDemand;
+                spec.submitted_at = spec.submitted_at.max(now);
                 self.enqueue(id);
                 Ok(Promoted::Queued)
             }
@@ -757,7 +763,9 @@ impl State {
                 }
                 self.adjust_usage(Tier::Preemptible, tenant, model, -(gpus as i64));
                 self.adjust_usage(Tier::OnDemand, tenant, model, gpus as i64);
-                self.jobs.get_mut(&id).expect("checked above").spec.tier = Tier::OnDemand;
+                let spec = &mut self.jobs.get_mut(&id).expect("checked above").spec;
+                spec.tier = Tier::OnDemand;
+                spec.submitted_at = spec.submitted_at.max(now);
                 for node in nodes {
                     self.reindex(node);
                 }

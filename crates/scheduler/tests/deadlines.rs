@@ -30,21 +30,32 @@ fn a_running_job_promoted_in_place_is_no_victim_and_counts_as_on_demand() {
     assert_eq!(plan.placements.iter().map(|p| p.job).collect::<Vec<_>>(), vec![waiting]);
 }
 
+/// A promoted job took its on-demand place by its submission time: a
+/// tenant could hold an early place at the preemptible price (a deadline
+/// job submitted long before) and claim it later. It joins the on-demand
+/// queue at its promotion now, behind on-demand jobs submitted before.
 #[test]
-fn a_queued_job_promoted_keeps_its_submission_time_among_on_demand_jobs() {
+fn a_queued_job_promoted_joins_the_on_demand_queue_at_its_promotion() {
     let mut c = Cluster::new(1, 4);
     let running = c.submit(Tier::OnDemand, 4);
     c.step();
-    let late = c.submit(Tier::Preemptible, 4);
+    let early = c.submit(Tier::Preemptible, 4);
     c.advance(10);
-    let later = c.submit(Tier::OnDemand, 4);
-    assert_eq!(c.state.promote(late, c.now), Ok(Promoted::Queued));
+    let on_demand = c.submit(Tier::OnDemand, 4);
+    c.advance(10);
+    assert_eq!(c.state.promote(early, c.now), Ok(Promoted::Queued));
     c.state.sanity_check().unwrap();
+    assert_eq!(c.state.job(early).unwrap().spec.submitted_at, c.now);
     assert_eq!((c.state.queued(Tier::OnDemand), c.state.queued(Tier::Preemptible)), (2, 0));
+    c.advance(10);
+    let after = c.submit(Tier::OnDemand, 4);
     c.exit(running, ExitKind::Completed);
     let plan = c.step();
-    assert_eq!(plan.placements.iter().map(|p| p.job).collect::<Vec<_>>(), vec![late]);
-    assert_eq!(c.phase(later), Some(Phase::Queued));
+    assert_eq!(plan.placements.iter().map(|p| p.job).collect::<Vec<_>>(), vec![on_demand]);
+    c.exit(on_demand, ExitKind::Completed);
+    let plan = c.step();
+    assert_eq!(plan.placements.iter().map(|p| p.job).collect::<Vec<_>>(), vec![early], "ahead of later ones");
+    assert_eq!(c.phase(after), Some(Phase::Queued));
 }
 
 #[test]

@@ -1212,7 +1212,9 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
     }
     // A personal cluster (`ebb up`) runs every job as its own user: no news.
     let own_user = nix::unistd::User::from_uid(nix::unistd::geteuid()).ok().flatten().map(|u| u.name);
-    for (user, tenants) in config.run_as.shared().into_iter().filter(|(user, _)| Some(user) != own_user.as_ref()) {
+    for (user, tenants) in
+        config.run_as.shared().into_iter().filter(|(user, _)| Some(user) != own_user.as_ref())
+    {
         let who = match tenants.iter().any(|t| t == "*") {
             true => "every tenant --run-as does not name".to_string(),
             false => format!("tenants {}", tenants.join(", ")),

@@ -14,9 +14,8 @@ use ebb_api::JobEvent;
 
 use crate::store::{
     job_page_sql, scope_name, scope_of, FinishedCount, JobColumns, JobPageQuery, JobRow, JobRows, LogState,
-    NodeRow,
-    PageArg, PriceRow, ReservationRow, Result, Snapshot, Store, StoreError, TaskRow, TenantRow, TokenRow,
-    UsageRow, FINISHED_STATES, UNFINISHED_STATES,
+    NodeRow, PageArg, PriceRow, ReservationRow, Result, Snapshot, Store, StoreError, TaskRow, TenantRow,
+    TokenRow, UsageRow, FINISHED_STATES, UNFINISHED_STATES,
 };
 
 impl From<postgres::Error> for StoreError {

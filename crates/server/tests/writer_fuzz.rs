@@ -18,8 +18,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
 use ebb_api::{
-    Action, AgentEvent, AttemptRef, CancelRequest, JobSubmission, PriceUpdate, ReclaimRelease, ReclaimRequest,
-    Register, Report, ReportId, ReservationRequest, SweepParam, TenantLimits,
+    Action, AgentEvent, AttemptRef, CancelRequest, JobSubmission, PriceUpdate, ReclaimRelease,
+    ReclaimRequest, Register, Report, ReportId, ReservationRequest, SweepParam, TenantLimits,
 };
 use ebb_core::time::LAST_WRITABLE_MS;
 use ebb_core::Span;
@@ -97,17 +97,64 @@ fn text() -> impl Strategy<Value = String> {
 
 #[derive(Clone, Debug)]
 enum Event {
-    Started { which: Which, pid: u32, at: At },
-    Exited { which: Which, code: Option<i32>, signal: Option<i32>, completed: bool, at: At, peak: Option<u64>, error: Option<String> },
-    Checkpoint { which: Which, step: Option<u64>, bytes: Option<u64>, duration_ms: u64, at: At },
-    Resumed { which: Which, step: Option<u64>, at: At },
-    Restored { which: Which, from_attempt: u32, upload: u32, step: Option<u64>, files: u64, bytes: u64, duration_ms: u64, at: At },
-    Progress { which: Which, fraction: f64, at: At },
-    Output { which: Which, data: String },
+    Started {
+        which: Which,
+        pid: u32,
+        at: At,
+    },
+    Exited {
+        which: Which,
+        code: Option<i32>,
+        signal: Option<i32>,
+        completed: bool,
+        at: At,
+        peak: Option<u64>,
+        error: Option<String>,
+    },
+    Checkpoint {
+        which: Which,
+        step: Option<u64>,
+        bytes: Option<u64>,
+        duration_ms: u64,
+        at: At,
+    },
+    Resumed {
+        which: Which,
+        step: Option<u64>,
+        at: At,
+    },
+    Restored {
+        which: Which,
+        from_attempt: u32,
+        upload: u32,
+        step: Option<u64>,
+        files: u64,
+        bytes: u64,
+        duration_ms: u64,
+        at: At,
+    },
+    Progress {
+        which: Which,
+        fraction: f64,
+        at: At,
+    },
+    Output {
+        which: Which,
+        data: String,
+    },
 }
 
 fn event() -> impl Strategy<Value = Event> {
-    let fraction = prop_oneof![Just(0.0), Just(1.0), Just(0.5), Just(f64::NAN), Just(f64::INFINITY), Just(-1.0), Just(1e-300), any::<f64>()];
+    let fraction = prop_oneof![
+        Just(0.0),
+        Just(1.0),
+        Just(0.5),
+        Just(f64::NAN),
+        Just(f64::INFINITY),
+        Just(-1.0),
+        Just(1e-300),
+        any::<f64>()
+    ];
     prop_oneof![
         3 => (which(), any::<u32>(), at()).prop_map(|(which, pid, at)| Event::Started { which, pid, at }),
         3 => (which(), any::<Option<i32>>(), any::<Option<i32>>(), any::<bool>(), at(), proptest::option::of(big_u64()), proptest::option::of(text()))
@@ -145,9 +192,17 @@ fn submission() -> impl Strategy<Value = JobSubmission> {
         1 => Just(Some("preemptible".to_string())),
         1 => Just(Some("spot".to_string())),
     ];
-    let gpus = proptest::option::of(prop_oneof![8 => 1u32..=8, 1 => 9u32..=24, 1 => Just(0), 1 => Just(4096), 1 => Just(u32::MAX)]);
+    let gpus = proptest::option::of(
+        prop_oneof![8 => 1u32..=8, 1 => 9u32..=24, 1 => Just(0), 1 => Just(4096), 1 => Just(u32::MAX)],
+    );
     let model = rarely(prop_oneof![Just("H100".to_string()), Just("T4".to_string()), text()]);
-    let signal = rarely(prop_oneof![Just("TERM".to_string()), Just("64".to_string()), Just("0".to_string()), Just("USR1".to_string()), text()]);
+    let signal = rarely(prop_oneof![
+        Just("TERM".to_string()),
+        Just("64".to_string()),
+        Just("0".to_string()),
+        Just("USR1".to_string()),
+        text()
+    ]);
     let array = rarely(prop_oneof![
         3 => Just("0-3".to_string()),
         1 => Just("5-1".to_string()),
@@ -207,26 +262,86 @@ fn submission() -> impl Strategy<Value = JobSubmission> {
 
 #[derive(Clone, Debug)]
 enum Step {
-    Submit { alice: bool, spec: JobSubmission },
-    SubmitBatch { specs: Vec<JobSubmission> },
-    Cancel { id: u64, grace_ms: Option<u64>, alice: bool },
-    Drill { id: u64, alice: bool },
-    Show { id: u64 },
+    Submit {
+        alice: bool,
+        spec: JobSubmission,
+    },
+    SubmitBatch {
+        specs: Vec<JobSubmission>,
+    },
+    Cancel {
+        id: u64,
+        grace_ms: Option<u64>,
+        alice: bool,
+    },
+    Drill {
+        id: u64,
+        alice: bool,
+    },
+    Show {
+        id: u64,
+    },
     List,
-    Log { id: u64, offset: u64 },
+    Log {
+        id: u64,
+        offset: u64,
+    },
     /// `join`: with the join token or the node's credential; none: as an
     /// agent would, the join token the first time.
-    Register { node: usize, join: Option<bool>, gpus: u8, model: String, running: Vec<Which>, unreported: Vec<Event> },
-    Poll { node: usize, epoch: Option<u64>, after: Option<u64>, failing: Option<Option<String>> },
-    Report { node: usize, events: Vec<Event>, id: Option<(u64, u64)> },
-    Node { node: usize, op: u8 },
-    Reclaim { gpus: u32, model: Option<String>, release: bool },
-    Tenant { name: String, limits: TenantLimits, tokens: Option<bool> },
-    Price { model: String, on_demand: String, reserved: Option<String> },
-    Reserve { gpus: u32, start: String, end: String, rate: Option<String>, delete: Option<u64> },
-    Money { from: String, to: String, step: String },
+    Register {
+        node: usize,
+        join: Option<bool>,
+        gpus: u8,
+        model: String,
+        running: Vec<Which>,
+        unreported: Vec<Event>,
+    },
+    Poll {
+        node: usize,
+        epoch: Option<u64>,
+        after: Option<u64>,
+        failing: Option<Option<String>>,
+    },
+    Report {
+        node: usize,
+        events: Vec<Event>,
+        id: Option<(u64, u64)>,
+    },
+    Node {
+        node: usize,
+        op: u8,
+    },
+    Reclaim {
+        gpus: u32,
+        model: Option<String>,
+        release: bool,
+    },
+    Tenant {
+        name: String,
+        limits: TenantLimits,
+        tokens: Option<bool>,
+    },
+    Price {
+        model: String,
+        on_demand: String,
+        reserved: Option<String>,
+    },
+    Reserve {
+        gpus: u32,
+        start: String,
+        end: String,
+        rate: Option<String>,
+        delete: Option<u64>,
+    },
+    Money {
+        from: String,
+        to: String,
+        step: String,
+    },
     Metrics,
-    Advance { ms: u64 },
+    Advance {
+        ms: u64,
+    },
     Restart,
 }
 
@@ -311,7 +426,11 @@ fn config(dir: &std::path::Path) -> EngineConfig {
 impl World {
     fn new(case: u64) -> World {
         // Commits fsync; on a memory file system they cost nothing.
-        let base = if std::path::Path::new("/dev/shm").is_dir() { PathBuf::from("/dev/shm") } else { std::env::temp_dir() };
+        let base = if std::path::Path::new("/dev/shm").is_dir() {
+            PathBuf::from("/dev/shm")
+        } else {
+            std::env::temp_dir()
+        };
         let dir = base.join(format!("ebb-writer-fuzz-{}-{case}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("logs")).unwrap();
@@ -376,7 +495,9 @@ impl World {
     fn event(&self, event: &Event, node: &str) -> AgentEvent {
         let now = self.now;
         match event.clone() {
-            Event::Started { which, pid, at } => AgentEvent::Started { attempt: self.attempt(which, node), pid, at_ms: at.resolve(now) },
+            Event::Started { which, pid, at } => {
+                AgentEvent::Started { attempt: self.attempt(which, node), pid, at_ms: at.resolve(now) }
+            }
             Event::Exited { which, code, signal, completed, at, peak, error } => AgentEvent::Exited {
                 attempt: self.attempt(which, node),
                 code,
@@ -393,17 +514,21 @@ impl World {
                 duration_ms,
                 at_ms: at.resolve(now),
             },
-            Event::Resumed { which, step, at } => AgentEvent::Resumed { attempt: self.attempt(which, node), step, at_ms: at.resolve(now) },
-            Event::Restored { which, from_attempt, upload, step, files, bytes, duration_ms, at } => AgentEvent::Restored {
-                attempt: self.attempt(which, node),
-                from_attempt,
-                upload,
-                step,
-                files,
-                bytes,
-                duration_ms,
-                at_ms: at.resolve(now),
-            },
+            Event::Resumed { which, step, at } => {
+                AgentEvent::Resumed { attempt: self.attempt(which, node), step, at_ms: at.resolve(now) }
+            }
+            Event::Restored { which, from_attempt, upload, step, files, bytes, duration_ms, at } => {
+                AgentEvent::Restored {
+                    attempt: self.attempt(which, node),
+                    from_attempt,
+                    upload,
+                    step,
+                    files,
+                    bytes,
+                    duration_ms,
+                    at_ms: at.resolve(now),
+                }
+            }
             Event::Progress { which, fraction, at } => {
                 AgentEvent::Progress { attempt: self.attempt(which, node), fraction, at_ms: at.resolve(now) }
             }
@@ -412,7 +537,11 @@ impl World {
     }
 
     fn who(&self, alice: bool) -> Principal {
-        if alice { self.alice.clone() } else { self.admin.clone() }
+        if alice {
+            self.alice.clone()
+        } else {
+            self.admin.clone()
+        }
     }
 
     fn run(&mut self, step: &Step) {
@@ -427,7 +556,8 @@ impl World {
             }
             Step::Cancel { id, grace_ms, alice } => {
                 let principal = self.who(alice);
-                let _ = self.call(|reply| Msg::Cancel { principal, id, req: CancelRequest { grace_ms }, reply });
+                let _ =
+                    self.call(|reply| Msg::Cancel { principal, id, req: CancelRequest { grace_ms }, reply });
             }
             Step::Drill { id, alice } => {
                 let principal = self.who(alice);
@@ -439,7 +569,15 @@ impl World {
             }
             Step::List => {
                 let principal = self.alice.clone();
-                let query = JobQuery { cursor: None, limit: 100, desc: true, states: None, tier: None, name: None, collapse: true };
+                let query = JobQuery {
+                    cursor: None,
+                    limit: 100,
+                    desc: true,
+                    states: None,
+                    tier: None,
+                    name: None,
+                    collapse: true,
+                };
                 let _ = self.call(|reply| Msg::Jobs { principal, query, reply });
             }
             Step::Log { id, offset } => {
@@ -468,14 +606,22 @@ impl World {
                 let name = NODES[node];
                 let (known_epoch, known_after) = self.agents.get(name).copied().unwrap_or((0, 0));
                 let (epoch, after) = (epoch.unwrap_or(known_epoch), after.unwrap_or(known_after));
-                let polled = self.call(|reply| Msg::Poll { node: name.into(), epoch, after, health: failing, reply });
+                let polled =
+                    self.call(|reply| Msg::Poll { node: name.into(), epoch, after, health: failing, reply });
                 let poll = match polled {
                     Ok(poll) => poll,
                     // As an agent does: told to register again (the server
                     // restarted, or the node was lost), it does.
                     Err(e) if e.status == 409 => {
                         let running = Vec::new();
-                        return self.run(&Step::Register { node, join: None, gpus: 8, model: "H100".into(), running, unreported: vec![] });
+                        return self.run(&Step::Register {
+                            node,
+                            join: None,
+                            gpus: 8,
+                            model: "H100".into(),
+                            running,
+                            unreported: vec![],
+                        });
                     }
                     Err(_) => return,
                 };
@@ -506,8 +652,15 @@ impl World {
                 }
             }
             Step::Reclaim { gpus, model, release } => match release {
-                false => drop(self.call(|reply| Msg::Reclaim { req: ReclaimRequest { gpus, gpu_model: model }, reply })),
-                true => drop(self.call(|reply| Msg::ReleaseReclaim { req: ReclaimRelease { gpu_model: model }, reply })),
+                false => drop(
+                    self.call(|reply| Msg::Reclaim { req: ReclaimRequest { gpus, gpu_model: model }, reply }),
+                ),
+                true => {
+                    drop(self.call(|reply| Msg::ReleaseReclaim {
+                        req: ReclaimRelease { gpu_model: model },
+                        reply,
+                    }))
+                }
             },
             Step::Tenant { name, limits, tokens } => {
                 let _ = self.call(|reply| Msg::CreateTenant { name: name.clone(), reply });
@@ -523,7 +676,14 @@ impl World {
                 let _ = self.call(|reply| Msg::SetPrice { model, update, reply });
             }
             Step::Reserve { gpus, start, end, rate, delete } => {
-                let req = ReservationRequest { tenant: "alice".into(), gpu_model: "H100".into(), gpus, start, end, rate_usd: rate };
+                let req = ReservationRequest {
+                    tenant: "alice".into(),
+                    gpu_model: "H100".into(),
+                    gpus,
+                    start,
+                    end,
+                    rate_usd: rate,
+                };
                 let _ = self.call(|reply| Msg::CreateReservation { req, reply });
                 if let Some(id) = delete {
                     let _ = self.call(|reply| Msg::DeleteReservation { id, reply });
@@ -549,7 +709,14 @@ impl World {
                 self.restart();
                 for node in 0..NODES.len() {
                     let running: Vec<Which> = Vec::new();
-                    self.run(&Step::Register { node, join: None, gpus: 8, model: "H100".into(), running, unreported: vec![] });
+                    self.run(&Step::Register {
+                        node,
+                        join: None,
+                        gpus: 8,
+                        model: "H100".into(),
+                        running,
+                        unreported: vec![],
+                    });
                 }
             }
         }
@@ -627,4 +794,3 @@ proptest! {
         }
     }
 }
-

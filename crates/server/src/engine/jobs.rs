@@ -522,7 +522,8 @@ mod tests {
 
     #[test]
     fn an_array_becomes_one_job_per_task_sharing_the_first_id_with_its_index_and_name() {
-        let spec = StoredSpec { name: Some("prep".into()), argv: vec!["x".into()].into(), ..Default::default() };
+        let spec =
+            StoredSpec { name: Some("prep".into()), argv: vec!["x".into()].into(), ..Default::default() };
         let tasks = (3..5).map(|index| Task { index, params: Vec::new() }).collect();
         let jobs = expand(&spec, tasks, 40);
         assert_eq!(jobs.len(), 2);
@@ -555,7 +556,8 @@ mod tests {
 
     #[test]
     fn a_single_job_is_left_as_it_was() {
-        let spec = StoredSpec { name: Some("one".into()), argv: vec!["x".into()].into(), ..Default::default() };
+        let spec =
+            StoredSpec { name: Some("one".into()), argv: vec!["x".into()].into(), ..Default::default() };
         assert_eq!(expand(&spec, Vec::new(), 1), vec![(spec, None)]);
     }
 }

@@ -351,7 +351,14 @@ impl<S: Store> Engine<S> {
             tier: job.tier,
             gpus: job.gpus,
             gpu_model: job.spec.gpu_model.as_deref().and_then(|m| self.core.model_by_name(m)),
-            submitted_at: Time(job.submitted_ms),
+            // A promoted job queues on-demand from its promotion (see
+            // `State::promote`), after a restart too.
+            submitted_at: Time(
+                job.deadline
+                    .as_ref()
+                    .and_then(|d| d.promoted.as_ref())
+                    .map_or(job.submitted_ms, |p| p.at_ms.max(job.submitted_ms)),
+            ),
             max_preemptions: job.spec.max_preemptions,
         }
     }
