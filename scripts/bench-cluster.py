@@ -67,6 +67,7 @@ class Api:
 
     def metrics(self):
         req = urllib.request.Request(self.url + "/metrics")
+        req.add_header("Authorization", "Bearer " + self.token)
         with urllib.request.urlopen(req, timeout=60) as resp:
             return resp.read().decode()
 

@@ -70,6 +70,12 @@ pub struct ServerArgs {
     /// nodes behind one address (a simulated fleet: 0, no bound).
     #[arg(long, default_value_t = 1024, value_name = "N")]
     pub max_connections_per_address: usize,
+    /// A file holding a token that may read /metrics and nothing else, for
+    /// a Prometheus server (its scrape config's `authorization` with
+    /// `credentials_file`); /metrics takes an operator's token too, and no
+    /// other. The file should be the server's alone (0600).
+    #[arg(long, value_name = "FILE")]
+    pub metrics_token_file: Option<PathBuf>,
     /// How far ahead of the server's clock a node's event times may be;
     /// a report stamped later is refused. Times are clamped to the
     /// server's now in any case.
@@ -371,6 +377,21 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
     if !(100..=3_600_000).contains(&args.header_read_timeout.as_millis()) {
         return Err(format!("--header-read-timeout {}: from 100ms to 1h", args.header_read_timeout.human()));
     }
+    let metrics_token = match &args.metrics_token_file {
+        None => None,
+        Some(path) => {
+            let token = std::fs::read_to_string(path)
+                .map_err(|e| format!("--metrics-token-file {}: {e}", path.display()))?;
+            let token = token.trim().to_string();
+            if token.len() < 16 || token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                return Err(format!(
+                    "--metrics-token-file {}: a token of at least 16 characters on one line, no spaces",
+                    path.display()
+                ));
+            }
+            Some(token)
+        }
+    };
     let lease = args.lease.unwrap_or(Span::from_secs(5));
     if !(500..=600_000).contains(&lease.as_millis()) {
         return Err(format!("--lease {}: from 500ms to 10m", lease.human()));
@@ -402,6 +423,7 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
             per_address: args.max_connections_per_address,
             total: 0,
         },
+        metrics_token,
     })
     .await
 }

@@ -98,8 +98,11 @@ fn a_cancelled_jobs_trap_finds_a_cancel_notice_and_a_job_ignoring_sigterm_is_kil
 }
 
 /// The value of each series in a scrape, by its name with labels.
-fn scrape(url: &str) -> BTreeMap<String, f64> {
-    let text = reqwest::blocking::get(format!("{url}/metrics")).unwrap().text().unwrap();
+fn scrape(url: &str, token: &str) -> BTreeMap<String, f64> {
+    let answer =
+        reqwest::blocking::Client::new().get(format!("{url}/metrics")).bearer_auth(token).send().unwrap();
+    assert_eq!(answer.status(), 200);
+    let text = answer.text().unwrap();
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .filter_map(|l| l.rsplit_once(' '))
@@ -141,7 +144,8 @@ fn metrics_export_every_series_at_zero_and_count_a_preemption_as_the_report_does
     let dir = scratch("preemption");
     let up = Up::start_with(&dir, 1); // one node of 2 GPUs
     let url = up.env.iter().find(|(k, _)| k == "EBB_SERVER").unwrap().1.clone();
-    let fresh = scrape(&url);
+    let token = up.env.iter().find(|(k, _)| k == "EBB_TOKEN").unwrap().1.clone();
+    let fresh = scrape(&url, &token);
     let mut zero = vec![
         "ebb_submissions_total".to_string(),
         "ebb_preemptions_total".into(),
@@ -191,7 +195,7 @@ fn metrics_export_every_series_at_zero_and_count_a_preemption_as_the_report_does
     // While the slow one drains: its GPU draining, the quick one's GPU
     // held for the on-demand job, which waits, with the quick one requeued.
     let during = wait_for("the slow victim alone to drain", Duration::from_secs(30), || {
-        let m = scrape(&url);
+        let m = scrape(&url, &token);
         (m["ebb_gpus_allocated{tier=\"on-demand\",state=\"held\"}"] == 1.0).then_some(m)
     });
     assert_eq!(during["ebb_gpus_allocated{tier=\"preemptible\",state=\"draining\"}"], 1.0);
@@ -210,7 +214,7 @@ fn metrics_export_every_series_at_zero_and_count_a_preemption_as_the_report_does
         (state(&up, urgent) == "succeeded").then_some(())
     });
     let after = wait_for("both victims to run again", Duration::from_secs(30), || {
-        let m = scrape(&url);
+        let m = scrape(&url, &token);
         (m["ebb_gpus_allocated{tier=\"preemptible\",state=\"running\"}"] == 2.0).then_some(m)
     });
     assert_eq!(after["ebb_preemptions_total"], 2.0);
@@ -235,4 +239,45 @@ fn metrics_export_every_series_at_zero_and_count_a_preemption_as_the_report_does
         }
     }
     stop(up, &dir);
+}
+
+/// `/metrics` needed no token and published revenue by tier, which
+/// `/v1/report` keeps to operators. It takes an operator's token, or the
+/// scrape token of `--metrics-token-file`, and nothing else.
+#[test]
+fn metrics_need_an_operators_token_or_the_scrape_token() {
+    let dir = scratch("metrics-token");
+    std::fs::create_dir_all(&dir).unwrap();
+    let scrape_token = "prometheus-scrape-0123456789abcdef";
+    let file = dir.join("metrics.token");
+    std::fs::write(&file, format!("{scrape_token}\n")).unwrap();
+    let c = Cluster::start(Options {
+        server_args: vec!["--metrics-token-file".into(), file.display().to_string()],
+        ..Options::default()
+    });
+    let tenant: Value = serde_json::from_str(&c.ebb(&["tenant", "create", "alice", "--json"])).unwrap();
+    let tenant = tenant["token"].as_str().unwrap().to_string();
+    let get = |token: Option<&str>| {
+        let mut req = reqwest::blocking::Client::new().get(format!("{}/metrics", c.url));
+        if let Some(token) = token {
+            req = req.bearer_auth(token);
+        }
+        let answer = req.send().unwrap();
+        (answer.status().as_u16(), answer.text().unwrap())
+    };
+    let (status, body) = get(None);
+    assert_eq!(status, 401, "{body}");
+    assert!(!body.contains("ebb_revenue_usd_total"));
+    let (status, body) = get(Some(&tenant));
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("--metrics-token-file"), "{body}");
+    assert_eq!(get(Some("prometheus-scrape-wrong-token")).0, 401);
+    for token in [scrape_token, c.admin.as_str()] {
+        let (status, body) = get(Some(token));
+        assert_eq!(status, 200);
+        assert!(body.contains("ebb_revenue_usd_total"), "{body}");
+    }
+    // The scrape token reads /metrics and nothing else.
+    let jobs = reqwest::blocking::Client::new().get(format!("{}/v1/jobs", c.url)).bearer_auth(scrape_token).send();
+    assert_eq!(jobs.unwrap().status(), 401);
 }

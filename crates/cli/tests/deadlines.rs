@@ -140,7 +140,7 @@ fn a_job_whose_progress_slows_is_promoted_and_billed_at_both_rates_to_the_micro_
 /// `ebb_revenue_usd_total{tier}` from the server's `/metrics`, in
 /// micro-dollars.
 fn revenue_micro_usd(c: &Cluster, tier: &str) -> i64 {
-    let text = reqwest::blocking::get(format!("{}/metrics", c.url)).unwrap().text().unwrap();
+    let text = c.metrics();
     let series = format!("ebb_revenue_usd_total{{tier=\"{tier}\"}} ");
     let line = text.lines().find_map(|l| l.strip_prefix(series.as_str()));
     let usd: f64 = line.unwrap_or_else(|| panic!("no {series} in:\n{text}")).parse().unwrap();

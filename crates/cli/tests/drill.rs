@@ -76,7 +76,7 @@ fn drill(c: &Cluster, token: &str, id: u64, args: &[&str]) -> Output {
 
 /// `ebb_drills_total{verdict}` from the server's `/metrics`.
 fn drills(c: &Cluster, verdict: &str) -> f64 {
-    let text = reqwest::blocking::get(format!("{}/metrics", c.url)).unwrap().text().unwrap();
+    let text = c.metrics();
     let series = format!("ebb_drills_total{{verdict=\"{verdict}\"}} ");
     let line = text.lines().find_map(|l| l.strip_prefix(series.as_str()));
     line.unwrap_or_else(|| panic!("no {series} in:\n{text}")).parse().unwrap()

@@ -389,7 +389,7 @@ fn tenants_see_only_their_own_jobs_and_bad_requests_name_what_was_wrong() {
         assert_eq!(status, expected, "{method} {path}: {err}");
         assert!(err["error"].as_str().is_some_and(|m| !m.is_empty()), "{method} {path}: {err}");
     }
-    let metrics = http().get(format!("{}/metrics", c.url)).send().unwrap().text().unwrap();
+    let metrics = c.metrics();
     assert!(metrics.contains("ebb_jobs{tier=\"preemptible\",state=\"succeeded\"} 1"), "{metrics}");
 }
 
@@ -571,7 +571,7 @@ fn a_service_with_restart_always_runs_again_after_each_exit_until_cancelled() {
 
 /// An agent's polls, by who answered them: (the writer, the quiet line).
 fn polls(c: &Cluster) -> (f64, f64) {
-    let (_, text) = get(&format!("{}/metrics", c.url), None);
+    let text = c.metrics();
     let value = |answered: &str| {
         let series = format!("ebb_agent_polls_total{{answered=\"{answered}\"}} ");
         text.lines().find_map(|l| l.strip_prefix(&series)?.parse().ok()).unwrap()

@@ -33,6 +33,9 @@ struct App {
     tls_ca: Option<Arc<str>>,
     /// Open `/v1/stream` connections by tenant (`None`: operators).
     streams: Arc<std::sync::Mutex<HashMap<Option<u32>, usize>>>,
+    /// The SHA-256 of the token a Prometheus server scrapes `/metrics`
+    /// with (`--metrics-token-file`), beside an operator's.
+    metrics_token: Option<Arc<str>>,
 }
 
 /// How many `/v1/stream` connections one tenant (or the operators) may
@@ -1109,7 +1112,27 @@ async fn wrong_method() -> ApiError {
     ApiError { status: 405, message: "method not allowed on this route (see /openapi.json)".into() }
 }
 
-async fn metrics(State(app): State<App>) -> ApiResult<Response> {
+/// `/metrics` publishes revenue by tier, which `/v1/report` keeps to
+/// operators: it takes an operator's token or the scrape token of
+/// `--metrics-token-file` (Prometheus' `authorization` with a
+/// `credentials_file`).
+async fn metrics(State(app): State<App>, headers: HeaderMap) -> ApiResult<Response> {
+    let scraper = app.metrics_token.as_deref().is_some_and(|hash| {
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(hash_token);
+        given.is_some_and(|given| {
+            given.len() == hash.len() && given.bytes().zip(hash.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+        })
+    });
+    if !scraper {
+        app.require(&headers, Scope::Admin).map_err(|e| match e.status {
+            403 => ApiError::forbidden("/metrics needs an operator's token or the scrape token (ebb server --metrics-token-file)"),
+            _ => e,
+        })?;
+    }
     let snapshot = app.ask(|reply| Msg::Metrics { reply }).await?;
     let text = crate::metrics::render(&snapshot);
     Ok(([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text)
@@ -1305,6 +1328,7 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
         poll_wait: Duration::from_millis(config.heartbeat_interval.as_millis()),
         tls_ca: tls.as_ref().and_then(|t| t.ca.as_ref()).map(|ca| Arc::from(ca.pem.as_str())),
         streams: Arc::default(),
+        metrics_token: config.metrics_token.as_deref().map(|t| Arc::from(hash_token(t).as_str())),
     };
     let router = Router::new()
         .route("/healthz", get(crate::leader::healthz).with_state(role))

@@ -165,6 +165,9 @@ pub struct ServerConfig {
     /// How the API's connections are bounded: the header-read (and idle)
     /// timeout, connections per client address.
     pub connections: ebb_http::Limits,
+    /// A token that may read `/metrics` (and nothing else), as well as an
+    /// operator's: read from `--metrics-token-file`.
+    pub metrics_token: Option<String>,
 }
 
 /// Runs the server until SIGINT or SIGTERM.

@@ -205,6 +205,18 @@ impl Cluster {
         self.admin = std::fs::read_to_string(server_dir.join("admin.token")).unwrap().trim().to_string();
     }
 
+    /// `/metrics` as an operator scrapes it (it takes an operator's token
+    /// or the scrape token).
+    pub fn metrics(&self) -> String {
+        let answer = reqwest::blocking::Client::new()
+            .get(format!("{}/metrics", self.url))
+            .bearer_auth(&self.admin)
+            .send()
+            .unwrap();
+        assert_eq!(answer.status(), 200, "/metrics");
+        answer.text().unwrap()
+    }
+
     /// The server's process, while this cluster runs it: the same pid
     /// before and after a request says the request did not stop it.
     pub fn server_pid(&self) -> u32 {
