@@ -808,7 +808,9 @@ fn describe_event(kind: api::EventKind, d: &serde_json::Value) -> String {
     }
 }
 
-pub async fn logs(conn: &Connection, id: u64, follow: bool, as_json: bool) -> Result<(), String> {
+/// `ebb logs`: the job's output, its control characters escaped where
+/// `escape` says (a terminal, without `--raw`; see [`crate::shown`]).
+pub async fn logs(conn: &Connection, id: u64, follow: bool, as_json: bool, escape: bool) -> Result<(), String> {
     use std::io::Write;
     let client = conn.client()?;
     let mut offset = 0;
@@ -823,6 +825,8 @@ pub async fn logs(conn: &Connection, id: u64, follow: bool, as_json: bool) -> Re
         // only when it is all there is).
         let text = if as_json {
             format!("{}\n", serde_json::to_string(&chunk).expect("serialisable"))
+        } else if escape {
+            crate::shown::terminal_safe(&chunk.data).into_owned()
         } else {
             chunk.data.clone()
         };

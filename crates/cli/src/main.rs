@@ -6,6 +6,7 @@ mod commands;
 mod daemons;
 mod drill;
 mod money;
+mod shown;
 mod sim;
 
 use std::process::ExitCode;
@@ -65,6 +66,12 @@ enum Command {
         /// Keep printing what the job writes until it ends.
         #[arg(short, long)]
         follow: bool,
+        /// Write the job's output as it is. By default, on a terminal, its
+        /// control characters (other than line breaks and tabs) are shown
+        /// as escapes (\x1b), so that a job cannot send commands to the
+        /// terminal of whoever reads its log.
+        #[arg(long)]
+        raw: bool,
         #[command(flatten)]
         out: commands::JsonFlag,
         #[command(flatten)]
@@ -225,10 +232,12 @@ fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
-/// Writes command output; a closed pipe (`ebb ... | head`) is not an error.
+/// Writes command output, with no control character a tenant put in it
+/// ([`shown`]); a closed pipe (`ebb ... | head`) is not an error.
 fn write_stdout(text: &str) -> Result<(), String> {
     use std::io::Write;
     let mut stdout = std::io::stdout().lock();
+    let text = shown::terminal_safe(text);
     match stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(format!("writing output: {e}")),
         _ => Ok(()),
@@ -277,8 +286,10 @@ async fn dispatch(cli: Cli) -> Result<(), String> {
         Command::Submit { args, conn } => commands::submit(&before.or(conn), &args).await?,
         Command::Jobs { args, conn } => commands::jobs(&before.or(conn), &args).await?,
         Command::Show { id, out, conn } => commands::show(&before.or(conn), id, &out).await?,
-        Command::Logs { id, follow, out, conn } => {
-            return commands::logs(&before.or(conn), id, follow, out.json).await
+        Command::Logs { id, follow, raw, out, conn } => {
+            use std::io::IsTerminal;
+            let escape = !raw && std::io::stdout().is_terminal();
+            return commands::logs(&before.or(conn), id, follow, out.json, escape).await;
         }
         Command::Cancel { ids, array, grace, out, conn } => {
             commands::cancel(&before.or(conn), &ids, array, grace, &out).await?
@@ -323,7 +334,7 @@ fn main() -> ExitCode {
     match runtime.block_on(dispatch(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
-            eprintln!("error: {message}");
+            eprintln!("error: {}", shown::terminal_safe(&message));
             ExitCode::FAILURE
         }
     }

@@ -259,3 +259,42 @@ fn only_commands_that_talk_to_a_server_offer_server_and_token() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--server: ebb up talks to no server"), "{err}");
 }
+
+/// A tenant's job named `ESC ] 0 ; owned BEL ESC [ 2 J` cleared the
+/// operator's screen and set its window's title through `ebb jobs` and
+/// `ebb show`, and its output did the same through `ebb logs`. What the
+/// CLI shows is text now: control characters are escapes; `ebb logs`
+/// escapes on a terminal unless `--raw`, and passes bytes to a pipe.
+#[test]
+fn escape_sequences_a_tenant_puts_in_names_and_output_never_reach_the_terminal() {
+    let c = Cluster::start(Options::default());
+    let name = "train\u{1b}]0;owned\u{7}\u{1b}[2J";
+    let id = c.submit(&["--name", name, "--", "printf", "\\033]0;owned\\007\\033[2Jdone\\n"]);
+    c.wait_state(id, "succeeded");
+    for args in [vec!["jobs"], vec!["show", &id.to_string()]] {
+        let out = c.ebb(&args);
+        assert!(!out.contains('\u{1b}') && !out.contains('\u{7}'), "{args:?}: {out:?}");
+        assert!(out.contains("train\\x1b]0;owned"), "{args:?}: {out}");
+    }
+    // JSON keeps the name as it is, escaped as JSON escapes it.
+    let shown: Value = serde_json::from_str(&c.ebb(&["show", &id.to_string(), "--json"])).unwrap();
+    assert_eq!(shown["name"], name);
+    // On a terminal (script(1) gives ebb one), the job's output is escaped.
+    let logs = |raw: bool| {
+        let command = format!("{} logs {id}{}", ebb_exe(), if raw { " --raw" } else { "" });
+        let out = Command::new("script")
+            .args(["-qec", &command, "/dev/null"])
+            .env("EBB_SERVER", &c.url)
+            .env("EBB_TOKEN", &c.admin)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let escaped = logs(false);
+    assert!(escaped.contains("\\x1b]0;owned\\x07\\x1b[2Jdone"), "{escaped:?}");
+    assert!(!escaped.contains('\u{1b}'), "{escaped:?}");
+    assert!(logs(true).contains("\u{1b}]0;owned\u{7}\u{1b}[2Jdone"), "--raw passes the bytes");
+    // To a pipe, as programs read it: the bytes.
+    assert_eq!(c.output(id), "\u{1b}]0;owned\u{7}\u{1b}[2Jdone\n");
+}
