@@ -212,6 +212,27 @@ impl<S: Supervisor> Agent<S> {
         if self.supervisor.is_running(a) {
             return; // a repeated command
         }
+        if let Some(port) = s.rendezvous_port.filter(|p| !self.supervisor.port_free(*p)) {
+            // Another program listens there: the gang's ranks could never
+            // meet. The server requeues it with another port.
+            let message = format!(
+                "the gang's rendezvous port {port} (MASTER_PORT) is in use on this node by another program: \
+                 not started; the server requeues the gang with another port"
+            );
+            tracing::warn!(job = a.job, attempt = a.attempt, "{message}");
+            self.reporter.send(AgentEvent::Output { attempt: a, data: format!("ebb: {message}\n") });
+            self.reporter.send(AgentEvent::Exited {
+                attempt: a,
+                code: None,
+                signal: None,
+                completed: false,
+                at_ms: now_ms(),
+                peak_memory_bytes: None,
+                start_error: Some(message),
+                port_in_use: Some(port),
+            });
+            return;
+        }
         if let Err(message) = self.supervisor.start(s).await {
             tracing::error!(job = a.job, attempt = a.attempt, "{message}");
             self.reporter.send(AgentEvent::Output { attempt: a, data: format!("ebb: {message}\n") });
@@ -224,6 +245,7 @@ impl<S: Supervisor> Agent<S> {
                 peak_memory_bytes: None,
                 // The program's name is the submitter's, up to 128 KiB.
                 start_error: Some(message.chars().take(ebb_api::MAX_START_ERROR_CHARS).collect()),
+                port_in_use: None,
             });
         }
     }
@@ -275,6 +297,7 @@ mod tests {
             run_as: None,
             tenant: String::new(),
             tenant_id: 1,
+            rendezvous_port: None,
         })
     }
 
@@ -316,6 +339,31 @@ mod tests {
             AgentEvent::Exited { attempt: A, signal: None, completed: false, start_error: Some(why), .. }
                 if why == "run-as user alice: no such user on this node"
         ));
+    }
+
+    /// A gang's first node checks its rendezvous port before the start:
+    /// taken by another program, nothing starts and the exit says which.
+    #[tokio::test]
+    async fn a_gang_start_whose_rendezvous_port_is_taken_is_reported_and_not_started() {
+        let fake = Arc::new(FakeServer::default());
+        let agent = testing::agent(fake.clone(), "port-taken").await;
+        let taken = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+        let port = taken.local_addr().unwrap().port();
+        let Action::Start(mut start) = start_of(A) else { unreachable!() };
+        start.rendezvous_port = Some(port);
+        fake.commands.lock().unwrap().push(Action::Start(start));
+        let exited = |e: &AgentEvent| matches!(e, AgentEvent::Exited { port_in_use: Some(_), .. });
+        until("the exit is delivered", || fake.delivered().iter().any(exited)).await;
+        assert!(agent.supervisor.ops().is_empty(), "it started");
+        let delivered = fake.delivered();
+        assert!(delivered.iter().any(|e| matches!(e,
+            AgentEvent::Exited { attempt: A, code: None, port_in_use: Some(p), .. } if *p == port)));
+        // A free port starts as any start does.
+        drop(taken);
+        let Action::Start(mut start) = start_of(B) else { unreachable!() };
+        start.rendezvous_port = Some(port);
+        fake.commands.lock().unwrap().push(Action::Start(start));
+        agent.supervisor.until("the start", |ops| ops.contains(&Op::Start(B))).await;
     }
 
     #[tokio::test]

@@ -422,6 +422,7 @@ mod tests {
             at_ms: 1,
             peak_memory_bytes: None,
             start_error: None,
+            port_in_use: None,
         }
     }
 

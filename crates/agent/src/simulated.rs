@@ -271,6 +271,7 @@ impl Simulated {
             at_ms: now_ms(),
             peak_memory_bytes: None,
             start_error: None,
+            port_in_use: None,
         });
     }
 }
@@ -301,6 +302,11 @@ fn first_line(node: &str, b: &Behaviour, resumed: Option<Saved>) -> String {
 }
 
 impl Supervisor for Simulated {
+    /// A simulated attempt listens on no port.
+    fn port_free(&self, _port: u16) -> bool {
+        true
+    }
+
     fn running(&self) -> Vec<AttemptRef> {
         self.running.lock().expect("running").keys().copied().collect()
     }
@@ -383,6 +389,7 @@ mod tests {
             run_as: None,
             tenant: "default".into(),
             tenant_id: 1,
+            rendezvous_port: None,
         }
     }
 

@@ -58,6 +58,14 @@ pub(crate) trait Supervisor: Send + Sync + 'static {
     /// not running).
     fn signal(&self, attempt: AttemptRef, signal: Signal);
 
+    /// Whether a gang's rendezvous port is free on this node, for its
+    /// first node's processes to listen on: bound and let go at once (on
+    /// every address, as torchrun's store listens). A simulated node's
+    /// attempts listen on nothing.
+    fn port_free(&self, port: u16) -> bool {
+        std::net::TcpListener::bind(("0.0.0.0", port)).is_ok()
+    }
+
     /// Puts the notice (a drain's or a cancel's) on the attempt's metadata
     /// endpoint. None if the attempt is not running or already has a
     /// notice this one does not supersede (a repeated command after a
@@ -432,6 +440,7 @@ impl Processes {
             at_ms,
             peak_memory_bytes,
             start_error: None,
+            port_in_use: None,
         });
         // After the exit is on its way: a waiting preemptor need not wait
         // for the group to be put back.

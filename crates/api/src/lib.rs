@@ -469,10 +469,14 @@ pub enum EventKind {
     /// the on-demand rate from now) or queued, `fraction_done`,
     /// `needed_seconds`, `margin_seconds`, `left_seconds`, `reason`.
     Promoted,
+    /// Ebb stopped a gang's parts still running: `reason` (a part failed,
+    /// or they outran the gang exit grace after a part exited 0). The
+    /// attempt fails.
+    GangStopped,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 18] = [
+    pub const ALL: [EventKind; 19] = [
         EventKind::Submitted,
         EventKind::Admitted,
         EventKind::Placed,
@@ -491,6 +495,7 @@ impl EventKind {
         EventKind::Resumed,
         EventKind::Restored,
         EventKind::Promoted,
+        EventKind::GangStopped,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -513,6 +518,7 @@ impl EventKind {
             EventKind::Resumed => "resumed",
             EventKind::Restored => "restored",
             EventKind::Promoted => "promoted",
+            EventKind::GangStopped => "gang_stopped",
         }
     }
 }
@@ -844,6 +850,12 @@ pub struct StartAttempt {
     /// The job's tenant: its checkpoint directory lives under the tenant's.
     #[serde(default)]
     pub tenant: String,
+    /// On a gang's first node: the rendezvous port (`MASTER_PORT`) its
+    /// processes will listen on. The agent checks it is free before the
+    /// start, and reports an exit with `port_in_use` if it is not: the
+    /// server requeues the gang with another port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rendezvous_port: Option<u16>,
     /// The tenant's number. A root agent runs a job without `run_as` as a
     /// uid of the tenant's own: its `--tenant-uids` range's first plus this
     /// number, the same on every node.
@@ -925,6 +937,10 @@ pub enum AgentEvent {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         #[schema(max_length = 4096)]
         start_error: Option<String>,
+        /// It never ran because the gang's rendezvous port was taken on
+        /// this node by another program: the gang is requeued, not failed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        port_in_use: Option<u16>,
         // MAX_START_ERROR_CHARS, as the schema needs a literal.
     },
     /// The attempt reported a completed checkpoint to its endpoint.

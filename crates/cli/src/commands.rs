@@ -750,6 +750,7 @@ fn describe_event(kind: api::EventKind, d: &serde_json::Value) -> String {
             format!("{step}{bytes}took {took}")
         }
         K::Warning => s("message"),
+        K::GangStopped => s("reason"),
         K::Preempting => format!(
             "victims {} (lost {})",
             d["victims"],
@@ -810,7 +811,13 @@ fn describe_event(kind: api::EventKind, d: &serde_json::Value) -> String {
 
 /// `ebb logs`: the job's output, its control characters escaped where
 /// `escape` says (a terminal, without `--raw`; see [`crate::shown`]).
-pub async fn logs(conn: &Connection, id: u64, follow: bool, as_json: bool, escape: bool) -> Result<(), String> {
+pub async fn logs(
+    conn: &Connection,
+    id: u64,
+    follow: bool,
+    as_json: bool,
+    escape: bool,
+) -> Result<(), String> {
     use std::io::Write;
     let client = conn.client()?;
     let mut offset = 0;

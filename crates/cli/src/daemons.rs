@@ -76,6 +76,12 @@ pub struct ServerArgs {
     /// other. The file should be the server's alone (0600).
     #[arg(long, value_name = "FILE")]
     pub metrics_token_file: Option<PathBuf>,
+    /// When one node's part of a gang exits 0, how long the other parts
+    /// may run on before they are stopped and the attempt fails. A gang
+    /// ends when all its parts have exited; a part that fails stops the
+    /// others at once.
+    #[arg(long, default_value = "10m", value_parser = parse_span)]
+    pub gang_exit_grace: Span,
     /// How far ahead of the server's clock a node's event times may be;
     /// a report stamped later is refused. Times are clamped to the
     /// server's now in any case.
@@ -413,6 +419,7 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
         heartbeat_interval: args.heartbeat_interval,
         keep_finished: args.keep_finished,
         max_clock_skew: args.max_clock_skew,
+        gang_exit_grace: args.gang_exit_grace,
         pricing: ebb_server::billing::Pricing { prices, default_price, discount_bps },
         limits: args.limits.limits()?,
         run_as,

@@ -31,7 +31,8 @@ pub fn terminal_safe(text: &str) -> Cow<'_, str> {
 }
 
 fn needs_escape(c: char) -> bool {
-    (c.is_control() && c != '\n' && c != '\t') || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    (c.is_control() && c != '\n' && c != '\t')
+        || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 
 #[cfg(test)]

@@ -278,6 +278,7 @@ fn metrics_need_an_operators_token_or_the_scrape_token() {
         assert!(body.contains("ebb_revenue_usd_total"), "{body}");
     }
     // The scrape token reads /metrics and nothing else.
-    let jobs = reqwest::blocking::Client::new().get(format!("{}/v1/jobs", c.url)).bearer_auth(scrape_token).send();
+    let jobs =
+        reqwest::blocking::Client::new().get(format!("{}/v1/jobs", c.url)).bearer_auth(scrape_token).send();
     assert_eq!(jobs.unwrap().status(), 401);
 }

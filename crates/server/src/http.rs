@@ -1124,12 +1124,15 @@ async fn metrics(State(app): State<App>, headers: HeaderMap) -> ApiResult<Respon
             .and_then(|v| v.strip_prefix("Bearer "))
             .map(hash_token);
         given.is_some_and(|given| {
-            given.len() == hash.len() && given.bytes().zip(hash.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+            given.len() == hash.len()
+                && given.bytes().zip(hash.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
         })
     });
     if !scraper {
         app.require(&headers, Scope::Admin).map_err(|e| match e.status {
-            403 => ApiError::forbidden("/metrics needs an operator's token or the scrape token (ebb server --metrics-token-file)"),
+            403 => ApiError::forbidden(
+                "/metrics needs an operator's token or the scrape token (ebb server --metrics-token-file)",
+            ),
             _ => e,
         })?;
     }
@@ -1257,6 +1260,7 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
         heartbeat_interval: config.heartbeat_interval,
         keep_finished: config.keep_finished,
         max_clock_skew: config.max_clock_skew,
+        gang_exit_grace: config.gang_exit_grace,
         pricing: config.pricing.clone(),
         limits: config.limits.clone(),
         run_as: config.run_as.clone(),

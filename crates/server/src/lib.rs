@@ -155,6 +155,8 @@ pub struct ServerConfig {
     pub keep_finished: Span,
     /// How far ahead of the server's clock a node's event time may be.
     pub max_clock_skew: Span,
+    /// How long a gang's other parts may run after one exited 0.
+    pub gang_exit_grace: Span,
     pub pricing: billing::Pricing,
     pub limits: Limits,
     pub run_as: RunAs,

@@ -120,6 +120,7 @@ fn config(dir: &std::path::Path) -> EngineConfig {
         heartbeat_interval: Span(500),
         keep_finished: Span(0),
         max_clock_skew: Span(5_000),
+        gang_exit_grace: Span(600_000),
         pricing: Pricing {
             prices: vec![(MODEL.to_string(), ON_DEMAND, None)],
             default_price: ON_DEMAND,
@@ -218,6 +219,7 @@ impl<S: Store> World<S> {
             at_ms: self.now,
             peak_memory_bytes: None,
             start_error: None,
+            port_in_use: None,
         });
     }
 

@@ -42,6 +42,7 @@ impl Server {
             run_as: Default::default(),
             checkpoint_store: None,
             max_clock_skew: Span(5_000),
+            gang_exit_grace: Span(600_000),
         };
         let store = SqliteStore::open(&dir.join("ebb.db")).unwrap();
         let (engine, _) = Engine::open(store, config, Arc::new(RwLock::new(HashMap::new())), NOW)

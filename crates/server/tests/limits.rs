@@ -131,6 +131,7 @@ impl World {
             at_ms: self.now,
             peak_memory_bytes: None,
             start_error: None,
+            port_in_use: None,
         };
         self.report(vec![exited]);
     }
@@ -168,6 +169,7 @@ fn open(dir: &std::path::Path, limits: &Limits, now: u64) -> Engine<SqliteStore>
         run_as: Default::default(),
         checkpoint_store: None,
         max_clock_skew: Span(5_000),
+        gang_exit_grace: Span(600_000),
     };
     let store = SqliteStore::open(&dir.join("ebb.db")).unwrap();
     Engine::open(store, config, Arc::new(RwLock::new(HashMap::new())), now).map_err(|e| e.message).unwrap().0

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use ebb_api::{
     Action, AgentEvent, AttemptRef, CancelRequest, EventKind, JobEvent, JobSubmission, Register, Report,
-    ReportId, StopNotice,
+    ReportId, StartAttempt, StopNotice,
 };
 use ebb_core::Span;
 use ebb_server::billing::Pricing;
@@ -206,6 +206,7 @@ fn config(dir: &Path) -> EngineConfig {
         run_as: Default::default(),
         checkpoint_store: None,
         max_clock_skew: Span(5_000),
+        gang_exit_grace: Span(600_000),
     }
 }
 
@@ -402,6 +403,7 @@ fn exited(attempt: AttemptRef, code: i32, at_ms: u64) -> AgentEvent {
         at_ms,
         peak_memory_bytes: None,
         start_error: None,
+        port_in_use: None,
     }
 }
 
@@ -1227,4 +1229,182 @@ fn a_deadline_job_is_promoted_in_place_and_its_attempt_is_billed_at_both_rates()
     let metrics = env.call(|reply| Msg::Metrics { reply });
     let revenue: Vec<_> = metrics.counters.revenue_micro_usd.into_iter().collect();
     assert_eq!(revenue, [("on-demand", 200_000), ("preemptible", 300_000), ("reserved", 0)]);
+}
+
+/// A gang of two 8-GPU nodes placed and started: its attempt, and where
+/// each rank runs (rank 0 first).
+fn gang(env: &mut TestEnv) -> (AttemptRef, Vec<(String, StartAttempt)>) {
+    let id = env.submit(16);
+    let mut starts = Vec::new();
+    for node in ["a", "b"] {
+        for action in env.commands(node) {
+            if let Action::Start(start) = action {
+                starts.push((node.to_string(), start));
+            }
+        }
+    }
+    assert_eq!(starts.len(), 2, "a gang over both nodes");
+    starts.sort_by_key(|(_, s)| s.env["NODE_RANK"].clone());
+    let attempt = starts[0].1.attempt;
+    assert_eq!(attempt.job, id);
+    for (node, _) in &starts {
+        let at_ms = env.now;
+        env.report(node, vec![AgentEvent::Started { attempt, pid: 1, at_ms }]);
+    }
+    (attempt, starts)
+}
+
+fn stops(actions: &[Action]) -> usize {
+    actions.iter().filter(|a| matches!(a, Action::Stop { .. })).count()
+}
+
+fn two_nodes(name: &str) -> TestEnv {
+    let mut env = TestEnv::new(name);
+    env.register("a", Vec::new(), Vec::new());
+    env.register("b", Vec::new(), Vec::new());
+    env
+}
+
+/// When one node's part exited 0 the server stopped the other at once, and
+/// torchrun's other node was killed in its own shutdown; the job then
+/// succeeded though a part had been killed. A gang ends when all its
+/// parts have: one that exits 0 leaves the others the grace to finish.
+#[test]
+fn a_gang_waits_for_its_last_part_and_succeeds_only_if_every_part_did() {
+    let mut env = two_nodes("gang-waits");
+    let (attempt, starts) = gang(&mut env);
+    let (rank0, rank1) = (starts[0].0.clone(), starts[1].0.clone());
+    env.now += 1_000;
+    let at = env.now;
+    env.report(&rank1, vec![exited(attempt, 0, at)]);
+    assert_eq!(stops(&env.commands(&rank0)), 0, "rank 0 was stopped while saving its weights");
+    assert_eq!(env.job(attempt.job).unwrap().state, "running");
+    env.now += 3_000;
+    let at = env.now;
+    env.report(&rank0, vec![exited(attempt, 0, at)]);
+    assert_eq!(env.job(attempt.job).unwrap().state, "succeeded");
+
+    // A part killed by a signal after another exited 0 is a failure.
+    let (attempt, starts) = gang(&mut env);
+    let at = env.now;
+    env.report(&starts[1].0, vec![exited(attempt, 0, at)]);
+    let killed = AgentEvent::Exited {
+        attempt,
+        code: None,
+        signal: Some(15),
+        completed: false,
+        at_ms: at,
+        peak_memory_bytes: None,
+        start_error: None,
+        port_in_use: None,
+    };
+    env.report(&starts[0].0, vec![killed]);
+    assert_eq!(env.job(attempt.job).unwrap().state, "failed", "rank 0 was killed: no success");
+}
+
+/// The parts left running past the gang exit grace are stopped, and the
+/// attempt fails saying why, whatever they exit with; so does a gang one
+/// of whose parts failed, at once.
+#[test]
+fn a_gang_whose_parts_outrun_the_grace_or_whose_part_failed_is_stopped_and_fails() {
+    let mut env = two_nodes("gang-grace");
+    let (attempt, starts) = gang(&mut env);
+    let (rank0, rank1) = (starts[0].0.clone(), starts[1].0.clone());
+    let at = env.now;
+    env.report(&rank1, vec![exited(attempt, 0, at)]);
+    // The nodes keep polling (their heartbeat) while the grace runs.
+    let mut rank0_stops = 0;
+    for _ in 0..20 {
+        env.now += 29_900;
+        rank0_stops += stops(&env.commands(&rank0));
+        env.commands(&rank1);
+    }
+    assert_eq!(rank0_stops, 0, "within the grace");
+    // A restart keeps the grace's end.
+    env.restart();
+    for node in ["a", "b"] {
+        let running = if rank0.as_str() == node { vec![attempt] } else { vec![] };
+        env.register(node, running, Vec::new());
+    }
+    env.now += 3_000;
+    let now = env.now;
+    env.engine().batch(vec![Msg::Tick], now).unwrap();
+    assert_eq!(stops(&env.commands(&rank0)), 1, "past the grace: stopped");
+    let at = env.now;
+    env.report(&rank0, vec![exited(attempt, 0, at)]);
+    let job = env.job(attempt.job).unwrap();
+    assert_eq!(job.state, "failed", "a part Ebb stopped is no success, even one that exited 0");
+    let failed = job.events.iter().find(|e| e.kind == EventKind::Failed).unwrap();
+    let why = failed.detail["reason"].as_str().unwrap();
+    assert!(why.contains("had not exited within the gang exit grace of 10m"), "{why}");
+    assert!(job.events.iter().any(|e| e.kind == EventKind::GangStopped));
+
+    let (attempt, starts) = gang(&mut env);
+    let at = env.now;
+    env.report(&starts[1].0, vec![exited(attempt, 3, at)]);
+    assert_eq!(stops(&env.commands(&starts[0].0)), 1, "a failed part stops the others at once");
+    let at = env.now + 500;
+    env.report(&starts[0].0, vec![exited(attempt, 0, at)]);
+    let job = env.job(attempt.job).unwrap();
+    assert_eq!(job.state, "failed");
+    let failed = job.events.iter().find(|e| e.kind == EventKind::Failed).unwrap();
+    assert!(failed.detail["reason"].as_str().unwrap().contains("exited with code 3"), "{failed:?}");
+}
+
+/// `MASTER_PORT` was the lowest port from 29500 that Ebb's own gangs did
+/// not use, never checked free: with another program on it the gang
+/// failed with EADDRINUSE. The first node's agent checks it now; a taken
+/// port requeues the gang (no failure, no preemption) with another port.
+#[test]
+fn a_gang_whose_rendezvous_port_is_taken_is_requeued_with_another() {
+    let mut env = two_nodes("gang-port");
+    let id = env.submit(16);
+    let mut starts = Vec::new();
+    for node in ["a", "b"] {
+        for action in env.commands(node) {
+            if let Action::Start(start) = action {
+                starts.push((node.to_string(), start));
+            }
+        }
+    }
+    starts.sort_by_key(|(_, s)| s.env["NODE_RANK"].clone());
+    let (rank0, start0) = starts[0].clone();
+    let port = start0.rendezvous_port.expect("rank 0 is told to check its port");
+    assert_eq!(start0.env["MASTER_PORT"], port.to_string());
+    assert_eq!(starts[1].1.rendezvous_port, None, "only rank 0 listens");
+    let attempt = start0.attempt;
+    let at = env.now;
+    env.report(&starts[1].0, vec![AgentEvent::Started { attempt, pid: 1, at_ms: at }]);
+    let taken = AgentEvent::Exited {
+        attempt,
+        code: None,
+        signal: None,
+        completed: false,
+        at_ms: at,
+        peak_memory_bytes: None,
+        start_error: Some(format!("port {port} in use")),
+        port_in_use: Some(port),
+    };
+    env.report(&rank0, vec![taken]);
+    assert_eq!(stops(&env.commands(&starts[1].0)), 1, "the other rank is stopped at once");
+    let at = env.now + 200;
+    env.report(&starts[1].0, vec![exited(attempt, 1, at)]);
+    let job = env.job(id).unwrap();
+    assert_eq!((job.attempt, job.retries, job.preemptions), (2, 0, 0), "neither a failure nor a preemption");
+    let requeued = job.events.iter().rfind(|e| e.kind == EventKind::Requeued).unwrap();
+    assert!(requeued.detail["reason"].as_str().unwrap().contains("rendezvous port"), "{requeued:?}");
+    // The next attempt meets on another port.
+    let mut again = Vec::new();
+    for node in ["a", "b"] {
+        for action in env.commands(node) {
+            if let Action::Start(start) = action {
+                again.push(start);
+            }
+        }
+    }
+    assert_eq!(again.len(), 2);
+    assert!(
+        again.iter().all(|s| s.attempt.attempt == 2 && s.env["MASTER_PORT"] != port.to_string()),
+        "{again:?}"
+    );
 }

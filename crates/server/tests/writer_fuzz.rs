@@ -110,6 +110,7 @@ enum Event {
         at: At,
         peak: Option<u64>,
         error: Option<String>,
+        port: Option<u16>,
     },
     Checkpoint {
         which: Which,
@@ -157,8 +158,8 @@ fn event() -> impl Strategy<Value = Event> {
     ];
     prop_oneof![
         3 => (which(), any::<u32>(), at()).prop_map(|(which, pid, at)| Event::Started { which, pid, at }),
-        3 => (which(), any::<Option<i32>>(), any::<Option<i32>>(), any::<bool>(), at(), proptest::option::of(big_u64()), proptest::option::of(text()))
-            .prop_map(|(which, code, signal, completed, at, peak, error)| Event::Exited { which, code, signal, completed, at, peak, error }),
+        3 => (which(), any::<Option<i32>>(), any::<Option<i32>>(), any::<bool>(), at(), proptest::option::of(big_u64()), proptest::option::of(text()), rarely(any::<u16>()))
+            .prop_map(|(which, code, signal, completed, at, peak, error, port)| Event::Exited { which, code, signal, completed, at, peak, error, port }),
         2 => (which(), proptest::option::of(big_u64()), proptest::option::of(big_u64()), big_u64(), at())
             .prop_map(|(which, step, bytes, duration_ms, at)| Event::Checkpoint { which, step, bytes, duration_ms, at }),
         1 => (which(), proptest::option::of(big_u64()), at()).prop_map(|(which, step, at)| Event::Resumed { which, step, at }),
@@ -420,6 +421,7 @@ fn config(dir: &std::path::Path) -> EngineConfig {
         run_as: Default::default(),
         checkpoint_store: None,
         max_clock_skew: Span(5_000),
+        gang_exit_grace: Span(600_000),
     }
 }
 
@@ -498,7 +500,7 @@ impl World {
             Event::Started { which, pid, at } => {
                 AgentEvent::Started { attempt: self.attempt(which, node), pid, at_ms: at.resolve(now) }
             }
-            Event::Exited { which, code, signal, completed, at, peak, error } => AgentEvent::Exited {
+            Event::Exited { which, code, signal, completed, at, peak, error, port } => AgentEvent::Exited {
                 attempt: self.attempt(which, node),
                 code,
                 signal,
@@ -506,6 +508,7 @@ impl World {
                 at_ms: at.resolve(now),
                 peak_memory_bytes: peak,
                 start_error: error,
+                port_in_use: port,
             },
             Event::Checkpoint { which, step, bytes, duration_ms, at } => AgentEvent::Checkpoint {
                 attempt: self.attempt(which, node),

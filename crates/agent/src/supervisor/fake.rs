@@ -84,6 +84,7 @@ impl FakeSupervisor {
             at_ms: now_ms(),
             peak_memory_bytes: None,
             start_error: None,
+            port_in_use: None,
         });
     }
 

@@ -1,6 +1,6 @@
 //! The agent protocol: registration, the command poll, reports of starts, checkpoints and output.
 
-use super::ending::cancel_stop;
+use super::ending::{cancel_stop, STOP_GRACE_MS};
 use super::*;
 
 impl<S: Store> Engine<S> {
@@ -133,7 +133,12 @@ impl<S: Store> Engine<S> {
             if running.contains(&attempt) {
                 let job = &self.jobs[&attempt.job];
                 let (state, notice) = (job.state, job.notice.clone());
-                let stop = job.cancel_requested.then(|| cancel_stop(job, attempt, now));
+                let stop = match (job.cancel_requested, job.gang_stopped.is_some()) {
+                    (true, _) => Some(cancel_stop(job, attempt, now)),
+                    // A gang part stopped before the server restarted.
+                    (false, true) => Some(Action::Stop { attempt, grace_ms: STOP_GRACE_MS, notice: None }),
+                    (false, false) => None,
+                };
                 if let (JobState::Draining, Some((at, deadline, reason))) = (state, notice) {
                     let drain = DrainAttempt { attempt, notice_at_ms: at, deadline_ms: deadline, reason };
                     self.outbox.push(node, Action::Drain(drain));
@@ -151,6 +156,7 @@ impl<S: Store> Engine<S> {
                     vanished: true,
                     peak_memory_bytes: None,
                     start_error: None,
+                    port_in_use: None,
                 };
                 self.part_exited(node, attempt, exit, last_contact, now)?;
             }
@@ -342,6 +348,7 @@ impl<S: Store> Engine<S> {
                     at_ms,
                     peak_memory_bytes,
                     start_error,
+                    port_in_use,
                 } => {
                     if !self.live_on(attempt, &node) {
                         continue; // already accounted for (lost or fenced)
@@ -351,8 +358,15 @@ impl<S: Store> Engine<S> {
                     let at_ms = self.known_time(attempt, at_ms.max(started), now);
                     // A node's words, kept to a line's worth.
                     let start_error = start_error.map(|e| clip(&e, MAX_START_ERROR_BYTES));
-                    let exit =
-                        PartExit { code, signal, completed, vanished: false, peak_memory_bytes, start_error };
+                    let exit = PartExit {
+                        code,
+                        signal,
+                        completed,
+                        vanished: false,
+                        peak_memory_bytes,
+                        start_error,
+                        port_in_use,
+                    };
                     self.part_exited(&node, attempt, exit, at_ms, now)?;
                 }
                 AgentEvent::Checkpoint { attempt, step, bytes, duration_ms, at_ms } => {

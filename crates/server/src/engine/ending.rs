@@ -73,10 +73,13 @@ pub(super) struct Ended {
 /// How the core is to be told the attempt ended, from the record (the
 /// exit codes gathered from every node) and the SDK's completion marker.
 pub(super) fn exit_kind(job: &JobRecord, completed: bool) -> ExitKind {
-    let success = job.exit_code == Some(0) && !job.vanished;
+    // A gang whose parts Ebb stopped has failed, whatever they exited with.
+    let success =
+        job.exit_code == Some(0) && job.exit_signal.is_none() && !job.vanished && job.gang_stopped.is_none();
     if job.cancel_requested {
         ExitKind::Cancelled
-    } else if job.vanished {
+    } else if job.vanished || job.rendezvous_failed.is_some() {
+        // A gang that could not meet was not the job's failure.
         ExitKind::Lost
     } else if job.state == JobState::Draining {
         match success && (completed || job.spec.exit_on_drain_is_success) {
@@ -190,6 +193,9 @@ pub(super) fn end_attempt(
     job.notice = None;
     job.vanished = false;
     job.rendezvous = None;
+    job.gang_grace_until = None;
+    job.gang_stopped = None;
+    job.rendezvous_failed = None;
     if state == JobState::Queued {
         job.exit_code = None;
         job.exit_signal = None;

@@ -15,13 +15,20 @@ impl<S: Store> Engine<S> {
         at_ms: u64,
         now: u64,
     ) -> Written {
-        let PartExit { code, signal, completed, vanished, peak_memory_bytes, start_error } = exit;
+        let PartExit { code, signal, completed, vanished, peak_memory_bytes, start_error, port_in_use } =
+            exit;
         let id = attempt.job;
         let job = self.jobs.get_mut(&id).expect("live attempt");
+        let first_part = job.running_on.len() == job.placement.len();
         job.running_on.retain(|n| n != node);
         job.exited_ms = job.exited_ms.max(at_ms);
         job.vanished |= vanished;
-        if job.exit_code.is_none() || code.is_some_and(|c| c != 0) {
+        // The attempt's exit is its first part's, unless a later one
+        // failed where those before succeeded: a part killed by a signal
+        // after another exited 0 is the attempt's failure, not its success.
+        let part_ok = code == Some(0) && signal.is_none() && !vanished;
+        let so_far_ok = job.exit_code == Some(0) && job.exit_signal.is_none();
+        if first_part || (so_far_ok && !part_ok) {
             job.exit_code = code;
             job.exit_signal = signal;
         }
@@ -34,17 +41,41 @@ impl<S: Store> Engine<S> {
         if let Some(error) = start_error {
             detail["start_error"] = json!(error);
         }
+        if let Some(port) = port_in_use {
+            detail["port_in_use"] = json!(port);
+            self.port_taken(id, node, port);
+        }
         self.event(id, EventKind::Exited, detail)?;
         let job = &self.jobs[&id];
         if !job.running_on.is_empty() {
-            // A gang ends as a whole. Being drained or cancelled, the other
-            // parts already have their notice and deadline: they finish
-            // their own save. Otherwise they are stopped: SIGTERM, then
-            // SIGKILL after the default grace.
-            if job.state != JobState::Draining && !job.cancel_requested {
-                for n in job.running_on.clone() {
-                    self.outbox.push(&n, Action::Stop { attempt, grace_ms: STOP_GRACE_MS, notice: None });
+            // A gang ends as a whole, once every part has exited. Being
+            // drained or cancelled, the other parts already have their
+            // notice and deadline: they finish their own save. A part that
+            // failed fails the gang: the others are stopped now. A part
+            // that exited 0 leaves the others the gang exit grace to exit
+            // on their own (torchrun's nodes end milliseconds apart; a
+            // rank 0 may save final weights after its peers are done).
+            if job.state == JobState::Draining || job.cancel_requested || job.gang_stopped.is_some() {
+                return self.save(id);
+            }
+            if let Some(why) = self.jobs[&id].rendezvous_failed.clone() {
+                self.stop_gang(id, format!("{why}: the other parts were stopped"))?;
+                return self.save(id);
+            }
+            if part_ok {
+                if job.gang_grace_until.is_none() {
+                    let until_ms = now.saturating_add(self.config.gang_exit_grace.as_millis());
+                    self.jobs.get_mut(&id).expect("live attempt").gang_grace_until = Some(until_ms);
+                    self.gang_graces.insert((until_ms, id));
                 }
+            } else {
+                let why = match (code, signal, vanished) {
+                    (_, _, true) => format!("node {node}'s part was lost"),
+                    (_, Some(sig), _) => format!("node {node}'s part was killed by signal {sig}"),
+                    (Some(c), _, _) => format!("node {node}'s part exited with code {c}"),
+                    _ => format!("node {node}'s part ended"),
+                };
+                self.stop_gang(id, format!("{why}: the other parts were stopped"))?;
             }
             return self.save(id);
         }
@@ -57,7 +88,73 @@ impl<S: Store> Engine<S> {
             }
         };
         let end_ms = self.jobs[&id].exited_ms;
-        self.ended(id, effect, end_ms, now, json!({}))
+        let job = &self.jobs[&id];
+        let extra = match (&job.rendezvous_failed, &job.gang_stopped) {
+            (Some(why), _) if effect == ExitEffect::RequeuedLost => {
+                json!({ "reason": format!("{why}; requeued with another port") })
+            }
+            (_, Some(why))
+                if matches!(effect, ExitEffect::Failed | ExitEffect::Requeued { preempted: false }) =>
+            {
+                json!({ "reason": why })
+            }
+            _ => json!({}),
+        };
+        self.ended(id, effect, end_ms, now, extra)
+    }
+
+    /// The gang's rendezvous port was taken on `node` by another program:
+    /// no gang gets it there again, and this attempt is requeued once its
+    /// parts have ended (a failure to meet is not the job's).
+    fn port_taken(&mut self, id: u64, node: &str, port: u16) {
+        let addr =
+            self.fleet.nodes.get(node).and_then(|n| n.address.clone()).unwrap_or_else(|| node.to_string());
+        let taken = self.fleet.busy_ports.entry(addr).or_default();
+        if !taken.contains(&port) {
+            taken.push_back(port);
+            if taken.len() > BUSY_PORTS_KEPT {
+                taken.pop_front();
+            }
+        }
+        let why =
+            format!("the rendezvous port {port} (MASTER_PORT) is in use on node {node} by another program");
+        tracing::warn!(job = id, node, port, "{why}; the gang is requeued with another port");
+        self.jobs.get_mut(&id).expect("live attempt").rendezvous_failed = Some(why);
+    }
+
+    /// Stops the parts of gang `id` still running, for `why`: the attempt
+    /// has failed, whatever they exit with.
+    fn stop_gang(&mut self, id: u64, why: String) -> Written {
+        let job = self.jobs.get_mut(&id).expect("live attempt");
+        let attempt = AttemptRef { job: id, attempt: job.attempt };
+        job.gang_stopped = Some(why.clone());
+        for n in job.running_on.clone() {
+            self.outbox.push(&n, Action::Stop { attempt, grace_ms: STOP_GRACE_MS, notice: None });
+        }
+        self.event(id, EventKind::GangStopped, json!({ "reason": why }))
+    }
+
+    /// Gangs whose grace after a part's exit 0 has run out with parts
+    /// still running: those are stopped, and the attempt fails.
+    pub(super) fn end_gang_graces(&mut self, now: u64) -> Written {
+        while let Some(&(until_ms, id)) = self.gang_graces.first() {
+            if until_ms > now {
+                break;
+            }
+            self.gang_graces.pop_first();
+            let Some(job) = self.jobs.get(&id) else { continue };
+            if !job.state.is_live() || job.gang_grace_until != Some(until_ms) || job.running_on.is_empty() {
+                continue;
+            }
+            if job.state == JobState::Draining || job.cancel_requested || job.gang_stopped.is_some() {
+                continue;
+            }
+            let waiting = job.running_on.join(", ");
+            let grace = self.config.gang_exit_grace.human();
+            self.stop_gang(id, format!("a part exited 0, and {waiting} had not exited within the gang exit grace of {grace}: stopped"))?;
+            self.save(id)?;
+        }
+        Ok(())
     }
 
     /// The live attempt of job `id` ended at `end_ms` with `effect` (the

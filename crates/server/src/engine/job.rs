@@ -127,6 +127,21 @@ pub struct JobRecord {
     /// The interval recommended to the latest attempt, seconds, and why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interval: Option<(u64, String)>,
+    /// A live gang one of whose parts exited 0 while others run: when
+    /// the others are stopped if they have not exited by then (the first
+    /// exit plus the gang exit grace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gang_grace_until: Option<u64>,
+    /// Ebb stopped the live gang's other parts, and why (a part failed, or
+    /// the rest outran the grace after a part's exit): the attempt has
+    /// failed, whatever those parts exit with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gang_stopped: Option<String>,
+    /// The live gang could not meet: its rendezvous port was taken on its
+    /// first node (why, for the timeline). It is requeued once all its
+    /// parts have ended, as neither a failure nor a preemption.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rendezvous_failed: Option<String>,
     /// A live gang's rendezvous (`MASTER_ADDR`, `MASTER_PORT`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rendezvous: Option<(String, u16)>,
@@ -334,6 +349,9 @@ impl JobRecord {
             waiting: None,
             quick_exits: 0,
             drilled_since_preempted: false,
+            gang_grace_until: None,
+            gang_stopped: None,
+            rendezvous_failed: None,
             drill: None,
             log_tracked: true,
             deadline: None,

@@ -48,6 +48,8 @@ impl<S: Store> Engine<S> {
                 run_as: run_as.clone(),
                 tenant: tenant.clone(),
                 tenant_id: job.tenant,
+                // The first node's agent checks the port is free.
+                rendezvous_port: job.rendezvous.as_ref().filter(|_| rank == 0).map(|(_, port)| *port),
             }
         };
         job.placement
@@ -79,7 +81,8 @@ impl<S: Store> Engine<S> {
     }
 
     /// Where a gang led by `leader` meets: the leader's address and the
-    /// lowest port from 29500 that no live gang there uses.
+    /// lowest port from 29500 that no live gang there uses and no agent
+    /// there found taken by another program.
     pub(super) fn rendezvous(&self, leader: &str) -> (String, u16) {
         let addr = self
             .fleet
@@ -95,7 +98,10 @@ impl<S: Store> Engine<S> {
             .filter(|(a, _)| *a == addr)
             .map(|(_, port)| *port)
             .collect();
-        let port = (29500..u16::MAX).find(|p| !taken.contains(p)).unwrap_or(29500);
+        let busy = self.fleet.busy_ports.get(&addr);
+        let port = (29500..u16::MAX)
+            .find(|p| !taken.contains(p) && !busy.is_some_and(|b| b.contains(p)))
+            .unwrap_or(29500);
         (addr, port)
     }
 }

@@ -283,6 +283,8 @@ struct PartExit {
     peak_memory_bytes: Option<u64>,
     /// It never ran: why its start failed, as the agent says it.
     start_error: Option<String>,
+    /// It never ran: the gang's rendezvous port was taken on the node.
+    port_in_use: Option<u16>,
 }
 
 #[derive(Clone, Debug)]
@@ -300,6 +302,11 @@ pub struct EngineConfig {
     /// How far ahead of the server's clock an event time from a node may
     /// be before the report is refused.
     pub max_clock_skew: Span,
+    /// How long a gang's other parts may run on after one part exited 0
+    /// before they are stopped and the attempt fails: torchrun's nodes end
+    /// milliseconds apart, and a rank 0 may save its final weights after
+    /// its peers are done.
+    pub gang_exit_grace: Span,
     pub pricing: crate::billing::Pricing,
     pub limits: crate::validate::Limits,
     pub run_as: RunAs,
@@ -370,6 +377,9 @@ pub struct Engine<S: Store> {
     backoff: BTreeSet<(u64, u64)>,
     /// Deadline jobs not yet promoted, by when to judge them again.
     deadlines: BTreeSet<(u64, u64)>,
+    /// Gangs one of whose parts exited 0, by when the rest are stopped if
+    /// they have not exited (`JobRecord::gang_grace_until`).
+    gang_graces: BTreeSet<(u64, u64)>,
     /// How much of each unfinished job's log is committed, once output came.
     logs: HashMap<u64, crate::store::LogState>,
     tenants: Tenants,
@@ -430,7 +440,15 @@ struct Fleet {
     /// interrupted. Kept as rows change, so a placement does not walk the
     /// fleet.
     exposure: HashMap<String, Exposure>,
+    /// Rendezvous ports agents found taken by other programs, by the
+    /// node's address (the most recent [`BUSY_PORTS_KEPT`]): no gang is
+    /// given them there again. Memory only: after a restart an agent says
+    /// so again, once.
+    busy_ports: HashMap<String, VecDeque<u16>>,
 }
+
+/// How many taken rendezvous ports are remembered per address.
+pub(super) const BUSY_PORTS_KEPT: usize = 64;
 
 /// Sums over the node rows of one model.
 #[derive(Clone, Copy, Debug, Default)]

@@ -22,6 +22,7 @@ impl<S: Store> Engine<S> {
     /// next batch goes on at once.
     pub(super) fn schedule(&mut self, now: u64) -> Written {
         self.end_backoffs(now)?;
+        self.end_gang_graces(now)?;
         self.check_deadlines(now)?;
         self.hear_silent(now)?;
         let mut starts = 0;

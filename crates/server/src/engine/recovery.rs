@@ -35,6 +35,7 @@ impl<S: Store> Engine<S> {
             next_job: 1,
             backoff: BTreeSet::new(),
             deadlines: BTreeSet::new(),
+            gang_graces: BTreeSet::new(),
             logs: HashMap::new(),
             tenants: Tenants::default(),
             access: Access { tokens, node_credentials: BTreeMap::new() },
@@ -146,6 +147,9 @@ impl<S: Store> Engine<S> {
             let mut job = job;
             if job.deadline.as_ref().is_some_and(|d| d.promoted.is_none()) && !state.is_final() {
                 self.deadlines.insert((0, id)); // judged at the first pass
+            }
+            if let Some(until_ms) = job.gang_grace_until.filter(|_| state.is_live()) {
+                self.gang_graces.insert((until_ms, id));
             }
             self.tally.count(&mut job);
             self.jobs.insert(id, Box::new(job));
