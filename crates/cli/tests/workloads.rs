@@ -388,8 +388,13 @@ sys.exit(0 if np.array_equal(got, want) else 1)
     assert!(status.success(), "preprocessed chunks differ from a direct computation");
 }
 
+/// The gang tests take turns: one of them holds port 29500, where every
+/// cluster's first gang would meet.
+static GANG_PORT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn a_gang_gets_torchrun_variables_starts_together_and_drains_together() {
+    let _turn = GANG_PORT.lock().unwrap_or_else(|e| e.into_inner());
     let c = Cluster::start(Options { nodes: 2, gpus: 2, ..Options::default() });
     let script = r#"env > "$EBB_CHECKPOINT_DIR/env-$EBB_NODE-$EBB_ATTEMPT"
 trap 'if [ "$NODE_RANK" = 1 ]; then sleep 1; fi; touch "$EBB_CHECKPOINT_DIR/term-$EBB_NODE-$EBB_ATTEMPT"; exit 0' TERM
@@ -472,4 +477,71 @@ fn serving_on_demand_is_never_drained_while_batch_work_is() {
     assert!(!events(&server).contains(&"drain_notice".to_string()));
     c.ebb(&["cancel", &serve.to_string()]);
     c.wait_state(serve, "cancelled");
+}
+
+/// `ebb submit --gpus 4 -- bash -c 'if [ "$NODE_RANK" = 0 ]; then sleep 3;
+/// fi; echo done'` on nodes of 2 GPUs: when rank 1 exited 0 the server
+/// stopped rank 0 at once, rank 0 never printed, and the job succeeded. A
+/// gang ends when all its parts have: rank 0 finishes and both print.
+#[test]
+fn a_gang_whose_rank_0_finishes_last_waits_for_it_and_succeeds_only_with_every_part() {
+    let _turn = GANG_PORT.lock().unwrap_or_else(|e| e.into_inner());
+    let c = Cluster::start(Options { nodes: 2, gpus: 2, ..Options::default() });
+    let script = r#"if [ "$NODE_RANK" = 0 ]; then sleep 3; fi; echo "done $NODE_RANK""#;
+    let gang = c.submit(&["--gpus", "4", "--", "bash", "-c", script]);
+    let job = c.wait_job(gang, "its end", Duration::from_secs(60), |j| {
+        ["succeeded", "failed"].contains(&j["state"].as_str().unwrap())
+    });
+    assert_eq!(job["state"], "succeeded", "{job}");
+    let out = c.output(gang);
+    assert!(out.contains("done 0") && out.contains("done 1"), "rank 0 was cut short: {out:?}");
+
+    // With a grace shorter than rank 0's work, rank 0 is stopped and the
+    // gang fails saying why: never a success with rank 0 killed.
+    let c = Cluster::start(Options {
+        nodes: 2,
+        gpus: 2,
+        server_args: vec!["--gang-exit-grace".into(), "1s".into()],
+        ..Options::default()
+    });
+    let script = r#"if [ "$NODE_RANK" = 0 ]; then sleep 30; fi; echo "done $NODE_RANK""#;
+    let gang = c.submit(&["--gpus", "4", "--", "bash", "-c", script]);
+    let job = c.wait_job(gang, "its end", Duration::from_secs(60), |j| {
+        ["succeeded", "failed"].contains(&j["state"].as_str().unwrap())
+    });
+    assert_eq!(job["state"], "failed", "{job}");
+    let stopped = event_details(&job, "gang_stopped");
+    assert!(stopped[0]["reason"].as_str().unwrap().contains("gang exit grace of 1.0s"), "{job}");
+    assert!(!c.output(gang).contains("done 0"));
+    let shown = c.ebb(&["show", &gang.to_string()]);
+    assert!(shown.contains("gang exit grace"), "{shown}");
+}
+
+/// With another program listening on 29500 (a second `ebb up` on the
+/// host, say), a gang given MASTER_PORT 29500 failed with EADDRINUSE and
+/// was not retried. The first node's agent checks the port before the
+/// start: the gang is requeued, uncounted, and meets on another port.
+#[test]
+fn a_gang_starts_with_port_29500_taken() {
+    let _turn = GANG_PORT.lock().unwrap_or_else(|e| e.into_inner());
+    // Held for the test; if something else holds it already, so much the better.
+    let _taken = std::net::TcpListener::bind(("0.0.0.0", 29500));
+    let c = Cluster::start(Options { nodes: 2, gpus: 2, ..Options::default() });
+    let script = r#"
+import os, socket
+if os.environ["NODE_RANK"] == "0":
+    s = socket.socket()
+    s.bind(("", int(os.environ["MASTER_PORT"])))
+    s.listen()
+print("rank", os.environ["NODE_RANK"], "on", os.environ["MASTER_PORT"], flush=True)
+"#;
+    let gang = c.submit(&["--gpus", "4", "--", "python3", "-c", script]);
+    let job = c.wait_job(gang, "its end", Duration::from_secs(60), |j| {
+        ["succeeded", "failed"].contains(&j["state"].as_str().unwrap())
+    });
+    assert_eq!(job["state"], "succeeded", "{job}\n{}", c.output(gang));
+    assert_eq!((job["attempt"].as_u64(), job["retries"].as_u64(), job["preemptions"].as_u64()), (Some(2), Some(0), Some(0)));
+    let out = c.output(gang);
+    assert!(out.contains("rendezvous port 29500 (MASTER_PORT) is in use"), "{out}");
+    assert!(out.contains("rank 0 on 29501") && out.contains("rank 1 on 29501"), "{out}");
 }
