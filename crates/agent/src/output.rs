@@ -333,6 +333,44 @@ fn incomplete_tail(bytes: &[u8]) -> usize {
     bytes.len()
 }
 
+/// How long a line begun and not ended is held before it is passed on.
+const LINE_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// A pipe's output passed on in whole lines: what follows its last line
+/// break waits for the rest of its line (at most [`READ_SIZE`] of it,
+/// and [`LINE_WAIT`]), so that a gang's nodes' lines, and a job's stdout
+/// and stderr, never meet in the middle of a line in the log.
+#[derive(Default)]
+pub(crate) struct Lines {
+    held: String,
+}
+
+impl Lines {
+    /// Whether part of a line waits.
+    pub(crate) fn held(&self) -> bool {
+        !self.held.is_empty()
+    }
+
+    /// What of `text` (after what was held) ends with a line break, or
+    /// everything once what waits is as long as a read.
+    pub(crate) fn push(&mut self, text: &str) -> String {
+        self.held.push_str(text);
+        match self.held.rfind('\n') {
+            _ if self.held.len() >= READ_SIZE => std::mem::take(&mut self.held),
+            Some(end) => {
+                let rest = self.held.split_off(end + 1);
+                std::mem::replace(&mut self.held, rest)
+            }
+            None => String::new(),
+        }
+    }
+
+    /// Everything held (the pipe ended, or the line waited long enough).
+    pub(crate) fn take(&mut self) -> String {
+        std::mem::take(&mut self.held)
+    }
+}
+
 /// One attempt's output on its way to the server: its stdout and stderr
 /// share the attempt's limits (and markers), each pipe is decoded on its
 /// own.
@@ -348,19 +386,34 @@ impl Forwarder {
     }
 
     /// Reads `pipe` to its end, every byte, so the job never blocks on a
-    /// full pipe, and passes on what fits the limits.
+    /// full pipe, and passes on what fits the limits, in whole lines
+    /// ([`Lines`]).
     pub(crate) async fn read(&self, mut pipe: impl AsyncRead + Unpin) {
         let mut buf = vec![0u8; READ_SIZE];
         let mut stream = Utf8Stream::default();
-        while let Ok(n) = pipe.read(&mut buf).await {
-            if n == 0 {
-                break;
+        let mut lines = Lines::default();
+        loop {
+            let read = match lines.held() {
+                // A line begun and not ended is passed on as it is after
+                // a while (a progress bar's `\r`, a prompt).
+                true => match tokio::time::timeout(LINE_WAIT, pipe.read(&mut buf)).await {
+                    Ok(read) => read,
+                    Err(_) => {
+                        self.forward(&lines.take());
+                        continue;
+                    }
+                },
+                false => pipe.read(&mut buf).await,
+            };
+            match read {
+                Ok(0) | Err(_) => break,
+                Ok(n) => self.forward(&lines.push(&stream.decode(&buf[..n]))),
             }
-            self.forward(&stream.decode(&buf[..n]));
         }
         if let Some(rest) = stream.finish() {
-            self.forward(&rest);
+            self.forward(&lines.push(&rest));
         }
+        self.forward(&lines.take());
     }
 
     /// Passes on what the gate lets through of `text`, and the gate's
@@ -633,5 +686,20 @@ mod tests {
         assert_eq!(text.len(), line.len());
         assert!(text == line, "the line came back changed around {:?}", &text[READ_SIZE - 4..]);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn output_is_passed_on_in_whole_lines() {
+        let mut lines = Lines::default();
+        assert_eq!(lines.push("rank 0: step 1\nrank 0: st"), "rank 0: step 1\n");
+        assert!(lines.held());
+        assert_eq!(lines.push("ep 2"), "");
+        assert_eq!(lines.push("\nrank 0: step 3\n"), "rank 0: step 2\nrank 0: step 3\n");
+        assert!(!lines.held());
+        assert_eq!(lines.push("no end"), "");
+        assert_eq!(lines.take(), "no end");
+        // A line as long as a read is passed on as it is.
+        let long = "x".repeat(READ_SIZE);
+        assert_eq!(lines.push(&long).len(), READ_SIZE);
     }
 }

@@ -717,6 +717,18 @@ pub struct LogChunk {
     pub data: String,
     /// The job has ended: no more output will come.
     pub finished: bool,
+    /// With `label`: where in the log each piece of `data` a gang's node
+    /// wrote starts, and which node (a gang's pieces are whole lines of
+    /// one node's), by offset. Empty for a job on one node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sources: Vec<LogSource>,
+}
+
+/// Where a gang's node's output starts in its log.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct LogSource {
+    pub offset: u64,
+    pub node: String,
 }
 
 /// Every error body: one message that names what was wrong.

@@ -809,20 +809,26 @@ fn describe_event(kind: api::EventKind, d: &serde_json::Value) -> String {
     }
 }
 
-/// `ebb logs`: the job's output, its control characters escaped where
-/// `escape` says (a terminal, without `--raw`; see [`crate::shown`]).
-pub async fn logs(
-    conn: &Connection,
-    id: u64,
-    follow: bool,
-    as_json: bool,
-    escape: bool,
-) -> Result<(), String> {
+/// How `ebb logs` shows a job's output.
+#[derive(Clone, Copy, Debug)]
+pub struct LogView {
+    /// One `LogChunk` object per line.
+    pub json: bool,
+    /// Control characters as escapes (a terminal, without `--raw`; see
+    /// [`crate::shown`]).
+    pub escape: bool,
+    /// Each line of a gang's output begins with its node.
+    pub label: bool,
+}
+
+/// `ebb logs`: the job's output, as `view` says.
+pub async fn logs(conn: &Connection, id: u64, follow: bool, view: LogView) -> Result<(), String> {
     use std::io::Write;
     let client = conn.client()?;
     let mut offset = 0;
+    let mut labels = Labels::default();
     loop {
-        let path = format!("/v1/jobs/{id}/logs?offset={offset}&follow={follow}");
+        let path = format!("/v1/jobs/{id}/logs?offset={offset}&follow={follow}&label={}", view.label);
         let chunk: api::LogChunk = client.get(&path).await?;
         // A chunk is at most 1 MiB: without --follow, read on until the
         // log has no more.
@@ -830,14 +836,16 @@ pub async fn logs(
         let mut stdout = std::io::stdout().lock();
         // With --json: one LogChunk object per line (a log's empty end
         // only when it is all there is).
-        let text = if as_json {
+        let text = if view.json {
             format!("{}\n", serde_json::to_string(&chunk).expect("serialisable"))
-        } else if escape {
-            crate::shown::terminal_safe(&chunk.data).into_owned()
         } else {
-            chunk.data.clone()
+            let text = if view.label { labels.apply(&chunk) } else { chunk.data.clone() };
+            match view.escape {
+                true => crate::shown::terminal_safe(&text).into_owned(),
+                false => text,
+            }
         };
-        let shown = !chunk.data.is_empty() || (as_json && (follow || offset == 0));
+        let shown = !chunk.data.is_empty() || (view.json && (follow || offset == 0));
         if shown && stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()).is_err() {
             return Ok(()); // the reader went away
         }
@@ -845,6 +853,37 @@ pub async fn logs(
         if last {
             return Ok(());
         }
+    }
+}
+
+/// Labels a gang's lines with their nodes, across chunks: a chunk may end
+/// in the middle of a line.
+#[derive(Default)]
+struct Labels {
+    in_line: bool,
+    node: Option<String>,
+}
+
+impl Labels {
+    /// `chunk`'s text with each line begun there preceded by the node whose
+    /// piece of the log it starts in (`node-1: `); a job on one node's
+    /// lines as they are.
+    fn apply(&mut self, chunk: &api::LogChunk) -> String {
+        let mut out = String::with_capacity(chunk.data.len());
+        let mut offset = chunk.offset;
+        for line in chunk.data.split_inclusive('\n') {
+            if let Some(source) = chunk.sources.iter().take_while(|s| s.offset <= offset).last() {
+                self.node = Some(source.node.clone());
+            }
+            if let (false, Some(node)) = (self.in_line, &self.node) {
+                out.push_str(node);
+                out.push_str(": ");
+            }
+            out.push_str(line);
+            self.in_line = !line.ends_with('\n');
+            offset += line.len() as u64;
+        }
+        out
     }
 }
 
@@ -1107,6 +1146,27 @@ mod tests {
         assert_eq!(with_seconds("2026-12-01T18:00"), "2026-12-01T18:00:00");
         assert_eq!(with_seconds("2026-12-01T18:00:30Z"), "2026-12-01T18:00:30Z");
         assert_eq!(with_seconds("2026-12-01"), "2026-12-01");
+    }
+
+    /// A gang's lines begin with their node, across chunks that end in
+    /// the middle of a line; a job on one node's are left as they are.
+    #[test]
+    fn a_gangs_lines_are_labelled_with_their_nodes() {
+        let source = |offset, node: &str| api::LogSource { offset, node: node.into() };
+        let chunk = |offset, data: &str, sources| api::LogChunk {
+            offset,
+            next_offset: offset + data.len() as u64,
+            data: data.into(),
+            finished: false,
+            sources,
+        };
+        let mut labels = Labels::default();
+        let first = chunk(0, "up\nloss 1\nsaving", vec![source(0, "node-1"), source(3, "node-0")]);
+        assert_eq!(labels.apply(&first), "node-1: up\nnode-0: loss 1\nnode-0: saving");
+        let second = chunk(16, " weights\ndone\n", vec![source(10, "node-0"), source(25, "node-1")]);
+        assert_eq!(labels.apply(&second), " weights\nnode-1: done\n");
+        let mut plain = Labels::default();
+        assert_eq!(plain.apply(&chunk(0, "a\nb\n", vec![])), "a\nb\n");
     }
 
     #[test]

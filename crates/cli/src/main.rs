@@ -72,6 +72,11 @@ enum Command {
         /// terminal of whoever reads its log.
         #[arg(long)]
         raw: bool,
+        /// Begin each line of a gang's output with the node that wrote it
+        /// (`node-1: ...`), as `srun -l` does. A gang's lines are whole
+        /// either way, never two nodes' in one.
+        #[arg(short, long)]
+        label: bool,
         #[command(flatten)]
         out: commands::JsonFlag,
         #[command(flatten)]
@@ -286,10 +291,11 @@ async fn dispatch(cli: Cli) -> Result<(), String> {
         Command::Submit { args, conn } => commands::submit(&before.or(conn), &args).await?,
         Command::Jobs { args, conn } => commands::jobs(&before.or(conn), &args).await?,
         Command::Show { id, out, conn } => commands::show(&before.or(conn), id, &out).await?,
-        Command::Logs { id, follow, raw, out, conn } => {
+        Command::Logs { id, follow, raw, label, out, conn } => {
             use std::io::IsTerminal;
-            let escape = !raw && std::io::stdout().is_terminal();
-            return commands::logs(&before.or(conn), id, follow, out.json, escape).await;
+            let shown =
+                commands::LogView { json: out.json, escape: !raw && std::io::stdout().is_terminal(), label };
+            return commands::logs(&before.or(conn), id, follow, shown).await;
         }
         Command::Cancel { ids, array, grace, out, conn } => {
             commands::cancel(&before.or(conn), &ids, array, grace, &out).await?

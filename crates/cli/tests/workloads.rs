@@ -540,8 +540,43 @@ print("rank", os.environ["NODE_RANK"], "on", os.environ["MASTER_PORT"], flush=Tr
         ["succeeded", "failed"].contains(&j["state"].as_str().unwrap())
     });
     assert_eq!(job["state"], "succeeded", "{job}\n{}", c.output(gang));
-    assert_eq!((job["attempt"].as_u64(), job["retries"].as_u64(), job["preemptions"].as_u64()), (Some(2), Some(0), Some(0)));
+    assert_eq!(
+        (job["attempt"].as_u64(), job["retries"].as_u64(), job["preemptions"].as_u64()),
+        (Some(2), Some(0), Some(0))
+    );
     let out = c.output(gang);
     assert!(out.contains("rendezvous port 29500 (MASTER_PORT) is in use"), "{out}");
     assert!(out.contains("rank 0 on 29501") && out.contains("rank 1 on 29501"), "{out}");
+}
+
+/// `ebb logs` of a gang interleaved its nodes' output mid-line, with no
+/// node named. Each line is whole now, and `--label` names its node.
+#[test]
+fn a_gangs_log_keeps_lines_whole_and_labels_them_with_their_node() {
+    let _turn = GANG_PORT.lock().unwrap_or_else(|e| e.into_inner());
+    let c = Cluster::start(Options { nodes: 2, gpus: 2, ..Options::default() });
+    // Each line written in two pieces, both ranks at once.
+    let script = r#"for i in $(seq 30); do printf "rank $NODE_RANK "; sleep 0.01; printf "line $i\n"; done"#;
+    let gang = c.submit(&["--gpus", "4", "--", "bash", "-c", script]);
+    c.wait_state(gang, "succeeded");
+    let log = c.output(gang);
+    assert_eq!(log.lines().count(), 60, "{log}");
+    for line in log.lines() {
+        let words: Vec<&str> = line.split(' ').collect();
+        assert!(
+            words.len() == 4 && words[0] == "rank" && words[2] == "line",
+            "a line made of two nodes' pieces: {line:?}\n{log}"
+        );
+    }
+    let labelled = c.ebb(&["logs", "--label", &gang.to_string()]);
+    assert_eq!(labelled.lines().count(), 60, "{labelled}");
+    let mut rank_node = std::collections::BTreeMap::new();
+    for line in labelled.lines() {
+        let (node, rest) = line.split_once(": ").unwrap_or_else(|| panic!("no label: {line:?}"));
+        assert!(node == "node-0" || node == "node-1", "{line:?}");
+        let rank = rest.split(' ').nth(1).unwrap().to_string();
+        let seen = rank_node.entry(rank).or_insert_with(|| node.to_string());
+        assert_eq!(seen, node, "one rank's lines from two nodes: {labelled}");
+    }
+    assert_eq!(rank_node.len(), 2, "both ranks' lines: {labelled}");
 }

@@ -269,7 +269,7 @@ fn integral_floats_as_integers(value: &mut serde_json::Value) {
         operator_report, operator_report_series, agent_register, agent_commands, agent_report, tls_ca),
     components(schemas(
         api::JobSubmission, api::Submitted, api::JobBatch, api::BatchSubmitted, api::Job, api::JobEvent, api::EventKind, api::NodeGpus, api::Node, api::HeldGpus,
-        api::ReclaimRequest, api::ReclaimReply, api::ReclaimRelease, api::ReclaimReleased, api::TenantRequest, api::TenantCreated, api::TenantSummary, api::LogChunk,
+        api::ReclaimRequest, api::ReclaimReply, api::ReclaimRelease, api::ReclaimReleased, api::TenantRequest, api::TenantCreated, api::TenantSummary, api::LogChunk, api::LogSource,
         api::ErrorBody, api::SweepParam, api::Checkpoint, api::Drill, api::DrillCheckpoint, api::DeadlineStatus, api::UsageSegment, api::ArrayTask, api::ArrayProgress, api::TaskState,
         api::Price, api::PriceBook, api::PriceUpdate, api::ReservationRequest, api::Reservation, api::Borrower, api::Usage,
         api::InvoiceLine, api::ReservationCharge, api::Invoice, api::TierReport, api::OperatorReport,
@@ -515,13 +515,16 @@ struct LogQuery {
     offset: u64,
     #[serde(default)]
     follow: bool,
+    /// With where each gang node's lines start (`LogChunk::sources`).
+    #[serde(default)]
+    label: bool,
     #[serde(default)]
     wait_ms: Option<u64>,
 }
 
 /// A job's output from `offset`; with `follow`, waits for more.
 #[utoipa::path(get, path = "/v1/jobs/{id}/logs", tag = "jobs",
-    params(("id" = u64, Path), ("offset" = Option<u64>, Query), ("follow" = Option<bool>, Query), ("wait_ms" = Option<u64>, Query, description = "With follow: how long to wait for output, at most 60000")),
+    params(("id" = u64, Path), ("offset" = Option<u64>, Query), ("follow" = Option<bool>, Query), ("wait_ms" = Option<u64>, Query, description = "With follow: how long to wait for output, at most 60000"), ("label" = Option<bool>, Query, description = "With where each of a gang's nodes' lines start (sources)")),
     responses((status = 200, body = api::LogChunk), (status = 404, description = "No such job the caller may see", body = api::ErrorBody)))]
 async fn job_logs(
     State(app): State<App>,
@@ -534,7 +537,8 @@ async fn job_logs(
     let deadline = tokio::time::Instant::now() + wait;
     loop {
         let p = principal.clone();
-        let log = app.ask(|reply| Msg::LogFile { principal: p, id, offset: q.offset, reply }).await??;
+        let (offset, sources) = (q.offset, q.label);
+        let log = app.ask(|reply| Msg::LogFile { principal: p, id, offset, sources, reply }).await??;
         let (path, finished) = (log.path, log.finished);
         let data = match log.stored {
             Some(data) => data,
@@ -545,7 +549,9 @@ async fn job_logs(
             let data = String::from_utf8_lossy(&data).into_owned();
             // Finished only once everything has been read.
             let finished = finished && next_offset >= log.committed;
-            return Ok(Json(api::LogChunk { offset: q.offset, next_offset, data, finished }));
+            let sources =
+                log.sources.into_iter().map(|(offset, node)| api::LogSource { offset, node }).collect();
+            return Ok(Json(api::LogChunk { offset: q.offset, next_offset, data, finished, sources }));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

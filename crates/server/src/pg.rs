@@ -86,6 +86,8 @@ const MIGRATIONS: &[&str] = &[
      CREATE INDEX jobs_by_state ON jobs(state, id);
      CREATE INDEX jobs_by_tenant ON jobs(tenant, id);
      CREATE INDEX jobs_by_array ON jobs(array_id, state);",
+    // 5: which node wrote each piece of a gang's output, as SQLite's 10.
+    "ALTER TABLE output ADD COLUMN node TEXT;",
 ];
 
 pub struct PgStore {
@@ -574,11 +576,20 @@ impl Store for PgStore {
         }))
     }
 
-    fn put_output(&mut self, job: u64, offset: u64, data: &[u8]) -> Result<()> {
+    fn put_output(&mut self, job: u64, offset: u64, data: &[u8], node: Option<&str>) -> Result<()> {
         self.exec(
-            "INSERT INTO output (job, start, data) VALUES ($1, $2, $3)",
-            &[&big(job), &big(offset), &data],
+            "INSERT INTO output (job, start, data, node) VALUES ($1, $2, $3, $4)",
+            &[&big(job), &big(offset), &data, &node],
         )
+    }
+
+    fn output_sources(&mut self, job: u64, from: u64, to: u64) -> Result<Vec<(u64, String)>> {
+        let stmt = self.statement(
+            "SELECT start, node FROM output
+             WHERE job = $1 AND start < $3 AND start + length(data) > $2 AND node IS NOT NULL ORDER BY start",
+        )?;
+        let rows = self.client.query(&stmt, &[&big(job), &big(from), &big(to)])?;
+        Ok(rows.iter().map(|r| (r.get::<_, i64>(0) as u64, r.get::<_, String>(1))).collect())
     }
 
     fn output_len(&mut self, job: u64) -> Result<u64> {

@@ -349,9 +349,14 @@ pub trait Store: Send {
     fn last_report(&mut self, node: &str) -> Result<Option<ebb_api::ReportId>>;
     fn put_last_report(&mut self, node: &str, id: ebb_api::ReportId) -> Result<()>;
     /// Output of job `job` from byte `offset` of its log.
-    fn put_output(&mut self, job: u64, offset: u64, data: &[u8]) -> Result<()>;
+    /// A piece of job `job`'s log at `offset`; `node` names the node of a
+    /// gang that wrote it.
+    fn put_output(&mut self, job: u64, offset: u64, data: &[u8], node: Option<&str>) -> Result<()>;
     /// Bytes `[from, to)` of job `job`'s log, as far as it is kept.
     fn output(&mut self, job: u64, from: u64, to: u64) -> Result<Vec<u8>>;
+    /// Where each piece of `[from, to)` of the log that a gang's node
+    /// wrote starts, and which node, by start.
+    fn output_sources(&mut self, job: u64, from: u64, to: u64) -> Result<Vec<(u64, String)>>;
     /// The length of job `job`'s log as kept: where its last piece ends.
     fn output_len(&mut self, job: u64) -> Result<u64>;
 }
@@ -582,6 +587,9 @@ const MIGRATIONS: &[&str] = &[
      CREATE INDEX events_by_job ON events(job, seq);
      DROP INDEX jobs_by_array;
      CREATE INDEX jobs_by_array ON jobs(array_id, state) WHERE array_id IS NOT NULL;",
+    // 10: which node wrote each piece of a gang's output (its pieces are
+    // whole lines of one node's), for `ebb logs --label`.
+    "ALTER TABLE output ADD COLUMN node TEXT;",
 ];
 
 /// Brings the database to the latest step of `MIGRATIONS`
@@ -923,11 +931,23 @@ impl Store for SqliteStore {
         Ok(())
     }
 
-    fn put_output(&mut self, job: u64, offset: u64, data: &[u8]) -> Result<()> {
-        let mut stmt =
-            self.conn.prepare_cached("INSERT INTO output (job, start, data) VALUES (?1, ?2, ?3)")?;
-        stmt.execute(params![job as i64, offset as i64, data])?;
+    fn put_output(&mut self, job: u64, offset: u64, data: &[u8], node: Option<&str>) -> Result<()> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("INSERT INTO output (job, start, data, node) VALUES (?1, ?2, ?3, ?4)")?;
+        stmt.execute(params![job as i64, offset as i64, data, node])?;
         Ok(())
+    }
+
+    fn output_sources(&mut self, job: u64, from: u64, to: u64) -> Result<Vec<(u64, String)>> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT start, node FROM output
+             WHERE job = ?1 AND start < ?3 AND start + length(data) > ?2 AND node IS NOT NULL ORDER BY start",
+        )?;
+        let rows = stmt.query_map(params![job as i64, from as i64, to as i64], |row| {
+            Ok((row.get::<_, i64>(0)? as u64, row.get::<_, String>(1)?))
+        })?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
     fn output_len(&mut self, job: u64) -> Result<u64> {

@@ -100,8 +100,14 @@ fn a_database_written_by_the_release_before_is_migrated_and_everything_in_it_kep
     assert_eq!(succeeded, 2, "finished jobs are counted from the database");
 
     // The log of a job from before logs were tracked is read whole.
-    let log = call(&mut engine, |reply| Msg::LogFile { principal: admin.clone(), id: 1, offset: 0, reply })
-        .unwrap();
+    let log = call(&mut engine, |reply| Msg::LogFile {
+        principal: admin.clone(),
+        id: 1,
+        offset: 0,
+        sources: false,
+        reply,
+    })
+    .unwrap();
     assert_eq!(log.committed, "hello from the old main\n".len() as u64);
     assert!(log.stored.is_none(), "a log from before the store kept output stays its file");
 
@@ -131,7 +137,7 @@ fn a_database_written_by_the_release_before_is_migrated_and_everything_in_it_kep
     // At the latest schema step; opening again changes nothing.
     let conn = rusqlite::Connection::open(dir.join("ebb.db")).unwrap();
     let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0)).unwrap();
-    assert_eq!(version, 9);
+    assert_eq!(version, 10);
     drop(conn);
     let store = SqliteStore::open(&dir.join("ebb.db")).unwrap();
     let (mut engine, _) = Engine::open(store, config, tokens, NOW).map_err(|e| e.message).unwrap();

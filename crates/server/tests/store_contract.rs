@@ -252,19 +252,28 @@ fn keeps_output<S: Store>(store: &mut S, mut reopen: impl FnMut() -> S) {
     store.begin().unwrap();
     store.put_tenant(&TenantRow { id: 1, name: "default".into() }).unwrap();
     store.put_job(7, &columns(1, "queued"), &serde_json::json!({"id": 7})).unwrap();
-    store.put_output(7, 0, b"hello ").unwrap();
-    store.put_output(7, 6, b"world\n").unwrap();
+    store.put_output(7, 0, b"hello ", None).unwrap();
+    store.put_output(7, 6, b"world\n", None).unwrap();
+    // A gang's pieces say which node wrote them.
+    store.put_job(8, &columns(1, "running"), &serde_json::json!({"id": 8})).unwrap();
+    store.put_output(8, 0, b"rank 1\n", Some("node-1")).unwrap();
+    store.put_output(8, 7, b"rank 0\nsaved\n", Some("node-0")).unwrap();
     store.commit().unwrap();
     // Output of a transaction that did not commit is not there.
     store.begin().unwrap();
-    store.put_output(7, 12, b"lost").unwrap();
+    store.put_output(7, 12, b"lost", None).unwrap();
     store.rollback().unwrap();
     let mut other = reopen();
     assert_eq!(other.output(7, 0, 12).unwrap(), b"hello world\n");
     assert_eq!(other.output(7, 3, 9).unwrap(), b"lo wor", "a range across pieces");
     assert_eq!(other.output(7, 12, 100).unwrap(), b"", "nothing past the log");
-    assert_eq!(other.output(8, 0, 100).unwrap(), b"", "no such job");
-    assert_eq!((other.output_len(7).unwrap(), other.output_len(8).unwrap()), (12, 0), "a log's length");
+    assert_eq!(other.output(9, 0, 100).unwrap(), b"", "no such job");
+    assert_eq!((other.output_len(7).unwrap(), other.output_len(9).unwrap()), (12, 0), "a log's length");
+    assert_eq!(other.output_sources(7, 0, 100).unwrap(), vec![], "a job on one node has no sources");
+    let both = vec![(0, "node-1".to_string()), (7, "node-0".to_string())];
+    assert_eq!(other.output_sources(8, 0, 100).unwrap(), both);
+    assert_eq!(other.output_sources(8, 9, 100).unwrap(), both[1..], "the piece a range starts in");
+    assert_eq!(other.output(8, 0, 100).unwrap(), b"rank 1\nrank 0\nsaved\n");
 }
 
 #[test]
@@ -413,12 +422,13 @@ fn a_postgres_database_from_before_the_job_columns_gets_them_from_its_records() 
     let pg = pg::Postgres::start("columns");
     drop(PgStore::open(&pg.url()).unwrap());
     let mut client = postgres::Client::connect(&pg.url(), postgres::NoTls).unwrap();
-    // Back to step 3: without what step 4 adds.
+    // Back to step 3: without what steps 4 and 5 add.
     client
         .batch_execute(
             "DROP INDEX jobs_by_state; DROP INDEX jobs_by_tenant; DROP INDEX jobs_by_array;
              ALTER TABLE jobs DROP COLUMN state, DROP COLUMN tier, DROP COLUMN gpus, DROP COLUMN name,
                  DROP COLUMN array_id, DROP COLUMN array_index, DROP COLUMN attempt, DROP COLUMN preemptions;
+             ALTER TABLE output DROP COLUMN node;
              UPDATE ebb_schema SET version = 3;
              INSERT INTO tenants (id, name) VALUES (1, 'default');",
         )

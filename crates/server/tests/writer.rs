@@ -161,9 +161,18 @@ impl<S: Store> Store for Faulty<S> {
         self.trip("put_log_state")?;
         self.inner.put_log_state(job, state)
     }
-    fn put_output(&mut self, job: u64, offset: u64, data: &[u8]) -> Result<(), StoreError> {
+    fn put_output(
+        &mut self,
+        job: u64,
+        offset: u64,
+        data: &[u8],
+        node: Option<&str>,
+    ) -> Result<(), StoreError> {
         self.trip("put_output")?;
-        self.inner.put_output(job, offset, data)
+        self.inner.put_output(job, offset, data, node)
+    }
+    fn output_sources(&mut self, job: u64, from: u64, to: u64) -> Result<Vec<(u64, String)>, StoreError> {
+        self.inner.output_sources(job, from, to)
     }
     fn output(&mut self, job: u64, from: u64, to: u64) -> Result<Vec<u8>, StoreError> {
         self.inner.output(job, from, to)
@@ -1111,7 +1120,9 @@ fn a_finished_job_out_of_memory_is_still_listed_shown_logged_and_counted() {
         assert!(shown.events.iter().any(|e| e.kind == EventKind::Exited), "{life}");
         assert_eq!(shown.usage.len(), 1, "{life}: its usage");
         let principal = env.admin.clone();
-        let log = env.call(|reply| Msg::LogFile { principal, id: single.job, offset: 0, reply }).unwrap();
+        let log = env
+            .call(|reply| Msg::LogFile { principal, id: single.job, offset: 0, sources: false, reply })
+            .unwrap();
         assert_eq!((log.stored.as_deref(), log.finished), (Some(&b"hello\n"[..]), true), "{life}");
         let refused = env.cancel(single.job, None).unwrap_err();
         assert_eq!(

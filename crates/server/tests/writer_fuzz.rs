@@ -585,7 +585,13 @@ impl World {
             }
             Step::Log { id, offset } => {
                 let principal = self.admin.clone();
-                let _ = self.call(|reply| Msg::LogFile { principal, id, offset, reply });
+                let _ = self.call(|reply| Msg::LogFile {
+                    principal,
+                    id,
+                    offset,
+                    sources: offset % 2 == 0,
+                    reply,
+                });
             }
             Step::Register { node, join, gpus, model, running, unreported } => {
                 let name = NODES[node];

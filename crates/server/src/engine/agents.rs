@@ -429,7 +429,8 @@ impl<S: Store> Engine<S> {
                 AgentEvent::Output { attempt, data } => {
                     // Only the node the attempt was placed on writes its log.
                     if self.live_on(attempt, &node) {
-                        self.append_output(attempt.job, &data)?;
+                        let gang = self.jobs[&attempt.job].placement.len() > 1;
+                        self.append_output(attempt.job, &data, gang.then_some(node.as_str()))?;
                     } else {
                         stale.insert(attempt);
                     }

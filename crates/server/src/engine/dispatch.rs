@@ -31,23 +31,27 @@ impl<S: Store> Engine<S> {
                 let result = self.drill(&principal, id, now);
                 self.answer(reply, result)?;
             }
-            Msg::LogFile { principal, id, offset, reply } => {
+            Msg::LogFile { principal, id, offset, sources, reply } => {
                 let result = match self.visible(&principal, id) {
                     Ok(()) => {
                         let state = self.log_state(id)?;
                         let committed = state.bytes;
+                        let to = committed.min(offset.saturating_add(1 << 20));
                         let stored = match state.file {
-                            false if offset < committed => {
-                                Some(self.store.output(id, offset, committed.min(offset + (1 << 20)))?)
-                            }
+                            false if offset < committed => Some(self.store.output(id, offset, to)?),
                             false => Some(Vec::new()),
                             true => None,
+                        };
+                        let sources = match sources && !state.file && offset < committed {
+                            true => self.store.output_sources(id, offset, to)?,
+                            false => Vec::new(),
                         };
                         Ok(LogFile {
                             path: self.log_path(id),
                             committed,
                             stored,
                             finished: self.jobs[&id].state.is_final(),
+                            sources,
                         })
                     }
                     Err(e) => Err(e),

@@ -121,6 +121,8 @@ pub enum Msg {
         id: u64,
         /// Where the reader is in the log.
         offset: u64,
+        /// With which node of a gang wrote each piece (`LogFile::sources`).
+        sources: bool,
         reply: oneshot::Sender<Result<LogFile, ApiError>>,
     },
     Nodes {
@@ -245,6 +247,9 @@ pub struct LogFile {
     pub stored: Option<Vec<u8>>,
     /// The job has ended: no more output will come.
     pub finished: bool,
+    /// Where each piece of `stored` a gang's node wrote starts in the log,
+    /// and which node, when asked for.
+    pub sources: Vec<(u64, String)>,
 }
 
 pub struct Poll {

@@ -74,7 +74,9 @@ impl<S: Store> Engine<S> {
     /// Appends output of job `id` to its log; the length the log has
     /// after this is committed with the batch. (A report sent again after
     /// its reply was lost is not applied again: see `report`.)
-    pub(super) fn append_output(&mut self, id: u64, data: &str) -> Written {
+    /// `node`: the node of a gang that wrote it (its agent sends whole
+    /// lines), kept with the piece for `ebb logs --label`.
+    pub(super) fn append_output(&mut self, id: u64, data: &str, node: Option<&str>) -> Written {
         if data.is_empty() {
             return Ok(());
         }
@@ -92,7 +94,7 @@ impl<S: Store> Engine<S> {
             state.bytes += data.len() as u64;
             self.store.put_log_state(id, &state)?;
         } else {
-            self.store.put_output(id, state.bytes, data.as_bytes())?;
+            self.store.put_output(id, state.bytes, data.as_bytes(), node)?;
             state.bytes += data.len() as u64;
         }
         if let Some(job) = self.jobs.get_mut(&id) {
