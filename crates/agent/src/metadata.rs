@@ -467,6 +467,30 @@ mod tests {
     use super::*;
     use crate::testing::{self, until, FakeServer};
 
+    /// An attempt's endpoint (job 4, `attempt`) on a port of its own: the
+    /// server it reports to, its reporter, where it listens, its URL (the
+    /// secret included) and the sender of its notice (the endpoint stops
+    /// when that is dropped).
+    struct Served {
+        fake: Arc<FakeServer>,
+        reporter: Arc<Reporter>,
+        addr: std::net::SocketAddr,
+        base: String,
+        notice: watch::Sender<Option<Notice>>,
+    }
+
+    async fn served(name: &str, attempt: u32) -> Served {
+        let fake = Arc::new(FakeServer::default());
+        let (_, reporter) = testing::reporter(fake.clone(), name).await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (notice, notice_rx) = watch::channel(None);
+        let secret = Secret::new().unwrap();
+        let base = format!("http://{addr}/{}", secret.as_str());
+        tokio::spawn(serve(listener, secret, 4, attempt, "node-1".into(), notice_rx, reporter.clone(), None));
+        Served { fake, reporter, addr, base, notice }
+    }
+
     /// The endpoint put checkpoints straight on the report queue, so a
     /// registration never carried one the server had not had, and its
     /// delivery made the agent forget a later start or exit instead.
@@ -504,14 +528,7 @@ mod tests {
     /// is refused naming the field.
     #[tokio::test]
     async fn a_resume_the_job_reports_is_relayed_and_a_malformed_one_refused() {
-        let fake = Arc::new(FakeServer::default());
-        let (_, reporter) = testing::reporter(fake.clone(), "metadata-resumed").await;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let (_notice, notice_rx) = watch::channel(None);
-        let secret = Secret::new().unwrap();
-        let base = format!("http://127.0.0.1:{port}/{}", secret.as_str());
-        tokio::spawn(serve(listener, secret, 4, 3, "node-1".into(), notice_rx, reporter.clone(), None));
+        let Served { fake, base, notice: _notice, .. } = served("metadata-resumed", 3).await;
         let post = |body: &'static str| {
             reqwest::Client::new().post(format!("{base}/ebb/v1/resumed")).body(body).send()
         };
@@ -537,14 +554,7 @@ mod tests {
     /// fraction from 0 to 1 is refused naming the field.
     #[tokio::test]
     async fn a_progress_report_is_relayed_and_one_that_is_not_a_fraction_refused() {
-        let fake = Arc::new(FakeServer::default());
-        let (_, reporter) = testing::reporter(fake.clone(), "metadata-progress").await;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let (_notice, notice_rx) = watch::channel(None);
-        let secret = Secret::new().unwrap();
-        let base = format!("http://127.0.0.1:{port}/{}", secret.as_str());
-        tokio::spawn(serve(listener, secret, 4, 3, "node-1".into(), notice_rx, reporter.clone(), None));
+        let Served { fake, base, notice: _notice, .. } = served("metadata-progress", 3).await;
         let post = |body: &'static str| {
             reqwest::Client::new().post(format!("{base}/ebb/v1/progress")).body(body).send()
         };
@@ -569,15 +579,10 @@ mod tests {
     /// server; with a wrong secret of the right length too.
     #[tokio::test]
     async fn without_the_attempts_secret_every_path_is_a_404_that_names_nothing() {
-        let fake = Arc::new(FakeServer::default());
-        let (_, reporter) = testing::reporter(fake.clone(), "metadata-secret").await;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let (notice, notice_rx) = watch::channel(None);
+        let Served { reporter, addr, base, notice, .. } = served("metadata-secret", 2).await;
+        let port = addr.port();
         notice.send_replace(Some(Notice::new(1, 2, "preempted".into())));
-        let secret = Secret::new().unwrap();
-        let own = secret.as_str().to_string();
-        tokio::spawn(serve(listener, secret, 4, 2, "node-1".into(), notice_rx, reporter.clone(), None));
+        let own = base.rsplit('/').next().unwrap().to_string();
         let http = reqwest::Client::new();
         let wrong = "0".repeat(own.len());
         let paths = [
@@ -631,14 +636,7 @@ mod tests {
     /// refused with a 429 that says why.
     #[tokio::test]
     async fn reports_past_the_burst_are_refused_with_a_429() {
-        let fake = Arc::new(FakeServer::default());
-        let (_, reporter) = testing::reporter(fake.clone(), "metadata-rate").await;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let (_notice, notice_rx) = watch::channel(None);
-        let secret = Secret::new().unwrap();
-        let base = format!("http://127.0.0.1:{port}/{}", secret.as_str());
-        tokio::spawn(serve(listener, secret, 4, 2, "node-1".into(), notice_rx, reporter.clone(), None));
+        let Served { base, notice: _notice, .. } = served("metadata-rate", 2).await;
         let http = reqwest::Client::new();
         let mut statuses = Vec::new();
         for step in 0..40 {
@@ -661,14 +659,7 @@ mod tests {
     #[tokio::test]
     async fn an_endpoint_holds_a_bounded_number_of_connections() {
         use tokio::io::AsyncReadExt;
-        let fake = Arc::new(FakeServer::default());
-        let (_, reporter) = testing::reporter(fake.clone(), "metadata-conns").await;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (_notice, notice_rx) = watch::channel(None);
-        let secret = Secret::new().unwrap();
-        let base = format!("http://{addr}/{}", secret.as_str());
-        tokio::spawn(serve(listener, secret, 4, 2, "node-1".into(), notice_rx, reporter.clone(), None));
+        let Served { addr, base, notice: _notice, .. } = served("metadata-conns", 2).await;
         let mut held = Vec::new();
         for _ in 0..MAX_CONNECTIONS {
             held.push(tokio::net::TcpStream::connect(addr).await.unwrap());

@@ -1242,10 +1242,8 @@ fn a_deadline_job_is_promoted_in_place_and_its_attempt_is_billed_at_both_rates()
     assert_eq!(revenue, [("on-demand", 200_000), ("preemptible", 300_000), ("reserved", 0)]);
 }
 
-/// A gang of two 8-GPU nodes placed and started: its attempt, and where
-/// each rank runs (rank 0 first).
-fn gang(env: &mut TestEnv) -> (AttemptRef, Vec<(String, StartAttempt)>) {
-    let id = env.submit(16);
+/// The starts nodes `a` and `b` are told of, by rank.
+fn gang_starts(env: &mut TestEnv) -> Vec<(String, StartAttempt)> {
     let mut starts = Vec::new();
     for node in ["a", "b"] {
         for action in env.commands(node) {
@@ -1254,8 +1252,16 @@ fn gang(env: &mut TestEnv) -> (AttemptRef, Vec<(String, StartAttempt)>) {
             }
         }
     }
-    assert_eq!(starts.len(), 2, "a gang over both nodes");
     starts.sort_by_key(|(_, s)| s.env["NODE_RANK"].clone());
+    starts
+}
+
+/// A gang of two 8-GPU nodes placed and started: its attempt, and where
+/// each rank runs (rank 0 first).
+fn gang(env: &mut TestEnv) -> (AttemptRef, Vec<(String, StartAttempt)>) {
+    let id = env.submit(16);
+    let starts = gang_starts(env);
+    assert_eq!(starts.len(), 2, "a gang over both nodes");
     let attempt = starts[0].1.attempt;
     assert_eq!(attempt.job, id);
     for (node, _) in &starts {
@@ -1370,15 +1376,7 @@ fn a_gang_whose_parts_outrun_the_grace_or_whose_part_failed_is_stopped_and_fails
 fn a_gang_whose_rendezvous_port_is_taken_is_requeued_with_another() {
     let mut env = two_nodes("gang-port");
     let id = env.submit(16);
-    let mut starts = Vec::new();
-    for node in ["a", "b"] {
-        for action in env.commands(node) {
-            if let Action::Start(start) = action {
-                starts.push((node.to_string(), start));
-            }
-        }
-    }
-    starts.sort_by_key(|(_, s)| s.env["NODE_RANK"].clone());
+    let starts = gang_starts(&mut env);
     let (rank0, start0) = starts[0].clone();
     let port = start0.rendezvous_port.expect("rank 0 is told to check its port");
     assert_eq!(start0.env["MASTER_PORT"], port.to_string());
@@ -1405,14 +1403,7 @@ fn a_gang_whose_rendezvous_port_is_taken_is_requeued_with_another() {
     let requeued = job.events.iter().rfind(|e| e.kind == EventKind::Requeued).unwrap();
     assert!(requeued.detail["reason"].as_str().unwrap().contains("rendezvous port"), "{requeued:?}");
     // The next attempt meets on another port.
-    let mut again = Vec::new();
-    for node in ["a", "b"] {
-        for action in env.commands(node) {
-            if let Action::Start(start) = action {
-                again.push(start);
-            }
-        }
-    }
+    let again: Vec<StartAttempt> = gang_starts(&mut env).into_iter().map(|(_, s)| s).collect();
     assert_eq!(again.len(), 2);
     assert!(
         again.iter().all(|s| s.attempt.attempt == 2 && s.env["MASTER_PORT"] != port.to_string()),
