@@ -202,8 +202,9 @@ impl<S: Store> Engine<S> {
         }
         if load.bytes.saturating_add(bytes) > limits.max_stored_bytes {
             return Err(ApiError::too_many(format!(
-                "tenant {}: unfinished jobs' arguments and environments take {} bytes, and this submission \
-                 adds {bytes}: over the limit of {} (ebb server --max-stored-bytes-per-tenant)",
+                "tenant {}: the arguments and environments of its jobs in the server (unfinished, or finished \
+                 within --keep-finished) take {} bytes, and this submission adds {bytes}: over the limit of {} \
+                 (ebb server --max-stored-bytes-per-tenant)",
                 self.tenant_name(tenant),
                 load.bytes,
                 limits.max_stored_bytes
@@ -303,10 +304,11 @@ impl<S: Store> Engine<S> {
         let job = self.jobs.get_mut(&id).expect("known job");
         let was_waiting = job.waiting == Some(Waiting::TenantLimit);
         job.waiting = None;
-        let (tenant, bytes) = (job.tenant, job.spec.stored_bytes());
+        // Its bytes stay counted while its record stays in memory
+        // (`--keep-finished`): `prune_finished` gives them back.
+        let tenant = job.tenant;
         let load = self.tenants.load.entry(tenant).or_default();
         load.jobs = load.jobs.saturating_sub(1);
-        load.bytes = load.bytes.saturating_sub(bytes);
         if was_waiting {
             load.waiting.remove(&id);
         } else {

@@ -62,7 +62,14 @@ impl<S: Store> Engine<S> {
             }
             self.finished_jobs.pop_first();
             if self.jobs.get(&id).is_some_and(|j| j.state.is_final()) {
-                self.jobs.remove(&id);
+                let job = self.jobs.remove(&id).expect("just seen");
+                // What its tenant was counted for keeping, given back as it
+                // leaves memory; a record only read back for a request
+                // (stamped 0) was never counted.
+                if finished_ms != 0 {
+                    let load = self.tenants.load.entry(job.tenant).or_default();
+                    load.bytes = load.bytes.saturating_sub(job.spec.stored_bytes());
+                }
             }
         }
     }
