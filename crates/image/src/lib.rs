@@ -1,0 +1,214 @@
+//! Container images: naming one, resolving its tag to the digest every
+//! attempt runs, and the node's cache of unpacked images.
+//!
+//! The registry protocol (the OCI distribution API, its token and basic
+//! authentication, manifests and image indexes) is `oci-client`'s; what is
+//! Ebb's own is the cache: layers verified by digest and kept by it, one
+//! unpacked root file system per image shared by every job of the node,
+//! concurrent pulls of one image or one layer made once, and a disk budget
+//! that evicts the least recently used image no attempt holds.
+
+mod cache;
+mod unpack;
+pub mod testing;
+
+use std::fmt;
+
+use oci_client::client::{ClientConfig, ClientProtocol};
+use oci_client::errors::OciDistributionError;
+use oci_client::secrets::RegistryAuth;
+use oci_client::{Client, Reference};
+use serde::{Deserialize, Serialize};
+
+pub use cache::{Cache, Lease, Progress};
+pub use unpack::apply_layer;
+
+/// The longest image reference accepted, in bytes (the distribution
+/// spec's names are at most 255 characters; a tag 128, a digest 71).
+pub const MAX_REFERENCE_BYTES: usize = 512;
+
+/// A registry login: what a tenant gave for one registry host.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Login {
+    pub username: String,
+    pub password: String,
+}
+
+impl fmt::Debug for Login {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Login({}, <password>)", self.username)
+    }
+}
+
+/// Why an image cannot be used, in words that name it.
+#[derive(Debug, thiserror::Error)]
+pub enum ImageError {
+    #[error("image {0:?}: {1}")]
+    Invalid(String, String),
+    #[error("image {0}: not found in the registry")]
+    NotFound(String),
+    #[error("image {0}: the registry refused the credentials ({1})")]
+    Refused(String, String),
+    #[error("image {0}: the registry cannot be reached: {1}")]
+    Unreachable(String, String),
+    #[error("image {0}: layer {1} does not match its digest: {2}")]
+    DigestMismatch(String, String, String),
+    #[error("image {0}: {1}")]
+    Other(String, String),
+}
+
+impl ImageError {
+    /// Whether a later try may succeed (the registry was down, a pull was
+    /// cut): the job waits. Otherwise it fails with this as its cause.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, ImageError::Unreachable(..))
+    }
+}
+
+/// An image reference as a tenant wrote it, checked: `HOST[:PORT]/NAME`
+/// with `:TAG` or `@sha256:DIGEST`. A name without a host is refused
+/// rather than sent to Docker Hub behind the tenant's back.
+pub fn parse(reference: &str) -> Result<Reference, ImageError> {
+    let invalid = |why: &str| ImageError::Invalid(reference.to_string(), why.to_string());
+    if reference.is_empty() || reference.len() > MAX_REFERENCE_BYTES {
+        return Err(invalid(&format!("a reference is 1 to {MAX_REFERENCE_BYTES} bytes")));
+    }
+    if reference.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(invalid("a reference has no spaces or control characters"));
+    }
+    let first = reference.split('/').next().unwrap_or("");
+    let names_host = reference.contains('/') && (first.contains('.') || first.contains(':') || first == "localhost");
+    if !names_host {
+        return Err(invalid("name the registry: HOST[:PORT]/NAME[:TAG] (e.g. registry.example.com/team/train:v3)"));
+    }
+    let parsed: Reference = reference.parse().map_err(|e: oci_client::ParseError| invalid(&e.to_string()))?;
+    if let Some(digest) = parsed.digest() {
+        let hex = digest.strip_prefix("sha256:").ok_or_else(|| invalid("a digest is sha256:<64 hex digits>"))?;
+        if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()) {
+            return Err(invalid("a digest is sha256:<64 lowercase hex digits>"));
+        }
+    }
+    Ok(parsed)
+}
+
+/// The same image, named by its digest.
+pub fn pinned(reference: &Reference, digest: &str) -> Reference {
+    Reference::with_digest(reference.registry().to_string(), reference.repository().to_string(), digest.to_string())
+}
+
+/// The registries a cluster reaches: over HTTPS, but for the hosts named
+/// insecure (a registry on loopback, one on a trusted network).
+#[derive(Clone, Debug, Default)]
+pub struct Registries {
+    pub insecure: Vec<String>,
+}
+
+impl Registries {
+    /// A client for one tenant's requests. oci-client keeps the first
+    /// credentials a client is given for a registry and uses them for
+    /// every later request there, whoever makes it: never share one
+    /// between tenants.
+    pub fn client(&self) -> Client {
+        let protocol = if self.insecure.is_empty() {
+            ClientProtocol::Https
+        } else {
+            ClientProtocol::HttpsExcept(self.insecure.clone())
+        };
+        Client::new(ClientConfig { protocol, ..Default::default() })
+    }
+}
+
+pub(crate) fn auth(login: Option<&Login>) -> RegistryAuth {
+    match login {
+        Some(l) => RegistryAuth::Basic(l.username.clone(), l.password.clone()),
+        None => RegistryAuth::Anonymous,
+    }
+}
+
+/// Resolves `reference` to the digest of its manifest (for a
+/// multi-platform index, the index's own digest: the node picks its
+/// platform's image from it, the same one every time).
+pub async fn resolve(registries: &Registries, reference: &str, login: Option<&Login>) -> Result<String, ImageError> {
+    let parsed = parse(reference)?;
+    let client = registries.client();
+    if let Some(digest) = parsed.digest() {
+        // Named by digest: still ask, so that a digest the registry does
+        // not have is refused now and not at the start.
+        let found = client
+            .fetch_manifest_digest(&parsed, &auth(login))
+            .await
+            .map_err(|e| classify(reference, e))?;
+        if found != digest {
+            return Err(ImageError::Other(
+                reference.to_string(),
+                format!("the registry returned manifest {found} for digest {digest}"),
+            ));
+        }
+        return Ok(found);
+    }
+    client.fetch_manifest_digest(&parsed, &auth(login)).await.map_err(|e| classify(reference, e))
+}
+
+/// The registry's answer, as one of Ebb's causes.
+pub(crate) fn classify(reference: &str, e: OciDistributionError) -> ImageError {
+    let r = reference.to_string();
+    use OciDistributionError as E;
+    match e {
+        E::ImageManifestNotFoundError(_) => ImageError::NotFound(r),
+        E::AuthenticationFailure(why) => ImageError::Refused(r, why),
+        E::UnauthorizedError { url } => ImageError::Refused(r, format!("401 from {url}")),
+        E::RegistryError { envelope, .. } => {
+            let codes: Vec<String> = envelope.errors.iter().map(|e| format!("{:?}", e.code)).collect();
+            let text = codes.join(", ");
+            if text.contains("Unknown") || text.contains("NameUnknown") || text.contains("ManifestUnknown") {
+                ImageError::NotFound(r)
+            } else if text.contains("Unauthorized") || text.contains("Denied") {
+                ImageError::Refused(r, text)
+            } else {
+                ImageError::Other(r, format!("the registry said {text}"))
+            }
+        }
+        E::ServerError { code: 404, .. } => ImageError::NotFound(r),
+        E::ServerError { code, message, .. } if code == 401 || code == 403 => ImageError::Refused(r, message),
+        E::ServerError { code, message, .. } => ImageError::Unreachable(r, format!("{code}: {message}")),
+        E::RequestError(e) => ImageError::Unreachable(r, request_error(&e)),
+        E::DigestError(e) => ImageError::Other(r, e.to_string()),
+        other => ImageError::Other(r, other.to_string()),
+    }
+}
+
+/// An error and its causes, as one line.
+pub(crate) fn request_error(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reference_names_its_registry_and_a_well_formed_tag_or_digest() {
+        assert!(parse("127.0.0.1:5000/train:v9").is_ok());
+        assert!(parse("registry.example.com/team/train@sha256:".to_string().as_str()).is_err());
+        let digest = format!("sha256:{}", "a".repeat(64));
+        assert_eq!(parse(&format!("localhost/x@{digest}")).unwrap().digest(), Some(digest.as_str()));
+        for bad in ["", "ubuntu:22.04", "team/train:v3", "a b/c", "host.io/x@sha256:ABC", "host.io/X:1"] {
+            let e = parse(bad).unwrap_err();
+            assert!(matches!(e, ImageError::Invalid(..)), "{bad}: {e}");
+        }
+        assert!(parse(&format!("host.io/{}", "a".repeat(MAX_REFERENCE_BYTES))).is_err());
+    }
+
+    #[test]
+    fn a_login_is_never_printed() {
+        let login = Login { username: "alice".into(), password: "hunter2".into() };
+        assert!(!format!("{login:?}").contains("hunter2"));
+    }
+}
