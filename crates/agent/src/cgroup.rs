@@ -552,6 +552,8 @@ impl AttemptGroup {
     /// Removes the (empty) groups; the kernel may take a moment to let go.
     pub fn remove(&self) {
         for dir in std::iter::once(&self.v2).chain(self.memory_v1.as_ref()) {
+            // A container's groups below it (see `container`) first.
+            remove_children(dir);
             for _ in 0..50 {
                 match std::fs::remove_dir(dir) {
                     Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
@@ -560,6 +562,16 @@ impl AttemptGroup {
                     _ => break,
                 }
             }
+        }
+    }
+}
+
+/// Removes the (empty) groups below `dir`, deepest first.
+fn remove_children(dir: &Path) {
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            remove_children(&entry.path());
+            let _ = std::fs::remove_dir(entry.path());
         }
     }
 }

@@ -17,6 +17,7 @@
 
 pub mod cgroup;
 mod checkpoints;
+pub mod container;
 mod client;
 mod commands;
 mod dirs;
@@ -38,6 +39,8 @@ pub mod tls;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+
+pub use container::ImageConfig;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -79,6 +82,12 @@ pub struct AgentConfig {
     /// The most one checkpoint of a job may hold in the cluster's store
     /// (`--max-checkpoint-bytes`; 0: no limit).
     pub max_checkpoint_bytes: u64,
+    /// Jobs in images: the runtime, the cache's budget, the registries.
+    pub images: ImageConfig,
+    /// The node's CDI spec for its GPUs (`nvidia-ctk cdi generate
+    /// --format=json`), given to containers; none: containers get their
+    /// GPUs' variables only.
+    pub cdi_spec: Option<PathBuf>,
     /// How long a finished attempt's run directory and default working
     /// directory are kept.
     pub attempt_retention: Duration,
@@ -121,12 +130,14 @@ pub async fn run(config: AgentConfig) -> Result<(), String> {
     let keep = usize::from(config.gpus).clamp(2, 64);
     let pool = cgroups.map(|parents| Arc::new(cgroup::Pool::new(parents, &group_prefix, keep)));
     let checkpoints = Arc::new(checkpoints::Checkpoints::new(config.checkpoint_credentials.clone()));
+    let images = open_images(&config).await;
     let supervisor = Arc::new(Processes::new(
         supervisor_config(&config),
         pool,
         reporter.clone(),
         ledger,
         checkpoints.clone(),
+        images,
     ));
     supervisor.fill_pool();
     tokio::spawn(supervisor.clone().sweep_every(config.attempt_retention));
@@ -285,6 +296,32 @@ fn tag(path: &Path) -> String {
     format!("{:08x}", hash as u32)
 }
 
+/// The node's image cache, after removing what containers of an earlier
+/// run of the agent left in the runtime's state (their processes went
+/// with their cgroups).
+async fn open_images(config: &AgentConfig) -> Result<Arc<ebb_image::Cache>, String> {
+    let (data_dir, images) = (config.data_dir.clone(), config.images.clone());
+    blocking(move || {
+        let state = data_dir.join("runc");
+        for id in std::fs::read_dir(&state).into_iter().flatten().flatten() {
+            let _ = std::process::Command::new(&images.runtime)
+                .arg("--root")
+                .arg(&state)
+                .args(["delete", "--force"])
+                .arg(id.file_name())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status();
+        }
+        let dir = data_dir.join("images");
+        ebb_image::Cache::open(&dir, images.cache_bytes, &images.registries).map_err(|e| {
+            tracing::error!("the image cache {} cannot be opened: {e}; jobs in images will fail", dir.display());
+            format!("this node's image cache {} cannot be opened: {e}", dir.display())
+        })
+    })
+    .await
+}
+
 fn supervisor_config(config: &AgentConfig) -> supervisor::Config {
     supervisor::Config {
         node: config.name.clone(),
@@ -299,6 +336,8 @@ fn supervisor_config(config: &AgentConfig) -> supervisor::Config {
         },
         max_checkpoint_bytes: config.max_checkpoint_bytes,
         output: config.output,
+        images: config.images.clone(),
+        cdi_spec: config.cdi_spec.clone(),
     }
 }
 

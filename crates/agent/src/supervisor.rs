@@ -97,6 +97,10 @@ pub(crate) struct Config {
     /// The most one checkpoint of a job may hold in the store (0: no limit).
     pub max_checkpoint_bytes: u64,
     pub output: OutputLimits,
+    /// How jobs in images run; their cache is [`Processes::images`].
+    pub images: crate::container::ImageConfig,
+    /// The node's CDI spec for its GPUs (JSON), where it has one.
+    pub cdi_spec: Option<PathBuf>,
 }
 
 /// Attempts as real processes.
@@ -114,6 +118,8 @@ pub(crate) struct Processes {
     /// The tenants whose jobs ran here as each uid: two on one uid are
     /// warned of, once.
     tenants_by_uid: Mutex<HashMap<u32, Vec<String>>>,
+    /// The node's image cache; none where it could not be opened (why).
+    images: Result<Arc<ebb_image::Cache>, String>,
 }
 
 /// A running attempt.
@@ -140,6 +146,13 @@ struct Prepared {
     cgroup: Option<cgroup::Ready>,
 }
 
+/// An attempt's container, as its end needs it: where its shim says why
+/// a container never ran, and its id in the runtime's state.
+struct Shim {
+    error_file: PathBuf,
+    id: String,
+}
+
 /// What an attempt's end needs once its process has started.
 struct Ending {
     pid: i32,
@@ -150,6 +163,8 @@ struct Ending {
     output: Readers,
     /// Uploads of its checkpoints, where there is a store.
     uploads: Option<Arc<AttemptUploads>>,
+    /// Its image, held until it ends, and its container's shim.
+    image: Option<(ebb_image::Lease, Shim)>,
 }
 
 impl Processes {
@@ -159,8 +174,10 @@ impl Processes {
         reporter: Arc<Reporter>,
         ledger: Arc<Ledger>,
         checkpoints: Arc<Checkpoints>,
+        images: Result<Arc<ebb_image::Cache>, String>,
     ) -> Processes {
         Processes {
+            images,
             config,
             me: nix::unistd::geteuid(),
             cgroups,
@@ -233,6 +250,10 @@ impl Processes {
             .map_err(|e| format!("metadata endpoint: {e}"))?;
         let port = listener.local_addr().map_err(|e| format!("metadata endpoint: {e}"))?.port();
         let secret = metadata::Secret::new()?;
+        let image = match &s.image {
+            Some(image) => Some(self.pull(s.attempt, image).await?),
+            None => None,
+        };
         let this = self.clone();
         let (prepared, s) = crate::blocking(move || (this.prepare(&s), s)).await;
         let mut prepared = prepared?;
@@ -250,7 +271,11 @@ impl Processes {
             self.reporter.clone(),
             uploads.clone(),
         ));
-        let child = match self.spawn(&s, &prepared, &endpoint) {
+        let spawned = match &image {
+            Some(lease) => self.spawn_container(&s, &prepared, &endpoint, lease),
+            None => self.spawn(&s, &prepared, &endpoint).map(|child| (child, None)),
+        };
+        let (child, error_file) = match spawned {
             Ok(child) => child,
             Err(e) => {
                 self.give_back(prepared.cgroup.take().map(|ready| ready.group));
@@ -270,7 +295,8 @@ impl Processes {
             self.reporter.send(AgentEvent::Output { attempt: a, data });
         }
         let output = Readers::start(a, self.config.output, &self.reporter, [child.stdout, child.stderr]);
-        let ending = Ending { pid: child.pid, group, peak, run_dir, default_workdir, output, uploads };
+        let image = image.zip(error_file);
+        let ending = Ending { pid: child.pid, group, peak, run_dir, default_workdir, output, uploads, image };
         tokio::spawn(self.clone().watch(a, ending));
         Ok(())
     }
@@ -358,6 +384,131 @@ impl Processes {
         })
     }
 
+    /// Holds the attempt's image, pulling it first where the node's cache
+    /// lacks it; the pull's progress is reported as it goes (at most once
+    /// a second), and its end in any case.
+    async fn pull(&self, a: AttemptRef, image: &ebb_api::StartImage) -> Result<ebb_image::Lease, String> {
+        let cache = self.images.as_ref().map_err(|why| format!("image {}: {why}", image.reference))?;
+        let login = image
+            .username
+            .clone()
+            .zip(image.password.clone())
+            .map(|(username, password)| ebb_image::Login { username, password });
+        let reporter = self.reporter.clone();
+        let started = std::time::Instant::now();
+        let mut last: Option<std::time::Instant> = None;
+        let progress = move |p: ebb_image::Progress| {
+            let due = last.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) || p.done == p.total;
+            if due {
+                last = Some(std::time::Instant::now());
+                reporter.send(AgentEvent::Pulling {
+                    attempt: a,
+                    done_bytes: p.done,
+                    total_bytes: p.total,
+                    at_ms: now_ms(),
+                });
+            }
+        };
+        let lease = cache
+            .acquire(&image.reference, &image.digest, login.as_ref(), progress)
+            .await
+            .map_err(|e| e.to_string())?;
+        tracing::info!(job = a.job, attempt = a.attempt, image = image.digest, downloaded = lease.downloaded, "image ready");
+        self.reporter.send(AgentEvent::Pulled {
+            attempt: a,
+            downloaded_bytes: lease.downloaded,
+            duration_ms: started.elapsed().as_millis() as u64,
+            at_ms: now_ms(),
+        });
+        Ok(lease)
+    }
+
+    /// Starts the attempt's container: its bundle, then the shim that runs
+    /// it (as root, in the attempt's cgroup; the job inside runs as its
+    /// user). Returns the shim and the file it says a failed start in.
+    fn spawn_container(
+        &self,
+        s: &StartAttempt,
+        p: &Prepared,
+        endpoint: &str,
+        lease: &ebb_image::Lease,
+    ) -> Result<(spawn::Child, Option<Shim>), String> {
+        use crate::container;
+        let image = s.image.as_ref().expect("an image");
+        if !self.me.is_root() {
+            return Err(format!("image {}: jobs in images need an agent that runs as root", image.reference));
+        }
+        let mut env = self.job_env(s, p, endpoint);
+        // The image's variables under the job's; its PATH over the node's
+        // unless the job gave one.
+        for pair in &lease.config.env {
+            if let Some((k, v)) = pair.split_once('=') {
+                if k == "PATH" && !s.env.contains_key("PATH") {
+                    env.insert(k.to_string(), v.to_string());
+                } else {
+                    env.entry(k.to_string()).or_insert_with(|| v.to_string());
+                }
+            }
+        }
+        let gpus = match (&self.config.cdi_spec, s.gpus.is_empty()) {
+            (Some(path), false) => {
+                let text = std::fs::read(path).map_err(|e| format!("CDI spec {}: {e}", path.display()))?;
+                let spec: serde_json::Value =
+                    serde_json::from_slice(&text).map_err(|e| format!("CDI spec {}: {e}", path.display()))?;
+                let names: Vec<String> = s.gpus.iter().map(u8::to_string).collect();
+                let edits = container::cdi_edits(&spec, &names).map_err(|e| format!("{}: {e}", path.display()))?;
+                // Inside, the container's GPUs are its only ones, from 0.
+                env.insert("NVIDIA_VISIBLE_DEVICES".into(), names.join(","));
+                env.insert(
+                    "CUDA_VISIBLE_DEVICES".into(),
+                    (0..s.gpus.len()).map(|i| i.to_string()).collect::<Vec<_>>().join(","),
+                );
+                Some(edits)
+            }
+            _ => None,
+        };
+        let mut binds = vec![p.checkpoint_dir.clone(), p.run_dir.clone()];
+        binds.extend(p.default_workdir.clone());
+        if p.who.allocated && p.who.home.is_dir() {
+            binds.push(p.who.home.clone());
+        }
+        let read_only: Vec<PathBuf> =
+            ["/etc/resolv.conf", "/etc/hosts"].iter().map(PathBuf::from).filter(|f| f.is_file()).collect();
+        let cwd = match (&s.workdir, &p.default_workdir, &lease.config.working_dir) {
+            (Some(dir), _, _) => PathBuf::from(dir),
+            (None, Some(dir), _) => dir.clone(),
+            (None, None, Some(dir)) => PathBuf::from(dir),
+            (None, None, None) => PathBuf::from("/"),
+        };
+        let id = format!("{}.{}", s.attempt.job, s.attempt.attempt);
+        let spec = container::Spec {
+            id: id.clone(),
+            argv: &s.argv,
+            env: &env,
+            cwd: &cwd,
+            who: &p.who,
+            root: image.root,
+            hostname: format!("ebb-job-{}", s.attempt.job),
+            binds,
+            read_only,
+            gpus,
+        };
+        let bundle = container::bundle(&p.run_dir, &lease.rootfs, &spec)
+            .map_err(|e| format!("image {}: cannot write its bundle: {e}", image.reference))?;
+        let exe = std::env::current_exe().map_err(|e| format!("cannot find the agent's own program: {e}"))?;
+        let state = self.config.data_dir.join("runc");
+        let mut argv = vec![exe.display().to_string(), "container-shim".to_string()];
+        argv.extend(container::shim_args(&self.config.images.runtime, &state, &bundle, &id, &lease.rootfs));
+        let shim_env = BTreeMap::from([("PATH".to_string(), identity::DEFAULT_PATH.to_string())]);
+        // The shim stays root; the job inside is the tenant's.
+        let root = Identity { switch: false, ..p.who.clone() };
+        let join = p.cgroup.as_ref().map_or_else(Vec::new, |ready| ready.join.fds());
+        let request = spawn::Request { argv: &argv, env: &shim_env, cwd: &p.run_dir, who: &root, join: &join };
+        let child = spawn::spawn(&request)
+            .map_err(|e| format!("cannot start the container shim {}: {}", exe.display(), e.cause()))?;
+        Ok((child, Some(Shim { error_file: bundle.error_file(), id })))
+    }
+
     /// The job's whole environment: see [`identity::job_env`]. The
     /// metadata endpoint's secret is in the path every variable that names
     /// the endpoint gives (see [`metadata`]).
@@ -406,7 +557,7 @@ impl Processes {
 
     /// Waits for the attempt to end, and reports how it did.
     async fn watch(self: Arc<Self>, a: AttemptRef, ending: Ending) {
-        let Ending { pid, group, peak, run_dir, default_workdir, output, uploads } = ending;
+        let Ending { pid, group, peak, run_dir, default_workdir, output, uploads, image } = ending;
         let status = spawn::wait(pid).await;
         kill_remains(pid, group.as_ref()).await;
         output.finish().await;
@@ -426,6 +577,13 @@ impl Processes {
                 (None, None)
             }
         };
+        // A container that never ran: why, for the timeline.
+        let start_error = match (&image, code) {
+            (Some((_, shim)), Some(crate::container::NOT_STARTED)) => std::fs::read_to_string(&shim.error_file)
+                .ok()
+                .map(|e| e.chars().take(ebb_api::MAX_START_ERROR_CHARS).collect::<String>()),
+            _ => None,
+        };
         // Without cgroups, the ledger is rewritten at the next start;
         // until then a stale entry is harmless (its start time no longer
         // matches).
@@ -439,9 +597,29 @@ impl Processes {
             completed,
             at_ms,
             peak_memory_bytes,
-            start_error: None,
+            start_error,
             port_in_use: None,
         });
+        if let Some((lease, shim)) = image {
+            // After the exit is on its way. A shim killed with its attempt
+            // (the deadline, a cancel) left the runtime's record of the
+            // container; the image is let go once that is removed.
+            let state = self.config.data_dir.join("runc");
+            let runtime = self.config.images.runtime.clone();
+            crate::blocking(move || {
+                if state.join(&shim.id).exists() {
+                    let _ = std::process::Command::new(&runtime)
+                        .arg("--root")
+                        .arg(&state)
+                        .args(["delete", "--force", &shim.id])
+                        .stdout(std::process::Stdio::null())
+                        .stderr(std::process::Stdio::null())
+                        .status();
+                }
+                drop(lease);
+            })
+            .await;
+        }
         // After the exit is on its way: a waiting preemptor need not wait
         // for the group to be put back.
         if let (Some(pool), Some(group)) = (self.cgroups.clone(), group) {

@@ -130,6 +130,16 @@ pub struct JobSubmission {
         pattern = r"^(19[7-9][0-9]|[2-9][0-9]{3})-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])([T ]([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)(\.[0-9]*)?(Z|\+00:00)?)?$"
     )]
     pub deadline: Option<String>,
+    /// An OCI image to run the job in: `HOST[:PORT]/NAME:TAG` or
+    /// `HOST[:PORT]/NAME@sha256:DIGEST`. The server resolves a tag to its
+    /// digest now; every attempt runs that digest. `argv` runs inside it.
+    #[serde(default)]
+    #[schema(max_length = 512, pattern = r"^[^\s\u0000]+$")]
+    pub image: Option<String>,
+    /// The digest the server resolved `image` to (set by the server, never
+    /// read from a request).
+    #[serde(skip)]
+    pub image_digest: Option<String>,
 }
 
 /// One parameter of a sweep: `--sweep lr=1e-3,3e-4`.
@@ -244,6 +254,53 @@ pub struct Job {
     /// Where a job with a deadline stands.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline: Option<DeadlineStatus>,
+    /// The image it runs in: as submitted, and the digest every attempt runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<JobImage>,
+    /// The live attempt's image pull, while its node pulls it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pulling: Option<PullProgress>,
+}
+
+/// `PUT /v1/tenants/{name}/registry-logins/{registry}`: what the tenant's
+/// pulls from `registry` (`HOST[:PORT]`) log in with. Kept by the server
+/// and sent to a node only with a start of that tenant's image; never
+/// shown again.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RegistryLogin {
+    #[schema(min_length = 1, max_length = 256, pattern = r"^[^\u0000-\u001f:]+$")]
+    pub username: String,
+    #[schema(min_length = 1, max_length = 4096, pattern = r"^[^\u0000]+$")]
+    pub password: String,
+}
+
+impl std::fmt::Debug for RegistryLogin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RegistryLogin({}, <password>)", self.username)
+    }
+}
+
+/// A registry a tenant has a login for: the host and the user name.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct RegistryLoginInfo {
+    pub registry: String,
+    pub username: String,
+}
+
+/// A job's image: `reference` as submitted, `digest` resolved at submit.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct JobImage {
+    pub reference: String,
+    pub digest: String,
+}
+
+/// How far a node has come pulling an attempt's image.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct PullProgress {
+    pub node: String,
+    pub done_bytes: u64,
+    pub total_bytes: u64,
 }
 
 /// A deadline job's standing: `state` is `no_progress` (nothing reported
@@ -473,10 +530,16 @@ pub enum EventKind {
     /// or they outran the gang exit grace after a part exited 0). The
     /// attempt fails.
     GangStopped,
+    /// A node began pulling the job's image: `node`, `digest`,
+    /// `total_bytes`.
+    Pulling,
+    /// A node has the job's image: `node`, `downloaded_bytes` (0: it was
+    /// in the node's cache), `seconds`.
+    Pulled,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 19] = [
+    pub const ALL: [EventKind; 21] = [
         EventKind::Submitted,
         EventKind::Admitted,
         EventKind::Placed,
@@ -496,6 +559,8 @@ impl EventKind {
         EventKind::Restored,
         EventKind::Promoted,
         EventKind::GangStopped,
+        EventKind::Pulling,
+        EventKind::Pulled,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -519,6 +584,8 @@ impl EventKind {
             EventKind::Restored => "restored",
             EventKind::Promoted => "promoted",
             EventKind::GangStopped => "gang_stopped",
+            EventKind::Pulling => "pulling",
+            EventKind::Pulled => "pulled",
         }
     }
 }
@@ -873,6 +940,38 @@ pub struct StartAttempt {
     /// number, the same on every node.
     #[serde(default)]
     pub tenant_id: u32,
+    /// The image to run it in, where the job names one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<StartImage>,
+}
+
+/// An attempt's image: the reference (for its registry and name), the
+/// digest to run, the tenant's login for that registry if it gave one,
+/// and whether the operator lets the tenant be root inside.
+#[derive(Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct StartImage {
+    #[schema(max_length = 512)]
+    pub reference: String,
+    #[schema(pattern = r"^sha256:[0-9a-f]{64}$")]
+    pub digest: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password: Option<String>,
+    #[serde(default)]
+    pub root: bool,
+}
+
+impl std::fmt::Debug for StartImage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the password: commands are logged.
+        f.debug_struct("StartImage")
+            .field("reference", &self.reference)
+            .field("digest", &self.digest)
+            .field("username", &self.username)
+            .field("root", &self.root)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -1000,6 +1099,25 @@ pub enum AgentEvent {
     },
     /// Output of the attempt, appended in order.
     Output { attempt: AttemptRef, data: String },
+    /// The agent is pulling the attempt's image: `done_bytes` of
+    /// `total_bytes` of its layers (the first report of a pull has
+    /// `done_bytes` 0).
+    Pulling {
+        attempt: AttemptRef,
+        done_bytes: u64,
+        total_bytes: u64,
+        #[schema(maximum = 253402300799999.0)]
+        at_ms: u64,
+    },
+    /// The attempt's image is on the node, `downloaded_bytes` of it pulled
+    /// now (0: it was in the cache), after `duration_ms`.
+    Pulled {
+        attempt: AttemptRef,
+        downloaded_bytes: u64,
+        duration_ms: u64,
+        #[schema(maximum = 253402300799999.0)]
+        at_ms: u64,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]

@@ -68,6 +68,13 @@ pub struct SubmitArgs {
     /// Exit code 0 during a drain counts as success without the SDK's marker.
     #[arg(long)]
     pub exit_on_drain_is_success: bool,
+    /// Run the job in this OCI image: HOST[:PORT]/NAME:TAG or
+    /// HOST[:PORT]/NAME@sha256:DIGEST. The server resolves a tag to its
+    /// digest at submit; every attempt runs that digest. The command runs
+    /// inside it (its entrypoint is not used), in --chdir if given (a path
+    /// in the image), else in a fresh directory of the job's.
+    #[arg(long, value_name = "REF")]
+    pub image: Option<String>,
     /// Print one line {"id": N, "ids": [...]} instead of text: the job
     /// (an array's first task) and every job made.
     #[arg(long)]
@@ -155,6 +162,16 @@ pub fn submission(args: &SubmitArgs) -> Result<api::JobSubmission, String> {
         }
         sweep.push(api::SweepParam { name: name.to_string(), values });
     }
+    let image = args.image.clone().or(base.image);
+    let chdir = args.chdir.as_deref().or(base.chdir.as_deref());
+    // In an image, the directory is the image's, not this machine's.
+    let workdir = match (&image, chdir) {
+        (Some(_), Some(dir)) if !dir.starts_with('/') => {
+            return Err(format!("--chdir {dir}: in an image, give an absolute path inside it"));
+        }
+        (Some(_), dir) => dir.map(str::to_string),
+        (None, dir) => Some(workdir(dir)?),
+    };
     let export = args.export.as_deref().or(base.export.as_deref()).unwrap_or("ALL");
     let mut env = exported(export, std::env::vars_os())?;
     for pair in base.env.iter().chain(&args.env) {
@@ -168,7 +185,7 @@ pub fn submission(args: &SubmitArgs) -> Result<api::JobSubmission, String> {
         gpu_model: args.gpu_model.clone().or(base.gpu_model),
         argv,
         env,
-        workdir: Some(workdir(args.chdir.as_deref().or(base.chdir.as_deref()))?),
+        workdir,
         signal: args.signal.clone().or(base.signal),
         max_preemptions: args.max_preemptions.or(base.max_preemptions),
         max_retries: args.max_retries.or(base.max_retries),
@@ -177,6 +194,8 @@ pub fn submission(args: &SubmitArgs) -> Result<api::JobSubmission, String> {
         restart: args.restart.clone().or(base.restart),
         sweep,
         deadline: args.deadline.as_deref().or(base.deadline.as_deref()).map(with_seconds),
+        image,
+        image_digest: None,
     })
 }
 
@@ -292,6 +311,31 @@ pub enum TenantCommand {
         /// Drop the tenant's own limits: the server's defaults apply.
         #[arg(long, conflicts_with_all = ["max_jobs", "max_running_jobs", "max_stored_bytes"])]
         defaults: bool,
+        #[command(flatten)]
+        out: JsonFlag,
+    },
+    /// Give the login a tenant's images are pulled from REGISTRY with
+    /// (the tenant's own token or an operator's). The password is read
+    /// from standard input, never from the command line.
+    RegistryLogin {
+        /// The tenant.
+        name: String,
+        /// The registry: HOST or HOST:PORT, as image references begin.
+        registry: String,
+        #[arg(long, short = 'u')]
+        username: String,
+        /// Read the password from standard input (the only way).
+        #[arg(long, required = true)]
+        password_stdin: bool,
+    },
+    /// Remove a tenant's login for REGISTRY.
+    RegistryLogout {
+        name: String,
+        registry: String,
+    },
+    /// List the registries a tenant has logins for.
+    RegistryLogins {
+        name: String,
         #[command(flatten)]
         out: JsonFlag,
     },
@@ -535,6 +579,13 @@ pub async fn show(conn: &Connection, id: u64, out: &JsonFlag) -> Result<String, 
     .unwrap();
     writeln!(text, "  tenant       {}", job.tenant).unwrap();
     writeln!(text, "  command      {}", job.argv.join(" ")).unwrap();
+    if let Some(image) = &job.image {
+        writeln!(text, "  image        {}  ({})", image.reference, image.digest).unwrap();
+    }
+    if let Some(p) = &job.pulling {
+        let percent = if p.total_bytes == 0 { 100 } else { p.done_bytes * 100 / p.total_bytes };
+        writeln!(text, "  pulling      {}, {percent}% on {}", human_bytes(p.total_bytes), p.node).unwrap();
+    }
     let workdir = job.workdir.as_deref().unwrap_or("a fresh directory on its node");
     writeln!(text, "  workdir      {workdir}").unwrap();
     if !job.env.is_empty() {
@@ -750,6 +801,21 @@ fn describe_event(kind: api::EventKind, d: &serde_json::Value) -> String {
             format!("{step}{bytes}took {took}")
         }
         K::Warning => s("message"),
+        K::Pulling => format!(
+            "{} on {} ({})",
+            human_bytes(d["total_bytes"].as_u64().unwrap_or(0)),
+            s("node"),
+            s("digest")
+        ),
+        K::Pulled => match d["downloaded_bytes"].as_u64().unwrap_or(0) {
+            0 => format!("on {}: in its cache", s("node")),
+            n => format!(
+                "on {}: {} in {}",
+                s("node"),
+                human_bytes(n),
+                Span::from_secs_f64(d["seconds"].as_f64().unwrap_or(0.0)).human()
+            ),
+        },
         K::GangStopped => s("reason"),
         K::Preempting => format!(
             "victims {} (lost {})",
@@ -1110,6 +1176,38 @@ pub async fn tenant(conn: &Connection, command: &TenantCommand) -> Result<String
                 usage.stored_bytes,
                 usage.max_stored_bytes
             ))
+        }
+        TenantCommand::RegistryLogin { name, registry, username, password_stdin: _ } => {
+            let mut password = String::new();
+            std::io::stdin().read_line(&mut password).map_err(|e| format!("reading the password: {e}"))?;
+            let password = password.trim_end_matches(['\n', '\r']).to_string();
+            if password.is_empty() {
+                return Err("no password on standard input".into());
+            }
+            let login = api::RegistryLogin { username: username.clone(), password };
+            let path = format!("/v1/tenants/{name}/registry-logins/{registry}");
+            let _: Vec<api::RegistryLoginInfo> = conn.client()?.put(&path, &login).await?;
+            Ok(format!("tenant {name}: pulls from {registry} log in as {username}\n"))
+        }
+        TenantCommand::RegistryLogout { name, registry } => {
+            let path = format!("/v1/tenants/{name}/registry-logins/{registry}");
+            let _: Vec<api::RegistryLoginInfo> = conn.client()?.delete(&path).await?;
+            Ok(format!("tenant {name}: no login for {registry}\n"))
+        }
+        TenantCommand::RegistryLogins { name, out } => {
+            let logins: Vec<api::RegistryLoginInfo> =
+                conn.client()?.get(&format!("/v1/tenants/{name}/registry-logins")).await?;
+            if out.json {
+                return Ok(json(&logins));
+            }
+            let mut text = String::new();
+            for l in &logins {
+                writeln!(text, "{}  {}", l.registry, l.username).unwrap();
+            }
+            if logins.is_empty() {
+                text = format!("tenant {name} has no registry logins\n");
+            }
+            Ok(text)
         }
         TenantCommand::Token { command } => {
             let client = conn.client()?;

@@ -112,12 +112,42 @@ pub struct ServerArgs {
     /// processes, environments and files.
     #[arg(long, value_name = "USER")]
     pub default_run_as: Option<String>,
+    /// Tenants whose jobs must run in an image (ebb submit --image):
+    /// `all`, or a comma-separated list. A job without one is refused at
+    /// submit.
+    #[arg(long, value_name = "all|TENANT,...")]
+    pub require_image: Option<String>,
+    /// Tenants whose jobs may run as root (uid 0) inside their image,
+    /// comma-separated; everyone else's run as the tenant's user there.
+    /// Root in an image is root on the node, less the capabilities the
+    /// runtime drops: allow it only for tenants you trust with the node.
+    #[arg(long, value_name = "TENANT,...", value_delimiter = ',')]
+    pub image_root: Vec<String>,
+    #[command(flatten)]
+    pub registries: RegistryArgs,
     #[command(flatten)]
     pub tls: TlsArgs,
     #[command(flatten)]
     pub limits: LimitArgs,
     #[command(flatten)]
     pub checkpoint_store: CheckpointStoreArgs,
+}
+
+/// How image registries are reached, by the server (to resolve a tag at
+/// submit) and the agents (to pull).
+#[derive(Args, Clone)]
+pub struct RegistryArgs {
+    /// A registry (HOST:PORT, as image references begin) reached over
+    /// plain HTTP rather than HTTPS: one on loopback or a trusted network.
+    /// Repeatable.
+    #[arg(long = "insecure-registry", value_name = "HOST[:PORT]")]
+    pub insecure: Vec<String>,
+}
+
+impl RegistryArgs {
+    pub fn registries(&self) -> ebb_image::Registries {
+        ebb_image::Registries { insecure: self.insecure.clone() }
+    }
 }
 
 /// Where jobs' checkpoints are kept between attempts, so that a job
@@ -431,6 +461,17 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
             total: 0,
         },
         metrics_token,
+        images: ebb_server::Images {
+            required: match args.require_image.as_deref().map(str::trim) {
+                None | Some("") => ebb_server::Required::Nobody,
+                Some("all") => ebb_server::Required::Everyone,
+                Some(list) => ebb_server::Required::Tenants(
+                    list.split(',').map(|t| t.trim().to_string()).filter(|t| !t.is_empty()).collect(),
+                ),
+            },
+            root: args.image_root.iter().map(|t| t.trim().to_string()).filter(|t| !t.is_empty()).collect(),
+        },
+        registries: args.registries.registries(),
     })
     .await
 }
@@ -525,6 +566,24 @@ pub struct AgentArgs {
     /// job's log says so (0: no limit).
     #[arg(long, value_name = "BYTES", default_value = "256GiB", value_parser = ebb_agent::output::parse_bytes)]
     pub max_checkpoint_bytes: u64,
+    /// The OCI runtime that runs jobs in images: a path, or a name looked
+    /// up in PATH. runc (1.1 and later) works on unified and hybrid cgroup
+    /// hosts; crun 1.8 refuses hybrid ones.
+    #[arg(long, value_name = "PATH", default_value = "runc")]
+    pub oci_runtime: PathBuf,
+    /// Disk the node's image cache may use (<data-dir>/images): past it,
+    /// the least recently used images no attempt holds are removed.
+    #[arg(long, value_name = "BYTES", default_value = "100GiB", value_parser = ebb_agent::output::parse_bytes)]
+    pub image_cache_size: u64,
+    #[command(flatten)]
+    pub registries: RegistryArgs,
+    /// The node's CDI spec for its GPUs, as `nvidia-ctk cdi generate
+    /// --format=json` writes it: jobs in images get exactly their GPUs'
+    /// device nodes, and the driver's libraries, from it. Default:
+    /// /etc/cdi/nvidia.json where it exists; without one, containers get
+    /// their GPUs' variables only (simulated GPUs).
+    #[arg(long, value_name = "FILE")]
+    pub cdi_spec: Option<PathBuf>,
     /// Output one attempt may send (0: no limit); the rest is read and
     /// dropped, with a line in its log saying so.
     #[arg(long, value_name = "BYTES", default_value = "64MiB", value_parser = ebb_agent::output::parse_bytes)]
@@ -692,6 +751,15 @@ pub async fn agent(args: AgentArgs) -> Result<(), String> {
         allow_root_jobs: args.allow_root_jobs,
         tenant_uids: args.tenant_uids,
         max_checkpoint_bytes: args.max_checkpoint_bytes,
+        images: ebb_agent::ImageConfig {
+            runtime: args.oci_runtime,
+            cache_bytes: args.image_cache_size,
+            registries: args.registries.registries(),
+        },
+        cdi_spec: args.cdi_spec.or_else(|| {
+            let default = PathBuf::from("/etc/cdi/nvidia.json");
+            default.is_file().then_some(default)
+        }),
         attempt_retention: Duration::from_millis(args.attempt_retention.as_millis()),
         keep_cgroup_mount: args.keep_cgroup_mount,
         output: ebb_agent::OutputLimits {
@@ -750,6 +818,8 @@ pub struct UpArgs {
     /// Loopback port for the server (0: any free port).
     #[arg(long, default_value_t = 7300)]
     pub port: u16,
+    #[command(flatten)]
+    pub registries: RegistryArgs,
 }
 
 struct Child {
@@ -847,7 +917,9 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
     }
     let server_log = logs.join("server.log");
     let (user, uid) = invoking_user()?;
-    let mut server_args = [
+    let registries: Vec<String> =
+        args.registries.insecure.iter().flat_map(|r| ["--insecure-registry".to_string(), r.clone()]).collect();
+    let mut server_args: Vec<String> = vec![
         "server".into(),
         "--data-dir".into(),
         server_dir.display().to_string(),
@@ -862,6 +934,7 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
         "--default-run-as".into(),
         user.clone(),
     ];
+    server_args.extend(registries.iter().cloned());
     let _ = std::fs::remove_file(&server_log);
     let mut server = spawn("ebb server", &server_args, &server_log)?;
     let url = wait_for_file(&server_dir.join("server.url"), &mut server, &server_log).await?;
@@ -896,7 +969,10 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
                 "--allow-root-jobs".into(),
                 "--job-path".into(),
                 std::env::var("PATH").unwrap_or_else(|_| ebb_agent::identity::DEFAULT_PATH.into()),
-            ],
+            ]
+            .into_iter()
+            .chain(registries.iter().cloned())
+            .collect::<Vec<String>>(),
             &log,
         )?);
     }

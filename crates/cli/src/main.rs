@@ -328,7 +328,25 @@ async fn dispatch(cli: Cli) -> Result<(), String> {
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// `ebb container-shim ...`: what an agent starts for an attempt in an
+/// image (see `ebb_agent::container`); not for people. Before any thread
+/// exists, since it blocks the signals it passes on.
+fn container_shim(args: &[String]) -> ! {
+    let value = |flag: &str| {
+        args.windows(2).find(|w| w[0] == flag).map(|w| std::path::PathBuf::from(&w[1])).unwrap_or_else(|| {
+            eprintln!("ebb container-shim: {flag} is needed (this command is the agent's own)");
+            std::process::exit(ebb_agent::container::NOT_STARTED)
+        })
+    };
+    let id = value("--id").display().to_string();
+    ebb_agent::container::shim(&value("--runtime"), &value("--state"), &value("--bundle"), &id, &value("--lower"))
+}
+
 fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("container-shim") {
+        container_shim(&args[2..]);
+    }
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,

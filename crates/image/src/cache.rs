@@ -123,7 +123,7 @@ impl Cache {
     pub fn images(&self) -> Vec<String> {
         let images = self.images.lock().expect("images");
         let mut all: Vec<(&String, &Entry)> = images.iter().collect();
-        all.sort_by(|a, b| b.1.last_used.cmp(&a.1.last_used));
+        all.sort_by_key(|e| std::cmp::Reverse(e.1.last_used));
         all.into_iter().map(|(hex, _)| format!("sha256:{hex}")).collect()
     }
 

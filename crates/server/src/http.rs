@@ -36,6 +36,7 @@ struct App {
     /// The SHA-256 of the token a Prometheus server scrapes `/metrics`
     /// with (`--metrics-token-file`), beside an operator's.
     metrics_token: Option<Arc<str>>,
+    registries: ebb_image::Registries,
 }
 
 /// How many `/v1/stream` connections one tenant (or the operators) may
@@ -139,6 +140,33 @@ impl App {
                  which registration returns",
             )),
             _ => Err(ApiError::forbidden("this call needs a node's credential")),
+        }
+    }
+
+    /// Resolves the image a submission names to its digest, with the
+    /// tenant's login for its registry: a reference the registry does not
+    /// have is refused now, not found at the start. One resolve per
+    /// distinct reference of a batch.
+    async fn resolve_image(&self, principal: &Principal, spec: &mut api::JobSubmission, field: &str) -> ApiResult<()> {
+        spec.image_digest = None;
+        let Some(reference) = spec.image.clone() else { return Ok(()) };
+        let parsed = ebb_image::parse(&reference)
+            .map_err(|e| ApiError::unprocessable(format!("{field}image: {e}")))?;
+        let login = match &principal.tenant {
+            Some((tenant, _)) => {
+                let (tenant, registry) = (*tenant, parsed.registry().to_string());
+                self.ask(|reply| Msg::RegistryLoginFor { tenant, registry, reply }).await?
+            }
+            None => None,
+        };
+        let login = login.map(|l| ebb_image::Login { username: l.username, password: l.password });
+        match ebb_image::resolve(&self.registries, &reference, login.as_ref()).await {
+            Ok(digest) => {
+                spec.image_digest = Some(digest);
+                Ok(())
+            }
+            Err(e) if e.is_transient() => Err(ApiError::unavailable(format!("{field}image: {e}; nothing was submitted"))),
+            Err(e) => Err(ApiError::unprocessable(format!("{field}image: {e}"))),
         }
     }
 
@@ -265,7 +293,7 @@ fn integral_floats_as_integers(value: &mut serde_json::Value) {
     info(title = "Ebb", description = "Preemptible GPU compute with a drain window"),
     paths(submit, submit_batch, list_jobs, show_job, cancel_job, drill_job, job_logs, list_nodes, drain_node, undrain_node, remove_node, reclaim, release_reclaim,
         create_tenant, list_tenants, rotate_tenant_token, revoke_tenant_tokens, rotate_join_token, get_tenant_limits,
-        set_tenant_limits, list_prices, set_price, create_reservation, list_reservations, delete_reservation, bill,
+        set_tenant_limits, list_registry_logins, set_registry_login, delete_registry_login, list_prices, set_price, create_reservation, list_reservations, delete_reservation, bill,
         operator_report, operator_report_series, agent_register, agent_commands, agent_report, tls_ca),
     components(schemas(
         api::JobSubmission, api::Submitted, api::JobBatch, api::BatchSubmitted, api::Job, api::JobEvent, api::EventKind, api::NodeGpus, api::Node, api::HeldGpus,
@@ -276,11 +304,13 @@ fn integral_floats_as_integers(value: &mut serde_json::Value) {
         api::ReportBucket, api::ReportSeries,
         api::NodeRemoved, api::JoinToken, api::TenantTokens,
         api::AttemptRef, api::Register, api::Registered, api::CheckpointStoreLocation, api::Command, api::Action, api::StartAttempt,
-        api::DrainAttempt, api::StopNotice, api::CancelRequest, api::Commands, api::Report, api::AgentEvent, api::ReportReply
+        api::DrainAttempt, api::StopNotice, api::CancelRequest, api::Commands, api::Report, api::AgentEvent, api::ReportReply,
+        api::JobImage, api::PullProgress, api::StartImage, api::RegistryLogin, api::RegistryLoginInfo
     )),
     tags(
         (name = "jobs", description = "Submitting, watching and cancelling jobs (tenant or admin token)"),
         (name = "operator", description = "Nodes, capacity and tenants (admin token)"),
+        (name = "tenants", description = "A tenant's own settings: its registry logins (tenant or admin token)"),
         (name = "billing", description = "Prices, reservations, invoices and the operator's report"),
         (name = "agent", description = "The protocol between the server and its agents (join token)")
     ),
@@ -312,7 +342,8 @@ async fn submit(
     Body(body): Body,
 ) -> ApiResult<(StatusCode, Json<api::Submitted>)> {
     let principal = app.tenant(&headers)?;
-    let spec: api::JobSubmission = parse(&body)?;
+    let mut spec: api::JobSubmission = parse(&body)?;
+    app.resolve_image(&principal, &mut spec, "").await?;
     let ids = app.ask(|reply| Msg::Submit { principal, spec, reply }).await??;
     let id = ids[0];
     let ids = if ids.len() > 1 { ids } else { Vec::new() };
@@ -334,7 +365,10 @@ async fn submit_batch(
     if batch.jobs.is_empty() {
         return Err(ApiError::unprocessable("jobs: the batch is empty".into()));
     }
-    let specs = batch.jobs;
+    let mut specs = batch.jobs;
+    for (i, spec) in specs.iter_mut().enumerate() {
+        app.resolve_image(&principal, spec, &format!("jobs[{i}].")).await?;
+    }
     let made = app.ask(|reply| Msg::SubmitBatch { principal, specs, reply }).await??;
     let jobs = made
         .into_iter()
@@ -721,6 +755,52 @@ async fn get_tenant_limits(
 ) -> ApiResult<Json<api::TenantUsage>> {
     let principal = app.tenant(&headers)?;
     Ok(Json(app.ask(|reply| Msg::TenantLimits { principal, tenant, set: None, reply }).await??))
+}
+
+/// A tenant's registry logins: the registries and user names (never the
+/// passwords). The tenant itself or an operator.
+#[utoipa::path(get, path = "/v1/tenants/{name}/registry-logins", tag = "tenants", params(("name" = String, Path)),
+    responses((status = 200, body = Vec<api::RegistryLoginInfo>), (status = 404, body = api::ErrorBody)))]
+async fn list_registry_logins(
+    State(app): State<App>,
+    headers: HeaderMap,
+    ApiPath(tenant): ApiPath<String>,
+) -> ApiResult<Json<Vec<api::RegistryLoginInfo>>> {
+    let principal = app.tenant(&headers)?;
+    Ok(Json(app.ask(|reply| Msg::RegistryLogins { principal, tenant, set: None, reply }).await??))
+}
+
+/// Give the login a tenant's image pulls from `registry` (`HOST[:PORT]`)
+/// use; it replaces the one before. The tenant itself or an operator.
+#[utoipa::path(put, path = "/v1/tenants/{name}/registry-logins/{registry}", tag = "tenants",
+    params(("name" = String, Path), ("registry" = String, Path)), request_body = api::RegistryLogin,
+    responses((status = 200, body = Vec<api::RegistryLoginInfo>), (status = 404, body = api::ErrorBody),
+        (status = 422, description = "Not a registry host, or an empty user name or password", body = api::ErrorBody)))]
+async fn set_registry_login(
+    State(app): State<App>,
+    headers: HeaderMap,
+    ApiPath((tenant, registry)): ApiPath<(String, String)>,
+    Body(body): Body,
+) -> ApiResult<Json<Vec<api::RegistryLoginInfo>>> {
+    let principal = app.tenant(&headers)?;
+    let login: api::RegistryLogin = parse(&body)?;
+    let set = Some((registry, Some(login)));
+    Ok(Json(app.ask(|reply| Msg::RegistryLogins { principal, tenant, set, reply }).await??))
+}
+
+/// Remove a tenant's login for `registry`.
+#[utoipa::path(delete, path = "/v1/tenants/{name}/registry-logins/{registry}", tag = "tenants",
+    params(("name" = String, Path), ("registry" = String, Path)),
+    responses((status = 200, body = Vec<api::RegistryLoginInfo>), (status = 404, body = api::ErrorBody),
+        (status = 422, body = api::ErrorBody)))]
+async fn delete_registry_login(
+    State(app): State<App>,
+    headers: HeaderMap,
+    ApiPath((tenant, registry)): ApiPath<(String, String)>,
+) -> ApiResult<Json<Vec<api::RegistryLoginInfo>>> {
+    let principal = app.tenant(&headers)?;
+    let set = Some((registry, None));
+    Ok(Json(app.ask(|reply| Msg::RegistryLogins { principal, tenant, set, reply }).await??))
 }
 
 /// Set a tenant's own limits (admin); an absent one is the server's default.
@@ -1271,6 +1351,7 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
         limits: config.limits.clone(),
         run_as: config.run_as.clone(),
         checkpoint_store: config.checkpoint_store.clone(),
+        images: config.images.clone(),
     };
     // Bound first: a server on one database with others says where it
     // answers, and `--listen 127.0.0.1:0` picks its port here.
@@ -1339,6 +1420,7 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
         tls_ca: tls.as_ref().and_then(|t| t.ca.as_ref()).map(|ca| Arc::from(ca.pem.as_str())),
         streams: Arc::default(),
         metrics_token: config.metrics_token.as_deref().map(|t| Arc::from(hash_token(t).as_str())),
+        registries: config.registries.clone(),
     };
     let router = Router::new()
         .route("/healthz", get(crate::leader::healthz).with_state(role))
@@ -1358,6 +1440,11 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
         .route("/v1/reclaim/release", post(release_reclaim))
         .route("/v1/tenants", post(create_tenant).get(list_tenants))
         .route("/v1/tenants/{name}/limits", get(get_tenant_limits).put(set_tenant_limits))
+        .route("/v1/tenants/{name}/registry-logins", get(list_registry_logins))
+        .route(
+            "/v1/tenants/{name}/registry-logins/{registry}",
+            axum::routing::put(set_registry_login).delete(delete_registry_login),
+        )
         .route("/v1/tenants/{name}/tokens", post(rotate_tenant_token).delete(revoke_tenant_tokens))
         .route("/v1/prices", get(list_prices))
         .route("/v1/prices/{model}", put(set_price))

@@ -24,7 +24,7 @@ use std::sync::{Arc, RwLock};
 use ebb_core::Span;
 use sha2::{Digest, Sha256};
 
-pub use engine::{now_ms, EngineConfig, RunAs};
+pub use engine::{now_ms, EngineConfig, Images, Required, RunAs};
 pub use validate::{parse_signal, Limits};
 
 use crate::store::Scope;
@@ -108,6 +108,11 @@ impl ApiError {
     pub fn too_many(message: String) -> Self {
         ApiError { status: 429, message }
     }
+    /// Something the server depends on (an image's registry) cannot be
+    /// reached now: nothing was done, and a retry may succeed.
+    pub fn unavailable(message: String) -> Self {
+        ApiError { status: 503, message }
+    }
     pub fn internal(message: String) -> Self {
         ApiError { status: 500, message }
     }
@@ -170,6 +175,10 @@ pub struct ServerConfig {
     /// A token that may read `/metrics` (and nothing else), as well as an
     /// operator's: read from `--metrics-token-file`.
     pub metrics_token: Option<String>,
+    /// Who must run in images, who may be root inside one.
+    pub images: engine::Images,
+    /// How the registries of jobs' images are reached (to resolve tags).
+    pub registries: ebb_image::Registries,
 }
 
 /// Runs the server until SIGINT or SIGTERM.

@@ -88,6 +88,9 @@ const MIGRATIONS: &[&str] = &[
      CREATE INDEX jobs_by_array ON jobs(array_id, state);",
     // 5: which node wrote each piece of a gang's output, as SQLite's 10.
     "ALTER TABLE output ADD COLUMN node TEXT;",
+    // 6: tenants' registry logins, as SQLite's 11.
+    "CREATE TABLE registry_logins (tenant BIGINT NOT NULL REFERENCES tenants(id), registry TEXT NOT NULL,
+         record TEXT NOT NULL, PRIMARY KEY (tenant, registry));",
 ];
 
 pub struct PgStore {
@@ -324,6 +327,13 @@ impl Store for PgStore {
                 .tenant_limits
                 .push((r.get::<_, i64>(0) as u32, serde_json::from_str(r.get::<_, &str>(1))?));
         }
+        for r in c.query("SELECT tenant, registry, record FROM registry_logins ORDER BY tenant, registry", &[])? {
+            snapshot.registry_logins.push((
+                r.get::<_, i64>(0) as u32,
+                r.get(1),
+                serde_json::from_str(r.get::<_, &str>(2))?,
+            ));
+        }
         snapshot.reclaims = c
             .query("SELECT model, preemptible_limit FROM reclaims ORDER BY model", &[])?
             .iter()
@@ -544,6 +554,25 @@ impl Store for PgStore {
              ON CONFLICT (tenant) DO UPDATE SET record = EXCLUDED.record",
             &[&i64::from(tenant), &serde_json::to_string(limits)?],
         )
+    }
+
+    fn put_registry_login(
+        &mut self,
+        tenant: u32,
+        registry: &str,
+        login: Option<&ebb_api::RegistryLogin>,
+    ) -> Result<()> {
+        match login {
+            Some(login) => self.exec(
+                "INSERT INTO registry_logins (tenant, registry, record) VALUES ($1, $2, $3)
+                 ON CONFLICT (tenant, registry) DO UPDATE SET record = EXCLUDED.record",
+                &[&i64::from(tenant), &registry, &serde_json::to_string(login)?],
+            ),
+            None => self.exec(
+                "DELETE FROM registry_logins WHERE tenant = $1 AND registry = $2",
+                &[&i64::from(tenant), &registry],
+            ),
+        }
     }
 
     fn log_state(&mut self, job: u64) -> Result<Option<LogState>> {

@@ -110,6 +110,8 @@ pub struct Snapshot<J> {
     pub heard: Vec<(String, u64)>,
     /// Limits the operator set for single tenants.
     pub tenant_limits: Vec<(u32, ebb_api::TenantLimits)>,
+    /// Tenants' registry logins: tenant, registry host, login.
+    pub registry_logins: Vec<(u32, String, ebb_api::RegistryLogin)>,
     /// Reclaim limits, by model.
     pub reclaims: Vec<(String, u32)>,
 }
@@ -125,6 +127,7 @@ impl<J> Snapshot<J> {
             reservations: Vec::new(),
             heard: Vec::new(),
             tenant_limits: Vec::new(),
+            registry_logins: Vec::new(),
             reclaims: Vec::new(),
         }
     }
@@ -340,6 +343,13 @@ pub trait Store: Send {
     fn usage(&mut self, tenant: Option<u32>, from_ms: u64, to_ms: u64) -> Result<Vec<UsageRow>>;
     fn job_usage(&mut self, job: u64) -> Result<Vec<UsageRow>>;
     fn put_tenant_limits(&mut self, tenant: u32, limits: &ebb_api::TenantLimits) -> Result<()>;
+    /// A tenant's login for a registry, or none (removed).
+    fn put_registry_login(
+        &mut self,
+        tenant: u32,
+        registry: &str,
+        login: Option<&ebb_api::RegistryLogin>,
+    ) -> Result<()>;
     /// How much of the job's log is committed (see `LogState`).
     fn log_state(&mut self, job: u64) -> Result<Option<LogState>>;
     fn put_log_state(&mut self, job: u64, state: &LogState) -> Result<()>;
@@ -590,6 +600,9 @@ const MIGRATIONS: &[&str] = &[
     // 10: which node wrote each piece of a gang's output (its pieces are
     // whole lines of one node's), for `ebb logs --label`.
     "ALTER TABLE output ADD COLUMN node TEXT;",
+    // 11: tenants' registry logins, for their images' pulls.
+    "CREATE TABLE registry_logins (tenant INTEGER NOT NULL REFERENCES tenants(id), registry TEXT NOT NULL,
+         record TEXT NOT NULL, PRIMARY KEY (tenant, registry));",
 ];
 
 /// Brings the database to the latest step of `MIGRATIONS`
@@ -711,6 +724,13 @@ impl Store for SqliteStore {
             stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<rusqlite::Result<_>>()?;
         for (tenant, record) in limits {
             snapshot.tenant_limits.push((tenant, serde_json::from_str(&record)?));
+        }
+        let mut stmt =
+            self.conn.prepare("SELECT tenant, registry, record FROM registry_logins ORDER BY tenant, registry")?;
+        let logins: Vec<(u32, String, String)> =
+            stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?.collect::<rusqlite::Result<_>>()?;
+        for (tenant, registry, record) in logins {
+            snapshot.registry_logins.push((tenant, registry, serde_json::from_str(&record)?));
         }
         let mut stmt = self.conn.prepare("SELECT model, preemptible_limit FROM reclaims ORDER BY model")?;
         let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, u32>(1)?)))?;
@@ -981,6 +1001,26 @@ impl Store for SqliteStore {
             .prepare_cached("INSERT OR REPLACE INTO tenant_limits (tenant, record) VALUES (?1, ?2)")?;
         stmt.execute(params![tenant, serde_json::to_string(limits)?])?;
         Ok(())
+    }
+
+    fn put_registry_login(
+        &mut self,
+        tenant: u32,
+        registry: &str,
+        login: Option<&ebb_api::RegistryLogin>,
+    ) -> Result<()> {
+        match login {
+            Some(login) => self.run(
+                "INSERT OR REPLACE INTO registry_logins (tenant, registry, record) VALUES (?1, ?2, ?3)",
+                params![tenant, registry, serde_json::to_string(login)?],
+            )
+            .map(drop),
+            None => self.run(
+                "DELETE FROM registry_logins WHERE tenant = ?1 AND registry = ?2",
+                params![tenant, registry],
+            )
+            .map(drop),
+        }
     }
 
     fn heard(&mut self, node: &str, at_ms: u64) -> Result<()> {

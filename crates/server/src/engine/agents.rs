@@ -272,6 +272,8 @@ impl<S: Store> Engine<S> {
                 AgentEvent::Resumed { attempt, at_ms, .. } => ("resumed", attempt, *at_ms),
                 AgentEvent::Restored { attempt, at_ms, .. } => ("restored", attempt, *at_ms),
                 AgentEvent::Progress { attempt, at_ms, .. } => ("progress", attempt, *at_ms),
+                AgentEvent::Pulling { attempt, at_ms, .. } => ("pulling", attempt, *at_ms),
+                AgentEvent::Pulled { attempt, at_ms, .. } => ("pulled", attempt, *at_ms),
                 AgentEvent::Output { .. } => continue,
             };
             if at_ms > ebb_core::time::LAST_WRITABLE_MS {
@@ -425,6 +427,40 @@ impl<S: Store> Engine<S> {
                     }
                     let at_ms = self.known_time(attempt, at_ms, now);
                     self.progressed(attempt, fraction, at_ms, now)?;
+                }
+                AgentEvent::Pulling { attempt, done_bytes, total_bytes, at_ms } => {
+                    if !self.live_on(attempt, &node) {
+                        stale.insert(attempt);
+                        continue;
+                    }
+                    let at_ms = self.known_time(attempt, at_ms, now);
+                    let job = self.jobs.get_mut(&attempt.job).expect("live");
+                    let first = job.pulling.as_ref().is_none_or(|(n, _, _)| *n != node) || done_bytes == 0;
+                    job.pulling = Some((node.clone(), done_bytes.min(total_bytes), total_bytes));
+                    if first {
+                        let digest = job.spec.image.as_ref().map(|i| i.digest.clone());
+                        let detail = json!({
+                            "node": node, "digest": digest, "total_bytes": total_bytes, "at": rfc3339(at_ms),
+                        });
+                        self.event(attempt.job, EventKind::Pulling, detail)?;
+                    }
+                    self.save(attempt.job)?;
+                }
+                AgentEvent::Pulled { attempt, downloaded_bytes, duration_ms, at_ms } => {
+                    if !self.live_on(attempt, &node) {
+                        stale.insert(attempt);
+                        continue;
+                    }
+                    let at_ms = self.known_time(attempt, at_ms, now);
+                    self.jobs.get_mut(&attempt.job).expect("live").pulling = None;
+                    let detail = json!({
+                        "node": node,
+                        "downloaded_bytes": downloaded_bytes,
+                        "seconds": duration_ms as f64 / 1000.0,
+                        "at": rfc3339(at_ms),
+                    });
+                    self.event(attempt.job, EventKind::Pulled, detail)?;
+                    self.save(attempt.job)?;
                 }
                 AgentEvent::Output { attempt, data } => {
                     // Only the node the attempt was placed on writes its log.

@@ -90,6 +90,14 @@ impl<S: Store> Engine<S> {
                 let result = self.tenant_limits(&principal, &tenant, set);
                 self.answer(reply, result)?;
             }
+            Msg::RegistryLogins { principal, tenant, set, reply } => {
+                let result = self.registry_logins(&principal, &tenant, set);
+                self.answer(reply, result)?;
+            }
+            Msg::RegistryLoginFor { tenant, registry, reply } => {
+                let login = self.tenants.logins.get(&tenant).and_then(|l| l.get(&registry)).cloned();
+                self.outbox.reply(reply, login);
+            }
             Msg::Register { principal, reg, reply } => {
                 let result = self.register(&principal, reg, now);
                 self.answer(reply, result)?;

@@ -196,6 +196,7 @@ pub(super) fn end_attempt(
     job.gang_grace_until = None;
     job.gang_stopped = None;
     job.rendezvous_failed = None;
+    job.pulling = None;
     if state == JobState::Queued {
         job.exit_code = None;
         job.exit_signal = None;

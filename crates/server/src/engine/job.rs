@@ -142,6 +142,9 @@ pub struct JobRecord {
     /// parts have ended, as neither a failure nor a preemption.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rendezvous_failed: Option<String>,
+    /// The live attempt's image pull: the node, bytes done and in all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pulling: Option<(String, u64, u64)>,
     /// A live gang's rendezvous (`MASTER_ADDR`, `MASTER_PORT`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rendezvous: Option<(String, u16)>,
@@ -276,6 +279,9 @@ pub struct StoredSpec {
     pub exit_on_drain_is_success: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restart: Option<String>,
+    /// The image it runs in, with the digest resolved at submit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<ebb_api::JobImage>,
 }
 
 impl From<JobSubmission> for StoredSpec {
@@ -290,6 +296,7 @@ impl From<JobSubmission> for StoredSpec {
             max_retries: s.max_retries,
             exit_on_drain_is_success: s.exit_on_drain_is_success,
             restart: s.restart,
+            image: s.image.zip(s.image_digest).map(|(reference, digest)| ebb_api::JobImage { reference, digest }),
         }
     }
 }
@@ -352,6 +359,7 @@ impl JobRecord {
             gang_grace_until: None,
             gang_stopped: None,
             rendezvous_failed: None,
+            pulling: None,
             drill: None,
             log_tracked: true,
             deadline: None,

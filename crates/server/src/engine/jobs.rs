@@ -117,6 +117,20 @@ impl<S: Store> Engine<S> {
                 rfc3339(now)
             )));
         }
+        let tenant_name = self.tenant_name(tenant);
+        match (&spec.image, &spec.image_digest) {
+            (None, _) if self.config.images.required_for(&tenant_name) => {
+                return Err(ApiError::unprocessable(format!(
+                    "image: tenant {tenant_name}'s jobs must name an image to run in (ebb submit --image \
+                     HOST/NAME:TAG; ebb server --require-image)"
+                )));
+            }
+            (Some(image), None) => {
+                // The HTTP layer resolves every image before the writer sees it.
+                return Err(ApiError::unprocessable(format!("image: {image} was not resolved to a digest")));
+            }
+            _ => {}
+        }
         let mut spec = StoredSpec::from(spec);
         if checked.tier == Tier::Reserved {
             // A reserved job runs on its reservation's model.
@@ -355,6 +369,53 @@ impl<S: Store> Engine<S> {
         limits
     }
 
+    /// A tenant's registry logins (the tenant itself or an admin); with
+    /// `set`, first stores or removes one.
+    pub(super) fn registry_logins(
+        &mut self,
+        principal: &Principal,
+        name: &str,
+        set: Option<(String, Option<ebb_api::RegistryLogin>)>,
+    ) -> Result<Vec<ebb_api::RegistryLoginInfo>, Fail> {
+        let tenant = self
+            .tenant_by_name(name)
+            .map_err(|_| ApiError::not_found(format!("tenant {name}: not found")))?;
+        if !principal.may_see(tenant) {
+            return Err(ApiError::not_found(format!("tenant {name}: not found")).into());
+        }
+        if let Some((registry, login)) = set {
+            check_registry_host(&registry)?;
+            if let Some(login) = &login {
+                if login.username.is_empty() || login.username.len() > 256 || login.username.contains(':')
+                    || login.username.chars().any(char::is_control)
+                {
+                    return Err(ApiError::unprocessable(
+                        "username: 1 to 256 bytes, without ':' or control characters".to_string(),
+                    )
+                    .into());
+                }
+                if login.password.is_empty() || login.password.len() > 4096 || login.password.contains('\0') {
+                    return Err(ApiError::unprocessable("password: 1 to 4096 bytes, without NUL".to_string()).into());
+                }
+            }
+            self.store.put_registry_login(tenant, &registry, login.as_ref())?;
+            tracing::info!(tenant = name, registry, given = login.is_some(), "registry login set");
+            let logins = self.tenants.logins.entry(tenant).or_default();
+            match login {
+                Some(login) => logins.insert(registry, login),
+                None => logins.remove(&registry),
+            };
+        }
+        Ok(self
+            .tenants
+            .logins
+            .get(&tenant)
+            .into_iter()
+            .flatten()
+            .map(|(registry, l)| ebb_api::RegistryLoginInfo { registry: registry.clone(), username: l.username.clone() })
+            .collect())
+    }
+
     /// A tenant's limits and usage (the tenant itself or an admin); with
     /// `set` (admin), its own limits first. Raising the running limit
     /// admits waiting jobs at once; lowering any refuses nothing already
@@ -561,5 +622,21 @@ mod tests {
         let spec =
             StoredSpec { name: Some("one".into()), argv: vec!["x".into()].into(), ..Default::default() };
         assert_eq!(expand(&spec, Vec::new(), 1), vec![(spec, None)]);
+    }
+}
+
+/// A registry as a login names it: `HOST[:PORT]`, as image references
+/// begin.
+fn check_registry_host(registry: &str) -> Result<(), ApiError> {
+    let ok = !registry.is_empty()
+        && registry.len() <= 253
+        && registry.bytes().all(|b| b.is_ascii_alphanumeric() || b"-.:[]_".contains(&b))
+        && ebb_image::parse(&format!("{registry}/x:y")).is_ok_and(|r| r.registry() == registry);
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::unprocessable(format!(
+            "registry: {registry:?} is not a registry host (HOST or HOST:PORT, as an image reference begins)"
+        )))
     }
 }

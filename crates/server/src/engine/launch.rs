@@ -50,6 +50,18 @@ impl<S: Store> Engine<S> {
                 tenant_id: job.tenant,
                 // The first node's agent checks the port is free.
                 rendezvous_port: job.rendezvous.as_ref().filter(|_| rank == 0).map(|(_, port)| *port),
+                image: job.spec.image.as_ref().map(|image| {
+                    let login = ebb_image::parse(&image.reference)
+                        .ok()
+                        .and_then(|r| self.tenants.logins.get(&job.tenant)?.get(r.registry()).cloned());
+                    ebb_api::StartImage {
+                        reference: image.reference.clone(),
+                        digest: image.digest.clone(),
+                        username: login.as_ref().map(|l| l.username.clone()),
+                        password: login.map(|l| l.password),
+                        root: self.config.images.root.contains(&tenant),
+                    }
+                }),
             }
         };
         job.placement

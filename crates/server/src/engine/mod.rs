@@ -159,6 +159,21 @@ pub enum Msg {
         set: Option<ebb_api::TenantLimits>,
         reply: oneshot::Sender<Result<ebb_api::TenantUsage, ApiError>>,
     },
+    /// A tenant's registry logins: with `set`, first gives (`Some`) or
+    /// removes (`None`) its login for `registry`. Answers the registries.
+    RegistryLogins {
+        principal: Principal,
+        tenant: String,
+        set: Option<(String, Option<ebb_api::RegistryLogin>)>,
+        reply: oneshot::Sender<Result<Vec<ebb_api::RegistryLoginInfo>, ApiError>>,
+    },
+    /// The login of the principal's tenant for `registry`, to resolve an
+    /// image at submit.
+    RegistryLoginFor {
+        tenant: u32,
+        registry: String,
+        reply: oneshot::Sender<Option<ebb_api::RegistryLogin>>,
+    },
     /// `principal` is the join token, or the node's own credential.
     Register {
         principal: Principal,
@@ -318,6 +333,36 @@ pub struct EngineConfig {
     /// Where agents keep jobs' checkpoints (`--checkpoint-store`), told to
     /// each at registration; none: their shared checkpoint root.
     pub checkpoint_store: Option<ebb_api::CheckpointStoreLocation>,
+    pub images: Images,
+}
+
+/// The operator's rules for container images.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Images {
+    /// Tenants whose jobs must name an image (`--require-image`).
+    pub required: Required,
+    /// Tenants whose jobs may run as root inside their image
+    /// (`--image-root`); everyone else's run as the tenant's user.
+    pub root: BTreeSet<String>,
+}
+
+/// Who must run in an image.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Required {
+    #[default]
+    Nobody,
+    Everyone,
+    Tenants(BTreeSet<String>),
+}
+
+impl Images {
+    pub fn required_for(&self, tenant: &str) -> bool {
+        match &self.required {
+            Required::Nobody => false,
+            Required::Everyone => true,
+            Required::Tenants(t) => t.contains(tenant),
+        }
+    }
 }
 
 /// Which Unix user runs each tenant's jobs on the nodes: the operator's
@@ -414,6 +459,8 @@ struct Tenants {
     names: BTreeMap<u32, String>,
     load: BTreeMap<u32, TenantLoad>,
     limits: BTreeMap<u32, ebb_api::TenantLimits>,
+    /// Each tenant's registry logins, by registry host.
+    logins: BTreeMap<u32, BTreeMap<String, ebb_api::RegistryLogin>>,
 }
 
 /// Who may call: the token map the HTTP handlers authenticate against,

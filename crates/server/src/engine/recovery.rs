@@ -73,6 +73,10 @@ impl<S: Store> Engine<S> {
             self.tenants.names.insert(t.id, t.name.clone());
         }
         self.tenants.limits = std::mem::take(&mut snapshot.tenant_limits).into_iter().collect();
+        self.tenants.logins.clear();
+        for (tenant, registry, login) in std::mem::take(&mut snapshot.registry_logins) {
+            self.tenants.logins.entry(tenant).or_default().insert(registry, login);
+        }
         let mut map = self.access.tokens.write().expect("token map");
         for t in &snapshot.tokens {
             let tenant = t.tenant.and_then(|id| self.tenants.names.get(&id).map(|n| (id, n.clone())));

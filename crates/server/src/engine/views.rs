@@ -271,6 +271,12 @@ impl<S: Store> Engine<S> {
                 .deadline
                 .as_ref()
                 .map(|d| deadline::status(job, d, self.now, self.config.drain_window)),
+            image: job.spec.image.clone(),
+            pulling: job.pulling.as_ref().map(|(node, done, total)| ebb_api::PullProgress {
+                node: node.clone(),
+                done_bytes: *done,
+                total_bytes: *total,
+            }),
         }
     }
 
