@@ -114,7 +114,15 @@ impl Registries {
         } else {
             ClientProtocol::HttpsExcept(self.insecure.clone())
         };
-        Client::new(ClientConfig { protocol, ..Default::default() })
+        Client::new(ClientConfig {
+            protocol,
+            // A registry that does not answer is a clear error, not a
+            // submit or a start that hangs.
+            connect_timeout: Some(std::time::Duration::from_secs(10)),
+            read_timeout: Some(std::time::Duration::from_secs(60)),
+            user_agent: concat!("ebb/", env!("CARGO_PKG_VERSION")),
+            ..Default::default()
+        })
     }
 }
 
@@ -204,6 +212,32 @@ mod tests {
             assert!(matches!(e, ImageError::Invalid(..)), "{bad}: {e}");
         }
         assert!(parse(&format!("host.io/{}", "a".repeat(MAX_REFERENCE_BYTES))).is_err());
+    }
+
+    proptest::proptest! {
+        /// Whatever a tenant writes, `parse` answers without panicking;
+        /// what it accepts names a registry, is at most the bound, and
+        /// pins back to the same host and name.
+        #[test]
+        fn any_reference_is_parsed_or_refused_in_words(reference in proptest::prop_oneof![
+            proptest::string::string_regex("[a-z0-9.:/@_-]{0,80}").unwrap(),
+            proptest::string::string_regex("[a-z]{1,10}\\.[a-z]{2,3}(:[0-9]{1,6})?/[a-z0-9/_.-]{1,40}(:[A-Za-z0-9_.-]{1,130}|@sha256:[0-9a-f]{60,68})?").unwrap(),
+            proptest::prelude::any::<String>(),
+            proptest::string::string_regex(".{500,600}").unwrap(),
+        ]) {
+            match parse(&reference) {
+                Ok(parsed) => {
+                    proptest::prop_assert!(reference.len() <= MAX_REFERENCE_BYTES);
+                    proptest::prop_assert!(!parsed.registry().is_empty());
+                    let digest = format!("sha256:{}", "0".repeat(64));
+                    let again = pinned(&parsed, &digest);
+                    proptest::prop_assert_eq!(again.registry(), parsed.registry());
+                    proptest::prop_assert_eq!(again.repository(), parsed.repository());
+                    proptest::prop_assert_eq!(again.digest(), Some(digest.as_str()));
+                }
+                Err(e) => proptest::prop_assert!(e.to_string().starts_with("image "), "{e}"),
+            }
+        }
     }
 
     #[test]

@@ -335,7 +335,8 @@ impl utoipa::Modify for BearerAuth {
 /// Submit a job. Answered only once the job is durable.
 #[utoipa::path(post, path = "/v1/jobs", tag = "jobs", request_body = api::JobSubmission,
     responses((status = 201, body = api::Submitted),
-        (status = 422, description = "A well-formed job this cluster refuses: an unknown GPU model, a shape its nodes cannot hold, a reserved job without a reservation, an empty program name, an array range backwards or over 10000 tasks, a sweep with an array", body = api::ErrorBody)))]
+        (status = 422, description = "A well-formed job this cluster refuses: an unknown GPU model, a shape its nodes cannot hold, a reserved job without a reservation, an empty program name, an array range backwards or over 10000 tasks, a sweep with an array, an image the registry does not have or refuses the tenant's login for", body = api::ErrorBody),
+        (status = 503, description = "The image's registry cannot be reached: nothing was submitted", body = api::ErrorBody)))]
 async fn submit(
     State(app): State<App>,
     headers: HeaderMap,
@@ -354,7 +355,8 @@ async fn submit(
 /// refusal names the submission (`jobs[3].gpus: ...`).
 #[utoipa::path(post, path = "/v1/jobs/batch", tag = "jobs", request_body = api::JobBatch,
     responses((status = 201, body = api::BatchSubmitted),
-        (status = 422, description = "A submission this cluster refuses (named by its index), an empty batch, or over 10000 jobs in all", body = api::ErrorBody)))]
+        (status = 422, description = "A submission this cluster refuses (named by its index), an empty batch, or over 10000 jobs in all", body = api::ErrorBody),
+        (status = 503, description = "An image's registry cannot be reached: nothing was submitted", body = api::ErrorBody)))]
 async fn submit_batch(
     State(app): State<App>,
     headers: HeaderMap,

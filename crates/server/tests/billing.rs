@@ -121,6 +121,7 @@ fn config(dir: &std::path::Path) -> EngineConfig {
         keep_finished: Span(0),
         max_clock_skew: Span(5_000),
         gang_exit_grace: Span(600_000),
+        images: Default::default(),
         pricing: Pricing {
             prices: vec![(MODEL.to_string(), ON_DEMAND, None)],
             default_price: ON_DEMAND,

@@ -180,6 +180,7 @@ fn open_keeping(
         checkpoint_store: None,
         max_clock_skew: Span(5_000),
         gang_exit_grace: Span(600_000),
+        images: Default::default(),
     };
     let store = SqliteStore::open(&dir.join("ebb.db")).unwrap();
     Engine::open(store, config, Arc::new(RwLock::new(HashMap::new())), now).map_err(|e| e.message).unwrap().0

@@ -43,6 +43,7 @@ fn a_database_written_by_the_release_before_is_migrated_and_everything_in_it_kep
         checkpoint_store: None,
         max_clock_skew: Span(5_000),
         gang_exit_grace: Span(600_000),
+        images: Default::default(),
     };
     let mut store = SqliteStore::open(&dir.join("ebb.db")).unwrap();
     let usage = store.usage(None, 0, u64::MAX).unwrap();

@@ -143,6 +143,15 @@ impl<S: Store> Store for Faulty<S> {
         self.trip("put_tenant_limits")?;
         self.inner.put_tenant_limits(tenant, limits)
     }
+    fn put_registry_login(
+        &mut self,
+        tenant: u32,
+        registry: &str,
+        login: Option<&ebb_api::RegistryLogin>,
+    ) -> Result<(), StoreError> {
+        self.trip("put_registry_login")?;
+        self.inner.put_registry_login(tenant, registry, login)
+    }
     fn put_reclaim(&mut self, model: &str, limit: Option<u32>) -> Result<(), StoreError> {
         self.trip("put_reclaim")?;
         self.inner.put_reclaim(model, limit)
@@ -200,6 +209,8 @@ struct TestEnv<S: Store = SqliteStore> {
     agents: BTreeMap<String, Agent>,
     admin: Principal,
     now: u64,
+    /// The operator's rules for images, at the next (re)start.
+    images: ebb_server::Images,
 }
 
 fn config(dir: &Path) -> EngineConfig {
@@ -216,6 +227,7 @@ fn config(dir: &Path) -> EngineConfig {
         checkpoint_store: None,
         max_clock_skew: Span(5_000),
         gang_exit_grace: Span(600_000),
+        images: Default::default(),
     }
 }
 
@@ -243,6 +255,7 @@ impl<S: Store> TestEnv<S> {
             agents: BTreeMap::new(),
             admin: Principal::tenant(Scope::Admin, 1, "default"),
             now: T0,
+            images: Default::default(),
         };
         env.restart();
         env
@@ -255,8 +268,8 @@ impl<S: Store> TestEnv<S> {
         let inner = (self.open_store)();
         let store = Faulty { inner, armed: self.armed.clone() };
         let tokens = Arc::new(RwLock::new(HashMap::new()));
-        let (engine, _) =
-            Engine::open(store, config(&self.dir), tokens, self.now).map_err(|e| e.message).unwrap();
+        let config = EngineConfig { images: self.images.clone(), ..config(&self.dir) };
+        let (engine, _) = Engine::open(store, config, tokens, self.now).map_err(|e| e.message).unwrap();
         self.engine = Some(engine);
     }
 
@@ -1409,4 +1422,89 @@ fn a_gang_whose_rendezvous_port_is_taken_is_requeued_with_another() {
         again.iter().all(|s| s.attempt.attempt == 2 && s.env["MASTER_PORT"] != port.to_string()),
         "{again:?}"
     );
+}
+
+/// Registry logins are a tenant's own, survive a restart, and reach a
+/// node only in the start of that tenant's job from that registry; a
+/// tenant the operator requires images of is refused without one.
+#[test]
+fn registry_logins_are_the_tenants_own_and_ride_only_with_its_starts() {
+    let mut env = TestEnv::new("registry-logins");
+    env.images = ebb_server::Images {
+        required: ebb_server::Required::Tenants(["alice".to_string()].into()),
+        root: ["alice".to_string()].into(),
+    };
+    env.restart();
+    env.call(|reply| Msg::CreateTenant { name: "alice".into(), reply }).unwrap();
+    env.call(|reply| Msg::CreateTenant { name: "bob".into(), reply }).unwrap();
+    let alice = Principal::tenant(Scope::Tenant, 2, "alice");
+    let bob = Principal::tenant(Scope::Tenant, 3, "bob");
+    let submit = |env: &mut TestEnv, who: &Principal, spec: JobSubmission| {
+        let principal = who.clone();
+        env.call(|reply| Msg::Submit { principal, spec, reply })
+    };
+    let bare = JobSubmission { argv: vec!["train".into()], ..Default::default() };
+    let refused = submit(&mut env, &alice, bare.clone()).unwrap_err();
+    assert_eq!(refused.status, 422);
+    assert!(refused.message.contains("tenant alice's jobs must name an image"), "{}", refused.message);
+    submit(&mut env, &bob, bare.clone()).expect("bob is not required to");
+
+    let login = |username: &str| ebb_api::RegistryLogin { username: username.into(), password: "s3cret".into() };
+    let set = |env: &mut TestEnv, who: &Principal, tenant: &str, registry: &str, l: Option<ebb_api::RegistryLogin>| {
+        let (principal, tenant, set) = (who.clone(), tenant.to_string(), Some((registry.to_string(), l)));
+        env.call(|reply| Msg::RegistryLogins { principal, tenant, set, reply })
+    };
+    let listed = set(&mut env, &alice, "alice", "127.0.0.1:5000", Some(login("alice"))).unwrap();
+    assert_eq!(listed, vec![ebb_api::RegistryLoginInfo { registry: "127.0.0.1:5000".into(), username: "alice".into() }]);
+    let e = set(&mut env, &bob, "alice", "127.0.0.1:5000", Some(login("bob"))).unwrap_err();
+    assert_eq!(e.status, 404, "another tenant's logins are as good as absent");
+    for (registry, l, field) in [
+        ("not a host", Some(login("a")), "registry"),
+        ("127.0.0.1:5000/path", Some(login("a")), "registry"),
+        ("127.0.0.1:5000", Some(login("a:b")), "username"),
+        ("127.0.0.1:5000", Some(ebb_api::RegistryLogin { username: "a".into(), password: "x".repeat(4097) }), "password"),
+    ] {
+        let e = set(&mut env, &alice, "alice", registry, l).unwrap_err();
+        assert_eq!(e.status, 422, "{registry}");
+        assert!(e.message.starts_with(field), "{}", e.message);
+    }
+    env.restart();
+    let kept = env.call(|reply| Msg::RegistryLoginFor { tenant: 2, registry: "127.0.0.1:5000".into(), reply });
+    assert_eq!(kept.map(|l| l.username), Some("alice".to_string()), "kept across a restart");
+    assert!(env.call(|reply| Msg::RegistryLoginFor { tenant: 3, registry: "127.0.0.1:5000".into(), reply }).is_none());
+
+    // Alice's job in an image from that registry starts with her login and
+    // as root inside (the operator allowed it); bob's from the same
+    // registry carries no login.
+    let digest = format!("sha256:{}", "ab".repeat(32));
+    let in_image = JobSubmission {
+        image: Some("127.0.0.1:5000/train:v1".into()),
+        image_digest: Some(digest.clone()),
+        ..bare.clone()
+    };
+    let hers = submit(&mut env, &alice, in_image.clone()).unwrap()[0];
+    let his = submit(&mut env, &bob, in_image.clone()).unwrap()[0];
+    let unresolved = JobSubmission { image_digest: None, ..in_image };
+    assert_eq!(submit(&mut env, &alice, unresolved).unwrap_err().status, 422);
+    env.register("n1", Vec::new(), Vec::new());
+    let starts: Vec<ebb_api::StartAttempt> = env
+        .commands("n1")
+        .into_iter()
+        .filter_map(|a| match a {
+            Action::Start(s) => Some(s),
+            _ => None,
+        })
+        .collect();
+    let image_of = |id: u64| starts.iter().find(|s| s.attempt.job == id).and_then(|s| s.image.clone()).unwrap();
+    let (h, b) = (image_of(hers), image_of(his));
+    assert_eq!((h.digest.as_str(), h.username.as_deref(), h.password.as_deref(), h.root), (digest.as_str(), Some("alice"), Some("s3cret"), true));
+    assert_eq!((b.username, b.password, b.root), (None, None, false));
+    assert!(!format!("{h:?}").contains("s3cret"), "a start's Debug never shows the password");
+    let shown = env.job(hers).unwrap();
+    assert_eq!(shown.image.unwrap().digest, digest);
+
+    // Removed: gone, and after a restart too.
+    assert!(set(&mut env, &alice, "alice", "127.0.0.1:5000", None).unwrap().is_empty());
+    env.restart();
+    assert!(env.call(|reply| Msg::RegistryLoginFor { tenant: 2, registry: "127.0.0.1:5000".into(), reply }).is_none());
 }

@@ -143,6 +143,18 @@ enum Event {
         which: Which,
         data: String,
     },
+    Pulling {
+        which: Which,
+        done: u64,
+        total: u64,
+        at: At,
+    },
+    Pulled {
+        which: Which,
+        downloaded: u64,
+        duration_ms: u64,
+        at: At,
+    },
 }
 
 fn event() -> impl Strategy<Value = Event> {
@@ -167,6 +179,22 @@ fn event() -> impl Strategy<Value = Event> {
             .prop_map(|(which, from_attempt, upload, step, files, bytes, duration_ms, at)| Event::Restored { which, from_attempt, upload, step, files, bytes, duration_ms, at }),
         2 => (which(), fraction, at()).prop_map(|(which, fraction, at)| Event::Progress { which, fraction, at }),
         1 => (which(), text()).prop_map(|(which, data)| Event::Output { which, data }),
+        1 => (which(), big_u64(), big_u64(), at()).prop_map(|(which, done, total, at)| Event::Pulling { which, done, total, at }),
+        1 => (which(), big_u64(), big_u64(), at())
+            .prop_map(|(which, downloaded, duration_ms, at)| Event::Pulled { which, downloaded, duration_ms, at }),
+    ]
+}
+
+/// An image and the digest the HTTP layer resolved it to: mostly none; a
+/// resolved one, one the HTTP layer would never pass (no digest), and
+/// odd text.
+fn image() -> impl Strategy<Value = (Option<String>, Option<String>)> {
+    let digest = format!("sha256:{}", "ab".repeat(32));
+    prop_oneof![
+        12 => Just((None, None)),
+        2 => Just((Some("127.0.0.1:5000/train:v1".to_string()), Some(digest))),
+        1 => Just((Some("127.0.0.1:5000/train:v1".to_string()), None)),
+        1 => (text(), proptest::option::of(text())).prop_map(|(r, d)| (Some(r), d)),
     ]
 }
 
@@ -234,14 +262,16 @@ fn submission() -> impl Strategy<Value = JobSubmission> {
     (
         (argv, tier, gpus, model, signal, array),
         (deadline, restart, env, sweep, rarely(text()), rarely(any::<u32>())),
-        (rarely(any::<u32>()), any::<bool>(), rarely(text())),
+        (rarely(any::<u32>()), any::<bool>(), rarely(text()), image()),
     )
         .prop_map(
             |(
                 (argv, tier, gpus, gpu_model, signal, array),
                 (deadline, restart, env, sweep, name, max_preemptions),
-                (max_retries, exit_on_drain_is_success, workdir),
+                (max_retries, exit_on_drain_is_success, workdir, (image, image_digest)),
             )| JobSubmission {
+                image,
+                image_digest,
                 name,
                 tier,
                 gpus,
@@ -327,6 +357,12 @@ enum Step {
         on_demand: String,
         reserved: Option<String>,
     },
+    RegistryLogin {
+        alice: bool,
+        tenant: String,
+        registry: String,
+        login: Option<(String, String)>,
+    },
     Reserve {
         gpus: u32,
         start: String,
@@ -385,6 +421,10 @@ fn step() -> impl Strategy<Value = Step> {
             .prop_map(|(gpus, start, end, rate, delete)| Step::Reserve { gpus, start, end, rate, delete }),
         1 => (day(), day(), prop_oneof![Just("1d".to_string()), Just("1ms".to_string()), Just("18446744073709551615s".to_string()), text()])
             .prop_map(|(from, to, step)| Step::Money { from, to, step }),
+        1 => (any::<bool>(), prop_oneof![Just("alice".to_string()), Just("default".to_string()), text()],
+              prop_oneof![Just("127.0.0.1:5000".to_string()), Just("registry.example.com".to_string()), text()],
+              proptest::option::of((prop_oneof![Just("u".to_string()), text()], prop_oneof![Just("p".to_string()), text()])))
+            .prop_map(|(alice, tenant, registry, login)| Step::RegistryLogin { alice, tenant, registry, login }),
         1 => Just(Step::Metrics),
         4 => prop_oneof![8 => 0u64..2_000, 2 => 0u64..30_000, 1 => 0u64..400_000, 1 => 0u64..30 * 86_400_000]
             .prop_map(|ms| Step::Advance { ms }),
@@ -422,6 +462,7 @@ fn config(dir: &std::path::Path) -> EngineConfig {
         checkpoint_store: None,
         max_clock_skew: Span(5_000),
         gang_exit_grace: Span(600_000),
+        images: Default::default(),
     }
 }
 
@@ -536,6 +577,18 @@ impl World {
                 AgentEvent::Progress { attempt: self.attempt(which, node), fraction, at_ms: at.resolve(now) }
             }
             Event::Output { which, data } => AgentEvent::Output { attempt: self.attempt(which, node), data },
+            Event::Pulling { which, done, total, at } => AgentEvent::Pulling {
+                attempt: self.attempt(which, node),
+                done_bytes: done,
+                total_bytes: total,
+                at_ms: at.resolve(now),
+            },
+            Event::Pulled { which, downloaded, duration_ms, at } => AgentEvent::Pulled {
+                attempt: self.attempt(which, node),
+                downloaded_bytes: downloaded,
+                duration_ms,
+                at_ms: at.resolve(now),
+            },
         }
     }
 
@@ -680,6 +733,13 @@ impl World {
                     let _ = self.call(|reply| Msg::TenantTokens { name, issue, reply });
                 }
             }
+            Step::RegistryLogin { alice, tenant, registry, login } => {
+                let principal = self.who(alice);
+                let login = login.map(|(username, password)| ebb_api::RegistryLogin { username, password });
+                let set = Some((registry.clone(), login));
+                let _ = self.call(|reply| Msg::RegistryLogins { principal, tenant, set, reply });
+                let _ = self.call(|reply| Msg::RegistryLoginFor { tenant: 2, registry, reply });
+            }
             Step::Price { model, on_demand, reserved } => {
                 let update = PriceUpdate { on_demand_usd: on_demand, reserved_usd: reserved };
                 let _ = self.call(|reply| Msg::SetPrice { model, update, reply });
@@ -765,6 +825,7 @@ fn kind(step: &Step) -> &'static str {
         Step::Reclaim { .. } => "reclaim",
         Step::Tenant { .. } => "tenant",
         Step::Price { .. } => "price",
+        Step::RegistryLogin { .. } => "registry login",
         Step::Reserve { .. } => "reservation",
         Step::Money { .. } => "bill/report",
         Step::Metrics => "metrics",
