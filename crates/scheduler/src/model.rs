@@ -173,6 +173,10 @@ pub struct Job {
     /// It was requeued by a drill since it was last preempted: the attempt
     /// after a drill resumes from no preemption, so it does not settle.
     pub drilled: bool,
+    /// The node its last single-node run ended on: where its image is
+    /// cached (and a node-local checkpoint lies). A placement among equally
+    /// good free nodes takes this one.
+    pub last_node: Option<NodeId>,
 }
 
 impl Job {

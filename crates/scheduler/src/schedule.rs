@@ -270,7 +270,7 @@ impl<'a> Pass<'a> {
         };
         let models: Vec<GpuModelId> = candidates.into_iter().filter(|&m| self.cap_allows(spec, m)).collect();
         for &model in &models {
-            if let Some(alloc) = self.find_free(model, spec.gpus) {
+            if let Some(alloc) = self.find_free(model, spec.gpus, job.last_node) {
                 self.place(id, model, alloc);
                 return Outcome::Started;
             }
@@ -447,11 +447,18 @@ impl<'a> Pass<'a> {
 
     // ---- free capacity ---------------------------------------------------
 
-    fn find_free(&mut self, model: GpuModelId, gpus: u32) -> Option<Vec<(NodeId, u64)>> {
+    /// Free GPUs for a job of `gpus` on `model`: for one node, the best
+    /// fit, and among nodes that fit equally well the one it last ran on
+    /// (`last`: its image is in that node's cache).
+    fn find_free(&mut self, model: GpuModelId, gpus: u32, last: Option<NodeId>) -> Option<Vec<(NodeId, u64)>> {
         let per_node = self.state.models[model.0 as usize].gpus_per_node;
         if gpus <= per_node as u32 {
             // Best fit: the fullest node that still fits keeps whole nodes free.
             for free in gpus as usize..=per_node as usize {
+                if let Some(node) = last.filter(|n| self.in_bucket(model, free, *n)) {
+                    let mask = lowest_bits(self.free_mask(node), gpus);
+                    return Some(vec![(node, mask)]);
+                }
                 if let Some(&node) = self.bucket_nodes(model, free, 1).first() {
                     let mask = lowest_bits(self.free_mask(node), gpus);
                     return Some(vec![(node, mask)]);
@@ -484,6 +491,18 @@ impl<'a> Pass<'a> {
             }
         }
         kept
+    }
+
+    /// Whether `node` is a usable node of `model` with exactly `free` free
+    /// GPUs after this pass's decisions (one of [`Self::bucket_nodes`]'s).
+    fn in_bucket(&self, model: GpuModelId, free: usize, node: NodeId) -> bool {
+        if self.earmarked.contains_key(&node) || self.dead.contains(&node) {
+            return false;
+        }
+        match self.touched.contains_key(&node) {
+            true => self.touched_by_free[model.0 as usize][free].contains(&node),
+            false => self.state.index[model.0 as usize].by_free[free].contains(&node),
+        }
     }
 
     /// Up to `limit` usable nodes of `model` with exactly `free` free GPUs

@@ -517,6 +517,7 @@ impl State {
                 run: None,
                 notice: None,
                 drilled: false,
+                last_node: None,
             },
         );
         self.enqueue(id);
@@ -590,7 +591,7 @@ impl State {
         let phase = if notice.is_some() { Phase::Draining } else { Phase::Running };
         let run = Run { attempt, model, alloc: alloc.clone(), started_at, last_checkpoint_at };
         self.jobs
-            .insert(id, Job { spec, attempt, preemptions, phase, run: Some(run), notice, drilled: false });
+            .insert(id, Job { spec, attempt, preemptions, phase, run: Some(run), notice, drilled: false, last_node: None });
         if phase == Phase::Running {
             self.adjust_usage(tier, tenant, model, gpus as i64);
         }
@@ -881,6 +882,9 @@ impl State {
     fn end_run(&mut self, id: JobId) {
         let job = self.jobs.get_mut(&id).expect("end_run of a known job");
         let run = job.run.take().expect("end_run of a running job");
+        if let [(node, _)] = run.alloc[..] {
+            job.last_node = Some(node);
+        }
         let was_draining = job.phase == Phase::Draining;
         job.notice = None;
         let (tier, tenant) = (job.spec.tier, job.spec.tenant);

@@ -842,3 +842,39 @@ fn a_preemption_after_a_drill_starts_a_settling_period_again() {
     assert_eq!(c.phase(tina), Some(Phase::Running));
     assert!(c.state.job(tina).unwrap().settling(c.now, c.config.min_runtime));
 }
+
+#[test]
+fn a_requeued_job_goes_back_to_the_node_it_ran_on_when_the_fit_is_equal() {
+    // Two empty nodes fit a 4-GPU job equally: best fit alone takes the
+    // lowest id. A job that last ran on the other goes back there (its
+    // image is in that node's cache).
+    let mut c = Cluster::new(2, 8);
+    let filler = c.submit(Tier::OnDemand, 8);
+    c.step();
+    let job = c.submit(Tier::Preemptible, 4);
+    c.step();
+    let ran_on = c.nodes_of(job);
+    assert_ne!(ran_on, c.nodes_of(filler));
+    c.exit(filler, ExitKind::Completed);
+    c.advance(10);
+    assert_eq!(c.exit(job, ExitKind::Lost), ExitEffect::RequeuedLost);
+    c.step();
+    assert_eq!(c.nodes_of(job), ran_on, "both nodes are empty: back to its own");
+
+    // A better fit wins over the node it ran on.
+    let mut c = Cluster::new(2, 8);
+    let filler = c.submit(Tier::OnDemand, 8);
+    c.step();
+    let job = c.submit(Tier::Preemptible, 4);
+    c.step();
+    let ran_on = c.nodes_of(job);
+    let emptied = c.nodes_of(filler);
+    c.exit(filler, ExitKind::Completed);
+    c.exit(job, ExitKind::Lost);
+    // Placed first (on-demand), on the lowest of two empty nodes.
+    let half = c.submit(Tier::OnDemand, 4);
+    c.step();
+    assert_eq!(c.nodes_of(half), emptied);
+    assert_eq!(c.nodes_of(job), emptied, "the half-full node fits better than the empty one it ran on");
+    assert_ne!(c.nodes_of(job), ran_on);
+}
