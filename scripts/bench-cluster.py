@@ -8,7 +8,14 @@ Prints, over many repetitions:
     (goal p99 <= 100 ms);
   * throughput of short jobs (`true`) through one 8-GPU agent (goal >= 500/s).
 
+With --image, instead: the time from a submit returning to the job's
+process running, for a bare process and for the same command in an image
+the node has cached (a real docker-registry on loopback, a busybox image
+built with umoci and pushed with skopeo), and with --pull-mb N the time
+to pull and unpack an image of N MB of incompressible data.
+
 Usage: scripts/bench-cluster.py [--reps N] [--jobs M]
+       scripts/bench-cluster.py --image [--reps N] [--pull-mb 1024]
 Builds the release binary and runs everything on loopback in a temp dir.
 """
 
@@ -17,7 +24,9 @@ import concurrent.futures
 import json
 import os
 import re
+import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -92,11 +101,137 @@ def summary(name, ms, goal):
           f"p99 {pct(ms, 99):6.1f} ms   max {max(ms):6.1f} ms   (goal p99 <= {goal} ms)")
 
 
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def registry(data):
+    """A docker-registry on a free loopback port: (host, process)."""
+    host = f"127.0.0.1:{free_port()}"
+    config = os.path.join(data, "registry.yml")
+    with open(config, "w") as f:
+        f.write(f"version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\nstorage:\n"
+                f"  filesystem:\n    rootdirectory: {data}/registry\nhttp:\n  addr: {host}\n")
+    proc = subprocess.Popen(["docker-registry", "serve", config], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait("the registry", lambda: socket.socket().connect_ex(tuple([host.split(":")[0], int(host.split(":")[1])])) == 0)
+    return host, proc
+
+
+NOW_C = r"""
+#include <stdio.h>
+#include <time.h>
+int main(int argc, char **argv) {
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    FILE *f = fopen(argv[1], "w");
+    fprintf(f, "%ld.%09ld\n", (long)t.tv_sec, t.tv_nsec);
+    return fclose(f) != 0;
+}
+"""
+
+
+def build_now(data):
+    """A static program that writes the time (ns) to a file: the same one
+    runs bare and in the image, so both starts are timed alike."""
+    src, exe = os.path.join(data, "now.c"), os.path.join(data, "now")
+    with open(src, "w") as f:
+        f.write(NOW_C)
+    subprocess.run(["gcc", "-static", "-O2", "-o", exe, src], check=True)
+    return exe
+
+
+def push_image(data, host, name, extra_mb=0, now=None):
+    """A busybox image (plus EXTRA_MB of random bytes) pushed as NAME:v1."""
+    layout, bundle = os.path.join(data, f"oci-{name}"), os.path.join(data, f"bundle-{name}")
+    run = lambda *a: subprocess.run(a, check=True, stdout=subprocess.DEVNULL)
+    run("umoci", "init", "--layout", layout)
+    run("umoci", "new", "--image", f"{layout}:v1")
+    run("umoci", "unpack", "--image", f"{layout}:v1", bundle)
+    root = os.path.join(bundle, "rootfs")
+    os.makedirs(os.path.join(root, "bin"), exist_ok=True)
+    os.makedirs(os.path.join(root, "tmp"), exist_ok=True)
+    shutil.copy("/bin/busybox", os.path.join(root, "bin", "busybox"))
+    for applet in ["sh", "true", "cat"]:
+        os.symlink("busybox", os.path.join(root, "bin", applet))
+    if now:
+        shutil.copy(now, os.path.join(root, "bin", "now"))
+    if extra_mb:
+        with open(os.path.join(root, "data"), "wb") as f:
+            for _ in range(extra_mb):
+                f.write(os.urandom(1 << 20))
+    run("umoci", "repack", "--image", f"{layout}:v1", bundle)
+    run("umoci", "config", "--image", f"{layout}:v1", "--config.env", "PATH=/bin")
+    run("skopeo", "copy", "--quiet", "--dest-tls-verify=false", f"oci:{layout}:v1", f"docker://{host}/{name}:v1")
+    shutil.rmtree(bundle)
+    return f"{host}/{name}:v1"
+
+
+def image_bench(ebb, args):
+    data = tempfile.mkdtemp(prefix="ebb-bench-image-")
+    host, reg = registry(data)
+    now = build_now(data)
+    small = push_image(data, host, "small", now=now)
+    big = push_image(data, host, "big", args.pull_mb) if args.pull_mb else None
+    up = subprocess.Popen(
+        [ebb, "up", "--nodes", "1", "--gpus-per-node", "8", "--port", "0", "--data-dir", data,
+         "--insecure-registry", host],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        line = ""
+        while "export EBB_SERVER" not in line:
+            line = up.stdout.readline()
+            if not line:
+                sys.exit("ebb up failed; see " + os.path.join(data, "logs"))
+        url, token = re.search(r"EBB_SERVER=(\S+) EBB_TOKEN=(\S+)", line).groups()
+        api = Api(url, token)
+        ckpt = lambda job_id: os.path.join(data, "checkpoints", "default", str(job_id))
+        stamp = lambda program: ["sh", "-c", program + ' "$EBB_CHECKPOINT_DIR/start"']
+        # The first start pulls: not counted.
+        first = api.submit(argv=stamp("/bin/now"), image=small)
+        wait("the first image job", lambda: api.job(first)["state"] == "succeeded", timeout=120)
+        for label, argv, extra in [("bare process", stamp(now), {}), ("cached image", stamp("/bin/now"), {"image": small})]:
+            ms = []
+            for _ in range(args.reps):
+                job = api.submit(argv=argv, **extra)
+                submitted = time.time()
+                start = os.path.join(ckpt(job), "start")
+                wait("the job's start", lambda: os.path.exists(start) and os.path.getsize(start) > 0)
+                with open(start) as f:
+                    ms.append((float(f.read()) - submitted) * 1000)
+                wait("the job's end", lambda: api.job(job)["state"] == "succeeded")
+            summary(f"submit -> start, {label}", ms, 100 if extra else 50)
+        if big:
+            job = api.submit(argv=["true"], image=big)
+            wait("the big image's job", lambda: api.job(job)["state"] in ("succeeded", "failed"), timeout=1800)
+            shown = api.job(job)
+            pulled = [e for e in shown["events"] if e["kind"] == "pulled"][0]["detail"]
+            pulling = [e for e in shown["events"] if e["kind"] == "pulling"][0]["detail"]
+            mb = pulled["downloaded_bytes"] / 1e6
+            print(f"pull of a {args.pull_mb} MiB image: {mb:.0f} MB downloaded (of {pulling['total_bytes'] / 1e6:.0f} MB "
+                  f"of layers) and unpacked in {pulled['seconds']:.2f} s = {mb / pulled['seconds']:.0f} MB/s; "
+                  f"the job {shown['state']}")
+    finally:
+        up.send_signal(signal.SIGINT)
+        try:
+            up.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            up.kill()
+        reg.kill()
+        shutil.rmtree(data, ignore_errors=True)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=200)
     parser.add_argument("--jobs", type=int, default=5000)
+    parser.add_argument("--image", action="store_true", help="start times in an image against a bare process")
+    parser.add_argument("--pull-mb", type=int, default=0, help="with --image: pull an image this big")
     args = parser.parse_args()
+    if args.image:
+        subprocess.run(["cargo", "build", "--release", "-q", "-p", "ebb"], cwd=ROOT, check=True)
+        return image_bench(os.path.join(ROOT, "target", "release", "ebb"), args)
 
     subprocess.run(["cargo", "build", "--release", "-q", "-p", "ebb"], cwd=ROOT, check=True)
     ebb = os.path.join(ROOT, "target", "release", "ebb")
