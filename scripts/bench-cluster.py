@@ -14,7 +14,7 @@ the node has cached (a real docker-registry on loopback, a busybox image
 built with umoci and pushed with skopeo), and with --pull-mb N the time
 to pull and unpack an image of N MB of incompressible data.
 
-Usage: scripts/bench-cluster.py [--reps N] [--jobs M]
+Usage: scripts/bench-cluster.py [--reps N] [--jobs M] [--ebb PATH]
        scripts/bench-cluster.py --image [--reps N] [--pull-mb 1024]
 Builds the release binary and runs everything on loopback in a temp dir.
 """
@@ -228,13 +228,16 @@ def main():
     parser.add_argument("--jobs", type=int, default=5000)
     parser.add_argument("--image", action="store_true", help="start times in an image against a bare process")
     parser.add_argument("--pull-mb", type=int, default=0, help="with --image: pull an image this big")
+    parser.add_argument("--ebb", help="this ebb binary instead of building the release one (to compare builds)")
     args = parser.parse_args()
-    if args.image:
+    if args.ebb:
+        ebb = os.path.abspath(args.ebb)
+    else:
         subprocess.run(["cargo", "build", "--release", "-q", "-p", "ebb"], cwd=ROOT, check=True)
-        return image_bench(os.path.join(ROOT, "target", "release", "ebb"), args)
+        ebb = os.path.join(ROOT, "target", "release", "ebb")
+    if args.image:
+        return image_bench(ebb, args)
 
-    subprocess.run(["cargo", "build", "--release", "-q", "-p", "ebb"], cwd=ROOT, check=True)
-    ebb = os.path.join(ROOT, "target", "release", "ebb")
     data = tempfile.mkdtemp(prefix="ebb-bench-")
     up = subprocess.Popen(
         [ebb, "up", "--nodes", "1", "--gpus-per-node", "8", "--port", "0", "--data-dir", data,

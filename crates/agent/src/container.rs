@@ -408,7 +408,9 @@ fn hold_in_own_group(init: i32) -> Result<(), String> {
 
 /// An overlay of the image (`lower`, read-only) under the attempt's own
 /// upper layer, at the bundle's `rootfs`, in a mount namespace of the
-/// shim's: nothing of it outlives the shim and what it starts.
+/// shim's: nothing of it outlives the shim and what it starts. `nodev`
+/// and `nosuid`: a device node an image carries (`tar` unpacks one as an
+/// empty file in any case) or a setuid program gives nothing.
 fn mount_root(bundle: &Path, lower: &Path) -> nix::Result<()> {
     use nix::mount::{mount, MsFlags};
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)?;
@@ -419,7 +421,10 @@ fn mount_root(bundle: &Path, lower: &Path) -> nix::Result<()> {
     options.push(bundle.join("upper"));
     options.push(",workdir=");
     options.push(bundle.join("work"));
-    mount(Some("overlay"), &bundle.join("rootfs"), Some("overlay"), MsFlags::empty(), Some(options.as_os_str()))
+    // No device node or setuid bit of an image counts: runc's own /dev
+    // holds the container's devices.
+    let flags = MsFlags::MS_NODEV | MsFlags::MS_NOSUID;
+    mount(Some("overlay"), &bundle.join("rootfs"), Some("overlay"), flags, Some(options.as_os_str()))
 }
 
 /// The runtime's last error message from its JSON log.

@@ -142,11 +142,21 @@ pub struct RegistryArgs {
     /// Repeatable.
     #[arg(long = "insecure-registry", value_name = "HOST[:PORT]")]
     pub insecure: Vec<String>,
+    /// The only registries images may come from (HOST[:PORT]); repeatable.
+    /// Without it, a job may name any registry, and the server and nodes
+    /// connect wherever a tenant's image reference points.
+    #[arg(long = "allowed-registry", value_name = "HOST[:PORT]")]
+    pub allowed: Vec<String>,
 }
 
 impl RegistryArgs {
     pub fn registries(&self) -> ebb_image::Registries {
-        ebb_image::Registries { insecure: self.insecure.clone() }
+        // A registry reached over plain HTTP is one the operator chose.
+        let allowed = match self.allowed.is_empty() {
+            true => Vec::new(),
+            false => self.allowed.iter().chain(&self.insecure).cloned().collect(),
+        };
+        ebb_image::Registries { insecure: self.insecure.clone(), allowed }
     }
 }
 
@@ -917,8 +927,9 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
     }
     let server_log = logs.join("server.log");
     let (user, uid) = invoking_user()?;
-    let registries: Vec<String> =
-        args.registries.insecure.iter().flat_map(|r| ["--insecure-registry".to_string(), r.clone()]).collect();
+    let registries: Vec<String> = (args.registries.insecure.iter().flat_map(|r| ["--insecure-registry".to_string(), r.clone()]))
+        .chain(args.registries.allowed.iter().flat_map(|r| ["--allowed-registry".to_string(), r.clone()]))
+        .collect();
     let mut server_args: Vec<String> = vec![
         "server".into(),
         "--data-dir".into(),

@@ -143,21 +143,28 @@ fn jobs_run_in_their_images_resume_on_another_node_and_tenants_cannot_see_each_o
     assert_eq!(open.blob_gets(), blobs, "the second job's node pulled nothing");
     assert_eq!(event(&seen, "pulled")[0]["detail"]["downloaded_bytes"], 0);
 
-    // A's node is drained: the job saves inside the container and attempt
-    // 2, on the other node, resumes from it.
+    // Preempted by on-demand work: the job saves inside the container, and
+    // attempt 2, on the other node, resumes from it.
     let from = shown["placement"][0]["node"].as_str().unwrap().to_string();
-    c.ebb(&["drain", &from]);
+    let filler = c.submit(&["--tier", "on-demand", "--gpus", "4", "--", "sleep", "300"]);
+    let filler_node = c.wait_state(filler, "running")["placement"][0]["node"].as_str().unwrap().to_string();
+    assert_ne!(filler_node, from, "the filler takes the other node whole");
+    let preemptor = c.submit(&["--tier", "on-demand", "--gpus", "4", "--", "sleep", "300"]);
+    let requeued = c.wait_job(job, "its preemption", Duration::from_secs(30), |j| j["state"] == "queued");
+    assert!(event(&requeued, "requeued").iter().any(|e| e["detail"]["reason"] == "preempted"), "{requeued}");
+    c.ebb(&["cancel", &filler.to_string()]);
     let resumed = wait_output(&c, job, "resumed from");
     let saved: u64 = resumed.split("saved ").nth(1).unwrap().lines().next().unwrap().trim().parse().unwrap();
     assert!(saved > 0, "{resumed}");
     assert!(resumed.contains(&format!("resumed from {saved}")), "{resumed}");
     let again = c.job(job);
     assert_eq!(again["attempt"], 2);
-    assert_ne!(again["placement"][0]["node"], from.as_str(), "attempt 2 runs on the other node");
+    assert_eq!(again["placement"][0]["node"], filler_node.as_str(), "attempt 2 runs on the other node");
     assert_eq!(again["image"]["digest"], digest.as_str());
-    c.ebb(&["undrain", &from]);
     c.ebb_as(&alice, &["cancel", &job.to_string()]);
+    c.ebb(&["cancel", &preemptor.to_string()]);
     c.wait_state(job, "cancelled");
+    c.wait_state(preemptor, "cancelled");
 
     // The drain deadline holds to the second, and cancel kills a setsid
     // child inside the container.

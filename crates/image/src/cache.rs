@@ -26,7 +26,7 @@ use oci_client::Client;
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncWrite;
 
-use crate::{auth, classify, parse, pinned, request_error, ImageError, Login, Registries};
+use crate::{auth, classify, pinned, request_error, ImageError, Login, Registries};
 
 /// How far a pull has come, in bytes of the layers it downloads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -149,7 +149,7 @@ impl Cache {
         if let Some(config) = self.hold(&hex, &dir) {
             return Ok(Lease { cache: self.clone(), rootfs: dir.join("rootfs"), hex, config, downloaded: 0 });
         }
-        let pinned = pinned(&parse(reference)?, digest);
+        let pinned = pinned(&self.registries.check(reference)?, digest);
         let auth = auth(login);
         // A client of its own: oci-client keeps the first credentials it
         // is given for a registry, and another tenant's pull must not

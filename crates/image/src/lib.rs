@@ -97,13 +97,34 @@ pub fn pinned(reference: &Reference, digest: &str) -> Reference {
 }
 
 /// The registries a cluster reaches: over HTTPS, but for the hosts named
-/// insecure (a registry on loopback, one on a trusted network).
+/// insecure (a registry on loopback, one on a trusted network); only those
+/// of `allowed`, where it names any.
 #[derive(Clone, Debug, Default)]
 pub struct Registries {
     pub insecure: Vec<String>,
+    /// The only registries images may come from (empty: any). Without it,
+    /// a tenant can make the server and the nodes connect to any host and
+    /// port it names, and tell from the error whether something answers.
+    pub allowed: Vec<String>,
 }
 
 impl Registries {
+    /// `reference`, checked and allowed.
+    pub fn check(&self, reference: &str) -> Result<Reference, ImageError> {
+        let parsed = parse(reference)?;
+        if !self.allowed.is_empty() && !self.allowed.iter().any(|a| a == parsed.registry()) {
+            return Err(ImageError::Invalid(
+                reference.to_string(),
+                format!(
+                    "registry {} is not one this cluster pulls from (it allows {})",
+                    parsed.registry(),
+                    self.allowed.join(", ")
+                ),
+            ));
+        }
+        Ok(parsed)
+    }
+
     /// A client for one tenant's requests. oci-client keeps the first
     /// credentials a client is given for a registry and uses them for
     /// every later request there, whoever makes it: never share one
@@ -137,7 +158,7 @@ pub(crate) fn auth(login: Option<&Login>) -> RegistryAuth {
 /// multi-platform index, the index's own digest: the node picks its
 /// platform's image from it, the same one every time).
 pub async fn resolve(registries: &Registries, reference: &str, login: Option<&Login>) -> Result<String, ImageError> {
-    let parsed = parse(reference)?;
+    let parsed = registries.check(reference)?;
     let client = registries.client();
     if let Some(digest) = parsed.digest() {
         // Named by digest: still ask, so that a digest the registry does

@@ -19,7 +19,7 @@ fn marker(contents: &[u8]) -> [File<'_>; 1] {
 }
 
 fn registries(registry: &Registry) -> Registries {
-    Registries { insecure: vec![registry.host.clone()] }
+    Registries { insecure: vec![registry.host.clone()], allowed: Vec::new() }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -80,6 +80,16 @@ async fn unknown_images_refused_credentials_and_a_corrupt_layer_each_say_so() {
     let wrong = Login { username: "alice".into(), password: "wrong".into() };
     let reference =
         push_busybox_image(&work, &registry.host, "app", "v1", &marker(b"x"), Some(("alice", PASSWORD)));
+
+    // A cluster that allows only another registry never connects to this one.
+    let elsewhere = Registries { allowed: vec!["registry.example.com".into()], ..registries(&registry) };
+    let gets = registry.blob_gets();
+    let e = resolve(&elsewhere, &reference, Some(&alice)).await.unwrap_err();
+    assert!(e.to_string().contains(&format!("registry {} is not one this cluster pulls from", registry.host)), "{e}");
+    let cache = Cache::open(&work.join("elsewhere"), 1 << 30, &elsewhere).unwrap();
+    let digest = format!("sha256:{}", "0".repeat(64));
+    assert!(matches!(cache.acquire(&reference, &digest, None, |_| {}).await, Err(ImageError::Invalid(..))));
+    assert_eq!(registry.blob_gets(), gets);
 
     let missing = format!("{}/app:v9", registry.host);
     let e = resolve(&client, &missing, Some(&alice)).await.unwrap_err();

@@ -150,8 +150,8 @@ impl App {
     async fn resolve_image(&self, principal: &Principal, spec: &mut api::JobSubmission, field: &str) -> ApiResult<()> {
         spec.image_digest = None;
         let Some(reference) = spec.image.clone() else { return Ok(()) };
-        let parsed = ebb_image::parse(&reference)
-            .map_err(|e| ApiError::unprocessable(format!("{field}image: {e}")))?;
+        let parsed =
+            self.registries.check(&reference).map_err(|e| ApiError::unprocessable(format!("{field}image: {e}")))?;
         let login = match &principal.tenant {
             Some((tenant, _)) => {
                 let (tenant, registry) = (*tenant, parsed.registry().to_string());
