@@ -101,6 +101,28 @@ def summary(name, ms, goal):
           f"p99 {pct(ms, 99):6.1f} ms   max {max(ms):6.1f} ms   (goal p99 <= {goal} ms)")
 
 
+def start_up(ebb, data, *flags):
+    """`ebb up` with one 8-GPU agent in `data`: the process and its API."""
+    up = subprocess.Popen(
+        [ebb, "up", "--nodes", "1", "--gpus-per-node", "8", "--port", "0", "--data-dir", data, *flags],
+        stdout=subprocess.PIPE, text=True)
+    line = ""
+    while "export EBB_SERVER" not in line:
+        line = up.stdout.readline()
+        if not line:
+            sys.exit("ebb up failed; see " + os.path.join(data, "logs"))
+    url, token = re.search(r"EBB_SERVER=(\S+) EBB_TOKEN=(\S+)", line).groups()
+    return up, Api(url, token)
+
+
+def stop_up(up):
+    up.send_signal(signal.SIGINT)
+    try:
+        up.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        up.kill()
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -174,18 +196,8 @@ def image_bench(ebb, args):
     now = build_now(data)
     small = push_image(data, host, "small", now=now)
     big = push_image(data, host, "big", args.pull_mb) if args.pull_mb else None
-    up = subprocess.Popen(
-        [ebb, "up", "--nodes", "1", "--gpus-per-node", "8", "--port", "0", "--data-dir", data,
-         "--insecure-registry", host],
-        stdout=subprocess.PIPE, text=True)
+    up, api = start_up(ebb, data, "--insecure-registry", host)
     try:
-        line = ""
-        while "export EBB_SERVER" not in line:
-            line = up.stdout.readline()
-            if not line:
-                sys.exit("ebb up failed; see " + os.path.join(data, "logs"))
-        url, token = re.search(r"EBB_SERVER=(\S+) EBB_TOKEN=(\S+)", line).groups()
-        api = Api(url, token)
         ckpt = lambda job_id: os.path.join(data, "checkpoints", "default", str(job_id))
         stamp = lambda program: ["sh", "-c", program + ' "$EBB_CHECKPOINT_DIR/start"']
         # The first start pulls: not counted.
@@ -213,11 +225,7 @@ def image_bench(ebb, args):
                   f"of layers) and unpacked in {pulled['seconds']:.2f} s = {mb / pulled['seconds']:.0f} MB/s; "
                   f"the job {shown['state']}")
     finally:
-        up.send_signal(signal.SIGINT)
-        try:
-            up.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            up.kill()
+        stop_up(up)
         reg.kill()
         shutil.rmtree(data, ignore_errors=True)
 
@@ -239,18 +247,8 @@ def main():
         return image_bench(ebb, args)
 
     data = tempfile.mkdtemp(prefix="ebb-bench-")
-    up = subprocess.Popen(
-        [ebb, "up", "--nodes", "1", "--gpus-per-node", "8", "--port", "0", "--data-dir", data,
-         "--drain-window", "30s"],
-        stdout=subprocess.PIPE, text=True)
+    up, api = start_up(ebb, data, "--drain-window", "30s")
     try:
-        line = ""
-        while "export EBB_SERVER" not in line:
-            line = up.stdout.readline()
-            if not line:
-                sys.exit("ebb up failed; see " + os.path.join(data, "logs"))
-        url, token = re.search(r"EBB_SERVER=(\S+) EBB_TOKEN=(\S+)", line).groups()
-        api = Api(url, token)
         # The admin token acts for the default tenant: its checkpoints.
         ckpt = lambda job_id: os.path.join(data, "checkpoints", "default", str(job_id))
 
@@ -301,11 +299,7 @@ def main():
               f"{args.jobs / elapsed:.0f} jobs/s (submitted in {submitted_in:.2f} s, all done {drained_in:.2f} s later)"
               f"   (goal >= 500 jobs/s)")
     finally:
-        up.send_signal(signal.SIGINT)
-        try:
-            up.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            up.kill()
+        stop_up(up)
 
 
 if __name__ == "__main__":
