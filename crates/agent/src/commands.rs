@@ -298,6 +298,7 @@ mod tests {
             tenant: String::new(),
             tenant_id: 1,
             rendezvous_port: None,
+            image: None,
         })
     }
 

@@ -390,6 +390,7 @@ mod tests {
             tenant: "default".into(),
             tenant_id: 1,
             rendezvous_port: None,
+            image: None,
         }
     }
 

@@ -8,7 +8,7 @@ mod cluster;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use cluster::{events, wait_for, Cluster, Options, RunAs};
+use cluster::{wait_for, Cluster, Options, RunAs};
 use ebb_image::testing::{push_busybox_image, File, Registry, PASSWORD};
 use serde_json::Value;
 
@@ -81,7 +81,7 @@ fn jobs_run_in_their_images_resume_on_another_node_and_tenants_cannot_see_each_o
     let insecure = |flag: &str| {
         [flag.to_string(), open.host.clone(), flag.to_string(), locked.host.clone()]
     };
-    let mut c = Cluster::start(Options {
+    let c = Cluster::start(Options {
         nodes: 2,
         gpus: 4,
         drain_window: "3s",
