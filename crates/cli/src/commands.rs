@@ -322,6 +322,7 @@ pub enum TenantCommand {
         name: String,
         /// The registry: HOST or HOST:PORT, as image references begin.
         registry: String,
+        /// The user name the registry knows.
         #[arg(long, short = 'u')]
         username: String,
         /// Read the password from standard input (the only way).
@@ -330,11 +331,14 @@ pub enum TenantCommand {
     },
     /// Remove a tenant's login for REGISTRY.
     RegistryLogout {
+        /// The tenant.
         name: String,
+        /// The registry: HOST or HOST:PORT.
         registry: String,
     },
     /// List the registries a tenant has logins for.
     RegistryLogins {
+        /// The tenant.
         name: String,
         #[command(flatten)]
         out: JsonFlag,
