@@ -422,13 +422,14 @@ fn a_postgres_database_from_before_the_job_columns_gets_them_from_its_records() 
     let pg = pg::Postgres::start("columns");
     drop(PgStore::open(&pg.url()).unwrap());
     let mut client = postgres::Client::connect(&pg.url(), postgres::NoTls).unwrap();
-    // Back to step 3: without what steps 4 and 5 add.
+    // Back to step 3: without what steps 4, 5 and 6 add.
     client
         .batch_execute(
             "DROP INDEX jobs_by_state; DROP INDEX jobs_by_tenant; DROP INDEX jobs_by_array;
              ALTER TABLE jobs DROP COLUMN state, DROP COLUMN tier, DROP COLUMN gpus, DROP COLUMN name,
                  DROP COLUMN array_id, DROP COLUMN array_index, DROP COLUMN attempt, DROP COLUMN preemptions;
              ALTER TABLE output DROP COLUMN node;
+             DROP TABLE registry_logins;
              UPDATE ebb_schema SET version = 3;
              INSERT INTO tenants (id, name) VALUES (1, 'default');",
         )
