@@ -72,9 +72,10 @@ pub struct Spec<'a> {
     pub gpus: Option<Edits>,
 }
 
-/// Writes the bundle for `spec` of an image unpacked at `lower`: the
-/// runtime's `config.json` and the overlay's directories.
-pub fn bundle(run_dir: &Path, lower: &Path, spec: &Spec) -> std::io::Result<Bundle> {
+/// Writes the bundle for `spec` under the attempt's run directory: the
+/// runtime's `config.json` and the overlay's directories (the image
+/// itself is mounted by the shim).
+pub fn bundle(run_dir: &Path, spec: &Spec) -> std::io::Result<Bundle> {
     let dir = run_dir.join("container");
     for sub in ["rootfs", "upper", "work"] {
         std::fs::create_dir_all(dir.join(sub))?;
@@ -83,7 +84,6 @@ pub fn bundle(run_dir: &Path, lower: &Path, spec: &Spec) -> std::io::Result<Bund
     // the image lets it.
     let (uid, gid) = ids(spec);
     std::os::unix::fs::chown(dir.join("upper"), Some(uid), Some(gid))?;
-    let _ = lower;
     let config = config(spec);
     std::fs::write(dir.join("config.json"), serde_json::to_vec_pretty(&config).map_err(std::io::Error::other)?)?;
     Ok(Bundle { dir })
@@ -484,7 +484,7 @@ fn in_namespace(namespace: &Path) -> Vec<i32> {
 /// Exits as `status` says the container's init did: with its code, or by
 /// its signal (without a core file).
 fn mirror(status: nix::sys::wait::WaitStatus) -> ! {
-    use nix::sys::signal::{SigSet, Signal};
+    use nix::sys::signal::SigSet;
     use nix::sys::wait::WaitStatus;
     match status {
         WaitStatus::Exited(_, code) => std::process::exit(code),
@@ -494,9 +494,9 @@ fn mirror(status: nix::sys::wait::WaitStatus) -> ! {
             unsafe {
                 let _ = nix::sys::signal::signal(signal, nix::sys::signal::SigHandler::SigDfl);
             }
+            // Blocked until now: raised, then unblocked, it ends the shim.
             let _ = nix::sys::signal::raise(signal);
             let _ = SigSet::all().thread_unblock();
-            let _ = Signal::SIGKILL;
             std::process::exit(128 + signal as i32)
         }
         _ => std::process::exit(NOT_STARTED),

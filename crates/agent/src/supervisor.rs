@@ -493,7 +493,7 @@ impl Processes {
             read_only,
             gpus,
         };
-        let bundle = container::bundle(&p.run_dir, &lease.rootfs, &spec)
+        let bundle = container::bundle(&p.run_dir, &spec)
             .map_err(|e| format!("image {}: cannot write its bundle: {e}", image.reference))?;
         let exe = std::env::current_exe().map_err(|e| format!("cannot find the agent's own program: {e}"))?;
         let state = self.config.data_dir.join("runc");
