@@ -209,6 +209,20 @@ fn jobs_run_in_their_images_resume_on_another_node_and_tenants_cannot_see_each_o
     assert_eq!(c.job(pinned)["image"]["digest"], digest.as_str());
     assert_ne!(c.job(after)["image"]["digest"], digest.as_str());
 
+    // A batch of three jobs in one image asks the registry once.
+    let asked = open.manifest_requests();
+    let batch = serde_json::json!({ "jobs": [
+        { "argv": ["true"], "image": train }, { "argv": ["true"], "image": train }, { "argv": ["true"], "image": train }
+    ]});
+    let made = reqwest::blocking::Client::new()
+        .post(format!("{}/v1/jobs/batch", c.url))
+        .bearer_auth(&alice)
+        .json(&batch)
+        .send()
+        .unwrap();
+    assert_eq!(made.status().as_u16(), 201);
+    assert_eq!(open.manifest_requests() - asked, 1, "one resolve for the batch's one image");
+
     // A registry that wants a login: refused without one and with a wrong
     // one, at submit; with alice's, her job pulls and runs; bob, without
     // a login of his own, is refused.

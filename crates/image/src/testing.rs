@@ -73,6 +73,16 @@ impl Registry {
             .count()
     }
 
+    /// The manifest lookups the registry has answered (`HEAD` or `GET`
+    /// of `/v2/.../manifests/...`): one per tag resolved.
+    pub fn manifest_requests(&self) -> usize {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| (l.contains("\"HEAD /v2/") || l.contains("\"GET /v2/")) && l.contains("/manifests/"))
+            .count()
+    }
+
     /// Where the registry keeps blob `digest`'s bytes.
     pub fn blob_path(&self, digest: &str) -> PathBuf {
         let hex = digest.trim_start_matches("sha256:");

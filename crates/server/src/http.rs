@@ -145,8 +145,7 @@ impl App {
 
     /// Resolves the image a submission names to its digest, with the
     /// tenant's login for its registry: a reference the registry does not
-    /// have is refused now, not found at the start. One resolve per
-    /// distinct reference of a batch.
+    /// have is refused now, not found at the start.
     async fn resolve_image(&self, principal: &Principal, spec: &mut api::JobSubmission, field: &str) -> ApiResult<()> {
         spec.image_digest = None;
         let Some(reference) = spec.image.clone() else { return Ok(()) };
@@ -368,8 +367,17 @@ async fn submit_batch(
         return Err(ApiError::unprocessable("jobs: the batch is empty".into()));
     }
     let mut specs = batch.jobs;
+    // One registry round trip per distinct image of the batch.
+    let mut resolved: HashMap<String, String> = HashMap::new();
     for (i, spec) in specs.iter_mut().enumerate() {
+        if let Some(digest) = spec.image.as_ref().and_then(|r| resolved.get(r)) {
+            spec.image_digest = Some(digest.clone());
+            continue;
+        }
         app.resolve_image(&principal, spec, &format!("jobs[{i}].")).await?;
+        if let (Some(reference), Some(digest)) = (&spec.image, &spec.image_digest) {
+            resolved.insert(reference.clone(), digest.clone());
+        }
     }
     let made = app.ask(|reply| Msg::SubmitBatch { principal, specs, reply }).await??;
     let jobs = made
