@@ -3,6 +3,11 @@
 //! Amounts are computed from GPU-milliseconds and a per-GPU-hour rate in one
 //! multiplication and one division (in `i128`), so that summing usage first
 //! and pricing once gives the same answer as a person with a calculator.
+//!
+//! Every amount and every sum saturates at the range of `i64` (about
+//! $9.2 trillion) instead of overflowing: a price book and a reservation
+//! that no operator would write (the highest price for eight thousand
+//! years) must not stop the server that reports on them.
 
 use std::fmt;
 use std::ops::{Add, AddAssign};
@@ -49,8 +54,14 @@ impl MicroUsd {
     /// The amount for `gpu_millis` GPU-milliseconds at `rate` per GPU-hour,
     /// rounded down to the micro-dollar.
     pub fn for_gpu_millis(rate_per_gpu_hour: MicroUsd, gpu_millis: u128) -> MicroUsd {
-        let amount = rate_per_gpu_hour.0 as i128 * gpu_millis as i128 / MILLIS_PER_HOUR;
-        MicroUsd(amount as i64)
+        let gpu_millis = i128::try_from(gpu_millis).unwrap_or(i128::MAX);
+        let amount = i128::from(rate_per_gpu_hour.0).saturating_mul(gpu_millis) / MILLIS_PER_HOUR;
+        MicroUsd(amount.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64)
+    }
+
+    /// The sum of `amounts`, saturating.
+    pub fn total(amounts: impl IntoIterator<Item = i64>) -> i64 {
+        amounts.into_iter().fold(0i64, i64::saturating_add)
     }
 
     /// The amount in dollars, for display and reports only.
@@ -84,13 +95,13 @@ impl MicroUsd {
 impl Add for MicroUsd {
     type Output = MicroUsd;
     fn add(self, rhs: MicroUsd) -> MicroUsd {
-        MicroUsd(self.0 + rhs.0)
+        MicroUsd(self.0.saturating_add(rhs.0))
     }
 }
 
 impl AddAssign for MicroUsd {
     fn add_assign(&mut self, rhs: MicroUsd) {
-        self.0 += rhs.0;
+        self.0 = self.0.saturating_add(rhs.0);
     }
 }
 

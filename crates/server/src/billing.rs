@@ -115,7 +115,7 @@ pub struct Segment {
 
 impl UsageRow {
     pub fn gpu_seconds(&self) -> u64 {
-        self.seconds * u64::from(self.gpus)
+        self.seconds.saturating_mul(u64::from(self.gpus))
     }
 
     /// Its parts at each tier's rate: its segments, or itself whole.
@@ -209,7 +209,7 @@ pub fn meter(e: Ended<'_>) -> UsageRow {
         .notice_at_ms
         .map_or(0, |notice| whole_seconds(ended_ms.saturating_sub(notice.max(e.started_ms))).min(seconds));
     let (amount, segments) = match e.promoted {
-        None => (amount(e.rate, seconds * u64::from(e.gpus)), Vec::new()),
+        None => (amount(e.rate, seconds.saturating_mul(u64::from(e.gpus))), Vec::new()),
         Some((promoted_ms, preemptible_rate)) => {
             let at = promoted_ms.clamp(e.started_ms, ended_ms);
             let before = whole_seconds(at - e.started_ms).min(seconds);
@@ -225,10 +225,10 @@ pub fn meter(e: Ended<'_>) -> UsageRow {
                     to_ms,
                     seconds,
                     rate,
-                    amount: amount(rate, seconds * u64::from(e.gpus)),
+                    amount: amount(rate, seconds.saturating_mul(u64::from(e.gpus))),
                 })
                 .collect();
-            (segments.iter().map(|s| s.amount).sum(), segments)
+            (MicroUsd::total(segments.iter().map(|s| s.amount)), segments)
         }
     };
     UsageRow {
@@ -244,7 +244,7 @@ pub fn meter(e: Ended<'_>) -> UsageRow {
         rate: e.rate,
         on_demand_rate: e.on_demand_rate,
         amount,
-        drain_gpu_seconds: drain_seconds * u64::from(e.gpus),
+        drain_gpu_seconds: drain_seconds.saturating_mul(u64::from(e.gpus)),
         lost_gpu_seconds: e.lost_gpu_ms.div_ceil(1000),
         outcome: e.outcome.to_string(),
         follows_preemption: e.follows_preemption,
@@ -411,14 +411,14 @@ pub fn invoice(
     let (mut drain, mut lost) = (0u64, 0u64);
     for u in usage {
         for part in u.parts() {
-            let gpu_seconds = part.seconds * u64::from(u.gpus);
+            let gpu_seconds = part.seconds.saturating_mul(u64::from(u.gpus));
             let line = lines.entry((part.tier.clone(), u.gpu_model.clone(), part.rate)).or_insert((0, 0));
-            line.0 += gpu_seconds;
-            line.1 += part.amount;
+            line.0 = line.0.saturating_add(gpu_seconds);
+            line.1 = line.1.saturating_add(part.amount);
             let at_on_demand = amount(u.on_demand_rate, gpu_seconds);
-            od_equivalent += at_on_demand;
+            od_equivalent = od_equivalent.saturating_add(at_on_demand);
             if part.tier == "preemptible" {
-                savings += at_on_demand - part.amount;
+                savings = savings.saturating_add(at_on_demand.saturating_sub(part.amount));
             }
         }
         if u.outcome == "preempted" {
@@ -426,8 +426,8 @@ pub fn invoice(
             repeat_preemptions += u64::from(u.follows_preemption);
             within_min_runtime += u64::from(u.follows_preemption && u.within_min_runtime);
         }
-        drain += u.drain_gpu_seconds;
-        lost += u.lost_gpu_seconds;
+        drain = drain.saturating_add(u.drain_gpu_seconds);
+        lost = lost.saturating_add(u.lost_gpu_seconds);
     }
     let lines: Vec<api::InvoiceLine> = lines
         .into_iter()
@@ -444,8 +444,9 @@ pub fn invoice(
         .collect();
     let charges: Vec<api::ReservationCharge> =
         reservations.iter().filter_map(|r| reservation_charge(r, from, to)).collect();
-    let total = lines.iter().map(|l| l.amount_micro_usd).sum::<i64>()
-        + charges.iter().map(|c| c.amount_micro_usd).sum::<i64>();
+    let total = MicroUsd::total(
+        lines.iter().map(|l| l.amount_micro_usd).chain(charges.iter().map(|c| c.amount_micro_usd)),
+    );
     api::Invoice {
         tenant: tenant.to_string(),
         from: rfc3339(from),
@@ -512,7 +513,8 @@ pub fn report(ledger: &Ledger, from: u64, to: u64) -> api::OperatorReport {
             let ms = overlap((part.from_ms, part.to_ms), (from, to));
             *used_ms.entry(tier).or_insert(0) += u128::from(ms) * u128::from(u.gpus);
             if (from..to).contains(&u.ended_ms) {
-                *revenue.entry(tier).or_insert(0) += part.amount;
+                let earned = revenue.entry(tier).or_insert(0);
+                *earned = earned.saturating_add(part.amount);
             }
         }
     }
@@ -520,12 +522,13 @@ pub fn report(ledger: &Ledger, from: u64, to: u64) -> api::OperatorReport {
         let ms = overlap((l.started_ms, *now), (from, to));
         *used_ms.entry(l.tier.as_str()).or_insert(0) += u128::from(ms) * u128::from(l.gpus);
     }
-    let reservation_revenue: i64 =
-        reservations.iter().filter_map(|r| reservation_charge(r, from, to)).map(|c| c.amount_micro_usd).sum();
+    let reservation_revenue = MicroUsd::total(
+        reservations.iter().filter_map(|r| reservation_charge(r, from, to)).map(|c| c.amount_micro_usd),
+    );
     let share = |ms: u128| if capacity_ms == 0 { 0.0 } else { ms as f64 / capacity_ms as f64 };
     let used: u128 = used_ms.values().sum();
     let preemptible_ms = used_ms["preemptible"];
-    let total = revenue.values().sum::<i64>() + reservation_revenue;
+    let total = MicroUsd::total(revenue.values().copied().chain([reservation_revenue]));
     api::OperatorReport {
         from: rfc3339(from),
         to: rfc3339(to),
@@ -656,7 +659,8 @@ pub fn series(ledger: &Ledger, from: u64, to: u64, step_ms: u64) -> api::ReportS
             }
             if (from..to).contains(&u.ended_ms) {
                 let revenue = revenue.entry(tier).or_insert_with(|| vec![0; n]);
-                revenue[((u.ended_ms - from) / step_ms) as usize] += part.amount;
+                let earned = &mut revenue[((u.ended_ms - from) / step_ms) as usize];
+                *earned = earned.saturating_add(part.amount);
             }
         }
     }
@@ -671,7 +675,8 @@ pub fn series(ledger: &Ledger, from: u64, to: u64, step_ms: u64) -> api::ReportS
         let charged_until = |t: u64| reserved_in(r, from, t).1;
         for (i, _) in buckets_of((r.start_ms, r.end_ms)) {
             let (start, end) = bounds(i);
-            reservation_revenue[i] += charged_until(end) - charged_until(start);
+            reservation_revenue[i] =
+                reservation_revenue[i].saturating_add(charged_until(end).saturating_sub(charged_until(start)));
         }
     }
     let buckets = (0..n)
@@ -680,7 +685,7 @@ pub fn series(ledger: &Ledger, from: u64, to: u64, step_ms: u64) -> api::ReportS
             let used: BTreeMap<&str, u128> = used_ms.iter().map(|(&tier, ms)| (tier, ms[i])).collect();
             let earned: BTreeMap<&str, i64> = revenue.iter().map(|(&tier, m)| (tier, m[i])).collect();
             let used_total: u128 = used.values().sum();
-            let total = earned.values().sum::<i64>() + reservation_revenue[i];
+            let total = MicroUsd::total(earned.values().copied().chain([reservation_revenue[i]]));
             api::ReportBucket {
                 start: rfc3339(start),
                 start_ms: start,
@@ -1039,6 +1044,52 @@ mod tests {
                 proptest::prop_assert_eq!(e.status, 422, "{}", e.message);
             }
         }
+    }
+
+    /// The highest price the book takes, for a reservation of every GPU
+    /// from 1970 to 9999 and records as long: every figure saturates at
+    /// the largest amount, none wraps and none panics (a fuzzer found the
+    /// report series overflowing its sums).
+    #[test]
+    fn amounts_past_the_range_saturate_instead_of_overflowing() {
+        let (from, to) = period("1970-01-01", "9999-12-28").unwrap();
+        let huge = ReservationRow {
+            id: 1,
+            tenant: 1,
+            gpu_model: "H100".into(),
+            gpus: u32::MAX,
+            start_ms: from,
+            end_ms: to,
+            rate: i64::MAX,
+            deleted_ms: None,
+        };
+        let reservations = vec![huge.clone(), ReservationRow { id: 2, ..huge }];
+        let mut record = usage_template();
+        record.gpus = u32::MAX;
+        record.started_ms = from;
+        record.ended_ms = to - 1;
+        record.seconds = (to - from) / 1000;
+        record.rate = i64::MAX;
+        record.on_demand_rate = i64::MAX;
+        record.amount = amount(i64::MAX, record.seconds.saturating_mul(u64::from(record.gpus)));
+        assert_eq!(record.amount, i64::MAX);
+        let usage = vec![record.clone(), record];
+        let ledger = Ledger {
+            usage: usage.clone(),
+            live: Vec::new(),
+            reservations: reservations.clone(),
+            nodes: vec![(from, u32::MAX)],
+            now: to,
+        };
+        let report = report(&ledger, from, to);
+        assert_eq!(report.total_revenue_micro_usd, i64::MAX);
+        assert_eq!(report.reservation_revenue_micro_usd, i64::MAX);
+        let series = series(&ledger, from, to, series_step("999999d", from, to).unwrap());
+        assert!(series.buckets.iter().all(|b| b.total_revenue_micro_usd >= 0));
+        assert_eq!(series.buckets.iter().map(|b| b.total_revenue_micro_usd).max(), Some(i64::MAX));
+        let invoice = invoice("t", &usage, &reservations, from, to);
+        assert_eq!(invoice.total_micro_usd, i64::MAX);
+        assert!(invoice.preemptible_savings_micro_usd >= 0);
     }
 
     #[test]

@@ -92,7 +92,8 @@ impl Counters {
             for part in usage.parts() {
                 // As the report counts it (`billing::report`).
                 let tier = TIERS.into_iter().find(|t| *t == part.tier).unwrap_or("on-demand");
-                *self.revenue_micro_usd.entry(tier).or_insert(0) += part.amount;
+                let earned = self.revenue_micro_usd.entry(tier).or_insert(0);
+                *earned = earned.saturating_add(part.amount);
             }
             self.drain_gpu_seconds += usage.drain_gpu_seconds;
         }
