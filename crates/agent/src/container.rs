@@ -85,7 +85,10 @@ pub fn bundle(run_dir: &Path, spec: &Spec) -> std::io::Result<Bundle> {
     let (uid, gid) = ids(spec);
     std::os::unix::fs::chown(dir.join("upper"), Some(uid), Some(gid))?;
     let config = config(spec);
-    std::fs::write(dir.join("config.json"), serde_json::to_vec_pretty(&config).map_err(std::io::Error::other)?)?;
+    std::fs::write(
+        dir.join("config.json"),
+        serde_json::to_vec_pretty(&config).map_err(std::io::Error::other)?,
+    )?;
     Ok(Bundle { dir })
 }
 
@@ -132,7 +135,8 @@ pub fn config(spec: &Spec) -> Value {
     if let Some(edits) = &spec.gpus {
         env.extend(edits.env.iter().cloned());
         for node in &edits.device_nodes {
-            devices.push(json!({"path": node.path, "type": node.kind, "major": node.major, "minor": node.minor,
+            devices
+                .push(json!({"path": node.path, "type": node.kind, "major": node.major, "minor": node.minor,
                                 "fileMode": node.mode, "uid": 0, "gid": 0}));
             allowed.push(json!({"allow": true, "type": node.kind, "major": node.major, "minor": node.minor,
                                 "access": "rwm"}));
@@ -149,9 +153,19 @@ pub fn config(spec: &Spec) -> Value {
     // `hold_in_own_group`), for root inside; none for anyone else.
     let caps: Vec<&str> = match spec.root {
         true => vec![
-            "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_NET_RAW",
-            "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE",
-            "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
+            "CAP_CHOWN",
+            "CAP_DAC_OVERRIDE",
+            "CAP_FSETID",
+            "CAP_FOWNER",
+            "CAP_NET_RAW",
+            "CAP_SETGID",
+            "CAP_SETUID",
+            "CAP_SETFCAP",
+            "CAP_SETPCAP",
+            "CAP_NET_BIND_SERVICE",
+            "CAP_SYS_CHROOT",
+            "CAP_KILL",
+            "CAP_AUDIT_WRITE",
         ],
         false => Vec::new(),
     };
@@ -188,7 +202,8 @@ pub fn config(spec: &Spec) -> Value {
 /// The device rules every container has: null, zero, full, random,
 /// urandom, tty, the pty master and slaves.
 fn allowed_with_defaults(mut rules: Vec<Value>) -> Vec<Value> {
-    for (kind, major, minor) in [("c", 1, 3), ("c", 1, 5), ("c", 1, 7), ("c", 1, 8), ("c", 1, 9), ("c", 5, 0), ("c", 5, 2)]
+    for (kind, major, minor) in
+        [("c", 1, 3), ("c", 1, 5), ("c", 1, 7), ("c", 1, 8), ("c", 1, 9), ("c", 5, 0), ("c", 5, 2)]
     {
         rules.push(json!({"allow": true, "type": kind, "major": major, "minor": minor, "access": "rwm"}));
     }
@@ -327,7 +342,9 @@ pub fn shim(runtime: &Path, state: &Path, bundle: &Path, id: &str, lower: &Path)
     }
     use nix::sys::signal::{SigSet, Signal};
     let mut forwarded = SigSet::all();
-    for s in [Signal::SIGKILL, Signal::SIGSTOP, Signal::SIGSEGV, Signal::SIGBUS, Signal::SIGILL, Signal::SIGFPE] {
+    for s in
+        [Signal::SIGKILL, Signal::SIGSTOP, Signal::SIGSEGV, Signal::SIGBUS, Signal::SIGILL, Signal::SIGFPE]
+    {
         forwarded.remove(s);
     }
     if let Err(e) = forwarded.thread_block() {
@@ -399,7 +416,9 @@ fn hold_in_own_group(init: i32) -> Result<(), String> {
     let parents = crate::cgroup::discover(&read("/proc/self/mountinfo")?, &read("/proc/self/cgroup")?)?;
     let group = parents.v2.join("container");
     match std::fs::create_dir(&group) {
-        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(format!("{}: {e}", group.display())),
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+            return Err(format!("{}: {e}", group.display()))
+        }
         _ => {}
     }
     std::fs::write(group.join("cgroup.procs"), init.to_string())
@@ -541,17 +560,25 @@ mod tests {
         assert_eq!(c["process"]["capabilities"]["effective"], json!([]));
         assert_eq!(c["process"]["noNewPrivileges"], true);
         assert_eq!(c["process"]["env"], json!(["CUDA_VISIBLE_DEVICES=2,3"]));
-        let kinds: Vec<&str> =
-            c["linux"]["namespaces"].as_array().unwrap().iter().map(|n| n["type"].as_str().unwrap()).collect();
+        let kinds: Vec<&str> = c["linux"]["namespaces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n["type"].as_str().unwrap())
+            .collect();
         assert_eq!(kinds, ["pid", "ipc", "uts", "mount"], "the host's network, its own everything else");
         assert_eq!(c["linux"]["cgroupsPath"], "ebb-7.1", "relative: below the shim's, the attempt's group");
-        let binds: Vec<&Value> = c["mounts"].as_array().unwrap().iter().filter(|m| m["type"] == "bind").collect();
+        let binds: Vec<&Value> =
+            c["mounts"].as_array().unwrap().iter().filter(|m| m["type"] == "bind").collect();
         assert_eq!(binds[0]["destination"], "/ckpt/7");
         assert!(binds[0]["options"].as_array().unwrap().contains(&json!("rw")));
         assert!(binds[1]["options"].as_array().unwrap().contains(&json!("ro")));
         let root = config(&Spec { root: true, ..spec });
         assert_eq!(root["process"]["user"]["uid"], 0);
-        assert!(root["process"]["capabilities"]["effective"].as_array().unwrap().contains(&json!("CAP_CHOWN")));
+        assert!(root["process"]["capabilities"]["effective"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("CAP_CHOWN")));
     }
 
     #[test]

@@ -927,9 +927,10 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
     }
     let server_log = logs.join("server.log");
     let (user, uid) = invoking_user()?;
-    let registries: Vec<String> = (args.registries.insecure.iter().flat_map(|r| ["--insecure-registry".to_string(), r.clone()]))
-        .chain(args.registries.allowed.iter().flat_map(|r| ["--allowed-registry".to_string(), r.clone()]))
-        .collect();
+    let registries: Vec<String> =
+        (args.registries.insecure.iter().flat_map(|r| ["--insecure-registry".to_string(), r.clone()]))
+            .chain(args.registries.allowed.iter().flat_map(|r| ["--allowed-registry".to_string(), r.clone()]))
+            .collect();
     let mut server_args: Vec<String> = vec![
         "server".into(),
         "--data-dir".into(),

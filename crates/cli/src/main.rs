@@ -339,7 +339,13 @@ fn container_shim(args: &[String]) -> ! {
         })
     };
     let id = value("--id").display().to_string();
-    ebb_agent::container::shim(&value("--runtime"), &value("--state"), &value("--bundle"), &id, &value("--lower"))
+    ebb_agent::container::shim(
+        &value("--runtime"),
+        &value("--state"),
+        &value("--bundle"),
+        &id,
+        &value("--lower"),
+    )
 }
 
 fn main() -> ExitCode {

@@ -101,7 +101,10 @@ impl Cache {
                     let last_used = std::fs::metadata(dir.join("used"))
                         .and_then(|m| m.modified())
                         .unwrap_or(SystemTime::UNIX_EPOCH);
-                    images.insert(hex, Entry { bytes: config.bytes, layers: config.layers, last_used, holders: 0 });
+                    images.insert(
+                        hex,
+                        Entry { bytes: config.bytes, layers: config.layers, last_used, holders: 0 },
+                    );
                 }
                 None => {
                     let _ = std::fs::remove_dir_all(&dir);
@@ -200,15 +203,21 @@ impl Cache {
         let root = self.root.clone();
         let digests: Vec<String> = manifest.layers.iter().map(|l| l.digest.clone()).collect();
         let unpack_hex = hex.clone();
-        let config = tokio::task::spawn_blocking(move || unpack(&root, &unpack_hex, &layers, image_config, digests))
-            .await
-            .map_err(|e| ImageError::Other(reference.into(), e.to_string()))?
-            .map_err(|e| ImageError::Other(reference.into(), format!("cannot unpack it: {e}")))?;
+        let config =
+            tokio::task::spawn_blocking(move || unpack(&root, &unpack_hex, &layers, image_config, digests))
+                .await
+                .map_err(|e| ImageError::Other(reference.into(), e.to_string()))?
+                .map_err(|e| ImageError::Other(reference.into(), format!("cannot unpack it: {e}")))?;
         {
             let mut images = self.images.lock().expect("images");
             images.insert(
                 hex.clone(),
-                Entry { bytes: config.bytes, layers: config.layers.clone(), last_used: SystemTime::now(), holders: 1 },
+                Entry {
+                    bytes: config.bytes,
+                    layers: config.layers.clone(),
+                    last_used: SystemTime::now(),
+                    holders: 1,
+                },
             );
         }
         self.evict();
@@ -290,7 +299,9 @@ fn hex_of<'a>(reference: &str, digest: &'a str) -> Result<&'a str, ImageError> {
     digest
         .strip_prefix("sha256:")
         .filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
-        .ok_or_else(|| ImageError::Invalid(reference.to_string(), format!("{digest:?} is not a sha256 digest")))
+        .ok_or_else(|| {
+            ImageError::Invalid(reference.to_string(), format!("{digest:?} is not a sha256 digest"))
+        })
 }
 
 fn blob_error(reference: &str, digest: &str, e: oci_client::errors::OciDistributionError) -> ImageError {
@@ -322,8 +333,9 @@ fn parse_image_config(reference: &str, bytes: &[u8]) -> Result<ImageConfig, Imag
         #[serde(rename = "WorkingDir", default)]
         working_dir: Option<String>,
     }
-    let file: File = serde_json::from_slice(bytes)
-        .map_err(|e| ImageError::Other(reference.to_string(), format!("its config is not an image config: {e}")))?;
+    let file: File = serde_json::from_slice(bytes).map_err(|e| {
+        ImageError::Other(reference.to_string(), format!("its config is not an image config: {e}"))
+    })?;
     let inner = file.config;
     Ok(ImageConfig {
         env: inner.as_ref().and_then(|c| c.env.clone()).unwrap_or_default(),
@@ -393,7 +405,11 @@ struct Counting<'a, W, F> {
 }
 
 impl<W: AsyncWrite + Unpin, F: FnMut(Progress) + Send> AsyncWrite for Counting<'_, W, F> {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
         let this = &mut *self;
         let poll = Pin::new(&mut this.inner).poll_write(cx, buf);
         if let Poll::Ready(Ok(n)) = poll {

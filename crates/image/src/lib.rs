@@ -9,8 +9,8 @@
 //! that evicts the least recently used image no attempt holds.
 
 mod cache;
-mod unpack;
 pub mod testing;
+mod unpack;
 
 use std::fmt;
 
@@ -77,13 +77,17 @@ pub fn parse(reference: &str) -> Result<Reference, ImageError> {
         return Err(invalid("a reference has no spaces or control characters"));
     }
     let first = reference.split('/').next().unwrap_or("");
-    let names_host = reference.contains('/') && (first.contains('.') || first.contains(':') || first == "localhost");
+    let names_host =
+        reference.contains('/') && (first.contains('.') || first.contains(':') || first == "localhost");
     if !names_host {
-        return Err(invalid("name the registry: HOST[:PORT]/NAME[:TAG] (e.g. registry.example.com/team/train:v3)"));
+        return Err(invalid(
+            "name the registry: HOST[:PORT]/NAME[:TAG] (e.g. registry.example.com/team/train:v3)",
+        ));
     }
     let parsed: Reference = reference.parse().map_err(|e: oci_client::ParseError| invalid(&e.to_string()))?;
     if let Some(digest) = parsed.digest() {
-        let hex = digest.strip_prefix("sha256:").ok_or_else(|| invalid("a digest is sha256:<64 hex digits>"))?;
+        let hex =
+            digest.strip_prefix("sha256:").ok_or_else(|| invalid("a digest is sha256:<64 hex digits>"))?;
         if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()) {
             return Err(invalid("a digest is sha256:<64 lowercase hex digits>"));
         }
@@ -93,7 +97,11 @@ pub fn parse(reference: &str) -> Result<Reference, ImageError> {
 
 /// The same image, named by its digest.
 pub fn pinned(reference: &Reference, digest: &str) -> Reference {
-    Reference::with_digest(reference.registry().to_string(), reference.repository().to_string(), digest.to_string())
+    Reference::with_digest(
+        reference.registry().to_string(),
+        reference.repository().to_string(),
+        digest.to_string(),
+    )
 }
 
 /// The registries a cluster reaches: over HTTPS, but for the hosts named
@@ -157,16 +165,18 @@ pub(crate) fn auth(login: Option<&Login>) -> RegistryAuth {
 /// Resolves `reference` to the digest of its manifest (for a
 /// multi-platform index, the index's own digest: the node picks its
 /// platform's image from it, the same one every time).
-pub async fn resolve(registries: &Registries, reference: &str, login: Option<&Login>) -> Result<String, ImageError> {
+pub async fn resolve(
+    registries: &Registries,
+    reference: &str,
+    login: Option<&Login>,
+) -> Result<String, ImageError> {
     let parsed = registries.check(reference)?;
     let client = registries.client();
     if let Some(digest) = parsed.digest() {
         // Named by digest: still ask, so that a digest the registry does
         // not have is refused now and not at the start.
-        let found = client
-            .fetch_manifest_digest(&parsed, &auth(login))
-            .await
-            .map_err(|e| classify(reference, e))?;
+        let found =
+            client.fetch_manifest_digest(&parsed, &auth(login)).await.map_err(|e| classify(reference, e))?;
         if found != digest {
             return Err(ImageError::Other(
                 reference.to_string(),

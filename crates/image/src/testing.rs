@@ -129,7 +129,9 @@ pub fn push_busybox_image(
     }
     std::fs::copy("/bin/busybox", rootfs.join("bin/busybox"))
         .expect("/bin/busybox (Debian's busybox-static) is needed: .ci/run installs it");
-    for applet in ["sh", "cat", "ls", "ps", "sleep", "id", "echo", "env", "mkdir", "kill", "setsid", "test", "wc"] {
+    for applet in
+        ["sh", "cat", "ls", "ps", "sleep", "id", "echo", "env", "mkdir", "kill", "setsid", "test", "wc"]
+    {
         std::os::unix::fs::symlink("busybox", rootfs.join("bin").join(applet)).unwrap();
     }
     use std::os::unix::fs::PermissionsExt;
@@ -141,7 +143,15 @@ pub fn push_busybox_image(
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(f.mode)).unwrap();
     }
     run(Command::new("umoci").args(["repack", "--image", &image]).arg(&bundle));
-    run(Command::new("umoci").args(["config", "--image", &image, "--config.env", "PATH=/bin", "--config.workingdir", "/"]));
+    run(Command::new("umoci").args([
+        "config",
+        "--image",
+        &image,
+        "--config.env",
+        "PATH=/bin",
+        "--config.workingdir",
+        "/",
+    ]));
     let reference = format!("{registry}/{name}:{tag}");
     let mut copy = Command::new("skopeo");
     copy.args(["copy", "--quiet", "--dest-tls-verify=false"]);
@@ -154,6 +164,7 @@ pub fn push_busybox_image(
 }
 
 fn run(command: &mut Command) {
-    let out = command.output().unwrap_or_else(|e| panic!("{command:?}: {e} (.ci/run installs umoci and skopeo)"));
+    let out =
+        command.output().unwrap_or_else(|e| panic!("{command:?}: {e} (.ci/run installs umoci and skopeo)"));
     assert!(out.status.success(), "{command:?}: {}", String::from_utf8_lossy(&out.stderr));
 }

@@ -137,7 +137,8 @@ mod tests {
                     builder.append_data(&mut header, p, std::io::empty()).unwrap();
                 }
                 Some(link) if link.starts_with("->") || link.starts_with("=>") => {
-                    let kind = if link.starts_with("->") { tar::EntryType::Symlink } else { tar::EntryType::Link };
+                    let kind =
+                        if link.starts_with("->") { tar::EntryType::Symlink } else { tar::EntryType::Link };
                     header.set_entry_type(kind);
                     header.set_size(0);
                     builder.append_link(&mut header, p, &link[2..]).unwrap();
@@ -199,8 +200,15 @@ mod tests {
         apply_layer(&top, &root).unwrap();
         assert!(!root.join("etc/gone").exists(), "a whiteout removes the lower file");
         assert_eq!(std::fs::read_to_string(root.join("etc/kept")).unwrap(), "kept");
-        assert!(!root.join("opt/a").exists() && !root.join("opt/sub").exists(), "opaque empties the lower dir");
-        assert_eq!(std::fs::read_to_string(root.join("opt/new")).unwrap(), "new", "but keeps its own layer's");
+        assert!(
+            !root.join("opt/a").exists() && !root.join("opt/sub").exists(),
+            "opaque empties the lower dir"
+        );
+        assert_eq!(
+            std::fs::read_to_string(root.join("opt/new")).unwrap(),
+            "new",
+            "but keeps its own layer's"
+        );
         assert_eq!(std::fs::read_to_string(root.join("swap")).unwrap(), "now a file");
         use std::os::unix::fs::MetadataExt;
         let (a, b) = (root.join("bin/busybox").metadata().unwrap(), root.join("bin/sh").metadata().unwrap());
@@ -215,7 +223,8 @@ mod tests {
         let root = dir.join("rootfs");
         std::fs::create_dir(&root).unwrap();
         // A symbolic link to outside, then a file written through it.
-        let through = layer(&dir, "1.tgz", &[("out", Some(&format!("->{}", dir.display()))), ("out/pwned", Some("x"))]);
+        let through =
+            layer(&dir, "1.tgz", &[("out", Some(&format!("->{}", dir.display()))), ("out/pwned", Some("x"))]);
         assert!(apply_layer(&through, &root).is_err());
         assert!(!dir.join("pwned").exists());
         std::fs::remove_dir_all(&dir).unwrap();

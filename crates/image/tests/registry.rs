@@ -85,7 +85,10 @@ async fn unknown_images_refused_credentials_and_a_corrupt_layer_each_say_so() {
     let elsewhere = Registries { allowed: vec!["registry.example.com".into()], ..registries(&registry) };
     let gets = registry.blob_gets();
     let e = resolve(&elsewhere, &reference, Some(&alice)).await.unwrap_err();
-    assert!(e.to_string().contains(&format!("registry {} is not one this cluster pulls from", registry.host)), "{e}");
+    assert!(
+        e.to_string().contains(&format!("registry {} is not one this cluster pulls from", registry.host)),
+        "{e}"
+    );
     let cache = Cache::open(&work.join("elsewhere"), 1 << 30, &elsewhere).unwrap();
     let digest = format!("sha256:{}", "0".repeat(64));
     assert!(matches!(cache.acquire(&reference, &digest, None, |_| {}).await, Err(ImageError::Invalid(..))));
@@ -142,7 +145,8 @@ async fn past_its_budget_the_cache_evicts_the_least_recently_used_image_no_attem
     for name in ["a", "b", "c"] {
         // Each about 2 MB of busybox and a little of its own.
         let contents = name.repeat(100_000);
-        let reference = push_busybox_image(&work, &registry.host, name, "v1", &marker(contents.as_bytes()), None);
+        let reference =
+            push_busybox_image(&work, &registry.host, name, "v1", &marker(contents.as_bytes()), None);
         let digest = resolve(&client, &reference, None).await.unwrap();
         images.push((reference, digest));
     }

@@ -450,7 +450,12 @@ impl<'a> Pass<'a> {
     /// Free GPUs for a job of `gpus` on `model`: for one node, the best
     /// fit, and among nodes that fit equally well the one it last ran on
     /// (`last`: its image is in that node's cache).
-    fn find_free(&mut self, model: GpuModelId, gpus: u32, last: Option<NodeId>) -> Option<Vec<(NodeId, u64)>> {
+    fn find_free(
+        &mut self,
+        model: GpuModelId,
+        gpus: u32,
+        last: Option<NodeId>,
+    ) -> Option<Vec<(NodeId, u64)>> {
         let per_node = self.state.models[model.0 as usize].gpus_per_node;
         if gpus <= per_node as u32 {
             // Best fit: the fullest node that still fits keeps whole nodes free.

@@ -146,11 +146,18 @@ impl App {
     /// Resolves the image a submission names to its digest, with the
     /// tenant's login for its registry: a reference the registry does not
     /// have is refused now, not found at the start.
-    async fn resolve_image(&self, principal: &Principal, spec: &mut api::JobSubmission, field: &str) -> ApiResult<()> {
+    async fn resolve_image(
+        &self,
+        principal: &Principal,
+        spec: &mut api::JobSubmission,
+        field: &str,
+    ) -> ApiResult<()> {
         spec.image_digest = None;
         let Some(reference) = spec.image.clone() else { return Ok(()) };
-        let parsed =
-            self.registries.check(&reference).map_err(|e| ApiError::unprocessable(format!("{field}image: {e}")))?;
+        let parsed = self
+            .registries
+            .check(&reference)
+            .map_err(|e| ApiError::unprocessable(format!("{field}image: {e}")))?;
         let login = match &principal.tenant {
             Some((tenant, _)) => {
                 let (tenant, registry) = (*tenant, parsed.registry().to_string());
@@ -164,7 +171,9 @@ impl App {
                 spec.image_digest = Some(digest);
                 Ok(())
             }
-            Err(e) if e.is_transient() => Err(ApiError::unavailable(format!("{field}image: {e}; nothing was submitted"))),
+            Err(e) if e.is_transient() => {
+                Err(ApiError::unavailable(format!("{field}image: {e}; nothing was submitted")))
+            }
             Err(e) => Err(ApiError::unprocessable(format!("{field}image: {e}"))),
         }
     }
