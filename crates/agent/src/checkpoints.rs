@@ -175,8 +175,8 @@ impl AttemptUploads {
 /// How long an exit may be held for its last upload: until the drain's
 /// deadline, if the attempt was drained (it will resume); not at all
 /// otherwise.
-pub(crate) fn hold_exit_until(notice: Option<&crate::metadata::Notice>) -> Option<Instant> {
-    let notice = notice.filter(|n| n.action == "preempt")?;
+pub(crate) fn hold_exit_until(notice: Option<&crate::notice::Notice>) -> Option<Instant> {
+    let notice = notice.filter(|n| n.action == crate::notice::NoticeAction::Preempt)?;
     let left = notice.deadline_ms.saturating_sub(crate::report::now_ms());
     Some(Instant::now() + Duration::from_millis(left))
 }
@@ -268,11 +268,11 @@ mod tests {
 
     #[test]
     fn only_a_drain_holds_the_exit_for_the_upload() {
-        let drain = crate::metadata::Notice::new(0, crate::report::now_ms() + 60_000, "preempted".into());
+        let drain = crate::notice::Notice::new(0, crate::report::now_ms() + 60_000, "preempted".into());
         let held = hold_exit_until(Some(&drain)).expect("held");
         assert!(held > Instant::now() + Duration::from_secs(50));
         let mut cancel = drain.clone();
-        cancel.action = "cancel".into();
+        cancel.action = crate::notice::NoticeAction::Cancel;
         assert_eq!(hold_exit_until(Some(&cancel)), None);
         assert_eq!(hold_exit_until(None), None);
     }

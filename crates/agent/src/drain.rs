@@ -16,7 +16,7 @@ use ebb_api::{AttemptRef, DrainAttempt, StopNotice};
 use nix::sys::signal::Signal;
 
 use crate::dirs;
-use crate::metadata::Notice;
+use crate::notice::Notice;
 use crate::report::now_ms;
 use crate::supervisor::Supervisor;
 
@@ -42,7 +42,7 @@ pub(crate) async fn cancel<S: Supervisor>(supervisor: &Arc<S>, attempt: AttemptR
 /// deadline if the attempt is still running then. Nothing if the attempt
 /// already has a notice this one does not supersede.
 async fn deliver<S: Supervisor>(supervisor: &Arc<S>, a: AttemptRef, notice: Notice, signal: Option<Signal>) {
-    let (action, deadline_ms) = (notice.action.clone(), notice.deadline_ms);
+    let (action, deadline_ms) = (notice.action, notice.deadline_ms);
     let body = serde_json::to_vec_pretty(&notice).expect("notice serialises");
     let Some(target) = supervisor.post_notice(a, notice) else { return };
     let signal = signal.unwrap_or(target.signal);
@@ -66,7 +66,7 @@ async fn deliver<S: Supervisor>(supervisor: &Arc<S>, a: AttemptRef, notice: Noti
     tracing::info!(
         job = a.job,
         attempt = a.attempt,
-        action,
+        action = ?action,
         deadline = deadline_ms,
         file = target.drain_file.as_deref().map(|f| f.display().to_string()).unwrap_or_default(),
         "notice"
@@ -181,10 +181,7 @@ mod tests {
         cancel(&fake, A, n.clone()).await;
         let notice = notice_file(&fake, A);
         assert_eq!((notice["action"].as_str(), notice["reason"].as_str()), (Some("cancel"), Some("cancel")));
-        assert_eq!(
-            notice["deadline"],
-            crate::metadata::Notice::cancel(n.notice_at_ms, n.deadline_ms).deadline
-        );
+        assert_eq!(notice["deadline"], crate::notice::Notice::cancel(n.notice_at_ms, n.deadline_ms).deadline);
         // SIGTERM, as scancel sends, not the signal the job asked drains for.
         assert_eq!(
             fake.ops(),

@@ -17,9 +17,9 @@
 
 pub mod cgroup;
 mod checkpoints;
-pub mod container;
 mod client;
 mod commands;
+pub mod container;
 mod dirs;
 mod drain;
 mod fleet;
@@ -27,6 +27,7 @@ pub mod gpus;
 pub mod identity;
 mod ledger;
 mod metadata;
+mod notice;
 pub mod output;
 mod report;
 mod retry;
@@ -315,7 +316,10 @@ async fn open_images(config: &AgentConfig) -> Result<Arc<ebb_image::Cache>, Stri
         }
         let dir = data_dir.join("images");
         ebb_image::Cache::open(&dir, images.cache_bytes, &images.registries).map_err(|e| {
-            tracing::error!("the image cache {} cannot be opened: {e}; jobs in images will fail", dir.display());
+            tracing::error!(
+                "the image cache {} cannot be opened: {e}; jobs in images will fail",
+                dir.display()
+            );
             format!("this node's image cache {} cannot be opened: {e}", dir.display())
         })
     })

@@ -46,50 +46,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use ebb_api::{AgentEvent, AttemptRef};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::watch;
 
 use crate::checkpoints::AttemptUploads;
+use crate::notice::{Notice, NoticeAction};
 use crate::report::{now_ms, Reporter};
-
-/// The drain notice as every shape reports it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Notice {
-    pub action: String,
-    pub notice_at: String,
-    pub deadline: String,
-    pub reason: String,
-    #[serde(skip)]
-    pub deadline_ms: u64,
-}
-
-impl Notice {
-    /// A drain's notice: the job is preempted (and requeued) unless it
-    /// finishes first.
-    pub fn new(notice_at_ms: u64, deadline_ms: u64, reason: String) -> Notice {
-        Notice {
-            action: "preempt".into(),
-            notice_at: rfc3339(notice_at_ms),
-            deadline: rfc3339(deadline_ms),
-            reason,
-            deadline_ms,
-        }
-    }
-
-    /// A cancel's notice: the job ends, whatever it does, by the deadline.
-    pub fn cancel(notice_at_ms: u64, deadline_ms: u64) -> Notice {
-        Notice { action: "cancel".into(), ..Notice::new(notice_at_ms, deadline_ms, "cancel".into()) }
-    }
-
-    /// Whether this notice replaces `current`: an attempt has one notice,
-    /// and a later one counts only if its deadline comes sooner (a cancel
-    /// of a job being drained, a second cancel with a shorter grace). The
-    /// same notice again (a command repeated after a reconnect) does not.
-    pub fn supersedes(&self, current: Option<&Notice>) -> bool {
-        current.is_none_or(|c| self.deadline_ms < c.deadline_ms)
-    }
-}
 
 /// Times as the native shape writes them: `2026-11-29T08:22:00.000Z`.
 fn rfc3339(ms: u64) -> String {
@@ -182,11 +145,11 @@ struct Endpoint {
 }
 
 impl Endpoint {
-    /// The job's report is within its rate, or the answer that says not.
-    fn within_rate(&self) -> Result<(), Response> {
+    /// The answer to a report over the job's rate; `None` for one within it.
+    fn over_rate(&self) -> Option<Response> {
         match self.reports.lock().expect("report bucket").take() {
-            true => Ok(()),
-            false => Err((
+            true => None,
+            false => Some((
                 StatusCode::TOO_MANY_REQUESTS,
                 Json(json!({ "error": format!(
                     "over {REPORTS_PER_SECOND} report a second (a burst of {REPORT_BURST}): this one was not taken"
@@ -289,7 +252,7 @@ struct CheckpointReport {
 
 async fn native_checkpoint(State(e): State<Endpoint>, body: Bytes) -> Response {
     let bad = |m: String| (StatusCode::BAD_REQUEST, Json(json!({ "error": m }))).into_response();
-    if let Err(over) = e.within_rate() {
+    if let Some(over) = e.over_rate() {
         return over;
     }
     let de = &mut serde_json::Deserializer::from_slice(&body);
@@ -333,7 +296,7 @@ struct ResumeReport {
 }
 
 async fn native_resumed(State(e): State<Endpoint>, body: Bytes) -> Response {
-    if let Err(over) = e.within_rate() {
+    if let Some(over) = e.over_rate() {
         return over;
     }
     let de = &mut serde_json::Deserializer::from_slice(&body);
@@ -364,7 +327,7 @@ struct ProgressReport {
 
 async fn native_progress(State(e): State<Endpoint>, body: Bytes) -> Response {
     let bad = |m: String| (StatusCode::BAD_REQUEST, Json(json!({ "error": m }))).into_response();
-    if let Err(over) = e.within_rate() {
+    if let Some(over) = e.over_rate() {
         return over;
     }
     let de = &mut serde_json::Deserializer::from_slice(&body);
@@ -445,7 +408,7 @@ async fn azure_events(State(e): State<Endpoint>, headers: HeaderMap) -> Response
                 "DocumentIncarnation": 1,
                 "Events": [{
                     "EventId": format!("ebb-{}-{}", e.job, e.attempt),
-                    "EventType": if n.action == "cancel" { "Terminate" } else { "Preempt" },
+                    "EventType": match n.action { NoticeAction::Cancel => "Terminate", NoticeAction::Preempt => "Preempt" },
                     "ResourceType": "VirtualMachine",
                     "Resources": [e.node],
                     "EventStatus": "Scheduled",

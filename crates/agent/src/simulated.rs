@@ -56,7 +56,7 @@ use nix::sys::signal::Signal;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::metadata::Notice;
+use crate::notice::Notice;
 use crate::report::{now_ms, Reporter};
 use crate::supervisor::{NoticeTarget, Supervisor};
 
@@ -259,7 +259,7 @@ impl Simulated {
             return;
         };
         // A job that is done, or cancelled, does not run again.
-        if completed || ended.notice.is_some_and(|n| n.action == "cancel") {
+        if completed || ended.notice.is_some_and(|n| n.action == crate::notice::NoticeAction::Cancel) {
             self.checkpoints.forget(a.job);
         }
         tracing::info!(node = self.node, job = a.job, attempt = a.attempt, ?code, ?signal, "exited");

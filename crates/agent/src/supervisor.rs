@@ -33,7 +33,8 @@ use crate::checkpoints::{self, AttemptUploads, Checkpoints};
 use crate::dirs;
 use crate::identity::{self, Identity};
 use crate::ledger::{self, Ledger};
-use crate::metadata::{self, Notice};
+use crate::metadata;
+use crate::notice::Notice;
 use crate::output::{OutputLimits, Readers};
 use crate::report::{now_ms, Reporter};
 use crate::spawn;
@@ -413,7 +414,13 @@ impl Processes {
             .acquire(&image.reference, &image.digest, login.as_ref(), progress)
             .await
             .map_err(|e| e.to_string())?;
-        tracing::info!(job = a.job, attempt = a.attempt, image = image.digest, downloaded = lease.downloaded, "image ready");
+        tracing::info!(
+            job = a.job,
+            attempt = a.attempt,
+            image = image.digest,
+            downloaded = lease.downloaded,
+            "image ready"
+        );
         self.reporter.send(AgentEvent::Pulled {
             attempt: a,
             downloaded_bytes: lease.downloaded,
@@ -456,7 +463,8 @@ impl Processes {
                 let spec: serde_json::Value =
                     serde_json::from_slice(&text).map_err(|e| format!("CDI spec {}: {e}", path.display()))?;
                 let names: Vec<String> = s.gpus.iter().map(u8::to_string).collect();
-                let edits = container::cdi_edits(&spec, &names).map_err(|e| format!("{}: {e}", path.display()))?;
+                let edits =
+                    container::cdi_edits(&spec, &names).map_err(|e| format!("{}: {e}", path.display()))?;
                 // Inside, the container's GPUs are its only ones, from 0.
                 env.insert("NVIDIA_VISIBLE_DEVICES".into(), names.join(","));
                 env.insert(
@@ -503,7 +511,8 @@ impl Processes {
         // The shim stays root; the job inside is the tenant's.
         let root = Identity { switch: false, ..p.who.clone() };
         let join = p.cgroup.as_ref().map_or_else(Vec::new, |ready| ready.join.fds());
-        let request = spawn::Request { argv: &argv, env: &shim_env, cwd: &p.run_dir, who: &root, join: &join };
+        let request =
+            spawn::Request { argv: &argv, env: &shim_env, cwd: &p.run_dir, who: &root, join: &join };
         let child = spawn::spawn(&request)
             .map_err(|e| format!("cannot start the container shim {}: {}", exe.display(), e.cause()))?;
         Ok((child, Some(Shim { error_file: bundle.error_file(), id })))
@@ -579,9 +588,11 @@ impl Processes {
         };
         // A container that never ran: why, for the timeline.
         let start_error = match (&image, code) {
-            (Some((_, shim)), Some(crate::container::NOT_STARTED)) => std::fs::read_to_string(&shim.error_file)
-                .ok()
-                .map(|e| e.chars().take(ebb_api::MAX_START_ERROR_CHARS).collect::<String>()),
+            (Some((_, shim)), Some(crate::container::NOT_STARTED)) => {
+                std::fs::read_to_string(&shim.error_file)
+                    .ok()
+                    .map(|e| e.chars().take(ebb_api::MAX_START_ERROR_CHARS).collect::<String>())
+            }
             _ => None,
         };
         // Without cgroups, the ledger is rewritten at the next start;

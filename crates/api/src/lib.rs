@@ -221,18 +221,10 @@ pub struct Job {
     /// `GET /v1/jobs/{id}`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub usage: Vec<Usage>,
-    /// Why a queued job waits, as a stable code: `resources` (not enough
-    /// free GPUs), `priority` (behind earlier work that waits for the same
-    /// GPUs), `whole_nodes` (a gang short of whole free nodes),
-    /// `reservation_cap` (on-demand may not use reserved GPUs),
-    /// `reservation_full` (its tenant's reservation is in use),
-    /// `reservation_not_started`, `reclaimed` (the operator's reclaim),
-    /// `no_capacity` (not that many GPUs in service), `victims_draining`
-    /// (GPUs held for it while preemptible jobs drain), `backoff` (a
-    /// restart back-off), `tenant_limit`, `scheduling` (not yet looked at).
-    /// Absent unless the job is queued.
+    /// Why a queued job waits, as a stable code (`PendingReason`). Absent
+    /// unless the job is queued.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pending_reason: Option<String>,
+    pub pending_reason: Option<PendingReason>,
     /// The reason as a sentence, with the numbers (which jobs, until when).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pending_detail: Option<String>,
@@ -479,6 +471,80 @@ pub struct JobEvent {
     /// Kind-specific details (node, deadline, exit code, reason, ...).
     #[schema(value_type = Object)]
     pub detail: serde_json::Value,
+}
+
+/// Why a queued job waits, as a stable code; `pending_detail` says it as
+/// a sentence with the numbers. The names are an interface: scripts match
+/// on them, and `/metrics` labels `ebb_jobs_queued` with them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PendingReason {
+    /// Not enough free GPUs of its model.
+    Resources,
+    /// Behind earlier work that waits for the same GPUs.
+    Priority,
+    /// A gang short of whole free nodes.
+    WholeNodes,
+    /// On-demand work may not use reserved GPUs.
+    ReservationCap,
+    /// Its tenant's reservation is in use.
+    ReservationFull,
+    /// Its tenant's reservation has not started.
+    ReservationNotStarted,
+    /// The operator's reclaim limit on preemptible work.
+    Reclaimed,
+    /// Not that many GPUs of its model in service.
+    NoCapacity,
+    /// GPUs are held for it while preemptible jobs drain.
+    VictimsDraining,
+    /// A restart back-off after quick exits.
+    Backoff,
+    /// Its tenant has as many jobs admitted as its limit.
+    TenantLimit,
+    /// Not yet looked at by the scheduler.
+    Scheduling,
+}
+
+impl PendingReason {
+    /// Every reason, in the order the documentation lists them.
+    pub const ALL: [PendingReason; 12] = [
+        PendingReason::Resources,
+        PendingReason::Priority,
+        PendingReason::WholeNodes,
+        PendingReason::ReservationCap,
+        PendingReason::ReservationFull,
+        PendingReason::ReservationNotStarted,
+        PendingReason::Reclaimed,
+        PendingReason::NoCapacity,
+        PendingReason::VictimsDraining,
+        PendingReason::Backoff,
+        PendingReason::TenantLimit,
+        PendingReason::Scheduling,
+    ];
+
+    /// The code, as on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PendingReason::Resources => "resources",
+            PendingReason::Priority => "priority",
+            PendingReason::WholeNodes => "whole_nodes",
+            PendingReason::ReservationCap => "reservation_cap",
+            PendingReason::ReservationFull => "reservation_full",
+            PendingReason::ReservationNotStarted => "reservation_not_started",
+            PendingReason::Reclaimed => "reclaimed",
+            PendingReason::NoCapacity => "no_capacity",
+            PendingReason::VictimsDraining => "victims_draining",
+            PendingReason::Backoff => "backoff",
+            PendingReason::TenantLimit => "tenant_limit",
+            PendingReason::Scheduling => "scheduling",
+        }
+    }
+}
+
+impl std::fmt::Display for PendingReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// What happened to a job. The names are an interface: scripts match on
@@ -885,6 +951,9 @@ pub struct Command {
     pub action: Action,
 }
 
+// A start is most of what a node is sent; a command stream holds a few
+// at a time, so boxing it would save nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Action {

@@ -527,7 +527,7 @@ fn job_table(jobs: &[api::Job], now_ms: u64) -> String {
                 .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
                 .map_or_else(|| "?".into(), |t| Span(now_ms.saturating_sub(t.as_millis() as u64)).human()),
             if node.is_empty() { "-".into() } else { node },
-            j.pending_reason.clone().unwrap_or_else(|| "-".into()),
+            j.pending_reason.map_or_else(|| "-".into(), |r| r.to_string()),
         ]);
     }
     for column in [0, 4, 6, 7] {
@@ -587,7 +587,7 @@ pub async fn show(conn: &Connection, id: u64, out: &JsonFlag) -> Result<String, 
         writeln!(text, "  image        {}  ({})", image.reference, image.digest).unwrap();
     }
     if let Some(p) = &job.pulling {
-        let percent = if p.total_bytes == 0 { 100 } else { p.done_bytes * 100 / p.total_bytes };
+        let percent = (p.done_bytes.saturating_mul(100)).checked_div(p.total_bytes).unwrap_or(100);
         writeln!(text, "  pulling      {}, {percent}% on {}", human_bytes(p.total_bytes), p.node).unwrap();
     }
     let workdir = job.workdir.as_deref().unwrap_or("a fresh directory on its node");

@@ -138,6 +138,19 @@ pub struct State {
     queued_by_tier: [u32; 3],
 }
 
+/// A run the edge puts back at restart (`State::restore_run`): attempt
+/// `attempt` on `alloc` since `started_at`, with its preemptions so far,
+/// its last checkpoint, and its drain notice if it was draining.
+#[derive(Clone, Debug)]
+pub struct RestoredRun {
+    pub attempt: Attempt,
+    pub preemptions: u32,
+    pub alloc: Vec<(NodeId, u64)>,
+    pub started_at: Time,
+    pub last_checkpoint_at: Option<Time>,
+    pub notice: Option<Notice>,
+}
+
 impl State {
     pub fn new() -> State {
         State::default()
@@ -550,19 +563,10 @@ impl State {
     }
 
     /// Puts back a job that was running when the edge restarted: `spec`
-    /// as submitted, attempt `attempt` on `alloc` since `started_at`, with
-    /// its last checkpoint and its drain notice if it was draining. Refused if the GPUs are not
-    /// free on up nodes of one model, or the shape is wrong.
-    pub fn restore_run(
-        &mut self,
-        spec: JobSpec,
-        attempt: Attempt,
-        preemptions: u32,
-        alloc: Vec<(NodeId, u64)>,
-        started_at: Time,
-        last_checkpoint_at: Option<Time>,
-        notice: Option<Notice>,
-    ) -> Result<(), StateError> {
+    /// as submitted, and its run as the edge recorded it. Refused if the
+    /// GPUs are not free on up nodes of one model, or the shape is wrong.
+    pub fn restore_run(&mut self, spec: JobSpec, run: RestoredRun) -> Result<(), StateError> {
+        let RestoredRun { attempt, preemptions, alloc, started_at, last_checkpoint_at, notice } = run;
         let id = spec.id;
         if self.jobs.contains_key(&id) {
             return Err(StateError::Conflict(format!("job {id}: already known")));
@@ -590,8 +594,19 @@ impl State {
         let (tier, tenant) = (spec.tier, spec.tenant);
         let phase = if notice.is_some() { Phase::Draining } else { Phase::Running };
         let run = Run { attempt, model, alloc: alloc.clone(), started_at, last_checkpoint_at };
-        self.jobs
-            .insert(id, Job { spec, attempt, preemptions, phase, run: Some(run), notice, drilled: false, last_node: None });
+        self.jobs.insert(
+            id,
+            Job {
+                spec,
+                attempt,
+                preemptions,
+                phase,
+                run: Some(run),
+                notice,
+                drilled: false,
+                last_node: None,
+            },
+        );
         if phase == Phase::Running {
             self.adjust_usage(tier, tenant, model, gpus as i64);
         }

@@ -360,7 +360,17 @@ proptest! {
                 };
                 let preemptions = if preemptible { preemptions } else { 0 };
                 c.state
-                    .restore_run(spec, Attempt(preemptions + 1), preemptions, vec![(node, mask)], started, checkpoint, None)
+                    .restore_run(
+                        spec,
+                        RestoredRun {
+                            attempt: Attempt(preemptions + 1),
+                            preemptions,
+                            alloc: vec![(node, mask)],
+                            started_at: started,
+                            last_checkpoint_at: checkpoint,
+                            notice: None,
+                        },
+                    )
                     .unwrap();
                 next += 1;
                 free -= gpus;

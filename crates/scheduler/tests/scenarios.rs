@@ -470,26 +470,12 @@ fn a_restart_restores_running_work_and_a_lost_attempt_requeues_uncounted() {
     // A fresh core, as after a server restart: the node joins, the running
     // job is put back on exactly its GPUs.
     let mut fresh = Cluster::new(1, 4);
-    fresh
-        .state
-        .restore_run(
-            spec.clone(),
-            run.attempt,
-            0,
-            run.alloc.clone(),
-            run.started_at,
-            run.last_checkpoint_at,
-            None,
-        )
-        .unwrap();
+    fresh.state.restore_run(spec.clone(), restored(&run, 0, None)).unwrap();
     fresh.state.sanity_check().unwrap();
     // Its GPUs are not free; a second restore onto them is refused.
     let mut twin = spec.clone();
     twin.id = JobId(99);
-    assert!(fresh
-        .state
-        .restore_run(twin, run.attempt, 0, run.alloc.clone(), run.started_at, run.last_checkpoint_at, None)
-        .is_err());
+    assert!(fresh.state.restore_run(twin, restored(&run, 0, None)).is_err());
     // The attempt vanished (its node restarted): requeued, neither a
     // failure nor a preemption.
     let attempt = fresh.attempt(running);
@@ -519,18 +505,7 @@ fn a_restored_hold_waits_for_its_victims_instead_of_preempting_again() {
     for id in [v1, v2] {
         let job = c.state.job(id).unwrap();
         let run = job.run.clone().unwrap();
-        fresh
-            .state
-            .restore_run(
-                job.spec.clone(),
-                run.attempt,
-                0,
-                run.alloc,
-                run.started_at,
-                run.last_checkpoint_at,
-                job.notice,
-            )
-            .unwrap();
+        fresh.state.restore_run(job.spec.clone(), restored(&run, 0, job.notice)).unwrap();
     }
     fresh.state.submit(c.state.job(od).unwrap().spec.clone()).unwrap();
     fresh.state.restore_hold(od, hold.clone(), &[v2]).unwrap();
@@ -808,9 +783,15 @@ fn a_drill_does_not_make_a_job_settling_and_so_does_not_change_the_victim() {
     let oscar_run = oscar_job.run.clone().unwrap();
     fresh
         .state
-        .restore_run(oscar_job.spec, oscar_run.attempt, 0, oscar_run.alloc, oscar_run.started_at, None, None)
+        .restore_run(
+            oscar_job.spec,
+            RestoredRun { last_checkpoint_at: None, ..restored(&oscar_run, 0, None) },
+        )
         .unwrap();
-    fresh.state.restore_run(job.spec, run.attempt, 1, run.alloc, run.started_at, None, None).unwrap();
+    fresh
+        .state
+        .restore_run(job.spec, RestoredRun { last_checkpoint_at: None, ..restored(&run, 1, None) })
+        .unwrap();
     assert!(fresh.state.job(tina).unwrap().settling(fresh.now, fresh.config.min_runtime), "not yet told");
     fresh.state.restore_drilled(tina).unwrap();
     for cluster in [&mut c, &mut fresh] {
@@ -877,4 +858,20 @@ fn a_requeued_job_goes_back_to_the_node_it_ran_on_when_the_fit_is_equal() {
     assert_eq!(c.nodes_of(half), emptied);
     assert_eq!(c.nodes_of(job), emptied, "the half-full node fits better than the empty one it ran on");
     assert_ne!(c.nodes_of(job), ran_on);
+}
+
+/// A run as the edge would restore it: `run`'s attempt, GPUs and times.
+fn restored(
+    run: &ebb_scheduler::Run,
+    preemptions: u32,
+    notice: Option<ebb_scheduler::Notice>,
+) -> RestoredRun {
+    RestoredRun {
+        attempt: run.attempt,
+        preemptions,
+        alloc: run.alloc.clone(),
+        started_at: run.started_at,
+        last_checkpoint_at: run.last_checkpoint_at,
+        notice,
+    }
 }

@@ -675,8 +675,8 @@ pub fn series(ledger: &Ledger, from: u64, to: u64, step_ms: u64) -> api::ReportS
         let charged_until = |t: u64| reserved_in(r, from, t).1;
         for (i, _) in buckets_of((r.start_ms, r.end_ms)) {
             let (start, end) = bounds(i);
-            reservation_revenue[i] =
-                reservation_revenue[i].saturating_add(charged_until(end).saturating_sub(charged_until(start)));
+            reservation_revenue[i] = reservation_revenue[i]
+                .saturating_add(charged_until(end).saturating_sub(charged_until(start)));
         }
     }
     let buckets = (0..n)

@@ -109,20 +109,20 @@ impl Counters {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct QueueKey {
     pub tier: &'static str,
-    /// The job's `pending_reason` code.
-    pub reason: &'static str,
+    /// The job's `pending_reason`.
+    pub reason: ebb_api::PendingReason,
 }
 
 impl QueueKey {
     /// Every series, so that each is exported at zero too.
     fn all() -> impl Iterator<Item = QueueKey> {
         TIERS.into_iter().flat_map(|tier| {
-            crate::engine::PENDING_REASONS.into_iter().map(move |reason| QueueKey { tier, reason })
+            ebb_api::PendingReason::ALL.into_iter().map(move |reason| QueueKey { tier, reason })
         })
     }
 
     fn labels(&self) -> Labels {
-        vec![("tier".into(), self.tier.into()), ("reason".into(), self.reason.into())]
+        vec![("tier".into(), self.tier.into()), ("reason".into(), self.reason.as_str().into())]
     }
 }
 
@@ -318,7 +318,7 @@ mod tests {
             "ebb_drills_total{verdict=\"failed\"}".into(),
         ];
         for tier in TIERS {
-            for reason in crate::engine::PENDING_REASONS {
+            for reason in ebb_api::PendingReason::ALL {
                 series.push(format!("ebb_jobs_queued{{tier=\"{tier}\",reason=\"{reason}\"}}"));
             }
             series.push(format!("ebb_revenue_usd_total{{tier=\"{tier}\"}}"));

@@ -327,7 +327,9 @@ impl Store for PgStore {
                 .tenant_limits
                 .push((r.get::<_, i64>(0) as u32, serde_json::from_str(r.get::<_, &str>(1))?));
         }
-        for r in c.query("SELECT tenant, registry, record FROM registry_logins ORDER BY tenant, registry", &[])? {
+        for r in
+            c.query("SELECT tenant, registry, record FROM registry_logins ORDER BY tenant, registry", &[])?
+        {
             snapshot.registry_logins.push((
                 r.get::<_, i64>(0) as u32,
                 r.get(1),

@@ -725,10 +725,12 @@ impl Store for SqliteStore {
         for (tenant, record) in limits {
             snapshot.tenant_limits.push((tenant, serde_json::from_str(&record)?));
         }
-        let mut stmt =
-            self.conn.prepare("SELECT tenant, registry, record FROM registry_logins ORDER BY tenant, registry")?;
-        let logins: Vec<(u32, String, String)> =
-            stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?.collect::<rusqlite::Result<_>>()?;
+        let mut stmt = self
+            .conn
+            .prepare("SELECT tenant, registry, record FROM registry_logins ORDER BY tenant, registry")?;
+        let logins: Vec<(u32, String, String)> = stmt
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+            .collect::<rusqlite::Result<_>>()?;
         for (tenant, registry, record) in logins {
             snapshot.registry_logins.push((tenant, registry, serde_json::from_str(&record)?));
         }
@@ -1010,16 +1012,18 @@ impl Store for SqliteStore {
         login: Option<&ebb_api::RegistryLogin>,
     ) -> Result<()> {
         match login {
-            Some(login) => self.run(
-                "INSERT OR REPLACE INTO registry_logins (tenant, registry, record) VALUES (?1, ?2, ?3)",
-                params![tenant, registry, serde_json::to_string(login)?],
-            )
-            .map(drop),
-            None => self.run(
-                "DELETE FROM registry_logins WHERE tenant = ?1 AND registry = ?2",
-                params![tenant, registry],
-            )
-            .map(drop),
+            Some(login) => self
+                .run(
+                    "INSERT OR REPLACE INTO registry_logins (tenant, registry, record) VALUES (?1, ?2, ?3)",
+                    params![tenant, registry, serde_json::to_string(login)?],
+                )
+                .map(drop),
+            None => self
+                .run(
+                    "DELETE FROM registry_logins WHERE tenant = ?1 AND registry = ?2",
+                    params![tenant, registry],
+                )
+                .map(drop),
         }
     }
 

@@ -43,7 +43,7 @@ impl Server {
             checkpoint_store: None,
             max_clock_skew: Span(5_000),
             gang_exit_grace: Span(600_000),
-        images: Default::default(),
+            images: Default::default(),
         };
         let store = SqliteStore::open(&dir.join("ebb.db")).unwrap();
         let (engine, _) = Engine::open(store, config, Arc::new(RwLock::new(HashMap::new())), NOW)

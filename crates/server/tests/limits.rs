@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
-use ebb_api::{Action, AgentEvent, AttemptRef, JobSubmission, Register, Report, StartAttempt};
+use ebb_api::{Action, AgentEvent, AttemptRef, JobSubmission, PendingReason, Register, Report, StartAttempt};
 use ebb_core::Span;
 use ebb_server::billing::Pricing;
 use ebb_server::engine::{Engine, EngineConfig, JobQuery, JobState, Msg};
@@ -206,7 +206,7 @@ fn a_service_that_keeps_exiting_quickly_backs_off_exponentially() {
         if run == 3 {
             let shown = w.job(id);
             assert_eq!(shown.state, "queued");
-            assert_eq!(shown.pending_reason.as_deref(), Some("backoff"));
+            assert_eq!(shown.pending_reason, Some(PendingReason::Backoff));
             let why = shown.pending_detail.expect("a waiting reason");
             assert!(why.starts_with("restart back-off until") && why.contains("3 quick exits"), "{why}");
             w.restart();
@@ -241,7 +241,7 @@ fn a_tenant_at_its_running_limit_waits_its_turn_in_submission_order() {
     }
     let waiting = w.job(ids[2]);
     assert_eq!(waiting.state, "queued");
-    assert_eq!(waiting.pending_reason.as_deref(), Some("tenant_limit"));
+    assert_eq!(waiting.pending_reason, Some(PendingReason::TenantLimit));
     assert!(waiting.pending_detail.unwrap().contains("has 2 jobs admitted, its limit (ebb tenant limits"));
     // The limit survives a restart; an ended job admits the oldest waiting one.
     w.restart();
@@ -385,7 +385,7 @@ fn an_operator_sets_one_tenants_limits_and_raising_them_admits_at_once() {
     assert_eq!((usage.jobs, usage.admitted, usage.waiting), (3, 1, 2));
     // Kept across a restart; raised, the waiting jobs start at once.
     w.restart();
-    assert_eq!(w.job(ids[1]).pending_reason.as_deref(), Some("tenant_limit"));
+    assert_eq!(w.job(ids[1]).pending_reason, Some(PendingReason::TenantLimit));
     let three = ebb_api::TenantLimits { max_running_jobs: Some(3), ..Default::default() };
     set(&mut w, &admin, three).unwrap();
     let started: Vec<u64> = w.starts().iter().map(|s| s.attempt.job).collect();

@@ -219,7 +219,7 @@ fn the_lease_goes_to_one_server_and_fences_off_a_deposed_one() {
     admin.batch_execute("UPDATE leader SET expires_at = now() - interval '1 second'").unwrap();
     assert!(b.lease().unwrap().open);
     assert_eq!(b.take_lease("http://b", 60_000).unwrap(), Some(2));
-    let err = a.begin().err().expect("a deposed leader's transaction is refused");
+    let err = a.begin().expect_err("a deposed leader's transaction is refused");
     assert!(
         err.to_string().contains("deposed: this server led at epoch 1, and the database is at epoch 2"),
         "{err}"
@@ -292,7 +292,8 @@ fn lists_jobs<S: Store>(store: &mut S) {
     store.put_tenant(&TenantRow { id: 1, name: "default".into() }).unwrap();
     store.put_tenant(&TenantRow { id: 2, name: "acme".into() }).unwrap();
     // (id, tenant, state, tier, gpus, name, array)
-    let jobs: [(u64, u32, &str, &str, u32, Option<&str>, Option<(u64, u64)>); 9] = [
+    type Listed = (u64, u32, &'static str, &'static str, u32, Option<&'static str>, Option<(u64, u64)>);
+    let jobs: [Listed; 9] = [
         (1, 1, "succeeded", "on-demand", 2, Some("train-a"), None),
         (2, 2, "failed", "preemptible", 4, None, None),
         (3, 1, "queued", "preemptible", 1, Some("sweep"), Some((3, 0))),

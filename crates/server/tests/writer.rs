@@ -894,7 +894,6 @@ fn recount(env: &mut TestEnv<SqliteStore>) -> ebb_server::metrics::Snapshot {
         ebb_server::metrics::JOB_STATES
             .iter()
             .chain(ebb_server::metrics::TIERS.iter())
-            .chain(ebb_server::engine::PENDING_REASONS.iter())
             .find(|n| **n == s)
             .copied()
             .unwrap_or_else(|| panic!("unknown name {s}"))
@@ -907,7 +906,7 @@ fn recount(env: &mut TestEnv<SqliteStore>) -> ebb_server::metrics::Snapshot {
             "starting" | "running" => "running",
             "draining" => "draining",
             "queued" => {
-                let reason = name(job.pending_reason.as_deref().unwrap_or("scheduling"));
+                let reason = job.pending_reason.unwrap_or(ebb_api::PendingReason::Scheduling);
                 *counted.queued.entry(ebb_server::metrics::QueueKey { tier, reason }).or_insert(0) += 1;
                 continue;
             }
@@ -1449,29 +1448,44 @@ fn registry_logins_are_the_tenants_own_and_ride_only_with_its_starts() {
     assert!(refused.message.contains("tenant alice's jobs must name an image"), "{}", refused.message);
     submit(&mut env, &bob, bare.clone()).expect("bob is not required to");
 
-    let login = |username: &str| ebb_api::RegistryLogin { username: username.into(), password: "s3cret".into() };
-    let set = |env: &mut TestEnv, who: &Principal, tenant: &str, registry: &str, l: Option<ebb_api::RegistryLogin>| {
+    let login =
+        |username: &str| ebb_api::RegistryLogin { username: username.into(), password: "s3cret".into() };
+    let set = |env: &mut TestEnv,
+               who: &Principal,
+               tenant: &str,
+               registry: &str,
+               l: Option<ebb_api::RegistryLogin>| {
         let (principal, tenant, set) = (who.clone(), tenant.to_string(), Some((registry.to_string(), l)));
         env.call(|reply| Msg::RegistryLogins { principal, tenant, set, reply })
     };
     let listed = set(&mut env, &alice, "alice", "127.0.0.1:5000", Some(login("alice"))).unwrap();
-    assert_eq!(listed, vec![ebb_api::RegistryLoginInfo { registry: "127.0.0.1:5000".into(), username: "alice".into() }]);
+    assert_eq!(
+        listed,
+        vec![ebb_api::RegistryLoginInfo { registry: "127.0.0.1:5000".into(), username: "alice".into() }]
+    );
     let e = set(&mut env, &bob, "alice", "127.0.0.1:5000", Some(login("bob"))).unwrap_err();
     assert_eq!(e.status, 404, "another tenant's logins are as good as absent");
     for (registry, l, field) in [
         ("not a host", Some(login("a")), "registry"),
         ("127.0.0.1:5000/path", Some(login("a")), "registry"),
         ("127.0.0.1:5000", Some(login("a:b")), "username"),
-        ("127.0.0.1:5000", Some(ebb_api::RegistryLogin { username: "a".into(), password: "x".repeat(4097) }), "password"),
+        (
+            "127.0.0.1:5000",
+            Some(ebb_api::RegistryLogin { username: "a".into(), password: "x".repeat(4097) }),
+            "password",
+        ),
     ] {
         let e = set(&mut env, &alice, "alice", registry, l).unwrap_err();
         assert_eq!(e.status, 422, "{registry}");
         assert!(e.message.starts_with(field), "{}", e.message);
     }
     env.restart();
-    let kept = env.call(|reply| Msg::RegistryLoginFor { tenant: 2, registry: "127.0.0.1:5000".into(), reply });
+    let kept =
+        env.call(|reply| Msg::RegistryLoginFor { tenant: 2, registry: "127.0.0.1:5000".into(), reply });
     assert_eq!(kept.map(|l| l.username), Some("alice".to_string()), "kept across a restart");
-    assert!(env.call(|reply| Msg::RegistryLoginFor { tenant: 3, registry: "127.0.0.1:5000".into(), reply }).is_none());
+    assert!(env
+        .call(|reply| Msg::RegistryLoginFor { tenant: 3, registry: "127.0.0.1:5000".into(), reply })
+        .is_none());
 
     // Alice's job in an image from that registry starts with her login and
     // as root inside (the operator allowed it); bob's from the same
@@ -1495,9 +1509,13 @@ fn registry_logins_are_the_tenants_own_and_ride_only_with_its_starts() {
             _ => None,
         })
         .collect();
-    let image_of = |id: u64| starts.iter().find(|s| s.attempt.job == id).and_then(|s| s.image.clone()).unwrap();
+    let image_of =
+        |id: u64| starts.iter().find(|s| s.attempt.job == id).and_then(|s| s.image.clone()).unwrap();
     let (h, b) = (image_of(hers), image_of(his));
-    assert_eq!((h.digest.as_str(), h.username.as_deref(), h.password.as_deref(), h.root), (digest.as_str(), Some("alice"), Some("s3cret"), true));
+    assert_eq!(
+        (h.digest.as_str(), h.username.as_deref(), h.password.as_deref(), h.root),
+        (digest.as_str(), Some("alice"), Some("s3cret"), true)
+    );
     assert_eq!((b.username, b.password, b.root), (None, None, false));
     assert!(!format!("{h:?}").contains("s3cret"), "a start's Debug never shows the password");
     let shown = env.job(hers).unwrap();
@@ -1506,5 +1524,7 @@ fn registry_logins_are_the_tenants_own_and_ride_only_with_its_starts() {
     // Removed: gone, and after a restart too.
     assert!(set(&mut env, &alice, "alice", "127.0.0.1:5000", None).unwrap().is_empty());
     env.restart();
-    assert!(env.call(|reply| Msg::RegistryLoginFor { tenant: 2, registry: "127.0.0.1:5000".into(), reply }).is_none());
+    assert!(env
+        .call(|reply| Msg::RegistryLoginFor { tenant: 2, registry: "127.0.0.1:5000".into(), reply })
+        .is_none());
 }

@@ -291,6 +291,8 @@ fn submission() -> impl Strategy<Value = JobSubmission> {
         )
 }
 
+// A generated input: its size in memory does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 enum Step {
     Submit {

@@ -1,6 +1,6 @@
 """`ebb_sdk.drill` against a stand-in for the server's API: what it sends,
 how it follows the drill, what it returns and how it fails. The drill
-itself, on a real cluster, is exercised from crates/cli/tests/drill.rs."""
+itself, on a real cluster, is exercised from crates/cli/tests/e2e/drill.rs."""
 
 import json
 import threading

@@ -14,7 +14,7 @@ use nix::sys::signal::Signal;
 use tokio::sync::watch;
 
 use super::{NoticeTarget, Supervisor};
-use crate::metadata::Notice;
+use crate::notice::Notice;
 use crate::report::{now_ms, Queue, Reporter};
 
 /// What the fake was asked to do, in order.

@@ -2,11 +2,9 @@
 //! at and past their limits, a service that exits at once for ever, a
 //! server that dies under `ebb up`.
 
-mod cluster;
-
 use std::time::Duration;
 
-use cluster::{wait_for, Cluster, Options, Up};
+use crate::support::{wait_for, Cluster, Options, Up};
 use serde_json::{json, Value};
 
 fn post(c: &Cluster, token: &str, path: &str, body: Value) -> (u16, Value) {

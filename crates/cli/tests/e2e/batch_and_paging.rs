@@ -2,14 +2,12 @@
 //! transaction, all or none; and keyset paging that returns every job
 //! exactly once while others are being submitted.
 
-mod cluster;
-
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use cluster::{Cluster, Options};
+use crate::support::{Cluster, Options};
 use serde_json::{json, Value};
 
 fn http() -> reqwest::blocking::Client {

@@ -3,13 +3,11 @@
 //! the end of `--grace`; `/metrics` exports every series from the first
 //! scrape and counts a preemption as it happens.
 
-mod cluster;
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use cluster::{events, wait_for, Cluster, Options, Up};
+use crate::support::{events, wait_for, Cluster, Options, Up};
 use serde_json::Value;
 
 fn now_ms() -> u64 {
@@ -156,7 +154,7 @@ fn metrics_export_every_series_at_zero_and_count_a_preemption_as_the_report_does
         "ebb_checkpoints_total".into(),
     ];
     for tier in ["reserved", "on-demand", "preemptible"] {
-        for reason in ebb_server::engine::PENDING_REASONS {
+        for reason in ebb_api::PendingReason::ALL {
             zero.push(format!("ebb_jobs_queued{{tier=\"{tier}\",reason=\"{reason}\"}}"));
         }
         zero.push(format!("ebb_revenue_usd_total{{tier=\"{tier}\"}}"));

@@ -4,13 +4,12 @@
 //! — a directory (`file://`) or a real S3-compatible service on loopback
 //! (moto's server) — never from a partial upload or a damaged object.
 
-mod cluster;
-
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::Duration;
 
-use cluster::{wait_for, Cluster, Options, RunAs};
+use crate::support;
+use crate::support::{wait_for, Cluster, Options, RunAs};
 
 /// A job that resumes from the newest `ckpt-<step>.ckpt` in its checkpoint
 /// directory (checking its content), then saves a step every 0.3 s as the
@@ -416,7 +415,7 @@ fn a_bad_checkpoint_store_stops_the_server_at_start_naming_the_flag() {
     let s3 = moto();
     let run = |args: &[&str], env: &[(&str, &str)]| {
         let dir = store_dir();
-        let out = Command::new(cluster::ebb_exe())
+        let out = Command::new(support::ebb_exe())
             .args(["server", "--listen", "127.0.0.1:0", "--data-dir", dir.join("server").to_str().unwrap()])
             .args(args)
             .env_remove("AWS_ACCESS_KEY_ID")

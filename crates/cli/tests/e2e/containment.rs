@@ -3,12 +3,10 @@
 //! everything it starts — `setsid` children and double-forked daemons
 //! included — lives in the attempt's cgroup and dies with the attempt.
 
-mod cluster;
-
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::time::{Duration, Instant};
 
-use cluster::{pid_alive, read_env, wait_for, Cluster, Options, RunAs, AGENT_CANARY};
+use crate::support::{pid_alive, read_env, wait_for, Cluster, Options, RunAs, AGENT_CANARY};
 use serde_json::Value;
 
 fn create_tenant(c: &Cluster, name: &str) -> String {

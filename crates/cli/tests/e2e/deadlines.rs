@@ -4,11 +4,9 @@
 //! no longer does; its attempt is billed at each rate for its own
 //! seconds, and the invoice shows both.
 
-mod cluster;
-
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use cluster::{events, Cluster, Options};
+use crate::support::{events, Cluster, Options};
 use serde_json::Value;
 
 const MODEL: &str = "H100-80GB";

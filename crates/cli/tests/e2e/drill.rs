@@ -3,12 +3,10 @@
 //! SDK (on the nodes' PYTHONPATH), each given a real notice with its
 //! cluster's drain window.
 
-mod cluster;
-
 use std::process::Output;
 use std::time::Duration;
 
-use cluster::{events, repo_root, wait_for, Cluster, Options};
+use crate::support::{events, repo_root, wait_for, Cluster, Options};
 use serde_json::Value;
 
 /// A job that is ready: it resumes from its latest checkpoint with the

@@ -3,11 +3,10 @@
 //! `submit --json` gives every id on one line, `cancel` takes several jobs
 //! and a whole array, and a finished job cannot be cancelled.
 
-mod cluster;
-
 use std::time::Duration;
 
-use cluster::{Cluster, Options};
+use crate::support;
+use crate::support::{Cluster, Options};
 use serde_json::Value;
 
 fn stderr(out: &std::process::Output) -> String {
@@ -205,7 +204,7 @@ fn undrain_and_releasing_a_reclaim_undo_what_the_operator_did_and_a_reclaim_surv
 fn an_unreachable_or_wrong_server_is_said_plainly_and_ebb_up_on_a_port_in_use_writes_nothing() {
     use std::io::{Read, Write};
     let ebb = |server: &str| {
-        let out = std::process::Command::new(cluster::ebb_exe())
+        let out = std::process::Command::new(support::ebb_exe())
             .args(["jobs", "--server", server, "--token", "x"])
             .env_remove("EBB_CONFIG")
             .output()
@@ -246,7 +245,7 @@ fn an_unreachable_or_wrong_server_is_said_plainly_and_ebb_up_on_a_port_in_use_wr
     // `ebb up` on that port: said at once, nothing written.
     let dir = std::env::temp_dir().join(format!("ebb-busy-port-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let out = std::process::Command::new(cluster::ebb_exe())
+    let out = std::process::Command::new(support::ebb_exe())
         .args(["up", "--port", &port.to_string(), "--data-dir"])
         .arg(&dir)
         .output()
@@ -261,7 +260,7 @@ fn an_unreachable_or_wrong_server_is_said_plainly_and_ebb_up_on_a_port_in_use_wr
 #[test]
 fn completions_and_manual_pages_come_from_the_command_itself() {
     let ebb = |args: &[&str]| {
-        let out = std::process::Command::new(cluster::ebb_exe())
+        let out = std::process::Command::new(support::ebb_exe())
             .args(args)
             .env_remove("EBB_SERVER")
             .output()
@@ -272,7 +271,7 @@ fn completions_and_manual_pages_come_from_the_command_itself() {
     let bash = ebb(&["completions", "bash"]);
     assert!(bash.contains("_ebb()") && bash.contains("undrain") && bash.contains("--gpu-model"), "{bash}");
     assert!(ebb(&["completions", "zsh"]).starts_with("#compdef ebb"));
-    let out = std::process::Command::new(cluster::ebb_exe()).args(["completions", "tcsh"]).output().unwrap();
+    let out = std::process::Command::new(support::ebb_exe()).args(["completions", "tcsh"]).output().unwrap();
     assert!(!out.status.success());
     assert!(
         stderr(&out).contains("possible values: bash, elvish, fish, powershell, zsh"),
@@ -499,7 +498,7 @@ fn a_job_runs_where_it_was_submitted_with_the_submitters_environment() {
         let mut args = vec!["submit", "--json"];
         args.extend_from_slice(extra);
         args.extend_from_slice(&["--", "bash", "-c", script]);
-        std::process::Command::new(cluster::ebb_exe())
+        std::process::Command::new(support::ebb_exe())
             .args(&args)
             .current_dir(&project)
             .env("EBB_SERVER", &c.url)
@@ -549,7 +548,7 @@ fn a_job_runs_where_it_was_submitted_with_the_submitters_environment() {
 fn a_comma_separated_server_list_is_tried_in_turn_and_a_request_is_sent_once() {
     let c = Cluster::start(Options { nodes: 1, gpus: 2, ..Options::default() });
     let run = |servers: &str, args: &[&str]| {
-        std::process::Command::new(cluster::ebb_exe())
+        std::process::Command::new(support::ebb_exe())
             .args(args)
             .env("EBB_SERVER", servers)
             .env("EBB_TOKEN", &c.admin)
@@ -586,7 +585,7 @@ fn a_minimum_run_time_over_a_day_or_not_a_duration_is_refused_naming_the_flag() 
         ("5 minutes", "invalid value '5 minutes' for '--min-runtime <MIN_RUNTIME>'"),
     ] {
         let dir = std::env::temp_dir().join(format!("ebb-min-runtime-flag-{}", std::process::id()));
-        let out = std::process::Command::new(cluster::ebb_exe())
+        let out = std::process::Command::new(support::ebb_exe())
             .args(["server", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(&dir)
             .args(["--min-runtime", value])
@@ -608,7 +607,7 @@ fn keeping_finished_jobs_over_a_week_or_not_a_duration_is_refused_naming_the_fla
         ("5 minutes", "invalid value '5 minutes' for '--keep-finished <KEEP_FINISHED>'"),
     ] {
         let dir = std::env::temp_dir().join(format!("ebb-keep-finished-flag-{}", std::process::id()));
-        let out = std::process::Command::new(cluster::ebb_exe())
+        let out = std::process::Command::new(support::ebb_exe())
             .args(["server", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(&dir)
             .args(["--keep-finished", value])
@@ -626,7 +625,7 @@ fn keeping_finished_jobs_over_a_week_or_not_a_duration_is_refused_naming_the_fla
 #[test]
 fn a_heartbeat_timeout_under_two_intervals_is_refused_before_anything_starts() {
     let dir = std::env::temp_dir().join(format!("ebb-heartbeat-flags-{}", std::process::id()));
-    let out = std::process::Command::new(cluster::ebb_exe())
+    let out = std::process::Command::new(support::ebb_exe())
         .args(["server", "--listen", "127.0.0.1:0", "--data-dir"])
         .arg(&dir)
         .args(["--heartbeat-interval", "10s", "--heartbeat-timeout", "15s"])

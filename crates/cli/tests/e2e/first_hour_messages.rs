@@ -5,12 +5,10 @@
 //! `ebb tenant list`; amounts to the cent and rates to four decimals; and
 //! help that offers `--server` only where a server is talked to.
 
-mod cluster;
-
 use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use cluster::{ebb_exe, read_env, wait_for, Cluster, Options};
+use crate::support::{ebb_exe, read_env, wait_for, Cluster, Options};
 use serde_json::Value;
 
 const MODEL: &str = "H100-80GB";

@@ -5,11 +5,9 @@
 //! binary as server and agent); forged calls are made with plain HTTP, as
 //! an attacker holding a token would make them.
 
-mod cluster;
-
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use cluster::{events, pid_alive, wait_for, Cluster, Options};
+use crate::support::{events, pid_alive, wait_for, Cluster, Options};
 use serde_json::{json, Value};
 
 const YEAR_MS: u64 = 365 * 24 * 3600 * 1000;

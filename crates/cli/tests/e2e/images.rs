@@ -3,12 +3,11 @@
 //! `skopeo`, root agents running them through `runc`, tenants who share
 //! the Unix user `nobody`.
 
-mod cluster;
-
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use cluster::{wait_for, Cluster, Options, RunAs};
+use crate::support;
+use crate::support::{wait_for, Cluster, Options, RunAs};
 use ebb_image::testing::{push_busybox_image, File, Registry, PASSWORD};
 use serde_json::Value;
 
@@ -77,10 +76,9 @@ fn jobs_run_in_their_images_resume_on_another_node_and_tenants_cannot_see_each_o
     let open = Registry::start(&work.join("open"));
     let locked = Registry::start_with_login(&work.join("locked"));
     let train = push_busybox_image(&work, &open.host, "train", "v1", &image_files(), None);
-    let private = push_busybox_image(&work, &locked.host, "private", "v1", &image_files(), Some(("alice", PASSWORD)));
-    let insecure = |flag: &str| {
-        [flag.to_string(), open.host.clone(), flag.to_string(), locked.host.clone()]
-    };
+    let private =
+        push_busybox_image(&work, &locked.host, "private", "v1", &image_files(), Some(("alice", PASSWORD)));
+    let insecure = |flag: &str| [flag.to_string(), open.host.clone(), flag.to_string(), locked.host.clone()];
     let c = Cluster::start(Options {
         nodes: 2,
         gpus: 4,
@@ -106,7 +104,10 @@ fn jobs_run_in_their_images_resume_on_another_node_and_tenants_cannot_see_each_o
 
     // A preemptible job in its image: the image's files, not the node's,
     // as the tenant's user (nobody), with its GPUs.
-    let job = c.submit_as(&alice, &["--image", &train, "--gpus", "2", "--env", "SECRET_A=alice-secret", "--", "/train.sh"]);
+    let job = c.submit_as(
+        &alice,
+        &["--image", &train, "--gpus", "2", "--env", "SECRET_A=alice-secret", "--", "/train.sh"],
+    );
     let first = wait_output(&c, job, "uid=");
     assert!(first.contains("uid=65534 marker=first"), "{first}");
     assert!(first.contains("host=unseen"), "the node's files are not in the container: {first}");
@@ -118,7 +119,8 @@ fn jobs_run_in_their_images_resume_on_another_node_and_tenants_cannot_see_each_o
     assert_eq!(shown["image"]["reference"], train.as_str());
     let pulled = event(&shown, "pulled");
     assert!(pulled[0]["detail"]["downloaded_bytes"].as_u64().unwrap() > 500_000, "{pulled:?}");
-    let show_text = String::from_utf8_lossy(&c.ebb_as(&alice, &["show", &job.to_string()]).stdout).to_string();
+    let show_text =
+        String::from_utf8_lossy(&c.ebb_as(&alice, &["show", &job.to_string()]).stdout).to_string();
     assert!(show_text.contains(&format!("image        {train}  ({digest})")), "{show_text}");
 
     // Tenant B, also nobody, in the same image on a node that has it: it
@@ -138,7 +140,8 @@ fn jobs_run_in_their_images_resume_on_another_node_and_tenants_cannot_see_each_o
     let said = c.output(peek);
     assert!(said.contains("secrets=0"), "{said}");
     assert!(said.contains("No such file or directory"), "A's checkpoints are not in B's container: {said}");
-    let processes: usize = said.split("processes=").nth(1).unwrap().lines().next().unwrap().trim().parse().unwrap();
+    let processes: usize =
+        said.split("processes=").nth(1).unwrap().lines().next().unwrap().trim().parse().unwrap();
     assert!(processes <= 5, "only its own processes: {said}");
     assert_eq!(open.blob_gets(), blobs, "the second job's node pulled nothing");
     assert_eq!(event(&seen, "pulled")[0]["detail"]["downloaded_bytes"], 0);
@@ -171,7 +174,9 @@ fn jobs_run_in_their_images_resume_on_another_node_and_tenants_cannot_see_each_o
     let marker = format!("stubborn-child-{}", std::process::id());
     let stubborn = c.submit_as(&alice, &["--image", &train, "--", "/stubborn.sh", &marker]);
     wait_output(&c, stubborn, "started");
-    wait_for("the setsid child", Duration::from_secs(10), || (!processes_with(&marker).is_empty()).then_some(()));
+    wait_for("the setsid child", Duration::from_secs(10), || {
+        (!processes_with(&marker).is_empty()).then_some(())
+    });
     let node = c.job(stubborn)["placement"][0]["node"].as_str().unwrap().to_string();
     c.ebb(&["drain", &node]);
     let requeued = c.wait_job(stubborn, "attempt 2", Duration::from_secs(30), |j| j["attempt"] == 2);
@@ -183,11 +188,15 @@ fn jobs_run_in_their_images_resume_on_another_node_and_tenants_cannot_see_each_o
     assert!((-100..1000).contains(&late), "killed {late} ms after the deadline: {notice} {exited}");
     assert_eq!(exited["detail"]["signal"], 9, "{exited}");
     c.ebb(&["undrain", &node]);
-    wait_for("attempt 2 to start", Duration::from_secs(30), || (c.output(stubborn).matches("started").count() >= 2).then_some(()));
+    wait_for("attempt 2 to start", Duration::from_secs(30), || {
+        (c.output(stubborn).matches("started").count() >= 2).then_some(())
+    });
     let cancelled_at = Instant::now();
     c.ebb_as(&alice, &["cancel", &stubborn.to_string()]);
     c.wait_state(stubborn, "cancelled");
-    wait_for("the setsid child to be gone", Duration::from_secs(10), || processes_with(&marker).is_empty().then_some(()));
+    wait_for("the setsid child to be gone", Duration::from_secs(10), || {
+        processes_with(&marker).is_empty().then_some(())
+    });
     assert!(cancelled_at.elapsed() < Duration::from_secs(10));
 
     // The tag moves after submit: the job runs what was resolved then.
@@ -230,7 +239,7 @@ fn jobs_run_in_their_images_resume_on_another_node_and_tenants_cannot_see_each_o
     let refused = c.ebb_as(&alice, &["submit", "--image", &private, "--", "cat", "/marker"]);
     assert!(String::from_utf8_lossy(&refused.stderr).contains("the registry refused the credentials"));
     let login = |token: &str, password: &str| {
-        let mut child = std::process::Command::new(cluster::ebb_exe())
+        let mut child = std::process::Command::new(support::ebb_exe())
             .args(["tenant", "registry-login", "alice", locked_host, "-u", "alice", "--password-stdin"])
             .env("EBB_SERVER", &c.url)
             .env("EBB_TOKEN", token)
@@ -249,7 +258,8 @@ fn jobs_run_in_their_images_resume_on_another_node_and_tenants_cannot_see_each_o
     let wrong = c.ebb_as(&alice, &["submit", "--image", &private, "--", "cat", "/marker"]);
     assert!(String::from_utf8_lossy(&wrong.stderr).contains("the registry refused the credentials"));
     assert!(login(&alice, PASSWORD).status.success());
-    let listed = String::from_utf8_lossy(&c.ebb_as(&alice, &["tenant", "registry-logins", "alice"]).stdout).to_string();
+    let listed = String::from_utf8_lossy(&c.ebb_as(&alice, &["tenant", "registry-logins", "alice"]).stdout)
+        .to_string();
     assert_eq!(listed.trim(), format!("{locked_host}  alice"));
     let with_login = c.submit_as(&alice, &["--image", &private, "--", "sh", "-c", "cat /marker; env"]);
     c.wait_state(with_login, "succeeded");
@@ -257,7 +267,10 @@ fn jobs_run_in_their_images_resume_on_another_node_and_tenants_cannot_see_each_o
     assert!(out.starts_with("first"), "{out}");
     assert!(!out.contains(PASSWORD), "the password is not in the job's environment");
     let bobs = c.ebb_as(&bob, &["submit", "--image", &private, "--", "cat", "/marker"]);
-    assert!(String::from_utf8_lossy(&bobs.stderr).contains("refused the credentials"), "logins are per tenant");
+    assert!(
+        String::from_utf8_lossy(&bobs.stderr).contains("refused the credentials"),
+        "logins are per tenant"
+    );
 
     // A layer that does not match its digest: the job fails, saying so.
     let mut unique = image_files();

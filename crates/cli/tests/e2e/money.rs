@@ -2,11 +2,10 @@
 //! reservations on a real cluster (server, agents and job processes on
 //! loopback), checked through the CLI as a tenant and an operator use it.
 
-mod cluster;
-
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use cluster::{events, Cluster, Options};
+use crate::support;
+use crate::support::{events, Cluster, Options};
 use serde_json::{json, Value};
 
 const MODEL: &str = "H100-80GB";
@@ -146,7 +145,7 @@ fn a_resumed_job_is_spared_while_another_victim_fits_and_the_bill_counts_every_p
 /// Waits until `jobs` have been preempted `total` times in all and all run
 /// again; returns each one's preemptions.
 fn wait_for_preemptions(c: &Cluster, jobs: &[u64], total: u64) -> Vec<u64> {
-    cluster::wait_for(&format!("{total} preemptions, every job running"), Duration::from_secs(30), || {
+    support::wait_for(&format!("{total} preemptions, every job running"), Duration::from_secs(30), || {
         let shown: Vec<Value> = jobs.iter().map(|j| c.job(*j)).collect();
         let counts: Vec<u64> = shown.iter().map(|j| j["preemptions"].as_u64().unwrap()).collect();
         let running = shown.iter().all(|j| j["state"] == "running");
@@ -451,7 +450,7 @@ fn bad_money_input_is_refused_by_name_and_changes_nothing() {
     // Reserved work needs a reservation of the tenant's.
     refused(&["submit", "--tier", "reserved", "--", "true"], "tenant default has none");
     // Server flags are checked before it starts.
-    let out = std::process::Command::new(cluster::ebb_exe())
+    let out = std::process::Command::new(support::ebb_exe())
         .args(["server", "--price", "H100=-1", "--data-dir", c.dir.join("other").to_str().unwrap()])
         .output()
         .unwrap();

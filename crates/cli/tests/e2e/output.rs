@@ -2,11 +2,9 @@
 //! fast, the node stays up, its output arrives within the agent's limits
 //! with a line saying what was dropped, and the next job runs.
 
-mod cluster;
-
 use std::time::Duration;
 
-use cluster::{Cluster, Options};
+use crate::support::{Cluster, Options};
 use serde_json::Value;
 
 /// The agent's peak resident memory (VmHWM), in KiB.

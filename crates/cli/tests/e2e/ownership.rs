@@ -3,13 +3,11 @@
 //! and touches nothing; `kill -9` of `ebb up` takes its server, agents and
 //! jobs with it.
 
-mod cluster;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use cluster::{ebb_exe, pid_alive, wait_for, Cluster, Options, Up};
+use crate::support::{ebb_exe, pid_alive, wait_for, Cluster, Options, Up};
 use serde_json::Value;
 
 /// Every process whose command line names `dir`: `ebb up`'s server and

@@ -2,14 +2,12 @@
 //! jobs) whose state is in a throwaway PostgreSQL, through a `kill -9` of
 //! the server; and a second server on the database following the first.
 
-mod cluster;
-#[path = "../../server/tests/pg/mod.rs"]
-mod pg;
-
 use std::process::Command;
 use std::time::Duration;
 
-use cluster::{Cluster, Options};
+use crate::pg;
+use crate::support;
+use crate::support::{Cluster, Options};
 
 #[test]
 fn a_cluster_on_postgres_keeps_its_jobs_through_a_kill_9_and_a_second_server_follows() {
@@ -36,21 +34,21 @@ fn a_cluster_on_postgres_keeps_its_jobs_through_a_kill_9_and_a_second_server_fol
     // A second server on the same database follows the first, and answers
     // for it: a request to it is the leader's.
     let other = c.dir.join("other");
-    let mut follower = Command::new(cluster::ebb_exe())
+    let mut follower = Command::new(support::ebb_exe())
         .args(["server", "--data-dir", other.to_str().unwrap(), "--listen", "127.0.0.1:0", "--database"])
         .arg(pg.url())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let url = cluster::wait_for("the follower's url", Duration::from_secs(20), || {
+    let url = support::wait_for("the follower's url", Duration::from_secs(20), || {
         std::fs::read_to_string(other.join("server.url")).ok().filter(|s| !s.trim().is_empty())
     });
     let health: serde_json::Value =
         reqwest::blocking::get(format!("{}/healthz", url.trim())).unwrap().json().unwrap();
     assert_eq!(health["role"], "follower", "{health}");
     assert_eq!(health["leader"], c.url.as_str(), "{health}");
-    let out = Command::new(cluster::ebb_exe())
+    let out = Command::new(support::ebb_exe())
         .args(["show", &done.to_string(), "--json"])
         .env("EBB_SERVER", url.trim())
         .env("EBB_TOKEN", &c.admin)
@@ -62,7 +60,7 @@ fn a_cluster_on_postgres_keeps_its_jobs_through_a_kill_9_and_a_second_server_fol
     let _ = follower.kill();
     let _ = follower.wait();
     // And an unreachable database is said plainly.
-    let out = Command::new(cluster::ebb_exe())
+    let out = Command::new(support::ebb_exe())
         .args(["server", "--data-dir", other.to_str().unwrap(), "--listen", "127.0.0.1:0"])
         .args(["--database", "host=/nonexistent-ebb-socket user=ebb"])
         .output()
@@ -83,14 +81,14 @@ fn servers_sharing_a_ca_forward_to_each_other_over_https() {
     let _ = std::fs::remove_dir_all(&dir);
     let start = |name: &str| {
         let data = dir.join(name);
-        let child = Command::new(cluster::ebb_exe())
+        let child = Command::new(support::ebb_exe())
             .args(["server", "--data-dir", data.to_str().unwrap(), "--listen", "127.0.0.1:0"])
             .args(["--database", &pg.url(), "--tls-generate"])
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
             .unwrap();
-        let url = cluster::wait_for("server.url", Duration::from_secs(20), || {
+        let url = support::wait_for("server.url", Duration::from_secs(20), || {
             std::fs::read_to_string(data.join("server.url")).ok().filter(|s| !s.trim().is_empty())
         });
         (child, url.trim().to_string())
@@ -106,7 +104,7 @@ fn servers_sharing_a_ca_forward_to_each_other_over_https() {
     let admin = std::fs::read_to_string(dir.join("a/admin.token")).unwrap();
     let ca = dir.join("a/ca.crt");
     let ebb = |server: &str, args: &[&str]| {
-        Command::new(cluster::ebb_exe())
+        Command::new(support::ebb_exe())
             .args(args)
             .env("EBB_SERVER", server)
             .env("EBB_TOKEN", admin.trim())

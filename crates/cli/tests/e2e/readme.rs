@@ -4,12 +4,11 @@
 //! with the submitter's environment, so `python3` is the environment's and
 //! the SDK imports.
 
-mod cluster;
-
 use std::process::Command;
 use std::time::Duration;
 
-use cluster::{repo_root, wait_for, Up};
+use crate::support;
+use crate::support::{repo_root, wait_for, Up};
 use serde_json::Value;
 
 /// The README's workload block: one command per entry, continuation lines
@@ -57,7 +56,7 @@ fn the_readme_workload_commands_work_as_written() {
     std::os::unix::fs::symlink(repo_root().join("examples"), here.join("examples")).unwrap();
     let up = Up::start_with(&here.join("ebb-data"), 2);
     // `alias ebb=...` and `export PATH=$PWD/target/py/bin:$PATH`, as the README says.
-    let bin = std::path::Path::new(cluster::ebb_exe()).parent().unwrap().to_path_buf();
+    let bin = std::path::Path::new(support::ebb_exe()).parent().unwrap().to_path_buf();
     let path = format!(
         "{}:{}:{}",
         bin.display(),

@@ -2,11 +2,10 @@
 //! in one process, against the real server, beside real agents; their
 //! jobs end as processes doing the same would.
 
-mod cluster;
-
 use std::time::Duration;
 
-use cluster::{events, wait_for, Cluster, Options};
+use crate::support;
+use crate::support::{events, wait_for, Cluster, Options};
 use serde_json::Value;
 
 /// The first event of `kind` of a job's attempt.
@@ -154,7 +153,7 @@ fn simulated_jobs_end_as_processes_doing_the_same_would() {
 #[test]
 fn a_simulated_fleet_is_refused_what_it_cannot_do() {
     let refused = |args: &[&str]| {
-        let out = std::process::Command::new(cluster::ebb_exe())
+        let out = std::process::Command::new(support::ebb_exe())
             .args(["agent", "--server", "http://127.0.0.1:9", "--join-token", "t"])
             .args(args)
             .output()
@@ -173,7 +172,7 @@ fn a_simulated_fleet_is_refused_what_it_cannot_do() {
     assert!(e.contains("--checkpoint-root: simulated jobs write no files"), "{e}");
     // More nodes than open files: the limit is named, and how to raise it.
     let out = std::process::Command::new("bash")
-        .args(["-c", r#"ulimit -n 1000 && ulimit -Hn 1000 && exec "$@""#, "bash", cluster::ebb_exe()])
+        .args(["-c", r#"ulimit -n 1000 && ulimit -Hn 1000 && exec "$@""#, "bash", support::ebb_exe()])
         .args(["agent", "--server", "http://127.0.0.1:9", "--join-token", "t", "--simulate-nodes", "5000"])
         .args(gpus)
         .output()

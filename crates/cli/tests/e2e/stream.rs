@@ -1,12 +1,10 @@
 //! `GET /v1/stream`: one server-sent event per committed change, for live
 //! pages; and the dashboard's page, served from the server's own origin.
 
-mod cluster;
-
 use std::io::{BufRead, BufReader};
 use std::time::{Duration, Instant};
 
-use cluster::{Cluster, Options};
+use crate::support::{Cluster, Options};
 
 /// The next `data:` line's sequence number.
 fn next_seq(lines: &mut impl Iterator<Item = std::io::Result<String>>) -> u64 {

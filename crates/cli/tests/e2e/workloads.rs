@@ -4,14 +4,12 @@
 //! sweeps, preprocessing, gangs, and serving next to batch work. Needs
 //! `python3` with numpy and scikit-learn (`.ci/run` installs them).
 
-mod cluster;
-
 use std::path::Path;
 use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use cluster::{events, read_env, repo_root, wait_for, Cluster, Options};
+use crate::support::{events, read_env, repo_root, wait_for, Cluster, Options};
 use serde_json::Value;
 
 const STEPS: &str = "2000";

@@ -628,17 +628,6 @@ fn clip(text: &str, max: usize) -> String {
     format!("{}…", &text[..at])
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn a_start_error_is_clipped_between_characters() {
-        assert_eq!(super::clip("short", 4096), "short");
-        let long = "é".repeat(3000);
-        let clipped = super::clip(&long, super::MAX_START_ERROR_BYTES);
-        assert!(clipped.len() <= super::MAX_START_ERROR_BYTES && clipped.ends_with('…'), "{}", clipped.len());
-    }
-}
-
 /// What the document states of a registration, refused with a 400 naming
 /// the field: names that fit in a listing and a URL path, a GPU count a
 /// node can have.
@@ -666,4 +655,15 @@ fn check_registration(reg: &Register) -> Result<(), ApiError> {
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_start_error_is_clipped_between_characters() {
+        assert_eq!(super::clip("short", 4096), "short");
+        let long = "é".repeat(3000);
+        let clipped = super::clip(&long, super::MAX_START_ERROR_BYTES);
+        assert!(clipped.len() <= super::MAX_START_ERROR_BYTES && clipped.ends_with('…'), "{}", clipped.len());
+    }
 }

@@ -187,7 +187,7 @@ pub struct JobRecord {
 
 /// What the tally counts a job as: its tier, state and GPUs, and, while
 /// it is queued outside the core, why (a `Waiting`'s reason code).
-pub type Counted = (Tier, JobState, u32, Option<&'static str>);
+pub type Counted = (Tier, JobState, u32, Option<ebb_api::PendingReason>);
 
 /// Jobs by tier and state, and their GPUs, kept as records are saved, so
 /// that `/metrics` need not walk every job; and the queued jobs kept out
@@ -196,7 +196,7 @@ pub type Counted = (Tier, JobState, u32, Option<&'static str>);
 pub(super) struct Tally {
     pub jobs: BTreeMap<(Tier, JobState), u64>,
     pub gpus: BTreeMap<(Tier, JobState), u64>,
-    pub waiting: BTreeMap<(Tier, &'static str), u64>,
+    pub waiting: BTreeMap<(Tier, ebb_api::PendingReason), u64>,
 }
 
 impl Tally {
@@ -296,7 +296,10 @@ impl From<JobSubmission> for StoredSpec {
             max_retries: s.max_retries,
             exit_on_drain_is_success: s.exit_on_drain_is_success,
             restart: s.restart,
-            image: s.image.zip(s.image_digest).map(|(reference, digest)| ebb_api::JobImage { reference, digest }),
+            image: s
+                .image
+                .zip(s.image_digest)
+                .map(|(reference, digest)| ebb_api::JobImage { reference, digest }),
         }
     }
 }
@@ -383,10 +386,10 @@ pub enum Waiting {
 
 impl Waiting {
     /// Its `pending_reason` code.
-    pub fn code(self) -> &'static str {
+    pub fn code(self) -> ebb_api::PendingReason {
         match self {
-            Waiting::Backoff { .. } => "backoff",
-            Waiting::TenantLimit => "tenant_limit",
+            Waiting::Backoff { .. } => ebb_api::PendingReason::Backoff,
+            Waiting::TenantLimit => ebb_api::PendingReason::TenantLimit,
         }
     }
 }

@@ -386,7 +386,9 @@ impl<S: Store> Engine<S> {
         if let Some((registry, login)) = set {
             check_registry_host(&registry)?;
             if let Some(login) = &login {
-                if login.username.is_empty() || login.username.len() > 256 || login.username.contains(':')
+                if login.username.is_empty()
+                    || login.username.len() > 256
+                    || login.username.contains(':')
                     || login.username.chars().any(char::is_control)
                 {
                     return Err(ApiError::unprocessable(
@@ -395,7 +397,10 @@ impl<S: Store> Engine<S> {
                     .into());
                 }
                 if login.password.is_empty() || login.password.len() > 4096 || login.password.contains('\0') {
-                    return Err(ApiError::unprocessable("password: 1 to 4096 bytes, without NUL".to_string()).into());
+                    return Err(ApiError::unprocessable(
+                        "password: 1 to 4096 bytes, without NUL".to_string(),
+                    )
+                    .into());
                 }
             }
             self.store.put_registry_login(tenant, &registry, login.as_ref())?;
@@ -412,7 +417,10 @@ impl<S: Store> Engine<S> {
             .get(&tenant)
             .into_iter()
             .flatten()
-            .map(|(registry, l)| ebb_api::RegistryLoginInfo { registry: registry.clone(), username: l.username.clone() })
+            .map(|(registry, l)| ebb_api::RegistryLoginInfo {
+                registry: registry.clone(),
+                username: l.username.clone(),
+            })
             .collect())
     }
 
@@ -578,6 +586,22 @@ pub(super) fn task_env(task: &ebb_api::ArrayTask) -> BTreeMap<String, String> {
     env
 }
 
+/// A registry as a login names it: `HOST[:PORT]`, as image references
+/// begin.
+fn check_registry_host(registry: &str) -> Result<(), ApiError> {
+    let ok = !registry.is_empty()
+        && registry.len() <= 253
+        && registry.bytes().all(|b| b.is_ascii_alphanumeric() || b"-.:[]_".contains(&b))
+        && ebb_image::parse(&format!("{registry}/x:y")).is_ok_and(|r| r.registry() == registry);
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::unprocessable(format!(
+            "registry: {registry:?} is not a registry host (HOST or HOST:PORT, as an image reference begins)"
+        )))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -622,21 +646,5 @@ mod tests {
         let spec =
             StoredSpec { name: Some("one".into()), argv: vec!["x".into()].into(), ..Default::default() };
         assert_eq!(expand(&spec, Vec::new(), 1), vec![(spec, None)]);
-    }
-}
-
-/// A registry as a login names it: `HOST[:PORT]`, as image references
-/// begin.
-fn check_registry_host(registry: &str) -> Result<(), ApiError> {
-    let ok = !registry.is_empty()
-        && registry.len() <= 253
-        && registry.bytes().all(|b| b.is_ascii_alphanumeric() || b"-.:[]_".contains(&b))
-        && ebb_image::parse(&format!("{registry}/x:y")).is_ok_and(|r| r.registry() == registry);
-    if ok {
-        Ok(())
-    } else {
-        Err(ApiError::unprocessable(format!(
-            "registry: {registry:?} is not a registry host (HOST or HOST:PORT, as an image reference begins)"
-        )))
     }
 }

@@ -72,7 +72,6 @@ pub use ending::STOP_GRACE_MS;
 use job::TenantLoad;
 pub use job::{restart_backoff_ms, CheckpointStats, JobRecord, JobState, StoredSpec, Waiting, QUICK_EXIT_MS};
 pub use lines::{Lines, QuietPoll};
-pub use pending::REASONS as PENDING_REASONS;
 pub use plan::BATCH_STARTS;
 use recovery::gpu_indices;
 pub use views::JobQuery;

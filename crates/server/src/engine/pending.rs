@@ -5,25 +5,10 @@
 //! its victims' drain; the edge's own waits (a restart back-off, a tenant's
 //! limit) come before the core sees the job.
 
+use ebb_api::PendingReason;
 use ebb_scheduler::Pending;
 
 use super::*;
-
-/// The codes `pending_reason` takes, stable across releases.
-pub const REASONS: [&str; 12] = [
-    "resources",
-    "priority",
-    "whole_nodes",
-    "reservation_cap",
-    "reservation_full",
-    "reservation_not_started",
-    "reclaimed",
-    "no_capacity",
-    "victims_draining",
-    "backoff",
-    "tenant_limit",
-    "scheduling",
-];
 
 impl<S: Store> Engine<S> {
     /// Keeps the reasons of a pass: every pass gives them for the first
@@ -60,7 +45,7 @@ impl<S: Store> Engine<S> {
     /// from each queue class its first with the pass's reason and the rest
     /// behind it. Any queued job none of these counts is `scheduling`.
     pub(super) fn queued_reasons(&self, out: &mut BTreeMap<crate::metrics::QueueKey, u64>) {
-        let mut add = |tier: Tier, reason: &'static str, n: u64| {
+        let mut add = |tier: Tier, reason: PendingReason, n: u64| {
             if n == 0 {
                 return;
             }
@@ -80,22 +65,22 @@ impl<S: Store> Engine<S> {
         }
         for hold in self.core.holds() {
             let Some(job) = self.core.job(hold.job) else { continue };
-            add(job.spec.tier, "victims_draining", 1);
+            add(job.spec.tier, PendingReason::VictimsDraining, 1);
             explain(job.spec.tier, 1);
         }
         for (tier, first, len) in self.core.queue_heads() {
             let first_why = self.pending.get(&first).map_or(Why::NotYet, Why::Core);
             add(tier, first_why.code(), 1);
-            add(tier, "priority", len as u64 - 1);
+            add(tier, PendingReason::Priority, len as u64 - 1);
             explain(tier, len as u64);
         }
         for (tier, n) in unexplained {
-            add(tier, "scheduling", n);
+            add(tier, PendingReason::Scheduling, n);
         }
     }
 
     /// A queued job's reason code and sentence; `None` for any other.
-    pub(super) fn pending(&self, job: &JobRecord, now_ms: u64) -> Option<(&'static str, String)> {
+    pub(super) fn pending(&self, job: &JobRecord, now_ms: u64) -> Option<(PendingReason, String)> {
         let why = self.why(job)?;
         let text = match &why {
             Why::Backoff { until_ms } => format!(
@@ -214,22 +199,22 @@ enum Why<'s> {
 }
 
 impl Why<'_> {
-    fn code(&self) -> &'static str {
+    fn code(&self) -> PendingReason {
         match self {
-            Why::Backoff { .. } => "backoff",
-            Why::TenantLimit => "tenant_limit",
-            Why::Held(_) => "victims_draining",
-            Why::Behind(_) => "priority",
-            Why::NotYet => "scheduling",
+            Why::Backoff { .. } => PendingReason::Backoff,
+            Why::TenantLimit => PendingReason::TenantLimit,
+            Why::Held(_) => PendingReason::VictimsDraining,
+            Why::Behind(_) => PendingReason::Priority,
+            Why::NotYet => PendingReason::Scheduling,
             Why::Core(pending) => match pending {
-                Pending::Resources { .. } => "resources",
-                Pending::Priority { .. } => "priority",
-                Pending::WholeNodes { .. } => "whole_nodes",
-                Pending::ReservationCap { .. } => "reservation_cap",
-                Pending::ReservationFull { .. } => "reservation_full",
-                Pending::ReservationNotStarted { .. } => "reservation_not_started",
-                Pending::Reclaimed { .. } => "reclaimed",
-                Pending::NoCapacity { .. } => "no_capacity",
+                Pending::Resources { .. } => PendingReason::Resources,
+                Pending::Priority { .. } => PendingReason::Priority,
+                Pending::WholeNodes { .. } => PendingReason::WholeNodes,
+                Pending::ReservationCap { .. } => PendingReason::ReservationCap,
+                Pending::ReservationFull { .. } => PendingReason::ReservationFull,
+                Pending::ReservationNotStarted { .. } => PendingReason::ReservationNotStarted,
+                Pending::Reclaimed { .. } => PendingReason::Reclaimed,
+                Pending::NoCapacity { .. } => PendingReason::NoCapacity,
             },
         }
     }
@@ -248,8 +233,8 @@ fn gpus(n: u32) -> String {
 mod tests {
     use super::*;
 
-    /// `REASONS` (what `/metrics` exports at zero and the docs list) is
-    /// exactly the codes a wait can have.
+    /// `PendingReason::ALL` (what `/metrics` exports at zero and the docs
+    /// list) is exactly the codes a wait can have.
     #[test]
     fn every_reason_code_is_listed_once() {
         let m = GpuModelId(0);
@@ -265,7 +250,7 @@ mod tests {
             Pending::Reclaimed { model: m, limit: 0, used: 0 },
             Pending::NoCapacity { model: None },
         ];
-        let mut codes: Vec<&str> = core.iter().map(|p| Why::Core(p).code()).collect();
+        let mut codes: Vec<PendingReason> = core.iter().map(|p| Why::Core(p).code()).collect();
         for why in [
             Why::Backoff { until_ms: 0 },
             Why::TenantLimit,
@@ -277,7 +262,7 @@ mod tests {
         }
         codes.sort_unstable();
         codes.dedup();
-        let mut listed = REASONS.to_vec();
+        let mut listed = PendingReason::ALL.to_vec();
         listed.sort_unstable();
         assert_eq!(codes, listed);
     }

@@ -311,12 +311,14 @@ impl<S: Store> Engine<S> {
         self.core
             .restore_run(
                 self.spec_of(id),
-                Attempt(attempt),
-                preemptions,
-                alloc,
-                Time(started),
-                checkpoint,
-                notice,
+                ebb_scheduler::RestoredRun {
+                    attempt: Attempt(attempt),
+                    preemptions,
+                    alloc,
+                    started_at: Time(started),
+                    last_checkpoint_at: checkpoint,
+                    notice,
+                },
             )
             .map_err(|e| e.to_string())?;
         self.restore_drilled(id)

@@ -261,7 +261,7 @@ impl<S: Store> Engine<S> {
             lost_gpu_seconds: job.lost_gpu_ms as f64 / 1000.0,
             array: job.array.clone(),
             progress: None,
-            pending_reason: pending.as_ref().map(|(code, _)| code.to_string()),
+            pending_reason: pending.as_ref().map(|(code, _)| *code),
             pending_detail: pending.map(|(_, detail)| detail),
             workdir: job.spec.workdir.clone(),
             env: BTreeMap::new(),

@@ -1,8 +1,6 @@
 //! A real cluster for end-to-end tests: the `ebb` binary as server and
 //! agents on loopback, real processes for jobs, the CLI as a user runs it.
 
-#![allow(dead_code)]
-
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -11,6 +9,9 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+
+pub mod plane;
+pub mod tls;
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
 

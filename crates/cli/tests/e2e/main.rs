@@ -1,0 +1,35 @@
+//! Ebb end to end: the real `ebb` binary as server and agents on
+//! loopback, jobs as real processes, the CLI as a user runs it, a real
+//! browser, PostgreSQL and registry. One binary, a module per area, one
+//! `support` module for the cluster and the tools around it. Tests that
+//! need no process belong in the writer's in-process tests
+//! (`crates/server/tests`), not here.
+
+#[path = "../../../server/tests/pg/mod.rs"]
+mod pg;
+mod support;
+
+mod abuse;
+mod batch_and_paging;
+mod cancel_and_metrics;
+mod checkpoint_store;
+mod containment;
+mod dashboard;
+mod deadlines;
+mod drill;
+mod failover;
+mod first_hour;
+mod first_hour_messages;
+mod identity;
+mod images;
+mod lifecycle;
+mod money;
+mod output;
+mod ownership;
+mod postgres;
+mod readme;
+mod sim_cli;
+mod simulated_fleet;
+mod stream;
+mod tls;
+mod workloads;
