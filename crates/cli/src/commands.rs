@@ -704,8 +704,8 @@ pub async fn show(conn: &Connection, id: u64, out: &JsonFlag) -> Result<String, 
     }
     writeln!(text, "events:").unwrap();
     for e in &job.events {
-        let detail = describe_event(e.kind, &e.detail);
-        writeln!(text, "  {}  #{:<3} {:<16} {}", e.at, e.attempt, e.kind, detail).unwrap();
+        let detail = describe_event(&e.event);
+        writeln!(text, "  {}  #{:<3} {:<16} {}", e.at, e.attempt, e.kind(), detail).unwrap();
     }
     Ok(text)
 }
@@ -748,133 +748,119 @@ fn human_bytes(b: u64) -> String {
 }
 
 /// One line of an event's details for people.
-fn describe_event(kind: api::EventKind, d: &serde_json::Value) -> String {
-    use api::EventKind as K;
-    let s = |k: &str| {
-        d.get(k).map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_string)).unwrap_or_default()
+fn describe_event(event: &api::Event) -> String {
+    use api::events::DrillDetail;
+    use api::Event as E;
+    let took = |seconds: f64| Span::from_secs_f64(seconds).human();
+    let exit = |code: Option<i32>, signal: Option<i32>| match (code, signal) {
+        (_, Some(signal)) => Some(format!("by signal {signal}")),
+        (Some(code), _) => Some(format!("with code {code}")),
+        _ => None,
     };
-    match kind {
-        K::Placed => d["placement"]
-            .as_array()
-            .map(|ps| {
-                ps.iter()
-                    .map(|p| {
-                        let gpus: Vec<u8> = p["gpus"]
-                            .as_array()
-                            .map(|g| g.iter().filter_map(|i| i.as_u64()).map(|i| i as u8).collect())
-                            .unwrap_or_default();
-                        on_gpus(p["node"].as_str().unwrap_or(""), &gpus)
-                    })
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            })
-            .unwrap_or_default(),
-        K::Started => format!("on {} (pid {})", s("node"), s("pid")),
-        K::DrainNotice => format!("{}; kill at {}", s("reason"), s("deadline")),
-        K::Exited => {
-            let how = match (d["code"].as_i64(), d["signal"].as_i64()) {
-                (_, Some(sig)) => format!("on {} by signal {sig}", s("node")),
-                (Some(code), _) => format!("on {} with code {code}", s("node")),
-                _ => format!(
-                    "on {} ({})",
-                    s("node"),
-                    if d["vanished"] == true { "vanished" } else { "unknown status" }
-                ),
+    match event {
+        E::Submitted(d) => {
+            let task = d.task.map(|t| format!(", task {t}")).unwrap_or_default();
+            format!("{}, {} {}{task}", d.tier, d.gpus, if d.gpus == 1 { "GPU" } else { "GPUs" })
+        }
+        E::Admitted(d) => d.reason.clone(),
+        E::Placed(d) => d.placement.iter().map(|p| on_gpus(&p.node, &p.gpus)).collect::<Vec<_>>().join("; "),
+        E::Started(d) => format!("on {} (pid {})", d.node, d.pid),
+        E::DrainNotice(d) => format!("{}; kill at {}", d.reason, d.deadline),
+        E::Exited(d) => {
+            let how = match exit(d.code, d.signal) {
+                Some(how) => format!("on {} {how}", d.node),
+                None => format!("on {} ({})", d.node, if d.vanished { "vanished" } else { "unknown status" }),
             };
-            let how = match d["peak_memory_bytes"].as_u64() {
+            let how = match d.peak_memory_bytes {
                 Some(peak) => format!("{how}, peak memory {}", human_bytes(peak)),
                 None => how,
             };
             // A start that failed: the agent's words, here and not only in the log.
-            match d["start_error"].as_str() {
+            match &d.start_error {
                 Some(why) => format!("{how}: {why}"),
                 None => how,
             }
         }
-        K::Requeued => {
-            let why = d.get("why").map(|_| format!(": {}", s("why"))).unwrap_or_default();
-            match d["lost_gpu_seconds"].as_f64() {
-                Some(lost) => format!("{}{why} (lost {})", s("reason"), gpu_time(lost)),
-                None => format!("{}{why}", s("reason")),
+        E::Requeued(d) => {
+            let why = d.why.as_ref().map(|why| format!(": {why}")).unwrap_or_default();
+            match d.lost_gpu_seconds {
+                Some(lost) => format!("{}{why} (lost {})", d.reason, gpu_time(lost)),
+                None => format!("{}{why}", d.reason),
             }
         }
-        K::Checkpoint => {
-            let step = d["step"].as_u64().map(|n| format!("step {n}, ")).unwrap_or_default();
-            let bytes = d["bytes"].as_u64().map(|b| format!("{}, ", human_bytes(b))).unwrap_or_default();
-            let took = Span::from_secs_f64(d["seconds"].as_f64().unwrap_or(0.0)).human();
-            format!("{step}{bytes}took {took}")
+        E::Checkpoint(d) => {
+            let step = d.step.map(|n| format!("step {n}, ")).unwrap_or_default();
+            let bytes = d.bytes.map(|b| format!("{}, ", human_bytes(b))).unwrap_or_default();
+            format!("{step}{bytes}took {}", took(d.seconds))
         }
-        K::Warning => s("message"),
-        K::Pulling => format!(
-            "{} on {} ({})",
-            human_bytes(d["total_bytes"].as_u64().unwrap_or(0)),
-            s("node"),
-            s("digest")
-        ),
-        K::Pulled => match d["downloaded_bytes"].as_u64().unwrap_or(0) {
-            0 => format!("on {}: in its cache", s("node")),
-            n => format!(
-                "on {}: {} in {}",
-                s("node"),
-                human_bytes(n),
-                Span::from_secs_f64(d["seconds"].as_f64().unwrap_or(0.0)).human()
-            ),
+        E::Warning(d) => d.message.clone(),
+        E::Pulling(d) => {
+            format!(
+                "{} on {} ({})",
+                human_bytes(d.total_bytes),
+                d.node,
+                d.digest.as_deref().unwrap_or("no digest")
+            )
+        }
+        E::Pulled(d) => match d.downloaded_bytes {
+            0 => format!("on {}: in its cache", d.node),
+            n => format!("on {}: {} in {}", d.node, human_bytes(n), took(d.seconds)),
         },
-        K::GangStopped => s("reason"),
-        K::Preempting => format!(
-            "victims {} (lost {})",
-            d["victims"],
-            gpu_time(d["lost_gpu_seconds"].as_f64().unwrap_or(0.0))
-        ),
-        K::CancelRequested if d.get("deadline").is_some() => {
-            let grace = Span::from_secs_f64(d["grace_seconds"].as_f64().unwrap_or_default()).human();
-            format!("SIGTERM, kill at {} (grace {grace})", s("deadline"))
+        E::GangStopped(d) => d.reason.clone(),
+        E::Preempting(d) => {
+            let victims: Vec<String> = d.victims.iter().map(u64::to_string).collect();
+            format!("victims {} (lost {})", victims.join(", "), gpu_time(d.lost_gpu_seconds))
         }
-        K::Drill if d["phase"] == "notice" => format!(
-            "notice sent to attempt {}; kill at {} (window {})",
-            d["attempt"].as_u64().map_or_else(|| "?".into(), |a| a.to_string()),
-            s("deadline"),
-            Span::from_secs_f64(d["window_seconds"].as_f64().unwrap_or_default()).human()
-        ),
-        K::Drill => {
-            let failures: Vec<&str> =
-                d["failures"].as_array().into_iter().flatten().filter_map(|f| f.as_str()).collect();
-            match failures.is_empty() {
-                true => format!("verdict: {}", s("verdict")),
-                false => format!("verdict: {}: {}", s("verdict"), failures.join("; ")),
+        E::Succeeded(d) => d.ran_ms.map(|ms| format!("ran {}", Span(ms).human())).unwrap_or_default(),
+        E::Failed(d) => {
+            let how = d.reason.clone().or_else(|| exit(d.code, d.signal)).unwrap_or_default();
+            match d.lost_gpu_seconds {
+                Some(lost) => format!("{how} (lost {})", gpu_time(lost)),
+                None => how,
             }
         }
-        K::Promoted => format!(
-            "to on-demand{}: {}",
-            if d["running"] == true { " where it runs" } else { " in the queue" },
-            s("reason")
+        E::Cancelled(d) => d.while_.as_ref().map(|w| format!("while {w}")).unwrap_or_default(),
+        E::CancelRequested(d) => match (&d.deadline, d.grace_seconds) {
+            (Some(deadline), Some(grace)) => format!("SIGTERM, kill at {deadline} (grace {})", took(grace)),
+            _ => String::new(),
+        },
+        E::Drill(DrillDetail::Notice(d)) => format!(
+            "notice sent to attempt {}; kill at {} (window {})",
+            d.attempt,
+            d.deadline,
+            took(d.window_seconds)
         ),
-        K::Resumed => match d["step"].as_u64() {
+        E::Drill(DrillDetail::Verdict(d)) => {
+            let verdict = d.verdict.as_deref().unwrap_or("none");
+            match d.failures.is_empty() {
+                true => format!("verdict: {verdict}"),
+                false => format!("verdict: {verdict}: {}", d.failures.join("; ")),
+            }
+        }
+        E::Promoted(d) => format!(
+            "to on-demand{}: {}",
+            if d.running { " where it runs" } else { " in the queue" },
+            d.reason
+        ),
+        E::Resumed(d) => match d.step {
             Some(step) => format!("from step {step}"),
             None => "from its latest checkpoint".into(),
         },
-        K::Restored => {
-            let what = match d["step"].as_u64() {
+        E::Restored(d) => {
+            let what = match d.step {
                 Some(step) => format!("step {step}"),
                 None => "the state at exit".into(),
             };
-            let files = d["files"].as_u64().unwrap_or(0);
             format!(
-                "{what} (attempt {}, upload {}) from the checkpoint store on {}: {files} {}, {}, took {}",
-                s("from_attempt"),
-                s("upload"),
-                s("node"),
-                if files == 1 { "file" } else { "files" },
-                human_bytes(d["bytes"].as_u64().unwrap_or(0)),
-                Span::from_secs_f64(d["seconds"].as_f64().unwrap_or(0.0)).human()
+                "{what} (attempt {}, upload {}) from the checkpoint store on {}: {} {}, {}, took {}",
+                d.from_attempt,
+                d.upload,
+                d.node,
+                d.files,
+                if d.files == 1 { "file" } else { "files" },
+                human_bytes(d.bytes),
+                took(d.seconds)
             )
-        }
-        K::Submitted | K::Admitted | K::Succeeded | K::Failed | K::Cancelled | K::CancelRequested => {
-            if d.as_object().is_some_and(|o| o.is_empty()) {
-                String::new()
-            } else {
-                d.to_string()
-            }
         }
     }
 }

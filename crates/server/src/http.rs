@@ -1558,6 +1558,26 @@ mod tests {
         assert_eq!(err.message, "body: expected a JSON object");
     }
 
+    /// A job's events are a union on `kind`: each kind names the schema
+    /// of its detail, and every schema named is in the document.
+    #[test]
+    fn every_event_kind_is_documented_with_its_detail() {
+        let doc = document();
+        let schemas = &doc["components"]["schemas"];
+        let text = serde_json::to_string(&schemas["Event"]).unwrap();
+        for kind in api::EventKind::ALL {
+            assert!(text.contains(&format!("\"{}\"", kind.as_str())), "{kind} not in {text}");
+        }
+        let whole = doc.to_string();
+        for reference in whole.split("\"#/components/schemas/").skip(1) {
+            let name = &reference[..reference.find('"').unwrap()];
+            assert!(schemas.get(name).is_some(), "{name} is referred to and not described");
+        }
+        for detail in ["PlacedDetail", "DrainNoticeDetail", "DrillDetail", "RequeuedDetail"] {
+            assert!(schemas.get(detail).is_some(), "{detail} not described");
+        }
+    }
+
     #[test]
     fn the_agent_protocol_is_documented_under_its_own_tag() {
         let doc = document();

@@ -468,7 +468,7 @@ impl Store for PgStore {
     fn add_event(&mut self, job: u64, e: &JobEvent) -> Result<()> {
         self.exec(
             "INSERT INTO events (job, at_ms, kind, attempt, detail) VALUES ($1, $2, $3, $4, $5)",
-            &[&big(job), &big(e.at_ms), &e.kind.as_str(), &i64::from(e.attempt), &e.detail.to_string()],
+            &[&big(job), &big(e.at_ms), &e.kind().as_str(), &i64::from(e.attempt), &e.event.detail_json()],
         )
     }
 
@@ -478,12 +478,13 @@ impl Store for PgStore {
         let mut events = Vec::new();
         for r in self.client.query(&stmt, &[&big(job)])? {
             let at_ms = r.get::<_, i64>(0) as u64;
+            let kind = r.get::<_, &str>(1).parse().map_err(StoreError)?;
+            let event = crate::store::stored_event(job, kind, r.get::<_, &str>(3));
             events.push(JobEvent {
                 at: crate::rfc3339(at_ms),
                 at_ms,
-                kind: r.get::<_, &str>(1).parse().map_err(StoreError)?,
                 attempt: r.get::<_, i64>(2) as u32,
-                detail: serde_json::from_str(r.get::<_, &str>(3))?,
+                event,
             });
         }
         Ok(events)

@@ -328,6 +328,7 @@ pub trait Store: Send {
     /// The finished jobs, counted by tier and state (read at start, for
     /// `/metrics`: their records are not loaded).
     fn finished_counts(&mut self) -> Result<Vec<FinishedCount>>;
+    /// Adds `event` to job `job`'s history.
     fn add_event(&mut self, job: u64, event: &JobEvent) -> Result<()>;
     fn events(&mut self, job: u64) -> Result<Vec<JobEvent>>;
     fn max_job_id(&mut self) -> Result<u64>;
@@ -604,6 +605,17 @@ const MIGRATIONS: &[&str] = &[
     "CREATE TABLE registry_logins (tenant INTEGER NOT NULL REFERENCES tenants(id), registry TEXT NOT NULL,
          record TEXT NOT NULL, PRIMARY KEY (tenant, registry));",
 ];
+
+/// Job `job`'s event of `kind` from its stored detail. A detail that does
+/// not read as its kind's keeps the kind, with nothing known of it, and is
+/// logged: the history stays whole, and the row is left as it was.
+pub(crate) fn stored_event(job: u64, kind: ebb_api::EventKind, detail: &str) -> ebb_api::Event {
+    let (event, why) = ebb_api::Event::from_stored(kind, detail);
+    if let Some(why) = why {
+        tracing::warn!(job, "an event of the store does not read: {why}");
+    }
+    event
+}
 
 /// Brings the database to the latest step of `MIGRATIONS`
 /// (`rusqlite_migration`, which tracks the step in `PRAGMA user_version`
@@ -884,7 +896,7 @@ impl Store for SqliteStore {
     fn add_event(&mut self, job: u64, e: &JobEvent) -> Result<()> {
         self.run(
             "INSERT INTO events (job, at_ms, kind, attempt, detail) VALUES (?1, ?2, ?3, ?4, ?5)",
-            params![job as i64, e.at_ms as i64, e.kind.as_str(), e.attempt, e.detail.to_string()],
+            params![job as i64, e.at_ms as i64, e.kind().as_str(), e.attempt, e.event.detail_json()],
         )?;
         Ok(())
     }
@@ -902,13 +914,8 @@ impl Store for SqliteStore {
         for row in rows {
             let (at_ms, kind, attempt, detail) = row?;
             let kind = kind.parse().map_err(StoreError)?;
-            events.push(JobEvent {
-                at: crate::rfc3339(at_ms),
-                at_ms,
-                kind,
-                attempt,
-                detail: serde_json::from_str(&detail)?,
-            });
+            let event = stored_event(job, kind, &detail);
+            events.push(JobEvent { at: crate::rfc3339(at_ms), at_ms, attempt, event });
         }
         Ok(events)
     }

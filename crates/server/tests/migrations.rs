@@ -73,7 +73,7 @@ fn a_database_written_by_the_release_before_is_migrated_and_everything_in_it_kep
         ]
     );
     let victim = call(&mut engine, |reply| Msg::Job { principal: admin.clone(), id: 2, reply }).unwrap();
-    let kinds: Vec<EventKind> = victim.events.iter().map(|e| e.kind).collect();
+    let kinds: Vec<EventKind> = victim.events.iter().map(|e| e.kind()).collect();
     assert!(kinds.starts_with(&[
         EventKind::Submitted,
         EventKind::Placed,
@@ -124,10 +124,10 @@ fn a_database_written_by_the_release_before_is_migrated_and_everything_in_it_kep
         call(&mut engine, |reply| Msg::Job { principal: admin.clone(), id: 5, reply }).unwrap().events;
     assert!(!before.is_empty());
     assert_eq!(
-        after[..before.len()].iter().map(|e| e.kind).collect::<Vec<_>>(),
-        before.iter().map(|e| e.kind).collect::<Vec<_>>()
+        after[..before.len()].iter().map(|e| e.kind()).collect::<Vec<_>>(),
+        before.iter().map(|e| e.kind()).collect::<Vec<_>>()
     );
-    assert_eq!(after.last().map(|e| e.kind), Some(EventKind::Cancelled));
+    assert_eq!(after.last().map(|e| e.kind()), Some(EventKind::Cancelled));
 
     // It goes on: new jobs get the next ids.
     let spec = JobSubmission { argv: vec!["true".into()], ..Default::default() };

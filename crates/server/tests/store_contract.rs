@@ -8,7 +8,7 @@ mod pg;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use ebb_api::{EventKind, JobEvent, ReportId, TenantLimits};
+use ebb_api::{Event, EventKind, JobEvent, ReportId, TenantLimits};
 use ebb_server::pg::PgStore;
 use ebb_server::store::{
     JobColumns, JobPageQuery, LogState, NodeRow, PriceRow, ReservationRow, Scope, SqliteStore, Store,
@@ -16,8 +16,11 @@ use ebb_server::store::{
 };
 use serde_json::{json, Value};
 
+/// An event as the store keeps it: its kind and its detail's JSON.
 fn event(at_ms: u64, kind: EventKind, attempt: u32, detail: Value) -> JobEvent {
-    JobEvent { at: ebb_server::rfc3339(at_ms), at_ms, kind, attempt, detail }
+    let (event, why) = Event::from_stored(kind, &detail.to_string());
+    assert_eq!(why, None, "a detail of its kind");
+    JobEvent { at: ebb_server::rfc3339(at_ms), at_ms, attempt, event }
 }
 
 /// A job's columns: a queued single job of one GPU unless said otherwise.
@@ -94,7 +97,17 @@ fn exercise(store: &mut impl Store) -> String {
         .put_job(4, &columns(2, "running"), &json!({ "id": 4, "state": "running", "env": { "K": "v w" } }))
         .unwrap();
     store.add_event(4, &event(5_000, EventKind::Submitted, 0, json!({ "tier": "preemptible" }))).unwrap();
-    store.add_event(4, &event(6_000, EventKind::Placed, 1, json!({ "node": "node-0" }))).unwrap();
+    store
+        .add_event(
+            4,
+            &event(
+                6_000,
+                EventKind::Placed,
+                1,
+                json!({ "placement": [{ "node": "node-0", "gpus": [0] }], "from_hold": false }),
+            ),
+        )
+        .unwrap();
     store.heard("node-0", 7_000).unwrap();
     store.heard("node-0", 8_000).unwrap();
     store

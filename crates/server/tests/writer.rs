@@ -416,6 +416,11 @@ impl<S: Store> TestEnv<S> {
     }
 }
 
+/// An event's detail as the wire has it.
+fn detail(event: &JobEvent) -> serde_json::Value {
+    serde_json::from_str(&event.event.detail_json()).expect("a detail is JSON")
+}
+
 fn exited(attempt: AttemptRef, code: i32, at_ms: u64) -> AgentEvent {
     AgentEvent::Exited {
         attempt,
@@ -570,7 +575,7 @@ fn every_event_of_a_batch_is_stamped_with_the_batchs_instant() {
     let at = env.now;
     env.report("a", vec![exited(attempt, 0, at)]);
     let events = env.job(attempt.job).unwrap().events;
-    let stamps: Vec<(EventKind, u64)> = events.iter().map(|e| (e.kind, e.at_ms)).collect();
+    let stamps: Vec<(EventKind, u64)> = events.iter().map(|e| (e.kind(), e.at_ms)).collect();
     assert_eq!(
         stamps,
         vec![
@@ -607,8 +612,8 @@ fn recovery_meters_the_attempts_it_ends() {
     assert_eq!(usage.len(), 1, "the attempt recovery ended was not metered");
     assert_eq!((usage[0].started_ms, usage[0].ended_ms), (T0, heard));
     assert_eq!(usage[0].outcome, "lost");
-    let requeued = job.events.iter().find(|e| e.kind == EventKind::Requeued).expect("requeued");
-    assert!(requeued.detail["why"].as_str().unwrap().starts_with("server restart"), "{}", requeued.detail);
+    let requeued = job.events.iter().find(|e| e.kind() == EventKind::Requeued).expect("requeued");
+    assert!(detail(requeued)["why"].as_str().unwrap().starts_with("server restart"), "{}", detail(requeued));
     assert_eq!(requeued.at_ms, env.now);
 }
 
@@ -636,8 +641,8 @@ fn a_cancel_sends_its_notice_and_grace_keeps_its_deadline_and_is_sent_again_afte
     let notice = StopNotice { notice_at_ms: asked, deadline_ms: asked + 3_000 };
     assert_eq!(env.commands("a"), vec![Action::Stop { attempt, grace_ms: 3_000, notice: Some(notice) }]);
     let event =
-        env.job(id).unwrap().events.into_iter().find(|e| e.kind == EventKind::CancelRequested).unwrap();
-    assert_eq!(event.detail["grace_seconds"], 3.0);
+        env.job(id).unwrap().events.into_iter().find(|e| e.kind() == EventKind::CancelRequested).unwrap();
+    assert_eq!(detail(&event)["grace_seconds"], 3.0);
 
     // Again with more time: nothing changes; with less: the deadline
     // comes sooner.
@@ -736,17 +741,17 @@ fn a_drill_survives_a_restart_and_its_exit_requeues_the_job_as_a_drill() {
         (drill.next_attempt, drill.next_node.as_deref(), drill.resumed_step),
         (Some(2), Some("a"), Some(8))
     );
-    let kinds: Vec<EventKind> = job.events.iter().map(|e| e.kind).collect();
-    let drills: Vec<&JobEvent> = job.events.iter().filter(|e| e.kind == EventKind::Drill).collect();
+    let kinds: Vec<EventKind> = job.events.iter().map(|e| e.kind()).collect();
+    let drills: Vec<&JobEvent> = job.events.iter().filter(|e| e.kind() == EventKind::Drill).collect();
     assert_eq!(drills.len(), 2, "{kinds:?}");
     assert_eq!(
-        (drills[0].detail["phase"].as_str(), drills[1].detail["phase"].as_str()),
+        (detail(drills[0])["phase"].as_str(), detail(drills[1])["phase"].as_str()),
         (Some("notice"), Some("verdict"))
     );
-    assert_eq!(drills[1].detail["verdict"], "ready");
+    assert_eq!(detail(drills[1])["verdict"], "ready");
     assert!(kinds.contains(&EventKind::Resumed) && kinds.contains(&EventKind::DrainNotice), "{kinds:?}");
-    let requeued = job.events.iter().find(|e| e.kind == EventKind::Requeued).unwrap();
-    assert_eq!(requeued.detail["reason"], "drill");
+    let requeued = job.events.iter().find(|e| e.kind() == EventKind::Requeued).unwrap();
+    assert_eq!(detail(requeued)["reason"], "drill");
 }
 
 /// The checkpoint a node restored from the checkpoint store before an
@@ -778,9 +783,9 @@ fn a_restored_checkpoint_is_in_the_timeline_before_the_start_and_only_from_the_a
     env.now += 100;
     env.report("a", vec![restored(at_ms), AgentEvent::Started { attempt, pid: 7, at_ms: at_ms + 100 }]);
     let job = env.job(id).unwrap();
-    let kinds: Vec<EventKind> = job.events.iter().map(|e| e.kind).collect();
+    let kinds: Vec<EventKind> = job.events.iter().map(|e| e.kind()).collect();
     assert_eq!(kinds, [EventKind::Submitted, EventKind::Placed, EventKind::Restored, EventKind::Started]);
-    let detail = &job.events[2].detail;
+    let detail = &detail(&job.events[2]);
     assert_eq!(
         (&detail["node"], &detail["from_attempt"], &detail["upload"], &detail["step"]),
         (&serde_json::json!("a"), &serde_json::json!(1), &serde_json::json!(3), &serde_json::json!(1200))
@@ -814,7 +819,7 @@ fn a_report_sent_again_adds_its_output_and_checkpoint_once() {
     env.report_as("a", events.clone(), Some(first));
     assert_eq!(env.log(attempt.job), "step 1\n");
     let checkpoints =
-        env.job(attempt.job).unwrap().events.iter().filter(|e| e.kind == EventKind::Checkpoint).count();
+        env.job(attempt.job).unwrap().events.iter().filter(|e| e.kind() == EventKind::Checkpoint).count();
     assert_eq!(checkpoints, 1);
 
     let next = vec![AgentEvent::Output { attempt, data: "step 2\n".into() }];
@@ -1129,7 +1134,7 @@ fn a_finished_job_out_of_memory_is_still_listed_shown_logged_and_counted() {
     for life in ["before a restart", "after a restart"] {
         let shown = env.job(single.job).unwrap();
         assert_eq!(shown.state, "succeeded", "{life}");
-        assert!(shown.events.iter().any(|e| e.kind == EventKind::Exited), "{life}");
+        assert!(shown.events.iter().any(|e| e.kind() == EventKind::Exited), "{life}");
         assert_eq!(shown.usage.len(), 1, "{life}: its usage");
         let principal = env.admin.clone();
         let log = env
@@ -1225,8 +1230,8 @@ fn a_deadline_job_is_promoted_in_place_and_its_attempt_is_billed_at_both_rates()
     let job = env.job(id).unwrap();
     assert_eq!((job.tier.as_str(), job.state.as_str(), job.attempt), ("on-demand", "running", 1));
     assert_eq!(job.deadline.as_ref().unwrap().state, "promoted");
-    let promoted = job.events.iter().find(|e| e.kind == EventKind::Promoted).expect("a promoted event");
-    assert_eq!((promoted.at_ms, &promoted.detail["running"]), (env.now, &serde_json::json!(true)));
+    let promoted = job.events.iter().find(|e| e.kind() == EventKind::Promoted).expect("a promoted event");
+    assert_eq!((promoted.at_ms, &detail(promoted)["running"]), (env.now, &serde_json::json!(true)));
 
     // A restarted server keeps it on-demand and still splits its bill.
     env.restart();
@@ -1363,10 +1368,10 @@ fn a_gang_whose_parts_outrun_the_grace_or_whose_part_failed_is_stopped_and_fails
     env.report(&rank0, vec![exited(attempt, 0, at)]);
     let job = env.job(attempt.job).unwrap();
     assert_eq!(job.state, "failed", "a part Ebb stopped is no success, even one that exited 0");
-    let failed = job.events.iter().find(|e| e.kind == EventKind::Failed).unwrap();
-    let why = failed.detail["reason"].as_str().unwrap();
+    let failed = job.events.iter().find(|e| e.kind() == EventKind::Failed).unwrap();
+    let why = detail(failed)["reason"].as_str().unwrap().to_string();
     assert!(why.contains("had not exited within the gang exit grace of 10m"), "{why}");
-    assert!(job.events.iter().any(|e| e.kind == EventKind::GangStopped));
+    assert!(job.events.iter().any(|e| e.kind() == EventKind::GangStopped));
 
     let (attempt, starts) = gang(&mut env);
     let at = env.now;
@@ -1376,8 +1381,8 @@ fn a_gang_whose_parts_outrun_the_grace_or_whose_part_failed_is_stopped_and_fails
     env.report(&starts[0].0, vec![exited(attempt, 0, at)]);
     let job = env.job(attempt.job).unwrap();
     assert_eq!(job.state, "failed");
-    let failed = job.events.iter().find(|e| e.kind == EventKind::Failed).unwrap();
-    assert!(failed.detail["reason"].as_str().unwrap().contains("exited with code 3"), "{failed:?}");
+    let failed = job.events.iter().find(|e| e.kind() == EventKind::Failed).unwrap();
+    assert!(detail(failed)["reason"].as_str().unwrap().contains("exited with code 3"), "{failed:?}");
 }
 
 /// `MASTER_PORT` was the lowest port from 29500 that Ebb's own gangs did
@@ -1412,8 +1417,8 @@ fn a_gang_whose_rendezvous_port_is_taken_is_requeued_with_another() {
     env.report(&starts[1].0, vec![exited(attempt, 1, at)]);
     let job = env.job(id).unwrap();
     assert_eq!((job.attempt, job.retries, job.preemptions), (2, 0, 0), "neither a failure nor a preemption");
-    let requeued = job.events.iter().rfind(|e| e.kind == EventKind::Requeued).unwrap();
-    assert!(requeued.detail["reason"].as_str().unwrap().contains("rendezvous port"), "{requeued:?}");
+    let requeued = job.events.iter().rfind(|e| e.kind() == EventKind::Requeued).unwrap();
+    assert!(detail(requeued)["reason"].as_str().unwrap().contains("rendezvous port"), "{requeued:?}");
     // The next attempt meets on another port.
     let again: Vec<StartAttempt> = gang_starts(&mut env).into_iter().map(|(_, s)| s).collect();
     assert_eq!(again.len(), 2);

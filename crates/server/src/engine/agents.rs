@@ -334,11 +334,8 @@ impl<S: Store> Engine<S> {
                     if job.state == JobState::Starting && job.started_on.len() == job.placement.len() {
                         job.state = JobState::Running;
                     }
-                    self.event(
-                        attempt.job,
-                        EventKind::Started,
-                        json!({ "node": node, "pid": pid, "at": rfc3339(at_ms) }),
-                    )?;
+                    let detail = StartedDetail { node: node.clone(), pid, at: Some(rfc3339(at_ms)) };
+                    self.event(attempt.job, Event::Started(detail))?;
                     self.drill_changed(attempt.job, |d| d.started(attempt.attempt, at_ms, now))?;
                     self.save(attempt.job)?;
                 }
@@ -387,8 +384,7 @@ impl<S: Store> Engine<S> {
                     let at_ms = self.known_time(attempt, at_ms, now);
                     self.event(
                         attempt.job,
-                        EventKind::Resumed,
-                        json!({ "step": step, "at": rfc3339(at_ms) }),
+                        Event::Resumed(ResumedDetail { step, at: Some(rfc3339(at_ms)) }),
                     )?;
                     self.drill_changed(attempt.job, |d| d.resumed(attempt.attempt, step, at_ms, now))?;
                     self.save(attempt.job)?;
@@ -408,17 +404,17 @@ impl<S: Store> Engine<S> {
                         continue;
                     }
                     let at_ms = self.known_time(attempt, at_ms, now);
-                    let detail = json!({
-                        "node": node,
-                        "from_attempt": from_attempt,
-                        "upload": upload,
-                        "step": step,
-                        "files": files,
-                        "bytes": bytes,
-                        "seconds": duration_ms as f64 / 1000.0,
-                        "at": rfc3339(at_ms),
-                    });
-                    self.event(attempt.job, EventKind::Restored, detail)?;
+                    let detail = RestoredDetail {
+                        node: node.clone(),
+                        from_attempt,
+                        upload,
+                        step,
+                        files,
+                        bytes,
+                        seconds: duration_ms as f64 / 1000.0,
+                        at: Some(rfc3339(at_ms)),
+                    };
+                    self.event(attempt.job, Event::Restored(detail))?;
                 }
                 AgentEvent::Progress { attempt, fraction, at_ms } => {
                     if !self.live_on(attempt, &node) {
@@ -439,10 +435,13 @@ impl<S: Store> Engine<S> {
                     job.pulling = Some((node.clone(), done_bytes.min(total_bytes), total_bytes));
                     if first {
                         let digest = job.spec.image.as_ref().map(|i| i.digest.clone());
-                        let detail = json!({
-                            "node": node, "digest": digest, "total_bytes": total_bytes, "at": rfc3339(at_ms),
-                        });
-                        self.event(attempt.job, EventKind::Pulling, detail)?;
+                        let detail = PullingDetail {
+                            node: node.clone(),
+                            digest,
+                            total_bytes,
+                            at: Some(rfc3339(at_ms)),
+                        };
+                        self.event(attempt.job, Event::Pulling(detail))?;
                     }
                     self.save(attempt.job)?;
                 }
@@ -453,13 +452,13 @@ impl<S: Store> Engine<S> {
                     }
                     let at_ms = self.known_time(attempt, at_ms, now);
                     self.jobs.get_mut(&attempt.job).expect("live").pulling = None;
-                    let detail = json!({
-                        "node": node,
-                        "downloaded_bytes": downloaded_bytes,
-                        "seconds": duration_ms as f64 / 1000.0,
-                        "at": rfc3339(at_ms),
-                    });
-                    self.event(attempt.job, EventKind::Pulled, detail)?;
+                    let detail = PulledDetail {
+                        node: node.clone(),
+                        downloaded_bytes,
+                        seconds: duration_ms as f64 / 1000.0,
+                        at: Some(rfc3339(at_ms)),
+                    };
+                    self.event(attempt.job, Event::Pulled(detail))?;
                     self.save(attempt.job)?;
                 }
                 AgentEvent::Output { attempt, data } => {
@@ -508,11 +507,8 @@ impl<S: Store> Engine<S> {
         job.attempt_checkpoint_ms = Some(job.attempt_checkpoint_ms.map_or(at_ms, |t| t.max(at_ms)));
         let warn = duration_ms > window.as_millis() && !job.checkpoints.warned;
         job.checkpoints.warned |= warn;
-        self.event(
-            id,
-            EventKind::Checkpoint,
-            json!({ "step": step, "bytes": bytes, "seconds": duration_ms as f64 / 1000.0 }),
-        )?;
+        let seconds = duration_ms as f64 / 1000.0;
+        self.event(id, Event::Checkpoint(CheckpointDetail { step, bytes, seconds }))?;
         self.drill_changed(id, |d| d.checkpointed(attempt.attempt, step, now))?;
         if warn {
             let message = format!(
@@ -523,12 +519,12 @@ impl<S: Store> Engine<S> {
                 window.human(),
             );
             tracing::warn!(job = id, "{message}");
-            let detail = json!({
-                "message": message,
-                "checkpoint_seconds": duration_ms as f64 / 1000.0,
-                "drain_window_seconds": window.as_secs(),
-            });
-            self.event(id, EventKind::Warning, detail)?;
+            let detail = WarningDetail {
+                message,
+                checkpoint_seconds: Some(duration_ms as f64 / 1000.0),
+                drain_window_seconds: Some(window.as_secs()),
+            };
+            self.event(id, Event::Warning(detail))?;
         }
         self.save(id)
     }

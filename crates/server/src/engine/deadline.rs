@@ -242,7 +242,7 @@ impl<S: Store> Engine<S> {
                 self.deadlines.insert((now + RETRY_MS, id));
                 if first {
                     let message = format!("deadline: promotion to on-demand waits: {e}");
-                    self.event(id, EventKind::Warning, json!({ "message": message }))?;
+                    self.event(id, Event::Warning(WarningDetail { message, ..Default::default() }))?;
                 }
                 return self.save(id);
             }
@@ -250,15 +250,15 @@ impl<S: Store> Engine<S> {
         d.blocked = None;
         d.promoted = Some(Promotion { at_ms: now, why: why.clone(), running });
         job.tier = Tier::OnDemand;
-        let detail = json!({
-            "running": running.is_some(),
-            "fraction_done": fraction,
-            "needed_seconds": j.needed_ms.map(|ms| ms.div_ceil(1000)),
-            "margin_seconds": j.margin_ms / 1000,
-            "left_seconds": j.left_ms / 1000,
-            "reason": why,
-        });
-        self.event(id, EventKind::Promoted, detail)?;
+        let detail = PromotedDetail {
+            running: running.is_some(),
+            fraction_done: fraction,
+            needed_seconds: j.needed_ms.map(|ms| ms.div_ceil(1000)),
+            margin_seconds: j.margin_ms / 1000,
+            left_seconds: j.left_ms / 1000,
+            reason: why,
+        };
+        self.event(id, Event::Promoted(detail))?;
         self.save(id)
     }
 

@@ -358,15 +358,14 @@ impl<S: Store> Engine<S> {
         let job = self.jobs.get_mut(&id).expect("visible");
         let nodes = job.running_on.clone();
         job.drill = Some(Box::new(DrillRecord::new(drain.attempt.0, nodes.clone(), now, drain.deadline.0)));
-        let detail = json!({
-            "phase": "notice",
-            "attempt": drain.attempt.0,
-            "nodes": nodes,
-            "notice_at": rfc3339(now),
-            "deadline": rfc3339(drain.deadline.0),
-            "window_seconds": window.as_secs_f64(),
-        });
-        self.event(id, EventKind::Drill, detail)?;
+        let detail = DrillNotice {
+            attempt: drain.attempt.0,
+            nodes,
+            notice_at: rfc3339(now),
+            deadline: rfc3339(drain.deadline.0),
+            window_seconds: window.as_secs_f64(),
+        };
+        self.event(id, Event::Drill(DrillDetail::Notice(detail)))?;
         self.drained(&drain)?;
         self.job_view(principal, id)
     }
@@ -389,9 +388,7 @@ impl<S: Store> Engine<S> {
             _ => self.counters.drills_failed += 1,
         }
         tracing::info!(job = id, verdict = report.verdict.as_deref(), failures = ?report.failures, "drill concluded");
-        let mut detail = serde_json::to_value(&report).expect("serialisable");
-        detail["phase"] = json!("verdict");
-        self.event(id, EventKind::Drill, detail)
+        self.event(id, Event::Drill(DrillDetail::Verdict(Box::new(report))))
     }
 
     /// What the drill of job `id` needs to know of its live attempt's end

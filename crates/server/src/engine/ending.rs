@@ -58,8 +58,7 @@ pub(super) fn cancel_stop(job: &JobRecord, attempt: AttemptRef, now: u64) -> Act
 #[derive(Debug, PartialEq)]
 pub(super) struct Ended {
     pub state: JobState,
-    pub kind: EventKind,
-    pub detail: serde_json::Value,
+    pub event: Event,
     /// The attempt's usage record: none if it never reported a start
     /// (nothing is known to have run).
     pub usage: Option<crate::store::UsageRow>,
@@ -103,6 +102,34 @@ pub(super) fn lost_work(job: &JobRecord, end_ms: u64) -> u64 {
     end_ms.saturating_sub(saved) * job.gpus as u64
 }
 
+/// What the caller of `ended` knows of an attempt's end that the record
+/// does not: the words of what made a gang's attempt fail (in place of
+/// the event's own reason), and the node a lost attempt was on and why.
+#[derive(Debug, Default)]
+pub(super) struct EndNote {
+    pub reason: Option<String>,
+    pub node: Option<String>,
+    pub why: Option<String>,
+}
+
+impl EndNote {
+    /// The note, in the event an attempt's end made: a requeue or a
+    /// failure; the other ends have nothing it could add to.
+    pub(super) fn add_to(self, event: &mut Event) {
+        match event {
+            Event::Requeued(d) => {
+                if let Some(reason) = self.reason {
+                    d.reason = reason;
+                }
+                d.node = self.node.or(d.node.take());
+                d.why = self.why.or(d.why.take());
+            }
+            Event::Failed(d) => d.reason = self.reason.or(d.reason.take()),
+            _ => {}
+        }
+    }
+}
+
 /// The live attempt of `job` ended at `end_ms` (by the agents' clocks, or
 /// the node's last contact) with `effect`, as the core decided, at the
 /// server's `now`, under the scheduler's `min_runtime`. The record leaves
@@ -137,54 +164,68 @@ pub(super) fn end_attempt(
     job.lost_gpu_ms += lost_gpu_ms;
     let lost = lost_gpu_ms as f64 / 1000.0;
     let mut backoff_ms = 0;
-    let (state, kind, detail) = match effect {
-        ExitEffect::Finished => (
-            JobState::Succeeded,
-            EventKind::Succeeded,
-            json!({ "ran_ms": now.saturating_sub(job.started_ms) }),
-        ),
-        ExitEffect::Failed => {
-            (JobState::Failed, EventKind::Failed, json!({ "code": job.exit_code, "signal": job.exit_signal }))
+    let requeued = |reason: &str| RequeuedDetail { reason: reason.into(), ..Default::default() };
+    let (state, event) = match effect {
+        ExitEffect::Finished => {
+            let ran_ms = Some(now.saturating_sub(job.started_ms));
+            (JobState::Succeeded, Event::Succeeded(SucceededDetail { ran_ms }))
         }
-        ExitEffect::Cancelled => (JobState::Cancelled, EventKind::Cancelled, json!({})),
+        ExitEffect::Failed => {
+            let detail = FailedDetail { code: job.exit_code, signal: job.exit_signal, ..Default::default() };
+            (JobState::Failed, Event::Failed(detail))
+        }
+        ExitEffect::Cancelled => (JobState::Cancelled, Event::Cancelled(CancelledDetail::default())),
         ExitEffect::PreemptionLimitReached => {
             job.preemptions += 1;
             job.drilled_since_preempted = false;
-            let detail = json!({ "reason": "preempted more than max_preemptions", "lost_gpu_seconds": lost });
-            (JobState::Failed, EventKind::Failed, detail)
+            let detail = FailedDetail {
+                reason: Some("preempted more than max_preemptions".into()),
+                lost_gpu_seconds: Some(lost),
+                ..Default::default()
+            };
+            (JobState::Failed, Event::Failed(detail))
         }
         ExitEffect::Requeued { preempted: true } => {
             job.preemptions += 1;
             job.drilled_since_preempted = false;
-            let detail =
-                json!({ "reason": "preempted", "preemptions": job.preemptions, "lost_gpu_seconds": lost });
-            (JobState::Queued, EventKind::Requeued, detail)
+            let detail = RequeuedDetail {
+                preemptions: Some(job.preemptions),
+                lost_gpu_seconds: Some(lost),
+                ..requeued("preempted")
+            };
+            (JobState::Queued, Event::Requeued(detail))
         }
         ExitEffect::Requeued { preempted: false } => {
             job.retries += 1;
             (
                 JobState::Queued,
-                EventKind::Requeued,
-                json!({ "reason": "failed, retrying", "retries": job.retries }),
+                Event::Requeued(RequeuedDetail {
+                    retries: Some(job.retries),
+                    ..requeued("failed, retrying")
+                }),
             )
         }
-        ExitEffect::RequeuedLost => {
-            (JobState::Queued, EventKind::Requeued, json!({ "reason": "lost", "lost_gpu_seconds": lost }))
-        }
+        ExitEffect::RequeuedLost => (
+            JobState::Queued,
+            Event::Requeued(RequeuedDetail { lost_gpu_seconds: Some(lost), ..requeued("lost") }),
+        ),
         ExitEffect::Drilled => {
             // As the core has it: the next attempt resumes from no preemption.
             job.drilled_since_preempted = true;
-            (JobState::Queued, EventKind::Requeued, json!({ "reason": "drill" }))
+            (JobState::Queued, Event::Requeued(requeued("drill")))
         }
         ExitEffect::Restarted => {
             let ran_ms = end_ms.saturating_sub(job.run_started_ms.unwrap_or(end_ms));
             job.quick_exits = if ran_ms < QUICK_EXIT_MS { job.quick_exits.saturating_add(1) } else { 0 };
             backoff_ms = restart_backoff_ms(job.quick_exits);
-            let detail = json!({
-                "reason": "restart always", "code": job.exit_code, "signal": job.exit_signal,
-                "quick_exits": job.quick_exits, "backoff_seconds": backoff_ms as f64 / 1000.0,
-            });
-            (JobState::Queued, EventKind::Requeued, detail)
+            let detail = RequeuedDetail {
+                code: job.exit_code,
+                signal: job.exit_signal,
+                quick_exits: Some(job.quick_exits),
+                backoff_seconds: Some(backoff_ms as f64 / 1000.0),
+                ..requeued("restart always")
+            };
+            (JobState::Queued, Event::Requeued(detail))
         }
     };
     job.state = state;
@@ -203,7 +244,7 @@ pub(super) fn end_attempt(
     }
     let preempted =
         matches!(effect, ExitEffect::Requeued { preempted: true } | ExitEffect::PreemptionLimitReached);
-    Ended { state, kind, detail, usage, lost_gpu_ms, backoff_ms, preempted }
+    Ended { state, event, usage, lost_gpu_ms, backoff_ms, preempted }
 }
 
 /// The usage record of the live attempt, ended at `end_ms`, drained from
@@ -315,7 +356,7 @@ mod tests {
         job.state = JobState::Draining;
         job.notice = Some((8_000, 9_000, "preempted by job 9".into()));
         let ended = end_attempt(&mut job, ExitEffect::PreemptionLimitReached, 9_000, 9_500, MIN_RUNTIME);
-        assert_eq!((ended.state, ended.kind), (JobState::Failed, EventKind::Failed));
+        assert_eq!((ended.state, ended.event.kind()), (JobState::Failed, EventKind::Failed));
         assert!(ended.preempted);
         assert_eq!(ended.usage.expect("metered").outcome, "preempted");
         assert_eq!(job.preemptions, 1);
@@ -329,7 +370,7 @@ mod tests {
         job.exit_code = Some(0);
         let ended =
             end_attempt(&mut job, ExitEffect::Requeued { preempted: true }, 9_000, 9_500, MIN_RUNTIME);
-        assert_eq!((ended.state, ended.kind), (JobState::Queued, EventKind::Requeued));
+        assert_eq!((ended.state, ended.event.kind()), (JobState::Queued, EventKind::Requeued));
         assert_eq!(ended.lost_gpu_ms, 2 * 4_000);
         assert!(ended.preempted);
         let usage = ended.usage.expect("metered");
@@ -366,8 +407,8 @@ mod tests {
         job.notice = Some((8_000, 18_000, "drill: save and exit".into()));
         job.exit_code = Some(0);
         let ended = end_attempt(&mut job, ExitEffect::Drilled, 9_000, 9_500, MIN_RUNTIME);
-        assert_eq!((ended.state, ended.kind), (JobState::Queued, EventKind::Requeued));
-        assert_eq!(ended.detail["reason"], "drill");
+        assert_eq!((ended.state, ended.event.kind()), (JobState::Queued, EventKind::Requeued));
+        assert!(matches!(&ended.event, Event::Requeued(d) if d.reason == "drill"), "{:?}", ended.event);
         assert!(!ended.preempted);
         assert_eq!(ended.lost_gpu_ms, 0, "not in the lost-work counters");
         let usage = ended.usage.expect("metered");
@@ -383,7 +424,7 @@ mod tests {
         let ended = end_attempt(&mut job, ExitEffect::RequeuedLost, 6_000, 60_000, MIN_RUNTIME);
         assert_eq!(ended.usage.expect("metered").ended_ms, 6_000);
         assert_eq!(ended.lost_gpu_ms, 2 * 1_000);
-        assert_eq!(ended.detail["reason"], "lost");
+        assert!(matches!(&ended.event, Event::Requeued(d) if d.reason == "lost"), "{:?}", ended.event);
         let mut never = running();
         never.run_started_ms = None;
         let ended = end_attempt(&mut never, ExitEffect::RequeuedLost, 6_000, 60_000, MIN_RUNTIME);

@@ -1,7 +1,7 @@
 //! Attempts that end: a node's part exits, and the attempt ends once every
 //! node's part has. The transition itself is `ending::end_attempt`.
 
-use super::ending::{end_attempt, exit_kind, STOP_GRACE_MS};
+use super::ending::{end_attempt, exit_kind, EndNote, STOP_GRACE_MS};
 use super::*;
 
 impl<S: Store> Engine<S> {
@@ -32,20 +32,20 @@ impl<S: Store> Engine<S> {
             job.exit_code = code;
             job.exit_signal = signal;
         }
-        let mut detail = json!({
-            "node": node, "code": code, "signal": signal, "completed_marker": completed, "vanished": vanished,
-        });
-        if let Some(peak) = peak_memory_bytes {
-            detail["peak_memory_bytes"] = json!(peak);
-        }
-        if let Some(error) = start_error {
-            detail["start_error"] = json!(error);
-        }
         if let Some(port) = port_in_use {
-            detail["port_in_use"] = json!(port);
             self.port_taken(id, node, port);
         }
-        self.event(id, EventKind::Exited, detail)?;
+        let detail = ExitedDetail {
+            node: node.to_string(),
+            code,
+            signal,
+            completed_marker: completed,
+            vanished,
+            peak_memory_bytes,
+            start_error,
+            port_in_use,
+        };
+        self.event(id, Event::Exited(detail))?;
         let job = &self.jobs[&id];
         if !job.running_on.is_empty() {
             // A gang ends as a whole, once every part has exited. Being
@@ -89,18 +89,18 @@ impl<S: Store> Engine<S> {
         };
         let end_ms = self.jobs[&id].exited_ms;
         let job = &self.jobs[&id];
-        let extra = match (&job.rendezvous_failed, &job.gang_stopped) {
+        let reason = match (&job.rendezvous_failed, &job.gang_stopped) {
             (Some(why), _) if effect == ExitEffect::RequeuedLost => {
-                json!({ "reason": format!("{why}; requeued with another port") })
+                Some(format!("{why}; requeued with another port"))
             }
             (_, Some(why))
                 if matches!(effect, ExitEffect::Failed | ExitEffect::Requeued { preempted: false }) =>
             {
-                json!({ "reason": why })
+                Some(why.clone())
             }
-            _ => json!({}),
+            _ => None,
         };
-        self.ended(id, effect, end_ms, now, extra)
+        self.ended(id, effect, end_ms, now, EndNote { reason, ..Default::default() })
     }
 
     /// The gang's rendezvous port was taken on `node` by another program:
@@ -131,7 +131,7 @@ impl<S: Store> Engine<S> {
         for n in job.running_on.clone() {
             self.outbox.push(&n, Action::Stop { attempt, grace_ms: STOP_GRACE_MS, notice: None });
         }
-        self.event(id, EventKind::GangStopped, json!({ "reason": why }))
+        self.event(id, Event::GangStopped(GangStoppedDetail { reason: why }))
     }
 
     /// Gangs whose grace after a part's exit 0 has run out with parts
@@ -159,14 +159,14 @@ impl<S: Store> Engine<S> {
 
     /// The live attempt of job `id` ended at `end_ms` with `effect` (the
     /// core knows already): the record, its usage record, the event (with
-    /// `extra` in its detail), the tenant's load and a restart's back-off.
+    /// `note` in its detail), the tenant's load and a restart's back-off.
     pub(super) fn ended(
         &mut self,
         id: u64,
         effect: ExitEffect,
         end_ms: u64,
         now: u64,
-        extra: serde_json::Value,
+        note: EndNote,
     ) -> Written {
         let min_runtime = self.sched.min_runtime;
         // What a drill needs of the attempt, before the record forgets it.
@@ -195,10 +195,8 @@ impl<S: Store> Engine<S> {
                 Err(e) => tracing::error!(job = id, "restart back-off not applied: {e}"),
             }
         }
-        if let (Some(detail), serde_json::Value::Object(extra)) = (ended.detail.as_object_mut(), extra) {
-            detail.extend(extra);
-        }
-        self.event(id, ended.kind, ended.detail)?;
+        note.add_to(&mut ended.event);
+        self.event(id, ended.event)?;
         self.drill_changed(id, |d| d.attempt_ended(drill_end, now))?;
         if ended.state.is_final() {
             self.finished(id)?;

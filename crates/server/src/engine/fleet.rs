@@ -1,5 +1,6 @@
 //! Nodes as the operator and the heartbeat timeout change them: drain, reclaim, removal, loss.
 
+use super::ending::EndNote;
 use super::*;
 
 impl<S: Store> Engine<S> {
@@ -146,7 +147,9 @@ impl<S: Store> Engine<S> {
         self.interrupted(name)?;
         let heard = self.last_contact(name).unwrap_or(now);
         for &id in requeued {
-            self.ended(id, ExitEffect::RequeuedLost, heard, now, json!({ "node": name, "why": why }))?;
+            let note =
+                EndNote { node: Some(name.to_string()), why: Some(why.to_string()), ..Default::default() };
+            self.ended(id, ExitEffect::RequeuedLost, heard, now, note)?;
         }
         Ok(())
     }

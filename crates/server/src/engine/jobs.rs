@@ -88,8 +88,9 @@ impl<S: Store> Engine<S> {
                     record.array = Some(array);
                 }
                 self.admit(record, &limits)?;
-                let detail = json!({ "tier": checked.tier.as_str(), "gpus": checked.gpus, "task": index });
-                self.event(id, EventKind::Submitted, detail)?;
+                let detail =
+                    SubmittedDetail { tier: checked.tier.as_str().into(), gpus: checked.gpus, task: index };
+                self.event(id, Event::Submitted(detail))?;
                 self.counters.submitted += 1;
                 self.judge_deadline(id, now)?;
                 ids.push(id);
@@ -280,7 +281,7 @@ impl<S: Store> Engine<S> {
                 let job = self.jobs.get_mut(&id).expect("visible");
                 job.state = JobState::Cancelled;
                 self.finished(id)?;
-                self.event(id, EventKind::Cancelled, json!({ "while": "queued" }))?;
+                self.event(id, Event::Cancelled(CancelledDetail { while_: Some("queued".into()) }))?;
                 self.save(id)?;
             }
             _ => {
@@ -292,12 +293,12 @@ impl<S: Store> Engine<S> {
                     for node in job.running_on.clone() {
                         self.outbox.push(&node, stop.clone());
                     }
-                    let detail = json!({
-                        "at": rfc3339(now),
-                        "deadline": rfc3339(deadline),
-                        "grace_seconds": deadline.saturating_sub(now) as f64 / 1000.0,
-                    });
-                    self.event(id, EventKind::CancelRequested, detail)?;
+                    let detail = CancelRequestedDetail {
+                        at: Some(rfc3339(now)),
+                        deadline: Some(rfc3339(deadline)),
+                        grace_seconds: Some(deadline.saturating_sub(now) as f64 / 1000.0),
+                    };
+                    self.event(id, Event::CancelRequested(detail))?;
                     self.save(id)?;
                 }
             }
@@ -349,11 +350,8 @@ impl<S: Store> Engine<S> {
                 tracing::error!(job = id, "not admitted: {}", e.message);
                 continue;
             }
-            self.event(
-                id,
-                EventKind::Admitted,
-                json!({ "reason": "its tenant is under its limit of running jobs" }),
-            )?;
+            let reason = "its tenant is under its limit of running jobs".into();
+            self.event(id, Event::Admitted(AdmittedDetail { reason }))?;
             self.save(id)?;
         }
     }
@@ -580,7 +578,7 @@ pub(super) fn task_env(task: &ebb_api::ArrayTask) -> BTreeMap<String, String> {
             env.insert(format!("EBB_PARAM_{}", name.to_ascii_uppercase()), value.clone());
         }
         let params: serde_json::Map<String, serde_json::Value> =
-            task.params.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
+            task.params.iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))).collect();
         env.insert("EBB_PARAMS".into(), serde_json::Value::Object(params).to_string());
     }
     env
@@ -638,7 +636,7 @@ mod tests {
         assert_eq!(env["EBB_PARAM_LR"], "0.1");
         assert_eq!(env["EBB_PARAM_DEPTH"], "4");
         let params: serde_json::Value = serde_json::from_str(&env["EBB_PARAMS"]).expect("json");
-        assert_eq!(params, json!({ "lr": "0.1", "depth": "4" }));
+        assert_eq!(params, serde_json::json!({ "lr": "0.1", "depth": "4" }));
     }
 
     #[test]

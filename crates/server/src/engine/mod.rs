@@ -32,14 +32,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use ebb_api::events::*;
 use ebb_api::{
-    Action, AgentEvent, AttemptRef, Command, DrainAttempt, EventKind, JobEvent, JobSubmission, Register,
-    Registered, ReportReply, StartAttempt,
+    Action, AgentEvent, AttemptRef, Command, DrainAttempt, JobSubmission, NodeGpus, Register, Registered,
+    ReportReply, StartAttempt,
 };
 use ebb_core::{Attempt, GpuModelId, JobId, NodeId, Span, TenantId, Tier, Time};
 use ebb_scheduler::{DrainReason, ExitEffect, ExitKind, JobSpec, NodeSpec, NodeStatus, Notice, State};
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 use tokio::sync::{oneshot, watch};
 
 use crate::store::{NodeRow, PriceRow, ReservationRow, Scope, Store, StoreError, TenantRow, TokenRow};

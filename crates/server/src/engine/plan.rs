@@ -81,14 +81,18 @@ impl<S: Store> Engine<S> {
     /// every node of the attempt is told.
     pub(super) fn drained(&mut self, d: &Drain) -> Written {
         let id = d.job.0;
-        let (reason, detail) = match d.reason {
-            DrainReason::Preempted { by } => (format!("preempted by job {}", by.0), json!({ "by": by.0 })),
+        let (reason, cause) = match d.reason {
+            DrainReason::Preempted { by } => {
+                (format!("preempted by job {}", by.0), DrainCause { by: Some(by.0), node: None })
+            }
             DrainReason::NodeDrain { node } => {
                 let name = self.core.node(node).expect("known").name.clone();
-                (format!("node {name} drained by the operator"), json!({ "node": name }))
+                (format!("node {name} drained by the operator"), DrainCause { by: None, node: Some(name) })
             }
-            DrainReason::Reclaim => ("preemptible capacity reclaimed by the operator".into(), json!({})),
-            DrainReason::Drill => (DRILL_REASON.into(), json!({})),
+            DrainReason::Reclaim => {
+                ("preemptible capacity reclaimed by the operator".into(), DrainCause::default())
+            }
+            DrainReason::Drill => (DRILL_REASON.into(), DrainCause::default()),
         };
         let job = self.jobs.get_mut(&id).expect("known job");
         job.state = JobState::Draining;
@@ -103,10 +107,13 @@ impl<S: Store> Engine<S> {
         for node in &job.running_on {
             self.outbox.push(node, Action::Drain(drain.clone()));
         }
-        let detail = json!({
-            "reason": reason, "notice_at": rfc3339(d.notice_at.0), "deadline": rfc3339(d.deadline.0), "detail": detail,
-        });
-        self.event(id, EventKind::DrainNotice, detail)?;
+        let detail = DrainNoticeDetail {
+            reason,
+            notice_at: rfc3339(d.notice_at.0),
+            deadline: rfc3339(d.deadline.0),
+            detail: cause,
+        };
+        self.event(id, Event::DrainNotice(detail))?;
         self.save(id)
     }
 
@@ -119,11 +126,7 @@ impl<S: Store> Engine<S> {
         job.waiting_for = victims.clone();
         self.save(p.preemptor.0)?;
         let lost = p.lost_gpu_ms as f64 / 1000.0;
-        self.event(
-            p.preemptor.0,
-            EventKind::Preempting,
-            json!({ "victims": victims, "lost_gpu_seconds": lost }),
-        )
+        self.event(p.preemptor.0, Event::Preempting(PreemptingDetail { victims, lost_gpu_seconds: lost }))
     }
 
     /// The text of `recommendation`: the last one's again when it is the
@@ -172,11 +175,11 @@ impl<S: Store> Engine<S> {
         for (node, start) in self.starts(id) {
             self.outbox.push(&node, Action::Start(start));
         }
-        let shown: Vec<serde_json::Value> =
-            placement.iter().map(|(n, g)| json!({ "node": n, "gpus": g })).collect();
-        let interval = json!({ "seconds": recommendation.interval.as_secs(), "why": why });
-        let detail = json!({ "placement": shown, "from_hold": p.from_hold, "checkpoint_interval": interval });
-        self.event(id, EventKind::Placed, detail)?;
+        let placement =
+            placement.iter().map(|(n, g)| NodeGpus { node: n.clone(), gpus: g.clone() }).collect();
+        let interval = CheckpointInterval { seconds: recommendation.interval.as_secs(), why };
+        let detail = PlacedDetail { placement, from_hold: p.from_hold, checkpoint_interval: Some(interval) };
+        self.event(id, Event::Placed(detail))?;
         self.save(id)
     }
 }

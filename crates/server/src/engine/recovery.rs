@@ -1,5 +1,6 @@
 //! Recovery: the core rebuilt from the store when the server starts.
 
+use super::ending::EndNote;
 use super::*;
 
 impl<S: Store> Engine<S> {
@@ -219,8 +220,8 @@ impl<S: Store> Engine<S> {
             let heard = job.running_on.iter().filter_map(|n| self.last_contact(n)).min();
             let end_ms = heard.unwrap_or(job.started_ms).min(now);
             tracing::warn!(job = id, "attempt not restored, requeued as lost: {why}");
-            let detail = json!({ "reason": "lost", "why": format!("server restart: {why}") });
-            self.ended(id, ExitEffect::RequeuedLost, end_ms, now, detail)?;
+            let note = EndNote { why: Some(format!("server restart: {why}")), ..Default::default() };
+            self.ended(id, ExitEffect::RequeuedLost, end_ms, now, note)?;
             if let Err(e) = self.restore_queued(id) {
                 tracing::error!(job = id, "not requeued: {}", e.message);
             }

@@ -6,17 +6,17 @@ use std::io::Write as _;
 use super::*;
 
 impl<S: Store> Engine<S> {
-    /// Records that `kind` happened to job `id` at the batch's instant.
-    pub(super) fn event(&mut self, id: u64, kind: EventKind, detail: serde_json::Value) -> Written {
+    /// Records `event` of job `id` at the batch's instant.
+    pub(super) fn event(&mut self, id: u64, event: Event) -> Written {
         let at_ms = self.now;
         let attempt = self.jobs.get(&id).map_or(0, |j| j.attempt);
-        let event = JobEvent { at: rfc3339(at_ms), at_ms, kind, attempt, detail };
+        let kind = event.kind();
+        let event = JobEvent { at: rfc3339(at_ms), at_ms, attempt, event };
         self.outbox.changed = true;
         self.store.add_event(id, &event)?;
         // Every event is in the job's timeline. The log has the ones an
         // operator follows; the steps every job takes on its way (a fleet's
-        // fill is hundreds of thousands of them, and formatting their lines
-        // was a tenth of the writer's time) are logged at debug.
+        // fill is hundreds of thousands of them) are logged at debug.
         let routine = matches!(
             kind,
             EventKind::Submitted
@@ -29,9 +29,9 @@ impl<S: Store> Engine<S> {
                 | EventKind::Exited
         );
         if routine {
-            tracing::debug!(job = id, attempt, kind = kind.as_str(), "{}", event.detail);
+            tracing::debug!(job = id, attempt, kind = kind.as_str(), "{}", event.event);
         } else {
-            tracing::info!(job = id, attempt, kind = kind.as_str(), "{}", event.detail);
+            tracing::info!(job = id, attempt, kind = kind.as_str(), "{}", event.event);
         }
         Ok(())
     }

@@ -1,0 +1,740 @@
+//! A job's history: its events, each a kind with a typed detail, and why a
+//! queued job waits. On the wire an event is `{at, at_ms, attempt, kind,
+//! detail}`; `detail`'s fields depend on `kind`, and a field that does not
+//! apply (or is not known) is absent. Every field reads with a default, so
+//! that an event stored by an earlier version, which wrote fewer fields,
+//! reads back.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::{Drill, NodeGpus};
+
+/// One entry of a job's history.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct JobEvent {
+    pub at: String,
+    pub at_ms: u64,
+    pub attempt: u32,
+    /// `kind` and its `detail`.
+    #[serde(flatten)]
+    pub event: Event,
+}
+
+impl JobEvent {
+    pub fn kind(&self) -> EventKind {
+        self.event.kind()
+    }
+}
+
+/// Declares `Event`, one variant per `EventKind` with its detail, and
+/// what is said of each variant once: its kind, its detail alone as JSON
+/// (as the store keeps it), and its detail's defaults.
+macro_rules! events {
+    ($($kind:ident($detail:ty),)*) => {
+        /// What happened, with what is known of it.
+        #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+        #[serde(tag = "kind", content = "detail", rename_all = "snake_case")]
+        pub enum Event {
+            $($kind($detail),)*
+        }
+
+        impl Event {
+            pub fn kind(&self) -> EventKind {
+                match self {
+                    $(Event::$kind(_) => EventKind::$kind,)*
+                }
+            }
+
+            /// The detail alone, as JSON.
+            pub fn detail_json(&self) -> String {
+                let written = match self {
+                    $(Event::$kind(detail) => serde_json::to_string(detail),)*
+                };
+                written.expect("an event's detail is plain data")
+            }
+
+            /// An event of `kind` whose detail says nothing: what a stored
+            /// detail that cannot be read is taken as.
+            pub fn unknown(kind: EventKind) -> Event {
+                match kind {
+                    $(EventKind::$kind => Event::$kind(<$detail>::default()),)*
+                }
+            }
+        }
+    };
+}
+
+events! {
+    Submitted(SubmittedDetail),
+    Admitted(AdmittedDetail),
+    Placed(PlacedDetail),
+    Started(StartedDetail),
+    Checkpoint(CheckpointDetail),
+    Warning(WarningDetail),
+    DrainNotice(DrainNoticeDetail),
+    Preempting(PreemptingDetail),
+    Exited(ExitedDetail),
+    Requeued(RequeuedDetail),
+    Succeeded(SucceededDetail),
+    Failed(FailedDetail),
+    Cancelled(CancelledDetail),
+    CancelRequested(CancelRequestedDetail),
+    Drill(DrillDetail),
+    Resumed(ResumedDetail),
+    Restored(RestoredDetail),
+    Promoted(PromotedDetail),
+    GangStopped(GangStoppedDetail),
+    Pulling(PullingDetail),
+    Pulled(PulledDetail),
+}
+
+/// The detail alone, as JSON.
+impl std::fmt::Display for Event {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.detail_json())
+    }
+}
+
+impl Event {
+    /// An event as the store keeps it: its kind's name and its detail as
+    /// JSON; beside it, why the detail did not read as its kind's (a store
+    /// edited by hand), in which case the event has its kind's empty
+    /// detail, so that it is never lost from the history.
+    pub fn from_stored(kind: EventKind, detail: &str) -> (Event, Option<String>) {
+        let whole = format!(r#"{{"kind":"{}","detail":{detail}}}"#, kind.as_str());
+        match serde_json::from_str(&whole) {
+            Ok(event) => (event, None),
+            Err(e) => (Event::unknown(kind), Some(format!("{kind} detail {detail}: {e}"))),
+        }
+    }
+}
+
+/// Accepted: its tier and GPUs, and the task of an array or sweep.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct SubmittedDetail {
+    pub tier: String,
+    pub gpus: u32,
+    /// An array's or sweep's task index (null for a single job).
+    pub task: Option<u64>,
+}
+
+/// Let into the scheduler once its tenant was under its running limit.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct AdmittedDetail {
+    pub reason: String,
+}
+
+/// Placed on nodes.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct PlacedDetail {
+    pub placement: Vec<NodeGpus>,
+    /// On the GPUs held for it while its victims drained.
+    pub from_hold: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checkpoint_interval: Option<CheckpointInterval>,
+}
+
+/// The checkpoint interval Ebb recommended to the attempt, and why.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct CheckpointInterval {
+    pub seconds: u64,
+    pub why: String,
+}
+
+/// A node started its part.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct StartedDetail {
+    pub node: String,
+    pub pid: u32,
+    /// By the node's clock.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub at: Option<String>,
+}
+
+/// The job reported a completed checkpoint.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct CheckpointDetail {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
+    /// How long the save took.
+    pub seconds: f64,
+}
+
+/// Something the job's owner should fix.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct WarningDetail {
+    pub message: String,
+    /// A checkpoint that took longer than the drain window: how long.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checkpoint_seconds: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drain_window_seconds: Option<u64>,
+}
+
+/// The drain notice: why, when, and when the kill comes.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct DrainNoticeDetail {
+    /// In words: `preempted by job 7`, `node a drained by the operator`,
+    /// `preemptible capacity reclaimed by the operator`, a drill.
+    pub reason: String,
+    pub notice_at: String,
+    pub deadline: String,
+    /// The same, for programs.
+    pub detail: DrainCause,
+}
+
+/// What drained a job: the preemptor (`by`), the node an operator drained
+/// (`node`), or neither (a reclaim, a drill).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct DrainCause {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub by: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+}
+
+/// Preemptible jobs are being drained for this one.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct PreemptingDetail {
+    pub victims: Vec<u64>,
+    /// The victims' work since their last checkpoints, in GPU-seconds.
+    pub lost_gpu_seconds: f64,
+}
+
+/// A node's processes ended.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct ExitedDetail {
+    pub node: String,
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+    /// The SDK's completion marker was written.
+    pub completed_marker: bool,
+    /// The node came back without the attempt's processes.
+    pub vanished: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_memory_bytes: Option<u64>,
+    /// Why the attempt could not start, in the agent's words.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start_error: Option<String>,
+    /// The gang's rendezvous port another program held on the node.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub port_in_use: Option<u16>,
+}
+
+/// Back in the queue.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct RequeuedDetail {
+    /// `preempted`, `lost`, `failed, retrying`, `drill`, `restart always`,
+    /// or the words of what made a gang's attempt fail.
+    pub reason: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub preemptions: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retries: Option<u32>,
+    /// Work since the last checkpoint, in GPU-seconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lost_gpu_seconds: Option<f64>,
+    /// A lost attempt: its node, and why it was lost.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+    /// A restarted job: how its attempt exited, its quick exits in a row
+    /// and the back-off before the next.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub code: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quick_exits: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backoff_seconds: Option<f64>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct SucceededDetail {
+    /// From placement to the end.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ran_ms: Option<u64>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct FailedDetail {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub code: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    /// Why, when it was not its own exit: `preempted more than
+    /// max_preemptions`, a gang's part that failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lost_gpu_seconds: Option<f64>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct CancelledDetail {
+    /// `queued` when it never ran.
+    #[serde(rename = "while", skip_serializing_if = "Option::is_none")]
+    pub while_: Option<String>,
+}
+
+/// Cancelled while running: SIGTERM now, SIGKILL at `deadline`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct CancelRequestedDetail {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grace_seconds: Option<f64>,
+}
+
+/// A fire drill: its notice, then its verdict.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "phase", rename_all = "snake_case")]
+pub enum DrillDetail {
+    /// The drill began: the attempt given the notice, and its window.
+    Notice(DrillNotice),
+    /// The drill concluded: the report, as `GET /v1/jobs/{id}/drill`.
+    Verdict(Box<Drill>),
+}
+
+impl Default for DrillDetail {
+    fn default() -> DrillDetail {
+        DrillDetail::Notice(DrillNotice::default())
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct DrillNotice {
+    pub attempt: u32,
+    pub nodes: Vec<String>,
+    pub notice_at: String,
+    pub deadline: String,
+    pub window_seconds: f64,
+}
+
+/// An attempt reported resuming from a checkpoint.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct ResumedDetail {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub at: Option<String>,
+}
+
+/// Before the attempt started, its node put the job's latest checkpoint
+/// from the cluster's checkpoint store in its checkpoint directory.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct RestoredDetail {
+    pub node: String,
+    /// Which upload it was: of attempt `from_attempt`, its `upload`th.
+    pub from_attempt: u32,
+    pub upload: u32,
+    /// None: the state an attempt left at its exit.
+    pub step: Option<u64>,
+    pub files: u64,
+    pub bytes: u64,
+    pub seconds: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub at: Option<String>,
+}
+
+/// A deadline job moved to on-demand, where it runs (billed at the
+/// on-demand rate from now) or in the queue.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct PromotedDetail {
+    pub running: bool,
+    pub fraction_done: Option<f64>,
+    pub needed_seconds: Option<u64>,
+    pub margin_seconds: u64,
+    pub left_seconds: u64,
+    pub reason: String,
+}
+
+/// Ebb stopped a gang's parts still running: a part failed, or they
+/// outran the gang exit grace after a part exited 0. The attempt fails.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct GangStoppedDetail {
+    pub reason: String,
+}
+
+/// A node began pulling the job's image.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct PullingDetail {
+    pub node: String,
+    pub digest: Option<String>,
+    pub total_bytes: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub at: Option<String>,
+}
+
+/// A node has the job's image.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct PulledDetail {
+    pub node: String,
+    /// 0: it was in the node's cache.
+    pub downloaded_bytes: u64,
+    pub seconds: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub at: Option<String>,
+}
+
+/// Why a queued job waits, as a stable code; `pending_detail` says it as
+/// a sentence with the numbers. The names are an interface: scripts match
+/// on them, and `/metrics` labels `ebb_jobs_queued` with them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PendingReason {
+    /// Not enough free GPUs of its model.
+    Resources,
+    /// Behind earlier work that waits for the same GPUs.
+    Priority,
+    /// A gang short of whole free nodes.
+    WholeNodes,
+    /// On-demand work may not use reserved GPUs.
+    ReservationCap,
+    /// Its tenant's reservation is in use.
+    ReservationFull,
+    /// Its tenant's reservation has not started.
+    ReservationNotStarted,
+    /// The operator's reclaim limit on preemptible work.
+    Reclaimed,
+    /// Not that many GPUs of its model in service.
+    NoCapacity,
+    /// GPUs are held for it while preemptible jobs drain.
+    VictimsDraining,
+    /// A restart back-off after quick exits.
+    Backoff,
+    /// Its tenant has as many jobs admitted as its limit.
+    TenantLimit,
+    /// Not yet looked at by the scheduler.
+    Scheduling,
+}
+
+impl PendingReason {
+    /// Every reason, in the order the documentation lists them.
+    pub const ALL: [PendingReason; 12] = [
+        PendingReason::Resources,
+        PendingReason::Priority,
+        PendingReason::WholeNodes,
+        PendingReason::ReservationCap,
+        PendingReason::ReservationFull,
+        PendingReason::ReservationNotStarted,
+        PendingReason::Reclaimed,
+        PendingReason::NoCapacity,
+        PendingReason::VictimsDraining,
+        PendingReason::Backoff,
+        PendingReason::TenantLimit,
+        PendingReason::Scheduling,
+    ];
+
+    /// The code, as on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PendingReason::Resources => "resources",
+            PendingReason::Priority => "priority",
+            PendingReason::WholeNodes => "whole_nodes",
+            PendingReason::ReservationCap => "reservation_cap",
+            PendingReason::ReservationFull => "reservation_full",
+            PendingReason::ReservationNotStarted => "reservation_not_started",
+            PendingReason::Reclaimed => "reclaimed",
+            PendingReason::NoCapacity => "no_capacity",
+            PendingReason::VictimsDraining => "victims_draining",
+            PendingReason::Backoff => "backoff",
+            PendingReason::TenantLimit => "tenant_limit",
+            PendingReason::Scheduling => "scheduling",
+        }
+    }
+}
+
+impl std::fmt::Display for PendingReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What happened to a job. The names are an interface: scripts match on
+/// them in `ebb show --json` and `GET /v1/jobs/{id}`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    /// Accepted; `task` names an array's or sweep's task.
+    Submitted,
+    /// Let into the scheduler once its tenant was under its running limit.
+    Admitted,
+    /// Placed on nodes: `placement`, `from_hold`, `checkpoint_interval`.
+    Placed,
+    /// A node started its part: `node`, `pid`, `at`.
+    Started,
+    /// The job reported a completed checkpoint: `step`, `bytes`, `seconds`.
+    Checkpoint,
+    /// Something the job's owner should fix: `message`.
+    Warning,
+    /// The drain notice: `reason`, `notice_at`, `deadline`.
+    DrainNotice,
+    /// Preemptible jobs are being drained for this one: `victims`.
+    Preempting,
+    /// A node's processes ended: `node`, `code`, `signal`, `vanished`.
+    Exited,
+    /// Back in the queue: `reason` (preempted, lost, retrying, restart).
+    Requeued,
+    Succeeded,
+    Failed,
+    Cancelled,
+    /// Cancelled while running: its processes are being stopped.
+    CancelRequested,
+    /// A fire drill: `phase` `notice` when it began (`deadline`), then
+    /// `phase` `verdict` with the report (`verdict`, `failures`, ...).
+    Drill,
+    /// An attempt reported resuming from a checkpoint: `step`.
+    Resumed,
+    /// Before the attempt started, its node put the job's latest checkpoint
+    /// from the cluster's checkpoint store in its checkpoint directory:
+    /// `node`, `from_attempt` and `upload` (which upload it was), `step`
+    /// (none: the state an attempt left at its exit), `files`, `bytes`,
+    /// `seconds`.
+    Restored,
+    /// A deadline job moved to on-demand: `running` (in place, billed at
+    /// the on-demand rate from now) or queued, `fraction_done`,
+    /// `needed_seconds`, `margin_seconds`, `left_seconds`, `reason`.
+    Promoted,
+    /// Ebb stopped a gang's parts still running: `reason` (a part failed,
+    /// or they outran the gang exit grace after a part exited 0). The
+    /// attempt fails.
+    GangStopped,
+    /// A node began pulling the job's image: `node`, `digest`,
+    /// `total_bytes`.
+    Pulling,
+    /// A node has the job's image: `node`, `downloaded_bytes` (0: it was
+    /// in the node's cache), `seconds`.
+    Pulled,
+}
+
+impl EventKind {
+    pub const ALL: [EventKind; 21] = [
+        EventKind::Submitted,
+        EventKind::Admitted,
+        EventKind::Placed,
+        EventKind::Started,
+        EventKind::Checkpoint,
+        EventKind::Warning,
+        EventKind::DrainNotice,
+        EventKind::Preempting,
+        EventKind::Exited,
+        EventKind::Requeued,
+        EventKind::Succeeded,
+        EventKind::Failed,
+        EventKind::Cancelled,
+        EventKind::CancelRequested,
+        EventKind::Drill,
+        EventKind::Resumed,
+        EventKind::Restored,
+        EventKind::Promoted,
+        EventKind::GangStopped,
+        EventKind::Pulling,
+        EventKind::Pulled,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::Submitted => "submitted",
+            EventKind::Admitted => "admitted",
+            EventKind::Placed => "placed",
+            EventKind::Started => "started",
+            EventKind::Checkpoint => "checkpoint",
+            EventKind::Warning => "warning",
+            EventKind::DrainNotice => "drain_notice",
+            EventKind::Preempting => "preempting",
+            EventKind::Exited => "exited",
+            EventKind::Requeued => "requeued",
+            EventKind::Succeeded => "succeeded",
+            EventKind::Failed => "failed",
+            EventKind::Cancelled => "cancelled",
+            EventKind::CancelRequested => "cancel_requested",
+            EventKind::Drill => "drill",
+            EventKind::Resumed => "resumed",
+            EventKind::Restored => "restored",
+            EventKind::Promoted => "promoted",
+            EventKind::GangStopped => "gang_stopped",
+            EventKind::Pulling => "pulling",
+            EventKind::Pulled => "pulled",
+        }
+    }
+}
+
+impl std::fmt::Display for EventKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+impl std::str::FromStr for EventKind {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<EventKind, String> {
+        EventKind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == text)
+            .ok_or_else(|| format!("unknown event kind {text:?}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stored(kind: EventKind, detail: &str) -> Event {
+        match Event::from_stored(kind, detail) {
+            (event, None) => event,
+            (_, Some(why)) => panic!("{why}"),
+        }
+    }
+
+    #[test]
+    fn every_kind_has_its_variant_and_writes_its_name() {
+        for kind in EventKind::ALL {
+            let event = Event::unknown(kind);
+            assert_eq!(event.kind(), kind);
+            let wire =
+                serde_json::to_value(JobEvent { at: "t".into(), at_ms: 1, attempt: 2, event }).unwrap();
+            assert_eq!(wire["kind"], kind.as_str(), "{wire}");
+            assert!(wire["detail"].is_object(), "{wire}");
+        }
+    }
+
+    #[test]
+    fn an_event_reads_back_as_written() {
+        let events = [
+            Event::Placed(PlacedDetail {
+                placement: vec![NodeGpus { node: "a".into(), gpus: vec![0, 1] }],
+                from_hold: true,
+                checkpoint_interval: Some(CheckpointInterval { seconds: 60, why: "because".into() }),
+            }),
+            Event::Requeued(RequeuedDetail {
+                reason: "preempted".into(),
+                preemptions: Some(3),
+                lost_gpu_seconds: Some(1.5),
+                ..Default::default()
+            }),
+            Event::DrainNotice(DrainNoticeDetail {
+                reason: "preempted by job 7".into(),
+                detail: DrainCause { by: Some(7), node: None },
+                ..Default::default()
+            }),
+            Event::Drill(DrillDetail::Notice(DrillNotice { attempt: 4, ..Default::default() })),
+            Event::Cancelled(CancelledDetail { while_: Some("queued".into()) }),
+        ];
+        for event in events {
+            assert_eq!(stored(event.kind(), &event.detail_json()), event);
+            let whole = JobEvent { at: "t".into(), at_ms: 1, attempt: 2, event: event.clone() };
+            let back: JobEvent = serde_json::from_str(&serde_json::to_string(&whole).unwrap()).unwrap();
+            assert_eq!(back, whole);
+        }
+    }
+
+    /// Details as earlier versions stored them read as their kind's, with
+    /// what they said kept and what they lacked empty.
+    #[test]
+    fn details_an_earlier_version_stored_still_read() {
+        assert_eq!(
+            stored(EventKind::Requeued, r#"{"reason":"lost","node":"a"}"#),
+            Event::Requeued(RequeuedDetail {
+                reason: "lost".into(),
+                node: Some("a".into()),
+                ..Default::default()
+            })
+        );
+        assert_eq!(
+            stored(EventKind::Failed, r#"{"code":null,"signal":9}"#),
+            Event::Failed(FailedDetail { signal: Some(9), ..Default::default() })
+        );
+        assert_eq!(
+            stored(EventKind::Placed, r#"{"placement":[{"node":"a","gpus":[3]}],"from_hold":false}"#),
+            Event::Placed(PlacedDetail {
+                placement: vec![NodeGpus { node: "a".into(), gpus: vec![3] }],
+                ..Default::default()
+            })
+        );
+        assert_eq!(
+            stored(EventKind::Submitted, r#"{"tier":"preemptible","gpus":2}"#),
+            Event::Submitted(SubmittedDetail { tier: "preemptible".into(), gpus: 2, task: None })
+        );
+        assert_eq!(
+            stored(EventKind::CancelRequested, r#"{"at":"2026-12-01T00:00:00Z"}"#),
+            Event::CancelRequested(CancelRequestedDetail {
+                at: Some("2026-12-01T00:00:00Z".into()),
+                ..Default::default()
+            })
+        );
+        let verdict = stored(
+            EventKind::Drill,
+            r#"{"phase":"verdict","attempt":1,"nodes":["a"],"notice_at":"x","notice_at_ms":1,
+                "deadline":"y","deadline_ms":2,"window_seconds":3.0,"verdict":"ready"}"#,
+        );
+        let Event::Drill(DrillDetail::Verdict(drill)) = verdict else { panic!("{verdict:?}") };
+        assert_eq!((drill.attempt, drill.verdict.as_deref()), (1, Some("ready")));
+        // Unknown fields (a newer version's) are passed over.
+        assert_eq!(
+            stored(EventKind::Succeeded, r#"{"ran_ms":5,"later":true}"#),
+            Event::Succeeded(SucceededDetail { ran_ms: Some(5) })
+        );
+    }
+
+    /// Whatever a stored detail holds, reading it neither panics nor loses
+    /// the event's kind.
+    #[test]
+    fn an_unreadable_detail_keeps_its_kind() {
+        let odd = [
+            "",
+            "null",
+            "[]",
+            "\"x\"",
+            "{",
+            r#"{"pid":-1}"#,
+            r#"{"pid":"7"}"#,
+            r#"{"phase":"later"}"#,
+            r#"{"gpus":18446744073709551616}"#,
+            r#"{"placement":{"node":1}}"#,
+            "{}}",
+            "\u{0}",
+        ];
+        for kind in EventKind::ALL {
+            for detail in odd {
+                let (event, why) = Event::from_stored(kind, detail);
+                assert_eq!(event.kind(), kind, "{detail}");
+                if let Some(why) = why {
+                    assert_eq!(event, Event::unknown(kind));
+                    assert!(why.contains(kind.as_str()), "{why}");
+                }
+            }
+        }
+    }
+}
