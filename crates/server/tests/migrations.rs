@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
-use ebb_api::{EventKind, JobSubmission};
+use ebb_api::{Event, EventKind, JobSubmission};
 use ebb_core::Span;
 use ebb_server::billing::Pricing;
 use ebb_server::engine::{Engine, EngineConfig, Msg};
@@ -80,6 +80,18 @@ fn a_database_written_by_the_release_before_is_migrated_and_everything_in_it_kep
         EventKind::Started,
         EventKind::DrainNotice
     ]));
+    // Its events, as 7a4d3a2 wrote them, read as their typed details.
+    let Event::DrainNotice(notice) = &victim.events[3].event else { panic!("{:?}", victim.events[3]) };
+    assert_eq!((notice.detail.by, notice.reason.as_str()), (Some(4), "preempted by job 4"));
+    let Event::Started(started) = &victim.events[2].event else { panic!("{:?}", victim.events[2]) };
+    assert_eq!(started.node, "node-0");
+    let requeued = victim.events.iter().find_map(|e| match &e.event {
+        Event::Requeued(r) => Some(r),
+        _ => None,
+    });
+    let requeued = requeued.expect("requeued");
+    assert_eq!((requeued.reason.as_str(), requeued.preemptions), ("preempted", Some(1)));
+    assert!(requeued.lost_gpu_seconds.is_some_and(|s| s > 4.0), "{requeued:?}");
     assert!(kinds.contains(&EventKind::Requeued));
     assert_eq!(victim.usage.len(), 1, "the preempted attempt's record");
 
