@@ -192,9 +192,13 @@ fn metrics_export_every_series_at_zero_and_count_a_preemption_as_the_report_does
 
     // While the slow one drains: its GPU draining, the quick one's GPU
     // held for the on-demand job, which waits, with the quick one requeued.
+    // (Once the scheduler has looked at the requeued one: until its next
+    // pass, a job just requeued waits for `scheduling`.)
     let during = wait_for("the slow victim alone to drain", Duration::from_secs(30), || {
         let m = scrape(&url, &token);
-        (m["ebb_gpus_allocated{tier=\"on-demand\",state=\"held\"}"] == 1.0).then_some(m)
+        let held = m["ebb_gpus_allocated{tier=\"on-demand\",state=\"held\"}"] == 1.0;
+        let looked_at = m["ebb_jobs_queued{tier=\"preemptible\",reason=\"scheduling\"}"] == 0.0;
+        (held && looked_at).then_some(m)
     });
     assert_eq!(during["ebb_gpus_allocated{tier=\"preemptible\",state=\"draining\"}"], 1.0);
     assert_eq!(during["ebb_gpus_allocated{tier=\"preemptible\",state=\"running\"}"], 0.0);

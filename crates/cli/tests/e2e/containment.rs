@@ -181,9 +181,9 @@ fn two_tenants_without_a_mapping_run_as_different_uids_and_cannot_reach_each_oth
     assert_eq!((meta.uid(), meta.permissions().mode() & 0o777), (carol_uid, 0o700));
 }
 
-/// A job that opens 10,000 connections to its own endpoint from each of
-/// two processes (past the agent's open-file limit together) and holds
-/// them, saying how many it holds.
+/// A job that opens 1,500 connections to its own endpoint from each of
+/// two processes (past its agent's open-file limit of 2,048 together) and
+/// holds them, saying how many it holds.
 const HOARDER: &str = r#"
 import os, resource, socket, time
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -191,7 +191,7 @@ resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 host, port = os.environ["EBB_METADATA_URL"][len("http://"):].split("/")[0].split(":")
 pid = os.fork()
 held = []
-for _ in range(10000):
+for _ in range(1500):
     s = socket.socket()
     try:
         s.connect((host, int(port)))
@@ -209,7 +209,7 @@ time.sleep(600)
 /// on starting jobs.
 #[test]
 fn a_job_that_hoards_connections_to_its_endpoint_does_not_stop_the_next_job_starting() {
-    let c = Cluster::start(Options::default());
+    let c = Cluster::start(Options { agent_open_files: Some(2048), ..Options::default() });
     let hoarder = c.submit(&["--gpus", "1", "--", "python3", "-c", HOARDER]);
     let held = c.wait_job(hoarder, "its connections", Duration::from_secs(60), |_| {
         c.output(hoarder).matches("held ").count() == 2

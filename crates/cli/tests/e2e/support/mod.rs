@@ -40,6 +40,9 @@ pub struct Options {
     pub own_checkpoint_roots: bool,
     /// More environment for every agent.
     pub agent_env: Vec<(String, String)>,
+    /// Every real agent's open-file limit, soft and hard (`None`: the
+    /// tests' own), as `ulimit -n` or systemd's `LimitNOFILE=` sets it.
+    pub agent_open_files: Option<u64>,
 }
 
 /// An operator's mapping of tenants to Unix users, and the default user
@@ -70,6 +73,7 @@ impl Default for Options {
             server_args: Vec::new(),
             own_checkpoint_roots: false,
             agent_env: Vec::new(),
+            agent_open_files: None,
         }
     }
 }
@@ -246,7 +250,18 @@ impl Cluster {
             None => vec!["--allow-root-jobs".into(), "--job-path".into(), std::env::var("PATH").unwrap()],
             Some(_) => Vec::new(),
         };
-        let child = Command::new(ebb_exe())
+        let mut command = Command::new(ebb_exe());
+        if let Some(files) = self.opts.agent_open_files {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: setrlimit is async-signal-safe and touches only the child.
+            unsafe {
+                command.pre_exec(move || {
+                    use nix::sys::resource::{setrlimit, Resource};
+                    setrlimit(Resource::RLIMIT_NOFILE, files, files).map_err(std::io::Error::from)
+                });
+            }
+        }
+        let child = command
             .args(["agent", "--server", &self.url, "--name", &name])
             .args(&personal)
             .args(&self.opts.agent_args)
