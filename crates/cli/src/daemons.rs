@@ -447,12 +447,8 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
             return Err(format!("--advertise {url}: a URL, e.g. http://10.0.0.2:7300"));
         }
     }
-    ebb_server::serve(ebb_server::ServerConfig {
+    let engine = ebb_server::EngineConfig {
         data_dir: args.data_dir,
-        database: args.database,
-        listen: args.listen,
-        advertise: args.advertise,
-        lease: Duration::from_millis(lease.as_millis()),
         drain_window: args.drain_window,
         min_runtime: args.min_runtime,
         heartbeat_timeout: args.heartbeat_timeout,
@@ -463,14 +459,7 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
         pricing: ebb_server::billing::Pricing { prices, default_price, discount_bps },
         limits: args.limits.limits()?,
         run_as,
-        tls: args.tls.config(),
         checkpoint_store: args.checkpoint_store.checked().await?,
-        connections: ebb_http::Limits {
-            header_read_timeout: Duration::from_millis(args.header_read_timeout.as_millis()),
-            per_address: args.max_connections_per_address,
-            total: 0,
-        },
-        metrics_token,
         images: ebb_server::Images {
             required: match args.require_image.as_deref().map(str::trim) {
                 None | Some("") => ebb_server::Required::Nobody,
@@ -481,6 +470,20 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
             },
             root: args.image_root.iter().map(|t| t.trim().to_string()).filter(|t| !t.is_empty()).collect(),
         },
+    };
+    ebb_server::serve(ebb_server::ServerConfig {
+        engine,
+        database: args.database,
+        listen: args.listen,
+        advertise: args.advertise,
+        lease: Duration::from_millis(lease.as_millis()),
+        tls: args.tls.config(),
+        connections: ebb_http::Limits {
+            header_read_timeout: Duration::from_millis(args.header_read_timeout.as_millis()),
+            per_address: args.max_connections_per_address,
+            total: 0,
+        },
+        metrics_token,
         registries: args.registries.registries(),
     })
     .await

@@ -35,6 +35,7 @@ use tokio::sync::mpsc;
 
 use crate::engine::{Engine, EngineConfig, Feed, Lines, Msg};
 use crate::pg::PgStore;
+use crate::store::Store;
 use crate::{ApiError, TokenMap};
 
 /// What this server is now, shared by the handlers and the lease loop.
@@ -191,11 +192,8 @@ fn run(
             }
         };
         tokens.write().expect("token map").clear();
-        match Engine::open(db, engine.clone(), tokens.clone(), crate::engine::now_ms()) {
-            Ok((mut writer, created)) => {
-                writer.feed(feed.clone());
-                let (tx, rx) = mpsc::channel(1 << 16);
-                role.lead(epoch, &lease.url, tx, writer.lines());
+        match lead(db, engine.clone(), &tokens, &feed, &role, epoch, &lease.url) {
+            Ok((writer, rx, created)) => {
                 tracing::info!(epoch, url = %lease.url, "leading");
                 eprintln!("ebb server: leading at epoch {epoch}");
                 match ready.take() {
@@ -217,15 +215,41 @@ fn run(
             }
             Err(e) => {
                 role.follow(epoch, "");
-                tracing::error!("cannot lead: {}", e.message);
+                tracing::error!("cannot lead: {e}");
                 if let Some(ready) = ready.take() {
-                    let _ = ready.send(Err(e.message));
+                    let _ = ready.send(Err(e));
                     return;
                 }
                 std::thread::sleep(Duration::from_secs(1));
             }
         }
     }
+}
+
+/// A writer ready to run: the engine, the channel its messages come by,
+/// and the files it created.
+pub(crate) type Leading<S> = (Engine<S>, mpsc::Receiver<Msg>, Vec<String>);
+
+/// Makes this server the writer on `store`, for the single server and for
+/// a leader alike: restores the engine from the store, publishes its
+/// commits to `feed`, and hands the handlers the channel its messages come
+/// by. Returns the engine (to `run` on the caller's thread), that channel's
+/// receiving end, and the files the engine created.
+pub(crate) fn lead<S: Store>(
+    store: S,
+    config: EngineConfig,
+    tokens: &TokenMap,
+    feed: &Feed,
+    role: &Role,
+    epoch: u64,
+    url: &str,
+) -> Result<Leading<S>, String> {
+    let (mut engine, created) =
+        Engine::open(store, config, tokens.clone(), crate::engine::now_ms()).map_err(|e| e.message)?;
+    engine.feed(feed.clone());
+    let (tx, rx) = mpsc::channel(1 << 16);
+    role.lead(epoch, url, tx, engine.lines());
+    Ok((engine, rx, created))
 }
 
 /// Follows the leader until the lease is open, then takes it. Returns the

@@ -18,10 +18,8 @@ mod web;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
-use ebb_core::Span;
 use sha2::{Digest, Sha256};
 
 pub use engine::{now_ms, EngineConfig, Images, Required, RunAs};
@@ -137,9 +135,12 @@ pub fn rfc3339(ms: u64) -> String {
     ebb_core::time::rfc3339_millis(ms)
 }
 
+/// A server: its writer's configuration, and how the process around it
+/// listens, stores and leads.
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
-    pub data_dir: PathBuf,
+    /// The writer's: the data dir, the drain window, prices, limits, ...
+    pub engine: EngineConfig,
     /// PostgreSQL instead of `<data_dir>/ebb.db`; several servers may
     /// share it, one leading.
     pub database: Option<String>,
@@ -149,34 +150,14 @@ pub struct ServerConfig {
     pub advertise: Option<String>,
     /// The leader's lease on a shared database.
     pub lease: std::time::Duration,
-    pub drain_window: Span,
-    /// How long a job preempted before is spared as a victim once it runs
-    /// again, while another victim fits; zero turns it off.
-    pub min_runtime: Span,
-    pub heartbeat_timeout: Span,
-    pub heartbeat_interval: Span,
-    /// How long a finished job stays in the writer's memory (it is read
-    /// from the store after).
-    pub keep_finished: Span,
-    /// How far ahead of the server's clock a node's event time may be.
-    pub max_clock_skew: Span,
-    /// How long a gang's other parts may run after one exited 0.
-    pub gang_exit_grace: Span,
-    pub pricing: billing::Pricing,
-    pub limits: Limits,
-    pub run_as: RunAs,
     /// Plain HTTP, or HTTPS with which certificate.
     pub tls: tls::TlsConfig,
-    /// Where agents keep jobs' checkpoints (checked by the caller).
-    pub checkpoint_store: Option<ebb_api::CheckpointStoreLocation>,
     /// How the API's connections are bounded: the header-read (and idle)
     /// timeout, connections per client address.
     pub connections: ebb_http::Limits,
     /// A token that may read `/metrics` (and nothing else), as well as an
     /// operator's: read from `--metrics-token-file`.
     pub metrics_token: Option<String>,
-    /// Who must run in images, who may be root inside one.
-    pub images: engine::Images,
     /// How the registries of jobs' images are reached (to resolve tags).
     pub registries: ebb_image::Registries,
 }
