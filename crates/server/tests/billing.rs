@@ -113,23 +113,15 @@ struct World<S: Store> {
 
 fn config(dir: &std::path::Path) -> EngineConfig {
     EngineConfig {
-        data_dir: dir.to_path_buf(),
         drain_window: Span(DRAIN_WINDOW_MS),
         min_runtime: Span(MIN_RUNTIME_MS),
         heartbeat_timeout: Span(2_000),
-        heartbeat_interval: Span(500),
-        keep_finished: Span(0),
-        max_clock_skew: Span(5_000),
-        gang_exit_grace: Span(600_000),
-        images: Default::default(),
         pricing: Pricing {
             prices: vec![(MODEL.to_string(), ON_DEMAND, None)],
             default_price: ON_DEMAND,
             discount_bps: 5_000,
         },
-        limits: ebb_server::Limits::default(),
-        run_as: Default::default(),
-        checkpoint_store: None,
+        ..EngineConfig::for_tests(dir)
     }
 }
 
@@ -190,6 +182,7 @@ impl<S: Store> World<S> {
         let engine = self.engine.as_mut()?;
         let (tx, mut rx) = oneshot::channel();
         engine.batch(vec![make(tx)], self.now).unwrap();
+        engine.sanity_check().unwrap_or_else(|e| panic!("after a batch: {e}"));
         rx.try_recv().ok()
     }
 

@@ -4,7 +4,6 @@
 //! the agent protocol as `ebb agent` does.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
 use ebb_api::{Action, AgentEvent, AttemptRef, JobSubmission, Register, Report};
@@ -31,19 +30,9 @@ impl Server {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("logs")).unwrap();
         let config = EngineConfig {
-            data_dir: PathBuf::from(&dir),
-            drain_window: Span(3_000),
-            min_runtime: Span(300_000),
-            heartbeat_timeout: Span(60_000),
-            heartbeat_interval: Span(500),
             keep_finished: Span(300_000),
             pricing: Pricing { prices: Vec::new(), default_price: 1_000_000, discount_bps: 5_000 },
-            limits: Default::default(),
-            run_as: Default::default(),
-            checkpoint_store: None,
-            max_clock_skew: Span(5_000),
-            gang_exit_grace: Span(600_000),
-            images: Default::default(),
+            ..EngineConfig::for_tests(&dir)
         };
         let store = SqliteStore::open(&dir.join("ebb.db")).unwrap();
         let (engine, _) = Engine::open(store, config, Arc::new(RwLock::new(HashMap::new())), NOW)
@@ -70,6 +59,7 @@ impl Server {
     fn call<T>(&mut self, make: impl FnOnce(oneshot::Sender<T>) -> Msg) -> T {
         let (tx, mut rx) = oneshot::channel();
         self.engine.batch(vec![make(tx)], NOW).unwrap();
+        self.engine.sanity_check().unwrap_or_else(|e| panic!("after a batch: {e}"));
         rx.try_recv().expect("answered")
     }
 

@@ -58,6 +58,7 @@ impl World {
     fn call<T>(&mut self, make: impl FnOnce(oneshot::Sender<T>) -> Msg) -> T {
         let (tx, mut rx) = oneshot::channel();
         self.engine.batch(vec![make(tx)], self.now).unwrap();
+        self.engine.sanity_check().unwrap_or_else(|e| panic!("after a batch: {e}"));
         rx.try_recv().expect("answered after the commit")
     }
 
@@ -152,6 +153,7 @@ impl World {
             assert!(self.now - from < limit_ms, "nothing started within {limit_ms} ms");
             self.now += 100;
             self.engine.batch(vec![Msg::Tick], self.now).unwrap();
+            self.engine.sanity_check().unwrap_or_else(|e| panic!("after a tick: {e}"));
         }
     }
 }
@@ -168,19 +170,12 @@ fn open_keeping(
     keep_finished: Span,
 ) -> Engine<SqliteStore> {
     let config = EngineConfig {
-        data_dir: dir.to_path_buf(),
         drain_window: Span(30_000),
-        min_runtime: Span(300_000),
         heartbeat_timeout: Span(3_600_000),
-        heartbeat_interval: Span(500),
         keep_finished,
         pricing: Pricing { prices: Vec::new(), default_price: 2_000_000, discount_bps: 5_000 },
         limits: limits.clone(),
-        run_as: Default::default(),
-        checkpoint_store: None,
-        max_clock_skew: Span(5_000),
-        gang_exit_grace: Span(600_000),
-        images: Default::default(),
+        ..EngineConfig::for_tests(dir)
     };
     let store = SqliteStore::open(&dir.join("ebb.db")).unwrap();
     Engine::open(store, config, Arc::new(RwLock::new(HashMap::new())), now).map_err(|e| e.message).unwrap().0

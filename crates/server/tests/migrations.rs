@@ -31,19 +31,11 @@ fn a_database_written_by_the_release_before_is_migrated_and_everything_in_it_kep
     std::fs::copy(fixtures.join("ebb-7a4d3a2.db"), dir.join("ebb.db")).unwrap();
     std::fs::copy(fixtures.join("ebb-7a4d3a2-1.log"), dir.join("logs/1.log")).unwrap();
     let config = EngineConfig {
-        data_dir: dir.clone(),
         drain_window: Span(300_000),
-        min_runtime: Span(300_000),
         heartbeat_timeout: Span(10_000),
-        heartbeat_interval: Span(500),
         keep_finished: Span(300_000),
         pricing: Pricing { prices: Vec::new(), default_price: 2_000_000, discount_bps: 5_000 },
-        limits: Default::default(),
-        run_as: Default::default(),
-        checkpoint_store: None,
-        max_clock_skew: Span(5_000),
-        gang_exit_grace: Span(600_000),
-        images: Default::default(),
+        ..EngineConfig::for_tests(&dir)
     };
     let mut store = SqliteStore::open(&dir.join("ebb.db")).unwrap();
     let usage = store.usage(None, 0, u64::MAX).unwrap();

@@ -14,8 +14,6 @@ use ebb_api::{
     Action, AgentEvent, AttemptRef, CancelRequest, EventKind, JobEvent, JobSubmission, Register, Report,
     ReportId, StartAttempt, StopNotice,
 };
-use ebb_core::Span;
-use ebb_server::billing::Pricing;
 use ebb_server::engine::{Engine, EngineConfig, Msg};
 use ebb_server::store::{
     FinishedCount, JobColumns, JobPageQuery, LogState, NodeRow, PriceRow, ReservationRow, Scope, Snapshot,
@@ -214,21 +212,7 @@ struct TestEnv<S: Store = SqliteStore> {
 }
 
 fn config(dir: &Path) -> EngineConfig {
-    EngineConfig {
-        data_dir: dir.to_path_buf(),
-        drain_window: Span(3_000),
-        min_runtime: Span(300_000),
-        heartbeat_timeout: Span(60_000),
-        heartbeat_interval: Span(500),
-        keep_finished: Span(0),
-        pricing: Pricing { prices: Vec::new(), default_price: 3_600_000, discount_bps: 5_000 },
-        limits: Default::default(),
-        run_as: Default::default(),
-        checkpoint_store: None,
-        max_clock_skew: Span(5_000),
-        gang_exit_grace: Span(600_000),
-        images: Default::default(),
-    }
+    EngineConfig::for_tests(dir)
 }
 
 impl TestEnv<SqliteStore> {
@@ -287,6 +271,7 @@ impl<S: Store> TestEnv<S> {
         let (tx, mut rx) = oneshot::channel();
         let now = self.now;
         self.engine().batch(vec![make(tx)], now).unwrap();
+        self.engine().sanity_check().unwrap_or_else(|e| panic!("after a batch: {e}"));
         rx.try_recv().expect("answered after the commit")
     }
 
@@ -375,6 +360,7 @@ impl<S: Store> TestEnv<S> {
         let (msg, mut rx) = self.submit_msg(gpus);
         let now = self.now;
         self.engine().batch(vec![msg], now).unwrap();
+        self.engine().sanity_check().unwrap_or_else(|e| panic!("after a batch: {e}"));
         rx.try_recv().unwrap().unwrap()[0]
     }
 

@@ -23,7 +23,6 @@ use ebb_api::{
 };
 use ebb_core::time::LAST_WRITABLE_MS;
 use ebb_core::Span;
-use ebb_server::billing::Pricing;
 use ebb_server::engine::{Engine, EngineConfig, JobQuery, Msg};
 use ebb_server::store::{Scope, SqliteStore};
 use ebb_server::Principal;
@@ -451,21 +450,7 @@ struct World {
 }
 
 fn config(dir: &std::path::Path) -> EngineConfig {
-    EngineConfig {
-        data_dir: dir.to_path_buf(),
-        drain_window: Span(3_000),
-        min_runtime: Span(2_000),
-        heartbeat_timeout: Span(20_000),
-        heartbeat_interval: Span(500),
-        keep_finished: Span(0),
-        pricing: Pricing { prices: Vec::new(), default_price: 3_600_000, discount_bps: 5_000 },
-        limits: Default::default(),
-        run_as: Default::default(),
-        checkpoint_store: None,
-        max_clock_skew: Span(5_000),
-        gang_exit_grace: Span(600_000),
-        images: Default::default(),
-    }
+    EngineConfig { min_runtime: Span(2_000), heartbeat_timeout: Span(20_000), ..EngineConfig::for_tests(dir) }
 }
 
 impl World {

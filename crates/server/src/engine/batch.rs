@@ -72,13 +72,196 @@ impl<S: Store> Engine<S> {
     }
 
     /// The invariants of what the writer holds, checked whole: the core's
-    /// (`State::sanity_check`), and that every job the core knows has a
-    /// record that is not final. Tests call it after every batch.
+    /// (`State::sanity_check`); the job table against the core; and every
+    /// sum the writer keeps as it goes (the tally, the fleet's sums,
+    /// tenants' loads) and every timer set (back-offs, deadlines, gang
+    /// graces, finished records), recomputed from the records they sum.
+    /// Tests call it after every batch.
     pub fn sanity_check(&self) -> Result<(), String> {
         self.core.sanity_check()?;
+        self.check_jobs_against_core()?;
+        self.check_tally()?;
+        self.check_tenant_loads()?;
+        self.check_fleet_sums()?;
+        self.check_timer_sets()
+    }
+
+    fn check_jobs_against_core(&self) -> Result<(), String> {
         for (id, job) in &self.jobs {
-            if job.state.is_final() && self.core.job(JobId(*id)).is_some() {
-                return Err(format!("job {id}: {} in its record, still in the core", job.state.as_str()));
+            let in_core = self.core.job(JobId(*id)).is_some();
+            let belongs = !job.state.is_final() && (job.state != JobState::Queued || job.waiting.is_none());
+            if in_core != belongs {
+                let waiting = job.waiting.map(|w| w.code().as_str());
+                return Err(format!(
+                    "job {id}: {} (waiting {waiting:?}) in its record, {} the core",
+                    job.state.as_str(),
+                    if in_core { "in" } else { "not in" }
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Each record is counted as it is; the counts of unfinished jobs (all
+    /// of which are in memory) are the records' sums. Finished jobs are
+    /// counted from the store too, so their counts are at least memory's.
+    fn check_tally(&self) -> Result<(), String> {
+        let mut jobs: BTreeMap<(Tier, JobState), u64> = BTreeMap::new();
+        let mut gpus: BTreeMap<(Tier, JobState), u64> = BTreeMap::new();
+        let mut waiting: BTreeMap<(Tier, ebb_api::PendingReason), u64> = BTreeMap::new();
+        for (id, job) in &self.jobs {
+            let reason = match (job.state, job.waiting) {
+                (JobState::Queued, Some(w)) => Some(w.code()),
+                _ => None,
+            };
+            if job.counted != Some((job.tier, job.state, job.gpus, reason)) {
+                return Err(format!(
+                    "job {id}: counted as {:?}, is {:?}",
+                    job.counted,
+                    (job.tier, job.state, job.gpus, reason)
+                ));
+            }
+            *jobs.entry((job.tier, job.state)).or_default() += 1;
+            *gpus.entry((job.tier, job.state)).or_default() += u64::from(job.gpus);
+            if let Some(reason) = reason {
+                *waiting.entry((job.tier, reason)).or_default() += 1;
+            }
+        }
+        for (what, kept, summed) in [("jobs", &self.tally.jobs, &jobs), ("GPUs", &self.tally.gpus, &gpus)] {
+            for tier in [Tier::OnDemand, Tier::Preemptible] {
+                for state in JobState::ALL {
+                    let (kept, summed) = (
+                        kept.get(&(tier, state)).copied().unwrap_or(0),
+                        summed.get(&(tier, state)).copied().unwrap_or(0),
+                    );
+                    let agrees = if state.is_final() { kept >= summed } else { kept == summed };
+                    if !agrees {
+                        return Err(format!(
+                            "tally: {kept} {what} {tier} {} counted, the records say {summed}",
+                            state.as_str()
+                        ));
+                    }
+                }
+            }
+        }
+        let kept: BTreeMap<_, _> =
+            self.tally.waiting.iter().filter(|(_, n)| **n > 0).map(|(k, n)| (*k, *n)).collect();
+        if kept != waiting {
+            return Err(format!("tally: waiting counted {kept:?}, the records say {waiting:?}"));
+        }
+        Ok(())
+    }
+
+    /// A tenant's load is its unfinished jobs (and the bytes of finished
+    /// ones still kept in memory).
+    fn check_tenant_loads(&self) -> Result<(), String> {
+        let kept_finished: BTreeSet<u64> =
+            self.finished_jobs.iter().filter(|(at, _)| *at != 0).map(|(_, id)| *id).collect();
+        let mut load: BTreeMap<u32, (u64, u64, u64, BTreeSet<u64>)> = BTreeMap::new();
+        for (id, job) in &self.jobs {
+            let entry = load.entry(job.tenant).or_default();
+            if job.state.is_final() {
+                if kept_finished.contains(id) {
+                    entry.1 += job.spec.stored_bytes();
+                }
+                continue;
+            }
+            entry.0 += 1;
+            entry.1 += job.spec.stored_bytes();
+            match job.waiting {
+                Some(Waiting::TenantLimit) => {
+                    entry.3.insert(*id);
+                }
+                _ => entry.2 += 1,
+            }
+        }
+        let tenants: BTreeSet<u32> = load.keys().chain(self.tenants.load.keys()).copied().collect();
+        for tenant in tenants {
+            let summed = load.remove(&tenant).unwrap_or_default();
+            let kept = self.tenants.load.get(&tenant).cloned().unwrap_or_default();
+            let kept = (kept.jobs, kept.bytes, kept.admitted, kept.waiting);
+            if kept != summed {
+                return Err(format!(
+                    "tenant {tenant}: load (jobs, bytes, admitted, waiting) {kept:?}, the records say {summed:?}"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The fleet's sums by model are its node rows' sums.
+    fn check_fleet_sums(&self) -> Result<(), String> {
+        let mut registered: BTreeMap<String, (u64, u32)> = BTreeMap::new();
+        let mut exposure: BTreeMap<String, (u64, u128, u64)> = BTreeMap::new();
+        for row in self.fleet.nodes.values() {
+            if !row.removed {
+                let entry = registered.entry(row.gpu_model.clone()).or_default();
+                entry.0 += u64::from(row.gpus);
+                entry.1 += 1;
+            }
+            let entry = exposure.entry(row.gpu_model.clone()).or_default();
+            entry.0 += 1;
+            entry.1 += u128::from(row.joined_ms);
+            entry.2 += row.interruptions;
+        }
+        let kept: BTreeMap<String, (u64, u32)> = self
+            .fleet
+            .registered
+            .iter()
+            .filter(|(_, n)| **n != (0, 0))
+            .map(|(m, n)| (m.clone(), *n))
+            .collect();
+        if kept != registered {
+            return Err(format!("fleet: registered (GPUs, nodes) {kept:?}, the rows say {registered:?}"));
+        }
+        let kept: BTreeMap<String, (u64, u128, u64)> = self
+            .fleet
+            .exposure
+            .iter()
+            .map(|(m, e)| (m.clone(), (e.nodes, e.joined_ms, e.interruptions)))
+            .filter(|(_, e)| *e != (0, 0, 0))
+            .collect();
+        if kept != exposure {
+            return Err(format!("fleet: exposure {kept:?}, the rows say {exposure:?}"));
+        }
+        Ok(())
+    }
+
+    /// Back-offs are exactly the jobs backing off; every deadline not yet
+    /// judged for good, every gang's grace and every finished record kept
+    /// has its entry (deadlines and graces are dropped lazily, when due).
+    fn check_timer_sets(&self) -> Result<(), String> {
+        let backing_off: BTreeSet<(u64, u64)> = self
+            .jobs
+            .iter()
+            .filter_map(|(id, job)| match (job.state, job.waiting) {
+                (JobState::Queued, Some(Waiting::Backoff { until_ms })) => Some((until_ms, *id)),
+                _ => None,
+            })
+            .collect();
+        if backing_off != self.backoff {
+            return Err(format!("back-off set {:?}, the records say {backing_off:?}", self.backoff));
+        }
+        let judged: BTreeSet<u64> = self.deadlines.iter().map(|(_, id)| *id).collect();
+        let graced: BTreeSet<(u64, u64)> = self.gang_graces.iter().map(|(at, id)| (*id, *at)).collect();
+        let finished: BTreeSet<u64> = self.finished_jobs.iter().map(|(_, id)| *id).collect();
+        for (id, job) in &self.jobs {
+            let open = job.deadline.as_ref().is_some_and(|d| d.promoted.is_none());
+            if open && !job.state.is_final() && job.tier == Tier::Preemptible && !judged.contains(id) {
+                return Err(format!("job {id}: a deadline not yet met, and no time to judge it"));
+            }
+            // Once due, the entry is gone: the gang was stopped, or had ended.
+            if let Some(until_ms) = job.gang_grace_until.filter(|t| job.state.is_live() && *t > self.now) {
+                if !graced.contains(&(*id, until_ms)) {
+                    return Err(format!("job {id}: a gang grace until {until_ms} not in the set"));
+                }
+            }
+            if job.state.is_final() != finished.contains(id) {
+                return Err(format!(
+                    "job {id}: {} in memory, finished set {}",
+                    job.state.as_str(),
+                    finished.contains(id)
+                ));
             }
         }
         Ok(())

@@ -335,6 +335,34 @@ pub struct EngineConfig {
     pub images: Images,
 }
 
+impl EngineConfig {
+    /// A writer for a test in `dir`: a 3 s drain window, a minute's
+    /// heartbeat timeout, $3.60 per GPU-hour on demand at the fixed 50%
+    /// discount, no limits, finished jobs read back from the store. Tests
+    /// change what they exercise with `..EngineConfig::for_tests(dir)`.
+    pub fn for_tests(dir: &std::path::Path) -> EngineConfig {
+        EngineConfig {
+            data_dir: dir.to_path_buf(),
+            drain_window: Span(3_000),
+            min_runtime: Span(300_000),
+            heartbeat_timeout: Span(60_000),
+            heartbeat_interval: Span(500),
+            keep_finished: Span(0),
+            max_clock_skew: Span(5_000),
+            gang_exit_grace: Span(600_000),
+            pricing: crate::billing::Pricing {
+                prices: Vec::new(),
+                default_price: 3_600_000,
+                discount_bps: ebb_core::PriceBook::DEFAULT_DISCOUNT_BPS,
+            },
+            limits: Default::default(),
+            run_as: Default::default(),
+            checkpoint_store: None,
+            images: Default::default(),
+        }
+    }
+}
+
 /// The operator's rules for container images.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Images {
