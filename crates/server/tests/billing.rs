@@ -82,6 +82,10 @@ struct Ran {
     ended: u64,
     /// It exited on its own during a drain: a preemption.
     preempted: bool,
+    /// It exited on its own without reporting completion (neither killed
+    /// nor finished): if the server had already given it notice, that
+    /// is a preemption too, though the notice had not reached it yet.
+    gave_up: bool,
 }
 
 struct Node {
@@ -204,6 +208,7 @@ impl<S: Store> World<S> {
             started: p.started,
             ended: self.now,
             preempted,
+            gave_up: signal.is_none() && !completed,
         });
         node.unreported.push(AgentEvent::Exited {
             attempt,
@@ -229,6 +234,7 @@ impl<S: Store> World<S> {
                 started: p.started,
                 ended: self.now,
                 preempted: false,
+                gave_up: false,
             });
         }
     }
@@ -299,6 +305,7 @@ impl<S: Store> World<S> {
                     started: p.started,
                     ended: self.now,
                     preempted: false,
+                    gave_up: false,
                 });
             }
         }
@@ -339,6 +346,13 @@ impl<S: Store> World<S> {
                 Action::Drain(d) => {
                     if let Some(p) = self.nodes[i].running.get_mut(&d.attempt) {
                         p.exit_at.get_or_insert((self.now + SAVE_MS).min(d.deadline_ms));
+                    } else if let Some(ran) =
+                        self.ran.iter_mut().rev().find(|r| r.attempt == d.attempt && r.gave_up)
+                    {
+                        // It gave up after the server gave it notice, before
+                        // the notice arrived: an exit in the drain is a
+                        // preemption, whoever knew of it.
+                        ran.preempted = true;
                     }
                 }
                 Action::Stop { attempt, .. } => self.exit(i, attempt, None, Some(15), false),
@@ -627,7 +641,7 @@ fn on_postgres_invoices_equal_usage_records_equal_what_ran_times_the_rate() {
         admin.borrow_mut().batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
         let url = server.url_for(&name);
         let outcome = check_on(&ops, 2_000_000 + case.get(), |_| {
-            Box::new(move || ebb_server::pg::PgStore::open(&url).unwrap())
+            Box::new(move || ebb_server::store::pg::PgStore::open(&url).unwrap())
         });
         admin.borrow_mut().batch_execute(&format!("DROP DATABASE {name} WITH (FORCE)")).unwrap();
         outcome
