@@ -1,0 +1,570 @@
+//! The scheduling core's state and the events that change it.
+//!
+//! The edge (server or simulator) reports what happened — a submission, an
+//! exit, a checkpoint, a node joining or being drained — through the methods
+//! here, asks [`crate::schedule`] for a plan, and commits it with
+//! [`State::apply`]. Every method is deterministic and does no I/O.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet};
+
+use ebb_core::{Attempt, GpuModelId, JobId, NodeId, ReservationId, TenantId, Tier, Time};
+
+use rustc_hash::FxHashMap;
+
+use crate::error::StateError;
+use crate::index::{IndexKey, ModelIndex, SingleKey};
+use crate::model::*;
+
+mod apply;
+mod check;
+mod jobs;
+
+/// One GPU model and the tier counters the caps are checked against.
+#[derive(Clone, Debug)]
+pub struct GpuModel {
+    pub name: String,
+    pub gpus_per_node: u8,
+    /// GPUs on `Up` nodes.
+    pub capacity: u32,
+    /// GPUs running or held for reserved jobs.
+    pub reserved_used: u32,
+    /// GPUs running or held for on-demand jobs.
+    pub on_demand_used: u32,
+    /// GPUs of preemptible jobs that are running and not draining.
+    pub preemptible_active: u32,
+    /// Operator's reclaim: preemptible jobs may hold at most this many.
+    pub preemptible_limit: Option<u32>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Node {
+    pub id: NodeId,
+    pub name: String,
+    pub model: GpuModelId,
+    pub gpus: u8,
+    pub labels: BTreeMap<String, String>,
+    pub status: NodeStatus,
+    pub last_heartbeat: Time,
+    /// GPUs running an attempt.
+    pub(crate) used: u64,
+    /// GPUs held for preemptors (may still be used by draining victims).
+    pub(crate) held: u64,
+    /// Attempts on this node and their GPUs here.
+    pub(crate) jobs: Vec<(JobId, u64)>,
+    pub(crate) key: Option<IndexKey>,
+    pub(crate) single_keys: Vec<SingleKey>,
+}
+
+impl Node {
+    pub fn full_mask(&self) -> u64 {
+        full_mask(self.gpus)
+    }
+
+    pub fn used_mask(&self) -> u64 {
+        self.used
+    }
+
+    pub fn held_mask(&self) -> u64 {
+        self.held
+    }
+
+    pub fn free_mask(&self) -> u64 {
+        self.full_mask() & !self.used & !self.held
+    }
+
+    pub fn jobs(&self) -> impl Iterator<Item = JobId> + '_ {
+        self.jobs.iter().map(|(job, _)| *job)
+    }
+}
+
+pub(crate) fn full_mask(gpus: u8) -> u64 {
+    if gpus >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << gpus) - 1
+    }
+}
+
+/// GPUs held for a preemptor until its victims have left.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Hold {
+    pub job: JobId,
+    pub model: GpuModelId,
+    pub alloc: Vec<(NodeId, u64)>,
+    pub waiting_on: BTreeSet<JobId>,
+}
+
+/// Jobs that are interchangeable for the queue walk: if the first of a
+/// class cannot start, none of the others can in the same pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct QueueClass {
+    pub tier: Tier,
+    pub model: Option<GpuModelId>,
+    pub gpus: u32,
+    /// Reserved jobs draw on their own tenant's reservation.
+    pub tenant: Option<TenantId>,
+}
+
+impl QueueClass {
+    fn of(spec: &JobSpec) -> QueueClass {
+        QueueClass {
+            tier: spec.tier,
+            model: spec.gpu_model,
+            gpus: spec.gpus,
+            tenant: (spec.tier == Tier::Reserved).then_some(spec.tenant),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct State {
+    pub(crate) models: Vec<GpuModel>,
+    model_ids: BTreeMap<String, GpuModelId>,
+    pub(crate) nodes: Vec<Node>,
+    node_ids: BTreeMap<String, NodeId>,
+    /// Looked up on every decision, so hashed; `FxHash` has no random
+    /// seed, so even iteration order is the same for the same history.
+    pub(crate) jobs: FxHashMap<JobId, Job>,
+    pub(crate) queues: BTreeMap<QueueClass, BTreeSet<(Time, JobId)>>,
+    pub(crate) holds: BTreeMap<JobId, Hold>,
+    /// Holds whose victims have all left: the job starts next pass.
+    pub(crate) ready_holds: BTreeSet<JobId>,
+    /// Victim -> the preemptor waiting for it.
+    victim_of: BTreeMap<JobId, JobId>,
+    pub(crate) reservations: BTreeMap<ReservationId, Reservation>,
+    reserved_used: BTreeMap<(TenantId, GpuModelId), u32>,
+    pub(crate) index: Vec<ModelIndex>,
+    pub(crate) heartbeats: BTreeSet<(Time, NodeId)>,
+    /// Cordoned nodes whose preemptible jobs still need their notice.
+    pub(crate) pending_node_drains: BTreeSet<NodeId>,
+    queued_by_tier: [u32; 3],
+}
+
+/// A run the edge puts back at restart (`State::restore_run`): attempt
+/// `attempt` on `alloc` since `started_at`, with its preemptions so far,
+/// its last checkpoint, and its drain notice if it was draining.
+#[derive(Clone, Debug)]
+pub struct RestoredRun {
+    pub attempt: Attempt,
+    pub preemptions: u32,
+    pub alloc: Vec<(NodeId, u64)>,
+    pub started_at: Time,
+    pub last_checkpoint_at: Option<Time>,
+    pub notice: Option<Notice>,
+}
+
+impl State {
+    pub fn new() -> State {
+        State::default()
+    }
+
+    // ---- queries -------------------------------------------------------
+
+    pub fn job(&self, id: JobId) -> Option<&Job> {
+        self.jobs.get(&id)
+    }
+
+    /// Every job the core tracks (queued, holding, running, draining), in
+    /// no meaningful order.
+    pub fn jobs(&self) -> impl Iterator<Item = &Job> {
+        self.jobs.values()
+    }
+
+    pub fn node(&self, id: NodeId) -> Option<&Node> {
+        self.nodes.get(id.0 as usize)
+    }
+
+    pub fn nodes(&self) -> &[Node] {
+        &self.nodes
+    }
+
+    pub fn node_by_name(&self, name: &str) -> Option<NodeId> {
+        self.node_ids.get(name).copied()
+    }
+
+    pub fn model(&self, id: GpuModelId) -> Option<&GpuModel> {
+        self.models.get(id.0 as usize)
+    }
+
+    pub fn model_by_name(&self, name: &str) -> Option<GpuModelId> {
+        self.model_ids.get(name).copied()
+    }
+
+    pub fn models(&self) -> impl Iterator<Item = (GpuModelId, &GpuModel)> {
+        self.models.iter().enumerate().map(|(i, m)| (GpuModelId(i as u16), m))
+    }
+
+    /// The first queued job of `job`'s queue class (jobs of the same tier,
+    /// size and model): while it waits, `job` waits behind it.
+    pub fn first_in_line(&self, job: JobId) -> Option<JobId> {
+        let j = self.jobs.get(&job)?;
+        self.queues.get(&QueueClass::of(&j.spec))?.first().map(|&(_, id)| id)
+    }
+
+    /// Every queue class that has jobs: its tier, its first job and how
+    /// many wait in it (the first included). O(classes).
+    pub fn queue_heads(&self) -> impl Iterator<Item = (Tier, JobId, usize)> + '_ {
+        self.queues.iter().filter_map(|(class, queue)| Some((class.tier, queue.first()?.1, queue.len())))
+    }
+
+    pub fn hold(&self, job: JobId) -> Option<&Hold> {
+        self.holds.get(&job)
+    }
+
+    /// Every hold, by the waiting job's id.
+    pub fn holds(&self) -> impl Iterator<Item = &Hold> {
+        self.holds.values()
+    }
+
+    pub fn queued(&self, tier: Tier) -> u32 {
+        self.queued_by_tier[tier.rank() as usize]
+    }
+
+    pub fn reservations(&self) -> impl Iterator<Item = &Reservation> {
+        self.reservations.values()
+    }
+
+    /// GPUs of `tenant`'s active reservations of `model` at `now`.
+    pub fn reserved_capacity(&self, tenant: TenantId, model: GpuModelId, now: Time) -> u32 {
+        self.reservations
+            .values()
+            .filter(|r| r.tenant == tenant && r.gpu_model == model && r.is_active(now))
+            .map(|r| r.gpus)
+            .sum()
+    }
+
+    /// GPUs of all active reservations of `model` at `now`: on-demand work
+    /// may not use them, preemptible work may borrow them.
+    pub fn reserved_total(&self, model: GpuModelId, now: Time) -> u32 {
+        self.reservations.values().filter(|r| r.gpu_model == model && r.is_active(now)).map(|r| r.gpus).sum()
+    }
+
+    pub fn reserved_used(&self, tenant: TenantId, model: GpuModelId) -> u32 {
+        self.reserved_used.get(&(tenant, model)).copied().unwrap_or(0)
+    }
+
+    // ---- nodes ---------------------------------------------------------
+
+    /// A node joins (or a lost node comes back under its name).
+    pub fn add_node(&mut self, spec: NodeSpec, now: Time) -> Result<NodeId, StateError> {
+        if spec.name.is_empty() {
+            return Err(StateError::Invalid("node: name must not be empty".into()));
+        }
+        if spec.gpus == 0 || spec.gpus > MAX_GPUS_PER_NODE {
+            return Err(StateError::Invalid(format!(
+                "node {}: gpus must be between 1 and {MAX_GPUS_PER_NODE}, got {}",
+                spec.name, spec.gpus
+            )));
+        }
+        let model = match self.model_ids.get(&spec.gpu_model) {
+            Some(&model) => {
+                let per_node = self.models[model.0 as usize].gpus_per_node;
+                if per_node != spec.gpus {
+                    return Err(StateError::Invalid(format!(
+                        "node {}: every {} node has {per_node} GPUs, this one reports {}",
+                        spec.name, spec.gpu_model, spec.gpus
+                    )));
+                }
+                model
+            }
+            None => {
+                if spec.gpu_model.is_empty() {
+                    return Err(StateError::Invalid(format!(
+                        "node {}: gpu model must not be empty",
+                        spec.name
+                    )));
+                }
+                let model = GpuModelId(self.models.len() as u16);
+                self.models.push(GpuModel {
+                    name: spec.gpu_model.clone(),
+                    gpus_per_node: spec.gpus,
+                    capacity: 0,
+                    reserved_used: 0,
+                    on_demand_used: 0,
+                    preemptible_active: 0,
+                    preemptible_limit: None,
+                });
+                self.index.push(ModelIndex::new(spec.gpus));
+                self.model_ids.insert(spec.gpu_model.clone(), model);
+                model
+            }
+        };
+        if let Some(&id) = self.node_ids.get(&spec.name) {
+            let node = &mut self.nodes[id.0 as usize];
+            if node.status != NodeStatus::Lost {
+                return Err(StateError::Conflict(format!("node {}: already joined", spec.name)));
+            }
+            if node.model != model {
+                return Err(StateError::Invalid(format!(
+                    "node {}: rejoined with a different gpu model",
+                    spec.name
+                )));
+            }
+            debug_assert_eq!(node.used, 0);
+            node.status = NodeStatus::Up;
+            node.labels = spec.labels;
+            self.set_heartbeat(id, now);
+            self.models[model.0 as usize].capacity += spec.gpus as u32;
+            self.reindex(id);
+            return Ok(id);
+        }
+        let id = NodeId(self.nodes.len() as u32);
+        self.nodes.push(Node {
+            id,
+            name: spec.name.clone(),
+            model,
+            gpus: spec.gpus,
+            labels: spec.labels,
+            status: NodeStatus::Up,
+            last_heartbeat: now,
+            used: 0,
+            held: 0,
+            jobs: Vec::new(),
+            key: None,
+            single_keys: Vec::new(),
+        });
+        self.node_ids.insert(spec.name, id);
+        self.heartbeats.insert((now, id));
+        self.models[model.0 as usize].capacity += spec.gpus as u32;
+        self.reindex(id);
+        Ok(id)
+    }
+
+    pub fn heartbeat(&mut self, node: NodeId, now: Time) -> Result<(), StateError> {
+        let status = self.node_checked(node)?.status;
+        if status == NodeStatus::Lost {
+            return Err(StateError::Conflict(format!("node {node}: lost, must rejoin")));
+        }
+        self.set_heartbeat(node, now);
+        Ok(())
+    }
+
+    /// Nodes last heard at or before `before`, the longest silent first
+    /// (lost nodes among them).
+    pub fn silent_since(&self, before: Time) -> impl Iterator<Item = NodeId> + '_ {
+        self.heartbeats.iter().take_while(move |(last, _)| *last <= before).map(|&(_, id)| id)
+    }
+
+    fn set_heartbeat(&mut self, id: NodeId, now: Time) {
+        let node = &mut self.nodes[id.0 as usize];
+        self.heartbeats.remove(&(node.last_heartbeat, id));
+        node.last_heartbeat = node.last_heartbeat.max(now);
+        self.heartbeats.insert((node.last_heartbeat, id));
+    }
+
+    /// Maintenance drain: the node takes no new work, its preemptible jobs
+    /// get their notice in the next pass, other tiers run to completion.
+    pub fn drain_node(&mut self, node: NodeId) -> Result<(), StateError> {
+        // An unhealthy node's capacity is out already; its drain goes ahead.
+        let counted = match self.node_checked(node)?.status {
+            NodeStatus::Up => true,
+            NodeStatus::Unhealthy => false,
+            NodeStatus::Cordoned => return Ok(()),
+            NodeStatus::Lost => return Err(StateError::Conflict(format!("node {node}: lost, cannot drain"))),
+        };
+        let n = &mut self.nodes[node.0 as usize];
+        n.status = NodeStatus::Cordoned;
+        let (model, gpus) = (n.model, n.gpus);
+        if counted {
+            self.models[model.0 as usize].capacity -= gpus as u32;
+        }
+        self.reindex(node);
+        self.release_holds_on(node);
+        self.pending_node_drains.insert(node);
+        Ok(())
+    }
+
+    /// Puts a drained node back into service.
+    pub fn undrain_node(&mut self, node: NodeId) -> Result<(), StateError> {
+        if self.node_checked(node)?.status != NodeStatus::Cordoned {
+            return Err(StateError::Conflict(format!("node {node}: not drained")));
+        }
+        let n = &mut self.nodes[node.0 as usize];
+        n.status = NodeStatus::Up;
+        let (model, gpus) = (n.model, n.gpus);
+        self.models[model.0 as usize].capacity += gpus as u32;
+        self.pending_node_drains.remove(&node);
+        self.reindex(node);
+        Ok(())
+    }
+
+    /// Whether a node that is up may take new work: an unhealthy one takes
+    /// none (its capacity leaves the model and its holds are released, as
+    /// for a drain) but its jobs run on and nothing is drained. Only `Up`
+    /// and `Unhealthy` change; a cordoned or lost node stays as it is.
+    pub fn set_healthy(&mut self, node: NodeId, healthy: bool) -> Result<(), StateError> {
+        let n = self.node_checked(node)?;
+        let (model, gpus) = (n.model, n.gpus as u32);
+        match (n.status, healthy) {
+            (NodeStatus::Up, false) => {
+                self.nodes[node.0 as usize].status = NodeStatus::Unhealthy;
+                self.models[model.0 as usize].capacity -= gpus;
+                self.reindex(node);
+                self.release_holds_on(node);
+            }
+            (NodeStatus::Unhealthy, true) => {
+                self.nodes[node.0 as usize].status = NodeStatus::Up;
+                self.models[model.0 as usize].capacity += gpus;
+                self.reindex(node);
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// The node is gone: its attempts are requeued as lost (not failed,
+    /// not preempted) and holds on it are released.
+    pub fn lose_node(&mut self, node: NodeId) -> Result<Vec<JobId>, StateError> {
+        let n = self.node_checked(node)?;
+        match n.status {
+            NodeStatus::Lost => return Ok(Vec::new()),
+            NodeStatus::Up => {
+                let (model, gpus) = (n.model, n.gpus);
+                self.models[model.0 as usize].capacity -= gpus as u32;
+            }
+            NodeStatus::Cordoned | NodeStatus::Unhealthy => {}
+        }
+        let n = &mut self.nodes[node.0 as usize];
+        n.status = NodeStatus::Lost;
+        self.heartbeats.remove(&(n.last_heartbeat, node));
+        self.pending_node_drains.remove(&node);
+        self.reindex(node);
+        self.release_holds_on(node);
+        let victims: Vec<JobId> = self.nodes[node.0 as usize].jobs().collect();
+        for &job in &victims {
+            self.end_run(job);
+            self.requeue(job);
+        }
+        Ok(victims)
+    }
+
+    fn node_checked(&self, node: NodeId) -> Result<&Node, StateError> {
+        self.nodes.get(node.0 as usize).ok_or_else(|| StateError::NotFound(format!("node {node}")))
+    }
+
+    // ---- operator capacity ---------------------------------------------
+
+    /// Takes `gpus` GPUs of `model` back from the preemptible tier: the next
+    /// pass drains victims until preemptible work holds that many fewer,
+    /// and no preemptible job starts above the new limit until released.
+    pub fn reclaim(&mut self, model: GpuModelId, gpus: u32) -> Result<u32, StateError> {
+        let m = self.model_mut(model)?;
+        let limit = m.preemptible_active.saturating_sub(gpus);
+        m.preemptible_limit = Some(m.preemptible_limit.map_or(limit, |l| l.min(limit)));
+        Ok(limit)
+    }
+
+    /// Puts back a reclaim limit as it stood (a restarted server).
+    pub fn restore_reclaim(&mut self, model: GpuModelId, limit: u32) -> Result<(), StateError> {
+        self.model_mut(model)?.preemptible_limit = Some(limit);
+        Ok(())
+    }
+
+    /// Lifts a reclaim: preemptible work may use any idle GPU again.
+    pub fn release_reclaim(&mut self, model: GpuModelId) -> Result<(), StateError> {
+        self.model_mut(model)?.preemptible_limit = None;
+        Ok(())
+    }
+
+    fn model_mut(&mut self, model: GpuModelId) -> Result<&mut GpuModel, StateError> {
+        self.models
+            .get_mut(model.0 as usize)
+            .ok_or_else(|| StateError::NotFound(format!("gpu model {model}")))
+    }
+
+    pub fn add_reservation(&mut self, r: Reservation) -> Result<(), StateError> {
+        if self.model(r.gpu_model).is_none() {
+            return Err(StateError::NotFound(format!("reservation {}: gpu model {}", r.id, r.gpu_model)));
+        }
+        if r.gpus == 0 {
+            return Err(StateError::Invalid(format!("reservation {}: gpus must be at least 1", r.id)));
+        }
+        if r.start >= r.end {
+            return Err(StateError::Invalid(format!("reservation {}: start must be before end", r.id)));
+        }
+        if self.reservations.contains_key(&r.id) {
+            return Err(StateError::Conflict(format!("reservation {}: already exists", r.id)));
+        }
+        self.reservations.insert(r.id, r);
+        Ok(())
+    }
+
+    pub fn remove_reservation(&mut self, id: ReservationId) -> Result<Reservation, StateError> {
+        self.reservations.remove(&id).ok_or_else(|| StateError::NotFound(format!("reservation {id}")))
+    }
+
+    /// Recomputes a node's place in its model's indices.
+    pub(crate) fn reindex(&mut self, id: NodeId) {
+        let node = &self.nodes[id.0 as usize];
+        let up = node.status == NodeStatus::Up;
+        let new_key = up.then(|| self.index_key(node));
+        let new_singles = if up { self.single_keys(node) } else { Vec::new() };
+        let index = &mut self.index[node.model.0 as usize];
+        if node.key != new_key {
+            if let Some(old) = &node.key {
+                index.remove(id, old);
+            }
+            if let Some(new) = &new_key {
+                index.insert(id, new);
+            }
+        }
+        if node.single_keys != new_singles {
+            for &old in &node.single_keys {
+                index.remove_single(old);
+            }
+            for &new in &new_singles {
+                index.insert_single(new);
+            }
+        }
+        let node = &mut self.nodes[id.0 as usize];
+        node.key = new_key;
+        node.single_keys = new_singles;
+    }
+
+    fn single_keys(&self, node: &Node) -> Vec<SingleKey> {
+        let free = node.free_mask().count_ones() as u8;
+        let mut keys: Vec<SingleKey> = node
+            .jobs
+            .iter()
+            .filter_map(|&(job, mask)| {
+                let j = &self.jobs[&job];
+                let run = j.run.as_ref()?;
+                let single =
+                    j.spec.tier == Tier::Preemptible && j.phase == Phase::Running && run.alloc.len() == 1;
+                single.then(|| {
+                    (free, mask.count_ones() as u8, (Reverse(run.progress_saved_at()), node.id, job))
+                })
+            })
+            .collect();
+        keys.sort_unstable();
+        keys
+    }
+
+    fn index_key(&self, node: &Node) -> IndexKey {
+        let mut slots: Vec<u64> = Vec::new();
+        for &(job, mask) in &node.jobs {
+            let j = &self.jobs[&job];
+            if j.spec.tier == Tier::Preemptible && j.phase == Phase::Running {
+                let saved_at = j.run.as_ref().expect("running").progress_saved_at();
+                slots.extend(std::iter::repeat_n(saved_at.0, (mask & !node.held).count_ones() as usize));
+            }
+        }
+        slots.sort_unstable_by(|a, b| b.cmp(a));
+        let mut sum = 0;
+        let top_sums = slots
+            .iter()
+            .map(|t| {
+                sum += t;
+                sum
+            })
+            .collect();
+        IndexKey { free: node.free_mask().count_ones() as u8, reclaimable: slots.len() as u8, top_sums }
+    }
+}
+
+/// Whether `gpus` can be placed on nodes of `per_node` GPUs: on one node,
+/// or as a gang over whole nodes.
+pub fn shape_fits(gpus: u32, per_node: u8) -> bool {
+    gpus <= per_node as u32 || gpus.is_multiple_of(per_node as u32)
+}
