@@ -1,0 +1,179 @@
+//! The fleet and its tenants, as operators manage them: nodes and their
+//! GPUs, reclaims, cancels, tenants, their limits, usage and tokens.
+
+use super::*;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct NodeGpus {
+    pub node: String,
+    pub gpus: Vec<u8>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Node {
+    pub name: String,
+    pub gpu_model: String,
+    pub gpus: u8,
+    /// up, draining (cordoned), unhealthy (takes no new work: its agent
+    /// cannot deliver its reports), lost.
+    pub status: String,
+    /// Why the node is unhealthy, as its agent says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unhealthy: Option<String>,
+    pub gpus_used: u32,
+    pub gpus_held: u32,
+    /// Which GPUs are held, and for which waiting job: a reserved or
+    /// on-demand job that starts on them once their preemptible jobs have
+    /// drained.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub held: Vec<HeldGpus>,
+    pub last_heartbeat: String,
+    pub jobs: Vec<u64>,
+}
+
+/// GPUs of one node held for a waiting job.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct HeldGpus {
+    pub job: u64,
+    pub gpus: Vec<u8>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReclaimRequest {
+    #[schema(minimum = 1)]
+    pub gpus: u32,
+    /// Which model's preemptible capacity (default: the only model).
+    #[serde(default)]
+    pub gpu_model: Option<String>,
+}
+
+/// `POST /v1/jobs/{id}/cancel`: how a running job is stopped. The body
+/// may be empty or `{}`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CancelRequest {
+    /// Milliseconds between the notice and SIGTERM and the SIGKILL of
+    /// whatever is left: 10000 by default (or the drain window, if it is
+    /// shorter), at most the cluster's drain window (a larger one is a
+    /// 422). A second cancel may shorten it, never lengthen it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grace_ms: Option<u64>,
+}
+
+/// `POST /v1/reclaim/release`: lift a reclaim.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReclaimRelease {
+    /// Which model's reclaim (default: the only model).
+    #[serde(default)]
+    pub gpu_model: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ReclaimReleased {
+    pub gpu_model: String,
+    /// The limit that was lifted; none if there was no reclaim.
+    pub released_limit: Option<u32>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ReclaimReply {
+    pub gpu_model: String,
+    /// Preemptible work of that model may now hold at most this many GPUs.
+    pub preemptible_limit: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TenantRequest {
+    /// 1 to 64 letters, digits, `-` or `_`.
+    #[schema(min_length = 1, max_length = 64, pattern = r"^[A-Za-z0-9_-]{1,64}$")]
+    pub name: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct TenantCreated {
+    pub tenant: String,
+    /// Shown once; only its hash is stored.
+    pub token: String,
+}
+
+/// An operator's limits for one tenant; an absent one is the server's
+/// default (`ebb server --max-jobs-per-tenant`, ...).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct TenantLimits {
+    /// Unfinished jobs (queued, waiting or running).
+    #[serde(default)]
+    #[schema(minimum = 1)]
+    pub max_jobs: Option<u64>,
+    /// Jobs admitted to the scheduler at once; the rest wait their turn.
+    #[serde(default)]
+    #[schema(minimum = 1)]
+    pub max_running_jobs: Option<u64>,
+    /// Bytes the unfinished jobs' arguments and environments may take.
+    #[serde(default)]
+    #[schema(minimum = 1)]
+    pub max_stored_bytes: Option<u64>,
+}
+
+/// A tenant's limits in force and what it holds against them.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct TenantUsage {
+    pub tenant: String,
+    pub max_jobs: u64,
+    pub max_running_jobs: u64,
+    pub max_stored_bytes: u64,
+    /// Unfinished jobs, and of them those admitted and those waiting.
+    pub jobs: u64,
+    pub admitted: u64,
+    pub waiting: u64,
+    pub stored_bytes: u64,
+}
+
+/// `GET /v1/tenants`: one tenant, by name, with what it holds.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct TenantSummary {
+    pub tenant: String,
+    /// Its tokens that work now (0 once revoked).
+    pub tokens: u32,
+    /// Unfinished jobs, and of them those admitted and those waiting.
+    pub jobs: u64,
+    pub admitted: u64,
+    pub waiting: u64,
+    /// Its reservations in force or to come.
+    pub reservations: u32,
+}
+
+/// `DELETE /v1/nodes/{name}`: the node's credential is revoked and its
+/// live attempts requeued as lost.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct NodeRemoved {
+    pub node: String,
+    /// Jobs whose attempts on the node were requeued.
+    pub requeued: Vec<u64>,
+    /// Whether the node had a credential to revoke.
+    pub credential_revoked: bool,
+}
+
+/// `POST /v1/agent/join-token`: the new join token (shown once; also
+/// written to the server's `join.token`). The old one is refused from now.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct JoinToken {
+    pub token: String,
+    /// Where the server wrote it (mode 0600).
+    pub path: String,
+    /// Join tokens revoked by this rotation.
+    pub revoked: u32,
+}
+
+/// `POST` (rotate) or `DELETE` (revoke) `/v1/tenants/{name}/tokens`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct TenantTokens {
+    pub tenant: String,
+    /// The tenant's new token after a rotation (shown once); none after a
+    /// revocation.
+    pub token: Option<String>,
+    /// The tenant's tokens revoked.
+    pub revoked: u32,
+}
