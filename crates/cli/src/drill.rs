@@ -12,6 +12,7 @@ use ebb_api as api;
 use ebb_core::Span;
 
 use crate::client::Connection;
+use crate::output::json;
 
 #[derive(Args)]
 pub struct DrillArgs {
@@ -93,12 +94,6 @@ pub async fn drill(conn: &Connection, args: &DrillArgs) -> Result<(), String> {
         Some("ready") => Ok(()),
         _ => Err(format!("job {id}: the drill failed: {}", drill.failures.join("; "))),
     }
-}
-
-fn json(drill: &api::Drill) -> String {
-    let mut text = serde_json::to_string_pretty(drill).expect("serialisable");
-    text.push('\n');
-    text
 }
 
 /// `+1.5s` from the notice; `-3s` before it.

@@ -6,6 +6,7 @@ mod commands;
 mod daemons;
 mod drill;
 mod money;
+mod output;
 mod shown;
 mod sim;
 
@@ -55,7 +56,7 @@ enum Command {
         /// The job's id.
         id: u64,
         #[command(flatten)]
-        out: commands::JsonFlag,
+        out: output::JsonFlag,
         #[command(flatten)]
         conn: Connection,
     },
@@ -78,7 +79,7 @@ enum Command {
         #[arg(short, long)]
         label: bool,
         #[command(flatten)]
-        out: commands::JsonFlag,
+        out: output::JsonFlag,
         #[command(flatten)]
         conn: Connection,
     },
@@ -97,7 +98,7 @@ enum Command {
         #[arg(long, value_name = "DURATION", value_parser = ebb_core::Span::parse)]
         grace: Option<ebb_core::Span>,
         #[command(flatten)]
-        out: commands::JsonFlag,
+        out: output::JsonFlag,
         #[command(flatten)]
         conn: Connection,
     },
@@ -116,7 +117,7 @@ enum Command {
         #[command(subcommand)]
         command: Option<commands::NodesCommand>,
         #[command(flatten)]
-        out: commands::JsonFlag,
+        out: output::JsonFlag,
         #[command(flatten)]
         conn: Connection,
     },
@@ -125,7 +126,7 @@ enum Command {
         /// The node's name, as `ebb nodes` lists it.
         node: String,
         #[command(flatten)]
-        out: commands::JsonFlag,
+        out: output::JsonFlag,
         #[command(flatten)]
         conn: Connection,
     },
@@ -134,7 +135,7 @@ enum Command {
         /// The node's name, as `ebb nodes` lists it.
         node: String,
         #[command(flatten)]
-        out: commands::JsonFlag,
+        out: output::JsonFlag,
         #[command(flatten)]
         conn: Connection,
     },
@@ -151,7 +152,7 @@ enum Command {
         #[arg(long)]
         gpu_model: Option<String>,
         #[command(flatten)]
-        out: commands::JsonFlag,
+        out: output::JsonFlag,
         #[command(flatten)]
         conn: Connection,
     },

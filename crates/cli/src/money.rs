@@ -11,7 +11,7 @@ use ebb_api as api;
 use ebb_core::MicroUsd;
 
 use crate::client::Connection;
-use crate::commands::JsonFlag;
+use crate::output::{json, JsonFlag};
 
 /// An amount of micro-dollars for people: `12.35`.
 pub fn amount(micro_usd: i64) -> String {
@@ -21,12 +21,6 @@ pub fn amount(micro_usd: i64) -> String {
 /// A price per GPU-hour, in micro-dollars, for people: `3.6000`.
 pub fn rate(micro_usd: i64) -> String {
     MicroUsd(micro_usd).rate_text()
-}
-
-fn json<T: serde::Serialize>(value: &T) -> String {
-    let mut text = serde_json::to_string_pretty(value).expect("serialisable");
-    text.push('\n');
-    text
 }
 
 #[derive(Subcommand)]

@@ -1,0 +1,353 @@
+//! The operator's commands: nodes, drain and undrain, reclaim and
+//! release, tenants and their tokens.
+
+use std::fmt::Write;
+
+use clap::Subcommand;
+use ebb_api as api;
+use ebb_core::count;
+
+use crate::client::Connection;
+
+use crate::output::{json, JsonFlag};
+
+#[derive(Subcommand)]
+pub enum TenantCommand {
+    /// List the tenants: their working tokens, unfinished jobs and
+    /// reservations not yet ended.
+    List(JsonFlag),
+    /// Create a tenant and print its token (shown once).
+    Create {
+        /// 1 to 64 letters, digits, `-` or `_`.
+        name: String,
+        #[command(flatten)]
+        out: JsonFlag,
+    },
+    /// Show a tenant's limits and usage; with a flag, set its own limits
+    /// (admin). Unset ones follow the server's defaults.
+    Limits {
+        /// The tenant.
+        name: String,
+        /// Unfinished jobs (queued, waiting or running).
+        #[arg(long, value_name = "N")]
+        max_jobs: Option<u64>,
+        /// Jobs admitted to the scheduler at once.
+        #[arg(long, value_name = "N")]
+        max_running_jobs: Option<u64>,
+        /// Bytes of arguments and environments its unfinished jobs may keep.
+        #[arg(long, value_name = "BYTES")]
+        max_stored_bytes: Option<u64>,
+        /// Drop the tenant's own limits: the server's defaults apply.
+        #[arg(long, conflicts_with_all = ["max_jobs", "max_running_jobs", "max_stored_bytes"])]
+        defaults: bool,
+        #[command(flatten)]
+        out: JsonFlag,
+    },
+    /// Give the login a tenant's images are pulled from REGISTRY with
+    /// (the tenant's own token or an operator's). The password is read
+    /// from standard input, never from the command line.
+    RegistryLogin {
+        /// The tenant.
+        name: String,
+        /// The registry: HOST or HOST:PORT, as image references begin.
+        registry: String,
+        /// The user name the registry knows.
+        #[arg(long, short = 'u')]
+        username: String,
+        /// Read the password from standard input (the only way).
+        #[arg(long, required = true)]
+        password_stdin: bool,
+    },
+    /// Remove a tenant's login for REGISTRY.
+    RegistryLogout {
+        /// The tenant.
+        name: String,
+        /// The registry: HOST or HOST:PORT.
+        registry: String,
+    },
+    /// List the registries a tenant has logins for.
+    RegistryLogins {
+        /// The tenant.
+        name: String,
+        #[command(flatten)]
+        out: JsonFlag,
+    },
+    /// A tenant's tokens: rotate or revoke.
+    Token {
+        #[command(subcommand)]
+        command: TenantTokenCommand,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum TenantTokenCommand {
+    /// Issue a new token (shown once) and revoke every older one.
+    Rotate {
+        /// The tenant.
+        name: String,
+        #[command(flatten)]
+        out: JsonFlag,
+    },
+    /// Revoke every token of the tenant.
+    Revoke {
+        /// The tenant.
+        name: String,
+        #[command(flatten)]
+        out: JsonFlag,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum NodesCommand {
+    /// Take a node out: revoke its credential at once and requeue its
+    /// attempts as lost. It may join again with the join token.
+    Remove {
+        /// The node's name, as `ebb nodes` lists it.
+        name: String,
+        #[command(flatten)]
+        out: JsonFlag,
+    },
+    /// The agents' join token.
+    JoinToken {
+        #[command(subcommand)]
+        command: JoinTokenCommand,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum JoinTokenCommand {
+    /// Issue a new join token (written to the server's join.token and
+    /// printed); the old one is refused at once, joined nodes keep working.
+    Rotate {
+        #[command(flatten)]
+        out: JsonFlag,
+    },
+}
+
+pub async fn nodes(conn: &Connection, out: &JsonFlag) -> Result<String, String> {
+    let nodes: Vec<api::Node> = conn.client()?.get("/v1/nodes").await?;
+    if out.json {
+        return Ok(json(&nodes));
+    }
+    let mut text = format!(
+        "{:<16} {:<10} {:<14} {:>4} {:>5} {:>5}  {}\n",
+        "NODE", "STATUS", "MODEL", "GPUS", "USED", "HELD", "JOBS"
+    );
+    for n in nodes {
+        let jobs = n.jobs.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+        writeln!(
+            text,
+            "{:<16} {:<10} {:<14} {:>4} {:>5} {:>5}  {}",
+            n.name, n.status, n.gpu_model, n.gpus, n.gpus_used, n.gpus_held, jobs
+        )
+        .unwrap();
+        if let Some(why) = &n.unhealthy {
+            writeln!(text, "  {}: unhealthy, takes no new work: {why}", n.name).unwrap();
+        }
+    }
+    Ok(text)
+}
+
+pub async fn nodes_command(conn: &Connection, command: &NodesCommand) -> Result<String, String> {
+    match command {
+        NodesCommand::Remove { name, out } => {
+            let removed: api::NodeRemoved = conn.client()?.delete(&format!("/v1/nodes/{name}")).await?;
+            Ok(if out.json {
+                json(&removed)
+            } else {
+                let jobs = removed.requeued.iter().map(u64::to_string).collect::<Vec<_>>();
+                format!(
+                    "node {}: removed; {}; {}\n",
+                    removed.node,
+                    if removed.credential_revoked {
+                        "its credential is revoked"
+                    } else {
+                        "it had no credential"
+                    },
+                    if jobs.is_empty() {
+                        "no attempts were running there".to_string()
+                    } else {
+                        format!("jobs requeued as lost: {}", jobs.join(", "))
+                    }
+                )
+            })
+        }
+        NodesCommand::JoinToken { command: JoinTokenCommand::Rotate { out } } => {
+            let rotated: api::JoinToken =
+                conn.client()?.post("/v1/agent/join-token", &serde_json::json!({})).await?;
+            Ok(if out.json {
+                json(&rotated)
+            } else {
+                format!(
+                    "new join token (written to {} on the server; the old one is refused from now, joined nodes \
+                     keep their own credentials):\n{}\n",
+                    rotated.path, rotated.token
+                )
+            })
+        }
+    }
+}
+
+pub async fn drain(conn: &Connection, node: &str, out: &JsonFlag) -> Result<String, String> {
+    let n: api::Node =
+        conn.client()?.post(&format!("/v1/nodes/{node}/drain"), &serde_json::json!({})).await?;
+    Ok(if out.json { json(&n) } else { format!("node {}: {}\n", n.name, n.status) })
+}
+
+pub async fn undrain(conn: &Connection, node: &str, out: &JsonFlag) -> Result<String, String> {
+    let n: api::Node =
+        conn.client()?.post(&format!("/v1/nodes/{node}/undrain"), &serde_json::json!({})).await?;
+    Ok(if out.json { json(&n) } else { format!("node {}: {}\n", n.name, n.status) })
+}
+
+pub async fn release(conn: &Connection, gpu_model: Option<String>, out: &JsonFlag) -> Result<String, String> {
+    let reply: api::ReclaimReleased =
+        conn.client()?.post("/v1/reclaim/release", &api::ReclaimRelease { gpu_model }).await?;
+    Ok(if out.json {
+        json(&reply)
+    } else {
+        match reply.released_limit {
+            Some(limit) => format!(
+                "released the reclaim of {} (preemptible work was held to {}): it may use any idle GPU again\n",
+                reply.gpu_model,
+                count(u64::from(limit), "GPU")
+            ),
+            None => format!("{}: no reclaim to release\n", reply.gpu_model),
+        }
+    })
+}
+
+pub async fn reclaim(
+    conn: &Connection,
+    gpus: u32,
+    gpu_model: Option<String>,
+    out: &JsonFlag,
+) -> Result<String, String> {
+    let reply: api::ReclaimReply =
+        conn.client()?.post("/v1/reclaim", &api::ReclaimRequest { gpus, gpu_model }).await?;
+    Ok(if out.json {
+        json(&reply)
+    } else {
+        format!(
+            "reclaimed {}: preemptible work may now hold at most {}\n",
+            count(u64::from(gpus), &format!("{} GPU", reply.gpu_model)),
+            reply.preemptible_limit
+        )
+    })
+}
+
+pub async fn tenant(conn: &Connection, command: &TenantCommand) -> Result<String, String> {
+    match command {
+        TenantCommand::List(out) => {
+            let tenants: Vec<api::TenantSummary> = conn.client()?.get("/v1/tenants").await?;
+            if out.json {
+                return Ok(json(&tenants));
+            }
+            let mut text = format!(
+                "{:<24} {:>6} {:>8} {:>8} {:>8} {:>12}\n",
+                "TENANT", "TOKENS", "JOBS", "ADMITTED", "WAITING", "RESERVATIONS"
+            );
+            for t in tenants {
+                writeln!(
+                    text,
+                    "{:<24} {:>6} {:>8} {:>8} {:>8} {:>12}",
+                    t.tenant, t.tokens, t.jobs, t.admitted, t.waiting, t.reservations
+                )
+                .unwrap();
+            }
+            Ok(text)
+        }
+        TenantCommand::Create { name, out } => {
+            let created: api::TenantCreated =
+                conn.client()?.post("/v1/tenants", &api::TenantRequest { name: name.clone() }).await?;
+            Ok(if out.json {
+                json(&created)
+            } else {
+                format!("tenant {} created; its token (shown once):\n{}\n", created.tenant, created.token)
+            })
+        }
+        TenantCommand::Limits { name, max_jobs, max_running_jobs, max_stored_bytes, defaults, out } => {
+            let client = conn.client()?;
+            let path = format!("/v1/tenants/{name}/limits");
+            let set = api::TenantLimits {
+                max_jobs: *max_jobs,
+                max_running_jobs: *max_running_jobs,
+                max_stored_bytes: *max_stored_bytes,
+            };
+            let usage: api::TenantUsage = if *defaults || set != api::TenantLimits::default() {
+                client.put(&path, &set).await?
+            } else {
+                client.get(&path).await?
+            };
+            if out.json {
+                return Ok(json(&usage));
+            }
+            Ok(format!(
+                "tenant {}\n  jobs          {} unfinished of at most {} ({} admitted, {} waiting)\n  \
+                 running jobs  at most {} admitted at once\n  stored        {} bytes of at most {}\n",
+                usage.tenant,
+                usage.jobs,
+                usage.max_jobs,
+                usage.admitted,
+                usage.waiting,
+                usage.max_running_jobs,
+                usage.stored_bytes,
+                usage.max_stored_bytes
+            ))
+        }
+        TenantCommand::RegistryLogin { name, registry, username, password_stdin: _ } => {
+            let mut password = String::new();
+            std::io::stdin().read_line(&mut password).map_err(|e| format!("reading the password: {e}"))?;
+            let password = password.trim_end_matches(['\n', '\r']).to_string();
+            if password.is_empty() {
+                return Err("no password on standard input".into());
+            }
+            let login = api::RegistryLogin { username: username.clone(), password };
+            let path = format!("/v1/tenants/{name}/registry-logins/{registry}");
+            let _: Vec<api::RegistryLoginInfo> = conn.client()?.put(&path, &login).await?;
+            Ok(format!("tenant {name}: pulls from {registry} log in as {username}\n"))
+        }
+        TenantCommand::RegistryLogout { name, registry } => {
+            let path = format!("/v1/tenants/{name}/registry-logins/{registry}");
+            let _: Vec<api::RegistryLoginInfo> = conn.client()?.delete(&path).await?;
+            Ok(format!("tenant {name}: no login for {registry}\n"))
+        }
+        TenantCommand::RegistryLogins { name, out } => {
+            let logins: Vec<api::RegistryLoginInfo> =
+                conn.client()?.get(&format!("/v1/tenants/{name}/registry-logins")).await?;
+            if out.json {
+                return Ok(json(&logins));
+            }
+            let mut text = String::new();
+            for l in &logins {
+                writeln!(text, "{}  {}", l.registry, l.username).unwrap();
+            }
+            if logins.is_empty() {
+                text = format!("tenant {name} has no registry logins\n");
+            }
+            Ok(text)
+        }
+        TenantCommand::Token { command } => {
+            let client = conn.client()?;
+            let (reply, out): (api::TenantTokens, &JsonFlag) = match command {
+                TenantTokenCommand::Rotate { name, out } => {
+                    (client.post(&format!("/v1/tenants/{name}/tokens"), &serde_json::json!({})).await?, out)
+                }
+                TenantTokenCommand::Revoke { name, out } => {
+                    (client.delete(&format!("/v1/tenants/{name}/tokens")).await?, out)
+                }
+            };
+            Ok(if out.json {
+                json(&reply)
+            } else {
+                match &reply.token {
+                    Some(token) => format!(
+                        "tenant {}: {} older token(s) revoked; its new token (shown once):\n{token}\n",
+                        reply.tenant, reply.revoked
+                    ),
+                    None => format!("tenant {}: {} token(s) revoked\n", reply.tenant, reply.revoked),
+                }
+            })
+        }
+    }
+}

@@ -1,0 +1,624 @@
+//! The commands about jobs: `jobs`, `show`, `logs`, `cancel`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use clap::Args;
+use ebb_api as api;
+use ebb_core::{count, Span};
+
+use crate::client::Connection;
+
+use crate::output::{json, JsonFlag};
+
+#[derive(Args)]
+pub struct JobsArgs {
+    /// Only jobs in these states, comma-separated: queued, starting,
+    /// running, draining, succeeded, failed, cancelled; active = the
+    /// unfinished four. An array is listed when any task matches.
+    #[arg(long, value_name = "STATE[,STATE...]")]
+    pub state: Option<String>,
+    /// Only jobs of this tier.
+    #[arg(long, value_parser = ["reserved", "on-demand", "preemptible"])]
+    pub tier: Option<String>,
+    /// Only jobs whose name contains TEXT.
+    #[arg(long, value_name = "TEXT")]
+    pub name: Option<String>,
+    /// A row per task of an array instead of one per array.
+    #[arg(long)]
+    pub expand: bool,
+    /// The newest N jobs (default: 100 in the table, every job with --json).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1_000_000), conflicts_with = "all")]
+    pub limit: Option<u64>,
+    /// Every job, however many.
+    #[arg(long)]
+    pub all: bool,
+    #[command(flatten)]
+    pub out: JsonFlag,
+}
+
+/// Rows the table shows unless asked for more.
+const JOBS_SHOWN: u64 = 100;
+
+pub async fn jobs(conn: &Connection, args: &JobsArgs) -> Result<String, String> {
+    let client = conn.client()?;
+    // The table collapses arrays and shows the newest rows; --json gives
+    // every matching job record.
+    let collapse = !args.out.json && !args.expand;
+    let limit = match (args.all, args.limit) {
+        (true, _) => None,
+        (false, Some(n)) => Some(n),
+        (false, None) => (!args.out.json).then_some(JOBS_SHOWN),
+    };
+    let mut query: Vec<(&str, String)> =
+        vec![("order", "desc".into()), ("arrays", if collapse { "collapse" } else { "expand" }.into())];
+    for (key, value) in [("state", &args.state), ("tier", &args.tier), ("name", &args.name)] {
+        if let Some(value) = value {
+            query.push((key, value.clone()));
+        }
+    }
+    let mut jobs: Vec<api::Job> = Vec::new();
+    let mut cursor: Option<u64> = None;
+    let more = loop {
+        let wanted = limit.map_or(500, |l| (l - jobs.len() as u64).min(500));
+        let mut page_query: Vec<(&str, &str)> = query.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let (cursor_text, limit_text) = (cursor.map(|c| c.to_string()), wanted.to_string());
+        page_query.push(("limit", &limit_text));
+        if let Some(c) = &cursor_text {
+            page_query.push(("cursor", c));
+        }
+        let page: api::JobPage = client.get_query("/v1/jobs", &page_query).await?;
+        jobs.extend(page.jobs);
+        match page.next_cursor {
+            Some(next) if limit.is_none_or(|l| (jobs.len() as u64) < l) => cursor = Some(next),
+            next => break next.is_some(),
+        }
+    };
+    jobs.reverse(); // oldest first, the newest beside the prompt
+    if args.out.json {
+        return Ok(json(&jobs));
+    }
+    let mut text = job_table(&jobs, crate::now_ms());
+    if more {
+        writeln!(text, "(the newest {}; --limit N or --all for more)", jobs.len()).unwrap();
+    }
+    Ok(text)
+}
+
+/// The jobs as an aligned table, one row per job or collapsed array.
+fn job_table(jobs: &[api::Job], now_ms: u64) -> String {
+    use comfy_table::{presets::NOTHING, CellAlignment, Table};
+    let mut table = Table::new();
+    table
+        .load_style(NOTHING)
+        .set_header(["ID", "NAME", "TENANT", "TIER", "GPUS", "STATE", "ATTEMPT", "AGE", "NODE", "REASON"]);
+    for j in jobs {
+        let mut name = j.name.clone().unwrap_or_else(|| j.argv.join(" "));
+        let (id, state) = match (&j.array, &j.progress) {
+            (Some(a), Some(p)) => {
+                // The array's name, without its first task's "[0]".
+                if let Some((base, _)) = name.strip_suffix(']').and_then(|n| n.rsplit_once('[')) {
+                    name = base.to_string();
+                }
+                (
+                    format!("{}-{}", a.id, a.id + a.tasks.saturating_sub(1)),
+                    format!("{}/{} done", p.done, p.total),
+                )
+            }
+            _ => (j.id.to_string(), j.state.clone()),
+        };
+        let node = j.placement.iter().map(|p| p.node.as_str()).collect::<Vec<_>>().join(",");
+        table.add_row([
+            id,
+            truncate(&name, 32),
+            j.tenant.clone(),
+            j.tier.clone(),
+            j.gpus.to_string(),
+            state,
+            attempt(j),
+            humantime::parse_rfc3339(&j.submitted_at)
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or_else(|| "?".into(), |t| Span(now_ms.saturating_sub(t.as_millis() as u64)).human()),
+            if node.is_empty() { "-".into() } else { node },
+            j.pending_reason.map_or_else(|| "-".into(), |r| r.to_string()),
+        ]);
+    }
+    for column in [0, 4, 6, 7] {
+        if let Some(c) = table.column_mut(column) {
+            c.set_cell_alignment(CellAlignment::Right);
+        }
+    }
+    let mut text = table.trim_fmt();
+    text.push('\n');
+    text
+}
+
+/// The attempt a job runs as, or for a queued job that has run before,
+/// the attempt it will run as next ("3 next").
+fn attempt(job: &api::Job) -> String {
+    match (job.state.as_str(), job.attempt) {
+        ("queued", 0) => "-".into(),
+        ("queued", n) => format!("{} next", n + 1),
+        (_, n) => n.to_string(),
+    }
+}
+
+fn truncate(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        text.to_string()
+    } else {
+        text.chars().take(max - 1).chain(['…']).collect()
+    }
+}
+
+pub async fn show(conn: &Connection, id: u64, out: &JsonFlag) -> Result<String, String> {
+    let job: api::Job = conn.client()?.get(&format!("/v1/jobs/{id}")).await?;
+    if out.json {
+        return Ok(json(&job));
+    }
+    let mut text = String::new();
+    match &job.name {
+        Some(name) => writeln!(text, "job {}  {name}", job.id),
+        None => writeln!(text, "job {}", job.id),
+    }
+    .unwrap();
+    writeln!(text, "  state        {}", job.state).unwrap();
+    if let (Some(code), Some(why)) = (&job.pending_reason, &job.pending_detail) {
+        writeln!(text, "  waiting      {why} ({code})").unwrap();
+    }
+    writeln!(
+        text,
+        "  tier         {}  ({}{})",
+        job.tier,
+        count(u64::from(job.gpus), "GPU"),
+        job.gpu_model.map(|m| format!(" of {m}")).unwrap_or_default()
+    )
+    .unwrap();
+    writeln!(text, "  tenant       {}", job.tenant).unwrap();
+    writeln!(text, "  command      {}", job.argv.join(" ")).unwrap();
+    if let Some(image) = &job.image {
+        writeln!(text, "  image        {}  ({})", image.reference, image.digest).unwrap();
+    }
+    if let Some(p) = &job.pulling {
+        let percent = (p.done_bytes.saturating_mul(100)).checked_div(p.total_bytes).unwrap_or(100);
+        writeln!(text, "  pulling      {}, {percent}% on {}", human_bytes(p.total_bytes), p.node).unwrap();
+    }
+    let workdir = job.workdir.as_deref().unwrap_or("a fresh directory on its node");
+    writeln!(text, "  workdir      {workdir}").unwrap();
+    if !job.env.is_empty() {
+        let n = job.env.len();
+        writeln!(
+            text,
+            "  environment  {n} variable{} (ebb show {} --json lists them)",
+            if n == 1 { "" } else { "s" },
+            job.id
+        )
+        .unwrap();
+    }
+    writeln!(
+        text,
+        "  attempt      {}  (preempted {}, retried {})",
+        job.attempt, job.preemptions, job.retries
+    )
+    .unwrap();
+    for p in &job.placement {
+        writeln!(text, "  placement    {}", on_gpus(&p.node, &p.gpus)).unwrap();
+    }
+    if let Some(code) = job.exit_code {
+        writeln!(text, "  exit code    {code}").unwrap();
+    }
+    writeln!(text, "  submitted    {}", job.submitted_at).unwrap();
+    match &job.last_checkpoint {
+        Some(c) => {
+            let step = c.step.map(|s| format!("step {s}, ")).unwrap_or_default();
+            let bytes = c.bytes.map(|b| format!("{}, ", human_bytes(b))).unwrap_or_default();
+            writeln!(
+                text,
+                "  checkpoint   {} ({step}{bytes}took {}, attempt {})",
+                c.at,
+                Span::from_secs_f64(c.seconds).human(),
+                c.attempt
+            )
+            .unwrap();
+        }
+        None => writeln!(text, "  checkpoint   none reported").unwrap(),
+    }
+    if let Some(d) = &job.deadline {
+        writeln!(text, "  deadline     {} — {}", d.deadline, d.summary).unwrap();
+    }
+    if let (Some(secs), Some(why)) = (job.checkpoint_interval_s, &job.checkpoint_interval_why) {
+        // The interval the latest attempt was given at its start, and why
+        // (the server's words, which say whether reports since are in it).
+        writeln!(
+            text,
+            "  interval     checkpoint every {} (EBB_CHECKPOINT_INTERVAL_S={secs} for attempt {}): {why}",
+            Span::from_secs(secs).human(),
+            job.attempt
+        )
+        .unwrap();
+    }
+    if job.preemptions > 0 || job.lost_gpu_seconds > 0.0 {
+        writeln!(
+            text,
+            "  lost work    {} over {}",
+            gpu_time(job.lost_gpu_seconds),
+            count(u64::from(job.preemptions), "preemption")
+        )
+        .unwrap();
+    }
+    for u in &job.usage {
+        // A promoted attempt: each part at its own rate.
+        let rates = match u.segments.as_slice() {
+            [] => format!("{} GPU-s at ${}/GPU-h", u.gpu_seconds, crate::money::rate(u.rate_micro_usd)),
+            parts => parts
+                .iter()
+                .map(|p| {
+                    let gpu_seconds = p.seconds * u64::from(u.gpus);
+                    format!(
+                        "{gpu_seconds} GPU-s {} at ${}/GPU-h",
+                        p.tier,
+                        crate::money::rate(p.rate_micro_usd)
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(" + "),
+        };
+        writeln!(
+            text,
+            "  billed       attempt {}: {} x {} = {rates} = ${} ({})",
+            u.attempt,
+            count(u64::from(u.gpus), "GPU"),
+            Span::from_secs(u.seconds).human(),
+            crate::money::amount(u.amount_micro_usd),
+            u.outcome
+        )
+        .unwrap();
+    }
+    if let Some(d) = &job.drill {
+        for (i, line) in crate::drill::summary(d).iter().enumerate() {
+            writeln!(text, "  {:<12} {line}", if i == 0 { "drill" } else { "" }).unwrap();
+        }
+    }
+    if let Some(a) = &job.array {
+        let params: Vec<String> = a.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let params = if params.is_empty() { String::new() } else { format!(" ({})", params.join(", ")) };
+        writeln!(text, "  task         {} of array {} ({} tasks){params}", a.index, a.id, a.tasks).unwrap();
+    }
+    if let Some(p) = &job.progress {
+        let states: Vec<String> = p.states.iter().map(|(s, n)| format!("{n} {s}")).collect();
+        writeln!(text, "  progress     {}/{} done  ({})", p.done, p.total, states.join(", ")).unwrap();
+        let mut by_state: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+        for t in &p.tasks {
+            by_state.entry(t.state.as_str()).or_default().push(t.index);
+        }
+        for (state, indices) in by_state {
+            writeln!(text, "    {state:<10} {}", ranges(&indices)).unwrap();
+        }
+    }
+    writeln!(text, "events:").unwrap();
+    for e in &job.events {
+        let detail = describe_event(&e.event);
+        writeln!(text, "  {}  #{:<3} {:<16} {}", e.at, e.attempt, e.kind(), detail).unwrap();
+    }
+    Ok(text)
+}
+
+/// `0-3, 7, 9-12` from sorted or unsorted indices.
+fn ranges(indices: &[u64]) -> String {
+    let mut sorted = indices.to_vec();
+    sorted.sort_unstable();
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < sorted.len() {
+        let start = sorted[i];
+        while i + 1 < sorted.len() && sorted[i + 1] == sorted[i] + 1 {
+            i += 1;
+        }
+        parts.push(if sorted[i] == start { start.to_string() } else { format!("{start}-{}", sorted[i]) });
+        i += 1;
+    }
+    parts.join(", ")
+}
+
+/// `node-0: GPU 3`, `node-1: GPUs 0,1,2,3`.
+fn on_gpus(node: &str, gpus: &[u8]) -> String {
+    let list = gpus.iter().map(u8::to_string).collect::<Vec<_>>().join(",");
+    format!("{node}: {} {list}", if gpus.len() == 1 { "GPU" } else { "GPUs" })
+}
+
+/// GPU-seconds of work for people: `3ms of GPU time`, `2m 05s of GPU time`.
+fn gpu_time(gpu_seconds: f64) -> String {
+    format!("{} of GPU time", Span::from_secs_f64(gpu_seconds).human())
+}
+
+fn human_bytes(b: u64) -> String {
+    match b {
+        b if b >= 1 << 30 => format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64),
+        b if b >= 1 << 20 => format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64),
+        b if b >= 1 << 10 => format!("{:.1} KiB", b as f64 / 1024.0),
+        b => format!("{b} B"),
+    }
+}
+
+/// One line of an event's details for people.
+fn describe_event(event: &api::Event) -> String {
+    use api::events::DrillDetail;
+    use api::Event as E;
+    let took = |seconds: f64| Span::from_secs_f64(seconds).human();
+    let exit = |code: Option<i32>, signal: Option<i32>| match (code, signal) {
+        (_, Some(signal)) => Some(format!("by signal {signal}")),
+        (Some(code), _) => Some(format!("with code {code}")),
+        _ => None,
+    };
+    match event {
+        E::Submitted(d) => {
+            let task = d.task.map(|t| format!(", task {t}")).unwrap_or_default();
+            format!("{}, {} {}{task}", d.tier, d.gpus, if d.gpus == 1 { "GPU" } else { "GPUs" })
+        }
+        E::Admitted(d) => d.reason.clone(),
+        E::Placed(d) => d.placement.iter().map(|p| on_gpus(&p.node, &p.gpus)).collect::<Vec<_>>().join("; "),
+        E::Started(d) => format!("on {} (pid {})", d.node, d.pid),
+        E::DrainNotice(d) => format!("{}; kill at {}", d.reason, d.deadline),
+        E::Exited(d) => {
+            let how = match exit(d.code, d.signal) {
+                Some(how) => format!("on {} {how}", d.node),
+                None => format!("on {} ({})", d.node, if d.vanished { "vanished" } else { "unknown status" }),
+            };
+            let how = match d.peak_memory_bytes {
+                Some(peak) => format!("{how}, peak memory {}", human_bytes(peak)),
+                None => how,
+            };
+            // A start that failed: the agent's words, here and not only in the log.
+            match &d.start_error {
+                Some(why) => format!("{how}: {why}"),
+                None => how,
+            }
+        }
+        E::Requeued(d) => {
+            let why = d.why.as_ref().map(|why| format!(": {why}")).unwrap_or_default();
+            match d.lost_gpu_seconds {
+                Some(lost) => format!("{}{why} (lost {})", d.reason, gpu_time(lost)),
+                None => format!("{}{why}", d.reason),
+            }
+        }
+        E::Checkpoint(d) => {
+            let step = d.step.map(|n| format!("step {n}, ")).unwrap_or_default();
+            let bytes = d.bytes.map(|b| format!("{}, ", human_bytes(b))).unwrap_or_default();
+            format!("{step}{bytes}took {}", took(d.seconds))
+        }
+        E::Warning(d) => d.message.clone(),
+        E::Pulling(d) => {
+            format!(
+                "{} on {} ({})",
+                human_bytes(d.total_bytes),
+                d.node,
+                d.digest.as_deref().unwrap_or("no digest")
+            )
+        }
+        E::Pulled(d) => match d.downloaded_bytes {
+            0 => format!("on {}: in its cache", d.node),
+            n => format!("on {}: {} in {}", d.node, human_bytes(n), took(d.seconds)),
+        },
+        E::GangStopped(d) => d.reason.clone(),
+        E::Preempting(d) => {
+            let victims: Vec<String> = d.victims.iter().map(u64::to_string).collect();
+            format!("victims {} (lost {})", victims.join(", "), gpu_time(d.lost_gpu_seconds))
+        }
+        E::Succeeded(d) => d.ran_ms.map(|ms| format!("ran {}", Span(ms).human())).unwrap_or_default(),
+        E::Failed(d) => {
+            let how = d.reason.clone().or_else(|| exit(d.code, d.signal)).unwrap_or_default();
+            match d.lost_gpu_seconds {
+                Some(lost) => format!("{how} (lost {})", gpu_time(lost)),
+                None => how,
+            }
+        }
+        E::Cancelled(d) => d.while_.as_ref().map(|w| format!("while {w}")).unwrap_or_default(),
+        E::CancelRequested(d) => match (&d.deadline, d.grace_seconds) {
+            (Some(deadline), Some(grace)) => format!("SIGTERM, kill at {deadline} (grace {})", took(grace)),
+            _ => String::new(),
+        },
+        E::Drill(DrillDetail::Notice(d)) => format!(
+            "notice sent to attempt {}; kill at {} (window {})",
+            d.attempt,
+            d.deadline,
+            took(d.window_seconds)
+        ),
+        E::Drill(DrillDetail::Verdict(d)) => {
+            let verdict = d.verdict.as_deref().unwrap_or("none");
+            match d.failures.is_empty() {
+                true => format!("verdict: {verdict}"),
+                false => format!("verdict: {verdict}: {}", d.failures.join("; ")),
+            }
+        }
+        E::Promoted(d) => format!(
+            "to on-demand{}: {}",
+            if d.running { " where it runs" } else { " in the queue" },
+            d.reason
+        ),
+        E::Resumed(d) => match d.step {
+            Some(step) => format!("from step {step}"),
+            None => "from its latest checkpoint".into(),
+        },
+        E::Restored(d) => {
+            let what = match d.step {
+                Some(step) => format!("step {step}"),
+                None => "the state at exit".into(),
+            };
+            format!(
+                "{what} (attempt {}, upload {}) from the checkpoint store on {}: {} {}, {}, took {}",
+                d.from_attempt,
+                d.upload,
+                d.node,
+                d.files,
+                if d.files == 1 { "file" } else { "files" },
+                human_bytes(d.bytes),
+                took(d.seconds)
+            )
+        }
+    }
+}
+
+/// How `ebb logs` shows a job's output.
+#[derive(Clone, Copy, Debug)]
+pub struct LogView {
+    /// One `LogChunk` object per line.
+    pub json: bool,
+    /// Control characters as escapes (a terminal, without `--raw`; see
+    /// [`crate::shown`]).
+    pub escape: bool,
+    /// Each line of a gang's output begins with its node.
+    pub label: bool,
+}
+
+/// `ebb logs`: the job's output, as `view` says.
+pub async fn logs(conn: &Connection, id: u64, follow: bool, view: LogView) -> Result<(), String> {
+    use std::io::Write;
+    let client = conn.client()?;
+    let mut offset = 0;
+    let mut labels = Labels::default();
+    loop {
+        let path = format!("/v1/jobs/{id}/logs?offset={offset}&follow={follow}&label={}", view.label);
+        let chunk: api::LogChunk = client.get(&path).await?;
+        // A chunk is at most 1 MiB: without --follow, read on until the
+        // log has no more.
+        let last = if follow { chunk.finished } else { chunk.data.is_empty() || chunk.finished };
+        let mut stdout = std::io::stdout().lock();
+        // With --json: one LogChunk object per line (a log's empty end
+        // only when it is all there is).
+        let text = if view.json {
+            format!("{}\n", serde_json::to_string(&chunk).expect("serialisable"))
+        } else {
+            let text = if view.label { labels.apply(&chunk) } else { chunk.data.clone() };
+            match view.escape {
+                true => crate::shown::terminal_safe(&text).into_owned(),
+                false => text,
+            }
+        };
+        let shown = !chunk.data.is_empty() || (view.json && (follow || offset == 0));
+        if shown && stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()).is_err() {
+            return Ok(()); // the reader went away
+        }
+        offset = chunk.next_offset;
+        if last {
+            return Ok(());
+        }
+    }
+}
+
+/// Labels a gang's lines with their nodes, across chunks: a chunk may end
+/// in the middle of a line.
+#[derive(Default)]
+struct Labels {
+    in_line: bool,
+    node: Option<String>,
+}
+
+impl Labels {
+    /// `chunk`'s text with each line begun there preceded by the node whose
+    /// piece of the log it starts in (`node-1: `); a job on one node's
+    /// lines as they are.
+    fn apply(&mut self, chunk: &api::LogChunk) -> String {
+        let mut out = String::with_capacity(chunk.data.len());
+        let mut offset = chunk.offset;
+        for line in chunk.data.split_inclusive('\n') {
+            if let Some(source) = chunk.sources.iter().take_while(|s| s.offset <= offset).last() {
+                self.node = Some(source.node.clone());
+            }
+            if let (false, Some(node)) = (self.in_line, &self.node) {
+                out.push_str(node);
+                out.push_str(": ");
+            }
+            out.push_str(line);
+            self.in_line = !line.ends_with('\n');
+            offset += line.len() as u64;
+        }
+        out
+    }
+}
+
+/// `ebb cancel ID...` and `ebb cancel --array ID`: every job named, and
+/// every task of the array not yet ended, each running one with `grace`
+/// (the server's default if none). Each is tried; one that cannot be
+/// cancelled (already ended, not found) is said, and makes the command
+/// fail once the others are done.
+pub async fn cancel(
+    conn: &Connection,
+    ids: &[u64],
+    array: Option<u64>,
+    grace: Option<ebb_core::Span>,
+    out: &JsonFlag,
+) -> Result<String, String> {
+    let client = conn.client()?;
+    let mut wanted = ids.to_vec();
+    if let Some(array) = array {
+        let job: api::Job = client.get(&format!("/v1/jobs/{array}")).await?;
+        let progress = job.progress.ok_or_else(|| format!("--array {array}: job {array} is not an array"))?;
+        if job.array.as_ref().is_some_and(|a| a.id != array) {
+            return Err(format!("--array {array}: job {array} is a task of array {}", job.array.unwrap().id));
+        }
+        let done = ["succeeded", "failed", "cancelled"];
+        wanted.extend(progress.tasks.iter().filter(|t| !done.contains(&t.state.as_str())).map(|t| t.id));
+    }
+    if wanted.is_empty() {
+        return Err("nothing to cancel: give job ids, or --array ID".into());
+    }
+    let request = api::CancelRequest { grace_ms: grace.map(|g| g.0) };
+    let (mut text, mut jobs, mut failed) = (String::new(), Vec::new(), Vec::new());
+    for id in wanted {
+        match client.post::<_, api::Job>(&format!("/v1/jobs/{id}/cancel"), &request).await {
+            Ok(job) => {
+                let what = if job.state == "cancelled" { "cancelled" } else { "stopping" };
+                writeln!(text, "job {id}: {what}").unwrap();
+                jobs.push(job);
+            }
+            // The request itself is refused (a grace over the drain
+            // window): it would be for every job.
+            Err(e) if e.ends_with("(HTTP 422)") => return Err(e),
+            Err(e) => failed.push(e),
+        }
+    }
+    if out.json {
+        text = json(&jobs);
+    }
+    match failed.is_empty() {
+        true => Ok(text),
+        false => {
+            print!("{text}");
+            Err(failed.join("\n"))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A gang's lines begin with their node, across chunks that end in
+    /// the middle of a line; a job on one node's are left as they are.
+    #[test]
+    fn a_gangs_lines_are_labelled_with_their_nodes() {
+        let source = |offset, node: &str| api::LogSource { offset, node: node.into() };
+        let chunk = |offset, data: &str, sources| api::LogChunk {
+            offset,
+            next_offset: offset + data.len() as u64,
+            data: data.into(),
+            finished: false,
+            sources,
+        };
+        let mut labels = Labels::default();
+        let first = chunk(0, "up\nloss 1\nsaving", vec![source(0, "node-1"), source(3, "node-0")]);
+        assert_eq!(labels.apply(&first), "node-1: up\nnode-0: loss 1\nnode-0: saving");
+        let second = chunk(16, " weights\ndone\n", vec![source(10, "node-0"), source(25, "node-1")]);
+        assert_eq!(labels.apply(&second), " weights\nnode-1: done\n");
+        let mut plain = Labels::default();
+        assert_eq!(plain.apply(&chunk(0, "a\nb\n", vec![])), "a\nb\n");
+    }
+
+    #[test]
+    fn task_indices_read_as_ranges() {
+        assert_eq!(ranges(&[9, 0, 1, 2, 3, 7, 10, 11, 12]), "0-3, 7, 9-12");
+        assert_eq!(ranges(&[5]), "5");
+        assert_eq!(ranges(&[]), "");
+    }
+}

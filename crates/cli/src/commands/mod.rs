@@ -1,0 +1,11 @@
+//! The user commands: submit, jobs, show, logs, cancel, nodes, drain,
+//! reclaim, tenant. Each prints a table for people, or with `--json` the
+//! API's JSON for scripts (`crate::output`).
+
+mod fleet;
+mod jobs;
+mod submit;
+
+pub use fleet::*;
+pub use jobs::*;
+pub use submit::*;
