@@ -34,7 +34,7 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 
 use crate::engine::{Engine, EngineConfig, Feed, Lines, Msg};
-use crate::pg::PgStore;
+use crate::store::pg::PgStore;
 use crate::store::Store;
 use crate::{ApiError, TokenMap};
 

@@ -10,7 +10,6 @@ mod http;
 pub mod leader;
 pub mod lock;
 pub mod metrics;
-pub mod pg;
 pub mod store;
 pub mod tls;
 mod validate;

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use ebb_api::{Event, EventKind, JobEvent, ReportId, TenantLimits};
-use ebb_server::pg::PgStore;
+use ebb_server::store::pg::PgStore;
 use ebb_server::store::{
     JobColumns, JobPageQuery, LogState, NodeRow, PriceRow, ReservationRow, Scope, SqliteStore, Store,
     TenantRow, TokenRow, UsageRow,
@@ -255,8 +255,8 @@ fn the_lease_goes_to_one_server_and_fences_off_a_deposed_one() {
     a.commit().unwrap();
 }
 
-fn pg_lease(epoch: u64, url: &str, open: bool) -> ebb_server::pg::Lease {
-    ebb_server::pg::Lease { epoch, url: url.into(), open }
+fn pg_lease(epoch: u64, url: &str, open: bool) -> ebb_server::store::pg::Lease {
+    ebb_server::store::pg::Lease { epoch, url: url.into(), open }
 }
 
 /// Output, in pieces, read back across them, with what did not commit

@@ -440,7 +440,7 @@ fn on_postgres_a_store_error_mid_batch_commits_and_answers_nothing() {
         admin.batch_execute(&format!("CREATE DATABASE {db}")).unwrap();
         let url = server.url_for(&db);
         TestEnv::with_store(&format!("pg-{name}"), move |_| {
-            Box::new(move || ebb_server::pg::PgStore::open(&url).unwrap())
+            Box::new(move || ebb_server::store::pg::PgStore::open(&url).unwrap())
         })
     });
 }

@@ -1,0 +1,67 @@
+//! Job pages in SQL: one query shape per set of filters, written once for
+//! SQLite and PostgreSQL, which differ only in their placeholders.
+
+use super::JobPageQuery;
+
+/// A value bound to a page query's placeholder.
+#[derive(Clone, Debug)]
+pub(crate) enum PageArg {
+    Int(i64),
+    Text(String),
+}
+
+/// The page query `q` as SQL with numbered placeholders (`?N` for SQLite,
+/// `$N` for PostgreSQL) and their values, or none when nothing can match
+/// (an empty list of states). Only the filters asked for are in it, so
+/// each shape is planned for what it filters on: the id range always
+/// (the primary key), the tenant's index when a tenant lists.
+pub(crate) fn job_page_sql(q: &JobPageQuery, postgres: bool) -> Option<(String, Vec<PageArg>)> {
+    let mut args: Vec<PageArg> = Vec::new();
+    let mut arg = |value: PageArg| {
+        args.push(value);
+        format!("{}{}", if postgres { '$' } else { '?' }, args.len())
+    };
+    let clamp = |n: u64| n.min(i64::MAX as u64) as i64;
+    let mut sql = String::from("SELECT record FROM jobs WHERE ");
+    match q.desc {
+        false => {
+            let from = q.cursor.map_or(0, |c| c.saturating_add(1));
+            sql += &format!("id >= {}", arg(PageArg::Int(clamp(from))));
+        }
+        true => {
+            let below = q.cursor.unwrap_or(u64::MAX);
+            sql += &format!("id < {}", arg(PageArg::Int(clamp(below))));
+        }
+    }
+    if let Some(tenant) = q.tenant {
+        sql += &format!(" AND tenant = {}", arg(PageArg::Int(i64::from(tenant))));
+    }
+    if let Some(tier) = &q.tier {
+        sql += &format!(" AND tier = {}", arg(PageArg::Text(tier.clone())));
+    }
+    if let Some(name) = &q.name {
+        let find = if postgres { "strpos" } else { "instr" };
+        sql += &format!(" AND {find}(COALESCE(name, ''), {}) > 0", arg(PageArg::Text(name.clone())));
+    }
+    if q.collapse {
+        sql += " AND (array_id IS NULL OR array_id = id)";
+    }
+    if let Some(states) = &q.states {
+        if states.is_empty() {
+            return None;
+        }
+        let list: Vec<String> = states.iter().map(|s| arg(PageArg::Text(s.clone()))).collect();
+        let list = list.join(", ");
+        sql += &match q.collapse {
+            false => format!(" AND state IN ({list})"),
+            true => format!(
+                " AND ((array_id IS NULL AND state IN ({list})) OR (array_id IS NOT NULL AND EXISTS \
+                 (SELECT 1 FROM jobs AS task WHERE task.array_id = jobs.id AND task.state IN ({list}))))"
+            ),
+        };
+    }
+    let order = if q.desc { "DESC" } else { "ASC" };
+    let limit = arg(PageArg::Int(clamp(q.limit as u64)));
+    sql += &format!(" ORDER BY id {order} LIMIT {limit}");
+    Some((sql, args))
+}
