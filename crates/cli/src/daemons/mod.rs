@@ -1,0 +1,298 @@
+//! `ebb server`, `ebb agent` and `ebb up` (a server and agents with
+//! simulated GPUs on loopback, in the foreground), and the flags they
+//! share: the scheduling policy, registries, TLS, limits, checkpoint
+//! stores.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use ebb_core::Span;
+use ebb_server::Limits;
+
+mod agent;
+mod server;
+mod up;
+
+pub use agent::*;
+pub use server::*;
+pub use up::*;
+
+fn parse_span(text: &str) -> Result<Span, String> {
+    Span::parse(text)
+}
+
+/// The scheduling policy's flags, the same for `ebb server` and `ebb up`.
+#[derive(Args, Clone)]
+pub struct PolicyArgs {
+    /// Notice to forced kill for every drain: 300, 300s, 5m.
+    #[arg(long, default_value = "300s", value_parser = parse_span)]
+    pub drain_window: Span,
+    /// A job preempted before is not chosen as a victim again until its new
+    /// attempt has run this long, while other victims would do (it is
+    /// still chosen when nothing else makes room); 0 turns this off. At
+    /// most 24h.
+    #[arg(long, default_value = "5m", value_parser = parse_span)]
+    pub min_runtime: Span,
+    /// A node silent this long is lost; its jobs are requeued.
+    #[arg(long, default_value = "10s", value_parser = parse_span)]
+    pub heartbeat_timeout: Span,
+}
+
+/// How image registries are reached, by the server (to resolve a tag at
+/// submit) and the agents (to pull).
+#[derive(Args, Clone)]
+pub struct RegistryArgs {
+    /// A registry (HOST:PORT, as image references begin) reached over
+    /// plain HTTP rather than HTTPS: one on loopback or a trusted network.
+    /// Repeatable.
+    #[arg(long = "insecure-registry", value_name = "HOST[:PORT]")]
+    pub insecure: Vec<String>,
+    /// The only registries images may come from (HOST[:PORT]); repeatable.
+    /// Without it, a job may name any registry, and the server and nodes
+    /// connect wherever a tenant's image reference points.
+    #[arg(long = "allowed-registry", value_name = "HOST[:PORT]")]
+    pub allowed: Vec<String>,
+}
+
+impl RegistryArgs {
+    pub fn registries(&self) -> ebb_image::Registries {
+        // A registry reached over plain HTTP is one the operator chose.
+        let allowed = match self.allowed.is_empty() {
+            true => Vec::new(),
+            false => self.allowed.iter().chain(&self.insecure).cloned().collect(),
+        };
+        ebb_image::Registries { insecure: self.insecure.clone(), allowed }
+    }
+}
+
+/// Where jobs' checkpoints are kept between attempts, so that a job
+/// resumes on any node without storage shared by the nodes.
+#[derive(Args)]
+pub struct CheckpointStoreArgs {
+    /// Keep jobs' checkpoints in this store: s3://BUCKET/PREFIX (AWS or
+    /// any S3-compatible service) or file:///PATH (a directory every node
+    /// sees). Agents are told it when they register; each uploads a job's
+    /// checkpoint directory after each checkpoint the job reports and
+    /// restores the latest before the job's next attempt, on any node.
+    /// Checked at start. Without it, --checkpoint-root is shared storage.
+    #[arg(long, value_name = "URL")]
+    pub checkpoint_store: Option<String>,
+    /// The S3-compatible service's URL, e.g. https://minio.internal:9000
+    /// (default: AWS's own for the region).
+    #[arg(long, value_name = "URL", requires = "checkpoint_store")]
+    pub checkpoint_store_endpoint: Option<String>,
+    /// The S3 region (default us-east-1).
+    #[arg(long, value_name = "REGION", requires = "checkpoint_store")]
+    pub checkpoint_store_region: Option<String>,
+    /// The server's credentials for an s3:// store, to check it at start:
+    /// an AWS credentials file (aws_access_key_id, aws_secret_access_key,
+    /// optionally aws_session_token). Default: the AWS_ACCESS_KEY_ID and
+    /// AWS_SECRET_ACCESS_KEY variables. Never sent to agents: each has its
+    /// own.
+    #[arg(long, value_name = "FILE", requires = "checkpoint_store")]
+    pub checkpoint_store_credentials: Option<PathBuf>,
+}
+
+impl CheckpointStoreArgs {
+    /// The store's location, once it has answered with the server's
+    /// credentials: a wrong URL, a missing bucket or an endpoint that does
+    /// not answer stops the server at start, naming the flag.
+    async fn checked(&self) -> Result<Option<ebb_api::CheckpointStoreLocation>, String> {
+        let Some(url) = &self.checkpoint_store else { return Ok(None) };
+        let location = ebb_api::CheckpointStoreLocation {
+            url: url.trim().to_string(),
+            endpoint: self.checkpoint_store_endpoint.clone(),
+            region: self.checkpoint_store_region.clone(),
+        };
+        let credentials = ebb_checkpoints::Credentials::load(
+            "--checkpoint-store-credentials",
+            self.checkpoint_store_credentials.as_deref(),
+        )
+        .map_err(|e| e.to_string())?;
+        let store =
+            ebb_checkpoints::Store::open(&location, credentials.as_ref()).map_err(|e| e.to_string())?;
+        store.check(Duration::from_secs(15)).await.map_err(|e| {
+            let at = location.endpoint.as_deref().map_or(String::new(), |e| format!(" at {e}"));
+            format!("--checkpoint-store {url}{at}: {e}")
+        })?;
+        eprintln!("ebb server: jobs' checkpoints are kept in {url}");
+        Ok(Some(location))
+    }
+}
+
+/// HTTPS, for agents and users on other hosts. Plain HTTP without these.
+#[derive(Args)]
+pub struct TlsArgs {
+    /// Serve HTTPS with this certificate, PEM (a chain is fine: the
+    /// server's first). Agents verify it with --ca FILE, or with
+    /// --ca-fingerprint if the CA's certificate is in --data-dir as ca.crt.
+    #[arg(long, value_name = "FILE", requires = "tls_key", conflicts_with = "tls_generate")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert, PEM.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Serve HTTPS with a certificate of the server's own: on first start
+    /// it makes a CA in --data-dir (ca.crt, ca.key) and a certificate it
+    /// signs (tls.crt, tls.key) for the listen address, localhost,
+    /// 127.0.0.1, the host name and each --tls-san, re-issued when those
+    /// change. A CA already there is used instead: copy ca.crt and ca.key
+    /// from another server so that the servers of one control plane share
+    /// one CA. Prints the CA's fingerprint for agents' --ca-fingerprint.
+    #[arg(long)]
+    pub tls_generate: bool,
+    /// Another name or IP address agents and users reach the server by,
+    /// for --tls-generate's certificate; repeatable.
+    #[arg(long = "tls-san", value_name = "NAME_OR_IP", requires = "tls_generate")]
+    pub tls_sans: Vec<String>,
+}
+
+impl TlsArgs {
+    fn config(&self) -> ebb_server::tls::TlsConfig {
+        use ebb_server::tls::TlsConfig;
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => TlsConfig::Files { cert: cert.clone(), key: key.clone() },
+            _ if self.tls_generate => TlsConfig::Generate { extra_names: self.tls_sans.clone() },
+            _ => TlsConfig::Off,
+        }
+    }
+}
+
+/// What one submission may carry and one tenant may have.
+#[derive(Args)]
+pub struct LimitArgs {
+    /// One argument or one KEY=VALUE of a job's environment, bytes with its
+    /// NUL (Linux refuses more than 131072 at exec).
+    #[arg(long, default_value_t = Limits::default().max_argument_bytes, value_name = "BYTES")]
+    pub max_argument_bytes: u64,
+    /// A job's arguments and environment together, bytes.
+    #[arg(long, default_value_t = Limits::default().max_command_bytes, value_name = "BYTES")]
+    pub max_command_bytes: u64,
+    /// Tasks of one array or sweep.
+    #[arg(long, default_value_t = Limits::default().max_array_tasks, value_name = "N")]
+    pub max_array_tasks: u64,
+    /// A tenant's unfinished jobs (queued, waiting or running).
+    #[arg(long, default_value_t = Limits::default().max_jobs, value_name = "N")]
+    pub max_jobs_per_tenant: u64,
+    /// What a tenant's unfinished jobs' arguments and environments may
+    /// take in the server, bytes.
+    #[arg(long, default_value_t = Limits::default().max_stored_bytes, value_name = "BYTES")]
+    pub max_stored_bytes_per_tenant: u64,
+    /// A tenant's jobs admitted to the scheduler at once (running or queued
+    /// for GPUs); the rest wait their turn.
+    #[arg(long, default_value_t = Limits::default().max_running_jobs, value_name = "N")]
+    pub max_running_jobs: u64,
+}
+
+impl LimitArgs {
+    fn limits(&self) -> Result<Limits, String> {
+        let limits = Limits {
+            max_argument_bytes: self.max_argument_bytes,
+            max_command_bytes: self.max_command_bytes,
+            max_array_tasks: self.max_array_tasks,
+            max_jobs: self.max_jobs_per_tenant,
+            max_stored_bytes: self.max_stored_bytes_per_tenant,
+            max_running_jobs: self.max_running_jobs,
+        };
+        for (flag, value) in [
+            ("--max-argument-bytes", limits.max_argument_bytes),
+            ("--max-command-bytes", limits.max_command_bytes),
+            ("--max-array-tasks", limits.max_array_tasks),
+            ("--max-jobs-per-tenant", limits.max_jobs),
+            ("--max-stored-bytes-per-tenant", limits.max_stored_bytes),
+            ("--max-running-jobs", limits.max_running_jobs),
+        ] {
+            if value == 0 {
+                return Err(format!("{flag}: must be at least 1"));
+            }
+        }
+        if limits.max_argument_bytes > 128 * 1024 {
+            return Err(format!(
+                "--max-argument-bytes {}: Linux refuses a single argument over 131072 bytes at exec",
+                limits.max_argument_bytes
+            ));
+        }
+        Ok(limits)
+    }
+}
+
+/// `--run-as TENANT=USER` flags and the default user, each checked.
+fn run_as_flags(pairs: &[String], default: Option<&str>) -> Result<ebb_server::RunAs, String> {
+    let mut by_tenant = BTreeMap::new();
+    for pair in pairs {
+        let (tenant, user) = pair
+            .split_once('=')
+            .filter(|(t, u)| !t.is_empty() && !u.is_empty())
+            .ok_or_else(|| format!("--run-as {pair}: expected TENANT=USER"))?;
+        if by_tenant.insert(tenant.to_string(), user.to_string()).is_some() {
+            return Err(format!("--run-as {pair}: tenant {tenant} is mapped twice"));
+        }
+    }
+    if default.is_some_and(str::is_empty) {
+        return Err("--default-run-as: a user name".into());
+    }
+    Ok(ebb_server::RunAs { by_tenant, default: default.map(str::to_string) })
+}
+
+/// `--price MODEL=USD` flags to micro-dollars, each checked.
+fn price_flags(flag: &str, pairs: &[String], discount_bps: u32) -> Result<Vec<(String, i64)>, String> {
+    pairs
+        .iter()
+        .map(|pair| {
+            let (model, usd) =
+                pair.split_once('=').ok_or_else(|| format!("{flag} {pair}: expected MODEL=USD"))?;
+            let micro = ebb_server::billing::parse_price(flag, usd, discount_bps).map_err(|e| e.message)?;
+            Ok((model.to_string(), micro))
+        })
+        .collect()
+}
+
+/// The longest `--min-runtime`: a day. Longer would spare a job preempted
+/// before for most of its life, which is no longer a rule against thrash
+/// (and most likely a slip of the unit).
+const MAX_MIN_RUNTIME: Span = Span(24 * 3_600_000);
+
+/// The longest `--keep-finished`: a week. Memory grows with the jobs that
+/// finish within it, and the database answers for them as well after it.
+const MAX_KEEP_FINISHED: Span = Span(7 * 24 * 3_600_000);
+
+fn check_keep_finished(keep: Span) -> Result<(), String> {
+    if keep > MAX_KEEP_FINISHED {
+        return Err(format!(
+            "--keep-finished {}: at most 168h, a week (finished jobs are read from the database after it; 0 drops \
+             them from memory at once)",
+            keep.human()
+        ));
+    }
+    Ok(())
+}
+
+fn check_min_runtime(min_runtime: Span) -> Result<(), String> {
+    if min_runtime > MAX_MIN_RUNTIME {
+        return Err(format!("--min-runtime {}: at most 24h (0 turns the rule off)", min_runtime.human()));
+    }
+    Ok(())
+}
+
+/// Raises this process's open-file soft limit to its hard limit: every
+/// node's command poll is a socket on both sides, so a server with ten
+/// thousand nodes holds ten thousand. Returns the limit now in force.
+pub(super) fn raise_open_files() -> u64 {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft, hard) = match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok(limits) => limits,
+        Err(e) => {
+            tracing::warn!("cannot read the open-file limit: {e}");
+            return 1024;
+        }
+    };
+    if soft < hard {
+        if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            tracing::warn!("cannot raise the open-file limit from {soft} to {hard}: {e}");
+            return soft;
+        }
+    }
+    tracing::info!("open-file limit: {hard} (the hard limit; ulimit -Hn raises it)");
+    hard
+}
