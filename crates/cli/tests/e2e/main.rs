@@ -3,9 +3,9 @@
 //! browser, PostgreSQL and registry. One binary, a module per area, one
 //! `support` module for the cluster and the tools around it. Tests that
 //! need no process belong in the writer's in-process tests
-//! (`crates/server/tests`), not here.
+//! (`crates/server/tests/writer`), not here.
 
-#[path = "../../../server/tests/pg/mod.rs"]
+#[path = "../../../server/tests/writer/pg.rs"]
 mod pg;
 mod support;
 

@@ -3,7 +3,7 @@
 //! starts with `initdb` and `pg_ctl`, on a unix socket in a temporary
 //! directory) read back the same, fail the same, and roll back the same.
 
-mod pg;
+use crate::pg;
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -13,7 +13,7 @@
 //! protocol (register, poll, report) as `ebb agent` does, and keeping the
 //! truth: when each process really started and ended.
 
-mod pg;
+use crate::pg;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;

@@ -1,0 +1,24 @@
+//! The writer in-process, in one test binary: the engine driven directly,
+//! batch by batch at explicit instants, over SQLite files and a throwaway
+//! PostgreSQL, with agents modelled by the tests. No processes, no
+//! sleeps; `Engine::sanity_check` after every batch.
+//!
+//! * `harness`: `TestEnv`, a store that fails one write on demand, fake
+//!   agents; `batches`, `counts` and `gangs` use it.
+//! * `billing`, `limits`, `fuzz`: properties over random sequences of
+//!   submissions, exits, crashes and restarts, each with its own model of
+//!   the agents and of the truth (what ran, what may be kept).
+//! * `health`, `migrations`, `store_contract`: a node's health, a database
+//!   an older Ebb left, and the contract both stores keep.
+
+mod batches;
+mod billing;
+mod counts;
+mod fuzz;
+mod gangs;
+mod harness;
+mod health;
+mod limits;
+mod migrations;
+mod pg;
+mod store_contract;
