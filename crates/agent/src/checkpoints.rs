@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use ebb_api::{AgentEvent, AttemptRef, CheckpointStoreLocation};
 use ebb_checkpoints::{Credentials, JobStore, Store, UploadCache};
+use ebb_core::bytes_text;
 use tokio::sync::watch;
 
 use crate::report::Reporter;
@@ -111,8 +112,8 @@ impl AttemptUploads {
                             "ebb: checkpoint store: stored {}: {} files, {} ({} sent) in {:.2}s\n",
                             m.describe(),
                             m.files.len(),
-                            size_text(m.bytes()),
-                            size_text(up.sent_bytes),
+                            bytes_text(m.bytes()),
+                            bytes_text(up.sent_bytes),
                             up.seconds
                         ))
                     }
@@ -181,21 +182,6 @@ pub(crate) fn hold_exit_until(notice: Option<&crate::notice::Notice>) -> Option<
     Some(Instant::now() + Duration::from_millis(left))
 }
 
-/// `1.5 MiB`, `300 B`.
-pub(crate) fn size_text(bytes: u64) -> String {
-    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
-    if bytes < 1024 {
-        return format!("{bytes} B");
-    }
-    let mut value = bytes as f64 / 1024.0;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    format!("{value:.1} {}", UNITS[unit])
-}
-
 /// What a restore before an attempt's start did.
 pub(crate) struct Restore {
     /// For the job's log: what was restored, what was refused and why.
@@ -229,7 +215,7 @@ pub(crate) async fn restore(
                     "ebb: checkpoint store: restored {}: {} files, {} in {:.2}s\n",
                     m.describe(),
                     m.files.len(),
-                    size_text(m.bytes()),
+                    bytes_text(m.bytes()),
                     restored.seconds
                 ));
                 event = Some(AgentEvent::Restored {
@@ -258,13 +244,6 @@ pub(crate) async fn restore(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes_read_as_people_write_them() {
-        assert_eq!(size_text(300), "300 B");
-        assert_eq!(size_text(3 << 19), "1.5 MiB");
-        assert_eq!(size_text(5 << 30), "5.0 GiB");
-    }
 
     #[test]
     fn only_a_drain_holds_the_exit_for_the_upload() {

@@ -46,6 +46,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use ebb_api::{AgentEvent, AttemptRef};
+// Times as the native shape writes them: `2026-11-29T08:22:00.000Z`.
+use ebb_core::time::rfc3339_millis as rfc3339;
 use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::watch;
@@ -53,11 +55,6 @@ use tokio::sync::watch;
 use crate::checkpoints::AttemptUploads;
 use crate::notice::{Notice, NoticeAction};
 use crate::report::{now_ms, Reporter};
-
-/// Times as the native shape writes them: `2026-11-29T08:22:00.000Z`.
-fn rfc3339(ms: u64) -> String {
-    ebb_core::time::rfc3339_millis(ms)
-}
 
 /// An attempt's secret: the first segment of every path its endpoint
 /// answers.

@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use ebb_api::{AgentEvent, AttemptRef};
+use ebb_core::bytes_text;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::net::unix::pipe;
 
@@ -109,20 +110,6 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
         other => return Err(format!("{text:?}: unknown unit {other:?} (B, KiB, MiB, GiB)")),
     };
     n.checked_mul(scale).ok_or_else(|| format!("{text:?}: too large"))
-}
-
-/// Sizes for people: `64 MiB`, `1.5 KiB`, `12 bytes`.
-pub fn human_bytes(n: u64) -> String {
-    let (unit, name) = match n {
-        n if n >= MIB => (MIB, "MiB"),
-        n if n >= KIB => (KIB, "KiB"),
-        _ => return format!("{n} bytes"),
-    };
-    if n.is_multiple_of(unit) {
-        format!("{} {name}", n / unit)
-    } else {
-        format!("{:.1} {name}", n as f64 / unit as f64)
-    }
 }
 
 impl Gate {
@@ -231,17 +218,17 @@ impl Gate {
             Reason::Cap => {
                 format!(
                     "output over the {} per-attempt limit: dropping the rest",
-                    human_bytes(l.max_per_attempt)
+                    bytes_text(l.max_per_attempt)
                 )
             }
             Reason::Rate => format!(
                 "output over the rate limit of {}/s (burst {}): dropping it until it slows",
-                human_bytes(l.rate),
-                human_bytes(l.burst)
+                bytes_text(l.rate),
+                bytes_text(l.burst)
             ),
             Reason::Buffer => format!(
                 "the agent's {} of unsent output is full (the server is slow or away): dropping output",
-                human_bytes(l.buffer)
+                bytes_text(l.buffer)
             ),
         }
     }
@@ -515,7 +502,7 @@ mod tests {
         assert_eq!(v.keep, 4);
         assert_eq!(
             v.marker.as_deref(),
-            Some("\n[ebb: output over the 10 bytes per-attempt limit: dropping the rest]\n")
+            Some("\n[ebb: output over the 10 B per-attempt limit: dropping the rest]\n")
         );
         // Later output goes silently, even after a long pause.
         assert_eq!(gate.admit("again", t + Duration::from_secs(3600), 0), Verdict { keep: 0, marker: None });
@@ -533,7 +520,7 @@ mod tests {
         assert_eq!(gate.admit(&chunk, t, 0).keep, 600);
         let v = gate.admit(&chunk, t, 0);
         assert_eq!(v.keep, 400, "the rest of the burst");
-        assert!(v.marker.unwrap().contains("over the rate limit of 100 bytes/s (burst 1000 bytes)"));
+        assert!(v.marker.unwrap().contains("over the rate limit of 100 B/s (burst 1000 B)"));
         // Until half the burst has come back, everything is dropped.
         assert_eq!(gate.admit(&chunk, t + Duration::from_secs(4), 0), Verdict { keep: 0, marker: None });
         let v = gate.admit(&chunk[..100], t + Duration::from_secs(5), 0);
@@ -550,7 +537,7 @@ mod tests {
         let mut gate = Gate::new(limits(0, 0, 0, 100), t);
         let v = gate.admit("0123456789", t, 4);
         assert_eq!(v.keep, 4);
-        assert!(v.marker.unwrap().contains("the agent's 100 bytes of unsent output is full"));
+        assert!(v.marker.unwrap().contains("the agent's 100 B of unsent output is full"));
         assert_eq!(gate.admit("0123456789", t, 40).keep, 0);
         let v = gate.admit("0123456789", t, 60);
         assert_eq!(v.keep, 10);
@@ -574,13 +561,6 @@ mod tests {
         assert!(parse_bytes("lots").unwrap_err().contains("expected a size"));
         assert!(parse_bytes("3 parsecs").unwrap_err().contains("unknown unit"));
         assert!(parse_bytes("99999999999999GiB").unwrap_err().contains("too large"));
-    }
-
-    #[test]
-    fn sizes_read_as_people_write_them() {
-        assert_eq!(human_bytes(64 * MIB), "64 MiB");
-        assert_eq!(human_bytes(1536), "1.5 KiB");
-        assert_eq!(human_bytes(12), "12 bytes");
     }
 
     /// What `stream` makes of `reads`, one after another, and its end.

@@ -25,6 +25,20 @@ pub fn count(n: u64, thing: &str) -> String {
     }
 }
 
+/// A size for people: `300 B`, `64 MiB` when whole, `1.5 KiB` otherwise,
+/// in the largest binary unit (up to TiB) it reaches.
+pub fn bytes_text(bytes: u64) -> String {
+    const UNITS: [(u64, &str); 4] = [(1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")];
+    let Some((unit, name)) = UNITS.into_iter().find(|(unit, _)| bytes >= *unit) else {
+        return format!("{bytes} B");
+    };
+    if bytes.is_multiple_of(unit) {
+        format!("{} {name}", bytes / unit)
+    } else {
+        format!("{:.1} {name}", bytes as f64 / unit as f64)
+    }
+}
+
 macro_rules! typed_id {
     ($(#[$doc:meta])* $name:ident($inner:ty), $prefix:literal) => {
         $(#[$doc])*
@@ -141,5 +155,20 @@ mod tests {
         assert_eq!(super::count(1, "GPU"), "1 GPU");
         assert_eq!(super::count(0, "GPU"), "0 GPUs");
         assert_eq!(super::count(8, "preemption"), "8 preemptions");
+    }
+
+    #[test]
+    fn sizes_read_in_the_largest_unit_they_reach() {
+        use super::bytes_text;
+        assert_eq!(bytes_text(0), "0 B");
+        assert_eq!(bytes_text(1023), "1023 B");
+        assert_eq!(bytes_text(1024), "1 KiB");
+        assert_eq!(bytes_text(1536), "1.5 KiB");
+        assert_eq!(bytes_text(64 << 20), "64 MiB");
+        assert_eq!(bytes_text(3 << 19), "1.5 MiB");
+        assert_eq!(bytes_text(5 << 30), "5 GiB");
+        assert_eq!(bytes_text((1 << 30) - 1), "1024.0 MiB");
+        assert_eq!(bytes_text(1 << 40), "1 TiB");
+        assert_eq!(bytes_text(u64::MAX), "16777216.0 TiB");
     }
 }

@@ -128,11 +128,8 @@ pub fn hash_token(token: &str) -> String {
     Sha256::digest(token.trim().as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// RFC 3339 in UTC, millisecond precision; never panics (see
-/// [`ebb_core::time::rfc3339_millis`]).
-pub fn rfc3339(ms: u64) -> String {
-    ebb_core::time::rfc3339_millis(ms)
-}
+/// RFC 3339 in UTC, millisecond precision; never panics.
+pub use ebb_core::time::rfc3339_millis as rfc3339;
 
 /// A server: its writer's configuration, and how the process around it
 /// listens, stores and leads.

@@ -5,7 +5,7 @@ use std::fmt::Write;
 
 use clap::Args;
 use ebb_api as api;
-use ebb_core::{count, Span};
+use ebb_core::{bytes_text, count, Span};
 
 use crate::client::Connection;
 
@@ -182,7 +182,7 @@ pub async fn show(conn: &Connection, id: u64, out: &JsonFlag) -> Result<String, 
     }
     if let Some(p) = &job.pulling {
         let percent = (p.done_bytes.saturating_mul(100)).checked_div(p.total_bytes).unwrap_or(100);
-        writeln!(text, "  pulling      {}, {percent}% on {}", human_bytes(p.total_bytes), p.node).unwrap();
+        writeln!(text, "  pulling      {}, {percent}% on {}", bytes_text(p.total_bytes), p.node).unwrap();
     }
     let workdir = job.workdir.as_deref().unwrap_or("a fresh directory on its node");
     writeln!(text, "  workdir      {workdir}").unwrap();
@@ -212,7 +212,7 @@ pub async fn show(conn: &Connection, id: u64, out: &JsonFlag) -> Result<String, 
     match &job.last_checkpoint {
         Some(c) => {
             let step = c.step.map(|s| format!("step {s}, ")).unwrap_or_default();
-            let bytes = c.bytes.map(|b| format!("{}, ", human_bytes(b))).unwrap_or_default();
+            let bytes = c.bytes.map(|b| format!("{}, ", bytes_text(b))).unwrap_or_default();
             writeln!(
                 text,
                 "  checkpoint   {} ({step}{bytes}took {}, attempt {})",
@@ -332,15 +332,6 @@ fn gpu_time(gpu_seconds: f64) -> String {
     format!("{} of GPU time", Span::from_secs_f64(gpu_seconds).human())
 }
 
-fn human_bytes(b: u64) -> String {
-    match b {
-        b if b >= 1 << 30 => format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64),
-        b if b >= 1 << 20 => format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64),
-        b if b >= 1 << 10 => format!("{:.1} KiB", b as f64 / 1024.0),
-        b => format!("{b} B"),
-    }
-}
-
 /// One line of an event's details for people.
 fn describe_event(event: &api::Event) -> String {
     use api::events::DrillDetail;
@@ -366,7 +357,7 @@ fn describe_event(event: &api::Event) -> String {
                 None => format!("on {} ({})", d.node, if d.vanished { "vanished" } else { "unknown status" }),
             };
             let how = match d.peak_memory_bytes {
-                Some(peak) => format!("{how}, peak memory {}", human_bytes(peak)),
+                Some(peak) => format!("{how}, peak memory {}", bytes_text(peak)),
                 None => how,
             };
             // A start that failed: the agent's words, here and not only in the log.
@@ -384,21 +375,21 @@ fn describe_event(event: &api::Event) -> String {
         }
         E::Checkpoint(d) => {
             let step = d.step.map(|n| format!("step {n}, ")).unwrap_or_default();
-            let bytes = d.bytes.map(|b| format!("{}, ", human_bytes(b))).unwrap_or_default();
+            let bytes = d.bytes.map(|b| format!("{}, ", bytes_text(b))).unwrap_or_default();
             format!("{step}{bytes}took {}", took(d.seconds))
         }
         E::Warning(d) => d.message.clone(),
         E::Pulling(d) => {
             format!(
                 "{} on {} ({})",
-                human_bytes(d.total_bytes),
+                bytes_text(d.total_bytes),
                 d.node,
                 d.digest.as_deref().unwrap_or("no digest")
             )
         }
         E::Pulled(d) => match d.downloaded_bytes {
             0 => format!("on {}: in its cache", d.node),
-            n => format!("on {}: {} in {}", d.node, human_bytes(n), took(d.seconds)),
+            n => format!("on {}: {} in {}", d.node, bytes_text(n), took(d.seconds)),
         },
         E::GangStopped(d) => d.reason.clone(),
         E::Preempting(d) => {
@@ -452,7 +443,7 @@ fn describe_event(event: &api::Event) -> String {
                 d.node,
                 d.files,
                 if d.files == 1 { "file" } else { "files" },
-                human_bytes(d.bytes),
+                bytes_text(d.bytes),
                 took(d.seconds)
             )
         }
