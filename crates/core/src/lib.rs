@@ -29,7 +29,9 @@ pub fn count(n: u64, thing: &str) -> String {
 /// in the largest binary unit (up to TiB) it reaches.
 pub fn bytes_text(bytes: u64) -> String {
     const UNITS: [(u64, &str); 4] = [(1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")];
-    let Some((unit, name)) = UNITS.into_iter().find(|(unit, _)| bytes >= *unit) else {
+    // A unit is reached where one decimal of the one below would read 1024.0.
+    let reached = |unit: u64| bytes >= unit - unit / 20_480;
+    let Some((unit, name)) = UNITS.into_iter().find(|(unit, _)| reached(*unit)) else {
         return format!("{bytes} B");
     };
     if bytes.is_multiple_of(unit) {
@@ -167,7 +169,9 @@ mod tests {
         assert_eq!(bytes_text(64 << 20), "64 MiB");
         assert_eq!(bytes_text(3 << 19), "1.5 MiB");
         assert_eq!(bytes_text(5 << 30), "5 GiB");
-        assert_eq!(bytes_text((1 << 30) - 1), "1024.0 MiB");
+        assert_eq!(bytes_text((1 << 30) - 1), "1.0 GiB");
+        assert_eq!(bytes_text((1 << 20) - 51), "1.0 MiB");
+        assert_eq!(bytes_text((1 << 20) - 52), "1023.9 KiB");
         assert_eq!(bytes_text(1 << 40), "1 TiB");
         assert_eq!(bytes_text(u64::MAX), "16777216.0 TiB");
     }
