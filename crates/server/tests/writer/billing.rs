@@ -72,6 +72,14 @@ struct Proc {
     exit_at: Option<u64>,
 }
 
+impl Proc {
+    /// Its life, ended at `ended`: a preemption if it exited on its own in
+    /// a drain; `gave_up` if it exited on its own, unfinished.
+    fn ran(self, attempt: AttemptRef, ended: u64, preempted: bool, gave_up: bool) -> Ran {
+        Ran { attempt, tier: self.tier, gpus: self.gpus, started: self.started, ended, preempted, gave_up }
+    }
+}
+
 /// One process's life: what the bill must come to.
 #[derive(Debug)]
 struct Ran {
@@ -201,15 +209,7 @@ impl<S: Store> World<S> {
         let node = &mut self.nodes[i];
         let Some(p) = node.running.remove(&attempt) else { return };
         let preempted = p.exit_at.is_some() && signal.is_none();
-        self.ran.push(Ran {
-            attempt,
-            tier: p.tier,
-            gpus: p.gpus,
-            started: p.started,
-            ended: self.now,
-            preempted,
-            gave_up: signal.is_none() && !completed,
-        });
+        self.ran.push(p.ran(attempt, self.now, preempted, signal.is_none() && !completed));
         node.unreported.push(AgentEvent::Exited {
             attempt,
             code,
@@ -227,15 +227,7 @@ impl<S: Store> World<S> {
         let attempts: Vec<AttemptRef> = self.nodes[i].running.keys().copied().collect();
         for a in attempts {
             let p = self.nodes[i].running.remove(&a).unwrap();
-            self.ran.push(Ran {
-                attempt: a,
-                tier: p.tier,
-                gpus: p.gpus,
-                started: p.started,
-                ended: self.now,
-                preempted: false,
-                gave_up: false,
-            });
+            self.ran.push(p.ran(a, self.now, false, false));
         }
     }
 
@@ -298,15 +290,7 @@ impl<S: Store> World<S> {
                 // Never expected here: every process this model runs is one
                 // the server knows of. If it were, it ran until now.
                 let p = node.running.remove(&a).unwrap();
-                self.ran.push(Ran {
-                    attempt: a,
-                    tier: p.tier,
-                    gpus: p.gpus,
-                    started: p.started,
-                    ended: self.now,
-                    preempted: false,
-                    gave_up: false,
-                });
+                self.ran.push(p.ran(a, self.now, false, false));
             }
         }
         self.deliver(i);
