@@ -6,7 +6,7 @@
 
 pub mod billing;
 pub mod engine;
-mod http;
+pub mod http;
 pub mod leader;
 pub mod lock;
 pub mod metrics;

@@ -296,3 +296,20 @@ pub(super) fn raise_open_files() -> u64 {
     tracing::info!("open-file limit: {hard} (the hard limit; ulimit -Hn raises it)");
     hard
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_price_flag_is_refused_by_its_name_before_the_server_starts() {
+        let bps = ebb_core::PriceBook::DEFAULT_DISCOUNT_BPS;
+        let refused = |pair: &str| price_flags("--price", &[pair.to_string()], bps).unwrap_err();
+        assert!(refused("H100=-1").starts_with("--price"), "{}", refused("H100=-1"));
+        assert_eq!(refused("H100"), "--price H100: expected MODEL=USD");
+        assert_eq!(
+            price_flags("--price", &["H100=2".into()], bps),
+            Ok(vec![("H100".to_string(), 2_000_000)])
+        );
+    }
+}

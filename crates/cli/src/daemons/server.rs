@@ -172,21 +172,7 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
     if !(100..=3_600_000).contains(&args.header_read_timeout.as_millis()) {
         return Err(format!("--header-read-timeout {}: from 100ms to 1h", args.header_read_timeout.human()));
     }
-    let metrics_token = match &args.metrics_token_file {
-        None => None,
-        Some(path) => {
-            let token = std::fs::read_to_string(path)
-                .map_err(|e| format!("--metrics-token-file {}: {e}", path.display()))?;
-            let token = token.trim().to_string();
-            if token.len() < 16 || token.chars().any(|c| c.is_whitespace() || c.is_control()) {
-                return Err(format!(
-                    "--metrics-token-file {}: a token of at least 16 characters on one line, no spaces",
-                    path.display()
-                ));
-            }
-            Some(token)
-        }
-    };
+    let metrics_token = args.metrics_token_file.as_deref().map(scrape_token).transpose()?;
     let lease = args.lease.unwrap_or(Span::from_secs(5));
     if !(500..=600_000).contains(&lease.as_millis()) {
         return Err(format!("--lease {}: from 500ms to 10m", lease.human()));
@@ -236,4 +222,41 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
         registries: args.registries.registries(),
     })
     .await
+}
+
+/// The scrape token of `--metrics-token-file`: the file's one line.
+fn scrape_token(path: &std::path::Path) -> Result<String, String> {
+    let token =
+        std::fs::read_to_string(path).map_err(|e| format!("--metrics-token-file {}: {e}", path.display()))?;
+    let token = token.trim().to_string();
+    if token.len() < 16 || token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!(
+            "--metrics-token-file {}: a token of at least 16 characters on one line, no spaces",
+            path.display()
+        ));
+    }
+    Ok(token)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_scrape_token_is_the_files_one_line_of_at_least_16_characters() {
+        let dir = std::env::temp_dir().join(format!("ebb-scrape-token-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("metrics.token");
+        let read = |text: &str| {
+            std::fs::write(&file, text).unwrap();
+            super::scrape_token(&file)
+        };
+        assert_eq!(
+            read("prometheus-scrape-0123456789abcdef\n"),
+            Ok("prometheus-scrape-0123456789abcdef".into())
+        );
+        for bad in ["short\n", "two words of a token\n", "a-long-token\nand-a-second-line\n"] {
+            assert!(read(bad).unwrap_err().contains("at least 16 characters on one line"), "{bad:?}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(super::scrape_token(&file).unwrap_err().starts_with("--metrics-token-file"));
+    }
 }

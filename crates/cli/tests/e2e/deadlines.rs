@@ -144,25 +144,3 @@ fn revenue_micro_usd(c: &Cluster, tier: &str) -> i64 {
     let usd: f64 = line.unwrap_or_else(|| panic!("no {series} in:\n{text}")).parse().unwrap();
     (usd * 1e6).round() as i64
 }
-
-#[test]
-fn a_deadline_is_refused_by_name_for_other_tiers_and_in_the_past() {
-    let c = Cluster::start(Options { nodes: 1, gpus: 1, ..Options::default() });
-    let later = rfc3339(now_ms() + 3_600_000);
-    for (args, says) in [
-        (
-            vec!["--tier", "on-demand", "--deadline", later.as_str()],
-            "deadline: only preemptible jobs have deadlines",
-        ),
-        (vec!["--deadline", "2020-01-01T00:00Z"], "deadline: 2020-01-01T00:00:00"),
-        (vec!["--deadline", "tomorrow"], "deadline: \"tomorrow\" is not a date or time"),
-    ] {
-        let mut full = vec!["submit"];
-        full.extend(args.iter().copied());
-        full.extend(["--", "true"]);
-        let out = c.ebb_as(&c.admin, &full);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success() && stderr.contains(says), "{full:?}: {stderr}");
-    }
-    assert!(c.jobs().is_empty());
-}

@@ -253,61 +253,6 @@ fn a_job_that_starts_over_did_not_resume() {
     assert_eq!((d["fit_window"].as_bool(), d.get("resumed_step")), (Some(true), None));
 }
 
-#[test]
-fn only_a_running_preemptible_job_of_ones_own_can_be_drilled_and_only_once_at_a_time() {
-    let c = Cluster::start(Options { nodes: 1, gpus: 4, drain_window: "10s", ..Options::default() });
-    // Takes its time to leave after the notice or the cancel.
-    let slow = r#"trap 'sleep 5; exit 0' TERM; while :; do sleep 0.05; done"#;
-    let running = c.submit(&["--gpus", "1", "--", "bash", "-c", slow]);
-    let cancelled = c.submit(&["--gpus", "1", "--", "bash", "-c", slow]);
-    let on_demand = c.submit(&["--tier", "on-demand", "--gpus", "1", "--", "sleep", "600"]);
-    for id in [running, cancelled, on_demand] {
-        c.wait_state(id, "running");
-    }
-    let queued = c.submit(&["--gpus", "4", "--", "sleep", "600"]);
-    let refused = |token: &str, id: u64| -> String {
-        let out = drill(&c, token, id, &[]);
-        assert!(!out.status.success() && out.stdout.is_empty(), "{}", text(&out.stdout));
-        text(&out.stderr).trim().to_string()
-    };
-    assert_eq!(
-        refused(&c.admin, queued),
-        format!("error: job {queued}: queued; only a running job can be drilled (HTTP 409)")
-    );
-    assert_eq!(
-        refused(&c.admin, on_demand),
-        format!(
-            "error: job {on_demand}: on-demand; only preemptible jobs are drained, so only they can be drilled (HTTP 422)"
-        )
-    );
-    let v: Value = serde_json::from_str(&c.ebb(&["tenant", "create", "other", "--json"])).unwrap();
-    let other = v["token"].as_str().unwrap().to_string();
-    assert_eq!(refused(&other, running), format!("error: job {running}: not found (HTTP 404)"));
-
-    c.ebb(&["cancel", "--grace", "10s", &cancelled.to_string()]);
-    assert_eq!(
-        refused(&c.admin, cancelled),
-        format!("error: job {cancelled}: being cancelled; there is nothing to drill (HTTP 409)")
-    );
-
-    // A drill in progress: a second one is refused while the job drains.
-    let first = std::thread::scope(|s| {
-        let first = s.spawn(|| drill(&c, &c.admin, running, &["--json"]));
-        c.wait_job(running, "its drill", Duration::from_secs(10), |j| j["state"] == "draining");
-        let again = refused(&c.admin, running);
-        assert!(again.starts_with(&format!("error: job {running}: already draining (drill: ")), "{again}");
-        first.join().unwrap()
-    });
-    // Nothing was saved: the drill ends when attempt 2 starts.
-    let report: Value = serde_json::from_slice(&first.stdout).unwrap();
-    assert_eq!(report["verdict"], "failed", "{report}");
-    assert!(report["failures"][0].as_str().unwrap().starts_with("no checkpoint"), "{report}");
-    wait_for("the refusals to leave the others as they were", Duration::from_secs(5), || {
-        let job = c.job(on_demand);
-        (job["state"] == "running" && job.get("drill").is_none()).then_some(())
-    });
-}
-
 /// A job that saves at its notice but neither loads its save nor saves
 /// again: nothing says whether it resumed.
 const SILENT: &str = r#"

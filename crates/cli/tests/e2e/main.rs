@@ -10,7 +10,6 @@ mod pg;
 mod support;
 
 mod abuse;
-mod batch_and_paging;
 mod cancel_and_metrics;
 mod checkpoint_store;
 mod containment;

@@ -61,7 +61,7 @@ impl<S: Store> Engine<S> {
             all_tasks += one.1.len();
             if several && all_tasks as u64 > limits.max_array_tasks {
                 return Err(ApiError::unprocessable(format!(
-                    "jobs: a batch makes at most {} jobs (ebb server --max-array-tasks), and this one makes more                      by jobs[{i}]",
+                    "jobs: a batch makes at most {} jobs (ebb server --max-array-tasks), and this one makes more by jobs[{i}]",
                     limits.max_array_tasks
                 ))
                 .into());

@@ -205,6 +205,30 @@ impl App {
     }
 }
 
+/// The router over a writer the caller runs, without a listener, TLS or a
+/// process: what the in-process tests serve requests with
+/// (`tower::ServiceExt::oneshot`), as a listener serves its connections.
+/// `role` must lead, with the writer's queue; polls are answered at once.
+pub fn in_process(
+    role: Arc<Role>,
+    tokens: TokenMap,
+    feed: crate::engine::Feed,
+    metrics_token: Option<&str>,
+) -> Router {
+    let app = App {
+        role: role.clone(),
+        feed,
+        tokens,
+        poll_wait: Duration::ZERO,
+        tls_ca: None,
+        streams: Arc::default(),
+        metrics_token: metrics_token.map(|t| Arc::from(hash_token(t).as_str())),
+        registries: ebb_image::Registries::default(),
+    };
+    let proxy = Proxy::new(role.clone(), None).expect("a forwarding client without a CA");
+    router(app, role, proxy)
+}
+
 /// Anything not routed: a JSON 404.
 async fn no_route() -> ApiError {
     ApiError::not_found("no such route (see /openapi.json)".into())

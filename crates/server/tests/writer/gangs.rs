@@ -184,7 +184,7 @@ fn a_gang_whose_rendezvous_port_is_taken_is_requeued_with_another() {
 #[test]
 fn registry_logins_are_the_tenants_own_and_ride_only_with_its_starts() {
     let mut env = TestEnv::new("registry-logins");
-    env.images = ebb_server::Images {
+    env.config.images = ebb_server::Images {
         required: ebb_server::Required::Tenants(["alice".to_string()].into()),
         root: ["alice".to_string()].into(),
     };

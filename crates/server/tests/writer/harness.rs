@@ -203,8 +203,10 @@ pub struct TestEnv<S: Store = SqliteStore> {
     pub agents: BTreeMap<String, Agent>,
     pub admin: Principal,
     pub now: u64,
-    /// The operator's rules for images, at the next (re)start.
-    pub images: ebb_server::Images,
+    /// The writer's configuration, at the next (re)start.
+    pub config: EngineConfig,
+    /// The tokens the writer knows, as the router reads them.
+    pub tokens: ebb_server::TokenMap,
 }
 
 pub fn config(dir: &Path) -> EngineConfig {
@@ -227,6 +229,7 @@ impl<S: Store> TestEnv<S> {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("logs")).unwrap();
         let open_store = open_store(&dir);
+        let config = config(&dir);
         let mut env = TestEnv {
             dir,
             open_store,
@@ -235,7 +238,8 @@ impl<S: Store> TestEnv<S> {
             agents: BTreeMap::new(),
             admin: Principal::tenant(Scope::Admin, 1, "default"),
             now: T0,
-            images: Default::default(),
+            config,
+            tokens: Default::default(),
         };
         env.restart();
         env
@@ -247,9 +251,10 @@ impl<S: Store> TestEnv<S> {
         self.engine = None;
         let inner = (self.open_store)();
         let store = Faulty { inner, armed: self.armed.clone() };
-        let tokens = Arc::new(RwLock::new(HashMap::new()));
-        let config = EngineConfig { images: self.images.clone(), ..config(&self.dir) };
-        let (engine, _) = Engine::open(store, config, tokens, self.now).map_err(|e| e.message).unwrap();
+        self.tokens = Arc::new(RwLock::new(HashMap::new()));
+        let (engine, _) = Engine::open(store, self.config.clone(), self.tokens.clone(), self.now)
+            .map_err(|e| e.message)
+            .unwrap();
         self.engine = Some(engine);
     }
 
@@ -272,10 +277,22 @@ impl<S: Store> TestEnv<S> {
     }
 
     pub fn register(&mut self, node: &str, running: Vec<AttemptRef>, unreported: Vec<AgentEvent>) {
+        self.register_node(node, "H100", 8, running, unreported);
+    }
+
+    /// `node` (re)registers with `gpus` of `model`, saying what it runs.
+    pub fn register_node(
+        &mut self,
+        node: &str,
+        model: &str,
+        gpus: u8,
+        running: Vec<AttemptRef>,
+        unreported: Vec<AgentEvent>,
+    ) {
         let reg = Register {
             node: node.into(),
-            gpu_model: "H100".into(),
-            gpus: 8,
+            gpu_model: model.into(),
+            gpus,
             labels: BTreeMap::new(),
             running,
             address: None,

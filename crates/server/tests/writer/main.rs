@@ -10,15 +10,22 @@
 //!   the agents and of the truth (what ran, what may be kept).
 //! * `health`, `migrations`, `store_contract`: a node's health, a database
 //!   an older Ebb left, and the contract both stores keep.
+//! * `api`: the server's router over a `TestEnv`, requests served
+//!   in-process; `requests`, `money_requests` and `drills` use it for what
+//!   a client sees: statuses, refusals by name, paging, batches.
 
+mod api;
 mod batches;
 mod billing;
 mod counts;
+mod drills;
 mod fuzz;
 mod gangs;
 mod harness;
 mod health;
 mod limits;
 mod migrations;
+mod money_requests;
 mod pg;
+mod requests;
 mod store_contract;
