@@ -157,6 +157,11 @@ pub async fn show(conn: &Connection, id: u64, out: &JsonFlag) -> Result<String, 
     if out.json {
         return Ok(json(&job));
     }
+    Ok(show_text(&job))
+}
+
+/// `ebb show` for people.
+fn show_text(job: &api::Job) -> String {
     let mut text = String::new();
     match &job.name {
         Some(name) => writeln!(text, "job {}  {name}", job.id),
@@ -172,7 +177,7 @@ pub async fn show(conn: &Connection, id: u64, out: &JsonFlag) -> Result<String, 
         "  tier         {}  ({}{})",
         job.tier,
         count(u64::from(job.gpus), "GPU"),
-        job.gpu_model.map(|m| format!(" of {m}")).unwrap_or_default()
+        job.gpu_model.as_ref().map(|m| format!(" of {m}")).unwrap_or_default()
     )
     .unwrap();
     writeln!(text, "  tenant       {}", job.tenant).unwrap();
@@ -301,7 +306,7 @@ pub async fn show(conn: &Connection, id: u64, out: &JsonFlag) -> Result<String, 
         let detail = describe_event(&e.event);
         writeln!(text, "  {}  #{:<3} {:<16} {}", e.at, e.attempt, e.kind(), detail).unwrap();
     }
-    Ok(text)
+    text
 }
 
 /// `0-3, 7, 9-12` from sorted or unsorted indices.
@@ -604,6 +609,32 @@ mod tests {
         assert_eq!(labels.apply(&second), " weights\nnode-1: done\n");
         let mut plain = Labels::default();
         assert_eq!(plain.apply(&chunk(0, "a\nb\n", vec![])), "a\nb\n");
+    }
+
+    /// A job that waits, as the API gives it (`writer::reasons` checks
+    /// what the server says; this, how the CLI shows it).
+    fn waiting(id: u64, reason: Option<&str>, detail: Option<&str>) -> api::Job {
+        serde_json::from_value(serde_json::json!({
+            "id": id, "tenant": "default", "name": null, "tier": "on-demand", "gpus": 4,
+            "gpu_model": "H100-80GB", "argv": ["sleep", "600"], "state": "queued", "attempt": 0,
+            "preemptions": 0, "retries": 0, "submitted_at": "2026-12-03T12:00:00Z", "placement": [],
+            "lost_gpu_seconds": 0.0, "pending_reason": reason, "pending_detail": detail,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_waiting_jobs_reason_is_its_rows_last_column_and_its_sentence_in_show() {
+        let why = "on-demand may use 4 of 8 H100-80GB: 4 are reserved, and on-demand work uses 4";
+        let jobs = [waiting(3, Some("reservation_cap"), Some(why)), waiting(4, None, None)];
+        let table = job_table(&jobs, 1_796_300_000_000);
+        let mut rows = table.lines();
+        assert_eq!(rows.next().unwrap().split_whitespace().last(), Some("REASON"), "{table}");
+        assert!(rows.next().unwrap().ends_with(" reservation_cap"), "{table}");
+        assert!(rows.next().unwrap().ends_with(" -"), "a job that waits for nothing: {table}");
+        let shown = show_text(&jobs[0]);
+        assert!(shown.contains(&format!("\n  waiting      {why} (reservation_cap)\n")), "{shown}");
+        assert!(!show_text(&jobs[1]).contains("waiting "));
     }
 
     #[test]

@@ -11,8 +11,9 @@
 //! * `health`, `migrations`, `store_contract`: a node's health, a database
 //!   an older Ebb left, and the contract both stores keep.
 //! * `api`: the server's router over a `TestEnv`, requests served
-//!   in-process; `requests`, `money_requests` and `drills` use it for what
-//!   a client sees: statuses, refusals by name, paging, batches.
+//!   in-process; `requests`, `money_requests`, `drills` and `reasons` use
+//!   it for what a client sees: statuses, refusals by name, paging,
+//!   batches, why a job waits.
 
 mod api;
 mod batches;
@@ -27,5 +28,6 @@ mod limits;
 mod migrations;
 mod money_requests;
 mod pg;
+mod reasons;
 mod requests;
 mod store_contract;
