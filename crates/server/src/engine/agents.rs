@@ -66,11 +66,10 @@ impl<S: Store> Engine<S> {
                 }
                 self.core.heartbeat(id, Time(now)).map_err(|e| ApiError::conflict(e.to_string()))?;
                 self.heard(&reg.node, now)?;
-                let row = self.fleet.nodes.get_mut(&reg.node).expect("known node");
+                let row = &self.fleet.nodes[&reg.node];
                 if reg.address.is_some() && row.address != reg.address {
-                    row.address = reg.address.clone();
-                    self.outbox.changed = true;
-                    self.store.put_node(row)?;
+                    let row = NodeRow { address: reg.address.clone(), ..row.clone() };
+                    self.fleet.write(row, &mut self.store, &mut self.outbox)?;
                 }
                 return Ok(());
             }
@@ -96,10 +95,8 @@ impl<S: Store> Engine<S> {
             interruptions: known.map_or(0, |n| n.interruptions),
             removed: false,
         };
-        self.outbox.changed = true;
-        self.store.put_node(&row)?;
-        self.fleet.put(row);
-        self.price_for(&reg.gpu_model)?;
+        self.fleet.write(row, &mut self.store, &mut self.outbox)?;
+        self.money.price_for(&reg.gpu_model, &self.config.pricing, &mut self.store, &mut self.outbox)?;
         self.heard(&reg.node, now)?;
         tracing::info!(node = reg.node, gpus = reg.gpus, gpu_model = reg.gpu_model, "node joined");
         Ok(())
@@ -127,7 +124,7 @@ impl<S: Store> Engine<S> {
         if held.difference(&running).next().is_some() {
             // The agent came back without attempts it was running: an
             // interruption without notice.
-            self.interrupted(node)?;
+            self.fleet.interrupted(node, &mut self.store, &mut self.outbox)?;
         }
         for attempt in held {
             if running.contains(&attempt) {
@@ -591,17 +588,6 @@ impl<S: Store> Engine<S> {
             }
         }
         self.store.heard(node, now)
-    }
-
-    /// The node was interrupted without notice.
-    pub(super) fn interrupted(&mut self, node: &str) -> Written {
-        if let Some(row) = self.fleet.nodes.get_mut(node) {
-            row.interruptions += 1;
-            self.fleet.exposure.entry(row.gpu_model.clone()).or_default().interruptions += 1;
-            self.outbox.changed = true;
-            self.store.put_node(row)?;
-        }
-        Ok(())
     }
 }
 

@@ -129,11 +129,14 @@ impl<S: Store> Engine<S> {
                 self.answer(reply, result)?;
             }
             Msg::Prices { reply } => {
-                let book = self.price_book();
+                let book = self.money.price_book(&self.config.pricing);
                 self.outbox.reply(reply, book);
             }
             Msg::SetPrice { model, update, reply } => {
-                let result = self.set_price(&model, &update);
+                let result = self.known_model("gpu_model", &model).map_err(Fail::from).and_then(|()| {
+                    let (store, outbox) = (&mut self.store, &mut self.outbox);
+                    self.money.set_price(&model, &update, &self.config.pricing, store, outbox)
+                });
                 self.answer(reply, result)?;
             }
             Msg::CreateReservation { req, reply } => {

@@ -25,11 +25,8 @@ impl<S: Store> Engine<S> {
             .ok_or_else(|| ApiError::not_found(format!("node {name}: not found")))?;
         self.core.drain_node(id).map_err(|e| ApiError::conflict(e.to_string()))?;
         self.forget_holds_on(name)?;
-        let row = self.fleet.nodes.get_mut(name).expect("known node");
-        row.drained = true;
-        let row = row.clone();
-        self.outbox.changed = true;
-        self.store.put_node(&row)?;
+        let row = NodeRow { drained: true, ..self.fleet.nodes[name].clone() };
+        self.fleet.write(row, &mut self.store, &mut self.outbox)?;
         tracing::info!(node = name, "drained by the operator");
         Ok(self.node_view(name))
     }
@@ -46,9 +43,7 @@ impl<S: Store> Engine<S> {
         }
         self.core.undrain_node(id).map_err(|e| ApiError::conflict(e.to_string()))?;
         let row = NodeRow { drained: false, ..self.fleet.nodes[name].clone() };
-        self.outbox.changed = true;
-        self.store.put_node(&row)?;
-        self.fleet.put(row);
+        self.fleet.write(row, &mut self.store, &mut self.outbox)?;
         tracing::info!(node = name, "back in service (undrained by the operator)");
         Ok(self.node_view(name))
     }
@@ -124,9 +119,7 @@ impl<S: Store> Engine<S> {
         self.node_gone(name, &requeued, "removed by the operator", now)?;
         if let Some(row) = self.fleet.nodes.get(name) {
             let row = NodeRow { removed: true, ..row.clone() };
-            self.outbox.changed = true;
-            self.store.put_node(&row)?;
-            self.fleet.put(row);
+            self.fleet.write(row, &mut self.store, &mut self.outbox)?;
         }
         if let Some(channel) = self.outbox.channels.get_mut(name) {
             channel.commands.clear();
@@ -144,7 +137,7 @@ impl<S: Store> Engine<S> {
         tracing::warn!(node = name, "node lost: {why}");
         self.unquiet(name);
         self.forget_holds_on(name)?;
-        self.interrupted(name)?;
+        self.fleet.interrupted(name, &mut self.store, &mut self.outbox)?;
         let heard = self.last_contact(name).unwrap_or(now);
         for &id in requeued {
             let note =

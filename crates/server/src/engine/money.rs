@@ -1,22 +1,62 @@
 //! Money: prices, reservations, invoices and the operator's report.
 
 use super::*;
+use crate::billing::Pricing;
 
-impl<S: Store> Engine<S> {
+impl Money {
     /// The model's prices, adding the default price for a model first seen.
-    pub(super) fn price_for(&mut self, model: &str) -> Written<PriceRow> {
-        if let Some(row) = self.money.prices.get(model) {
+    pub(super) fn price_for(
+        &mut self,
+        model: &str,
+        pricing: &Pricing,
+        store: &mut impl Store,
+        outbox: &mut Outbox,
+    ) -> Written<PriceRow> {
+        if let Some(row) = self.prices.get(model) {
             return Ok(row.clone());
         }
-        let price = self.config.pricing.default_price;
+        let price = pricing.default_price;
         let row = PriceRow { gpu_model: model.to_string(), on_demand: price, reserved: price };
-        self.outbox.changed = true;
-        self.store.put_price(&row)?;
+        outbox.changed = true;
+        store.put_price(&row)?;
         tracing::info!(gpu_model = model, on_demand = %crate::billing::usd(price), "priced at the default");
-        self.money.prices.insert(model.to_string(), row.clone());
+        self.prices.insert(model.to_string(), row.clone());
         Ok(row)
     }
 
+    pub(super) fn price_book(&self, pricing: &Pricing) -> ebb_api::PriceBook {
+        let bps = pricing.discount_bps;
+        ebb_api::PriceBook {
+            preemptible_discount_percent: f64::from(bps) / 100.0,
+            prices: self.prices.values().map(|p| crate::billing::price_view(p, bps)).collect(),
+        }
+    }
+
+    /// The operator's prices for a model the caller knows.
+    pub(super) fn set_price(
+        &mut self,
+        model: &str,
+        update: &ebb_api::PriceUpdate,
+        pricing: &Pricing,
+        store: &mut impl Store,
+        outbox: &mut Outbox,
+    ) -> Result<ebb_api::Price, Fail> {
+        let bps = pricing.discount_bps;
+        let on_demand = crate::billing::parse_price("on_demand_usd", &update.on_demand_usd, bps)?;
+        let reserved = match &update.reserved_usd {
+            Some(text) => crate::billing::parse_price("reserved_usd", text, bps)?,
+            None => self.prices.get(model).map_or(on_demand, |p| p.reserved),
+        };
+        let row = PriceRow { gpu_model: model.to_string(), on_demand, reserved };
+        outbox.changed = true;
+        store.put_price(&row)?;
+        tracing::info!(gpu_model = model, on_demand = %crate::billing::usd(on_demand), "price set");
+        self.prices.insert(model.to_string(), row.clone());
+        Ok(crate::billing::price_view(&row, bps))
+    }
+}
+
+impl<S: Store> Engine<S> {
     pub(super) fn known_model(&self, field: &str, model: &str) -> Result<(), ApiError> {
         if self.core.model_by_name(model).is_some() || self.money.prices.contains_key(model) {
             return Ok(());
@@ -26,34 +66,6 @@ impl<S: Store> Engine<S> {
             "{field}: unknown GPU model {model:?} (known: {})",
             if known.is_empty() { "none yet".to_string() } else { known.join(", ") }
         )))
-    }
-
-    pub(super) fn price_book(&self) -> ebb_api::PriceBook {
-        let bps = self.config.pricing.discount_bps;
-        ebb_api::PriceBook {
-            preemptible_discount_percent: f64::from(bps) / 100.0,
-            prices: self.money.prices.values().map(|p| crate::billing::price_view(p, bps)).collect(),
-        }
-    }
-
-    pub(super) fn set_price(
-        &mut self,
-        model: &str,
-        update: &ebb_api::PriceUpdate,
-    ) -> Result<ebb_api::Price, Fail> {
-        self.known_model("gpu_model", model)?;
-        let bps = self.config.pricing.discount_bps;
-        let on_demand = crate::billing::parse_price("on_demand_usd", &update.on_demand_usd, bps)?;
-        let reserved = match &update.reserved_usd {
-            Some(text) => crate::billing::parse_price("reserved_usd", text, bps)?,
-            None => self.money.prices.get(model).map_or(on_demand, |p| p.reserved),
-        };
-        let row = PriceRow { gpu_model: model.to_string(), on_demand, reserved };
-        self.outbox.changed = true;
-        self.store.put_price(&row)?;
-        tracing::info!(gpu_model = model, on_demand = %crate::billing::usd(on_demand), "price set");
-        self.money.prices.insert(model.to_string(), row.clone());
-        Ok(crate::billing::price_view(&row, bps))
     }
 
     pub(super) fn create_reservation(
@@ -120,7 +132,10 @@ impl<S: Store> Engine<S> {
         }
         let rate = match &req.rate_usd {
             Some(text) => crate::billing::parse_price("rate_usd", text, self.config.pricing.discount_bps)?,
-            None => self.price_for(&req.gpu_model)?.reserved,
+            None => {
+                let (money, store, outbox) = (&mut self.money, &mut self.store, &mut self.outbox);
+                money.price_for(&req.gpu_model, &self.config.pricing, store, outbox)?.reserved
+            }
         };
         let id = self.money.reservations.keys().max().map_or(1, |m| m + 1);
         let row = ReservationRow {

@@ -196,7 +196,7 @@ impl<S: Store> Engine<S> {
         }
         let models: Vec<String> = self.fleet.nodes.values().map(|n| n.gpu_model.clone()).collect();
         for model in models {
-            self.price_for(&model)?;
+            self.money.price_for(&model, &self.config.pricing, &mut self.store, &mut self.outbox)?;
         }
         for (model, limit) in snapshot.reclaims {
             match self.core.model_by_name(&model) {
