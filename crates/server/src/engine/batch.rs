@@ -35,6 +35,24 @@ impl<S: Store> Engine<S> {
                 // Callers see the error as a dropped reply.
                 return Some(e);
             }
+            if cfg!(debug_assertions) {
+                self.debug_check();
+            }
+        }
+    }
+
+    /// A debug build's server checks its writer whole (`sanity_check`)
+    /// after batches, and stops at the first inconsistency: after every
+    /// batch while it holds up to a thousand jobs, then after one in every
+    /// thousandth of its jobs, so that a test fleet of 100,000 spends
+    /// about as long checking as a small one.
+    fn debug_check(&mut self) {
+        self.unchecked += 1;
+        if self.unchecked >= (self.jobs.len() as u64 / 1_000).max(1) {
+            self.unchecked = 0;
+            if let Err(e) = self.sanity_check() {
+                panic!("the writer's state is inconsistent after a batch: {e}");
+            }
         }
     }
 
@@ -76,7 +94,8 @@ impl<S: Store> Engine<S> {
     /// sum the writer keeps as it goes (the tally, the fleet's sums,
     /// tenants' loads) and every timer set (back-offs, deadlines, gang
     /// graces, finished records), recomputed from the records they sum.
-    /// Tests call it after every batch.
+    /// Tests call it after every batch, and debug builds' servers after
+    /// batches (`debug_check`).
     pub fn sanity_check(&self) -> Result<(), String> {
         self.core.sanity_check()?;
         self.check_jobs_against_core()?;

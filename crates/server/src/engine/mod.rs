@@ -475,6 +475,8 @@ pub struct Engine<S: Store> {
     /// The last batch stopped scheduling at its bound with more to start:
     /// the next batch comes at once, with or without messages.
     unsettled: bool,
+    /// Batches since the last whole check of a debug build's writer.
+    unchecked: u64,
     /// The last checkpoint recommendation a placement made, and its text.
     last_why: Option<(ebb_core::checkpoint::Recommendation, String)>,
 }

@@ -49,6 +49,7 @@ impl<S: Store> Engine<S> {
             tally: Default::default(),
             pending: HashMap::new(),
             unsettled: false,
+            unchecked: 0,
             last_why: None,
         };
         let mut notes = Vec::new();
