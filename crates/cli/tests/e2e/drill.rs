@@ -30,18 +30,25 @@ while True:
 "#;
 
 /// A job that ignores its notice: it saves every half second until the
-/// notice file appears and resumes from its latest save, but never exits
-/// on the signal.
+/// notice file appears (writing the step it had reached then beside its
+/// checkpoints) and resumes from its latest save, but never exits on the
+/// signal.
 const IGNORES: &str = r#"
 import os, signal, time, ebb_sdk
 ckpt = ebb_sdk.CheckpointManager(keep=2, interval=0.5)
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 resumed = ckpt.load_latest(lambda f: int(f.read()))
 step = resumed[0] if resumed else 0
+seen = False
 while True:
     time.sleep(0.02)
     step += 1
-    if ckpt.should_save() and not os.path.exists(os.environ["EBB_DRAIN_FILE"]):
+    noticed = os.path.exists(os.environ["EBB_DRAIN_FILE"])
+    if noticed and not seen:
+        seen = True
+        with open(os.path.join(ckpt.directory, f"noticed-{ebb_sdk.attempt()}"), "w") as f:
+            f.write(str(step))
+    if ckpt.should_save() and not noticed:
         ckpt.save(step, str(step).encode())
 "#;
 
@@ -221,7 +228,15 @@ fn a_job_that_ignores_the_notice_is_killed_at_the_deadline_and_exceeded_the_wind
     assert!(report["margin_seconds"].as_f64().unwrap() <= 0.0, "{report}");
     // It saved periodically and resumed from that: only the window failed.
     assert_eq!(report["resumed_step"], report["checkpoint"]["step"], "{report}");
-    assert!(report["checkpoint"]["after_notice_seconds"].as_f64().unwrap() < 0.0, "saved before the notice");
+    // Its save was a periodic one, from before it saw the notice (which
+    // may be after the server sent it: a save in between counts as after
+    // the notice, though the job had not seen it).
+    let noticed_at: u64 =
+        std::fs::read_to_string(c.checkpoints(id).join("noticed-1")).unwrap().parse().unwrap();
+    assert!(
+        report["checkpoint"]["step"].as_u64().unwrap() < noticed_at,
+        "saved after seeing the notice: {report}"
+    );
     let stderr = text(&out.stderr);
     assert!(stderr.contains(&format!("job {id}: the drill failed: exceeded the window")), "{stderr}");
     let job = c.job(id);
