@@ -17,7 +17,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
 use ebb_api::{AgentEvent, AttemptRef, Report, ReportId};
 use tokio::sync::mpsc;
@@ -27,7 +27,7 @@ use crate::retry;
 
 /// Milliseconds since the Unix epoch: the time events are stamped with.
 pub(crate) fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    ebb_core::time::unix_ms(SystemTime::now())
 }
 
 /// What a queued output event costs the agent's budget beyond its bytes:

@@ -234,10 +234,6 @@ fn man(out_dir: Option<std::path::PathBuf>) -> Result<String, String> {
 }
 
 /// Milliseconds since the epoch, by this machine's clock.
-fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
-
 /// Writes command output, with no control character a tenant put in it
 /// ([`shown`]); a closed pipe (`ebb ... | head`) is not an error.
 fn write_stdout(text: &str) -> Result<(), String> {

@@ -34,6 +34,14 @@ pub fn writable(ms: u64) -> std::time::SystemTime {
     UNIX_EPOCH + Duration::from_millis(ms.min(LAST_WRITABLE_MS))
 }
 
+/// Milliseconds since the Unix epoch of a wall-clock instant (0 before
+/// it). The edges that read the clock (the server's writer, the agent,
+/// the CLI, the checkpoint sync) convert what they read here; nothing in
+/// ebb-core reads it.
+pub fn unix_ms(at: std::time::SystemTime) -> u64 {
+    at.duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 /// An instant, in milliseconds since an epoch chosen by the caller.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Time(pub u64);
@@ -193,6 +201,15 @@ impl fmt::Display for Span {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_wall_clock_instant_is_milliseconds_since_the_epoch_never_less_than_zero_or_past_u64() {
+        assert_eq!(unix_ms(UNIX_EPOCH + Duration::from_millis(1_234)), 1_234);
+        assert_eq!(unix_ms(UNIX_EPOCH), 0);
+        assert_eq!(unix_ms(UNIX_EPOCH - Duration::from_secs(1)), 0, "a clock set before 1970");
+        let past_u64 = UNIX_EPOCH + Duration::from_secs(u64::MAX / 1_000 + 1);
+        assert_eq!(unix_ms(past_u64), u64::MAX);
+    }
 
     /// The clock-skew check formatted a node's `at_ms` of the year 10000
     /// for its refusal, and the formatter panicked: one request stopped

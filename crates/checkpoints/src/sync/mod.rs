@@ -21,7 +21,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime};
 
 use bytes::Bytes;
 use futures::TryStreamExt;
@@ -90,10 +90,6 @@ pub struct Restored {
     /// What people should know: each refused manifest and why, fallbacks.
     pub notes: Vec<String>,
     pub seconds: f64,
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 fn local(what: impl std::fmt::Display) -> StoreError {
@@ -200,7 +196,7 @@ impl JobStore {
             attempt,
             seq: cache.seq,
             step,
-            written_ms: now_ms(),
+            written_ms: ebb_core::time::unix_ms(SystemTime::now()),
             files: entries.clone(),
         };
         let body = serde_json::to_vec_pretty(&manifest).map_err(local)?;

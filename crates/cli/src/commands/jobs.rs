@@ -78,7 +78,7 @@ pub async fn jobs(conn: &Connection, args: &JobsArgs) -> Result<String, String> 
     if args.out.json {
         return Ok(json(&jobs));
     }
-    let mut text = job_table(&jobs, crate::now_ms());
+    let mut text = job_table(&jobs, ebb_core::time::unix_ms(std::time::SystemTime::now()));
     if more {
         writeln!(text, "(the newest {}; --limit N or --all for more)", jobs.len()).unwrap();
     }

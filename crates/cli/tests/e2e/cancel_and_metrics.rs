@@ -5,14 +5,10 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 
-use crate::support::{events, wait_for, Cluster, Options, Up};
+use crate::support::{events, now_ms, wait_for, Cluster, Options, Up};
 use serde_json::Value;
-
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
-}
 
 fn ms(rfc3339: &str) -> u64 {
     humantime::parse_rfc3339(rfc3339).unwrap().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64

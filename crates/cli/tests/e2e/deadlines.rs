@@ -4,9 +4,9 @@
 //! no longer does; its attempt is billed at each rate for its own
 //! seconds, and the invoice shows both.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 
-use crate::support::{events, Cluster, Options};
+use crate::support::{events, now_ms, Cluster, Options};
 use serde_json::Value;
 
 const MODEL: &str = "H100-80GB";
@@ -30,10 +30,6 @@ time.sleep(6)
 progress(0.105)
 time.sleep(2)
 "#;
-
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
-}
 
 fn rfc3339(ms: u64) -> String {
     humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(ms)).to_string()

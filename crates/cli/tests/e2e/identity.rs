@@ -5,16 +5,12 @@
 //! binary as server and agent); forged calls are made with plain HTTP, as
 //! an attacker holding a token would make them.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 
-use crate::support::{events, pid_alive, wait_for, Cluster, Options};
+use crate::support::{events, now_ms, pid_alive, wait_for, Cluster, Options};
 use serde_json::{json, Value};
 
 const YEAR_MS: u64 = 365 * 24 * 3600 * 1000;
-
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
-}
 
 /// One API call as anyone could make it: (status, JSON body).
 fn call(c: &Cluster, method: &str, token: &str, path: &str, body: Option<Value>) -> (u16, Value) {

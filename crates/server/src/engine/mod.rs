@@ -30,7 +30,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use ebb_api::events::*;
 use ebb_api::{
@@ -77,7 +77,7 @@ use recovery::gpu_indices;
 pub use views::JobQuery;
 
 pub fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    ebb_core::time::unix_ms(SystemTime::now())
 }
 
 /// A message for the writer thread.

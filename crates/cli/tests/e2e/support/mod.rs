@@ -113,6 +113,11 @@ pub fn ebb_exe() -> &'static str {
     env!("CARGO_BIN_EXE_ebb")
 }
 
+/// The wall clock, in milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    ebb_core::time::unix_ms(std::time::SystemTime::now())
+}
+
 /// Waits for `check` to give a value, polling; panics with `what` after
 /// `timeout`.
 pub fn wait_for<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Option<T>) -> T {
