@@ -33,10 +33,25 @@ const CHECKPOINT_AFTER: std::time::Duration = std::time::Duration::from_millis(2
 const WAL_BOUND_PAGES: i64 = 10_000;
 
 impl SqliteStore {
+    /// The server's store: every commit synced to the disk before it is
+    /// acknowledged.
     pub fn open(path: &Path) -> Result<SqliteStore> {
+        SqliteStore::open_synced(path, "FULL")
+    }
+
+    /// The same store without syncs, for the writer's in-process tests:
+    /// what a restart of the process finds is the same (the operating
+    /// system has every write), only a crash of the machine could lose
+    /// commits. The server never opens it so; the durability tests use
+    /// [`SqliteStore::open`].
+    pub fn open_unsynced(path: &Path) -> Result<SqliteStore> {
+        SqliteStore::open_synced(path, "OFF")
+    }
+
+    fn open_synced(path: &Path, synchronous: &str) -> Result<SqliteStore> {
         let mut conn = Connection::open(path)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(None, "synchronous", "FULL")?;
+        conn.pragma_update(None, "synchronous", synchronous)?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
         // SQLite's default page cache is 2 MiB: a batch that writes
         // thousands of job records then reads most of their pages back from
@@ -50,7 +65,7 @@ impl SqliteStore {
         conn.pragma_update(None, "wal_autocheckpoint", WAL_BOUND_PAGES)?;
         conn.set_prepared_statement_cache_capacity(64);
         migrate(&mut conn)?;
-        let checkpoints = Checkpointer::start(path)?;
+        let checkpoints = Checkpointer::start(path, synchronous)?;
         Ok(SqliteStore { conn, checkpoints })
     }
 }
@@ -67,10 +82,10 @@ struct Checkpointer {
 }
 
 impl Checkpointer {
-    fn start(path: &Path) -> Result<Checkpointer> {
+    fn start(path: &Path, synchronous: &str) -> Result<Checkpointer> {
         let conn = Connection::open(path)?;
         // Its copies are synced as the writer's commits are.
-        conn.pragma_update(None, "synchronous", "FULL")?;
+        conn.pragma_update(None, "synchronous", synchronous)?;
         conn.pragma_update(None, "wal_autocheckpoint", 0)?;
         let (wake, woken) = std::sync::mpsc::sync_channel(1);
         let thread = std::thread::Builder::new()

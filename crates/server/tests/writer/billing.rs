@@ -140,7 +140,7 @@ fn config(dir: &std::path::Path) -> EngineConfig {
 /// The server's state in SQLite, a file in the case's directory.
 fn sqlite(dir: &std::path::Path) -> Open<SqliteStore> {
     let path = dir.join("ebb.db");
-    Box::new(move || SqliteStore::open(&path).unwrap())
+    Box::new(move || SqliteStore::open_unsynced(&path).unwrap())
 }
 
 impl<S: Store> World<S> {

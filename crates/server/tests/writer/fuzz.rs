@@ -482,7 +482,7 @@ impl World {
 
     fn restart(&mut self) {
         self.engine = None;
-        let store = SqliteStore::open(&self.dir.join("ebb.db")).expect("the store opens");
+        let store = SqliteStore::open_unsynced(&self.dir.join("ebb.db")).expect("the store opens");
         let tokens = Arc::new(RwLock::new(HashMap::new()));
         let (engine, _) = Engine::open(store, config(&self.dir), tokens, self.now)
             .unwrap_or_else(|e| panic!("the store does not load after a restart: {}", e.message));

@@ -214,11 +214,13 @@ pub fn config(dir: &Path) -> EngineConfig {
 }
 
 impl TestEnv<SqliteStore> {
-    /// A writer on SQLite, a file in the test's directory.
+    /// A writer on SQLite, a file in the test's directory, unsynced: a
+    /// restart here is the process's, never the machine's (the store's
+    /// durability has tests of its own).
     pub fn new(name: &str) -> TestEnv<SqliteStore> {
         TestEnv::with_store(name, |dir| {
             let path = dir.join("ebb.db");
-            Box::new(move || SqliteStore::open(&path).unwrap())
+            Box::new(move || SqliteStore::open_unsynced(&path).unwrap())
         })
     }
 }

@@ -34,7 +34,7 @@ impl Server {
             pricing: Pricing { prices: Vec::new(), default_price: 1_000_000, discount_bps: 5_000 },
             ..EngineConfig::for_tests(&dir)
         };
-        let store = SqliteStore::open(&dir.join("ebb.db")).unwrap();
+        let store = SqliteStore::open_unsynced(&dir.join("ebb.db")).unwrap();
         let (engine, _) = Engine::open(store, config, Arc::new(RwLock::new(HashMap::new())), NOW)
             .map_err(|e| e.message)
             .unwrap();

@@ -177,7 +177,7 @@ fn open_keeping(
         limits: limits.clone(),
         ..EngineConfig::for_tests(dir)
     };
-    let store = SqliteStore::open(&dir.join("ebb.db")).unwrap();
+    let store = SqliteStore::open_unsynced(&dir.join("ebb.db")).unwrap();
     Engine::open(store, config, Arc::new(RwLock::new(HashMap::new())), now).map_err(|e| e.message).unwrap().0
 }
 
