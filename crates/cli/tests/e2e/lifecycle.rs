@@ -514,13 +514,17 @@ fn an_idle_nodes_polls_are_answered_without_the_writer_and_still_count_as_contac
     let c = Cluster::start(Options { nodes: 1, gpus: 2, heartbeat_timeout: "1500ms", ..Options::default() });
     // Idle at a 200 ms interval: about 5 polls a second, all but the first
     // answered from the node's quiet line.
+    // Counted until five quiet polls came (about a second; longer on a
+    // loaded machine), not over a fixed sleep.
     std::thread::sleep(Duration::from_millis(500));
     let (writer0, quiet0) = polls(&c);
     let heard0 = last_heartbeat(&c);
-    std::thread::sleep(Duration::from_secs(2));
-    let (writer1, quiet1) = polls(&c);
-    assert!(quiet1 - quiet0 >= 5.0, "quiet polls {quiet0} -> {quiet1}");
+    let (writer1, _) = wait_for("five quiet polls", Duration::from_secs(20), || {
+        let (writer, quiet) = polls(&c);
+        (quiet - quiet0 >= 5.0).then_some((writer, quiet))
+    });
     assert!(writer1 - writer0 <= 1.0, "polls to the writer {writer0} -> {writer1}");
+    std::thread::sleep(Duration::from_millis(1_600));
     // Their contact is applied: the node's last heartbeat moves on, and it
     // stays up well past the 1.5 s timeout.
     let heard1 = last_heartbeat(&c);
@@ -536,9 +540,10 @@ fn an_idle_nodes_polls_are_answered_without_the_writer_and_still_count_as_contac
     assert!(started.elapsed() < Duration::from_secs(3), "started after {:?}", started.elapsed());
     std::thread::sleep(Duration::from_millis(300));
     let (writer2, quiet2) = polls(&c);
-    std::thread::sleep(Duration::from_secs(1));
-    let (writer3, quiet3) = polls(&c);
-    assert!(writer3 - writer2 >= 3.0, "polls to the writer while busy {writer2} -> {writer3}");
+    let quiet3 = wait_for("three polls of the busy node at the writer", Duration::from_secs(20), || {
+        let (writer, quiet) = polls(&c);
+        (writer - writer2 >= 3.0).then_some(quiet)
+    });
     assert_eq!(quiet3, quiet2, "a busy node's polls are not quiet");
     c.ebb(&["cancel", &job.to_string()]);
     c.wait_state(job, "cancelled");
