@@ -179,6 +179,12 @@ impl<S: Supervisor> Agent<S> {
             Action::Start(start) => start.attempt,
             Action::Drain(drain) => drain.attempt,
             Action::Stop { attempt, .. } => *attempt,
+            Action::Signal { attempt, signal, batch_only } => {
+                if let Ok(signal) = nix::sys::signal::Signal::try_from(*signal) {
+                    self.supervisor.pass_signal(*attempt, signal, *batch_only);
+                }
+                return;
+            }
         };
         let before = pending.remove(&attempt);
         if let (None, Action::Stop { attempt, grace_ms, notice: None }) = (&before, &action) {
@@ -199,6 +205,7 @@ impl<S: Supervisor> Agent<S> {
                 Action::Stop { attempt, grace_ms, notice: None } => {
                     drain::stop(&agent.supervisor, attempt, Duration::from_millis(grace_ms))
                 }
+                Action::Signal { .. } => {}
             }
         });
         pending.insert(attempt, task);
@@ -230,6 +237,7 @@ impl<S: Supervisor> Agent<S> {
                 peak_memory_bytes: None,
                 start_error: Some(message),
                 port_in_use: Some(port),
+                ended_by: None,
             });
             return;
         }
@@ -246,6 +254,7 @@ impl<S: Supervisor> Agent<S> {
                 // The program's name is the submitter's, up to 128 KiB.
                 start_error: Some(message.chars().take(ebb_api::MAX_START_ERROR_CHARS).collect()),
                 port_in_use: None,
+                ended_by: None,
             });
         }
     }
@@ -299,6 +308,8 @@ mod tests {
             tenant_id: 1,
             rendezvous_port: None,
             image: None,
+            time_limit_ms: None,
+            slurm: None,
         })
     }
 

@@ -32,6 +32,7 @@ pub mod output;
 mod report;
 mod retry;
 mod simulated;
+pub mod slurm;
 pub mod spawn;
 mod supervisor;
 #[cfg(test)]

@@ -129,11 +129,24 @@ impl Reports {
     }
 }
 
+/// Ends the attempt so that its job is requeued (`POST
+/// /ebb/v1/requeue`); false if it no longer runs.
+pub(crate) type Requeue = Arc<dyn Fn() -> bool + Send + Sync>;
+
+/// The attempt an endpoint serves.
+pub(crate) struct Attempt {
+    pub job: u64,
+    pub attempt: u32,
+    pub node: String,
+    pub requeue: Requeue,
+}
+
 #[derive(Clone)]
 struct Endpoint {
     job: u64,
     attempt: u32,
     node: String,
+    requeue: Requeue,
     notice: watch::Receiver<Option<Notice>>,
     events: Arc<Reporter>,
     /// The attempt's checkpoint uploads, where there is a store.
@@ -160,26 +173,25 @@ impl Endpoint {
 /// Serves one attempt's endpoint on `listener`, under `secret`, until
 /// `notice` is dropped; checkpoint reports go to `events`, remembered
 /// until the server has them, as the attempt's start and exit are.
-#[allow(clippy::too_many_arguments)]
 pub(crate) async fn serve(
     listener: tokio::net::TcpListener,
     secret: Secret,
-    job: u64,
-    attempt: u32,
-    node: String,
+    attempt: Attempt,
     notice: watch::Receiver<Option<Notice>>,
     events: Arc<Reporter>,
     uploads: Option<Arc<AttemptUploads>>,
 ) {
     let mut closed = notice.clone();
     let reports = Arc::new(std::sync::Mutex::new(Reports::new()));
-    let endpoint = Endpoint { job, attempt, node, notice, events, uploads, reports };
+    let Attempt { job, attempt, node, requeue } = attempt;
+    let endpoint = Endpoint { job, attempt, node, requeue, notice, events, uploads, reports };
     let routes = Router::new()
         .route("/", get(native_root))
         .route("/ebb/v1/notice", get(native_notice))
         .route("/ebb/v1/checkpoint", post(native_checkpoint))
         .route("/ebb/v1/resumed", post(native_resumed))
         .route("/ebb/v1/progress", post(native_progress))
+        .route("/ebb/v1/requeue", post(native_requeue))
         .route("/latest/api/token", put(aws_token))
         .route("/latest/meta-data/spot/instance-action", get(aws_instance_action))
         .route("/computeMetadata/v1/instance/preempted", get(gcp_preempted))
@@ -347,6 +359,21 @@ async fn native_progress(State(e): State<Endpoint>, body: Bytes) -> Response {
     (StatusCode::ACCEPTED, Json(json!({ "accepted": true, "at": rfc3339(at_ms) }))).into_response()
 }
 
+/// The job asks to be requeued (`scontrol requeue` in a Slurm job): its
+/// attempt is ended (SIGTERM to every process, SIGKILL 10 s later) and the
+/// job goes back to the queue, as a preemption does, not as a failure.
+/// The body is ignored.
+async fn native_requeue(State(e): State<Endpoint>) -> Response {
+    if let Some(over) = e.over_rate() {
+        return over;
+    }
+    match (e.requeue)() {
+        true => (StatusCode::ACCEPTED, Json(json!({ "requeued": true }))).into_response(),
+        false => (StatusCode::CONFLICT, Json(json!({ "error": "the attempt is no longer running" })))
+            .into_response(),
+    }
+}
+
 async fn aws_token(State(e): State<Endpoint>) -> String {
     format!("ebb-imdsv2-{}-{}", e.job, e.attempt)
 }
@@ -422,7 +449,7 @@ async fn azure_events(State(e): State<Endpoint>, headers: HeaderMap) -> Response
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::Ordering;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
     use crate::testing::{self, until, FakeServer};
@@ -437,6 +464,7 @@ mod tests {
         addr: std::net::SocketAddr,
         base: String,
         notice: watch::Sender<Option<Notice>>,
+        requeued: Arc<AtomicUsize>,
     }
 
     async fn served(name: &str, attempt: u32) -> Served {
@@ -447,8 +475,23 @@ mod tests {
         let (notice, notice_rx) = watch::channel(None);
         let secret = Secret::new().unwrap();
         let base = format!("http://{addr}/{}", secret.as_str());
-        tokio::spawn(serve(listener, secret, 4, attempt, "node-1".into(), notice_rx, reporter.clone(), None));
-        Served { fake, reporter, addr, base, notice }
+        let requeued = Arc::new(AtomicUsize::new(0));
+        tokio::spawn(serve(
+            listener,
+            secret,
+            numbered(attempt, requeued.clone()),
+            notice_rx,
+            reporter.clone(),
+            None,
+        ));
+        Served { fake, reporter, addr, base, notice, requeued }
+    }
+
+    /// Job 4's `attempt` on node-1, whose requeues count in `requeued`
+    /// (and which runs until it has been requeued once).
+    fn numbered(attempt: u32, requeued: Arc<AtomicUsize>) -> Attempt {
+        let requeue: Requeue = Arc::new(move || requeued.fetch_add(1, Ordering::SeqCst) == 0);
+        Attempt { job: 4, attempt, node: "node-1".into(), requeue }
     }
 
     /// The endpoint put checkpoints straight on the report queue, so a
@@ -464,7 +507,8 @@ mod tests {
         let (_notice, notice_rx) = watch::channel(None);
         let secret = Secret::new().unwrap();
         let base = format!("http://127.0.0.1:{port}/{}", secret.as_str());
-        tokio::spawn(serve(listener, secret, 4, 2, "node-1".into(), notice_rx, reporter.clone(), None));
+        let attempt = numbered(2, Arc::new(AtomicUsize::new(0)));
+        tokio::spawn(serve(listener, secret, attempt, notice_rx, reporter.clone(), None));
         let answer = reqwest::Client::new()
             .post(format!("{base}/ebb/v1/checkpoint"))
             .body(r#"{"step": 7, "seconds": 1.5}"#)
@@ -508,6 +552,23 @@ mod tests {
             delivered.iter().any(resumed(Some(1200))) && delivered.iter().any(resumed(None))
         })
         .await;
+    }
+
+    /// The job's requeue ends its attempt once: a second ask, when it no
+    /// longer runs, is a 409 that says so; the body is not read.
+    #[tokio::test]
+    async fn a_requeue_the_job_asks_for_ends_its_attempt_once() {
+        let s = served("metadata-requeue", 3).await;
+        let http = reqwest::Client::new();
+        let first = http.post(format!("{}/ebb/v1/requeue", s.base)).body("anything").send().await.unwrap();
+        assert_eq!(first.status(), 202);
+        let second = http.post(format!("{}/ebb/v1/requeue", s.base)).send().await.unwrap();
+        assert_eq!(second.status(), 409);
+        assert!(second.text().await.unwrap().contains("no longer running"));
+        assert_eq!(s.requeued.load(Ordering::SeqCst), 2);
+        let without_secret = http.post(format!("http://{}/ebb/v1/requeue", s.addr)).send().await.unwrap();
+        assert_eq!(without_secret.status(), 404);
+        assert_eq!(s.requeued.load(Ordering::SeqCst), 2);
     }
 
     /// A progress report is relayed to the server; one that is not a
@@ -569,7 +630,7 @@ mod tests {
                     "{url}: {body}"
                 );
             }
-            for path in ["/ebb/v1/checkpoint", "/ebb/v1/progress", "/ebb/v1/resumed"] {
+            for path in ["/ebb/v1/checkpoint", "/ebb/v1/progress", "/ebb/v1/resumed", "/ebb/v1/requeue"] {
                 let url = format!("http://127.0.0.1:{port}{prefix}{path}");
                 let body = if path.ends_with("progress") {
                     r#"{"fraction": 0.0001}"#

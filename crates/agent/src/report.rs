@@ -423,6 +423,7 @@ mod tests {
             peak_memory_bytes: None,
             start_error: None,
             port_in_use: None,
+            ended_by: None,
         }
     }
 

@@ -272,6 +272,7 @@ impl Simulated {
             peak_memory_bytes: None,
             start_error: None,
             port_in_use: None,
+            ended_by: None,
         });
     }
 }
@@ -391,6 +392,8 @@ mod tests {
             tenant_id: 1,
             rendezvous_port: None,
             image: None,
+            time_limit_ms: None,
+            slurm: None,
         }
     }
 

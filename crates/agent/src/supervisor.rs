@@ -42,6 +42,11 @@ use crate::spawn;
 #[cfg(test)]
 pub(crate) mod fake;
 
+/// SIGKILL follows a job's own requeue's SIGTERM after this.
+const REQUEUE_GRACE: Duration = Duration::from_secs(10);
+/// SIGKILL follows the SIGTERM at a time limit after this (Slurm's KillWait).
+const TIME_LIMIT_GRACE: Duration = Duration::from_secs(30);
+
 /// What the agent needs of attempts' processes.
 pub(crate) trait Supervisor: Send + Sync + 'static {
     /// The attempts running now.
@@ -58,6 +63,14 @@ pub(crate) trait Supervisor: Send + Sync + 'static {
     /// Sends `signal` to every process of the attempt (nothing if it is
     /// not running).
     fn signal(&self, attempt: AttemptRef, signal: Signal);
+
+    /// A signal the job's owner sent (`scancel --signal`): a Slurm job's
+    /// batch step passes it to its steps' tasks or (`batch_only`) its
+    /// batch shell; any other job's processes all get it.
+    fn pass_signal(&self, attempt: AttemptRef, signal: Signal, batch_only: bool) {
+        let _ = batch_only;
+        self.signal(attempt, signal);
+    }
 
     /// Whether a gang's rendezvous port is free on this node, for its
     /// first node's processes to listen on: bound and let go at once (on
@@ -121,6 +134,8 @@ pub(crate) struct Processes {
     tenants_by_uid: Mutex<HashMap<u32, Vec<String>>>,
     /// The node's image cache; none where it could not be opened (why).
     images: Result<Arc<ebb_image::Cache>, String>,
+    /// The Slurm commands' directory, made at the first Slurm job's start.
+    slurm_commands: std::sync::OnceLock<Result<PathBuf, String>>,
 }
 
 /// A running attempt.
@@ -134,6 +149,15 @@ struct Running {
     notice: watch::Sender<Option<Notice>>,
     /// The attempt's cgroup; none where the agent cannot make cgroups.
     group: Option<AttemptGroup>,
+    /// A Slurm job: its main process is the batch step, which routes the
+    /// signals it is sent with [`crate::slurm::Route`].
+    slurm: bool,
+    /// A Slurm job's `--signal`: a drain's goes to the batch step, which
+    /// routes it, not to every process.
+    routed: bool,
+    /// The agent ended it: the job asked to be requeued, or it ran past
+    /// its time limit.
+    ended_by: Option<ebb_api::EndedBy>,
 }
 
 /// Where an attempt runs, prepared before its process starts.
@@ -145,6 +169,8 @@ struct Prepared {
     checkpoint_dir: PathBuf,
     run_dir: PathBuf,
     cgroup: Option<cgroup::Ready>,
+    /// A Slurm job's batch step command line and the commands' directory.
+    slurm: Option<(Vec<String>, PathBuf)>,
 }
 
 /// An attempt's container, as its end needs it: where its shim says why
@@ -187,6 +213,7 @@ impl Processes {
             ledger,
             checkpoints,
             tenants_by_uid: Mutex::new(HashMap::new()),
+            slurm_commands: std::sync::OnceLock::new(),
         }
     }
 
@@ -262,12 +289,14 @@ impl Processes {
         let (notice, notice_rx) = watch::channel(None);
         let a = s.attempt;
         let endpoint = format!("127.0.0.1:{port}/{}", secret.as_str());
+        let this = Arc::downgrade(self);
+        let requeue: metadata::Requeue = Arc::new(move || {
+            this.upgrade().is_some_and(|p| p.end(a, ebb_api::EndedBy::Requeue, REQUEUE_GRACE))
+        });
         tokio::spawn(metadata::serve(
             listener,
             secret,
-            a.job,
-            a.attempt,
-            self.config.node.clone(),
+            metadata::Attempt { job: a.job, attempt: a.attempt, node: self.config.node.clone(), requeue },
             notice_rx,
             self.reporter.clone(),
             uploads.clone(),
@@ -287,6 +316,15 @@ impl Processes {
         let (group, peak) =
             cgroup.map_or((None, cgroup::Peak::None), |ready| (Some(ready.group), ready.peak));
         self.record(&s, child.pid, run_dir.join("drain.json"), notice, group.clone());
+        if let Some(limit_ms) = s.time_limit_ms {
+            // A Slurm job's --signal comes SECS before the limit (60 s by default).
+            let warn = s
+                .slurm
+                .as_ref()
+                .filter(|b| b.routed_signal)
+                .map(|b| (u64::from(b.signal_before_s.unwrap_or(60)) * 1000, s.signal));
+            tokio::spawn(self.clone().limit_time(a, limit_ms, warn));
+        }
         // Restored before the start, and so in the timeline.
         if let Some(restored) = restored {
             self.reporter.send(restored);
@@ -363,16 +401,48 @@ impl Processes {
         let tenant_root = owned(self.config.checkpoint_root.join(dirs::tenant_dir_name(&s.tenant)?), false)?;
         let checkpoint_dir = owned(tenant_root.join(a.job.to_string()), false)?;
         let run_dir = owned(dirs::run_dir(&self.config.data_dir, a), true)?;
+        let slurm = match &s.slurm {
+            Some(batch) => Some(self.prepare_slurm(s, batch, &run_dir, &who)?),
+            None => None,
+        };
         let cgroup = self.cgroups.as_ref().map(|pool| pool.take()).transpose()?;
-        Ok(Prepared { who, workdir, default_workdir, checkpoint_dir, run_dir, cgroup })
+        Ok(Prepared { who, workdir, default_workdir, checkpoint_dir, run_dir, cgroup, slurm })
+    }
+
+    /// A Slurm job's script in its run directory, and its batch step's
+    /// command line; the Slurm commands installed on the node if they are
+    /// not yet.
+    fn prepare_slurm(
+        &self,
+        s: &StartAttempt,
+        batch: &ebb_api::SlurmBatch,
+        run_dir: &Path,
+        who: &Identity,
+    ) -> Result<(Vec<String>, PathBuf), String> {
+        let exe = std::env::current_exe().map_err(|e| format!("cannot find the agent's own program: {e}"))?;
+        let commands = self
+            .slurm_commands
+            .get_or_init(|| crate::slurm::install_commands(&self.config.data_dir, &exe))
+            .clone()
+            .map_err(|e| format!("the Slurm commands: {e}"))?;
+        let (script, steps) = crate::slurm::write_script(run_dir, batch, who)?;
+        Ok((crate::slurm::batch_argv(&exe, &script, &steps, s, batch), commands))
     }
 
     /// Starts the attempt's process, with its metadata endpoint at
     /// `endpoint` (`HOST:PORT/SECRET`).
     fn spawn(&self, s: &StartAttempt, p: &Prepared, endpoint: &str) -> Result<spawn::Child, String> {
-        let env = self.job_env(s, p, endpoint);
+        let mut env = self.job_env(s, p, endpoint);
+        let argv = match &p.slurm {
+            Some((argv, commands)) => {
+                let path = env.get("PATH").cloned().unwrap_or_default();
+                env.insert("PATH".into(), format!("{}:{path}", commands.display()));
+                argv
+            }
+            None => &s.argv,
+        };
         let join = p.cgroup.as_ref().map_or_else(Vec::new, |ready| ready.join.fds());
-        let request = spawn::Request { argv: &s.argv, env: &env, cwd: &p.workdir, who: &p.who, join: &join };
+        let request = spawn::Request { argv, env: &env, cwd: &p.workdir, who: &p.who, join: &join };
         spawn::spawn(&request).map_err(|e| {
             format!(
                 "cannot start {:?}: {} (as {}, uid {}, in {})",
@@ -553,7 +623,19 @@ impl Processes {
         group: Option<AttemptGroup>,
     ) {
         let started_ticks = if self.cgroups.is_none() { ledger::process_start(pid) } else { None };
-        let running = Running { pgid: pid, started_ticks, signal: s.signal, drain_file, notice, group };
+        let routed = s.slurm.as_ref().is_some_and(|slurm| slurm.routed_signal);
+        let slurm = s.slurm.is_some();
+        let running = Running {
+            pgid: pid,
+            started_ticks,
+            signal: s.signal,
+            drain_file,
+            notice,
+            group,
+            slurm,
+            routed,
+            ended_by: None,
+        };
         let mut attempts = self.running.lock().expect("running");
         attempts.insert(s.attempt, running);
         match &self.cgroups {
@@ -598,8 +680,16 @@ impl Processes {
         // Without cgroups, the ledger is rewritten at the next start;
         // until then a stale entry is harmless (its start time no longer
         // matches).
-        self.running.lock().expect("running").remove(&a);
-        tracing::info!(job = a.job, attempt = a.attempt, ?code, ?signal, ?peak_memory_bytes, "exited");
+        let ended_by = self.running.lock().expect("running").remove(&a).and_then(|r| r.ended_by);
+        tracing::info!(
+            job = a.job,
+            attempt = a.attempt,
+            ?code,
+            ?signal,
+            ?peak_memory_bytes,
+            ?ended_by,
+            "exited"
+        );
         let at_ms = now_ms();
         self.reporter.send(AgentEvent::Exited {
             attempt: a,
@@ -610,6 +700,7 @@ impl Processes {
             peak_memory_bytes,
             start_error,
             port_in_use: None,
+            ended_by,
         });
         if let Some((lease, shim)) = image {
             // After the exit is on its way. A shim killed with its attempt
@@ -643,6 +734,62 @@ impl Processes {
         }
     }
 
+    /// Ends attempt `a` for `why`: SIGTERM to every process now, SIGKILL
+    /// after `grace`; its exit says why. False if it is not running.
+    fn end(self: &Arc<Self>, a: AttemptRef, why: ebb_api::EndedBy, grace: Duration) -> bool {
+        use ebb_api::EndedBy;
+        {
+            let mut running = self.running.lock().expect("running");
+            let Some(r) = running.get_mut(&a) else { return false };
+            // A requeue the job asked for wins over its time limit.
+            if r.ended_by != Some(EndedBy::Requeue) {
+                r.ended_by = Some(why);
+            }
+        }
+        tracing::info!(job = a.job, attempt = a.attempt, ?why, "ending the attempt");
+        self.signal_all(a, Signal::SIGTERM);
+        let this = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(grace).await;
+            if this.is_running(a) {
+                this.signal_all(a, Signal::SIGKILL);
+            }
+        });
+        true
+    }
+
+    /// Every process of the attempt, whatever its job routes.
+    fn signal_all(&self, a: AttemptRef, signal: Signal) {
+        let target = self.running.lock().expect("running").get(&a).map(|r| (r.pgid, r.group.clone()));
+        match target {
+            Some((_, Some(group))) => group.signal(signal),
+            Some((pgid, None)) => {
+                let _ = killpg(Pid::from_raw(pgid), signal);
+            }
+            None => {}
+        }
+    }
+
+    /// The attempt's time limit: its `warn` signal (a Slurm job's
+    /// `--signal=SIG@SECS`) that long before it, then the end.
+    async fn limit_time(self: Arc<Self>, a: AttemptRef, limit_ms: u64, warn: Option<(u64, i32)>) {
+        let started = tokio::time::Instant::now();
+        let limit = Duration::from_millis(limit_ms);
+        if let Some((before_ms, signal)) = warn.filter(|(before_ms, _)| *before_ms < limit_ms) {
+            tokio::time::sleep_until(started + Duration::from_millis(limit_ms - before_ms)).await;
+            if !self.is_running(a) {
+                return;
+            }
+            if let Ok(signal) = Signal::try_from(signal) {
+                self.signal(a, signal);
+            }
+        }
+        tokio::time::sleep_until(started + limit).await;
+        if self.is_running(a) {
+            self.end(a, ebb_api::EndedBy::TimeLimit, TIME_LIMIT_GRACE);
+        }
+    }
+
     /// Puts back the cgroup of an attempt that did not start.
     fn give_back(&self, group: Option<AttemptGroup>) {
         if let (Some(pool), Some(group)) = (self.cgroups.clone(), group) {
@@ -671,13 +818,29 @@ impl Supervisor for Processes {
     /// Every process of the attempt: all of its cgroup, or its process
     /// group where there is no cgroup.
     fn signal(&self, attempt: AttemptRef, signal: Signal) {
-        let target = self.running.lock().expect("running").get(&attempt).map(|r| (r.pgid, r.group.clone()));
+        let target = self.running.lock().expect("running").get(&attempt).map(|r| {
+            let routed = r.routed && signal as i32 == r.signal && signal != Signal::SIGKILL;
+            (r.pgid, r.group.clone(), routed)
+        });
         match target {
-            Some((_, Some(group))) => group.signal(signal),
-            Some((pgid, None)) => {
+            // A Slurm job's --signal: its batch step passes it on.
+            Some((pid, _, true)) => crate::slurm::Route::Drain.send(pid, signal),
+            Some((_, Some(group), _)) => group.signal(signal),
+            Some((pgid, None, _)) => {
                 let _ = killpg(Pid::from_raw(pgid), signal);
             }
             None => {}
+        }
+    }
+
+    fn pass_signal(&self, attempt: AttemptRef, signal: Signal, batch_only: bool) {
+        let slurm = self.running.lock().expect("running").get(&attempt).filter(|r| r.slurm).map(|r| r.pgid);
+        match slurm {
+            Some(pid) => {
+                let route = if batch_only { crate::slurm::Route::Batch } else { crate::slurm::Route::Steps };
+                route.send(pid, signal);
+            }
+            None => self.signal_all(attempt, signal),
         }
     }
 

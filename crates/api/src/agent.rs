@@ -100,6 +100,15 @@ pub enum Action {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         notice: Option<StopNotice>,
     },
+    /// A signal the job's owner sent (`scancel --signal`): to a Slurm
+    /// job's steps' tasks or, with `batch_only`, its batch shell; to every
+    /// process of any other job.
+    Signal {
+        attempt: AttemptRef,
+        signal: i32,
+        #[serde(default)]
+        batch_only: bool,
+    },
 }
 
 /// A cancel's notice, as a drain's (`action` `cancel`, `reason` `cancel`
@@ -143,6 +152,15 @@ pub struct StartAttempt {
     /// The image to run it in, where the job names one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<StartImage>,
+    /// The job's time limit on this attempt's run (`time_limit_s`): the
+    /// agent ends an attempt that outruns it and says so in its exit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_limit_ms: Option<u64>,
+    /// A Slurm batch job: the agent runs its script through Ebb's batch
+    /// step (`argv` is the script's command line) and puts the Slurm
+    /// commands on its `PATH`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm: Option<crate::SlurmBatch>,
 }
 
 /// An attempt's image: the reference (for its registry and name), the
@@ -252,6 +270,9 @@ pub enum AgentEvent {
         /// this node by another program: the gang is requeued, not failed.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         port_in_use: Option<u16>,
+        /// What ended it besides its own exit, where the agent did.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ended_by: Option<EndedBy>,
         // MAX_START_ERROR_CHARS, as the schema needs a literal.
     },
     /// The attempt reported a completed checkpoint to its endpoint.
@@ -318,6 +339,18 @@ pub enum AgentEvent {
         #[schema(maximum = 253402300799999.0)]
         at_ms: u64,
     },
+}
+
+/// What ended an attempt besides its own exit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum EndedBy {
+    /// The job asked to be requeued (`scontrol requeue` in it, or
+    /// `POST /ebb/v1/requeue` at its endpoint): the attempt was ended and
+    /// the job goes back to the queue, as a preemption does, not a failure.
+    Requeue,
+    /// It ran past its time limit and was ended.
+    TimeLimit,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]

@@ -177,3 +177,29 @@ pub struct TenantTokens {
     /// The tenant's tokens revoked.
     pub revoked: u32,
 }
+
+/// `POST /v1/jobs/{id}/signal`: a signal for a running job's processes
+/// (Slurm's `scancel --signal`). A Slurm batch job's steps' tasks get it
+/// (with `batch_only`, its batch shell alone); any other job's every
+/// process.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SignalRequest {
+    /// A name, with or without `SIG`, or a number from 1 to 64.
+    #[schema(
+        pattern = r"^(([Ss][Ii][Gg])?([Hh][Uu][Pp]|[Ii][Nn][Tt]|[Qq][Uu][Ii][Tt]|[Kk][Ii][Ll][Ll]|[Uu][Ss][Rr][12]|[Tt][Ee][Rr][Mm]|[Cc][Oo][Nn][Tt]|[Ss][Tt][Oo][Pp]|[Tt][Ss][Tt][Pp]|[Ww][Ii][Nn][Cc][Hh])|\+?0*([1-9]|[1-5][0-9]|6[0-4]))$"
+    )]
+    pub signal: String,
+    #[serde(default)]
+    pub batch_only: bool,
+}
+
+/// A Slurm partition (`sbatch --partition`): the tier its jobs run in, as
+/// the operator maps it (`ebb server --partition-map`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Partition {
+    pub name: String,
+    pub tier: String,
+    /// Jobs that name no partition run in this one.
+    pub default: bool,
+}

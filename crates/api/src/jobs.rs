@@ -81,6 +81,107 @@ pub struct JobSubmission {
     /// read from a request).
     #[serde(skip)]
     pub image_digest: Option<String>,
+    /// A time limit on each attempt's run, in seconds, as Slurm's
+    /// `--time`: an attempt still running when it is reached gets SIGTERM
+    /// (and SIGKILL 30 s later) and the job fails with the reason `time
+    /// limit`, unless it asked to be requeued first. A drain's window is
+    /// not changed by it.
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 31536000)]
+    pub time_limit_s: Option<u64>,
+    /// At most this many tasks of the array run at once (Slurm's
+    /// `--array=A-B%N`); the others wait their turn in index order.
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 100000)]
+    pub array_limit: Option<u32>,
+    /// Jobs this one waits for, as Slurm's `--dependency`: `afterok:ID`
+    /// (each ID succeeded), `afterany:ID` (ended, however),
+    /// `afternotok:ID` (failed or was cancelled), several IDs joined by
+    /// `:` and conditions by `,` (all must hold); or `singleton` (no
+    /// earlier job of the tenant with the same name is unfinished). A
+    /// condition that can no longer hold fails the job, with the reason.
+    #[serde(default)]
+    #[schema(max_length = 4096, pattern = r"^[a-z0-9:,_]+$")]
+    pub after: Option<String>,
+    /// A Slurm batch job (`sbatch`): its script and what Slurm's options
+    /// asked of it. The script is run on the job's first node by Ebb's
+    /// batch step; `argv` is its command line (the script's path first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm: Option<SlurmBatch>,
+}
+
+/// The largest batch script `sbatch` takes, in bytes.
+pub const MAX_SLURM_SCRIPT_BYTES: usize = 1024 * 1024;
+
+/// What `sbatch` sends beside the job: the script as it was read at
+/// submit (tools delete it right after), and the Slurm options the batch
+/// step and the Slurm commands need.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SlurmBatch {
+    /// The batch script; its first line is `#!` and an interpreter.
+    #[schema(min_length = 3, max_length = 1048576, pattern = r"^#![^\u0000]*$")]
+    pub script: String,
+    /// `--output`: where the script's standard output goes, with Slurm's
+    /// `%` patterns (`%j`, `%A`, `%a`, `%x`, ...); relative to the job's
+    /// working directory. Default `slurm-%j.out` (`slurm-%A_%a.out` in an
+    /// array).
+    #[serde(default)]
+    #[schema(max_length = 4096, pattern = r"^[^\u0000]+$")]
+    pub output: Option<String>,
+    /// `--error`: standard error's file; the output's when absent.
+    #[serde(default)]
+    #[schema(max_length = 4096, pattern = r"^[^\u0000]+$")]
+    pub error: Option<String>,
+    /// `--open-mode=append`: append to the files instead of truncating
+    /// them (a requeued attempt's output follows the last one's).
+    #[serde(default)]
+    pub append: bool,
+    /// `--signal=B:...`: the drain signal goes to the batch shell only,
+    /// not to the steps' tasks.
+    #[serde(default)]
+    pub signal_batch_only: bool,
+    /// The job's `signal` is sbatch's `--signal`: the batch step routes it
+    /// at a drain (to the batch shell with `B:`, else to the steps' tasks).
+    /// Without it, a drain sends SIGTERM to every process, as Slurm's
+    /// preemption does.
+    #[serde(default)]
+    pub routed_signal: bool,
+    /// `--signal=SIG@SECS`: the signal comes this long before the time
+    /// limit (60 s when absent).
+    #[serde(default)]
+    #[schema(maximum = 65535)]
+    pub signal_before_s: Option<u32>,
+    /// `--nodes`, `--ntasks`, `--ntasks-per-node`, `--cpus-per-task`:
+    /// what `srun` in the script starts by default, and what the job's
+    /// `SLURM_*` variables say.
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 4096)]
+    pub nodes: Option<u32>,
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 65536)]
+    pub ntasks: Option<u32>,
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 65536)]
+    pub ntasks_per_node: Option<u32>,
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 65536)]
+    pub cpus_per_task: Option<u32>,
+    /// `--partition`, `--qos`, `--account`: recorded and shown by
+    /// `squeue` and `sacct` (the partition already chose the tier).
+    #[serde(default)]
+    #[schema(max_length = 256, pattern = r"^[^\s\u0000]*$")]
+    pub partition: Option<String>,
+    #[serde(default)]
+    #[schema(max_length = 256, pattern = r"^[^\s\u0000]*$")]
+    pub qos: Option<String>,
+    #[serde(default)]
+    #[schema(max_length = 256, pattern = r"^[^\s\u0000]*$")]
+    pub account: Option<String>,
+    /// The directory `sbatch` ran in (`SLURM_SUBMIT_DIR`).
+    #[serde(default)]
+    #[schema(max_length = 4096, pattern = r"^[^\u0000]*$")]
+    pub submit_dir: Option<String>,
 }
 
 /// One parameter of a sweep: `--sweep lr=1e-3,3e-4`.
@@ -193,6 +294,21 @@ pub struct Job {
     /// The live attempt's image pull, while its node pulls it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pulling: Option<PullProgress>,
+    /// Its time limit per attempt, seconds (`time_limit_s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_limit_s: Option<u64>,
+    /// A Slurm batch job's options, as submitted, without its script.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm: Option<SlurmBatch>,
+    /// It failed because an attempt ran past its time limit.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub timed_out: bool,
+    /// When its latest attempt started (placed, until its node says it
+    /// started), and when a finished job's last process exited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_at: Option<String>,
 }
 
 /// `PUT /v1/tenants/{name}/registry-logins/{registry}`: what the tenant's

@@ -9,6 +9,7 @@ mod money;
 mod output;
 mod shown;
 mod sim;
+mod slurm;
 
 use std::process::ExitCode;
 
@@ -193,6 +194,12 @@ enum Command {
     },
     /// Replay job traces through the scheduler in virtual time.
     Sim(sim::SimArgs),
+    /// Slurm's commands (sbatch, srun, squeue, scancel, sacct, scontrol,
+    /// sinfo) on this cluster: ebb slurm install ~/bin
+    Slurm {
+        #[command(subcommand)]
+        command: SlurmCommand,
+    },
     /// Print shell completions: ebb completions bash > /etc/bash_completion.d/ebb
     Completions {
         /// The shell: bash, zsh, fish, elvish or powershell.
@@ -277,6 +284,10 @@ async fn dispatch(cli: Cli) -> Result<(), String> {
             here("ebb sim")?;
             return sim::run(args);
         }
+        Command::Slurm { command: SlurmCommand::Install { dir } } => {
+            here("ebb slurm install")?;
+            slurm::install(&dir)?
+        }
         Command::Completions { shell } => {
             here("ebb completions")?;
             completions(shell)
@@ -319,6 +330,17 @@ async fn dispatch(cli: Cli) -> Result<(), String> {
     write_stdout(&text)
 }
 
+#[derive(Subcommand)]
+enum SlurmCommand {
+    /// Make links named sbatch, srun, squeue, scancel, sacct, scontrol and
+    /// sinfo to this program in DIR; with DIR on PATH, they talk to the
+    /// server in EBB_SERVER with EBB_TOKEN, as ebb does.
+    Install {
+        /// Where the links go (made if missing).
+        dir: std::path::PathBuf,
+    },
+}
+
 /// mimalloc, not glibc's malloc: in a 10,000-node fleet's fill, `perf`
 /// put a sixth of the server's time in glibc's allocator (what each
 /// allocator cost there: docs/simulated-fleet.md).
@@ -349,6 +371,14 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("container-shim") {
         container_shim(&args[2..]);
+    }
+    // A Slurm job's batch step, which the agent starts (not for people).
+    if args.get(1).map(String::as_str) == Some("slurm-batch") {
+        slurm::batch_step(&args[2..]);
+    }
+    // Run as sbatch, srun, squeue, ...: Slurm's front door.
+    if let Some(name) = args.first().and_then(|a| slurm::called_as(a)) {
+        return slurm::main(name, args[1..].to_vec());
     }
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {

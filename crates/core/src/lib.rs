@@ -7,6 +7,7 @@
 //! function and the simulator run in virtual time.
 
 pub mod checkpoint;
+pub mod hostlist;
 pub mod money;
 pub mod time;
 

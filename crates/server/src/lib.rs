@@ -10,6 +10,7 @@ pub mod http;
 pub mod leader;
 pub mod lock;
 pub mod metrics;
+pub mod partitions;
 pub mod store;
 pub mod tls;
 mod validate;

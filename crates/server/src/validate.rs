@@ -234,7 +234,74 @@ pub fn submission(spec: &JobSubmission, core: &State, limits: &Limits) -> Result
         }
         Some(text) => Some(crate::billing::parse_time("deadline", text)?),
     };
+    match spec.time_limit_s {
+        Some(s) if s == 0 || s > MAX_TIME_LIMIT_S => {
+            return bad(format!("time_limit_s: must be between 1 and {MAX_TIME_LIMIT_S} (a year), got {s}"));
+        }
+        _ => {}
+    }
+    if let Some(slurm) = &spec.slurm {
+        slurm_batch(slurm)?;
+    }
     Ok(Checked { tier, gpus, signal, deadline_ms, tasks })
+}
+
+/// The longest time limit: a year.
+pub const MAX_TIME_LIMIT_S: u64 = 365 * 24 * 3600;
+
+/// A Slurm batch job's script and options, as the document states them.
+fn slurm_batch(slurm: &ebb_api::SlurmBatch) -> Result<(), ApiError> {
+    let bad = |m: String| Err(ApiError::bad_request(m));
+    if !slurm.script.starts_with("#!") || slurm.script.len() < 3 {
+        return bad("slurm.script: the first line must start with #! and an interpreter".into());
+    }
+    if slurm.script.len() > ebb_api::MAX_SLURM_SCRIPT_BYTES {
+        return bad(format!(
+            "slurm.script: {} bytes, over the limit of {} bytes",
+            slurm.script.len(),
+            ebb_api::MAX_SLURM_SCRIPT_BYTES
+        ));
+    }
+    if slurm.script.contains('\0') {
+        return bad("slurm.script: contains a NUL byte".into());
+    }
+    for (field, value) in [("output", &slurm.output), ("error", &slurm.error)] {
+        if let Some(v) = value {
+            if v.is_empty() || v.len() > 4096 || v.contains('\0') {
+                return bad(format!("slurm.{field}: must be a path of 1 to 4096 bytes without NUL"));
+            }
+        }
+    }
+    if let Some(dir) = &slurm.submit_dir {
+        if dir.len() > 4096 || dir.contains('\0') {
+            return bad("slurm.submit_dir: must be a path of at most 4096 bytes without NUL".into());
+        }
+    }
+    let counts = [
+        ("nodes", slurm.nodes, 4096),
+        ("ntasks", slurm.ntasks, 65536),
+        ("ntasks_per_node", slurm.ntasks_per_node, 65536),
+        ("cpus_per_task", slurm.cpus_per_task, 65536),
+    ];
+    for (field, value, max) in counts {
+        if let Some(n) = value {
+            if n == 0 || n > max {
+                return bad(format!("slurm.{field}: must be between 1 and {max}, got {n}"));
+            }
+        }
+    }
+    if let Some(s) = slurm.signal_before_s.filter(|&s| s > 65535) {
+        return bad(format!("slurm.signal_before_s: at most 65535, got {s}"));
+    }
+    for (field, value) in [("partition", &slurm.partition), ("qos", &slurm.qos), ("account", &slurm.account)]
+    {
+        if let Some(v) = value {
+            if v.len() > 256 || v.chars().any(|c| c.is_whitespace() || c == '\0') {
+                return bad(format!("slurm.{field}: at most 256 characters, no spaces"));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `A-B` (inclusive) or a single index `N`, of at most `max_tasks` tasks.

@@ -85,6 +85,7 @@ impl FakeSupervisor {
             peak_memory_bytes: None,
             start_error: None,
             port_in_use: None,
+            ended_by: None,
         });
     }
 

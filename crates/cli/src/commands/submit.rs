@@ -52,9 +52,20 @@ pub struct SubmitArgs {
     /// ebb submit runs in). A relative one is taken from there.
     #[arg(long, visible_alias = "workdir", value_name = "DIR")]
     pub chdir: Option<String>,
-    /// An array of tasks A-B, each with EBB_TASK_INDEX.
-    #[arg(long, value_name = "A-B")]
+    /// An array of tasks A-B, each with EBB_TASK_INDEX; A-B%N runs at
+    /// most N of them at once.
+    #[arg(long, value_name = "A-B[%N]")]
     pub array: Option<String>,
+    /// A limit on each attempt's run (90m, 2h, 1d): one still running
+    /// then gets SIGTERM, SIGKILL 30 s later, and the job fails.
+    #[arg(long, value_name = "DURATION", value_parser = parse_span)]
+    pub time: Option<ebb_core::Span>,
+    /// Wait for other jobs first, as Slurm's --dependency:
+    /// afterok:ID[:ID...] (they succeeded), afterany:ID (they ended),
+    /// afternotok:ID (they failed or were cancelled), several joined by
+    /// `,`; or singleton. A condition that can no longer hold fails the job.
+    #[arg(long, value_name = "afterok:ID,...")]
+    pub after: Option<String>,
     /// A sweep parameter, NAME=V1,V2,...; repeatable. One task per
     /// combination, each with EBB_PARAM_<NAME> and EBB_PARAMS (JSON).
     #[arg(long = "sweep", value_name = "NAME=V1,V2")]
@@ -84,6 +95,10 @@ pub struct SubmitArgs {
     pub command: Vec<String>,
 }
 
+fn parse_span(text: &str) -> Result<ebb_core::Span, String> {
+    ebb_core::Span::parse(text)
+}
+
 /// `#EBB --gpus 2` lines of a job script, parsed like command-line flags.
 #[derive(Parser)]
 struct ScriptFlags {
@@ -97,6 +112,13 @@ struct ScriptFlags {
 fn script_flags(path: &Path) -> Result<Option<SubmitArgs>, String> {
     let Ok(text) = std::fs::read(path) else { return Ok(None) };
     let text = String::from_utf8_lossy(&text);
+    if text.lines().any(|l| l.starts_with("#SBATCH")) && !text.lines().any(|l| l.starts_with("#EBB")) {
+        return Err(format!(
+            "{} is a Slurm batch script (#SBATCH lines): submit it with sbatch, which reads them \
+             (`ebb slurm install DIR` puts sbatch on your PATH)",
+            path.display()
+        ));
+    }
     let parse = |words: &[String]| {
         let mut argv = vec!["#EBB".to_string()];
         argv.extend(words.iter().cloned());
@@ -169,6 +191,18 @@ pub fn submission(args: &SubmitArgs) -> Result<api::JobSubmission, String> {
         (Some(_), dir) => dir.map(str::to_string),
         (None, dir) => Some(workdir(dir)?),
     };
+    let (array, array_limit) = match args.array.as_deref().or(base.array.as_deref()) {
+        Some(text) => match text.split_once('%') {
+            Some((range, limit)) => {
+                let n = limit.parse::<u32>().ok().filter(|n| *n > 0).ok_or_else(|| {
+                    format!("--array {text}: %N is a limit on tasks running at once, a positive whole number")
+                })?;
+                (Some(range), Some(n))
+            }
+            None => (Some(text), None),
+        },
+        None => (None, None),
+    };
     let export = args.export.as_deref().or(base.export.as_deref()).unwrap_or("ALL");
     let mut env = exported(export, std::env::vars_os())?;
     for pair in base.env.iter().chain(&args.env) {
@@ -187,7 +221,11 @@ pub fn submission(args: &SubmitArgs) -> Result<api::JobSubmission, String> {
         max_preemptions: args.max_preemptions.or(base.max_preemptions),
         max_retries: args.max_retries.or(base.max_retries),
         exit_on_drain_is_success: args.exit_on_drain_is_success || base.exit_on_drain_is_success,
-        array: args.array.clone().or(base.array),
+        array: array.map(str::to_string),
+        array_limit,
+        time_limit_s: args.time.or(base.time).map(|t| t.as_millis().div_ceil(1000)),
+        after: args.after.clone().or(base.after),
+        slurm: None,
         restart: args.restart.clone().or(base.restart),
         sweep,
         deadline: args.deadline.as_deref().or(base.deadline.as_deref()).map(with_seconds),

@@ -38,6 +38,23 @@ pub struct PolicyArgs {
     /// A node silent this long is lost; its jobs are requeued.
     #[arg(long, default_value = "10s", value_parser = parse_span)]
     pub heartbeat_timeout: Span,
+    /// Slurm's partitions as tiers, for sbatch --partition:
+    /// spot=preemptible,gpu=on-demand. Default: the tiers' own names.
+    #[arg(long, value_name = "NAME=TIER,...")]
+    pub partition_map: Option<String>,
+    /// The partition of Slurm jobs that name none (default: the map's
+    /// first, or preemptible).
+    #[arg(long, value_name = "NAME")]
+    pub default_partition: Option<String>,
+}
+
+impl PolicyArgs {
+    pub fn partitions(&self) -> Result<ebb_server::partitions::Partitions, String> {
+        ebb_server::partitions::Partitions::parse(
+            self.partition_map.as_deref(),
+            self.default_partition.as_deref(),
+        )
+    }
 }
 
 /// How image registries are reached, by the server (to resolve a tag at

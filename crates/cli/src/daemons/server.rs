@@ -195,6 +195,7 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
         limits: args.limits.limits()?,
         run_as,
         checkpoint_store: args.checkpoint_store.checked().await?,
+        partitions: args.policy.partitions()?,
         images: ebb_server::Images {
             required: match args.require_image.as_deref().map(str::trim) {
                 None | Some("") => ebb_server::Required::Nobody,

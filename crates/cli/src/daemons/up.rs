@@ -97,6 +97,7 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
         return Err("--nodes and --gpus-per-node must be at least 1".into());
     }
     check_min_runtime(args.policy.min_runtime)?;
+    args.policy.partitions()?;
     // Before anything is written: a port in use would only show as the
     // server failing after the directory was set up.
     if args.port != 0 {
@@ -147,6 +148,14 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
         user.clone(),
     ];
     server_args.extend(registries.iter().cloned());
+    for (flag, value) in [
+        ("--partition-map", &args.policy.partition_map),
+        ("--default-partition", &args.policy.default_partition),
+    ] {
+        if let Some(value) = value {
+            server_args.extend([flag.to_string(), value.clone()]);
+        }
+    }
     let _ = std::fs::remove_file(&server_log);
     let mut server = spawn("ebb server", &server_args, &server_log)?;
     let url = wait_for_file(&server_dir.join("server.url"), &mut server, &server_log).await?;

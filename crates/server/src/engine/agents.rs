@@ -154,6 +154,7 @@ impl<S: Store> Engine<S> {
                     peak_memory_bytes: None,
                     start_error: None,
                     port_in_use: None,
+                    ended_by: None,
                 };
                 self.part_exited(node, attempt, exit, last_contact, now)?;
             }
@@ -345,6 +346,7 @@ impl<S: Store> Engine<S> {
                     peak_memory_bytes,
                     start_error,
                     port_in_use,
+                    ended_by,
                 } => {
                     if !self.live_on(attempt, &node) {
                         continue; // already accounted for (lost or fenced)
@@ -362,6 +364,7 @@ impl<S: Store> Engine<S> {
                         peak_memory_bytes,
                         start_error,
                         port_in_use,
+                        ended_by,
                     };
                     self.part_exited(&node, attempt, exit, at_ms, now)?;
                 }

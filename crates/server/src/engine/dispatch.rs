@@ -8,7 +8,7 @@ impl<S: Store> Engine<S> {
     pub(super) fn handle(&mut self, msg: Msg, now: u64) -> Written {
         match msg {
             Msg::Submit { principal, spec, reply } => {
-                let result = self.submit(&principal, spec, now);
+                let result = self.submit(&principal, *spec, now);
                 self.answer(reply, result)?;
             }
             Msg::SubmitBatch { principal, specs, reply } => {
@@ -26,6 +26,14 @@ impl<S: Store> Engine<S> {
             Msg::Cancel { principal, id, req, reply } => {
                 let result = self.visible(&principal, id).and_then(|()| self.cancel(id, &req, now));
                 self.answer(reply, result)?;
+            }
+            Msg::Signal { principal, id, signal, batch_only, reply } => {
+                let result = self.visible(&principal, id).and_then(|()| self.signal(id, signal, batch_only));
+                self.answer(reply, result)?;
+            }
+            Msg::Partitions { reply } => {
+                let partitions = self.config.partitions.list();
+                self.outbox.reply(reply, partitions);
             }
             Msg::Drill { principal, id, reply } => {
                 let result = self.drill(&principal, id, now);

@@ -80,11 +80,21 @@ pub(super) fn exit_kind(job: &JobRecord, completed: bool) -> ExitKind {
     } else if job.vanished || job.rendezvous_failed.is_some() {
         // A gang that could not meet was not the job's failure.
         ExitKind::Lost
+    } else if job.ended_by == Some(EndedBy::Requeue) {
+        // The job asked to go back to the queue: during a drain that is
+        // its preemption; otherwise neither a failure nor a preemption.
+        match job.state == JobState::Draining {
+            true => ExitKind::Failed { requeue: false },
+            false => ExitKind::Lost,
+        }
     } else if job.state == JobState::Draining {
         match success && (completed || job.spec.exit_on_drain_is_success) {
             true => ExitKind::Completed,
             false => ExitKind::Failed { requeue: false },
         }
+    } else if job.ended_by == Some(EndedBy::TimeLimit) {
+        // A time limit ends the job, as Slurm's TIMEOUT: no retry, no restart.
+        ExitKind::Failed { requeue: false }
     } else if job.spec.restart.as_deref() == Some("always") {
         ExitKind::Restart
     } else if success {
@@ -228,6 +238,8 @@ pub(super) fn end_attempt(
             (JobState::Queued, Event::Requeued(detail))
         }
     };
+    job.timed_out = state == JobState::Failed && job.ended_by == Some(EndedBy::TimeLimit);
+    job.ended_by = None;
     job.state = state;
     job.placement.clear();
     job.running_on.clear();

@@ -15,14 +15,27 @@ impl<S: Store> Engine<S> {
         at_ms: u64,
         now: u64,
     ) -> Written {
-        let PartExit { code, signal, completed, vanished, peak_memory_bytes, start_error, port_in_use } =
-            exit;
+        let PartExit {
+            code,
+            signal,
+            completed,
+            vanished,
+            peak_memory_bytes,
+            start_error,
+            port_in_use,
+            ended_by,
+        } = exit;
         let id = attempt.job;
         let job = self.jobs.get_mut(&id).expect("live attempt");
         let first_part = job.running_on.len() == job.placement.len();
         job.running_on.retain(|n| n != node);
         job.exited_ms = job.exited_ms.max(at_ms);
         job.vanished |= vanished;
+        // A job's own requeue wins over its time limit: it asked in time.
+        job.ended_by = match (job.ended_by, ended_by) {
+            (Some(EndedBy::Requeue), _) | (_, Some(EndedBy::Requeue)) => Some(EndedBy::Requeue),
+            (earlier, later) => earlier.or(later),
+        };
         // The attempt's exit is its first part's, unless a later one
         // failed where those before succeeded: a part killed by a signal
         // after another exited 0 is the attempt's failure, not its success.
@@ -70,6 +83,12 @@ impl<S: Store> Engine<S> {
                 }
             } else {
                 let why = match (code, signal, vanished) {
+                    _ if ended_by == Some(EndedBy::Requeue) => {
+                        format!("node {node}'s part asked to be requeued")
+                    }
+                    _ if ended_by == Some(EndedBy::TimeLimit) => {
+                        format!("node {node}'s part ran past the time limit")
+                    }
                     (_, _, true) => format!("node {node}'s part was lost"),
                     (_, Some(sig), _) => format!("node {node}'s part was killed by signal {sig}"),
                     (Some(c), _, _) => format!("node {node}'s part exited with code {c}"),
@@ -92,6 +111,13 @@ impl<S: Store> Engine<S> {
         let reason = match (&job.rendezvous_failed, &job.gang_stopped) {
             (Some(why), _) if effect == ExitEffect::RequeuedLost => {
                 Some(format!("{why}; requeued with another port"))
+            }
+            _ if job.ended_by == Some(EndedBy::Requeue) && effect == ExitEffect::RequeuedLost => {
+                Some("requeued by the job (scontrol requeue)".to_string())
+            }
+            _ if job.ended_by == Some(EndedBy::TimeLimit) && effect == ExitEffect::Failed => {
+                let limit = job.spec.time_limit_ms.map(|ms| Span(ms).human()).unwrap_or_default();
+                Some(format!("time limit: it ran past its limit of {limit}"))
             }
             (_, Some(why))
                 if matches!(effect, ExitEffect::Failed | ExitEffect::Requeued { preempted: false }) =>

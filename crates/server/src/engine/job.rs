@@ -174,6 +174,12 @@ pub struct JobRecord {
     /// A preemptible job's deadline, its progress and its promotion.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline: Option<Box<super::Deadline>>,
+    /// What ended the live attempt besides its exit, as a node said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_by: Option<ebb_api::EndedBy>,
+    /// It failed because an attempt ran past its time limit.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub timed_out: bool,
     /// What the tally counts it as when it was last saved (not stored:
     /// counted again at load).
     #[serde(skip)]
@@ -249,6 +255,9 @@ impl crate::store::JobRow for JobRecord {
         if previous.spec.argv == self.spec.argv {
             self.spec.argv = previous.spec.argv.clone();
         }
+        if previous.spec.slurm == self.spec.slurm {
+            self.spec.slurm = previous.spec.slurm.clone();
+        }
     }
 }
 
@@ -282,6 +291,12 @@ pub struct StoredSpec {
     /// The image it runs in, with the digest resolved at submit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<ebb_api::JobImage>,
+    /// Each attempt's time limit, milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_limit_ms: Option<u64>,
+    /// A Slurm batch job's script and options (shared by an array's tasks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm: Option<Arc<ebb_api::SlurmBatch>>,
 }
 
 impl From<JobSubmission> for StoredSpec {
@@ -300,6 +315,8 @@ impl From<JobSubmission> for StoredSpec {
                 .image
                 .zip(s.image_digest)
                 .map(|(reference, digest)| ebb_api::JobImage { reference, digest }),
+            time_limit_ms: s.time_limit_s.map(|s| s.saturating_mul(1000)),
+            slurm: s.slurm.map(Arc::new),
         }
     }
 }
@@ -308,7 +325,8 @@ impl StoredSpec {
     /// What its arguments and environment cost the server to keep, as
     /// tenants' limits count them (see [`crate::validate::stored_bytes`]).
     pub fn stored_bytes(&self) -> u64 {
-        crate::validate::stored_bytes(&self.argv, &self.env)
+        let script = self.slurm.as_ref().map_or(0, |s| s.script.len() as u64);
+        crate::validate::stored_bytes(&self.argv, &self.env).saturating_add(script)
     }
 }
 
@@ -366,6 +384,8 @@ impl JobRecord {
             drill: None,
             log_tracked: true,
             deadline: None,
+            ended_by: None,
+            timed_out: false,
             counted: None,
             no_output: true,
         }

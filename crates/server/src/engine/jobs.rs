@@ -110,6 +110,12 @@ impl<S: Store> Engine<S> {
         limits: &crate::validate::Limits,
         now: u64,
     ) -> Result<(crate::validate::Checked, Tasks), ApiError> {
+        let mut spec = spec;
+        if let (None, Some(slurm)) = (&spec.tier, &spec.slurm) {
+            // A Slurm job's tier is its partition's.
+            spec.tier =
+                Some(self.config.partitions.tier_of(slurm.partition.as_deref())?.as_str().to_string());
+        }
         let mut checked = crate::validate::submission(&spec, &self.core, limits)?;
         if let Some(deadline_ms) = checked.deadline_ms.filter(|ms| *ms <= now) {
             return Err(ApiError::unprocessable(format!(
@@ -302,6 +308,21 @@ impl<S: Store> Engine<S> {
                     self.save(id)?;
                 }
             }
+        }
+        Ok(self.view(&self.jobs[&id], Vec::new()))
+    }
+
+    /// Sends `signal` to job `id`'s live attempt on each of its nodes.
+    pub(super) fn signal(&mut self, id: u64, signal: i32, batch_only: bool) -> Result<ebb_api::Job, Fail> {
+        let job = &self.jobs[&id];
+        if !job.state.is_live() {
+            let message = format!("job {id}: {}; only a running job can be signalled", job.state.as_str());
+            return Err(ApiError::conflict(message).into());
+        }
+        let attempt = AttemptRef { job: id, attempt: job.attempt };
+        tracing::info!(job = id, signal, batch_only, "signal sent to the job");
+        for node in job.running_on.clone() {
+            self.outbox.push(&node, Action::Signal { attempt, signal, batch_only });
         }
         Ok(self.view(&self.jobs[&id], Vec::new()))
     }

@@ -28,10 +28,15 @@ impl<S: Store> Engine<S> {
         let run_as = self.config.run_as.user(&tenant).map(str::to_string);
         let interval = job.interval.as_ref().map(|(s, _)| s.to_string()).unwrap_or_default();
         let nodes = job.placement.len();
+        let slurm = job.spec.slurm.as_ref().map(|_| slurm_env(job));
         let start = |rank: usize, gpus: &Vec<u8>| {
             let mut env = (*job.spec.env).clone();
             if let Some(task) = &job.array {
                 env.extend(super::jobs::task_env(task));
+            }
+            if let Some(slurm) = &slurm {
+                env.extend(slurm.iter().cloned());
+                env.insert("SLURM_NODEID".into(), rank.to_string());
             }
             env.insert("EBB_CHECKPOINT_INTERVAL_S".into(), interval.clone());
             if let Some((addr, port)) = &job.rendezvous {
@@ -62,6 +67,8 @@ impl<S: Store> Engine<S> {
                         root: self.config.images.root.contains(&tenant),
                     }
                 }),
+                time_limit_ms: job.spec.time_limit_ms,
+                slurm: job.spec.slurm.as_deref().cloned(),
             }
         };
         job.placement
@@ -144,4 +151,52 @@ pub(super) fn gang_env(
         ("PET_MASTER_PORT", port.to_string()),
     ];
     pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+}
+
+/// What Slurm sets for every process of a batch job, the same on each of
+/// its nodes and across its attempts (but `SLURM_RESTART_COUNT`): its
+/// ids, name, nodes in Slurm's host-list form, and tasks. `srun` adds each
+/// task's own (`SLURM_PROCID`, `SLURM_LOCALID`, ...).
+fn slurm_env(job: &JobRecord) -> Vec<(String, String)> {
+    let slurm = job.spec.slurm.as_deref().expect("a Slurm job");
+    let nodes: Vec<&str> = job.placement.iter().map(|(n, _)| n.as_str()).collect();
+    let node_list = ebb_core::hostlist::compress(&nodes);
+    let count = nodes.len().max(1) as u32;
+    let per_node = slurm.ntasks_per_node.unwrap_or_else(|| slurm.ntasks.map_or(1, |n| n.div_ceil(count)));
+    let ntasks = slurm.ntasks.unwrap_or(per_node.saturating_mul(count));
+    let gpus_on_node = job.placement.first().map_or(0, |(_, g)| g.len());
+    let mut env = vec![
+        ("SLURM_JOB_ID", job.id.to_string()),
+        ("SLURM_JOBID", job.id.to_string()),
+        ("SLURM_JOB_NAME", job.spec.name.clone().unwrap_or_default()),
+        ("SLURM_JOB_NODELIST", node_list.clone()),
+        ("SLURM_NODELIST", node_list),
+        ("SLURM_NNODES", count.to_string()),
+        ("SLURM_JOB_NUM_NODES", count.to_string()),
+        ("SLURM_NTASKS", ntasks.to_string()),
+        ("SLURM_NPROCS", ntasks.to_string()),
+        ("SLURM_NTASKS_PER_NODE", per_node.to_string()),
+        ("SLURM_TASKS_PER_NODE", format!("{per_node}(x{count})")),
+        ("SLURM_JOB_GPUS", (0..gpus_on_node).map(|g| g.to_string()).collect::<Vec<_>>().join(",")),
+        ("SLURM_GPUS_ON_NODE", gpus_on_node.to_string()),
+        ("SLURM_RESTART_COUNT", job.attempt.saturating_sub(1).to_string()),
+        ("SLURM_CLUSTER_NAME", "ebb".to_string()),
+        ("SLURM_JOB_PARTITION", slurm.partition.clone().unwrap_or_default()),
+    ];
+    if let Some(cpus) = slurm.cpus_per_task {
+        env.push(("SLURM_CPUS_PER_TASK", cpus.to_string()));
+    }
+    if let Some(dir) = &slurm.submit_dir {
+        env.push(("SLURM_SUBMIT_DIR", dir.clone()));
+    }
+    if let Some(task) = &job.array {
+        // An array's tasks have consecutive ids in index order.
+        let min = task.index.saturating_sub(job.id.saturating_sub(task.id));
+        env.push(("SLURM_ARRAY_JOB_ID", task.id.to_string()));
+        env.push(("SLURM_ARRAY_TASK_ID", task.index.to_string()));
+        env.push(("SLURM_ARRAY_TASK_COUNT", task.tasks.to_string()));
+        env.push(("SLURM_ARRAY_TASK_MIN", min.to_string()));
+        env.push(("SLURM_ARRAY_TASK_MAX", min.saturating_add(task.tasks.saturating_sub(1)).to_string()));
+    }
+    env.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
 }

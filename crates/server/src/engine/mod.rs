@@ -34,8 +34,8 @@ use std::time::SystemTime;
 
 use ebb_api::events::*;
 use ebb_api::{
-    Action, AgentEvent, AttemptRef, Command, DrainAttempt, JobSubmission, NodeGpus, Register, Registered,
-    ReportReply, StartAttempt,
+    Action, AgentEvent, AttemptRef, Command, DrainAttempt, EndedBy, JobSubmission, NodeGpus, Register,
+    Registered, ReportReply, StartAttempt,
 };
 use ebb_core::{Attempt, GpuModelId, JobId, NodeId, Span, TenantId, Tier, Time};
 use ebb_scheduler::{DrainReason, ExitEffect, ExitKind, JobSpec, NodeSpec, NodeStatus, Notice, State};
@@ -84,7 +84,7 @@ pub fn now_ms() -> u64 {
 pub enum Msg {
     Submit {
         principal: Principal,
-        spec: JobSubmission,
+        spec: Box<JobSubmission>,
         reply: oneshot::Sender<Result<Vec<u64>, ApiError>>,
     },
     /// Several submissions in one transaction, all or none.
@@ -108,6 +108,17 @@ pub enum Msg {
         id: u64,
         req: ebb_api::CancelRequest,
         reply: oneshot::Sender<Result<ebb_api::Job, ApiError>>,
+    },
+    /// A signal for a running job's processes.
+    Signal {
+        principal: Principal,
+        id: u64,
+        signal: i32,
+        batch_only: bool,
+        reply: oneshot::Sender<Result<ebb_api::Job, ApiError>>,
+    },
+    Partitions {
+        reply: oneshot::Sender<Vec<ebb_api::Partition>>,
     },
     /// A fire drill of a running preemptible job's drain.
     Drill {
@@ -304,6 +315,9 @@ struct PartExit {
     start_error: Option<String>,
     /// It never ran: the gang's rendezvous port was taken on the node.
     port_in_use: Option<u16>,
+    /// The agent ended it: the job asked to be requeued, or it ran past
+    /// its time limit.
+    ended_by: Option<ebb_api::EndedBy>,
 }
 
 #[derive(Clone, Debug)]
@@ -333,6 +347,8 @@ pub struct EngineConfig {
     /// each at registration; none: their shared checkpoint root.
     pub checkpoint_store: Option<ebb_api::CheckpointStoreLocation>,
     pub images: Images,
+    /// Slurm's partitions, each a tier (`--partition-map`).
+    pub partitions: crate::partitions::Partitions,
 }
 
 impl EngineConfig {
@@ -359,6 +375,7 @@ impl EngineConfig {
             run_as: Default::default(),
             checkpoint_store: None,
             images: Default::default(),
+            partitions: Default::default(),
         }
     }
 }

@@ -277,6 +277,16 @@ impl<S: Store> Engine<S> {
                 done_bytes: *done,
                 total_bytes: *total,
             }),
+            time_limit_s: job.spec.time_limit_ms.map(|ms| ms / 1000),
+            // The script is the tenant's to keep; a listing need not carry it.
+            slurm: job
+                .spec
+                .slurm
+                .as_deref()
+                .map(|s| ebb_api::SlurmBatch { script: String::new(), ..s.clone() }),
+            timed_out: job.timed_out,
+            started_at: (job.attempt > 0).then(|| rfc3339(job.run_started_ms.unwrap_or(job.started_ms))),
+            ended_at: (job.state.is_final() && job.exited_ms > 0).then(|| rfc3339(job.exited_ms)),
         }
     }
 

@@ -15,7 +15,7 @@ pub(super) async fn submit(
     let principal = app.tenant(&headers)?;
     let mut spec: api::JobSubmission = parse(&body)?;
     app.resolve_image(&principal, &mut spec, "").await?;
-    let ids = app.ask(|reply| Msg::Submit { principal, spec, reply }).await??;
+    let ids = app.ask(|reply| Msg::Submit { principal, spec: Box::new(spec), reply }).await??;
     let id = ids[0];
     let ids = if ids.len() > 1 { ids } else { Vec::new() };
     Ok((StatusCode::CREATED, Json(api::Submitted { id, ids })))
@@ -180,6 +180,40 @@ pub(super) async fn show_job(
 ) -> ApiResult<Json<api::Job>> {
     let principal = app.tenant(&headers)?;
     Ok(Json(app.ask(|reply| Msg::Job { principal, id, reply }).await??))
+}
+
+/// Send a signal to a running job's processes (Slurm's `scancel
+/// --signal`): a Slurm batch job's steps' tasks, or its batch shell with
+/// `batch_only`; every process of any other job. A job that is not
+/// running is a 409 naming its state.
+#[utoipa::path(post, path = "/v1/jobs/{id}/signal", tag = "jobs", params(("id" = u64, Path)),
+    request_body = api::SignalRequest,
+    responses((status = 200, body = api::Job), (status = 404, description = "No such job the caller may see", body = api::ErrorBody),
+        (status = 409, description = "The job is not running", body = api::ErrorBody)))]
+pub(super) async fn signal_job(
+    State(app): State<App>,
+    headers: HeaderMap,
+    ApiPath(id): ApiPath<u64>,
+    Body(body): Body,
+) -> ApiResult<Json<api::Job>> {
+    let principal = app.tenant(&headers)?;
+    let req: api::SignalRequest = parse(&body)?;
+    let signal = crate::validate::parse_signal(&req.signal).ok_or_else(|| {
+        ApiError::bad_request(format!("signal: unknown signal {:?} (e.g. USR1, SIGTERM, 10)", req.signal))
+    })?;
+    let batch_only = req.batch_only;
+    Ok(Json(app.ask(|reply| Msg::Signal { principal, id, signal, batch_only, reply }).await??))
+}
+
+/// The Slurm partitions (`sbatch --partition`) and the tier each runs in
+/// (any token).
+#[utoipa::path(get, path = "/v1/partitions", tag = "jobs", responses((status = 200, body = [api::Partition])))]
+pub(super) async fn list_partitions(
+    State(app): State<App>,
+    headers: HeaderMap,
+) -> ApiResult<Json<Vec<api::Partition>>> {
+    app.tenant(&headers)?;
+    Ok(Json(app.ask(|reply| Msg::Partitions { reply }).await?))
 }
 
 /// Cancel a job: a queued job ends at once, a running one gets a notice

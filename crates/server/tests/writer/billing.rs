@@ -219,6 +219,7 @@ impl<S: Store> World<S> {
             peak_memory_bytes: None,
             start_error: None,
             port_in_use: None,
+            ended_by: None,
         });
     }
 
@@ -340,6 +341,7 @@ impl<S: Store> World<S> {
                     }
                 }
                 Action::Stop { attempt, .. } => self.exit(i, attempt, None, Some(15), false),
+                Action::Signal { .. } => {}
             }
         }
         self.exits_due(i);
@@ -390,7 +392,7 @@ impl<S: Store> World<S> {
                     ..Default::default()
                 };
                 let principal = if acme { self.acme.clone() } else { self.admin.clone() };
-                let _ = self.call(|reply| Msg::Submit { principal, spec, reply });
+                let _ = self.call(|reply| Msg::Submit { principal, spec: Box::new(spec), reply });
                 for i in 0..NODES {
                     self.sync(i);
                 }

@@ -132,7 +132,7 @@ proptest::proptest! {
                     };
                     let now = env.now;
                     let principal = env.admin.clone();
-                    env.engine().batch(vec![Msg::Submit { principal, spec, reply }], now).unwrap();
+                    env.engine().batch(vec![Msg::Submit { principal, spec: Box::new(spec), reply }], now).unwrap();
                 }
                 Step::Limit { running } => {
                     let principal = env.admin.clone();
@@ -157,7 +157,7 @@ proptest::proptest! {
                                     running.retain(|(_, a)| *a != attempt);
                                 }
                             }
-                            Action::Drain(_) => {}
+                            Action::Drain(_) | Action::Signal { .. } => {}
                         }
                     }
                 }
@@ -278,7 +278,7 @@ fn a_finished_job_out_of_memory_is_still_listed_shown_logged_and_counted() {
     };
     let principal = env.admin.clone();
     let now = env.now;
-    env.engine().batch(vec![Msg::Submit { principal, spec, reply }], now).unwrap();
+    env.engine().batch(vec![Msg::Submit { principal, spec: Box::new(spec), reply }], now).unwrap();
     let tasks = rx.try_recv().unwrap().unwrap();
     assert_eq!(tasks.len(), 3);
     let started: Vec<AttemptRef> = env.poll("a").into_iter().filter(|a| tasks.contains(&a.job)).collect();
@@ -395,7 +395,7 @@ fn a_deadline_job_is_promoted_in_place_and_its_attempt_is_billed_at_both_rates()
         ..Default::default()
     };
     let (now, principal) = (env.now, env.admin.clone());
-    env.engine().batch(vec![Msg::Submit { principal, spec, reply }], now).unwrap();
+    env.engine().batch(vec![Msg::Submit { principal, spec: Box::new(spec), reply }], now).unwrap();
     let id = rx.try_recv().unwrap().unwrap()[0];
     let attempt = *env.poll("a").iter().find(|a| a.job == id).expect("placed");
     let started = env.now;

@@ -199,6 +199,30 @@ fn image() -> impl Strategy<Value = (Option<String>, Option<String>)> {
 
 /// Mostly `None`: a submission with one bad field is refused whole, so
 /// each field is odd only now and then, and most submissions run.
+/// A Slurm batch job's script and options, valid or not.
+fn slurm() -> impl Strategy<Value = ebb_api::SlurmBatch> {
+    let script = prop_oneof![
+        4 => Just("#!/bin/sh\n#SBATCH -n 2\nsrun true\n".to_string()),
+        1 => text(),
+        1 => Just(format!("#!/bin/sh\n{}", "x".repeat(1024 * 1024))),
+    ];
+    let count = prop_oneof![4 => Just(None), 1 => any::<u32>().prop_map(Some)];
+    (script, rarely(text()), any::<bool>(), count.clone(), count, rarely(text()), rarely(any::<u32>()))
+        .prop_map(|(script, output, signal_batch_only, nodes, ntasks, partition, signal_before_s)| {
+            ebb_api::SlurmBatch {
+                script,
+                output,
+                signal_batch_only,
+                routed_signal: signal_batch_only,
+                nodes,
+                ntasks,
+                partition,
+                signal_before_s,
+                ..Default::default()
+            }
+        })
+}
+
 fn rarely<T: std::fmt::Debug + Clone>(odd: impl Strategy<Value = T>) -> impl Strategy<Value = Option<T>> {
     prop_oneof![24 => Just(None), 1 => odd.prop_map(Some)]
 }
@@ -262,13 +286,19 @@ fn submission() -> impl Strategy<Value = JobSubmission> {
         (argv, tier, gpus, model, signal, array),
         (deadline, restart, env, sweep, rarely(text()), rarely(any::<u32>())),
         (rarely(any::<u32>()), any::<bool>(), rarely(text()), image()),
+        (rarely(any::<u64>()), rarely(any::<u32>()), rarely(text()), rarely(slurm())),
     )
         .prop_map(
             |(
                 (argv, tier, gpus, gpu_model, signal, array),
                 (deadline, restart, env, sweep, name, max_preemptions),
                 (max_retries, exit_on_drain_is_success, workdir, (image, image_digest)),
+                (time_limit_s, array_limit, after, slurm),
             )| JobSubmission {
+                time_limit_s,
+                array_limit,
+                after,
+                slurm,
                 image,
                 image_digest,
                 name,
@@ -537,6 +567,7 @@ impl World {
                 peak_memory_bytes: peak,
                 start_error: error,
                 port_in_use: port,
+                ended_by: None,
             },
             Event::Checkpoint { which, step, bytes, duration_ms, at } => AgentEvent::Checkpoint {
                 attempt: self.attempt(which, node),
@@ -591,7 +622,7 @@ impl World {
         match step.clone() {
             Step::Submit { alice, spec } => {
                 let principal = self.who(alice);
-                let _ = self.call(|reply| Msg::Submit { principal, spec, reply });
+                let _ = self.call(|reply| Msg::Submit { principal, spec: Box::new(spec), reply });
             }
             Step::SubmitBatch { specs } => {
                 let principal = self.admin.clone();

@@ -81,6 +81,7 @@ fn a_gang_waits_for_its_last_part_and_succeeds_only_if_every_part_did() {
         peak_memory_bytes: None,
         start_error: None,
         port_in_use: None,
+        ended_by: None,
     };
     env.report(&starts[0].0, vec![killed]);
     assert_eq!(env.job(attempt.job).unwrap().state, "failed", "rank 0 was killed: no success");
@@ -160,6 +161,7 @@ fn a_gang_whose_rendezvous_port_is_taken_is_requeued_with_another() {
         peak_memory_bytes: None,
         start_error: Some(format!("port {port} in use")),
         port_in_use: Some(port),
+        ended_by: None,
     };
     env.report(&rank0, vec![taken]);
     assert_eq!(stops(&env.commands(&starts[1].0)), 1, "the other rank is stopped at once");
@@ -195,7 +197,7 @@ fn registry_logins_are_the_tenants_own_and_ride_only_with_its_starts() {
     let bob = Principal::tenant(Scope::Tenant, 3, "bob");
     let submit = |env: &mut TestEnv, who: &Principal, spec: JobSubmission| {
         let principal = who.clone();
-        env.call(|reply| Msg::Submit { principal, spec, reply })
+        env.call(|reply| Msg::Submit { principal, spec: Box::new(spec), reply })
     };
     let bare = JobSubmission { argv: vec!["train".into()], ..Default::default() };
     let refused = submit(&mut env, &alice, bare.clone()).unwrap_err();

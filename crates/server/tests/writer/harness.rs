@@ -368,7 +368,7 @@ impl<S: Store> TestEnv<S> {
     pub fn submit_msg(&self, gpus: u32) -> (Msg, oneshot::Receiver<Result<Vec<u64>, ebb_server::ApiError>>) {
         let (reply, rx) = oneshot::channel();
         let spec = JobSubmission { gpus: Some(gpus), argv: vec!["work".into()], ..Default::default() };
-        (Msg::Submit { principal: self.admin.clone(), spec, reply }, rx)
+        (Msg::Submit { principal: self.admin.clone(), spec: Box::new(spec), reply }, rx)
     }
 
     pub fn submit(&mut self, gpus: u32) -> u64 {
@@ -432,5 +432,6 @@ pub fn exited(attempt: AttemptRef, code: i32, at_ms: u64) -> AgentEvent {
         peak_memory_bytes: None,
         start_error: None,
         port_in_use: None,
+        ended_by: None,
     }
 }

@@ -81,7 +81,7 @@ impl Server {
     fn submit(&mut self, gpus: u32) -> u64 {
         let spec = JobSubmission { gpus: Some(gpus), argv: vec!["work".into()], ..Default::default() };
         let principal = self.admin.clone();
-        self.call(|reply| Msg::Submit { principal, spec, reply }).expect("submitted")[0]
+        self.call(|reply| Msg::Submit { principal, spec: Box::new(spec), reply }).expect("submitted")[0]
     }
 
     fn node(&mut self) -> ebb_api::Node {

@@ -87,7 +87,7 @@ impl World {
 
     fn submit(&mut self, spec: JobSubmission) -> Result<Vec<u64>, ebb_server::ApiError> {
         let principal = self.tenant.clone();
-        self.call(|reply| Msg::Submit { principal, spec, reply })
+        self.call(|reply| Msg::Submit { principal, spec: Box::new(spec), reply })
     }
 
     /// The starts the node is told of now.
@@ -133,6 +133,7 @@ impl World {
             peak_memory_bytes: None,
             start_error: None,
             port_in_use: None,
+            ended_by: None,
         };
         self.report(vec![exited]);
     }

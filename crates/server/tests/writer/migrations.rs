@@ -135,7 +135,9 @@ fn a_database_written_by_the_release_before_is_migrated_and_everything_in_it_kep
 
     // It goes on: new jobs get the next ids.
     let spec = JobSubmission { argv: vec!["true".into()], ..Default::default() };
-    let ids = call(&mut engine, |reply| Msg::Submit { principal: admin.clone(), spec, reply }).unwrap();
+    let ids =
+        call(&mut engine, |reply| Msg::Submit { principal: admin.clone(), spec: Box::new(spec), reply })
+            .unwrap();
     assert_eq!(ids, vec![6]);
     drop(engine);
 

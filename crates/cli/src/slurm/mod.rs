@@ -1,0 +1,353 @@
+//! Slurm's front door: `sbatch`, `srun`, `squeue`, `scancel`, `sacct`,
+//! `scontrol` and `sinfo`, answered by this binary under those names
+//! (`ebb slurm install DIR` makes the links; every Slurm job finds them on
+//! its `PATH`). They take the server and token as `ebb` does
+//! (`EBB_SERVER`, `EBB_TOKEN`, the config file) and print what Slurm
+//! prints. What is honoured, ignored and different: `docs/slurm.md`.
+
+mod options;
+mod query;
+mod sbatch;
+mod srun;
+mod step;
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+
+use ebb_api as api;
+
+use crate::client::{Client, Connection};
+
+pub use step::batch as batch_step;
+
+/// The names this binary answers to as Slurm.
+pub const COMMANDS: [&str; 7] = ["sbatch", "srun", "squeue", "scancel", "sacct", "scontrol", "sinfo"];
+
+/// The Slurm command this program was run as, if it was.
+pub fn called_as(argv0: &str) -> Option<&'static str> {
+    let name = std::path::Path::new(argv0).file_name()?.to_str()?;
+    COMMANDS.into_iter().find(|c| *c == name)
+}
+
+/// Runs Slurm command `name` with `args` (after the command's name), as
+/// Slurm's would: `NAME: error: ...` and exit 1 on failure.
+pub fn main(name: &str, args: Vec<String>) -> ExitCode {
+    // srun in a job's step is the job's own process: no runtime, no server.
+    if name == "srun" && srun::inside() {
+        return match srun::in_allocation(&args) {
+            Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+            Err(e) => fail(name, &e),
+        };
+    }
+    if name == "scontrol"
+        && args.first().map(String::as_str) == Some("show")
+        && args.get(1).map(String::as_str) == Some("hostnames")
+    {
+        return match hostnames(&args[2..]) {
+            Ok(text) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(name, &e),
+        };
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => return fail(name, &format!("cannot start the runtime: {e}")),
+    };
+    match runtime.block_on(run(name, &args)) {
+        Ok(Done::Print(text)) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Ok(Done::Exit(code)) => ExitCode::from(code),
+        Err(e) => fail(name, &e),
+    }
+}
+
+fn fail(name: &str, message: &str) -> ExitCode {
+    for line in message.lines() {
+        eprintln!("{name}: error: {}", crate::shown::terminal_safe(line));
+    }
+    ExitCode::FAILURE
+}
+
+enum Done {
+    Print(String),
+    Exit(u8),
+}
+
+/// The server's client, from `EBB_SERVER`, `EBB_TOKEN`, `EBB_CA` and the
+/// config file, as every `ebb` command finds them.
+fn client() -> Result<Client, String> {
+    let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    Connection { server: var("EBB_SERVER"), token: var("EBB_TOKEN"), ca: var("EBB_CA").map(Into::into) }
+        .client()
+}
+
+async fn run(name: &str, args: &[String]) -> Result<Done, String> {
+    match name {
+        "sbatch" => submit(args).await,
+        "srun" => allocate_and_run(args).await,
+        "squeue" => Ok(Done::Print(query::squeue(&client()?, args).await?)),
+        "sacct" => Ok(Done::Print(query::sacct(&client()?, args).await?)),
+        "scancel" => scancel(args).await.map(Done::Print),
+        "scontrol" => scontrol(args).await.map(Done::Print),
+        "sinfo" => sinfo(args).await.map(Done::Print),
+        other => Err(format!("{other} is not a Slurm command Ebb answers to")),
+    }
+}
+
+fn vars() -> BTreeMap<String, String> {
+    std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))).collect()
+}
+
+async fn submit(args: &[String]) -> Result<Done, String> {
+    let cwd = std::env::current_dir().map_err(|e| format!("the current directory: {e}"))?;
+    let batch = sbatch::batch(args, &mut std::io::stdin().lock(), &cwd, &vars())?;
+    for note in &batch.notes {
+        eprintln!("sbatch: {note}");
+    }
+    let submitted: api::Submitted = client()?.post("/v1/jobs", &batch.submission).await?;
+    Ok(Done::Print(match batch.parsable {
+        true => format!("{}\n", submitted.id),
+        false => format!("Submitted batch job {}\n", submitted.id),
+    }))
+}
+
+/// `srun` outside an allocation: a job of one step, whose output is
+/// followed here; `srun` ends as the step did.
+async fn allocate_and_run(args: &[String]) -> Result<Done, String> {
+    let (given, program) = options::parse(options::SRUN, args, "srun")?;
+    if program.is_empty() {
+        return Err("no program to run (srun [options] PROGRAM [ARGS...])".into());
+    }
+    // The allocation's options go to sbatch; the step takes them all.
+    let quoted: Vec<String> =
+        args.iter().map(|a| shlex::try_quote(a).map(|q| q.into_owned()).unwrap_or_default()).collect();
+    let mut sbatch_args: Vec<String> = Vec::new();
+    for (long, value) in &given {
+        let passes = [
+            "job-name",
+            "nodes",
+            "ntasks",
+            "ntasks-per-node",
+            "gpus",
+            "gpus-per-node",
+            "gres",
+            "gpus-per-task",
+            "cpus-per-task",
+            "time",
+            "partition",
+            "chdir",
+            "export",
+            "signal",
+        ];
+        if passes.contains(long) {
+            sbatch_args.push(format!("--{long}={value}"));
+        }
+    }
+    if options::last(&given, "job-name").is_none() {
+        let name = std::path::Path::new(&program[0])
+            .file_name()
+            .map_or(program[0].clone(), |n| n.to_string_lossy().into_owned());
+        sbatch_args.push(format!("--job-name={name}"));
+    }
+    sbatch_args.push(format!("--wrap=exec srun {}", quoted.join(" ")));
+    sbatch_args.extend(["--output=/dev/stdout".to_string(), "--error=/dev/stderr".to_string()]);
+    let cwd = std::env::current_dir().map_err(|e| format!("the current directory: {e}"))?;
+    let batch = sbatch::batch(&sbatch_args, &mut std::io::empty(), &cwd, &vars())?;
+    let client = client()?;
+    let submitted: api::Submitted = client.post("/v1/jobs", &batch.submission).await?;
+    let id = submitted.id;
+    eprintln!("srun: job {id} queued and waiting for resources");
+    let mut offset = 0u64;
+    loop {
+        let path = format!("/v1/jobs/{id}/logs");
+        let offset_text = offset.to_string();
+        let chunk: api::LogChunk =
+            client.get_query(&path, &[("offset", offset_text.as_str()), ("follow", "true")]).await?;
+        print!("{}", chunk.data);
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        offset = chunk.next_offset;
+        if chunk.finished {
+            break;
+        }
+    }
+    let job: api::Job = client.get(&format!("/v1/jobs/{id}")).await?;
+    Ok(Done::Exit(match (job.state.as_str(), job.exit_code) {
+        ("succeeded", _) => 0,
+        (_, Some(code)) => u8::try_from(code).unwrap_or(1).max(1),
+        _ => 1,
+    }))
+}
+
+/// `scontrol show hostnames [LIST]`: one name a line, of `LIST` or the
+/// job's own nodes.
+fn hostnames(args: &[String]) -> Result<String, String> {
+    let list = match args.first() {
+        Some(list) => list.clone(),
+        None => std::env::var("SLURM_JOB_NODELIST")
+            .map_err(|_| "no host list given and SLURM_JOB_NODELIST is not set".to_string())?,
+    };
+    let names = ebb_core::hostlist::expand(&list)?;
+    Ok(names.iter().map(|n| format!("{n}\n")).collect())
+}
+
+async fn scontrol(args: &[String]) -> Result<String, String> {
+    let words: Vec<&str> = args.iter().map(String::as_str).collect();
+    match words.as_slice() {
+        ["show", "job", id] | ["show", "jobs", id] => {
+            let jobs = query::jobs_named(&client()?, id).await?;
+            Ok(jobs.iter().map(query::show_job).collect())
+        }
+        ["requeue", ids] => requeue(ids).await,
+        _ => Err(
+            "Ebb's scontrol answers `show hostnames [LIST]`, `show job ID` and `requeue ID` (see docs/slurm.md)".into(),
+        ),
+    }
+}
+
+/// `scontrol requeue ID`: from inside that job, its attempt ends and it
+/// goes back to the queue (through its own endpoint, so no token is
+/// needed), as a preemption does.
+async fn requeue(ids: &str) -> Result<String, String> {
+    let own = [std::env::var("SLURM_JOB_ID").ok(), array_id()].into_iter().flatten().collect::<Vec<_>>();
+    for id in ids.split(',') {
+        if !own.iter().any(|o| o == id) {
+            return Err(format!(
+                "requeue {id}: Ebb's scontrol requeues the job it runs in (its SLURM_JOB_ID), not other jobs"
+            ));
+        }
+    }
+    let url = std::env::var("EBB_METADATA_URL").map_err(|_| "requeue: not inside an Ebb job".to_string())?;
+    // The attempt is ended with SIGTERM to all its processes: this one
+    // waits for the answer first.
+    ignore_sigterm();
+    let answer = reqwest::Client::new()
+        .post(format!("{url}/ebb/v1/requeue"))
+        .send()
+        .await
+        .map_err(|e| format!("requeue: the node's endpoint: {e}"))?;
+    match answer.status().as_u16() {
+        202 => Ok(String::new()),
+        status => {
+            Err(format!("requeue: the node answered {status}: {}", answer.text().await.unwrap_or_default()))
+        }
+    }
+}
+
+fn array_id() -> Option<String> {
+    let array = std::env::var("SLURM_ARRAY_JOB_ID").ok()?;
+    let task = std::env::var("SLURM_ARRAY_TASK_ID").ok()?;
+    Some(format!("{array}_{task}"))
+}
+
+fn ignore_sigterm() {
+    // SAFETY: ignoring a signal installs no handler.
+    unsafe {
+        let _ =
+            nix::sys::signal::signal(nix::sys::signal::Signal::SIGTERM, nix::sys::signal::SigHandler::SigIgn);
+    }
+}
+
+async fn scancel(args: &[String]) -> Result<String, String> {
+    let mut ids = Vec::new();
+    let (mut names, mut me, mut signal, mut batch) = (None::<String>, false, None::<String>, false);
+    let mut i = 0;
+    while i < args.len() {
+        let (flag, inline) = match args[i].split_once('=').filter(|_| args[i].starts_with("--")) {
+            Some((f, v)) => (f.to_string(), Some(v.to_string())),
+            None => (args[i].clone(), None),
+        };
+        let mut value = || -> Result<String, String> {
+            if let Some(v) = &inline {
+                return Ok(v.clone());
+            }
+            i += 1;
+            args.get(i).cloned().ok_or_else(|| format!("option '{flag}' requires an argument"))
+        };
+        match flag.as_str() {
+            "-s" | "--signal" => signal = Some(value()?),
+            "-b" | "--batch" => batch = true,
+            "--me" => me = true,
+            "-n" | "--name" | "--jobname" => names = Some(value()?),
+            "-u" | "--user" => {
+                value()?;
+                me = true;
+            }
+            "-f" | "--full" | "-Q" | "--quiet" | "-v" | "--verbose" => {}
+            flag if flag.starts_with('-') => return Err(format!("unrecognized option '{flag}'")),
+            id => ids.extend(id.split(',').filter(|s| !s.is_empty()).map(str::to_string)),
+        }
+        i += 1;
+    }
+    let client = client()?;
+    let mut jobs = Vec::new();
+    for id in &ids {
+        jobs.extend(query::jobs_named(&client, id).await?);
+    }
+    if ids.is_empty() {
+        if names.is_none() && !me {
+            return Err("No job identification provided".into());
+        }
+        jobs = query::list(&client, "active").await?;
+    }
+    if let Some(wanted) = &names {
+        let wanted: Vec<&str> = wanted.split(',').collect();
+        jobs.retain(|j| j.name.as_deref().is_some_and(|n| wanted.contains(&n)));
+    }
+    let active = ["queued", "starting", "running", "draining"];
+    jobs.retain(|j| active.contains(&j.state.as_str()));
+    if let Some(signal) = signal {
+        srun::signal_named(&signal).ok_or_else(|| format!("Unknown job signal: {signal}"))?;
+        for job in &jobs {
+            let request = api::SignalRequest { signal: signal.clone(), batch_only: batch };
+            let _: api::Job = client.post(&format!("/v1/jobs/{}/signal", job.id), &request).await?;
+        }
+        return Ok(String::new());
+    }
+    for job in &jobs {
+        let request = api::CancelRequest { grace_ms: None };
+        let _: api::Job = client.post(&format!("/v1/jobs/{}/cancel", job.id), &request).await?;
+    }
+    Ok(String::new())
+}
+
+async fn sinfo(args: &[String]) -> Result<String, String> {
+    if let Some(other) =
+        args.iter().find(|a| !["-N", "--Node", "-s", "--summarize", "-h", "--noheader"].contains(&a.as_str()))
+    {
+        return Err(format!("unrecognized option '{other}' (Ebb's sinfo prints the default listing)"));
+    }
+    let client = client()?;
+    let nodes: Vec<api::Node> = client.get("/v1/nodes").await?;
+    let partitions: Vec<api::Partition> = client.get("/v1/partitions").await?;
+    let partitions: Vec<(String, bool)> = partitions.into_iter().map(|p| (p.name, p.default)).collect();
+    Ok(query::sinfo_rows(&nodes, &partitions))
+}
+
+/// `ebb slurm install DIR`: links to this program under the Slurm
+/// commands' names, in `DIR` (made if missing).
+pub fn install(dir: &std::path::Path) -> Result<String, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut out = String::new();
+    for name in COMMANDS {
+        let link = dir.join(name);
+        match std::fs::symlink_metadata(&link) {
+            Ok(meta) if meta.file_type().is_symlink() => {
+                std::fs::remove_file(&link).map_err(|e| format!("{}: {e}", link.display()))?
+            }
+            Ok(_) => {
+                return Err(format!("{}: exists and is not a link Ebb made; not replaced", link.display()))
+            }
+            Err(_) => {}
+        }
+        std::os::unix::fs::symlink(&exe, &link).map_err(|e| format!("{}: {e}", link.display()))?;
+        out.push_str(&format!("{} -> {}\n", link.display(), exe.display()));
+    }
+    out.push_str(&format!("put {} first on PATH to use them\n", dir.display()));
+    Ok(out)
+}

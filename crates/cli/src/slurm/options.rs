@@ -1,0 +1,509 @@
+//! Slurm's command-line options as `sbatch` and `srun` take them: long
+//! (`--ntasks=2`, `--ntasks 2`) and short (`-n 2`, `-n2`) forms, from the
+//! command line and from a script's `#SBATCH` lines. Each option is
+//! honoured, accepted and ignored (said once, with why), or refused; one
+//! Slurm does not know is an error, as in Slurm.
+
+/// What Ebb does with an option.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Ebb does what it asks.
+    Honoured,
+    /// It changes nothing on Ebb: accepted, and said once at submit, with
+    /// the reason.
+    Ignored(&'static str),
+}
+
+/// One option: its long name, short letter, whether it takes a value,
+/// and what Ebb does with it.
+pub struct Spec {
+    pub long: &'static str,
+    pub short: Option<char>,
+    pub value: bool,
+    pub kind: Kind,
+}
+
+const fn honoured(long: &'static str, short: Option<char>, value: bool) -> Spec {
+    Spec { long, short, value, kind: Kind::Honoured }
+}
+
+const fn ignored(long: &'static str, short: Option<char>, value: bool, why: &'static str) -> Spec {
+    Spec { long, short, value, kind: Kind::Ignored(why) }
+}
+
+const NO_MEMORY: &str = "Ebb does not limit memory";
+const WHOLE_GPUS: &str = "Ebb places whole GPUs and the nodes that have them free";
+const NO_CPUS: &str = "Ebb places GPUs; a job has its node's CPUs";
+const NO_MAIL: &str = "Ebb sends no mail; `ebb show` has the job's timeline";
+const NO_EFFECT: &str = "it has no effect on Ebb";
+
+/// `sbatch`'s options.
+pub const SBATCH: &[Spec] = &[
+    honoured("job-name", Some('J'), true),
+    honoured("nodes", Some('N'), true),
+    honoured("ntasks", Some('n'), true),
+    honoured("ntasks-per-node", None, true),
+    honoured("gpus", Some('G'), true),
+    honoured("gpus-per-node", None, true),
+    honoured("gres", None, true),
+    honoured("gpus-per-task", None, true),
+    honoured("cpus-per-task", Some('c'), true),
+    honoured("array", Some('a'), true),
+    honoured("output", Some('o'), true),
+    honoured("error", Some('e'), true),
+    honoured("open-mode", None, true),
+    honoured("signal", None, true),
+    honoured("requeue", None, false),
+    honoured("no-requeue", None, false),
+    honoured("chdir", Some('D'), true),
+    honoured("export", None, true),
+    honoured("time", Some('t'), true),
+    honoured("dependency", Some('d'), true),
+    honoured("partition", Some('p'), true),
+    honoured("qos", Some('q'), true),
+    honoured("account", Some('A'), true),
+    honoured("wrap", None, true),
+    honoured("parsable", None, false),
+    ignored("mem", None, true, NO_MEMORY),
+    ignored("mem-per-cpu", None, true, NO_MEMORY),
+    ignored("mem-per-gpu", None, true, NO_MEMORY),
+    ignored("constraint", Some('C'), true, "Ebb has no node features; --gres=gpu:TYPE:N chooses a GPU model"),
+    ignored("exclusive", None, false, "Ebb gives a gang whole nodes, and one GPU to one job only"),
+    ignored("hint", None, true, NO_CPUS),
+    ignored("cpus-per-gpu", None, true, NO_CPUS),
+    ignored("mincpus", None, true, NO_CPUS),
+    ignored("threads-per-core", None, true, NO_CPUS),
+    ignored("cores-per-socket", None, true, NO_CPUS),
+    ignored("sockets-per-node", None, true, NO_CPUS),
+    ignored("distribution", Some('m'), true, NO_CPUS),
+    ignored("gpu-bind", None, true, WHOLE_GPUS),
+    ignored("gpu-freq", None, true, NO_EFFECT),
+    ignored("cpu-freq", None, true, NO_EFFECT),
+    ignored("mail-type", None, true, NO_MAIL),
+    ignored("mail-user", None, true, NO_MAIL),
+    ignored("comment", None, true, NO_EFFECT),
+    ignored("wckey", None, true, NO_EFFECT),
+    ignored("nice", None, true, "Ebb orders jobs by tier, then submission"),
+    ignored("tmp", None, true, NO_EFFECT),
+    ignored("nodelist", Some('w'), true, WHOLE_GPUS),
+    ignored("exclude", Some('x'), true, WHOLE_GPUS),
+    ignored("licenses", Some('L'), true, NO_EFFECT),
+    ignored("reservation", None, true, "Ebb's reservations are the reserved tier's (--partition)"),
+    ignored("oversubscribe", Some('s'), false, WHOLE_GPUS),
+    ignored("overcommit", Some('O'), false, NO_CPUS),
+    ignored("propagate", None, true, NO_EFFECT),
+    ignored("get-user-env", None, false, NO_EFFECT),
+    ignored("kill-on-invalid-dep", None, true, "a job whose dependency can no longer be met fails"),
+    ignored("no-kill", Some('k'), false, "a gang whose node is lost is requeued whole"),
+    ignored("spread-job", None, false, WHOLE_GPUS),
+    ignored("switches", None, true, WHOLE_GPUS),
+    ignored("profile", None, true, NO_EFFECT),
+    ignored("acctg-freq", None, true, NO_EFFECT),
+    ignored("time-min", None, true, "the time limit is --time"),
+    ignored("quiet", Some('Q'), false, NO_EFFECT),
+    ignored("verbose", Some('v'), false, NO_EFFECT),
+];
+
+/// `srun`'s options (inside an allocation, or making one).
+pub const SRUN: &[Spec] = &[
+    honoured("job-name", Some('J'), true),
+    honoured("nodes", Some('N'), true),
+    honoured("ntasks", Some('n'), true),
+    honoured("ntasks-per-node", None, true),
+    honoured("cpus-per-task", Some('c'), true),
+    honoured("gpus", Some('G'), true),
+    honoured("gpus-per-node", None, true),
+    honoured("gres", None, true),
+    honoured("gpus-per-task", None, true),
+    honoured("nodelist", Some('w'), true),
+    honoured("label", Some('l'), false),
+    honoured("unbuffered", Some('u'), false),
+    honoured("output", Some('o'), true),
+    honoured("error", Some('e'), true),
+    honoured("open-mode", None, true),
+    honoured("kill-on-bad-exit", Some('K'), false),
+    honoured("export", None, true),
+    honoured("chdir", Some('D'), true),
+    honoured("time", Some('t'), true),
+    honoured("partition", Some('p'), true),
+    honoured("signal", None, true),
+    ignored("mem", None, true, NO_MEMORY),
+    ignored("mem-per-cpu", None, true, NO_MEMORY),
+    ignored("mem-per-gpu", None, true, NO_MEMORY),
+    ignored("mpi", None, true, "tasks are started directly; MPI starts its own"),
+    ignored("cpu-bind", None, true, NO_CPUS),
+    ignored("gpu-bind", None, true, WHOLE_GPUS),
+    ignored("hint", None, true, NO_CPUS),
+    ignored("distribution", Some('m'), true, NO_CPUS),
+    ignored("exclusive", None, false, WHOLE_GPUS),
+    ignored("overlap", None, false, NO_EFFECT),
+    ignored("exact", None, false, NO_CPUS),
+    ignored("wait", Some('W'), true, NO_EFFECT),
+    ignored("quiet", Some('Q'), false, NO_EFFECT),
+    ignored("verbose", Some('v'), false, NO_EFFECT),
+];
+
+/// Options given, in order: (long name, value), with the value `""` for
+/// those that take none.
+pub type Given = Vec<(&'static str, String)>;
+
+/// Parses `args` against `specs` up to the first word that is not an
+/// option (the script or the program), which is returned with the rest.
+/// `--` ends the options too. `what` names the source in errors
+/// (`sbatch`, `train.sh:3`).
+pub fn parse(specs: &'static [Spec], args: &[String], what: &str) -> Result<(Given, Vec<String>), String> {
+    let mut given = Given::new();
+    let mut i = 0;
+    while i < args.len() {
+        let arg = &args[i];
+        if arg == "--" {
+            return Ok((given, args[i + 1..].to_vec()));
+        }
+        let (spec, inline) = if let Some(long) = arg.strip_prefix("--") {
+            let (name, inline) = match long.split_once('=') {
+                Some((name, value)) => (name, Some(value.to_string())),
+                None => (long, None),
+            };
+            let spec = specs
+                .iter()
+                .find(|s| s.long == name)
+                .ok_or_else(|| format!("{what}: unrecognized option '--{name}'"))?;
+            (spec, inline)
+        } else if let Some(short) = arg.strip_prefix('-').filter(|s| !s.is_empty()) {
+            let letter = short.chars().next().expect("not empty");
+            let spec = specs
+                .iter()
+                .find(|s| s.short == Some(letter))
+                .ok_or_else(|| format!("{what}: invalid option -- '{letter}'"))?;
+            let rest = &short[letter.len_utf8()..];
+            let inline = match (spec.value, rest.is_empty()) {
+                (_, true) => None,
+                (true, false) => Some(rest.strip_prefix('=').unwrap_or(rest).to_string()),
+                (false, false) => {
+                    return Err(format!("{what}: -{letter} takes no value (give -{rest} on its own)"))
+                }
+            };
+            (spec, inline)
+        } else {
+            return Ok((given, args[i..].to_vec()));
+        };
+        let value = match (spec.value, inline) {
+            (false, Some(_)) => {
+                return Err(format!("{what}: option '--{}' doesn't allow an argument", spec.long))
+            }
+            (false, None) => String::new(),
+            (true, Some(v)) => v,
+            (true, None) => {
+                i += 1;
+                args.get(i)
+                    .cloned()
+                    .ok_or_else(|| format!("{what}: option '--{}' requires an argument", spec.long))?
+            }
+        };
+        given.push((spec.long, value));
+        i += 1;
+    }
+    Ok((given, Vec::new()))
+}
+
+/// A script's `#SBATCH` lines, parsed as options: those before its first
+/// command (Slurm reads no further), each split as a shell would, with a
+/// trailing `# comment` dropped.
+pub fn script_options(script: &str, name: &str) -> Result<Given, String> {
+    let mut given = Given::new();
+    for (number, line) in script.lines().enumerate().skip(1) {
+        let trimmed = line.trim();
+        if trimmed.is_empty() {
+            continue;
+        }
+        if !trimmed.starts_with('#') {
+            break;
+        }
+        let Some(rest) = trimmed.strip_prefix("#SBATCH") else { continue };
+        let at = format!("{name}:{}", number + 1);
+        if !rest.is_empty() && !rest.starts_with([' ', '\t']) {
+            return Err(format!("{at}: a directive is `#SBATCH --option=value`"));
+        }
+        let words = shlex::split(rest).ok_or_else(|| format!("{at}: an unclosed quote"))?;
+        let (options, extra) = parse(SBATCH, &words, &at)?;
+        if let Some(word) = extra.first() {
+            return Err(format!("{at}: {word:?} is not an option"));
+        }
+        given.extend(options);
+    }
+    Ok(given)
+}
+
+/// The options Ebb ignores among `given`, each once, as `sbatch` says
+/// them: `ignoring --mem=64G: Ebb does not limit memory`.
+pub fn ignored_notes(specs: &[Spec], given: &Given) -> Vec<String> {
+    let mut notes: Vec<String> = Vec::new();
+    for (long, value) in given {
+        let Some(Kind::Ignored(why)) = specs.iter().find(|s| s.long == *long).map(|s| s.kind) else {
+            continue;
+        };
+        let shown = if value.is_empty() { format!("--{long}") } else { format!("--{long}={value}") };
+        let note = format!("ignoring {shown}: {why}");
+        if !notes.contains(&note) {
+            notes.push(note);
+        }
+    }
+    notes
+}
+
+/// The last value given for `long`, if any (a later one wins, as the
+/// command line wins over the script).
+pub fn last<'a>(given: &'a Given, long: &str) -> Option<&'a str> {
+    given.iter().rev().find(|(l, _)| *l == long).map(|(_, v)| v.as_str())
+}
+
+/// Whether a flag without a value was given.
+pub fn flag(given: &Given, long: &str) -> bool {
+    given.iter().any(|(l, _)| *l == long)
+}
+
+/// A count: a positive whole number.
+pub fn count(given: &Given, long: &str) -> Result<Option<u32>, String> {
+    match last(given, long) {
+        None => Ok(None),
+        Some(text) => match text.trim().parse::<u32>() {
+            Ok(n) if n > 0 => Ok(Some(n)),
+            _ => Err(format!("--{long}={text}: expected a positive whole number")),
+        },
+    }
+}
+
+/// `--nodes`: `N`, or `N-N` (Ebb places an exact count).
+pub fn nodes(given: &Given) -> Result<Option<u32>, String> {
+    match last(given, "nodes") {
+        Some(text) if text.contains('-') => {
+            let (a, b) = text.split_once('-').expect("a dash");
+            match (a.trim().parse::<u32>(), b.trim().parse::<u32>()) {
+                (Ok(a), Ok(b)) if a == b && a > 0 => Ok(Some(a)),
+                _ => Err(format!("--nodes={text}: Ebb places an exact number of nodes; give one count")),
+            }
+        }
+        _ => count(given, "nodes"),
+    }
+}
+
+/// A GPU count with an optional model: `N` or `TYPE:N`, as `--gpus` and
+/// `--gpus-per-node` take it.
+pub fn gpus(long: &str, text: &str) -> Result<(Option<String>, u32), String> {
+    let (model, n) = match text.rsplit_once(':') {
+        Some((model, n)) => (Some(model.to_string()), n),
+        None => (None, text),
+    };
+    match n.trim().parse::<u32>() {
+        Ok(n) if n > 0 => Ok((model, n)),
+        _ => Err(format!("--{long}={text}: expected [TYPE:]N GPUs")),
+    }
+}
+
+/// `--gres=gpu[:TYPE][:N]` (N 1 by default); other resources are refused
+/// by name, as Ebb has none.
+pub fn gres(text: &str) -> Result<(Option<String>, u32), String> {
+    let mut gpu = None;
+    for item in text.split(',') {
+        let parts: Vec<&str> = item.split(':').collect();
+        match parts.as_slice() {
+            ["gpu"] => gpu = Some((None, 1)),
+            ["gpu", n] if n.parse::<u32>().is_ok() => gpu = Some((None, gpus("gres", n)?.1)),
+            ["gpu", model] => gpu = Some((Some(model.to_string()), 1)),
+            ["gpu", model, n] => gpu = Some((Some(model.to_string()), gpus("gres", n)?.1)),
+            [name, ..] => {
+                return Err(format!("--gres={text}: Ebb schedules GPUs only, not {name:?} (gpu[:TYPE][:N])"))
+            }
+            [] => {}
+        }
+    }
+    gpu.ok_or_else(|| format!("--gres={text}: expected gpu[:TYPE][:N]"))
+}
+
+/// Slurm's time formats: `M`, `M:S`, `H:M:S`, `D-H`, `D-H:M`, `D-H:M:S`,
+/// or `UNLIMITED`/`INFINITE` (no limit). Seconds.
+pub fn time_limit(text: &str) -> Result<Option<u64>, String> {
+    let bad = || format!("--time={text}: expected M, M:S, H:M:S, D-H, D-H:M or D-H:M:S");
+    let t = text.trim();
+    if t.eq_ignore_ascii_case("unlimited") || t.eq_ignore_ascii_case("infinite") {
+        return Ok(None);
+    }
+    let number = |s: &str| -> Result<u64, String> {
+        if s.is_empty() || s.len() > 9 || !s.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(bad());
+        }
+        s.parse::<u64>().map_err(|_| bad())
+    };
+    let (days, rest) = match t.split_once('-') {
+        Some((d, rest)) => (Some(number(d)?), rest),
+        None => (None, t),
+    };
+    let parts: Vec<&str> = rest.split(':').collect();
+    let parts: Vec<u64> = parts.iter().map(|p| number(p)).collect::<Result<_, _>>()?;
+    let seconds = match (days, parts.as_slice()) {
+        (None, [m]) => m * 60,
+        (None, [m, s]) => m * 60 + s,
+        (None, [h, m, s]) => h * 3600 + m * 60 + s,
+        (Some(d), [h]) => d * 86400 + h * 3600,
+        (Some(d), [h, m]) => d * 86400 + h * 3600 + m * 60,
+        (Some(d), [h, m, s]) => d * 86400 + h * 3600 + m * 60 + s,
+        _ => return Err(bad()),
+    };
+    if seconds == 0 {
+        // Slurm: a limit of 0 is no limit.
+        return Ok(None);
+    }
+    Ok(Some(seconds))
+}
+
+/// `--signal=[B:]SIG[@SECS]`: the signal, whether only the batch shell
+/// gets it, and how long before the time limit.
+pub fn signal(text: &str) -> Result<(String, bool, Option<u32>), String> {
+    let (batch, rest) =
+        match text.split_once(':') {
+            Some(("B", rest)) => (true, rest),
+            Some(("R", rest)) | Some(("RB", rest)) | Some(("BR", rest)) => return Err(format!(
+                "--signal={text}: R: (reservation ends) has no meaning on Ebb; use [B:]SIG[@SECS] ({rest})"
+            )),
+            Some(_) => return Err(format!("--signal={text}: expected [B:]SIG[@SECS]")),
+            None => (false, text),
+        };
+    let (sig, secs) = match rest.split_once('@') {
+        Some((sig, secs)) => {
+            let secs = secs
+                .parse::<u32>()
+                .ok()
+                .filter(|s| *s <= 65535)
+                .ok_or_else(|| format!("--signal={text}: SECS must be a whole number up to 65535"))?;
+            (sig, Some(secs))
+        }
+        None => (rest, None),
+    };
+    if sig.is_empty() {
+        return Err(format!("--signal={text}: expected [B:]SIG[@SECS]"));
+    }
+    Ok((sig.to_string(), batch, secs))
+}
+
+/// `--array=A-B[%N]` or `N[%N]`: the range as the API takes it and the
+/// limit on tasks running at once.
+pub fn array(text: &str) -> Result<(String, Option<u32>), String> {
+    let (range, limit) = match text.split_once('%') {
+        Some((range, limit)) => {
+            let n = limit
+                .parse::<u32>()
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| format!("--array={text}: %N must be a positive whole number"))?;
+            (range, Some(n))
+        }
+        None => (text, None),
+    };
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let ok = match range.split_once('-') {
+        Some((a, b)) => digits(a) && digits(b),
+        None => digits(range),
+    };
+    if !ok {
+        return Err(format!(
+            "--array={text}: Ebb takes a range A-B or one index N, with %N for a limit (not lists or steps)"
+        ));
+    }
+    Ok((range.to_string(), limit))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn words(text: &str) -> Vec<String> {
+        text.split_whitespace().map(str::to_string).collect()
+    }
+
+    #[test]
+    fn long_and_short_forms_with_equals_or_a_space_are_the_same_option() {
+        let (given, rest) =
+            parse(SBATCH, &words("--ntasks=2 -N 3 -J name --gres gpu:2 -c4 train.sh --lr 1"), "sbatch")
+                .unwrap();
+        assert_eq!(last(&given, "ntasks"), Some("2"));
+        assert_eq!(last(&given, "nodes"), Some("3"));
+        assert_eq!(last(&given, "job-name"), Some("name"));
+        assert_eq!(last(&given, "gres"), Some("gpu:2"));
+        assert_eq!(last(&given, "cpus-per-task"), Some("4"));
+        assert_eq!(rest, words("train.sh --lr 1"));
+    }
+
+    #[test]
+    fn unknown_options_and_missing_values_are_errors_that_name_them() {
+        assert_eq!(
+            parse(SBATCH, &words("--bogus=1"), "sbatch").unwrap_err(),
+            "sbatch: unrecognized option '--bogus'"
+        );
+        assert_eq!(parse(SBATCH, &words("-z"), "sbatch").unwrap_err(), "sbatch: invalid option -- 'z'");
+        assert_eq!(
+            parse(SBATCH, &words("--time"), "sbatch").unwrap_err(),
+            "sbatch: option '--time' requires an argument"
+        );
+        assert_eq!(
+            parse(SBATCH, &words("--parsable=yes"), "sbatch").unwrap_err(),
+            "sbatch: option '--parsable' doesn't allow an argument"
+        );
+    }
+
+    #[test]
+    fn sbatch_lines_end_at_the_first_command_and_take_trailing_comments_and_repeats() {
+        let script = "#!/bin/bash\n#SBATCH --job-name=a # the name\n\n#SBATCH -n 2\n#SBATCH --job-name b\n# a comment\n#SBATCH --mem=4G\necho hi\n#SBATCH --ntasks=9\n";
+        let given = script_options(script, "s.sh").unwrap();
+        assert_eq!(last(&given, "job-name"), Some("b"));
+        assert_eq!(last(&given, "ntasks"), Some("2"));
+        assert_eq!(ignored_notes(SBATCH, &given), ["ignoring --mem=4G: Ebb does not limit memory"]);
+        let bad = script_options("#!/bin/sh\n#SBATCH --frobnicate\n", "s.sh").unwrap_err();
+        assert_eq!(bad, "s.sh:2: unrecognized option '--frobnicate'");
+        assert!(script_options("#!/bin/sh\n#SBATCH --job-name='x\n", "s.sh")
+            .unwrap_err()
+            .contains("unclosed quote"));
+    }
+
+    #[test]
+    fn times_gpus_signals_and_arrays_read_as_slurm_writes_them() {
+        assert_eq!(time_limit("5").unwrap(), Some(300));
+        assert_eq!(time_limit("0:05").unwrap(), Some(5));
+        assert_eq!(time_limit("1:00:00").unwrap(), Some(3600));
+        assert_eq!(time_limit("2-0").unwrap(), Some(172800));
+        assert_eq!(time_limit("1-2:3:4").unwrap(), Some(93784));
+        assert_eq!(time_limit("UNLIMITED").unwrap(), None);
+        assert!(time_limit("1:2:3:4").is_err() && time_limit("soon").is_err() && time_limit("").is_err());
+        assert_eq!(gres("gpu:a100:4").unwrap(), (Some("a100".into()), 4));
+        assert_eq!(gres("gpu:2").unwrap(), (None, 2));
+        assert_eq!(gres("gpu").unwrap(), (None, 1));
+        assert!(gres("nvme:1").unwrap_err().contains("not \"nvme\""));
+        assert_eq!(signal("B:USR1@60").unwrap(), ("USR1".into(), true, Some(60)));
+        assert_eq!(signal("USR2").unwrap(), ("USR2".into(), false, None));
+        assert!(signal("X:USR1").is_err() && signal("USR1@-1").is_err());
+        assert_eq!(array("0-19%5").unwrap(), ("0-19".into(), Some(5)));
+        assert_eq!(array("7").unwrap(), ("7".into(), None));
+        assert!(array("1,3,5").unwrap_err().contains("not lists"));
+    }
+
+    proptest! {
+        /// Whatever words a command line or an #SBATCH line holds, parsing
+        /// answers (options, or an error), never panics.
+        #[test]
+        fn any_words_parse_or_are_refused(words in proptest::collection::vec("-{0,2}[a-zA-Z=:@%0-9-]{0,12}", 0..8)) {
+            let _ = parse(SBATCH, &words, "sbatch");
+            let _ = parse(SRUN, &words, "srun");
+            let line = format!("#!/bin/sh\n#SBATCH {}\n", words.join(" "));
+            let _ = script_options(&line, "s");
+        }
+
+        #[test]
+        fn any_option_value_reads_or_is_refused(text in "[A-Za-z0-9:@%,\\-]{0,24}") {
+            let _ = time_limit(&text);
+            let _ = gres(&text);
+            let _ = signal(&text);
+            let _ = array(&text);
+            let _ = gpus("gpus", &text);
+        }
+    }
+}

@@ -1,0 +1,322 @@
+//! `sbatch`: a batch script (a file, standard input, or `--wrap`) with
+//! its `#SBATCH` lines and the command line's options, as one Ebb job.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::Path;
+
+use ebb_api as api;
+
+use super::options::{self, Given, SBATCH};
+
+/// What `sbatch` sends, and what it says before it does.
+#[derive(Debug)]
+pub struct Batch {
+    pub submission: api::JobSubmission,
+    /// `ignoring --mem=64G: ...`, one line per ignored option.
+    pub notes: Vec<String>,
+    /// `--parsable`: print the id alone.
+    pub parsable: bool,
+}
+
+/// Variables `sbatch --export=ALL` leaves out: a submitting job's own
+/// Slurm variables (the new job gets its own), Ebb's, and who runs it.
+fn not_exported(name: &str) -> bool {
+    name.starts_with("SLURM_")
+        || name.starts_with("SBATCH_")
+        || name.starts_with("SRUN_")
+        || name.starts_with("EBB_")
+        || ["CUDA_VISIBLE_DEVICES", "HOME", "USER", "LOGNAME", "PWD", "OLDPWD", "SHLVL", "_"].contains(&name)
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// `--export`: `ALL` (the default), `NONE`, or `VAR,VAR=VALUE,...`, where
+/// the list may begin with `ALL` or `NONE` (`ALL,EXTRA=1`).
+pub fn exported(text: &str, vars: &BTreeMap<String, String>) -> Result<BTreeMap<String, String>, String> {
+    let mut env = BTreeMap::new();
+    for (i, item) in text.split(',').enumerate() {
+        if i == 0 && item.eq_ignore_ascii_case("all") {
+            env.extend(
+                vars.iter()
+                    .filter(|(k, _)| valid_name(k) && !not_exported(k))
+                    .map(|(k, v)| (k.clone(), v.clone())),
+            );
+            continue;
+        }
+        if i == 0 && item.eq_ignore_ascii_case("none") {
+            continue;
+        }
+        let (name, value) = match item.split_once('=') {
+            Some((name, value)) => (name, value.to_string()),
+            None => match vars.get(item) {
+                Some(value) => (item, value.clone()),
+                None => continue, // Slurm passes on only what is set
+            },
+        };
+        if !valid_name(name) {
+            return Err(format!("--export={text}: {name:?} is not a variable name"));
+        }
+        env.insert(name.to_string(), value);
+    }
+    Ok(env)
+}
+
+/// Reads the batch script: `--wrap`'s command, the file named first in
+/// `rest` (its arguments after it), or standard input.
+fn script(
+    given: &Given,
+    rest: &[String],
+    stdin: &mut dyn Read,
+) -> Result<(String, String, Vec<String>), String> {
+    if let Some(command) = options::last(given, "wrap") {
+        if !rest.is_empty() {
+            return Err("--wrap: a script cannot be given with it".into());
+        }
+        return Ok((
+            format!("#!/bin/sh\n# This script was created by sbatch --wrap.\n\n{command}\n"),
+            "wrap".into(),
+            Vec::new(),
+        ));
+    }
+    let (text, name) = match rest.first() {
+        Some(path) => {
+            let bytes = std::fs::read(path).map_err(|e| format!("Unable to open file {path}: {e}"))?;
+            (bytes, path.clone())
+        }
+        None => {
+            let mut bytes = Vec::new();
+            stdin
+                .read_to_end(&mut bytes)
+                .map_err(|e| format!("cannot read the script from standard input: {e}"))?;
+            (bytes, "sbatch".into())
+        }
+    };
+    if text.len() > api::MAX_SLURM_SCRIPT_BYTES {
+        return Err(format!(
+            "{name}: {} bytes, over the largest script Ebb takes ({} bytes)",
+            text.len(),
+            api::MAX_SLURM_SCRIPT_BYTES
+        ));
+    }
+    let text = String::from_utf8(text).map_err(|_| format!("{name}: not UTF-8 text"))?;
+    if text.contains('\0') {
+        return Err(format!("{name}: a batch script cannot hold NUL bytes"));
+    }
+    if !text.starts_with("#!") {
+        return Err(
+            "This does not look like a batch script.  The first line must start with #! followed by the path to an interpreter.\nFor instance: #!/bin/sh"
+                .into(),
+        );
+    }
+    Ok((text, name, rest.iter().skip(1).cloned().collect()))
+}
+
+/// The whole `sbatch` command line as one job. `cwd` and `vars` are the
+/// submitter's directory and environment.
+pub fn batch(
+    args: &[String],
+    stdin: &mut dyn Read,
+    cwd: &Path,
+    vars: &BTreeMap<String, String>,
+) -> Result<Batch, String> {
+    let (cli, rest) = options::parse(SBATCH, args, "sbatch")?;
+    let (text, script_name, script_args) = script(&cli, &rest, stdin)?;
+    let mut given = options::script_options(&text, &script_name)?;
+    given.extend(cli);
+    let notes = options::ignored_notes(SBATCH, &given);
+    let last = |long: &str| options::last(&given, long);
+
+    let nodes = options::nodes(&given)?;
+    let ntasks = options::count(&given, "ntasks")?;
+    let ntasks_per_node = options::count(&given, "ntasks-per-node")?;
+    let cpus_per_task = options::count(&given, "cpus-per-task")?;
+    let node_count = nodes.unwrap_or(1);
+    let (gpu_model, gpus) = gpu_request(&given, node_count, ntasks)?;
+    let (array, array_limit) = match last("array") {
+        Some(text) => {
+            let (range, limit) = options::array(text)?;
+            (Some(range), limit)
+        }
+        None => (None, None),
+    };
+    let append = match last("open-mode") {
+        None | Some("truncate") => false,
+        Some("append") => true,
+        Some(other) => return Err(format!("--open-mode={other}: expected append or truncate")),
+    };
+    let (signal, signal_batch_only, signal_before_s) = match last("signal") {
+        Some(text) => {
+            let (sig, batch, secs) = options::signal(text)?;
+            (Some(sig), batch, secs)
+        }
+        None => (None, false, None),
+    };
+    let time_limit_s = last("time").map(options::time_limit).transpose()?.flatten();
+    let workdir = match last("chdir") {
+        Some(dir) => cwd.join(dir),
+        None => cwd.to_path_buf(),
+    };
+    let workdir = workdir.display().to_string();
+    let env = exported(last("export").unwrap_or("ALL"), vars)?;
+    let name = last("job-name").map(str::to_string).unwrap_or_else(|| {
+        Path::new(&script_name).file_name().map_or(script_name.clone(), |n| n.to_string_lossy().into_owned())
+    });
+    let mut argv = vec![script_name];
+    argv.extend(script_args);
+    let submission = api::JobSubmission {
+        name: Some(name),
+        gpus: Some(gpus),
+        gpu_model,
+        argv,
+        env,
+        workdir: Some(workdir.clone()),
+        signal,
+        // Slurm's --no-requeue: a preemption ends the job.
+        max_preemptions: options::flag(&given, "no-requeue").then_some(0).filter(|_| !requeue_last(&given)),
+        // A batch script that exits 0 during a drain finished its work.
+        exit_on_drain_is_success: true,
+        array,
+        time_limit_s,
+        slurm: Some(api::SlurmBatch {
+            script: text,
+            output: last("output").map(str::to_string),
+            error: last("error").map(str::to_string),
+            append,
+            signal_batch_only,
+            routed_signal: last("signal").is_some(),
+            signal_before_s,
+            nodes,
+            ntasks,
+            ntasks_per_node,
+            cpus_per_task,
+            partition: last("partition").map(str::to_string),
+            qos: last("qos").map(str::to_string),
+            account: last("account").map(str::to_string),
+            submit_dir: Some(cwd.display().to_string()),
+        }),
+        array_limit,
+        after: last("dependency").map(str::to_string),
+        ..Default::default()
+    };
+    Ok(Batch { submission, notes, parsable: options::flag(&given, "parsable") })
+}
+
+/// Whether `--requeue` came after the last `--no-requeue`.
+fn requeue_last(given: &Given) -> bool {
+    let at = |long: &str| given.iter().rposition(|(l, _)| *l == long);
+    at("requeue") > at("no-requeue")
+}
+
+/// The job's GPUs and model from `--gpus`, `--gpus-per-node`, `--gres`
+/// (per node) or `--gpus-per-task`, the last given winning; a job that
+/// asks for none gets one (Ebb places GPUs).
+fn gpu_request(given: &Given, nodes: u32, ntasks: Option<u32>) -> Result<(Option<String>, u32), String> {
+    let kinds = ["gpus", "gpus-per-node", "gres", "gpus-per-task"];
+    let Some((long, text)) = given.iter().rev().find(|(l, _)| kinds.contains(l)) else {
+        if nodes > 1 {
+            return Err(format!(
+                "--nodes={nodes} without GPUs: Ebb places GPUs; give --gpus-per-node or --gres=gpu:N"
+            ));
+        }
+        return Ok((None, 1));
+    };
+    let (model, n) = match *long {
+        "gres" => options::gres(text)?,
+        _ => options::gpus(long, text)?,
+    };
+    let total = match *long {
+        "gpus" => n,
+        "gpus-per-task" => n.saturating_mul(ntasks.unwrap_or(nodes)),
+        _ => n.saturating_mul(nodes),
+    };
+    Ok((model, total))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(args: &str, script: &str) -> Result<Batch, String> {
+        let dir = std::env::temp_dir().join(format!("ebb-sbatch-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("train.sh");
+        std::fs::write(&path, script).unwrap();
+        let mut words: Vec<String> = args.split_whitespace().map(str::to_string).collect();
+        words.push(path.display().to_string());
+        words.extend(["--epochs".to_string(), "3".to_string()]);
+        let vars = BTreeMap::from([
+            ("PATH".to_string(), "/usr/bin".to_string()),
+            ("SLURM_JOB_ID".to_string(), "99".to_string()),
+            ("EBB_TOKEN".to_string(), "secret".to_string()),
+        ]);
+        batch(&words, &mut std::io::empty(), Path::new("/home/me/project"), &vars)
+    }
+
+    #[test]
+    fn a_two_node_script_as_a_user_writes_it() {
+        let script = "#!/bin/bash\n#SBATCH --nodes=2 --gres=gpu:4\n#SBATCH --signal=B:USR1@60 --requeue\n#SBATCH -J train -t 1:00:00\n#SBATCH --mem=64G --exclusive\nsrun python train.py\n";
+        let b = run("--partition=spot", script).unwrap();
+        let s = &b.submission;
+        let slurm = s.slurm.as_ref().unwrap();
+        assert_eq!((s.gpus, slurm.nodes, s.name.as_deref()), (Some(8), Some(2), Some("train")));
+        assert_eq!(
+            (s.signal.as_deref(), slurm.signal_batch_only, slurm.signal_before_s),
+            (Some("USR1"), true, Some(60))
+        );
+        assert!(slurm.routed_signal && s.exit_on_drain_is_success);
+        assert_eq!(s.time_limit_s, Some(3600));
+        assert_eq!(slurm.partition.as_deref(), Some("spot"));
+        assert_eq!(s.argv[1..], ["--epochs", "3"]);
+        assert_eq!(s.workdir.as_deref(), Some("/home/me/project"));
+        assert_eq!(s.env.get("PATH").map(String::as_str), Some("/usr/bin"));
+        assert!(!s.env.contains_key("SLURM_JOB_ID") && !s.env.contains_key("EBB_TOKEN"), "{:?}", s.env);
+        assert_eq!(
+            b.notes,
+            [
+                "ignoring --mem=64G: Ebb does not limit memory",
+                "ignoring --exclusive: Ebb gives a gang whole nodes, and one GPU to one job only"
+            ]
+        );
+        assert_eq!(s.max_preemptions, None);
+    }
+
+    #[test]
+    fn the_command_line_wins_over_the_script_and_bad_input_is_named() {
+        let script = "#!/bin/sh\n#SBATCH --job-name=a --gpus=2 --no-requeue\necho\n";
+        let b = run("-J b --chdir sub --export=NONE,X=1 --open-mode=append", script).unwrap();
+        let s = &b.submission;
+        assert_eq!((s.name.as_deref(), s.gpus, s.max_preemptions), (Some("b"), Some(2), Some(0)));
+        assert_eq!(s.workdir.as_deref(), Some("/home/me/project/sub"));
+        assert_eq!(s.env, BTreeMap::from([("X".to_string(), "1".to_string())]));
+        assert!(s.slurm.as_ref().unwrap().append);
+        assert!(run("", "echo no shebang\n").unwrap_err().contains("does not look like a batch script"));
+        assert_eq!(
+            run("--open-mode=sometimes", script).err().unwrap(),
+            "--open-mode=sometimes: expected append or truncate"
+        );
+        assert!(run("--nodes=2", "#!/bin/sh\n").unwrap_err().contains("without GPUs"));
+        assert!(run("--gres=fpga:1", "#!/bin/sh\n").unwrap_err().contains("not \"fpga\""));
+        let b = run("", "#!/bin/sh\necho\n").unwrap();
+        assert_eq!(b.submission.gpus, Some(1));
+        assert_eq!(b.submission.name.as_deref(), Some("train.sh"));
+    }
+
+    #[test]
+    fn wrap_and_standard_input_are_scripts_too() {
+        let vars = BTreeMap::new();
+        let words = |s: &str| s.split_whitespace().map(str::to_string).collect::<Vec<_>>();
+        let b = batch(&words("--wrap=hostname --parsable"), &mut std::io::empty(), Path::new("/"), &vars)
+            .unwrap();
+        assert!(b.parsable);
+        assert!(b.submission.slurm.unwrap().script.ends_with("\nhostname\n"));
+        let mut stdin = "#!/bin/sh\n#SBATCH -J piped\necho hi\n".as_bytes();
+        let b = batch(&[], &mut stdin, Path::new("/"), &vars).unwrap();
+        assert_eq!(b.submission.name.as_deref(), Some("piped"));
+        assert_eq!(b.submission.argv, ["sbatch"]);
+    }
+}

@@ -1,0 +1,311 @@
+//! `srun` inside a batch job: a step of tasks on the allocation's node,
+//! each with its Slurm variables (`SLURM_PROCID`, `SLURM_LOCALID`, ...),
+//! its output where `--output` says, and its exit gathered into `srun`'s.
+//! The tasks' pids are listed in the job's steps directory, so that the
+//! batch step can pass them the job's `--signal`; `srun` itself passes on
+//! no signal (a task gets each once).
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, Write};
+use std::process::{Child, Command, Stdio};
+
+use nix::sys::signal::Signal;
+
+use super::options::{self, Given, SRUN};
+use super::step::{self, Names};
+
+/// A step's tasks, as `srun`'s options and the job's variables say.
+struct Plan {
+    ntasks: u32,
+    label: bool,
+    kill_on_bad_exit: bool,
+    output: Option<String>,
+    error: Option<String>,
+    append: bool,
+    gpus_per_task: Option<u32>,
+    cpus_per_task: Option<u32>,
+    chdir: Option<String>,
+    export: Option<String>,
+    program: Vec<String>,
+}
+
+fn plan(given: &Given, program: Vec<String>, env: &BTreeMap<String, String>) -> Result<Plan, String> {
+    if program.is_empty() {
+        return Err("no program to run (srun [options] PROGRAM [ARGS...])".into());
+    }
+    let allocation_nodes: u32 = env.get("SLURM_NNODES").and_then(|n| n.parse().ok()).unwrap_or(1);
+    let nodes = options::nodes(given)?.unwrap_or(allocation_nodes);
+    if nodes > 1 || allocation_nodes > 1 {
+        return Err(format!(
+            "a step across {} nodes: Ebb runs srun's steps on the batch script's node only, for now",
+            nodes.max(allocation_nodes)
+        ));
+    }
+    if let Some(list) = options::last(given, "nodelist") {
+        let own = env.get("EBB_NODE").cloned().unwrap_or_default();
+        let names = ebb_core::hostlist::expand(list).map_err(|e| format!("--nodelist={list}: {e}"))?;
+        if names.iter().any(|n| *n != own) {
+            return Err(format!("--nodelist={list}: this job's step can run on {own} only"));
+        }
+    }
+    let per_node = options::count(given, "ntasks-per-node")?;
+    let ntasks = match (options::count(given, "ntasks")?, per_node) {
+        (Some(n), _) => n,
+        (None, Some(per_node)) => per_node,
+        // The allocation's, as Slurm does inside one.
+        (None, None) => env.get("SLURM_NTASKS").and_then(|n| n.parse().ok()).filter(|n| *n > 0).unwrap_or(1),
+    };
+    let append = match options::last(given, "open-mode") {
+        None | Some("truncate") => false,
+        Some("append") => true,
+        Some(other) => return Err(format!("--open-mode={other}: expected append or truncate")),
+    };
+    let gpus_per_task = match options::last(given, "gpus-per-task") {
+        Some(text) => Some(options::gpus("gpus-per-task", text)?.1),
+        None => None,
+    };
+    Ok(Plan {
+        ntasks,
+        label: options::flag(given, "label"),
+        kill_on_bad_exit: options::flag(given, "kill-on-bad-exit"),
+        output: options::last(given, "output").map(str::to_string),
+        error: options::last(given, "error").map(str::to_string),
+        append,
+        gpus_per_task,
+        cpus_per_task: options::count(given, "cpus-per-task")?,
+        chdir: options::last(given, "chdir").map(str::to_string),
+        export: options::last(given, "export").map(str::to_string),
+        program,
+    })
+}
+
+/// Claims the next step number in `steps` (a file per step, made
+/// exclusively, so concurrent `srun`s never share one).
+fn claim_step(steps: &std::path::Path) -> Result<(u32, std::path::PathBuf), String> {
+    for n in 0..100_000 {
+        let path = steps.join(n.to_string());
+        match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
+            Ok(_) => return Ok((n, path)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(format!("{}: {e}", path.display())),
+        }
+    }
+    Err("no step number left".into())
+}
+
+/// `srun` in an allocation: runs the step and ends with its exit: the
+/// highest of its tasks' codes, or 128+N for a task killed by signal N.
+pub fn in_allocation(args: &[String]) -> Result<i32, String> {
+    let (given, program) = options::parse(SRUN, args, "srun")?;
+    for note in options::ignored_notes(SRUN, &given) {
+        eprintln!("srun: {note}");
+    }
+    let env: BTreeMap<String, String> = std::env::vars().collect();
+    let plan = plan(&given, program, &env)?;
+    let steps =
+        env.get("EBB_SLURM_STEPS").map(std::path::PathBuf::from).ok_or("not in a batch job's step")?;
+    let (step_id, step_file) = claim_step(&steps)?;
+    let waited = step::waited_signals();
+    waited.thread_block().map_err(|e| format!("cannot block signals: {e}"))?;
+    let mut names = Names::from_env(&env);
+    names.step = step_id.to_string();
+    let gpus: Vec<String> = env
+        .get("CUDA_VISIBLE_DEVICES")
+        .map(|g| g.split(',').filter(|g| !g.is_empty()).map(str::to_string).collect())
+        .unwrap_or_default();
+    let mut shared_files: BTreeMap<String, std::fs::File> = BTreeMap::new();
+    let mut children: Vec<Option<Child>> = Vec::new();
+    let mut readers = Vec::new();
+    for task in 0..plan.ntasks {
+        names.task = Some(task);
+        let mut command = Command::new(&plan.program[0]);
+        command.args(&plan.program[1..]).stdin(Stdio::null());
+        if let Some(export) = &plan.export {
+            let vars = super::sbatch::exported(export, &env)?;
+            command.env_clear().envs(vars);
+            for key in ["PATH", "EBB_SLURM_STEPS", "EBB_METADATA_URL", "SLURM_JOB_ID", "SLURM_JOB_NODELIST"] {
+                if let Some(v) = env.get(key) {
+                    command.env(key, v);
+                }
+            }
+        }
+        if let Some(dir) = &plan.chdir {
+            command.current_dir(dir);
+        }
+        let ntasks = plan.ntasks.to_string();
+        let node = env.get("EBB_NODE").cloned().unwrap_or_default();
+        command
+            .env("SLURM_PROCID", task.to_string())
+            .env("SLURM_LOCALID", task.to_string())
+            .env("SLURM_NODEID", "0")
+            .env("SLURM_STEP_ID", step_id.to_string())
+            .env("SLURM_STEPID", step_id.to_string())
+            .env("SLURM_STEP_NUM_TASKS", &ntasks)
+            .env("SLURM_STEP_NUM_NODES", "1")
+            .env("SLURM_STEP_NODELIST", &node)
+            .env("SLURM_STEP_TASKS_PER_NODE", &ntasks)
+            .env("SLURM_NTASKS", &ntasks)
+            .env("SLURM_NPROCS", &ntasks);
+        if let Some(cpus) = plan.cpus_per_task {
+            command.env("SLURM_CPUS_PER_TASK", cpus.to_string());
+        }
+        if let Some(per_task) = plan.gpus_per_task {
+            let from = (task * per_task) as usize;
+            let mine: Vec<&str> =
+                gpus.iter().skip(from).take(per_task as usize).map(String::as_str).collect();
+            if mine.len() < per_task as usize {
+                return Err(format!(
+                    "--gpus-per-task={per_task}: {} tasks need {} GPUs, the job has {}",
+                    plan.ntasks,
+                    plan.ntasks * per_task,
+                    gpus.len()
+                ));
+            }
+            command.env("CUDA_VISIBLE_DEVICES", mine.join(","));
+        }
+        let mut file = |pattern: &Option<String>| -> Result<Option<std::fs::File>, String> {
+            let Some(pattern) = pattern else { return Ok(None) };
+            let path = names.expand(pattern);
+            if let Some(open) = shared_files.get(&path) {
+                return open.try_clone().map(Some).map_err(|e| e.to_string());
+            }
+            let opened = step::open_output(std::path::Path::new(&path), plan.append)
+                .map_err(|e| format!("cannot open {path}: {e}"))?;
+            shared_files.insert(path, opened.try_clone().map_err(|e| e.to_string())?);
+            Ok(Some(opened))
+        };
+        let out = file(&plan.output)?;
+        let err = match &plan.error {
+            Some(_) => file(&plan.error)?,
+            None => out.as_ref().map(|f| f.try_clone()).transpose().map_err(|e| e.to_string())?,
+        };
+        let labelled = plan.label;
+        match out {
+            Some(f) => command.stdout(f),
+            None if labelled => command.stdout(Stdio::piped()),
+            None => command.stdout(Stdio::inherit()),
+        };
+        match err {
+            Some(f) => command.stderr(f),
+            None if labelled => command.stderr(Stdio::piped()),
+            None => command.stderr(Stdio::inherit()),
+        };
+        let mut child = command.spawn().map_err(|e| format!("cannot run {:?}: {e}", plan.program[0]))?;
+        if labelled {
+            if let Some(pipe) = child.stdout.take() {
+                readers.push(label(pipe, task, false));
+            }
+            if let Some(pipe) = child.stderr.take() {
+                readers.push(label(pipe, task, true));
+            }
+        }
+        children.push(Some(child));
+    }
+    let pids: Vec<String> = children.iter().flatten().map(|c| c.id().to_string()).collect();
+    std::fs::write(&step_file, pids.join("\n")).map_err(|e| format!("{}: {e}", step_file.display()))?;
+    let code = wait_all(&mut children, &waited, plan.kill_on_bad_exit);
+    let _ = std::fs::remove_file(&step_file);
+    for reader in readers {
+        let _ = reader.join();
+    }
+    Ok(code)
+}
+
+/// Copies a task's pipe to `srun`'s own output, each line begun with
+/// the task's number (`srun -l`).
+fn label(pipe: impl std::io::Read + Send + 'static, task: u32, err: bool) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let reader = std::io::BufReader::new(pipe);
+        for line in reader.split(b'\n').map_while(Result::ok) {
+            let mut bytes = format!("{task}: ").into_bytes();
+            bytes.extend_from_slice(&line);
+            bytes.push(b'\n');
+            let _ = match err {
+                true => std::io::stderr().lock().write_all(&bytes),
+                false => std::io::stdout().lock().write_all(&bytes),
+            };
+        }
+    })
+}
+
+/// Waits for every task; with `kill_on_bad_exit`, the first that fails
+/// has the others killed. The step's code: the highest of the tasks'.
+fn wait_all(
+    children: &mut [Option<Child>],
+    waited: &nix::sys::signal::SigSet,
+    kill_on_bad_exit: bool,
+) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    let mut code = 0;
+    loop {
+        let mut left = 0;
+        for slot in children.iter_mut() {
+            let Some(child) = slot else { continue };
+            match child.try_wait() {
+                Ok(Some(status)) => {
+                    let this = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(9));
+                    code = code.max(this);
+                    *slot = None;
+                    if this != 0 && kill_on_bad_exit {
+                        for other in children.iter_mut().flatten() {
+                            let _ = other.kill();
+                        }
+                        break;
+                    }
+                }
+                Ok(None) => left += 1,
+                Err(_) => *slot = None,
+            }
+        }
+        if left == 0 && children.iter().all(Option::is_none) {
+            return code;
+        }
+        // Every signal is taken here: the tasks have their own.
+        if step::next_signal(waited).is_none() {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+}
+
+/// Whether this process runs inside a batch job's step, where `srun`
+/// starts a step; outside one it makes an allocation first.
+pub fn inside() -> bool {
+    std::env::var_os("EBB_SLURM_STEPS").is_some()
+}
+
+/// The signal a step passes on, by name or number, for `scancel -s`.
+pub fn signal_named(name: &str) -> Option<Signal> {
+    let n = ebb_server::parse_signal(name)?;
+    Signal::try_from(n).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn given(args: &str) -> (Given, Vec<String>) {
+        let words: Vec<String> = args.split_whitespace().map(str::to_string).collect();
+        options::parse(SRUN, &words, "srun").unwrap()
+    }
+
+    #[test]
+    fn a_step_takes_the_allocations_tasks_unless_told_and_refuses_other_nodes() {
+        let env = BTreeMap::from([
+            ("SLURM_NTASKS".to_string(), "3".to_string()),
+            ("SLURM_NNODES".to_string(), "1".to_string()),
+            ("EBB_NODE".to_string(), "node-0".to_string()),
+        ]);
+        let (g, program) = given("--unbuffered -l python x.py");
+        let p = plan(&g, program, &env).unwrap();
+        assert_eq!((p.ntasks, p.label, p.program.len()), (3, true, 2));
+        let (g, program) = given("-n 2 --kill-on-bad-exit -o out-%t.log true");
+        let p = plan(&g, program, &env).unwrap();
+        assert_eq!((p.ntasks, p.kill_on_bad_exit, p.output.as_deref()), (2, true, Some("out-%t.log")));
+        let (g, program) = given("-w node-[0-1] true");
+        assert!(plan(&g, program, &env).err().unwrap().contains("node-0 only"));
+        let (g, program) = given("-N 2 true");
+        assert!(plan(&g, program, &env).err().unwrap().contains("across 2 nodes"));
+        let (g, program) = given("-n 2");
+        assert!(plan(&g, program, &env).err().unwrap().contains("no program"));
+    }
+}

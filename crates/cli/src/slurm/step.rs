@@ -1,0 +1,327 @@
+//! What runs in a Slurm job on its node: the batch step (`ebb
+//! slurm-batch`, which the agent starts as the attempt's main process)
+//! and the signal handling it shares with `srun`'s steps. Synchronous,
+//! with no threads but the readers `srun -l` needs: these are the job's
+//! own processes, in its cgroup, as its user.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+
+use ebb_agent::slurm::Route;
+use nix::sys::signal::{SigSet, Signal};
+
+/// The signals a step's own process waits for rather than dies of: every
+/// one but those a fault raises (its children get theirs from the agent
+/// or through it), SIGCHLD among them, to learn its children ended.
+pub fn waited_signals() -> SigSet {
+    let mut set = SigSet::all();
+    for fault in
+        [Signal::SIGSEGV, Signal::SIGBUS, Signal::SIGFPE, Signal::SIGILL, Signal::SIGTRAP, Signal::SIGSYS]
+    {
+        set.remove(fault);
+    }
+    set
+}
+
+/// The next signal in `set` (blocked), and the route the agent queued it
+/// with, if it did (a signal merely sent has none).
+pub fn next_signal(set: &SigSet) -> Option<(i32, Option<Route>)> {
+    let mut info = std::mem::MaybeUninit::<nix::libc::siginfo_t>::zeroed();
+    // SAFETY: sigwaitinfo fills `info` when it returns a signal.
+    let signo = unsafe { nix::libc::sigwaitinfo(set.as_ref(), info.as_mut_ptr()) };
+    if signo < 0 {
+        return None;
+    }
+    // SAFETY: filled above.
+    let info = unsafe { info.assume_init() };
+    let route = match info.si_code == nix::libc::SI_QUEUE {
+        // SAFETY: a queued signal carries its value.
+        true => Route::from_value(unsafe { info.si_value().sival_ptr } as usize),
+        false => None,
+    };
+    Some((signo, route))
+}
+
+/// How a child ended, as this process should end: its code, or its
+/// signal raised again on itself (exit 128+N if that cannot be).
+pub fn end_as(status: ExitStatus) -> ! {
+    use std::os::unix::process::ExitStatusExt;
+    if let Some(code) = status.code() {
+        std::process::exit(code);
+    }
+    let signal = status.signal().unwrap_or(9);
+    if let Ok(s) = Signal::try_from(signal) {
+        let mut set = SigSet::empty();
+        set.add(s);
+        let _ = set.thread_unblock();
+        // SAFETY: resetting a signal to its default disposition.
+        unsafe {
+            let _ = nix::sys::signal::signal(s, nix::sys::signal::SigHandler::SigDfl);
+        }
+        let _ = nix::sys::signal::raise(s);
+    }
+    std::process::exit(128 + signal)
+}
+
+/// What a file-name pattern's `%` letters stand for in this job.
+#[derive(Default)]
+pub struct Names {
+    pub job: String,
+    pub array_job: Option<String>,
+    pub array_task: Option<String>,
+    pub name: String,
+    pub node: String,
+    pub user: String,
+    /// `%s`: the step (`batch` for the batch script).
+    pub step: String,
+    /// `%t` and `%n`: the task and node of a step's task.
+    pub task: Option<u32>,
+    pub node_index: u32,
+}
+
+impl Names {
+    /// The job's own, from the variables Ebb sets for it.
+    pub fn from_env(env: &BTreeMap<String, String>) -> Names {
+        let get = |k: &str| env.get(k).cloned().unwrap_or_default();
+        Names {
+            job: get("SLURM_JOB_ID"),
+            array_job: env.get("SLURM_ARRAY_JOB_ID").cloned(),
+            array_task: env.get("SLURM_ARRAY_TASK_ID").cloned(),
+            name: get("SLURM_JOB_NAME"),
+            node: get("EBB_NODE"),
+            user: get("USER"),
+            step: "batch".into(),
+            task: None,
+            node_index: env.get("SLURM_NODEID").and_then(|n| n.parse().ok()).unwrap_or(0),
+        }
+    }
+
+    /// `pattern` with Slurm's `%` letters replaced (`%j %A %a %x %J %N %n
+    /// %t %s %u %%`), each with an optional width (`%3a`: `007`).
+    pub fn expand(&self, pattern: &str) -> String {
+        let mut out = String::new();
+        let mut chars = pattern.chars().peekable();
+        while let Some(c) = chars.next() {
+            if c != '%' {
+                out.push(c);
+                continue;
+            }
+            let mut width = String::new();
+            while let Some(d) = chars.peek().filter(|d| d.is_ascii_digit()) {
+                width.push(*d);
+                chars.next();
+            }
+            let width: usize = width.parse().unwrap_or(0).min(10);
+            let pad = |value: &str| match value.parse::<u64>() {
+                Ok(n) => format!("{n:0width$}"),
+                Err(_) => value.to_string(),
+            };
+            let value = match chars.next() {
+                Some('%') => "%".to_string(),
+                Some('j') => pad(&self.job),
+                Some('A') => pad(self.array_job.as_deref().unwrap_or(&self.job)),
+                // Slurm's NO_VAL for a job that is not an array task.
+                Some('a') => pad(self.array_task.as_deref().unwrap_or("4294967294")),
+                Some('x') => self.name.clone(),
+                Some('J') => format!("{}.{}", pad(&self.job), self.step),
+                Some('s') => self.step.clone(),
+                Some('N') => self.node.clone(),
+                Some('n') => pad(&self.node_index.to_string()),
+                Some('t') => pad(&self.task.unwrap_or(0).to_string()),
+                Some('u') => self.user.clone(),
+                Some(other) => format!("%{other}"),
+                None => "%".to_string(),
+            };
+            out.push_str(&value);
+        }
+        out
+    }
+}
+
+/// Opens an output file as `--open-mode` says, made if missing.
+pub fn open_output(path: &Path, append: bool) -> std::io::Result<File> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).mode(0o644);
+    if append {
+        options.append(true);
+    } else {
+        options.truncate(true);
+    }
+    options.open(path)
+}
+
+/// The batch step's command line, as the agent writes it.
+struct BatchArgs {
+    script: PathBuf,
+    steps: PathBuf,
+    output: String,
+    error: String,
+    append: bool,
+    to_batch: bool,
+    args: Vec<String>,
+}
+
+fn batch_args(args: &[String]) -> Result<BatchArgs, String> {
+    let mut parsed = BatchArgs {
+        script: PathBuf::new(),
+        steps: PathBuf::new(),
+        output: String::new(),
+        error: String::new(),
+        append: false,
+        to_batch: false,
+        args: Vec::new(),
+    };
+    let mut i = 0;
+    while i < args.len() {
+        let value = || args.get(i + 1).cloned().ok_or_else(|| format!("{} needs a value", args[i]));
+        match args[i].as_str() {
+            "--" => {
+                parsed.args = args[i + 1..].to_vec();
+                break;
+            }
+            "--script" => parsed.script = value()?.into(),
+            "--steps" => parsed.steps = value()?.into(),
+            "--output" => parsed.output = value()?,
+            "--error" => parsed.error = value()?,
+            "--open-mode" => parsed.append = value()? == "append",
+            // The job's signal: the agent queues it with its route.
+            "--signal" => {
+                value()?;
+            }
+            "--signal-to" => parsed.to_batch = value()? == "batch",
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+        i += 2;
+    }
+    if parsed.script.as_os_str().is_empty() || parsed.output.is_empty() {
+        return Err("--script and --output are needed".into());
+    }
+    Ok(parsed)
+}
+
+/// `ebb slurm-batch ...`: runs the job's script with its output and error
+/// in their files, routes the job's `--signal`, and ends as the script
+/// did. Not for people: the agent starts it.
+pub fn batch(args: &[String]) -> ! {
+    let fail = |message: String| -> ! {
+        eprintln!("ebb slurm-batch: {message}");
+        std::process::exit(1)
+    };
+    let a = batch_args(args).unwrap_or_else(|e| fail(e));
+    let env: BTreeMap<String, String> = std::env::vars().collect();
+    let names = Names::from_env(&env);
+    let open = |pattern: &str| {
+        let path = PathBuf::from(names.expand(pattern));
+        open_output(&path, a.append)
+            .map_err(|e| format!("cannot open {} for the job's output: {e}", path.display()))
+    };
+    let stdout = open(&a.output).unwrap_or_else(|e| fail(e));
+    let stderr = match a.error == a.output {
+        true => stdout.try_clone().unwrap_or_else(|e| fail(e.to_string())),
+        false => open(&a.error).unwrap_or_else(|e| fail(e)),
+    };
+    let waited = waited_signals();
+    if let Err(e) = waited.thread_block() {
+        fail(format!("cannot block signals: {e}"));
+    }
+    let mut child = Command::new(&a.script)
+        .args(&a.args)
+        .env("SLURM_PROCID", "0")
+        .env("SLURM_LOCALID", "0")
+        .env("EBB_SLURM_STEPS", &a.steps)
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(stderr)
+        .spawn()
+        .unwrap_or_else(|e| fail(format!("cannot run the batch script {}: {e}", a.script.display())));
+    let script_pid = child.id() as i32;
+    let status = wait_routing(&mut child, &waited, |signo, route| {
+        let to_batch = match route {
+            Route::Drain => a.to_batch,
+            Route::Batch => true,
+            Route::Steps => false,
+        };
+        match to_batch {
+            // SAFETY: kill with a plain number; the batch shell is our child.
+            true => unsafe {
+                nix::libc::kill(script_pid, signo);
+            },
+            false => signal_steps(&a.steps, signo),
+        }
+    });
+    end_as(status)
+}
+
+/// Waits for `child`, passing each signal the agent queued with a route
+/// to `route`; every other signal is taken and let be.
+fn wait_routing(child: &mut Child, waited: &SigSet, route: impl Fn(i32, Route)) -> ExitStatus {
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return status;
+        }
+        match next_signal(waited) {
+            Some((signo, Some(r))) => route(signo, r),
+            Some(_) => {}
+            None => std::thread::sleep(std::time::Duration::from_millis(50)),
+        }
+    }
+}
+
+/// Sends `signal` to every task of the job's running `srun` steps on this
+/// node (each step lists its tasks' pids in a file of `steps`).
+pub fn signal_steps(steps: &Path, signo: i32) {
+    let Ok(entries) = std::fs::read_dir(steps) else { return };
+    for entry in entries.flatten() {
+        let Ok(text) = std::fs::read_to_string(entry.path()) else { continue };
+        for pid in text.split_whitespace().filter_map(|p| p.parse::<i32>().ok()).filter(|p| *p > 1) {
+            // SAFETY: kill with plain numbers.
+            unsafe {
+                nix::libc::kill(pid, signo);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn names() -> Names {
+        Names {
+            job: "42".into(),
+            array_job: Some("40".into()),
+            array_task: Some("2".into()),
+            name: "train".into(),
+            node: "node-1".into(),
+            user: "ada".into(),
+            step: "0".into(),
+            task: Some(3),
+            node_index: 1,
+        }
+    }
+
+    #[test]
+    fn file_name_patterns_are_expanded_as_slurm_does() {
+        let n = names();
+        assert_eq!(n.expand("%A_%a_%t_log.out"), "40_2_3_log.out");
+        assert_eq!(n.expand("slurm-%j.out"), "slurm-42.out");
+        assert_eq!(n.expand("%x-%J-%N-%n-%u-%s-%%"), "train-42.0-node-1-1-ada-0-%");
+        assert_eq!(n.expand("%3a.%5j"), "002.00042");
+        assert_eq!(n.expand("end%"), "end%");
+        assert_eq!(n.expand("%q"), "%q");
+        let plain = Names { job: "7".into(), ..Default::default() };
+        assert_eq!(plain.expand("%A-%a"), "7-4294967294");
+    }
+
+    proptest! {
+        /// No pattern a user writes makes the expansion panic.
+        #[test]
+        fn any_pattern_expands(pattern in "[%a-zA-Z0-9_./-]{0,40}") {
+            let _ = names().expand(&pattern);
+        }
+    }
+}
