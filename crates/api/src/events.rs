@@ -435,13 +435,17 @@ pub enum PendingReason {
     Backoff,
     /// Its tenant has as many jobs admitted as its limit.
     TenantLimit,
+    /// Jobs it depends on (`after`) have not ended as it needs.
+    Dependency,
+    /// Its array has as many tasks running as its limit (`array_limit`).
+    ArrayLimit,
     /// Not yet looked at by the scheduler.
     Scheduling,
 }
 
 impl PendingReason {
     /// Every reason, in the order the documentation lists them.
-    pub const ALL: [PendingReason; 12] = [
+    pub const ALL: [PendingReason; 14] = [
         PendingReason::Resources,
         PendingReason::Priority,
         PendingReason::WholeNodes,
@@ -453,6 +457,8 @@ impl PendingReason {
         PendingReason::VictimsDraining,
         PendingReason::Backoff,
         PendingReason::TenantLimit,
+        PendingReason::Dependency,
+        PendingReason::ArrayLimit,
         PendingReason::Scheduling,
     ];
 
@@ -470,6 +476,8 @@ impl PendingReason {
             PendingReason::VictimsDraining => "victims_draining",
             PendingReason::Backoff => "backoff",
             PendingReason::TenantLimit => "tenant_limit",
+            PendingReason::Dependency => "dependency",
+            PendingReason::ArrayLimit => "array_limit",
             PendingReason::Scheduling => "scheduling",
         }
     }

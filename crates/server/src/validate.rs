@@ -243,6 +243,25 @@ pub fn submission(spec: &JobSubmission, core: &State, limits: &Limits) -> Result
     if let Some(slurm) = &spec.slurm {
         slurm_batch(slurm)?;
     }
+    match spec.array_limit {
+        Some(n) if n == 0 || n > 100_000 => {
+            return bad(format!("array_limit: must be between 1 and 100000, got {n}"));
+        }
+        Some(_) if tasks.is_empty() => {
+            return refuse("array_limit: only an array or a sweep has tasks to limit".into());
+        }
+        _ => {}
+    }
+    if let Some(after) = &spec.after {
+        if after.is_empty()
+            || after.len() > 4096
+            || !after.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || ":,_".contains(c))
+        {
+            return bad(
+                "after: expected afterok:ID, afterany:ID, afternotok:ID or singleton, joined by ','".into()
+            );
+        }
+    }
     Ok(Checked { tier, gpus, signal, deadline_ms, tasks })
 }
 

@@ -359,15 +359,16 @@ pub fn time_limit(text: &str) -> Result<Option<u64>, String> {
 /// `--signal=[B:]SIG[@SECS]`: the signal, whether only the batch shell
 /// gets it, and how long before the time limit.
 pub fn signal(text: &str) -> Result<(String, bool, Option<u32>), String> {
-    let (batch, rest) =
-        match text.split_once(':') {
-            Some(("B", rest)) => (true, rest),
-            Some(("R", rest)) | Some(("RB", rest)) | Some(("BR", rest)) => return Err(format!(
+    let (batch, rest) = match text.split_once(':') {
+        Some(("B", rest)) => (true, rest),
+        Some(("R", rest)) | Some(("RB", rest)) | Some(("BR", rest)) => {
+            return Err(format!(
                 "--signal={text}: R: (reservation ends) has no meaning on Ebb; use [B:]SIG[@SECS] ({rest})"
-            )),
-            Some(_) => return Err(format!("--signal={text}: expected [B:]SIG[@SECS]")),
-            None => (false, text),
-        };
+            ))
+        }
+        Some(_) => return Err(format!("--signal={text}: expected [B:]SIG[@SECS]")),
+        None => (false, text),
+    };
     let (sig, secs) = match rest.split_once('@') {
         Some((sig, secs)) => {
             let secs = secs

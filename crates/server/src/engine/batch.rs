@@ -102,6 +102,7 @@ impl<S: Store> Engine<S> {
         self.check_tally()?;
         self.check_tenant_loads()?;
         self.check_fleet_sums()?;
+        self.check_gates()?;
         self.check_timer_sets()
     }
 
@@ -191,6 +192,7 @@ impl<S: Store> Engine<S> {
                 Some(Waiting::TenantLimit) => {
                     entry.3.insert(*id);
                 }
+                Some(Waiting::Dependency | Waiting::ArrayLimit) => {}
                 _ => entry.2 += 1,
             }
         }

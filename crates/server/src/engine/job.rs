@@ -294,6 +294,12 @@ pub struct StoredSpec {
     /// Each attempt's time limit, milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time_limit_ms: Option<u64>,
+    /// What it waits for before it may run (`after`), checked at submit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<super::gates::After>,
+    /// At most this many of its array's tasks run at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub array_limit: Option<u32>,
     /// A Slurm batch job's script and options (shared by an array's tasks).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slurm: Option<Arc<ebb_api::SlurmBatch>>,
@@ -316,6 +322,9 @@ impl From<JobSubmission> for StoredSpec {
                 .zip(s.image_digest)
                 .map(|(reference, digest)| ebb_api::JobImage { reference, digest }),
             time_limit_ms: s.time_limit_s.map(|s| s.saturating_mul(1000)),
+            // Checked against the tenant's jobs before it is set.
+            after: None,
+            array_limit: s.array_limit,
             slurm: s.slurm.map(Arc::new),
         }
     }
@@ -402,6 +411,11 @@ pub enum Waiting {
     /// Its tenant has `max_running_jobs` admitted; it is admitted when
     /// one of them finishes, in submission order.
     TenantLimit,
+    /// Jobs it depends on (`after`) have not ended as it needs.
+    Dependency,
+    /// Its array has `array_limit` tasks running; it runs when one ends,
+    /// in index order.
+    ArrayLimit,
 }
 
 impl Waiting {
@@ -410,6 +424,8 @@ impl Waiting {
         match self {
             Waiting::Backoff { .. } => ebb_api::PendingReason::Backoff,
             Waiting::TenantLimit => ebb_api::PendingReason::TenantLimit,
+            Waiting::Dependency => ebb_api::PendingReason::Dependency,
+            Waiting::ArrayLimit => ebb_api::PendingReason::ArrayLimit,
         }
     }
 }

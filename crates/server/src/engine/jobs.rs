@@ -53,10 +53,22 @@ impl<S: Store> Engine<S> {
         let mut first_id = self.next_job;
         let mut all_tasks = 0usize;
         for (i, spec) in specs.into_iter().enumerate() {
-            let one = self.prepare(tenant, spec, first_id, &limits, now).map_err(|e| match several {
+            let named = |e: ApiError| match several {
                 true => ApiError { message: format!("jobs[{i}]: {}", e.message), ..e },
                 false => e,
-            })?;
+            };
+            let (after_text, name) = (spec.after.clone(), spec.name.clone());
+            let mut one = self.prepare(tenant, spec, first_id, &limits, now).map_err(named)?;
+            let after = match after_text.as_deref() {
+                Some(text) => Some(self.check_after(tenant, text, name.as_deref()).map_err(|e| match e {
+                    Fail::Refused(e) => Fail::Refused(named(e)),
+                    store => store,
+                })?),
+                None => None,
+            };
+            for (spec, _) in &mut one.1 {
+                spec.after = after.clone();
+            }
             first_id += one.1.len() as u64;
             all_tasks += one.1.len();
             if several && all_tasks as u64 > limits.max_array_tasks {
@@ -87,7 +99,7 @@ impl<S: Store> Engine<S> {
                 if let Some(array) = array {
                     record.array = Some(array);
                 }
-                self.admit(record, &limits)?;
+                self.admit(record)?;
                 let detail =
                     SubmittedDetail { tier: checked.tier.as_str().into(), gpus: checked.gpus, task: index };
                 self.event(id, Event::Submitted(detail))?;
@@ -234,30 +246,22 @@ impl<S: Store> Engine<S> {
         Ok(())
     }
 
-    /// A new job into the table and, while its tenant is under its limit
-    /// of running jobs, into the core; otherwise it waits for admission.
-    fn admit(&mut self, mut record: JobRecord, limits: &crate::validate::Limits) -> Result<(), Fail> {
+    /// A new job into the table and through its gates (`gates.rs`): its
+    /// dependencies, its array's limit, then its tenant's limit of running
+    /// jobs; it waits at the first that is closed, or goes into the core.
+    fn admit(&mut self, record: JobRecord) -> Result<(), Fail> {
         let (id, tenant, stored) = (record.id, record.tenant, record.spec.stored_bytes());
-        let admitted = self.tenants.load.get(&tenant).map_or(0, |l| l.admitted) < limits.max_running_jobs;
-        if !admitted {
-            record.waiting = Some(Waiting::TenantLimit);
-        }
         self.jobs.insert(id, Box::new(record));
-        if admitted {
-            if let Err(e) = self.core.submit(self.spec_of(id)) {
-                self.jobs.remove(&id);
-                return Err(ApiError::unprocessable(e.to_string()).into());
-            }
-        }
         let load = self.tenants.load.entry(tenant).or_default();
-        match admitted {
-            true => load.admitted += 1,
-            false => {
-                load.waiting.insert(id);
-            }
-        }
         load.jobs += 1;
         load.bytes += stored;
+        if let Err(e) = self.enter(id) {
+            let load = self.tenants.load.entry(tenant).or_default();
+            load.jobs -= 1;
+            load.bytes -= stored;
+            self.jobs.remove(&id);
+            return Err(e);
+        }
         Ok(self.save(id)?)
     }
 
@@ -281,7 +285,7 @@ impl<S: Store> Engine<S> {
                     Some(Waiting::Backoff { until_ms }) => {
                         self.backoff.remove(&(until_ms, id));
                     }
-                    Some(Waiting::TenantLimit) => {}
+                    Some(Waiting::TenantLimit | Waiting::Dependency | Waiting::ArrayLimit) => {}
                     None => self.core.cancel(JobId(id)).map_err(|e| ApiError::internal(e.to_string()))?,
                 }
                 let job = self.jobs.get_mut(&id).expect("visible");
@@ -338,21 +342,29 @@ impl<S: Store> Engine<S> {
         let now = self.now;
         self.drill_changed(id, |d| d.abandoned(why, now))?;
         let job = self.jobs.get_mut(&id).expect("known job");
-        let was_waiting = job.waiting == Some(Waiting::TenantLimit);
-        job.waiting = None;
-        // Its bytes stay counted while its record stays in memory
-        // (`--keep-finished`): `prune_finished` gives them back.
+        let was = job.waiting.take();
         let tenant = job.tenant;
-        let load = self.tenants.load.entry(tenant).or_default();
-        load.jobs = load.jobs.saturating_sub(1);
-        if was_waiting {
-            load.waiting.remove(&id);
-        } else {
-            load.admitted = load.admitted.saturating_sub(1);
-        }
+        self.release_load(id, was);
         // No more output can come for it.
         self.logs.remove(&id);
+        self.open_gates(id, was)?;
         self.admit_waiting(tenant)
+    }
+
+    /// A job that ended leaves its tenant's counts (`was`: where it
+    /// waited). Its bytes stay counted while its record stays in memory
+    /// (`--keep-finished`): `prune_finished` gives them back.
+    pub(super) fn release_load(&mut self, id: u64, was: Option<Waiting>) {
+        let tenant = self.jobs[&id].tenant;
+        let load = self.tenants.load.entry(tenant).or_default();
+        load.jobs = load.jobs.saturating_sub(1);
+        match was {
+            Some(Waiting::TenantLimit) => {
+                load.waiting.remove(&id);
+            }
+            Some(Waiting::Dependency | Waiting::ArrayLimit) => {}
+            _ => load.admitted = load.admitted.saturating_sub(1),
+        }
     }
 
     /// Admits the tenant's waiting jobs, oldest first, while it is under
@@ -568,7 +580,9 @@ pub(super) fn expand(
                 .name
                 .clone()
                 .unwrap_or_else(|| if task.params.is_empty() { "array" } else { "sweep" }.into());
-            if task.params.is_empty() {
+            if spec.slurm.is_some() {
+                // Slurm's tasks share their array's name (SLURM_JOB_NAME, %x).
+            } else if task.params.is_empty() {
                 spec.name = Some(format!("{base}[{index}]"));
             } else {
                 let shown: Vec<String> = task.params.iter().map(|(k, v)| format!("{k}={v}")).collect();

@@ -54,6 +54,7 @@ mod drill;
 mod ending;
 mod exits;
 mod fleet;
+mod gates;
 mod job;
 mod jobs;
 mod launch;
@@ -474,6 +475,8 @@ pub struct Engine<S: Store> {
     /// Gangs one of whose parts exited 0, by when the rest are stopped if
     /// they have not exited (`JobRecord::gang_grace_until`).
     gang_graces: BTreeSet<(u64, u64)>,
+    /// Queued jobs at their dependencies' or their array's gate.
+    gates: gates::Gates,
     /// How much of each unfinished job's log is committed, once output came.
     logs: HashMap<u64, crate::store::LogState>,
     tenants: Tenants,

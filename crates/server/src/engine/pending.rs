@@ -26,6 +26,8 @@ impl<S: Store> Engine<S> {
         match job.waiting {
             Some(Waiting::Backoff { until_ms }) => return Some(Why::Backoff { until_ms }),
             Some(Waiting::TenantLimit) => return Some(Why::TenantLimit),
+            Some(Waiting::Dependency) => return Some(Why::Dependency),
+            Some(Waiting::ArrayLimit) => return Some(Why::ArrayLimit),
             None => {}
         }
         let id = JobId(job.id);
@@ -93,6 +95,21 @@ impl<S: Store> Engine<S> {
                 "tenant {} has {} jobs admitted, its limit (ebb tenant limits, ebb server --max-running-jobs)",
                 self.tenant_name(job.tenant),
                 self.limits_of(job.tenant).max_running_jobs
+            ),
+            Why::Dependency => {
+                let on: Vec<String> = job
+                    .spec
+                    .after
+                    .iter()
+                    .flat_map(|a| a.on.iter())
+                    .filter(|(_, id)| self.jobs.get(id).is_some_and(|p| !p.state.is_final()))
+                    .map(|(_, id)| id.to_string())
+                    .collect();
+                format!("waits for job{} {} to end (its dependency)", if on.len() == 1 { "" } else { "s" }, on.join(", "))
+            }
+            Why::ArrayLimit => format!(
+                "its array runs at most {} tasks at once, and that many run",
+                job.spec.array_limit.unwrap_or(0)
             ),
             Why::Held(hold) => self.victims_draining(hold, now_ms),
             Why::Behind(first) => {
@@ -189,6 +206,8 @@ enum Why<'s> {
         until_ms: u64,
     },
     TenantLimit,
+    Dependency,
+    ArrayLimit,
     /// GPUs are held for it while its victims drain.
     Held(&'s ebb_scheduler::Hold),
     /// Behind the first job of its queue class.
@@ -203,6 +222,8 @@ impl Why<'_> {
         match self {
             Why::Backoff { .. } => PendingReason::Backoff,
             Why::TenantLimit => PendingReason::TenantLimit,
+            Why::Dependency => PendingReason::Dependency,
+            Why::ArrayLimit => PendingReason::ArrayLimit,
             Why::Held(_) => PendingReason::VictimsDraining,
             Why::Behind(_) => PendingReason::Priority,
             Why::NotYet => PendingReason::Scheduling,
@@ -254,6 +275,8 @@ mod tests {
         for why in [
             Why::Backoff { until_ms: 0 },
             Why::TenantLimit,
+            Why::Dependency,
+            Why::ArrayLimit,
             Why::Held(&hold),
             Why::Behind(JobId(1)),
             Why::NotYet,

@@ -37,6 +37,7 @@ impl<S: Store> Engine<S> {
             backoff: BTreeSet::new(),
             deadlines: BTreeSet::new(),
             gang_graces: BTreeSet::new(),
+            gates: Default::default(),
             logs: HashMap::new(),
             tenants: Tenants::default(),
             access: Access { tokens, node_credentials: BTreeMap::new() },
@@ -147,6 +148,7 @@ impl<S: Store> Engine<S> {
                     Some(Waiting::TenantLimit) => {
                         load.waiting.insert(id);
                     }
+                    Some(Waiting::Dependency | Waiting::ArrayLimit) => {}
                     _ => load.admitted += 1,
                 }
             }
@@ -163,7 +165,10 @@ impl<S: Store> Engine<S> {
                 (JobState::Queued, Some(Waiting::Backoff { until_ms })) => {
                     self.backoff.insert((until_ms, id));
                 }
-                (JobState::Queued, Some(Waiting::TenantLimit)) => {}
+                (
+                    JobState::Queued,
+                    Some(Waiting::TenantLimit | Waiting::Dependency | Waiting::ArrayLimit),
+                ) => {}
                 (JobState::Queued, None) => self.restore_queued(id)?,
                 (s, _) if s.is_live() => {
                     if let Err(e) = self.restore(id) {
@@ -173,6 +178,7 @@ impl<S: Store> Engine<S> {
                 _ => {}
             }
         }
+        self.rebuild_gates();
         Ok(unrestored)
     }
 

@@ -62,6 +62,15 @@ impl Api {
         api
     }
 
+    /// The server restarts on its store: a new writer from what it holds,
+    /// and the router's queue to it.
+    pub fn restart(&mut self) {
+        self.env.restart();
+        let (tx, rx) = mpsc::channel(1024);
+        self.rx = rx;
+        self.lead(tx);
+    }
+
     /// The role leads with this writer: its queue and its quiet lines.
     fn lead(&mut self, tx: mpsc::Sender<Msg>) {
         let lines = self.env.engine().lines();

@@ -30,4 +30,5 @@ mod money_requests;
 mod pg;
 mod reasons;
 mod requests;
+mod slurm;
 mod store_contract;

@@ -1,0 +1,426 @@
+//! The gates a new job passes before admission, in order: its
+//! dependencies (`after`, Slurm's `--dependency`), then its array's limit
+//! on tasks running at once (`array_limit`, Slurm's `--array=A-B%N`),
+//! then its tenant's limit of admitted jobs. A job at one of the first two
+//! is queued outside the core with its `Waiting` reason and counts in
+//! neither its tenant's admitted jobs nor the tenant's own queue. Gates
+//! open on events, never on a scan: a job's end opens its dependents' and
+//! its array's next task's.
+
+use super::*;
+
+/// What a dependency asks of the job it names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Condition {
+    /// It succeeded.
+    Ok,
+    /// It ended, however.
+    Any,
+    /// It failed or was cancelled.
+    NotOk,
+}
+
+impl Condition {
+    fn name(self) -> &'static str {
+        match self {
+            Condition::Ok => "afterok",
+            Condition::Any => "afterany",
+            Condition::NotOk => "afternotok",
+        }
+    }
+
+    /// Whether a job that ended in `state` meets it.
+    fn met_by(self, state: JobState) -> bool {
+        match self {
+            Condition::Ok => state == JobState::Succeeded,
+            Condition::Any => true,
+            Condition::NotOk => matches!(state, JobState::Failed | JobState::Cancelled),
+        }
+    }
+}
+
+/// A job's dependencies as it was submitted with them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct After {
+    pub on: Vec<(Condition, u64)>,
+    /// `singleton`: after every earlier unfinished job of the tenant with
+    /// its name (those are in `on` as `afterany`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub singleton: bool,
+}
+
+/// The most jobs one `after` may name.
+pub const MAX_DEPENDENCIES: usize = 1000;
+
+/// `afterok:1:2,afterany:3` or `singleton` (joined by `,`, all must
+/// hold). Every refusal names the part that is wrong.
+pub fn parse_after(text: &str) -> Result<After, String> {
+    let mut after = After::default();
+    for part in text.split(',') {
+        if part == "singleton" {
+            after.singleton = true;
+            continue;
+        }
+        let mut words = part.split(':');
+        let condition = match words.next() {
+            Some("afterok") => Condition::Ok,
+            Some("afterany") => Condition::Any,
+            Some("afternotok") => Condition::NotOk,
+            _ => return Err(format!(
+                "{part:?}: expected afterok:ID, afterany:ID, afternotok:ID or singleton (after, aftercorr, \
+                     afterburstbuffer and `?` for any-of are not supported)"
+            )),
+        };
+        let mut any = false;
+        for id in words {
+            let id: u64 = id.parse().map_err(|_| format!("{part:?}: {id:?} is not a job id"))?;
+            after.on.push((condition, id));
+            any = true;
+        }
+        if !any {
+            return Err(format!("{part:?}: name the job: {}:ID", condition.name()));
+        }
+        if after.on.len() > MAX_DEPENDENCIES {
+            return Err(format!("at most {MAX_DEPENDENCIES} jobs"));
+        }
+    }
+    Ok(after)
+}
+
+/// An array with a limit on tasks running at once.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(super) struct ArrayGate {
+    pub limit: u32,
+    /// Its tasks past the gate and not finished.
+    pub active: u64,
+    /// Its tasks at the gate, by id (index order).
+    pub waiting: BTreeSet<u64>,
+}
+
+/// Who waits on what.
+#[derive(Default)]
+pub(super) struct Gates {
+    /// Jobs whose dependencies name each unfinished job.
+    pub dependents: BTreeMap<u64, BTreeSet<u64>>,
+    pub arrays: BTreeMap<u64, ArrayGate>,
+}
+
+/// Where a job's dependencies stand.
+enum Standing {
+    Met,
+    /// Waiting on these unfinished jobs.
+    Waiting(Vec<u64>),
+    /// One can never hold: why.
+    Never(String),
+}
+
+impl<S: Store> Engine<S> {
+    /// The state of job `id` for a dependency: from memory, or the store
+    /// for a finished job that left it; `None` if the tenant has no such job.
+    fn state_for_dependency(&mut self, tenant: u32, id: u64) -> Result<Option<JobState>, StoreError> {
+        if let Some(job) = self.jobs.get(&id) {
+            return Ok((job.tenant == tenant).then_some(job.state));
+        }
+        let stored: Option<JobRecord> = self.store.job(id)?;
+        Ok(stored.filter(|j| j.tenant == tenant).map(|j| j.state))
+    }
+
+    fn standing(&mut self, tenant: u32, after: &After) -> Result<Standing, StoreError> {
+        let mut waiting = Vec::new();
+        for &(condition, id) in &after.on {
+            match self.state_for_dependency(tenant, id)? {
+                None => return Ok(Standing::Never(format!("job {id} does not exist"))),
+                Some(state) if !state.is_final() => waiting.push(id),
+                Some(state) if condition.met_by(state) => {}
+                Some(state) => {
+                    return Ok(Standing::Never(format!(
+                        "job {id} {}, and {} can never hold",
+                        state.as_str(),
+                        condition.name()
+                    )))
+                }
+            }
+        }
+        waiting.sort_unstable();
+        waiting.dedup();
+        Ok(match waiting.is_empty() {
+            true => Standing::Met,
+            false => Standing::Waiting(waiting),
+        })
+    }
+
+    /// A new submission's dependencies, checked: its `after` parsed, with
+    /// `singleton` made a dependency on each earlier unfinished job of the
+    /// tenant's with its name. One that names a job the tenant does not
+    /// have, or can never hold, is refused.
+    pub(super) fn check_after(&mut self, tenant: u32, text: &str, name: Option<&str>) -> Result<After, Fail> {
+        let mut after = parse_after(text).map_err(|e| ApiError::unprocessable(format!("after: {e}")))?;
+        if after.singleton {
+            let name =
+                name.ok_or_else(|| ApiError::unprocessable("after: singleton needs a job name".into()))?;
+            // Rare by nature (a tenant's singleton submits): a scan.
+            let earlier: Vec<u64> = self
+                .jobs
+                .values()
+                .filter(|j| j.tenant == tenant && !j.state.is_final() && j.spec.name.as_deref() == Some(name))
+                .map(|j| j.id)
+                .collect();
+            after.on.extend(earlier.into_iter().map(|id| (Condition::Any, id)));
+        }
+        if let Standing::Never(why) = self.standing(tenant, &after)? {
+            return Err(ApiError::unprocessable(format!("after: {why}")).into());
+        }
+        Ok(after)
+    }
+
+    /// Puts a new job (in the table, queued, in no gate yet) through its
+    /// gates: it waits at the first that is closed, or is admitted.
+    pub(super) fn enter(&mut self, id: u64) -> Result<(), Fail> {
+        let job = &self.jobs[&id];
+        let tenant = job.tenant;
+        if let Some(after) = job.spec.after.clone() {
+            if let Standing::Waiting(parents) = self.standing(tenant, &after)? {
+                for parent in parents {
+                    self.gates.dependents.entry(parent).or_default().insert(id);
+                }
+                self.jobs.get_mut(&id).expect("entering").waiting = Some(Waiting::Dependency);
+                return Ok(());
+            }
+        }
+        self.past_dependencies(id)
+    }
+
+    /// A job whose dependencies are met: its array's gate, then its
+    /// tenant's limit.
+    fn past_dependencies(&mut self, id: u64) -> Result<(), Fail> {
+        let job = &self.jobs[&id];
+        if let (Some(task), Some(limit)) = (&job.array, job.spec.array_limit) {
+            let gate =
+                self.gates.arrays.entry(task.id).or_insert_with(|| ArrayGate { limit, ..Default::default() });
+            if gate.active >= u64::from(gate.limit) {
+                gate.waiting.insert(id);
+                self.jobs.get_mut(&id).expect("entering").waiting = Some(Waiting::ArrayLimit);
+                return Ok(());
+            }
+            gate.active += 1;
+        }
+        self.past_gates(id)
+    }
+
+    /// Past its own gates: admitted, or at its tenant's limit.
+    fn past_gates(&mut self, id: u64) -> Result<(), Fail> {
+        let tenant = self.jobs[&id].tenant;
+        let max = self.limits_of(tenant).max_running_jobs;
+        let load = self.tenants.load.entry(tenant).or_default();
+        if load.admitted < max {
+            load.admitted += 1;
+            self.jobs.get_mut(&id).expect("entering").waiting = None;
+            self.restore_queued(id).map_err(Fail::Refused)?;
+        } else {
+            load.waiting.insert(id);
+            self.jobs.get_mut(&id).expect("entering").waiting = Some(Waiting::TenantLimit);
+        }
+        Ok(())
+    }
+
+    /// Job `id` has ended: its place in its array's gate goes to the next
+    /// task, and its dependents' gates are judged again. `was` is the
+    /// gate it was waiting at, if any. A dependent that can now never run
+    /// fails, and its own dependents are judged in turn.
+    pub(super) fn open_gates(&mut self, id: u64, was: Option<Waiting>) -> Written {
+        let mut ended = vec![(id, was)];
+        while let Some((id, was)) = ended.pop() {
+            self.array_slot_freed(id, was)?;
+            let Some(children) = self.gates.dependents.remove(&id) else { continue };
+            for child in children {
+                let Some(job) = self.jobs.get(&child) else { continue };
+                if job.state != JobState::Queued || job.waiting != Some(Waiting::Dependency) {
+                    continue;
+                }
+                let (tenant, after) = (job.tenant, job.spec.after.clone().unwrap_or_default());
+                match self.standing(tenant, &after)? {
+                    Standing::Waiting(_) => {}
+                    Standing::Met => {
+                        self.jobs.get_mut(&child).expect("dependent").waiting = None;
+                        self.past_dependencies(child).or_else(|e| match e {
+                            Fail::Refused(e) => {
+                                tracing::error!(job = child, "not admitted: {}", e.message);
+                                Ok(())
+                            }
+                            Fail::Store(e) => Err(e),
+                        })?;
+                        let reason = "its dependencies are met".into();
+                        self.event(child, Event::Admitted(AdmittedDetail { reason }))?;
+                        self.save(child)?;
+                    }
+                    Standing::Never(why) => {
+                        let reason = format!("dependency never satisfied: {why}");
+                        let job = self.jobs.get_mut(&child).expect("dependent");
+                        job.state = JobState::Failed;
+                        job.waiting = None;
+                        self.event(
+                            child,
+                            Event::Failed(FailedDetail { reason: Some(reason), ..Default::default() }),
+                        )?;
+                        self.release_load(child, Some(Waiting::Dependency));
+                        self.save(child)?;
+                        ended.push((child, Some(Waiting::Dependency)));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A task of a limited array ended (`was`: the gate it waited at): the
+    /// array's next tasks take its place.
+    fn array_slot_freed(&mut self, id: u64, was: Option<Waiting>) -> Written {
+        let Some(array) = self.jobs.get(&id).and_then(|j| j.array.as_ref()).map(|a| a.id) else {
+            return Ok(());
+        };
+        let Some(gate) = self.gates.arrays.get_mut(&array) else { return Ok(()) };
+        match was {
+            Some(Waiting::ArrayLimit) => {
+                gate.waiting.remove(&id);
+            }
+            // Never past the array's gate.
+            Some(Waiting::Dependency) => {}
+            _ => gate.active = gate.active.saturating_sub(1),
+        }
+        loop {
+            let Some(gate) = self.gates.arrays.get_mut(&array) else { return Ok(()) };
+            if gate.active == 0 && gate.waiting.is_empty() {
+                self.gates.arrays.remove(&array);
+                return Ok(());
+            }
+            if gate.active >= u64::from(gate.limit) {
+                return Ok(());
+            }
+            let Some(next) = gate.waiting.pop_first() else { return Ok(()) };
+            gate.active += 1;
+            self.jobs.get_mut(&next).expect("gated task").waiting = None;
+            if let Err(Fail::Store(e)) = self.past_gates(next) {
+                return Err(e);
+            }
+            let reason = "a task of its array ended: it runs within the array's limit".into();
+            self.event(next, Event::Admitted(AdmittedDetail { reason }))?;
+            self.save(next)?;
+        }
+    }
+
+    /// The gates as the records say, after a restart.
+    pub(super) fn rebuild_gates(&mut self) {
+        self.gates = Gates::default();
+        let mut dependents: Vec<(u64, u64)> = Vec::new();
+        for (id, job) in &self.jobs {
+            if job.state.is_final() {
+                continue;
+            }
+            if job.waiting == Some(Waiting::Dependency) {
+                for &(_, parent) in job.spec.after.iter().flat_map(|a| a.on.iter()) {
+                    if self.jobs.get(&parent).is_some_and(|p| !p.state.is_final()) {
+                        dependents.push((parent, *id));
+                    }
+                }
+                continue;
+            }
+            if let (Some(task), Some(limit)) = (&job.array, job.spec.array_limit) {
+                let gate = self
+                    .gates
+                    .arrays
+                    .entry(task.id)
+                    .or_insert_with(|| ArrayGate { limit, ..Default::default() });
+                match job.waiting {
+                    Some(Waiting::ArrayLimit) => {
+                        gate.waiting.insert(*id);
+                    }
+                    _ => gate.active += 1,
+                }
+            }
+        }
+        for (parent, child) in dependents {
+            self.gates.dependents.entry(parent).or_default().insert(child);
+        }
+    }
+
+    /// The gates are what the records say: each limited array's active
+    /// and waiting tasks, and every job waiting on a dependency waits on
+    /// an unfinished job.
+    pub(super) fn check_gates(&self) -> Result<(), String> {
+        let mut arrays: BTreeMap<u64, ArrayGate> = BTreeMap::new();
+        for (id, job) in &self.jobs {
+            if job.state.is_final() {
+                continue;
+            }
+            match job.waiting {
+                Some(Waiting::Dependency) => {
+                    let waits = self.gates.dependents.iter().any(|(parent, children)| {
+                        children.contains(id) && self.jobs.get(parent).is_some_and(|p| !p.state.is_final())
+                    });
+                    if !waits {
+                        return Err(format!("job {id}: waits on a dependency, but on no unfinished job"));
+                    }
+                }
+                waiting => {
+                    if let (Some(task), Some(limit)) = (&job.array, job.spec.array_limit) {
+                        let gate = arrays
+                            .entry(task.id)
+                            .or_insert_with(|| ArrayGate { limit, ..Default::default() });
+                        match waiting {
+                            Some(Waiting::ArrayLimit) => {
+                                gate.waiting.insert(*id);
+                            }
+                            _ => gate.active += 1,
+                        }
+                    }
+                }
+            }
+        }
+        let kept: BTreeMap<u64, ArrayGate> = self
+            .gates
+            .arrays
+            .iter()
+            .filter(|(_, g)| g.active > 0 || !g.waiting.is_empty())
+            .map(|(a, g)| (*a, g.clone()))
+            .collect();
+        if kept != arrays {
+            return Err(format!("array gates {kept:?}, the records say {arrays:?}"));
+        }
+        for (array, gate) in &arrays {
+            if !gate.waiting.is_empty() && gate.active < u64::from(gate.limit) {
+                return Err(format!(
+                    "array {array}: tasks wait at its limit of {} with {} running",
+                    gate.limit, gate.active
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn dependencies_read_as_slurm_writes_them_and_the_rest_is_refused_by_name() {
+        let after = parse_after("afterok:4:5,afterany:6,singleton").unwrap();
+        assert_eq!(after.on, [(Condition::Ok, 4), (Condition::Ok, 5), (Condition::Any, 6)]);
+        assert!(after.singleton);
+        assert!(parse_after("after:4").unwrap_err().contains("expected afterok"));
+        assert!(parse_after("afterok").unwrap_err().contains("name the job"));
+        assert!(parse_after("afterok:x").unwrap_err().contains("not a job id"));
+        assert!(parse_after("afterok:4?afterany:5").unwrap_err().contains("not a job id"));
+        let many = format!("afterok:{}", vec!["1"; 1001].join(":"));
+        assert!(parse_after(&many).unwrap_err().contains("at most 1000"));
+    }
+
+    proptest! {
+        #[test]
+        fn any_text_parses_or_is_refused(text in "[a-z0-9:,_?]{0,40}") {
+            let _ = parse_after(&text);
+        }
+    }
+}
