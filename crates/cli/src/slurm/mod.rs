@@ -104,21 +104,47 @@ fn vars() -> BTreeMap<String, String> {
 
 async fn submit(args: &[String]) -> Result<Done, String> {
     let cwd = std::env::current_dir().map_err(|e| format!("the current directory: {e}"))?;
-    let batch = sbatch::batch(args, &mut std::io::stdin().lock(), &cwd, &vars())?;
+    let mut batch = sbatch::batch(args, &mut std::io::stdin().lock(), &cwd, &vars())?;
     for note in &batch.notes {
         eprintln!("sbatch: {note}");
     }
-    let submitted: api::Submitted = client()?.post("/v1/jobs", &batch.submission).await?;
+    let client = client()?;
+    if let Some(after) = batch.submission.after.take() {
+        batch.submission.after = Some(task_ids(&client, &after).await?);
+    }
+    let submitted: api::Submitted = client.post("/v1/jobs", &batch.submission).await?;
     Ok(Done::Print(match batch.parsable {
         true => format!("{}\n", submitted.id),
         false => format!("Submitted batch job {}\n", submitted.id),
     }))
 }
 
+/// A `--dependency` with Slurm's array tasks (`12_3`) as their job ids;
+/// an array's own id stands for all its tasks (the server's rule).
+async fn task_ids(client: &Client, dependency: &str) -> Result<String, String> {
+    let mut parts = Vec::new();
+    for part in dependency.split(',') {
+        let mut words: Vec<String> = Vec::new();
+        for (i, word) in part.split(':').enumerate() {
+            match (i, word.split_once('_')) {
+                (0, _) | (_, None) => words.push(word.to_string()),
+                (_, Some(_)) => {
+                    let jobs = query::jobs_named(client, word)
+                        .await
+                        .map_err(|e| format!("--dependency={dependency}: {e}"))?;
+                    words.extend(jobs.iter().map(|j| j.id.to_string()));
+                }
+            }
+        }
+        parts.push(words.join(":"));
+    }
+    Ok(parts.join(","))
+}
+
 /// `srun` outside an allocation: a job of one step, whose output is
 /// followed here; `srun` ends as the step did.
 async fn allocate_and_run(args: &[String]) -> Result<Done, String> {
-    let (given, program) = options::parse(options::SRUN, args, "srun")?;
+    let (given, program) = options::parse(options::SRUN, args, "")?;
     if program.is_empty() {
         return Err("no program to run (srun [options] PROGRAM [ARGS...])".into());
     }

@@ -150,8 +150,12 @@ pub type Given = Vec<(&'static str, String)>;
 /// Parses `args` against `specs` up to the first word that is not an
 /// option (the script or the program), which is returned with the rest.
 /// `--` ends the options too. `what` names the source in errors
-/// (`sbatch`, `train.sh:3`).
+/// (`train.sh:3`; nothing for the command line).
 pub fn parse(specs: &'static [Spec], args: &[String], what: &str) -> Result<(Given, Vec<String>), String> {
+    let at = |message: String| match what {
+        "" => message,
+        what => format!("{what}: {message}"),
+    };
     let mut given = Given::new();
     let mut i = 0;
     while i < args.len() {
@@ -167,20 +171,20 @@ pub fn parse(specs: &'static [Spec], args: &[String], what: &str) -> Result<(Giv
             let spec = specs
                 .iter()
                 .find(|s| s.long == name)
-                .ok_or_else(|| format!("{what}: unrecognized option '--{name}'"))?;
+                .ok_or_else(|| at(format!("unrecognized option '--{name}'")))?;
             (spec, inline)
         } else if let Some(short) = arg.strip_prefix('-').filter(|s| !s.is_empty()) {
             let letter = short.chars().next().expect("not empty");
             let spec = specs
                 .iter()
                 .find(|s| s.short == Some(letter))
-                .ok_or_else(|| format!("{what}: invalid option -- '{letter}'"))?;
+                .ok_or_else(|| at(format!("invalid option -- '{letter}'")))?;
             let rest = &short[letter.len_utf8()..];
             let inline = match (spec.value, rest.is_empty()) {
                 (_, true) => None,
                 (true, false) => Some(rest.strip_prefix('=').unwrap_or(rest).to_string()),
                 (false, false) => {
-                    return Err(format!("{what}: -{letter} takes no value (give -{rest} on its own)"))
+                    return Err(at(format!("-{letter} takes no value (give -{rest} on its own)")))
                 }
             };
             (spec, inline)
@@ -189,7 +193,7 @@ pub fn parse(specs: &'static [Spec], args: &[String], what: &str) -> Result<(Giv
         };
         let value = match (spec.value, inline) {
             (false, Some(_)) => {
-                return Err(format!("{what}: option '--{}' doesn't allow an argument", spec.long))
+                return Err(at(format!("option '--{}' doesn't allow an argument", spec.long)))
             }
             (false, None) => String::new(),
             (true, Some(v)) => v,
@@ -197,7 +201,7 @@ pub fn parse(specs: &'static [Spec], args: &[String], what: &str) -> Result<(Giv
                 i += 1;
                 args.get(i)
                     .cloned()
-                    .ok_or_else(|| format!("{what}: option '--{}' requires an argument", spec.long))?
+                    .ok_or_else(|| at(format!("option '--{}' requires an argument", spec.long)))?
             }
         };
         given.push((spec.long, value));
@@ -425,8 +429,7 @@ mod tests {
     #[test]
     fn long_and_short_forms_with_equals_or_a_space_are_the_same_option() {
         let (given, rest) =
-            parse(SBATCH, &words("--ntasks=2 -N 3 -J name --gres gpu:2 -c4 train.sh --lr 1"), "sbatch")
-                .unwrap();
+            parse(SBATCH, &words("--ntasks=2 -N 3 -J name --gres gpu:2 -c4 train.sh --lr 1"), "").unwrap();
         assert_eq!(last(&given, "ntasks"), Some("2"));
         assert_eq!(last(&given, "nodes"), Some("3"));
         assert_eq!(last(&given, "job-name"), Some("name"));
@@ -437,18 +440,12 @@ mod tests {
 
     #[test]
     fn unknown_options_and_missing_values_are_errors_that_name_them() {
+        assert_eq!(parse(SBATCH, &words("--bogus=1"), "").unwrap_err(), "unrecognized option '--bogus'");
+        assert_eq!(parse(SBATCH, &words("-z"), "").unwrap_err(), "invalid option -- 'z'");
+        assert_eq!(parse(SBATCH, &words("--time"), "").unwrap_err(), "option '--time' requires an argument");
         assert_eq!(
-            parse(SBATCH, &words("--bogus=1"), "sbatch").unwrap_err(),
-            "sbatch: unrecognized option '--bogus'"
-        );
-        assert_eq!(parse(SBATCH, &words("-z"), "sbatch").unwrap_err(), "sbatch: invalid option -- 'z'");
-        assert_eq!(
-            parse(SBATCH, &words("--time"), "sbatch").unwrap_err(),
-            "sbatch: option '--time' requires an argument"
-        );
-        assert_eq!(
-            parse(SBATCH, &words("--parsable=yes"), "sbatch").unwrap_err(),
-            "sbatch: option '--parsable' doesn't allow an argument"
+            parse(SBATCH, &words("--parsable=yes"), "").unwrap_err(),
+            "option '--parsable' doesn't allow an argument"
         );
     }
 

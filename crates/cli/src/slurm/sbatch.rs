@@ -124,7 +124,7 @@ pub fn batch(
     cwd: &Path,
     vars: &BTreeMap<String, String>,
 ) -> Result<Batch, String> {
-    let (cli, rest) = options::parse(SBATCH, args, "sbatch")?;
+    let (cli, rest) = options::parse(SBATCH, args, "")?;
     let (text, script_name, script_args) = script(&cli, &rest, stdin)?;
     let mut given = options::script_options(&text, &script_name)?;
     given.extend(cli);

@@ -96,7 +96,7 @@ fn claim_step(steps: &std::path::Path) -> Result<(u32, std::path::PathBuf), Stri
 /// `srun` in an allocation: runs the step and ends with its exit: the
 /// highest of its tasks' codes, or 128+N for a task killed by signal N.
 pub fn in_allocation(args: &[String]) -> Result<i32, String> {
-    let (given, program) = options::parse(SRUN, args, "srun")?;
+    let (given, program) = options::parse(SRUN, args, "")?;
     for note in options::ignored_notes(SRUN, &given) {
         eprintln!("srun: {note}");
     }
@@ -119,7 +119,7 @@ pub fn in_allocation(args: &[String]) -> Result<i32, String> {
     for task in 0..plan.ntasks {
         names.task = Some(task);
         let mut command = Command::new(&plan.program[0]);
-        command.args(&plan.program[1..]).stdin(Stdio::null());
+        step::unblocked(&mut command).args(&plan.program[1..]).stdin(Stdio::null());
         if let Some(export) = &plan.export {
             let vars = super::sbatch::exported(export, &env)?;
             command.env_clear().envs(vars);

@@ -26,6 +26,14 @@ pub fn waited_signals() -> SigSet {
     set
 }
 
+/// Has `command`'s process start with no signal blocked: this process
+/// blocks them all to wait for them, and a child inherits its mask.
+pub fn unblocked(command: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: sigprocmask is async-signal-safe; the child's mask alone changes.
+    unsafe { command.pre_exec(|| SigSet::empty().thread_set_mask().map_err(std::io::Error::from)) }
+}
+
 /// The next signal in `set` (blocked), and the route the agent queued it
 /// with, if it did (a signal merely sent has none).
 pub fn next_signal(set: &SigSet) -> Option<(i32, Option<Route>)> {
@@ -227,7 +235,7 @@ pub fn batch(args: &[String]) -> ! {
     if let Err(e) = waited.thread_block() {
         fail(format!("cannot block signals: {e}"));
     }
-    let mut child = Command::new(&a.script)
+    let mut child = unblocked(&mut Command::new(&a.script))
         .args(&a.args)
         .env("SLURM_PROCID", "0")
         .env("SLURM_LOCALID", "0")

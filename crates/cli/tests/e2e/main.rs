@@ -29,6 +29,7 @@ mod postgres;
 mod readme;
 mod sim_cli;
 mod simulated_fleet;
+mod slurm;
 mod stream;
 mod tls;
 mod workloads;

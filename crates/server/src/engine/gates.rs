@@ -67,10 +67,12 @@ pub fn parse_after(text: &str) -> Result<After, String> {
             Some("afterok") => Condition::Ok,
             Some("afterany") => Condition::Any,
             Some("afternotok") => Condition::NotOk,
-            _ => return Err(format!(
+            _ => {
+                return Err(format!(
                 "{part:?}: expected afterok:ID, afterany:ID, afternotok:ID or singleton (after, aftercorr, \
                      afterburstbuffer and `?` for any-of are not supported)"
-            )),
+            ))
+            }
         };
         let mut any = false;
         for id in words {
@@ -168,6 +170,29 @@ impl<S: Store> Engine<S> {
                 .collect();
             after.on.extend(earlier.into_iter().map(|id| (Condition::Any, id)));
         }
+        // An array's id (its first task's) stands for all its tasks, as in Slurm.
+        let mut on = Vec::with_capacity(after.on.len());
+        for &(condition, id) in &after.on {
+            let head = match self.jobs.get(&id) {
+                Some(job) => job.array.as_ref().is_some_and(|a| a.id == id && a.tasks > 1),
+                None => self
+                    .store
+                    .job::<JobRecord>(id)?
+                    .and_then(|j| j.array)
+                    .is_some_and(|a| a.id == id && a.tasks > 1),
+            };
+            match head {
+                true => on.extend(self.store.array_tasks(id)?.into_iter().map(|t| (condition, t.id))),
+                false => on.push((condition, id)),
+            }
+        }
+        if on.len() > MAX_DEPENDENCIES {
+            return Err(ApiError::unprocessable(format!(
+                "after: at most {MAX_DEPENDENCIES} jobs, arrays' tasks counted"
+            ))
+            .into());
+        }
+        after.on = on;
         if let Standing::Never(why) = self.standing(tenant, &after)? {
             return Err(ApiError::unprocessable(format!("after: {why}")).into());
         }

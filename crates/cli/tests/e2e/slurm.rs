@@ -1,0 +1,177 @@
+//! Slurm's front door end to end: the tools built on Slurm, from PyPI and
+//! unchanged (submitit, dask-jobqueue, simple-slurm), against a real
+//! cluster through `ebb slurm install`'s commands; and what needs the
+//! agent: a `--time` limit that ends a job, dependencies through sbatch,
+//! options ignored and refused by name.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use crate::support::{wait_for, Cluster, Options};
+
+/// The Slurm commands for `cluster`, in a directory of its own.
+fn install(cluster: &Cluster) -> PathBuf {
+    let bin = cluster.dir.join("slurm-bin");
+    let out = cluster.ebb(&["slurm", "install", bin.to_str().unwrap()]);
+    assert!(out.contains("sbatch ->"), "{out}");
+    bin
+}
+
+/// A command run as a user of `cluster` would: the Slurm commands first
+/// on PATH, the server and the operator's token in the environment, in
+/// the submit directory.
+fn user(cluster: &Cluster, bin: &Path, program: &str) -> Command {
+    let mut cmd = Command::new(program);
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    for (key, _) in std::env::vars() {
+        if key.starts_with("EBB_") || key.starts_with("SLURM_") {
+            cmd.env_remove(key);
+        }
+    }
+    cmd.env("PATH", path)
+        .env("EBB_SERVER", &cluster.url)
+        .env("EBB_TOKEN", &cluster.admin)
+        .current_dir(cluster.submit_dir());
+    cmd
+}
+
+fn text(out: &Output) -> (String, String) {
+    (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn ok(out: Output, what: &str) -> String {
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{what}: {}\n{stdout}\n{stderr}", out.status);
+    stdout
+}
+
+/// `sacct -P -n -o State -j ID`.
+fn sacct_state(cluster: &Cluster, bin: &Path, id: &str) -> String {
+    let out = user(cluster, bin, "sacct").args(["-P", "-n", "-o", "State", "-j", id]).output().unwrap();
+    ok(out, "sacct").trim().to_string()
+}
+
+#[test]
+fn submitit() {
+    let cluster = Cluster::start(Options { nodes: 1, gpus: 4, drain_window: "20s", ..Default::default() });
+    let bin = install(&cluster);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/slurm/submitit_jobs.py");
+    let folder = cluster.submit_dir().join("submitit");
+    let out = user(&cluster, &bin, "python3")
+        .arg(&script)
+        .arg(&folder)
+        .arg(crate::support::ebb_exe())
+        .output()
+        .unwrap();
+    let stdout = ok(out, "the submitit script");
+    assert!(stdout.contains("result"), "{stdout}");
+    // The preempted job's two requeues were preemptions, not failures.
+    let line = stdout.lines().find(|l| l.starts_with("checkpointable")).unwrap();
+    let id: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let job = cluster.job(id);
+    assert_eq!((job["state"].as_str(), job["preemptions"].as_u64()), (Some("succeeded"), Some(2)), "{job}");
+    assert_eq!(job["retries"], 0);
+    let line = stdout.lines().find(|l| l.starts_with("cancelled")).unwrap();
+    let id = line.split_whitespace().nth(1).unwrap();
+    assert_eq!(cluster.job(id.parse().unwrap())["state"], "cancelled");
+}
+
+#[test]
+fn dask_jobqueue_simple_slurm_time_limits_and_dependencies() {
+    let cluster = Cluster::start(Options { nodes: 1, gpus: 4, ..Default::default() });
+    let bin = install(&cluster);
+    let logs = cluster.submit_dir().join("dask-logs");
+    std::fs::create_dir_all(&logs).unwrap();
+
+    // dask-jobqueue: two workers compute; close() cancels their jobs.
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/slurm/dask_workers.py");
+    let out = user(&cluster, &bin, "python3").arg(&script).arg(&logs).output().unwrap();
+    let stdout = ok(out, "the dask-jobqueue script");
+    let ids: Vec<String> = stdout.split_whitespace().map(str::to_string).collect();
+    assert_eq!(ids.len(), 2, "{stdout}");
+    for id in &ids {
+        wait_for(&format!("worker job {id} cancelled"), Duration::from_secs(30), || {
+            (sacct_state(&cluster, &bin, id) == "CANCELLED").then_some(())
+        });
+    }
+
+    // simple-slurm sends its script on standard input.
+    let program = "from simple_slurm import Slurm\n\
+                   slurm = Slurm(job_name='simple', output='simple-%j.out', gres='gpu:1')\n\
+                   print(slurm.sbatch('echo hello from $SLURM_JOB_NAME'))\n";
+    let out = user(&cluster, &bin, "python3").args(["-c", program]).output().unwrap();
+    // It prints sbatch's answer, then the id it read from it.
+    let id = ok(out, "simple-slurm").trim().lines().last().unwrap().to_string();
+    wait_for("simple-slurm's job", Duration::from_secs(30), || {
+        (sacct_state(&cluster, &bin, &id) == "COMPLETED").then_some(())
+    });
+    let said = std::fs::read_to_string(cluster.submit_dir().join(format!("simple-{id}.out"))).unwrap();
+    assert_eq!(said, "hello from simple\n");
+
+    // A time limit ends the job, as TIMEOUT.
+    let sbatch = |args: &[&str]| user(&cluster, &bin, "sbatch").args(args).output().unwrap();
+    let limited = ok(sbatch(&["--parsable", "--time=0:02", "--wrap", "sleep 600"]), "sbatch --time");
+    let limited = limited.trim();
+    wait_for("the time limit", Duration::from_secs(60), || {
+        (sacct_state(&cluster, &bin, limited) == "TIMEOUT").then_some(())
+    });
+
+    // afterok holds a job until its parent succeeds, and fails it with a
+    // reason when the parent fails.
+    let parent = ok(sbatch(&["--parsable", "--wrap", "sleep 2; exit 3"]), "sbatch parent");
+    let parent = parent.trim();
+    let dependency = format!("--dependency=afterok:{parent}");
+    let child = ok(sbatch(&["--parsable", &dependency, "--wrap", "true"]), "sbatch child");
+    let child = child.trim();
+    let squeue = user(&cluster, &bin, "squeue").args(["-h", "-j", child, "-o", "%i %t %R"]).output().unwrap();
+    assert_eq!(ok(squeue, "squeue").trim(), format!("{child} PD (dependency)"));
+    wait_for("the parent's failure", Duration::from_secs(30), || {
+        (sacct_state(&cluster, &bin, child) == "FAILED").then_some(())
+    });
+    let job = cluster.job(child.parse().unwrap());
+    let failed = job["events"].as_array().unwrap().iter().find(|e| e["kind"] == "failed").unwrap();
+    assert_eq!(
+        failed["detail"]["reason"],
+        format!("dependency never satisfied: job {parent} failed, and afterok can never hold")
+    );
+
+    // Every ignored option is said; an unknown one is refused.
+    let out = sbatch(&["--mem=4G", "--exclusive", "--wrap", "true"]);
+    let (stdout, stderr) = text(&out);
+    assert!(stdout.starts_with("Submitted batch job "), "{stdout}");
+    assert!(stderr.contains("sbatch: ignoring --mem=4G: Ebb does not limit memory"), "{stderr}");
+    assert!(stderr.contains("sbatch: ignoring --exclusive:"), "{stderr}");
+    let out = sbatch(&["--frobnicate", "--wrap", "true"]);
+    assert!(!out.status.success());
+    assert_eq!(text(&out).1, "sbatch: error: unrecognized option '--frobnicate'\n");
+
+    // Preemption the Slurm way: --signal=B:USR1 reaches the batch shell
+    // alone (its step's task has a trap too, and must not hear it); the
+    // shell's trap saves and calls scontrol requeue; the job resumes, its
+    // output appended.
+    let script = cluster.submit_dir().join("requeue.sh");
+    std::fs::write(
+        &script,
+        "#!/bin/bash\n#SBATCH --signal=B:USR1@30 --open-mode=append -o requeue-%j.out --requeue\n\
+         echo \"attempt $SLURM_RESTART_COUNT of $SLURM_JOB_ID on $(scontrol show hostnames | head -n1)\"\n\
+         trap 'echo \"batch got USR1\"; scontrol requeue $SLURM_JOB_ID' USR1\n\
+         srun bash -c 'trap \"echo task got USR1\" USR1; sleep 600' &\nwait\n",
+    )
+    .unwrap();
+    let id = ok(sbatch(&["--parsable", script.to_str().unwrap()]), "sbatch requeue.sh");
+    let id = id.trim();
+    let output = cluster.submit_dir().join(format!("requeue-{id}.out"));
+    wait_for("the script to run", Duration::from_secs(30), || {
+        std::fs::read_to_string(&output).ok().filter(|t| t.contains("attempt 0")).map(|_| ())
+    });
+    cluster.submit(&["--tier", "on-demand", "--gpus", "4", "--", "sleep", "1"]);
+    let said = wait_for("its second attempt", Duration::from_secs(60), || {
+        std::fs::read_to_string(&output).ok().filter(|t| t.contains("attempt 1"))
+    });
+    assert_eq!(said, format!("attempt 0 of {id} on node-0\nbatch got USR1\nattempt 1 of {id} on node-0\n"));
+    let job = cluster.job(id.parse().unwrap());
+    assert_eq!((job["preemptions"].as_u64(), job["retries"].as_u64()), (Some(1), Some(0)), "{job}");
+    assert_eq!(sacct_state(&cluster, &bin, id), "RUNNING");
+    cluster.ebb(&["cancel", id]);
+}
