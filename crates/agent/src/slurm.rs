@@ -110,23 +110,34 @@ pub(crate) fn batch_argv(
 }
 
 /// Writes the job's script into its run directory (which its user owns),
-/// executable by that user alone, through no link the job may have put
-/// there; and makes the directory its `srun` steps register in.
+/// executable by that user alone: a fresh file, owned and moded through
+/// its descriptor before it is renamed into place, so that no link the
+/// user's other jobs may put there is ever followed. And makes the
+/// directory its `srun` steps register in.
 pub(crate) fn write_script(
     run_dir: &Path,
     slurm: &SlurmBatch,
     who: &crate::identity::Identity,
 ) -> Result<(PathBuf, PathBuf), String> {
-    use std::os::unix::fs::PermissionsExt;
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let script = run_dir.join("slurm_script");
-    crate::dirs::write_job_file(&script, slurm.script.as_bytes())
-        .map_err(|e| format!("{}: {e}", script.display()))?;
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))
-        .map_err(|e| format!("{}: {e}", script.display()))?;
-    if who.switch {
-        nix::unistd::chown(&script, Some(who.uid), Some(who.gid))
-            .map_err(|e| format!("{}: {e}", script.display()))?;
+    let tmp = run_dir.join("slurm_script.tmp");
+    let fail = |e: std::io::Error| format!("{}: {e}", script.display());
+    match std::fs::remove_file(&tmp) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(fail(e)),
+        _ => {}
     }
+    // create_new (O_EXCL) follows no link, dangling or not.
+    let mut file =
+        std::fs::OpenOptions::new().write(true).create_new(true).mode(0o700).open(&tmp).map_err(fail)?;
+    if who.switch {
+        std::os::unix::fs::fchown(&file, Some(who.uid.as_raw()), Some(who.gid.as_raw())).map_err(fail)?;
+    }
+    file.set_permissions(std::fs::Permissions::from_mode(0o700)).map_err(fail)?;
+    file.write_all(slurm.script.as_bytes()).map_err(fail)?;
+    drop(file);
+    std::fs::rename(&tmp, &script).map_err(fail)?;
     let steps = run_dir.join("steps");
     crate::dirs::own_dir(&steps, 0o700, Some(who))?;
     Ok((script, steps))

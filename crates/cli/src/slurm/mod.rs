@@ -7,6 +7,7 @@
 
 mod options;
 mod query;
+mod remote;
 mod sbatch;
 mod srun;
 mod step;

@@ -17,6 +17,10 @@ use super::step::{self, Names};
 /// A step's tasks, as `srun`'s options and the job's variables say.
 struct Plan {
     ntasks: u32,
+    /// The job's nodes the step runs on (their indices, `SLURM_NODEID`),
+    /// and each task's (node, SLURM_PROCID, SLURM_LOCALID), in task order.
+    nodes: Vec<u32>,
+    tasks: Vec<(u32, u32, u32)>,
     label: bool,
     kill_on_bad_exit: bool,
     output: Option<String>,
@@ -33,28 +37,61 @@ fn plan(given: &Given, program: Vec<String>, env: &BTreeMap<String, String>) -> 
     if program.is_empty() {
         return Err("no program to run (srun [options] PROGRAM [ARGS...])".into());
     }
-    let allocation_nodes: u32 = env.get("SLURM_NNODES").and_then(|n| n.parse().ok()).unwrap_or(1);
-    let nodes = options::nodes(given)?.unwrap_or(allocation_nodes);
-    if nodes > 1 || allocation_nodes > 1 {
-        return Err(format!(
-            "a step across {} nodes: Ebb runs srun's steps on the batch script's node only, for now",
-            nodes.max(allocation_nodes)
-        ));
-    }
-    if let Some(list) = options::last(given, "nodelist") {
-        let own = env.get("EBB_NODE").cloned().unwrap_or_default();
-        let names = ebb_core::hostlist::expand(list).map_err(|e| format!("--nodelist={list}: {e}"))?;
-        if names.iter().any(|n| *n != own) {
-            return Err(format!("--nodelist={list}: this job's step can run on {own} only"));
+    let names: Vec<String> = match env.get("SLURM_JOB_NODELIST") {
+        Some(list) if !list.is_empty() => ebb_core::hostlist::expand(list)?,
+        _ => vec![env.get("EBB_NODE").cloned().unwrap_or_default()],
+    };
+    let allocation = names.len() as u32;
+    let mut nodes: Vec<u32> = match options::last(given, "nodelist") {
+        Some(list) => {
+            let wanted = ebb_core::hostlist::expand(list).map_err(|e| format!("--nodelist={list}: {e}"))?;
+            let mut indices = Vec::new();
+            for name in &wanted {
+                let i = names.iter().position(|n| n == name).ok_or_else(|| {
+                    format!("--nodelist={list}: {name} is not one of this job's nodes ({})", names.join(", "))
+                })?;
+                indices.push(i as u32);
+            }
+            indices
         }
+        None => (0..allocation).collect(),
+    };
+    if let Some(n) = options::nodes(given)? {
+        if n > allocation {
+            return Err(format!(
+                "--nodes={n}: the job has {allocation} node{}",
+                if allocation == 1 { "" } else { "s" }
+            ));
+        }
+        nodes.truncate(n as usize);
+    }
+    if allocation > 1 && !env.contains_key("EBB_SLURM_HUB") && nodes.iter().any(|n| *n != 0) {
+        return Err(
+            "this job's nodes have no step directory (EBB_SLURM_HUB): a step runs on its first node only"
+                .into(),
+        );
     }
     let per_node = options::count(given, "ntasks-per-node")?;
     let ntasks = match (options::count(given, "ntasks")?, per_node) {
         (Some(n), _) => n,
-        (None, Some(per_node)) => per_node,
+        (None, Some(per_node)) => per_node.saturating_mul(nodes.len() as u32),
+        (None, None) if options::last(given, "nodes").is_some() => nodes.len() as u32,
         // The allocation's, as Slurm does inside one.
         (None, None) => env.get("SLURM_NTASKS").and_then(|n| n.parse().ok()).filter(|n| *n > 0).unwrap_or(1),
     };
+    if ntasks < nodes.len() as u32 {
+        nodes.truncate(ntasks as usize);
+    }
+    // Block distribution: the first node's tasks, then the next's.
+    let per = per_node.unwrap_or_else(|| ntasks.div_ceil(nodes.len().max(1) as u32)).max(1);
+    let mut tasks = Vec::new();
+    for task in 0..ntasks {
+        let slot = (task / per) as usize;
+        let node = *nodes.get(slot).ok_or_else(|| {
+            format!("{ntasks} tasks, {per} a node, need more than the step's {} nodes", nodes.len())
+        })?;
+        tasks.push((node, task, task % per));
+    }
     let append = match options::last(given, "open-mode") {
         None | Some("truncate") => false,
         Some("append") => true,
@@ -66,6 +103,8 @@ fn plan(given: &Given, program: Vec<String>, env: &BTreeMap<String, String>) -> 
     };
     Ok(Plan {
         ntasks,
+        nodes,
+        tasks,
         label: options::flag(given, "label"),
         kill_on_bad_exit: options::flag(given, "kill-on-bad-exit"),
         output: options::last(given, "output").map(str::to_string),
@@ -95,6 +134,8 @@ fn claim_step(steps: &std::path::Path) -> Result<(u32, std::path::PathBuf), Stri
 
 /// `srun` in an allocation: runs the step and ends with its exit: the
 /// highest of its tasks' codes, or 128+N for a task killed by signal N.
+/// Its tasks on this node are its children; those on the job's other
+/// nodes are started there by their batch steps (`remote.rs`).
 pub fn in_allocation(args: &[String]) -> Result<i32, String> {
     let (given, program) = options::parse(SRUN, args, "")?;
     for note in options::ignored_notes(SRUN, &given) {
@@ -107,6 +148,86 @@ pub fn in_allocation(args: &[String]) -> Result<i32, String> {
     let (step_id, step_file) = claim_step(&steps)?;
     let waited = step::waited_signals();
     waited.thread_block().map_err(|e| format!("cannot block signals: {e}"))?;
+    let here: u32 = env.get("SLURM_NODEID").and_then(|n| n.parse().ok()).unwrap_or(0);
+    let all_names: Vec<String> =
+        env.get("SLURM_JOB_NODELIST").and_then(|l| ebb_core::hostlist::expand(l).ok()).unwrap_or_default();
+    let step_names: Vec<&str> =
+        plan.nodes.iter().filter_map(|n| all_names.get(*n as usize)).map(String::as_str).collect();
+    let per_node: Vec<String> =
+        plan.nodes.iter().map(|n| plan.tasks.iter().filter(|t| t.0 == *n).count().to_string()).collect();
+    let task_env = |node: u32, task: u32| -> BTreeMap<String, String> {
+        let mut vars = BTreeMap::from([
+            ("SLURM_PROCID".to_string(), task.to_string()),
+            ("SLURM_NODEID".to_string(), node.to_string()),
+            ("SLURM_STEP_ID".to_string(), step_id.to_string()),
+            ("SLURM_STEPID".to_string(), step_id.to_string()),
+            ("SLURM_STEP_NUM_TASKS".to_string(), plan.ntasks.to_string()),
+            ("SLURM_STEP_NUM_NODES".to_string(), plan.nodes.len().to_string()),
+            ("SLURM_STEP_NODELIST".to_string(), ebb_core::hostlist::compress(&step_names)),
+            ("SLURM_STEP_TASKS_PER_NODE".to_string(), per_node.join(",")),
+            ("SLURM_NTASKS".to_string(), plan.ntasks.to_string()),
+            ("SLURM_NPROCS".to_string(), plan.ntasks.to_string()),
+        ]);
+        if let Some(cpus) = plan.cpus_per_task {
+            vars.insert("SLURM_CPUS_PER_TASK".to_string(), cpus.to_string());
+        }
+        vars
+    };
+    // The other nodes' shares first: they start while this one's do.
+    let mut remote = Vec::new();
+    let others: Vec<u32> = plan.nodes.iter().copied().filter(|n| *n != here).collect();
+    if !others.is_empty() {
+        let hub = env.get("EBB_SLURM_HUB").ok_or("no step directory (EBB_SLURM_HUB)")?;
+        let key = env.get("EBB_SLURM_KEY").cloned().unwrap_or_default();
+        let nodes = super::remote::directory(hub, &key, all_names.len() as u32)?;
+        for node in others {
+            let tasks: Vec<(u32, u32)> =
+                plan.tasks.iter().filter(|t| t.0 == node).map(|&(_, task, local)| (task, local)).collect();
+            let request = super::remote::StepRequest {
+                step: step_id,
+                argv: plan.program.clone(),
+                env: match &plan.export {
+                    Some(export) => super::sbatch::exported(export, &env)?,
+                    None => env.clone(),
+                },
+                cwd: plan
+                    .chdir
+                    .clone()
+                    .or_else(|| std::env::current_dir().ok().map(|d| d.display().to_string())),
+                output: plan.output.clone(),
+                error: plan.error.clone(),
+                append: plan.append,
+                task_env: tasks.iter().map(|&(task, _)| (task, task_env(node, task))).collect(),
+                tasks: tasks.clone(),
+            };
+            let at = nodes.get(&node).ok_or_else(|| format!("node {node} of the job has no step address"))?;
+            let stream = super::remote::start_remote(at, &key, &request)?;
+            let label = plan.label;
+            let count = tasks.len();
+            remote.push(std::thread::spawn(move || {
+                let mut code = 0;
+                let followed = super::remote::follow(stream, count, |event| match event {
+                    super::remote::StepEvent::Out { task, line, err } => {
+                        let text = if label { format!("{task}: {line}\n") } else { format!("{line}\n") };
+                        let _ = match err {
+                            true => std::io::stderr().lock().write_all(text.as_bytes()),
+                            false => std::io::stdout().lock().write_all(text.as_bytes()),
+                        };
+                    }
+                    super::remote::StepEvent::Exit { code: c, .. } => code = code.max(c),
+                    super::remote::StepEvent::Failed { message } => {
+                        eprintln!("srun: error: {message}");
+                        code = code.max(1);
+                    }
+                });
+                if let Err(e) = followed {
+                    eprintln!("srun: error: {e}");
+                    code = code.max(1);
+                }
+                code
+            }));
+        }
+    }
     let mut names = Names::from_env(&env);
     names.step = step_id.to_string();
     let gpus: Vec<String> = env
@@ -116,7 +237,7 @@ pub fn in_allocation(args: &[String]) -> Result<i32, String> {
     let mut shared_files: BTreeMap<String, std::fs::File> = BTreeMap::new();
     let mut children: Vec<Option<Child>> = Vec::new();
     let mut readers = Vec::new();
-    for task in 0..plan.ntasks {
+    for &(_, task, local) in plan.tasks.iter().filter(|t| t.0 == here) {
         names.task = Some(task);
         let mut command = Command::new(&plan.program[0]);
         step::unblocked(&mut command).args(&plan.program[1..]).stdin(Stdio::null());
@@ -132,32 +253,15 @@ pub fn in_allocation(args: &[String]) -> Result<i32, String> {
         if let Some(dir) = &plan.chdir {
             command.current_dir(dir);
         }
-        let ntasks = plan.ntasks.to_string();
-        let node = env.get("EBB_NODE").cloned().unwrap_or_default();
-        command
-            .env("SLURM_PROCID", task.to_string())
-            .env("SLURM_LOCALID", task.to_string())
-            .env("SLURM_NODEID", "0")
-            .env("SLURM_STEP_ID", step_id.to_string())
-            .env("SLURM_STEPID", step_id.to_string())
-            .env("SLURM_STEP_NUM_TASKS", &ntasks)
-            .env("SLURM_STEP_NUM_NODES", "1")
-            .env("SLURM_STEP_NODELIST", &node)
-            .env("SLURM_STEP_TASKS_PER_NODE", &ntasks)
-            .env("SLURM_NTASKS", &ntasks)
-            .env("SLURM_NPROCS", &ntasks);
-        if let Some(cpus) = plan.cpus_per_task {
-            command.env("SLURM_CPUS_PER_TASK", cpus.to_string());
-        }
+        command.envs(task_env(here, task)).env("SLURM_LOCALID", local.to_string());
         if let Some(per_task) = plan.gpus_per_task {
-            let from = (task * per_task) as usize;
+            let from = (local * per_task) as usize;
             let mine: Vec<&str> =
                 gpus.iter().skip(from).take(per_task as usize).map(String::as_str).collect();
             if mine.len() < per_task as usize {
                 return Err(format!(
-                    "--gpus-per-task={per_task}: {} tasks need {} GPUs, the job has {}",
-                    plan.ntasks,
-                    plan.ntasks * per_task,
+                    "--gpus-per-task={per_task}: this node's tasks need {} GPUs, it has {}",
+                    (local + 1) * per_task,
                     gpus.len()
                 ));
             }
@@ -179,45 +283,52 @@ pub fn in_allocation(args: &[String]) -> Result<i32, String> {
             Some(_) => file(&plan.error)?,
             None => out.as_ref().map(|f| f.try_clone()).transpose().map_err(|e| e.to_string())?,
         };
-        let labelled = plan.label;
+        // Labelled, or with tasks elsewhere whose lines come here too: one
+        // writer per line.
+        let piped = plan.label || !remote.is_empty();
         match out {
             Some(f) => command.stdout(f),
-            None if labelled => command.stdout(Stdio::piped()),
+            None if piped => command.stdout(Stdio::piped()),
             None => command.stdout(Stdio::inherit()),
         };
         match err {
             Some(f) => command.stderr(f),
-            None if labelled => command.stderr(Stdio::piped()),
+            None if piped => command.stderr(Stdio::piped()),
             None => command.stderr(Stdio::inherit()),
         };
         let mut child = command.spawn().map_err(|e| format!("cannot run {:?}: {e}", plan.program[0]))?;
-        if labelled {
-            if let Some(pipe) = child.stdout.take() {
-                readers.push(label(pipe, task, false));
-            }
-            if let Some(pipe) = child.stderr.take() {
-                readers.push(label(pipe, task, true));
-            }
+        if let Some(pipe) = child.stdout.take() {
+            readers.push(label(pipe, plan.label.then_some(task), false));
+        }
+        if let Some(pipe) = child.stderr.take() {
+            readers.push(label(pipe, plan.label.then_some(task), true));
         }
         children.push(Some(child));
     }
     let pids: Vec<String> = children.iter().flatten().map(|c| c.id().to_string()).collect();
     std::fs::write(&step_file, pids.join("\n")).map_err(|e| format!("{}: {e}", step_file.display()))?;
-    let code = wait_all(&mut children, &waited, plan.kill_on_bad_exit);
+    let mut code = wait_all(&mut children, &waited, plan.kill_on_bad_exit);
     let _ = std::fs::remove_file(&step_file);
     for reader in readers {
         let _ = reader.join();
     }
+    for node in remote {
+        code = code.max(node.join().unwrap_or(1));
+    }
     Ok(code)
 }
 
-/// Copies a task's pipe to `srun`'s own output, each line begun with
-/// the task's number (`srun -l`).
-fn label(pipe: impl std::io::Read + Send + 'static, task: u32, err: bool) -> std::thread::JoinHandle<()> {
+/// Copies a task's pipe to `srun`'s own output, line by line, each begun
+/// with the task's number with `srun -l`.
+fn label(
+    pipe: impl std::io::Read + Send + 'static,
+    task: Option<u32>,
+    err: bool,
+) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let reader = std::io::BufReader::new(pipe);
         for line in reader.split(b'\n').map_while(Result::ok) {
-            let mut bytes = format!("{task}: ").into_bytes();
+            let mut bytes = task.map(|t| format!("{t}: ")).unwrap_or_default().into_bytes();
             bytes.extend_from_slice(&line);
             bytes.push(b'\n');
             let _ = match err {
@@ -289,22 +400,29 @@ mod tests {
     }
 
     #[test]
-    fn a_step_takes_the_allocations_tasks_unless_told_and_refuses_other_nodes() {
+    fn a_steps_tasks_are_spread_over_its_nodes_in_blocks() {
         let env = BTreeMap::from([
             ("SLURM_NTASKS".to_string(), "3".to_string()),
-            ("SLURM_NNODES".to_string(), "1".to_string()),
+            ("SLURM_JOB_NODELIST".to_string(), "node-[0-1]".to_string()),
+            ("EBB_SLURM_HUB".to_string(), "127.0.0.1:29500".to_string()),
             ("EBB_NODE".to_string(), "node-0".to_string()),
         ]);
         let (g, program) = given("--unbuffered -l python x.py");
         let p = plan(&g, program, &env).unwrap();
         assert_eq!((p.ntasks, p.label, p.program.len()), (3, true, 2));
-        let (g, program) = given("-n 2 --kill-on-bad-exit -o out-%t.log true");
+        assert_eq!(p.tasks, [(0, 0, 0), (0, 1, 1), (1, 2, 0)]);
+        let (g, program) = given("--ntasks-per-node=1 -K -o out-%t.log true");
         let p = plan(&g, program, &env).unwrap();
-        assert_eq!((p.ntasks, p.kill_on_bad_exit, p.output.as_deref()), (2, true, Some("out-%t.log")));
-        let (g, program) = given("-w node-[0-1] true");
-        assert!(plan(&g, program, &env).err().unwrap().contains("node-0 only"));
-        let (g, program) = given("-N 2 true");
-        assert!(plan(&g, program, &env).err().unwrap().contains("across 2 nodes"));
+        assert_eq!(p.tasks, [(0, 0, 0), (1, 1, 0)]);
+        assert!(p.kill_on_bad_exit);
+        let (g, program) = given("-N 1 true");
+        assert_eq!(plan(&g, program, &env).unwrap().tasks, [(0, 0, 0)]);
+        let (g, program) = given("-w node-1 true");
+        assert_eq!(plan(&g, program, &env).unwrap().tasks, [(1, 0, 0)]);
+        let (g, program) = given("-w node-7 true");
+        assert!(plan(&g, program, &env).err().unwrap().contains("not one of this job's nodes"));
+        let (g, program) = given("-N 3 true");
+        assert!(plan(&g, program, &env).err().unwrap().contains("the job has 2 nodes"));
         let (g, program) = given("-n 2");
         assert!(plan(&g, program, &env).err().unwrap().contains("no program"));
     }

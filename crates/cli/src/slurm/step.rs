@@ -220,6 +220,17 @@ pub fn batch(args: &[String]) -> ! {
     };
     let a = batch_args(args).unwrap_or_else(|e| fail(e));
     let env: BTreeMap<String, String> = std::env::vars().collect();
+    // A job of several nodes: the script runs on the first; the others'
+    // batch steps run the steps srun sends them.
+    if let Some(hub) = env.get("EBB_SLURM_HUB") {
+        match env.get("SLURM_NODEID").map(String::as_str) {
+            Some("0") | None => {
+                let key = env.get("EBB_SLURM_KEY").cloned().unwrap_or_default();
+                super::remote::serve_directory(hub, key).unwrap_or_else(|e| fail(e));
+            }
+            Some(_) => super::remote::node_step(&a.steps, a.to_batch),
+        }
+    }
     let names = Names::from_env(&env);
     let open = |pattern: &str| {
         let path = PathBuf::from(names.expand(pattern));

@@ -175,3 +175,64 @@ fn dask_jobqueue_simple_slurm_time_limits_and_dependencies() {
     assert_eq!(sacct_state(&cluster, &bin, id), "RUNNING");
     cluster.ebb(&["cancel", id]);
 }
+
+/// A two-node script as a user writes it: whole GPUs on two nodes, the
+/// batch shell told at a drain (B:), MASTER_ADDR from scontrol, srun
+/// launching a task per node, a trap that saves and requeues. Preempted by
+/// on-demand work, it resumes on both nodes, its output appended.
+#[test]
+fn a_two_node_script_is_preempted_and_resumes() {
+    let cluster = Cluster::start(Options { nodes: 2, gpus: 4, ..Default::default() });
+    let bin = install(&cluster);
+    let script = cluster.submit_dir().join("two.sh");
+    std::fs::write(
+        &script,
+        r#"#!/bin/bash
+#SBATCH --nodes=2 --gres=gpu:4 --signal=B:USR1@60 --requeue
+#SBATCH --output=two-%j.out --open-mode=append
+export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)
+echo "attempt $SLURM_RESTART_COUNT of $SLURM_NNODES nodes, master $MASTER_ADDR"
+trap 'echo "saving at the notice"; scontrol requeue $SLURM_JOB_ID' USR1
+srun -l --ntasks-per-node=1 bash -c 'echo "rank $SLURM_PROCID on node $SLURM_NODEID with GPUs $CUDA_VISIBLE_DEVICES, master $MASTER_ADDR"; sleep 600' &
+wait
+"#,
+    )
+    .unwrap();
+    let out = user(&cluster, &bin, "sbatch").args(["--parsable", script.to_str().unwrap()]).output().unwrap();
+    let id = ok(out, "sbatch two.sh").trim().to_string();
+    let output = cluster.submit_dir().join(format!("two-{id}.out"));
+    // Both ranks' lines after the first attempt's line from `after`
+    // (a first start may be retried with another port: it is counted).
+    let ranks_after = |after: u32| {
+        let output = output.clone();
+        move || {
+            let text = std::fs::read_to_string(&output).ok()?;
+            let (at, attempt) = text.match_indices("attempt ").find_map(|(at, _)| {
+                let n: u32 = text[at + 8..].split_whitespace().next()?.parse().ok()?;
+                (n >= after).then_some((at, n))
+            })?;
+            let ranks = text[at..].lines().filter(|l| l.contains(": rank ")).take(2).count();
+            (ranks == 2).then(|| (attempt, text[at..].to_string()))
+        }
+    };
+    let (first, text) = wait_for("both ranks of the first attempt", Duration::from_secs(30), ranks_after(0));
+    let job = cluster.job(id.parse().unwrap());
+    let nodes: Vec<&str> =
+        job["placement"].as_array().unwrap().iter().map(|p| p["node"].as_str().unwrap()).collect();
+    assert_eq!(nodes.len(), 2, "{job}");
+    let master = nodes[0];
+    assert!(text.starts_with(&format!("attempt {first} of 2 nodes, master {master}\n")), "{text}");
+    for rank in 0..2 {
+        let line = format!("{rank}: rank {rank} on node {rank} with GPUs 0,1,2,3, master {master}");
+        assert!(text.contains(&line), "{line:?} in {text}");
+    }
+    cluster.submit(&["--tier", "on-demand", "--gpus", "8", "--", "sleep", "1"]);
+    let (next, text) =
+        wait_for("both ranks of the next attempt", Duration::from_secs(60), ranks_after(first + 1));
+    assert_eq!(next, first + 1);
+    let all = std::fs::read_to_string(&output).unwrap();
+    assert!(all.contains(&format!("saving at the notice\n{text}")), "{all}");
+    let job = cluster.job(id.parse().unwrap());
+    assert_eq!((job["preemptions"].as_u64(), job["retries"].as_u64()), (Some(1), Some(0)), "{job}");
+    cluster.ebb(&["cancel", &id]);
+}

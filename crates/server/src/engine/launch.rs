@@ -29,7 +29,10 @@ impl<S: Store> Engine<S> {
         let interval = job.interval.as_ref().map(|(s, _)| s.to_string()).unwrap_or_default();
         let nodes = job.placement.len();
         let slurm = job.spec.slurm.as_ref().map(|_| slurm_env(job));
-        let start = |rank: usize, gpus: &Vec<u8>| {
+        // A Slurm gang's steps meet at its first node's batch step (the
+        // rendezvous port), with a key of this attempt's.
+        let step_key = crate::new_token();
+        let start = |rank: usize, node: &str, gpus: &Vec<u8>| {
             let mut env = (*job.spec.env).clone();
             if let Some(task) = &job.array {
                 env.extend(super::jobs::task_env(task));
@@ -39,8 +42,17 @@ impl<S: Store> Engine<S> {
                 env.insert("SLURM_NODEID".into(), rank.to_string());
             }
             env.insert("EBB_CHECKPOINT_INTERVAL_S".into(), interval.clone());
-            if let Some((addr, port)) = &job.rendezvous {
-                env.extend(gang_env(addr, *port, rank, nodes, gpus.len(), job.gpus));
+            match (&job.rendezvous, &slurm) {
+                (Some((addr, port)), None) => {
+                    env.extend(gang_env(addr, *port, rank, nodes, gpus.len(), job.gpus))
+                }
+                (Some((addr, port)), Some(_)) => {
+                    let own = self.fleet.nodes.get(node).and_then(|n| n.address.clone());
+                    env.insert("EBB_SLURM_HUB".into(), format!("{addr}:{port}"));
+                    env.insert("EBB_SLURM_KEY".into(), step_key.clone());
+                    env.insert("EBB_SLURM_ADDRESS".into(), own.unwrap_or_else(|| node.to_string()));
+                }
+                (None, _) => {}
             }
             StartAttempt {
                 attempt: AttemptRef { job: id, attempt: job.attempt },
@@ -74,7 +86,7 @@ impl<S: Store> Engine<S> {
         job.placement
             .iter()
             .enumerate()
-            .map(|(rank, (node, gpus))| (node.clone(), start(rank, gpus)))
+            .map(|(rank, (node, gpus))| (node.clone(), start(rank, node, gpus)))
             .collect()
     }
 
