@@ -123,7 +123,10 @@ fn squeue_field(job: &api::Job, id: &str, letter: char) -> String {
             None => "UNLIMITED".into(),
         },
         'l' => time_limit(job, true),
-        'D' => slurm.and_then(|s| s.nodes).unwrap_or(job.placement.len().max(1) as u32).to_string(),
+        'D' => match job.placement.len() {
+            0 => slurm.and_then(|s| s.nodes).unwrap_or(1).to_string(),
+            placed => placed.to_string(),
+        },
         'C' => slurm.map(|s| s.cpus_per_task.unwrap_or(1) * s.ntasks.unwrap_or(1)).unwrap_or(1).to_string(),
         'b' => format!("gres/gpu:{}", job.gpus),
         'R' => reason_or_nodes(job),

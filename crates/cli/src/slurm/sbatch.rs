@@ -242,7 +242,10 @@ mod tests {
     use super::*;
 
     fn run(args: &str, script: &str) -> Result<Batch, String> {
-        let dir = std::env::temp_dir().join(format!("ebb-sbatch-{}", std::process::id()));
+        // A directory per call: the tests run at once.
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let dir = std::env::temp_dir().join(format!("ebb-sbatch-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("train.sh");
         std::fs::write(&path, script).unwrap();

@@ -75,7 +75,12 @@ fn plan(given: &Given, program: Vec<String>, env: &BTreeMap<String, String>) -> 
     let ntasks = match (options::count(given, "ntasks")?, per_node) {
         (Some(n), _) => n,
         (None, Some(per_node)) => per_node.saturating_mul(nodes.len() as u32),
-        (None, None) if options::last(given, "nodes").is_some() => nodes.len() as u32,
+        // A task a node, on the nodes named or counted.
+        (None, None)
+            if options::last(given, "nodes").is_some() || options::last(given, "nodelist").is_some() =>
+        {
+            nodes.len() as u32
+        }
         // The allocation's, as Slurm does inside one.
         (None, None) => env.get("SLURM_NTASKS").and_then(|n| n.parse().ok()).filter(|n| *n > 0).unwrap_or(1),
     };
