@@ -2,14 +2,24 @@
 
 use super::*;
 
-/// Nodes and their GPUs (admin).
+/// Nodes and their GPUs. A tenant (`sinfo`) sees each node's model,
+/// GPUs, state and how many are in use, as Slurm shows every user; not
+/// which jobs run there, what is held for whom, or why a node is unhealthy.
 #[utoipa::path(get, path = "/v1/nodes", tag = "operator", responses((status = 200, body = [api::Node])))]
 pub(super) async fn list_nodes(
     State(app): State<App>,
     headers: HeaderMap,
 ) -> ApiResult<Json<Vec<api::Node>>> {
-    app.require(&headers, Scope::Admin)?;
-    Ok(Json(app.ask(|reply| Msg::Nodes { reply }).await?))
+    let principal = app.tenant(&headers)?;
+    let mut nodes = app.ask(|reply| Msg::Nodes { reply }).await?;
+    if principal.scope != Scope::Admin {
+        for node in &mut nodes {
+            node.jobs.clear();
+            node.held.clear();
+            node.unhealthy = None;
+        }
+    }
+    Ok(Json(nodes))
 }
 
 /// Drain a node for maintenance (admin): it takes no new work, its

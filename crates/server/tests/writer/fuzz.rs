@@ -110,6 +110,7 @@ enum Event {
         peak: Option<u64>,
         error: Option<String>,
         port: Option<u16>,
+        ended_by: Option<ebb_api::EndedBy>,
     },
     Checkpoint {
         which: Which,
@@ -169,8 +170,8 @@ fn event() -> impl Strategy<Value = Event> {
     ];
     prop_oneof![
         3 => (which(), any::<u32>(), at()).prop_map(|(which, pid, at)| Event::Started { which, pid, at }),
-        3 => (which(), any::<Option<i32>>(), any::<Option<i32>>(), any::<bool>(), at(), proptest::option::of(big_u64()), proptest::option::of(text()), rarely(any::<u16>()))
-            .prop_map(|(which, code, signal, completed, at, peak, error, port)| Event::Exited { which, code, signal, completed, at, peak, error, port }),
+        3 => (which(), any::<Option<i32>>(), any::<Option<i32>>(), any::<bool>(), at(), proptest::option::of(big_u64()), proptest::option::of(text()), rarely(any::<u16>()), ended_by())
+            .prop_map(|(which, code, signal, completed, at, peak, error, port, ended_by)| Event::Exited { which, code, signal, completed, at, peak, error, port, ended_by }),
         2 => (which(), proptest::option::of(big_u64()), proptest::option::of(big_u64()), big_u64(), at())
             .prop_map(|(which, step, bytes, duration_ms, at)| Event::Checkpoint { which, step, bytes, duration_ms, at }),
         1 => (which(), proptest::option::of(big_u64()), at()).prop_map(|(which, step, at)| Event::Resumed { which, step, at }),
@@ -199,6 +200,15 @@ fn image() -> impl Strategy<Value = (Option<String>, Option<String>)> {
 
 /// Mostly `None`: a submission with one bad field is refused whole, so
 /// each field is odd only now and then, and most submissions run.
+/// What ended an attempt, by a node's word: mostly nothing.
+fn ended_by() -> impl Strategy<Value = Option<ebb_api::EndedBy>> {
+    prop_oneof![
+        8 => Just(None),
+        1 => Just(Some(ebb_api::EndedBy::Requeue)),
+        1 => Just(Some(ebb_api::EndedBy::TimeLimit)),
+    ]
+}
+
 /// A Slurm batch job's script and options, valid or not.
 fn slurm() -> impl Strategy<Value = ebb_api::SlurmBatch> {
     let script = prop_oneof![
@@ -558,17 +568,19 @@ impl World {
             Event::Started { which, pid, at } => {
                 AgentEvent::Started { attempt: self.attempt(which, node), pid, at_ms: at.resolve(now) }
             }
-            Event::Exited { which, code, signal, completed, at, peak, error, port } => AgentEvent::Exited {
-                attempt: self.attempt(which, node),
-                code,
-                signal,
-                completed,
-                at_ms: at.resolve(now),
-                peak_memory_bytes: peak,
-                start_error: error,
-                port_in_use: port,
-                ended_by: None,
-            },
+            Event::Exited { which, code, signal, completed, at, peak, error, port, ended_by } => {
+                AgentEvent::Exited {
+                    attempt: self.attempt(which, node),
+                    code,
+                    signal,
+                    completed,
+                    at_ms: at.resolve(now),
+                    peak_memory_bytes: peak,
+                    start_error: error,
+                    port_in_use: port,
+                    ended_by,
+                }
+            }
             Event::Checkpoint { which, step, bytes, duration_ms, at } => AgentEvent::Checkpoint {
                 attempt: self.attempt(which, node),
                 step,

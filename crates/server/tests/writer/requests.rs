@@ -136,8 +136,19 @@ fn tenants_see_only_their_own_jobs_and_bad_requests_name_what_was_wrong() {
     // No token, or a bad one: 401.
     assert_eq!(api.call("GET", "/v1/jobs", None, None).status, 401);
     assert_eq!(api.get("ebb_not-a-token", "/v1/jobs").status, 401);
-    // Tenants are not operators.
-    assert_eq!(api.get(&a, "/v1/nodes").status, 403);
+    // Tenants are not operators; they see nodes (sinfo) but not whose
+    // jobs run there.
+    assert_eq!(api.post(&a, "/v1/nodes/n1/drain", &json!({})).status, 403);
+    let nodes = api.get(&a, "/v1/nodes");
+    assert_eq!(nodes.status, 200, "{}", nodes.body);
+    assert!(
+        nodes.body.as_array().unwrap().iter().all(|n| n["jobs"] == json!([]) && n.get("held").is_none()),
+        "{}",
+        nodes.body
+    );
+    let admin = api.admin.clone();
+    let seen = api.get(&admin, "/v1/nodes");
+    assert!(seen.body.as_array().unwrap().iter().any(|n| n["jobs"] != json!([])), "{}", seen.body);
     // A malformed spec: 400 naming the field; one the API document allows
     // but this cluster cannot take (6 GPUs on nodes of 4): 422.
     for (body, field, expected) in [
