@@ -282,19 +282,9 @@ fn ignore_sigterm() {
 async fn scancel(args: &[String]) -> Result<String, String> {
     let mut ids = Vec::new();
     let (mut names, mut me, mut signal, mut batch) = (None::<String>, false, None::<String>, false);
-    let mut i = 0;
-    while i < args.len() {
-        let (flag, inline) = match args[i].split_once('=').filter(|_| args[i].starts_with("--")) {
-            Some((f, v)) => (f.to_string(), Some(v.to_string())),
-            None => (args[i].clone(), None),
-        };
-        let mut value = || -> Result<String, String> {
-            if let Some(v) = &inline {
-                return Ok(v.clone());
-            }
-            i += 1;
-            args.get(i).cloned().ok_or_else(|| format!("option '{flag}' requires an argument"))
-        };
+    let mut flags = query::Flags::new(args);
+    while let Some(flag) = flags.next_flag() {
+        let mut value = || flags.value();
         match flag.as_str() {
             "-s" | "--signal" => signal = Some(value()?),
             "-b" | "--batch" => batch = true,
@@ -308,7 +298,6 @@ async fn scancel(args: &[String]) -> Result<String, String> {
             flag if flag.starts_with('-') => return Err(format!("unrecognized option '{flag}'")),
             id => ids.extend(id.split(',').filter(|s| !s.is_empty()).map(str::to_string)),
         }
-        i += 1;
     }
     let client = client()?;
     let mut jobs = Vec::new();

@@ -275,16 +275,9 @@ pub async fn squeue(client: &Client, args: &[String]) -> Result<String, String> 
     let (mut header, mut expand) = (true, false);
     let (mut ids, mut users, mut names, mut states): (Vec<String>, Vec<String>, Vec<String>, Vec<String>) =
         Default::default();
-    let mut i = 0;
-    while i < args.len() {
-        let (flag, inline) = split_flag(&args[i]);
-        let mut value = || -> Result<String, String> {
-            if let Some(v) = &inline {
-                return Ok(v.clone());
-            }
-            i += 1;
-            args.get(i).cloned().ok_or_else(|| format!("option '{flag}' requires an argument"))
-        };
+    let mut flags = Flags::new(args);
+    while let Some(flag) = flags.next_flag() {
+        let mut value = || flags.value();
         match flag.as_str() {
             "-h" | "--noheader" => header = false,
             "-r" | "--array" => expand = true,
@@ -300,7 +293,6 @@ pub async fn squeue(client: &Client, args: &[String]) -> Result<String, String> 
             }
             other => return Err(format!("unrecognized option '{other}'")),
         }
-        i += 1;
     }
     let mut jobs = list(client, "active").await?;
     jobs.retain(|job| {
@@ -323,14 +315,42 @@ pub async fn squeue(client: &Client, args: &[String]) -> Result<String, String> 
     Ok(out)
 }
 
-/// `--flag=value` or `--flag` / `-x`.
-fn split_flag(arg: &str) -> (String, Option<String>) {
-    match arg.split_once('=').filter(|_| arg.starts_with("--")) {
-        Some((flag, value)) => (flag.to_string(), Some(value.to_string())),
-        None if arg.len() > 2 && arg.starts_with('-') && !arg.starts_with("--") => {
-            (arg[..2].to_string(), Some(arg[2..].to_string()))
+/// A command line read a flag at a time: `--flag=value`, `--flag value`,
+/// `-xVALUE`, `-x value`, or a bare word.
+pub struct Flags<'a> {
+    args: &'a [String],
+    next: usize,
+    flag: String,
+    inline: Option<String>,
+}
+
+impl<'a> Flags<'a> {
+    pub fn new(args: &'a [String]) -> Flags<'a> {
+        Flags { args, next: 0, flag: String::new(), inline: None }
+    }
+
+    /// The next flag (or word), its value held for [`Flags::value`].
+    pub fn next_flag(&mut self) -> Option<String> {
+        let arg = self.args.get(self.next)?;
+        self.next += 1;
+        (self.flag, self.inline) = match arg.split_once('=').filter(|_| arg.starts_with("--")) {
+            Some((flag, value)) => (flag.to_string(), Some(value.to_string())),
+            None if arg.len() > 2 && arg.starts_with('-') && !arg.starts_with("--") => {
+                (arg[..2].to_string(), Some(arg[2..].to_string()))
+            }
+            None => (arg.to_string(), None),
+        };
+        Some(self.flag.clone())
+    }
+
+    /// The current flag's value: given with it, or the next word.
+    pub fn value(&mut self) -> Result<String, String> {
+        if let Some(value) = self.inline.take() {
+            return Ok(value);
         }
-        None => (arg.to_string(), None),
+        let value = self.args.get(self.next).cloned();
+        self.next += 1;
+        value.ok_or_else(|| format!("option '{}' requires an argument", self.flag))
     }
 }
 
@@ -424,16 +444,9 @@ pub async fn sacct(client: &Client, args: &[String]) -> Result<String, String> {
     let (mut header, mut parsable, mut trailing) = (true, false, false);
     let mut ids: Vec<String> = Vec::new();
     let mut names: Vec<String> = Vec::new();
-    let mut i = 0;
-    while i < args.len() {
-        let (flag, inline) = split_flag(&args[i]);
-        let mut value = || -> Result<String, String> {
-            if let Some(v) = &inline {
-                return Ok(v.clone());
-            }
-            i += 1;
-            args.get(i).cloned().ok_or_else(|| format!("option '{flag}' requires an argument"))
-        };
+    let mut flags = Flags::new(args);
+    while let Some(flag) = flags.next_flag() {
+        let mut value = || flags.value();
         match flag.as_str() {
             "-j" | "--jobs" => ids.extend(value()?.split(',').filter(|s| !s.is_empty()).map(str::to_string)),
             "-o" | "--format" => fields = value()?,
@@ -448,7 +461,6 @@ pub async fn sacct(client: &Client, args: &[String]) -> Result<String, String> {
             }
             other => return Err(format!("unrecognized option '{other}'")),
         }
-        i += 1;
     }
     let fields: Vec<String> =
         fields.split(',').map(|f| f.split('%').next().unwrap_or(f).trim().to_string()).collect();
@@ -616,6 +628,36 @@ mod tests {
         let rows = squeue_rows(&tasks, "%i %t", false);
         assert_eq!(rows, ["20_0 R", "20_[1-4] PD"]);
         assert_eq!(squeue_rows(&tasks, "%i", true).len(), 5);
+    }
+
+    #[test]
+    fn flags_take_their_values_in_every_form() {
+        let args: Vec<String> =
+            ["-j12,13", "--format=%i", "-o", "%j", "--me", "-t"].map(String::from).to_vec();
+        let mut flags = Flags::new(&args);
+        let mut seen = Vec::new();
+        while let Some(flag) = flags.next_flag() {
+            let value = if flag == "--me" { Ok(String::new()) } else { flags.value() };
+            seen.push((flag, value));
+        }
+        assert_eq!(seen[0], ("-j".to_string(), Ok("12,13".to_string())));
+        assert_eq!(seen[1], ("--format".to_string(), Ok("%i".to_string())));
+        assert_eq!(seen[2], ("-o".to_string(), Ok("%j".to_string())));
+        assert_eq!(seen[4], ("-t".to_string(), Err("option '-t' requires an argument".to_string())));
+    }
+
+    proptest::proptest! {
+        /// Whatever words a command line holds, reading it ends, without a panic.
+        #[test]
+        fn any_command_line_is_read_to_its_end(args in proptest::collection::vec("-{0,2}[a-z=%0-9,]{0,6}", 0..8)) {
+            let mut flags = Flags::new(&args);
+            let mut steps = 0;
+            while flags.next_flag().is_some() {
+                let _ = flags.value();
+                steps += 1;
+                proptest::prop_assert!(steps <= args.len());
+            }
+        }
     }
 
     #[test]
