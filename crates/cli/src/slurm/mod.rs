@@ -82,8 +82,17 @@ enum Done {
 /// config file, as every `ebb` command finds them.
 fn client() -> Result<Client, String> {
     let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-    Connection { server: var("EBB_SERVER"), token: var("EBB_TOKEN"), ca: var("EBB_CA").map(Into::into) }
-        .client()
+    let connection =
+        Connection { server: var("EBB_SERVER"), token: var("EBB_TOKEN"), ca: var("EBB_CA").map(Into::into) };
+    // These commands take no --server or --token: say what they read.
+    connection.client().map_err(|e| match e.split_once(':') {
+        Some(("no server", _)) => {
+            "no server: set EBB_SERVER (e.g. http://127.0.0.1:7300), or put \"server\" in ~/.config/ebb/config.json"
+                .into()
+        }
+        Some(("no token", _)) => "no token: set EBB_TOKEN, or put \"token\" in ~/.config/ebb/config.json".into(),
+        _ => e,
+    })
 }
 
 async fn run(name: &str, args: &[String]) -> Result<Done, String> {

@@ -178,7 +178,12 @@ pub fn in_allocation(args: &[String]) -> Result<i32, String> {
         }
         vars
     };
-    // The other nodes' shares first: they start while this one's do.
+    // The other nodes' shares first: they start while this one's do. A
+    // task that fails with --kill-on-bad-exit ends the step everywhere:
+    // `failed` is set, this process woken, and the other nodes' streams
+    // shut (each node's batch step then kills its tasks).
+    let failed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut streams = Vec::new();
     let mut remote = Vec::new();
     let others: Vec<u32> = plan.nodes.iter().copied().filter(|n| *n != here).collect();
     if !others.is_empty() {
@@ -207,7 +212,8 @@ pub fn in_allocation(args: &[String]) -> Result<i32, String> {
             };
             let at = nodes.get(&node).ok_or_else(|| format!("node {node} of the job has no step address"))?;
             let stream = super::remote::start_remote(at, &key, &request)?;
-            let label = plan.label;
+            streams.push(stream.try_clone().map_err(|e| e.to_string())?);
+            let (label, kill_on_bad_exit, failed) = (plan.label, plan.kill_on_bad_exit, failed.clone());
             let count = tasks.len();
             remote.push(std::thread::spawn(move || {
                 let mut code = 0;
@@ -219,7 +225,18 @@ pub fn in_allocation(args: &[String]) -> Result<i32, String> {
                             false => std::io::stdout().lock().write_all(text.as_bytes()),
                         };
                     }
-                    super::remote::StepEvent::Exit { code: c, .. } => code = code.max(c),
+                    super::remote::StepEvent::Exit { code: c, .. } => {
+                        code = code.max(c);
+                        if c != 0
+                            && kill_on_bad_exit
+                            && !failed.swap(true, std::sync::atomic::Ordering::SeqCst)
+                        {
+                            // SAFETY: a signal to this process, which waits for it.
+                            unsafe {
+                                nix::libc::kill(std::process::id() as i32, nix::libc::SIGUSR1);
+                            }
+                        }
+                    }
                     super::remote::StepEvent::Failed { message } => {
                         eprintln!("srun: error: {message}");
                         code = code.max(1);
@@ -312,7 +329,12 @@ pub fn in_allocation(args: &[String]) -> Result<i32, String> {
     }
     let pids: Vec<String> = children.iter().flatten().map(|c| c.id().to_string()).collect();
     std::fs::write(&step_file, pids.join("\n")).map_err(|e| format!("{}: {e}", step_file.display()))?;
-    let mut code = wait_all(&mut children, &waited, plan.kill_on_bad_exit);
+    let mut code = wait_all(&mut children, &waited, plan.kill_on_bad_exit, &failed);
+    if failed.load(std::sync::atomic::Ordering::SeqCst) {
+        for stream in &streams {
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+        }
+    }
     let _ = std::fs::remove_file(&step_file);
     for reader in readers {
         let _ = reader.join();
@@ -350,10 +372,18 @@ fn wait_all(
     children: &mut [Option<Child>],
     waited: &nix::sys::signal::SigSet,
     kill_on_bad_exit: bool,
+    failed: &std::sync::atomic::AtomicBool,
 ) -> i32 {
     use std::os::unix::process::ExitStatusExt;
+    use std::sync::atomic::Ordering;
     let mut code = 0;
     loop {
+        if kill_on_bad_exit && failed.load(Ordering::SeqCst) {
+            // A task elsewhere failed: this node's go too.
+            for other in children.iter_mut().flatten() {
+                let _ = other.kill();
+            }
+        }
         let mut left = 0;
         for slot in children.iter_mut() {
             let Some(child) = slot else { continue };
@@ -363,6 +393,7 @@ fn wait_all(
                     code = code.max(this);
                     *slot = None;
                     if this != 0 && kill_on_bad_exit {
+                        failed.store(true, Ordering::SeqCst);
                         for other in children.iter_mut().flatten() {
                             let _ = other.kill();
                         }
