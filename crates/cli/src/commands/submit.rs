@@ -330,6 +330,43 @@ pub async fn submit(conn: &Connection, args: &SubmitArgs) -> Result<String, Stri
 mod tests {
     use super::*;
 
+    fn args(words: &[&str]) -> SubmitArgs {
+        let mut argv = vec!["#EBB"];
+        argv.extend_from_slice(words);
+        ScriptFlags::try_parse_from(argv).unwrap().flags
+    }
+
+    #[test]
+    fn an_arrays_limit_a_time_limit_and_dependencies_reach_the_submission() {
+        let s = submission(&args(&[
+            "--array",
+            "0-9%3",
+            "--time",
+            "90m",
+            "--after",
+            "afterok:4,singleton",
+            "--",
+            "true",
+        ]))
+        .unwrap();
+        assert_eq!((s.array.as_deref(), s.array_limit), (Some("0-9"), Some(3)));
+        assert_eq!(s.time_limit_s, Some(5400));
+        assert_eq!(s.after.as_deref(), Some("afterok:4,singleton"));
+        let bad = submission(&args(&["--array", "0-9%x", "--", "true"])).unwrap_err();
+        assert_eq!(bad, "--array 0-9%x: %N is a limit on tasks running at once, a positive whole number");
+    }
+
+    #[test]
+    fn a_slurm_script_is_sent_to_sbatch() {
+        let dir = std::env::temp_dir().join(format!("ebb-submit-sbatch-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let script = dir.join("job.sh");
+        std::fs::write(&script, "#!/bin/sh\n#SBATCH --gres=gpu:2\necho hi\n").unwrap();
+        let err = submission(&args(&[script.to_str().unwrap()])).unwrap_err();
+        assert!(err.contains("is a Slurm batch script (#SBATCH lines): submit it with sbatch"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn a_deadline_to_the_minute_gets_its_seconds() {
         assert_eq!(with_seconds("2026-12-01T18:00Z"), "2026-12-01T18:00:00Z");
