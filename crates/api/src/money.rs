@@ -127,8 +127,9 @@ pub struct Usage {
     /// last checkpoint) when the attempt was preempted or lost.
     pub drain_gpu_seconds: u64,
     pub lost_gpu_seconds: u64,
-    /// completed, failed, cancelled, preempted, lost, or drill (an attempt
-    /// ended by a fire drill: run time, neither preempted nor failed).
+    /// completed, failed, cancelled, preempted, lost, drill (an attempt
+    /// ended by a fire drill: run time, neither preempted nor failed), or
+    /// requeued (the job asked for it, outside a drain: `scontrol requeue`).
     pub outcome: String,
     /// An attempt of a deadline job promoted while it ran: its parts at
     /// each rate (preemptible, then on-demand), which add up to it.

@@ -164,6 +164,8 @@ pub(super) fn end_attempt(
         ExitEffect::Failed | ExitEffect::Requeued { preempted: false } => "failed",
         ExitEffect::Cancelled => "cancelled",
         ExitEffect::PreemptionLimitReached | ExitEffect::Requeued { preempted: true } => "preempted",
+        // The job's own requeue, outside a drain: neither lost nor failed.
+        ExitEffect::RequeuedLost if job.ended_by == Some(EndedBy::Requeue) => "requeued",
         ExitEffect::RequeuedLost => "lost",
         ExitEffect::Restarted if success => "completed",
         ExitEffect::Restarted => "failed",

@@ -181,6 +181,7 @@ fn an_attempt_ended_at_its_time_limit_fails_the_job_and_one_the_job_requeued_doe
     assert_eq!(again, [AttemptRef { job: requeued, attempt: 2 }], "back in the queue and placed again");
     let job = api.job(requeued);
     assert_eq!((job["retries"].as_u64(), job["preemptions"].as_u64()), (Some(0), Some(0)), "{job}");
+    assert_eq!(job["usage"][0]["outcome"], "requeued", "{job}");
     let said = job["events"].as_array().unwrap().iter().rev().find(|e| e["kind"] == "requeued").unwrap();
     assert_eq!(said["detail"]["reason"], "requeued by the job (scontrol requeue)");
 }
