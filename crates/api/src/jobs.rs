@@ -119,7 +119,10 @@ pub const MAX_SLURM_SCRIPT_BYTES: usize = 1024 * 1024;
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SlurmBatch {
-    /// The batch script; its first line is `#!` and an interpreter.
+    /// The batch script; its first line is `#!` and an interpreter. Absent
+    /// from a job's view (the script is the tenant's; the view carries the
+    /// options).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     #[schema(min_length = 3, max_length = 1048576, pattern = r"^#![^\u0000]*$")]
     pub script: String,
     /// `--output`: where the script's standard output goes, with Slurm's

@@ -242,10 +242,13 @@ fn a_slurm_jobs_partition_chooses_its_tier() {
     assert_eq!(refused.status, 422, "{}", refused.body);
     assert_eq!(refused.error(), "slurm.partition: no partition \"debug\"; this cluster's are spot, gpu");
     // The script is the tenant's; a job's view shows the options, not it.
-    assert_eq!(api.job(gpu)["slurm"]["script"], "");
+    assert!(api.job(gpu)["slurm"].get("script").is_none(), "{}", api.job(gpu));
     assert_eq!(api.job(gpu)["slurm"]["ntasks"], 2);
     let started = start_all(&mut api);
     assert_eq!(started.len(), 2);
     let no_shebang = api.post(&admin, "/v1/jobs", &one_gpu(json!({"slurm": {"script": "echo hi"}})));
     assert_eq!(no_shebang.status, 400, "{}", no_shebang.body);
+    let no_script = api.post(&admin, "/v1/jobs", &one_gpu(json!({"slurm": {"ntasks": 2}})));
+    assert_eq!(no_script.status, 400, "{}", no_script.body);
+    assert_eq!(no_script.error(), "slurm.script: the first line must start with #! and an interpreter");
 }
