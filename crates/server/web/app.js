@@ -104,10 +104,10 @@ function announce(text) {
 // ---- sign in and out ---------------------------------------------------------
 
 async function signIn(token) {
-  // Who is signed in: an operator may list the nodes, a tenant may not.
+  // Who is signed in: an operator may list the tenants, a tenant may not.
   let operator;
   try {
-    await api("/v1/nodes", token);
+    await api("/v1/tenants", token);
     operator = true;
   } catch (e) {
     if (e.status === 403) operator = false;
