@@ -818,18 +818,13 @@ impl Supervisor for Processes {
     /// Every process of the attempt: all of its cgroup, or its process
     /// group where there is no cgroup.
     fn signal(&self, attempt: AttemptRef, signal: Signal) {
-        let target = self.running.lock().expect("running").get(&attempt).map(|r| {
-            let routed = r.routed && signal as i32 == r.signal && signal != Signal::SIGKILL;
-            (r.pgid, r.group.clone(), routed)
+        let routed = self.running.lock().expect("running").get(&attempt).and_then(|r| {
+            (r.routed && signal as i32 == r.signal && signal != Signal::SIGKILL).then_some(r.pgid)
         });
-        match target {
+        match routed {
             // A Slurm job's --signal: its batch step passes it on.
-            Some((pid, _, true)) => crate::slurm::Route::Drain.send(pid, signal),
-            Some((_, Some(group), _)) => group.signal(signal),
-            Some((pgid, None, _)) => {
-                let _ = killpg(Pid::from_raw(pgid), signal);
-            }
-            None => {}
+            Some(pid) => crate::slurm::Route::Drain.send(pid, signal),
+            None => self.signal_all(attempt, signal),
         }
     }
 

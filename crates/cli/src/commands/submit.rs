@@ -250,13 +250,13 @@ fn with_seconds(text: &str) -> String {
 /// Variables `--export ALL` leaves out: Ebb's own (and the CLI's token),
 /// the GPUs Ebb assigns, who runs the job (the node's user for the
 /// tenant), and the submitting shell's bookkeeping.
-fn not_exported(name: &str) -> bool {
+pub(crate) fn not_exported(name: &str) -> bool {
     name.starts_with("EBB_")
         || ["CUDA_VISIBLE_DEVICES", "HOME", "USER", "LOGNAME", "PWD", "OLDPWD", "SHLVL", "_"].contains(&name)
 }
 
 /// A name a job's environment can carry: what the server accepts.
-fn valid_name(name: &str) -> bool {
+pub(crate) fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && !name.starts_with(|c: char| c.is_ascii_digit())
         && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')

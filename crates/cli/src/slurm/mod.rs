@@ -21,8 +21,8 @@ use crate::client::{Client, Connection};
 
 pub use step::batch as batch_step;
 
-/// The names this binary answers to as Slurm.
-pub const COMMANDS: [&str; 7] = ["sbatch", "srun", "squeue", "scancel", "sacct", "scontrol", "sinfo"];
+/// The names this binary answers to as Slurm (the agent links them too).
+use ebb_agent::slurm::COMMANDS;
 
 /// The Slurm command this program was run as, if it was.
 pub fn called_as(argv0: &str) -> Option<&'static str> {

@@ -88,13 +88,7 @@ fn node_list(job: &api::Job) -> String {
 fn reason_or_nodes(job: &api::Job) -> String {
     match state(job) {
         "PENDING" => match &job.pending_reason {
-            Some(reason) => format!(
-                "({})",
-                serde_json::to_value(reason)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_string))
-                    .unwrap_or_default()
-            ),
+            Some(reason) => format!("({reason})"),
             None if job.attempt > 0 => "(Requeued)".into(),
             None => "(Priority)".into(),
         },
@@ -430,9 +424,7 @@ fn sacct_field(job: &api::Job, field: &str) -> Result<String, String> {
         }
         "end" => job.ended_at.as_deref().map_or("Unknown".into(), |t| t.trim_end_matches('Z').to_string()),
         "restarts" => job.attempt.saturating_sub(1).to_string(),
-        "reason" => job.pending_reason.as_ref().map_or("None".into(), |r| {
-            serde_json::to_value(r).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
-        }),
+        "reason" => job.pending_reason.map_or("None".into(), |r| r.as_str().to_string()),
         "workdir" => job.workdir.clone().unwrap_or_default(),
         _ => return Err(format!("Invalid field requested: \"{field}\"")),
     })

@@ -299,11 +299,7 @@ fn run_remote_step(stream: TcpStream, key: &str, steps: &Path, own_env: &BTreeMa
         let _ = reader.join();
     }
     for (task, mut child) in children {
-        use std::os::unix::process::ExitStatusExt;
-        let code = match child.wait() {
-            Ok(status) => status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(9)),
-            Err(_) => 1,
-        };
+        let code = child.wait().map_or(1, step::exit_code);
         emit(StepEvent::Exit { task, code });
     }
     let _ = std::fs::remove_file(&file);

@@ -8,6 +8,7 @@ use std::path::Path;
 use ebb_api as api;
 
 use super::options::{self, Given, SBATCH};
+use crate::commands::{not_exported as ebb_leaves_out, valid_name};
 
 /// What `sbatch` sends, and what it says before it does.
 #[derive(Debug)]
@@ -19,20 +20,11 @@ pub struct Batch {
     pub parsable: bool,
 }
 
-/// Variables `sbatch --export=ALL` leaves out: a submitting job's own
-/// Slurm variables (the new job gets its own), Ebb's, and who runs it.
+/// Variables `sbatch --export=ALL` leaves out: what `ebb submit` does (Ebb's
+/// own, the GPUs, who runs it, the shell's bookkeeping), and a submitting
+/// job's own Slurm variables (the new job gets its own).
 fn not_exported(name: &str) -> bool {
-    name.starts_with("SLURM_")
-        || name.starts_with("SBATCH_")
-        || name.starts_with("SRUN_")
-        || name.starts_with("EBB_")
-        || ["CUDA_VISIBLE_DEVICES", "HOME", "USER", "LOGNAME", "PWD", "OLDPWD", "SHLVL", "_"].contains(&name)
-}
-
-fn valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && !name.starts_with(|c: char| c.is_ascii_digit())
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    ebb_leaves_out(name) || ["SLURM_", "SBATCH_", "SRUN_"].iter().any(|p| name.starts_with(p))
 }
 
 /// `--export`: `ALL` (the default), `NONE`, or `VAR,VAR=VALUE,...`, where

@@ -374,7 +374,6 @@ fn wait_all(
     kill_on_bad_exit: bool,
     failed: &std::sync::atomic::AtomicBool,
 ) -> i32 {
-    use std::os::unix::process::ExitStatusExt;
     use std::sync::atomic::Ordering;
     let mut code = 0;
     loop {
@@ -389,7 +388,7 @@ fn wait_all(
             let Some(child) = slot else { continue };
             match child.try_wait() {
                 Ok(Some(status)) => {
-                    let this = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(9));
+                    let this = step::exit_code(status);
                     code = code.max(this);
                     *slot = None;
                     if this != 0 && kill_on_bad_exit {

@@ -53,6 +53,12 @@ pub fn next_signal(set: &SigSet) -> Option<(i32, Option<Route>)> {
     Some((signo, route))
 }
 
+/// A task's exit as `srun` counts it: its code, or 128+N for signal N.
+pub fn exit_code(status: ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(9))
+}
+
 /// How a child ended, as this process should end: its code, or its
 /// signal raised again on itself (exit 128+N if that cannot be).
 pub fn end_as(status: ExitStatus) -> ! {

@@ -374,16 +374,21 @@ impl<S: Store> Engine<S> {
     /// an unfinished job.
     pub(super) fn check_gates(&self) -> Result<(), String> {
         let mut arrays: BTreeMap<u64, ArrayGate> = BTreeMap::new();
+        // Who waits on an unfinished job, once.
+        let waiting_on_live: BTreeSet<u64> = self
+            .gates
+            .dependents
+            .iter()
+            .filter(|(parent, _)| self.jobs.get(parent).is_some_and(|p| !p.state.is_final()))
+            .flat_map(|(_, children)| children.iter().copied())
+            .collect();
         for (id, job) in &self.jobs {
             if job.state.is_final() {
                 continue;
             }
             match job.waiting {
                 Some(Waiting::Dependency) => {
-                    let waits = self.gates.dependents.iter().any(|(parent, children)| {
-                        children.contains(id) && self.jobs.get(parent).is_some_and(|p| !p.state.is_final())
-                    });
-                    if !waits {
+                    if !waiting_on_live.contains(id) {
                         return Err(format!("job {id}: waits on a dependency, but on no unfinished job"));
                     }
                 }

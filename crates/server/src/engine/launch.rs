@@ -30,8 +30,10 @@ impl<S: Store> Engine<S> {
         let nodes = job.placement.len();
         let slurm = job.spec.slurm.as_ref().map(|_| slurm_env(job));
         // A Slurm gang's steps meet at its first node's batch step (the
-        // rendezvous port), with a key of this attempt's.
-        let step_key = crate::new_token();
+        // rendezvous port), with a key of this attempt's: drawn only for
+        // such a gang, not on every start.
+        let step_key =
+            (slurm.is_some() && job.rendezvous.is_some()).then(crate::new_token).unwrap_or_default();
         let start = |rank: usize, node: &str, gpus: &Vec<u8>| {
             let mut env = (*job.spec.env).clone();
             if let Some(task) = &job.array {
