@@ -5,7 +5,7 @@
 # replays with that ebb binary instead of building the release one)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-traces=${EBB_TRACES:-../shared/traces/itp}
+traces=${EBB_TRACES:-traces/itp}
 ebb=${EBB:-}
 if [ -z "$ebb" ]; then
   cargo build --release -q -p ebb

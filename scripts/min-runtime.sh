@@ -8,7 +8,7 @@
 # replay's figures do not depend on the build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-traces=${EBB_TRACES:-../shared/traces/itp}
+traces=${EBB_TRACES:-traces/itp}
 ebb=${EBB:-}
 if [ -z "$ebb" ]; then
   cargo build --release -q -p ebb

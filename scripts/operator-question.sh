@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The operator's question on the shared ITP traces: the same on-demand demand
+# The operator's question on the ITP traces (traces/itp): the same on-demand demand
 # (cluster08) with and without a preemptible backlog, side by side.
 # Usage: scripts/operator-question.sh [NODES]   (prints a Markdown table;
 # EBB=PATH replays with that ebb binary instead of building the release one)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-traces=${EBB_TRACES:-../shared/traces/itp}
+traces=${EBB_TRACES:-traces/itp}
 nodes=${1:-16}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT

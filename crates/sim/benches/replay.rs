@@ -10,8 +10,8 @@ use ebb_core::Span;
 use ebb_sim::{run, SimConfig, Trace};
 
 fn cluster08() -> Trace {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces/itp/cluster08.csv");
-    Trace::load(&path, None).expect("the shared cluster08 trace")
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../traces/itp/cluster08.csv");
+    Trace::load(&path, None).expect("the ITP cluster08 trace in traces/itp")
 }
 
 fn replay(c: &mut Criterion) {

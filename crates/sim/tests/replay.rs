@@ -1,4 +1,4 @@
-//! Replays of the shared ITP traces: every cluster runs, output is
+//! Replays of the ITP traces (traces/itp): every cluster runs, output is
 //! deterministic, the drain window saves work, the lost-work policy loses
 //! least; and a small synthetic trace on which `--min-runtime` stops a job
 //! being preempted again as soon as it resumes.
@@ -10,8 +10,8 @@ use ebb_scheduler::VictimPolicy;
 use ebb_sim::{run, NoticeMode, SimConfig, SimOutput, Summary, Trace, TraceJob};
 
 fn trace_dir() -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces/itp");
-    assert!(dir.is_dir(), "the shared ITP traces are expected at {}", dir.display());
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../traces/itp");
+    assert!(dir.is_dir(), "the ITP traces are expected at {}", dir.display());
     dir
 }
 
@@ -39,7 +39,7 @@ fn contended(notice: NoticeMode, drain_checkpoint: Option<u64>, policy: VictimPo
 }
 
 #[test]
-fn every_shared_cluster_replays_to_completion() {
+fn every_itp_cluster_replays_to_completion() {
     let mut names: Vec<String> = std::fs::read_dir(trace_dir())
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())

@@ -7,9 +7,9 @@ fn ebb(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_ebb")).args(args).output().expect("ebb runs")
 }
 
-fn shared_trace(name: &str) -> String {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces/itp").join(name);
-    assert!(path.is_file(), "missing shared trace {}", path.display());
+fn itp_trace(name: &str) -> String {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../traces/itp").join(name);
+    assert!(path.is_file(), "missing ITP trace {}", path.display());
     path.display().to_string()
 }
 
@@ -27,7 +27,7 @@ fn text(path: &Path) -> String {
 fn writes_json_and_a_self_contained_report() {
     let dir = temp_dir("report");
     let (json, report) = (dir.join("out.json"), dir.join("out.html"));
-    let trace = shared_trace("cluster10.csv");
+    let trace = itp_trace("cluster10.csv");
     let args = [
         "sim",
         "--trace",
@@ -72,7 +72,7 @@ fn writes_json_and_a_self_contained_report() {
 
 #[test]
 fn json_to_standard_output() {
-    let trace = shared_trace("cluster10.csv");
+    let trace = itp_trace("cluster10.csv");
     let dir = temp_dir("stdout");
     let report = dir.join("out.html");
     let out =
