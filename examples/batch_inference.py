@@ -27,6 +27,8 @@ ebb_sdk.watcher()
 
 import numpy as np  # noqa: E402
 
+import digits  # noqa: E402
+
 
 def shard_path(data, i):
     return os.path.join(data, "inputs", f"shard-{i:05d}.npy")
@@ -54,10 +56,8 @@ def log(data, line):
 
 
 def prepare(args):
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    x, y = digits.data / 16.0, digits.target
+    data, y = digits.load()
+    x = data / 16.0
     os.makedirs(os.path.join(args.data, "inputs"), exist_ok=True)
     os.makedirs(os.path.join(args.data, "outputs"), exist_ok=True)
     np.save(os.path.join(args.data, "model.npy"), np.stack([x[y == c].mean(axis=0) for c in range(10)]))

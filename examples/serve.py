@@ -16,15 +16,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
 import numpy as np
-from sklearn.datasets import load_digits
+
+import digits
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--port", type=int, default=0)
     args = ap.parse_args()
-    digits = load_digits()
-    x, y = digits.data / 16.0, digits.target
+    data, y = digits.load()
+    x = data / 16.0
     centroids = np.stack([x[y == c].mean(axis=0) for c in range(10)])
 
     class Handler(BaseHTTPRequestHandler):

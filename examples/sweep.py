@@ -22,7 +22,7 @@ import ebb_sdk
 ebb_sdk.watcher()
 
 import numpy as np  # noqa: E402
-from sklearn.datasets import load_digits  # noqa: E402
+import digits  # noqa: E402
 
 
 def main():
@@ -36,8 +36,8 @@ def main():
     batch = int(os.environ.get("EBB_PARAM_BATCH", "32"))
     index = ebb_sdk.task_index() or 0
 
-    digits = load_digits()
-    x, y = digits.data / 16.0, digits.target
+    data, y = digits.load()
+    x = data / 16.0
     ckpt = ebb_sdk.CheckpointManager(keep=1)
     resumed = ckpt.load_latest(lambda f: dict(np.load(f)))
     if resumed:

@@ -27,7 +27,7 @@ import ebb_sdk
 ebb_sdk.watcher()
 
 import numpy as np  # noqa: E402
-from sklearn.datasets import load_digits  # noqa: E402
+import digits  # noqa: E402
 
 
 def init(seed):
@@ -85,8 +85,8 @@ def main():
     ap.add_argument("--out", required=True, help="where the final weights go (.npy)")
     args = ap.parse_args()
 
-    digits = load_digits()
-    x, y = digits.data / 16.0, digits.target
+    data, y = digits.load()
+    x = data / 16.0
     interval = args.every if args.mode == "periodic" else None
     ckpt = ebb_sdk.CheckpointManager(keep=2, interval=interval)
     resumed = ckpt.load_latest(load_state)
