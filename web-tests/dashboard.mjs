@@ -442,7 +442,7 @@ async function operatorSeesEverything(browser, server, admin, problems) {
   const owner = JSON.parse(cli(server, admin, ["tenant", "create", "owner", "--json"])).token;
   const hour = 3600 * 1000;
   const reservation = JSON.parse(cli(server, admin, ["reservation", "create", "--tenant", "owner", "--gpu-model", model,
-    "--gpus", "8", "--start", new Date(Date.now() - hour).toISOString(), "--end", new Date(Date.now() + hour).toISOString(),
+    "--gpus", "8", "--backdate", "--start", new Date(Date.now() - hour).toISOString(), "--end", new Date(Date.now() + hour).toISOString(),
     "--json"])).id;
   const submit = (token, ...args) => JSON.parse(cli(server, token, ["submit", "--json", ...args])).id;
   const stubborn = ["--gpus", "8", "--", "sh", "-c", "trap '' TERM; sleep 600"];

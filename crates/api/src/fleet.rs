@@ -31,6 +31,55 @@ pub struct Node {
     pub jobs: Vec<u64>,
 }
 
+/// `GET /v1/capacity`: what the cluster has and what a job could get now,
+/// per GPU model, for anyone with a token (`ebb capacity`; what `sinfo`
+/// tells a Slurm user, and which tier would start a job at once). Counts
+/// only: no other tenant's jobs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Capacity {
+    pub models: Vec<ModelCapacity>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ModelCapacity {
+    pub gpu_model: String,
+    /// Nodes of this model that take work, and their GPUs.
+    pub nodes: u32,
+    pub gpus: u32,
+    /// Nodes drained by the operator, unhealthy or lost, and their GPUs.
+    pub nodes_out_of_service: u32,
+    pub gpus_out_of_service: u32,
+    /// GPUs that take work and do nothing now: neither running an attempt
+    /// nor held for a job waiting for its victims.
+    pub idle: u32,
+    /// The most idle GPUs on one node: the largest job that could start
+    /// now on one node.
+    pub idle_on_one_node: u32,
+    /// GPUs running or held, by the tier of their job: reserved and
+    /// on-demand GPUs running or held for a waiting job, preemptible GPUs
+    /// running and not draining.
+    pub in_use: TierGpus,
+    /// GPUs in a drain window or held for a waiting job, not counted above.
+    pub draining: u32,
+    /// GPUs of every reservation in force: on-demand work may not use them,
+    /// preemptible work borrows them while they are idle.
+    pub reserved: u32,
+    /// GPUs of the caller's own reservations in force (0 for an operator).
+    pub reserved_for_you: u32,
+    /// What one job of each tier could be given now, at most: preemptible
+    /// the idle GPUs (within an operator's reclaim); on-demand those and
+    /// the GPUs preemptible work runs on (it is drained for it), outside
+    /// the reservations; reserved the caller's reservations' GPUs.
+    pub available: TierGpus,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct TierGpus {
+    pub reserved: u32,
+    pub on_demand: u32,
+    pub preemptible: u32,
+}
+
 /// GPUs of one node held for a waiting job.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct HeldGpus {

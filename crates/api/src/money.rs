@@ -58,6 +58,12 @@ pub struct ReservationRequest {
     #[serde(default)]
     #[schema(pattern = r"^[0-9]{1,12}(\.[0-9]{0,6})?$")]
     pub rate_usd: Option<String>,
+    /// Accept a start more than a minute before now: a contract that began
+    /// before it was entered. Without it such a start is refused (422), as
+    /// the reservation would charge for time already gone; a start within
+    /// the last minute is taken as now.
+    #[serde(default)]
+    pub backdate: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]

@@ -7,23 +7,32 @@ use clap::Args;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-/// How to reach the server: flags, then `EBB_SERVER` / `EBB_TOKEN`, then
-/// the config file (`$EBB_CONFIG`, or `~/.config/ebb/config.json`).
-/// Flattened into each command that talks to a server (global there, so
-/// `ebb tenant create NAME --server URL` works too), and only those.
+/// How to reach the server: flags, then `EBB_SERVER` / `EBB_TOKEN` /
+/// `EBB_CA`, then the config file (`$EBB_CONFIG`, or
+/// `~/.config/ebb/config.json`). Flattened into each command that talks to
+/// a server (global there, so `ebb tenant create NAME --server URL` works
+/// too), and only those. The variables are read here rather than by clap,
+/// which would count them as flags given and print them in every usage
+/// line (`Usage: ebb bill --server <URL> --token <TOKEN>`) as if they were
+/// still wanted.
 #[derive(Args, Clone, Debug, Default)]
 pub struct Connection {
     /// Server URL, e.g. http://127.0.0.1:7300; or several, comma-separated,
-    /// tried in turn while one cannot be reached.
-    #[arg(long, env = "EBB_SERVER", global = true, hide_env_values = true, value_name = "URL[,URL...]")]
+    /// tried in turn while one cannot be reached [env: EBB_SERVER]
+    #[arg(long, global = true, value_name = "URL[,URL...]")]
     pub server: Option<String>,
-    /// API token.
-    #[arg(long, env = "EBB_TOKEN", global = true, hide_env_values = true, value_name = "TOKEN")]
+    /// API token [env: EBB_TOKEN]
+    #[arg(long, global = true, value_name = "TOKEN")]
     pub token: Option<String>,
     /// For https:// servers: the CA certificate (PEM) their certificates
-    /// must be signed by; nothing else is trusted.
-    #[arg(long, env = "EBB_CA", global = true, value_name = "FILE")]
+    /// must be signed by; nothing else is trusted [env: EBB_CA]
+    #[arg(long, global = true, value_name = "FILE")]
     pub ca: Option<PathBuf>,
+}
+
+/// An environment variable that is set and not empty.
+fn env_value(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
 }
 
 /// `ebb --server URL --token T COMMAND`: the same flags given before the
@@ -105,6 +114,16 @@ pub struct Client {
 
 impl Connection {
     pub fn client(&self) -> Result<Client, String> {
+        let with_env = Connection {
+            server: self.server.clone().or_else(|| env_value("EBB_SERVER")),
+            token: self.token.clone().or_else(|| env_value("EBB_TOKEN")),
+            ca: self.ca.clone().or_else(|| env_value("EBB_CA").map(PathBuf::from)),
+        };
+        with_env.resolve()
+    }
+
+    /// The client for these settings, the config file filling what they lack.
+    fn resolve(&self) -> Result<Client, String> {
         let file: ConfigFile = match config_path() {
             Some(path) if path.is_file() => {
                 let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;

@@ -56,6 +56,10 @@ enum Command {
     Show {
         /// The job's id.
         id: u64,
+        /// Also why the checkpoint interval is what it is, for a job that
+        /// has not reported a checkpoint (for one that has, always).
+        #[arg(long)]
+        why: bool,
         #[command(flatten)]
         out: output::JsonFlag,
         #[command(flatten)]
@@ -79,6 +83,9 @@ enum Command {
         /// either way, never two nodes' in one.
         #[arg(short, long)]
         label: bool,
+        /// Only the last N lines (then, with -f, what comes after them).
+        #[arg(short = 'n', long, value_name = "N", conflicts_with = "json")]
+        tail: Option<usize>,
         #[command(flatten)]
         out: output::JsonFlag,
         #[command(flatten)]
@@ -109,6 +116,14 @@ enum Command {
     Drill {
         #[command(flatten)]
         args: drill::DrillArgs,
+        #[command(flatten)]
+        conn: Connection,
+    },
+    /// What the cluster has and what a job of each tier could get now, per
+    /// GPU model (anyone; as sinfo).
+    Capacity {
+        #[command(flatten)]
+        out: output::JsonFlag,
         #[command(flatten)]
         conn: Connection,
     },
@@ -240,7 +255,6 @@ fn man(out_dir: Option<std::path::PathBuf>) -> Result<String, String> {
     }
 }
 
-/// Milliseconds since the epoch, by this machine's clock.
 /// Writes command output, with no control character a tenant put in it
 /// ([`shown`]); a closed pipe (`ebb ... | head`) is not an error.
 fn write_stdout(text: &str) -> Result<(), String> {
@@ -298,17 +312,18 @@ async fn dispatch(cli: Cli) -> Result<(), String> {
         }
         Command::Submit { args, conn } => commands::submit(&before.or(conn), &args).await?,
         Command::Jobs { args, conn } => commands::jobs(&before.or(conn), &args).await?,
-        Command::Show { id, out, conn } => commands::show(&before.or(conn), id, &out).await?,
-        Command::Logs { id, follow, raw, label, out, conn } => {
+        Command::Show { id, why, out, conn } => commands::show(&before.or(conn), id, why, &out).await?,
+        Command::Logs { id, follow, raw, label, tail, out, conn } => {
             use std::io::IsTerminal;
             let shown =
                 commands::LogView { json: out.json, escape: !raw && std::io::stdout().is_terminal(), label };
-            return commands::logs(&before.or(conn), id, follow, shown).await;
+            return commands::logs(&before.or(conn), id, follow, tail, shown).await;
         }
         Command::Cancel { ids, array, grace, out, conn } => {
             commands::cancel(&before.or(conn), &ids, array, grace, &out).await?
         }
         Command::Drill { args, conn } => return drill::drill(&before.or(conn), &args).await,
+        Command::Capacity { out, conn } => commands::capacity(&before.or(conn), &out).await?,
         Command::Nodes { command: None, out, conn } => commands::nodes(&before.or(conn), &out).await?,
         Command::Nodes { command: Some(command), conn, .. } => {
             commands::nodes_command(&before.or(conn), &command).await?

@@ -99,9 +99,13 @@ pub enum ReservationCommand {
         /// GPUs reserved.
         #[arg(long)]
         gpus: u32,
-        /// Start: RFC 3339 or a date (midnight UTC).
+        /// Start: RFC 3339 or a date (midnight UTC); now if left out.
         #[arg(long)]
-        start: String,
+        start: Option<String>,
+        /// Accept a start in the past: a contract that began before it is
+        /// entered, charged from that start.
+        #[arg(long)]
+        backdate: bool,
         /// End (exclusive): RFC 3339 or a date (midnight UTC).
         #[arg(long)]
         end: String,
@@ -157,14 +161,17 @@ fn reservation_table(list: &[api::Reservation]) -> String {
 pub async fn reservation(conn: &Connection, command: &ReservationCommand) -> Result<String, String> {
     let client = conn.client()?;
     match command {
-        ReservationCommand::Create { tenant, gpu_model, gpus, start, end, rate, out } => {
+        ReservationCommand::Create { tenant, gpu_model, gpus, start, backdate, end, rate, out } => {
+            let now =
+                || ebb_core::time::rfc3339_seconds(ebb_core::time::unix_ms(std::time::SystemTime::now()));
             let req = api::ReservationRequest {
                 tenant: tenant.clone(),
                 gpu_model: gpu_model.clone(),
                 gpus: *gpus,
-                start: start.clone(),
+                start: start.clone().unwrap_or_else(now),
                 end: end.clone(),
                 rate_usd: rate.clone(),
+                backdate: *backdate,
             };
             let r: api::Reservation = client.post("/v1/reservations", &req).await?;
             Ok(if out.json {
@@ -208,12 +215,13 @@ pub struct BillArgs {
     /// Another tenant's bill (admin).
     #[arg(long)]
     pub tenant: Option<String>,
-    /// Start of the period: RFC 3339 or a date (midnight UTC).
+    /// Start of the period: RFC 3339 or a date (midnight UTC); the first
+    /// of this month (UTC) if left out.
     #[arg(long)]
-    pub from: String,
-    /// End of the period (exclusive).
+    pub from: Option<String>,
+    /// End of the period (exclusive); the first of next month if left out.
     #[arg(long)]
-    pub to: String,
+    pub to: Option<String>,
     /// Print the invoice as JSON (exact micro-dollars) for scripts.
     #[arg(long, conflicts_with = "csv")]
     pub json: bool,
@@ -222,8 +230,19 @@ pub struct BillArgs {
     pub csv: bool,
 }
 
+/// The period `--from`/`--to` name, this month (UTC) filling what they
+/// leave out, as the dashboard's bill and report default to.
+fn period(from: &Option<String>, to: &Option<String>) -> (String, String) {
+    let today = ebb_core::time::rfc3339_seconds(ebb_core::time::unix_ms(std::time::SystemTime::now()));
+    let (year, month) = (today[..4].parse::<u32>().unwrap_or(1970), today[5..7].parse::<u32>().unwrap_or(1));
+    let next =
+        if month == 12 { format!("{}-01-01", year + 1) } else { format!("{year}-{:02}-01", month + 1) };
+    (from.clone().unwrap_or_else(|| format!("{year}-{month:02}-01")), to.clone().unwrap_or(next))
+}
+
 pub async fn bill(conn: &Connection, args: &BillArgs) -> Result<String, String> {
-    let mut query = vec![("from", args.from.as_str()), ("to", args.to.as_str())];
+    let (from, to) = period(&args.from, &args.to);
+    let mut query = vec![("from", from.as_str()), ("to", to.as_str())];
     if let Some(t) = &args.tenant {
         query.push(("tenant", t.as_str()));
     }
@@ -245,7 +264,7 @@ pub async fn bill(conn: &Connection, args: &BillArgs) -> Result<String, String> 
         let line_rate = if l.tier == "reserved" { "reservation".to_string() } else { rate(l.rate_micro_usd) };
         writeln!(
             text,
-            "{:<12} {:<14} {:>12.4} {:>14} {:>14}",
+            "{:<12} {:<14} {:>12.2} {:>14} {:>14}",
             l.tier,
             l.gpu_model,
             l.gpu_hours,
@@ -257,7 +276,7 @@ pub async fn bill(conn: &Connection, args: &BillArgs) -> Result<String, String> 
     for c in &inv.reservations {
         writeln!(
             text,
-            "{:<12} {:<14} {:>12.4} {:>14} {:>14}   reservation {}: {}, {} to {}",
+            "{:<12} {:<14} {:>12.2} {:>14} {:>14}   reservation {}: {}, {} to {}",
             "reservation",
             c.gpu_model,
             c.gpu_hours,
@@ -282,7 +301,7 @@ pub async fn bill(conn: &Connection, args: &BillArgs) -> Result<String, String> 
     .unwrap();
     writeln!(
         text,
-        "\n{}, {} preempted{}; {:.4} GPU-hours in drain windows, {:.4} GPU-hours of work lost",
+        "\n{}, {} preempted{}; {:.2} GPU-hours in drain windows, {:.2} GPU-hours of work lost",
         ebb_core::count(inv.attempts, "attempt"),
         inv.preemptions,
         repeats_text(&inv),
@@ -290,6 +309,11 @@ pub async fn bill(conn: &Connection, args: &BillArgs) -> Result<String, String> 
         inv.lost_gpu_hours
     )
     .unwrap();
+    text.push_str(
+        "\nGPU-hours here are what was billed: each attempt that ended in the period, per started second\n\
+         from its start to its exit; an attempt still running is billed when it ends. `ebb report`\n\
+         counts GPU time as it is used, running attempts included.\n",
+    );
     Ok(text)
 }
 
@@ -373,19 +397,21 @@ fn invoice_csv(inv: &api::Invoice) -> Result<String, String> {
 
 #[derive(Args)]
 pub struct ReportArgs {
-    /// Start of the period: RFC 3339 or a date (midnight UTC).
+    /// Start of the period: RFC 3339 or a date (midnight UTC); the first
+    /// of this month (UTC) if left out.
     #[arg(long)]
-    pub from: String,
-    /// End of the period (exclusive).
+    pub from: Option<String>,
+    /// End of the period (exclusive); the first of next month if left out.
     #[arg(long)]
-    pub to: String,
+    pub to: Option<String>,
     /// Print the report as JSON for scripts.
     #[arg(long)]
     pub json: bool,
 }
 
 pub async fn report(conn: &Connection, args: &ReportArgs) -> Result<String, String> {
-    let query = [("from", args.from.as_str()), ("to", args.to.as_str())];
+    let (from, to) = period(&args.from, &args.to);
+    let query = [("from", from.as_str()), ("to", to.as_str())];
     let r: api::OperatorReport = conn.client()?.get_query("/v1/report", &query).await?;
     if args.json {
         return Ok(json(&r));
@@ -434,5 +460,10 @@ pub async fn report(conn: &Connection, args: &ReportArgs) -> Result<String, Stri
         pct(r.utilisation)
     )
     .unwrap();
+    text.push_str(
+        "\nGPU-hours here are GPU time used in the period, to the millisecond, running attempts\n\
+         included; revenue is what was billed for the attempts that ended in it, as `ebb bill`\n\
+         counts them (per started second), and the reservations' charges.\n",
+    );
     Ok(text)
 }

@@ -16,3 +16,30 @@ pub fn json<T: serde::Serialize>(value: &T) -> String {
     text.push('\n');
     text
 }
+
+/// A tier as people write it: the API's names, `ondemand` and `on_demand`,
+/// and `spot` (what the clouds call preemptible capacity), as the API's
+/// name; anything else is refused naming the three.
+pub fn tier(text: &str) -> Result<String, String> {
+    match text.to_ascii_lowercase().as_str() {
+        "preemptible" | "spot" => Ok("preemptible".into()),
+        "on-demand" | "ondemand" | "on_demand" => Ok("on-demand".into()),
+        "reserved" => Ok("reserved".into()),
+        _ => Err("expected preemptible (also spot), on-demand or reserved".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tier;
+
+    #[test]
+    fn tiers_are_read_as_people_write_them() {
+        for (given, meant) in [("spot", "preemptible"), ("Spot", "preemptible"), ("ondemand", "on-demand")] {
+            assert_eq!(tier(given).as_deref(), Ok(meant));
+        }
+        for wrong in ["", "premptible", "on demand", "\u{0}", &"x".repeat(100_000)] {
+            assert!(tier(wrong).unwrap_err().contains("spot"), "{wrong:?}");
+        }
+    }
+}

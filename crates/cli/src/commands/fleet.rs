@@ -124,6 +124,66 @@ pub enum JoinTokenCommand {
     },
 }
 
+/// What the cluster has and what a job of each tier could get now, per
+/// GPU model: for anyone, as `sinfo` is.
+pub async fn capacity(conn: &Connection, out: &JsonFlag) -> Result<String, String> {
+    let capacity: api::Capacity = conn.client()?.get("/v1/capacity").await?;
+    if out.json {
+        return Ok(json(&capacity));
+    }
+    if capacity.models.is_empty() {
+        return Ok("no nodes have joined yet\n".into());
+    }
+    Ok(capacity.models.iter().map(capacity_text).collect())
+}
+
+/// One model's capacity for people.
+fn capacity_text(m: &api::ModelCapacity) -> String {
+    let gpus = |n: u32| count(u64::from(n), "GPU");
+    let mut text =
+        format!("{}: {} in service on {}", m.gpu_model, gpus(m.gpus), count(u64::from(m.nodes), "node"));
+    if m.nodes_out_of_service > 0 {
+        write!(
+            text,
+            "; {} out of service on {} (drained, unhealthy or lost)",
+            gpus(m.gpus_out_of_service),
+            count(u64::from(m.nodes_out_of_service), "node")
+        )
+        .unwrap();
+    }
+    let u = &m.in_use;
+    writeln!(
+        text,
+        "\n  in use       reserved {}, on-demand {}, preemptible {}; draining or held {}",
+        u.reserved, u.on_demand, u.preemptible, m.draining
+    )
+    .unwrap();
+    writeln!(text, "  idle         {} (at most {} on one node)", m.idle, m.idle_on_one_node).unwrap();
+    if m.reserved > 0 {
+        writeln!(
+            text,
+            "  reserved     {} by reservations in force, {} of them yours",
+            gpus(m.reserved),
+            m.reserved_for_you
+        )
+        .unwrap();
+    }
+    let a = &m.available;
+    writeln!(text, "  a job now    preemptible up to {} (the idle ones)", gpus(a.preemptible)).unwrap();
+    writeln!(
+        text,
+        "               on-demand up to {} (idle, and what preemptible work is drained from)",
+        gpus(a.on_demand)
+    )
+    .unwrap();
+    let reserved = match a.reserved {
+        0 => "no reservation of yours is in force".to_string(),
+        n => format!("up to {} of your reservations", gpus(n)),
+    };
+    writeln!(text, "               reserved {reserved}").unwrap();
+    text
+}
+
 pub async fn nodes(conn: &Connection, out: &JsonFlag) -> Result<String, String> {
     let nodes: Vec<api::Node> = conn.client()?.get("/v1/nodes").await?;
     if out.json {
@@ -131,7 +191,7 @@ pub async fn nodes(conn: &Connection, out: &JsonFlag) -> Result<String, String> 
     }
     let mut text = format!(
         "{:<16} {:<10} {:<14} {:>4} {:>5} {:>5}  {}\n",
-        "NODE", "STATUS", "MODEL", "GPUS", "USED", "HELD", "JOBS"
+        "NODE", "STATUS", "MODEL", "GPUS", "USED", "HELD", "JOB IDS"
     );
     for n in nodes {
         let jobs = n.jobs.iter().map(u64::to_string).collect::<Vec<_>>().join(",");

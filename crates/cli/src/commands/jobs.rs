@@ -19,7 +19,7 @@ pub struct JobsArgs {
     #[arg(long, value_name = "STATE[,STATE...]")]
     pub state: Option<String>,
     /// Only jobs of this tier.
-    #[arg(long, value_parser = ["reserved", "on-demand", "preemptible"])]
+    #[arg(long, value_parser = crate::output::tier)]
     pub tier: Option<String>,
     /// Only jobs whose name contains TEXT.
     #[arg(long, value_name = "TEXT")]
@@ -152,16 +152,17 @@ fn truncate(text: &str, max: usize) -> String {
     }
 }
 
-pub async fn show(conn: &Connection, id: u64, out: &JsonFlag) -> Result<String, String> {
+pub async fn show(conn: &Connection, id: u64, why: bool, out: &JsonFlag) -> Result<String, String> {
     let job: api::Job = conn.client()?.get(&format!("/v1/jobs/{id}")).await?;
     if out.json {
         return Ok(json(&job));
     }
-    Ok(show_text(&job))
+    Ok(show_text(&job, why))
 }
 
-/// `ebb show` for people.
-fn show_text(job: &api::Job) -> String {
+/// `ebb show` for people; `why`: the checkpoint interval's reasoning even
+/// for a job that has never reported a checkpoint.
+fn show_text(job: &api::Job, why: bool) -> String {
     let mut text = String::new();
     match &job.name {
         Some(name) => writeln!(text, "job {}  {name}", job.id),
@@ -232,7 +233,10 @@ fn show_text(job: &api::Job) -> String {
     if let Some(d) = &job.deadline {
         writeln!(text, "  deadline     {} — {}", d.deadline, d.summary).unwrap();
     }
-    if let (Some(secs), Some(why)) = (job.checkpoint_interval_s, &job.checkpoint_interval_why) {
+    // The interval means something to a job that checkpoints; for one that
+    // never said it does, only when asked.
+    let interval = (job.checkpoint_interval_s, &job.checkpoint_interval_why);
+    if let (Some(secs), Some(why), true) = (interval.0, interval.1, why || job.last_checkpoint.is_some()) {
         // The interval the latest attempt was given at its start, and why
         // (the server's words, which say whether reports since are in it).
         writeln!(
@@ -247,7 +251,7 @@ fn show_text(job: &api::Job) -> String {
         writeln!(
             text,
             "  lost work    {} over {}",
-            gpu_time(job.lost_gpu_seconds),
+            gpu_time(job.lost_gpu_seconds, Some(job.gpus)),
             count(u64::from(job.preemptions), "preemption")
         )
         .unwrap();
@@ -303,7 +307,7 @@ fn show_text(job: &api::Job) -> String {
     }
     writeln!(text, "events:").unwrap();
     for e in &job.events {
-        let detail = describe_event(&e.event);
+        let detail = describe_event(&e.event, job.gpus);
         writeln!(text, "  {}  #{:<3} {:<16} {}", e.at, e.attempt, e.kind(), detail).unwrap();
     }
     text
@@ -332,13 +336,23 @@ fn on_gpus(node: &str, gpus: &[u8]) -> String {
     format!("{node}: {} {list}", if gpus.len() == 1 { "GPU" } else { "GPUs" })
 }
 
-/// GPU-seconds of work for people: `3ms of GPU time`, `2m 05s of GPU time`.
-fn gpu_time(gpu_seconds: f64) -> String {
-    format!("{} of GPU time", Span::from_secs_f64(gpu_seconds).human())
+/// GPU-seconds of work for people, in GPU-hours as bills count them and,
+/// for one job, as the product a reader can check: `0.67 GPU-hours (8
+/// GPUs x 5m 01s)`, `0.00 GPU-hours (1 GPU x 41ms)`.
+fn gpu_time(gpu_seconds: f64, gpus: Option<u32>) -> String {
+    let hours = format!("{:.2} GPU-hours", gpu_seconds / 3600.0);
+    match gpus.filter(|&g| g > 0) {
+        Some(g) => format!(
+            "{hours} ({} x {})",
+            count(u64::from(g), "GPU"),
+            Span::from_secs_f64(gpu_seconds / f64::from(g)).human()
+        ),
+        None => hours,
+    }
 }
 
 /// One line of an event's details for people.
-fn describe_event(event: &api::Event) -> String {
+fn describe_event(event: &api::Event, gpus: u32) -> String {
     use api::events::DrillDetail;
     use api::Event as E;
     let took = |seconds: f64| Span::from_secs_f64(seconds).human();
@@ -374,7 +388,7 @@ fn describe_event(event: &api::Event) -> String {
         E::Requeued(d) => {
             let why = d.why.as_ref().map(|why| format!(": {why}")).unwrap_or_default();
             match d.lost_gpu_seconds {
-                Some(lost) => format!("{}{why} (lost {})", d.reason, gpu_time(lost)),
+                Some(lost) => format!("{}{why}; lost {}", d.reason, gpu_time(lost, Some(gpus))),
                 None => format!("{}{why}", d.reason),
             }
         }
@@ -399,13 +413,13 @@ fn describe_event(event: &api::Event) -> String {
         E::GangStopped(d) => d.reason.clone(),
         E::Preempting(d) => {
             let victims: Vec<String> = d.victims.iter().map(u64::to_string).collect();
-            format!("victims {} (lost {})", victims.join(", "), gpu_time(d.lost_gpu_seconds))
+            format!("victims {}; they lose {}", victims.join(", "), gpu_time(d.lost_gpu_seconds, None))
         }
         E::Succeeded(d) => d.ran_ms.map(|ms| format!("ran {}", Span(ms).human())).unwrap_or_default(),
         E::Failed(d) => {
             let how = d.reason.clone().or_else(|| exit(d.code, d.signal)).unwrap_or_default();
             match d.lost_gpu_seconds {
-                Some(lost) => format!("{how} (lost {})", gpu_time(lost)),
+                Some(lost) => format!("{how}; lost {}", gpu_time(lost, Some(gpus))),
                 None => how,
             }
         }
@@ -468,11 +482,38 @@ pub struct LogView {
 }
 
 /// `ebb logs`: the job's output, as `view` says.
-pub async fn logs(conn: &Connection, id: u64, follow: bool, view: LogView) -> Result<(), String> {
+pub async fn logs(
+    conn: &Connection,
+    id: u64,
+    follow: bool,
+    tail: Option<usize>,
+    view: LogView,
+) -> Result<(), String> {
     use std::io::Write;
     let client = conn.client()?;
     let mut offset = 0;
     let mut labels = Labels::default();
+    if let Some(lines) = tail {
+        // The log has no index of lines: it is read to its end, keeping the
+        // last `lines` (a job's log is bounded per attempt on its node),
+        // then followed from there with --follow.
+        let mut last = LastLines::new(lines);
+        loop {
+            let chunk: api::LogChunk =
+                client.get(&format!("/v1/jobs/{id}/logs?offset={offset}&label={}", view.label)).await?;
+            last.push(&if view.label { labels.apply(&chunk) } else { chunk.data.clone() });
+            offset = chunk.next_offset;
+            if chunk.data.is_empty() || chunk.finished {
+                break;
+            }
+        }
+        let text = last.text();
+        let text = if view.escape { crate::shown::terminal_safe(&text).into_owned() } else { text };
+        let mut stdout = std::io::stdout().lock();
+        if stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()).is_err() || !follow {
+            return Ok(());
+        }
+    }
     loop {
         let path = format!("/v1/jobs/{id}/logs?offset={offset}&follow={follow}&label={}", view.label);
         let chunk: api::LogChunk = client.get(&path).await?;
@@ -499,6 +540,37 @@ pub async fn logs(conn: &Connection, id: u64, follow: bool, view: LogView) -> Re
         if last {
             return Ok(());
         }
+    }
+}
+
+/// The last `n` lines of a text that comes in pieces (a line may span
+/// pieces; one not ended yet counts as a line).
+struct LastLines {
+    n: usize,
+    lines: std::collections::VecDeque<String>,
+    open: bool,
+}
+
+impl LastLines {
+    fn new(n: usize) -> LastLines {
+        LastLines { n, lines: std::collections::VecDeque::new(), open: false }
+    }
+
+    fn push(&mut self, text: &str) {
+        for piece in text.split_inclusive('\n') {
+            match (self.open, self.lines.back_mut()) {
+                (true, Some(line)) => line.push_str(piece),
+                _ => self.lines.push_back(piece.to_string()),
+            }
+            self.open = !piece.ends_with('\n');
+            while self.lines.len() > self.n {
+                self.lines.pop_front();
+            }
+        }
+    }
+
+    fn text(&self) -> String {
+        self.lines.iter().map(String::as_str).collect()
     }
 }
 
@@ -590,6 +662,29 @@ pub async fn cancel(
 mod tests {
     use super::*;
 
+    proptest::proptest! {
+        /// However the log is cut into chunks, `--tail N` keeps exactly
+        /// its last N lines (the last one possibly unfinished), for any N.
+        #[test]
+        fn the_last_lines_do_not_depend_on_where_chunks_end(
+            text in "[a-c\n]{0,200}",
+            cuts in proptest::collection::vec(0usize..200, 0..8),
+            n in 0usize..12,
+        ) {
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(text.len())).collect();
+            cuts.sort_unstable();
+            let mut last = LastLines::new(n);
+            let mut from = 0;
+            for cut in cuts.into_iter().chain([text.len()]) {
+                last.push(&text[from..cut]);
+                from = cut;
+            }
+            let lines: Vec<&str> = text.split_inclusive('\n').collect();
+            let want: String = lines[lines.len().saturating_sub(n)..].concat();
+            proptest::prop_assert_eq!(last.text(), want);
+        }
+    }
+
     /// A gang's lines begin with their node, across chunks that end in
     /// the middle of a line; a job on one node's are left as they are.
     #[test]
@@ -632,9 +727,9 @@ mod tests {
         assert_eq!(rows.next().unwrap().split_whitespace().last(), Some("REASON"), "{table}");
         assert!(rows.next().unwrap().ends_with(" reservation_cap"), "{table}");
         assert!(rows.next().unwrap().ends_with(" -"), "a job that waits for nothing: {table}");
-        let shown = show_text(&jobs[0]);
+        let shown = show_text(&jobs[0], false);
         assert!(shown.contains(&format!("\n  waiting      {why} (reservation_cap)\n")), "{shown}");
-        assert!(!show_text(&jobs[1]).contains("waiting "));
+        assert!(!show_text(&jobs[1], false).contains("waiting "));
     }
 
     #[test]

@@ -11,8 +11,8 @@ use crate::client::Connection;
 
 #[derive(Args, Clone, Debug, Default)]
 pub struct SubmitArgs {
-    /// preemptible (default), on-demand or reserved.
-    #[arg(long)]
+    /// preemptible (default; also spot), on-demand or reserved.
+    #[arg(long, value_parser = crate::output::tier)]
     pub tier: Option<String>,
     /// Whole GPUs (default 1).
     #[arg(long)]

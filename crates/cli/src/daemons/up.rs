@@ -98,6 +98,11 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
     }
     check_min_runtime(args.policy.min_runtime)?;
     args.policy.partitions()?;
+    let data = &args.data_dir;
+    // A directory in use says so first, with where its cluster is: a second
+    // `ebb up` here would reuse the first one's node names, database and
+    // logs (and its port is taken too, which is not the news).
+    let held = if data.exists() { Some(lock(data)?) } else { None };
     // Before anything is written: a port in use would only show as the
     // server failing after the directory was set up.
     if args.port != 0 {
@@ -109,10 +114,10 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
             ));
         }
     }
-    let data = &args.data_dir;
-    // Before anything in it is touched: a second `ebb up` here would reuse
-    // the first one's node names, database and logs.
-    let _owner = ebb_server::lock::lock_dir(data, "ebb up")?;
+    let _owner = match held {
+        Some(owner) => owner,
+        None => lock(data)?,
+    };
     let data = &std::fs::canonicalize(data).map_err(|e| format!("--data-dir {}: {e}", data.display()))?;
     let logs = data.join("logs");
     std::fs::create_dir_all(&logs).map_err(|e| format!("--data-dir {}: {e}", data.display()))?;
@@ -219,6 +224,10 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
         "ebb up: {} nodes x {} simulated {} GPUs, drain window {}, server {url}",
         args.nodes, args.gpus_per_node, args.gpu_model, args.policy.drain_window
     );
+    println!(
+        "dashboard: {url}/ (sign in with the admin token, in {})",
+        server_dir.join("admin.token").display()
+    );
     println!("point the CLI at it:\n  export EBB_SERVER={url} EBB_TOKEN={admin}");
     println!("jobs run as {user} (uid {uid}), the user who started this cluster");
     println!("logs in {}; Ctrl-C stops the cluster", logs.display());
@@ -296,4 +305,20 @@ fn invoking_user() -> Result<(String, u32), String> {
         .map_err(|e| format!("cannot look up uid {uid}: {e}"))?
         .ok_or_else(|| format!("uid {uid} has no user name; ebb up runs jobs as the user who starts it"))?;
     Ok((user.name, uid.as_raw()))
+}
+
+/// Takes the data directory for this cluster; one already in use is said
+/// once, with the address of the cluster running from it.
+fn lock(data: &Path) -> Result<ebb_server::lock::DirLock, String> {
+    ebb_server::lock::lock_dir(data, "ebb up").map_err(|e| {
+        let url = std::fs::read_to_string(data.join("server").join("server.url"));
+        match url {
+            Ok(url) if e.contains(": in use by ") => format!(
+                "{e}; the cluster running from it serves {} (its admin token is in {})",
+                url.trim(),
+                data.join("server").join("admin.token").display()
+            ),
+            _ => e,
+        }
+    })
 }

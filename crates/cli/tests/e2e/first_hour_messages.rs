@@ -39,6 +39,10 @@ fn show_gives_a_failed_starts_cause_short_times_in_ms_one_gpu_and_an_interval_th
     let exited = shown.lines().find(|l| l.contains(" exited ")).unwrap_or_else(|| panic!("{shown}"));
     assert!(exited.contains(&format!("with code 127: {cause}")), "{shown}");
     assert!(shown.contains("(1 GPU)") && !shown.contains("GPUs"), "{shown}");
+    // A job that never checkpointed is not told its interval unless asked.
+    assert!(!shown.contains("interval "), "{shown}");
+    let why = c.ebb(&["show", "--why", &typo.to_string()]);
+    assert!(why.contains("  interval     checkpoint every "), "{why}");
 
     // A job that reports a 3 ms checkpoint after it started.
     let script = r#"env > "$EBB_CHECKPOINT_DIR/env"; trap 'exit 0' TERM; while :; do sleep 0.05; done"#;
@@ -95,7 +99,7 @@ fn rfc3339(secs_from_now: i64) -> String {
 
 fn reserve(c: &Cluster, tenant: &str, gpus: &str, start: &str, end: &str) -> u64 {
     let args = ["reservation", "create", "--tenant", tenant, "--gpu-model", MODEL, "--gpus", gpus];
-    let r = json(c, &[&args[..], &["--start", start, "--end", end, "--json"]].concat());
+    let r = json(c, &[&args[..], &["--backdate", "--start", start, "--end", end, "--json"]].concat());
     r["id"].as_u64().unwrap()
 }
 
@@ -111,6 +115,17 @@ fn deleting_a_reservation_leaves_the_invoices_of_its_past_unchanged_and_tenants_
             (name, json(&c, &["tenant", "create", name, "--json"])["token"].as_str().unwrap().to_string())
         })
         .collect();
+
+    // A start in the past would charge for time gone: refused unless the
+    // operator says it is a contract that began earlier (--backdate).
+    let create = ["reservation", "create", "--tenant", "acme", "--gpu-model", MODEL, "--gpus", "2"];
+    let out = c.ebb_as(&c.admin, &[&create[..], &["--start", "2024-01-01", "--end", "2024-02-01"]].concat());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("start: 2024-01-01 is ") && err.contains("--backdate"),
+        "{err}"
+    );
+    assert_eq!(c.ebb(&["reservation", "list"]), "no reservations\n");
 
     // A reservation of a past month: 744 h x 2 GPUs x $1.80 = $2,678.40.
     let past = reserve(&c, "acme", "2", "2024-01-01", "2024-02-01");
@@ -249,6 +264,15 @@ fn only_commands_that_talk_to_a_server_offer_server_and_token() {
             "ebb {remote:?}: {text}"
         );
     }
+    // Set in the environment, they are not asked for again in a usage line.
+    let out = Command::new(ebb_exe())
+        .args(["show"])
+        .env("EBB_SERVER", "http://127.0.0.1:9")
+        .env("EBB_TOKEN", "x")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("Usage: ebb show <ID>") && !err.contains("--server"), "{err}");
     let agent = help(&["agent"]);
     assert!(agent.contains("--server <URL[,URL...]>") && !agent.contains("--token"), "{agent}");
 

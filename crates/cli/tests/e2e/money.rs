@@ -286,6 +286,7 @@ fn a_reservation_takes_back_its_lent_gpus_and_the_borrower_pays_only_what_it_ran
         MODEL,
         "--gpus",
         "4",
+        "--backdate",
         "--start",
         &at(-3600),
         "--end",

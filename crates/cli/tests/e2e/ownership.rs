@@ -102,15 +102,19 @@ fn a_second_server_or_agent_on_a_data_dir_in_use_refuses_and_the_first_is_untouc
 
 /// A second `ebb up` on the directory of a running one reused its node
 /// names: its agents killed the first cluster's jobs as leftovers and its
-/// logs were overwritten. Now it refuses, and the first runs on.
+/// logs were overwritten. Now it refuses, and the first runs on. Run again
+/// as it was first run (the same port too), it says one thing: the
+/// directory is in use, by which process, and where that cluster is.
 #[test]
 fn a_second_ebb_up_on_a_directory_in_use_refuses_and_the_first_cluster_is_untouched() {
     let dir = scratch("two-ups");
     let first = Up::start(&dir);
     let (id, pid) = first.sleeper();
     let before = listing(&dir.join("logs"));
+    let url = first.env.iter().find(|(k, _)| k == "EBB_SERVER").unwrap().1.clone();
+    let port = url.rsplit(':').next().unwrap().to_string();
     let out = Command::new(ebb_exe())
-        .args(["up", "--nodes", "1", "--gpus-per-node", "2", "--port", "0", "--data-dir"])
+        .args(["up", "--nodes", "1", "--gpus-per-node", "2", "--port", &port, "--data-dir"])
         .arg(&dir)
         .output()
         .unwrap();
@@ -119,6 +123,8 @@ fn a_second_ebb_up_on_a_directory_in_use_refuses_and_the_first_cluster_is_untouc
     let holder =
         format!("--data-dir {}: in use by another process (pid {})", dir.display(), first.child.id());
     assert!(err.contains(&holder), "{err}");
+    assert!(err.contains(&format!("the cluster running from it serves {url}")), "{err}");
+    assert!(!err.contains("--port"), "the port, not the news, was said too: {err}");
     std::thread::sleep(Duration::from_secs(1));
     assert!(pid_alive(pid), "the first cluster's job was killed");
     assert_eq!(listing(&dir.join("logs")).len(), before.len());

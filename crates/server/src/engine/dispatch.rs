@@ -66,6 +66,10 @@ impl<S: Store> Engine<S> {
                 };
                 self.answer(reply, result)?;
             }
+            Msg::Capacity { principal, reply } => {
+                let capacity = self.capacity(&principal, now);
+                self.outbox.reply(reply, capacity);
+            }
             Msg::Nodes { reply } => {
                 let views = self.fleet.nodes.keys().map(|n| self.node_view(n)).collect();
                 self.outbox.reply(reply, views);
@@ -148,7 +152,7 @@ impl<S: Store> Engine<S> {
                 self.answer(reply, result)?;
             }
             Msg::CreateReservation { req, reply } => {
-                let result = self.create_reservation(&req);
+                let result = self.create_reservation(&req, now);
                 self.answer(reply, result)?;
             }
             Msg::Reservations { principal, reply } => {

@@ -139,6 +139,10 @@ pub enum Msg {
     Nodes {
         reply: oneshot::Sender<Vec<ebb_api::Node>>,
     },
+    Capacity {
+        principal: Principal,
+        reply: oneshot::Sender<ebb_api::Capacity>,
+    },
     DrainNode {
         name: String,
         reply: oneshot::Sender<Result<ebb_api::Node, ApiError>>,

@@ -3,6 +3,10 @@
 use super::*;
 use crate::billing::Pricing;
 
+/// How far before now a reservation's start is taken as now rather than
+/// as a backdated one.
+const PAST_START_SLACK_MS: u64 = 60_000;
+
 impl Money {
     /// The model's prices, adding the default price for a model first seen.
     pub(super) fn price_for(
@@ -71,6 +75,7 @@ impl<S: Store> Engine<S> {
     pub(super) fn create_reservation(
         &mut self,
         req: &ebb_api::ReservationRequest,
+        now: u64,
     ) -> Result<ebb_api::Reservation, Fail> {
         let tenant = self.tenant_by_name(&req.tenant)?;
         self.known_model("gpu_model", &req.gpu_model)?;
@@ -89,6 +94,24 @@ impl<S: Store> Engine<S> {
         }
         let start = crate::billing::parse_time("start", &req.start)?;
         let end = crate::billing::parse_time("end", &req.end)?;
+        // A start in the past charges for time already gone: only when the
+        // operator says so. The last minute is now (a client's clock, or
+        // `--start` left to the CLI's now, a request's time behind).
+        let start = match now.saturating_sub(start) {
+            0 => start,
+            behind if behind <= PAST_START_SLACK_MS => now,
+            _ if req.backdate => start,
+            behind => {
+                return Err(ApiError::unprocessable(format!(
+                    "start: {} is {} in the past, and a reservation is charged from its start; start it \
+                     now (leave start out of `ebb reservation create`), or pass backdate (--backdate) \
+                     to record a contract that began earlier",
+                    req.start.trim(),
+                    ebb_core::Span(behind).human()
+                ))
+                .into())
+            }
+        };
         if start >= end {
             return Err(ApiError::unprocessable(format!(
                 "end: {} is not after start: {}",

@@ -2,6 +2,14 @@
 
 use super::*;
 
+/// What the cluster has and what a job of each tier could get now, per
+/// GPU model: counts for anyone with a token, no one's jobs.
+#[utoipa::path(get, path = "/v1/capacity", tag = "jobs", responses((status = 200, body = api::Capacity)))]
+pub(super) async fn capacity(State(app): State<App>, headers: HeaderMap) -> ApiResult<Json<api::Capacity>> {
+    let principal = app.tenant(&headers)?;
+    Ok(Json(app.ask(|reply| Msg::Capacity { principal, reply }).await?))
+}
+
 /// Nodes and their GPUs. A tenant (`sinfo`) sees each node's model,
 /// GPUs, state and how many are in use, as Slurm shows every user; not
 /// which jobs run there, what is held for whom, or why a node is unhealthy.

@@ -256,6 +256,7 @@ fn router(app: App, role: Arc<Role>, proxy: Proxy) -> Router {
         .route("/v1/jobs/{id}/drill", post(jobs::drill_job))
         .route("/v1/jobs/{id}/logs", get(jobs::job_logs))
         .route("/v1/nodes", get(fleet::list_nodes))
+        .route("/v1/capacity", get(fleet::capacity))
         .route("/v1/nodes/{name}", delete(fleet::remove_node))
         .route("/v1/nodes/{name}/drain", post(fleet::drain_node))
         .route("/v1/nodes/{name}/undrain", post(fleet::undrain_node))

@@ -406,6 +406,7 @@ enum Step {
     },
     Reserve {
         gpus: u32,
+        backdate: bool,
         start: String,
         end: String,
         rate: Option<String>,
@@ -458,8 +459,8 @@ fn step() -> impl Strategy<Value = Step> {
                 name, limits: TenantLimits { max_jobs, max_running_jobs, max_stored_bytes }, tokens }),
         1 => (prop_oneof![Just("H100".to_string()), text()], prop_oneof![Just("2.50".to_string()), Just("92233720368547.75807".to_string()), Just("-1".to_string()), Just("1e308".to_string()), text()], proptest::option::of(text()))
             .prop_map(|(model, on_demand, reserved)| Step::Price { model, on_demand, reserved }),
-        1 => (prop_oneof![1u32..8, Just(0), Just(u32::MAX)], day(), day(), proptest::option::of(prop_oneof![Just("92233720368547.75807".to_string()), text()]), proptest::option::of(0u64..4))
-            .prop_map(|(gpus, start, end, rate, delete)| Step::Reserve { gpus, start, end, rate, delete }),
+        1 => (prop_oneof![1u32..8, Just(0), Just(u32::MAX)], day(), day(), proptest::option::of(prop_oneof![Just("92233720368547.75807".to_string()), text()]), proptest::option::of(0u64..4), any::<bool>())
+            .prop_map(|(gpus, start, end, rate, delete, backdate)| Step::Reserve { gpus, backdate, start, end, rate, delete }),
         1 => (day(), day(), prop_oneof![Just("1d".to_string()), Just("1ms".to_string()), Just("18446744073709551615s".to_string()), text()])
             .prop_map(|(from, to, step)| Step::Money { from, to, step }),
         1 => (any::<bool>(), prop_oneof![Just("alice".to_string()), Just("default".to_string()), text()],
@@ -774,7 +775,7 @@ impl World {
                 let update = PriceUpdate { on_demand_usd: on_demand, reserved_usd: reserved };
                 let _ = self.call(|reply| Msg::SetPrice { model, update, reply });
             }
-            Step::Reserve { gpus, start, end, rate, delete } => {
+            Step::Reserve { gpus, backdate, start, end, rate, delete } => {
                 let req = ReservationRequest {
                     tenant: "alice".into(),
                     gpu_model: "H100".into(),
@@ -782,6 +783,7 @@ impl World {
                     start,
                     end,
                     rate_usd: rate,
+                    backdate,
                 };
                 let _ = self.call(|reply| Msg::CreateReservation { req, reply });
                 if let Some(id) = delete {

@@ -18,6 +18,7 @@
 mod api;
 mod batches;
 mod billing;
+mod capacity;
 mod counts;
 mod drills;
 mod fuzz;

@@ -38,16 +38,22 @@ fn bad_money_input_is_refused_by_name_and_changes_nothing() {
     let made = api.post(
         &admin,
         "/v1/reservations",
-        &reservation("acme", MODEL, 2, "2030-01-01", "2030-02-01").unwrap(),
+        &reservation("acme", MODEL, 2, "2040-01-01", "2040-02-01").unwrap(),
     );
     assert_eq!(made.status, 201, "{}", made.body);
     for (body, says) in [
-        (reservation("acme", "A100-40GB", 2, "2030-01-01", "2030-02-01"), "gpu_model: unknown GPU model"),
-        (reservation("acme", MODEL, 2, "2030-03-01", "2030-02-01"), "is not after start"),
-        (reservation("acme", MODEL, 1, "2030-01-15", "2030-03-01"), "overlaps reservation 1"),
-        (reservation("acme", MODEL, 0, "2030-05-01", "2030-06-01"), "gpus: must be between 1 and the 4"),
-        (reservation("acme", MODEL, 2, "next week", "2030-06-01"), "start: \"next week\" is not a date"),
-        (reservation("nobody", MODEL, 1, "2031-01-01", "2031-02-01"), "tenant: unknown tenant \"nobody\""),
+        (reservation("acme", "A100-40GB", 2, "2040-01-01", "2040-02-01"), "gpu_model: unknown GPU model"),
+        (reservation("acme", MODEL, 2, "2040-03-01", "2040-02-01"), "is not after start"),
+        (reservation("acme", MODEL, 1, "2040-01-15", "2040-03-01"), "overlaps reservation 1"),
+        (reservation("acme", MODEL, 0, "2040-05-01", "2040-06-01"), "gpus: must be between 1 and the 4"),
+        (reservation("acme", MODEL, 2, "next week", "2040-06-01"), "start: \"next week\" is not a date"),
+        (reservation("nobody", MODEL, 1, "2041-01-01", "2041-02-01"), "tenant: unknown tenant \"nobody\""),
+        // A start in the past charges for time gone: only when backdated.
+        (reservation("acme", MODEL, 1, "2020-01-01", "2020-02-01"), "start: 2020-01-01 is "),
+        (
+            reservation("acme", MODEL, 1, "2020-01-01", "2020-02-01"),
+            "in the past, and a reservation is charged from its start",
+        ),
     ] {
         refused(&mut api, "POST", "/v1/reservations", body, says);
     }

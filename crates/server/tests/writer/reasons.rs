@@ -20,7 +20,7 @@ fn every_waiting_job_says_why_in_the_api() {
     let at = |api: &Api, ms: u64| ebb_server::rfc3339(api.env.now + ms);
     let day = 86_400_000;
     let reserve = |api: &mut Api, tenant: &str, gpus: u32, start: String, end: String| {
-        let body = json!({"tenant": tenant, "gpu_model": MODEL, "gpus": gpus, "start": start, "end": end});
+        let body = json!({"tenant": tenant, "gpu_model": MODEL, "gpus": gpus, "start": start, "end": end, "backdate": true});
         let made = api.post(&admin, "/v1/reservations", &body);
         assert_eq!(made.status, 201, "{}", made.body);
     };
