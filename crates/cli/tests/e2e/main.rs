@@ -25,6 +25,7 @@ mod lifecycle;
 mod money;
 mod output;
 mod ownership;
+mod package;
 mod postgres;
 mod readme;
 mod sim_cli;
