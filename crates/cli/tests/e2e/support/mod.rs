@@ -540,8 +540,19 @@ impl Up {
     }
 
     pub fn start_with(dir: &Path, nodes: u32) -> Up {
+        Up::start_args(dir, &["--nodes", &nodes.to_string(), "--gpus-per-node", "2"])
+    }
+
+    /// `ebb up` with its defaults (2 nodes x 8 GPUs), as the README runs it.
+    pub fn start_default(dir: &Path) -> Up {
+        Up::start_args(dir, &[])
+    }
+
+    fn start_args(dir: &Path, args: &[&str]) -> Up {
         let mut child = Command::new(ebb_exe())
-            .args(["up", "--nodes", &nodes.to_string(), "--gpus-per-node", "2", "--port", "0", "--data-dir"])
+            .arg("up")
+            .args(args)
+            .args(["--port", "0", "--data-dir"])
             .arg(dir)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
