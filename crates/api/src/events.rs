@@ -5,6 +5,7 @@
 //! that an event stored by an earlier version, which wrote fewer fields,
 //! reads back.
 
+use ebb_core::{bytes_text, count, Span};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -19,6 +20,10 @@ pub struct JobEvent {
     /// `kind` and its `detail`.
     #[serde(flatten)]
     pub event: Event,
+    /// The detail in a line for people, as `ebb show` prints it (in a
+    /// job's view; not stored).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub text: String,
 }
 
 impl JobEvent {
@@ -615,6 +620,154 @@ impl std::str::FromStr for EventKind {
     }
 }
 
+// ---- for people ------------------------------------------------------------
+
+/// `node-0: GPU 3`, `node-1: GPUs 0,1,2,3`.
+pub fn on_gpus(node: &str, gpus: &[u8]) -> String {
+    let list = gpus.iter().map(u8::to_string).collect::<Vec<_>>().join(",");
+    format!("{node}: {} {list}", if gpus.len() == 1 { "GPU" } else { "GPUs" })
+}
+
+/// GPU-seconds of work for people, in GPU-hours as bills count them and,
+/// for one job, as the product a reader can check: `0.67 GPU-hours (8
+/// GPUs x 5m 01s)`, `0.00 GPU-hours (1 GPU x 41ms)`.
+pub fn gpu_time(gpu_seconds: f64, gpus: Option<u32>) -> String {
+    let hours = format!("{:.2} GPU-hours", gpu_seconds / 3600.0);
+    match gpus.filter(|&g| g > 0) {
+        Some(g) => format!(
+            "{hours} ({} x {})",
+            count(u64::from(g), "GPU"),
+            Span::from_secs_f64(gpu_seconds / f64::from(g)).human()
+        ),
+        None => hours,
+    }
+}
+
+impl Event {
+    /// The event's details in a line for people, as `ebb show` and the
+    /// dashboard's timeline give them (`JobEvent::text`); `gpus`: the
+    /// job's, for lost work as its product.
+    pub fn describe(&self, gpus: u32) -> String {
+        describe(self, gpus)
+    }
+}
+
+fn describe(event: &Event, gpus: u32) -> String {
+    use Event as E;
+    let took = |seconds: f64| Span::from_secs_f64(seconds).human();
+    let exit = |code: Option<i32>, signal: Option<i32>| match (code, signal) {
+        (_, Some(signal)) => Some(format!("by signal {signal}")),
+        (Some(code), _) => Some(format!("with code {code}")),
+        _ => None,
+    };
+    match event {
+        E::Submitted(d) => {
+            let task = d.task.map(|t| format!(", task {t}")).unwrap_or_default();
+            format!("{}, {} {}{task}", d.tier, d.gpus, if d.gpus == 1 { "GPU" } else { "GPUs" })
+        }
+        E::Admitted(d) => d.reason.clone(),
+        E::Placed(d) => d.placement.iter().map(|p| on_gpus(&p.node, &p.gpus)).collect::<Vec<_>>().join("; "),
+        E::Started(d) => format!("on {} (pid {})", d.node, d.pid),
+        E::DrainNotice(d) => format!("{}; kill at {}", d.reason, d.deadline),
+        E::Exited(d) => {
+            let how = match exit(d.code, d.signal) {
+                Some(how) => format!("on {} {how}", d.node),
+                None => format!("on {} ({})", d.node, if d.vanished { "vanished" } else { "unknown status" }),
+            };
+            let how = match d.peak_memory_bytes {
+                Some(peak) => format!("{how}, peak memory {}", bytes_text(peak)),
+                None => how,
+            };
+            // A start that failed: the agent's words, here and not only in the log.
+            match &d.start_error {
+                Some(why) => format!("{how}: {why}"),
+                None => how,
+            }
+        }
+        E::Requeued(d) => {
+            let why = d.why.as_ref().map(|why| format!(": {why}")).unwrap_or_default();
+            match d.lost_gpu_seconds {
+                Some(lost) => format!("{}{why}; lost {}", d.reason, gpu_time(lost, Some(gpus))),
+                None => format!("{}{why}", d.reason),
+            }
+        }
+        E::Checkpoint(d) => {
+            let step = d.step.map(|n| format!("step {n}, ")).unwrap_or_default();
+            let bytes = d.bytes.map(|b| format!("{}, ", bytes_text(b))).unwrap_or_default();
+            format!("{step}{bytes}took {}", took(d.seconds))
+        }
+        E::Warning(d) => d.message.clone(),
+        E::Pulling(d) => {
+            format!(
+                "{} on {} ({})",
+                bytes_text(d.total_bytes),
+                d.node,
+                d.digest.as_deref().unwrap_or("no digest")
+            )
+        }
+        E::Pulled(d) => match d.downloaded_bytes {
+            0 => format!("on {}: in its cache", d.node),
+            n => format!("on {}: {} in {}", d.node, bytes_text(n), took(d.seconds)),
+        },
+        E::GangStopped(d) => d.reason.clone(),
+        E::Preempting(d) => {
+            let victims: Vec<String> = d.victims.iter().map(u64::to_string).collect();
+            format!("victims {}; they lose {}", victims.join(", "), gpu_time(d.lost_gpu_seconds, None))
+        }
+        E::Succeeded(d) => d.ran_ms.map(|ms| format!("ran {}", Span(ms).human())).unwrap_or_default(),
+        E::Failed(d) => {
+            let how = d.reason.clone().or_else(|| exit(d.code, d.signal)).unwrap_or_default();
+            match d.lost_gpu_seconds {
+                Some(lost) => format!("{how}; lost {}", gpu_time(lost, Some(gpus))),
+                None => how,
+            }
+        }
+        E::Cancelled(d) => d.while_.as_ref().map(|w| format!("while {w}")).unwrap_or_default(),
+        E::CancelRequested(d) => match (&d.deadline, d.grace_seconds) {
+            (Some(deadline), Some(grace)) => format!("SIGTERM, kill at {deadline} (grace {})", took(grace)),
+            _ => String::new(),
+        },
+        E::Drill(DrillDetail::Notice(d)) => format!(
+            "notice sent to attempt {}; kill at {} (window {})",
+            d.attempt,
+            d.deadline,
+            took(d.window_seconds)
+        ),
+        E::Drill(DrillDetail::Verdict(d)) => {
+            let verdict = d.verdict.as_deref().unwrap_or("none");
+            match d.failures.is_empty() {
+                true => format!("verdict: {verdict}"),
+                false => format!("verdict: {verdict}: {}", d.failures.join("; ")),
+            }
+        }
+        E::Promoted(d) => format!(
+            "to on-demand{}: {}",
+            if d.running { " where it runs" } else { " in the queue" },
+            d.reason
+        ),
+        E::Resumed(d) => match d.step {
+            Some(step) => format!("from step {step}"),
+            None => "from its latest checkpoint".into(),
+        },
+        E::Restored(d) => {
+            let what = match d.step {
+                Some(step) => format!("step {step}"),
+                None => "the state at exit".into(),
+            };
+            format!(
+                "{what} (attempt {}, upload {}) from the checkpoint store on {}: {} {}, {}, took {}",
+                d.from_attempt,
+                d.upload,
+                d.node,
+                d.files,
+                if d.files == 1 { "file" } else { "files" },
+                bytes_text(d.bytes),
+                took(d.seconds)
+            )
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -631,8 +784,14 @@ mod tests {
         for kind in EventKind::ALL {
             let event = Event::unknown(kind);
             assert_eq!(event.kind(), kind);
-            let wire =
-                serde_json::to_value(JobEvent { at: "t".into(), at_ms: 1, attempt: 2, event }).unwrap();
+            let wire = serde_json::to_value(JobEvent {
+                at: "t".into(),
+                at_ms: 1,
+                attempt: 2,
+                event,
+                text: String::new(),
+            })
+            .unwrap();
             assert_eq!(wire["kind"], kind.as_str(), "{wire}");
             assert!(wire["detail"].is_object(), "{wire}");
         }
@@ -662,7 +821,8 @@ mod tests {
         ];
         for event in events {
             assert_eq!(stored(event.kind(), &event.detail_json()), event);
-            let whole = JobEvent { at: "t".into(), at_ms: 1, attempt: 2, event: event.clone() };
+            let whole =
+                JobEvent { at: "t".into(), at_ms: 1, attempt: 2, event: event.clone(), text: String::new() };
             let back: JobEvent = serde_json::from_str(&serde_json::to_string(&whole).unwrap()).unwrap();
             assert_eq!(back, whole);
         }

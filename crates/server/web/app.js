@@ -378,7 +378,7 @@ async function clusterView() {
                 el("th", { scope: "row", text: t.tier }),
                 el("td", { text: t.gpu_hours.toFixed(2) }),
                 el("td", { text: percent(t.utilisation) }),
-                el("td", { class: "money", "data-revenue": t.tier, text: t.revenue_usd }),
+                el("td", { class: "money", "data-revenue": t.tier, text: amount(t.revenue_micro_usd) }),
               ),
             ),
             el(
@@ -387,7 +387,7 @@ async function clusterView() {
               el("th", { scope: "row", text: "reservations" }),
               el("td", {}),
               el("td", {}),
-              el("td", { class: "money", "data-revenue": "reservations", text: report.reservation_revenue_usd }),
+              el("td", { class: "money", "data-revenue": "reservations", text: amount(report.reservation_revenue_micro_usd) }),
             ),
             el(
               "tr",
@@ -395,7 +395,7 @@ async function clusterView() {
               el("th", { scope: "row", text: "all" }),
               el("td", { text: report.used_gpu_hours.toFixed(2) }),
               el("td", { text: percent(report.utilisation) }),
-              el("td", { class: "money", "data-revenue": "total", text: report.total_revenue_usd }),
+              el("td", { class: "money", "data-revenue": "total", text: amount(report.total_revenue_micro_usd) }),
             ),
           ],
         ),
@@ -423,11 +423,11 @@ async function clusterView() {
                   el(
                     "td",
                     { class: "borrowers" },
-                    (r.borrowers || []).map((b, i) => [i ? ", " : "", jobLink(b.job), ` (${b.tenant}, ${b.gpus} GPUs)`]),
+                    (r.borrowers || []).map((b, i) => [i ? ", " : "", jobLink(b.job), ` (${b.tenant}, ${gpus(b.gpus)})`]),
                   ),
                   el("td", { text: r.start }),
                   el("td", { text: r.end }),
-                  el("td", { class: "money", text: r.rate_usd }),
+                  el("td", { class: "money", text: rate(r.rate_micro_usd) }),
                 ),
               ),
             ),
@@ -510,7 +510,7 @@ function overTime(series) {
     id: "chart-revenue",
     label: `Revenue by tier, ${span}, in USD: ${
       richest && richest.total_revenue_micro_usd > 0
-        ? `the bucket from ${bucketTime(richest.start)} earned the most, $${richest.total_revenue_usd} in all`
+        ? `the bucket from ${bucketTime(richest.start)} earned the most, $${amount(richest.total_revenue_micro_usd)} in all`
         : "nothing earned"
     }.`,
     yLabel: "USD",
@@ -546,9 +546,9 @@ function overTime(series) {
       "tr",
       { "data-start-ms": b.start_ms },
       el("th", { scope: "row", text: bucketTime(b.start) }),
-      b.tiers.map((t) => el("td", { class: "money", "data-tier": t.tier, text: t.revenue_usd })),
-      el("td", { class: "money", "data-tier": "reservations", text: b.reservation_revenue_usd }),
-      el("td", { class: "money", "data-tier": "total", text: b.total_revenue_usd }),
+      b.tiers.map((t) => el("td", { class: "money", "data-tier": t.tier, text: amount(t.revenue_micro_usd) })),
+      el("td", { class: "money", "data-tier": "reservations", text: amount(b.reservation_revenue_micro_usd) }),
+      el("td", { class: "money", "data-tier": "total", text: amount(b.total_revenue_micro_usd) }),
     ),
   );
   return el(
@@ -660,6 +660,57 @@ function drawCharts() {
 window.addEventListener("resize", () => {
   for (const c of charts) c.setSize({ width: c.root.parentElement.clientWidth || 300, height: CHART_HEIGHT });
 });
+
+/// Micro-dollars for people, as the CLI writes them (ebb_core's MicroUsd):
+/// rounded half up to `places` decimals, exactly (BigInt).
+function microText(micro, places) {
+  const m = BigInt(micro);
+  const abs = m < 0n ? -m : m;
+  const unit = 10n ** BigInt(6 - places);
+  const rounded = (abs + unit / 2n) / unit;
+  const scale = 10n ** BigInt(places);
+  const sign = m < 0n && rounded > 0n ? "-" : "";
+  return `${sign}${rounded / scale}.${String(rounded % scale).padStart(places, "0")}`;
+}
+
+/// An amount to the cent (`0.71`), as `ebb bill` prints it.
+function amount(micro) {
+  return microText(micro, 2);
+}
+
+/// A rate per GPU-hour to the hundredth of a cent (`1.8000`).
+function rate(micro) {
+  return microText(micro, 4);
+}
+
+/// GPU-hours to two decimals, as the CLI prints them.
+function gpuHours(hours) {
+  return hours.toFixed(2);
+}
+
+/// A length of time as `ebb` writes it (ebb_core's Span::human): `41ms`,
+/// `3.0s`, `5m 01s`, `1h 40m`, `7d 0h`.
+function span(ms) {
+  ms = Math.max(0, Math.floor(ms));
+  const [second, minute, hour, day] = [1000, 60000, 3600000, 86400000];
+  const pad = (n) => String(n).padStart(2, "0");
+  if (ms < second) return `${ms}ms`;
+  if (ms < minute) return `${Math.floor(ms / second)}.${Math.floor((ms % second) / 100)}s`;
+  if (ms < hour) return `${Math.floor(ms / minute)}m ${pad(Math.floor((ms % minute) / second))}s`;
+  if (ms < day) return `${Math.floor(ms / hour)}h ${pad(Math.floor((ms % hour) / minute))}m`;
+  return `${Math.floor(ms / day)}d ${Math.floor((ms % day) / hour)}h`;
+}
+
+/// Lost work as `ebb show` gives it: `0.67 GPU-hours (8 GPUs x 5m 01s)`.
+function lostWork(gpuSeconds, n) {
+  const hours = `${gpuHours(gpuSeconds / 3600)} GPU-hours`;
+  return n > 0 ? `${hours} (${gpus(n)} x ${span((gpuSeconds / n) * 1000)})` : hours;
+}
+
+/// `1 GPU`, `8 GPUs`.
+function gpus(n) {
+  return `${n} ${n === 1 ? "GPU" : "GPUs"}`;
+}
 
 function percent(share) {
   return `${(share * 100).toFixed(1)}%`;
@@ -807,7 +858,12 @@ async function jobsView() {
       "tr",
       { "data-job": j.id },
       el("td", {}, jobLink(j.id)),
-      el("td", { text: j.name || "" }),
+      // A job without a name reads as its command, and an array as its
+      // name without its first task's "[0]", as `ebb jobs` shows them.
+      j.name
+        ? el("td", { class: "name", text: j.array && j.progress ? j.name.replace(/\[[^\]]*\]$/, "") : j.name })
+        : el("td", { class: "name command", text: j.argv.join(" ") }),
+      session.operator ? el("td", { class: "tenant", text: j.tenant }) : null,
       el("td", { text: j.tier }),
       el("td", { text: j.gpus }),
       el("td", { class: `state-${j.state}`, text: j.state }),
@@ -829,21 +885,34 @@ async function jobsView() {
     form,
     jobs.length === 0
       ? el("p", { text: f.state || f.tier || f.name ? "No job matches." : "No jobs." })
-      : table(`Jobs ${first} to ${last}, newest first`, ["Job", "Name", "Tier", "GPUs", "State", "Array", "Submitted"], rows),
+      : table(
+          `Jobs ${first} to ${last}, newest first`,
+          ["Job", "Name or command", ...(session.operator ? ["Tenant"] : []), "Tier", "GPUs", "State", "Array", "Submitted"],
+          rows,
+        ),
     pager,
   ];
 }
 
+/// An array's progress as `ebb show` gives it: `37/100 done`, then the
+/// tasks by state (`60 running, 3 queued`); a bar unless nothing was done
+/// and nothing is left to run (a cancelled array is not an empty bar: it
+/// says `10 cancelled`).
 function progress(job) {
   if (!job.array) return "";
   const p = job.progress;
   if (!p) return `task ${job.array.index} of ${job.array.tasks}`;
-  return el(
-    "span",
-    {},
-    el("progress", { max: p.total, value: p.done, "aria-label": `array ${job.array.id}: ${p.done} of ${p.total} done` }),
-    ` ${p.done}/${p.total}`,
-  );
+  const others = Object.entries(p.states || {})
+    .filter(([state, n]) => state !== "succeeded" && n > 0)
+    .map(([state, n]) => `${n} ${state}`);
+  const ended = Object.entries(p.states || {})
+    .filter(([state]) => ["succeeded", "failed", "cancelled"].includes(state))
+    .reduce((sum, [, n]) => sum + n, 0);
+  const text = ` ${p.done}/${p.total} done${others.length ? `, ${others.join(", ")}` : ""}`;
+  const bar = ended < p.total || p.done > 0
+    ? el("progress", { max: p.total, value: p.done, "aria-label": `array ${job.array.id}: ${p.done} of ${p.total} done` })
+    : null;
+  return el("span", { class: "array-progress" }, bar, text);
 }
 
 async function jobView(id) {
@@ -863,20 +932,22 @@ async function jobView(id) {
     ["State", job.state],
     ["Tenant", job.tenant],
     ["Tier", job.tier],
-    ["GPUs", `${job.gpus}${job.gpu_model ? ` × ${job.gpu_model}` : ""}`],
+    ["GPUs", `${gpus(job.gpus)}${job.gpu_model ? ` of ${job.gpu_model}` : ""}`],
     ["Command", job.argv.join(" ")],
-    ["Attempt", `${job.attempt} (${job.preemptions} preemptions, ${job.retries} retries)`],
-    ["Placement", job.placement.map((p) => `${p.node}: GPUs ${p.gpus.join(", ")}`).join("; ") || "none"],
-    ["Lost GPU-seconds", `${job.lost_gpu_seconds}`],
+    ["Attempt", `${job.attempt} (preempted ${job.preemptions}, retried ${job.retries})`],
+    ["Placement", job.placement.map((p) => `${p.node}: ${p.gpus.length === 1 ? "GPU" : "GPUs"} ${p.gpus.join(",")}`).join("; ") || "none"],
   ];
+  if (job.preemptions > 0 || job.lost_gpu_seconds > 0) {
+    facts.push(["Lost work", `${lostWork(job.lost_gpu_seconds, job.gpus)} over ${job.preemptions} ${job.preemptions === 1 ? "preemption" : "preemptions"}`]);
+  }
   if (job.pending_reason) facts.push(["Waiting", `${job.pending_reason}: ${job.pending_detail || ""}`]);
   const checkpoint = [];
   if (job.last_checkpoint) {
     const c = job.last_checkpoint;
-    checkpoint.push(["Last checkpoint", `${age(c.at_ms)} ago (attempt ${c.attempt}${c.step != null ? `, step ${c.step}` : ""}, took ${c.seconds} s)`]);
+    checkpoint.push(["Last checkpoint", `${age(c.at_ms)} ago (attempt ${c.attempt}${c.step != null ? `, step ${c.step}` : ""}, took ${span(c.seconds * 1000)})`]);
   }
   if (job.checkpoint_interval_s != null) {
-    checkpoint.push(["Recommended interval", `${job.checkpoint_interval_s} s${job.checkpoint_interval_why ? `: ${job.checkpoint_interval_why}` : ""}`]);
+    checkpoint.push(["Recommended interval", `every ${span(job.checkpoint_interval_s * 1000)}${job.checkpoint_interval_why ? `: ${job.checkpoint_interval_why}` : ""}`]);
   }
   const dl = (pairs) => el("dl", {}, pairs.map(([k, v]) => [el("dt", { text: k }), el("dd", { text: v })]));
   return [
@@ -889,7 +960,10 @@ async function jobView(id) {
     el(
       "ol",
       { class: "timeline" },
-      job.events.map((e) => el("li", {}, el("time", { datetime: e.at, text: e.at }), ` ${e.kind} (attempt ${e.attempt})`, detail(e.detail))),
+      // The server's sentence for each event, the one `ebb show` prints.
+      job.events.map((e) =>
+        el("li", { "data-kind": e.kind }, el("time", { datetime: e.at, text: e.at }), ` #${e.attempt} `, el("strong", { text: e.kind }), e.text ? ` ${e.text}` : ""),
+      ),
     ),
     el("h2", { text: "Attempts" }),
     job.usage.length === 0
@@ -907,7 +981,7 @@ async function jobView(id) {
                 el("td", { text: u.ended_at }),
                 el("td", { text: u.gpu_seconds }),
                 el("td", { text: u.lost_gpu_seconds }),
-                el("td", { class: "money", text: u.amount_usd }),
+                el("td", { class: "money", text: amount(u.amount_micro_usd) }),
               ),
             ),
           ),
@@ -966,11 +1040,6 @@ async function followLogs(id) {
   }
 }
 
-function detail(value) {
-  if (!value || typeof value !== "object" || Object.keys(value).length === 0) return null;
-  return el("span", { class: "detail", text: ` ${JSON.stringify(value)}` });
-}
-
 /// This month, UTC, as [from, to) dates.
 function thisMonth() {
   const now = new Date();
@@ -1003,18 +1072,20 @@ async function billView() {
     el("button", { type: "submit", text: "Show" }),
   );
   const totals = [
-    ["Total", bill.total_usd, "total"],
-    ["On-demand equivalent", bill.on_demand_equivalent_usd, "on-demand-equivalent"],
-    ["Saved by preemptible", bill.preemptible_savings_usd, "savings"],
+    ["Total", amount(bill.total_micro_usd), "total"],
+    ["On-demand equivalent", amount(bill.on_demand_equivalent_micro_usd), "on-demand-equivalent"],
+    ["Saved by preemptible", amount(bill.preemptible_savings_micro_usd), "savings"],
   ];
   return [
     el("h1", { text: `Bill for ${bill.tenant}` }),
     form,
     el("p", {
       class: "bill-counts",
-      text: `From ${bill.from} to ${bill.to}: ${bill.attempts} attempts, ${bill.preemptions} preemptions`
-        + ` (${bill.repeat_preemptions} again after an earlier preemption,`
-        + ` ${bill.preemptions_within_min_runtime} of them within the minimum run time).`,
+      text: `From ${bill.from} to ${bill.to}: ${bill.attempts} ${bill.attempts === 1 ? "attempt" : "attempts"}, ${bill.preemptions} preempted`
+        + (bill.repeat_preemptions > 0
+          ? ` (${bill.repeat_preemptions} again after an earlier preemption, ${bill.preemptions_within_min_runtime} of them within the minimum run time)`
+          : "")
+        + `; ${gpuHours(bill.drain_gpu_hours)} GPU-hours in drain windows, ${gpuHours(bill.lost_gpu_hours)} GPU-hours of work lost.`,
     }),
     el(
       "dl",
@@ -1033,9 +1104,9 @@ async function billView() {
                 { "data-line": `${l.tier}/${l.gpu_model}` },
                 el("td", { text: l.tier }),
                 el("td", { text: l.gpu_model }),
-                el("td", { text: l.gpu_hours }),
-                el("td", { class: "money", text: l.rate_usd }),
-                el("td", { class: "money", "data-amount": "line", text: l.amount_usd }),
+                el("td", { class: "money", text: gpuHours(l.gpu_hours) }),
+                el("td", { class: "money", text: l.tier === "reserved" ? "reservation" : rate(l.rate_micro_usd) }),
+                el("td", { class: "money", "data-amount": "line", text: amount(l.amount_micro_usd) }),
               ),
             ),
           ),
@@ -1054,10 +1125,14 @@ async function billView() {
                 el("td", { text: r.gpus }),
                 el("td", { text: r.from }),
                 el("td", { text: r.to }),
-                el("td", { class: "money", text: r.amount_usd }),
+                el("td", { class: "money", text: amount(r.amount_micro_usd) }),
               ),
             ),
           ),
+    el("p", {
+      class: "note",
+      text: "GPU-hours here are what was billed: each attempt that ended in the period, per started second from its start to its exit; an attempt still running is billed when it ends.",
+    }),
   ];
 }
 

@@ -233,8 +233,11 @@ impl<S: Store> Engine<S> {
         by_model
     }
 
-    pub(super) fn view(&self, job: &JobRecord, events: Vec<JobEvent>) -> ebb_api::Job {
+    pub(super) fn view(&self, job: &JobRecord, mut events: Vec<JobEvent>) -> ebb_api::Job {
         let pending = self.pending(job, now_ms());
+        for e in &mut events {
+            e.text = e.event.describe(job.gpus);
+        }
         ebb_api::Job {
             id: job.id,
             tenant: self.tenants.names.get(&job.tenant).cloned().unwrap_or_default(),

@@ -11,7 +11,7 @@ impl<S: Store> Engine<S> {
         let at_ms = self.now;
         let attempt = self.jobs.get(&id).map_or(0, |j| j.attempt);
         let kind = event.kind();
-        let event = JobEvent { at: rfc3339(at_ms), at_ms, attempt, event };
+        let event = JobEvent { at: rfc3339(at_ms), at_ms, attempt, event, text: String::new() };
         self.outbox.changed = true;
         self.store.add_event(id, &event)?;
         // Every event is in the job's timeline. The log has the ones an

@@ -485,6 +485,7 @@ impl Store for PgStore {
                 at_ms,
                 attempt: r.get::<_, i64>(2) as u32,
                 event,
+                text: String::new(),
             });
         }
         Ok(events)

@@ -508,7 +508,7 @@ impl Store for SqliteStore {
             let (at_ms, kind, attempt, detail) = row?;
             let kind = kind.parse().map_err(StoreError)?;
             let event = stored_event(job, kind, &detail);
-            events.push(JobEvent { at: crate::rfc3339(at_ms), at_ms, attempt, event });
+            events.push(JobEvent { at: crate::rfc3339(at_ms), at_ms, attempt, event, text: String::new() });
         }
         Ok(events)
     }

@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 fn event(at_ms: u64, kind: EventKind, attempt: u32, detail: Value) -> JobEvent {
     let (event, why) = Event::from_stored(kind, &detail.to_string());
     assert_eq!(why, None, "a detail of its kind");
-    JobEvent { at: ebb_server::rfc3339(at_ms), at_ms, attempt, event }
+    JobEvent { at: ebb_server::rfc3339(at_ms), at_ms, attempt, event, text: String::new() }
 }
 
 /// A job's columns: a queued single job of one GPU unless said otherwise.
