@@ -7,8 +7,14 @@ use plotters::prelude::*;
 use crate::summary::{SimOutput, Summary};
 
 const TIERS: [&str; 3] = ["reserved", "on-demand", "preemptible"];
-const COLOURS: [RGBColor; 3] = [RGBColor(124, 58, 237), RGBColor(37, 99, 235), RGBColor(245, 158, 11)];
-const SIZE: (u32, u32) = (960, 320);
+/// The dashboard's tier colours (`crates/server/web/app.css`): one tier
+/// reads the same on both.
+const COLOURS: [RGBColor; 3] =
+    [RGBColor(0x5b, 0x2a, 0x86), RGBColor(0x0b, 0x4f, 0x9c), RGBColor(0x1d, 0x6b, 0x38)];
+const SIZE: (u32, u32) = (960, 360);
+/// Axis labels and their descriptions, at a size read without zooming
+/// (plotters writes 21 as about 17 px).
+const FONT: (&str, u32) = ("sans-serif", 21);
 
 /// Renders the whole page.
 pub fn html(output: &SimOutput) -> String {
@@ -78,22 +84,33 @@ fn escape(text: &str) -> String {
     text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
 }
 
+/// A y axis: what it measures, and how its ticks read.
+struct Axis {
+    desc: &'static str,
+    max: f64,
+    label: fn(f64) -> String,
+}
+
 /// Draws one chart into an SVG string. `series` are (label colour, points).
-fn chart(y_desc: &str, y_max: f64, series: Vec<(RGBColor, Vec<(f64, f64)>)>, stacked_area: bool) -> String {
+fn chart(y: Axis, series: Vec<(RGBColor, Vec<(f64, f64)>)>, stacked_area: bool) -> String {
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
         root.fill(&WHITE).expect("svg fill");
         let x_max = series.iter().flat_map(|(_, p)| p.last()).map(|p| p.0).fold(1.0, f64::max);
         let mut ctx = ChartBuilder::on(&root)
-            .margin(10)
-            .x_label_area_size(36)
-            .y_label_area_size(70)
-            .build_cartesian_2d(0.0..x_max, 0.0..y_max.max(1e-9) * 1.05)
+            .margin(12)
+            .x_label_area_size(52)
+            .y_label_area_size(88)
+            .build_cartesian_2d(0.0..x_max, 0.0..y.max.max(1e-9) * 1.05)
             .expect("chart axes");
         ctx.configure_mesh()
-            .x_desc("hours since first submission")
-            .y_desc(y_desc)
+            .x_desc("hours since the first submission")
+            .y_desc(y.desc)
+            .x_label_formatter(&|x| count(*x))
+            .y_label_formatter(&|v| (y.label)(*v))
+            .label_style(FONT)
+            .axis_desc_style(FONT)
             .light_line_style(RGBColor(240, 240, 240))
             .draw()
             .expect("mesh");
@@ -134,24 +151,74 @@ fn utilisation_chart(output: &SimOutput) -> String {
     let capacity = output.capacity_gpus.max(1) as f64;
     let rows: Vec<[f64; 3]> =
         output.series.busy_gpus.iter().map(|r| r.map(|g| g / capacity * 100.0)).collect();
-    chart("% of GPUs", 100.0, tier_points(&rows, true), true)
+    chart(Axis { desc: "share of the GPUs", max: 100.0, label: percent }, tier_points(&rows, true), true)
 }
 
 fn queue_chart(output: &SimOutput) -> String {
     let rows: Vec<[f64; 3]> = output.series.queued.iter().map(|r| r.map(|q| q as f64)).collect();
     let y_max = rows.iter().flatten().copied().fold(1.0, f64::max);
-    chart("jobs queued", y_max, tier_points(&rows, false), false)
+    chart(Axis { desc: "jobs queued", max: y_max, label: count }, tier_points(&rows, false), false)
 }
 
 fn preemption_chart(output: &SimOutput) -> String {
     let points: Vec<(f64, f64)> =
         output.series.preemptions.iter().enumerate().map(|(h, n)| (h as f64, *n as f64)).collect();
     let y_max = points.iter().map(|p| p.1).fold(1.0, f64::max);
-    chart("preemptions", y_max, vec![(RGBColor(220, 38, 38), points)], false)
+    // The dashboard's draining colour: a preemption is a drain.
+    chart(
+        Axis { desc: "preemptions", max: y_max, label: count },
+        vec![(RGBColor(0x9a, 0x3a, 0x00), points)],
+        false,
+    )
 }
 
 fn revenue_chart(output: &SimOutput) -> String {
     let rows = &output.series.revenue_usd;
     let y_max = rows.last().map_or(1.0, |r| r.iter().sum::<f64>()).max(1.0);
-    chart("USD", y_max, tier_points(rows, true), true)
+    chart(Axis { desc: "revenue", max: y_max, label: dollars }, tier_points(rows, true), true)
+}
+
+/// `40%`.
+fn percent(v: f64) -> String {
+    format!("{v:.0}%")
+}
+
+/// A count as people read a tick: `850`, `12k`, `1.5k`, `2.4M`.
+fn count(v: f64) -> String {
+    short(v, "")
+}
+
+/// Dollars as people read a tick: `$0`, `$950`, `$160k`, `$1.2M`.
+fn dollars(v: f64) -> String {
+    short(v, "$")
+}
+
+fn short(v: f64, unit: &str) -> String {
+    let (scaled, suffix) = match v.abs() {
+        a if a >= 1e6 => (v / 1e6, "M"),
+        a if a >= 1e3 => (v / 1e3, "k"),
+        _ => (v, ""),
+    };
+    // One decimal where a tick needs it (1.5k), none where it does not.
+    let text = format!("{scaled:.1}");
+    let text = text.strip_suffix(".0").unwrap_or(&text);
+    format!("{unit}{text}{suffix}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ticks_read_as_people_write_them() {
+        assert_eq!(dollars(160_000.0), "$160k");
+        assert_eq!(dollars(1_250_000.0), "$1.2M");
+        assert_eq!(dollars(0.0), "$0");
+        assert_eq!(dollars(950.0), "$950");
+        assert_eq!(dollars(12.5), "$12.5");
+        assert_eq!(count(1500.0), "1.5k");
+        assert_eq!(count(40.0), "40");
+        assert_eq!(percent(100.0), "100%");
+        assert_eq!(percent(37.4), "37%");
+    }
 }

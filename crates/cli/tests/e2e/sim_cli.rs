@@ -67,6 +67,12 @@ fn writes_json_and_a_self_contained_report() {
     for title in ["utilisation by tier", "Jobs waiting", "Preemptions per hour", "Cumulative revenue"] {
         assert!(html.contains(title), "{title}");
     }
+    // Ticks read as people write them ($160k, 100%), in the dashboard's colours.
+    let labels: Vec<&str> =
+        html.split("</text>").filter_map(|p| p.rsplit_once('>')).map(|(_, t)| t.trim()).collect();
+    assert!(labels.contains(&"100%") && labels.contains(&"$0"), "tick labels: {labels:?}");
+    assert!(!labels.iter().any(|l| l.ends_with(".0")), "a tick written as a float: {labels:?}");
+    assert!(html.contains("#1D6B38") || html.contains("#1d6b38"), "the dashboard's preemptible green");
     std::fs::remove_dir_all(dir).unwrap();
 }
 
