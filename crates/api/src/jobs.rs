@@ -528,6 +528,11 @@ pub struct LogChunk {
     /// one node's), by offset. Empty for a job on one node.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sources: Vec<LogSource>,
+    /// When the job's output was removed, as the server keeps a finished
+    /// job's output for `ebb server --keep-output` (RFC 3339); absent while
+    /// it is kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub removed: Option<String>,
 }
 
 /// Where a gang's node's output starts in its log.

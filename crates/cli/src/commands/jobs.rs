@@ -362,6 +362,9 @@ pub async fn logs(
         loop {
             let chunk: api::LogChunk =
                 client.get(&format!("/v1/jobs/{id}/logs?offset={offset}&label={}", view.label)).await?;
+            if let Some(at) = &chunk.removed {
+                return Err(removed(id, at));
+            }
             last.push(&if view.label { labels.apply(&chunk) } else { chunk.data.clone() });
             offset = chunk.next_offset;
             if chunk.data.is_empty() || chunk.finished {
@@ -378,6 +381,9 @@ pub async fn logs(
     loop {
         let path = format!("/v1/jobs/{id}/logs?offset={offset}&follow={follow}&label={}", view.label);
         let chunk: api::LogChunk = client.get(&path).await?;
+        if let (Some(at), 0) = (&chunk.removed, offset) {
+            return Err(removed(id, at));
+        }
         // A chunk is at most 1 MiB: without --follow, read on until the
         // log has no more.
         let last = if follow { chunk.finished } else { chunk.data.is_empty() || chunk.finished };
@@ -402,6 +408,11 @@ pub async fn logs(
             return Ok(());
         }
     }
+}
+
+/// Why a finished job's log is empty: its output was removed.
+fn removed(id: u64, at: &str) -> String {
+    format!("job {id}: its output was removed at {at}: the server keeps a finished job's output for its --keep-output")
 }
 
 /// The last `n` lines of a text that comes in pieces (a line may span
@@ -557,6 +568,7 @@ mod tests {
             data: data.into(),
             finished: false,
             sources,
+            removed: None,
         };
         let mut labels = Labels::default();
         let first = chunk(0, "up\nloss 1\nsaving", vec![source(0, "node-1"), source(3, "node-0")]);

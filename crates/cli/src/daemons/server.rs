@@ -43,6 +43,12 @@ pub struct ServerArgs {
     /// most 168h.
     #[arg(long, default_value = "5m", value_parser = parse_span)]
     pub keep_finished: Span,
+    /// How long a finished job's output stays in the database (720h, 30
+    /// days, by default; 0 keeps it for ever); then it is removed, a
+    /// thousand jobs' a minute at most. The job, its timeline and its
+    /// bills stay; `ebb logs` says when the output went.
+    #[arg(long, default_value = "720h", value_parser = parse_span)]
+    pub keep_output: Span,
     /// A request's head (its line and headers) must arrive within this
     /// once a connection is ready for it; also how long an idle
     /// connection stays open. A request being answered (an agent's long
@@ -189,6 +195,7 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
         heartbeat_timeout: args.policy.heartbeat_timeout,
         heartbeat_interval: args.heartbeat_interval,
         keep_finished: args.keep_finished,
+        keep_output: args.keep_output,
         max_clock_skew: args.max_clock_skew,
         gang_exit_grace: args.gang_exit_grace,
         pricing: ebb_server::billing::Pricing { prices, default_price, discount_bps },

@@ -86,7 +86,7 @@ impl<S: Store> Engine<S> {
         }
         self.schedule(now)?;
         self.prune_finished(now);
-        Ok(())
+        self.prune_output(now)
     }
 
     /// The invariants of what the writer holds, checked whole: the core's

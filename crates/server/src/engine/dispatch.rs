@@ -54,12 +54,18 @@ impl<S: Store> Engine<S> {
                             true => self.store.output_sources(id, offset, to)?,
                             false => Vec::new(),
                         };
+                        let finished = self.jobs[&id].state.is_final();
+                        let removed_ms = match finished && committed == 0 {
+                            true => self.store.output_removed(id)?,
+                            false => None,
+                        };
                         Ok(LogFile {
                             path: self.log_path(id),
                             committed,
                             stored,
-                            finished: self.jobs[&id].state.is_final(),
+                            finished,
                             sources,
+                            removed_ms,
                         })
                     }
                     Err(e) => Err(e),

@@ -280,6 +280,8 @@ pub struct LogFile {
     /// Where each piece of `stored` a gang's node wrote starts in the log,
     /// and which node, when asked for.
     pub sources: Vec<(u64, String)>,
+    /// When the job's output was removed (`keep_output`), if it was.
+    pub removed_ms: Option<u64>,
 }
 
 pub struct Poll {
@@ -337,6 +339,9 @@ pub struct EngineConfig {
     /// How long a finished job's record stays in the writer's memory; after
     /// it (and after a restart) it is read from the store when asked for.
     pub keep_finished: Span,
+    /// How long a finished job's output stays in the store (zero: for
+    /// ever); the job, its timeline and its bills stay.
+    pub keep_output: Span,
     /// How far ahead of the server's clock an event time from a node may
     /// be before the report is refused.
     pub max_clock_skew: Span,
@@ -369,6 +374,7 @@ impl EngineConfig {
             heartbeat_timeout: Span(60_000),
             heartbeat_interval: Span(500),
             keep_finished: Span(0),
+            keep_output: Span(0),
             max_clock_skew: Span(5_000),
             gang_exit_grace: Span(600_000),
             pricing: crate::billing::Pricing {
@@ -471,6 +477,8 @@ pub struct Engine<S: Store> {
     /// `keep_finished` later (one read back from the store for a request,
     /// stamped 0, at the end of that batch).
     finished_jobs: BTreeSet<(u64, u64)>,
+    /// When finished jobs' output was last pruned (`keep_output`).
+    output_pruned_ms: u64,
     next_job: u64,
     /// Jobs in a restart back-off, by when they may run again.
     backoff: BTreeSet<(u64, u64)>,

@@ -33,6 +33,7 @@ impl<S: Store> Engine<S> {
             now,
             jobs: BTreeMap::new(),
             finished_jobs: BTreeSet::new(),
+            output_pruned_ms: 0,
             next_job: 1,
             backoff: BTreeSet::new(),
             deadlines: BTreeSet::new(),

@@ -44,12 +44,33 @@ impl<S: Store> Engine<S> {
         // What it was counted as is what it was stored as.
         let stored = job.counted.map(|(_, state, _, _)| state);
         self.tally.count(job);
-        if job.state.is_final() && !stored.is_some_and(JobState::is_final) {
+        let finishing = job.state.is_final() && !stored.is_some_and(JobState::is_final);
+        if finishing {
             self.finished_jobs.insert((self.now, id));
         }
         let columns =
             crate::store::JobColumns { stored_state: stored.map(JobState::as_str), ..job.columns() };
-        self.store.put_job(id, &columns, job)
+        self.store.put_job(id, &columns, job)?;
+        let keep = self.config.keep_output.as_millis();
+        if finishing && keep > 0 && !job.no_output {
+            self.store.expire_output(id, self.now.saturating_add(keep))?;
+        }
+        Ok(())
+    }
+
+    /// Removes the output of finished jobs kept `keep_output`, once a
+    /// minute and at most a thousand jobs' at a time, so that no batch
+    /// waits on a large deletion.
+    pub(super) fn prune_output(&mut self, now: u64) -> Written {
+        if self.config.keep_output.as_millis() == 0 || now < self.output_pruned_ms.saturating_add(60_000) {
+            return Ok(());
+        }
+        self.output_pruned_ms = now;
+        let pruned = self.store.prune_output(now, 1000)?;
+        if !pruned.is_empty() {
+            tracing::info!(jobs = pruned.len(), "removed finished jobs' output kept past --keep-output");
+        }
+        Ok(())
     }
 
     /// Finished jobs kept `keep_finished` by `now` leave memory: the store

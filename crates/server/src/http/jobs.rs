@@ -300,7 +300,15 @@ pub(super) async fn job_logs(
             let finished = finished && next_offset >= log.committed;
             let sources =
                 log.sources.into_iter().map(|(offset, node)| api::LogSource { offset, node }).collect();
-            return Ok(Json(api::LogChunk { offset: q.offset, next_offset, data, finished, sources }));
+            let removed = log.removed_ms.map(crate::rfc3339);
+            return Ok(Json(api::LogChunk {
+                offset: q.offset,
+                next_offset,
+                data,
+                finished,
+                sources,
+                removed,
+            }));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

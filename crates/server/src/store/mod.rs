@@ -311,6 +311,14 @@ pub trait Store: Send {
     fn output_sources(&mut self, job: u64, from: u64, to: u64) -> Result<Vec<(u64, String)>>;
     /// The length of job `job`'s log as kept: where its last piece ends.
     fn output_len(&mut self, job: u64) -> Result<u64>;
+    /// Job `job`'s output is to be removed at `at_ms` (`--keep-output`
+    /// after it ended).
+    fn expire_output(&mut self, job: u64, at_ms: u64) -> Result<()>;
+    /// Removes the output of at most `limit` jobs whose time came by
+    /// `now_ms`, soonest first, and notes when; the jobs.
+    fn prune_output(&mut self, now_ms: u64, limit: usize) -> Result<Vec<u64>>;
+    /// When job `job`'s output was removed, if it was.
+    fn output_removed(&mut self, job: u64) -> Result<Option<u64>>;
 }
 
 /// How much of a job's log file is committed. Output is kept in the

@@ -91,6 +91,10 @@ const MIGRATIONS: &[&str] = &[
     // 6: tenants' registry logins, as SQLite's 11.
     "CREATE TABLE registry_logins (tenant BIGINT NOT NULL REFERENCES tenants(id), registry TEXT NOT NULL,
          record TEXT NOT NULL, PRIMARY KEY (tenant, registry));",
+    // 12: when a finished job's output goes (--keep-output), and when it
+    // went; the jobs still due, by when.
+    "CREATE TABLE output_expiry (job BIGINT PRIMARY KEY, at_ms BIGINT NOT NULL, removed_ms BIGINT);
+     CREATE INDEX output_expiry_due ON output_expiry(at_ms) WHERE removed_ms IS NULL;",
 ];
 
 pub struct PgStore {
@@ -630,6 +634,36 @@ impl Store for PgStore {
             self.statement("SELECT COALESCE(MAX(start + length(data)), 0) FROM output WHERE job = $1")?;
         let len: i64 = self.client.query_one(&stmt, &[&big(job)])?.get(0);
         Ok(len as u64)
+    }
+
+    fn expire_output(&mut self, job: u64, at_ms: u64) -> Result<()> {
+        let stmt = self.statement(
+            "INSERT INTO output_expiry (job, at_ms, removed_ms) VALUES ($1, $2, NULL)
+             ON CONFLICT (job) DO UPDATE SET at_ms = EXCLUDED.at_ms, removed_ms = NULL",
+        )?;
+        self.client.execute(&stmt, &[&big(job), &big(at_ms)])?;
+        Ok(())
+    }
+
+    fn prune_output(&mut self, now_ms: u64, limit: usize) -> Result<Vec<u64>> {
+        let stmt = self.statement(
+            "SELECT job FROM output_expiry WHERE removed_ms IS NULL AND at_ms <= $1 ORDER BY at_ms LIMIT $2",
+        )?;
+        let due: Vec<i64> =
+            self.client.query(&stmt, &[&big(now_ms), &big(limit as u64)])?.iter().map(|r| r.get(0)).collect();
+        if !due.is_empty() {
+            let delete = self.statement("DELETE FROM output WHERE job = ANY($1)")?;
+            self.client.execute(&delete, &[&due])?;
+            let mark = self.statement("UPDATE output_expiry SET removed_ms = $2 WHERE job = ANY($1)")?;
+            self.client.execute(&mark, &[&due, &big(now_ms)])?;
+        }
+        Ok(due.into_iter().map(|j| j as u64).collect())
+    }
+
+    fn output_removed(&mut self, job: u64) -> Result<Option<u64>> {
+        let stmt = self.statement("SELECT removed_ms FROM output_expiry WHERE job = $1")?;
+        let row = self.client.query_opt(&stmt, &[&big(job)])?;
+        Ok(row.and_then(|r| r.get::<_, Option<i64>>(0)).map(|ms| ms as u64))
     }
 
     fn output(&mut self, job: u64, from: u64, to: u64) -> Result<Vec<u8>> {

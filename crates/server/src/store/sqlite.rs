@@ -227,6 +227,10 @@ const MIGRATIONS: &[&str] = &[
     // 11: tenants' registry logins, for their images' pulls.
     "CREATE TABLE registry_logins (tenant INTEGER NOT NULL REFERENCES tenants(id), registry TEXT NOT NULL,
          record TEXT NOT NULL, PRIMARY KEY (tenant, registry));",
+    // 12: when a finished job's output goes (--keep-output), and when it
+    // went; the jobs still due, by when.
+    "CREATE TABLE output_expiry (job INTEGER PRIMARY KEY, at_ms INTEGER NOT NULL, removed_ms INTEGER);
+     CREATE INDEX output_expiry_due ON output_expiry(at_ms) WHERE removed_ms IS NULL;",
 ];
 
 /// Brings the database to the latest step of `MIGRATIONS`
@@ -577,6 +581,37 @@ impl Store for SqliteStore {
             .conn
             .prepare_cached("SELECT COALESCE(MAX(start + length(data)), 0) FROM output WHERE job = ?1")?;
         Ok(stmt.query_row(params![job as i64], |row| row.get::<_, i64>(0))? as u64)
+    }
+
+    fn expire_output(&mut self, job: u64, at_ms: u64) -> Result<()> {
+        self.run(
+            "INSERT OR REPLACE INTO output_expiry (job, at_ms, removed_ms) VALUES (?1, ?2, NULL)",
+            params![job as i64, at_ms.min(i64::MAX as u64) as i64],
+        )?;
+        Ok(())
+    }
+
+    fn prune_output(&mut self, now_ms: u64, limit: usize) -> Result<Vec<u64>> {
+        let now = now_ms.min(i64::MAX as u64) as i64;
+        let due: Vec<i64> = {
+            let mut stmt = self.conn.prepare_cached(
+                "SELECT job FROM output_expiry WHERE removed_ms IS NULL AND at_ms <= ?1 ORDER BY at_ms LIMIT ?2",
+            )?;
+            let rows = stmt.query_map(params![now, limit as i64], |row| row.get(0))?;
+            rows.collect::<rusqlite::Result<_>>()?
+        };
+        for &job in &due {
+            self.run("DELETE FROM output WHERE job = ?1", params![job])?;
+            self.run("UPDATE output_expiry SET removed_ms = ?2 WHERE job = ?1", params![job, now])?;
+        }
+        Ok(due.into_iter().map(|j| j as u64).collect())
+    }
+
+    fn output_removed(&mut self, job: u64) -> Result<Option<u64>> {
+        let mut stmt = self.conn.prepare_cached("SELECT removed_ms FROM output_expiry WHERE job = ?1")?;
+        let removed: Option<Option<i64>> =
+            stmt.query_row(params![job as i64], |row| row.get(0)).optional()?;
+        Ok(removed.flatten().map(|ms| ms as u64))
     }
 
     fn output(&mut self, job: u64, from: u64, to: u64) -> Result<Vec<u8>> {

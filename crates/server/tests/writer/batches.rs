@@ -406,3 +406,39 @@ fn a_report_sent_again_adds_its_output_and_checkpoint_once() {
     env.report_as("a", again, Some(ReportId { session: 78, seq: 1 }));
     assert_eq!(env.log(attempt.job), "step 1\nstep 2\nstep 3\n");
 }
+
+/// A finished job's output stays `keep_output`, then goes (a minute's
+/// pass at most later), and reading the log says when it went; the job
+/// and its timeline stay. A job still running keeps its output whatever
+/// its age.
+#[test]
+fn finished_jobs_output_goes_after_keep_output_and_the_log_says_when() {
+    let mut env = TestEnv::new("keep-output");
+    env.config.keep_output = ebb_core::Span(3_600_000);
+    env.restart();
+    env.register("a", Vec::new(), Vec::new());
+    let done = env.running("a");
+    let still = env.running("a");
+    let out = |data: &str, attempt| AgentEvent::Output { attempt, data: data.into() };
+    let now = env.now;
+    env.report("a", vec![out("done\n", done), exited(done, 0, now), out("working\n", still)]);
+    let read = |env: &mut TestEnv, id: u64| {
+        let admin = env.admin.clone();
+        env.call(|reply| Msg::LogFile { principal: admin, id, offset: 0, sources: false, reply }).unwrap()
+    };
+    env.now += 3_599_000;
+    let log = read(&mut env, done.job);
+    assert_eq!((log.stored.as_deref(), log.removed_ms), (Some(&b"done\n"[..]), None), "kept for the hour");
+    env.now += 62_000;
+    read(&mut env, done.job); // the batch after the hour prunes
+    let pruned_at = env.now;
+    let log = read(&mut env, done.job);
+    assert_eq!((log.committed, log.removed_ms, log.finished), (0, Some(pruned_at), true), "gone, and when");
+    assert_eq!(env.log(done.job), "");
+    assert_eq!(env.job(done.job).unwrap().state, "succeeded", "the job stays");
+    assert_eq!(env.log(still.job), "working\n", "a running job's output stays");
+    // A restart finds the same: the expiry is in the store.
+    env.restart();
+    env.now += 1_000;
+    assert_eq!(read(&mut env, done.job).removed_ms, Some(pruned_at));
+}

@@ -180,6 +180,17 @@ impl<S: Store> Store for Faulty<S> {
     fn output(&mut self, job: u64, from: u64, to: u64) -> Result<Vec<u8>, StoreError> {
         self.inner.output(job, from, to)
     }
+    fn expire_output(&mut self, job: u64, at_ms: u64) -> Result<(), StoreError> {
+        self.trip("expire_output")?;
+        self.inner.expire_output(job, at_ms)
+    }
+    fn prune_output(&mut self, now_ms: u64, limit: usize) -> Result<Vec<u64>, StoreError> {
+        self.trip("prune_output")?;
+        self.inner.prune_output(now_ms, limit)
+    }
+    fn output_removed(&mut self, job: u64) -> Result<Option<u64>, StoreError> {
+        self.inner.output_removed(job)
+    }
     fn output_len(&mut self, job: u64) -> Result<u64, StoreError> {
         self.inner.output_len(job)
     }

@@ -287,6 +287,26 @@ fn keeps_output<S: Store>(store: &mut S, mut reopen: impl FnMut() -> S) {
     assert_eq!(other.output_sources(8, 0, 100).unwrap(), both);
     assert_eq!(other.output_sources(8, 9, 100).unwrap(), both[1..], "the piece a range starts in");
     assert_eq!(other.output(8, 0, 100).unwrap(), b"rank 1\nrank 0\nsaved\n");
+
+    // Retention: each job's output goes when its time comes, soonest
+    // first, at most `limit` jobs at a time, and says when it went.
+    other.begin().unwrap();
+    other.expire_output(7, 5_000).unwrap();
+    other.expire_output(8, 9_000).unwrap();
+    other.expire_output(8, 6_000).unwrap(); // set again: the later call holds
+    assert_eq!(other.prune_output(4_999, 10).unwrap(), Vec::<u64>::new(), "none due yet");
+    assert_eq!(other.prune_output(u64::MAX, 1).unwrap(), vec![7], "the soonest, one at a time");
+    other.commit().unwrap();
+    let mut third = reopen();
+    assert_eq!((third.output_len(7).unwrap(), third.output(7, 0, 100).unwrap()), (0, Vec::new()));
+    assert_eq!(third.output_removed(7).unwrap(), Some(i64::MAX as u64), "when, as far as a column holds");
+    assert_eq!((third.output_removed(8).unwrap(), third.output_len(8).unwrap()), (None, 20), "not yet");
+    third.begin().unwrap();
+    assert_eq!(third.prune_output(6_000, 10).unwrap(), vec![8]);
+    assert_eq!(third.prune_output(7_000, 10).unwrap(), Vec::<u64>::new(), "each job once");
+    third.commit().unwrap();
+    assert_eq!(third.output_removed(8).unwrap(), Some(6_000));
+    assert_eq!(third.output_removed(9).unwrap(), None, "no such job");
 }
 
 #[test]
