@@ -157,7 +157,7 @@ mod tests {
         }
         // Every route `serve` routes under /v1: a new one needs its
         // `#[utoipa::path]` and a place in `ApiDoc`'s paths.
-        assert_eq!(operations, 37, "routes documented");
+        assert_eq!(operations, 38, "routes documented");
     }
 
     /// A job's events are a union on `kind`: each kind names the schema
