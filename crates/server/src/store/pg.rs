@@ -91,8 +91,8 @@ const MIGRATIONS: &[&str] = &[
     // 6: tenants' registry logins, as SQLite's 11.
     "CREATE TABLE registry_logins (tenant BIGINT NOT NULL REFERENCES tenants(id), registry TEXT NOT NULL,
          record TEXT NOT NULL, PRIMARY KEY (tenant, registry));",
-    // 12: when a finished job's output goes (--keep-output), and when it
-    // went; the jobs still due, by when.
+    // 7: when a finished job's output goes (--keep-output), and when it
+    // went; the jobs still due, by when. As SQLite's 12.
     "CREATE TABLE output_expiry (job BIGINT PRIMARY KEY, at_ms BIGINT NOT NULL, removed_ms BIGINT);
      CREATE INDEX output_expiry_due ON output_expiry(at_ms) WHERE removed_ms IS NULL;",
 ];

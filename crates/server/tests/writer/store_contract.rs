@@ -456,7 +456,7 @@ fn a_postgres_database_from_before_the_job_columns_gets_them_from_its_records() 
     let pg = pg::Postgres::start("columns");
     drop(PgStore::open(&pg.url()).unwrap());
     let mut client = postgres::Client::connect(&pg.url(), postgres::NoTls).unwrap();
-    // Back to step 3: without what steps 4, 5 and 6 add.
+    // Back to step 3: without what steps 4 to 7 add.
     client
         .batch_execute(
             "DROP INDEX jobs_by_state; DROP INDEX jobs_by_tenant; DROP INDEX jobs_by_array;
@@ -464,6 +464,7 @@ fn a_postgres_database_from_before_the_job_columns_gets_them_from_its_records() 
                  DROP COLUMN array_id, DROP COLUMN array_index, DROP COLUMN attempt, DROP COLUMN preemptions;
              ALTER TABLE output DROP COLUMN node;
              DROP TABLE registry_logins;
+             DROP TABLE output_expiry;
              UPDATE ebb_schema SET version = 3;
              INSERT INTO tenants (id, name) VALUES (1, 'default');",
         )
