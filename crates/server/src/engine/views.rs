@@ -357,56 +357,56 @@ impl<S: Store> Engine<S> {
     /// Per GPU model: nodes and GPUs in and out of service, idle, in use by
     /// tier, and what one job of each tier could get at `now`. O(nodes).
     pub(super) fn capacity(&self, principal: &Principal, now: u64) -> ebb_api::Capacity {
-        let models = self
+        let mut models: Vec<ebb_api::ModelCapacity> = self
             .core
             .models()
-            .map(|(id, m)| {
-                let mut c = ebb_api::ModelCapacity {
-                    gpu_model: m.name.clone(),
-                    nodes: 0,
-                    gpus: m.capacity,
-                    nodes_out_of_service: 0,
-                    gpus_out_of_service: 0,
-                    idle: 0,
-                    idle_on_one_node: 0,
-                    in_use: ebb_api::TierGpus {
-                        reserved: m.reserved_used,
-                        on_demand: m.on_demand_used,
-                        preemptible: m.preemptible_active,
-                    },
-                    draining: 0,
-                    reserved: self.core.reserved_total(id, Time(now)),
-                    reserved_for_you: principal
-                        .tenant
-                        .as_ref()
-                        .map_or(0, |(t, _)| self.core.reserved_capacity(TenantId(*t), id, Time(now))),
-                    available: ebb_api::TierGpus::default(),
-                };
-                for node in self.core.nodes().iter().filter(|n| n.model == id) {
-                    if node.status != NodeStatus::Up {
-                        c.nodes_out_of_service += 1;
-                        c.gpus_out_of_service += u32::from(node.gpus);
-                        continue;
-                    }
-                    let free = node.free_mask().count_ones();
-                    c.nodes += 1;
-                    c.idle += free;
-                    c.idle_on_one_node = c.idle_on_one_node.max(free);
-                }
-                let busy = c.in_use.reserved + c.in_use.on_demand + c.in_use.preemptible;
-                c.draining = m.capacity.saturating_sub(c.idle).saturating_sub(busy);
-                let reclaim_left =
-                    m.preemptible_limit.map_or(u32::MAX, |l| l.saturating_sub(m.preemptible_active));
-                let outside_reservations =
-                    m.capacity.saturating_sub(c.reserved).saturating_sub(m.on_demand_used);
-                c.available = ebb_api::TierGpus {
-                    reserved: c.reserved_for_you,
-                    on_demand: outside_reservations.min(c.idle + m.preemptible_active),
-                    preemptible: c.idle.min(reclaim_left),
-                };
-                c
+            .map(|(id, m)| ebb_api::ModelCapacity {
+                gpu_model: m.name.clone(),
+                nodes: 0,
+                gpus: m.capacity,
+                nodes_out_of_service: 0,
+                gpus_out_of_service: 0,
+                idle: 0,
+                idle_on_one_node: 0,
+                in_use: ebb_api::TierGpus {
+                    reserved: m.reserved_used,
+                    on_demand: m.on_demand_used,
+                    preemptible: m.preemptible_active,
+                },
+                draining: 0,
+                reserved: self.core.reserved_total(id, Time(now)),
+                reserved_for_you: principal
+                    .tenant
+                    .as_ref()
+                    .map_or(0, |(t, _)| self.core.reserved_capacity(TenantId(*t), id, Time(now))),
+                available: ebb_api::TierGpus::default(),
             })
             .collect();
+        // One pass over the nodes, each counted to its model.
+        for node in self.core.nodes() {
+            let c = &mut models[usize::from(node.model.0)];
+            if node.status != NodeStatus::Up {
+                c.nodes_out_of_service += 1;
+                c.gpus_out_of_service += u32::from(node.gpus);
+                continue;
+            }
+            let free = node.free_mask().count_ones();
+            c.nodes += 1;
+            c.idle += free;
+            c.idle_on_one_node = c.idle_on_one_node.max(free);
+        }
+        for ((_, m), c) in self.core.models().zip(&mut models) {
+            let busy = c.in_use.reserved + c.in_use.on_demand + c.in_use.preemptible;
+            c.draining = m.capacity.saturating_sub(c.idle).saturating_sub(busy);
+            let reclaim_left =
+                m.preemptible_limit.map_or(u32::MAX, |l| l.saturating_sub(m.preemptible_active));
+            let outside_reservations = m.capacity.saturating_sub(c.reserved).saturating_sub(m.on_demand_used);
+            c.available = ebb_api::TierGpus {
+                reserved: c.reserved_for_you,
+                on_demand: outside_reservations.min(c.idle + m.preemptible_active),
+                preemptible: c.idle.min(reclaim_left),
+            };
+        }
         ebb_api::Capacity { models }
     }
 
