@@ -434,6 +434,9 @@ pub enum PendingReason {
     Reclaimed,
     /// Not that many GPUs of its model in service.
     NoCapacity,
+    /// Other tenants' work, further below their shares of the tier, waits
+    /// for the same GPUs ahead of it.
+    FairShare,
     /// GPUs are held for it while preemptible jobs drain.
     VictimsDraining,
     /// A restart back-off after quick exits.
@@ -450,7 +453,7 @@ pub enum PendingReason {
 
 impl PendingReason {
     /// Every reason, in the order the documentation lists them.
-    pub const ALL: [PendingReason; 14] = [
+    pub const ALL: [PendingReason; 15] = [
         PendingReason::Resources,
         PendingReason::Priority,
         PendingReason::WholeNodes,
@@ -459,6 +462,7 @@ impl PendingReason {
         PendingReason::ReservationNotStarted,
         PendingReason::Reclaimed,
         PendingReason::NoCapacity,
+        PendingReason::FairShare,
         PendingReason::VictimsDraining,
         PendingReason::Backoff,
         PendingReason::TenantLimit,
@@ -478,6 +482,7 @@ impl PendingReason {
             PendingReason::ReservationNotStarted => "reservation_not_started",
             PendingReason::Reclaimed => "reclaimed",
             PendingReason::NoCapacity => "no_capacity",
+            PendingReason::FairShare => "fair_share",
             PendingReason::VictimsDraining => "victims_draining",
             PendingReason::Backoff => "backoff",
             PendingReason::TenantLimit => "tenant_limit",

@@ -83,6 +83,7 @@ impl World {
             gpus,
             gpu_model: None,
             submitted_at: self.now,
+            priority: 0,
             max_preemptions: None,
         };
         self.state.submit(spec).unwrap();

@@ -31,6 +31,8 @@ pub struct Config {
     /// effects before the next, so a fleet's backlog reaches its nodes in
     /// pieces rather than all at once). `None` for no bound.
     pub max_starts: Option<usize>,
+    /// How jobs of one tier are ordered among tenants.
+    pub order: Order,
 }
 
 impl Default for Config {
@@ -41,6 +43,31 @@ impl Default for Config {
             heartbeat_timeout: None,
             min_runtime: Span::from_secs(300),
             max_starts: None,
+            order: Order::FairShare,
+        }
+    }
+}
+
+/// How the queue walk orders the jobs of one tier. Tiers always come
+/// first: reserved, on-demand, preemptible.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Order {
+    /// The tenant furthest below its share first (`README.md`, "Fair
+    /// share"), then the tenant's own priority, then submission time.
+    FairShare,
+    /// Submission time alone, every tenant together: the order before fair
+    /// share, kept so the simulator can compare the two.
+    Fifo,
+}
+
+impl std::str::FromStr for Order {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "fair-share" => Ok(Order::FairShare),
+            "fifo" => Ok(Order::Fifo),
+            other => Err(format!("order: expected fair-share or fifo, got {other:?}")),
         }
     }
 }
@@ -99,6 +126,9 @@ pub struct JobSpec {
     /// reservation.
     pub gpu_model: Option<GpuModelId>,
     pub submitted_at: Time,
+    /// The tenant's own order among its jobs of one tier: higher first.
+    /// Never compared across tenants.
+    pub priority: i32,
     /// Requeue at most this many times after preemption; `None` = unbounded.
     pub max_preemptions: Option<u32>,
 }
@@ -112,6 +142,9 @@ pub struct Run {
     pub alloc: Vec<(NodeId, u64)>,
     pub started_at: Time,
     pub last_checkpoint_at: Option<Time>,
+    /// What it is worth per hour at on-demand rates (µ$): its GPUs times
+    /// its model's rate when it started. Its tenant's usage grows by this.
+    pub rate: u64,
 }
 
 impl Run {

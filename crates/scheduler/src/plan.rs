@@ -95,6 +95,10 @@ pub enum Pending {
     /// The operator reclaimed preemptible capacity of `model`: preemptible
     /// work may hold at most `limit` GPUs, and holds `used`.
     Reclaimed { model: GpuModelId, limit: u32, used: u32 },
+    /// Jobs of `tenants_ahead` other tenants of its tier, further below
+    /// their shares, wait for the same GPUs ahead of it (`README.md`,
+    /// "Fair share"); the first of them waits for the reason it was given.
+    FairShare { tenants_ahead: u32 },
     /// No model it may run on has `gpus` GPUs in service now (nodes are
     /// drained, lost or gone). `model`: the one it asked for, if any.
     NoCapacity { model: Option<GpuModelId> },

@@ -15,7 +15,7 @@ use ebb_core::{Attempt, GpuModelId, JobId, NodeId, Span, TenantId, Tier, Time};
 use crate::index::{Reclaimable, SingleVictim};
 use crate::model::*;
 use crate::plan::*;
-use crate::state::{full_mask, shape_fits, QueueClass, State};
+use crate::state::{full_mask, shape_fits, QueueClass, QueueKey, ShareKey, State};
 
 mod victims;
 
@@ -83,6 +83,50 @@ struct Pass<'a> {
     preemptible_active: Vec<u32>,
     reserved_used: BTreeMap<(TenantId, GpuModelId), u32>,
     reserved_total: Vec<u32>,
+    /// µ$ per hour started (or held for) per tier and tenant this pass.
+    extra_rate: BTreeMap<(Tier, TenantId), u64>,
+}
+
+/// One tenant's queued jobs of one tier in its own order, across its
+/// classes: the head of each class not yet blocked, best first.
+struct TenantWalk<'a> {
+    heads: BTreeSet<(QueueKey, QueueClass)>,
+    rest: BTreeMap<QueueClass, btree_set::Iter<'a, QueueKey>>,
+}
+
+impl<'a> TenantWalk<'a> {
+    fn new(state: &'a State, tier: Tier, tenant: TenantId) -> TenantWalk<'a> {
+        let mut walk = TenantWalk { heads: BTreeSet::new(), rest: BTreeMap::new() };
+        let Some(q) = state.tenant_queues.get(&(tier, tenant)) else { return walk };
+        for &class in q.classes.keys() {
+            let mut iter = state.queues[&(class, tenant)].iter();
+            if let Some(&head) = iter.next() {
+                walk.heads.insert((head, class));
+                walk.rest.insert(class, iter);
+            }
+        }
+        walk
+    }
+
+    fn peek(&self) -> Option<(JobId, QueueClass)> {
+        self.heads.first().map(|&((_, _, job), class)| (job, class))
+    }
+
+    /// The head of `class` started: the next of the class is its head.
+    fn advance(&mut self, class: QueueClass) {
+        let head = self.heads.iter().find(|(_, c)| *c == class).copied().expect("a head");
+        self.heads.remove(&head);
+        if let Some(&next) = self.rest.get_mut(&class).and_then(Iterator::next) {
+            self.heads.insert((next, class));
+        }
+    }
+
+    /// The head of `class` is blocked: the tenant's other jobs of the class
+    /// wait behind it for the rest of the pass.
+    fn drop_class(&mut self, class: QueueClass) {
+        self.heads.retain(|(_, c)| *c != class);
+        self.rest.remove(&class);
+    }
 }
 
 impl<'a> Pass<'a> {
@@ -111,6 +155,7 @@ impl<'a> Pass<'a> {
             reserved_total: (0..models.len())
                 .map(|i| state.reserved_total(GpuModelId(i as u16), now))
                 .collect(),
+            extra_rate: BTreeMap::new(),
         }
     }
 
@@ -232,34 +277,140 @@ impl<'a> Pass<'a> {
         }
     }
 
-    /// Walks queued jobs in priority order (tier, then submission), one
-    /// cursor per queue class, until every class has started all it can or
-    /// is blocked.
+    /// Walks queued jobs tier by tier, in the config's order, until every
+    /// class has started all it can or is blocked, or the pass's bound on
+    /// starts is reached.
     fn walk_queue(&mut self) {
-        let state = self.state;
-        let mut classes: Vec<(QueueClass, btree_set::Iter<'a, (Time, JobId)>)> =
-            state.queues.iter().map(|(class, queue)| (*class, queue.iter())).collect();
-        let mut heap = BinaryHeap::new();
-        for (i, (class, iter)) in classes.iter_mut().enumerate() {
-            if let Some(&(at, job)) = iter.next() {
-                heap.push(Reverse((class.tier.rank(), at, job, i)));
+        match self.config.order {
+            Order::Fifo => self.walk_fifo(),
+            Order::FairShare => {
+                for tier in Tier::ALL {
+                    if !self.walk_tier(tier) {
+                        return;
+                    }
+                }
             }
         }
+    }
+
+    fn at_bound(&self) -> bool {
         let bound = self.config.max_starts.unwrap_or(usize::MAX);
-        while let Some(Reverse((_, _, job, i))) = heap.pop() {
-            if self.plan.placements.len() + self.plan.preemptions.len() >= bound {
+        self.plan.placements.len() + self.plan.preemptions.len() >= bound
+    }
+
+    /// One tier in fair-share order: the tenant with the lowest key next,
+    /// and of its jobs the first in its own order whose class is not
+    /// blocked; a start moves the tenant back by what it started. A class
+    /// blocked for one tenant is blocked for every later one (its jobs
+    /// are interchangeable for the question, and the pass only takes
+    /// capacity), so the walk ends once every class of the tier is
+    /// blocked: it costs O((started + classes) · log tenants), never a
+    /// look at every tenant. Returns false at the pass's bound.
+    fn walk_tier(&mut self, tier: Tier) -> bool {
+        let state = self.state;
+        let rank = tier.rank() as usize;
+        let classes = state.classes_in_tier[rank];
+        let mut base = state.order[rank].iter().peekable();
+        // Tenants this pass has looked at, with their keys as the pass
+        // moved them; a tenant here is passed over in `base`.
+        let mut moved: BTreeSet<(ShareKey, TenantId)> = BTreeSet::new();
+        let mut walks: BTreeMap<TenantId, TenantWalk<'a>> = BTreeMap::new();
+        // The first job blocked in each class, and the tenants with a job
+        // left waiting so far.
+        let mut blocked: BTreeMap<QueueClass, JobId> = BTreeMap::new();
+        let mut waiting: BTreeSet<TenantId> = BTreeSet::new();
+        loop {
+            if blocked.len() >= classes {
+                return true;
+            }
+            while base.peek().is_some_and(|(_, t)| walks.contains_key(t)) {
+                base.next();
+            }
+            let from_moved = match (base.peek(), moved.first()) {
+                (None, None) => return true,
+                (Some(b), Some(m)) => m < *b,
+                (None, Some(_)) => true,
+                (Some(_), None) => false,
+            };
+            let tenant = if from_moved {
+                moved.pop_first().expect("peeked").1
+            } else {
+                base.next().expect("peeked").1
+            };
+            let walk = walks.entry(tenant).or_insert_with(|| TenantWalk::new(state, tier, tenant));
+            while let Some((job, class)) = walk.peek() {
+                if let Some(&first) = blocked.get(&class) {
+                    debug_assert_ne!(state.jobs[&first].spec.tenant, tenant);
+                    walk.drop_class(class);
+                    let ahead = waiting.iter().filter(|&&t| t != tenant).count() as u32;
+                    self.plan.pending.push((job, Pending::FairShare { tenants_ahead: ahead }));
+                    waiting.insert(tenant);
+                    continue;
+                }
+                if self.at_bound() {
+                    return false;
+                }
+                match self.try_start(job) {
+                    Outcome::Started | Outcome::Preempting => {
+                        walk.advance(class);
+                        if walk.peek().is_some() {
+                            let key = state.fair.key(tier, tenant, self.extra_rate(tier, tenant));
+                            moved.insert((key, tenant));
+                        }
+                        break;
+                    }
+                    Outcome::Blocked(why) => {
+                        blocked.insert(class, job);
+                        walk.drop_class(class);
+                        self.plan.pending.push((job, why));
+                        waiting.insert(tenant);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every tier in submission order, every tenant together (today's
+    /// order before fair share, for comparison): one cursor per class and
+    /// tenant, merged; a class blocked is blocked for all.
+    fn walk_fifo(&mut self) {
+        let state = self.state;
+        let mut queues: Vec<(QueueClass, btree_set::Iter<'a, QueueKey>)> =
+            state.queues.iter().map(|((class, _), queue)| (*class, queue.iter())).collect();
+        let mut heap = BinaryHeap::new();
+        for (i, (class, iter)) in queues.iter_mut().enumerate() {
+            if let Some(&(prio, at, job)) = iter.next() {
+                heap.push(Reverse((class.tier.rank(), at, prio, job, i)));
+            }
+        }
+        let mut blocked: BTreeMap<QueueClass, JobId> = BTreeMap::new();
+        while let Some(Reverse((_, _, _, job, i))) = heap.pop() {
+            let class = queues[i].0;
+            if let Some(&behind) = blocked.get(&class) {
+                self.plan.pending.push((job, Pending::Priority { behind }));
+                continue;
+            }
+            if self.at_bound() {
                 return;
             }
             match self.try_start(job) {
                 Outcome::Started | Outcome::Preempting => {
-                    let (class, iter) = &mut classes[i];
-                    if let Some(&(at, next)) = iter.next() {
-                        heap.push(Reverse((class.tier.rank(), at, next, i)));
+                    let (class, iter) = &mut queues[i];
+                    if let Some(&(prio, at, next)) = iter.next() {
+                        heap.push(Reverse((class.tier.rank(), at, prio, next, i)));
                     }
                 }
-                Outcome::Blocked(why) => self.plan.pending.push((job, why)),
+                Outcome::Blocked(why) => {
+                    blocked.insert(class, job);
+                    self.plan.pending.push((job, why));
+                }
             }
         }
+    }
+
+    /// µ$ per hour `tenant` started in `tier` in this pass.
+    fn extra_rate(&self, tier: Tier, tenant: TenantId) -> u64 {
+        self.extra_rate.get(&(tier, tenant)).copied().unwrap_or(0)
     }
 
     fn try_start(&mut self, id: JobId) -> Outcome {
@@ -396,6 +547,8 @@ impl<'a> Pass<'a> {
 
     fn count(&mut self, spec: &JobSpec, model: GpuModelId) {
         let i = model.0 as usize;
+        let rate = self.state.models[i].rate.saturating_mul(spec.gpus as u64);
+        *self.extra_rate.entry((spec.tier, spec.tenant)).or_insert(0) += rate;
         match spec.tier {
             Tier::OnDemand => self.on_demand_used[i] += spec.gpus,
             Tier::Reserved => {

@@ -51,6 +51,7 @@ fn a_drilled_exit_never_consults_max_preemptions() {
         gpus: 2,
         gpu_model: None,
         submitted_at: c.now,
+        priority: 0,
         max_preemptions: Some(0),
     };
     c.state.submit(spec).unwrap();

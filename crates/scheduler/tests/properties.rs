@@ -185,13 +185,24 @@ fn run(
                 // Every job left queued says why: the first of its class
                 // has a reason from this pass (unless it joined the queue
                 // as the pass was applied: requeued from a lost node, or
-                // its hold there released), the rest wait behind it.
+                // its hold there released), or another tenant's job of its
+                // class has (the walk ends once every class of a tier is
+                // blocked: it waits behind that tenant), and the rest of
+                // its tenant's class wait behind it.
+                let class = |id: JobId| {
+                    let s = &c.state.job(id).unwrap().spec;
+                    (s.tier, s.gpus, s.gpu_model, (s.tier == Tier::Reserved).then_some(s.tenant))
+                };
                 for j in c.state.jobs().filter(|j| j.phase == Phase::Queued) {
                     let first = c.state.first_in_line(j.spec.id).expect("a queued job is in line");
                     let joined_after = !queued.contains(&first);
                     let why = plan.pending.iter().find(|(id, _)| *id == first).map(|(_, why)| why);
+                    let class_blocked = plan
+                        .pending
+                        .iter()
+                        .any(|(id, _)| c.state.job(*id).is_some_and(|_| class(*id) == class(first)));
                     assert!(
-                        why.is_some() || joined_after,
+                        why.is_some() || joined_after || class_blocked,
                         "{first} waits without a reason: {:?}",
                         plan.pending
                     );
@@ -356,6 +367,7 @@ proptest! {
                     gpus,
                     gpu_model: None,
                     submitted_at: Time::ZERO,
+                    priority: 0,
                     max_preemptions: None,
                 };
                 let preemptions = if preemptible { preemptions } else { 0 };

@@ -336,6 +336,7 @@ fn max_preemptions_bounds_requeues() {
             gpus: 4,
             gpu_model: None,
             submitted_at: c.now,
+            priority: 0,
             max_preemptions: Some(0),
         })
         .unwrap();
@@ -368,6 +369,7 @@ fn bad_input_is_refused_with_the_field_named() {
         gpus,
         gpu_model: model,
         submitted_at: Time::ZERO,
+        priority: 0,
         max_preemptions: None,
     };
     let err = c.state.submit(spec(0, Tier::OnDemand, None)).unwrap_err();

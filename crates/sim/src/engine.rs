@@ -241,6 +241,7 @@ impl<'a> Engine<'a> {
                 heartbeat_timeout: None,
                 min_runtime: config.min_runtime,
                 max_starts: None,
+                order: ebb_scheduler::Order::FairShare,
             },
             state,
             jobs: Vec::new(),
@@ -380,6 +381,7 @@ impl<'a> Engine<'a> {
                         gpus: job.gpus,
                         gpu_model,
                         submitted_at: now,
+                        priority: 0,
                         max_preemptions: None,
                     };
                     self.state.submit(spec).expect("trace jobs are valid");

@@ -19,6 +19,7 @@ impl State {
     pub fn apply(&mut self, plan: &Plan) -> Result<(), ApplyError> {
         self.check_plan(plan)?;
         let now = plan.now;
+        self.fair_tick(now);
         for &node in &plan.lost_nodes {
             let _ = self.lose_node(node);
         }
@@ -86,14 +87,17 @@ impl State {
             let job = self.jobs.get_mut(&p.job).expect("checked");
             job.phase = Phase::Running;
             job.attempt = p.attempt;
+            let rate = self.models[p.model.0 as usize].rate.saturating_mul(job.spec.gpus as u64);
             job.run = Some(Run {
                 attempt: p.attempt,
                 model: p.model,
                 alloc: p.alloc.clone(),
                 started_at: now,
                 last_checkpoint_at: None,
+                rate,
             });
             let (tier, tenant, gpus) = (job.spec.tier, job.spec.tenant, job.spec.gpus);
+            self.fair_start(p.job);
             self.queued_by_tier[tier.rank() as usize] -= 1;
             if !p.from_hold {
                 self.adjust_usage(tier, tenant, p.model, gpus as i64);

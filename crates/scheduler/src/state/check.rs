@@ -31,8 +31,8 @@ impl State {
                     }
                     let in_queue = self
                         .queues
-                        .get(&QueueClass::of(&job.spec))
-                        .is_some_and(|q| q.contains(&(job.spec.submitted_at, *id)));
+                        .get(&(QueueClass::of(&job.spec), job.spec.tenant))
+                        .is_some_and(|q| q.contains(&queue_key(&job.spec)));
                     if in_queue != (job.phase == Phase::Queued) {
                         return Err(format!("{id} ({:?}) queue membership wrong", job.phase));
                     }
@@ -86,6 +86,7 @@ impl State {
         if queue_len != queued_phase || self.queues.values().any(BTreeSet::is_empty) {
             return Err("queues hold jobs that are not queued".into());
         }
+        self.check_fair()?;
         for (id, hold) in &self.holds {
             let job = &self.jobs[id];
             let total: u32 = hold.alloc.iter().map(|(_, m)| m.count_ones()).sum();
@@ -188,6 +189,73 @@ impl State {
             self.reserved_used.iter().filter(|(_, v)| **v > 0).map(|(k, v)| (*k, *v)).collect();
         if reserved_use_nonzero != reserved_use {
             return Err("reserved usage out of step".into());
+        }
+        Ok(())
+    }
+
+    /// The queues' counts, the tiers' orders and the tenants' usage of what
+    /// runs, recomputed.
+    fn check_fair(&self) -> Result<(), String> {
+        let mut class_jobs: BTreeMap<QueueClass, u32> = BTreeMap::new();
+        let mut tenants: BTreeMap<(Tier, TenantId), (u32, BTreeMap<QueueClass, u32>)> = BTreeMap::new();
+        for ((class, tenant), queue) in &self.queues {
+            let n = queue.len() as u32;
+            *class_jobs.entry(*class).or_insert(0) += n;
+            let t = tenants.entry((class.tier, *tenant)).or_default();
+            t.0 += n;
+            t.1.insert(*class, n);
+            for &(_, _, id) in queue {
+                if self.jobs.get(&id).is_none_or(|j| j.spec.tenant != *tenant || QueueClass::of(&j.spec) != *class) {
+                    return Err(format!("{id} queued under another class or tenant"));
+                }
+            }
+        }
+        if class_jobs != self.class_jobs {
+            return Err("jobs per class out of step".into());
+        }
+        for tier in Tier::ALL {
+            let classes = class_jobs.keys().filter(|c| c.tier == tier).count();
+            if classes != self.classes_in_tier[tier.rank() as usize] {
+                return Err(format!("{tier} classes counted {} of {classes}", self.classes_in_tier[tier.rank() as usize]));
+            }
+            let order: BTreeSet<(ShareKey, TenantId)> = self
+                .tenant_queues
+                .iter()
+                .filter(|((t, _), _)| *t == tier)
+                .map(|(&(_, tenant), q)| (q.key, tenant))
+                .collect();
+            if order != self.order[tier.rank() as usize] {
+                return Err(format!("{tier} tenant order out of step"));
+            }
+        }
+        for (&(tier, tenant), q) in &self.tenant_queues {
+            if tenants.get(&(tier, tenant)).is_none_or(|(jobs, classes)| *jobs != q.jobs || *classes != q.classes) {
+                return Err(format!("{tier} queue of tenant {tenant} out of step"));
+            }
+            if q.key != self.fair.key(tier, tenant, 0) {
+                return Err(format!("{tier} key of tenant {tenant} not taken again after a change"));
+            }
+        }
+        if tenants.len() != self.tenant_queues.len() {
+            return Err("tenants with queued work out of step".into());
+        }
+        let mut running: BTreeMap<(Tier, TenantId), (u64, f64)> = BTreeMap::new();
+        for job in self.jobs.values() {
+            if let Some(run) = &job.run {
+                let r = running.entry((job.spec.tier, job.spec.tenant)).or_default();
+                r.0 += run.rate;
+                r.1 += run.rate as f64 * self.fair.g(run.started_at);
+            }
+        }
+        for (key, u) in &self.fair.usage {
+            let (rate, starts) = running.remove(key).unwrap_or_default();
+            let close = (u.starts - starts).abs() <= 1e-9 * starts.abs().max(1.0);
+            if u.rate != rate || !close {
+                return Err(format!("usage of tenant {} in {} out of step with its runs", key.1, key.0));
+            }
+        }
+        if let Some((key, _)) = running.into_iter().find(|(_, (rate, _))| *rate > 0) {
+            return Err(format!("tenant {} runs in {} with no usage kept", key.1, key.0));
         }
         Ok(())
     }

@@ -114,7 +114,8 @@ impl State {
         }
         let (tier, tenant) = (spec.tier, spec.tenant);
         let phase = if notice.is_some() { Phase::Draining } else { Phase::Running };
-        let run = Run { attempt, model, alloc: alloc.clone(), started_at, last_checkpoint_at };
+        let rate = self.models[model.0 as usize].rate.saturating_mul(gpus as u64);
+        let run = Run { attempt, model, alloc: alloc.clone(), started_at, last_checkpoint_at, rate };
         self.jobs.insert(
             id,
             Job {
@@ -131,6 +132,7 @@ impl State {
         if phase == Phase::Running {
             self.adjust_usage(tier, tenant, model, gpus as i64);
         }
+        self.fair_start(id);
         for (node, mask) in alloc {
             let n = &mut self.nodes[node.0 as usize];
             n.used |= mask;
@@ -287,7 +289,7 @@ impl State {
                 Ok(Promoted::Queued)
             }
             Phase::Running => {
-                let run = job.run.as_ref().expect("a running job has a run");
+                let run = job.run.clone().expect("a running job has a run");
                 let (model, gpus, tenant) = (run.model, run.gpus(), job.spec.tenant);
                 let nodes: Vec<NodeId> = run.alloc.iter().map(|(n, _)| *n).collect();
                 let m = &self.models[model.0 as usize];
@@ -300,9 +302,12 @@ impl State {
                 }
                 self.adjust_usage(Tier::Preemptible, tenant, model, -(gpus as i64));
                 self.adjust_usage(Tier::OnDemand, tenant, model, gpus as i64);
+                // Its use so far moves with it: usage follows the tier a run is in.
+                self.fair_stop(Tier::Preemptible, tenant, &run);
                 let spec = &mut self.jobs.get_mut(&id).expect("checked above").spec;
                 spec.tier = Tier::OnDemand;
                 spec.submitted_at = spec.submitted_at.max(now);
+                self.fair_start(id);
                 for node in nodes {
                     self.reindex(node);
                 }
@@ -387,23 +392,14 @@ impl State {
     // ---- internal bookkeeping -----------------------------------------
 
     pub(super) fn enqueue(&mut self, id: JobId) {
-        let job = &self.jobs[&id];
-        let class = QueueClass::of(&job.spec);
-        self.queues.entry(class).or_default().insert((job.spec.submitted_at, id));
-        self.queued_by_tier[job.spec.tier.rank() as usize] += 1;
+        self.queue_insert(id);
+        self.queued_by_tier[self.jobs[&id].spec.tier.rank() as usize] += 1;
     }
 
     /// Removes a queued job from its class (the tier count is left to the
     /// caller: a job that leaves the queue to hold GPUs is still queued).
     pub(super) fn dequeue(&mut self, id: JobId) {
-        let job = &self.jobs[&id];
-        let class = QueueClass::of(&job.spec);
-        let queue = self.queues.get_mut(&class).expect("queued job has a class");
-        let removed = queue.remove(&(job.spec.submitted_at, id));
-        debug_assert!(removed);
-        if queue.is_empty() {
-            self.queues.remove(&class);
-        }
+        self.queue_remove(id);
     }
 
     pub(super) fn requeue(&mut self, id: JobId) {
@@ -425,6 +421,7 @@ impl State {
         job.notice = None;
         let (tier, tenant) = (job.spec.tier, job.spec.tenant);
         let gpus = run.gpus();
+        self.fair_stop(tier, tenant, &run);
         if !was_draining {
             self.adjust_usage(tier, tenant, run.model, -(gpus as i64));
         }
@@ -473,11 +470,8 @@ impl State {
 
     /// A job whose hold was released waits in its queue class again.
     pub(super) fn requeue_holder(&mut self, job: JobId) {
-        let j = self.jobs.get_mut(&job).expect("holder exists");
-        j.phase = Phase::Queued;
-        let class = QueueClass::of(&j.spec);
-        let key = (j.spec.submitted_at, job);
-        self.queues.entry(class).or_default().insert(key);
+        self.jobs.get_mut(&job).expect("holder exists").phase = Phase::Queued;
+        self.queue_insert(job);
     }
 
     /// Forgets a hold: its GPUs become free again as their victims leave.

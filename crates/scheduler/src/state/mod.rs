@@ -18,7 +18,11 @@ use crate::model::*;
 
 mod apply;
 mod check;
+mod fair;
 mod jobs;
+
+pub use fair::{TenantShare, DEFAULT_WEIGHT};
+pub(crate) use fair::{ShareKey, TenantQueue};
 
 /// One GPU model and the tier counters the caps are checked against.
 #[derive(Clone, Debug)]
@@ -35,7 +39,14 @@ pub struct GpuModel {
     pub preemptible_active: u32,
     /// Operator's reclaim: preemptible jobs may hold at most this many.
     pub preemptible_limit: Option<u32>,
+    /// Its on-demand rate, µ$ per GPU-hour: what an hour of it weighs in a
+    /// tenant's usage ([`State::set_model_rate`]; until set, every model
+    /// weighs the same, one dollar an hour).
+    pub rate: u64,
 }
+
+/// A model's rate until the edge sets one.
+pub const DEFAULT_MODEL_RATE: u64 = 1_000_000;
 
 #[derive(Clone, Debug)]
 pub struct Node {
@@ -106,8 +117,16 @@ pub(crate) struct QueueClass {
     pub tenant: Option<TenantId>,
 }
 
+/// A queued job's place within its tenant's jobs of one class: the
+/// tenant's priority (higher first), then submission time, then id.
+pub(crate) type QueueKey = (Reverse<i32>, Time, JobId);
+
+pub(crate) fn queue_key(spec: &JobSpec) -> QueueKey {
+    (Reverse(spec.priority), spec.submitted_at, spec.id)
+}
+
 impl QueueClass {
-    fn of(spec: &JobSpec) -> QueueClass {
+    pub(crate) fn of(spec: &JobSpec) -> QueueClass {
         QueueClass {
             tier: spec.tier,
             model: spec.gpu_model,
@@ -126,7 +145,18 @@ pub struct State {
     /// Looked up on every decision, so hashed; `FxHash` has no random
     /// seed, so even iteration order is the same for the same history.
     pub(crate) jobs: FxHashMap<JobId, Job>,
-    pub(crate) queues: BTreeMap<QueueClass, BTreeSet<(Time, JobId)>>,
+    /// Queued jobs by class and tenant, each in its tenant's order.
+    pub(crate) queues: BTreeMap<(QueueClass, TenantId), BTreeSet<QueueKey>>,
+    /// Queued jobs per class, every tenant's together, and how many
+    /// classes each tier has.
+    pub(crate) class_jobs: BTreeMap<QueueClass, u32>,
+    pub(crate) classes_in_tier: [usize; 3],
+    /// Per tier and tenant with queued work: its key and classes.
+    pub(crate) tenant_queues: BTreeMap<(Tier, TenantId), TenantQueue>,
+    /// Per tier, its tenants with queued work, lowest key first.
+    pub(crate) order: [BTreeSet<(ShareKey, TenantId)>; 3],
+    /// Usage, weights and the instant keys are taken at.
+    pub(crate) fair: fair::Fair,
     pub(crate) holds: BTreeMap<JobId, Hold>,
     /// Holds whose victims have all left: the job starts next pass.
     pub(crate) ready_holds: BTreeSet<JobId>,
@@ -199,13 +229,14 @@ impl State {
     /// size and model): while it waits, `job` waits behind it.
     pub fn first_in_line(&self, job: JobId) -> Option<JobId> {
         let j = self.jobs.get(&job)?;
-        self.queues.get(&QueueClass::of(&j.spec))?.first().map(|&(_, id)| id)
+        self.queues.get(&(QueueClass::of(&j.spec), j.spec.tenant))?.first().map(|&(_, _, id)| id)
     }
 
-    /// Every queue class that has jobs: its tier, its first job and how
-    /// many wait in it (the first included). O(classes).
+    /// Every queue class of every tenant that has jobs: its tier, its
+    /// first job and how many wait in it (the first included).
+    /// O(classes × tenants).
     pub fn queue_heads(&self) -> impl Iterator<Item = (Tier, JobId, usize)> + '_ {
-        self.queues.iter().filter_map(|(class, queue)| Some((class.tier, queue.first()?.1, queue.len())))
+        self.queues.iter().filter_map(|((class, _), queue)| Some((class.tier, queue.first()?.2, queue.len())))
     }
 
     pub fn hold(&self, job: JobId) -> Option<&Hold> {
@@ -284,6 +315,7 @@ impl State {
                     on_demand_used: 0,
                     preemptible_active: 0,
                     preemptible_limit: None,
+                    rate: DEFAULT_MODEL_RATE,
                 });
                 self.index.push(ModelIndex::new(spec.gpus));
                 self.model_ids.insert(spec.gpu_model.clone(), model);

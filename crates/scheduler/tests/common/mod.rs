@@ -63,6 +63,7 @@ impl Cluster {
                 gpus,
                 gpu_model,
                 submitted_at: self.now,
+                priority: 0,
                 max_preemptions: None,
             })
             .unwrap();

@@ -115,13 +115,13 @@ impl<S: Store> Engine<S> {
             Why::Behind(first) => {
                 format!("behind job {}, which is ahead of it in line for the same GPUs and waits too", first.0)
             }
-            Why::Core(pending) => self.describe(job, pending),
+            Why::Core(pending) => self.describe(job, pending, now_ms),
             Why::NotYet => "not yet looked at by the scheduler".into(),
         };
         Some((why.code(), text))
     }
 
-    fn describe(&self, job: &JobRecord, why: &Pending) -> String {
+    fn describe(&self, job: &JobRecord, why: &Pending, now_ms: u64) -> String {
         let model = |m: GpuModelId| self.core.model(m).map_or_else(|| m.to_string(), |m| m.name.clone());
         let node = |n: NodeId| self.core.node(n).map_or_else(|| n.to_string(), |n| n.name.clone());
         let gpus = gpus(job.gpus);
@@ -169,7 +169,25 @@ impl<S: Store> Engine<S> {
                 let what = m.map_or_else(|| "of any model".to_string(), |m| format!("of {}", model(m)));
                 format!("not {gpus} {what} are in service now (nodes are drained, lost or gone)")
             }
+            Pending::FairShare { tenants_ahead } => self.fair_share_text(job, *tenants_ahead, now_ms),
         }
+    }
+
+    /// Why a tenant's job waits behind other tenants' in its tier: its
+    /// share of the tier's usage against its weight's, and how many
+    /// tenants wait ahead of it.
+    pub(super) fn fair_share_text(&self, job: &JobRecord, ahead: u32, now_ms: u64) -> String {
+        let share = self.core.share(job.tier, TenantId(job.tenant), Time(now_ms));
+        let half_life = self.core.fair_share_half_life().human();
+        let standing = if share.share > share.weight_share { "over" } else { "within" };
+        format!(
+            "{} is {standing} its share: {:.0}% of this tier's usage (half-life {half_life}) against a weight of \
+             {:.0}%; {ahead} tenant{} ahead",
+            self.tenant_name(job.tenant),
+            share.share * 100.0,
+            share.weight_share * 100.0,
+            if ahead == 1 { "" } else { "s" }
+        )
     }
 
     fn victims_draining(&self, hold: &ebb_scheduler::Hold, now_ms: u64) -> String {
@@ -236,6 +254,7 @@ impl Why<'_> {
                 Pending::ReservationNotStarted { .. } => PendingReason::ReservationNotStarted,
                 Pending::Reclaimed { .. } => PendingReason::Reclaimed,
                 Pending::NoCapacity { .. } => PendingReason::NoCapacity,
+                Pending::FairShare { .. } => PendingReason::FairShare,
             },
         }
     }
@@ -270,6 +289,7 @@ mod tests {
             Pending::ReservationNotStarted { model: m, starts: None },
             Pending::Reclaimed { model: m, limit: 0, used: 0 },
             Pending::NoCapacity { model: None },
+            Pending::FairShare { tenants_ahead: 1 },
         ];
         let mut codes: Vec<PendingReason> = core.iter().map(|p| Why::Core(p).code()).collect();
         for why in [

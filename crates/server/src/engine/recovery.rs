@@ -19,6 +19,7 @@ impl<S: Store> Engine<S> {
             heartbeat_timeout: Some(config.heartbeat_timeout),
             min_runtime: config.min_runtime,
             max_starts: None,
+            order: ebb_scheduler::Order::FairShare,
         };
         let epoch = {
             let mut bytes = [0u8; 8];
@@ -378,6 +379,7 @@ impl<S: Store> Engine<S> {
                     .and_then(|d| d.promoted.as_ref())
                     .map_or(job.submitted_ms, |p| p.at_ms.max(job.submitted_ms)),
             ),
+            priority: 0,
             max_preemptions: job.spec.max_preemptions,
         }
     }

@@ -1,0 +1,445 @@
+//! Fairness between tenants within a tier: each tenant's usage, its weight,
+//! and the order of the tenants with queued work that the queue walk
+//! follows (`README.md`, "Fair share").
+//!
+//! A tenant's usage in a tier is its GPU time valued at each model's
+//! on-demand rate (µ$ per GPU-hour), decayed with a half-life `h`. What
+//! decides its place is its *fair-share key*: that usage plus what it runs
+//! now valued over one half-life ahead, divided by its weight. Counting
+//! what runs now makes a start move the tenant back at once, so one pass
+//! that places many jobs shares them; counting history makes a tenant that
+//! had much of the tier lately wait behind one that had little.
+//!
+//! Nothing decays as time passes: every sum is kept scaled by
+//! `g(t) = 2^((t - epoch)/h)`, and since decay multiplies every tenant's
+//! usage by the same factor it changes no order. The scale moves forward
+//! (every sum multiplied down) once `g` would pass 2^64. Keys are taken at
+//! one instant for every tenant (`keys_at`), moved forward every
+//! [`KEY_PERIOD_DIVISOR`]th of a half-life at most, so tenants are always
+//! compared at the same instant; a tenant's key changes at once when its
+//! usage or weight does.
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BTreeSet};
+
+use ebb_core::{GpuModelId, JobId, Span, TenantId, Tier, Time};
+
+use super::{queue_key, QueueClass};
+use crate::error::StateError;
+use crate::model::Run;
+
+/// Keys are taken again at most every this fraction of a half-life (and at
+/// most a minute apart): between two, usage drifts by under 0.3%.
+pub const KEY_PERIOD_DIVISOR: u64 = 256;
+
+/// The weight of a tenant nobody set one for.
+pub const DEFAULT_WEIGHT: u32 = 1;
+
+/// A tenant's usage in one tier, scaled by `g` (see the module).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct Usage {
+    /// Ended use: Σ r·τ·(g(end) − g(start)), in µ$, τ = h / ln 2 in hours.
+    pub settled: f64,
+    /// µ$ per hour of what it runs now (GPUs × their model's rate).
+    pub rate: u64,
+    /// Σ r·g(start) over what it runs now.
+    pub starts: f64,
+}
+
+/// A fair-share key: lower goes first. Totally ordered (keys are finite
+/// and not negative; `total_cmp` orders the rest anyway).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct ShareKey(pub f64);
+
+impl PartialEq for ShareKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+
+impl Eq for ShareKey {}
+
+impl PartialOrd for ShareKey {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for ShareKey {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.0.total_cmp(&other.0)
+    }
+}
+
+/// Where a tenant stands in one tier, for people: [`crate::State::share`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct TenantShare {
+    pub weight: u32,
+    /// Its weight over the weights of every tenant with work or usage in
+    /// the tier, 0..=1.
+    pub weight_share: f64,
+    /// Decayed usage, in µ$ at on-demand rates.
+    pub usage: f64,
+    /// Its decayed usage over the tier's, 0..=1 (0 when the tier has none).
+    pub share: f64,
+    /// GPUs it runs in the tier now.
+    pub running_rate: u64,
+    /// Tenants with queued work in the tier ahead of it, when it has some.
+    pub ahead: Option<u32>,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Fair {
+    /// Half-life in hours.
+    pub h: f64,
+    pub epoch: Option<Time>,
+    /// The instant keys are taken at, and `g` there.
+    pub keys_at: Time,
+    pub g_keys: f64,
+    pub usage: BTreeMap<(Tier, TenantId), Usage>,
+    pub weights: BTreeMap<TenantId, u32>,
+}
+
+impl Default for Fair {
+    fn default() -> Self {
+        Fair::new(Span::from_secs(24 * 3600))
+    }
+}
+
+impl Fair {
+    pub fn new(half_life: Span) -> Fair {
+        Fair {
+            h: half_life.0.max(1) as f64 / 3_600_000.0,
+            epoch: None,
+            keys_at: Time::ZERO,
+            g_keys: 1.0,
+            usage: BTreeMap::new(),
+            weights: BTreeMap::new(),
+        }
+    }
+
+    pub fn half_life(&self) -> Span {
+        Span((self.h * 3_600_000.0).round() as u64)
+    }
+
+    pub fn weight(&self, tenant: TenantId) -> u32 {
+        self.weights.get(&tenant).copied().unwrap_or(DEFAULT_WEIGHT)
+    }
+
+    /// `g(t)`; the epoch must have been set ([`Fair::advance`]).
+    pub fn g(&self, t: Time) -> f64 {
+        let epoch = self.epoch.unwrap_or(t);
+        let hours = (t.0 as f64 - epoch.0 as f64) / 3_600_000.0;
+        (hours / self.h).exp2()
+    }
+
+    fn tau(&self) -> f64 {
+        self.h / std::f64::consts::LN_2
+    }
+
+    /// Makes `g(t)` safe to take: sets the epoch at the first instant seen
+    /// and moves it forward once `t` is 64 half-lives past it. Returns
+    /// whether the scale moved (every key must then be taken again).
+    pub fn advance(&mut self, t: Time) -> bool {
+        let Some(epoch) = self.epoch else {
+            self.epoch = Some(t);
+            self.keys_at = t;
+            self.g_keys = 1.0;
+            return false;
+        };
+        if t <= epoch || self.g(t) < 2f64.powi(64) {
+            return false;
+        }
+        let factor = 1.0 / self.g(t);
+        for u in self.usage.values_mut() {
+            u.settled *= factor;
+            u.starts *= factor;
+        }
+        self.epoch = Some(t);
+        self.g_keys = self.g(self.keys_at);
+        true
+    }
+
+    /// Whether keys are due to be taken at `now` (see the module).
+    pub fn keys_due(&self, now: Time) -> bool {
+        let period = ((self.h * 3_600_000.0) as u64 / KEY_PERIOD_DIVISOR).clamp(1_000, 60_000);
+        now.0 >= self.keys_at.0.saturating_add(period)
+    }
+
+    pub fn take_keys_at(&mut self, now: Time) {
+        self.advance(now);
+        self.keys_at = now;
+        self.g_keys = self.g(now);
+    }
+
+    /// Decayed usage, scaled, at the instant where `g` is `g`.
+    pub fn scaled_usage(&self, u: &Usage, g: f64) -> f64 {
+        (u.settled + self.tau() * (u.rate as f64 * g - u.starts)).max(0.0)
+    }
+
+    /// The key of `tenant` in `tier`, with `extra` µ$ per hour started
+    /// since (in the pass under way).
+    pub fn key(&self, tier: Tier, tenant: TenantId, extra: u64) -> ShareKey {
+        let u = self.usage.get(&(tier, tenant)).copied().unwrap_or_default();
+        let ahead = (u.rate + extra) as f64 * self.h * self.g_keys;
+        ShareKey((self.scaled_usage(&u, self.g_keys) + ahead) / self.weight(tenant) as f64)
+    }
+
+    /// A run of `rate` µ$ per hour starts at `at`.
+    pub fn start(&mut self, tier: Tier, tenant: TenantId, rate: u64, at: Time) {
+        let g = self.g(at) * rate as f64;
+        let u = self.usage.entry((tier, tenant)).or_default();
+        u.rate += rate;
+        u.starts += g;
+    }
+
+    /// A run that started at `at` ends: what it used is settled by
+    /// [`Fair::record`] when the edge meters it.
+    pub fn stop(&mut self, tier: Tier, tenant: TenantId, rate: u64, at: Time) {
+        let g = self.g(at) * rate as f64;
+        let u = self.usage.entry((tier, tenant)).or_default();
+        u.rate -= rate;
+        u.starts = if u.rate == 0 { 0.0 } else { u.starts - g };
+    }
+
+    /// `rate` µ$ per hour used from `start` to `end` (both at most `now`).
+    pub fn record(&mut self, tier: Tier, tenant: TenantId, rate: u64, start: Time, end: Time) {
+        let used = rate as f64 * self.tau() * (self.g(end) - self.g(start));
+        self.usage.entry((tier, tenant)).or_default().settled += used.max(0.0);
+    }
+}
+
+/// A tenant's queued work in one tier: its key in the tier's order, its
+/// queued jobs and the queue classes they are in.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct TenantQueue {
+    pub key: ShareKey,
+    pub jobs: u32,
+    pub classes: BTreeMap<QueueClass, u32>,
+}
+
+impl super::State {
+    // ---- fair share ------------------------------------------------------
+
+    /// The half-life usage decays with. Set it before anything runs or is
+    /// recorded: usage kept so far is forgotten.
+    pub fn set_fair_share_half_life(&mut self, half_life: Span) -> Result<(), StateError> {
+        if half_life < Span::from_secs(1) {
+            return Err(StateError::Invalid(format!(
+                "fair-share half-life must be at least 1s, got {}",
+                half_life.human()
+            )));
+        }
+        let weights = std::mem::take(&mut self.fair.weights);
+        self.fair = Fair { weights, ..Fair::new(half_life) };
+        let running: Vec<JobId> =
+            self.jobs.values().filter(|j| j.run.is_some()).map(|j| j.spec.id).collect();
+        for id in running {
+            let job = &self.jobs[&id];
+            let run = job.run.as_ref().expect("filtered");
+            let (tier, tenant, rate, at) = (job.spec.tier, job.spec.tenant, run.rate, run.started_at);
+            self.fair.advance(at);
+            self.fair.start(tier, tenant, rate, at);
+        }
+        self.rekey_all();
+        Ok(())
+    }
+
+    pub fn fair_share_half_life(&self) -> Span {
+        self.fair.half_life()
+    }
+
+    /// A tenant's weight in every tier (at least 1; [`DEFAULT_WEIGHT`]
+    /// until set).
+    pub fn set_weight(&mut self, tenant: TenantId, weight: u32) -> Result<(), StateError> {
+        if weight == 0 {
+            return Err(StateError::Invalid(format!("tenant {tenant}: weight must be at least 1")));
+        }
+        self.fair.weights.insert(tenant, weight);
+        for tier in Tier::ALL {
+            self.rekey(tier, tenant);
+        }
+        Ok(())
+    }
+
+    pub fn weight(&self, tenant: TenantId) -> u32 {
+        self.fair.weight(tenant)
+    }
+
+    /// A model's on-demand rate, µ$ per GPU-hour: runs that start from
+    /// now on weigh this much per GPU-hour in their tenant's usage.
+    pub fn set_model_rate(&mut self, model: GpuModelId, rate: u64) -> Result<(), StateError> {
+        self.model_mut(model)?.rate = rate;
+        Ok(())
+    }
+
+    /// What an attempt of `gpus` GPUs of `model` used from `start` to
+    /// `end`, as the edge metered it once it ended; both are held to
+    /// `now`, so a clock that is wrong cannot push usage into the future.
+    pub fn record_usage(
+        &mut self,
+        tenant: TenantId,
+        tier: Tier,
+        model: GpuModelId,
+        gpus: u32,
+        (start, end): (Time, Time),
+        now: Time,
+    ) -> Result<(), StateError> {
+        let rate = self.model(model).ok_or_else(|| StateError::NotFound(format!("gpu model {model}")))?.rate;
+        let end = end.min(now);
+        let start = start.min(end);
+        if self.fair.advance(now) {
+            self.rekey_all();
+        }
+        self.fair.record(tier, tenant, rate.saturating_mul(gpus as u64), start, end);
+        self.rekey(tier, tenant);
+        Ok(())
+    }
+
+    /// Where `tenant` stands in `tier` at `now`. O(tenants with usage in
+    /// the tier): for people, not for passes.
+    pub fn share(&self, tier: Tier, tenant: TenantId, now: Time) -> TenantShare {
+        let g = self.fair.g(now);
+        let mut weights = 0u64;
+        let mut total = 0.0;
+        let range = (tier, TenantId(0))..=(tier, TenantId(u32::MAX));
+        let mut counted = BTreeSet::new();
+        for (&(_, t), u) in self.fair.usage.range(range.clone()) {
+            let used = self.fair.scaled_usage(u, g) / g;
+            total += used;
+            if used > 0.0 || u.rate > 0 {
+                counted.insert(t);
+            }
+        }
+        counted.extend(self.tenant_queues.range(range).map(|(&(_, t), _)| t));
+        counted.insert(tenant);
+        for &t in &counted {
+            weights += self.fair.weight(t) as u64;
+        }
+        let u = self.fair.usage.get(&(tier, tenant)).copied().unwrap_or_default();
+        let usage = self.fair.scaled_usage(&u, g) / g;
+        let weight = self.fair.weight(tenant);
+        let ahead = self.tenant_queues.get(&(tier, tenant)).map(|q| {
+            self.order[tier.rank() as usize].range(..(q.key, tenant)).count() as u32
+        });
+        TenantShare {
+            weight,
+            weight_share: weight as f64 / weights as f64,
+            usage,
+            share: if total > 0.0 { usage / total } else { 0.0 },
+            running_rate: u.rate,
+            ahead,
+        }
+    }
+
+    /// Every tenant with usage or queued work in `tier`.
+    pub fn tenants_in(&self, tier: Tier) -> BTreeSet<TenantId> {
+        let range = (tier, TenantId(0))..=(tier, TenantId(u32::MAX));
+        let mut out: BTreeSet<TenantId> = self.fair.usage.range(range.clone()).map(|(&(_, t), _)| t).collect();
+        out.extend(self.tenant_queues.range(range).map(|(&(_, t), _)| t));
+        out
+    }
+
+    // ---- bookkeeping -----------------------------------------------------
+
+    /// The tenant's key in the tier's order taken again, if it has queued
+    /// work there.
+    pub(crate) fn rekey(&mut self, tier: Tier, tenant: TenantId) {
+        if let Some(q) = self.tenant_queues.get_mut(&(tier, tenant)) {
+            let order = &mut self.order[tier.rank() as usize];
+            order.remove(&(q.key, tenant));
+            q.key = self.fair.key(tier, tenant, 0);
+            order.insert((q.key, tenant));
+        }
+    }
+
+    pub(crate) fn rekey_all(&mut self) {
+        for order in &mut self.order {
+            order.clear();
+        }
+        for (&(tier, tenant), q) in &mut self.tenant_queues {
+            q.key = self.fair.key(tier, tenant, 0);
+            self.order[tier.rank() as usize].insert((q.key, tenant));
+        }
+    }
+
+    /// Before anything at `now` changes usage: the scale kept safe and the
+    /// keys taken again when due.
+    pub(crate) fn fair_tick(&mut self, now: Time) {
+        let moved = self.fair.advance(now);
+        if moved || self.fair.keys_due(now) {
+            self.fair.take_keys_at(now);
+            self.rekey_all();
+        }
+    }
+
+    /// A run of `job` starts (or is restored) at `at`.
+    pub(crate) fn fair_start(&mut self, job: JobId) {
+        let j = &self.jobs[&job];
+        let run = j.run.as_ref().expect("a run starts");
+        let (tier, tenant, rate, at) = (j.spec.tier, j.spec.tenant, run.rate, run.started_at);
+        if self.fair.advance(at) {
+            self.rekey_all();
+        }
+        self.fair.start(tier, tenant, rate, at);
+        self.rekey(tier, tenant);
+    }
+
+    /// The run of `job` is about to end (or move tier).
+    pub(crate) fn fair_stop(&mut self, tier: Tier, tenant: TenantId, run: &Run) {
+        self.fair.stop(tier, tenant, run.rate, run.started_at);
+        self.rekey(tier, tenant);
+    }
+
+    /// Puts a queued job in its class and its tenant's place in the tier.
+    pub(crate) fn queue_insert(&mut self, id: JobId) {
+        let spec = &self.jobs[&id].spec;
+        let (class, tenant, tier, key) = (QueueClass::of(spec), spec.tenant, spec.tier, queue_key(spec));
+        let inserted = self.queues.entry((class, tenant)).or_default().insert(key);
+        debug_assert!(inserted);
+        let in_class = self.class_jobs.entry(class).or_insert(0);
+        if *in_class == 0 {
+            self.classes_in_tier[tier.rank() as usize] += 1;
+        }
+        *in_class += 1;
+        let fresh = !self.tenant_queues.contains_key(&(tier, tenant));
+        let q = self.tenant_queues.entry((tier, tenant)).or_default();
+        q.jobs += 1;
+        *q.classes.entry(class).or_insert(0) += 1;
+        if fresh {
+            q.key = self.fair.key(tier, tenant, 0);
+            self.order[tier.rank() as usize].insert((q.key, tenant));
+        }
+    }
+
+    /// Takes a queued job out of its class and, with its last, its tenant
+    /// out of the tier's order.
+    pub(crate) fn queue_remove(&mut self, id: JobId) {
+        let spec = &self.jobs[&id].spec;
+        let (class, tenant, tier, key) = (QueueClass::of(spec), spec.tenant, spec.tier, queue_key(spec));
+        let queue = self.queues.get_mut(&(class, tenant)).expect("queued job has a class");
+        let removed = queue.remove(&key);
+        debug_assert!(removed);
+        if queue.is_empty() {
+            self.queues.remove(&(class, tenant));
+        }
+        let in_class = self.class_jobs.get_mut(&class).expect("counted");
+        *in_class -= 1;
+        if *in_class == 0 {
+            self.class_jobs.remove(&class);
+            self.classes_in_tier[tier.rank() as usize] -= 1;
+        }
+        let q = self.tenant_queues.get_mut(&(tier, tenant)).expect("counted");
+        q.jobs -= 1;
+        let of_class = q.classes.get_mut(&class).expect("counted");
+        *of_class -= 1;
+        if *of_class == 0 {
+            q.classes.remove(&class);
+        }
+        if q.jobs == 0 {
+            let key = q.key;
+            self.tenant_queues.remove(&(tier, tenant));
+            self.order[tier.rank() as usize].remove(&(key, tenant));
+        }
+    }
+}
