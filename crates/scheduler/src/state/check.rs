@@ -249,9 +249,12 @@ impl State {
         }
         for (key, u) in &self.fair.usage {
             let (rate, starts) = running.remove(key).unwrap_or_default();
-            let close = (u.starts - starts).abs() <= 1e-9 * starts.abs().max(1.0);
+            let close = (u.starts - starts).abs() <= 1e-9 * u.magnitude.max(1.0);
             if u.rate != rate || !close {
-                return Err(format!("usage of tenant {} in {} out of step with its runs", key.1, key.0));
+                return Err(format!(
+                    "usage of tenant {} in {} out of step with its runs: rate {} of {rate}, starts {} of {starts}",
+                    key.1, key.0, u.rate, u.starts
+                ));
             }
         }
         if let Some((key, _)) = running.into_iter().find(|(_, (rate, _))| *rate > 0) {

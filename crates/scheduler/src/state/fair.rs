@@ -44,6 +44,9 @@ pub(crate) struct Usage {
     pub rate: u64,
     /// Σ r·g(start) over what it runs now.
     pub starts: f64,
+    /// Σ of every term `starts` was given since it was last zero: how far
+    /// its rounding can have drifted (for `sanity_check`).
+    pub magnitude: f64,
 }
 
 /// A fair-share key: lower goes first. Totally ordered (keys are finite
@@ -154,6 +157,7 @@ impl Fair {
         for u in self.usage.values_mut() {
             u.settled *= factor;
             u.starts *= factor;
+            u.magnitude *= factor;
         }
         self.epoch = Some(t);
         self.g_keys = self.g(self.keys_at);
@@ -191,6 +195,7 @@ impl Fair {
         let u = self.usage.entry((tier, tenant)).or_default();
         u.rate += rate;
         u.starts += g;
+        u.magnitude += g;
     }
 
     /// A run that started at `at` ends: what it used is settled by
@@ -199,7 +204,12 @@ impl Fair {
         let g = self.g(at) * rate as f64;
         let u = self.usage.entry((tier, tenant)).or_default();
         u.rate -= rate;
-        u.starts = if u.rate == 0 { 0.0 } else { u.starts - g };
+        if u.rate == 0 {
+            (u.starts, u.magnitude) = (0.0, 0.0);
+        } else {
+            u.starts -= g;
+            u.magnitude += g;
+        }
     }
 
     /// `rate` µ$ per hour used from `start` to `end` (both at most `now`).

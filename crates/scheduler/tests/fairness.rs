@@ -1,0 +1,385 @@
+//! Fair share between tenants within a tier (`README.md`, "Fair share"):
+//! scenarios that show the order, and properties over long random runs
+//! with backlogs. Every step checks every invariant (`Cluster::step`).
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use common::Cluster;
+use ebb_core::{JobId, Span, TenantId, Tier, Time};
+use ebb_scheduler::*;
+use proptest::prelude::*;
+
+const A: TenantId = TenantId(1);
+const B: TenantId = TenantId(2);
+
+/// A job's use ends: the core is told, and so is its tenant's usage, as
+/// the edge does when it meters an attempt.
+fn finish(c: &mut Cluster, job: JobId) {
+    let j = c.state.job(job).unwrap();
+    let (tenant, tier, gpus) = (j.spec.tenant, j.spec.tier, j.spec.gpus);
+    let run = j.run.clone().unwrap();
+    c.exit(job, ExitKind::Completed);
+    c.state.record_usage(tenant, tier, run.model, gpus, (run.started_at, c.now), c.now).unwrap();
+    c.state.sanity_check().unwrap();
+}
+
+fn submit(c: &mut Cluster, tenant: TenantId, tier: Tier, gpus: u32, priority: i32) -> JobId {
+    let id = JobId(c.next_job);
+    c.next_job += 1;
+    c.state
+        .submit(JobSpec {
+            id,
+            tenant,
+            tier,
+            gpus,
+            gpu_model: None,
+            submitted_at: c.now,
+            priority,
+            max_preemptions: None,
+        })
+        .unwrap();
+    id
+}
+
+fn started(plan: &Plan) -> Vec<JobId> {
+    plan.placements.iter().map(|p| p.job).collect()
+}
+
+#[test]
+fn a_late_tenant_starts_before_the_backlog_of_the_tenant_that_filled_the_tier() {
+    let mut c = Cluster::new(2, 8);
+    let backlog: Vec<JobId> = (0..200).map(|_| submit(&mut c, A, Tier::Preemptible, 1, 0)).collect();
+    assert_eq!(c.step().placements.len(), 16);
+    c.advance(600);
+    let late: Vec<JobId> = (0..4).map(|_| submit(&mut c, B, Tier::Preemptible, 1, 0)).collect();
+    let plan = c.step();
+    assert!(plan.placements.is_empty());
+    // B waits for resources (nothing is free), first of its tier's order.
+    assert!(matches!(plan.pending.iter().find(|(j, _)| *j == late[0]), Some((_, Pending::Resources { .. }))));
+    let a = c.state.share(Tier::Preemptible, A, c.now);
+    let b = c.state.share(Tier::Preemptible, B, c.now);
+    assert_eq!((a.ahead, b.ahead), (Some(1), Some(0)), "{a:?} {b:?}");
+    assert!(a.share > 0.99 && b.share == 0.0 && (a.weight_share - 0.5).abs() < 1e-9, "{a:?}");
+    // As A's jobs end, B's take their GPUs, one by one.
+    for (i, &job) in backlog[..4].iter().enumerate() {
+        c.advance(1);
+        finish(&mut c, job);
+        assert_eq!(started(&c.step()), vec![late[i]]);
+    }
+    // Then A's next, in submission order.
+    c.advance(1);
+    finish(&mut c, backlog[4]);
+    assert_eq!(started(&c.step()), vec![backlog[16]]);
+}
+
+#[test]
+fn one_pass_over_an_empty_cluster_shares_it_by_weight() {
+    let mut c = Cluster::new(4, 8);
+    c.state.set_weight(A, 3).unwrap();
+    for _ in 0..100 {
+        submit(&mut c, A, Tier::Preemptible, 1, 0);
+        submit(&mut c, B, Tier::Preemptible, 1, 0);
+    }
+    let plan = c.step();
+    let mut by_tenant: BTreeMap<TenantId, usize> = BTreeMap::new();
+    for job in started(&plan) {
+        *by_tenant.entry(c.state.job(job).unwrap().spec.tenant).or_default() += 1;
+    }
+    assert_eq!(by_tenant, BTreeMap::from([(A, 24), (B, 8)]));
+    // Both are at their shares, a tie that the lower tenant id takes: A's
+    // next job waits for resources, and once its class is blocked the
+    // walk is done (B's jobs, of that class, wait behind it).
+    let reasons: Vec<(TenantId, &Pending)> =
+        plan.pending.iter().map(|(j, why)| (c.state.job(*j).unwrap().spec.tenant, why)).collect();
+    assert!(matches!(reasons[..], [(A, Pending::Resources { .. })]), "{reasons:?}");
+}
+
+#[test]
+fn tiers_stay_absolute_whatever_the_shares() {
+    let mut c = Cluster::new(1, 8);
+    // B has had nothing; A has had the cluster. A's on-demand job still
+    // goes before B's preemptible ones, and drains one of B's if it must.
+    let a: Vec<JobId> = (0..8).map(|_| submit(&mut c, A, Tier::Preemptible, 1, 0)).collect();
+    c.step();
+    c.advance(3600);
+    for &job in &a {
+        finish(&mut c, job);
+    }
+    let b: Vec<JobId> = (0..8).map(|_| submit(&mut c, B, Tier::Preemptible, 1, 0)).collect();
+    let on_demand = submit(&mut c, A, Tier::OnDemand, 1, 0);
+    let plan = c.step();
+    assert!(started(&plan).contains(&on_demand));
+    assert_eq!(plan.placements.len(), 8);
+    assert!(plan.pending.iter().any(|(j, _)| *j == b[7]));
+    c.advance(10);
+    let urgent = submit(&mut c, A, Tier::OnDemand, 4, 0);
+    let plan = c.step();
+    assert_eq!(plan.preemptions.len(), 1, "{plan:#?}");
+    assert_eq!(plan.preemptions[0].preemptor, urgent);
+}
+
+#[test]
+fn a_tenants_priority_orders_its_own_jobs_first_then_submission() {
+    let mut c = Cluster::new(1, 1);
+    let low = submit(&mut c, A, Tier::Preemptible, 1, 0);
+    c.advance(1);
+    let high = submit(&mut c, A, Tier::Preemptible, 1, 5);
+    c.advance(1);
+    let also_high = submit(&mut c, A, Tier::Preemptible, 1, 5);
+    assert_eq!(started(&c.step()), vec![high]);
+    c.advance(1);
+    finish(&mut c, high);
+    assert_eq!(started(&c.step()), vec![also_high]);
+    c.advance(1);
+    finish(&mut c, also_high);
+    assert_eq!(started(&c.step()), vec![low]);
+}
+
+#[test]
+fn usage_is_valued_at_each_models_rate() {
+    let mut c = Cluster::new(1, 8);
+    let model = c.model();
+    c.state.set_model_rate(model, 4_000_000).unwrap();
+    c.state.record_usage(A, Tier::Preemptible, model, 2, (Time::ZERO, Time::from_secs(3600)), Time::from_secs(3600)).unwrap();
+    // Two GPU-hours at $4 over the last hour, each instant decayed since
+    // (a day's half-life): $8 · ∫₀¹ 2^(−t/24) dt.
+    let decayed = 8_000_000.0 * (24.0 / std::f64::consts::LN_2) * (1.0 - 2f64.powf(-1.0 / 24.0));
+    assert!((decayed - 7_885_580.0).abs() < 1.0);
+    let share = c.state.share(Tier::Preemptible, A, Time::from_secs(3600));
+    assert!((share.usage - decayed).abs() < 1.0, "{share:?}");
+    // A day later, half; an end past `now` is held to it.
+    let share = c.state.share(Tier::Preemptible, A, Time::from_secs(3600 + 86_400));
+    assert!((share.usage - decayed / 2.0).abs() < 1.0, "{share:?}");
+    let before = c.state.share(Tier::Preemptible, B, Time::from_secs(3600)).usage;
+    c.state
+        .record_usage(B, Tier::Preemptible, model, 1, (Time::ZERO, Time(u64::MAX)), Time::from_secs(3600))
+        .unwrap();
+    let after = c.state.share(Tier::Preemptible, B, Time::from_secs(3600)).usage;
+    assert!((after - before - decayed / 2.0).abs() < 1.0, "{after}");
+    assert!(c.state.set_weight(A, 0).is_err());
+    assert!(c.state.set_fair_share_half_life(Span::ZERO).is_err());
+}
+
+/// Usage kept over years of a short half-life stays finite and the
+/// order right: the scale moves forward as time does.
+#[test]
+fn the_scale_moves_forward_over_long_runs() {
+    let mut c = Cluster::new(1, 2);
+    c.state.set_fair_share_half_life(Span::from_secs(60)).unwrap();
+    let mut jobs: Vec<JobId> = Vec::new();
+    for day in 0..400u64 {
+        c.now = Time::from_secs(day * 86_400);
+        for job in jobs.drain(..) {
+            finish(&mut c, job);
+        }
+        submit(&mut c, A, Tier::Preemptible, 1, 0);
+        submit(&mut c, B, Tier::Preemptible, 1, 0);
+        jobs = started(&c.step());
+        assert_eq!(jobs.len(), 2);
+        let a = c.state.share(Tier::Preemptible, A, c.now);
+        assert!(a.usage.is_finite() && a.share.is_finite(), "{a:?}");
+    }
+}
+
+/// One long random run: `tenants` tenants with weights, each with a
+/// backlog of preemptible jobs of random sizes and lengths, on a cluster
+/// too small for them; now and then an on-demand job. Returns each
+/// tenant's GPU-seconds over the busy part of the run, the longest wait of
+/// a job at the head of its tenant's line, and whether an on-demand job
+/// ever waited behind preemptible work.
+struct Run {
+    use_by_tenant: BTreeMap<TenantId, u64>,
+    shares: BTreeMap<TenantId, (f64, f64)>,
+    longest_head_wait: Span,
+    on_demand_waited: bool,
+    /// Each tenant's starts: when, the job's GPUs, length and priority.
+    starts_by_tenant: BTreeMap<TenantId, Vec<(Time, u32, u64, i32)>>,
+}
+
+#[derive(Clone, Debug)]
+struct Work {
+    tenant: TenantId,
+    gpus: u32,
+    secs: u64,
+    priority: i32,
+}
+
+fn simulate(weights: &[u32], work: &[Work], on_demand_every: Option<u64>, hours: u64) -> Run {
+    let mut c = Cluster::new(4, 8);
+    c.state.set_fair_share_half_life(Span::from_secs(3600)).unwrap();
+    for (i, &w) in weights.iter().enumerate() {
+        c.state.set_weight(TenantId(i as u32 + 1), w).unwrap();
+    }
+    let mut lengths: BTreeMap<JobId, u64> = BTreeMap::new();
+    for w in work {
+        let id = submit(&mut c, w.tenant, Tier::Preemptible, w.gpus, w.priority);
+        lengths.insert(id, w.secs);
+    }
+    let mut ends: BTreeSet<(Time, JobId)> = BTreeSet::new();
+    let mut run = Run {
+        use_by_tenant: BTreeMap::new(),
+        shares: BTreeMap::new(),
+        longest_head_wait: Span::ZERO,
+        on_demand_waited: false,
+        starts_by_tenant: BTreeMap::new(),
+    };
+    let end = Time::from_secs(hours * 3600);
+    let mut next_on_demand = on_demand_every.map(Time::from_secs);
+    // When each tenant's line last moved (a start), while it had a line.
+    let mut line_moved: BTreeMap<TenantId, Time> = BTreeMap::new();
+    let busy_from = Time::from_secs(3 * 3600);
+    while c.now < end {
+        let plan = c.step();
+        for p in &plan.placements {
+            let job = c.state.job(p.job).unwrap();
+            let secs = lengths[&p.job];
+            ends.insert((c.now + Span::from_secs(secs), p.job));
+            if job.spec.tier == Tier::Preemptible {
+                let start = (c.now, job.spec.gpus, secs, job.spec.priority);
+                run.starts_by_tenant.entry(job.spec.tenant).or_default().push(start);
+                line_moved.insert(job.spec.tenant, c.now);
+            }
+        }
+        for (job, why) in &plan.pending {
+            let j = c.state.job(*job).unwrap();
+            if j.spec.tier == Tier::OnDemand && !matches!(why, Pending::NoCapacity { .. }) {
+                run.on_demand_waited = true;
+            }
+        }
+        // Every tenant with queued work has moved lately.
+        for (&t, &at) in &line_moved {
+            let queued = c.state.jobs().any(|j| j.spec.tenant == t && j.phase == Phase::Queued);
+            if queued {
+                run.longest_head_wait = run.longest_head_wait.max(c.now.saturating_since(at));
+            }
+        }
+        let next_end = ends.first().map(|&(t, _)| t).unwrap_or(end);
+        let next = next_on_demand.map_or(next_end, |t| t.min(next_end)).min(end);
+        c.now = next;
+        while let Some(&(t, job)) = ends.first() {
+            if t > c.now {
+                break;
+            }
+            ends.pop_first();
+            let j = c.state.job(job).unwrap();
+            let (tenant, tier, gpus) = (j.spec.tenant, j.spec.tier, j.spec.gpus);
+            let from = j.run.as_ref().unwrap().started_at;
+            if tier == Tier::Preemptible && j.phase == Phase::Running {
+                let counted = from.max(busy_from);
+                *run.use_by_tenant.entry(tenant).or_default() +=
+                    gpus as u64 * c.now.saturating_since(counted).as_secs();
+            }
+            if j.phase == Phase::Draining {
+                // A victim exits at once, losing what it ran.
+                let attempt = j.attempt;
+                c.state.exited(job, attempt, ExitKind::Failed { requeue: true }).unwrap();
+                c.state.record_usage(tenant, tier, c.model(), gpus, (from, c.now), c.now).unwrap();
+                continue;
+            }
+            finish(&mut c, job);
+            if tier == Tier::Preemptible {
+                // The backlog stays: a finished job is submitted again.
+                let id = submit(&mut c, tenant, Tier::Preemptible, gpus, 0);
+                lengths.insert(id, lengths[&job]);
+            }
+        }
+        // Victims drained by on-demand work exit at once.
+        let draining: Vec<JobId> = c.state.jobs().filter(|j| j.phase == Phase::Draining).map(|j| j.spec.id).collect();
+        for job in draining {
+            let j = c.state.job(job).unwrap();
+            let (tenant, tier, gpus, from) = (j.spec.tenant, j.spec.tier, j.spec.gpus, j.run.as_ref().unwrap().started_at);
+            ends.retain(|&(_, e)| e != job);
+            let attempt = j.attempt;
+            c.state.exited(job, attempt, ExitKind::Failed { requeue: true }).unwrap();
+            c.state.record_usage(tenant, tier, c.model(), gpus, (from, c.now), c.now).unwrap();
+        }
+        if next_on_demand.is_some_and(|t| t <= c.now) {
+            let id = submit(&mut c, TenantId(99), Tier::OnDemand, 4, 0);
+            lengths.insert(id, 600);
+            next_on_demand = on_demand_every.map(|every| c.now + Span::from_secs(every));
+        }
+    }
+    for t in 1..=weights.len() as u32 {
+        let s = c.state.share(Tier::Preemptible, TenantId(t), c.now);
+        run.shares.insert(TenantId(t), (s.share, s.weight_share));
+    }
+    run
+}
+
+fn work(tenants: usize) -> impl Strategy<Value = Vec<Work>> {
+    let job = (1..=tenants as u32, prop::sample::select(vec![1u32, 1, 2, 4, 8]), 300u64..3600, -2i32..=2)
+        .prop_map(|(t, gpus, secs, priority)| Work { tenant: TenantId(t), gpus, secs, priority });
+    prop::collection::vec(job, 40..80).prop_map(move |mut w| {
+        // Every tenant has a backlog.
+        for t in 1..=tenants as u32 {
+            w.extend((0..20).map(|_| Work { tenant: TenantId(t), gpus: 2, secs: 900, priority: 0 }));
+        }
+        w
+    })
+}
+
+/// Jain's index of `x`: 1 when all are equal, 1/n at worst.
+fn jain(x: &[f64]) -> f64 {
+    let sum: f64 = x.iter().sum();
+    let squares: f64 = x.iter().map(|v| v * v).sum();
+    sum * sum / (x.len() as f64 * squares)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// With every tenant backlogged, each tenant's decayed usage comes
+    /// within 8 points of its weight's share of the tier, GPU-seconds over
+    /// the busy hours are shared by weight (Jain's index of use / weight at
+    /// least 0.95), no tenant's line stands still for longer than two of
+    /// the longest jobs, and on-demand work never waits for preemptible.
+    #[test]
+    fn usage_converges_to_weights_and_no_line_starves(
+        weights in prop::collection::vec(1u32..=4, 2..=4),
+        seed_work in work(4),
+        on_demand in prop::option::of(1800u64..7200),
+    ) {
+        let tenants = weights.len() as u32;
+        let work: Vec<Work> = seed_work.into_iter().filter(|w| w.tenant.0 <= tenants).collect();
+        let run = simulate(&weights, &work, on_demand, 12);
+        for (t, (share, weight_share)) in &run.shares {
+            prop_assert!((share - weight_share).abs() <= 0.08, "tenant {t}: share {share:.3} against {weight_share:.3}");
+        }
+        let per_weight: Vec<f64> = (1..=tenants)
+            .map(|t| *run.use_by_tenant.get(&TenantId(t)).unwrap_or(&0) as f64 / weights[t as usize - 1] as f64)
+            .collect();
+        prop_assert!(jain(&per_weight) >= 0.95, "Jain's index {:.3} of {per_weight:?}", jain(&per_weight));
+        prop_assert!(run.longest_head_wait <= Span::from_secs(2 * 3600), "a line stood still {}", run.longest_head_wait);
+        prop_assert!(!run.on_demand_waited, "on-demand work waited");
+    }
+
+    /// A tenant's priorities reorder only its own jobs: with every job of
+    /// tenant 1 alike, any priorities it gives them leave every other
+    /// tenant's starts exactly as they were, and its own start highest
+    /// priority first.
+    #[test]
+    fn a_tenants_priority_never_moves_another_tenants_jobs(
+        others in work(3),
+        priorities in prop::collection::vec(-5i32..=5, 30),
+    ) {
+        let mut base: Vec<Work> = others.into_iter().filter(|w| w.tenant != A).collect();
+        base.extend((0..30).map(|_| Work { tenant: A, gpus: 2, secs: 1200, priority: 0 }));
+        let mut ranked = base.clone();
+        let mut at = 0;
+        for w in ranked.iter_mut().filter(|w| w.tenant == A) {
+            w.priority = priorities[at];
+            at += 1;
+        }
+        let plain = simulate(&[1, 2, 1], &base, None, 6);
+        let with = simulate(&[1, 2, 1], &ranked, None, 6);
+        for t in [TenantId(2), TenantId(3)] {
+            prop_assert_eq!(plain.starts_by_tenant.get(&t), with.starts_by_tenant.get(&t));
+        }
+        let times = |run: &Run| run.starts_by_tenant[&A].iter().map(|s| s.0).collect::<Vec<_>>();
+        prop_assert_eq!(times(&plain), times(&with));
+        let order: Vec<i32> = with.starts_by_tenant[&A].iter().map(|s| s.3).collect();
+        prop_assert!(order.windows(2).all(|w| w[0] >= w[1]), "A's starts by priority: {:?}", order);
+    }
+}
