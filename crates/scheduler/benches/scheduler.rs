@@ -1,5 +1,8 @@
 //! Scheduling core at scale: 10,000 nodes x 8 GPUs with 100,000 queued jobs.
 //!
+//! Each of `fill` and `steady` runs with one tenant and with the jobs spread
+//! over 1,000 tenants, whose order fair share keeps.
+//!
 //! * `fill`: an empty cluster and 100,000 queued jobs; passes until nothing
 //!   more starts. Placements per second of one big pass.
 //! * `steady`: a full cluster of preemptible work with 100,000 jobs queued
@@ -47,6 +50,8 @@ struct World {
     rng: Lcg,
     /// Preemption decisions made (a victim set chosen and drained).
     preemptions: usize,
+    /// Jobs are spread over this many tenants (fair share orders them).
+    tenants: u32,
 }
 
 impl World {
@@ -70,6 +75,7 @@ impl World {
             where_running: HashMap::new(),
             rng: Lcg(42),
             preemptions: 0,
+            tenants: 1,
         }
     }
 
@@ -78,7 +84,7 @@ impl World {
         self.next_id += 1;
         let spec = JobSpec {
             id,
-            tenant: TenantId(1),
+            tenant: TenantId(1 + (id.0 % self.tenants as u64) as u32),
             tier,
             gpus,
             gpu_model: None,
@@ -113,8 +119,9 @@ impl World {
 
     /// A cluster full of preemptible work with staggered checkpoints, and
     /// `QUEUED` preemptible jobs waiting behind it.
-    fn full() -> World {
+    fn full(tenants: u32) -> World {
         let mut w = World::new();
+        w.tenants = tenants;
         let capacity = NODES * GPUS_PER_NODE as u32;
         let mut submitted = 0;
         while submitted < capacity {
@@ -169,62 +176,71 @@ impl World {
 }
 
 fn bench_fill(c: &mut Criterion) {
-    let queued = || {
-        let mut w = World::new();
-        for _ in 0..QUEUED {
-            let gpus = w.rng.size();
-            w.submit(Tier::Preemptible, gpus);
-        }
-        w
-    };
-    let mut probe = queued();
-    let mut placed = 0;
-    loop {
-        let n = probe.step().placements.len();
-        if n == 0 {
-            break;
-        }
-        placed += n;
-    }
-    drop(probe);
-    let mut group = c.benchmark_group("fill");
-    group.sample_size(10);
-    group.throughput(Throughput::Elements(placed as u64));
-    group.bench_function(BenchmarkId::new("10k_nodes_100k_queued", "placements"), |b| {
-        b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            for _ in 0..iters {
-                let mut w = queued();
-                let start = Instant::now();
-                while !w.step().placements.is_empty() {}
-                total += start.elapsed();
+    for (tenants, name) in [(1, "10k_nodes_100k_queued"), (1_000, "10k_nodes_100k_queued_1000_tenants")] {
+        let queued = || {
+            let mut w = World::new();
+            w.tenants = tenants;
+            for _ in 0..QUEUED {
+                let gpus = w.rng.size();
+                w.submit(Tier::Preemptible, gpus);
             }
-            total
-        })
-    });
-    group.finish();
+            w
+        };
+        let mut probe = queued();
+        let mut placed = 0;
+        loop {
+            let n = probe.step().placements.len();
+            if n == 0 {
+                break;
+            }
+            placed += n;
+        }
+        drop(probe);
+        let mut group = c.benchmark_group("fill");
+        group.sample_size(10);
+        group.throughput(Throughput::Elements(placed as u64));
+        group.bench_function(BenchmarkId::new(name, "placements"), |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    let mut w = queued();
+                    let start = Instant::now();
+                    while !w.step().placements.is_empty() {}
+                    total += start.elapsed();
+                }
+                total
+            })
+        });
+        group.finish();
+    }
 }
 
+/// The steady state with the backlog of one tenant, and spread over
+/// 1,000 tenants whose order fair share keeps.
 fn bench_steady(c: &mut Criterion) {
     const EVENTS: usize = 2_000;
-    let mut w = World::full();
-    // Measure how many placements a batch of events makes, for throughput.
-    let mut probe = World::full();
-    let placed: usize = (0..EVENTS).map(|_| probe.event()).sum();
-    let decisions = probe.preemptions;
-    println!("steady state: {EVENTS} events make {placed} placements and {decisions} preemption decisions");
-    drop(probe);
-    let mut group = c.benchmark_group("steady");
-    group.sample_size(10);
-    group.throughput(Throughput::Elements(placed as u64));
-    group.bench_function(BenchmarkId::new("10k_nodes_100k_queued", "placements_with_preemption"), |b| {
-        b.iter(|| (0..EVENTS).map(|_| w.event()).sum::<usize>())
-    });
-    group.finish();
+    for (tenants, name) in [(1, "10k_nodes_100k_queued"), (1_000, "10k_nodes_100k_queued_1000_tenants")] {
+        let mut w = World::full(tenants);
+        // Measure how many placements a batch of events makes, for throughput.
+        let mut probe = World::full(tenants);
+        let placed: usize = (0..EVENTS).map(|_| probe.event()).sum();
+        let decisions = probe.preemptions;
+        println!(
+            "steady state, {tenants} tenants: {EVENTS} events make {placed} placements and {decisions} preemption decisions"
+        );
+        drop(probe);
+        let mut group = c.benchmark_group("steady");
+        group.sample_size(10);
+        group.throughput(Throughput::Elements(placed as u64));
+        group.bench_function(BenchmarkId::new(name, "placements_with_preemption"), |b| {
+            b.iter(|| (0..EVENTS).map(|_| w.event()).sum::<usize>())
+        });
+        group.finish();
+    }
 }
 
 fn preemption_latency() {
-    let mut w = World::full();
+    let mut w = World::full(1);
     let mut samples = Vec::new();
     for _ in 0..5_000 {
         w.now = w.now + Span::from_millis(100);

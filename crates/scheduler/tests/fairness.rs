@@ -367,10 +367,8 @@ proptest! {
         let mut base: Vec<Work> = others.into_iter().filter(|w| w.tenant != A).collect();
         base.extend((0..30).map(|_| Work { tenant: A, gpus: 2, secs: 1200, priority: 0 }));
         let mut ranked = base.clone();
-        let mut at = 0;
-        for w in ranked.iter_mut().filter(|w| w.tenant == A) {
+        for (at, w) in ranked.iter_mut().filter(|w| w.tenant == A).enumerate() {
             w.priority = priorities[at];
-            at += 1;
         }
         let plain = simulate(&[1, 2, 1], &base, None, 6);
         let with = simulate(&[1, 2, 1], &ranked, None, 6);
