@@ -34,6 +34,8 @@ const HOUR_MS: u64 = 3_600_000;
 /// compare.
 const QUICK_REPEAT: Span = Span(10 * 60_000);
 const RESERVED_TENANT: TenantId = TenantId(1);
+/// The tenant of the jobs of `--trace` traces.
+const DEFAULT_OWNER: &str = "default";
 
 /// Replay progress, for a progress bar.
 #[derive(Clone, Copy, Debug)]
@@ -96,6 +98,23 @@ struct SimJob {
     promoted: bool,
     /// What its attempts cost, micro-dollars.
     cost: i64,
+    /// Its tenant: an index into `Engine::owners`.
+    owner: usize,
+}
+
+/// A tenant of the replay: `default` for the jobs of `--trace` traces, one
+/// per `--tenant`.
+struct Owner {
+    name: String,
+    weight: u32,
+    id: TenantId,
+    /// Its jobs waiting now (queued or requeued, not yet started).
+    queued: u32,
+    busy: u128,
+    lost: u128,
+    preemptions: u64,
+    /// GPU-milliseconds by hour.
+    busy_by_hour: Vec<u128>,
 }
 
 impl SimJob {
@@ -141,6 +160,9 @@ struct Engine<'a> {
     last_sampled_hour: Option<u64>,
     /// Rates per GPU-hour by tier rank: reserved, on-demand, preemptible.
     rates: [MicroUsd; 3],
+    owners: Vec<Owner>,
+    /// Per hour: whether it began with every tenant's work waiting.
+    busy_hours: Vec<bool>,
 }
 
 /// Replays `traces` under `config`. `progress` is called now and then.
@@ -169,7 +191,16 @@ pub fn run(
 fn validate(config: &SimConfig, traces: &[Trace]) -> Result<(), SimError> {
     let fail = |m: String| Err(SimError::Config(m));
     if traces.is_empty() {
-        return fail("at least one --trace is required".into());
+        return fail("at least one --trace or --tenant is required".into());
+    }
+    let mut names = std::collections::BTreeSet::new();
+    for tenant in traces.iter().filter_map(|t| t.tenant.as_ref()) {
+        if tenant.name == DEFAULT_OWNER || !names.insert(&tenant.name) {
+            return fail(format!("--tenant {}: named twice (or `default`, the jobs of --trace)", tenant.name));
+        }
+        if tenant.weight == 0 {
+            return fail(format!("--tenant {}: weight must be at least 1", tenant.name));
+        }
     }
     if config.nodes == 0 {
         return fail("--nodes must be at least 1".into());
@@ -229,6 +260,12 @@ impl<'a> Engine<'a> {
             };
             state.add_node(spec, Time::ZERO).map_err(|e| SimError::Config(e.to_string()))?;
         }
+        let model = state.model_by_name(&config.gpu_model).expect("nodes added");
+        let rate = u64::try_from(config.on_demand_price.0).unwrap_or(0);
+        state.set_model_rate(model, rate).map_err(|e| SimError::Config(e.to_string()))?;
+        state
+            .set_fair_share_half_life(config.fair_share_half_life)
+            .map_err(|e| SimError::Config(format!("--fair-share-half-life: {e}")))?;
         let drain_window = match config.notice {
             NoticeMode::Drain => config.drain_window,
             NoticeMode::None => Span::ZERO,
@@ -241,7 +278,7 @@ impl<'a> Engine<'a> {
                 heartbeat_timeout: None,
                 min_runtime: config.min_runtime,
                 max_starts: None,
-                order: ebb_scheduler::Order::FairShare,
+                order: config.order,
             },
             state,
             jobs: Vec::new(),
@@ -269,6 +306,8 @@ impl<'a> Engine<'a> {
                 };
                 [config.reserved_price, book.on_demand_per_gpu_hour, book.preemptible_per_gpu_hour()]
             },
+            owners: Vec::new(),
+            busy_hours: Vec::new(),
         })
     }
 
@@ -284,6 +323,34 @@ impl<'a> Engine<'a> {
             }
         }
         rows.sort_unstable();
+        // Tenants in the order their traces were given, `default` where
+        // the first untagged one was.
+        let mut owner_of = Vec::with_capacity(traces.len());
+        for trace in traces {
+            let (name, weight) = match &trace.tenant {
+                Some(t) => (t.name.clone(), t.weight),
+                None => (DEFAULT_OWNER.to_string(), 1),
+            };
+            let index = match self.owners.iter().position(|o| o.name == name) {
+                Some(i) => i,
+                None => {
+                    let id = TenantId(2 + self.owners.len() as u32);
+                    self.state.set_weight(id, weight).expect("validated weight");
+                    self.owners.push(Owner {
+                        name,
+                        weight,
+                        id,
+                        queued: 0,
+                        busy: 0,
+                        lost: 0,
+                        preemptions: 0,
+                        busy_by_hour: Vec::new(),
+                    });
+                    self.owners.len() - 1
+                }
+            };
+            owner_of.push(index);
+        }
         self.origin = rows.first().map_or(Time::ZERO, |r| Time::from_secs(r.0));
         if traces.iter().any(|t| t.tier == Some(Tier::Reserved)) {
             self.state
@@ -344,6 +411,7 @@ impl<'a> Engine<'a> {
                 deadline,
                 promoted: false,
                 cost: 0,
+                owner: owner_of[t],
             });
             self.push(Time::from_secs(row.submit_s), Event::Arrive(index));
         }
@@ -371,7 +439,9 @@ impl<'a> Engine<'a> {
                 Event::Arrive(i) => {
                     arrivals += 1;
                     let job = &self.jobs[i];
-                    let tenant = if job.tier == Tier::Reserved { RESERVED_TENANT } else { TenantId(2) };
+                    let owner = &mut self.owners[job.owner];
+                    owner.queued += 1;
+                    let tenant = if job.tier == Tier::Reserved { RESERVED_TENANT } else { owner.id };
                     let gpu_model = (job.tier == Tier::Reserved)
                         .then(|| self.state.model_by_name(&self.config.gpu_model).unwrap());
                     let spec = JobSpec {
@@ -479,12 +549,14 @@ impl<'a> Engine<'a> {
             }
         }
         job.preemptions += 1;
+        self.owners[job.owner].preemptions += 1;
     }
 
     fn start(&mut self, i: usize, now: Time, attempt: Attempt) {
         let overhead = if attempt.0 > 1 { self.config.restart_overhead.0 } else { 0 };
         let interval = self.config.checkpoint_interval;
         let job = &mut self.jobs[i];
+        self.owners[job.owner].queued -= 1;
         job.attempt = attempt;
         job.generation += 1;
         job.run = Some(Running { start: now, overhead, base: job.saved });
@@ -564,6 +636,10 @@ impl<'a> Engine<'a> {
         job.cost += MicroUsd::for_gpu_millis(self.rates[tier], gpus * ran as u128).0;
         self.restart += gpus * run.overhead.min(ran) as u128;
         add_interval(&mut self.busy_by_hour, hour_origin, tier, job.gpus, run.start, now);
+        let owner = &mut self.owners[job.owner];
+        owner.busy += gpus * ran as u128;
+        add_owner_interval(&mut owner.busy_by_hour, hour_origin, job.gpus, run.start, now);
+        let (start, tenant) = (run.start, if job.tier == Tier::Reserved { RESERVED_TENANT } else { owner.id });
         if let Some(until) = self.config.window_until {
             let end = now.min(Time::from_secs(until));
             self.busy_in_window[tier] += gpus * end.saturating_since(run.start).0 as u128;
@@ -572,7 +648,10 @@ impl<'a> Engine<'a> {
             self.drain += gpus * now.saturating_since(d.notice).0 as u128;
         }
         if !completed {
-            self.lost += gpus * (job.progress(now) - job.saved) as u128;
+            let lost = gpus * (job.progress(now) - job.saved) as u128;
+            self.lost += lost;
+            owner.lost += lost;
+            owner.queued += 1;
         } else {
             job.done_at = Some(now);
         }
@@ -582,6 +661,11 @@ impl<'a> Engine<'a> {
         job.generation += 1;
         let kind = if completed { ExitKind::Completed } else { ExitKind::Failed { requeue: false } };
         let effect = self.state.exited(Self::id(i), attempt, kind).expect("live attempt");
+        let model = self.state.model_by_name(&self.config.gpu_model).expect("nodes added");
+        let tier = self.jobs[i].tier;
+        self.state
+            .record_usage(tenant, tier, model, self.jobs[i].gpus, (start, now), now)
+            .expect("the model is known");
         debug_assert!(
             matches!(effect, ExitEffect::Finished | ExitEffect::Requeued { preempted: true }),
             "{effect:?}"
@@ -603,8 +687,10 @@ impl<'a> Engine<'a> {
             return;
         }
         let queued = [Tier::Reserved, Tier::OnDemand, Tier::Preemptible].map(|t| self.state.queued(t));
+        let busy = self.owners.len() > 1 && self.owners.iter().all(|o| o.queued > 0);
         for h in from..=hour {
             bump(&mut self.queued_by_hour, h as usize, |q| *q = queued);
+            bump(&mut self.busy_hours, h as usize, |b| *b = busy);
         }
         self.last_sampled_hour = Some(hour);
     }
@@ -680,6 +766,9 @@ impl<'a> Engine<'a> {
             },
             revenue_usd: TierFigures::from_array(revenue.map(|m| round(m.as_usd_f64(), 2))),
             revenue_micro_usd: TierFigures::from_array(revenue.map(|m| m.0)),
+            tenants: self.tenant_figures(&hours),
+            jain_index: self.jain_index(),
+            busy_hours: self.busy_hours.iter().filter(|b| **b).count() as u64,
             jobs_by_tier: per_tier(&|_| true),
             completed_by_tier: per_tier(&|j| j.done_at.is_some()),
             deadlines: config.deadline_slack.map(|slack| {
@@ -728,11 +817,18 @@ impl<'a> Engine<'a> {
             config: ConfigEcho {
                 traces: traces
                     .iter()
-                    .map(|t| match t.tier {
-                        Some(tier) => format!("{tier}={}", t.name),
-                        None => t.name.clone(),
+                    .map(|t| match (&t.tenant, t.tier) {
+                        (Some(o), Some(tier)) => format!("{}={}:{}:{tier}", o.name, t.name, o.weight),
+                        (Some(o), None) => format!("{}={}:{}", o.name, t.name, o.weight),
+                        (None, Some(tier)) => format!("{tier}={}", t.name),
+                        (None, None) => t.name.clone(),
                     })
                     .collect(),
+                order: match config.order {
+                    ebb_scheduler::Order::FairShare => "fair-share",
+                    ebb_scheduler::Order::Fifo => "fifo",
+                },
+                fair_share_half_life_s: config.fair_share_half_life.as_secs_f64(),
                 nodes: config.nodes,
                 gpus_per_node: config.gpus_per_node,
                 gpu_model: config.gpu_model.clone(),
@@ -771,6 +867,57 @@ impl<'a> Engine<'a> {
     }
 }
 
+impl Engine<'_> {
+    fn tenant_figures(&self, hours: &dyn Fn(u128) -> f64) -> BTreeMap<String, crate::TenantFigures> {
+        let all: u128 = self.owners.iter().map(|o| o.busy).sum();
+        let weights: u64 = self.owners.iter().map(|o| o.weight as u64).sum();
+        self.owners
+            .iter()
+            .enumerate()
+            .map(|(k, o)| {
+                let waits = self
+                    .jobs
+                    .iter()
+                    .filter(|j| j.owner == k)
+                    .filter_map(|j| j.first_start.map(|s| s.saturating_since(j.submit).as_secs_f64()))
+                    .collect();
+                let figures = crate::TenantFigures {
+                    weight: o.weight,
+                    weight_share: round(o.weight as f64 / weights as f64, 4),
+                    gpu_hours: hours(o.busy),
+                    share: if all == 0 { 0.0 } else { round(o.busy as f64 / all as f64, 4) },
+                    wait_s: Percentiles::of(waits),
+                    preemptions: o.preemptions,
+                    lost_gpu_hours: hours(o.lost),
+                };
+                (o.name.clone(), figures)
+            })
+            .collect()
+    }
+
+    /// Jain's index of GPU-time over weight, summed over busy hours.
+    fn jain_index(&self) -> Option<f64> {
+        if self.owners.len() < 2 {
+            return None;
+        }
+        let busy: Vec<usize> = (0..self.busy_hours.len()).filter(|&h| self.busy_hours[h]).collect();
+        if busy.is_empty() {
+            return None;
+        }
+        let x: Vec<f64> = self
+            .owners
+            .iter()
+            .map(|o| {
+                let used: u128 = busy.iter().map(|&h| o.busy_by_hour.get(h).copied().unwrap_or(0)).sum();
+                used as f64 / o.weight as f64
+            })
+            .collect();
+        let sum: f64 = x.iter().sum();
+        let squares: f64 = x.iter().map(|v| v * v).sum();
+        (squares > 0.0).then(|| round(sum * sum / (x.len() as f64 * squares), 4))
+    }
+}
+
 pub(crate) fn policy_name(policy: VictimPolicy) -> String {
     match policy {
         VictimPolicy::LostWork => "lost-work".into(),
@@ -787,6 +934,17 @@ fn bump<T: Default + Clone>(v: &mut Vec<T>, i: usize, f: impl FnOnce(&mut T)) {
         v.resize(i + 1, T::default());
     }
     f(&mut v[i]);
+}
+
+/// Adds `gpus` busy over [start, end) to a tenant's hourly buckets.
+fn add_owner_interval(by_hour: &mut Vec<u128>, origin: Time, gpus: u32, start: Time, end: Time) {
+    let (mut from, to) = (start.saturating_since(origin).0, end.saturating_since(origin).0);
+    while from < to {
+        let hour = from / HOUR_MS;
+        let until = ((hour + 1) * HOUR_MS).min(to);
+        bump(by_hour, hour as usize, |b| *b += gpus as u128 * (until - from) as u128);
+        from = until;
+    }
 }
 
 /// Adds `gpus` busy over [start, end) to the hourly buckets of `tier`.

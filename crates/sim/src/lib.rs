@@ -13,11 +13,13 @@ mod summary;
 pub mod trace;
 
 pub use engine::{run, Progress};
-pub use summary::{DeadlineFigures, Percentiles, Series, SimOutput, Summary, TierFigures, Window};
-pub use trace::{Trace, TraceJob};
+pub use summary::{
+    DeadlineFigures, Percentiles, Series, SimOutput, Summary, TenantFigures, TierFigures, Window,
+};
+pub use trace::{Trace, TraceJob, TraceTenant};
 
 use ebb_core::{MicroUsd, Span};
-use ebb_scheduler::VictimPolicy;
+use ebb_scheduler::{Order, VictimPolicy};
 
 /// What a job gets when it is reclaimed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -103,6 +105,12 @@ pub struct SimConfig {
     /// many times their duration, handled by `deadline_policy`.
     pub deadline_slack: Option<f64>,
     pub deadline_policy: DeadlinePolicy,
+    /// How each tier orders the tenants' jobs: fair share (the product) or
+    /// submission time alone, for comparison.
+    pub order: Order,
+    /// The half-life a tenant's usage decays with (the server's
+    /// `--fair-share-half-life`).
+    pub fair_share_half_life: Span,
 }
 
 impl Default for SimConfig {
@@ -126,6 +134,8 @@ impl Default for SimConfig {
             window_until: None,
             deadline_slack: None,
             deadline_policy: DeadlinePolicy::Promote,
+            order: Order::FairShare,
+            fair_share_half_life: Span::from_secs(24 * 3600),
         }
     }
 }

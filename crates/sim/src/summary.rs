@@ -56,6 +56,9 @@ pub(crate) fn round(x: f64, decimals: i32) -> f64 {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ConfigEcho {
     pub traces: Vec<String>,
+    /// `fair-share` or `fifo`.
+    pub order: &'static str,
+    pub fair_share_half_life_s: f64,
     pub nodes: u32,
     pub gpus_per_node: u8,
     pub gpu_model: String,
@@ -70,6 +73,23 @@ pub struct ConfigEcho {
     pub on_demand_price_usd_per_gpu_hour: f64,
     pub preemptible_price_usd_per_gpu_hour: f64,
     pub reserved_gpus: u32,
+}
+
+/// One tenant's replay (`--tenant`): what it got against its weight.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TenantFigures {
+    pub weight: u32,
+    /// Its weight over all tenants' weights.
+    pub weight_share: f64,
+    /// GPU-hours its attempts ran, every tier.
+    pub gpu_hours: f64,
+    /// Its GPU-hours over all tenants'.
+    pub share: f64,
+    /// Submission to first start, seconds.
+    pub wait_s: Percentiles,
+    /// Drain notices its jobs had that were preemptions.
+    pub preemptions: u64,
+    pub lost_gpu_hours: f64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -113,6 +133,15 @@ pub struct Summary {
     pub revenue_micro_usd: TierFigures<i64>,
     pub jobs_by_tier: TierFigures<u64>,
     pub completed_by_tier: TierFigures<u64>,
+    /// Per tenant, by name (`default`: the jobs of `--trace` traces).
+    pub tenants: std::collections::BTreeMap<String, TenantFigures>,
+    /// Jain's fairness index of GPU-hours over weight across the tenants,
+    /// counted over busy hours only (those that began with every tenant's
+    /// work waiting): 1 when each got exactly its weight's share, 1/n at
+    /// worst. None with one tenant or no busy hour.
+    pub jain_index: Option<f64>,
+    /// Hours counted as busy for `jain_index`.
+    pub busy_hours: u64,
     /// The same figures over a fixed window, when one was asked for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub window: Option<Window>,

@@ -17,12 +17,22 @@ pub struct TraceJob {
     pub gpus: u32,
 }
 
-/// A trace and, if given as `--trace TIER=PATH`, the tier of all its jobs.
+/// A trace and, if given as `--trace TIER=PATH`, the tier of all its
+/// jobs; given as `--tenant NAME=PATH:WEIGHT[:TIER]`, the tenant whose
+/// jobs it holds.
 #[derive(Clone, Debug)]
 pub struct Trace {
     pub name: String,
     pub tier: Option<Tier>,
+    pub tenant: Option<TraceTenant>,
     pub jobs: Vec<TraceJob>,
+}
+
+/// The tenant a trace's jobs are submitted as, with its fair-share weight.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TraceTenant {
+    pub name: String,
+    pub weight: u32,
 }
 
 const COLUMNS: [&str; 4] = ["job_id", "submission_time", "duration", "num_gpu"];
@@ -43,11 +53,42 @@ impl Trace {
         Trace::load(Path::new(path), tier)
     }
 
+    /// Parses `--tenant` arguments: `NAME=PATH[:WEIGHT[:TIER]]`, weight 1
+    /// unless given; a tenant's tier is on-demand or preemptible (untagged:
+    /// `--preemptible-fraction` decides per job).
+    pub fn load_tenant_arg(arg: &str) -> Result<Trace, SimError> {
+        let bad = |m: String| SimError::Config(format!("--tenant {arg}: {m}"));
+        let (name, rest) = arg.split_once('=').ok_or_else(|| bad("expected NAME=PATH[:WEIGHT[:TIER]]".into()))?;
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+            return Err(bad(format!("a tenant's name is letters, digits, '-', '_' and '.', got {name:?}")));
+        }
+        let mut parts = rest.splitn(3, ':');
+        let path = parts.next().unwrap_or_default();
+        let weight = match parts.next() {
+            None => 1,
+            Some(w) => w
+                .parse::<u32>()
+                .ok()
+                .filter(|w| (1..=1_000_000).contains(w))
+                .ok_or_else(|| bad(format!("weight must be a whole number from 1 to 1000000, got {w:?}")))?,
+        };
+        let tier = match parts.next() {
+            None => None,
+            Some(t) => match t.parse::<Tier>().map_err(|e| bad(e.to_string()))? {
+                Tier::Reserved => return Err(bad("a tenant's tier is on-demand or preemptible".into())),
+                tier => Some(tier),
+            },
+        };
+        let mut trace = Trace::load(Path::new(path), tier)?;
+        trace.tenant = Some(TraceTenant { name: name.to_string(), weight });
+        Ok(trace)
+    }
+
     pub fn load(path: &Path, tier: Option<Tier>) -> Result<Trace, SimError> {
         let text = std::fs::read(path).map_err(|e| SimError::Io(path.display().to_string(), e))?;
         let name = path.display().to_string();
         let jobs = parse(&name, &text)?;
-        Ok(Trace { name, tier, jobs })
+        Ok(Trace { name, tier, tenant: None, jobs })
     }
 }
 
