@@ -164,12 +164,22 @@ pub struct TenantLimits {
     #[serde(default)]
     #[schema(minimum = 1)]
     pub max_stored_bytes: Option<u64>,
+    /// Its fair-share weight within each tier (default 1): a tenant of
+    /// weight 2 is given twice the GPU time of one of weight 1 when both
+    /// have work waiting.
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 1000000)]
+    pub weight: Option<u32>,
 }
 
 /// A tenant's limits in force and what it holds against them.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct TenantUsage {
     pub tenant: String,
+    /// Its fair-share weight.
+    pub weight: u32,
+    /// What the operator set for it (the rest are the server's defaults).
+    pub own: TenantLimits,
     pub max_jobs: u64,
     pub max_running_jobs: u64,
     pub max_stored_bytes: u64,
@@ -192,6 +202,26 @@ pub struct TenantSummary {
     pub waiting: u64,
     /// Its reservations in force or to come.
     pub reservations: u32,
+    /// Its fair-share weight.
+    pub weight: u32,
+    /// Where it stands in each tier where it has work or usage.
+    pub shares: Vec<TierShare>,
+}
+
+/// A tenant's standing in one tier, by which fair share orders the
+/// tenants' work there.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct TierShare {
+    /// `reserved`, `on-demand` or `preemptible`.
+    pub tier: String,
+    /// Its decayed usage over the tier's, percent.
+    pub share_percent: f64,
+    /// Its weight over the weights of the tier's tenants, percent.
+    pub weight_percent: f64,
+    /// Its decayed usage, GPU time valued at on-demand prices, dollars.
+    pub usage_usd: String,
+    /// Tenants with queued work in the tier ahead of it, when it has some.
+    pub ahead: Option<u32>,
 }
 
 /// `DELETE /v1/nodes/{name}`: the node's credential is revoked and its

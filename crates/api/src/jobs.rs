@@ -41,6 +41,11 @@ pub struct JobSubmission {
     /// Give up after this many preemptions (default: never).
     #[serde(default)]
     pub max_preemptions: Option<u32>,
+    /// The tenant's own order among its jobs of one tier: higher first
+    /// (default 0). Never moves another tenant's jobs.
+    #[serde(default)]
+    #[schema(minimum = -1000, maximum = 1000)]
+    pub priority: Option<i32>,
     /// Retries after failures (default 0). Preemption is not a failure.
     #[serde(default)]
     pub max_retries: Option<u32>,

@@ -101,6 +101,9 @@ pub fn stored_bytes(argv: &[String], env: &BTreeMap<String, String>) -> u64 {
 /// Refusals the API document states (a limit, a pattern) are 400s; those
 /// it cannot state (what this cluster has, how fields relate, limits the
 /// operator sets) are 422s.
+/// A tenant's priorities among its own jobs run from -this to this.
+pub const MAX_PRIORITY: i32 = 1000;
+
 pub fn submission(spec: &JobSubmission, core: &State, limits: &Limits) -> Result<Checked, ApiError> {
     let bad = |m: String| Err(ApiError::bad_request(m));
     let refuse = |m: String| Err(ApiError::unprocessable(m));
@@ -146,6 +149,9 @@ pub fn submission(spec: &JobSubmission, core: &State, limits: &Limits) -> Result
     let gpus = spec.gpus.unwrap_or(1);
     if gpus == 0 || gpus > MAX_GPUS {
         return bad(format!("gpus: must be between 1 and {MAX_GPUS}, got {gpus}"));
+    }
+    if let Some(p) = spec.priority.filter(|p| !(-MAX_PRIORITY..=MAX_PRIORITY).contains(p)) {
+        return bad(format!("priority: must be between -{MAX_PRIORITY} and {MAX_PRIORITY}, got {p}"));
     }
     for (key, value) in &spec.env {
         let valid = !key.is_empty()
@@ -526,9 +532,11 @@ mod properties {
                 0..3,
             ),
             proptest::option::of(".{0,6}"),
+            proptest::option::of(prop_oneof![any::<i32>(), -1001i32..=1001]),
         )
-            .prop_map(|(argv, env, gpus, tier, array, signal, restart, sweep, workdir)| {
+            .prop_map(|(argv, env, gpus, tier, array, signal, restart, sweep, workdir, priority)| {
                 JobSubmission {
+                    priority,
                     argv,
                     env,
                     gpus,

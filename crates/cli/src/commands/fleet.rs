@@ -20,11 +20,15 @@ pub enum TenantCommand {
     Create {
         /// 1 to 64 letters, digits, `-` or `_`.
         name: String,
+        /// Its fair-share weight within each tier (default 1).
+        #[arg(long, value_name = "W")]
+        weight: Option<u32>,
         #[command(flatten)]
         out: JsonFlag,
     },
     /// Show a tenant's limits and usage; with a flag, set its own limits
     /// (admin). Unset ones follow the server's defaults.
+    #[command(visible_alias = "update")]
     Limits {
         /// The tenant.
         name: String,
@@ -37,8 +41,12 @@ pub enum TenantCommand {
         /// Bytes of arguments and environments its unfinished jobs may keep.
         #[arg(long, value_name = "BYTES")]
         max_stored_bytes: Option<u64>,
-        /// Drop the tenant's own limits: the server's defaults apply.
-        #[arg(long, conflicts_with_all = ["max_jobs", "max_running_jobs", "max_stored_bytes"])]
+        /// Its fair-share weight within each tier: a tenant of weight 2 is
+        /// given twice the GPU time of one of weight 1 when both wait.
+        #[arg(long, value_name = "W")]
+        weight: Option<u32>,
+        /// Drop the tenant's own limits and weight: the server's defaults apply.
+        #[arg(long, conflicts_with_all = ["max_jobs", "max_running_jobs", "max_stored_bytes", "weight"])]
         defaults: bool,
         #[command(flatten)]
         out: JsonFlag,
@@ -304,37 +312,67 @@ pub async fn tenant(conn: &Connection, command: &TenantCommand) -> Result<String
                 return Ok(json(&tenants));
             }
             let mut text = format!(
-                "{:<24} {:>6} {:>8} {:>8} {:>8} {:>12}\n",
-                "TENANT", "TOKENS", "JOBS", "ADMITTED", "WAITING", "RESERVATIONS"
+                "{:<24} {:>6} {:>8} {:>8} {:>8} {:>12} {:>6}  SHARE OF TIER (USAGE) AGAINST WEIGHT\n",
+                "TENANT", "TOKENS", "JOBS", "ADMITTED", "WAITING", "RESERVATIONS", "WEIGHT"
             );
             for t in tenants {
+                let shares: Vec<String> = t
+                    .shares
+                    .iter()
+                    .map(|s| {
+                        format!("{} {:.1}% (${}) of {:.1}%", s.tier, s.share_percent, s.usage_usd, s.weight_percent)
+                    })
+                    .collect();
                 writeln!(
                     text,
-                    "{:<24} {:>6} {:>8} {:>8} {:>8} {:>12}",
-                    t.tenant, t.tokens, t.jobs, t.admitted, t.waiting, t.reservations
+                    "{:<24} {:>6} {:>8} {:>8} {:>8} {:>12} {:>6}  {}",
+                    t.tenant,
+                    t.tokens,
+                    t.jobs,
+                    t.admitted,
+                    t.waiting,
+                    t.reservations,
+                    t.weight,
+                    if shares.is_empty() { "-".to_string() } else { shares.join(", ") }
                 )
                 .unwrap();
             }
             Ok(text)
         }
-        TenantCommand::Create { name, out } => {
+        TenantCommand::Create { name, weight, out } => {
+            let client = conn.client()?;
             let created: api::TenantCreated =
-                conn.client()?.post("/v1/tenants", &api::TenantRequest { name: name.clone() }).await?;
+                client.post("/v1/tenants", &api::TenantRequest { name: name.clone() }).await?;
+            if weight.is_some() {
+                let set = api::TenantLimits { weight: *weight, ..Default::default() };
+                let _: api::TenantUsage = client.put(&format!("/v1/tenants/{name}/limits"), &set).await?;
+            }
             Ok(if out.json {
                 json(&created)
             } else {
                 format!("tenant {} created; its token (shown once):\n{}\n", created.tenant, created.token)
             })
         }
-        TenantCommand::Limits { name, max_jobs, max_running_jobs, max_stored_bytes, defaults, out } => {
+        TenantCommand::Limits { name, max_jobs, max_running_jobs, max_stored_bytes, weight, defaults, out } => {
             let client = conn.client()?;
             let path = format!("/v1/tenants/{name}/limits");
-            let set = api::TenantLimits {
+            let asked = api::TenantLimits {
                 max_jobs: *max_jobs,
                 max_running_jobs: *max_running_jobs,
                 max_stored_bytes: *max_stored_bytes,
+                weight: *weight,
             };
-            let usage: api::TenantUsage = if *defaults || set != api::TenantLimits::default() {
+            let usage: api::TenantUsage = if *defaults {
+                client.put(&path, &asked).await?
+            } else if asked != api::TenantLimits::default() {
+                // A flag sets its own setting and keeps the others.
+                let own = client.get::<api::TenantUsage>(&path).await?.own;
+                let set = api::TenantLimits {
+                    max_jobs: asked.max_jobs.or(own.max_jobs),
+                    max_running_jobs: asked.max_running_jobs.or(own.max_running_jobs),
+                    max_stored_bytes: asked.max_stored_bytes.or(own.max_stored_bytes),
+                    weight: asked.weight.or(own.weight),
+                };
                 client.put(&path, &set).await?
             } else {
                 client.get(&path).await?
@@ -344,7 +382,8 @@ pub async fn tenant(conn: &Connection, command: &TenantCommand) -> Result<String
             }
             Ok(format!(
                 "tenant {}\n  jobs          {} unfinished of at most {} ({} admitted, {} waiting)\n  \
-                 running jobs  at most {} admitted at once\n  stored        {} bytes of at most {}\n",
+                 running jobs  at most {} admitted at once\n  stored        {} bytes of at most {}\n  \
+                 weight        {} (fair share within each tier)\n",
                 usage.tenant,
                 usage.jobs,
                 usage.max_jobs,
@@ -352,7 +391,8 @@ pub async fn tenant(conn: &Connection, command: &TenantCommand) -> Result<String
                 usage.waiting,
                 usage.max_running_jobs,
                 usage.stored_bytes,
-                usage.max_stored_bytes
+                usage.max_stored_bytes,
+                usage.weight
             ))
         }
         TenantCommand::RegistryLogin { name, registry, username, password_stdin: _ } => {

@@ -29,6 +29,10 @@ pub struct SubmitArgs {
     /// Give up after this many preemptions.
     #[arg(long)]
     pub max_preemptions: Option<u32>,
+    /// Its place among your own jobs of its tier, -1000 to 1000: higher
+    /// starts first. Never moves another tenant's jobs.
+    #[arg(long, allow_hyphen_values = true)]
+    pub priority: Option<i32>,
     /// When a preemptible job must be done (2026-12-01T18:00Z): it stays
     /// preemptible while its reported progress fits before then, and moves
     /// to on-demand (billed at that rate from then on) once it would not.
@@ -219,6 +223,7 @@ pub fn submission(args: &SubmitArgs) -> Result<api::JobSubmission, String> {
         workdir,
         signal: args.signal.clone().or(base.signal),
         max_preemptions: args.max_preemptions.or(base.max_preemptions),
+        priority: args.priority.or(base.priority),
         max_retries: args.max_retries.or(base.max_retries),
         exit_on_drain_is_success: args.exit_on_drain_is_success || base.exit_on_drain_is_success,
         array: array.map(str::to_string),

@@ -35,6 +35,11 @@ pub struct PolicyArgs {
     /// most 24h.
     #[arg(long, default_value = "5m", value_parser = parse_span)]
     pub min_runtime: Span,
+    /// A tenant's usage (GPU time at on-demand prices), by which fair share
+    /// orders the tenants within a tier, halves over this long. From 1s
+    /// to 365 days.
+    #[arg(long, default_value = "24h", value_parser = parse_span)]
+    pub fair_share_half_life: Span,
     /// A node silent this long is lost; its jobs are requeued.
     #[arg(long, default_value = "10s", value_parser = parse_span)]
     pub heartbeat_timeout: Span,
@@ -281,6 +286,13 @@ fn check_keep_finished(keep: Span) -> Result<(), String> {
              them from memory at once)",
             keep.human()
         ));
+    }
+    Ok(())
+}
+
+fn check_half_life(half_life: Span) -> Result<(), String> {
+    if half_life < Span::from_secs(1) || half_life > Span::from_secs(365 * 86_400) {
+        return Err(format!("--fair-share-half-life {}: from 1s to 365 days", half_life.human()));
     }
     Ok(())
 }

@@ -146,6 +146,7 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
         ));
     }
     check_min_runtime(args.policy.min_runtime)?;
+    check_half_life(args.policy.fair_share_half_life)?;
     check_keep_finished(args.keep_finished)?;
     let on_demand = price_flags("--price", &args.prices, discount_bps)?;
     let reserved = price_flags("--reserved-price", &args.reserved_prices, discount_bps)?;
@@ -192,6 +193,7 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
         data_dir: args.data_dir,
         drain_window: args.policy.drain_window,
         min_runtime: args.policy.min_runtime,
+        fair_share_half_life: args.policy.fair_share_half_life,
         heartbeat_timeout: args.policy.heartbeat_timeout,
         heartbeat_interval: args.heartbeat_interval,
         keep_finished: args.keep_finished,

@@ -97,6 +97,7 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
         return Err("--nodes and --gpus-per-node must be at least 1".into());
     }
     check_min_runtime(args.policy.min_runtime)?;
+    check_half_life(args.policy.fair_share_half_life)?;
     args.policy.partitions()?;
     let data = &args.data_dir;
     // A directory in use says so first, with where its cluster is: a second
@@ -147,6 +148,8 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
         format!("{}ms", args.policy.drain_window.as_millis()),
         "--min-runtime".into(),
         format!("{}ms", args.policy.min_runtime.as_millis()),
+        "--fair-share-half-life".into(),
+        format!("{}ms", args.policy.fair_share_half_life.as_millis()),
         "--heartbeat-timeout".into(),
         format!("{}ms", args.policy.heartbeat_timeout.as_millis()),
         "--default-run-as".into(),

@@ -155,6 +155,7 @@ impl<S: Store> Engine<S> {
                     let (store, outbox) = (&mut self.store, &mut self.outbox);
                     self.money.set_price(&model, &update, &self.config.pricing, store, outbox)
                 });
+                self.rate_models();
                 self.answer(reply, result)?;
             }
             Msg::CreateReservation { req, reply } => {

@@ -205,6 +205,7 @@ impl<S: Store> Engine<S> {
         let mut ended = end_attempt(job, effect, end_ms, now, min_runtime);
         if let Some(usage) = &ended.usage {
             self.store.add_usage(usage)?;
+            self.fair_share_usage(usage, now);
         }
         self.counters.ended(ended.usage.as_ref(), drained_ms);
         self.counters.lost_gpu_seconds += ended.lost_gpu_ms as f64 / 1000.0;

@@ -282,6 +282,9 @@ pub struct StoredSpec {
     pub workdir: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_preemptions: Option<u32>,
+    /// Its place among its tenant's jobs of its tier: higher first.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub priority: i32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_retries: Option<u32>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -314,6 +317,7 @@ impl From<JobSubmission> for StoredSpec {
             env: Arc::new(s.env),
             workdir: s.workdir,
             max_preemptions: s.max_preemptions,
+            priority: s.priority.unwrap_or(0),
             max_retries: s.max_retries,
             exit_on_drain_is_success: s.exit_on_drain_is_success,
             restart: s.restart,
@@ -507,4 +511,8 @@ mod tier_name {
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Tier, D::Error> {
         String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
     }
+}
+
+fn is_zero(n: &i32) -> bool {
+    *n == 0
 }

@@ -3,6 +3,9 @@
 use super::ending::{cancel_deadline, cancel_grace_ms, cancel_stop};
 use super::*;
 
+/// The largest fair-share weight a tenant may be given.
+pub const MAX_WEIGHT: u32 = 1_000_000;
+
 impl<S: Store> Engine<S> {
     /// Whether `principal` may see job `id`. A finished job no longer in
     /// memory is read back from the store for the rest of the batch, so
@@ -484,8 +487,17 @@ impl<S: Store> Engine<S> {
                     return Err(ApiError::unprocessable(format!("{field}: must be at least 1, got 0")).into());
                 }
             }
+            if set.weight.is_some_and(|w| !(1..=MAX_WEIGHT).contains(&w)) {
+                return Err(ApiError::unprocessable(format!(
+                    "weight: must be between 1 and {MAX_WEIGHT}, got {}",
+                    set.weight.unwrap_or(0)
+                ))
+                .into());
+            }
             self.store.put_tenant_limits(tenant, &set)?;
             tracing::info!(tenant = name, ?set, "tenant limits set");
+            let weight = set.weight.unwrap_or(ebb_scheduler::DEFAULT_WEIGHT);
+            self.core.set_weight(TenantId(tenant), weight).expect("checked weight");
             self.tenants.limits.insert(tenant, set);
             self.admit_waiting(tenant)?;
         }
@@ -493,6 +505,8 @@ impl<S: Store> Engine<S> {
         let load = self.tenants.load.get(&tenant).cloned().unwrap_or_default();
         Ok(ebb_api::TenantUsage {
             tenant: name.to_string(),
+            weight: self.core.weight(TenantId(tenant)),
+            own: self.tenants.limits.get(&tenant).cloned().unwrap_or_default(),
             max_jobs: limits.max_jobs,
             max_running_jobs: limits.max_running_jobs,
             max_stored_bytes: limits.max_stored_bytes,

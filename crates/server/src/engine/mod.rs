@@ -334,6 +334,9 @@ pub struct EngineConfig {
     /// A job preempted before is spared as a victim until its new attempt
     /// has run this long, while another victim fits; zero turns it off.
     pub min_runtime: Span,
+    /// A tenant's usage, by which fair share orders tenants within a tier,
+    /// halves over this long.
+    pub fair_share_half_life: Span,
     pub heartbeat_timeout: Span,
     pub heartbeat_interval: Span,
     /// How long a finished job's record stays in the writer's memory; after
@@ -371,6 +374,7 @@ impl EngineConfig {
             data_dir: dir.to_path_buf(),
             drain_window: Span(3_000),
             min_runtime: Span(300_000),
+            fair_share_half_life: Span(86_400_000),
             heartbeat_timeout: Span(60_000),
             heartbeat_interval: Span(500),
             keep_finished: Span(0),

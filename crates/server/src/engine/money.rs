@@ -61,6 +61,31 @@ impl Money {
 }
 
 impl<S: Store> Engine<S> {
+    /// Each model's on-demand rate, as fair share weighs its GPU-hours
+    /// (the price set for it, else the server's default).
+    pub(super) fn rate_models(&mut self) {
+        let rates: Vec<(ebb_core::GpuModelId, i64)> = self
+            .core
+            .models()
+            .map(|(id, m)| {
+                let rate = self.money.prices.get(&m.name).map_or(self.config.pricing.default_price, |p| p.on_demand);
+                (id, rate)
+            })
+            .collect();
+        for (id, rate) in rates {
+            self.core.set_model_rate(id, u64::try_from(rate).unwrap_or(0)).expect("a model the core knows");
+        }
+    }
+
+    /// An attempt's use, metered, counted in its tenant's fair share.
+    pub(super) fn fair_share_usage(&mut self, usage: &crate::billing::UsageRow, now: u64) {
+        let (Some(model), Ok(tier)) = (self.core.model_by_name(&usage.gpu_model), usage.tier.parse::<Tier>()) else {
+            return;
+        };
+        let span = (Time(usage.started_ms), Time(usage.ended_ms));
+        let _ = self.core.record_usage(TenantId(usage.tenant), tier, model, usage.gpus, span, Time(now));
+    }
+
     pub(super) fn known_model(&self, field: &str, model: &str) -> Result<(), ApiError> {
         if self.core.model_by_name(model).is_some() || self.money.prices.contains_key(model) {
             return Ok(());

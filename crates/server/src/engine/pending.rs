@@ -38,7 +38,15 @@ impl<S: Store> Engine<S> {
         if first != id {
             return Some(Why::Behind(first));
         }
-        Some(self.pending.get(&id).map_or(Why::NotYet, Why::Core))
+        if let Some(why) = self.pending.get(&id) {
+            return Some(Why::Core(why));
+        }
+        // The pass ended before its tenant's turn: every class of its tier
+        // was blocked by tenants ahead of it in the tier's order.
+        match self.core.share(job.tier, TenantId(job.tenant), Time(self.now)).ahead {
+            Some(ahead) if ahead > 0 => Some(Why::FairShare(ahead)),
+            _ => Some(Why::NotYet),
+        }
     }
 
     /// The queued jobs by tier and reason code, as `why` gives them one by
@@ -116,6 +124,7 @@ impl<S: Store> Engine<S> {
                 format!("behind job {}, which is ahead of it in line for the same GPUs and waits too", first.0)
             }
             Why::Core(pending) => self.describe(job, pending, now_ms),
+            Why::FairShare(ahead) => self.fair_share_text(job, *ahead, now_ms),
             Why::NotYet => "not yet looked at by the scheduler".into(),
         };
         Some((why.code(), text))
@@ -232,6 +241,9 @@ enum Why<'s> {
     Behind(JobId),
     /// The latest pass's reason.
     Core(&'s Pending),
+    /// Not reached by the latest pass: this many tenants of its tier, ahead
+    /// of its own, wait for GPUs first.
+    FairShare(u32),
     NotYet,
 }
 
@@ -245,6 +257,7 @@ impl Why<'_> {
             Why::Held(_) => PendingReason::VictimsDraining,
             Why::Behind(_) => PendingReason::Priority,
             Why::NotYet => PendingReason::Scheduling,
+            Why::FairShare(_) => PendingReason::FairShare,
             Why::Core(pending) => match pending {
                 Pending::Resources { .. } => PendingReason::Resources,
                 Pending::Priority { .. } => PendingReason::Priority,

@@ -60,8 +60,14 @@ impl<S: Store> Engine<S> {
             notes = engine.bootstrap()?;
             snapshot = engine.store.load::<JobRecord>().map_err(fatal)?;
         }
+        engine.core.set_fair_share_half_life(engine.config.fair_share_half_life).map_err(|e| ApiError::internal(e.to_string()))?;
         engine.load_access(&mut snapshot);
         engine.load_nodes(std::mem::take(&mut snapshot.nodes), now)?;
+        for price in &snapshot.prices {
+            engine.money.prices.insert(price.gpu_model.clone(), price.clone());
+        }
+        engine.rate_models();
+        engine.load_fair_share_usage(now).map_err(fatal)?;
         engine.fleet.heard_before = std::mem::take(&mut snapshot.heard).into_iter().collect();
         let unrestored = engine.load_jobs(std::mem::take(&mut snapshot.jobs))?;
         engine.count_finished().map_err(fatal)?;
@@ -78,6 +84,11 @@ impl<S: Store> Engine<S> {
             self.tenants.names.insert(t.id, t.name.clone());
         }
         self.tenants.limits = std::mem::take(&mut snapshot.tenant_limits).into_iter().collect();
+        for (&tenant, limits) in &self.tenants.limits {
+            if let Some(weight) = limits.weight {
+                let _ = self.core.set_weight(TenantId(tenant), weight);
+            }
+        }
         self.tenants.logins.clear();
         for (tenant, registry, login) in std::mem::take(&mut snapshot.registry_logins) {
             self.tenants.logins.entry(tenant).or_default().insert(registry, login);
@@ -91,6 +102,17 @@ impl<S: Store> Engine<S> {
                 self.access.node_credentials.insert(node.clone(), t.hash.clone());
             }
         }
+    }
+
+    /// Usage that still counts for fair share, from the usage records of
+    /// the last 16 half-lives (what is older weighs under 2^-16 of what
+    /// it was).
+    fn load_fair_share_usage(&mut self, now: u64) -> Result<(), StoreError> {
+        let since = now.saturating_sub(self.config.fair_share_half_life.0.saturating_mul(16));
+        for usage in self.store.usage(None, since, u64::MAX)? {
+            self.fair_share_usage(&usage, now);
+        }
+        Ok(())
     }
 
     /// Every node back in the core, drained or removed as it was.
@@ -379,7 +401,7 @@ impl<S: Store> Engine<S> {
                     .and_then(|d| d.promoted.as_ref())
                     .map_or(job.submitted_ms, |p| p.at_ms.max(job.submitted_ms)),
             ),
-            priority: 0,
+            priority: job.spec.priority,
             max_preemptions: job.spec.max_preemptions,
         }
     }

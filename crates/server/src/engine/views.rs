@@ -124,11 +124,31 @@ impl<S: Store> Engine<S> {
                     admitted: load.admitted,
                     waiting: load.waiting.len() as u64,
                     reservations,
+                    weight: self.core.weight(TenantId(*id)),
+                    shares: self.tier_shares(*id, now),
                 }
             })
             .collect();
         list.sort_by(|a, b| a.tenant.cmp(&b.tenant));
         list
+    }
+
+    /// A tenant's standing in each tier where it has work or usage.
+    pub(super) fn tier_shares(&self, tenant: u32, now: u64) -> Vec<ebb_api::TierShare> {
+        Tier::ALL
+            .into_iter()
+            .filter(|&tier| self.core.tenants_in(tier).contains(&TenantId(tenant)))
+            .map(|tier| {
+                let share = self.core.share(tier, TenantId(tenant), Time(now));
+                ebb_api::TierShare {
+                    tier: tier.as_str().to_string(),
+                    share_percent: (share.share * 1000.0).round() / 10.0,
+                    weight_percent: (share.weight_share * 1000.0).round() / 10.0,
+                    usage_usd: ebb_core::MicroUsd(share.usage.round() as i64).amount_text(),
+                    ahead: share.ahead,
+                }
+            })
+            .collect()
     }
 
     /// The reservations `principal` may see, each with what its tenant

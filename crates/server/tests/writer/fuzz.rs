@@ -296,15 +296,16 @@ fn submission() -> impl Strategy<Value = JobSubmission> {
         (argv, tier, gpus, model, signal, array),
         (deadline, restart, env, sweep, rarely(text()), rarely(any::<u32>())),
         (rarely(any::<u32>()), any::<bool>(), rarely(text()), image()),
-        (rarely(any::<u64>()), rarely(any::<u32>()), rarely(text()), rarely(slurm())),
+        (rarely(any::<u64>()), rarely(any::<u32>()), rarely(text()), rarely(slurm()), rarely(any::<i32>())),
     )
         .prop_map(
             |(
                 (argv, tier, gpus, gpu_model, signal, array),
                 (deadline, restart, env, sweep, name, max_preemptions),
                 (max_retries, exit_on_drain_is_success, workdir, (image, image_digest)),
-                (time_limit_s, array_limit, after, slurm),
+                (time_limit_s, array_limit, after, slurm, priority),
             )| JobSubmission {
+                priority,
                 time_limit_s,
                 array_limit,
                 after,
@@ -454,9 +455,11 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (node.clone(), 0u8..3).prop_map(|(node, op)| Step::Node { node, op }),
         1 => (prop_oneof![Just(0u32), 1u32..16, Just(u32::MAX)], proptest::option::of(text()), any::<bool>())
             .prop_map(|(gpus, model, release)| Step::Reclaim { gpus, model, release }),
-        1 => (text(), (proptest::option::of(big_u64()), proptest::option::of(big_u64()), proptest::option::of(big_u64())), proptest::option::of(any::<bool>()))
-            .prop_map(|(name, (max_jobs, max_running_jobs, max_stored_bytes), tokens)| Step::Tenant {
-                name, limits: TenantLimits { max_jobs, max_running_jobs, max_stored_bytes }, tokens }),
+        1 => (text(), (proptest::option::of(big_u64()), proptest::option::of(big_u64()), proptest::option::of(big_u64()),
+                       proptest::option::of(prop_oneof![Just(0u32), 1u32..5, Just(1_000_000), Just(1_000_001), Just(u32::MAX)])),
+              proptest::option::of(any::<bool>()))
+            .prop_map(|(name, (max_jobs, max_running_jobs, max_stored_bytes, weight), tokens)| Step::Tenant {
+                name, limits: TenantLimits { max_jobs, max_running_jobs, max_stored_bytes, weight }, tokens }),
         1 => (prop_oneof![Just("H100".to_string()), text()], prop_oneof![Just("2.50".to_string()), Just("92233720368547.75807".to_string()), Just("-1".to_string()), Just("1e308".to_string()), text()], proptest::option::of(text()))
             .prop_map(|(model, on_demand, reserved)| Step::Price { model, on_demand, reserved }),
         1 => (prop_oneof![1u32..8, Just(0), Just(u32::MAX)], day(), day(), proptest::option::of(prop_oneof![Just("92233720368547.75807".to_string()), text()]), proptest::option::of(0u64..4), any::<bool>())
