@@ -437,6 +437,9 @@ pub enum PendingReason {
     /// Other tenants' work, further below their shares of the tier, waits
     /// for the same GPUs ahead of it.
     FairShare,
+    /// Fair-share preemption drains jobs of the tenant furthest above its
+    /// share for it.
+    ReclaimingShare,
     /// GPUs are held for it while preemptible jobs drain.
     VictimsDraining,
     /// A restart back-off after quick exits.
@@ -453,7 +456,7 @@ pub enum PendingReason {
 
 impl PendingReason {
     /// Every reason, in the order the documentation lists them.
-    pub const ALL: [PendingReason; 15] = [
+    pub const ALL: [PendingReason; 16] = [
         PendingReason::Resources,
         PendingReason::Priority,
         PendingReason::WholeNodes,
@@ -463,6 +466,7 @@ impl PendingReason {
         PendingReason::Reclaimed,
         PendingReason::NoCapacity,
         PendingReason::FairShare,
+        PendingReason::ReclaimingShare,
         PendingReason::VictimsDraining,
         PendingReason::Backoff,
         PendingReason::TenantLimit,
@@ -483,6 +487,7 @@ impl PendingReason {
             PendingReason::Reclaimed => "reclaimed",
             PendingReason::NoCapacity => "no_capacity",
             PendingReason::FairShare => "fair_share",
+            PendingReason::ReclaimingShare => "reclaiming_share",
             PendingReason::VictimsDraining => "victims_draining",
             PendingReason::Backoff => "backoff",
             PendingReason::TenantLimit => "tenant_limit",

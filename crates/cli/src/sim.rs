@@ -30,6 +30,11 @@ pub struct SimArgs {
     /// The half-life a tenant's usage decays with, as the server's.
     #[arg(long, default_value = "24h", value_parser = parse_span)]
     fair_share_half_life: Span,
+    /// Fair-share preemption, as the server's: drain the tenant furthest
+    /// above its share when its usage over weight exceeds the waiting
+    /// tenant's by more than PERCENT (default 20).
+    #[arg(long, value_name = "PERCENT", num_args = 0..=1, default_missing_value = "20")]
+    fair_share_preemption: Option<u32>,
     /// Nodes in the simulated cluster.
     #[arg(long, default_value_t = 16)]
     nodes: u32,
@@ -141,6 +146,7 @@ pub fn run(args: SimArgs) -> Result<(), String> {
         deadline_policy: args.deadline_policy,
         order: args.order,
         fair_share_half_life: args.fair_share_half_life,
+        fair_share_preemption: args.fair_share_preemption,
     };
     // A bar only on a terminal; scripts and CI get quiet stderr.
     let bar = if std::io::stderr().is_terminal() {

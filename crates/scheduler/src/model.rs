@@ -33,6 +33,12 @@ pub struct Config {
     pub max_starts: Option<usize>,
     /// How jobs of one tier are ordered among tenants.
     pub order: Order,
+    /// Fair-share preemption in the preemptible tier, off when `None`: a
+    /// tenant whose job waits may have GPUs drained from the tenant
+    /// furthest above its share when that tenant's fair-share key exceeds
+    /// the waiting tenant's (its job counted) by more than this many
+    /// percent (`README.md`, "Fair share").
+    pub fair_share_preemption: Option<u32>,
 }
 
 impl Default for Config {
@@ -44,6 +50,7 @@ impl Default for Config {
             min_runtime: Span::from_secs(300),
             max_starts: None,
             order: Order::FairShare,
+            fair_share_preemption: None,
         }
     }
 }
@@ -163,6 +170,9 @@ impl Run {
 pub enum DrainReason {
     /// Its GPUs are held for a reserved or on-demand job.
     Preempted { by: JobId },
+    /// Fair-share preemption: its tenant is furthest above its share of
+    /// the preemptible tier, and `tenant`, below it, waits.
+    FairShare { tenant: TenantId },
     /// The operator drains its node.
     NodeDrain { node: NodeId },
     /// The operator reclaims preemptible capacity.

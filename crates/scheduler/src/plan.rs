@@ -2,7 +2,7 @@
 //! the state with [`crate::State::apply`], which checks it first, and only
 //! then tells agents what to do.
 
-use ebb_core::{Attempt, GpuModelId, JobId, NodeId, Time};
+use ebb_core::{Attempt, GpuModelId, JobId, NodeId, TenantId, Time};
 
 use crate::model::DrainReason;
 
@@ -99,6 +99,10 @@ pub enum Pending {
     /// their shares, wait for the same GPUs ahead of it (`README.md`,
     /// "Fair share"); the first of them waits for the reason it was given.
     FairShare { tenants_ahead: u32 },
+    /// Fair-share preemption drained jobs of tenant `from`, furthest above
+    /// its share, for this job's tenant; it starts when they have left,
+    /// unless a tenant further below its share comes first.
+    ReclaimingShare { from: TenantId, victims: u32 },
     /// No model it may run on has `gpus` GPUs in service now (nodes are
     /// drained, lost or gone). `model`: the one it asked for, if any.
     NoCapacity { model: Option<GpuModelId> },

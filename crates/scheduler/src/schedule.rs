@@ -12,6 +12,8 @@ use std::ops::Bound;
 
 use ebb_core::{Attempt, GpuModelId, JobId, NodeId, Span, TenantId, Tier, Time};
 
+use rustc_hash::FxHashMap;
+
 use crate::index::{Reclaimable, SingleVictim};
 use crate::model::*;
 use crate::plan::*;
@@ -85,47 +87,60 @@ struct Pass<'a> {
     reserved_total: Vec<u32>,
     /// µ$ per hour started (or held for) per tier and tenant this pass.
     extra_rate: BTreeMap<(Tier, TenantId), u64>,
+    /// The victim search under way takes only this tenant's jobs that
+    /// have run at least `min_runtime` (fair-share preemption).
+    victim_filter: Option<TenantId>,
+    /// Fair-share preemption chose victims this pass (at most once).
+    reclaimed_share: bool,
 }
 
 /// One tenant's queued jobs of one tier in its own order, across its
-/// classes: the head of each class not yet blocked, best first.
+/// classes: the head of each class not yet blocked, best first. A tenant
+/// has a few classes, so these are short vectors, not trees.
 struct TenantWalk<'a> {
-    heads: BTreeSet<(QueueKey, QueueClass)>,
-    rest: BTreeMap<QueueClass, btree_set::Iter<'a, QueueKey>>,
+    /// Heads, best last (so the best is popped from the end).
+    heads: Vec<(QueueKey, QueueClass)>,
+    rest: Vec<(QueueClass, btree_set::Iter<'a, QueueKey>)>,
 }
 
 impl<'a> TenantWalk<'a> {
     fn new(state: &'a State, tier: Tier, tenant: TenantId) -> TenantWalk<'a> {
-        let mut walk = TenantWalk { heads: BTreeSet::new(), rest: BTreeMap::new() };
-        let Some(q) = state.tenant_queues.get(&(tier, tenant)) else { return walk };
+        let Some(q) = state.tenant_queues.get(&(tier, tenant)) else {
+            return TenantWalk { heads: Vec::new(), rest: Vec::new() };
+        };
+        let mut walk =
+            TenantWalk { heads: Vec::with_capacity(q.classes.len()), rest: Vec::with_capacity(q.classes.len()) };
         for &class in q.classes.keys() {
             let mut iter = state.queues[&(class, tenant)].iter();
             if let Some(&head) = iter.next() {
-                walk.heads.insert((head, class));
-                walk.rest.insert(class, iter);
+                walk.heads.push((head, class));
+                walk.rest.push((class, iter));
             }
         }
+        walk.heads.sort_unstable_by(|a, b| b.cmp(a));
         walk
     }
 
     fn peek(&self) -> Option<(JobId, QueueClass)> {
-        self.heads.first().map(|&((_, _, job), class)| (job, class))
+        self.heads.last().map(|&((_, _, job), class)| (job, class))
     }
 
-    /// The head of `class` started: the next of the class is its head.
+    /// The best head started: the next of its class takes its place.
     fn advance(&mut self, class: QueueClass) {
-        let head = self.heads.iter().find(|(_, c)| *c == class).copied().expect("a head");
-        self.heads.remove(&head);
-        if let Some(&next) = self.rest.get_mut(&class).and_then(Iterator::next) {
-            self.heads.insert((next, class));
+        let (_, c) = self.heads.pop().expect("a head");
+        debug_assert_eq!(c, class);
+        let next = self.rest.iter_mut().find(|(c, _)| *c == class).and_then(|(_, iter)| iter.next());
+        if let Some(&next) = next {
+            let at = self.heads.partition_point(|h| *h > (next, class));
+            self.heads.insert(at, (next, class));
         }
     }
 
-    /// The head of `class` is blocked: the tenant's other jobs of the class
-    /// wait behind it for the rest of the pass.
+    /// The best head is blocked: the tenant's other jobs of its class wait
+    /// behind it for the rest of the pass.
     fn drop_class(&mut self, class: QueueClass) {
-        self.heads.retain(|(_, c)| *c != class);
-        self.rest.remove(&class);
+        let (_, c) = self.heads.pop().expect("a head");
+        debug_assert_eq!(c, class);
     }
 }
 
@@ -156,6 +171,8 @@ impl<'a> Pass<'a> {
                 .map(|i| state.reserved_total(GpuModelId(i as u16), now))
                 .collect(),
             extra_rate: BTreeMap::new(),
+            victim_filter: None,
+            reclaimed_share: false,
         }
     }
 
@@ -314,7 +331,7 @@ impl<'a> Pass<'a> {
         // Tenants this pass has looked at, with their keys as the pass
         // moved them; a tenant here is passed over in `base`.
         let mut moved: BTreeSet<(ShareKey, TenantId)> = BTreeSet::new();
-        let mut walks: BTreeMap<TenantId, TenantWalk<'a>> = BTreeMap::new();
+        let mut walks: FxHashMap<TenantId, TenantWalk<'a>> = FxHashMap::default();
         // The first job blocked in each class, and the tenants with a job
         // left waiting so far.
         let mut blocked: BTreeMap<QueueClass, JobId> = BTreeMap::new();
@@ -360,6 +377,11 @@ impl<'a> Pass<'a> {
                         break;
                     }
                     Outcome::Blocked(why) => {
+                        let short = matches!(why, Pending::Resources { .. } | Pending::WholeNodes { .. });
+                        let why = match tier == Tier::Preemptible && short {
+                            true => self.reclaim_share(job, tenant).unwrap_or(why),
+                            false => why,
+                        };
                         blocked.insert(class, job);
                         walk.drop_class(class);
                         self.plan.pending.push((job, why));
@@ -368,6 +390,42 @@ impl<'a> Pass<'a> {
                 }
             }
         }
+    }
+
+    /// Fair-share preemption for `job` of `tenant`, which waits in the
+    /// preemptible tier for GPUs: if the tenant furthest above its share
+    /// has a key more than the threshold above this tenant's (this job
+    /// counted), its cheapest jobs that make room, each run for at least
+    /// `min_runtime`, get their drain notice. No GPUs are held: the job
+    /// takes them in its turn when they are free. At most once a pass, and
+    /// not while earlier victims of it drain, so reclaims come one at a
+    /// time and the keys move between them.
+    fn reclaim_share(&mut self, job: JobId, tenant: TenantId) -> Option<Pending> {
+        let threshold = self.config.fair_share_preemption?;
+        let state = self.state;
+        if self.reclaimed_share || state.fair_share_draining > 0 {
+            return None;
+        }
+        let tier = Tier::Preemptible;
+        let &(_, victim) = state.running_order[tier.rank() as usize].iter().rev().find(|(_, t)| *t != tenant)?;
+        let spec = &state.jobs[&job].spec;
+        let models: Vec<GpuModelId> =
+            self.candidate_models(spec).filter(|&m| self.cap_allows(spec, m)).collect();
+        let rate = state.models[models.first()?.0 as usize].rate.saturating_mul(spec.gpus as u64);
+        let mine = state.fair.key(tier, tenant, self.extra_rate(tier, tenant).saturating_add(rate));
+        let theirs = state.fair.key(tier, victim, self.extra_rate(tier, victim));
+        if theirs.0 <= mine.0 * (1.0 + threshold as f64 / 100.0) {
+            return None;
+        }
+        self.victim_filter = Some(victim);
+        let set = self.cheapest_victims(&models, spec.gpus);
+        self.victim_filter = None;
+        let set = set?;
+        self.reclaimed_share = true;
+        for &v in &set.victims {
+            self.drain(v, DrainReason::FairShare { tenant });
+        }
+        Some(Pending::ReclaimingShare { from: victim, victims: set.victims.len() as u32 })
     }
 
     /// Every tier in submission order, every tenant together (today's

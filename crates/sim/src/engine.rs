@@ -279,6 +279,7 @@ impl<'a> Engine<'a> {
                 min_runtime: config.min_runtime,
                 max_starts: None,
                 order: config.order,
+                fair_share_preemption: config.fair_share_preemption,
             },
             state,
             jobs: Vec::new(),
@@ -488,7 +489,7 @@ impl<'a> Engine<'a> {
             }
             self.state.apply(&plan).expect("the core's own plan applies");
             for drain in &plan.drains {
-                if let DrainReason::Preempted { .. } = drain.reason {
+                if let DrainReason::Preempted { .. } | DrainReason::FairShare { .. } = drain.reason {
                     self.count_preemption(drain.job.0 as usize - 1, now);
                 }
                 self.notice(drain.job.0 as usize - 1, now, drain.deadline);
@@ -829,6 +830,7 @@ impl<'a> Engine<'a> {
                     ebb_scheduler::Order::Fifo => "fifo",
                 },
                 fair_share_half_life_s: config.fair_share_half_life.as_secs_f64(),
+                fair_share_preemption_percent: config.fair_share_preemption,
                 nodes: config.nodes,
                 gpus_per_node: config.gpus_per_node,
                 gpu_model: config.gpu_model.clone(),

@@ -111,6 +111,9 @@ pub struct SimConfig {
     /// The half-life a tenant's usage decays with (the server's
     /// `--fair-share-half-life`).
     pub fair_share_half_life: Span,
+    /// Fair-share preemption's threshold in percent (the server's
+    /// `--fair-share-preemption`); off when `None`.
+    pub fair_share_preemption: Option<u32>,
 }
 
 impl Default for SimConfig {
@@ -136,6 +139,7 @@ impl Default for SimConfig {
             deadline_policy: DeadlinePolicy::Promote,
             order: Order::FairShare,
             fair_share_half_life: Span::from_secs(24 * 3600),
+            fair_share_preemption: None,
         }
     }
 }

@@ -59,6 +59,8 @@ pub struct ConfigEcho {
     /// `fair-share` or `fifo`.
     pub order: &'static str,
     pub fair_share_half_life_s: f64,
+    /// Fair-share preemption's threshold, percent; absent when off.
+    pub fair_share_preemption_percent: Option<u32>,
     pub nodes: u32,
     pub gpus_per_node: u8,
     pub gpu_model: String,

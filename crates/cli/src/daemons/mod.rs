@@ -40,6 +40,14 @@ pub struct PolicyArgs {
     /// to 365 days.
     #[arg(long, default_value = "24h", value_parser = parse_span)]
     pub fair_share_half_life: Span,
+    /// Fair-share preemption in the preemptible tier: a tenant whose job
+    /// waits has jobs of the tenant furthest above its share drained
+    /// (the ordinary window; never one younger than --min-runtime) when
+    /// that tenant's usage over weight exceeds its own by more than
+    /// PERCENT (default 20; at least 10, so that tenants near their
+    /// shares do not trade GPUs back and forth).
+    #[arg(long, value_name = "PERCENT", num_args = 0..=1, default_missing_value = "20")]
+    pub fair_share_preemption: Option<u32>,
     /// A node silent this long is lost; its jobs are requeued.
     #[arg(long, default_value = "10s", value_parser = parse_span)]
     pub heartbeat_timeout: Span,
@@ -288,6 +296,16 @@ fn check_keep_finished(keep: Span) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+fn check_fair_share_preemption(threshold: Option<u32>) -> Result<(), String> {
+    match threshold {
+        Some(t) if !(10..=1000).contains(&t) => Err(format!(
+            "--fair-share-preemption {t}: a gap from 10 to 1000 percent (below 10, tenants near their shares \
+             trade GPUs back and forth)"
+        )),
+        _ => Ok(()),
+    }
 }
 
 fn check_half_life(half_life: Span) -> Result<(), String> {

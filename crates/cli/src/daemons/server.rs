@@ -147,6 +147,7 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
     }
     check_min_runtime(args.policy.min_runtime)?;
     check_half_life(args.policy.fair_share_half_life)?;
+    check_fair_share_preemption(args.policy.fair_share_preemption)?;
     check_keep_finished(args.keep_finished)?;
     let on_demand = price_flags("--price", &args.prices, discount_bps)?;
     let reserved = price_flags("--reserved-price", &args.reserved_prices, discount_bps)?;
@@ -194,6 +195,7 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
         drain_window: args.policy.drain_window,
         min_runtime: args.policy.min_runtime,
         fair_share_half_life: args.policy.fair_share_half_life,
+        fair_share_preemption: args.policy.fair_share_preemption,
         heartbeat_timeout: args.policy.heartbeat_timeout,
         heartbeat_interval: args.heartbeat_interval,
         keep_finished: args.keep_finished,

@@ -98,6 +98,7 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
     }
     check_min_runtime(args.policy.min_runtime)?;
     check_half_life(args.policy.fair_share_half_life)?;
+    check_fair_share_preemption(args.policy.fair_share_preemption)?;
     args.policy.partitions()?;
     let data = &args.data_dir;
     // A directory in use says so first, with where its cluster is: a second
@@ -156,6 +157,9 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
         user.clone(),
     ];
     server_args.extend(registries.iter().cloned());
+    if let Some(threshold) = args.policy.fair_share_preemption {
+        server_args.push(format!("--fair-share-preemption={threshold}"));
+    }
     for (flag, value) in [
         ("--partition-map", &args.policy.partition_map),
         ("--default-partition", &args.policy.default_partition),

@@ -22,7 +22,7 @@ impl<'a> Pass<'a> {
     }
 
     /// The cheapest victim set over every model the preemptor may use.
-    fn cheapest_victims(&mut self, models: &[GpuModelId], gpus: u32) -> Option<VictimSet> {
+    pub(super) fn cheapest_victims(&mut self, models: &[GpuModelId], gpus: u32) -> Option<VictimSet> {
         let mut best: Option<VictimSet> = None;
         for &model in models {
             if let Some(set) = self.find_victims(model, gpus) {
@@ -39,6 +39,10 @@ impl<'a> Pass<'a> {
     /// Whether the search under way passes over `job` because it is
     /// settling (and notes that it did).
     fn spared(&self, job: &Job) -> bool {
+        if let Some(tenant) = self.victim_filter {
+            let young = job.run.as_ref().is_some_and(|r| self.now.saturating_since(r.started_at) < self.config.min_runtime);
+            return job.spec.tenant != tenant || young;
+        }
         let spared = self.sparing_settling && job.settling(self.now, self.config.min_runtime);
         if spared {
             self.passed_over_settling.set(true);

@@ -38,6 +38,9 @@ impl State {
             if let DrainReason::NodeDrain { node } = drain.reason {
                 self.pending_node_drains.remove(&node);
             }
+            if let DrainReason::FairShare { .. } = drain.reason {
+                self.fair_share_draining += 1;
+            }
         }
         // A drained node is done once none of its preemptible jobs runs on
         // without a notice (one with no such jobs is done at once).

@@ -239,6 +239,23 @@ impl State {
         if tenants.len() != self.tenant_queues.len() {
             return Err("tenants with queued work out of step".into());
         }
+        let mut running_order: [BTreeSet<(ShareKey, TenantId)>; 3] = Default::default();
+        for (&(tier, tenant), u) in &self.fair.usage {
+            if u.rate > 0 {
+                running_order[tier.rank() as usize].insert((self.fair.key(tier, tenant, 0), tenant));
+            }
+        }
+        if running_order != self.running_order || self.running_keys.len() != running_order.iter().map(BTreeSet::len).sum::<usize>() {
+            return Err("the tenants running in each tier out of step".into());
+        }
+        let draining = self
+            .jobs
+            .values()
+            .filter(|j| j.notice.is_some_and(|n| matches!(n.reason, DrainReason::FairShare { .. })))
+            .count() as u32;
+        if draining != self.fair_share_draining {
+            return Err(format!("{} draining for fair share, counted {}", draining, self.fair_share_draining));
+        }
         let mut running: BTreeMap<(Tier, TenantId), (u64, f64)> = BTreeMap::new();
         for job in self.jobs.values() {
             if let Some(run) = &job.run {

@@ -361,15 +361,32 @@ impl super::State {
             q.key = self.fair.key(tier, tenant, 0);
             order.insert((q.key, tenant));
         }
+        let running = &mut self.running_order[tier.rank() as usize];
+        if let Some(key) = self.running_keys.remove(&(tier, tenant)) {
+            running.remove(&(key, tenant));
+        }
+        if self.fair.usage.get(&(tier, tenant)).is_some_and(|u| u.rate > 0) {
+            let key = self.fair.key(tier, tenant, 0);
+            running.insert((key, tenant));
+            self.running_keys.insert((tier, tenant), key);
+        }
     }
 
     pub(crate) fn rekey_all(&mut self) {
-        for order in &mut self.order {
+        for order in self.order.iter_mut().chain(self.running_order.iter_mut()) {
             order.clear();
         }
         for (&(tier, tenant), q) in &mut self.tenant_queues {
             q.key = self.fair.key(tier, tenant, 0);
             self.order[tier.rank() as usize].insert((q.key, tenant));
+        }
+        self.running_keys.clear();
+        for (&(tier, tenant), u) in &self.fair.usage {
+            if u.rate > 0 {
+                let key = self.fair.key(tier, tenant, 0);
+                self.running_order[tier.rank() as usize].insert((key, tenant));
+                self.running_keys.insert((tier, tenant), key);
+            }
         }
     }
 

@@ -133,6 +133,9 @@ impl State {
             self.adjust_usage(tier, tenant, model, gpus as i64);
         }
         self.fair_start(id);
+        if notice.is_some_and(|n| matches!(n.reason, DrainReason::FairShare { .. })) {
+            self.fair_share_draining += 1;
+        }
         for (node, mask) in alloc {
             let n = &mut self.nodes[node.0 as usize];
             n.used |= mask;
@@ -418,6 +421,10 @@ impl State {
             job.last_node = Some(node);
         }
         let was_draining = job.phase == Phase::Draining;
+        if job.notice.is_some_and(|n| matches!(n.reason, DrainReason::FairShare { .. })) {
+            self.fair_share_draining -= 1;
+        }
+        let job = self.jobs.get_mut(&id).expect("end_run of a known job");
         job.notice = None;
         let (tier, tenant) = (job.spec.tier, job.spec.tenant);
         let gpus = run.gpus();

@@ -157,6 +157,13 @@ pub struct State {
     pub(crate) order: [BTreeSet<(ShareKey, TenantId)>; 3],
     /// Usage, weights and the instant keys are taken at.
     pub(crate) fair: fair::Fair,
+    /// Per tier, the tenants that run something there, by key: the
+    /// highest is the one furthest above its share.
+    pub(crate) running_order: [BTreeSet<(ShareKey, TenantId)>; 3],
+    pub(crate) running_keys: BTreeMap<(Tier, TenantId), ShareKey>,
+    /// Jobs draining for fair-share preemption: while any is, no more are
+    /// chosen (one reclaim at a time).
+    pub(crate) fair_share_draining: u32,
     pub(crate) holds: BTreeMap<JobId, Hold>,
     /// Holds whose victims have all left: the job starts next pass.
     pub(crate) ready_holds: BTreeSet<JobId>,

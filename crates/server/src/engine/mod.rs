@@ -337,6 +337,8 @@ pub struct EngineConfig {
     /// A tenant's usage, by which fair share orders tenants within a tier,
     /// halves over this long.
     pub fair_share_half_life: Span,
+    /// Fair-share preemption's threshold in percent; off when `None`.
+    pub fair_share_preemption: Option<u32>,
     pub heartbeat_timeout: Span,
     pub heartbeat_interval: Span,
     /// How long a finished job's record stays in the writer's memory; after
@@ -375,6 +377,7 @@ impl EngineConfig {
             drain_window: Span(3_000),
             min_runtime: Span(300_000),
             fair_share_half_life: Span(86_400_000),
+            fair_share_preemption: None,
             heartbeat_timeout: Span(60_000),
             heartbeat_interval: Span(500),
             keep_finished: Span(0),

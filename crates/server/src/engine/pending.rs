@@ -179,6 +179,15 @@ impl<S: Store> Engine<S> {
                 format!("not {gpus} {what} are in service now (nodes are drained, lost or gone)")
             }
             Pending::FairShare { tenants_ahead } => self.fair_share_text(job, *tenants_ahead, now_ms),
+            Pending::ReclaimingShare { from, victims } => format!(
+                "fair-share preemption: {} job{} of {}, furthest above its share, drain{} for {}; it starts when \
+                 they have left",
+                victims,
+                if *victims == 1 { "" } else { "s" },
+                self.tenant_name(from.0),
+                if *victims == 1 { "s" } else { "" },
+                self.tenant_name(job.tenant)
+            ),
         }
     }
 
@@ -268,6 +277,7 @@ impl Why<'_> {
                 Pending::Reclaimed { .. } => PendingReason::Reclaimed,
                 Pending::NoCapacity { .. } => PendingReason::NoCapacity,
                 Pending::FairShare { .. } => PendingReason::FairShare,
+                Pending::ReclaimingShare { .. } => PendingReason::ReclaimingShare,
             },
         }
     }
@@ -303,6 +313,7 @@ mod tests {
             Pending::Reclaimed { model: m, limit: 0, used: 0 },
             Pending::NoCapacity { model: None },
             Pending::FairShare { tenants_ahead: 1 },
+            Pending::ReclaimingShare { from: TenantId(1), victims: 1 },
         ];
         let mut codes: Vec<PendingReason> = core.iter().map(|p| Why::Core(p).code()).collect();
         for why in [

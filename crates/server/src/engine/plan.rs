@@ -5,6 +5,10 @@ use ebb_scheduler::{Drain, Placement, Plan, Preemption};
 
 use super::*;
 
+/// How a fair-share preemption's notice begins (a restarted server knows
+/// one by it).
+pub(super) const FAIR_SHARE_REASON: &str = "fair share:";
+
 /// A drill's notice, as the job reads it: a drain like any other.
 pub(super) const DRILL_REASON: &str = "drill: save and exit as for a preemption; the job is requeued at once";
 
@@ -93,6 +97,22 @@ impl<S: Store> Engine<S> {
                 ("preemptible capacity reclaimed by the operator".into(), DrainCause::default())
             }
             DrainReason::Drill => (DRILL_REASON.into(), DrainCause::default()),
+            DrainReason::FairShare { tenant } => {
+                let job = &self.jobs[&id];
+                let victim = self.tenant_name(job.tenant);
+                let share = self.core.share(job.tier, TenantId(job.tenant), Time(d.notice_at.0));
+                (
+                    format!(
+                        "{FAIR_SHARE_REASON} {victim} is furthest above its share of the {} tier ({:.0}% of its usage \
+                         against a weight of {:.0}%); {} waits",
+                        job.tier,
+                        share.share * 100.0,
+                        share.weight_share * 100.0,
+                        self.tenant_name(tenant.0)
+                    ),
+                    DrainCause::default(),
+                )
+            }
         };
         let job = self.jobs.get_mut(&id).expect("known job");
         job.state = JobState::Draining;

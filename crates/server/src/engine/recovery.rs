@@ -20,6 +20,7 @@ impl<S: Store> Engine<S> {
             min_runtime: config.min_runtime,
             max_starts: None,
             order: ebb_scheduler::Order::FairShare,
+            fair_share_preemption: config.fair_share_preemption,
         };
         let epoch = {
             let mut bytes = [0u8; 8];
@@ -336,7 +337,12 @@ impl<S: Store> Engine<S> {
         let notice = job.notice.as_ref().map(|(at, deadline, _)| Notice {
             notice_at: Time(*at),
             deadline: Time(*deadline),
-            reason: if drilled { DrainReason::Drill } else { DrainReason::Reclaim },
+            // A fair-share drain is counted: while one drains, no more are chosen.
+            reason: match job.notice.as_ref().is_some_and(|n| n.2.starts_with(super::plan::FAIR_SHARE_REASON)) {
+                _ if drilled => DrainReason::Drill,
+                true => DrainReason::FairShare { tenant: TenantId(0) },
+                false => DrainReason::Reclaim,
+            },
         });
         let (attempt, preemptions, started) = (job.attempt, job.preemptions, job.started_ms);
         let checkpoint = job.attempt_checkpoint_ms.map(Time);
