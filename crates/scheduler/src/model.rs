@@ -173,6 +173,9 @@ pub enum DrainReason {
     /// Fair-share preemption: its tenant is furthest above its share of
     /// the preemptible tier, and `tenant`, below it, waits.
     FairShare { tenant: TenantId },
+    /// Its tenant borrows past its quota, and `tenant`, under its own
+    /// quota of the model, waits for GPUs.
+    Quota { tenant: TenantId },
     /// The operator drains its node.
     NodeDrain { node: NodeId },
     /// The operator reclaims preemptible capacity.

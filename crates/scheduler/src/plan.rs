@@ -103,9 +103,31 @@ pub enum Pending {
     /// its share, for this job's tenant; it starts when they have left,
     /// unless a tenant further below its share comes first.
     ReclaimingShare { from: TenantId, victims: u32 },
+    /// Its tenant's quota on `model` in its tier does not allow it:
+    /// `used` GPUs in use against a nominal quota of `nominal`, which it
+    /// may pass by at most `borrowing`.
+    Quota { model: GpuModelId, used: u32, nominal: u32, borrowing: Option<u32> },
+    /// It would borrow on `model`, and `owner`, under its own quota there,
+    /// waits: nobody borrows until it has its GPUs.
+    QuotaOwed { model: GpuModelId, owner: TenantId },
+    /// It would take GPUs of `model` that other tenants' lending limits
+    /// keep idle for them (`kept` of them).
+    QuotaKept { model: GpuModelId, kept: u32 },
+    /// Its tenant is under its quota of `model`: borrowers give GPUs back,
+    /// `victims` of their preemptible jobs drained for it (none in the
+    /// on-demand tier, which waits for borrowers' jobs to end).
+    ReclaimingQuota { model: GpuModelId, victims: u32 },
     /// No model it may run on has `gpus` GPUs in service now (nodes are
     /// drained, lost or gone). `model`: the one it asked for, if any.
     NoCapacity { model: Option<GpuModelId> },
+}
+
+impl Pending {
+    /// Whether it is its tenant's quota that keeps it waiting (another
+    /// tenant's job of the same size may start).
+    pub fn is_quota(&self) -> bool {
+        matches!(self, Pending::Quota { .. } | Pending::QuotaOwed { .. } | Pending::QuotaKept { .. })
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -19,6 +19,7 @@ use crate::model::*;
 use crate::plan::*;
 use crate::state::{full_mask, shape_fits, QueueClass, QueueKey, ShareKey, State};
 
+mod quota;
 mod victims;
 
 /// Plans one scheduling step at `now`. Pure: same inputs, same plan.
@@ -87,11 +88,26 @@ struct Pass<'a> {
     reserved_total: Vec<u32>,
     /// µ$ per hour started (or held for) per tier and tenant this pass.
     extra_rate: BTreeMap<(Tier, TenantId), u64>,
-    /// The victim search under way takes only this tenant's jobs that
-    /// have run at least `min_runtime` (fair-share preemption).
-    victim_filter: Option<TenantId>,
+    /// The victim search under way takes only these jobs.
+    victim_filter: Option<VictimFilter>,
     /// Fair-share preemption chose victims this pass (at most once).
     reclaimed_share: bool,
+    /// A quota's reclaim chose victims this pass (at most once).
+    reclaimed_quota: bool,
+    /// GPUs used against quotas, per tier, model and tenant, as this
+    /// pass's decisions left them (absent: as in the state).
+    quota_used: BTreeMap<(Tier, GpuModelId, TenantId), u32>,
+}
+
+/// Which jobs a victim search may take, besides running preemptible ones.
+#[derive(Clone, Copy)]
+enum VictimFilter {
+    /// This tenant's that have run at least `min_runtime` (fair-share
+    /// preemption).
+    Tenant(TenantId),
+    /// Those of tenants that borrow past their quota in the tier on the
+    /// model (a quota's reclaim).
+    Borrowers(Tier, GpuModelId),
 }
 
 /// One tenant's queued jobs of one tier in its own order, across its
@@ -173,6 +189,8 @@ impl<'a> Pass<'a> {
             extra_rate: BTreeMap::new(),
             victim_filter: None,
             reclaimed_share: false,
+            reclaimed_quota: false,
+            quota_used: BTreeMap::new(),
         }
     }
 
@@ -377,12 +395,21 @@ impl<'a> Pass<'a> {
                         break;
                     }
                     Outcome::Blocked(why) => {
-                        let short = matches!(why, Pending::Resources { .. } | Pending::WholeNodes { .. });
-                        let why = match tier == Tier::Preemptible && short {
-                            true => self.reclaim_share(job, tenant).unwrap_or(why),
+                        let short = matches!(
+                            why,
+                            Pending::Resources { .. } | Pending::WholeNodes { .. } | Pending::ReservationCap { .. }
+                        );
+                        let why = match short {
+                            true => self
+                                .reclaim_for(job)
+                                .or_else(|| (tier == Tier::Preemptible).then(|| self.reclaim_share(job, tenant)).flatten())
+                                .unwrap_or(why),
                             false => why,
                         };
-                        blocked.insert(class, job);
+                        // A quota keeps this tenant out, not the class.
+                        if !why.is_quota() {
+                            blocked.insert(class, job);
+                        }
                         walk.drop_class(class);
                         self.plan.pending.push((job, why));
                         waiting.insert(tenant);
@@ -390,6 +417,16 @@ impl<'a> Pass<'a> {
                 }
             }
         }
+    }
+
+    /// A quota's reclaim for `job`, if its tenant is under its quota of a
+    /// model it may use.
+    fn reclaim_for(&mut self, job: JobId) -> Option<Pending> {
+        let spec = &self.state.jobs[&job].spec;
+        // Not the tier's cap: on-demand borrowers may be what fills it.
+        let models: Vec<GpuModelId> =
+            self.candidate_models(spec).filter(|&m| self.quota_blocks(spec, m).is_none()).collect();
+        self.reclaim_quota(job, &models)
     }
 
     /// Fair-share preemption for `job` of `tenant`, which waits in the
@@ -417,7 +454,7 @@ impl<'a> Pass<'a> {
         if theirs.0 <= mine.0 * (1.0 + threshold as f64 / 100.0) {
             return None;
         }
-        self.victim_filter = Some(victim);
+        self.victim_filter = Some(VictimFilter::Tenant(victim));
         let set = self.cheapest_victims(&models, spec.gpus);
         self.victim_filter = None;
         let set = set?;
@@ -459,7 +496,9 @@ impl<'a> Pass<'a> {
                     }
                 }
                 Outcome::Blocked(why) => {
-                    blocked.insert(class, job);
+                    if !why.is_quota() {
+                        blocked.insert(class, job);
+                    }
                     self.plan.pending.push((job, why));
                 }
             }
@@ -493,7 +532,7 @@ impl<'a> Pass<'a> {
             }
         }
         let Some(&model) = models.first() else {
-            return Outcome::Blocked(self.capped(spec, first));
+            return Outcome::Blocked(self.quota_blocks(spec, first).unwrap_or_else(|| self.capped(spec, first)));
         };
         let mut why = self.short_of(model, spec.gpus);
         let earmarked = self.earmark_for(id, model, spec.gpus);
@@ -582,6 +621,9 @@ impl<'a> Pass<'a> {
     fn cap_allows(&self, spec: &JobSpec, model: GpuModelId) -> bool {
         let m = &self.state.models[model.0 as usize];
         let i = model.0 as usize;
+        if self.quota_blocks(spec, model).is_some() {
+            return false;
+        }
         match spec.tier {
             Tier::OnDemand => {
                 self.on_demand_used[i] + spec.gpus <= m.capacity.saturating_sub(self.reserved_total[i])
@@ -607,6 +649,10 @@ impl<'a> Pass<'a> {
         let i = model.0 as usize;
         let rate = self.state.models[i].rate.saturating_mul(spec.gpus as u64);
         *self.extra_rate.entry((spec.tier, spec.tenant)).or_insert(0) += rate;
+        if spec.tier != Tier::Reserved {
+            let used = self.quota_used_now(spec.tier, model, spec.tenant);
+            self.quota_used.insert((spec.tier, model, spec.tenant), used + spec.gpus);
+        }
         match spec.tier {
             Tier::OnDemand => self.on_demand_used[i] += spec.gpus,
             Tier::Reserved => {

@@ -126,6 +126,82 @@ fn fair_share_preemption_reclaims_for_the_late_tenant_through_the_drain_window()
 }
 
 #[test]
+fn a_borrowing_limit_caps_a_tenant_and_a_lending_limit_keeps_gpus_for_it() {
+    let mut c = Cluster::new(2, 8);
+    let model = c.model();
+    let quota = Quota { nominal: 4, borrowing_limit: Some(2), lending_limit: None };
+    c.state.set_quota(A, Tier::Preemptible, model, Some(quota)).unwrap();
+    let a: Vec<JobId> = (0..10).map(|_| submit(&mut c, A, Tier::Preemptible, 1, 0)).collect();
+    let plan = c.step();
+    assert_eq!(plan.placements.len(), 6);
+    let why = plan.pending.iter().find(|(j, _)| *j == a[6]).map(|(_, w)| w.clone());
+    assert_eq!(why, Some(Pending::Quota { model, used: 6, nominal: 4, borrowing: Some(2) }));
+    // B borrows the rest: a quota refuses nothing, it waits.
+    let b: Vec<JobId> = (0..12).map(|_| submit(&mut c, B, Tier::Preemptible, 1, 0)).collect();
+    assert_eq!(c.step().placements.len(), 10);
+    assert_eq!(c.state.quota_used(A, Tier::Preemptible, model), 6);
+    // A lending limit: C is owed 8 and lends 2 of them; with C idle, the
+    // others may use 16 - 6.
+    let mut c2 = Cluster::new(2, 8);
+    let c_tenant = TenantId(3);
+    let quota = Quota { nominal: 8, borrowing_limit: None, lending_limit: Some(2) };
+    c2.state.set_quota(c_tenant, Tier::Preemptible, model, Some(quota)).unwrap();
+    let b2: Vec<JobId> = (0..16).map(|_| submit(&mut c2, B, Tier::Preemptible, 1, 0)).collect();
+    let plan = c2.step();
+    assert_eq!(plan.placements.len(), 10);
+    let why = plan.pending.iter().find(|(j, _)| *j == b2[10]).map(|(_, w)| w.clone());
+    assert_eq!(why, Some(Pending::QuotaKept { model, kept: 6 }));
+    // C's own work takes them at once.
+    (0..6).for_each(|_| drop(submit(&mut c2, c_tenant, Tier::Preemptible, 1, 0)));
+    assert_eq!(c2.step().placements.len(), 6);
+    assert!(c.state.set_quota(A, Tier::Reserved, model, Some(Quota::default())).is_err());
+    let lends_more = Quota { nominal: 2, borrowing_limit: None, lending_limit: Some(3) };
+    assert!(c.state.set_quota(A, Tier::Preemptible, model, Some(lends_more)).is_err());
+    let _ = b;
+}
+
+/// A tenant under its quota gets its GPUs back from borrowers: through
+/// the drain window in the preemptible tier, by waiting for their jobs to
+/// end in the on-demand tier; meanwhile nobody borrows more.
+#[test]
+fn a_tenant_under_its_quota_gets_its_gpus_back_from_borrowers() {
+    for tier in [Tier::Preemptible, Tier::OnDemand] {
+        let mut c = Cluster::new(2, 8);
+        let model = c.model();
+        let quota = Quota { nominal: 8, borrowing_limit: None, lending_limit: None };
+        c.state.set_quota(A, tier, model, Some(quota)).unwrap();
+        let b: Vec<JobId> = (0..24).map(|_| submit(&mut c, B, tier, 1, 0)).collect();
+        assert_eq!(c.step().placements.len(), 16, "B borrows A's idle quota");
+        c.advance(600);
+        let a: Vec<JobId> = (0..4).map(|_| submit(&mut c, A, tier, 1, 0)).collect();
+        let plan = c.step();
+        let why = plan.pending.iter().find(|(j, _)| *j == a[0]).map(|(_, w)| w.clone());
+        match tier {
+            Tier::Preemptible => {
+                assert_eq!(why, Some(Pending::ReclaimingQuota { model, victims: 1 }));
+                assert_eq!(plan.drains.len(), 1);
+                assert_eq!(plan.drains[0].reason, DrainReason::Quota { tenant: A });
+                let victim = plan.drains[0].job;
+                c.advance(10);
+                let attempt = c.attempt(victim);
+                c.state.exited(victim, attempt, ExitKind::Failed { requeue: true }).unwrap();
+            }
+            _ => {
+                assert_eq!(why, Some(Pending::ReclaimingQuota { model, victims: 0 }));
+                assert!(plan.drains.is_empty());
+                c.advance(10);
+                finish(&mut c, b[0]);
+            }
+        }
+        // The freed GPU goes to A, not to B's next job.
+        let plan = c.step();
+        assert_eq!(started(&plan), vec![a[0]], "{tier}");
+        let why = plan.pending.iter().find(|(j, _)| b.contains(j)).map(|(_, w)| w.clone());
+        assert!(matches!(why, Some(Pending::QuotaOwed { owner: A, .. }) | None), "{why:?}");
+    }
+}
+
+#[test]
 fn one_pass_over_an_empty_cluster_shares_it_by_weight() {
     let mut c = Cluster::new(4, 8);
     c.state.set_weight(A, 3).unwrap();
@@ -247,6 +323,8 @@ struct Run {
     on_demand_waited: bool,
     /// A fair-share victim had run less than `min_runtime`.
     young_victim: bool,
+    /// A tenant used more than its quota and borrowing limit allow.
+    over_quota: bool,
     /// Each tenant's starts: when, the job's GPUs, length and priority.
     starts_by_tenant: BTreeMap<TenantId, Vec<(Time, u32, u64, i32)>>,
 }
@@ -260,7 +338,7 @@ struct Work {
 }
 
 fn simulate(weights: &[u32], work: &[Work], on_demand_every: Option<u64>, hours: u64) -> Run {
-    simulate_with(weights, work, on_demand_every, hours, None)
+    simulate_with(weights, work, on_demand_every, hours, None, &[])
 }
 
 fn simulate_with(
@@ -269,9 +347,14 @@ fn simulate_with(
     on_demand_every: Option<u64>,
     hours: u64,
     preemption: Option<u32>,
+    quotas: &[(TenantId, Quota)],
 ) -> Run {
     let mut c = Cluster::new(4, 8);
     c.config.fair_share_preemption = preemption;
+    let model = c.model();
+    for &(tenant, quota) in quotas {
+        c.state.set_quota(tenant, Tier::Preemptible, model, Some(quota)).unwrap();
+    }
     c.state.set_fair_share_half_life(Span::from_secs(3600)).unwrap();
     for (i, &w) in weights.iter().enumerate() {
         c.state.set_weight(TenantId(i as u32 + 1), w).unwrap();
@@ -288,6 +371,7 @@ fn simulate_with(
         longest_head_wait: Span::ZERO,
         on_demand_waited: false,
         young_victim: false,
+        over_quota: false,
         starts_by_tenant: BTreeMap::new(),
     };
     let end = Time::from_secs(hours * 3600);
@@ -297,6 +381,14 @@ fn simulate_with(
     let busy_from = Time::from_secs(3 * 3600);
     while c.now < end {
         let plan = c.step();
+        for &(tenant, quota) in quotas {
+            let used = c.state.quota_used(tenant, Tier::Preemptible, model);
+            if let Some(b) = quota.borrowing_limit {
+                if used > quota.nominal + b {
+                    run.over_quota = true;
+                }
+            }
+        }
         for d in &plan.drains {
             let started = c.state.job(d.job).unwrap().run.as_ref().unwrap().started_at;
             if matches!(d.reason, DrainReason::FairShare { .. }) && c.now.saturating_since(started) < c.config.min_runtime {
@@ -426,7 +518,7 @@ proptest! {
     ) {
         let tenants = weights.len() as u32;
         let work: Vec<Work> = seed_work.into_iter().filter(|w| w.tenant.0 <= tenants).collect();
-        let run = simulate_with(&weights, &work, on_demand, 12, preemption);
+        let run = simulate_with(&weights, &work, on_demand, 12, preemption, &[]);
         prop_assert!(!run.young_victim, "fair-share preemption drained a job younger than min_runtime");
         for (t, (share, weight_share)) in &run.shares {
             prop_assert!((share - weight_share).abs() <= 0.08, "tenant {t}: share {share:.3} against {weight_share:.3}");
@@ -440,19 +532,32 @@ proptest! {
 
     /// With jobs up to whole nodes, no tenant's line stands still for
     /// longer than two of the longest jobs (backfill's earmark holds under
-    /// fair share), on-demand work never waits for preemptible, and
+    /// fair share), on-demand work never waits for preemptible,
     /// fair-share preemption never drains a job younger than
-    /// `min_runtime`.
+    /// `min_runtime`, and with random quotas no tenant ever uses more than
+    /// its nominal quota and borrowing limit allow.
     #[test]
     fn no_line_starves_and_tiers_hold(
         weights in prop::collection::vec(1u32..=4, 2..=4),
         seed_work in work(4),
         on_demand in prop::option::of(1800u64..7200),
         preemption in prop::option::of(prop_oneof![Just(10u32), Just(20), Just(100)]),
+        quotas in prop::collection::vec(
+            // A borrowing limit leaves room for the largest job (8 GPUs).
+            (1u32..=4, 0u32..=16, prop::option::of(8u32..=16), prop::option::of(0u32..=16))
+                .prop_map(|(t, nominal, borrowing, lending)| {
+                    let lending_limit = lending.map(|l| l.min(nominal));
+                    (TenantId(t), Quota { nominal, borrowing_limit: borrowing, lending_limit })
+                }),
+            0..3,
+        ),
     ) {
         let tenants = weights.len() as u32;
         let work: Vec<Work> = seed_work.into_iter().filter(|w| w.tenant.0 <= tenants).collect();
-        let run = simulate_with(&weights, &work, on_demand, 12, preemption);
+        // One quota a tenant: a later one for the same tenant replaces it.
+        let quotas: Vec<(TenantId, Quota)> = quotas.into_iter().collect::<BTreeMap<_, _>>().into_iter().collect();
+        let run = simulate_with(&weights, &work, on_demand, 12, preemption, &quotas);
+        prop_assert!(!run.over_quota, "a tenant went past its quota and borrowing limit");
         prop_assert!(!run.young_victim, "fair-share preemption drained a job younger than min_runtime");
         prop_assert!(run.longest_head_wait <= Span::from_secs(2 * 3600), "a line stood still {}", run.longest_head_wait);
         prop_assert!(!run.on_demand_waited, "on-demand work waited");

@@ -39,9 +39,16 @@ impl<'a> Pass<'a> {
     /// Whether the search under way passes over `job` because it is
     /// settling (and notes that it did).
     fn spared(&self, job: &Job) -> bool {
-        if let Some(tenant) = self.victim_filter {
-            let young = job.run.as_ref().is_some_and(|r| self.now.saturating_since(r.started_at) < self.config.min_runtime);
-            return job.spec.tenant != tenant || young;
+        match self.victim_filter {
+            Some(VictimFilter::Tenant(tenant)) => {
+                let run = job.run.as_ref().expect("victims run");
+                let young = self.now.saturating_since(run.started_at) < self.config.min_runtime;
+                return job.spec.tenant != tenant || young;
+            }
+            Some(VictimFilter::Borrowers(tier, model)) => {
+                return job.spec.tier != tier || !self.borrows(job, model);
+            }
+            None => {}
         }
         let spared = self.sparing_settling && job.settling(self.now, self.config.min_runtime);
         if spared {

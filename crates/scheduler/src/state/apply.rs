@@ -38,8 +38,10 @@ impl State {
             if let DrainReason::NodeDrain { node } = drain.reason {
                 self.pending_node_drains.remove(&node);
             }
-            if let DrainReason::FairShare { .. } = drain.reason {
-                self.fair_share_draining += 1;
+            match drain.reason {
+                DrainReason::FairShare { .. } => self.fair_share_draining += 1,
+                DrainReason::Quota { .. } => self.quota_draining += 1,
+                _ => {}
             }
         }
         // A drained node is done once none of its preemptible jobs runs on

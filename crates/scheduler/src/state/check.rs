@@ -253,6 +253,26 @@ impl State {
             .values()
             .filter(|j| j.notice.is_some_and(|n| matches!(n.reason, DrainReason::FairShare { .. })))
             .count() as u32;
+        let quota_draining = self
+            .jobs
+            .values()
+            .filter(|j| j.notice.is_some_and(|n| matches!(n.reason, DrainReason::Quota { .. })))
+            .count() as u32;
+        if quota_draining != self.quota_draining {
+            return Err(format!("{quota_draining} draining for quotas, counted {}", self.quota_draining));
+        }
+        let mut used: BTreeMap<(Tier, GpuModelId, TenantId), u32> = BTreeMap::new();
+        for job in self.jobs.values().filter(|j| j.spec.tier != Tier::Reserved) {
+            let model = match (&job.run, job.phase) {
+                (Some(run), Phase::Running) => run.model,
+                (_, Phase::Holding) => self.holds[&job.spec.id].model,
+                _ => continue,
+            };
+            *used.entry((job.spec.tier, model, job.spec.tenant)).or_insert(0) += job.spec.gpus;
+        }
+        if used != self.quotas.used {
+            return Err("GPUs used against quotas out of step".into());
+        }
         if draining != self.fair_share_draining {
             return Err(format!("{} draining for fair share, counted {}", draining, self.fair_share_draining));
         }

@@ -133,8 +133,10 @@ impl State {
             self.adjust_usage(tier, tenant, model, gpus as i64);
         }
         self.fair_start(id);
-        if notice.is_some_and(|n| matches!(n.reason, DrainReason::FairShare { .. })) {
-            self.fair_share_draining += 1;
+        match notice.map(|n| n.reason) {
+            Some(DrainReason::FairShare { .. }) => self.fair_share_draining += 1,
+            Some(DrainReason::Quota { .. }) => self.quota_draining += 1,
+            _ => {}
         }
         for (node, mask) in alloc {
             let n = &mut self.nodes[node.0 as usize];
@@ -421,8 +423,10 @@ impl State {
             job.last_node = Some(node);
         }
         let was_draining = job.phase == Phase::Draining;
-        if job.notice.is_some_and(|n| matches!(n.reason, DrainReason::FairShare { .. })) {
-            self.fair_share_draining -= 1;
+        match job.notice.map(|n| n.reason) {
+            Some(DrainReason::FairShare { .. }) => self.fair_share_draining -= 1,
+            Some(DrainReason::Quota { .. }) => self.quota_draining -= 1,
+            _ => {}
         }
         let job = self.jobs.get_mut(&id).expect("end_run of a known job");
         job.notice = None;
@@ -454,6 +458,9 @@ impl State {
     /// release them when the drain starts, not when they exit.
     pub(super) fn adjust_usage(&mut self, tier: Tier, tenant: TenantId, model: GpuModelId, delta: i64) {
         let apply = |v: &mut u32| *v = (*v as i64 + delta) as u32;
+        if tier != Tier::Reserved {
+            self.quotas.adjust(tier, model, tenant, delta);
+        }
         let m = &mut self.models[model.0 as usize];
         match tier {
             Tier::Reserved => {

@@ -20,8 +20,10 @@ mod apply;
 mod check;
 mod fair;
 mod jobs;
+mod quota;
 
 pub use fair::{TenantShare, DEFAULT_WEIGHT};
+pub use quota::Quota;
 pub(crate) use fair::{ShareKey, TenantQueue};
 
 /// One GPU model and the tier counters the caps are checked against.
@@ -164,6 +166,11 @@ pub struct State {
     /// Jobs draining for fair-share preemption: while any is, no more are
     /// chosen (one reclaim at a time).
     pub(crate) fair_share_draining: u32,
+    /// Quotas and their use.
+    pub(crate) quotas: quota::Quotas,
+    /// Jobs draining to give GPUs back to a tenant under its quota: while
+    /// any is, no more are chosen.
+    pub(crate) quota_draining: u32,
     pub(crate) holds: BTreeMap<JobId, Hold>,
     /// Holds whose victims have all left: the job starts next pass.
     pub(crate) ready_holds: BTreeSet<JobId>,
