@@ -152,7 +152,9 @@ fn a_borrowing_limit_caps_a_tenant_and_a_lending_limit_keeps_gpus_for_it() {
     let why = plan.pending.iter().find(|(j, _)| *j == b2[10]).map(|(_, w)| w.clone());
     assert_eq!(why, Some(Pending::QuotaKept { model, kept: 6 }));
     // C's own work takes them at once.
-    (0..6).for_each(|_| drop(submit(&mut c2, c_tenant, Tier::Preemptible, 1, 0)));
+    for _ in 0..6 {
+        submit(&mut c2, c_tenant, Tier::Preemptible, 1, 0);
+    }
     assert_eq!(c2.step().placements.len(), 6);
     assert!(c.state.set_quota(A, Tier::Reserved, model, Some(Quota::default())).is_err());
     let lends_more = Quota { nominal: 2, borrowing_limit: None, lending_limit: Some(3) };
