@@ -440,6 +440,11 @@ pub enum PendingReason {
     /// Fair-share preemption drains jobs of the tenant furthest above its
     /// share for it.
     ReclaimingShare,
+    /// Its tenant's quota (its borrowing limit, others' quotas it would
+    /// borrow from) keeps it waiting.
+    Quota,
+    /// Its tenant is under its quota: borrowers give GPUs back.
+    ReclaimingQuota,
     /// GPUs are held for it while preemptible jobs drain.
     VictimsDraining,
     /// A restart back-off after quick exits.
@@ -456,7 +461,7 @@ pub enum PendingReason {
 
 impl PendingReason {
     /// Every reason, in the order the documentation lists them.
-    pub const ALL: [PendingReason; 16] = [
+    pub const ALL: [PendingReason; 18] = [
         PendingReason::Resources,
         PendingReason::Priority,
         PendingReason::WholeNodes,
@@ -467,6 +472,8 @@ impl PendingReason {
         PendingReason::NoCapacity,
         PendingReason::FairShare,
         PendingReason::ReclaimingShare,
+        PendingReason::Quota,
+        PendingReason::ReclaimingQuota,
         PendingReason::VictimsDraining,
         PendingReason::Backoff,
         PendingReason::TenantLimit,
@@ -488,6 +495,8 @@ impl PendingReason {
             PendingReason::NoCapacity => "no_capacity",
             PendingReason::FairShare => "fair_share",
             PendingReason::ReclaimingShare => "reclaiming_share",
+            PendingReason::Quota => "quota",
+            PendingReason::ReclaimingQuota => "reclaiming_quota",
             PendingReason::VictimsDraining => "victims_draining",
             PendingReason::Backoff => "backoff",
             PendingReason::TenantLimit => "tenant_limit",

@@ -170,6 +170,45 @@ pub struct TenantLimits {
     #[serde(default)]
     #[schema(minimum = 1, maximum = 1000000)]
     pub weight: Option<u32>,
+    /// Its quotas per tier and GPU model (replacing any before).
+    #[serde(default)]
+    #[schema(max_items = 64)]
+    pub quotas: Option<Vec<TenantQuota>>,
+}
+
+/// A tenant's quota in one tier on one GPU model, as Kueue's cohorts: the
+/// GPUs of the model in the tier are shared by every tenant.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TenantQuota {
+    /// `on-demand` or `preemptible` (reserved work has reservations).
+    #[schema(pattern = r"^(preemptible|on-demand|ondemand|on_demand)$")]
+    pub tier: String,
+    pub gpu_model: String,
+    /// GPUs it is owed: while it uses fewer and has work waiting, nobody
+    /// borrows them, and borrowers give them back (drained in the
+    /// preemptible tier, awaited in the on-demand tier).
+    #[schema(maximum = 1000000)]
+    pub nominal: u32,
+    /// How far past `nominal` it may go while others leave GPUs idle;
+    /// absent: no limit.
+    #[serde(default)]
+    #[schema(maximum = 1000000)]
+    pub borrowing_limit: Option<u32>,
+    /// How much of its unused quota others may borrow (at most
+    /// `nominal`); absent: all of it.
+    #[serde(default)]
+    #[schema(maximum = 1000000)]
+    pub lending_limit: Option<u32>,
+}
+
+/// A quota and what its tenant uses against it now.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct QuotaUsage {
+    #[serde(flatten)]
+    pub quota: TenantQuota,
+    /// GPUs running (a preemptible job no longer once it drains) or held.
+    pub used: u32,
 }
 
 /// A tenant's limits in force and what it holds against them.
@@ -180,6 +219,8 @@ pub struct TenantUsage {
     pub weight: u32,
     /// What the operator set for it (the rest are the server's defaults).
     pub own: TenantLimits,
+    /// Its quotas, with what it uses against each.
+    pub quotas: Vec<QuotaUsage>,
     pub max_jobs: u64,
     pub max_running_jobs: u64,
     pub max_stored_bytes: u64,

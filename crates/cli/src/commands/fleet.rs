@@ -45,8 +45,17 @@ pub enum TenantCommand {
         /// given twice the GPU time of one of weight 1 when both wait.
         #[arg(long, value_name = "W")]
         weight: Option<u32>,
-        /// Drop the tenant's own limits and weight: the server's defaults apply.
-        #[arg(long, conflicts_with_all = ["max_jobs", "max_running_jobs", "max_stored_bytes", "weight"])]
+        /// A quota in one tier on one GPU model: TIER:MODEL:NOMINAL, then
+        /// optionally :BORROWING_LIMIT and :LENDING_LIMIT (empty for none),
+        /// e.g. on-demand:H100-80GB:64:0 or preemptible:H100-80GB:16::8.
+        /// Repeatable; given, it replaces the tenant's quotas.
+        #[arg(long = "quota", value_name = "TIER:MODEL:NOMINAL[:BORROW[:LEND]]", value_parser = parse_quota)]
+        quotas: Vec<api::TenantQuota>,
+        /// Drop the tenant's quotas.
+        #[arg(long, conflicts_with = "quotas")]
+        no_quotas: bool,
+        /// Drop the tenant's own limits, weight and quotas: the server's defaults apply.
+        #[arg(long, conflicts_with_all = ["max_jobs", "max_running_jobs", "max_stored_bytes", "weight", "quotas"])]
         defaults: bool,
         #[command(flatten)]
         out: JsonFlag,
@@ -304,6 +313,30 @@ pub async fn reclaim(
     })
 }
 
+/// `--quota TIER:MODEL:NOMINAL[:BORROWING[:LENDING]]`.
+fn parse_quota(text: &str) -> Result<api::TenantQuota, String> {
+    let parts: Vec<&str> = text.split(':').collect();
+    let number = |what: &str, s: &str| -> Result<Option<u32>, String> {
+        match s {
+            "" => Ok(None),
+            s => s.parse::<u32>().map(Some).map_err(|_| format!("{what} must be a whole number of GPUs, got {s:?}")),
+        }
+    };
+    let [tier, model, nominal, rest @ ..] = parts.as_slice() else {
+        return Err("expected TIER:MODEL:NOMINAL[:BORROWING_LIMIT[:LENDING_LIMIT]]".into());
+    };
+    if rest.len() > 2 || model.is_empty() {
+        return Err("expected TIER:MODEL:NOMINAL[:BORROWING_LIMIT[:LENDING_LIMIT]]".into());
+    }
+    Ok(api::TenantQuota {
+        tier: tier.to_string(),
+        gpu_model: model.to_string(),
+        nominal: number("NOMINAL", nominal)?.ok_or("NOMINAL is required")?,
+        borrowing_limit: number("BORROWING_LIMIT", rest.first().unwrap_or(&""))?,
+        lending_limit: number("LENDING_LIMIT", rest.get(1).unwrap_or(&""))?,
+    })
+}
+
 pub async fn tenant(conn: &Connection, command: &TenantCommand) -> Result<String, String> {
     match command {
         TenantCommand::List(out) => {
@@ -353,7 +386,17 @@ pub async fn tenant(conn: &Connection, command: &TenantCommand) -> Result<String
                 format!("tenant {} created; its token (shown once):\n{}\n", created.tenant, created.token)
             })
         }
-        TenantCommand::Limits { name, max_jobs, max_running_jobs, max_stored_bytes, weight, defaults, out } => {
+        TenantCommand::Limits {
+            name,
+            max_jobs,
+            max_running_jobs,
+            max_stored_bytes,
+            weight,
+            quotas,
+            no_quotas,
+            defaults,
+            out,
+        } => {
             let client = conn.client()?;
             let path = format!("/v1/tenants/{name}/limits");
             let asked = api::TenantLimits {
@@ -361,6 +404,7 @@ pub async fn tenant(conn: &Connection, command: &TenantCommand) -> Result<String
                 max_running_jobs: *max_running_jobs,
                 max_stored_bytes: *max_stored_bytes,
                 weight: *weight,
+                quotas: if *no_quotas { Some(Vec::new()) } else { (!quotas.is_empty()).then(|| quotas.clone()) },
             };
             let usage: api::TenantUsage = if *defaults {
                 client.put(&path, &asked).await?
@@ -372,6 +416,7 @@ pub async fn tenant(conn: &Connection, command: &TenantCommand) -> Result<String
                     max_running_jobs: asked.max_running_jobs.or(own.max_running_jobs),
                     max_stored_bytes: asked.max_stored_bytes.or(own.max_stored_bytes),
                     weight: asked.weight.or(own.weight),
+                    quotas: asked.quotas.or(own.quotas),
                 };
                 client.put(&path, &set).await?
             } else {
@@ -393,7 +438,22 @@ pub async fn tenant(conn: &Connection, command: &TenantCommand) -> Result<String
                 usage.stored_bytes,
                 usage.max_stored_bytes,
                 usage.weight
-            ))
+            ) + &usage
+                .quotas
+                .iter()
+                .map(|q| {
+                    let limit = |l: Option<u32>, none: &str| l.map_or_else(|| none.to_string(), |l| l.to_string());
+                    format!(
+                        "  quota         {} {}: uses {} of {}; borrows at most {}, lends at most {}\n",
+                        q.quota.tier,
+                        q.quota.gpu_model,
+                        q.used,
+                        q.quota.nominal,
+                        limit(q.quota.borrowing_limit, "any"),
+                        limit(q.quota.lending_limit, "all")
+                    )
+                })
+                .collect::<String>())
         }
         TenantCommand::RegistryLogin { name, registry, username, password_stdin: _ } => {
             let mut password = String::new();

@@ -309,7 +309,9 @@ impl super::State {
     /// Where `tenant` stands in `tier` at `now`. O(tenants with usage in
     /// the tier): for people, not for passes.
     pub fn share(&self, tier: Tier, tenant: TenantId, now: Time) -> TenantShare {
-        let g = self.fair.g(now);
+        // An instant too far from the scale's to take `g` at is read as
+        // the instant keys were last taken at.
+        let g = Some(self.fair.g(now)).filter(|g| g.is_normal()).unwrap_or(self.fair.g_keys);
         let mut weights = 0u64;
         let mut total = 0.0;
         let range = (tier, TenantId(0))..=(tier, TenantId(u32::MAX));

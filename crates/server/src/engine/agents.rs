@@ -98,6 +98,7 @@ impl<S: Store> Engine<S> {
         self.fleet.write(row, &mut self.store, &mut self.outbox)?;
         self.money.price_for(&reg.gpu_model, &self.config.pricing, &mut self.store, &mut self.outbox)?;
         self.rate_models();
+        self.apply_quotas();
         self.heard(&reg.node, now)?;
         tracing::info!(node = reg.node, gpus = reg.gpus, gpu_model = reg.gpu_model, "node joined");
         Ok(())

@@ -6,6 +6,14 @@ use super::*;
 /// The largest fair-share weight a tenant may be given.
 pub const MAX_WEIGHT: u32 = 1_000_000;
 
+/// The largest quota, borrowing or lending limit, in GPUs.
+pub const MAX_QUOTA: u32 = 1_000_000;
+
+/// A quota's tier: on-demand or preemptible.
+fn parse_quota_tier(text: &str) -> Option<Tier> {
+    text.parse::<Tier>().ok().filter(|t| *t != Tier::Reserved)
+}
+
 impl<S: Store> Engine<S> {
     /// Whether `principal` may see job `id`. A finished job no longer in
     /// memory is read back from the store for the rest of the batch, so
@@ -392,6 +400,57 @@ impl<S: Store> Engine<S> {
         }
     }
 
+    /// A quota as an operator gave it, checked: its tier, a model the
+    /// cluster knows, a lending limit within the quota.
+    fn check_quota(&self, i: usize, q: &ebb_api::TenantQuota) -> Result<(), ApiError> {
+        let field = format!("quotas[{i}]");
+        if parse_quota_tier(&q.tier).is_none() {
+            return Err(ApiError::unprocessable(format!(
+                "{field}.tier: on-demand or preemptible (reserved work has reservations), got {:?}",
+                q.tier
+            )));
+        }
+        self.known_model(&format!("{field}.gpu_model"), &q.gpu_model)?;
+        for (name, value) in
+            [("nominal", Some(q.nominal)), ("borrowing_limit", q.borrowing_limit), ("lending_limit", q.lending_limit)]
+        {
+            if value.is_some_and(|v| v > MAX_QUOTA) {
+                return Err(ApiError::unprocessable(format!("{field}.{name}: at most {MAX_QUOTA}")));
+            }
+        }
+        if q.lending_limit.is_some_and(|l| l > q.nominal) {
+            return Err(ApiError::unprocessable(format!(
+                "{field}.lending_limit: at most the nominal quota, {}",
+                q.nominal
+            )));
+        }
+        Ok(())
+    }
+
+    /// Every tenant's quotas on the models the core knows, in the core
+    /// (after a start, a change and a model's first node).
+    pub(super) fn apply_quotas(&mut self) {
+        let existing: Vec<(TenantId, Tier, GpuModelId)> = self.core.quotas().map(|(t, tier, m, _)| (t, tier, m)).collect();
+        for (tenant, tier, model) in existing {
+            self.core.set_quota(tenant, tier, model, None).expect("a quota the core has");
+        }
+        for (&tenant, limits) in &self.tenants.limits {
+            for q in limits.quotas.iter().flatten() {
+                let (Some(tier), Some(model)) = (parse_quota_tier(&q.tier), self.core.model_by_name(&q.gpu_model)) else {
+                    continue;
+                };
+                let quota = ebb_scheduler::Quota {
+                    nominal: q.nominal,
+                    borrowing_limit: q.borrowing_limit,
+                    lending_limit: q.lending_limit,
+                };
+                if let Err(e) = self.core.set_quota(TenantId(tenant), tier, model, Some(quota)) {
+                    tracing::error!(tenant, gpu_model = q.gpu_model, "quota not applied: {e}");
+                }
+            }
+        }
+    }
+
     /// The server's limits with the tenant's own in place of the defaults.
     pub(super) fn limits_of(&self, tenant: u32) -> crate::validate::Limits {
         let mut limits = self.config.limits.clone();
@@ -494,11 +553,23 @@ impl<S: Store> Engine<S> {
                 ))
                 .into());
             }
+            for (i, q) in set.quotas.iter().flatten().enumerate() {
+                self.check_quota(i, q)?;
+                let tier = parse_quota_tier(&q.tier).expect("checked");
+                let twice = set.quotas.iter().flatten().take(i).any(|o| {
+                    parse_quota_tier(&o.tier) == Some(tier) && o.gpu_model == q.gpu_model
+                });
+                if twice {
+                    let msg = format!("quotas[{i}]: a second quota for {} {}", q.tier, q.gpu_model);
+                    return Err(ApiError::unprocessable(msg).into());
+                }
+            }
             self.store.put_tenant_limits(tenant, &set)?;
             tracing::info!(tenant = name, ?set, "tenant limits set");
             let weight = set.weight.unwrap_or(ebb_scheduler::DEFAULT_WEIGHT);
             self.core.set_weight(TenantId(tenant), weight).expect("checked weight");
             self.tenants.limits.insert(tenant, set);
+            self.apply_quotas();
             self.admit_waiting(tenant)?;
         }
         let limits = self.limits_of(tenant);
@@ -507,6 +578,21 @@ impl<S: Store> Engine<S> {
             tenant: name.to_string(),
             weight: self.core.weight(TenantId(tenant)),
             own: self.tenants.limits.get(&tenant).cloned().unwrap_or_default(),
+            quotas: self
+                .tenants
+                .limits
+                .get(&tenant)
+                .and_then(|l| l.quotas.clone())
+                .unwrap_or_default()
+                .into_iter()
+                .map(|quota| {
+                    let used = match (parse_quota_tier(&quota.tier), self.core.model_by_name(&quota.gpu_model)) {
+                        (Some(tier), Some(model)) => self.core.quota_used(TenantId(tenant), tier, model),
+                        _ => 0,
+                    };
+                    ebb_api::QuotaUsage { quota, used }
+                })
+                .collect(),
             max_jobs: limits.max_jobs,
             max_running_jobs: limits.max_running_jobs,
             max_stored_bytes: limits.max_stored_bytes,

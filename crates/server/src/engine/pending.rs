@@ -123,14 +123,14 @@ impl<S: Store> Engine<S> {
             Why::Behind(first) => {
                 format!("behind job {}, which is ahead of it in line for the same GPUs and waits too", first.0)
             }
-            Why::Core(pending) => self.describe(job, pending, now_ms),
-            Why::FairShare(ahead) => self.fair_share_text(job, *ahead, now_ms),
+            Why::Core(pending) => self.describe(job, pending),
+            Why::FairShare(ahead) => self.fair_share_text(job, *ahead),
             Why::NotYet => "not yet looked at by the scheduler".into(),
         };
         Some((why.code(), text))
     }
 
-    fn describe(&self, job: &JobRecord, why: &Pending, now_ms: u64) -> String {
+    fn describe(&self, job: &JobRecord, why: &Pending) -> String {
         let model = |m: GpuModelId| self.core.model(m).map_or_else(|| m.to_string(), |m| m.name.clone());
         let node = |n: NodeId| self.core.node(n).map_or_else(|| n.to_string(), |n| n.name.clone());
         let gpus = gpus(job.gpus);
@@ -178,7 +178,39 @@ impl<S: Store> Engine<S> {
                 let what = m.map_or_else(|| "of any model".to_string(), |m| format!("of {}", model(m)));
                 format!("not {gpus} {what} are in service now (nodes are drained, lost or gone)")
             }
-            Pending::FairShare { tenants_ahead } => self.fair_share_text(job, *tenants_ahead, now_ms),
+            Pending::FairShare { tenants_ahead } => self.fair_share_text(job, *tenants_ahead),
+            Pending::Quota { model: m, used, nominal, borrowing } => format!(
+                "{} uses {used} of its {nominal} {} {}; borrowing is {}",
+                self.tenant_name(job.tenant),
+                job.tier,
+                model(*m),
+                borrowing.map_or_else(|| "unlimited".to_string(), |b| format!("at most {b}"))
+            ),
+            Pending::QuotaOwed { model: m, owner } => format!(
+                "it would borrow {} {} that {} is owed under its quota and waits for",
+                job.tier,
+                model(*m),
+                self.tenant_name(owner.0)
+            ),
+            Pending::QuotaKept { model: m, kept } => format!(
+                "{kept} {} {} are kept idle for other tenants' quotas (their lending limits)",
+                job.tier,
+                model(*m)
+            ),
+            Pending::ReclaimingQuota { model: m, victims: 0 } => format!(
+                "{} is under its {} {} quota: it waits for borrowers' jobs to end (on-demand is never preempted)",
+                self.tenant_name(job.tenant),
+                job.tier,
+                model(*m)
+            ),
+            Pending::ReclaimingQuota { model: m, victims } => format!(
+                "{} is under its {} {} quota: {victims} borrower job{} drain{} to give GPUs back",
+                self.tenant_name(job.tenant),
+                job.tier,
+                model(*m),
+                if *victims == 1 { "" } else { "s" },
+                if *victims == 1 { "s" } else { "" }
+            ),
             Pending::ReclaimingShare { from, victims } => format!(
                 "fair-share preemption: {} job{} of {}, furthest above its share, drain{} for {}; it starts when \
                  they have left",
@@ -194,8 +226,9 @@ impl<S: Store> Engine<S> {
     /// Why a tenant's job waits behind other tenants' in its tier: its
     /// share of the tier's usage against its weight's, and how many
     /// tenants wait ahead of it.
-    pub(super) fn fair_share_text(&self, job: &JobRecord, ahead: u32, now_ms: u64) -> String {
-        let share = self.core.share(job.tier, TenantId(job.tenant), Time(now_ms));
+    pub(super) fn fair_share_text(&self, job: &JobRecord, ahead: u32) -> String {
+        // The core's time, the latest batch's, not the caller's clock.
+        let share = self.core.share(job.tier, TenantId(job.tenant), Time(self.now));
         let half_life = self.core.fair_share_half_life().human();
         let standing = if share.share > share.weight_share { "over" } else { "within" };
         format!(
@@ -278,6 +311,8 @@ impl Why<'_> {
                 Pending::NoCapacity { .. } => PendingReason::NoCapacity,
                 Pending::FairShare { .. } => PendingReason::FairShare,
                 Pending::ReclaimingShare { .. } => PendingReason::ReclaimingShare,
+                Pending::Quota { .. } | Pending::QuotaOwed { .. } | Pending::QuotaKept { .. } => PendingReason::Quota,
+                Pending::ReclaimingQuota { .. } => PendingReason::ReclaimingQuota,
             },
         }
     }
@@ -314,6 +349,8 @@ mod tests {
             Pending::NoCapacity { model: None },
             Pending::FairShare { tenants_ahead: 1 },
             Pending::ReclaimingShare { from: TenantId(1), victims: 1 },
+            Pending::Quota { model: m, used: 1, nominal: 1, borrowing: None },
+            Pending::ReclaimingQuota { model: m, victims: 0 },
         ];
         let mut codes: Vec<PendingReason> = core.iter().map(|p| Why::Core(p).code()).collect();
         for why in [

@@ -8,6 +8,8 @@ use super::*;
 /// How a fair-share preemption's notice begins (a restarted server knows
 /// one by it).
 pub(super) const FAIR_SHARE_REASON: &str = "fair share:";
+/// How a quota's reclaim notice begins.
+pub(super) const QUOTA_REASON: &str = "quota:";
 
 /// A drill's notice, as the job reads it: a drain like any other.
 pub(super) const DRILL_REASON: &str = "drill: save and exit as for a preemption; the job is requeued at once";
@@ -97,6 +99,18 @@ impl<S: Store> Engine<S> {
                 ("preemptible capacity reclaimed by the operator".into(), DrainCause::default())
             }
             DrainReason::Drill => (DRILL_REASON.into(), DrainCause::default()),
+            DrainReason::Quota { tenant } => {
+                let job = &self.jobs[&id];
+                (
+                    format!(
+                        "{QUOTA_REASON} {} borrows past its quota of the {} tier; {} is under its own and waits",
+                        self.tenant_name(job.tenant),
+                        job.tier,
+                        self.tenant_name(tenant.0)
+                    ),
+                    DrainCause::default(),
+                )
+            }
             DrainReason::FairShare { tenant } => {
                 let job = &self.jobs[&id];
                 let victim = self.tenant_name(job.tenant);

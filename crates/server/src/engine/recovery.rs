@@ -68,6 +68,7 @@ impl<S: Store> Engine<S> {
             engine.money.prices.insert(price.gpu_model.clone(), price.clone());
         }
         engine.rate_models();
+        engine.apply_quotas();
         engine.load_fair_share_usage(now).map_err(fatal)?;
         engine.fleet.heard_before = std::mem::take(&mut snapshot.heard).into_iter().collect();
         let unrestored = engine.load_jobs(std::mem::take(&mut snapshot.jobs))?;
@@ -338,10 +339,11 @@ impl<S: Store> Engine<S> {
             notice_at: Time(*at),
             deadline: Time(*deadline),
             // A fair-share drain is counted: while one drains, no more are chosen.
-            reason: match job.notice.as_ref().is_some_and(|n| n.2.starts_with(super::plan::FAIR_SHARE_REASON)) {
+            reason: match job.notice.as_ref().map(|n| n.2.as_str()) {
                 _ if drilled => DrainReason::Drill,
-                true => DrainReason::FairShare { tenant: TenantId(0) },
-                false => DrainReason::Reclaim,
+                Some(r) if r.starts_with(super::plan::FAIR_SHARE_REASON) => DrainReason::FairShare { tenant: TenantId(0) },
+                Some(r) if r.starts_with(super::plan::QUOTA_REASON) => DrainReason::Quota { tenant: TenantId(0) },
+                _ => DrainReason::Reclaim,
             },
         });
         let (attempt, preemptions, started) = (job.attempt, job.preemptions, job.started_ms);

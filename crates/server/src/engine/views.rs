@@ -125,7 +125,7 @@ impl<S: Store> Engine<S> {
                     waiting: load.waiting.len() as u64,
                     reservations,
                     weight: self.core.weight(TenantId(*id)),
-                    shares: self.tier_shares(*id, now),
+                    shares: self.tier_shares(*id),
                 }
             })
             .collect();
@@ -134,12 +134,12 @@ impl<S: Store> Engine<S> {
     }
 
     /// A tenant's standing in each tier where it has work or usage.
-    pub(super) fn tier_shares(&self, tenant: u32, now: u64) -> Vec<ebb_api::TierShare> {
+    pub(super) fn tier_shares(&self, tenant: u32) -> Vec<ebb_api::TierShare> {
         Tier::ALL
             .into_iter()
             .filter(|&tier| self.core.tenants_in(tier).contains(&TenantId(tenant)))
             .map(|tier| {
-                let share = self.core.share(tier, TenantId(tenant), Time(now));
+                let share = self.core.share(tier, TenantId(tenant), Time(self.now));
                 ebb_api::TierShare {
                     tier: tier.as_str().to_string(),
                     share_percent: (share.share * 1000.0).round() / 10.0,

@@ -425,6 +425,26 @@ enum Step {
     Restart,
 }
 
+/// A quota at the limits: tiers that are refused, unknown models, counts
+/// past the largest and a lending limit past the quota.
+fn quota() -> impl Strategy<Value = ebb_api::TenantQuota> {
+    let count = || prop_oneof![Just(0u32), 1u32..16, Just(1_000_000), Just(1_000_001), Just(u32::MAX)];
+    (
+        prop_oneof![Just("preemptible".to_string()), Just("on-demand".to_string()), Just("reserved".to_string()), text()],
+        prop_oneof![4 => Just("H100".to_string()), 1 => text()],
+        count(),
+        proptest::option::of(count()),
+        proptest::option::of(count()),
+    )
+        .prop_map(|(tier, gpu_model, nominal, borrowing_limit, lending_limit)| ebb_api::TenantQuota {
+            tier,
+            gpu_model,
+            nominal,
+            borrowing_limit,
+            lending_limit,
+        })
+}
+
 fn day() -> impl Strategy<Value = String> {
     prop_oneof![
         Just("2030-03-01".to_string()),
@@ -457,9 +477,9 @@ fn step() -> impl Strategy<Value = Step> {
             .prop_map(|(gpus, model, release)| Step::Reclaim { gpus, model, release }),
         1 => (text(), (proptest::option::of(big_u64()), proptest::option::of(big_u64()), proptest::option::of(big_u64()),
                        proptest::option::of(prop_oneof![Just(0u32), 1u32..5, Just(1_000_000), Just(1_000_001), Just(u32::MAX)])),
-              proptest::option::of(any::<bool>()))
-            .prop_map(|(name, (max_jobs, max_running_jobs, max_stored_bytes, weight), tokens)| Step::Tenant {
-                name, limits: TenantLimits { max_jobs, max_running_jobs, max_stored_bytes, weight }, tokens }),
+              proptest::option::of(proptest::collection::vec(quota(), 0..4)), proptest::option::of(any::<bool>()))
+            .prop_map(|(name, (max_jobs, max_running_jobs, max_stored_bytes, weight), quotas, tokens)| Step::Tenant {
+                name, limits: TenantLimits { max_jobs, max_running_jobs, max_stored_bytes, weight, quotas }, tokens }),
         1 => (prop_oneof![Just("H100".to_string()), text()], prop_oneof![Just("2.50".to_string()), Just("92233720368547.75807".to_string()), Just("-1".to_string()), Just("1e308".to_string()), text()], proptest::option::of(text()))
             .prop_map(|(model, on_demand, reserved)| Step::Price { model, on_demand, reserved }),
         1 => (prop_oneof![1u32..8, Just(0), Just(u32::MAX)], day(), day(), proptest::option::of(prop_oneof![Just("92233720368547.75807".to_string()), text()]), proptest::option::of(0u64..4), any::<bool>())

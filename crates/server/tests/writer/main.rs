@@ -21,6 +21,7 @@ mod billing;
 mod capacity;
 mod counts;
 mod drills;
+mod fairness;
 mod fuzz;
 mod gangs;
 mod harness;
