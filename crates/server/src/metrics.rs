@@ -10,6 +10,7 @@
 //! their unit in the name (`_seconds`, `_gpu_seconds`, `_usd`).
 
 use std::collections::BTreeMap;
+use std::sync::atomic::AtomicU64;
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -140,6 +141,11 @@ pub struct Snapshot {
     pub gpus_total: u64,
     pub gpus_idle: u64,
     pub nodes: BTreeMap<&'static str, u64>,
+    /// Per tenant and tier with work or usage there: (share of the tier's
+    /// decayed usage, its weight's share, decayed usage in dollars).
+    pub shares: BTreeMap<(String, &'static str), (f64, f64, f64)>,
+    /// Per tenant, tier and GPU model with a quota: (nominal, used).
+    pub quotas: BTreeMap<(String, &'static str, String), (u64, u64)>,
 }
 
 type Labels = Vec<(String, String)>;
@@ -216,6 +222,35 @@ pub fn render(s: &Snapshot) -> String {
             .set(s.nodes.get(status).copied().unwrap_or(0) as i64);
     }
     registry.register("nodes", "Nodes by status", nodes);
+
+    let [share, weight_share, usage] = [(); 3].map(|_| Family::<Labels, Gauge<f64, AtomicU64>>::default());
+    for ((tenant, tier), &(s_, w, u)) in &s.shares {
+        let l = labels(&[("tenant", tenant), ("tier", tier)]);
+        share.get_or_create(&l).set(s_);
+        weight_share.get_or_create(&l).set(w);
+        usage.get_or_create(&l).set(u);
+    }
+    registry.register(
+        "tenant_share",
+        "A tenant's share (0-1) of its tier's usage, GPU time at on-demand prices decayed with the fair-share \
+         half-life",
+        share,
+    );
+    registry.register("tenant_weight_share", "A tenant's weight over the weights of its tier's tenants (0-1)", weight_share);
+    registry.register_with_unit(
+        "tenant_usage",
+        "A tenant's decayed usage in a tier, GPU time valued at on-demand prices",
+        Unit::Other("dollars".into()),
+        usage,
+    );
+    let quota = Family::<Labels, Gauge>::default();
+    for ((tenant, tier, model), &(nominal, used)) in &s.quotas {
+        for (kind, value) in [("nominal", nominal), ("used", used)] {
+            let l = labels(&[("tenant", tenant), ("tier", tier), ("gpu_model", model), ("kind", kind)]);
+            quota.get_or_create(&l).set(value as i64);
+        }
+    }
+    registry.register("tenant_quota_gpus", "A tenant's quota in a tier on a GPU model, and the GPUs it uses against it", quota);
 
     let c = &s.counters;
     registry.register("submissions", "Jobs submitted since the server started", counter(c.submitted));

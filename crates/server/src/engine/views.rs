@@ -459,6 +459,19 @@ impl<S: Store> Engine<S> {
         for (_, m) in self.core.models() {
             snapshot.gpus_total += m.capacity as u64;
         }
+        for tier in Tier::ALL {
+            for tenant in self.core.tenants_in(tier) {
+                let share = self.core.share(tier, tenant, Time(self.now));
+                let name = self.tenant_name(tenant.0);
+                snapshot.shares.insert((name, tier.as_str()), (share.share, share.weight_share, share.usage / 1e6));
+            }
+        }
+        for (tenant, tier, model, quota) in self.core.quotas() {
+            let name = self.core.model(model).map_or_else(String::new, |m| m.name.clone());
+            let used = self.core.quota_used(tenant, tier, model);
+            let key = (self.tenant_name(tenant.0), tier.as_str(), name);
+            snapshot.quotas.insert(key, (quota.nominal.into(), used.into()));
+        }
         for node in self.core.nodes() {
             *snapshot.nodes.entry(status_name(node.status)).or_insert(0) += 1;
             if node.status == NodeStatus::Up {

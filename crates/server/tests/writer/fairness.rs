@@ -143,6 +143,15 @@ fn quotas_are_set_checked_shown_and_make_jobs_wait_not_fail() {
     let usage = api.get(&acme, "/v1/tenants/acme/limits").body;
     assert_eq!(usage["quotas"][0]["used"].as_u64(), Some(3), "{usage}");
     assert_eq!(usage["quotas"][0]["nominal"].as_u64(), Some(2), "{usage}");
+    let metrics = api.get(&admin, "/metrics").body;
+    let metrics = metrics.as_str().unwrap();
+    for line in [
+        r#"ebb_tenant_quota_gpus{tenant="acme",tier="preemptible",gpu_model="H100-80GB",kind="nominal"} 2"#,
+        r#"ebb_tenant_quota_gpus{tenant="acme",tier="preemptible",gpu_model="H100-80GB",kind="used"} 3"#,
+        r#"ebb_tenant_weight_share{tenant="acme",tier="preemptible"} 1.0"#,
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
+    }
 
     // Kept through a restart; dropped on request.
     api.restart();
