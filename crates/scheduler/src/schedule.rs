@@ -419,6 +419,23 @@ impl<'a> Pass<'a> {
         }
     }
 
+    /// The cheapest victims `filter` allows that make room for `job` on
+    /// `models`, the nodes it earmarked itself included (they are kept
+    /// for it, not from it).
+    pub(super) fn victims_for(&mut self, job: JobId, filter: VictimFilter, models: &[GpuModelId]) -> Option<VictimSet> {
+        let own: Vec<NodeId> = self.earmarked.iter().filter(|(_, j)| **j == job).map(|(n, _)| *n).collect();
+        for node in &own {
+            self.earmarked.remove(node);
+        }
+        self.victim_filter = Some(filter);
+        let set = self.cheapest_victims(models, self.state.jobs[&job].spec.gpus);
+        self.victim_filter = None;
+        for node in own {
+            self.earmarked.insert(node, job);
+        }
+        set
+    }
+
     /// A quota's reclaim for `job`, if its tenant is under its quota of a
     /// model it may use.
     fn reclaim_for(&mut self, job: JobId) -> Option<Pending> {
@@ -454,10 +471,7 @@ impl<'a> Pass<'a> {
         if theirs.0 <= mine.0 * (1.0 + threshold as f64 / 100.0) {
             return None;
         }
-        self.victim_filter = Some(VictimFilter::Tenant(victim));
-        let set = self.cheapest_victims(&models, spec.gpus);
-        self.victim_filter = None;
-        let set = set?;
+        let set = self.victims_for(job, VictimFilter::Tenant(victim), &models)?;
         self.reclaimed_share = true;
         for &v in &set.victims {
             self.drain(v, DrainReason::FairShare { tenant });

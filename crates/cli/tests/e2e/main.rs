@@ -17,6 +17,7 @@ mod dashboard;
 mod deadlines;
 mod drill;
 mod failover;
+mod fairness;
 mod first_hour;
 mod first_hour_messages;
 mod identity;

@@ -97,10 +97,7 @@ impl<'a> Pass<'a> {
                 if self.reclaimed_quota || state.quota_draining > 0 {
                     return None;
                 }
-                self.victim_filter = Some(VictimFilter::Borrowers(tier, model));
-                let set = self.cheapest_victims(&[model], spec.gpus);
-                self.victim_filter = None;
-                let set = set?;
+                let set = self.victims_for(job, VictimFilter::Borrowers(tier, model), &[model])?;
                 self.reclaimed_quota = true;
                 for &v in &set.victims {
                     self.drain(v, DrainReason::Quota { tenant });
