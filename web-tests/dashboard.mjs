@@ -235,7 +235,7 @@ async function operatorSeesPreemption(browser, server, admin, problems) {
   await signIn(page, server, admin);
   await page.getByRole("heading", { level: 1, name: "Cluster" }).waitFor();
   check(await page.getByRole("navigation", { name: "Views" }).isVisible(), "the operator has the views' navigation");
-  for (const [id, what] of [["chart-use", "Utilisation by tier"], ["chart-revenue", "Revenue by tier"]]) {
+  for (const [id, what] of [["chart-use", "Utilisation by tier"], ["chart-tenants", "Use by tenant"], ["chart-revenue", "Revenue by tier"]]) {
     const chart = page.locator(`#${id}[role="img"]`);
     await chart.locator("canvas").first().waitFor();
     check((await chart.getAttribute("aria-label")).startsWith(`${what}, 24 buckets of 1h from `),
@@ -309,7 +309,7 @@ async function operatorSeesPreemption(browser, server, admin, problems) {
   check(overflow <= 390, `the operator's view fits 390 px (${overflow})`);
   const chartWidths = () => page.evaluate(() => [...document.querySelectorAll(".chart canvas")].map((c) => c.getBoundingClientRect().right));
   await until("the charts redrawn at 390 px", async () => (await chartWidths()).every((right) => right <= 390), 5000);
-  check((await chartWidths()).length === 2, "both charts are redrawn within 390 px");
+  check((await chartWidths()).length === 3, "the three charts are redrawn within 390 px");
   await page.context().close();
   for (const job of [filler, victim, preemptor]) cli(server, admin, ["cancel", `${job}`]);
   for (const job of [filler, victim, preemptor]) {
@@ -343,7 +343,15 @@ async function operatorSeesPreemption(browser, server, admin, problems) {
   check(seen.series.buckets.some((b) => b.tiers.find((t) => t.tier === "preemptible").revenue_micro_usd > 0),
     "and its revenue in the bucket it ended in");
   check(true, `every bucket's GPU-hours and revenue on the page are /v1/report/series's (${seen.series.buckets.length} of ${seen.series.step})`);
-  check((await page2.locator(".uplot").count()) === 2, "the page holds the two charts, however often it was redrawn");
+  check((await page2.locator(".uplot").count()) === 3, "the page holds the three charts, however often it was redrawn");
+  // Use by tenant: the table's cells are the series' GPU-hours and shares.
+  const last = seen.series.buckets[seen.series.buckets.length - 1];
+  for (const use of last.tenants) {
+    const cell = page2.locator(`#tenant-table tbody tr[data-start-ms="${last.start_ms}"] td[data-tenant="${use.tenant}"]`);
+    const text = await cell.textContent();
+    check(text.startsWith(use.gpu_hours.toFixed(2)), `${use.tenant}'s use in the last bucket is the series' (${text})`);
+  }
+  check(last.tenants.length > 0, `the last bucket's use is by tenant (${last.tenants.map((t) => t.tenant).join(", ")})`);
   await page2.getByLabel("Period").selectOption({ label: "last 7 days / 6 h" });
   seen = await until("the week's charts by 6 h", async () => {
     const both = await seriesOnPage(page2, server, admin);

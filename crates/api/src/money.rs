@@ -270,6 +270,9 @@ pub struct ReportBucket {
     /// Every tier, in the report's order, each with its share of this
     /// bucket's capacity.
     pub tiers: Vec<TierReport>,
+    /// Every tenant that used GPUs in the bucket, by name, with its share
+    /// of the bucket's used GPU-hours: how fair share divided them.
+    pub tenants: Vec<TenantUse>,
     /// Reservation charges for the bucket's committed time. The buckets'
     /// charges add up to the period's exactly: each bucket's is rounded so
     /// that the running total is the period's so far, rounded down.
@@ -277,6 +280,15 @@ pub struct ReportBucket {
     pub reservation_revenue_usd: String,
     pub total_revenue_micro_usd: i64,
     pub total_revenue_usd: String,
+}
+
+/// One tenant's use of one bucket of the operator's series.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct TenantUse {
+    pub tenant: String,
+    pub gpu_hours: f64,
+    /// Of the bucket's used GPU-hours, 0 to 1.
+    pub share: f64,
 }
 
 /// `GET /v1/report/series`: the operator's report over a period, bucket by

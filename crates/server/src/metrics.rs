@@ -448,6 +448,7 @@ mod tests {
             reservations: Vec::new(),
             nodes: Vec::new(),
             now: 3_000_000,
+            names: Default::default(),
         };
         let report = crate::billing::report(&ledger, 0, 3_000_000);
         for tier in &report.tiers {

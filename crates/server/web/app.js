@@ -462,6 +462,10 @@ function seriesPeriod() {
   return { from: iso(to - period.spanMs), to: iso(to), step: period.step };
 }
 
+/// Tenants' colours in the "Use by tenant" chart, by name order; past
+/// these, the same again dashed.
+const TENANT_COLOURS = ["#3b6fb6", "#c05a1e", "#2e8b57", "#8e44ad", "#b8860b", "#008b8b", "#c71585", "#556b2f"];
+
 /// A tier's colour: the one its GPU cells have (app.css).
 function tierColour(tier) {
   return getComputedStyle(document.documentElement).getPropertyValue(`--${tier}`).trim();
@@ -531,6 +535,38 @@ function overTime(series) {
       },
     ],
   });
+  // Fair share over time: each tenant's share of the GPU-hours used.
+  const tenants = [...new Set(buckets.flatMap((b) => b.tenants.map((t) => t.tenant)))].sort();
+  const shareOf = (b, tenant) => b.tenants.find((t) => t.tenant === tenant)?.share ?? 0;
+  const shareChart = chart({
+    id: "chart-tenants",
+    label: `Use by tenant, ${span}: ${
+      tenants.length
+        ? tenants.map((t) => `${t} had ${percent(Math.max(0, ...buckets.map((b) => shareOf(b, t))))} at most`).join(", ")
+        : "no GPU was used"
+    }.`,
+    yLabel: "% of GPU-hours used",
+    format: (v, decimals = 1) => `${v.toFixed(decimals)}%`,
+    minDecimals: 0,
+    times,
+    lines: tenants.map((tenant, i) => ({
+      label: tenant,
+      colour: TENANT_COLOURS[i % TENANT_COLOURS.length],
+      dash: i >= TENANT_COLOURS.length ? [4, 3] : undefined,
+      values: held(buckets.map((b) => shareOf(b, tenant) * 100)),
+    })),
+  });
+  const tenantRows = buckets.map((b) =>
+    el(
+      "tr",
+      { "data-start-ms": b.start_ms },
+      el("th", { scope: "row", text: bucketTime(b.start) }),
+      tenants.map((tenant) => {
+        const use = b.tenants.find((t) => t.tenant === tenant);
+        return el("td", { "data-tenant": tenant, text: use ? `${use.gpu_hours.toFixed(2)} (${percent(use.share)})` : "–" });
+      }),
+    ),
+  );
   const useRows = buckets.map((b) =>
     el(
       "tr",
@@ -566,6 +602,13 @@ function overTime(series) {
         ["Bucket (UTC)", "Capacity (GPU-hours)", ...tiers.map((t) => `${t} GPU-hours (share)`), "Utilisation"],
         useRows,
       ),
+    ),
+    el("h3", { text: "Use by tenant" }),
+    shareChart,
+    asTable(
+      "tenant-table",
+      "Use by tenant as a table",
+      table(`GPU-hours and share of those used, by tenant, ${span}`, ["Bucket (UTC)", ...tenants], tenantRows),
     ),
     el("h3", { text: "Revenue by tier" }),
     revenueChart,

@@ -13,6 +13,7 @@ use super::*;
 /// An attempt still running, for the report's use figures.
 #[derive(Clone, Debug)]
 pub struct Live {
+    pub tenant: u32,
     pub tier: String,
     pub gpus: u32,
     pub started_ms: u64,
@@ -28,6 +29,8 @@ pub struct Ledger {
     pub reservations: Vec<ReservationRow>,
     pub nodes: Vec<(u64, u32)>,
     pub now: u64,
+    /// Tenants' names, for the series' use by tenant.
+    pub names: BTreeMap<u32, String>,
 }
 
 /// The tiers every report lists, in its order, even when one sold nothing.
@@ -42,7 +45,7 @@ fn tier_key(tier: &str) -> &'static str {
 /// attempts, clipped to the period), capacity from the nodes' GPUs since
 /// they joined, revenue from records ended in the period and reservations.
 pub fn report(ledger: &Ledger, from: u64, to: u64) -> api::OperatorReport {
-    let Ledger { usage, live, reservations, nodes, now } = ledger;
+    let Ledger { usage, live, reservations, nodes, now, .. } = ledger;
     let capacity_ms: u128 = nodes
         .iter()
         .map(|&(joined, gpus)| u128::from(overlap((joined, *now), (from, to))) * u128::from(gpus))
@@ -168,7 +171,7 @@ pub fn series_step(text: &str, from: u64, to: u64) -> Result<u64, ApiError> {
 /// lost over the period.
 pub fn series(ledger: &Ledger, from: u64, to: u64, step_ms: u64) -> api::ReportSeries {
     assert!(from < to && step_ms > 0, "a series of a period that runs forwards, by a positive step");
-    let Ledger { usage, live, reservations, nodes, now } = ledger;
+    let Ledger { usage, live, reservations, nodes, now, names } = ledger;
     let n = usize::try_from((to - from).div_ceil(step_ms)).expect("a bounded number of buckets");
     let bounds = |i: usize| {
         let start = from + i as u64 * step_ms;
@@ -192,12 +195,15 @@ pub fn series(ledger: &Ledger, from: u64, to: u64, step_ms: u64) -> api::ReportS
     }
     let mut used_ms: BTreeMap<&str, Vec<u128>> = TIERS.iter().map(|&tier| (tier, vec![0; n])).collect();
     let mut revenue: BTreeMap<&str, Vec<i64>> = TIERS.iter().map(|&tier| (tier, vec![0; n])).collect();
+    let mut by_tenant: BTreeMap<u32, Vec<u128>> = BTreeMap::new();
     for u in usage {
         for part in u.parts() {
             let tier = tier_key(&part.tier);
             let used = used_ms.entry(tier).or_insert_with(|| vec![0; n]);
+            let tenant = by_tenant.entry(u.tenant).or_insert_with(|| vec![0; n]);
             for (i, ms) in buckets_of((part.from_ms, part.to_ms)) {
                 used[i] += u128::from(ms) * u128::from(u.gpus);
+                tenant[i] += u128::from(ms) * u128::from(u.gpus);
             }
             if (from..to).contains(&u.ended_ms) {
                 let revenue = revenue.entry(tier).or_insert_with(|| vec![0; n]);
@@ -208,8 +214,10 @@ pub fn series(ledger: &Ledger, from: u64, to: u64, step_ms: u64) -> api::ReportS
     }
     for l in live {
         let used = used_ms.entry(l.tier.as_str()).or_insert_with(|| vec![0; n]);
+        let tenant = by_tenant.entry(l.tenant).or_insert_with(|| vec![0; n]);
         for (i, ms) in buckets_of((l.started_ms, *now)) {
             used[i] += u128::from(ms) * u128::from(l.gpus);
+            tenant[i] += u128::from(ms) * u128::from(l.gpus);
         }
     }
     let mut reservation_revenue = vec![0i64; n];
@@ -241,6 +249,19 @@ pub fn series(ledger: &Ledger, from: u64, to: u64, step_ms: u64) -> api::ReportS
                     used_total as f64 / capacity_ms[i] as f64
                 },
                 tiers: tier_reports(&used, &earned, capacity_ms[i]),
+                tenants: {
+                    let mut tenants: Vec<api::TenantUse> = by_tenant
+                        .iter()
+                        .filter(|(_, ms)| ms[i] > 0)
+                        .map(|(id, ms)| api::TenantUse {
+                            tenant: names.get(id).cloned().unwrap_or_else(|| format!("tenant {id}")),
+                            gpu_hours: ms_hours(ms[i]),
+                            share: ms[i] as f64 / used_total as f64,
+                        })
+                        .collect();
+                    tenants.sort_by(|a, b| a.tenant.cmp(&b.tenant));
+                    tenants
+                },
                 reservation_revenue_micro_usd: reservation_revenue[i],
                 reservation_revenue_usd: usd(reservation_revenue[i]),
                 total_revenue_micro_usd: total,

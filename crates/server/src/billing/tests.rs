@@ -106,9 +106,9 @@ prop_compose! {
                 now in 0u64..70_000_000) -> Ledger {
         let live = live
             .into_iter()
-            .map(|(tier, gpus, started_ms)| Live { tier: TIERS_AND_MORE[tier].into(), gpus, started_ms })
+            .map(|(tier, gpus, started_ms)| Live { tenant: gpus % 3, tier: TIERS_AND_MORE[tier].into(), gpus, started_ms })
             .collect();
-        Ledger { usage, live, reservations, nodes, now }
+        Ledger { usage, live, reservations, nodes, now, names: BTreeMap::new() }
     }
 }
 
@@ -135,6 +135,13 @@ proptest::proptest! {
         proptest::prop_assert_eq!((buckets[0].start_ms, buckets[buckets.len() - 1].end_ms), (from, to));
         for pair in buckets.windows(2) {
             proptest::prop_assert_eq!(pair[0].end_ms, pair[1].start_ms);
+        }
+        // Each bucket's use by tenant adds up to its use, and the shares to 1.
+        for b in buckets {
+            let by_tenant: f64 = b.tenants.iter().map(|t| t.gpu_hours).sum();
+            prop_assert!((by_tenant - b.used_gpu_hours).abs() <= 1e-6 * b.used_gpu_hours.max(1.0));
+            let shares: f64 = b.tenants.iter().map(|t| t.share).sum();
+            prop_assert!(b.tenants.is_empty() || (shares - 1.0).abs() < 1e-9, "{shares}");
         }
         let sum_f = |f: &dyn Fn(&api::ReportBucket) -> f64| buckets.iter().map(f).sum::<f64>();
         let sum_i = |f: &dyn Fn(&api::ReportBucket) -> i64| buckets.iter().map(f).sum::<i64>();
@@ -181,7 +188,7 @@ fn a_series_buckets_what_ran_in_each_and_counts_revenue_where_it_ended() {
         // buckets, ended in the second; on-demand work that ended
         // before the period counts in neither.
         usage: vec![record("preemptible", H, 2 * H, 7_000_000), record("on-demand", 0, H / 4, 5_000_000)],
-        live: vec![Live { tier: "reserved".into(), gpus: 1, started_ms: 2 * H }],
+        live: vec![Live { tenant: 1, tier: "reserved".into(), gpus: 1, started_ms: 2 * H }],
         reservations: vec![ReservationRow {
             id: 1,
             tenant: 1,
@@ -194,6 +201,7 @@ fn a_series_buckets_what_ran_in_each_and_counts_revenue_where_it_ended() {
         }],
         nodes: vec![(0, 4)],
         now: 2 * H + H / 2,
+        names: BTreeMap::from([(1, "acme".to_string())]),
     };
     let series = series(&ledger, H / 2, 3 * H, H);
     // Start, capacity, GPU-hours and revenue by tier, reservations' revenue.
@@ -362,6 +370,7 @@ fn amounts_past_the_range_saturate_instead_of_overflowing() {
         reservations: reservations.clone(),
         nodes: vec![(from, u32::MAX)],
         now: to,
+        names: BTreeMap::new(),
     };
     let report = report(&ledger, from, to);
     assert_eq!(report.total_revenue_micro_usd, i64::MAX);

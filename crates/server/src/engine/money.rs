@@ -316,6 +316,7 @@ impl<S: Store> Engine<S> {
             .filter(|j| j.state.is_live())
             .filter_map(|j| {
                 Some(crate::billing::Live {
+                    tenant: j.tenant,
                     tier: j.tier.as_str().into(),
                     gpus: j.gpus,
                     started_ms: j.run_started_ms?,
@@ -325,6 +326,7 @@ impl<S: Store> Engine<S> {
         let nodes: Vec<(u64, u32)> =
             self.fleet.nodes.values().map(|n| (n.joined_ms, u32::from(n.gpus))).collect();
         let reservations: Vec<ReservationRow> = self.money.reservations.values().cloned().collect();
-        Ok(crate::billing::Ledger { usage, live, reservations, nodes, now })
+        let names = self.tenants.names.clone();
+        Ok(crate::billing::Ledger { usage, live, reservations, nodes, now, names })
     }
 }
