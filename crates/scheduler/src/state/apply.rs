@@ -79,6 +79,7 @@ impl State {
                 Hold { job: p.preemptor, model: p.model, alloc: p.hold.clone(), waiting_on },
             );
         }
+        let mut started: BTreeSet<(Tier, TenantId)> = BTreeSet::new();
         for p in &plan.placements {
             if p.from_hold {
                 let hold = self.holds.remove(&p.job).expect("checked");
@@ -102,7 +103,10 @@ impl State {
                 rate,
             });
             let (tier, tenant, gpus) = (job.spec.tier, job.spec.tenant, job.spec.gpus);
-            self.fair_start(p.job);
+            // Usage moves now (the scale was made safe for `now` above);
+            // the tenant's place once, after every start.
+            self.fair.start(tier, tenant, rate, now);
+            started.insert((tier, tenant));
             self.queued_by_tier[tier.rank() as usize] -= 1;
             if !p.from_hold {
                 self.adjust_usage(tier, tenant, p.model, gpus as i64);
@@ -113,6 +117,9 @@ impl State {
                 n.jobs.push((p.job, mask));
                 self.reindex(node);
             }
+        }
+        for (tier, tenant) in started {
+            self.rekey(tier, tenant);
         }
         debug_assert!(self.sanity_check().is_ok(), "{:?}", self.sanity_check());
         Ok(())
