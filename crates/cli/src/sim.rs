@@ -218,7 +218,15 @@ fn summary_text(output: &SimOutput, wall_s: f64) -> String {
         writeln!(
             text,
             "  {:<12}{:>7}{:>9}{:>12}{:>8}{:>12}{:>12}{:>11}{:>12}",
-            "tenant", "weight", "of all", "GPU-hours", "share", "wait p50", "wait p99", "preempted", "lost GPU-h"
+            "tenant",
+            "weight",
+            "of all",
+            "GPU-hours",
+            "share",
+            "wait p50",
+            "wait p99",
+            "preempted",
+            "lost GPU-h"
         )
         .unwrap();
         for (name, t) in &s.tenants {
@@ -238,7 +246,11 @@ fn summary_text(output: &SimOutput, wall_s: f64) -> String {
             .unwrap();
         }
         match s.jain_index {
-            Some(j) => writeln!(text, "  Jain's index of GPU-hours / weight over {} busy hours: {j:.4}", s.busy_hours),
+            Some(j) => writeln!(
+                text,
+                "  Jain's index of GPU-hours / weight over {} busy hours: {j:.4}",
+                s.busy_hours
+            ),
             None => writeln!(text, "  Jain's index: no hour began with every tenant's work waiting"),
         }
         .unwrap();

@@ -20,4 +20,7 @@ pub use error::{ApplyError, StateError};
 pub use model::*;
 pub use plan::*;
 pub use schedule::schedule;
-pub use state::{shape_fits, GpuModel, Hold, Node, RestoredRun, Quota, State, TenantShare, DEFAULT_MODEL_RATE, DEFAULT_WEIGHT};
+pub use state::{
+    shape_fits, GpuModel, Hold, Node, Quota, RestoredRun, State, TenantShare, DEFAULT_MODEL_RATE,
+    DEFAULT_WEIGHT,
+};

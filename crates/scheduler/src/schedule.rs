@@ -124,8 +124,10 @@ impl<'a> TenantWalk<'a> {
         let Some(q) = state.tenant_queues.get(&(tier, tenant)) else {
             return TenantWalk { heads: Vec::new(), rest: Vec::new() };
         };
-        let mut walk =
-            TenantWalk { heads: Vec::with_capacity(q.classes.len()), rest: Vec::with_capacity(q.classes.len()) };
+        let mut walk = TenantWalk {
+            heads: Vec::with_capacity(q.classes.len()),
+            rest: Vec::with_capacity(q.classes.len()),
+        };
         for &class in q.classes.keys() {
             let mut iter = state.queues[&(class, tenant)].iter();
             if let Some(&head) = iter.next() {
@@ -397,12 +399,18 @@ impl<'a> Pass<'a> {
                     Outcome::Blocked(why) => {
                         let short = matches!(
                             why,
-                            Pending::Resources { .. } | Pending::WholeNodes { .. } | Pending::ReservationCap { .. }
+                            Pending::Resources { .. }
+                                | Pending::WholeNodes { .. }
+                                | Pending::ReservationCap { .. }
                         );
                         let why = match short {
                             true => self
                                 .reclaim_for(job)
-                                .or_else(|| (tier == Tier::Preemptible).then(|| self.reclaim_share(job, tenant)).flatten())
+                                .or_else(|| {
+                                    (tier == Tier::Preemptible)
+                                        .then(|| self.reclaim_share(job, tenant))
+                                        .flatten()
+                                })
                                 .unwrap_or(why),
                             false => why,
                         };
@@ -422,7 +430,12 @@ impl<'a> Pass<'a> {
     /// The cheapest victims `filter` allows that make room for `job` on
     /// `models`, the nodes it earmarked itself included (they are kept
     /// for it, not from it).
-    pub(super) fn victims_for(&mut self, job: JobId, filter: VictimFilter, models: &[GpuModelId]) -> Option<VictimSet> {
+    pub(super) fn victims_for(
+        &mut self,
+        job: JobId,
+        filter: VictimFilter,
+        models: &[GpuModelId],
+    ) -> Option<VictimSet> {
         let own: Vec<NodeId> = self.earmarked.iter().filter(|(_, j)| **j == job).map(|(n, _)| *n).collect();
         for node in &own {
             self.earmarked.remove(node);
@@ -461,7 +474,8 @@ impl<'a> Pass<'a> {
             return None;
         }
         let tier = Tier::Preemptible;
-        let &(_, victim) = state.running_order[tier.rank() as usize].iter().rev().find(|(_, t)| *t != tenant)?;
+        let &(_, victim) =
+            state.running_order[tier.rank() as usize].iter().rev().find(|(_, t)| *t != tenant)?;
         let spec = &state.jobs[&job].spec;
         let models: Vec<GpuModelId> =
             self.candidate_models(spec).filter(|&m| self.cap_allows(spec, m)).collect();
@@ -546,7 +560,9 @@ impl<'a> Pass<'a> {
             }
         }
         let Some(&model) = models.first() else {
-            return Outcome::Blocked(self.quota_blocks(spec, first).unwrap_or_else(|| self.capped(spec, first)));
+            return Outcome::Blocked(
+                self.quota_blocks(spec, first).unwrap_or_else(|| self.capped(spec, first)),
+            );
         };
         let mut why = self.short_of(model, spec.gpus);
         let earmarked = self.earmark_for(id, model, spec.gpus);

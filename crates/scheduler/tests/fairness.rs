@@ -279,7 +279,16 @@ fn usage_is_valued_at_each_models_rate() {
     let mut c = Cluster::new(1, 8);
     let model = c.model();
     c.state.set_model_rate(model, 4_000_000).unwrap();
-    c.state.record_usage(A, Tier::Preemptible, model, 2, (Time::ZERO, Time::from_secs(3600)), Time::from_secs(3600)).unwrap();
+    c.state
+        .record_usage(
+            A,
+            Tier::Preemptible,
+            model,
+            2,
+            (Time::ZERO, Time::from_secs(3600)),
+            Time::from_secs(3600),
+        )
+        .unwrap();
     // Two GPU-hours at $4 over the last hour, each instant decayed since
     // (a day's half-life): $8 · ∫₀¹ 2^(−t/24) dt.
     let decayed = 8_000_000.0 * (24.0 / std::f64::consts::LN_2) * (1.0 - 2f64.powf(-1.0 / 24.0));
@@ -401,7 +410,9 @@ fn simulate_with(
         }
         for d in &plan.drains {
             let started = c.state.job(d.job).unwrap().run.as_ref().unwrap().started_at;
-            if matches!(d.reason, DrainReason::FairShare { .. }) && c.now.saturating_since(started) < c.config.min_runtime {
+            if matches!(d.reason, DrainReason::FairShare { .. })
+                && c.now.saturating_since(started) < c.config.min_runtime
+            {
                 run.young_victim = true;
             }
         }
@@ -459,10 +470,12 @@ fn simulate_with(
             }
         }
         // Victims drained by on-demand work exit at once.
-        let draining: Vec<JobId> = c.state.jobs().filter(|j| j.phase == Phase::Draining).map(|j| j.spec.id).collect();
+        let draining: Vec<JobId> =
+            c.state.jobs().filter(|j| j.phase == Phase::Draining).map(|j| j.spec.id).collect();
         for job in draining {
             let j = c.state.job(job).unwrap();
-            let (tenant, tier, gpus, from) = (j.spec.tenant, j.spec.tier, j.spec.gpus, j.run.as_ref().unwrap().started_at);
+            let (tenant, tier, gpus, from) =
+                (j.spec.tenant, j.spec.tier, j.spec.gpus, j.run.as_ref().unwrap().started_at);
             ends.retain(|&(_, e)| e != job);
             if tier == Tier::Preemptible {
                 *run.use_by_tenant.entry(tenant).or_default() +=

@@ -236,7 +236,11 @@ pub fn render(s: &Snapshot) -> String {
          half-life",
         share,
     );
-    registry.register("tenant_weight_share", "A tenant's weight over the weights of its tier's tenants (0-1)", weight_share);
+    registry.register(
+        "tenant_weight_share",
+        "A tenant's weight over the weights of its tier's tenants (0-1)",
+        weight_share,
+    );
     registry.register_with_unit(
         "tenant_usage",
         "A tenant's decayed usage in a tier, GPU time valued at on-demand prices",
@@ -250,7 +254,11 @@ pub fn render(s: &Snapshot) -> String {
             quota.get_or_create(&l).set(value as i64);
         }
     }
-    registry.register("tenant_quota_gpus", "A tenant's quota in a tier on a GPU model, and the GPUs it uses against it", quota);
+    registry.register(
+        "tenant_quota_gpus",
+        "A tenant's quota in a tier on a GPU model, and the GPUs it uses against it",
+        quota,
+    );
 
     let c = &s.counters;
     registry.register("submissions", "Jobs submitted since the server started", counter(c.submitted));

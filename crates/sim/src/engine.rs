@@ -196,7 +196,10 @@ fn validate(config: &SimConfig, traces: &[Trace]) -> Result<(), SimError> {
     let mut names = std::collections::BTreeSet::new();
     for tenant in traces.iter().filter_map(|t| t.tenant.as_ref()) {
         if tenant.name == DEFAULT_OWNER || !names.insert(&tenant.name) {
-            return fail(format!("--tenant {}: named twice (or `default`, the jobs of --trace)", tenant.name));
+            return fail(format!(
+                "--tenant {}: named twice (or `default`, the jobs of --trace)",
+                tenant.name
+            ));
         }
         if tenant.weight == 0 {
             return fail(format!("--tenant {}: weight must be at least 1", tenant.name));
@@ -640,7 +643,8 @@ impl<'a> Engine<'a> {
         let owner = &mut self.owners[job.owner];
         owner.busy += gpus * ran as u128;
         add_owner_interval(&mut owner.busy_by_hour, hour_origin, job.gpus, run.start, now);
-        let (start, tenant) = (run.start, if job.tier == Tier::Reserved { RESERVED_TENANT } else { owner.id });
+        let (start, tenant) =
+            (run.start, if job.tier == Tier::Reserved { RESERVED_TENANT } else { owner.id });
         if let Some(until) = self.config.window_until {
             let end = now.min(Time::from_secs(until));
             self.busy_in_window[tier] += gpus * end.saturating_since(run.start).0 as u128;

@@ -58,7 +58,8 @@ impl Trace {
     /// `--preemptible-fraction` decides per job).
     pub fn load_tenant_arg(arg: &str) -> Result<Trace, SimError> {
         let bad = |m: String| SimError::Config(format!("--tenant {arg}: {m}"));
-        let (name, rest) = arg.split_once('=').ok_or_else(|| bad("expected NAME=PATH[:WEIGHT[:TIER]]".into()))?;
+        let (name, rest) =
+            arg.split_once('=').ok_or_else(|| bad("expected NAME=PATH[:WEIGHT[:TIER]]".into()))?;
         if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
             return Err(bad(format!("a tenant's name is letters, digits, '-', '_' and '.', got {name:?}")));
         }
@@ -66,11 +67,11 @@ impl Trace {
         let path = parts.next().unwrap_or_default();
         let weight = match parts.next() {
             None => 1,
-            Some(w) => w
-                .parse::<u32>()
-                .ok()
-                .filter(|w| (1..=1_000_000).contains(w))
-                .ok_or_else(|| bad(format!("weight must be a whole number from 1 to 1000000, got {w:?}")))?,
+            Some(w) => {
+                w.parse::<u32>().ok().filter(|w| (1..=1_000_000).contains(w)).ok_or_else(|| {
+                    bad(format!("weight must be a whole number from 1 to 1000000, got {w:?}"))
+                })?
+            }
         };
         let tier = match parts.next() {
             None => None,

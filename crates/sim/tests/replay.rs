@@ -188,12 +188,14 @@ fn thrash(min_runtime: Span) -> Summary {
     let job = |id: &str, submit_s, duration_s| TraceJob { id: id.into(), submit_s, duration_s, gpus: 4 };
     let preemptible = Trace {
         name: "preemptible".into(),
-        tier: Some(Tier::Preemptible), tenant: None,
+        tier: Some(Tier::Preemptible),
+        tenant: None,
         jobs: vec![job("a", 0, 100_000), job("b", 0, 100_000)],
     };
     let on_demand = Trace {
         name: "on-demand".into(),
-        tier: Some(Tier::OnDemand), tenant: None,
+        tier: Some(Tier::OnDemand),
+        tenant: None,
         jobs: (0..6).map(|k| job(&format!("od{k}"), 1_000 + 900 * k, 600)).collect(),
     };
     let config = SimConfig {
@@ -231,10 +233,12 @@ fn min_runtime_stops_a_resumed_job_being_preempted_again_at_once() {
 /// node that on-demand work of 5 minutes takes every 15 minutes.
 fn deadline_run(policy: ebb_sim::DeadlinePolicy) -> ebb_sim::DeadlineFigures {
     let job = |id: &str, submit_s, duration_s| TraceJob { id: id.into(), submit_s, duration_s, gpus: 4 };
-    let preemptible = Trace { name: "preemptible".into(), tier: None, tenant: None, jobs: vec![job("a", 0, 3_600)] };
+    let preemptible =
+        Trace { name: "preemptible".into(), tier: None, tenant: None, jobs: vec![job("a", 0, 3_600)] };
     let on_demand = Trace {
         name: "on-demand".into(),
-        tier: Some(Tier::OnDemand), tenant: None,
+        tier: Some(Tier::OnDemand),
+        tenant: None,
         jobs: (0..6).map(|k| job(&format!("od{k}"), 600 + 900 * k, 300)).collect(),
     };
     let config = SimConfig {

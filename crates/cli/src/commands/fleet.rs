@@ -319,7 +319,10 @@ fn parse_quota(text: &str) -> Result<api::TenantQuota, String> {
     let number = |what: &str, s: &str| -> Result<Option<u32>, String> {
         match s {
             "" => Ok(None),
-            s => s.parse::<u32>().map(Some).map_err(|_| format!("{what} must be a whole number of GPUs, got {s:?}")),
+            s => s
+                .parse::<u32>()
+                .map(Some)
+                .map_err(|_| format!("{what} must be a whole number of GPUs, got {s:?}")),
         }
     };
     let [tier, model, nominal, rest @ ..] = parts.as_slice() else {
@@ -353,7 +356,10 @@ pub async fn tenant(conn: &Connection, command: &TenantCommand) -> Result<String
                     .shares
                     .iter()
                     .map(|s| {
-                        format!("{} {:.1}% (${}) of {:.1}%", s.tier, s.share_percent, s.usage_usd, s.weight_percent)
+                        format!(
+                            "{} {:.1}% (${}) of {:.1}%",
+                            s.tier, s.share_percent, s.usage_usd, s.weight_percent
+                        )
                     })
                     .collect();
                 writeln!(
@@ -404,7 +410,11 @@ pub async fn tenant(conn: &Connection, command: &TenantCommand) -> Result<String
                 max_running_jobs: *max_running_jobs,
                 max_stored_bytes: *max_stored_bytes,
                 weight: *weight,
-                quotas: if *no_quotas { Some(Vec::new()) } else { (!quotas.is_empty()).then(|| quotas.clone()) },
+                quotas: if *no_quotas {
+                    Some(Vec::new())
+                } else {
+                    (!quotas.is_empty()).then(|| quotas.clone())
+                },
             };
             let usage: api::TenantUsage = if *defaults {
                 client.put(&path, &asked).await?
@@ -442,7 +452,8 @@ pub async fn tenant(conn: &Connection, command: &TenantCommand) -> Result<String
                 .quotas
                 .iter()
                 .map(|q| {
-                    let limit = |l: Option<u32>, none: &str| l.map_or_else(|| none.to_string(), |l| l.to_string());
+                    let limit =
+                        |l: Option<u32>, none: &str| l.map_or_else(|| none.to_string(), |l| l.to_string());
                     format!(
                         "  quota         {} {}: uses {} of {}; borrows at most {}, lends at most {}\n",
                         q.quota.tier,

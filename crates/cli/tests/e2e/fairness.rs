@@ -33,13 +33,17 @@ fn a_late_tenant_starts_as_the_first_ones_tasks_end_and_quotas_wait_and_give_bac
     let b = create_tenant(&c, "beta");
     let first = c.submit_as(&a, &["--array", "0-199", "--", "sleep", "0.5"]);
     let array: Vec<u64> = (first..first + 200).collect();
-    wait_for("acme's tasks on all 8 GPUs", Duration::from_secs(30), || (states(&c, &array).1 == 8).then_some(()));
+    wait_for("acme's tasks on all 8 GPUs", Duration::from_secs(30), || {
+        (states(&c, &array).1 == 8).then_some(())
+    });
     let late: Vec<u64> = (0..4).map(|_| c.submit_as(&b, &["--", "sleep", "300"])).collect();
     // Every GPU is busy: beta's first job says so, the rest wait behind it.
     let job = c.job(late[0]);
     assert!(["resources", "scheduling"].contains(&job["pending_reason"].as_str().unwrap_or("")), "{job}");
     let asked = Instant::now();
-    wait_for("beta's four jobs running", Duration::from_secs(30), || (states(&c, &late).1 == 4).then_some(()));
+    wait_for("beta's four jobs running", Duration::from_secs(30), || {
+        (states(&c, &late).1 == 4).then_some(())
+    });
     let (queued, _) = states(&c, &array);
     assert!(queued >= 150, "beta waited behind acme's array: {queued} of its 200 tasks still queued");
     assert!(asked.elapsed() < Duration::from_secs(10), "beta's jobs took {:?}", asked.elapsed());
@@ -57,7 +61,9 @@ fn a_late_tenant_starts_as_the_first_ones_tasks_end_and_quotas_wait_and_give_bac
     c.ebb(&["tenant", "update", "acme", "--quota", "preemptible:H100-80GB:2:6"]);
     c.ebb(&["tenant", "update", "beta", "--quota", "preemptible:H100-80GB:4"]);
     let held: Vec<u64> = (0..10).map(|_| c.submit_as(&a, &["--", "sleep", "300"])).collect();
-    wait_for("acme at its borrowing limit", Duration::from_secs(30), || (states(&c, &held).1 == 8).then_some(()));
+    wait_for("acme at its borrowing limit", Duration::from_secs(30), || {
+        (states(&c, &held).1 == 8).then_some(())
+    });
     let waiting = held.iter().map(|id| c.job(*id)).find(|j| j["state"] == "queued").unwrap();
     assert_eq!(waiting["pending_reason"], "quota", "{waiting}");
     assert_eq!(
@@ -66,7 +72,10 @@ fn a_late_tenant_starts_as_the_first_ones_tasks_end_and_quotas_wait_and_give_bac
         "{waiting}"
     );
     let limits = c.ebb(&["tenant", "limits", "acme"]);
-    assert!(limits.contains("quota         preemptible H100-80GB: uses 8 of 2; borrows at most 6"), "{limits}");
+    assert!(
+        limits.contains("quota         preemptible H100-80GB: uses 8 of 2; borrows at most 6"),
+        "{limits}"
+    );
     // beta, under its quota, gets back the GPUs acme borrowed: acme's
     // borrowed jobs drain one at a time, and beta's start in the window.
     let owed: Vec<u64> = (0..4).map(|_| c.submit_as(&b, &["--", "sleep", "300"])).collect();
@@ -76,11 +85,15 @@ fn a_late_tenant_starts_as_the_first_ones_tasks_end_and_quotas_wait_and_give_bac
     });
     wait_for("beta's jobs running", Duration::from_secs(60), || (states(&c, &owed).1 >= 2).then_some(()));
     assert!(asked.elapsed() < Duration::from_secs(25), "{:?}; {job}", asked.elapsed());
-    wait_for("beta's four jobs running", Duration::from_secs(60), || (states(&c, &owed).1 == 4).then_some(()));
-    let drained: Vec<Value> = held.iter().map(|id| c.job(*id)).filter(|j| j["preemptions"].as_u64() > Some(0)).collect();
+    wait_for("beta's four jobs running", Duration::from_secs(60), || {
+        (states(&c, &owed).1 == 4).then_some(())
+    });
+    let drained: Vec<Value> =
+        held.iter().map(|id| c.job(*id)).filter(|j| j["preemptions"].as_u64() > Some(0)).collect();
     assert_eq!(drained.len(), 4, "beta's four GPUs, no more: the 2 nobody is owed stay acme's");
     assert!(events(&drained[0]).iter().any(|e| e == "drain_notice"), "{}", drained[0]);
-    let notice = drained[0]["events"].as_array().unwrap().iter().find(|e| e["kind"] == "drain_notice").unwrap();
+    let notice =
+        drained[0]["events"].as_array().unwrap().iter().find(|e| e["kind"] == "drain_notice").unwrap();
     assert!(notice["text"].as_str().unwrap().contains("quota: acme borrows past its quota"), "{notice}");
     // acme runs its 2 and the 2 nobody's quota covers; the rest wait, none refused.
     let (queued, running) = states(&c, &held);
@@ -103,7 +116,9 @@ fn with_fair_share_preemption_a_late_tenant_starts_within_the_drain_window() {
     let b = create_tenant(&c, "beta");
     let first = c.submit_as(&a, &["--array", "0-9", "--", "sleep", "600"]);
     let array: Vec<u64> = (first..first + 10).collect();
-    wait_for("acme's tasks on all 4 GPUs", Duration::from_secs(30), || (states(&c, &array).1 == 4).then_some(()));
+    wait_for("acme's tasks on all 4 GPUs", Duration::from_secs(30), || {
+        (states(&c, &array).1 == 4).then_some(())
+    });
     std::thread::sleep(Duration::from_secs(2)); // past --min-runtime
     let late: Vec<u64> = (0..2).map(|_| c.submit_as(&b, &["--", "sleep", "600"])).collect();
     let asked = Instant::now();
@@ -118,15 +133,26 @@ fn with_fair_share_preemption_a_late_tenant_starts_within_the_drain_window() {
     };
     if job["state"] != "running" {
         let detail = job["pending_detail"].as_str().unwrap();
-        assert!(detail.starts_with("fair-share preemption: 1 job of acme, furthest above its share"), "{detail}");
+        assert!(
+            detail.starts_with("fair-share preemption: 1 job of acme, furthest above its share"),
+            "{detail}"
+        );
     }
     wait_for("beta's jobs running", Duration::from_secs(40), || (states(&c, &late).1 == 2).then_some(()));
-    assert!(asked.elapsed() < Duration::from_secs(2 * 10 + 5), "two reclaims, each within the window: {:?}", asked.elapsed());
+    assert!(
+        asked.elapsed() < Duration::from_secs(2 * 10 + 5),
+        "two reclaims, each within the window: {:?}",
+        asked.elapsed()
+    );
     let drained: Vec<Value> =
         array.iter().map(|id| c.job(*id)).filter(|j| j["preemptions"].as_u64() > Some(0)).collect();
     assert_eq!(drained.len(), 2, "one of acme's jobs per job of beta");
-    let notice = drained[0]["events"].as_array().unwrap().iter().find(|e| e["kind"] == "drain_notice").unwrap();
-    assert!(notice["text"].as_str().unwrap().contains("fair share: acme is furthest above its share"), "{notice}");
+    let notice =
+        drained[0]["events"].as_array().unwrap().iter().find(|e| e["kind"] == "drain_notice").unwrap();
+    assert!(
+        notice["text"].as_str().unwrap().contains("fair share: acme is furthest above its share"),
+        "{notice}"
+    );
     // The drained tasks are back in acme's queue, not failed.
     assert!(drained.iter().all(|j| j["state"] == "queued"), "{drained:?}");
     c.ebb(&["cancel", "--array", &first.to_string()]);

@@ -25,7 +25,12 @@ impl<'a> Pass<'a> {
         let own = quotas.quota(tier, model, tenant);
         let used = self.quota_used_now(tier, model, tenant);
         if own.borrowing_limit.is_some_and(|b| used + gpus > own.nominal.saturating_add(b)) {
-            return Some(Pending::Quota { model, used, nominal: own.nominal, borrowing: own.borrowing_limit });
+            return Some(Pending::Quota {
+                model,
+                used,
+                nominal: own.nominal,
+                borrowing: own.borrowing_limit,
+            });
         }
         // What others' quotas keep from it: the unused part of a lending
         // limit always; to a borrower, all the unused quota of a tenant
@@ -67,9 +72,7 @@ impl<'a> Pass<'a> {
     fn owed(&self, tier: Tier, model: GpuModelId, owner: TenantId, quota: Quota, used: u32) -> bool {
         used < quota.nominal
             && self.state.tenant_queues.get(&(tier, owner)).is_some_and(|q| {
-                q.classes
-                    .keys()
-                    .any(|c| c.model.is_none_or(|m| m == model) && used + c.gpus <= quota.nominal)
+                q.classes.keys().any(|c| c.model.is_none_or(|m| m == model) && used + c.gpus <= quota.nominal)
             })
     }
 
@@ -84,7 +87,8 @@ impl<'a> Pass<'a> {
         let (tier, tenant) = (spec.tier, spec.tenant);
         let &model = models.iter().find(|&&m| {
             state.quotas.governs(tier, m)
-                && self.quota_used_now(tier, m, tenant) + spec.gpus <= state.quotas.quota(tier, m, tenant).nominal
+                && self.quota_used_now(tier, m, tenant) + spec.gpus
+                    <= state.quotas.quota(tier, m, tenant).nominal
         })?;
         match tier {
             Tier::OnDemand => {

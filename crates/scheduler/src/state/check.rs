@@ -205,7 +205,11 @@ impl State {
             t.0 += n;
             t.1.insert(*class, n);
             for &(_, _, id) in queue {
-                if self.jobs.get(&id).is_none_or(|j| j.spec.tenant != *tenant || QueueClass::of(&j.spec) != *class) {
+                if self
+                    .jobs
+                    .get(&id)
+                    .is_none_or(|j| j.spec.tenant != *tenant || QueueClass::of(&j.spec) != *class)
+                {
                     return Err(format!("{id} queued under another class or tenant"));
                 }
             }
@@ -216,7 +220,10 @@ impl State {
         for tier in Tier::ALL {
             let classes = class_jobs.keys().filter(|c| c.tier == tier).count();
             if classes != self.classes_in_tier[tier.rank() as usize] {
-                return Err(format!("{tier} classes counted {} of {classes}", self.classes_in_tier[tier.rank() as usize]));
+                return Err(format!(
+                    "{tier} classes counted {} of {classes}",
+                    self.classes_in_tier[tier.rank() as usize]
+                ));
             }
             let order: BTreeSet<(ShareKey, TenantId)> = self
                 .tenant_queues
@@ -229,7 +236,10 @@ impl State {
             }
         }
         for (&(tier, tenant), q) in &self.tenant_queues {
-            if tenants.get(&(tier, tenant)).is_none_or(|(jobs, classes)| *jobs != q.jobs || *classes != q.classes) {
+            if tenants
+                .get(&(tier, tenant))
+                .is_none_or(|(jobs, classes)| *jobs != q.jobs || *classes != q.classes)
+            {
                 return Err(format!("{tier} queue of tenant {tenant} out of step"));
             }
             if q.key != self.fair.key(tier, tenant, 0) {
@@ -245,7 +255,9 @@ impl State {
                 running_order[tier.rank() as usize].insert((self.fair.key(tier, tenant, 0), tenant));
             }
         }
-        if running_order != self.running_order || self.running_keys.len() != running_order.iter().map(BTreeSet::len).sum::<usize>() {
+        if running_order != self.running_order
+            || self.running_keys.len() != running_order.iter().map(BTreeSet::len).sum::<usize>()
+        {
             return Err("the tenants running in each tier out of step".into());
         }
         let draining = self
@@ -274,7 +286,10 @@ impl State {
             return Err("GPUs used against quotas out of step".into());
         }
         if draining != self.fair_share_draining {
-            return Err(format!("{} draining for fair share, counted {}", draining, self.fair_share_draining));
+            return Err(format!(
+                "{} draining for fair share, counted {}",
+                draining, self.fair_share_draining
+            ));
         }
         let mut running: BTreeMap<(Tier, TenantId), (u64, f64)> = BTreeMap::new();
         for job in self.jobs.values() {

@@ -242,8 +242,7 @@ impl super::State {
         }
         let weights = std::mem::take(&mut self.fair.weights);
         self.fair = Fair { weights, ..Fair::new(half_life) };
-        let running: Vec<JobId> =
-            self.jobs.values().filter(|j| j.run.is_some()).map(|j| j.spec.id).collect();
+        let running: Vec<JobId> = self.jobs.values().filter(|j| j.run.is_some()).map(|j| j.spec.id).collect();
         for id in running {
             let job = &self.jobs[&id];
             let run = job.run.as_ref().expect("filtered");
@@ -331,9 +330,10 @@ impl super::State {
         let u = self.fair.usage.get(&(tier, tenant)).copied().unwrap_or_default();
         let usage = self.fair.scaled_usage(&u, g) / g;
         let weight = self.fair.weight(tenant);
-        let ahead = self.tenant_queues.get(&(tier, tenant)).map(|q| {
-            self.order[tier.rank() as usize].range(..(q.key, tenant)).count() as u32
-        });
+        let ahead = self
+            .tenant_queues
+            .get(&(tier, tenant))
+            .map(|q| self.order[tier.rank() as usize].range(..(q.key, tenant)).count() as u32);
         TenantShare {
             weight,
             weight_share: weight as f64 / weights as f64,
@@ -347,7 +347,8 @@ impl super::State {
     /// Every tenant with usage or queued work in `tier`.
     pub fn tenants_in(&self, tier: Tier) -> BTreeSet<TenantId> {
         let range = (tier, TenantId(0))..=(tier, TenantId(u32::MAX));
-        let mut out: BTreeSet<TenantId> = self.fair.usage.range(range.clone()).map(|(&(_, t), _)| t).collect();
+        let mut out: BTreeSet<TenantId> =
+            self.fair.usage.range(range.clone()).map(|(&(_, t), _)| t).collect();
         out.extend(self.tenant_queues.range(range).map(|(&(_, t), _)| t));
         out
     }

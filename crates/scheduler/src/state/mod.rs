@@ -22,9 +22,9 @@ mod fair;
 mod jobs;
 mod quota;
 
+pub(crate) use fair::{ShareKey, TenantQueue};
 pub use fair::{TenantShare, DEFAULT_WEIGHT};
 pub use quota::Quota;
-pub(crate) use fair::{ShareKey, TenantQueue};
 
 /// One GPU model and the tier counters the caps are checked against.
 #[derive(Clone, Debug)]

@@ -411,9 +411,11 @@ impl<S: Store> Engine<S> {
             )));
         }
         self.known_model(&format!("{field}.gpu_model"), &q.gpu_model)?;
-        for (name, value) in
-            [("nominal", Some(q.nominal)), ("borrowing_limit", q.borrowing_limit), ("lending_limit", q.lending_limit)]
-        {
+        for (name, value) in [
+            ("nominal", Some(q.nominal)),
+            ("borrowing_limit", q.borrowing_limit),
+            ("lending_limit", q.lending_limit),
+        ] {
             if value.is_some_and(|v| v > MAX_QUOTA) {
                 return Err(ApiError::unprocessable(format!("{field}.{name}: at most {MAX_QUOTA}")));
             }
@@ -430,13 +432,16 @@ impl<S: Store> Engine<S> {
     /// Every tenant's quotas on the models the core knows, in the core
     /// (after a start, a change and a model's first node).
     pub(super) fn apply_quotas(&mut self) {
-        let existing: Vec<(TenantId, Tier, GpuModelId)> = self.core.quotas().map(|(t, tier, m, _)| (t, tier, m)).collect();
+        let existing: Vec<(TenantId, Tier, GpuModelId)> =
+            self.core.quotas().map(|(t, tier, m, _)| (t, tier, m)).collect();
         for (tenant, tier, model) in existing {
             self.core.set_quota(tenant, tier, model, None).expect("a quota the core has");
         }
         for (&tenant, limits) in &self.tenants.limits {
             for q in limits.quotas.iter().flatten() {
-                let (Some(tier), Some(model)) = (parse_quota_tier(&q.tier), self.core.model_by_name(&q.gpu_model)) else {
+                let (Some(tier), Some(model)) =
+                    (parse_quota_tier(&q.tier), self.core.model_by_name(&q.gpu_model))
+                else {
                     continue;
                 };
                 let quota = ebb_scheduler::Quota {
@@ -556,9 +561,12 @@ impl<S: Store> Engine<S> {
             for (i, q) in set.quotas.iter().flatten().enumerate() {
                 self.check_quota(i, q)?;
                 let tier = parse_quota_tier(&q.tier).expect("checked");
-                let twice = set.quotas.iter().flatten().take(i).any(|o| {
-                    parse_quota_tier(&o.tier) == Some(tier) && o.gpu_model == q.gpu_model
-                });
+                let twice = set
+                    .quotas
+                    .iter()
+                    .flatten()
+                    .take(i)
+                    .any(|o| parse_quota_tier(&o.tier) == Some(tier) && o.gpu_model == q.gpu_model);
                 if twice {
                     let msg = format!("quotas[{i}]: a second quota for {} {}", q.tier, q.gpu_model);
                     return Err(ApiError::unprocessable(msg).into());
@@ -586,10 +594,11 @@ impl<S: Store> Engine<S> {
                 .unwrap_or_default()
                 .into_iter()
                 .map(|quota| {
-                    let used = match (parse_quota_tier(&quota.tier), self.core.model_by_name(&quota.gpu_model)) {
-                        (Some(tier), Some(model)) => self.core.quota_used(TenantId(tenant), tier, model),
-                        _ => 0,
-                    };
+                    let used =
+                        match (parse_quota_tier(&quota.tier), self.core.model_by_name(&quota.gpu_model)) {
+                            (Some(tier), Some(model)) => self.core.quota_used(TenantId(tenant), tier, model),
+                            _ => 0,
+                        };
                     ebb_api::QuotaUsage { quota, used }
                 })
                 .collect(),

@@ -68,7 +68,8 @@ impl<S: Store> Engine<S> {
             .core
             .models()
             .map(|(id, m)| {
-                let rate = self.money.prices.get(&m.name).map_or(self.config.pricing.default_price, |p| p.on_demand);
+                let rate =
+                    self.money.prices.get(&m.name).map_or(self.config.pricing.default_price, |p| p.on_demand);
                 (id, rate)
             })
             .collect();
@@ -79,7 +80,8 @@ impl<S: Store> Engine<S> {
 
     /// An attempt's use, metered, counted in its tenant's fair share.
     pub(super) fn fair_share_usage(&mut self, usage: &crate::billing::UsageRow, now: u64) {
-        let (Some(model), Ok(tier)) = (self.core.model_by_name(&usage.gpu_model), usage.tier.parse::<Tier>()) else {
+        let (Some(model), Ok(tier)) = (self.core.model_by_name(&usage.gpu_model), usage.tier.parse::<Tier>())
+        else {
             return;
         };
         let span = (Time(usage.started_ms), Time(usage.ended_ms));

@@ -311,7 +311,9 @@ impl Why<'_> {
                 Pending::NoCapacity { .. } => PendingReason::NoCapacity,
                 Pending::FairShare { .. } => PendingReason::FairShare,
                 Pending::ReclaimingShare { .. } => PendingReason::ReclaimingShare,
-                Pending::Quota { .. } | Pending::QuotaOwed { .. } | Pending::QuotaKept { .. } => PendingReason::Quota,
+                Pending::Quota { .. } | Pending::QuotaOwed { .. } | Pending::QuotaKept { .. } => {
+                    PendingReason::Quota
+                }
                 Pending::ReclaimingQuota { .. } => PendingReason::ReclaimingQuota,
             },
         }

@@ -61,7 +61,10 @@ impl<S: Store> Engine<S> {
             notes = engine.bootstrap()?;
             snapshot = engine.store.load::<JobRecord>().map_err(fatal)?;
         }
-        engine.core.set_fair_share_half_life(engine.config.fair_share_half_life).map_err(|e| ApiError::internal(e.to_string()))?;
+        engine
+            .core
+            .set_fair_share_half_life(engine.config.fair_share_half_life)
+            .map_err(|e| ApiError::internal(e.to_string()))?;
         engine.load_access(&mut snapshot);
         engine.load_nodes(std::mem::take(&mut snapshot.nodes), now)?;
         for price in &snapshot.prices {
@@ -341,8 +344,12 @@ impl<S: Store> Engine<S> {
             // A fair-share drain is counted: while one drains, no more are chosen.
             reason: match job.notice.as_ref().map(|n| n.2.as_str()) {
                 _ if drilled => DrainReason::Drill,
-                Some(r) if r.starts_with(super::plan::FAIR_SHARE_REASON) => DrainReason::FairShare { tenant: TenantId(0) },
-                Some(r) if r.starts_with(super::plan::QUOTA_REASON) => DrainReason::Quota { tenant: TenantId(0) },
+                Some(r) if r.starts_with(super::plan::FAIR_SHARE_REASON) => {
+                    DrainReason::FairShare { tenant: TenantId(0) }
+                }
+                Some(r) if r.starts_with(super::plan::QUOTA_REASON) => {
+                    DrainReason::Quota { tenant: TenantId(0) }
+                }
                 _ => DrainReason::Reclaim,
             },
         });

@@ -463,7 +463,9 @@ impl<S: Store> Engine<S> {
             for tenant in self.core.tenants_in(tier) {
                 let share = self.core.share(tier, tenant, Time(self.now));
                 let name = self.tenant_name(tenant.0);
-                snapshot.shares.insert((name, tier.as_str()), (share.share, share.weight_share, share.usage / 1e6));
+                snapshot
+                    .shares
+                    .insert((name, tier.as_str()), (share.share, share.weight_share, share.usage / 1e6));
             }
         }
         for (tenant, tier, model, quota) in self.core.quotas() {

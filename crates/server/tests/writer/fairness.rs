@@ -67,7 +67,11 @@ fn a_tenant_that_had_the_tier_waits_behind_one_that_had_none_and_says_why() {
     // acme's usage: 4 GPU-hours at $3.60 on demand, decayed over the hour.
     let list = tenants(&mut api);
     let share = &row(&list, "acme")["shares"][0];
-    assert_eq!((share["tier"].as_str(), share["share_percent"].as_f64()), (Some("preemptible"), Some(100.0)), "{list}");
+    assert_eq!(
+        (share["tier"].as_str(), share["share_percent"].as_f64()),
+        (Some("preemptible"), Some(100.0)),
+        "{list}"
+    );
     assert_eq!(row(&list, "beta")["weight"].as_u64(), Some(3));
 
     let late: Vec<u64> = (0..2).map(|_| api.submit(&beta, &json!({"argv": ["eval"]}))).collect();
@@ -108,9 +112,7 @@ fn quotas_are_set_checked_shown_and_make_jobs_wait_not_fail() {
     let admin = api.admin.clone();
     let acme = api.tenant("acme");
     let _beta = api.tenant("beta");
-    let quota = |tier: &str, model: &str, nominal: u64, borrow: Option<u64>, lend: Option<u64>| {
-        json!({"tier": tier, "gpu_model": model, "nominal": nominal, "borrowing_limit": borrow, "lending_limit": lend})
-    };
+    let quota = |tier: &str, model: &str, nominal: u64, borrow: Option<u64>, lend: Option<u64>| json!({"tier": tier, "gpu_model": model, "nominal": nominal, "borrowing_limit": borrow, "lending_limit": lend});
     for (bad, field) in [
         (quota("reserved", MODEL, 4, None, None), "quotas[0].tier"),
         (quota("preemptible", "T4", 4, None, None), "quotas[0].gpu_model"),

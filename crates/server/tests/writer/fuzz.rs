@@ -430,7 +430,12 @@ enum Step {
 fn quota() -> impl Strategy<Value = ebb_api::TenantQuota> {
     let count = || prop_oneof![Just(0u32), 1u32..16, Just(1_000_000), Just(1_000_001), Just(u32::MAX)];
     (
-        prop_oneof![Just("preemptible".to_string()), Just("on-demand".to_string()), Just("reserved".to_string()), text()],
+        prop_oneof![
+            Just("preemptible".to_string()),
+            Just("on-demand".to_string()),
+            Just("reserved".to_string()),
+            text()
+        ],
         prop_oneof![4 => Just("H100".to_string()), 1 => text()],
         count(),
         proptest::option::of(count()),
