@@ -623,7 +623,11 @@ def probe(port):
                     text = answer.read(300).decode(errors="replace")
                     found.append(" ".join(map(str, ["ANSWERED", port, prefix + path, answer.status, text.replace("\n", " ")[:200]])))
             except urllib.error.HTTPError as e:
-                text = e.read(300).decode(errors="replace")
+                # Another test's server may reset the connection mid-body.
+                try:
+                    text = e.read(300).decode(errors="replace")
+                except Exception:
+                    text = ""
                 if "job" in text or "preempt" in text:
                     found.append(" ".join(map(str, ["NAMED", port, prefix + path, e.code, text[:200]])))
             except Exception:
