@@ -178,13 +178,13 @@ pub struct SlurmBatch {
     /// `--partition`, `--qos`, `--account`: recorded and shown by
     /// `squeue` and `sacct` (the partition already chose the tier).
     #[serde(default)]
-    #[schema(max_length = 256, pattern = r"^[^\s\u0000]*$")]
+    #[schema(max_length = 256, pattern = r"^[^\s\u0085\u0000]*$")]
     pub partition: Option<String>,
     #[serde(default)]
-    #[schema(max_length = 256, pattern = r"^[^\s\u0000]*$")]
+    #[schema(max_length = 256, pattern = r"^[^\s\u0085\u0000]*$")]
     pub qos: Option<String>,
     #[serde(default)]
-    #[schema(max_length = 256, pattern = r"^[^\s\u0000]*$")]
+    #[schema(max_length = 256, pattern = r"^[^\s\u0085\u0000]*$")]
     pub account: Option<String>,
     /// The directory `sbatch` ran in (`SLURM_SUBMIT_DIR`).
     #[serde(default)]

@@ -321,7 +321,10 @@ fn slurm_batch(slurm: &ebb_api::SlurmBatch) -> Result<(), ApiError> {
     for (field, value) in [("partition", &slurm.partition), ("qos", &slurm.qos), ("account", &slurm.account)]
     {
         if let Some(v) = value {
-            if v.len() > 256 || v.chars().any(|c| c.is_whitespace() || c == '\0') {
+            // The document's pattern, `^[^\s\u0085\u0000]*$`, as its
+            // regular expressions read `\s`: Unicode's white space, U+FEFF.
+            if v.chars().count() > 256 || v.chars().any(|c| c.is_whitespace() || c == '\u{feff}' || c == '\0')
+            {
                 return bad(format!("slurm.{field}: at most 256 characters, no spaces"));
             }
         }
@@ -441,6 +444,38 @@ mod tests {
 
     fn param(name: &str, values: &[&str]) -> SweepParam {
         SweepParam { name: name.into(), values: values.iter().map(|v| v.to_string()).collect() }
+    }
+
+    /// A Slurm account, partition or QOS is refused exactly as the API
+    /// document's pattern and length say: Unicode white space (U+0085
+    /// included, which the document's `\s` leaves out and names), U+FEFF
+    /// (which its `\s` includes), NUL; at most 256 characters, not bytes.
+    #[test]
+    fn slurm_names_are_refused_as_the_document_says() {
+        let mut core = State::new();
+        let node = ebb_scheduler::NodeSpec {
+            name: "n".into(),
+            gpu_model: "H100".into(),
+            gpus: 8,
+            labels: Default::default(),
+        };
+        core.add_node(node, ebb_core::Time(0)).unwrap();
+        let with = |account: &str| {
+            let script = "#!/bin/bash\ntrue\n".to_string();
+            let slurm = ebb_api::SlurmBatch { account: Some(account.into()), script, ..Default::default() };
+            let spec = JobSubmission { argv: vec!["x".into()], slurm: Some(slurm), ..Default::default() };
+            match submission(&spec, &core, &Limits::default()) {
+                Ok(_) => true,
+                Err(e) if e.message.starts_with("slurm.account") => false,
+                Err(e) => panic!("{account:?}: {}", e.message),
+            }
+        };
+        for refused in ["a b", "a\u{85}b", "a\u{2000}", "\u{feff}", "a\0", &"x".repeat(257)] {
+            assert!(!with(refused), "{refused:?} accepted");
+        }
+        for accepted in ["research-7", "\u{94}\u{b5}0\u{14}", &"é".repeat(256)] {
+            assert!(with(accepted), "{accepted:?} refused");
+        }
     }
 
     #[test]

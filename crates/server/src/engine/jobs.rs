@@ -9,6 +9,9 @@ pub const MAX_WEIGHT: u32 = 1_000_000;
 /// The largest quota, borrowing or lending limit, in GPUs.
 pub const MAX_QUOTA: u32 = 1_000_000;
 
+/// The most quotas one tenant may have (one per tier and model).
+pub const MAX_QUOTAS: usize = 64;
+
 /// A quota's tier: on-demand or preemptible.
 fn parse_quota_tier(text: &str) -> Option<Tier> {
     text.parse::<Tier>().ok().filter(|t| *t != Tier::Reserved)
@@ -557,6 +560,10 @@ impl<S: Store> Engine<S> {
                     set.weight.unwrap_or(0)
                 ))
                 .into());
+            }
+            if set.quotas.as_ref().is_some_and(|q| q.len() > MAX_QUOTAS) {
+                let msg = format!("quotas: at most {MAX_QUOTAS} a tenant");
+                return Err(ApiError::unprocessable(msg).into());
             }
             for (i, q) in set.quotas.iter().flatten().enumerate() {
                 self.check_quota(i, q)?;

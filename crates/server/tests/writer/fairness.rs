@@ -123,6 +123,9 @@ fn quotas_are_set_checked_shown_and_make_jobs_wait_not_fail() {
         assert_eq!(answer.status, 422, "{}", answer.body);
         assert!(answer.error().starts_with(field), "{field}: {}", answer.error());
     }
+    let many: Vec<Value> = (0..65).map(|_| quota("preemptible", MODEL, 1, None, None)).collect();
+    let answer = api.put(&admin, "/v1/tenants/acme/limits", &json!({ "quotas": many }));
+    assert_eq!((answer.status, answer.error().as_str()), (422, "quotas: at most 64 a tenant"));
     let twice = json!({"quotas": [quota("preemptible", MODEL, 2, None, None), quota("preemptible", MODEL, 3, None, None)]});
     assert_eq!(api.put(&admin, "/v1/tenants/acme/limits", &twice).status, 422);
     // A tenant cannot set its own.
