@@ -481,7 +481,8 @@ impl Labels {
 /// every task of the array not yet ended, each running one with `grace`
 /// (the server's default if none). Each is tried; one that cannot be
 /// cancelled (already ended, not found) is said, and makes the command
-/// fail once the others are done.
+/// fail once the others are done — except a task of the array that ended
+/// by itself between the listing and its cancel.
 pub async fn cancel(
     conn: &Connection,
     ids: &[u64],
@@ -515,6 +516,11 @@ pub async fn cancel(
             // The request itself is refused (a grace over the drain
             // window): it would be for every job.
             Err(e) if e.ends_with("(HTTP 422)") => return Err(e),
+            // A task of the array that ended by itself since it was listed
+            // is not a failure of the command (a job named is).
+            Err(e) if !ids.contains(&id) && e.contains(": already ") && e.ends_with("(HTTP 409)") => {
+                writeln!(text, "job {id}: ended before it could be cancelled").unwrap();
+            }
             Err(e) => failed.push(e),
         }
     }
