@@ -277,6 +277,12 @@ pub const MAX_TIME_LIMIT_S: u64 = 365 * 24 * 3600;
 /// A Slurm batch job's script and options, as the document states them.
 fn slurm_batch(slurm: &ebb_api::SlurmBatch) -> Result<(), ApiError> {
     let bad = |m: String| Err(ApiError::bad_request(m));
+    // The document cannot require it: a job's view leaves the script out.
+    if slurm.script.is_empty() {
+        return Err(ApiError::unprocessable(
+            "slurm.script: a Slurm job's submission needs its script".into(),
+        ));
+    }
     if !slurm.script.starts_with("#!") || slurm.script.len() < 3 {
         return bad("slurm.script: the first line must start with #! and an interpreter".into());
     }
@@ -476,6 +482,28 @@ mod tests {
         for accepted in ["research-7", "\u{94}\u{b5}0\u{14}", &"é".repeat(256)] {
             assert!(with(accepted), "{accepted:?} refused");
         }
+    }
+
+    /// A Slurm block without its script is schema-valid (a job's view
+    /// leaves the script out), so it is refused as what the document
+    /// cannot state: 422, naming the field.
+    #[test]
+    fn a_slurm_submission_without_its_script_is_unprocessable() {
+        let mut core = State::new();
+        let node = ebb_scheduler::NodeSpec {
+            name: "n".into(),
+            gpu_model: "H100".into(),
+            gpus: 8,
+            labels: Default::default(),
+        };
+        core.add_node(node, ebb_core::Time(0)).unwrap();
+        let slurm = ebb_api::SlurmBatch::default();
+        let spec = JobSubmission { argv: vec!["x".into()], slurm: Some(slurm), ..Default::default() };
+        let refused = submission(&spec, &core, &Limits::default()).err().expect("refused");
+        assert_eq!(
+            (refused.status, refused.message.as_str()),
+            (422, "slurm.script: a Slurm job's submission needs its script")
+        );
     }
 
     #[test]

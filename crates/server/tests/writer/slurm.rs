@@ -249,6 +249,6 @@ fn a_slurm_jobs_partition_chooses_its_tier() {
     let no_shebang = api.post(&admin, "/v1/jobs", &one_gpu(json!({"slurm": {"script": "echo hi"}})));
     assert_eq!(no_shebang.status, 400, "{}", no_shebang.body);
     let no_script = api.post(&admin, "/v1/jobs", &one_gpu(json!({"slurm": {"ntasks": 2}})));
-    assert_eq!(no_script.status, 400, "{}", no_script.body);
-    assert_eq!(no_script.error(), "slurm.script: the first line must start with #! and an interpreter");
+    assert_eq!(no_script.status, 422, "{}", no_script.body);
+    assert_eq!(no_script.error(), "slurm.script: a Slurm job's submission needs its script");
 }
