@@ -37,9 +37,11 @@ fn a_late_tenant_starts_as_the_first_ones_tasks_end_and_quotas_wait_and_give_bac
         (states(&c, &array).1 == 8).then_some(())
     });
     let late: Vec<u64> = (0..4).map(|_| c.submit_as(&b, &["--", "sleep", "300"])).collect();
-    // Every GPU is busy: beta's first job says so, the rest wait behind it.
+    // Every GPU is busy: beta's first job says so (unless an acme task
+    // ended meanwhile and it runs already), the rest wait behind it.
     let job = c.job(late[0]);
-    assert!(["resources", "scheduling"].contains(&job["pending_reason"].as_str().unwrap_or("")), "{job}");
+    let waits = ["resources", "scheduling"].contains(&job["pending_reason"].as_str().unwrap_or(""));
+    assert!(waits || job["state"] == "running", "{job}");
     let asked = Instant::now();
     wait_for("beta's four jobs running", Duration::from_secs(30), || {
         (states(&c, &late).1 == 4).then_some(())
