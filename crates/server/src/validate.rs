@@ -448,6 +448,19 @@ mod tests {
     use super::*;
     use ebb_api::SweepParam;
 
+    /// A core with one 8-GPU H100 node.
+    fn one_node() -> State {
+        let mut core = State::new();
+        let node = ebb_scheduler::NodeSpec {
+            name: "n".into(),
+            gpu_model: "H100".into(),
+            gpus: 8,
+            labels: Default::default(),
+        };
+        core.add_node(node, ebb_core::Time(0)).unwrap();
+        core
+    }
+
     fn param(name: &str, values: &[&str]) -> SweepParam {
         SweepParam { name: name.into(), values: values.iter().map(|v| v.to_string()).collect() }
     }
@@ -458,14 +471,7 @@ mod tests {
     /// (which its `\s` includes), NUL; at most 256 characters, not bytes.
     #[test]
     fn slurm_names_are_refused_as_the_document_says() {
-        let mut core = State::new();
-        let node = ebb_scheduler::NodeSpec {
-            name: "n".into(),
-            gpu_model: "H100".into(),
-            gpus: 8,
-            labels: Default::default(),
-        };
-        core.add_node(node, ebb_core::Time(0)).unwrap();
+        let core = one_node();
         let with = |account: &str| {
             let script = "#!/bin/bash\ntrue\n".to_string();
             let slurm = ebb_api::SlurmBatch { account: Some(account.into()), script, ..Default::default() };
@@ -489,14 +495,7 @@ mod tests {
     /// cannot state: 422, naming the field.
     #[test]
     fn a_slurm_submission_without_its_script_is_unprocessable() {
-        let mut core = State::new();
-        let node = ebb_scheduler::NodeSpec {
-            name: "n".into(),
-            gpu_model: "H100".into(),
-            gpus: 8,
-            labels: Default::default(),
-        };
-        core.add_node(node, ebb_core::Time(0)).unwrap();
+        let core = one_node();
         let slurm = ebb_api::SlurmBatch::default();
         let spec = JobSubmission { argv: vec!["x".into()], slurm: Some(slurm), ..Default::default() };
         let refused = submission(&spec, &core, &Limits::default()).err().expect("refused");

@@ -942,24 +942,24 @@ fn bump<T: Default + Clone>(v: &mut Vec<T>, i: usize, f: impl FnOnce(&mut T)) {
     f(&mut v[i]);
 }
 
-/// Adds `gpus` busy over [start, end) to a tenant's hourly buckets.
-fn add_owner_interval(by_hour: &mut Vec<u128>, origin: Time, gpus: u32, start: Time, end: Time) {
+/// Calls `add(hour, ms)` for each hour [start, end) overlaps, with the
+/// milliseconds of it in that hour.
+fn each_hour(origin: Time, start: Time, end: Time, mut add: impl FnMut(usize, u128)) {
     let (mut from, to) = (start.saturating_since(origin).0, end.saturating_since(origin).0);
     while from < to {
         let hour = from / HOUR_MS;
         let until = ((hour + 1) * HOUR_MS).min(to);
-        bump(by_hour, hour as usize, |b| *b += gpus as u128 * (until - from) as u128);
+        add(hour as usize, (until - from) as u128);
         from = until;
     }
 }
 
+/// Adds `gpus` busy over [start, end) to a tenant's hourly buckets.
+fn add_owner_interval(by_hour: &mut Vec<u128>, origin: Time, gpus: u32, start: Time, end: Time) {
+    each_hour(origin, start, end, |hour, ms| bump(by_hour, hour, |b| *b += gpus as u128 * ms));
+}
+
 /// Adds `gpus` busy over [start, end) to the hourly buckets of `tier`.
 fn add_interval(by_hour: &mut Vec<[u128; 3]>, origin: Time, tier: usize, gpus: u32, start: Time, end: Time) {
-    let (mut from, to) = (start.saturating_since(origin).0, end.saturating_since(origin).0);
-    while from < to {
-        let hour = from / HOUR_MS;
-        let until = ((hour + 1) * HOUR_MS).min(to);
-        bump(by_hour, hour as usize, |b| b[tier] += gpus as u128 * (until - from) as u128);
-        from = until;
-    }
+    each_hour(origin, start, end, |hour, ms| bump(by_hour, hour, |b| b[tier] += gpus as u128 * ms));
 }
