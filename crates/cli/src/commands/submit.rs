@@ -29,9 +29,10 @@ pub struct SubmitArgs {
     /// Give up after this many preemptions.
     #[arg(long)]
     pub max_preemptions: Option<u32>,
-    /// Its place among your own jobs of its tier, -1000 to 1000: higher
-    /// starts first. Never moves another tenant's jobs.
-    #[arg(long, allow_hyphen_values = true)]
+    /// Its place among your own jobs of its tier, -1000 to 1000 or a
+    /// class: low (-100), normal (0), high (100). Higher starts first.
+    /// Never moves another tenant's jobs.
+    #[arg(long, allow_hyphen_values = true, value_name = "N|CLASS", value_parser = parse_priority)]
     pub priority: Option<i32>,
     /// When a preemptible job must be done (2026-12-01T18:00Z): it stays
     /// preemptible while its reported progress fits before then, and moves
@@ -97,6 +98,22 @@ pub struct SubmitArgs {
     /// error.
     #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
     pub command: Vec<String>,
+}
+
+/// Named priority classes and the numbers they stand for.
+pub const PRIORITY_CLASSES: [(&str, i32); 3] = [("low", -100), ("normal", 0), ("high", 100)];
+
+/// `--priority`: a number from -1000 to 1000, or a class's name.
+fn parse_priority(text: &str) -> Result<i32, String> {
+    if let Some(&(_, n)) = PRIORITY_CLASSES.iter().find(|(name, _)| *name == text) {
+        return Ok(n);
+    }
+    let classes = PRIORITY_CLASSES.map(|(name, n)| format!("{name} ({n})")).join(", ");
+    match text.parse::<i64>() {
+        Ok(n) if (-1000..=1000).contains(&n) => Ok(n as i32),
+        Ok(n) => Err(format!("{n} is out of range: a priority is -1000 to 1000")),
+        Err(_) => Err(format!("expected a number from -1000 to 1000 or a class: {classes}; got {text:?}")),
+    }
 }
 
 fn parse_span(text: &str) -> Result<ebb_core::Span, String> {
@@ -339,6 +356,38 @@ mod tests {
         let mut argv = vec!["#EBB"];
         argv.extend_from_slice(words);
         ScriptFlags::try_parse_from(argv).unwrap().flags
+    }
+
+    /// A priority is a number in range or a class's name, from the command
+    /// line and from a script's `#EBB` lines alike; anything else is refused
+    /// with what was expected.
+    #[test]
+    fn a_priority_is_a_number_in_range_or_a_class() {
+        for (word, n) in
+            [("high", 100), ("normal", 0), ("low", -100), ("-1000", -1000), ("1000", 1000), ("+7", 7)]
+        {
+            assert_eq!(
+                submission(&args(&["--priority", word, "--", "true"])).unwrap().priority,
+                Some(n),
+                "{word}"
+            );
+        }
+        for word in ["1001", "-1001", "99999999999999999999", "HIGH", "", "1e3", "urgent"] {
+            let refused = ScriptFlags::try_parse_from(["#EBB", "--priority", word, "--", "true"]);
+            let text = refused.err().expect(word).to_string();
+            assert!(text.contains("--priority"), "{text}");
+            assert!(text.contains("-1000 to 1000"), "{text}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Every number is taken exactly when it is in range, and any text
+        /// at all is answered, never a panic.
+        #[test]
+        fn any_priority_text_is_taken_in_range_or_refused(n in proptest::prelude::any::<i64>(), text in ".{0,24}") {
+            proptest::prop_assert_eq!(parse_priority(&n.to_string()).is_ok(), (-1000..=1000).contains(&n));
+            let _ = parse_priority(&text);
+        }
     }
 
     #[test]
