@@ -23,6 +23,12 @@ pub struct Plan {
     /// [`crate::State::apply`] ignores it, and a plan of only this is
     /// empty.
     pub pending: Vec<(JobId, Pending)>,
+    /// The nodes this pass kept for blocked jobs, when they differ from
+    /// the last pass's ([`crate::State::earmarks`]): informational like
+    /// `pending` (a plan of only this is empty), and kept by
+    /// [`crate::State::apply`] or [`crate::State::keep_earmarks`] so the
+    /// next pass keeps the same nodes for the same jobs.
+    pub earmarks: Option<Vec<(NodeId, JobId)>>,
 }
 
 impl Plan {

@@ -30,6 +30,15 @@ pub fn schedule(state: &State, now: Time, config: &Config) -> Plan {
     pass.enforce_reclaims();
     pass.start_ready_holds();
     pass.walk_queue();
+    let kept: BTreeMap<NodeId, JobId> = pass
+        .earmarked
+        .iter()
+        .filter(|(_, j)| pass.reserved.contains(&Some(**j)))
+        .map(|(&n, &j)| (n, j))
+        .collect();
+    if kept != state.earmarks {
+        pass.plan.earmarks = Some(kept.into_iter().collect());
+    }
     pass.plan
 }
 
@@ -67,6 +76,17 @@ struct Pass<'a> {
     /// Nodes kept for a blocked job this pass, and for which: nothing else
     /// lands there.
     earmarked: BTreeMap<NodeId, JobId>,
+    /// Per tier, the job first in the tier's order that could not start,
+    /// when one was and needs more than one GPU, with the nodes kept for
+    /// it (`kept_before`): until its
+    /// tenant starts a job there, each pass looks at that tenant first and
+    /// keeps those nodes for it again, as FIFO does for its oldest job, so
+    /// the GPUs that free up on them are not taken by whichever tenant
+    /// comes first in the pass's order. Reserved before the pass, the
+    /// tenant; after it, the job.
+    reserved: [Option<JobId>; 3],
+    reserved_tenant: [Option<TenantId>; 3],
+    kept_before: BTreeMap<NodeId, JobId>,
     /// Nodes declared lost this pass.
     dead: BTreeSet<NodeId>,
     /// Per model and free count: nodes of the state's bucket below this id
@@ -176,6 +196,17 @@ impl<'a> Pass<'a> {
                 .map(|m| vec![BTreeSet::new(); m.gpus_per_node as usize + 1])
                 .collect(),
             earmarked: BTreeMap::new(),
+            reserved: [None; 3],
+            reserved_tenant: {
+                let mut reserved = [None; 3];
+                for j in state.earmarks.values() {
+                    if let Some(job) = state.jobs.get(j).filter(|j| j.phase == Phase::Queued) {
+                        reserved[job.spec.tier.rank() as usize] = Some(job.spec.tenant);
+                    }
+                }
+                reserved
+            },
+            kept_before: state.earmarks.clone(),
             dead: BTreeSet::new(),
             cursor: models.iter().map(|m| vec![0; m.gpus_per_node as usize + 1]).collect(),
             victims: BTreeSet::new(),
@@ -356,6 +387,14 @@ impl<'a> Pass<'a> {
         // left waiting so far.
         let mut blocked: BTreeMap<QueueClass, JobId> = BTreeMap::new();
         let mut waiting: BTreeSet<TenantId> = BTreeSet::new();
+        // The tenant reserved for first, then the tier's order; the first
+        // job looked at is reserved for if it cannot start.
+        if let Some(tenant) = self.reserved_tenant[rank] {
+            if state.tenant_queues.contains_key(&(tier, tenant)) {
+                moved.insert((ShareKey(f64::NEG_INFINITY), tenant));
+            }
+        }
+        let mut head = true;
         loop {
             if blocked.len() >= classes {
                 return true;
@@ -369,18 +408,22 @@ impl<'a> Pass<'a> {
                 (None, Some(_)) => true,
                 (Some(_), None) => false,
             };
-            let tenant = if from_moved {
-                moved.pop_first().expect("peeked").1
-            } else {
-                base.next().expect("peeked").1
-            };
+            let (key, tenant) =
+                if from_moved { moved.pop_first().expect("peeked") } else { *base.next().expect("peeked") };
+            // Reserved for: its first job is looked at first, the rest in
+            // its place in the order.
+            let reserved_visit = key.0 == f64::NEG_INFINITY;
             let walk = walks.entry(tenant).or_insert_with(|| TenantWalk::new(state, tier, tenant));
             while let Some((job, class)) = walk.peek() {
-                if let Some(&first) = blocked.get(&class) {
-                    debug_assert_ne!(state.jobs[&first].spec.tenant, tenant);
+                if let Some(&behind) = blocked.get(&class) {
                     walk.drop_class(class);
-                    let ahead = waiting.iter().filter(|&&t| t != tenant).count() as u32;
-                    self.plan.pending.push((job, Pending::FairShare { tenants_ahead: ahead }));
+                    let why = match state.jobs[&behind].spec.tenant == tenant {
+                        true => Pending::Priority { behind },
+                        false => Pending::FairShare {
+                            tenants_ahead: waiting.iter().filter(|&&t| t != tenant).count() as u32,
+                        },
+                    };
+                    self.plan.pending.push((job, why));
                     waiting.insert(tenant);
                     continue;
                 }
@@ -389,6 +432,7 @@ impl<'a> Pass<'a> {
                 }
                 match self.try_start(job) {
                     Outcome::Started | Outcome::Preempting => {
+                        head = false;
                         walk.advance(class);
                         if walk.peek().is_some() {
                             let key = state.fair.key(tier, tenant, self.extra_rate(tier, tenant));
@@ -397,34 +441,46 @@ impl<'a> Pass<'a> {
                         break;
                     }
                     Outcome::Blocked(why) => {
-                        let short = matches!(
-                            why,
-                            Pending::Resources { .. }
-                                | Pending::WholeNodes { .. }
-                                | Pending::ReservationCap { .. }
-                        );
-                        let why = match short {
-                            true => self
-                                .reclaim_for(job)
-                                .or_else(|| {
-                                    (tier == Tier::Preemptible)
-                                        .then(|| self.reclaim_share(job, tenant))
-                                        .flatten()
-                                })
-                                .unwrap_or(why),
-                            false => why,
-                        };
+                        let why = self.blocked_why(job, tenant, tier, why);
                         // A quota keeps this tenant out, not the class.
                         if !why.is_quota() {
                             blocked.insert(class, job);
+                            // The first in the tier's order is reserved for,
+                            // if it needs GPUs to free up together (one GPU
+                            // is any GPU that frees, in its turn).
+                            if std::mem::take(&mut head) && state.jobs[&job].spec.gpus > 1 {
+                                self.reserved[rank] = Some(job);
+                            }
                         }
                         walk.drop_class(class);
                         self.plan.pending.push((job, why));
                         waiting.insert(tenant);
+                        if reserved_visit {
+                            if walk.peek().is_some() {
+                                let key = state.fair.key(tier, tenant, self.extra_rate(tier, tenant));
+                                moved.insert((key, tenant));
+                            }
+                            break;
+                        }
                     }
                 }
             }
         }
+    }
+
+    /// Why a job the walk could not start waits, after the reclaims it may
+    /// set off: a quota's, then (preemptible) fair-share preemption.
+    fn blocked_why(&mut self, job: JobId, tenant: TenantId, tier: Tier, why: Pending) -> Pending {
+        let short = matches!(
+            why,
+            Pending::Resources { .. } | Pending::WholeNodes { .. } | Pending::ReservationCap { .. }
+        );
+        if !short {
+            return why;
+        }
+        self.reclaim_for(job)
+            .or_else(|| (tier == Tier::Preemptible).then(|| self.reclaim_share(job, tenant)).flatten())
+            .unwrap_or(why)
     }
 
     /// The cheapest victims `filter` allows that make room for `job` on
@@ -772,12 +828,35 @@ impl<'a> Pass<'a> {
     fn earmark_for(&mut self, job: JobId, model: GpuModelId, gpus: u32) -> Vec<NodeId> {
         let per_node = self.state.models[model.0 as usize].gpus_per_node;
         let mut wanted = if gpus <= per_node as u32 { 1 } else { (gpus / per_node as u32) as usize };
+        let spec = &self.state.jobs[&job].spec;
+        let (class, tenant) = (QueueClass::of(spec), spec.tenant);
+        let before: Vec<NodeId> = self
+            .kept_before
+            .iter()
+            .filter(|(_, j)| {
+                self.state
+                    .jobs
+                    .get(j)
+                    .is_some_and(|o| o.spec.tenant == tenant && QueueClass::of(&o.spec) == class)
+            })
+            .map(|(n, _)| *n)
+            .collect();
         let mut kept = Vec::new();
         for free in (0..=per_node as usize).rev() {
             if wanted == 0 {
                 break;
             }
-            for node in self.bucket_nodes(model, free, wanted) {
+            // Of nodes equally close, those kept for it before first.
+            let again: Vec<NodeId> =
+                before.iter().copied().filter(|&n| self.in_bucket(model, free, n)).take(wanted).collect();
+            let more = self.bucket_nodes(model, free, wanted);
+            let chosen: Vec<NodeId> = again
+                .iter()
+                .copied()
+                .chain(more.into_iter().filter(|n| !again.contains(n)))
+                .take(wanted)
+                .collect();
+            for node in chosen {
                 self.earmarked.insert(node, job);
                 self.untouch_bucket(node);
                 kept.push(node);

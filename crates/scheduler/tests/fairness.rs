@@ -7,7 +7,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 
 use common::Cluster;
-use ebb_core::{JobId, Span, TenantId, Tier, Time};
+use ebb_core::{JobId, NodeId, Span, TenantId, Tier, Time};
 use ebb_scheduler::*;
 use proptest::prelude::*;
 
@@ -45,6 +45,47 @@ fn submit(c: &mut Cluster, tenant: TenantId, tier: Tier, gpus: u32, priority: i3
 
 fn started(plan: &Plan) -> Vec<JobId> {
     plan.placements.iter().map(|p| p.job).collect()
+}
+
+/// A job first in its tier's order that cannot start keeps the nodes it
+/// waits for from pass to pass: the GPUs that free up there are its, even
+/// when a tenant further below its share comes in meanwhile (who would
+/// otherwise take them one by one, and the job would wait on).
+#[test]
+fn the_first_job_in_order_keeps_the_nodes_it_waits_for_across_passes() {
+    const L: TenantId = TenantId(3);
+    let mut c = Cluster::new(1, 4);
+    let running: Vec<JobId> = (0..4).map(|_| submit(&mut c, B, Tier::Preemptible, 1, 0)).collect();
+    let queued: Vec<JobId> = (0..4).map(|_| submit(&mut c, B, Tier::Preemptible, 1, 0)).collect();
+    assert_eq!(started(&c.step()), running);
+    c.advance(60);
+    let large = submit(&mut c, L, Tier::Preemptible, 4, 0);
+    let plan = c.step();
+    assert!(plan.placements.is_empty());
+    let node = NodeId(0);
+    assert_eq!(c.state.earmarks().collect::<Vec<_>>(), vec![(node, large)]);
+    // A has no usage and the lower id: it comes before L in the order.
+    c.advance(60);
+    let late = submit(&mut c, A, Tier::Preemptible, 1, 0);
+    finish(&mut c, running[0]);
+    let plan = c.step();
+    assert!(plan.placements.is_empty(), "{plan:#?}");
+    assert_eq!(
+        plan.pending.iter().find(|(j, _)| *j == late),
+        Some(&(late, Pending::Priority { behind: large }))
+    );
+    for &job in &running[1..] {
+        c.advance(60);
+        finish(&mut c, job);
+        let plan = c.step();
+        let expected = if job == running[3] { vec![large] } else { vec![] };
+        assert_eq!(started(&plan), expected);
+    }
+    assert_eq!(c.state.earmarks().count(), 0);
+    // Then the order again: A, below its share, before B's backlog.
+    finish(&mut c, large);
+    assert_eq!(started(&c.step())[0], late);
+    assert!(queued.iter().all(|&j| c.phase(j).is_some()));
 }
 
 #[test]

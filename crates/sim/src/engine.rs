@@ -488,6 +488,7 @@ impl<'a> Engine<'a> {
         loop {
             let plan = schedule(&self.state, now, &self.core);
             if plan.is_empty() {
+                self.state.keep_earmarks(&plan);
                 break;
             }
             self.state.apply(&plan).expect("the core's own plan applies");

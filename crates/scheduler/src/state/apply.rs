@@ -121,6 +121,7 @@ impl State {
         for (tier, tenant) in started {
             self.rekey(tier, tenant);
         }
+        self.keep_earmarks(plan);
         debug_assert!(self.sanity_check().is_ok(), "{:?}", self.sanity_check());
         Ok(())
     }

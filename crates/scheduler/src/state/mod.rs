@@ -182,6 +182,9 @@ pub struct State {
     pub(crate) heartbeats: BTreeSet<(Time, NodeId)>,
     /// Cordoned nodes whose preemptible jobs still need their notice.
     pub(crate) pending_node_drains: BTreeSet<NodeId>,
+    /// The nodes the last pass kept for blocked jobs, and for which: the
+    /// next pass keeps the same nodes for the same queue class first.
+    pub(crate) earmarks: BTreeMap<NodeId, JobId>,
     queued_by_tier: [u32; 3],
 }
 
@@ -255,6 +258,19 @@ impl State {
 
     pub fn hold(&self, job: JobId) -> Option<&Hold> {
         self.holds.get(&job)
+    }
+
+    /// The nodes the last pass kept for blocked jobs, by node.
+    pub fn earmarks(&self) -> impl Iterator<Item = (NodeId, JobId)> + '_ {
+        self.earmarks.iter().map(|(&n, &j)| (n, j))
+    }
+
+    /// Keeps what `plan` says about earmarks, for the next pass: what
+    /// [`State::apply`] does, for a plan that is otherwise empty.
+    pub fn keep_earmarks(&mut self, plan: &crate::Plan) {
+        if let Some(earmarks) = &plan.earmarks {
+            self.earmarks = earmarks.iter().copied().collect();
+        }
     }
 
     /// Every hold, by the waiting job's id.

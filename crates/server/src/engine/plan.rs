@@ -43,6 +43,7 @@ impl<S: Store> Engine<S> {
             let mut plan = ebb_scheduler::schedule(&self.core, Time(now), &self.sched);
             self.keep_pending(std::mem::take(&mut plan.pending));
             if plan.is_empty() {
+                self.core.keep_earmarks(&plan);
                 return Ok(());
             }
             starts += plan.placements.len() + plan.preemptions.len();
