@@ -247,6 +247,9 @@ pub struct TenantSummary {
     pub weight: u32,
     /// Where it stands in each tier where it has work or usage.
     pub shares: Vec<TierShare>,
+    /// Its quotas, with what it uses against each.
+    #[serde(default)]
+    pub quotas: Vec<QuotaUsage>,
 }
 
 /// A tenant's standing in one tier, by which fair share orders the

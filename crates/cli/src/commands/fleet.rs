@@ -340,6 +340,21 @@ fn parse_quota(text: &str) -> Result<api::TenantQuota, String> {
     })
 }
 
+/// One quota and its use, as `ebb tenant list` and `ebb tenant limits`
+/// print it.
+fn quota_line(lead: &str, q: &api::QuotaUsage) -> String {
+    let limit = |l: Option<u32>, none: &str| l.map_or_else(|| none.to_string(), |l| l.to_string());
+    format!(
+        "{lead}{} {}: uses {} of {}; borrows at most {}, lends at most {}\n",
+        q.quota.tier,
+        q.quota.gpu_model,
+        q.used,
+        q.quota.nominal,
+        limit(q.quota.borrowing_limit, "any"),
+        limit(q.quota.lending_limit, "all")
+    )
+}
+
 pub async fn tenant(conn: &Connection, command: &TenantCommand) -> Result<String, String> {
     match command {
         TenantCommand::List(out) => {
@@ -375,6 +390,7 @@ pub async fn tenant(conn: &Connection, command: &TenantCommand) -> Result<String
                     if shares.is_empty() { "-".to_string() } else { shares.join(", ") }
                 )
                 .unwrap();
+                text.extend(t.quotas.iter().map(|q| quota_line("  quota ", q)));
             }
             Ok(text)
         }
@@ -448,23 +464,7 @@ pub async fn tenant(conn: &Connection, command: &TenantCommand) -> Result<String
                 usage.stored_bytes,
                 usage.max_stored_bytes,
                 usage.weight
-            ) + &usage
-                .quotas
-                .iter()
-                .map(|q| {
-                    let limit =
-                        |l: Option<u32>, none: &str| l.map_or_else(|| none.to_string(), |l| l.to_string());
-                    format!(
-                        "  quota         {} {}: uses {} of {}; borrows at most {}, lends at most {}\n",
-                        q.quota.tier,
-                        q.quota.gpu_model,
-                        q.used,
-                        q.quota.nominal,
-                        limit(q.quota.borrowing_limit, "any"),
-                        limit(q.quota.lending_limit, "all")
-                    )
-                })
-                .collect::<String>())
+            ) + &usage.quotas.iter().map(|q| quota_line("  quota         ", q)).collect::<String>())
         }
         TenantCommand::RegistryLogin { name, registry, username, password_stdin: _ } => {
             let mut password = String::new();

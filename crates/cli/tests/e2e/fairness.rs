@@ -77,6 +77,9 @@ fn a_late_tenant_starts_as_the_first_ones_tasks_end_and_quotas_wait_and_give_bac
         limits.contains("quota         preemptible H100-80GB: uses 8 of 2; borrows at most 6"),
         "{limits}"
     );
+    let list = c.ebb(&["tenant", "list"]);
+    let quota = "\n  quota preemptible H100-80GB: uses 8 of 2; borrows at most 6, lends at most all\n";
+    assert!(list.contains(quota), "{list}");
     // beta, under its quota, gets back the GPUs acme borrowed: acme's
     // borrowed jobs drain one at a time, and beta's start in the window.
     let owed: Vec<u64> = (0..4).map(|_| c.submit_as(&b, &["--", "sleep", "300"])).collect();

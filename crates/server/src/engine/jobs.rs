@@ -432,6 +432,21 @@ impl<S: Store> Engine<S> {
         Ok(())
     }
 
+    /// A tenant's quotas, each with the GPUs it uses against it now.
+    pub(super) fn quota_usage(&self, tenant: u32) -> Vec<ebb_api::QuotaUsage> {
+        let quotas = self.tenants.limits.get(&tenant).and_then(|l| l.quotas.clone()).unwrap_or_default();
+        quotas
+            .into_iter()
+            .map(|quota| {
+                let used = match (parse_quota_tier(&quota.tier), self.core.model_by_name(&quota.gpu_model)) {
+                    (Some(tier), Some(model)) => self.core.quota_used(TenantId(tenant), tier, model),
+                    _ => 0,
+                };
+                ebb_api::QuotaUsage { quota, used }
+            })
+            .collect()
+    }
+
     /// Every tenant's quotas on the models the core knows, in the core
     /// (after a start, a change and a model's first node).
     pub(super) fn apply_quotas(&mut self) {
@@ -593,22 +608,7 @@ impl<S: Store> Engine<S> {
             tenant: name.to_string(),
             weight: self.core.weight(TenantId(tenant)),
             own: self.tenants.limits.get(&tenant).cloned().unwrap_or_default(),
-            quotas: self
-                .tenants
-                .limits
-                .get(&tenant)
-                .and_then(|l| l.quotas.clone())
-                .unwrap_or_default()
-                .into_iter()
-                .map(|quota| {
-                    let used =
-                        match (parse_quota_tier(&quota.tier), self.core.model_by_name(&quota.gpu_model)) {
-                            (Some(tier), Some(model)) => self.core.quota_used(TenantId(tenant), tier, model),
-                            _ => 0,
-                        };
-                    ebb_api::QuotaUsage { quota, used }
-                })
-                .collect(),
+            quotas: self.quota_usage(tenant),
             max_jobs: limits.max_jobs,
             max_running_jobs: limits.max_running_jobs,
             max_stored_bytes: limits.max_stored_bytes,

@@ -126,6 +126,7 @@ impl<S: Store> Engine<S> {
                     reservations,
                     weight: self.core.weight(TenantId(*id)),
                     shares: self.tier_shares(*id),
+                    quotas: self.quota_usage(*id),
                 }
             })
             .collect();
