@@ -107,7 +107,7 @@ struct Pass<'a> {
     reserved_used: BTreeMap<(TenantId, GpuModelId), u32>,
     reserved_total: Vec<u32>,
     /// µ$ per hour started (or held for) per tier and tenant this pass.
-    extra_rate: BTreeMap<(Tier, TenantId), u64>,
+    extra_rate: FxHashMap<(Tier, TenantId), u64>,
     /// The victim search under way takes only these jobs.
     victim_filter: Option<VictimFilter>,
     /// Fair-share preemption chose victims this pass (at most once).
@@ -116,7 +116,7 @@ struct Pass<'a> {
     reclaimed_quota: bool,
     /// GPUs used against quotas, per tier, model and tenant, as this
     /// pass's decisions left them (absent: as in the state).
-    quota_used: BTreeMap<(Tier, GpuModelId, TenantId), u32>,
+    quota_used: FxHashMap<(Tier, GpuModelId, TenantId), u32>,
 }
 
 /// Which jobs a victim search may take, besides running preemptible ones.
@@ -219,11 +219,11 @@ impl<'a> Pass<'a> {
             reserved_total: (0..models.len())
                 .map(|i| state.reserved_total(GpuModelId(i as u16), now))
                 .collect(),
-            extra_rate: BTreeMap::new(),
+            extra_rate: FxHashMap::default(),
             victim_filter: None,
             reclaimed_share: false,
             reclaimed_quota: false,
-            quota_used: BTreeMap::new(),
+            quota_used: FxHashMap::default(),
         }
     }
 

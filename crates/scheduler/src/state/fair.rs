@@ -22,6 +22,8 @@
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
 
+use rustc_hash::FxHashMap;
+
 use ebb_core::{GpuModelId, JobId, Span, TenantId, Tier, Time};
 
 use super::{queue_key, QueueClass};
@@ -99,8 +101,9 @@ pub(crate) struct Fair {
     /// The instant keys are taken at, and `g` there.
     pub keys_at: Time,
     pub g_keys: f64,
-    pub usage: BTreeMap<(Tier, TenantId), Usage>,
-    pub weights: BTreeMap<TenantId, u32>,
+    /// Looked up on every start, so hashed (see `State::jobs`).
+    pub usage: FxHashMap<(Tier, TenantId), Usage>,
+    pub weights: FxHashMap<TenantId, u32>,
 }
 
 impl Default for Fair {
@@ -116,8 +119,8 @@ impl Fair {
             epoch: None,
             keys_at: Time::ZERO,
             g_keys: 1.0,
-            usage: BTreeMap::new(),
-            weights: BTreeMap::new(),
+            usage: FxHashMap::default(),
+            weights: FxHashMap::default(),
         }
     }
 
@@ -313,16 +316,18 @@ impl super::State {
         let g = Some(self.fair.g(now)).filter(|g| g.is_normal()).unwrap_or(self.fair.g_keys);
         let mut weights = 0u64;
         let mut total = 0.0;
-        let range = (tier, TenantId(0))..=(tier, TenantId(u32::MAX));
         let mut counted = BTreeSet::new();
-        for (&(_, t), u) in self.fair.usage.range(range.clone()) {
+        // In tenant order, so the sum is the same however the map holds them.
+        let in_tier: BTreeMap<TenantId, &Usage> =
+            self.fair.usage.iter().filter(|((t, _), _)| *t == tier).map(|(&(_, t), u)| (t, u)).collect();
+        for (t, u) in in_tier {
             let used = self.fair.scaled_usage(u, g) / g;
             total += used;
             if used > 0.0 || u.rate > 0 {
                 counted.insert(t);
             }
         }
-        counted.extend(self.tenant_queues.range(range).map(|(&(_, t), _)| t));
+        counted.extend(self.order[tier.rank() as usize].iter().map(|&(_, t)| t));
         counted.insert(tenant);
         for &t in &counted {
             weights += self.fair.weight(t) as u64;
@@ -346,10 +351,9 @@ impl super::State {
 
     /// Every tenant with usage or queued work in `tier`.
     pub fn tenants_in(&self, tier: Tier) -> BTreeSet<TenantId> {
-        let range = (tier, TenantId(0))..=(tier, TenantId(u32::MAX));
         let mut out: BTreeSet<TenantId> =
-            self.fair.usage.range(range.clone()).map(|(&(_, t), _)| t).collect();
-        out.extend(self.tenant_queues.range(range).map(|(&(_, t), _)| t));
+            self.fair.usage.keys().filter(|(t, _)| *t == tier).map(|&(_, t)| t).collect();
+        out.extend(self.order[tier.rank() as usize].iter().map(|&(_, t)| t));
         out
     }
 
@@ -448,7 +452,11 @@ impl super::State {
         let spec = &self.jobs[&id].spec;
         let (class, tenant, tier, key) = (QueueClass::of(spec), spec.tenant, spec.tier, queue_key(spec));
         let queue = self.queues.get_mut(&(class, tenant)).expect("queued job has a class");
-        let removed = queue.remove(&key);
+        // A pass starts the first of a tenant's class: no search for it.
+        let removed = match queue.first() == Some(&key) {
+            true => queue.pop_first().is_some(),
+            false => queue.remove(&key),
+        };
         debug_assert!(removed);
         if queue.is_empty() {
             self.queues.remove(&(class, tenant));

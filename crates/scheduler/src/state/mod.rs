@@ -110,7 +110,7 @@ pub struct Hold {
 
 /// Jobs that are interchangeable for the queue walk: if the first of a
 /// class cannot start, none of the others can in the same pass.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) struct QueueClass {
     pub tier: Tier,
     pub model: Option<GpuModelId>,
@@ -148,13 +148,13 @@ pub struct State {
     /// seed, so even iteration order is the same for the same history.
     pub(crate) jobs: FxHashMap<JobId, Job>,
     /// Queued jobs by class and tenant, each in its tenant's order.
-    pub(crate) queues: BTreeMap<(QueueClass, TenantId), BTreeSet<QueueKey>>,
+    pub(crate) queues: FxHashMap<(QueueClass, TenantId), BTreeSet<QueueKey>>,
     /// Queued jobs per class, every tenant's together, and how many
     /// classes each tier has.
     pub(crate) class_jobs: BTreeMap<QueueClass, u32>,
     pub(crate) classes_in_tier: [usize; 3],
     /// Per tier and tenant with queued work: its key and classes.
-    pub(crate) tenant_queues: BTreeMap<(Tier, TenantId), TenantQueue>,
+    pub(crate) tenant_queues: FxHashMap<(Tier, TenantId), TenantQueue>,
     /// Per tier, its tenants with queued work, lowest key first.
     pub(crate) order: [BTreeSet<(ShareKey, TenantId)>; 3],
     /// Usage, weights and the instant keys are taken at.
