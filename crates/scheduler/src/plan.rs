@@ -23,11 +23,13 @@ pub struct Plan {
     /// [`crate::State::apply`] ignores it, and a plan of only this is
     /// empty.
     pub pending: Vec<(JobId, Pending)>,
-    /// The nodes this pass kept for blocked jobs, when they differ from
-    /// the last pass's ([`crate::State::earmarks`]): informational like
-    /// `pending` (a plan of only this is empty), and kept by
-    /// [`crate::State::apply`] or [`crate::State::keep_earmarks`] so the
-    /// next pass keeps the same nodes for the same jobs.
+    /// The nodes kept for the job each tier's order is reserved for (the
+    /// first in the order that could not start; `README.md`, "Fair
+    /// share"), when they differ from the last pass's
+    /// ([`crate::State::earmarks`]). A plan of only this is empty; it is
+    /// kept by [`crate::State::apply`], or by
+    /// [`crate::State::keep_earmarks`] from an empty plan, so the next pass
+    /// keeps the same nodes for the same tenant.
     pub earmarks: Option<Vec<(NodeId, JobId)>>,
 }
 

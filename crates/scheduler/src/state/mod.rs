@@ -182,8 +182,9 @@ pub struct State {
     pub(crate) heartbeats: BTreeSet<(Time, NodeId)>,
     /// Cordoned nodes whose preemptible jobs still need their notice.
     pub(crate) pending_node_drains: BTreeSet<NodeId>,
-    /// The nodes the last pass kept for blocked jobs, and for which: the
-    /// next pass keeps the same nodes for the same queue class first.
+    /// The nodes kept for the job each tier's order is reserved for, as
+    /// the last pass left them: the next pass looks at that job's tenant
+    /// first and keeps the same nodes for it again.
     pub(crate) earmarks: BTreeMap<NodeId, JobId>,
     queued_by_tier: [u32; 3],
 }
@@ -260,7 +261,8 @@ impl State {
         self.holds.get(&job)
     }
 
-    /// The nodes the last pass kept for blocked jobs, by node.
+    /// The nodes kept for the jobs the tiers' orders are reserved for, by
+    /// node.
     pub fn earmarks(&self) -> impl Iterator<Item = (NodeId, JobId)> + '_ {
         self.earmarks.iter().map(|(&n, &j)| (n, j))
     }
