@@ -227,6 +227,10 @@ pub struct BatchSubmitted {
     pub jobs: Vec<Submitted>,
 }
 
+fn is_zero(n: &i32) -> bool {
+    *n == 0
+}
+
 /// A job as the API shows it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Job {
@@ -311,6 +315,10 @@ pub struct Job {
     /// It failed because an attempt ran past its time limit.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub timed_out: bool,
+    /// Its place among its tenant's own jobs of its tier, as submitted
+    /// (`priority`; absent: 0): higher first.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub priority: i32,
     /// When its latest attempt started (placed, until its node says it
     /// started), and when a finished job's last process exited.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -182,6 +182,19 @@ fn show_text(job: &api::Job, why: bool) -> String {
     )
     .unwrap();
     writeln!(text, "  tenant       {}", job.tenant).unwrap();
+    if job.priority != 0 {
+        let class = super::submit::PRIORITY_CLASSES
+            .iter()
+            .find(|(_, n)| *n == job.priority)
+            .map(|(name, _)| format!(" ({name})"))
+            .unwrap_or_default();
+        writeln!(
+            text,
+            "  priority     {}{class}: its place among {}'s own {} jobs, higher first",
+            job.priority, job.tenant, job.tier
+        )
+        .unwrap();
+    }
     writeln!(text, "  command      {}", job.argv.join(" ")).unwrap();
     if let Some(image) = &job.image {
         writeln!(text, "  image        {}  ({})", image.reference, image.digest).unwrap();
@@ -609,6 +622,21 @@ mod tests {
         let shown = show_text(&jobs[0], false);
         assert!(shown.contains(&format!("\n  waiting      {why} (reservation_cap)\n")), "{shown}");
         assert!(!show_text(&jobs[1], false).contains("waiting "));
+    }
+
+    /// A job's priority shows in `ebb show`, named when it is a class's,
+    /// and not at all when it is the default.
+    #[test]
+    fn a_jobs_priority_is_shown_with_its_class() {
+        let mut job = waiting(5, None, None);
+        assert!(!show_text(&job, false).contains("priority"));
+        job.priority = 100;
+        let shown = show_text(&job, false);
+        let line =
+            "\n  priority     100 (high): its place among default's own on-demand jobs, higher first\n";
+        assert!(shown.contains(line), "{shown}");
+        job.priority = -7;
+        assert!(show_text(&job, false).contains("\n  priority     -7: its place"));
     }
 
     #[test]

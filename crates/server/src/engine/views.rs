@@ -309,6 +309,7 @@ impl<S: Store> Engine<S> {
                 .as_deref()
                 .map(|s| ebb_api::SlurmBatch { script: String::new(), ..s.clone() }),
             timed_out: job.timed_out,
+            priority: job.spec.priority,
             started_at: (job.attempt > 0).then(|| rfc3339(job.run_started_ms.unwrap_or(job.started_ms))),
             ended_at: (job.state.is_final() && job.exited_ms > 0).then(|| rfc3339(job.exited_ms)),
         }

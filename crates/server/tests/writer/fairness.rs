@@ -89,6 +89,8 @@ fn a_tenant_that_had_the_tier_waits_behind_one_that_had_none_and_says_why() {
     assert!(detail.starts_with("acme is over its share: 100% of this tier's usage"), "{detail}");
     assert!(detail.ends_with("against a weight of 25%; 1 tenant ahead"), "{detail}");
     assert_eq!(api.job(low)["pending_reason"], "priority", "behind acme's own urgent job");
+    // The view says each job's own priority; the default is left out.
+    assert_eq!((api.job(urgent)["priority"].as_i64(), api.job(low).get("priority")), (Some(5), None));
 
     // The usage is the store's: a restarted server orders the same way.
     api.restart();
