@@ -78,15 +78,13 @@ struct Pass<'a> {
     earmarked: BTreeMap<NodeId, JobId>,
     /// Per tier, the job first in the tier's order that could not start,
     /// when one was and needs more than one GPU, with the nodes kept for
-    /// it (`kept_before`): until its
-    /// tenant starts a job there, each pass looks at that tenant first and
-    /// keeps those nodes for it again, as FIFO does for its oldest job, so
-    /// the GPUs that free up on them are not taken by whichever tenant
-    /// comes first in the pass's order. Reserved before the pass, the
-    /// tenant; after it, the job.
+    /// it (`State::earmarks`): until its tenant starts a job there, each
+    /// pass looks at that tenant first and keeps those nodes for it again,
+    /// as FIFO does for its oldest job, so the GPUs that free up on them
+    /// are not taken by whichever tenant comes first in the pass's order.
+    /// Reserved before the pass, the tenant; after it, the job.
     reserved: [Option<JobId>; 3],
     reserved_tenant: [Option<TenantId>; 3],
-    kept_before: BTreeMap<NodeId, JobId>,
     /// Nodes declared lost this pass.
     dead: BTreeSet<NodeId>,
     /// Per model and free count: nodes of the state's bucket below this id
@@ -206,7 +204,6 @@ impl<'a> Pass<'a> {
                 }
                 reserved
             },
-            kept_before: state.earmarks.clone(),
             dead: BTreeSet::new(),
             cursor: models.iter().map(|m| vec![0; m.gpus_per_node as usize + 1]).collect(),
             victims: BTreeSet::new(),
@@ -831,7 +828,8 @@ impl<'a> Pass<'a> {
         let spec = &self.state.jobs[&job].spec;
         let (class, tenant) = (QueueClass::of(spec), spec.tenant);
         let before: Vec<NodeId> = self
-            .kept_before
+            .state
+            .earmarks
             .iter()
             .filter(|(_, j)| {
                 self.state
