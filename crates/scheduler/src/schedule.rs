@@ -70,7 +70,7 @@ struct Pass<'a> {
     now: Time,
     config: &'a Config,
     plan: Plan,
-    touched: BTreeMap<NodeId, Touched>,
+    touched: FxHashMap<NodeId, Touched>,
     /// Touched nodes that can still take work, by model and free GPUs.
     touched_by_free: Vec<Vec<BTreeSet<NodeId>>>,
     /// Nodes kept for a blocked job this pass, and for which: nothing else
@@ -113,7 +113,8 @@ struct Pass<'a> {
     /// A quota's reclaim chose victims this pass (at most once).
     reclaimed_quota: bool,
     /// GPUs used against quotas, per tier, model and tenant, as this
-    /// pass's decisions left them (absent: as in the state).
+    /// pass's decisions left them (absent: as in the state). Kept only
+    /// where a quota governs.
     quota_used: FxHashMap<(Tier, GpuModelId, TenantId), u32>,
 }
 
@@ -188,7 +189,7 @@ impl<'a> Pass<'a> {
             now,
             config,
             plan: Plan { now, ..Plan::default() },
-            touched: BTreeMap::new(),
+            touched: FxHashMap::default(),
             touched_by_free: models
                 .iter()
                 .map(|m| vec![BTreeSet::new(); m.gpus_per_node as usize + 1])
@@ -378,7 +379,7 @@ impl<'a> Pass<'a> {
         let mut base = state.order[rank].iter().peekable();
         // Tenants this pass has looked at, with their keys as the pass
         // moved them; a tenant here is passed over in `base`.
-        let mut moved: BTreeSet<(ShareKey, TenantId)> = BTreeSet::new();
+        let mut moved: BinaryHeap<Reverse<(ShareKey, TenantId)>> = BinaryHeap::new();
         let mut walks: FxHashMap<TenantId, TenantWalk<'a>> = FxHashMap::default();
         // The first job blocked in each class, and the tenants with a job
         // left waiting so far.
@@ -388,7 +389,7 @@ impl<'a> Pass<'a> {
         // job looked at is reserved for if it cannot start.
         if let Some(tenant) = self.reserved_tenant[rank] {
             if state.tenant_queues.contains_key(&(tier, tenant)) {
-                moved.insert((ShareKey(f64::NEG_INFINITY), tenant));
+                moved.push(Reverse((ShareKey(f64::NEG_INFINITY), tenant)));
             }
         }
         let mut head = true;
@@ -399,14 +400,14 @@ impl<'a> Pass<'a> {
             while base.peek().is_some_and(|(_, t)| walks.contains_key(t)) {
                 base.next();
             }
-            let from_moved = match (base.peek(), moved.first()) {
+            let from_moved = match (base.peek(), moved.peek()) {
                 (None, None) => return true,
-                (Some(b), Some(m)) => m < *b,
+                (Some(b), Some(Reverse(m))) => m < *b,
                 (None, Some(_)) => true,
                 (Some(_), None) => false,
             };
             let (key, tenant) =
-                if from_moved { moved.pop_first().expect("peeked") } else { *base.next().expect("peeked") };
+                if from_moved { moved.pop().expect("peeked").0 } else { *base.next().expect("peeked") };
             // Reserved for: its first job is looked at first, the rest in
             // its place in the order.
             let reserved_visit = key.0 == f64::NEG_INFINITY;
@@ -433,7 +434,7 @@ impl<'a> Pass<'a> {
                         walk.advance(class);
                         if walk.peek().is_some() {
                             let key = state.fair.key(tier, tenant, self.extra_rate(tier, tenant));
-                            moved.insert((key, tenant));
+                            moved.push(Reverse((key, tenant)));
                         }
                         break;
                     }
@@ -455,7 +456,7 @@ impl<'a> Pass<'a> {
                         if reserved_visit {
                             if walk.peek().is_some() {
                                 let key = state.fair.key(tier, tenant, self.extra_rate(tier, tenant));
-                                moved.insert((key, tenant));
+                                moved.push(Reverse((key, tenant)));
                             }
                             break;
                         }
@@ -595,17 +596,23 @@ impl<'a> Pass<'a> {
         let state = self.state;
         let job = &state.jobs[&id];
         let spec = &job.spec;
-        let candidates: Vec<GpuModelId> = self.candidate_models(spec).collect();
-        let Some(&first) = candidates.first() else {
-            return Outcome::Blocked(Pending::NoCapacity { model: spec.gpu_model });
-        };
-        let models: Vec<GpuModelId> = candidates.into_iter().filter(|&m| self.cap_allows(spec, m)).collect();
-        for &model in &models {
-            if let Some(alloc) = self.find_free(model, spec.gpus, job.last_node) {
-                self.place(id, model, alloc);
-                return Outcome::Started;
+        // Free GPUs first, on each model the caps allow; no list of models
+        // is built for a job that starts (most of them, in a busy pass).
+        let mut first = None;
+        for model in candidate_models(state, spec) {
+            first.get_or_insert(model);
+            if self.cap_allows(spec, model) {
+                if let Some(alloc) = self.find_free(model, spec.gpus, job.last_node) {
+                    self.place(id, model, alloc);
+                    return Outcome::Started;
+                }
             }
         }
+        let Some(first) = first else {
+            return Outcome::Blocked(Pending::NoCapacity { model: spec.gpu_model });
+        };
+        let models: Vec<GpuModelId> =
+            candidate_models(state, spec).filter(|&m| self.cap_allows(spec, m)).collect();
         if spec.tier != Tier::Preemptible {
             if let Some(set) = self.choose_victims(&models, spec.gpus) {
                 self.preempt(id, set);
@@ -692,10 +699,7 @@ impl<'a> Pass<'a> {
     /// Models the job could ever run on: its own, or any whose node size
     /// admits its shape and whose capacity is large enough.
     fn candidate_models<'s>(&'s self, spec: &'s JobSpec) -> impl Iterator<Item = GpuModelId> + 's {
-        self.state.models().filter_map(move |(id, m)| {
-            let wanted = spec.gpu_model.is_none_or(|w| w == id);
-            (wanted && shape_fits(spec.gpus, m.gpus_per_node) && spec.gpus <= m.capacity).then_some(id)
-        })
+        candidate_models(self.state, spec)
     }
 
     /// The tier caps: on-demand may not take GPUs reserved for others,
@@ -732,7 +736,8 @@ impl<'a> Pass<'a> {
         let i = model.0 as usize;
         let rate = self.state.models[i].rate.saturating_mul(spec.gpus as u64);
         *self.extra_rate.entry((spec.tier, spec.tenant)).or_insert(0) += rate;
-        if spec.tier != Tier::Reserved {
+        // Use against quotas matters only where a quota governs.
+        if spec.tier != Tier::Reserved && self.state.quotas.governs(spec.tier, model) {
             let used = self.quota_used_now(spec.tier, model, spec.tenant);
             self.quota_used.insert((spec.tier, model, spec.tenant), used + spec.gpus);
         }
@@ -827,41 +832,50 @@ impl<'a> Pass<'a> {
         let mut wanted = if gpus <= per_node as u32 { 1 } else { (gpus / per_node as u32) as usize };
         let spec = &self.state.jobs[&job].spec;
         let (class, tenant) = (QueueClass::of(spec), spec.tenant);
-        let before: Vec<NodeId> = self
-            .state
-            .earmarks
-            .iter()
-            .filter(|(_, j)| {
-                self.state
-                    .jobs
-                    .get(j)
-                    .is_some_and(|o| o.spec.tenant == tenant && QueueClass::of(&o.spec) == class)
-            })
-            .map(|(n, _)| *n)
-            .collect();
+        let before: Vec<NodeId> = match self.state.earmarks.is_empty() {
+            true => Vec::new(),
+            false => self
+                .state
+                .earmarks
+                .iter()
+                .filter(|(_, j)| {
+                    self.state
+                        .jobs
+                        .get(j)
+                        .is_some_and(|o| o.spec.tenant == tenant && QueueClass::of(&o.spec) == class)
+                })
+                .map(|(n, _)| *n)
+                .collect(),
+        };
         let mut kept = Vec::new();
         for free in (0..=per_node as usize).rev() {
             if wanted == 0 {
                 break;
             }
-            // Of nodes equally close, those kept for it before first.
-            let again: Vec<NodeId> =
-                before.iter().copied().filter(|&n| self.in_bucket(model, free, n)).take(wanted).collect();
-            let more = self.bucket_nodes(model, free, wanted);
-            let chosen: Vec<NodeId> = again
-                .iter()
-                .copied()
-                .chain(more.into_iter().filter(|n| !again.contains(n)))
-                .take(wanted)
-                .collect();
-            for node in chosen {
-                self.earmarked.insert(node, job);
-                self.untouch_bucket(node);
+            // Of nodes equally close, those kept for it before first (once
+            // kept, a node is no longer among the bucket's usable ones).
+            for &node in &before {
+                if wanted > 0 && self.in_bucket(model, free, node) {
+                    self.keep_for(node, job);
+                    kept.push(node);
+                    wanted -= 1;
+                }
+            }
+            if wanted == 0 {
+                break;
+            }
+            for node in self.bucket_nodes(model, free, wanted) {
+                self.keep_for(node, job);
                 kept.push(node);
                 wanted -= 1;
             }
         }
         kept
+    }
+
+    fn keep_for(&mut self, node: NodeId, job: JobId) {
+        self.earmarked.insert(node, job);
+        self.untouch_bucket(node);
     }
 
     /// Whether `node` is a usable node of `model` with exactly `free` free
@@ -884,7 +898,8 @@ impl<'a> Pass<'a> {
         let usable = |n: &NodeId| {
             !self.touched.contains_key(n) && !self.earmarked.contains_key(n) && !self.dead.contains(n)
         };
-        let mut from_base = Vec::with_capacity(limit);
+        // Often empty: allocated only once a node is found.
+        let mut from_base = Vec::new();
         let mut prefix = true;
         for node in base.range(NodeId(*cursor)..) {
             if usable(node) {
@@ -937,6 +952,15 @@ impl<'a> Pass<'a> {
             self.touched_by_free[model.0 as usize][free].remove(&node);
         }
     }
+}
+
+/// Models a job of `spec` could ever run on: its own, or any whose node
+/// size admits its shape and whose capacity is large enough.
+fn candidate_models<'s>(state: &'s State, spec: &'s JobSpec) -> impl Iterator<Item = GpuModelId> + 's {
+    state.models().filter_map(move |(id, m)| {
+        let wanted = spec.gpu_model.is_none_or(|w| w == id);
+        (wanted && shape_fits(spec.gpus, m.gpus_per_node) && spec.gpus <= m.capacity).then_some(id)
+    })
 }
 
 /// The lowest `n` set bits of `mask`.

@@ -6,6 +6,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use ebb_core::{Attempt, GpuModelId, JobId, NodeId, TenantId, Tier, Time};
 
+use rustc_hash::FxHashMap;
+
 use crate::error::ApplyError;
 use crate::plan::{Plan, RequeueReason};
 
@@ -23,6 +25,9 @@ impl State {
         for &node in &plan.lost_nodes {
             let _ = self.lose_node(node);
         }
+        // Nodes whose GPUs change, indexed again once at the end (a pass
+        // often places several jobs on one node).
+        let mut changed: Vec<NodeId> = Vec::with_capacity(plan.placements.len());
         for drain in &plan.drains {
             let job = self.jobs.get_mut(&drain.job).expect("checked");
             job.phase = Phase::Draining;
@@ -30,11 +35,8 @@ impl State {
                 Some(Notice { notice_at: drain.notice_at, deadline: drain.deadline, reason: drain.reason });
             let run = job.run.as_ref().expect("checked");
             let (model, gpus, tenant) = (run.model, run.gpus(), job.spec.tenant);
-            let nodes: Vec<NodeId> = run.alloc.iter().map(|(n, _)| *n).collect();
+            changed.extend(run.alloc.iter().map(|(n, _)| *n));
             self.adjust_usage(Tier::Preemptible, tenant, model, -(gpus as i64));
-            for node in nodes {
-                self.reindex(node);
-            }
             if let DrainReason::NodeDrain { node } = drain.reason {
                 self.pending_node_drains.remove(&node);
             }
@@ -56,16 +58,18 @@ impl State {
                 })
             })
             .collect();
+        // The jobs that leave the queue, taken out together after the loops.
+        let mut leaving = Vec::with_capacity(plan.preemptions.len() + plan.placements.len());
         for p in &plan.preemptions {
-            self.dequeue(p.preemptor);
             let job = self.jobs.get_mut(&p.preemptor).expect("checked");
+            leaving.push(queue_place(&job.spec));
             job.phase = Phase::Holding;
             let (tier, tenant, gpus) = (job.spec.tier, job.spec.tenant, job.spec.gpus);
             // Held GPUs count against the tier's caps from now on.
             self.adjust_usage(tier, tenant, p.model, gpus as i64);
             for &(node, mask) in &p.hold {
                 self.nodes[node.0 as usize].held |= mask;
-                self.reindex(node);
+                changed.push(node);
             }
             for &victim in &p.victims {
                 self.victim_of.insert(victim, p.preemptor);
@@ -79,7 +83,9 @@ impl State {
                 Hold { job: p.preemptor, model: p.model, alloc: p.hold.clone(), waiting_on },
             );
         }
-        let mut started: BTreeSet<(Tier, TenantId)> = BTreeSet::new();
+        // What each tenant started, µ$ per hour: its usage moves once, after
+        // every start.
+        let mut started: FxHashMap<(Tier, TenantId), u64> = FxHashMap::default();
         for p in &plan.placements {
             if p.from_hold {
                 let hold = self.holds.remove(&p.job).expect("checked");
@@ -87,10 +93,11 @@ impl State {
                 for &(node, mask) in &hold.alloc {
                     self.nodes[node.0 as usize].held &= !mask;
                 }
-            } else {
-                self.dequeue(p.job);
             }
             let job = self.jobs.get_mut(&p.job).expect("checked");
+            if !p.from_hold {
+                leaving.push(queue_place(&job.spec));
+            }
             job.phase = Phase::Running;
             job.attempt = p.attempt;
             let rate = self.models[p.model.0 as usize].rate.saturating_mul(job.spec.gpus as u64);
@@ -103,10 +110,7 @@ impl State {
                 rate,
             });
             let (tier, tenant, gpus) = (job.spec.tier, job.spec.tenant, job.spec.gpus);
-            // Usage moves now (the scale was made safe for `now` above);
-            // the tenant's place once, after every start.
-            self.fair.start(tier, tenant, rate, now);
-            started.insert((tier, tenant));
+            *started.entry((tier, tenant)).or_insert(0) += rate;
             self.queued_by_tier[tier.rank() as usize] -= 1;
             if !p.from_hold {
                 self.adjust_usage(tier, tenant, p.model, gpus as i64);
@@ -115,10 +119,18 @@ impl State {
                 let n = &mut self.nodes[node.0 as usize];
                 n.used |= mask;
                 n.jobs.push((p.job, mask));
-                self.reindex(node);
+                changed.push(node);
             }
         }
-        for (tier, tenant) in started {
+        changed.sort_unstable();
+        changed.dedup();
+        for node in changed {
+            self.reindex(node);
+        }
+        self.queue_remove_all(&mut leaving);
+        for ((tier, tenant), rate) in started {
+            // Usage moves now (the scale was made safe for `now` above).
+            self.fair.start(tier, tenant, rate, now);
             self.rekey(tier, tenant);
         }
         self.keep_earmarks(plan);

@@ -273,7 +273,7 @@ impl State {
         if quota_draining != self.quota_draining {
             return Err(format!("{quota_draining} draining for quotas, counted {}", self.quota_draining));
         }
-        let mut used: BTreeMap<(Tier, GpuModelId, TenantId), u32> = BTreeMap::new();
+        let mut used: FxHashMap<(Tier, GpuModelId, TenantId), u32> = FxHashMap::default();
         for job in self.jobs.values().filter(|j| j.spec.tier != Tier::Reserved) {
             let model = match (&job.run, job.phase) {
                 (Some(run), Phase::Running) => run.model,

@@ -26,9 +26,9 @@ use rustc_hash::FxHashMap;
 
 use ebb_core::{GpuModelId, JobId, Span, TenantId, Tier, Time};
 
-use super::{queue_key, QueueClass};
+use super::{queue_key, QueueClass, QueueKey};
 use crate::error::StateError;
-use crate::model::Run;
+use crate::model::{JobSpec, Run};
 
 /// Keys are taken again at most every this fraction of a half-life (and at
 /// most a minute apart): between two, usage drifts by under 0.3%.
@@ -222,6 +222,13 @@ impl Fair {
     }
 }
 
+/// Where a queued job sits: its tier, tenant, class and key in the class.
+pub(crate) type QueuePlace = (Tier, TenantId, QueueClass, QueueKey);
+
+pub(crate) fn queue_place(spec: &JobSpec) -> QueuePlace {
+    (spec.tier, spec.tenant, QueueClass::of(spec), queue_key(spec))
+}
+
 /// A tenant's queued work in one tier: its key in the tier's order, its
 /// queued jobs and the queue classes they are in.
 #[derive(Clone, Debug, Default)]
@@ -379,21 +386,30 @@ impl super::State {
         }
     }
 
+    /// Every key taken again. The orders are built anew from sorted keys
+    /// (a bulk build), not by moving tenants one at a time.
     pub(crate) fn rekey_all(&mut self) {
-        for order in self.order.iter_mut().chain(self.running_order.iter_mut()) {
-            order.clear();
-        }
+        let mut order: [Vec<(ShareKey, TenantId)>; 3] =
+            std::array::from_fn(|i| Vec::with_capacity(self.order[i].len()));
         for (&(tier, tenant), q) in &mut self.tenant_queues {
             q.key = self.fair.key(tier, tenant, 0);
-            self.order[tier.rank() as usize].insert((q.key, tenant));
+            order[tier.rank() as usize].push((q.key, tenant));
         }
+        let mut running: [Vec<(ShareKey, TenantId)>; 3] =
+            std::array::from_fn(|i| Vec::with_capacity(self.running_order[i].len()));
         self.running_keys.clear();
         for (&(tier, tenant), u) in &self.fair.usage {
             if u.rate > 0 {
                 let key = self.fair.key(tier, tenant, 0);
-                self.running_order[tier.rank() as usize].insert((key, tenant));
+                running[tier.rank() as usize].push((key, tenant));
                 self.running_keys.insert((tier, tenant), key);
             }
+        }
+        for (mut keys, set) in
+            order.into_iter().zip(&mut self.order).chain(running.into_iter().zip(&mut self.running_order))
+        {
+            keys.sort_unstable();
+            *set = keys.into_iter().collect();
         }
     }
 
@@ -449,35 +465,51 @@ impl super::State {
     /// Takes a queued job out of its class and, with its last, its tenant
     /// out of the tier's order.
     pub(crate) fn queue_remove(&mut self, id: JobId) {
-        let spec = &self.jobs[&id].spec;
-        let (class, tenant, tier, key) = (QueueClass::of(spec), spec.tenant, spec.tier, queue_key(spec));
-        let queue = self.queues.get_mut(&(class, tenant)).expect("queued job has a class");
-        // A pass starts the first of a tenant's class: no search for it.
-        let removed = match queue.first() == Some(&key) {
-            true => queue.pop_first().is_some(),
-            false => queue.remove(&key),
-        };
-        debug_assert!(removed);
-        if queue.is_empty() {
-            self.queues.remove(&(class, tenant));
+        self.queue_remove_all(&mut [queue_place(&self.jobs[&id].spec)]);
+    }
+
+    /// Takes queued jobs, each given by its tier, tenant, class and key,
+    /// out of their classes, as [`Self::queue_remove`] does one. Grouped
+    /// by tenant and class, so a plan's starts touch each tenant's queue
+    /// once rather than once per job in the plan's order (which goes from
+    /// tenant to tenant).
+    pub(crate) fn queue_remove_all(&mut self, places: &mut [QueuePlace]) {
+        if places.len() > 1 {
+            places.sort_unstable();
         }
-        let in_class = self.class_jobs.get_mut(&class).expect("counted");
-        *in_class -= 1;
-        if *in_class == 0 {
-            self.class_jobs.remove(&class);
-            self.classes_in_tier[tier.rank() as usize] -= 1;
-        }
-        let q = self.tenant_queues.get_mut(&(tier, tenant)).expect("counted");
-        q.jobs -= 1;
-        let of_class = q.classes.get_mut(&class).expect("counted");
-        *of_class -= 1;
-        if *of_class == 0 {
-            q.classes.remove(&class);
-        }
-        if q.jobs == 0 {
-            let key = q.key;
-            self.tenant_queues.remove(&(tier, tenant));
-            self.order[tier.rank() as usize].remove(&(key, tenant));
+        for group in places.chunk_by(|a, b| (a.0, a.1, a.2) == (b.0, b.1, b.2)) {
+            let (tier, tenant, class, _) = group[0];
+            let queue = self.queues.get_mut(&(class, tenant)).expect("queued job has a class");
+            for (_, _, _, key) in group {
+                // A pass starts the first of a tenant's class: no search for it.
+                let removed = match queue.first() == Some(key) {
+                    true => queue.pop_first().is_some(),
+                    false => queue.remove(key),
+                };
+                debug_assert!(removed);
+            }
+            let n = group.len() as u32;
+            if queue.is_empty() {
+                self.queues.remove(&(class, tenant));
+            }
+            let in_class = self.class_jobs.get_mut(&class).expect("counted");
+            *in_class -= n;
+            if *in_class == 0 {
+                self.class_jobs.remove(&class);
+                self.classes_in_tier[tier.rank() as usize] -= 1;
+            }
+            let q = self.tenant_queues.get_mut(&(tier, tenant)).expect("counted");
+            q.jobs -= n;
+            let of_class = q.classes.get_mut(&class).expect("counted");
+            *of_class -= n;
+            if *of_class == 0 {
+                q.classes.remove(&class);
+            }
+            if q.jobs == 0 {
+                let key = q.key;
+                self.tenant_queues.remove(&(tier, tenant));
+                self.order[tier.rank() as usize].remove(&(key, tenant));
+            }
         }
     }
 }

@@ -22,7 +22,7 @@ mod fair;
 mod jobs;
 mod quota;
 
-pub(crate) use fair::{ShareKey, TenantQueue};
+pub(crate) use fair::{queue_place, ShareKey, TenantQueue};
 pub use fair::{TenantShare, DEFAULT_WEIGHT};
 pub use quota::Quota;
 
@@ -162,7 +162,7 @@ pub struct State {
     /// Per tier, the tenants that run something there, by key: the
     /// highest is the one furthest above its share.
     pub(crate) running_order: [BTreeSet<(ShareKey, TenantId)>; 3],
-    pub(crate) running_keys: BTreeMap<(Tier, TenantId), ShareKey>,
+    pub(crate) running_keys: FxHashMap<(Tier, TenantId), ShareKey>,
     /// Jobs draining for fair-share preemption: while any is, no more are
     /// chosen (one reclaim at a time).
     pub(crate) fair_share_draining: u32,

@@ -5,6 +5,8 @@
 
 use std::collections::BTreeMap;
 
+use rustc_hash::FxHashMap;
+
 use ebb_core::{GpuModelId, TenantId, Tier};
 
 use crate::error::StateError;
@@ -40,7 +42,8 @@ impl Quota {
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Quotas {
     pub set: BTreeMap<(Tier, GpuModelId, TenantId), Quota>,
-    pub used: BTreeMap<(Tier, GpuModelId, TenantId), u32>,
+    /// Looked up on every start and end, so hashed.
+    pub used: FxHashMap<(Tier, GpuModelId, TenantId), u32>,
 }
 
 impl Quotas {
