@@ -472,6 +472,12 @@ fn simulate_with(
             if j.spec.tier == Tier::OnDemand && !matches!(why, Pending::NoCapacity { .. }) {
                 run.on_demand_waited = true;
             }
+            // A line a quota holds waits by the operator's choice (quotas
+            // that cover the cluster leave nothing to tenants without
+            // one), not the order's: its clock starts again.
+            if why.is_quota() && line_moved.contains_key(&j.spec.tenant) {
+                line_moved.insert(j.spec.tenant, c.now);
+            }
         }
         // Every tenant with queued work has moved lately.
         for (&t, &at) in &line_moved {
@@ -596,7 +602,9 @@ proptest! {
 
     /// With jobs up to whole nodes, no tenant's line stands still for
     /// longer than two of the longest jobs (backfill's earmark holds under
-    /// fair share), on-demand work never waits for preemptible,
+    /// fair share) unless a quota holds it (its reason says so: quotas
+    /// that cover the cluster leave a tenant without one nothing to
+    /// borrow while the owners have work), on-demand work never waits for preemptible,
     /// fair-share preemption never drains a job younger than
     /// `min_runtime`, and with random quotas no tenant ever uses more than
     /// its nominal quota and borrowing limit allow.
