@@ -147,8 +147,8 @@ impl<'a> TenantWalk<'a> {
             heads: Vec::with_capacity(q.classes.len()),
             rest: Vec::with_capacity(q.classes.len()),
         };
-        for &class in q.classes.keys() {
-            let mut iter = state.queues[&(class, tenant)].iter();
+        for (&class, queue) in &q.classes {
+            let mut iter = queue.iter();
             if let Some(&head) = iter.next() {
                 walk.heads.push((head, class));
                 walk.rest.push((class, iter));
@@ -552,8 +552,12 @@ impl<'a> Pass<'a> {
     /// tenant, merged; a class blocked is blocked for all.
     fn walk_fifo(&mut self) {
         let state = self.state;
-        let mut queues: Vec<(QueueClass, btree_set::Iter<'a, QueueKey>)> =
-            state.queues.iter().map(|((class, _), queue)| (*class, queue.iter())).collect();
+        let mut queues: Vec<(QueueClass, btree_set::Iter<'a, QueueKey>)> = state
+            .tenant_queues
+            .values()
+            .flat_map(|q| &q.classes)
+            .map(|(class, queue)| (*class, queue.iter()))
+            .collect();
         let mut heap = BinaryHeap::new();
         for (i, (class, iter)) in queues.iter_mut().enumerate() {
             if let Some(&(prio, at, job)) = iter.next() {

@@ -30,8 +30,9 @@ impl State {
                         return Err(format!("queued {id} has a run"));
                     }
                     let in_queue = self
-                        .queues
-                        .get(&(QueueClass::of(&job.spec), job.spec.tenant))
+                        .tenant_queues
+                        .get(&(job.spec.tier, job.spec.tenant))
+                        .and_then(|q| q.classes.get(&QueueClass::of(&job.spec)))
                         .is_some_and(|q| q.contains(&queue_key(&job.spec)));
                     if in_queue != (job.phase == Phase::Queued) {
                         return Err(format!("{id} ({:?}) queue membership wrong", job.phase));
@@ -81,9 +82,10 @@ impl State {
         if queued != self.queued_by_tier {
             return Err(format!("queued counts {:?} != {:?}", self.queued_by_tier, queued));
         }
-        let queue_len: usize = self.queues.values().map(BTreeSet::len).sum();
+        let queues = || self.tenant_queues.values().flat_map(|q| q.classes.values());
+        let queue_len: usize = queues().map(BTreeSet::len).sum();
         let queued_phase = self.jobs.values().filter(|j| j.phase == Phase::Queued).count();
-        if queue_len != queued_phase || self.queues.values().any(BTreeSet::is_empty) {
+        if queue_len != queued_phase || queues().any(BTreeSet::is_empty) {
             return Err("queues hold jobs that are not queued".into());
         }
         self.check_fair()?;
@@ -197,21 +199,27 @@ impl State {
     /// runs, recomputed.
     fn check_fair(&self) -> Result<(), String> {
         let mut class_jobs: BTreeMap<QueueClass, u32> = BTreeMap::new();
-        let mut tenants: BTreeMap<(Tier, TenantId), (u32, BTreeMap<QueueClass, u32>)> = BTreeMap::new();
-        for ((class, tenant), queue) in &self.queues {
-            let n = queue.len() as u32;
-            *class_jobs.entry(*class).or_insert(0) += n;
-            let t = tenants.entry((class.tier, *tenant)).or_default();
-            t.0 += n;
-            t.1.insert(*class, n);
-            for &(_, _, id) in queue {
-                if self
-                    .jobs
-                    .get(&id)
-                    .is_none_or(|j| j.spec.tenant != *tenant || QueueClass::of(&j.spec) != *class)
-                {
-                    return Err(format!("{id} queued under another class or tenant"));
+        for (&(tier, tenant), q) in &self.tenant_queues {
+            let mut jobs = 0;
+            for (class, queue) in &q.classes {
+                let n = queue.len() as u32;
+                jobs += n;
+                *class_jobs.entry(*class).or_insert(0) += n;
+                if class.tier != tier {
+                    return Err(format!("{tier} queue of tenant {tenant} holds a {} class", class.tier));
                 }
+                for &(_, _, id) in queue {
+                    if self
+                        .jobs
+                        .get(&id)
+                        .is_none_or(|j| j.spec.tenant != tenant || QueueClass::of(&j.spec) != *class)
+                    {
+                        return Err(format!("{id} queued under another class or tenant"));
+                    }
+                }
+            }
+            if jobs != q.jobs || q.jobs == 0 {
+                return Err(format!("{tier} queue of tenant {tenant} out of step"));
             }
         }
         if class_jobs != self.class_jobs {
@@ -236,18 +244,9 @@ impl State {
             }
         }
         for (&(tier, tenant), q) in &self.tenant_queues {
-            if tenants
-                .get(&(tier, tenant))
-                .is_none_or(|(jobs, classes)| *jobs != q.jobs || *classes != q.classes)
-            {
-                return Err(format!("{tier} queue of tenant {tenant} out of step"));
-            }
             if q.key != self.fair.key(tier, tenant, 0) {
                 return Err(format!("{tier} key of tenant {tenant} not taken again after a change"));
             }
-        }
-        if tenants.len() != self.tenant_queues.len() {
-            return Err("tenants with queued work out of step".into());
         }
         let mut running_order: [BTreeSet<(ShareKey, TenantId)>; 3] = Default::default();
         for (&(tier, tenant), u) in &self.fair.usage {

@@ -229,13 +229,14 @@ pub(crate) fn queue_place(spec: &JobSpec) -> QueuePlace {
     (spec.tier, spec.tenant, QueueClass::of(spec), queue_key(spec))
 }
 
-/// A tenant's queued work in one tier: its key in the tier's order, its
-/// queued jobs and the queue classes they are in.
+/// A tenant's queued work in one tier: its key in the tier's order, how
+/// many jobs it has queued, and those jobs by class, each class in the
+/// tenant's own order.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct TenantQueue {
     pub key: ShareKey,
     pub jobs: u32,
-    pub classes: BTreeMap<QueueClass, u32>,
+    pub classes: BTreeMap<QueueClass, BTreeSet<QueueKey>>,
 }
 
 impl super::State {
@@ -445,8 +446,6 @@ impl super::State {
     pub(crate) fn queue_insert(&mut self, id: JobId) {
         let spec = &self.jobs[&id].spec;
         let (class, tenant, tier, key) = (QueueClass::of(spec), spec.tenant, spec.tier, queue_key(spec));
-        let inserted = self.queues.entry((class, tenant)).or_default().insert(key);
-        debug_assert!(inserted);
         let in_class = self.class_jobs.entry(class).or_insert(0);
         if *in_class == 0 {
             self.classes_in_tier[tier.rank() as usize] += 1;
@@ -455,7 +454,8 @@ impl super::State {
         let fresh = !self.tenant_queues.contains_key(&(tier, tenant));
         let q = self.tenant_queues.entry((tier, tenant)).or_default();
         q.jobs += 1;
-        *q.classes.entry(class).or_insert(0) += 1;
+        let inserted = q.classes.entry(class).or_default().insert(key);
+        debug_assert!(inserted);
         if fresh {
             q.key = self.fair.key(tier, tenant, 0);
             self.order[tier.rank() as usize].insert((q.key, tenant));
@@ -479,7 +479,8 @@ impl super::State {
         }
         for group in places.chunk_by(|a, b| (a.0, a.1, a.2) == (b.0, b.1, b.2)) {
             let (tier, tenant, class, _) = group[0];
-            let queue = self.queues.get_mut(&(class, tenant)).expect("queued job has a class");
+            let q = self.tenant_queues.get_mut(&(tier, tenant)).expect("queued job's tenant");
+            let queue = q.classes.get_mut(&class).expect("queued job has a class");
             for (_, _, _, key) in group {
                 // A pass starts the first of a tenant's class: no search for it.
                 let removed = match queue.first() == Some(key) {
@@ -490,25 +491,19 @@ impl super::State {
             }
             let n = group.len() as u32;
             if queue.is_empty() {
-                self.queues.remove(&(class, tenant));
+                q.classes.remove(&class);
+            }
+            q.jobs -= n;
+            if q.jobs == 0 {
+                let key = q.key;
+                self.tenant_queues.remove(&(tier, tenant));
+                self.order[tier.rank() as usize].remove(&(key, tenant));
             }
             let in_class = self.class_jobs.get_mut(&class).expect("counted");
             *in_class -= n;
             if *in_class == 0 {
                 self.class_jobs.remove(&class);
                 self.classes_in_tier[tier.rank() as usize] -= 1;
-            }
-            let q = self.tenant_queues.get_mut(&(tier, tenant)).expect("counted");
-            q.jobs -= n;
-            let of_class = q.classes.get_mut(&class).expect("counted");
-            *of_class -= n;
-            if *of_class == 0 {
-                q.classes.remove(&class);
-            }
-            if q.jobs == 0 {
-                let key = q.key;
-                self.tenant_queues.remove(&(tier, tenant));
-                self.order[tier.rank() as usize].remove(&(key, tenant));
             }
         }
     }

@@ -147,13 +147,13 @@ pub struct State {
     /// Looked up on every decision, so hashed; `FxHash` has no random
     /// seed, so even iteration order is the same for the same history.
     pub(crate) jobs: FxHashMap<JobId, Job>,
-    /// Queued jobs by class and tenant, each in its tenant's order.
-    pub(crate) queues: FxHashMap<(QueueClass, TenantId), BTreeSet<QueueKey>>,
     /// Queued jobs per class, every tenant's together, and how many
     /// classes each tier has.
     pub(crate) class_jobs: BTreeMap<QueueClass, u32>,
     pub(crate) classes_in_tier: [usize; 3],
-    /// Per tier and tenant with queued work: its key and classes.
+    /// Per tier and tenant with queued work: its key and its queued jobs
+    /// by class, in its own order (one entry holds all of a tenant's queue
+    /// in a tier, so a pass that visits it finds its classes in one place).
     pub(crate) tenant_queues: FxHashMap<(Tier, TenantId), TenantQueue>,
     /// Per tier, its tenants with queued work, lowest key first.
     pub(crate) order: [BTreeSet<(ShareKey, TenantId)>; 3],
@@ -247,14 +247,18 @@ impl State {
     /// size and model): while it waits, `job` waits behind it.
     pub fn first_in_line(&self, job: JobId) -> Option<JobId> {
         let j = self.jobs.get(&job)?;
-        self.queues.get(&(QueueClass::of(&j.spec), j.spec.tenant))?.first().map(|&(_, _, id)| id)
+        let q = self.tenant_queues.get(&(j.spec.tier, j.spec.tenant))?;
+        q.classes.get(&QueueClass::of(&j.spec))?.first().map(|&(_, _, id)| id)
     }
 
     /// Every queue class of every tenant that has jobs: its tier, its
     /// first job and how many wait in it (the first included).
     /// O(classes × tenants).
     pub fn queue_heads(&self) -> impl Iterator<Item = (Tier, JobId, usize)> + '_ {
-        self.queues.iter().filter_map(|((class, _), queue)| Some((class.tier, queue.first()?.2, queue.len())))
+        self.tenant_queues
+            .values()
+            .flat_map(|q| &q.classes)
+            .filter_map(|(class, queue)| Some((class.tier, queue.first()?.2, queue.len())))
     }
 
     pub fn hold(&self, job: JobId) -> Option<&Hold> {
