@@ -30,14 +30,11 @@ pub fn schedule(state: &State, now: Time, config: &Config) -> Plan {
     pass.enforce_reclaims();
     pass.start_ready_holds();
     pass.walk_queue();
-    let kept: BTreeMap<NodeId, JobId> = pass
-        .earmarked
-        .iter()
-        .filter(|(_, j)| pass.reserved.contains(&Some(**j)))
-        .map(|(&n, &j)| (n, j))
-        .collect();
-    if kept != state.earmarks {
-        pass.plan.earmarks = Some(kept.into_iter().collect());
+    // Both ordered by node: compared without building either.
+    let kept =
+        pass.earmarked.iter().filter(|(_, j)| pass.reserved.contains(&Some(**j))).map(|(&n, &j)| (n, j));
+    if !kept.clone().eq(state.earmarks.iter().map(|(&n, &j)| (n, j))) {
+        pass.plan.earmarks = Some(kept.collect());
     }
     pass.plan
 }
@@ -133,50 +130,46 @@ enum VictimFilter {
 /// classes: the head of each class not yet blocked, best first. A tenant
 /// has a few classes, so these are short vectors, not trees.
 struct TenantWalk<'a> {
-    /// Heads, best last (so the best is popped from the end).
-    heads: Vec<(QueueKey, QueueClass)>,
-    rest: Vec<(QueueClass, btree_set::Iter<'a, QueueKey>)>,
+    /// Each class's head with the rest of the class behind it, best head
+    /// last (so the best is popped from the end).
+    heads: Vec<(QueueKey, QueueClass, btree_set::Iter<'a, QueueKey>)>,
 }
 
 impl<'a> TenantWalk<'a> {
     fn new(state: &'a State, tier: Tier, tenant: TenantId) -> TenantWalk<'a> {
         let Some(q) = state.tenant_queues.get(&(tier, tenant)) else {
-            return TenantWalk { heads: Vec::new(), rest: Vec::new() };
+            return TenantWalk { heads: Vec::new() };
         };
-        let mut walk = TenantWalk {
-            heads: Vec::with_capacity(q.classes.len()),
-            rest: Vec::with_capacity(q.classes.len()),
-        };
+        let mut heads = Vec::with_capacity(q.classes.len());
         for (&class, queue) in &q.classes {
             let mut iter = queue.iter();
             if let Some(&head) = iter.next() {
-                walk.heads.push((head, class));
-                walk.rest.push((class, iter));
+                heads.push((head, class, iter));
             }
         }
-        walk.heads.sort_unstable_by(|a, b| b.cmp(a));
-        walk
+        // Keys are unique (they end in the job's id).
+        heads.sort_unstable_by_key(|h| Reverse(h.0));
+        TenantWalk { heads }
     }
 
     fn peek(&self) -> Option<(JobId, QueueClass)> {
-        self.heads.last().map(|&((_, _, job), class)| (job, class))
+        self.heads.last().map(|&((_, _, job), class, _)| (job, class))
     }
 
     /// The best head started: the next of its class takes its place.
     fn advance(&mut self, class: QueueClass) {
-        let (_, c) = self.heads.pop().expect("a head");
+        let (_, c, mut rest) = self.heads.pop().expect("a head");
         debug_assert_eq!(c, class);
-        let next = self.rest.iter_mut().find(|(c, _)| *c == class).and_then(|(_, iter)| iter.next());
-        if let Some(&next) = next {
-            let at = self.heads.partition_point(|h| *h > (next, class));
-            self.heads.insert(at, (next, class));
+        if let Some(&next) = rest.next() {
+            let at = self.heads.partition_point(|h| h.0 > next);
+            self.heads.insert(at, (next, class, rest));
         }
     }
 
     /// The best head is blocked: the tenant's other jobs of its class wait
     /// behind it for the rest of the pass.
     fn drop_class(&mut self, class: QueueClass) {
-        let (_, c) = self.heads.pop().expect("a head");
+        let (_, c, _) = self.heads.pop().expect("a head");
         debug_assert_eq!(c, class);
     }
 }
@@ -615,15 +608,15 @@ impl<'a> Pass<'a> {
         let Some(first) = first else {
             return Outcome::Blocked(Pending::NoCapacity { model: spec.gpu_model });
         };
-        let models: Vec<GpuModelId> =
-            candidate_models(state, spec).filter(|&m| self.cap_allows(spec, m)).collect();
         if spec.tier != Tier::Preemptible {
+            let models: Vec<GpuModelId> =
+                candidate_models(state, spec).filter(|&m| self.cap_allows(spec, m)).collect();
             if let Some(set) = self.choose_victims(&models, spec.gpus) {
                 self.preempt(id, set);
                 return Outcome::Preempting;
             }
         }
-        let Some(&model) = models.first() else {
+        let Some(model) = candidate_models(state, spec).find(|&m| self.cap_allows(spec, m)) else {
             return Outcome::Blocked(
                 self.quota_blocks(spec, first).unwrap_or_else(|| self.capped(spec, first)),
             );
@@ -651,7 +644,7 @@ impl<'a> Pass<'a> {
                 return Pending::Priority { behind };
             }
             let largest_free =
-                (0..gpus as usize).rev().find(|&free| !self.bucket_nodes(model, free, 1).is_empty());
+                (0..gpus as usize).rev().find(|&free| self.bucket_first(model, free).is_some());
             Pending::Resources { model, largest_free: largest_free.unwrap_or(0) as u32 }
         } else {
             let nodes = gpus / per_node;
@@ -815,7 +808,7 @@ impl<'a> Pass<'a> {
                     let mask = lowest_bits(self.free_mask(node), gpus);
                     return Some(vec![(node, mask)]);
                 }
-                if let Some(&node) = self.bucket_nodes(model, free, 1).first() {
+                if let Some(node) = self.bucket_first(model, free) {
                     let mask = lowest_bits(self.free_mask(node), gpus);
                     return Some(vec![(node, mask)]);
                 }
@@ -830,7 +823,8 @@ impl<'a> Pass<'a> {
 
     /// Keeps the nodes closest to fitting a blocked job free of later work,
     /// so a large job is never starved by smaller ones behind it.
-    /// Returns the nodes it earmarked.
+    /// Returns the nodes it earmarked for a gang over whole nodes (what its
+    /// reason shows; a job within one node needs no list).
     fn earmark_for(&mut self, job: JobId, model: GpuModelId, gpus: u32) -> Vec<NodeId> {
         let per_node = self.state.models[model.0 as usize].gpus_per_node;
         let mut wanted = if gpus <= per_node as u32 { 1 } else { (gpus / per_node as u32) as usize };
@@ -851,6 +845,7 @@ impl<'a> Pass<'a> {
                 .map(|(n, _)| *n)
                 .collect(),
         };
+        let whole = gpus > per_node as u32;
         let mut kept = Vec::new();
         for free in (0..=per_node as usize).rev() {
             if wanted == 0 {
@@ -861,16 +856,31 @@ impl<'a> Pass<'a> {
             for &node in &before {
                 if wanted > 0 && self.in_bucket(model, free, node) {
                     self.keep_for(node, job);
-                    kept.push(node);
+                    if whole {
+                        kept.push(node);
+                    }
                     wanted -= 1;
                 }
             }
             if wanted == 0 {
                 break;
             }
+            // One node (the usual case) is found without building a list.
+            if wanted == 1 {
+                if let Some(node) = self.bucket_first(model, free) {
+                    self.keep_for(node, job);
+                    if whole {
+                        kept.push(node);
+                    }
+                    wanted = 0;
+                }
+                continue;
+            }
             for node in self.bucket_nodes(model, free, wanted) {
                 self.keep_for(node, job);
-                kept.push(node);
+                if whole {
+                    kept.push(node);
+                }
                 wanted -= 1;
             }
         }
@@ -891,6 +901,28 @@ impl<'a> Pass<'a> {
         match self.touched.contains_key(&node) {
             true => self.touched_by_free[model.0 as usize][free].contains(&node),
             false => self.state.index[model.0 as usize].by_free[free].contains(&node),
+        }
+    }
+
+    /// The first of [`Self::bucket_nodes`], found without building a list.
+    fn bucket_first(&mut self, model: GpuModelId, free: usize) -> Option<NodeId> {
+        let base = &self.state.index[model.0 as usize].by_free[free];
+        let cursor = &mut self.cursor[model.0 as usize][free];
+        let mut found = None;
+        for node in base.range(NodeId(*cursor)..) {
+            if !self.touched.contains_key(node)
+                && !self.earmarked.contains_key(node)
+                && !self.dead.contains(node)
+            {
+                found = Some(*node);
+                break;
+            }
+            *cursor = node.0 + 1;
+        }
+        let touched = self.touched_by_free[model.0 as usize][free].first().copied();
+        match (found, touched) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         }
     }
 

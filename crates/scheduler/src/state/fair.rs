@@ -370,20 +370,31 @@ impl super::State {
     /// The tenant's key in the tier's order taken again, if it has queued
     /// work there.
     pub(crate) fn rekey(&mut self, tier: Tier, tenant: TenantId) {
+        let key = self.fair.key(tier, tenant, 0);
+        let rank = tier.rank() as usize;
         if let Some(q) = self.tenant_queues.get_mut(&(tier, tenant)) {
-            let order = &mut self.order[tier.rank() as usize];
+            let order = &mut self.order[rank];
             order.remove(&(q.key, tenant));
-            q.key = self.fair.key(tier, tenant, 0);
-            order.insert((q.key, tenant));
+            q.key = key;
+            order.insert((key, tenant));
         }
-        let running = &mut self.running_order[tier.rank() as usize];
-        if let Some(key) = self.running_keys.remove(&(tier, tenant)) {
-            running.remove(&(key, tenant));
-        }
-        if self.fair.usage.get(&(tier, tenant)).is_some_and(|u| u.rate > 0) {
-            let key = self.fair.key(tier, tenant, 0);
-            running.insert((key, tenant));
-            self.running_keys.insert((tier, tenant), key);
+        let running = &mut self.running_order[rank];
+        let runs = self.fair.usage.get(&(tier, tenant)).is_some_and(|u| u.rate > 0);
+        match (self.running_keys.get_mut(&(tier, tenant)), runs) {
+            (Some(old), true) => {
+                running.remove(&(*old, tenant));
+                *old = key;
+                running.insert((key, tenant));
+            }
+            (Some(old), false) => {
+                running.remove(&(*old, tenant));
+                self.running_keys.remove(&(tier, tenant));
+            }
+            (None, true) => {
+                running.insert((key, tenant));
+                self.running_keys.insert((tier, tenant), key);
+            }
+            (None, false) => {}
         }
     }
 
