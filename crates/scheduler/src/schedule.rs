@@ -436,11 +436,17 @@ impl<'a> Pass<'a> {
                         // A quota keeps this tenant out, not the class.
                         if !why.is_quota() {
                             blocked.insert(class, job);
-                            // The first in the tier's order is reserved for,
-                            // if it needs GPUs to free up together (one GPU
-                            // is any GPU that frees, in its turn).
-                            if std::mem::take(&mut head) && state.jobs[&job].spec.gpus > 1 {
-                                self.reserved[rank] = Some(job);
+                            // The first in the tier's order that waits for
+                            // GPUs to free (it kept nodes for itself: not
+                            // one no node could ever hold, nor one a cap
+                            // holds) is reserved for, if it needs them to
+                            // free together (one GPU is any GPU that frees,
+                            // in its turn).
+                            if head && self.earmarked.values().any(|&j| j == job) {
+                                head = false;
+                                if state.jobs[&job].spec.gpus > 1 {
+                                    self.reserved[rank] = Some(job);
+                                }
                             }
                         }
                         walk.drop_class(class);

@@ -88,6 +88,25 @@ fn the_first_job_in_order_keeps_the_nodes_it_waits_for_across_passes() {
     assert!(queued.iter().all(|&j| c.phase(j).is_some()));
 }
 
+/// A job no node could ever hold, or one a cap holds, does not take the
+/// reservation from the first job in the order that waits for GPUs.
+#[test]
+fn the_reservation_goes_to_the_first_job_that_waits_for_gpus() {
+    const L: TenantId = TenantId(3);
+    let mut c = Cluster::new(1, 4);
+    let running: Vec<JobId> = (0..4).map(|_| submit(&mut c, B, Tier::Preemptible, 1, 0)).collect();
+    assert_eq!(started(&c.step()), running);
+    c.advance(60);
+    // A (no usage, the lowest id) comes first in the order, with a job
+    // two nodes wide on a one-node cluster.
+    let never = submit(&mut c, A, Tier::Preemptible, 8, 0);
+    let large = submit(&mut c, L, Tier::Preemptible, 4, 0);
+    let plan = c.step();
+    assert!(plan.placements.is_empty());
+    assert!(matches!(plan.pending.iter().find(|(j, _)| *j == never), Some((_, Pending::NoCapacity { .. }))));
+    assert_eq!(c.state.earmarks().collect::<Vec<_>>(), vec![(NodeId(0), large)]);
+}
+
 #[test]
 fn a_late_tenant_starts_before_the_backlog_of_the_tenant_that_filled_the_tier() {
     let mut c = Cluster::new(2, 8);
