@@ -527,8 +527,7 @@ impl<'a> Pass<'a> {
             return None;
         }
         let tier = Tier::Preemptible;
-        let &(_, victim) =
-            state.running_order[tier.rank() as usize].iter().rev().find(|(_, t)| *t != tenant)?;
+        let victim = state.furthest_above_share(tenant)?;
         let spec = &state.jobs[&job].spec;
         let models: Vec<GpuModelId> =
             self.candidate_models(spec).filter(|&m| self.cap_allows(spec, m)).collect();

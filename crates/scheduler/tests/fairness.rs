@@ -430,6 +430,9 @@ fn simulate_with(
 ) -> Run {
     let mut c = Cluster::new(4, 8);
     c.config.fair_share_preemption = preemption;
+    // The order of running tenants kept (the other tests find the tenant
+    // furthest above its share by looking at each).
+    c.state.set_fair_share_preemption(preemption.is_some());
     let model = c.model();
     for &(tenant, quota) in quotas {
         c.state.set_quota(tenant, Tier::Preemptible, model, Some(quota)).unwrap();

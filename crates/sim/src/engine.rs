@@ -269,6 +269,7 @@ impl<'a> Engine<'a> {
         state
             .set_fair_share_half_life(config.fair_share_half_life)
             .map_err(|e| SimError::Config(format!("--fair-share-half-life: {e}")))?;
+        state.set_fair_share_preemption(config.fair_share_preemption.is_some());
         let drain_window = match config.notice {
             NoticeMode::Drain => config.drain_window,
             NoticeMode::None => Span::ZERO,

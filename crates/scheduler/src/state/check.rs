@@ -248,16 +248,15 @@ impl State {
                 return Err(format!("{tier} key of tenant {tenant} not taken again after a change"));
             }
         }
-        let mut running_order: [BTreeSet<(ShareKey, TenantId)>; 3] = Default::default();
+        let mut running_order: BTreeSet<(ShareKey, TenantId)> = BTreeSet::new();
         for (&(tier, tenant), u) in &self.fair.usage {
-            if u.rate > 0 {
-                running_order[tier.rank() as usize].insert((self.fair.key(tier, tenant, 0), tenant));
+            if self.keep_running && tier == Tier::Preemptible && u.rate > 0 {
+                running_order.insert((self.fair.key(tier, tenant, 0), tenant));
             }
         }
-        if running_order != self.running_order
-            || self.running_keys.len() != running_order.iter().map(BTreeSet::len).sum::<usize>()
-        {
-            return Err("the tenants running in each tier out of step".into());
+        let keys: BTreeSet<(ShareKey, TenantId)> = self.running_keys.iter().map(|(&t, &k)| (k, t)).collect();
+        if running_order != self.running_order || keys != running_order {
+            return Err("the tenants running preemptible work out of step".into());
         }
         let draining = self
             .jobs

@@ -378,9 +378,12 @@ impl super::State {
             q.key = key;
             order.insert((key, tenant));
         }
-        let running = &mut self.running_order[rank];
+        if tier != Tier::Preemptible || !self.keep_running {
+            return;
+        }
+        let running = &mut self.running_order;
         let runs = self.fair.usage.get(&(tier, tenant)).is_some_and(|u| u.rate > 0);
-        match (self.running_keys.get_mut(&(tier, tenant)), runs) {
+        match (self.running_keys.get_mut(&tenant), runs) {
             (Some(old), true) => {
                 running.remove(&(*old, tenant));
                 *old = key;
@@ -388,11 +391,11 @@ impl super::State {
             }
             (Some(old), false) => {
                 running.remove(&(*old, tenant));
-                self.running_keys.remove(&(tier, tenant));
+                self.running_keys.remove(&tenant);
             }
             (None, true) => {
                 running.insert((key, tenant));
-                self.running_keys.insert((tier, tenant), key);
+                self.running_keys.insert(tenant, key);
             }
             (None, false) => {}
         }
@@ -407,22 +410,52 @@ impl super::State {
             q.key = self.fair.key(tier, tenant, 0);
             order[tier.rank() as usize].push((q.key, tenant));
         }
-        let mut running: [Vec<(ShareKey, TenantId)>; 3] =
-            std::array::from_fn(|i| Vec::with_capacity(self.running_order[i].len()));
-        self.running_keys.clear();
-        for (&(tier, tenant), u) in &self.fair.usage {
-            if u.rate > 0 {
-                let key = self.fair.key(tier, tenant, 0);
-                running[tier.rank() as usize].push((key, tenant));
-                self.running_keys.insert((tier, tenant), key);
-            }
-        }
-        for (mut keys, set) in
-            order.into_iter().zip(&mut self.order).chain(running.into_iter().zip(&mut self.running_order))
-        {
+        for (mut keys, set) in order.into_iter().zip(&mut self.order) {
             keys.sort_unstable();
             *set = keys.into_iter().collect();
         }
+        self.running_keys.clear();
+        self.running_order.clear();
+        if self.keep_running {
+            let mut running = Vec::with_capacity(self.running_keys.capacity());
+            for (&(tier, tenant), u) in &self.fair.usage {
+                if tier == Tier::Preemptible && u.rate > 0 {
+                    let key = self.fair.key(tier, tenant, 0);
+                    running.push((key, tenant));
+                    self.running_keys.insert(tenant, key);
+                }
+            }
+            running.sort_unstable();
+            self.running_order = running.into_iter().collect();
+        }
+    }
+
+    /// Whether fair-share preemption may run (`Config::
+    /// fair_share_preemption`): while it may, the tenants running
+    /// preemptible work are kept in order of their keys, so that a pass
+    /// finds the one furthest above its share at once. Off (the default),
+    /// a start or an end does not pay for that order, and a pass
+    /// configured for fair-share preemption finds that tenant by looking
+    /// at every one.
+    pub fn set_fair_share_preemption(&mut self, on: bool) {
+        self.keep_running = on;
+        self.rekey_all();
+    }
+
+    /// The tenant running preemptible work with the highest key, other
+    /// than `except`: the one furthest above its share.
+    pub(crate) fn furthest_above_share(&self, except: TenantId) -> Option<TenantId> {
+        if self.keep_running {
+            return self.running_order.iter().rev().find(|(_, t)| *t != except).map(|&(_, t)| t);
+        }
+        let tier = Tier::Preemptible;
+        self.fair
+            .usage
+            .iter()
+            .filter(|(&(t, tenant), u)| t == tier && u.rate > 0 && tenant != except)
+            .map(|(&(_, tenant), _)| (self.fair.key(tier, tenant, 0), tenant))
+            .max()
+            .map(|(_, t)| t)
     }
 
     /// Before anything at `now` changes usage: the scale kept safe and the

@@ -159,10 +159,13 @@ pub struct State {
     pub(crate) order: [BTreeSet<(ShareKey, TenantId)>; 3],
     /// Usage, weights and the instant keys are taken at.
     pub(crate) fair: fair::Fair,
-    /// Per tier, the tenants that run something there, by key: the
-    /// highest is the one furthest above its share.
-    pub(crate) running_order: [BTreeSet<(ShareKey, TenantId)>; 3],
-    pub(crate) running_keys: FxHashMap<(Tier, TenantId), ShareKey>,
+    /// The tenants that run preemptible work, by key (the highest is the
+    /// one furthest above its share), kept only while fair-share
+    /// preemption, their one reader, is on
+    /// ([`State::set_fair_share_preemption`]).
+    pub(crate) keep_running: bool,
+    pub(crate) running_order: BTreeSet<(ShareKey, TenantId)>,
+    pub(crate) running_keys: FxHashMap<TenantId, ShareKey>,
     /// Jobs draining for fair-share preemption: while any is, no more are
     /// chosen (one reclaim at a time).
     pub(crate) fair_share_draining: u32,

@@ -65,6 +65,7 @@ impl<S: Store> Engine<S> {
             .core
             .set_fair_share_half_life(engine.config.fair_share_half_life)
             .map_err(|e| ApiError::internal(e.to_string()))?;
+        engine.core.set_fair_share_preemption(engine.config.fair_share_preemption.is_some());
         engine.load_access(&mut snapshot);
         engine.load_nodes(std::mem::take(&mut snapshot.nodes), now)?;
         for price in &snapshot.prices {
