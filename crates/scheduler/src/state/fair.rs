@@ -370,15 +370,19 @@ impl super::State {
     /// The tenant's key in the tier's order taken again, if it has queued
     /// work there.
     pub(crate) fn rekey(&mut self, tier: Tier, tenant: TenantId) {
+        let kept = tier == Tier::Preemptible && self.keep_running;
+        let q = self.tenant_queues.get_mut(&(tier, tenant));
+        if q.is_none() && !kept {
+            return;
+        }
         let key = self.fair.key(tier, tenant, 0);
-        let rank = tier.rank() as usize;
-        if let Some(q) = self.tenant_queues.get_mut(&(tier, tenant)) {
-            let order = &mut self.order[rank];
+        if let Some(q) = q {
+            let order = &mut self.order[tier.rank() as usize];
             order.remove(&(q.key, tenant));
             q.key = key;
             order.insert((key, tenant));
         }
-        if tier != Tier::Preemptible || !self.keep_running {
+        if !kept {
             return;
         }
         let running = &mut self.running_order;
