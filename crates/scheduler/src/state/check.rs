@@ -198,7 +198,7 @@ impl State {
     /// The queues' counts, the tiers' orders and the tenants' usage of what
     /// runs, recomputed.
     fn check_fair(&self) -> Result<(), String> {
-        let mut class_jobs: BTreeMap<QueueClass, u32> = BTreeMap::new();
+        let mut class_jobs: FxHashMap<QueueClass, u32> = FxHashMap::default();
         for (&(tier, tenant), q) in &self.tenant_queues {
             let mut jobs = 0;
             for (class, queue) in &q.classes {

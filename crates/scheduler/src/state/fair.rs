@@ -499,8 +499,8 @@ impl super::State {
             self.classes_in_tier[tier.rank() as usize] += 1;
         }
         *in_class += 1;
-        let fresh = !self.tenant_queues.contains_key(&(tier, tenant));
         let q = self.tenant_queues.entry((tier, tenant)).or_default();
+        let fresh = q.jobs == 0;
         q.jobs += 1;
         let inserted = q.classes.entry(class).or_default().insert(key);
         debug_assert!(inserted);

@@ -149,7 +149,7 @@ pub struct State {
     pub(crate) jobs: FxHashMap<JobId, Job>,
     /// Queued jobs per class, every tenant's together, and how many
     /// classes each tier has.
-    pub(crate) class_jobs: BTreeMap<QueueClass, u32>,
+    pub(crate) class_jobs: FxHashMap<QueueClass, u32>,
     pub(crate) classes_in_tier: [usize; 3],
     /// Per tier and tenant with queued work: its key and its queued jobs
     /// by class, in its own order (one entry holds all of a tenant's queue
