@@ -133,12 +133,14 @@ struct TenantWalk<'a> {
     /// Each class's head with the rest of the class behind it, best head
     /// last (so the best is popped from the end).
     heads: Vec<(QueueKey, QueueClass, btree_set::Iter<'a, QueueKey>)>,
+    /// A job of the tenant was left waiting in this pass.
+    waits: bool,
 }
 
 impl<'a> TenantWalk<'a> {
     fn new(state: &'a State, tier: Tier, tenant: TenantId) -> TenantWalk<'a> {
         let Some(q) = state.tenant_queues.get(&(tier, tenant)) else {
-            return TenantWalk { heads: Vec::new() };
+            return TenantWalk { heads: Vec::new(), waits: false };
         };
         let mut heads = Vec::with_capacity(q.classes.len());
         for (&class, queue) in &q.classes {
@@ -149,7 +151,7 @@ impl<'a> TenantWalk<'a> {
         }
         // Keys are unique (they end in the job's id).
         heads.sort_unstable_by_key(|h| Reverse(h.0));
-        TenantWalk { heads }
+        TenantWalk { heads, waits: false }
     }
 
     fn peek(&self) -> Option<(JobId, QueueClass)> {
@@ -374,10 +376,11 @@ impl<'a> Pass<'a> {
         // moved them; a tenant here is passed over in `base`.
         let mut moved: BinaryHeap<Reverse<(ShareKey, TenantId)>> = BinaryHeap::new();
         let mut walks: FxHashMap<TenantId, TenantWalk<'a>> = FxHashMap::default();
-        // The first job blocked in each class, and the tenants with a job
-        // left waiting so far.
-        let mut blocked: BTreeMap<QueueClass, JobId> = BTreeMap::new();
-        let mut waiting: BTreeSet<TenantId> = BTreeSet::new();
+        // The first job blocked in each class with its tenant, and how many
+        // tenants have a job left waiting so far (each walk knows whether
+        // its tenant is one).
+        let mut blocked: BTreeMap<QueueClass, (JobId, TenantId)> = BTreeMap::new();
+        let mut waiting = 0u32;
         // The tenant reserved for first, then the tier's order; the first
         // job looked at is reserved for if it cannot start.
         if let Some(tenant) = self.reserved_tenant[rank] {
@@ -406,16 +409,14 @@ impl<'a> Pass<'a> {
             let reserved_visit = key.0 == f64::NEG_INFINITY;
             let walk = walks.entry(tenant).or_insert_with(|| TenantWalk::new(state, tier, tenant));
             while let Some((job, class)) = walk.peek() {
-                if let Some(&behind) = blocked.get(&class) {
+                if let Some(&(behind, of)) = blocked.get(&class) {
                     walk.drop_class(class);
-                    let why = match state.jobs[&behind].spec.tenant == tenant {
+                    let why = match of == tenant {
                         true => Pending::Priority { behind },
-                        false => Pending::FairShare {
-                            tenants_ahead: waiting.iter().filter(|&&t| t != tenant).count() as u32,
-                        },
+                        false => Pending::FairShare { tenants_ahead: waiting - walk.waits as u32 },
                     };
                     self.plan.pending.push((job, why));
-                    waiting.insert(tenant);
+                    waiting += !std::mem::replace(&mut walk.waits, true) as u32;
                     continue;
                 }
                 if self.at_bound() {
@@ -435,7 +436,7 @@ impl<'a> Pass<'a> {
                         let why = self.blocked_why(job, tenant, tier, why);
                         // A quota keeps this tenant out, not the class.
                         if !why.is_quota() {
-                            blocked.insert(class, job);
+                            blocked.insert(class, (job, tenant));
                             // The first in the tier's order that waits for
                             // GPUs to free (it kept nodes for itself: not
                             // one no node could ever hold, nor one a cap
@@ -451,7 +452,7 @@ impl<'a> Pass<'a> {
                         }
                         walk.drop_class(class);
                         self.plan.pending.push((job, why));
-                        waiting.insert(tenant);
+                        waiting += !std::mem::replace(&mut walk.waits, true) as u32;
                         if reserved_visit {
                             if walk.peek().is_some() {
                                 let key = state.fair.key(tier, tenant, self.extra_rate(tier, tenant));
