@@ -79,6 +79,51 @@ impl ModelIndex {
         debug_assert!(removed, "index out of step for {node}");
     }
 
+    /// A node that stays in its bucket (the same free and reclaimable
+    /// GPUs) whose save instants changed, now `slots` (freshest first):
+    /// only the sums that changed move.
+    pub fn move_sums(&mut self, node: NodeId, key: &mut IndexKey, slots: &[u64]) {
+        debug_assert_eq!(key.top_sums.len(), slots.len());
+        let buckets = &mut self.by_reclaimable[key.free as usize][key.reclaimable as usize];
+        let mut sum = 0;
+        for (k, (old, t)) in key.top_sums.iter_mut().zip(slots).enumerate() {
+            sum += t;
+            if *old != sum {
+                let removed = buckets[k + 1].remove(&(Reverse(*old), node));
+                debug_assert!(removed, "index out of step for {node}");
+                buckets[k + 1].insert((Reverse(sum), node));
+                *old = sum;
+            }
+        }
+    }
+
+    /// A node's single-victim entries go from `old` to `new` (both
+    /// sorted): those in both stay.
+    pub fn move_singles(&mut self, old: &[SingleKey], new: &[SingleKey]) {
+        let (mut o, mut n) = (old.iter().peekable(), new.iter().peekable());
+        loop {
+            match (o.peek(), n.peek()) {
+                (Some(a), Some(b)) if a == b => {
+                    o.next();
+                    n.next();
+                }
+                (Some(&&a), Some(&&b)) if a < b => {
+                    self.remove_single(a);
+                    o.next();
+                }
+                (_, Some(&&b)) => {
+                    self.insert_single(b);
+                    n.next();
+                }
+                (Some(&&a), None) => {
+                    self.remove_single(a);
+                    o.next();
+                }
+                (None, None) => return,
+            }
+        }
+    }
+
     pub fn insert_single(&mut self, (free, gpus, entry): SingleKey) {
         self.singles[free as usize][gpus as usize].insert(entry);
     }
@@ -90,6 +135,10 @@ impl ModelIndex {
 
     pub fn singles_len(&self) -> usize {
         self.singles.iter().flatten().map(BTreeSet::len).sum()
+    }
+
+    pub fn reclaimable_len(&self) -> usize {
+        self.by_reclaimable.iter().flatten().flatten().map(BTreeSet::len).sum()
     }
 
     pub fn len(&self) -> usize {

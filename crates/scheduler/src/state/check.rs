@@ -156,6 +156,12 @@ impl State {
                 if !index.by_free[key.free as usize].contains(&node.id) {
                     return Err(format!("{} missing from the free index", node.id));
                 }
+                let buckets = &index.by_reclaimable[key.free as usize][key.reclaimable as usize];
+                for (k, sum) in key.top_sums.iter().enumerate() {
+                    if !buckets[k + 1].contains(&(Reverse(*sum), node.id)) {
+                        return Err(format!("{} missing from the reclaimable index", node.id));
+                    }
+                }
             }
             if node.status == NodeStatus::Lost && (node.used != 0 || node.held != 0) {
                 return Err(format!("lost {} still has work", node.id));
@@ -180,6 +186,15 @@ impl State {
                 self.nodes.iter().filter(|n| n.model.0 as usize == i && n.status == NodeStatus::Up).count();
             if indexed != up {
                 return Err(format!("{} index has {indexed} nodes, {up} are up", m.name));
+            }
+            let reclaimable: usize = self
+                .nodes
+                .iter()
+                .filter_map(|n| n.key.as_ref().filter(|_| n.model.0 as usize == i))
+                .map(|k| k.top_sums.len())
+                .sum();
+            if self.index[i].reclaimable_len() != reclaimable {
+                return Err(format!("{} reclaimable index has stale entries", m.name));
             }
             let singles: usize =
                 self.nodes.iter().filter(|n| n.model.0 as usize == i).map(|n| n.single_keys.len()).sum();

@@ -190,6 +190,8 @@ pub struct State {
     /// first and keeps the same nodes for it again.
     pub(crate) earmarks: BTreeMap<NodeId, JobId>,
     queued_by_tier: [u32; 3],
+    /// Buffers `reindex` reads a node's keys into.
+    reindex_scratch: KeyScratch,
 }
 
 /// A run the edge puts back at restart (`State::restore_run`): attempt
@@ -565,73 +567,109 @@ impl State {
         self.reservations.remove(&id).ok_or_else(|| StateError::NotFound(format!("reservation {id}")))
     }
 
-    /// Recomputes a node's place in its model's indices.
+    /// Recomputes a node's place in its model's indices. Only the entries
+    /// that changed move (a checkpoint moves one job's; a start or an end
+    /// on the node, which changes its free GPUs, moves them all), and the
+    /// keys are read into buffers kept for it, so a node's reindex
+    /// allocates nothing.
     pub(crate) fn reindex(&mut self, id: NodeId) {
+        let mut scratch = std::mem::take(&mut self.reindex_scratch);
         let node = &self.nodes[id.0 as usize];
         let up = node.status == NodeStatus::Up;
-        let new_key = up.then(|| self.index_key(node));
-        let new_singles = if up { self.single_keys(node) } else { Vec::new() };
+        let free = match up {
+            true => Some(self.read_keys(node, &mut scratch)),
+            false => {
+                scratch.clear();
+                None
+            }
+        };
         let index = &mut self.index[node.model.0 as usize];
-        if node.key != new_key {
-            if let Some(old) = &node.key {
-                index.remove(id, old);
-            }
-            if let Some(new) = &new_key {
-                index.insert(id, new);
-            }
-        }
-        if node.single_keys != new_singles {
-            for &old in &node.single_keys {
-                index.remove_single(old);
-            }
-            for &new in &new_singles {
-                index.insert_single(new);
-            }
-        }
         let node = &mut self.nodes[id.0 as usize];
-        node.key = new_key;
-        node.single_keys = new_singles;
+        match (&mut node.key, free) {
+            (Some(old), Some(free))
+                if (old.free, old.reclaimable as usize) == (free, scratch.slots.len()) =>
+            {
+                index.move_sums(id, old, &scratch.slots);
+            }
+            (key, free) => {
+                let mut sums = Vec::new();
+                if let Some(old) = key.take() {
+                    index.remove(id, &old);
+                    sums = old.top_sums;
+                    sums.clear();
+                }
+                if let Some(free) = free {
+                    sums.extend(top_sums(&scratch.slots));
+                    let new = IndexKey { free, reclaimable: scratch.slots.len() as u8, top_sums: sums };
+                    index.insert(id, &new);
+                    *key = Some(new);
+                }
+            }
+        }
+        if node.single_keys != scratch.singles {
+            index.move_singles(&node.single_keys, &scratch.singles);
+            std::mem::swap(&mut node.single_keys, &mut scratch.singles);
+        }
+        self.reindex_scratch = scratch;
+    }
+
+    /// Reads what a node's index entries are made of, one look at each
+    /// attempt on it: the save instants of its reclaimable GPUs, freshest
+    /// first, and its single-node preemptible jobs as victims, in order.
+    /// Returns its free GPUs.
+    fn read_keys(&self, node: &Node, into: &mut KeyScratch) -> u8 {
+        into.clear();
+        let free = node.free_mask().count_ones() as u8;
+        for &(job, mask) in &node.jobs {
+            let j = &self.jobs[&job];
+            if j.spec.tier != Tier::Preemptible || j.phase != Phase::Running {
+                continue;
+            }
+            let run = j.run.as_ref().expect("running");
+            let saved_at = run.progress_saved_at();
+            into.slots.extend(std::iter::repeat_n(saved_at.0, (mask & !node.held).count_ones() as usize));
+            if run.alloc.len() == 1 {
+                into.singles.push((free, mask.count_ones() as u8, (Reverse(saved_at), node.id, job)));
+            }
+        }
+        into.slots.sort_unstable_by(|a, b| b.cmp(a));
+        into.singles.sort_unstable();
+        free
     }
 
     fn single_keys(&self, node: &Node) -> Vec<SingleKey> {
-        let free = node.free_mask().count_ones() as u8;
-        let mut keys: Vec<SingleKey> = node
-            .jobs
-            .iter()
-            .filter_map(|&(job, mask)| {
-                let j = &self.jobs[&job];
-                let run = j.run.as_ref()?;
-                let single =
-                    j.spec.tier == Tier::Preemptible && j.phase == Phase::Running && run.alloc.len() == 1;
-                single.then(|| {
-                    (free, mask.count_ones() as u8, (Reverse(run.progress_saved_at()), node.id, job))
-                })
-            })
-            .collect();
-        keys.sort_unstable();
-        keys
+        let mut keys = KeyScratch::default();
+        self.read_keys(node, &mut keys);
+        keys.singles
     }
 
     fn index_key(&self, node: &Node) -> IndexKey {
-        let mut slots: Vec<u64> = Vec::new();
-        for &(job, mask) in &node.jobs {
-            let j = &self.jobs[&job];
-            if j.spec.tier == Tier::Preemptible && j.phase == Phase::Running {
-                let saved_at = j.run.as_ref().expect("running").progress_saved_at();
-                slots.extend(std::iter::repeat_n(saved_at.0, (mask & !node.held).count_ones() as usize));
-            }
-        }
-        slots.sort_unstable_by(|a, b| b.cmp(a));
-        let mut sum = 0;
-        let top_sums = slots
-            .iter()
-            .map(|t| {
-                sum += t;
-                sum
-            })
-            .collect();
-        IndexKey { free: node.free_mask().count_ones() as u8, reclaimable: slots.len() as u8, top_sums }
+        let mut keys = KeyScratch::default();
+        let free = self.read_keys(node, &mut keys);
+        IndexKey { free, reclaimable: keys.slots.len() as u8, top_sums: top_sums(&keys.slots).collect() }
     }
+}
+
+/// Buffers a node's index keys are read into (`State::reindex`).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct KeyScratch {
+    slots: Vec<u64>,
+    singles: Vec<SingleKey>,
+}
+
+impl KeyScratch {
+    fn clear(&mut self) {
+        self.slots.clear();
+        self.singles.clear();
+    }
+}
+
+/// T_k for k = 1..=n of save instants sorted freshest first (see `index`).
+fn top_sums(slots: &[u64]) -> impl Iterator<Item = u64> + '_ {
+    slots.iter().scan(0u64, |sum, t| {
+        *sum += t;
+        Some(*sum)
+    })
 }
 
 /// Whether `gpus` can be placed on nodes of `per_node` GPUs: on one node,
