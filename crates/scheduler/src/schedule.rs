@@ -128,11 +128,12 @@ enum VictimFilter {
 
 /// One tenant's queued jobs of one tier in its own order, across its
 /// classes: the head of each class not yet blocked, best first. A tenant
-/// has a few classes, so these are short vectors, not trees.
+/// has a few classes, so these are short vectors, not trees; the rest of a
+/// class is looked at only once its head starts.
 struct TenantWalk<'a> {
-    /// Each class's head with the rest of the class behind it, best head
-    /// last (so the best is popped from the end).
-    heads: Vec<(QueueKey, QueueClass, btree_set::Iter<'a, QueueKey>)>,
+    /// Each class's head with the class, best head last (so the best is
+    /// popped from the end).
+    heads: Vec<(QueueKey, QueueClass, &'a BTreeSet<QueueKey>)>,
     /// A job of the tenant was left waiting in this pass.
     waits: bool,
 }
@@ -144,9 +145,8 @@ impl<'a> TenantWalk<'a> {
         };
         let mut heads = Vec::with_capacity(q.classes.len());
         for (&class, queue) in &q.classes {
-            let mut iter = queue.iter();
-            if let Some(&head) = iter.next() {
-                heads.push((head, class, iter));
+            if let Some(&head) = queue.first() {
+                heads.push((head, class, queue));
             }
         }
         // Keys are unique (they end in the job's id).
@@ -160,11 +160,11 @@ impl<'a> TenantWalk<'a> {
 
     /// The best head started: the next of its class takes its place.
     fn advance(&mut self, class: QueueClass) {
-        let (_, c, mut rest) = self.heads.pop().expect("a head");
+        let (head, c, queue) = self.heads.pop().expect("a head");
         debug_assert_eq!(c, class);
-        if let Some(&next) = rest.next() {
+        if let Some(&next) = queue.range((Bound::Excluded(head), Bound::Unbounded)).next() {
             let at = self.heads.partition_point(|h| h.0 > next);
-            self.heads.insert(at, (next, class, rest));
+            self.heads.insert(at, (next, class, queue));
         }
     }
 
@@ -913,6 +913,10 @@ impl<'a> Pass<'a> {
     /// The first of [`Self::bucket_nodes`], found without building a list.
     fn bucket_first(&mut self, model: GpuModelId, free: usize) -> Option<NodeId> {
         let base = &self.state.index[model.0 as usize].by_free[free];
+        if base.is_empty() {
+            // Most buckets of a full cluster: nothing to skip over.
+            return self.touched_by_free[model.0 as usize][free].first().copied();
+        }
         let cursor = &mut self.cursor[model.0 as usize][free];
         let mut found = None;
         for node in base.range(NodeId(*cursor)..) {
