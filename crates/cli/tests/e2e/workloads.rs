@@ -2,7 +2,7 @@
 //! `examples/`: training that resumes bit-identically, an array of shards
 //! that completes each shard exactly once, victims chosen by checkpoint,
 //! sweeps, preprocessing, gangs, and serving next to batch work. Needs
-//! `python3` with numpy and scikit-learn (`.ci/run` installs them).
+//! `python3` with numpy, scikit-learn and wandb (`scripts/test` installs them).
 
 use std::path::Path;
 use std::process::Command;
@@ -639,4 +639,55 @@ fn a_gangs_log_keeps_lines_whole_and_labels_them_with_their_node() {
         assert_eq!(seen, node, "one rank's lines from two nodes: {labelled}");
     }
     assert_eq!(rank_node.len(), 2, "both ranks' lines: {labelled}");
+}
+
+/// Training that logs to Weights & Biases (the `wandb` package, offline):
+/// each attempt calls a bare `wandb.init()`, notes the run it got, and
+/// saves at the notice.
+const TRACKED: &str = r#"
+import os, signal, sys, time
+import wandb
+d, attempt = os.environ["EBB_CHECKPOINT_DIR"], os.environ["EBB_ATTEMPT"]
+stop = []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+run = wandb.init(project="ebb", dir=d, mode="offline")
+run.log({"attempt": int(attempt)})
+with open(f"{d}/run-{attempt}", "w") as f:
+    f.write(f"{os.environ['EBB_RUN_ID']} {os.environ['WANDB_RUN_ID']} {run.id}\n")
+while attempt != "3" and not stop:
+    time.sleep(0.05)
+run.finish()
+"#;
+
+#[test]
+fn a_job_preempted_twice_is_one_run_in_its_tracker() {
+    let c = Cluster::start(Options { nodes: 1, gpus: 1, drain_window: "20s", ..Options::default() });
+    let job = c.submit(&["--env", "WANDB_SILENT=true", "--", "python3", "-c", TRACKED]);
+    let run = |attempt: u32| {
+        let path = c.checkpoints(job).join(format!("run-{attempt}"));
+        wait_for(&format!("attempt {attempt}'s run"), Duration::from_secs(60), || {
+            let line = std::fs::read_to_string(&path).ok().filter(|s| s.ends_with('\n'))?;
+            Some(line.split_whitespace().map(str::to_string).collect::<Vec<_>>())
+        })
+    };
+    let first = run(1);
+    for attempt in 2..=3 {
+        c.submit(&["--tier", "on-demand", "--", "sleep", "0.2"]);
+        assert_eq!(run(attempt), first, "attempt {attempt}: EBB_RUN_ID, WANDB_RUN_ID and wandb's run id");
+    }
+    let done = c.wait_job(job, "succeeded", Duration::from_secs(60), |j| j["state"] == "succeeded");
+    assert_eq!(done["preemptions"], 2);
+    let id = &first[0];
+    assert!(id.starts_with(&format!("ebb-{job}-")), "{id}");
+    assert!(first.iter().all(|x| x == id), "{first:?}");
+    // wandb kept each attempt's offline log under the one run's id: what
+    // `wandb sync` uploads as one run.
+    let logs: Vec<String> = std::fs::read_dir(c.checkpoints(job).join("wandb"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("offline-run-"))
+        .collect();
+    assert_eq!(logs.len(), 3, "{logs:?}");
+    assert!(logs.iter().all(|name| name.ends_with(&format!("-{id}"))), "{logs:?}");
 }

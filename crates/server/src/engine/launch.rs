@@ -34,6 +34,7 @@ impl<S: Store> Engine<S> {
         // such a gang, not on every start.
         let step_key =
             (slurm.is_some() && job.rendezvous.is_some()).then(crate::new_token).unwrap_or_default();
+        let run = run_id(id, job.submitted_ms);
         let start = |rank: usize, node: &str, gpus: &Vec<u8>| {
             let mut env = (*job.spec.env).clone();
             if let Some(task) = &job.array {
@@ -44,6 +45,7 @@ impl<S: Store> Engine<S> {
                 env.insert("SLURM_NODEID".into(), rank.to_string());
             }
             env.insert("EBB_CHECKPOINT_INTERVAL_S".into(), interval.clone());
+            env.extend(run_env(&run, &job.spec.env));
             match (&job.rendezvous, &slurm) {
                 (Some((addr, port)), None) => {
                     env.extend(gang_env(addr, *port, rank, nodes, gpus.len(), job.gpus))
@@ -139,6 +141,39 @@ impl<S: Store> Engine<S> {
     }
 }
 
+/// The one run every attempt of job `id` is part of, for the trackers
+/// that would otherwise start a new run at each resumption: `ebb-`, the
+/// job, and its submission instant in base 36 (so that two clusters' job
+/// 7, or one cluster's after its database was made anew, are different
+/// runs). Letters, digits and dashes only, at most 38 characters: a valid
+/// run id for Weights & Biases, whose ids may not hold `/ \ # ? % :`.
+pub(crate) fn run_id(id: u64, submitted_ms: u64) -> String {
+    let mut digits = Vec::new();
+    let mut n = submitted_ms;
+    loop {
+        digits.push(b"0123456789abcdefghijklmnopqrstuvwxyz"[(n % 36) as usize]);
+        n /= 36;
+        if n == 0 {
+            break;
+        }
+    }
+    digits.reverse();
+    format!("ebb-{id}-{}", String::from_utf8(digits).expect("ascii"))
+}
+
+/// `EBB_RUN_ID`, and the variables that make Weights & Biases resume that
+/// run rather than start another (`wandb.init()` reads them), unless the
+/// submission set its own.
+fn run_env(run: &str, submitted: &BTreeMap<String, String>) -> Vec<(String, String)> {
+    let mut env = vec![("EBB_RUN_ID".to_string(), run.to_string())];
+    for (key, value) in [("WANDB_RUN_ID", run), ("WANDB_RESUME", "allow")] {
+        if !submitted.contains_key(key) {
+            env.push((key.to_string(), value.to_string()));
+        }
+    }
+    env
+}
+
 /// What `torchrun` and `torch.distributed` expect on each node of a gang,
 /// including the `PET_*` defaults so that a bare `torchrun train.py` joins
 /// the right rendezvous with one worker per GPU.
@@ -213,4 +248,45 @@ fn slurm_env(job: &JobRecord) -> Vec<(String, String)> {
         env.push(("SLURM_ARRAY_TASK_MAX", min.saturating_add(task.tasks.saturating_sub(1)).to_string()));
     }
     env.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[test]
+    fn a_run_id_names_the_job_and_its_submission() {
+        assert_eq!(run_id(7, 0), "ebb-7-0");
+        assert_eq!(run_id(7, 35), "ebb-7-z");
+        assert_eq!(run_id(42, 1_796_360_904_317), "ebb-42-mx8iwgot");
+        assert_eq!(run_id(u64::MAX, u64::MAX), "ebb-18446744073709551615-3w5e11264sgsf");
+    }
+
+    #[test]
+    fn the_submission_keeps_its_own_tracker_variables() {
+        let none = BTreeMap::new();
+        let env: BTreeMap<String, String> = run_env("ebb-7-z", &none).into_iter().collect();
+        assert_eq!(env["EBB_RUN_ID"], "ebb-7-z");
+        assert_eq!(env["WANDB_RUN_ID"], "ebb-7-z");
+        assert_eq!(env["WANDB_RESUME"], "allow");
+        let own = BTreeMap::from([("WANDB_RUN_ID".to_string(), "mine".to_string())]);
+        let env: BTreeMap<String, String> = run_env("ebb-7-z", &own).into_iter().collect();
+        assert_eq!(env.get("WANDB_RUN_ID"), None, "the submission's is left as it is");
+        assert_eq!(env["WANDB_RESUME"], "allow");
+        assert_eq!(env["EBB_RUN_ID"], "ebb-7-z");
+    }
+
+    proptest! {
+        /// Any job and instant: a short id of the allowed characters, and
+        /// two different (job, instant) pairs never share one.
+        #[test]
+        fn run_ids_are_valid_and_distinct(a in any::<(u64, u64)>(), b in any::<(u64, u64)>()) {
+            let (ra, rb) = (run_id(a.0, a.1), run_id(b.0, b.1));
+            prop_assert!(ra.len() <= 38, "{ra}");
+            prop_assert!(ra.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-'), "{ra}");
+            prop_assert_eq!(ra == rb, a == b);
+        }
+    }
 }
