@@ -24,12 +24,24 @@ No required dependencies. PyTorch and Hugging Face helpers live in
 use those libraries.
 """
 
-from ._env import attempt, checkpoint_interval, in_ebb, job_id, params, rank, task_count, task_index, world_size
+from ._env import (
+    attempt,
+    checkpoint_interval,
+    in_ebb,
+    job_id,
+    params,
+    rank,
+    run_id,
+    task_count,
+    task_index,
+    world_size,
+)
 from .checkpoint import (
     Checkpoint,
     CheckpointManager,
     complete,
     exit_now,
+    note_attempt,
     progress,
     report_checkpoint,
     report_resumed,
@@ -51,6 +63,7 @@ __all__ = [
     "exit_now",
     "in_ebb",
     "job_id",
+    "note_attempt",
     "notice",
     "on_drain",
     "params",
@@ -58,6 +71,7 @@ __all__ = [
     "rank",
     "report_checkpoint",
     "report_resumed",
+    "run_id",
     "task_count",
     "task_index",
     "watcher",

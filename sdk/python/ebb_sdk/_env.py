@@ -20,6 +20,12 @@ def attempt() -> Optional[int]:
     return int(value) if value else None
 
 
+def run_id() -> Optional[str]:
+    """`EBB_RUN_ID`: the job's one run across all its attempts, for an
+    experiment tracker (Weights & Biases is given it as `WANDB_RUN_ID`)."""
+    return os.environ.get("EBB_RUN_ID") or None
+
+
 def task_index() -> Optional[int]:
     """`EBB_TASK_INDEX` of an array or sweep task."""
     value = os.environ.get("EBB_TASK_INDEX")

@@ -11,6 +11,7 @@ there: a resume never pairs one rank's new state with another's missing
 or older one. A rank deletes only files it wrote itself."""
 
 import json
+import logging
 import os
 import re
 import signal
@@ -20,7 +21,10 @@ import urllib.request
 from typing import Any, BinaryIO, Callable, Dict, List, NamedTuple, Optional, Tuple, Union
 
 from . import drain
+from ._env import attempt as _env_attempt
 from ._env import checkpoint_interval, in_ebb
+from ._env import job_id as _env_job_id
+from ._env import run_id as _env_run_id
 from ._env import rank as _env_rank
 from ._env import world_size as _env_world_size
 
@@ -85,6 +89,32 @@ def report_resumed(step: Optional[int] = None) -> bool:
     Returns False outside Ebb or if the agent could not be told; never
     raises."""
     return _post("/ebb/v1/resumed", "resume report", {"step": step})
+
+
+def note_attempt(resumed_step: Optional[int] = None) -> None:
+    """Says which attempt this is, and the step it resumed from, where a
+    person reading the run will look: the `ebb_sdk` logger, and the
+    active Weights & Biases run if there is one (its summary's
+    `ebb/attempt`, `ebb/resumed_step` and `ebb/run_id`, and `ebb_run_id`
+    in its config), so that one run across attempts shows where each
+    began. The resume helpers call it; outside Ebb it does nothing; it
+    never raises."""
+    if not in_ebb():
+        return
+    job, number, run = _env_job_id(), _env_attempt(), _env_run_id()
+    where = f" from step {resumed_step}" if resumed_step is not None else " from the start"
+    logging.getLogger("ebb_sdk").info("ebb: job %s attempt %s (run %s) began%s", job, number, run, where)
+    wandb = sys.modules.get("wandb")
+    active = getattr(wandb, "run", None) if wandb is not None else None
+    if active is None:
+        return
+    try:
+        active.summary["ebb/attempt"] = number
+        active.summary["ebb/resumed_step"] = resumed_step
+        active.summary["ebb/run_id"] = run
+        active.config.update({"ebb_run_id": run}, allow_val_change=True)
+    except Exception as e:  # a tracker's trouble must not stop training
+        print(f"ebb_sdk: could not note the attempt on the wandb run: {e}", file=sys.stderr)
 
 
 def complete() -> None:
@@ -275,6 +305,7 @@ class CheckpointManager:
         restoring from `latest()` yourself."""
         if self.report and self.rank == 0:
             report_resumed(step)
+            note_attempt(step)
 
     def should_save(self) -> bool:
         """True when a drain was requested, or the periodic interval has

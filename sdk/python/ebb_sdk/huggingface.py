@@ -27,7 +27,7 @@ from transformers import TrainerCallback
 
 from . import drain
 from ._env import checkpoint_interval, rank
-from .checkpoint import report_checkpoint, report_resumed
+from .checkpoint import note_attempt, report_checkpoint, report_resumed
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
@@ -71,8 +71,11 @@ class EbbCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         # `Trainer` has loaded the checkpoint's state by now: a step above
         # zero is the one it resumed from.
-        if state.global_step > 0 and self._main(state):
+        if not self._main(state):
+            return control
+        if state.global_step > 0:
             report_resumed(state.global_step)
+        note_attempt(state.global_step if state.global_step > 0 else None)
         return control
 
     @staticmethod

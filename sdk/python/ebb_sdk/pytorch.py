@@ -22,7 +22,7 @@ from typing import Any, Optional
 
 import torch
 
-from .checkpoint import CheckpointManager
+from .checkpoint import CheckpointManager, note_attempt
 
 try:  # numpy's global RNG too, when numpy is there
     import numpy as _np
@@ -85,6 +85,8 @@ def restore(
     latest = manager.latest()
     manager.extra = {}
     if latest is None:
+        if manager.report and manager.rank == 0:
+            note_attempt(None)
         return 0
     with open(latest.path, "rb") as f:
         state = torch.load(f, map_location=map_location, weights_only=False)

@@ -158,3 +158,34 @@ def test_progress_is_reported_to_the_endpoint_and_checked(ebb_env, endpoint):
 
 def test_progress_outside_ebb_is_a_no_op():
     assert not ebb_sdk.progress(0.5)
+
+
+def test_a_resume_is_noted_in_the_log_and_on_the_wandb_run(ebb_env, endpoint, tmp_path, monkeypatch, caplog):
+    """The job's one run (EBB_RUN_ID, given to wandb as its run id) shows
+    which attempt began where: the real wandb client, offline."""
+    import wandb
+
+    monkeypatch.setenv("EBB_RUN_ID", "ebb-7-abc")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    assert ebb_sdk.run_id() == "ebb-7-abc"
+    m = CheckpointManager()
+    m.save(5, b"five")
+    run = wandb.init(project="ebb", dir=str(tmp_path), mode="offline", id="ebb-7-abc")
+    try:
+        with caplog.at_level("INFO", logger="ebb_sdk"):
+            assert m.load_latest(lambda f: f.read()) == (5, b"five")
+        assert run.summary["ebb/attempt"] == 2
+        assert run.summary["ebb/resumed_step"] == 5
+        assert run.summary["ebb/run_id"] == "ebb-7-abc"
+        assert run.config["ebb_run_id"] == "ebb-7-abc"
+    finally:
+        run.finish()
+    assert "ebb: job 7 attempt 2 (run ebb-7-abc) began from step 5" in caplog.text
+
+
+def test_noting_the_attempt_outside_ebb_or_without_a_tracker_does_nothing(ebb_env, monkeypatch, caplog):
+    ebb_sdk.note_attempt(3)  # in Ebb, no tracker run: the log line alone
+    monkeypatch.delenv("EBB_JOB_ID")
+    with caplog.at_level("INFO", logger="ebb_sdk"):
+        ebb_sdk.note_attempt(3)
+    assert caplog.text == ""
