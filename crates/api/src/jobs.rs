@@ -248,6 +248,11 @@ pub struct Job {
     pub preemptions: u32,
     pub retries: u32,
     pub submitted_at: String,
+    /// The one run every attempt of the job is part of, for experiment
+    /// trackers: each attempt's `EBB_RUN_ID` (and `WANDB_RUN_ID`, unless
+    /// the submission set its own).
+    #[serde(default)]
+    pub run_id: String,
     /// Node and GPU indices of the live attempt.
     #[serde(default)]
     pub placement: Vec<NodeGpus>,

@@ -228,6 +228,10 @@ fn show_text(job: &api::Job, why: bool) -> String {
         writeln!(text, "  exit code    {code}").unwrap();
     }
     writeln!(text, "  submitted    {}", job.submitted_at).unwrap();
+    if !job.run_id.is_empty() {
+        writeln!(text, "  run          {}  (EBB_RUN_ID of every attempt: one run in a tracker)", job.run_id)
+            .unwrap();
+    }
     match &job.last_checkpoint {
         Some(c) => {
             let step = c.step.map(|s| format!("step {s}, ")).unwrap_or_default();

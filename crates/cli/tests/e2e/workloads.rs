@@ -680,6 +680,9 @@ fn a_job_preempted_twice_is_one_run_in_its_tracker() {
     let id = &first[0];
     assert!(id.starts_with(&format!("ebb-{job}-")), "{id}");
     assert!(first.iter().all(|x| x == id), "{first:?}");
+    assert_eq!(done["run_id"], id.as_str());
+    let shown = c.ebb(&["show", &job.to_string()]);
+    assert!(shown.contains(&format!("run          {id}  (EBB_RUN_ID of every attempt")), "{shown}");
     // wandb kept each attempt's offline log under the one run's id: what
     // `wandb sync` uploads as one run.
     let logs: Vec<String> = std::fs::read_dir(c.checkpoints(job).join("wandb"))
