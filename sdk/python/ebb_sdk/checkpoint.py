@@ -102,8 +102,9 @@ def note_attempt(resumed_step: Optional[int] = None) -> None:
     if not in_ebb():
         return
     job, number, run = _env_job_id(), _env_attempt(), _env_run_id()
-    where = f" from step {resumed_step}" if resumed_step is not None else " from the start"
-    logging.getLogger("ebb_sdk").info("ebb: job %s attempt %s (run %s) began%s", job, number, run, where)
+    where = f"from step {resumed_step}" if resumed_step is not None else "from the start"
+    of_run = f" (run {run})" if run else ""
+    logging.getLogger("ebb_sdk").info("ebb: job %s attempt %s began %s%s", job, number, where, of_run)
     wandb = sys.modules.get("wandb")
     active = getattr(wandb, "run", None) if wandb is not None else None
     if active is None:

@@ -180,7 +180,7 @@ def test_a_resume_is_noted_in_the_log_and_on_the_wandb_run(ebb_env, endpoint, tm
         assert run.config["ebb_run_id"] == "ebb-7-abc"
     finally:
         run.finish()
-    assert "ebb: job 7 attempt 2 (run ebb-7-abc) began from step 5" in caplog.text
+    assert "ebb: job 7 attempt 2 began from step 5 (run ebb-7-abc)" in caplog.text
 
 
 def test_noting_the_attempt_outside_ebb_or_without_a_tracker_does_nothing(ebb_env, monkeypatch, caplog):

@@ -182,15 +182,22 @@ def test_huggingface_callback_saves_and_stops_on_drain(ebb_env, huggingface, end
     assert huggingface.last_checkpoint(out) == os.path.join(out, "checkpoint-1")
 
 
-def test_huggingface_callback_reports_the_resume_from_the_main_process(ebb_env, huggingface, endpoint, tmp_path):
+def test_huggingface_callback_reports_the_resume_from_the_main_process(
+    ebb_env, huggingface, endpoint, tmp_path, caplog
+):
     out = str(tmp_path / "out")
     os.makedirs(out)
+    caplog.set_level("INFO", logger="ebb_sdk")
     run_trainer(huggingface.EbbCallback(), out, steps=1)
     assert endpoint.resumes == [], "a first start resumes nothing"
+    assert "ebb: job 7 attempt 2 began from the start" in caplog.text
+    caplog.clear()
     run_trainer(huggingface.EbbCallback(), out, steps=1, start=40, is_world_process_zero=False)
     assert endpoint.resumes == [], "not the main process"
+    assert caplog.text == "", "noted by the main process alone"
     run_trainer(huggingface.EbbCallback(), out, steps=1, start=40, is_world_process_zero=True)
     assert endpoint.resumes == [{"step": 40}]
+    assert "ebb: job 7 attempt 2 began from step 40" in caplog.text
 
 
 def test_huggingface_callback_saves_on_the_interval(ebb_env, huggingface, tmp_path):
