@@ -235,3 +235,41 @@ def test_the_core_package_imports_neither_library():
     code = "import sys, ebb_sdk; print('torch' in sys.modules, 'transformers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False False"
+
+
+def test_start_mlflow_run_keeps_one_run_across_attempts(ebb_env, monkeypatch, tmp_path):
+    """The real MLflow client (mlflow-skinny) on a local store: three
+    attempts of job 7, each starting its run the same way, log to one
+    run; another job's attempt gets a run of its own."""
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    import mlflow
+
+    from ebb_sdk.tracking import TAG, start_mlflow_run
+
+    mlflow.set_tracking_uri(f"file://{tmp_path / 'mlruns'}")
+    experiment = mlflow.set_experiment("ebb").experiment_id
+    monkeypatch.setenv("EBB_RUN_ID", "ebb-7-abc")
+    ids = []
+    for attempt in (1, 2, 3):
+        monkeypatch.setenv("EBB_ATTEMPT", str(attempt))
+        with start_mlflow_run() as run:
+            mlflow.log_metric("attempt", attempt, step=attempt)
+            ids.append(run.info.run_id)
+    assert len(set(ids)) == 1, ids
+    runs = mlflow.search_runs(experiment_ids=[experiment], output_format="list")
+    assert len(runs) == 1
+    assert runs[0].data.tags[TAG] == "ebb-7-abc" and runs[0].info.run_name == "ebb-7-abc"
+    history = mlflow.MlflowClient().get_metric_history(ids[0], "attempt")
+    assert [m.value for m in history] == [1, 2, 3]
+    monkeypatch.setenv("EBB_RUN_ID", "ebb-8-abd")
+    with start_mlflow_run() as other:
+        assert other.info.run_id != ids[0]
+    seen = {ids[0], other.info.run_id}
+    for bad in (None, "ebb-7-abc' OR '1'='1"):
+        if bad is None:
+            monkeypatch.delenv("EBB_RUN_ID")
+        else:
+            monkeypatch.setenv("EBB_RUN_ID", bad)
+        with start_mlflow_run() as plain:
+            assert plain.info.run_id not in seen, f"{bad!r} is no run id of Ebb's: a new run"
+            seen.add(plain.info.run_id)
