@@ -978,6 +978,7 @@ async function jobView(id) {
     ["GPUs", `${gpus(job.gpus)}${job.gpu_model ? ` of ${job.gpu_model}` : ""}`],
     ["Command", job.argv.join(" ")],
     ["Attempt", `${job.attempt} (preempted ${job.preemptions}, retried ${job.retries})`],
+    ...(job.run_id ? [["Run", `${job.run_id} (every attempt's EBB_RUN_ID: one run in a tracker)`]] : []),
     ["Placement", job.placement.map((p) => `${p.node}: ${p.gpus.length === 1 ? "GPU" : "GPUs"} ${p.gpus.join(",")}`).join("; ") || "none"],
   ];
   if (job.preemptions > 0 || job.lost_gpu_seconds > 0) {
