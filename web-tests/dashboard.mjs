@@ -5,10 +5,12 @@
 //   node web-tests/dashboard.mjs
 //
 // EBB: the ebb binary (default target/debug/ebb). EBB_CHROMIUM: the browser
-// (default /usr/bin/chromium). EBB_SCREENSHOTS=DIR: also save the operator's
-// and a tenant's view, 1280x800, as DIR/dashboard-operator.png and
-// DIR/dashboard-user.png, and the charts and reservations as
-// DIR/dashboard-charts.png and DIR/dashboard-reservations.png.
+// (default /usr/bin/chromium). EBB_SCREENSHOTS=DIR: also save every view
+// into DIR, 1280x800 unless said: the operator's (dashboard-operator.png,
+// and at 390 px dashboard-phone.png), its charts and reservations
+// (dashboard-charts.png, dashboard-reservations.png), a preempted job's page
+// (dashboard-job.png), a tenant's jobs and bill (dashboard-user.png,
+// dashboard-bill.png) and the sign-in page (dashboard-sign-in.png).
 
 import { spawn, execFileSync } from "node:child_process";
 import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
@@ -300,6 +302,7 @@ async function operatorSeesPreemption(browser, server, admin, problems) {
   const timeline = (await page.locator(".timeline li").allTextContents()).map(words);
   check(JSON.stringify(timeline) === JSON.stringify(shown.map(words)),
     `the timeline is ebb show's, sentence for sentence (${timeline.length} events, e.g. "${timeline[timeline.length - 1]}")`);
+  await screenshot(page, "dashboard-job.png");
   await page.goto(`${server}/#/cluster`);
   await page.getByRole("heading", { level: 1, name: "Cluster" }).waitFor();
 
@@ -310,6 +313,7 @@ async function operatorSeesPreemption(browser, server, admin, problems) {
   const chartWidths = () => page.evaluate(() => [...document.querySelectorAll(".chart canvas")].map((c) => c.getBoundingClientRect().right));
   await until("the charts redrawn at 390 px", async () => (await chartWidths()).every((right) => right <= 390), 5000);
   check((await chartWidths()).length === 3, "the three charts are redrawn within 390 px");
+  await screenshot(page, "dashboard-phone.png");
   await page.context().close();
   for (const job of [filler, victim, preemptor]) cli(server, admin, ["cancel", `${job}`]);
   for (const job of [filler, victim, preemptor]) {
@@ -443,13 +447,16 @@ async function tenantSeesOnlyItsOwn(browser, server, admin, problems) {
   const cliCounts = said.split("\n").find((l) => / attempts?, \d+ preempted/.test(l));
   check(counts.includes(cliCounts), `the bill counts attempts, preemptions and lost work as ebb bill does (${cliCounts})`);
   await axe(page, "a tenant's bill");
+  await screenshot(page, "dashboard-bill.png");
   await page.setViewportSize({ width: 390, height: 844 });
   const overflow = await page.evaluate(() => document.documentElement.scrollWidth);
   check(overflow <= 390, `the bill fits 390 px (${overflow})`);
+  await page.setViewportSize({ width: 1280, height: 800 });
 
   await page.getByRole("button", { name: "Sign out" }).click();
   await page.getByLabel("Token").waitFor();
   check(await page.evaluate(() => sessionStorage.length === 0), "signing out forgets the token");
+  await screenshot(page, "dashboard-sign-in.png");
   await page.context().close();
 }
 
