@@ -56,6 +56,9 @@ pub(crate) struct Agent<S> {
     /// The checkpoint store the server names at registration; none where
     /// attempts write no files (a simulated fleet).
     pub checkpoints: Option<Arc<Checkpoints>>,
+    /// The node's health, reported with every registration; none for a
+    /// simulated fleet.
+    pub health: Option<Arc<crate::health::Monitor>>,
 }
 
 /// Commands under way, by attempt.
@@ -105,6 +108,17 @@ impl<S: Supervisor> Agent<S> {
         }
     }
 
+    /// What the server has not accepted yet, and the node's health as it
+    /// is now: a restarted server learns it, and a finding that cleared
+    /// while the agent was away is seen to have.
+    fn unreported(&self) -> Vec<AgentEvent> {
+        let mut events = self.reporter.unreported();
+        if let Some(health) = &self.health {
+            events.push(AgentEvent::Health { findings: health.current(), at_ms: crate::report::now_ms() });
+        }
+        events
+    }
+
     async fn register_once(&self) -> Result<Registered, CallError> {
         let body = Register {
             node: self.node.name.clone(),
@@ -113,7 +127,7 @@ impl<S: Supervisor> Agent<S> {
             labels: self.node.labels.clone(),
             running: self.supervisor.running(),
             address: Some(self.node.address.clone()),
-            unreported: self.reporter.unreported(),
+            unreported: self.unreported(),
         };
         let registered = self.client.register(&body).await?;
         tracing::info!(node = self.node.name, gpus = self.node.gpus, "registered");

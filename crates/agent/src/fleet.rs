@@ -214,6 +214,7 @@ async fn start_node(fleet: &Fleet, i: u32) -> Result<SimNode, String> {
         supervisor,
         registrations: Default::default(),
         checkpoints: None,
+        health: None,
     });
     let follow = tokio::spawn(agent.clone().follow());
     Ok(SimNode { agent, follow })

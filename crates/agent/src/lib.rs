@@ -24,6 +24,7 @@ mod dirs;
 mod drain;
 mod fleet;
 pub mod gpus;
+pub mod health;
 pub mod identity;
 mod ledger;
 mod metadata;
@@ -104,6 +105,10 @@ pub struct AgentConfig {
     /// the server names an S3 one (`--checkpoint-store-credentials`, or
     /// the standard `AWS_*` variables).
     pub checkpoint_credentials: Option<ebb_checkpoints::Credentials>,
+    /// How the node's health is read.
+    pub health: health::HealthConfig,
+    /// The GPUs are NVML's, not `--fake-gpus`.
+    pub real_gpus: bool,
 }
 
 /// What the agent finds before it starts: its directories made absolute,
@@ -157,6 +162,11 @@ pub async fn run(config: AgentConfig) -> Result<(), String> {
     tokio::spawn(reporter.clone().run(queue, client.clone(), config.name.clone(), move |stale| {
         drain::kill_stale(&*fenced, stale, "the server fenced this stale attempt")
     }));
+    // Read before the node takes work: its first registration says what
+    // is wrong with it.
+    let health = health::Monitor::new(config.health.clone(), config.gpus, config.real_gpus);
+    health.poll(&reporter).await;
+    tokio::spawn(health.clone().run(reporter.clone()));
     let agent = Arc::new(Agent {
         node: node(&config),
         client,
@@ -164,6 +174,7 @@ pub async fn run(config: AgentConfig) -> Result<(), String> {
         supervisor: supervisor.clone(),
         registrations: Default::default(),
         checkpoints: Some(checkpoints),
+        health: Some(health),
     });
     let commands = tokio::spawn(agent.follow());
     until_told_to_stop().await?;

@@ -151,6 +151,7 @@ pub(crate) async fn agent(fake: Arc<FakeServer>, name: &str) -> Arc<Agent<FakeSu
         supervisor,
         registrations: Default::default(),
         checkpoints: None,
+        health: None,
     });
     tokio::spawn(agent.clone().follow());
     agent

@@ -320,6 +320,15 @@ pub enum AgentEvent {
     },
     /// Output of the attempt, appended in order.
     Output { attempt: AttemptRef, data: String },
+    /// What the node's health readings find wrong now, all of them: sent
+    /// when that changes and with every registration. A finding absent
+    /// from the next report has cleared. At most `MAX_HEALTH_FINDINGS`.
+    Health {
+        #[schema(max_items = 512)]
+        findings: Vec<GpuFinding>,
+        #[schema(maximum = 253402300799999.0)]
+        at_ms: u64,
+    },
     /// The agent is pulling the attempt's image: `done_bytes` of
     /// `total_bytes` of its layers (the first report of a pull has
     /// `done_bytes` 0).

@@ -29,6 +29,30 @@ pub struct Node {
     pub held: Vec<HeldGpus>,
     pub last_heartbeat: String,
     pub jobs: Vec<u64>,
+    /// Why it drains or was drained, when its health drained it (absent
+    /// when the operator did, or it is not drained).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drained_for: Option<String>,
+    /// Its GPUs out of service, and why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus_out: Vec<GpuOutOfService>,
+    /// What its agent finds wrong that changes nothing (a GPU at its
+    /// thermal limit, an application's Xid): shown, counted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+}
+
+/// A GPU out of service: the scheduler places nothing on it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct GpuOutOfService {
+    pub gpu: u8,
+    /// What its agent found: "GPU 3: Xid 79 (fallen off the bus)".
+    pub reason: String,
+    pub since: String,
+    /// It faulted twice in a day: it stays out until `ebb undrain NODE
+    /// --gpu N`, whatever its agent finds later. Otherwise it returns by
+    /// itself once its fault clears (a reset, a check that passes).
+    pub until_returned: bool,
 }
 
 /// `GET /v1/capacity`: what the cluster has and what a job could get now,
@@ -46,9 +70,14 @@ pub struct ModelCapacity {
     /// Nodes of this model that take work, and their GPUs.
     pub nodes: u32,
     pub gpus: u32,
-    /// Nodes drained by the operator, unhealthy or lost, and their GPUs.
+    /// Nodes drained, unhealthy or lost, and their GPUs; and GPUs out of
+    /// service for a fault on nodes that take work.
     pub nodes_out_of_service: u32,
     pub gpus_out_of_service: u32,
+    /// Of `gpus_out_of_service`, those out for a fault on nodes that take
+    /// work.
+    #[serde(default)]
+    pub gpus_faulted: u32,
     /// GPUs that take work and do nothing now: neither running an attempt
     /// nor held for a job waiting for its victims.
     pub idle: u32,

@@ -13,12 +13,14 @@ use utoipa::ToSchema;
 mod agent;
 pub mod events;
 mod fleet;
+mod health;
 mod jobs;
 mod money;
 
 pub use agent::*;
 pub use events::{Event, EventKind, JobEvent, PendingReason};
 pub use fleet::*;
+pub use health::*;
 pub use jobs::*;
 pub use money::*;
 

@@ -146,10 +146,15 @@ enum Command {
         #[command(flatten)]
         conn: Connection,
     },
-    /// Put a drained node back into service (admin).
+    /// Put a drained node back into service, with its GPUs out of service
+    /// for a fault; or, with --gpu, one GPU (admin).
     Undrain {
         /// The node's name, as `ebb nodes` lists it.
         node: String,
+        /// Return only this GPU (its index on the node) to service; without
+        /// it, the node and every GPU of it out of service return.
+        #[arg(long, value_name = "N")]
+        gpu: Option<u8>,
         #[command(flatten)]
         out: output::JsonFlag,
         #[command(flatten)]
@@ -329,7 +334,9 @@ async fn dispatch(cli: Cli) -> Result<(), String> {
             commands::nodes_command(&before.or(conn), &command).await?
         }
         Command::Drain { node, out, conn } => commands::drain(&before.or(conn), &node, &out).await?,
-        Command::Undrain { node, out, conn } => commands::undrain(&before.or(conn), &node, &out).await?,
+        Command::Undrain { node, gpu, out, conn } => {
+            commands::undrain(&before.or(conn), &node, gpu, &out).await?
+        }
         Command::Reclaim { gpus: Some(gpus), gpu_model, out, conn, .. } => {
             commands::reclaim(&before.or(conn), gpus, gpu_model, &out).await?
         }

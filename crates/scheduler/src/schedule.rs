@@ -978,7 +978,8 @@ impl<'a> Pass<'a> {
 
     fn free_mask(&self, node: NodeId) -> u64 {
         let t = self.masks(node);
-        full_mask(self.state.nodes[node.0 as usize].gpus) & !t.used & !t.held
+        let n = &self.state.nodes[node.0 as usize];
+        full_mask(n.gpus) & !t.used & !t.held & !n.out_mask()
     }
 
     fn touch(&mut self, node: NodeId, after: Touched) {

@@ -26,6 +26,8 @@ enum Op {
     ReleaseReclaim,
     Heartbeats { skip: u32 },
     Rejoin { node: u32 },
+    GpuOut { node: u32, gpu: u8 },
+    GpusBack { node: u32 },
     Step,
 }
 
@@ -48,6 +50,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::ReleaseReclaim),
         4 => (0u32..8).prop_map(|skip| Op::Heartbeats { skip }),
         1 => (0u32..8).prop_map(|node| Op::Rejoin { node }),
+        1 => (0u32..8, 0u8..8).prop_map(|(node, gpu)| Op::GpuOut { node, gpu }),
+        1 => (0u32..8).prop_map(|node| Op::GpusBack { node }),
         8 => Just(Op::Step),
     ]
 }
@@ -154,6 +158,28 @@ fn run(
             Op::Rejoin { node } => {
                 let _ = c.state.add_node(specs[(node % all) as usize].clone(), c.now);
             }
+            Op::GpuOut { node, gpu } => {
+                let node = NodeId(node % all);
+                let gpu = gpu % c.state.nodes()[node.0 as usize].gpus;
+                let on_it: Vec<JobId> = c
+                    .state
+                    .jobs()
+                    .filter(|j| {
+                        j.run.as_ref().is_some_and(|r| r.alloc.iter().any(|(n, m)| *n == node && m & (1 << gpu) != 0))
+                    })
+                    .map(|j| j.spec.id)
+                    .collect();
+                let (mut requeued, _) = c.state.take_gpus_out(node, 1 << gpu).unwrap();
+                requeued.sort_unstable();
+                assert_eq!(requeued, on_it, "the attempts on GPU {gpu} of {node} are the ones requeued");
+                for job in requeued {
+                    let phase = c.state.job(job).unwrap().phase;
+                    assert_eq!(phase, Phase::Queued, "{job} requeued");
+                }
+            }
+            Op::GpusBack { node } => {
+                c.state.return_gpus(NodeId(node % all), u64::MAX).unwrap();
+            }
             Op::Step => {
                 let ready: Vec<JobId> = c
                     .state
@@ -171,10 +197,18 @@ fn run(
                     .collect();
                 let queued: Vec<JobId> =
                     c.state.jobs().filter(|j| j.phase == Phase::Queued).map(|j| j.spec.id).collect();
+                let out: BTreeMap<NodeId, u64> =
+                    c.state.nodes().iter().map(|n| (n.id, n.out_mask())).collect();
                 let plan = c.step();
                 for p in &plan.placements {
-                    for (node, _) in &p.alloc {
+                    for (node, mask) in &p.alloc {
                         assert!(!unhealthy.contains(node), "{} placed on unhealthy {node}", p.job);
+                        assert_eq!(mask & out[node], 0, "{} placed on a GPU of {node} out of service", p.job);
+                    }
+                }
+                for p in &plan.preemptions {
+                    for (node, mask) in &p.hold {
+                        assert_eq!(mask & out[node], 0, "{} holds a GPU of {node} out of service", p.preemptor);
                     }
                 }
                 for d in &plan.drains {

@@ -32,6 +32,19 @@ pub const JOB_STATES: [&str; 7] =
 pub const GPU_STATES: [&str; 3] = ["running", "draining", "held"];
 /// A node's statuses, as the API names them.
 pub const NODE_STATUSES: [&str; 4] = ["up", "draining", "unhealthy", "lost"];
+/// What a health finding makes the server do (`ebb_api::HealthClass`).
+pub const HEALTH_CLASSES: [&str; 3] = ["fatal", "drain", "warn"];
+/// What a health finding is (`ebb_api::GpuFinding::kind`).
+pub const HEALTH_KINDS: [&str; 8] = [
+    "xid",
+    "ecc_double_bit",
+    "retired_pages",
+    "remapped_rows",
+    "throttled",
+    "temperature",
+    "nvlink_down",
+    "check_failed",
+];
 /// Bucket bounds of `ebb_drain_seconds`, up to past the default drain
 /// window (300 s).
 const DRAIN_BUCKETS: [f64; 10] = [1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 180.0, 240.0, 300.0, 600.0];
@@ -52,6 +65,8 @@ pub struct Counters {
     /// Drills concluded, by verdict (`ready`, `failed`).
     pub drills_ready: u64,
     pub drills_failed: u64,
+    /// Health findings as they appeared, by (class, kind).
+    pub health_findings: BTreeMap<(&'static str, &'static str), u64>,
     /// GPU-seconds metered in drain windows (as invoices count them).
     pub drain_gpu_seconds: u64,
     /// Metered revenue of ended attempts, micro-dollars, by the tier each
@@ -75,6 +90,7 @@ impl Default for Counters {
             polls_quiet: 0,
             drills_ready: 0,
             drills_failed: 0,
+            health_findings: BTreeMap::new(),
             drain_gpu_seconds: 0,
             revenue_micro_usd: TIERS.iter().map(|&t| (t, 0)).collect(),
             drain_seconds: Histogram::new(DRAIN_BUCKETS),
@@ -141,6 +157,8 @@ pub struct Snapshot {
     pub gpus_total: u64,
     pub gpus_idle: u64,
     pub nodes: BTreeMap<&'static str, u64>,
+    /// GPUs out of service for a fault, on nodes that are not lost.
+    pub gpus_faulted: u64,
     /// Per tenant and tier with work or usage there: (share of the tier's
     /// decayed usage, its weight's share, decayed usage in dollars).
     pub shares: BTreeMap<(String, &'static str), (f64, f64, f64)>,
@@ -313,6 +331,24 @@ pub fn render(s: &Snapshot) -> String {
          quiet node (idle, healthy, no command waiting)",
         polls,
     );
+    let findings = Family::<Labels, Counter>::default();
+    for class in HEALTH_CLASSES {
+        for kind in HEALTH_KINDS {
+            let n = s.counters.health_findings.get(&(class, kind)).copied().unwrap_or(0);
+            findings.get_or_create(&labels(&[("class", class), ("kind", kind)])).inc_by(n);
+        }
+    }
+    registry.register(
+        "health_findings",
+        "GPU and node health findings as they appeared since the server started, by what they made the \
+         server do (fatal: the GPU out of service; drain: the node drained; warn: shown) and by kind",
+        findings,
+    );
+    registry.register(
+        "gpus_faulted",
+        "GPUs out of service for a fault (ebb undrain returns them), on nodes that are not lost",
+        gauge(s.gpus_faulted),
+    );
     let drills = Family::<Labels, Counter>::default();
     drills.get_or_create(&labels(&[("verdict", "ready")])).inc_by(c.drills_ready);
     drills.get_or_create(&labels(&[("verdict", "failed")])).inc_by(c.drills_failed);
@@ -359,7 +395,13 @@ mod tests {
             "ebb_agent_polls_total{answered=\"quiet\"}".into(),
             "ebb_drills_total{verdict=\"ready\"}".into(),
             "ebb_drills_total{verdict=\"failed\"}".into(),
+            "ebb_gpus_faulted".into(),
         ];
+        for class in HEALTH_CLASSES {
+            for kind in HEALTH_KINDS {
+                series.push(format!("ebb_health_findings_total{{class=\"{class}\",kind=\"{kind}\"}}"));
+            }
+        }
         for tier in TIERS {
             for reason in ebb_api::PendingReason::ALL {
                 series.push(format!("ebb_jobs_queued{{tier=\"{tier}\",reason=\"{reason}\"}}"));

@@ -163,10 +163,13 @@ fn capacity_text(m: &api::ModelCapacity) -> String {
         write!(
             text,
             "; {} out of service on {} (drained, unhealthy or lost)",
-            gpus(m.gpus_out_of_service),
+            gpus(m.gpus_out_of_service - m.gpus_faulted),
             count(u64::from(m.nodes_out_of_service), "node")
         )
         .unwrap();
+    }
+    if m.gpus_faulted > 0 {
+        write!(text, "; {} out of service for a fault (ebb nodes says which)", gpus(m.gpus_faulted)).unwrap();
     }
     let u = &m.in_use;
     writeln!(
@@ -221,8 +224,30 @@ pub async fn nodes(conn: &Connection, out: &JsonFlag) -> Result<String, String> 
         if let Some(why) = &n.unhealthy {
             writeln!(text, "  {}: unhealthy, takes no new work: {why}", n.name).unwrap();
         }
+        text.push_str(&health_lines(&n));
     }
     Ok(text)
+}
+
+/// What a node's health took out of service, drained or warns of, a line
+/// each under its row.
+fn health_lines(n: &api::Node) -> String {
+    let mut text = String::new();
+    if let Some(why) = &n.drained_for {
+        writeln!(text, "  {}: drained for its health: {why} (ebb undrain {} returns it)", n.name, n.name).unwrap();
+    }
+    for o in &n.gpus_out {
+        let until = match o.until_returned {
+            true => format!("faulted twice in a day: out until ebb undrain {} --gpu {}", n.name, o.gpu),
+            false => "out until its fault clears or ebb undrain".to_string(),
+        };
+        writeln!(text, "  {}: GPU {} out of service since {}: {} ({until})", n.name, o.gpu, o.since, o.reason)
+            .unwrap();
+    }
+    for w in &n.warnings {
+        writeln!(text, "  {}: warning: {w}", n.name).unwrap();
+    }
+    text
 }
 
 pub async fn nodes_command(conn: &Connection, command: &NodesCommand) -> Result<String, String> {
@@ -271,10 +296,21 @@ pub async fn drain(conn: &Connection, node: &str, out: &JsonFlag) -> Result<Stri
     Ok(if out.json { json(&n) } else { format!("node {}: {}\n", n.name, n.status) })
 }
 
-pub async fn undrain(conn: &Connection, node: &str, out: &JsonFlag) -> Result<String, String> {
-    let n: api::Node =
-        conn.client()?.post(&format!("/v1/nodes/{node}/undrain"), &serde_json::json!({})).await?;
-    Ok(if out.json { json(&n) } else { format!("node {}: {}\n", n.name, n.status) })
+pub async fn undrain(conn: &Connection, node: &str, gpu: Option<u8>, out: &JsonFlag) -> Result<String, String> {
+    let route = match gpu {
+        Some(gpu) => format!("/v1/nodes/{node}/undrain?gpu={gpu}"),
+        None => format!("/v1/nodes/{node}/undrain"),
+    };
+    let n: api::Node = conn.client()?.post(&route, &serde_json::json!({})).await?;
+    Ok(if out.json {
+        json(&n)
+    } else {
+        let back = match gpu {
+            Some(gpu) => format!("GPU {gpu} back in service; "),
+            None => String::new(),
+        };
+        format!("node {}: {back}{}\n{}", n.name, n.status, health_lines(&n))
+    })
 }
 
 pub async fn release(conn: &Connection, gpu_model: Option<String>, out: &JsonFlag) -> Result<String, String> {

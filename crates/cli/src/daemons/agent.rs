@@ -156,6 +156,30 @@ pub struct AgentArgs {
     /// (simulated jobs write no files). See docs/simulated-fleet.md.
     #[arg(long, value_name = "N")]
     pub simulate_nodes: Option<u32>,
+    /// The operator's own health check, run with `sh -c` before the node
+    /// takes work and every --health-interval (e.g. `dcgmi diag -r 1`).
+    /// A non-zero exit takes out the GPUs it names on lines of their own
+    /// (`gpu 3` or `gpu 3: why`), or drains the node when it names none.
+    #[arg(long, value_name = "CMD")]
+    pub health_check: Option<String>,
+    /// How often the GPUs' health (NVML: Xid events, ECC errors, retired
+    /// pages and remapped rows, throttling, temperature, NVLinks) is read
+    /// and the --health-check run. Xid events are seen at once.
+    #[arg(long, default_value = "30s", value_parser = parse_span)]
+    pub health_interval: Span,
+    /// How long --health-check may run before it counts as failed.
+    #[arg(long, default_value = "10m", value_parser = parse_span)]
+    pub health_check_timeout: Span,
+    /// With --fake-gpus: the simulated GPUs' faults, a file of findings
+    /// read at every --health-interval, one JSON object a line in the
+    /// API's form, e.g. {"gpu":3,"kind":"xid","code":79}; a line removed
+    /// clears its finding. See docs/health.md.
+    #[arg(long, value_name = "FILE", requires = "fake_gpus")]
+    pub fake_gpu_faults: Option<PathBuf>,
+    /// Print the GPUs NVML finds and what their health readings would
+    /// report, then exit (scripts/gpu-check).
+    #[arg(long, conflicts_with_all = ["fake_gpus", "simulate_nodes"])]
+    pub check_gpus: bool,
 }
 
 /// The most nodes one `ebb agent --simulate-nodes` runs.
@@ -197,6 +221,12 @@ fn check_simulated_fleet(n: u32, args: &AgentArgs, files: u64) -> Result<(), Str
 }
 
 pub async fn agent(args: AgentArgs) -> Result<(), String> {
+    if args.check_gpus {
+        return check_gpus();
+    }
+    if args.health_interval.as_millis() == 0 {
+        return Err("--health-interval must be more than 0".into());
+    }
     let files = raise_open_files();
     if let Some(n) = args.simulate_nodes {
         check_simulated_fleet(n, &args, files)?;
@@ -286,9 +316,37 @@ pub async fn agent(args: AgentArgs) -> Result<(), String> {
             args.checkpoint_store_credentials.as_deref(),
         )
         .map_err(|e| e.to_string())?,
+        health: ebb_agent::health::HealthConfig {
+            interval: Duration::from_millis(args.health_interval.as_millis()),
+            check: args.health_check,
+            check_timeout: Duration::from_millis(args.health_check_timeout.as_millis()),
+            fake_faults: args.fake_gpu_faults,
+        },
+        real_gpus: args.fake_gpus.is_none(),
     };
     match args.simulate_nodes {
         Some(n) => ebb_agent::simulate(config, n, files).await,
         None => ebb_agent::run(config).await,
     }
+}
+
+/// `ebb agent --check-gpus`: what discovery finds and what the health
+/// readings would report now, in words and as the agent sends them.
+fn check_gpus() -> Result<(), String> {
+    let gpus = ebb_agent::gpus::discover()?;
+    println!("{} x {}", gpus.count, gpus.model);
+    let readings = ebb_agent::gpus::NvmlReadings::open()?;
+    for line in readings.describe() {
+        println!("  {line}");
+    }
+    let findings = readings.read();
+    if findings.is_empty() {
+        println!("health: nothing found wrong");
+    }
+    for f in &findings {
+        println!("health: {} ({})", f.describe(), f.class().name());
+    }
+    let event = ebb_api::AgentEvent::Health { findings, at_ms: ebb_core::time::unix_ms(std::time::SystemTime::now()) };
+    println!("{}", serde_json::to_string(&event).map_err(|e| e.to_string())?);
+    Ok(())
 }

@@ -218,6 +218,9 @@ impl State {
                 if mask & !n.full_mask() != 0 || mask & n.used & !victim_mask(node) != 0 {
                     return Err(ApplyError::Invariant(format!("hold on {node} takes GPUs of a non-victim")));
                 }
+                if mask & n.out != 0 {
+                    return Err(ApplyError::Invariant(format!("hold on {node} takes GPUs out of service")));
+                }
                 claim(node, mask, p.preemptor)?;
                 total += mask.count_ones();
             }
@@ -249,7 +252,11 @@ impl State {
             for &(node, mask) in &p.alloc {
                 let n = self.usable_node(node, p.model, &lost)?;
                 let own_hold = if p.from_hold { mask } else { 0 };
-                if mask & !n.full_mask() != 0 || n.used & mask != 0 || n.held & mask & !own_hold != 0 {
+                if mask & !n.full_mask() != 0
+                    || n.used & mask != 0
+                    || n.held & mask & !own_hold != 0
+                    || n.out & mask != 0
+                {
                     return Err(ApplyError::Invariant(format!("{}: GPUs on {node} are not free", p.job)));
                 }
                 if !p.from_hold {

@@ -163,6 +163,9 @@ impl State {
                     }
                 }
             }
+            if node.out & (node.used | node.held) != 0 {
+                return Err(format!("{} runs or holds GPUs out of service", node.id));
+            }
             if node.status == NodeStatus::Lost && (node.used != 0 || node.held != 0) {
                 return Err(format!("lost {} still has work", node.id));
             }
@@ -176,7 +179,7 @@ impl State {
                 .nodes
                 .iter()
                 .filter(|n| n.model.0 as usize == i && n.status == NodeStatus::Up)
-                .map(|n| n.gpus as u32)
+                .map(|n| n.in_service())
                 .sum();
             if capacity != m.capacity {
                 return Err(format!("{} capacity out of step", m.name));

@@ -63,6 +63,8 @@ pub struct Node {
     pub(crate) used: u64,
     /// GPUs held for preemptors (may still be used by draining victims).
     pub(crate) held: u64,
+    /// GPUs out of service (a health fault): never free, never placed on.
+    pub(crate) out: u64,
     /// Attempts on this node and their GPUs here.
     pub(crate) jobs: Vec<(JobId, u64)>,
     pub(crate) key: Option<IndexKey>,
@@ -82,8 +84,17 @@ impl Node {
         self.held
     }
 
+    pub fn out_mask(&self) -> u64 {
+        self.out
+    }
+
     pub fn free_mask(&self) -> u64 {
-        self.full_mask() & !self.used & !self.held
+        self.full_mask() & !self.used & !self.held & !self.out
+    }
+
+    /// GPUs that count toward the model's capacity while the node is up.
+    pub fn in_service(&self) -> u32 {
+        (self.full_mask() & !self.out).count_ones()
     }
 
     pub fn jobs(&self) -> impl Iterator<Item = JobId> + '_ {
@@ -377,8 +388,9 @@ impl State {
             debug_assert_eq!(node.used, 0);
             node.status = NodeStatus::Up;
             node.labels = spec.labels;
+            let in_service = node.in_service();
             self.set_heartbeat(id, now);
-            self.models[model.0 as usize].capacity += spec.gpus as u32;
+            self.models[model.0 as usize].capacity += in_service;
             self.reindex(id);
             return Ok(id);
         }
@@ -393,6 +405,7 @@ impl State {
             last_heartbeat: now,
             used: 0,
             held: 0,
+            out: 0,
             jobs: Vec::new(),
             key: None,
             single_keys: Vec::new(),
@@ -438,9 +451,9 @@ impl State {
         };
         let n = &mut self.nodes[node.0 as usize];
         n.status = NodeStatus::Cordoned;
-        let (model, gpus) = (n.model, n.gpus);
+        let (model, gpus) = (n.model, n.in_service());
         if counted {
-            self.models[model.0 as usize].capacity -= gpus as u32;
+            self.models[model.0 as usize].capacity -= gpus;
         }
         self.reindex(node);
         self.release_holds_on(node);
@@ -455,8 +468,8 @@ impl State {
         }
         let n = &mut self.nodes[node.0 as usize];
         n.status = NodeStatus::Up;
-        let (model, gpus) = (n.model, n.gpus);
-        self.models[model.0 as usize].capacity += gpus as u32;
+        let (model, gpus) = (n.model, n.in_service());
+        self.models[model.0 as usize].capacity += gpus;
         self.pending_node_drains.remove(&node);
         self.reindex(node);
         Ok(())
@@ -468,7 +481,7 @@ impl State {
     /// and `Unhealthy` change; a cordoned or lost node stays as it is.
     pub fn set_healthy(&mut self, node: NodeId, healthy: bool) -> Result<(), StateError> {
         let n = self.node_checked(node)?;
-        let (model, gpus) = (n.model, n.gpus as u32);
+        let (model, gpus) = (n.model, n.in_service());
         match (n.status, healthy) {
             (NodeStatus::Up, false) => {
                 self.nodes[node.0 as usize].status = NodeStatus::Unhealthy;
@@ -493,8 +506,8 @@ impl State {
         match n.status {
             NodeStatus::Lost => return Ok(Vec::new()),
             NodeStatus::Up => {
-                let (model, gpus) = (n.model, n.gpus);
-                self.models[model.0 as usize].capacity -= gpus as u32;
+                let (model, gpus) = (n.model, n.in_service());
+                self.models[model.0 as usize].capacity -= gpus;
             }
             NodeStatus::Cordoned | NodeStatus::Unhealthy => {}
         }
@@ -510,6 +523,51 @@ impl State {
             self.requeue(job);
         }
         Ok(victims)
+    }
+
+    /// GPUs of `mask` on `node` are out of service (a health fault): the
+    /// attempts running on any of them are ended and requeued, as a lost
+    /// node's are, holds on the node that wanted them are released, and
+    /// they take no work until `return_gpus`. Returns the requeued jobs,
+    /// and whether holds on the node were released.
+    pub fn take_gpus_out(&mut self, node: NodeId, mask: u64) -> Result<(Vec<JobId>, bool), StateError> {
+        let n = self.node_checked(node)?;
+        if mask & !n.full_mask() != 0 {
+            return Err(StateError::Invalid(format!("node {node}: has {} GPUs, mask {mask:#x}", n.gpus)));
+        }
+        let newly = mask & !n.out;
+        if newly == 0 {
+            return Ok((Vec::new(), false));
+        }
+        let victims: Vec<JobId> = n.jobs.iter().filter(|(_, m)| m & newly != 0).map(|(j, _)| *j).collect();
+        let holds_touched = n.held & newly != 0;
+        let (model, counted) = (n.model, n.status == NodeStatus::Up);
+        for &job in &victims {
+            self.end_run(job);
+            self.requeue(job);
+        }
+        if holds_touched {
+            self.release_holds_on(node);
+        }
+        self.nodes[node.0 as usize].out |= newly;
+        if counted {
+            self.models[model.0 as usize].capacity -= newly.count_ones();
+        }
+        self.reindex(node);
+        Ok((victims, holds_touched))
+    }
+
+    /// GPUs of `mask` on `node` are back in service.
+    pub fn return_gpus(&mut self, node: NodeId, mask: u64) -> Result<(), StateError> {
+        let n = self.node_checked(node)?;
+        let back = mask & n.out;
+        let (model, counted) = (n.model, n.status == NodeStatus::Up);
+        self.nodes[node.0 as usize].out &= !back;
+        if counted {
+            self.models[model.0 as usize].capacity += back.count_ones();
+        }
+        self.reindex(node);
+        Ok(())
     }
 
     fn node_checked(&self, node: NodeId) -> Result<&Node, StateError> {

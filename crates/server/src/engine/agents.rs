@@ -17,6 +17,7 @@ impl<S: Store> Engine<S> {
         let issue_credential = self.may_register(principal, &reg.node)?;
         // Checked before anything of the registration is applied.
         self.check_event_times("unreported", &reg.unreported, now)?;
+        Self::check_health_gpus("unreported", &reg.node, reg.gpus, &reg.unreported)?;
         // Attempts the agent comes back without ended after this, the last
         // time the node was heard from, and no later than now.
         let last_contact = self.last_contact(&reg.node).unwrap_or(now).min(now);
@@ -94,6 +95,12 @@ impl<S: Store> Engine<S> {
             joined_ms: known.map_or(now, |n| n.joined_ms),
             interruptions: known.map_or(0, |n| n.interruptions),
             removed: false,
+            drained_for: None,
+            // A node back after being lost keeps its GPUs' history; the
+            // core kept which are out.
+            gpus_out: known.map_or_else(Vec::new, |n| n.gpus_out.clone()),
+            gpu_faults: known.map_or_else(Vec::new, |n| n.gpu_faults.clone()),
+            health: known.map_or_else(Vec::new, |n| n.health.clone()),
         };
         self.fleet.write(row, &mut self.store, &mut self.outbox)?;
         self.money.price_for(&reg.gpu_model, &self.config.pricing, &mut self.store, &mut self.outbox)?;
@@ -215,6 +222,8 @@ impl<S: Store> Engine<S> {
             .core
             .node_by_name(&node)
             .ok_or_else(|| ApiError::conflict(format!("node {node}: not registered")))?;
+        let gpus = self.core.node(id).expect("known").gpus;
+        Self::check_health_gpus("events", &node, gpus, &report.events)?;
         let _ = self.core.heartbeat(id, Time(now));
         self.heard(&node, now)?;
         // A report got through: whatever failed before does no longer.
@@ -265,6 +274,10 @@ impl<S: Store> Engine<S> {
                     )));
                 }
             }
+            if let AgentEvent::Health { findings, at_ms } = event {
+                Self::check_health_event(field, i, findings, *at_ms, bound)?;
+                continue;
+            }
             let (kind, attempt, at_ms) = match event {
                 AgentEvent::Started { attempt, at_ms, .. } => ("started", attempt, *at_ms),
                 AgentEvent::Exited { attempt, at_ms, .. } => ("exited", attempt, *at_ms),
@@ -274,7 +287,7 @@ impl<S: Store> Engine<S> {
                 AgentEvent::Progress { attempt, at_ms, .. } => ("progress", attempt, *at_ms),
                 AgentEvent::Pulling { attempt, at_ms, .. } => ("pulling", attempt, *at_ms),
                 AgentEvent::Pulled { attempt, at_ms, .. } => ("pulled", attempt, *at_ms),
-                AgentEvent::Output { .. } => continue,
+                AgentEvent::Output { .. } | AgentEvent::Health { .. } => continue,
             };
             if at_ms > ebb_core::time::LAST_WRITABLE_MS {
                 return Err(ApiError::bad_request(format!(
@@ -462,6 +475,9 @@ impl<S: Store> Engine<S> {
                     };
                     self.event(attempt.job, Event::Pulled(detail))?;
                     self.save(attempt.job)?;
+                }
+                AgentEvent::Health { findings, at_ms } => {
+                    self.health_reported(&node, findings, at_ms, now)?;
                 }
                 AgentEvent::Output { attempt, data } => {
                     // Only the node the attempt was placed on writes its log.

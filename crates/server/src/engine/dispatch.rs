@@ -92,8 +92,8 @@ impl<S: Store> Engine<S> {
                 let result = self.release_reclaim(req);
                 self.answer(reply, result)?;
             }
-            Msg::UndrainNode { name, reply } => {
-                let result = self.undrain_node(&name);
+            Msg::UndrainNode { name, gpu, reply } => {
+                let result = self.undrain(&name, gpu);
                 self.answer(reply, result)?;
             }
             Msg::CreateTenant { name, reply } => {

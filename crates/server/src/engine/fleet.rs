@@ -25,7 +25,7 @@ impl<S: Store> Engine<S> {
             .ok_or_else(|| ApiError::not_found(format!("node {name}: not found")))?;
         self.core.drain_node(id).map_err(|e| ApiError::conflict(e.to_string()))?;
         self.forget_holds_on(name)?;
-        let row = NodeRow { drained: true, ..self.fleet.nodes[name].clone() };
+        let row = NodeRow { drained: true, drained_for: None, ..self.fleet.nodes[name].clone() };
         self.fleet.write(row, &mut self.store, &mut self.outbox)?;
         tracing::info!(node = name, "drained by the operator");
         Ok(self.node_view(name))
@@ -42,7 +42,7 @@ impl<S: Store> Engine<S> {
             return Err(ApiError::conflict(format!("node {name}: not drained (it is {status})")).into());
         }
         self.core.undrain_node(id).map_err(|e| ApiError::conflict(e.to_string()))?;
-        let row = NodeRow { drained: false, ..self.fleet.nodes[name].clone() };
+        let row = NodeRow { drained: false, drained_for: None, ..self.fleet.nodes[name].clone() };
         self.fleet.write(row, &mut self.store, &mut self.outbox)?;
         tracing::info!(node = name, "back in service (undrained by the operator)");
         Ok(self.node_view(name))

@@ -55,6 +55,7 @@ mod ending;
 mod exits;
 mod fleet;
 mod gates;
+mod health;
 mod job;
 mod jobs;
 mod launch;
@@ -157,6 +158,7 @@ pub enum Msg {
     },
     UndrainNode {
         name: String,
+        gpu: Option<u8>,
         reply: oneshot::Sender<Result<ebb_api::Node, ApiError>>,
     },
     CreateTenant {

@@ -94,7 +94,11 @@ impl<S: Store> Engine<S> {
             }
             DrainReason::NodeDrain { node } => {
                 let name = self.core.node(node).expect("known").name.clone();
-                (format!("node {name} drained by the operator"), DrainCause { by: None, node: Some(name) })
+                let why = match &self.fleet.nodes[&name].drained_for {
+                    Some(health) => format!("node {name} drained for its health: {health}"),
+                    None => format!("node {name} drained by the operator"),
+                };
+                (why, DrainCause { by: None, node: Some(name) })
             }
             DrainReason::Reclaim => {
                 ("preemptible capacity reclaimed by the operator".into(), DrainCause::default())

@@ -134,6 +134,10 @@ impl<S: Store> Engine<S> {
                 labels: node.labels.clone(),
             };
             let id = self.core.add_node(spec, Time(now)).map_err(|e| ApiError::internal(e.to_string()))?;
+            if node.out_mask() != 0 {
+                // No attempt is on the node yet: nothing is requeued.
+                let _ = self.core.take_gpus_out(id, node.out_mask());
+            }
             if node.drained {
                 let _ = self.core.drain_node(id);
             }

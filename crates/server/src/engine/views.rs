@@ -351,6 +351,7 @@ impl<S: Store> Engine<S> {
     pub(super) fn node_view(&self, name: &str) -> ebb_api::Node {
         let id: NodeId = self.core.node_by_name(name).expect("known node");
         let n = self.core.node(id).expect("known node");
+        let row = &self.fleet.nodes[name];
         let status = status_name(n.status);
         let unhealthy = match n.status {
             NodeStatus::Unhealthy => self.fleet.unhealthy.get(name).cloned(),
@@ -374,6 +375,23 @@ impl<S: Store> Engine<S> {
                 .collect(),
             last_heartbeat: rfc3339(n.last_heartbeat.0),
             jobs: n.jobs().map(|j| j.0).collect(),
+            drained_for: row.drained_for.clone().filter(|_| n.status == NodeStatus::Cordoned),
+            gpus_out: row
+                .gpus_out
+                .iter()
+                .map(|o| ebb_api::GpuOutOfService {
+                    gpu: o.gpu,
+                    reason: o.reason.clone(),
+                    since: rfc3339(o.since_ms),
+                    until_returned: o.until_returned,
+                })
+                .collect(),
+            warnings: row
+                .health
+                .iter()
+                .filter(|f| f.class() == ebb_api::HealthClass::Warn)
+                .map(|f| f.describe())
+                .collect(),
         }
     }
 
@@ -389,6 +407,7 @@ impl<S: Store> Engine<S> {
                 gpus: m.capacity,
                 nodes_out_of_service: 0,
                 gpus_out_of_service: 0,
+                gpus_faulted: 0,
                 idle: 0,
                 idle_on_one_node: 0,
                 in_use: ebb_api::TierGpus {
@@ -414,6 +433,8 @@ impl<S: Store> Engine<S> {
                 continue;
             }
             let free = node.free_mask().count_ones();
+            c.gpus_faulted += node.out_mask().count_ones();
+            c.gpus_out_of_service += node.out_mask().count_ones();
             c.nodes += 1;
             c.idle += free;
             c.idle_on_one_node = c.idle_on_one_node.max(free);
@@ -479,6 +500,9 @@ impl<S: Store> Engine<S> {
         }
         for node in self.core.nodes() {
             *snapshot.nodes.entry(status_name(node.status)).or_insert(0) += 1;
+            if node.status != NodeStatus::Lost {
+                snapshot.gpus_faulted += u64::from(node.out_mask().count_ones());
+            }
             if node.status == NodeStatus::Up {
                 snapshot.gpus_idle += u64::from(node.free_mask().count_ones());
             }

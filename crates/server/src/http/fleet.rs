@@ -44,17 +44,29 @@ pub(super) async fn drain_node(
     Ok(Json(app.ask(|reply| Msg::DrainNode { name, reply }).await??))
 }
 
-/// Put a drained node back into service (admin).
-#[utoipa::path(post, path = "/v1/nodes/{name}/undrain", tag = "operator", params(("name" = String, Path)),
-    responses((status = 200, body = api::Node), (status = 404, description = "No such node", body = api::ErrorBody),
-        (status = 409, description = "The node is not drained", body = api::ErrorBody)))]
+#[derive(serde::Deserialize)]
+pub(super) struct UndrainQuery {
+    #[serde(default)]
+    gpu: Option<u8>,
+}
+
+/// Put a drained node back into service, with every GPU of it out of
+/// service; or, with `gpu`, that one GPU only (admin).
+#[utoipa::path(post, path = "/v1/nodes/{name}/undrain", tag = "operator",
+    params(("name" = String, Path),
+        ("gpu" = Option<u8>, Query, maximum = 63, description = "return only this GPU (its index on the node) to service")),
+    responses((status = 200, body = api::Node), (status = 400, body = api::ErrorBody),
+        (status = 404, description = "No such node", body = api::ErrorBody),
+        (status = 409, description = "The node is not drained, or the GPU is in service", body = api::ErrorBody),
+        (status = 422, description = "The node has no such GPU", body = api::ErrorBody)))]
 pub(super) async fn undrain_node(
     State(app): State<App>,
     headers: HeaderMap,
     ApiPath(name): ApiPath<String>,
+    ApiQuery(q): ApiQuery<UndrainQuery>,
 ) -> ApiResult<Json<api::Node>> {
     app.require(&headers, Scope::Admin)?;
-    Ok(Json(app.ask(|reply| Msg::UndrainNode { name, reply }).await??))
+    Ok(Json(app.ask(|reply| Msg::UndrainNode { name, gpu: q.gpu, reply }).await??))
 }
 
 /// Remove a node (admin): its credential is revoked at once and its live

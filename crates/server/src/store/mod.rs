@@ -89,6 +89,38 @@ pub struct NodeRow {
     /// across a server restart, until it joins again.
     #[serde(default)]
     pub removed: bool,
+    /// Why it was drained, when its health drained it (absent: the
+    /// operator did).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drained_for: Option<String>,
+    /// Its GPUs out of service, and why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus_out: Vec<GpuOut>,
+    /// Its GPUs' faults in the last day: (GPU, when).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpu_faults: Vec<(u8, u64)>,
+    /// What its agent last found wrong, all of it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub health: Vec<ebb_api::GpuFinding>,
+}
+
+/// A GPU out of service: what its agent found, and when.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuOut {
+    pub gpu: u8,
+    pub reason: String,
+    pub since_ms: u64,
+    /// It faulted twice in a day: it stays out until the operator returns
+    /// it, whatever its agent finds later.
+    #[serde(default)]
+    pub until_returned: bool,
+}
+
+impl NodeRow {
+    /// Its GPUs out of service, as a mask.
+    pub fn out_mask(&self) -> u64 {
+        self.gpus_out.iter().fold(0, |mask, o| mask | (1u64 << o.gpu))
+    }
 }
 
 /// Everything needed to rebuild the server's memory.

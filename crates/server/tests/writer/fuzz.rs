@@ -155,6 +155,31 @@ enum Event {
         duration_ms: u64,
         at: At,
     },
+    Health {
+        findings: Vec<ebb_api::GpuFinding>,
+        at: At,
+    },
+}
+
+/// A node's health findings, valid or not: GPUs it has and has not, every
+/// kind at its extremes, a check's output past its bound.
+fn finding() -> impl Strategy<Value = ebb_api::GpuFinding> {
+    use ebb_api::{Finding, Throttle};
+    let gpu = prop_oneof![6 => (0u8..8).prop_map(Some), 2 => Just(None), 1 => any::<u8>().prop_map(Some)];
+    let code = prop_oneof![Just(79u32), Just(48), Just(74), Just(13), Just(0), Just(u32::MAX), any::<u32>()];
+    let kind = prop_oneof![
+        4 => code.prop_map(|code| Finding::Xid { code }),
+        1 => big_u64().prop_map(|count| Finding::EccDoubleBit { count }),
+        1 => (any::<u32>(), any::<bool>()).prop_map(|(count, pending)| Finding::RetiredPages { count, pending }),
+        1 => (any::<bool>(), any::<bool>()).prop_map(|(failed, pending)| Finding::RemappedRows { failed, pending }),
+        2 => prop_oneof![Just(Throttle::Thermal), Just(Throttle::PowerBrake)].prop_map(|reason| Finding::Throttled { reason }),
+        1 => (any::<u32>(), any::<u32>(), any::<u32>()).prop_map(|(celsius, slowdown_celsius, shutdown_celsius)| {
+            Finding::Temperature { celsius, slowdown_celsius, shutdown_celsius }
+        }),
+        1 => any::<u32>().prop_map(|link| Finding::NvlinkDown { link }),
+        2 => (any::<Option<i32>>(), text()).prop_map(|(code, output)| Finding::CheckFailed { code, output }),
+    ];
+    (gpu, kind).prop_map(|(gpu, finding)| ebb_api::GpuFinding { gpu, finding })
 }
 
 fn event() -> impl Strategy<Value = Event> {
@@ -182,6 +207,8 @@ fn event() -> impl Strategy<Value = Event> {
         1 => (which(), big_u64(), big_u64(), at()).prop_map(|(which, done, total, at)| Event::Pulling { which, done, total, at }),
         1 => (which(), big_u64(), big_u64(), at())
             .prop_map(|(which, downloaded, duration_ms, at)| Event::Pulled { which, downloaded, duration_ms, at }),
+        2 => (prop_oneof![8 => proptest::collection::vec(finding(), 0..4), 1 => proptest::collection::vec(finding(), 513..514)], at())
+            .prop_map(|(findings, at)| Event::Health { findings, at }),
     ]
 }
 
@@ -383,6 +410,8 @@ enum Step {
     Node {
         node: usize,
         op: u8,
+        /// An undrain of one GPU.
+        gpu: Option<u8>,
     },
     Reclaim {
         gpus: u32,
@@ -477,7 +506,8 @@ fn step() -> impl Strategy<Value = Step> {
             .prop_map(|(node, epoch, after, failing)| Step::Poll { node, epoch, after, failing }),
         8 => (node.clone(), proptest::collection::vec(event(), 0..5), proptest::option::of((0u64..3, big_u64())))
             .prop_map(|(node, events, id)| Step::Report { node, events, id }),
-        1 => (node.clone(), 0u8..3).prop_map(|(node, op)| Step::Node { node, op }),
+        1 => (node.clone(), 0u8..3, rarely(prop_oneof![0u8..8, Just(8), Just(u8::MAX)]))
+            .prop_map(|(node, op, gpu)| Step::Node { node, op, gpu }),
         1 => (prop_oneof![Just(0u32), 1u32..16, Just(u32::MAX)], proptest::option::of(text()), any::<bool>())
             .prop_map(|(gpus, model, release)| Step::Reclaim { gpus, model, release }),
         1 => (text(), (proptest::option::of(big_u64()), proptest::option::of(big_u64()), proptest::option::of(big_u64()),
@@ -648,6 +678,7 @@ impl World {
                 duration_ms,
                 at_ms: at.resolve(now),
             },
+            Event::Health { findings, at } => AgentEvent::Health { findings, at_ms: at.resolve(now) },
         }
     }
 
@@ -764,11 +795,11 @@ impl World {
                 let report = Report { node: name.into(), events, id };
                 let _ = self.call(|reply| Msg::Report { report, reply });
             }
-            Step::Node { node, op } => {
+            Step::Node { node, op, gpu } => {
                 let name = NODES[node].to_string();
                 match op {
                     0 => drop(self.call(|reply| Msg::DrainNode { name, reply })),
-                    1 => drop(self.call(|reply| Msg::UndrainNode { name, reply })),
+                    1 => drop(self.call(|reply| Msg::UndrainNode { name, gpu, reply })),
                     _ => drop(self.call(|reply| Msg::RemoveNode { name, reply })),
                 }
             }

@@ -8,8 +8,9 @@
 //! * `billing`, `limits`, `fuzz`: properties over random sequences of
 //!   submissions, exits, crashes and restarts, each with its own model of
 //!   the agents and of the truth (what ran, what may be kept).
-//! * `health`, `migrations`, `store_contract`: a node's health, a database
-//!   an older Ebb left, and the contract both stores keep.
+//! * `health`, `gpu_faults`, `migrations`, `store_contract`: a node whose
+//!   reports fail, GPUs that go bad, a database an older Ebb left, and the
+//!   contract both stores keep.
 //! * `api`: the server's router over a `TestEnv`, requests served
 //!   in-process; `requests`, `money_requests`, `drills` and `reasons` use
 //!   it for what a client sees: statuses, refusals by name, paging,
@@ -24,6 +25,7 @@ mod drills;
 mod fairness;
 mod fuzz;
 mod gangs;
+mod gpu_faults;
 mod harness;
 mod health;
 mod limits;

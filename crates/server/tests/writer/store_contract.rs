@@ -87,8 +87,25 @@ fn exercise(store: &mut impl Store) -> String {
         joined_ms: 1_000,
         interruptions: 0,
         removed: false,
+        drained_for: None,
+        gpus_out: Vec::new(),
+        gpu_faults: Vec::new(),
+        health: Vec::new(),
     };
     store.put_node(&node).unwrap();
+    // A node's health travels whole: what was found, the GPU it took out.
+    let node = NodeRow {
+        drained_for: Some("GPU 1: NVLink 2 down".into()),
+        gpus_out: vec![ebb_server::store::GpuOut {
+            gpu: 3,
+            reason: "GPU 3: Xid 79 (fallen off the bus)".into(),
+            since_ms: 2_000,
+            until_returned: true,
+        }],
+        gpu_faults: vec![(3, 1_000), (3, 2_000)],
+        health: vec![ebb_api::GpuFinding { gpu: Some(3), finding: ebb_api::Finding::Xid { code: 79 } }],
+        ..node
+    };
     store.put_node(&NodeRow { drained: true, ..node }).unwrap();
     for id in [3u64, 4, 5] {
         store.put_job(id, &columns(2, "queued"), &json!({ "id": id, "state": "queued" })).unwrap();
@@ -190,6 +207,11 @@ fn both_backends_keep_the_same_contract() {
     assert!(on_sqlite.contains("Some(ReportId { session: 9, seq: 2 }) None"), "{on_sqlite}");
     assert!(!on_sqlite.contains("h-gone") && !on_sqlite.contains("cancelled"), "{on_sqlite}");
     assert!(on_sqlite.contains(r#"reclaims: [("H100", 4)]"#), "{on_sqlite}");
+    assert!(
+        on_sqlite.contains(r#"gpus_out: [GpuOut { gpu: 3, reason: "GPU 3: Xid 79 (fallen off the bus)""#)
+            && on_sqlite.contains("gpu_faults: [(3, 1000), (3, 2000)]"),
+        "{on_sqlite}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

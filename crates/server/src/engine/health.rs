@@ -1,0 +1,263 @@
+//! GPU health as a node's agent reports it: GPUs out of service, nodes
+//! drained for their health, warnings shown; and the operator returning
+//! them (`ebb undrain`).
+
+use ebb_api::{GpuFinding, HealthClass};
+
+use super::ending::{EndNote, STOP_GRACE_MS};
+use super::*;
+use crate::store::GpuOut;
+
+/// A GPU that faults twice within this stays out until an operator
+/// returns it.
+const FAULT_MEMORY_MS: u64 = 24 * 3600 * 1000;
+
+impl<S: Store> Engine<S> {
+    /// Refuses, whole, a health report past its bounds: too many
+    /// findings, a check's output too long, stamped past what RFC 3339 can
+    /// write (400) or later than the server's clock plus the allowed skew
+    /// (`bound`, 422).
+    pub(super) fn check_health_event(
+        field: &str,
+        i: usize,
+        findings: &[GpuFinding],
+        at_ms: u64,
+        bound: u64,
+    ) -> Result<(), ApiError> {
+        if findings.len() > ebb_api::MAX_HEALTH_FINDINGS {
+            return Err(ApiError::bad_request(format!(
+                "{field}[{i}].findings: at most {} findings, got {}; nothing of this request was applied",
+                ebb_api::MAX_HEALTH_FINDINGS,
+                findings.len()
+            )));
+        }
+        for (k, f) in findings.iter().enumerate() {
+            if let ebb_api::Finding::CheckFailed { output, .. } = &f.finding {
+                let chars = output.chars().count();
+                if chars > ebb_api::MAX_CHECK_OUTPUT_CHARS {
+                    return Err(ApiError::bad_request(format!(
+                        "{field}[{i}].findings[{k}].output: at most {} characters, got {chars}; nothing of \
+                         this request was applied",
+                        ebb_api::MAX_CHECK_OUTPUT_CHARS
+                    )));
+                }
+            }
+        }
+        if at_ms > ebb_core::time::LAST_WRITABLE_MS {
+            return Err(ApiError::bad_request(format!(
+                "{field}[{i}].at_ms: {at_ms} is past the year 9999 (at most {}); nothing of this request \
+                 was applied",
+                ebb_core::time::LAST_WRITABLE_MS
+            )));
+        }
+        if at_ms > bound {
+            return Err(ApiError::unprocessable(format!(
+                "{field}[{i}].at_ms: the health report is stamped {} ({at_ms}), later than the server's \
+                 clock plus the allowed skew ({bound}); nothing of this request was applied: check the \
+                 node's clock",
+                rfc3339(at_ms)
+            )));
+        }
+        Ok(())
+    }
+
+    /// Refuses, whole, findings that name a GPU the node does not have.
+    pub(super) fn check_health_gpus(
+        field: &str,
+        node: &str,
+        gpus: u8,
+        events: &[AgentEvent],
+    ) -> Result<(), ApiError> {
+        for (i, event) in events.iter().enumerate() {
+            let AgentEvent::Health { findings, .. } = event else { continue };
+            for (k, f) in findings.iter().enumerate() {
+                if let Some(gpu) = f.gpu.filter(|g| *g >= gpus) {
+                    return Err(ApiError::bad_request(format!(
+                        "{field}[{i}].findings[{k}].gpu: node {node} has GPUs 0 to {}, got {gpu}; nothing of \
+                         this request was applied",
+                        gpus.saturating_sub(1)
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// What `node`'s agent finds wrong now, all of it. A new fatal finding
+    /// takes its GPU out of service and ends the attempt on it, requeued
+    /// as lost and metered to the fault; a new drain finding drains the
+    /// node with the ordinary window; warnings are kept to be shown. A GPU
+    /// out for one fault comes back once its finding clears (the agent
+    /// restarted after a reset, or a check passes again), unless it has
+    /// faulted twice within a day.
+    pub(super) fn health_reported(
+        &mut self,
+        node: &str,
+        findings: Vec<GpuFinding>,
+        at_ms: u64,
+        now: u64,
+    ) -> Written {
+        let (Some(id), Some(row)) = (self.core.node_by_name(node), self.fleet.nodes.get(node)) else {
+            return Ok(());
+        };
+        let mut findings = findings;
+        findings.sort();
+        findings.dedup();
+        if row.health == findings {
+            return Ok(());
+        }
+        let at_ms = at_ms.min(now);
+        let mut row = row.clone();
+        let new: Vec<&GpuFinding> = findings.iter().filter(|f| !row.health.contains(f)).collect();
+        for f in &new {
+            let class = f.class();
+            *self.counters.health_findings.entry((class.name(), f.kind())).or_insert(0) += 1;
+            match class {
+                HealthClass::Warn => tracing::warn!(node, class = class.name(), "{}", f.describe()),
+                _ => tracing::error!(node, class = class.name(), "{}", f.describe()),
+            }
+        }
+        // New faults: each GPU out once, for its first finding.
+        let mut out = 0u64;
+        for f in new.iter().filter(|f| f.class() == HealthClass::Fatal) {
+            let Some(gpu) = f.gpu else { continue };
+            if row.out_mask() & (1 << gpu) != 0 {
+                continue;
+            }
+            row.gpu_faults.retain(|(_, t)| t.saturating_add(FAULT_MEMORY_MS) > at_ms);
+            row.gpu_faults.push((gpu, at_ms));
+            let twice = row.gpu_faults.iter().filter(|(g, _)| *g == gpu).count() >= 2;
+            row.gpus_out.push(GpuOut { gpu, reason: f.describe(), since_ms: at_ms, until_returned: twice });
+            out |= 1 << gpu;
+        }
+        // Faults that cleared: their GPUs back, unless kept for the operator.
+        let faulty: u64 = findings
+            .iter()
+            .filter(|f| f.class() == HealthClass::Fatal)
+            .filter_map(|f| f.gpu)
+            .fold(0, |mask, gpu| mask | (1 << gpu));
+        let back: u64 = row
+            .gpus_out
+            .iter()
+            .filter(|o| !o.until_returned && faulty & (1 << o.gpu) == 0)
+            .fold(0, |mask, o| mask | (1 << o.gpu));
+        row.gpus_out.retain(|o| back & (1 << o.gpu) == 0);
+        let drain = new.iter().find(|f| f.class() == HealthClass::Drain).map(|f| f.describe());
+        row.health = findings;
+        self.fleet.write(row, &mut self.store, &mut self.outbox)?;
+        if back != 0 {
+            match self.core.return_gpus(id, back) {
+                Ok(()) => tracing::info!(node, gpus = ?gpu_indices(back), "GPUs back in service: their fault cleared"),
+                Err(e) => tracing::error!(node, "GPUs not returned: {e}"),
+            }
+        }
+        if out != 0 {
+            self.gpus_faulted(node, id, out, at_ms, now)?;
+        }
+        if let Some(why) = drain {
+            self.drain_for_health(node, id, why)?;
+        }
+        Ok(())
+    }
+
+    /// GPUs of `mask` on `node` faulted at `at_ms`: out of service in the
+    /// core, and the attempts on them ended as a lost node's are, each
+    /// stopped on every node it runs on.
+    fn gpus_faulted(&mut self, node: &str, id: NodeId, mask: u64, at_ms: u64, now: u64) -> Written {
+        let (requeued, holds_released) = match self.core.take_gpus_out(id, mask) {
+            Ok(taken) => taken,
+            Err(e) => {
+                tracing::error!(node, "GPUs not taken out of service: {e}");
+                return Ok(());
+            }
+        };
+        if holds_released {
+            self.forget_holds_on(node)?;
+        }
+        if requeued.is_empty() {
+            return Ok(());
+        }
+        // An interruption without notice: it counts toward the node's
+        // (and so its model's) mean time between interruptions.
+        self.fleet.interrupted(node, &mut self.store, &mut self.outbox)?;
+        let why = self.fleet.nodes[node]
+            .gpus_out
+            .iter()
+            .filter(|o| mask & (1 << o.gpu) != 0)
+            .map(|o| o.reason.clone())
+            .collect::<Vec<_>>()
+            .join("; ");
+        for JobId(job) in requeued {
+            let record = &self.jobs[&job];
+            let attempt = AttemptRef { job, attempt: record.attempt };
+            for n in record.running_on.clone() {
+                self.outbox.push(&n, Action::Stop { attempt, grace_ms: STOP_GRACE_MS, notice: None });
+            }
+            let end_ms = self.known_time(attempt, at_ms, now);
+            let note = EndNote { node: Some(node.to_string()), why: Some(why.clone()), ..Default::default() };
+            tracing::warn!(job, node, "attempt {} ended by a GPU fault: {why}", attempt.attempt);
+            self.ended(job, ExitEffect::RequeuedLost, end_ms, now, note)?;
+        }
+        Ok(())
+    }
+
+    /// The node drains for its health: as the operator's drain, with why.
+    fn drain_for_health(&mut self, node: &str, id: NodeId, why: String) -> Written {
+        if matches!(self.core.node(id).map(|n| n.status), Some(NodeStatus::Cordoned | NodeStatus::Lost)) {
+            return Ok(());
+        }
+        if let Err(e) = self.core.drain_node(id) {
+            tracing::error!(node, "not drained for its health ({why}): {e}");
+            return Ok(());
+        }
+        self.forget_holds_on(node)?;
+        let row = NodeRow { drained: true, drained_for: Some(why.clone()), ..self.fleet.nodes[node].clone() };
+        self.fleet.write(row, &mut self.store, &mut self.outbox)?;
+        tracing::error!(node, "drained for its health: {why}");
+        Ok(())
+    }
+
+    /// `ebb undrain NODE [--gpu N]`: the operator returns one GPU, or the
+    /// node and every GPU of it out of service.
+    pub(super) fn undrain(&mut self, name: &str, gpu: Option<u8>) -> Result<ebb_api::Node, Fail> {
+        let id = self
+            .core
+            .node_by_name(name)
+            .ok_or_else(|| ApiError::not_found(format!("node {name}: not found")))?;
+        let row = self.fleet.nodes[name].clone();
+        let status = self.core.node(id).expect("known").status;
+        let mask = match gpu {
+            Some(g) if g >= row.gpus => {
+                return Err(ApiError::unprocessable(format!(
+                    "gpu: node {name} has GPUs 0 to {}, got {g}",
+                    row.gpus.saturating_sub(1)
+                ))
+                .into())
+            }
+            Some(g) if row.out_mask() & (1 << g) == 0 => {
+                return Err(ApiError::conflict(format!("node {name}: GPU {g} is in service")).into())
+            }
+            Some(g) => 1u64 << g,
+            None => row.out_mask(),
+        };
+        if mask == 0 && status != NodeStatus::Cordoned {
+            let status = super::views::status_name(status);
+            return Err(ApiError::conflict(format!(
+                "node {name}: not drained and no GPU out of service (it is {status})"
+            ))
+            .into());
+        }
+        if mask != 0 {
+            self.core.return_gpus(id, mask).map_err(|e| ApiError::internal(e.to_string()))?;
+            let mut back = row.clone();
+            back.gpus_out.retain(|o| mask & (1 << o.gpu) == 0);
+            back.gpu_faults.retain(|(g, _)| mask & (1 << g) == 0);
+            self.fleet.write(back, &mut self.store, &mut self.outbox)?;
+            tracing::info!(node = name, gpus = ?gpu_indices(mask), "GPUs returned to service by the operator");
+        }
+        if gpu.is_none() && status == NodeStatus::Cordoned {
+            return self.undrain_node(name);
+        }
+        Ok(self.node_view(name))
+    }
+}
