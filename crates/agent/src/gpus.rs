@@ -68,7 +68,8 @@ impl NvmlReadings {
                     d.name().unwrap_or_default(),
                     d.uuid().unwrap_or_default(),
                     d.temperature(TemperatureSensor::Gpu).map_or("?".into(), |t| t.to_string()),
-                    d.temperature_threshold(TemperatureThreshold::Slowdown).map_or("?".into(), |t| t.to_string()),
+                    d.temperature_threshold(TemperatureThreshold::Slowdown)
+                        .map_or("?".into(), |t| t.to_string()),
                     self.links_up[i as usize].len(),
                     d.is_ecc_enabled().map(|e| e.currently_enabled).ok(),
                     self.nvml.sys_driver_version().unwrap_or_default(),
@@ -88,7 +89,9 @@ impl NvmlReadings {
         };
         use nvml_wrapper::error::NvmlError;
         use nvml_wrapper::structs::device::FieldId;
-        use nvml_wrapper::sys_exports::field_id::{NVML_FI_DEV_REMAPPED_FAILURE, NVML_FI_DEV_REMAPPED_PENDING};
+        use nvml_wrapper::sys_exports::field_id::{
+            NVML_FI_DEV_REMAPPED_FAILURE, NVML_FI_DEV_REMAPPED_PENDING,
+        };
 
         let mut found = Vec::new();
         for i in 0..self.count {
@@ -121,10 +124,16 @@ impl NvmlReadings {
                     add(Finding::RetiredPages { count, pending });
                 }
             }
-            if let Ok(values) = device.field_values_for(&[FieldId(NVML_FI_DEV_REMAPPED_PENDING), FieldId(NVML_FI_DEV_REMAPPED_FAILURE)]) {
+            if let Ok(values) = device.field_values_for(&[
+                FieldId(NVML_FI_DEV_REMAPPED_PENDING),
+                FieldId(NVML_FI_DEV_REMAPPED_FAILURE),
+            ]) {
                 let set = |k: usize| {
-                    values.get(k).and_then(|v| v.as_ref().ok()).and_then(|s| s.value.as_ref().ok()).is_some_and(
-                        |v| {
+                    values
+                        .get(k)
+                        .and_then(|v| v.as_ref().ok())
+                        .and_then(|s| s.value.as_ref().ok())
+                        .is_some_and(|v| {
                             use nvml_wrapper::enums::device::SampleValue::*;
                             match *v {
                                 F64(x) => x != 0.0,
@@ -132,8 +141,7 @@ impl NvmlReadings {
                                 U64(x) => x != 0,
                                 I64(x) => x != 0,
                             }
-                        },
-                    )
+                        })
                 };
                 let (pending, failed) = (set(0), set(1));
                 if pending || failed {
@@ -154,7 +162,8 @@ impl NvmlReadings {
                 device.temperature_threshold(TemperatureThreshold::Slowdown),
             ) {
                 if celsius >= slowdown_celsius {
-                    let shutdown_celsius = device.temperature_threshold(TemperatureThreshold::Shutdown).unwrap_or(0);
+                    let shutdown_celsius =
+                        device.temperature_threshold(TemperatureThreshold::Shutdown).unwrap_or(0);
                     add(Finding::Temperature { celsius, slowdown_celsius, shutdown_celsius });
                 }
             }

@@ -139,7 +139,10 @@ impl Monitor {
         let result = readings.watch_xids(|gpu, code| {
             if gpu != u8::MAX {
                 tracing::error!(gpu, code, "Xid event");
-                self.xids.lock().expect("xids").push(GpuFinding { gpu: Some(gpu), finding: Finding::Xid { code } });
+                self.xids
+                    .lock()
+                    .expect("xids")
+                    .push(GpuFinding { gpu: Some(gpu), finding: Finding::Xid { code } });
                 self.wake.notify_one();
             }
             // Nobody else holds the monitor: the agent is gone.
@@ -196,13 +199,17 @@ async fn run_check(check: &str, timeout: Duration, gpus: u8) -> Vec<GpuFinding> 
         Ok(Err(e)) => (None, format!("cannot run sh -c {check:?}: {e}")),
         Err(_) => (None, format!("ran past {}s", timeout.as_secs())),
     };
-    let named: Vec<(u8, String)> = output.lines().filter_map(|l| named_gpu(l, gpus).map(|g| (g, l.into()))).collect();
+    let named: Vec<(u8, String)> =
+        output.lines().filter_map(|l| named_gpu(l, gpus).map(|g| (g, l.into()))).collect();
     if named.is_empty() {
         return vec![GpuFinding { gpu: None, finding: Finding::CheckFailed { code, output: tail(&output) } }];
     }
     named
         .into_iter()
-        .map(|(gpu, line)| GpuFinding { gpu: Some(gpu), finding: Finding::CheckFailed { code, output: tail(&line) } })
+        .map(|(gpu, line)| GpuFinding {
+            gpu: Some(gpu),
+            finding: Finding::CheckFailed { code, output: tail(&line) },
+        })
         .collect()
 }
 
@@ -254,10 +261,13 @@ mod tests {
                 finding: Finding::CheckFailed { code: Some(3), output: "fan stalled".into() }
             }]
         );
-        let gpus = run_check("echo 'gpu 2: memory test'; echo 'gpu 5'; exit 1", Duration::from_secs(5), 8).await;
+        let gpus =
+            run_check("echo 'gpu 2: memory test'; echo 'gpu 5'; exit 1", Duration::from_secs(5), 8).await;
         assert_eq!(gpus.iter().map(|f| f.gpu).collect::<Vec<_>>(), vec![Some(2), Some(5)]);
         let slow = run_check("sleep 5", Duration::from_millis(200), 8).await;
-        assert!(matches!(&slow[0].finding, Finding::CheckFailed { code: None, output } if output.contains("ran past")));
+        assert!(
+            matches!(&slow[0].finding, Finding::CheckFailed { code: None, output } if output.contains("ran past"))
+        );
     }
 
     #[test]
@@ -276,7 +286,10 @@ mod tests {
             found,
             vec![
                 GpuFinding { gpu: Some(3), finding: Finding::Xid { code: 79 } },
-                GpuFinding { gpu: Some(5), finding: Finding::Throttled { reason: ebb_api::Throttle::Thermal } },
+                GpuFinding {
+                    gpu: Some(5),
+                    finding: Finding::Throttled { reason: ebb_api::Throttle::Thermal }
+                },
             ]
         );
         std::fs::remove_file(&path).unwrap();

@@ -236,7 +236,13 @@ mod tests {
             (on(5, Finding::Temperature { celsius: 92, slowdown_celsius: 87, shutdown_celsius: 92 }), Drain),
             (on(1, Finding::NvlinkDown { link: 2 }), Drain),
             (on(2, Finding::CheckFailed { code: Some(1), output: String::new() }), Fatal),
-            (GpuFinding { gpu: None, finding: Finding::CheckFailed { code: Some(1), output: String::new() } }, Drain),
+            (
+                GpuFinding {
+                    gpu: None,
+                    finding: Finding::CheckFailed { code: Some(1), output: String::new() },
+                },
+                Drain,
+            ),
         ];
         for (finding, class) in cases {
             assert_eq!(finding.class(), class, "{}", finding.describe());

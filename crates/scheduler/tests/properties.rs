@@ -165,7 +165,9 @@ fn run(
                     .state
                     .jobs()
                     .filter(|j| {
-                        j.run.as_ref().is_some_and(|r| r.alloc.iter().any(|(n, m)| *n == node && m & (1 << gpu) != 0))
+                        j.run
+                            .as_ref()
+                            .is_some_and(|r| r.alloc.iter().any(|(n, m)| *n == node && m & (1 << gpu) != 0))
                     })
                     .map(|j| j.spec.id)
                     .collect();
@@ -208,7 +210,12 @@ fn run(
                 }
                 for p in &plan.preemptions {
                     for (node, mask) in &p.hold {
-                        assert_eq!(mask & out[node], 0, "{} holds a GPU of {node} out of service", p.preemptor);
+                        assert_eq!(
+                            mask & out[node],
+                            0,
+                            "{} holds a GPU of {node} out of service",
+                            p.preemptor
+                        );
                     }
                 }
                 for d in &plan.drains {

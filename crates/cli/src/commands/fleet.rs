@@ -234,15 +234,20 @@ pub async fn nodes(conn: &Connection, out: &JsonFlag) -> Result<String, String> 
 fn health_lines(n: &api::Node) -> String {
     let mut text = String::new();
     if let Some(why) = &n.drained_for {
-        writeln!(text, "  {}: drained for its health: {why} (ebb undrain {} returns it)", n.name, n.name).unwrap();
+        writeln!(text, "  {}: drained for its health: {why} (ebb undrain {} returns it)", n.name, n.name)
+            .unwrap();
     }
     for o in &n.gpus_out {
         let until = match o.until_returned {
             true => format!("faulted twice in a day: out until ebb undrain {} --gpu {}", n.name, o.gpu),
             false => "out until its fault clears or ebb undrain".to_string(),
         };
-        writeln!(text, "  {}: GPU {} out of service since {}: {} ({until})", n.name, o.gpu, o.since, o.reason)
-            .unwrap();
+        writeln!(
+            text,
+            "  {}: GPU {} out of service since {}: {} ({until})",
+            n.name, o.gpu, o.since, o.reason
+        )
+        .unwrap();
     }
     for w in &n.warnings {
         writeln!(text, "  {}: warning: {w}", n.name).unwrap();
@@ -296,7 +301,12 @@ pub async fn drain(conn: &Connection, node: &str, out: &JsonFlag) -> Result<Stri
     Ok(if out.json { json(&n) } else { format!("node {}: {}\n", n.name, n.status) })
 }
 
-pub async fn undrain(conn: &Connection, node: &str, gpu: Option<u8>, out: &JsonFlag) -> Result<String, String> {
+pub async fn undrain(
+    conn: &Connection,
+    node: &str,
+    gpu: Option<u8>,
+    out: &JsonFlag,
+) -> Result<String, String> {
     let route = match gpu {
         Some(gpu) => format!("/v1/nodes/{node}/undrain?gpu={gpu}"),
         None => format!("/v1/nodes/{node}/undrain"),

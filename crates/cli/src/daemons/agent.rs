@@ -346,7 +346,10 @@ fn check_gpus() -> Result<(), String> {
     for f in &findings {
         println!("health: {} ({})", f.describe(), f.class().name());
     }
-    let event = ebb_api::AgentEvent::Health { findings, at_ms: ebb_core::time::unix_ms(std::time::SystemTime::now()) };
+    let event = ebb_api::AgentEvent::Health {
+        findings,
+        at_ms: ebb_core::time::unix_ms(std::time::SystemTime::now()),
+    };
     println!("{}", serde_json::to_string(&event).map_err(|e| e.to_string())?);
     Ok(())
 }

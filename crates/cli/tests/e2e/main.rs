@@ -20,6 +20,7 @@ mod failover;
 mod fairness;
 mod first_hour;
 mod first_hour_messages;
+mod gpu_health;
 mod identity;
 mod images;
 mod lifecycle;

@@ -147,7 +147,9 @@ impl<S: Store> Engine<S> {
         self.fleet.write(row, &mut self.store, &mut self.outbox)?;
         if back != 0 {
             match self.core.return_gpus(id, back) {
-                Ok(()) => tracing::info!(node, gpus = ?gpu_indices(back), "GPUs back in service: their fault cleared"),
+                Ok(()) => {
+                    tracing::info!(node, gpus = ?gpu_indices(back), "GPUs back in service: their fault cleared")
+                }
                 Err(e) => tracing::error!(node, "GPUs not returned: {e}"),
             }
         }

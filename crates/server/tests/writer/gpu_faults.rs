@@ -139,8 +139,10 @@ impl Server {
                 _ => None,
             })
             .collect();
-        let events =
-            starts.iter().map(|(attempt, _)| AgentEvent::Started { attempt: *attempt, pid: 1, at_ms: self.now }).collect();
+        let events = starts
+            .iter()
+            .map(|(attempt, _)| AgentEvent::Started { attempt: *attempt, pid: 1, at_ms: self.now })
+            .collect();
         self.report(events).expect("starts reported");
         starts
     }
@@ -357,11 +359,15 @@ fn a_health_report_past_its_bounds_is_refused_whole_by_name() {
     let job = s.submit(1, "preemptible");
     let started = s.start_what_is_sent();
     let attempt = started[0].0;
-    let progress = AgentEvent::Checkpoint { attempt, step: Some(7), bytes: None, duration_ms: 10, at_ms: s.now };
+    let progress =
+        AgentEvent::Checkpoint { attempt, step: Some(7), bytes: None, duration_ms: 10, at_ms: s.now };
     let cases = [
         (vec![xid(10, 79)], "events[1].findings[0].gpu: node node-0 has GPUs 0 to 9, got 10"),
         (
-            vec![GpuFinding { gpu: Some(0), finding: Finding::CheckFailed { code: Some(1), output: "x".repeat(2049) } }],
+            vec![GpuFinding {
+                gpu: Some(0),
+                finding: Finding::CheckFailed { code: Some(1), output: "x".repeat(2049) },
+            }],
             "events[1].findings[0].output: at most 2048 characters, got 2049",
         ),
         (vec![xid(0, 13); 513], "events[1].findings: at most 512 findings, got 513"),
@@ -375,7 +381,8 @@ fn a_health_report_past_its_bounds_is_refused_whole_by_name() {
     }
     let late = vec![AgentEvent::Health { findings: vec![xid(0, 79)], at_ms: s.now + 3_600_000 }];
     assert_eq!(s.report(late).unwrap_err().status, 422);
-    let refused = s.register(vec![AgentEvent::Health { findings: vec![xid(12, 79)], at_ms: s.now }]).unwrap_err();
+    let refused =
+        s.register(vec![AgentEvent::Health { findings: vec![xid(12, 79)], at_ms: s.now }]).unwrap_err();
     assert!(refused.message.starts_with("unreported[0].findings[0].gpu: "), "{}", refused.message);
     assert!(s.node().gpus_out.is_empty(), "nothing applied");
     assert_eq!(s.job(job).state, "running");

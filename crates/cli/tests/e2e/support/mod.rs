@@ -43,6 +43,10 @@ pub struct Options {
     /// Every real agent's open-file limit, soft and hard (`None`: the
     /// tests' own), as `ulimit -n` or systemd's `LimitNOFILE=` sets it.
     pub agent_open_files: Option<u64>,
+    /// Each real agent reads its simulated GPUs' faults from a file and
+    /// runs a health check, every 300 ms: see [`Cluster::set_gpu_faults`]
+    /// and [`Cluster::fail_health_check`].
+    pub health: bool,
 }
 
 /// An operator's mapping of tenants to Unix users, and the default user
@@ -74,6 +78,7 @@ impl Default for Options {
             own_checkpoint_roots: false,
             agent_env: Vec::new(),
             agent_open_files: None,
+            health: false,
         }
     }
 }
@@ -266,9 +271,24 @@ impl Cluster {
                 });
             }
         }
+        let health: Vec<String> = match self.opts.health {
+            true => {
+                let check = self.health_file(i, "check");
+                vec![
+                    "--fake-gpu-faults".into(),
+                    self.health_file(i, "faults").display().to_string(),
+                    "--health-check".into(),
+                    format!("if [ -s {0} ]; then cat {0}; exit 1; fi", check.display()),
+                    "--health-interval".into(),
+                    "300ms".into(),
+                ]
+            }
+            false => Vec::new(),
+        };
         let child = command
             .args(["agent", "--server", &self.url, "--name", &name])
             .args(&personal)
+            .args(&health)
             .args(&self.opts.agent_args)
             .args(blas_settings())
             .args(["--join-token-file", self.dir.join("server/join.token").to_str().unwrap()])
@@ -286,6 +306,30 @@ impl Cluster {
             .spawn()
             .unwrap();
         self.agents[i] = Some(child);
+    }
+
+    /// Agent `i`'s health file `what` (`faults`, `check`).
+    fn health_file(&self, i: usize, what: &str) -> PathBuf {
+        let dir = self.dir.join("health");
+        std::fs::create_dir_all(&dir).unwrap();
+        dir.join(format!("{what}-node-{i}"))
+    }
+
+    /// Agent `i`'s simulated GPUs have these faults now (JSON lines in
+    /// the API's form; none: every fault cleared).
+    pub fn set_gpu_faults(&self, i: usize, findings: &[&str]) {
+        let path = self.health_file(i, "faults");
+        let fresh = path.with_extension("new");
+        std::fs::write(&fresh, findings.iter().map(|f| format!("{f}\n")).collect::<String>()).unwrap();
+        std::fs::rename(fresh, path).unwrap();
+    }
+
+    /// Agent `i`'s health check fails, printing `output`, or passes (None).
+    pub fn fail_health_check(&self, i: usize, output: Option<&str>) {
+        let path = self.health_file(i, "check");
+        let fresh = path.with_extension("new");
+        std::fs::write(&fresh, output.unwrap_or_default()).unwrap();
+        std::fs::rename(fresh, path).unwrap();
     }
 
     /// Agent `i`'s checkpoint root: shared by all, unless each has its own.
