@@ -9,11 +9,12 @@
 // into DIR, 1280x800 unless said: the operator's (dashboard-operator.png,
 // and at 390 px dashboard-phone.png), its charts and reservations
 // (dashboard-charts.png, dashboard-reservations.png), a preempted job's page
-// (dashboard-job.png), a tenant's jobs and bill (dashboard-user.png,
-// dashboard-bill.png) and the sign-in page (dashboard-sign-in.png).
+// (dashboard-job.png), a GPU out of service (dashboard-gpu-out.png), a
+// tenant's jobs and bill (dashboard-user.png, dashboard-bill.png) and the
+// sign-in page (dashboard-sign-in.png).
 
 import { spawn, execFileSync } from "node:child_process";
-import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import { tmpdir } from "node:os";
 import path from "node:path";
@@ -543,7 +544,7 @@ async function operatorSeesEverything(browser, server, admin, problems) {
   }
 
   // Node states: drained by the operator, then lost while its agent is stopped.
-  const nodeState = page.locator('tr[data-node="node-1"] td').first();
+  const nodeState = page.locator('tr[data-node="node-1"] td > span').first();
   cli(server, admin, ["drain", "node-1"]);
   await until("node-1 drained on the page", async () => (await nodeState.textContent()) === "drained", 5000);
   cli(server, admin, ["undrain", "node-1"]);
@@ -559,6 +560,29 @@ async function operatorSeesEverything(browser, server, admin, problems) {
   await until("node-1 back", async () => (await nodeState.textContent()) === "up", 30000);
   check(true, "node states show drained, lost and up again, live");
   await axe(page, "the operator's view with a reservation");
+
+  // A GPU that falls off the bus, and one at its thermal limit: ebb up's
+  // agents read their simulated GPUs' faults from ebb-data/faults/NODE.
+  const faults = path.join(dataDir, "cluster", "faults", "node-0");
+  writeFileSync(faults, '{"gpu":2,"kind":"xid","code":79}\n{"gpu":5,"kind":"throttled","reason":"thermal"}\n');
+  const out = page.locator('tr[data-node="node-0"] li.gpu').nth(2);
+  await until("GPU 2 of node-0 out of service", async () => (await out.getAttribute("data-state")) === "out", 15000);
+  check((await out.getAttribute("title")) === "GPU 2: out of service: GPU 2: Xid 79 (fallen off the bus)",
+    "a GPU out of service says why");
+  const health = page.locator('tr[data-node="node-0"] .health li');
+  await until("node-0's warning", async () => (await health.count()) === 2, 5000);
+  const shown = (await health.allTextContents()).map(words);
+  const said = cli(server, admin, ["nodes"]).split("\n").filter((l) => l.startsWith("  node-0: ")).map(words);
+  check(shown[0].startsWith("GPU 2: Xid 79 (fallen off the bus) (since ") && said[0].includes("GPU 2: Xid 79 (fallen off the bus)"),
+    `the GPU out and why, as ebb nodes says it (${shown[0]})`);
+  check(shown[1] === "warning: GPU 5: throttled at its thermal limit" && said[1] === `node-0: ${shown[1]}`,
+    `the warning, as ebb nodes says it (${said[1]})`);
+  check((await page.locator('tr[data-node="node-0"] li.gpu[data-state="idle"]').count()) === 7, "the other GPUs stay idle");
+  await axe(page, "the operator's view with a GPU out of service");
+  await screenshotOf(page.locator('section[aria-labelledby="nodes-heading"]'), "dashboard-gpu-out.png");
+  writeFileSync(faults, "");
+  await until("GPU 2 back once its fault cleared", async () => (await out.getAttribute("data-state")) === "idle", 15000);
+  check((await health.count()) === 0, "nothing is left on node-0's health once it cleared");
 
   // An array collapsed to one row with its progress.
   const array = JSON.parse(cli(server, admin, ["submit", "--json", "--array", "0-3", "--name", "quad", "--", "true"]));

@@ -259,6 +259,8 @@ async function clusterView() {
     // GPU index -> the waiting job it is held for.
     const heldFor = new Map();
     for (const h of node.held || []) for (const gpu of h.gpus) heldFor.set(gpu, h.job);
+    // GPU index -> why it is out of service.
+    const outFor = new Map((node.gpus_out || []).map((o) => [o.gpu, o.reason]));
     const cells = [];
     for (let gpu = 0; gpu < node.gpus; gpu++) {
       const job = jobs.get(gpu);
@@ -276,6 +278,9 @@ async function clusterView() {
       } else if (waiting !== undefined) {
         state = "held";
         label = `GPU ${gpu}: held for job ${waiting}`;
+      } else if (outFor.has(gpu)) {
+        state = "out";
+        label = `GPU ${gpu}: out of service: ${outFor.get(gpu)}`;
       } else {
         state = "idle";
         label = `GPU ${gpu}: idle`;
@@ -291,7 +296,10 @@ async function clusterView() {
             title: label,
           },
           el("span", { class: "visually-hidden", text: label }),
-          el("span", { "aria-hidden": "true", text: job ? `${job.id}` : waiting !== undefined ? `H${waiting}` : "·" }),
+          el("span", {
+            "aria-hidden": "true",
+            text: job ? `${job.id}` : waiting !== undefined ? `H${waiting}` : state === "out" ? "✕" : "·",
+          }),
           extra,
         ),
       );
@@ -301,7 +309,12 @@ async function clusterView() {
       "tr",
       { "data-node": node.name },
       el("th", { scope: "row" }, node.name, el("br"), el("small", { text: node.gpu_model })),
-      el("td", { class: `node-${status}`, text: status + (node.unhealthy ? `: ${node.unhealthy}` : "") }),
+      el(
+        "td",
+        {},
+        el("span", { class: `node-${status}`, text: status + (node.unhealthy ? `: ${node.unhealthy}` : "") }),
+        nodeHealth(node),
+      ),
       el("td", {}, el("ul", { class: "gpus", "aria-label": `GPUs of ${node.name}` }, cells)),
     );
   });
@@ -806,6 +819,19 @@ async function preemptionTimeline(recentJobs) {
   return found.sort((a, b) => b.noticeMs - a.noticeMs).slice(0, 10);
 }
 
+/// What a node's health drained, took out or warns of, under its state.
+function nodeHealth(node) {
+  const lines = [];
+  if (node.drained_for) lines.push(`drained for its health: ${node.drained_for}`);
+  for (const o of node.gpus_out || []) {
+    const until = o.until_returned ? "faulted twice in a day: out until an operator returns it" : `since ${o.since}`;
+    lines.push(`${o.reason} (${until})`);
+  }
+  for (const w of node.warnings || []) lines.push(`warning: ${w}`);
+  if (lines.length === 0) return null;
+  return el("ul", { class: "health" }, lines.map((text) => el("li", { text })));
+}
+
 function legend() {
   const states = [
     ["idle", "idle"],
@@ -814,6 +840,7 @@ function legend() {
     ["preemptible", "preemptible"],
     ["draining", "draining (time left)"],
     ["held", "held for a waiting job"],
+    ["out", "out of service (a fault)"],
   ];
   return el(
     "ul",

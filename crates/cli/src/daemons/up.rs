@@ -123,6 +123,8 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
     let data = &std::fs::canonicalize(data).map_err(|e| format!("--data-dir {}: {e}", data.display()))?;
     let logs = data.join("logs");
     std::fs::create_dir_all(&logs).map_err(|e| format!("--data-dir {}: {e}", data.display()))?;
+    std::fs::create_dir_all(data.join("faults"))
+        .map_err(|e| format!("--data-dir {}: {e}", data.display()))?;
     let server_dir = data.join("server");
     let _ = std::fs::remove_file(server_dir.join("server.url"));
     if !server_dir.join("ebb.db").exists() {
@@ -198,6 +200,12 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
                 data.join("checkpoints").display().to_string(),
                 "--address".into(),
                 "127.0.0.1".into(),
+                // Faults to try the GPU health path with: a line in
+                // ebb-data/faults/node-N is a finding of that node's GPUs.
+                "--fake-gpu-faults".into(),
+                data.join("faults").join(&name).display().to_string(),
+                "--health-interval".into(),
+                "2s".into(),
                 // A personal cluster: the user's own jobs, with their PATH.
                 "--allow-root-jobs".into(),
                 "--job-path".into(),
