@@ -523,7 +523,9 @@ pub fn sinfo_rows(nodes: &[api::Node], partitions: &[(String, bool)]) -> String 
     for (partition, default) in partitions {
         let mut groups: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
         for node in nodes {
-            let state = match (node.status.as_str(), node.gpus_used + node.gpus_held) {
+            // A GPU out of service for a fault is as good as taken.
+            let taken = node.gpus_used + node.gpus_held + node.gpus_out.len() as u32;
+            let state = match (node.status.as_str(), taken) {
                 ("up", 0) => "idle",
                 ("up", used) if used >= u32::from(node.gpus) => "alloc",
                 ("up", _) => "mix",
@@ -665,16 +667,31 @@ mod tests {
             held: Vec::new(),
             last_heartbeat: String::new(),
             jobs: Vec::new(),
+            drained_for: None,
+            gpus_out: Vec::new(),
+            warnings: Vec::new(),
         };
+        let mut faulted = node("node-4", 0, "up");
+        faulted.gpus_out.push(api::GpuOutOfService {
+            gpu: 3,
+            reason: "GPU 3: Xid 79 (fallen off the bus)".into(),
+            since: String::new(),
+            until_returned: false,
+        });
         let nodes = [
             node("node-0", 0, "up"),
             node("node-1", 0, "up"),
             node("node-2", 4, "up"),
             node("node-3", 1, "draining"),
+            faulted,
         ];
         let text = sinfo_rows(&nodes, &[("spot".into(), true)]);
         assert!(text.contains("spot*        up   infinite      1  alloc node-2"), "{text}");
         assert!(text.contains("spot*        up   infinite      2   idle node-[0-1]"), "{text}");
+        assert!(
+            text.contains("spot*        up   infinite      1    mix node-4"),
+            "a GPU out is taken: {text}"
+        );
         assert!(text.contains("draining node-3"), "{text}");
     }
 }
