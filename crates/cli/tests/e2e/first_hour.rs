@@ -172,7 +172,11 @@ fn undrain_and_releasing_a_reclaim_undo_what_the_operator_did_and_a_reclaim_surv
     assert_eq!(job["placement"][0]["node"], "node-1");
     let out = c.ebb_as(&c.admin, &["undrain", "node-1"]);
     assert!(!out.status.success());
-    assert!(stderr(&out).contains("node-1: not drained (it is up)"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("node-1: not drained and no GPU out of service (it is up)"),
+        "{}",
+        stderr(&out)
+    );
 
     // Take back all preemptible capacity: both jobs drain, and wait queued.
     let said = c.ebb(&["reclaim", "--gpus", "4"]);
