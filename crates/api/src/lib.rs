@@ -16,6 +16,7 @@ mod fleet;
 mod health;
 mod jobs;
 mod money;
+mod webhooks;
 
 pub use agent::*;
 pub use events::{Event, EventKind, JobEvent, PendingReason};
@@ -23,6 +24,7 @@ pub use fleet::*;
 pub use health::*;
 pub use jobs::*;
 pub use money::*;
+pub use webhooks::*;
 
 /// The largest request body the server reads, in bytes; larger ones are
 /// refused with 413. Named here so that agents size their reports under it.

@@ -15,6 +15,7 @@ pub mod store;
 pub mod tls;
 mod validate;
 mod web;
+pub mod webhooks;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -134,6 +134,25 @@ impl<S: Store> Engine<S> {
                 let snapshot = self.metrics_snapshot();
                 self.outbox.reply(reply, snapshot);
             }
+            Msg::CreateWebhook { principal, req, reply } => {
+                let result = self.create_webhook(&principal, req, now);
+                self.answer(reply, result)?;
+            }
+            Msg::Webhooks { principal, tenant, reply } => {
+                let result = self.webhooks(&principal, tenant);
+                self.answer(reply, result)?;
+            }
+            Msg::DeleteWebhook { principal, id, reply } => {
+                let result = self.delete_webhook(&principal, id);
+                self.answer(reply, result)?;
+            }
+            Msg::WebhookLog { principal, id, reply } => {
+                let result = self.webhook_log(&principal, id);
+                self.answer(reply, result)?;
+            }
+            Msg::WebhookTried { delivery, webhook: _, attempt, tried, at_ms } => {
+                self.webhook_tried(delivery, attempt, tried, at_ms)?;
+            }
             Msg::RemoveNode { name, reply } => {
                 let result = self.remove_node(&name, now);
                 self.answer(reply, result)?;

@@ -28,6 +28,7 @@ impl<S: Store> Engine<S> {
         let row = NodeRow { drained: true, drained_for: None, ..self.fleet.nodes[name].clone() };
         self.fleet.write(row, &mut self.store, &mut self.outbox)?;
         tracing::info!(node = name, "drained by the operator");
+        self.node_webhooks(name, "node_drained", "drained by the operator")?;
         Ok(self.node_view(name))
     }
 
@@ -45,6 +46,7 @@ impl<S: Store> Engine<S> {
         let row = NodeRow { drained: false, drained_for: None, ..self.fleet.nodes[name].clone() };
         self.fleet.write(row, &mut self.store, &mut self.outbox)?;
         tracing::info!(node = name, "back in service (undrained by the operator)");
+        self.node_webhooks(name, "node_back", "back in service (undrained by the operator)")?;
         Ok(self.node_view(name))
     }
 
@@ -135,6 +137,7 @@ impl<S: Store> Engine<S> {
     /// not since), and are metered to there.
     pub(super) fn node_gone(&mut self, name: &str, requeued: &[u64], why: &str, now: u64) -> Written {
         tracing::warn!(node = name, "node lost: {why}");
+        self.node_webhooks(name, "node_lost", why)?;
         self.unquiet(name);
         self.forget_holds_on(name)?;
         self.fleet.interrupted(name, &mut self.store, &mut self.outbox)?;

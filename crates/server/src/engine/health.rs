@@ -152,6 +152,8 @@ impl<S: Store> Engine<S> {
                 }
                 Err(e) => tracing::error!(node, "GPUs not returned: {e}"),
             }
+            let text = format!("GPUs {:?} back in service: their fault cleared", gpu_indices(back));
+            self.node_webhooks(node, "node_back", &text)?;
         }
         if out != 0 {
             self.gpus_faulted(node, id, out, at_ms, now)?;
@@ -175,6 +177,9 @@ impl<S: Store> Engine<S> {
         };
         if holds_released {
             self.forget_holds_on(node)?;
+        }
+        for o in self.fleet.nodes[node].gpus_out.clone().iter().filter(|o| mask & (1 << o.gpu) != 0) {
+            self.node_webhooks(node, "gpu_out", &format!("GPU {} out of service: {}", o.gpu, o.reason))?;
         }
         if requeued.is_empty() {
             return Ok(());
@@ -216,7 +221,7 @@ impl<S: Store> Engine<S> {
         let row = NodeRow { drained: true, drained_for: Some(why.clone()), ..self.fleet.nodes[node].clone() };
         self.fleet.write(row, &mut self.store, &mut self.outbox)?;
         tracing::error!(node, "drained for its health: {why}");
-        Ok(())
+        self.node_webhooks(node, "node_drained", &format!("drained for its health: {why}"))
     }
 
     /// `ebb undrain NODE [--gpu N]`: the operator returns one GPU, or the
@@ -256,6 +261,8 @@ impl<S: Store> Engine<S> {
             back.gpu_faults.retain(|(g, _)| mask & (1 << g) == 0);
             self.fleet.write(back, &mut self.store, &mut self.outbox)?;
             tracing::info!(node = name, gpus = ?gpu_indices(mask), "GPUs returned to service by the operator");
+            let text = format!("GPUs {:?} returned to service by the operator", gpu_indices(mask));
+            self.node_webhooks(name, "node_back", &text)?;
         }
         if gpu.is_none() && status == NodeStatus::Cordoned {
             return self.undrain_node(name);

@@ -65,6 +65,7 @@ mod pending;
 mod plan;
 mod recovery;
 mod views;
+mod webhooks;
 mod write;
 
 use credentials::write_secret;
@@ -215,6 +216,34 @@ pub enum Msg {
     },
     Metrics {
         reply: oneshot::Sender<crate::metrics::Snapshot>,
+    },
+    CreateWebhook {
+        principal: Principal,
+        req: ebb_api::WebhookRequest,
+        reply: oneshot::Sender<Result<ebb_api::Webhook, ApiError>>,
+    },
+    Webhooks {
+        principal: Principal,
+        tenant: Option<String>,
+        reply: oneshot::Sender<Result<Vec<ebb_api::Webhook>, ApiError>>,
+    },
+    DeleteWebhook {
+        principal: Principal,
+        id: u64,
+        reply: oneshot::Sender<Result<ebb_api::Webhook, ApiError>>,
+    },
+    WebhookLog {
+        principal: Principal,
+        id: u64,
+        reply: oneshot::Sender<Result<ebb_api::WebhookLog, ApiError>>,
+    },
+    /// The deliverer tried a delivery (`crate::webhooks`).
+    WebhookTried {
+        delivery: u64,
+        webhook: u64,
+        attempt: u32,
+        tried: crate::webhooks::Tried,
+        at_ms: u64,
     },
     RemoveNode {
         name: String,
@@ -504,6 +533,7 @@ pub struct Engine<S: Store> {
     access: Access,
     fleet: Fleet,
     money: Money,
+    webhooks: webhooks::Webhooks,
     outbox: Outbox,
     /// Changes with every server start, so agents notice a restart.
     epoch: u64,
@@ -645,6 +675,9 @@ struct Outbox {
     changed: bool,
     /// Counts the commits that changed something, for live pages.
     feed: Option<Feed>,
+    /// Webhook deliveries (and forgotten webhooks) for the deliverer.
+    webhook_sends: Vec<crate::webhooks::Command>,
+    webhooks: Option<tokio::sync::mpsc::UnboundedSender<crate::webhooks::Command>>,
 }
 
 /// The count of committed batches that changed jobs, nodes or money; a
@@ -679,6 +712,13 @@ impl Outbox {
                 feed.send_modify(|n| *n += 1);
             }
         }
+        // Without a deliverer (in-process tests), the outbox's rows wait
+        // for the next server.
+        for command in self.webhook_sends.drain(..) {
+            if let Some(deliverer) = &self.webhooks {
+                let _ = deliverer.send(command);
+            }
+        }
     }
 
     /// The batch did not commit: nothing of it is answered. Commands it
@@ -688,6 +728,7 @@ impl Outbox {
         self.replies.clear();
         self.woken.clear();
         self.changed = false;
+        self.webhook_sends.clear();
     }
 }
 

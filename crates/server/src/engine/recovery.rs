@@ -46,6 +46,7 @@ impl<S: Store> Engine<S> {
             access: Access { tokens, node_credentials: BTreeMap::new() },
             fleet: Fleet::default(),
             money: Money::default(),
+            webhooks: Default::default(),
             outbox: Outbox::default(),
             epoch,
             lines: Arc::new(Lines::new(epoch)),
@@ -73,6 +74,9 @@ impl<S: Store> Engine<S> {
         }
         engine.rate_models();
         engine.apply_quotas();
+        let (hooks, deliveries) =
+            (std::mem::take(&mut snapshot.webhooks), std::mem::take(&mut snapshot.deliveries));
+        engine.load_webhooks(hooks, deliveries, now);
         engine.load_fair_share_usage(now).map_err(fatal)?;
         engine.fleet.heard_before = std::mem::take(&mut snapshot.heard).into_iter().collect();
         let unrestored = engine.load_jobs(std::mem::take(&mut snapshot.jobs))?;

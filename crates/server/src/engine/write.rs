@@ -14,6 +14,7 @@ impl<S: Store> Engine<S> {
         let event = JobEvent { at: rfc3339(at_ms), at_ms, attempt, event, text: String::new() };
         self.outbox.changed = true;
         self.store.add_event(id, &event)?;
+        self.job_webhooks(id, &event)?;
         // Every event is in the job's timeline. The log has the ones an
         // operator follows; the steps every job takes on its way (a fleet's
         // fill is hundreds of thousands of them) are logged at debug.

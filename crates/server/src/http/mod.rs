@@ -11,6 +11,7 @@ mod money;
 mod start;
 mod tenants;
 mod watch;
+mod webhooks;
 
 use extract::{parse, ApiPath, ApiQuery, Body};
 pub use start::serve;
@@ -262,6 +263,9 @@ fn router(app: App, role: Arc<Role>, proxy: Proxy) -> Router {
         .route("/v1/nodes/{name}/undrain", post(fleet::undrain_node))
         .route("/v1/reclaim", post(fleet::reclaim))
         .route("/v1/reclaim/release", post(fleet::release_reclaim))
+        .route("/v1/webhooks", post(webhooks::create_webhook).get(webhooks::list_webhooks))
+        .route("/v1/webhooks/{id}", delete(webhooks::delete_webhook))
+        .route("/v1/webhooks/{id}/log", get(webhooks::webhook_log))
         .route("/v1/tenants", post(tenants::create_tenant).get(tenants::list_tenants))
         .route("/v1/tenants/{name}/limits", get(tenants::get_tenant_limits).put(tenants::set_tenant_limits))
         .route("/v1/tenants/{name}/registry-logins", get(tenants::list_registry_logins))

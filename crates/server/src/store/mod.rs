@@ -150,7 +150,44 @@ pub struct Snapshot<J> {
     pub registry_logins: Vec<(u32, String, ebb_api::RegistryLogin)>,
     /// Reclaim limits, by model.
     pub reclaims: Vec<(String, u32)>,
+    /// Webhooks, by id, and the deliveries not yet accepted, in order.
+    pub webhooks: Vec<WebhookRow>,
+    pub deliveries: Vec<DeliveryRow>,
 }
+
+/// A webhook: whose (a tenant, or the operators'), where, for which
+/// events, in which body shape, and its signing secret (kept as given:
+/// a signature needs it).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WebhookRow {
+    pub id: u64,
+    pub tenant: Option<u32>,
+    pub url: String,
+    pub events: Vec<String>,
+    pub format: String,
+    pub secret: String,
+    pub created_ms: u64,
+}
+
+/// An event on its way to a webhook: the outbox's row, written in the
+/// batch that made the event and deleted once the receiver took it (or
+/// it was given up), so that a restarted or new leader sends it again.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeliveryRow {
+    pub id: u64,
+    pub webhook: u64,
+    pub event: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// The body, as it is sent and signed.
+    pub body: String,
+    pub created_ms: u64,
+}
+
+/// The tries kept per webhook for `ebb tenant webhook log`.
+pub const WEBHOOK_LOG_KEPT: i64 = 200;
 
 impl<J> Snapshot<J> {
     pub fn empty() -> Snapshot<J> {
@@ -165,6 +202,8 @@ impl<J> Snapshot<J> {
             tenant_limits: Vec::new(),
             registry_logins: Vec::new(),
             reclaims: Vec::new(),
+            webhooks: Vec::new(),
+            deliveries: Vec::new(),
         }
     }
 }
@@ -329,6 +368,15 @@ pub trait Store: Send {
     fn put_log_state(&mut self, job: u64, state: &LogState) -> Result<()>;
     /// A model's reclaim limit, or none (lifted).
     fn put_reclaim(&mut self, model: &str, limit: Option<u32>) -> Result<()>;
+    fn put_webhook(&mut self, hook: &WebhookRow) -> Result<()>;
+    /// The webhook, its deliveries and its log.
+    fn delete_webhook(&mut self, id: u64) -> Result<()>;
+    fn put_delivery(&mut self, delivery: &DeliveryRow) -> Result<()>;
+    fn delete_delivery(&mut self, id: u64) -> Result<()>;
+    /// A try, kept with the latest `WEBHOOK_LOG_KEPT` of its webhook.
+    fn add_webhook_log(&mut self, webhook: u64, entry: &ebb_api::WebhookDelivery) -> Result<()>;
+    /// The webhook's latest tries, newest first.
+    fn webhook_log(&mut self, webhook: u64) -> Result<Vec<ebb_api::WebhookDelivery>>;
     /// The last report applied from `node`.
     fn last_report(&mut self, node: &str) -> Result<Option<ebb_api::ReportId>>;
     fn put_last_report(&mut self, node: &str, id: ebb_api::ReportId) -> Result<()>;

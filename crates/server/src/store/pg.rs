@@ -13,9 +13,9 @@ use serde::{Deserialize, Serialize};
 use ebb_api::JobEvent;
 
 use crate::store::{
-    job_page_sql, scope_name, scope_of, FinishedCount, JobColumns, JobPageQuery, JobRow, JobRows, LogState,
-    NodeRow, PageArg, PriceRow, ReservationRow, Result, Snapshot, Store, StoreError, TaskRow, TenantRow,
-    TokenRow, UsageRow, FINISHED_STATES, UNFINISHED_STATES,
+    job_page_sql, scope_name, scope_of, DeliveryRow, FinishedCount, JobColumns, JobPageQuery, JobRow,
+    JobRows, LogState, NodeRow, PageArg, PriceRow, ReservationRow, Result, Snapshot, Store, StoreError,
+    TaskRow, TenantRow, TokenRow, UsageRow, WebhookRow, FINISHED_STATES, UNFINISHED_STATES, WEBHOOK_LOG_KEPT,
 };
 
 impl From<postgres::Error> for StoreError {
@@ -95,6 +95,12 @@ const MIGRATIONS: &[&str] = &[
     // went; the jobs still due, by when. As SQLite's 12.
     "CREATE TABLE output_expiry (job BIGINT PRIMARY KEY, at_ms BIGINT NOT NULL, removed_ms BIGINT);
      CREATE INDEX output_expiry_due ON output_expiry(at_ms) WHERE removed_ms IS NULL;",
+    // 8: webhooks, the outbox of their deliveries, and the log of tries.
+    // As SQLite's 13.
+    "CREATE TABLE webhooks (id BIGINT PRIMARY KEY, record TEXT NOT NULL);
+     CREATE TABLE webhook_outbox (id BIGINT PRIMARY KEY, webhook BIGINT NOT NULL, record TEXT NOT NULL);
+     CREATE TABLE webhook_log (seq BIGSERIAL PRIMARY KEY, webhook BIGINT NOT NULL, record TEXT NOT NULL);
+     CREATE INDEX webhook_log_by_hook ON webhook_log(webhook, seq);",
 ];
 
 pub struct PgStore {
@@ -345,7 +351,55 @@ impl Store for PgStore {
             .iter()
             .map(|r| (r.get(0), r.get::<_, i64>(1) as u32))
             .collect();
+        snapshot.webhooks = self.records("SELECT record FROM webhooks ORDER BY id", &[])?;
+        snapshot.deliveries = self.records("SELECT record FROM webhook_outbox ORDER BY id", &[])?;
         Ok(snapshot)
+    }
+
+    fn put_webhook(&mut self, hook: &WebhookRow) -> Result<()> {
+        let record = serde_json::to_string(hook)?;
+        self.exec(
+            "INSERT INTO webhooks (id, record) VALUES ($1, $2)
+             ON CONFLICT (id) DO UPDATE SET record = EXCLUDED.record",
+            &[&(hook.id as i64), &record],
+        )
+    }
+
+    fn delete_webhook(&mut self, id: u64) -> Result<()> {
+        let id = id as i64;
+        self.exec("DELETE FROM webhooks WHERE id = $1", &[&id])?;
+        self.exec("DELETE FROM webhook_outbox WHERE webhook = $1", &[&id])?;
+        self.exec("DELETE FROM webhook_log WHERE webhook = $1", &[&id])
+    }
+
+    fn put_delivery(&mut self, d: &DeliveryRow) -> Result<()> {
+        let record = serde_json::to_string(d)?;
+        self.exec(
+            "INSERT INTO webhook_outbox (id, webhook, record) VALUES ($1, $2, $3)",
+            &[&(d.id as i64), &(d.webhook as i64), &record],
+        )
+    }
+
+    fn delete_delivery(&mut self, id: u64) -> Result<()> {
+        self.exec("DELETE FROM webhook_outbox WHERE id = $1", &[&(id as i64)])
+    }
+
+    fn add_webhook_log(&mut self, webhook: u64, entry: &ebb_api::WebhookDelivery) -> Result<()> {
+        let record = serde_json::to_string(entry)?;
+        let webhook = webhook as i64;
+        self.exec("INSERT INTO webhook_log (webhook, record) VALUES ($1, $2)", &[&webhook, &record])?;
+        self.exec(
+            "DELETE FROM webhook_log WHERE webhook = $1 AND seq <= (
+                 SELECT seq FROM webhook_log WHERE webhook = $1 ORDER BY seq DESC LIMIT 1 OFFSET $2)",
+            &[&webhook, &WEBHOOK_LOG_KEPT],
+        )
+    }
+
+    fn webhook_log(&mut self, webhook: u64) -> Result<Vec<ebb_api::WebhookDelivery>> {
+        self.records(
+            "SELECT record FROM webhook_log WHERE webhook = $1 ORDER BY seq DESC",
+            &[&(webhook as i64)],
+        )
     }
 
     fn put_tenant(&mut self, t: &TenantRow) -> Result<()> {

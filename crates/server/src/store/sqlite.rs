@@ -231,6 +231,11 @@ const MIGRATIONS: &[&str] = &[
     // went; the jobs still due, by when.
     "CREATE TABLE output_expiry (job INTEGER PRIMARY KEY, at_ms INTEGER NOT NULL, removed_ms INTEGER);
      CREATE INDEX output_expiry_due ON output_expiry(at_ms) WHERE removed_ms IS NULL;",
+    // 13: webhooks, the outbox of their deliveries, and the log of tries.
+    "CREATE TABLE webhooks (id INTEGER PRIMARY KEY, record TEXT NOT NULL);
+     CREATE TABLE webhook_outbox (id INTEGER PRIMARY KEY, webhook INTEGER NOT NULL, record TEXT NOT NULL);
+     CREATE TABLE webhook_log (seq INTEGER PRIMARY KEY, webhook INTEGER NOT NULL, record TEXT NOT NULL);
+     CREATE INDEX webhook_log_by_hook ON webhook_log(webhook, seq);",
 ];
 
 /// Brings the database to the latest step of `MIGRATIONS`
@@ -348,7 +353,60 @@ impl Store for SqliteStore {
         for row in rows {
             snapshot.reclaims.push(row?);
         }
+        snapshot.webhooks = self.records("SELECT record FROM webhooks ORDER BY id", [])?;
+        snapshot.deliveries = self.records("SELECT record FROM webhook_outbox ORDER BY id", [])?;
         Ok(snapshot)
+    }
+
+    fn put_webhook(&mut self, hook: &WebhookRow) -> Result<()> {
+        let record = serde_json::to_string(hook)?;
+        self.run(
+            "INSERT OR REPLACE INTO webhooks (id, record) VALUES (?1, ?2)",
+            params![hook.id as i64, record],
+        )?;
+        Ok(())
+    }
+
+    fn delete_webhook(&mut self, id: u64) -> Result<()> {
+        self.run("DELETE FROM webhooks WHERE id = ?1", params![id as i64])?;
+        self.run("DELETE FROM webhook_outbox WHERE webhook = ?1", params![id as i64])?;
+        self.run("DELETE FROM webhook_log WHERE webhook = ?1", params![id as i64])?;
+        Ok(())
+    }
+
+    fn put_delivery(&mut self, d: &DeliveryRow) -> Result<()> {
+        let record = serde_json::to_string(d)?;
+        self.run(
+            "INSERT INTO webhook_outbox (id, webhook, record) VALUES (?1, ?2, ?3)",
+            params![d.id as i64, d.webhook as i64, record],
+        )?;
+        Ok(())
+    }
+
+    fn delete_delivery(&mut self, id: u64) -> Result<()> {
+        self.run("DELETE FROM webhook_outbox WHERE id = ?1", params![id as i64])?;
+        Ok(())
+    }
+
+    fn add_webhook_log(&mut self, webhook: u64, entry: &ebb_api::WebhookDelivery) -> Result<()> {
+        let record = serde_json::to_string(entry)?;
+        self.run(
+            "INSERT INTO webhook_log (webhook, record) VALUES (?1, ?2)",
+            params![webhook as i64, record],
+        )?;
+        self.run(
+            "DELETE FROM webhook_log WHERE webhook = ?1 AND seq <= (
+                 SELECT seq FROM webhook_log WHERE webhook = ?1 ORDER BY seq DESC LIMIT 1 OFFSET ?2)",
+            params![webhook as i64, WEBHOOK_LOG_KEPT],
+        )?;
+        Ok(())
+    }
+
+    fn webhook_log(&mut self, webhook: u64) -> Result<Vec<ebb_api::WebhookDelivery>> {
+        self.records(
+            "SELECT record FROM webhook_log WHERE webhook = ?1 ORDER BY seq DESC",
+            params![webhook as i64],
+        )
     }
 
     fn put_tenant(&mut self, t: &TenantRow) -> Result<()> {

@@ -448,6 +448,15 @@ enum Step {
         step: String,
     },
     Metrics,
+    /// A webhook added (by alice or an operator, for a tenant or the
+    /// operators), removed, its log read, or a try of a delivery reported.
+    Webhook {
+        alice: bool,
+        op: u8,
+        req: ebb_api::WebhookRequest,
+        id: u64,
+        tried: u8,
+    },
     Advance {
         ms: u64,
     },
@@ -477,6 +486,29 @@ fn quota() -> impl Strategy<Value = ebb_api::TenantQuota> {
             borrowing_limit,
             lending_limit,
         })
+}
+
+/// A webhook's request, valid or not: either owner, every event name and
+/// odd ones, URLs at and past their bounds, a link-local one, both formats.
+fn webhook_request() -> impl Strategy<Value = ebb_api::WebhookRequest> {
+    let event = prop_oneof![
+        4 => proptest::sample::select(ebb_api::JOB_WEBHOOK_EVENTS.to_vec()).prop_map(String::from),
+        2 => proptest::sample::select(ebb_api::NODE_WEBHOOK_EVENTS.to_vec()).prop_map(String::from),
+        1 => text(),
+    ];
+    let url = prop_oneof![
+        6 => Just("http://127.0.0.1:9/hook".to_string()),
+        1 => Just(format!("https://example.com/{}", "a".repeat(2029))),
+        1 => Just(format!("https://example.com/{}", "a".repeat(2030))),
+        1 => Just("http://169.254.169.254/".to_string()),
+        1 => text(),
+    ];
+    let tenant =
+        prop_oneof![4 => Just(None), 2 => Just(Some("alice".to_string())), 1 => text().prop_map(Some)];
+    let format =
+        prop_oneof![4 => Just(None), 1 => Just(Some("slack".to_string())), 1 => text().prop_map(Some)];
+    (tenant, url, proptest::collection::vec(event, 0..4), format)
+        .prop_map(|(tenant, url, events, format)| ebb_api::WebhookRequest { tenant, url, events, format })
 }
 
 fn day() -> impl Strategy<Value = String> {
@@ -526,6 +558,8 @@ fn step() -> impl Strategy<Value = Step> {
               proptest::option::of((prop_oneof![Just("u".to_string()), text()], prop_oneof![Just("p".to_string()), text()])))
             .prop_map(|(alice, tenant, registry, login)| Step::RegistryLogin { alice, tenant, registry, login }),
         1 => Just(Step::Metrics),
+        2 => (any::<bool>(), 0u8..4, webhook_request(), prop_oneof![0u64..4, big_u64()], 0u8..3)
+            .prop_map(|(alice, op, req, id, tried)| Step::Webhook { alice, op, req, id, tried }),
         4 => prop_oneof![8 => 0u64..2_000, 2 => 0u64..30_000, 1 => 0u64..400_000, 1 => 0u64..30 * 86_400_000]
             .prop_map(|ms| Step::Advance { ms }),
         1 => Just(Step::Restart),
@@ -860,6 +894,30 @@ impl World {
             Step::Metrics => {
                 let _ = self.call(|reply| Msg::Metrics { reply });
             }
+            Step::Webhook { alice, op, req, id, tried } => {
+                let principal = self.who(alice);
+                match op {
+                    0 => drop(self.call(|reply| Msg::CreateWebhook { principal, req, reply })),
+                    1 => drop(self.call(|reply| Msg::DeleteWebhook { principal, id, reply })),
+                    2 => drop(self.call(|reply| Msg::WebhookLog { principal, id, reply })),
+                    _ => {
+                        // A delivery id the writer gave out lately, or none.
+                        let delivery = self.now.saturating_mul(1024).saturating_sub(id % 64);
+                        let tried = match tried {
+                            0 => ebb_server::webhooks::Tried::Delivered { status: 204 },
+                            1 => {
+                                ebb_server::webhooks::Tried::Failed { status: Some(500), error: "500".into() }
+                            }
+                            _ => {
+                                ebb_server::webhooks::Tried::GaveUp { status: None, error: "timeout".into() }
+                            }
+                        };
+                        let msg =
+                            Msg::WebhookTried { delivery, webhook: id, attempt: 1, tried, at_ms: self.now };
+                        self.batch(vec![msg]);
+                    }
+                }
+            }
             Step::Advance { ms } => {
                 self.now = self.now.saturating_add(ms);
                 self.batch(vec![Msg::Tick]);
@@ -920,6 +978,7 @@ fn kind(step: &Step) -> &'static str {
         Step::Reserve { .. } => "reservation",
         Step::Money { .. } => "bill/report",
         Step::Metrics => "metrics",
+        Step::Webhook { .. } => "webhook",
         Step::Advance { .. } => "advance the clock",
         Step::Restart => "restart",
     }

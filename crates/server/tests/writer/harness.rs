@@ -150,6 +150,29 @@ impl<S: Store> Store for Faulty<S> {
         self.trip("put_reclaim")?;
         self.inner.put_reclaim(model, limit)
     }
+    fn put_webhook(&mut self, hook: &ebb_server::store::WebhookRow) -> Result<(), StoreError> {
+        self.trip("put_webhook")?;
+        self.inner.put_webhook(hook)
+    }
+    fn delete_webhook(&mut self, id: u64) -> Result<(), StoreError> {
+        self.trip("delete_webhook")?;
+        self.inner.delete_webhook(id)
+    }
+    fn put_delivery(&mut self, delivery: &ebb_server::store::DeliveryRow) -> Result<(), StoreError> {
+        self.trip("put_delivery")?;
+        self.inner.put_delivery(delivery)
+    }
+    fn delete_delivery(&mut self, id: u64) -> Result<(), StoreError> {
+        self.trip("delete_delivery")?;
+        self.inner.delete_delivery(id)
+    }
+    fn add_webhook_log(&mut self, webhook: u64, entry: &ebb_api::WebhookDelivery) -> Result<(), StoreError> {
+        self.trip("add_webhook_log")?;
+        self.inner.add_webhook_log(webhook, entry)
+    }
+    fn webhook_log(&mut self, webhook: u64) -> Result<Vec<ebb_api::WebhookDelivery>, StoreError> {
+        self.inner.webhook_log(webhook)
+    }
     fn last_report(&mut self, node: &str) -> Result<Option<ReportId>, StoreError> {
         self.inner.last_report(node)
     }
@@ -287,6 +310,13 @@ impl<S: Store> TestEnv<S> {
         self.engine().batch(vec![make(tx)], now).unwrap();
         self.engine().sanity_check().unwrap_or_else(|e| panic!("after a batch: {e}"));
         rx.try_recv().expect("answered after the commit")
+    }
+
+    /// One batch of one message that has no answer.
+    pub fn call_quiet(&mut self, msg: Msg) {
+        let now = self.now;
+        self.engine().batch(vec![msg], now).unwrap();
+        self.engine().sanity_check().unwrap_or_else(|e| panic!("after a batch: {e}"));
     }
 
     pub fn register(&mut self, node: &str, running: Vec<AttemptRef>, unreported: Vec<AgentEvent>) {

@@ -36,3 +36,4 @@ mod reasons;
 mod requests;
 mod slurm;
 mod store_contract;
+mod webhooks;

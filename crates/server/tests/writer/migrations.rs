@@ -144,7 +144,7 @@ fn a_database_written_by_the_release_before_is_migrated_and_everything_in_it_kep
     // At the latest schema step; opening again changes nothing.
     let conn = rusqlite::Connection::open(dir.join("ebb.db")).unwrap();
     let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0)).unwrap();
-    assert_eq!(version, 12);
+    assert_eq!(version, 13);
     drop(conn);
     let store = SqliteStore::open(&dir.join("ebb.db")).unwrap();
     let (mut engine, _) = Engine::open(store, config, tokens, NOW).map_err(|e| e.message).unwrap();

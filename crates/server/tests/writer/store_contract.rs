@@ -168,6 +168,53 @@ fn exercise(store: &mut impl Store) -> String {
     store.add_event(4, &event(9_000, EventKind::Cancelled, 1, json!({}))).unwrap();
     store.rollback().unwrap();
 
+    // Webhooks and their outbox; the log keeps the latest tries only.
+    let hook = |id: u64, tenant: Option<u32>| ebb_server::store::WebhookRow {
+        id,
+        tenant,
+        url: format!("https://example.com/{id}"),
+        events: vec!["preempted".into()],
+        format: "json".into(),
+        secret: "whsec_x".into(),
+        created_ms: 1_000,
+    };
+    store.put_webhook(&hook(1, Some(2))).unwrap();
+    store.put_webhook(&hook(2, None)).unwrap();
+    store.put_webhook(&hook(3, Some(2))).unwrap();
+    for (id, webhook) in [(10u64, 1u64), (11, 1), (12, 3), (13, 2)] {
+        let delivery = ebb_server::store::DeliveryRow {
+            id,
+            webhook,
+            event: "preempted".into(),
+            job: Some(4),
+            node: None,
+            body: format!("{{\"delivery\":{id}}}"),
+            created_ms: 2_000,
+        };
+        store.put_delivery(&delivery).unwrap();
+    }
+    store.delete_delivery(11).unwrap();
+    for attempt in 1..=205u32 {
+        let entry = ebb_api::WebhookDelivery {
+            delivery: 10,
+            event: "preempted".into(),
+            job: Some(4),
+            node: None,
+            attempt,
+            at: "2026-12-04T00:00:00.000Z".into(),
+            outcome: "failed".into(),
+            status: Some(500),
+            error: Some("the receiver answered 500".into()),
+        };
+        store.add_webhook_log(1, &entry).unwrap();
+    }
+    let first = store.webhook_log(1).unwrap()[0].clone();
+    store.add_webhook_log(3, &ebb_api::WebhookDelivery { attempt: 1, ..first }).unwrap();
+    store.delete_webhook(3).unwrap();
+    let log = store.webhook_log(1).unwrap();
+    seen.push(format!("log {} newest {} oldest {}", log.len(), log[0].attempt, log[log.len() - 1].attempt));
+    seen.push(format!("gone {:?}", store.webhook_log(3).unwrap()));
+
     let mut snapshot = store.load::<Value>().unwrap();
     snapshot.tokens.sort_by(|a, b| a.hash.cmp(&b.hash));
     snapshot.heard.sort();
@@ -207,6 +254,14 @@ fn both_backends_keep_the_same_contract() {
     assert!(on_sqlite.contains("Some(ReportId { session: 9, seq: 2 }) None"), "{on_sqlite}");
     assert!(!on_sqlite.contains("h-gone") && !on_sqlite.contains("cancelled"), "{on_sqlite}");
     assert!(on_sqlite.contains(r#"reclaims: [("H100", 4)]"#), "{on_sqlite}");
+    assert!(on_sqlite.contains("log 200 newest 205 oldest 6\ngone []"), "{on_sqlite}");
+    assert!(
+        on_sqlite.contains("deliveries: [DeliveryRow { id: 10, webhook: 1,")
+            && on_sqlite.contains("DeliveryRow { id: 13, webhook: 2,")
+            && !on_sqlite.contains("id: 11,")
+            && !on_sqlite.contains("id: 12,"),
+        "{on_sqlite}"
+    );
     assert!(
         on_sqlite.contains(r#"gpus_out: [GpuOut { gpu: 3, reason: "GPU 3: Xid 79 (fallen off the bus)""#)
             && on_sqlite.contains("gpu_faults: [(3, 1000), (3, 2000)]"),
@@ -478,7 +533,7 @@ fn a_postgres_database_from_before_the_job_columns_gets_them_from_its_records() 
     let pg = pg::Postgres::start("columns");
     drop(PgStore::open(&pg.url()).unwrap());
     let mut client = postgres::Client::connect(&pg.url(), postgres::NoTls).unwrap();
-    // Back to step 3: without what steps 4 to 7 add.
+    // Back to step 3: without what steps 4 to 8 add.
     client
         .batch_execute(
             "DROP INDEX jobs_by_state; DROP INDEX jobs_by_tenant; DROP INDEX jobs_by_array;
@@ -487,6 +542,7 @@ fn a_postgres_database_from_before_the_job_columns_gets_them_from_its_records() 
              ALTER TABLE output DROP COLUMN node;
              DROP TABLE registry_logins;
              DROP TABLE output_expiry;
+             DROP TABLE webhooks; DROP TABLE webhook_outbox; DROP TABLE webhook_log;
              UPDATE ebb_schema SET version = 3;
              INSERT INTO tenants (id, name) VALUES (1, 'default');",
         )

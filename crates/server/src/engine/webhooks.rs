@@ -1,0 +1,439 @@
+//! Webhooks in the writer: which there are and whose, the deliveries an
+//! event makes (each a row of the store's outbox, written in the batch
+//! that made the event, handed to the deliverer once it commits), and what
+//! the deliverer says of each try. The HTTP side is `crate::webhooks`.
+
+use ebb_api::{Event, JobEvent, Webhook, WebhookDelivery, WebhookRequest};
+
+use super::plan::DRILL_REASON;
+use super::*;
+use crate::store::{DeliveryRow, WebhookRow};
+use crate::webhooks::{Command, Delivery, Tried};
+
+/// The most deliveries one webhook may have waiting; past it, new events
+/// for it are dropped (and the log says so) until the receiver takes some.
+const MAX_PENDING: u64 = 10_000;
+
+#[derive(Default)]
+pub(super) struct Webhooks {
+    hooks: BTreeMap<u64, WebhookRow>,
+    /// Deliveries the receivers have not taken yet, by id (in order).
+    pending: BTreeMap<u64, DeliveryRow>,
+    pending_by_hook: HashMap<u64, u64>,
+    next_hook: u64,
+    next_delivery: u64,
+}
+
+/// The webhook event a job's event is, if any.
+fn job_event_name(event: &Event) -> Option<&'static str> {
+    Some(match event {
+        Event::DrainNotice(d) if d.reason == DRILL_REASON => "drill",
+        Event::DrainNotice(_) => "preempted",
+        Event::Drill(_) => "drill",
+        Event::Requeued(_) => "requeued",
+        Event::Promoted(_) => "promoted",
+        Event::Failed(_) => "failed",
+        Event::Succeeded(_) => "succeeded",
+        Event::Cancelled(_) => "cancelled",
+        _ => return None,
+    })
+}
+
+impl<S: Store> Engine<S> {
+    /// The webhooks and the outbox as the store has them; delivery ids go
+    /// on past any a previous server gave out.
+    pub(super) fn load_webhooks(&mut self, hooks: Vec<WebhookRow>, deliveries: Vec<DeliveryRow>, now: u64) {
+        let w = &mut self.webhooks;
+        w.next_hook = hooks.iter().map(|h| h.id).max().unwrap_or(0) + 1;
+        w.hooks = hooks.into_iter().map(|h| (h.id, h)).collect();
+        w.next_delivery =
+            deliveries.iter().map(|d| d.id + 1).max().unwrap_or(0).max(now.saturating_mul(1024));
+        for d in deliveries {
+            *w.pending_by_hook.entry(d.webhook).or_insert(0) += 1;
+            w.pending.insert(d.id, d);
+        }
+    }
+
+    /// Deliveries go to `deliverer` from now on, starting with those the
+    /// outbox holds.
+    pub fn deliver_webhooks(&mut self, deliverer: tokio::sync::mpsc::UnboundedSender<Command>) {
+        for d in self.webhooks.pending.values() {
+            if let Some(hook) = self.webhooks.hooks.get(&d.webhook) {
+                let _ = deliverer.send(Command::Send(delivery(hook, d)));
+            }
+        }
+        self.outbox.webhooks = Some(deliverer);
+    }
+
+    fn webhook_view(&self, hook: &WebhookRow) -> Webhook {
+        Webhook {
+            id: hook.id,
+            tenant: hook.tenant.map(|t| self.tenant_name(t)),
+            url: hook.url.clone(),
+            events: hook.events.clone(),
+            format: hook.format.clone(),
+            pending: self.webhooks.pending_by_hook.get(&hook.id).copied().unwrap_or(0),
+            secret: None,
+        }
+    }
+
+    /// `POST /v1/webhooks`.
+    pub(super) fn create_webhook(
+        &mut self,
+        principal: &Principal,
+        req: WebhookRequest,
+        now: u64,
+    ) -> Result<Webhook, Fail> {
+        let tenant = match (&req.tenant, &principal.tenant, principal.scope) {
+            (Some(name), _, _) => {
+                let id = self.tenant_by_name(name)?;
+                if !principal.may_see(id) {
+                    return Err(ApiError::not_found(format!("tenant {name}: not found")).into());
+                }
+                Some(id)
+            }
+            (None, _, Scope::Admin) => None,
+            (None, Some((id, _)), _) => Some(*id),
+            (None, None, _) => return Err(ApiError::forbidden("a tenant's or an operator's token").into()),
+        };
+        let allowed: &[&str] =
+            if tenant.is_some() { &ebb_api::JOB_WEBHOOK_EVENTS } else { &ebb_api::NODE_WEBHOOK_EVENTS };
+        let whose = if tenant.is_some() { "a tenant's webhook" } else { "an operators' webhook" };
+        if req.events.is_empty() {
+            return Err(
+                ApiError::unprocessable(format!("events: at least one of {}", allowed.join(", "))).into()
+            );
+        }
+        let mut events = Vec::new();
+        for event in &req.events {
+            if !allowed.contains(&event.as_str()) {
+                return Err(ApiError::unprocessable(format!(
+                    "events: {event:?} is not an event {whose} takes; it takes {}",
+                    allowed.join(", ")
+                ))
+                .into());
+            }
+            if !events.contains(event) {
+                events.push(event.clone());
+            }
+        }
+        let url = check_url(&req.url)?;
+        let format = match req.format.as_deref().unwrap_or("json") {
+            f @ ("json" | "slack") => f.to_string(),
+            other => {
+                return Err(ApiError::unprocessable(format!("format: json or slack, got {other:?}")).into());
+            }
+        };
+        let owned = self.webhooks.hooks.values().filter(|h| h.tenant == tenant).count();
+        if owned >= ebb_api::MAX_WEBHOOKS {
+            return Err(ApiError::conflict(format!(
+                "at most {} webhooks each; remove one first (ebb tenant webhook remove)",
+                ebb_api::MAX_WEBHOOKS
+            ))
+            .into());
+        }
+        let id = self.webhooks.next_hook;
+        self.webhooks.next_hook += 1;
+        let secret = crate::webhooks::new_secret();
+        let row = WebhookRow { id, tenant, url, events, format, secret: secret.clone(), created_ms: now };
+        self.store.put_webhook(&row)?;
+        tracing::info!(webhook = id, tenant = ?row.tenant, url = row.url, "webhook added");
+        let view = Webhook { secret: Some(secret), ..self.webhook_view(&row) };
+        self.webhooks.hooks.insert(id, row);
+        Ok(view)
+    }
+
+    /// A webhook `principal` may see, or 404.
+    fn webhook_of(&self, principal: &Principal, id: u64) -> Result<&WebhookRow, ApiError> {
+        self.webhooks
+            .hooks
+            .get(&id)
+            .filter(|h| match h.tenant {
+                Some(t) => principal.may_see(t),
+                None => principal.scope == Scope::Admin,
+            })
+            .ok_or_else(|| ApiError::not_found(format!("webhook {id}: not found")))
+    }
+
+    /// `GET /v1/webhooks[?tenant=NAME]`: a tenant's own; an operator's,
+    /// every one (or one tenant's).
+    pub(super) fn webhooks(
+        &self,
+        principal: &Principal,
+        tenant: Option<String>,
+    ) -> Result<Vec<Webhook>, Fail> {
+        let only = match tenant {
+            Some(name) => {
+                let id = self
+                    .tenant_by_name(&name)
+                    .map_err(|_| ApiError::not_found(format!("tenant {name}: not found")))?;
+                if !principal.may_see(id) {
+                    return Err(ApiError::not_found(format!("tenant {name}: not found")).into());
+                }
+                Some(id)
+            }
+            None => None,
+        };
+        Ok(self
+            .webhooks
+            .hooks
+            .values()
+            .filter(|h| only.is_none_or(|t| h.tenant == Some(t)))
+            .filter(|h| self.webhook_of(principal, h.id).is_ok())
+            .map(|h| self.webhook_view(h))
+            .collect())
+    }
+
+    /// `DELETE /v1/webhooks/{id}`: the webhook, its outbox and its log.
+    pub(super) fn delete_webhook(&mut self, principal: &Principal, id: u64) -> Result<Webhook, Fail> {
+        let view = self.webhook_view(self.webhook_of(principal, id)?);
+        self.store.delete_webhook(id)?;
+        self.webhooks.hooks.remove(&id);
+        self.webhooks.pending.retain(|_, d| d.webhook != id);
+        self.webhooks.pending_by_hook.remove(&id);
+        self.outbox.webhook_sends.push(Command::Forget(id));
+        tracing::info!(webhook = id, "webhook removed");
+        Ok(view)
+    }
+
+    /// `GET /v1/webhooks/{id}/log`.
+    pub(super) fn webhook_log(
+        &mut self,
+        principal: &Principal,
+        id: u64,
+    ) -> Result<ebb_api::WebhookLog, Fail> {
+        let webhook = self.webhook_view(self.webhook_of(principal, id)?);
+        let deliveries = self.store.webhook_log(id)?;
+        Ok(ebb_api::WebhookLog { webhook, deliveries })
+    }
+
+    /// The deliverer tried delivery `id`: logged; delivered or given up,
+    /// it leaves the outbox.
+    pub(super) fn webhook_tried(&mut self, id: u64, attempt: u32, tried: Tried, at_ms: u64) -> Written {
+        let Some(d) = self.webhooks.pending.get(&id) else { return Ok(()) };
+        let (outcome, status, error, done) = match tried {
+            Tried::Delivered { status } => ("delivered", Some(status), None, true),
+            Tried::Failed { status, error } => ("failed", status, Some(error), false),
+            Tried::GaveUp { status, error } => ("gave_up", status, Some(error), true),
+        };
+        let entry = WebhookDelivery {
+            delivery: id,
+            event: d.event.clone(),
+            job: d.job,
+            node: d.node.clone(),
+            attempt,
+            at: rfc3339(at_ms),
+            outcome: outcome.into(),
+            status,
+            error,
+        };
+        let webhook = d.webhook;
+        self.store.add_webhook_log(webhook, &entry)?;
+        if done {
+            self.store.delete_delivery(id)?;
+            self.webhooks.pending.remove(&id);
+            if let Some(n) = self.webhooks.pending_by_hook.get_mut(&webhook) {
+                *n = n.saturating_sub(1);
+            }
+        }
+        if outcome == "gave_up" {
+            tracing::warn!(webhook, delivery = id, "webhook delivery given up after {attempt} tries");
+        }
+        Ok(())
+    }
+
+    /// A job's event, for the webhooks of its tenant that take it.
+    pub(super) fn job_webhooks(&mut self, id: u64, event: &JobEvent) -> Written {
+        if self.webhooks.hooks.is_empty() {
+            return Ok(());
+        }
+        let Some(name) = job_event_name(&event.event) else { return Ok(()) };
+        let Some(job) = self.jobs.get(&id) else { return Ok(()) };
+        let tenant = job.tenant;
+        let hooks: Vec<u64> = self
+            .webhooks
+            .hooks
+            .values()
+            .filter(|h| h.tenant == Some(tenant) && h.events.iter().any(|e| e == name))
+            .map(|h| h.id)
+            .collect();
+        if hooks.is_empty() {
+            return Ok(());
+        }
+        let text = event.event.describe(job.gpus);
+        let summary = serde_json::json!({
+            "id": id,
+            "name": job.spec.name,
+            "tier": job.tier.as_str(),
+            "state": job.state.as_str(),
+            "attempt": event.attempt,
+            "run_id": super::launch::run_id(id, job.submitted_ms),
+        });
+        let detail: serde_json::Value = serde_json::from_str(&event.event.detail_json()).unwrap_or_default();
+        let what = match &job.spec.name {
+            Some(n) => format!("job {id} ({n})"),
+            None => format!("job {id}"),
+        };
+        let tenant_name = self.tenant_name(tenant);
+        for hook in hooks {
+            let body = |delivery: u64, format: &str| match format {
+                "slack" => serde_json::json!({ "text": format!("Ebb: {what} {name}: {text}") }),
+                _ => serde_json::json!({
+                    "delivery": delivery, "webhook": hook, "event": name, "at": event.at, "at_ms": event.at_ms,
+                    "tenant": tenant_name, "job": summary, "text": text, "detail": detail,
+                }),
+            };
+            self.enqueue_delivery(hook, name, Some(id), None, body)?;
+        }
+        Ok(())
+    }
+
+    /// A node's event, for the operators' webhooks that take it.
+    pub(super) fn node_webhooks(&mut self, node: &str, name: &'static str, text: &str) -> Written {
+        let hooks: Vec<u64> = self
+            .webhooks
+            .hooks
+            .values()
+            .filter(|h| h.tenant.is_none() && h.events.iter().any(|e| e == name))
+            .map(|h| h.id)
+            .collect();
+        let at_ms = self.now;
+        for hook in hooks {
+            let body = |delivery: u64, format: &str| match format {
+                "slack" => serde_json::json!({ "text": format!("Ebb: node {node} {name}: {text}") }),
+                _ => serde_json::json!({
+                    "delivery": delivery, "webhook": hook, "event": name, "at": rfc3339(at_ms), "at_ms": at_ms,
+                    "node": node, "text": text,
+                }),
+            };
+            self.enqueue_delivery(hook, name, None, Some(node.to_string()), body)?;
+        }
+        Ok(())
+    }
+
+    /// One delivery in the outbox, handed over once the batch commits.
+    fn enqueue_delivery(
+        &mut self,
+        hook: u64,
+        event: &str,
+        job: Option<u64>,
+        node: Option<String>,
+        body: impl FnOnce(u64, &str) -> serde_json::Value,
+    ) -> Written {
+        let id = self.webhooks.next_delivery;
+        self.webhooks.next_delivery += 1;
+        let waiting = self.webhooks.pending_by_hook.get(&hook).copied().unwrap_or(0);
+        if waiting >= MAX_PENDING {
+            let entry = WebhookDelivery {
+                delivery: id,
+                event: event.into(),
+                job,
+                node,
+                attempt: 0,
+                at: rfc3339(self.now),
+                outcome: "dropped".into(),
+                status: None,
+                error: Some(format!("{MAX_PENDING} deliveries are waiting for the receiver already")),
+            };
+            return self.store.add_webhook_log(hook, &entry);
+        }
+        let format = self.webhooks.hooks[&hook].format.clone();
+        let row = DeliveryRow {
+            id,
+            webhook: hook,
+            event: event.into(),
+            job,
+            node,
+            body: body(id, &format).to_string(),
+            created_ms: self.now,
+        };
+        self.store.put_delivery(&row)?;
+        self.outbox.webhook_sends.push(Command::Send(delivery(&self.webhooks.hooks[&hook], &row)));
+        *self.webhooks.pending_by_hook.entry(hook).or_insert(0) += 1;
+        self.webhooks.pending.insert(id, row);
+        Ok(())
+    }
+}
+
+fn delivery(hook: &WebhookRow, d: &DeliveryRow) -> Delivery {
+    Delivery {
+        id: d.id,
+        webhook: hook.id,
+        url: hook.url.clone(),
+        secret: hook.secret.clone(),
+        event: d.event.clone(),
+        body: d.body.clone(),
+        created_ms: d.created_ms,
+    }
+}
+
+/// A webhook's URL: `http://` or `https://` with a host, at most 2048
+/// bytes; never a link-local address (a cloud's metadata service).
+fn check_url(url: &str) -> Result<String, ApiError> {
+    if url.len() > ebb_api::MAX_WEBHOOK_URL_BYTES {
+        return Err(ApiError::unprocessable(format!(
+            "url: at most {} bytes, got {}",
+            ebb_api::MAX_WEBHOOK_URL_BYTES,
+            url.len()
+        )));
+    }
+    let parsed =
+        reqwest::Url::parse(url).map_err(|e| ApiError::unprocessable(format!("url: {url:?}: {e}")))?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(ApiError::unprocessable(format!("url: http:// or https://, got {}://", parsed.scheme())));
+    }
+    let host = parsed.host_str().filter(|h| !h.is_empty());
+    let host = host.ok_or_else(|| ApiError::unprocessable(format!("url: {url:?} has no host")))?;
+    let link_local = match host.trim_start_matches('[').trim_end_matches(']').parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V4(ip)) => ip.is_link_local(),
+        Ok(std::net::IpAddr::V6(ip)) => (ip.segments()[0] & 0xffc0) == 0xfe80,
+        Err(_) => false,
+    };
+    if link_local {
+        return Err(ApiError::unprocessable(format!(
+            "url: {url:?} is a link-local address (a cloud's metadata service): not a receiver"
+        )));
+    }
+    Ok(parsed.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ebb_api::EventKind;
+
+    #[test]
+    fn a_webhooks_url_is_http_with_a_host_and_never_link_local() {
+        assert_eq!(
+            check_url("https://hooks.slack.com/services/T0/B0/x").unwrap(),
+            "https://hooks.slack.com/services/T0/B0/x"
+        );
+        assert!(check_url("http://127.0.0.1:9000/ebb").is_ok());
+        for (bad, said) in [
+            ("ftp://example.com/", "http:// or https://"),
+            ("http://169.254.169.254/latest/meta-data/", "link-local"),
+            ("http://[fe80::1]/", "link-local"),
+            ("not a url", "url: \"not a url\""),
+            ("unix:/run/x", "http:// or https://"),
+        ] {
+            let e = check_url(bad).unwrap_err();
+            assert!(e.message.contains(said), "{bad}: {}", e.message);
+        }
+        let long = format!("https://example.com/{}", "a".repeat(2048));
+        assert!(check_url(&long).unwrap_err().message.starts_with("url: at most 2048 bytes"));
+    }
+
+    #[test]
+    fn a_drill_is_a_drill_and_every_other_notice_a_preemption() {
+        let notice = |reason: &str| {
+            Event::DrainNotice(ebb_api::events::DrainNoticeDetail {
+                reason: reason.into(),
+                ..Default::default()
+            })
+        };
+        assert_eq!(job_event_name(&notice(DRILL_REASON)), Some("drill"));
+        assert_eq!(job_event_name(&notice("preempted by job 7")), Some("preempted"));
+        assert_eq!(job_event_name(&Event::unknown(EventKind::Placed)), None);
+        assert_eq!(job_event_name(&Event::unknown(EventKind::Succeeded)), Some("succeeded"));
+    }
+}
