@@ -94,6 +94,12 @@ pub enum TenantCommand {
         #[command(subcommand)]
         command: TenantTokenCommand,
     },
+    /// A tenant's webhooks: an HTTP POST for each event of its jobs
+    /// (preempted, requeued, promoted, failed, succeeded, cancelled, drill).
+    Webhook {
+        #[command(subcommand)]
+        command: super::TenantWebhookCommand,
+    },
 }
 
 #[derive(Subcommand)]
@@ -128,6 +134,12 @@ pub enum NodesCommand {
     JoinToken {
         #[command(subcommand)]
         command: JoinTokenCommand,
+    },
+    /// The operators' webhooks: an HTTP POST for each node event (gpu_out,
+    /// node_drained, node_lost, node_back).
+    Webhook {
+        #[command(subcommand)]
+        command: super::NodesWebhookCommand,
     },
 }
 
@@ -279,6 +291,7 @@ pub async fn nodes_command(conn: &Connection, command: &NodesCommand) -> Result<
                 )
             })
         }
+        NodesCommand::Webhook { command } => super::nodes_webhook(conn, command).await,
         NodesCommand::JoinToken { command: JoinTokenCommand::Rotate { out } } => {
             let rotated: api::JoinToken =
                 conn.client()?.post("/v1/agent/join-token", &serde_json::json!({})).await?;
@@ -544,6 +557,7 @@ pub async fn tenant(conn: &Connection, command: &TenantCommand) -> Result<String
             }
             Ok(text)
         }
+        TenantCommand::Webhook { command } => super::tenant_webhook(conn, command).await,
         TenantCommand::Token { command } => {
             let client = conn.client()?;
             let (reply, out): (api::TenantTokens, &JsonFlag) = match command {

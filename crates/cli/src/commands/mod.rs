@@ -5,7 +5,9 @@
 mod fleet;
 mod jobs;
 mod submit;
+mod webhooks;
 
 pub use fleet::*;
 pub use jobs::*;
 pub use submit::*;
+pub use webhooks::*;

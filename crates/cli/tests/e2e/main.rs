@@ -35,4 +35,5 @@ mod simulated_fleet;
 mod slurm;
 mod stream;
 mod tls;
+mod webhooks;
 mod workloads;
