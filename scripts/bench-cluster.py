@@ -8,13 +8,19 @@ Prints, over many repetitions:
     (goal p99 <= 100 ms);
   * throughput of short jobs (`true`) through one 8-GPU agent (goal >= 500/s).
 
+With --webhook-hangs, the same with a webhook for every job event of the
+tenant whose receiver accepts connections and never answers: each event
+is a row of the outbox the writer commits, and none is ever taken (past
+10,000 waiting, a line in the webhook's log instead); compare the figures
+with a run without it.
+
 With --image, instead: the time from a submit returning to the job's
 process running, for a bare process and for the same command in an image
 the node has cached (a real docker-registry on loopback, a busybox image
 built with umoci and pushed with skopeo), and with --pull-mb N the time
 to pull and unpack an image of N MB of incompressible data.
 
-Usage: scripts/bench-cluster.py [--reps N] [--jobs M] [--ebb PATH]
+Usage: scripts/bench-cluster.py [--reps N] [--jobs M] [--ebb PATH] [--webhook-hangs]
        scripts/bench-cluster.py --image [--reps N] [--pull-mb 1024]
 Builds the release binary and runs everything on loopback in a temp dir.
 """
@@ -121,6 +127,23 @@ def stop_up(up):
         up.wait(timeout=30)
     except subprocess.TimeoutExpired:
         up.kill()
+
+
+def hanging_receiver():
+    """A receiver that takes connections and never answers: its port."""
+    import threading
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    held = []
+
+    def accept():
+        while True:
+            conn, _ = listener.accept()
+            held.append(conn)
+
+    threading.Thread(target=accept, daemon=True).start()
+    return listener.getsockname()[1]
 
 
 def free_port():
@@ -237,6 +260,8 @@ def main():
     parser.add_argument("--image", action="store_true", help="start times in an image against a bare process")
     parser.add_argument("--pull-mb", type=int, default=0, help="with --image: pull an image this big")
     parser.add_argument("--ebb", help="this ebb binary instead of building the release one (to compare builds)")
+    parser.add_argument("--webhook-hangs", action="store_true",
+                        help="with a webhook on every job event whose receiver never answers")
     args = parser.parse_args()
     if args.ebb:
         ebb = os.path.abspath(args.ebb)
@@ -249,6 +274,12 @@ def main():
     data = tempfile.mkdtemp(prefix="ebb-bench-")
     up, api = start_up(ebb, data, "--drain-window", "30s")
     try:
+        if args.webhook_hangs:
+            port = hanging_receiver()
+            events = ["preempted", "requeued", "promoted", "failed", "succeeded", "cancelled", "drill"]
+            hook = api.call("POST", "/v1/webhooks",
+                            {"tenant": "default", "url": f"http://127.0.0.1:{port}/", "events": events})
+            print(f"webhook {hook['id']} on every job event, to a receiver that never answers")
         # The admin token acts for the default tenant: its checkpoints.
         ckpt = lambda job_id: os.path.join(data, "checkpoints", "default", str(job_id))
 
@@ -298,6 +329,9 @@ def main():
         print(f"{'short jobs (true) through one 8-GPU agent':<34} {args.jobs} jobs in {elapsed:.2f} s = "
               f"{args.jobs / elapsed:.0f} jobs/s (submitted in {submitted_in:.2f} s, all done {drained_in:.2f} s later)"
               f"   (goal >= 500 jobs/s)")
+        if args.webhook_hangs:
+            hook = api.call("GET", "/v1/webhooks")[0]
+            print(f"webhook {hook['id']}: {hook['pending']} deliveries waiting for the receiver")
     finally:
         stop_up(up)
 
