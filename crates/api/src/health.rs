@@ -102,7 +102,16 @@ pub const FATAL_XIDS: [u32; 10] = [48, 61, 62, 64, 79, 94, 95, 119, 120, 140];
 pub const DRAIN_XIDS: [u32; 1] = [74];
 
 impl GpuFinding {
+    /// What the finding makes the server do. A finding that would take a
+    /// GPU out but names none drains the node.
     pub fn class(&self) -> HealthClass {
+        match self.gpu_class() {
+            HealthClass::Fatal if self.gpu.is_none() => HealthClass::Drain,
+            class => class,
+        }
+    }
+
+    fn gpu_class(&self) -> HealthClass {
         match (&self.finding, self.gpu) {
             (Finding::Xid { code }, _) if FATAL_XIDS.contains(code) => HealthClass::Fatal,
             (Finding::Xid { code }, _) if DRAIN_XIDS.contains(code) => HealthClass::Drain,
@@ -243,6 +252,7 @@ mod tests {
                 },
                 Drain,
             ),
+            (GpuFinding { gpu: None, finding: Finding::Xid { code: 79 } }, Drain),
         ];
         for (finding, class) in cases {
             assert_eq!(finding.class(), class, "{}", finding.describe());
