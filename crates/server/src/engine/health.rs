@@ -61,7 +61,8 @@ impl<S: Store> Engine<S> {
         Ok(())
     }
 
-    /// Refuses, whole, findings that name a GPU the node does not have.
+    /// Refuses, whole, findings that name a GPU the node does not have
+    /// (a 422: the document allows any GPU a node could have).
     pub(super) fn check_health_gpus(
         field: &str,
         node: &str,
@@ -72,7 +73,7 @@ impl<S: Store> Engine<S> {
             let AgentEvent::Health { findings, .. } = event else { continue };
             for (k, f) in findings.iter().enumerate() {
                 if let Some(gpu) = f.gpu.filter(|g| *g >= gpus) {
-                    return Err(ApiError::bad_request(format!(
+                    return Err(ApiError::unprocessable(format!(
                         "{field}[{i}].findings[{k}].gpu: node {node} has GPUs 0 to {}, got {gpu}; nothing of \
                          this request was applied",
                         gpus.saturating_sub(1)
