@@ -216,8 +216,9 @@ pub(crate) fn classify(reference: &str, e: OciDistributionError) -> ImageError {
     }
 }
 
-/// An error and its causes, as one line.
-pub(crate) fn request_error(e: &dyn std::error::Error) -> String {
+/// An error and its causes, as one line (an HTTP client's errors say
+/// little without their causes: `error sending request` alone).
+pub fn request_error(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {

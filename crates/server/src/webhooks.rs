@@ -207,22 +207,14 @@ async fn try_once(client: &reqwest::Client, d: &Delivery) -> Tried {
             Tried::Failed { status: Some(status.as_u16()), error: format!("the receiver answered {status}") }
         }
         Err(e) => {
-            let what = if e.is_timeout() { "no answer within 10s".to_string() } else { error_chain(&e) };
+            let what = if e.is_timeout() {
+                "no answer within 10s".to_string()
+            } else {
+                ebb_image::request_error(&e)
+            };
             Tried::Failed { status: None, error: what }
         }
     }
-}
-
-/// An error with its causes, as one line.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]
