@@ -19,7 +19,7 @@ pub const RETIRED_PAGES_FATAL: u32 = 60;
 
 /// A reading that is not as it should be, on one GPU (`gpu`) or on the
 /// node as a whole (`gpu` absent: an operator's check that named no GPU).
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, ToSchema)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, ToSchema)]
 pub struct GpuFinding {
     /// The GPU's index on the node, as `CUDA_VISIBLE_DEVICES` counts them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -27,6 +27,27 @@ pub struct GpuFinding {
     pub gpu: Option<u8>,
     #[serde(flatten)]
     pub finding: Finding,
+}
+
+/// As derived, but `kind` must be a string: serde takes a number there
+/// as the variant's index, which the document rules out.
+impl<'de> Deserialize<'de> for GpuFinding {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<GpuFinding, D::Error> {
+        use serde::de::Error;
+        #[derive(Deserialize)]
+        struct Raw {
+            #[serde(default)]
+            gpu: Option<u8>,
+            #[serde(flatten)]
+            finding: Finding,
+        }
+        let value = serde_json::Value::deserialize(deserializer)?;
+        if !value.get("kind").is_some_and(serde_json::Value::is_string) {
+            return Err(D::Error::custom("kind: a string, one of the findings' kinds"));
+        }
+        let raw: Raw = serde_json::from_value(value).map_err(D::Error::custom)?;
+        Ok(GpuFinding { gpu: raw.gpu, finding: raw.finding })
+    }
 }
 
 /// What was found.
@@ -257,6 +278,15 @@ mod tests {
         for (finding, class) in cases {
             assert_eq!(finding.class(), class, "{}", finding.describe());
         }
+    }
+
+    #[test]
+    fn a_findings_kind_is_a_string_never_a_variants_number() {
+        let err = serde_json::from_str::<GpuFinding>(r#"{"code":0,"kind":0,"output":""}"#).unwrap_err();
+        assert!(err.to_string().starts_with("kind: a string"), "{err}");
+        assert!(serde_json::from_str::<GpuFinding>(r#"{"gpu":1,"code":0}"#).is_err(), "no kind");
+        let xid: GpuFinding = serde_json::from_str(r#"{"gpu":1,"kind":"xid","code":79}"#).unwrap();
+        assert_eq!(xid, on(1, Finding::Xid { code: 79 }));
     }
 
     #[test]

@@ -77,12 +77,14 @@ pub enum NodesWebhookCommand {
     List(JsonFlag),
     /// Remove a webhook.
     Remove {
+        /// The webhook's id, as `list` gives it.
         id: u64,
         #[command(flatten)]
         out: JsonFlag,
     },
     /// A webhook's latest tries, newest first.
     Log {
+        /// The webhook's id.
         id: u64,
         #[command(flatten)]
         out: JsonFlag,
