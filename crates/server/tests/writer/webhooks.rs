@@ -100,7 +100,21 @@ fn who_may_add_which_webhook_and_bad_ones_are_refused_by_name() {
 
 #[test]
 fn a_jobs_events_are_delivered_in_order_kept_until_taken_and_sent_again_after_a_restart() {
-    let mut env = TestEnv::new("webhook-outbox");
+    outbox_survives(TestEnv::new("webhook-outbox"));
+}
+
+/// The same on PostgreSQL, where a "restart" is what a new leader does: a
+/// writer opened afresh on the database the old one wrote.
+#[test]
+fn on_postgres_a_new_leader_hands_over_what_the_outbox_holds() {
+    let server = crate::pg::Postgres::start("webhooks");
+    let url = server.url();
+    outbox_survives(TestEnv::with_store("pg-webhook-outbox", move |_| {
+        Box::new(move || ebb_server::store::pg::PgStore::open(&url).unwrap())
+    }));
+}
+
+fn outbox_survives<S: ebb_server::store::Store>(mut env: TestEnv<S>) {
     env.config.drain_window = ebb_core::Span(60_000);
     env.restart();
     env.register("node-0", Vec::new(), Vec::new());
@@ -152,7 +166,7 @@ fn a_jobs_events_are_delivered_in_order_kept_until_taken_and_sent_again_after_a_
     assert!(got[0].0 < got[1].0, "delivery ids rise");
 
     // The receiver took the first; the second failed once and waits.
-    let tried = |env: &mut TestEnv, delivery: u64, tried: Tried| {
+    let tried = |env: &mut TestEnv<S>, delivery: u64, tried: Tried| {
         let at_ms = env.now;
         env.call_quiet(Msg::WebhookTried { delivery, webhook: hook.id, attempt: 1, tried, at_ms });
     };
