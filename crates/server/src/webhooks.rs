@@ -154,8 +154,7 @@ async fn deliver_in_order(
             let again = matches!(tried, Tried::Failed { .. });
             let Some(writer) = writer.upgrade() else { return };
             let at_ms = ebb_core::time::unix_ms(std::time::SystemTime::now());
-            let msg =
-                Msg::WebhookTried { delivery: delivery.id, webhook: delivery.webhook, attempt, tried, at_ms };
+            let msg = Msg::WebhookTried { delivery: delivery.id, attempt, tried, at_ms };
             if writer.send(msg).await.is_err() {
                 return;
             }

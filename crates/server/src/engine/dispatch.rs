@@ -150,7 +150,7 @@ impl<S: Store> Engine<S> {
                 let result = self.webhook_log(&principal, id);
                 self.answer(reply, result)?;
             }
-            Msg::WebhookTried { delivery, webhook: _, attempt, tried, at_ms } => {
+            Msg::WebhookTried { delivery, attempt, tried, at_ms } => {
                 self.webhook_tried(delivery, attempt, tried, at_ms)?;
             }
             Msg::RemoveNode { name, reply } => {

@@ -240,7 +240,6 @@ pub enum Msg {
     /// The deliverer tried a delivery (`crate::webhooks`).
     WebhookTried {
         delivery: u64,
-        webhook: u64,
         attempt: u32,
         tried: crate::webhooks::Tried,
         at_ms: u64,

@@ -912,8 +912,7 @@ impl World {
                                 ebb_server::webhooks::Tried::GaveUp { status: None, error: "timeout".into() }
                             }
                         };
-                        let msg =
-                            Msg::WebhookTried { delivery, webhook: id, attempt: 1, tried, at_ms: self.now };
+                        let msg = Msg::WebhookTried { delivery, attempt: 1, tried, at_ms: self.now };
                         self.batch(vec![msg]);
                     }
                 }

@@ -168,7 +168,7 @@ fn outbox_survives<S: ebb_server::store::Store>(mut env: TestEnv<S>) {
     // The receiver took the first; the second failed once and waits.
     let tried = |env: &mut TestEnv<S>, delivery: u64, tried: Tried| {
         let at_ms = env.now;
-        env.call_quiet(Msg::WebhookTried { delivery, webhook: hook.id, attempt: 1, tried, at_ms });
+        env.call_quiet(Msg::WebhookTried { delivery, attempt: 1, tried, at_ms });
     };
     tried(&mut env, got[0].0, Tried::Delivered { status: 204 });
     tried(&mut env, got[1].0, Tried::Failed { status: Some(500), error: "the receiver answered 500".into() });
