@@ -15,6 +15,7 @@ pub use crate::billing::{PriceRow, ReservationRow, UsageRow};
 
 mod page;
 pub mod pg;
+pub mod pg_tls;
 mod sqlite;
 
 pub(crate) use page::{job_page_sql, PageArg};

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use postgres::fallible_iterator::FallibleIterator;
 use postgres::types::ToSql;
-use postgres::{Client, NoTls, Statement};
+use postgres::{Client, Statement};
 use serde::{Deserialize, Serialize};
 
 use ebb_api::JobEvent;
@@ -133,10 +133,11 @@ pub struct Lease {
 
 impl PgStore {
     /// Connects to `url` (`postgres://user@host/db`, or a `host=/socket/dir`
-    /// key-value string) and brings its schema to this ebb's.
+    /// key-value string; TLS as libpq's `sslmode` and `sslrootcert` ask,
+    /// see [`pg_tls`](super::pg_tls)) and brings its schema to this ebb's.
     pub fn open(url: &str) -> Result<PgStore> {
-        let client = Client::connect(url, NoTls)
-            .map_err(|e| StoreError(format!("--database: cannot connect to PostgreSQL: {e}")))?;
+        let target = super::pg_tls::Target::parse(url).map_err(|e| StoreError(format!("--database: {e}")))?;
+        let client = target.connect().map_err(|e| StoreError(format!("--database: {e}")))?;
         let mut store = PgStore { client, prepared: HashMap::new(), lease: None };
         store.migrate()?;
         Ok(store)

@@ -32,6 +32,7 @@ mod limits;
 mod migrations;
 mod money_requests;
 mod pg;
+mod pg_tls;
 mod reasons;
 mod requests;
 mod slurm;

@@ -20,10 +20,23 @@ fn pg_bin(program: &str) -> PathBuf {
 pub struct Postgres {
     dir: PathBuf,
     user: Option<(u32, u32)>,
+    /// The loopback port, for a server started with TLS.
+    pub port: Option<u16>,
 }
 
 impl Postgres {
     pub fn start(name: &str) -> Postgres {
+        Postgres::start_with(name, None)
+    }
+
+    /// A server that also listens on 127.0.0.1 with `ssl=on`, with this
+    /// certificate and key (PEM), and accepts connections there only over
+    /// TLS (`hostssl`; `hostnossl` is rejected).
+    pub fn start_tls(name: &str, cert_pem: &str, key_pem: &str) -> Postgres {
+        Postgres::start_with(name, Some((cert_pem, key_pem)))
+    }
+
+    fn start_with(name: &str, tls: Option<(&str, &str)>) -> Postgres {
         let dir = std::env::temp_dir().join(format!("ebb-pg-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("sock")).unwrap();
@@ -34,12 +47,29 @@ impl Postgres {
             nix::unistd::chown(&dir.join("sock"), Some(pg.uid), Some(pg.gid)).unwrap();
             (pg.uid.as_raw(), pg.gid.as_raw())
         });
-        let pg = Postgres { dir, user };
+        let mut pg = Postgres { dir, user, port: None };
         pg.run(
             "initdb",
             &["-D", pg.data().to_str().unwrap(), "-U", "ebb", "--auth=trust", "-E", "UTF8", "--no-sync"],
         );
-        let options = format!("-c listen_addresses='' -k {} -c fsync=off", pg.dir.join("sock").display());
+        let mut options = format!("-c listen_addresses='' -k {} -c fsync=off", pg.dir.join("sock").display());
+        if let Some((cert, key)) = tls {
+            let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+            pg.port = Some(port);
+            let hba = "local all all trust\nhostssl all all 127.0.0.1/32 trust\nhostnossl all all 127.0.0.1/32 reject\n";
+            for (file, text) in [("server.crt", cert), ("server.key", key), ("pg_hba.conf", hba)] {
+                let path = pg.data().join(file);
+                std::fs::write(&path, text).unwrap();
+                std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+                if let Some((uid, gid)) = pg.user {
+                    std::os::unix::fs::chown(&path, Some(uid), Some(gid)).unwrap();
+                }
+            }
+            options = format!(
+                "-c listen_addresses='127.0.0.1' -p {port} -k {} -c fsync=off -c ssl=on",
+                pg.dir.join("sock").display()
+            );
+        }
         let log = pg.dir.join("log");
         pg.run(
             "pg_ctl",
@@ -73,7 +103,8 @@ impl Postgres {
 
     /// A connection string for database `name` on this server.
     pub fn url_for(&self, name: &str) -> String {
-        format!("host={} user=ebb dbname={name}", self.dir.join("sock").display())
+        let port = self.port.map(|p| format!(" port={p}")).unwrap_or_default();
+        format!("host={}{port} user=ebb dbname={name}", self.dir.join("sock").display())
     }
 }
 
