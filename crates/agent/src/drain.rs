@@ -94,11 +94,12 @@ pub(crate) fn stop<S: Supervisor>(supervisor: &Arc<S>, attempt: AttemptRef, grac
     });
 }
 
-/// Stops every attempt, and waits until they have ended, or `grace` and a
-/// second more have passed.
+/// Stops every attempt as the agent stops (their exits say so: they are
+/// requeued), and waits until they have ended, or `grace` and a second
+/// more have passed.
 pub(crate) async fn stop_all<S: Supervisor>(supervisor: &Arc<S>, grace: Duration) {
     for a in supervisor.running() {
-        stop(supervisor, a, grace);
+        supervisor.stop_for_shutdown(a, grace);
     }
     let deadline = tokio::time::Instant::now() + grace + Duration::from_secs(1);
     while !supervisor.running().is_empty() && tokio::time::Instant::now() < deadline {

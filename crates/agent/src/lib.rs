@@ -47,11 +47,14 @@ pub use container::ImageConfig;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ebb_api::AgentEvent;
+
 use crate::commands::{Agent, Node};
 use crate::ledger::Ledger;
 pub use crate::output::OutputLimits;
 use crate::report::Reporter;
 use crate::supervisor::Processes;
+use crate::supervisor::Supervisor;
 
 #[derive(Clone, Debug)]
 pub struct AgentConfig {
@@ -109,6 +112,10 @@ pub struct AgentConfig {
     pub health: health::HealthConfig,
     /// The GPUs are NVML's, not `--fake-gpus`.
     pub real_gpus: bool,
+    /// At SIGTERM the node drains (preemptible work saves in its window)
+    /// and the agent waits this long at most for its attempts to end
+    /// before it ends what remains (requeued, not failed).
+    pub stop_timeout: Duration,
 }
 
 /// What the agent finds before it starts: its directories made absolute,
@@ -176,10 +183,29 @@ pub async fn run(config: AgentConfig) -> Result<(), String> {
         checkpoints: Some(checkpoints),
         health: Some(health),
     });
-    let commands = tokio::spawn(agent.follow());
+    let commands = tokio::spawn(agent.clone().follow());
     until_told_to_stop().await?;
+    // The node drains: the server sends preemptible attempts their notice
+    // (the command stream keeps running for it) and places nothing new
+    // here; on-demand ones get the stop timeout to end on their own.
+    let timeout = config.stop_timeout;
+    tracing::info!(
+        running = supervisor.running().len(),
+        "stopping: the node drains; waiting up to {} for its attempts to end (SIGTERM or Ctrl-C again: now)",
+        humantime::format_duration(timeout)
+    );
+    agent.reporter.send(AgentEvent::Stopping {
+        stop_timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+        at_ms: report::now_ms(),
+    });
+    tokio::select! {
+        _ = until_idle(&*supervisor, timeout) => {}
+        _ = until_told_to_stop() => tracing::info!("told again: ending the attempts now"),
+    }
     commands.abort();
-    tracing::info!("stopping: ending running attempts");
+    if !supervisor.running().is_empty() {
+        tracing::info!(running = supervisor.running().len(), "stopping: ending what still runs");
+    }
     drain::stop_all(&supervisor, Duration::from_secs(3)).await;
     supervisor.clear_pool().await;
     // Give the reporter a moment to deliver the exits.
@@ -385,6 +411,14 @@ fn http_client(trust: Option<&tls::Trust>) -> Result<reqwest::Client, String> {
 }
 
 /// Returns at SIGINT or SIGTERM.
+/// Returns once no attempt runs, or `timeout` has passed.
+async fn until_idle<S: Supervisor>(supervisor: &S, timeout: Duration) {
+    let deadline = tokio::time::Instant::now() + timeout;
+    while !supervisor.running().is_empty() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 async fn until_told_to_stop() -> Result<(), String> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;

@@ -64,6 +64,16 @@ pub(crate) trait Supervisor: Send + Sync + 'static {
     /// not running).
     fn signal(&self, attempt: AttemptRef, signal: Signal);
 
+    /// Ends the attempt because the agent stops: SIGTERM now, SIGKILL
+    /// after `grace`; where the exit can say so, it says
+    /// `ended_by: node_stopping`.
+    fn stop_for_shutdown(self: &Arc<Self>, attempt: AttemptRef, grace: Duration)
+    where
+        Self: Sized,
+    {
+        crate::drain::stop(self, attempt, grace);
+    }
+
     /// A signal the job's owner sent (`scancel --signal`): a Slurm job's
     /// batch step passes it to its steps' tasks or (`batch_only`) its
     /// batch shell; any other job's processes all get it.
@@ -741,8 +751,9 @@ impl Processes {
         {
             let mut running = self.running.lock().expect("running");
             let Some(r) = running.get_mut(&a) else { return false };
-            // A requeue the job asked for wins over its time limit.
-            if r.ended_by != Some(EndedBy::Requeue) {
+            // A requeue the job asked for wins over its time limit and the
+            // agent's stop; otherwise the first reason stands.
+            if r.ended_by.is_none() || why == EndedBy::Requeue {
                 r.ended_by = Some(why);
             }
         }
@@ -803,6 +814,10 @@ impl Processes {
 }
 
 impl Supervisor for Processes {
+    fn stop_for_shutdown(self: &Arc<Self>, attempt: AttemptRef, grace: Duration) {
+        self.end(attempt, ebb_api::EndedBy::NodeStopping, grace);
+    }
+
     fn running(&self) -> Vec<AttemptRef> {
         self.running.lock().expect("running").keys().copied().collect()
     }

@@ -329,6 +329,17 @@ pub enum AgentEvent {
         #[schema(maximum = 253402300799999.0)]
         at_ms: u64,
     },
+    /// The agent was told to stop (SIGTERM): the node drains, preemptible
+    /// work with its window, and whatever still runs `stop_timeout_ms`
+    /// after `at_ms` the agent ends itself (those exits say
+    /// `ended_by: node_stopping`, and are requeued). The node takes work
+    /// again when its agent registers anew.
+    Stopping {
+        #[schema(maximum = 253402300799999.0)]
+        stop_timeout_ms: u64,
+        #[schema(maximum = 253402300799999.0)]
+        at_ms: u64,
+    },
     /// The agent is pulling the attempt's image: `done_bytes` of
     /// `total_bytes` of its layers (the first report of a pull has
     /// `done_bytes` 0).
@@ -360,6 +371,10 @@ pub enum EndedBy {
     Requeue,
     /// It ran past its time limit and was ended.
     TimeLimit,
+    /// Its node's agent was stopped (SIGTERM) and the attempt still ran
+    /// at the agent's stop timeout: it was ended, and is requeued (not the
+    /// job's failure).
+    NodeStopping,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]

@@ -138,6 +138,16 @@ pub struct AgentArgs {
     /// it is unhealthy (it then gets no new work until they get through).
     #[arg(long, default_value = "10s", value_parser = parse_span)]
     pub unhealthy_after: Span,
+    /// At SIGTERM (systemctl stop), the longest the agent waits for its
+    /// attempts to end. The node drains first: preemptible jobs get their
+    /// notice and drain window to save and are requeued, and nothing new
+    /// is placed here; on-demand jobs may run to their end within this
+    /// time. What still runs then is ended (SIGTERM, SIGKILL 3 s later) and
+    /// requeued, not failed. A second SIGTERM or Ctrl-C ends it at once.
+    /// The node takes work again when the agent starts. Keep systemd's
+    /// TimeoutStopSec above it (deploy/ebb-agent.service: 6m30s).
+    #[arg(long, default_value = "6m", value_parser = parse_span)]
+    pub stop_timeout: Span,
     /// Run N simulated nodes in this one process (1 to 100000), to
     /// measure a server with a fleet a small machine could not otherwise
     /// hold; needs --fake-gpus and --gpu-model.
@@ -323,6 +333,7 @@ pub async fn agent(args: AgentArgs) -> Result<(), String> {
             fake_faults: args.fake_gpu_faults,
         },
         real_gpus: args.fake_gpus.is_none(),
+        stop_timeout: Duration::from_millis(args.stop_timeout.as_millis()),
     };
     match args.simulate_nodes {
         Some(n) => ebb_agent::simulate(config, n, files).await,

@@ -206,6 +206,10 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
                 data.join("faults").join(&name).display().to_string(),
                 "--health-interval".into(),
                 "2s".into(),
+                // Stopping `ebb up` drains its nodes: jobs get their notice
+                // and 3 s to save before they are ended and requeued.
+                "--stop-timeout".into(),
+                "3s".into(),
                 // A personal cluster: the user's own jobs, with their PATH.
                 "--allow-root-jobs".into(),
                 "--job-path".into(),

@@ -10,6 +10,7 @@ mod pg;
 mod support;
 
 mod abuse;
+mod agent_stop;
 mod cancel_and_metrics;
 mod checkpoint_store;
 mod containment;

@@ -67,6 +67,7 @@ impl<S: Store> Engine<S> {
                 }
                 self.core.heartbeat(id, Time(now)).map_err(|e| ApiError::conflict(e.to_string()))?;
                 self.heard(&reg.node, now)?;
+                self.agent_started_again(&reg.node)?;
                 let row = &self.fleet.nodes[&reg.node];
                 if reg.address.is_some() && row.address != reg.address {
                     let row = NodeRow { address: reg.address.clone(), ..row.clone() };
@@ -278,6 +279,18 @@ impl<S: Store> Engine<S> {
                 Self::check_health_event(field, i, findings, *at_ms, bound)?;
                 continue;
             }
+            if let AgentEvent::Stopping { at_ms, .. } = event {
+                // When it stopped is the agent's to say; only the bound of
+                // what can be written is checked (the timeout is clamped).
+                if *at_ms > ebb_core::time::LAST_WRITABLE_MS {
+                    return Err(ApiError::bad_request(format!(
+                        "{field}[{i}].at_ms: {at_ms} is past the year 9999 (at most {}); nothing of this \
+                         request was applied",
+                        ebb_core::time::LAST_WRITABLE_MS
+                    )));
+                }
+                continue;
+            }
             let (kind, attempt, at_ms) = match event {
                 AgentEvent::Started { attempt, at_ms, .. } => ("started", attempt, *at_ms),
                 AgentEvent::Exited { attempt, at_ms, .. } => ("exited", attempt, *at_ms),
@@ -287,7 +300,9 @@ impl<S: Store> Engine<S> {
                 AgentEvent::Progress { attempt, at_ms, .. } => ("progress", attempt, *at_ms),
                 AgentEvent::Pulling { attempt, at_ms, .. } => ("pulling", attempt, *at_ms),
                 AgentEvent::Pulled { attempt, at_ms, .. } => ("pulled", attempt, *at_ms),
-                AgentEvent::Output { .. } | AgentEvent::Health { .. } => continue,
+                AgentEvent::Output { .. } | AgentEvent::Health { .. } | AgentEvent::Stopping { .. } => {
+                    continue
+                }
             };
             if at_ms > ebb_core::time::LAST_WRITABLE_MS {
                 return Err(ApiError::bad_request(format!(
@@ -478,6 +493,9 @@ impl<S: Store> Engine<S> {
                 }
                 AgentEvent::Health { findings, at_ms } => {
                     self.health_reported(&node, findings, at_ms, now)?;
+                }
+                AgentEvent::Stopping { stop_timeout_ms, .. } => {
+                    self.agent_stopping(&node, stop_timeout_ms)?;
                 }
                 AgentEvent::Output { attempt, data } => {
                     // Only the node the attempt was placed on writes its log.

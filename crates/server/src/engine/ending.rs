@@ -77,7 +77,7 @@ pub(super) fn exit_kind(job: &JobRecord, completed: bool) -> ExitKind {
         job.exit_code == Some(0) && job.exit_signal.is_none() && !job.vanished && job.gang_stopped.is_none();
     if job.cancel_requested {
         ExitKind::Cancelled
-    } else if job.vanished || job.rendezvous_failed.is_some() {
+    } else if job.vanished || job.rendezvous_failed.is_some() || job.ended_by == Some(EndedBy::NodeStopping) {
         // A gang that could not meet was not the job's failure.
         ExitKind::Lost
     } else if job.ended_by == Some(EndedBy::Requeue) {

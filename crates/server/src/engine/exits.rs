@@ -89,6 +89,9 @@ impl<S: Store> Engine<S> {
                     _ if ended_by == Some(EndedBy::TimeLimit) => {
                         format!("node {node}'s part ran past the time limit")
                     }
+                    _ if ended_by == Some(EndedBy::NodeStopping) => {
+                        format!("node {node}'s agent stopped and ended its part")
+                    }
                     (_, _, true) => format!("node {node}'s part was lost"),
                     (_, Some(sig), _) => format!("node {node}'s part was killed by signal {sig}"),
                     (Some(c), _, _) => format!("node {node}'s part exited with code {c}"),
@@ -114,6 +117,9 @@ impl<S: Store> Engine<S> {
             }
             _ if job.ended_by == Some(EndedBy::Requeue) && effect == ExitEffect::RequeuedLost => {
                 Some("requeued by the job (scontrol requeue)".to_string())
+            }
+            _ if job.ended_by == Some(EndedBy::NodeStopping) && effect == ExitEffect::RequeuedLost => {
+                Some(format!("requeued: node {node}'s agent stopped (SIGTERM) before the attempt ended"))
             }
             _ if job.ended_by == Some(EndedBy::TimeLimit) && effect == ExitEffect::Failed => {
                 let limit = job.spec.time_limit_ms.map(|ms| Span(ms).human()).unwrap_or_default();

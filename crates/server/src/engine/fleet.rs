@@ -3,6 +3,9 @@
 use super::ending::EndNote;
 use super::*;
 
+/// How a drain for an agent's stop begins its reason, and is known by.
+const AGENT_STOPPING: &str = "its agent is stopping (SIGTERM)";
+
 impl<S: Store> Engine<S> {
     /// The core released every hold on `node` (lost or drained): so does
     /// the record.
@@ -30,6 +33,48 @@ impl<S: Store> Engine<S> {
         tracing::info!(node = name, "drained by the operator");
         self.node_webhooks(name, "node_drained", "drained by the operator")?;
         Ok(self.node_view(name))
+    }
+
+    /// The node's agent was told to stop (SIGTERM): the node drains as
+    /// for the operator, saying why, so preemptible work gets its notice
+    /// and window and nothing new lands there; the agent ends what still
+    /// runs `stop_timeout_ms` later. A node drained already keeps the
+    /// drain it has (its notices are out).
+    pub(super) fn agent_stopping(&mut self, name: &str, stop_timeout_ms: u64) -> Written {
+        let Some(id) = self.core.node_by_name(name) else { return Ok(()) };
+        if matches!(self.core.node(id).map(|n| n.status), Some(NodeStatus::Cordoned | NodeStatus::Lost)) {
+            return Ok(());
+        }
+        if let Err(e) = self.core.drain_node(id) {
+            tracing::error!(node = name, "not drained for its agent's stop: {e}");
+            return Ok(());
+        }
+        self.forget_holds_on(name)?;
+        let timeout = Span(stop_timeout_ms.min(ebb_core::time::LAST_WRITABLE_MS)).human();
+        let why = format!("{AGENT_STOPPING}: what still runs after {timeout} is ended and requeued");
+        let row = NodeRow { drained: true, drained_for: Some(why.clone()), ..self.fleet.nodes[name].clone() };
+        self.fleet.write(row, &mut self.store, &mut self.outbox)?;
+        tracing::info!(node = name, "drained: {why}");
+        self.node_webhooks(name, "node_drained", &format!("drained: {why}"))
+    }
+
+    /// A node drained because its agent stopped takes work again once the
+    /// agent registers anew; any other drain stays until `ebb undrain`.
+    pub(super) fn agent_started_again(&mut self, name: &str) -> Written {
+        let Some(id) = self.core.node_by_name(name) else { return Ok(()) };
+        let row = &self.fleet.nodes[name];
+        let stopped = row.drained_for.as_deref().is_some_and(|why| why.starts_with(AGENT_STOPPING));
+        if !stopped || self.core.node(id).map(|n| n.status) != Some(NodeStatus::Cordoned) {
+            return Ok(());
+        }
+        if let Err(e) = self.core.undrain_node(id) {
+            tracing::error!(node = name, "not back in service after its agent's restart: {e}");
+            return Ok(());
+        }
+        let row = NodeRow { drained: false, drained_for: None, ..row.clone() };
+        self.fleet.write(row, &mut self.store, &mut self.outbox)?;
+        tracing::info!(node = name, "back in service: its agent started again");
+        self.node_webhooks(name, "node_back", "back in service: its agent started again")
     }
 
     /// `ebb undrain NODE`: a drained node takes work again.

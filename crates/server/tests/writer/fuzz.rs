@@ -159,6 +159,10 @@ enum Event {
         findings: Vec<ebb_api::GpuFinding>,
         at: At,
     },
+    Stopping {
+        timeout_ms: u64,
+        at: At,
+    },
 }
 
 /// A node's health findings, valid or not: GPUs it has and has not, every
@@ -209,6 +213,8 @@ fn event() -> impl Strategy<Value = Event> {
             .prop_map(|(which, downloaded, duration_ms, at)| Event::Pulled { which, downloaded, duration_ms, at }),
         2 => (prop_oneof![8 => proptest::collection::vec(finding(), 0..4), 1 => proptest::collection::vec(finding(), 513..514)], at())
             .prop_map(|(findings, at)| Event::Health { findings, at }),
+        1 => (prop_oneof![Just(0u64), Just(u64::MAX), big_u64()], at())
+            .prop_map(|(timeout_ms, at)| Event::Stopping { timeout_ms, at }),
     ]
 }
 
@@ -233,6 +239,7 @@ fn ended_by() -> impl Strategy<Value = Option<ebb_api::EndedBy>> {
         8 => Just(None),
         1 => Just(Some(ebb_api::EndedBy::Requeue)),
         1 => Just(Some(ebb_api::EndedBy::TimeLimit)),
+        1 => Just(Some(ebb_api::EndedBy::NodeStopping)),
     ]
 }
 
@@ -713,6 +720,9 @@ impl World {
                 at_ms: at.resolve(now),
             },
             Event::Health { findings, at } => AgentEvent::Health { findings, at_ms: at.resolve(now) },
+            Event::Stopping { timeout_ms, at } => {
+                AgentEvent::Stopping { stop_timeout_ms: timeout_ms, at_ms: at.resolve(now) }
+            }
         }
     }
 

@@ -390,3 +390,84 @@ fn a_health_report_past_its_bounds_is_refused_whole_by_name() {
     assert_eq!(s.job(job).state, "running");
     assert_eq!(s.job(job).last_checkpoint, None, "the checkpoint beside them was not applied either");
 }
+
+/// An agent told to stop (SIGTERM) drains its node, as a health finding
+/// may: its preemptible attempt gets the notice, its on-demand one runs
+/// on until the agent ends it at its stop timeout, which requeues it, not
+/// fails it; the agent's next registration returns the node to service,
+/// and does not undo an operator's drain.
+#[test]
+fn an_agents_stop_drains_the_node_requeues_what_it_ends_and_its_return_undoes_only_that_drain() {
+    let mut s = Server::start("agent-stop");
+    let preemptible = s.submit(2, "preemptible");
+    let on_demand = s.submit(2, "on-demand");
+    assert_eq!(s.start_what_is_sent().len(), 2);
+
+    s.report(vec![AgentEvent::Stopping { stop_timeout_ms: 360_000, at_ms: s.now }]).unwrap();
+    let node = s.node();
+    assert_eq!(
+        node.drained_for.as_deref(),
+        Some("its agent is stopping (SIGTERM): what still runs after 6m 00s is ended and requeued")
+    );
+    let actions = s.poll();
+    let drained: Vec<AttemptRef> = actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Drain(d) => Some(d.attempt),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(drained, [AttemptRef { job: preemptible, attempt: 1 }], "{actions:?}");
+    assert!(!actions.iter().any(|a| matches!(a, Action::Stop { .. })), "{actions:?}");
+    // Nothing new lands on a node whose agent is going.
+    let later = s.submit(1, "on-demand");
+    assert!(s.start_what_is_sent().is_empty());
+
+    // The preemptible job saves and exits 0; the on-demand one is ended by
+    // the agent at its stop timeout.
+    s.advance(5_000);
+    let exit = |job: u64, code: Option<i32>, signal: Option<i32>, ended_by, at_ms| AgentEvent::Exited {
+        attempt: AttemptRef { job, attempt: 1 },
+        code,
+        signal,
+        completed: false,
+        at_ms,
+        peak_memory_bytes: None,
+        start_error: None,
+        port_in_use: None,
+        ended_by,
+    };
+    s.report(vec![exit(preemptible, Some(0), None, None, s.now)]).unwrap();
+    s.advance(355_000);
+    s.report(vec![exit(on_demand, None, Some(15), Some(ebb_api::EndedBy::NodeStopping), s.now)]).unwrap();
+    let job = s.job(preemptible);
+    assert_eq!((job.state.as_str(), job.usage[0].outcome.as_str()), ("queued", "preempted"));
+    let job = s.job(on_demand);
+    assert_eq!(
+        (job.state.as_str(), job.usage[0].outcome.as_str()),
+        ("queued", "lost"),
+        "requeued, not failed"
+    );
+    let requeued = job.events.iter().rev().find(|e| e.kind().as_str() == "requeued").expect("requeued");
+    assert!(
+        requeued.text.contains("node-0's agent stopped (SIGTERM) before the attempt ended"),
+        "{}",
+        requeued.text
+    );
+
+    // The agent starts again: the node is back, and takes all three.
+    s.register(Vec::new()).unwrap();
+    let node = s.node();
+    assert_eq!((node.status.as_str(), node.drained_for.as_deref()), ("up", None));
+    let mut started: Vec<u64> = s.start_what_is_sent().into_iter().map(|(a, _)| a.job).collect();
+    started.sort();
+    assert_eq!(started, [preemptible, on_demand, later]);
+
+    // An operator's drain outlives the agent's restarts.
+    let drained = s.call(|reply| Msg::DrainNode { name: NODE.into(), reply }).unwrap();
+    assert_eq!(drained.drained_for, None);
+    s.report(vec![AgentEvent::Stopping { stop_timeout_ms: 0, at_ms: s.now }]).unwrap();
+    assert_eq!(s.node().drained_for, None, "the operator's drain stands");
+    s.register(Vec::new()).unwrap();
+    assert_ne!(s.node().status, "up");
+}

@@ -376,6 +376,13 @@ impl Cluster {
         self.agents[i].as_ref().expect("agent running").id()
     }
 
+    /// Agent `i`'s exit status, once it has exited (it is then gone).
+    pub fn agent_exited(&mut self, i: usize) -> Option<std::process::ExitStatus> {
+        let status = self.agents[i].as_mut().expect("agent running").try_wait().unwrap()?;
+        self.agents[i] = None;
+        Some(status)
+    }
+
     pub fn kill_agent(&mut self, i: usize) {
         let mut child = self.agents[i].take().expect("agent running");
         child.kill().unwrap();
