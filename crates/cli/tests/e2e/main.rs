@@ -35,6 +35,7 @@ mod sim_cli;
 mod simulated_fleet;
 mod slurm;
 mod stream;
+mod takeover;
 mod tls;
 mod webhooks;
 mod workloads;

@@ -285,10 +285,17 @@ impl Cluster {
             }
             false => Vec::new(),
         };
+        // A test's cluster stops at its end: its agents' jobs are ended
+        // 1 s after the drain begins, not the default 6 minutes.
+        let stop: &[&str] = match self.opts.agent_args.contains(&"--stop-timeout") {
+            true => &[],
+            false => &["--stop-timeout", "1s"],
+        };
         let child = command
             .args(["agent", "--server", &self.url, "--name", &name])
             .args(&personal)
             .args(&health)
+            .args(stop)
             .args(&self.opts.agent_args)
             .args(blas_settings())
             .args(["--join-token-file", self.dir.join("server/join.token").to_str().unwrap()])

@@ -27,24 +27,7 @@ pub(crate) struct Plane {
 
 impl Plane {
     pub(crate) fn start(name: &str) -> Plane {
-        let pg = pg::Postgres::start(name);
-        let dir = std::env::temp_dir().join(format!("ebb-failover-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(dir.join("submit")).unwrap();
-        let mut plane = Plane {
-            dir,
-            servers: Vec::new(),
-            urls: Vec::new(),
-            agents: Vec::new(),
-            admin: String::new(),
-            _pg: pg,
-        };
-        for i in 0..2 {
-            plane.start_server(i);
-            let role = if i == 0 { "leader" } else { "follower" };
-            plane.wait_role(i, role);
-        }
-        plane.admin = std::fs::read_to_string(plane.dir.join("server-0/admin.token")).unwrap().trim().into();
+        let mut plane = Plane::servers(name);
         let servers = plane.urls.join(",");
         for i in 0..2 {
             let name = format!("node-{i}");
@@ -64,7 +47,7 @@ impl Plane {
                 .args(["--join-token-file", plane.dir.join("server-0/join.token").to_str().unwrap()])
                 .args(["--data-dir", plane.dir.join(&name).to_str().unwrap()])
                 .args(["--checkpoint-root", plane.dir.join("checkpoints").to_str().unwrap()])
-                .args(["--address", "127.0.0.1", "--allow-root-jobs"])
+                .args(["--address", "127.0.0.1", "--allow-root-jobs", "--stop-timeout", "1s"])
                 .args(["--job-path", &std::env::var("PATH").unwrap()])
                 .stdout(log.try_clone().unwrap())
                 .stderr(log)
@@ -72,10 +55,57 @@ impl Plane {
                 .unwrap();
             plane.agents.push(agent);
         }
-        wait_for("both nodes up", Duration::from_secs(30), || {
-            let nodes: Value = serde_json::from_slice(&plane.ebb(&["nodes", "--json"]).stdout).ok()?;
-            (nodes.as_array()?.iter().filter(|n| n["status"] == "up").count() == 2).then_some(())
+        plane.wait_nodes_up(2);
+        plane
+    }
+
+    /// The two servers, with a simulated fleet of `nodes` nodes of 8 GPUs
+    /// (`ebb agent --simulate-nodes`, named `fleet-NNNNN`) instead of
+    /// real agents.
+    pub(crate) fn start_fleet(name: &str, nodes: u32) -> Plane {
+        let mut plane = Plane::servers(name);
+        let log = plane.log("fleet");
+        let agent = Command::new(ebb_exe())
+            .args(["agent", "--server", &plane.urls.join(","), "--name", "fleet"])
+            .args(["--simulate-nodes", &nodes.to_string(), "--fake-gpus", "8", "--gpu-model", MODEL])
+            .args(["--join-token-file", plane.dir.join("server-0/join.token").to_str().unwrap()])
+            .args(["--data-dir", plane.dir.join("fleet").to_str().unwrap(), "--address", "127.0.0.1"])
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        plane.agents.push(agent);
+        plane.wait_nodes_up(nodes as usize);
+        plane
+    }
+
+    pub(crate) fn wait_nodes_up(&self, n: usize) {
+        wait_for("the nodes up", Duration::from_secs(60), || {
+            let nodes: Value = serde_json::from_slice(&self.ebb(&["nodes", "--json"]).stdout).ok()?;
+            (nodes.as_array()?.iter().filter(|n| n["status"] == "up").count() == n).then_some(())
         });
+    }
+
+    /// Two servers on a PostgreSQL of their own: 0 leads, 1 follows.
+    fn servers(name: &str) -> Plane {
+        let pg = pg::Postgres::start(name);
+        let dir = std::env::temp_dir().join(format!("ebb-failover-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("submit")).unwrap();
+        let mut plane = Plane {
+            dir,
+            servers: Vec::new(),
+            urls: Vec::new(),
+            agents: Vec::new(),
+            admin: String::new(),
+            _pg: pg,
+        };
+        for i in 0..2 {
+            plane.start_server(i);
+            let role = if i == 0 { "leader" } else { "follower" };
+            plane.wait_role(i, role);
+        }
+        plane.admin = std::fs::read_to_string(plane.dir.join("server-0/admin.token")).unwrap().trim().into();
         plane
     }
 
@@ -161,6 +191,11 @@ impl Plane {
             let job = self.job(id);
             check(&job).then_some(job)
         })
+    }
+
+    /// The database both servers share, as a client of it.
+    pub(crate) fn database(&self) -> String {
+        self._pg.url()
     }
 
     pub(crate) fn checkpoints(&self, id: u64) -> PathBuf {

@@ -209,7 +209,7 @@ pub(crate) fn agent_in(
         .args(["netns", "exec", ns, ebb_exe(), "agent", "--server", url, "--name", name])
         .args(trust)
         .args(["--join-token-file", dir.join("server/join.token").to_str().unwrap()])
-        .args(["--fake-gpus", "2", "--gpu-model", "H100-80GB"])
+        .args(["--fake-gpus", "2", "--gpu-model", "H100-80GB", "--stop-timeout", "1s"])
         .args(["--data-dir", dir.join("agents").join(name).to_str().unwrap()])
         .args(["--checkpoint-root", dir.join("checkpoints").to_str().unwrap()])
         .args([
