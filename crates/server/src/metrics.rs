@@ -62,6 +62,9 @@ pub struct Counters {
     /// without it (quiet nodes: idle, healthy, nothing waiting).
     pub polls_writer: u64,
     pub polls_quiet: u64,
+    /// Agents' registrations (a node joining, an agent starting, an agent
+    /// finding this server the new leader).
+    pub registrations: u64,
     /// Drills concluded, by verdict (`ready`, `failed`).
     pub drills_ready: u64,
     pub drills_failed: u64,
@@ -87,6 +90,7 @@ impl Default for Counters {
             passes: 0,
             pass_seconds: 0.0,
             polls_writer: 0,
+            registrations: 0,
             polls_quiet: 0,
             drills_ready: 0,
             drills_failed: 0,
@@ -331,6 +335,12 @@ pub fn render(s: &Snapshot) -> String {
          quiet node (idle, healthy, no command waiting)",
         polls,
     );
+    registry.register(
+        "agent_registrations",
+        "Agents' registrations since the server started (or took the lead): a node joining, an agent \
+         starting, every agent after a takeover",
+        counter(c.registrations),
+    );
     let findings = Family::<Labels, Counter>::default();
     for class in HEALTH_CLASSES {
         for kind in HEALTH_KINDS {
@@ -393,6 +403,7 @@ mod tests {
             "ebb_scheduling_seconds_total".into(),
             "ebb_agent_polls_total{answered=\"writer\"}".into(),
             "ebb_agent_polls_total{answered=\"quiet\"}".into(),
+            "ebb_agent_registrations_total".into(),
             "ebb_drills_total{verdict=\"ready\"}".into(),
             "ebb_drills_total{verdict=\"failed\"}".into(),
             "ebb_gpus_faulted".into(),

@@ -40,6 +40,7 @@ impl<S: Store> Engine<S> {
             }
             false => None,
         };
+        self.counters.registrations += 1;
         Ok(Registered {
             heartbeat_interval_ms: self.config.heartbeat_interval.as_millis(),
             kill,
