@@ -333,6 +333,7 @@ def main():
     ap.add_argument("--jobs", type=int, default=100_000)
     ap.add_argument("--job-gpus", type=int, default=2)
     ap.add_argument("--fill", type=int, default=4)
+    ap.add_argument("--keep", action="store_true", help="keep the temporary directory (logs)")
     args = ap.parse_args()
     ebb = args.ebb
     if not ebb:
@@ -346,7 +347,10 @@ def main():
             figures = fleet_failover(args, ebb, tmp, url)
         finally:
             stop_pg()
-            shutil.rmtree(tmp, ignore_errors=True)
+            if args.keep:
+                print(f"bench-failover: kept {tmp}", file=sys.stderr)
+            else:
+                shutil.rmtree(tmp, ignore_errors=True)
         print(json.dumps(figures, indent=2))
         rows = figures["kills"]
         firsts = sorted(r["first_submit_s"] for r in rows)

@@ -192,10 +192,12 @@ fn run(
             }
         };
         tokens.write().expect("token map").clear();
+        let loading = std::time::Instant::now();
         match lead(db, engine.clone(), &tokens, &feed, &role, epoch, &lease.url) {
             Ok((writer, rx, created)) => {
-                tracing::info!(epoch, url = %lease.url, "leading");
-                eprintln!("ebb server: leading at epoch {epoch}");
+                let loaded = loading.elapsed().as_secs_f64();
+                tracing::info!(epoch, url = %lease.url, load_seconds = loaded, "leading");
+                eprintln!("ebb server: leading at epoch {epoch} (the state loaded in {loaded:.2} s)");
                 match ready.take() {
                     Some(ready) => {
                         let _ = ready.send(Ok(created));

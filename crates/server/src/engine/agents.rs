@@ -125,9 +125,16 @@ impl<S: Store> Engine<S> {
         now: u64,
     ) -> Written<Vec<AttemptRef>> {
         let running: BTreeSet<AttemptRef> = running.iter().copied().collect();
-        let held: BTreeSet<AttemptRef> = self
-            .jobs
-            .values()
+        // The node's attempts, from the core's index of them: every agent
+        // registers again after a takeover, and a walk of every job for
+        // each made 10,000 registrations take a minute with 100,000 jobs.
+        let on_node: Vec<u64> = match self.core.node_by_name(node) {
+            Some(id) => self.core.node(id).expect("known").jobs().map(|j| j.0).collect(),
+            None => Vec::new(),
+        };
+        let held: BTreeSet<AttemptRef> = on_node
+            .iter()
+            .filter_map(|id| self.jobs.get(id))
             .filter(|j| j.state.is_live() && j.running_on.iter().any(|n| n == node))
             .map(|j| AttemptRef { job: j.id, attempt: j.attempt })
             .collect();
