@@ -271,10 +271,16 @@ impl<S: Store> Engine<S> {
                 tracing::error!(job = id, "not requeued: {}", e.message);
             }
         }
-        // Output of live attempts past the last commit goes, before anyone reads it.
-        let live: Vec<u64> = self.jobs.values().filter(|j| j.state.is_live()).map(|j| j.id).collect();
-        for id in live {
-            self.log_state(id)?;
+        // Output of live attempts past the last commit goes, before anyone
+        // reads it: only a log that is a file can hold any (the store's
+        // output is written in the batch that commits it). Every other
+        // log's state is read when it is first needed: one query for each
+        // of 100,000 jobs made a takeover on PostgreSQL 2 s longer.
+        for (id, state) in self.store.file_logs()? {
+            if self.jobs.get(&id).is_some_and(|j| j.state.is_live() && !j.no_output) {
+                self.cut_uncommitted(id, state.bytes)?;
+                self.logs.insert(id, state);
+            }
         }
         // Holds last: their victims must be back first.
         let holders: Vec<u64> = self

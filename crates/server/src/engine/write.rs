@@ -164,7 +164,7 @@ impl<S: Store> Engine<S> {
 
     /// The log file of job `id` is cut back to `committed` bytes if a
     /// batch that never committed wrote past it.
-    fn cut_uncommitted(&self, id: u64, committed: u64) -> Written {
+    pub(super) fn cut_uncommitted(&self, id: u64, committed: u64) -> Written {
         let path = self.log_path(id);
         let cut = || -> std::io::Result<()> {
             let file = std::fs::OpenOptions::new().write(true).open(&path)?;

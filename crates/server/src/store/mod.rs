@@ -366,6 +366,9 @@ pub trait Store: Send {
     ) -> Result<()>;
     /// How much of the job's log is committed (see `LogState`).
     fn log_state(&mut self, job: u64) -> Result<Option<LogState>>;
+    /// Every job whose log is a file (`LogState::file`), with the length
+    /// committed: in one query, as a server takes over with every job.
+    fn file_logs(&mut self) -> Result<Vec<(u64, LogState)>>;
     fn put_log_state(&mut self, job: u64, state: &LogState) -> Result<()>;
     /// A model's reclaim limit, or none (lifted).
     fn put_reclaim(&mut self, model: &str, limit: Option<u32>) -> Result<()>;

@@ -311,8 +311,16 @@ impl Store for PgStore {
             ..Snapshot::empty()
         };
         // Row by row, each sharing what it has in common with the one
-        // before, as SQLite's `load` does.
+        // before, as SQLite's `load` does, into room made for them all (a
+        // vector doubling its way to 100,000 records copied them twice).
         {
+            let count: i64 = c
+                .query_one(
+                    "SELECT count(*) FROM jobs WHERE state = ANY($1)",
+                    &[&&UNFINISHED_STATES[..] as &(dyn ToSql + Sync)],
+                )?
+                .get(0);
+            snapshot.jobs.reserve_exact(usize::try_from(count).unwrap_or(0));
             let mut rows = c.query_raw(
                 "SELECT record FROM jobs WHERE state = ANY($1) ORDER BY id",
                 [&&UNFINISHED_STATES[..] as &(dyn ToSql + Sync)],
@@ -640,6 +648,17 @@ impl Store for PgStore {
 
     fn log_state(&mut self, job: u64) -> Result<Option<LogState>> {
         Ok(self.records("SELECT record FROM logs WHERE job = $1", &[&big(job)])?.pop())
+    }
+
+    fn file_logs(&mut self) -> Result<Vec<(u64, LogState)>> {
+        let mut logs = Vec::new();
+        for row in self.client.query("SELECT job, record FROM logs", &[])? {
+            let state: LogState = serde_json::from_str(row.get::<_, &str>(1))?;
+            if state.file {
+                logs.push((row.get::<_, i64>(0) as u64, state));
+            }
+        }
+        Ok(logs)
     }
 
     fn put_log_state(&mut self, job: u64, state: &LogState) -> Result<()> {

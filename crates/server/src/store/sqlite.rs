@@ -579,6 +579,20 @@ impl Store for SqliteStore {
         Ok(self.records("SELECT record FROM logs WHERE job = ?1", params![job as i64])?.pop())
     }
 
+    fn file_logs(&mut self) -> Result<Vec<(u64, LogState)>> {
+        let mut stmt = self.conn.prepare_cached("SELECT job, record FROM logs")?;
+        let rows = stmt.query_map([], |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, String>(1)?)))?;
+        let mut logs = Vec::new();
+        for row in rows {
+            let (job, record) = row?;
+            let state: LogState = serde_json::from_str(&record)?;
+            if state.file {
+                logs.push((job, state));
+            }
+        }
+        Ok(logs)
+    }
+
     fn put_log_state(&mut self, job: u64, state: &LogState) -> Result<()> {
         let mut stmt =
             self.conn.prepare_cached("INSERT OR REPLACE INTO logs (job, record) VALUES (?1, ?2)")?;

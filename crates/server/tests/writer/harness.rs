@@ -183,6 +183,9 @@ impl<S: Store> Store for Faulty<S> {
     fn log_state(&mut self, job: u64) -> Result<Option<LogState>, StoreError> {
         self.inner.log_state(job)
     }
+    fn file_logs(&mut self) -> Result<Vec<(u64, LogState)>, StoreError> {
+        self.inner.file_logs()
+    }
     fn put_log_state(&mut self, job: u64, state: &LogState) -> Result<(), StoreError> {
         self.trip("put_log_state")?;
         self.inner.put_log_state(job, state)

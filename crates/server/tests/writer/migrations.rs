@@ -40,10 +40,16 @@ fn a_database_written_by_the_release_before_is_migrated_and_everything_in_it_kep
     let mut store = SqliteStore::open(&dir.join("ebb.db")).unwrap();
     let usage = store.usage(None, 0, u64::MAX).unwrap();
     assert_eq!(usage.len(), 4, "every usage record is kept");
+    // Running job 2's log is a file (as logs were before the store kept
+    // output), and a batch that never committed wrote past its committed
+    // 6 bytes: the takeover cuts it back.
+    std::fs::write(dir.join("logs/2.log"), "saved\nnever committed\n").unwrap();
+    store.put_log_state(2, &ebb_server::store::LogState { bytes: 6, file: true }).unwrap();
     let tokens = Arc::new(RwLock::new(HashMap::new()));
     let (mut engine, created) =
         Engine::open(store, config.clone(), tokens.clone(), NOW).map_err(|e| e.message).unwrap();
     assert!(created.is_empty(), "no new tokens for a database that has them");
+    assert_eq!(std::fs::read_to_string(dir.join("logs/2.log")).unwrap(), "saved\n", "cut to what committed");
     let admin = Principal::tenant(Scope::Admin, 1, "default");
 
     let page = call(&mut engine, |reply| Msg::Jobs {

@@ -151,6 +151,7 @@ fn exercise(store: &mut impl Store) -> String {
     store.put_tenant_limits(2, &TenantLimits { max_jobs: Some(10), ..Default::default() }).unwrap();
     store.put_log_state(4, &LogState { bytes: 42, file: false }).unwrap();
     store.put_log_state(4, &LogState { bytes: 84, file: true }).unwrap();
+    store.put_log_state(3, &LogState { bytes: 7, file: false }).unwrap();
     store.put_reclaim("H100", Some(4)).unwrap();
     store.put_reclaim("A100", Some(0)).unwrap();
     store.put_reclaim("A100", None).unwrap();
@@ -226,6 +227,7 @@ fn exercise(store: &mut impl Store) -> String {
     seen.push(format!("{:?}", store.usage(Some(1), 0, u64::MAX).unwrap()));
     seen.push(format!("{:?}", store.job_usage(4).unwrap()));
     seen.push(format!("{:?} {:?}", store.log_state(4).unwrap(), store.log_state(5).unwrap()));
+    seen.push(format!("file logs {:?}", store.file_logs().unwrap()));
     seen.push(format!(
         "{:?} {:?}",
         store.last_report("node-0").unwrap(),
@@ -251,6 +253,7 @@ fn both_backends_keep_the_same_contract() {
     // What was read is what was written.
     assert!(on_sqlite.contains("max job 5"), "{on_sqlite}");
     assert!(on_sqlite.contains("Some(LogState { bytes: 84, file: true }) None"), "{on_sqlite}");
+    assert!(on_sqlite.contains("file logs [(4, LogState { bytes: 84, file: true })]\n"), "{on_sqlite}");
     assert!(on_sqlite.contains("Some(ReportId { session: 9, seq: 2 }) None"), "{on_sqlite}");
     assert!(!on_sqlite.contains("h-gone") && !on_sqlite.contains("cancelled"), "{on_sqlite}");
     assert!(on_sqlite.contains(r#"reclaims: [("H100", 4)]"#), "{on_sqlite}");
