@@ -114,6 +114,9 @@ impl<S: Store> Engine<S> {
                     record.array = Some(array);
                 }
                 self.admit(record)?;
+                // No output yet: its first is appended without asking the
+                // store (two round trips to PostgreSQL for each new job).
+                self.logs.insert(id, crate::store::LogState::default());
                 let detail =
                     SubmittedDetail { tier: checked.tier.as_str().into(), gpus: checked.gpus, task: index };
                 self.event(id, Event::Submitted(detail))?;

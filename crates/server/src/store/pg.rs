@@ -3,7 +3,7 @@
 //! A synchronous client (`postgres`), as the writer is one thread; every
 //! batch is one transaction. Records are the same JSON text as in SQLite.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use postgres::fallible_iterator::FallibleIterator;
 use postgres::types::ToSql;
@@ -110,7 +110,83 @@ pub struct PgStore {
     /// The leadership this connection writes under, once it holds the
     /// lease: every transaction checks it and renews the lease.
     lease: Option<Held>,
+    /// Writes held back to go in one statement each (see [`Pending`]).
+    pending: Pending,
 }
+
+/// Jobs' rows and events written in a transaction, held back and sent as
+/// one statement per table (`unnest` of arrays) just before anything else
+/// is read or written and at the commit: a batch of 10,000 submissions is
+/// then a few round trips, not 20,000 (each about as long as the insert
+/// itself). Whatever runs next sees them, as if each had been sent alone.
+#[derive(Default)]
+struct Pending {
+    /// The last row of each job, in the order first written; `at` finds a
+    /// job's (one statement may not upsert a row twice).
+    jobs: Vec<JobValues>,
+    at: HashMap<u64, usize>,
+    events: Vec<(i64, i64, &'static str, i64, String)>,
+    /// Nodes' last contact and last report, the latest of each: every
+    /// busy node's poll writes the first, every report the second.
+    heard: BTreeMap<String, i64>,
+    reports: BTreeMap<String, (i64, i64)>,
+    /// Pieces of jobs' output: (job, start, data, node).
+    output: Vec<(i64, i64, Vec<u8>, Option<String>)>,
+}
+
+struct JobValues {
+    id: i64,
+    tenant: i64,
+    record: String,
+    state: String,
+    tier: String,
+    gpus: i64,
+    name: Option<String>,
+    array_id: Option<i64>,
+    array_index: Option<i64>,
+    attempt: i64,
+    preemptions: i64,
+}
+
+impl Pending {
+    fn is_empty(&self) -> bool {
+        self.jobs.is_empty()
+            && self.events.is_empty()
+            && self.heard.is_empty()
+            && self.reports.is_empty()
+            && self.output.is_empty()
+    }
+
+    fn clear(&mut self) {
+        *self = Pending::default();
+    }
+}
+
+const UPSERT_JOBS: &str = "INSERT INTO jobs
+         (id, tenant, record, state, tier, gpus, name, array_id, array_index, attempt, preemptions)
+     SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::bigint[],
+                          $7::text[], $8::bigint[], $9::bigint[], $10::bigint[], $11::bigint[])
+     ON CONFLICT (id) DO UPDATE SET tenant = EXCLUDED.tenant, record = EXCLUDED.record,
+         state = EXCLUDED.state, tier = EXCLUDED.tier, gpus = EXCLUDED.gpus, name = EXCLUDED.name,
+         array_id = EXCLUDED.array_id, array_index = EXCLUDED.array_index,
+         attempt = EXCLUDED.attempt, preemptions = EXCLUDED.preemptions";
+
+const INSERT_OUTPUT: &str = "INSERT INTO output (job, start, data, node)
+     SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bytea[], $4::text[])";
+
+const UPSERT_HEARD: &str = "INSERT INTO heard (node, at_ms) SELECT * FROM unnest($1::text[], $2::bigint[])
+     ON CONFLICT (node) DO UPDATE SET at_ms = EXCLUDED.at_ms";
+
+const UPSERT_REPORTS: &str = "INSERT INTO reports (node, session, seq)
+     SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[])
+     ON CONFLICT (node) DO UPDATE SET session = EXCLUDED.session, seq = EXCLUDED.seq";
+
+/// In the order written: `seq` numbers them as they came.
+const INSERT_EVENTS: &str = "INSERT INTO events (job, at_ms, kind, attempt, detail)
+     SELECT job, at_ms, kind, attempt, detail
+     FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bigint[], $5::text[])
+         WITH ORDINALITY AS e(job, at_ms, kind, attempt, detail, n)
+     ORDER BY n";
 
 #[derive(Clone, Copy, Debug)]
 struct Held {
@@ -138,7 +214,7 @@ impl PgStore {
     pub fn open(url: &str) -> Result<PgStore> {
         let target = super::pg_tls::Target::parse(url).map_err(|e| StoreError(format!("--database: {e}")))?;
         let client = target.connect().map_err(|e| StoreError(format!("--database: {e}")))?;
-        let mut store = PgStore { client, prepared: HashMap::new(), lease: None };
+        let mut store = PgStore { client, prepared: HashMap::new(), lease: None, pending: Pending::default() };
         store.migrate()?;
         Ok(store)
     }
@@ -218,9 +294,79 @@ impl PgStore {
         Ok(stmt)
     }
 
+    /// The connection, the writes held back sent first: what is read or
+    /// written next sees them.
+    fn db(&mut self) -> Result<&mut Client> {
+        self.flush()?;
+        Ok(&mut self.client)
+    }
+
+    /// Sends the writes held back: a statement for the jobs' rows, then one
+    /// for the events (which refer to them).
+    fn flush(&mut self) -> Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let Pending { jobs, events, heard, reports, output, .. } = std::mem::take(&mut self.pending);
+        if !heard.is_empty() {
+            let stmt = self.statement(UPSERT_HEARD)?;
+            let (nodes, at): (Vec<&str>, Vec<i64>) = heard.iter().map(|(n, at)| (n.as_str(), *at)).unzip();
+            self.client.execute(&stmt, &[&nodes, &at])?;
+        }
+        if !reports.is_empty() {
+            let stmt = self.statement(UPSERT_REPORTS)?;
+            let nodes: Vec<&str> = reports.keys().map(String::as_str).collect();
+            let sessions: Vec<i64> = reports.values().map(|r| r.0).collect();
+            let seqs: Vec<i64> = reports.values().map(|r| r.1).collect();
+            self.client.execute(&stmt, &[&nodes, &sessions, &seqs])?;
+        }
+        if !jobs.is_empty() {
+            let stmt = self.statement(UPSERT_JOBS)?;
+            let column = |f: fn(&JobValues) -> i64| jobs.iter().map(f).collect::<Vec<i64>>();
+            let text = |f: fn(&JobValues) -> &str| jobs.iter().map(f).collect::<Vec<&str>>();
+            let names: Vec<Option<&str>> = jobs.iter().map(|j| j.name.as_deref()).collect();
+            let array_ids: Vec<Option<i64>> = jobs.iter().map(|j| j.array_id).collect();
+            let array_indices: Vec<Option<i64>> = jobs.iter().map(|j| j.array_index).collect();
+            self.client.execute(
+                &stmt,
+                &[
+                    &column(|j| j.id),
+                    &column(|j| j.tenant),
+                    &text(|j| &j.record),
+                    &text(|j| &j.state),
+                    &text(|j| &j.tier),
+                    &column(|j| j.gpus),
+                    &names,
+                    &array_ids,
+                    &array_indices,
+                    &column(|j| j.attempt),
+                    &column(|j| j.preemptions),
+                ],
+            )?;
+        }
+        if !events.is_empty() {
+            let stmt = self.statement(INSERT_EVENTS)?;
+            let jobs: Vec<i64> = events.iter().map(|e| e.0).collect();
+            let at: Vec<i64> = events.iter().map(|e| e.1).collect();
+            let kinds: Vec<&str> = events.iter().map(|e| e.2).collect();
+            let attempts: Vec<i64> = events.iter().map(|e| e.3).collect();
+            let details: Vec<&str> = events.iter().map(|e| e.4.as_str()).collect();
+            self.client.execute(&stmt, &[&jobs, &at, &kinds, &attempts, &details])?;
+        }
+        if !output.is_empty() {
+            let stmt = self.statement(INSERT_OUTPUT)?;
+            let jobs: Vec<i64> = output.iter().map(|o| o.0).collect();
+            let starts: Vec<i64> = output.iter().map(|o| o.1).collect();
+            let data: Vec<&[u8]> = output.iter().map(|o| o.2.as_slice()).collect();
+            let nodes: Vec<Option<&str>> = output.iter().map(|o| o.3.as_deref()).collect();
+            self.client.execute(&stmt, &[&jobs, &starts, &data, &nodes])?;
+        }
+        Ok(())
+    }
+
     fn exec(&mut self, sql: &'static str, params: &[&(dyn ToSql + Sync)]) -> Result<()> {
         let stmt = self.statement(sql)?;
-        self.client.execute(&stmt, params)?;
+        self.db()?.execute(&stmt, params)?;
         Ok(())
     }
 
@@ -231,7 +377,7 @@ impl PgStore {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<T>> {
         let stmt = self.statement(sql)?;
-        let rows = self.client.query(&stmt, params)?;
+        let rows = self.db()?.query(&stmt, params)?;
         rows.iter().map(|r| Ok(serde_json::from_str(r.get::<_, &str>(0))?)).collect()
     }
 }
@@ -276,17 +422,19 @@ impl Store for PgStore {
     }
 
     fn commit(&mut self) -> Result<()> {
+        self.flush()?;
         self.client.batch_execute("COMMIT")?;
         Ok(())
     }
 
     fn rollback(&mut self) -> Result<()> {
+        self.pending.clear();
         self.client.batch_execute("ROLLBACK")?;
         Ok(())
     }
 
     fn load<J: JobRow>(&mut self) -> Result<Snapshot<J>> {
-        let c = &mut self.client;
+        let c = self.db()?;
         let tenants = c.query("SELECT id, name FROM tenants ORDER BY id", &[])?;
         let tokens = c.query("SELECT hash, tenant, scope, node FROM tokens", &[])?;
         let nodes = c.query("SELECT record FROM nodes ORDER BY name", &[])?;
@@ -335,7 +483,7 @@ impl Store for PgStore {
         }
         snapshot.prices = self.records("SELECT record FROM prices ORDER BY model", &[])?;
         snapshot.reservations = self.records("SELECT record FROM reservations ORDER BY id", &[])?;
-        let c = &mut self.client;
+        let c = self.db()?;
         snapshot.heard = c
             .query("SELECT node, at_ms FROM heard", &[])?
             .iter()
@@ -438,28 +586,27 @@ impl Store for PgStore {
     }
 
     fn put_job<J: Serialize>(&mut self, id: u64, c: &JobColumns, job: &J) -> Result<()> {
-        self.exec(
-            "INSERT INTO jobs
-                 (id, tenant, record, state, tier, gpus, name, array_id, array_index, attempt, preemptions)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
-             ON CONFLICT (id) DO UPDATE SET tenant = EXCLUDED.tenant, record = EXCLUDED.record,
-                 state = EXCLUDED.state, tier = EXCLUDED.tier, gpus = EXCLUDED.gpus, name = EXCLUDED.name,
-                 array_id = EXCLUDED.array_id, array_index = EXCLUDED.array_index,
-                 attempt = EXCLUDED.attempt, preemptions = EXCLUDED.preemptions",
-            &[
-                &big(id),
-                &i64::from(c.tenant),
-                &serde_json::to_string(job)?,
-                &c.state,
-                &c.tier,
-                &i64::from(c.gpus),
-                &c.name,
-                &c.array.map(|(array, _)| big(array)),
-                &c.array.map(|(_, index)| big(index)),
-                &i64::from(c.attempt),
-                &i64::from(c.preemptions),
-            ],
-        )
+        let row = JobValues {
+            id: big(id),
+            tenant: i64::from(c.tenant),
+            record: serde_json::to_string(job)?,
+            state: c.state.to_string(),
+            tier: c.tier.to_string(),
+            gpus: i64::from(c.gpus),
+            name: c.name.map(str::to_string),
+            array_id: c.array.map(|(array, _)| big(array)),
+            array_index: c.array.map(|(_, index)| big(index)),
+            attempt: i64::from(c.attempt),
+            preemptions: i64::from(c.preemptions),
+        };
+        match self.pending.at.get(&id) {
+            Some(&i) => self.pending.jobs[i] = row,
+            None => {
+                self.pending.at.insert(id, self.pending.jobs.len());
+                self.pending.jobs.push(row);
+            }
+        }
+        Ok(())
     }
 
     fn job<J: JobRow>(&mut self, id: u64) -> Result<Option<J>> {
@@ -481,7 +628,7 @@ impl Store for PgStore {
             .collect();
         let params: Vec<&(dyn ToSql + Sync)> = args.iter().map(|a| a.as_ref()).collect();
         // Row by row as they arrive, not the whole answer at once.
-        let mut rows = self.client.query_raw(sql.as_str(), params)?;
+        let mut rows = self.db()?.query_raw(sql.as_str(), params)?;
         let records = std::iter::from_fn(|| match rows.next() {
             Ok(Some(row)) => Some(row.try_get::<_, String>(0).map_err(StoreError::from)),
             Ok(None) => None,
@@ -494,7 +641,7 @@ impl Store for PgStore {
         let stmt = self.statement(
             "SELECT state, COUNT(*) FROM jobs WHERE array_id = $1 GROUP BY state ORDER BY state",
         )?;
-        let rows = self.client.query(&stmt, &[&big(array)])?;
+        let rows = self.db()?.query(&stmt, &[&big(array)])?;
         Ok(rows.iter().map(|r| (r.get(0), r.get::<_, i64>(1) as u64)).collect())
     }
 
@@ -502,7 +649,7 @@ impl Store for PgStore {
         let stmt = self.statement(
             "SELECT id, array_index, state, attempt, preemptions FROM jobs WHERE array_id = $1 ORDER BY id",
         )?;
-        let rows = self.client.query(&stmt, &[&big(array)])?;
+        let rows = self.db()?.query(&stmt, &[&big(array)])?;
         Ok(rows
             .iter()
             .map(|r| TaskRow {
@@ -516,7 +663,7 @@ impl Store for PgStore {
     }
 
     fn finished_counts(&mut self) -> Result<Vec<FinishedCount>> {
-        let rows = self.client.query(
+        let rows = self.db()?.query(
             "SELECT tier, state, COUNT(*), COALESCE(SUM(gpus), 0)::BIGINT FROM jobs
              WHERE state = ANY($1) GROUP BY tier, state ORDER BY tier, state",
             &[&&FINISHED_STATES[..]],
@@ -533,17 +680,16 @@ impl Store for PgStore {
     }
 
     fn add_event(&mut self, job: u64, e: &JobEvent) -> Result<()> {
-        self.exec(
-            "INSERT INTO events (job, at_ms, kind, attempt, detail) VALUES ($1, $2, $3, $4, $5)",
-            &[&big(job), &big(e.at_ms), &e.kind().as_str(), &i64::from(e.attempt), &e.event.detail_json()],
-        )
+        let row = (big(job), big(e.at_ms), e.kind().as_str(), i64::from(e.attempt), e.event.detail_json());
+        self.pending.events.push(row);
+        Ok(())
     }
 
     fn events(&mut self, job: u64) -> Result<Vec<JobEvent>> {
         let stmt =
             self.statement("SELECT at_ms, kind, attempt, detail FROM events WHERE job = $1 ORDER BY seq")?;
         let mut events = Vec::new();
-        for r in self.client.query(&stmt, &[&big(job)])? {
+        for r in self.db()?.query(&stmt, &[&big(job)])? {
             let at_ms = r.get::<_, i64>(0) as u64;
             let kind = r.get::<_, &str>(1).parse().map_err(StoreError)?;
             let event = crate::store::stored_event(job, kind, r.get::<_, &str>(3));
@@ -559,15 +705,13 @@ impl Store for PgStore {
     }
 
     fn max_job_id(&mut self) -> Result<u64> {
-        let row = self.client.query_one("SELECT MAX(id) FROM jobs", &[])?;
+        let row = self.db()?.query_one("SELECT MAX(id) FROM jobs", &[])?;
         Ok(row.get::<_, Option<i64>>(0).unwrap_or(0) as u64)
     }
 
     fn heard(&mut self, node: &str, at_ms: u64) -> Result<()> {
-        self.exec(
-            "INSERT INTO heard (node, at_ms) VALUES ($1, $2) ON CONFLICT (node) DO UPDATE SET at_ms = EXCLUDED.at_ms",
-            &[&node, &big(at_ms)],
-        )
+        self.pending.heard.insert(node.to_string(), big(at_ms));
+        Ok(())
     }
 
     fn put_price(&mut self, p: &PriceRow) -> Result<()> {
@@ -652,7 +796,7 @@ impl Store for PgStore {
 
     fn file_logs(&mut self) -> Result<Vec<(u64, LogState)>> {
         let mut logs = Vec::new();
-        for row in self.client.query("SELECT job, record FROM logs", &[])? {
+        for row in self.db()?.query("SELECT job, record FROM logs", &[])? {
             let state: LogState = serde_json::from_str(row.get::<_, &str>(1))?;
             if state.file {
                 logs.push((row.get::<_, i64>(0) as u64, state));
@@ -681,17 +825,15 @@ impl Store for PgStore {
 
     fn last_report(&mut self, node: &str) -> Result<Option<ebb_api::ReportId>> {
         let stmt = self.statement("SELECT session, seq FROM reports WHERE node = $1")?;
-        Ok(self.client.query_opt(&stmt, &[&node])?.map(|r| ebb_api::ReportId {
+        Ok(self.db()?.query_opt(&stmt, &[&node])?.map(|r| ebb_api::ReportId {
             session: r.get::<_, i64>(0) as u64,
             seq: r.get::<_, i64>(1) as u64,
         }))
     }
 
     fn put_output(&mut self, job: u64, offset: u64, data: &[u8], node: Option<&str>) -> Result<()> {
-        self.exec(
-            "INSERT INTO output (job, start, data, node) VALUES ($1, $2, $3, $4)",
-            &[&big(job), &big(offset), &data, &node],
-        )
+        self.pending.output.push((big(job), big(offset), data.to_vec(), node.map(str::to_string)));
+        Ok(())
     }
 
     fn output_sources(&mut self, job: u64, from: u64, to: u64) -> Result<Vec<(u64, String)>> {
@@ -699,14 +841,14 @@ impl Store for PgStore {
             "SELECT start, node FROM output
              WHERE job = $1 AND start < $3 AND start + length(data) > $2 AND node IS NOT NULL ORDER BY start",
         )?;
-        let rows = self.client.query(&stmt, &[&big(job), &big(from), &big(to)])?;
+        let rows = self.db()?.query(&stmt, &[&big(job), &big(from), &big(to)])?;
         Ok(rows.iter().map(|r| (r.get::<_, i64>(0) as u64, r.get::<_, String>(1))).collect())
     }
 
     fn output_len(&mut self, job: u64) -> Result<u64> {
         let stmt =
             self.statement("SELECT COALESCE(MAX(start + length(data)), 0) FROM output WHERE job = $1")?;
-        let len: i64 = self.client.query_one(&stmt, &[&big(job)])?.get(0);
+        let len: i64 = self.db()?.query_one(&stmt, &[&big(job)])?.get(0);
         Ok(len as u64)
     }
 
@@ -715,7 +857,7 @@ impl Store for PgStore {
             "INSERT INTO output_expiry (job, at_ms, removed_ms) VALUES ($1, $2, NULL)
              ON CONFLICT (job) DO UPDATE SET at_ms = EXCLUDED.at_ms, removed_ms = NULL",
         )?;
-        self.client.execute(&stmt, &[&big(job), &big(at_ms)])?;
+        self.db()?.execute(&stmt, &[&big(job), &big(at_ms)])?;
         Ok(())
     }
 
@@ -724,19 +866,19 @@ impl Store for PgStore {
             "SELECT job FROM output_expiry WHERE removed_ms IS NULL AND at_ms <= $1 ORDER BY at_ms LIMIT $2",
         )?;
         let due: Vec<i64> =
-            self.client.query(&stmt, &[&big(now_ms), &big(limit as u64)])?.iter().map(|r| r.get(0)).collect();
+            self.db()?.query(&stmt, &[&big(now_ms), &big(limit as u64)])?.iter().map(|r| r.get(0)).collect();
         if !due.is_empty() {
             let delete = self.statement("DELETE FROM output WHERE job = ANY($1)")?;
-            self.client.execute(&delete, &[&due])?;
+            self.db()?.execute(&delete, &[&due])?;
             let mark = self.statement("UPDATE output_expiry SET removed_ms = $2 WHERE job = ANY($1)")?;
-            self.client.execute(&mark, &[&due, &big(now_ms)])?;
+            self.db()?.execute(&mark, &[&due, &big(now_ms)])?;
         }
         Ok(due.into_iter().map(|j| j as u64).collect())
     }
 
     fn output_removed(&mut self, job: u64) -> Result<Option<u64>> {
         let stmt = self.statement("SELECT removed_ms FROM output_expiry WHERE job = $1")?;
-        let row = self.client.query_opt(&stmt, &[&big(job)])?;
+        let row = self.db()?.query_opt(&stmt, &[&big(job)])?;
         Ok(row.and_then(|r| r.get::<_, Option<i64>>(0)).map(|ms| ms as u64))
     }
 
@@ -746,7 +888,7 @@ impl Store for PgStore {
              WHERE job = $1 AND start < $3 AND start + length(data) > $2 ORDER BY start",
         )?;
         let mut out = Vec::new();
-        for row in self.client.query(&stmt, &[&big(job), &big(from), &big(to)])? {
+        for row in self.db()?.query(&stmt, &[&big(job), &big(from), &big(to)])? {
             let (start, data): (i64, &[u8]) = (row.get(0), row.get(1));
             if !crate::store::append_piece(&mut out, from, to, start as u64, data) {
                 break;
@@ -756,10 +898,7 @@ impl Store for PgStore {
     }
 
     fn put_last_report(&mut self, node: &str, id: ebb_api::ReportId) -> Result<()> {
-        self.exec(
-            "INSERT INTO reports (node, session, seq) VALUES ($1, $2, $3)
-             ON CONFLICT (node) DO UPDATE SET session = EXCLUDED.session, seq = EXCLUDED.seq",
-            &[&node, &big(id.session), &big(id.seq)],
-        )
+        self.pending.reports.insert(node.to_string(), (big(id.session), big(id.seq)));
+        Ok(())
     }
 }
