@@ -238,10 +238,7 @@ impl<S: Store> Engine<S> {
         // A report got through: whatever failed before does no longer.
         self.set_health(&node, None);
         if let Some(report_id) = report.id {
-            let last = match self.fleet.reports.get(&node) {
-                Some(last) => Some(*last),
-                None => self.store.last_report(&node)?,
-            };
+            let last = self.fleet.reports.get(&node).copied();
             if last.is_some_and(|l| l.session == report_id.session && l.seq >= report_id.seq) {
                 tracing::debug!(node, seq = report_id.seq, "report applied before: not again");
                 return Ok(ReportReply { stale: Vec::new() });

@@ -79,6 +79,9 @@ impl<S: Store> Engine<S> {
         engine.load_webhooks(hooks, deliveries, now);
         engine.load_fair_share_usage(now).map_err(fatal)?;
         engine.fleet.heard_before = std::mem::take(&mut snapshot.heard).into_iter().collect();
+        // Every node's last report at once: a read at each node's first
+        // report made a takeover's storm of them a round trip each.
+        engine.fleet.reports = engine.store.last_reports().map_err(fatal)?.into_iter().collect();
         let unrestored = engine.load_jobs(std::mem::take(&mut snapshot.jobs))?;
         engine.count_finished().map_err(fatal)?;
         engine.store.begin().map_err(fatal)?;

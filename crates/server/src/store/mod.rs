@@ -382,7 +382,9 @@ pub trait Store: Send {
     /// The webhook's latest tries, newest first.
     fn webhook_log(&mut self, webhook: u64) -> Result<Vec<ebb_api::WebhookDelivery>>;
     /// The last report applied from `node`.
-    fn last_report(&mut self, node: &str) -> Result<Option<ebb_api::ReportId>>;
+    /// Each node's last report applied (see `put_last_report`), read once
+    /// as the writer starts.
+    fn last_reports(&mut self) -> Result<Vec<(String, ebb_api::ReportId)>>;
     fn put_last_report(&mut self, node: &str, id: ebb_api::ReportId) -> Result<()>;
     /// Output of job `job` from byte `offset` of its log.
     /// A piece of job `job`'s log at `offset`; `node` names the node of a

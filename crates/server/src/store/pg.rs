@@ -823,12 +823,15 @@ impl Store for PgStore {
         }
     }
 
-    fn last_report(&mut self, node: &str) -> Result<Option<ebb_api::ReportId>> {
-        let stmt = self.statement("SELECT session, seq FROM reports WHERE node = $1")?;
-        Ok(self.db()?.query_opt(&stmt, &[&node])?.map(|r| ebb_api::ReportId {
-            session: r.get::<_, i64>(0) as u64,
-            seq: r.get::<_, i64>(1) as u64,
-        }))
+    fn last_reports(&mut self) -> Result<Vec<(String, ebb_api::ReportId)>> {
+        let rows = self.db()?.query("SELECT node, session, seq FROM reports ORDER BY node", &[])?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                let id = ebb_api::ReportId { session: r.get::<_, i64>(1) as u64, seq: r.get::<_, i64>(2) as u64 };
+                (r.get(0), id)
+            })
+            .collect())
     }
 
     fn put_output(&mut self, job: u64, offset: u64, data: &[u8], node: Option<&str>) -> Result<()> {

@@ -611,14 +611,13 @@ impl Store for SqliteStore {
         Ok(())
     }
 
-    fn last_report(&mut self, node: &str) -> Result<Option<ebb_api::ReportId>> {
-        let mut stmt = self.conn.prepare_cached("SELECT session, seq FROM reports WHERE node = ?1")?;
-        let id = stmt
-            .query_row(params![node], |r| {
-                Ok(ebb_api::ReportId { session: r.get::<_, i64>(0)? as u64, seq: r.get::<_, i64>(1)? as u64 })
-            })
-            .optional()?;
-        Ok(id)
+    fn last_reports(&mut self) -> Result<Vec<(String, ebb_api::ReportId)>> {
+        let mut stmt = self.conn.prepare_cached("SELECT node, session, seq FROM reports ORDER BY node")?;
+        let rows = stmt.query_map([], |r| {
+            let id = ebb_api::ReportId { session: r.get::<_, i64>(1)? as u64, seq: r.get::<_, i64>(2)? as u64 };
+            Ok((r.get::<_, String>(0)?, id))
+        })?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
     fn put_last_report(&mut self, node: &str, id: ebb_api::ReportId) -> Result<()> {

@@ -173,8 +173,8 @@ impl<S: Store> Store for Faulty<S> {
     fn webhook_log(&mut self, webhook: u64) -> Result<Vec<ebb_api::WebhookDelivery>, StoreError> {
         self.inner.webhook_log(webhook)
     }
-    fn last_report(&mut self, node: &str) -> Result<Option<ReportId>, StoreError> {
-        self.inner.last_report(node)
+    fn last_reports(&mut self) -> Result<Vec<(String, ReportId)>, StoreError> {
+        self.inner.last_reports()
     }
     fn put_last_report(&mut self, node: &str, id: ReportId) -> Result<(), StoreError> {
         self.trip("put_last_report")?;

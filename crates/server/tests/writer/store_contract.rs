@@ -228,11 +228,7 @@ fn exercise(store: &mut impl Store) -> String {
     seen.push(format!("{:?}", store.job_usage(4).unwrap()));
     seen.push(format!("{:?} {:?}", store.log_state(4).unwrap(), store.log_state(5).unwrap()));
     seen.push(format!("file logs {:?}", store.file_logs().unwrap()));
-    seen.push(format!(
-        "{:?} {:?}",
-        store.last_report("node-0").unwrap(),
-        store.last_report("node-1").unwrap()
-    ));
+    seen.push(format!("last reports {:?}", store.last_reports().unwrap()));
     seen.push(format!("max job {}", store.max_job_id().unwrap()));
     seen.join("\n")
 }
@@ -254,7 +250,10 @@ fn both_backends_keep_the_same_contract() {
     assert!(on_sqlite.contains("max job 5"), "{on_sqlite}");
     assert!(on_sqlite.contains("Some(LogState { bytes: 84, file: true }) None"), "{on_sqlite}");
     assert!(on_sqlite.contains("file logs [(4, LogState { bytes: 84, file: true })]\n"), "{on_sqlite}");
-    assert!(on_sqlite.contains("Some(ReportId { session: 9, seq: 2 }) None"), "{on_sqlite}");
+    assert!(
+        on_sqlite.contains(r#"last reports [("node-0", ReportId { session: 9, seq: 2 })]"#),
+        "{on_sqlite}"
+    );
     assert!(!on_sqlite.contains("h-gone") && !on_sqlite.contains("cancelled"), "{on_sqlite}");
     assert!(on_sqlite.contains(r#"reclaims: [("H100", 4)]"#), "{on_sqlite}");
     assert!(on_sqlite.contains("log 200 newest 205 oldest 6\ngone []"), "{on_sqlite}");
