@@ -8,16 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::support::{events, pid_alive, wait_for, Cluster, Options};
-
-fn event<'a>(job: &'a Value, kind: &str) -> &'a Value {
-    job["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["kind"] == kind)
-        .unwrap_or_else(|| panic!("{kind}: {job}"))
-}
+use crate::support::{event, events, pid_alive, wait_for, Cluster, Options};
 
 #[test]
 fn sigterm_to_an_agent_drains_its_node_requeues_its_jobs_and_a_restart_brings_the_node_back() {

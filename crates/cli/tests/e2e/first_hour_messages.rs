@@ -8,19 +8,10 @@
 use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::support::{ebb_exe, read_env, wait_for, Cluster, Options};
+use crate::support::{ebb_exe, event, read_env, wait_for, Cluster, Options};
 use serde_json::Value;
 
 const MODEL: &str = "H100-80GB";
-
-fn event<'a>(job: &'a Value, kind: &str) -> &'a Value {
-    job["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["kind"] == kind)
-        .unwrap_or_else(|| panic!("{kind}: {job}"))
-}
 
 /// `ebb show` printed `(1 GPUs)`, a 3 ms save as `took 0.00s`, an interval
 /// "assumed until the job reports a checkpoint" under a reported one, and a

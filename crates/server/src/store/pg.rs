@@ -214,7 +214,8 @@ impl PgStore {
     pub fn open(url: &str) -> Result<PgStore> {
         let target = super::pg_tls::Target::parse(url).map_err(|e| StoreError(format!("--database: {e}")))?;
         let client = target.connect().map_err(|e| StoreError(format!("--database: {e}")))?;
-        let mut store = PgStore { client, prepared: HashMap::new(), lease: None, pending: Pending::default() };
+        let mut store =
+            PgStore { client, prepared: HashMap::new(), lease: None, pending: Pending::default() };
         store.migrate()?;
         Ok(store)
     }
@@ -828,7 +829,8 @@ impl Store for PgStore {
         Ok(rows
             .iter()
             .map(|r| {
-                let id = ebb_api::ReportId { session: r.get::<_, i64>(1) as u64, seq: r.get::<_, i64>(2) as u64 };
+                let id =
+                    ebb_api::ReportId { session: r.get::<_, i64>(1) as u64, seq: r.get::<_, i64>(2) as u64 };
                 (r.get(0), id)
             })
             .collect())

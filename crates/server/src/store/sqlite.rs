@@ -614,7 +614,8 @@ impl Store for SqliteStore {
     fn last_reports(&mut self) -> Result<Vec<(String, ebb_api::ReportId)>> {
         let mut stmt = self.conn.prepare_cached("SELECT node, session, seq FROM reports ORDER BY node")?;
         let rows = stmt.query_map([], |r| {
-            let id = ebb_api::ReportId { session: r.get::<_, i64>(1)? as u64, seq: r.get::<_, i64>(2)? as u64 };
+            let id =
+                ebb_api::ReportId { session: r.get::<_, i64>(1)? as u64, seq: r.get::<_, i64>(2)? as u64 };
             Ok((r.get::<_, String>(0)?, id))
         })?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)

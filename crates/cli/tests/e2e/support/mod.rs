@@ -573,6 +573,16 @@ pub fn read_env(path: &Path) -> std::collections::BTreeMap<String, String> {
         .collect()
 }
 
+/// The job's first event of `kind`.
+pub fn event<'a>(job: &'a Value, kind: &str) -> &'a Value {
+    job["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["kind"] == kind)
+        .unwrap_or_else(|| panic!("{kind}: {job}"))
+}
+
 pub fn events(job: &Value) -> Vec<String> {
     job["events"].as_array().unwrap().iter().map(|e| e["kind"].as_str().unwrap().to_string()).collect()
 }
