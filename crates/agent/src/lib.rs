@@ -413,8 +413,10 @@ fn http_client(trust: Option<&tls::Trust>) -> Result<reqwest::Client, String> {
 /// Returns at SIGINT or SIGTERM.
 /// Returns once no attempt runs, or `timeout` has passed.
 async fn until_idle<S: Supervisor>(supervisor: &S, timeout: Duration) {
-    let deadline = tokio::time::Instant::now() + timeout;
-    while !supervisor.running().is_empty() && tokio::time::Instant::now() < deadline {
+    let now = tokio::time::Instant::now();
+    // A timeout past what an instant can hold waits as long as it takes.
+    let deadline = now.checked_add(timeout);
+    while !supervisor.running().is_empty() && deadline.is_none_or(|d| tokio::time::Instant::now() < d) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

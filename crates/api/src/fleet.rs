@@ -9,6 +9,11 @@ pub struct NodeGpus {
     pub gpus: Vec<u8>,
 }
 
+/// How `Node::drained_for` begins when the node drains because its agent
+/// was told to stop (SIGTERM): that drain ends when the agent registers
+/// again, unlike the operator's or a health finding's.
+pub const DRAINED_FOR_AGENT_STOP: &str = "its agent is stopping (SIGTERM)";
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Node {
     pub name: String,
@@ -29,8 +34,8 @@ pub struct Node {
     pub held: Vec<HeldGpus>,
     pub last_heartbeat: String,
     pub jobs: Vec<u64>,
-    /// Why it drains or was drained, when its health drained it (absent
-    /// when the operator did, or it is not drained).
+    /// Why it drains or was drained, when its health or its agent's stop
+    /// drained it (absent when the operator did, or it is not drained).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drained_for: Option<String>,
     /// Its GPUs out of service, and why.

@@ -144,8 +144,8 @@ pub struct AgentArgs {
     /// is placed here; on-demand jobs may run to their end within this
     /// time. What still runs then is ended (SIGTERM, SIGKILL 3 s later) and
     /// requeued, not failed. A second SIGTERM or Ctrl-C ends it at once.
-    /// The node takes work again when the agent starts. Keep systemd's
-    /// TimeoutStopSec above it (deploy/ebb-agent.service: 6m30s).
+    /// The node takes work again when the agent starts. At most 24h. Keep
+    /// systemd's TimeoutStopSec above it (deploy/ebb-agent.service: 6m30s).
     #[arg(long, default_value = "6m", value_parser = parse_span)]
     pub stop_timeout: Span,
     /// Run N simulated nodes in this one process (1 to 100000), to
@@ -195,6 +195,9 @@ pub struct AgentArgs {
 /// The most nodes one `ebb agent --simulate-nodes` runs.
 const MAX_SIMULATED_NODES: u32 = 100_000;
 
+/// The longest `--stop-timeout`: a day.
+const MAX_STOP_TIMEOUT: Span = Span(86_400_000);
+
 /// Descriptors an agent or server needs beyond one per connection (its
 /// files, its listeners, the runtime's own).
 const SPARE_FILES: u64 = 256;
@@ -236,6 +239,14 @@ pub async fn agent(args: AgentArgs) -> Result<(), String> {
     }
     if args.health_interval.as_millis() == 0 {
         return Err("--health-interval must be more than 0".into());
+    }
+    if args.stop_timeout.as_millis() > MAX_STOP_TIMEOUT.as_millis() {
+        return Err(format!(
+            "--stop-timeout {}: at most {} (to wait for on-demand jobs however long, drain the node \
+             first: ebb drain NODE)",
+            args.stop_timeout.human(),
+            MAX_STOP_TIMEOUT.human()
+        ));
     }
     let files = raise_open_files();
     if let Some(n) = args.simulate_nodes {

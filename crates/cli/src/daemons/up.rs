@@ -206,10 +206,12 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
                 data.join("faults").join(&name).display().to_string(),
                 "--health-interval".into(),
                 "2s".into(),
-                // Stopping `ebb up` drains its nodes: jobs get their notice
-                // and 3 s to save before they are ended and requeued.
+                // Stopping `ebb up` (or its death: each child gets SIGTERM)
+                // ends the jobs at once, as it always did; they are
+                // requeued, not failed, and the node drains for the next
+                // start to undo.
                 "--stop-timeout".into(),
-                "3s".into(),
+                "0s".into(),
                 // A personal cluster: the user's own jobs, with their PATH.
                 "--allow-root-jobs".into(),
                 "--job-path".into(),
@@ -225,12 +227,17 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
     let conn = crate::client::Connection { server: Some(url.clone()), token: Some(admin.clone()), ca: None };
     let client = conn.client()?;
     // Joined: up, or drained by the operator before a restart (it stays
-    // drained, and is said so below).
+    // drained, and is said so below). A node drained as its agent stopped
+    // (the last `ebb up` ended) is back once its agent registers.
+    let drained = |n: &ebb_api::Node| {
+        n.status == "draining"
+            && !n.drained_for.as_deref().is_some_and(|why| why.starts_with(ebb_api::DRAINED_FOR_AGENT_STOP))
+    };
     let mut joined = 0;
     let mut nodes: Vec<ebb_api::Node> = Vec::new();
     for _ in 0..400 {
         nodes = client.get("/v1/nodes").await.unwrap_or_default();
-        joined = nodes.iter().filter(|n| n.status == "up" || n.status == "draining").count();
+        joined = nodes.iter().filter(|n| n.status == "up" || drained(n)).count();
         if joined == args.nodes as usize {
             break;
         }
@@ -250,7 +257,7 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
     println!("point the CLI at it:\n  export EBB_SERVER={url} EBB_TOKEN={admin}");
     println!("jobs run as {user} (uid {uid}), the user who started this cluster");
     println!("logs in {}; Ctrl-C stops the cluster", logs.display());
-    for node in nodes.iter().filter(|n| n.status == "draining") {
+    for node in nodes.iter().filter(|n| drained(n)) {
         println!("{} is drained: it takes no new work (ebb undrain {} puts it back)", node.name, node.name);
     }
     use tokio::signal::unix::{signal, SignalKind};

@@ -166,6 +166,10 @@ fn a_simulated_fleet_is_refused_what_it_cannot_do() {
     assert!(e.contains("--simulate-nodes 0: from 1 to 100000"), "{e}");
     let e = refused(&[&["--simulate-nodes", "100001"][..], &gpus].concat());
     assert!(e.contains("--simulate-nodes 100001: from 1 to 100000"), "{e}");
+    let e = refused(&["--stop-timeout", "25h"]);
+    assert!(e.contains("--stop-timeout 1d 1h: at most 1d"), "{e}");
+    let e = refused(&["--stop-timeout=-1s"]);
+    assert!(e.contains("--stop-timeout") && e.contains("-1s"), "{e}");
     let e = refused(&["--simulate-nodes", "2"]);
     assert!(e.contains("needs --fake-gpus"), "{e}");
     let e = refused(&[&["--simulate-nodes", "2", "--checkpoint-root", "/tmp"][..], &gpus].concat());

@@ -3,8 +3,7 @@
 use super::ending::EndNote;
 use super::*;
 
-/// How a drain for an agent's stop begins its reason, and is known by.
-const AGENT_STOPPING: &str = "its agent is stopping (SIGTERM)";
+use ebb_api::DRAINED_FOR_AGENT_STOP as AGENT_STOPPING;
 
 impl<S: Store> Engine<S> {
     /// The core released every hold on `node` (lost or drained): so does

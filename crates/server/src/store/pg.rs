@@ -114,11 +114,12 @@ pub struct PgStore {
     pending: Pending,
 }
 
-/// Jobs' rows and events written in a transaction, held back and sent as
-/// one statement per table (`unnest` of arrays) just before anything else
-/// is read or written and at the commit: a batch of 10,000 submissions is
-/// then a few round trips, not 20,000 (each about as long as the insert
-/// itself). Whatever runs next sees them, as if each had been sent alone.
+/// The rows a transaction writes most (jobs, their events and output,
+/// nodes' contacts and last reports), held back and sent as one statement
+/// per table (`unnest` of arrays) just before anything else is read or
+/// written and at the commit: a batch of 10,000 submissions is then a few
+/// round trips, not 20,000 (each about as long as the insert itself).
+/// Whatever runs next sees them, as if each had been sent alone.
 #[derive(Default)]
 struct Pending {
     /// The last row of each job, in the order first written; `at` finds a
@@ -302,8 +303,8 @@ impl PgStore {
         Ok(&mut self.client)
     }
 
-    /// Sends the writes held back: a statement for the jobs' rows, then one
-    /// for the events (which refer to them).
+    /// Sends the writes held back, a statement per table: the jobs' rows
+    /// before the events and output that refer to them.
     fn flush(&mut self) -> Result<()> {
         if self.pending.is_empty() {
             return Ok(());
