@@ -53,8 +53,7 @@ use crate::commands::{Agent, Node};
 use crate::ledger::Ledger;
 pub use crate::output::OutputLimits;
 use crate::report::Reporter;
-use crate::supervisor::Processes;
-use crate::supervisor::Supervisor;
+use crate::supervisor::{Processes, Supervisor};
 
 #[derive(Clone, Debug)]
 pub struct AgentConfig {
@@ -410,7 +409,6 @@ fn http_client(trust: Option<&tls::Trust>) -> Result<reqwest::Client, String> {
         .map_err(|e| e.to_string())
 }
 
-/// Returns at SIGINT or SIGTERM.
 /// Returns once no attempt runs, or `timeout` has passed.
 async fn until_idle<S: Supervisor>(supervisor: &S, timeout: Duration) {
     let now = tokio::time::Instant::now();
@@ -421,6 +419,7 @@ async fn until_idle<S: Supervisor>(supervisor: &S, timeout: Duration) {
     }
 }
 
+/// Returns at SIGINT or SIGTERM.
 async fn until_told_to_stop() -> Result<(), String> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
