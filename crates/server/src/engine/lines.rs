@@ -12,7 +12,10 @@
 //! The line is only a cache of "nothing to say": whatever is not plainly
 //! quiet — a command waiting, a node that says it is failing, one lost,
 //! removed, running work, or a server that no longer leads — goes to the
-//! writer as before.
+//! writer as before. One more contact is noted here: a poll the writer
+//! had taken, woken by a commit that gave its node commands, is answered
+//! with them where it waits (`http/agent.rs`), and its contact is applied
+//! on the tick as a quiet poll's.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::RwLock;
@@ -36,15 +39,15 @@ pub struct Line {
     /// The latest contact answered here (ms since the epoch), 0 once the
     /// writer took it.
     heard: AtomicU64,
-    /// The node's command stream's delivered sequence number.
-    changed: watch::Receiver<u64>,
+    /// The node's command stream as last delivered.
+    changed: watch::Receiver<Delivered>,
 }
 
 /// A quiet poll's answer: nothing now; the stream's next sequence number
 /// and a receiver that wakes when a command is delivered.
 pub struct QuietPoll {
     pub next_seq: u64,
-    pub changed: watch::Receiver<u64>,
+    pub changed: watch::Receiver<Delivered>,
 }
 
 impl Lines {
@@ -65,7 +68,7 @@ impl Lines {
         }
         let mut changed = line.changed.clone();
         // Marked seen here: a command delivered after this wakes the wait.
-        let delivered = *changed.borrow_and_update();
+        let delivered = changed.borrow_and_update().next_seq;
         // Delivered is the stream's next sequence number (0: none yet).
         if delivered > after + 1 {
             return None;
@@ -73,6 +76,15 @@ impl Lines {
         line.heard.fetch_max(now, Ordering::AcqRel);
         self.answered.fetch_add(1, Ordering::Relaxed);
         Some(QuietPoll { next_seq: delivered.max(1), changed })
+    }
+
+    /// A poll from `node` at `now` was answered with the commands its wait
+    /// was woken with: the writer takes the contact on its tick, as a
+    /// quiet poll's.
+    pub fn woken(&self, node: &str, now: u64) {
+        if let Some(line) = self.get(node) {
+            line.heard.fetch_max(now, Ordering::AcqRel);
+        }
     }
 
     /// How many polls were answered here.

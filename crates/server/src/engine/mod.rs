@@ -319,19 +319,37 @@ pub struct Poll {
     /// commands stay until it says it has them) costs the writer no copy.
     pub commands: Vec<Arc<Command>>,
     pub next_seq: u64,
-    pub changed: watch::Receiver<u64>,
+    pub changed: watch::Receiver<Delivered>,
+}
+
+/// A node's stream as the last commit that added to it left it: what a
+/// poll woken by that commit answers with, without asking the writer
+/// again.
+#[derive(Clone, Default)]
+pub struct Delivered {
+    /// The stream's next sequence number (0 until something is delivered).
+    pub next_seq: u64,
+    /// The commands the node had not yet said it has, oldest first.
+    pub commands: Arc<[Arc<Command>]>,
+}
+
+impl Delivered {
+    /// The commands after sequence number `after`.
+    pub fn after(&self, after: u64) -> Vec<Arc<Command>> {
+        self.commands.iter().filter(|c| c.seq > after).cloned().collect()
+    }
 }
 
 /// One node's command stream.
 struct Channel {
     commands: VecDeque<Arc<Command>>,
     next_seq: u64,
-    notify: watch::Sender<u64>,
+    notify: watch::Sender<Delivered>,
 }
 
 impl Channel {
     fn new() -> Channel {
-        Channel { commands: VecDeque::new(), next_seq: 1, notify: watch::channel(0).0 }
+        Channel { commands: VecDeque::new(), next_seq: 1, notify: watch::channel(Delivered::default()).0 }
     }
 
     fn push(&mut self, action: Action) {
@@ -579,6 +597,8 @@ struct Fleet {
     heard_since_start: BTreeSet<String>,
     /// When each node's contact was last written to the store.
     heard_stored: HashMap<String, u64>,
+    /// Busy nodes' contacts not yet written: the tick writes them.
+    contact_due: HashMap<String, u64>,
     /// Nodes whose agents say their reports keep failing, and why.
     unhealthy: HashMap<String, String>,
     /// The last report applied from each node, once one came.
@@ -696,15 +716,18 @@ impl Outbox {
         self.woken.insert(node.to_string());
     }
 
-    /// The batch committed: answer, and wake the nodes with new commands.
+    /// The batch committed: wake the nodes with new commands, handing
+    /// their waiting polls the commands, then answer. Nodes first: a
+    /// preemption's notice is the batch's most urgent effect.
     fn deliver(&mut self) {
-        for reply in self.replies.drain(..) {
-            reply();
-        }
         for node in std::mem::take(&mut self.woken) {
             if let Some(ch) = self.channels.get(&node) {
-                ch.notify.send_replace(ch.next_seq);
+                let commands = ch.commands.iter().cloned().collect();
+                ch.notify.send_replace(Delivered { next_seq: ch.next_seq, commands });
             }
+        }
+        for reply in self.replies.drain(..) {
+            reply();
         }
         if std::mem::take(&mut self.changed) {
             if let Some(feed) = &self.feed {

@@ -69,9 +69,19 @@ pub(super) async fn agent_commands(
         if !poll.commands.is_empty() {
             return Ok(Json(CommandsOut { commands: poll.commands, next_seq: poll.next_seq }));
         }
-        // Subscribed while the poll was handled: any later push wakes us.
+        // Subscribed while the poll was handled: any later push wakes us,
+        // with the stream as the commit that woke us left it. Its commands
+        // are answered from there; the writer, which checked this poll a
+        // moment ago, takes the contact on its tick.
         match tokio::time::timeout_at(deadline, poll.changed.changed()).await {
-            Ok(Ok(())) => continue,
+            Ok(Ok(())) => {
+                let delivered = poll.changed.borrow_and_update().clone();
+                let commands = delivered.after(q.after);
+                if let (false, Some(lines)) = (commands.is_empty(), app.role.lines()) {
+                    lines.woken(&q.node, crate::engine::now_ms());
+                    return Ok(Json(CommandsOut { commands, next_seq: delivered.next_seq }));
+                }
+            }
             _ => return Ok(Json(CommandsOut { commands: Vec::new(), next_seq: poll.next_seq })),
         }
     }
