@@ -613,7 +613,10 @@ impl<S: Store> Engine<S> {
     /// up to its last contact. A node that runs nothing has nothing to
     /// meter: its contact is written at most every [`IDLE_CONTACT_MS`], so
     /// an idle fleet's heartbeats are not each a write and a sync of the
-    /// database.
+    /// database. A busy node's is written on the next tick, with every
+    /// other contact since: a poll that brings nothing else is then no
+    /// transaction of its own, and a server that dies meters up to a tick
+    /// less than ran, never more.
     pub(super) fn heard(&mut self, node: &str, now: u64) -> Written {
         if !self.fleet.heard_since_start.contains(node) {
             self.fleet.heard_since_start.insert(node.to_string());
@@ -631,7 +634,22 @@ impl<S: Store> Engine<S> {
                 self.fleet.heard_stored.insert(node.to_string(), now);
             }
         }
-        self.store.heard(node, now)
+        if idle {
+            self.fleet.contact_due.remove(node);
+            return self.store.heard(node, now);
+        }
+        self.fleet.contact_due.insert(node.to_string(), now);
+        Ok(())
+    }
+
+    /// On the tick: the busy nodes' contacts since the last.
+    pub(super) fn write_contacts(&mut self) -> Written {
+        let mut due: Vec<(String, u64)> = self.fleet.contact_due.drain().collect();
+        due.sort_unstable();
+        for (node, at) in due {
+            self.store.heard(&node, at)?;
+        }
+        Ok(())
     }
 }
 

@@ -201,7 +201,10 @@ impl<S: Store> Engine<S> {
                 let result = self.report_series_for(&from, &to, &step, now);
                 self.answer(reply, result)?;
             }
-            Msg::Tick => self.hear_lines()?,
+            Msg::Tick => {
+                self.hear_lines()?;
+                self.write_contacts()?;
+            }
         }
         Ok(())
     }

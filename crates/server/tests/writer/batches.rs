@@ -56,7 +56,8 @@ fn store_errors_mid_batch<S: Store>(mut env_for: impl FnMut(&str) -> TestEnv<S>)
         let (report, mut reported) = TestEnv::<S>::report_msg("a", events.clone());
         env.fail(op, n);
         let now = env.now;
-        let result = env.engine().batch(vec![submit, jobs, report], now);
+        // The tick writes the contact the report brought.
+        let result = env.engine().batch(vec![submit, jobs, report, Msg::Tick], now);
         assert!(result.is_err(), "{op}: a failed write must fail the batch");
         assert!(submitted.try_recv().is_err(), "{op}: a submission was acknowledged");
         assert!(read.try_recv().is_err(), "{op}: a read was answered");
@@ -167,15 +168,20 @@ fn every_event_of_a_batch_is_stamped_with_the_batchs_instant() {
 
 /// A restarted server that cannot put a live attempt back (its node is
 /// gone from the store) ends it as lost, and meters it to the node's last
-/// contact, as any attempt lost with its node is.
+/// contact, as any attempt lost with its node is: the last one a tick
+/// wrote, a tick or less before the last poll, never after it.
 #[test]
 fn recovery_meters_the_attempts_it_ends() {
     let mut env = TestEnv::new("recovery");
     env.register("a", Vec::new(), Vec::new());
     let attempt = env.running("a");
     env.now += 30_000;
-    env.poll("a"); // last contact
+    env.poll("a"); // last contact, written at the tick
     let heard = env.now;
+    env.now += 250;
+    env.tick();
+    env.now += 200;
+    env.poll("a"); // the server dies before its next tick
     env.engine = None;
     let db = rusqlite::Connection::open(env.dir.join("ebb.db")).unwrap();
     db.execute("DELETE FROM nodes WHERE name = 'a'", []).unwrap();

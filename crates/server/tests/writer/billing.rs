@@ -198,6 +198,14 @@ impl<S: Store> World<S> {
         rx.try_recv().ok()
     }
 
+    /// One message that answers nobody, as its own batch.
+    fn call_quiet(&mut self, msg: Msg) {
+        if let Some(engine) = self.engine.as_mut() {
+            engine.batch(vec![msg], self.now).unwrap();
+            engine.sanity_check().unwrap_or_else(|e| panic!("after a batch: {e}"));
+        }
+    }
+
     fn exit(
         &mut self,
         i: usize,
@@ -233,8 +241,9 @@ impl<S: Store> World<S> {
     }
 
     /// A node crash or an agent restart: only with the server up, right
-    /// after a round, so the node's last word to the server is at the
-    /// instant its processes die. Whether it happened.
+    /// after a round and the server's tick that writes the contact, so the
+    /// node's last word to the server, as stored, is at the instant its
+    /// processes die. Whether it happened.
     fn round_then_kill_all(&mut self, i: usize) -> bool {
         if !self.nodes[i].up || self.engine.is_none() {
             return false;
@@ -243,6 +252,7 @@ impl<S: Store> World<S> {
         if !self.nodes[i].unreported.is_empty() {
             return false;
         }
+        self.call_quiet(Msg::Tick);
         self.kill_all(i);
         true
     }

@@ -208,9 +208,10 @@ proptest::proptest! {
 }
 
 /// An idle node's heartbeat is not a write each time: its contact is
-/// written again only after 5 minutes; a node that runs an attempt is
-/// written at every contact, so that work lost with it is metered to the
-/// last one.
+/// written again only after 5 minutes; a node that runs an attempt has
+/// its latest contact written at every tick, so that work lost with it is
+/// metered to (a tick before) the last one, and a poll is no write of its
+/// own.
 #[test]
 fn an_idle_nodes_heartbeats_write_its_contact_only_now_and_then() {
     let mut env = TestEnv::new("idle-heartbeats");
@@ -233,7 +234,17 @@ fn an_idle_nodes_heartbeats_write_its_contact_only_now_and_then() {
     let (agent_epoch, after) = (env.agents["a"].epoch, env.agents["a"].after);
     let poll = Msg::Poll { node: "a".into(), epoch: agent_epoch, after, health: None, reply };
     let now = env.now;
-    assert!(env.engine().batch(vec![poll], now).is_err(), "a busy node's contact is written at every poll");
+    env.engine().batch(vec![poll], now).expect("a busy node's poll writes nothing");
+    env.now += 100;
+    let now = env.now;
+    assert!(env.engine().batch(vec![Msg::Tick], now).is_err(), "the tick writes the busy node's contact");
+    env.restart();
+    env.register("a", Vec::new(), Vec::new());
+    env.running("a");
+    env.tick();
+    env.fail("heard", 1);
+    let now = env.now;
+    env.engine().batch(vec![Msg::Tick], now).expect("no contact since the last tick: nothing to write");
 }
 
 /// Every page of the listing, `limit` at a time, with `between` run

@@ -354,6 +354,12 @@ impl<S: Store> TestEnv<S> {
     }
 
     /// One poll of `node`'s stream: the attempts it is told to start.
+    /// The writer's tick at `now`.
+    pub fn tick(&mut self) {
+        let now = self.now;
+        self.engine().batch(vec![Msg::Tick], now).expect("tick");
+    }
+
     pub fn poll(&mut self, node: &str) -> Vec<AttemptRef> {
         let actions = self.commands(node);
         actions
