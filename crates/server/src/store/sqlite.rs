@@ -6,6 +6,7 @@
 use ebb_api::JobEvent;
 use rusqlite::{params, Connection, OptionalExtension};
 use serde::{Deserialize, Serialize};
+use std::cell::Cell;
 use std::path::Path;
 
 use super::*;
@@ -20,17 +21,46 @@ pub struct SqliteStore {
 /// The page cache, KiB: the pages a fleet's worth of job records touch.
 const PAGE_CACHE_KIB: i64 = 64 * 1024;
 
-/// How long after a commit the checkpointer copies the log back: the
-/// commits of that while share one copy of each page they rewrote.
+/// How long after a commit the checkpointer looks at the log: the commits
+/// of that while share one copy of each page they rewrote.
 const CHECKPOINT_AFTER: std::time::Duration = std::time::Duration::from_millis(250);
 
+/// The log's length, in pages, from which the checkpointer copies it back.
+/// Shorter, it is left as it is: the commit after a copy starts the log
+/// again from its beginning, and that writes and syncs the log's header
+/// before its own pages, a second sync. A server that commits now and then
+/// (a preemption after a quiet while) would pay it at nearly every commit
+/// if every commit were copied back; the log is then at most this long
+/// while quiet (4 MiB).
+const CHECKPOINT_PAGES: i64 = 1_000;
+
 /// The log's length, in pages, at which a commit copies back what the
-/// checkpointer has not yet (SQLite's own checkpoint, in the writer's
-/// thread). Under a load that never pauses, the log starts again from its
-/// beginning only once a copy has caught up with the last commit, which
-/// the checkpointer cannot do while the writer keeps committing: this is
-/// the log's bound, and that copy is short.
+/// checkpointer has not yet (in the writer's thread, as SQLite's own
+/// checkpoint would). Under a load that never pauses, the log starts again
+/// from its beginning only once a copy has caught up with the last commit,
+/// which the checkpointer cannot do while the writer keeps committing: this
+/// is the log's bound, and that copy is short.
 const WAL_BOUND_PAGES: i64 = 10_000;
+
+thread_local! {
+    /// The log's length, in pages, after the last commit on this thread
+    /// that wrote any: SQLite's commit hook says it.
+    static LOG_PAGES: Cell<i64> = const { Cell::new(0) };
+}
+
+/// After a commit that wrote pages: note the log's length, and copy it
+/// back here once it reaches its bound. A failed copy is not the
+/// commit's failure (that has happened): the next commit tries again.
+fn on_commit(wal: &rusqlite::hooks::Wal, pages: std::ffi::c_int) -> rusqlite::Result<()> {
+    let pages = i64::from(pages);
+    LOG_PAGES.set(pages);
+    if pages >= WAL_BOUND_PAGES {
+        if let Err(e) = wal.checkpoint() {
+            tracing::warn!("copying the write-ahead log into the database at its bound: {e}");
+        }
+    }
+    Ok(())
+}
 
 impl SqliteStore {
     /// The server's store: every commit synced to the disk before it is
@@ -61,8 +91,9 @@ impl SqliteStore {
         // thread: a copy in a commit (SQLite's default, every 1,000 pages)
         // held up every caller of that batch, and a fleet's fill spent a
         // twentieth of the writer's time there. The writer copies what is
-        // left when the log reaches its bound.
-        conn.pragma_update(None, "wal_autocheckpoint", WAL_BOUND_PAGES)?;
+        // left when the log reaches its bound (`on_commit`, which takes
+        // the place of SQLite's own checkpoint).
+        conn.wal_hook(Some(on_commit));
         conn.set_prepared_statement_cache_capacity(64);
         migrate(&mut conn)?;
         let checkpoints = Checkpointer::start(path, synchronous)?;
@@ -71,9 +102,9 @@ impl SqliteStore {
 }
 
 /// A thread with a connection of its own that copies the write-ahead log
-/// back into the database a while after commits (`PASSIVE`: it never
-/// waits for the writer, nor the writer for it). Stops when the store is
-/// dropped.
+/// back into the database a while after commits once it is long enough
+/// (`PASSIVE`: it never waits for the writer, nor the writer for it).
+/// Stops when the store is dropped.
 struct Checkpointer {
     /// Rows the writer had changed at its last commit that changed any.
     changes: u64,
@@ -97,12 +128,15 @@ impl Checkpointer {
 
     /// A commit happened, the writer's connection having changed
     /// `changes` rows since it opened: one that changed none wrote nothing
-    /// to the log.
+    /// to the log. A long enough log is copied back a while later.
     fn committed(&mut self, changes: u64) {
         if changes == self.changes {
             return;
         }
         self.changes = changes;
+        if LOG_PAGES.get() < CHECKPOINT_PAGES {
+            return;
+        }
         if let Some(wake) = &self.wake {
             // Full: a copy is already due.
             let _ = wake.try_send(());
@@ -121,8 +155,8 @@ impl Checkpointer {
                 }
             }
             if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
-                // The next commit's wake tries again; the log's bound holds
-                // meanwhile.
+                // The next long commit's wake tries again; the log's bound
+                // holds meanwhile.
                 tracing::warn!("copying the write-ahead log into the database: {e}");
             }
         }

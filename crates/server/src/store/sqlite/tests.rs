@@ -202,18 +202,21 @@ fn a_database_from_before_numbered_migrations_is_migrated() {
     SqliteStore::open(&path).unwrap();
 }
 
-/// A commit reaches the database file without the writer copying the
-/// log back (its own copy waits for a log of `WAL_BOUND_PAGES`): the
-/// checkpointer copies it a while after. The file alone, copied
-/// without its log, has what was committed.
+/// The checkpointer leaves a short log as it is (copied back, the next
+/// commit would start it again and sync its header, a second sync), and
+/// copies one of `CHECKPOINT_PAGES` or more back into the database file a
+/// while after, without the writer: the file alone, copied without its
+/// log, then has what was committed; and the next commit starts the log
+/// from its beginning.
 #[test]
-fn the_checkpointer_copies_commits_into_the_database_file() {
+fn the_checkpointer_copies_a_long_log_into_the_database_file_and_leaves_a_short_one() {
     let path = scratch("checkpointer");
     let mut store = SqliteStore::open(&path).unwrap();
+    let token = |hash: &str| TokenRow { hash: hash.into(), tenant: None, scope: Scope::Admin, node: None };
     store.begin().unwrap();
-    let token = TokenRow { hash: "committed".into(), tenant: None, scope: Scope::Admin, node: None };
-    store.put_token(&token).unwrap();
+    store.put_token(&token("committed")).unwrap();
     store.commit().unwrap();
+    assert!(LOG_PAGES.get() < CHECKPOINT_PAGES, "{} pages", LOG_PAGES.get());
     let copy = path.with_file_name("copy.db");
     let in_file = || {
         let _ = std::fs::remove_file(copy.with_extension("db-wal"));
@@ -222,10 +225,25 @@ fn the_checkpointer_copies_commits_into_the_database_file() {
         conn.query_row("SELECT count(*) FROM tokens WHERE hash = 'committed'", [], |r| r.get::<_, i64>(0))
             .ok()
     };
+    std::thread::sleep(CHECKPOINT_AFTER * 3);
+    assert_ne!(in_file(), Some(1), "a short log was copied back");
+
+    // A commit that makes the log long.
+    store.begin().unwrap();
+    store.conn.execute_batch("CREATE TABLE filler (b BLOB)").unwrap();
+    for _ in 0..CHECKPOINT_PAGES + 100 {
+        store.conn.execute("INSERT INTO filler (b) VALUES (zeroblob(4000))", []).unwrap();
+    }
+    store.commit().unwrap();
+    assert!(LOG_PAGES.get() >= CHECKPOINT_PAGES, "{} pages", LOG_PAGES.get());
     let give_up = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while in_file() != Some(1) {
         assert!(std::time::Instant::now() < give_up, "the commit never reached the database file");
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
+    store.begin().unwrap();
+    store.put_token(&token("next")).unwrap();
+    store.commit().unwrap();
+    assert!(LOG_PAGES.get() < 10, "the log did not start again: {} pages", LOG_PAGES.get());
     drop(store);
 }
