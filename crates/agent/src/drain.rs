@@ -20,10 +20,9 @@ use crate::notice::Notice;
 use crate::report::now_ms;
 use crate::supervisor::Supervisor;
 
-/// Delivers drain `d`: the endpoint and the notice file (written on a
-/// blocking thread, in a directory the job owns), then the job's signal,
-/// then SIGKILL at the deadline. A repeated command (after a reconnect)
-/// does nothing.
+/// Delivers drain `d`: the endpoint and the notice file (in a directory
+/// the job owns), then the job's signal, then SIGKILL at the deadline. A
+/// repeated command (after a reconnect) does nothing.
 pub(crate) async fn drain<S: Supervisor>(supervisor: &Arc<S>, d: DrainAttempt) {
     let notice = Notice::new(d.notice_at_ms, d.deadline_ms, d.reason);
     deliver(supervisor, d.attempt, notice, None).await;
@@ -48,16 +47,12 @@ async fn deliver<S: Supervisor>(supervisor: &Arc<S>, a: AttemptRef, notice: Noti
     let signal = signal.unwrap_or(target.signal);
     match target.drain_file.clone() {
         Some(file) => {
-            // The file is written and the signal sent right after it, in
-            // one blocking step: nothing between them.
-            let signaller = supervisor.clone();
-            let path = file.clone();
-            let deliver = move || {
-                let written = dirs::write_job_file(&path, &body);
-                signaller.signal(a, signal);
-                written
-            };
-            if let Err(e) = crate::blocking(deliver).await {
+            // The file is written and the signal sent right after it, here:
+            // a few calls on a local file, quicker than any trip to
+            // another thread would be, and nothing between them.
+            let written = dirs::write_job_file(&file, &body);
+            supervisor.signal(a, signal);
+            if let Err(e) = written {
                 tracing::error!("cannot write the notice file {}: {e}", file.display());
             }
         }

@@ -669,8 +669,9 @@ impl Processes {
                 self.running.lock().expect("running").get(&a).and_then(|r| r.notice.borrow().clone());
             uploads.finish(checkpoints::hold_exit_until(notice.as_ref())).await;
         }
-        let (peak_memory_bytes, completed) =
-            crate::blocking(move || exit_facts(&peak, &run_dir, default_workdir.as_deref())).await;
+        // A few calls on local files: here, with no trip to another thread
+        // before the exit is reported.
+        let (peak_memory_bytes, completed) = exit_facts(&peak, &run_dir, default_workdir.as_deref());
         let (code, signal) = match status {
             Ok(ended) => (ended.code, ended.signal),
             Err(e) => {
