@@ -3,10 +3,14 @@
 
 Prints, over many repetitions:
   * submit -> SIGTERM: from the on-demand submit returning to the victim's
-    signal handler running (goal p99 <= 50 ms);
+    signal handler running, and from sending the submit (goal p99 <= 1.5
+    ms);
   * exit -> start: from the victim's exit to the preemptor's process start
-    (goal p99 <= 100 ms);
-  * throughput of short jobs (`true`) through one 8-GPU agent (goal >= 500/s).
+    (goal p99 <= 3 ms); the preemptor is a static program that stamps the
+    time it runs;
+  * throughput of short jobs (`true`) through one 8-GPU agent (goal >= 1,500/s).
+
+The client holds one kept-alive connection per thread.
 
 With --webhook-hangs, the same with a webhook for every job event of the
 tenant whose receiver accepts connections and never answers: each event
@@ -27,6 +31,7 @@ Builds the release binary and runs everything on loopback in a temp dir.
 
 import argparse
 import concurrent.futures
+import http.client
 import json
 import os
 import re
@@ -37,7 +42,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.parse
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -58,21 +65,51 @@ while True:
     time.sleep(1)
 """
 
-PREEMPTOR = 'date +%s.%N > "$EBB_CHECKPOINT_DIR/start"'
+
+
+class OneWrite(http.client.HTTPConnection):
+    """Sends a request's head and body in one write, as a tuned client
+    does (http.client sends them in two, and the server's read of the
+    body waits for the second)."""
+
+    def _send_output(self, message_body=None, encode_chunked=False):
+        self._buffer.extend((b"", b""))
+        msg = b"\r\n".join(self._buffer)
+        del self._buffer[:]
+        self.send(msg + (message_body or b""))
 
 
 class Api:
+    """The API over one kept-alive connection per thread, as a client
+    library holds one: the figures are the server's, not TCP handshakes'."""
+
     def __init__(self, url, token):
         self.url, self.token = url, token
+        self.host = urllib.parse.urlsplit(url).netloc
+        self.local = threading.local()
 
     def call(self, method, path, body=None):
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.url + path, data=data, method=method)
-        req.add_header("Authorization", "Bearer " + self.token)
+        headers = {"Authorization": "Bearer " + self.token}
         if data is not None:
-            req.add_header("Content-Type", "application/json")
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            return json.loads(resp.read())
+            headers["Content-Type"] = "application/json"
+        for retry in (True, False):
+            conn = getattr(self.local, "conn", None)
+            if conn is None:
+                conn = self.local.conn = OneWrite(self.host, timeout=60)
+            try:
+                conn.request(method, path, body=data, headers=headers)
+                resp = conn.getresponse()
+                payload = resp.read()
+                break
+            except (http.client.HTTPException, ConnectionError):
+                conn.close()
+                self.local.conn = None
+                if not retry:
+                    raise
+        if resp.status >= 400:
+            sys.exit(f"{method} {path}: {resp.status} {payload.decode(errors='replace')}")
+        return json.loads(payload)
 
     def submit(self, **spec):
         return self.call("POST", "/v1/jobs", spec)["id"]
@@ -103,8 +140,8 @@ def pct(values, p):
 
 
 def summary(name, ms, goal):
-    print(f"{name:<34} n={len(ms):<5} min {min(ms):6.1f} ms   p50 {pct(ms, 50):6.1f} ms   "
-          f"p99 {pct(ms, 99):6.1f} ms   max {max(ms):6.1f} ms   (goal p99 <= {goal} ms)")
+    print(f"{name:<34} n={len(ms):<5} min {min(ms):6.2f} ms   p50 {pct(ms, 50):6.2f} ms   "
+          f"p99 {pct(ms, 99):6.2f} ms   max {max(ms):6.2f} ms   (goal p99 <= {goal} ms)")
 
 
 def start_up(ebb, data, *flags):
@@ -166,11 +203,19 @@ def registry(data):
 
 NOW_C = r"""
 #include <stdio.h>
+#include <stdlib.h>
 #include <time.h>
+/* Writes the time its process started running to FILE, or else to
+   $EBB_CHECKPOINT_DIR/start. */
 int main(int argc, char **argv) {
     struct timespec t;
+    char path[4096];
     clock_gettime(CLOCK_REALTIME, &t);
-    FILE *f = fopen(argv[1], "w");
+    if (argc > 1)
+        snprintf(path, sizeof path, "%s", argv[1]);
+    else
+        snprintf(path, sizeof path, "%s/start", getenv("EBB_CHECKPOINT_DIR"));
+    FILE *f = fopen(path, "w");
     fprintf(f, "%ld.%09ld\n", (long)t.tv_sec, t.tv_nsec);
     return fclose(f) != 0;
 }
@@ -272,6 +317,9 @@ def main():
         return image_bench(ebb, args)
 
     data = tempfile.mkdtemp(prefix="ebb-bench-")
+    # The preemptor is a static program that stamps when it runs: what is
+    # timed is Ebb starting a process, not a shell's or `date`'s start-up.
+    now = build_now(data)
     up, api = start_up(ebb, data, "--drain-window", "30s")
     try:
         if args.webhook_hangs:
@@ -288,7 +336,7 @@ def main():
             victim = api.submit(argv=[sys.executable, "-c", VICTIM], gpus=8)
             wait("victim ready", lambda: os.path.exists(os.path.join(ckpt(victim), "ready")))
             sent = time.time()
-            od = api.submit(argv=["sh", "-c", PREEMPTOR], gpus=8, tier="on-demand")
+            od = api.submit(argv=[now], gpus=8, tier="on-demand")
             submitted = time.time()
             term_file = os.path.join(ckpt(victim), "term")
             wait("SIGTERM", lambda: os.path.exists(term_file) and os.path.getsize(term_file) > 0)
@@ -309,9 +357,9 @@ def main():
             # The victim was requeued; withdraw it so the next round starts clean.
             api.call("POST", f"/v1/jobs/{victim}/cancel", {})
             wait("victim cancelled", lambda: api.job(victim)["state"] == "cancelled")
-        summary("on-demand submit -> victim SIGTERM", to_term, 50)
-        summary("  (from sending the submit)", sent_to_term, 50)
-        summary("victim exit -> preemptor start", to_start, 100)
+        summary("on-demand submit -> victim SIGTERM", to_term, 1.5)
+        summary("  (from sending the submit)", sent_to_term, 1.5)
+        summary("victim exit -> preemptor start", to_start, 3)
 
         def succeeded():
             m = re.search(r'ebb_jobs\{tier="preemptible",state="succeeded"\} (\d+)', api.metrics())
@@ -328,7 +376,7 @@ def main():
         drained_in = elapsed - submitted_in
         print(f"{'short jobs (true) through one 8-GPU agent':<34} {args.jobs} jobs in {elapsed:.2f} s = "
               f"{args.jobs / elapsed:.0f} jobs/s (submitted in {submitted_in:.2f} s, all done {drained_in:.2f} s later)"
-              f"   (goal >= 500 jobs/s)")
+              f"   (goal >= 1,500 jobs/s)")
         if args.webhook_hangs:
             hook = api.call("GET", "/v1/webhooks")[0]
             print(f"webhook {hook['id']}: {hook['pending']} deliveries waiting for the receiver")
