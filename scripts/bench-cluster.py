@@ -10,7 +10,9 @@ Prints, over many repetitions:
     time it runs;
   * throughput of short jobs (`true`) through one 8-GPU agent (goal >= 1,500/s).
 
-The client holds one kept-alive connection per thread.
+The client holds one kept-alive connection per thread. First, what the
+parts of that path cost on this machine on their own (a sync, a loopback
+round trip, a process start), for the figures' context.
 
 With --webhook-hangs, the same with a webhook for every job event of the
 tenant whose receiver accepts connections and never answers: each event
@@ -258,6 +260,62 @@ def push_image(data, host, name, extra_mb=0, now=None):
     return f"{host}/{name}:v1"
 
 
+def floors(data, now, n=200):
+    """What this machine's parts of the path cost on their own, measured
+    beside the figures: a 4 KiB write and fsync in the data directory (a
+    commit's sync), a loopback TCP round trip between two Python threads,
+    and a process start (posix_spawn of the static stamp program until its
+    main runs, and until it is reaped)."""
+    import threading
+    path = os.path.join(data, "fsync-probe")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    syncs = []
+    for i in range(n):
+        t = time.perf_counter()
+        os.pwrite(fd, os.urandom(4096), (i % 16) * 4096)
+        os.fsync(fd)
+        syncs.append((time.perf_counter() - t) * 1000)
+    os.close(fd)
+    os.unlink(path)
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+
+    def echo():
+        conn, _ = listener.accept()
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        while (b := conn.recv(64)):
+            conn.sendall(b)
+
+    threading.Thread(target=echo, daemon=True).start()
+    client = socket.create_connection(listener.getsockname())
+    client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    trips = []
+    for _ in range(n):
+        t = time.perf_counter()
+        client.sendall(b"x")
+        client.recv(64)
+        trips.append((time.perf_counter() - t) * 1000)
+    client.close()
+
+    stamp = os.path.join(data, "spawn-probe")
+    starts, reaped = [], []
+    for _ in range(n):
+        t = time.time()
+        pid = os.posix_spawn(now, [now, stamp], {})
+        os.waitpid(pid, 0)
+        reaped.append((time.time() - t) * 1000)
+        with open(stamp) as f:
+            starts.append((float(f.read()) - t) * 1000)
+    print("this machine's floors, measured now:")
+    print(f"  {'4 KiB write + fsync':<32} p50 {pct(syncs, 50):6.3f} ms   p99 {pct(syncs, 99):6.3f} ms")
+    print(f"  {'loopback round trip (Python)':<32} p50 {pct(trips, 50):6.3f} ms   p99 {pct(trips, 99):6.3f} ms")
+    print(f"  {'posix_spawn -> main (static)':<32} p50 {pct(starts, 50):6.3f} ms   p99 {pct(starts, 99):6.3f} ms")
+    print(f"  {'posix_spawn -> reaped (static)':<32} p50 {pct(reaped, 50):6.3f} ms   p99 {pct(reaped, 99):6.3f} ms"
+          f"   (one after another: {1000 / statistics.mean(reaped):.0f} processes/s)")
+
+
 def image_bench(ebb, args):
     data = tempfile.mkdtemp(prefix="ebb-bench-image-")
     host, reg = registry(data)
@@ -320,6 +378,7 @@ def main():
     # The preemptor is a static program that stamps when it runs: what is
     # timed is Ebb starting a process, not a shell's or `date`'s start-up.
     now = build_now(data)
+    floors(data, now)
     up, api = start_up(ebb, data, "--drain-window", "30s")
     try:
         if args.webhook_hangs:
