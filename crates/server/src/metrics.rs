@@ -58,10 +58,12 @@ pub struct Counters {
     pub lost_gpu_seconds: f64,
     pub passes: u64,
     pub pass_seconds: f64,
-    /// Agents' command polls taken by the writer, and those answered
-    /// without it (quiet nodes: idle, healthy, nothing waiting).
+    /// Agents' command polls taken by the writer, those answered without
+    /// it (quiet nodes: idle, healthy, nothing waiting), and those
+    /// answered with the commands of the commit that woke them.
     pub polls_writer: u64,
     pub polls_quiet: u64,
+    pub polls_woken: u64,
     /// Agents' registrations (a node joining, an agent starting, an agent
     /// finding this server the new leader).
     pub registrations: u64,
@@ -92,6 +94,7 @@ impl Default for Counters {
             polls_writer: 0,
             registrations: 0,
             polls_quiet: 0,
+            polls_woken: 0,
             drills_ready: 0,
             drills_failed: 0,
             health_findings: BTreeMap::new(),
@@ -329,10 +332,12 @@ pub fn render(s: &Snapshot) -> String {
     let polls = Family::<Labels, Counter>::default();
     polls.get_or_create(&labels(&[("answered", "writer")])).inc_by(c.polls_writer);
     polls.get_or_create(&labels(&[("answered", "quiet")])).inc_by(c.polls_quiet);
+    polls.get_or_create(&labels(&[("answered", "woken")])).inc_by(c.polls_woken);
     registry.register(
         "agent_polls",
-        "Agents' command polls since the server started: taken by the writer, or answered without it for a \
-         quiet node (idle, healthy, no command waiting)",
+        "Agents' command polls since the server started: taken by the writer, answered without it for a \
+         quiet node (idle, healthy, no command waiting), or answered where they waited with the commands of \
+         the commit that woke them (each of those was taken by the writer first)",
         polls,
     );
     registry.register(

@@ -494,14 +494,15 @@ fn a_service_with_restart_always_runs_again_after_each_exit_until_cancelled() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("restart: expected never or always"));
 }
 
-/// An agent's polls, by who answered them: (the writer, the quiet line).
-fn polls(c: &Cluster) -> (f64, f64) {
+/// An agent's polls, by who answered them: (the writer, the quiet line,
+/// the wake that carried their commands).
+fn polls(c: &Cluster) -> (f64, f64, f64) {
     let text = c.metrics();
     let value = |answered: &str| {
         let series = format!("ebb_agent_polls_total{{answered=\"{answered}\"}} ");
         text.lines().find_map(|l| l.strip_prefix(&series)?.parse().ok()).unwrap()
     };
-    (value("writer"), value("quiet"))
+    (value("writer"), value("quiet"), value("woken"))
 }
 
 fn last_heartbeat(c: &Cluster) -> String {
@@ -517,10 +518,10 @@ fn an_idle_nodes_polls_are_answered_without_the_writer_and_still_count_as_contac
     // Counted until five quiet polls came (about a second; longer on a
     // loaded machine), not over a fixed sleep.
     std::thread::sleep(Duration::from_millis(500));
-    let (writer0, quiet0) = polls(&c);
+    let (writer0, quiet0, _) = polls(&c);
     let heard0 = last_heartbeat(&c);
     let (writer1, _) = wait_for("five quiet polls", Duration::from_secs(20), || {
-        let (writer, quiet) = polls(&c);
+        let (writer, quiet, _) = polls(&c);
         (quiet - quiet0 >= 5.0).then_some((writer, quiet))
     });
     assert!(writer1 - writer0 <= 1.0, "polls to the writer {writer0} -> {writer1}");
@@ -534,21 +535,39 @@ fn an_idle_nodes_polls_are_answered_without_the_writer_and_still_count_as_contac
 
     // A job for the quiet node is delivered at once; while it runs, the
     // node is not quiet and its polls go to the writer.
-    let job = c.submit_sleeper(2);
+    let job = c.submit_sleeper(1);
     let started = Instant::now();
     c.wait_state(job, "running");
     assert!(started.elapsed() < Duration::from_secs(3), "started after {:?}", started.elapsed());
     std::thread::sleep(Duration::from_millis(300));
-    let (writer2, quiet2) = polls(&c);
+    let (writer2, quiet2, _) = polls(&c);
     let quiet3 = wait_for("three polls of the busy node at the writer", Duration::from_secs(20), || {
-        let (writer, quiet) = polls(&c);
+        let (writer, quiet, _) = polls(&c);
         (writer - writer2 >= 3.0).then_some(quiet)
     });
     assert_eq!(quiet3, quiet2, "a busy node's polls are not quiet");
+    // A start for the busy node's waiting poll: the commit that queues it
+    // wakes the poll, which answers with it where it waits, with no second
+    // trip to the writer. Up to three tries: a commit that lands between an
+    // answer and the next poll is answered by the writer.
+    let mut woken = false;
+    for _ in 0..3 {
+        std::thread::sleep(Duration::from_millis(300));
+        let before = polls(&c).2;
+        let second = c.submit_sleeper(1);
+        c.wait_state(second, "running");
+        woken = polls(&c).2 > before;
+        c.ebb(&["cancel", &second.to_string()]);
+        c.wait_state(second, "cancelled");
+        if woken {
+            break;
+        }
+    }
+    assert!(woken, "no start reached a waiting poll with the wake");
     c.ebb(&["cancel", &job.to_string()]);
     c.wait_state(job, "cancelled");
     wait_for("the node to be quiet again", Duration::from_secs(10), || {
-        let (_, before) = polls(&c);
+        let (_, before, _) = polls(&c);
         std::thread::sleep(Duration::from_millis(500));
         (polls(&c).1 > before).then_some(())
     });

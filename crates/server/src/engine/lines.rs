@@ -29,6 +29,8 @@ pub struct Lines {
     by_node: RwLock<HashMap<String, Arc<Line>>>,
     /// Polls answered here.
     answered: AtomicU64,
+    /// Polls answered with the commands their wake carried.
+    woken: AtomicU64,
 }
 
 /// One node's line.
@@ -52,7 +54,7 @@ pub struct QuietPoll {
 
 impl Lines {
     pub(super) fn new(epoch: u64) -> Lines {
-        Lines { epoch, by_node: RwLock::default(), answered: AtomicU64::new(0) }
+        Lines { epoch, by_node: RwLock::default(), answered: AtomicU64::new(0), woken: AtomicU64::new(0) }
     }
 
     /// Answers `node`'s poll for commands after `after` if the node is
@@ -82,9 +84,15 @@ impl Lines {
     /// was woken with: the writer takes the contact on its tick, as a
     /// quiet poll's.
     pub fn woken(&self, node: &str, now: u64) {
+        self.woken.fetch_add(1, Ordering::Relaxed);
         if let Some(line) = self.get(node) {
             line.heard.fetch_max(now, Ordering::AcqRel);
         }
+    }
+
+    /// How many polls were answered with the commands their wake carried.
+    pub fn woken_answered(&self) -> u64 {
+        self.woken.load(Ordering::Relaxed)
     }
 
     /// How many polls were answered here.

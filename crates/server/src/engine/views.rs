@@ -459,6 +459,7 @@ impl<S: Store> Engine<S> {
     pub(super) fn metrics_snapshot(&self) -> crate::metrics::Snapshot {
         let mut snapshot = crate::metrics::Snapshot { counters: self.counters.clone(), ..Default::default() };
         snapshot.counters.polls_quiet = self.lines.answered();
+        snapshot.counters.polls_woken = self.lines.woken_answered();
         // Jobs and their GPUs from the tally kept as records are saved.
         for (&(tier, state), &count) in &self.tally.jobs {
             *snapshot.jobs.entry((tier.as_str(), state.as_str())).or_insert(0) += count;
