@@ -262,6 +262,17 @@ impl TestEnv<SqliteStore> {
     }
 }
 
+/// A test that passes leaves nothing behind; one that fails keeps its
+/// directory (the database and the logs) to look at.
+impl<S: Store> Drop for TestEnv<S> {
+    fn drop(&mut self) {
+        self.engine = None;
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
 impl<S: Store> TestEnv<S> {
     pub fn with_store(name: &str, open_store: impl FnOnce(&Path) -> Open<S>) -> TestEnv<S> {
         let dir = std::env::temp_dir().join(format!("ebb-writer-{}-{name}", std::process::id()));
