@@ -595,7 +595,8 @@ struct Fleet {
     /// the nodes heard from since.
     heard_before: HashMap<String, u64>,
     heard_since_start: BTreeSet<String>,
-    /// When each node's contact was last written to the store.
+    /// When each node's contact was last written to the store, or is to
+    /// be on the next tick (`contact_due`).
     heard_stored: HashMap<String, u64>,
     /// Busy nodes' contacts not yet written: the tick writes them.
     contact_due: HashMap<String, u64>,
