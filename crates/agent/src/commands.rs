@@ -185,8 +185,9 @@ impl<S: Supervisor> Agent<S> {
     }
 
     /// Carries out a command of the server's without waiting for it: a
-    /// stop at once, anything else as a task of its own, after the
-    /// attempt's command under way if there is one.
+    /// stop, a drain or a cancel at once (a notice file and a signal, before
+    /// the next poll goes out), a start as a task of its own; any of them
+    /// after the attempt's command under way if there is one.
     fn execute(self: &Arc<Self>, action: Action, pending: &mut Pending) {
         pending.retain(|_, task| !task.is_finished());
         let attempt = match &action {
@@ -201,9 +202,18 @@ impl<S: Supervisor> Agent<S> {
             }
         };
         let before = pending.remove(&attempt);
-        if let (None, Action::Stop { attempt, grace_ms, notice: None }) = (&before, &action) {
+        if before.is_none() {
             // The common case: at once.
-            return drain::stop(&self.supervisor, *attempt, Duration::from_millis(*grace_ms));
+            match action {
+                Action::Stop { attempt, grace_ms, notice: None } => {
+                    return drain::stop(&self.supervisor, attempt, Duration::from_millis(grace_ms))
+                }
+                Action::Stop { attempt, notice: Some(notice), .. } => {
+                    return drain::cancel(&self.supervisor, attempt, notice)
+                }
+                Action::Drain(d) => return drain::drain(&self.supervisor, d),
+                _ => {}
+            }
         }
         let agent = self.clone();
         let task = tokio::spawn(async move {
@@ -212,9 +222,9 @@ impl<S: Supervisor> Agent<S> {
             }
             match action {
                 Action::Start(start) => agent.start(start).await,
-                Action::Drain(d) => drain::drain(&agent.supervisor, d).await,
+                Action::Drain(d) => drain::drain(&agent.supervisor, d),
                 Action::Stop { attempt, notice: Some(notice), .. } => {
-                    drain::cancel(&agent.supervisor, attempt, notice).await
+                    drain::cancel(&agent.supervisor, attempt, notice)
                 }
                 Action::Stop { attempt, grace_ms, notice: None } => {
                     drain::stop(&agent.supervisor, attempt, Duration::from_millis(grace_ms))

@@ -23,24 +23,24 @@ use crate::supervisor::Supervisor;
 /// Delivers drain `d`: the endpoint and the notice file (in a directory
 /// the job owns), then the job's signal, then SIGKILL at the deadline. A
 /// repeated command (after a reconnect) does nothing.
-pub(crate) async fn drain<S: Supervisor>(supervisor: &Arc<S>, d: DrainAttempt) {
+pub(crate) fn drain<S: Supervisor>(supervisor: &Arc<S>, d: DrainAttempt) {
     let notice = Notice::new(d.notice_at_ms, d.deadline_ms, d.reason);
-    deliver(supervisor, d.attempt, notice, None).await;
+    deliver(supervisor, d.attempt, notice, None);
 }
 
 /// Delivers a cancel: its notice as a drain's, then SIGTERM, then SIGKILL
 /// at its deadline. A cancel of an attempt being drained replaces the
 /// drain's notice only if it ends the attempt sooner.
-pub(crate) async fn cancel<S: Supervisor>(supervisor: &Arc<S>, attempt: AttemptRef, n: StopNotice) {
+pub(crate) fn cancel<S: Supervisor>(supervisor: &Arc<S>, attempt: AttemptRef, n: StopNotice) {
     let notice = Notice::cancel(n.notice_at_ms, n.deadline_ms);
-    deliver(supervisor, attempt, notice, Some(Signal::SIGTERM)).await;
+    deliver(supervisor, attempt, notice, Some(Signal::SIGTERM));
 }
 
 /// Posts `notice`, writes its file (where the attempt has one), sends
 /// `signal` (the job's drain signal if none), and SIGKILL at the notice's
 /// deadline if the attempt is still running then. Nothing if the attempt
 /// already has a notice this one does not supersede.
-async fn deliver<S: Supervisor>(supervisor: &Arc<S>, a: AttemptRef, notice: Notice, signal: Option<Signal>) {
+fn deliver<S: Supervisor>(supervisor: &Arc<S>, a: AttemptRef, notice: Notice, signal: Option<Signal>) {
     let (action, deadline_ms) = (notice.action, notice.deadline_ms);
     let body = serde_json::to_vec_pretty(&notice).expect("notice serialises");
     let Some(target) = supervisor.post_notice(a, notice) else { return };
@@ -131,7 +131,7 @@ mod tests {
     async fn a_drain_posts_the_notice_and_writes_its_file_before_the_signal_then_kills_at_the_deadline() {
         let (fake, _queue) = FakeSupervisor::new("drain-order");
         fake.run(A, Signal::SIGUSR1);
-        drain(&fake, drain_of(A, Duration::from_millis(200))).await;
+        drain(&fake, drain_of(A, Duration::from_millis(200)));
         let notice: serde_json::Value =
             serde_json::from_slice(&std::fs::read(fake.drain_file(A)).unwrap()).unwrap();
         assert_eq!(notice["action"], "preempt");
@@ -148,8 +148,8 @@ mod tests {
     async fn a_repeated_drain_is_delivered_once_and_an_exited_attempt_is_not_killed() {
         let (fake, _queue) = FakeSupervisor::new("drain-repeated");
         fake.run(A, Signal::SIGTERM);
-        drain(&fake, drain_of(A, Duration::from_millis(100))).await;
-        drain(&fake, drain_of(A, Duration::from_millis(100))).await;
+        drain(&fake, drain_of(A, Duration::from_millis(100)));
+        drain(&fake, drain_of(A, Duration::from_millis(100)));
         fake.exit(A, Some(0));
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert_eq!(
@@ -174,7 +174,7 @@ mod tests {
         let (fake, _queue) = FakeSupervisor::new("cancel");
         fake.run(A, Signal::SIGUSR1);
         let n = cancel_of(Duration::from_millis(200));
-        cancel(&fake, A, n.clone()).await;
+        cancel(&fake, A, n.clone());
         let notice = notice_file(&fake, A);
         assert_eq!((notice["action"].as_str(), notice["reason"].as_str()), (Some("cancel"), Some("cancel")));
         assert_eq!(notice["deadline"], crate::notice::Notice::cancel(n.notice_at_ms, n.deadline_ms).deadline);
@@ -191,11 +191,11 @@ mod tests {
     async fn a_cancel_of_a_draining_attempt_replaces_its_notice_only_if_it_ends_it_sooner() {
         let (fake, _queue) = FakeSupervisor::new("cancel-draining");
         fake.run(A, Signal::SIGUSR1);
-        drain(&fake, drain_of(A, Duration::from_secs(60))).await;
-        cancel(&fake, A, cancel_of(Duration::from_secs(120))).await;
+        drain(&fake, drain_of(A, Duration::from_secs(60)));
+        cancel(&fake, A, cancel_of(Duration::from_secs(120)));
         assert_eq!(notice_file(&fake, A)["action"], "preempt", "a later deadline changed the notice");
         assert_eq!(fake.ops().len(), 2);
-        cancel(&fake, A, cancel_of(Duration::from_millis(100))).await;
+        cancel(&fake, A, cancel_of(Duration::from_millis(100)));
         assert_eq!(notice_file(&fake, A)["action"], "cancel");
         fake.until("the cancel's SIGKILL", |ops| ops.len() == 5).await;
         assert_eq!(

@@ -508,7 +508,7 @@ mod tests {
         watch.to(4).await;
         let now = now_ms();
         let d = DrainAttempt { attempt: A, notice_at_ms: now, deadline_ms: now + 30_000, reason: "x".into() };
-        drain::drain(&sim, d).await;
+        drain::drain(&sim, d);
         watch.to(9).await;
         assert_eq!(
             watch.seen,
@@ -594,7 +594,7 @@ mod tests {
         watch.to(4).await;
         let now = now_ms();
         let d = DrainAttempt { attempt: A, notice_at_ms: now, deadline_ms: now + 30_000, reason: "x".into() };
-        drain::drain(&first, d).await;
+        drain::drain(&first, d);
         watch.to(6).await;
         assert_eq!(first.checkpoints.newest(A.job), Some(Saved { attempt: 1, step: 2, work: ms(4_500) }));
         // Attempt 2 on the other node at 6.75 s: 5.5 s left, steps from 3.
@@ -676,8 +676,7 @@ mod tests {
                 deadline_ms: now + 30_000,
                 reason: "x".into(),
             },
-        )
-        .await;
+        );
         assert!(sim.post_notice(A, Notice::cancel(now, now + 10_000)).is_some());
         sim.signal(A, Signal::SIGTERM);
         tokio::time::sleep(Duration::from_millis(100)).await;
