@@ -4,9 +4,10 @@
 //! lost).
 //!
 //! The poll is the node's heartbeat, so no command holds it up: starts run
-//! side by side, and a command for an attempt whose earlier command is
-//! still under way (its start, above all) runs after it, so that a drain
-//! finds its attempt running. Failed calls are retried after jittered
+//! side by side; a stop, a drain or a cancel (a notice file and a signal)
+//! is done in the loop before the next poll goes out; and a command for an
+//! attempt whose earlier command is still under way (its start, above all)
+//! runs after it, so that a drain finds its attempt running. Failed calls are retried after jittered
 //! waits ([`crate::retry`]), and so is registering again with a server
 //! that restarted: every agent learns of the restart at the same moment.
 
