@@ -6,7 +6,7 @@
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::time::{Duration, Instant};
 
-use crate::support::{pid_alive, read_env, wait_for, Cluster, Options, RunAs, AGENT_CANARY};
+use crate::support::{event, pid_alive, read_env, wait_for, Cluster, Options, RunAs, AGENT_CANARY};
 use serde_json::Value;
 
 fn create_tenant(c: &Cluster, name: &str) -> String {
@@ -17,16 +17,6 @@ fn create_tenant(c: &Cluster, name: &str) -> String {
 fn uid_of(user: &str) -> u32 {
     let out = std::process::Command::new("id").args(["-u", user]).output().unwrap();
     String::from_utf8(out.stdout).unwrap().trim().parse().unwrap()
-}
-
-fn event(job: &Value, kind: &str) -> Value {
-    job["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["kind"] == kind)
-        .unwrap_or_else(|| panic!("no {kind}: {job}"))
-        .clone()
 }
 
 /// Tries what a curious job would: reading the server's secrets and the
