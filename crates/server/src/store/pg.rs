@@ -4,6 +4,7 @@
 //! batch is one transaction. Records are the same JSON text as in SQLite.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
 
 use postgres::fallible_iterator::FallibleIterator;
 use postgres::types::ToSql;
@@ -101,24 +102,111 @@ const MIGRATIONS: &[&str] = &[
      CREATE TABLE webhook_outbox (id BIGINT PRIMARY KEY, webhook BIGINT NOT NULL, record TEXT NOT NULL);
      CREATE TABLE webhook_log (seq BIGSERIAL PRIMARY KEY, webhook BIGINT NOT NULL, record TEXT NOT NULL);
      CREATE INDEX webhook_log_by_hook ON webhook_log(webhook, seq);",
+    // 9: the rows written most, cheaper to write. An event's or a piece of
+    // output's reference to its job was checked by a trigger that locked
+    // the job's row (`FOR KEY SHARE`), a lookup and a row lock per event,
+    // dirtying the job's page again; the writer sends a job's row before
+    // anything that refers to it, in the same transaction, and no job is
+    // ever deleted. Arrays' index holds array tasks only, as SQLite's 9.
+    // Measured on 20,000 jobs: their events written in 0.16 s, not 0.39;
+    // their placement in 0.43 s, not 0.63.
+    "ALTER TABLE events DROP CONSTRAINT IF EXISTS events_job_fkey;
+     ALTER TABLE output DROP CONSTRAINT IF EXISTS output_job_fkey;
+     DROP INDEX jobs_by_array;
+     CREATE INDEX jobs_by_array ON jobs(array_id, state) WHERE array_id IS NOT NULL;",
 ];
 
 pub struct PgStore {
-    client: Client,
-    /// Statements prepared once per connection, by their text.
-    prepared: HashMap<&'static str, Statement>,
+    /// The connection, shared with the thread that writes ahead.
+    session: Arc<Mutex<Session>>,
     /// The leadership this connection writes under, once it holds the
     /// lease: every transaction checks it and renews the lease.
     lease: Option<Held>,
     /// Writes held back to go in one statement each (see [`Pending`]).
     pending: Pending,
+    /// Chunks of them sent ahead while the transaction goes on (see
+    /// [`Ahead`]); started with the first.
+    ahead: Option<Ahead>,
+}
+
+/// The connection and the statements prepared on it, by their text.
+struct Session {
+    client: Client,
+    prepared: HashMap<&'static str, Statement>,
+}
+
+/// Rows held back at which they are sent ahead, on a thread of their own:
+/// PostgreSQL writes them while the writer goes on with the batch (a fill
+/// of the fleet places thousands of jobs in one batch, and the writer's
+/// work and the database's were taken in turn). A chunk of this many is
+/// written in a few milliseconds, few enough to wait for at the commit.
+const AHEAD_ROWS: usize = 512;
+
+/// The thread that writes chunks sent ahead, in the order sent, on the
+/// transaction in progress, and what it has done: the store waits for it
+/// (`settle`) before anything else uses the connection, so that whatever
+/// runs next sees the chunks as if written in place, and the first
+/// chunk's error fails the transaction there.
+struct Ahead {
+    chunks: mpsc::Sender<Pending>,
+    done: Arc<(Mutex<AheadState>, Condvar)>,
+}
+
+#[derive(Default)]
+struct AheadState {
+    sent: u64,
+    written: u64,
+    failed: Option<StoreError>,
+}
+
+impl Ahead {
+    fn start(session: Arc<Mutex<Session>>) -> Ahead {
+        let (chunks, rx) = mpsc::channel::<Pending>();
+        let done = Arc::new((Mutex::new(AheadState::default()), Condvar::new()));
+        let state = done.clone();
+        std::thread::Builder::new()
+            .name("ebb-pg-ahead".into())
+            .spawn(move || {
+                // Until the store is dropped.
+                for chunk in rx {
+                    let written = session.lock().unwrap_or_else(|e| e.into_inner()).write(chunk);
+                    let (state, cv) = &*state;
+                    let mut state = state.lock().unwrap_or_else(|e| e.into_inner());
+                    state.written += 1;
+                    if let Err(e) = written {
+                        state.failed.get_or_insert(e);
+                    }
+                    cv.notify_all();
+                }
+            })
+            .expect("a thread for the store's writes");
+        Ahead { chunks, done }
+    }
+}
+
+/// The connection, the writes held back sent first: what is read or
+/// written next through it sees them.
+struct Db<'a>(MutexGuard<'a, Session>);
+
+impl std::ops::Deref for Db<'_> {
+    type Target = Client;
+    fn deref(&self) -> &Client {
+        &self.0.client
+    }
+}
+
+impl std::ops::DerefMut for Db<'_> {
+    fn deref_mut(&mut self) -> &mut Client {
+        &mut self.0.client
+    }
 }
 
 /// The rows a transaction writes most (jobs, their events and output,
 /// nodes' contacts and last reports), held back and sent as one statement
 /// per table (`unnest` of arrays) just before anything else is read or
-/// written and at the commit: a batch of 10,000 submissions is then a few
-/// round trips, not 20,000 (each about as long as the insert itself).
+/// written and at the commit, or, from [`AHEAD_ROWS`] of them, ahead of
+/// that on a thread of their own: a batch of 10,000 submissions is then a
+/// few round trips, not 20,000 (each about as long as the insert itself).
 /// Whatever runs next sees them, as if each had been sent alone.
 #[derive(Default)]
 struct Pending {
@@ -151,11 +239,11 @@ struct JobValues {
 
 impl Pending {
     fn is_empty(&self) -> bool {
-        self.jobs.is_empty()
-            && self.events.is_empty()
-            && self.heard.is_empty()
-            && self.reports.is_empty()
-            && self.output.is_empty()
+        self.rows() == 0
+    }
+
+    fn rows(&self) -> usize {
+        self.jobs.len() + self.events.len() + self.heard.len() + self.reports.len() + self.output.len()
     }
 
     fn clear(&mut self) {
@@ -215,15 +303,15 @@ impl PgStore {
     pub fn open(url: &str) -> Result<PgStore> {
         let target = super::pg_tls::Target::parse(url).map_err(|e| StoreError(format!("--database: {e}")))?;
         let client = target.connect().map_err(|e| StoreError(format!("--database: {e}")))?;
-        let mut store =
-            PgStore { client, prepared: HashMap::new(), lease: None, pending: Pending::default() };
+        let session = Arc::new(Mutex::new(Session { client, prepared: HashMap::new() }));
+        let mut store = PgStore { session, lease: None, pending: Pending::default(), ahead: None };
         store.migrate()?;
         Ok(store)
     }
 
     /// The lease as it stands.
     pub fn lease(&mut self) -> Result<Lease> {
-        let row = self.client.query_one(LEASE, &[])?;
+        let row = self.db()?.query_one(LEASE, &[])?;
         Ok(Lease { epoch: row.get::<_, i64>(0) as u64, url: row.get(1), open: row.get(2) })
     }
 
@@ -240,8 +328,9 @@ impl PgStore {
         let ms = big(ms);
         // A session that stops talking in the middle of a transaction (its
         // process frozen) must not hold the lease's row forever.
-        self.client.batch_execute(&format!("SET idle_in_transaction_session_timeout = {ms}"))?;
-        let mut tx = self.client.transaction()?;
+        let mut db = self.db()?;
+        db.batch_execute(&format!("SET idle_in_transaction_session_timeout = {ms}"))?;
+        let mut tx = db.transaction()?;
         let row = tx.query_one(&format!("{LEASE} FOR UPDATE OF leader"), &[])?;
         let (epoch, open): (i64, bool) = (row.get(0), row.get(2));
         if !open {
@@ -254,12 +343,14 @@ impl PgStore {
             &[&(epoch + 1), &url, &(ms as f64)],
         )?;
         tx.commit()?;
+        drop(db);
         self.lease = Some(Held { epoch: epoch + 1, ms });
         Ok(Some(epoch as u64 + 1))
     }
 
     fn migrate(&mut self) -> Result<()> {
-        let mut tx = self.client.transaction()?;
+        let mut db = self.db()?;
+        let mut tx = db.transaction()?;
         // One migrator at a time, however many servers start together.
         tx.batch_execute(
             "SELECT pg_advisory_xact_lock(7300);
@@ -288,6 +379,71 @@ impl PgStore {
     }
 
     fn statement(&mut self, sql: &'static str) -> Result<Statement> {
+        self.db()?.0.statement(sql)
+    }
+
+    /// The connection, the writes held back sent first (those sent ahead
+    /// written, then the rest here): what is read or written next sees
+    /// them.
+    fn db(&mut self) -> Result<Db<'_>> {
+        self.settle()?;
+        let mut session = self.session.lock().unwrap_or_else(|e| e.into_inner());
+        session.write(std::mem::take(&mut self.pending))?;
+        Ok(Db(session))
+    }
+
+    /// Waits for the chunks sent ahead to be written; the first one's
+    /// error, if one failed.
+    fn settle(&mut self) -> Result<()> {
+        let Some(ahead) = &self.ahead else { return Ok(()) };
+        let (state, cv) = &*ahead.done;
+        let mut state = state.lock().unwrap_or_else(|e| e.into_inner());
+        while state.written < state.sent {
+            state = cv.wait(state).unwrap_or_else(|e| e.into_inner());
+        }
+        match state.failed.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// A write was held back: the rows are sent ahead once there are
+    /// [`AHEAD_ROWS`] of them.
+    fn held(&mut self) {
+        if self.pending.rows() < AHEAD_ROWS {
+            return;
+        }
+        let session = &self.session;
+        let ahead = self.ahead.get_or_insert_with(|| Ahead::start(session.clone()));
+        ahead.done.0.lock().unwrap_or_else(|e| e.into_inner()).sent += 1;
+        if let Err(mpsc::SendError(chunk)) = ahead.chunks.send(std::mem::take(&mut self.pending)) {
+            // The thread is gone (a panic there): the rows are written at
+            // the next use of the connection instead.
+            ahead.done.0.lock().unwrap_or_else(|e| e.into_inner()).sent -= 1;
+            self.pending = chunk;
+        }
+    }
+
+    fn exec(&mut self, sql: &'static str, params: &[&(dyn ToSql + Sync)]) -> Result<()> {
+        let stmt = self.statement(sql)?;
+        self.db()?.execute(&stmt, params)?;
+        Ok(())
+    }
+
+    /// Rows of one JSON `record` column.
+    fn records<T: for<'de> Deserialize<'de>>(
+        &mut self,
+        sql: &'static str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<T>> {
+        let stmt = self.statement(sql)?;
+        let rows = self.db()?.query(&stmt, params)?;
+        rows.iter().map(|r| Ok(serde_json::from_str(r.get::<_, &str>(0))?)).collect()
+    }
+}
+
+impl Session {
+    fn statement(&mut self, sql: &'static str) -> Result<Statement> {
         if let Some(stmt) = self.prepared.get(sql) {
             return Ok(stmt.clone());
         }
@@ -296,20 +452,13 @@ impl PgStore {
         Ok(stmt)
     }
 
-    /// The connection, the writes held back sent first: what is read or
-    /// written next sees them.
-    fn db(&mut self) -> Result<&mut Client> {
-        self.flush()?;
-        Ok(&mut self.client)
-    }
-
-    /// Sends the writes held back, a statement per table: the jobs' rows
+    /// Writes rows held back, a statement per table: the jobs' rows
     /// before the events and output that refer to them.
-    fn flush(&mut self) -> Result<()> {
-        if self.pending.is_empty() {
+    fn write(&mut self, pending: Pending) -> Result<()> {
+        if pending.is_empty() {
             return Ok(());
         }
-        let Pending { jobs, events, heard, reports, output, .. } = std::mem::take(&mut self.pending);
+        let Pending { jobs, events, heard, reports, output, .. } = pending;
         if !heard.is_empty() {
             let stmt = self.statement(UPSERT_HEARD)?;
             let (nodes, at): (Vec<&str>, Vec<i64>) = heard.iter().map(|(n, at)| (n.as_str(), *at)).unzip();
@@ -365,23 +514,6 @@ impl PgStore {
         }
         Ok(())
     }
-
-    fn exec(&mut self, sql: &'static str, params: &[&(dyn ToSql + Sync)]) -> Result<()> {
-        let stmt = self.statement(sql)?;
-        self.db()?.execute(&stmt, params)?;
-        Ok(())
-    }
-
-    /// Rows of one JSON `record` column.
-    fn records<T: for<'de> Deserialize<'de>>(
-        &mut self,
-        sql: &'static str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<Vec<T>> {
-        let stmt = self.statement(sql)?;
-        let rows = self.db()?.query(&stmt, params)?;
-        rows.iter().map(|r| Ok(serde_json::from_str(r.get::<_, &str>(0))?)).collect()
-    }
 }
 
 /// The lease row, and whether it is open: expired, never taken, or its
@@ -405,15 +537,17 @@ impl Store for PgStore {
     /// writes nothing; its successor's takeover waits for this
     /// transaction, which holds the row.
     fn begin(&mut self) -> Result<()> {
-        self.client.batch_execute("BEGIN")?;
-        if let Some(held) = self.lease {
-            let stmt = self.statement(
+        let lease = self.lease;
+        let mut db = self.db()?;
+        db.batch_execute("BEGIN")?;
+        if let Some(held) = lease {
+            let stmt = db.0.statement(
                 "UPDATE leader SET expires_at = clock_timestamp() + $2 * interval '1 millisecond'
                  WHERE id = 1 AND epoch = $1 RETURNING epoch",
             )?;
-            if self.client.query_opt(&stmt, &[&held.epoch, &(held.ms as f64)])?.is_none() {
-                let now: i64 = self.client.query_one("SELECT epoch FROM leader WHERE id = 1", &[])?.get(0);
-                let _ = self.client.batch_execute("ROLLBACK");
+            if db.query_opt(&stmt, &[&held.epoch, &(held.ms as f64)])?.is_none() {
+                let now: i64 = db.query_one("SELECT epoch FROM leader WHERE id = 1", &[])?.get(0);
+                let _ = db.batch_execute("ROLLBACK");
                 return Err(StoreError(format!(
                     "deposed: this server led at epoch {}, and the database is at epoch {now}",
                     held.epoch
@@ -424,19 +558,21 @@ impl Store for PgStore {
     }
 
     fn commit(&mut self) -> Result<()> {
-        self.flush()?;
-        self.client.batch_execute("COMMIT")?;
+        self.db()?.batch_execute("COMMIT")?;
         Ok(())
     }
 
+    /// Chunks sent ahead are waited for first (their errors are the
+    /// transaction's, ended here), then nothing of it stays.
     fn rollback(&mut self) -> Result<()> {
+        let _ = self.settle();
         self.pending.clear();
-        self.client.batch_execute("ROLLBACK")?;
+        self.session.lock().unwrap_or_else(|e| e.into_inner()).client.batch_execute("ROLLBACK")?;
         Ok(())
     }
 
     fn load<J: JobRow>(&mut self) -> Result<Snapshot<J>> {
-        let c = self.db()?;
+        let mut c = self.db()?;
         let tenants = c.query("SELECT id, name FROM tenants ORDER BY id", &[])?;
         let tokens = c.query("SELECT hash, tenant, scope, node FROM tokens", &[])?;
         let nodes = c.query("SELECT record FROM nodes ORDER BY name", &[])?;
@@ -483,9 +619,10 @@ impl Store for PgStore {
                 snapshot.jobs.push(job);
             }
         }
+        drop(c);
         snapshot.prices = self.records("SELECT record FROM prices ORDER BY model", &[])?;
         snapshot.reservations = self.records("SELECT record FROM reservations ORDER BY id", &[])?;
-        let c = self.db()?;
+        let mut c = self.db()?;
         snapshot.heard = c
             .query("SELECT node, at_ms FROM heard", &[])?
             .iter()
@@ -510,6 +647,7 @@ impl Store for PgStore {
             .iter()
             .map(|r| (r.get(0), r.get::<_, i64>(1) as u32))
             .collect();
+        drop(c);
         snapshot.webhooks = self.records("SELECT record FROM webhooks ORDER BY id", &[])?;
         snapshot.deliveries = self.records("SELECT record FROM webhook_outbox ORDER BY id", &[])?;
         Ok(snapshot)
@@ -608,6 +746,7 @@ impl Store for PgStore {
                 self.pending.jobs.push(row);
             }
         }
+        self.held();
         Ok(())
     }
 
@@ -630,7 +769,8 @@ impl Store for PgStore {
             .collect();
         let params: Vec<&(dyn ToSql + Sync)> = args.iter().map(|a| a.as_ref()).collect();
         // Row by row as they arrive, not the whole answer at once.
-        let mut rows = self.db()?.query_raw(sql.as_str(), params)?;
+        let mut db = self.db()?;
+        let mut rows = db.query_raw(sql.as_str(), params)?;
         let records = std::iter::from_fn(|| match rows.next() {
             Ok(Some(row)) => Some(row.try_get::<_, String>(0).map_err(StoreError::from)),
             Ok(None) => None,
@@ -684,6 +824,7 @@ impl Store for PgStore {
     fn add_event(&mut self, job: u64, e: &JobEvent) -> Result<()> {
         let row = (big(job), big(e.at_ms), e.kind().as_str(), i64::from(e.attempt), e.event.detail_json());
         self.pending.events.push(row);
+        self.held();
         Ok(())
     }
 
@@ -713,6 +854,7 @@ impl Store for PgStore {
 
     fn heard(&mut self, node: &str, at_ms: u64) -> Result<()> {
         self.pending.heard.insert(node.to_string(), big(at_ms));
+        self.held();
         Ok(())
     }
 
@@ -839,6 +981,7 @@ impl Store for PgStore {
 
     fn put_output(&mut self, job: u64, offset: u64, data: &[u8], node: Option<&str>) -> Result<()> {
         self.pending.output.push((big(job), big(offset), data.to_vec(), node.map(str::to_string)));
+        self.held();
         Ok(())
     }
 
@@ -905,6 +1048,7 @@ impl Store for PgStore {
 
     fn put_last_report(&mut self, node: &str, id: ebb_api::ReportId) -> Result<()> {
         self.pending.reports.insert(node.to_string(), (big(id.session), big(id.seq)));
+        self.held();
         Ok(())
     }
 }

@@ -588,3 +588,74 @@ fn a_postgres_database_from_before_the_job_columns_gets_them_from_its_records() 
     let loaded = store.load::<Value>().unwrap().jobs;
     assert_eq!(loaded.iter().map(|j| j["id"].as_i64().unwrap()).collect::<Vec<_>>(), vec![2]);
 }
+
+/// A transaction of more rows than PostgreSQL's store holds back is
+/// written ahead, chunk by chunk, while it goes on: what the transaction
+/// reads in between sees every write before it, a job written again after
+/// its first row went ahead keeps the later, events keep their order, a
+/// rollback leaves nothing of the chunks, and a chunk's failure fails the
+/// commit with the database's words.
+#[test]
+fn a_large_postgres_transaction_is_written_ahead_in_order() {
+    let pg = pg::Postgres::start("ahead");
+    let mut store = PgStore::open(&pg.url()).unwrap();
+    store.begin().unwrap();
+    store.put_tenant(&TenantRow { id: 1, name: "default".into() }).unwrap();
+    store.commit().unwrap();
+    let submitted = |at| event(at, EventKind::Submitted, 0, json!({ "tier": "preemptible" }));
+
+    store.begin().unwrap();
+    for id in 1..=3000u64 {
+        store.put_job(id, &columns(1, "queued"), &json!({ "id": id, "state": "queued" })).unwrap();
+        store.add_event(id, &submitted(id)).unwrap();
+        if id == 1500 {
+            assert_eq!(store.max_job_id().unwrap(), 1500, "every job so far, read mid-transaction");
+            assert_eq!(store.job::<Value>(1500).unwrap(), Some(json!({ "id": 1500, "state": "queued" })));
+            assert_eq!(store.events(1).unwrap(), vec![submitted(1)]);
+        }
+    }
+    store.put_job(1, &columns(1, "running"), &json!({ "id": 1, "state": "running" })).unwrap();
+    store.add_event(1, &event(9_000, EventKind::Started, 1, json!({ "node": "n1", "pid": 7 }))).unwrap();
+    store.commit().unwrap();
+
+    let mut other = PgStore::open(&pg.url()).unwrap();
+    assert_eq!(other.max_job_id().unwrap(), 3000);
+    assert_eq!(other.job::<Value>(1).unwrap(), Some(json!({ "id": 1, "state": "running" })));
+    assert_eq!(
+        other.events(1).unwrap(),
+        vec![submitted(1), event(9_000, EventKind::Started, 1, json!({ "node": "n1", "pid": 7 }))]
+    );
+    let queued = JobPageQuery { states: Some(vec!["queued".into()]), limit: 5000, ..Default::default() };
+    assert_eq!(other.job_page::<Value>(&queued).unwrap().rows.len(), 2999);
+
+    // Rolled back after chunks went ahead: none of them stays.
+    store.begin().unwrap();
+    for id in 3001..=4500u64 {
+        store.put_job(id, &columns(1, "queued"), &json!({ "id": id })).unwrap();
+    }
+    store.rollback().unwrap();
+    assert_eq!(other.max_job_id().unwrap(), 3000);
+
+    // A chunk the database refuses (a tenant it does not have) fails the
+    // transaction: at the commit at the latest, saying why.
+    store.begin().unwrap();
+    let mut failed = None;
+    for id in 5001..=6000u64 {
+        if let Err(e) = store.put_job(id, &columns(99, "queued"), &json!({ "id": id })) {
+            failed = Some(e);
+            break;
+        }
+    }
+    let err = match failed {
+        Some(e) => e,
+        None => store.commit().expect_err("a chunk of jobs of no tenant is refused"),
+    };
+    assert!(err.to_string().contains("foreign key"), "{err}");
+    store.rollback().unwrap();
+    assert_eq!(other.max_job_id().unwrap(), 3000);
+    // The store goes on after the rollback.
+    store.begin().unwrap();
+    store.put_job(3001, &columns(1, "queued"), &json!({ "id": 3001 })).unwrap();
+    store.commit().unwrap();
+    assert_eq!(other.max_job_id().unwrap(), 3001);
+}
