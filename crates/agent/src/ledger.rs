@@ -186,10 +186,12 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
 
-        tokio::task::spawn_blocking(move || kill_leftovers(&dir, None, "ebb-test-")).await.unwrap();
+        let leftovers = dir.clone();
+        tokio::task::spawn_blocking(move || kill_leftovers(&leftovers, None, "ebb-test-")).await.unwrap();
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGKILL));
         assert!(!path.exists(), "the ledger is forgotten once acted on");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
@@ -207,5 +209,6 @@ mod tests {
         assert!(child.try_wait().unwrap().is_none(), "a process the agent did not start was killed");
         child.kill().unwrap();
         child.wait().unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

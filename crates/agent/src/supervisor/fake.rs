@@ -48,6 +48,12 @@ struct State {
     refuse_starts: Option<String>,
 }
 
+impl Drop for FakeSupervisor {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 impl FakeSupervisor {
     /// A fake reporting to a reporter of its own, whose queue is returned.
     pub(crate) fn new(name: &str) -> (Arc<FakeSupervisor>, Queue) {

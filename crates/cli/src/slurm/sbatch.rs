@@ -249,7 +249,9 @@ mod tests {
             ("SLURM_JOB_ID".to_string(), "99".to_string()),
             ("EBB_TOKEN".to_string(), "secret".to_string()),
         ]);
-        batch(&words, &mut std::io::empty(), Path::new("/home/me/project"), &vars)
+        let made = batch(&words, &mut std::io::empty(), Path::new("/home/me/project"), &vars);
+        let _ = std::fs::remove_dir_all(&dir);
+        made
     }
 
     #[test]

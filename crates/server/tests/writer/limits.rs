@@ -31,6 +31,12 @@ struct World {
     joined: bool,
 }
 
+impl Drop for World {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 impl World {
     fn new(name: &str, limits: Limits) -> World {
         let dir = std::env::temp_dir().join(format!("ebb-limits-{}-{name}", std::process::id()));
