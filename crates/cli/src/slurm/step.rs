@@ -155,7 +155,11 @@ impl Names {
     }
 }
 
-/// Opens an output file as `--open-mode` says, made if missing.
+/// Opens an output file as `--open-mode` says, made if missing, and its
+/// directory with it. Slurm's own would fail without the directory, but
+/// tools built on Slurm make it after `sbatch` answers (submitit makes
+/// each array task's once it has the job's id), which on Slurm is long
+/// before the job starts, and on Ebb may not be.
 pub fn open_output(path: &Path, append: bool) -> std::io::Result<File> {
     let mut options = std::fs::OpenOptions::new();
     options.write(true).create(true).mode(0o644);
@@ -164,7 +168,16 @@ pub fn open_output(path: &Path, append: bool) -> std::io::Result<File> {
     } else {
         options.truncate(true);
     }
-    options.open(path)
+    match options.open(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            match path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
+                Some(dir) => std::fs::create_dir_all(dir)?,
+                None => return Err(e),
+            }
+            options.open(path)
+        }
+        opened => opened,
+    }
 }
 
 /// The batch step's command line, as the agent writes it.
@@ -314,6 +327,27 @@ pub fn signal_steps(steps: &Path, signo: i32) {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// An array task's output in a directory its submitter has not made
+    /// yet (submitit makes it after `sbatch` answers): made with the
+    /// file; appending keeps what an earlier attempt wrote.
+    #[test]
+    fn an_output_file_is_opened_in_a_directory_made_for_it() {
+        use std::io::Write;
+        let root = std::env::temp_dir().join(format!("ebb-step-output-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let path = root.join("40_2").join("40_2_0_log.out");
+        open_output(&path, false).unwrap().write_all(b"first\n").unwrap();
+        open_output(&path, true).unwrap().write_all(b"second\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "first\nsecond\n");
+        open_output(&path, false).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "", "truncated without append");
+        // What cannot be made is still an error: a file where the
+        // directory would be.
+        let blocked = root.join("40_2").join("40_2_0_log.out").join("x.out");
+        assert!(open_output(&blocked, false).is_err());
+        std::fs::remove_dir_all(&root).unwrap();
+    }
 
     fn names() -> Names {
         Names {
