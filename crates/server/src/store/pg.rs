@@ -167,9 +167,13 @@ impl Ahead {
         std::thread::Builder::new()
             .name("ebb-pg-ahead".into())
             .spawn(move || {
-                // Until the store is dropped.
+                // Until the store is dropped. A panic in a write is the
+                // transaction's error, not a store waiting forever.
                 for chunk in rx {
-                    let written = session.lock().unwrap_or_else(|e| e.into_inner()).write(chunk);
+                    let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        session.lock().unwrap_or_else(|e| e.into_inner()).write(chunk)
+                    }))
+                    .unwrap_or_else(|_| Err(StoreError("writing rows sent ahead panicked".into())));
                     let (state, cv) = &*state;
                     let mut state = state.lock().unwrap_or_else(|e| e.into_inner());
                     state.written += 1;
@@ -417,8 +421,9 @@ impl PgStore {
         let ahead = self.ahead.get_or_insert_with(|| Ahead::start(session.clone()));
         ahead.done.0.lock().unwrap_or_else(|e| e.into_inner()).sent += 1;
         if let Err(mpsc::SendError(chunk)) = ahead.chunks.send(std::mem::take(&mut self.pending)) {
-            // The thread is gone (a panic there): the rows are written at
-            // the next use of the connection instead.
+            // The thread is gone (it cannot be while the store holds its
+            // sender): the rows are written at the next use of the
+            // connection instead.
             ahead.done.0.lock().unwrap_or_else(|e| e.into_inner()).sent -= 1;
             self.pending = chunk;
         }
