@@ -393,6 +393,12 @@ async function tenantSeesOnlyItsOwn(browser, server, admin, problems) {
   await screenshot(page, "dashboard-user.png");
 
   await page.getByLabel("State").selectOption("succeeded");
+  // A change to alice's jobs redraws the page live; the filter she chose
+  // and has not applied yet stays chosen.
+  const later = submit(alice, "--name", "later", "--", "sleep", "600");
+  await page.locator(`tr[data-job="${later}"]`).waitFor();
+  check((await page.getByLabel("State").inputValue()) === "succeeded", "a filter chosen but not applied stays through a live redraw");
+  cli(server, alice, ["cancel", `${later}`]);
   await page.getByRole("button", { name: "Filter" }).click();
   await page.waitForURL(/state=succeeded/);
   await page.locator(`tr[data-job="${mine}"]`).waitFor();

@@ -200,7 +200,16 @@ async function render({ quiet = false } = {}) {
   }
   if (seq !== renderSeq) return; // a later render started meanwhile
   const focused = document.activeElement && document.activeElement.id;
+  // A live refresh redraws the same view: what the reader has chosen or
+  // typed in its fields and not yet applied stays, not the view's own.
+  const chosen = quiet
+    ? [...app.querySelectorAll("input[id], select[id], textarea[id]")].map((field) => [field.id, field.tagName, field.value])
+    : [];
   app.replaceChildren(...view.flat(Infinity));
+  for (const [id, tag, value] of chosen) {
+    const again = document.getElementById(id);
+    if (again && again.tagName === tag && again.value !== value) again.value = value;
+  }
   drawCharts();
   if (focused) {
     const again = document.getElementById(focused);
