@@ -534,9 +534,12 @@ async function operatorSeesEverything(browser, server, admin, problems) {
   const own = submit(owner, "--tier", "reserved", "--gpus", "8", "--name", "owners", "--", "sleep", "600");
   const heldFor = page.locator(`li.gpu[data-held-for="${own}"]`);
   await until("the borrower's GPUs held for the owner's job", async () => (await heldFor.count()) === 8, 5000);
-  check((await heldFor.first().getAttribute("data-state")) === "draining" &&
-    (await heldFor.first().getAttribute("title")).endsWith(`held for job ${own}`),
-    "the draining GPUs say which waiting job they are held for");
+  // The page reads nodes and jobs at once, and a redraw can take them
+  // from either side of a commit: it is checked once it has settled.
+  const drainingHeld = async () => (await heldFor.first().getAttribute("data-state")) === "draining" &&
+    (await heldFor.first().getAttribute("title")).endsWith(`held for job ${own}`);
+  await until("the held GPUs shown draining, held for the owner's job", drainingHeld, 5000);
+  check(true, "the draining GPUs say which waiting job they are held for");
   const reserved = page.locator(`li.gpu[data-job="${own}"][data-state="reserved"]`);
   await until("the owner's job on 8 reserved cells", async () => (await reserved.count()) === 8, (DRAIN_WINDOW_S + 20) * 1000);
   const colour = (state) => page.locator(`.legend .gpu-${state}`).evaluate((e) => getComputedStyle(e).backgroundColor);
