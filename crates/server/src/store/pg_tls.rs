@@ -1,10 +1,10 @@
-//! TLS to PostgreSQL, as libpq's `sslmode` and `sslrootcert` mean it,
-//! over rustls (`tokio-postgres-rustls`, with the `ring` provider the rest
+//! TLS to PostgreSQL, as libpq's `sslmode`, `sslrootcert`, `sslcert` and
+//! `sslkey` mean it, over rustls (`tokio-postgres-rustls`, with the `ring` provider the rest
 //! of the server uses).
 //!
 //! The `postgres` crate knows `sslmode` as `disable`, `prefer` and
-//! `require` only, and no `sslrootcert`; an operator writes the string
-//! they would give `psql`. So the two options are taken out of the
+//! `require` only, and none of the files; an operator writes the string
+//! they would give `psql`. So these options are taken out of the
 //! connection string here (a `postgres://` URL's query, or a key-value
 //! string), the rest is parsed by `postgres`, and the connector does what
 //! the mode asks:
@@ -20,7 +20,15 @@
 //! The verify modes need `sslrootcert=FILE` (PEM); libpq's default file
 //! (`~/.postgresql/root.crt`) and `system` are not read. A unix-socket
 //! host never uses TLS (PostgreSQL offers none there).
+//!
+//! `sslcert` and `sslkey` (PEM, both or neither) are the client's own
+//! certificate and key, for a server that asks for one (`pg_hba.conf`'s
+//! `cert` method, or `clientcert=verify-ca`/`verify-full`); as with libpq,
+//! a key file must not be readable by group or others, unless root owns
+//! it and only its group may read it. libpq's default files
+//! (`~/.postgresql/postgresql.crt`, `.key`) are not read.
 
+use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -30,7 +38,7 @@ use postgres::{Client, Config, NoTls};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{CertificateError, DigitallySignedStruct, SignatureScheme};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
@@ -71,6 +79,8 @@ pub struct Target {
     pub config: Config,
     pub mode: SslMode,
     pub root: Option<PathBuf>,
+    /// The client's certificate chain and key (`sslcert`, `sslkey`).
+    pub client: Option<(PathBuf, PathBuf)>,
 }
 
 impl Target {
@@ -80,13 +90,28 @@ impl Target {
     pub fn parse(url: &str) -> Result<Target, String> {
         let (rest, options) = take_tls_options(url)?;
         let mut mode = SslMode::Prefer;
-        let mut root = None;
+        let (mut root, mut cert, mut key_file) = (None, None, None);
         for (key, value) in options {
+            if key != TlsKey::Mode && value.is_empty() {
+                return Err(format!("{} is empty", key.name()));
+            }
             match key {
                 TlsKey::Mode => mode = value.parse()?,
-                TlsKey::RootCert if value.is_empty() => return Err("sslrootcert is empty".into()),
                 TlsKey::RootCert => root = Some(PathBuf::from(value)),
+                TlsKey::Cert => cert = Some(PathBuf::from(value)),
+                TlsKey::Key => key_file = Some(PathBuf::from(value)),
             }
+        }
+        let client = match (cert, key_file) {
+            (None, None) => None,
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (Some(_), None) => {
+                return Err("sslcert needs sslkey=FILE: the key of the client's certificate".into())
+            }
+            (None, Some(_)) => return Err("sslkey needs sslcert=FILE: the client's certificate".into()),
+        };
+        if client.is_some() && mode == SslMode::Disable {
+            return Err("sslcert and sslkey need TLS, and sslmode=disable turns it off".into());
         }
         if root.is_none() && matches!(mode, SslMode::VerifyCa | SslMode::VerifyFull) {
             let name = if mode == SslMode::VerifyCa { "verify-ca" } else { "verify-full" };
@@ -101,7 +126,7 @@ impl Target {
             SslMode::Prefer => PgSslMode::Prefer,
             SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => PgSslMode::Require,
         });
-        Ok(Target { config, mode, root })
+        Ok(Target { config, mode, root, client })
     }
 
     /// The rustls configuration for this mode; `None` for `disable`.
@@ -136,7 +161,15 @@ impl Target {
                 }
             }
         };
-        Ok(Some(builder.dangerous().with_custom_certificate_verifier(verifier).with_no_client_auth()))
+        let builder = builder.dangerous().with_custom_certificate_verifier(verifier);
+        let Some((cert_file, key_file)) = &self.client else {
+            return Ok(Some(builder.with_no_client_auth()));
+        };
+        let (chain, key) = client_identity(cert_file, key_file)?;
+        builder
+            .with_client_auth_cert(chain, key)
+            .map(Some)
+            .map_err(|e| format!("sslcert {} and sslkey {}: {e}", cert_file.display(), key_file.display()))
     }
 
     /// Connects as the mode asks.
@@ -145,7 +178,18 @@ impl Target {
             None => self.config.connect(NoTls),
             Some(tls) => self.config.connect(MakeRustlsConnect::new(tls)),
         };
-        connected.map_err(|e| format!("cannot connect to PostgreSQL: {}", words(&e)))
+        connected.map_err(|e| {
+            let words = words(&e);
+            // The database's alert alone does not say it was about the
+            // certificate this side sent.
+            let hint = if self.client.is_some() && words.contains("received fatal alert: UnknownCA") {
+                " (the database refused the client certificate: the CA that signed it is not in the \
+                 database's ssl_ca_file)"
+            } else {
+                ""
+            };
+            format!("cannot connect to PostgreSQL: {words}{hint}")
+        })
     }
 }
 
@@ -164,10 +208,46 @@ fn words(e: &postgres::Error) -> String {
     words
 }
 
+/// The client's certificate chain and private key, from PEM files; the
+/// key refused where others may read it (libpq's rule).
+fn client_identity(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), String> {
+    let chain = CertificateDer::pem_file_iter(cert)
+        .map_err(|e| format!("sslcert {}: {e}", cert.display()))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("sslcert {}: {e}", cert.display()))?;
+    if chain.is_empty() {
+        return Err(format!("sslcert {}: no certificate in it", cert.display()));
+    }
+    let meta = std::fs::metadata(key).map_err(|e| format!("sslkey {}: {e}", key.display()))?;
+    key_file_private(meta.mode(), meta.uid()).map_err(|why| format!("sslkey {}: {why}", key.display()))?;
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| format!("sslkey {}: {e}", key.display()))?;
+    Ok((chain, key))
+}
+
+/// libpq's rule for a client key file: owned by anyone else than root, no
+/// access for group or others (0600 at most); owned by root, read by its
+/// group at most (0640), so that a group the server's user is in may hold
+/// it.
+fn key_file_private(mode: u32, owner: u32) -> Result<(), String> {
+    let (limit, allowed) = if owner == 0 { (0o037, "u=rw,g=r (0640)") } else { (0o077, "u=rw (0600)") };
+    if mode & limit != 0 {
+        return Err(format!(
+            "its permissions are {:04o}, readable by others than its owner; allow at most {allowed}",
+            mode & 0o7777
+        ));
+    }
+    Ok(())
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum TlsKey {
     Mode,
     RootCert,
+    Cert,
+    Key,
 }
 
 impl TlsKey {
@@ -175,12 +255,23 @@ impl TlsKey {
         match key {
             "sslmode" => Some(TlsKey::Mode),
             "sslrootcert" => Some(TlsKey::RootCert),
+            "sslcert" => Some(TlsKey::Cert),
+            "sslkey" => Some(TlsKey::Key),
             _ => None,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            TlsKey::Mode => "sslmode",
+            TlsKey::RootCert => "sslrootcert",
+            TlsKey::Cert => "sslcert",
+            TlsKey::Key => "sslkey",
         }
     }
 }
 
-/// The connection string without `sslmode` and `sslrootcert`, and their
+/// The connection string without the TLS options, and their
 /// values in the order written (a later one wins, as in libpq).
 fn take_tls_options(url: &str) -> Result<(String, Vec<(TlsKey, String)>), String> {
     let is_url = url.starts_with("postgres://") || url.starts_with("postgresql://");
@@ -409,6 +500,11 @@ mod tests {
             ("postgres://u:hunter2@db/x?sslmode=%zz", "a `%` not followed by two hex digits"),
             ("host=db sslrootcert=''", "sslrootcert is empty"),
             ("host=db password=hunter2 colour=blue", "invalid connection string: unknown option `colour`"),
+            ("host=db password=hunter2 sslcert=/c.pem", "sslcert needs sslkey=FILE"),
+            ("postgres://u:hunter2@db/x?sslkey=%2Fk.pem", "sslkey needs sslcert=FILE"),
+            ("host=db sslcert='' sslkey=/k.pem", "sslcert is empty"),
+            ("host=db sslcert=/c.pem sslkey=''", "sslkey is empty"),
+            ("host=db sslmode=disable sslcert=/c.pem sslkey=/k.pem", "sslmode=disable turns it off"),
         ];
         for (url, expected) in cases {
             let e = Target::parse(url).unwrap_err();
@@ -434,6 +530,62 @@ mod tests {
         let e = t.client_config().unwrap_err();
         assert!(e.starts_with("sslrootcert /nonexistent/ca.pem: "), "{e}");
         assert!(Target::parse("host=db sslmode=disable").unwrap().client_config().unwrap().is_none());
+    }
+
+    #[test]
+    fn a_client_certificate_and_key_are_read_and_a_key_others_can_read_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("ebb-pg-client-cert-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["ebb".to_string()]).unwrap().self_signed(&key).unwrap();
+        let (cert_file, key_file, empty) = (dir.join("c.pem"), dir.join("k.pem"), dir.join("empty.pem"));
+        std::fs::write(&cert_file, cert.pem()).unwrap();
+        std::fs::write(&key_file, key.serialize_pem()).unwrap();
+        std::fs::write(&empty, "not PEM at all\n").unwrap();
+        let mode = |path: &std::path::Path, mode: u32| {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap()
+        };
+        mode(&key_file, 0o600);
+        mode(&empty, 0o600);
+        let target = |cert: &std::path::Path, key: &std::path::Path| {
+            let url =
+                format!("host=db sslmode=require sslcert='{}' sslkey='{}'", cert.display(), key.display());
+            Target::parse(&url).unwrap()
+        };
+        let t = target(&cert_file, &key_file);
+        assert_eq!(t.client, Some((cert_file.clone(), key_file.clone())));
+        assert!(t.client_config().unwrap().unwrap().client_auth_cert_resolver.has_certs());
+
+        let refused = |cert: &std::path::Path, key: &std::path::Path, why: &str| {
+            let e = target(cert, key).client_config().unwrap_err();
+            assert!(e.contains(why), "{e}");
+        };
+        refused(&dir.join("none.pem"), &key_file, "none.pem: ");
+        refused(&empty, &key_file, "empty.pem: no certificate in it");
+        refused(&cert_file, &dir.join("none.pem"), "sslkey");
+        refused(&cert_file, &empty, "empty.pem: ");
+        // A root-owned key may be read by its group; the tests' files are
+        // their user's, so no access beyond the owner's is allowed.
+        mode(&key_file, 0o640);
+        let owner = std::fs::metadata(&key_file).unwrap().uid();
+        if owner != 0 {
+            refused(&cert_file, &key_file, "its permissions are 0640, readable by others than its owner");
+        }
+        mode(&key_file, 0o604);
+        refused(&cert_file, &key_file, "its permissions are 0604, readable by others than its owner");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_key_file_may_be_read_by_its_owner_and_by_roots_group_only() {
+        assert_eq!(key_file_private(0o100600, 1000), Ok(()));
+        assert_eq!(key_file_private(0o100400, 1000), Ok(()));
+        assert!(key_file_private(0o100640, 1000).unwrap_err().contains("0640"));
+        assert!(key_file_private(0o100644, 1000).unwrap_err().contains("at most u=rw (0600)"));
+        assert_eq!(key_file_private(0o100640, 0), Ok(()));
+        assert!(key_file_private(0o100660, 0).unwrap_err().contains("at most u=rw,g=r (0640)"));
+        assert!(key_file_private(0o100604, 0).is_err());
     }
 
     proptest! {

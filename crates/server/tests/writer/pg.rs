@@ -31,12 +31,14 @@ impl Postgres {
 
     /// A server that also listens on 127.0.0.1 with `ssl=on`, with this
     /// certificate and key (PEM), and accepts connections there only over
-    /// TLS (`hostssl`; `hostnossl` is rejected).
-    pub fn start_tls(name: &str, cert_pem: &str, key_pem: &str) -> Postgres {
-        Postgres::start_with(name, Some((cert_pem, key_pem)))
+    /// TLS (`hostssl`; `hostnossl` is rejected). The role `certified`
+    /// signs in there only with a client certificate for its name signed
+    /// by `client_ca_pem` (the `cert` method); every other role as it is.
+    pub fn start_tls(name: &str, cert_pem: &str, key_pem: &str, client_ca_pem: &str) -> Postgres {
+        Postgres::start_with(name, Some((cert_pem, key_pem, client_ca_pem)))
     }
 
-    fn start_with(name: &str, tls: Option<(&str, &str)>) -> Postgres {
+    fn start_with(name: &str, tls: Option<(&str, &str, &str)>) -> Postgres {
         let dir = std::env::temp_dir().join(format!("ebb-pg-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("sock")).unwrap();
@@ -53,11 +55,14 @@ impl Postgres {
             &["-D", pg.data().to_str().unwrap(), "-U", "ebb", "--auth=trust", "-E", "UTF8", "--no-sync"],
         );
         let mut options = format!("-c listen_addresses='' -k {} -c fsync=off", pg.dir.join("sock").display());
-        if let Some((cert, key)) = tls {
+        if let Some((cert, key, client_ca)) = tls {
             let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
             pg.port = Some(port);
-            let hba = "local all all trust\nhostssl all all 127.0.0.1/32 trust\nhostnossl all all 127.0.0.1/32 reject\n";
-            for (file, text) in [("server.crt", cert), ("server.key", key), ("pg_hba.conf", hba)] {
+            let hba = "local all all trust\nhostssl all certified 127.0.0.1/32 cert\n\
+                       hostssl all all 127.0.0.1/32 trust\nhostnossl all all 127.0.0.1/32 reject\n";
+            let files =
+                [("server.crt", cert), ("server.key", key), ("clients.crt", client_ca), ("pg_hba.conf", hba)];
+            for (file, text) in files {
                 let path = pg.data().join(file);
                 std::fs::write(&path, text).unwrap();
                 std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
@@ -66,7 +71,7 @@ impl Postgres {
                 }
             }
             options = format!(
-                "-c listen_addresses='127.0.0.1' -p {port} -k {} -c fsync=off -c ssl=on",
+                "-c listen_addresses='127.0.0.1' -p {port} -k {} -c fsync=off -c ssl=on -c ssl_ca_file=clients.crt",
                 pg.dir.join("sock").display()
             );
         }

@@ -1,6 +1,7 @@
 //! TLS to PostgreSQL: a throwaway server with `ssl=on` and a certificate
 //! this test makes, which refuses connections without TLS; each `sslmode`
-//! connects, or is refused with the reason, as libpq's would be.
+//! connects, or is refused with the reason, as libpq's would be; and a
+//! role that signs in with a client certificate only.
 
 use ebb_server::store::pg::PgStore;
 use ebb_server::store::pg_tls::Target;
@@ -30,6 +31,14 @@ fn server_cert(ca: &Ca) -> (String, String) {
     (params.signed_by(&key, &ca.issuer).unwrap().pem(), key.serialize_pem())
 }
 
+/// A client certificate for role `name`, and its key.
+fn client_cert(ca: &Ca, name: &str) -> (String, String) {
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.distinguished_name.push(rcgen::DnType::CommonName, name);
+    (params.signed_by(&key, &ca.issuer).unwrap().pem(), key.serialize_pem())
+}
+
 /// Whether the session runs over TLS, as the server sees it.
 fn server_sees_tls(url: &str) -> Result<bool, String> {
     let mut client = Target::parse(url)?.connect()?;
@@ -41,7 +50,7 @@ fn server_sees_tls(url: &str) -> Result<bool, String> {
 fn postgres_over_tls_connects_as_each_sslmode_asks_and_refuses_what_it_must() {
     let (ca, other) = (ca("the database's CA"), ca("another CA"));
     let (cert, key) = server_cert(&ca);
-    let pg = Postgres::start_tls("tls", &cert, &key);
+    let pg = Postgres::start_tls("tls", &cert, &key, &ca.pem);
     let port = pg.port.unwrap();
     let dir = std::env::temp_dir().join(format!("ebb-pg-tls-cas-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -93,5 +102,47 @@ fn postgres_over_tls_connects_as_each_sslmode_asks_and_refuses_what_it_must() {
         e.to_string().contains("--database: cannot connect to PostgreSQL: error performing TLS handshake"),
         "{e}"
     );
+
+    // A role that signs in with a client certificate only (`cert` in
+    // pg_hba.conf): its certificate and key, one signed by another CA, and
+    // one for another name.
+    let mut admin = Target::parse(&at("localhost", "sslmode=require")).unwrap().connect().unwrap();
+    admin.batch_execute("CREATE ROLE certified LOGIN").unwrap();
+    admin.batch_execute("CREATE DATABASE certified OWNER certified").unwrap();
+    let write_pair = |name: &str, (cert, key): (String, String)| {
+        let (c, k) = (dir.join(format!("{name}.crt")), dir.join(format!("{name}.key")));
+        std::fs::write(&c, cert).unwrap();
+        std::fs::write(&k, key).unwrap();
+        std::fs::set_permissions(&k, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+        format!("sslcert={} sslkey={}", c.display(), k.display())
+    };
+    let mine = write_pair("certified", client_cert(&ca, "certified"));
+    let foreign = write_pair("foreign", client_cert(&other, "certified"));
+    let misnamed = write_pair("misnamed", client_cert(&ca, "someone-else"));
+    let as_certified = |opts: &str| {
+        format!(
+            "host=localhost port={port} user=certified dbname=certified sslmode=verify-full {ca_opt} {opts}"
+        )
+    };
+    let user_of = |url: &str| -> Result<String, String> {
+        let mut client = Target::parse(url)?.connect()?;
+        Ok(client.query_one("SELECT current_user::text", &[]).unwrap().get(0))
+    };
+    assert_eq!(user_of(&as_certified(&mine)), Ok("certified".to_string()));
+    assert_eq!(server_sees_tls(&as_certified(&mine)), Ok(true));
+    let refused_as = |url: String, why: &str| {
+        let e = user_of(&url).unwrap_err();
+        assert!(e.contains(why), "{url}: {e}");
+    };
+    refused_as(as_certified(""), "connection requires a valid client certificate");
+    refused_as(
+        as_certified(&foreign),
+        "received fatal alert: UnknownCA (the database refused the client certificate: the CA that \
+         signed it is not in the database's ssl_ca_file)",
+    );
+    refused_as(as_certified(&misnamed), "certificate authentication failed for user \"certified\"");
+    // The store, as a server with a certificate opens it.
+    let mut store = PgStore::open(&as_certified(&mine)).unwrap();
+    assert_eq!(store.lease().unwrap().epoch, 0);
     let _ = std::fs::remove_dir_all(&dir);
 }
