@@ -170,8 +170,7 @@ pub fn spawn(req: &Request) -> Result<Child, SpawnError> {
         failed_step: AtomicU8::new(0),
         failed_errno: AtomicI32::new(0),
     };
-    let stack =
-        Stack::new(256 * 1024).map_err(|e| SpawnError::new("cannot map a stack to start it on", e))?;
+    let stack = Stack::take().map_err(|e| SpawnError::new("cannot map a stack to start it on", e))?;
 
     // SAFETY: every signal is blocked around the clone, so that no handler
     // of the agent's runs in the child while it shares the agent's memory;
@@ -196,7 +195,8 @@ pub fn spawn(req: &Request) -> Result<Child, SpawnError> {
         }
         pid
     };
-    drop((null, out_w, err_w, stack));
+    drop((null, out_w, err_w));
+    stack.give_back();
     let step = ctx.failed_step.load(Ordering::Acquire);
     if step != 0 {
         reap(pid);
@@ -327,7 +327,36 @@ struct Stack {
     len: usize,
 }
 
+// SAFETY: a mapping only the thread that holds the `Stack` uses (and the
+// child it starts, while that thread waits).
+unsafe impl Send for Stack {}
+
+/// Stacks children ran on, kept for the next starts: mapping a fresh one
+/// and unmapping it costs every start page faults and, in a multithreaded
+/// agent, a flush of the other CPUs' TLBs.
+static STACKS: std::sync::Mutex<Vec<Stack>> = std::sync::Mutex::new(Vec::new());
+/// Starts run a few at a time: more stacks than this are unmapped.
+const KEPT_STACKS: usize = 8;
+const STACK_BYTES: usize = 256 * 1024;
+
 impl Stack {
+    /// A kept stack, or a new one.
+    fn take() -> std::io::Result<Stack> {
+        match STACKS.lock().unwrap_or_else(|e| e.into_inner()).pop() {
+            Some(stack) => Ok(stack),
+            None => Stack::new(STACK_BYTES),
+        }
+    }
+
+    /// Keeps the stack for the next start; its child has exec'd or exited
+    /// (`clone` with CLONE_VFORK returned), so nothing runs on it.
+    fn give_back(self) {
+        let mut kept = STACKS.lock().unwrap_or_else(|e| e.into_inner());
+        if kept.len() < KEPT_STACKS {
+            kept.push(self);
+        }
+    }
+
     fn new(len: usize) -> std::io::Result<Stack> {
         // SAFETY: a fresh anonymous mapping, released in Drop.
         unsafe {
@@ -445,6 +474,34 @@ mod tests {
         // FOO, PATH, and what sh sets itself (PWD, SHLVL, _): nothing of ours.
         let count: usize = lines.next().unwrap().trim().parse().unwrap();
         assert!(count <= 5, "{out}");
+    }
+
+    #[test]
+    fn starts_on_many_threads_at_once_each_get_their_own_argv_on_kept_stacks() {
+        let dir = std::env::temp_dir();
+        let outs: Vec<Vec<String>> = std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..6)
+                .map(|t| {
+                    let dir = &dir;
+                    scope.spawn(move || {
+                        (0..40)
+                            .map(|i| {
+                                let word = format!("{t}-{i}");
+                                run(&["echo", &word], &[("PATH", "/usr/bin:/bin")], dir).unwrap().0
+                            })
+                            .collect()
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        for (t, outs) in outs.iter().enumerate() {
+            for (i, out) in outs.iter().enumerate() {
+                assert_eq!(out, &format!("{t}-{i}\n"));
+            }
+        }
+        let kept = STACKS.lock().unwrap().len();
+        assert!((1..=KEPT_STACKS).contains(&kept), "{kept} stacks kept");
     }
 
     #[test]
