@@ -34,6 +34,12 @@ pub struct Node {
     pub held: Vec<HeldGpus>,
     pub last_heartbeat: String,
     pub jobs: Vec<u64>,
+    /// Which job is on which of its GPUs, in the same read as the rest of
+    /// the node (the operator's; a tenant sees none): a view drawn from it
+    /// never shows a GPU's job from before a change and its hold from
+    /// after.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub placements: Vec<NodeJob>,
     /// Why it drains or was drained, when its health or its agent's stop
     /// drained it (absent when the operator did, or it is not drained).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -112,6 +118,19 @@ pub struct TierGpus {
     pub reserved: u32,
     pub on_demand: u32,
     pub preemptible: u32,
+}
+
+/// A job's GPUs on one node.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct NodeJob {
+    pub job: u64,
+    pub gpus: Vec<u8>,
+    pub tier: String,
+    /// starting, running or draining.
+    pub state: String,
+    /// A draining job's deadline: when what is left of it is killed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<String>,
 }
 
 /// GPUs of one node held for a waiting job.

@@ -234,13 +234,6 @@ async function allJobs(query) {
   return jobs;
 }
 
-/// The drain deadline of a draining job: its latest drain notice's.
-function drainDeadline(job) {
-  const notices = job.events.filter((e) => e.kind === "drain_notice");
-  const last = notices[notices.length - 1];
-  return last ? Date.parse(last.detail.deadline) : null;
-}
-
 async function clusterView() {
   const [nodes, active, recent, reservations, report, series] = await Promise.all([
     api("/v1/nodes"),
@@ -251,20 +244,15 @@ async function clusterView() {
     api(`/v1/report/series?${new URLSearchParams(seriesPeriod())}`),
   ]);
   const preemptions = await preemptionTimeline(recent.jobs.map(withLists));
-  const draining = await Promise.all(
-    active.filter((j) => j.state === "draining").map((j) => getJob(j.id)),
-  );
-  const deadlines = new Map(draining.map((j) => [j.id, drainDeadline(j)]));
-  // Which job runs on each GPU: node -> index -> job.
-  const onGpu = new Map();
-  for (const job of active) {
-    for (const part of job.placement) {
-      if (!onGpu.has(part.node)) onGpu.set(part.node, new Map());
-      for (const gpu of part.gpus) onGpu.get(part.node).set(gpu, job);
-    }
-  }
   const rows = nodes.map((node) => {
-    const jobs = onGpu.get(node.name) || new Map();
+    // Which job is on each GPU, from the node's own row: its jobs, holds
+    // and faults come from one read, so a GPU never shows its job from
+    // before a change and its hold from after it.
+    const jobs = new Map();
+    for (const p of node.placements || []) {
+      const job = { id: p.job, tier: p.tier, state: p.state, deadline: p.deadline ? Date.parse(p.deadline) : null };
+      for (const gpu of p.gpus) jobs.set(gpu, job);
+    }
     // GPU index -> the waiting job it is held for.
     const heldFor = new Map();
     for (const h of node.held || []) for (const gpu of h.gpus) heldFor.set(gpu, h.job);
@@ -278,7 +266,7 @@ async function clusterView() {
       let state, label, extra = null;
       if (job && job.state === "draining") {
         state = "draining";
-        const deadline = deadlines.get(job.id);
+        const deadline = job.deadline;
         label = `GPU ${gpu}: job ${job.id}, ${job.tier}, draining${forWaiting}`;
         if (deadline) extra = el("span", { class: "countdown", "data-deadline": deadline, text: countdown(deadline) });
       } else if (job) {
@@ -328,7 +316,7 @@ async function clusterView() {
     );
   });
   const queued = active.filter((j) => j.state === "queued");
-  const drainingNow = draining.length;
+  const drainingNow = active.filter((j) => j.state === "draining").length;
   announce(`${nodes.length} nodes, ${active.length - queued.length} jobs placed, ${drainingNow} draining, ${queued.length} queued`);
   return [
     el("h1", { text: "Cluster" }),

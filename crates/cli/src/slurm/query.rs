@@ -667,6 +667,7 @@ mod tests {
             held: Vec::new(),
             last_heartbeat: String::new(),
             jobs: Vec::new(),
+            placements: Vec::new(),
             drained_for: None,
             gpus_out: Vec::new(),
             warnings: Vec::new(),

@@ -375,6 +375,23 @@ impl<S: Store> Engine<S> {
                 .collect(),
             last_heartbeat: rfc3339(n.last_heartbeat.0),
             jobs: n.jobs().map(|j| j.0).collect(),
+            placements: n
+                .jobs()
+                .filter_map(|j| {
+                    let job = self.jobs.get(&j.0)?;
+                    let (_, gpus) = job.placement.iter().find(|(node, _)| node == name)?;
+                    let deadline = (job.state == JobState::Draining)
+                        .then(|| job.notice.as_ref().map(|(_, deadline, _)| rfc3339(*deadline)))
+                        .flatten();
+                    Some(ebb_api::NodeJob {
+                        job: j.0,
+                        gpus: gpus.clone(),
+                        tier: job.tier.as_str().into(),
+                        state: job.state.as_str().into(),
+                        deadline,
+                    })
+                })
+                .collect(),
             drained_for: row.drained_for.clone().filter(|_| n.status == NodeStatus::Cordoned),
             gpus_out: row
                 .gpus_out

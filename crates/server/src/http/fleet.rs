@@ -23,6 +23,7 @@ pub(super) async fn list_nodes(
     if principal.scope != Scope::Admin {
         for node in &mut nodes {
             node.jobs.clear();
+            node.placements.clear();
             node.held.clear();
             node.unhealthy = None;
         }

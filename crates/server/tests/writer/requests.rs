@@ -142,7 +142,12 @@ fn tenants_see_only_their_own_jobs_and_bad_requests_name_what_was_wrong() {
     let nodes = api.get(&a, "/v1/nodes");
     assert_eq!(nodes.status, 200, "{}", nodes.body);
     assert!(
-        nodes.body.as_array().unwrap().iter().all(|n| n["jobs"] == json!([]) && n.get("held").is_none()),
+        nodes
+            .body
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|n| n["jobs"] == json!([]) && n.get("held").is_none() && n.get("placements").is_none()),
         "{}",
         nodes.body
     );
@@ -196,6 +201,54 @@ fn tenants_see_only_their_own_jobs_and_bad_requests_name_what_was_wrong() {
         assert_eq!(said.status, expected, "{method} {path}: {}", said.body);
         assert!(said.body["error"].as_str().is_some_and(|m| !m.is_empty()), "{method} {path}: {}", said.body);
     }
+}
+
+#[test]
+fn a_nodes_row_says_which_job_is_on_which_gpu_and_a_draining_ones_deadline_in_the_same_read() {
+    let mut api = Api::new("node-placements", |_| {});
+    api.node("n1", "H100", 4);
+    let admin = api.admin.clone();
+    let victim = api.submit(&admin, &json!({"argv": ["sleep", "600"], "gpus": 2}));
+    let other = api.submit(&admin, &json!({"argv": ["sleep", "600"], "gpus": 2}));
+    let at_ms = api.env.now;
+    let started: Vec<ebb_api::AgentEvent> = api
+        .env
+        .poll("n1")
+        .into_iter()
+        .map(|attempt| ebb_api::AgentEvent::Started { attempt, pid: 7, at_ms })
+        .collect();
+    api.env.report("n1", started);
+    let node = |api: &mut Api| {
+        let nodes = api.get(&admin, "/v1/nodes");
+        assert_eq!(nodes.status, 200, "{}", nodes.body);
+        nodes.body[0].clone()
+    };
+    let row = node(&mut api);
+    let placements = row["placements"].as_array().unwrap();
+    assert_eq!(placements.len(), 2, "{row}");
+    let mut gpus: Vec<u64> = Vec::new();
+    for (p, id) in placements.iter().zip([victim, other]) {
+        assert_eq!(
+            (p["job"].as_u64(), &p["tier"], &p["state"]),
+            (Some(id), &json!("preemptible"), &json!("running"))
+        );
+        assert!(p.get("deadline").is_none(), "{p}");
+        gpus.extend(p["gpus"].as_array().unwrap().iter().map(|g| g.as_u64().unwrap()));
+    }
+    gpus.sort();
+    assert_eq!(gpus, [0, 1, 2, 3], "every GPU once: {row}");
+
+    // An on-demand job drains one of them: in the same row, the victim is
+    // draining with its deadline and its GPUs are held for the newcomer.
+    let urgent = api.submit(&admin, &json!({"argv": ["true"], "gpus": 2, "tier": "on-demand"}));
+    let row = node(&mut api);
+    let draining: Vec<&Value> =
+        row["placements"].as_array().unwrap().iter().filter(|p| p["state"] == "draining").collect();
+    assert_eq!(draining.len(), 1, "{row}");
+    let job = api.get(&admin, &format!("/v1/jobs/{}", draining[0]["job"]));
+    let notice = job.body["events"].as_array().unwrap().iter().find(|e| e["kind"] == "drain_notice").unwrap();
+    assert_eq!(draining[0]["deadline"], notice["detail"]["deadline"], "{row}");
+    assert_eq!(row["held"], json!([{"job": urgent, "gpus": draining[0]["gpus"]}]), "{row}");
 }
 
 #[test]
