@@ -484,6 +484,8 @@ def main():
             print(f"webhook {hook['id']}: {hook['pending']} deliveries waiting for the receiver")
     finally:
         stop_up(up)
+    # Only after a run that finished: a failed one's logs stay to be read.
+    shutil.rmtree(data, ignore_errors=True)
 
 
 if __name__ == "__main__":
