@@ -3,11 +3,27 @@
 
 use super::*;
 
-fn scratch(name: &str) -> std::path::PathBuf {
+/// A directory of the test's own for a database file, removed when the
+/// test is done with it.
+struct Scratch(std::path::PathBuf);
+
+impl Scratch {
+    fn db(&self) -> std::path::PathBuf {
+        self.0.join("ebb.db")
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn scratch(name: &str) -> Scratch {
     let dir = std::env::temp_dir().join(format!("ebb-store-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    dir.join("ebb.db")
+    Scratch(dir)
 }
 
 /// Every lookup the writer makes while it runs (loads at start read
@@ -15,7 +31,8 @@ fn scratch(name: &str) -> std::path::PathBuf {
 /// table that grows with the jobs.
 #[test]
 fn every_lookup_searches_an_index() {
-    let store = SqliteStore::open(&scratch("plans")).unwrap();
+    let dir = scratch("plans");
+    let store = SqliteStore::open(&dir.db()).unwrap();
     let lookups = [
         "SELECT at_ms, kind, attempt, detail FROM events WHERE job = 1 ORDER BY seq",
         "SELECT record FROM logs WHERE job = 1",
@@ -97,7 +114,8 @@ fn the_finished_states_are_the_final_ones() {
 /// and left out of the load.
 #[test]
 fn jobs_from_before_the_job_columns_get_them_from_their_records() {
-    let path = scratch("job-columns");
+    let dir = scratch("job-columns");
+    let path = dir.db();
     {
         let mut conn = Connection::open(&path).unwrap();
         let steps = MIGRATIONS[..7].iter().map(|sql| rusqlite_migration::M::up(sql)).collect();
@@ -145,7 +163,8 @@ fn jobs_from_before_the_job_columns_get_them_from_their_records() {
 
 #[test]
 fn logs_from_before_the_store_kept_output_are_marked_files() {
-    let path = scratch("logs-in-files");
+    let dir = scratch("logs-in-files");
+    let path = dir.db();
     {
         let mut conn = Connection::open(&path).unwrap();
         let steps = MIGRATIONS[..6].iter().map(|sql| rusqlite_migration::M::up(sql)).collect();
@@ -172,7 +191,8 @@ fn logs_from_before_the_store_kept_output_are_marked_files() {
 /// keeping what it holds.
 #[test]
 fn a_database_from_before_numbered_migrations_is_migrated() {
-    let path = scratch("old");
+    let dir = scratch("old");
+    let path = dir.db();
     {
         let conn = Connection::open(&path).unwrap();
         conn.execute_batch(
@@ -210,7 +230,8 @@ fn a_database_from_before_numbered_migrations_is_migrated() {
 /// from its beginning.
 #[test]
 fn the_checkpointer_copies_a_long_log_into_the_database_file_and_leaves_a_short_one() {
-    let path = scratch("checkpointer");
+    let dir = scratch("checkpointer");
+    let path = dir.db();
     let mut store = SqliteStore::open(&path).unwrap();
     let token = |hash: &str| TokenRow { hash: hash.into(), tenant: None, scope: Scope::Admin, node: None };
     store.begin().unwrap();
