@@ -601,6 +601,36 @@ mod tests {
             let _ = Target::parse(&s);
         }
 
+        /// Any file names for the client's certificate and key: taken as
+        /// written, or refused naming the option; reading them is an error
+        /// naming the file, never a panic.
+        #[test]
+        fn any_client_certificate_files_are_taken_or_refused_by_name(
+            cert in "\\PC{0,40}",
+            key in "\\PC{0,40}",
+            mode in prop::sample::select(vec!["disable", "prefer", "require", "verify-full"]),
+        ) {
+            let quote = |v: &str| format!("'{}'", v.replace('\\', "\\\\").replace('\'', "\\'"));
+            let url = format!(
+                "host=db sslmode={mode} sslrootcert=/nonexistent/ca.pem sslcert={} sslkey={}",
+                quote(&cert),
+                quote(&key)
+            );
+            match Target::parse(&url) {
+                Ok(t) => {
+                    prop_assert!(!cert.is_empty() && !key.is_empty() && mode != "disable");
+                    prop_assert_eq!(&t.client, &Some((PathBuf::from(&cert), PathBuf::from(&key))));
+                    let e = t.client_config().unwrap_err();
+                    prop_assert!(e.starts_with("sslrootcert ") || e.starts_with("sslcert "), "{}", e);
+                }
+                Err(e) => prop_assert!(
+                    e.contains("sslcert") || e.contains("sslkey") || e.contains("sslmode=disable"),
+                    "{}",
+                    e
+                ),
+            }
+        }
+
         /// Key-value strings of quoted and escaped values come apart into
         /// the values written.
         #[test]
