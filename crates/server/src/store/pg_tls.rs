@@ -1,6 +1,6 @@
 //! TLS to PostgreSQL, as libpq's `sslmode`, `sslrootcert`, `sslcert` and
-//! `sslkey` mean it, over rustls (`tokio-postgres-rustls`, with the `ring` provider the rest
-//! of the server uses).
+//! `sslkey` mean it, over rustls (`tokio-postgres-rustls`, with the `ring`
+//! provider the rest of the server uses).
 //!
 //! The `postgres` crate knows `sslmode` as `disable`, `prefer` and
 //! `require` only, and none of the files; an operator writes the string
@@ -227,7 +227,7 @@ fn client_identity(
     Ok((chain, key))
 }
 
-/// libpq's rule for a client key file: owned by anyone else than root, no
+/// libpq's rule for a client key file: owned by anyone but root, no
 /// access for group or others (0600 at most); owned by root, read by its
 /// group at most (0640), so that a group the server's user is in may hold
 /// it.
@@ -235,7 +235,7 @@ fn key_file_private(mode: u32, owner: u32) -> Result<(), String> {
     let (limit, allowed) = if owner == 0 { (0o037, "u=rw,g=r (0640)") } else { (0o077, "u=rw (0600)") };
     if mode & limit != 0 {
         return Err(format!(
-            "its permissions are {:04o}, readable by others than its owner; allow at most {allowed}",
+            "its permissions are {:04o}, open to others than its owner; allow at most {allowed}",
             mode & 0o7777
         ));
     }
@@ -570,10 +570,10 @@ mod tests {
         mode(&key_file, 0o640);
         let owner = std::fs::metadata(&key_file).unwrap().uid();
         if owner != 0 {
-            refused(&cert_file, &key_file, "its permissions are 0640, readable by others than its owner");
+            refused(&cert_file, &key_file, "its permissions are 0640, open to others than its owner");
         }
         mode(&key_file, 0o604);
-        refused(&cert_file, &key_file, "its permissions are 0604, readable by others than its owner");
+        refused(&cert_file, &key_file, "its permissions are 0604, open to others than its owner");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
