@@ -15,7 +15,8 @@ Prints, over many repetitions:
 
 The client holds one kept-alive connection per thread. First, what the
 parts of that path cost on this machine on their own (a sync, a loopback
-round trip, a process start), for the figures' context.
+round trip, a process start, and a victim's exit to the next process's
+start with no scheduler between), for the figures' context.
 
 With --webhook-hangs, the same with a webhook for every job event of the
 tenant whose receiver accepts connections and never answers: each event
@@ -40,6 +41,7 @@ import http.client
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import socket
@@ -301,8 +303,10 @@ def floors(data, now, n=200):
     """What this machine's parts of the path cost on their own, measured
     beside the figures: a 4 KiB write and fsync in the data directory (a
     commit's sync), a loopback TCP round trip between two Python threads,
-    and a process start (posix_spawn of the static stamp program until its
-    main runs, and until it is reaped)."""
+    a process start (posix_spawn of the static stamp program until its
+    main runs, and until it is reaped), and the handover with nothing
+    between: a Python process stamps and exits, and a waiter (its pidfd,
+    then posix_spawn) starts the stamp program at once."""
     import threading
     path = os.path.join(data, "fsync-probe")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
@@ -345,12 +349,31 @@ def floors(data, now, n=200):
         reaped.append((time.time() - t) * 1000)
         with open(stamp) as f:
             starts.append((float(f.read()) - t) * 1000)
+    handover = []
+    victim = "import os, sys, time\nf = open(sys.argv[1], 'w'); sys.stdin.read(1)\n" \
+             "f.write(repr(time.time())); f.close(); os._exit(0)"
+    exited = os.path.join(data, "exit-probe")
+    for _ in range(n // 2):
+        v = subprocess.Popen([sys.executable, "-c", victim, exited], stdin=subprocess.PIPE)
+        time.sleep(0.02)  # its start-up done, as a running victim's is
+        fd = os.pidfd_open(v.pid)
+        v.stdin.write(b"x")
+        v.stdin.flush()
+        select.select([fd], [], [])
+        v.wait()
+        os.close(fd)
+        pid = os.posix_spawn(now, [now, stamp], {})
+        os.waitpid(pid, 0)
+        with open(exited) as f, open(stamp) as g:
+            handover.append((float(g.read()) - float(f.read())) * 1000)
     print("this machine's floors, measured now:")
     print(f"  {'4 KiB write + fsync':<32} p50 {pct(syncs, 50):6.3f} ms   p99 {pct(syncs, 99):6.3f} ms")
     print(f"  {'loopback round trip (Python)':<32} p50 {pct(trips, 50):6.3f} ms   p99 {pct(trips, 99):6.3f} ms")
     print(f"  {'posix_spawn -> main (static)':<32} p50 {pct(starts, 50):6.3f} ms   p99 {pct(starts, 99):6.3f} ms")
     print(f"  {'posix_spawn -> reaped (static)':<32} p50 {pct(reaped, 50):6.3f} ms   p99 {pct(reaped, 99):6.3f} ms"
           f"   (one after another: {1000 / statistics.mean(reaped):.0f} processes/s)")
+    print(f"  {'exit -> next start, no scheduler':<32} p50 {pct(handover, 50):6.3f} ms   p99 {pct(handover, 99):6.3f} ms"
+          "   (a Python process's exit, reaped by pidfd, the stamp program spawned)")
 
 
 def image_bench(ebb, args):
