@@ -534,8 +534,12 @@ async function operatorSeesEverything(browser, server, admin, problems) {
   const own = submit(owner, "--tier", "reserved", "--gpus", "8", "--name", "owners", "--", "sleep", "600");
   const heldFor = page.locator(`li.gpu[data-held-for="${own}"]`);
   await until("the borrower's GPUs held for the owner's job", async () => (await heldFor.count()) === 8, 5000);
-  // The page reads nodes and jobs at once, and a redraw can take them
-  // from either side of a commit: it is checked once it has settled.
+  // Each cell comes from its node's one record: a GPU held for the owner
+  // is never shown with its borrower still running (the drain and the
+  // hold are one commit). Its borrower may already have left it (held,
+  // no job) before the page shows it draining, so that is waited for.
+  check((await page.locator(`li.gpu[data-held-for="${own}"][data-state="preemptible"]`).count()) === 0,
+    "no GPU held for the owner's job is shown with its borrower running");
   const drainingHeld = async () => (await heldFor.first().getAttribute("data-state")) === "draining" &&
     (await heldFor.first().getAttribute("title")).endsWith(`held for job ${own}`);
   await until("the held GPUs shown draining, held for the owner's job", drainingHeld, 5000);

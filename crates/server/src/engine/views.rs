@@ -380,9 +380,11 @@ impl<S: Store> Engine<S> {
                 .filter_map(|j| {
                     let job = self.jobs.get(&j.0)?;
                     let (_, gpus) = job.placement.iter().find(|(node, _)| node == name)?;
-                    let deadline = (job.state == JobState::Draining)
-                        .then(|| job.notice.as_ref().map(|(_, deadline, _)| rfc3339(*deadline)))
-                        .flatten();
+                    let deadline = job
+                        .notice
+                        .as_ref()
+                        .filter(|_| job.state == JobState::Draining)
+                        .map(|(_, deadline, _)| rfc3339(*deadline));
                     Some(ebb_api::NodeJob {
                         job: j.0,
                         gpus: gpus.clone(),
