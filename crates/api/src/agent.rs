@@ -14,10 +14,10 @@ pub struct AttemptRef {
 /// a partition, saying what it is running.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Register {
-    /// The node's name: 1 to 253 bytes, no control characters, no `/`.
+    /// The node's name: 1 to 253 characters, no control characters, no `/`.
     #[schema(min_length = 1, max_length = 253, pattern = r"^[^\u0000-\u001f\u007f/]+$")]
     pub node: String,
-    /// 1 to 64 bytes, no control characters.
+    /// 1 to 64 characters, no control characters.
     #[schema(min_length = 1, max_length = 64, pattern = r"^[^\u0000-\u001f\u007f]+$")]
     pub gpu_model: String,
     #[schema(minimum = 1, maximum = 64)]
@@ -333,9 +333,10 @@ pub enum AgentEvent {
     /// work with its window, and whatever still runs `stop_timeout_ms`
     /// after `at_ms` the agent ends itself (those exits say
     /// `ended_by: node_stopping`, and are requeued). The node takes work
-    /// again when its agent registers anew.
+    /// again when its agent registers anew. The timeout is the agent's
+    /// own setting, taken whatever it is: what the server shows of it is
+    /// clamped to the year 9999.
     Stopping {
-        #[schema(maximum = 253402300799999.0)]
         stop_timeout_ms: u64,
         #[schema(maximum = 253402300799999.0)]
         at_ms: u64,

@@ -674,20 +674,22 @@ fn clip(text: &str, max: usize) -> String {
 
 /// What the document states of a registration, refused with a 400 naming
 /// the field: names that fit in a listing and a URL path, a GPU count a
-/// node can have.
+/// node can have. Lengths are in characters, as the document's
+/// `maxLength` counts them (a name of 64 characters may be 256 bytes).
 fn check_registration(reg: &Register) -> Result<(), ApiError> {
     let plain = |text: &str, slash_too: bool| {
         !text.chars().any(|c| c.is_control() && c <= '\u{7f}' || (slash_too && c == '/'))
     };
-    if reg.node.is_empty() || reg.node.len() > 253 || !plain(&reg.node, true) {
+    let chars = |text: &str| text.chars().count();
+    if reg.node.is_empty() || chars(&reg.node) > 253 || !plain(&reg.node, true) {
         return Err(ApiError::bad_request(format!(
-            "node: a name of 1 to 253 bytes without control characters or '/', got {:?}",
+            "node: a name of 1 to 253 characters without control characters or '/', got {:?}",
             reg.node
         )));
     }
-    if reg.gpu_model.is_empty() || reg.gpu_model.len() > 64 || !plain(&reg.gpu_model, false) {
+    if reg.gpu_model.is_empty() || chars(&reg.gpu_model) > 64 || !plain(&reg.gpu_model, false) {
         return Err(ApiError::bad_request(format!(
-            "gpu_model: a name of 1 to 64 bytes without control characters, got {:?}",
+            "gpu_model: a name of 1 to 64 characters without control characters, got {:?}",
             reg.gpu_model
         )));
     }
@@ -703,6 +705,36 @@ fn check_registration(reg: &Register) -> Result<(), ApiError> {
 
 #[cfg(test)]
 mod tests {
+    use ebb_api::Register;
+
+    fn register(node: &str, gpu_model: &str) -> Register {
+        Register {
+            node: node.into(),
+            gpu_model: gpu_model.into(),
+            gpus: 8,
+            labels: Default::default(),
+            running: Vec::new(),
+            address: None,
+            unreported: Vec::new(),
+        }
+    }
+
+    /// The document's limits are characters (JSON Schema's `maxLength`):
+    /// a name at the limit in four-byte characters is taken, one past it
+    /// is refused, and C1 controls (which the document's pattern allows)
+    /// are taken.
+    #[test]
+    fn registration_names_are_measured_in_characters_as_the_document_says() {
+        let ok = |node: &str, model: &str| super::check_registration(&register(node, model)).is_ok();
+        assert!(ok(&"😍".repeat(253), &"😍".repeat(64)));
+        assert!(ok("n\u{85}", "H100\u{9f}"));
+        assert!(!ok(&"😍".repeat(254), "H100"));
+        assert!(!ok("n", &"😍".repeat(65)));
+        assert!(!ok("", "H100") && !ok("n", "") && !ok("a/b", "H100") && !ok("n", "H\u{7f}"));
+        let e = super::check_registration(&register("n", &"x".repeat(65))).unwrap_err();
+        assert!(format!("{e:?}").contains("gpu_model: a name of 1 to 64 characters"), "{e:?}");
+    }
+
     #[test]
     fn a_start_error_is_clipped_between_characters() {
         assert_eq!(super::clip("short", 4096), "short");
