@@ -129,6 +129,8 @@ impl<S: Supervisor> Agent<S> {
             running: self.supervisor.running(),
             address: Some(self.node.address.clone()),
             unreported: self.unreported(),
+            starts_when_free: S::STARTS_WHEN_FREE,
+            waiting: self.supervisor.waiting(),
         };
         let registered = self.client.register(&body).await?;
         tracing::info!(node = self.node.name, gpus = self.node.gpus, "registered");
@@ -194,7 +196,11 @@ impl<S: Supervisor> Agent<S> {
         let attempt = match &action {
             Action::Start(start) => start.attempt,
             Action::Drain(drain) => drain.attempt,
-            Action::Stop { attempt, .. } => *attempt,
+            Action::Stop { attempt, .. } => {
+                // A start held back for its GPUs goes without starting.
+                self.supervisor.withdraw(*attempt);
+                *attempt
+            }
             Action::Signal { attempt, signal, batch_only } => {
                 if let Ok(signal) = nix::sys::signal::Signal::try_from(*signal) {
                     self.supervisor.pass_signal(*attempt, signal, *batch_only);
@@ -241,7 +247,7 @@ impl<S: Supervisor> Agent<S> {
     /// the job's timeline).
     async fn start(&self, s: StartAttempt) {
         let a = s.attempt;
-        if self.supervisor.is_running(a) {
+        if self.supervisor.is_running(a) || self.supervisor.waiting().contains(&a) {
             return; // a repeated command
         }
         if let Some(port) = s.rendezvous_port.filter(|p| !self.supervisor.port_free(*p)) {
@@ -335,6 +341,7 @@ mod tests {
             image: None,
             time_limit_ms: None,
             slurm: None,
+            when_gpus_free: false,
         })
     }
 

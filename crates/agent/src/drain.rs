@@ -106,6 +106,7 @@ pub(crate) async fn stop_all<S: Supervisor>(supervisor: &Arc<S>, grace: Duration
 pub(crate) fn kill_stale<S: Supervisor>(supervisor: &S, attempts: &[AttemptRef], why: &str) {
     for attempt in attempts {
         tracing::warn!(job = attempt.job, attempt = attempt.attempt, "{why}: killing it");
+        supervisor.withdraw(*attempt);
         supervisor.signal(*attempt, Signal::SIGKILL);
     }
 }

@@ -202,6 +202,10 @@ pub async fn run(config: AgentConfig) -> Result<(), String> {
         _ = until_told_to_stop() => tracing::info!("told again: ending the attempts now"),
     }
     commands.abort();
+    // Nothing starts from here on: starts held back for their GPUs go.
+    for attempt in supervisor.waiting() {
+        supervisor.withdraw(attempt);
+    }
     if !supervisor.running().is_empty() {
         tracing::info!(running = supervisor.running().len(), "stopping: ending what still runs");
     }

@@ -394,6 +394,7 @@ mod tests {
             image: None,
             time_limit_ms: None,
             slurm: None,
+            when_gpus_free: false,
         }
     }
 

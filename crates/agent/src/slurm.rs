@@ -164,6 +164,7 @@ mod tests {
             image: None,
             time_limit_ms: None,
             slurm: None,
+            when_gpus_free: false,
         };
         let slurm = SlurmBatch { signal_batch_only: true, append: true, ..Default::default() };
         let argv = batch_argv(

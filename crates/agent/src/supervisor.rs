@@ -54,6 +54,22 @@ pub(crate) trait Supervisor: Send + Sync + 'static {
 
     fn is_running(&self, attempt: AttemptRef) -> bool;
 
+    /// Whether a start marked `when_gpus_free` is held back until no other
+    /// attempt here holds its GPUs (else the server never sends one).
+    const STARTS_WHEN_FREE: bool = false;
+
+    /// The starts held back until their GPUs are free.
+    fn waiting(&self) -> Vec<AttemptRef> {
+        Vec::new()
+    }
+
+    /// Withdraws a start held back until its GPUs are free: it returns
+    /// without starting anything. False if none is waiting.
+    fn withdraw(&self, attempt: AttemptRef) -> bool {
+        let _ = attempt;
+        false
+    }
+
     /// Starts an attempt; returns once its process runs, having reported
     /// the start, and reports its output and exit as they come. An error
     /// says why it could not start: then nothing runs and nothing was
@@ -146,6 +162,17 @@ pub(crate) struct Processes {
     images: Result<Arc<ebb_image::Cache>, String>,
     /// The Slurm commands' directory, made at the first Slurm job's start.
     slurm_commands: std::sync::OnceLock<Result<PathBuf, String>>,
+    /// Each attempt's GPUs (a mask of indices), from its start until its
+    /// exit has been handed to the reporter: a start held back until its
+    /// GPUs are free waits for them, so that its start is reported after
+    /// those exits.
+    gpus: Mutex<HashMap<AttemptRef, u64>>,
+    /// Woken when an attempt's GPUs are let go, or a waiting start is
+    /// withdrawn.
+    gpus_freed: tokio::sync::Notify,
+    /// Starts held back until their GPUs are free, and whether each has
+    /// been withdrawn.
+    waiting: Mutex<HashMap<AttemptRef, bool>>,
 }
 
 /// A running attempt.
@@ -224,6 +251,9 @@ impl Processes {
             checkpoints,
             tenants_by_uid: Mutex::new(HashMap::new()),
             slurm_commands: std::sync::OnceLock::new(),
+            gpus: Mutex::new(HashMap::new()),
+            gpus_freed: tokio::sync::Notify::new(),
+            waiting: Mutex::new(HashMap::new()),
         }
     }
 
@@ -296,8 +326,14 @@ impl Processes {
         let (prepared, s) = crate::blocking(move || (this.prepare(&s), s)).await;
         let mut prepared = prepared?;
         let (restored, notes, uploads) = self.restore_checkpoint(&s, &prepared).await;
-        let (notice, notice_rx) = watch::channel(None);
         let a = s.attempt;
+        if s.when_gpus_free && !self.gpus_free_for(a, &s.gpus).await {
+            // Withdrawn: its hold went before its victims did.
+            tracing::info!(job = a.job, attempt = a.attempt, "start withdrawn before its GPUs were free");
+            self.give_back(prepared.cgroup.take().map(|ready| ready.group));
+            return Ok(());
+        }
+        let (notice, notice_rx) = watch::channel(None);
         let endpoint = format!("127.0.0.1:{port}/{}", secret.as_str());
         let this = Arc::downgrade(self);
         let requeue: metadata::Requeue = Arc::new(move || {
@@ -646,6 +682,7 @@ impl Processes {
             routed,
             ended_by: None,
         };
+        self.gpus.lock().expect("gpus").insert(s.attempt, gpu_mask(&s.gpus));
         let mut attempts = self.running.lock().expect("running");
         attempts.insert(s.attempt, running);
         match &self.cgroups {
@@ -713,6 +750,10 @@ impl Processes {
             port_in_use: None,
             ended_by,
         });
+        // The exit is on its way first: a start waiting for these GPUs
+        // is reported after it.
+        self.gpus.lock().expect("gpus").remove(&a);
+        self.gpus_freed.notify_waiters();
         if let Some((lease, shim)) = image {
             // After the exit is on its way. A shim killed with its attempt
             // (the deadline, a cancel) left the runtime's record of the
@@ -802,6 +843,27 @@ impl Processes {
         }
     }
 
+    /// Holds start `a` back until no other attempt here holds any of
+    /// `gpus` (their exits reported): true then, false if it was withdrawn
+    /// meanwhile.
+    async fn gpus_free_for(&self, a: AttemptRef, gpus: &[u8]) -> bool {
+        let mask = gpu_mask(gpus);
+        self.waiting.lock().expect("waiting").insert(a, false);
+        loop {
+            let freed = self.gpus_freed.notified();
+            tokio::pin!(freed);
+            // Registered before looking, so no wake-up between is missed.
+            freed.as_mut().enable();
+            let withdrawn = self.waiting.lock().expect("waiting").get(&a).copied().unwrap_or(true);
+            let busy = self.gpus.lock().expect("gpus").iter().any(|(other, m)| *other != a && m & mask != 0);
+            if withdrawn || !busy {
+                self.waiting.lock().expect("waiting").remove(&a);
+                return !withdrawn;
+            }
+            freed.await;
+        }
+    }
+
     /// Puts back the cgroup of an attempt that did not start.
     fn give_back(&self, group: Option<AttemptGroup>) {
         if let (Some(pool), Some(group)) = (self.cgroups.clone(), group) {
@@ -825,6 +887,25 @@ impl Supervisor for Processes {
 
     fn is_running(&self, attempt: AttemptRef) -> bool {
         self.running.lock().expect("running").contains_key(&attempt)
+    }
+
+    const STARTS_WHEN_FREE: bool = true;
+
+    fn waiting(&self) -> Vec<AttemptRef> {
+        self.waiting.lock().expect("waiting").keys().copied().collect()
+    }
+
+    fn withdraw(&self, attempt: AttemptRef) -> bool {
+        let mut waiting = self.waiting.lock().expect("waiting");
+        match waiting.get_mut(&attempt) {
+            Some(withdrawn) => {
+                *withdrawn = true;
+                drop(waiting);
+                self.gpus_freed.notify_waiters();
+                true
+            }
+            None => false,
+        }
     }
 
     fn start(self: &Arc<Self>, start: StartAttempt) -> impl Future<Output = Result<(), String>> + Send {
@@ -899,4 +980,9 @@ fn exit_facts(peak: &cgroup::Peak, run_dir: &Path, default_workdir: Option<&Path
         dirs::touch(dir);
     }
     (peak.read(), completed)
+}
+
+/// GPU indices as a bit mask (indices past 63 are not a node's).
+fn gpu_mask(gpus: &[u8]) -> u64 {
+    gpus.iter().filter(|g| **g < 64).fold(0, |mask, g| mask | 1 << g)
 }

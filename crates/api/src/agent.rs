@@ -34,6 +34,15 @@ pub struct Register {
     /// happened rather than treating the attempts as lost.
     #[serde(default)]
     pub unreported: Vec<AgentEvent>,
+    /// The agent holds a start back until its GPUs are free when the
+    /// start says so ([`StartAttempt::when_gpus_free`]): the server sends
+    /// such starts only to agents that say they can.
+    #[serde(default)]
+    pub starts_when_free: bool,
+    /// Starts the agent holds back until their GPUs are free, not yet
+    /// running.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waiting: Vec<AttemptRef>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -161,6 +170,13 @@ pub struct StartAttempt {
     /// commands on its `PATH`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slurm: Option<crate::SlurmBatch>,
+    /// A start sent while its GPUs are still held by attempts draining
+    /// for it: the agent prepares it at once and starts its process the
+    /// moment no other attempt on this node holds any of `gpus` (their
+    /// exits reported first), without asking the server again. A stop
+    /// for it before then withdraws it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub when_gpus_free: bool,
 }
 
 /// An attempt's image: the reference (for its registry and name), the

@@ -510,7 +510,7 @@ fn a_restored_hold_waits_for_its_victims_instead_of_preempting_again() {
         fresh.state.restore_run(job.spec.clone(), restored(&run, 0, job.notice)).unwrap();
     }
     fresh.state.submit(c.state.job(od).unwrap().spec.clone()).unwrap();
-    fresh.state.restore_hold(od, hold.clone(), &[v2]).unwrap();
+    fresh.state.restore_hold(od, hold.clone(), &[v2], None).unwrap();
     fresh.state.sanity_check().unwrap();
     fresh.now = c.now;
     assert!(fresh.step().is_empty(), "no second victim while the first drains");
@@ -876,4 +876,84 @@ fn restored(
         last_checkpoint_at: run.last_checkpoint_at,
         notice,
     }
+}
+
+#[test]
+fn a_staged_start_is_the_placement_from_its_hold_or_a_number_never_used_again() {
+    // Staged, then the victim leaves: the placement from the hold is the
+    // attempt promised.
+    let mut c = Cluster::new(1, 4);
+    let victim = c.submit(Tier::Preemptible, 4);
+    c.step();
+    let od = c.submit(Tier::OnDemand, 4);
+    c.step();
+    assert_eq!(c.phase(od), Some(Phase::Holding));
+    let staged = c.state.stage(od).unwrap();
+    assert_eq!(staged, Attempt(1));
+    c.state.sanity_check().unwrap();
+    assert!(c.state.stage(od).is_err(), "a start is staged once");
+    assert!(c.state.stage(victim).is_err(), "only a hold's start is staged");
+    c.exit(victim, ExitKind::Failed { requeue: true });
+    let plan = c.step();
+    assert_eq!((plan.placements[0].job, plan.placements[0].attempt), (od, staged));
+    assert!(plan.placements[0].from_hold);
+
+    // Staged, then the preemptor is cancelled: its number is spent. Staged,
+    // then the node is lost: the job's next attempt is numbered after the
+    // one the node may have started.
+    for lose in [false, true] {
+        let mut c = Cluster::new(2, 4);
+        let victim = c.submit(Tier::Preemptible, 4);
+        let other = c.submit(Tier::Preemptible, 4);
+        c.step();
+        let od = c.submit(Tier::OnDemand, 4);
+        c.step();
+        let node = c.state.hold(od).unwrap().alloc[0].0;
+        let staged = c.state.stage(od).unwrap();
+        if lose {
+            c.state.lose_node(node).unwrap();
+            c.state.sanity_check().unwrap();
+            assert_eq!(c.phase(od), Some(Phase::Queued));
+            assert_eq!(c.attempt(od), staged, "the staged number is taken");
+            for j in [victim, other] {
+                if c.phase(j) == Some(Phase::Running) {
+                    c.exit(j, ExitKind::Completed);
+                }
+            }
+            let plan = c.step();
+            let p = plan.placements.iter().find(|p| p.job == od).expect("placed on the other node");
+            assert_eq!(p.attempt, Attempt(staged.0 + 1));
+            assert_ne!(p.alloc[0].0, node);
+        } else {
+            c.state.cancel(od).unwrap();
+            c.state.sanity_check().unwrap();
+            assert!(c.state.job(od).is_none());
+        }
+    }
+
+    // A hold restored after a restart keeps its staged start; one whose
+    // hold is not restored is fenced past it.
+    let mut c = Cluster::new(1, 4);
+    let victim = c.submit(Tier::Preemptible, 4);
+    c.step();
+    let od = c.submit(Tier::OnDemand, 4);
+    c.step();
+    let hold = c.state.hold(od).unwrap().alloc.clone();
+    let staged = c.state.stage(od).unwrap();
+    let mut fresh = Cluster::new(1, 4);
+    let job = c.state.job(victim).unwrap();
+    fresh.state.restore_run(job.spec.clone(), restored(job.run.as_ref().unwrap(), 0, job.notice)).unwrap();
+    let spec = c.state.job(od).unwrap().spec.clone();
+    fresh.state.restore_queued(spec.clone(), Attempt(0), 0).unwrap();
+    assert!(fresh.state.restore_hold(od, hold.clone(), &[victim], Some(Attempt(2))).is_err());
+    fresh.state.restore_hold(od, hold, &[victim], Some(staged)).unwrap();
+    fresh.state.sanity_check().unwrap();
+    fresh.exit(victim, ExitKind::Failed { requeue: true });
+    let plan = fresh.step();
+    assert_eq!((plan.placements[0].job, plan.placements[0].attempt), (od, staged));
+    let mut other = Cluster::new(1, 4);
+    other.state.restore_queued(spec, Attempt(0), 0).unwrap();
+    other.state.fence_attempt(od, staged).unwrap();
+    let plan = other.step();
+    assert_eq!(plan.placements[0].attempt, Attempt(2));
 }

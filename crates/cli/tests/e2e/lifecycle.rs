@@ -8,7 +8,7 @@ use crate::support::{events, pid_alive, read_env, repo_root, wait_for, Cluster, 
 use serde_json::Value;
 
 const VICTIM: &str = r#"env > "$EBB_CHECKPOINT_DIR/env-$EBB_ATTEMPT"
-trap 'touch "$EBB_CHECKPOINT_DIR/term-$EBB_ATTEMPT"; sleep 1; exit 0' TERM
+trap 'touch "$EBB_CHECKPOINT_DIR/term-$EBB_ATTEMPT"; sleep 1; date +%s%N > "$EBB_CHECKPOINT_DIR/left-$EBB_ATTEMPT"; exit 0' TERM
 while :; do sleep 0.05; done"#;
 
 fn http() -> reqwest::blocking::Client {
@@ -76,7 +76,7 @@ fn preemption_delivers_the_drain_and_requeues_the_victim() {
         "--",
         "bash",
         "-c",
-        r#"echo "$CUDA_VISIBLE_DEVICES" > "$EBB_CHECKPOINT_DIR/gpus"; sleep 1"#,
+        r#"date +%s%N > "$EBB_CHECKPOINT_DIR/began"; echo "$CUDA_VISIBLE_DEVICES" > "$EBB_CHECKPOINT_DIR/gpus"; sleep 1"#,
     ]);
     wait_for("the victim's SIGTERM", Duration::from_secs(20), || ckpt.join("term-1").exists().then_some(()));
     // While the victim is still saving (it sleeps 1 s after the signal):
@@ -97,9 +97,16 @@ fn preemption_delivers_the_drain_and_requeues_the_victim() {
     assert!(event["NotBefore"].as_str().unwrap().ends_with("GMT"), "RFC 1123: {}", event["NotBefore"]);
     assert_eq!(event["DurationInSeconds"], -1);
 
-    // The victim exits, the on-demand job starts on the freed GPUs.
-    c.wait_state(od, "succeeded");
+    // The victim exits, the on-demand job starts on the freed GPUs: its
+    // start went to the node with the notice, and the node held it back
+    // until the victim had gone.
+    let od_job = c.wait_state(od, "succeeded");
     assert_eq!(std::fs::read_to_string(c.checkpoints(od).join("gpus")).unwrap().trim(), "0,1,2,3");
+    let stamp = |p: std::path::PathBuf| std::fs::read_to_string(p).unwrap().trim().parse::<u128>().unwrap();
+    let (left, began) = (stamp(ckpt.join("left-1")), stamp(c.checkpoints(od).join("began")));
+    assert!(began > left, "the preemptor began {left} - {began} ns before its victim left");
+    let placed = od_job["events"].as_array().unwrap().iter().find(|e| e["kind"] == "placed").unwrap();
+    assert_eq!(placed["detail"]["from_hold"], true, "{placed}");
     // The victim is requeued as attempt 2 with the same checkpoint directory,
     // and runs again once the GPUs are free.
     let env2 = wait_for("the victim's second attempt", Duration::from_secs(20), || {

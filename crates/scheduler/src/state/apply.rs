@@ -80,7 +80,7 @@ impl State {
             }
             self.holds.insert(
                 p.preemptor,
-                Hold { job: p.preemptor, model: p.model, alloc: p.hold.clone(), waiting_on },
+                Hold { job: p.preemptor, model: p.model, alloc: p.hold.clone(), waiting_on, staged: None },
             );
         }
         // What each tenant started, µ$ per hour: its usage moves once, after

@@ -116,6 +116,9 @@ impl State {
             if hold.waiting_on.is_empty() != self.ready_holds.contains(id) {
                 return Err(format!("hold for {id}: readiness out of step"));
             }
+            if hold.staged.is_some_and(|a| a.0 != job.attempt.0 + 1 || hold.alloc.len() != 1) {
+                return Err(format!("hold for {id}: staged start is not its next attempt on one node"));
+            }
             let u = &mut model_use[hold.model.0 as usize];
             match job.spec.tier {
                 Tier::Reserved => {

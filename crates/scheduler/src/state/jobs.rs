@@ -148,20 +148,25 @@ impl State {
     }
 
     /// Puts back a hold that existed when the edge restarted: the queued job
-    /// `id` waits for `victims` (those still draining) on exactly `alloc`.
-    /// Without this a restarted server would preempt again for a job whose
-    /// first victims are still leaving. Refused unless the job is queued
-    /// and non-preemptible, and the GPUs are free or used only by draining
-    /// victims.
+    /// `id` waits for `victims` (those still draining) on exactly `alloc`,
+    /// its start from it `staged` as [`State::stage`] left it. Without this
+    /// a restarted server would preempt again for a job whose first victims
+    /// are still leaving. Refused unless the job is queued and
+    /// non-preemptible, a staged attempt is its next, and the GPUs are free
+    /// or used only by draining victims.
     pub fn restore_hold(
         &mut self,
         id: JobId,
         alloc: Vec<(NodeId, u64)>,
         victims: &[JobId],
+        staged: Option<Attempt>,
     ) -> Result<(), StateError> {
         let job = self.job_checked(id)?;
         if job.phase != Phase::Queued || job.spec.tier == Tier::Preemptible {
             return Err(StateError::Conflict(format!("job {id}: cannot hold GPUs")));
+        }
+        if staged.is_some_and(|a| a.0 != job.attempt.0.saturating_add(1)) {
+            return Err(StateError::Conflict(format!("job {id}: staged attempt is not its next")));
         }
         let (gpus, tier, tenant) = (job.spec.gpus, job.spec.tier, job.spec.tenant);
         let waiting: BTreeSet<JobId> = victims
@@ -205,7 +210,60 @@ impl State {
         if waiting.is_empty() {
             self.ready_holds.insert(id);
         }
-        self.holds.insert(id, Hold { job: id, model, alloc, waiting_on: waiting });
+        self.holds.insert(id, Hold { job: id, model, alloc, waiting_on: waiting, staged });
+        Ok(())
+    }
+
+    /// Promises job `id`'s start from its hold to the hold's node before
+    /// the hold is ready, so that the node can start it the moment its
+    /// victims have gone without asking again: returns the attempt the
+    /// start is (the job's next, which its placement from this hold will
+    /// be). Once staged, that number is the hold's: if the hold goes
+    /// without the placement (a cancel, its node lost), the job's next
+    /// attempt is numbered after it, so a start the node may already have
+    /// made is fenced as stale. Only a hold on one node, and only once.
+    pub fn stage(&mut self, id: JobId) -> Result<Attempt, StateError> {
+        let job = self.job_checked(id)?;
+        let next = Attempt(
+            job.attempt
+                .0
+                .checked_add(1)
+                .ok_or_else(|| StateError::Conflict(format!("job {id}: no attempt numbers left")))?,
+        );
+        let hold = self
+            .holds
+            .get_mut(&id)
+            .ok_or_else(|| StateError::Conflict(format!("job {id}: holds no GPUs")))?;
+        if hold.alloc.len() != 1 || hold.staged.is_some() {
+            return Err(StateError::Conflict(format!("job {id}: its start cannot be staged")));
+        }
+        hold.staged = Some(next);
+        Ok(next)
+    }
+
+    /// Withdraws job `id`'s staged start: its hold stays, its number is
+    /// spent, and its placement from the hold is the attempt after it.
+    pub fn unstage(&mut self, id: JobId) -> Result<(), StateError> {
+        let hold = self
+            .holds
+            .get_mut(&id)
+            .ok_or_else(|| StateError::Conflict(format!("job {id}: holds no GPUs")))?;
+        if let Some(staged) = hold.staged.take() {
+            let job = self.jobs.get_mut(&id).expect("holding job exists");
+            job.attempt = job.attempt.max(staged);
+        }
+        Ok(())
+    }
+
+    /// Attempt numbers up to `attempt` of queued job `id` are taken (a
+    /// start promised before the edge restarted, whose hold did not come
+    /// back): its next attempt is numbered after them.
+    pub fn fence_attempt(&mut self, id: JobId, attempt: Attempt) -> Result<(), StateError> {
+        let job = self.jobs.get_mut(&id).ok_or_else(|| StateError::NotFound(format!("job {id}")))?;
+        if job.phase != Phase::Queued {
+            return Err(StateError::Conflict(format!("job {id}: not queued")));
+        }
+        job.attempt = job.attempt.max(attempt);
         Ok(())
     }
 
@@ -492,6 +550,11 @@ impl State {
     pub(super) fn drop_hold(&mut self, job: JobId) {
         let hold = self.holds.remove(&job).expect("holding job has a hold");
         self.ready_holds.remove(&job);
+        if let Some(staged) = hold.staged {
+            // Its node may have started that attempt already.
+            let j = self.jobs.get_mut(&job).expect("holding job exists");
+            j.attempt = j.attempt.max(staged);
+        }
         let spec = &self.jobs[&job].spec;
         let (tier, tenant, gpus) = (spec.tier, spec.tenant, spec.gpus);
         self.adjust_usage(tier, tenant, hold.model, -(gpus as i64));

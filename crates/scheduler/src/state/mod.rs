@@ -117,6 +117,11 @@ pub struct Hold {
     pub model: GpuModelId,
     pub alloc: Vec<(NodeId, u64)>,
     pub waiting_on: BTreeSet<JobId>,
+    /// The attempt the job's start from this hold has been promised to its
+    /// node ahead of the placement ([`State::stage`]): its placement from
+    /// the hold is that attempt, and if the hold goes without one the
+    /// number is never used again.
+    pub staged: Option<Attempt>,
 }
 
 /// Jobs that are interchangeable for the queue walk: if the first of a

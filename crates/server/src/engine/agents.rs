@@ -22,6 +22,10 @@ impl<S: Store> Engine<S> {
         // time the node was heard from, and no later than now.
         let last_contact = self.last_contact(&reg.node).unwrap_or(now).min(now);
         self.join(&reg, now)?;
+        match reg.starts_when_free {
+            true => self.fleet.starts_when_free.insert(reg.node.clone()),
+            false => self.fleet.starts_when_free.remove(&reg.node),
+        };
         // A fresh stream: whatever was queued for the old session is
         // re-derived below from what the store says.
         let channel = self.outbox.channels.entry(reg.node.clone()).or_insert_with(Channel::new);
@@ -32,7 +36,7 @@ impl<S: Store> Engine<S> {
         // starts, checkpoints and exits, accounted as they happened.
         let unreported = std::mem::take(&mut reg.unreported);
         self.apply_events(&reg.node, unreported, now)?;
-        let kill = self.reconcile(&reg.node, &reg.running, last_contact, now)?;
+        let kill = self.reconcile(&reg.node, &reg.running, &reg.waiting, last_contact, now)?;
         let credential = match issue_credential {
             true => {
                 tracing::info!(node = reg.node, "node credential issued");
@@ -117,14 +121,35 @@ impl<S: Store> Engine<S> {
     /// drains and stops of attempts it still runs are sent again, attempts
     /// it came back without end (as vanished, at its last contact), and
     /// the attempts it runs that nobody holds are returned, to be killed.
+    /// A start it holds back until its GPUs are free (`waiting`) counts as
+    /// running; a start staged for it that it no longer has is sent again,
+    /// or withdrawn if the agent no longer holds starts back.
     fn reconcile(
         &mut self,
         node: &str,
         running: &[AttemptRef],
+        waiting: &[AttemptRef],
         last_contact: u64,
         now: u64,
     ) -> Written<Vec<AttemptRef>> {
-        let running: BTreeSet<AttemptRef> = running.iter().copied().collect();
+        let mut running: BTreeSet<AttemptRef> = running.iter().copied().collect();
+        running.extend(waiting.iter().copied());
+        let staged: Vec<AttemptRef> = self
+            .staged
+            .iter()
+            .map(|id| (*id, self.jobs[id].staged.as_ref().expect("in the set")))
+            .filter(|(_, s)| s.node == node)
+            .map(|(id, s)| AttemptRef { job: id, attempt: s.attempt })
+            .collect();
+        let capable = self.fleet.starts_when_free.contains(node);
+        for attempt in &staged {
+            let held = running.remove(attempt);
+            match (held, capable) {
+                (true, _) => {}
+                (false, true) => self.send_staged(attempt.job),
+                (false, false) => self.withdraw(attempt.job)?,
+            }
+        }
         // The node's attempts, from the core's index of them: every agent
         // registers again after a takeover, and a walk of every job for
         // each made 10,000 registrations take a minute with 100,000 jobs.
@@ -350,6 +375,26 @@ impl<S: Store> Engine<S> {
         let node = node.to_string();
         let mut stale = BTreeSet::new();
         for event in events {
+            // A start staged ahead, before its placement: placed by its
+            // start (or the checkpoint restored just before it, sent once
+            // its process runs); withdrawn if it ended without one (it
+            // could not start: the placement's own start will say why);
+            // what else it says before then (its image's pull) is not kept.
+            if let Some(attempt) = staged_attempt(&event).filter(|a| self.staged_on(*a, &node)) {
+                match &event {
+                    AgentEvent::Started { .. } | AgentEvent::Restored { .. } => {
+                        if !self.place_staged(attempt.job, now)? {
+                            stale.insert(attempt);
+                            continue;
+                        }
+                    }
+                    AgentEvent::Exited { .. } => {
+                        self.withdraw(attempt.job)?;
+                        continue;
+                    }
+                    _ => continue,
+                }
+            }
             match event {
                 AgentEvent::Started { attempt, pid, at_ms } => {
                     if !self.live_on(attempt, &node) {
@@ -703,6 +748,19 @@ fn check_registration(reg: &Register) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// The attempt an event is of, where a staged start may send it.
+fn staged_attempt(event: &AgentEvent) -> Option<AttemptRef> {
+    match event {
+        AgentEvent::Started { attempt, .. }
+        | AgentEvent::Exited { attempt, .. }
+        | AgentEvent::Output { attempt, .. }
+        | AgentEvent::Pulling { attempt, .. }
+        | AgentEvent::Pulled { attempt, .. }
+        | AgentEvent::Restored { attempt, .. } => Some(*attempt),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use ebb_api::Register;
@@ -716,6 +774,8 @@ mod tests {
             running: Vec::new(),
             address: None,
             unreported: Vec::new(),
+            starts_when_free: false,
+            waiting: Vec::new(),
         }
     }
 

@@ -85,6 +85,7 @@ impl<S: Store> Engine<S> {
             self.handle(msg, now)?;
         }
         self.schedule(now)?;
+        self.withdraw_gone_holds()?;
         self.prune_finished(now);
         self.prune_output(now)
     }
@@ -103,6 +104,7 @@ impl<S: Store> Engine<S> {
         self.check_tenant_loads()?;
         self.check_fleet_sums()?;
         self.check_gates()?;
+        self.check_staged()?;
         self.check_timer_sets()
     }
 

@@ -105,6 +105,9 @@ pub struct JobRecord {
     pub held: Vec<(String, Vec<u8>)>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub waiting_for: Vec<u64>,
+    /// Its start, sent to the held GPUs' node before the victims left.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub staged: Option<super::staged::StagedStart>,
     /// The array or sweep this job is a task of.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub array: Option<ebb_api::ArrayTask>,
@@ -377,6 +380,7 @@ impl JobRecord {
             vanished: false,
             held: Vec::new(),
             waiting_for: Vec::new(),
+            staged: None,
             array: None,
             checkpoints: CheckpointStats::default(),
             run_started_ms: None,

@@ -23,7 +23,13 @@ impl<S: Store> Engine<S> {
     /// and the environment with the
     /// checkpoint interval and, for a gang, its rank's rendezvous.
     pub(super) fn starts(&self, id: u64) -> Vec<(String, StartAttempt)> {
-        let job = &self.jobs[&id];
+        self.starts_of(&self.jobs[&id])
+    }
+
+    /// [`Engine::starts`] of `job` as it stands (a staged start's, placed
+    /// as it will be).
+    pub(super) fn starts_of(&self, job: &JobRecord) -> Vec<(String, StartAttempt)> {
+        let id = job.id;
         let tenant = self.tenant_name(job.tenant);
         let run_as = self.config.run_as.user(&tenant).map(str::to_string);
         let interval = job.interval.as_ref().map(|(s, _)| s.to_string()).unwrap_or_default();
@@ -85,6 +91,7 @@ impl<S: Store> Engine<S> {
                 }),
                 time_limit_ms: job.spec.time_limit_ms,
                 slurm: job.spec.slurm.as_deref().cloned(),
+                when_gpus_free: false,
             }
         };
         job.placement

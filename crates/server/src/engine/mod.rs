@@ -64,6 +64,7 @@ mod money;
 mod pending;
 mod plan;
 mod recovery;
+mod staged;
 mod views;
 mod webhooks;
 mod write;
@@ -567,6 +568,8 @@ pub struct Engine<S: Store> {
     unchecked: u64,
     /// The last checkpoint recommendation a placement made, and its text.
     last_why: Option<(ebb_core::checkpoint::Recommendation, String)>,
+    /// Jobs whose start was sent ahead to their hold's node (`staged`).
+    staged: BTreeSet<u64>,
 }
 
 /// Tenants: names, what their unfinished jobs hold against their limits,
@@ -617,6 +620,9 @@ struct Fleet {
     /// given them there again. Memory only: after a restart an agent says
     /// so again, once.
     busy_ports: HashMap<String, VecDeque<u16>>,
+    /// Nodes whose agents, as they registered with this server, hold a
+    /// start back until its GPUs are free (`staged`).
+    starts_when_free: BTreeSet<String>,
 }
 
 /// How many taken rendezvous ports are remembered per address.

@@ -338,8 +338,13 @@ mod tests {
     #[test]
     fn every_reason_code_is_listed_once() {
         let m = GpuModelId(0);
-        let hold =
-            ebb_scheduler::Hold { job: JobId(1), model: m, alloc: Vec::new(), waiting_on: BTreeSet::new() };
+        let hold = ebb_scheduler::Hold {
+            job: JobId(1),
+            model: m,
+            alloc: Vec::new(),
+            waiting_on: BTreeSet::new(),
+            staged: None,
+        };
         let core = [
             Pending::Resources { model: m, largest_free: 0 },
             Pending::Priority { behind: JobId(1) },

@@ -59,6 +59,7 @@ impl<S: Store> Engine<S> {
             }
             for preemption in &plan.preemptions {
                 self.preempting(preemption)?;
+                self.stage(preemption.preemptor.0, now)?;
             }
             for placement in &plan.placements {
                 self.placed(placement, now)?;
@@ -170,7 +171,7 @@ impl<S: Store> Engine<S> {
 
     /// The text of `recommendation`: the last one's again when it is the
     /// same (a backlog's placements in one batch mostly are).
-    fn why_text(&mut self, recommendation: &ebb_core::checkpoint::Recommendation) -> String {
+    pub(super) fn why_text(&mut self, recommendation: &ebb_core::checkpoint::Recommendation) -> String {
         match &self.last_why {
             Some((last, text)) if last == recommendation => text.clone(),
             _ => {
@@ -183,16 +184,33 @@ impl<S: Store> Engine<S> {
 
     /// A new attempt: its rate fixed, its record reset for the attempt, and
     /// a start sent to each of its nodes.
-    fn placed(&mut self, p: &Placement, now: u64) -> Written {
+    /// A start staged ahead (`staged`) is that start: not sent again.
+    pub(super) fn placed(&mut self, p: &Placement, now: u64) -> Written {
         let id = p.job.0;
         let placement = self.named(&p.alloc);
-        let recommendation = self.recommend(id, &placement, now);
+        let staged = match &self.jobs[&id].staged {
+            Some(s) if s.attempt == p.attempt.0 && p.from_hold => {
+                self.staged.remove(&id);
+                self.jobs.get_mut(&id).expect("known job").staged.take()
+            }
+            Some(_) => {
+                self.withdraw(id)?;
+                None
+            }
+            None => None,
+        };
+        let (seconds, why) = match &staged {
+            Some(s) => s.interval.clone(),
+            None => {
+                let recommendation = self.recommend(id, &placement, now);
+                (recommendation.interval.as_secs(), self.why_text(&recommendation))
+            }
+        };
         let rendezvous = (placement.len() > 1).then(|| self.rendezvous(&placement[0].0));
         let billing = self.rates(self.jobs[&id].tier, &placement[0].0)?;
-        let why = self.why_text(&recommendation);
         let job = self.jobs.get_mut(&id).expect("known job");
         job.billing = Some(billing);
-        job.interval = Some((recommendation.interval.as_secs(), why.clone()));
+        job.interval = Some((seconds, why.clone()));
         job.rendezvous = rendezvous;
         job.run_started_ms = None;
         job.started_on.clear();
@@ -211,12 +229,14 @@ impl<S: Store> Engine<S> {
         if let Some(drill) = job.drill.as_mut() {
             drill.placed(p.attempt.0, &placement[0].0);
         }
-        for (node, start) in self.starts(id) {
-            self.outbox.push(&node, Action::Start(start));
+        if staged.is_none() {
+            for (node, start) in self.starts(id) {
+                self.outbox.push(&node, Action::Start(start));
+            }
         }
         let placement =
             placement.iter().map(|(n, g)| NodeGpus { node: n.clone(), gpus: g.clone() }).collect();
-        let interval = CheckpointInterval { seconds: recommendation.interval.as_secs(), why };
+        let interval = CheckpointInterval { seconds, why };
         let detail = PlacedDetail { placement, from_hold: p.from_hold, checkpoint_interval: Some(interval) };
         self.event(id, Event::Placed(detail))?;
         self.save(id)

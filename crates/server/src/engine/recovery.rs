@@ -56,6 +56,7 @@ impl<S: Store> Engine<S> {
             unsettled: false,
             unchecked: 0,
             last_why: None,
+            staged: BTreeSet::new(),
         };
         let mut notes = Vec::new();
         if snapshot.tenants.is_empty() {
@@ -293,12 +294,27 @@ impl<S: Store> Engine<S> {
             .map(|j| j.id)
             .collect();
         for id in holders {
-            if let Err(why) = self.restore_hold(id) {
-                tracing::warn!(job = id, "hold not restored: {why}");
-                let job = self.jobs.get_mut(&id).expect("loaded");
-                job.held.clear();
-                job.waiting_for.clear();
-                self.save(id)?;
+            match self.restore_hold(id) {
+                Ok(()) if self.jobs[&id].staged.is_some() => {
+                    self.staged.insert(id);
+                }
+                Ok(()) => {}
+                Err(why) => {
+                    tracing::warn!(job = id, "hold not restored: {why}");
+                    let job = self.jobs.get_mut(&id).expect("loaded");
+                    job.held.clear();
+                    job.waiting_for.clear();
+                    // Its node may have started the staged attempt: the
+                    // next is numbered after it (the node is told to stop
+                    // it when it registers).
+                    if let Some(staged) = job.staged.take() {
+                        job.attempt = job.attempt.max(staged.attempt);
+                        if let Err(e) = self.core.fence_attempt(JobId(id), Attempt(staged.attempt)) {
+                            tracing::error!(job = id, "staged attempt not fenced: {e}");
+                        }
+                    }
+                    self.save(id)?;
+                }
             }
         }
         // The limits may have been raised since.
@@ -393,7 +409,8 @@ impl<S: Store> Engine<S> {
         let job = &self.jobs[&id];
         let alloc = self.masks(&job.held)?;
         let victims: Vec<JobId> = job.waiting_for.iter().map(|v| JobId(*v)).collect();
-        self.core.restore_hold(JobId(id), alloc, &victims).map_err(|e| e.to_string())
+        let staged = job.staged.as_ref().map(|s| Attempt(s.attempt));
+        self.core.restore_hold(JobId(id), alloc, &victims, staged).map_err(|e| e.to_string())
     }
 
     /// GPUs by node as the core has them (ids, bit masks) to GPUs by node

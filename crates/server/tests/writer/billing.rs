@@ -287,6 +287,8 @@ impl<S: Store> World<S> {
                 running: node.running.keys().copied().collect(),
                 address: Some("127.0.0.1".into()),
                 unreported: node.unreported.clone(),
+                starts_when_free: false,
+                waiting: Vec::new(),
             };
             let principal = if node.credential { Principal::node(&node.name) } else { Principal::join() };
             let Some(Ok(registered)) = self.call(|reply| Msg::Register { principal, reg, reply }) else {

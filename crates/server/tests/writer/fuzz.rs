@@ -402,6 +402,10 @@ enum Step {
         model: String,
         running: Vec<Which>,
         unreported: Vec<Event>,
+        /// Says it holds starts back until their GPUs are free, and which
+        /// it holds.
+        starts_when_free: bool,
+        waiting: Vec<Which>,
     },
     Poll {
         node: usize,
@@ -539,8 +543,8 @@ fn step() -> impl Strategy<Value = Step> {
         1 => Just(Step::List),
         1 => (0u64..14, big_u64()).prop_map(|(id, offset)| Step::Log { id, offset }),
         3 => (node.clone(), rarely(any::<bool>()), prop_oneof![4 => Just(8u8), 1 => any::<u8>()], prop_oneof![4 => Just("H100".to_string()), 1 => text()],
-              proptest::collection::vec(which(), 0..3), proptest::collection::vec(event(), 0..3))
-            .prop_map(|(node, join, gpus, model, running, unreported)| Step::Register { node, join, gpus, model, running, unreported }),
+              proptest::collection::vec(which(), 0..3), proptest::collection::vec(event(), 0..3), any::<bool>(), proptest::collection::vec(which(), 0..3))
+            .prop_map(|(node, join, gpus, model, running, unreported, starts_when_free, waiting)| Step::Register { node, join, gpus, model, running, unreported, starts_when_free, waiting }),
         10 => (node.clone(), rarely(big_u64()), rarely(big_u64()), rarely(proptest::option::of(text())))
             .prop_map(|(node, epoch, after, failing)| Step::Poll { node, epoch, after, failing }),
         8 => (node.clone(), proptest::collection::vec(event(), 0..5), proptest::option::of((0u64..3, big_u64())))
@@ -780,7 +784,7 @@ impl World {
                     reply,
                 });
             }
-            Step::Register { node, join, gpus, model, running, unreported } => {
+            Step::Register { node, join, gpus, model, running, unreported, starts_when_free, waiting } => {
                 let name = NODES[node];
                 let join = join.unwrap_or(!self.joined.contains(name));
                 let principal = if join { Principal::join() } else { Principal::node(name) };
@@ -792,6 +796,8 @@ impl World {
                     running: running.iter().map(|w| self.attempt(*w, name)).collect(),
                     address: Some("127.0.0.1".into()),
                     unreported: unreported.iter().map(|e| self.event(e, name)).collect(),
+                    starts_when_free,
+                    waiting: waiting.iter().map(|w| self.attempt(*w, name)).collect(),
                 };
                 if let Ok(registered) = self.call(|reply| Msg::Register { principal, reg, reply }) {
                     self.agents.insert(name, (registered.epoch, registered.next_seq));
@@ -817,6 +823,8 @@ impl World {
                             model: "H100".into(),
                             running,
                             unreported: vec![],
+                            starts_when_free: true,
+                            waiting: vec![],
                         });
                     }
                     Err(_) => return,
@@ -943,6 +951,8 @@ impl World {
                         model: "H100".into(),
                         running,
                         unreported: vec![],
+                        starts_when_free: true,
+                        waiting: vec![],
                     });
                 }
             }
@@ -1004,7 +1014,7 @@ proptest! {
         let mut world = World::new(case);
         // The nodes join first, most of the time, so that jobs run.
         for node in 0..NODES.len() {
-            world.run(&Step::Register { node, join: None, gpus: 8, model: "H100".into(), running: vec![], unreported: vec![] });
+            world.run(&Step::Register { node, join: None, gpus: 8, model: "H100".into(), running: vec![], unreported: vec![], starts_when_free: true, waiting: vec![] });
         }
         for step in &steps {
             world.run(step);

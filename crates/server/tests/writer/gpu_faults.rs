@@ -93,6 +93,8 @@ impl Server {
             running,
             address: None,
             unreported,
+            starts_when_free: false,
+            waiting: Vec::new(),
         };
         let principal = if self.joined { Principal::node(NODE) } else { Principal::join() };
         let registered = self.call(|reply| Msg::Register { principal, reg, reply })?;

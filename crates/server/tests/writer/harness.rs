@@ -244,6 +244,10 @@ pub struct TestEnv<S: Store = SqliteStore> {
     pub config: EngineConfig,
     /// The tokens the writer knows, as the router reads them.
     pub tokens: ebb_server::TokenMap,
+    /// The agents say they hold a start back until its GPUs are free, and
+    /// which they hold (`staged`).
+    pub starts_when_free: bool,
+    pub waiting: Vec<AttemptRef>,
 }
 
 pub fn config(dir: &Path) -> EngineConfig {
@@ -290,6 +294,8 @@ impl<S: Store> TestEnv<S> {
             now: T0,
             config,
             tokens: Default::default(),
+            starts_when_free: false,
+            waiting: Vec::new(),
         };
         env.restart();
         env
@@ -354,6 +360,8 @@ impl<S: Store> TestEnv<S> {
             running,
             address: None,
             unreported,
+            starts_when_free: self.starts_when_free,
+            waiting: self.waiting.clone(),
         };
         // The join token the first time; the node's own credential after.
         let principal = match self.agents.contains_key(node) {

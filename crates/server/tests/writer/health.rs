@@ -48,6 +48,8 @@ impl Server {
             running: Vec::new(),
             address: None,
             unreported: Vec::new(),
+            starts_when_free: false,
+            waiting: Vec::new(),
         };
         let registered =
             server.call(|reply| Msg::Register { principal: Principal::join(), reg, reply }).unwrap();

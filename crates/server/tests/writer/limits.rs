@@ -77,6 +77,8 @@ impl World {
             running: self.running.clone(),
             address: None,
             unreported: Vec::new(),
+            starts_when_free: false,
+            waiting: Vec::new(),
         };
         // The join token the first time; after that, the node's credential.
         let principal = if self.joined { Principal::node("node-0") } else { Principal::join() };

@@ -36,5 +36,6 @@ mod pg_tls;
 mod reasons;
 mod requests;
 mod slurm;
+mod staged;
 mod store_contract;
 mod webhooks;

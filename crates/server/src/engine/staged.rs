@@ -1,0 +1,167 @@
+//! Starts sent ahead. A preemptor holds its victims' GPUs until they have
+//! drained; without this, its start waits for each victim's exit to come
+//! to the server, a commit, and a start to go back. Where the hold is on
+//! one node whose agent can hold a start back (`starts_when_free`), the
+//! preemptor's start goes to it with the drain notices, marked
+//! `when_gpus_free`: the agent prepares it at once and starts its process
+//! the moment the victims' exits are reported, and the server, reading
+//! those exits and then the start in the node's report, places the job
+//! from its hold as the attempt it promised.
+//!
+//! The promise is the core's ([`State::stage`]): the hold's placement is
+//! that attempt, and a hold that goes without it (the job cancelled, its
+//! node lost or cordoned, a takeover that could not restore it) spends the
+//! number, so a start the node may have made already is stale wherever the
+//! job runs next. The node is then told to withdraw it.
+
+use ebb_scheduler::{Placement, Plan};
+
+use super::ending::STOP_GRACE_MS;
+use super::*;
+
+/// A preemptor's start sent to its hold's node before its victims left.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StagedStart {
+    pub attempt: u32,
+    pub node: String,
+    /// The checkpoint interval the start carries, seconds, and why: the
+    /// placement records the same.
+    pub interval: (u64, String),
+}
+
+impl<S: Store> Engine<S> {
+    /// Sends preemptor `id`'s start to its hold's node now, where it can
+    /// be: a hold on one node with victims still to leave, and an agent
+    /// there that holds such a start back.
+    pub(super) fn stage(&mut self, id: u64, now: u64) -> Written {
+        let job = &self.jobs[&id];
+        let [(node, gpus)] = &job.held[..] else { return Ok(()) };
+        if job.waiting_for.is_empty() || !self.fleet.starts_when_free.contains(node) {
+            return Ok(());
+        }
+        let placement = vec![(node.clone(), gpus.clone())];
+        let Ok(attempt) = self.core.stage(JobId(id)) else { return Ok(()) };
+        let recommendation = self.recommend(id, &placement, now);
+        let why = self.why_text(&recommendation);
+        let staged = StagedStart {
+            attempt: attempt.0,
+            node: placement[0].0.clone(),
+            interval: (recommendation.interval.as_secs(), why),
+        };
+        self.jobs.get_mut(&id).expect("known job").staged = Some(staged);
+        self.staged.insert(id);
+        self.send_staged(id);
+        self.save(id)
+    }
+
+    /// The staged start of job `id`, to its node (again, after the node
+    /// registered anew without it).
+    pub(super) fn send_staged(&mut self, id: u64) {
+        let job = &self.jobs[&id];
+        let Some(staged) = &job.staged else { return };
+        let mut placed = job.clone();
+        placed.attempt = staged.attempt;
+        placed.placement = job.held.clone();
+        placed.interval = Some(staged.interval.clone());
+        placed.rendezvous = None;
+        for (node, mut start) in self.starts_of(&placed) {
+            start.when_gpus_free = true;
+            self.outbox.push(&node, Action::Start(start));
+        }
+    }
+
+    /// Whether `attempt` is job's start staged on `node`, not yet placed.
+    pub(super) fn staged_on(&self, attempt: AttemptRef, node: &str) -> bool {
+        self.jobs.get(&attempt.job).and_then(|j| j.staged.as_ref()).is_some_and(|s| {
+            s.attempt == attempt.attempt
+                && s.node == node
+                && self.jobs[&attempt.job].state == JobState::Queued
+        })
+    }
+
+    /// The node started job `id`'s staged attempt (its victims' exits came
+    /// first in its report): the job is placed from its hold now, as the
+    /// pass would have placed it. False if the hold is not ready (the
+    /// node started it while the core still has a victim there): the
+    /// start is withdrawn and the attempt is stale.
+    pub(super) fn place_staged(&mut self, id: u64, now: u64) -> Written<bool> {
+        let Some(hold) = self.core.hold(JobId(id)) else { return Ok(false) };
+        let (Some(attempt), true) = (hold.staged, hold.waiting_on.is_empty()) else {
+            tracing::warn!(job = id, "a staged start ran before its hold was ready; withdrawn");
+            self.withdraw(id)?;
+            return Ok(false);
+        };
+        let placement = Placement {
+            job: JobId(id),
+            attempt,
+            model: hold.model,
+            alloc: hold.alloc.clone(),
+            from_hold: true,
+        };
+        let plan = Plan { now: Time(now), placements: vec![placement.clone()], ..Plan::default() };
+        if let Err(e) = self.core.apply(&plan) {
+            tracing::warn!(job = id, "a staged start could not be placed ({e}); withdrawn");
+            self.withdraw(id)?;
+            return Ok(false);
+        }
+        self.placed(&placement, now)?;
+        Ok(true)
+    }
+
+    /// Job `id`'s staged start will not be its placement: the core spends
+    /// the number, the record keeps it as the job's latest (so a takeover
+    /// numbers the next attempt after it), and the node withdraws it (or
+    /// stops it, if it ran).
+    pub(super) fn withdraw(&mut self, id: u64) -> Written {
+        self.staged.remove(&id);
+        let Some(job) = self.jobs.get_mut(&id) else { return Ok(()) };
+        let Some(staged) = job.staged.take() else { return Ok(()) };
+        job.attempt = job.attempt.max(staged.attempt);
+        let _ = self.core.unstage(JobId(id));
+        let attempt = AttemptRef { job: id, attempt: staged.attempt };
+        self.outbox.push(&staged.node, Action::Stop { attempt, grace_ms: STOP_GRACE_MS, notice: None });
+        self.save(id)
+    }
+
+    /// At the end of a batch: staged starts whose holds went without their
+    /// placement (a cancel, a lost or cordoned node) are withdrawn.
+    pub(super) fn withdraw_gone_holds(&mut self) -> Written {
+        if self.staged.is_empty() {
+            return Ok(());
+        }
+        let gone: Vec<u64> = self
+            .staged
+            .iter()
+            .copied()
+            .filter(|id| {
+                let promised = self.jobs.get(id).and_then(|j| j.staged.as_ref()).map(|s| Attempt(s.attempt));
+                let held = self.core.hold(JobId(*id)).and_then(|h| h.staged);
+                promised.is_none() || promised != held
+            })
+            .collect();
+        for id in gone {
+            self.withdraw(id)?;
+        }
+        Ok(())
+    }
+
+    /// The writer's staged starts agree: each in the set, in its record,
+    /// and the core's hold.
+    pub(super) fn check_staged(&self) -> Result<(), String> {
+        for (id, job) in &self.jobs {
+            if job.staged.is_some() != self.staged.contains(id) {
+                return Err(format!("job {id}: staged start out of step with the set"));
+            }
+            if let Some(s) = &job.staged {
+                let held = self.core.hold(JobId(*id)).and_then(|h| h.staged);
+                if held != Some(Attempt(s.attempt)) || job.state != JobState::Queued {
+                    return Err(format!("job {id}: staged attempt {} not the core's ({held:?})", s.attempt));
+                }
+            }
+        }
+        if self.staged.iter().any(|id| !self.jobs.contains_key(id)) {
+            return Err("a staged start of a job not held".into());
+        }
+        Ok(())
+    }
+}
