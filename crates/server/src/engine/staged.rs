@@ -31,12 +31,18 @@ pub struct StagedStart {
 
 impl<S: Store> Engine<S> {
     /// Sends preemptor `id`'s start to its hold's node now, where it can
-    /// be: a hold on one node with victims still to leave, and an agent
-    /// there that holds such a start back.
+    /// be: a hold on one node with victims still to leave, each of them
+    /// on that node alone (a gang's part elsewhere would keep the hold
+    /// waiting after the node's own part had gone), and an agent there
+    /// that holds such a start back.
     pub(super) fn stage(&mut self, id: u64, now: u64) -> Written {
         let job = &self.jobs[&id];
         let [(node, gpus)] = &job.held[..] else { return Ok(()) };
-        if job.waiting_for.is_empty() || !self.fleet.starts_when_free.contains(node) {
+        let local = |v: &u64| self.jobs.get(v).is_some_and(|v| v.placement.iter().all(|(n, _)| n == node));
+        if job.waiting_for.is_empty()
+            || !job.waiting_for.iter().all(local)
+            || !self.fleet.starts_when_free.contains(node)
+        {
             return Ok(());
         }
         let placement = vec![(node.clone(), gpus.clone())];

@@ -105,6 +105,38 @@ fn an_agent_that_cannot_hold_starts_back_gets_its_start_after_the_exits() {
 }
 
 #[test]
+fn a_hold_whose_victim_is_a_gang_part_waits_for_the_whole_gang() {
+    // The gang's part on the other node could outlast this node's: the
+    // start is not sent ahead, and goes once the whole gang has exited.
+    let mut env = TestEnv::new("staged-gang");
+    env.starts_when_free = true;
+    env.register("n1", Vec::new(), Vec::new());
+    env.register("n2", Vec::new(), Vec::new());
+    let spec = JobSubmission { gpus: Some(16), argv: vec!["work".into()], ..Default::default() };
+    let principal = env.admin.clone();
+    let gang = env.call(|reply| Msg::Submit { principal, spec: Box::new(spec), reply }).unwrap()[0];
+    let mut parts = Vec::new();
+    for node in ["n1", "n2"] {
+        let attempt = env.poll(node).into_iter().find(|a| a.job == gang).expect("a part on each node");
+        let now = env.now;
+        env.report(node, vec![started(attempt, now)]);
+        parts.push(attempt);
+    }
+    let od = submit(&mut env, "on-demand");
+    for node in ["n1", "n2"] {
+        let commands = env.commands(node);
+        assert!(starts(&commands).is_empty(), "{node}: {commands:?}");
+    }
+    let now = env.now;
+    env.report("n1", vec![exited(parts[0], 0, now)]);
+    env.report("n2", vec![exited(parts[1], 0, now)]);
+    let node = &env.job(od).unwrap().placement[0].node.clone();
+    let commands = env.commands(node);
+    let sent = starts(&commands);
+    assert_eq!((sent[0].attempt, sent[0].when_gpus_free), (AttemptRef { job: od, attempt: 1 }, false));
+}
+
+#[test]
 fn a_hold_that_goes_withdraws_its_start_and_spends_its_number() {
     // The preemptor is cancelled while its victim drains: the node is
     // told to withdraw the start, and a start it made anyway is stale.
