@@ -67,6 +67,10 @@ pub struct Counters {
     /// Agents' registrations (a node joining, an agent starting, an agent
     /// finding this server the new leader).
     pub registrations: u64,
+    /// Preemptors' starts sent to their nodes with the drain notices, and
+    /// those withdrawn because their holds went first (`engine/staged.rs`).
+    pub starts_ahead: u64,
+    pub starts_withdrawn: u64,
     /// Drills concluded, by verdict (`ready`, `failed`).
     pub drills_ready: u64,
     pub drills_failed: u64,
@@ -93,6 +97,8 @@ impl Default for Counters {
             pass_seconds: 0.0,
             polls_writer: 0,
             registrations: 0,
+            starts_ahead: 0,
+            starts_withdrawn: 0,
             polls_quiet: 0,
             polls_woken: 0,
             drills_ready: 0,
@@ -346,6 +352,15 @@ pub fn render(s: &Snapshot) -> String {
          starting, every agent after a takeover",
         counter(c.registrations),
     );
+    let ahead = Family::<Labels, Counter>::default();
+    ahead.get_or_create(&labels(&[("outcome", "sent")])).inc_by(c.starts_ahead);
+    ahead.get_or_create(&labels(&[("outcome", "withdrawn")])).inc_by(c.starts_withdrawn);
+    registry.register(
+        "starts_ahead",
+        "Preemptors' starts sent to their nodes with the drain notices since the server started (the node \
+         starts one when its victims have gone), and those withdrawn because the hold went first",
+        ahead,
+    );
     let findings = Family::<Labels, Counter>::default();
     for class in HEALTH_CLASSES {
         for kind in HEALTH_KINDS {
@@ -409,6 +424,8 @@ mod tests {
             "ebb_agent_polls_total{answered=\"writer\"}".into(),
             "ebb_agent_polls_total{answered=\"quiet\"}".into(),
             "ebb_agent_registrations_total".into(),
+            "ebb_starts_ahead_total{outcome=\"sent\"}".into(),
+            "ebb_starts_ahead_total{outcome=\"withdrawn\"}".into(),
             "ebb_drills_total{verdict=\"ready\"}".into(),
             "ebb_drills_total{verdict=\"failed\"}".into(),
             "ebb_gpus_faulted".into(),

@@ -56,6 +56,7 @@ impl<S: Store> Engine<S> {
         };
         self.jobs.get_mut(&id).expect("known job").staged = Some(staged);
         self.staged.insert(id);
+        self.counters.starts_ahead += 1;
         self.send_staged(id);
         self.save(id)
     }
@@ -123,6 +124,7 @@ impl<S: Store> Engine<S> {
         let Some(job) = self.jobs.get_mut(&id) else { return Ok(()) };
         let Some(staged) = job.staged.take() else { return Ok(()) };
         job.attempt = job.attempt.max(staged.attempt);
+        self.counters.starts_withdrawn += 1;
         let _ = self.core.unstage(JobId(id));
         let attempt = AttemptRef { job: id, attempt: staged.attempt };
         self.outbox.push(&staged.node, Action::Stop { attempt, grace_ms: STOP_GRACE_MS, notice: None });

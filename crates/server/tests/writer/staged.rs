@@ -156,6 +156,8 @@ fn a_hold_that_goes_withdraws_its_start_and_spends_its_number() {
     env.call_quiet(msg);
     assert_eq!(reply.try_recv().unwrap().unwrap().stale, vec![attempt]);
     assert_eq!(env.job(od).unwrap().state, "cancelled");
+    let metrics = env.call(|reply| Msg::Metrics { reply });
+    assert_eq!((metrics.counters.starts_ahead, metrics.counters.starts_withdrawn), (1, 1));
 
     // The node starts it while the server still has the victim there (an
     // agent that did not wait): stale, withdrawn, and the job's placement
