@@ -108,6 +108,12 @@ pub struct JobRecord {
     /// Its start, sent to the held GPUs' node before the victims left.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub staged: Option<super::staged::StagedStart>,
+    /// The highest attempt number spent on a start sent ahead and then
+    /// withdrawn (it may have run on its node): the next attempt is
+    /// numbered after it, after a restart too. `attempt` stays the latest
+    /// placed.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub spent_attempt: u32,
     /// The array or sweep this job is a task of.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub array: Option<ebb_api::ArrayTask>,
@@ -381,6 +387,7 @@ impl JobRecord {
             held: Vec::new(),
             waiting_for: Vec::new(),
             staged: None,
+            spent_attempt: 0,
             array: None,
             checkpoints: CheckpointStats::default(),
             run_started_ms: None,

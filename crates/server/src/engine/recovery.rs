@@ -308,7 +308,7 @@ impl<S: Store> Engine<S> {
                     // next is numbered after it (the node is told to stop
                     // it when it registers).
                     if let Some(staged) = job.staged.take() {
-                        job.attempt = job.attempt.max(staged.attempt);
+                        job.spent_attempt = job.spent_attempt.max(staged.attempt);
                         if let Err(e) = self.core.fence_attempt(JobId(id), Attempt(staged.attempt)) {
                             tracing::error!(job = id, "staged attempt not fenced: {e}");
                         }
@@ -349,7 +349,9 @@ impl<S: Store> Engine<S> {
 
     /// Puts a queued job back into the core, with the attempts it has had.
     pub(super) fn restore_queued(&mut self, id: u64) -> Result<(), ApiError> {
-        let (attempt, preemptions) = (self.jobs[&id].attempt, self.jobs[&id].preemptions);
+        let job = &self.jobs[&id];
+        // A number spent on a start sent ahead is not used again.
+        let (attempt, preemptions) = (job.attempt.max(job.spent_attempt), job.preemptions);
         self.core
             .restore_queued(self.spec_of(id), Attempt(attempt), preemptions)
             .map_err(|e| ApiError::internal(e.to_string()))?;

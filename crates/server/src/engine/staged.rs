@@ -116,14 +116,14 @@ impl<S: Store> Engine<S> {
     }
 
     /// Job `id`'s staged start will not be its placement: the core spends
-    /// the number, the record keeps it as the job's latest (so a takeover
-    /// numbers the next attempt after it), and the node withdraws it (or
-    /// stops it, if it ran).
+    /// the number, the record keeps it as spent (so a takeover numbers the
+    /// next attempt after it), and the node withdraws it (or stops it, if
+    /// it ran).
     pub(super) fn withdraw(&mut self, id: u64) -> Written {
         self.staged.remove(&id);
         let Some(job) = self.jobs.get_mut(&id) else { return Ok(()) };
         let Some(staged) = job.staged.take() else { return Ok(()) };
-        job.attempt = job.attempt.max(staged.attempt);
+        job.spent_attempt = job.spent_attempt.max(staged.attempt);
         self.counters.starts_withdrawn += 1;
         let _ = self.core.unstage(JobId(id));
         let attempt = AttemptRef { job: id, attempt: staged.attempt };

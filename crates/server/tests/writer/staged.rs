@@ -241,6 +241,7 @@ enum Step {
     StartFails,
     CancelPreemptor,
     DrainNode,
+    UndrainNode,
     /// `kill -9` of the server; the node registers again with what it runs
     /// and holds.
     ServerRestart,
@@ -263,6 +264,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => Just(Step::StartFails),
         1 => Just(Step::CancelPreemptor),
         1 => Just(Step::DrainNode),
+        1 => Just(Step::UndrainNode),
         1 => Just(Step::ServerRestart),
         1 => Just(Step::AgentRestart),
         1 => any::<bool>().prop_map(|capable| Step::Reregister { capable }),
@@ -392,7 +394,8 @@ proptest! {
         if let Some(s) = starts(&commands).first() {
             node.waiting = Some(s.attempt);
         }
-        for step in steps.iter().chain([Step::VictimExits { one_report: true }, Step::Poll, Step::Poll].iter()) {
+        let end = [Step::UndrainNode, Step::VictimExits { one_report: true }, Step::Poll, Step::Poll];
+        for step in steps.iter().chain(end.iter()) {
             match step.clone() {
                 Step::Poll => node.poll(&mut env, od),
                 Step::VictimExits { one_report } => {
@@ -417,6 +420,9 @@ proptest! {
                 }
                 Step::DrainNode => {
                     let _ = env.call(|reply| Msg::DrainNode { name: "n1".into(), reply });
+                }
+                Step::UndrainNode => {
+                    let _ = env.call(|reply| Msg::UndrainNode { name: "n1".into(), gpu: None, reply });
                 }
                 Step::ServerRestart => {
                     env.restart();
