@@ -317,6 +317,22 @@ impl<S: Store> Engine<S> {
                 }
             }
         }
+        // A start sent ahead is only ever a holding job's; any other
+        // record's is spent.
+        let strays: Vec<u64> = self
+            .jobs
+            .values()
+            .filter(|j| j.staged.is_some() && !self.staged.contains(&j.id))
+            .map(|j| j.id)
+            .collect();
+        for id in strays {
+            let job = self.jobs.get_mut(&id).expect("loaded");
+            let staged = job.staged.take().expect("filtered");
+            job.spent_attempt = job.spent_attempt.max(staged.attempt);
+            // Numbered after it if it queues (nothing to do otherwise).
+            let _ = self.core.fence_attempt(JobId(id), Attempt(staged.attempt));
+            self.save(id)?;
+        }
         // The limits may have been raised since.
         let tenants: Vec<u32> = self.tenants.load.keys().copied().collect();
         for tenant in tenants {
