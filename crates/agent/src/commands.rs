@@ -194,7 +194,13 @@ impl<S: Supervisor> Agent<S> {
     fn execute(self: &Arc<Self>, action: Action, pending: &mut Pending) {
         pending.retain(|_, task| !task.is_finished());
         let attempt = match &action {
-            Action::Start(start) => start.attempt,
+            Action::Start(start) => {
+                if start.when_gpus_free {
+                    // Before its task runs: a stop that follows withdraws it.
+                    self.supervisor.hold_back(start.attempt);
+                }
+                start.attempt
+            }
             Action::Drain(drain) => drain.attempt,
             Action::Stop { attempt, .. } => {
                 // A start held back for its GPUs goes without starting.
@@ -247,8 +253,10 @@ impl<S: Supervisor> Agent<S> {
     /// the job's timeline).
     async fn start(&self, s: StartAttempt) {
         let a = s.attempt;
-        if self.supervisor.is_running(a) || self.supervisor.waiting().contains(&a) {
-            return; // a repeated command
+        if self.supervisor.is_running(a) {
+            // A repeated command (one that came while the first was under
+            // way ran after it).
+            return;
         }
         if let Some(port) = s.rendezvous_port.filter(|p| !self.supervisor.port_free(*p)) {
             // Another program listens there: the gang's ranks could never

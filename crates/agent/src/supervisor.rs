@@ -58,7 +58,15 @@ pub(crate) trait Supervisor: Send + Sync + 'static {
     /// attempt here holds its GPUs (else the server never sends one).
     const STARTS_WHEN_FREE: bool = false;
 
-    /// The starts held back until their GPUs are free.
+    /// A start to be held back until its GPUs are free has come for
+    /// `attempt`: from now until its process runs (or it fails, or is
+    /// withdrawn) it is waiting, and a stop withdraws it, while it is
+    /// still being prepared too.
+    fn hold_back(&self, attempt: AttemptRef) {
+        let _ = attempt;
+    }
+
+    /// The starts held back until their GPUs are free, not withdrawn.
     fn waiting(&self) -> Vec<AttemptRef> {
         Vec::new()
     }
@@ -170,8 +178,8 @@ pub(crate) struct Processes {
     /// Woken when an attempt's GPUs are let go, or a waiting start is
     /// withdrawn.
     gpus_freed: tokio::sync::Notify,
-    /// Starts held back until their GPUs are free, and whether each has
-    /// been withdrawn.
+    /// Starts held back until their GPUs are free, from their command
+    /// until their process runs, and whether each has been withdrawn.
     waiting: Mutex<HashMap<AttemptRef, bool>>,
 }
 
@@ -313,6 +321,14 @@ impl Processes {
     /// Starts attempt `s`: its directories and cgroup, its metadata
     /// endpoint, its process, then what watches it.
     async fn launch(self: &Arc<Self>, s: StartAttempt) -> Result<(), String> {
+        // A start held back for its GPUs is waiting until this returns.
+        let _waiting = s.when_gpus_free.then(|| {
+            self.hold_back(s.attempt);
+            Waiting(self, s.attempt)
+        });
+        if s.when_gpus_free && self.waiting.lock().expect("waiting").get(&s.attempt) == Some(&true) {
+            return Ok(()); // withdrawn before it began
+        }
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .map_err(|e| format!("metadata endpoint: {e}"))?;
@@ -848,7 +864,6 @@ impl Processes {
     /// meanwhile.
     async fn gpus_free_for(&self, a: AttemptRef, gpus: &[u8]) -> bool {
         let mask = gpu_mask(gpus);
-        self.waiting.lock().expect("waiting").insert(a, false);
         loop {
             let freed = self.gpus_freed.notified();
             tokio::pin!(freed);
@@ -857,7 +872,6 @@ impl Processes {
             let withdrawn = self.waiting.lock().expect("waiting").get(&a).copied().unwrap_or(true);
             let busy = self.gpus.lock().expect("gpus").iter().any(|(other, m)| *other != a && m & mask != 0);
             if withdrawn || !busy {
-                self.waiting.lock().expect("waiting").remove(&a);
                 return !withdrawn;
             }
             freed.await;
@@ -891,8 +905,13 @@ impl Supervisor for Processes {
 
     const STARTS_WHEN_FREE: bool = true;
 
+    fn hold_back(&self, attempt: AttemptRef) {
+        self.waiting.lock().expect("waiting").entry(attempt).or_insert(false);
+    }
+
     fn waiting(&self) -> Vec<AttemptRef> {
-        self.waiting.lock().expect("waiting").keys().copied().collect()
+        let waiting = self.waiting.lock().expect("waiting");
+        waiting.iter().filter(|(_, withdrawn)| !**withdrawn).map(|(a, _)| *a).collect()
     }
 
     fn withdraw(&self, attempt: AttemptRef) -> bool {
@@ -985,4 +1004,13 @@ fn exit_facts(peak: &cgroup::Peak, run_dir: &Path, default_workdir: Option<&Path
 /// GPU indices as a bit mask (indices past 63 are not a node's).
 fn gpu_mask(gpus: &[u8]) -> u64 {
     gpus.iter().filter(|g| **g < 64).fold(0, |mask, g| mask | 1 << g)
+}
+
+/// A start held back for its GPUs, waiting until dropped.
+struct Waiting<'a>(&'a Processes, AttemptRef);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.waiting.lock().expect("waiting").remove(&self.1);
+    }
 }

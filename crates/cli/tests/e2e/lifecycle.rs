@@ -225,6 +225,52 @@ fn a_victim_that_ignores_sigterm_is_killed_at_the_deadline_and_its_gpus_go_to_th
     c.assert_no_double_booking();
 }
 
+/// A preemptor's start goes to the node with its victim's notice; the
+/// preemptor cancelled during the drain is withdrawn there, and the GPUs
+/// go to the next job once the victim has left.
+#[test]
+fn a_preemptor_cancelled_while_its_victim_drains_never_starts() {
+    let c = Cluster::start(Options { nodes: 1, gpus: 2, drain_window: "30s", ..Options::default() });
+    let victim = c.submit(&[
+        "--gpus",
+        "2",
+        "--",
+        "bash",
+        "-c",
+        r#"trap 'while [ ! -e "$EBB_CHECKPOINT_DIR/release" ]; do sleep 0.05; done; exit 0' TERM; while :; do sleep 0.05; done"#,
+    ]);
+    c.wait_state(victim, "running");
+    let od = c.submit(&[
+        "--tier",
+        "on-demand",
+        "--gpus",
+        "2",
+        "--",
+        "bash",
+        "-c",
+        r#"touch "$EBB_CHECKPOINT_DIR/began"; sleep 30"#,
+    ]);
+    c.wait_state(victim, "draining");
+    c.ebb(&["cancel", &od.to_string()]);
+    c.wait_state(od, "cancelled");
+    // The node withdrew it while it waited: it never starts.
+    let log = c.dir.join("logs").join("node-0.log");
+    wait_for("the start withdrawn", Duration::from_secs(10), || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        text.lines()
+            .any(|l| {
+                l.contains("start withdrawn before its GPUs were free") && l.contains(&format!("job={od} "))
+            })
+            .then_some(())
+    });
+    let next = c.submit(&["--tier", "on-demand", "--gpus", "2", "--", "sleep", "30"]);
+    std::fs::write(c.checkpoints(victim).join("release"), "").unwrap();
+    c.wait_state(next, "running");
+    assert!(!c.checkpoints(od).join("began").exists(), "the cancelled preemptor ran");
+    assert_eq!(c.job(od)["state"], "cancelled");
+    c.assert_no_double_booking();
+}
+
 #[test]
 fn non_preemptible_work_is_never_drained_and_acknowledged_jobs_survive_kill_9() {
     let mut c = Cluster::start(Options { nodes: 1, gpus: 2, drain_window: "30s", ..Options::default() });
