@@ -4,7 +4,9 @@
 //! sleeps; `Engine::sanity_check` after every batch.
 //!
 //! * `harness`: `TestEnv`, a store that fails one write on demand, fake
-//!   agents; `batches`, `counts` and `gangs` use it.
+//!   agents; `batches`, `counts`, `gangs` and `staged` (a preemptor's
+//!   start sent with the notice, and a property of any order of what
+//!   happens to it against a model of the agent) use it.
 //! * `billing`, `limits`, `fuzz`: properties over random sequences of
 //!   submissions, exits, crashes and restarts, each with its own model of
 //!   the agents and of the truth (what ran, what may be kept).
