@@ -249,8 +249,7 @@ impl State {
             .get_mut(&id)
             .ok_or_else(|| StateError::Conflict(format!("job {id}: holds no GPUs")))?;
         if let Some(staged) = hold.staged.take() {
-            let job = self.jobs.get_mut(&id).expect("holding job exists");
-            job.attempt = job.attempt.max(staged);
+            self.spend(id, staged);
         }
         Ok(())
     }
@@ -259,12 +258,19 @@ impl State {
     /// start promised before the edge restarted, whose hold did not come
     /// back): its next attempt is numbered after them.
     pub fn fence_attempt(&mut self, id: JobId, attempt: Attempt) -> Result<(), StateError> {
-        let job = self.jobs.get_mut(&id).ok_or_else(|| StateError::NotFound(format!("job {id}")))?;
+        let job = self.jobs.get(&id).ok_or_else(|| StateError::NotFound(format!("job {id}")))?;
         if job.phase != Phase::Queued {
             return Err(StateError::Conflict(format!("job {id}: not queued")));
         }
-        job.attempt = job.attempt.max(attempt);
+        self.spend(id, attempt);
         Ok(())
+    }
+
+    /// Job `id`'s attempts up to `attempt` are taken: its next is numbered
+    /// after them.
+    fn spend(&mut self, id: JobId, attempt: Attempt) {
+        let job = self.jobs.get_mut(&id).expect("a known job");
+        job.attempt = job.attempt.max(attempt);
     }
 
     /// Withdraws a job that is not running (running jobs end through
@@ -552,8 +558,7 @@ impl State {
         self.ready_holds.remove(&job);
         if let Some(staged) = hold.staged {
             // Its node may have started that attempt already.
-            let j = self.jobs.get_mut(&job).expect("holding job exists");
-            j.attempt = j.attempt.max(staged);
+            self.spend(job, staged);
         }
         let spec = &self.jobs[&job].spec;
         let (tier, tenant, gpus) = (spec.tier, spec.tenant, spec.gpus);

@@ -58,8 +58,7 @@ impl<S: Store> Engine<S> {
                 self.drained(drain)?;
             }
             for preemption in &plan.preemptions {
-                self.preempting(preemption)?;
-                self.stage(preemption.preemptor.0, now)?;
+                self.preempting(preemption, now)?;
             }
             for placement in &plan.placements {
                 self.placed(placement, now)?;
@@ -157,13 +156,15 @@ impl<S: Store> Engine<S> {
         self.save(id)
     }
 
-    /// A preemptor holds its victims' GPUs until they have drained.
-    fn preempting(&mut self, p: &Preemption) -> Written {
+    /// A preemptor holds its victims' GPUs until they have drained; its
+    /// start goes to their node now where it can (`staged`).
+    fn preempting(&mut self, p: &Preemption, now: u64) -> Written {
         let victims: Vec<u64> = p.victims.iter().map(|v| v.0).collect();
         let held = self.named(&p.hold);
         let job = self.jobs.get_mut(&p.preemptor.0).expect("known job");
         job.held = held;
         job.waiting_for = victims.clone();
+        self.stage(p.preemptor.0, now);
         self.save(p.preemptor.0)?;
         let lost = p.lost_gpu_ms as f64 / 1000.0;
         self.event(p.preemptor.0, Event::Preempting(PreemptingDetail { victims, lost_gpu_seconds: lost }))

@@ -34,19 +34,19 @@ impl<S: Store> Engine<S> {
     /// be: a hold on one node with victims still to leave, each of them
     /// on that node alone (a gang's part elsewhere would keep the hold
     /// waiting after the node's own part had gone), and an agent there
-    /// that holds such a start back.
-    pub(super) fn stage(&mut self, id: u64, now: u64) -> Written {
+    /// that holds such a start back. The caller saves the record.
+    pub(super) fn stage(&mut self, id: u64, now: u64) {
         let job = &self.jobs[&id];
-        let [(node, gpus)] = &job.held[..] else { return Ok(()) };
+        let [(node, gpus)] = &job.held[..] else { return };
         let local = |v: &u64| self.jobs.get(v).is_some_and(|v| v.placement.iter().all(|(n, _)| n == node));
         if job.waiting_for.is_empty()
             || !job.waiting_for.iter().all(local)
             || !self.fleet.starts_when_free.contains(node)
         {
-            return Ok(());
+            return;
         }
         let placement = vec![(node.clone(), gpus.clone())];
-        let Ok(attempt) = self.core.stage(JobId(id)) else { return Ok(()) };
+        let Ok(attempt) = self.core.stage(JobId(id)) else { return };
         let recommendation = self.recommend(id, &placement, now);
         let why = self.why_text(&recommendation);
         let staged = StagedStart {
@@ -58,7 +58,6 @@ impl<S: Store> Engine<S> {
         self.staged.insert(id);
         self.counters.starts_ahead += 1;
         self.send_staged(id);
-        self.save(id)
     }
 
     /// The staged start of job `id`, to its node (again, after the node
@@ -88,16 +87,12 @@ impl<S: Store> Engine<S> {
 
     /// The node started job `id`'s staged attempt (its victims' exits came
     /// first in its report): the job is placed from its hold now, as the
-    /// pass would have placed it. False if the hold is not ready (the
-    /// node started it while the core still has a victim there): the
+    /// pass would have placed it. False if the core refuses the placement
+    /// (the node started it while the core still has a victim there): the
     /// start is withdrawn and the attempt is stale.
     pub(super) fn place_staged(&mut self, id: u64, now: u64) -> Written<bool> {
         let Some(hold) = self.core.hold(JobId(id)) else { return Ok(false) };
-        let (Some(attempt), true) = (hold.staged, hold.waiting_on.is_empty()) else {
-            tracing::warn!(job = id, "a staged start ran before its hold was ready; withdrawn");
-            self.withdraw(id)?;
-            return Ok(false);
-        };
+        let Some(attempt) = hold.staged else { return Ok(false) };
         let placement = Placement {
             job: JobId(id),
             attempt,
