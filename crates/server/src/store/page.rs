@@ -1,7 +1,7 @@
 //! Job pages in SQL: one query shape per set of filters, written once for
 //! SQLite and PostgreSQL, which differ only in their placeholders.
 
-use super::JobPageQuery;
+use super::{JobPageQuery, FINISHED_STATES};
 
 /// A value bound to a page query's placeholder.
 #[derive(Clone, Debug)]
@@ -51,11 +51,13 @@ pub(crate) fn job_page_sql(q: &JobPageQuery, postgres: bool) -> Option<(String, 
             return None;
         }
         let list: Vec<String> = states.iter().map(|s| arg(PageArg::Text(s.clone()))).collect();
+        let job =
+            if postgres { finished_or_not(states, &list) } else { format!("state IN ({})", list.join(", ")) };
         let list = list.join(", ");
         sql += &match q.collapse {
-            false => format!(" AND state IN ({list})"),
+            false => format!(" AND {job}"),
             true => format!(
-                " AND ((array_id IS NULL AND state IN ({list})) OR (array_id IS NOT NULL AND EXISTS \
+                " AND ((array_id IS NULL AND {job}) OR (array_id IS NOT NULL AND EXISTS \
                  (SELECT 1 FROM jobs AS task WHERE task.array_id = jobs.id AND task.state IN ({list}))))"
             ),
         };
@@ -64,4 +66,24 @@ pub(crate) fn job_page_sql(q: &JobPageQuery, postgres: bool) -> Option<(String, 
     let limit = arg(PageArg::Int(clamp(q.limit as u64)));
     sql += &format!(" ORDER BY id {order} LIMIT {limit}");
     Some((sql, args))
+}
+
+/// PostgreSQL's condition for a job in one of `states` (bound as
+/// `placeholders`): no index of its `jobs` holds the state, so that a
+/// running job's updates leave the indices alone (schema step 10); a
+/// finished state is searched by `finished` (set once, when the job
+/// ends), the others among the unfinished jobs (`finished IS NULL`), each
+/// an index's range.
+fn finished_or_not(states: &[String], placeholders: &[String]) -> String {
+    let (done, other): (Vec<_>, Vec<_>) =
+        states.iter().zip(placeholders).partition(|(s, _)| FINISHED_STATES.contains(&s.as_str()));
+    let list =
+        |v: Vec<(&String, &String)>| v.into_iter().map(|(_, p)| p.as_str()).collect::<Vec<_>>().join(", ");
+    match (done.is_empty(), other.is_empty()) {
+        (true, _) => format!("finished IS NULL AND state IN ({})", list(other)),
+        (false, true) => format!("finished IN ({})", list(done)),
+        (false, false) => {
+            format!("(finished IN ({}) OR (finished IS NULL AND state IN ({})))", list(done), list(other))
+        }
+    }
 }

@@ -16,7 +16,7 @@ use ebb_api::JobEvent;
 use crate::store::{
     job_page_sql, scope_name, scope_of, DeliveryRow, FinishedCount, JobColumns, JobPageQuery, JobRow,
     JobRows, LogState, NodeRow, PageArg, PriceRow, ReservationRow, Result, Snapshot, Store, StoreError,
-    TaskRow, TenantRow, TokenRow, UsageRow, WebhookRow, FINISHED_STATES, UNFINISHED_STATES, WEBHOOK_LOG_KEPT,
+    TaskRow, TenantRow, TokenRow, UsageRow, WebhookRow, WEBHOOK_LOG_KEPT,
 };
 
 impl From<postgres::Error> for StoreError {
@@ -114,6 +114,25 @@ const MIGRATIONS: &[&str] = &[
      ALTER TABLE output DROP CONSTRAINT IF EXISTS output_job_fkey;
      DROP INDEX jobs_by_array;
      CREATE INDEX jobs_by_array ON jobs(array_id, state) WHERE array_id IS NOT NULL;",
+    // 10: a running job's updates in place. Every change of state (placed,
+    // started, preempted, requeued) made a new version of the row with new
+    // entries in every index of `jobs`, as `state` was in two of them; now
+    // no index holds a column that changes before the job ends, and pages
+    // are half filled, so such an update is a heap-only tuple on the same
+    // page, and the versions it leaves are pruned there. The state's
+    // searches go by `finished`, the final state, set once: the
+    // unfinished jobs are its NULLs (a takeover's load), the finished by
+    // state its values. Measured on 20,000 rows of 660 bytes, each
+    // updated twice in transactions of their own: 167-229 ms an update
+    // of them all before, 66-80 ms after. The table is rewritten once,
+    // here (the generated column).
+    "ALTER TABLE jobs SET (fillfactor = 50);
+     ALTER TABLE jobs ADD COLUMN finished TEXT GENERATED ALWAYS AS
+         (CASE WHEN state IN ('succeeded', 'failed', 'cancelled') THEN state END) STORED;
+     DROP INDEX jobs_by_state;
+     CREATE INDEX jobs_by_finished ON jobs(finished, id);
+     DROP INDEX jobs_by_array;
+     CREATE INDEX jobs_by_array ON jobs(array_id) WHERE array_id IS NOT NULL;",
 ];
 
 pub struct PgStore {
@@ -605,17 +624,10 @@ impl Store for PgStore {
         // before, as SQLite's `load` does, into room made for them all (a
         // vector doubling its way to 100,000 records copied them twice).
         {
-            let count: i64 = c
-                .query_one(
-                    "SELECT count(*) FROM jobs WHERE state = ANY($1)",
-                    &[&&UNFINISHED_STATES[..] as &(dyn ToSql + Sync)],
-                )?
-                .get(0);
+            let count: i64 = c.query_one("SELECT count(*) FROM jobs WHERE finished IS NULL", &[])?.get(0);
             snapshot.jobs.reserve_exact(usize::try_from(count).unwrap_or(0));
-            let mut rows = c.query_raw(
-                "SELECT record FROM jobs WHERE state = ANY($1) ORDER BY id",
-                [&&UNFINISHED_STATES[..] as &(dyn ToSql + Sync)],
-            )?;
+            let none: [&(dyn ToSql + Sync); 0] = [];
+            let mut rows = c.query_raw("SELECT record FROM jobs WHERE finished IS NULL ORDER BY id", none)?;
             while let Some(row) = rows.next()? {
                 let mut job: J = serde_json::from_str(row.get::<_, &str>(0))?;
                 if let Some(previous) = snapshot.jobs.last() {
@@ -811,9 +823,9 @@ impl Store for PgStore {
 
     fn finished_counts(&mut self) -> Result<Vec<FinishedCount>> {
         let rows = self.db()?.query(
-            "SELECT tier, state, COUNT(*), COALESCE(SUM(gpus), 0)::BIGINT FROM jobs
-             WHERE state = ANY($1) GROUP BY tier, state ORDER BY tier, state",
-            &[&&FINISHED_STATES[..]],
+            "SELECT tier, finished, COUNT(*), COALESCE(SUM(gpus), 0)::BIGINT FROM jobs
+             WHERE finished IS NOT NULL GROUP BY tier, finished ORDER BY tier, finished",
+            &[],
         )?;
         Ok(rows
             .iter()

@@ -291,6 +291,59 @@ fn a_postgres_database_is_migrated_once_and_a_newer_one_is_refused() {
     assert!(err.to_string().contains("--database: cannot connect to PostgreSQL"), "{err}");
 }
 
+/// On PostgreSQL a job's changes of state before it ends (placed,
+/// started, drained, requeued) are updated in place: heap-only tuples, no
+/// new entry in any index of `jobs`, as no index holds the state (schema
+/// step 10). Its end is not (the finished jobs are found by state), and
+/// neither is any change of an index's column.
+#[test]
+fn a_postgres_job_is_updated_in_place_until_it_ends() {
+    let pg = pg::Postgres::start("inplace");
+    let mut store = PgStore::open(&pg.url()).unwrap();
+    let write = |store: &mut PgStore, state: &str| {
+        store.begin().unwrap();
+        store.put_job(1, &columns(1, state), &json!({ "id": 1, "state": state })).unwrap();
+        store.commit().unwrap();
+    };
+    store.begin().unwrap();
+    store.put_tenant(&TenantRow { id: 1, name: "default".into() }).unwrap();
+    store.commit().unwrap();
+    for state in ["queued", "starting", "running", "draining", "queued", "starting", "running", "succeeded"] {
+        write(&mut store, state);
+    }
+    // A session's counts reach the statistics when it ends.
+    drop(store);
+    let mut client = postgres::Client::connect(&pg.url(), postgres::NoTls).unwrap();
+    let mut counts = (0, 0);
+    for _ in 0..200 {
+        let row = client
+            .query_one("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'jobs'", &[])
+            .unwrap();
+        counts = (row.get::<_, i64>(0), row.get::<_, i64>(1));
+        if counts.0 == 7 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(counts, (7, 6), "(updates, of which in place): every one but the end's");
+    let indices: Vec<String> = client
+        .query("SELECT indexdef FROM pg_indexes WHERE tablename = 'jobs' ORDER BY indexname", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(indices.iter().all(|i| !i.contains("state")), "{indices:?}");
+    let listed = store_listing(&pg.url(), "succeeded");
+    assert_eq!(listed, vec![1]);
+}
+
+/// The jobs in `state`, as a server on `url` lists them.
+fn store_listing(url: &str, state: &str) -> Vec<u64> {
+    let q = JobPageQuery { states: Some(vec![state.to_string()]), limit: 10, ..Default::default() };
+    let rows = PgStore::open(url).unwrap().job_page::<Value>(&q).unwrap().rows;
+    rows.iter().map(|j| j["id"].as_u64().unwrap()).collect()
+}
+
 #[test]
 fn the_lease_goes_to_one_server_and_fences_off_a_deposed_one() {
     let pg = pg::Postgres::start("lease");
@@ -459,6 +512,13 @@ fn lists_jobs<S: Store>(store: &mut S) {
     let finished = Some(vec!["succeeded".to_string(), "failed".into(), "cancelled".into()]);
     assert_eq!(ids(store, JobPageQuery { states: finished.clone(), ..all.clone() }), vec![1, 2, 4, 5, 8]);
     assert_eq!(ids(store, JobPageQuery { states: Some(Vec::new()), ..all.clone() }), Vec::<u64>::new());
+    let unfinished = Some(vec!["queued".to_string(), "running".into()]);
+    assert_eq!(ids(store, JobPageQuery { states: unfinished, ..all.clone() }), vec![3, 6, 7, 9]);
+    let mixed = Some(vec!["running".to_string(), "failed".into()]);
+    assert_eq!(ids(store, JobPageQuery { states: mixed.clone(), ..all.clone() }), vec![2, 6, 7]);
+    assert_eq!(ids(store, JobPageQuery { states: mixed, desc: true, limit: 2, ..all.clone() }), vec![7, 6]);
+    let unknown = Some(vec!["bogus".to_string()]);
+    assert_eq!(ids(store, JobPageQuery { states: unknown, ..all.clone() }), Vec::<u64>::new());
     assert_eq!(ids(store, JobPageQuery { tier: Some("on-demand".into()), ..all.clone() }), vec![1, 8, 9]);
     // A byte bound stops the page after the row that passes it, and says
     // more may follow; the last row read to its end is not a cut.
@@ -484,9 +544,11 @@ fn lists_jobs<S: Store>(store: &mut S) {
     let failed = Some(vec!["failed".to_string()]);
     assert_eq!(ids(store, JobPageQuery { states: failed, ..collapsed.clone() }), vec![2]);
     assert_eq!(
-        ids(store, JobPageQuery { tenant: Some(1), states: succeeded, desc: true, ..collapsed }),
+        ids(store, JobPageQuery { tenant: Some(1), states: succeeded, desc: true, ..collapsed.clone() }),
         vec![3, 1]
     );
+    let running = Some(vec!["running".to_string()]);
+    assert_eq!(ids(store, JobPageQuery { states: running, ..collapsed }), vec![3, 7]);
 
     let states = store.array_states(3).unwrap();
     let expected = [("cancelled", 1), ("queued", 1), ("running", 1), ("succeeded", 1)];
@@ -535,10 +597,12 @@ fn a_postgres_database_from_before_the_job_columns_gets_them_from_its_records() 
     let pg = pg::Postgres::start("columns");
     drop(PgStore::open(&pg.url()).unwrap());
     let mut client = postgres::Client::connect(&pg.url(), postgres::NoTls).unwrap();
-    // Back to step 3: without what steps 4 to 8 add.
+    // Back to step 3: without what steps 4 to 10 add.
     client
         .batch_execute(
-            "DROP INDEX jobs_by_state; DROP INDEX jobs_by_tenant; DROP INDEX jobs_by_array;
+            "DROP INDEX jobs_by_finished; DROP INDEX jobs_by_tenant; DROP INDEX jobs_by_array;
+             ALTER TABLE jobs DROP COLUMN finished;
+             ALTER TABLE jobs RESET (fillfactor);
              ALTER TABLE jobs DROP COLUMN state, DROP COLUMN tier, DROP COLUMN gpus, DROP COLUMN name,
                  DROP COLUMN array_id, DROP COLUMN array_index, DROP COLUMN attempt, DROP COLUMN preemptions;
              ALTER TABLE output DROP COLUMN node;
