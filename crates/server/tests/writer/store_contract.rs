@@ -335,6 +335,35 @@ fn a_postgres_job_is_updated_in_place_until_it_ends() {
     assert!(indices.iter().all(|i| !i.contains("state")), "{indices:?}");
     let listed = store_listing(&pg.url(), "succeeded");
     assert_eq!(listed, vec![1]);
+
+    // Among many finished jobs, a takeover reads the unfinished ones from
+    // their own index, in order, and the finished are listed from theirs.
+    let mut store = PgStore::open(&pg.url()).unwrap();
+    store.begin().unwrap();
+    for id in 2..=5000u64 {
+        let state = match id % 1000 {
+            0 => "running",
+            1 => "failed",
+            _ => "succeeded",
+        };
+        store.put_job(id, &columns(1, state), &json!({ "id": id, "state": state })).unwrap();
+    }
+    store.commit().unwrap();
+    let loaded: Vec<u64> =
+        store.load::<Value>().unwrap().jobs.iter().map(|j| j["id"].as_u64().unwrap()).collect();
+    assert_eq!(loaded, vec![1000, 2000, 3000, 4000, 5000]);
+    client.batch_execute("ANALYZE jobs").unwrap();
+    let plan = |client: &mut postgres::Client, sql: &str| -> String {
+        let rows = client.query(&format!("EXPLAIN {sql}"), &[]).unwrap();
+        rows.iter().map(|r| r.get::<_, String>(0)).collect::<Vec<_>>().join("\n")
+    };
+    let load = plan(&mut client, ebb_server::store::pg::LOAD_JOBS);
+    assert!(load.contains("Index Scan using jobs_unfinished") && !load.contains("Sort"), "{load}");
+    let failed = plan(
+        &mut client,
+        "SELECT record FROM jobs WHERE id >= 0 AND finished IN ('failed') ORDER BY id LIMIT 10",
+    );
+    assert!(failed.contains("jobs_finished"), "{failed}");
 }
 
 /// The jobs in `state`, as a server on `url` lists them.
@@ -600,7 +629,7 @@ fn a_postgres_database_from_before_the_job_columns_gets_them_from_its_records() 
     // Back to step 3: without what steps 4 to 10 add.
     client
         .batch_execute(
-            "DROP INDEX jobs_by_finished; DROP INDEX jobs_by_tenant; DROP INDEX jobs_by_array;
+            "DROP INDEX jobs_unfinished; DROP INDEX jobs_finished; DROP INDEX jobs_by_tenant; DROP INDEX jobs_by_array;
              ALTER TABLE jobs DROP COLUMN finished;
              ALTER TABLE jobs RESET (fillfactor);
              ALTER TABLE jobs DROP COLUMN state, DROP COLUMN tier, DROP COLUMN gpus, DROP COLUMN name,
