@@ -12,7 +12,7 @@ use ebb_api::{Event, EventKind, JobEvent, ReportId, TenantLimits};
 use ebb_server::store::pg::PgStore;
 use ebb_server::store::{
     JobColumns, JobPageQuery, LogState, NodeRow, PriceRow, ReservationRow, Scope, SqliteStore, Store,
-    TenantRow, TokenRow, UsageRow,
+    TenantRow, TokenRow, UsageRow, FINISHED_STATES, UNFINISHED_STATES,
 };
 use serde_json::{json, Value};
 
@@ -335,6 +335,27 @@ fn a_postgres_job_is_updated_in_place_until_it_ends() {
     assert!(indices.iter().all(|i| !i.contains("state")), "{indices:?}");
     let listed = store_listing(&pg.url(), "succeeded");
     assert_eq!(listed, vec![1]);
+
+    // Every state a job can be in is finished or not as the server says
+    // (the generated column knows each final state).
+    let mut store = PgStore::open(&pg.url()).unwrap();
+    store.begin().unwrap();
+    let every = FINISHED_STATES.iter().chain(UNFINISHED_STATES.iter());
+    for (i, state) in every.clone().enumerate() {
+        let id = 100 + i as u64;
+        store.put_job(id, &columns(1, state), &json!({ "id": id, "state": state })).unwrap();
+    }
+    store.commit().unwrap();
+    for (i, state) in every.enumerate() {
+        let listed: Vec<u64> = store_listing(&pg.url(), state).into_iter().filter(|&id| id >= 100).collect();
+        assert_eq!(listed, vec![100 + i as u64], "{state}");
+    }
+    let loaded: Vec<u64> =
+        store.load::<Value>().unwrap().jobs.iter().map(|j| j["id"].as_u64().unwrap()).collect();
+    let unfinished: Vec<u64> =
+        (0..UNFINISHED_STATES.len()).map(|i| (100 + FINISHED_STATES.len() + i) as u64).collect();
+    assert_eq!(loaded, unfinished);
+    client.batch_execute("DELETE FROM jobs WHERE id >= 100").unwrap();
 
     // Among many finished jobs, a takeover reads the unfinished ones from
     // their own index, in order, and the finished are listed from theirs.
