@@ -121,11 +121,11 @@ const MIGRATIONS: &[&str] = &[
     // are half filled, so such an update is a heap-only tuple on the same
     // page, and the versions it leaves are pruned there. The state's
     // searches go by `finished`, the final state, set once: the
-    // unfinished jobs by id where it is NULL (a takeover's load, in order,
-    // however many have finished), the finished by it. Measured on 20,000 rows of 660 bytes, each
-    // updated twice in transactions of their own: 167-229 ms an update
-    // of them all before, 66-80 ms after. The table is rewritten once,
-    // here (the generated column).
+    // unfinished jobs by id where it is NULL (a takeover's load, in
+    // order, however many have finished), the finished by it. Measured
+    // on 20,000 rows of 660 bytes, each updated twice in transactions of
+    // their own: 167-229 ms an update of them all before, 66-80 ms after.
+    // The table is rewritten once, here (the generated column).
     "ALTER TABLE jobs SET (fillfactor = 50);
      ALTER TABLE jobs ADD COLUMN finished TEXT GENERATED ALWAYS AS
          (CASE WHEN state IN ('succeeded', 'failed', 'cancelled') THEN state END) STORED;
