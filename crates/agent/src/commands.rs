@@ -253,6 +253,9 @@ impl<S: Supervisor> Agent<S> {
     /// the job's timeline).
     async fn start(&self, s: StartAttempt) {
         let a = s.attempt;
+        // A start held back for its GPUs (`execute`) waits no longer once
+        // this returns, whichever way.
+        let _held = s.when_gpus_free.then(|| Held(&*self.supervisor, a));
         if self.supervisor.is_running(a) {
             // A repeated command (one that came while the first was under
             // way ran after it).
@@ -318,6 +321,15 @@ impl<S: Supervisor> Agent<S> {
             &running,
             "the node's credential was revoked and its attempts requeued",
         );
+    }
+}
+
+/// A start held back for its GPUs, waiting until dropped.
+struct Held<'a, S: Supervisor>(&'a S, AttemptRef);
+
+impl<S: Supervisor> Drop for Held<'_, S> {
+    fn drop(&mut self) {
+        self.0.let_go(self.1);
     }
 }
 
@@ -416,6 +428,47 @@ mod tests {
         start.rendezvous_port = Some(port);
         fake.commands.lock().unwrap().push(Action::Start(start));
         agent.supervisor.until("the start", |ops| ops.contains(&Op::Start(B))).await;
+    }
+
+    /// A start held back for its GPUs waits from its command until it
+    /// runs, cannot start, or turns out to be a repeat of one running:
+    /// then the node no longer says it waits (at its next registration).
+    #[tokio::test]
+    async fn a_held_back_start_waits_no_longer_once_it_ran_failed_or_repeated() {
+        let fake = Arc::new(FakeServer::default());
+        let agent = testing::agent(fake.clone(), "held-back").await;
+        let held_back = |attempt: AttemptRef, port: Option<u16>| {
+            let Action::Start(mut start) = start_of(attempt) else { unreachable!() };
+            start.when_gpus_free = true;
+            start.rendezvous_port = port;
+            Action::Start(start)
+        };
+        let let_go = |a: AttemptRef| {
+            let agent = agent.clone();
+            move || {
+                agent.supervisor.ops().contains(&Op::HoldBack(a)) && !agent.supervisor.waiting().contains(&a)
+            }
+        };
+        // Started.
+        fake.commands.lock().unwrap().push(held_back(A, None));
+        agent.supervisor.until("the start", |ops| ops.contains(&Op::Start(A))).await;
+        until("A let go", let_go(A)).await;
+        // A repeat of a start that runs.
+        fake.commands.lock().unwrap().push(held_back(A, None));
+        until("A held back again", || {
+            agent.supervisor.ops().iter().filter(|o| **o == Op::HoldBack(A)).count() == 2
+        })
+        .await;
+        until("A let go again", let_go(A)).await;
+        // Its gang's port taken: not started, reported.
+        let taken = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+        let port = taken.local_addr().unwrap().port();
+        fake.commands.lock().unwrap().push(held_back(B, Some(port)));
+        let exited =
+            |e: &AgentEvent| matches!(e, AgentEvent::Exited { attempt: B, port_in_use: Some(_), .. });
+        until("B's exit", || fake.delivered().iter().any(exited)).await;
+        until("B let go", let_go(B)).await;
+        assert!(!agent.supervisor.ops().contains(&Op::Start(B)));
     }
 
     #[tokio::test]

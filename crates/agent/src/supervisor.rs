@@ -66,6 +66,12 @@ pub(crate) trait Supervisor: Send + Sync + 'static {
         let _ = attempt;
     }
 
+    /// The start for `attempt` waits no longer: its process runs, or it
+    /// could not start, or it was withdrawn.
+    fn let_go(&self, attempt: AttemptRef) {
+        let _ = attempt;
+    }
+
     /// The starts held back until their GPUs are free, not withdrawn.
     fn waiting(&self) -> Vec<AttemptRef> {
         Vec::new()
@@ -321,11 +327,8 @@ impl Processes {
     /// Starts attempt `s`: its directories and cgroup, its metadata
     /// endpoint, its process, then what watches it.
     async fn launch(self: &Arc<Self>, s: StartAttempt) -> Result<(), String> {
-        // A start held back for its GPUs is waiting until this returns.
-        let _waiting = s.when_gpus_free.then(|| {
-            self.hold_back(s.attempt);
-            Waiting(self, s.attempt)
-        });
+        // A start held back for its GPUs waits from its command on
+        // (`hold_back`) until the task that runs this lets it go.
         if s.when_gpus_free && self.waiting.lock().expect("waiting").get(&s.attempt) == Some(&true) {
             return Ok(()); // withdrawn before it began
         }
@@ -909,6 +912,10 @@ impl Supervisor for Processes {
         self.waiting.lock().expect("waiting").entry(attempt).or_insert(false);
     }
 
+    fn let_go(&self, attempt: AttemptRef) {
+        self.waiting.lock().expect("waiting").remove(&attempt);
+    }
+
     fn waiting(&self) -> Vec<AttemptRef> {
         let waiting = self.waiting.lock().expect("waiting");
         waiting.iter().filter(|(_, withdrawn)| !**withdrawn).map(|(a, _)| *a).collect()
@@ -1004,13 +1011,4 @@ fn exit_facts(peak: &cgroup::Peak, run_dir: &Path, default_workdir: Option<&Path
 /// GPU indices as a bit mask (indices past 63 are not a node's).
 fn gpu_mask(gpus: &[u8]) -> u64 {
     gpus.iter().filter(|g| **g < 64).fold(0, |mask, g| mask | 1 << g)
-}
-
-/// A start held back for its GPUs, waiting until dropped.
-struct Waiting<'a>(&'a Processes, AttemptRef);
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        self.0.waiting.lock().expect("waiting").remove(&self.1);
-    }
 }

@@ -20,6 +20,8 @@ use crate::report::{now_ms, Queue, Reporter};
 /// What the fake was asked to do, in order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Op {
+    /// A start to be held back until its GPUs are free came.
+    HoldBack(AttemptRef),
     Start(AttemptRef),
     Notice(AttemptRef),
     /// A signal to a running attempt, and whether its notice file existed
@@ -46,6 +48,8 @@ struct State {
     running: BTreeMap<AttemptRef, (Signal, Option<Notice>)>,
     ops: Vec<Op>,
     refuse_starts: Option<String>,
+    /// Starts held back, and whether each was withdrawn.
+    held: BTreeMap<AttemptRef, bool>,
 }
 
 impl Drop for FakeSupervisor {
@@ -130,6 +134,25 @@ impl Supervisor for FakeSupervisor {
 
     fn is_running(&self, attempt: AttemptRef) -> bool {
         self.state.lock().unwrap().running.contains_key(&attempt)
+    }
+
+    fn hold_back(&self, attempt: AttemptRef) {
+        let mut state = self.state.lock().unwrap();
+        state.ops.push(Op::HoldBack(attempt));
+        state.held.entry(attempt).or_insert(false);
+    }
+
+    fn let_go(&self, attempt: AttemptRef) {
+        self.state.lock().unwrap().held.remove(&attempt);
+    }
+
+    fn waiting(&self) -> Vec<AttemptRef> {
+        let state = self.state.lock().unwrap();
+        state.held.iter().filter(|(_, withdrawn)| !**withdrawn).map(|(a, _)| *a).collect()
+    }
+
+    fn withdraw(&self, attempt: AttemptRef) -> bool {
+        self.state.lock().unwrap().held.get_mut(&attempt).map(|w| *w = true).is_some()
     }
 
     fn start(self: &Arc<Self>, start: StartAttempt) -> impl Future<Output = Result<(), String>> + Send {
