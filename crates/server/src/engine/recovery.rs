@@ -304,21 +304,15 @@ impl<S: Store> Engine<S> {
                     let job = self.jobs.get_mut(&id).expect("loaded");
                     job.held.clear();
                     job.waiting_for.clear();
-                    // Its node may have started the staged attempt: the
-                    // next is numbered after it (the node is told to stop
-                    // it when it registers).
-                    if let Some(staged) = job.staged.take() {
-                        job.spent_attempt = job.spent_attempt.max(staged.attempt);
-                        if let Err(e) = self.core.fence_attempt(JobId(id), Attempt(staged.attempt)) {
-                            tracing::error!(job = id, "staged attempt not fenced: {e}");
-                        }
-                    }
+                    // A staged start it had is spent below.
                     self.save(id)?;
                 }
             }
         }
         // A start sent ahead is only ever a holding job's; any other
-        // record's is spent.
+        // record's (a hold not restored, or none) is spent: its node may
+        // have started it, so the next attempt is numbered after it, and
+        // the node is told to stop it when it registers.
         let strays: Vec<u64> = self
             .jobs
             .values()
