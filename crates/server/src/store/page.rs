@@ -87,3 +87,52 @@ fn finished_or_not(states: &[String], placeholders: &[String]) -> String {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn state() -> impl Strategy<Value = String> {
+        prop_oneof![
+            prop::sample::select(vec![
+                "queued",
+                "starting",
+                "running",
+                "draining",
+                "succeeded",
+                "failed",
+                "cancelled"
+            ])
+            .prop_map(String::from),
+            ".{0,12}",
+        ]
+    }
+
+    proptest! {
+        /// Whatever states a listing asks for (known or not, repeated, in
+        /// any order), PostgreSQL's query binds each once, as a value, and
+        /// numbers its placeholders without a gap: what SQLite's binds.
+        #[test]
+        fn any_states_are_bound_not_written(
+            states in prop::collection::vec(state(), 1..12),
+            collapse: bool,
+            desc: bool,
+        ) {
+            let q = JobPageQuery { states: Some(states.clone()), collapse, desc, limit: 10, ..Default::default() };
+            let (sql, args) = job_page_sql(&q, true).expect("a query");
+            let (_, lite) = job_page_sql(&q, false).expect("a query");
+            prop_assert_eq!(args.len(), lite.len());
+            let bound: Vec<&str> = args.iter().filter_map(|a| match a { PageArg::Text(t) => Some(t.as_str()), _ => None }).collect();
+            prop_assert_eq!(bound, states.iter().map(String::as_str).collect::<Vec<_>>());
+            for n in 1..=args.len() {
+                prop_assert!(sql.contains(&format!("${n}")), "${} missing from {}", n, sql);
+            }
+            prop_assert!(!sql.contains(&format!("${}", args.len() + 1)), "{}", sql);
+            for s in states.iter().filter(|s| !s.is_empty()) {
+                prop_assert!(!sql.contains(&format!("'{s}'")), "{} written into {}", s, sql);
+            }
+        }
+    }
+}
