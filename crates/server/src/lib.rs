@@ -121,13 +121,24 @@ impl ApiError {
 pub fn new_token() -> String {
     let mut bytes = [0u8; 32];
     getrandom::fill(&mut bytes).expect("the OS has randomness");
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!("ebb_{hex}")
+    format!("ebb_{}", hex(&bytes))
 }
 
-/// Tokens are stored only as their SHA-256.
+/// Tokens are stored only as their SHA-256. Every request's token is
+/// hashed to be looked up.
 pub fn hash_token(token: &str) -> String {
-    Sha256::digest(token.trim().as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+    hex(&Sha256::digest(token.trim().as_bytes()))
+}
+
+/// `bytes` in lowercase hex, in one allocation.
+pub fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut hex = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        hex.push(char::from(DIGITS[usize::from(b >> 4)]));
+        hex.push(char::from(DIGITS[usize::from(b & 0xf)]));
+    }
+    hex
 }
 
 /// RFC 3339 in UTC, millisecond precision; never panics.
@@ -163,4 +174,28 @@ pub struct ServerConfig {
 /// Runs the server until SIGINT or SIGTERM.
 pub async fn serve(config: ServerConfig) -> Result<(), String> {
     http::serve(config).await
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Any bytes, any length: two lowercase digits each, as `{:02x}`
+        /// writes them (the form tokens' hashes are stored and looked up in).
+        #[test]
+        fn hex_is_two_lowercase_digits_a_byte(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let expected: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+            prop_assert_eq!(super::hex(&bytes), expected);
+        }
+    }
+
+    #[test]
+    fn a_token_hashes_to_its_sha256_in_hex() {
+        // SHA-256 of "abc" (FIPS 180-2's example); the token is trimmed.
+        assert_eq!(
+            super::hash_token(" abc\n"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
 }
