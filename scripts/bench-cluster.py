@@ -15,8 +15,9 @@ Prints, over many repetitions:
 
 The client holds one kept-alive connection per thread. First, what the
 parts of that path cost on this machine on their own (a sync, a loopback
-round trip, a process start, and a victim's exit to the next process's
-start with no scheduler between), for the figures' context.
+round trip, a process start, a victim's exit to the next process's start
+with no scheduler between, and a request's notice to a victim's SIGTERM
+handler with no scheduler between), for the figures' context.
 
 With --webhook-hangs, the same with a webhook for every job event of the
 tenant whose receiver accepts connections and never answers: each event
@@ -236,6 +237,66 @@ void _start(void) { __asm__ volatile("mov $60, %eax\n xor %edi, %edi\n syscall")
 """
 
 
+# The notice's path with no scheduler on it: a "server" process that takes
+# a request over loopback TCP, makes one 4 KiB write durable (the commit's
+# sync), passes the victim's pid over loopback TCP to an "agent" process,
+# which sends SIGTERM, and answers. Every scheduler's notice crosses these.
+RELAY_C = r"""
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+static int listener(int *port) {
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t n = sizeof a;
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    if (s < 0 || bind(s, (void *)&a, n) || listen(s, 1) || getsockname(s, (void *)&a, &n)) exit(1);
+    *port = ntohs(a.sin_port);
+    return s;
+}
+static int nodelay(int s) { int one = 1; setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one); return s; }
+/* Usage: relay FILE. Prints the port the client connects to; then, for
+   each line (a pid) the client sends: FILE's 4 KiB written and synced, the
+   pid passed to the agent, which signals it, and the line answered. */
+int main(int argc, char **argv) {
+    int port, agent_port, agent_listener = listener(&agent_port);
+    if (fork() == 0) {
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(agent_port),
+                                .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        int s = nodelay(socket(AF_INET, SOCK_STREAM, 0));
+        char buf[64];
+        ssize_t n;
+        if (connect(s, (void *)&a, sizeof a)) exit(1);
+        while ((n = read(s, buf, sizeof buf - 1)) > 0) {
+            buf[n] = 0;
+            kill(atoi(buf), SIGTERM);
+        }
+        exit(0);
+    }
+    int agent = nodelay(accept(agent_listener, 0, 0));
+    int client_listener = listener(&port);
+    printf("%d\n", port);
+    fflush(stdout);
+    int client = nodelay(accept(client_listener, 0, 0));
+    int fd = open(argv[1], O_WRONLY | O_CREAT, 0600);
+    char page[4096], buf[64];
+    memset(page, 7, sizeof page);
+    ssize_t n;
+    for (int i = 0; (n = read(client, buf, sizeof buf)) > 0; i++) {
+        if (pwrite(fd, page, sizeof page, (i % 16) * 4096) != sizeof page || fsync(fd)) exit(1);
+        if (write(agent, buf, n) != n || write(client, buf, n) != n) exit(1);
+    }
+    return 0;
+}
+"""
+
+
 def build_nothing(data):
     src, exe = os.path.join(data, "nothing.c"), os.path.join(data, "nothing")
     with open(src, "w") as f:
@@ -304,9 +365,10 @@ def floors(data, now, n=200):
     beside the figures: a 4 KiB write and fsync in the data directory (a
     commit's sync), a loopback TCP round trip between two Python threads,
     a process start (posix_spawn of the static stamp program until its
-    main runs, and until it is reaped), and the handover with nothing
-    between: a Python process stamps and exits, and a waiter (its pidfd,
-    then posix_spawn) starts the stamp program at once."""
+    main runs, and until it is reaped), the handover with nothing
+    between (a Python process stamps and exits, and a waiter, on its
+    pidfd, then posix_spawn, starts the stamp program at once), and the
+    notice with nothing between (`notice_floor`)."""
     import threading
     path = os.path.join(data, "fsync-probe")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
@@ -366,6 +428,7 @@ def floors(data, now, n=200):
         os.waitpid(pid, 0)
         with open(exited) as f, open(stamp) as g:
             handover.append((float(g.read()) - float(f.read())) * 1000)
+    notice = notice_floor(data, n // 2)
     print("this machine's floors, measured now:")
     print(f"  {'4 KiB write + fsync':<32} p50 {pct(syncs, 50):6.3f} ms   p99 {pct(syncs, 99):6.3f} ms")
     print(f"  {'loopback round trip (Python)':<32} p50 {pct(trips, 50):6.3f} ms   p99 {pct(trips, 99):6.3f} ms")
@@ -374,6 +437,41 @@ def floors(data, now, n=200):
           f"   (one after another: {1000 / statistics.mean(reaped):.0f} processes/s)")
     print(f"  {'exit -> next start, no scheduler':<32} p50 {pct(handover, 50):6.3f} ms   p99 {pct(handover, 99):6.3f} ms"
           "   (a Python process's exit, reaped by pidfd, the stamp program spawned)")
+    print(f"  {'submit -> SIGTERM, no scheduler':<32} p50 {pct(notice, 50):6.3f} ms   p99 {pct(notice, 99):6.3f} ms"
+          "   (loopback to a server, a 4 KiB write synced, loopback to an agent, its kill, the victim's handler)")
+
+
+def notice_floor(data, n):
+    """The notice's path with nothing of a scheduler's on it (RELAY_C):
+    from sending the request to the victim's SIGTERM handler running, the
+    victim the same Python program as the bench's, its start-up done."""
+    src, exe = os.path.join(data, "relay.c"), os.path.join(data, "relay")
+    with open(src, "w") as f:
+        f.write(RELAY_C)
+    subprocess.run(["gcc", "-O2", "-o", exe, src], check=True)
+    relay = subprocess.Popen([exe, os.path.join(data, "relay-probe")], stdout=subprocess.PIPE, text=True)
+    client = socket.create_connection(("127.0.0.1", int(relay.stdout.readline())))
+    client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    victim = VICTIM.replace('os.environ["EBB_CHECKPOINT_DIR"]', "sys.argv[1]")
+    ms = []
+    try:
+        for i in range(n):
+            d = os.path.join(data, f"notice-probe-{i}")
+            os.mkdir(d)
+            v = subprocess.Popen([sys.executable, "-c", victim, d])
+            # Sent the moment its start-up is seen done, as the bench's.
+            wait("the probe's victim", lambda: os.path.exists(os.path.join(d, "ready")))
+            sent = time.time()
+            client.sendall(f"{v.pid}\n".encode())
+            client.recv(64)
+            v.wait()
+            with open(os.path.join(d, "term")) as f:
+                ms.append((float(f.read()) - sent) * 1000)
+            shutil.rmtree(d)
+    finally:
+        client.close()
+        relay.wait()
+    return ms
 
 
 def image_bench(ebb, args):
