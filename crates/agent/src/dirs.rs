@@ -90,6 +90,100 @@ pub(crate) fn write_job_file(path: &Path, body: &[u8]) -> std::io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
+/// Notice files made ahead. Creating a file is the dearest step of a
+/// notice: a new inode, and where ext4 keeps no journal and files come
+/// and go, its search for a free one passes over every inode freed in the
+/// last seconds (a tenth of a millisecond on a busy test machine), on the
+/// path from a preemptor's submit to its victim's signal. So a few empty
+/// files wait, each held open, in the agent's own directory beside the run
+/// directories (on their file system, where jobs cannot write); a notice
+/// is written into one and renamed into place, the same atomic step as
+/// [`write_job_file`]'s, and another is made after the signal
+/// ([`NoticeFiles::refill`]). Without one ready, or if its rename fails,
+/// the notice is written as any job file is.
+pub(crate) struct NoticeFiles {
+    dir: PathBuf,
+    ready: std::sync::Mutex<Vec<(PathBuf, std::fs::File)>>,
+    /// Files made so far: the next one's name.
+    made: std::sync::atomic::AtomicU64,
+}
+
+impl NoticeFiles {
+    /// Files kept ready: as many notices as a node's GPUs' attempts are
+    /// given at once are each made up for right after their signal.
+    pub const KEEP: usize = 4;
+
+    /// The files in `dir` (created 0700 if missing), which an earlier
+    /// agent's files are cleared from, and [`NoticeFiles::KEEP`] made. A
+    /// directory that cannot be prepared is said in the log: notices are
+    /// then written as any job file is.
+    pub(crate) fn new(dir: PathBuf) -> NoticeFiles {
+        let files = NoticeFiles { dir, ready: Default::default(), made: Default::default() };
+        let clear = |dir: &Path| -> std::io::Result<()> {
+            for entry in std::fs::read_dir(dir)? {
+                std::fs::remove_file(entry?.path())?;
+            }
+            Ok(())
+        };
+        let cleared =
+            own_dir(&files.dir, 0o700, None).and_then(|_| clear(&files.dir).map_err(|e| e.to_string()));
+        match cleared {
+            Ok(()) => files.refill(),
+            Err(e) => tracing::warn!("cannot prepare notice files in {}: {e}", files.dir.display()),
+        }
+        files
+    }
+
+    /// Writes `body` to `path` in a directory the job owns, atomically,
+    /// as [`write_job_file`] does: from a file made ahead where one is
+    /// ready.
+    pub(crate) fn write(&self, path: &Path, body: &[u8]) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let made = self.ready.lock().expect("notice files").pop();
+        if let Some((ready, file)) = made {
+            // The rename moves whatever the job put at `path` aside, a
+            // link included, and follows none.
+            match file.write_all_at(body, 0).and_then(|()| std::fs::rename(&ready, path)) {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    tracing::warn!("a notice file made ahead: {e}; writing {} afresh", path.display());
+                    let _ = std::fs::remove_file(&ready);
+                }
+            }
+        }
+        write_job_file(path, body)
+    }
+
+    /// Makes files up to [`NoticeFiles::KEEP`] again.
+    pub(crate) fn refill(&self) {
+        use std::os::unix::fs::OpenOptionsExt;
+        use std::sync::atomic::Ordering;
+        while self.ready.lock().expect("notice files").len() < Self::KEEP {
+            let path = self.dir.join(self.made.fetch_add(1, Ordering::Relaxed).to_string());
+            let made = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o644)
+                .open(&path)
+                // The agent's umask (0077) took the job's read bits off.
+                .and_then(|file| file.set_permissions(std::fs::Permissions::from_mode(0o644)).map(|()| file));
+            match made {
+                Ok(file) => self.ready.lock().expect("notice files").push((path, file)),
+                Err(e) => {
+                    tracing::warn!("cannot make a notice file {}: {e}", path.display());
+                    return;
+                }
+            }
+        }
+    }
+
+    /// How many are ready now.
+    #[cfg(test)]
+    fn ready(&self) -> usize {
+        self.ready.lock().expect("notice files").len()
+    }
+}
+
 /// A tenant name as a directory name: the server allows letters, digits,
 /// `-` and `_`; anything else is refused rather than trusted as a path.
 pub(crate) fn tenant_dir_name(tenant: &str) -> Result<&str, String> {
@@ -153,6 +247,104 @@ mod tests {
         assert_eq!(tenant_dir_name(""), Ok("default"));
         for bad in ["..", "../etc", "a/b", "."] {
             assert!(tenant_dir_name(bad).is_err(), "{bad}");
+        }
+    }
+
+    fn mode(path: &Path) -> u32 {
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o7777
+    }
+
+    fn entries(dir: &Path) -> usize {
+        std::fs::read_dir(dir).unwrap().count()
+    }
+
+    #[test]
+    fn a_notice_goes_into_a_file_made_ahead_and_another_is_made() {
+        let root = crate::testing::temp_dir("notice-files");
+        let (made, run) = (root.join("notices"), root.join("run"));
+        std::fs::create_dir_all(&run).unwrap();
+        // An earlier agent's files are cleared.
+        std::fs::create_dir_all(&made).unwrap();
+        std::fs::write(made.join("7"), b"stale").unwrap();
+        let files = NoticeFiles::new(made.clone());
+        assert_eq!((files.ready(), entries(&made)), (NoticeFiles::KEEP, NoticeFiles::KEEP));
+        assert!(std::fs::read_dir(&made)
+            .unwrap()
+            .all(|e| std::fs::read(e.unwrap().path()).unwrap().is_empty()));
+        assert_eq!(mode(&made), 0o700, "the files wait where jobs cannot reach them");
+
+        let drain = run.join("drain.json");
+        files.write(&drain, b"{\"action\": \"drain\"}").unwrap();
+        assert_eq!(std::fs::read(&drain).unwrap(), b"{\"action\": \"drain\"}");
+        assert_eq!(mode(&drain), 0o644, "the job reads it");
+        assert_eq!((files.ready(), entries(&made)), (NoticeFiles::KEEP - 1, NoticeFiles::KEEP - 1));
+        files.refill();
+        assert_eq!((files.ready(), entries(&made)), (NoticeFiles::KEEP, NoticeFiles::KEEP));
+
+        // A later notice (a cancel after a drain) replaces the file whole,
+        // shorter or not, and a link the job put there is replaced, not
+        // written through.
+        files.write(&drain, b"{}").unwrap();
+        assert_eq!(std::fs::read(&drain).unwrap(), b"{}");
+        let target = root.join("target");
+        std::fs::write(&target, b"the agent's").unwrap();
+        std::fs::remove_file(&drain).unwrap();
+        std::os::unix::fs::symlink(&target, &drain).unwrap();
+        files.write(&drain, b"{\"action\": \"cancel\"}").unwrap();
+        assert_eq!(std::fs::read(&target).unwrap(), b"the agent's");
+        assert!(!std::fs::symlink_metadata(&drain).unwrap().file_type().is_symlink());
+        assert_eq!(std::fs::read(&drain).unwrap(), b"{\"action\": \"cancel\"}");
+    }
+
+    #[test]
+    fn without_files_made_ahead_a_notice_is_written_all_the_same() {
+        let root = crate::testing::temp_dir("notice-files-none");
+        // Where the directory cannot be made (a file is in its way).
+        std::fs::write(root.join("notices"), b"").unwrap();
+        let files = NoticeFiles::new(root.join("notices"));
+        assert_eq!(files.ready(), 0);
+        files.write(&root.join("drain.json"), b"{}").unwrap();
+        assert_eq!(std::fs::read(root.join("drain.json")).unwrap(), b"{}");
+
+        // Where the one ready cannot be renamed into place (the run
+        // directory is gone), the error is the job file's own, and the
+        // file made ahead is not kept with a notice in it.
+        let root = crate::testing::temp_dir("notice-files-gone");
+        let files = NoticeFiles::new(root.join("notices"));
+        assert!(files.write(&root.join("gone").join("drain.json"), b"{}").is_err());
+        assert_eq!(entries(&root.join("notices")), NoticeFiles::KEEP - 1);
+        files.refill();
+        assert!(std::fs::read_dir(root.join("notices"))
+            .unwrap()
+            .all(|e| std::fs::read(e.unwrap().path()).unwrap().is_empty()));
+    }
+
+    proptest::proptest! {
+        /// Any notices, of any length, to a few attempts' files, with or
+        /// without files made up between: each file holds the last body
+        /// written to it, whole, and never more files wait than are kept.
+        #[test]
+        fn every_notice_file_holds_its_last_body_whole(
+            notices in proptest::collection::vec(
+                (0usize..3, proptest::collection::vec(proptest::prelude::any::<u8>(), 0..9000), proptest::prelude::any::<bool>()),
+                1..12,
+            ),
+        ) {
+            let root = crate::testing::temp_dir("notice-files-any");
+            let files = NoticeFiles::new(root.join("notices"));
+            let mut last = std::collections::HashMap::new();
+            for (attempt, body, refill) in notices {
+                let path = root.join(format!("drain-{attempt}.json"));
+                files.write(&path, &body).unwrap();
+                last.insert(path, body);
+                if refill {
+                    files.refill();
+                }
+                proptest::prop_assert!(entries(&root.join("notices")) <= NoticeFiles::KEEP);
+            }
+            for (path, body) in last {
+                proptest::prop_assert_eq!(std::fs::read(&path).unwrap(), body);
+            }
         }
     }
 }

@@ -15,7 +15,6 @@ use std::time::Duration;
 use ebb_api::{AttemptRef, DrainAttempt, StopNotice};
 use nix::sys::signal::Signal;
 
-use crate::dirs;
 use crate::notice::Notice;
 use crate::report::now_ms;
 use crate::supervisor::Supervisor;
@@ -50,11 +49,12 @@ fn deliver<S: Supervisor>(supervisor: &Arc<S>, a: AttemptRef, notice: Notice, si
             // The file is written and the signal sent right after it, here:
             // a few calls on a local file, quicker than any trip to
             // another thread would be, and nothing between them.
-            let written = dirs::write_job_file(&file, &body);
+            let written = supervisor.write_notice(&file, &body);
             supervisor.signal(a, signal);
             if let Err(e) = written {
                 tracing::error!("cannot write the notice file {}: {e}", file.display());
             }
+            supervisor.noticed();
         }
         None => supervisor.signal(a, signal),
     }

@@ -126,6 +126,15 @@ pub(crate) trait Supervisor: Send + Sync + 'static {
     /// reconnect); else where the notice file goes and the signal the job
     /// asked for.
     fn post_notice(&self, attempt: AttemptRef, notice: Notice) -> Option<NoticeTarget>;
+
+    /// Writes a notice's file, atomically, in a directory the job owns.
+    fn write_notice(&self, file: &Path, body: &[u8]) -> std::io::Result<()> {
+        crate::dirs::write_job_file(file, body)
+    }
+
+    /// A notice's signal has been sent: what the next notice needs may be
+    /// made ready now, off its path.
+    fn noticed(&self) {}
 }
 
 /// Where a notice goes beyond the endpoint.
@@ -187,6 +196,8 @@ pub(crate) struct Processes {
     /// Starts held back until their GPUs are free, from their command
     /// until their process runs, and whether each has been withdrawn.
     waiting: Mutex<HashMap<AttemptRef, bool>>,
+    /// Notices' files, made ahead.
+    notice_files: dirs::NoticeFiles,
 }
 
 /// A running attempt.
@@ -256,6 +267,7 @@ impl Processes {
     ) -> Processes {
         Processes {
             images,
+            notice_files: dirs::NoticeFiles::new(config.data_dir.join("notices")),
             config,
             me: nix::unistd::geteuid(),
             cgroups,
@@ -971,6 +983,14 @@ impl Supervisor for Processes {
         r.notice.send_replace(Some(notice));
         let signal = Signal::try_from(r.signal).unwrap_or(Signal::SIGTERM);
         Some(NoticeTarget { drain_file: Some(r.drain_file.clone()), signal })
+    }
+
+    fn write_notice(&self, file: &Path, body: &[u8]) -> std::io::Result<()> {
+        self.notice_files.write(file, body)
+    }
+
+    fn noticed(&self) {
+        self.notice_files.refill();
     }
 }
 
