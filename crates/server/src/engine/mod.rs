@@ -691,10 +691,14 @@ struct Money {
 }
 
 /// What leaves the writer, held until the batch commits: replies to
-/// callers, and commands in the nodes' streams with the nodes to wake.
+/// callers, commands in the nodes' streams with the nodes to wake, and the
+/// batch's events for the log.
 #[derive(Default)]
 struct Outbox {
     replies: Vec<Box<dyn FnOnce() + Send>>,
+    /// The log says what the store holds, and its lines are written after
+    /// the batch's notices and answers are on their way, not before.
+    log: Vec<Logged>,
     channels: HashMap<String, Channel>,
     woken: BTreeSet<String>,
     /// The batch changed what people watch: jobs, nodes, money.
@@ -704,6 +708,15 @@ struct Outbox {
     /// Webhook deliveries (and forgotten webhooks) for the deliverer.
     webhook_sends: Vec<crate::webhooks::Command>,
     webhooks: Option<tokio::sync::mpsc::UnboundedSender<crate::webhooks::Command>>,
+}
+
+/// A job's event for the log.
+struct Logged {
+    job: u64,
+    attempt: u32,
+    /// A step every job takes on its way: at debug.
+    routine: bool,
+    event: Event,
 }
 
 /// The count of committed batches that changed jobs, nodes or money; a
@@ -748,6 +761,20 @@ impl Outbox {
                 let _ = deliverer.send(command);
             }
         }
+        self.write_log();
+    }
+
+    /// The committed batch's events, in the log: an operator's at info,
+    /// the steps every job takes on its way at debug.
+    fn write_log(&mut self) {
+        for Logged { job, attempt, routine, event } in self.log.drain(..) {
+            let kind = event.kind().as_str();
+            if routine {
+                tracing::debug!(target: "ebb_server::engine::write", job, attempt, kind, "{event}");
+            } else {
+                tracing::info!(target: "ebb_server::engine::write", job, attempt, kind, "{event}");
+            }
+        }
     }
 
     /// The batch did not commit: nothing of it is answered. Commands it
@@ -755,6 +782,7 @@ impl Outbox {
     /// every stream afresh from the store).
     fn discard(&mut self) {
         self.replies.clear();
+        self.log.clear();
         self.woken.clear();
         self.changed = false;
         self.webhook_sends.clear();

@@ -88,6 +88,7 @@ impl<S: Store> Engine<S> {
         engine.store.begin().map_err(fatal)?;
         engine.recover(snapshot, unrestored, now).map_err(fatal)?;
         engine.store.commit().map_err(fatal)?;
+        engine.outbox.write_log();
         engine.outbox.discard();
         Ok((engine, notes))
     }

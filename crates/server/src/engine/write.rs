@@ -18,6 +18,7 @@ impl<S: Store> Engine<S> {
         // Every event is in the job's timeline. The log has the ones an
         // operator follows; the steps every job takes on its way (a fleet's
         // fill is hundreds of thousands of them) are logged at debug.
+        // Written once the batch has committed (`Outbox::write_log`).
         let routine = matches!(
             kind,
             EventKind::Submitted
@@ -29,10 +30,13 @@ impl<S: Store> Engine<S> {
                 | EventKind::Resumed
                 | EventKind::Exited
         );
-        if routine {
-            tracing::debug!(job = id, attempt, kind = kind.as_str(), "{}", event.event);
+        let logged = if routine {
+            tracing::enabled!(tracing::Level::DEBUG)
         } else {
-            tracing::info!(job = id, attempt, kind = kind.as_str(), "{}", event.event);
+            tracing::enabled!(tracing::Level::INFO)
+        };
+        if logged {
+            self.outbox.log.push(Logged { job: id, attempt, routine, event: event.event });
         }
         Ok(())
     }

@@ -114,6 +114,57 @@ fn a_read_issued_in_the_batch_of_a_submission_is_answered_only_after_its_commit(
     assert_eq!(read.try_recv().unwrap().unwrap().jobs.iter().map(|j| j.id).collect::<Vec<_>>(), vec![id]);
 }
 
+/// The log has a batch's events only once the batch has committed, and
+/// after its answers: a batch that dies before its commit leaves no line
+/// for what never happened.
+#[test]
+fn a_batch_s_events_are_logged_only_once_it_has_committed() {
+    #[derive(Clone, Default)]
+    struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let captured = Captured::default();
+    let log = || String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    tracing::subscriber::with_default(subscriber, || {
+        let mut env = TestEnv::new("log-after-commit");
+        env.register("a", Vec::new(), Vec::new());
+        let attempt = env.running("a");
+        let cancel = |env: &TestEnv<_>| {
+            let (reply, answered) = oneshot::channel();
+            let req = ebb_api::CancelRequest::default();
+            (Msg::Cancel { principal: env.admin.clone(), id: attempt.job, req, reply }, answered)
+        };
+        let now = env.now;
+        let (msg, mut answered) = cancel(&env);
+        env.engine.take().unwrap().crash_during(vec![msg], now);
+        assert!(answered.try_recv().is_err());
+        assert!(!log().contains("cancel_requested"), "a line for a batch never committed:\n{}", log());
+
+        env.restart();
+        let (msg, mut answered) = cancel(&env);
+        env.engine().batch(vec![msg], now).unwrap();
+        assert!(answered.try_recv().is_ok());
+        let line = log().lines().find(|l| l.contains("kind=\"cancel_requested\"")).map(str::to_string);
+        let line = line.unwrap_or_else(|| panic!("no line for the committed cancel:\n{}", log()));
+        assert!(line.contains(" INFO ") && line.contains(&format!("job={}", attempt.job)), "{line}");
+        // The steps every job takes are there too, at debug.
+        assert!(log().contains(" DEBUG ") && log().contains("kind=\"started\""), "{}", log());
+    });
+}
+
 /// A backlog larger than a batch may start is placed a batch's worth at a
 /// time: each piece is committed and at its nodes before the next is
 /// placed, and the next batch goes on with no message to start it.
