@@ -502,12 +502,13 @@ impl AttemptGroup {
             .collect()
     }
 
-    /// Sends `signal` to every process in the group; SIGKILL is `kill`.
-    pub fn signal(&self, signal: Signal) {
+    /// Sends `signal` to every process in the group but `sent` (one that
+    /// has had it already); SIGKILL is `kill`.
+    pub fn signal(&self, signal: Signal, sent: Option<i32>) {
         if signal == Signal::SIGKILL {
             return self.kill();
         }
-        for pid in self.pids() {
+        for pid in self.pids().into_iter().filter(|pid| Some(*pid) != sent) {
             let _ = kill(Pid::from_raw(pid), signal);
         }
     }

@@ -203,6 +203,9 @@ pub(crate) struct Processes {
 /// A running attempt.
 struct Running {
     pgid: i32,
+    /// The main process (`pgid`), signalled through a handle that reaches
+    /// no other process once it has been reaped; none without pidfds.
+    main: Option<spawn::Handle>,
     /// When the leader started, in clock ticks: only where the ledger
     /// records process groups (no cgroups).
     started_ticks: Option<u64>,
@@ -704,6 +707,7 @@ impl Processes {
         let slurm = s.slurm.is_some();
         let running = Running {
             pgid: pid,
+            main: spawn::Handle::open(pid),
             started_ticks,
             signal: s.signal,
             drain_file,
@@ -842,12 +846,19 @@ impl Processes {
         true
     }
 
-    /// Every process of the attempt, whatever its job routes.
+    /// Every process of the attempt, whatever its job routes: in a
+    /// cgroup, the job's own process first, before the group's list is
+    /// read (a drain's signal reaches the job that much sooner), then the
+    /// rest of the group.
     fn signal_all(&self, a: AttemptRef, signal: Signal) {
-        let target = self.running.lock().expect("running").get(&a).map(|r| (r.pgid, r.group.clone()));
+        let target = self.running.lock().expect("running").get(&a).map(|r| {
+            let first = r.group.is_some() && signal != Signal::SIGKILL;
+            let sent = first && r.main.as_ref().is_some_and(|main| main.signal(signal));
+            (r.pgid, r.group.clone(), sent)
+        });
         match target {
-            Some((_, Some(group))) => group.signal(signal),
-            Some((pgid, None)) => {
+            Some((pid, Some(group), sent)) => group.signal(signal, sent.then_some(pid)),
+            Some((pgid, None, _)) => {
                 let _ = killpg(Pid::from_raw(pgid), signal);
             }
             None => {}

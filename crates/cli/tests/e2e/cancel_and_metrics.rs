@@ -21,8 +21,12 @@ fn a_cancelled_jobs_trap_finds_a_cancel_notice_and_a_job_ignoring_sigterm_is_kil
     let c = Cluster::start(Options { nodes: 1, gpus: 2, ..Options::default() });
     let dir = c.dir.join("seen");
     std::fs::create_dir_all(&dir).unwrap();
+    // It has a child of its own: both are sent SIGTERM, the job's own
+    // process first (through its pidfd), then the rest of its cgroup.
     let trapper = format!(
-        r#"trap 'cp "$EBB_DRAIN_FILE" {seen}/notice.json; exit 0' TERM; touch {seen}/trapper; while :; do sleep 0.05; done"#,
+        r#"(trap 'echo term >> {seen}/child' TERM; touch {seen}/child-ready; while :; do sleep 0.05; done) &
+trap 'echo term >> {seen}/main; cp "$EBB_DRAIN_FILE" {seen}/notice.json; sleep 0.3; exit 0' TERM
+touch {seen}/trapper; while :; do sleep 0.05; done"#,
         seen = dir.display()
     );
     let ignorer =
@@ -30,7 +34,7 @@ fn a_cancelled_jobs_trap_finds_a_cancel_notice_and_a_job_ignoring_sigterm_is_kil
     let trapping = c.submit(&["--", "bash", "-c", &trapper]);
     let ignoring = c.submit(&["--", "bash", "-c", &ignorer]);
     wait_for("both jobs to run", Duration::from_secs(30), || {
-        (dir.join("trapper").exists() && dir.join("ignorer").exists()).then_some(())
+        ["trapper", "child-ready", "ignorer"].iter().all(|f| dir.join(f).exists()).then_some(())
     });
     let (a, b) = (trapping.to_string(), ignoring.to_string());
 
@@ -79,6 +83,10 @@ fn a_cancelled_jobs_trap_finds_a_cancel_notice_and_a_job_ignoring_sigterm_is_kil
     assert!(notice_at.abs_diff(cancelled_at) < 2_000, "the notice is not the cancel's: {notice}");
     let exited = trapped["events"].as_array().unwrap().iter().find(|e| e["kind"] == "exited").unwrap();
     assert_eq!(exited["detail"]["code"], 0, "the trap did not run: {exited}");
+    for process in ["main", "child"] {
+        let got = std::fs::read_to_string(dir.join(process)).unwrap_or_default();
+        assert_eq!(got, "term\n", "the job's {process} process: its trap did not run once");
+    }
 
     let killed = c.wait_state(ignoring, "cancelled");
     let exited = killed["events"].as_array().unwrap().iter().find(|e| e["kind"] == "exited").unwrap().clone();
