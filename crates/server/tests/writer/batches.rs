@@ -119,50 +119,78 @@ fn a_read_issued_in_the_batch_of_a_submission_is_answered_only_after_its_commit(
 /// for what never happened.
 #[test]
 fn a_batch_s_events_are_logged_only_once_it_has_committed() {
-    #[derive(Clone, Default)]
-    struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-    impl std::io::Write for Captured {
+    let log = || String::from_utf8(captured_log::take()).unwrap();
+    captured_log::start();
+    let mut env = TestEnv::new("log-after-commit");
+    env.register("a", Vec::new(), Vec::new());
+    let attempt = env.running("a");
+    let cancel = |env: &TestEnv<_>| {
+        let (reply, answered) = oneshot::channel();
+        let req = ebb_api::CancelRequest::default();
+        (Msg::Cancel { principal: env.admin.clone(), id: attempt.job, req, reply }, answered)
+    };
+    let now = env.now;
+    let (msg, mut answered) = cancel(&env);
+    env.engine.take().unwrap().crash_during(vec![msg], now);
+    assert!(answered.try_recv().is_err());
+    assert!(!log().contains("cancel_requested"), "a line for a batch never committed:\n{}", log());
+
+    env.restart();
+    let (msg, mut answered) = cancel(&env);
+    env.engine().batch(vec![msg], now).unwrap();
+    assert!(answered.try_recv().is_ok());
+    let line = log().lines().find(|l| l.contains("kind=\"cancel_requested\"")).map(str::to_string);
+    let line = line.unwrap_or_else(|| panic!("no line for the committed cancel:\n{}", log()));
+    assert!(line.contains(" INFO ") && line.contains(&format!("job={}", attempt.job)), "{line}");
+    // The steps every job takes are there too, at debug.
+    assert!(log().contains(" DEBUG ") && log().contains("kind=\"started\""), "{}", log());
+}
+
+/// The log of this test's thread. tracing caches whether each call site
+/// is wanted, for every thread at once: a subscriber of one test's thread
+/// alone (`with_default`) misses the sites other tests' threads reach
+/// first. So the process's own subscriber is set, once, and writes only
+/// what a thread that asked for its log emits, into that thread's buffer.
+mod captured_log {
+    use std::cell::RefCell;
+
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::Layer;
+
+    thread_local! {
+        static LOG: RefCell<Option<Vec<u8>>> = const { RefCell::new(None) };
+    }
+
+    struct ThisThread;
+
+    impl std::io::Write for ThisThread {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
+            LOG.with(|log| log.borrow_mut().as_mut().map(|log| log.extend_from_slice(buf)));
             Ok(buf.len())
         }
         fn flush(&mut self) -> std::io::Result<()> {
             Ok(())
         }
     }
-    let captured = Captured::default();
-    let log = || String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    tracing::subscriber::with_default(subscriber, || {
-        let mut env = TestEnv::new("log-after-commit");
-        env.register("a", Vec::new(), Vec::new());
-        let attempt = env.running("a");
-        let cancel = |env: &TestEnv<_>| {
-            let (reply, answered) = oneshot::channel();
-            let req = ebb_api::CancelRequest::default();
-            (Msg::Cancel { principal: env.admin.clone(), id: attempt.job, req, reply }, answered)
-        };
-        let now = env.now;
-        let (msg, mut answered) = cancel(&env);
-        env.engine.take().unwrap().crash_during(vec![msg], now);
-        assert!(answered.try_recv().is_err());
-        assert!(!log().contains("cancel_requested"), "a line for a batch never committed:\n{}", log());
 
-        env.restart();
-        let (msg, mut answered) = cancel(&env);
-        env.engine().batch(vec![msg], now).unwrap();
-        assert!(answered.try_recv().is_ok());
-        let line = log().lines().find(|l| l.contains("kind=\"cancel_requested\"")).map(str::to_string);
-        let line = line.unwrap_or_else(|| panic!("no line for the committed cancel:\n{}", log()));
-        assert!(line.contains(" INFO ") && line.contains(&format!("job={}", attempt.job)), "{line}");
-        // The steps every job takes are there too, at debug.
-        assert!(log().contains(" DEBUG ") && log().contains("kind=\"started\""), "{}", log());
-    });
+    /// From now on this thread's events, at debug and above, are kept.
+    pub fn start() {
+        static SET: std::sync::Once = std::sync::Once::new();
+        SET.call_once(|| {
+            let wanted = tracing_subscriber::filter::filter_fn(|meta| {
+                *meta.level() <= tracing::Level::DEBUG && LOG.with(|log| log.borrow().is_some())
+            });
+            let layer = tracing_subscriber::fmt::layer().with_ansi(false).with_writer(|| ThisThread);
+            let subscriber = tracing_subscriber::registry().with(layer.with_filter(wanted));
+            tracing::subscriber::set_global_default(subscriber).expect("no other subscriber in these tests");
+        });
+        LOG.with(|log| *log.borrow_mut() = Some(Vec::new()));
+    }
+
+    /// What this thread has logged since `start`.
+    pub fn take() -> Vec<u8> {
+        LOG.with(|log| log.borrow().clone().unwrap_or_default())
+    }
 }
 
 /// A backlog larger than a batch may start is placed a batch's worth at a
