@@ -177,12 +177,19 @@ mod captured_log {
     pub fn start() {
         static SET: std::sync::Once = std::sync::Once::new();
         SET.call_once(|| {
-            let wanted = tracing_subscriber::filter::filter_fn(|meta| {
+            // Asked at each event (a dynamic filter): a plain `filter_fn` is
+            // asked once per site, on whichever thread reaches it first.
+            let wanted = tracing_subscriber::filter::dynamic_filter_fn(|meta, _| {
                 *meta.level() <= tracing::Level::DEBUG && LOG.with(|log| log.borrow().is_some())
             });
             let layer = tracing_subscriber::fmt::layer().with_ansi(false).with_writer(|| ThisThread);
             let subscriber = tracing_subscriber::registry().with(layer.with_filter(wanted));
             tracing::subscriber::set_global_default(subscriber).expect("no other subscriber in these tests");
+            // A site another thread was registering meanwhile may have
+            // cached "never" from before the subscriber: once those few
+            // microseconds are surely over, every site is asked again.
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            tracing::callsite::rebuild_interest_cache();
         });
         LOG.with(|log| *log.borrow_mut() = Some(Vec::new()));
     }
