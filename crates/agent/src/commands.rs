@@ -168,6 +168,7 @@ impl<S: Supervisor> Agent<S> {
                         after = command.seq;
                         self.execute(command.action, pending);
                     }
+                    self.supervisor.ready_notices();
                 }
                 Err(CallError::Reregister(why)) => {
                     tracing::warn!("registering again: {why}");

@@ -98,9 +98,9 @@ pub(crate) fn write_job_file(path: &Path, body: &[u8]) -> std::io::Result<()> {
 /// files wait, each held open, in the agent's own directory beside the run
 /// directories (on their file system, where jobs cannot write); a notice
 /// is written into one and renamed into place, the same atomic step as
-/// [`write_job_file`]'s, and another is made after the signal
-/// ([`NoticeFiles::refill`]). Without one ready, or if its rename fails,
-/// the notice is written as any job file is.
+/// [`write_job_file`]'s, and another is made once the poll's commands
+/// have been carried out ([`NoticeFiles::refill`]). Without one ready, or
+/// if its rename fails, the notice is written as any job file is.
 pub(crate) struct NoticeFiles {
     dir: PathBuf,
     ready: std::sync::Mutex<Vec<(PathBuf, std::fs::File)>>,

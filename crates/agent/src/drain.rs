@@ -54,7 +54,6 @@ fn deliver<S: Supervisor>(supervisor: &Arc<S>, a: AttemptRef, notice: Notice, si
             if let Err(e) = written {
                 tracing::error!("cannot write the notice file {}: {e}", file.display());
             }
-            supervisor.noticed();
         }
         None => supervisor.signal(a, signal),
     }

@@ -132,9 +132,10 @@ pub(crate) trait Supervisor: Send + Sync + 'static {
         crate::dirs::write_job_file(file, body)
     }
 
-    /// A notice's signal has been sent: what the next notice needs may be
-    /// made ready now, off its path.
-    fn noticed(&self) {}
+    /// Makes ready what the next notices need: called once a poll's
+    /// commands have all been carried out, so that no notice, and no
+    /// start that came with it, waits for it.
+    fn ready_notices(&self) {}
 }
 
 /// Where a notice goes beyond the endpoint.
@@ -1000,7 +1001,7 @@ impl Supervisor for Processes {
         self.notice_files.write(file, body)
     }
 
-    fn noticed(&self) {
+    fn ready_notices(&self) {
         self.notice_files.refill();
     }
 }
