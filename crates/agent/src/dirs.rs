@@ -109,9 +109,10 @@ pub(crate) struct NoticeFiles {
 }
 
 impl NoticeFiles {
-    /// Files kept ready: as many notices as a node's GPUs' attempts are
-    /// given at once are each made up for right after their signal.
-    pub const KEEP: usize = 4;
+    /// Files kept ready: one for each attempt of an 8-GPU node drained at
+    /// once (a poll's notices); a notice past them is written as any job
+    /// file is.
+    pub const KEEP: usize = 8;
 
     /// The files in `dir` (created 0700 if missing), which an earlier
     /// agent's files are cleared from, and [`NoticeFiles::KEEP`] made. A
