@@ -434,14 +434,10 @@ impl Handle {
 /// Waits for child `pid` to end, and reaps it: on a pidfd where the kernel
 /// has them (5.3 and later), else on a blocking thread.
 pub async fn wait(pid: i32) -> std::io::Result<Ended> {
-    // SAFETY: pidfd_open returns a new descriptor or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if fd >= 0 {
-        // SAFETY: a fresh descriptor owned by nothing else, registered while
-        // the AsyncFd owns it and closed only when the AsyncFd is dropped.
-        let pidfd = unsafe {
-            AsyncFd::register_with_interest(OwnedFd::from_raw_fd(fd as RawFd), Interest::READABLE)?
-        };
+    if let Some(Handle(fd)) = Handle::open(pid) {
+        // SAFETY: the descriptor is registered while the AsyncFd owns it,
+        // and closed only when the AsyncFd is dropped.
+        let pidfd = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE)? };
         // Readable once the process has exited.
         let _ready = pidfd.readable().await?;
         return reap_status(pid);
