@@ -14,7 +14,9 @@
 //! the disk (the user's entry, the directories, a cgroup if none is idle),
 //! and the exit makes one, overlapped with the last reads of the job's
 //! output. What is left — putting the group back, writing the ledger —
-//! happens after the exit is on its way. Signals, cgroup events and
+//! happens after the exit is on its way. A preemptor's start held back
+//! for its victims' GPUs runs once their groups are empty, while their
+//! exits are read and reported, and is reported after them ([`holds`]). Signals, cgroup events and
 //! `/proc` are kernel interfaces, not storage, and are used in place.
 
 use std::collections::{BTreeMap, HashMap};
@@ -41,6 +43,7 @@ use crate::spawn;
 
 #[cfg(test)]
 pub(crate) mod fake;
+mod holds;
 
 /// SIGKILL follows a job's own requeue's SIGTERM after this.
 const REQUEUE_GRACE: Duration = Duration::from_secs(10);
@@ -186,14 +189,8 @@ pub(crate) struct Processes {
     images: Result<Arc<ebb_image::Cache>, String>,
     /// The Slurm commands' directory, made at the first Slurm job's start.
     slurm_commands: std::sync::OnceLock<Result<PathBuf, String>>,
-    /// Each attempt's GPUs (a mask of indices), from its start until its
-    /// exit has been handed to the reporter: a start held back until its
-    /// GPUs are free waits for them, so that its start is reported after
-    /// those exits.
-    gpus: Mutex<HashMap<AttemptRef, u64>>,
-    /// Woken when an attempt's GPUs are let go, or a waiting start is
-    /// withdrawn.
-    gpus_freed: tokio::sync::Notify,
+    /// Each attempt's GPUs, for the starts held back until they are free.
+    gpus: holds::GpuHolds,
     /// Starts held back until their GPUs are free, from their command
     /// until their process runs, and whether each has been withdrawn.
     waiting: Mutex<HashMap<AttemptRef, bool>>,
@@ -281,8 +278,7 @@ impl Processes {
             checkpoints,
             tenants_by_uid: Mutex::new(HashMap::new()),
             slurm_commands: std::sync::OnceLock::new(),
-            gpus: Mutex::new(HashMap::new()),
-            gpus_freed: tokio::sync::Notify::new(),
+            gpus: holds::GpuHolds::default(),
             waiting: Mutex::new(HashMap::new()),
         }
     }
@@ -362,7 +358,8 @@ impl Processes {
         let mut prepared = prepared?;
         let (restored, notes, uploads) = self.restore_checkpoint(&s, &prepared).await;
         let a = s.attempt;
-        if s.when_gpus_free && !self.gpus_free_for(a, &s.gpus).await {
+        let withdrawn = || self.waiting.lock().expect("waiting").get(&a).copied().unwrap_or(true);
+        if s.when_gpus_free && !self.gpus.free_for(a, &s.gpus, withdrawn).await {
             // Withdrawn: its hold went before its victims did.
             tracing::info!(job = a.job, attempt = a.attempt, "start withdrawn before its GPUs were free");
             self.give_back(prepared.cgroup.take().map(|ready| ready.group));
@@ -405,6 +402,9 @@ impl Processes {
                 .filter(|b| b.routed_signal)
                 .map(|b| (u64::from(b.signal_before_s.unwrap_or(60)) * 1000, s.signal));
             tokio::spawn(self.clone().limit_time(a, limit_ms, warn));
+        }
+        if s.when_gpus_free {
+            self.gpus.reported_for(a, &s.gpus).await;
         }
         // Restored before the start, and so in the timeline.
         if let Some(restored) = restored {
@@ -718,7 +718,7 @@ impl Processes {
             routed,
             ended_by: None,
         };
-        self.gpus.lock().expect("gpus").insert(s.attempt, gpu_mask(&s.gpus));
+        self.gpus.hold(s.attempt, &s.gpus);
         let mut attempts = self.running.lock().expect("running");
         attempts.insert(s.attempt, running);
         match &self.cgroups {
@@ -734,6 +734,14 @@ impl Processes {
         let Ending { pid, group, peak, run_dir, default_workdir, output, uploads, image } = ending;
         let status = spawn::wait(pid).await;
         kill_remains(pid, group.as_ref()).await;
+        if group.is_some() && uploads.is_none() && image.is_none() {
+            // Its group is empty: no process of its holds a GPU any more,
+            // and a start waiting for them may run while this exit is read
+            // and reported (its start is reported after). Not where the
+            // exit waits for uploads, nor a container's, whose runtime is
+            // not done with it yet.
+            self.gpus.gone(a);
+        }
         output.finish().await;
         if let Some(uploads) = uploads {
             // What the job left is uploaded; a drained job's exit waits for
@@ -788,8 +796,7 @@ impl Processes {
         });
         // The exit is on its way first: a start waiting for these GPUs
         // is reported after it.
-        self.gpus.lock().expect("gpus").remove(&a);
-        self.gpus_freed.notify_waiters();
+        self.gpus.reported(a);
         if let Some((lease, shim)) = image {
             // After the exit is on its way. A shim killed with its attempt
             // (the deadline, a cancel) left the runtime's record of the
@@ -886,25 +893,6 @@ impl Processes {
         }
     }
 
-    /// Holds start `a` back until no other attempt here holds any of
-    /// `gpus` (their exits reported): true then, false if it was withdrawn
-    /// meanwhile.
-    async fn gpus_free_for(&self, a: AttemptRef, gpus: &[u8]) -> bool {
-        let mask = gpu_mask(gpus);
-        loop {
-            let freed = self.gpus_freed.notified();
-            tokio::pin!(freed);
-            // Registered before looking, so no wake-up between is missed.
-            freed.as_mut().enable();
-            let withdrawn = self.waiting.lock().expect("waiting").get(&a).copied().unwrap_or(true);
-            let busy = self.gpus.lock().expect("gpus").iter().any(|(other, m)| *other != a && m & mask != 0);
-            if withdrawn || !busy {
-                return !withdrawn;
-            }
-            freed.await;
-        }
-    }
-
     /// Puts back the cgroup of an attempt that did not start.
     fn give_back(&self, group: Option<AttemptGroup>) {
         if let (Some(pool), Some(group)) = (self.cgroups.clone(), group) {
@@ -951,7 +939,7 @@ impl Supervisor for Processes {
             Some(withdrawn) => {
                 *withdrawn = true;
                 drop(waiting);
-                self.gpus_freed.notify_waiters();
+                self.gpus.wake();
                 true
             }
             None => false,
@@ -1038,9 +1026,4 @@ fn exit_facts(peak: &cgroup::Peak, run_dir: &Path, default_workdir: Option<&Path
         dirs::touch(dir);
     }
     (peak.read(), completed)
-}
-
-/// GPU indices as a bit mask (indices past 63 are not a node's).
-fn gpu_mask(gpus: &[u8]) -> u64 {
-    gpus.iter().filter(|g| **g < 64).fold(0, |mask, g| mask | 1 << g)
 }
