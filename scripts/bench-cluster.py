@@ -11,7 +11,9 @@ Prints, over many repetitions:
   * throughput of short jobs (`true`) through one 8-GPU agent (goal >= 1,500/s),
     and of jobs that cost nothing (a static program of one `exit` system
     call, no libc): what Ebb itself allows; with the CPU time each job
-    cost the server, the agent and the job's own process.
+    cost the server, the agent and the job's own process, and beside
+    each, the same processes started eight at a time with no scheduler
+    (`xargs -P 8`): what this machine allows.
 
 The client holds one kept-alive connection per thread. First, what the
 parts of that path cost on this machine on their own (a sync, a loopback
@@ -42,6 +44,7 @@ import http.client
 import json
 import os
 import re
+import resource
 import select
 import shutil
 import signal
@@ -441,6 +444,20 @@ def floors(data, now, n=200):
           "   (loopback to a server, a 4 KiB write synced, loopback to an agent, its kill, the victim's handler)")
 
 
+def processes_floor(argv, n):
+    """The same processes with no scheduler: `xargs -P 8` starts `argv` n
+    times, eight at a time, on this machine's cores, as the agent's eight
+    GPUs would. Returns processes per second and the CPU each cost (ms,
+    xargs's share too)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.time()
+    subprocess.run(["xargs", "-P", "8", "-n", "1", *argv], input="x\n" * n, text=True, check=True)
+    elapsed = time.time() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) * 1000 / n
+    return n / elapsed, cpu
+
+
 def notice_floor(data, n):
     """The notice's path with nothing of a scheduler's on it (RELAY_C):
     from sending the request to the victim's SIGTERM handler running, the
@@ -597,6 +614,9 @@ def main():
                   f"(submitted in {submitted_in:.2f} s, all done {drained_in:.2f} s later)   (goal >= 1,500 jobs/s)")
             print(f"{'':<34} CPU per job: server {cpu['server']:.2f} ms, agent {cpu['agent']:.2f} ms, "
                   f"the job's process {cpu['jobs']:.2f} ms")
+            rate, cpu = processes_floor(argv, args.jobs)
+            print(f"{'':<34} no scheduler: {rate:.0f} processes/s, 8 at a time (xargs -P 8); "
+                  f"CPU per process {cpu:.2f} ms")
 
         short_jobs("short jobs (true) through one 8-GPU agent", ["true"])
         short_jobs("jobs that do nothing, the same way", [build_nothing(data)])
