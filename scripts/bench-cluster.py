@@ -601,6 +601,7 @@ def main():
 
         def short_jobs(what, argv):
             before, cpu_before = succeeded(), cpu_ms(up)
+            me_before = resource.getrusage(resource.RUSAGE_SELF)
             start = time.time()
             with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
                 list(pool.map(lambda _: api.submit(argv=argv), range(args.jobs)))
@@ -610,10 +611,12 @@ def main():
             elapsed = time.time() - start
             drained_in = elapsed - submitted_in
             cpu = {k: (v - cpu_before[k]) / args.jobs for k, v in cpu_ms(up).items()}
+            me = resource.getrusage(resource.RUSAGE_SELF)
+            client = (me.ru_utime + me.ru_stime - me_before.ru_utime - me_before.ru_stime) * 1000 / args.jobs
             print(f"{what:<34} {args.jobs} jobs in {elapsed:.2f} s = {args.jobs / elapsed:.0f} jobs/s "
                   f"(submitted in {submitted_in:.2f} s, all done {drained_in:.2f} s later)   (goal >= 1,500 jobs/s)")
             print(f"{'':<34} CPU per job: server {cpu['server']:.2f} ms, agent {cpu['agent']:.2f} ms, "
-                  f"the job's process {cpu['jobs']:.2f} ms")
+                  f"the job's process {cpu['jobs']:.2f} ms; this client (submits, polls) {client:.2f} ms")
             rate, cpu = processes_floor(argv, args.jobs)
             print(f"{'':<34} no scheduler: {rate:.0f} processes/s, 8 at a time (xargs -P 8); "
                   f"CPU per process {cpu:.2f} ms")
