@@ -170,6 +170,46 @@ mod tests {
         holds.reported_for(PREEMPTOR, &[0]).await;
     }
 
+    /// Whether `f` is done at its first poll.
+    fn ready_now<F: std::future::Future>(f: F) -> bool {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        std::pin::pin!(f).poll(&mut cx).is_ready()
+    }
+
+    proptest::proptest! {
+        /// Against any others' GPUs (indices past a node's among them) in
+        /// either state: a start is free exactly when no other attempt's
+        /// process is on one of its GPUs, and reported exactly when no
+        /// other's exit on them is still to report.
+        #[test]
+        fn a_start_waits_for_exactly_the_attempts_on_its_gpus(
+            others in proptest::collection::vec(
+                (proptest::collection::vec(0u8..70, 0..4), proptest::bool::ANY), 0..6),
+            mine in proptest::collection::vec(0u8..70, 0..4),
+        ) {
+            let holds = GpuHolds::default();
+            let on_mine = |gpus: &[u8]| gpus.iter().any(|g| *g < 64 && mine.contains(g));
+            for (i, (gpus, gone)) in others.iter().enumerate() {
+                let a = AttemptRef { job: 10 + i as u64, attempt: 1 };
+                holds.hold(a, gpus);
+                if *gone {
+                    holds.gone(a);
+                }
+            }
+            holds.hold(PREEMPTOR, &mine);
+            let running = others.iter().any(|(gpus, gone)| !gone && on_mine(gpus));
+            let unreported = others.iter().any(|(gpus, gone)| *gone && on_mine(gpus));
+            proptest::prop_assert_eq!(ready_now(holds.free_for(PREEMPTOR, &mine, || false)), !running);
+            proptest::prop_assert_eq!(ready_now(holds.reported_for(PREEMPTOR, &mine)), !unreported);
+            // Once every other's exit is reported, nothing holds it back.
+            for i in 0..others.len() {
+                holds.reported(AttemptRef { job: 10 + i as u64, attempt: 1 });
+            }
+            proptest::prop_assert!(ready_now(holds.free_for(PREEMPTOR, &mine, || false)));
+            proptest::prop_assert!(ready_now(holds.reported_for(PREEMPTOR, &mine)));
+        }
+    }
+
     #[tokio::test]
     async fn a_withdrawn_start_stops_waiting_when_woken() {
         let holds = Arc::new(GpuHolds::default());
