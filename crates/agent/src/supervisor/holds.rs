@@ -121,6 +121,11 @@ mod tests {
         tokio::time::timeout(Duration::from_millis(50), f.as_mut()).await.is_err()
     }
 
+    /// What `f` gives, which it must within a few seconds.
+    async fn done<F: std::future::Future>(f: F) -> F::Output {
+        tokio::time::timeout(Duration::from_secs(5), f).await.expect("still waiting")
+    }
+
     #[tokio::test]
     async fn a_start_runs_once_its_victims_processes_are_gone_and_is_reported_after_their_exits() {
         let holds = GpuHolds::default();
@@ -132,7 +137,7 @@ mod tests {
         holds.gone(VICTIM);
         assert!(waits(&mut free).await, "one victim still runs");
         holds.gone(OTHER);
-        assert!(free.await, "every process on its GPUs is gone");
+        assert!(done(free).await, "every process on its GPUs is gone");
 
         // It runs; its start is reported only after both exits.
         holds.hold(PREEMPTOR, &[1, 2]);
@@ -142,7 +147,7 @@ mod tests {
         holds.reported(OTHER);
         assert!(waits(&mut reported).await, "one exit still to report");
         holds.reported(VICTIM);
-        reported.await;
+        done(reported).await;
     }
 
     #[tokio::test]
@@ -150,10 +155,10 @@ mod tests {
         let holds = GpuHolds::default();
         holds.hold(VICTIM, &[0]);
         holds.hold(PREEMPTOR, &[1]);
-        assert!(holds.free_for(PREEMPTOR, &[1], || false).await);
-        holds.reported_for(PREEMPTOR, &[1]).await;
+        assert!(done(holds.free_for(PREEMPTOR, &[1], || false)).await);
+        done(holds.reported_for(PREEMPTOR, &[1])).await;
         // Indices a node cannot have hold nothing.
-        assert!(holds.free_for(PREEMPTOR, &[64, 200], || false).await);
+        assert!(done(holds.free_for(PREEMPTOR, &[64, 200], || false)).await);
     }
 
     #[tokio::test]
@@ -166,8 +171,8 @@ mod tests {
         tokio::pin!(free);
         assert!(waits(&mut free).await);
         holds.reported(VICTIM);
-        assert!(free.await);
-        holds.reported_for(PREEMPTOR, &[0]).await;
+        assert!(done(free).await);
+        done(holds.reported_for(PREEMPTOR, &[0])).await;
     }
 
     /// Whether `f` is done at its first poll.
@@ -224,6 +229,6 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(20)).await;
         withdrawn.store(true, Ordering::SeqCst);
         holds.wake();
-        assert!(!task.await.unwrap(), "withdrawn, not started");
+        assert!(!done(task).await.unwrap(), "withdrawn, not started");
     }
 }
