@@ -502,13 +502,14 @@ impl AttemptGroup {
             .collect()
     }
 
-    /// Sends `signal` to every process in the group but `sent` (one that
-    /// has had it already); SIGKILL is `kill`.
-    pub fn signal(&self, signal: Signal, sent: Option<i32>) {
+    /// Sends `signal` to the processes `listed` (the group's, read with
+    /// [`AttemptGroup::pids`] before any was signalled) but `sent` (one
+    /// that has had it already); SIGKILL is `kill`, the whole group.
+    pub fn signal(&self, signal: Signal, listed: &[i32], sent: Option<i32>) {
         if signal == Signal::SIGKILL {
             return self.kill();
         }
-        for pid in self.pids().into_iter().filter(|pid| Some(*pid) != sent) {
+        for &pid in listed.iter().filter(|pid| Some(**pid) != sent) {
             let _ = kill(Pid::from_raw(pid), signal);
         }
     }

@@ -858,21 +858,27 @@ impl Processes {
     }
 
     /// Every process of the attempt, whatever its job routes: in a
-    /// cgroup, the job's own process first, before the group's list is
-    /// read (a drain's signal reaches the job that much sooner), then the
-    /// rest of the group.
+    /// cgroup, every process the group holds as the signal comes, the
+    /// job's own process first (a drain's signal reaches the job that much
+    /// sooner). The group's list is read before any is signalled: a
+    /// process the job's handler starts on the signal (a trap's command,
+    /// the upload of its save) is not sent it too.
     fn signal_all(&self, a: AttemptRef, signal: Signal) {
+        let group = self.running.lock().expect("running").get(&a).and_then(|r| r.group.clone());
+        let listed = group.as_ref().filter(|_| signal != Signal::SIGKILL).map(AttemptGroup::pids);
         let target = self.running.lock().expect("running").get(&a).map(|r| {
-            let first = r.group.is_some() && signal != Signal::SIGKILL;
-            let sent = first && r.main.as_ref().is_some_and(|main| main.signal(signal));
-            (r.pgid, r.group.clone(), sent)
+            let sent = listed.is_some() && r.main.as_ref().is_some_and(|main| main.signal(signal));
+            (r.pgid, sent)
         });
-        match target {
-            Some((pid, Some(group), sent)) => group.signal(signal, sent.then_some(pid)),
-            Some((pgid, None, _)) => {
+        match (target, group) {
+            (Some((pid, sent)), Some(group)) => match listed {
+                Some(listed) => group.signal(signal, &listed, sent.then_some(pid)),
+                None => group.kill(),
+            },
+            (Some((pgid, _)), None) => {
                 let _ = killpg(Pid::from_raw(pgid), signal);
             }
-            None => {}
+            (None, _) => {}
         }
     }
 

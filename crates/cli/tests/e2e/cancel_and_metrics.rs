@@ -22,10 +22,14 @@ fn a_cancelled_jobs_trap_finds_a_cancel_notice_and_a_job_ignoring_sigterm_is_kil
     let dir = c.dir.join("seen");
     std::fs::create_dir_all(&dir).unwrap();
     // It has a child of its own: both are sent SIGTERM, the job's own
-    // process first (through its pidfd), then the rest of its cgroup.
+    // process first (through its pidfd), then the rest of its cgroup as it
+    // was when the signal came. The processes its trap starts (a save, its
+    // upload) are not sent it: each of the ten here finishes.
     let trapper = format!(
         r#"(trap 'echo term >> {seen}/child' TERM; touch {seen}/child-ready; while :; do sleep 0.05; done) &
-trap 'echo term >> {seen}/main; cp "$EBB_DRAIN_FILE" {seen}/notice.json; sleep 0.3; exit 0' TERM
+trap 'echo term >> {seen}/main; cp "$EBB_DRAIN_FILE" {seen}/notice.json
+p=; for i in 0 1 2 3 4 5 6 7 8 9; do sh -c "sleep 0.2; echo \$0 >> {seen}/saved" $i & p="$p $!"; done
+wait $p; exit 0' TERM
 touch {seen}/trapper; while :; do sleep 0.05; done"#,
         seen = dir.display()
     );
@@ -87,6 +91,13 @@ touch {seen}/trapper; while :; do sleep 0.05; done"#,
         let got = std::fs::read_to_string(dir.join(process)).unwrap_or_default();
         assert_eq!(got, "term\n", "the job's {process} process: its trap did not run once");
     }
+    let mut saved: Vec<u32> = std::fs::read_to_string(dir.join("saved"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    saved.sort();
+    assert_eq!(saved, (0..10).collect::<Vec<_>>(), "the processes the trap started were signalled too");
 
     let killed = c.wait_state(ignoring, "cancelled");
     let exited = killed["events"].as_array().unwrap().iter().find(|e| e["kind"] == "exited").unwrap().clone();
