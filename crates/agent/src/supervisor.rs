@@ -741,9 +741,11 @@ impl Processes {
             // exit waits for uploads, nor a container's, whose runtime is
             // not done with it yet.
             self.gpus.gone(a);
-            // The waiting start was woken onto this thread, behind this
-            // task: it goes first, and the exit's steps after it.
-            tokio::task::yield_now().await;
+            if !self.waiting.lock().expect("waiting").is_empty() {
+                // A waiting start was woken onto this thread, behind this
+                // task: it goes first, and the exit's steps after it.
+                tokio::task::yield_now().await;
+            }
         }
         output.finish().await;
         if let Some(uploads) = uploads {
