@@ -16,8 +16,9 @@
 //! output. What is left — putting the group back, writing the ledger —
 //! happens after the exit is on its way. A preemptor's start held back
 //! for its victims' GPUs runs once their groups are empty, while their
-//! exits are read and reported, and is reported after them ([`holds`]). Signals, cgroup events and
-//! `/proc` are kernel interfaces, not storage, and are used in place.
+//! exits are read and reported, and is reported after them ([`holds`]).
+//! Signals, cgroup events and `/proc` are kernel interfaces, not storage,
+//! and are used in place.
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
