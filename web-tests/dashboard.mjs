@@ -401,8 +401,12 @@ async function tenantSeesOnlyItsOwn(browser, server, admin, problems) {
   cli(server, alice, ["cancel", `${later}`]);
   await page.getByRole("button", { name: "Filter" }).click();
   await page.waitForURL(/state=succeeded/);
+  // The unfiltered rows stay until the filtered list has come: the
+  // cancelled job's row going is that list drawn.
+  await page.locator(`tr[data-job="${later}"]`).waitFor({ state: "detached" });
   await page.locator(`tr[data-job="${mine}"]`).waitFor();
-  check((await page.locator("tbody tr").count()) === 2, "the state filter shows alice's two succeeded jobs");
+  const shown = await page.locator("tbody tr").count();
+  check(shown === 2, `the state filter shows alice's two succeeded jobs (${shown} rows)`);
 
   await page.goto(`${server}/#/jobs/${mine}`);
   await page.getByRole("heading", { level: 1, name: `Job ${mine} (hello)` }).waitFor();
