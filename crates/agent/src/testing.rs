@@ -3,7 +3,7 @@
 //! it with a [`FakeSupervisor`].
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -108,11 +108,38 @@ pub(crate) async fn serve(fake: Arc<FakeServer>) -> String {
     server
 }
 
-/// A directory of the test's own.
+/// A directory of the test's own, under one of this test process's.
+/// The first call removes those of test processes that are gone, so
+/// that runs do not pile them up in the temporary directory.
 pub(crate) fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ebb-agent-test-{name}-{}", std::process::id()));
+    use std::os::unix::fs::PermissionsExt;
+    static SWEPT: std::sync::Once = std::sync::Once::new();
+    let root = std::env::temp_dir().join("ebb-agent-tests");
+    let gone = |pid: Option<&str>| {
+        pid.and_then(|p| p.parse::<u32>().ok()).is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists())
+    };
+    SWEPT.call_once(|| {
+        for entry in std::fs::read_dir(&root).into_iter().flatten().flatten() {
+            if gone(entry.file_name().to_str()) {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+        // Those of the days before, one per test and process.
+        for entry in std::fs::read_dir(std::env::temp_dir()).into_iter().flatten().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with("ebb-agent-test-") && gone(name.rsplit('-').next()) {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    });
+    let mine = root.join(std::process::id().to_string());
+    let dir = mine.join(name);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
+    // Open to the users some tests run jobs as, whatever the umask.
+    for parent in [&root, &mine] {
+        let _ = std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o755));
+    }
     dir
 }
 
