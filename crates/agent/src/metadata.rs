@@ -66,7 +66,7 @@ impl Secret {
     pub(crate) fn new() -> Result<Secret, String> {
         let mut bytes = [0u8; 16];
         getrandom::fill(&mut bytes).map_err(|e| format!("metadata endpoint: no random bytes: {e}"))?;
-        Ok(Secret(bytes.iter().map(|b| format!("{b:02x}")).collect()))
+        Ok(Secret(ebb_api::hex(&bytes)))
     }
 
     pub(crate) fn as_str(&self) -> &str {

@@ -77,3 +77,30 @@ fn env_schema() -> ObjectBuilder {
 fn sweep_values_schema() -> ArrayBuilder {
     ArrayBuilder::new().items(no_nul_string().max_length(Some(4096))).min_items(Some(1))
 }
+
+/// `bytes` in lowercase hex, two digits a byte, in one allocation: the
+/// form tokens, secrets, SHA-256 digests and signatures take on the wire.
+pub fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut hex = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        hex.push(char::from(DIGITS[usize::from(b >> 4)]));
+        hex.push(char::from(DIGITS[usize::from(b & 0xf)]));
+    }
+    hex
+}
+
+#[cfg(test)]
+mod hex_tests {
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Any bytes, any length: two lowercase digits each, as `{:02x}`
+        /// writes them.
+        #[test]
+        fn hex_is_two_lowercase_digits_a_byte(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let expected: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+            prop_assert_eq!(super::hex(&bytes), expected);
+        }
+    }
+}

@@ -121,24 +121,13 @@ impl ApiError {
 pub fn new_token() -> String {
     let mut bytes = [0u8; 32];
     getrandom::fill(&mut bytes).expect("the OS has randomness");
-    format!("ebb_{}", hex(&bytes))
+    format!("ebb_{}", ebb_api::hex(&bytes))
 }
 
 /// Tokens are stored only as their SHA-256. Every request's token is
 /// hashed to be looked up.
 pub fn hash_token(token: &str) -> String {
-    hex(&Sha256::digest(token.trim().as_bytes()))
-}
-
-/// `bytes` in lowercase hex, in one allocation.
-pub fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut hex = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        hex.push(char::from(DIGITS[usize::from(b >> 4)]));
-        hex.push(char::from(DIGITS[usize::from(b & 0xf)]));
-    }
-    hex
+    ebb_api::hex(&Sha256::digest(token.trim().as_bytes()))
 }
 
 /// RFC 3339 in UTC, millisecond precision; never panics.
@@ -178,18 +167,6 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    use proptest::prelude::*;
-
-    proptest! {
-        /// Any bytes, any length: two lowercase digits each, as `{:02x}`
-        /// writes them (the form tokens' hashes are stored and looked up in).
-        #[test]
-        fn hex_is_two_lowercase_digits_a_byte(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
-            let expected: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-            prop_assert_eq!(super::hex(&bytes), expected);
-        }
-    }
-
     #[test]
     fn a_token_hashes_to_its_sha256_in_hex() {
         // SHA-256 of "abc" (FIPS 180-2's example); the token is trimmed.

@@ -90,7 +90,7 @@ const BACKDATE: Duration = Duration::from_secs(86_400);
 /// `sha256:` and the hex SHA-256 of a certificate's DER: what `openssl x509
 /// -fingerprint -sha256` prints, without the colons.
 pub fn fingerprint(der: &[u8]) -> String {
-    format!("sha256:{}", crate::hex(&Sha256::digest(der)))
+    format!("sha256:{}", ebb_api::hex(&Sha256::digest(der)))
 }
 
 impl ServerTls {

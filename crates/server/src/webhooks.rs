@@ -73,14 +73,14 @@ pub fn signature(secret: &str, t: u64, body: &str) -> String {
     mac.update(b".");
     mac.update(body.as_bytes());
     let digest = mac.finalize().into_bytes();
-    format!("t={t},v1={}", crate::hex(&digest))
+    format!("t={t},v1={}", ebb_api::hex(&digest))
 }
 
 /// A new webhook's secret: 32 random bytes, hex, after `whsec_`.
 pub fn new_secret() -> String {
     let mut bytes = [0u8; 32];
     getrandom::fill(&mut bytes).expect("the system's random source");
-    format!("whsec_{}", crate::hex(&bytes))
+    format!("whsec_{}", ebb_api::hex(&bytes))
 }
 
 /// Starts the deliverer on a thread of its own (its own small runtime:

@@ -258,7 +258,7 @@ impl JobStore {
                 return Err(failed(e));
             }
         }
-        let sha256 = hex(&hasher.finalize());
+        let sha256 = ebb_api::hex(&hasher.finalize());
         if sha256 != entry.sha256 || offset != entry.size {
             let _ = writer.abort().await;
             return Err(local(format!(
@@ -475,7 +475,7 @@ impl JobStore {
                     break;
                 }
             }
-            let sha256 = hex(&hasher.finalize());
+            let sha256 = ebb_api::hex(&hasher.finalize());
             if size != entry.size || sha256 != entry.sha256 {
                 return Err(StoreError::Integrity(format!(
                     "file {}: the store's copy ({size} bytes, SHA-256 {sha256}) is not what its manifest says \
@@ -681,15 +681,11 @@ fn hash_file(file: &std::fs::File) -> std::io::Result<String> {
     loop {
         let n = file.read_at(&mut buf, offset)?;
         if n == 0 {
-            return Ok(hex(&hasher.finalize()));
+            return Ok(ebb_api::hex(&hasher.finalize()));
         }
         hasher.update(&buf[..n]);
         offset += n as u64;
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// For tests of an upload cut off half way: `EBB_X_CHECKPOINT_PAUSE_MS`

@@ -112,7 +112,7 @@ async fn blobs_without_a_manifest_are_never_the_latest() {
     let mut cache = UploadCache::default();
     f.store.upload(&a, Rules::default(), 1, Some(1), &mut cache).await.unwrap().unwrap();
     // An upload cut off after its blob: the blob is there, no manifest.
-    let blob = f.store.blob(&hex(&Sha256::digest(b"two")));
+    let blob = f.store.blob(&ebb_api::hex(&Sha256::digest(b"two")));
     f.store.objects().put(&blob, PutPayload::from_static(b"two")).await.unwrap();
     let b = node_dir(&f, "b");
     let restored = f.store.restore(&b, None, &mut UploadCache::default()).await.unwrap();
