@@ -502,14 +502,13 @@ impl AttemptGroup {
             .collect()
     }
 
-    /// Sends `signal` to the processes `listed` (the group's, read with
-    /// [`AttemptGroup::pids`] before any was signalled) but `sent` (one
-    /// that has had it already); SIGKILL is `kill`, the whole group.
-    pub fn signal(&self, signal: Signal, listed: &[i32], sent: Option<i32>) {
+    /// Sends `signal` to every process in the group, as listed before the
+    /// first is signalled; SIGKILL is `kill`.
+    pub fn signal(&self, signal: Signal) {
         if signal == Signal::SIGKILL {
             return self.kill();
         }
-        for &pid in listed.iter().filter(|pid| Some(**pid) != sent) {
+        for pid in self.pids() {
             let _ = kill(Pid::from_raw(pid), signal);
         }
     }

@@ -407,37 +407,17 @@ pub struct Ended {
     pub signal: Option<i32>,
 }
 
-/// A child process to signal, and only it: once the child is reaped its
-/// number may be another process's, and a signal through the handle then
-/// reaches nothing (a pidfd).
-#[derive(Debug)]
-pub struct Handle(OwnedFd);
-
-impl Handle {
-    /// Child `pid`, not yet reaped; none where the kernel has no pidfds
-    /// (before 5.3).
-    pub fn open(pid: i32) -> Option<Handle> {
-        // SAFETY: pidfd_open returns a new descriptor or -1.
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-        // SAFETY: a fresh descriptor owned by nothing else.
-        (fd >= 0).then(|| Handle(unsafe { OwnedFd::from_raw_fd(fd as RawFd) }))
-    }
-
-    /// Sends `signal`; false if it reached nothing (the child was reaped).
-    pub fn signal(&self, signal: nix::sys::signal::Signal) -> bool {
-        let (fd, info) = (self.0.as_raw_fd(), std::ptr::null::<libc::siginfo_t>());
-        // SAFETY: a pidfd we own; no siginfo, no flags.
-        unsafe { libc::syscall(libc::SYS_pidfd_send_signal, fd, signal as c_int, info, 0) == 0 }
-    }
-}
-
 /// Waits for child `pid` to end, and reaps it: on a pidfd where the kernel
 /// has them (5.3 and later), else on a blocking thread.
 pub async fn wait(pid: i32) -> std::io::Result<Ended> {
-    if let Some(Handle(fd)) = Handle::open(pid) {
-        // SAFETY: the descriptor is registered while the AsyncFd owns it,
-        // and closed only when the AsyncFd is dropped.
-        let pidfd = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE)? };
+    // SAFETY: pidfd_open returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd >= 0 {
+        // SAFETY: a fresh descriptor owned by nothing else, registered while
+        // the AsyncFd owns it and closed only when the AsyncFd is dropped.
+        let pidfd = unsafe {
+            AsyncFd::register_with_interest(OwnedFd::from_raw_fd(fd as RawFd), Interest::READABLE)?
+        };
         // Readable once the process has exited.
         let _ready = pidfd.readable().await?;
         return reap_status(pid);

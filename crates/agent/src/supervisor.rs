@@ -202,9 +202,6 @@ pub(crate) struct Processes {
 /// A running attempt.
 struct Running {
     pgid: i32,
-    /// The main process (`pgid`), signalled through a handle that reaches
-    /// no other process once it has been reaped; none without pidfds.
-    main: Option<spawn::Handle>,
     /// When the leader started, in clock ticks: only where the ledger
     /// records process groups (no cgroups).
     started_ticks: Option<u64>,
@@ -709,7 +706,6 @@ impl Processes {
         let slurm = s.slurm.is_some();
         let running = Running {
             pgid: pid,
-            main: spawn::Handle::open(pid),
             started_ticks,
             signal: s.signal,
             drain_file,
@@ -861,27 +857,18 @@ impl Processes {
     }
 
     /// Every process of the attempt, whatever its job routes: in a
-    /// cgroup, every process the group holds as the signal comes, the
-    /// job's own process first (a drain's signal reaches the job that much
-    /// sooner). The group's list is read before any is signalled: a
-    /// process the job's handler starts on the signal (a trap's command,
-    /// the upload of its save) is not sent it too.
+    /// cgroup, every process the group holds as the signal comes (its list
+    /// read before any is signalled, so that a process the job's handler
+    /// starts on the signal, a trap's command or the upload of its save, is
+    /// not sent it too).
     fn signal_all(&self, a: AttemptRef, signal: Signal) {
-        let group = self.running.lock().expect("running").get(&a).and_then(|r| r.group.clone());
-        let listed = group.as_ref().filter(|_| signal != Signal::SIGKILL).map(AttemptGroup::pids);
-        let target = self.running.lock().expect("running").get(&a).map(|r| {
-            let sent = listed.is_some() && r.main.as_ref().is_some_and(|main| main.signal(signal));
-            (r.pgid, sent)
-        });
-        match (target, group) {
-            (Some((pid, sent)), Some(group)) => match listed {
-                Some(listed) => group.signal(signal, &listed, sent.then_some(pid)),
-                None => group.kill(),
-            },
-            (Some((pgid, _)), None) => {
+        let target = self.running.lock().expect("running").get(&a).map(|r| (r.pgid, r.group.clone()));
+        match target {
+            Some((_, Some(group))) => group.signal(signal),
+            Some((pgid, None)) => {
                 let _ = killpg(Pid::from_raw(pgid), signal);
             }
-            (None, _) => {}
+            None => {}
         }
     }
 

@@ -21,10 +21,10 @@ fn a_cancelled_jobs_trap_finds_a_cancel_notice_and_a_job_ignoring_sigterm_is_kil
     let c = Cluster::start(Options { nodes: 1, gpus: 2, ..Options::default() });
     let dir = c.dir.join("seen");
     std::fs::create_dir_all(&dir).unwrap();
-    // It has a child of its own: both are sent SIGTERM, the job's own
-    // process first (through its pidfd), then the rest of its cgroup as it
-    // was when the signal came. The processes its trap starts (a save, its
-    // upload) are not sent it: each of the ten here finishes.
+    // It has a child of its own: both are sent SIGTERM, every process of
+    // its cgroup as it was when the signal came. The processes its trap
+    // starts (a save, its upload) are not sent it: each of the ten here
+    // finishes.
     let trapper = format!(
         r#"(trap 'echo term >> {seen}/child' TERM; touch {seen}/child-ready; while :; do sleep 0.05; done) &
 trap 'echo term >> {seen}/main; cp "$EBB_DRAIN_FILE" {seen}/notice.json
