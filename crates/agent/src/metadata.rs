@@ -38,14 +38,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Bytes;
-use axum::extract::{Query, Request, State};
+use std::convert::Infallible;
+use std::future::Future;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Query, Request};
 use axum::http::{HeaderMap, StatusCode, Uri};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use ebb_api::{AgentEvent, AttemptRef};
+use hyper::body::Incoming;
 // Times as the native shape writes them: `2026-11-29T08:22:00.000Z`.
 use ebb_core::time::rfc3339_millis as rfc3339;
 use serde::Deserialize;
@@ -185,7 +188,18 @@ pub(crate) async fn serve(
     let reports = Arc::new(std::sync::Mutex::new(Reports::new()));
     let Attempt { job, attempt, node, requeue } = attempt;
     let endpoint = Endpoint { job, attempt, node, requeue, notice, events, uploads, reports };
-    let routes = Router::new()
+    let service = AttemptService { secret: Arc::new(secret), endpoint };
+    let stop = async move { while closed.changed().await.is_ok() {} };
+    let limits =
+        ebb_http::Limits { header_read_timeout: IDLE_TIMEOUT, per_address: 0, total: MAX_CONNECTIONS };
+    ebb_http::serve(listener, service, limits, stop).await;
+}
+
+/// The routes, the clouds' own paths and Ebb's: made once for every
+/// attempt's endpoint (a start makes no routing table), each request
+/// carrying its attempt's [`Endpoint`].
+static ROUTES: std::sync::LazyLock<Router> = std::sync::LazyLock::new(|| {
+    Router::new()
         .route("/", get(native_root))
         .route("/ebb/v1/notice", get(native_notice))
         .route("/ebb/v1/checkpoint", post(native_checkpoint))
@@ -196,50 +210,62 @@ pub(crate) async fn serve(
         .route("/latest/meta-data/spot/instance-action", get(aws_instance_action))
         .route("/computeMetadata/v1/instance/preempted", get(gcp_preempted))
         .route("/metadata/scheduledevents", get(azure_events))
-        .with_state(endpoint);
-    // The secret is taken off the path before routing, so the routes are
-    // the clouds' own paths.
-    let router = Router::new()
-        .fallback_service(routes)
-        .layer(axum::middleware::from_fn_with_state(Arc::new(secret), require_secret));
-    let stop = async move { while closed.changed().await.is_ok() {} };
-    let limits =
-        ebb_http::Limits { header_read_timeout: IDLE_TIMEOUT, per_address: 0, total: MAX_CONNECTIONS };
-    ebb_http::serve(listener, router, limits, stop).await;
+});
+
+/// One attempt's endpoint in front of [`ROUTES`]: a request whose path
+/// starts with the attempt's secret goes on with the secret taken off
+/// (so the routes are the clouds' own paths) and the attempt's
+/// [`Endpoint`] with it; anything else is a bare 404 that names nothing.
+#[derive(Clone)]
+struct AttemptService {
+    secret: Arc<Secret>,
+    endpoint: Endpoint,
 }
 
-/// Passes on a request whose path starts with the attempt's secret, with
-/// the secret taken off; anything else is a bare 404 that names nothing.
-async fn require_secret(State(secret): State<Arc<Secret>>, mut request: Request, next: Next) -> Response {
-    let rest = secret.strip(request.uri().path()).map(|rest| match rest {
-        "" => "/".to_string(),
-        rest => rest.to_string(),
-    });
-    let Some(rest) = rest else {
-        return (StatusCode::NOT_FOUND, "Not Found\n").into_response();
-    };
-    let path_and_query = match request.uri().query() {
-        Some(query) => format!("{rest}?{query}"),
-        None => rest,
-    };
-    let mut parts = request.uri().clone().into_parts();
-    parts.path_and_query = match path_and_query.parse() {
-        Ok(pq) => Some(pq),
-        Err(_) => return (StatusCode::NOT_FOUND, "Not Found\n").into_response(),
-    };
-    *request.uri_mut() = match Uri::from_parts(parts) {
-        Ok(uri) => uri,
-        Err(_) => return (StatusCode::NOT_FOUND, "Not Found\n").into_response(),
-    };
-    next.run(request).await
+impl tower_service::Service<Request<Incoming>> for AttemptService {
+    type Response = Response;
+    type Error = Infallible;
+    type Future = std::pin::Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Infallible>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<Incoming>) -> Self::Future {
+        let Some(mut request) = self.secret.strip_request(request.map(Body::new)) else {
+            return Box::pin(std::future::ready(Ok((StatusCode::NOT_FOUND, "Not Found\n").into_response())));
+        };
+        request.extensions_mut().insert(self.endpoint.clone());
+        // A router is always ready.
+        Box::pin(tower_service::Service::call(&mut ROUTES.clone(), request))
+    }
 }
 
-async fn native_root(State(e): State<Endpoint>) -> Json<serde_json::Value> {
+impl Secret {
+    /// `request` with this secret taken off the front of its path; none
+    /// if its path does not start with it.
+    fn strip_request(&self, mut request: Request) -> Option<Request> {
+        let rest = match self.strip(request.uri().path())? {
+            "" => "/",
+            rest => rest,
+        };
+        let path_and_query = match request.uri().query() {
+            Some(query) => format!("{rest}?{query}"),
+            None => rest.to_string(),
+        };
+        let mut parts = request.uri().clone().into_parts();
+        parts.path_and_query = Some(path_and_query.parse().ok()?);
+        *request.uri_mut() = Uri::from_parts(parts).ok()?;
+        Some(request)
+    }
+}
+
+async fn native_root(Extension(e): Extension<Endpoint>) -> Json<serde_json::Value> {
     let notice = e.notice.borrow().clone();
     Json(json!({ "job": e.job, "attempt": e.attempt, "node": e.node, "notice": notice }))
 }
 
-async fn native_notice(State(e): State<Endpoint>) -> Response {
+async fn native_notice(Extension(e): Extension<Endpoint>) -> Response {
     match e.notice.borrow().clone() {
         Some(notice) => Json(notice).into_response(),
         None => (StatusCode::NOT_FOUND, "no drain notice\n").into_response(),
@@ -259,7 +285,7 @@ struct CheckpointReport {
     seconds: Option<f64>,
 }
 
-async fn native_checkpoint(State(e): State<Endpoint>, body: Bytes) -> Response {
+async fn native_checkpoint(Extension(e): Extension<Endpoint>, body: Bytes) -> Response {
     let bad = |m: String| (StatusCode::BAD_REQUEST, Json(json!({ "error": m }))).into_response();
     if let Some(over) = e.over_rate() {
         return over;
@@ -304,7 +330,7 @@ struct ResumeReport {
     step: Option<u64>,
 }
 
-async fn native_resumed(State(e): State<Endpoint>, body: Bytes) -> Response {
+async fn native_resumed(Extension(e): Extension<Endpoint>, body: Bytes) -> Response {
     if let Some(over) = e.over_rate() {
         return over;
     }
@@ -334,7 +360,7 @@ struct ProgressReport {
     fraction: f64,
 }
 
-async fn native_progress(State(e): State<Endpoint>, body: Bytes) -> Response {
+async fn native_progress(Extension(e): Extension<Endpoint>, body: Bytes) -> Response {
     let bad = |m: String| (StatusCode::BAD_REQUEST, Json(json!({ "error": m }))).into_response();
     if let Some(over) = e.over_rate() {
         return over;
@@ -363,7 +389,7 @@ async fn native_progress(State(e): State<Endpoint>, body: Bytes) -> Response {
 /// attempt is ended (SIGTERM to every process, SIGKILL 10 s later) and the
 /// job goes back to the queue, as a preemption does, not as a failure.
 /// The body is ignored.
-async fn native_requeue(State(e): State<Endpoint>) -> Response {
+async fn native_requeue(Extension(e): Extension<Endpoint>) -> Response {
     if let Some(over) = e.over_rate() {
         return over;
     }
@@ -374,7 +400,7 @@ async fn native_requeue(State(e): State<Endpoint>) -> Response {
     }
 }
 
-async fn aws_token(State(e): State<Endpoint>) -> String {
+async fn aws_token(Extension(e): Extension<Endpoint>) -> String {
     format!("ebb-imdsv2-{}-{}", e.job, e.attempt)
 }
 
@@ -383,7 +409,7 @@ fn aws_time(ms: u64) -> String {
     ebb_core::time::rfc3339_seconds(ms)
 }
 
-async fn aws_instance_action(State(e): State<Endpoint>) -> Response {
+async fn aws_instance_action(Extension(e): Extension<Endpoint>) -> Response {
     match e.notice.borrow().clone() {
         Some(n) => Json(json!({ "action": "terminate", "time": aws_time(n.deadline_ms) })).into_response(),
         None => (StatusCode::NOT_FOUND, "Not Found\n").into_response(),
@@ -399,7 +425,7 @@ struct GcpQuery {
 }
 
 async fn gcp_preempted(
-    State(mut e): State<Endpoint>,
+    Extension(mut e): Extension<Endpoint>,
     headers: HeaderMap,
     Query(q): Query<GcpQuery>,
 ) -> Response {
@@ -416,7 +442,7 @@ async fn gcp_preempted(
     ([("metadata-flavor", "Google"), ("etag", now)], now.to_string()).into_response()
 }
 
-async fn azure_events(State(e): State<Endpoint>, headers: HeaderMap) -> Response {
+async fn azure_events(Extension(e): Extension<Endpoint>, headers: HeaderMap) -> Response {
     if headers.get("metadata").and_then(|v| v.to_str().ok()) != Some("true") {
         return (
             StatusCode::BAD_REQUEST,
@@ -650,6 +676,70 @@ mod tests {
         let aws =
             http.get(format!("http://127.0.0.1:{port}/{own}/latest/meta-data/spot/instance-action")).send();
         assert_eq!(aws.await.unwrap().status(), 200);
+    }
+
+    /// Every endpoint shares one routing table: each answers for its own
+    /// attempt, with its own notice, and one attempt's secret opens no
+    /// other's endpoint.
+    #[tokio::test]
+    async fn endpoints_side_by_side_each_answer_for_their_own_attempt() {
+        let a = served("metadata-side-a", 2).await;
+        let b = served("metadata-side-b", 3).await;
+        b.notice.send_replace(Some(Notice::new(1, 2, "preempted".into())));
+        let http = reqwest::Client::new();
+        let get = |url: String| {
+            let http = http.clone();
+            async move { http.get(url).header("Metadata", "true").send().await.unwrap() }
+        };
+        let root: serde_json::Value = get(format!("{}/", a.base)).await.json().await.unwrap();
+        assert_eq!((root["attempt"].as_u64(), root["notice"].is_null()), (Some(2), true));
+        let root: serde_json::Value = get(format!("{}/", b.base)).await.json().await.unwrap();
+        assert_eq!((root["attempt"].as_u64(), root["notice"].is_null()), (Some(3), false));
+        assert_eq!(get(format!("{}/ebb/v1/notice", a.base)).await.status(), 404);
+        assert_eq!(get(format!("{}/ebb/v1/notice", b.base)).await.status(), 200);
+        // Each one's secret on the other's port.
+        let secret = |base: &str| base.rsplit('/').next().unwrap().to_string();
+        for (port, other) in [(a.addr.port(), secret(&b.base)), (b.addr.port(), secret(&a.base))] {
+            let answer = get(format!("http://127.0.0.1:{port}/{other}/ebb/v1/notice")).await;
+            assert_eq!(answer.status(), 404, "port {port} took another attempt's secret");
+        }
+        drop(a.notice);
+        // B's is served on after A's has stopped.
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while tokio::net::TcpStream::connect(a.addr).await.is_ok() {
+            assert!(std::time::Instant::now() < deadline, "A's endpoint still listens");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(get(format!("{}/ebb/v1/notice", b.base)).await.status(), 200);
+    }
+
+    proptest::proptest! {
+        /// Whatever the path and query, taking the secret off never
+        /// panics, passes on only a path that started with the secret,
+        /// and keeps the rest and the query as they were.
+        #[test]
+        fn taking_the_secret_off_any_path_keeps_the_rest(
+            rest in "(/[a-zA-Z0-9%._~-]{0,12}){0,4}",
+            query in proptest::option::of("[a-zA-Z0-9=&%_-]{0,20}"),
+            prefix in "[a-f0-9/]{0,40}",
+        ) {
+            let secret = Secret("0123456789abcdef0123456789abcdef".into());
+            let query = query.map(|q| format!("?{q}")).unwrap_or_default();
+            for (path, passes) in [(format!("/{}{rest}", secret.0), true), (format!("/{prefix}{rest}"), false)] {
+                let Ok(request) = Request::builder().uri(format!("{path}{query}")).body(Body::empty()) else {
+                    continue;
+                };
+                match secret.strip_request(request) {
+                    Some(request) => {
+                        proptest::prop_assert!(passes || prefix.starts_with(&secret.0), "{path}");
+                        let want = if rest.is_empty() { "/" } else { rest.as_str() };
+                        proptest::prop_assert_eq!(request.uri().path(), want);
+                        proptest::prop_assert_eq!(request.uri().query(), query.strip_prefix('?'));
+                    }
+                    None => proptest::prop_assert!(!passes, "{path}{query} refused"),
+                }
+            }
+        }
     }
 
     /// A job sent 20,000 checkpoint reports in 3.7 s, each an event kept

@@ -24,12 +24,15 @@
 //!   those open finish their request in flight.
 
 use std::collections::HashMap;
+use std::convert::Infallible;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use axum::extract::Request;
 use axum::serve::Listener;
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::sync::watch;
@@ -100,33 +103,35 @@ impl Peer for SocketAddr {
     }
 }
 
-/// Serves `router` on `listener` under `limits` until `shutdown`
-/// resolves: then no connection is accepted, and each open one ends once
-/// its request in flight is answered (the tasks serving them go on after
-/// this returns).
-pub async fn serve<L>(
+/// Serves `service` (an axum `Router`, or a service of one's own in
+/// front of one) on `listener` under `limits` until `shutdown` resolves:
+/// then no connection is accepted, and each open one ends once its
+/// request in flight is answered (the tasks serving them go on after this
+/// returns).
+pub async fn serve<L, S>(
     mut listener: L,
-    router: axum::Router,
+    service: S,
     limits: Limits,
-    shutdown: impl Future<Output = ()> + Send + 'static,
+    shutdown: impl Future<Output = ()> + Send,
 ) where
     L: Listener,
     L::Addr: Peer,
+    S: tower_service::Service<Request<Incoming>, Response = axum::response::Response, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
 {
     let open = Arc::new(Mutex::new(Open::default()));
     let (stop_tx, stop_rx) = watch::channel(false);
-    tokio::spawn(async move {
-        shutdown.await;
-        let _ = stop_tx.send(true);
-    });
-    let mut stopping = stop_rx.clone();
+    tokio::pin!(shutdown);
     // Refused connections, counted for one warning a minute at most.
     let mut refused: u64 = 0;
     let mut warned_at: Option<tokio::time::Instant> = None;
     loop {
         let (io, peer) = tokio::select! {
             accepted = listener.accept() => accepted,
-            _ = stopping.wait_for(|stop| *stop) => break,
+            () = &mut shutdown => break,
         };
         let address = peer.ip();
         let Some(slot) = Slot::take(&open, address, &limits) else {
@@ -145,7 +150,7 @@ pub async fn serve<L>(
             }
             continue;
         };
-        let service = TowerToHyperService::new(router.clone());
+        let service = TowerToHyperService::new(service.clone());
         let mut stop = stop_rx.clone();
         tokio::spawn(async move {
             let _slot = slot;
@@ -165,6 +170,7 @@ pub async fn serve<L>(
             let _ = conn.await;
         });
     }
+    let _ = stop_tx.send(true);
 }
 
 #[cfg(test)]
