@@ -125,6 +125,66 @@ pub fn resolve(
     })
 }
 
+/// Identities looked up, for a few seconds: a start reads the node's user
+/// and group databases (`/etc/passwd`, `/etc/group`, or a directory
+/// service through NSS) for its job's user, a tenth of a start's own work
+/// where jobs are short; as `nscd` and `sssd` do, an answer is kept a
+/// while (here [`IdentityCache::TTL`], so a user's new groups or a removed
+/// account take effect within it). Refusals are not kept: the fix of an
+/// operator's mapping is seen at the next start.
+pub struct IdentityCache {
+    kept: std::sync::Mutex<std::collections::HashMap<Asked, (std::time::Instant, Identity)>>,
+}
+
+/// What a start asks for: the user its tenant is mapped to, if any, and
+/// the tenant's name and number.
+type Asked = (Option<String>, String, u32);
+
+impl IdentityCache {
+    /// How long an answer is kept.
+    pub const TTL: std::time::Duration = std::time::Duration::from_secs(10);
+    /// Answers kept at most (a node's tenants and their users): past it,
+    /// the expired ones go, and if none has, all.
+    const MAX: usize = 1024;
+
+    pub fn new() -> IdentityCache {
+        IdentityCache { kept: Default::default() }
+    }
+
+    /// [`resolve`], or its answer from the last [`IdentityCache::TTL`].
+    pub fn resolve(
+        &self,
+        run_as: Option<&str>,
+        tenant: (&str, u32),
+        me: Uid,
+        users: &Users,
+    ) -> Result<Identity, String> {
+        let key = (run_as.map(str::to_string), tenant.0.to_string(), tenant.1);
+        let now = std::time::Instant::now();
+        if let Some((at, who)) = self.kept.lock().expect("identities").get(&key) {
+            if now.duration_since(*at) < Self::TTL {
+                return Ok(who.clone());
+            }
+        }
+        let who = resolve(run_as, tenant, me, users)?;
+        let mut kept = self.kept.lock().expect("identities");
+        if kept.len() >= Self::MAX {
+            kept.retain(|_, (at, _)| now.duration_since(*at) < Self::TTL);
+            if kept.len() >= Self::MAX {
+                kept.clear();
+            }
+        }
+        kept.insert(key, (now, who.clone()));
+        Ok(who)
+    }
+}
+
+impl Default for IdentityCache {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// The tenant's own uid from the range, refused where the range has none
 /// left for its number or an account of the node already has it.
 fn tenant_user((tenant, number): (&str, u32), users: &Users) -> Result<Identity, String> {
@@ -267,6 +327,31 @@ mod tests {
         let clash = Users { tenant_uids: 1..=10, ..users(false) };
         let err = resolve(None, ("t", 0), root, &clash).unwrap_err();
         assert!(err.contains("belongs to the node's user daemon"), "{err}");
+    }
+
+    /// A start looks its job's user up at most every few seconds: the
+    /// answer kept is the lookup's, a refusal is not kept, and the cache
+    /// stays bounded however many tenants come.
+    #[test]
+    fn identities_are_kept_a_few_seconds_and_refusals_not_at_all() {
+        let root = Uid::from_raw(0);
+        let cache = IdentityCache::new();
+        let alice = cache.resolve(None, ("alice", 2), root, &users(false)).unwrap();
+        assert_eq!(alice, resolve(None, ("alice", 2), root, &users(false)).unwrap());
+        // Within the TTL the answer kept is given, not a new lookup's (a
+        // range moved since would give another uid).
+        let moved = Users { tenant_uids: 3_000_000..=3_000_009, ..users(false) };
+        assert_eq!(cache.resolve(None, ("alice", 2), root, &moved).unwrap(), alice);
+        assert_eq!(cache.resolve(None, ("bob", 3), root, &moved).unwrap().uid.as_raw(), 3_000_003);
+        // A refusal is looked up again: the operator's fix is seen at once.
+        let narrow = Users { tenant_uids: 2_000_000..=2_000_001, ..users(false) };
+        assert!(cache.resolve(None, ("carol", 5), root, &narrow).is_err());
+        assert!(cache.resolve(None, ("carol", 5), root, &users(false)).is_ok());
+        let many = Users { tenant_uids: 2_000_000..=2_999_999, ..users(false) };
+        for n in 0..(IdentityCache::MAX as u32 + 10) {
+            cache.resolve(None, (&format!("t{n}"), n), root, &many).unwrap();
+        }
+        assert!(cache.kept.lock().unwrap().len() <= IdentityCache::MAX);
     }
 
     #[test]

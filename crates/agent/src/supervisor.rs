@@ -176,6 +176,8 @@ pub(crate) struct Processes {
     config: Config,
     /// The user the agent runs as.
     me: Uid,
+    /// Jobs' users, looked up at most every few seconds.
+    identities: identity::IdentityCache,
     /// Where attempts' cgroups come from; none: process groups only.
     cgroups: Option<Arc<cgroup::Pool>>,
     running: Mutex<HashMap<AttemptRef, Running>>,
@@ -269,6 +271,7 @@ impl Processes {
             notice_files: dirs::NoticeFiles::new(config.data_dir.join("notices")),
             config,
             me: nix::unistd::geteuid(),
+            identities: identity::IdentityCache::new(),
             cgroups,
             running: Mutex::new(HashMap::new()),
             reporter,
@@ -456,8 +459,12 @@ impl Processes {
     /// working directory is in use again (a new one is new enough).
     fn prepare(&self, s: &StartAttempt) -> Result<Prepared, String> {
         let a = s.attempt;
-        let who =
-            identity::resolve(s.run_as.as_deref(), (&s.tenant, s.tenant_id), self.me, &self.config.users)?;
+        let who = self.identities.resolve(
+            s.run_as.as_deref(),
+            (&s.tenant, s.tenant_id),
+            self.me,
+            &self.config.users,
+        )?;
         self.note_user(&s.tenant, &who);
         if who.allocated {
             // The tenant's own home, made as its other directories are.
