@@ -400,16 +400,29 @@ impl Pool {
     /// gone): idle again if it is empty, holds little memory and its peak
     /// can be reset, else removed.
     pub fn recycle(&self, group: AttemptGroup) {
+        if let Err(group) = self.reuse(group) {
+            self.remove(&group);
+        }
+    }
+
+    /// Makes the group of an ended attempt idle again if it can be (a few
+    /// reads and writes of the kernel's files, which never wait); else
+    /// gives it back, for [`Pool::remove`] (which may wait for the kernel
+    /// to let go of it).
+    pub fn reuse(&self, group: AttemptGroup) -> Result<(), AttemptGroup> {
         // The lock is not held while the group's files are read.
         let full = self.idle.lock().expect("pool").len() >= self.keep;
         if full || group.populated() {
-            return self.remove(&group);
+            return Err(group);
         }
         match self.reset(&group) {
-            Ok(ready) => self.idle.lock().expect("pool").push(ready),
+            Ok(ready) => {
+                self.idle.lock().expect("pool").push(ready);
+                Ok(())
+            }
             Err(why) => {
                 tracing::debug!(cgroup = %group.v2.display(), "not used again: {why}");
-                self.remove(&group);
+                Err(group)
             }
         }
     }
@@ -444,7 +457,8 @@ impl Pool {
         Ok(Ready { group: group.clone(), join: group.join_files()?, peak })
     }
 
-    fn remove(&self, group: &AttemptGroup) {
+    /// Removes a group of the pool's for good.
+    pub fn remove(&self, group: &AttemptGroup) {
         group.remove();
         self.all.lock().expect("pool").remove(group);
         self.changed.store(true, Ordering::Release);

@@ -827,14 +827,19 @@ impl Processes {
             .await;
         }
         // After the exit is on its way: a waiting preemptor need not wait
-        // for the group to be put back.
+        // for the group to be put back. Made idle here (a few of the
+        // kernel's files read and written: a trip to another thread would
+        // cost more); removed, which may wait for the kernel, on a
+        // blocking thread.
         if let (Some(pool), Some(group)) = (self.cgroups.clone(), group) {
-            let ledger = self.ledger.clone();
-            let _ = tokio::task::spawn_blocking(move || {
-                pool.recycle(group);
-                record_pool(&pool, &ledger);
-            })
-            .await;
+            if let Err(group) = pool.reuse(group) {
+                let ledger = self.ledger.clone();
+                let _ = tokio::task::spawn_blocking(move || {
+                    pool.remove(&group);
+                    record_pool(&pool, &ledger);
+                })
+                .await;
+            }
         }
     }
 
