@@ -285,6 +285,26 @@ pub struct Pool {
     /// Whether `all` changed since `changed` was last asked.
     changed: AtomicBool,
     made: AtomicU64,
+    /// Whether the groups have v2's memory controller (the same for all
+    /// of them, under the same parents), once a group has been reset.
+    v2_memory: std::sync::OnceLock<bool>,
+}
+
+/// A small file of the kernel's (a group's state or counter), read whole
+/// without the `statx` and `lseek` that `std::fs::read_to_string` sizes
+/// its buffer with: an attempt's end reads several.
+fn read_small(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut file = File::open(path)?;
+    let mut buf = [0u8; 256];
+    let mut text = Vec::new();
+    loop {
+        match file.read(&mut buf)? {
+            0 => break,
+            n => text.extend_from_slice(&buf[..n]),
+        }
+    }
+    String::from_utf8(text).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
 }
 
 /// An idle group, ready for an attempt: the files that join it open, and
@@ -312,7 +332,7 @@ impl Peak {
     pub fn read(&self) -> Option<u64> {
         let text = match self {
             Peak::None => return None,
-            Peak::Path(path) => std::fs::read_to_string(path).ok()?,
+            Peak::Path(path) => read_small(path).ok()?,
             Peak::Reset(file) => {
                 use std::os::unix::fs::FileExt;
                 let mut buf = [0u8; 32];
@@ -336,6 +356,7 @@ impl Pool {
             all: Mutex::new(BTreeSet::new()),
             changed: AtomicBool::new(false),
             made: AtomicU64::new(0),
+            v2_memory: std::sync::OnceLock::new(),
         }
     }
 
@@ -428,8 +449,8 @@ impl Pool {
     }
 
     fn reset(&self, group: &AttemptGroup) -> Result<Ready, String> {
-        let read = |p: PathBuf| std::fs::read_to_string(&p).ok()?.trim().parse::<u64>().ok();
-        let v2_memory = group.v2.join("memory.current").exists();
+        let read = |p: PathBuf| read_small(&p).ok()?.trim().parse::<u64>().ok();
+        let v2_memory = *self.v2_memory.get_or_init(|| group.v2.join("memory.current").exists());
         let held = if v2_memory {
             read(group.v2.join("memory.current"))
         } else {
@@ -547,7 +568,7 @@ impl AttemptGroup {
     /// Whether any process is still in the group (a group that is gone
     /// is empty).
     pub fn populated(&self) -> bool {
-        match std::fs::read_to_string(self.v2.join("cgroup.events")) {
+        match read_small(&self.v2.join("cgroup.events")) {
             Ok(events) => events.lines().any(|l| l.trim() == "populated 1"),
             Err(_) => false,
         }
@@ -594,6 +615,18 @@ fn remove_children(dir: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_small_file_is_read_whole_past_one_read() {
+        let dir = crate::testing::temp_dir("read-small");
+        let path = dir.join("counter");
+        let text: String = (0..200).map(|i| format!("line {i}\n")).collect();
+        std::fs::write(&path, &text).unwrap();
+        assert_eq!(read_small(&path).unwrap(), text);
+        std::fs::write(&path, [0xff, 0xfe]).unwrap();
+        assert_eq!(read_small(&path).unwrap_err().kind(), std::io::ErrorKind::InvalidData);
+        assert!(read_small(&dir.join("missing")).is_err());
+    }
 
     #[test]
     fn favordynmods_is_read_from_the_super_options() {

@@ -197,9 +197,19 @@ pub(crate) fn tenant_dir_name(tenant: &str) -> Result<&str, String> {
 }
 
 /// Sets a directory's modification time to now: the retention period
-/// counts from an attempt's last use of it.
+/// counts from an attempt's last use of it. One `utimensat`, on the
+/// directory itself and never a link the job put in its place.
 pub(crate) fn touch(dir: &Path) {
-    if let Err(e) = std::fs::File::open(dir).and_then(|f| f.set_modified(SystemTime::now())) {
+    use nix::sys::stat::{utimensat, UtimensatFlags};
+    use nix::sys::time::TimeSpec;
+    let touched = utimensat(
+        nix::fcntl::AT_FDCWD,
+        dir,
+        &TimeSpec::UTIME_OMIT,
+        &TimeSpec::UTIME_NOW,
+        UtimensatFlags::NoFollowSymlink,
+    );
+    if let Err(e) = touched {
         tracing::warn!("cannot mark {} finished: {e}", dir.display());
     }
 }
@@ -249,6 +259,26 @@ mod tests {
         for bad in ["..", "../etc", "a/b", "."] {
             assert!(tenant_dir_name(bad).is_err(), "{bad}");
         }
+    }
+
+    /// A finished attempt's directory is marked used now, and a link the
+    /// job put in its place is marked, not what it points to.
+    #[test]
+    fn touching_a_directory_marks_it_and_follows_no_link() {
+        let root = crate::testing::temp_dir("touch");
+        let (dir, target, link) = (root.join("run"), root.join("target"), root.join("link"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::create_dir_all(&target).unwrap();
+        let old = SystemTime::now() - Duration::from_secs(3600);
+        for path in [&dir, &target] {
+            std::fs::File::open(path).unwrap().set_modified(old).unwrap();
+        }
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        touch(&dir);
+        touch(&link);
+        let modified = |p: &Path| std::fs::metadata(p).unwrap().modified().unwrap();
+        assert!(modified(&dir) > old + Duration::from_secs(3000), "not marked");
+        assert_eq!(modified(&target), old, "the link was followed");
     }
 
     fn mode(path: &Path) -> u32 {

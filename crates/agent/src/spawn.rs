@@ -150,9 +150,8 @@ pub fn spawn(req: &Request) -> Result<Child, SpawnError> {
 
     let (out_r, out_w) = pipe()?;
     let (err_r, err_w) = pipe()?;
-    let null = std::fs::File::open("/dev/null").map_err(|e| SpawnError::new("cannot open /dev/null", e))?;
+    let null = dev_null()?;
     // The child moves these onto 0, 1 and 2: none may be one of those.
-    let null = above_stdio(OwnedFd::from(null))?;
     let out_w = above_stdio(out_w)?;
     let err_w = above_stdio(err_w)?;
 
@@ -166,7 +165,7 @@ pub fn spawn(req: &Request) -> Result<Child, SpawnError> {
         switch: req.who.switch.then(|| {
             (req.who.gid.as_raw(), req.who.uid.as_raw(), req.who.groups.iter().map(|g| g.as_raw()).collect())
         }),
-        stdio: [null.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()],
+        stdio: [null, out_w.as_raw_fd(), err_w.as_raw_fd()],
         failed_step: AtomicU8::new(0),
         failed_errno: AtomicI32::new(0),
     };
@@ -195,7 +194,7 @@ pub fn spawn(req: &Request) -> Result<Child, SpawnError> {
         }
         pid
     };
-    drop((null, out_w, err_w));
+    drop((out_w, err_w));
     stack.give_back();
     let step = ctx.failed_step.load(Ordering::Acquire);
     if step != 0 {
@@ -222,6 +221,18 @@ fn candidates(program: &str, path: &str) -> Vec<Vec<u8>> {
 
 fn pipe() -> Result<(OwnedFd, OwnedFd), SpawnError> {
     nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| SpawnError::new("cannot make a pipe", e))
+}
+
+/// `/dev/null`, every job's standard input: opened once, numbered 3 or
+/// above.
+fn dev_null() -> Result<RawFd, SpawnError> {
+    static NULL: std::sync::OnceLock<OwnedFd> = std::sync::OnceLock::new();
+    if let Some(null) = NULL.get() {
+        return Ok(null.as_raw_fd());
+    }
+    let null = std::fs::File::open("/dev/null").map_err(|e| SpawnError::new("cannot open /dev/null", e))?;
+    let null = above_stdio(OwnedFd::from(null))?;
+    Ok(NULL.get_or_init(|| null).as_raw_fd())
 }
 
 /// `fd`, or a copy of it numbered 3 or above.
