@@ -108,6 +108,10 @@ impl SqliteStore {
 struct Checkpointer {
     /// Rows the writer had changed at its last commit that changed any.
     changes: u64,
+    /// A copy is due (the thread is waiting out [`CHECKPOINT_AFTER`]):
+    /// later commits need not wake it. Every commit did while the log was
+    /// long, a context switch each for nothing.
+    due: std::sync::Arc<std::sync::atomic::AtomicBool>,
     wake: Option<std::sync::mpsc::SyncSender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -119,11 +123,13 @@ impl Checkpointer {
         conn.pragma_update(None, "synchronous", synchronous)?;
         conn.pragma_update(None, "wal_autocheckpoint", 0)?;
         let (wake, woken) = std::sync::mpsc::sync_channel(1);
+        let due = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let is_due = due.clone();
         let thread = std::thread::Builder::new()
             .name("ebb-checkpoint".into())
-            .spawn(move || Checkpointer::run(&conn, &woken))
+            .spawn(move || Checkpointer::run(&conn, &woken, &is_due))
             .map_err(|e| StoreError(format!("cannot start the checkpoint thread: {e}")))?;
-        Ok(Checkpointer { changes: 0, wake: Some(wake), thread: Some(thread) })
+        Ok(Checkpointer { changes: 0, due, wake: Some(wake), thread: Some(thread) })
     }
 
     /// A commit happened, the writer's connection having changed
@@ -137,23 +143,29 @@ impl Checkpointer {
         if LOG_PAGES.get() < CHECKPOINT_PAGES {
             return;
         }
+        if self.due.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            return; // a copy is already due
+        }
         if let Some(wake) = &self.wake {
-            // Full: a copy is already due.
             let _ = wake.try_send(());
         }
     }
 
-    fn run(conn: &Connection, woken: &std::sync::mpsc::Receiver<()>) {
+    fn run(conn: &Connection, woken: &std::sync::mpsc::Receiver<()>, due: &std::sync::atomic::AtomicBool) {
         use std::sync::mpsc::RecvTimeoutError;
         while woken.recv().is_ok() {
-            let due = std::time::Instant::now() + CHECKPOINT_AFTER;
+            let at = std::time::Instant::now() + CHECKPOINT_AFTER;
+            // Nothing is sent while the copy is due: only the store's drop
+            // (the channel closed) ends this wait early.
             loop {
-                match woken.recv_timeout(due.saturating_duration_since(std::time::Instant::now())) {
+                match woken.recv_timeout(at.saturating_duration_since(std::time::Instant::now())) {
                     Ok(()) => continue,
                     Err(RecvTimeoutError::Timeout) => break,
                     Err(RecvTimeoutError::Disconnected) => return,
                 }
             }
+            // Before the copy: a commit during it makes the next one due.
+            due.store(false, std::sync::atomic::Ordering::Release);
             if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
                 // The next long commit's wake tries again; the log's bound
                 // holds meanwhile.

@@ -257,14 +257,38 @@ fn the_checkpointer_copies_a_long_log_into_the_database_file_and_leaves_a_short_
     }
     store.commit().unwrap();
     assert!(LOG_PAGES.get() >= CHECKPOINT_PAGES, "{} pages", LOG_PAGES.get());
-    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while in_file() != Some(1) {
-        assert!(std::time::Instant::now() < give_up, "the commit never reached the database file");
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    assert!(store.checkpoints.due.load(std::sync::atomic::Ordering::Acquire), "no copy due");
+    let copied = |tokens: i64| {
+        let give_up = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let count = || {
+            let _ = std::fs::remove_file(copy.with_extension("db-wal"));
+            std::fs::copy(&path, &copy).ok()?;
+            let conn = Connection::open(&copy).ok()?;
+            conn.query_row("SELECT count(*) FROM tokens", [], |r| r.get::<_, i64>(0)).ok()
+        };
+        while count() != Some(tokens) {
+            assert!(std::time::Instant::now() < give_up, "the commit never reached the database file");
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    };
+    copied(1);
+    assert_eq!(in_file(), Some(1));
     store.begin().unwrap();
     store.put_token(&token("next")).unwrap();
     store.commit().unwrap();
     assert!(LOG_PAGES.get() < 10, "the log did not start again: {} pages", LOG_PAGES.get());
+
+    // Once copied, a long log is due again: commits that follow one
+    // another, each found the log long, make one copy due.
+    for round in 0..3 {
+        store.begin().unwrap();
+        for _ in 0..CHECKPOINT_PAGES / 2 + 60 {
+            store.conn.execute("INSERT INTO filler (b) VALUES (zeroblob(4000))", []).unwrap();
+        }
+        store.put_token(&token(&format!("round {round}"))).unwrap();
+        store.commit().unwrap();
+    }
+    assert!(LOG_PAGES.get() >= CHECKPOINT_PAGES, "{} pages", LOG_PAGES.get());
+    copied(5);
     drop(store);
 }
