@@ -35,11 +35,10 @@
 //!   with `?wait_for_change=true` blocking until it changes
 //! * Azure: `GET /metadata/scheduledevents` (`Metadata: true`)
 
-use std::sync::Arc;
-use std::time::Duration;
-
 use std::convert::Infallible;
 use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Query, Request};
