@@ -552,6 +552,8 @@ def main():
     parser.add_argument("--nodes-dir", help="the nodes' directories (jobs' working, run and checkpoint "
                         "directories) on this directory's file system; the database stays in the temp dir")
     args = parser.parse_args()
+    if args.nodes_dir and not os.path.isdir(args.nodes_dir):
+        sys.exit(f"--nodes-dir {args.nodes_dir}: not a directory")
     if args.ebb:
         ebb = os.path.abspath(args.ebb)
     else:
