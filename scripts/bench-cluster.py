@@ -51,6 +51,7 @@ import argparse
 import concurrent.futures
 import http.client
 import json
+import math
 import os
 import re
 import resource
@@ -155,8 +156,10 @@ def wait(what, check, timeout=30.0, every=0.002):
 
 
 def pct(values, p):
+    """The nearest-rank percentile: the smallest value with at least p% of
+    the values at or below it (the 99th of 100 for p99, not the largest)."""
     values = sorted(values)
-    return values[min(len(values) - 1, int(round(p / 100 * len(values) + 0.5)) - 1)]
+    return values[max(0, math.ceil(p * len(values) / 100) - 1)]
 
 
 def summary(name, ms, goal):
