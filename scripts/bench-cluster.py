@@ -9,6 +9,8 @@ Prints, over many repetitions:
     (goal p99 <= 3 ms); the preemptor is a static program that stamps the
     time it runs;
   * throughput of short jobs (`true`) through one 8-GPU agent (goal >= 1,500/s),
+    submitted one a request from 16 threads, and again a hundred a request
+    (`POST /v1/jobs/batch`, as a sweep is submitted),
     and of jobs that cost nothing (a static program of one `exit` system
     call, no libc): what Ebb itself allows; with the CPU time each job
     cost the server, the agent and the job's own process, and beside
@@ -622,12 +624,18 @@ def main():
             m = re.search(r'ebb_jobs\{tier="preemptible",state="succeeded"\} (\d+)', api.metrics())
             return int(m.group(1)) if m else 0
 
-        def short_jobs(what, argv):
+        def short_jobs(what, argv, batch=1):
             before, cpu_before = succeeded(), cpu_ms(up)
             me_before = resource.getrusage(resource.RUSAGE_SELF)
             start = time.time()
-            with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
-                list(pool.map(lambda _: api.submit(argv=argv), range(args.jobs)))
+            if batch == 1:
+                with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
+                    list(pool.map(lambda _: api.submit(argv=argv), range(args.jobs)))
+            else:
+                sizes = [min(batch, args.jobs - i) for i in range(0, args.jobs, batch)]
+                with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+                    list(pool.map(lambda n: api.call("POST", "/v1/jobs/batch", {"jobs": [{"argv": argv}] * n}),
+                                  sizes))
             submitted_in = time.time() - start
             # Poll gently: a scrape walks every job in the server's writer.
             wait("all short jobs", lambda: succeeded() - before >= args.jobs, timeout=600, every=0.05)
@@ -640,11 +648,15 @@ def main():
                   f"(submitted in {submitted_in:.2f} s, all done {drained_in:.2f} s later)   (goal >= 1,500 jobs/s)")
             print(f"{'':<34} CPU per job: server {cpu['server']:.2f} ms, agent {cpu['agent']:.2f} ms, "
                   f"the job's process {cpu['jobs']:.2f} ms; this client (submits, polls) {client:.2f} ms")
-            rate, cpu = processes_floor(argv, args.jobs)
-            print(f"{'':<34} no scheduler: {rate:.0f} processes/s, 8 at a time (xargs -P 8); "
-                  f"CPU per process {cpu:.2f} ms")
+            if batch == 1:
+                rate, cpu = processes_floor(argv, args.jobs)
+                print(f"{'':<34} no scheduler: {rate:.0f} processes/s, 8 at a time (xargs -P 8); "
+                      f"CPU per process {cpu:.2f} ms")
 
         short_jobs("short jobs (true) through one 8-GPU agent", ["true"])
+        # The same jobs submitted as a sweep's are, a hundred to a request:
+        # the agent's and the scheduler's share without the submissions'.
+        short_jobs("  the same, submitted 100 a request", ["true"], batch=100)
         short_jobs("jobs that do nothing, the same way", [build_nothing(data)])
         if args.webhook_hangs:
             hook = api.call("GET", "/v1/webhooks")[0]
