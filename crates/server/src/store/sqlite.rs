@@ -75,17 +75,29 @@ fn presize_log(conn: &Connection, path: &Path) -> Result<()> {
     };
     let (header, frame_header) = (32, 24);
     let want = header + PRESIZED_LOG_FRAMES * (frame_header + page_size);
-    let mut at = log.metadata().map_err(io)?.len();
-    if at >= want {
+    let len = log.metadata().map_err(io)?.len();
+    if len >= want {
         return Ok(());
     }
     let zeros = vec![0u8; 256 * 1024];
-    while at < want {
+    let mut at = len;
+    let written = loop {
+        if at >= want {
+            break log.sync_data();
+        }
         let n = zeros.len().min((want - at) as usize);
-        log.write_all_at(&zeros[..n], at).map_err(io)?;
+        if let Err(e) = log.write_all_at(&zeros[..n], at) {
+            break Err(e);
+        }
         at += n as u64;
+    };
+    if let Err(e) = written {
+        // A disk that is nearly full: its space is the database's, not
+        // a head start's.
+        let _ = log.set_len(len);
+        return Err(io(e));
     }
-    log.sync_data().map_err(io)
+    Ok(())
 }
 
 thread_local! {

@@ -335,3 +335,17 @@ fn the_log_is_written_ahead_and_a_crash_recovers_every_commit_from_it() {
     assert_eq!(count, 50);
     assert_eq!(std::fs::metadata(log(&path)).unwrap().len(), presized);
 }
+
+/// A disk with no room for the zeros: a clear error that names the log
+/// (the store warns and goes on; its commits overwrite nothing less).
+#[test]
+fn a_full_disk_fails_the_write_ahead_with_the_logs_name() {
+    let dir = scratch("presize-full");
+    let path = dir.db();
+    let mut log = path.as_os_str().to_owned();
+    log.push("-wal");
+    std::os::unix::fs::symlink("/dev/full", &log).unwrap();
+    let conn = Connection::open_in_memory().unwrap();
+    let error = presize_log(&conn, &path).unwrap_err().to_string();
+    assert!(error.contains("ebb.db-wal") && error.contains("No space left"), "{error}");
+}
