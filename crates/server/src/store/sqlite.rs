@@ -57,11 +57,19 @@ const PRESIZED_LOG_FRAMES: u64 = 2 * CHECKPOINT_PAGES as u64;
 /// `journal_size_limit`), so only the first pass through it appended: the
 /// first minutes of every server's life, and all of a short one's.
 ///
-/// Only past the log's end, before anything else writes to it (the
-/// checkpointer has not started): what the log holds is untouched, and a
-/// recovery reads frames from its beginning up to the first whose salt
-/// and checksum do not match its header's, which zeros never do.
+/// Only past the log's end, holding SQLite's write lock (no connection
+/// appends meanwhile): what the log holds is untouched, and a recovery
+/// reads frames from its beginning up to the first whose salt and
+/// checksum do not match its header's, which zeros never do.
 fn presize_log(conn: &Connection, path: &Path) -> Result<()> {
+    conn.execute_batch("BEGIN IMMEDIATE")?;
+    let written = write_log_ahead(conn, path);
+    // The transaction wrote nothing: it only held the lock.
+    conn.execute_batch("ROLLBACK")?;
+    written
+}
+
+fn write_log_ahead(conn: &Connection, path: &Path) -> Result<()> {
     use std::os::unix::fs::FileExt;
     let page_size: u64 = conn.pragma_query_value(None, "page_size", |r| r.get(0))?;
     let mut name = path.as_os_str().to_owned();
@@ -158,6 +166,9 @@ impl SqliteStore {
             if let Err(e) = presize_log(&conn, path) {
                 // Only the first pass through the log is slower for it.
                 tracing::warn!("writing the write-ahead log's first {PRESIZED_LOG_FRAMES} frames ahead: {e}");
+            }
+            if !conn.is_autocommit() {
+                return Err(StoreError("the write-ahead log's lock was not given back".into()));
             }
         }
         let checkpoints = Checkpointer::start(path, synchronous)?;

@@ -337,7 +337,7 @@ fn the_log_is_written_ahead_and_a_crash_recovers_every_commit_from_it() {
 }
 
 /// A disk with no room for the zeros: a clear error that names the log
-/// (the store warns and goes on; its commits overwrite nothing less).
+/// (the store warns and goes on without them).
 #[test]
 fn a_full_disk_fails_the_write_ahead_with_the_logs_name() {
     let dir = scratch("presize-full");
