@@ -349,3 +349,34 @@ fn a_full_disk_fails_the_write_ahead_with_the_logs_name() {
     let error = presize_log(&conn, &path).unwrap_err().to_string();
     assert!(error.contains("ebb.db-wal") && error.contains("No space left"), "{error}");
 }
+
+/// The write ahead at its extremes: no log yet is left to SQLite to
+/// make; a log already as long or longer is untouched; a short one keeps
+/// every byte it had and gets zeros after them up to the length.
+#[test]
+fn the_write_ahead_touches_nothing_the_log_holds() {
+    let dir = scratch("presize-extremes");
+    let path = dir.db();
+    let mut log = path.as_os_str().to_owned();
+    log.push("-wal");
+    let log = std::path::PathBuf::from(log);
+    let conn = Connection::open_in_memory().unwrap();
+    let want = 32 + PRESIZED_LOG_FRAMES * (24 + 4096);
+
+    presize_log(&conn, &path).unwrap();
+    assert!(!log.exists(), "a log was made where SQLite had none");
+
+    let long: Vec<u8> = (0..want + 1).map(|i| (i % 251) as u8 + 1).collect();
+    std::fs::write(&log, &long).unwrap();
+    presize_log(&conn, &path).unwrap();
+    assert_eq!(std::fs::read(&log).unwrap(), long);
+
+    let short: Vec<u8> = (0..100u8).map(|i| i | 1).collect();
+    std::fs::write(&log, &short).unwrap();
+    presize_log(&conn, &path).unwrap();
+    let written = std::fs::read(&log).unwrap();
+    assert_eq!(written.len() as u64, want);
+    assert_eq!(&written[..100], &short[..]);
+    assert!(written[100..].iter().all(|&b| b == 0));
+    assert!(conn.is_autocommit(), "the write lock was kept");
+}
