@@ -15,7 +15,10 @@ Prints, over many repetitions:
     call, no libc): what Ebb itself allows; with the CPU time each job
     cost the server, the agent and the job's own process, and beside
     each, the same processes started eight at a time with no scheduler
-    (`xargs -P 8`): what this machine allows.
+    (`xargs -P 8`): what this machine allows; for the `true` jobs, where
+    a GPU's time between one job and the next went (from the jobs'
+    timelines: the exit's report to the next job's placement, the
+    placement to its process running, and the run).
 
 The client holds one kept-alive connection per thread. First, what the
 parts of that path cost on this machine on their own (a sync, a loopback
@@ -167,6 +170,34 @@ def pct(values, p):
 def summary(name, ms, goal):
     print(f"{name:<34} n={len(ms):<5} min {min(ms):6.2f} ms   p50 {pct(ms, 50):6.2f} ms   "
           f"p99 {pct(ms, 99):6.2f} ms   max {max(ms):6.2f} ms   (goal p99 <= {goal} ms)")
+
+
+def slot_time(api, ids):
+    """Where a GPU's time went between one short job and the next, from
+    the jobs' timelines (millisecond stamps: the server's when it placed
+    the job, the agent's when the process started and exited), over the
+    jobs that were waiting when their GPU's job before them exited."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+        jobs = list(pool.map(api.job, ids))
+    by_gpu = {}
+    for j in jobs:
+        at = {e["kind"]: e for e in j["events"]}
+        gpu = at["placed"]["detail"]["placement"][0]["gpus"][0]
+        run = j["usage"][0]
+        by_gpu.setdefault(gpu, []).append(
+            (at["placed"]["at_ms"], at["submitted"]["at_ms"], run["started_ms"], run["ended_ms"]))
+    to_start, running, to_next = [], [], []
+    for runs in by_gpu.values():
+        runs.sort()
+        for (_, _, _, ended), (placed, submitted, started, _) in zip(runs, runs[1:]):
+            if submitted <= ended:  # it was waiting when the GPU came free
+                to_next.append(placed - ended)
+                to_start.append(started - placed)
+        running += [ended - started for _, _, started, ended in runs]
+    mean = lambda xs: sum(xs) / len(xs)
+    print(f"{'':<34} a GPU's time between jobs, mean of {len(to_start)}: exit -> the next job placed "
+          f"{mean(to_next):.1f} ms, placed -> its process started {mean(to_start):.1f} ms (p90 "
+          f"{pct(to_start, 90)}), started -> exited {mean(running):.1f} ms")
 
 
 def start_up(ebb, data, *flags):
@@ -630,7 +661,7 @@ def main():
             start = time.time()
             if batch == 1:
                 with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
-                    list(pool.map(lambda _: api.submit(argv=argv), range(args.jobs)))
+                    ids = list(pool.map(lambda _: api.submit(argv=argv), range(args.jobs)))
             else:
                 sizes = [min(batch, args.jobs - i) for i in range(0, args.jobs, batch)]
                 with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
@@ -648,6 +679,8 @@ def main():
                   f"(submitted in {submitted_in:.2f} s, all done {drained_in:.2f} s later)   (goal >= 1,500 jobs/s)")
             print(f"{'':<34} CPU per job: server {cpu['server']:.2f} ms, agent {cpu['agent']:.2f} ms, "
                   f"the job's process {cpu['jobs']:.2f} ms; this client (submits, polls) {client:.2f} ms")
+            if batch == 1 and argv == ["true"]:
+                slot_time(api, ids)
             if batch == 1:
                 rate, cpu = processes_floor(argv, args.jobs)
                 print(f"{'':<34} no scheduler: {rate:.0f} processes/s, 8 at a time (xargs -P 8); "
