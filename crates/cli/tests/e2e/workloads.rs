@@ -423,11 +423,27 @@ fn preprocessing_chunks_survive_preemption_with_idempotent_outputs() {
     let out = c.dir.join("features");
     let script = example("preprocess.py");
     let out_arg = out.to_str().unwrap();
-    let first = c.submit(&["--array", "0-7", "--", "python3", &script, "--chunks", "8", "--out", out_arg]);
+    // A chunk's rows take 1.1 s after its imports: the notice, sent half a
+    // second into the first two, comes while they work. (At the default 2
+    // ms a row, a chunk was done 1.15 s after its start, and a notice sent
+    // 0.9 s in could find both chunks finishing, which then completed.)
+    let first = c.submit(&[
+        "--array",
+        "0-7",
+        "--",
+        "python3",
+        &script,
+        "--chunks",
+        "8",
+        "--row-seconds",
+        "0.005",
+        "--out",
+        out_arg,
+    ]);
     wait_for("two chunks to run", Duration::from_secs(60), || {
         (c.job(first)["progress"]["states"]["running"] == 2).then_some(())
     });
-    std::thread::sleep(Duration::from_millis(900));
+    std::thread::sleep(Duration::from_millis(500));
     c.submit(&["--tier", "on-demand", "--gpus", "2", "--", "sleep", "0.3"]);
     let p = c.wait_job(first, "all chunks", Duration::from_secs(120), |j| j["progress"]["done"] == 8)
         ["progress"]
