@@ -183,7 +183,7 @@ def slot_time(api, ids):
     for j in jobs:
         at = {e["kind"]: e for e in j["events"]}
         gpu = at["placed"]["detail"]["placement"][0]["gpus"][0]
-        run = j["usage"][0]
+        run = j["usage"][-1]  # the attempt of the last placement
         by_gpu.setdefault(gpu, []).append(
             (at["placed"]["at_ms"], at["submitted"]["at_ms"], run["started_ms"], run["ended_ms"]))
     to_start, running, to_next = [], [], []
@@ -194,6 +194,9 @@ def slot_time(api, ids):
                 to_next.append(placed - ended)
                 to_start.append(started - placed)
         running += [ended - started for _, _, started, ended in runs]
+    if not to_start:
+        print(f"{'':<34} a GPU's time between jobs: no job waited for its GPU (too few jobs)")
+        return
     mean = lambda xs: sum(xs) / len(xs)
     print(f"{'':<34} a GPU's time between jobs, mean of {len(to_start)}: exit -> the next job placed "
           f"{mean(to_next):.1f} ms, placed -> its process started {mean(to_start):.1f} ms (p90 "
