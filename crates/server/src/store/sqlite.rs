@@ -69,12 +69,18 @@ fn presize_log(conn: &Connection, path: &Path) -> Result<()> {
     written
 }
 
+/// The write-ahead log of the database at `db`: SQLite names it so.
+fn log_path(db: &Path) -> std::path::PathBuf {
+    let mut name = db.as_os_str().to_owned();
+    name.push("-wal");
+    name.into()
+}
+
 fn write_log_ahead(conn: &Connection, path: &Path) -> Result<()> {
     use std::os::unix::fs::FileExt;
     let page_size: u64 = conn.pragma_query_value(None, "page_size", |r| r.get(0))?;
-    let mut name = path.as_os_str().to_owned();
-    name.push("-wal");
-    let io = |e: std::io::Error| StoreError(format!("{}: {e}", Path::new(&name).display()));
+    let name = log_path(path);
+    let io = |e: std::io::Error| StoreError(format!("{}: {e}", name.display()));
     // SQLite made the log at its first read: absent, it is left to SQLite.
     let log = match std::fs::OpenOptions::new().write(true).open(&name) {
         Ok(log) => log,

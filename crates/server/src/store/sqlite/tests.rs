@@ -302,11 +302,7 @@ fn the_checkpointer_copies_a_long_log_into_the_database_file_and_leaves_a_short_
 fn the_log_is_written_ahead_and_a_crash_recovers_every_commit_from_it() {
     let dir = scratch("presized");
     let path = dir.db();
-    let log = |p: &std::path::Path| {
-        let mut name = p.as_os_str().to_owned();
-        name.push("-wal");
-        std::path::PathBuf::from(name)
-    };
+    let log = log_path;
     let mut store = SqliteStore::open(&path).unwrap();
     let presized = std::fs::metadata(log(&path)).unwrap().len();
     assert!(presized >= PRESIZED_LOG_FRAMES * 4096, "the log is {presized} bytes");
@@ -342,9 +338,7 @@ fn the_log_is_written_ahead_and_a_crash_recovers_every_commit_from_it() {
 fn a_full_disk_fails_the_write_ahead_with_the_logs_name() {
     let dir = scratch("presize-full");
     let path = dir.db();
-    let mut log = path.as_os_str().to_owned();
-    log.push("-wal");
-    std::os::unix::fs::symlink("/dev/full", &log).unwrap();
+    std::os::unix::fs::symlink("/dev/full", log_path(&path)).unwrap();
     let conn = Connection::open_in_memory().unwrap();
     let error = presize_log(&conn, &path).unwrap_err().to_string();
     assert!(error.contains("ebb.db-wal") && error.contains("No space left"), "{error}");
@@ -357,9 +351,7 @@ fn a_full_disk_fails_the_write_ahead_with_the_logs_name() {
 fn the_write_ahead_touches_nothing_the_log_holds() {
     let dir = scratch("presize-extremes");
     let path = dir.db();
-    let mut log = path.as_os_str().to_owned();
-    log.push("-wal");
-    let log = std::path::PathBuf::from(log);
+    let log = log_path(&path);
     let conn = Connection::open_in_memory().unwrap();
     let want = 32 + PRESIZED_LOG_FRAMES * (24 + 4096);
 
