@@ -665,6 +665,11 @@ async function tenantPagesAndFilters(browser, server, admin, problems) {
     const name = i % 2 === 0 ? `batch-${i}` : `other-${i}`;
     ids.push((await post(server, token, "/v1/jobs", { argv: ["true"], name, tier })).id);
   }
+  // Paged once they have all ended: a job that starts or ends redraws the
+  // list live, and a click on "Older →" as the list is redrawn beneath it
+  // can find no link there.
+  await until("the pager's jobs to end", async () =>
+    (await get(server, token, "/v1/jobs?state=active&limit=1")).jobs.length === 0, 60000);
   const page = await newPage(browser, problems);
   await signIn(page, server, token);
   await page.getByRole("heading", { level: 1, name: "My jobs" }).waitFor();
