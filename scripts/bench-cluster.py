@@ -591,6 +591,9 @@ def main():
     parser.add_argument("--nodes-dir", help="the nodes' directories (jobs' working, run and checkpoint "
                         "directories) on this directory's file system; the database stays in the temp dir")
     args = parser.parse_args()
+    for flag in ("reps", "jobs"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag}: at least 1, got {getattr(args, flag)}")
     if args.nodes_dir and not os.path.isdir(args.nodes_dir):
         sys.exit(f"--nodes-dir {args.nodes_dir}: not a directory")
     if args.ebb:
