@@ -38,8 +38,9 @@ pub const NOT_STARTED: i32 = 125;
 pub struct ImageConfig {
     /// The OCI runtime (`--oci-runtime`).
     pub runtime: PathBuf,
-    /// The image cache's budget (`--image-cache-size`).
-    pub cache_bytes: u64,
+    /// The image cache's budget (`--image-cache-size`) and what one
+    /// image may take as it is unpacked (`--image-max-expansion`).
+    pub cache: ebb_image::Limits,
     pub registries: ebb_image::Registries,
 }
 

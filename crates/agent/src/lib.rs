@@ -356,7 +356,7 @@ async fn open_images(config: &AgentConfig) -> Result<Arc<ebb_image::Cache>, Stri
                 .status();
         }
         let dir = data_dir.join("images");
-        ebb_image::Cache::open(&dir, images.cache_bytes, &images.registries).map_err(|e| {
+        ebb_image::Cache::open(&dir, images.cache, &images.registries).map_err(|e| {
             tracing::error!(
                 "the image cache {} cannot be opened: {e}; jobs in images will fail",
                 dir.display()

@@ -26,6 +26,7 @@ use oci_client::Client;
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncWrite;
 
+use crate::unpack::{Limits, Used};
 use crate::{auth, classify, pinned, request_error, ImageError, Login, Registries};
 
 /// How far a pull has come, in bytes of the layers it downloads.
@@ -60,6 +61,9 @@ struct Entry {
 pub struct Cache {
     root: PathBuf,
     budget: u64,
+    /// What one image may take as it is unpacked (its bytes at most the
+    /// budget).
+    limits: Limits,
     registries: Registries,
     images: Mutex<HashMap<String, Entry>>,
     /// One lock per image or layer digest being pulled.
@@ -83,13 +87,19 @@ impl Drop for Lease {
 }
 
 impl Cache {
-    /// Opens the cache under `root` with a budget of `budget` bytes: what
-    /// earlier runs left complete is kept, what they left half-done is
-    /// removed.
-    pub fn open(root: &Path, budget: u64, registries: &Registries) -> std::io::Result<Arc<Cache>> {
+    /// Opens the cache under `root` with a budget of `limits.max_bytes`:
+    /// what earlier runs left complete is kept, what they left half-done
+    /// is removed.
+    pub fn open(root: &Path, limits: Limits, registries: &Registries) -> std::io::Result<Arc<Cache>> {
+        let budget = limits.max_bytes;
         for dir in ["blobs/sha256", "images", "tmp"] {
             std::fs::create_dir_all(root.join(dir))?;
         }
+        // The node's own: a tenant's bare job must not read another's
+        // image, nor reach what an image holds. Containers see their
+        // image through the overlay their shim (root) mounts.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o700))?;
         let _ = std::fs::remove_dir_all(root.join("tmp"));
         std::fs::create_dir_all(root.join("tmp"))?;
         let mut images = HashMap::new();
@@ -114,6 +124,7 @@ impl Cache {
         let cache = Arc::new(Cache {
             root: root.to_path_buf(),
             budget,
+            limits,
             registries: registries.clone(),
             images: Mutex::new(images),
             pulls: Mutex::new(HashMap::new()),
@@ -203,11 +214,14 @@ impl Cache {
         let root = self.root.clone();
         let digests: Vec<String> = manifest.layers.iter().map(|l| l.digest.clone()).collect();
         let unpack_hex = hex.clone();
-        let config =
-            tokio::task::spawn_blocking(move || unpack(&root, &unpack_hex, &layers, image_config, digests))
-                .await
-                .map_err(|e| ImageError::Other(reference.into(), e.to_string()))?
-                .map_err(|e| ImageError::Other(reference.into(), format!("cannot unpack it: {e}")))?;
+        let limits = self.limits;
+        let named = reference.to_string();
+        let config = tokio::task::spawn_blocking(move || {
+            unpack(&root, &unpack_hex, &layers, image_config, digests, &limits)
+                .map_err(|e| ImageError::Other(named, e))
+        })
+        .await
+        .map_err(|e| ImageError::Other(reference.into(), e.to_string()))??;
         {
             let mut images = self.images.lock().expect("images");
             images.insert(
@@ -346,29 +360,51 @@ fn parse_image_config(reference: &str, bytes: &[u8]) -> Result<ImageConfig, Imag
 }
 
 /// Unpacks the layers into a fresh root file system in `tmp/`, then
-/// moves it into place and writes its `image.json`.
+/// moves it into place and writes its `image.json`. What a refused or
+/// failed unpack left is removed.
 fn unpack(
     root: &Path,
     hex: &str,
     layers: &[(String, PathBuf)],
+    config: ImageConfig,
+    digests: Vec<String>,
+    limits: &Limits,
+) -> Result<ImageConfig, String> {
+    let work = root.join("tmp").join(format!("{hex}.unpack"));
+    let unpacked = unpack_into(root, &work, hex, layers, config, digests, limits);
+    if unpacked.is_err() {
+        let _ = std::fs::remove_dir_all(&work);
+    }
+    unpacked
+}
+
+fn unpack_into(
+    root: &Path,
+    work: &Path,
+    hex: &str,
+    layers: &[(String, PathBuf)],
     mut config: ImageConfig,
     digests: Vec<String>,
-) -> std::io::Result<ImageConfig> {
-    let work = root.join("tmp").join(format!("{hex}.unpack"));
-    let _ = std::fs::remove_dir_all(&work);
-    std::fs::create_dir_all(work.join("rootfs"))?;
-    for (_, blob) in layers {
-        crate::unpack::apply_layer(blob, &work.join("rootfs"))?;
+    limits: &Limits,
+) -> Result<ImageConfig, String> {
+    let io = |e: std::io::Error| format!("cannot unpack it: {e}");
+    let _ = std::fs::remove_dir_all(work);
+    std::fs::create_dir_all(work.join("rootfs")).map_err(io)?;
+    let mut used = Used::default();
+    for ((layer_hex, blob), digest) in layers.iter().zip(&digests) {
+        debug_assert!(digest.ends_with(layer_hex.as_str()));
+        crate::unpack::apply_layer(blob, &work.join("rootfs"), limits, &mut used)
+            .map_err(|e| format!("layer {digest}: {e}"))?;
     }
     config.layers = digests;
     config.bytes = dir_bytes(&work.join("rootfs"));
-    std::fs::write(work.join("used"), b"")?;
+    std::fs::write(work.join("used"), b"").map_err(io)?;
     let dir = root.join("images").join(hex);
     let _ = std::fs::remove_dir_all(&dir);
-    std::fs::rename(&work, &dir)?;
-    let json = serde_json::to_vec(&config).map_err(std::io::Error::other)?;
-    std::fs::write(dir.join("image.json.part"), json)?;
-    std::fs::rename(dir.join("image.json.part"), dir.join("image.json"))?;
+    std::fs::rename(work, &dir).map_err(io)?;
+    let json = serde_json::to_vec(&config).map_err(|e| e.to_string())?;
+    std::fs::write(dir.join("image.json.part"), json).map_err(io)?;
+    std::fs::rename(dir.join("image.json.part"), dir.join("image.json")).map_err(io)?;
     Ok(config)
 }
 

@@ -21,7 +21,7 @@ use oci_client::{Client, Reference};
 use serde::{Deserialize, Serialize};
 
 pub use cache::{Cache, Lease, Progress};
-pub use unpack::apply_layer;
+pub use unpack::{apply_layer, Limits, UnpackError, Used};
 
 /// The longest image reference accepted, in bytes (the distribution
 /// spec's names are at most 255 characters; a tag 128, a digest 71).

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use ebb_image::testing::{push_busybox_image, File, Registry, PASSWORD};
-use ebb_image::{resolve, Cache, ImageError, Login, Registries};
+use ebb_image::{resolve, Cache, ImageError, Limits, Login, Registries};
 
 fn workdir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("ebb-image-{name}-{}", std::process::id()));
@@ -36,7 +36,7 @@ async fn a_tag_resolves_to_its_digest_and_the_cache_pulls_each_image_once() {
     let second = resolve(&client, &reference, None).await.unwrap();
     assert_ne!(first, second);
 
-    let cache = Cache::open(&work.join("cache"), 1 << 30, &registries(&registry)).unwrap();
+    let cache = Cache::open(&work.join("cache"), Limits::within(1 << 30), &registries(&registry)).unwrap();
     let mut seen = Vec::new();
     let lease = cache.acquire(&reference, &first, None, |p| seen.push(p)).await.unwrap();
     assert_eq!(std::fs::read(lease.rootfs.join("marker")).unwrap(), b"first");
@@ -66,7 +66,7 @@ async fn a_tag_resolves_to_its_digest_and_the_cache_pulls_each_image_once() {
     drop((lease, again, a, b));
 
     // A new cache on the same directory (the agent restarted) has both.
-    let reopened = Cache::open(&work.join("cache"), 1 << 30, &registries(&registry)).unwrap();
+    let reopened = Cache::open(&work.join("cache"), Limits::within(1 << 30), &registries(&registry)).unwrap();
     assert_eq!(reopened.images().len(), 2);
     let _ = std::fs::remove_dir_all(&work);
 }
@@ -89,7 +89,7 @@ async fn unknown_images_refused_credentials_and_a_corrupt_layer_each_say_so() {
         e.to_string().contains(&format!("registry {} is not one this cluster pulls from", registry.host)),
         "{e}"
     );
-    let cache = Cache::open(&work.join("elsewhere"), 1 << 30, &elsewhere).unwrap();
+    let cache = Cache::open(&work.join("elsewhere"), Limits::within(1 << 30), &elsewhere).unwrap();
     let digest = format!("sha256:{}", "0".repeat(64));
     assert!(matches!(cache.acquire(&reference, &digest, None, |_| {}).await, Err(ImageError::Invalid(..))));
     assert_eq!(registry.blob_gets(), gets);
@@ -128,7 +128,7 @@ async fn unknown_images_refused_credentials_and_a_corrupt_layer_each_say_so() {
     let middle = bytes.len() / 2;
     bytes[middle] ^= 0xff;
     std::fs::write(&path, bytes).unwrap();
-    let cache = Cache::open(&work.join("cache"), 1 << 30, &registries(&registry)).unwrap();
+    let cache = Cache::open(&work.join("cache"), Limits::within(1 << 30), &registries(&registry)).unwrap();
     let e = cache.acquire(&reference, &digest, Some(&alice), |_| {}).await.err().expect("a corrupt layer");
     assert!(matches!(e, ImageError::DigestMismatch(..)), "{e}");
     assert!(e.to_string().contains(&layer), "{e}");
@@ -152,12 +152,14 @@ async fn past_its_budget_the_cache_evicts_the_least_recently_used_image_no_attem
     }
     // Room for about two images with their layers.
     let one = {
-        let probe = Cache::open(&work.join("probe"), u64::MAX, &registries(&registry)).unwrap();
+        let probe =
+            Cache::open(&work.join("probe"), Limits::within(u64::MAX), &registries(&registry)).unwrap();
         let lease = probe.acquire(&images[0].0, &images[0].1, None, |_| {}).await.unwrap();
         drop(lease);
         probe.bytes()
     };
-    let cache = Cache::open(&work.join("cache"), one * 5 / 2, &registries(&registry)).unwrap();
+    let cache =
+        Cache::open(&work.join("cache"), Limits::within(one * 5 / 2), &registries(&registry)).unwrap();
     let a = cache.acquire(&images[0].0, &images[0].1, None, |_| {}).await.unwrap();
     let b = cache.acquire(&images[1].0, &images[1].1, None, |_| {}).await.unwrap();
     drop(b);

@@ -109,6 +109,12 @@ pub struct AgentArgs {
     /// the least recently used images no attempt holds are removed.
     #[arg(long, value_name = "BYTES", default_value = "100GiB", value_parser = ebb_agent::output::parse_bytes)]
     pub image_cache_size: u64,
+    /// The most a layer of an image may grow as it is unpacked, as a
+    /// multiple of its compressed size (layers that unpack to under 16 MiB
+    /// are not held to it): a decompression bomb stops there, with an
+    /// error that names the image, before it fills the cache.
+    #[arg(long, value_name = "RATIO", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
+    pub image_max_expansion: u64,
     #[command(flatten)]
     pub registries: RegistryArgs,
     /// The node's CDI spec for its GPUs, as `nvidia-ctk cdi generate
@@ -316,7 +322,10 @@ pub async fn agent(args: AgentArgs) -> Result<(), String> {
         max_checkpoint_bytes: args.max_checkpoint_bytes,
         images: ebb_agent::ImageConfig {
             runtime: args.oci_runtime,
-            cache_bytes: args.image_cache_size,
+            cache: ebb_image::Limits {
+                max_expansion: args.image_max_expansion,
+                ..ebb_image::Limits::within(args.image_cache_size)
+            },
             registries: args.registries.registries(),
         },
         cdi_spec: args.cdi_spec.or_else(|| {
