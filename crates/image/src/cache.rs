@@ -2,18 +2,30 @@
 //!
 //! ```text
 //! <root>/blobs/sha256/<hex>        a layer, as pulled, verified by its digest
-//! <root>/images/<hex>/rootfs/      the image unpacked, layer on layer
-//! <root>/images/<hex>/image.json   what a start needs of it; written last,
+//! <root>/blobs/sha256/<hex>.from   the repositories that served it
+//! <root>/images/<key>/rootfs/      the image unpacked, layer on layer
+//! <root>/images/<key>/image.json   what a start needs of it; written last,
 //!                                  so an image without it is not there
-//! <root>/images/<hex>/used         its last use, as the file's mtime
+//! <root>/images/<key>/used         its last use, as the file's mtime
 //! <root>/tmp/                      downloads and unpacks under way
 //! ```
 //!
-//! `<hex>` is the digest the server resolved at submit. An image is
-//! pulled once however many attempts ask for it at once (a lock per
-//! image), and a layer once however many images share it (a lock per
-//! layer). Past the budget, the least recently used images that no
-//! attempt holds are removed, then the layers no image left refers to.
+//! `<key>` is the SHA-256 of the registry, the repository and the digest
+//! the server resolved at submit: the same bytes from another repository
+//! are another image, so that a tenant who names a registry of its own
+//! with another's digest gets nothing of the other's. An image pulled
+//! with a login is another tenant's to use only once its registry has
+//! said that tenant may pull it (the manifest asked for with that
+//! tenant's login, on every acquire); one pulled without a login, anyone
+//! could pull. A layer is kept once on disk, but is used for an image
+//! only when that image's repository has served it (its digest checked
+//! as it came): a repository that merely lists another's layer must
+//! still have its bytes.
+//!
+//! An image is pulled once however many attempts ask for it at once (a
+//! lock per image), and a layer once however many images share it (a
+//! lock per layer). Past the budget, the least recently used images that
+//! no attempt holds are removed, then the layers no image left refers to.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -48,9 +60,17 @@ pub struct ImageConfig {
     pub layers: Vec<String>,
     /// The unpacked root file system's size.
     pub bytes: u64,
+    /// The image's digest.
+    #[serde(default)]
+    pub digest: String,
+    /// Pulled with a login: whoever uses it must show the registry lets
+    /// them pull it.
+    #[serde(default)]
+    pub private: bool,
 }
 
 struct Entry {
+    digest: String,
     bytes: u64,
     layers: Vec<String>,
     last_used: SystemTime,
@@ -73,7 +93,7 @@ pub struct Cache {
 /// An image held for an attempt: not evicted until dropped.
 pub struct Lease {
     cache: Arc<Cache>,
-    hex: String,
+    key: String,
     pub rootfs: PathBuf,
     pub config: ImageConfig,
     /// Bytes this acquire downloaded (0: the image was in the cache).
@@ -82,7 +102,7 @@ pub struct Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        self.cache.release(&self.hex);
+        self.cache.release(&self.key);
     }
 }
 
@@ -105,15 +125,20 @@ impl Cache {
         let mut images = HashMap::new();
         for dir in std::fs::read_dir(root.join("images"))? {
             let dir = dir?.path();
-            let hex = dir.file_name().and_then(|n| n.to_str()).unwrap_or("").to_string();
+            let key = dir.file_name().and_then(|n| n.to_str()).unwrap_or("").to_string();
             match read_config(&dir) {
                 Some(config) => {
                     let last_used = std::fs::metadata(dir.join("used"))
                         .and_then(|m| m.modified())
                         .unwrap_or(SystemTime::UNIX_EPOCH);
+                    let digest = match config.digest.is_empty() {
+                        // Kept by a release that named images by digest.
+                        true => format!("sha256:{key}"),
+                        false => config.digest,
+                    };
                     images.insert(
-                        hex,
-                        Entry { bytes: config.bytes, layers: config.layers, last_used, holders: 0 },
+                        key,
+                        Entry { digest, bytes: config.bytes, layers: config.layers, last_used, holders: 0 },
                     );
                 }
                 None => {
@@ -138,7 +163,7 @@ impl Cache {
         let images = self.images.lock().expect("images");
         let mut all: Vec<(&String, &Entry)> = images.iter().collect();
         all.sort_by_key(|e| std::cmp::Reverse(e.1.last_used));
-        all.into_iter().map(|(hex, _)| format!("sha256:{hex}")).collect()
+        all.into_iter().map(|(_, e)| e.digest.clone()).collect()
     }
 
     /// The bytes the cache holds: unpacked images and their layers.
@@ -156,19 +181,36 @@ impl Cache {
         login: Option<&Login>,
         mut progress: impl FnMut(Progress) + Send,
     ) -> Result<Lease, ImageError> {
-        let hex = hex_of(reference, digest)?.to_string();
-        let lock = self.lock(&hex);
+        hex_of(reference, digest)?;
+        let parsed = self.registries.check(reference)?;
+        let pinned = pinned(&parsed, digest);
+        let source = format!("{}/{}", parsed.registry(), parsed.repository());
+        let key = sha256_hex(format!("{source}@{digest}").as_bytes());
+        let lock = self.lock(&key);
         let _pulling = lock.lock().await;
-        let dir = self.root.join("images").join(&hex);
-        if let Some(config) = self.hold(&hex, &dir) {
-            return Ok(Lease { cache: self.clone(), rootfs: dir.join("rootfs"), hex, config, downloaded: 0 });
-        }
-        let pinned = pinned(&self.registries.check(reference)?, digest);
+        let dir = self.root.join("images").join(&key);
         let auth = auth(login);
         // A client of its own: oci-client keeps the first credentials it
         // is given for a registry, and another tenant's pull must not
         // borrow them.
         let client: Client = self.registries.client();
+        if let Some(config) = self.hold(&key, &dir) {
+            let private = config.private;
+            let lease = Lease { cache: self.clone(), rootfs: dir.join("rootfs"), key, config, downloaded: 0 };
+            if private {
+                // Dropped on refusal, which lets the hold go.
+                let found =
+                    client.fetch_manifest_digest(&pinned, &auth).await.map_err(|e| classify(reference, e))?;
+                if found != digest {
+                    return Err(ImageError::Other(
+                        reference.to_string(),
+                        format!("the registry has manifest {found} for digest {digest}"),
+                    ));
+                }
+            }
+            return Ok(lease);
+        }
+        let served_by = sha256_hex(source.as_bytes());
         let (manifest, _) =
             client.pull_image_manifest(&pinned, &auth).await.map_err(|e| classify(reference, e))?;
         let mut config_bytes = Vec::new();
@@ -187,7 +229,7 @@ impl Cache {
             let blob = self.root.join("blobs/sha256").join(&layer_hex);
             let lock = self.lock(&layer_hex);
             let _layer = lock.lock().await;
-            if !blob.exists() {
+            if !(blob.exists() && served(&blob, &served_by)) {
                 let part = self.root.join("tmp").join(format!("{layer_hex}.part"));
                 let file = tokio::fs::File::create(&part)
                     .await
@@ -205,6 +247,8 @@ impl Cache {
                 }
                 std::fs::rename(&part, &blob)
                     .map_err(|e| ImageError::Other(reference.into(), format!("{}: {e}", blob.display())))?;
+                serve(&blob, &served_by)
+                    .map_err(|e| ImageError::Other(reference.into(), format!("{}: {e}", blob.display())))?;
                 downloaded += written;
             }
             done += layer.size.max(0) as u64;
@@ -213,11 +257,13 @@ impl Cache {
         }
         let root = self.root.clone();
         let digests: Vec<String> = manifest.layers.iter().map(|l| l.digest.clone()).collect();
-        let unpack_hex = hex.clone();
+        let unpack_key = key.clone();
+        let image_config =
+            ImageConfig { digest: digest.to_string(), private: login.is_some(), ..image_config };
         let limits = self.limits;
         let named = reference.to_string();
         let config = tokio::task::spawn_blocking(move || {
-            unpack(&root, &unpack_hex, &layers, image_config, digests, &limits)
+            unpack(&root, &unpack_key, &layers, image_config, digests, &limits)
                 .map_err(|e| ImageError::Other(named, e))
         })
         .await
@@ -225,8 +271,9 @@ impl Cache {
         {
             let mut images = self.images.lock().expect("images");
             images.insert(
-                hex.clone(),
+                key.clone(),
                 Entry {
+                    digest: digest.to_string(),
                     bytes: config.bytes,
                     layers: config.layers.clone(),
                     last_used: SystemTime::now(),
@@ -235,7 +282,7 @@ impl Cache {
             );
         }
         self.evict();
-        Ok(Lease { cache: self.clone(), rootfs: dir.join("rootfs"), hex, config, downloaded })
+        Ok(Lease { cache: self.clone(), rootfs: dir.join("rootfs"), key, config, downloaded })
     }
 
     fn lock(&self, digest: &str) -> Arc<tokio::sync::Mutex<()>> {
@@ -245,24 +292,24 @@ impl Cache {
     }
 
     /// Takes a hold on an image the cache has.
-    fn hold(&self, hex: &str, dir: &Path) -> Option<ImageConfig> {
+    fn hold(&self, key: &str, dir: &Path) -> Option<ImageConfig> {
         let mut images = self.images.lock().expect("images");
-        let entry = images.get_mut(hex)?;
+        let entry = images.get_mut(key)?;
         let config = read_config(dir)?;
         entry.holders += 1;
         entry.last_used = SystemTime::now();
         Some(config)
     }
 
-    fn release(&self, hex: &str) {
+    fn release(&self, key: &str) {
         {
             let mut images = self.images.lock().expect("images");
-            if let Some(entry) = images.get_mut(hex) {
+            if let Some(entry) = images.get_mut(key) {
                 entry.holders = entry.holders.saturating_sub(1);
                 entry.last_used = SystemTime::now();
             }
         }
-        let used = self.root.join("images").join(hex).join("used");
+        let used = self.root.join("images").join(key).join("used");
         let _ = std::fs::write(&used, b"");
         self.evict();
     }
@@ -302,8 +349,9 @@ impl Cache {
             }
             for layer in orphans.iter().filter_map(|d| d.strip_prefix("sha256:")) {
                 let _ = std::fs::remove_file(blobs.join(layer));
+                let _ = std::fs::remove_file(blobs.join(format!("{layer}.from")));
             }
-            tracing::info!(image = format!("sha256:{victim}"), bytes = freed, "evicted from the image cache");
+            tracing::info!(image = entry.digest, bytes = freed, "evicted from the image cache");
             total = total.saturating_sub(freed);
         }
     }
@@ -354,8 +402,7 @@ fn parse_image_config(reference: &str, bytes: &[u8]) -> Result<ImageConfig, Imag
     Ok(ImageConfig {
         env: inner.as_ref().and_then(|c| c.env.clone()).unwrap_or_default(),
         working_dir: inner.and_then(|c| c.working_dir).filter(|w| !w.is_empty()),
-        layers: Vec::new(),
-        bytes: 0,
+        ..ImageConfig::default()
     })
 }
 
@@ -406,6 +453,31 @@ fn unpack_into(
     std::fs::write(dir.join("image.json.part"), json).map_err(io)?;
     std::fs::rename(dir.join("image.json.part"), dir.join("image.json")).map_err(io)?;
     Ok(config)
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Whether the repository `source` (its key) has served `blob`.
+fn served(blob: &Path, source: &str) -> bool {
+    let from = blob.with_extension("from");
+    std::fs::read_to_string(from).is_ok_and(|text| text.lines().any(|l| l == source))
+}
+
+/// Records that the repository `source` (its key) served `blob`.
+fn serve(blob: &Path, source: &str) -> std::io::Result<()> {
+    let from = blob.with_extension("from");
+    let mut text = std::fs::read_to_string(&from).unwrap_or_default();
+    if !text.lines().any(|l| l == source) {
+        text.push_str(source);
+        text.push('\n');
+        let part = blob.with_extension("from.part");
+        std::fs::write(&part, text)?;
+        std::fs::rename(part, from)?;
+    }
+    Ok(())
 }
 
 fn read_config(dir: &Path) -> Option<ImageConfig> {

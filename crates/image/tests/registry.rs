@@ -181,3 +181,44 @@ async fn past_its_budget_the_cache_evicts_the_least_recently_used_image_no_attem
     let _: Arc<Cache> = cache;
     let _ = std::fs::remove_dir_all(&work);
 }
+
+/// Another tenant's private image, once in a node's cache, is not
+/// another's to run: neither by its reference without a login the
+/// registry takes, nor by its digest under a registry of one's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cached_private_image_is_used_only_by_whom_its_registry_lets_pull_it() {
+    let work = workdir("private");
+    let private = Registry::start_with_login(&work.join("private"));
+    let open = Registry::start(&work.join("open"));
+    let clients = Registries { insecure: vec![private.host.clone(), open.host.clone()], allowed: Vec::new() };
+    let alice = Login { username: "alice".into(), password: PASSWORD.into() };
+    let reference = push_busybox_image(
+        &work,
+        &private.host,
+        "weights",
+        "v1",
+        &marker(b"secret"),
+        Some(("alice", PASSWORD)),
+    );
+    let digest = resolve(&clients, &reference, Some(&alice)).await.unwrap();
+    let cache = Cache::open(&work.join("cache"), Limits::within(1 << 30), &clients).unwrap();
+    let lease = cache.acquire(&reference, &digest, Some(&alice), |_| {}).await.unwrap();
+    assert_eq!(std::fs::read(lease.rootfs.join("marker")).unwrap(), b"secret");
+
+    // Bob has no login there: the cache has the image, the registry says no.
+    let e = cache.acquire(&reference, &digest, None, |_| {}).await.err().expect("bob is refused");
+    assert!(matches!(e, ImageError::Refused(..)), "{e}");
+    let wrong = Login { username: "alice".into(), password: "wrong".into() };
+    assert!(cache.acquire(&reference, &digest, Some(&wrong), |_| {}).await.is_err());
+    // Alice, again, from the cache.
+    let again = cache.acquire(&reference, &digest, Some(&alice), |_| {}).await.unwrap();
+    assert_eq!(again.downloaded, 0);
+
+    // Bob names his own registry with alice's digest: another image, which
+    // his registry does not have.
+    let forged = format!("{}/weights:v1", open.host);
+    let e = cache.acquire(&forged, &digest, None, |_| {}).await.err().expect("not alice's image");
+    assert!(matches!(e, ImageError::NotFound(_)), "{e}");
+    drop((lease, again));
+    let _ = std::fs::remove_dir_all(&work);
+}
