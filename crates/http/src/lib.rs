@@ -22,6 +22,13 @@
 //!   before;
 //! * graceful shutdown: on the signal, no new connection is accepted and
 //!   those open finish their request in flight.
+//!
+//! And one thing of the other direction: [`outbound`], where the server's
+//! own requests (a registry at submit, a webhook) may connect.
+
+pub mod outbound;
+
+pub use outbound::Outbound;
 
 use std::collections::HashMap;
 use std::convert::Infallible;

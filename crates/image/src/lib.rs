@@ -9,6 +9,7 @@
 //! that evicts the least recently used image no attempt holds.
 
 mod cache;
+mod resolve;
 pub mod testing;
 mod unpack;
 
@@ -21,6 +22,7 @@ use oci_client::{Client, Reference};
 use serde::{Deserialize, Serialize};
 
 pub use cache::{Cache, Lease, Progress};
+pub use resolve::{resolve, MAX_MANIFEST_BYTES};
 pub use unpack::{apply_layer, Limits, UnpackError, Used};
 
 /// The longest image reference accepted, in bytes (the distribution
@@ -114,6 +116,9 @@ pub struct Registries {
     /// a tenant can make the server and the nodes connect to any host and
     /// port it names, and tell from the error whether something answers.
     pub allowed: Vec<String>,
+    /// Where the server may connect for a registry the operator did not
+    /// name (see [`resolve`]).
+    pub outbound: ebb_http::Outbound,
 }
 
 impl Registries {
@@ -160,32 +165,6 @@ pub(crate) fn auth(login: Option<&Login>) -> RegistryAuth {
         Some(l) => RegistryAuth::Basic(l.username.clone(), l.password.clone()),
         None => RegistryAuth::Anonymous,
     }
-}
-
-/// Resolves `reference` to the digest of its manifest (for a
-/// multi-platform index, the index's own digest: the node picks its
-/// platform's image from it, the same one every time).
-pub async fn resolve(
-    registries: &Registries,
-    reference: &str,
-    login: Option<&Login>,
-) -> Result<String, ImageError> {
-    let parsed = registries.check(reference)?;
-    let client = registries.client();
-    if let Some(digest) = parsed.digest() {
-        // Named by digest: still ask, so that a digest the registry does
-        // not have is refused now and not at the start.
-        let found =
-            client.fetch_manifest_digest(&parsed, &auth(login)).await.map_err(|e| classify(reference, e))?;
-        if found != digest {
-            return Err(ImageError::Other(
-                reference.to_string(),
-                format!("the registry returned manifest {found} for digest {digest}"),
-            ));
-        }
-        return Ok(found);
-    }
-    client.fetch_manifest_digest(&parsed, &auth(login)).await.map_err(|e| classify(reference, e))
 }
 
 /// The registry's answer, as one of Ebb's causes.

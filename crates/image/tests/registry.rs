@@ -19,7 +19,7 @@ fn marker(contents: &[u8]) -> [File<'_>; 1] {
 }
 
 fn registries(registry: &Registry) -> Registries {
-    Registries { insecure: vec![registry.host.clone()], allowed: Vec::new() }
+    Registries { insecure: vec![registry.host.clone()], ..Registries::default() }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -190,7 +190,8 @@ async fn a_cached_private_image_is_used_only_by_whom_its_registry_lets_pull_it()
     let work = workdir("private");
     let private = Registry::start_with_login(&work.join("private"));
     let open = Registry::start(&work.join("open"));
-    let clients = Registries { insecure: vec![private.host.clone(), open.host.clone()], allowed: Vec::new() };
+    let clients =
+        Registries { insecure: vec![private.host.clone(), open.host.clone()], ..Registries::default() };
     let alice = Login { username: "alice".into(), password: PASSWORD.into() };
     let reference = push_busybox_image(
         &work,

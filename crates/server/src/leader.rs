@@ -246,13 +246,14 @@ pub(crate) fn lead<S: Store>(
     epoch: u64,
     url: &str,
 ) -> Result<Leading<S>, String> {
+    let outbound = config.outbound.clone();
     let (mut engine, created) =
         Engine::open(store, config, tokens.clone(), crate::engine::now_ms()).map_err(|e| e.message)?;
     engine.feed(feed.clone());
     let (tx, rx) = mpsc::channel(1 << 16);
     // Deliveries leave through the deliverer, which does not keep the
     // writer alive: a writer that stops leading takes it with it.
-    engine.deliver_webhooks(crate::webhooks::start(tx.downgrade()));
+    engine.deliver_webhooks(crate::webhooks::start(tx.downgrade(), outbound));
     role.lead(epoch, url, tx, engine.lines());
     Ok((engine, rx, created))
 }

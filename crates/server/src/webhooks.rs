@@ -6,6 +6,12 @@
 //! happened. A receiver that hangs holds up only its own webhook; the
 //! writer never waits for one.
 //!
+//! A delivery connects only where [`ebb_http::Outbound`] allows (the
+//! address connected to is checked, not the name), and what the tenant's
+//! delivery log says of a failure is the same whatever it was (refused,
+//! unreachable, timed out, answered with an error): the log is no port
+//! scanner. The cause goes to the server's own log.
+//!
 //! A delivery is signed as Stripe signs its events: `Ebb-Signature:
 //! t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>" under the
 //! webhook's secret>`. See `docs/webhooks.md`.
@@ -18,6 +24,9 @@ use sha2::Sha256;
 use tokio::sync::mpsc;
 
 use crate::engine::Msg;
+
+/// What a tenant reads of every failed try.
+pub const NOT_DELIVERED: &str = "not delivered: no 2xx answer from the receiver";
 
 /// How long one try may take.
 const TRY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -87,7 +96,7 @@ pub fn new_secret() -> String {
 /// the writer runs on a plain thread). Tries are reported to the writer
 /// through `writer`, which it does not keep alive: when the writer is gone
 /// (the server stops, or no longer leads) so is the deliverer.
-pub fn start(writer: mpsc::WeakSender<Msg>) -> mpsc::UnboundedSender<Command> {
+pub fn start(writer: mpsc::WeakSender<Msg>, outbound: ebb_http::Outbound) -> mpsc::UnboundedSender<Command> {
     let (tx, rx) = mpsc::unbounded_channel();
     std::thread::Builder::new()
         .name("ebb-webhooks".into())
@@ -96,22 +105,18 @@ pub fn start(writer: mpsc::WeakSender<Msg>) -> mpsc::UnboundedSender<Command> {
                 .enable_all()
                 .build()
                 .expect("a runtime for webhook deliveries");
-            runtime.block_on(run(rx, writer));
+            runtime.block_on(run(rx, writer, outbound));
         })
         .expect("a thread for webhook deliveries");
     tx
 }
 
-async fn run(mut rx: mpsc::UnboundedReceiver<Command>, writer: mpsc::WeakSender<Msg>) {
-    let client = match reqwest::Client::builder()
-        .timeout(TRY_TIMEOUT)
-        .connect_timeout(TRY_TIMEOUT)
-        .redirect(reqwest::redirect::Policy::none())
-        .use_rustls_tls()
-        // https:// receivers are verified against the system's roots.
-        .tls_built_in_native_certs(true)
-        .build()
-    {
+async fn run(
+    mut rx: mpsc::UnboundedReceiver<Command>,
+    writer: mpsc::WeakSender<Msg>,
+    outbound: ebb_http::Outbound,
+) {
+    let client = match client(&outbound) {
         Ok(client) => client,
         Err(e) => {
             tracing::error!("webhooks will not be delivered: {e}");
@@ -124,7 +129,7 @@ async fn run(mut rx: mpsc::UnboundedReceiver<Command>, writer: mpsc::WeakSender<
             Command::Send(delivery) => {
                 let queue = queues.entry(delivery.webhook).or_insert_with(|| {
                     let (tx, rx) = mpsc::unbounded_channel();
-                    tokio::spawn(deliver_in_order(rx, client.clone(), writer.clone()));
+                    tokio::spawn(deliver_in_order(rx, client.clone(), outbound.clone(), writer.clone()));
                     tx
                 });
                 let _ = queue.send(delivery);
@@ -140,12 +145,13 @@ async fn run(mut rx: mpsc::UnboundedReceiver<Command>, writer: mpsc::WeakSender<
 async fn deliver_in_order(
     mut rx: mpsc::UnboundedReceiver<Delivery>,
     client: reqwest::Client,
+    outbound: ebb_http::Outbound,
     writer: mpsc::WeakSender<Msg>,
 ) {
     while let Some(delivery) = rx.recv().await {
         let mut backoff = FIRST_BACKOFF;
         for attempt in 1u32.. {
-            let tried = try_once(&client, &delivery).await;
+            let tried = try_once(&client, &outbound, &delivery).await;
             let tried = match tried {
                 Tried::Failed { status, error } if given_up(&delivery) => Tried::GaveUp { status, error },
                 other => other,
@@ -180,12 +186,35 @@ async fn closed(rx: &mpsc::UnboundedReceiver<Delivery>) {
     }
 }
 
+/// The deliverer's client: no redirects, and only the addresses
+/// `outbound` allows, as they are connected to.
+fn client(outbound: &ebb_http::Outbound) -> reqwest::Result<reqwest::Client> {
+    reqwest::Client::builder()
+        .dns_resolver(outbound.resolver())
+        .timeout(TRY_TIMEOUT)
+        .connect_timeout(TRY_TIMEOUT)
+        .redirect(reqwest::redirect::Policy::none())
+        .use_rustls_tls()
+        // https:// receivers are verified against the system's roots.
+        .tls_built_in_native_certs(true)
+        .build()
+}
+
 fn given_up(delivery: &Delivery) -> bool {
     let now = ebb_core::time::unix_ms(std::time::SystemTime::now());
     now.saturating_sub(delivery.created_ms) >= GIVE_UP_AFTER.as_millis() as u64
 }
 
-async fn try_once(client: &reqwest::Client, d: &Delivery) -> Tried {
+async fn try_once(client: &reqwest::Client, outbound: &ebb_http::Outbound, d: &Delivery) -> Tried {
+    let failed = |cause: &str| {
+        tracing::info!(webhook = d.webhook, delivery = d.id, "webhook not delivered: {cause}");
+        Tried::Failed { status: None, error: NOT_DELIVERED.to_string() }
+    };
+    // A name is checked as it resolves; an address here.
+    match reqwest::Url::parse(&d.url).map_err(|e| e.to_string()).and_then(|u| outbound.check_url(&u)) {
+        Ok(()) => {}
+        Err(why) => return failed(&why),
+    }
     let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let sent = client
         .post(&d.url)
@@ -200,24 +229,88 @@ async fn try_once(client: &reqwest::Client, d: &Delivery) -> Tried {
         .await;
     match sent {
         Ok(answer) if answer.status().is_success() => Tried::Delivered { status: answer.status().as_u16() },
-        Ok(answer) => {
-            let status = answer.status();
-            Tried::Failed { status: Some(status.as_u16()), error: format!("the receiver answered {status}") }
-        }
-        Err(e) => {
-            let what = if e.is_timeout() {
-                "no answer within 10s".to_string()
-            } else {
-                ebb_image::request_error(&e)
-            };
-            Tried::Failed { status: None, error: what }
-        }
+        Ok(answer) => failed(&format!("the receiver answered {}", answer.status())),
+        Err(e) if e.is_timeout() => failed("no answer within 10s"),
+        Err(e) => failed(&ebb_image::request_error(&e)),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn delivery(url: String) -> Delivery {
+        Delivery {
+            id: 1,
+            webhook: 1,
+            url,
+            secret: "whsec_x".into(),
+            event: "failed".into(),
+            body: "{}".into(),
+            created_ms: 0,
+        }
+    }
+
+    /// A receiver on loopback that counts its connections and answers
+    /// each with `status`.
+    async fn receiver(status: u16) -> (u16, std::sync::Arc<std::sync::atomic::AtomicU32>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let count = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let counted = count.clone();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let mut buf = [0u8; 4096];
+                let _ = stream.read(&mut buf).await;
+                let answer = format!("HTTP/1.1 {status} X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+                let _ = stream.write_all(answer.as_bytes()).await;
+            }
+        });
+        (port, count)
+    }
+
+    /// A tenant's webhook pointed at loopback, by address, by name or
+    /// mapped into IPv6, never connects; and what the tenant reads of a
+    /// failure is the same whether the port was closed, refused by the
+    /// policy, or answered with an error: the log scans no ports.
+    #[tokio::test]
+    async fn deliveries_reach_only_allowed_addresses_and_every_failure_reads_the_same() {
+        let (port, connections) = receiver(500).await;
+        let policy = ebb_http::Outbound::default();
+        let strict = client(&policy).unwrap();
+        for url in [
+            format!("http://127.0.0.1:{port}/"),
+            format!("http://localhost:{port}/"),
+            format!("http://[::ffff:127.0.0.1]:{port}/"),
+            format!("http://0.0.0.0:{port}/"),
+        ] {
+            let tried = try_once(&strict, &policy, &delivery(url.clone())).await;
+            assert_eq!(tried, Tried::Failed { status: None, error: NOT_DELIVERED.into() }, "{url}");
+        }
+        assert_eq!(
+            connections.load(std::sync::atomic::Ordering::SeqCst),
+            0,
+            "a refused address was connected to"
+        );
+
+        let loopback = ebb_http::Outbound::with_loopback();
+        let allowed = client(&loopback).unwrap();
+        let answered = try_once(&allowed, &loopback, &delivery(format!("http://127.0.0.1:{port}/"))).await;
+        assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 1);
+        let closed = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let p = l.local_addr().unwrap().port();
+            drop(l);
+            try_once(&allowed, &loopback, &delivery(format!("http://127.0.0.1:{p}/"))).await
+        };
+        assert_eq!(answered, closed, "an answered 500 and a closed port read the same");
+        let (ok_port, _) = receiver(204).await;
+        let delivered =
+            try_once(&allowed, &loopback, &delivery(format!("http://127.0.0.1:{ok_port}/"))).await;
+        assert_eq!(delivered, Tried::Delivered { status: 204 });
+    }
 
     /// The documented scheme, checked against a value worked out apart
     /// (Python: hmac.new(b"whsec_test", b"1700000000.{}", hashlib.sha256)).

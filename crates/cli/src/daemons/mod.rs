@@ -93,7 +93,7 @@ impl RegistryArgs {
             true => Vec::new(),
             false => self.allowed.iter().chain(&self.insecure).cloned().collect(),
         };
-        ebb_image::Registries { insecure: self.insecure.clone(), allowed }
+        ebb_image::Registries { insecure: self.insecure.clone(), allowed, outbound: Default::default() }
     }
 }
 

@@ -115,6 +115,14 @@ pub struct ServerArgs {
     pub image_root: Vec<String>,
     #[command(flatten)]
     pub registries: RegistryArgs,
+    /// Addresses the server's own requests may reach although they are
+    /// refused by default (ADDRESS or ADDRESS/BITS, comma-separated or
+    /// repeated): webhooks' receivers, and registries not named with
+    /// --insecure-registry or --allowed-registry. Refused by default:
+    /// loopback, unspecified, link-local (a cloud's metadata service),
+    /// multicast, in every IPv6 form, and the server's own address.
+    #[arg(long = "outbound-allow", value_name = "CIDR", value_delimiter = ',')]
+    pub outbound_allow: Vec<String>,
     #[command(flatten)]
     pub tls: TlsArgs,
     #[command(flatten)]
@@ -190,7 +198,9 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
             return Err(format!("--advertise {url}: a URL, e.g. http://10.0.0.2:7300"));
         }
     }
+    let outbound = ebb_http::Outbound::new(&args.outbound_allow)?.with_own(args.listen.ip());
     let engine = ebb_server::EngineConfig {
+        outbound: outbound.clone(),
         data_dir: args.data_dir,
         drain_window: args.policy.drain_window,
         min_runtime: args.policy.min_runtime,
@@ -231,7 +241,7 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
             total: 0,
         },
         metrics_token,
-        registries: args.registries.registries(),
+        registries: ebb_image::Registries { outbound, ..args.registries.registries() },
     })
     .await
 }

@@ -157,6 +157,10 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
         format!("{}ms", args.policy.heartbeat_timeout.as_millis()),
         "--default-run-as".into(),
         user.clone(),
+        // A cluster on one machine: its webhooks' receivers and its
+        // registries are on loopback too.
+        "--outbound-allow".into(),
+        "127.0.0.0/8,::1".into(),
     ];
     server_args.extend(registries.iter().cloned());
     if let Some(threshold) = args.policy.fair_share_preemption {

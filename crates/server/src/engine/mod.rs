@@ -411,6 +411,9 @@ pub struct EngineConfig {
     /// each at registration; none: their shared checkpoint root.
     pub checkpoint_store: Option<ebb_api::CheckpointStoreLocation>,
     pub images: Images,
+    /// Where the server's own requests (webhooks' deliveries; registries
+    /// at submit, through `ServerConfig::registries`) may connect.
+    pub outbound: ebb_http::Outbound,
     /// Slurm's partitions, each a tier (`--partition-map`).
     pub partitions: crate::partitions::Partitions,
 }
@@ -442,6 +445,7 @@ impl EngineConfig {
             run_as: Default::default(),
             checkpoint_store: None,
             images: Default::default(),
+            outbound: Default::default(),
             partitions: Default::default(),
         }
     }

@@ -117,7 +117,7 @@ impl<S: Store> Engine<S> {
                 events.push(event.clone());
             }
         }
-        let url = check_url(&req.url)?;
+        let url = check_url(&req.url, &self.config.outbound)?;
         let format = match req.format.as_deref().unwrap_or("json") {
             f @ ("json" | "slack") => f.to_string(),
             other => {
@@ -368,8 +368,10 @@ fn delivery(hook: &WebhookRow, d: &DeliveryRow) -> Delivery {
 }
 
 /// A webhook's URL: `http://` or `https://` with a host, at most 2048
-/// bytes; never a link-local address (a cloud's metadata service).
-fn check_url(url: &str) -> Result<String, ApiError> {
+/// bytes; never an address `outbound` refuses (loopback, link-local: a
+/// cloud's metadata service), which is checked again as each delivery
+/// connects, names included.
+fn check_url(url: &str, outbound: &ebb_http::Outbound) -> Result<String, ApiError> {
     if url.len() > ebb_api::MAX_WEBHOOK_URL_BYTES {
         return Err(ApiError::unprocessable(format!(
             "url: at most {} bytes, got {}",
@@ -382,17 +384,11 @@ fn check_url(url: &str) -> Result<String, ApiError> {
     if !matches!(parsed.scheme(), "http" | "https") {
         return Err(ApiError::unprocessable(format!("url: http:// or https://, got {}://", parsed.scheme())));
     }
-    let host = parsed.host_str().filter(|h| !h.is_empty());
-    let host = host.ok_or_else(|| ApiError::unprocessable(format!("url: {url:?} has no host")))?;
-    let link_local = match host.trim_start_matches('[').trim_end_matches(']').parse::<std::net::IpAddr>() {
-        Ok(std::net::IpAddr::V4(ip)) => ip.is_link_local(),
-        Ok(std::net::IpAddr::V6(ip)) => (ip.segments()[0] & 0xffc0) == 0xfe80,
-        Err(_) => false,
-    };
-    if link_local {
-        return Err(ApiError::unprocessable(format!(
-            "url: {url:?} is a link-local address (a cloud's metadata service): not a receiver"
-        )));
+    if parsed.host_str().is_none_or(|h| h.is_empty()) {
+        return Err(ApiError::unprocessable(format!("url: {url:?} has no host")));
+    }
+    if let Err(why) = outbound.check_url(&parsed) {
+        return Err(ApiError::unprocessable(format!("url: {url:?}: {why}: not a receiver")));
     }
     Ok(parsed.to_string())
 }
@@ -403,22 +399,31 @@ mod tests {
     use ebb_api::EventKind;
 
     #[test]
-    fn a_webhooks_url_is_http_with_a_host_and_never_link_local() {
+    fn a_webhooks_url_is_http_with_a_host_and_never_loopback_or_link_local() {
+        let policy = ebb_http::Outbound::default();
+        let check_url = |url: &str| super::check_url(url, &policy);
         assert_eq!(
             check_url("https://hooks.slack.com/services/T0/B0/x").unwrap(),
             "https://hooks.slack.com/services/T0/B0/x"
         );
-        assert!(check_url("http://127.0.0.1:9000/ebb").is_ok());
+        assert!(check_url("http://10.0.0.7:9000/ebb").is_ok());
         for (bad, said) in [
             ("ftp://example.com/", "http:// or https://"),
             ("http://169.254.169.254/latest/meta-data/", "link-local"),
+            ("http://[::ffff:169.254.169.254]/", "link-local"),
             ("http://[fe80::1]/", "link-local"),
+            ("http://127.0.0.1:9000/ebb", "loopback"),
+            ("http://[::ffff:127.0.0.1]/", "loopback"),
+            ("http://[::1]/", "loopback"),
+            ("http://0.0.0.0:7300/", "unspecified"),
             ("not a url", "url: \"not a url\""),
             ("unix:/run/x", "http:// or https://"),
         ] {
             let e = check_url(bad).unwrap_err();
             assert!(e.message.contains(said), "{bad}: {}", e.message);
         }
+        let loopback = ebb_http::Outbound::with_loopback();
+        assert!(super::check_url("http://127.0.0.1:9000/ebb", &loopback).is_ok());
         let long = format!("https://example.com/{}", "a".repeat(2048));
         assert!(check_url(&long).unwrap_err().message.starts_with("url: at most 2048 bytes"));
     }

@@ -508,7 +508,8 @@ fn webhook_request() -> impl Strategy<Value = ebb_api::WebhookRequest> {
         1 => text(),
     ];
     let url = prop_oneof![
-        6 => Just("http://127.0.0.1:9/hook".to_string()),
+        6 => Just("http://receiver.test:9/hook".to_string()),
+        1 => Just("http://[::ffff:127.0.0.1]:9/hook".to_string()),
         1 => Just(format!("https://example.com/{}", "a".repeat(2029))),
         1 => Just(format!("https://example.com/{}", "a".repeat(2030))),
         1 => Just("http://169.254.169.254/".to_string()),

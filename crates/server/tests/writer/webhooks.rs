@@ -16,7 +16,7 @@ use crate::harness::{exited, TestEnv};
 fn request(tenant: Option<&str>, events: &[&str]) -> WebhookRequest {
     WebhookRequest {
         tenant: tenant.map(String::from),
-        url: "http://127.0.0.1:9/hook".into(),
+        url: "http://receiver.test:9/hook".into(),
         events: events.iter().map(|e| e.to_string()).collect(),
         format: None,
     }
