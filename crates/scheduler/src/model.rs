@@ -219,6 +219,13 @@ pub struct Job {
     /// It was requeued by a drill since it was last preempted: the attempt
     /// after a drill resumes from no preemption, so it does not settle.
     pub drilled: bool,
+    /// Its last attempt requeued itself outside a drain: the attempts since
+    /// resume from no preemption and are no young work either, so neither
+    /// settling nor fair share's `min_runtime` spares them. Were they
+    /// spared, a job that requeued itself every minute would never be a
+    /// victim, and another tenant's older, costlier job would be drained
+    /// in its place. Cleared by a preemption.
+    pub requeued_itself: bool,
     /// The node its last single-node run ended on: where its image is
     /// cached (and a node-local checkpoint lies). A placement among equally
     /// good free nodes takes this one.
@@ -246,10 +253,12 @@ impl Job {
     ///
     /// A drill starts no settling period: were it to, a tenant could drill
     /// its job just before an on-demand job arrives and have another's
-    /// drained in its place, as often as it liked, at no cost.
+    /// drained in its place, as often as it liked, at no cost. Nor does a
+    /// job's own requeue, for the same reason.
     pub fn settling(&self, now: Time, min_runtime: Span) -> bool {
         self.preemptions > 0
             && !self.drilled
+            && !self.requeued_itself
             && self.run.as_ref().is_some_and(|run| now.saturating_since(run.started_at) < min_runtime)
     }
 }
@@ -303,6 +312,11 @@ pub enum ExitKind {
     Failed { requeue: bool },
     /// Stopped by its owner; never requeued.
     Cancelled,
+    /// The job asked to go back to the queue (its own requeue): during a
+    /// drain, its preemption; otherwise requeued, counted neither as a
+    /// failure nor as a preemption, and its next attempts earn no
+    /// protection (see [`Job::requeued_itself`]).
+    Requeue,
     /// The attempt vanished (its node restarted, or never started it): it
     /// is requeued, counted neither as a failure nor as a preemption.
     Lost,

@@ -112,3 +112,37 @@ fn only_a_running_preemptible_job_without_a_notice_can_be_drilled() {
     assert!(matches!(refused(&mut c, JobId(99)), StateError::NotFound(_)));
     c.state.sanity_check().unwrap();
 }
+
+/// A job's own requeue earns no protection, as a drill earns none: a job
+/// preempted once that then requeues itself is not settling in its next
+/// attempt, so an on-demand job drains it (the cheapest victim) rather
+/// than another tenant's older, costlier job. Before, requeueing itself
+/// every 45 s kept a job safe for ever.
+#[test]
+fn a_job_that_requeues_itself_is_not_spared_as_settling() {
+    let mut c = Cluster::new(2, 4);
+    let looping = c.submit(Tier::Preemptible, 4);
+    c.step();
+    let od = c.submit(Tier::OnDemand, 8);
+    let plan = c.step();
+    assert_eq!(plan.drains[0].job, looping);
+    assert_eq!(
+        c.exit(looping, ExitKind::Failed { requeue: false }),
+        ExitEffect::Requeued { preempted: true }
+    );
+    c.step();
+    assert_eq!(c.exit(od, ExitKind::Completed), ExitEffect::Finished);
+    let older = c.submit(Tier::Preemptible, 4);
+    c.step();
+    c.advance(100);
+    assert_eq!(c.exit(looping, ExitKind::Requeue), ExitEffect::RequeuedLost);
+    c.step();
+    assert!(c.state.job(looping).unwrap().requeued_itself);
+    c.advance(1);
+    c.submit(Tier::OnDemand, 4);
+    let plan = c.step();
+    let drained: Vec<JobId> = plan.drains.iter().map(|d| d.job).collect();
+    assert_eq!(drained, [looping], "the older job, with 100 s of work, was drained instead");
+    assert!(c.state.job(older).unwrap().notice.is_none());
+    c.state.sanity_check().unwrap();
+}

@@ -51,6 +51,9 @@ pub struct Limits {
     /// A tenant's jobs admitted to the scheduler at once (running, or
     /// queued for GPUs); the rest wait their turn in submission order.
     pub max_running_jobs: u64,
+    /// Times one job may requeue itself outside a drain (`scontrol
+    /// requeue`); the next one fails it. Not a tenant's to change.
+    pub max_requeues: u64,
 }
 
 impl Default for Limits {
@@ -62,6 +65,7 @@ impl Default for Limits {
             max_jobs: 20_000,
             max_stored_bytes: 256 * 1024 * 1024,
             max_running_jobs: 5_000,
+            max_requeues: 100,
         }
     }
 }

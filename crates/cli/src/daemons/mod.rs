@@ -213,6 +213,11 @@ pub struct LimitArgs {
     /// for GPUs); the rest wait their turn.
     #[arg(long, default_value_t = Limits::default().max_running_jobs, value_name = "N")]
     pub max_running_jobs: u64,
+    /// Times one job may requeue itself outside a drain (`scontrol
+    /// requeue`, its endpoint's requeue); the next fails it. Each comes
+    /// after the restart back-off when the attempt ran under 10 s.
+    #[arg(long, default_value_t = Limits::default().max_requeues, value_name = "N")]
+    pub max_requeues: u64,
 }
 
 impl LimitArgs {
@@ -224,6 +229,7 @@ impl LimitArgs {
             max_jobs: self.max_jobs_per_tenant,
             max_stored_bytes: self.max_stored_bytes_per_tenant,
             max_running_jobs: self.max_running_jobs,
+            max_requeues: self.max_requeues,
         };
         for (flag, value) in [
             ("--max-argument-bytes", limits.max_argument_bytes),
@@ -232,6 +238,7 @@ impl LimitArgs {
             ("--max-jobs-per-tenant", limits.max_jobs),
             ("--max-stored-bytes-per-tenant", limits.max_stored_bytes),
             ("--max-running-jobs", limits.max_running_jobs),
+            ("--max-requeues", limits.max_requeues),
         ] {
             if value == 0 {
                 return Err(format!("{flag}: must be at least 1"));

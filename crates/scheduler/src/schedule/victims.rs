@@ -42,7 +42,8 @@ impl<'a> Pass<'a> {
         match self.victim_filter {
             Some(VictimFilter::Tenant(tenant)) => {
                 let run = job.run.as_ref().expect("victims run");
-                let young = self.now.saturating_since(run.started_at) < self.config.min_runtime;
+                let young = self.now.saturating_since(run.started_at) < self.config.min_runtime
+                    && !job.requeued_itself;
                 return job.spec.tenant != tenant || young;
             }
             Some(VictimFilter::Borrowers(tier, model)) => {

@@ -51,6 +51,7 @@ impl State {
                 run: None,
                 notice: None,
                 drilled: false,
+                requeued_itself: false,
                 last_node: None,
             },
         );
@@ -80,6 +81,15 @@ impl State {
     /// with its record and says so after restoring it.
     pub fn restore_drilled(&mut self, id: JobId) -> Result<(), StateError> {
         self.jobs.get_mut(&id).ok_or_else(|| StateError::NotFound(format!("job {id}")))?.drilled = true;
+        Ok(())
+    }
+
+    /// A restored job's last attempt requeued itself (see
+    /// [`Job::requeued_itself`]): the edge keeps that with its record and
+    /// says so after restoring it.
+    pub fn restore_requeued_itself(&mut self, id: JobId) -> Result<(), StateError> {
+        self.jobs.get_mut(&id).ok_or_else(|| StateError::NotFound(format!("job {id}")))?.requeued_itself =
+            true;
         Ok(())
     }
 
@@ -126,6 +136,7 @@ impl State {
                 run: Some(run),
                 notice,
                 drilled: false,
+                requeued_itself: false,
                 last_node: None,
             },
         );
@@ -402,14 +413,19 @@ impl State {
             (_, ExitKind::Restart) => ExitEffect::Restarted,
             (_, ExitKind::Completed) => ExitEffect::Finished,
             (_, ExitKind::Cancelled) => ExitEffect::Cancelled,
-            (true, ExitKind::Failed { .. }) if drill => {
+            (false, ExitKind::Requeue) => {
+                self.jobs.get_mut(&id).expect("fenced").requeued_itself = true;
+                ExitEffect::RequeuedLost
+            }
+            (true, ExitKind::Failed { .. } | ExitKind::Requeue) if drill => {
                 self.jobs.get_mut(&id).expect("fenced").drilled = true;
                 ExitEffect::Drilled
             }
-            (true, ExitKind::Failed { .. }) => {
+            (true, ExitKind::Failed { .. } | ExitKind::Requeue) => {
                 let job = self.jobs.get_mut(&id).expect("fenced");
                 job.preemptions += 1;
                 job.drilled = false;
+                job.requeued_itself = false;
                 match job.spec.max_preemptions {
                     Some(max) if job.preemptions > max => ExitEffect::PreemptionLimitReached,
                     _ => ExitEffect::Requeued { preempted: true },

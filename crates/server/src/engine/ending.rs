@@ -70,8 +70,9 @@ pub(super) struct Ended {
 }
 
 /// How the core is to be told the attempt ended, from the record (the
-/// exit codes gathered from every node) and the SDK's completion marker.
-pub(super) fn exit_kind(job: &JobRecord, completed: bool) -> ExitKind {
+/// exit codes gathered from every node) and the SDK's completion marker;
+/// a job that has requeued itself `max_requeues` times fails at the next.
+pub(super) fn exit_kind(job: &JobRecord, completed: bool, max_requeues: u64) -> ExitKind {
     // A gang whose parts Ebb stopped has failed, whatever they exited with.
     let success =
         job.exit_code == Some(0) && job.exit_signal.is_none() && !job.vanished && job.gang_stopped.is_none();
@@ -82,10 +83,12 @@ pub(super) fn exit_kind(job: &JobRecord, completed: bool) -> ExitKind {
         ExitKind::Lost
     } else if job.ended_by == Some(EndedBy::Requeue) {
         // The job asked to go back to the queue: during a drain that is
-        // its preemption; otherwise neither a failure nor a preemption.
+        // its preemption; otherwise neither a failure nor a preemption,
+        // up to the cluster's bound.
         match job.state == JobState::Draining {
             true => ExitKind::Failed { requeue: false },
-            false => ExitKind::Lost,
+            false if u64::from(job.requeues) >= max_requeues => ExitKind::Failed { requeue: false },
+            false => ExitKind::Requeue,
         }
     } else if job.state == JobState::Draining {
         match success && (completed || job.spec.exit_on_drain_is_success) {
@@ -190,6 +193,7 @@ pub(super) fn end_attempt(
         ExitEffect::PreemptionLimitReached => {
             job.preemptions += 1;
             job.drilled_since_preempted = false;
+            job.requeued_itself = false;
             let detail = FailedDetail {
                 reason: Some("preempted more than max_preemptions".into()),
                 lost_gpu_seconds: Some(lost),
@@ -200,6 +204,7 @@ pub(super) fn end_attempt(
         ExitEffect::Requeued { preempted: true } => {
             job.preemptions += 1;
             job.drilled_since_preempted = false;
+            job.requeued_itself = false;
             let detail = RequeuedDetail {
                 preemptions: Some(job.preemptions),
                 lost_gpu_seconds: Some(lost),
@@ -216,6 +221,23 @@ pub(super) fn end_attempt(
                     ..requeued("failed, retrying")
                 }),
             )
+        }
+        ExitEffect::RequeuedLost if job.ended_by == Some(EndedBy::Requeue) => {
+            // Its own requeue: no protection earned (as the core has it),
+            // and the restart back-off when it comes quickly, so that a job
+            // that requeues itself in a loop cannot start 35 attempts a
+            // second.
+            job.requeues = job.requeues.saturating_add(1);
+            job.requeued_itself = true;
+            let ran_ms = end_ms.saturating_sub(job.run_started_ms.unwrap_or(end_ms));
+            job.quick_exits = if ran_ms < QUICK_EXIT_MS { job.quick_exits.saturating_add(1) } else { 0 };
+            backoff_ms = restart_backoff_ms(job.quick_exits);
+            let detail = RequeuedDetail {
+                quick_exits: Some(job.quick_exits).filter(|n| *n > 0),
+                backoff_seconds: Some(backoff_ms as f64 / 1000.0).filter(|_| backoff_ms > 0),
+                ..requeued("requeued by the job")
+            };
+            (JobState::Queued, Event::Requeued(detail))
         }
         ExitEffect::RequeuedLost => (
             JobState::Queued,
@@ -465,21 +487,59 @@ mod tests {
     fn the_exit_kind_follows_cancel_loss_drain_restart_and_retries_in_that_order() {
         let mut job = running();
         job.exit_code = Some(0);
-        assert_eq!(exit_kind(&job, false), ExitKind::Completed);
+        assert_eq!(exit_kind(&job, false, 100), ExitKind::Completed);
         job.state = JobState::Draining;
-        assert_eq!(exit_kind(&job, false), ExitKind::Failed { requeue: false }, "drained without the marker");
-        assert_eq!(exit_kind(&job, true), ExitKind::Completed);
+        assert_eq!(
+            exit_kind(&job, false, 100),
+            ExitKind::Failed { requeue: false },
+            "drained without the marker"
+        );
+        assert_eq!(exit_kind(&job, true, 100), ExitKind::Completed);
         job.vanished = true;
-        assert_eq!(exit_kind(&job, true), ExitKind::Lost);
+        assert_eq!(exit_kind(&job, true, 100), ExitKind::Lost);
         job.cancel_requested = true;
-        assert_eq!(exit_kind(&job, true), ExitKind::Cancelled);
+        assert_eq!(exit_kind(&job, true, 100), ExitKind::Cancelled);
         let mut failing = running();
         failing.exit_code = Some(2);
         failing.spec.max_retries = Some(1);
-        assert_eq!(exit_kind(&failing, false), ExitKind::Failed { requeue: true });
+        assert_eq!(exit_kind(&failing, false, 100), ExitKind::Failed { requeue: true });
         failing.retries = 1;
-        assert_eq!(exit_kind(&failing, false), ExitKind::Failed { requeue: false });
+        assert_eq!(exit_kind(&failing, false, 100), ExitKind::Failed { requeue: false });
         failing.spec.restart = Some("always".into());
-        assert_eq!(exit_kind(&failing, false), ExitKind::Restart);
+        assert_eq!(exit_kind(&failing, false, 100), ExitKind::Restart);
+    }
+
+    /// A job that requeues itself in a loop: each requeue after the
+    /// restart back-off when the attempt was quick, no protection earned,
+    /// and the one past the cluster's bound fails it.
+    #[test]
+    fn a_self_requeue_backs_off_earns_no_protection_and_is_bounded() {
+        let mut job = running();
+        job.ended_by = Some(EndedBy::Requeue);
+        assert_eq!(exit_kind(&job, false, 2), ExitKind::Requeue);
+        job.state = JobState::Draining;
+        assert_eq!(
+            exit_kind(&job, false, 2),
+            ExitKind::Failed { requeue: false },
+            "in a drain: its preemption"
+        );
+        job.state = JobState::Running;
+        let mut backoffs = Vec::new();
+        for _ in 0..2 {
+            job.ended_by = Some(EndedBy::Requeue);
+            job.run_started_ms = Some(10_000);
+            let ended = end_attempt(&mut job, ExitEffect::RequeuedLost, 11_000, 11_000, MIN_RUNTIME);
+            assert!(job.requeued_itself && ended.state == JobState::Queued);
+            backoffs.push(ended.backoff_ms);
+            job.state = JobState::Running;
+        }
+        assert_eq!(backoffs, [1_000, 2_000]);
+        assert_eq!(job.requeues, 2);
+        job.ended_by = Some(EndedBy::Requeue);
+        assert_eq!(exit_kind(&job, false, 2), ExitKind::Failed { requeue: false }, "past --max-requeues");
+        // A preemption gives back what a preemption earns.
+        job.state = JobState::Draining;
+        end_attempt(&mut job, ExitEffect::Requeued { preempted: true }, 12_000, 12_000, MIN_RUNTIME);
+        assert!(!job.requeued_itself);
     }
 }

@@ -101,7 +101,7 @@ impl<S: Store> Engine<S> {
             }
             return self.save(id);
         }
-        let kind = exit_kind(job, completed);
+        let kind = exit_kind(job, completed, self.config.limits.max_requeues);
         let effect = match self.core.exited(JobId(id), Attempt(attempt.attempt), kind) {
             Ok(effect) => effect,
             Err(e) => {
@@ -120,6 +120,12 @@ impl<S: Store> Engine<S> {
             }
             _ if job.ended_by == Some(EndedBy::NodeStopping) && effect == ExitEffect::RequeuedLost => {
                 Some(format!("requeued: node {node}'s agent stopped (SIGTERM) before the attempt ended"))
+            }
+            _ if job.ended_by == Some(EndedBy::Requeue)
+                && effect == ExitEffect::Failed
+                && job.state != JobState::Draining =>
+            {
+                Some(format!("requeued itself {} times, the most a job may (--max-requeues)", job.requeues))
             }
             _ if job.ended_by == Some(EndedBy::TimeLimit) && effect == ExitEffect::Failed => {
                 let limit = job.spec.time_limit_ms.map(|ms| Span(ms).human()).unwrap_or_default();

@@ -172,6 +172,16 @@ pub struct JobRecord {
     /// `Job::drilled`, restored with it).
     #[serde(default, skip_serializing_if = "is_default")]
     pub drilled_since_preempted: bool,
+    /// Times it requeued itself outside a drain (`scontrol requeue`, its
+    /// endpoint's `requeue`): each after the restart back-off when it came
+    /// quickly, at most `--max-requeues`.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub requeues: u32,
+    /// Its last attempt requeued itself: the attempts since earn no
+    /// protection as victims (the core's `Job::requeued_itself`, restored
+    /// with it).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub requeued_itself: bool,
     /// Its latest fire drill, concluded or not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drill: Option<Box<super::DrillRecord>>,
@@ -401,6 +411,8 @@ impl JobRecord {
             waiting: None,
             quick_exits: 0,
             drilled_since_preempted: false,
+            requeues: 0,
+            requeued_itself: false,
             gang_grace_until: None,
             gang_stopped: None,
             rendezvous_failed: None,

@@ -372,6 +372,9 @@ impl<S: Store> Engine<S> {
     /// Tells the core a restored job was requeued by a drill since it was
     /// last preempted, where its record says so.
     fn restore_drilled(&mut self, id: u64) -> Result<(), String> {
+        if self.jobs[&id].requeued_itself {
+            self.core.restore_requeued_itself(JobId(id)).map_err(|e| e.to_string())?;
+        }
         match self.jobs[&id].drilled_since_preempted {
             true => self.core.restore_drilled(JobId(id)).map_err(|e| e.to_string()),
             false => Ok(()),

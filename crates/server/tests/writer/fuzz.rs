@@ -237,7 +237,7 @@ fn image() -> impl Strategy<Value = (Option<String>, Option<String>)> {
 fn ended_by() -> impl Strategy<Value = Option<ebb_api::EndedBy>> {
     prop_oneof![
         8 => Just(None),
-        1 => Just(Some(ebb_api::EndedBy::Requeue)),
+        2 => Just(Some(ebb_api::EndedBy::Requeue)),
         1 => Just(Some(ebb_api::EndedBy::TimeLimit)),
         1 => Just(Some(ebb_api::EndedBy::NodeStopping)),
     ]
@@ -383,6 +383,13 @@ enum Step {
     },
     Drill {
         id: u64,
+        alice: bool,
+    },
+    /// `scancel --signal`: any number, to the batch shell or the steps.
+    Signal {
+        id: u64,
+        signal: i32,
+        batch_only: bool,
         alice: bool,
     },
     Show {
@@ -540,6 +547,8 @@ fn step() -> impl Strategy<Value = Step> {
         1 => proptest::collection::vec(submission(), 0..4).prop_map(|specs| Step::SubmitBatch { specs }),
         2 => (0u64..14, proptest::option::of(big_u64()), any::<bool>()).prop_map(|(id, grace_ms, alice)| Step::Cancel { id, grace_ms, alice }),
         2 => (0u64..14, any::<bool>()).prop_map(|(id, alice)| Step::Drill { id, alice }),
+        1 => (0u64..14, prop_oneof![4 => 1i32..65, 1 => any::<i32>()], any::<bool>(), any::<bool>())
+            .prop_map(|(id, signal, batch_only, alice)| Step::Signal { id, signal, batch_only, alice }),
         1 => (0u64..14).prop_map(|id| Step::Show { id }),
         1 => Just(Step::List),
         1 => (0u64..14, big_u64()).prop_map(|(id, offset)| Step::Log { id, offset }),
@@ -757,6 +766,10 @@ impl World {
             Step::Drill { id, alice } => {
                 let principal = self.who(alice);
                 let _ = self.call(|reply| Msg::Drill { principal, id, reply });
+            }
+            Step::Signal { id, signal, batch_only, alice } => {
+                let principal = self.who(alice);
+                let _ = self.call(|reply| Msg::Signal { principal, id, signal, batch_only, reply });
             }
             Step::Show { id } => {
                 let principal = self.admin.clone();
@@ -984,6 +997,7 @@ fn kind(step: &Step) -> &'static str {
         Step::SubmitBatch { .. } => "submit_batch",
         Step::Cancel { .. } => "cancel",
         Step::Drill { .. } => "drill",
+        Step::Signal { .. } => "signal",
         Step::Show { .. } => "show",
         Step::List => "list",
         Step::Log { .. } => "log",

@@ -177,6 +177,13 @@ fn an_attempt_ended_at_its_time_limit_fails_the_job_and_one_the_job_requeued_doe
     assert_eq!(failed["detail"]["reason"], "time limit: it ran past its limit of 1m 00s", "no retry either");
 
     ended_by(&mut api, start(requeued), 255, EndedBy::Requeue);
+    // A quick one (under 10 s) waits out the restart back-off first.
+    assert_eq!(start_all(&mut api), []);
+    let job = api.job(requeued);
+    let said = job["events"].as_array().unwrap().iter().rev().find(|e| e["kind"] == "requeued").unwrap();
+    assert_eq!(said["detail"]["backoff_seconds"], 1.0, "{said}");
+    api.env.now += 1_000;
+    api.env.tick();
     let again = start_all(&mut api);
     assert_eq!(again, [AttemptRef { job: requeued, attempt: 2 }], "back in the queue and placed again");
     let job = api.job(requeued);
@@ -184,6 +191,39 @@ fn an_attempt_ended_at_its_time_limit_fails_the_job_and_one_the_job_requeued_doe
     assert_eq!(job["usage"][0]["outcome"], "requeued", "{job}");
     let said = job["events"].as_array().unwrap().iter().rev().find(|e| e["kind"] == "requeued").unwrap();
     assert_eq!(said["detail"]["reason"], "requeued by the job (scontrol requeue)");
+}
+
+/// A job that requeues itself in a loop (35 attempts a second before):
+/// each quick requeue waits the restart back-off, doubling, and the one
+/// past `--max-requeues` fails the job with its reason.
+#[test]
+fn a_job_requeueing_itself_backs_off_and_fails_past_the_bound() {
+    let mut api = Api::new("requeue-loop", |c| c.limits.max_requeues = 3);
+    api.node("n1", "H100", 4);
+    let admin = api.admin.clone();
+    let job = api.submit(&admin, &one_gpu(json!({"max_retries": 5})));
+    let mut backoffs = Vec::new();
+    for attempt in 1..=4 {
+        let started = start_all(&mut api);
+        assert_eq!(started, [AttemptRef { job, attempt }]);
+        ended_by(&mut api, started[0], 0, EndedBy::Requeue);
+        let shown = api.job(job);
+        let last = shown["events"].as_array().unwrap().last().unwrap().clone();
+        if attempt == 4 {
+            assert_eq!(shown["state"], "failed", "{shown}");
+            assert_eq!(
+                last["detail"]["reason"],
+                "requeued itself 3 times, the most a job may (--max-requeues)"
+            );
+            break;
+        }
+        let backoff = last["detail"]["backoff_seconds"].as_f64().unwrap();
+        backoffs.push(backoff);
+        assert_eq!(start_all(&mut api), [], "placed again before its back-off");
+        api.env.now += (backoff * 1000.0) as u64;
+        api.env.tick();
+    }
+    assert_eq!(backoffs, [1.0, 2.0, 4.0]);
 }
 
 #[test]
