@@ -182,6 +182,11 @@ pub struct JobRecord {
     /// with it).
     #[serde(default, skip_serializing_if = "is_default")]
     pub requeued_itself: bool,
+    /// Random bits of its run id, drawn at submit, so that nobody can
+    /// tell another's run id from its job's number and time (0: a job of
+    /// a release before them, whose run id keeps its old form).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub run_nonce: u64,
     /// Its latest fire drill, concluded or not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drill: Option<Box<super::DrillRecord>>,
@@ -362,7 +367,19 @@ impl StoredSpec {
     }
 }
 
+/// A run id's random bits: never 0 (which marks a job without them).
+fn new_run_nonce() -> u64 {
+    let mut bytes = [0u8; 8];
+    getrandom::fill(&mut bytes).expect("the system's random source");
+    u64::from_le_bytes(bytes).max(1)
+}
+
 impl JobRecord {
+    /// The one run every attempt is part of (see [`super::launch::run_id`]).
+    pub fn run_id(&self) -> String {
+        super::launch::run_id(self.id, self.submitted_ms, self.run_nonce)
+    }
+
     /// A job just accepted: queued, never placed.
     pub fn queued(
         id: u64,
@@ -413,6 +430,7 @@ impl JobRecord {
             drilled_since_preempted: false,
             requeues: 0,
             requeued_itself: false,
+            run_nonce: new_run_nonce(),
             gang_grace_until: None,
             gang_stopped: None,
             rendezvous_failed: None,

@@ -40,7 +40,7 @@ impl<S: Store> Engine<S> {
         // such a gang, not on every start.
         let step_key =
             (slurm.is_some() && job.rendezvous.is_some()).then(crate::new_token).unwrap_or_default();
-        let run = run_id(id, job.submitted_ms);
+        let run = job.run_id();
         let start = |rank: usize, node: &str, gpus: &Vec<u8>| {
             let mut env = (*job.spec.env).clone();
             if let Some(task) = &job.array {
@@ -150,13 +150,22 @@ impl<S: Store> Engine<S> {
 
 /// The one run every attempt of job `id` is part of, for the trackers
 /// that would otherwise start a new run at each resumption: `ebb-`, the
-/// job, and its submission instant in base 36 (so that two clusters' job
-/// 7, or one cluster's after its database was made anew, are different
-/// runs). Letters, digits and dashes only, at most 38 characters: a valid
-/// run id for Weights & Biases, whose ids may not hold `/ \ # ? % :`.
-pub(crate) fn run_id(id: u64, submitted_ms: u64) -> String {
+/// job, its submission instant in base 36 (so that two clusters' job 7,
+/// or one cluster's after its database was made anew, are different
+/// runs), and 64 random bits drawn at submit (`nonce`), so that a run id
+/// cannot be guessed from what another tenant can see; a job of an
+/// earlier release (`nonce` 0) keeps the id its runs have. Letters,
+/// digits and dashes only, at most 52 characters: a valid run id for
+/// Weights & Biases, whose ids may not hold `/ \ # ? % :`.
+pub(crate) fn run_id(id: u64, submitted_ms: u64, nonce: u64) -> String {
+    match nonce {
+        0 => format!("ebb-{id}-{}", base36(submitted_ms)),
+        _ => format!("ebb-{id}-{}-{}", base36(submitted_ms), base36(nonce)),
+    }
+}
+
+fn base36(mut n: u64) -> String {
     let mut digits = Vec::new();
-    let mut n = submitted_ms;
     loop {
         digits.push(b"0123456789abcdefghijklmnopqrstuvwxyz"[(n % 36) as usize]);
         n /= 36;
@@ -165,17 +174,20 @@ pub(crate) fn run_id(id: u64, submitted_ms: u64) -> String {
         }
     }
     digits.reverse();
-    format!("ebb-{id}-{}", String::from_utf8(digits).expect("ascii"))
+    String::from_utf8(digits).expect("ascii")
 }
 
 /// `EBB_RUN_ID`, and the variables that make Weights & Biases resume that
 /// run rather than start another (`wandb.init()` reads them), unless the
-/// submission set its own.
+/// submission set its own run id: then Ebb says nothing of resuming
+/// either, so that a run id the submission chose (another's, perhaps)
+/// is resumed only if the submission itself asks.
 fn run_env(run: &str, submitted: &BTreeMap<String, String>) -> Vec<(String, String)> {
     let mut env = vec![("EBB_RUN_ID".to_string(), run.to_string())];
-    for (key, value) in [("WANDB_RUN_ID", run), ("WANDB_RESUME", "allow")] {
-        if !submitted.contains_key(key) {
-            env.push((key.to_string(), value.to_string()));
+    if !submitted.contains_key("WANDB_RUN_ID") {
+        env.push(("WANDB_RUN_ID".to_string(), run.to_string()));
+        if !submitted.contains_key("WANDB_RESUME") {
+            env.push(("WANDB_RESUME".to_string(), "allow".to_string()));
         }
     }
     env
@@ -265,10 +277,13 @@ mod tests {
 
     #[test]
     fn a_run_id_names_the_job_and_its_submission() {
-        assert_eq!(run_id(7, 0), "ebb-7-0");
-        assert_eq!(run_id(7, 35), "ebb-7-z");
-        assert_eq!(run_id(42, 1_796_360_904_317), "ebb-42-mx8iwgot");
-        assert_eq!(run_id(u64::MAX, u64::MAX), "ebb-18446744073709551615-3w5e11264sgsf");
+        assert_eq!(run_id(7, 0, 0), "ebb-7-0", "a job of an earlier release keeps its run");
+        assert_eq!(run_id(7, 35, 0), "ebb-7-z");
+        assert_eq!(run_id(42, 1_796_360_904_317, 36), "ebb-42-mx8iwgot-10");
+        assert_eq!(
+            run_id(u64::MAX, u64::MAX, u64::MAX),
+            "ebb-18446744073709551615-3w5e11264sgsf-3w5e11264sgsf"
+        );
     }
 
     #[test]
@@ -281,17 +296,23 @@ mod tests {
         let own = BTreeMap::from([("WANDB_RUN_ID".to_string(), "mine".to_string())]);
         let env: BTreeMap<String, String> = run_env("ebb-7-z", &own).into_iter().collect();
         assert_eq!(env.get("WANDB_RUN_ID"), None, "the submission's is left as it is");
-        assert_eq!(env["WANDB_RESUME"], "allow");
+        assert_eq!(env.get("WANDB_RESUME"), None, "nor is a run id it chose resumed behind its back");
         assert_eq!(env["EBB_RUN_ID"], "ebb-7-z");
+        let resume = BTreeMap::from([("WANDB_RESUME".to_string(), "never".to_string())]);
+        let env: BTreeMap<String, String> = run_env("ebb-7-z", &resume).into_iter().collect();
+        assert_eq!((env["WANDB_RUN_ID"].as_str(), env.get("WANDB_RESUME")), ("ebb-7-z", None));
     }
 
     proptest! {
-        /// Any job and instant: a short id of the allowed characters, and
-        /// two different (job, instant) pairs never share one.
+        /// Any job, instant and random bits: a short id of the allowed
+        /// characters, and two different triples never share one.
         #[test]
-        fn run_ids_are_valid_and_distinct(a in any::<(u64, u64)>(), b in any::<(u64, u64)>()) {
-            let (ra, rb) = (run_id(a.0, a.1), run_id(b.0, b.1));
-            prop_assert!(ra.len() <= 38, "{ra}");
+        fn run_ids_are_valid_and_distinct(
+            a in (any::<u64>(), any::<u64>(), prop_oneof![Just(0u64), any::<u64>()]),
+            b in (any::<u64>(), any::<u64>(), prop_oneof![Just(0u64), any::<u64>()]),
+        ) {
+            let (ra, rb) = (run_id(a.0, a.1, a.2), run_id(b.0, b.1, b.2));
+            prop_assert!(ra.len() <= 52, "{ra}");
             prop_assert!(ra.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-'), "{ra}");
             prop_assert_eq!(ra == rb, a == b);
         }

@@ -272,7 +272,7 @@ impl<S: Store> Engine<S> {
             preemptions: job.preemptions,
             retries: job.retries,
             submitted_at: rfc3339(job.submitted_ms),
-            run_id: super::launch::run_id(job.id, job.submitted_ms),
+            run_id: job.run_id(),
             placement: job
                 .placement
                 .iter()

@@ -267,7 +267,7 @@ impl<S: Store> Engine<S> {
             "tier": job.tier.as_str(),
             "state": job.state.as_str(),
             "attempt": event.attempt,
-            "run_id": super::launch::run_id(id, job.submitted_ms),
+            "run_id": job.run_id(),
         });
         let detail: serde_json::Value = serde_json::from_str(&event.event.detail_json()).unwrap_or_default();
         let what = match &job.spec.name {
