@@ -155,13 +155,19 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
         format!("{}ms", args.policy.fair_share_half_life.as_millis()),
         "--heartbeat-timeout".into(),
         format!("{}ms", args.policy.heartbeat_timeout.as_millis()),
-        "--default-run-as".into(),
-        user.clone(),
         // A cluster on one machine: its webhooks' receivers and its
         // registries are on loopback too.
         "--outbound-allow".into(),
         "127.0.0.0/8,::1".into(),
     ];
+    // Jobs run as the user who started the cluster: a personal cluster.
+    // Started by root, only the operator's own tenant's (`default`) do;
+    // every other tenant's run as a uid of its own, as `ebb server`
+    // gives them, never root.
+    match uid {
+        0 => server_args.extend(["--run-as".to_string(), format!("default={user}")]),
+        _ => server_args.extend(["--default-run-as".to_string(), user.clone()]),
+    }
     server_args.extend(registries.iter().cloned());
     if let Some(threshold) = args.policy.fair_share_preemption {
         server_args.push(format!("--fair-share-preemption={threshold}"));
@@ -259,7 +265,13 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
         server_dir.join("admin.token").display()
     );
     println!("point the CLI at it:\n  export EBB_SERVER={url} EBB_TOKEN={admin}");
-    println!("jobs run as {user} (uid {uid}), the user who started this cluster");
+    match uid {
+        0 => println!(
+            "the default tenant's jobs run as {user} (uid {uid}), who started this cluster; other tenants' \
+             as uids of their own (from 2000000, the agents' --tenant-uids), never root"
+        ),
+        _ => println!("jobs run as {user} (uid {uid}), the user who started this cluster"),
+    }
     println!("logs in {}; Ctrl-C stops the cluster", logs.display());
     for node in nodes.iter().filter(|n| drained(n)) {
         println!("{} is drained: it takes no new work (ebb undrain {} puts it back)", node.name, node.name);

@@ -5,12 +5,20 @@
 //! back. Every message is a line of JSON and carries the attempt's key
 //! (`EBB_SLURM_KEY`); one without it is dropped. A node's batch step ends
 //! when the first node's does (its registration's connection closes).
+//!
+//! The listeners are reachable by other tenants' jobs, so each is bounded
+//! ([`Bounds`]): it listens on the node's own address (the one the gang's
+//! nodes are given) rather than every interface, takes a bounded number
+//! of connections at once, closes one whose first line has not come in
+//! time or is too long, compares the key in constant time, and throws
+//! away whatever a held-open connection sends after it.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -21,6 +29,111 @@ use super::step::{self, Names};
 /// How long a node's batch step tries to reach the first node's, and
 /// `srun` waits for every node to have registered.
 const MEET: Duration = Duration::from_secs(60);
+
+/// What one listener takes from whoever connects.
+#[derive(Clone, Copy, Debug)]
+pub struct Bounds {
+    /// The longest first line (a step's request carries `srun`'s whole
+    /// environment).
+    pub line_bytes: u64,
+    /// How long the first line may take to come.
+    pub first_line: Duration,
+    /// Connections open at once; more are closed as they come.
+    pub connections: usize,
+}
+
+impl Default for Bounds {
+    fn default() -> Bounds {
+        Bounds { line_bytes: 4 << 20, first_line: Duration::from_secs(10), connections: 256 }
+    }
+}
+
+/// Accepts on `listener` within `bounds`, each connection in a thread of
+/// its own running `serve` with its first line, which came in time, was
+/// no longer than the bound and carried `key`.
+fn accept<T: serde::de::DeserializeOwned + Send + 'static>(
+    listener: TcpListener,
+    key: String,
+    bounds: Bounds,
+    serve: impl Fn(TcpStream, BufReader<TcpStream>, T) + Send + Sync + 'static,
+) {
+    let open = Arc::new(AtomicUsize::new(0));
+    let serve = Arc::new(serve);
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            if open.fetch_add(1, Ordering::SeqCst) >= bounds.connections {
+                open.fetch_sub(1, Ordering::SeqCst);
+                continue; // dropped: closed at once
+            }
+            let (open, serve, key) = (open.clone(), serve.clone(), key.clone());
+            std::thread::spawn(move || {
+                if let Some((reader, body)) = first_line::<T>(&stream, &key, bounds) {
+                    serve(stream, reader, body);
+                }
+                open.fetch_sub(1, Ordering::SeqCst);
+            });
+        }
+    });
+}
+
+/// The connection's first line as a keyed `T`, or None (and the
+/// connection dropped): late, too long, not a `T`, or another key.
+fn first_line<T: serde::de::DeserializeOwned>(
+    stream: &TcpStream,
+    key: &str,
+    bounds: Bounds,
+) -> Option<(BufReader<TcpStream>, T)> {
+    stream.set_read_timeout(Some(bounds.first_line)).ok()?;
+    let started = Instant::now();
+    let mut reader = BufReader::new(stream.try_clone().ok()?);
+    let mut line = Vec::new();
+    // One read at a time, so that a trickle of bytes cannot stretch the
+    // time the line may take.
+    while !line.ends_with(b"\n") {
+        let left = bounds.first_line.checked_sub(started.elapsed())?;
+        stream.set_read_timeout(Some(left.max(Duration::from_millis(1)))).ok()?;
+        let room = bounds.line_bytes.saturating_sub(line.len() as u64);
+        if room == 0 {
+            return None;
+        }
+        let n = (&mut reader).take(room).read_until(b'\n', &mut line).ok()?;
+        if n == 0 {
+            return None;
+        }
+    }
+    stream.set_read_timeout(None).ok()?;
+    let keyed: Keyed<T> = serde_json::from_slice(&line).ok()?;
+    same_key(&keyed.key, key).then_some((reader, keyed.body))
+}
+
+/// Whether two keys are the same, in a time that does not depend on
+/// where they differ.
+fn same_key(given: &str, key: &str) -> bool {
+    let (a, b) = (given.as_bytes(), key.as_bytes());
+    let mut differ = u8::from(a.len() != b.len());
+    for (i, byte) in b.iter().enumerate() {
+        differ |= byte ^ a.get(i).copied().unwrap_or(0);
+    }
+    differ == 0
+}
+
+/// Reads and throws away what the other end sends until it closes.
+fn until_closed(reader: &mut impl Read) {
+    let _ = std::io::copy(reader, &mut std::io::sink());
+}
+
+/// A listener on `address`'s host at `port` (the node's own address, the
+/// one the gang's nodes reach it at); on every interface where that host
+/// is not this machine's (an address behind a NAT).
+fn listen(address: &str, port: u16) -> std::io::Result<TcpListener> {
+    let host =
+        address.rsplit_once(':').map_or(address, |(h, _)| h).trim_start_matches('[').trim_end_matches(']');
+    let host = if host.is_empty() { "0.0.0.0" } else { host };
+    match TcpListener::bind((host, port)) {
+        Ok(listener) => Ok(listener),
+        Err(_) => TcpListener::bind(("0.0.0.0", port)),
+    }
+}
 
 #[derive(Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -73,39 +186,32 @@ fn send<T: Serialize>(stream: &mut TcpStream, value: &T) -> std::io::Result<()> 
 /// The first node's directory, in a thread of its batch step: nodes
 /// register, `srun`s ask.
 pub fn serve_directory(hub: &str, key: String) -> Result<(), String> {
-    let port = hub.rsplit_once(':').map(|(_, p)| p).unwrap_or(hub);
-    let listener = TcpListener::bind(format!("0.0.0.0:{port}"))
-        .map_err(|e| format!("the step directory on port {port}: {e}"))?;
-    let nodes: Arc<Mutex<BTreeMap<u32, String>>> = Arc::default();
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            let (nodes, key) = (nodes.clone(), key.clone());
-            std::thread::spawn(move || directory_client(stream, &nodes, &key));
-        }
-    });
-    Ok(())
+    serve_directory_within(hub, key, Bounds::default()).map(|_| ())
 }
 
-fn directory_client(stream: TcpStream, nodes: &Mutex<BTreeMap<u32, String>>, key: &str) {
-    let mut reader = BufReader::new(match stream.try_clone() {
-        Ok(s) => s,
-        Err(_) => return,
+/// [`serve_directory`] within `bounds`; the port it listens on.
+fn serve_directory_within(hub: &str, key: String, bounds: Bounds) -> Result<u16, String> {
+    let port: u16 = hub.rsplit_once(':').map_or(hub, |(_, p)| p).parse().unwrap_or(0);
+    let listener = listen(hub, port).map_err(|e| format!("the step directory on port {port}: {e}"))?;
+    let port = listener.local_addr().map(|a| a.port()).map_err(|e| e.to_string())?;
+    let nodes: Arc<Mutex<BTreeMap<u32, String>>> = Arc::default();
+    accept(listener, key, bounds, move |stream, mut reader, hello: Hello| {
+        directory_client(stream, &mut reader, &nodes, hello)
     });
-    let mut line = String::new();
-    if reader.read_line(&mut line).is_err() {
-        return;
-    }
-    let Ok(hello) = serde_json::from_str::<Keyed<Hello>>(&line) else { return };
-    if hello.key != key {
-        return;
-    }
-    let mut stream = stream;
-    match hello.body {
+    Ok(port)
+}
+
+fn directory_client(
+    mut stream: TcpStream,
+    reader: &mut BufReader<TcpStream>,
+    nodes: &Mutex<BTreeMap<u32, String>>,
+    hello: Hello,
+) {
+    match hello {
         Hello::Register { node, at } => {
             nodes.lock().expect("directory").insert(node, at);
             // Held open: the node's batch step ends when this one does.
-            let mut rest = Vec::new();
-            let _ = std::io::Read::read_to_end(&mut reader, &mut rest);
+            until_closed(reader);
         }
         Hello::Directory { nodes: wanted } => {
             let deadline = Instant::now() + MEET;
@@ -153,8 +259,8 @@ pub fn node_step(steps: &Path, to_batch: bool) -> ! {
     if let Err(e) = waited.thread_block() {
         fail(format!("cannot block signals: {e}"));
     }
-    let listener =
-        TcpListener::bind("0.0.0.0:0").unwrap_or_else(|e| fail(format!("cannot listen for steps: {e}")));
+    let listener = listen(&get("EBB_SLURM_ADDRESS"), 0)
+        .unwrap_or_else(|e| fail(format!("cannot listen for steps: {e}")));
     let port = listener.local_addr().map(|a| a.port()).unwrap_or_else(|e| fail(e.to_string()));
     let at = format!("{}:{port}", get("EBB_SLURM_ADDRESS"));
     let deadline = Instant::now() + MEET;
@@ -169,16 +275,12 @@ pub fn node_step(steps: &Path, to_batch: bool) -> ! {
     send(&mut registration, &hello).unwrap_or_else(|e| fail(e.to_string()));
     // The first node's batch step is gone: so is this one.
     std::thread::spawn(move || {
-        let mut rest = Vec::new();
-        let _ = std::io::Read::read_to_end(&mut registration, &mut rest);
+        until_closed(&mut registration);
         std::process::exit(0);
     });
     let steps_dir = steps.to_path_buf();
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            let (key, steps, env) = (key.clone(), steps_dir.clone(), env.clone());
-            std::thread::spawn(move || run_remote_step(stream, &key, &steps, &env));
-        }
+    accept(listener, key, Bounds::default(), move |stream, reader, request: StepRequest| {
+        run_remote_step(stream, reader, request, &steps_dir, &env)
     });
     loop {
         match step::next_signal(&waited) {
@@ -209,18 +311,16 @@ fn node_own(name: &str) -> bool {
 }
 
 /// One step's tasks on this node, for the `srun` at the other end.
-fn run_remote_step(stream: TcpStream, key: &str, steps: &Path, own_env: &BTreeMap<String, String>) {
-    let Ok(read_half) = stream.try_clone() else { return };
-    let mut reader = BufReader::new(read_half);
-    let mut line = String::new();
-    if reader.read_line(&mut line).is_err() {
+fn run_remote_step(
+    stream: TcpStream,
+    mut reader: BufReader<TcpStream>,
+    request: StepRequest,
+    steps: &Path,
+    own_env: &BTreeMap<String, String>,
+) {
+    if request.argv.is_empty() {
         return;
     }
-    let Ok(request) = serde_json::from_str::<Keyed<StepRequest>>(&line) else { return };
-    if request.key != key {
-        return;
-    }
-    let request = request.body;
     let out = Arc::new(Mutex::new(stream));
     let emit = |event: StepEvent| {
         let _ = send(&mut out.lock().expect("step stream"), &event);
@@ -286,8 +386,7 @@ fn run_remote_step(stream: TcpStream, key: &str, steps: &Path, own_env: &BTreeMa
     // The srun at the other end gone: its tasks here go too.
     let pids_for_kill: Vec<i32> = children.iter().map(|(_, c)| c.id() as i32).collect();
     std::thread::spawn(move || {
-        let mut rest = Vec::new();
-        let _ = std::io::Read::read_to_end(&mut reader, &mut rest);
+        until_closed(&mut reader);
         for pid in pids_for_kill {
             // SAFETY: kill with plain numbers.
             unsafe {
@@ -329,4 +428,99 @@ pub fn follow(stream: TcpStream, tasks: usize, mut event: impl FnMut(StepEvent))
         }
     }
     Err("a node's step ended before its tasks did".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Reads until the other end closes (Some(bytes read)) or `within`
+    /// passes (None).
+    fn closed_within(stream: &mut TcpStream, within: Duration) -> Option<usize> {
+        stream.set_read_timeout(Some(within)).unwrap();
+        let mut buf = [0u8; 4096];
+        let mut total = 0;
+        loop {
+            match stream.read(&mut buf) {
+                Ok(0) => return Some(total),
+                Ok(n) => total += n,
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return Some(total),
+                Err(_) => return None,
+            }
+        }
+    }
+
+    fn keyed(key: &str, hello: &Hello) -> Vec<u8> {
+        let mut line = serde_json::to_vec(&Keyed { key: key.to_string(), body: hello }).unwrap();
+        line.push(b'\n');
+        line
+    }
+
+    /// Another tenant's job at a batch step's listener: a line without end
+    /// (it grew a step to 795 MB), nothing at all, the wrong key, or a
+    /// thousand connections (threads) at once. Each is dropped, and the
+    /// gang's own nodes still meet.
+    #[test]
+    fn a_listener_drops_endless_silent_and_unkeyed_lines_and_bounds_its_connections() {
+        let bounds = Bounds { line_bytes: 1024, first_line: Duration::from_millis(500), connections: 4 };
+        let port = serve_directory_within("127.0.0.1:0", "k".repeat(32), bounds).unwrap();
+        let at = format!("127.0.0.1:{port}");
+
+        let mut endless = TcpStream::connect(&at).unwrap();
+        let sent = (0..64).take_while(|_| endless.write_all(&[b'x'; 4096]).is_ok()).count();
+        assert!(
+            sent < 64 || closed_within(&mut endless, Duration::from_secs(5)).is_some(),
+            "an endless line is cut"
+        );
+
+        let mut silent = TcpStream::connect(&at).unwrap();
+        assert!(
+            closed_within(&mut silent, Duration::from_secs(5)).is_some(),
+            "a silent connection is closed"
+        );
+
+        let mut unkeyed = TcpStream::connect(&at).unwrap();
+        unkeyed.write_all(&keyed(&"x".repeat(32), &Hello::Directory { nodes: 1 })).unwrap();
+        assert_eq!(closed_within(&mut unkeyed, Duration::from_secs(5)), Some(0), "another key gets nothing");
+
+        // Four held open (within their first line's time), a fifth closed at once.
+        let held: Vec<TcpStream> = (0..4).map(|_| TcpStream::connect(&at).unwrap()).collect();
+        std::thread::sleep(Duration::from_millis(50));
+        let mut fifth = TcpStream::connect(&at).unwrap();
+        let started = Instant::now();
+        assert!(closed_within(&mut fifth, Duration::from_secs(5)).is_some());
+        assert!(started.elapsed() < Duration::from_millis(400), "the fifth waited {:?}", started.elapsed());
+        drop(held);
+        std::thread::sleep(Duration::from_millis(100));
+
+        // The gang's own: a node registers, srun asks, the directory answers.
+        let mut node = TcpStream::connect(&at).unwrap();
+        node.write_all(&keyed(&"k".repeat(32), &Hello::Register { node: 1, at: "10.0.0.2:7".into() }))
+            .unwrap();
+        let known = wait_for_directory(&at, &"k".repeat(32));
+        assert_eq!(known.get(&1).map(String::as_str), Some("10.0.0.2:7"));
+        // What a registration sends afterwards is thrown away, not kept.
+        for _ in 0..256 {
+            node.write_all(&[b'y'; 4096]).unwrap();
+        }
+    }
+
+    fn wait_for_directory(at: &str, key: &str) -> BTreeMap<u32, String> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match directory(at, key, 2) {
+                Ok(known) => return known,
+                Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+
+    #[test]
+    fn keys_compare_equal_only_when_equal() {
+        assert!(same_key("abc", "abc"));
+        for other in ["abd", "ab", "abcd", "", "ABC"] {
+            assert!(!same_key(other, "abc"), "{other}");
+        }
+    }
 }

@@ -200,3 +200,47 @@ fn ebb_up_restarted_with_a_drained_node_comes_up_and_says_so() {
     wait_for("the cluster to end", Duration::from_secs(5), || processes_of(&dir).is_empty().then_some(()));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `ebb up` started by root ran every tenant's jobs as root. Now only the
+/// operator's own tenant's do (`default`, the admin token's); another
+/// tenant's run as a uid of its own, never root. (Run by another user,
+/// every job runs as that user, and this says nothing new.)
+#[test]
+fn a_root_ebb_up_runs_other_tenants_jobs_as_their_own_uids() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("not root: an ebb up of this user runs every job as this user");
+        return;
+    }
+    let dir = scratch("root-up");
+    let mut up = Up::start(&dir);
+    up.says("other tenants' as uids of their own");
+    let created = up.ebb(&["tenant", "create", "bob", "--json"]);
+    assert!(created.status.success(), "{}", String::from_utf8_lossy(&created.stderr));
+    let bob: Value = serde_json::from_slice(&created.stdout).unwrap();
+    let bob_token = bob["token"].as_str().unwrap().to_string();
+    let uid_of = |token: Option<&str>| -> u32 {
+        let mut submit = Command::new(ebb_exe());
+        submit.args(["submit", "--json", "--", "sh", "-c", "id -u"]).envs(up.env.clone());
+        if let Some(token) = token {
+            submit.env("EBB_TOKEN", token);
+        }
+        let out = submit.output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let id = serde_json::from_slice::<Value>(&out.stdout).unwrap()["id"].as_u64().unwrap().to_string();
+        wait_for("the job to finish", Duration::from_secs(30), || {
+            let mut logs = Command::new(ebb_exe());
+            logs.args(["logs", &id]).envs(up.env.clone());
+            let shown: Value = serde_json::from_slice(&up.ebb(&["show", &id, "--json"]).stdout).ok()?;
+            (shown["state"] == "succeeded").then_some(())?;
+            String::from_utf8_lossy(&logs.output().ok()?.stdout).trim().parse().ok()
+        })
+    };
+    assert_eq!(uid_of(None), 0, "the operator's own jobs run as whoever started the cluster");
+    let bobs = uid_of(Some(&bob_token));
+    eprintln!("bob's job ran as uid {bobs}");
+    assert!(bobs >= 2_000_000, "bob's job ran as uid {bobs}");
+    up.child.kill().unwrap();
+    up.child.wait().unwrap();
+    wait_for("the cluster to end", Duration::from_secs(5), || processes_of(&dir).is_empty().then_some(()));
+    let _ = std::fs::remove_dir_all(&dir);
+}
