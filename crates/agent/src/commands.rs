@@ -202,10 +202,22 @@ impl<S: Supervisor> Agent<S> {
                 }
                 start.attempt
             }
-            Action::Drain(drain) => drain.attempt,
-            Action::Stop { attempt, .. } => {
-                // A start held back for its GPUs goes without starting.
+            Action::Drain(drain) => {
+                // A start still pulling its image goes without starting:
+                // the pull would hold the GPUs past the deadline.
+                let why = "drained while its image was being pulled: not started";
+                self.supervisor.abandon(drain.attempt, why);
+                drain.attempt
+            }
+            Action::Stop { attempt, notice, .. } => {
+                // A start held back for its GPUs, or still pulling its
+                // image, goes without starting.
                 self.supervisor.withdraw(*attempt);
+                let why = match notice {
+                    Some(_) => "cancelled while its image was being pulled: not started",
+                    None => "stopped while its image was being pulled: not started",
+                };
+                self.supervisor.abandon(*attempt, why);
                 *attempt
             }
             Action::Signal { attempt, signal, batch_only } => {
@@ -470,6 +482,44 @@ mod tests {
         until("B's exit", || fake.delivered().iter().any(exited)).await;
         until("B let go", let_go(B)).await;
         assert!(!agent.supervisor.ops().contains(&Op::Start(B)));
+    }
+
+    /// A registry that trickles its layers held a whole cluster's GPUs:
+    /// the cancel printed `stopping` and nothing stopped until the pull
+    /// was done; a drain's deadline passed. A stop, a cancel or a drain
+    /// now gives up a start still pulling, at once: it ends not started.
+    #[tokio::test]
+    async fn a_cancel_or_a_drain_gives_up_a_start_still_pulling_its_image() {
+        let fake = Arc::new(FakeServer::default());
+        let agent = testing::agent(fake.clone(), "abandon-pull").await;
+        agent.supervisor.pull_starts();
+        agent.supervisor.open_starts(false);
+        let now = now_ms();
+        let notice = ebb_api::StopNotice { notice_at_ms: now, deadline_ms: now + 60_000 };
+        let drain = DrainAttempt {
+            attempt: B,
+            notice_at_ms: now,
+            deadline_ms: now + 60_000,
+            reason: "preempted".into(),
+        };
+        fake.commands.lock().unwrap().extend([
+            start_of(A),
+            start_of(B),
+            Action::Stop { attempt: A, grace_ms: 10_000, notice: Some(notice) },
+            Action::Drain(drain),
+        ]);
+        let ended = |a: AttemptRef, said: &'static str| move |e: &AgentEvent| matches!(e, AgentEvent::Exited { attempt, start_error: Some(why), .. } if *attempt == a && why.contains(said));
+        until("A's exit", || {
+            fake.delivered().iter().any(ended(A, "cancelled while its image was being pulled"))
+        })
+        .await;
+        until("B's exit", || {
+            fake.delivered().iter().any(ended(B, "drained while its image was being pulled"))
+        })
+        .await;
+        agent.supervisor.open_starts(true);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(agent.supervisor.ops().is_empty(), "nothing started: {:?}", agent.supervisor.ops());
     }
 
     #[tokio::test]

@@ -42,6 +42,77 @@ pub struct ImageConfig {
     /// image may take as it is unpacked (`--image-max-expansion`).
     pub cache: ebb_image::Limits,
     pub registries: ebb_image::Registries,
+    /// How long a pull may take, and how slowly (`--pull-timeout`,
+    /// `--pull-min-speed`).
+    pub pull: PullLimits,
+}
+
+/// What one pull may take: a pull holds its attempt's GPUs, unbilled (a
+/// pull is not metered), so it is bounded in time and in speed, and a
+/// registry that trickles a byte every few seconds (which keeps a read
+/// timeout alive) is given up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PullLimits {
+    /// The whole pull, download and unpack.
+    pub timeout: std::time::Duration,
+    /// The least a download must bring in each `window`, in bytes a
+    /// second (0: no floor).
+    pub min_bytes_per_s: u64,
+    pub window: std::time::Duration,
+}
+
+impl Default for PullLimits {
+    fn default() -> PullLimits {
+        PullLimits {
+            timeout: std::time::Duration::from_secs(600),
+            min_bytes_per_s: 512 << 10,
+            window: std::time::Duration::from_secs(30),
+        }
+    }
+}
+
+impl PullLimits {
+    /// Runs `pull`, giving it up past the timeout or when `done()` (bytes
+    /// downloaded so far; `u64::MAX` once the download is over) grows
+    /// less than the floor over a window. Err says which.
+    pub async fn watch<T>(
+        &self,
+        pull: impl std::future::Future<Output = T>,
+        done: impl Fn() -> u64,
+    ) -> Result<T, String> {
+        tokio::pin!(pull);
+        let deadline = tokio::time::sleep(self.timeout);
+        tokio::pin!(deadline);
+        let mut windows = tokio::time::interval(self.window);
+        windows.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        windows.tick().await; // the first is now
+        let mut before = done();
+        let floor = self.min_bytes_per_s.saturating_mul(self.window.as_secs().max(1));
+        loop {
+            tokio::select! {
+                pulled = &mut pull => return Ok(pulled),
+                _ = &mut deadline => {
+                    return Err(format!(
+                        "the pull took longer than {}s (the node's --pull-timeout); given up, not started",
+                        self.timeout.as_secs()
+                    ));
+                }
+                _ = windows.tick() => {
+                    let now = done();
+                    if now != u64::MAX && self.min_bytes_per_s > 0 && now.saturating_sub(before) < floor {
+                        return Err(format!(
+                            "the registry sent {} in {}s, under the node's --pull-min-speed of {}/s; \
+                             given up, not started",
+                            ebb_core::bytes_text(now.saturating_sub(before)),
+                            self.window.as_secs(),
+                            ebb_core::bytes_text(self.min_bytes_per_s)
+                        ));
+                    }
+                    before = now;
+                }
+            }
+        }
+    }
 }
 
 /// A container's bundle under the attempt's run directory.
@@ -526,6 +597,52 @@ fn mirror(status: nix::sys::wait::WaitStatus) -> ! {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A pull downloading under the floor over a window is given up; one
+    /// over it, or past its download (unpacking), is not; none outlives
+    /// the timeout.
+    #[tokio::test(start_paused = true)]
+    async fn a_pull_is_given_up_past_its_time_or_under_its_speed() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        use std::time::Duration;
+        let limits = PullLimits {
+            timeout: Duration::from_secs(300),
+            min_bytes_per_s: 1000,
+            window: Duration::from_secs(30),
+        };
+        let done = std::sync::Arc::new(AtomicU64::new(0));
+        // A byte every few seconds: a read timeout never fires.
+        let trickle = {
+            let done = done.clone();
+            async move {
+                loop {
+                    tokio::time::sleep(Duration::from_secs(3)).await;
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        };
+        let e = limits.watch(trickle, || done.load(Ordering::Relaxed)).await.unwrap_err();
+        assert!(e.contains(" B in 30s, under the node's --pull-min-speed of 1000 B/s"), "{e}");
+
+        let fast = std::sync::Arc::new(AtomicU64::new(0));
+        let steady = {
+            let fast = fast.clone();
+            async move {
+                for _ in 0..100 {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    fast.fetch_add(2000, Ordering::Relaxed);
+                }
+                fast.store(u64::MAX, Ordering::Relaxed); // downloaded; unpacking
+                tokio::time::sleep(Duration::from_secs(120)).await;
+                "pulled"
+            }
+        };
+        assert_eq!(limits.watch(steady, || fast.load(Ordering::Relaxed)).await, Ok("pulled"));
+
+        let endless = std::future::pending::<()>();
+        let e = limits.watch(endless, || u64::MAX).await.unwrap_err();
+        assert!(e.contains("longer than 300s"), "{e}");
+    }
 
     fn who() -> Identity {
         Identity {

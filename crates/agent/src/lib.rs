@@ -43,7 +43,7 @@ pub mod tls;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-pub use container::ImageConfig;
+pub use container::{ImageConfig, PullLimits};
 use std::sync::Arc;
 use std::time::Duration;
 

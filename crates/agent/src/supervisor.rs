@@ -88,6 +88,14 @@ pub(crate) trait Supervisor: Send + Sync + 'static {
         false
     }
 
+    /// Gives up a start still pulling its image (a stop, a cancel or a
+    /// drain came): its start fails saying `why`, and nothing runs. False
+    /// if it is not pulling.
+    fn abandon(&self, attempt: AttemptRef, why: &str) -> bool {
+        let _ = (attempt, why);
+        false
+    }
+
     /// Starts an attempt; returns once its process runs, having reported
     /// the start, and reports its output and exit as they come. An error
     /// says why it could not start: then nothing runs and nothing was
@@ -197,6 +205,8 @@ pub(crate) struct Processes {
     /// Starts held back until their GPUs are free, from their command
     /// until their process runs, and whether each has been withdrawn.
     waiting: Mutex<HashMap<AttemptRef, bool>>,
+    /// Starts pulling their image, each with what gives it up.
+    pulling: Mutex<HashMap<AttemptRef, watch::Sender<Option<String>>>>,
     /// Notices' files, made ahead.
     notice_files: dirs::NoticeFiles,
 }
@@ -281,6 +291,7 @@ impl Processes {
             slurm_commands: std::sync::OnceLock::new(),
             gpus: holds::GpuHolds::default(),
             waiting: Mutex::new(HashMap::new()),
+            pulling: Mutex::new(HashMap::new()),
         }
     }
 
@@ -351,7 +362,7 @@ impl Processes {
         let port = listener.local_addr().map_err(|e| format!("metadata endpoint: {e}"))?.port();
         let secret = metadata::Secret::new()?;
         let image = match &s.image {
-            Some(image) => Some(self.pull(s.attempt, image).await?),
+            Some(image) => Some(self.pull_unless_abandoned(s.attempt, image).await?),
             None => None,
         };
         let this = self.clone();
@@ -541,9 +552,31 @@ impl Processes {
         })
     }
 
+    /// [`Processes::pull`], given up when a stop, a cancel or a drain
+    /// comes for the attempt meanwhile ([`Supervisor::abandon`]): a pull
+    /// holds its GPUs, and must end as a running attempt would.
+    async fn pull_unless_abandoned(
+        &self,
+        a: AttemptRef,
+        image: &ebb_api::StartImage,
+    ) -> Result<ebb_image::Lease, String> {
+        let (abandon, mut abandoned) = watch::channel(None);
+        self.pulling.lock().expect("pulling").insert(a, abandon);
+        let pulled = tokio::select! {
+            pulled = self.pull(a, image) => pulled,
+            why = abandoned.wait_for(Option::is_some) => {
+                Err(why.map(|w| w.clone().unwrap_or_default()).unwrap_or_default())
+            }
+        };
+        self.pulling.lock().expect("pulling").remove(&a);
+        pulled
+    }
+
     /// Holds the attempt's image, pulling it first where the node's cache
     /// lacks it; the pull's progress is reported as it goes (at most once
-    /// a second), and its end in any case.
+    /// a second), and its end in any case. A pull that takes longer than
+    /// `--pull-timeout`, or downloads slower than `--pull-min-speed` over
+    /// a window, is given up.
     async fn pull(&self, a: AttemptRef, image: &ebb_api::StartImage) -> Result<ebb_image::Lease, String> {
         let cache = self.images.as_ref().map_err(|why| format!("image {}: {why}", image.reference))?;
         let login = image
@@ -566,9 +599,23 @@ impl Processes {
                 });
             }
         };
-        let lease = cache
-            .acquire(&image.reference, &image.digest, login.as_ref(), progress)
+        let limits = self.config.images.pull;
+        let downloaded = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counted = downloaded.clone();
+        let progress = {
+            let mut progress = progress;
+            move |p: ebb_image::Progress| {
+                // Done is the download's: an unpack after it is local work.
+                let moving = if p.done >= p.total { u64::MAX } else { p.done };
+                counted.store(moving, std::sync::atomic::Ordering::Relaxed);
+                progress(p)
+            }
+        };
+        let acquire = cache.acquire(&image.reference, &image.digest, login.as_ref(), progress);
+        let lease = limits
+            .watch(acquire, || downloaded.load(std::sync::atomic::Ordering::Relaxed))
             .await
+            .map_err(|why| format!("image {}: {why}", image.reference))?
             .map_err(|e| e.to_string())?;
         tracing::info!(
             job = a.job,
@@ -951,6 +998,16 @@ impl Supervisor for Processes {
                 *withdrawn = true;
                 drop(waiting);
                 self.gpus.wake();
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn abandon(&self, attempt: AttemptRef, why: &str) -> bool {
+        match self.pulling.lock().expect("pulling").get(&attempt) {
+            Some(abandon) => {
+                abandon.send_replace(Some(why.to_string()));
                 true
             }
             None => false,

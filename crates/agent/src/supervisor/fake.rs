@@ -50,6 +50,11 @@ struct State {
     refuse_starts: Option<String>,
     /// Starts held back, and whether each was withdrawn.
     held: BTreeMap<AttemptRef, bool>,
+    /// Starts that wait (`open_starts(false)`) are pulling their image,
+    /// and may be abandoned.
+    pulling: bool,
+    /// Pulls abandoned, and why.
+    abandoned: BTreeMap<AttemptRef, String>,
 }
 
 impl Drop for FakeSupervisor {
@@ -112,6 +117,12 @@ impl FakeSupervisor {
         self.starts_open.send_replace(open);
     }
 
+    /// Starts that wait are pulling their image: a stop or a drain gives
+    /// them up.
+    pub(crate) fn pull_starts(&self) {
+        self.state.lock().unwrap().pulling = true;
+    }
+
     /// Every start fails, saying `why`.
     pub(crate) fn refuse_starts(&self, why: &str) {
         self.state.lock().unwrap().refuse_starts = Some(why.to_string());
@@ -155,11 +166,26 @@ impl Supervisor for FakeSupervisor {
         self.state.lock().unwrap().held.get_mut(&attempt).map(|w| *w = true).is_some()
     }
 
+    fn abandon(&self, attempt: AttemptRef, why: &str) -> bool {
+        let mut state = self.state.lock().unwrap();
+        let pulling = state.pulling && !*self.starts_open.borrow() && !state.running.contains_key(&attempt);
+        if pulling {
+            state.abandoned.insert(attempt, why.to_string());
+        }
+        pulling
+    }
+
     fn start(self: &Arc<Self>, start: StartAttempt) -> impl Future<Output = Result<(), String>> + Send {
         let fake = self.clone();
         async move {
-            let _ = fake.starts_open.subscribe().wait_for(|open| *open).await;
             let a = start.attempt;
+            let mut open = fake.starts_open.subscribe();
+            while !*open.borrow_and_update() {
+                if let Some(why) = fake.state.lock().unwrap().abandoned.remove(&a) {
+                    return Err(why);
+                }
+                let _ = tokio::time::timeout(Duration::from_millis(5), open.changed()).await;
+            }
             {
                 let mut state = fake.state.lock().unwrap();
                 if let Some(why) = &state.refuse_starts {

@@ -115,6 +115,15 @@ pub struct AgentArgs {
     /// error that names the image, before it fills the cache.
     #[arg(long, value_name = "RATIO", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
     pub image_max_expansion: u64,
+    /// How long one image's pull (download and unpack) may take: a pull
+    /// holds its attempt's GPUs and is not billed, so one past this is
+    /// given up and the attempt ends without starting.
+    #[arg(long, default_value = "10m", value_parser = parse_span)]
+    pub pull_timeout: Span,
+    /// The least a pull must download a second, averaged over 30 s; a
+    /// registry slower than this is given up (0: no floor).
+    #[arg(long, value_name = "BYTES", default_value = "512KiB", value_parser = ebb_agent::output::parse_bytes)]
+    pub pull_min_speed: u64,
     #[command(flatten)]
     pub registries: RegistryArgs,
     /// The node's CDI spec for its GPUs, as `nvidia-ctk cdi generate
@@ -325,6 +334,11 @@ pub async fn agent(args: AgentArgs) -> Result<(), String> {
             cache: ebb_image::Limits {
                 max_expansion: args.image_max_expansion,
                 ..ebb_image::Limits::within(args.image_cache_size)
+            },
+            pull: ebb_agent::PullLimits {
+                timeout: std::time::Duration::from_millis(args.pull_timeout.as_millis()),
+                min_bytes_per_s: args.pull_min_speed,
+                ..ebb_agent::PullLimits::default()
             },
             registries: args.registries.registries(),
         },

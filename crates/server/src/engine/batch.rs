@@ -269,6 +269,15 @@ impl<S: Store> Engine<S> {
         let graced: BTreeSet<(u64, u64)> = self.gang_graces.iter().map(|(at, id)| (*id, *at)).collect();
         let finished: BTreeSet<u64> = self.finished_jobs.iter().map(|(_, id)| *id).collect();
         for (id, job) in &self.jobs {
+            if let Some(entry) = super::exits::unstarted_entry(job).filter(|(at, ..)| *at > self.now) {
+                if !self.unstarted.contains(&entry) {
+                    return Err(format!(
+                        "job {id}: not started by a deadline, and not in the set: {entry:?}"
+                    ));
+                }
+            }
+        }
+        for (id, job) in &self.jobs {
             let open = job.deadline.as_ref().is_some_and(|d| d.promoted.is_none());
             if open && !job.state.is_final() && job.tier == Tier::Preemptible && !judged.contains(id) {
                 return Err(format!("job {id}: a deadline not yet met, and no time to judge it"));

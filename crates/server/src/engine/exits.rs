@@ -4,6 +4,27 @@
 use super::ending::{end_attempt, exit_kind, EndNote, STOP_GRACE_MS};
 use super::*;
 
+/// How long after its deadline an attempt that never started (its node
+/// still pulling its image) is ended by the server, whatever its agent
+/// says: the agent's own kill at the deadline, and its report, come first.
+pub const UNSTARTED_GRACE_MS: u64 = 5_000;
+
+/// Where `job`'s live attempt, drained or cancelled and not yet started,
+/// is due to be ended by the server; None if it started, or has no
+/// notice.
+pub(super) fn unstarted_entry(job: &JobRecord) -> Option<(u64, u64, u32)> {
+    if job.run_started_ms.is_some() || job.running_on.is_empty() || !job.state.is_live() {
+        return None;
+    }
+    let drain = job.notice.as_ref().map(|n| n.1);
+    let cancel = job.cancel_notice.map(|c| c.1);
+    let deadline = match (drain, cancel) {
+        (Some(d), Some(c)) => d.min(c),
+        (d, c) => d.or(c)?,
+    };
+    Some((deadline.saturating_add(UNSTARTED_GRACE_MS), job.id, job.attempt))
+}
+
 impl<S: Store> Engine<S> {
     /// One node's processes of an attempt are gone (at `at_ms` by the
     /// agent's clock); when the last node's are, the attempt has ended.
@@ -195,6 +216,48 @@ impl<S: Store> Engine<S> {
         Ok(())
     }
 
+    /// Attempts drained or cancelled before they started, whose deadline
+    /// (and grace) has passed with no exit from their nodes: ended here,
+    /// as lost with those nodes' parts, so that their GPUs go to whoever
+    /// waits. A start the agent reports later is a stale attempt's, and
+    /// killed.
+    pub(super) fn end_unstarted(&mut self, now: u64) -> Written {
+        while let Some(&(until_ms, id, attempt)) = self.unstarted.first() {
+            if until_ms > now {
+                break;
+            }
+            self.unstarted.pop_first();
+            let Some(job) = self.jobs.get(&id) else { continue };
+            if job.attempt != attempt || unstarted_entry(job) != Some((until_ms, id, attempt)) {
+                continue; // it started, ended, or has another deadline
+            }
+            let deadline = until_ms - UNSTARTED_GRACE_MS;
+            let why =
+                "not started by its deadline (its node was still preparing it, e.g. pulling its image): \
+                       ended by the server";
+            tracing::warn!(job = id, attempt, "{why}");
+            let a = AttemptRef { job: id, attempt };
+            for node in job.running_on.clone() {
+                self.outbox.push(&node, Action::Stop { attempt: a, grace_ms: 0, notice: None });
+                let exit = PartExit {
+                    code: None,
+                    signal: None,
+                    completed: false,
+                    vanished: true,
+                    peak_memory_bytes: None,
+                    start_error: Some(why.to_string()),
+                    port_in_use: None,
+                    ended_by: None,
+                };
+                if !self.jobs.get(&id).is_some_and(|j| j.attempt == attempt && j.running_on.contains(&node)) {
+                    break;
+                }
+                self.part_exited(&node, a, exit, deadline, now)?;
+            }
+        }
+        Ok(())
+    }
+
     /// The live attempt of job `id` ended at `end_ms` with `effect` (the
     /// core knows already): the record, its usage record, the event (with
     /// `note` in its detail), the tenant's load and a restart's back-off.
@@ -241,6 +304,18 @@ impl<S: Store> Engine<S> {
             self.finished(id)?;
         }
         self.save(id)?;
+        if ended.state == JobState::Queued && self.jobs[&id].cancel_requested {
+            // Its cancel stands: an attempt lost with its node while it
+            // was being cancelled does not run again.
+            return match self.cancel(id, &ebb_api::CancelRequest::default(), now) {
+                Ok(_) => Ok(()),
+                Err(Fail::Store(e)) => Err(e),
+                Err(Fail::Refused(e)) => {
+                    tracing::error!(job = id, "its cancel could not stand: {}", e.message);
+                    Ok(())
+                }
+            };
+        }
         // Back in the queue, it may no longer have the time to wait.
         self.judge_deadline(id, now)
     }

@@ -316,6 +316,9 @@ impl<S: Store> Engine<S> {
                 if let Some(deadline) = cancel_deadline(job, grace_ms, now) {
                     job.cancel_requested = true;
                     job.cancel_notice = Some((now, deadline));
+                    if let Some(entry) = super::exits::unstarted_entry(job) {
+                        self.unstarted.insert(entry);
+                    }
                     let stop = cancel_stop(job, AttemptRef { job: id, attempt: job.attempt }, now);
                     for node in job.running_on.clone() {
                         self.outbox.push(&node, stop.clone());

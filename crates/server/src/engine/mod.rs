@@ -73,6 +73,7 @@ use credentials::write_secret;
 pub use deadline::{Deadline, Progress, Promotion, RESTART_ALLOWANCE_MS};
 pub use drill::{DrillExit, DrillRecord, NextAttempt, Resume, LOST_WORK_TOLERANCE};
 pub use ending::STOP_GRACE_MS;
+pub use exits::UNSTARTED_GRACE_MS;
 use job::TenantLoad;
 pub use job::{restart_backoff_ms, CheckpointStats, JobRecord, JobState, StoredSpec, Waiting, QUICK_EXIT_MS};
 pub use lines::{Lines, QuietPoll};
@@ -547,6 +548,10 @@ pub struct Engine<S: Store> {
     /// Gangs one of whose parts exited 0, by when the rest are stopped if
     /// they have not exited (`JobRecord::gang_grace_until`).
     gang_graces: BTreeSet<(u64, u64)>,
+    /// Attempts drained or cancelled before they started (pulling their
+    /// image), by when the server ends them whatever their agent says:
+    /// their deadline and [`exits::UNSTARTED_GRACE_MS`] (when, job, attempt).
+    unstarted: BTreeSet<(u64, u64, u32)>,
     /// Queued jobs at their dependencies' or their array's gate.
     gates: gates::Gates,
     /// How much of each unfinished job's log is committed, once output came.

@@ -29,6 +29,7 @@ impl<S: Store> Engine<S> {
     pub(super) fn schedule(&mut self, now: u64) -> Written {
         self.end_backoffs(now)?;
         self.end_gang_graces(now)?;
+        self.end_unstarted(now)?;
         self.check_deadlines(now)?;
         self.hear_silent(now)?;
         let mut starts = 0;
@@ -136,6 +137,9 @@ impl<S: Store> Engine<S> {
         let job = self.jobs.get_mut(&id).expect("known job");
         job.state = JobState::Draining;
         job.notice = Some((d.notice_at.0, d.deadline.0, reason.clone()));
+        if let Some(entry) = super::exits::unstarted_entry(job) {
+            self.unstarted.insert(entry);
+        }
         let attempt = AttemptRef { job: id, attempt: d.attempt.0 };
         let drain = DrainAttempt {
             attempt,

@@ -40,6 +40,7 @@ impl<S: Store> Engine<S> {
             backoff: BTreeSet::new(),
             deadlines: BTreeSet::new(),
             gang_graces: BTreeSet::new(),
+            unstarted: BTreeSet::new(),
             gates: Default::default(),
             logs: HashMap::new(),
             tenants: Tenants::default(),
@@ -201,6 +202,9 @@ impl<S: Store> Engine<S> {
             }
             if let Some(until_ms) = job.gang_grace_until.filter(|_| state.is_live()) {
                 self.gang_graces.insert((until_ms, id));
+            }
+            if let Some(entry) = super::exits::unstarted_entry(&job) {
+                self.unstarted.insert(entry);
             }
             self.tally.count(&mut job);
             self.jobs.insert(id, Box::new(job));

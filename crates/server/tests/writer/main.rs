@@ -40,4 +40,5 @@ mod requests;
 mod slurm;
 mod staged;
 mod store_contract;
+mod unstarted;
 mod webhooks;
