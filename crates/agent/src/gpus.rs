@@ -5,6 +5,15 @@
 pub struct Gpus {
     pub count: u8,
     pub model: String,
+    /// Each GPU's device minor (`/dev/nvidiaN`), by index.
+    pub minors: Vec<u32>,
+}
+
+impl Gpus {
+    /// `count` simulated GPUs of `model`, whose minors are their indices.
+    pub fn simulated(count: u8, model: &str) -> Gpus {
+        Gpus { count, model: model.to_string(), minors: (0..u32::from(count)).collect() }
+    }
 }
 
 /// Asks NVML for the node's GPUs. All GPUs of a node must be one model.
@@ -17,9 +26,11 @@ pub fn discover() -> Result<Gpus, String> {
         return Err("NVML reports no GPUs".into());
     }
     let mut models = Vec::new();
+    let mut minors = Vec::new();
     for i in 0..count {
         let device = nvml.device_by_index(i).map_err(|e| format!("NVML device {i}: {e}"))?;
         models.push(device.name().map_err(|e| format!("NVML device {i} name: {e}"))?);
+        minors.push(device.minor_number().map_err(|e| format!("NVML device {i} minor number: {e}"))?);
     }
     models.dedup();
     if models.len() != 1 {
@@ -27,7 +38,7 @@ pub fn discover() -> Result<Gpus, String> {
     }
     let count =
         u8::try_from(count).map_err(|_| format!("{count} GPUs on one node is more than ebb supports"))?;
-    Ok(Gpus { count, model: models.remove(0).replace(' ', "-") })
+    Ok(Gpus { count, model: models.remove(0).replace(' ', "-"), minors })
 }
 
 /// What NVML finds wrong with the node's GPUs now. Keeps which NVLinks

@@ -20,6 +20,7 @@ mod checkpoints;
 mod client;
 mod commands;
 pub mod container;
+pub mod devices;
 mod dirs;
 mod drain;
 mod fleet;
@@ -66,6 +67,9 @@ pub struct AgentConfig {
     pub ca_fingerprint: Option<tls::Fingerprint>,
     pub name: String,
     pub gpus: u8,
+    /// Each GPU's device minor (`/dev/nvidiaN`), by index: NVML's, or
+    /// the index itself for simulated GPUs.
+    pub gpu_minors: Vec<u32>,
     pub gpu_model: String,
     pub labels: BTreeMap<String, String>,
     /// Per-job working directories and the agent's own state.
@@ -382,6 +386,7 @@ fn supervisor_config(config: &AgentConfig) -> supervisor::Config {
         max_checkpoint_bytes: config.max_checkpoint_bytes,
         output: config.output,
         images: config.images.clone(),
+        gpu_minors: config.gpu_minors.clone(),
         cdi_spec: config.cdi_spec.clone(),
     }
 }

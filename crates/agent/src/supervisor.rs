@@ -175,6 +175,9 @@ pub(crate) struct Config {
     pub output: OutputLimits,
     /// How jobs in images run; their cache is [`Processes::images`].
     pub images: crate::container::ImageConfig,
+    /// Each GPU's device minor (`/dev/nvidiaN`), by index: an attempt may
+    /// open its own GPUs' and no other's.
+    pub gpu_minors: Vec<u32>,
     /// The node's CDI spec for its GPUs (JSON), where it has one.
     pub cdi_spec: Option<PathBuf>,
 }
@@ -244,6 +247,17 @@ struct Prepared {
     cgroup: Option<cgroup::Ready>,
     /// A Slurm job's batch step command line and the commands' directory.
     slurm: Option<(Vec<String>, PathBuf)>,
+    /// The node's other GPUs refused to its processes.
+    devices: Option<crate::devices::Filter>,
+}
+
+impl Prepared {
+    /// Its group, for the pool again: its device program detached first,
+    /// so that the next attempt in the group is not refused its GPUs.
+    fn release_group(&mut self) -> Option<AttemptGroup> {
+        drop(self.devices.take());
+        self.cgroup.take().map(|ready| ready.group)
+    }
 }
 
 /// An attempt's container, as its end needs it: where its shim says why
@@ -265,6 +279,8 @@ struct Ending {
     uploads: Option<Arc<AttemptUploads>>,
     /// Its image, held until it ends, and its container's shim.
     image: Option<(ebb_image::Lease, Shim)>,
+    /// Its device program, detached before its group is used again.
+    devices: Option<crate::devices::Filter>,
 }
 
 impl Processes {
@@ -374,7 +390,7 @@ impl Processes {
         if s.when_gpus_free && !self.gpus.free_for(a, &s.gpus, withdrawn).await {
             // Withdrawn: its hold went before its victims did.
             tracing::info!(job = a.job, attempt = a.attempt, "start withdrawn before its GPUs were free");
-            self.give_back(prepared.cgroup.take().map(|ready| ready.group));
+            self.give_back(prepared.release_group());
             return Ok(());
         }
         let (notice, notice_rx) = watch::channel(None);
@@ -398,11 +414,11 @@ impl Processes {
         let (child, error_file) = match spawned {
             Ok(child) => child,
             Err(e) => {
-                self.give_back(prepared.cgroup.take().map(|ready| ready.group));
+                self.give_back(prepared.release_group());
                 return Err(e);
             }
         };
-        let Prepared { run_dir, default_workdir, cgroup, .. } = prepared;
+        let Prepared { run_dir, default_workdir, cgroup, devices, .. } = prepared;
         let (group, peak) =
             cgroup.map_or((None, cgroup::Peak::None), |ready| (Some(ready.group), ready.peak));
         self.record(&s, child.pid, run_dir.join("drain.json"), notice, group.clone());
@@ -428,7 +444,8 @@ impl Processes {
         }
         let output = Readers::start(a, self.config.output, &self.reporter, [child.stdout, child.stderr]);
         let image = image.zip(error_file);
-        let ending = Ending { pid: child.pid, group, peak, run_dir, default_workdir, output, uploads, image };
+        let ending =
+            Ending { pid: child.pid, group, peak, run_dir, default_workdir, output, uploads, image, devices };
         tokio::spawn(self.clone().watch(a, ending));
         Ok(())
     }
@@ -503,7 +520,23 @@ impl Processes {
             None => None,
         };
         let cgroup = self.cgroups.as_ref().map(|pool| pool.take()).transpose()?;
-        Ok(Prepared { who, workdir, default_workdir, checkpoint_dir, run_dir, cgroup, slurm })
+        let devices = cgroup.as_ref().filter(|_| self.me.is_root()).and_then(|ready| {
+            let denied = crate::devices::denied(&self.config.gpu_minors, &s.gpus);
+            match crate::devices::attach(&ready.group.v2, &denied) {
+                Ok(filter) => Some(filter),
+                Err(e) => {
+                    static WARNED: std::sync::Once = std::sync::Once::new();
+                    WARNED.call_once(|| {
+                        tracing::error!(
+                            "cannot attach a device program to attempts' cgroups ({e}): jobs on this node can \
+                             open every GPU's device node"
+                        )
+                    });
+                    None
+                }
+            }
+        });
+        Ok(Prepared { who, workdir, default_workdir, checkpoint_dir, run_dir, cgroup, slurm, devices })
     }
 
     /// A Slurm job's script in its run directory, and its batch step's
@@ -782,7 +815,7 @@ impl Processes {
 
     /// Waits for the attempt to end, and reports how it did.
     async fn watch(self: Arc<Self>, a: AttemptRef, ending: Ending) {
-        let Ending { pid, group, peak, run_dir, default_workdir, output, uploads, image } = ending;
+        let Ending { pid, group, peak, run_dir, default_workdir, output, uploads, image, devices } = ending;
         let status = spawn::wait(pid).await;
         kill_remains(pid, group.as_ref()).await;
         if group.is_some() && uploads.is_none() && image.is_none() {
@@ -873,6 +906,7 @@ impl Processes {
             })
             .await;
         }
+        drop(devices);
         // After the exit is on its way: a waiting preemptor need not wait
         // for the group to be put back. Made idle here (a few of the
         // kernel's files read and written: a trip to another thread would

@@ -284,7 +284,7 @@ pub async fn agent(args: AgentArgs) -> Result<(), String> {
     };
     let gpus = match (args.fake_gpus, &args.gpu_model) {
         (Some(0), _) => return Err("--fake-gpus must be at least 1".into()),
-        (Some(n), Some(model)) => ebb_agent::gpus::Gpus { count: n, model: model.clone() },
+        (Some(n), Some(model)) => ebb_agent::gpus::Gpus::simulated(n, model),
         (Some(_), None) => return Err("--fake-gpus needs --gpu-model M".into()),
         (None, _) => ebb_agent::gpus::discover()?,
     };
@@ -319,6 +319,7 @@ pub async fn agent(args: AgentArgs) -> Result<(), String> {
         ca_fingerprint: args.ca_fingerprint,
         name,
         gpus: gpus.count,
+        gpu_minors: gpus.minors,
         gpu_model: gpus.model,
         labels,
         data_dir: args.data_dir,

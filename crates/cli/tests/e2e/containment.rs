@@ -379,3 +379,63 @@ fn links_a_job_plants_never_turn_the_root_agents_writes_onto_other_files() {
             .unwrap();
     assert!(notice["deadline"].is_string(), "{notice}");
 }
+
+/// A bare job could open every GPU on its node: only
+/// `CUDA_VISIBLE_DEVICES` said which were its. Each attempt's cgroup now
+/// has a device program refusing the node's other GPUs. Character devices
+/// with the NVIDIA major stand in for a real driver's (`mknod`, simulated
+/// GPUs): opening its own GPU's reaches the (absent) driver, ENXIO; the
+/// other's is refused by the filter first, EPERM.
+#[test]
+fn a_job_opening_another_gpus_device_node_is_refused() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("not root: device nodes cannot be made, nor device programs attached");
+        return;
+    }
+    let dev = std::env::temp_dir().join(format!("ebb-devices-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dev);
+    std::fs::create_dir_all(&dev).unwrap();
+    std::fs::set_permissions(&dev, std::fs::Permissions::from_mode(0o755)).unwrap();
+    for minor in 0..2u64 {
+        let node = dev.join(format!("nvidia{minor}"));
+        nix::sys::stat::mknod(
+            &node,
+            nix::sys::stat::SFlag::S_IFCHR,
+            nix::sys::stat::Mode::from_bits_truncate(0o666),
+            nix::sys::stat::makedev(195, minor),
+        )
+        .unwrap();
+        std::fs::set_permissions(&node, std::fs::Permissions::from_mode(0o666)).unwrap();
+    }
+    let c = Cluster::start(Options { nodes: 1, gpus: 2, ..Options::default() });
+    let script = format!(
+        r#"import errno, os
+mine = int(os.environ["CUDA_VISIBLE_DEVICES"])
+for gpu in (0, 1):
+    try:
+        os.close(os.open("{dev}/nvidia%d" % gpu, os.O_RDWR))
+        said = "opened"
+    except OSError as e:
+        said = errno.errorcode[e.errno]
+    print("own" if gpu == mine else "other", said)"#,
+        dev = dev.display()
+    );
+    let id = c.submit(&["--gpus", "1", "--", "python3", "-c", &script]);
+    c.wait_state(id, "succeeded");
+    let said = c.ebb(&["logs", &id.to_string()]);
+    assert!(said.contains("own ENXIO"), "{said}");
+    assert!(said.contains("other EPERM"), "{said}");
+    // Both GPUs: both its own.
+    let id = c.submit(&[
+        "--gpus",
+        "2",
+        "--",
+        "python3",
+        "-c",
+        &script.replace("mine = int(os.environ[\"CUDA_VISIBLE_DEVICES\"])", "mine = None"),
+    ]);
+    c.wait_state(id, "succeeded");
+    let said = c.ebb(&["logs", &id.to_string()]);
+    assert_eq!(said.matches("ENXIO").count(), 2, "{said}");
+    let _ = std::fs::remove_dir_all(&dev);
+}
