@@ -153,9 +153,9 @@ pub struct ServerConfig {
     /// How the API's connections are bounded: the header-read (and idle)
     /// timeout, connections per client address.
     pub connections: ebb_http::Limits,
-    /// A token that may read `/metrics` (and nothing else), as well as an
-    /// operator's: read from `--metrics-token-file`.
-    pub metrics_token: Option<String>,
+    /// Tokens that may read `/metrics` (and nothing else), as well as an
+    /// operator's: `--metrics-token-file`, read again when it changes.
+    pub metrics_token: Option<std::sync::Arc<http::scrape::ScrapeTokens>>,
     /// How the registries of jobs' images are reached (to resolve tags).
     pub registries: ebb_image::Registries,
 }

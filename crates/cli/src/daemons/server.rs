@@ -60,10 +60,12 @@ pub struct ServerArgs {
     /// nodes behind one address (a simulated fleet: 0, no bound).
     #[arg(long, default_value_t = 1024, value_name = "N")]
     pub max_connections_per_address: usize,
-    /// A file holding a token that may read /metrics and nothing else, for
-    /// a Prometheus server (its scrape config's `authorization` with
-    /// `credentials_file`); /metrics takes an operator's token too, and no
-    /// other. The file should be the server's alone (0600).
+    /// A file holding tokens that may read /metrics and nothing else, one a
+    /// line, for a Prometheus server (its scrape config's `authorization`
+    /// with `credentials_file`); /metrics takes an operator's token too, and
+    /// no other. Read again when it changes: rotate by adding the new
+    /// token, moving the scrapers over, then removing the old. The file
+    /// should be the server's alone (0600).
     #[arg(long, value_name = "FILE")]
     pub metrics_token_file: Option<PathBuf>,
     /// When one node's part of a gang exits 0, how long the other parts
@@ -188,7 +190,12 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
     if !(100..=3_600_000).contains(&args.header_read_timeout.as_millis()) {
         return Err(format!("--header-read-timeout {}: from 100ms to 1h", args.header_read_timeout.human()));
     }
-    let metrics_token = args.metrics_token_file.as_deref().map(scrape_token).transpose()?;
+    let metrics_token = args
+        .metrics_token_file
+        .as_deref()
+        .map(ebb_server::http::scrape::ScrapeTokens::from_file)
+        .transpose()?
+        .map(std::sync::Arc::new);
     let lease = args.lease.unwrap_or(Span::from_secs(5));
     if !(500..=600_000).contains(&lease.as_millis()) {
         return Err(format!("--lease {}: from 500ms to 10m", lease.human()));
@@ -244,41 +251,4 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
         registries: ebb_image::Registries { outbound, ..args.registries.registries() },
     })
     .await
-}
-
-/// The scrape token of `--metrics-token-file`: the file's one line.
-fn scrape_token(path: &std::path::Path) -> Result<String, String> {
-    let token =
-        std::fs::read_to_string(path).map_err(|e| format!("--metrics-token-file {}: {e}", path.display()))?;
-    let token = token.trim().to_string();
-    if token.len() < 16 || token.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err(format!(
-            "--metrics-token-file {}: a token of at least 16 characters on one line, no spaces",
-            path.display()
-        ));
-    }
-    Ok(token)
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn the_scrape_token_is_the_files_one_line_of_at_least_16_characters() {
-        let dir = std::env::temp_dir().join(format!("ebb-scrape-token-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("metrics.token");
-        let read = |text: &str| {
-            std::fs::write(&file, text).unwrap();
-            super::scrape_token(&file)
-        };
-        assert_eq!(
-            read("prometheus-scrape-0123456789abcdef\n"),
-            Ok("prometheus-scrape-0123456789abcdef".into())
-        );
-        for bad in ["short\n", "two words of a token\n", "a-long-token\nand-a-second-line\n"] {
-            assert!(read(bad).unwrap_err().contains("at least 16 characters on one line"), "{bad:?}");
-        }
-        std::fs::remove_dir_all(&dir).unwrap();
-        assert!(super::scrape_token(&file).unwrap_err().starts_with("--metrics-token-file"));
-    }
 }

@@ -8,6 +8,7 @@ mod extract;
 mod fleet;
 mod jobs;
 mod money;
+pub mod scrape;
 mod start;
 mod tenants;
 mod watch;
@@ -50,7 +51,7 @@ struct App {
     streams: Arc<std::sync::Mutex<HashMap<Option<u32>, usize>>>,
     /// The SHA-256 of the token a Prometheus server scrapes `/metrics`
     /// with (`--metrics-token-file`), beside an operator's.
-    metrics_token: Option<Arc<str>>,
+    metrics_token: Option<Arc<scrape::ScrapeTokens>>,
     registries: ebb_image::Registries,
 }
 
@@ -223,7 +224,7 @@ pub fn in_process(
         poll_wait: Duration::ZERO,
         tls_ca: None,
         streams: Arc::default(),
-        metrics_token: metrics_token.map(|t| Arc::from(hash_token(t).as_str())),
+        metrics_token: metrics_token.map(|t| Arc::new(scrape::ScrapeTokens::fixed(t))),
         registries: ebb_image::Registries::default(),
     };
     let proxy = Proxy::new(role.clone(), None).expect("a forwarding client without a CA");

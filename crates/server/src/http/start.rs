@@ -172,7 +172,7 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
         poll_wait: Duration::from_millis(config.engine.heartbeat_interval.as_millis()),
         tls_ca: tls.as_ref().and_then(|t| t.ca.as_ref()).map(|ca| Arc::from(ca.pem.as_str())),
         streams: Arc::default(),
-        metrics_token: config.metrics_token.as_deref().map(|t| Arc::from(hash_token(t).as_str())),
+        metrics_token: config.metrics_token.clone(),
         registries: config.registries.clone(),
     };
     let router = router(app, role, proxy);

@@ -30,16 +30,12 @@ pub(super) async fn stream(State(app): State<App>, headers: HeaderMap) -> ApiRes
 /// `--metrics-token-file` (Prometheus' `authorization` with a
 /// `credentials_file`).
 pub(super) async fn metrics(State(app): State<App>, headers: HeaderMap) -> ApiResult<Response> {
-    let scraper = app.metrics_token.as_deref().is_some_and(|hash| {
+    let scraper = app.metrics_token.as_deref().is_some_and(|tokens| {
         let given = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(hash_token);
-        given.is_some_and(|given| {
-            given.len() == hash.len()
-                && given.bytes().zip(hash.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
-        })
+            .and_then(|v| v.strip_prefix("Bearer "));
+        given.is_some_and(|given| tokens.accepts(given))
     });
     if !scraper {
         app.require(&headers, Scope::Admin).map_err(|e| match e.status {
