@@ -11,6 +11,7 @@ pub mod leader;
 pub mod lock;
 pub mod metrics;
 pub mod partitions;
+pub mod sealed;
 pub mod store;
 pub mod tls;
 mod validate;

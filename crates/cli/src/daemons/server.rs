@@ -125,6 +125,12 @@ pub struct ServerArgs {
     /// multicast, in every IPv6 form, and the server's own address.
     #[arg(long = "outbound-allow", value_name = "CIDR", value_delimiter = ',')]
     pub outbound_allow: Vec<String>,
+    /// The key that seals tenants' registry passwords and webhooks' secrets
+    /// in the database: 64 hex digits on one line, made (0600) if the file
+    /// does not exist. Default: <data-dir>/secret.key. Servers sharing a
+    /// PostgreSQL database must all be given the same file.
+    #[arg(long, value_name = "FILE")]
+    pub secret_key_file: Option<PathBuf>,
     #[command(flatten)]
     pub tls: TlsArgs,
     #[command(flatten)]
@@ -206,8 +212,30 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
         }
     }
     let outbound = ebb_http::Outbound::new(&args.outbound_allow)?.with_own(args.listen.ip());
+    let secret_key_file = match args.secret_key_file {
+        Some(file) => file,
+        None => {
+            std::fs::create_dir_all(&args.data_dir)
+                .map_err(|e| format!("--data-dir {}: {e}", args.data_dir.display()))?;
+            args.data_dir.join("secret.key")
+        }
+    };
+    let secret_key = ebb_server::sealed::SecretKey::load_or_create(&secret_key_file)?;
+    let tls = args.tls.config();
+    // Registry passwords travel to the agents with a start only where
+    // nobody can read them on the way.
+    let logins_to_nodes = !matches!(tls, ebb_server::tls::TlsConfig::Off) || args.listen.ip().is_loopback();
+    if !logins_to_nodes {
+        tracing::warn!(
+            "plain HTTP on {}: tenants' registry passwords are not sent to the agents, so jobs in private \
+             images cannot be pulled (serve HTTPS: --tls-generate, or --tls-cert and --tls-key)",
+            args.listen
+        );
+    }
     let engine = ebb_server::EngineConfig {
         outbound: outbound.clone(),
+        secret_key,
+        logins_to_nodes,
         data_dir: args.data_dir,
         drain_window: args.policy.drain_window,
         min_runtime: args.policy.min_runtime,
@@ -241,7 +269,7 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
         listen: args.listen,
         advertise: args.advertise,
         lease: Duration::from_millis(lease.as_millis()),
-        tls: args.tls.config(),
+        tls,
         connections: ebb_http::Limits {
             header_read_timeout: Duration::from_millis(args.header_read_timeout.as_millis()),
             per_address: args.max_connections_per_address,

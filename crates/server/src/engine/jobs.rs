@@ -525,7 +525,11 @@ impl<S: Store> Engine<S> {
                     .into());
                 }
             }
-            self.store.put_registry_login(tenant, &registry, login.as_ref())?;
+            let sealed = login.as_ref().map(|l| ebb_api::RegistryLogin {
+                password: self.config.secret_key.seal(&l.password, &login_row(tenant, &registry)),
+                ..l.clone()
+            });
+            self.store.put_registry_login(tenant, &registry, sealed.as_ref())?;
             tracing::info!(tenant = name, registry, given = login.is_some(), "registry login set");
             let logins = self.tenants.logins.entry(tenant).or_default();
             match login {
@@ -755,6 +759,11 @@ fn check_registry_host(registry: &str) -> Result<(), ApiError> {
             "registry: {registry:?} is not a registry host (HOST or HOST:PORT, as an image reference begins)"
         )))
     }
+}
+
+/// A registry login's row, as its sealed password's associated data.
+pub(super) fn login_row(tenant: u32, registry: &str) -> String {
+    format!("registry login of tenant {tenant} for {registry}")
 }
 
 #[cfg(test)]

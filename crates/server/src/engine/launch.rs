@@ -78,8 +78,11 @@ impl<S: Store> Engine<S> {
                 // The first node's agent checks the port is free.
                 rendezvous_port: job.rendezvous.as_ref().filter(|_| rank == 0).map(|(_, port)| *port),
                 image: job.spec.image.as_ref().map(|image| {
+                    // Over plain HTTP off loopback, a password would cross
+                    // the network in the clear: the agent pulls without it.
                     let login = ebb_image::parse(&image.reference)
                         .ok()
+                        .filter(|_| self.config.logins_to_nodes)
                         .and_then(|r| self.tenants.logins.get(&job.tenant)?.get(r.registry()).cloned());
                     ebb_api::StartImage {
                         reference: image.reference.clone(),

@@ -415,6 +415,13 @@ pub struct EngineConfig {
     /// Where the server's own requests (webhooks' deliveries; registries
     /// at submit, through `ServerConfig::registries`) may connect.
     pub outbound: ebb_http::Outbound,
+    /// Seals tenants' registry passwords and webhooks' secrets in the
+    /// store (`--secret-key-file`).
+    pub secret_key: crate::sealed::SecretKey,
+    /// Whether registry passwords may go to the agents with a start: only
+    /// where the agents' connection is TLS or loopback; elsewhere a job
+    /// in a private image fails with why.
+    pub logins_to_nodes: bool,
     /// Slurm's partitions, each a tier (`--partition-map`).
     pub partitions: crate::partitions::Partitions,
 }
@@ -447,6 +454,8 @@ impl EngineConfig {
             checkpoint_store: None,
             images: Default::default(),
             outbound: Default::default(),
+            secret_key: crate::sealed::SecretKey::from_bytes([7; 32]),
+            logins_to_nodes: true,
             partitions: Default::default(),
         }
     }

@@ -69,7 +69,7 @@ impl<S: Store> Engine<S> {
             .set_fair_share_half_life(engine.config.fair_share_half_life)
             .map_err(|e| ApiError::internal(e.to_string()))?;
         engine.core.set_fair_share_preemption(engine.config.fair_share_preemption.is_some());
-        engine.load_access(&mut snapshot);
+        let clear_logins = engine.load_access(&mut snapshot).map_err(ApiError::internal)?;
         engine.load_nodes(std::mem::take(&mut snapshot.nodes), now)?;
         for price in &snapshot.prices {
             engine.money.prices.insert(price.gpu_model.clone(), price.clone());
@@ -78,7 +78,7 @@ impl<S: Store> Engine<S> {
         engine.apply_quotas();
         let (hooks, deliveries) =
             (std::mem::take(&mut snapshot.webhooks), std::mem::take(&mut snapshot.deliveries));
-        engine.load_webhooks(hooks, deliveries, now);
+        let clear_hooks = engine.load_webhooks(hooks, deliveries, now).map_err(ApiError::internal)?;
         engine.load_fair_share_usage(now).map_err(fatal)?;
         engine.fleet.heard_before = std::mem::take(&mut snapshot.heard).into_iter().collect();
         // Every node's last report at once: a read at each node's first
@@ -87,6 +87,7 @@ impl<S: Store> Engine<S> {
         let unrestored = engine.load_jobs(std::mem::take(&mut snapshot.jobs))?;
         engine.count_finished().map_err(fatal)?;
         engine.store.begin().map_err(fatal)?;
+        engine.seal_clear(clear_hooks, clear_logins).map_err(fatal)?;
         engine.recover(snapshot, unrestored, now).map_err(fatal)?;
         engine.store.commit().map_err(fatal)?;
         engine.outbox.write_log();
@@ -94,8 +95,13 @@ impl<S: Store> Engine<S> {
         Ok((engine, notes))
     }
 
-    /// Tenants, their limits and every token that has not been revoked.
-    fn load_access(&mut self, snapshot: &mut crate::store::Snapshot<JobRecord>) {
+    /// Tenants, their limits and every token that has not been revoked;
+    /// the registry logins stored in the clear (by an earlier release),
+    /// to be sealed.
+    fn load_access(
+        &mut self,
+        snapshot: &mut crate::store::Snapshot<JobRecord>,
+    ) -> Result<Vec<(u32, String)>, String> {
         for t in &snapshot.tenants {
             self.tenants.names.insert(t.id, t.name.clone());
         }
@@ -106,7 +112,16 @@ impl<S: Store> Engine<S> {
             }
         }
         self.tenants.logins.clear();
-        for (tenant, registry, login) in std::mem::take(&mut snapshot.registry_logins) {
+        let mut clear = Vec::new();
+        for (tenant, registry, mut login) in std::mem::take(&mut snapshot.registry_logins) {
+            let row = super::jobs::login_row(tenant, &registry);
+            match self.config.secret_key.open(&login.password, &row)? {
+                crate::sealed::Opened::Sealed(password) => login.password = password,
+                crate::sealed::Opened::Clear(password) => {
+                    login.password = password;
+                    clear.push((tenant, registry.clone()));
+                }
+            }
             self.tenants.logins.entry(tenant).or_default().insert(registry, login);
         }
         let mut map = self.access.tokens.write().expect("token map");
@@ -118,6 +133,7 @@ impl<S: Store> Engine<S> {
                 self.access.node_credentials.insert(node.clone(), t.hash.clone());
             }
         }
+        Ok(clear)
     }
 
     /// Usage that still counts for fair share, from the usage records of

@@ -42,7 +42,25 @@ fn job_event_name(event: &Event) -> Option<&'static str> {
 impl<S: Store> Engine<S> {
     /// The webhooks and the outbox as the store has them; delivery ids go
     /// on past any a previous server gave out.
-    pub(super) fn load_webhooks(&mut self, hooks: Vec<WebhookRow>, deliveries: Vec<DeliveryRow>, now: u64) {
+    pub(super) fn load_webhooks(
+        &mut self,
+        hooks: Vec<WebhookRow>,
+        deliveries: Vec<DeliveryRow>,
+        now: u64,
+    ) -> Result<Vec<WebhookRow>, String> {
+        let mut clear = Vec::new();
+        let mut opened = Vec::with_capacity(hooks.len());
+        for mut hook in hooks {
+            match self.config.secret_key.open(&hook.secret, &webhook_row(hook.id))? {
+                crate::sealed::Opened::Sealed(secret) => hook.secret = secret,
+                crate::sealed::Opened::Clear(secret) => {
+                    hook.secret = secret;
+                    clear.push(hook.clone());
+                }
+            }
+            opened.push(hook);
+        }
+        let hooks = opened;
         let w = &mut self.webhooks;
         w.next_hook = hooks.iter().map(|h| h.id).max().unwrap_or(0) + 1;
         w.hooks = hooks.into_iter().map(|h| (h.id, h)).collect();
@@ -52,6 +70,31 @@ impl<S: Store> Engine<S> {
             *w.pending_by_hook.entry(d.webhook).or_insert(0) += 1;
             w.pending.insert(d.id, d);
         }
+        Ok(clear)
+    }
+
+    /// Seals what an earlier release stored in the clear (at start-up,
+    /// in its transaction).
+    pub(super) fn seal_clear(&mut self, hooks: Vec<WebhookRow>, logins: Vec<(u32, String)>) -> Written {
+        for hook in hooks {
+            let sealed = WebhookRow {
+                secret: self.config.secret_key.seal(&hook.secret, &webhook_row(hook.id)),
+                ..hook
+            };
+            self.store.put_webhook(&sealed)?;
+        }
+        for (tenant, registry) in logins {
+            let Some(login) = self.tenants.logins.get(&tenant).and_then(|l| l.get(&registry)) else {
+                continue;
+            };
+            let row = super::jobs::login_row(tenant, &registry);
+            let sealed = ebb_api::RegistryLogin {
+                password: self.config.secret_key.seal(&login.password, &row),
+                ..login.clone()
+            };
+            self.store.put_registry_login(tenant, &registry, Some(&sealed))?;
+        }
+        Ok(())
     }
 
     /// Deliveries go to `deliverer` from now on, starting with those the
@@ -136,7 +179,9 @@ impl<S: Store> Engine<S> {
         self.webhooks.next_hook += 1;
         let secret = crate::webhooks::new_secret();
         let row = WebhookRow { id, tenant, url, events, format, secret: secret.clone(), created_ms: now };
-        self.store.put_webhook(&row)?;
+        let sealed =
+            WebhookRow { secret: self.config.secret_key.seal(&row.secret, &webhook_row(id)), ..row.clone() };
+        self.store.put_webhook(&sealed)?;
         tracing::info!(webhook = id, tenant = ?row.tenant, url = row.url, "webhook added");
         let view = Webhook { secret: Some(secret), ..self.webhook_view(&row) };
         self.webhooks.hooks.insert(id, row);
@@ -391,6 +436,11 @@ fn check_url(url: &str, outbound: &ebb_http::Outbound) -> Result<String, ApiErro
         return Err(ApiError::unprocessable(format!("url: {url:?}: {why}: not a receiver")));
     }
     Ok(parsed.to_string())
+}
+
+/// A webhook's row, as its sealed secret's associated data.
+fn webhook_row(id: u64) -> String {
+    format!("webhook {id}")
 }
 
 #[cfg(test)]

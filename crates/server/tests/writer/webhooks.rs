@@ -6,7 +6,7 @@
 
 use ebb_api::{AgentEvent, WebhookRequest};
 use ebb_server::engine::Msg;
-use ebb_server::store::Scope;
+use ebb_server::store::{Scope, SqliteStore};
 use ebb_server::webhooks::{Command, Tried};
 use ebb_server::Principal;
 use tokio::sync::mpsc;
@@ -215,4 +215,132 @@ fn outbox_survives<S: ebb_server::store::Store>(mut env: TestEnv<S>) {
     env.engine().deliver_webhooks(tx);
     let left: Vec<String> = sent(&mut rx).into_iter().map(|(_, e, _)| e).collect();
     assert_eq!(left, ["node_drained"]);
+}
+
+/// Secrets at rest: a registry password and a webhook's secret are in
+/// the database only sealed (a copy of the file gives neither away), come
+/// back whole after a restart, and a server given another key refuses to
+/// start rather than run without them. What an earlier release stored in
+/// the clear is sealed at the next start.
+#[test]
+fn registry_passwords_and_webhook_secrets_are_sealed_in_the_store() {
+    let mut env = TestEnv::new("sealed");
+    let admin = env.admin.clone();
+    let login = ebb_api::RegistryLogin { username: "alice".into(), password: "hunter2-registry".into() };
+    let set = Some(("registry.example.com".to_string(), Some(login)));
+    env.call(|reply| Msg::RegistryLogins { principal: admin.clone(), tenant: "default".into(), set, reply })
+        .unwrap();
+    let req = request(Some("default"), &["failed"]);
+    let hook = env.call(|reply| Msg::CreateWebhook { principal: admin.clone(), req, reply });
+    let secret = hook.unwrap().secret.unwrap();
+    let stored = || {
+        let mut bytes = std::fs::read(env_db(&env)).unwrap();
+        bytes.extend(std::fs::read(env_db(&env).with_extension("db-wal")).unwrap_or_default());
+        String::from_utf8_lossy(&bytes).into_owned()
+    };
+    let file = stored();
+    assert!(!file.contains("hunter2-registry") && !file.contains(&secret), "a secret in the clear");
+    assert!(file.contains("ebb-sealed:v1:"));
+
+    env.restart();
+    let kept =
+        env.call(|reply| Msg::RegistryLoginFor { tenant: 1, registry: "registry.example.com".into(), reply });
+    assert_eq!(kept.map(|l| l.password), Some("hunter2-registry".to_string()));
+    // The deliverer signs with the secret as it was given.
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    env.engine().deliver_webhooks(tx);
+    env.register("n1", Vec::new(), Vec::new());
+    let attempt = env.running("n1");
+    let at_ms = env.now;
+    env.report("n1", vec![exited(attempt, 1, at_ms)]);
+    let mut secrets = Vec::new();
+    while let Ok(command) = rx.try_recv() {
+        if let Command::Send(d) = command {
+            secrets.push(d.secret);
+        }
+    }
+    assert_eq!(
+        secrets,
+        std::slice::from_ref(&secret),
+        "one delivery, of the failure, signed with the secret given"
+    );
+
+    // Another key: refused, by name.
+    env.config.secret_key = ebb_server::sealed::SecretKey::from_bytes([9; 32]);
+    let open = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| env.restart()));
+    let said = match open {
+        Err(panic) => panic.downcast_ref::<String>().cloned().unwrap_or_default(),
+        Ok(()) => String::new(),
+    };
+    assert!(said.contains("give every server of the cluster the same key file"), "{said:?}");
+}
+
+/// Where the test's writer keeps its database.
+fn env_db(env: &TestEnv) -> std::path::PathBuf {
+    env.dir.join("ebb.db")
+}
+
+/// A registry password an earlier release stored in the clear is sealed
+/// at the next start, and still works.
+#[test]
+fn a_password_stored_in_the_clear_is_sealed_at_the_next_start() {
+    use ebb_server::store::Store;
+    let mut env = TestEnv::new("sealed-later");
+    env.engine = None;
+    {
+        let mut store = SqliteStore::open_unsynced(&env_db(&env)).unwrap();
+        let login = ebb_api::RegistryLogin { username: "alice".into(), password: "clear-password-1".into() };
+        store.begin().unwrap();
+        store.put_registry_login(1, "registry.example.com", Some(&login)).unwrap();
+        store.commit().unwrap();
+    }
+    env.restart();
+    let kept =
+        env.call(|reply| Msg::RegistryLoginFor { tenant: 1, registry: "registry.example.com".into(), reply });
+    assert_eq!(kept.map(|l| l.password), Some("clear-password-1".to_string()));
+    env.engine = None;
+    let mut store = SqliteStore::open_unsynced(&env_db(&env)).unwrap();
+    let snapshot = store.load::<ebb_server::engine::JobRecord>().unwrap();
+    let (_, _, stored) = &snapshot.registry_logins[0];
+    assert!(stored.password.starts_with("ebb-sealed:v1:"), "{}", stored.password);
+}
+
+/// Over plain HTTP off loopback a registry password would cross the
+/// network in the clear: such a server sends starts without it.
+#[test]
+fn a_registry_password_goes_to_nodes_only_where_it_cannot_be_read_on_the_way() {
+    for (to_nodes, expected) in [(true, Some("s3cret-pw")), (false, None)] {
+        let mut env = TestEnv::new(&format!("logins-to-nodes-{to_nodes}"));
+        env.config.logins_to_nodes = to_nodes;
+        env.restart();
+        let admin = env.admin.clone();
+        let login = ebb_api::RegistryLogin { username: "u".into(), password: "s3cret-pw".into() };
+        let set = Some(("127.0.0.1:5000".to_string(), Some(login)));
+        env.call(|reply| Msg::RegistryLogins {
+            principal: admin.clone(),
+            tenant: "default".into(),
+            set,
+            reply,
+        })
+        .unwrap();
+        let spec = ebb_api::JobSubmission {
+            argv: vec!["train".into()],
+            gpus: Some(1),
+            image: Some("127.0.0.1:5000/train:v1".into()),
+            image_digest: Some(format!("sha256:{}", "ab".repeat(32))),
+            ..Default::default()
+        };
+        env.call(|reply| Msg::Submit { principal: admin.clone(), spec: Box::new(spec), reply }).unwrap();
+        env.register("n1", Vec::new(), Vec::new());
+        let starts: Vec<_> = env
+            .commands("n1")
+            .into_iter()
+            .filter_map(|a| match a {
+                ebb_api::Action::Start(s) => s.image,
+                _ => None,
+            })
+            .collect();
+        assert_eq!(starts.len(), 1);
+        assert_eq!(starts[0].password.as_deref(), expected, "logins_to_nodes {to_nodes}");
+    }
 }
