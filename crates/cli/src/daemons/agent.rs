@@ -118,7 +118,7 @@ pub struct AgentArgs {
     /// How long one image's pull (download and unpack) may take: a pull
     /// holds its attempt's GPUs and is not billed, so one past this is
     /// given up and the attempt ends without starting.
-    #[arg(long, default_value = "10m", value_parser = parse_span)]
+    #[arg(long, default_value = "10m", value_name = "DURATION", value_parser = parse_span)]
     pub pull_timeout: Span,
     /// The least a pull must download a second, averaged over 30 s; a
     /// registry slower than this is given up (0: no floor).
@@ -312,6 +312,9 @@ pub async fn agent(args: AgentArgs) -> Result<(), String> {
     let checkpoint_root = args.checkpoint_root.unwrap_or_else(|| args.data_dir.join("checkpoints"));
     // Before the agent kills what it finds in its ledger as left over.
     let _owner = ebb_server::lock::lock_dir(&args.data_dir, "ebb agent")?;
+    if args.pull_timeout.as_millis() < 1000 {
+        return Err(format!("--pull-timeout {}: at least 1s", args.pull_timeout.human()));
+    }
     let config = ebb_agent::AgentConfig {
         server,
         join_token: join_token.trim().to_string(),
