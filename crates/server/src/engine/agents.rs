@@ -189,16 +189,7 @@ impl<S: Store> Engine<S> {
             } else {
                 // The node does not run what we think it does: that part of
                 // the attempt is gone.
-                let exit = PartExit {
-                    code: None,
-                    signal: None,
-                    completed: false,
-                    vanished: true,
-                    peak_memory_bytes: None,
-                    start_error: None,
-                    port_in_use: None,
-                    ended_by: None,
-                };
+                let exit = PartExit::vanished(None);
                 self.part_exited(node, attempt, exit, last_contact, now)?;
             }
         }

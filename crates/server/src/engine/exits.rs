@@ -239,16 +239,7 @@ impl<S: Store> Engine<S> {
             let a = AttemptRef { job: id, attempt };
             for node in job.running_on.clone() {
                 self.outbox.push(&node, Action::Stop { attempt: a, grace_ms: 0, notice: None });
-                let exit = PartExit {
-                    code: None,
-                    signal: None,
-                    completed: false,
-                    vanished: true,
-                    peak_memory_bytes: None,
-                    start_error: Some(why.to_string()),
-                    port_in_use: None,
-                    ended_by: None,
-                };
+                let exit = PartExit::vanished(Some(why.to_string()));
                 if !self.jobs.get(&id).is_some_and(|j| j.attempt == attempt && j.running_on.contains(&node)) {
                     break;
                 }

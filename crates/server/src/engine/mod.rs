@@ -377,6 +377,22 @@ struct PartExit {
     ended_by: Option<ebb_api::EndedBy>,
 }
 
+impl PartExit {
+    /// A part that is gone without a word of its end (`why`, if known).
+    fn vanished(why: Option<String>) -> PartExit {
+        PartExit {
+            code: None,
+            signal: None,
+            completed: false,
+            vanished: true,
+            peak_memory_bytes: None,
+            start_error: why,
+            port_in_use: None,
+            ended_by: None,
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
     pub data_dir: PathBuf,
