@@ -18,10 +18,17 @@
 //! must allow. The program goes with its [`Filter`]: a group used again
 //! by the next attempt gets that attempt's. The v2 hierarchy has the
 //! program hook on unified and hybrid hosts alike.
+//!
+//! Loading a program runs the kernel's verifier, a fifth of a short
+//! job's agent time: a node has few sets of other GPUs (one per GPU for
+//! single-GPU jobs), so [`Programs`] loads each once and attaches it
+//! again and again.
 
+use std::collections::HashMap;
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 /// The NVIDIA driver's character device major (`/dev/nvidiaN` is
 /// `195:N`; its control nodes are 195:254 and 195:255).
@@ -39,7 +46,32 @@ const BPF_DEVCG_DEV_CHAR: i32 = 2;
 #[derive(Debug)]
 pub struct Filter {
     group: OwnedFd,
-    program: OwnedFd,
+    program: Arc<OwnedFd>,
+}
+
+/// The programs loaded so far, by the minors they refuse.
+#[derive(Debug, Default)]
+pub struct Programs {
+    loaded: Mutex<HashMap<Vec<u32>, Arc<OwnedFd>>>,
+}
+
+impl Programs {
+    /// Attaches to the v2 group at `group` the program that refuses the
+    /// NVIDIA devices of minors `denied`, loaded once.
+    pub fn attach(&self, group: &Path, denied: &[u32]) -> std::io::Result<Filter> {
+        let program = {
+            let mut loaded = self.loaded.lock().expect("device programs");
+            match loaded.get(denied) {
+                Some(program) => program.clone(),
+                None => {
+                    let program = Arc::new(load(&program(denied))?);
+                    loaded.insert(denied.to_vec(), program.clone());
+                    program
+                }
+            }
+        };
+        attach_program(group, program)
+    }
 }
 
 impl Drop for Filter {
@@ -48,10 +80,7 @@ impl Drop for Filter {
     }
 }
 
-/// Attaches to the v2 group at `group` a program that refuses the NVIDIA
-/// devices of minors `denied`.
-pub fn attach(group: &Path, denied: &[u32]) -> std::io::Result<Filter> {
-    let program = load(&program(denied))?;
+fn attach_program(group: &Path, program: Arc<OwnedFd>) -> std::io::Result<Filter> {
     let path = CString::new(group.as_os_str().as_encoded_bytes()).map_err(std::io::Error::other)?;
     // SAFETY: a NUL-terminated path; the descriptor is owned below.
     let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) };

@@ -210,6 +210,8 @@ pub(crate) struct Processes {
     waiting: Mutex<HashMap<AttemptRef, bool>>,
     /// Starts pulling their image, each with what gives it up.
     pulling: Mutex<HashMap<AttemptRef, watch::Sender<Option<String>>>>,
+    /// The device programs loaded, for the attempts' groups.
+    device_programs: crate::devices::Programs,
     /// Notices' files, made ahead.
     notice_files: dirs::NoticeFiles,
 }
@@ -308,6 +310,7 @@ impl Processes {
             gpus: holds::GpuHolds::default(),
             waiting: Mutex::new(HashMap::new()),
             pulling: Mutex::new(HashMap::new()),
+            device_programs: Default::default(),
         }
     }
 
@@ -522,7 +525,7 @@ impl Processes {
         let cgroup = self.cgroups.as_ref().map(|pool| pool.take()).transpose()?;
         let devices = cgroup.as_ref().filter(|_| self.me.is_root()).and_then(|ready| {
             let denied = crate::devices::denied(&self.config.gpu_minors, &s.gpus);
-            match crate::devices::attach(&ready.group.v2, &denied) {
+            match self.device_programs.attach(&ready.group.v2, &denied) {
                 Ok(filter) => Some(filter),
                 Err(e) => {
                     static WARNED: std::sync::Once = std::sync::Once::new();

@@ -192,13 +192,14 @@ impl Cache {
         let auth = auth(login);
         // A client of its own: oci-client keeps the first credentials it
         // is given for a registry, and another tenant's pull must not
-        // borrow them.
-        let client: Client = self.registries.client();
+        // borrow them. Made only where one is needed: its TLS roots take
+        // milliseconds that a start from the cache need not wait.
         if let Some(config) = self.hold(&key, &dir) {
             let private = config.private;
             let lease = Lease { cache: self.clone(), rootfs: dir.join("rootfs"), key, config, downloaded: 0 };
             if private {
                 // Dropped on refusal, which lets the hold go.
+                let client: Client = self.registries.client();
                 let found =
                     client.fetch_manifest_digest(&pinned, &auth).await.map_err(|e| classify(reference, e))?;
                 if found != digest {
@@ -211,6 +212,7 @@ impl Cache {
             return Ok(lease);
         }
         let served_by = sha256_hex(source.as_bytes());
+        let client: Client = self.registries.client();
         let (manifest, _) =
             client.pull_image_manifest(&pinned, &auth).await.map_err(|e| classify(reference, e))?;
         let mut config_bytes = Vec::new();
