@@ -647,7 +647,7 @@ async function operatorSeesEverything(browser, server, admin, problems) {
   check(true, "a job's page shows its last checkpoint's age and step");
   check(await page.locator("dt:text-is('Recommended interval')").count() === 1, "and the recommended checkpoint interval");
   const run = JSON.parse(cli(server, admin, ["show", `${talker}`, "--json"])).run_id;
-  check(/^ebb-\d+-[0-9a-z]+$/.test(run) &&
+  check(/^ebb-\d+-[0-9a-z]+-[0-9a-z]+$/.test(run) &&
     (await page.locator("dt:text-is('Run') + dd").textContent()).startsWith(`${run} (`), "and its run id, as the CLI gives it");
   await page.setViewportSize({ width: 390, height: 844 });
   check((await page.evaluate(() => document.documentElement.scrollWidth)) <= 390, "a job's page fits 390 px");
