@@ -185,7 +185,7 @@ impl Cache {
         let parsed = self.registries.check(reference)?;
         let pinned = pinned(&parsed, digest);
         let source = format!("{}/{}", parsed.registry(), parsed.repository());
-        let key = sha256_hex(format!("{source}@{digest}").as_bytes());
+        let key = crate::sha256_hex(format!("{source}@{digest}").as_bytes());
         let lock = self.lock(&key);
         let _pulling = lock.lock().await;
         let dir = self.root.join("images").join(&key);
@@ -211,7 +211,7 @@ impl Cache {
             }
             return Ok(lease);
         }
-        let served_by = sha256_hex(source.as_bytes());
+        let served_by = crate::sha256_hex(source.as_bytes());
         let client: Client = self.registries.client();
         let (manifest, _) =
             client.pull_image_manifest(&pinned, &auth).await.map_err(|e| classify(reference, e))?;
@@ -455,11 +455,6 @@ fn unpack_into(
     std::fs::write(dir.join("image.json.part"), json).map_err(io)?;
     std::fs::rename(dir.join("image.json.part"), dir.join("image.json")).map_err(io)?;
     Ok(config)
-}
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    use sha2::Digest;
-    sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Whether the repository `source` (its key) has served `blob`.

@@ -195,6 +195,12 @@ pub(crate) fn classify(reference: &str, e: OciDistributionError) -> ImageError {
     }
 }
 
+/// The SHA-256 of `bytes`, in lowercase hex.
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// An error and its causes, as one line (an HTTP client's errors say
 /// little without their causes: `error sending request` alone).
 pub fn request_error(e: &dyn std::error::Error) -> String {

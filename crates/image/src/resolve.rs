@@ -20,7 +20,6 @@
 use std::time::Duration;
 
 use oci_client::Reference;
-use sha2::Digest;
 
 use crate::{ImageError, Login, Registries};
 
@@ -139,29 +138,8 @@ impl<'a> Fetch<'a> {
         let body = read_capped(answer, MAX_MANIFEST_BYTES)
             .await
             .map_err(|why| ImageError::Other(self.reference.to_string(), format!("its manifest {why}")))?;
-        let digest = format!("sha256:{}", hex(&sha2::Sha256::digest(&body)));
-        let other = |what: String| ImageError::Other(self.reference.to_string(), what);
-        if let Some(named) = self.parsed.digest() {
-            if named != digest {
-                return Err(other(format!("the registry sent manifest {digest} for digest {named}")));
-            }
-        }
-        if let Some(said) = header.filter(|h| h.starts_with("sha256:")) {
-            if said != digest {
-                return Err(other(format!(
-                    "the registry says digest {said} for a manifest whose digest is {digest}"
-                )));
-            }
-        }
-        #[derive(serde::Deserialize)]
-        struct Versioned {
-            #[serde(rename = "schemaVersion")]
-            schema_version: u32,
-        }
-        match serde_json::from_slice::<Versioned>(&body) {
-            Ok(v) if v.schema_version == 2 => Ok(digest),
-            _ => Err(other("what the registry sent is not an image manifest (schema 2)".to_string())),
-        }
+        manifest_digest(&body, header.as_deref(), self.parsed.digest())
+            .map_err(|why| ImageError::Other(self.reference.to_string(), why))
     }
 
     async fn get(&self, authorization: Option<&str>) -> Result<reqwest::Response, ImageError> {
@@ -318,8 +296,26 @@ async fn read_capped(mut answer: reqwest::Response, cap: usize) -> Result<Vec<u8
     Ok(body)
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+/// The digest of a manifest the registry sent as `body`, with `header`
+/// its `Docker-Content-Digest`, for a reference that named `named` (if
+/// it named one): the SHA-256 of the bytes, or why they are refused.
+fn manifest_digest(body: &[u8], header: Option<&str>, named: Option<&str>) -> Result<String, String> {
+    let digest = format!("sha256:{}", crate::sha256_hex(body));
+    if let Some(named) = named.filter(|n| *n != digest) {
+        return Err(format!("the registry sent manifest {digest} for digest {named}"));
+    }
+    if let Some(said) = header.filter(|h| h.starts_with("sha256:") && *h != digest) {
+        return Err(format!("the registry says digest {said} for a manifest whose digest is {digest}"));
+    }
+    #[derive(serde::Deserialize)]
+    struct Versioned {
+        #[serde(rename = "schemaVersion")]
+        schema_version: u32,
+    }
+    match serde_json::from_slice::<Versioned>(body) {
+        Ok(v) if v.schema_version == 2 => Ok(digest),
+        _ => Err("what the registry sent is not an image manifest (schema 2)".to_string()),
+    }
 }
 
 #[cfg(test)]
@@ -336,7 +332,31 @@ mod tests {
         assert_eq!(challenge_param(c, "missing"), None);
     }
 
+    use proptest::prelude::Strategy;
+
     proptest::proptest! {
+        /// Whatever a registry sends as a manifest and its header, the
+        /// digest is the hash of the bytes or the manifest is refused in
+        /// words; never the header's word alone.
+        #[test]
+        fn any_manifest_body_and_header_is_hashed_or_refused(
+            body in proptest::prop_oneof![
+                proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512),
+                proptest::string::string_regex(r#"\{"schemaVersion": ?[0-9]{1,12}(, "x": ".{0,20}")?\}"#).unwrap().prop_map(|s: String| s.into_bytes()),
+            ],
+            header in proptest::option::of(proptest::string::string_regex("(sha256:)?[0-9a-f]{0,70}").unwrap()),
+            named in proptest::option::of(proptest::string::string_regex("sha256:[0-9a-f]{64}").unwrap()),
+        ) {
+            let truth = format!("sha256:{}", crate::sha256_hex(&body));
+            match manifest_digest(&body, header.as_deref(), named.as_deref()) {
+                Ok(digest) => {
+                    proptest::prop_assert_eq!(&digest, &truth);
+                    proptest::prop_assert!(named.is_none_or(|n| n == truth));
+                }
+                Err(why) => proptest::prop_assert!(!why.is_empty()),
+            }
+        }
+
         /// A registry's challenge header is the registry's: any text is
         /// read without panicking.
         #[test]

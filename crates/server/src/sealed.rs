@@ -52,7 +52,7 @@ impl SecretKey {
     pub fn from_bytes(bytes: [u8; 32]) -> SecretKey {
         use sha2::Digest;
         let hash = sha2::Sha256::new().chain_update(b"ebb secret key id\0").chain_update(bytes).finalize();
-        let id = hash[..4].iter().map(|b| format!("{b:02x}")).collect();
+        let id = ebb_api::hex(&hash[..4]);
         let key = LessSafeKey::new(UnboundKey::new(&CHACHA20_POLY1305, &bytes).expect("a 32-byte key"));
         SecretKey { key: Arc::new(key), id }
     }
@@ -64,7 +64,7 @@ impl SecretKey {
         if !path.exists() {
             let mut bytes = [0u8; 32];
             getrandom::fill(&mut bytes).map_err(|e| said(&e))?;
-            let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+            let hex = ebb_api::hex(&bytes);
             use std::io::Write;
             use std::os::unix::fs::OpenOptionsExt;
             let mut file = std::fs::OpenOptions::new()
