@@ -45,7 +45,8 @@ pub fn bytes_text(bytes: u64) -> String {
 macro_rules! typed_id {
     ($(#[$doc:meta])* $name:ident($inner:ty), $prefix:literal) => {
         $(#[$doc])*
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+        #[serde(transparent)]
         pub struct $name(pub $inner);
 
         impl fmt::Display for $name {
@@ -86,7 +87,8 @@ typed_id!(
 /// The attempt number of a job: 1 for its first run, +1 for each requeue.
 /// Together with the job id it fences stale processes: anything reported
 /// about an attempt other than the job's current one is refused.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
 pub struct Attempt(pub u32);
 
 impl fmt::Display for Attempt {

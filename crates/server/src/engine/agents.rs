@@ -172,15 +172,20 @@ impl<S: Store> Engine<S> {
         for attempt in held {
             if running.contains(&attempt) {
                 let job = &self.jobs[&attempt.job];
-                let (state, notice) = (job.state, job.notice.clone());
+                let (state, notice) = (job.state, job.drain.clone());
                 let stop = match (job.cancel_requested, job.gang_stopped.is_some()) {
                     (true, _) => Some(cancel_stop(job, attempt, now)),
                     // A gang part stopped before the server restarted.
                     (false, true) => Some(Action::Stop { attempt, grace_ms: STOP_GRACE_MS, notice: None }),
                     (false, false) => None,
                 };
-                if let (JobState::Draining, Some((at, deadline, reason))) = (state, notice) {
-                    let drain = DrainAttempt { attempt, notice_at_ms: at, deadline_ms: deadline, reason };
+                if let (JobState::Draining, Some(notice)) = (state, notice) {
+                    let drain = DrainAttempt {
+                        attempt,
+                        notice_at_ms: notice.notice_at_ms,
+                        deadline_ms: notice.deadline_ms,
+                        reason: notice.reason,
+                    };
                     self.outbox.push(node, Action::Drain(drain));
                 }
                 if let Some(stop) = stop {

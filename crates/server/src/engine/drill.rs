@@ -338,7 +338,7 @@ impl<S: Store> Engine<S> {
         match job.state {
             JobState::Running => {}
             JobState::Draining => {
-                let why = job.notice.as_ref().map(|n| format!(" ({})", n.2)).unwrap_or_default();
+                let why = job.drain.as_ref().map(|n| format!(" ({})", n.reason)).unwrap_or_default();
                 return Err(ApiError::conflict(format!("job {id}: already draining{why}")).into());
             }
             state => {

@@ -30,7 +30,7 @@ pub(super) fn cancel_grace_ms(asked_ms: Option<u64>, drain_window: Span) -> Resu
 /// cancel that ends it no later (a cancel never gives more time).
 pub(super) fn cancel_deadline(job: &JobRecord, grace_ms: u64, now: u64) -> Option<u64> {
     let mut deadline = now.saturating_add(grace_ms);
-    if let Some((_, drain_deadline, _)) = &job.notice {
+    if let Some(DrainNotice { deadline_ms: drain_deadline, .. }) = &job.drain {
         deadline = deadline.min(*drain_deadline);
     }
     match (job.cancel_requested, job.cancel_notice) {
@@ -98,7 +98,7 @@ pub(super) fn exit_kind(job: &JobRecord, completed: bool, max_requeues: u64) -> 
     } else if job.ended_by == Some(EndedBy::TimeLimit) {
         // A time limit ends the job, as Slurm's TIMEOUT: no retry, no restart.
         ExitKind::Failed { requeue: false }
-    } else if job.spec.restart.as_deref() == Some("always") {
+    } else if job.spec.restart == Restart::Always {
         ExitKind::Restart
     } else if success {
         ExitKind::Completed
@@ -174,7 +174,7 @@ pub(super) fn end_attempt(
         ExitEffect::Restarted => "failed",
     };
     // A drill's window is run time like any other: no drain in its record.
-    let notice_at_ms = job.notice.as_ref().map(|n| n.0).filter(|_| effect != ExitEffect::Drilled);
+    let notice_at_ms = job.drain.as_ref().map(|n| n.notice_at_ms).filter(|_| effect != ExitEffect::Drilled);
     let usage = meter(job, end_ms, outcome, notice_at_ms, lost_gpu_ms, min_runtime);
     job.lost_gpu_ms += lost_gpu_ms;
     let lost = lost_gpu_ms as f64 / 1000.0;
@@ -267,7 +267,7 @@ pub(super) fn end_attempt(
     job.state = state;
     job.placement.clear();
     job.running_on.clear();
-    job.notice = None;
+    job.drain = None;
     job.vanished = false;
     job.rendezvous = None;
     job.gang_grace_until = None;
@@ -332,6 +332,11 @@ mod tests {
 
     const MIN_RUNTIME: Span = Span(300_000);
 
+    fn preempted_by_9(notice_at_ms: u64, deadline_ms: u64) -> DrainNotice {
+        let (cause, reason) = (Drained::Preempted { by: JobId(9) }, "preempted by job 9".into());
+        DrainNotice { notice_at_ms, deadline_ms, cause, reason }
+    }
+
     /// A preemptible job of 2 GPUs placed at 1,000, started at 2,000 by its
     /// agent, checkpointed at 5,000, at $2.00 (preemptible $1.00) per GPU-hour.
     fn running() -> JobRecord {
@@ -367,7 +372,7 @@ mod tests {
         let mut job = running();
         assert_eq!(cancel_deadline(&job, 10_000, 20_000), Some(30_000));
         job.state = JobState::Draining;
-        job.notice = Some((15_000, 25_000, "preempted by job 9".into()));
+        job.drain = Some(preempted_by_9(15_000, 25_000));
         assert_eq!(cancel_deadline(&job, 10_000, 20_000), Some(25_000), "the drain's deadline is sooner");
         assert_eq!(cancel_deadline(&job, 1_000, 20_000), Some(21_000));
         job.cancel_requested = true;
@@ -390,7 +395,7 @@ mod tests {
     fn a_preemption_past_the_limit_fails_the_job_and_counts_as_a_preemption() {
         let mut job = running();
         job.state = JobState::Draining;
-        job.notice = Some((8_000, 9_000, "preempted by job 9".into()));
+        job.drain = Some(preempted_by_9(8_000, 9_000));
         let ended = end_attempt(&mut job, ExitEffect::PreemptionLimitReached, 9_000, 9_500, MIN_RUNTIME);
         assert_eq!((ended.state, ended.event.kind()), (JobState::Failed, EventKind::Failed));
         assert!(ended.preempted);
@@ -402,7 +407,7 @@ mod tests {
     fn a_preempted_attempt_is_requeued_metered_and_its_work_since_the_checkpoint_counted_lost() {
         let mut job = running();
         job.state = JobState::Draining;
-        job.notice = Some((8_000, 9_000, "preempted by job 9".into()));
+        job.drain = Some(preempted_by_9(8_000, 9_000));
         job.exit_code = Some(0);
         let ended =
             end_attempt(&mut job, ExitEffect::Requeued { preempted: true }, 9_000, 9_500, MIN_RUNTIME);
@@ -413,7 +418,7 @@ mod tests {
         assert_eq!((usage.job, usage.attempt, usage.started_ms, usage.ended_ms), (7, 3, 2_000, 9_000));
         assert_eq!(usage.outcome, "preempted");
         assert_eq!((job.preemptions, job.lost_gpu_ms), (1, 8_000));
-        assert!(job.placement.is_empty() && job.running_on.is_empty() && job.notice.is_none());
+        assert!(job.placement.is_empty() && job.running_on.is_empty() && job.drain.is_none());
         assert_eq!(job.exit_code, None, "a requeued job shows no exit code");
     }
 
@@ -424,7 +429,7 @@ mod tests {
             let mut job = running();
             job.preemptions = preemptions;
             job.state = JobState::Draining;
-            job.notice = Some((8_000, 9_000, "preempted by job 9".into()));
+            job.drain = Some(preempted_by_9(8_000, 9_000));
             let ended =
                 end_attempt(&mut job, ExitEffect::Requeued { preempted: true }, 9_000, 9_500, min_runtime);
             let usage = ended.usage.expect("metered");
@@ -440,7 +445,7 @@ mod tests {
     fn a_drilled_attempt_is_requeued_and_billed_as_run_time_neither_preempted_nor_failed() {
         let mut job = running();
         job.state = JobState::Draining;
-        job.notice = Some((8_000, 18_000, "drill: save and exit".into()));
+        job.drain = Some(DrainNotice { cause: Drained::Drill, ..preempted_by_9(8_000, 18_000) });
         job.exit_code = Some(0);
         let ended = end_attempt(&mut job, ExitEffect::Drilled, 9_000, 9_500, MIN_RUNTIME);
         assert_eq!((ended.state, ended.event.kind()), (JobState::Queued, EventKind::Requeued));
@@ -451,7 +456,7 @@ mod tests {
         assert_eq!((usage.outcome.as_str(), usage.seconds, usage.drain_gpu_seconds), ("drill", 7, 0));
         assert_eq!(usage.amount, crate::billing::amount(1_000_000, 2 * 7), "at the tier's rate");
         assert_eq!((job.preemptions, job.retries, job.lost_gpu_ms), (0, 0, 0));
-        assert!(job.placement.is_empty() && job.notice.is_none());
+        assert!(job.placement.is_empty() && job.drain.is_none());
     }
 
     #[test]
@@ -505,7 +510,7 @@ mod tests {
         assert_eq!(exit_kind(&failing, false, 100), ExitKind::Failed { requeue: true });
         failing.retries = 1;
         assert_eq!(exit_kind(&failing, false, 100), ExitKind::Failed { requeue: false });
-        failing.spec.restart = Some("always".into());
+        failing.spec.restart = Restart::Always;
         assert_eq!(exit_kind(&failing, false, 100), ExitKind::Restart);
     }
 

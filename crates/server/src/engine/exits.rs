@@ -16,7 +16,7 @@ pub(super) fn unstarted_entry(job: &JobRecord) -> Option<(u64, u64, u32)> {
     if job.run_started_ms.is_some() || job.running_on.is_empty() || !job.state.is_live() {
         return None;
     }
-    let drain = job.notice.as_ref().map(|n| n.1);
+    let drain = job.drain.as_ref().map(|n| n.deadline_ms);
     let cancel = job.cancel_notice.map(|c| c.1);
     let deadline = match (drain, cancel) {
         (Some(d), Some(c)) => d.min(c),
@@ -266,8 +266,11 @@ impl<S: Store> Engine<S> {
         self.deadline_attempt_ended(id, end_ms);
         let job = self.jobs.get_mut(&id).expect("live attempt");
         // A drill is not a drain in the counters: its time is run time.
-        let drained_ms =
-            job.notice.as_ref().filter(|_| effect != ExitEffect::Drilled).map(|n| end_ms.saturating_sub(n.0));
+        let drained_ms = job
+            .drain
+            .as_ref()
+            .filter(|_| effect != ExitEffect::Drilled)
+            .map(|n| end_ms.saturating_sub(n.notice_at_ms));
         let mut ended = end_attempt(job, effect, end_ms, now, min_runtime);
         if let Some(usage) = &ended.usage {
             self.store.add_usage(usage)?;

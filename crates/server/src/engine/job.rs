@@ -87,8 +87,14 @@ pub struct JobRecord {
     pub placement: Vec<(String, Vec<u8>)>,
     pub started_ms: u64,
     pub running_on: Vec<String>,
+    /// The live attempt's drain notice.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub notice: Option<(u64, u64, String)>,
+    pub drain: Option<DrainNotice>,
+    /// A drain notice as releases before typed notices stored it
+    /// (`[notice_at, deadline, reason]`): read, never written; recovery
+    /// turns it into `drain` (`DrainNotice::from_legacy`).
+    #[serde(default, rename = "notice", skip_serializing)]
+    pub legacy_notice: Option<(u64, u64, String)>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -215,6 +221,67 @@ pub struct JobRecord {
     pub no_output: bool,
 }
 
+/// A live attempt's drain: when its notice was given, when it is killed,
+/// what drained it, and why in words (as its `drain_notice` event said).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainNotice {
+    pub notice_at_ms: u64,
+    pub deadline_ms: u64,
+    pub cause: Drained,
+    pub reason: String,
+}
+
+/// What drained an attempt: the server's record of the core's
+/// `DrainReason`, with names where the core has dense indices.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Drained {
+    /// A job of a higher tier needed its GPUs.
+    Preempted { by: JobId },
+    /// The operator drained its node (for its health, or by hand).
+    Node { node: String },
+    /// The operator reclaimed the preemptible tier's GPUs.
+    Reclaim,
+    /// A fire drill.
+    Drill,
+    /// Its tenant borrowed past its quota while `waiting` waits.
+    Quota { waiting: TenantId },
+    /// Its tenant is furthest above its fair share while `waiting` waits.
+    FairShare { waiting: TenantId },
+}
+
+impl DrainNotice {
+    /// A notice a release before typed notices stored: its cause read
+    /// back from its words, the waiting tenant by the name they give
+    /// (`tenant_id`; a tenant since removed is `TenantId(0)`, which only
+    /// counts the drain).
+    pub fn from_legacy(
+        (notice_at_ms, deadline_ms, reason): (u64, u64, String),
+        drill: bool,
+        tenant_id: impl Fn(&str) -> Option<u32>,
+    ) -> DrainNotice {
+        let waiting = |text: &str, before: &str| {
+            let name = text.rsplit_once("; ").map_or("", |(_, tail)| tail);
+            TenantId(name.strip_suffix(before).and_then(&tenant_id).unwrap_or(0))
+        };
+        let cause = if drill || reason == super::plan::DRILL_REASON {
+            Drained::Drill
+        } else if let Some(by) = reason.strip_prefix("preempted by job ").and_then(|n| n.parse().ok()) {
+            Drained::Preempted { by: JobId(by) }
+        } else if reason.starts_with(super::plan::FAIR_SHARE_REASON) {
+            Drained::FairShare { waiting: waiting(&reason, " waits") }
+        } else if reason.starts_with(super::plan::QUOTA_REASON) {
+            Drained::Quota { waiting: waiting(&reason, " is under its own and waits") }
+        } else if let Some(rest) = reason.strip_prefix("node ") {
+            let node = rest.split_once(" drained ").map_or(rest, |(name, _)| name);
+            Drained::Node { node: node.to_string() }
+        } else {
+            Drained::Reclaim
+        };
+        DrainNotice { notice_at_ms, deadline_ms, cause, reason }
+    }
+}
+
 /// What the tally counts a job as: its tier, state and GPUs, and, while
 /// it is queued outside the core, why (a `Waiting`'s reason code).
 pub type Counted = (Tier, JobState, u32, Option<ebb_api::PendingReason>);
@@ -313,8 +380,8 @@ pub struct StoredSpec {
     pub max_retries: Option<u32>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub exit_on_drain_is_success: bool,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub restart: Option<String>,
+    #[serde(default, skip_serializing_if = "Restart::is_never", deserialize_with = "Restart::or_null")]
+    pub restart: Restart,
     /// The image it runs in, with the digest resolved at submit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<ebb_api::JobImage>,
@@ -332,6 +399,28 @@ pub struct StoredSpec {
     pub slurm: Option<Arc<ebb_api::SlurmBatch>>,
 }
 
+/// What happens when a job's attempt exits (but for a cancel).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Restart {
+    /// It ends: succeeded, failed, or retried by `max_retries`.
+    #[default]
+    Never,
+    /// It runs again after every exit, as a service does.
+    Always,
+}
+
+impl Restart {
+    fn is_never(&self) -> bool {
+        *self == Restart::Never
+    }
+
+    /// Early releases stored `"restart": null` for none.
+    fn or_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Restart, D::Error> {
+        Ok(Option::<Restart>::deserialize(d)?.unwrap_or_default())
+    }
+}
+
 impl From<JobSubmission> for StoredSpec {
     fn from(s: JobSubmission) -> StoredSpec {
         StoredSpec {
@@ -344,7 +433,8 @@ impl From<JobSubmission> for StoredSpec {
             priority: s.priority.unwrap_or(0),
             max_retries: s.max_retries,
             exit_on_drain_is_success: s.exit_on_drain_is_success,
-            restart: s.restart,
+            // Validated at submit: `never`, `always` or none.
+            restart: if s.restart.as_deref() == Some("always") { Restart::Always } else { Restart::Never },
             image: s
                 .image
                 .zip(s.image_digest)
@@ -405,7 +495,8 @@ impl JobRecord {
             placement: Vec::new(),
             started_ms: 0,
             running_on: Vec::new(),
-            notice: None,
+            drain: None,
+            legacy_notice: None,
             exit_code: None,
             exit_signal: None,
             cancel_requested: false,
@@ -556,4 +647,48 @@ mod tier_name {
 
 fn is_zero(n: &i32) -> bool {
     *n == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn legacy(reason: &str) -> Drained {
+        let tenants =
+            |name: &str| [("alpha", 3), ("beta team", 4)].into_iter().find(|t| t.0 == name).map(|t| t.1);
+        DrainNotice::from_legacy((10, 20, reason.to_string()), false, tenants).cause
+    }
+
+    #[test]
+    fn a_legacy_notice_is_read_back_into_its_cause() {
+        let fair = "fair share: alpha is furthest above its share of the preemptible tier (80% of its usage \
+                    against a weight of 50%); beta team waits";
+        let quota = "quota: alpha borrows past its quota of the preemptible tier; beta team is under its own and waits";
+        assert_eq!(legacy("preempted by job 17"), Drained::Preempted { by: JobId(17) });
+        assert_eq!(legacy(fair), Drained::FairShare { waiting: TenantId(4) });
+        assert_eq!(legacy(quota), Drained::Quota { waiting: TenantId(4) });
+        assert_eq!(legacy(&fair.replace("beta team", "gone")), Drained::FairShare { waiting: TenantId(0) });
+        assert_eq!(
+            legacy("node gpu-7 drained for its health: xid 79"),
+            Drained::Node { node: "gpu-7".into() }
+        );
+        assert_eq!(legacy("node gpu-7 drained by the operator"), Drained::Node { node: "gpu-7".into() });
+        assert_eq!(legacy(super::super::plan::DRILL_REASON), Drained::Drill);
+        assert_eq!(legacy("preemptible capacity reclaimed by the operator"), Drained::Reclaim);
+        let notice = DrainNotice::from_legacy((10, 20, "preempted by job 1".into()), true, |_| None);
+        assert_eq!((notice.notice_at_ms, notice.deadline_ms, notice.cause), (10, 20, Drained::Drill));
+    }
+
+    proptest! {
+        /// Whatever words an old record holds, reading them back neither
+        /// panics nor loses them, and the typed form survives a round trip.
+        #[test]
+        fn any_legacy_notice_reads_and_round_trips(reason in ".{0,80}", at in any::<u64>(), deadline in any::<u64>()) {
+            let notice = DrainNotice::from_legacy((at, deadline, reason.clone()), false, |n| n.len().try_into().ok());
+            prop_assert_eq!(&notice.reason, &reason);
+            let json = serde_json::to_string(&notice).unwrap();
+            prop_assert_eq!(serde_json::from_str::<DrainNotice>(&json).unwrap(), notice);
+        }
+    }
 }

@@ -75,7 +75,10 @@ pub use drill::{DrillExit, DrillRecord, NextAttempt, Resume, LOST_WORK_TOLERANCE
 pub use ending::STOP_GRACE_MS;
 pub use exits::UNSTARTED_GRACE_MS;
 use job::TenantLoad;
-pub use job::{restart_backoff_ms, CheckpointStats, JobRecord, JobState, StoredSpec, Waiting, QUICK_EXIT_MS};
+pub use job::{
+    restart_backoff_ms, CheckpointStats, DrainNotice, Drained, JobRecord, JobState, Restart, StoredSpec,
+    Waiting, QUICK_EXIT_MS,
+};
 pub use lines::{Lines, QuietPoll};
 pub use plan::BATCH_STARTS;
 use recovery::gpu_indices;

@@ -91,7 +91,7 @@ impl<S: Store> Engine<S> {
         let id = d.job.0;
         let (reason, cause) = match d.reason {
             DrainReason::Preempted { by } => {
-                (format!("preempted by job {}", by.0), DrainCause { by: Some(by.0), node: None })
+                (format!("preempted by job {}", by.0), Drained::Preempted { by })
             }
             DrainReason::NodeDrain { node } => {
                 let name = self.core.node(node).expect("known").name.clone();
@@ -99,44 +99,50 @@ impl<S: Store> Engine<S> {
                     Some(health) => format!("node {name} drained for its health: {health}"),
                     None => format!("node {name} drained by the operator"),
                 };
-                (why, DrainCause { by: None, node: Some(name) })
+                (why, Drained::Node { node: name })
             }
             DrainReason::Reclaim => {
-                ("preemptible capacity reclaimed by the operator".into(), DrainCause::default())
+                ("preemptible capacity reclaimed by the operator".into(), Drained::Reclaim)
             }
-            DrainReason::Drill => (DRILL_REASON.into(), DrainCause::default()),
+            DrainReason::Drill => (DRILL_REASON.into(), Drained::Drill),
             DrainReason::Quota { tenant } => {
                 let job = &self.jobs[&id];
-                (
-                    format!(
-                        "{QUOTA_REASON} {} borrows past its quota of the {} tier; {} is under its own and waits",
-                        self.tenant_name(job.tenant),
-                        job.tier,
-                        self.tenant_name(tenant.0)
-                    ),
-                    DrainCause::default(),
-                )
+                let why = format!(
+                    "{QUOTA_REASON} {} borrows past its quota of the {} tier; {} is under its own and waits",
+                    self.tenant_name(job.tenant),
+                    job.tier,
+                    self.tenant_name(tenant.0)
+                );
+                (why, Drained::Quota { waiting: tenant })
             }
             DrainReason::FairShare { tenant } => {
                 let job = &self.jobs[&id];
                 let victim = self.tenant_name(job.tenant);
                 let share = self.core.share(job.tier, TenantId(job.tenant), Time(d.notice_at.0));
-                (
-                    format!(
-                        "{FAIR_SHARE_REASON} {victim} is furthest above its share of the {} tier ({:.0}% of its usage \
-                         against a weight of {:.0}%); {} waits",
-                        job.tier,
-                        share.share * 100.0,
-                        share.weight_share * 100.0,
-                        self.tenant_name(tenant.0)
-                    ),
-                    DrainCause::default(),
-                )
+                let why = format!(
+                    "{FAIR_SHARE_REASON} {victim} is furthest above its share of the {} tier ({:.0}% of its usage \
+                     against a weight of {:.0}%); {} waits",
+                    job.tier,
+                    share.share * 100.0,
+                    share.weight_share * 100.0,
+                    self.tenant_name(tenant.0)
+                );
+                (why, Drained::FairShare { waiting: tenant })
             }
+        };
+        let detail = match &cause {
+            Drained::Preempted { by } => DrainCause { by: Some(by.0), node: None },
+            Drained::Node { node } => DrainCause { by: None, node: Some(node.clone()) },
+            _ => DrainCause::default(),
         };
         let job = self.jobs.get_mut(&id).expect("known job");
         job.state = JobState::Draining;
-        job.notice = Some((d.notice_at.0, d.deadline.0, reason.clone()));
+        job.drain = Some(DrainNotice {
+            notice_at_ms: d.notice_at.0,
+            deadline_ms: d.deadline.0,
+            cause,
+            reason: reason.clone(),
+        });
         if let Some(entry) = super::exits::unstarted_entry(job) {
             self.unstarted.insert(entry);
         }
@@ -154,7 +160,7 @@ impl<S: Store> Engine<S> {
             reason,
             notice_at: rfc3339(d.notice_at.0),
             deadline: rfc3339(d.deadline.0),
-            detail: cause,
+            detail,
         };
         self.event(id, Event::DrainNotice(detail))?;
         self.save(id)
@@ -226,7 +232,7 @@ impl<S: Store> Engine<S> {
         job.placement = placement.clone();
         job.running_on = placement.iter().map(|(n, _)| n.clone()).collect();
         job.started_ms = now;
-        job.notice = None;
+        job.drain = None;
         job.held.clear();
         job.waiting_for.clear();
         job.exit_code = None;

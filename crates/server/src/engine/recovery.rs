@@ -213,6 +213,13 @@ impl<S: Store> Engine<S> {
                 }
             }
             let mut job = job;
+            if let Some(notice) = job.legacy_notice.clone() {
+                let drilled =
+                    job.drill.as_ref().is_some_and(|d| d.attempt == job.attempt && d.exit.is_none());
+                let names = &self.tenants.names;
+                let tenant_id = |name: &str| names.iter().find(|(_, n)| *n == name).map(|(id, _)| *id);
+                job.drain = Some(DrainNotice::from_legacy(notice, drilled, tenant_id));
+            }
             if job.deadline.as_ref().is_some_and(|d| d.promoted.is_none()) && !state.is_final() {
                 self.deadlines.insert((0, id)); // judged at the first pass
             }
@@ -284,6 +291,14 @@ impl<S: Store> Engine<S> {
                 }
             }
             self.money.reservations.insert(r.id, r);
+        }
+        // Drain notices in the form of releases before typed notices are
+        // written in the new one (`load_jobs` read them).
+        let legacy: Vec<u64> =
+            self.jobs.values().filter(|j| j.legacy_notice.is_some()).map(|j| j.id).collect();
+        for id in legacy {
+            self.jobs.get_mut(&id).expect("loaded").legacy_notice = None;
+            self.save(id)?;
         }
         for (id, why) in unrestored {
             let job = &self.jobs[&id];
@@ -405,24 +420,14 @@ impl<S: Store> Engine<S> {
     pub(super) fn restore(&mut self, id: u64) -> Result<(), String> {
         let job = &self.jobs[&id];
         let alloc = self.masks(&job.placement)?;
-        // The core needs to know a drill's notice from the others (its
-        // exit requeues the job as drilled); any other reason will do.
-        let drilled = job.drill.as_ref().is_some_and(|d| d.attempt == job.attempt && d.exit.is_none());
-        let notice = job.notice.as_ref().map(|(at, deadline, _)| Notice {
-            notice_at: Time(*at),
-            deadline: Time(*deadline),
-            // A fair-share drain is counted: while one drains, no more are chosen.
-            reason: match job.notice.as_ref().map(|n| n.2.as_str()) {
-                _ if drilled => DrainReason::Drill,
-                Some(r) if r.starts_with(super::plan::FAIR_SHARE_REASON) => {
-                    DrainReason::FairShare { tenant: TenantId(0) }
-                }
-                Some(r) if r.starts_with(super::plan::QUOTA_REASON) => {
-                    DrainReason::Quota { tenant: TenantId(0) }
-                }
-                _ => DrainReason::Reclaim,
-            },
-        });
+        let notice = match &job.drain {
+            Some(n) => Some(Notice {
+                notice_at: Time(n.notice_at_ms),
+                deadline: Time(n.deadline_ms),
+                reason: self.drain_reason(&n.cause)?,
+            }),
+            None => None,
+        };
         let (attempt, preemptions, started) = (job.attempt, job.preemptions, job.started_ms);
         let checkpoint = job.attempt_checkpoint_ms.map(Time);
         self.core
@@ -439,6 +444,23 @@ impl<S: Store> Engine<S> {
             )
             .map_err(|e| e.to_string())?;
         self.restore_drilled(id)
+    }
+
+    /// The core's reason for a stored drain (its node by name).
+    fn drain_reason(&self, cause: &Drained) -> Result<DrainReason, String> {
+        Ok(match cause {
+            Drained::Preempted { by } => DrainReason::Preempted { by: *by },
+            Drained::Node { node } => DrainReason::NodeDrain {
+                node: self
+                    .core
+                    .node_by_name(node)
+                    .ok_or_else(|| format!("drained on unknown node {node}"))?,
+            },
+            Drained::Reclaim => DrainReason::Reclaim,
+            Drained::Drill => DrainReason::Drill,
+            Drained::Quota { waiting } => DrainReason::Quota { tenant: *waiting },
+            Drained::FairShare { waiting } => DrainReason::FairShare { tenant: *waiting },
+        })
     }
 
     pub(super) fn restore_hold(&mut self, id: u64) -> Result<(), String> {

@@ -381,10 +381,10 @@ impl<S: Store> Engine<S> {
                     let job = self.jobs.get(&j.0)?;
                     let (_, gpus) = job.placement.iter().find(|(node, _)| node == name)?;
                     let deadline = job
-                        .notice
+                        .drain
                         .as_ref()
                         .filter(|_| job.state == JobState::Draining)
-                        .map(|(_, deadline, _)| rfc3339(*deadline));
+                        .map(|n| rfc3339(n.deadline_ms));
                     Some(ebb_api::NodeJob {
                         job: j.0,
                         gpus: gpus.clone(),

@@ -163,3 +163,102 @@ fn a_database_written_by_the_release_before_is_migrated_and_everything_in_it_kep
     assert_eq!(page.jobs.len(), 6);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `fixtures/ebb-1706fbc.db` is what `ebb up` of commit 1706fbc left after
+/// `kill -9` (`--export NONE`-like environments, 2 nodes of 8 GPUs): job 1
+/// succeeded and job 2 failed (one usage record each), job 3 draining for
+/// job 5 (a notice in the form before typed notices), job 4 a
+/// `--restart always` service, job 5 holding job 3's GPUs with its start
+/// staged, job 6 waiting on job 5, job 7 cancelled while queued, job 8
+/// queued.
+#[test]
+fn a_database_written_before_typed_records_opens_with_every_job_attempt_and_usage_record() {
+    let dir = std::env::temp_dir().join(format!("ebb-migrate-typed-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("logs")).unwrap();
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    std::fs::copy(fixtures.join("ebb-1706fbc.db"), dir.join("ebb.db")).unwrap();
+    // The fixture's clock: a minute after its notice, inside the drain.
+    let now = 1_796_537_998_981;
+    let config = EngineConfig {
+        drain_window: Span(300_000),
+        heartbeat_timeout: Span(10_000),
+        keep_finished: Span(300_000),
+        ..EngineConfig::for_tests(&dir)
+    };
+    let read_records = || {
+        let conn = rusqlite::Connection::open(dir.join("ebb.db")).unwrap();
+        let mut stmt = conn.prepare("SELECT record FROM jobs ORDER BY id").unwrap();
+        let rows = stmt.query_map([], |r| r.get::<_, String>(0)).unwrap();
+        rows.map(|r| serde_json::from_str::<serde_json::Value>(&r.unwrap()).unwrap()).collect::<Vec<_>>()
+    };
+    let before = read_records();
+    assert_eq!(before[2]["notice"][2], "preempted by job 5", "the fixture has a notice of the old form");
+
+    let mut store = SqliteStore::open(&dir.join("ebb.db")).unwrap();
+    assert_eq!(store.usage(None, 0, u64::MAX).unwrap().len(), 2, "both usage records are kept");
+    let tokens = Arc::new(RwLock::new(HashMap::new()));
+    let (mut engine, _) =
+        Engine::open(store, config.clone(), tokens.clone(), now).map_err(|e| e.message).unwrap();
+    let admin = Principal::tenant(Scope::Admin, 1, "default");
+    let job = |engine: &mut Engine<SqliteStore>, id: u64| {
+        let principal = admin.clone();
+        call_at(engine, now, |reply| Msg::Job { principal, id, reply }).unwrap()
+    };
+    let expect = [
+        (1, "succeeded", 1, 1),
+        (2, "failed", 1, 1),
+        (3, "draining", 1, 0),
+        (4, "running", 1, 0),
+        (5, "queued", 0, 0),
+        (6, "queued", 0, 0),
+        (7, "cancelled", 0, 0),
+        (8, "queued", 0, 0),
+    ];
+    let check = |engine: &mut Engine<SqliteStore>| {
+        for (id, state, attempt, usage) in expect {
+            let j = job(engine, id);
+            assert_eq!(
+                (j.id, j.state.as_str(), j.attempt, j.usage.len()),
+                (id, state, attempt, usage),
+                "job {id}"
+            );
+            assert_eq!(j.events.first().map(|e| e.kind()), Some(EventKind::Submitted), "job {id}'s timeline");
+        }
+        let victim = job(engine, 3);
+        let Some(Event::DrainNotice(notice)) = victim.events.last().map(|e| &e.event) else { panic!() };
+        assert_eq!((notice.detail.by, notice.reason.as_str()), (Some(5), "preempted by job 5"));
+        assert_eq!(victim.placement.len(), 1);
+        let preemptor = job(engine, 5);
+        assert_eq!(
+            preemptor.pending_reason,
+            Some(ebb_api::PendingReason::VictimsDraining),
+            "its hold restored"
+        );
+        assert_eq!(job(engine, 6).pending_reason, Some(ebb_api::PendingReason::Dependency));
+    };
+    check(&mut engine);
+    drop(engine);
+
+    // The notice is stored in its typed form now, and only so.
+    let after = read_records();
+    assert_eq!(after.len(), 8);
+    assert!(after[2].get("notice").is_none(), "{}", after[2]);
+    assert_eq!(after[2]["drain"]["cause"], serde_json::json!({"kind": "preempted", "by": 5}));
+    assert_eq!(after[2]["drain"]["reason"], "preempted by job 5");
+    assert_eq!(after[2]["drain"]["deadline_ms"], before[2]["notice"][1]);
+    assert_eq!(after[3]["spec"]["restart"], "always");
+
+    // Opened again from the new form, it is the same.
+    let store = SqliteStore::open(&dir.join("ebb.db")).unwrap();
+    let (mut engine, _) = Engine::open(store, config, tokens, now).map_err(|e| e.message).unwrap();
+    check(&mut engine);
+    drop(engine);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn call_at<T>(engine: &mut Engine<SqliteStore>, now: u64, make: impl FnOnce(oneshot::Sender<T>) -> Msg) -> T {
+    let (tx, mut rx) = oneshot::channel();
+    engine.batch(vec![make(tx)], now).unwrap();
+    rx.try_recv().expect("answered")
+}
