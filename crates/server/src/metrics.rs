@@ -203,8 +203,20 @@ fn counter_f64(value: f64) -> Counter<f64> {
     c
 }
 
+/// The Prometheus text of a snapshot.
 pub fn render(s: &Snapshot) -> String {
     let mut registry = Registry::with_prefix("ebb");
+    register_state(&mut registry, s);
+    register_tenants(&mut registry, s);
+    register_outcomes(&mut registry, &s.counters);
+    register_operations(&mut registry, s);
+    let mut text = String::new();
+    encode(&mut text, &registry).expect("metrics encode into a string");
+    text
+}
+
+/// What the server holds now: jobs, GPUs and nodes.
+fn register_state(registry: &mut Registry, s: &Snapshot) {
     let count = |map: &BTreeMap<(&str, &str), u64>, key: (&str, &str)| map.get(&key).copied().unwrap_or(0);
 
     let jobs = Family::<Labels, Gauge>::default();
@@ -253,7 +265,10 @@ pub fn render(s: &Snapshot) -> String {
             .set(s.nodes.get(status).copied().unwrap_or(0) as i64);
     }
     registry.register("nodes", "Nodes by status", nodes);
+}
 
+/// Tenants' fair shares and quotas.
+fn register_tenants(registry: &mut Registry, s: &Snapshot) {
     let [share, weight_share, usage] = [(); 3].map(|_| Family::<Labels, Gauge<f64, AtomicU64>>::default());
     for ((tenant, tier), &(s_, w, u)) in &s.shares {
         let l = labels(&[("tenant", tenant), ("tier", tier)]);
@@ -290,8 +305,11 @@ pub fn render(s: &Snapshot) -> String {
         "A tenant's quota in a tier on a GPU model, and the GPUs it uses against it",
         quota,
     );
+}
 
-    let c = &s.counters;
+/// What jobs came to since the server started: submissions, preemptions,
+/// drains, checkpoints, lost work, revenue.
+fn register_outcomes(registry: &mut Registry, c: &Counters) {
     registry.register("submissions", "Jobs submitted since the server started", counter(c.submitted));
     registry.register(
         "preemptions",
@@ -335,6 +353,12 @@ pub fn render(s: &Snapshot) -> String {
         Unit::Other("usd".into()),
         revenue,
     );
+}
+
+/// The server's own work since it started: agents' polls and
+/// registrations, starts sent ahead, health findings, drills, passes.
+fn register_operations(registry: &mut Registry, s: &Snapshot) {
+    let c = &s.counters;
     let polls = Family::<Labels, Counter>::default();
     polls.get_or_create(&labels(&[("answered", "writer")])).inc_by(c.polls_writer);
     polls.get_or_create(&labels(&[("answered", "quiet")])).inc_by(c.polls_quiet);
@@ -390,9 +414,6 @@ pub fn render(s: &Snapshot) -> String {
         Unit::Seconds,
         counter_f64(c.pass_seconds),
     );
-    let mut text = String::new();
-    encode(&mut text, &registry).expect("metrics encode into a string");
-    text
 }
 
 #[cfg(test)]

@@ -102,50 +102,14 @@ pub fn stored_bytes(argv: &[String], env: &BTreeMap<String, String>) -> u64 {
     argv.saturating_add(env)
 }
 
-/// Refusals the API document states (a limit, a pattern) are 400s; those
-/// it cannot state (what this cluster has, how fields relate, limits the
-/// operator sets) are 422s.
 /// A tenant's priorities among its own jobs run from -this to this.
 pub const MAX_PRIORITY: i32 = 1000;
 
+/// A submission checked field by field. Refusals the API document states
+/// (a limit, a pattern) are 400s; those it cannot state (what this cluster
+/// has, how fields relate, limits the operator sets) are 422s.
 pub fn submission(spec: &JobSubmission, core: &State, limits: &Limits) -> Result<Checked, ApiError> {
-    let bad = |m: String| Err(ApiError::bad_request(m));
-    let refuse = |m: String| Err(ApiError::unprocessable(m));
-    match spec.argv.first() {
-        None => return bad("argv: must name a program to run".into()),
-        Some(program) if program.is_empty() => return refuse("argv: the program name is empty".into()),
-        _ => {}
-    }
-    if spec.argv.iter().any(|a| a.contains('\0')) {
-        return bad("argv: arguments must not contain NUL bytes".into());
-    }
-    let one = limits.max_argument_bytes;
-    if let Some((i, arg)) = spec.argv.iter().enumerate().find(|(_, a)| a.len() as u64 >= one) {
-        return refuse(format!(
-            "argv[{i}]: {} bytes, over the limit of {} bytes for one argument (ebb server --max-argument-bytes)",
-            arg.len(),
-            one - 1
-        ));
-    }
-    if let Some((key, value)) = spec.env.iter().find(|(k, v)| (k.len() + v.len()) as u64 + 1 >= one) {
-        return refuse(format!(
-            "env: {key}={} bytes, over the limit of {} bytes for one variable (ebb server --max-argument-bytes)",
-            key.len() + value.len() + 1,
-            one - 1
-        ));
-    }
-    let command = command_bytes(&spec.argv, &spec.env);
-    if command > limits.max_command_bytes {
-        return refuse(format!(
-            "argv and env: {command} bytes together, over the limit of {} (ebb server --max-command-bytes)",
-            limits.max_command_bytes
-        ));
-    }
-    if let Some(dir) = &spec.workdir {
-        if dir.is_empty() || dir.len() > 4096 || dir.contains('\0') || !dir.starts_with('/') {
-            return refuse("workdir: must be an absolute path of at most 4096 bytes".into());
-        }
-    }
+    command(spec, limits)?;
     let tier = match spec.tier.as_deref() {
         None => Tier::Preemptible,
         Some(t) => t.parse::<Tier>().map_err(|e| ApiError::bad_request(format!("tier: {e}")))?,
@@ -157,23 +121,7 @@ pub fn submission(spec: &JobSubmission, core: &State, limits: &Limits) -> Result
     if let Some(p) = spec.priority.filter(|p| !(-MAX_PRIORITY..=MAX_PRIORITY).contains(p)) {
         return bad(format!("priority: must be between -{MAX_PRIORITY} and {MAX_PRIORITY}, got {p}"));
     }
-    for (key, value) in &spec.env {
-        let valid = !key.is_empty()
-            && !key.starts_with(|c: char| c.is_ascii_digit())
-            && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-        if !valid {
-            return bad(format!("env: {key:?} is not a valid variable name"));
-        }
-        // `EBB_SIM_*` are the submitter's: they say what a job does on a
-        // simulated node (`ebb agent --simulate-nodes`), and a real one
-        // passes them on like any variable.
-        if (key.starts_with("EBB_") && !key.starts_with("EBB_SIM_")) || key == "CUDA_VISIBLE_DEVICES" {
-            return bad(format!("env: {key} is set by ebb and cannot be overridden"));
-        }
-        if value.contains('\0') {
-            return bad(format!("env: the value of {key} contains a NUL byte"));
-        }
-    }
+    environment(spec)?;
     let signal = match &spec.signal {
         None => 15,
         Some(name) => parse_signal(name).ok_or_else(|| {
@@ -185,56 +133,12 @@ pub fn submission(spec: &JobSubmission, core: &State, limits: &Limits) -> Result
             return bad("name: must be one line of at most 256 characters".into());
         }
     }
-    // Against the cluster as it is: a model that exists, a shape that fits.
-    let models: Vec<_> = core.models().collect();
-    if let Some(wanted) = &spec.gpu_model {
-        if !models.is_empty() && core.model_by_name(wanted).is_none() {
-            let known: Vec<String> =
-                models.iter().map(|(_, m)| format!("{} {} GPUs in service", m.name, m.capacity)).collect();
-            return refuse(format!(
-                "gpu_model: no node has {wanted:?}; the cluster has {}",
-                known.join(", ")
-            ));
-        }
-    }
-    let candidates: Vec<_> =
-        models.iter().filter(|(_, m)| spec.gpu_model.as_deref().is_none_or(|w| w == m.name)).collect();
-    if !candidates.is_empty() && !candidates.iter().any(|(_, m)| shape_fits(gpus, m.gpus_per_node)) {
-        let per_node = candidates[0].1.gpus_per_node;
-        return refuse(format!(
-            "gpus: {gpus} GPUs cannot be placed on nodes of {} (at most {per_node}, or a multiple of {per_node})",
-            ebb_core::count(u64::from(per_node), "GPU")
-        ));
-    }
+    shape_in_cluster(spec, gpus, core)?;
     match spec.restart.as_deref() {
         None | Some("never") | Some("always") => {}
         Some(other) => return bad(format!("restart: expected never or always, got {other:?}")),
     }
-    let mut tasks = match spec.array.as_deref() {
-        None => Vec::new(),
-        Some(text) => {
-            let (first, last) = parse_array(text, limits.max_array_tasks).map_err(|e| {
-                let message = format!("array: {e}");
-                // 400 for text the document's pattern rules out; 422 for a
-                // range it allows that runs backwards or is too long.
-                if array_pattern_allows(text) {
-                    ApiError::unprocessable(message)
-                } else {
-                    ApiError::bad_request(message)
-                }
-            })?;
-            (first..=last).map(|index| Task { index, params: Vec::new() }).collect()
-        }
-    };
-    if !spec.sweep.is_empty() {
-        if spec.array.is_some() {
-            return refuse(
-                "sweep: cannot be combined with array (a sweep is an array of its combinations)".into(),
-            );
-        }
-        tasks = sweep_tasks(&spec.sweep, limits.max_array_tasks)
-            .map_err(|e| ApiError::unprocessable(format!("sweep: {e}")))?;
-    }
+    let tasks = tasks(spec, limits)?;
     let deadline_ms = match spec.deadline.as_deref() {
         None => None,
         Some(_) if tier != Tier::Preemptible => {
@@ -273,6 +177,131 @@ pub fn submission(spec: &JobSubmission, core: &State, limits: &Limits) -> Result
         }
     }
     Ok(Checked { tier, gpus, signal, deadline_ms, tasks })
+}
+
+fn bad<T>(m: String) -> Result<T, ApiError> {
+    Err(ApiError::bad_request(m))
+}
+
+fn refuse<T>(m: String) -> Result<T, ApiError> {
+    Err(ApiError::unprocessable(m))
+}
+
+/// Its command: a program, no NUL bytes, within the operator's sizes.
+fn command(spec: &JobSubmission, limits: &Limits) -> Result<(), ApiError> {
+    match spec.argv.first() {
+        None => return bad("argv: must name a program to run".into()),
+        Some(program) if program.is_empty() => return refuse("argv: the program name is empty".into()),
+        _ => {}
+    }
+    if spec.argv.iter().any(|a| a.contains('\0')) {
+        return bad("argv: arguments must not contain NUL bytes".into());
+    }
+    let one = limits.max_argument_bytes;
+    if let Some((i, arg)) = spec.argv.iter().enumerate().find(|(_, a)| a.len() as u64 >= one) {
+        return refuse(format!(
+            "argv[{i}]: {} bytes, over the limit of {} bytes for one argument (ebb server --max-argument-bytes)",
+            arg.len(),
+            one - 1
+        ));
+    }
+    if let Some((key, value)) = spec.env.iter().find(|(k, v)| (k.len() + v.len()) as u64 + 1 >= one) {
+        return refuse(format!(
+            "env: {key}={} bytes, over the limit of {} bytes for one variable (ebb server --max-argument-bytes)",
+            key.len() + value.len() + 1,
+            one - 1
+        ));
+    }
+    let command = command_bytes(&spec.argv, &spec.env);
+    if command > limits.max_command_bytes {
+        return refuse(format!(
+            "argv and env: {command} bytes together, over the limit of {} (ebb server --max-command-bytes)",
+            limits.max_command_bytes
+        ));
+    }
+    if let Some(dir) = &spec.workdir {
+        if dir.is_empty() || dir.len() > 4096 || dir.contains('\0') || !dir.starts_with('/') {
+            return refuse("workdir: must be an absolute path of at most 4096 bytes".into());
+        }
+    }
+    Ok(())
+}
+
+/// Its environment: names a shell takes, none of Ebb's own.
+fn environment(spec: &JobSubmission) -> Result<(), ApiError> {
+    for (key, value) in &spec.env {
+        let valid = !key.is_empty()
+            && !key.starts_with(|c: char| c.is_ascii_digit())
+            && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !valid {
+            return bad(format!("env: {key:?} is not a valid variable name"));
+        }
+        // `EBB_SIM_*` are the submitter's: they say what a job does on a
+        // simulated node (`ebb agent --simulate-nodes`), and a real one
+        // passes them on like any variable.
+        if (key.starts_with("EBB_") && !key.starts_with("EBB_SIM_")) || key == "CUDA_VISIBLE_DEVICES" {
+            return bad(format!("env: {key} is set by ebb and cannot be overridden"));
+        }
+        if value.contains('\0') {
+            return bad(format!("env: the value of {key} contains a NUL byte"));
+        }
+    }
+    Ok(())
+}
+
+/// Against the cluster as it is: a model that exists, a shape that fits.
+fn shape_in_cluster(spec: &JobSubmission, gpus: u32, core: &State) -> Result<(), ApiError> {
+    let models: Vec<_> = core.models().collect();
+    if let Some(wanted) = &spec.gpu_model {
+        if !models.is_empty() && core.model_by_name(wanted).is_none() {
+            let known: Vec<String> =
+                models.iter().map(|(_, m)| format!("{} {} GPUs in service", m.name, m.capacity)).collect();
+            return refuse(format!(
+                "gpu_model: no node has {wanted:?}; the cluster has {}",
+                known.join(", ")
+            ));
+        }
+    }
+    let candidates: Vec<_> =
+        models.iter().filter(|(_, m)| spec.gpu_model.as_deref().is_none_or(|w| w == m.name)).collect();
+    if !candidates.is_empty() && !candidates.iter().any(|(_, m)| shape_fits(gpus, m.gpus_per_node)) {
+        let per_node = candidates[0].1.gpus_per_node;
+        return refuse(format!(
+            "gpus: {gpus} GPUs cannot be placed on nodes of {} (at most {per_node}, or a multiple of {per_node})",
+            ebb_core::count(u64::from(per_node), "GPU")
+        ));
+    }
+    Ok(())
+}
+
+/// An array's or a sweep's tasks (none for a single job).
+fn tasks(spec: &JobSubmission, limits: &Limits) -> Result<Vec<Task>, ApiError> {
+    let mut tasks = match spec.array.as_deref() {
+        None => Vec::new(),
+        Some(text) => {
+            let (first, last) = parse_array(text, limits.max_array_tasks).map_err(|e| {
+                let message = format!("array: {e}");
+                // 400 for text the document's pattern rules out; 422 for a
+                // range it allows that runs backwards or is too long.
+                if array_pattern_allows(text) {
+                    ApiError::unprocessable(message)
+                } else {
+                    ApiError::bad_request(message)
+                }
+            })?;
+            (first..=last).map(|index| Task { index, params: Vec::new() }).collect()
+        }
+    };
+    if !spec.sweep.is_empty() {
+        if spec.array.is_some() {
+            return refuse(
+                "sweep: cannot be combined with array (a sweep is an array of its combinations)".into(),
+            );
+        }
+        tasks = sweep_tasks(&spec.sweep, limits.max_array_tasks)
+            .map_err(|e| ApiError::unprocessable(format!("sweep: {e}")))?;
+    }
+    Ok(tasks)
 }
 
 /// The longest time limit: a year.

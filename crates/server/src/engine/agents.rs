@@ -368,193 +368,165 @@ impl<S: Store> Engine<S> {
         events: Vec<AgentEvent>,
         now: u64,
     ) -> Written<BTreeSet<AttemptRef>> {
-        let node = node.to_string();
         let mut stale = BTreeSet::new();
         for event in events {
-            // A start staged ahead, before its placement: placed by its
-            // start (or the checkpoint restored just before it, sent once
-            // its process runs); withdrawn if it ended without one (it
-            // could not start: the placement's own start will say why);
-            // what else it says before then (its image's pull) is not kept.
-            if let Some(attempt) = staged_attempt(&event).filter(|a| self.staged_on(*a, &node)) {
-                match &event {
-                    AgentEvent::Started { .. } | AgentEvent::Restored { .. } => {
-                        if !self.place_staged(attempt.job, now)? {
-                            stale.insert(attempt);
-                            continue;
-                        }
-                    }
-                    AgentEvent::Exited { .. } => {
-                        self.withdraw(attempt.job)?;
-                        continue;
-                    }
-                    _ => continue,
-                }
+            if let Some(attempt) = self.apply_event(node, event, now)? {
+                stale.insert(attempt);
             }
-            match event {
-                AgentEvent::Started { attempt, pid, at_ms } => {
-                    if !self.live_on(attempt, &node) {
-                        stale.insert(attempt);
-                        continue;
+        }
+        Ok(stale)
+    }
+
+    /// One event of a node's; the attempt it spoke of if that is stale.
+    fn apply_event(&mut self, node: &str, event: AgentEvent, now: u64) -> Written<Option<AttemptRef>> {
+        // A start staged ahead, before its placement: placed by its start
+        // (or the checkpoint restored just before it, sent once its
+        // process runs), the event then the placement's; withdrawn if it
+        // ended without one (it could not start: the placement's own start
+        // will say why); what else it says before then (its image's pull)
+        // is not kept.
+        if let Some(attempt) = staged_attempt(&event).filter(|a| self.staged_on(*a, node)) {
+            match &event {
+                AgentEvent::Started { .. } | AgentEvent::Restored { .. } => {
+                    if !self.place_staged(attempt.job, now)? {
+                        return Ok(Some(attempt));
                     }
-                    let at_ms = self.known_time(attempt, at_ms, now);
-                    let job = self.jobs.get_mut(&attempt.job).expect("live");
-                    if job.started_on.contains(&node) {
-                        continue;
-                    }
-                    // A gang runs once every node has started its part.
-                    job.started_on.push(node.clone());
-                    job.run_started_ms = Some(job.run_started_ms.map_or(at_ms, |t| t.min(at_ms)));
-                    if job.state == JobState::Starting && job.started_on.len() == job.placement.len() {
-                        job.state = JobState::Running;
-                    }
-                    let detail = StartedDetail { node: node.clone(), pid, at: Some(rfc3339(at_ms)) };
-                    self.event(attempt.job, Event::Started(detail))?;
-                    self.drill_changed(attempt.job, |d| d.started(attempt.attempt, at_ms, now))?;
-                    self.save(attempt.job)?;
                 }
-                AgentEvent::Exited {
-                    attempt,
+                AgentEvent::Exited { .. } => {
+                    self.withdraw(attempt.job)?;
+                    return Ok(None);
+                }
+                _ => return Ok(None),
+            }
+        }
+        if let Some(attempt) = event_attempt(&event).filter(|a| !self.live_on(*a, node)) {
+            // An exit of one already accounted for (lost or fenced) is
+            // no news; anything else tells the node to stop it.
+            return Ok((!matches!(event, AgentEvent::Exited { .. })).then_some(attempt));
+        }
+        match event {
+            AgentEvent::Started { attempt, pid, at_ms } => {
+                let at_ms = self.known_time(attempt, at_ms, now);
+                self.part_started(node, attempt, pid, at_ms, now)?;
+            }
+            AgentEvent::Exited {
+                attempt,
+                code,
+                signal,
+                completed,
+                at_ms,
+                peak_memory_bytes,
+                start_error,
+                port_in_use,
+                ended_by,
+            } => {
+                // Not before the attempt's start, as the record has it.
+                let started = self.jobs[&attempt.job].run_started_ms.unwrap_or(0);
+                let at_ms = self.known_time(attempt, at_ms.max(started), now);
+                // A node's words, kept to a line's worth.
+                let start_error = start_error.map(|e| clip(&e, MAX_START_ERROR_BYTES));
+                let exit = PartExit {
                     code,
                     signal,
                     completed,
-                    at_ms,
+                    vanished: false,
                     peak_memory_bytes,
                     start_error,
                     port_in_use,
                     ended_by,
-                } => {
-                    if !self.live_on(attempt, &node) {
-                        continue; // already accounted for (lost or fenced)
-                    }
-                    // Not before the attempt's start, as the record has it.
-                    let started = self.jobs[&attempt.job].run_started_ms.unwrap_or(0);
-                    let at_ms = self.known_time(attempt, at_ms.max(started), now);
-                    // A node's words, kept to a line's worth.
-                    let start_error = start_error.map(|e| clip(&e, MAX_START_ERROR_BYTES));
-                    let exit = PartExit {
-                        code,
-                        signal,
-                        completed,
-                        vanished: false,
-                        peak_memory_bytes,
-                        start_error,
-                        port_in_use,
-                        ended_by,
-                    };
-                    self.part_exited(&node, attempt, exit, at_ms, now)?;
-                }
-                AgentEvent::Checkpoint { attempt, step, bytes, duration_ms, at_ms } => {
-                    if !self.live_on(attempt, &node) {
-                        stale.insert(attempt);
-                        continue;
-                    }
-                    let at_ms = self.known_time(attempt, at_ms, now);
-                    self.checkpointed(attempt, step, bytes, duration_ms, at_ms, now)?;
-                }
-                AgentEvent::Resumed { attempt, step, at_ms } => {
-                    if !self.live_on(attempt, &node) {
-                        stale.insert(attempt);
-                        continue;
-                    }
-                    let at_ms = self.known_time(attempt, at_ms, now);
-                    self.event(
-                        attempt.job,
-                        Event::Resumed(ResumedDetail { step, at: Some(rfc3339(at_ms)) }),
-                    )?;
-                    self.drill_changed(attempt.job, |d| d.resumed(attempt.attempt, step, at_ms, now))?;
-                    self.save(attempt.job)?;
-                }
-                AgentEvent::Restored {
-                    attempt,
-                    from_attempt,
-                    upload,
-                    step,
-                    files,
-                    bytes,
-                    duration_ms,
-                    at_ms,
-                } => {
-                    if !self.live_on(attempt, &node) {
-                        stale.insert(attempt);
-                        continue;
-                    }
-                    let at_ms = self.known_time(attempt, at_ms, now);
-                    let detail = RestoredDetail {
-                        node: node.clone(),
-                        from_attempt,
-                        upload,
-                        step,
-                        files,
-                        bytes,
-                        seconds: duration_ms as f64 / 1000.0,
-                        at: Some(rfc3339(at_ms)),
-                    };
-                    self.event(attempt.job, Event::Restored(detail))?;
-                }
-                AgentEvent::Progress { attempt, fraction, at_ms } => {
-                    if !self.live_on(attempt, &node) {
-                        stale.insert(attempt);
-                        continue;
-                    }
-                    let at_ms = self.known_time(attempt, at_ms, now);
-                    self.progressed(attempt, fraction, at_ms, now)?;
-                }
-                AgentEvent::Pulling { attempt, done_bytes, total_bytes, at_ms } => {
-                    if !self.live_on(attempt, &node) {
-                        stale.insert(attempt);
-                        continue;
-                    }
-                    let at_ms = self.known_time(attempt, at_ms, now);
-                    let job = self.jobs.get_mut(&attempt.job).expect("live");
-                    let first = job.pulling.as_ref().is_none_or(|(n, _, _)| *n != node) || done_bytes == 0;
-                    job.pulling = Some((node.clone(), done_bytes.min(total_bytes), total_bytes));
-                    if first {
-                        let digest = job.spec.image.as_ref().map(|i| i.digest.clone());
-                        let detail = PullingDetail {
-                            node: node.clone(),
-                            digest,
-                            total_bytes,
-                            at: Some(rfc3339(at_ms)),
-                        };
-                        self.event(attempt.job, Event::Pulling(detail))?;
-                    }
-                    self.save(attempt.job)?;
-                }
-                AgentEvent::Pulled { attempt, downloaded_bytes, duration_ms, at_ms } => {
-                    if !self.live_on(attempt, &node) {
-                        stale.insert(attempt);
-                        continue;
-                    }
-                    let at_ms = self.known_time(attempt, at_ms, now);
-                    self.jobs.get_mut(&attempt.job).expect("live").pulling = None;
-                    let detail = PulledDetail {
-                        node: node.clone(),
-                        downloaded_bytes,
-                        seconds: duration_ms as f64 / 1000.0,
-                        at: Some(rfc3339(at_ms)),
-                    };
-                    self.event(attempt.job, Event::Pulled(detail))?;
-                    self.save(attempt.job)?;
-                }
-                AgentEvent::Health { findings, at_ms } => {
-                    self.health_reported(&node, findings, at_ms, now)?;
-                }
-                AgentEvent::Stopping { stop_timeout_ms, .. } => {
-                    self.agent_stopping(&node, stop_timeout_ms)?;
-                }
-                AgentEvent::Output { attempt, data } => {
-                    // Only the node the attempt was placed on writes its log.
-                    if self.live_on(attempt, &node) {
-                        let gang = self.jobs[&attempt.job].placement.len() > 1;
-                        self.append_output(attempt.job, &data, gang.then_some(node.as_str()))?;
-                    } else {
-                        stale.insert(attempt);
-                    }
-                }
+                };
+                self.part_exited(node, attempt, exit, at_ms, now)?;
+            }
+            AgentEvent::Checkpoint { attempt, step, bytes, duration_ms, at_ms } => {
+                let at_ms = self.known_time(attempt, at_ms, now);
+                self.checkpointed(attempt, step, bytes, duration_ms, at_ms, now)?;
+            }
+            AgentEvent::Resumed { attempt, step, at_ms } => {
+                let at_ms = self.known_time(attempt, at_ms, now);
+                self.event(attempt.job, Event::Resumed(ResumedDetail { step, at: Some(rfc3339(at_ms)) }))?;
+                self.drill_changed(attempt.job, |d| d.resumed(attempt.attempt, step, at_ms, now))?;
+                self.save(attempt.job)?;
+            }
+            AgentEvent::Restored {
+                attempt,
+                from_attempt,
+                upload,
+                step,
+                files,
+                bytes,
+                duration_ms,
+                at_ms,
+            } => {
+                let at = Some(rfc3339(self.known_time(attempt, at_ms, now)));
+                let seconds = duration_ms as f64 / 1000.0;
+                let node = node.to_string();
+                let detail = RestoredDetail { node, from_attempt, upload, step, files, bytes, seconds, at };
+                self.event(attempt.job, Event::Restored(detail))?;
+            }
+            AgentEvent::Progress { attempt, fraction, at_ms } => {
+                let at_ms = self.known_time(attempt, at_ms, now);
+                self.progressed(attempt, fraction, at_ms, now)?;
+            }
+            AgentEvent::Pulling { attempt, done_bytes, total_bytes, at_ms } => {
+                let at_ms = self.known_time(attempt, at_ms, now);
+                self.pulling(node, attempt, (done_bytes, total_bytes), at_ms)?;
+            }
+            AgentEvent::Pulled { attempt, downloaded_bytes, duration_ms, at_ms } => {
+                let at = Some(rfc3339(self.known_time(attempt, at_ms, now)));
+                self.jobs.get_mut(&attempt.job).expect("live").pulling = None;
+                let seconds = duration_ms as f64 / 1000.0;
+                let detail = PulledDetail { node: node.to_string(), downloaded_bytes, seconds, at };
+                self.event(attempt.job, Event::Pulled(detail))?;
+                self.save(attempt.job)?;
+            }
+            AgentEvent::Health { findings, at_ms } => self.health_reported(node, findings, at_ms, now)?,
+            AgentEvent::Stopping { stop_timeout_ms, .. } => self.agent_stopping(node, stop_timeout_ms)?,
+            AgentEvent::Output { attempt, data } => {
+                // Only the nodes the attempt was placed on write its log.
+                let gang = self.jobs[&attempt.job].placement.len() > 1;
+                self.append_output(attempt.job, &data, gang.then_some(node))?;
             }
         }
-        Ok(stale)
+        Ok(None)
+    }
+
+    /// A part of the live attempt started on `node`: a gang runs once
+    /// every node has started its part.
+    fn part_started(&mut self, node: &str, attempt: AttemptRef, pid: u32, at_ms: u64, now: u64) -> Written {
+        let job = self.jobs.get_mut(&attempt.job).expect("live");
+        if job.started_on.iter().any(|n| n == node) {
+            return Ok(());
+        }
+        job.started_on.push(node.to_string());
+        job.run_started_ms = Some(job.run_started_ms.map_or(at_ms, |t| t.min(at_ms)));
+        if job.state == JobState::Starting && job.started_on.len() == job.placement.len() {
+            job.state = JobState::Running;
+        }
+        let detail = StartedDetail { node: node.to_string(), pid, at: Some(rfc3339(at_ms)) };
+        self.event(attempt.job, Event::Started(detail))?;
+        self.drill_changed(attempt.job, |d| d.started(attempt.attempt, at_ms, now))?;
+        self.save(attempt.job)
+    }
+
+    /// The live attempt's image pull on `node`: `(done, total)` bytes. Its
+    /// first report (or one starting over) is an event.
+    fn pulling(
+        &mut self,
+        node: &str,
+        attempt: AttemptRef,
+        (done_bytes, total_bytes): (u64, u64),
+        at_ms: u64,
+    ) -> Written {
+        let job = self.jobs.get_mut(&attempt.job).expect("live");
+        let first = job.pulling.as_ref().is_none_or(|(n, _, _)| n != node) || done_bytes == 0;
+        job.pulling = Some((node.to_string(), done_bytes.min(total_bytes), total_bytes));
+        if first {
+            let digest = job.spec.image.as_ref().map(|i| i.digest.clone());
+            let detail =
+                PullingDetail { node: node.to_string(), digest, total_bytes, at: Some(rfc3339(at_ms)) };
+            self.event(attempt.job, Event::Pulling(detail))?;
+        }
+        self.save(attempt.job)
     }
 
     /// The live attempt reported a completed checkpoint: the core picks
@@ -745,6 +717,23 @@ fn check_registration(reg: &Register) -> Result<(), ApiError> {
 }
 
 /// The attempt an event is of, where a staged start may send it.
+/// The attempt an event speaks of (a node's health and its stopping
+/// speak of none).
+fn event_attempt(event: &AgentEvent) -> Option<AttemptRef> {
+    match event {
+        AgentEvent::Started { attempt, .. }
+        | AgentEvent::Exited { attempt, .. }
+        | AgentEvent::Checkpoint { attempt, .. }
+        | AgentEvent::Resumed { attempt, .. }
+        | AgentEvent::Restored { attempt, .. }
+        | AgentEvent::Progress { attempt, .. }
+        | AgentEvent::Pulling { attempt, .. }
+        | AgentEvent::Pulled { attempt, .. }
+        | AgentEvent::Output { attempt, .. } => Some(*attempt),
+        AgentEvent::Health { .. } | AgentEvent::Stopping { .. } => None,
+    }
+}
+
 fn staged_attempt(event: &AgentEvent) -> Option<AttemptRef> {
     match event {
         AgentEvent::Started { attempt, .. }

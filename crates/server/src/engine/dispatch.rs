@@ -7,6 +7,56 @@ use super::*;
 impl<S: Store> Engine<S> {
     pub(super) fn handle(&mut self, msg: Msg, now: u64) -> Written {
         match msg {
+            msg @ (Msg::Submit { .. }
+            | Msg::SubmitBatch { .. }
+            | Msg::Jobs { .. }
+            | Msg::Job { .. }
+            | Msg::Cancel { .. }
+            | Msg::Signal { .. }
+            | Msg::Drill { .. }
+            | Msg::LogFile { .. }
+            | Msg::Capacity { .. }
+            | Msg::Partitions { .. }) => self.on_jobs(msg, now),
+            msg @ (Msg::Nodes { .. }
+            | Msg::DrainNode { .. }
+            | Msg::Reclaim { .. }
+            | Msg::ReleaseReclaim { .. }
+            | Msg::UndrainNode { .. }
+            | Msg::Register { .. }
+            | Msg::Poll { .. }
+            | Msg::Report { .. }
+            | Msg::RemoveNode { .. }
+            | Msg::RotateJoinToken { .. }
+            | Msg::Metrics { .. }) => self.on_fleet(msg, now),
+            msg @ (Msg::CreateTenant { .. }
+            | Msg::Tenants { .. }
+            | Msg::TenantLimits { .. }
+            | Msg::RegistryLogins { .. }
+            | Msg::RegistryLoginFor { .. }
+            | Msg::TenantTokens { .. }
+            | Msg::CreateWebhook { .. }
+            | Msg::Webhooks { .. }
+            | Msg::DeleteWebhook { .. }
+            | Msg::WebhookLog { .. }
+            | Msg::WebhookTried { .. }) => self.on_tenants(msg, now),
+            msg @ (Msg::Prices { .. }
+            | Msg::SetPrice { .. }
+            | Msg::CreateReservation { .. }
+            | Msg::Reservations { .. }
+            | Msg::DeleteReservation { .. }
+            | Msg::Bill { .. }
+            | Msg::OperatorReport { .. }
+            | Msg::OperatorReportSeries { .. }) => self.on_money(msg, now),
+            Msg::Tick => {
+                self.hear_lines()?;
+                self.write_contacts()
+            }
+        }
+    }
+
+    /// Jobs: submission, the queue, one job's view, log and actions.
+    fn on_jobs(&mut self, msg: Msg, now: u64) -> Written {
+        match msg {
             Msg::Submit { principal, spec, reply } => {
                 let result = self.submit(&principal, *spec, now);
                 self.answer(reply, result)?;
@@ -31,43 +81,13 @@ impl<S: Store> Engine<S> {
                 let result = self.visible(&principal, id).and_then(|()| self.signal(id, signal, batch_only));
                 self.answer(reply, result)?;
             }
-            Msg::Partitions { reply } => {
-                let partitions = self.config.partitions.list();
-                self.outbox.reply(reply, partitions);
-            }
             Msg::Drill { principal, id, reply } => {
                 let result = self.drill(&principal, id, now);
                 self.answer(reply, result)?;
             }
             Msg::LogFile { principal, id, offset, sources, reply } => {
                 let result = match self.visible(&principal, id) {
-                    Ok(()) => {
-                        let state = self.log_state(id)?;
-                        let committed = state.bytes;
-                        let to = committed.min(offset.saturating_add(1 << 20));
-                        let stored = match state.file {
-                            false if offset < committed => Some(self.store.output(id, offset, to)?),
-                            false => Some(Vec::new()),
-                            true => None,
-                        };
-                        let sources = match sources && !state.file && offset < committed {
-                            true => self.store.output_sources(id, offset, to)?,
-                            false => Vec::new(),
-                        };
-                        let finished = self.jobs[&id].state.is_final();
-                        let removed_ms = match finished && committed == 0 {
-                            true => self.store.output_removed(id)?,
-                            false => None,
-                        };
-                        Ok(LogFile {
-                            path: self.log_path(id),
-                            committed,
-                            stored,
-                            finished,
-                            sources,
-                            removed_ms,
-                        })
-                    }
+                    Ok(()) => Ok(self.log_file(id, offset, sources)?),
                     Err(e) => Err(e),
                 };
                 self.answer(reply, result)?;
@@ -76,6 +96,18 @@ impl<S: Store> Engine<S> {
                 let capacity = self.capacity(&principal, now);
                 self.outbox.reply(reply, capacity);
             }
+            Msg::Partitions { reply } => {
+                let partitions = self.config.partitions.list();
+                self.outbox.reply(reply, partitions);
+            }
+            _ => unreachable!("dispatched by handle"),
+        }
+        Ok(())
+    }
+
+    /// Nodes: the agent protocol, and the operator's actions on nodes.
+    fn on_fleet(&mut self, msg: Msg, now: u64) -> Written {
+        match msg {
             Msg::Nodes { reply } => {
                 let views = self.fleet.nodes.keys().map(|n| self.node_view(n)).collect();
                 self.outbox.reply(reply, views);
@@ -96,6 +128,40 @@ impl<S: Store> Engine<S> {
                 let result = self.undrain(&name, gpu);
                 self.answer(reply, result)?;
             }
+            Msg::Register { principal, reg, reply } => {
+                let result = self.register(&principal, reg, now);
+                self.answer(reply, result)?;
+            }
+            Msg::Poll { node, epoch, after, health, reply } => {
+                // After the commit, like every command: an agent never acts
+                // on something the store does not say yet.
+                let result = self.poll(&node, epoch, after, health, now);
+                self.answer(reply, result)?;
+            }
+            Msg::Report { report, reply } => {
+                let result = self.report(report, now);
+                self.answer(reply, result)?;
+            }
+            Msg::RemoveNode { name, reply } => {
+                let result = self.remove_node(&name, now);
+                self.answer(reply, result)?;
+            }
+            Msg::RotateJoinToken { reply } => {
+                let result = self.rotate_join_token();
+                self.answer(reply, result)?;
+            }
+            Msg::Metrics { reply } => {
+                let snapshot = self.metrics_snapshot();
+                self.outbox.reply(reply, snapshot);
+            }
+            _ => unreachable!("dispatched by handle"),
+        }
+        Ok(())
+    }
+
+    /// Tenants: their limits, tokens, registry logins and webhooks.
+    fn on_tenants(&mut self, msg: Msg, now: u64) -> Written {
+        match msg {
             Msg::CreateTenant { name, reply } => {
                 let result = self.create_tenant(name);
                 self.answer(reply, result)?;
@@ -116,23 +182,9 @@ impl<S: Store> Engine<S> {
                 let login = self.tenants.logins.get(&tenant).and_then(|l| l.get(&registry)).cloned();
                 self.outbox.reply(reply, login);
             }
-            Msg::Register { principal, reg, reply } => {
-                let result = self.register(&principal, reg, now);
+            Msg::TenantTokens { name, issue, reply } => {
+                let result = self.tenant_tokens(&name, issue);
                 self.answer(reply, result)?;
-            }
-            Msg::Poll { node, epoch, after, health, reply } => {
-                // After the commit, like every command: an agent never acts
-                // on something the store does not say yet.
-                let result = self.poll(&node, epoch, after, health, now);
-                self.answer(reply, result)?;
-            }
-            Msg::Report { report, reply } => {
-                let result = self.report(report, now);
-                self.answer(reply, result)?;
-            }
-            Msg::Metrics { reply } => {
-                let snapshot = self.metrics_snapshot();
-                self.outbox.reply(reply, snapshot);
             }
             Msg::CreateWebhook { principal, req, reply } => {
                 let result = self.create_webhook(&principal, req, now);
@@ -153,18 +205,14 @@ impl<S: Store> Engine<S> {
             Msg::WebhookTried { delivery, attempt, tried, at_ms } => {
                 self.webhook_tried(delivery, attempt, tried, at_ms)?;
             }
-            Msg::RemoveNode { name, reply } => {
-                let result = self.remove_node(&name, now);
-                self.answer(reply, result)?;
-            }
-            Msg::RotateJoinToken { reply } => {
-                let result = self.rotate_join_token();
-                self.answer(reply, result)?;
-            }
-            Msg::TenantTokens { name, issue, reply } => {
-                let result = self.tenant_tokens(&name, issue);
-                self.answer(reply, result)?;
-            }
+            _ => unreachable!("dispatched by handle"),
+        }
+        Ok(())
+    }
+
+    /// Money: prices, reservations, bills and the operator's reports.
+    fn on_money(&mut self, msg: Msg, now: u64) -> Written {
+        match msg {
             Msg::Prices { reply } => {
                 let book = self.money.price_book(&self.config.pricing);
                 self.outbox.reply(reply, book);
@@ -201,11 +249,32 @@ impl<S: Store> Engine<S> {
                 let result = self.report_series_for(&from, &to, &step, now);
                 self.answer(reply, result)?;
             }
-            Msg::Tick => {
-                self.hear_lines()?;
-                self.write_contacts()?;
-            }
+            _ => unreachable!("dispatched by handle"),
         }
         Ok(())
+    }
+
+    /// Up to 1 MiB of a job's committed log from `offset`: from the store,
+    /// or the path of a log that is a file; with the attempts each piece
+    /// came from when `sources`.
+    fn log_file(&mut self, id: u64, offset: u64, sources: bool) -> Written<LogFile> {
+        let state = self.log_state(id)?;
+        let committed = state.bytes;
+        let to = committed.min(offset.saturating_add(1 << 20));
+        let stored = match state.file {
+            false if offset < committed => Some(self.store.output(id, offset, to)?),
+            false => Some(Vec::new()),
+            true => None,
+        };
+        let sources = match sources && !state.file && offset < committed {
+            true => self.store.output_sources(id, offset, to)?,
+            false => Vec::new(),
+        };
+        let finished = self.jobs[&id].state.is_final();
+        let removed_ms = match finished && committed == 0 {
+            true => self.store.output_removed(id)?,
+            false => None,
+        };
+        Ok(LogFile { path: self.log_path(id), committed, stored, finished, sources, removed_ms })
     }
 }

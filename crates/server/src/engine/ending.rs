@@ -178,6 +178,45 @@ pub(super) fn end_attempt(
     let usage = meter(job, end_ms, outcome, notice_at_ms, lost_gpu_ms, min_runtime);
     job.lost_gpu_ms += lost_gpu_ms;
     let lost = lost_gpu_ms as f64 / 1000.0;
+    let (state, event, backoff_ms) = next_state(job, effect, lost, end_ms, now);
+    job.timed_out = state == JobState::Failed && job.ended_by == Some(EndedBy::TimeLimit);
+    job.state = state;
+    leave_attempt(job);
+    let preempted =
+        matches!(effect, ExitEffect::Requeued { preempted: true } | ExitEffect::PreemptionLimitReached);
+    Ended { state, event, usage, lost_gpu_ms, backoff_ms, preempted }
+}
+
+/// What the live attempt's record holds of it, gone: its placement, drain,
+/// gang and pull; its exit too if the job runs again.
+fn leave_attempt(job: &mut JobRecord) {
+    job.ended_by = None;
+    job.placement.clear();
+    job.running_on.clear();
+    job.drain = None;
+    job.vanished = false;
+    job.rendezvous = None;
+    job.gang_grace_until = None;
+    job.gang_stopped = None;
+    job.rendezvous_failed = None;
+    job.pulling = None;
+    if job.state == JobState::Queued {
+        job.exit_code = None;
+        job.exit_signal = None;
+    }
+}
+
+/// The job's state after its attempt ended with `effect`, the event that
+/// says so, and the back-off before it may start again (ms); its counters
+/// (preemptions, retries, requeues, quick exits) moved. `lost` is the
+/// attempt's lost work, GPU-seconds.
+fn next_state(
+    job: &mut JobRecord,
+    effect: ExitEffect,
+    lost: f64,
+    end_ms: u64,
+    now: u64,
+) -> (JobState, Event, u64) {
     let mut backoff_ms = 0;
     let requeued = |reason: &str| RequeuedDetail { reason: reason.into(), ..Default::default() };
     let (state, event) = match effect {
@@ -262,25 +301,7 @@ pub(super) fn end_attempt(
             (JobState::Queued, Event::Requeued(detail))
         }
     };
-    job.timed_out = state == JobState::Failed && job.ended_by == Some(EndedBy::TimeLimit);
-    job.ended_by = None;
-    job.state = state;
-    job.placement.clear();
-    job.running_on.clear();
-    job.drain = None;
-    job.vanished = false;
-    job.rendezvous = None;
-    job.gang_grace_until = None;
-    job.gang_stopped = None;
-    job.rendezvous_failed = None;
-    job.pulling = None;
-    if state == JobState::Queued {
-        job.exit_code = None;
-        job.exit_signal = None;
-    }
-    let preempted =
-        matches!(effect, ExitEffect::Requeued { preempted: true } | ExitEffect::PreemptionLimitReached);
-    Ended { state, event, usage, lost_gpu_ms, backoff_ms, preempted }
+    (state, event, backoff_ms)
 }
 
 /// The usage record of the live attempt, ended at `end_ms`, drained from

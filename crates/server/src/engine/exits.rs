@@ -82,45 +82,7 @@ impl<S: Store> Engine<S> {
         self.event(id, Event::Exited(detail))?;
         let job = &self.jobs[&id];
         if !job.running_on.is_empty() {
-            // A gang ends as a whole, once every part has exited. Being
-            // drained or cancelled, the other parts already have their
-            // notice and deadline: they finish their own save. A part that
-            // failed fails the gang: the others are stopped now. A part
-            // that exited 0 leaves the others the gang exit grace to exit
-            // on their own (torchrun's nodes end milliseconds apart; a
-            // rank 0 may save final weights after its peers are done).
-            if job.state == JobState::Draining || job.cancel_requested || job.gang_stopped.is_some() {
-                return self.save(id);
-            }
-            if let Some(why) = self.jobs[&id].rendezvous_failed.clone() {
-                self.stop_gang(id, format!("{why}: the other parts were stopped"))?;
-                return self.save(id);
-            }
-            if part_ok {
-                if job.gang_grace_until.is_none() {
-                    let until_ms = now.saturating_add(self.config.gang_exit_grace.as_millis());
-                    self.jobs.get_mut(&id).expect("live attempt").gang_grace_until = Some(until_ms);
-                    self.gang_graces.insert((until_ms, id));
-                }
-            } else {
-                let why = match (code, signal, vanished) {
-                    _ if ended_by == Some(EndedBy::Requeue) => {
-                        format!("node {node}'s part asked to be requeued")
-                    }
-                    _ if ended_by == Some(EndedBy::TimeLimit) => {
-                        format!("node {node}'s part ran past the time limit")
-                    }
-                    _ if ended_by == Some(EndedBy::NodeStopping) => {
-                        format!("node {node}'s agent stopped and ended its part")
-                    }
-                    (_, _, true) => format!("node {node}'s part was lost"),
-                    (_, Some(sig), _) => format!("node {node}'s part was killed by signal {sig}"),
-                    (Some(c), _, _) => format!("node {node}'s part exited with code {c}"),
-                    _ => format!("node {node}'s part ended"),
-                };
-                self.stop_gang(id, format!("{why}: the other parts were stopped"))?;
-            }
-            return self.save(id);
+            return self.others_running(id, node, (code, signal, vanished, ended_by), part_ok, now);
         }
         let kind = exit_kind(job, completed, self.config.limits.max_requeues);
         let effect = match self.core.exited(JobId(id), Attempt(attempt.attempt), kind) {
@@ -131,35 +93,58 @@ impl<S: Store> Engine<S> {
             }
         };
         let end_ms = self.jobs[&id].exited_ms;
-        let job = &self.jobs[&id];
-        let reason = match (&job.rendezvous_failed, &job.gang_stopped) {
-            (Some(why), _) if effect == ExitEffect::RequeuedLost => {
-                Some(format!("{why}; requeued with another port"))
-            }
-            _ if job.ended_by == Some(EndedBy::Requeue) && effect == ExitEffect::RequeuedLost => {
-                Some("requeued by the job (scontrol requeue)".to_string())
-            }
-            _ if job.ended_by == Some(EndedBy::NodeStopping) && effect == ExitEffect::RequeuedLost => {
-                Some(format!("requeued: node {node}'s agent stopped (SIGTERM) before the attempt ended"))
-            }
-            _ if job.ended_by == Some(EndedBy::Requeue)
-                && effect == ExitEffect::Failed
-                && job.state != JobState::Draining =>
-            {
-                Some(format!("requeued itself {} times, the most a job may (--max-requeues)", job.requeues))
-            }
-            _ if job.ended_by == Some(EndedBy::TimeLimit) && effect == ExitEffect::Failed => {
-                let limit = job.spec.time_limit_ms.map(|ms| Span(ms).human()).unwrap_or_default();
-                Some(format!("time limit: it ran past its limit of {limit}"))
-            }
-            (_, Some(why))
-                if matches!(effect, ExitEffect::Failed | ExitEffect::Requeued { preempted: false }) =>
-            {
-                Some(why.clone())
-            }
-            _ => None,
-        };
+        let reason = end_reason(&self.jobs[&id], effect, node);
         self.ended(id, effect, end_ms, now, EndNote { reason, ..Default::default() })
+    }
+
+    /// A part of a gang exited while others run. Being drained or
+    /// cancelled, the other parts already have their notice and deadline:
+    /// they finish their own save. A part that failed fails the gang: the
+    /// others are stopped now. A part that exited 0 leaves the others the
+    /// gang exit grace to exit on their own (torchrun's nodes end
+    /// milliseconds apart; a rank 0 may save final weights after its peers
+    /// are done).
+    fn others_running(
+        &mut self,
+        id: u64,
+        node: &str,
+        (code, signal, vanished, ended_by): (Option<i32>, Option<i32>, bool, Option<EndedBy>),
+        part_ok: bool,
+        now: u64,
+    ) -> Written {
+        let job = &self.jobs[&id];
+        if job.state == JobState::Draining || job.cancel_requested || job.gang_stopped.is_some() {
+            return self.save(id);
+        }
+        if let Some(why) = self.jobs[&id].rendezvous_failed.clone() {
+            self.stop_gang(id, format!("{why}: the other parts were stopped"))?;
+            return self.save(id);
+        }
+        if part_ok {
+            if job.gang_grace_until.is_none() {
+                let until_ms = now.saturating_add(self.config.gang_exit_grace.as_millis());
+                self.jobs.get_mut(&id).expect("live attempt").gang_grace_until = Some(until_ms);
+                self.gang_graces.insert((until_ms, id));
+            }
+        } else {
+            let why = match (code, signal, vanished) {
+                _ if ended_by == Some(EndedBy::Requeue) => {
+                    format!("node {node}'s part asked to be requeued")
+                }
+                _ if ended_by == Some(EndedBy::TimeLimit) => {
+                    format!("node {node}'s part ran past the time limit")
+                }
+                _ if ended_by == Some(EndedBy::NodeStopping) => {
+                    format!("node {node}'s agent stopped and ended its part")
+                }
+                (_, _, true) => format!("node {node}'s part was lost"),
+                (_, Some(sig), _) => format!("node {node}'s part was killed by signal {sig}"),
+                (Some(c), _, _) => format!("node {node}'s part exited with code {c}"),
+                _ => format!("node {node}'s part ended"),
+            };
+            self.stop_gang(id, format!("{why}: the other parts were stopped"))?;
+        }
+        self.save(id)
     }
 
     /// The gang's rendezvous port was taken on `node` by another program:
@@ -312,5 +297,38 @@ impl<S: Store> Engine<S> {
         }
         // Back in the queue, it may no longer have the time to wait.
         self.judge_deadline(id, now)
+    }
+}
+
+/// Why an attempt ended as it did, where its exit alone does not say:
+/// a gang that could not meet or was stopped, the job's own requeue, its
+/// node's agent stopping, its time limit.
+fn end_reason(job: &JobRecord, effect: ExitEffect, node: &str) -> Option<String> {
+    match (&job.rendezvous_failed, &job.gang_stopped) {
+        (Some(why), _) if effect == ExitEffect::RequeuedLost => {
+            Some(format!("{why}; requeued with another port"))
+        }
+        _ if job.ended_by == Some(EndedBy::Requeue) && effect == ExitEffect::RequeuedLost => {
+            Some("requeued by the job (scontrol requeue)".to_string())
+        }
+        _ if job.ended_by == Some(EndedBy::NodeStopping) && effect == ExitEffect::RequeuedLost => {
+            Some(format!("requeued: node {node}'s agent stopped (SIGTERM) before the attempt ended"))
+        }
+        _ if job.ended_by == Some(EndedBy::Requeue)
+            && effect == ExitEffect::Failed
+            && job.state != JobState::Draining =>
+        {
+            Some(format!("requeued itself {} times, the most a job may (--max-requeues)", job.requeues))
+        }
+        _ if job.ended_by == Some(EndedBy::TimeLimit) && effect == ExitEffect::Failed => {
+            let limit = job.spec.time_limit_ms.map(|ms| Span(ms).human()).unwrap_or_default();
+            Some(format!("time limit: it ran past its limit of {limit}"))
+        }
+        (_, Some(why))
+            if matches!(effect, ExitEffect::Failed | ExitEffect::Requeued { preempted: false }) =>
+        {
+            Some(why.clone())
+        }
+        _ => None,
     }
 }
