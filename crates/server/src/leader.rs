@@ -248,7 +248,7 @@ pub(crate) fn lead<S: Store>(
 ) -> Result<Leading<S>, String> {
     let outbound = config.outbound.clone();
     let (mut engine, created) =
-        Engine::open(store, config, tokens.clone(), crate::engine::now_ms()).map_err(|e| e.message)?;
+        Engine::open(store, config, tokens.clone(), crate::engine::now_ms()).map_err(|e| e.to_string())?;
     engine.feed(feed.clone());
     let (tx, rx) = mpsc::channel(1 << 16);
     // Deliveries leave through the deliverer, which does not keep the

@@ -11,6 +11,7 @@ pub mod leader;
 pub mod lock;
 pub mod metrics;
 pub mod partitions;
+pub mod refusal;
 pub mod sealed;
 pub mod store;
 pub mod tls;
@@ -25,6 +26,8 @@ use std::sync::{Arc, RwLock};
 use sha2::{Digest, Sha256};
 
 pub use engine::{now_ms, EngineConfig, Images, Required, RunAs};
+pub use http::ApiError;
+pub use refusal::{Refusal, Refused};
 pub use validate::{parse_signal, Limits};
 
 use crate::store::Scope;
@@ -70,51 +73,6 @@ impl Principal {
     /// Admins see every tenant's jobs; a tenant only its own.
     pub fn may_see(&self, tenant: u32) -> bool {
         self.scope == Scope::Admin || self.tenant.as_ref().is_some_and(|(id, _)| *id == tenant)
-    }
-}
-
-/// An error for an API caller: an HTTP status and a message that names what
-/// was wrong.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ApiError {
-    pub status: u16,
-    pub message: String,
-}
-
-impl ApiError {
-    pub fn bad_request(message: String) -> Self {
-        ApiError { status: 400, message }
-    }
-    pub fn unauthorized(message: &str) -> Self {
-        ApiError { status: 401, message: message.into() }
-    }
-    pub fn forbidden(message: &str) -> Self {
-        ApiError { status: 403, message: message.into() }
-    }
-    pub fn not_found(message: String) -> Self {
-        ApiError { status: 404, message }
-    }
-    /// A well-formed request, as the API document describes it, that the
-    /// server refuses on its meaning: it names something that does not exist,
-    /// contradicts itself, or asks what this cluster cannot do.
-    pub fn unprocessable(message: String) -> Self {
-        ApiError { status: 422, message }
-    }
-    pub fn conflict(message: String) -> Self {
-        ApiError { status: 409, message }
-    }
-    /// A tenant over one of its limits: retrying later, once some of its
-    /// jobs have finished, can help.
-    pub fn too_many(message: String) -> Self {
-        ApiError { status: 429, message }
-    }
-    /// Something the server depends on (an image's registry) cannot be
-    /// reached now: nothing was done, and a retry may succeed.
-    pub fn unavailable(message: String) -> Self {
-        ApiError { status: 503, message }
-    }
-    pub fn internal(message: String) -> Self {
-        ApiError { status: 500, message }
     }
 }
 

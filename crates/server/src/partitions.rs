@@ -5,7 +5,7 @@
 
 use ebb_core::Tier;
 
-use crate::ApiError;
+use crate::Refusal;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Partitions {
@@ -76,10 +76,10 @@ impl Partitions {
     }
 
     /// The tier of jobs in `partition` (the default's when none).
-    pub fn tier_of(&self, partition: Option<&str>) -> Result<Tier, ApiError> {
+    pub fn tier_of(&self, partition: Option<&str>) -> Result<Tier, Refusal> {
         let name = partition.unwrap_or(&self.default);
         self.map.iter().find(|(n, _)| n == name).map(|(_, t)| *t).ok_or_else(|| {
-            ApiError::unprocessable(format!(
+            Refusal::unacceptable(format!(
                 "slurm.partition: no partition {name:?}; this cluster's are {}",
                 self.names().join(", ")
             ))

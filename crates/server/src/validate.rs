@@ -7,7 +7,7 @@ use ebb_api::JobSubmission;
 use ebb_core::Tier;
 use ebb_scheduler::{shape_fits, State};
 
-use crate::ApiError;
+use crate::Refusal;
 
 pub struct Checked {
     pub tier: Tier,
@@ -108,11 +108,11 @@ pub const MAX_PRIORITY: i32 = 1000;
 /// A submission checked field by field. Refusals the API document states
 /// (a limit, a pattern) are 400s; those it cannot state (what this cluster
 /// has, how fields relate, limits the operator sets) are 422s.
-pub fn submission(spec: &JobSubmission, core: &State, limits: &Limits) -> Result<Checked, ApiError> {
+pub fn submission(spec: &JobSubmission, core: &State, limits: &Limits) -> Result<Checked, Refusal> {
     command(spec, limits)?;
     let tier = match spec.tier.as_deref() {
         None => Tier::Preemptible,
-        Some(t) => t.parse::<Tier>().map_err(|e| ApiError::bad_request(format!("tier: {e}")))?,
+        Some(t) => t.parse::<Tier>().map_err(|e| Refusal::invalid(format!("tier: {e}")))?,
     };
     let gpus = spec.gpus.unwrap_or(1);
     if gpus == 0 || gpus > MAX_GPUS {
@@ -125,7 +125,7 @@ pub fn submission(spec: &JobSubmission, core: &State, limits: &Limits) -> Result
     let signal = match &spec.signal {
         None => 15,
         Some(name) => parse_signal(name).ok_or_else(|| {
-            ApiError::bad_request(format!("signal: unknown signal {name:?} (e.g. TERM, SIGUSR1, 10)"))
+            Refusal::invalid(format!("signal: unknown signal {name:?} (e.g. TERM, SIGUSR1, 10)"))
         })?,
     };
     if let Some(name) = spec.name.as_deref() {
@@ -179,16 +179,16 @@ pub fn submission(spec: &JobSubmission, core: &State, limits: &Limits) -> Result
     Ok(Checked { tier, gpus, signal, deadline_ms, tasks })
 }
 
-fn bad<T>(m: String) -> Result<T, ApiError> {
-    Err(ApiError::bad_request(m))
+fn bad<T>(m: String) -> Result<T, Refusal> {
+    Err(Refusal::invalid(m))
 }
 
-fn refuse<T>(m: String) -> Result<T, ApiError> {
-    Err(ApiError::unprocessable(m))
+fn refuse<T>(m: String) -> Result<T, Refusal> {
+    Err(Refusal::unacceptable(m))
 }
 
 /// Its command: a program, no NUL bytes, within the operator's sizes.
-fn command(spec: &JobSubmission, limits: &Limits) -> Result<(), ApiError> {
+fn command(spec: &JobSubmission, limits: &Limits) -> Result<(), Refusal> {
     match spec.argv.first() {
         None => return bad("argv: must name a program to run".into()),
         Some(program) if program.is_empty() => return refuse("argv: the program name is empty".into()),
@@ -228,7 +228,7 @@ fn command(spec: &JobSubmission, limits: &Limits) -> Result<(), ApiError> {
 }
 
 /// Its environment: names a shell takes, none of Ebb's own.
-fn environment(spec: &JobSubmission) -> Result<(), ApiError> {
+fn environment(spec: &JobSubmission) -> Result<(), Refusal> {
     for (key, value) in &spec.env {
         let valid = !key.is_empty()
             && !key.starts_with(|c: char| c.is_ascii_digit())
@@ -250,7 +250,7 @@ fn environment(spec: &JobSubmission) -> Result<(), ApiError> {
 }
 
 /// Against the cluster as it is: a model that exists, a shape that fits.
-fn shape_in_cluster(spec: &JobSubmission, gpus: u32, core: &State) -> Result<(), ApiError> {
+fn shape_in_cluster(spec: &JobSubmission, gpus: u32, core: &State) -> Result<(), Refusal> {
     let models: Vec<_> = core.models().collect();
     if let Some(wanted) = &spec.gpu_model {
         if !models.is_empty() && core.model_by_name(wanted).is_none() {
@@ -275,7 +275,7 @@ fn shape_in_cluster(spec: &JobSubmission, gpus: u32, core: &State) -> Result<(),
 }
 
 /// An array's or a sweep's tasks (none for a single job).
-fn tasks(spec: &JobSubmission, limits: &Limits) -> Result<Vec<Task>, ApiError> {
+fn tasks(spec: &JobSubmission, limits: &Limits) -> Result<Vec<Task>, Refusal> {
     let mut tasks = match spec.array.as_deref() {
         None => Vec::new(),
         Some(text) => {
@@ -284,9 +284,9 @@ fn tasks(spec: &JobSubmission, limits: &Limits) -> Result<Vec<Task>, ApiError> {
                 // 400 for text the document's pattern rules out; 422 for a
                 // range it allows that runs backwards or is too long.
                 if array_pattern_allows(text) {
-                    ApiError::unprocessable(message)
+                    Refusal::unacceptable(message)
                 } else {
-                    ApiError::bad_request(message)
+                    Refusal::invalid(message)
                 }
             })?;
             (first..=last).map(|index| Task { index, params: Vec::new() }).collect()
@@ -299,7 +299,7 @@ fn tasks(spec: &JobSubmission, limits: &Limits) -> Result<Vec<Task>, ApiError> {
             );
         }
         tasks = sweep_tasks(&spec.sweep, limits.max_array_tasks)
-            .map_err(|e| ApiError::unprocessable(format!("sweep: {e}")))?;
+            .map_err(|e| Refusal::unacceptable(format!("sweep: {e}")))?;
     }
     Ok(tasks)
 }
@@ -308,13 +308,11 @@ fn tasks(spec: &JobSubmission, limits: &Limits) -> Result<Vec<Task>, ApiError> {
 pub const MAX_TIME_LIMIT_S: u64 = 365 * 24 * 3600;
 
 /// A Slurm batch job's script and options, as the document states them.
-fn slurm_batch(slurm: &ebb_api::SlurmBatch) -> Result<(), ApiError> {
-    let bad = |m: String| Err(ApiError::bad_request(m));
+fn slurm_batch(slurm: &ebb_api::SlurmBatch) -> Result<(), Refusal> {
+    let bad = |m: String| Err(Refusal::invalid(m));
     // The document cannot require it: a job's view leaves the script out.
     if slurm.script.is_empty() {
-        return Err(ApiError::unprocessable(
-            "slurm.script: a Slurm job's submission needs its script".into(),
-        ));
+        return Err(Refusal::unacceptable("slurm.script: a Slurm job's submission needs its script".into()));
     }
     if !slurm.script.starts_with("#!") || slurm.script.len() < 3 {
         return bad("slurm.script: the first line must start with #! and an interpreter".into());
@@ -533,7 +531,7 @@ mod tests {
         let spec = JobSubmission { argv: vec!["x".into()], slurm: Some(slurm), ..Default::default() };
         let refused = submission(&spec, &core, &Limits::default()).err().expect("refused");
         assert_eq!(
-            (refused.status, refused.message.as_str()),
+            (crate::http::status(refused.kind), refused.message.as_str()),
             (422, "slurm.script: a Slurm job's submission needs its script")
         );
     }
@@ -696,7 +694,7 @@ mod properties {
         let spec =
             JobSubmission { argv: vec!["echo".into(), "x".repeat(200_000)], ..JobSubmission::default() };
         let err = submission(&spec, &cluster(), &Limits::default()).err().unwrap();
-        assert_eq!(err.status, 422);
+        assert_eq!(crate::http::status(err.kind), 422);
         assert!(err.message.starts_with("argv[1]: 200000 bytes"), "{}", err.message);
         assert!(err.message.contains("--max-argument-bytes"), "{}", err.message);
     }

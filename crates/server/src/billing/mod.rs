@@ -26,7 +26,7 @@ use ebb_api as api;
 use ebb_core::MicroUsd;
 use serde::{Deserialize, Serialize};
 
-use crate::{rfc3339, ApiError};
+use crate::{rfc3339, Refusal};
 
 mod report;
 #[cfg(test)]
@@ -287,11 +287,11 @@ pub fn preemptible_rate(on_demand: i64, discount_bps: u32) -> i64 {
 
 /// Checks a price: non-negative dollars, and discountable without a
 /// fraction of a micro-dollar (so preemptible is exactly the discount off).
-pub fn parse_price(field: &str, text: &str, discount_bps: u32) -> Result<i64, ApiError> {
-    let micro = MicroUsd::parse_usd(text).map_err(|e| ApiError::bad_request(format!("{field}: {e}")))?.0;
+pub fn parse_price(field: &str, text: &str, discount_bps: u32) -> Result<i64, Refusal> {
+    let micro = MicroUsd::parse_usd(text).map_err(|e| Refusal::invalid(format!("{field}: {e}")))?.0;
     if (micro as i128 * i128::from(10_000 - discount_bps)) % 10_000 != 0 {
         let step = 10_000 / gcd(10_000, u64::from(10_000 - discount_bps));
-        return Err(ApiError::unprocessable(format!(
+        return Err(Refusal::unacceptable(format!(
             "{field}: ${text} cannot be discounted by {}% to a whole micro-dollar; use a multiple of {}",
             f64::from(discount_bps) / 100.0,
             usd(step as i64)
@@ -342,7 +342,7 @@ pub fn reservation_view(r: &ReservationRow, tenant: &str) -> api::Reservation {
 
 /// A time given by a person: RFC 3339 (`2026-12-01T08:00:00Z`) or a date
 /// (`2026-12-01`, midnight UTC). Milliseconds since the epoch.
-pub fn parse_time(field: &str, text: &str) -> Result<u64, ApiError> {
+pub fn parse_time(field: &str, text: &str) -> Result<u64, Refusal> {
     let text = text.trim();
     let full = if text.len() == 10 && text.as_bytes().get(4) == Some(&b'-') {
         format!("{text}T00:00:00Z")
@@ -351,21 +351,21 @@ pub fn parse_time(field: &str, text: &str) -> Result<u64, ApiError> {
     };
     let at =
         humantime::parse_rfc3339_weak(&full).or_else(|_| humantime::parse_rfc3339(&full)).map_err(|e| {
-            ApiError::bad_request(format!(
+            Refusal::invalid(format!(
                 "{field}: {text:?} is not a date or time (2026-12-01 or 2026-12-01T08:00:00Z): {e}"
             ))
         })?;
     let ms = at
         .duration_since(std::time::UNIX_EPOCH)
-        .map_err(|_| ApiError::bad_request(format!("{field}: {text:?} is before 1970")))?;
+        .map_err(|_| Refusal::invalid(format!("{field}: {text:?} is before 1970")))?;
     Ok(ms.as_millis() as u64)
 }
 
 /// `[from, to)`, checked.
-pub fn period(from: &str, to: &str) -> Result<(u64, u64), ApiError> {
+pub fn period(from: &str, to: &str) -> Result<(u64, u64), Refusal> {
     let (f, t) = (parse_time("from", from)?, parse_time("to", to)?);
     if f >= t {
-        return Err(ApiError::unprocessable(format!("from: {from} is not before to: {to}")));
+        return Err(Refusal::unacceptable(format!("from: {from} is not before to: {to}")));
     }
     Ok((f, t))
 }

@@ -3,7 +3,7 @@
 //! charts, from the usage records, the attempts still running, the
 //! reservations and the nodes.
 
-use crate::{rfc3339, ApiError};
+use crate::{rfc3339, Refusal};
 use ebb_api as api;
 use ebb_core::MicroUsd;
 use std::collections::BTreeMap;
@@ -131,12 +131,12 @@ fn duration_text(ms: u64) -> String {
 
 /// A series' step (`15m`, `1h`, `1d`) over `[from, to)`, checked: at least
 /// `MIN_STEP_MS`, and at most `MAX_BUCKETS` buckets. Milliseconds.
-pub fn series_step(text: &str, from: u64, to: u64) -> Result<u64, ApiError> {
+pub fn series_step(text: &str, from: u64, to: u64) -> Result<u64, Refusal> {
     let step = humantime::parse_duration(text.trim())
-        .map_err(|e| ApiError::bad_request(format!("step: {text:?} is not a duration (15m, 1h, 1d): {e}")))?;
+        .map_err(|e| Refusal::invalid(format!("step: {text:?} is not a duration (15m, 1h, 1d): {e}")))?;
     let step_ms = u64::try_from(step.as_millis()).unwrap_or(u64::MAX);
     if step_ms < MIN_STEP_MS {
-        return Err(ApiError::unprocessable(format!(
+        return Err(Refusal::unacceptable(format!(
             "step: {text} is shorter than the shortest step, {}",
             duration_text(MIN_STEP_MS)
         )));
@@ -146,7 +146,7 @@ pub fn series_step(text: &str, from: u64, to: u64) -> Result<u64, ApiError> {
     if buckets > MAX_BUCKETS {
         // In whole minutes, so that the advice reads as a step one would type.
         let shortest = period.div_ceil(MAX_BUCKETS).div_ceil(MIN_STEP_MS) * MIN_STEP_MS;
-        return Err(ApiError::unprocessable(format!(
+        return Err(Refusal::unacceptable(format!(
             "step: {text} over the {} from {} to {} makes {buckets} buckets, over the limit of {MAX_BUCKETS}; \
              use a step of at least {} for this period, or a period of at most {} for this step",
             duration_text(period),

@@ -64,13 +64,13 @@ impl<S: Store> Engine<S> {
             if n.status != NodeStatus::Lost {
                 let model = &self.core.model(n.model).expect("known").name;
                 if n.gpus != reg.gpus || *model != reg.gpu_model {
-                    return Err(ApiError::conflict(format!(
+                    return Err(Refusal::conflict(format!(
                         "node {}: joined before with {} x {model}, now reports {} x {}",
                         reg.node, n.gpus, reg.gpus, reg.gpu_model
                     ))
                     .into());
                 }
-                self.core.heartbeat(id, Time(now)).map_err(|e| ApiError::conflict(e.to_string()))?;
+                self.core.heartbeat(id, Time(now)).map_err(|e| Refusal::conflict(e.to_string()))?;
                 self.heard(&reg.node, now)?;
                 self.agent_started_again(&reg.node)?;
                 let row = &self.fleet.nodes[&reg.node];
@@ -89,7 +89,7 @@ impl<S: Store> Engine<S> {
         };
         // What the document states was checked first (400s); what is left
         // is the cluster's (a model's nodes all have one number of GPUs).
-        self.core.add_node(spec, Time(now)).map_err(|e| ApiError::unprocessable(e.to_string()))?;
+        self.core.add_node(spec, Time(now)).map_err(|e| Refusal::unacceptable(e.to_string()))?;
         let known = self.fleet.nodes.get(&reg.node);
         let row = NodeRow {
             name: reg.node.clone(),
@@ -215,12 +215,12 @@ impl<S: Store> Engine<S> {
         self.counters.polls_writer += 1;
         self.credential_valid(node)?;
         let Some(id) = self.core.node_by_name(node) else {
-            return Err(ApiError::conflict(format!("node {node}: not registered")).into());
+            return Err(Refusal::conflict(format!("node {node}: not registered")).into());
         };
         if epoch != self.epoch {
-            return Err(ApiError::conflict("the server restarted: register again".into()).into());
+            return Err(Refusal::conflict("the server restarted: register again".into()).into());
         }
-        self.core.heartbeat(id, Time(now)).map_err(|e| ApiError::conflict(e.to_string()))?;
+        self.core.heartbeat(id, Time(now)).map_err(|e| Refusal::conflict(e.to_string()))?;
         self.heard(node, now)?;
         if let Some(failing) = health {
             self.set_health(node, failing);
@@ -251,7 +251,7 @@ impl<S: Store> Engine<S> {
         let id = self
             .core
             .node_by_name(&node)
-            .ok_or_else(|| ApiError::conflict(format!("node {node}: not registered")))?;
+            .ok_or_else(|| Refusal::conflict(format!("node {node}: not registered")))?;
         let gpus = self.core.node(id).expect("known").gpus;
         Self::check_health_gpus("events", &node, gpus, &report.events)?;
         let _ = self.core.heartbeat(id, Time(now));
@@ -282,19 +282,19 @@ impl<S: Store> Engine<S> {
         field: &str,
         events: &[AgentEvent],
         now: u64,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), Refusal> {
         let bound = now.saturating_add(self.config.max_clock_skew.as_millis());
         for (i, event) in events.iter().enumerate() {
             if let AgentEvent::Progress { fraction, .. } = event {
                 if !(0.0..=1.0).contains(fraction) {
-                    return Err(ApiError::bad_request(format!(
+                    return Err(Refusal::invalid(format!(
                         "{field}[{i}].fraction: must be from 0 to 1, got {fraction}; nothing of this request was applied"
                     )));
                 }
             }
             if let AgentEvent::Exited { start_error: Some(error), .. } = event {
                 if error.chars().count() > ebb_api::MAX_START_ERROR_CHARS {
-                    return Err(ApiError::bad_request(format!(
+                    return Err(Refusal::invalid(format!(
                         "{field}[{i}].start_error: at most {} characters, got {}; nothing of this request was applied",
                         ebb_api::MAX_START_ERROR_CHARS,
                         error.chars().count()
@@ -309,7 +309,7 @@ impl<S: Store> Engine<S> {
                 // When it stopped is the agent's to say; only the bound of
                 // what can be written is checked (the timeout is clamped).
                 if *at_ms > ebb_core::time::LAST_WRITABLE_MS {
-                    return Err(ApiError::bad_request(format!(
+                    return Err(Refusal::invalid(format!(
                         "{field}[{i}].at_ms: {at_ms} is past the year 9999 (at most {}); nothing of this \
                          request was applied",
                         ebb_core::time::LAST_WRITABLE_MS
@@ -331,14 +331,14 @@ impl<S: Store> Engine<S> {
                 }
             };
             if at_ms > ebb_core::time::LAST_WRITABLE_MS {
-                return Err(ApiError::bad_request(format!(
+                return Err(Refusal::invalid(format!(
                     "{field}[{i}].at_ms: {at_ms} is past the year 9999 (at most {}); nothing of this \
                      request was applied",
                     ebb_core::time::LAST_WRITABLE_MS
                 )));
             }
             if at_ms > bound {
-                return Err(ApiError::unprocessable(format!(
+                return Err(Refusal::unacceptable(format!(
                     "{field}[{i}].at_ms: the {kind} event of job {} attempt {} is stamped {} ({at_ms}), later \
                      than the server's clock plus the allowed skew of {} ({bound}); nothing of this request \
                      was applied: check the node's clock",
@@ -689,25 +689,25 @@ fn clip(text: &str, max: usize) -> String {
 /// the field: names that fit in a listing and a URL path, a GPU count a
 /// node can have. Lengths are in characters, as the document's
 /// `maxLength` counts them (a name of 64 characters may be 256 bytes).
-fn check_registration(reg: &Register) -> Result<(), ApiError> {
+fn check_registration(reg: &Register) -> Result<(), Refusal> {
     let plain = |text: &str, slash_too: bool| {
         !text.chars().any(|c| c.is_control() && c <= '\u{7f}' || (slash_too && c == '/'))
     };
     let chars = |text: &str| text.chars().count();
     if reg.node.is_empty() || chars(&reg.node) > 253 || !plain(&reg.node, true) {
-        return Err(ApiError::bad_request(format!(
+        return Err(Refusal::invalid(format!(
             "node: a name of 1 to 253 characters without control characters or '/', got {:?}",
             reg.node
         )));
     }
     if reg.gpu_model.is_empty() || chars(&reg.gpu_model) > 64 || !plain(&reg.gpu_model, false) {
-        return Err(ApiError::bad_request(format!(
+        return Err(Refusal::invalid(format!(
             "gpu_model: a name of 1 to 64 characters without control characters, got {:?}",
             reg.gpu_model
         )));
     }
     if !(1..=ebb_scheduler::MAX_GPUS_PER_NODE).contains(&reg.gpus) {
-        return Err(ApiError::bad_request(format!(
+        return Err(Refusal::invalid(format!(
             "gpus: must be between 1 and {}, got {}",
             ebb_scheduler::MAX_GPUS_PER_NODE,
             reg.gpus

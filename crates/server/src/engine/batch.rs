@@ -315,7 +315,7 @@ impl<S: Store> Engine<S> {
     /// failed: then the batch is abandoned and nobody is answered.
     pub(super) fn answer<T: Send + 'static, E: Into<Fail>>(
         &mut self,
-        tx: oneshot::Sender<Result<T, ApiError>>,
+        tx: oneshot::Sender<Result<T, Refusal>>,
         result: Result<T, E>,
     ) -> Written {
         match result.map_err(Into::into) {

@@ -58,7 +58,7 @@ impl<S: Store> Engine<S> {
             .iter()
             .find(|(_, n)| *n == name)
             .map(|(id, _)| *id)
-            .ok_or_else(|| ApiError::not_found(format!("tenant {name}: not found")))?;
+            .ok_or_else(|| Refusal::not_found(format!("tenant {name}: not found")))?;
         let why = format!(
             "this token of tenant {name} was {} by the operator",
             if issue { "replaced (rotated)" } else { "revoked" }
@@ -76,7 +76,7 @@ impl<S: Store> Engine<S> {
     pub(super) fn rotate_join_token(&mut self) -> Result<ebb_api::JoinToken, Fail> {
         let path = self.config.data_dir.join("join.token");
         let token = new_token();
-        write_secret(&path, &token).map_err(|e| ApiError::internal(format!("{}: {e}", path.display())))?;
+        write_secret(&path, &token).map_err(|e| Refusal::internal(format!("{}: {e}", path.display())))?;
         let revoked = self.revoke(
             |p| p.scope == Scope::Agent,
             "this join token was replaced (rotated) by the operator: use the new one in the server's join.token",
@@ -97,32 +97,32 @@ impl<S: Store> Engine<S> {
     /// or the join token for a node that has none. Returns whether the
     /// node is to be issued a credential (once the rest of the
     /// registration has passed).
-    pub(super) fn may_register(&self, principal: &Principal, node: &str) -> Result<bool, ApiError> {
+    pub(super) fn may_register(&self, principal: &Principal, node: &str) -> Result<bool, Refusal> {
         match principal.scope {
             Scope::Node if principal.node.as_deref() == Some(node) => {
                 self.credential_valid(node)?;
                 Ok(false)
             }
-            Scope::Node => Err(ApiError::forbidden(&format!(
+            Scope::Node => Err(Refusal::forbidden(&format!(
                 "this credential is node {}'s; it cannot register node {node}",
                 principal.node.as_deref().unwrap_or("?")
             ))),
-            Scope::Agent if self.access.node_credentials.contains_key(node) => Err(ApiError::forbidden(&format!(
+            Scope::Agent if self.access.node_credentials.contains_key(node) => Err(Refusal::forbidden(&format!(
                 "node {node}: already has its own credential, so the join token cannot register it; the agent \
                  registers with its node.credential, or the operator runs `ebb nodes remove {node}` first"
             ))),
             Scope::Agent => Ok(true),
-            _ => Err(ApiError::forbidden("registering needs the join token or the node's credential")),
+            _ => Err(Refusal::forbidden("registering needs the join token or the node's credential")),
         }
     }
 
     /// The node's credential has not been revoked since the request was
     /// authenticated.
-    pub(super) fn credential_valid(&self, node: &str) -> Result<(), ApiError> {
+    pub(super) fn credential_valid(&self, node: &str) -> Result<(), Refusal> {
         if self.access.node_credentials.contains_key(node) {
             return Ok(());
         }
-        Err(ApiError::unauthorized(&format!(
+        Err(Refusal::unauthenticated(&format!(
             "node {node}'s credential was revoked by the operator (ebb nodes remove {node}); to rejoin, delete \
              the agent's node.credential and restart it with the join token"
         )))

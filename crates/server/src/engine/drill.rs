@@ -324,7 +324,7 @@ impl<S: Store> Engine<S> {
         self.visible(principal, id)?;
         let job = &self.jobs[&id];
         if job.tier != Tier::Preemptible {
-            return Err(ApiError::unprocessable(format!(
+            return Err(Refusal::unacceptable(format!(
                 "job {id}: {}; only preemptible jobs are drained, so only they can be drilled",
                 job.tier
             ))
@@ -332,17 +332,17 @@ impl<S: Store> Engine<S> {
         }
         if job.cancel_requested {
             return Err(
-                ApiError::conflict(format!("job {id}: being cancelled; there is nothing to drill")).into()
+                Refusal::conflict(format!("job {id}: being cancelled; there is nothing to drill")).into()
             );
         }
         match job.state {
             JobState::Running => {}
             JobState::Draining => {
                 let why = job.drain.as_ref().map(|n| format!(" ({})", n.reason)).unwrap_or_default();
-                return Err(ApiError::conflict(format!("job {id}: already draining{why}")).into());
+                return Err(Refusal::conflict(format!("job {id}: already draining{why}")).into());
             }
             state => {
-                return Err(ApiError::conflict(format!(
+                return Err(Refusal::conflict(format!(
                     "job {id}: {}; only a running job can be drilled",
                     state.as_str()
                 ))
@@ -351,8 +351,8 @@ impl<S: Store> Engine<S> {
         }
         let window = self.sched.drain_window;
         let drain = self.core.drill(JobId(id), Time(now), window).map_err(|e| match e {
-            ebb_scheduler::StateError::Invalid(m) => ApiError::unprocessable(m),
-            other => ApiError::conflict(other.to_string()),
+            ebb_scheduler::StateError::Invalid(m) => Refusal::unacceptable(m),
+            other => Refusal::conflict(other.to_string()),
         })?;
         self.drill_changed(id, |d| d.abandoned("a new drill began", now))?;
         let job = self.jobs.get_mut(&id).expect("visible");

@@ -14,11 +14,11 @@ pub const STOP_GRACE_MS: u64 = 10_000;
 /// The grace a cancel gets: the one asked for, or [`STOP_GRACE_MS`] (the
 /// drain window if that is shorter). A cancel never holds GPUs longer
 /// than a preemption may, so more than the drain window is refused.
-pub(super) fn cancel_grace_ms(asked_ms: Option<u64>, drain_window: Span) -> Result<u64, ApiError> {
+pub(super) fn cancel_grace_ms(asked_ms: Option<u64>, drain_window: Span) -> Result<u64, Refusal> {
     match asked_ms {
         None => Ok(STOP_GRACE_MS.min(drain_window.0)),
         Some(ms) if ms <= drain_window.0 => Ok(ms),
-        Some(ms) => Err(ApiError::unprocessable(format!(
+        Some(ms) => Err(Refusal::unacceptable(format!(
             "grace_ms: a cancel's grace may be at most the drain window, {drain_window}; got {}",
             Span(ms)
         ))),
@@ -383,7 +383,7 @@ mod tests {
         assert_eq!(cancel_grace_ms(Some(300_000), Span(300_000)), Ok(300_000));
         let refused = cancel_grace_ms(Some(600_000), Span(300_000)).unwrap_err();
         assert_eq!(
-            (refused.status, refused.message.as_str()),
+            (crate::http::status(refused.kind), refused.message.as_str()),
             (422, "grace_ms: a cancel's grace may be at most the drain window, 300s; got 600s")
         );
     }

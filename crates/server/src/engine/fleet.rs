@@ -24,8 +24,8 @@ impl<S: Store> Engine<S> {
         let id = self
             .core
             .node_by_name(name)
-            .ok_or_else(|| ApiError::not_found(format!("node {name}: not found")))?;
-        self.core.drain_node(id).map_err(|e| ApiError::conflict(e.to_string()))?;
+            .ok_or_else(|| Refusal::not_found(format!("node {name}: not found")))?;
+        self.core.drain_node(id).map_err(|e| Refusal::conflict(e.to_string()))?;
         self.forget_holds_on(name)?;
         let row = NodeRow { drained: true, drained_for: None, ..self.fleet.nodes[name].clone() };
         self.fleet.write(row, &mut self.store, &mut self.outbox)?;
@@ -81,12 +81,12 @@ impl<S: Store> Engine<S> {
         let id = self
             .core
             .node_by_name(name)
-            .ok_or_else(|| ApiError::not_found(format!("node {name}: not found")))?;
+            .ok_or_else(|| Refusal::not_found(format!("node {name}: not found")))?;
         if self.core.node(id).expect("known").status != NodeStatus::Cordoned {
             let status = super::views::status_name(self.core.node(id).expect("known").status);
-            return Err(ApiError::conflict(format!("node {name}: not drained (it is {status})")).into());
+            return Err(Refusal::conflict(format!("node {name}: not drained (it is {status})")).into());
         }
-        self.core.undrain_node(id).map_err(|e| ApiError::conflict(e.to_string()))?;
+        self.core.undrain_node(id).map_err(|e| Refusal::conflict(e.to_string()))?;
         let row = NodeRow { drained: false, drained_for: None, ..self.fleet.nodes[name].clone() };
         self.fleet.write(row, &mut self.store, &mut self.outbox)?;
         tracing::info!(node = name, "back in service (undrained by the operator)");
@@ -95,18 +95,18 @@ impl<S: Store> Engine<S> {
     }
 
     /// The model a reclaim names, or the only one.
-    fn reclaim_model(&self, gpu_model: Option<&str>) -> Result<GpuModelId, ApiError> {
+    fn reclaim_model(&self, gpu_model: Option<&str>) -> Result<GpuModelId, Refusal> {
         if let Some(name) = gpu_model {
             return self
                 .core
                 .model_by_name(name)
-                .ok_or_else(|| ApiError::unprocessable(format!("gpu_model: unknown model {name:?}")));
+                .ok_or_else(|| Refusal::unacceptable(format!("gpu_model: unknown model {name:?}")));
         }
         let models: Vec<GpuModelId> = self.core.models().map(|(id, _)| id).collect();
         match models.as_slice() {
             [only] => Ok(*only),
-            [] => Err(ApiError::conflict("no nodes have joined".into())),
-            _ => Err(ApiError::unprocessable("gpu_model: required when nodes have several models".into())),
+            [] => Err(Refusal::conflict("no nodes have joined".into())),
+            _ => Err(Refusal::unacceptable("gpu_model: required when nodes have several models".into())),
         }
     }
 
@@ -115,10 +115,10 @@ impl<S: Store> Engine<S> {
     /// across a restart until released.
     pub(super) fn reclaim(&mut self, req: ebb_api::ReclaimRequest) -> Result<ebb_api::ReclaimReply, Fail> {
         if req.gpus == 0 {
-            return Err(ApiError::bad_request("gpus: must be at least 1".into()).into());
+            return Err(Refusal::invalid("gpus: must be at least 1".into()).into());
         }
         let model = self.reclaim_model(req.gpu_model.as_deref())?;
-        let limit = self.core.reclaim(model, req.gpus).map_err(|e| ApiError::unprocessable(e.to_string()))?;
+        let limit = self.core.reclaim(model, req.gpus).map_err(|e| Refusal::unacceptable(e.to_string()))?;
         let name = self.core.model(model).expect("known model").name.clone();
         let limit = self.core.model(model).expect("known model").preemptible_limit.unwrap_or(limit);
         self.store.put_reclaim(&name, Some(limit))?;
@@ -135,7 +135,7 @@ impl<S: Store> Engine<S> {
         let model = self.reclaim_model(req.gpu_model.as_deref())?;
         let m = self.core.model(model).expect("known model");
         let (name, released_limit) = (m.name.clone(), m.preemptible_limit);
-        self.core.release_reclaim(model).map_err(|e| ApiError::internal(e.to_string()))?;
+        self.core.release_reclaim(model).map_err(|e| Refusal::internal(e.to_string()))?;
         self.store.put_reclaim(&name, None)?;
         tracing::info!(gpu_model = name, ?released_limit, "reclaim released");
         Ok(ebb_api::ReclaimReleased { gpu_model: name, released_limit })
@@ -149,7 +149,7 @@ impl<S: Store> Engine<S> {
         let id = self
             .core
             .node_by_name(name)
-            .ok_or_else(|| ApiError::not_found(format!("node {name}: not found")))?;
+            .ok_or_else(|| Refusal::not_found(format!("node {name}: not found")))?;
         let why = format!(
             "node {name}'s credential was revoked by the operator (ebb nodes remove {name}); to rejoin, \
              delete the agent's node.credential and restart it with the join token"
@@ -158,7 +158,7 @@ impl<S: Store> Engine<S> {
         let requeued: Vec<u64> = self
             .core
             .lose_node(id)
-            .map_err(|e| ApiError::internal(e.to_string()))?
+            .map_err(|e| Refusal::internal(e.to_string()))?
             .into_iter()
             .map(|j| j.0)
             .collect();

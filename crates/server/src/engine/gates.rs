@@ -157,10 +157,10 @@ impl<S: Store> Engine<S> {
     /// tenant's with its name. One that names a job the tenant does not
     /// have, or can never hold, is refused.
     pub(super) fn check_after(&mut self, tenant: u32, text: &str, name: Option<&str>) -> Result<After, Fail> {
-        let mut after = parse_after(text).map_err(|e| ApiError::unprocessable(format!("after: {e}")))?;
+        let mut after = parse_after(text).map_err(|e| Refusal::unacceptable(format!("after: {e}")))?;
         if after.singleton {
             let name =
-                name.ok_or_else(|| ApiError::unprocessable("after: singleton needs a job name".into()))?;
+                name.ok_or_else(|| Refusal::unacceptable("after: singleton needs a job name".into()))?;
             // Rare by nature (a tenant's singleton submits): a scan.
             let earlier: Vec<u64> = self
                 .jobs
@@ -187,14 +187,14 @@ impl<S: Store> Engine<S> {
             }
         }
         if on.len() > MAX_DEPENDENCIES {
-            return Err(ApiError::unprocessable(format!(
+            return Err(Refusal::unacceptable(format!(
                 "after: at most {MAX_DEPENDENCIES} jobs, arrays' tasks counted"
             ))
             .into());
         }
         after.on = on;
         if let Standing::Never(why) = self.standing(tenant, &after)? {
-            return Err(ApiError::unprocessable(format!("after: {why}")).into());
+            return Err(Refusal::unacceptable(format!("after: {why}")).into());
         }
         Ok(after)
     }

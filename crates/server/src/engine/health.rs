@@ -23,9 +23,9 @@ impl<S: Store> Engine<S> {
         findings: &[GpuFinding],
         at_ms: u64,
         bound: u64,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), Refusal> {
         if findings.len() > ebb_api::MAX_HEALTH_FINDINGS {
-            return Err(ApiError::bad_request(format!(
+            return Err(Refusal::invalid(format!(
                 "{field}[{i}].findings: at most {} findings, got {}; nothing of this request was applied",
                 ebb_api::MAX_HEALTH_FINDINGS,
                 findings.len()
@@ -35,7 +35,7 @@ impl<S: Store> Engine<S> {
             if let ebb_api::Finding::CheckFailed { output, .. } = &f.finding {
                 let chars = output.chars().count();
                 if chars > ebb_api::MAX_CHECK_OUTPUT_CHARS {
-                    return Err(ApiError::bad_request(format!(
+                    return Err(Refusal::invalid(format!(
                         "{field}[{i}].findings[{k}].output: at most {} characters, got {chars}; nothing of \
                          this request was applied",
                         ebb_api::MAX_CHECK_OUTPUT_CHARS
@@ -44,14 +44,14 @@ impl<S: Store> Engine<S> {
             }
         }
         if at_ms > ebb_core::time::LAST_WRITABLE_MS {
-            return Err(ApiError::bad_request(format!(
+            return Err(Refusal::invalid(format!(
                 "{field}[{i}].at_ms: {at_ms} is past the year 9999 (at most {}); nothing of this request \
                  was applied",
                 ebb_core::time::LAST_WRITABLE_MS
             )));
         }
         if at_ms > bound {
-            return Err(ApiError::unprocessable(format!(
+            return Err(Refusal::unacceptable(format!(
                 "{field}[{i}].at_ms: the health report is stamped {} ({at_ms}), later than the server's \
                  clock plus the allowed skew ({bound}); nothing of this request was applied: check the \
                  node's clock",
@@ -68,12 +68,12 @@ impl<S: Store> Engine<S> {
         node: &str,
         gpus: u8,
         events: &[AgentEvent],
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), Refusal> {
         for (i, event) in events.iter().enumerate() {
             let AgentEvent::Health { findings, .. } = event else { continue };
             for (k, f) in findings.iter().enumerate() {
                 if let Some(gpu) = f.gpu.filter(|g| *g >= gpus) {
-                    return Err(ApiError::unprocessable(format!(
+                    return Err(Refusal::unacceptable(format!(
                         "{field}[{i}].findings[{k}].gpu: node {node} has GPUs 0 to {}, got {gpu}; nothing of \
                          this request was applied",
                         gpus.saturating_sub(1)
@@ -231,32 +231,32 @@ impl<S: Store> Engine<S> {
         let id = self
             .core
             .node_by_name(name)
-            .ok_or_else(|| ApiError::not_found(format!("node {name}: not found")))?;
+            .ok_or_else(|| Refusal::not_found(format!("node {name}: not found")))?;
         let row = self.fleet.nodes[name].clone();
         let status = self.core.node(id).expect("known").status;
         let mask = match gpu {
             Some(g) if g >= row.gpus => {
-                return Err(ApiError::unprocessable(format!(
+                return Err(Refusal::unacceptable(format!(
                     "gpu: node {name} has GPUs 0 to {}, got {g}",
                     row.gpus.saturating_sub(1)
                 ))
                 .into())
             }
             Some(g) if row.out_mask() & (1 << g) == 0 => {
-                return Err(ApiError::conflict(format!("node {name}: GPU {g} is in service")).into())
+                return Err(Refusal::conflict(format!("node {name}: GPU {g} is in service")).into())
             }
             Some(g) => 1u64 << g,
             None => row.out_mask(),
         };
         if mask == 0 && status != NodeStatus::Cordoned {
             let status = super::views::status_name(status);
-            return Err(ApiError::conflict(format!(
+            return Err(Refusal::conflict(format!(
                 "node {name}: not drained and no GPU out of service (it is {status})"
             ))
             .into());
         }
         if mask != 0 {
-            self.core.return_gpus(id, mask).map_err(|e| ApiError::internal(e.to_string()))?;
+            self.core.return_gpus(id, mask).map_err(|e| Refusal::internal(e.to_string()))?;
             let mut back = row.clone();
             back.gpus_out.retain(|o| mask & (1 << o.gpu) == 0);
             back.gpu_faults.retain(|(g, _)| mask & (1 << g) == 0);

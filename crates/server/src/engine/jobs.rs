@@ -35,7 +35,7 @@ impl<S: Store> Engine<S> {
         match self.jobs.get(&id) {
             Some(job) if principal.may_see(job.tenant) => Ok(()),
             // Another tenant's job is as good as absent: 404, never 403.
-            _ => Err(ApiError::not_found(format!("job {id}: not found")).into()),
+            _ => Err(Refusal::not_found(format!("job {id}: not found")).into()),
         }
     }
 
@@ -60,15 +60,15 @@ impl<S: Store> Engine<S> {
         now: u64,
     ) -> Result<Vec<Vec<u64>>, Fail> {
         let (tenant, _) =
-            principal.tenant.clone().ok_or_else(|| ApiError::forbidden("this token cannot submit jobs"))?;
+            principal.tenant.clone().ok_or_else(|| Refusal::forbidden("this token cannot submit jobs"))?;
         let limits = self.limits_of(tenant);
         let several = specs.len() > 1;
         let mut prepared = Vec::with_capacity(specs.len());
         let mut first_id = self.next_job;
         let mut all_tasks = 0usize;
         for (i, spec) in specs.into_iter().enumerate() {
-            let named = |e: ApiError| match several {
-                true => ApiError { message: format!("jobs[{i}]: {}", e.message), ..e },
+            let named = |e: Refusal| match several {
+                true => e.within(&format!("jobs[{i}]")),
                 false => e,
             };
             let (after_text, name) = (spec.after.clone(), spec.name.clone());
@@ -86,7 +86,7 @@ impl<S: Store> Engine<S> {
             first_id += one.1.len() as u64;
             all_tasks += one.1.len();
             if several && all_tasks as u64 > limits.max_array_tasks {
-                return Err(ApiError::unprocessable(format!(
+                return Err(Refusal::unacceptable(format!(
                     "jobs: a batch makes at most {} jobs (ebb server --max-array-tasks), and this one makes more by jobs[{i}]",
                     limits.max_array_tasks
                 ))
@@ -138,7 +138,7 @@ impl<S: Store> Engine<S> {
         first_id: u64,
         limits: &crate::validate::Limits,
         now: u64,
-    ) -> Result<(crate::validate::Checked, Tasks), ApiError> {
+    ) -> Result<(crate::validate::Checked, Tasks), Refusal> {
         let mut spec = spec;
         if let (None, Some(slurm)) = (&spec.tier, &spec.slurm) {
             // A Slurm job's tier is its partition's.
@@ -147,7 +147,7 @@ impl<S: Store> Engine<S> {
         }
         let mut checked = crate::validate::submission(&spec, &self.core, limits)?;
         if let Some(deadline_ms) = checked.deadline_ms.filter(|ms| *ms <= now) {
-            return Err(ApiError::unprocessable(format!(
+            return Err(Refusal::unacceptable(format!(
                 "deadline: {} is not in the future (the server's time is {})",
                 rfc3339(deadline_ms),
                 rfc3339(now)
@@ -156,14 +156,14 @@ impl<S: Store> Engine<S> {
         let tenant_name = self.tenant_name(tenant);
         match (&spec.image, &spec.image_digest) {
             (None, _) if self.config.images.required_for(&tenant_name) => {
-                return Err(ApiError::unprocessable(format!(
+                return Err(Refusal::unacceptable(format!(
                     "image: tenant {tenant_name}'s jobs must name an image to run in (ebb submit --image \
                      HOST/NAME:TAG; ebb server --require-image)"
                 )));
             }
             (Some(image), None) => {
                 // The HTTP layer resolves every image before the writer sees it.
-                return Err(ApiError::unprocessable(format!("image: {image} was not resolved to a digest")));
+                return Err(Refusal::unacceptable(format!("image: {image} was not resolved to a digest")));
             }
             _ => {}
         }
@@ -179,7 +179,7 @@ impl<S: Store> Engine<S> {
 
     /// The model a reserved job of `tenant` runs on: that of its one
     /// reservation not yet ended (of `wanted`, if given).
-    fn reserved_model(&self, tenant: u32, wanted: Option<&str>, now: u64) -> Result<String, ApiError> {
+    fn reserved_model(&self, tenant: u32, wanted: Option<&str>, now: u64) -> Result<String, Refusal> {
         let models: BTreeSet<&str> = self
             .money
             .reservations
@@ -188,13 +188,13 @@ impl<S: Store> Engine<S> {
             .map(|r| r.gpu_model.as_str())
             .collect();
         match models.len() {
-            0 => Err(ApiError::unprocessable(format!(
+            0 => Err(Refusal::unacceptable(format!(
                 "tier: reserved jobs draw on a reservation, and tenant {} has none{} that has not ended",
                 self.tenant_name(tenant),
                 wanted.map(|m| format!(" of {m}")).unwrap_or_default()
             ))),
             1 => Ok(models.first().expect("one").to_string()),
-            _ => Err(ApiError::unprocessable(format!(
+            _ => Err(Refusal::unacceptable(format!(
                 "gpu_model: tenant {} has reservations of {}; say which",
                 self.tenant_name(tenant),
                 models.into_iter().collect::<Vec<_>>().join(", ")
@@ -206,7 +206,7 @@ impl<S: Store> Engine<S> {
     /// if it names none) that have joined could ever give it together,
     /// naming what the cluster has. A cluster no node has joined yet
     /// takes any size: the nodes may be on their way.
-    fn check_capacity(&self, gpus: u32, model: Option<&str>) -> Result<(), ApiError> {
+    fn check_capacity(&self, gpus: u32, model: Option<&str>) -> Result<(), Refusal> {
         let registered = &self.fleet.registered;
         let fits = |m: &str| registered.get(m).is_some_and(|(have, _)| u64::from(gpus) <= *have);
         let fitting = match model {
@@ -223,7 +223,7 @@ impl<S: Store> Engine<S> {
                 format!("{have} {m} on {nodes} node{}", if *nodes == 1 { "" } else { "s" })
             })
             .collect();
-        Err(ApiError::unprocessable(format!(
+        Err(Refusal::unacceptable(format!(
             "gpus: {gpus} GPUs{}, but the cluster has {} in all: more than its nodes could ever give one job",
             model.map(|m| format!(" of {m}")).unwrap_or_default(),
             if has.is_empty() { "none of that model".to_string() } else { has.join(", ") }
@@ -237,12 +237,12 @@ impl<S: Store> Engine<S> {
         tenant: u32,
         limits: &crate::validate::Limits,
         specs: impl Iterator<Item = &'a StoredSpec>,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), Refusal> {
         let (jobs, bytes) = specs
             .fold((0u64, 0u64), |(jobs, bytes), spec| (jobs + 1, bytes.saturating_add(spec.stored_bytes())));
         let load = self.tenants.load.get(&tenant).cloned().unwrap_or_default();
         if load.jobs.saturating_add(jobs) > limits.max_jobs {
-            return Err(ApiError::too_many(format!(
+            return Err(Refusal::over_limit(format!(
                 "tenant {}: {} unfinished jobs, and this submission adds {jobs}: over the limit of {} \
                  (ebb server --max-jobs-per-tenant)",
                 self.tenant_name(tenant),
@@ -251,7 +251,7 @@ impl<S: Store> Engine<S> {
             )));
         }
         if load.bytes.saturating_add(bytes) > limits.max_stored_bytes {
-            return Err(ApiError::too_many(format!(
+            return Err(Refusal::over_limit(format!(
                 "tenant {}: the arguments and environments of its jobs in the server (unfinished, or finished \
                  within --keep-finished) take {} bytes, and this submission adds {bytes}: over the limit of {} \
                  (ebb server --max-stored-bytes-per-tenant)",
@@ -295,7 +295,7 @@ impl<S: Store> Engine<S> {
         match state {
             s if s.is_final() => {
                 let message = format!("job {id}: already {}; there is nothing to cancel", s.as_str());
-                return Err(ApiError::conflict(message).into());
+                return Err(Refusal::conflict(message).into());
             }
             JobState::Queued => {
                 match self.jobs[&id].waiting {
@@ -303,7 +303,7 @@ impl<S: Store> Engine<S> {
                         self.backoff.remove(&(until_ms, id));
                     }
                     Some(Waiting::TenantLimit | Waiting::Dependency | Waiting::ArrayLimit) => {}
-                    None => self.core.cancel(JobId(id)).map_err(|e| ApiError::internal(e.to_string()))?,
+                    None => self.core.cancel(JobId(id)).map_err(|e| Refusal::internal(e.to_string()))?,
                 }
                 let job = self.jobs.get_mut(&id).expect("visible");
                 job.state = JobState::Cancelled;
@@ -341,7 +341,7 @@ impl<S: Store> Engine<S> {
         let job = &self.jobs[&id];
         if !job.state.is_live() {
             let message = format!("job {id}: {}; only a running job can be signalled", job.state.as_str());
-            return Err(ApiError::conflict(message).into());
+            return Err(Refusal::conflict(message).into());
         }
         let attempt = AttemptRef { job: id, attempt: job.attempt };
         tracing::info!(job = id, signal, batch_only, "signal sent to the job");
@@ -411,10 +411,10 @@ impl<S: Store> Engine<S> {
 
     /// A quota as an operator gave it, checked: its tier, a model the
     /// cluster knows, a lending limit within the quota.
-    fn check_quota(&self, i: usize, q: &ebb_api::TenantQuota) -> Result<(), ApiError> {
+    fn check_quota(&self, i: usize, q: &ebb_api::TenantQuota) -> Result<(), Refusal> {
         let field = format!("quotas[{i}]");
         if parse_quota_tier(&q.tier).is_none() {
-            return Err(ApiError::unprocessable(format!(
+            return Err(Refusal::unacceptable(format!(
                 "{field}.tier: on-demand or preemptible (reserved work has reservations), got {:?}",
                 q.tier
             )));
@@ -426,11 +426,11 @@ impl<S: Store> Engine<S> {
             ("lending_limit", q.lending_limit),
         ] {
             if value.is_some_and(|v| v > MAX_QUOTA) {
-                return Err(ApiError::unprocessable(format!("{field}.{name}: at most {MAX_QUOTA}")));
+                return Err(Refusal::unacceptable(format!("{field}.{name}: at most {MAX_QUOTA}")));
             }
         }
         if q.lending_limit.is_some_and(|l| l > q.nominal) {
-            return Err(ApiError::unprocessable(format!(
+            return Err(Refusal::unacceptable(format!(
                 "{field}.lending_limit: at most the nominal quota, {}",
                 q.nominal
             )));
@@ -499,11 +499,10 @@ impl<S: Store> Engine<S> {
         name: &str,
         set: Option<(String, Option<ebb_api::RegistryLogin>)>,
     ) -> Result<Vec<ebb_api::RegistryLoginInfo>, Fail> {
-        let tenant = self
-            .tenant_by_name(name)
-            .map_err(|_| ApiError::not_found(format!("tenant {name}: not found")))?;
+        let tenant =
+            self.tenant_by_name(name).map_err(|_| Refusal::not_found(format!("tenant {name}: not found")))?;
         if !principal.may_see(tenant) {
-            return Err(ApiError::not_found(format!("tenant {name}: not found")).into());
+            return Err(Refusal::not_found(format!("tenant {name}: not found")).into());
         }
         if let Some((registry, login)) = set {
             check_registry_host(&registry)?;
@@ -513,16 +512,15 @@ impl<S: Store> Engine<S> {
                     || login.username.contains(':')
                     || login.username.chars().any(char::is_control)
                 {
-                    return Err(ApiError::unprocessable(
+                    return Err(Refusal::unacceptable(
                         "username: 1 to 256 bytes, without ':' or control characters".to_string(),
                     )
                     .into());
                 }
                 if login.password.is_empty() || login.password.len() > 4096 || login.password.contains('\0') {
-                    return Err(ApiError::unprocessable(
-                        "password: 1 to 4096 bytes, without NUL".to_string(),
-                    )
-                    .into());
+                    return Err(
+                        Refusal::unacceptable("password: 1 to 4096 bytes, without NUL".to_string()).into()
+                    );
                 }
             }
             let sealed = login.as_ref().map(|l| ebb_api::RegistryLogin {
@@ -560,15 +558,14 @@ impl<S: Store> Engine<S> {
         name: &str,
         set: Option<ebb_api::TenantLimits>,
     ) -> Result<ebb_api::TenantUsage, Fail> {
-        let tenant = self
-            .tenant_by_name(name)
-            .map_err(|_| ApiError::not_found(format!("tenant {name}: not found")))?;
+        let tenant =
+            self.tenant_by_name(name).map_err(|_| Refusal::not_found(format!("tenant {name}: not found")))?;
         if !principal.may_see(tenant) {
-            return Err(ApiError::not_found(format!("tenant {name}: not found")).into());
+            return Err(Refusal::not_found(format!("tenant {name}: not found")).into());
         }
         if let Some(set) = set {
             if principal.scope != Scope::Admin {
-                return Err(ApiError::forbidden("this call needs an admin token").into());
+                return Err(Refusal::forbidden("this call needs an admin token").into());
             }
             for (field, value) in [
                 ("max_jobs", set.max_jobs),
@@ -576,11 +573,11 @@ impl<S: Store> Engine<S> {
                 ("max_stored_bytes", set.max_stored_bytes),
             ] {
                 if value == Some(0) {
-                    return Err(ApiError::unprocessable(format!("{field}: must be at least 1, got 0")).into());
+                    return Err(Refusal::unacceptable(format!("{field}: must be at least 1, got 0")).into());
                 }
             }
             if set.weight.is_some_and(|w| !(1..=MAX_WEIGHT).contains(&w)) {
-                return Err(ApiError::unprocessable(format!(
+                return Err(Refusal::unacceptable(format!(
                     "weight: must be between 1 and {MAX_WEIGHT}, got {}",
                     set.weight.unwrap_or(0)
                 ))
@@ -588,7 +585,7 @@ impl<S: Store> Engine<S> {
             }
             if set.quotas.as_ref().is_some_and(|q| q.len() > MAX_QUOTAS) {
                 let msg = format!("quotas: at most {MAX_QUOTAS} a tenant");
-                return Err(ApiError::unprocessable(msg).into());
+                return Err(Refusal::unacceptable(msg).into());
             }
             for (i, q) in set.quotas.iter().flatten().enumerate() {
                 self.check_quota(i, q)?;
@@ -601,7 +598,7 @@ impl<S: Store> Engine<S> {
                     .any(|o| parse_quota_tier(&o.tier) == Some(tier) && o.gpu_model == q.gpu_model);
                 if twice {
                     let msg = format!("quotas[{i}]: a second quota for {} {}", q.tier, q.gpu_model);
-                    return Err(ApiError::unprocessable(msg).into());
+                    return Err(Refusal::unacceptable(msg).into());
                 }
             }
             self.store.put_tenant_limits(tenant, &set)?;
@@ -650,13 +647,13 @@ impl<S: Store> Engine<S> {
             && name.len() <= 64
             && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
         if !valid {
-            return Err(ApiError::bad_request(format!(
+            return Err(Refusal::invalid(format!(
                 "name: must be 1-64 letters, digits, '-' or '_', got {name:?}"
             ))
             .into());
         }
         if self.tenants.names.values().any(|n| *n == name) {
-            return Err(ApiError::conflict(format!("tenant {name}: already exists")).into());
+            return Err(Refusal::conflict(format!("tenant {name}: already exists")).into());
         }
         let id = self.tenants.names.keys().max().map_or(1, |m| m + 1);
         self.outbox.changed = true;
@@ -670,13 +667,13 @@ impl<S: Store> Engine<S> {
         self.tenants.names.get(&id).cloned().unwrap_or_default()
     }
 
-    pub(super) fn tenant_by_name(&self, name: &str) -> Result<u32, ApiError> {
+    pub(super) fn tenant_by_name(&self, name: &str) -> Result<u32, Refusal> {
         self.tenants
             .names
             .iter()
             .find(|(_, n)| *n == name)
             .map(|(id, _)| *id)
-            .ok_or_else(|| ApiError::unprocessable(format!("tenant: unknown tenant {name:?}")))
+            .ok_or_else(|| Refusal::unacceptable(format!("tenant: unknown tenant {name:?}")))
     }
 }
 
@@ -747,7 +744,7 @@ pub(super) fn task_env(task: &ebb_api::ArrayTask) -> BTreeMap<String, String> {
 
 /// A registry as a login names it: `HOST[:PORT]`, as image references
 /// begin.
-fn check_registry_host(registry: &str) -> Result<(), ApiError> {
+fn check_registry_host(registry: &str) -> Result<(), Refusal> {
     let ok = !registry.is_empty()
         && registry.len() <= 253
         && registry.bytes().all(|b| b.is_ascii_alphanumeric() || b"-.:[]_".contains(&b))
@@ -755,7 +752,7 @@ fn check_registry_host(registry: &str) -> Result<(), ApiError> {
     if ok {
         Ok(())
     } else {
-        Err(ApiError::unprocessable(format!(
+        Err(Refusal::unacceptable(format!(
             "registry: {registry:?} is not a registry host (HOST or HOST:PORT, as an image reference begins)"
         )))
     }

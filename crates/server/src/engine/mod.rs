@@ -43,7 +43,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{oneshot, watch};
 
 use crate::store::{NodeRow, PriceRow, ReservationRow, Scope, Store, StoreError, TenantRow, TokenRow};
-use crate::{hash_token, new_token, rfc3339, ApiError, Principal, TokenMap, TokenState};
+use crate::{hash_token, new_token, rfc3339, Principal, Refusal, TokenMap, TokenState};
 
 mod agents;
 mod batch;
@@ -82,6 +82,7 @@ pub use job::{
 pub use lines::{Lines, QuietPoll};
 pub use plan::BATCH_STARTS;
 use recovery::gpu_indices;
+pub use recovery::OpenError;
 pub use views::JobQuery;
 
 pub fn now_ms() -> u64 {
@@ -93,29 +94,29 @@ pub enum Msg {
     Submit {
         principal: Principal,
         spec: Box<JobSubmission>,
-        reply: oneshot::Sender<Result<Vec<u64>, ApiError>>,
+        reply: oneshot::Sender<Result<Vec<u64>, Refusal>>,
     },
     /// Several submissions in one transaction, all or none.
     SubmitBatch {
         principal: Principal,
         specs: Vec<JobSubmission>,
-        reply: oneshot::Sender<Result<Vec<Vec<u64>>, ApiError>>,
+        reply: oneshot::Sender<Result<Vec<Vec<u64>>, Refusal>>,
     },
     Jobs {
         principal: Principal,
         query: JobQuery,
-        reply: oneshot::Sender<Result<ebb_api::JobPage, ApiError>>,
+        reply: oneshot::Sender<Result<ebb_api::JobPage, Refusal>>,
     },
     Job {
         principal: Principal,
         id: u64,
-        reply: oneshot::Sender<Result<ebb_api::Job, ApiError>>,
+        reply: oneshot::Sender<Result<ebb_api::Job, Refusal>>,
     },
     Cancel {
         principal: Principal,
         id: u64,
         req: ebb_api::CancelRequest,
-        reply: oneshot::Sender<Result<ebb_api::Job, ApiError>>,
+        reply: oneshot::Sender<Result<ebb_api::Job, Refusal>>,
     },
     /// A signal for a running job's processes.
     Signal {
@@ -123,7 +124,7 @@ pub enum Msg {
         id: u64,
         signal: i32,
         batch_only: bool,
-        reply: oneshot::Sender<Result<ebb_api::Job, ApiError>>,
+        reply: oneshot::Sender<Result<ebb_api::Job, Refusal>>,
     },
     Partitions {
         reply: oneshot::Sender<Vec<ebb_api::Partition>>,
@@ -132,7 +133,7 @@ pub enum Msg {
     Drill {
         principal: Principal,
         id: u64,
-        reply: oneshot::Sender<Result<ebb_api::Job, ApiError>>,
+        reply: oneshot::Sender<Result<ebb_api::Job, Refusal>>,
     },
     LogFile {
         principal: Principal,
@@ -141,7 +142,7 @@ pub enum Msg {
         offset: u64,
         /// With which node of a gang wrote each piece (`LogFile::sources`).
         sources: bool,
-        reply: oneshot::Sender<Result<LogFile, ApiError>>,
+        reply: oneshot::Sender<Result<LogFile, Refusal>>,
     },
     Nodes {
         reply: oneshot::Sender<Vec<ebb_api::Node>>,
@@ -152,24 +153,24 @@ pub enum Msg {
     },
     DrainNode {
         name: String,
-        reply: oneshot::Sender<Result<ebb_api::Node, ApiError>>,
+        reply: oneshot::Sender<Result<ebb_api::Node, Refusal>>,
     },
     Reclaim {
         req: ebb_api::ReclaimRequest,
-        reply: oneshot::Sender<Result<ebb_api::ReclaimReply, ApiError>>,
+        reply: oneshot::Sender<Result<ebb_api::ReclaimReply, Refusal>>,
     },
     ReleaseReclaim {
         req: ebb_api::ReclaimRelease,
-        reply: oneshot::Sender<Result<ebb_api::ReclaimReleased, ApiError>>,
+        reply: oneshot::Sender<Result<ebb_api::ReclaimReleased, Refusal>>,
     },
     UndrainNode {
         name: String,
         gpu: Option<u8>,
-        reply: oneshot::Sender<Result<ebb_api::Node, ApiError>>,
+        reply: oneshot::Sender<Result<ebb_api::Node, Refusal>>,
     },
     CreateTenant {
         name: String,
-        reply: oneshot::Sender<Result<ebb_api::TenantCreated, ApiError>>,
+        reply: oneshot::Sender<Result<ebb_api::TenantCreated, Refusal>>,
     },
     /// Every tenant, with what it holds (admin).
     Tenants {
@@ -180,7 +181,7 @@ pub enum Msg {
         principal: Principal,
         tenant: String,
         set: Option<ebb_api::TenantLimits>,
-        reply: oneshot::Sender<Result<ebb_api::TenantUsage, ApiError>>,
+        reply: oneshot::Sender<Result<ebb_api::TenantUsage, Refusal>>,
     },
     /// A tenant's registry logins: with `set`, first gives (`Some`) or
     /// removes (`None`) its login for `registry`. Answers the registries.
@@ -188,7 +189,7 @@ pub enum Msg {
         principal: Principal,
         tenant: String,
         set: Option<(String, Option<ebb_api::RegistryLogin>)>,
-        reply: oneshot::Sender<Result<Vec<ebb_api::RegistryLoginInfo>, ApiError>>,
+        reply: oneshot::Sender<Result<Vec<ebb_api::RegistryLoginInfo>, Refusal>>,
     },
     /// The login of the principal's tenant for `registry`, to resolve an
     /// image at submit.
@@ -201,7 +202,7 @@ pub enum Msg {
     Register {
         principal: Principal,
         reg: Register,
-        reply: oneshot::Sender<Result<Registered, ApiError>>,
+        reply: oneshot::Sender<Result<Registered, Refusal>>,
     },
     /// `node` is the one the caller's credential speaks for.
     Poll {
@@ -212,12 +213,12 @@ pub enum Msg {
         /// reports keep failing (it is unhealthy), `Some(None)` they do
         /// not; `None` says nothing (a long poll asking again).
         health: Option<Option<String>>,
-        reply: oneshot::Sender<Result<Poll, ApiError>>,
+        reply: oneshot::Sender<Result<Poll, Refusal>>,
     },
     /// `report.node` is the one the caller's credential speaks for.
     Report {
         report: ebb_api::Report,
-        reply: oneshot::Sender<Result<ReportReply, ApiError>>,
+        reply: oneshot::Sender<Result<ReportReply, Refusal>>,
     },
     Metrics {
         reply: oneshot::Sender<crate::metrics::Snapshot>,
@@ -225,22 +226,22 @@ pub enum Msg {
     CreateWebhook {
         principal: Principal,
         req: ebb_api::WebhookRequest,
-        reply: oneshot::Sender<Result<ebb_api::Webhook, ApiError>>,
+        reply: oneshot::Sender<Result<ebb_api::Webhook, Refusal>>,
     },
     Webhooks {
         principal: Principal,
         tenant: Option<String>,
-        reply: oneshot::Sender<Result<Vec<ebb_api::Webhook>, ApiError>>,
+        reply: oneshot::Sender<Result<Vec<ebb_api::Webhook>, Refusal>>,
     },
     DeleteWebhook {
         principal: Principal,
         id: u64,
-        reply: oneshot::Sender<Result<ebb_api::Webhook, ApiError>>,
+        reply: oneshot::Sender<Result<ebb_api::Webhook, Refusal>>,
     },
     WebhookLog {
         principal: Principal,
         id: u64,
-        reply: oneshot::Sender<Result<ebb_api::WebhookLog, ApiError>>,
+        reply: oneshot::Sender<Result<ebb_api::WebhookLog, Refusal>>,
     },
     /// The deliverer tried a delivery (`crate::webhooks`).
     WebhookTried {
@@ -251,16 +252,16 @@ pub enum Msg {
     },
     RemoveNode {
         name: String,
-        reply: oneshot::Sender<Result<ebb_api::NodeRemoved, ApiError>>,
+        reply: oneshot::Sender<Result<ebb_api::NodeRemoved, Refusal>>,
     },
     RotateJoinToken {
-        reply: oneshot::Sender<Result<ebb_api::JoinToken, ApiError>>,
+        reply: oneshot::Sender<Result<ebb_api::JoinToken, Refusal>>,
     },
     TenantTokens {
         name: String,
         /// A new token (rotate) or none (revoke); every older one goes.
         issue: bool,
-        reply: oneshot::Sender<Result<ebb_api::TenantTokens, ApiError>>,
+        reply: oneshot::Sender<Result<ebb_api::TenantTokens, Refusal>>,
     },
     Prices {
         reply: oneshot::Sender<ebb_api::PriceBook>,
@@ -268,11 +269,11 @@ pub enum Msg {
     SetPrice {
         model: String,
         update: ebb_api::PriceUpdate,
-        reply: oneshot::Sender<Result<ebb_api::Price, ApiError>>,
+        reply: oneshot::Sender<Result<ebb_api::Price, Refusal>>,
     },
     CreateReservation {
         req: ebb_api::ReservationRequest,
-        reply: oneshot::Sender<Result<ebb_api::Reservation, ApiError>>,
+        reply: oneshot::Sender<Result<ebb_api::Reservation, Refusal>>,
     },
     Reservations {
         principal: Principal,
@@ -280,25 +281,25 @@ pub enum Msg {
     },
     DeleteReservation {
         id: u64,
-        reply: oneshot::Sender<Result<ebb_api::Reservation, ApiError>>,
+        reply: oneshot::Sender<Result<ebb_api::Reservation, Refusal>>,
     },
     Bill {
         principal: Principal,
         tenant: Option<String>,
         from: String,
         to: String,
-        reply: oneshot::Sender<Result<ebb_api::Invoice, ApiError>>,
+        reply: oneshot::Sender<Result<ebb_api::Invoice, Refusal>>,
     },
     OperatorReport {
         from: String,
         to: String,
-        reply: oneshot::Sender<Result<ebb_api::OperatorReport, ApiError>>,
+        reply: oneshot::Sender<Result<ebb_api::OperatorReport, Refusal>>,
     },
     OperatorReportSeries {
         from: String,
         to: String,
         step: String,
-        reply: oneshot::Sender<Result<ebb_api::ReportSeries, ApiError>>,
+        reply: oneshot::Sender<Result<ebb_api::ReportSeries, Refusal>>,
     },
     Tick,
 }
@@ -831,12 +832,12 @@ impl Outbox {
 /// is rolled back, nothing of it is answered, and the server exits).
 #[derive(Debug)]
 pub(crate) enum Fail {
-    Refused(ApiError),
+    Refused(Refusal),
     Store(StoreError),
 }
 
-impl From<ApiError> for Fail {
-    fn from(e: ApiError) -> Fail {
+impl From<Refusal> for Fail {
+    fn from(e: Refusal) -> Fail {
         Fail::Refused(e)
     }
 }

@@ -88,12 +88,12 @@ impl<S: Store> Engine<S> {
         let _ = self.core.record_usage(TenantId(usage.tenant), tier, model, usage.gpus, span, Time(now));
     }
 
-    pub(super) fn known_model(&self, field: &str, model: &str) -> Result<(), ApiError> {
+    pub(super) fn known_model(&self, field: &str, model: &str) -> Result<(), Refusal> {
         if self.core.model_by_name(model).is_some() || self.money.prices.contains_key(model) {
             return Ok(());
         }
         let known: Vec<&str> = self.money.prices.keys().map(String::as_str).collect();
-        Err(ApiError::unprocessable(format!(
+        Err(Refusal::unacceptable(format!(
             "{field}: unknown GPU model {model:?} (known: {})",
             if known.is_empty() { "none yet".to_string() } else { known.join(", ") }
         )))
@@ -107,11 +107,11 @@ impl<S: Store> Engine<S> {
         let tenant = self.tenant_by_name(&req.tenant)?;
         self.known_model("gpu_model", &req.gpu_model)?;
         let model = self.core.model_by_name(&req.gpu_model).ok_or_else(|| {
-            ApiError::unprocessable(format!("gpu_model: no node of {} has joined yet", req.gpu_model))
+            Refusal::unacceptable(format!("gpu_model: no node of {} has joined yet", req.gpu_model))
         })?;
         let capacity = self.core.model(model).expect("known").capacity;
         if req.gpus == 0 || req.gpus > capacity {
-            return Err(ApiError::unprocessable(format!(
+            return Err(Refusal::unacceptable(format!(
                 "gpus: must be between 1 and the {} of {}, got {}",
                 ebb_core::count(u64::from(capacity), "GPU"),
                 req.gpu_model,
@@ -129,7 +129,7 @@ impl<S: Store> Engine<S> {
             behind if behind <= PAST_START_SLACK_MS => now,
             _ if req.backdate => start,
             behind => {
-                return Err(ApiError::unprocessable(format!(
+                return Err(Refusal::unacceptable(format!(
                     "start: {} is {} in the past, and a reservation is charged from its start; start it \
                      now (leave start out of `ebb reservation create`), or pass backdate (--backdate) \
                      to record a contract that began earlier",
@@ -140,11 +140,9 @@ impl<S: Store> Engine<S> {
             }
         };
         if start >= end {
-            return Err(ApiError::unprocessable(format!(
-                "end: {} is not after start: {}",
-                req.end, req.start
-            ))
-            .into());
+            return Err(
+                Refusal::unacceptable(format!("end: {} is not after start: {}", req.end, req.start)).into()
+            );
         }
         let overlapping: Vec<&ReservationRow> = self
             .money
@@ -153,7 +151,7 @@ impl<S: Store> Engine<S> {
             .filter(|r| r.gpu_model == req.gpu_model && r.start_ms < end && start < r.end_ms)
             .collect();
         if let Some(r) = overlapping.iter().find(|r| r.tenant == tenant) {
-            return Err(ApiError::conflict(format!(
+            return Err(Refusal::conflict(format!(
                 "the period overlaps reservation {} of {} ({} to {}); {}",
                 r.id,
                 req.tenant,
@@ -169,7 +167,7 @@ impl<S: Store> Engine<S> {
         }
         let reserved: u32 = overlapping.iter().map(|r| r.gpus).sum();
         if reserved + req.gpus > capacity {
-            return Err(ApiError::conflict(format!(
+            return Err(Refusal::conflict(format!(
                 "gpus: {reserved} of the {} are already reserved in that period; {} left",
                 ebb_core::count(u64::from(capacity), &format!("{} GPU", req.gpu_model)),
                 if capacity - reserved == 1 {
@@ -200,7 +198,7 @@ impl<S: Store> Engine<S> {
         };
         self.core
             .add_reservation(self.core_reservation(&row)?)
-            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+            .map_err(|e| Refusal::invalid(e.to_string()))?;
         self.outbox.changed = true;
         self.store.put_reservation(&row)?;
         tracing::info!(reservation = id, tenant = req.tenant, gpus = req.gpus, "reservation created");
@@ -222,7 +220,7 @@ impl<S: Store> Engine<S> {
             .get(&id)
             .filter(|r| r.deleted_ms.is_none())
             .cloned()
-            .ok_or_else(|| ApiError::not_found(format!("reservation {id}: not found")))?;
+            .ok_or_else(|| Refusal::not_found(format!("reservation {id}: not found")))?;
         let in_force = row.start_ms <= now && now < row.end_ms;
         if in_force {
             let live: Vec<u64> = self
@@ -233,7 +231,7 @@ impl<S: Store> Engine<S> {
                 .map(|j| j.id)
                 .collect();
             if !live.is_empty() {
-                return Err(ApiError::conflict(format!(
+                return Err(Refusal::conflict(format!(
                     "reservation {id}: reserved jobs {live:?} are running on it; cancel them first"
                 ))
                 .into());
@@ -271,12 +269,10 @@ impl<S: Store> Engine<S> {
         let tenant = match (tenant, &principal.tenant) {
             (Some(name), _) if principal.scope == crate::store::Scope::Admin => self.tenant_by_name(name)?,
             (Some(name), Some((id, own))) if name == own => *id,
-            (Some(_), _) => {
-                return Err(ApiError::forbidden("only an operator may bill another tenant").into())
-            }
+            (Some(_), _) => return Err(Refusal::forbidden("only an operator may bill another tenant").into()),
             (None, Some((id, _))) => *id,
             (None, None) => {
-                return Err(ApiError::unprocessable("tenant: required for this token".into()).into())
+                return Err(Refusal::unacceptable("tenant: required for this token".into()).into())
             }
         };
         let usage = self.store.usage(Some(tenant), from_ms, to_ms)?;

@@ -11,8 +11,8 @@ impl<S: Store> Engine<S> {
         config: EngineConfig,
         tokens: TokenMap,
         now: u64,
-    ) -> Result<(Engine<S>, Vec<String>), ApiError> {
-        let mut snapshot = store.load::<JobRecord>().map_err(fatal)?;
+    ) -> Result<(Engine<S>, Vec<String>), OpenError> {
+        let mut snapshot = store.load::<JobRecord>()?;
         let sched = ebb_scheduler::Config {
             drain_window: config.drain_window,
             victim_policy: ebb_scheduler::VictimPolicy::LostWork,
@@ -24,7 +24,7 @@ impl<S: Store> Engine<S> {
         };
         let epoch = {
             let mut bytes = [0u8; 8];
-            getrandom::fill(&mut bytes).map_err(|e| ApiError::internal(e.to_string()))?;
+            getrandom::fill(&mut bytes).map_err(|e| OpenError::Restore(e.to_string()))?;
             u64::from_le_bytes(bytes) >> 1
         };
         let mut engine = Engine {
@@ -62,14 +62,14 @@ impl<S: Store> Engine<S> {
         let mut notes = Vec::new();
         if snapshot.tenants.is_empty() {
             notes = engine.bootstrap()?;
-            snapshot = engine.store.load::<JobRecord>().map_err(fatal)?;
+            snapshot = engine.store.load::<JobRecord>()?;
         }
         engine
             .core
             .set_fair_share_half_life(engine.config.fair_share_half_life)
-            .map_err(|e| ApiError::internal(e.to_string()))?;
+            .map_err(|e| OpenError::Restore(e.to_string()))?;
         engine.core.set_fair_share_preemption(engine.config.fair_share_preemption.is_some());
-        let clear_logins = engine.load_access(&mut snapshot).map_err(ApiError::internal)?;
+        let clear_logins = engine.load_access(&mut snapshot).map_err(OpenError::Restore)?;
         engine.load_nodes(std::mem::take(&mut snapshot.nodes), now)?;
         for price in &snapshot.prices {
             engine.money.prices.insert(price.gpu_model.clone(), price.clone());
@@ -78,18 +78,18 @@ impl<S: Store> Engine<S> {
         engine.apply_quotas();
         let (hooks, deliveries) =
             (std::mem::take(&mut snapshot.webhooks), std::mem::take(&mut snapshot.deliveries));
-        let clear_hooks = engine.load_webhooks(hooks, deliveries, now).map_err(ApiError::internal)?;
-        engine.load_fair_share_usage(now).map_err(fatal)?;
+        let clear_hooks = engine.load_webhooks(hooks, deliveries, now).map_err(OpenError::Restore)?;
+        engine.load_fair_share_usage(now)?;
         engine.fleet.heard_before = std::mem::take(&mut snapshot.heard).into_iter().collect();
         // Every node's last report at once: a read at each node's first
         // report made a takeover's storm of them a round trip each.
-        engine.fleet.reports = engine.store.last_reports().map_err(fatal)?.into_iter().collect();
+        engine.fleet.reports = engine.store.last_reports()?.into_iter().collect();
         let unrestored = engine.load_jobs(std::mem::take(&mut snapshot.jobs))?;
-        engine.count_finished().map_err(fatal)?;
-        engine.store.begin().map_err(fatal)?;
-        engine.seal_clear(clear_hooks, clear_logins).map_err(fatal)?;
-        engine.recover(snapshot, unrestored, now).map_err(fatal)?;
-        engine.store.commit().map_err(fatal)?;
+        engine.count_finished()?;
+        engine.store.begin()?;
+        engine.seal_clear(clear_hooks, clear_logins)?;
+        engine.recover(snapshot, unrestored, now)?;
+        engine.store.commit()?;
         engine.outbox.write_log();
         engine.outbox.discard();
         Ok((engine, notes))
@@ -148,7 +148,7 @@ impl<S: Store> Engine<S> {
     }
 
     /// Every node back in the core, drained or removed as it was.
-    fn load_nodes(&mut self, nodes: Vec<NodeRow>, now: u64) -> Result<(), ApiError> {
+    fn load_nodes(&mut self, nodes: Vec<NodeRow>, now: u64) -> Result<(), Refusal> {
         for mut node in nodes {
             if node.joined_ms == 0 {
                 node.joined_ms = now;
@@ -159,7 +159,7 @@ impl<S: Store> Engine<S> {
                 gpus: node.gpus,
                 labels: node.labels.clone(),
             };
-            let id = self.core.add_node(spec, Time(now)).map_err(|e| ApiError::internal(e.to_string()))?;
+            let id = self.core.add_node(spec, Time(now)).map_err(|e| Refusal::internal(e.to_string()))?;
             if node.out_mask() != 0 {
                 // No attempt is on the node yet: nothing is requeued.
                 let _ = self.core.take_gpus_out(id, node.out_mask());
@@ -195,7 +195,7 @@ impl<S: Store> Engine<S> {
     /// Every unfinished job's record, with its tenant's load; queued and
     /// live jobs back in the core. Returns the live attempts the core
     /// could not take back, and why.
-    fn load_jobs(&mut self, jobs: Vec<JobRecord>) -> Result<Vec<(u64, String)>, ApiError> {
+    fn load_jobs(&mut self, jobs: Vec<JobRecord>) -> Result<Vec<(u64, String)>, Refusal> {
         let mut unrestored = Vec::new();
         for job in jobs {
             self.next_job = self.next_job.max(job.id + 1);
@@ -373,35 +373,33 @@ impl<S: Store> Engine<S> {
 
     /// First start: the default tenant, an admin token and a join token,
     /// written under the data dir (0600).
-    pub(super) fn bootstrap(&mut self) -> Result<Vec<String>, ApiError> {
-        self.store.begin().map_err(fatal)?;
+    pub(super) fn bootstrap(&mut self) -> Result<Vec<String>, OpenError> {
+        self.store.begin()?;
         let tenant = TenantRow { id: 1, name: "default".into() };
-        self.store.put_tenant(&tenant).map_err(fatal)?;
+        self.store.put_tenant(&tenant)?;
         let mut notes = Vec::new();
         for (file, scope) in [("admin.token", Scope::Admin), ("join.token", Scope::Agent)] {
             let token = new_token();
             let tenant = (scope == Scope::Admin).then_some(1);
-            self.store
-                .put_token(&TokenRow { hash: hash_token(&token), tenant, scope, node: None })
-                .map_err(fatal)?;
+            self.store.put_token(&TokenRow { hash: hash_token(&token), tenant, scope, node: None })?;
             let path = self.config.data_dir.join(file);
             write_secret(&path, &token)
-                .map_err(|e| ApiError::internal(format!("{}: {e}", path.display())))?;
+                .map_err(|e| OpenError::Restore(format!("{}: {e}", path.display())))?;
             notes.push(path.display().to_string());
         }
-        self.store.commit().map_err(fatal)?;
+        self.store.commit()?;
         Ok(notes)
     }
 
     /// Puts a queued job back into the core, with the attempts it has had.
-    pub(super) fn restore_queued(&mut self, id: u64) -> Result<(), ApiError> {
+    pub(super) fn restore_queued(&mut self, id: u64) -> Result<(), Refusal> {
         let job = &self.jobs[&id];
         // A number spent on a start sent ahead is not used again.
         let (attempt, preemptions) = (job.attempt.max(job.spent_attempt), job.preemptions);
         self.core
             .restore_queued(self.spec_of(id), Attempt(attempt), preemptions)
-            .map_err(|e| ApiError::internal(e.to_string()))?;
-        self.restore_drilled(id).map_err(ApiError::internal)
+            .map_err(|e| Refusal::internal(e.to_string()))?;
+        self.restore_drilled(id).map_err(Refusal::internal)
     }
 
     /// Tells the core a restored job was requeued by a drill since it was
@@ -514,14 +512,11 @@ impl<S: Store> Engine<S> {
         }
     }
 
-    pub(super) fn core_reservation(
-        &self,
-        r: &ReservationRow,
-    ) -> Result<ebb_scheduler::Reservation, ApiError> {
+    pub(super) fn core_reservation(&self, r: &ReservationRow) -> Result<ebb_scheduler::Reservation, Refusal> {
         let model = self
             .core
             .model_by_name(&r.gpu_model)
-            .ok_or_else(|| ApiError::bad_request(format!("gpu_model: unknown model {:?}", r.gpu_model)))?;
+            .ok_or_else(|| Refusal::invalid(format!("gpu_model: unknown model {:?}", r.gpu_model)))?;
         Ok(ebb_scheduler::Reservation {
             id: ebb_core::ReservationId(r.id as u32),
             tenant: TenantId(r.tenant),
@@ -534,8 +529,20 @@ impl<S: Store> Engine<S> {
 }
 
 /// The store failed while the server starts: it does not start.
-fn fatal(e: StoreError) -> ApiError {
-    ApiError::internal(format!("storage: {e}"))
+/// Why the writer could not start from its store.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// What the store holds could not be made into the writer's state.
+    #[error("restoring the state: {0}")]
+    Restore(String),
+}
+
+impl From<Refusal> for OpenError {
+    fn from(r: Refusal) -> OpenError {
+        OpenError::Restore(r.message)
+    }
 }
 
 /// The GPU indices a mask names, in order.

@@ -544,7 +544,7 @@ pub(super) fn status_name(status: NodeStatus) -> &'static str {
 /// A read the store could not answer: the caller gets a 500, and the
 /// batch goes on (nothing was written).
 pub(super) fn read_error(e: StoreError) -> Fail {
-    Fail::Refused(ApiError::internal(format!("storage: {e}")))
+    Fail::Refused(Refusal::internal(format!("storage: {e}")))
 }
 
 /// Why the latest attempt got its interval, computed at its placement,

@@ -131,26 +131,26 @@ impl<S: Store> Engine<S> {
             (Some(name), _, _) => {
                 let id = self.tenant_by_name(name)?;
                 if !principal.may_see(id) {
-                    return Err(ApiError::not_found(format!("tenant {name}: not found")).into());
+                    return Err(Refusal::not_found(format!("tenant {name}: not found")).into());
                 }
                 Some(id)
             }
             (None, _, Scope::Admin) => None,
             (None, Some((id, _)), _) => Some(*id),
-            (None, None, _) => return Err(ApiError::forbidden("a tenant's or an operator's token").into()),
+            (None, None, _) => return Err(Refusal::forbidden("a tenant's or an operator's token").into()),
         };
         let allowed: &[&str] =
             if tenant.is_some() { &ebb_api::JOB_WEBHOOK_EVENTS } else { &ebb_api::NODE_WEBHOOK_EVENTS };
         let whose = if tenant.is_some() { "a tenant's webhook" } else { "an operators' webhook" };
         if req.events.is_empty() {
             return Err(
-                ApiError::unprocessable(format!("events: at least one of {}", allowed.join(", "))).into()
+                Refusal::unacceptable(format!("events: at least one of {}", allowed.join(", "))).into()
             );
         }
         let mut events = Vec::new();
         for event in &req.events {
             if !allowed.contains(&event.as_str()) {
-                return Err(ApiError::unprocessable(format!(
+                return Err(Refusal::unacceptable(format!(
                     "events: {event:?} is not an event {whose} takes; it takes {}",
                     allowed.join(", ")
                 ))
@@ -164,12 +164,12 @@ impl<S: Store> Engine<S> {
         let format = match req.format.as_deref().unwrap_or("json") {
             f @ ("json" | "slack") => f.to_string(),
             other => {
-                return Err(ApiError::unprocessable(format!("format: json or slack, got {other:?}")).into());
+                return Err(Refusal::unacceptable(format!("format: json or slack, got {other:?}")).into());
             }
         };
         let owned = self.webhooks.hooks.values().filter(|h| h.tenant == tenant).count();
         if owned >= ebb_api::MAX_WEBHOOKS {
-            return Err(ApiError::conflict(format!(
+            return Err(Refusal::conflict(format!(
                 "at most {} webhooks each; remove one first (ebb tenant webhook remove)",
                 ebb_api::MAX_WEBHOOKS
             ))
@@ -189,7 +189,7 @@ impl<S: Store> Engine<S> {
     }
 
     /// A webhook `principal` may see, or 404.
-    fn webhook_of(&self, principal: &Principal, id: u64) -> Result<&WebhookRow, ApiError> {
+    fn webhook_of(&self, principal: &Principal, id: u64) -> Result<&WebhookRow, Refusal> {
         self.webhooks
             .hooks
             .get(&id)
@@ -197,7 +197,7 @@ impl<S: Store> Engine<S> {
                 Some(t) => principal.may_see(t),
                 None => principal.scope == Scope::Admin,
             })
-            .ok_or_else(|| ApiError::not_found(format!("webhook {id}: not found")))
+            .ok_or_else(|| Refusal::not_found(format!("webhook {id}: not found")))
     }
 
     /// `GET /v1/webhooks[?tenant=NAME]`: a tenant's own; an operator's,
@@ -211,9 +211,9 @@ impl<S: Store> Engine<S> {
             Some(name) => {
                 let id = self
                     .tenant_by_name(&name)
-                    .map_err(|_| ApiError::not_found(format!("tenant {name}: not found")))?;
+                    .map_err(|_| Refusal::not_found(format!("tenant {name}: not found")))?;
                 if !principal.may_see(id) {
-                    return Err(ApiError::not_found(format!("tenant {name}: not found")).into());
+                    return Err(Refusal::not_found(format!("tenant {name}: not found")).into());
                 }
                 Some(id)
             }
@@ -416,24 +416,23 @@ fn delivery(hook: &WebhookRow, d: &DeliveryRow) -> Delivery {
 /// bytes; never an address `outbound` refuses (loopback, link-local: a
 /// cloud's metadata service), which is checked again as each delivery
 /// connects, names included.
-fn check_url(url: &str, outbound: &ebb_http::Outbound) -> Result<String, ApiError> {
+fn check_url(url: &str, outbound: &ebb_http::Outbound) -> Result<String, Refusal> {
     if url.len() > ebb_api::MAX_WEBHOOK_URL_BYTES {
-        return Err(ApiError::unprocessable(format!(
+        return Err(Refusal::unacceptable(format!(
             "url: at most {} bytes, got {}",
             ebb_api::MAX_WEBHOOK_URL_BYTES,
             url.len()
         )));
     }
-    let parsed =
-        reqwest::Url::parse(url).map_err(|e| ApiError::unprocessable(format!("url: {url:?}: {e}")))?;
+    let parsed = reqwest::Url::parse(url).map_err(|e| Refusal::unacceptable(format!("url: {url:?}: {e}")))?;
     if !matches!(parsed.scheme(), "http" | "https") {
-        return Err(ApiError::unprocessable(format!("url: http:// or https://, got {}://", parsed.scheme())));
+        return Err(Refusal::unacceptable(format!("url: http:// or https://, got {}://", parsed.scheme())));
     }
     if parsed.host_str().is_none_or(|h| h.is_empty()) {
-        return Err(ApiError::unprocessable(format!("url: {url:?} has no host")));
+        return Err(Refusal::unacceptable(format!("url: {url:?} has no host")));
     }
     if let Err(why) = outbound.check_url(&parsed) {
-        return Err(ApiError::unprocessable(format!("url: {url:?}: {why}: not a receiver")));
+        return Err(Refusal::unacceptable(format!("url: {url:?}: {why}: not a receiver")));
     }
     Ok(parsed.to_string())
 }

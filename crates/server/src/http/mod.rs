@@ -36,7 +36,7 @@ use tokio::sync::oneshot;
 use crate::engine::{EngineConfig, JobState, Msg};
 use crate::leader::{LeaseConfig, Proxy, Role};
 use crate::store::{Scope, SqliteStore, Store};
-use crate::{hash_token, ApiError, Principal, ServerConfig, TokenMap, TokenState};
+use crate::{hash_token, Principal, Refusal, Refused, ServerConfig, TokenMap, TokenState};
 
 #[derive(Clone)]
 struct App {
@@ -74,9 +74,10 @@ impl StreamSlot {
         if *count >= STREAMS_PER_TENANT {
             let who =
                 principal.tenant.as_ref().map_or("the operators".to_string(), |(_, n)| format!("tenant {n}"));
-            return Err(ApiError::too_many(format!(
+            return Err(Refusal::over_limit(format!(
                 "{who} has {STREAMS_PER_TENANT} event streams open, the most allowed; close a dashboard tab or another reader of /v1/stream"
-            )));
+            ))
+            .into());
         }
         *count += 1;
         Ok(StreamSlot { streams: app.streams.clone(), tenant })
@@ -92,6 +93,59 @@ impl Drop for StreamSlot {
                 open.remove(&self.tenant);
             }
         }
+    }
+}
+
+/// An error for an API caller: an HTTP status and a message that names
+/// what was wrong.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApiError {
+    pub status: u16,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn bad_request(message: String) -> Self {
+        ApiError { status: 400, message }
+    }
+    pub fn unauthorized(message: &str) -> Self {
+        ApiError { status: 401, message: message.into() }
+    }
+    pub fn forbidden(message: &str) -> Self {
+        ApiError { status: 403, message: message.into() }
+    }
+    pub fn not_found(message: String) -> Self {
+        ApiError { status: 404, message }
+    }
+    pub fn unprocessable(message: String) -> Self {
+        ApiError { status: 422, message }
+    }
+    pub fn internal(message: String) -> Self {
+        ApiError { status: 500, message }
+    }
+}
+
+/// Each kind of refusal's HTTP status: the only place the two meet.
+/// Refusals the API document states (a limit, a pattern) are 400s; those
+/// it cannot state (what this cluster has, how fields relate, limits the
+/// operator sets) are 422s.
+pub fn status(kind: Refused) -> u16 {
+    match kind {
+        Refused::Invalid => 400,
+        Refused::Unauthenticated => 401,
+        Refused::Forbidden => 403,
+        Refused::NotFound => 404,
+        Refused::Conflict => 409,
+        Refused::Unacceptable => 422,
+        Refused::OverLimit => 429,
+        Refused::Internal => 500,
+        Refused::Unavailable => 503,
+    }
+}
+
+impl From<Refusal> for ApiError {
+    fn from(r: Refusal) -> ApiError {
+        ApiError { status: status(r.kind), message: r.message }
     }
 }
 
@@ -188,7 +242,7 @@ impl App {
                 Ok(())
             }
             Err(e) if e.is_transient() => {
-                Err(ApiError::unavailable(format!("{field}image: {e}; nothing was submitted")))
+                Err(Refusal::unavailable(format!("{field}image: {e}; nothing was submitted")).into())
             }
             Err(e) => Err(ApiError::unprocessable(format!("{field}image: {e}"))),
         }

@@ -298,7 +298,7 @@ fn a_cancel_sends_its_notice_and_grace_keeps_its_deadline_and_is_sent_again_afte
     // The drain window here is 3 s: a longer grace is refused, and
     // nothing is cancelled.
     let refused = env.cancel(id, Some(3_001)).unwrap_err();
-    assert_eq!(refused.status, 422);
+    assert_eq!(ebb_server::http::status(refused.kind), 422);
     assert_eq!(refused.message, "grace_ms: a cancel's grace may be at most the drain window, 3s; got 3.001s");
     assert!(env.commands("a").is_empty());
     assert_eq!(env.job(id).unwrap().state, "running");
@@ -367,7 +367,7 @@ fn a_drill_survives_a_restart_and_its_exit_requeues_the_job_as_a_drill() {
     assert!(sent[0].reason.starts_with("drill: "), "{}", sent[0].reason);
     let again = env.drill(id).unwrap_err();
     assert_eq!(
-        (again.status, again.message.as_str()),
+        (ebb_server::http::status(again.kind), again.message.as_str()),
         (409, format!("job {id}: already draining ({})", sent[0].reason).as_str())
     );
 

@@ -182,7 +182,7 @@ impl<S: Store> World<S> {
         let store = (self.open_store)();
         let tokens = Arc::new(RwLock::new(HashMap::new()));
         let (engine, _) =
-            Engine::open(store, config(&self.dir), tokens, self.now).map_err(|e| e.message).unwrap();
+            Engine::open(store, config(&self.dir), tokens, self.now).map_err(|e| e.to_string()).unwrap();
         self.engine = Some(engine);
         for node in &mut self.nodes {
             node.epoch = None; // a new server life: register again

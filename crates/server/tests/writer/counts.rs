@@ -337,17 +337,17 @@ fn a_finished_job_out_of_memory_is_still_listed_shown_logged_and_counted() {
         assert_eq!((log.stored.as_deref(), log.finished), (Some(&b"hello\n"[..]), true), "{life}");
         let refused = env.cancel(single.job, None).unwrap_err();
         assert_eq!(
-            (refused.status, refused.message.as_str()),
+            (ebb_server::http::status(refused.kind), refused.message.as_str()),
             (409, "job 1: already succeeded; there is nothing to cancel")
         );
         let refused = env.drill(single.job).unwrap_err();
         assert_eq!(
-            (refused.status, refused.message.as_str()),
+            (ebb_server::http::status(refused.kind), refused.message.as_str()),
             (409, "job 1: succeeded; only a running job can be drilled")
         );
         let other = Principal::tenant(Scope::Tenant, 2, "acme");
         let hidden = env.call(|reply| Msg::Job { principal: other, id: single.job, reply }).unwrap_err();
-        assert_eq!(hidden.status, 404, "{life}: another tenant's finished job");
+        assert_eq!(ebb_server::http::status(hidden.kind), 404, "{life}: another tenant's finished job");
 
         // The array counts its finished tasks by state, shown and listed.
         let head = env.job(tasks[0]).unwrap();

@@ -639,7 +639,7 @@ impl World {
         let store = SqliteStore::open_unsynced(&self.dir.join("ebb.db")).expect("the store opens");
         let tokens = Arc::new(RwLock::new(HashMap::new()));
         let (engine, _) = Engine::open(store, config(&self.dir), tokens, self.now)
-            .unwrap_or_else(|e| panic!("the store does not load after a restart: {}", e.message));
+            .unwrap_or_else(|e| panic!("the store does not load after a restart: {}", e));
         self.engine = Some(engine);
         // Every agent must register again.
         self.agents.clear();
@@ -828,7 +828,7 @@ impl World {
                     Ok(poll) => poll,
                     // As an agent does: told to register again (the server
                     // restarted, or the node was lost), it does.
-                    Err(e) if e.status == 409 => {
+                    Err(e) if ebb_server::http::status(e.kind) == 409 => {
                         let running = Vec::new();
                         return self.run(&Step::Register {
                             node,

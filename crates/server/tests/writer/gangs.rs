@@ -201,7 +201,7 @@ fn registry_logins_are_the_tenants_own_and_ride_only_with_its_starts() {
     };
     let bare = JobSubmission { argv: vec!["train".into()], ..Default::default() };
     let refused = submit(&mut env, &alice, bare.clone()).unwrap_err();
-    assert_eq!(refused.status, 422);
+    assert_eq!(ebb_server::http::status(refused.kind), 422);
     assert!(refused.message.contains("tenant alice's jobs must name an image"), "{}", refused.message);
     submit(&mut env, &bob, bare.clone()).expect("bob is not required to");
 
@@ -221,7 +221,7 @@ fn registry_logins_are_the_tenants_own_and_ride_only_with_its_starts() {
         vec![ebb_api::RegistryLoginInfo { registry: "127.0.0.1:5000".into(), username: "alice".into() }]
     );
     let e = set(&mut env, &bob, "alice", "127.0.0.1:5000", Some(login("bob"))).unwrap_err();
-    assert_eq!(e.status, 404, "another tenant's logins are as good as absent");
+    assert_eq!(ebb_server::http::status(e.kind), 404, "another tenant's logins are as good as absent");
     for (registry, l, field) in [
         ("not a host", Some(login("a")), "registry"),
         ("127.0.0.1:5000/path", Some(login("a")), "registry"),
@@ -233,7 +233,7 @@ fn registry_logins_are_the_tenants_own_and_ride_only_with_its_starts() {
         ),
     ] {
         let e = set(&mut env, &alice, "alice", registry, l).unwrap_err();
-        assert_eq!(e.status, 422, "{registry}");
+        assert_eq!(ebb_server::http::status(e.kind), 422, "{registry}");
         assert!(e.message.starts_with(field), "{}", e.message);
     }
     env.restart();
@@ -256,7 +256,7 @@ fn registry_logins_are_the_tenants_own_and_ride_only_with_its_starts() {
     let hers = submit(&mut env, &alice, in_image.clone()).unwrap()[0];
     let his = submit(&mut env, &bob, in_image.clone()).unwrap()[0];
     let unresolved = JobSubmission { image_digest: None, ..in_image };
-    assert_eq!(submit(&mut env, &alice, unresolved).unwrap_err().status, 422);
+    assert_eq!(submit(&mut env, &alice, unresolved).unwrap_err().kind, ebb_server::Refused::Unacceptable);
     env.register("n1", Vec::new(), Vec::new());
     let starts: Vec<ebb_api::StartAttempt> = env
         .commands("n1")

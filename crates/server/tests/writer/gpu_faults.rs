@@ -64,7 +64,7 @@ impl Server {
     fn open(dir: &std::path::Path, now: u64) -> Engine<SqliteStore> {
         let store = SqliteStore::open_unsynced(&dir.join("ebb.db")).unwrap();
         let (engine, _) = Engine::open(store, config(dir), Arc::new(RwLock::new(HashMap::new())), now)
-            .map_err(|e| e.message)
+            .map_err(|e| e.to_string())
             .unwrap();
         engine
     }
@@ -76,7 +76,7 @@ impl Server {
         self.register_running(running, Vec::new()).unwrap();
     }
 
-    fn register(&mut self, unreported: Vec<AgentEvent>) -> Result<(), ebb_server::ApiError> {
+    fn register(&mut self, unreported: Vec<AgentEvent>) -> Result<(), ebb_server::Refusal> {
         self.register_running(Vec::new(), unreported)
     }
 
@@ -84,7 +84,7 @@ impl Server {
         &mut self,
         running: Vec<AttemptRef>,
         unreported: Vec<AgentEvent>,
-    ) -> Result<(), ebb_server::ApiError> {
+    ) -> Result<(), ebb_server::Refusal> {
         let reg = Register {
             node: NODE.into(),
             gpu_model: "H100".into(),
@@ -149,7 +149,7 @@ impl Server {
         starts
     }
 
-    fn report(&mut self, events: Vec<AgentEvent>) -> Result<ebb_api::ReportReply, ebb_server::ApiError> {
+    fn report(&mut self, events: Vec<AgentEvent>) -> Result<ebb_api::ReportReply, ebb_server::Refusal> {
         let report = Report { node: NODE.into(), events, id: None };
         self.call(|reply| Msg::Report { report, reply })
     }
@@ -178,7 +178,7 @@ impl Server {
         self.call(|reply| Msg::Job { principal, id, reply }).expect("job")
     }
 
-    fn undrain(&mut self, gpu: Option<u8>) -> Result<ebb_api::Node, ebb_server::ApiError> {
+    fn undrain(&mut self, gpu: Option<u8>) -> Result<ebb_api::Node, ebb_server::Refusal> {
         self.call(|reply| Msg::UndrainNode { name: NODE.into(), gpu, reply })
     }
 
@@ -284,13 +284,19 @@ fn a_gpu_that_faults_twice_in_a_day_stays_out_until_the_operator_returns_it() {
     // The operator returns it; asking for a GPU in service or one the
     // node lacks is refused by name.
     let refused = s.undrain(Some(4)).unwrap_err();
-    assert_eq!((refused.status, refused.message.as_str()), (409, "node node-0: GPU 4 is in service"));
+    assert_eq!(
+        (ebb_server::http::status(refused.kind), refused.message.as_str()),
+        (409, "node node-0: GPU 4 is in service")
+    );
     let refused = s.undrain(Some(10)).unwrap_err();
-    assert_eq!((refused.status, refused.message.as_str()), (422, "gpu: node node-0 has GPUs 0 to 9, got 10"));
+    assert_eq!(
+        (ebb_server::http::status(refused.kind), refused.message.as_str()),
+        (422, "gpu: node node-0 has GPUs 0 to 9, got 10")
+    );
     let node = s.undrain(Some(3)).expect("returned");
     assert!(node.gpus_out.is_empty());
     let refused = s.undrain(None).unwrap_err();
-    assert_eq!(refused.status, 409, "{}", refused.message);
+    assert_eq!(ebb_server::http::status(refused.kind), 409, "{}", refused.message);
     assert_eq!(metric(&s.metrics(), "ebb_gpus"), 10.0);
 
     // A day after, one more fault is a first one again.
@@ -379,12 +385,12 @@ fn a_health_report_past_its_bounds_is_refused_whole_by_name() {
         let refused = s.report(events).unwrap_err();
         // A GPU the node lacks is the cluster's refusal; the bounds, the document's.
         let status = if said.contains(".gpu: ") { 422 } else { 400 };
-        assert_eq!(refused.status, status, "{}", refused.message);
+        assert_eq!(ebb_server::http::status(refused.kind), status, "{}", refused.message);
         assert!(refused.message.starts_with(said), "{}", refused.message);
         assert!(refused.message.ends_with("nothing of this request was applied"), "{}", refused.message);
     }
     let late = vec![AgentEvent::Health { findings: vec![xid(0, 79)], at_ms: s.now + 3_600_000 }];
-    assert_eq!(s.report(late).unwrap_err().status, 422);
+    assert_eq!(s.report(late).unwrap_err().kind, ebb_server::Refused::Unacceptable);
     let refused =
         s.register(vec![AgentEvent::Health { findings: vec![xid(12, 79)], at_ms: s.now }]).unwrap_err();
     assert!(refused.message.starts_with("unreported[0].findings[0].gpu: "), "{}", refused.message);

@@ -309,7 +309,7 @@ impl<S: Store> TestEnv<S> {
         let store = Faulty { inner, armed: self.armed.clone() };
         self.tokens = Arc::new(RwLock::new(HashMap::new()));
         let (engine, _) = Engine::open(store, self.config.clone(), self.tokens.clone(), self.now)
-            .map_err(|e| e.message)
+            .map_err(|e| e.to_string())
             .unwrap();
         self.engine = Some(engine);
     }
@@ -406,13 +406,13 @@ impl<S: Store> TestEnv<S> {
         actions
     }
 
-    pub fn cancel(&mut self, id: u64, grace_ms: Option<u64>) -> Result<ebb_api::Job, ebb_server::ApiError> {
+    pub fn cancel(&mut self, id: u64, grace_ms: Option<u64>) -> Result<ebb_api::Job, ebb_server::Refusal> {
         let principal = self.admin.clone();
         let req = CancelRequest { grace_ms };
         self.call(|reply| Msg::Cancel { principal, id, req, reply })
     }
 
-    pub fn drill(&mut self, id: u64) -> Result<ebb_api::Job, ebb_server::ApiError> {
+    pub fn drill(&mut self, id: u64) -> Result<ebb_api::Job, ebb_server::Refusal> {
         let principal = self.admin.clone();
         self.call(|reply| Msg::Drill { principal, id, reply })
     }
@@ -420,7 +420,7 @@ impl<S: Store> TestEnv<S> {
     pub fn report_msg(
         node: &str,
         events: Vec<AgentEvent>,
-    ) -> (Msg, oneshot::Receiver<Result<ebb_api::ReportReply, ebb_server::ApiError>>) {
+    ) -> (Msg, oneshot::Receiver<Result<ebb_api::ReportReply, ebb_server::Refusal>>) {
         let (reply, rx) = oneshot::channel();
         (Msg::Report { report: Report { node: node.into(), events, id: None }, reply }, rx)
     }
@@ -434,7 +434,7 @@ impl<S: Store> TestEnv<S> {
         self.call(|reply| Msg::Report { report, reply }).expect("report taken");
     }
 
-    pub fn submit_msg(&self, gpus: u32) -> (Msg, oneshot::Receiver<Result<Vec<u64>, ebb_server::ApiError>>) {
+    pub fn submit_msg(&self, gpus: u32) -> (Msg, oneshot::Receiver<Result<Vec<u64>, ebb_server::Refusal>>) {
         let (reply, rx) = oneshot::channel();
         let spec = JobSubmission { gpus: Some(gpus), argv: vec!["work".into()], ..Default::default() };
         (Msg::Submit { principal: self.admin.clone(), spec: Box::new(spec), reply }, rx)
@@ -448,7 +448,7 @@ impl<S: Store> TestEnv<S> {
         rx.try_recv().unwrap().unwrap()[0]
     }
 
-    pub fn job(&mut self, id: u64) -> Result<ebb_api::Job, ebb_server::ApiError> {
+    pub fn job(&mut self, id: u64) -> Result<ebb_api::Job, ebb_server::Refusal> {
         let principal = self.admin.clone();
         self.call(|reply| Msg::Job { principal, id, reply })
     }

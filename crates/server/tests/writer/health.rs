@@ -36,7 +36,7 @@ impl Server {
         };
         let store = SqliteStore::open_unsynced(&dir.join("ebb.db")).unwrap();
         let (engine, _) = Engine::open(store, config, Arc::new(RwLock::new(HashMap::new())), NOW)
-            .map_err(|e| e.message)
+            .map_err(|e| e.to_string())
             .unwrap();
         let admin = Principal::tenant(Scope::Admin, 1, "default");
         let mut server = Server { engine, epoch: 0, after: 0, admin };

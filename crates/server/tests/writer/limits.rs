@@ -93,7 +93,7 @@ impl World {
         self.register();
     }
 
-    fn submit(&mut self, spec: JobSubmission) -> Result<Vec<u64>, ebb_server::ApiError> {
+    fn submit(&mut self, spec: JobSubmission) -> Result<Vec<u64>, ebb_server::Refusal> {
         let principal = self.tenant.clone();
         self.call(|reply| Msg::Submit { principal, spec: Box::new(spec), reply })
     }
@@ -187,7 +187,10 @@ fn open_keeping(
         ..EngineConfig::for_tests(dir)
     };
     let store = SqliteStore::open_unsynced(&dir.join("ebb.db")).unwrap();
-    Engine::open(store, config, Arc::new(RwLock::new(HashMap::new())), now).map_err(|e| e.message).unwrap().0
+    Engine::open(store, config, Arc::new(RwLock::new(HashMap::new())), now)
+        .map_err(|e| e.to_string())
+        .unwrap()
+        .0
 }
 
 fn job(argv: &[&str]) -> JobSubmission {
@@ -270,7 +273,7 @@ fn a_tenant_over_its_job_or_byte_limits_is_refused_and_nothing_is_stored() {
     let array = JobSubmission { array: Some("0-3".into()), ..job(&["true"]) };
     assert_eq!(w.submit(array.clone()).unwrap().len(), 4);
     let err = w.submit(array).unwrap_err();
-    assert_eq!(err.status, 429);
+    assert_eq!(ebb_server::http::status(err.kind), 429);
     assert!(
         err.message.contains("4 unfinished jobs, and this submission adds 4: over the limit of 5"),
         "{}",
@@ -278,7 +281,7 @@ fn a_tenant_over_its_job_or_byte_limits_is_refused_and_nothing_is_stored() {
     );
     let big = job(&["echo", &"x".repeat(5_000)]);
     let err = w.submit(big).unwrap_err();
-    assert_eq!(err.status, 429);
+    assert_eq!(ebb_server::http::status(err.kind), 429);
     assert!(err.message.contains("--max-stored-bytes-per-tenant"), "{}", err.message);
     let principal = w.tenant.clone();
     let page = w
@@ -378,7 +381,11 @@ fn an_operator_sets_one_tenants_limits_and_raising_them_admits_at_once() {
     };
     let one = ebb_api::TenantLimits { max_running_jobs: Some(1), ..Default::default() };
     let tenant = w.tenant.clone();
-    assert_eq!(set(&mut w, &tenant, one.clone()).unwrap_err().status, 403, "a tenant cannot raise its own");
+    assert_eq!(
+        set(&mut w, &tenant, one.clone()).unwrap_err().kind,
+        ebb_server::Refused::Forbidden,
+        "a tenant cannot raise its own"
+    );
     let usage = set(&mut w, &admin, one).unwrap();
     assert_eq!((usage.max_running_jobs, usage.max_jobs), (1, Limits::default().max_jobs));
     let ids: Vec<u64> = (0..3).map(|_| w.submit(job(&["true"])).unwrap()[0]).collect();
@@ -413,7 +420,7 @@ fn many_small_arguments_cost_what_is_kept_of_them_and_a_page_is_bounded_in_bytes
     };
     let mut w = World::new("argv", Limits::default());
     let err = w.submit(many(480_000)).unwrap_err();
-    assert_eq!(err.status, 422, "{}", err.message);
+    assert_eq!(ebb_server::http::status(err.kind), 422, "{}", err.message);
     assert!(err.message.contains("--max-command-bytes"), "{}", err.message);
 
     // 100,000 empty arguments fit a command (900 KB at execve) and cost
@@ -428,7 +435,7 @@ fn many_small_arguments_cost_what_is_kept_of_them_and_a_page_is_bounded_in_bytes
         }
         assert!(kept <= 10, "counted as their bytes alone");
     };
-    assert_eq!((kept, err.status), (3, 429), "{}", err.message);
+    assert_eq!((kept, ebb_server::http::status(err.kind)), (3, 429), "{}", err.message);
     assert!(err.message.contains("--max-stored-bytes-per-tenant"), "{}", err.message);
 
     // A job that has ended still costs its bytes while the server keeps
@@ -445,7 +452,11 @@ fn many_small_arguments_cost_what_is_kept_of_them_and_a_page_is_bounded_in_bytes
     for start in w.starts() {
         w.run(start.attempt, 10, 1);
     }
-    assert_eq!(w.submit(many(100_000)).unwrap_err().status, 429, "the failed jobs' records are still held");
+    assert_eq!(
+        w.submit(many(100_000)).unwrap_err().kind,
+        ebb_server::Refused::OverLimit,
+        "the failed jobs' records are still held"
+    );
     w.now += 61_000;
     w.engine.batch(vec![Msg::Tick], w.now).unwrap();
     w.register();

@@ -47,7 +47,7 @@ fn a_database_written_by_the_release_before_is_migrated_and_everything_in_it_kep
     store.put_log_state(2, &ebb_server::store::LogState { bytes: 6, file: true }).unwrap();
     let tokens = Arc::new(RwLock::new(HashMap::new()));
     let (mut engine, created) =
-        Engine::open(store, config.clone(), tokens.clone(), NOW).map_err(|e| e.message).unwrap();
+        Engine::open(store, config.clone(), tokens.clone(), NOW).map_err(|e| e.to_string()).unwrap();
     assert!(created.is_empty(), "no new tokens for a database that has them");
     assert_eq!(std::fs::read_to_string(dir.join("logs/2.log")).unwrap(), "saved\n", "cut to what committed");
     let admin = Principal::tenant(Scope::Admin, 1, "default");
@@ -153,7 +153,7 @@ fn a_database_written_by_the_release_before_is_migrated_and_everything_in_it_kep
     assert_eq!(version, 13);
     drop(conn);
     let store = SqliteStore::open(&dir.join("ebb.db")).unwrap();
-    let (mut engine, _) = Engine::open(store, config, tokens, NOW).map_err(|e| e.message).unwrap();
+    let (mut engine, _) = Engine::open(store, config, tokens, NOW).map_err(|e| e.to_string()).unwrap();
     let page = call(&mut engine, |reply| Msg::Jobs {
         principal: admin.clone(),
         query: ebb_server::engine::JobQuery { cursor: Some(0), limit: 10, ..Default::default() },
@@ -199,7 +199,7 @@ fn a_database_written_before_typed_records_opens_with_every_job_attempt_and_usag
     assert_eq!(store.usage(None, 0, u64::MAX).unwrap().len(), 2, "both usage records are kept");
     let tokens = Arc::new(RwLock::new(HashMap::new()));
     let (mut engine, _) =
-        Engine::open(store, config.clone(), tokens.clone(), now).map_err(|e| e.message).unwrap();
+        Engine::open(store, config.clone(), tokens.clone(), now).map_err(|e| e.to_string()).unwrap();
     let admin = Principal::tenant(Scope::Admin, 1, "default");
     let job = |engine: &mut Engine<SqliteStore>, id: u64| {
         let principal = admin.clone();
@@ -251,7 +251,7 @@ fn a_database_written_before_typed_records_opens_with_every_job_attempt_and_usag
 
     // Opened again from the new form, it is the same.
     let store = SqliteStore::open(&dir.join("ebb.db")).unwrap();
-    let (mut engine, _) = Engine::open(store, config, tokens, now).map_err(|e| e.message).unwrap();
+    let (mut engine, _) = Engine::open(store, config, tokens, now).map_err(|e| e.to_string()).unwrap();
     check(&mut engine);
     drop(engine);
     let _ = std::fs::remove_dir_all(&dir);

@@ -79,7 +79,7 @@ fn who_may_add_which_webhook_and_bad_ones_are_refused_by_name() {
     ];
     for (who, req, status, said) in cases {
         let e = add(&mut env, who, req).unwrap_err();
-        assert_eq!(e.status, status, "{}", e.message);
+        assert_eq!(ebb_server::http::status(e.kind), status, "{}", e.message);
         assert!(e.message.starts_with(said), "{}", e.message);
     }
     let ops = add(&mut env, &admin, request(None, &["gpu_out", "node_lost"])).unwrap();
@@ -88,13 +88,16 @@ fn who_may_add_which_webhook_and_bad_ones_are_refused_by_name() {
         add(&mut env, &alice, request(None, &["failed"])).unwrap();
     }
     let e = add(&mut env, &alice, request(None, &["failed"])).unwrap_err();
-    assert_eq!(e.status, 409, "{}", e.message);
+    assert_eq!(ebb_server::http::status(e.kind), 409, "{}", e.message);
     // A tenant sees and removes only its own.
     let seen = env.call(|reply| Msg::Webhooks { principal: alice.clone(), tenant: None, reply }).unwrap();
     assert_eq!(seen.len(), ebb_api::MAX_WEBHOOKS);
     assert!(seen.iter().all(|h| h.secret.is_none()), "secrets are never listed");
     let e = env.call(|reply| Msg::DeleteWebhook { principal: alice.clone(), id: ops.id, reply }).unwrap_err();
-    assert_eq!((e.status, e.message.as_str()), (404, format!("webhook {}: not found", ops.id).as_str()));
+    assert_eq!(
+        (ebb_server::http::status(e.kind), e.message.as_str()),
+        (404, format!("webhook {}: not found", ops.id).as_str())
+    );
     env.call(|reply| Msg::DeleteWebhook { principal: admin.clone(), id: ops.id, reply }).unwrap();
 }
 
