@@ -9,6 +9,7 @@
 //! The policy (priority, packing, backfill, preemption) is described in
 //! `src/README.md`.
 
+pub mod deadline;
 mod error;
 mod index;
 mod model;

@@ -41,6 +41,19 @@ pub struct Config {
     pub fair_share_preemption: Option<u32>,
 }
 
+impl Config {
+    /// The longest `min_runtime`: a day. Longer would spare a job
+    /// preempted before for most of its life, which is no longer a rule
+    /// against thrash (and most likely a slip of the unit).
+    pub const MAX_MIN_RUNTIME: Span = Span(24 * 3_600_000);
+    /// Fair-share preemption's gap, percent: below 10, tenants near their
+    /// shares would trade GPUs back and forth.
+    pub const FAIR_SHARE_PREEMPTION: std::ops::RangeInclusive<u32> = 10..=1000;
+    /// The fair-share half-life: from a second to a year
+    /// (`State::set_fair_share_half_life`).
+    pub const FAIR_SHARE_HALF_LIFE: std::ops::RangeInclusive<Span> = Span(1_000)..=Span(365 * 86_400_000);
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {

@@ -56,6 +56,33 @@ pub struct Limits {
     pub max_requeues: u64,
 }
 
+impl Limits {
+    /// Every limit at least 1, and one argument no longer than Linux
+    /// takes; what is wrong named as the server's flag.
+    pub fn validate(&self) -> Result<(), String> {
+        for (flag, value) in [
+            ("--max-argument-bytes", self.max_argument_bytes),
+            ("--max-command-bytes", self.max_command_bytes),
+            ("--max-array-tasks", self.max_array_tasks),
+            ("--max-jobs-per-tenant", self.max_jobs),
+            ("--max-stored-bytes-per-tenant", self.max_stored_bytes),
+            ("--max-running-jobs", self.max_running_jobs),
+            ("--max-requeues", self.max_requeues),
+        ] {
+            if value == 0 {
+                return Err(format!("{flag}: must be at least 1"));
+            }
+        }
+        if self.max_argument_bytes > 128 * 1024 {
+            return Err(format!(
+                "--max-argument-bytes {}: Linux refuses a single argument over 131072 bytes at exec",
+                self.max_argument_bytes
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Limits {

@@ -56,10 +56,6 @@ enum Event {
     DeadlineCheck(usize),
 }
 
-/// The server's restart allowance in the deadline margin
-/// (`ebb_server::engine::RESTART_ALLOWANCE_MS`).
-const RESTART_ALLOWANCE_MS: u64 = 60_000;
-
 struct Running {
     start: Time,
     /// Time before the attempt makes progress (restart overhead).
@@ -510,9 +506,9 @@ impl<'a> Engine<'a> {
 
     /// Under policy `promote`, when job `i`, queued from `now`, must be
     /// judged: the last instant it could start and still finish with the
-    /// server's margin (the drain window, the restart allowance and a
-    /// tenth of the rest). The simulator knows the rest exactly; the
-    /// server estimates it from the job's progress reports.
+    /// server's margin (`ebb_scheduler::deadline`, the server's rule). The
+    /// simulator knows the rest exactly; the server estimates it from the
+    /// job's progress reports.
     fn plan_deadline_check(&mut self, i: usize, now: Time) {
         let job = &self.jobs[i];
         let Some(deadline) = job.deadline else { return };
@@ -521,8 +517,8 @@ impl<'a> Engine<'a> {
         }
         let overhead = if job.attempt.0 > 0 { self.config.restart_overhead.0 } else { 0 };
         let needed = job.duration - job.saved + overhead;
-        let margin = self.core.drain_window.0 + RESTART_ALLOWANCE_MS + needed / 10;
-        let due = Time(deadline.0.saturating_sub(margin + needed)).max(now);
+        let due =
+            ebb_scheduler::deadline::latest_start(Span(needed), deadline, self.core.drain_window).max(now);
         self.push(due, Event::DeadlineCheck(i));
     }
 

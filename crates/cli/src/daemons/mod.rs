@@ -221,8 +221,8 @@ pub struct LimitArgs {
 }
 
 impl LimitArgs {
-    fn limits(&self) -> Result<Limits, String> {
-        let limits = Limits {
+    fn limits(&self) -> Limits {
+        Limits {
             max_argument_bytes: self.max_argument_bytes,
             max_command_bytes: self.max_command_bytes,
             max_array_tasks: self.max_array_tasks,
@@ -230,27 +230,7 @@ impl LimitArgs {
             max_stored_bytes: self.max_stored_bytes_per_tenant,
             max_running_jobs: self.max_running_jobs,
             max_requeues: self.max_requeues,
-        };
-        for (flag, value) in [
-            ("--max-argument-bytes", limits.max_argument_bytes),
-            ("--max-command-bytes", limits.max_command_bytes),
-            ("--max-array-tasks", limits.max_array_tasks),
-            ("--max-jobs-per-tenant", limits.max_jobs),
-            ("--max-stored-bytes-per-tenant", limits.max_stored_bytes),
-            ("--max-running-jobs", limits.max_running_jobs),
-            ("--max-requeues", limits.max_requeues),
-        ] {
-            if value == 0 {
-                return Err(format!("{flag}: must be at least 1"));
-            }
         }
-        if limits.max_argument_bytes > 128 * 1024 {
-            return Err(format!(
-                "--max-argument-bytes {}: Linux refuses a single argument over 131072 bytes at exec",
-                limits.max_argument_bytes
-            ));
-        }
-        Ok(limits)
     }
 }
 
@@ -283,50 +263,6 @@ fn price_flags(flag: &str, pairs: &[String], discount_bps: u32) -> Result<Vec<(S
             Ok((model.to_string(), micro))
         })
         .collect()
-}
-
-/// The longest `--min-runtime`: a day. Longer would spare a job preempted
-/// before for most of its life, which is no longer a rule against thrash
-/// (and most likely a slip of the unit).
-const MAX_MIN_RUNTIME: Span = Span(24 * 3_600_000);
-
-/// The longest `--keep-finished`: a week. Memory grows with the jobs that
-/// finish within it, and the database answers for them as well after it.
-const MAX_KEEP_FINISHED: Span = Span(7 * 24 * 3_600_000);
-
-fn check_keep_finished(keep: Span) -> Result<(), String> {
-    if keep > MAX_KEEP_FINISHED {
-        return Err(format!(
-            "--keep-finished {}: at most 168h, a week (finished jobs are read from the database after it; 0 drops \
-             them from memory at once)",
-            keep.human()
-        ));
-    }
-    Ok(())
-}
-
-fn check_fair_share_preemption(threshold: Option<u32>) -> Result<(), String> {
-    match threshold {
-        Some(t) if !(10..=1000).contains(&t) => Err(format!(
-            "--fair-share-preemption {t}: a gap from 10 to 1000 percent (below 10, tenants near their shares \
-             trade GPUs back and forth)"
-        )),
-        _ => Ok(()),
-    }
-}
-
-fn check_half_life(half_life: Span) -> Result<(), String> {
-    if half_life < Span::from_secs(1) || half_life > Span::from_secs(365 * 86_400) {
-        return Err(format!("--fair-share-half-life {}: from 1s to 365 days", half_life.human()));
-    }
-    Ok(())
-}
-
-fn check_min_runtime(min_runtime: Span) -> Result<(), String> {
-    if min_runtime > MAX_MIN_RUNTIME {
-        return Err(format!("--min-runtime {}: at most 24h (0 turns the rule off)", min_runtime.human()));
-    }
-    Ok(())
 }
 
 /// Raises this process's open-file soft limit to its hard limit: every

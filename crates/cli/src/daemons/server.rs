@@ -148,23 +148,17 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
         ));
     }
     let discount_bps = (discount * 100.0) as u32;
-    let (interval, timeout) = (args.heartbeat_interval, args.policy.heartbeat_timeout);
-    if interval.as_millis() == 0 {
-        return Err(format!("--heartbeat-interval {}: more than 0", interval.human()));
-    }
-    if timeout.as_millis() < 2 * interval.as_millis() {
-        return Err(format!(
-            "--heartbeat-timeout {} with --heartbeat-interval {}: the timeout must be at least twice the \
-             interval, or a node that misses one check-in is lost (e.g. --heartbeat-timeout {})",
-            timeout.human(),
-            interval.human(),
-            Span::from_millis(interval.as_millis() * 3).human()
-        ));
-    }
-    check_min_runtime(args.policy.min_runtime)?;
-    check_half_life(args.policy.fair_share_half_life)?;
-    check_fair_share_preemption(args.policy.fair_share_preemption)?;
-    check_keep_finished(args.keep_finished)?;
+    // Every bound before anything is written (the writer checks again).
+    let policy = &args.policy;
+    ebb_server::engine::check_policy(
+        policy.min_runtime,
+        policy.fair_share_half_life,
+        policy.fair_share_preemption,
+    )?;
+    let (interval, timeout) = (args.heartbeat_interval, policy.heartbeat_timeout);
+    ebb_server::engine::check_times(policy.drain_window, interval, timeout, args.keep_finished)?;
+    let limits = args.limits.limits();
+    limits.validate()?;
     let on_demand = price_flags("--price", &args.prices, discount_bps)?;
     let reserved = price_flags("--reserved-price", &args.reserved_prices, discount_bps)?;
     if let Some((model, _)) = reserved.iter().find(|(m, _)| !on_demand.iter().any(|(o, _)| o == m)) {
@@ -248,7 +242,7 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
         max_clock_skew: args.max_clock_skew,
         gang_exit_grace: args.gang_exit_grace,
         pricing: ebb_server::billing::Pricing { prices, default_price, discount_bps },
-        limits: args.limits.limits()?,
+        limits,
         run_as,
         checkpoint_store: args.checkpoint_store.checked().await?,
         partitions: args.policy.partitions()?,

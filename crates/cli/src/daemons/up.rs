@@ -96,9 +96,12 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
     if args.nodes == 0 || args.gpus_per_node == 0 {
         return Err("--nodes and --gpus-per-node must be at least 1".into());
     }
-    check_min_runtime(args.policy.min_runtime)?;
-    check_half_life(args.policy.fair_share_half_life)?;
-    check_fair_share_preemption(args.policy.fair_share_preemption)?;
+    let policy = &args.policy;
+    ebb_server::engine::check_policy(
+        policy.min_runtime,
+        policy.fair_share_half_life,
+        policy.fair_share_preemption,
+    )?;
     args.policy.partitions()?;
     let data = &args.data_dir;
     // A directory in use says so first, with where its cluster is: a second

@@ -245,9 +245,9 @@ impl super::State {
     /// The half-life usage decays with. Set it before anything runs or is
     /// recorded: usage kept so far is forgotten.
     pub fn set_fair_share_half_life(&mut self, half_life: Span) -> Result<(), StateError> {
-        if half_life < Span::from_secs(1) {
+        if !crate::Config::FAIR_SHARE_HALF_LIFE.contains(&half_life) {
             return Err(StateError::Invalid(format!(
-                "fair-share half-life must be at least 1s, got {}",
+                "fair-share half-life must be from 1s to 365 days, got {}",
                 half_life.human()
             )));
         }

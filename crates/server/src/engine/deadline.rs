@@ -33,9 +33,8 @@ use ebb_scheduler::Promoted;
 
 use super::*;
 
-/// Time allowed for one restart after a preemption: requeued, placed on
-/// on-demand capacity, started and restored from the checkpoint.
-pub const RESTART_ALLOWANCE_MS: u64 = 60_000;
+/// Time allowed for one restart after a preemption (the core's rule).
+pub const RESTART_ALLOWANCE_MS: u64 = ebb_scheduler::deadline::RESTART_ALLOWANCE.0;
 /// How soon a promotion that found no on-demand room is tried again.
 pub const RETRY_MS: u64 = 10_000;
 
@@ -112,21 +111,17 @@ pub fn needed_ms(d: &Deadline, ran: u64) -> Option<u64> {
     Some(total.saturating_sub(ran.max(p.ran_ms)))
 }
 
-/// The margin a job needing `needed` more run time keeps before its deadline.
-pub fn margin_ms(needed: u64, drain_window: Span) -> u64 {
-    drain_window.0 + RESTART_ALLOWANCE_MS + needed / 10
-}
-
 /// Whether `job`, with deadline `d`, must be promoted at `now`. With no
 /// progress reported, the rest is taken as needing no time: the job is
 /// promoted only once not even one preemption would fit before the deadline.
 pub fn judge(job: &JobRecord, d: &Deadline, now: u64, drain_window: Span) -> Judgement {
     let needed = needed_ms(d, ran_ms(job, d, now));
     let need = needed.unwrap_or(0);
-    let margin = margin_ms(need, drain_window);
-    let promote = now.saturating_add(need).saturating_add(margin) > d.at_ms;
+    let margin = ebb_scheduler::deadline::margin(Span(need), drain_window).0;
+    let promote = ebb_scheduler::deadline::must_promote(Time(now), Span(need), Time(d.at_ms), drain_window);
     // As if it waited from now: the latest instant it may start and still fit.
-    let due_ms = d.at_ms.saturating_sub(margin).saturating_sub(need).max(now + 1);
+    let due_ms =
+        ebb_scheduler::deadline::latest_start(Span(need), Time(d.at_ms), drain_window).0.max(now + 1);
     Judgement { needed_ms: needed, margin_ms: margin, left_ms: d.at_ms.saturating_sub(now), promote, due_ms }
 }
 

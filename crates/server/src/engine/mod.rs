@@ -47,6 +47,7 @@ use crate::{hash_token, new_token, rfc3339, Principal, Refusal, TokenMap, TokenS
 
 mod agents;
 mod batch;
+mod config;
 mod credentials;
 mod deadline;
 mod dispatch;
@@ -69,6 +70,7 @@ mod views;
 mod webhooks;
 mod write;
 
+pub use config::{check_policy, check_times, EngineConfig, MAX_KEEP_FINISHED};
 use credentials::write_secret;
 pub use deadline::{Deadline, Progress, Promotion, RESTART_ALLOWANCE_MS};
 pub use drill::{DrillExit, DrillRecord, NextAttempt, Resume, LOST_WORK_TOLERANCE};
@@ -393,90 +395,6 @@ impl PartExit {
             start_error: why,
             port_in_use: None,
             ended_by: None,
-        }
-    }
-}
-
-#[derive(Clone, Debug)]
-pub struct EngineConfig {
-    pub data_dir: PathBuf,
-    pub drain_window: Span,
-    /// A job preempted before is spared as a victim until its new attempt
-    /// has run this long, while another victim fits; zero turns it off.
-    pub min_runtime: Span,
-    /// A tenant's usage, by which fair share orders tenants within a tier,
-    /// halves over this long.
-    pub fair_share_half_life: Span,
-    /// Fair-share preemption's threshold in percent; off when `None`.
-    pub fair_share_preemption: Option<u32>,
-    pub heartbeat_timeout: Span,
-    pub heartbeat_interval: Span,
-    /// How long a finished job's record stays in the writer's memory; after
-    /// it (and after a restart) it is read from the store when asked for.
-    pub keep_finished: Span,
-    /// How long a finished job's output stays in the store (zero: for
-    /// ever); the job, its timeline and its bills stay.
-    pub keep_output: Span,
-    /// How far ahead of the server's clock an event time from a node may
-    /// be before the report is refused.
-    pub max_clock_skew: Span,
-    /// How long a gang's other parts may run on after one part exited 0
-    /// before they are stopped and the attempt fails: torchrun's nodes end
-    /// milliseconds apart, and a rank 0 may save its final weights after
-    /// its peers are done.
-    pub gang_exit_grace: Span,
-    pub pricing: crate::billing::Pricing,
-    pub limits: crate::validate::Limits,
-    pub run_as: RunAs,
-    /// Where agents keep jobs' checkpoints (`--checkpoint-store`), told to
-    /// each at registration; none: their shared checkpoint root.
-    pub checkpoint_store: Option<ebb_api::CheckpointStoreLocation>,
-    pub images: Images,
-    /// Where the server's own requests (webhooks' deliveries; registries
-    /// at submit, through `ServerConfig::registries`) may connect.
-    pub outbound: ebb_http::Outbound,
-    /// Seals tenants' registry passwords and webhooks' secrets in the
-    /// store (`--secret-key-file`).
-    pub secret_key: crate::sealed::SecretKey,
-    /// Whether registry passwords may go to the agents with a start: only
-    /// where the agents' connection is TLS or loopback; elsewhere a job
-    /// in a private image fails with why.
-    pub logins_to_nodes: bool,
-    /// Slurm's partitions, each a tier (`--partition-map`).
-    pub partitions: crate::partitions::Partitions,
-}
-
-impl EngineConfig {
-    /// A writer for a test in `dir`: a 3 s drain window, a minute's
-    /// heartbeat timeout, $3.60 per GPU-hour on demand at the fixed 50%
-    /// discount, no limits, finished jobs read back from the store. Tests
-    /// change what they exercise with `..EngineConfig::for_tests(dir)`.
-    pub fn for_tests(dir: &std::path::Path) -> EngineConfig {
-        EngineConfig {
-            data_dir: dir.to_path_buf(),
-            drain_window: Span(3_000),
-            min_runtime: Span(300_000),
-            fair_share_half_life: Span(86_400_000),
-            fair_share_preemption: None,
-            heartbeat_timeout: Span(60_000),
-            heartbeat_interval: Span(500),
-            keep_finished: Span(0),
-            keep_output: Span(0),
-            max_clock_skew: Span(5_000),
-            gang_exit_grace: Span(600_000),
-            pricing: crate::billing::Pricing {
-                prices: Vec::new(),
-                default_price: 3_600_000,
-                discount_bps: ebb_core::PriceBook::DEFAULT_DISCOUNT_BPS,
-            },
-            limits: Default::default(),
-            run_as: Default::default(),
-            checkpoint_store: None,
-            images: Default::default(),
-            outbound: Default::default(),
-            secret_key: crate::sealed::SecretKey::from_bytes([7; 32]),
-            logins_to_nodes: true,
-            partitions: Default::default(),
         }
     }
 }
