@@ -115,3 +115,23 @@ fn a_bad_trace_is_refused_naming_line_and_field() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--drain-window"));
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// The tables of `docs/simulator.md` are what the scripts print with this
+/// binary (`scripts/sim-tables --check`): a change to the core or the
+/// simulator that moves a figure fails here until the page is made again
+/// (`scripts/sim-tables`).
+#[test]
+fn the_simulators_tables_are_what_the_binary_prints() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = Command::new(root.join("scripts/sim-tables"))
+        .arg("--check")
+        .env("EBB", env!("CARGO_BIN_EXE_ebb"))
+        .output()
+        .expect("scripts/sim-tables runs");
+    assert!(
+        out.status.success(),
+        "docs/simulator.md differs from the replays:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "sim-tables: 6 tables as the binary prints them");
+}

@@ -208,6 +208,11 @@ pub struct State {
     queued_by_tier: [u32; 3],
     /// Buffers `reindex` reads a node's keys into.
     reindex_scratch: KeyScratch,
+    /// Applies since a debug build last checked the whole state
+    /// (`apply`): after each while it holds up to a thousand jobs, then
+    /// one in every thousandth of its jobs, so a check's cost per apply
+    /// stays flat however long the queue.
+    pub(crate) unchecked: u64,
 }
 
 /// A run the edge puts back at restart (`State::restore_run`): attempt
