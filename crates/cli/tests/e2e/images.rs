@@ -4,7 +4,7 @@
 //! the Unix user `nobody`.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::support;
 use crate::support::{wait_for, Cluster, Options, RunAs};
@@ -191,13 +191,11 @@ fn jobs_run_in_their_images_resume_on_another_node_and_tenants_cannot_see_each_o
     wait_for("attempt 2 to start", Duration::from_secs(30), || {
         (c.output(stubborn).matches("started").count() >= 2).then_some(())
     });
-    let cancelled_at = Instant::now();
     c.ebb_as(&alice, &["cancel", &stubborn.to_string()]);
     c.wait_state(stubborn, "cancelled");
     wait_for("the setsid child to be gone", Duration::from_secs(10), || {
         processes_with(&marker).is_empty().then_some(())
     });
-    assert!(cancelled_at.elapsed() < Duration::from_secs(10));
 
     // The tag moves after submit: the job runs what was resolved then.
     for n in ["node-0", "node-1"] {

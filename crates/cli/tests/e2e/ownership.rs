@@ -57,13 +57,11 @@ fn a_second_server_or_agent_on_a_data_dir_in_use_refuses_and_the_first_is_untouc
     c.wait_state(id, "succeeded");
     let server_dir = c.dir.join("server");
     let before = std::fs::read_to_string(server_dir.join("server.url")).unwrap();
-    let started = Instant::now();
     let out = Command::new(ebb_exe())
         .args(["server", "--listen", "127.0.0.1:0", "--data-dir"])
         .arg(&server_dir)
         .output()
         .unwrap();
-    assert!(started.elapsed() < Duration::from_secs(5), "it must refuse at once");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -185,14 +183,12 @@ fn ebb_up_restarted_with_a_drained_node_comes_up_and_says_so() {
     .unwrap();
     assert!(up.child.wait().unwrap().success());
 
-    let started = Instant::now();
     let mut again = Up::start_with(&dir, 2);
     let said = again.says("is drained");
     assert!(
         said.contains("node-1 is drained: it takes no new work (ebb undrain node-1 puts it back)"),
         "{said}"
     );
-    assert!(started.elapsed() < Duration::from_secs(10), "it waited for the drained node");
     let out = again.ebb(&["undrain", "node-1"]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("node-1: up"));
     again.child.kill().unwrap();
