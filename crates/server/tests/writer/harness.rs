@@ -392,12 +392,18 @@ impl<S: Store> TestEnv<S> {
 
     /// One poll of `node`'s stream: every command it is given.
     pub fn commands(&mut self, node: &str) -> Vec<Action> {
+        self.commands_saying(node, None)
+    }
+
+    /// One poll of `node`'s stream saying how its reports fare (`health`:
+    /// `Some(Some(why))` failing, `Some(None)` getting through, `None` a
+    /// long poll asking again that says nothing): every command it is given.
+    pub fn commands_saying(&mut self, node: &str, health: Option<Option<String>>) -> Vec<Action> {
         let agent = &self.agents[node];
         let (epoch, after) = (agent.epoch, agent.after);
         let node_name = node.to_string();
-        let poll = self
-            .call(|reply| Msg::Poll { node: node_name, epoch, after, health: None, reply })
-            .expect("polled");
+        let poll =
+            self.call(|reply| Msg::Poll { node: node_name, epoch, after, health, reply }).expect("polled");
         let mut actions = Vec::new();
         for command in poll.commands.into_iter().map(std::sync::Arc::unwrap_or_clone) {
             self.agents.get_mut(node).unwrap().after = command.seq;
@@ -451,6 +457,16 @@ impl<S: Store> TestEnv<S> {
     pub fn job(&mut self, id: u64) -> Result<ebb_api::Job, ebb_server::Refusal> {
         let principal = self.admin.clone();
         self.call(|reply| Msg::Job { principal, id, reply })
+    }
+
+    /// A job's state, as the API names it.
+    pub fn state(&mut self, id: u64) -> String {
+        self.job(id).expect("job").state
+    }
+
+    /// `node` as `GET /v1/nodes` shows it.
+    pub fn node(&mut self, node: &str) -> ebb_api::Node {
+        self.call(|reply| Msg::Nodes { reply }).into_iter().find(|n| n.name == node).expect("joined")
     }
 
     pub fn jobs(&mut self) -> Vec<u64> {
