@@ -59,7 +59,8 @@ pub struct Limits {
 impl Limits {
     /// Every limit at least 1, and one argument no longer than Linux
     /// takes; what is wrong named as the server's flag.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), crate::engine::ConfigError> {
+        use crate::engine::ConfigError;
         for (flag, value) in [
             ("--max-argument-bytes", self.max_argument_bytes),
             ("--max-command-bytes", self.max_command_bytes),
@@ -70,14 +71,15 @@ impl Limits {
             ("--max-requeues", self.max_requeues),
         ] {
             if value == 0 {
-                return Err(format!("{flag}: must be at least 1"));
+                return Err(ConfigError { flag, message: format!("{flag}: must be at least 1") });
             }
         }
         if self.max_argument_bytes > 128 * 1024 {
-            return Err(format!(
+            let message = format!(
                 "--max-argument-bytes {}: Linux refuses a single argument over 131072 bytes at exec",
                 self.max_argument_bytes
-            ));
+            );
+            return Err(ConfigError { flag: "--max-argument-bytes", message });
         }
         Ok(())
     }

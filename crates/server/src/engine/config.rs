@@ -52,24 +52,51 @@ pub struct EngineConfig {
     pub partitions: crate::partitions::Partitions,
 }
 
+/// A setting out of its bounds: the flag that sets it, and a message that
+/// names it, its value and the bound.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct ConfigError {
+    pub flag: &'static str,
+    pub message: String,
+}
+
+impl ConfigError {
+    fn new(flag: &'static str, message: String) -> ConfigError {
+        ConfigError { flag, message }
+    }
+}
+
+/// What the CLI prints.
+impl From<ConfigError> for String {
+    fn from(e: ConfigError) -> String {
+        e.message
+    }
+}
+
 /// The scheduling policy's settings, as the operator gives them (the flags
 /// of `ebb server` and `ebb up`), checked against the core's bounds.
 pub fn check_policy(
     min_runtime: Span,
     half_life: Span,
     fair_share_preemption: Option<u32>,
-) -> Result<(), String> {
+) -> Result<(), ConfigError> {
     use ebb_scheduler::Config;
     if min_runtime > Config::MAX_MIN_RUNTIME {
-        return Err(format!("--min-runtime {}: at most 24h (0 turns the rule off)", min_runtime.human()));
+        let why = format!("--min-runtime {}: at most 24h (0 turns the rule off)", min_runtime.human());
+        return Err(ConfigError::new("--min-runtime", why));
     }
     if !Config::FAIR_SHARE_HALF_LIFE.contains(&half_life) {
-        return Err(format!("--fair-share-half-life {}: from 1s to 365 days", half_life.human()));
+        let why = format!("--fair-share-half-life {}: from 1s to 365 days", half_life.human());
+        return Err(ConfigError::new("--fair-share-half-life", why));
     }
     match fair_share_preemption {
-        Some(t) if !Config::FAIR_SHARE_PREEMPTION.contains(&t) => Err(format!(
-            "--fair-share-preemption {t}: a gap from 10 to 1000 percent (below 10, tenants near their shares \
-             trade GPUs back and forth)"
+        Some(t) if !Config::FAIR_SHARE_PREEMPTION.contains(&t) => Err(ConfigError::new(
+            "--fair-share-preemption",
+            format!(
+                "--fair-share-preemption {t}: a gap from 10 to 1000 percent (below 10, tenants near their \
+                 shares trade GPUs back and forth)"
+            ),
         )),
         _ => Ok(()),
     }
@@ -83,29 +110,33 @@ pub fn check_times(
     heartbeat_interval: Span,
     heartbeat_timeout: Span,
     keep_finished: Span,
-) -> Result<(), String> {
+) -> Result<(), ConfigError> {
     if drain_window.as_millis() == 0 {
-        return Err("--drain-window 0s: more than 0 (a drain with no window is a kill)".into());
+        let why = "--drain-window 0s: more than 0 (a drain with no window is a kill)".to_string();
+        return Err(ConfigError::new("--drain-window", why));
     }
     let (interval, timeout) = (heartbeat_interval, heartbeat_timeout);
     if interval.as_millis() == 0 {
-        return Err(format!("--heartbeat-interval {}: more than 0", interval.human()));
+        let why = format!("--heartbeat-interval {}: more than 0", interval.human());
+        return Err(ConfigError::new("--heartbeat-interval", why));
     }
     if u128::from(timeout.as_millis()) < 2 * u128::from(interval.as_millis()) {
-        return Err(format!(
+        let why = format!(
             "--heartbeat-timeout {} with --heartbeat-interval {}: the timeout must be at least twice the \
-                 interval, or a node that misses one check-in is lost (e.g. --heartbeat-timeout {})",
+             interval, or a node that misses one check-in is lost (e.g. --heartbeat-timeout {})",
             timeout.human(),
             interval.human(),
             Span::from_millis(interval.as_millis().saturating_mul(3)).human()
-        ));
+        );
+        return Err(ConfigError::new("--heartbeat-timeout", why));
     }
     if keep_finished > MAX_KEEP_FINISHED {
-        return Err(format!(
+        let why = format!(
             "--keep-finished {}: at most 168h, a week (finished jobs are read from the database after it; 0 \
-                 drops them from memory at once)",
+             drops them from memory at once)",
             keep_finished.human()
-        ));
+        );
+        return Err(ConfigError::new("--keep-finished", why));
     }
     Ok(())
 }
@@ -118,7 +149,7 @@ impl EngineConfig {
     /// Every setting within its bounds, or what is not, named as the
     /// server's flag: the writer starts only from a configuration that
     /// passes (`Engine::open`), and the CLI asks before it starts anything.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         check_policy(self.min_runtime, self.fair_share_half_life, self.fair_share_preemption)?;
         check_times(self.drain_window, self.heartbeat_interval, self.heartbeat_timeout, self.keep_finished)?;
         self.limits.validate()
@@ -169,7 +200,7 @@ mod tests {
 
     #[test]
     fn each_bound_names_its_flag() {
-        let refused = |c: EngineConfig| c.validate().unwrap_err();
+        let refused = |c: EngineConfig| c.validate().unwrap_err().message;
         assert!(config().validate().is_ok(), "the tests' configuration is valid");
         assert!(refused(EngineConfig { min_runtime: Span(24 * 3_600_000 + 1), ..config() })
             .starts_with("--min-runtime "));
@@ -184,7 +215,11 @@ mod tests {
         assert!(refused(EngineConfig { keep_finished: Span(MAX_KEEP_FINISHED.0 + 1), ..config() })
             .starts_with("--keep-finished"));
         let limits = crate::Limits { max_requeues: 0, ..config().limits };
-        assert_eq!(refused(EngineConfig { limits, ..config() }), "--max-requeues: must be at least 1");
+        let error = EngineConfig { limits, ..config() }.validate().unwrap_err();
+        assert_eq!(
+            (error.flag, error.message.as_str()),
+            ("--max-requeues", "--max-requeues: must be at least 1")
+        );
     }
 
     proptest! {

@@ -70,7 +70,7 @@ mod views;
 mod webhooks;
 mod write;
 
-pub use config::{check_policy, check_times, EngineConfig, MAX_KEEP_FINISHED};
+pub use config::{check_policy, check_times, ConfigError, EngineConfig, MAX_KEEP_FINISHED};
 use credentials::write_secret;
 pub use deadline::{Deadline, Progress, Promotion, RESTART_ALLOWANCE_MS};
 pub use drill::{DrillExit, DrillRecord, NextAttempt, Resume, LOST_WORK_TOLERANCE};

@@ -12,7 +12,7 @@ impl<S: Store> Engine<S> {
         tokens: TokenMap,
         now: u64,
     ) -> Result<(Engine<S>, Vec<String>), OpenError> {
-        config.validate().map_err(OpenError::Config)?;
+        config.validate()?;
         let mut snapshot = store.load::<JobRecord>()?;
         let sched = ebb_scheduler::Config {
             drain_window: config.drain_window,
@@ -536,8 +536,8 @@ pub enum OpenError {
     #[error(transparent)]
     Store(#[from] StoreError),
     /// A setting out of its bounds (`EngineConfig::validate`).
-    #[error("{0}")]
-    Config(String),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
     /// What the store holds could not be made into the writer's state.
     #[error("restoring the state: {0}")]
     Restore(String),
