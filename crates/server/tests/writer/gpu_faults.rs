@@ -6,32 +6,25 @@
 //! are refused whole, by name. The writer (`Engine`) is driven directly,
 //! speaking the agent protocol as `ebb agent` does.
 
-use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
-use std::sync::{Arc, RwLock};
+use std::collections::BTreeMap;
 
 use ebb_api::{
     Action, AgentEvent, AttemptRef, Finding, GpuFinding, JobSubmission, Register, Report, Throttle,
 };
 use ebb_core::Span;
 use ebb_server::billing::Pricing;
-use ebb_server::engine::{Engine, EngineConfig, Msg};
-use ebb_server::store::{Scope, SqliteStore};
-use ebb_server::Principal;
+use ebb_server::engine::{EngineConfig, Msg};
 use tokio::sync::oneshot;
 
-const NODE: &str = "node-0";
-const START: u64 = 1_800_000_000_000;
+use crate::harness::TestEnv;
 
+const NODE: &str = "node-0";
+const START: u64 = crate::harness::T0;
+
+/// The writer with one 10-GPU node, on the one harness (`TestEnv`), in
+/// this file's words.
 struct Server {
-    dir: PathBuf,
-    engine: Engine<SqliteStore>,
-    now: u64,
-    epoch: u64,
-    after: u64,
-    admin: Principal,
-    /// The join token first, the node's own credential after.
-    joined: bool,
+    env: TestEnv,
 }
 
 fn config(dir: &std::path::Path) -> EngineConfig {
@@ -51,28 +44,23 @@ fn xid(gpu: u8, code: u32) -> GpuFinding {
 
 impl Server {
     fn start(name: &str) -> Server {
-        let dir = std::env::temp_dir().join(format!("ebb-gpu-faults-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(dir.join("logs")).unwrap();
-        let engine = Self::open(&dir, START);
-        let admin = Principal::tenant(Scope::Admin, 1, "default");
-        let mut server = Server { dir, engine, now: START, epoch: 0, after: 0, admin, joined: false };
+        let mut env = TestEnv::new(&format!("gpu-faults-{name}"));
+        env.now = START;
+        env.config = config(&env.dir);
+        env.restart();
+        let mut server = Server { env };
         server.register(Vec::new()).unwrap();
         server
     }
 
-    fn open(dir: &std::path::Path, now: u64) -> Engine<SqliteStore> {
-        let store = SqliteStore::open_unsynced(&dir.join("ebb.db")).unwrap();
-        let (engine, _) = Engine::open(store, config(dir), Arc::new(RwLock::new(HashMap::new())), now)
-            .map_err(|e| e.to_string())
-            .unwrap();
-        engine
+    fn now(&self) -> u64 {
+        self.env.now
     }
 
     /// The server restarts on its database; the agent registers again,
     /// saying what it runs.
     fn restart(&mut self, running: Vec<AttemptRef>) {
-        self.engine = Self::open(&self.dir, self.now);
+        self.env.restart();
         self.register_running(running, Vec::new()).unwrap();
     }
 
@@ -85,7 +73,7 @@ impl Server {
         running: Vec<AttemptRef>,
         unreported: Vec<AgentEvent>,
     ) -> Result<(), ebb_server::Refusal> {
-        let reg = Register {
+        self.env.try_register(Register {
             node: NODE.into(),
             gpu_model: "H100".into(),
             gpus: 10,
@@ -95,40 +83,21 @@ impl Server {
             unreported,
             starts_when_free: false,
             waiting: Vec::new(),
-        };
-        let principal = if self.joined { Principal::node(NODE) } else { Principal::join() };
-        let registered = self.call(|reply| Msg::Register { principal, reg, reply })?;
-        self.joined = true;
-        self.epoch = registered.epoch;
-        self.after = registered.next_seq;
-        Ok(())
+        })
     }
 
     fn advance(&mut self, ms: u64) {
-        self.now += ms;
-        let (tx, _rx) = oneshot::channel();
-        self.engine.batch(vec![Msg::Metrics { reply: tx }], self.now).unwrap();
+        self.env.now += ms;
+        self.env.call(|reply| Msg::Metrics { reply });
     }
 
     fn call<T>(&mut self, make: impl FnOnce(oneshot::Sender<T>) -> Msg) -> T {
-        let (tx, mut rx) = oneshot::channel();
-        self.engine.batch(vec![make(tx)], self.now).unwrap();
-        self.engine.sanity_check().unwrap_or_else(|e| panic!("after a batch: {e}"));
-        rx.try_recv().expect("answered")
+        self.env.call(make)
     }
 
     /// One poll: the commands it brings.
     fn poll(&mut self) -> Vec<Action> {
-        let (epoch, after) = (self.epoch, self.after);
-        let poll = self
-            .call(|reply| Msg::Poll { node: NODE.into(), epoch, after, health: Some(None), reply })
-            .expect("polled");
-        let mut actions = Vec::new();
-        for command in poll.commands.into_iter().map(Arc::unwrap_or_clone) {
-            self.after = command.seq;
-            actions.push(command.action);
-        }
-        actions
+        self.env.commands_saying(NODE, Some(None))
     }
 
     /// Polls and reports every start as begun now: the attempts and their GPUs.
@@ -141,9 +110,10 @@ impl Server {
                 _ => None,
             })
             .collect();
+        let now = self.now();
         let events = starts
             .iter()
-            .map(|(attempt, _)| AgentEvent::Started { attempt: *attempt, pid: 1, at_ms: self.now })
+            .map(|(attempt, _)| AgentEvent::Started { attempt: *attempt, pid: 1, at_ms: now })
             .collect();
         self.report(events).expect("starts reported");
         starts
@@ -165,17 +135,16 @@ impl Server {
             argv: vec!["work".into()],
             ..Default::default()
         };
-        let principal = self.admin.clone();
+        let principal = self.env.admin.clone();
         self.call(|reply| Msg::Submit { principal, spec: Box::new(spec), reply }).expect("submitted")[0]
     }
 
     fn node(&mut self) -> ebb_api::Node {
-        self.call(|reply| Msg::Nodes { reply }).into_iter().find(|n| n.name == NODE).expect("joined")
+        self.env.node(NODE)
     }
 
     fn job(&mut self, id: u64) -> ebb_api::Job {
-        let principal = self.admin.clone();
-        self.call(|reply| Msg::Job { principal, id, reply }).expect("job")
+        self.env.job(id).expect("job")
     }
 
     fn undrain(&mut self, gpu: Option<u8>) -> Result<ebb_api::Node, ebb_server::Refusal> {
@@ -229,7 +198,7 @@ fn an_xid_79_requeues_the_attempt_on_its_gpu_as_lost_metered_to_the_fault_and_ke
         code: None,
         signal: Some(9),
         completed: false,
-        at_ms: s.now,
+        at_ms: s.now(),
         peak_memory_bytes: None,
         start_error: None,
         port_in_use: None,
@@ -269,14 +238,14 @@ fn a_gpu_that_faults_twice_in_a_day_stays_out_until_the_operator_returns_it() {
     assert!(!s.node().gpus_out[0].until_returned);
     // The GPU was reset: its agent finds nothing wrong, and it is back.
     s.advance(1_000);
-    s.health(Vec::new(), s.now);
+    s.health(Vec::new(), s.now());
     assert!(s.node().gpus_out.is_empty(), "back once its fault cleared");
     // Again within the day: out, and it stays out when the fault clears.
     s.advance(3_600_000);
-    s.health(vec![xid(3, 79)], s.now);
+    s.health(vec![xid(3, 79)], s.now());
     assert!(s.node().gpus_out[0].until_returned);
     s.advance(1_000);
-    s.health(Vec::new(), s.now);
+    s.health(Vec::new(), s.now());
     let out = s.node().gpus_out;
     assert_eq!((out.len(), out[0].until_returned), (1, true), "kept out for the operator");
     assert_eq!(metric(&s.metrics(), "ebb_gpus_faulted"), 1.0);
@@ -301,7 +270,7 @@ fn a_gpu_that_faults_twice_in_a_day_stays_out_until_the_operator_returns_it() {
 
     // A day after, one more fault is a first one again.
     s.advance(25 * 3_600_000);
-    s.health(vec![xid(3, 79)], s.now);
+    s.health(vec![xid(3, 79)], s.now());
     assert!(!s.node().gpus_out[0].until_returned);
 }
 
@@ -314,13 +283,13 @@ fn a_drain_finding_drains_the_node_with_its_window_and_a_warning_changes_nothing
 
     // Thermal throttling: shown and counted, nothing else.
     let hot = GpuFinding { gpu: Some(5), finding: Finding::Throttled { reason: Throttle::Thermal } };
-    s.health(vec![hot.clone()], s.now);
+    s.health(vec![hot.clone()], s.now());
     let node = s.node();
     assert_eq!(node.status, "up");
     assert_eq!(node.warnings, vec!["GPU 5: throttled at its thermal limit".to_string()]);
     assert!(s.poll().is_empty(), "a warning sends nothing");
     assert_eq!(metric(&s.metrics(), "ebb_health_findings_total{class=\"warn\",kind=\"throttled\"}"), 1.0);
-    s.health(vec![hot.clone()], s.now);
+    s.health(vec![hot.clone()], s.now());
     assert_eq!(
         metric(&s.metrics(), "ebb_health_findings_total{class=\"warn\",kind=\"throttled\"}"),
         1.0,
@@ -333,7 +302,7 @@ fn a_drain_finding_drains_the_node_with_its_window_and_a_warning_changes_nothing
         gpu: None,
         finding: Finding::CheckFailed { code: Some(1), output: "dcgmi diag: PCIe test failed".into() },
     };
-    s.health(vec![hot, failed], s.now);
+    s.health(vec![hot, failed], s.now());
     let node = s.node();
     assert_eq!(node.status, "draining");
     let why = node.drained_for.expect("drained for its health");
@@ -368,7 +337,7 @@ fn a_health_report_past_its_bounds_is_refused_whole_by_name() {
     let started = s.start_what_is_sent();
     let attempt = started[0].0;
     let progress =
-        AgentEvent::Checkpoint { attempt, step: Some(7), bytes: None, duration_ms: 10, at_ms: s.now };
+        AgentEvent::Checkpoint { attempt, step: Some(7), bytes: None, duration_ms: 10, at_ms: s.now() };
     let cases = [
         (vec![xid(10, 79)], "events[1].findings[0].gpu: node node-0 has GPUs 0 to 9, got 10"),
         (
@@ -381,7 +350,7 @@ fn a_health_report_past_its_bounds_is_refused_whole_by_name() {
         (vec![xid(0, 13); 513], "events[1].findings: at most 512 findings, got 513"),
     ];
     for (findings, said) in cases {
-        let events = vec![progress.clone(), AgentEvent::Health { findings, at_ms: s.now }];
+        let events = vec![progress.clone(), AgentEvent::Health { findings, at_ms: s.now() }];
         let refused = s.report(events).unwrap_err();
         // A GPU the node lacks is the cluster's refusal; the bounds, the document's.
         let status = if said.contains(".gpu: ") { 422 } else { 400 };
@@ -389,10 +358,10 @@ fn a_health_report_past_its_bounds_is_refused_whole_by_name() {
         assert!(refused.message.starts_with(said), "{}", refused.message);
         assert!(refused.message.ends_with("nothing of this request was applied"), "{}", refused.message);
     }
-    let late = vec![AgentEvent::Health { findings: vec![xid(0, 79)], at_ms: s.now + 3_600_000 }];
+    let late = vec![AgentEvent::Health { findings: vec![xid(0, 79)], at_ms: s.now() + 3_600_000 }];
     assert_eq!(s.report(late).unwrap_err().kind, ebb_server::Refused::Unacceptable);
     let refused =
-        s.register(vec![AgentEvent::Health { findings: vec![xid(12, 79)], at_ms: s.now }]).unwrap_err();
+        s.register(vec![AgentEvent::Health { findings: vec![xid(12, 79)], at_ms: s.now() }]).unwrap_err();
     assert!(refused.message.starts_with("unreported[0].findings[0].gpu: "), "{}", refused.message);
     assert!(s.node().gpus_out.is_empty(), "nothing applied");
     assert_eq!(s.job(job).state, "running");
@@ -411,7 +380,7 @@ fn an_agents_stop_drains_the_node_requeues_what_it_ends_and_its_return_undoes_on
     let on_demand = s.submit(2, "on-demand");
     assert_eq!(s.start_what_is_sent().len(), 2);
 
-    s.report(vec![AgentEvent::Stopping { stop_timeout_ms: 360_000, at_ms: s.now }]).unwrap();
+    s.report(vec![AgentEvent::Stopping { stop_timeout_ms: 360_000, at_ms: s.now() }]).unwrap();
     let node = s.node();
     assert_eq!(
         node.drained_for.as_deref(),
@@ -445,9 +414,9 @@ fn an_agents_stop_drains_the_node_requeues_what_it_ends_and_its_return_undoes_on
         port_in_use: None,
         ended_by,
     };
-    s.report(vec![exit(preemptible, Some(0), None, None, s.now)]).unwrap();
+    s.report(vec![exit(preemptible, Some(0), None, None, s.now())]).unwrap();
     s.advance(355_000);
-    s.report(vec![exit(on_demand, None, Some(15), Some(ebb_api::EndedBy::NodeStopping), s.now)]).unwrap();
+    s.report(vec![exit(on_demand, None, Some(15), Some(ebb_api::EndedBy::NodeStopping), s.now())]).unwrap();
     let job = s.job(preemptible);
     assert_eq!((job.state.as_str(), job.usage[0].outcome.as_str()), ("queued", "preempted"));
     let job = s.job(on_demand);
@@ -474,7 +443,7 @@ fn an_agents_stop_drains_the_node_requeues_what_it_ends_and_its_return_undoes_on
     // An operator's drain outlives the agent's restarts.
     let drained = s.call(|reply| Msg::DrainNode { name: NODE.into(), reply }).unwrap();
     assert_eq!(drained.drained_for, None);
-    s.report(vec![AgentEvent::Stopping { stop_timeout_ms: 0, at_ms: s.now }]).unwrap();
+    s.report(vec![AgentEvent::Stopping { stop_timeout_ms: 0, at_ms: s.now() }]).unwrap();
     assert_eq!(s.node().drained_for, None, "the operator's drain stands");
     s.register(Vec::new()).unwrap();
     assert_ne!(s.node().status, "up");

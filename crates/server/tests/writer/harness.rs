@@ -363,13 +363,21 @@ impl<S: Store> TestEnv<S> {
             starts_when_free: self.starts_when_free,
             waiting: self.waiting.clone(),
         };
+        self.try_register(reg).unwrap();
+    }
+
+    /// A registration the writer may refuse: the node's stream starts
+    /// where the answer says if it does not.
+    pub fn try_register(&mut self, reg: Register) -> Result<(), ebb_server::Refusal> {
         // The join token the first time; the node's own credential after.
-        let principal = match self.agents.contains_key(node) {
-            true => Principal::node(node),
+        let node = reg.node.clone();
+        let principal = match self.agents.contains_key(&node) {
+            true => Principal::node(&node),
             false => Principal::join(),
         };
-        let registered = self.call(|reply| Msg::Register { principal, reg, reply }).unwrap();
-        self.agents.insert(node.into(), Agent { epoch: registered.epoch, after: registered.next_seq });
+        let registered = self.call(|reply| Msg::Register { principal, reg, reply })?;
+        self.agents.insert(node, Agent { epoch: registered.epoch, after: registered.next_seq });
+        Ok(())
     }
 
     /// One poll of `node`'s stream: the attempts it is told to start.
