@@ -1,6 +1,8 @@
 //! Where a job fits: free GPUs by bucket of free count on each model,
 //! the nodes kept (earmarked) for the job a tier's order waits for, and
-//! the pass's record of the nodes it changed.
+//! the pass's record of the nodes it changed. The small helpers are
+//! `#[inline]`: the pass in `schedule.rs` calls them for every candidate
+//! node, and a module of their own may land in another codegen unit.
 
 use super::*;
 
@@ -101,6 +103,7 @@ impl<'a> Pass<'a> {
         kept
     }
 
+    #[inline]
     pub(super) fn keep_for(&mut self, node: NodeId, job: JobId) {
         self.earmarked.insert(node, job);
         self.untouch_bucket(node);
@@ -108,6 +111,7 @@ impl<'a> Pass<'a> {
 
     /// Whether `node` is a usable node of `model` with exactly `free` free
     /// GPUs after this pass's decisions (one of [`Self::bucket_nodes`]'s).
+    #[inline]
     pub(super) fn in_bucket(&self, model: GpuModelId, free: usize, node: NodeId) -> bool {
         if self.earmarked.contains_key(&node) || self.dead.contains(&node) {
             return false;
@@ -119,6 +123,7 @@ impl<'a> Pass<'a> {
     }
 
     /// The first of [`Self::bucket_nodes`], found without building a list.
+    #[inline]
     pub(super) fn bucket_first(&mut self, model: GpuModelId, free: usize) -> Option<NodeId> {
         let base = &self.state.index[model.0 as usize].by_free[free];
         if base.is_empty() {
@@ -177,6 +182,7 @@ impl<'a> Pass<'a> {
         merged
     }
 
+    #[inline]
     pub(super) fn masks(&self, node: NodeId) -> Touched {
         self.touched.get(&node).copied().unwrap_or_else(|| {
             let n = &self.state.nodes[node.0 as usize];
@@ -184,12 +190,14 @@ impl<'a> Pass<'a> {
         })
     }
 
+    #[inline]
     pub(super) fn free_mask(&self, node: NodeId) -> u64 {
         let t = self.masks(node);
         let n = &self.state.nodes[node.0 as usize];
         full_mask(n.gpus) & !t.used & !t.held & !n.out_mask()
     }
 
+    #[inline]
     pub(super) fn touch(&mut self, node: NodeId, after: Touched) {
         self.untouch_bucket(node);
         self.touched.insert(node, after);
@@ -200,6 +208,7 @@ impl<'a> Pass<'a> {
         }
     }
 
+    #[inline]
     pub(super) fn untouch_bucket(&mut self, node: NodeId) {
         if self.touched.contains_key(&node) {
             let model = self.state.nodes[node.0 as usize].model;
@@ -210,6 +219,7 @@ impl<'a> Pass<'a> {
 }
 
 /// The lowest `n` set bits of `mask`.
+#[inline]
 pub(super) fn lowest_bits(mut mask: u64, n: u32) -> u64 {
     let mut out = 0;
     for _ in 0..n {
