@@ -30,7 +30,7 @@ pub(super) fn cancel_grace_ms(asked_ms: Option<u64>, drain_window: Span) -> Resu
 /// cancel that ends it no later (a cancel never gives more time).
 pub(super) fn cancel_deadline(job: &JobRecord, grace_ms: u64, now: u64) -> Option<u64> {
     let mut deadline = now.saturating_add(grace_ms);
-    if let Some(DrainNotice { deadline_ms: drain_deadline, .. }) = &job.drain {
+    if let Some(DrainNotice { deadline_ms: drain_deadline, .. }) = job.drain.as_deref() {
         deadline = deadline.min(*drain_deadline);
     }
     match (job.cancel_requested, job.cancel_notice) {
@@ -393,7 +393,7 @@ mod tests {
         let mut job = running();
         assert_eq!(cancel_deadline(&job, 10_000, 20_000), Some(30_000));
         job.state = JobState::Draining;
-        job.drain = Some(preempted_by_9(15_000, 25_000));
+        job.drain = Some(Box::new(preempted_by_9(15_000, 25_000)));
         assert_eq!(cancel_deadline(&job, 10_000, 20_000), Some(25_000), "the drain's deadline is sooner");
         assert_eq!(cancel_deadline(&job, 1_000, 20_000), Some(21_000));
         job.cancel_requested = true;
@@ -416,7 +416,7 @@ mod tests {
     fn a_preemption_past_the_limit_fails_the_job_and_counts_as_a_preemption() {
         let mut job = running();
         job.state = JobState::Draining;
-        job.drain = Some(preempted_by_9(8_000, 9_000));
+        job.drain = Some(Box::new(preempted_by_9(8_000, 9_000)));
         let ended = end_attempt(&mut job, ExitEffect::PreemptionLimitReached, 9_000, 9_500, MIN_RUNTIME);
         assert_eq!((ended.state, ended.event.kind()), (JobState::Failed, EventKind::Failed));
         assert!(ended.preempted);
@@ -428,7 +428,7 @@ mod tests {
     fn a_preempted_attempt_is_requeued_metered_and_its_work_since_the_checkpoint_counted_lost() {
         let mut job = running();
         job.state = JobState::Draining;
-        job.drain = Some(preempted_by_9(8_000, 9_000));
+        job.drain = Some(Box::new(preempted_by_9(8_000, 9_000)));
         job.exit_code = Some(0);
         let ended =
             end_attempt(&mut job, ExitEffect::Requeued { preempted: true }, 9_000, 9_500, MIN_RUNTIME);
@@ -450,7 +450,7 @@ mod tests {
             let mut job = running();
             job.preemptions = preemptions;
             job.state = JobState::Draining;
-            job.drain = Some(preempted_by_9(8_000, 9_000));
+            job.drain = Some(Box::new(preempted_by_9(8_000, 9_000)));
             let ended =
                 end_attempt(&mut job, ExitEffect::Requeued { preempted: true }, 9_000, 9_500, min_runtime);
             let usage = ended.usage.expect("metered");
@@ -466,7 +466,7 @@ mod tests {
     fn a_drilled_attempt_is_requeued_and_billed_as_run_time_neither_preempted_nor_failed() {
         let mut job = running();
         job.state = JobState::Draining;
-        job.drain = Some(DrainNotice { cause: Drained::Drill, ..preempted_by_9(8_000, 18_000) });
+        job.drain = Some(Box::new(DrainNotice { cause: Drained::Drill, ..preempted_by_9(8_000, 18_000) }));
         job.exit_code = Some(0);
         let ended = end_attempt(&mut job, ExitEffect::Drilled, 9_000, 9_500, MIN_RUNTIME);
         assert_eq!((ended.state, ended.event.kind()), (JobState::Queued, EventKind::Requeued));

@@ -87,14 +87,15 @@ pub struct JobRecord {
     pub placement: Vec<(String, Vec<u8>)>,
     pub started_ms: u64,
     pub running_on: Vec<String>,
-    /// The live attempt's drain notice.
+    /// The live attempt's drain notice (boxed: most records have none,
+    /// and a record is kept in memory for every live job).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub drain: Option<DrainNotice>,
+    pub drain: Option<Box<DrainNotice>>,
     /// A drain notice as releases before typed notices stored it
     /// (`[notice_at, deadline, reason]`): read, never written; recovery
     /// turns it into `drain` (`DrainNotice::from_legacy`).
     #[serde(default, rename = "notice", skip_serializing)]
-    pub legacy_notice: Option<(u64, u64, String)>,
+    pub legacy_notice: Option<Box<(u64, u64, String)>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -137,12 +137,12 @@ impl<S: Store> Engine<S> {
         };
         let job = self.jobs.get_mut(&id).expect("known job");
         job.state = JobState::Draining;
-        job.drain = Some(DrainNotice {
+        job.drain = Some(Box::new(DrainNotice {
             notice_at_ms: d.notice_at.0,
             deadline_ms: d.deadline.0,
             cause,
             reason: reason.clone(),
-        });
+        }));
         if let Some(entry) = super::exits::unstarted_entry(job) {
             self.unstarted.insert(entry);
         }

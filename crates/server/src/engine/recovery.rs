@@ -214,12 +214,12 @@ impl<S: Store> Engine<S> {
                 }
             }
             let mut job = job;
-            if let Some(notice) = job.legacy_notice.clone() {
+            if let Some(notice) = job.legacy_notice.as_deref().cloned() {
                 let drilled =
                     job.drill.as_ref().is_some_and(|d| d.attempt == job.attempt && d.exit.is_none());
                 let names = &self.tenants.names;
                 let tenant_id = |name: &str| names.iter().find(|(_, n)| *n == name).map(|(id, _)| *id);
-                job.drain = Some(DrainNotice::from_legacy(notice, drilled, tenant_id));
+                job.drain = Some(Box::new(DrainNotice::from_legacy(notice, drilled, tenant_id)));
             }
             if job.deadline.as_ref().is_some_and(|d| d.promoted.is_none()) && !state.is_final() {
                 self.deadlines.insert((0, id)); // judged at the first pass
