@@ -62,6 +62,14 @@ pub struct PolicyArgs {
 }
 
 impl PolicyArgs {
+    /// The policy's flags within the core's bounds (the writer checks
+    /// again at start), before anything is written.
+    pub fn check(&self) -> Result<(), String> {
+        let (window, gap) = (self.drain_window, self.fair_share_preemption);
+        ebb_server::engine::check_policy(window, self.min_runtime, self.fair_share_half_life, gap)?;
+        Ok(())
+    }
+
     pub fn partitions(&self) -> Result<ebb_server::partitions::Partitions, String> {
         ebb_server::partitions::Partitions::parse(
             self.partition_map.as_deref(),

@@ -150,13 +150,9 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
     let discount_bps = (discount * 100.0) as u32;
     // Every bound before anything is written (the writer checks again).
     let policy = &args.policy;
-    ebb_server::engine::check_policy(
-        policy.min_runtime,
-        policy.fair_share_half_life,
-        policy.fair_share_preemption,
-    )?;
+    policy.check()?;
     let (interval, timeout) = (args.heartbeat_interval, policy.heartbeat_timeout);
-    ebb_server::engine::check_times(policy.drain_window, interval, timeout, args.keep_finished)?;
+    ebb_server::engine::check_times(interval, timeout, args.keep_finished)?;
     let limits = args.limits.limits();
     limits.validate()?;
     let on_demand = price_flags("--price", &args.prices, discount_bps)?;

@@ -96,12 +96,7 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
     if args.nodes == 0 || args.gpus_per_node == 0 {
         return Err("--nodes and --gpus-per-node must be at least 1".into());
     }
-    let policy = &args.policy;
-    ebb_server::engine::check_policy(
-        policy.min_runtime,
-        policy.fair_share_half_life,
-        policy.fair_share_preemption,
-    )?;
+    args.policy.check()?;
     args.policy.partitions()?;
     let data = &args.data_dir;
     // A directory in use says so first, with where its cluster is: a second

@@ -716,7 +716,6 @@ fn check_registration(reg: &Register) -> Result<(), Refusal> {
     Ok(())
 }
 
-/// The attempt an event is of, where a staged start may send it.
 /// The attempt an event speaks of (a node's health and its stopping
 /// speak of none).
 fn event_attempt(event: &AgentEvent) -> Option<AttemptRef> {
@@ -734,15 +733,12 @@ fn event_attempt(event: &AgentEvent) -> Option<AttemptRef> {
     }
 }
 
+/// The attempt an event is of, where a staged start may send it: all but
+/// what only a running job says (checkpoints, resumes, progress).
 fn staged_attempt(event: &AgentEvent) -> Option<AttemptRef> {
     match event {
-        AgentEvent::Started { attempt, .. }
-        | AgentEvent::Exited { attempt, .. }
-        | AgentEvent::Output { attempt, .. }
-        | AgentEvent::Pulling { attempt, .. }
-        | AgentEvent::Pulled { attempt, .. }
-        | AgentEvent::Restored { attempt, .. } => Some(*attempt),
-        _ => None,
+        AgentEvent::Checkpoint { .. } | AgentEvent::Resumed { .. } | AgentEvent::Progress { .. } => None,
+        _ => event_attempt(event),
     }
 }
 

@@ -77,11 +77,16 @@ impl From<ConfigError> for String {
 /// The scheduling policy's settings, as the operator gives them (the flags
 /// of `ebb server` and `ebb up`), checked against the core's bounds.
 pub fn check_policy(
+    drain_window: Span,
     min_runtime: Span,
     half_life: Span,
     fair_share_preemption: Option<u32>,
 ) -> Result<(), ConfigError> {
     use ebb_scheduler::Config;
+    if drain_window.as_millis() == 0 {
+        let why = "--drain-window 0s: more than 0 (a drain with no window is a kill)".to_string();
+        return Err(ConfigError::new("--drain-window", why));
+    }
     if min_runtime > Config::MAX_MIN_RUNTIME {
         let why = format!("--min-runtime {}: at most 24h (0 turns the rule off)", min_runtime.human());
         return Err(ConfigError::new("--min-runtime", why));
@@ -102,19 +107,13 @@ pub fn check_policy(
     }
 }
 
-/// The writer's times, as the operator gives them: a drain window, a
-/// heartbeat timeout at least twice the interval, finished jobs kept in
-/// memory at most a week.
+/// The writer's times, as the operator gives them: a heartbeat timeout at
+/// least twice the interval, finished jobs kept in memory at most a week.
 pub fn check_times(
-    drain_window: Span,
     heartbeat_interval: Span,
     heartbeat_timeout: Span,
     keep_finished: Span,
 ) -> Result<(), ConfigError> {
-    if drain_window.as_millis() == 0 {
-        let why = "--drain-window 0s: more than 0 (a drain with no window is a kill)".to_string();
-        return Err(ConfigError::new("--drain-window", why));
-    }
     let (interval, timeout) = (heartbeat_interval, heartbeat_timeout);
     if interval.as_millis() == 0 {
         let why = format!("--heartbeat-interval {}: more than 0", interval.human());
@@ -150,8 +149,13 @@ impl EngineConfig {
     /// server's flag: the writer starts only from a configuration that
     /// passes (`Engine::open`), and the CLI asks before it starts anything.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        check_policy(self.min_runtime, self.fair_share_half_life, self.fair_share_preemption)?;
-        check_times(self.drain_window, self.heartbeat_interval, self.heartbeat_timeout, self.keep_finished)?;
+        check_policy(
+            self.drain_window,
+            self.min_runtime,
+            self.fair_share_half_life,
+            self.fair_share_preemption,
+        )?;
+        check_times(self.heartbeat_interval, self.heartbeat_timeout, self.keep_finished)?;
         self.limits.validate()
     }
 

@@ -17,19 +17,31 @@ use tokio::sync::oneshot;
 const NOW: u64 = 1_900_000_000_000;
 
 fn call<T>(engine: &mut Engine<SqliteStore>, make: impl FnOnce(oneshot::Sender<T>) -> Msg) -> T {
+    call_at(engine, NOW, make)
+}
+
+fn call_at<T>(engine: &mut Engine<SqliteStore>, now: u64, make: impl FnOnce(oneshot::Sender<T>) -> Msg) -> T {
     let (tx, mut rx) = oneshot::channel();
-    engine.batch(vec![make(tx)], NOW).unwrap();
+    engine.batch(vec![make(tx)], now).unwrap();
     rx.try_recv().expect("answered")
+}
+
+/// A fresh directory named `name` holding the fixtures `files`, each as
+/// (fixture, where in the directory).
+fn from_fixtures(name: &str, files: &[(&str, &str)]) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("ebb-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("logs")).unwrap();
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    for (fixture, to) in files {
+        std::fs::copy(fixtures.join(fixture), dir.join(to)).unwrap();
+    }
+    dir
 }
 
 #[test]
 fn a_database_written_by_the_release_before_is_migrated_and_everything_in_it_kept() {
-    let dir = std::env::temp_dir().join(format!("ebb-migrate-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(dir.join("logs")).unwrap();
-    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
-    std::fs::copy(fixtures.join("ebb-7a4d3a2.db"), dir.join("ebb.db")).unwrap();
-    std::fs::copy(fixtures.join("ebb-7a4d3a2-1.log"), dir.join("logs/1.log")).unwrap();
+    let dir = from_fixtures("migrate", &[("ebb-7a4d3a2.db", "ebb.db"), ("ebb-7a4d3a2-1.log", "logs/1.log")]);
     let config = EngineConfig {
         drain_window: Span(300_000),
         heartbeat_timeout: Span(10_000),
@@ -173,11 +185,7 @@ fn a_database_written_by_the_release_before_is_migrated_and_everything_in_it_kep
 /// queued.
 #[test]
 fn a_database_written_before_typed_records_opens_with_every_job_attempt_and_usage_record() {
-    let dir = std::env::temp_dir().join(format!("ebb-migrate-typed-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(dir.join("logs")).unwrap();
-    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
-    std::fs::copy(fixtures.join("ebb-1706fbc.db"), dir.join("ebb.db")).unwrap();
+    let dir = from_fixtures("migrate-typed", &[("ebb-1706fbc.db", "ebb.db")]);
     // The fixture's clock: a minute after its notice, inside the drain.
     let now = 1_796_537_998_981;
     let config = EngineConfig {
@@ -255,10 +263,4 @@ fn a_database_written_before_typed_records_opens_with_every_job_attempt_and_usag
     check(&mut engine);
     drop(engine);
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-fn call_at<T>(engine: &mut Engine<SqliteStore>, now: u64, make: impl FnOnce(oneshot::Sender<T>) -> Msg) -> T {
-    let (tx, mut rx) = oneshot::channel();
-    engine.batch(vec![make(tx)], now).unwrap();
-    rx.try_recv().expect("answered")
 }
