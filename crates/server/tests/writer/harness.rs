@@ -388,7 +388,13 @@ impl<S: Store> TestEnv<S> {
     }
 
     pub fn poll(&mut self, node: &str) -> Vec<AttemptRef> {
-        let actions = self.commands(node);
+        self.poll_saying(node, None)
+    }
+
+    /// One poll saying how the node's reports fare (`commands_saying`):
+    /// the attempts it is told to start.
+    pub fn poll_saying(&mut self, node: &str, health: Option<Option<String>>) -> Vec<AttemptRef> {
+        let actions = self.commands_saying(node, health);
         actions
             .into_iter()
             .filter_map(|a| match a {

@@ -3,7 +3,7 @@
 //! reports get through. The writer (`Engine`) is driven directly, speaking
 //! the agent protocol as `ebb agent` does.
 
-use ebb_api::{Action, AgentEvent, AttemptRef, Report};
+use ebb_api::{AgentEvent, AttemptRef, Report};
 use ebb_server::engine::Msg;
 
 use crate::harness::TestEnv;
@@ -20,14 +20,7 @@ fn start(name: &str) -> TestEnv {
 /// One poll saying whether the node's reports are failing: the attempts
 /// it tells the node to start.
 fn poll(env: &mut TestEnv, failing: Option<&str>) -> Vec<AttemptRef> {
-    let actions = env.commands_saying(NODE, Some(failing.map(String::from)));
-    actions
-        .into_iter()
-        .filter_map(|a| match a {
-            Action::Start(s) => Some(s.attempt),
-            _ => None,
-        })
-        .collect()
+    env.poll_saying(NODE, Some(failing.map(String::from)))
 }
 
 #[test]
