@@ -97,12 +97,12 @@ impl AttemptUploads {
             while asked.changed().await.is_ok() {
                 let (n, step) = *asked.borrow_and_update();
                 let began = Instant::now();
-                let line = match store.upload(&dir, rules, a.attempt, step, &mut cache).await {
+                let line = match store.upload(&dir, rules, a.attempt.0, step, &mut cache).await {
                     Ok(Some(up)) => {
                         let m = &up.manifest;
                         tracing::info!(
-                            job = a.job,
-                            attempt = a.attempt,
+                            job = %a.job,
+                            attempt = %a.attempt,
                             manifest = m.key(),
                             sent_bytes = up.sent_bytes,
                             seconds = up.seconds,
@@ -119,7 +119,7 @@ impl AttemptUploads {
                     }
                     Ok(None) => None,
                     Err(e) => {
-                        tracing::warn!(job = a.job, attempt = a.attempt, "checkpoint upload failed: {e}");
+                        tracing::warn!(job = %a.job, attempt = %a.attempt, "checkpoint upload failed: {e}");
                         Some(format!(
                             "ebb: checkpoint store: upload failed after {:.1}s: {e}; the store's latest \
                              checkpoint is still the one before\n",

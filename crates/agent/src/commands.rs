@@ -281,7 +281,7 @@ impl<S: Supervisor> Agent<S> {
                 "the gang's rendezvous port {port} (MASTER_PORT) is in use on this node by another program: \
                  not started; the server requeues the gang with another port"
             );
-            tracing::warn!(job = a.job, attempt = a.attempt, "{message}");
+            tracing::warn!(job = %a.job, attempt = %a.attempt, "{message}");
             self.reporter.send(AgentEvent::Output { attempt: a, data: format!("ebb: {message}\n") });
             self.reporter.send(AgentEvent::Exited {
                 attempt: a,
@@ -297,7 +297,7 @@ impl<S: Supervisor> Agent<S> {
             return;
         }
         if let Err(message) = self.supervisor.start(s).await {
-            tracing::error!(job = a.job, attempt = a.attempt, "{message}");
+            tracing::error!(job = %a.job, attempt = %a.attempt, "{message}");
             self.reporter.send(AgentEvent::Output { attempt: a, data: format!("ebb: {message}\n") });
             self.reporter.send(AgentEvent::Exited {
                 attempt: a,
@@ -354,9 +354,10 @@ mod tests {
     use super::*;
     use crate::supervisor::fake::Op;
     use crate::testing::{self, until, FakeServer};
+    use ebb_core::{Attempt, JobId};
 
-    const A: AttemptRef = AttemptRef { job: 1, attempt: 1 };
-    const B: AttemptRef = AttemptRef { job: 2, attempt: 1 };
+    const A: AttemptRef = AttemptRef { job: JobId(1), attempt: Attempt(1) };
+    const B: AttemptRef = AttemptRef { job: JobId(2), attempt: Attempt(1) };
 
     fn start_of(attempt: AttemptRef) -> Action {
         Action::Start(StartAttempt {

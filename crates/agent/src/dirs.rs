@@ -220,7 +220,7 @@ pub(crate) fn run_dir(data_dir: &Path, a: AttemptRef) -> PathBuf {
 }
 
 /// A job's default working directory, shared by its attempts.
-pub(crate) fn default_workdir(data_dir: &Path, job: u64) -> PathBuf {
+pub(crate) fn default_workdir(data_dir: &Path, job: ebb_core::JobId) -> PathBuf {
     data_dir.join("work").join(job.to_string())
 }
 

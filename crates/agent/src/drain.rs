@@ -58,8 +58,8 @@ fn deliver<S: Supervisor>(supervisor: &Arc<S>, a: AttemptRef, notice: Notice, si
         None => supervisor.signal(a, signal),
     }
     tracing::info!(
-        job = a.job,
-        attempt = a.attempt,
+        job = %a.job,
+        attempt = %a.attempt,
         action = ?action,
         deadline = deadline_ms,
         file = target.drain_file.as_deref().map(|f| f.display().to_string()).unwrap_or_default(),
@@ -70,7 +70,7 @@ fn deliver<S: Supervisor>(supervisor: &Arc<S>, a: AttemptRef, notice: Notice, si
     tokio::spawn(async move {
         tokio::time::sleep(wait).await;
         if supervisor.is_running(a) {
-            tracing::warn!(job = a.job, attempt = a.attempt, "deadline reached: SIGKILL");
+            tracing::warn!(job = %a.job, attempt = %a.attempt, "deadline reached: SIGKILL");
             supervisor.signal(a, Signal::SIGKILL);
         }
     });
@@ -104,7 +104,7 @@ pub(crate) async fn stop_all<S: Supervisor>(supervisor: &Arc<S>, grace: Duration
 /// Kills attempts the server says must not run, saying `why`.
 pub(crate) fn kill_stale<S: Supervisor>(supervisor: &S, attempts: &[AttemptRef], why: &str) {
     for attempt in attempts {
-        tracing::warn!(job = attempt.job, attempt = attempt.attempt, "{why}: killing it");
+        tracing::warn!(job = %attempt.job, attempt = %attempt.attempt, "{why}: killing it");
         supervisor.withdraw(*attempt);
         supervisor.signal(*attempt, Signal::SIGKILL);
     }
@@ -114,8 +114,9 @@ pub(crate) fn kill_stale<S: Supervisor>(supervisor: &S, attempts: &[AttemptRef],
 mod tests {
     use super::*;
     use crate::supervisor::fake::{FakeSupervisor, Op};
+    use ebb_core::{Attempt, JobId};
 
-    const A: AttemptRef = AttemptRef { job: 1, attempt: 1 };
+    const A: AttemptRef = AttemptRef { job: JobId(1), attempt: Attempt(1) };
 
     fn drain_of(a: AttemptRef, deadline_in: Duration) -> DrainAttempt {
         let now = now_ms();

@@ -119,8 +119,8 @@ pub(crate) fn kill_leftovers(data_dir: &Path, parents: Option<&cgroup::Parents>,
         }
         if killpg(Pid::from_raw(pgid), Signal::SIGKILL).is_ok() {
             tracing::warn!(
-                job = attempt.job,
-                attempt = attempt.attempt,
+                job = %attempt.job,
+                attempt = %attempt.attempt,
                 pgid,
                 "killed an attempt left by a previous agent"
             );
@@ -156,6 +156,7 @@ mod tests {
     use std::os::unix::process::CommandExt;
 
     use super::*;
+    use ebb_core::{Attempt, JobId};
 
     fn temp_dir(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("ebb-ledger-{name}-{}", std::process::id()));
@@ -173,7 +174,7 @@ mod tests {
         let started = process_start(pid).expect("a live process has a start time");
         let ledger = Ledger::new(&dir);
         tokio::spawn(ledger.clone().write_on_change());
-        let a = AttemptRef { job: 3, attempt: 1 };
+        let a = AttemptRef { job: JobId(3), attempt: Attempt(1) };
         // Only the last of a burst of changes needs to reach the disk.
         ledger.record_process_groups(Vec::new());
         ledger.record_process_groups(vec![(a, pid, started)]);
@@ -201,7 +202,7 @@ mod tests {
         let pid = child.id() as i32;
         let started = process_start(pid).unwrap();
         let contents = Contents {
-            groups: vec![(AttemptRef { job: 1, attempt: 1 }, pid, started + 1)],
+            groups: vec![(AttemptRef { job: JobId(1), attempt: Attempt(1) }, pid, started + 1)],
             cgroup_pool: Vec::new(),
         };
         write(&ledger_path(&dir), &contents).unwrap();

@@ -137,16 +137,16 @@ pub(crate) type Requeue = Arc<dyn Fn() -> bool + Send + Sync>;
 
 /// The attempt an endpoint serves.
 pub(crate) struct Attempt {
-    pub job: u64,
-    pub attempt: u32,
+    pub job: ebb_core::JobId,
+    pub attempt: ebb_core::Attempt,
     pub node: String,
     pub requeue: Requeue,
 }
 
 #[derive(Clone)]
 struct Endpoint {
-    job: u64,
-    attempt: u32,
+    job: ebb_core::JobId,
+    attempt: ebb_core::Attempt,
     node: String,
     requeue: Requeue,
     notice: watch::Receiver<Option<Notice>>,
@@ -478,6 +478,7 @@ mod tests {
 
     use super::*;
     use crate::testing::{self, until, FakeServer};
+    use ebb_core::JobId;
 
     /// An attempt's endpoint (job 4, `attempt`) on a port of its own: the
     /// server it reports to, its reporter, where it listens, its URL (the
@@ -516,7 +517,7 @@ mod tests {
     /// (and which runs until it has been requeued once).
     fn numbered(attempt: u32, requeued: Arc<AtomicUsize>) -> Attempt {
         let requeue: Requeue = Arc::new(move || requeued.fetch_add(1, Ordering::SeqCst) == 0);
-        Attempt { job: 4, attempt, node: "node-1".into(), requeue }
+        Attempt { job: JobId(4), attempt: ebb_core::Attempt(attempt), node: "node-1".into(), requeue }
     }
 
     /// The endpoint put checkpoints straight on the report queue, so a
@@ -543,7 +544,7 @@ mod tests {
         assert_eq!(answer.status(), 202);
         let checkpoint = |e: &AgentEvent| {
             matches!(e, AgentEvent::Checkpoint { attempt, step: Some(7), duration_ms: 1500, .. }
-                if *attempt == AttemptRef { job: 4, attempt: 2 })
+                if *attempt == AttemptRef { job: JobId(4), attempt: ebb_core::Attempt(2) })
         };
         let unreported = reporter.unreported();
         assert!(unreported.len() == 1 && checkpoint(&unreported[0]), "{unreported:?}");
@@ -569,7 +570,7 @@ mod tests {
         let resumed = |step: Option<u64>| {
             move |e: &AgentEvent| {
                 matches!(e, AgentEvent::Resumed { attempt, step: s, .. }
-                    if *attempt == AttemptRef { job: 4, attempt: 3 } && *s == step)
+                    if *attempt == AttemptRef { job: JobId(4), attempt: ebb_core::Attempt(3) } && *s == step)
             }
         };
         until("both are delivered", || {
@@ -612,7 +613,7 @@ mod tests {
         assert_eq!(post(r#"{"fraction": 0.62}"#).await.unwrap().status(), 202);
         let progress = |e: &AgentEvent| {
             matches!(e, AgentEvent::Progress { attempt, fraction, .. }
-                if *attempt == AttemptRef { job: 4, attempt: 3 } && *fraction == 0.62)
+                if *attempt == AttemptRef { job: JobId(4), attempt: ebb_core::Attempt(3) } && *fraction == 0.62)
         };
         until("it is delivered", || fake.delivered().iter().any(progress)).await;
         assert_eq!(fake.delivered().iter().filter(|e| matches!(e, AgentEvent::Progress { .. })).count(), 1);

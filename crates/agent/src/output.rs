@@ -455,7 +455,7 @@ impl Readers {
                 pipe::Receiver::from_owned_fd(fd)
                     .inspect_err(|e| {
                         let a = attempt;
-                        tracing::error!(job = a.job, attempt = a.attempt, "cannot read the job's output: {e}")
+                        tracing::error!(job = %a.job, attempt = %a.attempt, "cannot read the job's output: {e}")
                     })
                     .ok()
             })
@@ -488,6 +488,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use ebb_core::{Attempt, JobId};
 
     fn limits(max: u64, rate: u64, burst: u64, buffer: u64) -> OutputLimits {
         OutputLimits { max_per_attempt: max, rate, burst, buffer }
@@ -615,7 +616,7 @@ mod tests {
     /// A forwarder's output as the server would get it.
     async fn forwarded(limits: OutputLimits, pipe: impl AsyncRead + Unpin) -> String {
         let (reporter, mut queue) = Reporter::new(limits.buffer);
-        let a = AttemptRef { job: 1, attempt: 1 };
+        let a = AttemptRef { job: JobId(1), attempt: Attempt(1) };
         let forwarder = Forwarder::new(a, limits, reporter);
         forwarder.read(pipe).await;
         forwarder.finish();

@@ -401,9 +401,10 @@ mod tests {
     use super::*;
     use crate::output::OutputLimits;
     use crate::testing::{self, until, FakeServer};
+    use ebb_core::{Attempt, JobId};
 
-    const A: AttemptRef = AttemptRef { job: 7, attempt: 1 };
-    const B: AttemptRef = AttemptRef { job: 8, attempt: 1 };
+    const A: AttemptRef = AttemptRef { job: JobId(7), attempt: Attempt(1) };
+    const B: AttemptRef = AttemptRef { job: JobId(8), attempt: Attempt(1) };
 
     fn body(node: &str, events: &[AgentEvent]) -> usize {
         serde_json::to_vec(&Report { node: node.into(), events: events.to_vec(), id: None }).unwrap().len()

@@ -52,6 +52,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ebb_api::{AgentEvent, AttemptRef, StartAttempt};
+use ebb_core::JobId;
 use nix::sys::signal::Signal;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -116,7 +117,7 @@ pub(crate) fn parse_span(text: &str) -> Result<Duration, String> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Saved {
     /// The attempt that reported it.
-    pub attempt: u32,
+    pub attempt: ebb_core::Attempt,
     pub step: u64,
     /// The work it holds: how long the job had run, over all its attempts,
     /// when it saved.
@@ -128,14 +129,14 @@ pub(crate) struct Saved {
 /// attempt. Kept in the fleet's memory only.
 #[derive(Debug, Default)]
 pub(crate) struct FleetCheckpoints {
-    jobs: Mutex<HashMap<u64, Saved>>,
+    jobs: Mutex<HashMap<JobId, Saved>>,
 }
 
 impl FleetCheckpoints {
     /// Job `job`'s attempt `saved.attempt` reported `saved`: it becomes the
     /// job's newest unless one of a greater (attempt, step) is known, as a
     /// stale attempt's late report must not hide a newer attempt's.
-    pub(crate) fn saved(&self, job: u64, saved: Saved) {
+    pub(crate) fn saved(&self, job: JobId, saved: Saved) {
         let mut jobs = self.jobs.lock().expect("checkpoints");
         let newest = jobs.entry(job).or_insert(saved);
         if (saved.attempt, saved.step) > (newest.attempt, newest.step) {
@@ -144,12 +145,12 @@ impl FleetCheckpoints {
     }
 
     /// The newest checkpoint of job `job`, if any of its attempts saved.
-    pub(crate) fn newest(&self, job: u64) -> Option<Saved> {
+    pub(crate) fn newest(&self, job: JobId) -> Option<Saved> {
         self.jobs.lock().expect("checkpoints").get(&job).copied()
     }
 
     /// Job `job` will not run again (it completed, or was cancelled).
-    fn forget(&self, job: u64) {
+    fn forget(&self, job: JobId) {
         self.jobs.lock().expect("checkpoints").remove(&job);
     }
 }
@@ -262,7 +263,7 @@ impl Simulated {
         if completed || ended.notice.is_some_and(|n| n.action == crate::notice::NoticeAction::Cancel) {
             self.checkpoints.forget(a.job);
         }
-        tracing::info!(node = self.node, job = a.job, attempt = a.attempt, ?code, ?signal, "exited");
+        tracing::info!(node = self.node, job = %a.job, attempt = %a.attempt, ?code, ?signal, "exited");
         self.reporter.send(AgentEvent::Exited {
             attempt: a,
             code,
@@ -371,8 +372,9 @@ mod tests {
     use super::*;
     use crate::drain;
     use crate::report::Queue;
+    use ebb_core::{Attempt, JobId};
 
-    const A: AttemptRef = AttemptRef { job: 7, attempt: 1 };
+    const A: AttemptRef = AttemptRef { job: JobId(7), attempt: Attempt(1) };
 
     fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
@@ -597,10 +599,13 @@ mod tests {
         let d = DrainAttempt { attempt: A, notice_at_ms: now, deadline_ms: now + 30_000, reason: "x".into() };
         drain::drain(&first, d);
         watch.to(6).await;
-        assert_eq!(first.checkpoints.newest(A.job), Some(Saved { attempt: 1, step: 2, work: ms(4_500) }));
+        assert_eq!(
+            first.checkpoints.newest(A.job),
+            Some(Saved { attempt: Attempt(1), step: 2, work: ms(4_500) })
+        );
         // Attempt 2 on the other node at 6.75 s: 5.5 s left, steps from 3.
         tokio::time::sleep(Duration::from_millis(250)).await;
-        let next = AttemptRef { job: A.job, attempt: 2 };
+        let next = AttemptRef { job: A.job, attempt: Attempt(2) };
         second.start(start_of(next, &job)).await.unwrap();
         watch.to(14).await;
         assert_eq!(
@@ -634,7 +639,7 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(45)).await;
         first.signal(A, Signal::SIGKILL);
         let saved = second.checkpoints.newest(A.job).expect("saved");
-        assert_eq!(saved, Saved { attempt: 1, step: 2, work: ms(40_000) });
+        assert_eq!(saved, Saved { attempt: Attempt(1), step: 2, work: ms(40_000) });
         let line = first_line("sim-00001", &Behaviour::from_env(&env(&job)).unwrap(), Some(saved));
         assert_eq!(
             line,
@@ -645,25 +650,25 @@ mod tests {
     #[test]
     fn the_newest_checkpoint_is_the_greatest_attempt_and_step_not_the_last_to_arrive() {
         let fleet = FleetCheckpoints::default();
-        assert_eq!(fleet.newest(7), None);
+        assert_eq!(fleet.newest(JobId(7)), None);
         let saved = |attempt, step, s| Saved { attempt, step, work: Duration::from_secs(s) };
-        fleet.saved(7, saved(1, 4, 40));
-        fleet.saved(7, saved(2, 5, 50));
+        fleet.saved(JobId(7), saved(Attempt(1), 4, 40));
+        fleet.saved(JobId(7), saved(Attempt(2), 5, 50));
         // Attempt 1, on a node cut off from the server, saves on.
-        fleet.saved(7, saved(1, 6, 60));
-        assert_eq!(fleet.newest(7), Some(saved(2, 5, 50)));
-        fleet.saved(7, saved(2, 6, 55));
-        assert_eq!(fleet.newest(7), Some(saved(2, 6, 55)));
-        fleet.saved(8, saved(1, 1, 10));
-        fleet.forget(7);
-        assert_eq!((fleet.newest(7), fleet.newest(8)), (None, Some(saved(1, 1, 10))));
+        fleet.saved(JobId(7), saved(Attempt(1), 6, 60));
+        assert_eq!(fleet.newest(JobId(7)), Some(saved(Attempt(2), 5, 50)));
+        fleet.saved(JobId(7), saved(Attempt(2), 6, 55));
+        assert_eq!(fleet.newest(JobId(7)), Some(saved(Attempt(2), 6, 55)));
+        fleet.saved(JobId(8), saved(Attempt(1), 1, 10));
+        fleet.forget(JobId(7));
+        assert_eq!((fleet.newest(JobId(7)), fleet.newest(JobId(8))), (None, Some(saved(Attempt(1), 1, 10))));
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_cancelled_job_is_forgotten_and_a_drained_one_is_not() {
         let (sim, _queue) = node();
         let job = [("EBB_SIM_CHECKPOINT", "1s")];
-        let drained = AttemptRef { job: 8, attempt: 1 };
+        let drained = AttemptRef { job: JobId(8), attempt: Attempt(1) };
         for a in [A, drained] {
             sim.start(start_of(a, &job)).await.unwrap();
         }

@@ -146,11 +146,12 @@ pub(crate) fn write_script(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ebb_core::{Attempt, JobId};
 
     #[test]
     fn the_batch_step_is_told_the_scripts_files_its_signal_and_where_it_goes() {
         let start = StartAttempt {
-            attempt: ebb_api::AttemptRef { job: 7, attempt: 1 },
+            attempt: ebb_api::AttemptRef { job: JobId(7), attempt: Attempt(1) },
             tier: "preemptible".into(),
             argv: vec!["train.sh".into(), "--lr".into(), "0.1".into()],
             env: Default::default(),

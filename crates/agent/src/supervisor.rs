@@ -394,7 +394,7 @@ impl Processes {
         let withdrawn = || self.waiting.lock().expect("waiting").get(&a).copied().unwrap_or(true);
         if s.when_gpus_free && !self.gpus.free_for(a, &s.gpus, withdrawn).await {
             // Withdrawn: its hold went before its victims did.
-            tracing::info!(job = a.job, attempt = a.attempt, "start withdrawn before its GPUs were free");
+            tracing::info!(job = %a.job, attempt = %a.attempt, "start withdrawn before its GPUs were free");
             self.give_back(prepared.release_group());
             return Ok(());
         }
@@ -465,7 +465,7 @@ impl Processes {
         p: &Prepared,
     ) -> (Option<AgentEvent>, Vec<String>, Option<Arc<AttemptUploads>>) {
         let Some(store) = self.checkpoints.store() else { return (None, Vec::new(), None) };
-        let job_store = match store.job(&s.tenant, s.attempt.job) {
+        let job_store = match store.job(&s.tenant, s.attempt.job.0) {
             Ok(job_store) => job_store,
             Err(e) => return (None, vec![format!("ebb: checkpoint store: {e}\n")], None),
         };
@@ -662,7 +662,7 @@ impl Processes {
                 r.ended_by = Some(why);
             }
         }
-        tracing::info!(job = a.job, attempt = a.attempt, ?why, "ending the attempt");
+        tracing::info!(job = %a.job, attempt = %a.attempt, ?why, "ending the attempt");
         self.signal_all(a, Signal::SIGTERM);
         let this = self.clone();
         tokio::spawn(async move {

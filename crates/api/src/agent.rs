@@ -6,8 +6,10 @@ use super::*;
 /// An attempt of a job: what the agent and the server fence on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, ToSchema)]
 pub struct AttemptRef {
-    pub job: u64,
-    pub attempt: u32,
+    #[schema(value_type = u64)]
+    pub job: ebb_core::JobId,
+    #[schema(value_type = u32)]
+    pub attempt: ebb_core::Attempt,
 }
 
 /// `POST /v1/agent/register`: a node joins, or rejoins after a restart or

@@ -59,8 +59,9 @@ macro_rules! typed_id {
 
 typed_id!(
     /// A job, minted at the edge (server or simulator), never reused.
+    /// Shown as its number, as users name it (`ebb show 42`).
     JobId(u64),
-    "j"
+    ""
 );
 typed_id!(
     /// A node. The scheduling core hands these out densely as nodes join,
@@ -70,8 +71,9 @@ typed_id!(
 );
 typed_id!(
     /// A tenant (an organisation owning jobs, tokens, reservations, bills).
+    /// Shown as its number, as the store keys it.
     TenantId(u32),
-    "t"
+    ""
 );
 typed_id!(
     /// A reservation of committed capacity.
@@ -87,9 +89,26 @@ typed_id!(
 /// The attempt number of a job: 1 for its first run, +1 for each requeue.
 /// Together with the job id it fences stale processes: anything reported
 /// about an attempt other than the job's current one is refused.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+/// `Attempt(0)` (the default) is no attempt: a job not yet placed.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 #[serde(transparent)]
 pub struct Attempt(pub u32);
+
+impl JobId {
+    /// The id minted after this one.
+    pub fn next(self) -> JobId {
+        JobId(self.0 + 1)
+    }
+}
+
+impl Attempt {
+    /// The attempt after this one.
+    pub fn next(self) -> Attempt {
+        Attempt(self.0 + 1)
+    }
+}
 
 impl fmt::Display for Attempt {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

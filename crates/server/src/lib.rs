@@ -30,6 +30,8 @@ pub use http::ApiError;
 pub use refusal::{Refusal, Refused};
 pub use validate::{parse_signal, Limits};
 
+use ebb_core::TenantId;
+
 use crate::store::Scope;
 
 /// Who is calling.
@@ -37,7 +39,7 @@ use crate::store::Scope;
 pub struct Principal {
     pub scope: Scope,
     /// (id, name) of the tenant whose jobs this token acts on.
-    pub tenant: Option<(u32, String)>,
+    pub tenant: Option<(TenantId, String)>,
     /// The node a node credential speaks for.
     pub node: Option<String>,
 }
@@ -58,7 +60,7 @@ pub enum TokenState {
 pub type TokenMap = Arc<RwLock<HashMap<String, TokenState>>>;
 
 impl Principal {
-    pub fn tenant(scope: Scope, id: u32, name: &str) -> Principal {
+    pub fn tenant(scope: Scope, id: TenantId, name: &str) -> Principal {
         Principal { scope, tenant: Some((id, name.to_string())), node: None }
     }
 
@@ -71,7 +73,7 @@ impl Principal {
     }
 
     /// Admins see every tenant's jobs; a tenant only its own.
-    pub fn may_see(&self, tenant: u32) -> bool {
+    pub fn may_see(&self, tenant: TenantId) -> bool {
         self.scope == Scope::Admin || self.tenant.as_ref().is_some_and(|(id, _)| *id == tenant)
     }
 }

@@ -419,6 +419,7 @@ fn register_operations(registry: &mut Registry, s: &Snapshot) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ebb_core::{Attempt, JobId, TenantId};
 
     /// The value of the series `name` (with its labels, as exported).
     fn value(text: &str, series: &str) -> Option<f64> {
@@ -496,9 +497,9 @@ mod tests {
     ) -> UsageRow {
         let ms = |s: u64| 1_000_000 + s * 1000;
         crate::billing::meter(crate::billing::Ended {
-            job: 1,
-            attempt: 1,
-            tenant: 0,
+            job: JobId(1),
+            attempt: Attempt(1),
+            tenant: TenantId(0),
             tier,
             gpu_model: "H100",
             gpus,

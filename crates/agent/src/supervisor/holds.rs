@@ -111,10 +111,11 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use ebb_core::{Attempt, JobId};
 
-    const VICTIM: AttemptRef = AttemptRef { job: 1, attempt: 1 };
-    const OTHER: AttemptRef = AttemptRef { job: 2, attempt: 1 };
-    const PREEMPTOR: AttemptRef = AttemptRef { job: 3, attempt: 1 };
+    const VICTIM: AttemptRef = AttemptRef { job: JobId(1), attempt: Attempt(1) };
+    const OTHER: AttemptRef = AttemptRef { job: JobId(2), attempt: Attempt(1) };
+    const PREEMPTOR: AttemptRef = AttemptRef { job: JobId(3), attempt: Attempt(1) };
 
     /// Whether `f` is still waiting after a moment.
     async fn waits<F: std::future::Future>(f: &mut std::pin::Pin<&mut F>) -> bool {
@@ -195,7 +196,7 @@ mod tests {
             let holds = GpuHolds::default();
             let on_mine = |gpus: &[u8]| gpus.iter().any(|g| *g < 64 && mine.contains(g));
             for (i, (gpus, gone)) in others.iter().enumerate() {
-                let a = AttemptRef { job: 10 + i as u64, attempt: 1 };
+                let a = AttemptRef { job: JobId(10 + i as u64), attempt: Attempt(1) };
                 holds.hold(a, gpus);
                 if *gone {
                     holds.gone(a);
@@ -208,7 +209,7 @@ mod tests {
             proptest::prop_assert_eq!(ready_now(holds.reported_for(PREEMPTOR, &mine)), !unreported);
             // Once every other's exit is reported, nothing holds it back.
             for i in 0..others.len() {
-                holds.reported(AttemptRef { job: 10 + i as u64, attempt: 1 });
+                holds.reported(AttemptRef { job: JobId(10 + i as u64), attempt: Attempt(1) });
             }
             proptest::prop_assert!(ready_now(holds.free_for(PREEMPTOR, &mine, || false)));
             proptest::prop_assert!(ready_now(holds.reported_for(PREEMPTOR, &mine)));

@@ -75,8 +75,8 @@ impl Processes {
             .map_err(|why| format!("image {}: {why}", image.reference))?
             .map_err(|e| e.to_string())?;
         tracing::info!(
-            job = a.job,
-            attempt = a.attempt,
+            job = %a.job,
+            attempt = %a.attempt,
             image = image.digest,
             downloaded = lease.downloaded,
             "image ready"

@@ -36,7 +36,7 @@ impl Processes {
         let (code, signal) = match status {
             Ok(ended) => (ended.code, ended.signal),
             Err(e) => {
-                tracing::error!(job = a.job, attempt = a.attempt, "cannot wait for pid {pid}: {e}");
+                tracing::error!(job = %a.job, attempt = %a.attempt, "cannot wait for pid {pid}: {e}");
                 (None, None)
             }
         };
@@ -54,8 +54,8 @@ impl Processes {
         // matches).
         let ended_by = self.running.lock().expect("running").remove(&a).and_then(|r| r.ended_by);
         tracing::info!(
-            job = a.job,
-            attempt = a.attempt,
+            job = %a.job,
+            attempt = %a.attempt,
             ?code,
             ?signal,
             ?peak_memory_bytes,

@@ -23,7 +23,7 @@
 use std::collections::BTreeMap;
 
 use ebb_api as api;
-use ebb_core::MicroUsd;
+use ebb_core::{Attempt, JobId, MicroUsd, TenantId};
 use serde::{Deserialize, Serialize};
 
 use crate::{rfc3339, Refusal};
@@ -64,7 +64,7 @@ pub struct PriceRow {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReservationRow {
     pub id: u64,
-    pub tenant: u32,
+    pub tenant: TenantId,
     pub gpu_model: String,
     pub gpus: u32,
     pub start_ms: u64,
@@ -78,9 +78,9 @@ pub struct ReservationRow {
 /// What one attempt ran and cost.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UsageRow {
-    pub job: u64,
-    pub attempt: u32,
-    pub tenant: u32,
+    pub job: JobId,
+    pub attempt: Attempt,
+    pub tenant: TenantId,
     pub tier: String,
     pub gpu_model: String,
     pub gpus: u32,
@@ -141,8 +141,8 @@ impl UsageRow {
 
     pub fn view(&self, tenant: &str) -> api::Usage {
         api::Usage {
-            job: self.job,
-            attempt: self.attempt,
+            job: self.job.0,
+            attempt: self.attempt.0,
             tenant: tenant.to_string(),
             tier: self.tier.clone(),
             gpu_model: self.gpu_model.clone(),
@@ -177,9 +177,9 @@ impl UsageRow {
 
 /// What an attempt's end tells the meter.
 pub struct Ended<'a> {
-    pub job: u64,
-    pub attempt: u32,
-    pub tenant: u32,
+    pub job: JobId,
+    pub attempt: Attempt,
+    pub tenant: TenantId,
     pub tier: &'a str,
     pub gpu_model: &'a str,
     pub gpus: u32,

@@ -13,7 +13,7 @@ use super::*;
 /// An attempt still running, for the report's use figures.
 #[derive(Clone, Debug)]
 pub struct Live {
-    pub tenant: u32,
+    pub tenant: TenantId,
     pub tier: String,
     pub gpus: u32,
     pub started_ms: u64,
@@ -30,7 +30,7 @@ pub struct Ledger {
     pub nodes: Vec<(u64, u32)>,
     pub now: u64,
     /// Tenants' names, for the series' use by tenant.
-    pub names: BTreeMap<u32, String>,
+    pub names: BTreeMap<TenantId, String>,
 }
 
 /// The tiers every report lists, in its order, even when one sold nothing.
@@ -195,7 +195,7 @@ pub fn series(ledger: &Ledger, from: u64, to: u64, step_ms: u64) -> api::ReportS
     }
     let mut used_ms: BTreeMap<&str, Vec<u128>> = TIERS.iter().map(|&tier| (tier, vec![0; n])).collect();
     let mut revenue: BTreeMap<&str, Vec<i64>> = TIERS.iter().map(|&tier| (tier, vec![0; n])).collect();
-    let mut by_tenant: BTreeMap<u32, Vec<u128>> = BTreeMap::new();
+    let mut by_tenant: BTreeMap<TenantId, Vec<u128>> = BTreeMap::new();
     for u in usage {
         for part in u.parts() {
             let tier = tier_key(&part.tier);
@@ -254,7 +254,7 @@ pub fn series(ledger: &Ledger, from: u64, to: u64, step_ms: u64) -> api::ReportS
                         .iter()
                         .filter(|(_, ms)| ms[i] > 0)
                         .map(|(id, ms)| api::TenantUse {
-                            tenant: names.get(id).cloned().unwrap_or_else(|| format!("tenant {id}")),
+                            tenant: names.get(id).cloned().unwrap_or_else(|| format!("tenant {}", id.0)),
                             gpu_hours: ms_hours(ms[i]),
                             share: ms[i] as f64 / used_total as f64,
                         })

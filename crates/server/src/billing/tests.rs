@@ -8,9 +8,9 @@ use super::*;
 #[test]
 fn metering_is_per_started_second() {
     let base = Ended {
-        job: 1,
-        attempt: 1,
-        tenant: 1,
+        job: JobId(1),
+        attempt: Attempt(1),
+        tenant: TenantId(1),
         tier: "preemptible",
         gpu_model: "H100",
         gpus: 4,
@@ -68,9 +68,9 @@ prop_compose! {
                    ms in 0u64..20_000_000, rate in 0i64..10_000_000) -> UsageRow {
         let seconds = ms.div_ceil(1000);
         UsageRow {
-            job: 1,
-            attempt: 1,
-            tenant: 1,
+            job: JobId(1),
+            attempt: Attempt(1),
+            tenant: TenantId(1),
             tier: TIERS_AND_MORE[tier].to_string(),
             gpu_model: "H100".into(),
             gpus,
@@ -93,7 +93,7 @@ prop_compose! {
 prop_compose! {
     fn reservation()(gpus in 1u32..9, start_ms in 0u64..50_000_000, ms in 1u64..30_000_000,
                      rate in 0i64..10_000_000) -> ReservationRow {
-        ReservationRow { id: 1, tenant: 1, gpu_model: "H100".into(), gpus, start_ms,
+        ReservationRow { id: 1, tenant: TenantId(1), gpu_model: "H100".into(), gpus, start_ms,
                          end_ms: start_ms + ms, rate, deleted_ms: None }
     }
 }
@@ -106,7 +106,7 @@ prop_compose! {
                 now in 0u64..70_000_000) -> Ledger {
         let live = live
             .into_iter()
-            .map(|(tier, gpus, started_ms)| Live { tenant: gpus % 3, tier: TIERS_AND_MORE[tier].into(), gpus, started_ms })
+            .map(|(tier, gpus, started_ms)| Live { tenant: TenantId(gpus % 3), tier: TIERS_AND_MORE[tier].into(), gpus, started_ms })
             .collect();
         Ledger { usage, live, reservations, nodes, now, names: BTreeMap::new() }
     }
@@ -188,10 +188,10 @@ fn a_series_buckets_what_ran_in_each_and_counts_revenue_where_it_ended() {
         // buckets, ended in the second; on-demand work that ended
         // before the period counts in neither.
         usage: vec![record("preemptible", H, 2 * H, 7_000_000), record("on-demand", 0, H / 4, 5_000_000)],
-        live: vec![Live { tenant: 1, tier: "reserved".into(), gpus: 1, started_ms: 2 * H }],
+        live: vec![Live { tenant: TenantId(1), tier: "reserved".into(), gpus: 1, started_ms: 2 * H }],
         reservations: vec![ReservationRow {
             id: 1,
-            tenant: 1,
+            tenant: TenantId(1),
             gpu_model: "H100".into(),
             gpus: 1,
             start_ms: 0,
@@ -201,7 +201,7 @@ fn a_series_buckets_what_ran_in_each_and_counts_revenue_where_it_ended() {
         }],
         nodes: vec![(0, 4)],
         now: 2 * H + H / 2,
-        names: BTreeMap::from([(1, "acme".to_string())]),
+        names: BTreeMap::from([(TenantId(1), "acme".to_string())]),
     };
     let series = series(&ledger, H / 2, 3 * H, H);
     // Start, capacity, GPU-hours and revenue by tier, reservations' revenue.
@@ -233,9 +233,9 @@ fn a_series_buckets_what_ran_in_each_and_counts_revenue_where_it_ended() {
 
 fn usage_template() -> UsageRow {
     UsageRow {
-        job: 1,
-        attempt: 1,
-        tenant: 1,
+        job: JobId(1),
+        attempt: Attempt(1),
+        tenant: TenantId(1),
         tier: "preemptible".into(),
         gpu_model: "H100".into(),
         gpus: 1,
@@ -260,9 +260,9 @@ fn a_promoted_attempt_is_billed_at_each_rate_for_its_seconds_and_invoiced_on_two
     // preemptible at $1/GPU-h), ended at 100.5 s (91 seconds in all,
     // 30 of them on-demand at $2/GPU-h).
     let u = meter(Ended {
-        job: 1,
-        attempt: 1,
-        tenant: 1,
+        job: JobId(1),
+        attempt: Attempt(1),
+        tenant: TenantId(1),
         tier: "on-demand",
         gpu_model: "H100",
         gpus: 2,
@@ -345,7 +345,7 @@ fn amounts_past_the_range_saturate_instead_of_overflowing() {
     let (from, to) = period("1970-01-01", "9999-12-28").unwrap();
     let huge = ReservationRow {
         id: 1,
-        tenant: 1,
+        tenant: TenantId(1),
         gpu_model: "H100".into(),
         gpus: u32::MAX,
         start_ms: from,

@@ -153,8 +153,8 @@ impl<S: Store> Engine<S> {
         // The node's attempts, from the core's index of them: every agent
         // registers again after a takeover, and a walk of every job for
         // each made 10,000 registrations take a minute with 100,000 jobs.
-        let on_node: Vec<u64> = match self.core.node_by_name(node) {
-            Some(id) => self.core.node(id).expect("known").jobs().map(|j| j.0).collect(),
+        let on_node: Vec<JobId> = match self.core.node_by_name(node) {
+            Some(id) => self.core.node(id).expect("known").jobs().collect(),
             None => Vec::new(),
         };
         let held: BTreeSet<AttemptRef> = on_node
@@ -542,8 +542,8 @@ impl<S: Store> Engine<S> {
         now: u64,
     ) -> Written {
         let id = attempt.job;
-        if let Err(e) = self.core.checkpointed(JobId(id), Attempt(attempt.attempt), Time(now)) {
-            tracing::warn!(job = id, "checkpoint not taken: {e}");
+        if let Err(e) = self.core.checkpointed(id, attempt.attempt, Time(now)) {
+            tracing::warn!(job = id.0, "checkpoint not taken: {e}");
             return Ok(());
         }
         self.counters.checkpoints += 1;
@@ -552,7 +552,7 @@ impl<S: Store> Engine<S> {
         let checkpoint = ebb_api::Checkpoint {
             at: rfc3339(at_ms),
             at_ms,
-            attempt: attempt.attempt,
+            attempt: attempt.attempt.0,
             step,
             bytes,
             seconds: duration_ms as f64 / 1000.0,
@@ -572,7 +572,7 @@ impl<S: Store> Engine<S> {
                 Span(duration_ms).human(),
                 window.human(),
             );
-            tracing::warn!(job = id, "{message}");
+            tracing::warn!(job = id.0, "{message}");
             let detail = WarningDetail {
                 message,
                 checkpoint_seconds: Some(duration_ms as f64 / 1000.0),

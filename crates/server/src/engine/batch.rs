@@ -110,7 +110,7 @@ impl<S: Store> Engine<S> {
 
     fn check_jobs_against_core(&self) -> Result<(), String> {
         for (id, job) in &self.jobs {
-            let in_core = self.core.job(JobId(*id)).is_some();
+            let in_core = self.core.job(*id).is_some();
             let belongs = !job.state.is_final() && (job.state != JobState::Queued || job.waiting.is_none());
             if in_core != belongs {
                 let waiting = job.waiting.map(|w| w.code().as_str());
@@ -177,9 +177,9 @@ impl<S: Store> Engine<S> {
     /// A tenant's load is its unfinished jobs (and the bytes of finished
     /// ones still kept in memory).
     fn check_tenant_loads(&self) -> Result<(), String> {
-        let kept_finished: BTreeSet<u64> =
-            self.finished_jobs.iter().filter(|(at, _)| *at != 0).map(|(_, id)| *id).collect();
-        let mut load: BTreeMap<u32, (u64, u64, u64, BTreeSet<u64>)> = BTreeMap::new();
+        let kept_finished: BTreeSet<JobId> =
+            self.finished_jobs.iter().filter(|(at, _)| *at != 0).map(|(_, id)| id).collect();
+        let mut load: BTreeMap<TenantId, (u64, u64, u64, BTreeSet<JobId>)> = BTreeMap::new();
         for (id, job) in &self.jobs {
             let entry = load.entry(job.tenant).or_default();
             if job.state.is_final() {
@@ -198,7 +198,7 @@ impl<S: Store> Engine<S> {
                 _ => entry.2 += 1,
             }
         }
-        let tenants: BTreeSet<u32> = load.keys().chain(self.tenants.load.keys()).copied().collect();
+        let tenants: BTreeSet<TenantId> = load.keys().chain(self.tenants.load.keys()).copied().collect();
         for tenant in tenants {
             let summed = load.remove(&tenant).unwrap_or_default();
             let kept = self.tenants.load.get(&tenant).cloned().unwrap_or_default();
@@ -254,25 +254,23 @@ impl<S: Store> Engine<S> {
     /// judged for good, every gang's grace and every finished record kept
     /// has its entry (deadlines and graces are dropped lazily, when due).
     fn check_timer_sets(&self) -> Result<(), String> {
-        let backing_off: BTreeSet<(u64, u64)> = self
-            .jobs
-            .iter()
-            .filter_map(|(id, job)| match (job.state, job.waiting) {
-                (JobState::Queued, Some(Waiting::Backoff { until_ms })) => Some((until_ms, *id)),
-                _ => None,
-            })
-            .collect();
+        let mut backing_off = Due::default();
+        for (id, job) in &self.jobs {
+            if let (JobState::Queued, Some(Waiting::Backoff { until_ms })) = (job.state, job.waiting) {
+                backing_off.insert(until_ms, *id);
+            }
+        }
         if backing_off != self.backoff {
             return Err(format!("back-off set {:?}, the records say {backing_off:?}", self.backoff));
         }
-        let judged: BTreeSet<u64> = self.deadlines.iter().map(|(_, id)| *id).collect();
-        let graced: BTreeSet<(u64, u64)> = self.gang_graces.iter().map(|(at, id)| (*id, *at)).collect();
-        let finished: BTreeSet<u64> = self.finished_jobs.iter().map(|(_, id)| *id).collect();
+        let judged: BTreeSet<JobId> = self.deadlines.iter().map(|(_, id)| id).collect();
+        let graced: BTreeSet<(JobId, u64)> = self.gang_graces.iter().map(|(at, id)| (id, at)).collect();
+        let finished: BTreeSet<JobId> = self.finished_jobs.iter().map(|(_, id)| id).collect();
         for (id, job) in &self.jobs {
-            if let Some(entry) = super::exits::unstarted_entry(job).filter(|(at, ..)| *at > self.now) {
-                if !self.unstarted.contains(&entry) {
+            if let Some(at_ms) = super::exits::unstarted_due(job).filter(|at| *at > self.now) {
+                if !self.unstarted.contains(at_ms, (job.id, job.attempt)) {
                     return Err(format!(
-                        "job {id}: not started by a deadline, and not in the set: {entry:?}"
+                        "job {id}: not started by its deadline, and not due to be ended at {at_ms}"
                     ));
                 }
             }

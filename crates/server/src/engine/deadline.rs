@@ -71,7 +71,7 @@ pub struct Promotion {
     /// The attempt promoted as it ran, and the preemptible rate it ran at
     /// until then (none when the job was promoted in the queue).
     #[serde(default)]
-    pub running: Option<(u32, i64)>,
+    pub running: Option<(Attempt, i64)>,
 }
 
 /// What the estimate says at an instant.
@@ -187,7 +187,7 @@ pub fn status(job: &JobRecord, d: &Deadline, now: u64, drain_window: Span) -> eb
 impl<S: Store> Engine<S> {
     /// Judges job `id`'s deadline again at `now`, promoting it if it no
     /// longer fits, else noting when to judge it next.
-    pub(super) fn judge_deadline(&mut self, id: u64, now: u64) -> Written {
+    pub(super) fn judge_deadline(&mut self, id: JobId, now: u64) -> Written {
         let drain_window = self.config.drain_window;
         let Some(job) = self.jobs.get(&id) else { return Ok(()) };
         let Some(d) = &job.deadline else { return Ok(()) };
@@ -196,13 +196,13 @@ impl<S: Store> Engine<S> {
         }
         let j = judge(job, d, now, drain_window);
         if !j.promote {
-            self.deadlines.insert((j.due_ms, id));
+            self.deadlines.insert(j.due_ms, id);
             return Ok(());
         }
         self.promote(id, j, now)
     }
 
-    fn promote(&mut self, id: u64, j: Judgement, now: u64) -> Written {
+    fn promote(&mut self, id: JobId, j: Judgement, now: u64) -> Written {
         let job = &self.jobs[&id];
         let d = job.deadline.as_ref().expect("a deadline job");
         let fraction = d.progress.map(|p| p.fraction);
@@ -221,7 +221,7 @@ impl<S: Store> Engine<S> {
             ),
         };
         let in_core = job.waiting.is_none();
-        let promoted = if in_core { self.core.promote(JobId(id), Time(now)) } else { Ok(Promoted::Queued) };
+        let promoted = if in_core { self.core.promote(id, Time(now)) } else { Ok(Promoted::Queued) };
         let job = self.jobs.get_mut(&id).expect("checked above");
         let d = job.deadline.as_mut().expect("a deadline job");
         let running = match promoted {
@@ -234,7 +234,7 @@ impl<S: Store> Engine<S> {
             Err(e) => {
                 let first = d.blocked.is_none();
                 d.blocked = Some(e.to_string());
-                self.deadlines.insert((now + RETRY_MS, id));
+                self.deadlines.insert(now + RETRY_MS, id);
                 if first {
                     let message = format!("deadline: promotion to on-demand waits: {e}");
                     self.event(id, Event::Warning(WarningDetail { message, ..Default::default() }))?;
@@ -259,11 +259,7 @@ impl<S: Store> Engine<S> {
 
     /// Judges the deadlines that are due.
     pub(super) fn check_deadlines(&mut self, now: u64) -> Written {
-        while let Some(&(due_ms, id)) = self.deadlines.first() {
-            if due_ms > now {
-                return Ok(());
-            }
-            self.deadlines.pop_first();
+        while let Some((_, id)) = self.deadlines.pop_due(now) {
             self.judge_deadline(id, now)?;
         }
         Ok(())
@@ -272,7 +268,7 @@ impl<S: Store> Engine<S> {
     /// The live attempt reported `fraction` done at `at_ms`.
     pub(super) fn progressed(&mut self, attempt: AttemptRef, fraction: f64, at_ms: u64, now: u64) -> Written {
         if !fraction.is_finite() || !(0.0..=1.0).contains(&fraction) {
-            tracing::warn!(job = attempt.job, "progress {fraction} is not a fraction from 0 to 1: ignored");
+            tracing::warn!(job = attempt.job.0, "progress {fraction} is not a fraction from 0 to 1: ignored");
             return Ok(());
         }
         let job = self.jobs.get_mut(&attempt.job).expect("live attempt");
@@ -284,7 +280,7 @@ impl<S: Store> Engine<S> {
     }
 
     /// The live attempt of job `id` ran until `end_ms`: its run time counts.
-    pub(super) fn deadline_attempt_ended(&mut self, id: u64, end_ms: u64) {
+    pub(super) fn deadline_attempt_ended(&mut self, id: JobId, end_ms: u64) {
         let job = self.jobs.get_mut(&id).expect("live attempt");
         if let (Some(d), Some(started)) = (job.deadline.as_mut(), job.run_started_ms) {
             d.ran_ms = d.ran_ms.saturating_add(end_ms.saturating_sub(started));
@@ -301,7 +297,8 @@ mod tests {
 
     fn job(state: JobState, run_started_ms: Option<u64>) -> JobRecord {
         let spec = ebb_api::JobSubmission { argv: vec!["train".into()], ..Default::default() };
-        let mut job = JobRecord::queued(7, 1, StoredSpec::from(spec), Tier::Preemptible, 1, 15, 0);
+        let mut job =
+            JobRecord::queued(JobId(7), TenantId(1), StoredSpec::from(spec), Tier::Preemptible, 1, 15, 0);
         job.state = state;
         job.run_started_ms = run_started_ms;
         job
@@ -368,7 +365,7 @@ mod tests {
         let s = status(&running, &d, 0, WINDOW);
         assert_eq!(s.state, "on_track");
         assert!(s.summary.starts_with("on track: 62% done, needs 3h 03m of 7h 00m left"), "{}", s.summary);
-        d.promoted = Some(Promotion { at_ms: 0, why: "62% done".into(), running: Some((1, 1)) });
+        d.promoted = Some(Promotion { at_ms: 0, why: "62% done".into(), running: Some((Attempt(1), 1)) });
         assert_eq!(status(&running, &d, H, WINDOW).summary, "promoted to on-demand 1h 00m ago: 62% done");
         assert_eq!(status(&running, &d, 8 * H, WINDOW).state, "missed");
         let mut done = job(JobState::Succeeded, None);

@@ -257,7 +257,7 @@ impl<S: Store> Engine<S> {
     /// Up to 1 MiB of a job's committed log from `offset`: from the store,
     /// or the path of a log that is a file; with the attempts each piece
     /// came from when `sources`.
-    fn log_file(&mut self, id: u64, offset: u64, sources: bool) -> Written<LogFile> {
+    fn log_file(&mut self, id: JobId, offset: u64, sources: bool) -> Written<LogFile> {
         let state = self.log_state(id)?;
         let committed = state.bytes;
         let to = committed.min(offset.saturating_add(1 << 20));

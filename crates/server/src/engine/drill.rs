@@ -30,7 +30,7 @@ const KILL_TOLERANCE_MS: u64 = 1_000;
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct DrillRecord {
     /// The attempt given the notice, and its nodes.
-    pub attempt: u32,
+    pub attempt: Attempt,
     pub nodes: Vec<String>,
     pub notice_at_ms: u64,
     pub deadline_ms: u64,
@@ -65,7 +65,7 @@ pub struct DrillExit {
 /// The attempt after the drilled one.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct NextAttempt {
-    pub attempt: u32,
+    pub attempt: Attempt,
     pub node: String,
     #[serde(default)]
     pub started_ms: Option<u64>,
@@ -80,7 +80,7 @@ pub struct Resume {
 
 /// The end of an attempt, as the drill needs to know it.
 pub(super) struct AttemptEnd {
-    pub attempt: u32,
+    pub attempt: Attempt,
     pub effect: ExitEffect,
     pub at_ms: u64,
     pub code: Option<i32>,
@@ -93,7 +93,7 @@ pub(super) struct AttemptEnd {
 const SIGKILL: i32 = 9;
 
 impl DrillRecord {
-    pub fn new(attempt: u32, nodes: Vec<String>, notice_at_ms: u64, deadline_ms: u64) -> DrillRecord {
+    pub fn new(attempt: Attempt, nodes: Vec<String>, notice_at_ms: u64, deadline_ms: u64) -> DrillRecord {
         DrillRecord { attempt, nodes, notice_at_ms, deadline_ms, ..DrillRecord::default() }
     }
 
@@ -184,7 +184,7 @@ impl DrillRecord {
         }
         if exit.lost_ms > LOST_WORK_TOLERANCE.0 {
             let since = match &self.checkpoint {
-                Some(c) if c.attempt == self.attempt => match c.step {
+                Some(c) if c.attempt == self.attempt.0 => match c.step {
                     Some(step) => format!("its checkpoint of step {step}"),
                     None => "its last checkpoint".to_string(),
                 },
@@ -196,7 +196,7 @@ impl DrillRecord {
     }
 
     /// The job was placed again after the drilled attempt was requeued.
-    pub(super) fn placed(&mut self, attempt: u32, node: &str) {
+    pub(super) fn placed(&mut self, attempt: Attempt, node: &str) {
         let requeued = self.exit.as_ref().is_some_and(|e| e.requeued);
         if self.is_open() && requeued && self.next.is_none() {
             self.next = Some(NextAttempt { attempt, node: node.to_string(), started_ms: None });
@@ -205,7 +205,7 @@ impl DrillRecord {
 
     /// The next attempt started (its first node did). With nothing saved
     /// there is nothing to resume from: the drill ends here.
-    pub(super) fn started(&mut self, attempt: u32, at_ms: u64, now: u64) {
+    pub(super) fn started(&mut self, attempt: Attempt, at_ms: u64, now: u64) {
         let Some(next) = self.next.as_mut().filter(|n| n.attempt == attempt) else { return };
         next.started_ms.get_or_insert(at_ms);
         if self.is_open() && self.checkpoint.is_none() {
@@ -214,7 +214,7 @@ impl DrillRecord {
     }
 
     /// The next attempt says it resumed, from `step` if it said which.
-    pub(super) fn resumed(&mut self, attempt: u32, step: Option<u64>, at_ms: u64, now: u64) {
+    pub(super) fn resumed(&mut self, attempt: Attempt, step: Option<u64>, at_ms: u64, now: u64) {
         if !self.is_open() || self.next.as_ref().is_none_or(|n| n.attempt != attempt) {
             return;
         }
@@ -231,7 +231,7 @@ impl DrillRecord {
 
     /// The next attempt reported a checkpoint before any resume: one not
     /// past the saved step shows it started over.
-    pub(super) fn checkpointed(&mut self, attempt: u32, step: Option<u64>, now: u64) {
+    pub(super) fn checkpointed(&mut self, attempt: Attempt, step: Option<u64>, now: u64) {
         if !self.is_open() || self.next.as_ref().is_none_or(|n| n.attempt != attempt) {
             return;
         }
@@ -268,7 +268,7 @@ impl DrillRecord {
         let since_notice = |ms: u64| (ms as f64 - self.notice_at_ms as f64) / 1000.0;
         let exit = self.exit.as_ref();
         ebb_api::Drill {
-            attempt: self.attempt,
+            attempt: self.attempt.0,
             nodes: self.nodes.clone(),
             notice_at: rfc3339(self.notice_at_ms),
             notice_at_ms: self.notice_at_ms,
@@ -290,7 +290,7 @@ impl DrillRecord {
             margin_seconds: exit.map(|e| (self.deadline_ms as f64 - e.at_ms as f64) / 1000.0),
             lost_seconds: exit.map(|e| e.lost_ms as f64 / 1000.0),
             requeued: exit.is_some_and(|e| e.requeued),
-            next_attempt: self.next.as_ref().map(|n| n.attempt),
+            next_attempt: self.next.as_ref().map(|n| n.attempt.0),
             next_node: self.next.as_ref().map(|n| n.node.clone()),
             next_started_at: self.next.as_ref().and_then(|n| n.started_ms).map(rfc3339),
             next_started_ms: self.next.as_ref().and_then(|n| n.started_ms),
@@ -320,7 +320,7 @@ fn ended_how(effect: ExitEffect) -> &'static str {
 impl<S: Store> Engine<S> {
     /// Starts a drill of job `id`: the core gives it its notice, and the
     /// record, the agents and the timeline are told as for any drain.
-    pub(super) fn drill(&mut self, principal: &Principal, id: u64, now: u64) -> Result<ebb_api::Job, Fail> {
+    pub(super) fn drill(&mut self, principal: &Principal, id: JobId, now: u64) -> Result<ebb_api::Job, Fail> {
         self.visible(principal, id)?;
         let job = &self.jobs[&id];
         if job.tier != Tier::Preemptible {
@@ -350,14 +350,14 @@ impl<S: Store> Engine<S> {
             }
         }
         let window = self.sched.drain_window;
-        let drain = self.core.drill(JobId(id), Time(now), window).map_err(|e| match e {
+        let drain = self.core.drill(id, Time(now), window).map_err(|e| match e {
             ebb_scheduler::StateError::Invalid(m) => Refusal::unacceptable(m),
             other => Refusal::conflict(other.to_string()),
         })?;
         self.drill_changed(id, |d| d.abandoned("a new drill began", now))?;
         let job = self.jobs.get_mut(&id).expect("visible");
         let nodes = job.running_on.clone();
-        job.drill = Some(Box::new(DrillRecord::new(drain.attempt.0, nodes.clone(), now, drain.deadline.0)));
+        job.drill = Some(Box::new(DrillRecord::new(drain.attempt, nodes.clone(), now, drain.deadline.0)));
         let detail = DrillNotice {
             attempt: drain.attempt.0,
             nodes,
@@ -373,7 +373,7 @@ impl<S: Store> Engine<S> {
     /// Moves job `id`'s open drill by `change`; if that concludes it,
     /// the `drill` event with the report. Saving the record is the
     /// caller's.
-    pub(super) fn drill_changed(&mut self, id: u64, change: impl FnOnce(&mut DrillRecord)) -> Written {
+    pub(super) fn drill_changed(&mut self, id: JobId, change: impl FnOnce(&mut DrillRecord)) -> Written {
         let Some(drill) = self.jobs.get_mut(&id).and_then(|j| j.drill.as_mut()).filter(|d| d.is_open())
         else {
             return Ok(());
@@ -387,13 +387,13 @@ impl<S: Store> Engine<S> {
             Some("ready") => self.counters.drills_ready += 1,
             _ => self.counters.drills_failed += 1,
         }
-        tracing::info!(job = id, verdict = report.verdict.as_deref(), failures = ?report.failures, "drill concluded");
+        tracing::info!(job = id.0, verdict = report.verdict.as_deref(), failures = ?report.failures, "drill concluded");
         self.event(id, Event::Drill(DrillDetail::Verdict(Box::new(report))))
     }
 
     /// What the drill of job `id` needs to know of its live attempt's end
     /// at `end_ms` with `effect`, taken before the record forgets it.
-    pub(super) fn drill_attempt_end(&self, id: u64, effect: ExitEffect, end_ms: u64) -> AttemptEnd {
+    pub(super) fn drill_attempt_end(&self, id: JobId, effect: ExitEffect, end_ms: u64) -> AttemptEnd {
         let job = &self.jobs[&id];
         AttemptEnd {
             attempt: job.attempt,
@@ -415,16 +415,23 @@ mod tests {
     const DEADLINE: u64 = 110_000;
 
     fn drill() -> DrillRecord {
-        DrillRecord::new(1, vec!["node-0".into()], NOTICE, DEADLINE)
+        DrillRecord::new(Attempt(1), vec!["node-0".into()], NOTICE, DEADLINE)
     }
 
-    fn checkpoint(attempt: u32, at_ms: u64, step: u64) -> Option<ebb_api::Checkpoint> {
+    fn checkpoint(attempt: Attempt, at_ms: u64, step: u64) -> Option<ebb_api::Checkpoint> {
         let at = rfc3339(at_ms);
-        Some(ebb_api::Checkpoint { at, at_ms, attempt, step: Some(step), bytes: None, seconds: 0.1 })
+        Some(ebb_api::Checkpoint {
+            at,
+            at_ms,
+            attempt: attempt.0,
+            step: Some(step),
+            bytes: None,
+            seconds: 0.1,
+        })
     }
 
-    fn end(attempt: u32, at_ms: u64, code: Option<i32>, signal: Option<i32>, lost_ms: u64) -> AttemptEnd {
-        let saved = checkpoint(1, NOTICE + 500, 7);
+    fn end(attempt: Attempt, at_ms: u64, code: Option<i32>, signal: Option<i32>, lost_ms: u64) -> AttemptEnd {
+        let saved = checkpoint(Attempt(1), NOTICE + 500, 7);
         AttemptEnd { attempt, effect: ExitEffect::Drilled, at_ms, code, signal, lost_ms, saved }
     }
 
@@ -432,9 +439,9 @@ mod tests {
     /// ready job does up to its resume report.
     fn exited_and_restarted() -> DrillRecord {
         let mut d = drill();
-        d.attempt_ended(end(1, NOTICE + 600, Some(0), None, 100), NOTICE + 700);
-        d.placed(2, "node-1");
-        d.started(2, NOTICE + 800, NOTICE + 900);
+        d.attempt_ended(end(Attempt(1), NOTICE + 600, Some(0), None, 100), NOTICE + 700);
+        d.placed(Attempt(2), "node-1");
+        d.started(Attempt(2), NOTICE + 800, NOTICE + 900);
         d
     }
 
@@ -442,7 +449,7 @@ mod tests {
     fn a_job_that_saves_exits_in_the_window_and_resumes_from_its_step_is_ready() {
         let mut d = exited_and_restarted();
         assert!(d.is_open(), "open until the resume");
-        d.resumed(2, Some(7), NOTICE + 1_000, NOTICE + 1_100);
+        d.resumed(Attempt(2), Some(7), NOTICE + 1_000, NOTICE + 1_100);
         assert_eq!((d.verdict(), d.failures.as_slice()), (Some("ready"), &[][..]));
         let view = d.view();
         assert_eq!(view.exit.as_deref(), Some("exited with code 0"));
@@ -457,16 +464,16 @@ mod tests {
         );
         assert_eq!(view.window_seconds, 10.0);
         // Reports after the verdict change nothing.
-        d.checkpointed(2, Some(1), NOTICE + 2_000);
+        d.checkpointed(Attempt(2), Some(1), NOTICE + 2_000);
         assert_eq!(d.verdict(), Some("ready"));
     }
 
     #[test]
     fn a_job_killed_at_the_deadline_exceeded_the_window_and_lost_its_work_since_the_checkpoint() {
         let mut d = drill();
-        d.attempt_ended(end(1, DEADLINE + 20, None, Some(9), 9_500), DEADLINE + 30);
-        d.placed(2, "node-0");
-        d.resumed(2, Some(7), DEADLINE + 500, DEADLINE + 600);
+        d.attempt_ended(end(Attempt(1), DEADLINE + 20, None, Some(9), 9_500), DEADLINE + 30);
+        d.placed(Attempt(2), "node-0");
+        d.resumed(Attempt(2), Some(7), DEADLINE + 500, DEADLINE + 600);
         assert_eq!(d.verdict(), Some("failed"));
         assert_eq!(
             d.failures,
@@ -483,19 +490,19 @@ mod tests {
     #[test]
     fn an_exit_after_the_deadline_without_a_kill_exceeded_the_window_too() {
         let mut d = drill();
-        d.attempt_ended(end(1, DEADLINE + 1_500, Some(0), None, 0), DEADLINE + 1_600);
+        d.attempt_ended(end(Attempt(1), DEADLINE + 1_500, Some(0), None, 0), DEADLINE + 1_600);
         assert_eq!(d.failures, ["exceeded the window: exited 1.5s after the deadline"]);
     }
 
     #[test]
     fn without_any_checkpoint_the_drill_ends_when_the_next_attempt_starts() {
         let mut d = drill();
-        let mut nothing = end(1, NOTICE + 300, Some(1), None, 40_000);
+        let mut nothing = end(Attempt(1), NOTICE + 300, Some(1), None, 40_000);
         nothing.saved = None;
         d.attempt_ended(nothing, NOTICE + 400);
-        d.placed(2, "node-0");
+        d.placed(Attempt(2), "node-0");
         assert!(d.is_open());
-        d.started(2, NOTICE + 500, NOTICE + 600);
+        d.started(Attempt(2), NOTICE + 500, NOTICE + 600);
         assert_eq!(d.verdict(), Some("failed"));
         assert_eq!(
             d.failures,
@@ -510,13 +517,13 @@ mod tests {
     fn a_next_attempt_that_starts_over_did_not_resume() {
         // It says so.
         let mut d = exited_and_restarted();
-        d.resumed(2, Some(0), NOTICE + 1_000, NOTICE + 1_000);
+        d.resumed(Attempt(2), Some(0), NOTICE + 1_000, NOTICE + 1_000);
         assert_eq!(d.failures, ["did not resume: attempt 2 resumed from step 0, not from the saved step 7"]);
         // It checkpoints a step not past the saved one without saying.
         let mut d = exited_and_restarted();
-        d.checkpointed(2, Some(8), NOTICE + 1_000);
+        d.checkpointed(Attempt(2), Some(8), NOTICE + 1_000);
         assert!(d.is_open(), "a step past the saved one proves nothing either way");
-        d.checkpointed(2, Some(1), NOTICE + 2_000);
+        d.checkpointed(Attempt(2), Some(1), NOTICE + 2_000);
         assert_eq!(d.verdict(), Some("failed"));
         assert!(
             d.failures[0].starts_with("did not resume: attempt 2 reported a checkpoint of step 1"),
@@ -525,13 +532,13 @@ mod tests {
         );
         // It ends without a word.
         let mut d = exited_and_restarted();
-        let mut ended = end(2, NOTICE + 3_000, Some(1), None, 0);
+        let mut ended = end(Attempt(2), NOTICE + 3_000, Some(1), None, 0);
         ended.effect = ExitEffect::Failed;
         d.attempt_ended(ended, NOTICE + 3_000);
         assert_eq!(d.failures, ["did not resume: attempt 2 failed without reporting a resume"]);
         // The job is cancelled while it waits to start again.
         let mut d = drill();
-        d.attempt_ended(end(1, NOTICE + 600, Some(0), None, 100), NOTICE + 700);
+        d.attempt_ended(end(Attempt(1), NOTICE + 600, Some(0), None, 100), NOTICE + 700);
         d.abandoned("the job was cancelled", NOTICE + 800);
         assert_eq!(
             d.failures,
@@ -542,7 +549,7 @@ mod tests {
     #[test]
     fn a_drilled_attempt_that_finishes_or_is_lost_is_not_requeued() {
         let mut d = drill();
-        let mut finished = end(1, NOTICE + 600, Some(0), None, 0);
+        let mut finished = end(Attempt(1), NOTICE + 600, Some(0), None, 0);
         finished.effect = ExitEffect::Finished;
         d.attempt_ended(finished, NOTICE + 700);
         assert_eq!(
@@ -550,7 +557,7 @@ mod tests {
             (Some("failed"), &["not requeued: the attempt finished the job".to_string()][..])
         );
         let mut d = drill();
-        let mut lost = end(1, NOTICE + 600, None, None, 0);
+        let mut lost = end(Attempt(1), NOTICE + 600, None, None, 0);
         lost.effect = ExitEffect::RequeuedLost;
         d.attempt_ended(lost, NOTICE + 700);
         assert_eq!(d.failures, ["not requeued: the attempt was lost with its node"]);
@@ -560,18 +567,18 @@ mod tests {
     #[test]
     fn a_resume_without_a_step_counts_and_a_step_past_the_saved_one_counts() {
         let mut d = exited_and_restarted();
-        d.resumed(2, None, NOTICE + 1_000, NOTICE + 1_000);
+        d.resumed(Attempt(2), None, NOTICE + 1_000, NOTICE + 1_000);
         assert_eq!(d.verdict(), Some("ready"));
         let mut d = exited_and_restarted();
-        d.resumed(2, Some(9), NOTICE + 1_000, NOTICE + 1_000);
+        d.resumed(Attempt(2), Some(9), NOTICE + 1_000, NOTICE + 1_000);
         assert_eq!(d.verdict(), Some("ready"));
     }
 
     #[test]
     fn reports_of_other_attempts_are_not_the_resume() {
         let mut d = exited_and_restarted();
-        d.resumed(3, Some(7), NOTICE + 1_000, NOTICE + 1_000);
-        d.checkpointed(1, Some(0), NOTICE + 1_000);
+        d.resumed(Attempt(3), Some(7), NOTICE + 1_000, NOTICE + 1_000);
+        d.checkpointed(Attempt(1), Some(0), NOTICE + 1_000);
         assert!(d.is_open() && d.resumed.is_none());
     }
 }

@@ -362,9 +362,10 @@ mod tests {
     /// agent, checkpointed at 5,000, at $2.00 (preemptible $1.00) per GPU-hour.
     fn running() -> JobRecord {
         let spec = ebb_api::JobSubmission { argv: vec!["train".into()], ..Default::default() };
-        let mut job = JobRecord::queued(7, 1, StoredSpec::from(spec), Tier::Preemptible, 2, 15, 0);
+        let mut job =
+            JobRecord::queued(JobId(7), TenantId(1), StoredSpec::from(spec), Tier::Preemptible, 2, 15, 0);
         job.state = JobState::Running;
-        job.attempt = 3;
+        job.attempt = Attempt(3);
         job.placement = vec![("a".into(), vec![0, 1])];
         job.running_on = vec!["a".into()];
         job.started_on = vec!["a".into()];
@@ -403,7 +404,7 @@ mod tests {
         // A record of an older server, cancelled without a notice.
         job.cancel_notice = None;
         assert_eq!(cancel_deadline(&job, 0, 20_500), None);
-        let a = AttemptRef { job: 7, attempt: 3 };
+        let a = AttemptRef { job: JobId(7), attempt: Attempt(3) };
         assert_eq!(
             cancel_stop(&job, a, 20_500),
             Action::Stop { attempt: a, grace_ms: STOP_GRACE_MS, notice: None }
@@ -436,7 +437,10 @@ mod tests {
         assert_eq!(ended.lost_gpu_ms, 2 * 4_000);
         assert!(ended.preempted);
         let usage = ended.usage.expect("metered");
-        assert_eq!((usage.job, usage.attempt, usage.started_ms, usage.ended_ms), (7, 3, 2_000, 9_000));
+        assert_eq!(
+            (usage.job, usage.attempt, usage.started_ms, usage.ended_ms),
+            (JobId(7), Attempt(3), 2_000, 9_000)
+        );
         assert_eq!(usage.outcome, "preempted");
         assert_eq!((job.preemptions, job.lost_gpu_ms), (1, 8_000));
         assert!(job.placement.is_empty() && job.running_on.is_empty() && job.drain.is_none());

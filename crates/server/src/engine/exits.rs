@@ -12,7 +12,7 @@ pub const UNSTARTED_GRACE_MS: u64 = 5_000;
 /// Where `job`'s live attempt, drained or cancelled and not yet started,
 /// is due to be ended by the server; None if it started, or has no
 /// notice.
-pub(super) fn unstarted_entry(job: &JobRecord) -> Option<(u64, u64, u32)> {
+pub(super) fn unstarted_due(job: &JobRecord) -> Option<u64> {
     if job.run_started_ms.is_some() || job.running_on.is_empty() || !job.state.is_live() {
         return None;
     }
@@ -22,7 +22,7 @@ pub(super) fn unstarted_entry(job: &JobRecord) -> Option<(u64, u64, u32)> {
         (Some(d), Some(c)) => d.min(c),
         (d, c) => d.or(c)?,
     };
-    Some((deadline.saturating_add(UNSTARTED_GRACE_MS), job.id, job.attempt))
+    Some(deadline.saturating_add(UNSTARTED_GRACE_MS))
 }
 
 impl<S: Store> Engine<S> {
@@ -85,10 +85,10 @@ impl<S: Store> Engine<S> {
             return self.others_running(id, node, (code, signal, vanished, ended_by), part_ok, now);
         }
         let kind = exit_kind(job, completed, self.config.limits.max_requeues);
-        let effect = match self.core.exited(JobId(id), Attempt(attempt.attempt), kind) {
+        let effect = match self.core.exited(id, attempt.attempt, kind) {
             Ok(effect) => effect,
             Err(e) => {
-                tracing::error!(job = id, "core refused the exit: {e}");
+                tracing::error!(job = id.0, "core refused the exit: {e}");
                 return self.save(id);
             }
         };
@@ -106,7 +106,7 @@ impl<S: Store> Engine<S> {
     /// are done).
     fn others_running(
         &mut self,
-        id: u64,
+        id: JobId,
         node: &str,
         (code, signal, vanished, ended_by): (Option<i32>, Option<i32>, bool, Option<EndedBy>),
         part_ok: bool,
@@ -124,7 +124,7 @@ impl<S: Store> Engine<S> {
             if job.gang_grace_until.is_none() {
                 let until_ms = now.saturating_add(self.config.gang_exit_grace.as_millis());
                 self.jobs.get_mut(&id).expect("live attempt").gang_grace_until = Some(until_ms);
-                self.gang_graces.insert((until_ms, id));
+                self.gang_graces.insert(until_ms, id);
             }
         } else {
             let why = match (code, signal, vanished) {
@@ -150,7 +150,7 @@ impl<S: Store> Engine<S> {
     /// The gang's rendezvous port was taken on `node` by another program:
     /// no gang gets it there again, and this attempt is requeued once its
     /// parts have ended (a failure to meet is not the job's).
-    fn port_taken(&mut self, id: u64, node: &str, port: u16) {
+    fn port_taken(&mut self, id: JobId, node: &str, port: u16) {
         let addr =
             self.fleet.nodes.get(node).and_then(|n| n.address.clone()).unwrap_or_else(|| node.to_string());
         let taken = self.fleet.busy_ports.entry(addr).or_default();
@@ -162,13 +162,13 @@ impl<S: Store> Engine<S> {
         }
         let why =
             format!("the rendezvous port {port} (MASTER_PORT) is in use on node {node} by another program");
-        tracing::warn!(job = id, node, port, "{why}; the gang is requeued with another port");
+        tracing::warn!(job = id.0, node, port, "{why}; the gang is requeued with another port");
         self.jobs.get_mut(&id).expect("live attempt").rendezvous_failed = Some(why);
     }
 
     /// Stops the parts of gang `id` still running, for `why`: the attempt
     /// has failed, whatever they exit with.
-    fn stop_gang(&mut self, id: u64, why: String) -> Written {
+    fn stop_gang(&mut self, id: JobId, why: String) -> Written {
         let job = self.jobs.get_mut(&id).expect("live attempt");
         let attempt = AttemptRef { job: id, attempt: job.attempt };
         job.gang_stopped = Some(why.clone());
@@ -181,11 +181,7 @@ impl<S: Store> Engine<S> {
     /// Gangs whose grace after a part's exit 0 has run out with parts
     /// still running: those are stopped, and the attempt fails.
     pub(super) fn end_gang_graces(&mut self, now: u64) -> Written {
-        while let Some(&(until_ms, id)) = self.gang_graces.first() {
-            if until_ms > now {
-                break;
-            }
-            self.gang_graces.pop_first();
+        while let Some((until_ms, id)) = self.gang_graces.pop_due(now) {
             let Some(job) = self.jobs.get(&id) else { continue };
             if !job.state.is_live() || job.gang_grace_until != Some(until_ms) || job.running_on.is_empty() {
                 continue;
@@ -207,20 +203,16 @@ impl<S: Store> Engine<S> {
     /// waits. A start the agent reports later is a stale attempt's, and
     /// killed.
     pub(super) fn end_unstarted(&mut self, now: u64) -> Written {
-        while let Some(&(until_ms, id, attempt)) = self.unstarted.first() {
-            if until_ms > now {
-                break;
-            }
-            self.unstarted.pop_first();
+        while let Some((until_ms, (id, attempt))) = self.unstarted.pop_due(now) {
             let Some(job) = self.jobs.get(&id) else { continue };
-            if job.attempt != attempt || unstarted_entry(job) != Some((until_ms, id, attempt)) {
+            if job.attempt != attempt || unstarted_due(job) != Some(until_ms) {
                 continue; // it started, ended, or has another deadline
             }
             let deadline = until_ms - UNSTARTED_GRACE_MS;
             let why =
                 "not started by its deadline (its node was still preparing it, e.g. pulling its image): \
                        ended by the server";
-            tracing::warn!(job = id, attempt, "{why}");
+            tracing::warn!(job = id.0, attempt = attempt.0, "{why}");
             let a = AttemptRef { job: id, attempt };
             for node in job.running_on.clone() {
                 self.outbox.push(&node, Action::Stop { attempt: a, grace_ms: 0, notice: None });
@@ -239,7 +231,7 @@ impl<S: Store> Engine<S> {
     /// `note` in its detail), the tenant's load and a restart's back-off.
     pub(super) fn ended(
         &mut self,
-        id: u64,
+        id: JobId,
         effect: ExitEffect,
         end_ms: u64,
         now: u64,
@@ -266,14 +258,14 @@ impl<S: Store> Engine<S> {
         self.counters.preempted += u64::from(ended.preempted);
         if ended.backoff_ms > 0 {
             // Out of the core's queue until the back-off is over.
-            match self.core.cancel(JobId(id)) {
+            match self.core.cancel(id) {
                 Ok(()) => {
                     let until_ms = now.saturating_add(ended.backoff_ms);
                     self.jobs.get_mut(&id).expect("live attempt").waiting =
                         Some(Waiting::Backoff { until_ms });
-                    self.backoff.insert((until_ms, id));
+                    self.backoff.insert(until_ms, id);
                 }
-                Err(e) => tracing::error!(job = id, "restart back-off not applied: {e}"),
+                Err(e) => tracing::error!(job = id.0, "restart back-off not applied: {e}"),
             }
         }
         note.add_to(&mut ended.event);
@@ -290,7 +282,7 @@ impl<S: Store> Engine<S> {
                 Ok(_) => Ok(()),
                 Err(Fail::Store(e)) => Err(e),
                 Err(Fail::Refused(e)) => {
-                    tracing::error!(job = id, "its cancel could not stand: {}", e.message);
+                    tracing::error!(job = id.0, "its cancel could not stand: {}", e.message);
                     Ok(())
                 }
             };

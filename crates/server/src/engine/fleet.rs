@@ -9,7 +9,7 @@ impl<S: Store> Engine<S> {
     /// The core released every hold on `node` (lost or drained): so does
     /// the record.
     pub(super) fn forget_holds_on(&mut self, node: &str) -> Written {
-        let holders: Vec<u64> =
+        let holders: Vec<JobId> =
             self.jobs.values().filter(|j| j.held.iter().any(|(n, _)| n == node)).map(|j| j.id).collect();
         for id in holders {
             let job = self.jobs.get_mut(&id).expect("known job");
@@ -155,13 +155,8 @@ impl<S: Store> Engine<S> {
              delete the agent's node.credential and restart it with the join token"
         );
         let revoked = self.revoke(|p| p.scope == Scope::Node && p.node.as_deref() == Some(name), &why)?;
-        let requeued: Vec<u64> = self
-            .core
-            .lose_node(id)
-            .map_err(|e| Refusal::internal(e.to_string()))?
-            .into_iter()
-            .map(|j| j.0)
-            .collect();
+        let requeued: Vec<JobId> =
+            self.core.lose_node(id).map_err(|e| Refusal::internal(e.to_string()))?.into_iter().collect();
         self.node_gone(name, &requeued, "removed by the operator", now)?;
         if let Some(row) = self.fleet.nodes.get(name) {
             let row = NodeRow { removed: true, ..row.clone() };
@@ -171,6 +166,7 @@ impl<S: Store> Engine<S> {
             channel.commands.clear();
         }
         tracing::warn!(node = name, ?requeued, "node removed by the operator; its credential is revoked");
+        let requeued = requeued.iter().map(|j| j.0).collect();
         Ok(ebb_api::NodeRemoved { node: name.to_string(), requeued, credential_revoked: revoked > 0 })
     }
 
@@ -179,7 +175,7 @@ impl<S: Store> Engine<S> {
     /// it: their records follow. The node's processes are taken to have
     /// run until it was last heard from (before this server started, if
     /// not since), and are metered to there.
-    pub(super) fn node_gone(&mut self, name: &str, requeued: &[u64], why: &str, now: u64) -> Written {
+    pub(super) fn node_gone(&mut self, name: &str, requeued: &[JobId], why: &str, now: u64) -> Written {
         tracing::warn!(node = name, "node lost: {why}");
         self.node_webhooks(name, "node_lost", why)?;
         self.unquiet(name);

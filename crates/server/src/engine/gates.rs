@@ -43,7 +43,7 @@ impl Condition {
 /// A job's dependencies as it was submitted with them.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct After {
-    pub on: Vec<(Condition, u64)>,
+    pub on: Vec<(Condition, JobId)>,
     /// `singleton`: after every earlier unfinished job of the tenant with
     /// its name (those are in `on` as `afterany`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -77,7 +77,7 @@ pub fn parse_after(text: &str) -> Result<After, String> {
         let mut any = false;
         for id in words {
             let id: u64 = id.parse().map_err(|_| format!("{part:?}: {id:?} is not a job id"))?;
-            after.on.push((condition, id));
+            after.on.push((condition, JobId(id)));
             any = true;
         }
         if !any {
@@ -97,22 +97,22 @@ pub(super) struct ArrayGate {
     /// Its tasks past the gate and not finished.
     pub active: u64,
     /// Its tasks at the gate, by id (index order).
-    pub waiting: BTreeSet<u64>,
+    pub waiting: BTreeSet<JobId>,
 }
 
 /// Who waits on what.
 #[derive(Default)]
 pub(super) struct Gates {
     /// Jobs whose dependencies name each unfinished job.
-    pub dependents: BTreeMap<u64, BTreeSet<u64>>,
-    pub arrays: BTreeMap<u64, ArrayGate>,
+    pub dependents: BTreeMap<JobId, BTreeSet<JobId>>,
+    pub arrays: BTreeMap<JobId, ArrayGate>,
 }
 
 /// Where a job's dependencies stand.
 enum Standing {
     Met,
     /// Waiting on these unfinished jobs.
-    Waiting(Vec<u64>),
+    Waiting(Vec<JobId>),
     /// One can never hold: why.
     Never(String),
 }
@@ -120,7 +120,7 @@ enum Standing {
 impl<S: Store> Engine<S> {
     /// The state of job `id` for a dependency: from memory, or the store
     /// for a finished job that left it; `None` if the tenant has no such job.
-    fn state_for_dependency(&mut self, tenant: u32, id: u64) -> Result<Option<JobState>, StoreError> {
+    fn state_for_dependency(&mut self, tenant: TenantId, id: JobId) -> Result<Option<JobState>, StoreError> {
         if let Some(job) = self.jobs.get(&id) {
             return Ok((job.tenant == tenant).then_some(job.state));
         }
@@ -128,7 +128,7 @@ impl<S: Store> Engine<S> {
         Ok(stored.filter(|j| j.tenant == tenant).map(|j| j.state))
     }
 
-    fn standing(&mut self, tenant: u32, after: &After) -> Result<Standing, StoreError> {
+    fn standing(&mut self, tenant: TenantId, after: &After) -> Result<Standing, StoreError> {
         let mut waiting = Vec::new();
         for &(condition, id) in &after.on {
             match self.state_for_dependency(tenant, id)? {
@@ -156,13 +156,18 @@ impl<S: Store> Engine<S> {
     /// `singleton` made a dependency on each earlier unfinished job of the
     /// tenant's with its name. One that names a job the tenant does not
     /// have, or can never hold, is refused.
-    pub(super) fn check_after(&mut self, tenant: u32, text: &str, name: Option<&str>) -> Result<After, Fail> {
+    pub(super) fn check_after(
+        &mut self,
+        tenant: TenantId,
+        text: &str,
+        name: Option<&str>,
+    ) -> Result<After, Fail> {
         let mut after = parse_after(text).map_err(|e| Refusal::unacceptable(format!("after: {e}")))?;
         if after.singleton {
             let name =
                 name.ok_or_else(|| Refusal::unacceptable("after: singleton needs a job name".into()))?;
             // Rare by nature (a tenant's singleton submits): a scan.
-            let earlier: Vec<u64> = self
+            let earlier: Vec<JobId> = self
                 .jobs
                 .values()
                 .filter(|j| j.tenant == tenant && !j.state.is_final() && j.spec.name.as_deref() == Some(name))
@@ -201,7 +206,7 @@ impl<S: Store> Engine<S> {
 
     /// Puts a new job (in the table, queued, in no gate yet) through its
     /// gates: it waits at the first that is closed, or is admitted.
-    pub(super) fn enter(&mut self, id: u64) -> Result<(), Fail> {
+    pub(super) fn enter(&mut self, id: JobId) -> Result<(), Fail> {
         let job = &self.jobs[&id];
         let tenant = job.tenant;
         if let Some(after) = job.spec.after.clone() {
@@ -218,7 +223,7 @@ impl<S: Store> Engine<S> {
 
     /// A job whose dependencies are met: its array's gate, then its
     /// tenant's limit.
-    fn past_dependencies(&mut self, id: u64) -> Result<(), Fail> {
+    fn past_dependencies(&mut self, id: JobId) -> Result<(), Fail> {
         let job = &self.jobs[&id];
         if let (Some(task), Some(limit)) = (&job.array, job.spec.array_limit) {
             let gate =
@@ -234,7 +239,7 @@ impl<S: Store> Engine<S> {
     }
 
     /// Past its own gates: admitted, or at its tenant's limit.
-    fn past_gates(&mut self, id: u64) -> Result<(), Fail> {
+    fn past_gates(&mut self, id: JobId) -> Result<(), Fail> {
         let tenant = self.jobs[&id].tenant;
         let max = self.limits_of(tenant).max_running_jobs;
         let load = self.tenants.load.entry(tenant).or_default();
@@ -253,7 +258,7 @@ impl<S: Store> Engine<S> {
     /// task, and its dependents' gates are judged again. `was` is the
     /// gate it was waiting at, if any. A dependent that can now never run
     /// fails, and its own dependents are judged in turn.
-    pub(super) fn open_gates(&mut self, id: u64, was: Option<Waiting>) -> Written {
+    pub(super) fn open_gates(&mut self, id: JobId, was: Option<Waiting>) -> Written {
         let mut ended = vec![(id, was)];
         while let Some((id, was)) = ended.pop() {
             self.array_slot_freed(id, was)?;
@@ -270,7 +275,7 @@ impl<S: Store> Engine<S> {
                         self.jobs.get_mut(&child).expect("dependent").waiting = None;
                         self.past_dependencies(child).or_else(|e| match e {
                             Fail::Refused(e) => {
-                                tracing::error!(job = child, "not admitted: {}", e.message);
+                                tracing::error!(job = child.0, "not admitted: {}", e.message);
                                 Ok(())
                             }
                             Fail::Store(e) => Err(e),
@@ -300,7 +305,7 @@ impl<S: Store> Engine<S> {
 
     /// A task of a limited array ended (`was`: the gate it waited at): the
     /// array's next tasks take its place.
-    fn array_slot_freed(&mut self, id: u64, was: Option<Waiting>) -> Written {
+    fn array_slot_freed(&mut self, id: JobId, was: Option<Waiting>) -> Written {
         let Some(array) = self.jobs.get(&id).and_then(|j| j.array.as_ref()).map(|a| a.id) else {
             return Ok(());
         };
@@ -337,7 +342,7 @@ impl<S: Store> Engine<S> {
     /// The gates as the records say, after a restart.
     pub(super) fn rebuild_gates(&mut self) {
         self.gates = Gates::default();
-        let mut dependents: Vec<(u64, u64)> = Vec::new();
+        let mut dependents: Vec<(JobId, JobId)> = Vec::new();
         for (id, job) in &self.jobs {
             if job.state.is_final() {
                 continue;
@@ -373,9 +378,9 @@ impl<S: Store> Engine<S> {
     /// and waiting tasks, and every job waiting on a dependency waits on
     /// an unfinished job.
     pub(super) fn check_gates(&self) -> Result<(), String> {
-        let mut arrays: BTreeMap<u64, ArrayGate> = BTreeMap::new();
+        let mut arrays: BTreeMap<JobId, ArrayGate> = BTreeMap::new();
         // Who waits on an unfinished job, once.
-        let waiting_on_live: BTreeSet<u64> = self
+        let waiting_on_live: BTreeSet<JobId> = self
             .gates
             .dependents
             .iter()
@@ -407,7 +412,7 @@ impl<S: Store> Engine<S> {
                 }
             }
         }
-        let kept: BTreeMap<u64, ArrayGate> = self
+        let kept: BTreeMap<JobId, ArrayGate> = self
             .gates
             .arrays
             .iter()
@@ -437,7 +442,10 @@ mod tests {
     #[test]
     fn dependencies_read_as_slurm_writes_them_and_the_rest_is_refused_by_name() {
         let after = parse_after("afterok:4:5,afterany:6,singleton").unwrap();
-        assert_eq!(after.on, [(Condition::Ok, 4), (Condition::Ok, 5), (Condition::Any, 6)]);
+        assert_eq!(
+            after.on,
+            [(Condition::Ok, JobId(4)), (Condition::Ok, JobId(5)), (Condition::Any, JobId(6))]
+        );
         assert!(after.singleton);
         assert!(parse_after("after:4").unwrap_err().contains("expected afterok"));
         assert!(parse_after("afterok").unwrap_err().contains("name the job"));

@@ -195,7 +195,7 @@ impl<S: Store> Engine<S> {
             .map(|o| o.reason.clone())
             .collect::<Vec<_>>()
             .join("; ");
-        for JobId(job) in requeued {
+        for job in requeued {
             let record = &self.jobs[&job];
             let attempt = AttemptRef { job, attempt: record.attempt };
             for n in record.running_on.clone() {
@@ -203,7 +203,7 @@ impl<S: Store> Engine<S> {
             }
             let end_ms = self.known_time(attempt, at_ms, now);
             let note = EndNote { node: Some(node.to_string()), why: Some(why.clone()), ..Default::default() };
-            tracing::warn!(job, node, "attempt {} ended by a GPU fault: {why}", attempt.attempt);
+            tracing::warn!(job = job.0, node, "attempt {} ended by a GPU fault: {why}", attempt.attempt);
             self.ended(job, ExitEffect::RequeuedLost, end_ms, now, note)?;
         }
         Ok(())

@@ -71,15 +71,15 @@ impl JobRecord {
 /// The server's record of a job: what the store keeps.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct JobRecord {
-    pub id: u64,
-    pub tenant: u32,
+    pub id: JobId,
+    pub tenant: TenantId,
     pub spec: StoredSpec,
     #[serde(with = "tier_name")]
     pub tier: Tier,
     pub gpus: u32,
     pub signal: i32,
     pub state: JobState,
-    pub attempt: u32,
+    pub attempt: Attempt,
     pub preemptions: u32,
     pub retries: u32,
     pub submitted_ms: u64,
@@ -111,7 +111,7 @@ pub struct JobRecord {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub held: Vec<(String, Vec<u8>)>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub waiting_for: Vec<u64>,
+    pub waiting_for: Vec<JobId>,
     /// Its start, sent to the held GPUs' node before the victims left.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub staged: Option<super::staged::StagedStart>,
@@ -120,10 +120,10 @@ pub struct JobRecord {
     /// numbered after it, after a restart too. `attempt` stays the latest
     /// placed.
     #[serde(default, skip_serializing_if = "is_default")]
-    pub spent_attempt: u32,
+    pub spent_attempt: Attempt,
     /// The array or sweep this job is a task of.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub array: Option<ebb_api::ArrayTask>,
+    pub array: Option<ArrayTask>,
     #[serde(default, skip_serializing_if = "is_default")]
     pub checkpoints: CheckpointStats,
     /// The live attempt, by the agents' clocks: when its first process
@@ -222,6 +222,30 @@ pub struct JobRecord {
     pub no_output: bool,
 }
 
+/// Which array or sweep a job is a task of, as its record keeps it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ArrayTask {
+    /// The array's id: its first task's.
+    pub id: JobId,
+    /// `EBB_TASK_INDEX` of this task.
+    pub index: u64,
+    pub tasks: u64,
+    /// A sweep task's parameters.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub params: BTreeMap<String, String>,
+}
+
+impl ArrayTask {
+    pub fn view(&self) -> ebb_api::ArrayTask {
+        ebb_api::ArrayTask {
+            id: self.id.0,
+            index: self.index,
+            tasks: self.tasks,
+            params: self.params.clone(),
+        }
+    }
+}
+
 /// A live attempt's drain: when its notice was given, when it is killed,
 /// what drained it, and why in words (as its `drain_notice` event said).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -259,11 +283,11 @@ impl DrainNotice {
     pub fn from_legacy(
         (notice_at_ms, deadline_ms, reason): (u64, u64, String),
         drill: bool,
-        tenant_id: impl Fn(&str) -> Option<u32>,
+        tenant_id: impl Fn(&str) -> Option<TenantId>,
     ) -> DrainNotice {
         let waiting = |text: &str, before: &str| {
             let name = text.rsplit_once("; ").map_or("", |(_, tail)| tail);
-            TenantId(name.strip_suffix(before).and_then(&tenant_id).unwrap_or(0))
+            name.strip_suffix(before).and_then(&tenant_id).unwrap_or(TenantId(0))
         };
         let cause = if drill || reason == super::plan::DRILL_REASON {
             Drained::Drill
@@ -473,8 +497,8 @@ impl JobRecord {
 
     /// A job just accepted: queued, never placed.
     pub fn queued(
-        id: u64,
-        tenant: u32,
+        id: JobId,
+        tenant: TenantId,
         spec: StoredSpec,
         tier: Tier,
         gpus: u32,
@@ -489,7 +513,7 @@ impl JobRecord {
             gpus,
             signal,
             state: JobState::Queued,
-            attempt: 0,
+            attempt: Attempt(0),
             preemptions: 0,
             retries: 0,
             submitted_ms,
@@ -506,7 +530,7 @@ impl JobRecord {
             held: Vec::new(),
             waiting_for: Vec::new(),
             staged: None,
-            spent_attempt: 0,
+            spent_attempt: Attempt(0),
             array: None,
             checkpoints: CheckpointStats::default(),
             run_started_ms: None,
@@ -587,7 +611,7 @@ pub(super) struct TenantLoad {
     /// a restart back-off).
     pub(super) admitted: u64,
     /// Jobs waiting for admission, by id: submission order.
-    pub(super) waiting: BTreeSet<u64>,
+    pub(super) waiting: BTreeSet<JobId>,
 }
 
 /// What a job's checkpoint reports have shown.
@@ -656,8 +680,9 @@ mod tests {
     use proptest::prelude::*;
 
     fn legacy(reason: &str) -> Drained {
-        let tenants =
-            |name: &str| [("alpha", 3), ("beta team", 4)].into_iter().find(|t| t.0 == name).map(|t| t.1);
+        let tenants = |name: &str| {
+            [("alpha", 3), ("beta team", 4)].into_iter().find(|t| t.0 == name).map(|t| TenantId(t.1))
+        };
         DrainNotice::from_legacy((10, 20, reason.to_string()), false, tenants).cause
     }
 
@@ -686,7 +711,7 @@ mod tests {
         /// panics nor loses them, and the typed form survives a round trip.
         #[test]
         fn any_legacy_notice_reads_and_round_trips(reason in ".{0,80}", at in any::<u64>(), deadline in any::<u64>()) {
-            let notice = DrainNotice::from_legacy((at, deadline, reason.clone()), false, |n| n.len().try_into().ok());
+            let notice = DrainNotice::from_legacy((at, deadline, reason.clone()), false, |n| n.len().try_into().ok().map(TenantId));
             prop_assert_eq!(&notice.reason, &reason);
             let json = serde_json::to_string(&notice).unwrap();
             prop_assert_eq!(serde_json::from_str::<DrainNotice>(&json).unwrap(), notice);

@@ -21,13 +21,13 @@ impl<S: Store> Engine<S> {
     /// Whether `principal` may see job `id`. A finished job no longer in
     /// memory is read back from the store for the rest of the batch, so
     /// that what is asked of it is answered as for any finished job.
-    pub(super) fn visible(&mut self, principal: &Principal, id: u64) -> Result<(), Fail> {
+    pub(super) fn visible(&mut self, principal: &Principal, id: JobId) -> Result<(), Fail> {
         if !self.jobs.contains_key(&id) {
             if let Some(mut job) = self.store.job::<JobRecord>(id).map_err(views::read_error)? {
                 if job.state.is_final() {
                     // Counted while it was saved: the tally has it already.
                     job.counted = Some((job.tier, job.state, job.gpus, None));
-                    self.finished_jobs.insert((0, id));
+                    self.finished_jobs.insert(0, id);
                     self.jobs.insert(id, Box::new(job));
                 }
             }
@@ -44,7 +44,7 @@ impl<S: Store> Engine<S> {
         principal: &Principal,
         spec: JobSubmission,
         now: u64,
-    ) -> Result<Vec<u64>, Fail> {
+    ) -> Result<Vec<JobId>, Fail> {
         let mut ids = self.submit_all(principal, vec![spec], now)?;
         Ok(ids.pop().expect("one submission"))
     }
@@ -58,7 +58,7 @@ impl<S: Store> Engine<S> {
         principal: &Principal,
         specs: Vec<JobSubmission>,
         now: u64,
-    ) -> Result<Vec<Vec<u64>>, Fail> {
+    ) -> Result<Vec<Vec<JobId>>, Fail> {
         let (tenant, _) =
             principal.tenant.clone().ok_or_else(|| Refusal::forbidden("this token cannot submit jobs"))?;
         let limits = self.limits_of(tenant);
@@ -83,7 +83,7 @@ impl<S: Store> Engine<S> {
             for (spec, _) in &mut one.1 {
                 spec.after = after.clone();
             }
-            first_id += one.1.len() as u64;
+            first_id = JobId(first_id.0 + one.1.len() as u64);
             all_tasks += one.1.len();
             if several && all_tasks as u64 > limits.max_array_tasks {
                 return Err(Refusal::unacceptable(format!(
@@ -104,7 +104,7 @@ impl<S: Store> Engine<S> {
             let mut ids = Vec::with_capacity(tasks.len());
             for (spec, array) in tasks {
                 let id = self.next_job;
-                self.next_job += 1;
+                self.next_job = id.next();
                 let index = array.as_ref().map(|a| a.index);
                 let mut record =
                     JobRecord::queued(id, tenant, spec, checked.tier, checked.gpus, checked.signal, now);
@@ -133,9 +133,9 @@ impl<S: Store> Engine<S> {
     /// which will be job `first_id`.
     fn prepare(
         &self,
-        tenant: u32,
+        tenant: TenantId,
         spec: JobSubmission,
-        first_id: u64,
+        first_id: JobId,
         limits: &crate::validate::Limits,
         now: u64,
     ) -> Result<(crate::validate::Checked, Tasks), Refusal> {
@@ -179,7 +179,7 @@ impl<S: Store> Engine<S> {
 
     /// The model a reserved job of `tenant` runs on: that of its one
     /// reservation not yet ended (of `wanted`, if given).
-    fn reserved_model(&self, tenant: u32, wanted: Option<&str>, now: u64) -> Result<String, Refusal> {
+    fn reserved_model(&self, tenant: TenantId, wanted: Option<&str>, now: u64) -> Result<String, Refusal> {
         let models: BTreeSet<&str> = self
             .money
             .reservations
@@ -234,7 +234,7 @@ impl<S: Store> Engine<S> {
     /// unfinished jobs or their stored bytes.
     fn check_room<'a>(
         &self,
-        tenant: u32,
+        tenant: TenantId,
         limits: &crate::validate::Limits,
         specs: impl Iterator<Item = &'a StoredSpec>,
     ) -> Result<(), Refusal> {
@@ -286,7 +286,7 @@ impl<S: Store> Engine<S> {
     /// notice, then SIGTERM) and killed at the end of its grace.
     pub(super) fn cancel(
         &mut self,
-        id: u64,
+        id: JobId,
         req: &ebb_api::CancelRequest,
         now: u64,
     ) -> Result<ebb_api::Job, Fail> {
@@ -300,10 +300,10 @@ impl<S: Store> Engine<S> {
             JobState::Queued => {
                 match self.jobs[&id].waiting {
                     Some(Waiting::Backoff { until_ms }) => {
-                        self.backoff.remove(&(until_ms, id));
+                        self.backoff.remove(until_ms, id);
                     }
                     Some(Waiting::TenantLimit | Waiting::Dependency | Waiting::ArrayLimit) => {}
-                    None => self.core.cancel(JobId(id)).map_err(|e| Refusal::internal(e.to_string()))?,
+                    None => self.core.cancel(id).map_err(|e| Refusal::internal(e.to_string()))?,
                 }
                 let job = self.jobs.get_mut(&id).expect("visible");
                 job.state = JobState::Cancelled;
@@ -316,8 +316,8 @@ impl<S: Store> Engine<S> {
                 if let Some(deadline) = cancel_deadline(job, grace_ms, now) {
                     job.cancel_requested = true;
                     job.cancel_notice = Some((now, deadline));
-                    if let Some(entry) = super::exits::unstarted_entry(job) {
-                        self.unstarted.insert(entry);
+                    if let Some(at_ms) = super::exits::unstarted_due(job) {
+                        self.unstarted.insert(at_ms, (job.id, job.attempt));
                     }
                     let stop = cancel_stop(job, AttemptRef { job: id, attempt: job.attempt }, now);
                     for node in job.running_on.clone() {
@@ -337,14 +337,14 @@ impl<S: Store> Engine<S> {
     }
 
     /// Sends `signal` to job `id`'s live attempt on each of its nodes.
-    pub(super) fn signal(&mut self, id: u64, signal: i32, batch_only: bool) -> Result<ebb_api::Job, Fail> {
+    pub(super) fn signal(&mut self, id: JobId, signal: i32, batch_only: bool) -> Result<ebb_api::Job, Fail> {
         let job = &self.jobs[&id];
         if !job.state.is_live() {
             let message = format!("job {id}: {}; only a running job can be signalled", job.state.as_str());
             return Err(Refusal::conflict(message).into());
         }
         let attempt = AttemptRef { job: id, attempt: job.attempt };
-        tracing::info!(job = id, signal, batch_only, "signal sent to the job");
+        tracing::info!(job = id.0, signal, batch_only, "signal sent to the job");
         for node in job.running_on.clone() {
             self.outbox.push(&node, Action::Signal { attempt, signal, batch_only });
         }
@@ -353,7 +353,7 @@ impl<S: Store> Engine<S> {
 
     /// Job `id` reached a final state: its tenant's load shrinks, and the
     /// tenant's next waiting job may be admitted.
-    pub(super) fn finished(&mut self, id: u64) -> Written {
+    pub(super) fn finished(&mut self, id: JobId) -> Written {
         let why = match self.jobs[&id].state {
             JobState::Cancelled => "the job was cancelled",
             JobState::Failed => "the job failed",
@@ -374,7 +374,7 @@ impl<S: Store> Engine<S> {
     /// A job that ended leaves its tenant's counts (`was`: where it
     /// waited). Its bytes stay counted while its record stays in memory
     /// (`--keep-finished`): `prune_finished` gives them back.
-    pub(super) fn release_load(&mut self, id: u64, was: Option<Waiting>) {
+    pub(super) fn release_load(&mut self, id: JobId, was: Option<Waiting>) {
         let tenant = self.jobs[&id].tenant;
         let load = self.tenants.load.entry(tenant).or_default();
         load.jobs = load.jobs.saturating_sub(1);
@@ -389,7 +389,7 @@ impl<S: Store> Engine<S> {
 
     /// Admits the tenant's waiting jobs, oldest first, while it is under
     /// its limit of running jobs.
-    pub(super) fn admit_waiting(&mut self, tenant: u32) -> Written {
+    pub(super) fn admit_waiting(&mut self, tenant: TenantId) -> Written {
         let max = self.limits_of(tenant).max_running_jobs;
         loop {
             let Some(load) = self.tenants.load.get_mut(&tenant) else { return Ok(()) };
@@ -400,7 +400,7 @@ impl<S: Store> Engine<S> {
             load.admitted += 1;
             self.jobs.get_mut(&id).expect("waiting job").waiting = None;
             if let Err(e) = self.restore_queued(id) {
-                tracing::error!(job = id, "not admitted: {}", e.message);
+                tracing::error!(job = id.0, "not admitted: {}", e.message);
                 continue;
             }
             let reason = "its tenant is under its limit of running jobs".into();
@@ -439,13 +439,13 @@ impl<S: Store> Engine<S> {
     }
 
     /// A tenant's quotas, each with the GPUs it uses against it now.
-    pub(super) fn quota_usage(&self, tenant: u32) -> Vec<ebb_api::QuotaUsage> {
+    pub(super) fn quota_usage(&self, tenant: TenantId) -> Vec<ebb_api::QuotaUsage> {
         let quotas = self.tenants.limits.get(&tenant).and_then(|l| l.quotas.clone()).unwrap_or_default();
         quotas
             .into_iter()
             .map(|quota| {
                 let used = match (parse_quota_tier(&quota.tier), self.core.model_by_name(&quota.gpu_model)) {
-                    (Some(tier), Some(model)) => self.core.quota_used(TenantId(tenant), tier, model),
+                    (Some(tier), Some(model)) => self.core.quota_used(tenant, tier, model),
                     _ => 0,
                 };
                 ebb_api::QuotaUsage { quota, used }
@@ -473,15 +473,15 @@ impl<S: Store> Engine<S> {
                     borrowing_limit: q.borrowing_limit,
                     lending_limit: q.lending_limit,
                 };
-                if let Err(e) = self.core.set_quota(TenantId(tenant), tier, model, Some(quota)) {
-                    tracing::error!(tenant, gpu_model = q.gpu_model, "quota not applied: {e}");
+                if let Err(e) = self.core.set_quota(tenant, tier, model, Some(quota)) {
+                    tracing::error!(tenant = tenant.0, gpu_model = q.gpu_model, "quota not applied: {e}");
                 }
             }
         }
     }
 
     /// The server's limits with the tenant's own in place of the defaults.
-    pub(super) fn limits_of(&self, tenant: u32) -> crate::validate::Limits {
+    pub(super) fn limits_of(&self, tenant: TenantId) -> crate::validate::Limits {
         let mut limits = self.config.limits.clone();
         if let Some(own) = self.tenants.limits.get(&tenant) {
             limits.max_jobs = own.max_jobs.unwrap_or(limits.max_jobs);
@@ -604,7 +604,7 @@ impl<S: Store> Engine<S> {
             self.store.put_tenant_limits(tenant, &set)?;
             tracing::info!(tenant = name, ?set, "tenant limits set");
             let weight = set.weight.unwrap_or(ebb_scheduler::DEFAULT_WEIGHT);
-            self.core.set_weight(TenantId(tenant), weight).expect("checked weight");
+            self.core.set_weight(tenant, weight).expect("checked weight");
             self.tenants.limits.insert(tenant, set);
             self.apply_quotas();
             self.admit_waiting(tenant)?;
@@ -613,7 +613,7 @@ impl<S: Store> Engine<S> {
         let load = self.tenants.load.get(&tenant).cloned().unwrap_or_default();
         Ok(ebb_api::TenantUsage {
             tenant: name.to_string(),
-            weight: self.core.weight(TenantId(tenant)),
+            weight: self.core.weight(tenant),
             own: self.tenants.limits.get(&tenant).cloned().unwrap_or_default(),
             quotas: self.quota_usage(tenant),
             max_jobs: limits.max_jobs,
@@ -628,14 +628,10 @@ impl<S: Store> Engine<S> {
 
     /// Jobs whose restart back-off is over go back to the scheduler.
     pub(super) fn end_backoffs(&mut self, now: u64) -> Written {
-        while let Some(&(until_ms, id)) = self.backoff.first() {
-            if until_ms > now {
-                return Ok(());
-            }
-            self.backoff.pop_first();
+        while let Some((_, id)) = self.backoff.pop_due(now) {
             self.jobs.get_mut(&id).expect("backed-off job").waiting = None;
             if let Err(e) = self.restore_queued(id) {
-                tracing::error!(job = id, "back-off over, but not requeued: {}", e.message);
+                tracing::error!(job = id.0, "back-off over, but not requeued: {}", e.message);
             }
             self.save(id)?;
         }
@@ -655,7 +651,7 @@ impl<S: Store> Engine<S> {
         if self.tenants.names.values().any(|n| *n == name) {
             return Err(Refusal::conflict(format!("tenant {name}: already exists")).into());
         }
-        let id = self.tenants.names.keys().max().map_or(1, |m| m + 1);
+        let id = self.tenants.names.keys().max().map_or(TenantId(1), |m| TenantId(m.0 + 1));
         self.outbox.changed = true;
         self.store.put_tenant(&TenantRow { id, name: name.clone() })?;
         self.tenants.names.insert(id, name.clone());
@@ -663,11 +659,11 @@ impl<S: Store> Engine<S> {
         Ok(ebb_api::TenantCreated { tenant: name, token })
     }
 
-    pub(super) fn tenant_name(&self, id: u32) -> String {
+    pub(super) fn tenant_name(&self, id: TenantId) -> String {
         self.tenants.names.get(&id).cloned().unwrap_or_default()
     }
 
-    pub(super) fn tenant_by_name(&self, name: &str) -> Result<u32, Refusal> {
+    pub(super) fn tenant_by_name(&self, name: &str) -> Result<TenantId, Refusal> {
         self.tenants
             .names
             .iter()
@@ -682,13 +678,13 @@ impl<S: Store> Engine<S> {
 /// the array id, the first task's, and the submission's environment),
 /// each with its task and name. A pure function of the submission.
 /// A submission's jobs: each task's spec and its place in its array.
-type Tasks = Vec<(StoredSpec, Option<ebb_api::ArrayTask>)>;
+type Tasks = Vec<(StoredSpec, Option<ArrayTask>)>;
 
 pub(super) fn expand(
     spec: &StoredSpec,
     tasks: Vec<crate::validate::Task>,
-    first_id: u64,
-) -> Vec<(StoredSpec, Option<ebb_api::ArrayTask>)> {
+    first_id: JobId,
+) -> Vec<(StoredSpec, Option<ArrayTask>)> {
     if tasks.is_empty() {
         return vec![(spec.clone(), None)];
     }
@@ -711,12 +707,8 @@ pub(super) fn expand(
                 let shown: Vec<String> = task.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
                 spec.name = Some(format!("{base}[{}]", shown.join(",")));
             }
-            let array = ebb_api::ArrayTask {
-                id: array_id,
-                index,
-                tasks: count,
-                params: task.params.into_iter().collect(),
-            };
+            let array =
+                ArrayTask { id: array_id, index, tasks: count, params: task.params.into_iter().collect() };
             (spec, Some(array))
         })
         .collect()
@@ -725,7 +717,7 @@ pub(super) fn expand(
 /// A task's own variables, set by ebb (so not subject to the rules for
 /// users' variables): its index, the array's size and id, and a sweep
 /// task's parameters, each as `EBB_PARAM_<NAME>` and all as JSON.
-pub(super) fn task_env(task: &ebb_api::ArrayTask) -> BTreeMap<String, String> {
+pub(super) fn task_env(task: &ArrayTask) -> BTreeMap<String, String> {
     let mut env = BTreeMap::from([
         ("EBB_TASK_INDEX".to_string(), task.index.to_string()),
         ("EBB_TASK_COUNT".to_string(), task.tasks.to_string()),
@@ -759,7 +751,7 @@ fn check_registry_host(registry: &str) -> Result<(), Refusal> {
 }
 
 /// A registry login's row, as its sealed password's associated data.
-pub(super) fn login_row(tenant: u32, registry: &str) -> String {
+pub(super) fn login_row(tenant: TenantId, registry: &str) -> String {
     format!("registry login of tenant {tenant} for {registry}")
 }
 
@@ -773,7 +765,7 @@ mod tests {
         let spec =
             StoredSpec { name: Some("prep".into()), argv: vec!["x".into()].into(), ..Default::default() };
         let tasks = (3..5).map(|index| Task { index, params: Vec::new() }).collect();
-        let jobs = expand(&spec, tasks, 40);
+        let jobs = expand(&spec, tasks, JobId(40));
         assert_eq!(jobs.len(), 2);
         let (first, array) = &jobs[0];
         assert_eq!(first.name.as_deref(), Some("prep[3]"));
@@ -784,15 +776,15 @@ mod tests {
         assert_eq!(env["EBB_TASK_INDEX"], "3");
         assert_eq!(env["EBB_TASK_COUNT"], "2");
         assert_eq!(env["EBB_ARRAY_ID"], "40");
-        assert_eq!((array.id, array.index, array.tasks), (40, 3, 2));
-        assert_eq!(jobs[1].1.as_ref().map(|a| (a.id, a.index)), Some((40, 4)));
+        assert_eq!((array.id, array.index, array.tasks), (JobId(40), 3, 2));
+        assert_eq!(jobs[1].1.as_ref().map(|a| (a.id, a.index)), Some((JobId(40), 4)));
     }
 
     #[test]
     fn a_sweep_task_gets_its_parameters_as_variables_and_in_its_name() {
         let spec = StoredSpec { argv: vec!["x".into()].into(), ..Default::default() };
         let params = vec![("lr".to_string(), "0.1".to_string()), ("depth".to_string(), "4".to_string())];
-        let jobs = expand(&spec, vec![Task { index: 0, params }], 7);
+        let jobs = expand(&spec, vec![Task { index: 0, params }], JobId(7));
         let (task, array) = &jobs[0];
         assert_eq!(task.name.as_deref(), Some("sweep[lr=0.1,depth=4]"));
         let env = task_env(array.as_ref().expect("a task"));
@@ -806,6 +798,6 @@ mod tests {
     fn a_single_job_is_left_as_it_was() {
         let spec =
             StoredSpec { name: Some("one".into()), argv: vec!["x".into()].into(), ..Default::default() };
-        assert_eq!(expand(&spec, Vec::new(), 1), vec![(spec, None)]);
+        assert_eq!(expand(&spec, Vec::new(), JobId(1)), vec![(spec, None)]);
     }
 }

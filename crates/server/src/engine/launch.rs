@@ -22,7 +22,7 @@ impl<S: Store> Engine<S> {
     /// command, the tenant (its Unix user where the operator mapped it),
     /// and the environment with the
     /// checkpoint interval and, for a gang, its rank's rendezvous.
-    pub(super) fn starts(&self, id: u64) -> Vec<(String, StartAttempt)> {
+    pub(super) fn starts(&self, id: JobId) -> Vec<(String, StartAttempt)> {
         self.starts_of(&self.jobs[&id])
     }
 
@@ -74,7 +74,7 @@ impl<S: Store> Engine<S> {
                 signal: job.signal,
                 run_as: run_as.clone(),
                 tenant: tenant.clone(),
-                tenant_id: job.tenant,
+                tenant_id: job.tenant.0,
                 // The first node's agent checks the port is free.
                 rendezvous_port: job.rendezvous.as_ref().filter(|_| rank == 0).map(|(_, port)| *port),
                 image: job.spec.image.as_ref().map(|image| {
@@ -108,7 +108,7 @@ impl<S: Store> Engine<S> {
     /// checkpoints, M from the interruptions seen on nodes of that model.
     pub(super) fn recommend(
         &self,
-        id: u64,
+        id: JobId,
         placement: &[(String, Vec<u8>)],
         now: u64,
     ) -> ebb_core::checkpoint::Recommendation {
@@ -160,7 +160,7 @@ impl<S: Store> Engine<S> {
 /// earlier release (`nonce` 0) keeps the id its runs have. Letters,
 /// digits and dashes only, at most 52 characters: a valid run id for
 /// Weights & Biases, whose ids may not hold `/ \ # ? % :`.
-pub(crate) fn run_id(id: u64, submitted_ms: u64, nonce: u64) -> String {
+pub(crate) fn run_id(id: JobId, submitted_ms: u64, nonce: u64) -> String {
     match nonce {
         0 => format!("ebb-{id}-{}", base36(submitted_ms)),
         _ => format!("ebb-{id}-{}-{}", base36(submitted_ms), base36(nonce)),
@@ -250,7 +250,7 @@ fn slurm_env(job: &JobRecord) -> Vec<(String, String)> {
         ("SLURM_TASKS_PER_NODE", format!("{per_node}(x{count})")),
         ("SLURM_JOB_GPUS", (0..gpus_on_node).map(|g| g.to_string()).collect::<Vec<_>>().join(",")),
         ("SLURM_GPUS_ON_NODE", gpus_on_node.to_string()),
-        ("SLURM_RESTART_COUNT", job.attempt.saturating_sub(1).to_string()),
+        ("SLURM_RESTART_COUNT", job.attempt.0.saturating_sub(1).to_string()),
         ("SLURM_CLUSTER_NAME", "ebb".to_string()),
         ("SLURM_JOB_PARTITION", slurm.partition.clone().unwrap_or_default()),
     ];
@@ -262,7 +262,7 @@ fn slurm_env(job: &JobRecord) -> Vec<(String, String)> {
     }
     if let Some(task) = &job.array {
         // An array's tasks have consecutive ids in index order.
-        let min = task.index.saturating_sub(job.id.saturating_sub(task.id));
+        let min = task.index.saturating_sub(job.id.0.saturating_sub(task.id.0));
         env.push(("SLURM_ARRAY_JOB_ID", task.id.to_string()));
         env.push(("SLURM_ARRAY_TASK_ID", task.index.to_string()));
         env.push(("SLURM_ARRAY_TASK_COUNT", task.tasks.to_string()));
@@ -280,11 +280,11 @@ mod tests {
 
     #[test]
     fn a_run_id_names_the_job_and_its_submission() {
-        assert_eq!(run_id(7, 0, 0), "ebb-7-0", "a job of an earlier release keeps its run");
-        assert_eq!(run_id(7, 35, 0), "ebb-7-z");
-        assert_eq!(run_id(42, 1_796_360_904_317, 36), "ebb-42-mx8iwgot-10");
+        assert_eq!(run_id(JobId(7), 0, 0), "ebb-7-0", "a job of an earlier release keeps its run");
+        assert_eq!(run_id(JobId(7), 35, 0), "ebb-7-z");
+        assert_eq!(run_id(JobId(42), 1_796_360_904_317, 36), "ebb-42-mx8iwgot-10");
         assert_eq!(
-            run_id(u64::MAX, u64::MAX, u64::MAX),
+            run_id(JobId(u64::MAX), u64::MAX, u64::MAX),
             "ebb-18446744073709551615-3w5e11264sgsf-3w5e11264sgsf"
         );
     }
@@ -314,7 +314,7 @@ mod tests {
             a in (any::<u64>(), any::<u64>(), prop_oneof![Just(0u64), any::<u64>()]),
             b in (any::<u64>(), any::<u64>(), prop_oneof![Just(0u64), any::<u64>()]),
         ) {
-            let (ra, rb) = (run_id(a.0, a.1, a.2), run_id(b.0, b.1, b.2));
+            let (ra, rb) = (run_id(JobId(a.0), a.1, a.2), run_id(JobId(b.0), b.1, b.2));
             prop_assert!(ra.len() <= 52, "{ra}");
             prop_assert!(ra.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-'), "{ra}");
             prop_assert_eq!(ra == rb, a == b);

@@ -52,6 +52,7 @@ mod credentials;
 mod deadline;
 mod dispatch;
 mod drill;
+mod due;
 mod ending;
 mod exits;
 mod fleet;
@@ -74,12 +75,13 @@ pub use config::{check_policy, check_times, ConfigError, EngineConfig, MAX_KEEP_
 use credentials::write_secret;
 pub use deadline::{Deadline, Progress, Promotion, RESTART_ALLOWANCE_MS};
 pub use drill::{DrillExit, DrillRecord, NextAttempt, Resume, LOST_WORK_TOLERANCE};
+use due::Due;
 pub use ending::STOP_GRACE_MS;
 pub use exits::UNSTARTED_GRACE_MS;
 use job::TenantLoad;
 pub use job::{
-    restart_backoff_ms, CheckpointStats, DrainNotice, Drained, JobRecord, JobState, Restart, StoredSpec,
-    Waiting, QUICK_EXIT_MS,
+    restart_backoff_ms, ArrayTask, CheckpointStats, DrainNotice, Drained, JobRecord, JobState, Restart,
+    StoredSpec, Waiting, QUICK_EXIT_MS,
 };
 pub use lines::{Lines, QuietPoll};
 pub use plan::BATCH_STARTS;
@@ -96,13 +98,13 @@ pub enum Msg {
     Submit {
         principal: Principal,
         spec: Box<JobSubmission>,
-        reply: oneshot::Sender<Result<Vec<u64>, Refusal>>,
+        reply: oneshot::Sender<Result<Vec<JobId>, Refusal>>,
     },
     /// Several submissions in one transaction, all or none.
     SubmitBatch {
         principal: Principal,
         specs: Vec<JobSubmission>,
-        reply: oneshot::Sender<Result<Vec<Vec<u64>>, Refusal>>,
+        reply: oneshot::Sender<Result<Vec<Vec<JobId>>, Refusal>>,
     },
     Jobs {
         principal: Principal,
@@ -111,19 +113,19 @@ pub enum Msg {
     },
     Job {
         principal: Principal,
-        id: u64,
+        id: JobId,
         reply: oneshot::Sender<Result<ebb_api::Job, Refusal>>,
     },
     Cancel {
         principal: Principal,
-        id: u64,
+        id: JobId,
         req: ebb_api::CancelRequest,
         reply: oneshot::Sender<Result<ebb_api::Job, Refusal>>,
     },
     /// A signal for a running job's processes.
     Signal {
         principal: Principal,
-        id: u64,
+        id: JobId,
         signal: i32,
         batch_only: bool,
         reply: oneshot::Sender<Result<ebb_api::Job, Refusal>>,
@@ -134,12 +136,12 @@ pub enum Msg {
     /// A fire drill of a running preemptible job's drain.
     Drill {
         principal: Principal,
-        id: u64,
+        id: JobId,
         reply: oneshot::Sender<Result<ebb_api::Job, Refusal>>,
     },
     LogFile {
         principal: Principal,
-        id: u64,
+        id: JobId,
         /// Where the reader is in the log.
         offset: u64,
         /// With which node of a gang wrote each piece (`LogFile::sources`).
@@ -196,7 +198,7 @@ pub enum Msg {
     /// The login of the principal's tenant for `registry`, to resolve an
     /// image at submit.
     RegistryLoginFor {
-        tenant: u32,
+        tenant: TenantId,
         registry: String,
         reply: oneshot::Sender<Option<ebb_api::RegistryLogin>>,
     },
@@ -480,29 +482,29 @@ pub struct Engine<S: Store> {
     /// arrays' progress and finished jobs are read from there. Boxed: a
     /// map filled in id order leaves its nodes half empty, and a record is
     /// hundreds of bytes.
-    jobs: BTreeMap<u64, Box<JobRecord>>,
+    jobs: BTreeMap<JobId, Box<JobRecord>>,
     /// Finished jobs still in `jobs`, by when they finished: they leave it
     /// `keep_finished` later (one read back from the store for a request,
     /// stamped 0, at the end of that batch).
-    finished_jobs: BTreeSet<(u64, u64)>,
+    finished_jobs: Due<JobId>,
     /// When finished jobs' output was last pruned (`keep_output`).
     output_pruned_ms: u64,
-    next_job: u64,
+    next_job: JobId,
     /// Jobs in a restart back-off, by when they may run again.
-    backoff: BTreeSet<(u64, u64)>,
+    backoff: Due<JobId>,
     /// Deadline jobs not yet promoted, by when to judge them again.
-    deadlines: BTreeSet<(u64, u64)>,
+    deadlines: Due<JobId>,
     /// Gangs one of whose parts exited 0, by when the rest are stopped if
     /// they have not exited (`JobRecord::gang_grace_until`).
-    gang_graces: BTreeSet<(u64, u64)>,
+    gang_graces: Due<JobId>,
     /// Attempts drained or cancelled before they started (pulling their
     /// image), by when the server ends them whatever their agent says:
     /// their deadline and [`exits::UNSTARTED_GRACE_MS`] (when, job, attempt).
-    unstarted: BTreeSet<(u64, u64, u32)>,
+    unstarted: Due<(JobId, Attempt)>,
     /// Queued jobs at their dependencies' or their array's gate.
     gates: gates::Gates,
     /// How much of each unfinished job's log is committed, once output came.
-    logs: HashMap<u64, crate::store::LogState>,
+    logs: HashMap<JobId, crate::store::LogState>,
     tenants: Tenants,
     access: Access,
     fleet: Fleet,
@@ -525,18 +527,18 @@ pub struct Engine<S: Store> {
     /// The last checkpoint recommendation a placement made, and its text.
     last_why: Option<(ebb_core::checkpoint::Recommendation, String)>,
     /// Jobs whose start was sent ahead to their hold's node (`staged`).
-    staged: BTreeSet<u64>,
+    staged: BTreeSet<JobId>,
 }
 
 /// Tenants: names, what their unfinished jobs hold against their limits,
 /// and the limits the operator set for single tenants.
 #[derive(Default)]
 struct Tenants {
-    names: BTreeMap<u32, String>,
-    load: BTreeMap<u32, TenantLoad>,
-    limits: BTreeMap<u32, ebb_api::TenantLimits>,
+    names: BTreeMap<TenantId, String>,
+    load: BTreeMap<TenantId, TenantLoad>,
+    limits: BTreeMap<TenantId, ebb_api::TenantLimits>,
     /// Each tenant's registry logins, by registry host.
-    logins: BTreeMap<u32, BTreeMap<String, ebb_api::RegistryLogin>>,
+    logins: BTreeMap<TenantId, BTreeMap<String, ebb_api::RegistryLogin>>,
 }
 
 /// Who may call: the token map the HTTP handlers authenticate against,
@@ -668,8 +670,8 @@ struct Outbox {
 
 /// A job's event for the log.
 struct Logged {
-    job: u64,
-    attempt: u32,
+    job: JobId,
+    attempt: Attempt,
     /// A step every job takes on its way: at debug.
     routine: bool,
     event: Event,
@@ -726,9 +728,9 @@ impl Outbox {
         for Logged { job, attempt, routine, event } in self.log.drain(..) {
             let kind = event.kind().as_str();
             if routine {
-                tracing::debug!(target: "ebb_server::engine::write", job, attempt, kind, "{event}");
+                tracing::debug!(target: "ebb_server::engine::write", job = job.0, attempt = attempt.0, kind, "{event}");
             } else {
-                tracing::info!(target: "ebb_server::engine::write", job, attempt, kind, "{event}");
+                tracing::info!(target: "ebb_server::engine::write", job = job.0, attempt = attempt.0, kind, "{event}");
             }
         }
     }

@@ -85,7 +85,7 @@ impl<S: Store> Engine<S> {
             return;
         };
         let span = (Time(usage.started_ms), Time(usage.ended_ms));
-        let _ = self.core.record_usage(TenantId(usage.tenant), tier, model, usage.gpus, span, Time(now));
+        let _ = self.core.record_usage(usage.tenant, tier, model, usage.gpus, span, Time(now));
     }
 
     pub(super) fn known_model(&self, field: &str, model: &str) -> Result<(), Refusal> {
@@ -223,7 +223,7 @@ impl<S: Store> Engine<S> {
             .ok_or_else(|| Refusal::not_found(format!("reservation {id}: not found")))?;
         let in_force = row.start_ms <= now && now < row.end_ms;
         if in_force {
-            let live: Vec<u64> = self
+            let live: Vec<JobId> = self
                 .jobs
                 .values()
                 .filter(|j| j.tier == Tier::Reserved && j.tenant == row.tenant && j.state.is_live())

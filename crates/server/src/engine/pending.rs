@@ -30,7 +30,7 @@ impl<S: Store> Engine<S> {
             Some(Waiting::ArrayLimit) => return Some(Why::ArrayLimit),
             None => {}
         }
-        let id = JobId(job.id);
+        let id = job.id;
         if let Some(hold) = self.core.hold(id) {
             return Some(Why::Held(hold));
         }
@@ -43,7 +43,7 @@ impl<S: Store> Engine<S> {
         }
         // The pass ended before its tenant's turn: every class of its tier
         // was blocked by tenants ahead of it in the tier's order.
-        match self.core.share(job.tier, TenantId(job.tenant), Time(self.now)).ahead {
+        match self.core.share(job.tier, job.tenant, Time(self.now)).ahead {
             Some(ahead) if ahead > 0 => Some(Why::FairShare(ahead)),
             _ => Some(Why::NotYet),
         }
@@ -190,7 +190,7 @@ impl<S: Store> Engine<S> {
                 "it would borrow {} {} that {} is owed under its quota and waits for",
                 job.tier,
                 model(*m),
-                self.tenant_name(owner.0)
+                self.tenant_name(*owner)
             ),
             Pending::QuotaKept { model: m, kept } => format!(
                 "{kept} {} {} are kept idle for other tenants' quotas (their lending limits)",
@@ -216,7 +216,7 @@ impl<S: Store> Engine<S> {
                  they have left",
                 victims,
                 if *victims == 1 { "" } else { "s" },
-                self.tenant_name(from.0),
+                self.tenant_name(*from),
                 if *victims == 1 { "s" } else { "" },
                 self.tenant_name(job.tenant)
             ),
@@ -228,7 +228,7 @@ impl<S: Store> Engine<S> {
     /// tenants wait ahead of it.
     pub(super) fn fair_share_text(&self, job: &JobRecord, ahead: u32) -> String {
         // The core's time, the latest batch's, not the caller's clock.
-        let share = self.core.share(job.tier, TenantId(job.tenant), Time(self.now));
+        let share = self.core.share(job.tier, job.tenant, Time(self.now));
         let half_life = self.core.fair_share_half_life().human();
         let standing = if share.share > share.weight_share { "over" } else { "within" };
         format!(

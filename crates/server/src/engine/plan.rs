@@ -74,11 +74,11 @@ impl<S: Store> Engine<S> {
     fn lost_nodes(&mut self, plan: &Plan, now: u64) -> Written {
         for &node in &plan.lost_nodes {
             let name = self.core.node(node).expect("known").name.clone();
-            let requeued: Vec<u64> = plan
+            let requeued: Vec<JobId> = plan
                 .requeues
                 .iter()
                 .filter(|r| matches!(r.reason, ebb_scheduler::RequeueReason::NodeLost(n) if n == node))
-                .map(|r| r.job.0)
+                .map(|r| r.job)
                 .collect();
             self.node_gone(&name, &requeued, "no heartbeat within the timeout", now)?;
         }
@@ -88,7 +88,7 @@ impl<S: Store> Engine<S> {
     /// A drain notice: the record says draining until the deadline, and
     /// every node of the attempt is told.
     pub(super) fn drained(&mut self, d: &Drain) -> Written {
-        let id = d.job.0;
+        let id = d.job;
         let (reason, cause) = match d.reason {
             DrainReason::Preempted { by } => {
                 (format!("preempted by job {}", by.0), Drained::Preempted { by })
@@ -111,21 +111,21 @@ impl<S: Store> Engine<S> {
                     "{QUOTA_REASON} {} borrows past its quota of the {} tier; {} is under its own and waits",
                     self.tenant_name(job.tenant),
                     job.tier,
-                    self.tenant_name(tenant.0)
+                    self.tenant_name(tenant)
                 );
                 (why, Drained::Quota { waiting: tenant })
             }
             DrainReason::FairShare { tenant } => {
                 let job = &self.jobs[&id];
                 let victim = self.tenant_name(job.tenant);
-                let share = self.core.share(job.tier, TenantId(job.tenant), Time(d.notice_at.0));
+                let share = self.core.share(job.tier, job.tenant, Time(d.notice_at.0));
                 let why = format!(
                     "{FAIR_SHARE_REASON} {victim} is furthest above its share of the {} tier ({:.0}% of its usage \
                      against a weight of {:.0}%); {} waits",
                     job.tier,
                     share.share * 100.0,
                     share.weight_share * 100.0,
-                    self.tenant_name(tenant.0)
+                    self.tenant_name(tenant)
                 );
                 (why, Drained::FairShare { waiting: tenant })
             }
@@ -143,10 +143,10 @@ impl<S: Store> Engine<S> {
             cause,
             reason: reason.clone(),
         }));
-        if let Some(entry) = super::exits::unstarted_entry(job) {
-            self.unstarted.insert(entry);
+        if let Some(at_ms) = super::exits::unstarted_due(job) {
+            self.unstarted.insert(at_ms, (job.id, job.attempt));
         }
-        let attempt = AttemptRef { job: id, attempt: d.attempt.0 };
+        let attempt = AttemptRef { job: id, attempt: d.attempt };
         let drain = DrainAttempt {
             attempt,
             notice_at_ms: d.notice_at.0,
@@ -169,15 +169,15 @@ impl<S: Store> Engine<S> {
     /// A preemptor holds its victims' GPUs until they have drained; its
     /// start goes to their node now where it can (`staged`).
     fn preempting(&mut self, p: &Preemption, now: u64) -> Written {
-        let victims: Vec<u64> = p.victims.iter().map(|v| v.0).collect();
         let held = self.named(&p.hold);
-        let job = self.jobs.get_mut(&p.preemptor.0).expect("known job");
+        let job = self.jobs.get_mut(&p.preemptor).expect("known job");
         job.held = held;
-        job.waiting_for = victims.clone();
-        self.stage(p.preemptor.0, now);
-        self.save(p.preemptor.0)?;
+        job.waiting_for = p.victims.clone();
+        self.stage(p.preemptor, now);
+        self.save(p.preemptor)?;
         let lost = p.lost_gpu_ms as f64 / 1000.0;
-        self.event(p.preemptor.0, Event::Preempting(PreemptingDetail { victims, lost_gpu_seconds: lost }))
+        let victims = p.victims.iter().map(|v| v.0).collect();
+        self.event(p.preemptor, Event::Preempting(PreemptingDetail { victims, lost_gpu_seconds: lost }))
     }
 
     /// The text of `recommendation`: the last one's again when it is the
@@ -197,10 +197,10 @@ impl<S: Store> Engine<S> {
     /// a start sent to each of its nodes.
     /// A start staged ahead (`staged`) is that start: not sent again.
     pub(super) fn placed(&mut self, p: &Placement, now: u64) -> Written {
-        let id = p.job.0;
+        let id = p.job;
         let placement = self.named(&p.alloc);
         let staged = match &self.jobs[&id].staged {
-            Some(s) if s.attempt == p.attempt.0 && p.from_hold => {
+            Some(s) if s.attempt == p.attempt && p.from_hold => {
                 self.staged.remove(&id);
                 self.jobs.get_mut(&id).expect("known job").staged.take()
             }
@@ -228,7 +228,7 @@ impl<S: Store> Engine<S> {
         job.attempt_checkpoint_ms = None;
         job.exited_ms = 0;
         job.state = JobState::Starting;
-        job.attempt = p.attempt.0;
+        job.attempt = p.attempt;
         job.placement = placement.clone();
         job.running_on = placement.iter().map(|(n, _)| n.clone()).collect();
         job.started_ms = now;
@@ -238,7 +238,7 @@ impl<S: Store> Engine<S> {
         job.exit_code = None;
         job.exit_signal = None;
         if let Some(drill) = job.drill.as_mut() {
-            drill.placed(p.attempt.0, &placement[0].0);
+            drill.placed(p.attempt, &placement[0].0);
         }
         if staged.is_none() {
             for (node, start) in self.starts(id) {

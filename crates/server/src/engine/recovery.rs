@@ -35,13 +35,13 @@ impl<S: Store> Engine<S> {
             core: State::new(),
             now,
             jobs: BTreeMap::new(),
-            finished_jobs: BTreeSet::new(),
+            finished_jobs: Due::default(),
             output_pruned_ms: 0,
-            next_job: 1,
-            backoff: BTreeSet::new(),
-            deadlines: BTreeSet::new(),
-            gang_graces: BTreeSet::new(),
-            unstarted: BTreeSet::new(),
+            next_job: JobId(1),
+            backoff: Due::default(),
+            deadlines: Due::default(),
+            gang_graces: Due::default(),
+            unstarted: Due::default(),
             gates: Default::default(),
             logs: HashMap::new(),
             tenants: Tenants::default(),
@@ -102,14 +102,14 @@ impl<S: Store> Engine<S> {
     fn load_access(
         &mut self,
         snapshot: &mut crate::store::Snapshot<JobRecord>,
-    ) -> Result<Vec<(u32, String)>, String> {
+    ) -> Result<Vec<(TenantId, String)>, String> {
         for t in &snapshot.tenants {
             self.tenants.names.insert(t.id, t.name.clone());
         }
         self.tenants.limits = std::mem::take(&mut snapshot.tenant_limits).into_iter().collect();
         for (&tenant, limits) in &self.tenants.limits {
             if let Some(weight) = limits.weight {
-                let _ = self.core.set_weight(TenantId(tenant), weight);
+                let _ = self.core.set_weight(tenant, weight);
             }
         }
         self.tenants.logins.clear();
@@ -189,17 +189,17 @@ impl<S: Store> Engine<S> {
             };
             self.tally.add(tier, state, count.jobs, count.gpus);
         }
-        self.next_job = self.next_job.max(self.store.max_job_id()? + 1);
+        self.next_job = self.next_job.max(self.store.max_job_id()?.next());
         Ok(())
     }
 
     /// Every unfinished job's record, with its tenant's load; queued and
     /// live jobs back in the core. Returns the live attempts the core
     /// could not take back, and why.
-    fn load_jobs(&mut self, jobs: Vec<JobRecord>) -> Result<Vec<(u64, String)>, Refusal> {
+    fn load_jobs(&mut self, jobs: Vec<JobRecord>) -> Result<Vec<(JobId, String)>, Refusal> {
         let mut unrestored = Vec::new();
         for job in jobs {
-            self.next_job = self.next_job.max(job.id + 1);
+            self.next_job = self.next_job.max(job.id.next());
             let (id, state, waiting) = (job.id, job.state, job.waiting);
             if !state.is_final() {
                 let load = self.tenants.load.entry(job.tenant).or_default();
@@ -222,19 +222,19 @@ impl<S: Store> Engine<S> {
                 job.drain = Some(Box::new(DrainNotice::from_legacy(notice, drilled, tenant_id)));
             }
             if job.deadline.as_ref().is_some_and(|d| d.promoted.is_none()) && !state.is_final() {
-                self.deadlines.insert((0, id)); // judged at the first pass
+                self.deadlines.insert(0, id); // judged at the first pass
             }
             if let Some(until_ms) = job.gang_grace_until.filter(|_| state.is_live()) {
-                self.gang_graces.insert((until_ms, id));
+                self.gang_graces.insert(until_ms, id);
             }
-            if let Some(entry) = super::exits::unstarted_entry(&job) {
-                self.unstarted.insert(entry);
+            if let Some(at_ms) = super::exits::unstarted_due(&job) {
+                self.unstarted.insert(at_ms, (job.id, job.attempt));
             }
             self.tally.count(&mut job);
             self.jobs.insert(id, Box::new(job));
             match (state, waiting) {
                 (JobState::Queued, Some(Waiting::Backoff { until_ms })) => {
-                    self.backoff.insert((until_ms, id));
+                    self.backoff.insert(until_ms, id);
                 }
                 (
                     JobState::Queued,
@@ -260,7 +260,7 @@ impl<S: Store> Engine<S> {
     fn recover(
         &mut self,
         snapshot: crate::store::Snapshot<JobRecord>,
-        unrestored: Vec<(u64, String)>,
+        unrestored: Vec<(JobId, String)>,
         now: u64,
     ) -> Written {
         for price in snapshot.prices {
@@ -295,7 +295,7 @@ impl<S: Store> Engine<S> {
         }
         // Drain notices in the form of releases before typed notices are
         // written in the new one (`load_jobs` read them).
-        let legacy: Vec<u64> =
+        let legacy: Vec<JobId> =
             self.jobs.values().filter(|j| j.legacy_notice.is_some()).map(|j| j.id).collect();
         for id in legacy {
             self.jobs.get_mut(&id).expect("loaded").legacy_notice = None;
@@ -305,11 +305,11 @@ impl<S: Store> Engine<S> {
             let job = &self.jobs[&id];
             let heard = job.running_on.iter().filter_map(|n| self.last_contact(n)).min();
             let end_ms = heard.unwrap_or(job.started_ms).min(now);
-            tracing::warn!(job = id, "attempt not restored, requeued as lost: {why}");
+            tracing::warn!(job = id.0, "attempt not restored, requeued as lost: {why}");
             let note = EndNote { why: Some(format!("server restart: {why}")), ..Default::default() };
             self.ended(id, ExitEffect::RequeuedLost, end_ms, now, note)?;
             if let Err(e) = self.restore_queued(id) {
-                tracing::error!(job = id, "not requeued: {}", e.message);
+                tracing::error!(job = id.0, "not requeued: {}", e.message);
             }
         }
         // Output of live attempts past the last commit goes, before anyone
@@ -324,7 +324,7 @@ impl<S: Store> Engine<S> {
             }
         }
         // Holds last: their victims must be back first.
-        let holders: Vec<u64> = self
+        let holders: Vec<JobId> = self
             .jobs
             .values()
             .filter(|j| j.state == JobState::Queued && !j.held.is_empty())
@@ -337,7 +337,7 @@ impl<S: Store> Engine<S> {
                 }
                 Ok(()) => {}
                 Err(why) => {
-                    tracing::warn!(job = id, "hold not restored: {why}");
+                    tracing::warn!(job = id.0, "hold not restored: {why}");
                     let job = self.jobs.get_mut(&id).expect("loaded");
                     job.held.clear();
                     job.waiting_for.clear();
@@ -350,7 +350,7 @@ impl<S: Store> Engine<S> {
         // record's (a hold not restored, or none) is spent: its node may
         // have started it, so the next attempt is numbered after it, and
         // the node is told to stop it when it registers.
-        let strays: Vec<u64> = self
+        let strays: Vec<JobId> = self
             .jobs
             .values()
             .filter(|j| j.staged.is_some() && !self.staged.contains(&j.id))
@@ -361,11 +361,11 @@ impl<S: Store> Engine<S> {
             let staged = job.staged.take().expect("filtered");
             job.spent_attempt = job.spent_attempt.max(staged.attempt);
             // Numbered after it if it queues (nothing to do otherwise).
-            let _ = self.core.fence_attempt(JobId(id), Attempt(staged.attempt));
+            let _ = self.core.fence_attempt(id, staged.attempt);
             self.save(id)?;
         }
         // The limits may have been raised since.
-        let tenants: Vec<u32> = self.tenants.load.keys().copied().collect();
+        let tenants: Vec<TenantId> = self.tenants.load.keys().copied().collect();
         for tenant in tenants {
             self.admit_waiting(tenant)?;
         }
@@ -376,12 +376,12 @@ impl<S: Store> Engine<S> {
     /// written under the data dir (0600).
     pub(super) fn bootstrap(&mut self) -> Result<Vec<String>, OpenError> {
         self.store.begin()?;
-        let tenant = TenantRow { id: 1, name: "default".into() };
+        let tenant = TenantRow { id: TenantId(1), name: "default".into() };
         self.store.put_tenant(&tenant)?;
         let mut notes = Vec::new();
         for (file, scope) in [("admin.token", Scope::Admin), ("join.token", Scope::Agent)] {
             let token = new_token();
-            let tenant = (scope == Scope::Admin).then_some(1);
+            let tenant = (scope == Scope::Admin).then_some(TenantId(1));
             self.store.put_token(&TokenRow { hash: hash_token(&token), tenant, scope, node: None })?;
             let path = self.config.data_dir.join(file);
             write_secret(&path, &token)
@@ -393,30 +393,30 @@ impl<S: Store> Engine<S> {
     }
 
     /// Puts a queued job back into the core, with the attempts it has had.
-    pub(super) fn restore_queued(&mut self, id: u64) -> Result<(), Refusal> {
+    pub(super) fn restore_queued(&mut self, id: JobId) -> Result<(), Refusal> {
         let job = &self.jobs[&id];
         // A number spent on a start sent ahead is not used again.
         let (attempt, preemptions) = (job.attempt.max(job.spent_attempt), job.preemptions);
         self.core
-            .restore_queued(self.spec_of(id), Attempt(attempt), preemptions)
+            .restore_queued(self.spec_of(id), attempt, preemptions)
             .map_err(|e| Refusal::internal(e.to_string()))?;
         self.restore_drilled(id).map_err(Refusal::internal)
     }
 
     /// Tells the core a restored job was requeued by a drill since it was
     /// last preempted, where its record says so.
-    fn restore_drilled(&mut self, id: u64) -> Result<(), String> {
+    fn restore_drilled(&mut self, id: JobId) -> Result<(), String> {
         if self.jobs[&id].requeued_itself {
-            self.core.restore_requeued_itself(JobId(id)).map_err(|e| e.to_string())?;
+            self.core.restore_requeued_itself(id).map_err(|e| e.to_string())?;
         }
         match self.jobs[&id].drilled_since_preempted {
-            true => self.core.restore_drilled(JobId(id)).map_err(|e| e.to_string()),
+            true => self.core.restore_drilled(id).map_err(|e| e.to_string()),
             false => Ok(()),
         }
     }
 
     /// Puts a job that was running before a restart back into the core.
-    pub(super) fn restore(&mut self, id: u64) -> Result<(), String> {
+    pub(super) fn restore(&mut self, id: JobId) -> Result<(), String> {
         let job = &self.jobs[&id];
         let alloc = self.masks(&job.placement)?;
         let notice = match &job.drain {
@@ -433,7 +433,7 @@ impl<S: Store> Engine<S> {
             .restore_run(
                 self.spec_of(id),
                 ebb_scheduler::RestoredRun {
-                    attempt: Attempt(attempt),
+                    attempt,
                     preemptions,
                     alloc,
                     started_at: Time(started),
@@ -462,12 +462,12 @@ impl<S: Store> Engine<S> {
         })
     }
 
-    pub(super) fn restore_hold(&mut self, id: u64) -> Result<(), String> {
+    pub(super) fn restore_hold(&mut self, id: JobId) -> Result<(), String> {
         let job = &self.jobs[&id];
         let alloc = self.masks(&job.held)?;
-        let victims: Vec<JobId> = job.waiting_for.iter().map(|v| JobId(*v)).collect();
-        let staged = job.staged.as_ref().map(|s| Attempt(s.attempt));
-        self.core.restore_hold(JobId(id), alloc, &victims, staged).map_err(|e| e.to_string())
+        let victims: Vec<JobId> = job.waiting_for.clone();
+        let staged = job.staged.as_ref().map(|s| s.attempt);
+        self.core.restore_hold(id, alloc, &victims, staged).map_err(|e| e.to_string())
     }
 
     /// GPUs by node as the core has them (ids, bit masks) to GPUs by node
@@ -492,11 +492,11 @@ impl<S: Store> Engine<S> {
             .collect()
     }
 
-    pub(super) fn spec_of(&self, id: u64) -> JobSpec {
+    pub(super) fn spec_of(&self, id: JobId) -> JobSpec {
         let job = &self.jobs[&id];
         JobSpec {
-            id: JobId(id),
-            tenant: TenantId(job.tenant),
+            id,
+            tenant: job.tenant,
             tier: job.tier,
             gpus: job.gpus,
             gpu_model: job.spec.gpu_model.as_deref().and_then(|m| self.core.model_by_name(m)),
@@ -520,7 +520,7 @@ impl<S: Store> Engine<S> {
             .ok_or_else(|| Refusal::invalid(format!("gpu_model: unknown model {:?}", r.gpu_model)))?;
         Ok(ebb_scheduler::Reservation {
             id: ebb_core::ReservationId(r.id as u32),
-            tenant: TenantId(r.tenant),
+            tenant: r.tenant,
             gpu_model: model,
             gpus: r.gpus,
             start: Time(r.start_ms),

@@ -22,7 +22,7 @@ use super::*;
 /// A preemptor's start sent to its hold's node before its victims left.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StagedStart {
-    pub attempt: u32,
+    pub attempt: Attempt,
     pub node: String,
     /// The checkpoint interval the start carries, seconds, and why: the
     /// placement records the same.
@@ -35,10 +35,10 @@ impl<S: Store> Engine<S> {
     /// on that node alone (a gang's part elsewhere would keep the hold
     /// waiting after the node's own part had gone), and an agent there
     /// that holds such a start back. The caller saves the record.
-    pub(super) fn stage(&mut self, id: u64, now: u64) {
+    pub(super) fn stage(&mut self, id: JobId, now: u64) {
         let job = &self.jobs[&id];
         let [(node, gpus)] = &job.held[..] else { return };
-        let local = |v: &u64| self.jobs.get(v).is_some_and(|v| v.placement.iter().all(|(n, _)| n == node));
+        let local = |v: &JobId| self.jobs.get(v).is_some_and(|v| v.placement.iter().all(|(n, _)| n == node));
         if job.waiting_for.is_empty()
             || !job.waiting_for.iter().all(local)
             || !self.fleet.starts_when_free.contains(node)
@@ -46,11 +46,11 @@ impl<S: Store> Engine<S> {
             return;
         }
         let placement = vec![(node.clone(), gpus.clone())];
-        let Ok(attempt) = self.core.stage(JobId(id)) else { return };
+        let Ok(attempt) = self.core.stage(id) else { return };
         let recommendation = self.recommend(id, &placement, now);
         let why = self.why_text(&recommendation);
         let staged = StagedStart {
-            attempt: attempt.0,
+            attempt,
             node: placement[0].0.clone(),
             interval: (recommendation.interval.as_secs(), why),
         };
@@ -62,7 +62,7 @@ impl<S: Store> Engine<S> {
 
     /// The staged start of job `id`, to its node (again, after the node
     /// registered anew without it).
-    pub(super) fn send_staged(&mut self, id: u64) {
+    pub(super) fn send_staged(&mut self, id: JobId) {
         let job = &self.jobs[&id];
         let Some(staged) = &job.staged else { return };
         let mut placed = job.clone();
@@ -90,19 +90,14 @@ impl<S: Store> Engine<S> {
     /// pass would have placed it. False if the core refuses the placement
     /// (the node started it while the core still has a victim there): the
     /// start is withdrawn and the attempt is stale.
-    pub(super) fn place_staged(&mut self, id: u64, now: u64) -> Written<bool> {
-        let Some(hold) = self.core.hold(JobId(id)) else { return Ok(false) };
+    pub(super) fn place_staged(&mut self, id: JobId, now: u64) -> Written<bool> {
+        let Some(hold) = self.core.hold(id) else { return Ok(false) };
         let Some(attempt) = hold.staged else { return Ok(false) };
-        let placement = Placement {
-            job: JobId(id),
-            attempt,
-            model: hold.model,
-            alloc: hold.alloc.clone(),
-            from_hold: true,
-        };
+        let placement =
+            Placement { job: id, attempt, model: hold.model, alloc: hold.alloc.clone(), from_hold: true };
         let plan = Plan { now: Time(now), placements: vec![placement.clone()], ..Plan::default() };
         if let Err(e) = self.core.apply(&plan) {
-            tracing::warn!(job = id, "a staged start could not be placed ({e}); withdrawn");
+            tracing::warn!(job = id.0, "a staged start could not be placed ({e}); withdrawn");
             self.withdraw(id)?;
             return Ok(false);
         }
@@ -114,13 +109,13 @@ impl<S: Store> Engine<S> {
     /// the number, the record keeps it as spent (so a takeover numbers the
     /// next attempt after it), and the node withdraws it (or stops it, if
     /// it ran).
-    pub(super) fn withdraw(&mut self, id: u64) -> Written {
+    pub(super) fn withdraw(&mut self, id: JobId) -> Written {
         self.staged.remove(&id);
         let Some(job) = self.jobs.get_mut(&id) else { return Ok(()) };
         let Some(staged) = job.staged.take() else { return Ok(()) };
         job.spent_attempt = job.spent_attempt.max(staged.attempt);
         self.counters.starts_withdrawn += 1;
-        let _ = self.core.unstage(JobId(id));
+        let _ = self.core.unstage(id);
         let attempt = AttemptRef { job: id, attempt: staged.attempt };
         self.outbox.push(&staged.node, Action::Stop { attempt, grace_ms: STOP_GRACE_MS, notice: None });
         self.save(id)
@@ -132,13 +127,13 @@ impl<S: Store> Engine<S> {
         if self.staged.is_empty() {
             return Ok(());
         }
-        let gone: Vec<u64> = self
+        let gone: Vec<JobId> = self
             .staged
             .iter()
             .copied()
             .filter(|id| {
-                let promised = self.jobs.get(id).and_then(|j| j.staged.as_ref()).map(|s| Attempt(s.attempt));
-                let held = self.core.hold(JobId(*id)).and_then(|h| h.staged);
+                let promised = self.jobs.get(id).and_then(|j| j.staged.as_ref()).map(|s| s.attempt);
+                let held = self.core.hold(*id).and_then(|h| h.staged);
                 promised.is_none() || promised != held
             })
             .collect();
@@ -156,8 +151,8 @@ impl<S: Store> Engine<S> {
                 return Err(format!("job {id}: staged start out of step with the set"));
             }
             if let Some(s) = &job.staged {
-                let held = self.core.hold(JobId(*id)).and_then(|h| h.staged);
-                if held != Some(Attempt(s.attempt)) || job.state != JobState::Queued {
+                let held = self.core.hold(*id).and_then(|h| h.staged);
+                if held != Some(s.attempt) || job.state != JobState::Queued {
                     return Err(format!("job {id}: staged attempt {} not the core's ({held:?})", s.attempt));
                 }
             }

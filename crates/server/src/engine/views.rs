@@ -6,7 +6,7 @@ use super::*;
 /// rest: (job, GPUs).
 struct Lending {
     in_use: u32,
-    borrowers: Vec<(u64, u32)>,
+    borrowers: Vec<(JobId, u32)>,
 }
 
 /// Which jobs a page lists, checked by the HTTP layer.
@@ -51,7 +51,7 @@ impl<S: Store> Engine<S> {
         };
         let query = crate::store::JobPageQuery {
             tenant,
-            cursor: q.cursor,
+            cursor: q.cursor.map(JobId),
             desc: q.desc,
             limit: q.limit.saturating_add(1),
             states: q.states.as_ref().map(|s| s.iter().map(|s| s.as_str().to_string()).collect()),
@@ -78,7 +78,7 @@ impl<S: Store> Engine<S> {
     }
 
     /// One job with its history, usage and its array's progress.
-    pub(super) fn job_view(&mut self, principal: &Principal, id: u64) -> Result<ebb_api::Job, Fail> {
+    pub(super) fn job_view(&mut self, principal: &Principal, id: JobId) -> Result<ebb_api::Job, Fail> {
         self.visible(principal, id)?;
         let events = self.store.events(id).map_err(read_error)?;
         let usage = self.store.job_usage(id).map_err(read_error)?;
@@ -97,7 +97,7 @@ impl<S: Store> Engine<S> {
     /// `ebb tenant list`: every tenant by name, its working tokens, what
     /// it holds and its reservations not yet ended at `now`.
     pub(super) fn tenant_list(&self, now: u64) -> Vec<ebb_api::TenantSummary> {
-        let mut tokens: BTreeMap<u32, u32> = BTreeMap::new();
+        let mut tokens: BTreeMap<TenantId, u32> = BTreeMap::new();
         for state in self.access.tokens.read().expect("token map").values() {
             if let TokenState::Valid(p) = state {
                 if let (Scope::Tenant, Some((id, _))) = (p.scope, &p.tenant) {
@@ -124,7 +124,7 @@ impl<S: Store> Engine<S> {
                     admitted: load.admitted,
                     waiting: load.waiting.len() as u64,
                     reservations,
-                    weight: self.core.weight(TenantId(*id)),
+                    weight: self.core.weight(*id),
                     shares: self.tier_shares(*id),
                     quotas: self.quota_usage(*id),
                 }
@@ -135,12 +135,12 @@ impl<S: Store> Engine<S> {
     }
 
     /// A tenant's standing in each tier where it has work or usage.
-    pub(super) fn tier_shares(&self, tenant: u32) -> Vec<ebb_api::TierShare> {
+    pub(super) fn tier_shares(&self, tenant: TenantId) -> Vec<ebb_api::TierShare> {
         Tier::ALL
             .into_iter()
-            .filter(|&tier| self.core.tenants_in(tier).contains(&TenantId(tenant)))
+            .filter(|&tier| self.core.tenants_in(tier).contains(&tenant))
             .map(|tier| {
-                let share = self.core.share(tier, TenantId(tenant), Time(self.now));
+                let share = self.core.share(tier, tenant, Time(self.now));
                 ebb_api::TierShare {
                     tier: tier.as_str().to_string(),
                     share_percent: (share.share * 1000.0).round() / 10.0,
@@ -173,7 +173,7 @@ impl<S: Store> Engine<S> {
                         .filter_map(|&(job, gpus)| {
                             let tenant = self.jobs.get(&job)?.tenant;
                             principal.may_see(tenant).then(|| ebb_api::Borrower {
-                                job,
+                                job: job.0,
                                 tenant: self.tenant_name(tenant),
                                 gpus,
                             })
@@ -197,7 +197,7 @@ impl<S: Store> Engine<S> {
             on_demand: u32,
             reserved: BTreeMap<TenantId, u32>,
             /// Preemptible jobs by start, latest first: (start, job, GPUs).
-            preemptible: Vec<(Time, u64, u32)>,
+            preemptible: Vec<(Time, JobId, u32)>,
         }
         let mut models: BTreeMap<GpuModelId, Model> = BTreeMap::new();
         for job in self.core.jobs() {
@@ -206,7 +206,7 @@ impl<S: Store> Engine<S> {
             match job.spec.tier {
                 Tier::Reserved => *model.reserved.entry(job.spec.tenant).or_default() += run.gpus(),
                 Tier::OnDemand => model.on_demand += run.gpus(),
-                Tier::Preemptible => model.preemptible.push((run.started_at, job.spec.id.0, run.gpus())),
+                Tier::Preemptible => model.preemptible.push((run.started_at, job.spec.id, run.gpus())),
             }
         }
         let mut lending = BTreeMap::new();
@@ -220,9 +220,9 @@ impl<S: Store> Engine<S> {
             let mut borrowed = preemptible.saturating_sub(unreserved_free);
             model.preemptible.sort_by(|a, b| b.cmp(a));
             let mut borrowers = model.preemptible.into_iter().map(|(_, job, gpus)| (job, gpus));
-            let mut current: Option<(u64, u32)> = None;
+            let mut current: Option<(JobId, u32)> = None;
             for r in rows {
-                let used = model.reserved.entry(TenantId(r.tenant)).or_default();
+                let used = model.reserved.entry(r.tenant).or_default();
                 let in_use = (*used).min(r.gpus);
                 *used -= in_use;
                 let mut idle = (r.gpus - in_use).min(borrowed);
@@ -260,7 +260,7 @@ impl<S: Store> Engine<S> {
             e.text = e.event.describe(job.gpus);
         }
         ebb_api::Job {
-            id: job.id,
+            id: job.id.0,
             tenant: self.tenants.names.get(&job.tenant).cloned().unwrap_or_default(),
             name: job.spec.name.clone(),
             tier: job.tier.as_str().into(),
@@ -268,7 +268,7 @@ impl<S: Store> Engine<S> {
             gpu_model: job.spec.gpu_model.clone(),
             argv: (*job.spec.argv).clone(),
             state: job.state.as_str().into(),
-            attempt: job.attempt,
+            attempt: job.attempt.0,
             preemptions: job.preemptions,
             retries: job.retries,
             submitted_at: rfc3339(job.submitted_ms),
@@ -284,7 +284,7 @@ impl<S: Store> Engine<S> {
             checkpoint_interval_s: job.interval.as_ref().map(|(s, _)| *s),
             checkpoint_interval_why: job.interval.as_ref().map(|(_, why)| interval_why(job, why)),
             lost_gpu_seconds: job.lost_gpu_ms as f64 / 1000.0,
-            array: job.array.clone(),
+            array: job.array.as_ref().map(ArrayTask::view),
             progress: None,
             pending_reason: pending.as_ref().map(|(code, _)| *code),
             pending_detail: pending.map(|(_, detail)| detail),
@@ -311,14 +311,15 @@ impl<S: Store> Engine<S> {
                 .map(|s| ebb_api::SlurmBatch { script: String::new(), ..s.clone() }),
             timed_out: job.timed_out,
             priority: job.spec.priority,
-            started_at: (job.attempt > 0).then(|| rfc3339(job.run_started_ms.unwrap_or(job.started_ms))),
+            started_at: (job.attempt > Attempt(0))
+                .then(|| rfc3339(job.run_started_ms.unwrap_or(job.started_ms))),
             ended_at: (job.state.is_final() && job.exited_ms > 0).then(|| rfc3339(job.exited_ms)),
         }
     }
 
     /// An array's finished tasks over all, and each task's state, from
     /// the store (which has every task, finished ones that left memory too).
-    pub(super) fn progress(&mut self, array: u64) -> Result<ebb_api::ArrayProgress, StoreError> {
+    pub(super) fn progress(&mut self, array: JobId) -> Result<ebb_api::ArrayProgress, StoreError> {
         let mut progress =
             ebb_api::ArrayProgress { done: 0, total: 0, states: BTreeMap::new(), tasks: Vec::new() };
         for task in self.store.array_tasks(array)? {
@@ -326,10 +327,10 @@ impl<S: Store> Engine<S> {
             progress.done += u64::from(task.state == JobState::Succeeded.as_str());
             *progress.states.entry(task.state.clone()).or_insert(0) += 1;
             progress.tasks.push(ebb_api::TaskState {
-                id: task.id,
+                id: task.id.0,
                 index: task.index,
                 state: task.state,
-                attempt: task.attempt,
+                attempt: task.attempt.0,
                 preemptions: task.preemptions,
             });
         }
@@ -338,7 +339,7 @@ impl<S: Store> Engine<S> {
 
     /// An array's progress without its tasks: counts by state, as a page
     /// of the listing shows a collapsed array.
-    fn progress_counts(&mut self, array: u64) -> Result<ebb_api::ArrayProgress, StoreError> {
+    fn progress_counts(&mut self, array: JobId) -> Result<ebb_api::ArrayProgress, StoreError> {
         let states: BTreeMap<String, u64> = self.store.array_states(array)?.into_iter().collect();
         Ok(ebb_api::ArrayProgress {
             done: states.get(JobState::Succeeded.as_str()).copied().unwrap_or(0),
@@ -378,7 +379,7 @@ impl<S: Store> Engine<S> {
             placements: n
                 .jobs()
                 .filter_map(|j| {
-                    let job = self.jobs.get(&j.0)?;
+                    let job = self.jobs.get(&j)?;
                     let (_, gpus) = job.placement.iter().find(|(node, _)| node == name)?;
                     let deadline = job
                         .drain
@@ -439,7 +440,7 @@ impl<S: Store> Engine<S> {
                 reserved_for_you: principal
                     .tenant
                     .as_ref()
-                    .map_or(0, |(t, _)| self.core.reserved_capacity(TenantId(*t), id, Time(now))),
+                    .map_or(0, |(t, _)| self.core.reserved_capacity(*t, id, Time(now))),
                 available: ebb_api::TierGpus::default(),
             })
             .collect();
@@ -506,7 +507,7 @@ impl<S: Store> Engine<S> {
         for tier in Tier::ALL {
             for tenant in self.core.tenants_in(tier) {
                 let share = self.core.share(tier, tenant, Time(self.now));
-                let name = self.tenant_name(tenant.0);
+                let name = self.tenant_name(tenant);
                 snapshot
                     .shares
                     .insert((name, tier.as_str()), (share.share, share.weight_share, share.usage / 1e6));
@@ -515,7 +516,7 @@ impl<S: Store> Engine<S> {
         for (tenant, tier, model, quota) in self.core.quotas() {
             let name = self.core.model(model).map_or_else(String::new, |m| m.name.clone());
             let used = self.core.quota_used(tenant, tier, model);
-            let key = (self.tenant_name(tenant.0), tier.as_str(), name);
+            let key = (self.tenant_name(tenant), tier.as_str(), name);
             snapshot.quotas.insert(key, (quota.nominal.into(), used.into()));
         }
         for node in self.core.nodes() {

@@ -75,7 +75,7 @@ impl<S: Store> Engine<S> {
 
     /// Seals what an earlier release stored in the clear (at start-up,
     /// in its transaction).
-    pub(super) fn seal_clear(&mut self, hooks: Vec<WebhookRow>, logins: Vec<(u32, String)>) -> Written {
+    pub(super) fn seal_clear(&mut self, hooks: Vec<WebhookRow>, logins: Vec<(TenantId, String)>) -> Written {
         for hook in hooks {
             let sealed = WebhookRow {
                 secret: self.config.secret_key.seal(&hook.secret, &webhook_row(hook.id)),
@@ -264,7 +264,7 @@ impl<S: Store> Engine<S> {
         let entry = WebhookDelivery {
             delivery: id,
             event: d.event.clone(),
-            job: d.job,
+            job: d.job.map(|j| j.0),
             node: d.node.clone(),
             attempt,
             at: rfc3339(at_ms),
@@ -288,7 +288,7 @@ impl<S: Store> Engine<S> {
     }
 
     /// A job's event, for the webhooks of its tenant that take it.
-    pub(super) fn job_webhooks(&mut self, id: u64, event: &JobEvent) -> Written {
+    pub(super) fn job_webhooks(&mut self, id: JobId, event: &JobEvent) -> Written {
         if self.webhooks.hooks.is_empty() {
             return Ok(());
         }
@@ -361,7 +361,7 @@ impl<S: Store> Engine<S> {
         &mut self,
         hook: u64,
         event: &str,
-        job: Option<u64>,
+        job: Option<JobId>,
         node: Option<String>,
         body: impl FnOnce(u64, &str) -> serde_json::Value,
     ) -> Written {
@@ -372,7 +372,7 @@ impl<S: Store> Engine<S> {
             let entry = WebhookDelivery {
                 delivery: id,
                 event: event.into(),
-                job,
+                job: job.map(|j| j.0),
                 node,
                 attempt: 0,
                 at: rfc3339(self.now),

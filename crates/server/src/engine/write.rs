@@ -7,11 +7,11 @@ use super::*;
 
 impl<S: Store> Engine<S> {
     /// Records `event` of job `id` at the batch's instant.
-    pub(super) fn event(&mut self, id: u64, event: Event) -> Written {
+    pub(super) fn event(&mut self, id: JobId, event: Event) -> Written {
         let at_ms = self.now;
-        let attempt = self.jobs.get(&id).map_or(0, |j| j.attempt);
+        let attempt = self.jobs.get(&id).map_or(Attempt(0), |j| j.attempt);
         let kind = event.kind();
-        let event = JobEvent { at: rfc3339(at_ms), at_ms, attempt, event, text: String::new() };
+        let event = JobEvent { at: rfc3339(at_ms), at_ms, attempt: attempt.0, event, text: String::new() };
         self.outbox.changed = true;
         self.store.add_event(id, &event)?;
         self.job_webhooks(id, &event)?;
@@ -43,7 +43,7 @@ impl<S: Store> Engine<S> {
 
     /// Writes job `id`'s record, and counts it as it is now. A job that
     /// has just finished leaves memory `keep_finished` from now.
-    pub(super) fn save(&mut self, id: u64) -> Written {
+    pub(super) fn save(&mut self, id: JobId) -> Written {
         self.outbox.changed = true;
         let job = self.jobs.get_mut(&id).expect("a saved job is in the table");
         // What it was counted as is what it was stored as.
@@ -51,7 +51,7 @@ impl<S: Store> Engine<S> {
         self.tally.count(job);
         let finishing = job.state.is_final() && !stored.is_some_and(JobState::is_final);
         if finishing {
-            self.finished_jobs.insert((self.now, id));
+            self.finished_jobs.insert(self.now, id);
         }
         let columns =
             crate::store::JobColumns { stored_state: stored.map(JobState::as_str), ..job.columns() };
@@ -81,12 +81,8 @@ impl<S: Store> Engine<S> {
     /// Finished jobs kept `keep_finished` by `now` leave memory: the store
     /// has all of them, and the tally keeps counting them.
     pub(super) fn prune_finished(&mut self, now: u64) {
-        let keep = self.config.keep_finished.as_millis();
-        while let Some(&(finished_ms, id)) = self.finished_jobs.first() {
-            if finished_ms.saturating_add(keep) > now {
-                break;
-            }
-            self.finished_jobs.pop_first();
+        let Some(cutoff) = now.checked_sub(self.config.keep_finished.as_millis()) else { return };
+        while let Some((finished_ms, id)) = self.finished_jobs.pop_due(cutoff) {
             if self.jobs.get(&id).is_some_and(|j| j.state.is_final()) {
                 let job = self.jobs.remove(&id).expect("just seen");
                 // What its tenant was counted for keeping, given back as it
@@ -100,7 +96,7 @@ impl<S: Store> Engine<S> {
         }
     }
 
-    pub(super) fn log_path(&self, id: u64) -> PathBuf {
+    pub(super) fn log_path(&self, id: JobId) -> PathBuf {
         self.config.data_dir.join("logs").join(format!("{id}.log"))
     }
 
@@ -109,7 +105,7 @@ impl<S: Store> Engine<S> {
     /// its reply was lost is not applied again: see `report`.)
     /// `node`: the node of a gang that wrote it (its agent sends whole
     /// lines), kept with the piece for `ebb logs --label`.
-    pub(super) fn append_output(&mut self, id: u64, data: &str, node: Option<&str>) -> Written {
+    pub(super) fn append_output(&mut self, id: JobId, data: &str, node: Option<&str>) -> Written {
         if data.is_empty() {
             return Ok(());
         }
@@ -140,7 +136,7 @@ impl<S: Store> Engine<S> {
     /// How long job `id`'s log is, and where. The first time this server
     /// looks at a log that is a file, output past its committed length
     /// (of a batch that never committed) is cut from it.
-    pub(super) fn log_state(&mut self, id: u64) -> Written<crate::store::LogState> {
+    pub(super) fn log_state(&mut self, id: JobId) -> Written<crate::store::LogState> {
         if let Some(state) = self.logs.get(&id) {
             return Ok(state.clone());
         }
@@ -168,12 +164,12 @@ impl<S: Store> Engine<S> {
 
     /// The log file of job `id` is cut back to `committed` bytes if a
     /// batch that never committed wrote past it.
-    pub(super) fn cut_uncommitted(&self, id: u64, committed: u64) -> Written {
+    pub(super) fn cut_uncommitted(&self, id: JobId, committed: u64) -> Written {
         let path = self.log_path(id);
         let cut = || -> std::io::Result<()> {
             let file = std::fs::OpenOptions::new().write(true).open(&path)?;
             if file.metadata()?.len() > committed {
-                tracing::warn!(job = id, committed, "output past the last commit cut from the log");
+                tracing::warn!(job = id.0, committed, "output past the last commit cut from the log");
                 file.set_len(committed)?;
             }
             Ok(())

@@ -16,9 +16,7 @@ pub(super) async fn submit(
     let mut spec: api::JobSubmission = parse(&body)?;
     app.resolve_image(&principal, &mut spec, "").await?;
     let ids = app.ask(|reply| Msg::Submit { principal, spec: Box::new(spec), reply }).await??;
-    let id = ids[0];
-    let ids = if ids.len() > 1 { ids } else { Vec::new() };
-    Ok((StatusCode::CREATED, Json(api::Submitted { id, ids })))
+    Ok((StatusCode::CREATED, Json(submitted(ids))))
 }
 
 /// Submit several jobs in one request: one transaction, all or none. A
@@ -51,10 +49,7 @@ pub(super) async fn submit_batch(
         }
     }
     let made = app.ask(|reply| Msg::SubmitBatch { principal, specs, reply }).await??;
-    let jobs = made
-        .into_iter()
-        .map(|ids| api::Submitted { id: ids[0], ids: if ids.len() > 1 { ids } else { Vec::new() } })
-        .collect();
+    let jobs = made.into_iter().map(submitted).collect();
     Ok((StatusCode::CREATED, Json(api::BatchSubmitted { jobs })))
 }
 
@@ -176,7 +171,7 @@ pub(super) async fn list_jobs(
 pub(super) async fn show_job(
     State(app): State<App>,
     headers: HeaderMap,
-    ApiPath(id): ApiPath<u64>,
+    ApiPath(id): ApiPath<JobId>,
 ) -> ApiResult<Json<api::Job>> {
     let principal = app.tenant(&headers)?;
     Ok(Json(app.ask(|reply| Msg::Job { principal, id, reply }).await??))
@@ -193,7 +188,7 @@ pub(super) async fn show_job(
 pub(super) async fn signal_job(
     State(app): State<App>,
     headers: HeaderMap,
-    ApiPath(id): ApiPath<u64>,
+    ApiPath(id): ApiPath<JobId>,
     Body(body): Body,
 ) -> ApiResult<Json<api::Job>> {
     let principal = app.tenant(&headers)?;
@@ -227,7 +222,7 @@ pub(super) async fn list_partitions(
 pub(super) async fn cancel_job(
     State(app): State<App>,
     headers: HeaderMap,
-    ApiPath(id): ApiPath<u64>,
+    ApiPath(id): ApiPath<JobId>,
     Body(body): Body,
 ) -> ApiResult<Json<api::Job>> {
     let principal = app.tenant(&headers)?;
@@ -252,7 +247,7 @@ pub(super) async fn cancel_job(
 pub(super) async fn drill_job(
     State(app): State<App>,
     headers: HeaderMap,
-    ApiPath(id): ApiPath<u64>,
+    ApiPath(id): ApiPath<JobId>,
 ) -> ApiResult<Json<api::Job>> {
     let principal = app.tenant(&headers)?;
     Ok(Json(app.ask(|reply| Msg::Drill { principal, id, reply }).await??))
@@ -278,7 +273,7 @@ pub(super) struct LogQuery {
 pub(super) async fn job_logs(
     State(app): State<App>,
     headers: HeaderMap,
-    ApiPath(id): ApiPath<u64>,
+    ApiPath(id): ApiPath<JobId>,
     ApiQuery(q): ApiQuery<LogQuery>,
 ) -> ApiResult<Json<api::LogChunk>> {
     let principal = app.tenant(&headers)?;
@@ -324,4 +319,12 @@ pub(super) async fn read_from(path: &std::path::Path, offset: u64, committed: u6
     let mut data = Vec::new();
     let _ = file.take((committed - offset).min(1 << 20)).read_to_end(&mut data).await;
     data
+}
+
+/// What a submission made, as the API says it: the first job's id, and
+/// every id when it made more than one (an array or sweep).
+fn submitted(ids: Vec<JobId>) -> api::Submitted {
+    let id = ids[0].0;
+    let ids = if ids.len() > 1 { ids.iter().map(|j| j.0).collect() } else { Vec::new() };
+    api::Submitted { id, ids }
 }

@@ -29,6 +29,7 @@ use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
 use bytes::Bytes;
 use ebb_api as api;
+use ebb_core::{JobId, TenantId};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
@@ -48,7 +49,7 @@ struct App {
     /// serves HTTPS and knows its CA.
     tls_ca: Option<Arc<str>>,
     /// Open `/v1/stream` connections by tenant (`None`: operators).
-    streams: Arc<std::sync::Mutex<HashMap<Option<u32>, usize>>>,
+    streams: Arc<std::sync::Mutex<HashMap<Option<TenantId>, usize>>>,
     /// The SHA-256 of the token a Prometheus server scrapes `/metrics`
     /// with (`--metrics-token-file`), beside an operator's.
     metrics_token: Option<Arc<scrape::ScrapeTokens>>,
@@ -62,8 +63,8 @@ const STREAMS_PER_TENANT: usize = 32;
 
 /// One open stream, counted while it lives.
 struct StreamSlot {
-    streams: Arc<std::sync::Mutex<HashMap<Option<u32>, usize>>>,
-    tenant: Option<u32>,
+    streams: Arc<std::sync::Mutex<HashMap<Option<TenantId>, usize>>>,
+    tenant: Option<TenantId>,
 }
 
 impl StreamSlot {

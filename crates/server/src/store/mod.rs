@@ -10,6 +10,7 @@
 use serde::{Deserialize, Serialize};
 
 use ebb_api::JobEvent;
+use ebb_core::{Attempt, JobId, TenantId};
 
 pub use crate::billing::{PriceRow, ReservationRow, UsageRow};
 
@@ -41,7 +42,7 @@ pub type Result<T> = std::result::Result<T, StoreError>;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TenantRow {
-    pub id: u32,
+    pub id: TenantId,
     pub name: String,
 }
 
@@ -62,7 +63,7 @@ pub enum Scope {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TokenRow {
     pub hash: String,
-    pub tenant: Option<u32>,
+    pub tenant: Option<TenantId>,
     pub scope: Scope,
     /// The node a `Scope::Node` credential is bound to.
     pub node: Option<String>,
@@ -146,9 +147,9 @@ pub struct Snapshot<J> {
     /// When each node was last heard from.
     pub heard: Vec<(String, u64)>,
     /// Limits the operator set for single tenants.
-    pub tenant_limits: Vec<(u32, ebb_api::TenantLimits)>,
+    pub tenant_limits: Vec<(TenantId, ebb_api::TenantLimits)>,
     /// Tenants' registry logins: tenant, registry host, login.
-    pub registry_logins: Vec<(u32, String, ebb_api::RegistryLogin)>,
+    pub registry_logins: Vec<(TenantId, String, ebb_api::RegistryLogin)>,
     /// Reclaim limits, by model.
     pub reclaims: Vec<(String, u32)>,
     /// Webhooks, by id, and the deliveries not yet accepted, in order.
@@ -162,7 +163,7 @@ pub struct Snapshot<J> {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WebhookRow {
     pub id: u64,
-    pub tenant: Option<u32>,
+    pub tenant: Option<TenantId>,
     pub url: String,
     pub events: Vec<String>,
     pub format: String,
@@ -179,7 +180,7 @@ pub struct DeliveryRow {
     pub webhook: u64,
     pub event: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub job: Option<u64>,
+    pub job: Option<JobId>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
     /// The body, as it is sent and signed.
@@ -215,15 +216,15 @@ impl<J> Snapshot<J> {
 /// one in memory: a finished job's record lives only here).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct JobColumns<'a> {
-    pub tenant: u32,
+    pub tenant: TenantId,
     /// As the API spells it (`queued`, …, `cancelled`).
     pub state: &'a str,
     pub tier: &'a str,
     pub gpus: u32,
     pub name: Option<&'a str>,
     /// The array the job is a task of (its first task's id), and its index there.
-    pub array: Option<(u64, u64)>,
-    pub attempt: u32,
+    pub array: Option<(JobId, u64)>,
+    pub attempt: Attempt,
     pub preemptions: u32,
     /// The state the store holds for the job as far as the writer knows
     /// (none: not stored yet). A hint, not a promise: a store may use it
@@ -240,9 +241,9 @@ pub const UNFINISHED_STATES: [&str; 4] = ["queued", "starting", "running", "drai
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct JobPageQuery {
     /// Only this tenant's jobs (none: every tenant's).
-    pub tenant: Option<u32>,
+    pub tenant: Option<TenantId>,
     /// The previous page's last id: the page continues past it.
-    pub cursor: Option<u64>,
+    pub cursor: Option<JobId>,
     /// Newest first.
     pub desc: bool,
     /// At most this many rows.
@@ -300,10 +301,10 @@ impl<J> JobRows<J> {
 /// A task of an array, as its progress shows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TaskRow {
-    pub id: u64,
+    pub id: JobId,
     pub index: u64,
     pub state: String,
-    pub attempt: u32,
+    pub attempt: Attempt,
     pub preemptions: u32,
 }
 
@@ -329,22 +330,22 @@ pub trait Store: Send {
     /// Revokes one token (a no-op for an unknown hash).
     fn delete_token(&mut self, hash: &str) -> Result<()>;
     fn put_node(&mut self, node: &NodeRow) -> Result<()>;
-    fn put_job<J: Serialize>(&mut self, id: u64, columns: &JobColumns, job: &J) -> Result<()>;
+    fn put_job<J: Serialize>(&mut self, id: JobId, columns: &JobColumns, job: &J) -> Result<()>;
     /// Job `id`'s record, if there is one.
-    fn job<J: JobRow>(&mut self, id: u64) -> Result<Option<J>>;
+    fn job<J: JobRow>(&mut self, id: JobId) -> Result<Option<J>>;
     /// One page of the job listing: the records, in the page's order.
     fn job_page<J: JobRow>(&mut self, query: &JobPageQuery) -> Result<JobRows<J>>;
     /// How many of array `array`'s tasks are in each state.
-    fn array_states(&mut self, array: u64) -> Result<Vec<(String, u64)>>;
+    fn array_states(&mut self, array: JobId) -> Result<Vec<(String, u64)>>;
     /// Array `array`'s tasks, by id.
-    fn array_tasks(&mut self, array: u64) -> Result<Vec<TaskRow>>;
+    fn array_tasks(&mut self, array: JobId) -> Result<Vec<TaskRow>>;
     /// The finished jobs, counted by tier and state (read at start, for
     /// `/metrics`: their records are not loaded).
     fn finished_counts(&mut self) -> Result<Vec<FinishedCount>>;
     /// Adds `event` to job `job`'s history.
-    fn add_event(&mut self, job: u64, event: &JobEvent) -> Result<()>;
-    fn events(&mut self, job: u64) -> Result<Vec<JobEvent>>;
-    fn max_job_id(&mut self) -> Result<u64>;
+    fn add_event(&mut self, job: JobId, event: &JobEvent) -> Result<()>;
+    fn events(&mut self, job: JobId) -> Result<Vec<JobEvent>>;
+    fn max_job_id(&mut self) -> Result<JobId>;
     /// The node was heard from at `at_ms`: after a restart, work on a node
     /// that never comes back is metered up to here.
     fn heard(&mut self, node: &str, at_ms: u64) -> Result<()>;
@@ -354,22 +355,22 @@ pub trait Store: Send {
     /// Fails if the attempt already has a record: usage is never counted twice.
     fn add_usage(&mut self, usage: &UsageRow) -> Result<()>;
     /// Records that ended in `[from_ms, to_ms)`, of one tenant or all.
-    fn usage(&mut self, tenant: Option<u32>, from_ms: u64, to_ms: u64) -> Result<Vec<UsageRow>>;
-    fn job_usage(&mut self, job: u64) -> Result<Vec<UsageRow>>;
-    fn put_tenant_limits(&mut self, tenant: u32, limits: &ebb_api::TenantLimits) -> Result<()>;
+    fn usage(&mut self, tenant: Option<TenantId>, from_ms: u64, to_ms: u64) -> Result<Vec<UsageRow>>;
+    fn job_usage(&mut self, job: JobId) -> Result<Vec<UsageRow>>;
+    fn put_tenant_limits(&mut self, tenant: TenantId, limits: &ebb_api::TenantLimits) -> Result<()>;
     /// A tenant's login for a registry, or none (removed).
     fn put_registry_login(
         &mut self,
-        tenant: u32,
+        tenant: TenantId,
         registry: &str,
         login: Option<&ebb_api::RegistryLogin>,
     ) -> Result<()>;
     /// How much of the job's log is committed (see `LogState`).
-    fn log_state(&mut self, job: u64) -> Result<Option<LogState>>;
+    fn log_state(&mut self, job: JobId) -> Result<Option<LogState>>;
     /// Every job whose log is a file (`LogState::file`), with the length
     /// committed: in one query, as a server takes over with every job.
-    fn file_logs(&mut self) -> Result<Vec<(u64, LogState)>>;
-    fn put_log_state(&mut self, job: u64, state: &LogState) -> Result<()>;
+    fn file_logs(&mut self) -> Result<Vec<(JobId, LogState)>>;
+    fn put_log_state(&mut self, job: JobId, state: &LogState) -> Result<()>;
     /// A model's reclaim limit, or none (lifted).
     fn put_reclaim(&mut self, model: &str, limit: Option<u32>) -> Result<()>;
     fn put_webhook(&mut self, hook: &WebhookRow) -> Result<()>;
@@ -389,22 +390,22 @@ pub trait Store: Send {
     /// Output of job `job` from byte `offset` of its log.
     /// A piece of job `job`'s log at `offset`; `node` names the node of a
     /// gang that wrote it.
-    fn put_output(&mut self, job: u64, offset: u64, data: &[u8], node: Option<&str>) -> Result<()>;
+    fn put_output(&mut self, job: JobId, offset: u64, data: &[u8], node: Option<&str>) -> Result<()>;
     /// Bytes `[from, to)` of job `job`'s log, as far as it is kept.
-    fn output(&mut self, job: u64, from: u64, to: u64) -> Result<Vec<u8>>;
+    fn output(&mut self, job: JobId, from: u64, to: u64) -> Result<Vec<u8>>;
     /// Where each piece of `[from, to)` of the log that a gang's node
     /// wrote starts, and which node, by start.
-    fn output_sources(&mut self, job: u64, from: u64, to: u64) -> Result<Vec<(u64, String)>>;
+    fn output_sources(&mut self, job: JobId, from: u64, to: u64) -> Result<Vec<(u64, String)>>;
     /// The length of job `job`'s log as kept: where its last piece ends.
-    fn output_len(&mut self, job: u64) -> Result<u64>;
+    fn output_len(&mut self, job: JobId) -> Result<u64>;
     /// Job `job`'s output is to be removed at `at_ms` (`--keep-output`
     /// after it ended).
-    fn expire_output(&mut self, job: u64, at_ms: u64) -> Result<()>;
+    fn expire_output(&mut self, job: JobId, at_ms: u64) -> Result<()>;
     /// Removes the output of at most `limit` jobs whose time came by
     /// `now_ms`, soonest first, and notes when; the jobs.
-    fn prune_output(&mut self, now_ms: u64, limit: usize) -> Result<Vec<u64>>;
+    fn prune_output(&mut self, now_ms: u64, limit: usize) -> Result<Vec<JobId>>;
     /// When job `job`'s output was removed, if it was.
-    fn output_removed(&mut self, job: u64) -> Result<Option<u64>>;
+    fn output_removed(&mut self, job: JobId) -> Result<Option<u64>>;
 }
 
 /// How much of a job's log file is committed. Output is kept in the

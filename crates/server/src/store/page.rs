@@ -25,16 +25,16 @@ pub(crate) fn job_page_sql(q: &JobPageQuery, postgres: bool) -> Option<(String, 
     let mut sql = String::from("SELECT record FROM jobs WHERE ");
     match q.desc {
         false => {
-            let from = q.cursor.map_or(0, |c| c.saturating_add(1));
+            let from = q.cursor.map_or(0, |c| c.0.saturating_add(1));
             sql += &format!("id >= {}", arg(PageArg::Int(clamp(from))));
         }
         true => {
-            let below = q.cursor.unwrap_or(u64::MAX);
+            let below = q.cursor.map_or(u64::MAX, |c| c.0);
             sql += &format!("id < {}", arg(PageArg::Int(clamp(below))));
         }
     }
     if let Some(tenant) = q.tenant {
-        sql += &format!(" AND tenant = {}", arg(PageArg::Int(i64::from(tenant))));
+        sql += &format!(" AND tenant = {}", arg(PageArg::Int(i64::from(tenant.0))));
     }
     if let Some(tier) = &q.tier {
         sql += &format!(" AND tier = {}", arg(PageArg::Text(tier.clone())));

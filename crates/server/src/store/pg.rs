@@ -12,6 +12,7 @@ use postgres::{Client, Statement};
 use serde::{Deserialize, Serialize};
 
 use ebb_api::JobEvent;
+use ebb_core::{Attempt, JobId, TenantId};
 
 use crate::store::{
     job_page_sql, scope_name, scope_of, DeliveryRow, FinishedCount, JobColumns, JobPageQuery, JobRow,
@@ -416,13 +417,13 @@ impl Store for PgStore {
         let mut snapshot = Snapshot {
             tenants: tenants
                 .iter()
-                .map(|r| TenantRow { id: r.get::<_, i64>(0) as u32, name: r.get(1) })
+                .map(|r| TenantRow { id: TenantId(r.get::<_, i64>(0) as u32), name: r.get(1) })
                 .collect(),
             tokens: tokens
                 .iter()
                 .map(|r| TokenRow {
                     hash: r.get(0),
-                    tenant: r.get::<_, Option<i64>>(1).map(|t| t as u32),
+                    tenant: r.get::<_, Option<i64>>(1).map(|t| TenantId(t as u32)),
                     scope: scope_of(r.get(2)),
                     node: r.get(3),
                 })
@@ -469,13 +470,13 @@ impl Store for PgStore {
         for r in c.query("SELECT tenant, record FROM tenant_limits ORDER BY tenant", &[])? {
             snapshot
                 .tenant_limits
-                .push((r.get::<_, i64>(0) as u32, serde_json::from_str(r.get::<_, &str>(1))?));
+                .push((TenantId(r.get::<_, i64>(0) as u32), serde_json::from_str(r.get::<_, &str>(1))?));
         }
         for r in
             c.query("SELECT tenant, registry, record FROM registry_logins ORDER BY tenant, registry", &[])?
         {
             snapshot.registry_logins.push((
-                r.get::<_, i64>(0) as u32,
+                TenantId(r.get::<_, i64>(0) as u32),
                 r.get(1),
                 serde_json::from_str(r.get::<_, &str>(2))?,
             ));
@@ -540,7 +541,7 @@ impl Store for PgStore {
     fn put_tenant(&mut self, t: &TenantRow) -> Result<()> {
         self.exec(
             "INSERT INTO tenants (id, name) VALUES ($1, $2) ON CONFLICT (id) DO UPDATE SET name = EXCLUDED.name",
-            &[&i64::from(t.id), &t.name],
+            &[&i64::from(t.id.0), &t.name],
         )
     }
 
@@ -548,7 +549,7 @@ impl Store for PgStore {
         self.exec(
             "INSERT INTO tokens (hash, tenant, scope, node) VALUES ($1, $2, $3, $4)
              ON CONFLICT (hash) DO UPDATE SET tenant = EXCLUDED.tenant, scope = EXCLUDED.scope, node = EXCLUDED.node",
-            &[&t.hash, &t.tenant.map(i64::from), &scope_name(t.scope), &t.node],
+            &[&t.hash, &t.tenant.map(|t| i64::from(t.0)), &scope_name(t.scope), &t.node],
         )
     }
 
@@ -563,18 +564,19 @@ impl Store for PgStore {
         )
     }
 
-    fn put_job<J: Serialize>(&mut self, id: u64, c: &JobColumns, job: &J) -> Result<()> {
+    fn put_job<J: Serialize>(&mut self, id: JobId, c: &JobColumns, job: &J) -> Result<()> {
+        let id = id.0;
         let row = JobValues {
             id: big(id),
-            tenant: i64::from(c.tenant),
+            tenant: i64::from(c.tenant.0),
             record: serde_json::to_string(job)?,
             state: c.state.to_string(),
             tier: c.tier.to_string(),
             gpus: i64::from(c.gpus),
             name: c.name.map(str::to_string),
-            array_id: c.array.map(|(array, _)| big(array)),
+            array_id: c.array.map(|(array, _)| big(array.0)),
             array_index: c.array.map(|(_, index)| big(index)),
-            attempt: i64::from(c.attempt),
+            attempt: i64::from(c.attempt.0),
             preemptions: i64::from(c.preemptions),
         };
         match self.pending.at.get(&id) {
@@ -588,7 +590,8 @@ impl Store for PgStore {
         Ok(())
     }
 
-    fn job<J: JobRow>(&mut self, id: u64) -> Result<Option<J>> {
+    fn job<J: JobRow>(&mut self, id: JobId) -> Result<Option<J>> {
+        let id = id.0;
         Ok(self.records("SELECT record FROM jobs WHERE id = $1", &[&big(id)])?.pop())
     }
 
@@ -617,7 +620,8 @@ impl Store for PgStore {
         JobRows::read(records, query)
     }
 
-    fn array_states(&mut self, array: u64) -> Result<Vec<(String, u64)>> {
+    fn array_states(&mut self, array: JobId) -> Result<Vec<(String, u64)>> {
+        let array = array.0;
         let stmt = self.statement(
             "SELECT state, COUNT(*) FROM jobs WHERE array_id = $1 GROUP BY state ORDER BY state",
         )?;
@@ -625,7 +629,8 @@ impl Store for PgStore {
         Ok(rows.iter().map(|r| (r.get(0), r.get::<_, i64>(1) as u64)).collect())
     }
 
-    fn array_tasks(&mut self, array: u64) -> Result<Vec<TaskRow>> {
+    fn array_tasks(&mut self, array: JobId) -> Result<Vec<TaskRow>> {
+        let array = array.0;
         let stmt = self.statement(
             "SELECT id, array_index, state, attempt, preemptions FROM jobs WHERE array_id = $1 ORDER BY id",
         )?;
@@ -633,10 +638,10 @@ impl Store for PgStore {
         Ok(rows
             .iter()
             .map(|r| TaskRow {
-                id: r.get::<_, i64>(0) as u64,
+                id: JobId(r.get::<_, i64>(0) as u64),
                 index: r.get::<_, i64>(1) as u64,
                 state: r.get(2),
-                attempt: r.get::<_, i64>(3) as u32,
+                attempt: Attempt(r.get::<_, i64>(3) as u32),
                 preemptions: r.get::<_, i64>(4) as u32,
             })
             .collect())
@@ -659,14 +664,16 @@ impl Store for PgStore {
             .collect())
     }
 
-    fn add_event(&mut self, job: u64, e: &JobEvent) -> Result<()> {
+    fn add_event(&mut self, job: JobId, e: &JobEvent) -> Result<()> {
+        let job = job.0;
         let row = (big(job), big(e.at_ms), e.kind().as_str(), i64::from(e.attempt), e.event.detail_json());
         self.pending.events.push(row);
         self.held();
         Ok(())
     }
 
-    fn events(&mut self, job: u64) -> Result<Vec<JobEvent>> {
+    fn events(&mut self, job: JobId) -> Result<Vec<JobEvent>> {
+        let job = job.0;
         let stmt =
             self.statement("SELECT at_ms, kind, attempt, detail FROM events WHERE job = $1 ORDER BY seq")?;
         let mut events = Vec::new();
@@ -685,9 +692,9 @@ impl Store for PgStore {
         Ok(events)
     }
 
-    fn max_job_id(&mut self) -> Result<u64> {
+    fn max_job_id(&mut self) -> Result<JobId> {
         let row = self.db()?.query_one("SELECT MAX(id) FROM jobs", &[])?;
-        Ok(row.get::<_, Option<i64>>(0).unwrap_or(0) as u64)
+        Ok(JobId(row.get::<_, Option<i64>>(0).unwrap_or(0) as u64))
     }
 
     fn heard(&mut self, node: &str, at_ms: u64) -> Result<()> {
@@ -718,16 +725,17 @@ impl Store for PgStore {
         self.exec(
             "INSERT INTO usage (job, attempt, tenant, ended_ms, record) VALUES ($1, $2, $3, $4, $5)",
             &[
-                &big(u.job),
-                &i64::from(u.attempt),
-                &i64::from(u.tenant),
+                &big(u.job.0),
+                &i64::from(u.attempt.0),
+                &i64::from(u.tenant.0),
                 &big(u.ended_ms),
                 &serde_json::to_string(u)?,
             ],
         )
     }
 
-    fn usage(&mut self, tenant: Option<u32>, from_ms: u64, to_ms: u64) -> Result<Vec<UsageRow>> {
+    fn usage(&mut self, tenant: Option<TenantId>, from_ms: u64, to_ms: u64) -> Result<Vec<UsageRow>> {
+        let tenant = tenant.map(|t| t.0);
         let (from, to) = (big(from_ms), big(to_ms));
         match tenant {
             Some(t) => self.records(
@@ -741,11 +749,13 @@ impl Store for PgStore {
         }
     }
 
-    fn job_usage(&mut self, job: u64) -> Result<Vec<UsageRow>> {
+    fn job_usage(&mut self, job: JobId) -> Result<Vec<UsageRow>> {
+        let job = job.0;
         self.records("SELECT record FROM usage WHERE job = $1 ORDER BY attempt", &[&big(job)])
     }
 
-    fn put_tenant_limits(&mut self, tenant: u32, limits: &ebb_api::TenantLimits) -> Result<()> {
+    fn put_tenant_limits(&mut self, tenant: TenantId, limits: &ebb_api::TenantLimits) -> Result<()> {
+        let tenant = tenant.0;
         self.exec(
             "INSERT INTO tenant_limits (tenant, record) VALUES ($1, $2)
              ON CONFLICT (tenant) DO UPDATE SET record = EXCLUDED.record",
@@ -755,10 +765,11 @@ impl Store for PgStore {
 
     fn put_registry_login(
         &mut self,
-        tenant: u32,
+        tenant: TenantId,
         registry: &str,
         login: Option<&ebb_api::RegistryLogin>,
     ) -> Result<()> {
+        let tenant = tenant.0;
         match login {
             Some(login) => self.exec(
                 "INSERT INTO registry_logins (tenant, registry, record) VALUES ($1, $2, $3)
@@ -772,22 +783,24 @@ impl Store for PgStore {
         }
     }
 
-    fn log_state(&mut self, job: u64) -> Result<Option<LogState>> {
+    fn log_state(&mut self, job: JobId) -> Result<Option<LogState>> {
+        let job = job.0;
         Ok(self.records("SELECT record FROM logs WHERE job = $1", &[&big(job)])?.pop())
     }
 
-    fn file_logs(&mut self) -> Result<Vec<(u64, LogState)>> {
+    fn file_logs(&mut self) -> Result<Vec<(JobId, LogState)>> {
         let mut logs = Vec::new();
         for row in self.db()?.query("SELECT job, record FROM logs", &[])? {
             let state: LogState = serde_json::from_str(row.get::<_, &str>(1))?;
             if state.file {
-                logs.push((row.get::<_, i64>(0) as u64, state));
+                logs.push((JobId(row.get::<_, i64>(0) as u64), state));
             }
         }
         Ok(logs)
     }
 
-    fn put_log_state(&mut self, job: u64, state: &LogState) -> Result<()> {
+    fn put_log_state(&mut self, job: JobId, state: &LogState) -> Result<()> {
+        let job = job.0;
         self.exec(
             "INSERT INTO logs (job, record) VALUES ($1, $2) ON CONFLICT (job) DO UPDATE SET record = EXCLUDED.record",
             &[&big(job), &serde_json::to_string(state)?],
@@ -817,13 +830,15 @@ impl Store for PgStore {
             .collect())
     }
 
-    fn put_output(&mut self, job: u64, offset: u64, data: &[u8], node: Option<&str>) -> Result<()> {
+    fn put_output(&mut self, job: JobId, offset: u64, data: &[u8], node: Option<&str>) -> Result<()> {
+        let job = job.0;
         self.pending.output.push((big(job), big(offset), data.to_vec(), node.map(str::to_string)));
         self.held();
         Ok(())
     }
 
-    fn output_sources(&mut self, job: u64, from: u64, to: u64) -> Result<Vec<(u64, String)>> {
+    fn output_sources(&mut self, job: JobId, from: u64, to: u64) -> Result<Vec<(u64, String)>> {
+        let job = job.0;
         let stmt = self.statement(
             "SELECT start, node FROM output
              WHERE job = $1 AND start < $3 AND start + length(data) > $2 AND node IS NOT NULL ORDER BY start",
@@ -832,14 +847,16 @@ impl Store for PgStore {
         Ok(rows.iter().map(|r| (r.get::<_, i64>(0) as u64, r.get::<_, String>(1))).collect())
     }
 
-    fn output_len(&mut self, job: u64) -> Result<u64> {
+    fn output_len(&mut self, job: JobId) -> Result<u64> {
+        let job = job.0;
         let stmt =
             self.statement("SELECT COALESCE(MAX(start + length(data)), 0) FROM output WHERE job = $1")?;
         let len: i64 = self.db()?.query_one(&stmt, &[&big(job)])?.get(0);
         Ok(len as u64)
     }
 
-    fn expire_output(&mut self, job: u64, at_ms: u64) -> Result<()> {
+    fn expire_output(&mut self, job: JobId, at_ms: u64) -> Result<()> {
+        let job = job.0;
         let stmt = self.statement(
             "INSERT INTO output_expiry (job, at_ms, removed_ms) VALUES ($1, $2, NULL)
              ON CONFLICT (job) DO UPDATE SET at_ms = EXCLUDED.at_ms, removed_ms = NULL",
@@ -848,7 +865,7 @@ impl Store for PgStore {
         Ok(())
     }
 
-    fn prune_output(&mut self, now_ms: u64, limit: usize) -> Result<Vec<u64>> {
+    fn prune_output(&mut self, now_ms: u64, limit: usize) -> Result<Vec<JobId>> {
         let stmt = self.statement(
             "SELECT job FROM output_expiry WHERE removed_ms IS NULL AND at_ms <= $1 ORDER BY at_ms LIMIT $2",
         )?;
@@ -860,16 +877,18 @@ impl Store for PgStore {
             let mark = self.statement("UPDATE output_expiry SET removed_ms = $2 WHERE job = ANY($1)")?;
             self.db()?.execute(&mark, &[&due, &big(now_ms)])?;
         }
-        Ok(due.into_iter().map(|j| j as u64).collect())
+        Ok(due.into_iter().map(|j| JobId(j as u64)).collect())
     }
 
-    fn output_removed(&mut self, job: u64) -> Result<Option<u64>> {
+    fn output_removed(&mut self, job: JobId) -> Result<Option<u64>> {
+        let job = job.0;
         let stmt = self.statement("SELECT removed_ms FROM output_expiry WHERE job = $1")?;
         let row = self.db()?.query_opt(&stmt, &[&big(job)])?;
         Ok(row.and_then(|r| r.get::<_, Option<i64>>(0)).map(|ms| ms as u64))
     }
 
-    fn output(&mut self, job: u64, from: u64, to: u64) -> Result<Vec<u8>> {
+    fn output(&mut self, job: JobId, from: u64, to: u64) -> Result<Vec<u8>> {
+        let job = job.0;
         let stmt = self.statement(
             "SELECT start, data FROM output
              WHERE job = $1 AND start < $3 AND start + length(data) > $2 ORDER BY start",

@@ -4,6 +4,7 @@
 //! thread.
 
 use ebb_api::JobEvent;
+use ebb_core::{Attempt, JobId, TenantId};
 use rusqlite::{params, Connection, OptionalExtension};
 use serde::{Deserialize, Serialize};
 use std::cell::Cell;
@@ -311,13 +312,18 @@ impl Store for SqliteStore {
         let mut snapshot = Snapshot::empty();
         let mut stmt = self.conn.prepare("SELECT id, name FROM tenants ORDER BY id")?;
         snapshot.tenants = stmt
-            .query_map([], |r| Ok(TenantRow { id: r.get(0)?, name: r.get(1)? }))?
+            .query_map([], |r| Ok(TenantRow { id: TenantId(r.get(0)?), name: r.get(1)? }))?
             .collect::<rusqlite::Result<_>>()?;
         let mut stmt = self.conn.prepare("SELECT hash, tenant, scope, node FROM tokens")?;
         snapshot.tokens = stmt
             .query_map([], |r| {
                 let scope = scope_of(&r.get::<_, String>(2)?);
-                Ok(TokenRow { hash: r.get(0)?, tenant: r.get(1)?, scope, node: r.get(3)? })
+                Ok(TokenRow {
+                    hash: r.get(0)?,
+                    tenant: r.get::<_, Option<u32>>(1)?.map(TenantId),
+                    scope,
+                    node: r.get(3)?,
+                })
             })?
             .collect::<rusqlite::Result<_>>()?;
         let mut stmt = self.conn.prepare("SELECT record FROM nodes ORDER BY name")?;
@@ -347,7 +353,7 @@ impl Store for SqliteStore {
         let limits: Vec<(u32, String)> =
             stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<rusqlite::Result<_>>()?;
         for (tenant, record) in limits {
-            snapshot.tenant_limits.push((tenant, serde_json::from_str(&record)?));
+            snapshot.tenant_limits.push((TenantId(tenant), serde_json::from_str(&record)?));
         }
         let mut stmt = self
             .conn
@@ -356,7 +362,7 @@ impl Store for SqliteStore {
             .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
             .collect::<rusqlite::Result<_>>()?;
         for (tenant, registry, record) in logins {
-            snapshot.registry_logins.push((tenant, registry, serde_json::from_str(&record)?));
+            snapshot.registry_logins.push((TenantId(tenant), registry, serde_json::from_str(&record)?));
         }
         let mut stmt = self.conn.prepare("SELECT model, preemptible_limit FROM reclaims ORDER BY model")?;
         let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, u32>(1)?)))?;
@@ -420,14 +426,14 @@ impl Store for SqliteStore {
     }
 
     fn put_tenant(&mut self, t: &TenantRow) -> Result<()> {
-        self.run("INSERT OR REPLACE INTO tenants (id, name) VALUES (?1, ?2)", params![t.id, t.name])?;
+        self.run("INSERT OR REPLACE INTO tenants (id, name) VALUES (?1, ?2)", params![t.id.0, t.name])?;
         Ok(())
     }
 
     fn put_token(&mut self, t: &TokenRow) -> Result<()> {
         self.run(
             "INSERT OR REPLACE INTO tokens (hash, tenant, scope, node) VALUES (?1, ?2, ?3, ?4)",
-            params![t.hash, t.tenant, scope_name(t.scope), t.node],
+            params![t.hash, t.tenant.map(|t| t.0), scope_name(t.scope), t.node],
         )?;
         Ok(())
     }
@@ -445,7 +451,8 @@ impl Store for SqliteStore {
         Ok(())
     }
 
-    fn put_job<J: Serialize>(&mut self, id: u64, c: &JobColumns, job: &J) -> Result<()> {
+    fn put_job<J: Serialize>(&mut self, id: JobId, c: &JobColumns, job: &J) -> Result<()> {
+        let id = id.0;
         let record = serde_json::to_string(job)?;
         // A job's tenant, GPUs, name and array never change once it is
         // stored: an update sets only what can, and its state only when
@@ -457,13 +464,13 @@ impl Store for SqliteStore {
                 self.run(
                     "UPDATE jobs SET record = ?2, tier = ?3, attempt = ?4, preemptions = ?5
                      WHERE id = ?1 AND state = ?6",
-                    params![id as i64, record, c.tier, c.attempt, c.preemptions, c.state],
+                    params![id as i64, record, c.tier, c.attempt.0, c.preemptions, c.state],
                 )?
             } else {
                 self.run(
                     "UPDATE jobs SET record = ?2, tier = ?3, attempt = ?4, preemptions = ?5, state = ?6
                      WHERE id = ?1",
-                    params![id as i64, record, c.tier, c.attempt, c.preemptions, c.state],
+                    params![id as i64, record, c.tier, c.attempt.0, c.preemptions, c.state],
                 )?
             };
             if updated > 0 {
@@ -480,22 +487,23 @@ impl Store for SqliteStore {
                  attempt = excluded.attempt, preemptions = excluded.preemptions",
             params![
                 id as i64,
-                c.tenant,
+                c.tenant.0,
                 record,
                 c.state,
                 c.tier,
                 c.gpus,
                 c.name,
-                c.array.map(|(array, _)| array as i64),
+                c.array.map(|(array, _)| array.0 as i64),
                 c.array.map(|(_, index)| index.min(i64::MAX as u64) as i64),
-                c.attempt,
+                c.attempt.0,
                 c.preemptions
             ],
         )?;
         Ok(())
     }
 
-    fn job<J: JobRow>(&mut self, id: u64) -> Result<Option<J>> {
+    fn job<J: JobRow>(&mut self, id: JobId) -> Result<Option<J>> {
+        let id = id.0;
         Ok(self.records("SELECT record FROM jobs WHERE id = ?1", params![id as i64])?.pop())
     }
 
@@ -518,7 +526,8 @@ impl Store for SqliteStore {
         JobRows::read(records.map(|r| r.map_err(StoreError::from)), query)
     }
 
-    fn array_states(&mut self, array: u64) -> Result<Vec<(String, u64)>> {
+    fn array_states(&mut self, array: JobId) -> Result<Vec<(String, u64)>> {
+        let array = array.0;
         let mut stmt = self.conn.prepare_cached(
             "SELECT state, COUNT(*) FROM jobs WHERE array_id = ?1 GROUP BY state ORDER BY state",
         )?;
@@ -526,16 +535,17 @@ impl Store for SqliteStore {
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
-    fn array_tasks(&mut self, array: u64) -> Result<Vec<TaskRow>> {
+    fn array_tasks(&mut self, array: JobId) -> Result<Vec<TaskRow>> {
+        let array = array.0;
         let mut stmt = self.conn.prepare_cached(
             "SELECT id, array_index, state, attempt, preemptions FROM jobs WHERE array_id = ?1 ORDER BY id",
         )?;
         let rows = stmt.query_map(params![array as i64], |r| {
             Ok(TaskRow {
-                id: r.get::<_, i64>(0)? as u64,
+                id: JobId(r.get::<_, i64>(0)? as u64),
                 index: r.get::<_, i64>(1)? as u64,
                 state: r.get(2)?,
-                attempt: r.get(3)?,
+                attempt: Attempt(r.get(3)?),
                 preemptions: r.get(4)?,
             })
         })?;
@@ -558,7 +568,8 @@ impl Store for SqliteStore {
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
-    fn add_event(&mut self, job: u64, e: &JobEvent) -> Result<()> {
+    fn add_event(&mut self, job: JobId, e: &JobEvent) -> Result<()> {
+        let job = job.0;
         self.run(
             "INSERT INTO events (job, at_ms, kind, attempt, detail) VALUES (?1, ?2, ?3, ?4, ?5)",
             params![job as i64, e.at_ms as i64, e.kind().as_str(), e.attempt, e.event.detail_json()],
@@ -566,7 +577,8 @@ impl Store for SqliteStore {
         Ok(())
     }
 
-    fn events(&mut self, job: u64) -> Result<Vec<JobEvent>> {
+    fn events(&mut self, job: JobId) -> Result<Vec<JobEvent>> {
+        let job = job.0;
         let mut stmt = self
             .conn
             .prepare_cached("SELECT at_ms, kind, attempt, detail FROM events WHERE job = ?1 ORDER BY seq")?;
@@ -585,13 +597,14 @@ impl Store for SqliteStore {
         Ok(events)
     }
 
-    fn log_state(&mut self, job: u64) -> Result<Option<LogState>> {
+    fn log_state(&mut self, job: JobId) -> Result<Option<LogState>> {
+        let job = job.0;
         Ok(self.records("SELECT record FROM logs WHERE job = ?1", params![job as i64])?.pop())
     }
 
-    fn file_logs(&mut self) -> Result<Vec<(u64, LogState)>> {
+    fn file_logs(&mut self) -> Result<Vec<(JobId, LogState)>> {
         let mut stmt = self.conn.prepare_cached("SELECT job, record FROM logs")?;
-        let rows = stmt.query_map([], |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, String>(1)?)))?;
+        let rows = stmt.query_map([], |r| Ok((JobId(r.get::<_, i64>(0)? as u64), r.get::<_, String>(1)?)))?;
         let mut logs = Vec::new();
         for row in rows {
             let (job, record) = row?;
@@ -603,7 +616,8 @@ impl Store for SqliteStore {
         Ok(logs)
     }
 
-    fn put_log_state(&mut self, job: u64, state: &LogState) -> Result<()> {
+    fn put_log_state(&mut self, job: JobId, state: &LogState) -> Result<()> {
+        let job = job.0;
         let mut stmt =
             self.conn.prepare_cached("INSERT OR REPLACE INTO logs (job, record) VALUES (?1, ?2)")?;
         stmt.execute(params![job as i64, serde_json::to_string(state)?])?;
@@ -639,7 +653,8 @@ impl Store for SqliteStore {
         Ok(())
     }
 
-    fn put_output(&mut self, job: u64, offset: u64, data: &[u8], node: Option<&str>) -> Result<()> {
+    fn put_output(&mut self, job: JobId, offset: u64, data: &[u8], node: Option<&str>) -> Result<()> {
+        let job = job.0;
         let mut stmt = self
             .conn
             .prepare_cached("INSERT INTO output (job, start, data, node) VALUES (?1, ?2, ?3, ?4)")?;
@@ -647,7 +662,8 @@ impl Store for SqliteStore {
         Ok(())
     }
 
-    fn output_sources(&mut self, job: u64, from: u64, to: u64) -> Result<Vec<(u64, String)>> {
+    fn output_sources(&mut self, job: JobId, from: u64, to: u64) -> Result<Vec<(u64, String)>> {
+        let job = job.0;
         let mut stmt = self.conn.prepare_cached(
             "SELECT start, node FROM output
              WHERE job = ?1 AND start < ?3 AND start + length(data) > ?2 AND node IS NOT NULL ORDER BY start",
@@ -658,14 +674,16 @@ impl Store for SqliteStore {
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
-    fn output_len(&mut self, job: u64) -> Result<u64> {
+    fn output_len(&mut self, job: JobId) -> Result<u64> {
+        let job = job.0;
         let mut stmt = self
             .conn
             .prepare_cached("SELECT COALESCE(MAX(start + length(data)), 0) FROM output WHERE job = ?1")?;
         Ok(stmt.query_row(params![job as i64], |row| row.get::<_, i64>(0))? as u64)
     }
 
-    fn expire_output(&mut self, job: u64, at_ms: u64) -> Result<()> {
+    fn expire_output(&mut self, job: JobId, at_ms: u64) -> Result<()> {
+        let job = job.0;
         self.run(
             "INSERT OR REPLACE INTO output_expiry (job, at_ms, removed_ms) VALUES (?1, ?2, NULL)",
             params![job as i64, at_ms.min(i64::MAX as u64) as i64],
@@ -673,7 +691,7 @@ impl Store for SqliteStore {
         Ok(())
     }
 
-    fn prune_output(&mut self, now_ms: u64, limit: usize) -> Result<Vec<u64>> {
+    fn prune_output(&mut self, now_ms: u64, limit: usize) -> Result<Vec<JobId>> {
         let now = now_ms.min(i64::MAX as u64) as i64;
         let due: Vec<i64> = {
             let mut stmt = self.conn.prepare_cached(
@@ -686,17 +704,19 @@ impl Store for SqliteStore {
             self.run("DELETE FROM output WHERE job = ?1", params![job])?;
             self.run("UPDATE output_expiry SET removed_ms = ?2 WHERE job = ?1", params![job, now])?;
         }
-        Ok(due.into_iter().map(|j| j as u64).collect())
+        Ok(due.into_iter().map(|j| JobId(j as u64)).collect())
     }
 
-    fn output_removed(&mut self, job: u64) -> Result<Option<u64>> {
+    fn output_removed(&mut self, job: JobId) -> Result<Option<u64>> {
+        let job = job.0;
         let mut stmt = self.conn.prepare_cached("SELECT removed_ms FROM output_expiry WHERE job = ?1")?;
         let removed: Option<Option<i64>> =
             stmt.query_row(params![job as i64], |row| row.get(0)).optional()?;
         Ok(removed.flatten().map(|ms| ms as u64))
     }
 
-    fn output(&mut self, job: u64, from: u64, to: u64) -> Result<Vec<u8>> {
+    fn output(&mut self, job: JobId, from: u64, to: u64) -> Result<Vec<u8>> {
+        let job = job.0;
         let mut stmt = self.conn.prepare_cached(
             "SELECT start, data FROM output
              WHERE job = ?1 AND start < ?3 AND start + length(data) > ?2 ORDER BY start",
@@ -714,7 +734,8 @@ impl Store for SqliteStore {
         Ok(out)
     }
 
-    fn put_tenant_limits(&mut self, tenant: u32, limits: &ebb_api::TenantLimits) -> Result<()> {
+    fn put_tenant_limits(&mut self, tenant: TenantId, limits: &ebb_api::TenantLimits) -> Result<()> {
+        let tenant = tenant.0;
         let mut stmt = self
             .conn
             .prepare_cached("INSERT OR REPLACE INTO tenant_limits (tenant, record) VALUES (?1, ?2)")?;
@@ -724,10 +745,11 @@ impl Store for SqliteStore {
 
     fn put_registry_login(
         &mut self,
-        tenant: u32,
+        tenant: TenantId,
         registry: &str,
         login: Option<&ebb_api::RegistryLogin>,
     ) -> Result<()> {
+        let tenant = tenant.0;
         match login {
             Some(login) => self
                 .run(
@@ -775,12 +797,13 @@ impl Store for SqliteStore {
     fn add_usage(&mut self, u: &UsageRow) -> Result<()> {
         self.run(
             "INSERT INTO usage (job, attempt, tenant, ended_ms, record) VALUES (?1, ?2, ?3, ?4, ?5)",
-            params![u.job as i64, u.attempt, u.tenant, u.ended_ms as i64, serde_json::to_string(u)?],
+            params![u.job.0 as i64, u.attempt.0, u.tenant.0, u.ended_ms as i64, serde_json::to_string(u)?],
         )?;
         Ok(())
     }
 
-    fn usage(&mut self, tenant: Option<u32>, from_ms: u64, to_ms: u64) -> Result<Vec<UsageRow>> {
+    fn usage(&mut self, tenant: Option<TenantId>, from_ms: u64, to_ms: u64) -> Result<Vec<UsageRow>> {
+        let tenant = tenant.map(|t| t.0);
         let clamp = |ms: u64| ms.min(i64::MAX as u64) as i64;
         let (from, to) = (clamp(from_ms), clamp(to_ms));
         match tenant {
@@ -795,14 +818,15 @@ impl Store for SqliteStore {
         }
     }
 
-    fn job_usage(&mut self, job: u64) -> Result<Vec<UsageRow>> {
+    fn job_usage(&mut self, job: JobId) -> Result<Vec<UsageRow>> {
+        let job = job.0;
         self.records("SELECT record FROM usage WHERE job = ?1 ORDER BY attempt", params![job as i64])
     }
 
-    fn max_job_id(&mut self) -> Result<u64> {
+    fn max_job_id(&mut self) -> Result<JobId> {
         let id: Option<i64> =
             self.conn.query_row("SELECT MAX(id) FROM jobs", [], |r| r.get(0)).optional()?.flatten();
-        Ok(id.unwrap_or(0) as u64)
+        Ok(JobId(id.unwrap_or(0) as u64))
     }
 }
 

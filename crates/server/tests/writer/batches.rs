@@ -4,6 +4,7 @@
 //! checkpoints and reports sent again leave behind across restarts.
 
 use ebb_api::{Action, AgentEvent, AttemptRef, EventKind, JobEvent, Report, ReportId, StopNotice};
+use ebb_core::{Attempt, JobId};
 use ebb_server::engine::Msg;
 use ebb_server::store::Store;
 use tokio::sync::oneshot;
@@ -66,16 +67,16 @@ fn store_errors_mid_batch<S: Store>(mut env_for: impl FnMut(&str) -> TestEnv<S>)
         // The restarted writer has what the last commit had: one running job.
         env.restart();
         assert_eq!(env.jobs(), vec![attempt.job], "{op}");
-        assert_eq!(env.job(attempt.job).unwrap().state, "running", "{op}");
-        assert!(env.usage(attempt.job).is_empty(), "{op}: usage of an abandoned batch");
-        assert_eq!(env.log(attempt.job), "", "{op}: output of an abandoned batch");
+        assert_eq!(env.job(JobId(attempt.job.0)).unwrap().state, "running", "{op}");
+        assert!(env.usage(JobId(attempt.job.0)).is_empty(), "{op}: usage of an abandoned batch");
+        assert_eq!(env.log(JobId(attempt.job.0)), "", "{op}: output of an abandoned batch");
 
         // The agent registers again and delivers what it still holds.
         env.register("a", vec![attempt], Vec::new());
         env.report("a", events);
-        assert_eq!(env.job(attempt.job).unwrap().state, "succeeded", "{op}");
-        assert_eq!(env.usage(attempt.job).len(), 1, "{op}");
-        assert_eq!(env.log(attempt.job), "done\n", "{op}");
+        assert_eq!(env.job(JobId(attempt.job.0)).unwrap().state, "succeeded", "{op}");
+        assert_eq!(env.usage(JobId(attempt.job.0)).len(), 1, "{op}");
+        assert_eq!(env.log(JobId(attempt.job.0)), "done\n", "{op}");
     }
 }
 
@@ -93,7 +94,7 @@ fn a_read_issued_in_the_batch_of_a_submission_is_answered_only_after_its_commit(
         reply: tx,
     };
     let (tx, mut one) = oneshot::channel();
-    let job = Msg::Job { principal: env.admin.clone(), id: 1, reply: tx };
+    let job = Msg::Job { principal: env.admin.clone(), id: JobId(1), reply: tx };
     let now = env.now;
     env.engine.take().unwrap().crash_during(vec![submit, jobs, job], now);
     assert!(submitted.try_recv().is_err());
@@ -111,7 +112,10 @@ fn a_read_issued_in_the_batch_of_a_submission_is_answered_only_after_its_commit(
     };
     env.engine().batch(vec![submit, jobs], now).unwrap();
     let id = submitted.try_recv().unwrap().unwrap()[0];
-    assert_eq!(read.try_recv().unwrap().unwrap().jobs.iter().map(|j| j.id).collect::<Vec<_>>(), vec![id]);
+    assert_eq!(
+        read.try_recv().unwrap().unwrap().jobs.iter().map(|j| JobId(j.id)).collect::<Vec<_>>(),
+        vec![id]
+    );
 }
 
 /// The log has a batch's events only once the batch has committed, and
@@ -238,7 +242,7 @@ fn every_event_of_a_batch_is_stamped_with_the_batchs_instant() {
     env.now += 1_234;
     let at = env.now;
     env.report("a", vec![exited(attempt, 0, at)]);
-    let events = env.job(attempt.job).unwrap().events;
+    let events = env.job(JobId(attempt.job.0)).unwrap().events;
     let stamps: Vec<(EventKind, u64)> = events.iter().map(|e| (e.kind(), e.at_ms)).collect();
     assert_eq!(
         stamps,
@@ -275,9 +279,9 @@ fn recovery_meters_the_attempts_it_ends() {
     env.now += 600_000;
     env.restart();
 
-    let job = env.job(attempt.job).unwrap();
+    let job = env.job(JobId(attempt.job.0)).unwrap();
     assert_eq!(job.state, "queued");
-    let usage = env.usage(attempt.job);
+    let usage = env.usage(JobId(attempt.job.0));
     assert_eq!(usage.len(), 1, "the attempt recovery ended was not metered");
     assert_eq!((usage[0].started_ms, usage[0].ended_ms), (T0, heard));
     assert_eq!(usage[0].outcome, "lost");
@@ -297,29 +301,34 @@ fn a_cancel_sends_its_notice_and_grace_keeps_its_deadline_and_is_sent_again_afte
 
     // The drain window here is 3 s: a longer grace is refused, and
     // nothing is cancelled.
-    let refused = env.cancel(id, Some(3_001)).unwrap_err();
+    let refused = env.cancel(JobId(id.0), Some(3_001)).unwrap_err();
     assert_eq!(ebb_server::http::status(refused.kind), 422);
     assert_eq!(refused.message, "grace_ms: a cancel's grace may be at most the drain window, 3s; got 3.001s");
     assert!(env.commands("a").is_empty());
-    assert_eq!(env.job(id).unwrap().state, "running");
+    assert_eq!(env.job(JobId(id.0)).unwrap().state, "running");
 
     // No grace asked: 10 s, or the drain window if shorter.
     env.now += 100;
     let asked = env.now;
-    assert_eq!(env.cancel(id, None).unwrap().state, "running");
+    assert_eq!(env.cancel(JobId(id.0), None).unwrap().state, "running");
     let notice = StopNotice { notice_at_ms: asked, deadline_ms: asked + 3_000 };
     assert_eq!(env.commands("a"), vec![Action::Stop { attempt, grace_ms: 3_000, notice: Some(notice) }]);
-    let event =
-        env.job(id).unwrap().events.into_iter().find(|e| e.kind() == EventKind::CancelRequested).unwrap();
+    let event = env
+        .job(JobId(id.0))
+        .unwrap()
+        .events
+        .into_iter()
+        .find(|e| e.kind() == EventKind::CancelRequested)
+        .unwrap();
     assert_eq!(detail(&event)["grace_seconds"], 3.0);
 
     // Again with more time: nothing changes; with less: the deadline
     // comes sooner.
     env.now += 100;
-    env.cancel(id, Some(3_000)).unwrap();
+    env.cancel(JobId(id.0), Some(3_000)).unwrap();
     assert!(env.commands("a").is_empty(), "a second cancel gave more time");
     let sooner = StopNotice { notice_at_ms: env.now, deadline_ms: env.now + 1_000 };
-    env.cancel(id, Some(1_000)).unwrap();
+    env.cancel(JobId(id.0), Some(1_000)).unwrap();
     assert_eq!(
         env.commands("a"),
         vec![Action::Stop { attempt, grace_ms: 1_000, notice: Some(sooner.clone()) }]
@@ -332,7 +341,7 @@ fn a_cancel_sends_its_notice_and_grace_keeps_its_deadline_and_is_sent_again_afte
     assert_eq!(env.commands("a"), vec![Action::Stop { attempt, grace_ms: 600, notice: Some(sooner) }]);
 
     env.report("a", vec![exited(attempt, 143, env.now)]);
-    assert_eq!(env.job(id).unwrap().state, "cancelled");
+    assert_eq!(env.job(JobId(id.0)).unwrap().state, "cancelled");
 }
 
 /// A drill is kept with the job: a server restarted while the drilled
@@ -347,7 +356,7 @@ fn a_drill_survives_a_restart_and_its_exit_requeues_the_job_as_a_drill() {
     let id = attempt.job;
     env.now += 5_000;
     let notice_at = env.now;
-    let job = env.drill(id).unwrap();
+    let job = env.drill(JobId(id.0)).unwrap();
     assert_eq!(job.state, "draining");
     let drill = job.drill.expect("the drill, in the answer");
     assert_eq!((drill.attempt, drill.notice_at_ms, drill.deadline_ms), (1, notice_at, notice_at + 3_000));
@@ -365,7 +374,7 @@ fn a_drill_survives_a_restart_and_its_exit_requeues_the_job_as_a_drill() {
     assert_eq!(sent.len(), 1);
     assert_eq!((sent[0].attempt, sent[0].deadline_ms), (attempt, notice_at + 3_000));
     assert!(sent[0].reason.starts_with("drill: "), "{}", sent[0].reason);
-    let again = env.drill(id).unwrap_err();
+    let again = env.drill(JobId(id.0)).unwrap_err();
     assert_eq!(
         (ebb_server::http::status(again.kind), again.message.as_str()),
         (409, format!("job {id}: already draining ({})", sent[0].reason).as_str())
@@ -379,11 +388,11 @@ fn a_drill_survives_a_restart_and_its_exit_requeues_the_job_as_a_drill() {
     let at_ms = env.now;
     let save = AgentEvent::Checkpoint { attempt, step: Some(8), bytes: None, duration_ms: 200, at_ms };
     env.report("a", vec![save, exited(attempt, 0, at_ms + 50)]);
-    let job = env.job(id).unwrap();
+    let job = env.job(JobId(id.0)).unwrap();
     // Requeued and placed again in the same batch.
     assert_eq!((job.state.as_str(), job.attempt), ("starting", 2));
     assert_eq!((job.preemptions, job.retries, job.lost_gpu_seconds), (0, 0, 0.0));
-    let usage = env.usage(id);
+    let usage = env.usage(JobId(id.0));
     assert_eq!(usage.len(), 1);
     assert_eq!(
         (usage[0].outcome.as_str(), usage[0].drain_gpu_seconds, usage[0].lost_gpu_seconds),
@@ -399,11 +408,11 @@ fn a_drill_survives_a_restart_and_its_exit_requeues_the_job_as_a_drill() {
 
     // Placed again at once; the new attempt resumes from step 8.
     let next = *env.poll("a").first().expect("placed again");
-    assert_eq!(next, AttemptRef { job: id, attempt: 2 });
+    assert_eq!(next, AttemptRef { job: id, attempt: Attempt(2) });
     let at_ms = env.now;
     env.report("a", vec![AgentEvent::Started { attempt: next, pid: 4343, at_ms }]);
     env.report("a", vec![AgentEvent::Resumed { attempt: next, step: Some(8), at_ms }]);
-    let job = env.job(id).unwrap();
+    let job = env.job(JobId(id.0)).unwrap();
     let drill = job.drill.unwrap();
     assert_eq!((drill.verdict.as_deref(), drill.failures.len()), (Some("ready"), 0));
     assert_eq!(
@@ -486,9 +495,14 @@ fn a_report_sent_again_adds_its_output_and_checkpoint_once() {
     env.restart();
     env.register("a", vec![attempt], Vec::new());
     env.report_as("a", events.clone(), Some(first));
-    assert_eq!(env.log(attempt.job), "step 1\n");
-    let checkpoints =
-        env.job(attempt.job).unwrap().events.iter().filter(|e| e.kind() == EventKind::Checkpoint).count();
+    assert_eq!(env.log(JobId(attempt.job.0)), "step 1\n");
+    let checkpoints = env
+        .job(JobId(attempt.job.0))
+        .unwrap()
+        .events
+        .iter()
+        .filter(|e| e.kind() == EventKind::Checkpoint)
+        .count();
     assert_eq!(checkpoints, 1);
 
     let next = vec![AgentEvent::Output { attempt, data: "step 2\n".into() }];
@@ -496,7 +510,7 @@ fn a_report_sent_again_adds_its_output_and_checkpoint_once() {
     // The agent restarted: a new session starts again from 1.
     let again = vec![AgentEvent::Output { attempt, data: "step 3\n".into() }];
     env.report_as("a", again, Some(ReportId { session: 78, seq: 1 }));
-    assert_eq!(env.log(attempt.job), "step 1\nstep 2\nstep 3\n");
+    assert_eq!(env.log(JobId(attempt.job.0)), "step 1\nstep 2\nstep 3\n");
 }
 
 /// A finished job's output stays `keep_output`, then goes (a minute's
@@ -516,21 +530,22 @@ fn finished_jobs_output_goes_after_keep_output_and_the_log_says_when() {
     env.report("a", vec![out("done\n", done), exited(done, 0, now), out("working\n", still)]);
     let read = |env: &mut TestEnv, id: u64| {
         let admin = env.admin.clone();
-        env.call(|reply| Msg::LogFile { principal: admin, id, offset: 0, sources: false, reply }).unwrap()
+        env.call(|reply| Msg::LogFile { principal: admin, id: JobId(id), offset: 0, sources: false, reply })
+            .unwrap()
     };
     env.now += 3_599_000;
-    let log = read(&mut env, done.job);
+    let log = read(&mut env, done.job.0);
     assert_eq!((log.stored.as_deref(), log.removed_ms), (Some(&b"done\n"[..]), None), "kept for the hour");
     env.now += 62_000;
-    read(&mut env, done.job); // the batch after the hour prunes
+    read(&mut env, done.job.0); // the batch after the hour prunes
     let pruned_at = env.now;
-    let log = read(&mut env, done.job);
+    let log = read(&mut env, done.job.0);
     assert_eq!((log.committed, log.removed_ms, log.finished), (0, Some(pruned_at), true), "gone, and when");
-    assert_eq!(env.log(done.job), "");
-    assert_eq!(env.job(done.job).unwrap().state, "succeeded", "the job stays");
-    assert_eq!(env.log(still.job), "working\n", "a running job's output stays");
+    assert_eq!(env.log(JobId(done.job.0)), "");
+    assert_eq!(env.job(JobId(done.job.0)).unwrap().state, "succeeded", "the job stays");
+    assert_eq!(env.log(JobId(still.job.0)), "working\n", "a running job's output stays");
     // A restart finds the same: the expiry is in the store.
     env.restart();
     env.now += 1_000;
-    assert_eq!(read(&mut env, done.job).removed_ms, Some(pruned_at));
+    assert_eq!(read(&mut env, done.job.0).removed_ms, Some(pruned_at));
 }

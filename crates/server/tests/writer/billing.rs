@@ -14,6 +14,7 @@
 //! truth: when each process really started and ended.
 
 use crate::pg;
+use ebb_core::TenantId;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -164,8 +165,8 @@ impl<S: Store> World<S> {
                 credential: false,
             })
             .collect();
-        let admin = Principal::tenant(Scope::Admin, 1, "default");
-        let acme = Principal::tenant(Scope::Tenant, 2, "acme");
+        let admin = Principal::tenant(Scope::Admin, TenantId(1), "default");
+        let acme = Principal::tenant(Scope::Tenant, TenantId(2), "acme");
         let open_store = open_store(&dir);
         let mut world =
             World { dir, open_store, engine: None, now: START, nodes, ran: Vec::new(), admin, acme };
@@ -571,11 +572,11 @@ fn check_on<S: Store>(
     // One record per process that ran, metered over its real life.
     let mut by_attempt: BTreeMap<(u64, u32), &ebb_server::store::UsageRow> = BTreeMap::new();
     for r in &records {
-        prop_assert!(by_attempt.insert((r.job, r.attempt), r).is_none(), "attempt billed twice");
+        prop_assert!(by_attempt.insert((r.job.0, r.attempt.0), r).is_none(), "attempt billed twice");
     }
     prop_assert_eq!(records.len(), world.ran.len(), "records vs processes that ran: {:?}", world.ran);
     for ran in &world.ran {
-        let r = by_attempt.get(&(ran.attempt.job, ran.attempt.attempt));
+        let r = by_attempt.get(&(ran.attempt.job.0, ran.attempt.attempt.0));
         prop_assert!(r.is_some(), "{:?} ran but was not billed", ran);
         let r = r.unwrap();
         prop_assert_eq!((r.started_ms, r.ended_ms, r.gpus), (ran.started, ran.ended, ran.gpus), "{:?}", ran);
@@ -586,7 +587,7 @@ fn check_on<S: Store>(
     // those every one after its job's first.
     let mut preempted_by_job: BTreeMap<u64, u64> = BTreeMap::new();
     for ran in world.ran.iter().filter(|r| r.preempted) {
-        *preempted_by_job.entry(ran.attempt.job).or_default() += 1;
+        *preempted_by_job.entry(ran.attempt.job.0).or_default() += 1;
     }
     let truth_preemptions: u64 = preempted_by_job.values().sum();
     let truth_repeats: u64 = preempted_by_job.values().map(|n| n - 1).sum();

@@ -3,6 +3,7 @@
 //! memory still listed, shown, logged and counted; a deadline promotion
 //! billed at both rates.
 
+use ebb_core::{JobId, TenantId};
 use std::collections::BTreeMap;
 
 use ebb_api::{Action, AgentEvent, AttemptRef, EventKind, JobSubmission};
@@ -315,18 +316,18 @@ fn a_finished_job_out_of_memory_is_still_listed_shown_logged_and_counted() {
             ),
             2 => env.report("a", vec![exited(started[0], 0, at_ms)]),
             3 => {
-                env.cancel(started[1].job, None).unwrap();
+                env.cancel(JobId(started[1].job.0), None).unwrap();
                 env.report("a", vec![exited(started[1], 143, at_ms)]);
             }
             _ => {}
         }
     };
     let query = ebb_server::engine::JobQuery { cursor: Some(0), limit: 1, ..Default::default() };
-    let listed: Vec<u64> = all_pages(&mut env, query, ending).iter().map(|j| j.id).collect();
+    let listed: Vec<JobId> = all_pages(&mut env, query, ending).iter().map(|j| JobId(j.id)).collect();
     assert_eq!(listed, vec![single.job, tasks[0], tasks[1], tasks[2]], "each job exactly once");
 
     for life in ["before a restart", "after a restart"] {
-        let shown = env.job(single.job).unwrap();
+        let shown = env.job(JobId(single.job.0)).unwrap();
         assert_eq!(shown.state, "succeeded", "{life}");
         assert!(shown.events.iter().any(|e| e.kind() == EventKind::Exited), "{life}");
         assert_eq!(shown.usage.len(), 1, "{life}: its usage");
@@ -335,22 +336,22 @@ fn a_finished_job_out_of_memory_is_still_listed_shown_logged_and_counted() {
             .call(|reply| Msg::LogFile { principal, id: single.job, offset: 0, sources: false, reply })
             .unwrap();
         assert_eq!((log.stored.as_deref(), log.finished), (Some(&b"hello\n"[..]), true), "{life}");
-        let refused = env.cancel(single.job, None).unwrap_err();
+        let refused = env.cancel(JobId(single.job.0), None).unwrap_err();
         assert_eq!(
             (ebb_server::http::status(refused.kind), refused.message.as_str()),
             (409, "job 1: already succeeded; there is nothing to cancel")
         );
-        let refused = env.drill(single.job).unwrap_err();
+        let refused = env.drill(JobId(single.job.0)).unwrap_err();
         assert_eq!(
             (ebb_server::http::status(refused.kind), refused.message.as_str()),
             (409, "job 1: succeeded; only a running job can be drilled")
         );
-        let other = Principal::tenant(Scope::Tenant, 2, "acme");
+        let other = Principal::tenant(Scope::Tenant, TenantId(2), "acme");
         let hidden = env.call(|reply| Msg::Job { principal: other, id: single.job, reply }).unwrap_err();
         assert_eq!(ebb_server::http::status(hidden.kind), 404, "{life}: another tenant's finished job");
 
         // The array counts its finished tasks by state, shown and listed.
-        let head = env.job(tasks[0]).unwrap();
+        let head = env.job(JobId(tasks[0].0)).unwrap();
         let progress = head.progress.expect("an array's progress");
         let states: Vec<(&str, u64)> = progress.states.iter().map(|(s, n)| (s.as_str(), *n)).collect();
         assert_eq!(states, vec![("cancelled", 1), ("running", 1), ("succeeded", 1)], "{life}");
@@ -363,11 +364,11 @@ fn a_finished_job_out_of_memory_is_still_listed_shown_logged_and_counted() {
             ..Default::default()
         };
         let collapsed = all_pages(&mut env, query, |_| {});
-        assert_eq!(collapsed.iter().map(|j| j.id).collect::<Vec<_>>(), vec![tasks[0]], "{life}");
+        assert_eq!(collapsed.iter().map(|j| JobId(j.id)).collect::<Vec<_>>(), vec![tasks[0]], "{life}");
         assert_eq!(collapsed[0].progress.as_ref().map(|p| (p.done, p.total)), Some((1, 3)), "{life}");
         let query = ebb_server::engine::JobQuery { cursor: Some(0), limit: 2, ..Default::default() };
-        let listed: Vec<(u64, String)> =
-            all_pages(&mut env, query, |_| {}).into_iter().map(|j| (j.id, j.state)).collect();
+        let listed: Vec<(JobId, String)> =
+            all_pages(&mut env, query, |_| {}).into_iter().map(|j| (JobId(j.id), j.state)).collect();
         assert_eq!(
             listed,
             vec![
@@ -388,7 +389,7 @@ fn a_finished_job_out_of_memory_is_still_listed_shown_logged_and_counted() {
         env.register("a", vec![started[2]], Vec::new());
     }
     // Ids go on past every job, finished ones included.
-    assert_eq!(env.submit(1), tasks[2] + 1);
+    assert_eq!(env.submit(1), tasks[2].next());
 }
 
 /// A deadline job on track stays preemptible; once its progress says it
@@ -411,17 +412,17 @@ fn a_deadline_job_is_promoted_in_place_and_its_attempt_is_billed_at_both_rates()
     let attempt = *env.poll("a").iter().find(|a| a.job == id).expect("placed");
     let started = env.now;
     env.report("a", vec![AgentEvent::Started { attempt, pid: 1, at_ms: started }]);
-    assert_eq!(env.job(id).unwrap().deadline.unwrap().state, "no_progress");
+    assert_eq!(env.job(JobId(id.0)).unwrap().deadline.unwrap().state, "no_progress");
 
     // 10% in 10 s: 90 s more and a 72 s margin fit in the 590 s left.
     env.now += 10_000;
     env.report("a", vec![AgentEvent::Progress { attempt, fraction: 0.1, at_ms: env.now }]);
-    let job = env.job(id).unwrap();
+    let job = env.job(JobId(id.0)).unwrap();
     assert_eq!((job.tier.as_str(), job.deadline.unwrap().state.as_str()), ("preemptible", "on_track"));
     // 40% in 300 s: 450 s more and a 108 s margin do not fit in 300 s.
     env.now = started + 300_000;
     env.report("a", vec![AgentEvent::Progress { attempt, fraction: 0.4, at_ms: env.now }]);
-    let job = env.job(id).unwrap();
+    let job = env.job(JobId(id.0)).unwrap();
     assert_eq!((job.tier.as_str(), job.state.as_str(), job.attempt), ("on-demand", "running", 1));
     assert_eq!(job.deadline.as_ref().unwrap().state, "promoted");
     let promoted = job.events.iter().find(|e| e.kind() == EventKind::Promoted).expect("a promoted event");
@@ -430,10 +431,10 @@ fn a_deadline_job_is_promoted_in_place_and_its_attempt_is_billed_at_both_rates()
     // A restarted server keeps it on-demand and still splits its bill.
     env.restart();
     env.register("a", vec![attempt], Vec::new());
-    assert_eq!(env.job(id).unwrap().tier, "on-demand");
+    assert_eq!(env.job(JobId(id.0)).unwrap().tier, "on-demand");
     env.now += 100_000;
     env.report("a", vec![exited(attempt, 0, env.now)]);
-    let usage = env.usage(id);
+    let usage = env.usage(JobId(id.0));
     assert_eq!(usage.len(), 1);
     let parts: Vec<_> =
         usage[0].parts().iter().map(|p| (p.tier.clone(), p.seconds, p.rate, p.amount)).collect();
@@ -445,7 +446,7 @@ fn a_deadline_job_is_promoted_in_place_and_its_attempt_is_billed_at_both_rates()
         ]
     );
     assert_eq!((usage[0].seconds, usage[0].amount), (400, 500_000));
-    assert_eq!(env.job(id).unwrap().deadline.unwrap().state, "met");
+    assert_eq!(env.job(JobId(id.0)).unwrap().deadline.unwrap().state, "met");
     // `/metrics` counts its revenue as the record's parts, each under its
     // tier (the counter starts at the restart, before the attempt ended).
     let metrics = env.call(|reply| Msg::Metrics { reply });

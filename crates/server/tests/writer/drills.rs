@@ -3,6 +3,7 @@
 
 use ebb_api::AgentEvent;
 use ebb_core::Span;
+use ebb_core::{Attempt, JobId};
 use serde_json::{json, Value};
 
 use super::api::Api;
@@ -64,12 +65,12 @@ fn only_a_running_preemptible_job_of_ones_own_can_be_drilled_and_only_once_at_a_
     // Nothing was saved: the job exits in its window, starts again as
     // attempt 2, and the drill fails for want of a checkpoint.
     api.env.now += 1_000;
-    let attempt = starts.iter().copied().find(|a| a.job == running).unwrap();
+    let attempt = starts.iter().copied().find(|a| a.job == JobId(running)).unwrap();
     let at_ms = api.env.now;
     api.env.report("n1", vec![exited(attempt, 0, at_ms)]);
     let next = api.env.poll("n1");
-    let next = next.iter().copied().find(|a| a.job == running).expect("attempt 2 placed");
-    assert_eq!(next.attempt, 2);
+    let next = next.iter().copied().find(|a| a.job == JobId(running)).expect("attempt 2 placed");
+    assert_eq!(next.attempt, Attempt(2));
     api.env.report("n1", vec![AgentEvent::Started { attempt: next, pid: 4343, at_ms }]);
     let drilled = api.job(running);
     let d = &drilled["drill"];

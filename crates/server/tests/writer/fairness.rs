@@ -79,7 +79,7 @@ fn a_tenant_that_had_the_tier_waits_behind_one_that_had_none_and_says_why() {
     // The freed GPU goes to beta, which had none; acme's priority job is
     // next among acme's own, and waits behind beta.
     let started = start_all(&mut api, "node-0");
-    assert_eq!(started.iter().map(|a| a.job).collect::<Vec<_>>(), vec![late[0]]);
+    assert_eq!(started.iter().map(|a| a.job.0).collect::<Vec<_>>(), vec![late[0]]);
     let started_first = started;
     let job = api.job(late[1]);
     assert_eq!(job["pending_reason"], "resources", "{job}");
@@ -98,12 +98,12 @@ fn a_tenant_that_had_the_tier_waits_behind_one_that_had_none_and_says_why() {
     api.env.register_node("node-0", MODEL, 4, running, Vec::new());
     api.env.report("node-0", vec![exited(attempts[1], 0, api.env.now)]);
     let started = start_all(&mut api, "node-0");
-    assert_eq!(started.iter().map(|a| a.job).collect::<Vec<_>>(), vec![late[1]]);
+    assert_eq!(started.iter().map(|a| a.job.0).collect::<Vec<_>>(), vec![late[1]]);
     let list = tenants(&mut api);
     assert!(row(&list, "acme")["shares"][0]["share_percent"].as_f64().unwrap() > 90.0, "{list}");
     api.env.report("node-0", vec![exited(attempts[2], 0, api.env.now)]);
     let started = start_all(&mut api, "node-0");
-    assert_eq!(started.iter().map(|a| a.job).collect::<Vec<_>>(), vec![urgent], "acme's priority first");
+    assert_eq!(started.iter().map(|a| a.job.0).collect::<Vec<_>>(), vec![urgent], "acme's priority first");
     let _ = first;
 }
 

@@ -13,6 +13,7 @@
 //! checkpoints and progress with extreme values reach the handlers behind
 //! the fences. `PROPTEST_CASES` sets how many sequences (default 256).
 
+use ebb_core::{Attempt, JobId, TenantId};
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
@@ -70,8 +71,8 @@ impl World {
             dir,
             engine: None,
             now: T0,
-            admin: Principal::tenant(Scope::Admin, 1, "default"),
-            alice: Principal::tenant(Scope::Tenant, 2, "alice"),
+            admin: Principal::tenant(Scope::Admin, TenantId(1), "default"),
+            alice: Principal::tenant(Scope::Tenant, TenantId(2), "alice"),
             agents: HashMap::new(),
             joined: Default::default(),
             started: Vec::new(),
@@ -111,7 +112,7 @@ impl World {
     fn attempt(&self, which: Which, node: &str) -> AttemptRef {
         match which {
             Which::Any(attempt) => attempt,
-            Which::Started(_) if self.started.is_empty() => AttemptRef { job: 1, attempt: 1 },
+            Which::Started(_) if self.started.is_empty() => AttemptRef { job: JobId(1), attempt: Attempt(1) },
             Which::Started(n) => {
                 // Prefer this node's own attempts: those pass the fence.
                 let own: Vec<AttemptRef> =
@@ -208,20 +209,25 @@ impl World {
             }
             Step::Cancel { id, grace_ms, alice } => {
                 let principal = self.who(alice);
-                let _ =
-                    self.call(|reply| Msg::Cancel { principal, id, req: CancelRequest { grace_ms }, reply });
+                let _ = self.call(|reply| Msg::Cancel {
+                    principal,
+                    id: JobId(id),
+                    req: CancelRequest { grace_ms },
+                    reply,
+                });
             }
             Step::Drill { id, alice } => {
                 let principal = self.who(alice);
-                let _ = self.call(|reply| Msg::Drill { principal, id, reply });
+                let _ = self.call(|reply| Msg::Drill { principal, id: JobId(id), reply });
             }
             Step::Signal { id, signal, batch_only, alice } => {
                 let principal = self.who(alice);
-                let _ = self.call(|reply| Msg::Signal { principal, id, signal, batch_only, reply });
+                let _ =
+                    self.call(|reply| Msg::Signal { principal, id: JobId(id), signal, batch_only, reply });
             }
             Step::Show { id } => {
                 let principal = self.admin.clone();
-                let _ = self.call(|reply| Msg::Job { principal, id, reply });
+                let _ = self.call(|reply| Msg::Job { principal, id: JobId(id), reply });
             }
             Step::List => {
                 let principal = self.alice.clone();
@@ -240,7 +246,7 @@ impl World {
                 let principal = self.admin.clone();
                 let _ = self.call(|reply| Msg::LogFile {
                     principal,
-                    id,
+                    id: JobId(id),
                     offset,
                     sources: offset % 2 == 0,
                     reply,
@@ -342,7 +348,7 @@ impl World {
                 let login = login.map(|(username, password)| ebb_api::RegistryLogin { username, password });
                 let set = Some((registry.clone(), login));
                 let _ = self.call(|reply| Msg::RegistryLogins { principal, tenant, set, reply });
-                let _ = self.call(|reply| Msg::RegistryLoginFor { tenant: 2, registry, reply });
+                let _ = self.call(|reply| Msg::RegistryLoginFor { tenant: TenantId(2), registry, reply });
             }
             Step::Price { model, on_demand, reserved } => {
                 let update = PriceUpdate { on_demand_usd: on_demand, reserved_usd: reserved };

@@ -3,6 +3,7 @@
 //! taken; registry logins ride only with their tenant's starts.
 
 use ebb_api::{Action, AgentEvent, AttemptRef, EventKind, JobSubmission, StartAttempt};
+use ebb_core::{Attempt, JobId, TenantId};
 use ebb_server::engine::Msg;
 use ebb_server::store::Scope;
 use ebb_server::Principal;
@@ -30,7 +31,7 @@ fn gang(env: &mut TestEnv) -> (AttemptRef, Vec<(String, StartAttempt)>) {
     let starts = gang_starts(env);
     assert_eq!(starts.len(), 2, "a gang over both nodes");
     let attempt = starts[0].1.attempt;
-    assert_eq!(attempt.job, id);
+    assert_eq!(attempt.job, JobId(id.0));
     for (node, _) in &starts {
         let at_ms = env.now;
         env.report(node, vec![AgentEvent::Started { attempt, pid: 1, at_ms }]);
@@ -62,11 +63,11 @@ fn a_gang_waits_for_its_last_part_and_succeeds_only_if_every_part_did() {
     let at = env.now;
     env.report(&rank1, vec![exited(attempt, 0, at)]);
     assert_eq!(stops(&env.commands(&rank0)), 0, "rank 0 was stopped while saving its weights");
-    assert_eq!(env.job(attempt.job).unwrap().state, "running");
+    assert_eq!(env.job(JobId(attempt.job.0)).unwrap().state, "running");
     env.now += 3_000;
     let at = env.now;
     env.report(&rank0, vec![exited(attempt, 0, at)]);
-    assert_eq!(env.job(attempt.job).unwrap().state, "succeeded");
+    assert_eq!(env.job(JobId(attempt.job.0)).unwrap().state, "succeeded");
 
     // A part killed by a signal after another exited 0 is a failure.
     let (attempt, starts) = gang(&mut env);
@@ -84,7 +85,7 @@ fn a_gang_waits_for_its_last_part_and_succeeds_only_if_every_part_did() {
         ended_by: None,
     };
     env.report(&starts[0].0, vec![killed]);
-    assert_eq!(env.job(attempt.job).unwrap().state, "failed", "rank 0 was killed: no success");
+    assert_eq!(env.job(JobId(attempt.job.0)).unwrap().state, "failed", "rank 0 was killed: no success");
 }
 
 /// The parts left running past the gang exit grace are stopped, and the
@@ -117,7 +118,7 @@ fn a_gang_whose_parts_outrun_the_grace_or_whose_part_failed_is_stopped_and_fails
     assert_eq!(stops(&env.commands(&rank0)), 1, "past the grace: stopped");
     let at = env.now;
     env.report(&rank0, vec![exited(attempt, 0, at)]);
-    let job = env.job(attempt.job).unwrap();
+    let job = env.job(JobId(attempt.job.0)).unwrap();
     assert_eq!(job.state, "failed", "a part Ebb stopped is no success, even one that exited 0");
     let failed = job.events.iter().find(|e| e.kind() == EventKind::Failed).unwrap();
     let why = detail(failed)["reason"].as_str().unwrap().to_string();
@@ -130,7 +131,7 @@ fn a_gang_whose_parts_outrun_the_grace_or_whose_part_failed_is_stopped_and_fails
     assert_eq!(stops(&env.commands(&starts[0].0)), 1, "a failed part stops the others at once");
     let at = env.now + 500;
     env.report(&starts[0].0, vec![exited(attempt, 0, at)]);
-    let job = env.job(attempt.job).unwrap();
+    let job = env.job(JobId(attempt.job.0)).unwrap();
     assert_eq!(job.state, "failed");
     let failed = job.events.iter().find(|e| e.kind() == EventKind::Failed).unwrap();
     assert!(detail(failed)["reason"].as_str().unwrap().contains("exited with code 3"), "{failed:?}");
@@ -175,7 +176,7 @@ fn a_gang_whose_rendezvous_port_is_taken_is_requeued_with_another() {
     let again: Vec<StartAttempt> = gang_starts(&mut env).into_iter().map(|(_, s)| s).collect();
     assert_eq!(again.len(), 2);
     assert!(
-        again.iter().all(|s| s.attempt.attempt == 2 && s.env["MASTER_PORT"] != port.to_string()),
+        again.iter().all(|s| s.attempt.attempt == Attempt(2) && s.env["MASTER_PORT"] != port.to_string()),
         "{again:?}"
     );
 }
@@ -193,8 +194,8 @@ fn registry_logins_are_the_tenants_own_and_ride_only_with_its_starts() {
     env.restart();
     env.call(|reply| Msg::CreateTenant { name: "alice".into(), reply }).unwrap();
     env.call(|reply| Msg::CreateTenant { name: "bob".into(), reply }).unwrap();
-    let alice = Principal::tenant(Scope::Tenant, 2, "alice");
-    let bob = Principal::tenant(Scope::Tenant, 3, "bob");
+    let alice = Principal::tenant(Scope::Tenant, TenantId(2), "alice");
+    let bob = Principal::tenant(Scope::Tenant, TenantId(3), "bob");
     let submit = |env: &mut TestEnv, who: &Principal, spec: JobSubmission| {
         let principal = who.clone();
         env.call(|reply| Msg::Submit { principal, spec: Box::new(spec), reply })
@@ -237,11 +238,14 @@ fn registry_logins_are_the_tenants_own_and_ride_only_with_its_starts() {
         assert!(e.message.starts_with(field), "{}", e.message);
     }
     env.restart();
-    let kept =
-        env.call(|reply| Msg::RegistryLoginFor { tenant: 2, registry: "127.0.0.1:5000".into(), reply });
+    let kept = env.call(|reply| Msg::RegistryLoginFor {
+        tenant: TenantId(2),
+        registry: "127.0.0.1:5000".into(),
+        reply,
+    });
     assert_eq!(kept.map(|l| l.username), Some("alice".to_string()), "kept across a restart");
     assert!(env
-        .call(|reply| Msg::RegistryLoginFor { tenant: 3, registry: "127.0.0.1:5000".into(), reply })
+        .call(|reply| Msg::RegistryLoginFor { tenant: TenantId(3), registry: "127.0.0.1:5000".into(), reply })
         .is_none());
 
     // Alice's job in an image from that registry starts with her login and
@@ -267,21 +271,21 @@ fn registry_logins_are_the_tenants_own_and_ride_only_with_its_starts() {
         })
         .collect();
     let image_of =
-        |id: u64| starts.iter().find(|s| s.attempt.job == id).and_then(|s| s.image.clone()).unwrap();
-    let (h, b) = (image_of(hers), image_of(his));
+        |id: u64| starts.iter().find(|s| s.attempt.job == JobId(id)).and_then(|s| s.image.clone()).unwrap();
+    let (h, b) = (image_of(hers.0), image_of(his.0));
     assert_eq!(
         (h.digest.as_str(), h.username.as_deref(), h.password.as_deref(), h.root),
         (digest.as_str(), Some("alice"), Some("s3cret"), true)
     );
     assert_eq!((b.username, b.password, b.root), (None, None, false));
     assert!(!format!("{h:?}").contains("s3cret"), "a start's Debug never shows the password");
-    let shown = env.job(hers).unwrap();
+    let shown = env.job(JobId(hers.0)).unwrap();
     assert_eq!(shown.image.unwrap().digest, digest);
 
     // Removed: gone, and after a restart too.
     assert!(set(&mut env, &alice, "alice", "127.0.0.1:5000", None).unwrap().is_empty());
     env.restart();
     assert!(env
-        .call(|reply| Msg::RegistryLoginFor { tenant: 2, registry: "127.0.0.1:5000".into(), reply })
+        .call(|reply| Msg::RegistryLoginFor { tenant: TenantId(2), registry: "127.0.0.1:5000".into(), reply })
         .is_none());
 }

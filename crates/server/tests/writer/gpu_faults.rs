@@ -6,6 +6,7 @@
 //! are refused whole, by name. The writer (`Engine`) is driven directly,
 //! speaking the agent protocol as `ebb agent` does.
 
+use ebb_core::{Attempt, JobId};
 use std::collections::BTreeMap;
 
 use ebb_api::{
@@ -136,7 +137,7 @@ impl Server {
             ..Default::default()
         };
         let principal = self.env.admin.clone();
-        self.call(|reply| Msg::Submit { principal, spec: Box::new(spec), reply }).expect("submitted")[0]
+        (self.call(|reply| Msg::Submit { principal, spec: Box::new(spec), reply }).expect("submitted")[0]).0
     }
 
     fn node(&mut self) -> ebb_api::Node {
@@ -144,7 +145,7 @@ impl Server {
     }
 
     fn job(&mut self, id: u64) -> ebb_api::Job {
-        self.env.job(id).expect("job")
+        self.env.job(JobId(id)).expect("job")
     }
 
     fn undrain(&mut self, gpu: Option<u8>) -> Result<ebb_api::Node, ebb_server::Refusal> {
@@ -167,10 +168,10 @@ fn an_xid_79_requeues_the_attempt_on_its_gpu_as_lost_metered_to_the_fault_and_ke
     let mut s = Server::start("xid");
     let big = s.submit(8, "preemptible");
     let started = s.start_what_is_sent();
-    assert_eq!(started, vec![(AttemptRef { job: big, attempt: 1 }, (0..8).collect())]);
+    assert_eq!(started, vec![(AttemptRef { job: JobId(big), attempt: Attempt(1) }, (0..8).collect())]);
     let small = s.submit(2, "on-demand");
     let started = s.start_what_is_sent();
-    assert_eq!(started, vec![(AttemptRef { job: small, attempt: 1 }, vec![8, 9])]);
+    assert_eq!(started, vec![(AttemptRef { job: JobId(small), attempt: Attempt(1) }, vec![8, 9])]);
 
     // GPU 3 falls off the bus 50 s in; the agent's report comes 10 s later.
     s.advance(60_000);
@@ -184,7 +185,7 @@ fn an_xid_79_requeues_the_attempt_on_its_gpu_as_lost_metered_to_the_fault_and_ke
     assert!(said.contains("lost") && said.contains("Xid 79 (fallen off the bus)"), "{said}");
     let stops: Vec<Action> = s.poll().into_iter().filter(|a| matches!(a, Action::Stop { .. })).collect();
     assert!(
-        matches!(stops.as_slice(), [Action::Stop { attempt, .. }] if *attempt == AttemptRef { job: big, attempt: 1 }),
+        matches!(stops.as_slice(), [Action::Stop { attempt, .. }] if *attempt == AttemptRef { job: JobId(big), attempt: Attempt(1) }),
         "the node is told to stop the attempt: {stops:?}"
     );
     assert_eq!(s.job(small).state, "running", "the on-demand job on GPUs 8-9 goes on");
@@ -194,7 +195,7 @@ fn an_xid_79_requeues_the_attempt_on_its_gpu_as_lost_metered_to_the_fault_and_ke
     assert_eq!(node.gpus_out[0].reason, "GPU 3: Xid 79 (fallen off the bus)");
     // The exit the agent reports afterwards changes nothing.
     let exit = AgentEvent::Exited {
-        attempt: AttemptRef { job: big, attempt: 1 },
+        attempt: AttemptRef { job: JobId(big), attempt: Attempt(1) },
         code: None,
         signal: Some(9),
         completed: false,
@@ -213,14 +214,20 @@ fn an_xid_79_requeues_the_attempt_on_its_gpu_as_lost_metered_to_the_fault_and_ke
     assert_eq!(s.job(big).pending_reason, Some(ebb_api::PendingReason::Resources));
     let seven = s.submit(7, "on-demand");
     let started = s.start_what_is_sent();
-    assert_eq!(started, vec![(AttemptRef { job: seven, attempt: 1 }, vec![0, 1, 2, 4, 5, 6, 7])]);
+    assert_eq!(
+        started,
+        vec![(AttemptRef { job: JobId(seven), attempt: Attempt(1) }, vec![0, 1, 2, 4, 5, 6, 7])]
+    );
     let metrics = s.metrics();
     assert_eq!(metric(&metrics, "ebb_gpus_faulted"), 1.0);
     assert_eq!(metric(&metrics, "ebb_health_findings_total{class=\"fatal\",kind=\"xid\"}"), 1.0);
     assert_eq!(metric(&metrics, "ebb_gpus"), 9.0, "capacity without the GPU out");
 
     // A restart keeps it out, and its attempt ended.
-    let running = vec![AttemptRef { job: small, attempt: 1 }, AttemptRef { job: seven, attempt: 1 }];
+    let running = vec![
+        AttemptRef { job: JobId(small), attempt: Attempt(1) },
+        AttemptRef { job: JobId(seven), attempt: Attempt(1) },
+    ];
     s.restart(running);
     assert_eq!(s.node().gpus_out.iter().map(|o| o.gpu).collect::<Vec<_>>(), vec![3]);
     assert_eq!(s.job(big).state, "queued");
@@ -310,7 +317,7 @@ fn a_drain_finding_drains_the_node_with_its_window_and_a_warning_changes_nothing
     let drains: Vec<Action> = s.poll().into_iter().filter(|a| matches!(a, Action::Drain(_))).collect();
     match drains.as_slice() {
         [Action::Drain(d)] => {
-            assert_eq!(d.attempt, AttemptRef { job: preemptible, attempt: 1 });
+            assert_eq!(d.attempt, AttemptRef { job: JobId(preemptible), attempt: Attempt(1) });
             assert_eq!(d.deadline_ms - d.notice_at_ms, 60_000, "the ordinary window");
             assert_eq!(d.reason, format!("node node-0 drained for its health: {why}"));
         }
@@ -323,7 +330,7 @@ fn a_drain_finding_drains_the_node_with_its_window_and_a_warning_changes_nothing
     assert!(s.start_what_is_sent().is_empty());
     let node = s.undrain(None).expect("undrained");
     assert_eq!((node.status.as_str(), node.drained_for), ("up", None));
-    assert_eq!(s.start_what_is_sent().iter().map(|(a, _)| a.job).collect::<Vec<_>>(), vec![next]);
+    assert_eq!(s.start_what_is_sent().iter().map(|(a, _)| a.job.0).collect::<Vec<_>>(), vec![next]);
     // The drain was announced: it is no interruption, for an attempt
     // placed after it.
     let interval = s.job(next).checkpoint_interval_why.expect("an interval");
@@ -394,7 +401,7 @@ fn an_agents_stop_drains_the_node_requeues_what_it_ends_and_its_return_undoes_on
             _ => None,
         })
         .collect();
-    assert_eq!(drained, [AttemptRef { job: preemptible, attempt: 1 }], "{actions:?}");
+    assert_eq!(drained, [AttemptRef { job: JobId(preemptible), attempt: Attempt(1) }], "{actions:?}");
     assert!(!actions.iter().any(|a| matches!(a, Action::Stop { .. })), "{actions:?}");
     // Nothing new lands on a node whose agent is going.
     let later = s.submit(1, "on-demand");
@@ -404,7 +411,7 @@ fn an_agents_stop_drains_the_node_requeues_what_it_ends_and_its_return_undoes_on
     // the agent at its stop timeout.
     s.advance(5_000);
     let exit = |job: u64, code: Option<i32>, signal: Option<i32>, ended_by, at_ms| AgentEvent::Exited {
-        attempt: AttemptRef { job, attempt: 1 },
+        attempt: AttemptRef { job: JobId(job), attempt: Attempt(1) },
         code,
         signal,
         completed: false,
@@ -436,7 +443,7 @@ fn an_agents_stop_drains_the_node_requeues_what_it_ends_and_its_return_undoes_on
     s.register(Vec::new()).unwrap();
     let node = s.node();
     assert_eq!((node.status.as_str(), node.drained_for.as_deref()), ("up", None));
-    let mut started: Vec<u64> = s.start_what_is_sent().into_iter().map(|(a, _)| a.job).collect();
+    let mut started: Vec<u64> = s.start_what_is_sent().into_iter().map(|(a, _)| a.job.0).collect();
     started.sort();
     assert_eq!(started, [preemptible, on_demand, later]);
 

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use ebb_api::{
     Action, AgentEvent, AttemptRef, CancelRequest, JobEvent, JobSubmission, Register, Report, ReportId,
 };
+use ebb_core::{JobId, TenantId};
 use ebb_server::engine::{Engine, EngineConfig, Msg};
 use ebb_server::store::{
     FinishedCount, JobColumns, JobPageQuery, LogState, NodeRow, PriceRow, ReservationRow, Scope, Snapshot,
@@ -75,11 +76,11 @@ impl<S: Store> Store for Faulty<S> {
         self.trip("put_node")?;
         self.inner.put_node(node)
     }
-    fn put_job<J: Serialize>(&mut self, id: u64, columns: &JobColumns, job: &J) -> Result<(), StoreError> {
+    fn put_job<J: Serialize>(&mut self, id: JobId, columns: &JobColumns, job: &J) -> Result<(), StoreError> {
         self.trip("put_job")?;
         self.inner.put_job(id, columns, job)
     }
-    fn job<J: ebb_server::store::JobRow>(&mut self, id: u64) -> Result<Option<J>, StoreError> {
+    fn job<J: ebb_server::store::JobRow>(&mut self, id: JobId) -> Result<Option<J>, StoreError> {
         self.inner.job(id)
     }
     fn job_page<J: ebb_server::store::JobRow>(
@@ -88,23 +89,23 @@ impl<S: Store> Store for Faulty<S> {
     ) -> Result<ebb_server::store::JobRows<J>, StoreError> {
         self.inner.job_page(query)
     }
-    fn array_states(&mut self, array: u64) -> Result<Vec<(String, u64)>, StoreError> {
+    fn array_states(&mut self, array: JobId) -> Result<Vec<(String, u64)>, StoreError> {
         self.inner.array_states(array)
     }
-    fn array_tasks(&mut self, array: u64) -> Result<Vec<TaskRow>, StoreError> {
+    fn array_tasks(&mut self, array: JobId) -> Result<Vec<TaskRow>, StoreError> {
         self.inner.array_tasks(array)
     }
     fn finished_counts(&mut self) -> Result<Vec<FinishedCount>, StoreError> {
         self.inner.finished_counts()
     }
-    fn add_event(&mut self, job: u64, event: &JobEvent) -> Result<(), StoreError> {
+    fn add_event(&mut self, job: JobId, event: &JobEvent) -> Result<(), StoreError> {
         self.trip("add_event")?;
         self.inner.add_event(job, event)
     }
-    fn events(&mut self, job: u64) -> Result<Vec<JobEvent>, StoreError> {
+    fn events(&mut self, job: JobId) -> Result<Vec<JobEvent>, StoreError> {
         self.inner.events(job)
     }
-    fn max_job_id(&mut self) -> Result<u64, StoreError> {
+    fn max_job_id(&mut self) -> Result<JobId, StoreError> {
         self.inner.max_job_id()
     }
     fn heard(&mut self, node: &str, at_ms: u64) -> Result<(), StoreError> {
@@ -127,19 +128,28 @@ impl<S: Store> Store for Faulty<S> {
         self.trip("add_usage")?;
         self.inner.add_usage(usage)
     }
-    fn usage(&mut self, tenant: Option<u32>, from_ms: u64, to_ms: u64) -> Result<Vec<UsageRow>, StoreError> {
+    fn usage(
+        &mut self,
+        tenant: Option<TenantId>,
+        from_ms: u64,
+        to_ms: u64,
+    ) -> Result<Vec<UsageRow>, StoreError> {
         self.inner.usage(tenant, from_ms, to_ms)
     }
-    fn job_usage(&mut self, job: u64) -> Result<Vec<UsageRow>, StoreError> {
+    fn job_usage(&mut self, job: JobId) -> Result<Vec<UsageRow>, StoreError> {
         self.inner.job_usage(job)
     }
-    fn put_tenant_limits(&mut self, tenant: u32, limits: &ebb_api::TenantLimits) -> Result<(), StoreError> {
+    fn put_tenant_limits(
+        &mut self,
+        tenant: TenantId,
+        limits: &ebb_api::TenantLimits,
+    ) -> Result<(), StoreError> {
         self.trip("put_tenant_limits")?;
         self.inner.put_tenant_limits(tenant, limits)
     }
     fn put_registry_login(
         &mut self,
-        tenant: u32,
+        tenant: TenantId,
         registry: &str,
         login: Option<&ebb_api::RegistryLogin>,
     ) -> Result<(), StoreError> {
@@ -180,19 +190,19 @@ impl<S: Store> Store for Faulty<S> {
         self.trip("put_last_report")?;
         self.inner.put_last_report(node, id)
     }
-    fn log_state(&mut self, job: u64) -> Result<Option<LogState>, StoreError> {
+    fn log_state(&mut self, job: JobId) -> Result<Option<LogState>, StoreError> {
         self.inner.log_state(job)
     }
-    fn file_logs(&mut self) -> Result<Vec<(u64, LogState)>, StoreError> {
+    fn file_logs(&mut self) -> Result<Vec<(JobId, LogState)>, StoreError> {
         self.inner.file_logs()
     }
-    fn put_log_state(&mut self, job: u64, state: &LogState) -> Result<(), StoreError> {
+    fn put_log_state(&mut self, job: JobId, state: &LogState) -> Result<(), StoreError> {
         self.trip("put_log_state")?;
         self.inner.put_log_state(job, state)
     }
     fn put_output(
         &mut self,
-        job: u64,
+        job: JobId,
         offset: u64,
         data: &[u8],
         node: Option<&str>,
@@ -200,24 +210,24 @@ impl<S: Store> Store for Faulty<S> {
         self.trip("put_output")?;
         self.inner.put_output(job, offset, data, node)
     }
-    fn output_sources(&mut self, job: u64, from: u64, to: u64) -> Result<Vec<(u64, String)>, StoreError> {
+    fn output_sources(&mut self, job: JobId, from: u64, to: u64) -> Result<Vec<(u64, String)>, StoreError> {
         self.inner.output_sources(job, from, to)
     }
-    fn output(&mut self, job: u64, from: u64, to: u64) -> Result<Vec<u8>, StoreError> {
+    fn output(&mut self, job: JobId, from: u64, to: u64) -> Result<Vec<u8>, StoreError> {
         self.inner.output(job, from, to)
     }
-    fn expire_output(&mut self, job: u64, at_ms: u64) -> Result<(), StoreError> {
+    fn expire_output(&mut self, job: JobId, at_ms: u64) -> Result<(), StoreError> {
         self.trip("expire_output")?;
         self.inner.expire_output(job, at_ms)
     }
-    fn prune_output(&mut self, now_ms: u64, limit: usize) -> Result<Vec<u64>, StoreError> {
+    fn prune_output(&mut self, now_ms: u64, limit: usize) -> Result<Vec<JobId>, StoreError> {
         self.trip("prune_output")?;
         self.inner.prune_output(now_ms, limit)
     }
-    fn output_removed(&mut self, job: u64) -> Result<Option<u64>, StoreError> {
+    fn output_removed(&mut self, job: JobId) -> Result<Option<u64>, StoreError> {
         self.inner.output_removed(job)
     }
-    fn output_len(&mut self, job: u64) -> Result<u64, StoreError> {
+    fn output_len(&mut self, job: JobId) -> Result<u64, StoreError> {
         self.inner.output_len(job)
     }
 }
@@ -290,7 +300,7 @@ impl<S: Store> TestEnv<S> {
             engine: None,
             armed: Arc::new(Mutex::new(None)),
             agents: BTreeMap::new(),
-            admin: Principal::tenant(Scope::Admin, 1, "default"),
+            admin: Principal::tenant(Scope::Admin, TenantId(1), "default"),
             now: T0,
             config,
             tokens: Default::default(),
@@ -426,13 +436,13 @@ impl<S: Store> TestEnv<S> {
         actions
     }
 
-    pub fn cancel(&mut self, id: u64, grace_ms: Option<u64>) -> Result<ebb_api::Job, ebb_server::Refusal> {
+    pub fn cancel(&mut self, id: JobId, grace_ms: Option<u64>) -> Result<ebb_api::Job, ebb_server::Refusal> {
         let principal = self.admin.clone();
         let req = CancelRequest { grace_ms };
         self.call(|reply| Msg::Cancel { principal, id, req, reply })
     }
 
-    pub fn drill(&mut self, id: u64) -> Result<ebb_api::Job, ebb_server::Refusal> {
+    pub fn drill(&mut self, id: JobId) -> Result<ebb_api::Job, ebb_server::Refusal> {
         let principal = self.admin.clone();
         self.call(|reply| Msg::Drill { principal, id, reply })
     }
@@ -454,13 +464,13 @@ impl<S: Store> TestEnv<S> {
         self.call(|reply| Msg::Report { report, reply }).expect("report taken");
     }
 
-    pub fn submit_msg(&self, gpus: u32) -> (Msg, oneshot::Receiver<Result<Vec<u64>, ebb_server::Refusal>>) {
+    pub fn submit_msg(&self, gpus: u32) -> (Msg, oneshot::Receiver<Result<Vec<JobId>, ebb_server::Refusal>>) {
         let (reply, rx) = oneshot::channel();
         let spec = JobSubmission { gpus: Some(gpus), argv: vec!["work".into()], ..Default::default() };
         (Msg::Submit { principal: self.admin.clone(), spec: Box::new(spec), reply }, rx)
     }
 
-    pub fn submit(&mut self, gpus: u32) -> u64 {
+    pub fn submit(&mut self, gpus: u32) -> JobId {
         let (msg, mut rx) = self.submit_msg(gpus);
         let now = self.now;
         self.engine().batch(vec![msg], now).unwrap();
@@ -468,13 +478,13 @@ impl<S: Store> TestEnv<S> {
         rx.try_recv().unwrap().unwrap()[0]
     }
 
-    pub fn job(&mut self, id: u64) -> Result<ebb_api::Job, ebb_server::Refusal> {
+    pub fn job(&mut self, id: JobId) -> Result<ebb_api::Job, ebb_server::Refusal> {
         let principal = self.admin.clone();
         self.call(|reply| Msg::Job { principal, id, reply })
     }
 
     /// A job's state, as the API names it.
-    pub fn state(&mut self, id: u64) -> String {
+    pub fn state(&mut self, id: JobId) -> String {
         self.job(id).expect("job").state
     }
 
@@ -483,7 +493,7 @@ impl<S: Store> TestEnv<S> {
         self.call(|reply| Msg::Nodes { reply }).into_iter().find(|n| n.name == node).expect("joined")
     }
 
-    pub fn jobs(&mut self) -> Vec<u64> {
+    pub fn jobs(&mut self) -> Vec<JobId> {
         let principal = self.admin.clone();
         let page = self
             .call(|reply| Msg::Jobs {
@@ -492,7 +502,7 @@ impl<S: Store> TestEnv<S> {
                 reply,
             })
             .unwrap();
-        page.jobs.iter().map(|j| j.id).collect()
+        page.jobs.iter().map(|j| JobId(j.id)).collect()
     }
 
     /// A job submitted, placed on `node` and reported started at `now`.
@@ -506,12 +516,12 @@ impl<S: Store> TestEnv<S> {
     }
 
     /// Job `id`'s output, as the store has it committed.
-    pub fn log(&self, id: u64) -> String {
+    pub fn log(&self, id: JobId) -> String {
         let bytes = (self.open_store)().output(id, 0, i64::MAX as u64).unwrap();
         String::from_utf8(bytes).unwrap()
     }
 
-    pub fn usage(&self, id: u64) -> Vec<UsageRow> {
+    pub fn usage(&self, id: JobId) -> Vec<UsageRow> {
         (self.open_store)().job_usage(id).unwrap()
     }
 }

@@ -39,7 +39,7 @@ fn a_node_whose_reports_fail_is_unhealthy_and_gets_no_new_work_until_they_get_th
     let second = s.submit(2);
     assert!(poll(&mut s, Some(why)).is_empty(), "an unhealthy node was sent new work");
     assert_eq!(s.state(second), "queued");
-    assert_eq!(node.jobs, vec![first], "its running job stays");
+    assert_eq!(node.jobs, vec![first.0], "its running job stays");
 
     // A poll without the complaint: healthy, and the queued job goes there
     // (its start comes with the next poll).

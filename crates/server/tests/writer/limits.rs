@@ -3,6 +3,7 @@
 //! directly at explicit instants, with one modelled node speaking the agent
 //! protocol, so every figure here is exact.
 
+use ebb_core::{Attempt, JobId, TenantId};
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
@@ -43,7 +44,7 @@ impl World {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("logs")).unwrap();
         let engine = open(&dir, &limits, START);
-        let tenant = Principal::tenant(Scope::Tenant, 2, "acme");
+        let tenant = Principal::tenant(Scope::Tenant, TenantId(2), "acme");
         let mut world = World {
             dir,
             limits,
@@ -93,9 +94,11 @@ impl World {
         self.register();
     }
 
+    /// The ids a submission made, as the API gives them.
     fn submit(&mut self, spec: JobSubmission) -> Result<Vec<u64>, ebb_server::Refusal> {
         let principal = self.tenant.clone();
-        self.call(|reply| Msg::Submit { principal, spec: Box::new(spec), reply })
+        let ids = self.call(|reply| Msg::Submit { principal, spec: Box::new(spec), reply })?;
+        Ok(ids.into_iter().map(|id| id.0).collect())
     }
 
     /// The starts the node is told of now.
@@ -148,7 +151,7 @@ impl World {
 
     fn job(&mut self, id: u64) -> ebb_api::Job {
         let principal = self.tenant.clone();
-        self.call(|reply| Msg::Job { principal, id, reply }).unwrap()
+        self.call(|reply| Msg::Job { principal, id: JobId(id), reply }).unwrap()
     }
 
     /// Moves time on in ticks until the node is told to start something.
@@ -227,7 +230,7 @@ fn a_service_that_keeps_exiting_quickly_backs_off_exponentially() {
     w.run(start.attempt, 10_000, 1);
     let (start, waited) = w.next_start(1_000);
     assert_eq!(waited, 0);
-    assert_eq!(start.attempt.attempt, 7);
+    assert_eq!(start.attempt.attempt, Attempt(7));
     let job = w.job(id);
     assert_eq!((job.retries, job.preemptions), (0, 0), "back-off counts as neither");
 }
@@ -239,7 +242,7 @@ fn a_tenant_at_its_running_limit_waits_its_turn_in_submission_order() {
     let ids: Vec<u64> = (0..4).map(|i| w.submit(job(&["sleep", &i.to_string()])).unwrap()[0]).collect();
     let started: Vec<AttemptRef> = w.starts().iter().map(|s| s.attempt).collect();
     assert_eq!(
-        started.iter().map(|a| a.job).collect::<Vec<_>>(),
+        started.iter().map(|a| a.job.0).collect::<Vec<_>>(),
         ids[..2],
         "8 GPUs free, but only 2 jobs admitted"
     );
@@ -253,16 +256,16 @@ fn a_tenant_at_its_running_limit_waits_its_turn_in_submission_order() {
     // The limit survives a restart; an ended job admits the oldest waiting one.
     w.restart();
     assert!(w.starts().is_empty());
-    w.run(AttemptRef { job: ids[0], attempt: 1 }, 1_000, 0);
-    let started: Vec<u64> = w.starts().iter().map(|s| s.attempt.job).collect();
+    w.run(AttemptRef { job: JobId(ids[0]), attempt: Attempt(1) }, 1_000, 0);
+    let started: Vec<u64> = w.starts().iter().map(|s| s.attempt.job.0).collect();
     assert_eq!(started, [ids[2]]);
     assert!(w.job(ids[2]).pending_reason.is_none());
     // Cancelling a waiting job frees nothing and loses nothing.
     let principal = w.tenant.clone();
     let cancelled =
-        w.call(|reply| Msg::Cancel { principal, id: ids[3], req: Default::default(), reply }).unwrap();
+        w.call(|reply| Msg::Cancel { principal, id: JobId(ids[3]), req: Default::default(), reply }).unwrap();
     assert_eq!(cancelled.state, "cancelled");
-    w.run(AttemptRef { job: ids[1], attempt: 1 }, 1_000, 0);
+    w.run(AttemptRef { job: JobId(ids[1]), attempt: Attempt(1) }, 1_000, 0);
     assert!(w.starts().is_empty());
 }
 
@@ -374,7 +377,7 @@ fn newest_first_pages_with_filters_and_collapsed_arrays_list_each_entry_once() {
 #[test]
 fn an_operator_sets_one_tenants_limits_and_raising_them_admits_at_once() {
     let mut w = World::new("tenant-limits", Limits::default());
-    let admin = Principal::tenant(Scope::Admin, 1, "default");
+    let admin = Principal::tenant(Scope::Admin, TenantId(1), "default");
     let set = |w: &mut World, who: &Principal, limits: ebb_api::TenantLimits| {
         let principal = who.clone();
         w.call(|reply| Msg::TenantLimits { principal, tenant: "acme".into(), set: Some(limits), reply })
@@ -399,7 +402,7 @@ fn an_operator_sets_one_tenants_limits_and_raising_them_admits_at_once() {
     assert_eq!(w.job(ids[1]).pending_reason, Some(PendingReason::TenantLimit));
     let three = ebb_api::TenantLimits { max_running_jobs: Some(3), ..Default::default() };
     set(&mut w, &admin, three).unwrap();
-    let started: Vec<u64> = w.starts().iter().map(|s| s.attempt.job).collect();
+    let started: Vec<u64> = w.starts().iter().map(|s| s.attempt.job.0).collect();
     assert!(started.contains(&ids[1]) && started.contains(&ids[2]), "{started:?}");
     let zero = ebb_api::TenantLimits { max_jobs: Some(0), ..Default::default() };
     assert_eq!(set(&mut w, &admin, zero).unwrap_err().message, "max_jobs: must be at least 1, got 0");

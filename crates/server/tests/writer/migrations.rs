@@ -3,6 +3,7 @@
 //! `kill -9` with two jobs done (one with output), two running after a
 //! preemption, and one queued.
 
+use ebb_core::{JobId, TenantId};
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
@@ -56,13 +57,13 @@ fn a_database_written_by_the_release_before_is_migrated_and_everything_in_it_kep
     // output), and a batch that never committed wrote past its committed
     // 6 bytes: the takeover cuts it back.
     std::fs::write(dir.join("logs/2.log"), "saved\nnever committed\n").unwrap();
-    store.put_log_state(2, &ebb_server::store::LogState { bytes: 6, file: true }).unwrap();
+    store.put_log_state(JobId(2), &ebb_server::store::LogState { bytes: 6, file: true }).unwrap();
     let tokens = Arc::new(RwLock::new(HashMap::new()));
     let (mut engine, created) =
         Engine::open(store, config.clone(), tokens.clone(), NOW).map_err(|e| e.to_string()).unwrap();
     assert!(created.is_empty(), "no new tokens for a database that has them");
     assert_eq!(std::fs::read_to_string(dir.join("logs/2.log")).unwrap(), "saved\n", "cut to what committed");
-    let admin = Principal::tenant(Scope::Admin, 1, "default");
+    let admin = Principal::tenant(Scope::Admin, TenantId(1), "default");
 
     let page = call(&mut engine, |reply| Msg::Jobs {
         principal: admin.clone(),
@@ -82,7 +83,8 @@ fn a_database_written_by_the_release_before_is_migrated_and_everything_in_it_kep
             (5, "queued", 0, 0),
         ]
     );
-    let victim = call(&mut engine, |reply| Msg::Job { principal: admin.clone(), id: 2, reply }).unwrap();
+    let victim =
+        call(&mut engine, |reply| Msg::Job { principal: admin.clone(), id: JobId(2), reply }).unwrap();
     let kinds: Vec<EventKind> = victim.events.iter().map(|e| e.kind()).collect();
     assert!(kinds.starts_with(&[
         EventKind::Submitted,
@@ -115,7 +117,7 @@ fn a_database_written_by_the_release_before_is_migrated_and_everything_in_it_kep
     };
     let page = call(&mut engine, |reply| Msg::Jobs { principal: admin.clone(), query, reply }).unwrap();
     assert_eq!(page.jobs.iter().map(|j| j.id).collect::<Vec<_>>(), vec![1, 4]);
-    let done = call(&mut engine, |reply| Msg::Job { principal: admin.clone(), id: 4, reply }).unwrap();
+    let done = call(&mut engine, |reply| Msg::Job { principal: admin.clone(), id: JobId(4), reply }).unwrap();
     assert_eq!((done.state.as_str(), done.usage.len()), ("succeeded", 1));
     let metrics = call(&mut engine, |reply| Msg::Metrics { reply });
     let succeeded: u64 =
@@ -125,7 +127,7 @@ fn a_database_written_by_the_release_before_is_migrated_and_everything_in_it_kep
     // The log of a job from before logs were tracked is read whole.
     let log = call(&mut engine, |reply| Msg::LogFile {
         principal: admin.clone(),
-        id: 1,
+        id: JobId(1),
         offset: 0,
         sources: false,
         reply,
@@ -137,13 +139,14 @@ fn a_database_written_by_the_release_before_is_migrated_and_everything_in_it_kep
     // Step 9 renumbered nothing: an old job's timeline is as it was, and
     // what happens to it now comes after it.
     let before =
-        call(&mut engine, |reply| Msg::Job { principal: admin.clone(), id: 5, reply }).unwrap().events;
+        call(&mut engine, |reply| Msg::Job { principal: admin.clone(), id: JobId(5), reply }).unwrap().events;
     let req = ebb_api::CancelRequest::default();
     let cancelled =
-        call(&mut engine, |reply| Msg::Cancel { principal: admin.clone(), id: 5, req, reply }).unwrap();
+        call(&mut engine, |reply| Msg::Cancel { principal: admin.clone(), id: JobId(5), req, reply })
+            .unwrap();
     assert_eq!(cancelled.state, "cancelled");
     let after =
-        call(&mut engine, |reply| Msg::Job { principal: admin.clone(), id: 5, reply }).unwrap().events;
+        call(&mut engine, |reply| Msg::Job { principal: admin.clone(), id: JobId(5), reply }).unwrap().events;
     assert!(!before.is_empty());
     assert_eq!(
         after[..before.len()].iter().map(|e| e.kind()).collect::<Vec<_>>(),
@@ -156,7 +159,7 @@ fn a_database_written_by_the_release_before_is_migrated_and_everything_in_it_kep
     let ids =
         call(&mut engine, |reply| Msg::Submit { principal: admin.clone(), spec: Box::new(spec), reply })
             .unwrap();
-    assert_eq!(ids, vec![6]);
+    assert_eq!(ids, vec![JobId(6)]);
     drop(engine);
 
     // At the latest schema step; opening again changes nothing.
@@ -208,10 +211,10 @@ fn a_database_written_before_typed_records_opens_with_every_job_attempt_and_usag
     let tokens = Arc::new(RwLock::new(HashMap::new()));
     let (mut engine, _) =
         Engine::open(store, config.clone(), tokens.clone(), now).map_err(|e| e.to_string()).unwrap();
-    let admin = Principal::tenant(Scope::Admin, 1, "default");
+    let admin = Principal::tenant(Scope::Admin, TenantId(1), "default");
     let job = |engine: &mut Engine<SqliteStore>, id: u64| {
         let principal = admin.clone();
-        call_at(engine, now, |reply| Msg::Job { principal, id, reply }).unwrap()
+        call_at(engine, now, |reply| Msg::Job { principal, id: JobId(id), reply }).unwrap()
     };
     let expect = [
         (1, "succeeded", 1, 1),

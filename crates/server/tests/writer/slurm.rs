@@ -4,6 +4,7 @@
 //! requeue), signals for running jobs, and partitions as tiers.
 
 use ebb_api::{Action, AgentEvent, AttemptRef, EndedBy};
+use ebb_core::{Attempt, JobId};
 use serde_json::{json, Value};
 
 use super::api::Api;
@@ -74,7 +75,7 @@ fn a_dependency_holds_a_job_until_its_parent_ends_as_it_needs_and_fails_it_when_
     assert_eq!(state(&api.job(ok)), ("queued", Some("dependency")));
     assert!(api.job(ok)["pending_detail"].as_str().unwrap().contains(&format!("job {parent}")));
     let started = start_all(&mut api);
-    assert_eq!(started.iter().map(|a| a.job).collect::<Vec<_>>(), [parent], "only the parent runs");
+    assert_eq!(started.iter().map(|a| a.job.0).collect::<Vec<_>>(), [parent], "only the parent runs");
 
     // Across a restart the dependents still wait.
     api.restart();
@@ -90,10 +91,10 @@ fn a_dependency_holds_a_job_until_its_parent_ends_as_it_needs_and_fails_it_when_
         format!("dependency never satisfied: job {parent} succeeded, and afternotok can never hold")
     );
     let started = start_all(&mut api);
-    let mut jobs: Vec<u64> = started.iter().map(|a| a.job).collect();
+    let mut jobs: Vec<u64> = started.iter().map(|a| a.job.0).collect();
     jobs.sort_unstable();
     assert_eq!(jobs, [ok, any]);
-    let failing = started.iter().find(|a| a.job == ok).copied().unwrap();
+    let failing = started.iter().find(|a| a.job == JobId(ok)).copied().unwrap();
     end(&mut api, failing, 3);
     // `ok` failed: what waits on it with afterok can never run.
     assert_eq!(state(&api.job(chained)).0, "failed");
@@ -125,11 +126,11 @@ fn a_singleton_waits_for_the_earlier_jobs_of_its_name() {
     let second = api.submit(&admin, &one_gpu(json!({"name": "nightly", "after": "singleton"})));
     let third = api.submit(&admin, &one_gpu(json!({"name": "nightly", "after": "singleton"})));
     let started = start_all(&mut api);
-    assert_eq!(started.iter().map(|a| a.job).collect::<Vec<_>>(), [first]);
+    assert_eq!(started.iter().map(|a| a.job.0).collect::<Vec<_>>(), [first]);
     end(&mut api, started[0], 1);
     // One at a time, whatever the earlier one's end.
     let started = start_all(&mut api);
-    assert_eq!(started.iter().map(|a| a.job).collect::<Vec<_>>(), [second]);
+    assert_eq!(started.iter().map(|a| a.job.0).collect::<Vec<_>>(), [second]);
     assert_eq!(state(&api.job(third)), ("queued", Some("dependency")));
     let refused = api.post(&admin, "/v1/jobs", &one_gpu(json!({"after": "singleton"})));
     assert_eq!((refused.status, refused.error()), (422, "after: singleton needs a job name".to_string()));
@@ -141,7 +142,7 @@ fn an_arrays_limit_runs_that_many_tasks_at_once_in_index_order() {
     let admin = api.admin.clone();
     let first = api.submit(&admin, &one_gpu(json!({"array": "0-4", "array_limit": 2})));
     let started = start_all(&mut api);
-    assert_eq!(started.iter().map(|a| a.job).collect::<Vec<_>>(), [first, first + 1]);
+    assert_eq!(started.iter().map(|a| a.job.0).collect::<Vec<_>>(), [first, first + 1]);
     assert_eq!(state(&api.job(first + 2)), ("queued", Some("array_limit")));
     // A waiting task cancelled leaves its place to the next.
     let cancelled = api.post(&admin, &format!("/v1/jobs/{}/cancel", first + 2), &json!({}));
@@ -150,7 +151,7 @@ fn an_arrays_limit_runs_that_many_tasks_at_once_in_index_order() {
     api.env.register_node("n1", "H100", 4, started.clone(), Vec::new());
     end(&mut api, started[0], 0);
     let next = start_all(&mut api);
-    assert_eq!(next.iter().map(|a| a.job).collect::<Vec<_>>(), [first + 3]);
+    assert_eq!(next.iter().map(|a| a.job.0).collect::<Vec<_>>(), [first + 3]);
     assert_eq!(state(&api.job(first + 4)), ("queued", Some("array_limit")));
     let refused = api.post(&admin, "/v1/jobs", &one_gpu(json!({"array_limit": 2})));
     assert_eq!(refused.status, 422, "{}", refused.body);
@@ -166,7 +167,7 @@ fn an_attempt_ended_at_its_time_limit_fails_the_job_and_one_the_job_requeued_doe
     let requeued = api.submit(&admin, &one_gpu(json!({})));
     let started = start_all(&mut api);
     assert_eq!(started.len(), 2);
-    let start = |job: u64| *started.iter().find(|a| a.job == job).unwrap();
+    let start = |job: u64| *started.iter().find(|a| a.job == JobId(job)).unwrap();
     let commands = api.env.commands("n1");
     assert!(commands.is_empty());
     ended_by(&mut api, start(limited), -1, EndedBy::TimeLimit);
@@ -185,7 +186,11 @@ fn an_attempt_ended_at_its_time_limit_fails_the_job_and_one_the_job_requeued_doe
     api.env.now += 1_000;
     api.env.tick();
     let again = start_all(&mut api);
-    assert_eq!(again, [AttemptRef { job: requeued, attempt: 2 }], "back in the queue and placed again");
+    assert_eq!(
+        again,
+        [AttemptRef { job: JobId(requeued), attempt: Attempt(2) }],
+        "back in the queue and placed again"
+    );
     let job = api.job(requeued);
     assert_eq!((job["retries"].as_u64(), job["preemptions"].as_u64()), (Some(0), Some(0)), "{job}");
     assert_eq!(job["usage"][0]["outcome"], "requeued", "{job}");
@@ -205,7 +210,7 @@ fn a_job_requeueing_itself_backs_off_and_fails_past_the_bound() {
     let mut backoffs = Vec::new();
     for attempt in 1..=4 {
         let started = start_all(&mut api);
-        assert_eq!(started, [AttemptRef { job, attempt }]);
+        assert_eq!(started, [AttemptRef { job: JobId(job), attempt: Attempt(attempt) }]);
         ended_by(&mut api, started[0], 0, EndedBy::Requeue);
         let shown = api.job(job);
         let last = shown["events"].as_array().unwrap().last().unwrap().clone();

@@ -3,6 +3,7 @@
 //! exits and then of its start places it, and a hold that goes without its
 //! placement withdraws the start and spends its number.
 
+use ebb_core::{Attempt, JobId};
 use std::collections::BTreeSet;
 
 use ebb_api::{Action, AgentEvent, AttemptRef, EventKind, JobSubmission, Register, Report, StartAttempt};
@@ -21,7 +22,7 @@ fn submit(env: &mut TestEnv, tier: &str) -> u64 {
         ..Default::default()
     };
     let principal = env.admin.clone();
-    env.call(|reply| Msg::Submit { principal, spec: Box::new(spec), reply }).unwrap()[0]
+    (env.call(|reply| Msg::Submit { principal, spec: Box::new(spec), reply }).unwrap()[0]).0
 }
 
 fn started(attempt: AttemptRef, at_ms: u64) -> AgentEvent {
@@ -34,7 +35,7 @@ fn started(attempt: AttemptRef, at_ms: u64) -> AgentEvent {
 fn preempted(env: &mut TestEnv) -> (AttemptRef, u64, Vec<Action>) {
     env.register("n1", Vec::new(), Vec::new());
     let victim = submit(env, "preemptible");
-    let victim = env.poll("n1").into_iter().find(|a| a.job == victim).expect("placed");
+    let victim = env.poll("n1").into_iter().find(|a| a.job == JobId(victim)).expect("placed");
     let now = env.now;
     env.report("n1", vec![started(victim, now)]);
     let od = submit(env, "on-demand");
@@ -55,27 +56,30 @@ fn the_preemptors_start_goes_with_the_notice_and_its_start_after_the_exits_place
     let sent = starts(&commands);
     assert_eq!(sent.len(), 1, "{commands:?}");
     let start = sent[0];
-    assert_eq!((start.attempt, start.when_gpus_free), (AttemptRef { job: od, attempt: 1 }, true));
+    assert_eq!(
+        (start.attempt, start.when_gpus_free),
+        (AttemptRef { job: JobId(od), attempt: Attempt(1) }, true)
+    );
     assert_eq!(start.gpus, (0..8).collect::<Vec<u8>>());
     assert!(start.env.contains_key("EBB_CHECKPOINT_INTERVAL_S"), "{:?}", start.env);
     // Until the node says so, the preemptor waits for its victim.
-    let job = env.job(od).unwrap();
+    let job = env.job(JobId(od)).unwrap();
     assert_eq!((job.state.as_str(), job.attempt), ("queued", 0));
 
     // One report: the victim's exit, then the preemptor's start.
     env.now += 3;
     let now = env.now;
     env.report("n1", vec![exited(victim, 0, now - 1), started(start.attempt, now)]);
-    let job = env.job(od).unwrap();
+    let job = env.job(JobId(od)).unwrap();
     assert_eq!((job.state.as_str(), job.attempt), ("running", 1));
     let kinds: Vec<EventKind> = job.events.iter().map(|e| e.kind()).collect();
     let at = |k| kinds.iter().position(|x| *x == k).unwrap_or_else(|| panic!("{k:?} in {kinds:?}"));
     assert!(
         at(EventKind::Preempting) < at(EventKind::Placed) && at(EventKind::Placed) < at(EventKind::Started)
     );
-    assert_eq!(env.job(victim.job).unwrap().state, "queued", "the victim is requeued");
+    assert_eq!(env.job(JobId(victim.job.0)).unwrap().state, "queued", "the victim is requeued");
     // Nothing is sent again: the start the node made is the placement's.
-    assert!(starts(&env.commands("n1")).iter().all(|s| s.attempt.job != od));
+    assert!(starts(&env.commands("n1")).iter().all(|s| s.attempt.job != JobId(od)));
 
     // The same with the exit and the start in two reports: the exit's
     // batch places the job and sends nothing; the start makes it run.
@@ -85,11 +89,11 @@ fn the_preemptors_start_goes_with_the_notice_and_its_start_after_the_exits_place
     let attempt = starts(&commands)[0].attempt;
     let now = env.now;
     env.report("n1", vec![exited(victim, 0, now)]);
-    let job = env.job(od).unwrap();
+    let job = env.job(JobId(od)).unwrap();
     assert_eq!((job.state.as_str(), job.attempt), ("starting", 1));
-    assert!(starts(&env.commands("n1")).iter().all(|s| s.attempt.job != od), "no second start");
+    assert!(starts(&env.commands("n1")).iter().all(|s| s.attempt.job != JobId(od)), "no second start");
     env.report("n1", vec![started(attempt, now)]);
-    assert_eq!(env.job(od).unwrap().state, "running");
+    assert_eq!(env.job(JobId(od)).unwrap().state, "running");
 }
 
 #[test]
@@ -101,7 +105,10 @@ fn an_agent_that_cannot_hold_starts_back_gets_its_start_after_the_exits() {
     env.report("n1", vec![exited(victim, 0, now)]);
     let sent = env.commands("n1");
     let sent = starts(&sent);
-    assert_eq!((sent[0].attempt, sent[0].when_gpus_free), (AttemptRef { job: od, attempt: 1 }, false));
+    assert_eq!(
+        (sent[0].attempt, sent[0].when_gpus_free),
+        (AttemptRef { job: JobId(od), attempt: Attempt(1) }, false)
+    );
 }
 
 #[test]
@@ -130,10 +137,13 @@ fn a_hold_whose_victim_is_a_gang_part_waits_for_the_whole_gang() {
     let now = env.now;
     env.report("n1", vec![exited(parts[0], 0, now)]);
     env.report("n2", vec![exited(parts[1], 0, now)]);
-    let node = &env.job(od).unwrap().placement[0].node.clone();
+    let node = &env.job(JobId(od)).unwrap().placement[0].node.clone();
     let commands = env.commands(node);
     let sent = starts(&commands);
-    assert_eq!((sent[0].attempt, sent[0].when_gpus_free), (AttemptRef { job: od, attempt: 1 }, false));
+    assert_eq!(
+        (sent[0].attempt, sent[0].when_gpus_free),
+        (AttemptRef { job: JobId(od), attempt: Attempt(1) }, false)
+    );
 }
 
 #[test]
@@ -144,7 +154,7 @@ fn a_hold_that_goes_withdraws_its_start_and_spends_its_number() {
     env.starts_when_free = true;
     let (victim, od, commands) = preempted(&mut env);
     let attempt = starts(&commands)[0].attempt;
-    env.cancel(od, None).unwrap();
+    env.cancel(JobId(od), None).unwrap();
     let commands = env.commands("n1");
     assert!(
         commands.iter().any(|a| matches!(a, Action::Stop { attempt: a, .. } if *a == attempt)),
@@ -155,7 +165,7 @@ fn a_hold_that_goes_withdraws_its_start_and_spends_its_number() {
         TestEnv::<SqliteStore>::report_msg("n1", vec![exited(victim, 0, now), started(attempt, now)]);
     env.call_quiet(msg);
     assert_eq!(reply.try_recv().unwrap().unwrap().stale, vec![attempt]);
-    assert_eq!(env.job(od).unwrap().state, "cancelled");
+    assert_eq!(env.job(JobId(od)).unwrap().state, "cancelled");
     let metrics = env.call(|reply| Msg::Metrics { reply });
     assert_eq!((metrics.counters.starts_ahead, metrics.counters.starts_withdrawn), (1, 1));
 
@@ -172,12 +182,15 @@ fn a_hold_that_goes_withdraws_its_start_and_spends_its_number() {
     assert_eq!(reply.try_recv().unwrap().unwrap().stale, vec![attempt]);
     let commands = env.commands("n1");
     assert!(commands.iter().any(|a| matches!(a, Action::Stop { attempt: a, .. } if *a == attempt)));
-    assert_eq!(env.job(od).unwrap().state, "queued", "still waits for its victim");
+    assert_eq!(env.job(JobId(od)).unwrap().state, "queued", "still waits for its victim");
     env.report("n1", vec![exited(victim, 0, now)]);
     let sent = env.commands("n1");
     let sent = starts(&sent);
-    assert_eq!((sent[0].attempt, sent[0].when_gpus_free), (AttemptRef { job: od, attempt: 2 }, false));
-    let job = env.job(od).unwrap();
+    assert_eq!(
+        (sent[0].attempt, sent[0].when_gpus_free),
+        (AttemptRef { job: JobId(od), attempt: Attempt(2) }, false)
+    );
+    let job = env.job(JobId(od)).unwrap();
     assert_eq!((job.state.as_str(), job.attempt), ("starting", 2));
 }
 
@@ -197,7 +210,7 @@ fn a_takeover_keeps_a_staged_start_and_sends_it_again_to_an_agent_without_it() {
     assert!(commands.iter().any(|a| matches!(a, Action::Drain(d) if d.attempt == victim)), "{commands:?}");
     let now = env.now;
     env.report("n1", vec![exited(victim, 0, now), started(attempt, now)]);
-    let job = env.job(od).unwrap();
+    let job = env.job(JobId(od)).unwrap();
     assert_eq!((job.state.as_str(), job.attempt), ("running", 1));
 
     // An agent that restarted too comes back without it: it is sent again.
@@ -208,7 +221,10 @@ fn a_takeover_keeps_a_staged_start_and_sends_it_again_to_an_agent_without_it() {
     env.register("n1", vec![victim], Vec::new());
     let commands = env.commands("n1");
     let sent = starts(&commands);
-    assert_eq!((sent[0].attempt, sent[0].when_gpus_free), (AttemptRef { job: od, attempt: 1 }, true));
+    assert_eq!(
+        (sent[0].attempt, sent[0].when_gpus_free),
+        (AttemptRef { job: JobId(od), attempt: Attempt(1) }, true)
+    );
 
     // An agent that no longer says it can hold starts back: the staged
     // start is withdrawn from it at registration (it holds none), and the
@@ -223,7 +239,10 @@ fn a_takeover_keeps_a_staged_start_and_sends_it_again_to_an_agent_without_it() {
     env.report("n1", vec![exited(victim, 0, now)]);
     let commands = env.commands("n1");
     let sent = starts(&commands);
-    assert_eq!((sent[0].attempt, sent[0].when_gpus_free), (AttemptRef { job: od, attempt: 2 }, false));
+    assert_eq!(
+        (sent[0].attempt, sent[0].when_gpus_free),
+        (AttemptRef { job: JobId(od), attempt: Attempt(2) }, false)
+    );
     assert_ne!(sent[0].attempt, attempt);
 }
 
@@ -335,7 +354,7 @@ impl Node {
         let mut events = Vec::new();
         for action in env.commands("n1") {
             match action {
-                Action::Start(s) if s.attempt.job == od => {
+                Action::Start(s) if s.attempt.job == JobId(od) => {
                     if self.running.contains(&s.attempt) || self.waiting == Some(s.attempt) {
                         continue; // a repeated command
                     }
@@ -353,7 +372,7 @@ impl Node {
                         (false, _) => self.start(env, s.attempt, &mut events),
                     }
                 }
-                Action::Stop { attempt, .. } if attempt.job == od => {
+                Action::Stop { attempt, .. } if attempt.job == JobId(od) => {
                     if self.waiting == Some(attempt) {
                         self.waiting = None;
                     }
@@ -416,7 +435,7 @@ proptest! {
                     }
                 }
                 Step::CancelPreemptor => {
-                    let _ = env.cancel(od, None);
+                    let _ = env.cancel(JobId(od), None);
                 }
                 Step::DrainNode => {
                     let _ = env.call(|reply| Msg::DrainNode { name: "n1".into(), reply });
@@ -450,11 +469,11 @@ proptest! {
                 }
             }
         }
-        let job = env.job(od).unwrap();
+        let job = env.job(JobId(od)).unwrap();
         let running: Vec<AttemptRef> = node.running.iter().copied().collect();
         match job.state.as_str() {
             "cancelled" => prop_assert!(running.is_empty(), "{running:?} runs after the cancel"),
-            "running" | "starting" => prop_assert_eq!(running, vec![AttemptRef { job: od, attempt: job.attempt }]),
+            "running" | "starting" => prop_assert_eq!(running, vec![AttemptRef { job: JobId(od), attempt: Attempt(job.attempt) }]),
             other => prop_assert!(running.is_empty(), "{other} with {running:?} running"),
         }
     }

@@ -4,6 +4,7 @@
 //! directory) read back the same, fail the same, and roll back the same.
 
 use crate::pg;
+use ebb_core::{Attempt, JobId, TenantId};
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -26,13 +27,13 @@ fn event(at_ms: u64, kind: EventKind, attempt: u32, detail: Value) -> JobEvent {
 /// A job's columns: a queued single job of one GPU unless said otherwise.
 fn columns(tenant: u32, state: &str) -> JobColumns<'_> {
     JobColumns {
-        tenant,
+        tenant: TenantId(tenant),
         state,
         tier: "preemptible",
         gpus: 1,
         name: None,
         array: None,
-        attempt: 0,
+        attempt: Attempt(0),
         preemptions: 0,
         stored_state: None,
     }
@@ -40,9 +41,9 @@ fn columns(tenant: u32, state: &str) -> JobColumns<'_> {
 
 fn usage(job: u64, attempt: u32, ended_ms: u64) -> UsageRow {
     UsageRow {
-        job,
-        attempt,
-        tenant: 2,
+        job: JobId(job),
+        attempt: Attempt(attempt),
+        tenant: TenantId(2),
         tier: "preemptible".into(),
         gpu_model: "H100".into(),
         gpus: 8,
@@ -65,14 +66,14 @@ fn usage(job: u64, attempt: u32, ended_ms: u64) -> UsageRow {
 fn exercise(store: &mut impl Store) -> String {
     let mut seen = Vec::new();
     store.begin().unwrap();
-    store.put_tenant(&TenantRow { id: 1, name: "default".into() }).unwrap();
-    store.put_tenant(&TenantRow { id: 2, name: "acme".into() }).unwrap();
+    store.put_tenant(&TenantRow { id: TenantId(1), name: "default".into() }).unwrap();
+    store.put_tenant(&TenantRow { id: TenantId(2), name: "acme".into() }).unwrap();
     for (hash, tenant, scope, node) in [
-        ("h-admin", Some(1), Scope::Admin, None),
-        ("h-acme", Some(2), Scope::Tenant, None),
+        ("h-admin", Some(TenantId(1)), Scope::Admin, None),
+        ("h-acme", Some(TenantId(2)), Scope::Tenant, None),
         ("h-join", None, Scope::Agent, None),
         ("h-node", None, Scope::Node, Some("node-0".to_string())),
-        ("h-gone", Some(2), Scope::Tenant, None),
+        ("h-gone", Some(TenantId(2)), Scope::Tenant, None),
     ] {
         store.put_token(&TokenRow { hash: hash.into(), tenant, scope, node }).unwrap();
     }
@@ -108,15 +109,21 @@ fn exercise(store: &mut impl Store) -> String {
     };
     store.put_node(&NodeRow { drained: true, ..node }).unwrap();
     for id in [3u64, 4, 5] {
-        store.put_job(id, &columns(2, "queued"), &json!({ "id": id, "state": "queued" })).unwrap();
+        store.put_job(JobId(id), &columns(2, "queued"), &json!({ "id": id, "state": "queued" })).unwrap();
     }
     store
-        .put_job(4, &columns(2, "running"), &json!({ "id": 4, "state": "running", "env": { "K": "v w" } }))
+        .put_job(
+            JobId(4),
+            &columns(2, "running"),
+            &json!({ "id": 4, "state": "running", "env": { "K": "v w" } }),
+        )
         .unwrap();
-    store.add_event(4, &event(5_000, EventKind::Submitted, 0, json!({ "tier": "preemptible" }))).unwrap();
+    store
+        .add_event(JobId(4), &event(5_000, EventKind::Submitted, 0, json!({ "tier": "preemptible" })))
+        .unwrap();
     store
         .add_event(
-            4,
+            JobId(4),
             &event(
                 6_000,
                 EventKind::Placed,
@@ -134,7 +141,7 @@ fn exercise(store: &mut impl Store) -> String {
         store
             .put_reservation(&ReservationRow {
                 id,
-                tenant: 2,
+                tenant: TenantId(2),
                 gpu_model: "H100".into(),
                 gpus: 8,
                 start_ms: 0,
@@ -148,10 +155,10 @@ fn exercise(store: &mut impl Store) -> String {
     store.add_usage(&usage(4, 1, 100_000)).unwrap();
     store.add_usage(&usage(4, 2, 200_000)).unwrap();
     store.add_usage(&usage(3, 1, 150_000)).unwrap();
-    store.put_tenant_limits(2, &TenantLimits { max_jobs: Some(10), ..Default::default() }).unwrap();
-    store.put_log_state(4, &LogState { bytes: 42, file: false }).unwrap();
-    store.put_log_state(4, &LogState { bytes: 84, file: true }).unwrap();
-    store.put_log_state(3, &LogState { bytes: 7, file: false }).unwrap();
+    store.put_tenant_limits(TenantId(2), &TenantLimits { max_jobs: Some(10), ..Default::default() }).unwrap();
+    store.put_log_state(JobId(4), &LogState { bytes: 42, file: false }).unwrap();
+    store.put_log_state(JobId(4), &LogState { bytes: 84, file: true }).unwrap();
+    store.put_log_state(JobId(3), &LogState { bytes: 7, file: false }).unwrap();
     store.put_reclaim("H100", Some(4)).unwrap();
     store.put_reclaim("A100", Some(0)).unwrap();
     store.put_reclaim("A100", None).unwrap();
@@ -165,12 +172,12 @@ fn exercise(store: &mut impl Store) -> String {
     store.rollback().unwrap();
     // A rolled-back batch leaves nothing.
     store.begin().unwrap();
-    store.put_job(6, &columns(2, "queued"), &json!({ "id": 6 })).unwrap();
-    store.add_event(4, &event(9_000, EventKind::Cancelled, 1, json!({}))).unwrap();
+    store.put_job(JobId(6), &columns(2, "queued"), &json!({ "id": 6 })).unwrap();
+    store.add_event(JobId(4), &event(9_000, EventKind::Cancelled, 1, json!({}))).unwrap();
     store.rollback().unwrap();
 
     // Webhooks and their outbox; the log keeps the latest tries only.
-    let hook = |id: u64, tenant: Option<u32>| ebb_server::store::WebhookRow {
+    let hook = |id: u64, tenant: Option<TenantId>| ebb_server::store::WebhookRow {
         id,
         tenant,
         url: format!("https://example.com/{id}"),
@@ -179,15 +186,15 @@ fn exercise(store: &mut impl Store) -> String {
         secret: "whsec_x".into(),
         created_ms: 1_000,
     };
-    store.put_webhook(&hook(1, Some(2))).unwrap();
+    store.put_webhook(&hook(1, Some(TenantId(2)))).unwrap();
     store.put_webhook(&hook(2, None)).unwrap();
-    store.put_webhook(&hook(3, Some(2))).unwrap();
+    store.put_webhook(&hook(3, Some(TenantId(2)))).unwrap();
     for (id, webhook) in [(10u64, 1u64), (11, 1), (12, 3), (13, 2)] {
         let delivery = ebb_server::store::DeliveryRow {
             id,
             webhook,
             event: "preempted".into(),
-            job: Some(4),
+            job: Some(JobId(4)),
             node: None,
             body: format!("{{\"delivery\":{id}}}"),
             created_ms: 2_000,
@@ -220,13 +227,13 @@ fn exercise(store: &mut impl Store) -> String {
     snapshot.tokens.sort_by(|a, b| a.hash.cmp(&b.hash));
     snapshot.heard.sort();
     seen.push(format!("{snapshot:?}"));
-    seen.push(format!("{:?}", store.events(4).unwrap()));
-    seen.push(format!("{:?}", store.events(99).unwrap()));
-    seen.push(format!("{:?}", store.usage(Some(2), 100_000, 200_000).unwrap()));
+    seen.push(format!("{:?}", store.events(JobId(4)).unwrap()));
+    seen.push(format!("{:?}", store.events(JobId(99)).unwrap()));
+    seen.push(format!("{:?}", store.usage(Some(TenantId(2)), 100_000, 200_000).unwrap()));
     seen.push(format!("{:?}", store.usage(None, 0, u64::MAX).unwrap()));
-    seen.push(format!("{:?}", store.usage(Some(1), 0, u64::MAX).unwrap()));
-    seen.push(format!("{:?}", store.job_usage(4).unwrap()));
-    seen.push(format!("{:?} {:?}", store.log_state(4).unwrap(), store.log_state(5).unwrap()));
+    seen.push(format!("{:?}", store.usage(Some(TenantId(1)), 0, u64::MAX).unwrap()));
+    seen.push(format!("{:?}", store.job_usage(JobId(4)).unwrap()));
+    seen.push(format!("{:?} {:?}", store.log_state(JobId(4)).unwrap(), store.log_state(JobId(5)).unwrap()));
     seen.push(format!("file logs {:?}", store.file_logs().unwrap()));
     seen.push(format!("last reports {:?}", store.last_reports().unwrap()));
     seen.push(format!("max job {}", store.max_job_id().unwrap()));
@@ -249,7 +256,10 @@ fn both_backends_keep_the_same_contract() {
     // What was read is what was written.
     assert!(on_sqlite.contains("max job 5"), "{on_sqlite}");
     assert!(on_sqlite.contains("Some(LogState { bytes: 84, file: true }) None"), "{on_sqlite}");
-    assert!(on_sqlite.contains("file logs [(4, LogState { bytes: 84, file: true })]\n"), "{on_sqlite}");
+    assert!(
+        on_sqlite.contains("file logs [(JobId(4), LogState { bytes: 84, file: true })]\n"),
+        "{on_sqlite}"
+    );
     assert!(
         on_sqlite.contains(r#"last reports [("node-0", ReportId { session: 9, seq: 2 })]"#),
         "{on_sqlite}"
@@ -277,11 +287,14 @@ fn a_postgres_database_is_migrated_once_and_a_newer_one_is_refused() {
     let pg = pg::Postgres::start("migrate");
     let mut first = PgStore::open(&pg.url()).unwrap();
     first.begin().unwrap();
-    first.put_tenant(&TenantRow { id: 1, name: "default".into() }).unwrap();
+    first.put_tenant(&TenantRow { id: TenantId(1), name: "default".into() }).unwrap();
     first.commit().unwrap();
     // A second server on the same database finds it migrated and its rows.
     let mut second = PgStore::open(&pg.url()).unwrap();
-    assert_eq!(second.load::<Value>().unwrap().tenants, vec![TenantRow { id: 1, name: "default".into() }]);
+    assert_eq!(
+        second.load::<Value>().unwrap().tenants,
+        vec![TenantRow { id: TenantId(1), name: "default".into() }]
+    );
     let mut client = postgres::Client::connect(&pg.url(), postgres::NoTls).unwrap();
     client.batch_execute("UPDATE ebb_schema SET version = version + 1").unwrap();
     let err = PgStore::open(&pg.url()).err().expect("a newer schema is refused");
@@ -302,11 +315,11 @@ fn a_postgres_job_is_updated_in_place_until_it_ends() {
     let mut store = PgStore::open(&pg.url()).unwrap();
     let write = |store: &mut PgStore, state: &str| {
         store.begin().unwrap();
-        store.put_job(1, &columns(1, state), &json!({ "id": 1, "state": state })).unwrap();
+        store.put_job(JobId(1), &columns(1, state), &json!({ "id": 1, "state": state })).unwrap();
         store.commit().unwrap();
     };
     store.begin().unwrap();
-    store.put_tenant(&TenantRow { id: 1, name: "default".into() }).unwrap();
+    store.put_tenant(&TenantRow { id: TenantId(1), name: "default".into() }).unwrap();
     store.commit().unwrap();
     for state in ["queued", "starting", "running", "draining", "queued", "starting", "running", "succeeded"] {
         write(&mut store, state);
@@ -343,7 +356,7 @@ fn a_postgres_job_is_updated_in_place_until_it_ends() {
     let every = FINISHED_STATES.iter().chain(UNFINISHED_STATES.iter());
     for (i, state) in every.clone().enumerate() {
         let id = 100 + i as u64;
-        store.put_job(id, &columns(1, state), &json!({ "id": id, "state": state })).unwrap();
+        store.put_job(JobId(id), &columns(1, state), &json!({ "id": id, "state": state })).unwrap();
     }
     store.commit().unwrap();
     for (i, state) in every.enumerate() {
@@ -367,7 +380,7 @@ fn a_postgres_job_is_updated_in_place_until_it_ends() {
             1 => "failed",
             _ => "succeeded",
         };
-        store.put_job(id, &columns(1, state), &json!({ "id": id, "state": state })).unwrap();
+        store.put_job(JobId(id), &columns(1, state), &json!({ "id": id, "state": state })).unwrap();
     }
     store.commit().unwrap();
     let loaded: Vec<u64> =
@@ -405,7 +418,7 @@ fn the_lease_goes_to_one_server_and_fences_off_a_deposed_one() {
     assert_eq!(b.lease().unwrap(), pg_lease(1, "http://a", false));
     assert_eq!(b.take_lease("http://b", 60_000).unwrap(), None);
     a.begin().unwrap();
-    a.put_tenant(&TenantRow { id: 1, name: "default".into() }).unwrap();
+    a.put_tenant(&TenantRow { id: TenantId(1), name: "default".into() }).unwrap();
     a.commit().unwrap();
 
     // The leader's lease runs out (here: made to): the other takes it, and
@@ -420,7 +433,7 @@ fn the_lease_goes_to_one_server_and_fences_off_a_deposed_one() {
         "{err}"
     );
     b.begin().unwrap();
-    b.put_tenant(&TenantRow { id: 2, name: "second".into() }).unwrap();
+    b.put_tenant(&TenantRow { id: TenantId(2), name: "second".into() }).unwrap();
     b.commit().unwrap();
 
     // A leader whose session ends (its process died) is replaced at once,
@@ -445,50 +458,65 @@ fn pg_lease(epoch: u64, url: &str, open: bool) -> ebb_server::store::pg::Lease {
 /// absent: the same through both stores.
 fn keeps_output<S: Store>(store: &mut S, mut reopen: impl FnMut() -> S) {
     store.begin().unwrap();
-    store.put_tenant(&TenantRow { id: 1, name: "default".into() }).unwrap();
-    store.put_job(7, &columns(1, "queued"), &serde_json::json!({"id": 7})).unwrap();
-    store.put_output(7, 0, b"hello ", None).unwrap();
-    store.put_output(7, 6, b"world\n", None).unwrap();
+    store.put_tenant(&TenantRow { id: TenantId(1), name: "default".into() }).unwrap();
+    store.put_job(JobId(7), &columns(1, "queued"), &serde_json::json!({"id": 7})).unwrap();
+    store.put_output(JobId(7), 0, b"hello ", None).unwrap();
+    store.put_output(JobId(7), 6, b"world\n", None).unwrap();
     // A gang's pieces say which node wrote them.
-    store.put_job(8, &columns(1, "running"), &serde_json::json!({"id": 8})).unwrap();
-    store.put_output(8, 0, b"rank 1\n", Some("node-1")).unwrap();
-    store.put_output(8, 7, b"rank 0\nsaved\n", Some("node-0")).unwrap();
+    store.put_job(JobId(8), &columns(1, "running"), &serde_json::json!({"id": 8})).unwrap();
+    store.put_output(JobId(8), 0, b"rank 1\n", Some("node-1")).unwrap();
+    store.put_output(JobId(8), 7, b"rank 0\nsaved\n", Some("node-0")).unwrap();
     store.commit().unwrap();
     // Output of a transaction that did not commit is not there.
     store.begin().unwrap();
-    store.put_output(7, 12, b"lost", None).unwrap();
+    store.put_output(JobId(7), 12, b"lost", None).unwrap();
     store.rollback().unwrap();
     let mut other = reopen();
-    assert_eq!(other.output(7, 0, 12).unwrap(), b"hello world\n");
-    assert_eq!(other.output(7, 3, 9).unwrap(), b"lo wor", "a range across pieces");
-    assert_eq!(other.output(7, 12, 100).unwrap(), b"", "nothing past the log");
-    assert_eq!(other.output(9, 0, 100).unwrap(), b"", "no such job");
-    assert_eq!((other.output_len(7).unwrap(), other.output_len(9).unwrap()), (12, 0), "a log's length");
-    assert_eq!(other.output_sources(7, 0, 100).unwrap(), vec![], "a job on one node has no sources");
+    assert_eq!(other.output(JobId(7), 0, 12).unwrap(), b"hello world\n");
+    assert_eq!(other.output(JobId(7), 3, 9).unwrap(), b"lo wor", "a range across pieces");
+    assert_eq!(other.output(JobId(7), 12, 100).unwrap(), b"", "nothing past the log");
+    assert_eq!(other.output(JobId(9), 0, 100).unwrap(), b"", "no such job");
+    assert_eq!(
+        (other.output_len(JobId(7)).unwrap(), other.output_len(JobId(9)).unwrap()),
+        (12, 0),
+        "a log's length"
+    );
+    assert_eq!(other.output_sources(JobId(7), 0, 100).unwrap(), vec![], "a job on one node has no sources");
     let both = vec![(0, "node-1".to_string()), (7, "node-0".to_string())];
-    assert_eq!(other.output_sources(8, 0, 100).unwrap(), both);
-    assert_eq!(other.output_sources(8, 9, 100).unwrap(), both[1..], "the piece a range starts in");
-    assert_eq!(other.output(8, 0, 100).unwrap(), b"rank 1\nrank 0\nsaved\n");
+    assert_eq!(other.output_sources(JobId(8), 0, 100).unwrap(), both);
+    assert_eq!(other.output_sources(JobId(8), 9, 100).unwrap(), both[1..], "the piece a range starts in");
+    assert_eq!(other.output(JobId(8), 0, 100).unwrap(), b"rank 1\nrank 0\nsaved\n");
 
     // Retention: each job's output goes when its time comes, soonest
     // first, at most `limit` jobs at a time, and says when it went.
     other.begin().unwrap();
-    other.expire_output(7, 5_000).unwrap();
-    other.expire_output(8, 9_000).unwrap();
-    other.expire_output(8, 6_000).unwrap(); // set again: the later call holds
-    assert_eq!(other.prune_output(4_999, 10).unwrap(), Vec::<u64>::new(), "none due yet");
-    assert_eq!(other.prune_output(u64::MAX, 1).unwrap(), vec![7], "the soonest, one at a time");
+    other.expire_output(JobId(7), 5_000).unwrap();
+    other.expire_output(JobId(8), 9_000).unwrap();
+    other.expire_output(JobId(8), 6_000).unwrap(); // set again: the later call holds
+    assert_eq!(other.prune_output(4_999, 10).unwrap(), Vec::<JobId>::new(), "none due yet");
+    assert_eq!(other.prune_output(u64::MAX, 1).unwrap(), vec![JobId(7)], "the soonest, one at a time");
     other.commit().unwrap();
     let mut third = reopen();
-    assert_eq!((third.output_len(7).unwrap(), third.output(7, 0, 100).unwrap()), (0, Vec::new()));
-    assert_eq!(third.output_removed(7).unwrap(), Some(i64::MAX as u64), "when, as far as a column holds");
-    assert_eq!((third.output_removed(8).unwrap(), third.output_len(8).unwrap()), (None, 20), "not yet");
+    assert_eq!(
+        (third.output_len(JobId(7)).unwrap(), third.output(JobId(7), 0, 100).unwrap()),
+        (0, Vec::new())
+    );
+    assert_eq!(
+        third.output_removed(JobId(7)).unwrap(),
+        Some(i64::MAX as u64),
+        "when, as far as a column holds"
+    );
+    assert_eq!(
+        (third.output_removed(JobId(8)).unwrap(), third.output_len(JobId(8)).unwrap()),
+        (None, 20),
+        "not yet"
+    );
     third.begin().unwrap();
-    assert_eq!(third.prune_output(6_000, 10).unwrap(), vec![8]);
-    assert_eq!(third.prune_output(7_000, 10).unwrap(), Vec::<u64>::new(), "each job once");
+    assert_eq!(third.prune_output(6_000, 10).unwrap(), vec![JobId(8)]);
+    assert_eq!(third.prune_output(7_000, 10).unwrap(), Vec::<JobId>::new(), "each job once");
     third.commit().unwrap();
-    assert_eq!(third.output_removed(8).unwrap(), Some(6_000));
-    assert_eq!(third.output_removed(9).unwrap(), None, "no such job");
+    assert_eq!(third.output_removed(JobId(8)).unwrap(), Some(6_000));
+    assert_eq!(third.output_removed(JobId(9)).unwrap(), None, "no such job");
 }
 
 #[test]
@@ -504,8 +532,8 @@ fn both_stores_keep_output_and_postgres_for_whichever_server_leads() {
 /// columns `put_job` writes: the same through both stores.
 fn lists_jobs<S: Store>(store: &mut S) {
     store.begin().unwrap();
-    store.put_tenant(&TenantRow { id: 1, name: "default".into() }).unwrap();
-    store.put_tenant(&TenantRow { id: 2, name: "acme".into() }).unwrap();
+    store.put_tenant(&TenantRow { id: TenantId(1), name: "default".into() }).unwrap();
+    store.put_tenant(&TenantRow { id: TenantId(2), name: "acme".into() }).unwrap();
     // (id, tenant, state, tier, gpus, name, array)
     type Listed = (u64, u32, &'static str, &'static str, u32, Option<&'static str>, Option<(u64, u64)>);
     let jobs: [Listed; 9] = [
@@ -521,13 +549,13 @@ fn lists_jobs<S: Store>(store: &mut S) {
     ];
     for (id, tenant, state, tier, gpus, name, array) in jobs {
         let columns = JobColumns {
-            tenant,
+            tenant: TenantId(tenant),
             state,
             tier,
             gpus,
             name,
-            array,
-            attempt: id as u32 % 3,
+            array: array.map(|(first, index)| (JobId(first), index)),
+            attempt: Attempt(id as u32 % 3),
             preemptions: 1,
             stored_state: Some("queued"),
         };
@@ -536,7 +564,11 @@ fn lists_jobs<S: Store>(store: &mut S) {
         // wrong for others (the new state; another one): the result is the
         // same.
         store
-            .put_job(id, &JobColumns { state: "queued", stored_state: None, ..columns }, &json!({ "id": id }))
+            .put_job(
+                JobId(id),
+                &JobColumns { state: "queued", stored_state: None, ..columns },
+                &json!({ "id": id }),
+            )
             .unwrap();
         let hint = match id % 3 {
             0 => Some("queued"),
@@ -544,7 +576,11 @@ fn lists_jobs<S: Store>(store: &mut S) {
             _ => Some("draining"),
         };
         store
-            .put_job(id, &JobColumns { stored_state: hint, ..columns }, &json!({ "id": id, "state": state }))
+            .put_job(
+                JobId(id),
+                &JobColumns { stored_state: hint, ..columns },
+                &json!({ "id": id, "state": state }),
+            )
             .unwrap();
     }
     store.commit().unwrap();
@@ -554,11 +590,11 @@ fn lists_jobs<S: Store>(store: &mut S) {
     };
     let all = JobPageQuery { limit: 100, ..Default::default() };
     assert_eq!(ids(store, all.clone()), (1..=9).collect::<Vec<_>>());
-    assert_eq!(ids(store, JobPageQuery { cursor: Some(3), limit: 2, ..all.clone() }), vec![4, 5]);
+    assert_eq!(ids(store, JobPageQuery { cursor: Some(JobId(3)), limit: 2, ..all.clone() }), vec![4, 5]);
     assert_eq!(ids(store, JobPageQuery { desc: true, limit: 3, ..all.clone() }), vec![9, 8, 7]);
-    assert_eq!(ids(store, JobPageQuery { desc: true, cursor: Some(3), ..all.clone() }), vec![2, 1]);
-    assert_eq!(ids(store, JobPageQuery { cursor: Some(u64::MAX), ..all.clone() }), Vec::<u64>::new());
-    assert_eq!(ids(store, JobPageQuery { tenant: Some(2), ..all.clone() }), vec![2, 7]);
+    assert_eq!(ids(store, JobPageQuery { desc: true, cursor: Some(JobId(3)), ..all.clone() }), vec![2, 1]);
+    assert_eq!(ids(store, JobPageQuery { cursor: Some(JobId(u64::MAX)), ..all.clone() }), Vec::<u64>::new());
+    assert_eq!(ids(store, JobPageQuery { tenant: Some(TenantId(2)), ..all.clone() }), vec![2, 7]);
     let finished = Some(vec!["succeeded".to_string(), "failed".into(), "cancelled".into()]);
     assert_eq!(ids(store, JobPageQuery { states: finished.clone(), ..all.clone() }), vec![1, 2, 4, 5, 8]);
     assert_eq!(ids(store, JobPageQuery { states: Some(Vec::new()), ..all.clone() }), Vec::<u64>::new());
@@ -577,7 +613,7 @@ fn lists_jobs<S: Store>(store: &mut S) {
     let bounded = JobPageQuery { max_bytes: first_two, ..all.clone() };
     let read = store.job_page::<Value>(&bounded).unwrap();
     assert_eq!((read.rows.len(), read.cut), (2, true));
-    let tail = store.job_page::<Value>(&JobPageQuery { cursor: Some(7), ..bounded.clone() }).unwrap();
+    let tail = store.job_page::<Value>(&JobPageQuery { cursor: Some(JobId(7)), ..bounded.clone() }).unwrap();
     assert_eq!((tail.rows.len(), tail.cut), (2, false));
     let one = store.job_page::<Value>(&JobPageQuery { max_bytes: 1, ..all.clone() }).unwrap();
     assert_eq!((one.rows.len(), one.cut), (1, true), "a page holds at least one job");
@@ -594,19 +630,22 @@ fn lists_jobs<S: Store>(store: &mut S) {
     let failed = Some(vec!["failed".to_string()]);
     assert_eq!(ids(store, JobPageQuery { states: failed, ..collapsed.clone() }), vec![2]);
     assert_eq!(
-        ids(store, JobPageQuery { tenant: Some(1), states: succeeded, desc: true, ..collapsed.clone() }),
+        ids(
+            store,
+            JobPageQuery { tenant: Some(TenantId(1)), states: succeeded, desc: true, ..collapsed.clone() }
+        ),
         vec![3, 1]
     );
     let running = Some(vec!["running".to_string()]);
     assert_eq!(ids(store, JobPageQuery { states: running, ..collapsed }), vec![3, 7]);
 
-    let states = store.array_states(3).unwrap();
+    let states = store.array_states(JobId(3)).unwrap();
     let expected = [("cancelled", 1), ("queued", 1), ("running", 1), ("succeeded", 1)];
     assert_eq!(states, expected.map(|(s, n)| (s.to_string(), n)).to_vec());
-    assert_eq!(store.array_states(99).unwrap(), Vec::new());
-    let tasks = store.array_tasks(3).unwrap();
+    assert_eq!(store.array_states(JobId(99)).unwrap(), Vec::new());
+    let tasks = store.array_tasks(JobId(3)).unwrap();
     assert_eq!(
-        tasks.iter().map(|t| (t.id, t.index, t.state.as_str(), t.attempt)).collect::<Vec<_>>(),
+        tasks.iter().map(|t| (t.id.0, t.index, t.state.as_str(), t.attempt.0)).collect::<Vec<_>>(),
         vec![(3, 0, "queued", 0), (4, 1, "succeeded", 1), (5, 2, "cancelled", 2), (6, 3, "running", 0)]
     );
     let counts = store.finished_counts().unwrap();
@@ -622,13 +661,13 @@ fn lists_jobs<S: Store>(store: &mut S) {
             ("preemptible", "succeeded", 1, 1),
         ]
     );
-    assert_eq!(store.job::<Value>(8).unwrap(), Some(json!({ "id": 8, "state": "cancelled" })));
-    assert_eq!(store.job::<Value>(10).unwrap(), None);
+    assert_eq!(store.job::<Value>(JobId(8)).unwrap(), Some(json!({ "id": 8, "state": "cancelled" })));
+    assert_eq!(store.job::<Value>(JobId(10)).unwrap(), None);
     // Only unfinished jobs are loaded; finished ones stay here.
     let loaded: Vec<u64> =
         store.load::<Value>().unwrap().jobs.iter().map(|j| j["id"].as_u64().unwrap()).collect();
     assert_eq!(loaded, vec![3, 6, 7, 9]);
-    assert_eq!(store.max_job_id().unwrap(), 9);
+    assert_eq!(store.max_job_id().unwrap(), JobId(9));
 }
 
 #[test]
@@ -689,9 +728,12 @@ fn a_postgres_database_from_before_the_job_columns_gets_them_from_its_records() 
     let mut store = PgStore::open(&pg.url()).unwrap();
     let named = JobPageQuery { name: Some("a".into()), limit: 10, ..Default::default() };
     assert_eq!(store.job_page::<Value>(&named).unwrap().rows.len(), 1);
-    let tasks = store.array_tasks(2).unwrap();
+    let tasks = store.array_tasks(JobId(2)).unwrap();
     assert_eq!(
-        tasks.iter().map(|t| (t.id, t.index, t.state.as_str(), t.attempt, t.preemptions)).collect::<Vec<_>>(),
+        tasks
+            .iter()
+            .map(|t| (t.id.0, t.index, t.state.as_str(), t.attempt.0, t.preemptions))
+            .collect::<Vec<_>>(),
         vec![(2, 0, "queued", 0, 0), (3, 1, "failed", 2, 1)]
     );
     let counts = store.finished_counts().unwrap();
@@ -714,29 +756,34 @@ fn a_large_postgres_transaction_is_written_ahead_in_order() {
     let pg = pg::Postgres::start("ahead");
     let mut store = PgStore::open(&pg.url()).unwrap();
     store.begin().unwrap();
-    store.put_tenant(&TenantRow { id: 1, name: "default".into() }).unwrap();
+    store.put_tenant(&TenantRow { id: TenantId(1), name: "default".into() }).unwrap();
     store.commit().unwrap();
     let submitted = |at| event(at, EventKind::Submitted, 0, json!({ "tier": "preemptible" }));
 
     store.begin().unwrap();
     for id in 1..=3000u64 {
-        store.put_job(id, &columns(1, "queued"), &json!({ "id": id, "state": "queued" })).unwrap();
-        store.add_event(id, &submitted(id)).unwrap();
+        store.put_job(JobId(id), &columns(1, "queued"), &json!({ "id": id, "state": "queued" })).unwrap();
+        store.add_event(JobId(id), &submitted(id)).unwrap();
         if id == 1500 {
-            assert_eq!(store.max_job_id().unwrap(), 1500, "every job so far, read mid-transaction");
-            assert_eq!(store.job::<Value>(1500).unwrap(), Some(json!({ "id": 1500, "state": "queued" })));
-            assert_eq!(store.events(1).unwrap(), vec![submitted(1)]);
+            assert_eq!(store.max_job_id().unwrap(), JobId(1500), "every job so far, read mid-transaction");
+            assert_eq!(
+                store.job::<Value>(JobId(1500)).unwrap(),
+                Some(json!({ "id": 1500, "state": "queued" }))
+            );
+            assert_eq!(store.events(JobId(1)).unwrap(), vec![submitted(1)]);
         }
     }
-    store.put_job(1, &columns(1, "running"), &json!({ "id": 1, "state": "running" })).unwrap();
-    store.add_event(1, &event(9_000, EventKind::Started, 1, json!({ "node": "n1", "pid": 7 }))).unwrap();
+    store.put_job(JobId(1), &columns(1, "running"), &json!({ "id": 1, "state": "running" })).unwrap();
+    store
+        .add_event(JobId(1), &event(9_000, EventKind::Started, 1, json!({ "node": "n1", "pid": 7 })))
+        .unwrap();
     store.commit().unwrap();
 
     let mut other = PgStore::open(&pg.url()).unwrap();
-    assert_eq!(other.max_job_id().unwrap(), 3000);
-    assert_eq!(other.job::<Value>(1).unwrap(), Some(json!({ "id": 1, "state": "running" })));
+    assert_eq!(other.max_job_id().unwrap(), JobId(3000));
+    assert_eq!(other.job::<Value>(JobId(1)).unwrap(), Some(json!({ "id": 1, "state": "running" })));
     assert_eq!(
-        other.events(1).unwrap(),
+        other.events(JobId(1)).unwrap(),
         vec![submitted(1), event(9_000, EventKind::Started, 1, json!({ "node": "n1", "pid": 7 }))]
     );
     let queued = JobPageQuery { states: Some(vec!["queued".into()]), limit: 5000, ..Default::default() };
@@ -745,17 +792,17 @@ fn a_large_postgres_transaction_is_written_ahead_in_order() {
     // Rolled back after chunks went ahead: none of them stays.
     store.begin().unwrap();
     for id in 3001..=4500u64 {
-        store.put_job(id, &columns(1, "queued"), &json!({ "id": id })).unwrap();
+        store.put_job(JobId(id), &columns(1, "queued"), &json!({ "id": id })).unwrap();
     }
     store.rollback().unwrap();
-    assert_eq!(other.max_job_id().unwrap(), 3000);
+    assert_eq!(other.max_job_id().unwrap(), JobId(3000));
 
     // A chunk the database refuses (a tenant it does not have) fails the
     // transaction: at the commit at the latest, saying why.
     store.begin().unwrap();
     let mut failed = None;
     for id in 5001..=6000u64 {
-        if let Err(e) = store.put_job(id, &columns(99, "queued"), &json!({ "id": id })) {
+        if let Err(e) = store.put_job(JobId(id), &columns(99, "queued"), &json!({ "id": id })) {
             failed = Some(e);
             break;
         }
@@ -766,10 +813,10 @@ fn a_large_postgres_transaction_is_written_ahead_in_order() {
     };
     assert!(err.to_string().contains("foreign key"), "{err}");
     store.rollback().unwrap();
-    assert_eq!(other.max_job_id().unwrap(), 3000);
+    assert_eq!(other.max_job_id().unwrap(), JobId(3000));
     // The store goes on after the rollback.
     store.begin().unwrap();
-    store.put_job(3001, &columns(1, "queued"), &json!({ "id": 3001 })).unwrap();
+    store.put_job(JobId(3001), &columns(1, "queued"), &json!({ "id": 3001 })).unwrap();
     store.commit().unwrap();
-    assert_eq!(other.max_job_id().unwrap(), 3001);
+    assert_eq!(other.max_job_id().unwrap(), JobId(3001));
 }

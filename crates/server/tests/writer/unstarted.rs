@@ -5,6 +5,7 @@
 //! its deadline (and a short grace), whatever its agent says.
 
 use ebb_api::AttemptRef;
+use ebb_core::{Attempt, JobId};
 use serde_json::json;
 
 use super::api::Api;
@@ -21,7 +22,7 @@ fn a_drained_attempt_that_never_started_frees_its_gpus_at_its_deadline() {
     let victim = api.submit(&admin, &spec("preemptible", "train"));
     assert_eq!(
         api.env.poll("n1"),
-        [AttemptRef { job: victim, attempt: 1 }],
+        [AttemptRef { job: JobId(victim), attempt: Attempt(1) }],
         "placed; pulling, never started"
     );
     let waiting = api.submit(&admin, &spec("on-demand", "serve"));
@@ -42,14 +43,16 @@ fn a_drained_attempt_that_never_started_frees_its_gpus_at_its_deadline() {
     );
     let commands = api.env.commands("n1");
     assert!(
-        commands.iter().any(|c| matches!(c, ebb_api::Action::Stop { attempt, .. } if attempt.job == victim)),
+        commands
+            .iter()
+            .any(|c| matches!(c, ebb_api::Action::Stop { attempt, .. } if attempt.job == JobId(victim))),
         "the node is told to stop it: {commands:?}"
     );
     assert!(
-        commands.iter().any(|c| matches!(c, ebb_api::Action::Start(s) if s.attempt.job == waiting)),
+        commands.iter().any(|c| matches!(c, ebb_api::Action::Start(s) if s.attempt.job == JobId(waiting))),
         "the on-demand job starts: {commands:?}"
     );
-    assert!(api.env.usage(victim).is_empty(), "a pull is not metered");
+    assert!(api.env.usage(JobId(victim)).is_empty(), "a pull is not metered");
 }
 
 #[test]
@@ -59,7 +62,7 @@ fn a_cancelled_attempt_that_never_started_ends_at_its_grace() {
     let admin = api.admin.clone();
     let job = api.submit(&admin, &spec("on-demand", "train"));
     assert_eq!(api.env.poll("n1").len(), 1);
-    api.env.cancel(job, Some(1_000)).unwrap();
+    api.env.cancel(JobId(job), Some(1_000)).unwrap();
     api.env.now += 1_000 + ebb_server::engine::UNSTARTED_GRACE_MS;
     api.env.tick();
     assert_eq!(api.job(job)["state"], "cancelled");
@@ -67,7 +70,11 @@ fn a_cancelled_attempt_that_never_started_ends_at_its_grace() {
     let at_ms = api.env.now;
     api.env.report(
         "n1",
-        vec![ebb_api::AgentEvent::Started { attempt: AttemptRef { job, attempt: 1 }, pid: 9, at_ms }],
+        vec![ebb_api::AgentEvent::Started {
+            attempt: AttemptRef { job: JobId(job), attempt: Attempt(1) },
+            pid: 9,
+            at_ms,
+        }],
     );
     assert_eq!(api.job(job)["state"], "cancelled");
 }
@@ -81,7 +88,7 @@ fn a_job_cancelled_while_its_node_is_removed_is_cancelled_not_run_again() {
     let admin = api.admin.clone();
     let job = api.submit(&admin, &spec("on-demand", "train"));
     assert_eq!(api.env.poll("n1").len(), 1);
-    api.env.cancel(job, None).unwrap();
+    api.env.cancel(JobId(job), None).unwrap();
     let name = "n1".to_string();
     api.env.call(|reply| ebb_server::engine::Msg::RemoveNode { name, reply }).unwrap();
     api.node("n2", "H100", 4);

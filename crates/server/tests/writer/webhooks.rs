@@ -5,6 +5,7 @@
 //! end (`crates/cli/tests/e2e/webhooks.rs`).
 
 use ebb_api::{AgentEvent, WebhookRequest};
+use ebb_core::TenantId;
 use ebb_server::engine::Msg;
 use ebb_server::store::{Scope, SqliteStore};
 use ebb_server::webhooks::{Command, Tried};
@@ -36,7 +37,7 @@ fn sent(rx: &mut mpsc::UnboundedReceiver<Command>) -> Vec<(u64, String, serde_js
 #[test]
 fn who_may_add_which_webhook_and_bad_ones_are_refused_by_name() {
     let mut env = TestEnv::new("webhook-refusals");
-    let alice = Principal::tenant(Scope::Tenant, 1, "default");
+    let alice = Principal::tenant(Scope::Tenant, TenantId(1), "default");
     let admin = env.admin.clone();
     let add = |env: &mut TestEnv, who: &Principal, req: WebhookRequest| {
         let principal = who.clone();
@@ -161,7 +162,7 @@ fn outbox_survives<S: ebb_server::store::Store>(mut env: TestEnv<S>) {
     assert_eq!(events, ["preempted", "requeued"], "in the order they happened");
     let (first, _, body) = &got[0];
     assert_eq!(body["event"], "preempted");
-    assert_eq!(body["job"]["id"], victim);
+    assert_eq!(body["job"]["id"], victim.0);
     assert_eq!(body["tenant"], "default");
     assert_eq!(body["webhook"], hook.id);
     assert_eq!(body["delivery"], *first);
@@ -200,7 +201,7 @@ fn outbox_survives<S: ebb_server::store::Store>(mut env: TestEnv<S>) {
     let (node, jobs): (Vec<_>, Vec<_>) =
         sent(&mut rx).into_iter().partition(|(_, e, _)| e.starts_with("node"));
     assert_eq!(jobs.len(), 1, "{jobs:?}");
-    assert_eq!(jobs[0].2["job"]["id"].as_u64(), Some(on_demand));
+    assert_eq!(jobs[0].2["job"]["id"].as_u64(), Some(on_demand.0));
     assert!(
         jobs[0].2["text"].as_str().unwrap().starts_with("lost; "),
         "as ebb show says it: {}",
@@ -246,8 +247,11 @@ fn registry_passwords_and_webhook_secrets_are_sealed_in_the_store() {
     assert!(file.contains("ebb-sealed:v1:"));
 
     env.restart();
-    let kept =
-        env.call(|reply| Msg::RegistryLoginFor { tenant: 1, registry: "registry.example.com".into(), reply });
+    let kept = env.call(|reply| Msg::RegistryLoginFor {
+        tenant: TenantId(1),
+        registry: "registry.example.com".into(),
+        reply,
+    });
     assert_eq!(kept.map(|l| l.password), Some("hunter2-registry".to_string()));
     // The deliverer signs with the secret as it was given.
     let (tx, mut rx) = mpsc::unbounded_channel();
@@ -294,12 +298,15 @@ fn a_password_stored_in_the_clear_is_sealed_at_the_next_start() {
         let mut store = SqliteStore::open_unsynced(&env_db(&env)).unwrap();
         let login = ebb_api::RegistryLogin { username: "alice".into(), password: "clear-password-1".into() };
         store.begin().unwrap();
-        store.put_registry_login(1, "registry.example.com", Some(&login)).unwrap();
+        store.put_registry_login(TenantId(1), "registry.example.com", Some(&login)).unwrap();
         store.commit().unwrap();
     }
     env.restart();
-    let kept =
-        env.call(|reply| Msg::RegistryLoginFor { tenant: 1, registry: "registry.example.com".into(), reply });
+    let kept = env.call(|reply| Msg::RegistryLoginFor {
+        tenant: TenantId(1),
+        registry: "registry.example.com".into(),
+        reply,
+    });
     assert_eq!(kept.map(|l| l.password), Some("clear-password-1".to_string()));
     env.engine = None;
     let mut store = SqliteStore::open_unsynced(&env_db(&env)).unwrap();

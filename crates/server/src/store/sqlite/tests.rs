@@ -57,13 +57,13 @@ fn every_lookup_searches_an_index() {
     // The listing, in every shape a page can take.
     let states = || Some(vec!["queued".to_string(), "running".to_string()]);
     for desc in [false, true] {
-        for tenant in [None, Some(2)] {
+        for tenant in [None, Some(TenantId(2))] {
             for collapse in [false, true] {
                 for q in [
                     JobPageQuery { states: states(), ..Default::default() },
                     JobPageQuery { tier: Some("preemptible".into()), ..Default::default() },
                     JobPageQuery { name: Some("train".into()), ..Default::default() },
-                    JobPageQuery { cursor: Some(7), ..Default::default() },
+                    JobPageQuery { cursor: Some(JobId(7)), ..Default::default() },
                     JobPageQuery {
                         states: states(),
                         tier: Some("on-demand".into()),
@@ -144,12 +144,18 @@ fn jobs_from_before_the_job_columns_get_them_from_their_records() {
             .collect()
     };
     assert_eq!(page(&mut store, JobPageQuery { name: Some("train".into()), ..Default::default() }), [1]);
-    assert_eq!(page(&mut store, JobPageQuery { tenant: Some(2), collapse: true, ..Default::default() }), [2]);
+    assert_eq!(
+        page(&mut store, JobPageQuery { tenant: Some(TenantId(2)), collapse: true, ..Default::default() }),
+        [2]
+    );
     let cancelled = Some(vec!["cancelled".to_string()]);
     assert_eq!(page(&mut store, JobPageQuery { states: cancelled, ..Default::default() }), [3]);
-    let tasks = store.array_tasks(2).unwrap();
+    let tasks = store.array_tasks(JobId(2)).unwrap();
     assert_eq!(
-        tasks.iter().map(|t| (t.id, t.index, t.state.as_str(), t.attempt, t.preemptions)).collect::<Vec<_>>(),
+        tasks
+            .iter()
+            .map(|t| (t.id.0, t.index, t.state.as_str(), t.attempt.0, t.preemptions))
+            .collect::<Vec<_>>(),
         [(2, 0, "queued", 0, 0), (3, 1, "cancelled", 3, 2)]
     );
     let counts = store.finished_counts().unwrap();
@@ -177,13 +183,13 @@ fn logs_from_before_the_store_kept_output_are_marked_files() {
         .unwrap();
     }
     let mut store = SqliteStore::open(&path).unwrap();
-    assert_eq!(store.log_state(3).unwrap(), Some(LogState { bytes: 42, file: true }));
+    assert_eq!(store.log_state(JobId(3)).unwrap(), Some(LogState { bytes: 42, file: true }));
     // A log begun now is the store's, and says nothing of files.
-    store.put_log_state(4, &LogState { bytes: 7, file: false }).unwrap();
+    store.put_log_state(JobId(4), &LogState { bytes: 7, file: false }).unwrap();
     let record: String =
         store.conn.query_row("SELECT record FROM logs WHERE job = 4", [], |r| r.get(0)).unwrap();
     assert_eq!(record, r#"{"bytes":7}"#);
-    assert_eq!(store.log_state(4).unwrap(), Some(LogState { bytes: 7, file: false }));
+    assert_eq!(store.log_state(JobId(4)).unwrap(), Some(LogState { bytes: 7, file: false }));
 }
 
 /// A database made before the schema steps were numbered (its tokens
@@ -208,7 +214,7 @@ fn a_database_from_before_numbered_migrations_is_migrated() {
     let node = TokenRow { hash: "n".into(), tenant: None, scope: Scope::Node, node: Some("node-1".into()) };
     store.put_token(&node).unwrap();
     let snapshot = store.load::<serde_json::Value>().unwrap();
-    let admin = TokenRow { hash: "old".into(), tenant: Some(1), scope: Scope::Admin, node: None };
+    let admin = TokenRow { hash: "old".into(), tenant: Some(TenantId(1)), scope: Scope::Admin, node: None };
     assert_eq!(snapshot.tokens.len(), 2);
     assert!(snapshot.tokens.contains(&admin) && snapshot.tokens.contains(&node));
     store.delete_token("n").unwrap();

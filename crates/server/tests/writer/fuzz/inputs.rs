@@ -2,6 +2,7 @@
 //! any value each field admits, and the steps of a sequence.
 
 use super::*;
+use ebb_core::{Attempt, JobId};
 
 /// An instant as the fuzzer gives it: fixed, or relative to the batch's.
 #[derive(Clone, Copy, Debug)]
@@ -45,8 +46,8 @@ pub(super) enum Which {
 pub(super) fn which() -> impl Strategy<Value = Which> {
     prop_oneof![
         4 => any::<usize>().prop_map(Which::Started),
-        1 => (0u64..12, 0u32..4).prop_map(|(job, attempt)| Which::Any(AttemptRef { job, attempt })),
-        1 => (any::<u64>(), any::<u32>()).prop_map(|(job, attempt)| Which::Any(AttemptRef { job, attempt })),
+        1 => (0u64..12, 0u32..4).prop_map(|(job, attempt)| Which::Any(AttemptRef { job: JobId(job), attempt: Attempt(attempt) })),
+        1 => (any::<u64>(), any::<u32>()).prop_map(|(job, attempt)| Which::Any(AttemptRef { job: JobId(job), attempt: Attempt(attempt) })),
     ]
 }
 
