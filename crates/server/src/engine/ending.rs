@@ -366,7 +366,7 @@ mod tests {
             JobRecord::queued(JobId(7), TenantId(1), StoredSpec::from(spec), Tier::Preemptible, 2, 15, 0);
         job.state = JobState::Running;
         job.attempt = Attempt(3);
-        job.placement = vec![("a".into(), vec![0, 1])];
+        job.placement = vec![Part::new("a", vec![0, 1])];
         job.running_on = vec!["a".into()];
         job.started_on = vec!["a".into()];
         job.started_ms = 1_000;

@@ -10,7 +10,7 @@ impl<S: Store> Engine<S> {
     /// the record.
     pub(super) fn forget_holds_on(&mut self, node: &str) -> Written {
         let holders: Vec<JobId> =
-            self.jobs.values().filter(|j| j.held.iter().any(|(n, _)| n == node)).map(|j| j.id).collect();
+            self.jobs.values().filter(|j| j.held.iter().any(|p| p.node == node)).map(|j| j.id).collect();
         for id in holders {
             let job = self.jobs.get_mut(&id).expect("known job");
             job.held.clear();

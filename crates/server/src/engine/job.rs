@@ -84,7 +84,7 @@ pub struct JobRecord {
     pub retries: u32,
     pub submitted_ms: u64,
     /// Live attempt: GPUs by node, when it started, nodes still running it.
-    pub placement: Vec<(String, Vec<u8>)>,
+    pub placement: Vec<Part>,
     pub started_ms: u64,
     pub running_on: Vec<String>,
     /// The live attempt's drain notice (boxed: most records have none,
@@ -109,7 +109,7 @@ pub struct JobRecord {
     pub vanished: bool,
     /// GPUs held for this queued job while `waiting_for` drain.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub held: Vec<(String, Vec<u8>)>,
+    pub held: Vec<Part>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub waiting_for: Vec<JobId>,
     /// Its start, sent to the held GPUs' node before the victims left.
@@ -220,6 +220,41 @@ pub struct JobRecord {
     /// up). Spares a new job's first output two reads.
     #[serde(skip)]
     pub no_output: bool,
+}
+
+/// One node's part of a placement: the node, and the GPUs it gives.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "StoredPart")]
+pub struct Part {
+    pub node: String,
+    pub gpus: Vec<u8>,
+}
+
+impl Part {
+    pub fn new(node: impl Into<String>, gpus: Vec<u8>) -> Part {
+        Part { node: node.into(), gpus }
+    }
+
+    pub fn view(&self) -> ebb_api::NodeGpus {
+        ebb_api::NodeGpus { node: self.node.clone(), gpus: self.gpus.clone() }
+    }
+}
+
+/// A part as records hold it: named fields, or, in records of releases
+/// before parts were named, a `[node, gpus]` pair.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum StoredPart {
+    Named { node: String, gpus: Vec<u8> },
+    Pair(String, Vec<u8>),
+}
+
+impl From<StoredPart> for Part {
+    fn from(stored: StoredPart) -> Part {
+        match stored {
+            StoredPart::Named { node, gpus } | StoredPart::Pair(node, gpus) => Part { node, gpus },
+        }
+    }
 }
 
 /// Which array or sweep a job is a task of, as its record keeps it.
@@ -684,6 +719,17 @@ mod tests {
             [("alpha", 3), ("beta team", 4)].into_iter().find(|t| t.0 == name).map(|t| TenantId(t.1))
         };
         DrainNotice::from_legacy((10, 20, reason.to_string()), false, tenants).cause
+    }
+
+    #[test]
+    fn a_part_reads_in_either_form_and_is_written_with_names() {
+        let pair: Part = serde_json::from_str(r#"["node-1", [0, 3]]"#).unwrap();
+        let named: Part = serde_json::from_str(r#"{"node": "node-1", "gpus": [0, 3]}"#).unwrap();
+        assert_eq!(pair, Part::new("node-1", vec![0, 3]));
+        assert_eq!(named, pair);
+        assert_eq!(serde_json::to_string(&pair).unwrap(), r#"{"node":"node-1","gpus":[0,3]}"#);
+        assert!(serde_json::from_str::<Part>(r#"["node-1"]"#).is_err());
+        assert!(serde_json::from_str::<Part>(r#"{"node": "node-1", "gpus": [256]}"#).is_err());
     }
 
     #[test]

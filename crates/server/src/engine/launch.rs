@@ -100,7 +100,7 @@ impl<S: Store> Engine<S> {
         job.placement
             .iter()
             .enumerate()
-            .map(|(rank, (node, gpus))| (node.clone(), start(rank, node, gpus)))
+            .map(|(rank, p)| (p.node.clone(), start(rank, &p.node, &p.gpus)))
             .collect()
     }
 
@@ -109,10 +109,10 @@ impl<S: Store> Engine<S> {
     pub(super) fn recommend(
         &self,
         id: JobId,
-        placement: &[(String, Vec<u8>)],
+        placement: &[Part],
         now: u64,
     ) -> ebb_core::checkpoint::Recommendation {
-        let model = placement.first().and_then(|(n, _)| self.fleet.nodes.get(n)).map(|n| &n.gpu_model);
+        let model = placement.first().and_then(|p| self.fleet.nodes.get(&p.node)).map(|n| &n.gpu_model);
         let sums = model.and_then(|m| self.fleet.exposure.get(m)).copied().unwrap_or_default();
         // The nodes' time since they joined: n x now less the sum of their
         // joining times (none joined after now: times are the server's).
@@ -230,12 +230,12 @@ pub(super) fn gang_env(
 /// task's own (`SLURM_PROCID`, `SLURM_LOCALID`, ...).
 fn slurm_env(job: &JobRecord) -> Vec<(String, String)> {
     let slurm = job.spec.slurm.as_deref().expect("a Slurm job");
-    let nodes: Vec<&str> = job.placement.iter().map(|(n, _)| n.as_str()).collect();
+    let nodes: Vec<&str> = job.placement.iter().map(|p| p.node.as_str()).collect();
     let node_list = ebb_core::hostlist::compress(&nodes);
     let count = nodes.len().max(1) as u32;
     let per_node = slurm.ntasks_per_node.unwrap_or_else(|| slurm.ntasks.map_or(1, |n| n.div_ceil(count)));
     let ntasks = slurm.ntasks.unwrap_or(per_node.saturating_mul(count));
-    let gpus_on_node = job.placement.first().map_or(0, |(_, g)| g.len());
+    let gpus_on_node = job.placement.first().map_or(0, |p| p.gpus.len());
     let mut env = vec![
         ("SLURM_JOB_ID", job.id.to_string()),
         ("SLURM_JOBID", job.id.to_string()),

@@ -34,8 +34,8 @@ use std::time::SystemTime;
 
 use ebb_api::events::*;
 use ebb_api::{
-    Action, AgentEvent, AttemptRef, Command, DrainAttempt, EndedBy, JobSubmission, NodeGpus, Register,
-    Registered, ReportReply, StartAttempt,
+    Action, AgentEvent, AttemptRef, Command, DrainAttempt, EndedBy, JobSubmission, Register, Registered,
+    ReportReply, StartAttempt,
 };
 use ebb_core::{Attempt, GpuModelId, JobId, NodeId, Span, TenantId, Tier, Time};
 use ebb_scheduler::{DrainReason, ExitEffect, ExitKind, JobSpec, NodeSpec, NodeStatus, Notice, State};
@@ -80,7 +80,7 @@ pub use ending::STOP_GRACE_MS;
 pub use exits::UNSTARTED_GRACE_MS;
 use job::TenantLoad;
 pub use job::{
-    restart_backoff_ms, ArrayTask, CheckpointStats, DrainNotice, Drained, JobRecord, JobState, Restart,
+    restart_backoff_ms, ArrayTask, CheckpointStats, DrainNotice, Drained, JobRecord, JobState, Part, Restart,
     StoredSpec, Waiting, QUICK_EXIT_MS,
 };
 pub use lines::{Lines, QuietPoll};

@@ -217,8 +217,8 @@ impl<S: Store> Engine<S> {
                 (recommendation.interval.as_secs(), self.why_text(&recommendation))
             }
         };
-        let rendezvous = (placement.len() > 1).then(|| self.rendezvous(&placement[0].0));
-        let billing = self.rates(self.jobs[&id].tier, &placement[0].0)?;
+        let rendezvous = (placement.len() > 1).then(|| self.rendezvous(&placement[0].node));
+        let billing = self.rates(self.jobs[&id].tier, &placement[0].node)?;
         let job = self.jobs.get_mut(&id).expect("known job");
         job.billing = Some(billing);
         job.interval = Some((seconds, why.clone()));
@@ -230,7 +230,7 @@ impl<S: Store> Engine<S> {
         job.state = JobState::Starting;
         job.attempt = p.attempt;
         job.placement = placement.clone();
-        job.running_on = placement.iter().map(|(n, _)| n.clone()).collect();
+        job.running_on = placement.iter().map(|p| p.node.clone()).collect();
         job.started_ms = now;
         job.drain = None;
         job.held.clear();
@@ -238,15 +238,14 @@ impl<S: Store> Engine<S> {
         job.exit_code = None;
         job.exit_signal = None;
         if let Some(drill) = job.drill.as_mut() {
-            drill.placed(p.attempt, &placement[0].0);
+            drill.placed(p.attempt, &placement[0].node);
         }
         if staged.is_none() {
             for (node, start) in self.starts(id) {
                 self.outbox.push(&node, Action::Start(start));
             }
         }
-        let placement =
-            placement.iter().map(|(n, g)| NodeGpus { node: n.clone(), gpus: g.clone() }).collect();
+        let placement = placement.iter().map(Part::view).collect();
         let interval = CheckpointInterval { seconds, why };
         let detail = PlacedDetail { placement, from_hold: p.from_hold, checkpoint_interval: Some(interval) };
         self.event(id, Event::Placed(detail))?;

@@ -472,20 +472,20 @@ impl<S: Store> Engine<S> {
 
     /// GPUs by node as the core has them (ids, bit masks) to GPUs by node
     /// as records and agents have them (names, indices), and back.
-    pub(super) fn named(&self, alloc: &[(NodeId, u64)]) -> Vec<(String, Vec<u8>)> {
+    pub(super) fn named(&self, alloc: &[(NodeId, u64)]) -> Vec<Part> {
         alloc
             .iter()
             .map(|(node, mask)| {
                 let name = self.core.node(*node).expect("known node").name.clone();
-                (name, gpu_indices(*mask))
+                Part::new(name, gpu_indices(*mask))
             })
             .collect()
     }
 
-    pub(super) fn masks(&self, named: &[(String, Vec<u8>)]) -> Result<Vec<(NodeId, u64)>, String> {
+    pub(super) fn masks(&self, named: &[Part]) -> Result<Vec<(NodeId, u64)>, String> {
         named
             .iter()
-            .map(|(node, gpus)| {
+            .map(|Part { node, gpus }| {
                 let id = self.core.node_by_name(node).ok_or_else(|| format!("node {node} is gone"))?;
                 Ok((id, gpus.iter().fold(0u64, |m, g| m | (1 << g))))
             })

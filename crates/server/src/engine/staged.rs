@@ -37,21 +37,21 @@ impl<S: Store> Engine<S> {
     /// that holds such a start back. The caller saves the record.
     pub(super) fn stage(&mut self, id: JobId, now: u64) {
         let job = &self.jobs[&id];
-        let [(node, gpus)] = &job.held[..] else { return };
-        let local = |v: &JobId| self.jobs.get(v).is_some_and(|v| v.placement.iter().all(|(n, _)| n == node));
+        let [Part { node, gpus }] = &job.held[..] else { return };
+        let local = |v: &JobId| self.jobs.get(v).is_some_and(|v| v.placement.iter().all(|p| p.node == *node));
         if job.waiting_for.is_empty()
             || !job.waiting_for.iter().all(local)
             || !self.fleet.starts_when_free.contains(node)
         {
             return;
         }
-        let placement = vec![(node.clone(), gpus.clone())];
+        let placement = vec![Part::new(node.clone(), gpus.clone())];
         let Ok(attempt) = self.core.stage(id) else { return };
         let recommendation = self.recommend(id, &placement, now);
         let why = self.why_text(&recommendation);
         let staged = StagedStart {
             attempt,
-            node: placement[0].0.clone(),
+            node: placement[0].node.clone(),
             interval: (recommendation.interval.as_secs(), why),
         };
         self.jobs.get_mut(&id).expect("known job").staged = Some(staged);

@@ -273,11 +273,7 @@ impl<S: Store> Engine<S> {
             retries: job.retries,
             submitted_at: rfc3339(job.submitted_ms),
             run_id: job.run_id(),
-            placement: job
-                .placement
-                .iter()
-                .map(|(node, gpus)| ebb_api::NodeGpus { node: node.clone(), gpus: gpus.clone() })
-                .collect(),
+            placement: job.placement.iter().map(Part::view).collect(),
             exit_code: job.exit_code,
             usage: Vec::new(),
             last_checkpoint: job.checkpoints.last.as_deref().cloned(),
@@ -380,7 +376,7 @@ impl<S: Store> Engine<S> {
                 .jobs()
                 .filter_map(|j| {
                     let job = self.jobs.get(&j)?;
-                    let (_, gpus) = job.placement.iter().find(|(node, _)| node == name)?;
+                    let Part { gpus, .. } = job.placement.iter().find(|p| p.node == name)?;
                     let deadline = job
                         .drain
                         .as_ref()
