@@ -208,17 +208,7 @@ impl Client {
 /// url (...): client error (Connect): tcp connect error: Connection
 /// refused (os error 111)"): the first alone seldom says what went wrong.
 fn with_causes(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        let next = c.to_string();
-        if !text.contains(&next) {
-            text.push_str(": ");
-            text.push_str(&next);
-        }
-        cause = c.source();
-    }
-    text
+    ebb_http::causes::chain(e)
 }
 
 /// Where the node's credential is kept, in the agent's data dir (0600).

@@ -223,11 +223,7 @@ pub async fn fetch_ca(server: &str, expected: Fingerprint) -> Result<Vec<u8>, Fe
 
 /// The innermost cause of an error, as its library words it.
 fn innermost(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut cause = e;
-    while let Some(inner) = cause.source() {
-        cause = inner;
-    }
-    cause.to_string()
+    ebb_http::causes::innermost(e)
 }
 
 /// The innermost cause in words, as the CLI says it: `connection refused`.

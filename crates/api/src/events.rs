@@ -32,6 +32,15 @@ impl JobEvent {
     }
 }
 
+/// An event's detail alone, as it serialises (`Event::detail`).
+pub struct Detail<'a>(&'a Event);
+
+impl Serialize for Detail<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize_detail(serializer)
+    }
+}
+
 /// Declares `Event`, one variant per `EventKind` with its detail, and
 /// what is said of each variant once: its kind, its detail alone as JSON
 /// (as the store keeps it), and its detail's defaults.
@@ -51,12 +60,21 @@ macro_rules! events {
                 }
             }
 
+            /// The detail alone, to serialise in place (in a webhook's
+            /// body) without writing it out and reading it back.
+            pub fn detail(&self) -> Detail<'_> {
+                Detail(self)
+            }
+
             /// The detail alone, as JSON.
             pub fn detail_json(&self) -> String {
-                let written = match self {
-                    $(Event::$kind(detail) => serde_json::to_string(detail),)*
-                };
-                written.expect("an event's detail is plain data")
+                serde_json::to_string(&self.detail()).expect("an event's detail is plain data")
+            }
+
+            fn serialize_detail<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                match self {
+                    $(Event::$kind(detail) => detail.serialize(serializer),)*
+                }
             }
 
             /// An event of `kind` whose detail says nothing: what a stored

@@ -205,11 +205,7 @@ fn unreachable(server: &str, e: &reqwest::Error, trust: Option<&ebb_agent::tls::
     if e.is_timeout() {
         return format!("cannot connect to {server}: no answer in time");
     }
-    let mut cause: &dyn std::error::Error = e;
-    while let Some(inner) = cause.source() {
-        cause = inner;
-    }
-    let text = cause.to_string();
+    let text = ebb_http::causes::innermost(e);
     let text = text.split(" (os error").next().unwrap_or(&text).to_string();
     let mut words = text.chars();
     let text = match words.next() {

@@ -26,6 +26,7 @@
 //! And one thing of the other direction: [`outbound`], where the server's
 //! own requests (a registry at submit, a webhook) may connect.
 
+pub mod causes;
 pub mod outbound;
 
 pub use outbound::Outbound;

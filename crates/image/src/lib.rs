@@ -204,14 +204,7 @@ pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
 /// An error and its causes, as one line (an HTTP client's errors say
 /// little without their causes: `error sending request` alone).
 pub fn request_error(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
+    ebb_http::causes::chain(e)
 }
 
 #[cfg(test)]

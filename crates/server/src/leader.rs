@@ -410,11 +410,7 @@ impl Proxy {
 
 /// The innermost cause of a client error, which names what happened.
 fn source(e: &reqwest::Error) -> String {
-    let mut cause: &dyn std::error::Error = e;
-    while let Some(next) = cause.source() {
-        cause = next;
-    }
-    cause.to_string()
+    ebb_http::causes::innermost(e)
 }
 
 fn unavailable(message: String) -> Response {

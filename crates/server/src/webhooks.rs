@@ -19,11 +19,62 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use ebb_core::JobId;
 use hmac::{Hmac, Mac};
+use serde::Serialize;
 use sha2::Sha256;
 use tokio::sync::mpsc;
 
 use crate::engine::Msg;
+
+/// What a webhook receives for a job's event (format `ebb`,
+/// `docs/webhooks.md`).
+#[derive(Serialize)]
+pub(crate) struct JobBody<'a> {
+    pub delivery: u64,
+    pub webhook: u64,
+    pub event: &'a str,
+    pub at: &'a str,
+    pub at_ms: u64,
+    pub tenant: &'a str,
+    pub job: JobSummary<'a>,
+    pub text: &'a str,
+    pub detail: ebb_api::events::Detail<'a>,
+}
+
+/// The job a job's event is of, in its webhook body.
+#[derive(Serialize)]
+pub(crate) struct JobSummary<'a> {
+    pub id: JobId,
+    pub name: Option<&'a str>,
+    pub tier: &'a str,
+    pub state: &'a str,
+    pub attempt: u32,
+    pub run_id: String,
+}
+
+/// What an operators' webhook receives for a node's event (format `ebb`).
+#[derive(Serialize)]
+pub(crate) struct NodeBody<'a> {
+    pub delivery: u64,
+    pub webhook: u64,
+    pub event: &'a str,
+    pub at: String,
+    pub at_ms: u64,
+    pub node: &'a str,
+    pub text: &'a str,
+}
+
+/// What a webhook of format `slack` receives: one line.
+#[derive(Serialize)]
+pub(crate) struct SlackBody {
+    pub text: String,
+}
+
+/// A body as it is sent (and signed).
+pub(crate) fn body_text(body: &impl Serialize) -> String {
+    serde_json::to_string(body).expect("a webhook body is plain data")
+}
 
 /// What a tenant reads of every failed try.
 pub const NOT_DELIVERED: &str = "not delivered: no 2xx answer from the receiver";

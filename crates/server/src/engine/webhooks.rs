@@ -8,7 +8,7 @@ use ebb_api::{Event, JobEvent, Webhook, WebhookDelivery, WebhookRequest};
 use super::plan::DRILL_REASON;
 use super::*;
 use crate::store::{DeliveryRow, WebhookRow};
-use crate::webhooks::{Command, Delivery, Tried};
+use crate::webhooks::{body_text, Command, Delivery, JobBody, JobSummary, NodeBody, SlackBody, Tried};
 
 /// The most deliveries one webhook may have waiting; past it, new events
 /// for it are dropped (and the log says so) until the receiver takes some.
@@ -306,26 +306,33 @@ impl<S: Store> Engine<S> {
             return Ok(());
         }
         let text = event.event.describe(job.gpus);
-        let summary = serde_json::json!({
-            "id": id,
-            "name": job.spec.name,
-            "tier": job.tier.as_str(),
-            "state": job.state.as_str(),
-            "attempt": event.attempt,
-            "run_id": job.run_id(),
-        });
-        let detail: serde_json::Value = serde_json::from_str(&event.event.detail_json()).unwrap_or_default();
+        let run_id = job.run_id();
         let what = match &job.spec.name {
             Some(n) => format!("job {id} ({n})"),
             None => format!("job {id}"),
         };
+        let (job_name, tier, state) = (job.spec.name.clone(), job.tier.as_str(), job.state.as_str());
         let tenant_name = self.tenant_name(tenant);
         for hook in hooks {
             let body = |delivery: u64, format: &str| match format {
-                "slack" => serde_json::json!({ "text": format!("Ebb: {what} {name}: {text}") }),
-                _ => serde_json::json!({
-                    "delivery": delivery, "webhook": hook, "event": name, "at": event.at, "at_ms": event.at_ms,
-                    "tenant": tenant_name, "job": summary, "text": text, "detail": detail,
+                "slack" => body_text(&SlackBody { text: format!("Ebb: {what} {name}: {text}") }),
+                _ => body_text(&JobBody {
+                    delivery,
+                    webhook: hook,
+                    event: name,
+                    at: &event.at,
+                    at_ms: event.at_ms,
+                    tenant: &tenant_name,
+                    job: JobSummary {
+                        id,
+                        name: job_name.as_deref(),
+                        tier,
+                        state,
+                        attempt: event.attempt,
+                        run_id: run_id.clone(),
+                    },
+                    text: &text,
+                    detail: event.event.detail(),
                 }),
             };
             self.enqueue_delivery(hook, name, Some(id), None, body)?;
@@ -345,10 +352,15 @@ impl<S: Store> Engine<S> {
         let at_ms = self.now;
         for hook in hooks {
             let body = |delivery: u64, format: &str| match format {
-                "slack" => serde_json::json!({ "text": format!("Ebb: node {node} {name}: {text}") }),
-                _ => serde_json::json!({
-                    "delivery": delivery, "webhook": hook, "event": name, "at": rfc3339(at_ms), "at_ms": at_ms,
-                    "node": node, "text": text,
+                "slack" => body_text(&SlackBody { text: format!("Ebb: node {node} {name}: {text}") }),
+                _ => body_text(&NodeBody {
+                    delivery,
+                    webhook: hook,
+                    event: name,
+                    at: rfc3339(at_ms),
+                    at_ms,
+                    node,
+                    text,
                 }),
             };
             self.enqueue_delivery(hook, name, None, Some(node.to_string()), body)?;
@@ -363,7 +375,7 @@ impl<S: Store> Engine<S> {
         event: &str,
         job: Option<JobId>,
         node: Option<String>,
-        body: impl FnOnce(u64, &str) -> serde_json::Value,
+        body: impl FnOnce(u64, &str) -> String,
     ) -> Written {
         let id = self.webhooks.next_delivery;
         self.webhooks.next_delivery += 1;
@@ -389,7 +401,7 @@ impl<S: Store> Engine<S> {
             event: event.into(),
             job,
             node,
-            body: body(id, &format).to_string(),
+            body: body(id, &format),
             created_ms: self.now,
         };
         self.store.put_delivery(&row)?;

@@ -196,16 +196,7 @@ impl Target {
 /// An error with its causes: `error performing TLS handshake` or `invalid
 /// connection string` alone does not say why.
 fn words(e: &postgres::Error) -> String {
-    let mut words = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        let more = s.to_string();
-        if !words.contains(&more) {
-            words = format!("{words}: {more}");
-        }
-        source = s.source();
-    }
-    words
+    ebb_http::causes::chain(e)
 }
 
 /// The client's certificate chain and private key, from PEM files; the
