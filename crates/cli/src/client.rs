@@ -94,6 +94,60 @@ fn config_path() -> Option<PathBuf> {
 }
 
 /// How long a read may take (a followed log waits up to 20 s for output).
+/// Why a request to the servers got no answer the command can use.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// No server could be reached, or all were electing a leader: what
+    /// each said. Nothing was done; sending it again may help.
+    #[error("{}", .0.join("; "))]
+    Unreachable(Vec<String>),
+    /// A write whose answer did not come in time: it may have been applied.
+    #[error(
+        "{server} did not answer in {seconds}s; the request may or may not have been applied \
+         (look before sending it again)"
+    )]
+    Unanswered { server: String, seconds: u64 },
+    /// The server refused it, in its words.
+    #[error("{message} (HTTP {status})")]
+    Refused { status: u16, message: String },
+    /// The answer is not Ebb's API.
+    #[error(
+        "{server} answered HTTP {status} with something that is not Ebb's API: is it an Ebb server \
+         (EBB_SERVER, --server)?"
+    )]
+    NotEbb { server: String, status: u16 },
+    /// The request could not be made (a URL the client cannot use).
+    #[error("{0}")]
+    Request(String),
+}
+
+impl ClientError {
+    /// Whether sending the same request again may succeed: no server was
+    /// reachable, or the server refused for now (it is unavailable, or the
+    /// caller is over a limit that time lifts).
+    pub fn retryable(&self) -> bool {
+        match self {
+            ClientError::Unreachable(_) => true,
+            ClientError::Refused { status, .. } => matches!(status, 429 | 502 | 503),
+            ClientError::Unanswered { .. } | ClientError::NotEbb { .. } | ClientError::Request(_) => false,
+        }
+    }
+
+    /// The HTTP status the server refused with, if it did.
+    pub fn refused_with(&self) -> Option<u16> {
+        match self {
+            ClientError::Refused { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}
+
+impl From<ClientError> for String {
+    fn from(e: ClientError) -> String {
+        e.to_string()
+    }
+}
+
 const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 /// How long a write may take before the command gives up on its answer.
 const WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
@@ -225,14 +279,16 @@ impl Client {
     async fn send<T: DeserializeOwned>(
         &self,
         build: impl Fn(&str) -> reqwest::RequestBuilder,
-    ) -> Result<T, String> {
+    ) -> Result<T, ClientError> {
         let deadline = std::time::Instant::now() + ELECTION;
         loop {
             let mut passed = Vec::new();
             let mut electing = false;
             for server in &self.servers {
-                let mut request =
-                    build(server).bearer_auth(&self.token).build().map_err(|e| e.to_string())?;
+                let mut request = build(server)
+                    .bearer_auth(&self.token)
+                    .build()
+                    .map_err(|e| ClientError::Request(e.to_string()))?;
                 // A read is the same on any server: one that holds it too long
                 // (frozen, cut off) is passed over. A write is not sent twice.
                 let read = request.method() == reqwest::Method::GET;
@@ -245,7 +301,7 @@ impl Client {
                             || (read && resp.status() == reqwest::StatusCode::BAD_GATEWAY) =>
                     {
                         electing = true;
-                        passed.push(self.answer::<serde_json::Value>(server, resp).await.unwrap_err());
+                        passed.push(self.answer::<serde_json::Value>(server, resp).await.unwrap_err().to_string());
                     }
                     Ok(resp) => return self.answer(server, resp).await,
                     // Not connected: the request never left; the next may answer.
@@ -253,53 +309,48 @@ impl Client {
                         passed.push(unreachable(server, &e, self.trust.as_ref()))
                     }
                     Err(e) if e.is_timeout() => {
-                        return Err(format!(
-                            "{server} did not answer in {}s; the request may or may not have been applied \
-                             (look before sending it again)",
-                            WRITE_TIMEOUT.as_secs()
-                        ))
+                        let (server, seconds) = (server.clone(), WRITE_TIMEOUT.as_secs());
+                        return Err(ClientError::Unanswered { server, seconds });
                     }
-                    Err(e) => return Err(unreachable(server, &e, self.trust.as_ref())),
+                    Err(e) => return Err(ClientError::Unreachable(vec![unreachable(server, &e, self.trust.as_ref())])),
                 }
             }
             if !electing || std::time::Instant::now() >= deadline {
-                return Err(passed.join("; "));
+                return Err(ClientError::Unreachable(passed));
             }
             tokio::time::sleep(std::time::Duration::from_millis(200)).await;
         }
     }
 
-    async fn answer<T: DeserializeOwned>(&self, server: &str, resp: reqwest::Response) -> Result<T, String> {
-        let status = resp.status();
-        let body = resp.text().await.map_err(|e| unreachable(server, &e, self.trust.as_ref()))?;
-        let not_ebb = || {
-            format!(
-                "{server} answered HTTP {} with something that is not Ebb's API: is it an Ebb server (EBB_SERVER, --server)?",
-                status.as_u16()
-            )
-        };
-        if !status.is_success() {
+    async fn answer<T: DeserializeOwned>(&self, server: &str, resp: reqwest::Response) -> Result<T, ClientError> {
+        let status = resp.status().as_u16();
+        let body = resp
+            .text()
+            .await
+            .map_err(|e| ClientError::Unreachable(vec![unreachable(server, &e, self.trust.as_ref())]))?;
+        let not_ebb = || ClientError::NotEbb { server: server.to_string(), status };
+        if !(200..300).contains(&status) {
             return match serde_json::from_str::<ebb_api::ErrorBody>(&body) {
-                Ok(e) => Err(format!("{} (HTTP {})", e.error, status.as_u16())),
+                Ok(e) => Err(ClientError::Refused { status, message: e.error }),
                 Err(_) => Err(not_ebb()),
             };
         }
         serde_json::from_str(&body).map_err(|_| not_ebb())
     }
 
-    pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, String> {
+    pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
         self.send(|base| self.http.get(format!("{base}{path}"))).await
     }
 
-    pub async fn post<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> Result<T, String> {
+    pub async fn post<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> Result<T, ClientError> {
         self.send(|base| self.http.post(format!("{base}{path}")).json(body)).await
     }
 
-    pub async fn put<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> Result<T, String> {
+    pub async fn put<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> Result<T, ClientError> {
         self.send(|base| self.http.put(format!("{base}{path}")).json(body)).await
     }
 
-    pub async fn delete<T: DeserializeOwned>(&self, path: &str) -> Result<T, String> {
+    pub async fn delete<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
         self.send(|base| self.http.delete(format!("{base}{path}"))).await
     }
 
@@ -308,7 +359,7 @@ impl Client {
         &self,
         path: &str,
         query: &[(&str, &str)],
-    ) -> Result<T, String> {
+    ) -> Result<T, ClientError> {
         self.send(|base| self.http.get(format!("{base}{path}")).query(query)).await
     }
 }

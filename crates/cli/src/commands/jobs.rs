@@ -532,13 +532,13 @@ pub async fn cancel(
             }
             // The request itself is refused (a grace over the drain
             // window): it would be for every job.
-            Err(e) if e.ends_with("(HTTP 422)") => return Err(e),
+            Err(e) if e.refused_with() == Some(422) => return Err(e.into()),
             // A task of the array that ended by itself since it was listed
             // is not a failure of the command (a job named is).
-            Err(e) if !ids.contains(&id) && e.contains(": already ") && e.ends_with("(HTTP 409)") => {
+            Err(e) if !ids.contains(&id) && e.refused_with() == Some(409) && e.to_string().contains(": already ") => {
                 writeln!(text, "job {id}: ended before it could be cancelled").unwrap();
             }
-            Err(e) => failed.push(e),
+            Err(e) => failed.push(e.to_string()),
         }
     }
     if out.json {

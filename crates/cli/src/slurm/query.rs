@@ -7,7 +7,7 @@ use std::fmt::Write;
 
 use ebb_api as api;
 
-use crate::client::Client;
+use crate::client::{Client, ClientError};
 
 /// Slurm's long state name for a job.
 pub fn state(job: &api::Job) -> &'static str {
@@ -383,10 +383,10 @@ pub async fn jobs_named(client: &Client, id: &str) -> Result<Vec<api::Job>, Stri
     Ok(jobs)
 }
 
-fn not_found(id: &str, e: String) -> String {
-    match e.contains("(HTTP 404)") {
-        true => format!("Invalid job id specified: {id}"),
-        false => e,
+fn not_found(id: &str, e: ClientError) -> String {
+    match e.refused_with() {
+        Some(404) => format!("Invalid job id specified: {id}"),
+        _ => e.to_string(),
     }
 }
 
