@@ -301,7 +301,9 @@ impl Client {
                             || (read && resp.status() == reqwest::StatusCode::BAD_GATEWAY) =>
                     {
                         electing = true;
-                        passed.push(self.answer::<serde_json::Value>(server, resp).await.unwrap_err().to_string());
+                        passed.push(
+                            self.answer::<serde_json::Value>(server, resp).await.unwrap_err().to_string(),
+                        );
                     }
                     Ok(resp) => return self.answer(server, resp).await,
                     // Not connected: the request never left; the next may answer.
@@ -312,7 +314,13 @@ impl Client {
                         let (server, seconds) = (server.clone(), WRITE_TIMEOUT.as_secs());
                         return Err(ClientError::Unanswered { server, seconds });
                     }
-                    Err(e) => return Err(ClientError::Unreachable(vec![unreachable(server, &e, self.trust.as_ref())])),
+                    Err(e) => {
+                        return Err(ClientError::Unreachable(vec![unreachable(
+                            server,
+                            &e,
+                            self.trust.as_ref(),
+                        )]))
+                    }
                 }
             }
             if !electing || std::time::Instant::now() >= deadline {
@@ -322,7 +330,11 @@ impl Client {
         }
     }
 
-    async fn answer<T: DeserializeOwned>(&self, server: &str, resp: reqwest::Response) -> Result<T, ClientError> {
+    async fn answer<T: DeserializeOwned>(
+        &self,
+        server: &str,
+        resp: reqwest::Response,
+    ) -> Result<T, ClientError> {
         let status = resp.status().as_u16();
         let body = resp
             .text()
@@ -342,11 +354,19 @@ impl Client {
         self.send(|base| self.http.get(format!("{base}{path}"))).await
     }
 
-    pub async fn post<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> Result<T, ClientError> {
+    pub async fn post<B: Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<T, ClientError> {
         self.send(|base| self.http.post(format!("{base}{path}")).json(body)).await
     }
 
-    pub async fn put<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> Result<T, ClientError> {
+    pub async fn put<B: Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<T, ClientError> {
         self.send(|base| self.http.put(format!("{base}{path}")).json(body)).await
     }
 

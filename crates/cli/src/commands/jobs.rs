@@ -535,7 +535,11 @@ pub async fn cancel(
             Err(e) if e.refused_with() == Some(422) => return Err(e.into()),
             // A task of the array that ended by itself since it was listed
             // is not a failure of the command (a job named is).
-            Err(e) if !ids.contains(&id) && e.refused_with() == Some(409) && e.to_string().contains(": already ") => {
+            Err(e)
+                if !ids.contains(&id)
+                    && e.refused_with() == Some(409)
+                    && e.to_string().contains(": already ") =>
+            {
                 writeln!(text, "job {id}: ended before it could be cancelled").unwrap();
             }
             Err(e) => failed.push(e.to_string()),

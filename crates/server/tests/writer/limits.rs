@@ -3,59 +3,44 @@
 //! directly at explicit instants, with one modelled node speaking the agent
 //! protocol, so every figure here is exact.
 
-use ebb_core::{Attempt, JobId, TenantId};
-use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
-use std::sync::{Arc, RwLock};
-
-use ebb_api::{Action, AgentEvent, AttemptRef, JobSubmission, PendingReason, Register, Report, StartAttempt};
-use ebb_core::Span;
+use ebb_api::{Action, AgentEvent, AttemptRef, JobSubmission, PendingReason, StartAttempt};
+use ebb_core::{Attempt, JobId, Span, TenantId};
 use ebb_server::billing::Pricing;
-use ebb_server::engine::{Engine, EngineConfig, JobQuery, JobState, Msg};
-use ebb_server::store::{Scope, SqliteStore};
+use ebb_server::engine::{EngineConfig, JobQuery, JobState, Msg};
+use ebb_server::store::Scope;
 use ebb_server::{Limits, Principal};
 use tokio::sync::oneshot;
 
-const START: u64 = 1_800_000_000_000;
+use crate::harness::{exited, TestEnv};
 
+/// One tenant's writer: the harness's, configured for these tests, with
+/// the node `node-0` modelled and the attempts it runs.
 struct World {
-    dir: PathBuf,
-    limits: Limits,
-    engine: Engine<SqliteStore>,
-    now: u64,
-    epoch: u64,
-    after: u64,
+    env: TestEnv,
     tenant: Principal,
     /// Attempts the modelled node runs.
     running: Vec<AttemptRef>,
-    /// The node has its credential.
-    joined: bool,
-}
-
-impl Drop for World {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
 }
 
 impl World {
     fn new(name: &str, limits: Limits) -> World {
-        let dir = std::env::temp_dir().join(format!("ebb-limits-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(dir.join("logs")).unwrap();
-        let engine = open(&dir, &limits, START);
-        let tenant = Principal::tenant(Scope::Tenant, TenantId(2), "acme");
-        let mut world = World {
-            dir,
+        World::keeping(name, limits, Span(0))
+    }
+
+    /// As `new`, finished jobs' records kept in memory `keep_finished`.
+    fn keeping(name: &str, limits: Limits, keep_finished: Span) -> World {
+        let mut env = TestEnv::new(&format!("limits-{name}"));
+        env.config = EngineConfig {
+            drain_window: Span(30_000),
+            heartbeat_timeout: Span(3_600_000),
+            keep_finished,
+            pricing: Pricing { prices: Vec::new(), default_price: 2_000_000, discount_bps: 5_000 },
             limits,
-            engine,
-            now: START,
-            epoch: 0,
-            after: 0,
-            tenant,
-            running: Vec::new(),
-            joined: false,
+            ..env.config.clone()
         };
+        env.restart();
+        let tenant = Principal::tenant(Scope::Tenant, TenantId(2), "acme");
+        let mut world = World { env, tenant, running: Vec::new() };
         let created = world.call(|reply| Msg::CreateTenant { name: "acme".into(), reply });
         assert!(created.is_ok());
         world.register();
@@ -63,34 +48,18 @@ impl World {
     }
 
     fn call<T>(&mut self, make: impl FnOnce(oneshot::Sender<T>) -> Msg) -> T {
-        let (tx, mut rx) = oneshot::channel();
-        self.engine.batch(vec![make(tx)], self.now).unwrap();
-        self.engine.sanity_check().unwrap_or_else(|e| panic!("after a batch: {e}"));
-        rx.try_recv().expect("answered after the commit")
+        self.env.call(make)
     }
 
+    /// `node-0` (re)registers, saying what it runs.
     fn register(&mut self) {
-        let reg = Register {
-            node: "node-0".into(),
-            gpu_model: "H100".into(),
-            gpus: 8,
-            labels: BTreeMap::new(),
-            running: self.running.clone(),
-            address: None,
-            unreported: Vec::new(),
-            starts_when_free: false,
-            waiting: Vec::new(),
-        };
-        // The join token the first time; after that, the node's credential.
-        let principal = if self.joined { Principal::node("node-0") } else { Principal::join() };
-        let registered = self.call(|reply| Msg::Register { principal, reg, reply }).unwrap();
-        (self.epoch, self.after) = (registered.epoch, registered.next_seq);
-        self.joined = true;
+        let running = self.running.clone();
+        self.env.register("node-0", running, Vec::new());
     }
 
     /// A server restart from the same file.
     fn restart(&mut self) {
-        self.engine = open(&self.dir, &self.limits, self.now);
+        self.env.restart();
         self.register();
     }
 
@@ -103,28 +72,24 @@ impl World {
 
     /// The starts the node is told of now.
     fn starts(&mut self) -> Vec<StartAttempt> {
-        let (epoch, after) = (self.epoch, self.after);
-        let poll = self
-            .call(|reply| Msg::Poll { node: "node-0".into(), epoch, after, health: None, reply })
-            .unwrap();
-        let mut starts = Vec::new();
-        for command in poll.commands.into_iter().map(std::sync::Arc::unwrap_or_clone) {
-            self.after = command.seq;
-            if let Action::Start(s) = command.action {
-                starts.push(s);
-            }
-        }
-        starts
+        let commands = self.env.commands("node-0");
+        commands
+            .into_iter()
+            .filter_map(|action| match action {
+                Action::Start(s) => Some(s),
+                _ => None,
+            })
+            .collect()
     }
 
     fn report(&mut self, events: Vec<AgentEvent>) {
-        let report = Report { node: "node-0".into(), events, id: None };
-        self.call(|reply| Msg::Report { report, reply }).unwrap();
+        self.env.report("node-0", events);
     }
 
     fn started(&mut self, attempt: AttemptRef) {
         self.running.push(attempt);
-        self.report(vec![AgentEvent::Started { attempt, pid: 1, at_ms: self.now }]);
+        let at_ms = self.env.now;
+        self.report(vec![AgentEvent::Started { attempt, pid: 1, at_ms }]);
     }
 
     /// The attempt runs for `ms` (if it has not started yet, from now) and
@@ -134,19 +99,9 @@ impl World {
             self.started(attempt);
         }
         self.running.retain(|a| *a != attempt);
-        self.now += ms;
-        let exited = AgentEvent::Exited {
-            attempt,
-            code: Some(code),
-            signal: None,
-            completed: false,
-            at_ms: self.now,
-            peak_memory_bytes: None,
-            start_error: None,
-            port_in_use: None,
-            ended_by: None,
-        };
-        self.report(vec![exited]);
+        self.env.now += ms;
+        let at_ms = self.env.now;
+        self.report(vec![exited(attempt, code, at_ms)]);
     }
 
     fn job(&mut self, id: u64) -> ebb_api::Job {
@@ -156,44 +111,17 @@ impl World {
 
     /// Moves time on in ticks until the node is told to start something.
     fn next_start(&mut self, limit_ms: u64) -> (StartAttempt, u64) {
-        let from = self.now;
+        let from = self.env.now;
         loop {
             let starts = self.starts();
             if let Some(s) = starts.into_iter().next() {
-                return (s, self.now - from);
+                return (s, self.env.now - from);
             }
-            assert!(self.now - from < limit_ms, "nothing started within {limit_ms} ms");
-            self.now += 100;
-            self.engine.batch(vec![Msg::Tick], self.now).unwrap();
-            self.engine.sanity_check().unwrap_or_else(|e| panic!("after a tick: {e}"));
+            assert!(self.env.now - from < limit_ms, "nothing started within {limit_ms} ms");
+            self.env.now += 100;
+            self.env.call_quiet(Msg::Tick);
         }
     }
-}
-
-fn open(dir: &std::path::Path, limits: &Limits, now: u64) -> Engine<SqliteStore> {
-    open_keeping(dir, limits, now, Span(0))
-}
-
-/// As [`open`], finished jobs' records kept in memory `keep_finished`.
-fn open_keeping(
-    dir: &std::path::Path,
-    limits: &Limits,
-    now: u64,
-    keep_finished: Span,
-) -> Engine<SqliteStore> {
-    let config = EngineConfig {
-        drain_window: Span(30_000),
-        heartbeat_timeout: Span(3_600_000),
-        keep_finished,
-        pricing: Pricing { prices: Vec::new(), default_price: 2_000_000, discount_bps: 5_000 },
-        limits: limits.clone(),
-        ..EngineConfig::for_tests(dir)
-    };
-    let store = SqliteStore::open_unsynced(&dir.join("ebb.db")).unwrap();
-    Engine::open(store, config, Arc::new(RwLock::new(HashMap::new())), now)
-        .map_err(|e| e.to_string())
-        .unwrap()
-        .0
 }
 
 fn job(argv: &[&str]) -> JobSubmission {
@@ -445,10 +373,7 @@ fn many_small_arguments_cost_what_is_kept_of_them_and_a_page_is_bounded_in_bytes
     // its record (`--keep-finished`): jobs that fail at once cannot fill
     // memory the limit does not see.
     let limits = Limits { max_stored_bytes: 16 << 20, ..Limits::default() };
-    let mut w = World::new("argv-finished", limits.clone());
-    w.engine = open_keeping(&w.dir, &limits, w.now, Span(60_000));
-    w.joined = true;
-    w.register();
+    let mut w = World::keeping("argv-finished", limits, Span(60_000));
     for _ in 0..3 {
         w.submit(many(100_000)).unwrap();
     }
@@ -460,8 +385,8 @@ fn many_small_arguments_cost_what_is_kept_of_them_and_a_page_is_bounded_in_bytes
         ebb_server::Refused::OverLimit,
         "the failed jobs' records are still held"
     );
-    w.now += 61_000;
-    w.engine.batch(vec![Msg::Tick], w.now).unwrap();
+    w.env.now += 61_000;
+    w.env.call_quiet(Msg::Tick);
     w.register();
     assert!(w.submit(many(100_000)).is_ok(), "their records left memory, and their bytes with them");
 
