@@ -13,17 +13,16 @@
 //! protocol (register, poll, report) as `ebb agent` does, and keeping the
 //! truth: when each process really started and ended.
 
+use crate::harness::{Open, TestEnv, T0};
 use crate::pg;
 use ebb_core::TenantId;
 
-use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
-use std::sync::{Arc, RwLock};
+use std::collections::BTreeMap;
 
 use ebb_api::{Action, AgentEvent, AttemptRef, JobSubmission, Register, Report};
 use ebb_core::Span;
 use ebb_server::billing::Pricing;
-use ebb_server::engine::{Engine, EngineConfig, Msg};
+use ebb_server::engine::{EngineConfig, Msg};
 use ebb_server::store::{Scope, SqliteStore, Store};
 use ebb_server::Principal;
 use proptest::prelude::*;
@@ -39,7 +38,6 @@ const DRAIN_WINDOW_MS: u64 = 3_000;
 const MIN_RUNTIME_MS: u64 = 2_000;
 /// How long a drained job takes to save and exit.
 const SAVE_MS: u64 = 700;
-const START: u64 = 1_800_000_000_000;
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -110,17 +108,12 @@ struct Node {
     credential: bool,
 }
 
-/// Where the server keeps its state: opened afresh at every (re)start.
-type Open<S> = Box<dyn Fn() -> S>;
-
+/// The harness's writer (down while its engine is `None`), the modelled
+/// nodes and what truly ran on them.
 struct World<S: Store> {
-    dir: PathBuf,
-    open_store: Open<S>,
-    engine: Option<Engine<S>>,
-    now: u64,
+    env: TestEnv<S>,
     nodes: Vec<Node>,
     ran: Vec<Ran>,
-    admin: Principal,
     acme: Principal,
 }
 
@@ -146,14 +139,8 @@ fn sqlite(dir: &std::path::Path) -> Open<SqliteStore> {
 
 impl<S: Store> World<S> {
     fn new(case: u64, open_store: impl FnOnce(&std::path::Path) -> Open<S>) -> World<S> {
-        let root = if std::path::Path::new("/dev/shm").is_dir() {
-            PathBuf::from("/dev/shm")
-        } else {
-            std::env::temp_dir()
-        };
-        let dir = root.join(format!("ebb-billing-{}-{case}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(dir.join("logs")).unwrap();
+        let mut env = TestEnv::with_store(&format!("billing-{case}"), open_store);
+        env.config = config(&env.dir);
         let nodes = (0..NODES)
             .map(|i| Node {
                 name: format!("node-{i}"),
@@ -165,11 +152,8 @@ impl<S: Store> World<S> {
                 credential: false,
             })
             .collect();
-        let admin = Principal::tenant(Scope::Admin, TenantId(1), "default");
         let acme = Principal::tenant(Scope::Tenant, TenantId(2), "acme");
-        let open_store = open_store(&dir);
-        let mut world =
-            World { dir, open_store, engine: None, now: START, nodes, ran: Vec::new(), admin, acme };
+        let mut world = World { env, nodes, ran: Vec::new(), acme };
         world.open();
         let created = world.call(|reply| Msg::CreateTenant { name: "acme".into(), reply }).unwrap();
         assert!(created.is_ok());
@@ -180,11 +164,7 @@ impl<S: Store> World<S> {
     }
 
     fn open(&mut self) {
-        let store = (self.open_store)();
-        let tokens = Arc::new(RwLock::new(HashMap::new()));
-        let (engine, _) =
-            Engine::open(store, config(&self.dir), tokens, self.now).map_err(|e| e.to_string()).unwrap();
-        self.engine = Some(engine);
+        self.env.restart();
         for node in &mut self.nodes {
             node.epoch = None; // a new server life: register again
         }
@@ -192,18 +172,14 @@ impl<S: Store> World<S> {
 
     /// One message as its own batch; None while the server is down.
     fn call<T>(&mut self, make: impl FnOnce(oneshot::Sender<T>) -> Msg) -> Option<T> {
-        let engine = self.engine.as_mut()?;
-        let (tx, mut rx) = oneshot::channel();
-        engine.batch(vec![make(tx)], self.now).unwrap();
-        engine.sanity_check().unwrap_or_else(|e| panic!("after a batch: {e}"));
-        rx.try_recv().ok()
+        self.env.engine.as_ref()?;
+        self.env.ask(make)
     }
 
     /// One message that answers nobody, as its own batch.
     fn call_quiet(&mut self, msg: Msg) {
-        if let Some(engine) = self.engine.as_mut() {
-            engine.batch(vec![msg], self.now).unwrap();
-            engine.sanity_check().unwrap_or_else(|e| panic!("after a batch: {e}"));
+        if self.env.engine.is_some() {
+            self.env.call_quiet(msg);
         }
     }
 
@@ -218,13 +194,13 @@ impl<S: Store> World<S> {
         let node = &mut self.nodes[i];
         let Some(p) = node.running.remove(&attempt) else { return };
         let preempted = p.exit_at.is_some() && signal.is_none();
-        self.ran.push(p.ran(attempt, self.now, preempted, signal.is_none() && !completed));
+        self.ran.push(p.ran(attempt, self.env.now, preempted, signal.is_none() && !completed));
         node.unreported.push(AgentEvent::Exited {
             attempt,
             code,
             signal,
             completed,
-            at_ms: self.now,
+            at_ms: self.env.now,
             peak_memory_bytes: None,
             start_error: None,
             port_in_use: None,
@@ -237,7 +213,7 @@ impl<S: Store> World<S> {
         let attempts: Vec<AttemptRef> = self.nodes[i].running.keys().copied().collect();
         for a in attempts {
             let p = self.nodes[i].running.remove(&a).unwrap();
-            self.ran.push(p.ran(a, self.now, false, false));
+            self.ran.push(p.ran(a, self.env.now, false, false));
         }
     }
 
@@ -246,7 +222,7 @@ impl<S: Store> World<S> {
     /// node's last word to the server, as stored, is at the instant its
     /// processes die. Whether it happened.
     fn round_then_kill_all(&mut self, i: usize) -> bool {
-        if !self.nodes[i].up || self.engine.is_none() {
+        if !self.nodes[i].up || self.env.engine.is_none() {
             return false;
         }
         self.sync(i);
@@ -263,7 +239,7 @@ impl<S: Store> World<S> {
         let due: Vec<AttemptRef> = self.nodes[i]
             .running
             .iter()
-            .filter(|(_, p)| p.exit_at.is_some_and(|t| t <= self.now))
+            .filter(|(_, p)| p.exit_at.is_some_and(|t| t <= self.env.now))
             .map(|(a, _)| *a)
             .collect();
         for a in due {
@@ -274,7 +250,7 @@ impl<S: Store> World<S> {
     /// What `ebb agent` does in one round: register if it must, deliver
     /// what is unreported, follow its command stream.
     fn sync(&mut self, i: usize) {
-        if !self.nodes[i].up || self.engine.is_none() {
+        if !self.nodes[i].up || self.env.engine.is_none() {
             return;
         }
         self.exits_due(i);
@@ -304,7 +280,7 @@ impl<S: Store> World<S> {
                 // Never expected here: every process this model runs is one
                 // the server knows of. If it were, it ran until now.
                 let p = node.running.remove(&a).unwrap();
-                self.ran.push(p.ran(a, self.now, false, false));
+                self.ran.push(p.ran(a, self.env.now, false, false));
             }
         }
         self.deliver(i);
@@ -323,7 +299,7 @@ impl<S: Store> World<S> {
         };
         for command in poll.commands.into_iter().map(std::sync::Arc::unwrap_or_clone) {
             if std::env::var_os("EBB_BILLING_TRACE").is_some() {
-                eprintln!("{} {} <- {:?}", self.now - START, self.nodes[i].name, command.action);
+                eprintln!("{} {} <- {:?}", self.env.now - T0, self.nodes[i].name, command.action);
             }
             self.nodes[i].after = command.seq;
             match command.action {
@@ -333,17 +309,21 @@ impl<S: Store> World<S> {
                         continue;
                     }
                     let p = Proc {
-                        started: self.now,
+                        started: self.env.now,
                         gpus: s.gpus.len() as u32,
                         tier: s.tier.clone(),
                         exit_at: None,
                     };
                     node.running.insert(s.attempt, p);
-                    node.unreported.push(AgentEvent::Started { attempt: s.attempt, pid: 1, at_ms: self.now });
+                    node.unreported.push(AgentEvent::Started {
+                        attempt: s.attempt,
+                        pid: 1,
+                        at_ms: self.env.now,
+                    });
                 }
                 Action::Drain(d) => {
                     if let Some(p) = self.nodes[i].running.get_mut(&d.attempt) {
-                        p.exit_at.get_or_insert((self.now + SAVE_MS).min(d.deadline_ms));
+                        p.exit_at.get_or_insert((self.env.now + SAVE_MS).min(d.deadline_ms));
                     } else if let Some(ran) =
                         self.ran.iter_mut().rev().find(|r| r.attempt == d.attempt && r.gave_up)
                     {
@@ -383,9 +363,9 @@ impl<S: Store> World<S> {
     }
 
     fn advance(&mut self, ms: u64) {
-        let end = self.now + ms;
-        while self.now < end {
-            self.now = (self.now + 400).min(end);
+        let end = self.env.now + ms;
+        while self.env.now < end {
+            self.env.now = (self.env.now + 400).min(end);
             for i in 0..NODES {
                 self.exits_due(i);
                 self.sync(i);
@@ -404,7 +384,7 @@ impl<S: Store> World<S> {
                     argv: vec!["work".into()],
                     ..Default::default()
                 };
-                let principal = if acme { self.acme.clone() } else { self.admin.clone() };
+                let principal = if acme { self.acme.clone() } else { self.env.admin.clone() };
                 let _ = self.call(|reply| Msg::Submit { principal, spec: Box::new(spec), reply });
                 for i in 0..NODES {
                     self.sync(i);
@@ -444,25 +424,25 @@ impl<S: Store> World<S> {
                 }
             }
             Op::ServerCrash { mid_batch, down_ms } => {
-                let Some(engine) = self.engine.take() else { return };
+                let Some(engine) = self.env.engine.take() else { return };
                 if mid_batch {
                     // It dies while handling a node's report: nothing of that
                     // batch is stored, and the agent keeps the events.
-                    let i = self.now as usize % NODES;
+                    let i = self.env.now as usize % NODES;
                     let (tx, _rx) = oneshot::channel();
                     let report = Report {
                         node: self.nodes[i].name.clone(),
                         events: self.nodes[i].unreported.clone(),
                         id: None,
                     };
-                    engine.crash_during(vec![Msg::Report { report, reply: tx }], self.now);
+                    engine.crash_during(vec![Msg::Report { report, reply: tx }], self.env.now);
                 } else {
                     drop(engine);
                 }
                 // While it is down, jobs go on; drained ones exit.
-                let end = self.now + down_ms;
-                while self.now < end {
-                    self.now = (self.now + 400).min(end);
+                let end = self.env.now + down_ms;
+                while self.env.now < end {
+                    self.env.now = (self.env.now + 400).min(end);
                     for i in 0..NODES {
                         if self.nodes[i].up {
                             self.exits_due(i);
@@ -479,7 +459,7 @@ impl<S: Store> World<S> {
 
     /// Lets everything that runs finish, and the server notice lost nodes.
     fn settle(&mut self) {
-        if self.engine.is_none() {
+        if self.env.engine.is_none() {
             self.open();
         }
         for _ in 0..200 {
@@ -492,7 +472,7 @@ impl<S: Store> World<S> {
                 }
             }
             self.advance(500);
-            let principal = self.admin.clone();
+            let principal = self.env.admin.clone();
             let live = self
                 .call(|reply| Msg::Jobs {
                     principal,
@@ -539,16 +519,16 @@ fn check_on<S: Store>(
     let mut world = World::new(case, open_store);
     for op in ops {
         if std::env::var_os("EBB_BILLING_TRACE").is_some() {
-            eprintln!("{} {op:?}", world.now - START);
+            eprintln!("{} {op:?}", world.env.now - T0);
         }
         world.apply(op);
     }
     world.settle();
 
-    let records = (world.open_store)().usage(None, 0, u64::MAX).unwrap();
+    let records = (world.env.open_store)().usage(None, 0, u64::MAX).unwrap();
     let (mut invoiced, mut preemptions, mut repeat_preemptions, mut within_min_runtime) = (0, 0, 0, 0);
     for tenant in ["default", "acme"] {
-        let principal = world.admin.clone();
+        let principal = world.env.admin.clone();
         let invoice = world
             .call(|reply| Msg::Bill {
                 principal,
@@ -609,8 +589,8 @@ fn check_on<S: Store>(
     for p in &book.prices {
         prop_assert_eq!(p.preemptible_micro_usd * 2, p.on_demand_micro_usd);
     }
-    drop(world.engine.take());
-    let _ = std::fs::remove_dir_all(&world.dir);
+    drop(world.env.engine.take());
+    let _ = std::fs::remove_dir_all(&world.env.dir);
     Ok(())
 }
 
