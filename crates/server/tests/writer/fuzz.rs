@@ -13,10 +13,9 @@
 //! checkpoints and progress with extreme values reach the handlers behind
 //! the fences. `PROPTEST_CASES` sets how many sequences (default 256).
 
+use crate::harness::TestEnv;
 use ebb_core::{Attempt, JobId, TenantId};
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
-use std::sync::{Arc, RwLock};
 
 use ebb_api::{
     Action, AgentEvent, AttemptRef, CancelRequest, JobSubmission, PriceUpdate, ReclaimRelease,
@@ -24,13 +23,12 @@ use ebb_api::{
 };
 use ebb_core::time::LAST_WRITABLE_MS;
 use ebb_core::Span;
-use ebb_server::engine::{Engine, EngineConfig, JobQuery, Msg};
-use ebb_server::store::{Scope, SqliteStore};
+use ebb_server::engine::{EngineConfig, JobQuery, Msg};
+use ebb_server::store::Scope;
 use ebb_server::Principal;
 use proptest::prelude::*;
 use tokio::sync::oneshot;
 
-const T0: u64 = 1_900_000_000_000;
 const NODES: [&str; 3] = ["node-a", "node-b", "node-c"];
 
 mod inputs;
@@ -38,10 +36,7 @@ use inputs::*;
 
 /// The writer and what the fuzzer knows of it.
 struct World {
-    dir: PathBuf,
-    engine: Option<Engine<SqliteStore>>,
-    now: u64,
-    admin: Principal,
+    env: TestEnv,
     alice: Principal,
     /// Each node's epoch and the last command seen, once registered.
     agents: HashMap<&'static str, (u64, u64)>,
@@ -58,20 +53,11 @@ fn config(dir: &std::path::Path) -> EngineConfig {
 
 impl World {
     fn new(case: u64) -> World {
-        // Commits fsync; on a memory file system they cost nothing.
-        let base = if std::path::Path::new("/dev/shm").is_dir() {
-            PathBuf::from("/dev/shm")
-        } else {
-            std::env::temp_dir()
-        };
-        let dir = base.join(format!("ebb-writer-fuzz-{}-{case}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(dir.join("logs")).unwrap();
+        let mut env = TestEnv::new(&format!("fuzz-{case}"));
+        env.config = config(&env.dir);
+        env.restart();
         let mut world = World {
-            dir,
-            engine: None,
-            now: T0,
-            admin: Principal::tenant(Scope::Admin, TenantId(1), "default"),
+            env,
             alice: Principal::tenant(Scope::Tenant, TenantId(2), "alice"),
             agents: HashMap::new(),
             joined: Default::default(),
@@ -84,22 +70,14 @@ impl World {
     }
 
     fn restart(&mut self) {
-        self.engine = None;
-        let store = SqliteStore::open_unsynced(&self.dir.join("ebb.db")).expect("the store opens");
-        let tokens = Arc::new(RwLock::new(HashMap::new()));
-        let (engine, _) = Engine::open(store, config(&self.dir), tokens, self.now)
-            .unwrap_or_else(|e| panic!("the store does not load after a restart: {}", e));
-        self.engine = Some(engine);
+        self.env.restart();
         // Every agent must register again.
         self.agents.clear();
     }
 
     /// One batch of `msgs`: it must commit and leave the writer sane.
     fn batch(&mut self, msgs: Vec<Msg>) {
-        let now = self.now;
-        let engine = self.engine.as_mut().expect("running");
-        engine.batch(msgs, now).unwrap_or_else(|e| panic!("a batch failed, which stops the server: {e}"));
-        engine.sanity_check().unwrap_or_else(|e| panic!("after a batch: {e}"));
+        self.env.batch(msgs);
         self.batches += 1;
     }
 
@@ -126,7 +104,7 @@ impl World {
     }
 
     fn event(&self, event: &Event, node: &str) -> AgentEvent {
-        let now = self.now;
+        let now = self.env.now;
         match event.clone() {
             Event::Started { which, pid, at } => {
                 AgentEvent::Started { attempt: self.attempt(which, node), pid, at_ms: at.resolve(now) }
@@ -193,7 +171,7 @@ impl World {
         if alice {
             self.alice.clone()
         } else {
-            self.admin.clone()
+            self.env.admin.clone()
         }
     }
 
@@ -204,7 +182,7 @@ impl World {
                 let _ = self.call(|reply| Msg::Submit { principal, spec: Box::new(spec), reply });
             }
             Step::SubmitBatch { specs } => {
-                let principal = self.admin.clone();
+                let principal = self.env.admin.clone();
                 let _ = self.call(|reply| Msg::SubmitBatch { principal, specs, reply });
             }
             Step::Cancel { id, grace_ms, alice } => {
@@ -226,7 +204,7 @@ impl World {
                     self.call(|reply| Msg::Signal { principal, id: JobId(id), signal, batch_only, reply });
             }
             Step::Show { id } => {
-                let principal = self.admin.clone();
+                let principal = self.env.admin.clone();
                 let _ = self.call(|reply| Msg::Job { principal, id: JobId(id), reply });
             }
             Step::List => {
@@ -243,7 +221,7 @@ impl World {
                 let _ = self.call(|reply| Msg::Jobs { principal, query, reply });
             }
             Step::Log { id, offset } => {
-                let principal = self.admin.clone();
+                let principal = self.env.admin.clone();
                 let _ = self.call(|reply| Msg::LogFile {
                     principal,
                     id: JobId(id),
@@ -336,7 +314,7 @@ impl World {
             },
             Step::Tenant { name, limits, tokens } => {
                 let _ = self.call(|reply| Msg::CreateTenant { name: name.clone(), reply });
-                let principal = self.admin.clone();
+                let principal = self.env.admin.clone();
                 let tenant = name.clone();
                 let _ = self.call(|reply| Msg::TenantLimits { principal, tenant, set: Some(limits), reply });
                 if let Some(issue) = tokens {
@@ -388,7 +366,7 @@ impl World {
                     2 => drop(self.call(|reply| Msg::WebhookLog { principal, id, reply })),
                     _ => {
                         // A delivery id the writer gave out lately, or none.
-                        let delivery = self.now.saturating_mul(1024).saturating_sub(id % 64);
+                        let delivery = self.env.now.saturating_mul(1024).saturating_sub(id % 64);
                         let tried = match tried {
                             0 => ebb_server::webhooks::Tried::Delivered { status: 204 },
                             1 => {
@@ -398,13 +376,13 @@ impl World {
                                 ebb_server::webhooks::Tried::GaveUp { status: None, error: "timeout".into() }
                             }
                         };
-                        let msg = Msg::WebhookTried { delivery, attempt: 1, tried, at_ms: self.now };
+                        let msg = Msg::WebhookTried { delivery, attempt: 1, tried, at_ms: self.env.now };
                         self.batch(vec![msg]);
                     }
                 }
             }
             Step::Advance { ms } => {
-                self.now = self.now.saturating_add(ms);
+                self.env.now = self.env.now.saturating_add(ms);
                 self.batch(vec![Msg::Tick]);
             }
             Step::Restart => {
@@ -425,13 +403,6 @@ impl World {
                 }
             }
         }
-    }
-}
-
-impl Drop for World {
-    fn drop(&mut self) {
-        self.engine = None;
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -490,7 +461,7 @@ proptest! {
             *TOTALS.lock().unwrap().2.entry(kind(step)).or_default() += 1;
         }
         // Whatever was left running ends; the writer settles.
-        world.now = world.now.saturating_add(120_000);
+        world.env.now = world.env.now.saturating_add(120_000);
         world.batch(vec![Msg::Tick]);
         world.restart();
         world.batch(vec![Msg::Tick]);

@@ -342,17 +342,23 @@ impl<S: Store> TestEnv<S> {
     /// poll with nothing new waits for the next commit).
     pub fn ask<T>(&mut self, make: impl FnOnce(oneshot::Sender<T>) -> Msg) -> Option<T> {
         let (tx, mut rx) = oneshot::channel();
-        let now = self.now;
-        self.engine().batch(vec![make(tx)], now).unwrap();
-        self.engine().sanity_check().unwrap_or_else(|e| panic!("after a batch: {e}"));
+        self.batch(vec![make(tx)]);
         rx.try_recv().ok()
+    }
+
+    /// One batch of `msgs` at `now`: it must commit and leave the writer
+    /// sane.
+    pub fn batch(&mut self, msgs: Vec<Msg>) {
+        let now = self.now;
+        self.engine()
+            .batch(msgs, now)
+            .unwrap_or_else(|e| panic!("a batch failed, which stops the server: {e}"));
+        self.engine().sanity_check().unwrap_or_else(|e| panic!("after a batch: {e}"));
     }
 
     /// One batch of one message that has no answer.
     pub fn call_quiet(&mut self, msg: Msg) {
-        let now = self.now;
-        self.engine().batch(vec![msg], now).unwrap();
-        self.engine().sanity_check().unwrap_or_else(|e| panic!("after a batch: {e}"));
+        self.batch(vec![msg]);
     }
 
     pub fn register(&mut self, node: &str, running: Vec<AttemptRef>, unreported: Vec<AgentEvent>) {
