@@ -135,6 +135,7 @@ impl<S: Store> Engine<S> {
         let mut running: BTreeSet<AttemptRef> = running.iter().copied().collect();
         running.extend(waiting.iter().copied());
         let staged: Vec<AttemptRef> = self
+            .jobs
             .staged
             .iter()
             .map(|id| (*id, self.jobs[id].staged.as_ref().expect("in the set")))

@@ -149,7 +149,9 @@ impl<S: Store> Engine<S> {
                 *waiting.entry((job.tier, reason)).or_default() += 1;
             }
         }
-        for (what, kept, summed) in [("jobs", &self.tally.jobs, &jobs), ("GPUs", &self.tally.gpus, &gpus)] {
+        for (what, kept, summed) in
+            [("jobs", &self.jobs.tally.jobs, &jobs), ("GPUs", &self.jobs.tally.gpus, &gpus)]
+        {
             for tier in [Tier::OnDemand, Tier::Preemptible] {
                 for state in JobState::ALL {
                     let (kept, summed) = (
@@ -167,7 +169,7 @@ impl<S: Store> Engine<S> {
             }
         }
         let kept: BTreeMap<_, _> =
-            self.tally.waiting.iter().filter(|(_, n)| **n > 0).map(|(k, n)| (*k, *n)).collect();
+            self.jobs.tally.waiting.iter().filter(|(_, n)| **n > 0).map(|(k, n)| (*k, *n)).collect();
         if kept != waiting {
             return Err(format!("tally: waiting counted {kept:?}, the records say {waiting:?}"));
         }
@@ -178,7 +180,7 @@ impl<S: Store> Engine<S> {
     /// ones still kept in memory).
     fn check_tenant_loads(&self) -> Result<(), String> {
         let kept_finished: BTreeSet<JobId> =
-            self.finished_jobs.iter().filter(|(at, _)| *at != 0).map(|(_, id)| id).collect();
+            self.jobs.finished.iter().filter(|(at, _)| *at != 0).map(|(_, id)| id).collect();
         let mut load: BTreeMap<TenantId, (u64, u64, u64, BTreeSet<JobId>)> = BTreeMap::new();
         for (id, job) in &self.jobs {
             let entry = load.entry(job.tenant).or_default();
@@ -260,15 +262,15 @@ impl<S: Store> Engine<S> {
                 backing_off.insert(until_ms, *id);
             }
         }
-        if backing_off != self.backoff {
-            return Err(format!("back-off set {:?}, the records say {backing_off:?}", self.backoff));
+        if backing_off != self.jobs.backoff {
+            return Err(format!("back-off set {:?}, the records say {backing_off:?}", self.jobs.backoff));
         }
-        let judged: BTreeSet<JobId> = self.deadlines.iter().map(|(_, id)| id).collect();
-        let graced: BTreeSet<(JobId, u64)> = self.gang_graces.iter().map(|(at, id)| (id, at)).collect();
-        let finished: BTreeSet<JobId> = self.finished_jobs.iter().map(|(_, id)| id).collect();
+        let judged: BTreeSet<JobId> = self.jobs.deadlines.iter().map(|(_, id)| id).collect();
+        let graced: BTreeSet<(JobId, u64)> = self.jobs.gang_graces.iter().map(|(at, id)| (id, at)).collect();
+        let finished: BTreeSet<JobId> = self.jobs.finished.iter().map(|(_, id)| id).collect();
         for (id, job) in &self.jobs {
             if let Some(at_ms) = super::exits::unstarted_due(job).filter(|at| *at > self.now) {
-                if !self.unstarted.contains(at_ms, (job.id, job.attempt)) {
+                if !self.jobs.unstarted.contains(at_ms, (job.id, job.attempt)) {
                     return Err(format!(
                         "job {id}: not started by its deadline, and not due to be ended at {at_ms}"
                     ));

@@ -196,7 +196,7 @@ impl<S: Store> Engine<S> {
         }
         let j = judge(job, d, now, drain_window);
         if !j.promote {
-            self.deadlines.insert(j.due_ms, id);
+            self.jobs.deadlines.insert(j.due_ms, id);
             return Ok(());
         }
         self.promote(id, j, now)
@@ -234,7 +234,7 @@ impl<S: Store> Engine<S> {
             Err(e) => {
                 let first = d.blocked.is_none();
                 d.blocked = Some(e.to_string());
-                self.deadlines.insert(now + RETRY_MS, id);
+                self.jobs.deadlines.insert(now + RETRY_MS, id);
                 if first {
                     let message = format!("deadline: promotion to on-demand waits: {e}");
                     self.event(id, Event::Warning(WarningDetail { message, ..Default::default() }))?;
@@ -259,7 +259,7 @@ impl<S: Store> Engine<S> {
 
     /// Judges the deadlines that are due.
     pub(super) fn check_deadlines(&mut self, now: u64) -> Written {
-        while let Some((_, id)) = self.deadlines.pop_due(now) {
+        while let Some((_, id)) = self.jobs.deadlines.pop_due(now) {
             self.judge_deadline(id, now)?;
         }
         Ok(())

@@ -124,7 +124,7 @@ impl<S: Store> Engine<S> {
             if job.gang_grace_until.is_none() {
                 let until_ms = now.saturating_add(self.config.gang_exit_grace.as_millis());
                 self.jobs.get_mut(&id).expect("live attempt").gang_grace_until = Some(until_ms);
-                self.gang_graces.insert(until_ms, id);
+                self.jobs.gang_graces.insert(until_ms, id);
             }
         } else {
             let why = match (code, signal, vanished) {
@@ -181,7 +181,7 @@ impl<S: Store> Engine<S> {
     /// Gangs whose grace after a part's exit 0 has run out with parts
     /// still running: those are stopped, and the attempt fails.
     pub(super) fn end_gang_graces(&mut self, now: u64) -> Written {
-        while let Some((until_ms, id)) = self.gang_graces.pop_due(now) {
+        while let Some((until_ms, id)) = self.jobs.gang_graces.pop_due(now) {
             let Some(job) = self.jobs.get(&id) else { continue };
             if !job.state.is_live() || job.gang_grace_until != Some(until_ms) || job.running_on.is_empty() {
                 continue;
@@ -203,7 +203,7 @@ impl<S: Store> Engine<S> {
     /// waits. A start the agent reports later is a stale attempt's, and
     /// killed.
     pub(super) fn end_unstarted(&mut self, now: u64) -> Written {
-        while let Some((until_ms, (id, attempt))) = self.unstarted.pop_due(now) {
+        while let Some((until_ms, (id, attempt))) = self.jobs.unstarted.pop_due(now) {
             let Some(job) = self.jobs.get(&id) else { continue };
             if job.attempt != attempt || unstarted_due(job) != Some(until_ms) {
                 continue; // it started, ended, or has another deadline
@@ -263,7 +263,7 @@ impl<S: Store> Engine<S> {
                     let until_ms = now.saturating_add(ended.backoff_ms);
                     self.jobs.get_mut(&id).expect("live attempt").waiting =
                         Some(Waiting::Backoff { until_ms });
-                    self.backoff.insert(until_ms, id);
+                    self.jobs.backoff.insert(until_ms, id);
                 }
                 Err(e) => tracing::error!(job = id.0, "restart back-off not applied: {e}"),
             }

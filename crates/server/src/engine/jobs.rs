@@ -27,7 +27,7 @@ impl<S: Store> Engine<S> {
                 if job.state.is_final() {
                     // Counted while it was saved: the tally has it already.
                     job.counted = Some((job.tier, job.state, job.gpus, None));
-                    self.finished_jobs.insert(0, id);
+                    self.jobs.finished.insert(0, id);
                     self.jobs.insert(id, Box::new(job));
                 }
             }
@@ -64,7 +64,7 @@ impl<S: Store> Engine<S> {
         let limits = self.limits_of(tenant);
         let several = specs.len() > 1;
         let mut prepared = Vec::with_capacity(specs.len());
-        let mut first_id = self.next_job;
+        let mut first_id = self.jobs.next;
         let mut all_tasks = 0usize;
         for (i, spec) in specs.into_iter().enumerate() {
             let named = |e: Refusal| match several {
@@ -103,8 +103,7 @@ impl<S: Store> Engine<S> {
         for (checked, tasks) in prepared {
             let mut ids = Vec::with_capacity(tasks.len());
             for (spec, array) in tasks {
-                let id = self.next_job;
-                self.next_job = id.next();
+                let id = self.jobs.mint();
                 let index = array.as_ref().map(|a| a.index);
                 let mut record =
                     JobRecord::queued(id, tenant, spec, checked.tier, checked.gpus, checked.signal, now);
@@ -300,7 +299,7 @@ impl<S: Store> Engine<S> {
             JobState::Queued => {
                 match self.jobs[&id].waiting {
                     Some(Waiting::Backoff { until_ms }) => {
-                        self.backoff.remove(until_ms, id);
+                        self.jobs.backoff.remove(until_ms, id);
                     }
                     Some(Waiting::TenantLimit | Waiting::Dependency | Waiting::ArrayLimit) => {}
                     None => self.core.cancel(id).map_err(|e| Refusal::internal(e.to_string()))?,
@@ -316,13 +315,11 @@ impl<S: Store> Engine<S> {
                 if let Some(deadline) = cancel_deadline(job, grace_ms, now) {
                     job.cancel_requested = true;
                     job.cancel_notice = Some((now, deadline));
-                    if let Some(at_ms) = super::exits::unstarted_due(job) {
-                        self.unstarted.insert(at_ms, (job.id, job.attempt));
-                    }
                     let stop = cancel_stop(job, AttemptRef { job: id, attempt: job.attempt }, now);
                     for node in job.running_on.clone() {
                         self.outbox.push(&node, stop.clone());
                     }
+                    self.jobs.note_unstarted(id);
                     let detail = CancelRequestedDetail {
                         at: Some(rfc3339(now)),
                         deadline: Some(rfc3339(deadline)),
@@ -628,7 +625,7 @@ impl<S: Store> Engine<S> {
 
     /// Jobs whose restart back-off is over go back to the scheduler.
     pub(super) fn end_backoffs(&mut self, now: u64) -> Written {
-        while let Some((_, id)) = self.backoff.pop_due(now) {
+        while let Some((_, id)) = self.jobs.backoff.pop_due(now) {
             self.jobs.get_mut(&id).expect("backed-off job").waiting = None;
             if let Err(e) = self.restore_queued(id) {
                 tracing::error!(job = id.0, "back-off over, but not requeued: {}", e.message);

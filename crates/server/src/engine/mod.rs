@@ -67,6 +67,7 @@ mod pending;
 mod plan;
 mod recovery;
 mod staged;
+mod table;
 mod views;
 mod webhooks;
 mod write;
@@ -87,6 +88,7 @@ pub use lines::{Lines, QuietPoll};
 pub use plan::BATCH_STARTS;
 use recovery::gpu_indices;
 pub use recovery::OpenError;
+use table::JobTable;
 pub use views::JobQuery;
 
 pub fn now_ms() -> u64 {
@@ -476,31 +478,10 @@ pub struct Engine<S: Store> {
     core: State,
     /// The batch's instant: every time written in a batch is this one.
     now: u64,
-    /// The job table: the records of jobs not finished, and of those
-    /// finished less than `keep_finished` ago, by id. Every record is in
-    /// the store too, written in the batch that changed it: the listing,
-    /// arrays' progress and finished jobs are read from there. Boxed: a
-    /// map filled in id order leaves its nodes half empty, and a record is
-    /// hundreds of bytes.
-    jobs: BTreeMap<JobId, Box<JobRecord>>,
-    /// Finished jobs still in `jobs`, by when they finished: they leave it
-    /// `keep_finished` later (one read back from the store for a request,
-    /// stamped 0, at the end of that batch).
-    finished_jobs: Due<JobId>,
+    /// The job table, with what falls due for its jobs.
+    jobs: JobTable,
     /// When finished jobs' output was last pruned (`keep_output`).
     output_pruned_ms: u64,
-    next_job: JobId,
-    /// Jobs in a restart back-off, by when they may run again.
-    backoff: Due<JobId>,
-    /// Deadline jobs not yet promoted, by when to judge them again.
-    deadlines: Due<JobId>,
-    /// Gangs one of whose parts exited 0, by when the rest are stopped if
-    /// they have not exited (`JobRecord::gang_grace_until`).
-    gang_graces: Due<JobId>,
-    /// Attempts drained or cancelled before they started (pulling their
-    /// image), by when the server ends them whatever their agent says:
-    /// their deadline and [`exits::UNSTARTED_GRACE_MS`] (when, job, attempt).
-    unstarted: Due<(JobId, Attempt)>,
     /// Queued jobs at their dependencies' or their array's gate.
     gates: gates::Gates,
     /// How much of each unfinished job's log is committed, once output came.
@@ -516,7 +497,6 @@ pub struct Engine<S: Store> {
     /// Quiet nodes' polls, answered without the writer.
     lines: Arc<Lines>,
     counters: crate::metrics::Counters,
-    tally: job::Tally,
     /// The latest pass's reason for each job first in line that waits.
     pending: HashMap<JobId, ebb_scheduler::Pending>,
     /// The last batch stopped scheduling at its bound with more to start:
@@ -526,8 +506,6 @@ pub struct Engine<S: Store> {
     unchecked: u64,
     /// The last checkpoint recommendation a placement made, and its text.
     last_why: Option<(ebb_core::checkpoint::Recommendation, String)>,
-    /// Jobs whose start was sent ahead to their hold's node (`staged`).
-    staged: BTreeSet<JobId>,
 }
 
 /// Tenants: names, what their unfinished jobs hold against their limits,

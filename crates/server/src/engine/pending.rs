@@ -63,13 +63,13 @@ impl<S: Store> Engine<S> {
         };
         let mut unexplained: BTreeMap<Tier, u64> = Tier::ALL
             .iter()
-            .map(|&tier| (tier, self.tally.jobs.get(&(tier, JobState::Queued)).copied().unwrap_or(0)))
+            .map(|&tier| (tier, self.jobs.tally.jobs.get(&(tier, JobState::Queued)).copied().unwrap_or(0)))
             .collect();
         let mut explain = |tier: Tier, n: u64| {
             let left = unexplained.entry(tier).or_insert(0);
             *left = left.saturating_sub(n);
         };
-        for (&(tier, reason), &n) in &self.tally.waiting {
+        for (&(tier, reason), &n) in &self.jobs.tally.waiting {
             add(tier, reason, n);
             explain(tier, n);
         }

@@ -143,9 +143,6 @@ impl<S: Store> Engine<S> {
             cause,
             reason: reason.clone(),
         }));
-        if let Some(at_ms) = super::exits::unstarted_due(job) {
-            self.unstarted.insert(at_ms, (job.id, job.attempt));
-        }
         let attempt = AttemptRef { job: id, attempt: d.attempt };
         let drain = DrainAttempt {
             attempt,
@@ -156,6 +153,7 @@ impl<S: Store> Engine<S> {
         for node in &job.running_on {
             self.outbox.push(node, Action::Drain(drain.clone()));
         }
+        self.jobs.note_unstarted(id);
         let detail = DrainNoticeDetail {
             reason,
             notice_at: rfc3339(d.notice_at.0),
@@ -201,7 +199,7 @@ impl<S: Store> Engine<S> {
         let placement = self.named(&p.alloc);
         let staged = match &self.jobs[&id].staged {
             Some(s) if s.attempt == p.attempt && p.from_hold => {
-                self.staged.remove(&id);
+                self.jobs.staged.remove(&id);
                 self.jobs.get_mut(&id).expect("known job").staged.take()
             }
             Some(_) => {

@@ -34,14 +34,8 @@ impl<S: Store> Engine<S> {
             sched,
             core: State::new(),
             now,
-            jobs: BTreeMap::new(),
-            finished_jobs: Due::default(),
+            jobs: JobTable::new(JobId(1)),
             output_pruned_ms: 0,
-            next_job: JobId(1),
-            backoff: Due::default(),
-            deadlines: Due::default(),
-            gang_graces: Due::default(),
-            unstarted: Due::default(),
             gates: Default::default(),
             logs: HashMap::new(),
             tenants: Tenants::default(),
@@ -53,12 +47,10 @@ impl<S: Store> Engine<S> {
             epoch,
             lines: Arc::new(Lines::new(epoch)),
             counters: Default::default(),
-            tally: Default::default(),
             pending: HashMap::new(),
             unsettled: false,
             unchecked: 0,
             last_why: None,
-            staged: BTreeSet::new(),
         };
         let mut notes = Vec::new();
         if snapshot.tenants.is_empty() {
@@ -187,9 +179,9 @@ impl<S: Store> Engine<S> {
                     count.tier, count.state
                 )));
             };
-            self.tally.add(tier, state, count.jobs, count.gpus);
+            self.jobs.tally.add(tier, state, count.jobs, count.gpus);
         }
-        self.next_job = self.next_job.max(self.store.max_job_id()?.next());
+        self.jobs.next = self.jobs.next.max(self.store.max_job_id()?.next());
         Ok(())
     }
 
@@ -199,7 +191,7 @@ impl<S: Store> Engine<S> {
     fn load_jobs(&mut self, jobs: Vec<JobRecord>) -> Result<Vec<(JobId, String)>, Refusal> {
         let mut unrestored = Vec::new();
         for job in jobs {
-            self.next_job = self.next_job.max(job.id.next());
+            self.jobs.next = self.jobs.next.max(job.id.next());
             let (id, state, waiting) = (job.id, job.state, job.waiting);
             if !state.is_final() {
                 let load = self.tenants.load.entry(job.tenant).or_default();
@@ -222,19 +214,19 @@ impl<S: Store> Engine<S> {
                 job.drain = Some(Box::new(DrainNotice::from_legacy(notice, drilled, tenant_id)));
             }
             if job.deadline.as_ref().is_some_and(|d| d.promoted.is_none()) && !state.is_final() {
-                self.deadlines.insert(0, id); // judged at the first pass
+                self.jobs.deadlines.insert(0, id); // judged at the first pass
             }
             if let Some(until_ms) = job.gang_grace_until.filter(|_| state.is_live()) {
-                self.gang_graces.insert(until_ms, id);
+                self.jobs.gang_graces.insert(until_ms, id);
             }
             if let Some(at_ms) = super::exits::unstarted_due(&job) {
-                self.unstarted.insert(at_ms, (job.id, job.attempt));
+                self.jobs.unstarted.insert(at_ms, (job.id, job.attempt));
             }
-            self.tally.count(&mut job);
+            self.jobs.tally.count(&mut job);
             self.jobs.insert(id, Box::new(job));
             match (state, waiting) {
                 (JobState::Queued, Some(Waiting::Backoff { until_ms })) => {
-                    self.backoff.insert(until_ms, id);
+                    self.jobs.backoff.insert(until_ms, id);
                 }
                 (
                     JobState::Queued,
@@ -333,7 +325,7 @@ impl<S: Store> Engine<S> {
         for id in holders {
             match self.restore_hold(id) {
                 Ok(()) if self.jobs[&id].staged.is_some() => {
-                    self.staged.insert(id);
+                    self.jobs.staged.insert(id);
                 }
                 Ok(()) => {}
                 Err(why) => {
@@ -353,7 +345,7 @@ impl<S: Store> Engine<S> {
         let strays: Vec<JobId> = self
             .jobs
             .values()
-            .filter(|j| j.staged.is_some() && !self.staged.contains(&j.id))
+            .filter(|j| j.staged.is_some() && !self.jobs.staged.contains(&j.id))
             .map(|j| j.id)
             .collect();
         for id in strays {

@@ -55,7 +55,7 @@ impl<S: Store> Engine<S> {
             interval: (recommendation.interval.as_secs(), why),
         };
         self.jobs.get_mut(&id).expect("known job").staged = Some(staged);
-        self.staged.insert(id);
+        self.jobs.staged.insert(id);
         self.counters.starts_ahead += 1;
         self.send_staged(id);
     }
@@ -110,7 +110,7 @@ impl<S: Store> Engine<S> {
     /// next attempt after it), and the node withdraws it (or stops it, if
     /// it ran).
     pub(super) fn withdraw(&mut self, id: JobId) -> Written {
-        self.staged.remove(&id);
+        self.jobs.staged.remove(&id);
         let Some(job) = self.jobs.get_mut(&id) else { return Ok(()) };
         let Some(staged) = job.staged.take() else { return Ok(()) };
         job.spent_attempt = job.spent_attempt.max(staged.attempt);
@@ -124,10 +124,11 @@ impl<S: Store> Engine<S> {
     /// At the end of a batch: staged starts whose holds went without their
     /// placement (a cancel, a lost or cordoned node) are withdrawn.
     pub(super) fn withdraw_gone_holds(&mut self) -> Written {
-        if self.staged.is_empty() {
+        if self.jobs.staged.is_empty() {
             return Ok(());
         }
         let gone: Vec<JobId> = self
+            .jobs
             .staged
             .iter()
             .copied()
@@ -147,7 +148,7 @@ impl<S: Store> Engine<S> {
     /// and the core's hold.
     pub(super) fn check_staged(&self) -> Result<(), String> {
         for (id, job) in &self.jobs {
-            if job.staged.is_some() != self.staged.contains(id) {
+            if job.staged.is_some() != self.jobs.staged.contains(id) {
                 return Err(format!("job {id}: staged start out of step with the set"));
             }
             if let Some(s) = &job.staged {
@@ -157,7 +158,7 @@ impl<S: Store> Engine<S> {
                 }
             }
         }
-        if self.staged.iter().any(|id| !self.jobs.contains_key(id)) {
+        if self.jobs.staged.iter().any(|id| !self.jobs.contains_key(id)) {
             return Err("a staged start of a job not held".into());
         }
         Ok(())

@@ -477,14 +477,15 @@ impl<S: Store> Engine<S> {
         snapshot.counters.polls_quiet = self.lines.answered();
         snapshot.counters.polls_woken = self.lines.woken_answered();
         // Jobs and their GPUs from the tally kept as records are saved.
-        for (&(tier, state), &count) in &self.tally.jobs {
+        for (&(tier, state), &count) in &self.jobs.tally.jobs {
             *snapshot.jobs.entry((tier.as_str(), state.as_str())).or_insert(0) += count;
             let gpu_state = match state {
                 JobState::Starting | JobState::Running => "running",
                 JobState::Draining => "draining",
                 _ => continue,
             };
-            *snapshot.gpus.entry((tier.as_str(), gpu_state)).or_insert(0) += self.tally.gpus[&(tier, state)];
+            *snapshot.gpus.entry((tier.as_str(), gpu_state)).or_insert(0) +=
+                self.jobs.tally.gpus[&(tier, state)];
         }
         self.queued_reasons(&mut snapshot.queued);
         // Held GPUs a victim still runs on are counted as its (draining).

@@ -45,16 +45,10 @@ impl<S: Store> Engine<S> {
     /// has just finished leaves memory `keep_finished` from now.
     pub(super) fn save(&mut self, id: JobId) -> Written {
         self.outbox.changed = true;
-        let job = self.jobs.get_mut(&id).expect("a saved job is in the table");
-        // What it was counted as is what it was stored as.
-        let stored = job.counted.map(|(_, state, _, _)| state);
-        self.tally.count(job);
-        let finishing = job.state.is_final() && !stored.is_some_and(JobState::is_final);
-        if finishing {
-            self.finished_jobs.insert(self.now, id);
-        }
+        let table::Saved { finishing, stored_state } = self.jobs.saved(id, self.now);
+        let job = &self.jobs[&id];
         let columns =
-            crate::store::JobColumns { stored_state: stored.map(JobState::as_str), ..job.columns() };
+            crate::store::JobColumns { stored_state: stored_state.map(JobState::as_str), ..job.columns() };
         self.store.put_job(id, &columns, job)?;
         let keep = self.config.keep_output.as_millis();
         if finishing && keep > 0 && !job.no_output {
@@ -82,7 +76,7 @@ impl<S: Store> Engine<S> {
     /// has all of them, and the tally keeps counting them.
     pub(super) fn prune_finished(&mut self, now: u64) {
         let Some(cutoff) = now.checked_sub(self.config.keep_finished.as_millis()) else { return };
-        while let Some((finished_ms, id)) = self.finished_jobs.pop_due(cutoff) {
+        while let Some((finished_ms, id)) = self.jobs.finished.pop_due(cutoff) {
             if self.jobs.get(&id).is_some_and(|j| j.state.is_final()) {
                 let job = self.jobs.remove(&id).expect("just seen");
                 // What its tenant was counted for keeping, given back as it
