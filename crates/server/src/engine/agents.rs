@@ -466,7 +466,15 @@ impl<S: Store> Engine<S> {
             }
             AgentEvent::Progress { attempt, fraction, at_ms } => {
                 let at_ms = self.known_time(attempt, at_ms, now);
-                self.progressed(attempt, fraction, at_ms, now)?;
+                let (jobs, core, config, mut fx) = self.parts();
+                deadline::progressed(
+                    jobs,
+                    core,
+                    config.drain_window,
+                    &mut fx,
+                    (attempt, fraction, at_ms),
+                    now,
+                )?;
             }
             AgentEvent::Pulling { attempt, done_bytes, total_bytes, at_ms } => {
                 let at_ms = self.known_time(attempt, at_ms, now);

@@ -31,6 +31,8 @@
 
 use ebb_scheduler::Promoted;
 
+use super::effects::{self, Effects};
+use super::table::JobTable;
 use super::*;
 
 /// Time allowed for one restart after a preemption (the core's rule).
@@ -184,107 +186,140 @@ pub fn status(job: &JobRecord, d: &Deadline, now: u64, drain_window: Span) -> eb
     }
 }
 
+/// Judges job `id`'s deadline again at `now`, promoting it if it no
+/// longer fits, else noting when to judge it next. Over the job table and
+/// the core, which a promotion changes, and the effects.
+pub(super) fn judge_deadline(
+    jobs: &mut JobTable,
+    core: &mut State,
+    drain_window: Span,
+    fx: &mut impl Effects,
+    id: JobId,
+    now: u64,
+) -> Written {
+    let Some(job) = jobs.get(&id) else { return Ok(()) };
+    let Some(d) = &job.deadline else { return Ok(()) };
+    if job.state.is_final() || d.promoted.is_some() || job.tier != Tier::Preemptible {
+        return Ok(());
+    }
+    let j = judge(job, d, now, drain_window);
+    if !j.promote {
+        jobs.deadlines.insert(j.due_ms, id);
+        return Ok(());
+    }
+    promote(jobs, core, fx, id, j, now)
+}
+
+fn promote(
+    jobs: &mut JobTable,
+    core: &mut State,
+    fx: &mut impl Effects,
+    id: JobId,
+    j: Judgement,
+    now: u64,
+) -> Written {
+    let job = &jobs[&id];
+    let d = job.deadline.as_ref().expect("a deadline job");
+    let fraction = d.progress.map(|p| p.fraction);
+    let why = match (fraction, j.needed_ms) {
+        (Some(f), Some(needed)) => format!(
+            "{} done, needs {} + {} margin, {} left",
+            percent(f),
+            Span(needed).human(),
+            Span(j.margin_ms).human(),
+            Span(j.left_ms).human()
+        ),
+        _ => format!(
+            "no progress reported, {} left, within the {} margin",
+            Span(j.left_ms).human(),
+            Span(j.margin_ms).human()
+        ),
+    };
+    let in_core = job.waiting.is_none();
+    let promoted = if in_core { core.promote(id, Time(now)) } else { Ok(Promoted::Queued) };
+    let job = jobs.get_mut(&id).expect("checked above");
+    let d = job.deadline.as_mut().expect("a deadline job");
+    let running = match promoted {
+        Ok(Promoted::Queued) => None,
+        Ok(Promoted::Running) => {
+            let (model, rate, on_demand) = job.billing.clone().expect("a running job has its rates");
+            job.billing = Some((model, on_demand, on_demand));
+            Some((job.attempt, rate))
+        }
+        Err(e) => {
+            let first = d.blocked.is_none();
+            d.blocked = Some(e.to_string());
+            jobs.deadlines.insert(now + RETRY_MS, id);
+            if first {
+                let message = format!("deadline: promotion to on-demand waits: {e}");
+                fx.event(&jobs[&id], Event::Warning(WarningDetail { message, ..Default::default() }))?;
+            }
+            return effects::save(jobs, fx, id);
+        }
+    };
+    d.blocked = None;
+    d.promoted = Some(Promotion { at_ms: now, why: why.clone(), running });
+    job.tier = Tier::OnDemand;
+    let detail = PromotedDetail {
+        running: running.is_some(),
+        fraction_done: fraction,
+        needed_seconds: j.needed_ms.map(|ms| ms.div_ceil(1000)),
+        margin_seconds: j.margin_ms / 1000,
+        left_seconds: j.left_ms / 1000,
+        reason: why,
+    };
+    fx.event(&jobs[&id], Event::Promoted(detail))?;
+    effects::save(jobs, fx, id)
+}
+
+/// Judges the deadlines that are due by `now`.
+pub(super) fn check_deadlines(
+    jobs: &mut JobTable,
+    core: &mut State,
+    drain_window: Span,
+    fx: &mut impl Effects,
+    now: u64,
+) -> Written {
+    while let Some((_, id)) = jobs.deadlines.pop_due(now) {
+        judge_deadline(jobs, core, drain_window, fx, id, now)?;
+    }
+    Ok(())
+}
+
+/// The live attempt reported `fraction` done at `at_ms`: its progress
+/// noted, and its deadline judged again.
+pub(super) fn progressed(
+    jobs: &mut JobTable,
+    core: &mut State,
+    drain_window: Span,
+    fx: &mut impl Effects,
+    (attempt, fraction, at_ms): (AttemptRef, f64, u64),
+    now: u64,
+) -> Written {
+    if !fraction.is_finite() || !(0.0..=1.0).contains(&fraction) {
+        tracing::warn!(job = attempt.job.0, "progress {fraction} is not a fraction from 0 to 1: ignored");
+        return Ok(());
+    }
+    let job = jobs.get_mut(&attempt.job).expect("live attempt");
+    let Some(d) = job.deadline.as_mut() else { return Ok(()) };
+    let live = job.run_started_ms.map_or(0, |s| at_ms.saturating_sub(s));
+    d.progress = Some(Progress { fraction, ran_ms: d.ran_ms.saturating_add(live), at_ms });
+    effects::save(jobs, fx, attempt.job)?;
+    judge_deadline(jobs, core, drain_window, fx, attempt.job, now)
+}
+
+/// The live attempt of `job` ran until `end_ms`: its run time counts.
+pub(super) fn attempt_ended(job: &mut JobRecord, end_ms: u64) {
+    if let (Some(d), Some(started)) = (job.deadline.as_mut(), job.run_started_ms) {
+        d.ran_ms = d.ran_ms.saturating_add(end_ms.saturating_sub(started));
+    }
+}
+
 impl<S: Store> Engine<S> {
-    /// Judges job `id`'s deadline again at `now`, promoting it if it no
-    /// longer fits, else noting when to judge it next.
+    /// [`judge_deadline`] over the writer's parts.
     pub(super) fn judge_deadline(&mut self, id: JobId, now: u64) -> Written {
-        let drain_window = self.config.drain_window;
-        let Some(job) = self.jobs.get(&id) else { return Ok(()) };
-        let Some(d) = &job.deadline else { return Ok(()) };
-        if job.state.is_final() || d.promoted.is_some() || job.tier != Tier::Preemptible {
-            return Ok(());
-        }
-        let j = judge(job, d, now, drain_window);
-        if !j.promote {
-            self.jobs.deadlines.insert(j.due_ms, id);
-            return Ok(());
-        }
-        self.promote(id, j, now)
-    }
-
-    fn promote(&mut self, id: JobId, j: Judgement, now: u64) -> Written {
-        let job = &self.jobs[&id];
-        let d = job.deadline.as_ref().expect("a deadline job");
-        let fraction = d.progress.map(|p| p.fraction);
-        let why = match (fraction, j.needed_ms) {
-            (Some(f), Some(needed)) => format!(
-                "{} done, needs {} + {} margin, {} left",
-                percent(f),
-                Span(needed).human(),
-                Span(j.margin_ms).human(),
-                Span(j.left_ms).human()
-            ),
-            _ => format!(
-                "no progress reported, {} left, within the {} margin",
-                Span(j.left_ms).human(),
-                Span(j.margin_ms).human()
-            ),
-        };
-        let in_core = job.waiting.is_none();
-        let promoted = if in_core { self.core.promote(id, Time(now)) } else { Ok(Promoted::Queued) };
-        let job = self.jobs.get_mut(&id).expect("checked above");
-        let d = job.deadline.as_mut().expect("a deadline job");
-        let running = match promoted {
-            Ok(Promoted::Queued) => None,
-            Ok(Promoted::Running) => {
-                let (model, rate, on_demand) = job.billing.clone().expect("a running job has its rates");
-                job.billing = Some((model, on_demand, on_demand));
-                Some((job.attempt, rate))
-            }
-            Err(e) => {
-                let first = d.blocked.is_none();
-                d.blocked = Some(e.to_string());
-                self.jobs.deadlines.insert(now + RETRY_MS, id);
-                if first {
-                    let message = format!("deadline: promotion to on-demand waits: {e}");
-                    self.event(id, Event::Warning(WarningDetail { message, ..Default::default() }))?;
-                }
-                return self.save(id);
-            }
-        };
-        d.blocked = None;
-        d.promoted = Some(Promotion { at_ms: now, why: why.clone(), running });
-        job.tier = Tier::OnDemand;
-        let detail = PromotedDetail {
-            running: running.is_some(),
-            fraction_done: fraction,
-            needed_seconds: j.needed_ms.map(|ms| ms.div_ceil(1000)),
-            margin_seconds: j.margin_ms / 1000,
-            left_seconds: j.left_ms / 1000,
-            reason: why,
-        };
-        self.event(id, Event::Promoted(detail))?;
-        self.save(id)
-    }
-
-    /// Judges the deadlines that are due.
-    pub(super) fn check_deadlines(&mut self, now: u64) -> Written {
-        while let Some((_, id)) = self.jobs.deadlines.pop_due(now) {
-            self.judge_deadline(id, now)?;
-        }
-        Ok(())
-    }
-
-    /// The live attempt reported `fraction` done at `at_ms`.
-    pub(super) fn progressed(&mut self, attempt: AttemptRef, fraction: f64, at_ms: u64, now: u64) -> Written {
-        if !fraction.is_finite() || !(0.0..=1.0).contains(&fraction) {
-            tracing::warn!(job = attempt.job.0, "progress {fraction} is not a fraction from 0 to 1: ignored");
-            return Ok(());
-        }
-        let job = self.jobs.get_mut(&attempt.job).expect("live attempt");
-        let Some(d) = job.deadline.as_mut() else { return Ok(()) };
-        let live = job.run_started_ms.map_or(0, |s| at_ms.saturating_sub(s));
-        d.progress = Some(Progress { fraction, ran_ms: d.ran_ms.saturating_add(live), at_ms });
-        self.save(attempt.job)?;
-        self.judge_deadline(attempt.job, now)
-    }
-
-    /// The live attempt of job `id` ran until `end_ms`: its run time counts.
-    pub(super) fn deadline_attempt_ended(&mut self, id: JobId, end_ms: u64) {
-        let job = self.jobs.get_mut(&id).expect("live attempt");
-        if let (Some(d), Some(started)) = (job.deadline.as_mut(), job.run_started_ms) {
-            d.ran_ms = d.ran_ms.saturating_add(end_ms.saturating_sub(started));
-        }
+        let (jobs, core, config, mut fx) = self.parts();
+        judge_deadline(jobs, core, config.drain_window, &mut fx, id, now)
     }
 }
 
@@ -302,6 +337,37 @@ mod tests {
         job.state = state;
         job.run_started_ms = run_started_ms;
         job
+    }
+
+    #[test]
+    fn judging_over_the_parts_notes_when_to_judge_again_or_promotes_with_one_event_and_one_write() {
+        // A queued job waiting outside the core (at its tenant's limit)
+        // that has not reported progress, its deadline at 10 h.
+        let mut queued = job(JobState::Queued, None);
+        queued.waiting = Some(Waiting::TenantLimit);
+        queued.deadline = Some(Box::new(Deadline { at_ms: 10 * H, ..Deadline::default() }));
+        let mut jobs = JobTable::new(JobId(8));
+        jobs.insert(JobId(7), Box::new(queued));
+        let mut core = State::new();
+        let mut fx = effects::Recorded::default();
+        // At 0 it fits: judged again once a preemption would not (10 h − 6 min).
+        judge_deadline(&mut jobs, &mut core, WINDOW, &mut fx, JobId(7), 0).unwrap();
+        assert!(fx.events.is_empty() && fx.saved.is_empty() && fx.sent.is_empty());
+        assert_eq!(jobs.deadlines.pop_due(u64::MAX), Some((10 * H - 360_000, JobId(7))));
+        // Past that, it is promoted in the queue: one event, one write.
+        let now = 10 * H - 300_000;
+        fx.now = now;
+        jobs.deadlines.insert(10 * H - 360_000, JobId(7));
+        check_deadlines(&mut jobs, &mut core, WINDOW, &mut fx, now).unwrap();
+        assert!(matches!(&fx.events[..], [(JobId(7), Event::Promoted(p))] if !p.running), "{:?}", fx.events);
+        assert_eq!(fx.saved.len(), 1);
+        assert_eq!(fx.saved[0].tier, Tier::OnDemand);
+        assert!(fx.saved[0].deadline.as_ref().unwrap().promoted.is_some());
+        assert!(fx.sent.is_empty());
+        // Promoted, it is not judged again.
+        jobs.deadlines.insert(0, JobId(7));
+        check_deadlines(&mut jobs, &mut core, WINDOW, &mut fx, now + H).unwrap();
+        assert_eq!((fx.events.len(), fx.saved.len()), (1, 1));
     }
 
     #[test]

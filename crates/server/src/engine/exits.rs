@@ -1,7 +1,9 @@
 //! Attempts that end: a node's part exits, and the attempt ends once every
 //! node's part has. The transition itself is `ending::end_attempt`.
 
+use super::effects::{self, Effects};
 use super::ending::{end_attempt, exit_kind, EndNote, STOP_GRACE_MS};
+use super::table::JobTable;
 use super::*;
 
 /// How long after its deadline an attempt that never started (its node
@@ -166,35 +168,9 @@ impl<S: Store> Engine<S> {
         self.jobs.get_mut(&id).expect("live attempt").rendezvous_failed = Some(why);
     }
 
-    /// Stops the parts of gang `id` still running, for `why`: the attempt
-    /// has failed, whatever they exit with.
     fn stop_gang(&mut self, id: JobId, why: String) -> Written {
-        let job = self.jobs.get_mut(&id).expect("live attempt");
-        let attempt = AttemptRef { job: id, attempt: job.attempt };
-        job.gang_stopped = Some(why.clone());
-        for n in job.running_on.clone() {
-            self.outbox.push(&n, Action::Stop { attempt, grace_ms: STOP_GRACE_MS, notice: None });
-        }
-        self.event(id, Event::GangStopped(GangStoppedDetail { reason: why }))
-    }
-
-    /// Gangs whose grace after a part's exit 0 has run out with parts
-    /// still running: those are stopped, and the attempt fails.
-    pub(super) fn end_gang_graces(&mut self, now: u64) -> Written {
-        while let Some((until_ms, id)) = self.jobs.gang_graces.pop_due(now) {
-            let Some(job) = self.jobs.get(&id) else { continue };
-            if !job.state.is_live() || job.gang_grace_until != Some(until_ms) || job.running_on.is_empty() {
-                continue;
-            }
-            if job.state == JobState::Draining || job.cancel_requested || job.gang_stopped.is_some() {
-                continue;
-            }
-            let waiting = job.running_on.join(", ");
-            let grace = self.config.gang_exit_grace.human();
-            self.stop_gang(id, format!("a part exited 0, and {waiting} had not exited within the gang exit grace of {grace}: stopped"))?;
-            self.save(id)?;
-        }
-        Ok(())
+        let (jobs, _, _, mut fx) = self.parts();
+        stop_gang(jobs, &mut fx, id, why)
     }
 
     /// Attempts drained or cancelled before they started, whose deadline
@@ -240,8 +216,8 @@ impl<S: Store> Engine<S> {
         let min_runtime = self.sched.min_runtime;
         // What a drill needs of the attempt, before the record forgets it.
         let drill_end = self.drill_attempt_end(id, effect, end_ms);
-        self.deadline_attempt_ended(id, end_ms);
         let job = self.jobs.get_mut(&id).expect("live attempt");
+        deadline::attempt_ended(job, end_ms);
         // A drill is not a drain in the counters: its time is run time.
         let drained_ms = job
             .drain
@@ -322,5 +298,87 @@ fn end_reason(job: &JobRecord, effect: ExitEffect, node: &str) -> Option<String>
             Some(why.clone())
         }
         _ => None,
+    }
+}
+
+/// Stops the parts of gang `id` still running, for `why`: the attempt has
+/// failed, whatever they exit with.
+pub(super) fn stop_gang(jobs: &mut JobTable, fx: &mut impl Effects, id: JobId, why: String) -> Written {
+    let job = jobs.get_mut(&id).expect("live attempt");
+    let attempt = AttemptRef { job: id, attempt: job.attempt };
+    job.gang_stopped = Some(why.clone());
+    for node in &job.running_on {
+        fx.send(node, Action::Stop { attempt, grace_ms: STOP_GRACE_MS, notice: None });
+    }
+    fx.event(&jobs[&id], Event::GangStopped(GangStoppedDetail { reason: why }))
+}
+
+/// Gangs whose grace after a part's exit 0 has run out by `now` with
+/// parts still running (`gang_exit_grace` after that exit): those are
+/// stopped, and the attempt fails.
+pub(super) fn end_gang_graces(
+    jobs: &mut JobTable,
+    gang_exit_grace: Span,
+    fx: &mut impl Effects,
+    now: u64,
+) -> Written {
+    while let Some((until_ms, id)) = jobs.gang_graces.pop_due(now) {
+        let Some(job) = jobs.get(&id) else { continue };
+        if !job.state.is_live() || job.gang_grace_until != Some(until_ms) || job.running_on.is_empty() {
+            continue;
+        }
+        if job.state == JobState::Draining || job.cancel_requested || job.gang_stopped.is_some() {
+            continue;
+        }
+        let waiting = job.running_on.join(", ");
+        let grace = gang_exit_grace.human();
+        let why = format!(
+            "a part exited 0, and {waiting} had not exited within the gang exit grace of {grace}: stopped"
+        );
+        stop_gang(jobs, fx, id, why)?;
+        effects::save(jobs, fx, id)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gang_past_its_grace_has_its_running_parts_stopped_once_and_one_that_ended_is_left() {
+        let spec = ebb_api::JobSubmission { argv: vec!["train".into()], ..Default::default() };
+        let mut gang =
+            JobRecord::queued(JobId(3), TenantId(1), StoredSpec::from(spec), Tier::Preemptible, 16, 15, 0);
+        gang.state = JobState::Running;
+        gang.attempt = Attempt(2);
+        gang.running_on = vec!["b".into(), "c".into()];
+        gang.gang_grace_until = Some(10_000);
+        let mut jobs = JobTable::new(JobId(4));
+        jobs.insert(JobId(3), Box::new(gang));
+        jobs.gang_graces.insert(10_000, JobId(3));
+        let mut fx = effects::Recorded { now: 10_000, ..Default::default() };
+        end_gang_graces(&mut jobs, Span(60_000), &mut fx, 9_999).unwrap();
+        assert!(fx.sent.is_empty() && fx.events.is_empty(), "not yet due");
+        end_gang_graces(&mut jobs, Span(60_000), &mut fx, 10_000).unwrap();
+        let attempt = AttemptRef { job: JobId(3), attempt: Attempt(2) };
+        let stopped: Vec<&str> = fx
+            .sent
+            .iter()
+            .filter(|(_, a)| matches!(a, Action::Stop { attempt: a, .. } if *a == attempt))
+            .map(|(node, _)| node.as_str())
+            .collect();
+        assert_eq!(stopped, ["b", "c"]);
+        assert!(
+            matches!(&fx.events[..], [(JobId(3), Event::GangStopped(g))] if g.reason.contains("b, c had not exited within the gang exit grace of 1m")),
+            "{:?}",
+            fx.events
+        );
+        assert_eq!(fx.saved.len(), 1);
+        assert!(fx.saved[0].gang_stopped.is_some());
+        // Due again (a stale entry), it is stopped already: nothing more.
+        jobs.gang_graces.insert(10_000, JobId(3));
+        end_gang_graces(&mut jobs, Span(60_000), &mut fx, 20_000).unwrap();
+        assert_eq!((fx.sent.len(), fx.events.len(), fx.saved.len()), (2, 1, 1));
     }
 }

@@ -53,6 +53,7 @@ mod deadline;
 mod dispatch;
 mod drill;
 mod due;
+mod effects;
 mod ending;
 mod exits;
 mod fleet;

@@ -28,9 +28,11 @@ impl<S: Store> Engine<S> {
     /// next batch goes on at once.
     pub(super) fn schedule(&mut self, now: u64) -> Written {
         self.end_backoffs(now)?;
-        self.end_gang_graces(now)?;
+        let (jobs, _, config, mut fx) = self.parts();
+        exits::end_gang_graces(jobs, config.gang_exit_grace, &mut fx, now)?;
         self.end_unstarted(now)?;
-        self.check_deadlines(now)?;
+        let (jobs, core, config, mut fx) = self.parts();
+        deadline::check_deadlines(jobs, core, config.drain_window, &mut fx, now)?;
         self.hear_silent(now)?;
         let mut starts = 0;
         self.unsettled = false;

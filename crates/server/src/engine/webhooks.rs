@@ -287,59 +287,6 @@ impl<S: Store> Engine<S> {
         Ok(())
     }
 
-    /// A job's event, for the webhooks of its tenant that take it.
-    pub(super) fn job_webhooks(&mut self, id: JobId, event: &JobEvent) -> Written {
-        if self.webhooks.hooks.is_empty() {
-            return Ok(());
-        }
-        let Some(name) = job_event_name(&event.event) else { return Ok(()) };
-        let Some(job) = self.jobs.get(&id) else { return Ok(()) };
-        let tenant = job.tenant;
-        let hooks: Vec<u64> = self
-            .webhooks
-            .hooks
-            .values()
-            .filter(|h| h.tenant == Some(tenant) && h.events.iter().any(|e| e == name))
-            .map(|h| h.id)
-            .collect();
-        if hooks.is_empty() {
-            return Ok(());
-        }
-        let text = event.event.describe(job.gpus);
-        let run_id = job.run_id();
-        let what = match &job.spec.name {
-            Some(n) => format!("job {id} ({n})"),
-            None => format!("job {id}"),
-        };
-        let (job_name, tier, state) = (job.spec.name.clone(), job.tier.as_str(), job.state.as_str());
-        let tenant_name = self.tenant_name(tenant);
-        for hook in hooks {
-            let body = |delivery: u64, format: &str| match format {
-                "slack" => body_text(&SlackBody { text: format!("Ebb: {what} {name}: {text}") }),
-                _ => body_text(&JobBody {
-                    delivery,
-                    webhook: hook,
-                    event: name,
-                    at: &event.at,
-                    at_ms: event.at_ms,
-                    tenant: &tenant_name,
-                    job: JobSummary {
-                        id,
-                        name: job_name.as_deref(),
-                        tier,
-                        state,
-                        attempt: event.attempt,
-                        run_id: run_id.clone(),
-                    },
-                    text: &text,
-                    detail: event.event.detail(),
-                }),
-            };
-            self.enqueue_delivery(hook, name, Some(id), None, body)?;
-        }
-        Ok(())
-    }
-
     /// A node's event, for the operators' webhooks that take it.
     pub(super) fn node_webhooks(&mut self, node: &str, name: &'static str, text: &str) -> Written {
         let hooks: Vec<u64> = self
@@ -363,23 +310,96 @@ impl<S: Store> Engine<S> {
                     text,
                 }),
             };
-            self.enqueue_delivery(hook, name, None, Some(node.to_string()), body)?;
+            let queued = Queued { hook, event: name, job: None, node: Some(node.to_string()) };
+            self.webhooks.enqueue(&mut self.store, &mut self.outbox, at_ms, queued, body)?;
+        }
+        Ok(())
+    }
+}
+
+/// What a delivery is of: its webhook, the event's name, and the job or
+/// node it is of.
+struct Queued<'a> {
+    hook: u64,
+    event: &'a str,
+    job: Option<JobId>,
+    node: Option<String>,
+}
+
+impl Webhooks {
+    /// Job `job`'s event, for the webhooks of its tenant (`tenant_name`)
+    /// that take it.
+    pub(super) fn job_event(
+        &mut self,
+        store: &mut impl Store,
+        outbox: &mut Outbox,
+        job: &JobRecord,
+        tenant_name: &str,
+        event: &JobEvent,
+    ) -> Written {
+        if self.hooks.is_empty() {
+            return Ok(());
+        }
+        let Some(name) = job_event_name(&event.event) else { return Ok(()) };
+        let (id, tenant) = (job.id, job.tenant);
+        let hooks: Vec<u64> = self
+            .hooks
+            .values()
+            .filter(|h| h.tenant == Some(tenant) && h.events.iter().any(|e| e == name))
+            .map(|h| h.id)
+            .collect();
+        if hooks.is_empty() {
+            return Ok(());
+        }
+        let text = event.event.describe(job.gpus);
+        let run_id = job.run_id();
+        let what = match &job.spec.name {
+            Some(n) => format!("job {id} ({n})"),
+            None => format!("job {id}"),
+        };
+        let (tier, state) = (job.tier.as_str(), job.state.as_str());
+        for hook in hooks {
+            let body = |delivery: u64, format: &str| match format {
+                "slack" => body_text(&SlackBody { text: format!("Ebb: {what} {name}: {text}") }),
+                _ => body_text(&JobBody {
+                    delivery,
+                    webhook: hook,
+                    event: name,
+                    at: &event.at,
+                    at_ms: event.at_ms,
+                    tenant: tenant_name,
+                    job: JobSummary {
+                        id,
+                        name: job.spec.name.as_deref(),
+                        tier,
+                        state,
+                        attempt: event.attempt,
+                        run_id: run_id.clone(),
+                    },
+                    text: &text,
+                    detail: event.event.detail(),
+                }),
+            };
+            let queued = Queued { hook, event: name, job: Some(id), node: None };
+            self.enqueue(store, outbox, event.at_ms, queued, body)?;
         }
         Ok(())
     }
 
-    /// One delivery in the outbox, handed over once the batch commits.
-    fn enqueue_delivery(
+    /// One delivery in the outbox, handed over once the batch commits
+    /// (`body` makes it for the delivery's id and the webhook's format).
+    fn enqueue(
         &mut self,
-        hook: u64,
-        event: &str,
-        job: Option<JobId>,
-        node: Option<String>,
+        store: &mut impl Store,
+        outbox: &mut Outbox,
+        now: u64,
+        queued: Queued<'_>,
         body: impl FnOnce(u64, &str) -> String,
     ) -> Written {
-        let id = self.webhooks.next_delivery;
-        self.webhooks.next_delivery += 1;
-        let waiting = self.webhooks.pending_by_hook.get(&hook).copied().unwrap_or(0);
+        let Queued { hook, event, job, node } = queued;
+        let id = self.next_delivery;
+        self.next_delivery += 1;
+        let waiting = self.pending_by_hook.get(&hook).copied().unwrap_or(0);
         if waiting >= MAX_PENDING {
             let entry = WebhookDelivery {
                 delivery: id,
@@ -387,14 +407,14 @@ impl<S: Store> Engine<S> {
                 job: job.map(|j| j.0),
                 node,
                 attempt: 0,
-                at: rfc3339(self.now),
+                at: rfc3339(now),
                 outcome: "dropped".into(),
                 status: None,
                 error: Some(format!("{MAX_PENDING} deliveries are waiting for the receiver already")),
             };
-            return self.store.add_webhook_log(hook, &entry);
+            return store.add_webhook_log(hook, &entry);
         }
-        let format = self.webhooks.hooks[&hook].format.clone();
+        let format = self.hooks[&hook].format.clone();
         let row = DeliveryRow {
             id,
             webhook: hook,
@@ -402,12 +422,12 @@ impl<S: Store> Engine<S> {
             job,
             node,
             body: body(id, &format),
-            created_ms: self.now,
+            created_ms: now,
         };
-        self.store.put_delivery(&row)?;
-        self.outbox.webhook_sends.push(Command::Send(delivery(&self.webhooks.hooks[&hook], &row)));
-        *self.webhooks.pending_by_hook.entry(hook).or_insert(0) += 1;
-        self.webhooks.pending.insert(id, row);
+        store.put_delivery(&row)?;
+        outbox.webhook_sends.push(Command::Send(delivery(&self.hooks[&hook], &row)));
+        *self.pending_by_hook.entry(hook).or_insert(0) += 1;
+        self.pending.insert(id, row);
         Ok(())
     }
 }

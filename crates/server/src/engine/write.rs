@@ -8,53 +8,15 @@ use super::*;
 impl<S: Store> Engine<S> {
     /// Records `event` of job `id` at the batch's instant.
     pub(super) fn event(&mut self, id: JobId, event: Event) -> Written {
-        let at_ms = self.now;
-        let attempt = self.jobs.get(&id).map_or(Attempt(0), |j| j.attempt);
-        let kind = event.kind();
-        let event = JobEvent { at: rfc3339(at_ms), at_ms, attempt: attempt.0, event, text: String::new() };
-        self.outbox.changed = true;
-        self.store.add_event(id, &event)?;
-        self.job_webhooks(id, &event)?;
-        // Every event is in the job's timeline. The log has the ones an
-        // operator follows; the steps every job takes on its way (a fleet's
-        // fill is hundreds of thousands of them) are logged at debug.
-        // Written once the batch has committed (`Outbox::write_log`).
-        let routine = matches!(
-            kind,
-            EventKind::Submitted
-                | EventKind::Admitted
-                | EventKind::Placed
-                | EventKind::Started
-                | EventKind::Checkpoint
-                | EventKind::Restored
-                | EventKind::Resumed
-                | EventKind::Exited
-        );
-        let logged = if routine {
-            tracing::enabled!(tracing::Level::DEBUG)
-        } else {
-            tracing::enabled!(tracing::Level::INFO)
-        };
-        if logged {
-            self.outbox.log.push(Logged { job: id, attempt, routine, event: event.event });
-        }
-        Ok(())
+        let (jobs, _, _, mut writes) = self.parts();
+        writes.job_event(id, jobs.get(&id), event)
     }
 
     /// Writes job `id`'s record, and counts it as it is now. A job that
     /// has just finished leaves memory `keep_finished` from now.
     pub(super) fn save(&mut self, id: JobId) -> Written {
-        self.outbox.changed = true;
-        let table::Saved { finishing, stored_state } = self.jobs.saved(id, self.now);
-        let job = &self.jobs[&id];
-        let columns =
-            crate::store::JobColumns { stored_state: stored_state.map(JobState::as_str), ..job.columns() };
-        self.store.put_job(id, &columns, job)?;
-        let keep = self.config.keep_output.as_millis();
-        if finishing && keep > 0 && !job.no_output {
-            self.store.expire_output(id, self.now.saturating_add(keep))?;
-        }
-        Ok(())
+        let (jobs, _, _, mut writes) = self.parts();
+        effects::save(jobs, &mut writes, id)
     }
 
     /// Removes the output of finished jobs kept `keep_output`, once a

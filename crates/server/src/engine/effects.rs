@@ -1,0 +1,151 @@
+//! The seam between the writer's handlers and what they cause beyond the
+//! parts of the writer they are given: the store's writes and the batch's
+//! outbox. A handler over parts (`deadline::judge`, …) takes the job table
+//! and the core it changes, and an `Effects` for the rest; the writer's
+//! `Writes` writes the store in the batch's transaction and queues for
+//! after the commit, and a test's `Effects` records, with no store, clock
+//! or network (HyperQueue's reactor over `&mut Core` and a `Comm`).
+
+use super::table::{JobTable, Saved};
+use super::*;
+
+/// What handlers cause beyond the state they change.
+pub(super) trait Effects {
+    /// The batch's instant: every time written in a batch is this one.
+    fn now(&self) -> u64;
+    /// Records `event` in `job`'s timeline, at its live attempt, for its
+    /// tenant's webhooks and the log.
+    fn event(&mut self, job: &JobRecord, event: Event) -> Written;
+    /// Writes `job`'s record; `saved` says what saving it changed.
+    fn put_job(&mut self, job: &JobRecord, saved: Saved) -> Written;
+    /// Queues `action` in `node`'s command stream, sent once the batch
+    /// commits.
+    fn send(&mut self, node: &str, action: Action);
+}
+
+/// Saves job `id`: the table's bookkeeping, then its record written.
+pub(super) fn save(jobs: &mut JobTable, fx: &mut impl Effects, id: JobId) -> Written {
+    let saved = jobs.saved(id, fx.now());
+    fx.put_job(&jobs[&id], saved)
+}
+
+/// The writer's effects: the parts of the engine its writes touch.
+pub(super) struct Writes<'a, S: Store> {
+    pub store: &'a mut S,
+    pub outbox: &'a mut Outbox,
+    pub webhooks: &'a mut webhooks::Webhooks,
+    pub tenants: &'a Tenants,
+    pub config: &'a EngineConfig,
+    pub now: u64,
+}
+
+impl<S: Store> Writes<'_, S> {
+    /// Records `event` of job `id` (`job`, when it is in the table; an
+    /// event of one that is not is at no attempt and for no webhook).
+    pub fn job_event(&mut self, id: JobId, job: Option<&JobRecord>, event: Event) -> Written {
+        let at_ms = self.now;
+        let attempt = job.map_or(Attempt(0), |j| j.attempt);
+        let kind = event.kind();
+        let event = JobEvent { at: rfc3339(at_ms), at_ms, attempt: attempt.0, event, text: String::new() };
+        self.outbox.changed = true;
+        self.store.add_event(id, &event)?;
+        if let Some(job) = job {
+            let tenant = self.tenants.names.get(&job.tenant).map_or("", String::as_str);
+            self.webhooks.job_event(self.store, self.outbox, job, tenant, &event)?;
+        }
+        // Every event is in the job's timeline. The log has the ones an
+        // operator follows; the steps every job takes on its way (a fleet's
+        // fill is hundreds of thousands of them) are logged at debug.
+        // Written once the batch has committed (`Outbox::write_log`).
+        let routine = matches!(
+            kind,
+            EventKind::Submitted
+                | EventKind::Admitted
+                | EventKind::Placed
+                | EventKind::Started
+                | EventKind::Checkpoint
+                | EventKind::Restored
+                | EventKind::Resumed
+                | EventKind::Exited
+        );
+        let logged = if routine {
+            tracing::enabled!(tracing::Level::DEBUG)
+        } else {
+            tracing::enabled!(tracing::Level::INFO)
+        };
+        if logged {
+            self.outbox.log.push(Logged { job: id, attempt, routine, event: event.event });
+        }
+        Ok(())
+    }
+}
+
+impl<S: Store> Effects for Writes<'_, S> {
+    fn now(&self) -> u64 {
+        self.now
+    }
+
+    fn event(&mut self, job: &JobRecord, event: Event) -> Written {
+        self.job_event(job.id, Some(job), event)
+    }
+
+    fn put_job(&mut self, job: &JobRecord, saved: Saved) -> Written {
+        self.outbox.changed = true;
+        let stored_state = saved.stored_state.map(JobState::as_str);
+        let columns = crate::store::JobColumns { stored_state, ..job.columns() };
+        self.store.put_job(job.id, &columns, job)?;
+        let keep = self.config.keep_output.as_millis();
+        if saved.finishing && keep > 0 && !job.no_output {
+            self.store.expire_output(job.id, self.now.saturating_add(keep))?;
+        }
+        Ok(())
+    }
+
+    fn send(&mut self, node: &str, action: Action) {
+        self.outbox.push(node, action);
+    }
+}
+
+impl<S: Store> Engine<S> {
+    /// The job table, the core and the writer's effects, borrowed apart:
+    /// what a handler over parts is given.
+    pub(super) fn parts(&mut self) -> (&mut JobTable, &mut State, &EngineConfig, Writes<'_, S>) {
+        let Engine { store, outbox, webhooks, tenants, config, now, jobs, core, .. } = self;
+        let config: &EngineConfig = config;
+        let writes = Writes { store, outbox, webhooks, tenants, config, now: *now };
+        (jobs, core, config, writes)
+    }
+}
+
+/// Effects as a test sees them: what would have been written and sent.
+#[cfg(test)]
+#[derive(Default)]
+pub(super) struct Recorded {
+    pub now: u64,
+    /// Each event, with its job.
+    pub events: Vec<(JobId, Event)>,
+    /// Each record written, as it was then.
+    pub saved: Vec<JobRecord>,
+    pub sent: Vec<(String, Action)>,
+}
+
+#[cfg(test)]
+impl Effects for Recorded {
+    fn now(&self) -> u64 {
+        self.now
+    }
+
+    fn event(&mut self, job: &JobRecord, event: Event) -> Written {
+        self.events.push((job.id, event));
+        Ok(())
+    }
+
+    fn put_job(&mut self, job: &JobRecord, _saved: Saved) -> Written {
+        self.saved.push(job.clone());
+        Ok(())
+    }
+
+    fn send(&mut self, node: &str, action: Action) {
+        self.sent.push((node.to_string(), action));
+    }
+}
