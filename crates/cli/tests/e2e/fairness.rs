@@ -2,7 +2,7 @@
 //! loopback, real job processes and signals), through the CLI as two
 //! tenants and their operator use it.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::support::{events, wait_for, Cluster, Options};
 use serde_json::Value;
@@ -122,15 +122,10 @@ fn with_fair_share_preemption_a_late_tenant_starts_within_the_drain_window() {
     });
     std::thread::sleep(Duration::from_secs(2)); // past --min-runtime
     let late: Vec<u64> = (0..2).map(|_| c.submit_as(&b, &["--", "sleep", "600"])).collect();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let job = loop {
+    let job = wait_for("beta's job to reclaim its share or run", Duration::from_secs(10), || {
         let job = c.job(late[0]);
-        if job["pending_reason"] == "reclaiming_share" || job["state"] == "running" {
-            break job;
-        }
-        assert!(Instant::now() < deadline, "beta's job waits: {job}");
-        std::thread::sleep(Duration::from_millis(100));
-    };
+        (job["pending_reason"] == "reclaiming_share" || job["state"] == "running").then_some(job)
+    });
     if job["state"] != "running" {
         let detail = job["pending_detail"].as_str().unwrap();
         assert!(

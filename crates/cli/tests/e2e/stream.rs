@@ -4,7 +4,7 @@
 use std::io::{BufRead, BufReader};
 use std::time::{Duration, Instant};
 
-use crate::support::{Cluster, Options};
+use crate::support::{wait_for, Cluster, Options};
 
 /// The next `data:` line's sequence number.
 fn next_seq(lines: &mut impl Iterator<Item = std::io::Result<String>>) -> u64 {
@@ -90,12 +90,7 @@ fn a_tenant_cannot_hold_more_than_its_share_of_streams_open() {
     assert_eq!(open(&c.admin).status(), 200);
     // A closed stream gives its place back.
     drop(held);
-    let reopened = (0..50).find_map(|_| {
-        let r = open(token);
-        (r.status() == 200).then_some(r).or_else(|| {
-            std::thread::sleep(Duration::from_millis(100));
-            None
-        })
+    wait_for("the tenant's closed stream to be given back", Duration::from_secs(5), || {
+        (open(token).status() == 200).then_some(())
     });
-    assert!(reopened.is_some(), "the tenant's closed streams were never given back");
 }
