@@ -58,6 +58,9 @@ pub struct Counters {
     pub lost_gpu_seconds: f64,
     pub passes: u64,
     pub pass_seconds: f64,
+    /// Batches the writer committed; each ran the scheduler after its
+    /// messages (a tick's at least every 250 ms).
+    pub batches: u64,
     /// Agents' command polls taken by the writer, those answered without
     /// it (quiet nodes: idle, healthy, nothing waiting), and those
     /// answered with the commands of the commit that woke them.
@@ -95,6 +98,7 @@ impl Default for Counters {
             lost_gpu_seconds: 0.0,
             passes: 0,
             pass_seconds: 0.0,
+            batches: 0,
             polls_writer: 0,
             registrations: 0,
             starts_ahead: 0,
@@ -408,6 +412,11 @@ fn register_operations(registry: &mut Registry, s: &Snapshot) {
     drills.get_or_create(&labels(&[("verdict", "failed")])).inc_by(c.drills_failed);
     registry.register("drills", "Drills (ebb drill) concluded since the server started, by verdict", drills);
     registry.register("scheduling_passes", "Plans applied since the server started", counter(c.passes));
+    registry.register(
+        "writer_batches",
+        "Batches the writer committed since the server started, each with a scheduling pass",
+        counter(c.batches),
+    );
     registry.register_with_unit(
         "scheduling",
         "Time spent planning since the server started",
@@ -442,6 +451,7 @@ mod tests {
             "ebb_checkpoints_total".into(),
             "ebb_lost_gpu_seconds_total".into(),
             "ebb_scheduling_passes_total".into(),
+            "ebb_writer_batches_total".into(),
             "ebb_scheduling_seconds_total".into(),
             "ebb_agent_polls_total{answered=\"writer\"}".into(),
             "ebb_agent_polls_total{answered=\"quiet\"}".into(),

@@ -165,7 +165,7 @@ fn undrain_and_releasing_a_reclaim_undo_what_the_operator_did_and_a_reclaim_surv
     let first = c.submit(&["--gpus", "2", "--", "sleep", "600"]);
     let second = c.submit(&["--gpus", "2", "--", "sleep", "600"]);
     c.wait_state(first, "running");
-    std::thread::sleep(Duration::from_millis(500));
+    c.after_passes(2);
     assert_eq!(c.job(second)["state"], "queued", "a drained node took work");
     assert!(c.ebb(&["undrain", "node-1"]).contains("node-1: up"));
     let job = c.wait_state(second, "running");
@@ -188,7 +188,7 @@ fn undrain_and_releasing_a_reclaim_undo_what_the_operator_did_and_a_reclaim_surv
     c.kill_server();
     c.start_server();
     c.wait_nodes_up(2);
-    std::thread::sleep(Duration::from_millis(500));
+    c.after_passes(2);
     assert_eq!(c.job(first)["state"], "queued", "the reclaim was forgotten");
     let said = c.ebb(&["reclaim", "--release"]);
     assert!(

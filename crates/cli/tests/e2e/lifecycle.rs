@@ -277,7 +277,7 @@ fn non_preemptible_work_is_never_drained_and_acknowledged_jobs_survive_kill_9() 
     let od = c.submit(&["--tier", "on-demand", "--gpus", "2", "--", "sleep", "60"]);
     c.wait_state(od, "running");
     let waiting = c.submit(&["--tier", "on-demand", "--gpus", "2", "--", "sleep", "60"]);
-    std::thread::sleep(Duration::from_millis(500));
+    c.after_passes(2);
     assert_eq!(c.job(waiting)["state"], "queued", "nothing to preempt: an on-demand job waits");
     assert!(!events(&c.job(od)).contains(&"drain_notice".to_string()));
     // Acknowledged submissions, then kill -9 of the server at once.
@@ -407,7 +407,7 @@ fn job_scripts_arrays_and_operator_drain_and_reclaim() {
         notice["detail"]["reason"].as_str().unwrap().contains(&format!("node {pre_node} drained")),
         "{notice}"
     );
-    std::thread::sleep(Duration::from_millis(300));
+    c.after_passes(2);
     assert_eq!(c.job(pre)["state"], "queued", "the drained node takes no new work");
     assert_eq!(c.job(od)["state"], "running");
     // Reclaim: with the on-demand job gone, the preemptible one runs on the
@@ -421,7 +421,7 @@ fn job_scripts_arrays_and_operator_drain_and_reclaim() {
         j["state"] == "queued" && j["preemptions"] == 2
     });
     assert!(events(&job).iter().filter(|k| *k == "drain_notice").count() == 2);
-    std::thread::sleep(Duration::from_millis(300));
+    c.after_passes(2);
     assert_eq!(c.job(pre)["state"], "queued", "preemptible work stays under the reclaim limit");
     c.assert_no_double_booking();
 }
@@ -470,7 +470,7 @@ fn a_server_restarted_mid_drain_keeps_the_hold_and_evicts_no_one_else() {
     c.kill_server();
     c.start_server();
     c.wait_nodes_up(1);
-    std::thread::sleep(Duration::from_millis(800));
+    c.after_passes(3);
     assert_eq!(c.job(od)["state"], "queued");
     let bystander_job = c.job(bystander);
     assert_eq!(bystander_job["state"], "running");
@@ -536,7 +536,7 @@ fn a_service_with_restart_always_runs_again_after_each_exit_until_cancelled() {
     c.ebb(&["cancel", &service.to_string()]);
     let cancelled = c.wait_state(service, "cancelled");
     let attempts = cancelled["attempt"].as_u64().unwrap();
-    std::thread::sleep(Duration::from_millis(600));
+    c.after_passes(3);
     assert_eq!(c.job(service)["attempt"].as_u64(), Some(attempts), "a cancelled service does not come back");
     // Every run is billed, each with its own outcome.
     let usage = c.job(service)["usage"].as_array().unwrap().clone();

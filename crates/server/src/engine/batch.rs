@@ -68,6 +68,7 @@ impl<S: Store> Engine<S> {
         let committed = applied.and_then(|()| self.store.commit().map_err(|e| format!("commit failed: {e}")));
         match committed {
             Ok(()) => {
+                self.counters.batches += 1;
                 self.outbox.deliver();
                 Ok(())
             }

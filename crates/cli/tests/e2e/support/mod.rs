@@ -232,6 +232,24 @@ impl Cluster {
         answer.text().unwrap()
     }
 
+    /// The batches the writer has committed (`ebb_writer_batches_total`).
+    pub fn writer_batches(&self) -> u64 {
+        let metrics = self.metrics();
+        let line =
+            metrics.lines().find(|l| l.starts_with("ebb_writer_batches_total ")).expect("the batch count");
+        line.rsplit(' ').next().unwrap().parse().expect("a count")
+    }
+
+    /// Waits until the writer has committed `n` more batches than now,
+    /// each with a scheduling pass (a tick's at least every 250 ms): what
+    /// the scheduler would do with what it holds now, it has done.
+    pub fn after_passes(&self, n: u64) {
+        let from = self.writer_batches();
+        wait_for("the writer's next batches", Duration::from_secs(20), || {
+            (self.writer_batches() >= from + n).then_some(())
+        });
+    }
+
     /// The server's process, while this cluster runs it: the same pid
     /// before and after a request says the request did not stop it.
     pub fn server_pid(&self) -> u32 {
