@@ -52,6 +52,27 @@ impl JobState {
 }
 
 impl JobRecord {
+    /// The job as the scheduling core takes it.
+    pub(super) fn core_spec(&self, core: &State) -> JobSpec {
+        JobSpec {
+            id: self.id,
+            tenant: self.tenant,
+            tier: self.tier,
+            gpus: self.gpus,
+            gpu_model: self.spec.gpu_model.as_deref().and_then(|m| core.model_by_name(m)),
+            // A promoted job queues on-demand from its promotion (see
+            // `State::promote`), after a restart too.
+            submitted_at: Time(
+                self.deadline
+                    .as_ref()
+                    .and_then(|d| d.promoted.as_ref())
+                    .map_or(self.submitted_ms, |p| p.at_ms.max(self.submitted_ms)),
+            ),
+            priority: self.spec.priority,
+            max_preemptions: self.spec.max_preemptions,
+        }
+    }
+
     /// What the store keeps of it as columns.
     pub fn columns(&self) -> crate::store::JobColumns<'_> {
         crate::store::JobColumns {

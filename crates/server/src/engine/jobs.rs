@@ -1,6 +1,8 @@
 //! Job commands: submission (arrays and sweeps expanded), cancel, tenants' limits and admission.
 
+use super::effects::{self, Effects};
 use super::ending::{cancel_deadline, cancel_grace_ms, cancel_stop};
+use super::table::JobTable;
 use super::*;
 
 /// The largest fair-share weight a tenant may be given.
@@ -625,14 +627,8 @@ impl<S: Store> Engine<S> {
 
     /// Jobs whose restart back-off is over go back to the scheduler.
     pub(super) fn end_backoffs(&mut self, now: u64) -> Written {
-        while let Some((_, id)) = self.jobs.backoff.pop_due(now) {
-            self.jobs.get_mut(&id).expect("backed-off job").waiting = None;
-            if let Err(e) = self.restore_queued(id) {
-                tracing::error!(job = id.0, "back-off over, but not requeued: {}", e.message);
-            }
-            self.save(id)?;
-        }
-        Ok(())
+        let (jobs, core, _, mut fx) = self.parts();
+        end_backoffs(jobs, core, &mut fx, now)
     }
 
     pub(super) fn create_tenant(&mut self, name: String) -> Result<ebb_api::TenantCreated, Fail> {
@@ -750,6 +746,24 @@ fn check_registry_host(registry: &str) -> Result<(), Refusal> {
 /// A registry login's row, as its sealed password's associated data.
 pub(super) fn login_row(tenant: TenantId, registry: &str) -> String {
     format!("registry login of tenant {tenant} for {registry}")
+}
+
+/// Jobs whose restart back-off is over by `now` go back to the scheduler.
+pub(super) fn end_backoffs(
+    jobs: &mut JobTable,
+    core: &mut State,
+    fx: &mut impl Effects,
+    now: u64,
+) -> Written {
+    while let Some((_, id)) = jobs.backoff.pop_due(now) {
+        let job = jobs.get_mut(&id).expect("backed-off job");
+        job.waiting = None;
+        if let Err(e) = super::recovery::restore_queued(job, core) {
+            tracing::error!(job = id.0, "back-off over, but not requeued: {}", e.message);
+        }
+        effects::save(jobs, fx, id)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -384,27 +384,9 @@ impl<S: Store> Engine<S> {
         Ok(notes)
     }
 
-    /// Puts a queued job back into the core, with the attempts it has had.
+    /// [`restore_queued`] of job `id`.
     pub(super) fn restore_queued(&mut self, id: JobId) -> Result<(), Refusal> {
-        let job = &self.jobs[&id];
-        // A number spent on a start sent ahead is not used again.
-        let (attempt, preemptions) = (job.attempt.max(job.spent_attempt), job.preemptions);
-        self.core
-            .restore_queued(self.spec_of(id), attempt, preemptions)
-            .map_err(|e| Refusal::internal(e.to_string()))?;
-        self.restore_drilled(id).map_err(Refusal::internal)
-    }
-
-    /// Tells the core a restored job was requeued by a drill since it was
-    /// last preempted, where its record says so.
-    fn restore_drilled(&mut self, id: JobId) -> Result<(), String> {
-        if self.jobs[&id].requeued_itself {
-            self.core.restore_requeued_itself(id).map_err(|e| e.to_string())?;
-        }
-        match self.jobs[&id].drilled_since_preempted {
-            true => self.core.restore_drilled(id).map_err(|e| e.to_string()),
-            false => Ok(()),
-        }
+        restore_queued(&self.jobs[&id], &mut self.core)
     }
 
     /// Puts a job that was running before a restart back into the core.
@@ -434,7 +416,7 @@ impl<S: Store> Engine<S> {
                 },
             )
             .map_err(|e| e.to_string())?;
-        self.restore_drilled(id)
+        restore_marks(&self.jobs[&id], &mut self.core).map_err(|e| e.to_string())
     }
 
     /// The core's reason for a stored drain (its node by name).
@@ -485,24 +467,7 @@ impl<S: Store> Engine<S> {
     }
 
     pub(super) fn spec_of(&self, id: JobId) -> JobSpec {
-        let job = &self.jobs[&id];
-        JobSpec {
-            id,
-            tenant: job.tenant,
-            tier: job.tier,
-            gpus: job.gpus,
-            gpu_model: job.spec.gpu_model.as_deref().and_then(|m| self.core.model_by_name(m)),
-            // A promoted job queues on-demand from its promotion (see
-            // `State::promote`), after a restart too.
-            submitted_at: Time(
-                job.deadline
-                    .as_ref()
-                    .and_then(|d| d.promoted.as_ref())
-                    .map_or(job.submitted_ms, |p| p.at_ms.max(job.submitted_ms)),
-            ),
-            priority: job.spec.priority,
-            max_preemptions: job.spec.max_preemptions,
-        }
+        self.jobs[&id].core_spec(&self.core)
     }
 
     pub(super) fn core_reservation(&self, r: &ReservationRow) -> Result<ebb_scheduler::Reservation, Refusal> {
@@ -544,4 +509,26 @@ impl From<Refusal> for OpenError {
 /// The GPU indices a mask names, in order.
 pub(super) fn gpu_indices(mask: u64) -> Vec<u8> {
     (0..64u8).filter(|g| mask & (1 << g) != 0).collect()
+}
+
+/// Puts queued `job` back into the core, with the attempts it has had and
+/// what a drill or its own requeue told the core of it.
+pub(super) fn restore_queued(job: &JobRecord, core: &mut State) -> Result<(), Refusal> {
+    // A number spent on a start sent ahead is not used again.
+    let attempt = job.attempt.max(job.spent_attempt);
+    let internal = |e: ebb_scheduler::StateError| Refusal::internal(e.to_string());
+    core.restore_queued(job.core_spec(core), attempt, job.preemptions).map_err(internal)?;
+    restore_marks(job, core).map_err(internal)
+}
+
+/// Tells the core what `job`'s record says of its requeues since it was
+/// last preempted: it requeued itself, or a drill requeued it.
+fn restore_marks(job: &JobRecord, core: &mut State) -> Result<(), ebb_scheduler::StateError> {
+    if job.requeued_itself {
+        core.restore_requeued_itself(job.id)?;
+    }
+    if job.drilled_since_preempted {
+        core.restore_drilled(job.id)?;
+    }
+    Ok(())
 }
