@@ -565,9 +565,8 @@ impl Store for PgStore {
     }
 
     fn put_job<J: Serialize>(&mut self, id: JobId, c: &JobColumns, job: &J) -> Result<()> {
-        let id = id.0;
         let row = JobValues {
-            id: big(id),
+            id: big(id.0),
             tenant: i64::from(c.tenant.0),
             record: serde_json::to_string(job)?,
             state: c.state.to_string(),
@@ -579,10 +578,10 @@ impl Store for PgStore {
             attempt: i64::from(c.attempt.0),
             preemptions: i64::from(c.preemptions),
         };
-        match self.pending.at.get(&id) {
+        match self.pending.at.get(&id.0) {
             Some(&i) => self.pending.jobs[i] = row,
             None => {
-                self.pending.at.insert(id, self.pending.jobs.len());
+                self.pending.at.insert(id.0, self.pending.jobs.len());
                 self.pending.jobs.push(row);
             }
         }
@@ -591,8 +590,7 @@ impl Store for PgStore {
     }
 
     fn job<J: JobRow>(&mut self, id: JobId) -> Result<Option<J>> {
-        let id = id.0;
-        Ok(self.records("SELECT record FROM jobs WHERE id = $1", &[&big(id)])?.pop())
+        Ok(self.records("SELECT record FROM jobs WHERE id = $1", &[&big(id.0)])?.pop())
     }
 
     fn job_page<J: JobRow>(&mut self, query: &JobPageQuery) -> Result<JobRows<J>> {
@@ -621,20 +619,18 @@ impl Store for PgStore {
     }
 
     fn array_states(&mut self, array: JobId) -> Result<Vec<(String, u64)>> {
-        let array = array.0;
         let stmt = self.statement(
             "SELECT state, COUNT(*) FROM jobs WHERE array_id = $1 GROUP BY state ORDER BY state",
         )?;
-        let rows = self.db()?.query(&stmt, &[&big(array)])?;
+        let rows = self.db()?.query(&stmt, &[&big(array.0)])?;
         Ok(rows.iter().map(|r| (r.get(0), r.get::<_, i64>(1) as u64)).collect())
     }
 
     fn array_tasks(&mut self, array: JobId) -> Result<Vec<TaskRow>> {
-        let array = array.0;
         let stmt = self.statement(
             "SELECT id, array_index, state, attempt, preemptions FROM jobs WHERE array_id = $1 ORDER BY id",
         )?;
-        let rows = self.db()?.query(&stmt, &[&big(array)])?;
+        let rows = self.db()?.query(&stmt, &[&big(array.0)])?;
         Ok(rows
             .iter()
             .map(|r| TaskRow {
@@ -665,22 +661,20 @@ impl Store for PgStore {
     }
 
     fn add_event(&mut self, job: JobId, e: &JobEvent) -> Result<()> {
-        let job = job.0;
-        let row = (big(job), big(e.at_ms), e.kind().as_str(), i64::from(e.attempt), e.event.detail_json());
+        let row = (big(job.0), big(e.at_ms), e.kind().as_str(), i64::from(e.attempt), e.event.detail_json());
         self.pending.events.push(row);
         self.held();
         Ok(())
     }
 
     fn events(&mut self, job: JobId) -> Result<Vec<JobEvent>> {
-        let job = job.0;
         let stmt =
             self.statement("SELECT at_ms, kind, attempt, detail FROM events WHERE job = $1 ORDER BY seq")?;
         let mut events = Vec::new();
-        for r in self.db()?.query(&stmt, &[&big(job)])? {
+        for r in self.db()?.query(&stmt, &[&big(job.0)])? {
             let at_ms = r.get::<_, i64>(0) as u64;
             let kind = r.get::<_, &str>(1).parse().map_err(StoreError)?;
-            let event = crate::store::stored_event(job, kind, r.get::<_, &str>(3));
+            let event = crate::store::stored_event(job.0, kind, r.get::<_, &str>(3));
             events.push(JobEvent {
                 at: crate::rfc3339(at_ms),
                 at_ms,
@@ -750,16 +744,14 @@ impl Store for PgStore {
     }
 
     fn job_usage(&mut self, job: JobId) -> Result<Vec<UsageRow>> {
-        let job = job.0;
-        self.records("SELECT record FROM usage WHERE job = $1 ORDER BY attempt", &[&big(job)])
+        self.records("SELECT record FROM usage WHERE job = $1 ORDER BY attempt", &[&big(job.0)])
     }
 
     fn put_tenant_limits(&mut self, tenant: TenantId, limits: &ebb_api::TenantLimits) -> Result<()> {
-        let tenant = tenant.0;
         self.exec(
             "INSERT INTO tenant_limits (tenant, record) VALUES ($1, $2)
              ON CONFLICT (tenant) DO UPDATE SET record = EXCLUDED.record",
-            &[&i64::from(tenant), &serde_json::to_string(limits)?],
+            &[&i64::from(tenant.0), &serde_json::to_string(limits)?],
         )
     }
 
@@ -769,23 +761,21 @@ impl Store for PgStore {
         registry: &str,
         login: Option<&ebb_api::RegistryLogin>,
     ) -> Result<()> {
-        let tenant = tenant.0;
         match login {
             Some(login) => self.exec(
                 "INSERT INTO registry_logins (tenant, registry, record) VALUES ($1, $2, $3)
                  ON CONFLICT (tenant, registry) DO UPDATE SET record = EXCLUDED.record",
-                &[&i64::from(tenant), &registry, &serde_json::to_string(login)?],
+                &[&i64::from(tenant.0), &registry, &serde_json::to_string(login)?],
             ),
             None => self.exec(
                 "DELETE FROM registry_logins WHERE tenant = $1 AND registry = $2",
-                &[&i64::from(tenant), &registry],
+                &[&i64::from(tenant.0), &registry],
             ),
         }
     }
 
     fn log_state(&mut self, job: JobId) -> Result<Option<LogState>> {
-        let job = job.0;
-        Ok(self.records("SELECT record FROM logs WHERE job = $1", &[&big(job)])?.pop())
+        Ok(self.records("SELECT record FROM logs WHERE job = $1", &[&big(job.0)])?.pop())
     }
 
     fn file_logs(&mut self) -> Result<Vec<(JobId, LogState)>> {
@@ -800,10 +790,9 @@ impl Store for PgStore {
     }
 
     fn put_log_state(&mut self, job: JobId, state: &LogState) -> Result<()> {
-        let job = job.0;
         self.exec(
             "INSERT INTO logs (job, record) VALUES ($1, $2) ON CONFLICT (job) DO UPDATE SET record = EXCLUDED.record",
-            &[&big(job), &serde_json::to_string(state)?],
+            &[&big(job.0), &serde_json::to_string(state)?],
         )
     }
 
@@ -831,37 +820,33 @@ impl Store for PgStore {
     }
 
     fn put_output(&mut self, job: JobId, offset: u64, data: &[u8], node: Option<&str>) -> Result<()> {
-        let job = job.0;
-        self.pending.output.push((big(job), big(offset), data.to_vec(), node.map(str::to_string)));
+        self.pending.output.push((big(job.0), big(offset), data.to_vec(), node.map(str::to_string)));
         self.held();
         Ok(())
     }
 
     fn output_sources(&mut self, job: JobId, from: u64, to: u64) -> Result<Vec<(u64, String)>> {
-        let job = job.0;
         let stmt = self.statement(
             "SELECT start, node FROM output
              WHERE job = $1 AND start < $3 AND start + length(data) > $2 AND node IS NOT NULL ORDER BY start",
         )?;
-        let rows = self.db()?.query(&stmt, &[&big(job), &big(from), &big(to)])?;
+        let rows = self.db()?.query(&stmt, &[&big(job.0), &big(from), &big(to)])?;
         Ok(rows.iter().map(|r| (r.get::<_, i64>(0) as u64, r.get::<_, String>(1))).collect())
     }
 
     fn output_len(&mut self, job: JobId) -> Result<u64> {
-        let job = job.0;
         let stmt =
             self.statement("SELECT COALESCE(MAX(start + length(data)), 0) FROM output WHERE job = $1")?;
-        let len: i64 = self.db()?.query_one(&stmt, &[&big(job)])?.get(0);
+        let len: i64 = self.db()?.query_one(&stmt, &[&big(job.0)])?.get(0);
         Ok(len as u64)
     }
 
     fn expire_output(&mut self, job: JobId, at_ms: u64) -> Result<()> {
-        let job = job.0;
         let stmt = self.statement(
             "INSERT INTO output_expiry (job, at_ms, removed_ms) VALUES ($1, $2, NULL)
              ON CONFLICT (job) DO UPDATE SET at_ms = EXCLUDED.at_ms, removed_ms = NULL",
         )?;
-        self.db()?.execute(&stmt, &[&big(job), &big(at_ms)])?;
+        self.db()?.execute(&stmt, &[&big(job.0), &big(at_ms)])?;
         Ok(())
     }
 
@@ -881,20 +866,18 @@ impl Store for PgStore {
     }
 
     fn output_removed(&mut self, job: JobId) -> Result<Option<u64>> {
-        let job = job.0;
         let stmt = self.statement("SELECT removed_ms FROM output_expiry WHERE job = $1")?;
-        let row = self.db()?.query_opt(&stmt, &[&big(job)])?;
+        let row = self.db()?.query_opt(&stmt, &[&big(job.0)])?;
         Ok(row.and_then(|r| r.get::<_, Option<i64>>(0)).map(|ms| ms as u64))
     }
 
     fn output(&mut self, job: JobId, from: u64, to: u64) -> Result<Vec<u8>> {
-        let job = job.0;
         let stmt = self.statement(
             "SELECT start, data FROM output
              WHERE job = $1 AND start < $3 AND start + length(data) > $2 ORDER BY start",
         )?;
         let mut out = Vec::new();
-        for row in self.db()?.query(&stmt, &[&big(job), &big(from), &big(to)])? {
+        for row in self.db()?.query(&stmt, &[&big(job.0), &big(from), &big(to)])? {
             let (start, data): (i64, &[u8]) = (row.get(0), row.get(1));
             if !crate::store::append_piece(&mut out, from, to, start as u64, data) {
                 break;
