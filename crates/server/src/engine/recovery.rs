@@ -174,7 +174,7 @@ impl<S: Store> Engine<S> {
     fn count_finished(&mut self) -> Result<(), StoreError> {
         for count in self.store.finished_counts()? {
             let (Ok(tier), Some(state)) = (count.tier.parse::<Tier>(), JobState::parse(&count.state)) else {
-                return Err(StoreError(format!(
+                return Err(StoreError::Unreadable(format!(
                     "jobs: a finished job of tier {:?} in state {:?}, which this ebb does not know",
                     count.tier, count.state
                 )));

@@ -74,7 +74,7 @@ impl<S: Store> Engine<S> {
                 .open(&path)
                 .and_then(|mut f| f.write_all(data.as_bytes()))
                 .map_err(|e| {
-                    StoreError(format!("job {id}: cannot append output to {}: {e}", path.display()))
+                    StoreError::Io(format!("job {id}: cannot append output to {}: {e}", path.display()))
                 })?;
             state.bytes += data.len() as u64;
             self.store.put_log_state(id, &state)?;
@@ -132,7 +132,7 @@ impl<S: Store> Engine<S> {
         };
         match cut() {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                Err(StoreError(format!("job {id}: cannot cut {}: {e}", path.display())))
+                Err(StoreError::Io(format!("job {id}: cannot cut {}: {e}", path.display())))
             }
             _ => Ok(()),
         }

@@ -22,19 +22,46 @@ mod sqlite;
 pub(crate) use page::{job_page_sql, PageArg};
 pub use sqlite::SqliteStore;
 
+/// Why a store operation failed. Any failure abandons the batch it was
+/// in; `retryable` says whether the same operation may succeed later.
 #[derive(Debug, thiserror::Error)]
-#[error("storage: {0}")]
-pub struct StoreError(pub String);
+pub enum StoreError {
+    /// The database failed or refused the operation, in its words.
+    #[error("storage: {0}")]
+    Database(String),
+    /// The connection to the database failed: a new one (a restarted
+    /// server, another server) may succeed.
+    #[error("storage: {0}")]
+    Connection(String),
+    /// What the store holds does not read: a record, an event's kind, a
+    /// schema newer than this release.
+    #[error("storage: {0}")]
+    Unreadable(String),
+    /// Another server took the lease: this one no longer leads, and
+    /// writes nothing more (`leader.rs`).
+    #[error("storage: deposed: {0}")]
+    Deposed(String),
+    /// A file beside the database (a job's log, the write-ahead log) or a
+    /// thread the store needs could not be used.
+    #[error("storage: {0}")]
+    Io(String),
+}
+
+impl StoreError {
+    pub fn retryable(&self) -> bool {
+        matches!(self, StoreError::Connection(_))
+    }
+}
 
 impl From<rusqlite::Error> for StoreError {
     fn from(e: rusqlite::Error) -> Self {
-        StoreError(e.to_string())
+        StoreError::Database(e.to_string())
     }
 }
 
 impl From<serde_json::Error> for StoreError {
     fn from(e: serde_json::Error) -> Self {
-        StoreError(e.to_string())
+        StoreError::Unreadable(e.to_string())
     }
 }
 

@@ -25,8 +25,9 @@ impl From<postgres::Error> for StoreError {
     /// says nothing of what failed.
     fn from(e: postgres::Error) -> Self {
         match e.as_db_error() {
-            Some(db) => StoreError(format!("{e}: {} ({})", db.message(), db.code().code())),
-            None => StoreError(e.to_string()),
+            Some(db) => StoreError::Database(format!("{e}: {} ({})", db.message(), db.code().code())),
+            None if e.is_closed() => StoreError::Connection(e.to_string()),
+            None => StoreError::Database(e.to_string()),
         }
     }
 }
@@ -96,7 +97,7 @@ impl Ahead {
                     let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                         session.lock().unwrap_or_else(|e| e.into_inner()).write(chunk)
                     }))
-                    .unwrap_or_else(|_| Err(StoreError("writing rows sent ahead panicked".into())));
+                    .unwrap_or_else(|_| Err(StoreError::Io("writing rows sent ahead panicked".into())));
                     let (state, cv) = &*state;
                     let mut state = state.lock().unwrap_or_else(|e| e.into_inner());
                     state.written += 1;
@@ -216,8 +217,9 @@ impl PgStore {
     /// key-value string; TLS as libpq's `sslmode` and `sslrootcert` ask,
     /// see [`pg_tls`](super::pg_tls)) and brings its schema to this ebb's.
     pub fn open(url: &str) -> Result<PgStore> {
-        let target = super::pg_tls::Target::parse(url).map_err(|e| StoreError(format!("--database: {e}")))?;
-        let client = target.connect().map_err(|e| StoreError(format!("--database: {e}")))?;
+        let target = super::pg_tls::Target::parse(url)
+            .map_err(|e| StoreError::Connection(format!("--database: {e}")))?;
+        let client = target.connect().map_err(|e| StoreError::Connection(format!("--database: {e}")))?;
         let session = Arc::new(Mutex::new(Session { client, prepared: HashMap::new() }));
         let mut store = PgStore { session, lease: None, pending: Pending::default(), ahead: None };
         store.migrate()?;
@@ -386,8 +388,8 @@ impl Store for PgStore {
             if db.query_opt(&stmt, &[&held.epoch, &(held.ms as f64)])?.is_none() {
                 let now: i64 = db.query_one("SELECT epoch FROM leader WHERE id = 1", &[])?.get(0);
                 let _ = db.batch_execute("ROLLBACK");
-                return Err(StoreError(format!(
-                    "deposed: this server led at epoch {}, and the database is at epoch {now}",
+                return Err(StoreError::Deposed(format!(
+                    "this server led at epoch {}, and the database is at epoch {now}",
                     held.epoch
                 )));
             }
@@ -673,7 +675,7 @@ impl Store for PgStore {
         let mut events = Vec::new();
         for r in self.db()?.query(&stmt, &[&big(job.0)])? {
             let at_ms = r.get::<_, i64>(0) as u64;
-            let kind = r.get::<_, &str>(1).parse().map_err(StoreError)?;
+            let kind = r.get::<_, &str>(1).parse().map_err(StoreError::Unreadable)?;
             let event = crate::store::stored_event(job.0, kind, r.get::<_, &str>(3));
             events.push(JobEvent {
                 at: crate::rfc3339(at_ms),

@@ -81,7 +81,7 @@ fn write_log_ahead(conn: &Connection, path: &Path) -> Result<()> {
     use std::os::unix::fs::FileExt;
     let page_size: u64 = conn.pragma_query_value(None, "page_size", |r| r.get(0))?;
     let name = log_path(path);
-    let io = |e: std::io::Error| StoreError(format!("{}: {e}", name.display()));
+    let io = |e: std::io::Error| StoreError::Io(format!("{}: {e}", name.display()));
     // SQLite made the log at its first read: absent, it is left to SQLite.
     let log = match std::fs::OpenOptions::new().write(true).open(&name) {
         Ok(log) => log,
@@ -175,7 +175,7 @@ impl SqliteStore {
                 tracing::warn!("writing the write-ahead log's first {PRESIZED_LOG_FRAMES} frames ahead: {e}");
             }
             if !conn.is_autocommit() {
-                return Err(StoreError("the write-ahead log's lock was not given back".into()));
+                return Err(StoreError::Io("the write-ahead log's lock was not given back".into()));
             }
         }
         let checkpoints = Checkpointer::start(path, synchronous)?;
@@ -210,7 +210,7 @@ impl Checkpointer {
         let thread = std::thread::Builder::new()
             .name("ebb-checkpoint".into())
             .spawn(move || Checkpointer::run(&conn, &woken, &is_due))
-            .map_err(|e| StoreError(format!("cannot start the checkpoint thread: {e}")))?;
+            .map_err(|e| StoreError::Io(format!("cannot start the checkpoint thread: {e}")))?;
         Ok(Checkpointer { changes: 0, due, wake: Some(wake), thread: Some(thread) })
     }
 
@@ -590,7 +590,7 @@ impl Store for SqliteStore {
         let mut events = Vec::new();
         for row in rows {
             let (at_ms, kind, attempt, detail) = row?;
-            let kind = kind.parse().map_err(StoreError)?;
+            let kind = kind.parse().map_err(StoreError::Unreadable)?;
             let event = stored_event(job, kind, &detail);
             events.push(JobEvent { at: crate::rfc3339(at_ms), at_ms, attempt, event, text: String::new() });
         }

@@ -37,7 +37,7 @@ impl<S: Store> Faulty<S> {
                 *n -= 1;
                 if *n == 0 {
                     *armed = None;
-                    return Err(StoreError(format!("injected failure of {op}")));
+                    return Err(StoreError::Io(format!("injected failure of {op}")));
                 }
                 Ok(())
             }

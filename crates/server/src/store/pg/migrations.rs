@@ -126,13 +126,14 @@ impl PgStore {
         };
         let version = usize::try_from(version).unwrap_or(0);
         if version > MIGRATIONS.len() {
-            return Err(StoreError(format!(
+            return Err(StoreError::Unreadable(format!(
                 "the database is at schema version {version}, newer than this ebb ({}): upgrade ebb",
                 MIGRATIONS.len()
             )));
         }
         for (i, step) in MIGRATIONS.iter().enumerate().skip(version) {
-            tx.batch_execute(step).map_err(|e| StoreError(format!("schema migration {}: {e}", i + 1)))?;
+            tx.batch_execute(step)
+                .map_err(|e| StoreError::Database(format!("schema migration {}: {e}", i + 1)))?;
             tx.execute("UPDATE ebb_schema SET version = $1", &[&(i as i64 + 1)])?;
         }
         tx.commit()?;

@@ -111,7 +111,7 @@ pub(super) const MIGRATIONS: &[&str] = &[
 pub(super) fn migrate(conn: &mut Connection) -> Result<()> {
     let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
     if usize::try_from(version).unwrap_or(0) > MIGRATIONS.len() {
-        return Err(StoreError(format!(
+        return Err(StoreError::Unreadable(format!(
             "the database is at schema version {version}, newer than this ebb ({}): upgrade ebb",
             MIGRATIONS.len()
         )));
@@ -119,5 +119,5 @@ pub(super) fn migrate(conn: &mut Connection) -> Result<()> {
     let steps = MIGRATIONS.iter().map(|sql| rusqlite_migration::M::up(sql)).collect();
     rusqlite_migration::Migrations::new(steps)
         .to_latest(conn)
-        .map_err(|e| StoreError(format!("schema migration: {e}")))
+        .map_err(|e| StoreError::Database(format!("schema migration: {e}")))
 }
