@@ -11,29 +11,22 @@ use ebb_api::{Commands, Register, Registered, Report, ReportReply};
 use serde::Deserialize;
 
 /// Why a call to the server failed, by what the caller can do about it.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub(crate) enum CallError {
     /// The server answered 409: register again.
+    #[error("{0}")]
     Reregister(String),
     /// The server refused the request as it is (400, 413, 422, ...):
     /// sending it again would be refused again.
+    #[error("{0}")]
     Refused(String),
     /// The server answered 401 to this node's credential: it was revoked
     /// (`ebb nodes remove`) or is unknown to the server.
+    #[error("{0}")]
     Unauthorized(String),
     /// The server could not be reached, or failed: trying again may help.
+    #[error("{0}")]
     Other(String),
-}
-
-impl std::fmt::Display for CallError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            CallError::Reregister(e)
-            | CallError::Refused(e)
-            | CallError::Unauthorized(e)
-            | CallError::Other(e) => f.write_str(e),
-        }
-    }
 }
 
 /// The server's agent API, as this node.

@@ -244,8 +244,9 @@ pub struct JobRecord {
 }
 
 /// One node's part of a placement: the node, and the GPUs it gives.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(from = "StoredPart")]
+/// Written with names; read in that form or, as records of releases
+/// before parts were named hold it, as a `[node, gpus]` pair.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Part {
     pub node: String,
     pub gpus: Vec<u8>,
@@ -261,20 +262,57 @@ impl Part {
     }
 }
 
-/// A part as records hold it: named fields, or, in records of releases
-/// before parts were named, a `[node, gpus]` pair.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum StoredPart {
-    Named { node: String, gpus: Vec<u8> },
-    Pair(String, Vec<u8>),
+impl<'de> Deserialize<'de> for Part {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Part, D::Error> {
+        deserializer.deserialize_any(PartVisitor)
+    }
 }
 
-impl From<StoredPart> for Part {
-    fn from(stored: StoredPart) -> Part {
-        match stored {
-            StoredPart::Named { node, gpus } | StoredPart::Pair(node, gpus) => Part { node, gpus },
+/// Reads either form of a part as it comes, without buffering it first
+/// (a record is read for every listing of its job).
+struct PartVisitor;
+
+impl<'de> serde::de::Visitor<'de> for PartVisitor {
+    type Value = Part;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a part: {node, gpus} or [node, gpus]")
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Part, A::Error> {
+        use serde::de::Error;
+        let node = seq.next_element()?.ok_or_else(|| A::Error::invalid_length(0, &self))?;
+        let gpus = seq.next_element()?.ok_or_else(|| A::Error::invalid_length(1, &self))?;
+        if seq.next_element::<serde::de::IgnoredAny>()?.is_some() {
+            return Err(A::Error::invalid_length(3, &self));
         }
+        Ok(Part { node, gpus })
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Part, A::Error> {
+        use serde::de::Error;
+        #[derive(Deserialize)]
+        #[serde(field_identifier, rename_all = "lowercase")]
+        enum Field {
+            Node,
+            Gpus,
+            #[serde(other)]
+            Other,
+        }
+        let (mut node, mut gpus) = (None, None);
+        while let Some(key) = map.next_key::<Field>()? {
+            match key {
+                Field::Node => node = Some(map.next_value()?),
+                Field::Gpus => gpus = Some(map.next_value()?),
+                Field::Other => {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(Part {
+            node: node.ok_or_else(|| A::Error::missing_field("node"))?,
+            gpus: gpus.ok_or_else(|| A::Error::missing_field("gpus"))?,
+        })
     }
 }
 
@@ -750,7 +788,22 @@ mod tests {
         assert_eq!(named, pair);
         assert_eq!(serde_json::to_string(&pair).unwrap(), r#"{"node":"node-1","gpus":[0,3]}"#);
         assert!(serde_json::from_str::<Part>(r#"["node-1"]"#).is_err());
+        assert!(serde_json::from_str::<Part>(r#"["node-1", [0], "more"]"#).is_err());
         assert!(serde_json::from_str::<Part>(r#"{"node": "node-1", "gpus": [256]}"#).is_err());
+        assert!(serde_json::from_str::<Part>(r#"{"node": "node-1"}"#).is_err());
+        let later: Part = serde_json::from_str(r#"{"gpus": [1], "since_ms": 5, "node": "n\u0031"}"#).unwrap();
+        assert_eq!(later, Part::new("n1", vec![1]), "a field of a later release is passed over");
+    }
+
+    proptest! {
+        #[test]
+        fn a_part_reads_back_from_either_form(node in ".{0,40}", gpus in proptest::collection::vec(any::<u8>(), 0..16)) {
+            let part = Part::new(node.clone(), gpus.clone());
+            let named: Part = serde_json::from_str(&serde_json::to_string(&part).unwrap()).unwrap();
+            let pair: Part = serde_json::from_str(&serde_json::to_string(&(node, gpus)).unwrap()).unwrap();
+            prop_assert_eq!(&named, &part);
+            prop_assert_eq!(&pair, &part);
+        }
     }
 
     #[test]

@@ -3,6 +3,8 @@
 
 use ebb_scheduler::{Drain, Placement, Plan, Preemption};
 
+use super::effects::{self, Effects};
+use super::table::JobTable;
 use super::*;
 
 /// How a fair-share preemption's notice begins (a restarted server knows
@@ -90,8 +92,15 @@ impl<S: Store> Engine<S> {
     /// A drain notice: the record says draining until the deadline, and
     /// every node of the attempt is told.
     pub(super) fn drained(&mut self, d: &Drain) -> Written {
-        let id = d.job;
-        let (reason, cause) = match d.reason {
+        let said = self.drain_words(d);
+        let (jobs, _, _, mut fx) = self.parts();
+        give_notice(jobs, &mut fx, d, said)
+    }
+
+    /// What drained the attempt `d` drains, in words and as the record
+    /// keeps it (the node by name, the waiting tenant).
+    fn drain_words(&self, d: &Drain) -> (String, Drained) {
+        match d.reason {
             DrainReason::Preempted { by } => {
                 (format!("preempted by job {}", by.0), Drained::Preempted { by })
             }
@@ -108,7 +117,7 @@ impl<S: Store> Engine<S> {
             }
             DrainReason::Drill => (DRILL_REASON.into(), Drained::Drill),
             DrainReason::Quota { tenant } => {
-                let job = &self.jobs[&id];
+                let job = &self.jobs[&d.job];
                 let why = format!(
                     "{QUOTA_REASON} {} borrows past its quota of the {} tier; {} is under its own and waits",
                     self.tenant_name(job.tenant),
@@ -118,7 +127,7 @@ impl<S: Store> Engine<S> {
                 (why, Drained::Quota { waiting: tenant })
             }
             DrainReason::FairShare { tenant } => {
-                let job = &self.jobs[&id];
+                let job = &self.jobs[&d.job];
                 let victim = self.tenant_name(job.tenant);
                 let share = self.core.share(job.tier, job.tenant, Time(d.notice_at.0));
                 let why = format!(
@@ -131,39 +140,7 @@ impl<S: Store> Engine<S> {
                 );
                 (why, Drained::FairShare { waiting: tenant })
             }
-        };
-        let detail = match &cause {
-            Drained::Preempted { by } => DrainCause { by: Some(by.0), node: None },
-            Drained::Node { node } => DrainCause { by: None, node: Some(node.clone()) },
-            _ => DrainCause::default(),
-        };
-        let job = self.jobs.get_mut(&id).expect("known job");
-        job.state = JobState::Draining;
-        job.drain = Some(Box::new(DrainNotice {
-            notice_at_ms: d.notice_at.0,
-            deadline_ms: d.deadline.0,
-            cause,
-            reason: reason.clone(),
-        }));
-        let attempt = AttemptRef { job: id, attempt: d.attempt };
-        let drain = DrainAttempt {
-            attempt,
-            notice_at_ms: d.notice_at.0,
-            deadline_ms: d.deadline.0,
-            reason: reason.clone(),
-        };
-        for node in &job.running_on {
-            self.outbox.push(node, Action::Drain(drain.clone()));
         }
-        self.jobs.note_unstarted(id);
-        let detail = DrainNoticeDetail {
-            reason,
-            notice_at: rfc3339(d.notice_at.0),
-            deadline: rfc3339(d.deadline.0),
-            detail,
-        };
-        self.event(id, Event::DrainNotice(detail))?;
-        self.save(id)
     }
 
     /// A preemptor holds its victims' GPUs until they have drained; its
@@ -250,5 +227,100 @@ impl<S: Store> Engine<S> {
         let detail = PlacedDetail { placement, from_hold: p.from_hold, checkpoint_interval: Some(interval) };
         self.event(id, Event::Placed(detail))?;
         self.save(id)
+    }
+}
+
+/// Gives the live attempt `d` drains its notice, said as `(reason,
+/// cause)`: the record says draining until the deadline, every node of
+/// the attempt is told, and the timeline has it.
+pub(super) fn give_notice(
+    jobs: &mut JobTable,
+    fx: &mut impl Effects,
+    d: &Drain,
+    (reason, cause): (String, Drained),
+) -> Written {
+    let id = d.job;
+    let detail = match &cause {
+        Drained::Preempted { by } => DrainCause { by: Some(by.0), node: None },
+        Drained::Node { node } => DrainCause { by: None, node: Some(node.clone()) },
+        _ => DrainCause::default(),
+    };
+    let job = jobs.get_mut(&id).expect("known job");
+    job.state = JobState::Draining;
+    job.drain = Some(Box::new(DrainNotice {
+        notice_at_ms: d.notice_at.0,
+        deadline_ms: d.deadline.0,
+        cause,
+        reason: reason.clone(),
+    }));
+    let attempt = AttemptRef { job: id, attempt: d.attempt };
+    let drain = DrainAttempt {
+        attempt,
+        notice_at_ms: d.notice_at.0,
+        deadline_ms: d.deadline.0,
+        reason: reason.clone(),
+    };
+    for node in &job.running_on {
+        fx.send(node, Action::Drain(drain.clone()));
+    }
+    jobs.note_unstarted(id);
+    let detail = DrainNoticeDetail {
+        reason,
+        notice_at: rfc3339(d.notice_at.0),
+        deadline: rfc3339(d.deadline.0),
+        detail,
+    };
+    fx.event(&jobs[&id], Event::DrainNotice(detail))?;
+    effects::save(jobs, fx, id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_notice_drains_the_record_tells_every_node_of_the_attempt_and_is_in_the_timeline_once() {
+        let spec = ebb_api::JobSubmission { argv: vec!["train".into()], ..Default::default() };
+        let mut gang =
+            JobRecord::queued(JobId(5), TenantId(1), StoredSpec::from(spec), Tier::Preemptible, 16, 15, 0);
+        gang.state = JobState::Running;
+        gang.attempt = Attempt(3);
+        gang.placement = vec![Part::new("a", (0..8).collect()), Part::new("b", (0..8).collect())];
+        gang.running_on = vec!["a".into(), "b".into()];
+        gang.run_started_ms = Some(1_000);
+        let mut jobs = JobTable::new(JobId(6));
+        jobs.insert(JobId(5), Box::new(gang));
+        let mut fx = effects::Recorded { now: 60_000, ..Default::default() };
+        let d = Drain {
+            job: JobId(5),
+            attempt: Attempt(3),
+            notice_at: Time(60_000),
+            deadline: Time(360_000),
+            reason: DrainReason::Preempted { by: JobId(9) },
+        };
+        let said = ("preempted by job 9".to_string(), Drained::Preempted { by: JobId(9) });
+        give_notice(&mut jobs, &mut fx, &d, said).unwrap();
+        let told: Vec<&str> = fx
+            .sent
+            .iter()
+            .filter(|(_, a)| {
+                matches!(a, Action::Drain(n) if n.attempt == AttemptRef { job: JobId(5), attempt: Attempt(3) }
+                    && n.deadline_ms == 360_000)
+            })
+            .map(|(node, _)| node.as_str())
+            .collect();
+        assert_eq!(told, ["a", "b"]);
+        assert!(
+            matches!(&fx.events[..], [(JobId(5), Event::DrainNotice(n))] if n.detail.by == Some(9)),
+            "{:?}",
+            fx.events
+        );
+        let saved = &fx.saved[..];
+        assert_eq!(saved.len(), 1);
+        assert_eq!(saved[0].state, JobState::Draining);
+        let notice = saved[0].drain.as_deref().unwrap();
+        assert_eq!((notice.deadline_ms, &notice.cause), (360_000, &Drained::Preempted { by: JobId(9) }));
+        // Started: no end at the deadline by the server's own hand.
+        assert_eq!(jobs.unstarted.pop_due(u64::MAX), None);
     }
 }
