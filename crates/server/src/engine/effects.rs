@@ -1,6 +1,6 @@
 //! The seam between the writer's handlers and what they cause beyond the
 //! parts of the writer they are given: the store's writes and the batch's
-//! outbox. A handler over parts (`deadline::judge`, …) takes the job table
+//! outbox. A handler over parts (`deadline::judge_deadline`, …) takes the job table
 //! and the core it changes, and an `Effects` for the rest; the writer's
 //! `Writes` writes the store in the batch's transaction and queues for
 //! after the commit, and a test's `Effects` records, with no store, clock
