@@ -734,7 +734,13 @@ fn another_tenants_job_cannot_use_an_attempts_endpoint_and_the_clouds_clients_se
     // Each job runs as its tenant's own uid: the system's python3, with the
     // clients scripts/test installed for it.
     let python = "/usr/bin/python3";
-    let clients = format!("PYTHONPATH={}", repo_root().join("target/py-clients").display());
+    let installed = repo_root().join("target/py-clients");
+    assert!(
+        installed.join("ec2_metadata").is_dir(),
+        "the clouds' clients are not in {} (scripts/test installs them)",
+        installed.display()
+    );
+    let clients = format!("PYTHONPATH={}", installed.display());
     let victim = c.submit_as(&alice, &["--gpus", "2", "--env", &clients, "--", python, "-c", CLOUD_CLIENTS]);
     let endpoint = wait_for("alice's endpoint", Duration::from_secs(30), || {
         std::fs::read_to_string(c.checkpoints(victim).join("endpoint")).ok().filter(|e| !e.is_empty())

@@ -347,12 +347,7 @@ mod tests {
 
     #[test]
     fn a_gang_past_its_grace_has_its_running_parts_stopped_once_and_one_that_ended_is_left() {
-        let spec = ebb_api::JobSubmission { argv: vec!["train".into()], ..Default::default() };
-        let mut gang =
-            JobRecord::queued(JobId(3), TenantId(1), StoredSpec::from(spec), Tier::Preemptible, 16, 15, 0);
-        gang.state = JobState::Running;
-        gang.attempt = Attempt(2);
-        gang.running_on = vec!["b".into(), "c".into()];
+        let mut gang = JobRecord::running_gang(JobId(3), Attempt(2), &["b", "c"]);
         gang.gang_grace_until = Some(10_000);
         let mut jobs = JobTable::new(JobId(4));
         jobs.insert(JobId(3), Box::new(gang));

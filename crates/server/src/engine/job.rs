@@ -769,6 +769,24 @@ fn is_zero(n: &i32) -> bool {
 }
 
 #[cfg(test)]
+impl JobRecord {
+    /// A preemptible gang of 8 GPUs a node, its attempt `attempt`
+    /// running on `nodes` since 1,000.
+    pub(super) fn running_gang(id: JobId, attempt: Attempt, nodes: &[&str]) -> JobRecord {
+        let spec = ebb_api::JobSubmission { argv: vec!["train".into()], ..Default::default() };
+        let gpus = 8 * nodes.len() as u32;
+        let mut job =
+            JobRecord::queued(id, TenantId(1), StoredSpec::from(spec), Tier::Preemptible, gpus, 15, 0);
+        job.state = JobState::Running;
+        job.attempt = attempt;
+        job.placement = nodes.iter().map(|n| Part::new(*n, (0..8).collect())).collect();
+        job.running_on = nodes.iter().map(|n| n.to_string()).collect();
+        job.run_started_ms = Some(1_000);
+        job
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;

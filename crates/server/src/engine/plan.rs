@@ -280,14 +280,7 @@ mod tests {
 
     #[test]
     fn a_notice_drains_the_record_tells_every_node_of_the_attempt_and_is_in_the_timeline_once() {
-        let spec = ebb_api::JobSubmission { argv: vec!["train".into()], ..Default::default() };
-        let mut gang =
-            JobRecord::queued(JobId(5), TenantId(1), StoredSpec::from(spec), Tier::Preemptible, 16, 15, 0);
-        gang.state = JobState::Running;
-        gang.attempt = Attempt(3);
-        gang.placement = vec![Part::new("a", (0..8).collect()), Part::new("b", (0..8).collect())];
-        gang.running_on = vec!["a".into(), "b".into()];
-        gang.run_started_ms = Some(1_000);
+        let gang = JobRecord::running_gang(JobId(5), Attempt(3), &["a", "b"]);
         let mut jobs = JobTable::new(JobId(6));
         jobs.insert(JobId(5), Box::new(gang));
         let mut fx = effects::Recorded { now: 60_000, ..Default::default() };
