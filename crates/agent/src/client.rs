@@ -122,7 +122,7 @@ impl Client {
             }
             CallError::Other(
                 crate::tls::certificate_problem(&server, &e, self.trust.as_ref())
-                    .unwrap_or_else(|| with_causes(&e)),
+                    .unwrap_or_else(|| ebb_http::causes::chain(&e)),
             )
         })?;
         let status = resp.status();
@@ -195,13 +195,6 @@ impl Client {
     pub(crate) async fn report(&self, report: &Report) -> Result<ReportReply, CallError> {
         self.call(self.http.post(self.url("/v1/agent/report")).json(report)).await
     }
-}
-
-/// `e` and what caused it, down to the root ("error sending request for
-/// url (...): client error (Connect): tcp connect error: Connection
-/// refused (os error 111)"): the first alone seldom says what went wrong.
-fn with_causes(e: &dyn std::error::Error) -> String {
-    ebb_http::causes::chain(e)
 }
 
 /// Where the node's credential is kept, in the agent's data dir (0600).

@@ -119,7 +119,7 @@ pub fn certificate_problem(
     use rustls::CertificateError as C;
     // A TLS server answers a plain request with a TLS alert, which is no
     // HTTP at all (hyper's words for it).
-    if !is_https(server) && innermost(error) == "invalid HTTP version parsed" {
+    if !is_https(server) && ebb_http::causes::innermost(error) == "invalid HTTP version parsed" {
         return Some(format!(
             "cannot connect to {server}: what answered is not HTTP; does it serve https:// instead?"
         ));
@@ -221,14 +221,9 @@ pub async fn fetch_ca(server: &str, expected: Fingerprint) -> Result<Vec<u8>, Fe
     Ok(body.to_vec())
 }
 
-/// The innermost cause of an error, as its library words it.
-fn innermost(e: &(dyn std::error::Error + 'static)) -> String {
-    ebb_http::causes::innermost(e)
-}
-
 /// The innermost cause in words, as the CLI says it: `connection refused`.
 fn in_words(e: &(dyn std::error::Error + 'static)) -> String {
-    let text = innermost(e);
+    let text = ebb_http::causes::innermost(e);
     let text = text.split(" (os error").next().unwrap_or(&text);
     let mut chars = text.chars();
     chars.next().map(|first| first.to_lowercase().chain(chars).collect()).unwrap_or_default()

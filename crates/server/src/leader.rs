@@ -380,7 +380,7 @@ impl Proxy {
             Err(e) if e.is_connect() => {
                 return unavailable(format!(
                     "the leader at {leader} cannot be reached ({}); nothing was done, try again in a moment",
-                    source(&e)
+                    ebb_http::causes::innermost(&e)
                 ))
             }
             Err(e) => {
@@ -388,7 +388,7 @@ impl Proxy {
                     status: 502,
                     message: format!(
                         "the leader at {leader} did not answer ({}); the request may or may not have been applied",
-                        source(&e)
+                        ebb_http::causes::innermost(&e)
                     ),
                 }
                 .into_response()
@@ -406,11 +406,6 @@ impl Proxy {
             ApiError::internal(format!("forwarding the leader's answer: {e}")).into_response()
         })
     }
-}
-
-/// The innermost cause of a client error, which names what happened.
-fn source(e: &reqwest::Error) -> String {
-    ebb_http::causes::innermost(e)
 }
 
 fn unavailable(message: String) -> Response {

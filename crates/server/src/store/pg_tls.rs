@@ -119,8 +119,8 @@ impl Target {
                 "sslmode={name} needs sslrootcert=FILE: the CA (PEM) that signed the server's certificate"
             ));
         }
-        let mut config =
-            Config::from_str(&rest).map_err(|e| format!("the connection string: {}", words(&e)))?;
+        let mut config = Config::from_str(&rest)
+            .map_err(|e| format!("the connection string: {}", ebb_http::causes::chain(&e)))?;
         config.ssl_mode(match mode {
             SslMode::Disable => PgSslMode::Disable,
             SslMode::Prefer => PgSslMode::Prefer,
@@ -179,7 +179,7 @@ impl Target {
             Some(tls) => self.config.connect(MakeRustlsConnect::new(tls)),
         };
         connected.map_err(|e| {
-            let words = words(&e);
+            let words = ebb_http::causes::chain(&e);
             // The database's alert alone does not say it was about the
             // certificate this side sent.
             let hint = if self.client.is_some() && words.contains("received fatal alert: UnknownCA") {
@@ -191,12 +191,6 @@ impl Target {
             format!("cannot connect to PostgreSQL: {words}{hint}")
         })
     }
-}
-
-/// An error with its causes: `error performing TLS handshake` or `invalid
-/// connection string` alone does not say why.
-fn words(e: &postgres::Error) -> String {
-    ebb_http::causes::chain(e)
 }
 
 /// The client's certificate chain and private key, from PEM files; the
