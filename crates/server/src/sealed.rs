@@ -40,6 +40,40 @@ pub enum Opened {
     Clear(String),
 }
 
+/// Why a stored sealed value did not open: `row` is the row it was
+/// stored in.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unsealable {
+    #[error("{row}: a sealed value without its key id")]
+    NoKeyId { row: String },
+    #[error(
+        "{row}: sealed with key {id}, and this server's --secret-key-file is key {ours}: give every server \
+         of the cluster the same key file"
+    )]
+    OtherKey { row: String, id: String, ours: String },
+    #[error("{row}: a sealed value that is not base64")]
+    NotBase64 { row: String },
+    #[error("{row}: a sealed value too short")]
+    TooShort { row: String },
+    #[error("{row}: a bad nonce")]
+    BadNonce { row: String },
+    #[error("{row}: a sealed value that does not open (damaged, or another row's)")]
+    DoesNotOpen { row: String },
+    #[error("{row}: not text once opened")]
+    NotText { row: String },
+}
+
+/// Why the key file could not be made or read.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyFileError {
+    #[error("--secret-key-file {}: {source}", path.display())]
+    Io { path: std::path::PathBuf, source: std::io::Error },
+    #[error("--secret-key-file {}: the system's random source: {why}", path.display())]
+    Entropy { path: std::path::PathBuf, why: getrandom::Error },
+    #[error("--secret-key-file {}: not a key: 64 hex digits (32 bytes) on one line", path.display())]
+    NotAKey { path: std::path::PathBuf },
+}
+
 impl Opened {
     pub fn value(self) -> String {
         match self {
@@ -59,31 +93,28 @@ impl SecretKey {
 
     /// The key in `path` (32 random bytes, hex), made there (0600) if
     /// the file does not exist.
-    pub fn load_or_create(path: &Path) -> Result<SecretKey, String> {
-        let said = |e: &dyn std::fmt::Display| format!("--secret-key-file {}: {e}", path.display());
+    pub fn load_or_create(path: &Path) -> Result<SecretKey, KeyFileError> {
+        let io = |source| KeyFileError::Io { path: path.to_path_buf(), source };
         if !path.exists() {
             let mut bytes = [0u8; 32];
-            getrandom::fill(&mut bytes).map_err(|e| said(&e))?;
+            getrandom::fill(&mut bytes)
+                .map_err(|why| KeyFileError::Entropy { path: path.to_path_buf(), why })?;
             let hex = ebb_api::hex(&bytes);
             use std::io::Write;
             use std::os::unix::fs::OpenOptionsExt;
-            let mut file = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(path)
-                .map_err(|e| said(&e))?;
-            file.write_all(format!("{hex}\n").as_bytes()).map_err(|e| said(&e))?;
-            file.sync_all().map_err(|e| said(&e))?;
+            let mut file =
+                std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path).map_err(io)?;
+            file.write_all(format!("{hex}\n").as_bytes()).map_err(io)?;
+            file.sync_all().map_err(io)?;
         }
-        let text = std::fs::read_to_string(path).map_err(|e| said(&e))?;
+        let text = std::fs::read_to_string(path).map_err(io)?;
         let text = text.trim();
         let bytes: Vec<u8> = (0..text.len())
             .step_by(2)
             .map(|i| text.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok()))
             .collect::<Option<_>>()
             .filter(|b: &Vec<u8>| b.len() == 32)
-            .ok_or_else(|| said(&"not a key: 64 hex digits (32 bytes) on one line"))?;
+            .ok_or_else(|| KeyFileError::NotAKey { path: path.to_path_buf() })?;
         Ok(SecretKey::from_bytes(bytes.try_into().expect("32 bytes")))
     }
 
@@ -111,33 +142,27 @@ impl SecretKey {
 
     /// A stored value of the row `row`, opened; an error names what is
     /// wrong (another key's, or damaged).
-    pub fn open(&self, stored: &str, row: &str) -> Result<Opened, String> {
+    pub fn open(&self, stored: &str, row: &str) -> Result<Opened, Unsealable> {
         use base64::Engine;
         let Some(rest) = stored.strip_prefix(PREFIX) else { return Ok(Opened::Clear(stored.to_string())) };
-        let (id, body) =
-            rest.split_once(':').ok_or_else(|| format!("{row}: a sealed value without its key id"))?;
+        let named = || row.to_string();
+        let (id, body) = rest.split_once(':').ok_or_else(|| Unsealable::NoKeyId { row: named() })?;
         if id != self.id {
-            return Err(format!(
-                "{row}: sealed with key {id}, and this server's --secret-key-file is key {}: give every server \
-                 of the cluster the same key file",
-                self.id
-            ));
+            return Err(Unsealable::OtherKey { row: named(), id: id.to_string(), ours: self.id.clone() });
         }
         let mut both = base64::engine::general_purpose::STANDARD_NO_PAD
             .decode(body)
-            .map_err(|_| format!("{row}: a sealed value that is not base64"))?;
+            .map_err(|_| Unsealable::NotBase64 { row: named() })?;
         if both.len() < NONCE_LEN {
-            return Err(format!("{row}: a sealed value too short"));
+            return Err(Unsealable::TooShort { row: named() });
         }
         let mut sealed = both.split_off(NONCE_LEN);
-        let nonce = Nonce::try_assume_unique_for_key(&both).map_err(|_| format!("{row}: a bad nonce"))?;
+        let nonce = Nonce::try_assume_unique_for_key(&both).map_err(|_| Unsealable::BadNonce { row: named() })?;
         let plain = self
             .key
             .open_in_place(nonce, Aad::from(row.as_bytes()), &mut sealed)
-            .map_err(|_| format!("{row}: a sealed value that does not open (damaged, or another row's)"))?;
-        String::from_utf8(plain.to_vec())
-            .map(Opened::Sealed)
-            .map_err(|_| format!("{row}: not text once opened"))
+            .map_err(|_| Unsealable::DoesNotOpen { row: named() })?;
+        String::from_utf8(plain.to_vec()).map(Opened::Sealed).map_err(|_| Unsealable::NotText { row: named() })
     }
 }
 
@@ -152,9 +177,13 @@ mod tests {
         assert!(sealed.starts_with(&format!("ebb-sealed:v1:{}:", key.id())) && !sealed.contains("hunter2"));
         assert_ne!(sealed, key.seal("hunter2", "login:1:registry.example.com"), "a nonce each time");
         assert_eq!(key.open(&sealed, "login:1:registry.example.com"), Ok(Opened::Sealed("hunter2".into())));
-        assert!(key.open(&sealed, "login:2:registry.example.com").unwrap_err().contains("another row's"));
+        let moved = key.open(&sealed, "login:2:registry.example.com");
+        assert_eq!(moved, Err(Unsealable::DoesNotOpen { row: "login:2:registry.example.com".into() }));
+        assert!(moved.unwrap_err().to_string().contains("another row's"));
         let other = SecretKey::from_bytes([8; 32]);
-        assert!(other.open(&sealed, "login:1:registry.example.com").unwrap_err().contains("same key file"));
+        let refused = other.open(&sealed, "login:1:registry.example.com").unwrap_err();
+        assert!(matches!(&refused, Unsealable::OtherKey { id, .. } if id == key.id()), "{refused:?}");
+        assert!(refused.to_string().contains("same key file"), "{refused}");
         assert_eq!(key.open("whsec_clear", "webhook:1"), Ok(Opened::Clear("whsec_clear".into())));
         for damaged in
             ["ebb-sealed:v1:", &format!("ebb-sealed:v1:{}:!!", key.id()), &sealed[..sealed.len() - 2]]
@@ -175,7 +204,8 @@ mod tests {
         let again = SecretKey::load_or_create(&path).unwrap();
         assert_eq!(made.id(), again.id());
         std::fs::write(&path, "not hex\n").unwrap();
-        assert!(SecretKey::load_or_create(&path).unwrap_err().contains("64 hex digits"));
+        let refused = SecretKey::load_or_create(&path).unwrap_err();
+        assert!(matches!(refused, KeyFileError::NotAKey { .. }) && refused.to_string().contains("64 hex digits"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

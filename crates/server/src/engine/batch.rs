@@ -5,6 +5,17 @@ use super::*;
 /// The most messages one transaction takes.
 const BATCH_MESSAGES: usize = 1024;
 
+/// Why a batch did not commit: nothing of it was answered or sent.
+#[derive(Debug, thiserror::Error)]
+pub enum BatchFailed {
+    #[error("cannot begin a transaction: {0}")]
+    Begin(StoreError),
+    #[error("a write failed, nothing committed: {0}")]
+    Write(StoreError),
+    #[error("commit failed: {0}")]
+    Commit(StoreError),
+}
+
 impl<S: Store> Engine<S> {
     /// Committed changes are counted on `feed` from now on.
     pub fn feed(&mut self, feed: Feed) {
@@ -17,7 +28,7 @@ impl<S: Store> Engine<S> {
     /// A batch that stopped scheduling at its bound is followed at once by
     /// the next, with whatever messages came meanwhile, until the core
     /// settles.
-    pub fn run(mut self, mut rx: tokio::sync::mpsc::Receiver<Msg>) -> Option<String> {
+    pub fn run(mut self, mut rx: tokio::sync::mpsc::Receiver<Msg>) -> Option<BatchFailed> {
         // One buffer for every batch: grown anew each time, it was a
         // fiftieth of the writer's time in a fleet's fill.
         let mut batch = Vec::with_capacity(BATCH_MESSAGES);
@@ -61,11 +72,11 @@ impl<S: Store> Engine<S> {
     /// If any store write fails, or the commit does, the transaction is
     /// rolled back, nothing of the batch is answered or sent to an agent,
     /// and the engine must not be used again.
-    pub fn batch(&mut self, batch: impl IntoIterator<Item = Msg>, now: u64) -> Result<(), String> {
+    pub fn batch(&mut self, batch: impl IntoIterator<Item = Msg>, now: u64) -> Result<(), BatchFailed> {
         self.now = now;
-        self.store.begin().map_err(|e| format!("cannot begin a transaction: {e}"))?;
-        let applied = self.apply(batch, now).map_err(|e| format!("a write failed, nothing committed: {e}"));
-        let committed = applied.and_then(|()| self.store.commit().map_err(|e| format!("commit failed: {e}")));
+        self.store.begin().map_err(BatchFailed::Begin)?;
+        let applied = self.apply(batch, now).map_err(BatchFailed::Write);
+        let committed = applied.and_then(|()| self.store.commit().map_err(BatchFailed::Commit));
         match committed {
             Ok(()) => {
                 self.counters.batches += 1;

@@ -246,7 +246,7 @@ impl<S: Store> Engine<S> {
         if load.admitted < max {
             load.admitted += 1;
             self.jobs.get_mut(&id).expect("entering").waiting = None;
-            self.restore_queued(id).map_err(Fail::Refused)?;
+            self.restore_queued(id).map_err(|e| Refusal::internal(e.to_string()))?;
         } else {
             load.waiting.insert(id);
             self.jobs.get_mut(&id).expect("entering").waiting = Some(Waiting::TenantLimit);

@@ -399,7 +399,7 @@ impl<S: Store> Engine<S> {
             load.admitted += 1;
             self.jobs.get_mut(&id).expect("waiting job").waiting = None;
             if let Err(e) = self.restore_queued(id) {
-                tracing::error!(job = id.0, "not admitted: {}", e.message);
+                tracing::error!(job = id.0, "not admitted: {e}");
                 continue;
             }
             let reason = "its tenant is under its limit of running jobs".into();
@@ -759,7 +759,7 @@ pub(super) fn end_backoffs(
         let job = jobs.get_mut(&id).expect("backed-off job");
         job.waiting = None;
         if let Err(e) = super::recovery::restore_queued(job, core) {
-            tracing::error!(job = id.0, "back-off over, but not requeued: {}", e.message);
+            tracing::error!(job = id.0, "back-off over, but not requeued: {e}");
         }
         effects::save(jobs, fx, id)?;
     }

@@ -73,6 +73,7 @@ mod views;
 mod webhooks;
 mod write;
 
+pub use batch::BatchFailed;
 pub use config::{check_policy, check_times, ConfigError, EngineConfig, MAX_KEEP_FINISHED};
 use credentials::write_secret;
 pub use deadline::{Deadline, Progress, Promotion, RESTART_ALLOWANCE_MS};
@@ -88,7 +89,7 @@ pub use job::{
 pub use lines::{Lines, QuietPoll};
 pub use plan::BATCH_STARTS;
 use recovery::gpu_indices;
-pub use recovery::OpenError;
+pub use recovery::{OpenError, RestoreError};
 use table::JobTable;
 pub use views::JobQuery;
 

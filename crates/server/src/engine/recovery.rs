@@ -25,7 +25,7 @@ impl<S: Store> Engine<S> {
         };
         let epoch = {
             let mut bytes = [0u8; 8];
-            getrandom::fill(&mut bytes).map_err(|e| OpenError::Restore(e.to_string()))?;
+            getrandom::fill(&mut bytes).map_err(OpenError::Entropy)?;
             u64::from_le_bytes(bytes) >> 1
         };
         let mut engine = Engine {
@@ -60,9 +60,9 @@ impl<S: Store> Engine<S> {
         engine
             .core
             .set_fair_share_half_life(engine.config.fair_share_half_life)
-            .map_err(|e| OpenError::Restore(e.to_string()))?;
+            .map_err(RestoreError::from)?;
         engine.core.set_fair_share_preemption(engine.config.fair_share_preemption.is_some());
-        let clear_logins = engine.load_access(&mut snapshot).map_err(OpenError::Restore)?;
+        let clear_logins = engine.load_access(&mut snapshot)?;
         engine.load_nodes(std::mem::take(&mut snapshot.nodes), now)?;
         for price in &snapshot.prices {
             engine.money.prices.insert(price.gpu_model.clone(), price.clone());
@@ -71,7 +71,7 @@ impl<S: Store> Engine<S> {
         engine.apply_quotas();
         let (hooks, deliveries) =
             (std::mem::take(&mut snapshot.webhooks), std::mem::take(&mut snapshot.deliveries));
-        let clear_hooks = engine.load_webhooks(hooks, deliveries, now).map_err(OpenError::Restore)?;
+        let clear_hooks = engine.load_webhooks(hooks, deliveries, now)?;
         engine.load_fair_share_usage(now)?;
         engine.fleet.heard_before = std::mem::take(&mut snapshot.heard).into_iter().collect();
         // Every node's last report at once: a read at each node's first
@@ -94,7 +94,7 @@ impl<S: Store> Engine<S> {
     fn load_access(
         &mut self,
         snapshot: &mut crate::store::Snapshot<JobRecord>,
-    ) -> Result<Vec<(TenantId, String)>, String> {
+    ) -> Result<Vec<(TenantId, String)>, crate::sealed::Unsealable> {
         for t in &snapshot.tenants {
             self.tenants.names.insert(t.id, t.name.clone());
         }
@@ -141,7 +141,7 @@ impl<S: Store> Engine<S> {
     }
 
     /// Every node back in the core, drained or removed as it was.
-    fn load_nodes(&mut self, nodes: Vec<NodeRow>, now: u64) -> Result<(), Refusal> {
+    fn load_nodes(&mut self, nodes: Vec<NodeRow>, now: u64) -> Result<(), OpenError> {
         for mut node in nodes {
             if node.joined_ms == 0 {
                 node.joined_ms = now;
@@ -152,7 +152,7 @@ impl<S: Store> Engine<S> {
                 gpus: node.gpus,
                 labels: node.labels.clone(),
             };
-            let id = self.core.add_node(spec, Time(now)).map_err(|e| Refusal::internal(e.to_string()))?;
+            let id = self.core.add_node(spec, Time(now)).map_err(RestoreError::from)?;
             if node.out_mask() != 0 {
                 // No attempt is on the node yet: nothing is requeued.
                 let _ = self.core.take_gpus_out(id, node.out_mask());
@@ -188,7 +188,7 @@ impl<S: Store> Engine<S> {
     /// Every unfinished job's record, with its tenant's load; queued and
     /// live jobs back in the core. Returns the live attempts the core
     /// could not take back, and why.
-    fn load_jobs(&mut self, jobs: Vec<JobRecord>) -> Result<Vec<(JobId, String)>, Refusal> {
+    fn load_jobs(&mut self, jobs: Vec<JobRecord>) -> Result<Vec<(JobId, RestoreError)>, RestoreError> {
         let mut unrestored = Vec::new();
         for job in jobs {
             self.jobs.next = self.jobs.next.max(job.id.next());
@@ -252,7 +252,7 @@ impl<S: Store> Engine<S> {
     fn recover(
         &mut self,
         snapshot: crate::store::Snapshot<JobRecord>,
-        unrestored: Vec<(JobId, String)>,
+        unrestored: Vec<(JobId, RestoreError)>,
         now: u64,
     ) -> Written {
         for price in snapshot.prices {
@@ -301,7 +301,7 @@ impl<S: Store> Engine<S> {
             let note = EndNote { why: Some(format!("server restart: {why}")), ..Default::default() };
             self.ended(id, ExitEffect::RequeuedLost, end_ms, now, note)?;
             if let Err(e) = self.restore_queued(id) {
-                tracing::error!(job = id.0, "not requeued: {}", e.message);
+                tracing::error!(job = id.0, "not requeued: {e}");
             }
         }
         // Output of live attempts past the last commit goes, before anyone
@@ -376,8 +376,7 @@ impl<S: Store> Engine<S> {
             let tenant = (scope == Scope::Admin).then_some(TenantId(1));
             self.store.put_token(&TokenRow { hash: hash_token(&token), tenant, scope, node: None })?;
             let path = self.config.data_dir.join(file);
-            write_secret(&path, &token)
-                .map_err(|e| OpenError::Restore(format!("{}: {e}", path.display())))?;
+            write_secret(&path, &token).map_err(|source| OpenError::TokenFile { path: path.clone(), source })?;
             notes.push(path.display().to_string());
         }
         self.store.commit()?;
@@ -385,12 +384,12 @@ impl<S: Store> Engine<S> {
     }
 
     /// [`restore_queued`] of job `id`.
-    pub(super) fn restore_queued(&mut self, id: JobId) -> Result<(), Refusal> {
+    pub(super) fn restore_queued(&mut self, id: JobId) -> Result<(), RestoreError> {
         restore_queued(&self.jobs[&id], &mut self.core)
     }
 
     /// Puts a job that was running before a restart back into the core.
-    pub(super) fn restore(&mut self, id: JobId) -> Result<(), String> {
+    pub(super) fn restore(&mut self, id: JobId) -> Result<(), RestoreError> {
         let job = &self.jobs[&id];
         let alloc = self.masks(&job.placement)?;
         let notice = match &job.drain {
@@ -414,20 +413,19 @@ impl<S: Store> Engine<S> {
                     last_checkpoint_at: checkpoint,
                     notice,
                 },
-            )
-            .map_err(|e| e.to_string())?;
-        restore_marks(&self.jobs[&id], &mut self.core).map_err(|e| e.to_string())
+            )?;
+        Ok(restore_marks(&self.jobs[&id], &mut self.core)?)
     }
 
     /// The core's reason for a stored drain (its node by name).
-    fn drain_reason(&self, cause: &Drained) -> Result<DrainReason, String> {
+    fn drain_reason(&self, cause: &Drained) -> Result<DrainReason, RestoreError> {
         Ok(match cause {
             Drained::Preempted { by } => DrainReason::Preempted { by: *by },
             Drained::Node { node } => DrainReason::NodeDrain {
                 node: self
                     .core
                     .node_by_name(node)
-                    .ok_or_else(|| format!("drained on unknown node {node}"))?,
+                    .ok_or_else(|| RestoreError::DrainedNodeGone(node.clone()))?,
             },
             Drained::Reclaim => DrainReason::Reclaim,
             Drained::Drill => DrainReason::Drill,
@@ -436,12 +434,12 @@ impl<S: Store> Engine<S> {
         })
     }
 
-    pub(super) fn restore_hold(&mut self, id: JobId) -> Result<(), String> {
+    pub(super) fn restore_hold(&mut self, id: JobId) -> Result<(), RestoreError> {
         let job = &self.jobs[&id];
         let alloc = self.masks(&job.held)?;
         let victims: Vec<JobId> = job.waiting_for.clone();
         let staged = job.staged.as_ref().map(|s| s.attempt);
-        self.core.restore_hold(id, alloc, &victims, staged).map_err(|e| e.to_string())
+        Ok(self.core.restore_hold(id, alloc, &victims, staged)?)
     }
 
     /// GPUs by node as the core has them (ids, bit masks) to GPUs by node
@@ -456,11 +454,11 @@ impl<S: Store> Engine<S> {
             .collect()
     }
 
-    pub(super) fn masks(&self, named: &[Part]) -> Result<Vec<(NodeId, u64)>, String> {
+    pub(super) fn masks(&self, named: &[Part]) -> Result<Vec<(NodeId, u64)>, RestoreError> {
         named
             .iter()
             .map(|Part { node, gpus }| {
-                let id = self.core.node_by_name(node).ok_or_else(|| format!("node {node} is gone"))?;
+                let id = self.core.node_by_name(node).ok_or_else(|| RestoreError::NodeGone(node.clone()))?;
                 Ok((id, gpus.iter().fold(0u64, |m, g| m | (1 << g))))
             })
             .collect()
@@ -497,13 +495,29 @@ pub enum OpenError {
     Config(#[from] ConfigError),
     /// What the store holds could not be made into the writer's state.
     #[error("restoring the state: {0}")]
-    Restore(String),
+    Restore(#[from] RestoreError),
+    /// A secret stored sealed did not open (another key's, or damaged).
+    #[error("restoring the state: {0}")]
+    Sealed(#[from] crate::sealed::Unsealable),
+    #[error("the system's random source: {0}")]
+    Entropy(getrandom::Error),
+    /// A first start's token file could not be written.
+    #[error("{}: {source}", path.display())]
+    TokenFile { path: PathBuf, source: std::io::Error },
 }
 
-impl From<Refusal> for OpenError {
-    fn from(r: Refusal) -> OpenError {
-        OpenError::Restore(r.message)
-    }
+/// Why a stored job or hold could not be put back into the core.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RestoreError {
+    /// Its GPUs are on a node the core no longer has.
+    #[error("node {0} is gone")]
+    NodeGone(String),
+    /// Its drain was a drain of a node the core no longer has.
+    #[error("drained on unknown node {0}")]
+    DrainedNodeGone(String),
+    /// The core refused it.
+    #[error(transparent)]
+    Core(#[from] ebb_scheduler::StateError),
 }
 
 /// The GPU indices a mask names, in order.
@@ -513,12 +527,11 @@ pub(super) fn gpu_indices(mask: u64) -> Vec<u8> {
 
 /// Puts queued `job` back into the core, with the attempts it has had and
 /// what a drill or its own requeue told the core of it.
-pub(super) fn restore_queued(job: &JobRecord, core: &mut State) -> Result<(), Refusal> {
+pub(super) fn restore_queued(job: &JobRecord, core: &mut State) -> Result<(), RestoreError> {
     // A number spent on a start sent ahead is not used again.
     let attempt = job.attempt.max(job.spent_attempt);
-    let internal = |e: ebb_scheduler::StateError| Refusal::internal(e.to_string());
-    core.restore_queued(job.core_spec(core), attempt, job.preemptions).map_err(internal)?;
-    restore_marks(job, core).map_err(internal)
+    core.restore_queued(job.core_spec(core), attempt, job.preemptions)?;
+    Ok(restore_marks(job, core)?)
 }
 
 /// Tells the core what `job`'s record says of its requeues since it was

@@ -47,7 +47,7 @@ impl<S: Store> Engine<S> {
         hooks: Vec<WebhookRow>,
         deliveries: Vec<DeliveryRow>,
         now: u64,
-    ) -> Result<Vec<WebhookRow>, String> {
+    ) -> Result<Vec<WebhookRow>, crate::sealed::Unsealable> {
         let mut clear = Vec::new();
         let mut opened = Vec::with_capacity(hooks.len());
         for mut hook in hooks {

@@ -59,7 +59,8 @@ fn store_errors_mid_batch<S: Store>(mut env_for: impl FnMut(&str) -> TestEnv<S>)
         let now = env.now;
         // The tick writes the contact the report brought.
         let result = env.engine().batch(vec![submit, jobs, report, Msg::Tick], now);
-        assert!(result.is_err(), "{op}: a failed write must fail the batch");
+        let failed = result.expect_err("a failed write must fail the batch");
+        assert!(matches!(failed, ebb_server::engine::BatchFailed::Write(_)), "{op}: {failed}");
         assert!(submitted.try_recv().is_err(), "{op}: a submission was acknowledged");
         assert!(read.try_recv().is_err(), "{op}: a read was answered");
         assert!(reported.try_recv().is_err(), "{op}: a report was acknowledged");
