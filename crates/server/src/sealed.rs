@@ -102,8 +102,12 @@ impl SecretKey {
             let hex = ebb_api::hex(&bytes);
             use std::io::Write;
             use std::os::unix::fs::OpenOptionsExt;
-            let mut file =
-                std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path).map_err(io)?;
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(path)
+                .map_err(io)?;
             file.write_all(format!("{hex}\n").as_bytes()).map_err(io)?;
             file.sync_all().map_err(io)?;
         }
@@ -157,12 +161,15 @@ impl SecretKey {
             return Err(Unsealable::TooShort { row: named() });
         }
         let mut sealed = both.split_off(NONCE_LEN);
-        let nonce = Nonce::try_assume_unique_for_key(&both).map_err(|_| Unsealable::BadNonce { row: named() })?;
+        let nonce =
+            Nonce::try_assume_unique_for_key(&both).map_err(|_| Unsealable::BadNonce { row: named() })?;
         let plain = self
             .key
             .open_in_place(nonce, Aad::from(row.as_bytes()), &mut sealed)
             .map_err(|_| Unsealable::DoesNotOpen { row: named() })?;
-        String::from_utf8(plain.to_vec()).map(Opened::Sealed).map_err(|_| Unsealable::NotText { row: named() })
+        String::from_utf8(plain.to_vec())
+            .map(Opened::Sealed)
+            .map_err(|_| Unsealable::NotText { row: named() })
     }
 }
 
@@ -205,7 +212,9 @@ mod tests {
         assert_eq!(made.id(), again.id());
         std::fs::write(&path, "not hex\n").unwrap();
         let refused = SecretKey::load_or_create(&path).unwrap_err();
-        assert!(matches!(refused, KeyFileError::NotAKey { .. }) && refused.to_string().contains("64 hex digits"));
+        assert!(
+            matches!(refused, KeyFileError::NotAKey { .. }) && refused.to_string().contains("64 hex digits")
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

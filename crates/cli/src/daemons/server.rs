@@ -210,7 +210,8 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
             args.data_dir.join("secret.key")
         }
     };
-    let secret_key = ebb_server::sealed::SecretKey::load_or_create(&secret_key_file).map_err(|e| e.to_string())?;
+    let secret_key =
+        ebb_server::sealed::SecretKey::load_or_create(&secret_key_file).map_err(|e| e.to_string())?;
     let tls = args.tls.config();
     // Registry passwords travel to the agents with a start only where
     // nobody can read them on the way.

@@ -196,7 +196,7 @@ impl<S: Store> Engine<S> {
                 // The node does not run what we think it does: that part of
                 // the attempt is gone.
                 let exit = PartExit::vanished(None);
-                self.part_exited(node, attempt, exit, last_contact, now)?;
+                self.part_exited(node, attempt, exit, last_contact)?;
             }
         }
         if !kill.is_empty() {
@@ -436,7 +436,7 @@ impl<S: Store> Engine<S> {
                     port_in_use,
                     ended_by,
                 };
-                self.part_exited(node, attempt, exit, at_ms, now)?;
+                self.part_exited(node, attempt, exit, at_ms)?;
             }
             AgentEvent::Checkpoint { attempt, step, bytes, duration_ms, at_ms } => {
                 let at_ms = self.known_time(attempt, at_ms, now);
@@ -466,7 +466,7 @@ impl<S: Store> Engine<S> {
             }
             AgentEvent::Progress { attempt, fraction, at_ms } => {
                 let at_ms = self.known_time(attempt, at_ms, now);
-                let (jobs, core, config, mut fx) = self.parts();
+                let Parts { jobs, core, config, mut fx, .. } = self.parts();
                 deadline::progressed(
                     jobs,
                     core,

@@ -212,10 +212,10 @@ impl<S: Store> Engine<S> {
                 _ => entry.2 += 1,
             }
         }
-        let tenants: BTreeSet<TenantId> = load.keys().chain(self.tenants.load.keys()).copied().collect();
+        let tenants: BTreeSet<TenantId> = load.keys().chain(self.admission.load.keys()).copied().collect();
         for tenant in tenants {
             let summed = load.remove(&tenant).unwrap_or_default();
-            let kept = self.tenants.load.get(&tenant).cloned().unwrap_or_default();
+            let kept = self.admission.load.get(&tenant).cloned().unwrap_or_default();
             let kept = (kept.jobs, kept.bytes, kept.admitted, kept.waiting);
             if kept != summed {
                 return Err(format!(

@@ -74,7 +74,7 @@ impl<S: Store> Engine<S> {
                 self.answer(reply, result)?;
             }
             Msg::Cancel { principal, id, req, reply } => {
-                let result = self.visible(&principal, id).and_then(|()| self.cancel(id, &req, now));
+                let result = self.visible(&principal, id).and_then(|()| self.cancel(id, &req));
                 self.answer(reply, result)?;
             }
             Msg::Signal { principal, id, signal, batch_only, reply } => {

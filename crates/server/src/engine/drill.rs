@@ -90,6 +90,22 @@ pub(super) struct AttemptEnd {
     pub saved: Option<ebb_api::Checkpoint>,
 }
 
+impl AttemptEnd {
+    /// What the drill of `job` needs to know of its live attempt's end at
+    /// `end_ms` with `effect`, taken before the record forgets it.
+    pub(super) fn of(job: &JobRecord, effect: ExitEffect, end_ms: u64) -> AttemptEnd {
+        AttemptEnd {
+            attempt: job.attempt,
+            effect,
+            at_ms: end_ms,
+            code: job.exit_code,
+            signal: job.exit_signal,
+            lost_ms: ending::lost_work(job, end_ms) / u64::from(job.gpus.max(1)),
+            saved: job.checkpoints.last.as_deref().cloned(),
+        }
+    }
+}
+
 const SIGKILL: i32 = 9;
 
 impl DrillRecord {
@@ -370,41 +386,36 @@ impl<S: Store> Engine<S> {
         self.job_view(principal, id)
     }
 
-    /// Moves job `id`'s open drill by `change`; if that concludes it,
-    /// the `drill` event with the report. Saving the record is the
-    /// caller's.
+    /// [`changed`] of job `id`'s drill.
     pub(super) fn drill_changed(&mut self, id: JobId, change: impl FnOnce(&mut DrillRecord)) -> Written {
-        let Some(drill) = self.jobs.get_mut(&id).and_then(|j| j.drill.as_mut()).filter(|d| d.is_open())
-        else {
-            return Ok(());
-        };
-        change(drill);
-        if drill.is_open() {
-            return Ok(());
-        }
-        let report = drill.view();
-        match report.verdict.as_deref() {
-            Some("ready") => self.counters.drills_ready += 1,
-            _ => self.counters.drills_failed += 1,
-        }
-        tracing::info!(job = id.0, verdict = report.verdict.as_deref(), failures = ?report.failures, "drill concluded");
-        self.event(id, Event::Drill(DrillDetail::Verdict(Box::new(report))))
+        let Parts { jobs, mut fx, .. } = self.parts();
+        changed(jobs, &mut fx, id, change)
     }
+}
 
-    /// What the drill of job `id` needs to know of its live attempt's end
-    /// at `end_ms` with `effect`, taken before the record forgets it.
-    pub(super) fn drill_attempt_end(&self, id: JobId, effect: ExitEffect, end_ms: u64) -> AttemptEnd {
-        let job = &self.jobs[&id];
-        AttemptEnd {
-            attempt: job.attempt,
-            effect,
-            at_ms: end_ms,
-            code: job.exit_code,
-            signal: job.exit_signal,
-            lost_ms: ending::lost_work(job, end_ms) / u64::from(job.gpus.max(1)),
-            saved: job.checkpoints.last.as_deref().cloned(),
-        }
+/// Moves job `id`'s open drill by `change`; if that concludes it,
+/// the `drill` event with the report. Saving the record is the
+/// caller's.
+pub(super) fn changed(
+    jobs: &mut JobTable,
+    fx: &mut impl Effects,
+    id: JobId,
+    change: impl FnOnce(&mut DrillRecord),
+) -> Written {
+    let Some(drill) = jobs.get_mut(&id).and_then(|j| j.drill.as_mut()).filter(|d| d.is_open()) else {
+        return Ok(());
+    };
+    change(drill);
+    if drill.is_open() {
+        return Ok(());
     }
+    let report = drill.view();
+    match report.verdict.as_deref() {
+        Some("ready") => fx.counters().drills_ready += 1,
+        _ => fx.counters().drills_failed += 1,
+    }
+    tracing::info!(job = id.0, verdict = report.verdict.as_deref(), failures = ?report.failures, "drill concluded");
+    fx.event(&jobs[&id], Event::Drill(DrillDetail::Verdict(Box::new(report))))
 }
 
 #[cfg(test)]

@@ -21,6 +21,13 @@ pub(super) trait Effects {
     /// Queues `action` in `node`'s command stream, sent once the batch
     /// commits.
     fn send(&mut self, node: &str, action: Action);
+    /// Records what an attempt used, for bills.
+    fn add_usage(&mut self, usage: &crate::billing::UsageRow) -> Written;
+    /// Job `id`'s record as the store has it: a finished one the table no
+    /// longer holds.
+    fn stored_job(&mut self, id: JobId) -> Written<Option<JobRecord>>;
+    /// What the writer counts for its metrics.
+    fn counters(&mut self) -> &mut crate::metrics::Counters;
 }
 
 /// Saves job `id`: the table's bookkeeping, then its record written.
@@ -36,6 +43,7 @@ pub(super) struct Writes<'a, S: Store> {
     pub webhooks: &'a mut webhooks::Webhooks,
     pub tenants: &'a Tenants,
     pub config: &'a EngineConfig,
+    pub counters: &'a mut crate::metrics::Counters,
     pub now: u64,
 }
 
@@ -104,16 +112,53 @@ impl<S: Store> Effects for Writes<'_, S> {
     fn send(&mut self, node: &str, action: Action) {
         self.outbox.push(node, action);
     }
+
+    fn add_usage(&mut self, usage: &crate::billing::UsageRow) -> Written {
+        self.store.add_usage(usage)
+    }
+
+    fn stored_job(&mut self, id: JobId) -> Written<Option<JobRecord>> {
+        self.store.job(id)
+    }
+
+    fn counters(&mut self) -> &mut crate::metrics::Counters {
+        self.counters
+    }
+}
+
+/// The parts of the writer a handler over parts is given, borrowed apart:
+/// a handler takes those it touches, or the whole (an attempt's end
+/// touches them all).
+pub(super) struct Parts<'a, F> {
+    pub jobs: &'a mut JobTable,
+    pub core: &'a mut State,
+    pub admission: &'a mut Admission,
+    pub fleet: &'a mut Fleet,
+    pub config: &'a EngineConfig,
+    pub fx: F,
 }
 
 impl<S: Store> Engine<S> {
-    /// The job table, the core and the writer's effects, borrowed apart:
-    /// what a handler over parts is given.
-    pub(super) fn parts(&mut self) -> (&mut JobTable, &mut State, &EngineConfig, Writes<'_, S>) {
-        let Engine { store, outbox, webhooks, tenants, config, now, jobs, core, .. } = self;
+    /// The job table, the core, admission, the fleet and the writer's
+    /// effects, borrowed apart.
+    pub(super) fn parts(&mut self) -> Parts<'_, Writes<'_, S>> {
+        let Engine {
+            store,
+            outbox,
+            webhooks,
+            tenants,
+            config,
+            now,
+            jobs,
+            core,
+            counters,
+            admission,
+            fleet,
+            ..
+        } = self;
         let config: &EngineConfig = config;
-        let writes = Writes { store, outbox, webhooks, tenants, config, now: *now };
-        (jobs, core, config, writes)
+        let fx = Writes { store, outbox, webhooks, tenants, config, counters, now: *now };
+        Parts { jobs, core, admission, fleet, config, fx }
     }
 }
 
@@ -127,6 +172,10 @@ pub(super) struct Recorded {
     /// Each record written, as it was then.
     pub saved: Vec<JobRecord>,
     pub sent: Vec<(String, Action)>,
+    pub usage: Vec<crate::billing::UsageRow>,
+    /// What the store holds of jobs the table does not.
+    pub stored: BTreeMap<JobId, JobRecord>,
+    pub counters: crate::metrics::Counters,
 }
 
 #[cfg(test)]
@@ -147,5 +196,18 @@ impl Effects for Recorded {
 
     fn send(&mut self, node: &str, action: Action) {
         self.sent.push((node.to_string(), action));
+    }
+
+    fn add_usage(&mut self, usage: &crate::billing::UsageRow) -> Written {
+        self.usage.push(usage.clone());
+        Ok(())
+    }
+
+    fn stored_job(&mut self, id: JobId) -> Written<Option<JobRecord>> {
+        Ok(self.stored.get(&id).cloned())
+    }
+
+    fn counters(&mut self) -> &mut crate::metrics::Counters {
+        &mut self.counters
     }
 }

@@ -28,244 +28,237 @@ pub(super) fn unstarted_due(job: &JobRecord) -> Option<u64> {
 }
 
 impl<S: Store> Engine<S> {
-    /// One node's processes of an attempt are gone (at `at_ms` by the
-    /// agent's clock); when the last node's are, the attempt has ended.
+    /// [`part_exited`], over the writer's parts.
     pub(super) fn part_exited(
         &mut self,
         node: &str,
         attempt: AttemptRef,
         exit: PartExit,
         at_ms: u64,
-        now: u64,
     ) -> Written {
-        let PartExit {
-            code,
-            signal,
-            completed,
-            vanished,
-            peak_memory_bytes,
-            start_error,
-            port_in_use,
-            ended_by,
-        } = exit;
-        let id = attempt.job;
-        let job = self.jobs.get_mut(&id).expect("live attempt");
-        let first_part = job.running_on.len() == job.placement.len();
-        job.running_on.retain(|n| n != node);
-        job.exited_ms = job.exited_ms.max(at_ms);
-        job.vanished |= vanished;
-        // A job's own requeue wins over its time limit: it asked in time.
-        job.ended_by = match (job.ended_by, ended_by) {
-            (Some(EndedBy::Requeue), _) | (_, Some(EndedBy::Requeue)) => Some(EndedBy::Requeue),
-            (earlier, later) => earlier.or(later),
+        part_exited(&mut self.parts(), node, attempt, exit, at_ms)
+    }
+
+    /// [`ended`], over the writer's parts.
+    pub(super) fn ended(&mut self, id: JobId, effect: ExitEffect, end_ms: u64, note: EndNote) -> Written {
+        ended(&mut self.parts(), id, (effect, end_ms), note)
+    }
+}
+
+/// One node's processes of an attempt are gone (at `at_ms` by the agent's
+/// clock); when the last node's are, the attempt has ended.
+pub(super) fn part_exited(
+    p: &mut Parts<'_, impl Effects>,
+    node: &str,
+    attempt: AttemptRef,
+    exit: PartExit,
+    at_ms: u64,
+) -> Written {
+    let PartExit { code, signal, completed, vanished, peak_memory_bytes, start_error, port_in_use, ended_by } =
+        exit;
+    let id = attempt.job;
+    let job = p.jobs.get_mut(&id).expect("live attempt");
+    let first_part = job.running_on.len() == job.placement.len();
+    job.running_on.retain(|n| n != node);
+    job.exited_ms = job.exited_ms.max(at_ms);
+    job.vanished |= vanished;
+    // A job's own requeue wins over its time limit: it asked in time.
+    job.ended_by = match (job.ended_by, ended_by) {
+        (Some(EndedBy::Requeue), _) | (_, Some(EndedBy::Requeue)) => Some(EndedBy::Requeue),
+        (earlier, later) => earlier.or(later),
+    };
+    // The attempt's exit is its first part's, unless a later one failed
+    // where those before succeeded: a part killed by a signal after
+    // another exited 0 is the attempt's failure, not its success.
+    let part_ok = code == Some(0) && signal.is_none() && !vanished;
+    let so_far_ok = job.exit_code == Some(0) && job.exit_signal.is_none();
+    if first_part || (so_far_ok && !part_ok) {
+        job.exit_code = code;
+        job.exit_signal = signal;
+    }
+    if let Some(port) = port_in_use {
+        job.rendezvous_failed = Some(port_taken(p.fleet, id, node, port));
+    }
+    let detail = ExitedDetail {
+        node: node.to_string(),
+        code,
+        signal,
+        completed_marker: completed,
+        vanished,
+        peak_memory_bytes,
+        start_error,
+        port_in_use,
+    };
+    p.fx.event(&p.jobs[&id], Event::Exited(detail))?;
+    let job = &p.jobs[&id];
+    if !job.running_on.is_empty() {
+        return others_running(p, id, node, (code, signal, vanished, ended_by), part_ok);
+    }
+    let kind = exit_kind(job, completed, p.config.limits.max_requeues);
+    let effect = match p.core.exited(id, attempt.attempt, kind) {
+        Ok(effect) => effect,
+        Err(e) => {
+            tracing::error!(job = id.0, "core refused the exit: {e}");
+            return effects::save(p.jobs, &mut p.fx, id);
+        }
+    };
+    let end_ms = job.exited_ms;
+    let reason = end_reason(job, effect, node);
+    ended(p, id, (effect, end_ms), EndNote { reason, ..Default::default() })
+}
+
+/// A part of a gang exited while others run. Being drained or cancelled,
+/// the other parts already have their notice and deadline: they finish
+/// their own save. A part that failed fails the gang: the others are
+/// stopped now. A part that exited 0 leaves the others the gang exit grace
+/// to exit on their own (torchrun's nodes end milliseconds apart; a rank 0
+/// may save final weights after its peers are done).
+fn others_running(
+    p: &mut Parts<'_, impl Effects>,
+    id: JobId,
+    node: &str,
+    (code, signal, vanished, ended_by): (Option<i32>, Option<i32>, bool, Option<EndedBy>),
+    part_ok: bool,
+) -> Written {
+    let job = &p.jobs[&id];
+    if job.state == JobState::Draining || job.cancel_requested || job.gang_stopped.is_some() {
+        return effects::save(p.jobs, &mut p.fx, id);
+    }
+    if let Some(why) = job.rendezvous_failed.clone() {
+        stop_gang(p.jobs, &mut p.fx, id, format!("{why}: the other parts were stopped"))?;
+        return effects::save(p.jobs, &mut p.fx, id);
+    }
+    if part_ok {
+        if job.gang_grace_until.is_none() {
+            let until_ms = p.fx.now().saturating_add(p.config.gang_exit_grace.as_millis());
+            p.jobs.get_mut(&id).expect("live attempt").gang_grace_until = Some(until_ms);
+            p.jobs.gang_graces.insert(until_ms, id);
+        }
+    } else {
+        let why = match (code, signal, vanished) {
+            _ if ended_by == Some(EndedBy::Requeue) => format!("node {node}'s part asked to be requeued"),
+            _ if ended_by == Some(EndedBy::TimeLimit) => {
+                format!("node {node}'s part ran past the time limit")
+            }
+            _ if ended_by == Some(EndedBy::NodeStopping) => {
+                format!("node {node}'s agent stopped and ended its part")
+            }
+            (_, _, true) => format!("node {node}'s part was lost"),
+            (_, Some(sig), _) => format!("node {node}'s part was killed by signal {sig}"),
+            (Some(c), _, _) => format!("node {node}'s part exited with code {c}"),
+            _ => format!("node {node}'s part ended"),
         };
-        // The attempt's exit is its first part's, unless a later one
-        // failed where those before succeeded: a part killed by a signal
-        // after another exited 0 is the attempt's failure, not its success.
-        let part_ok = code == Some(0) && signal.is_none() && !vanished;
-        let so_far_ok = job.exit_code == Some(0) && job.exit_signal.is_none();
-        if first_part || (so_far_ok && !part_ok) {
-            job.exit_code = code;
-            job.exit_signal = signal;
+        stop_gang(p.jobs, &mut p.fx, id, format!("{why}: the other parts were stopped"))?;
+    }
+    effects::save(p.jobs, &mut p.fx, id)
+}
+
+/// The gang's rendezvous port was taken on `node` by another program: no
+/// gang gets it there again. Returns why the gang could not meet: its
+/// attempt is requeued once its parts have ended (a failure to meet is
+/// not the job's).
+fn port_taken(fleet: &mut Fleet, id: JobId, node: &str, port: u16) -> String {
+    let addr = fleet.nodes.get(node).and_then(|n| n.address.clone()).unwrap_or_else(|| node.to_string());
+    let taken = fleet.busy_ports.entry(addr).or_default();
+    if !taken.contains(&port) {
+        taken.push_back(port);
+        if taken.len() > BUSY_PORTS_KEPT {
+            taken.pop_front();
         }
-        if let Some(port) = port_in_use {
-            self.port_taken(id, node, port);
+    }
+    let why = format!("the rendezvous port {port} (MASTER_PORT) is in use on node {node} by another program");
+    tracing::warn!(job = id.0, node, port, "{why}; the gang is requeued with another port");
+    why
+}
+
+/// Attempts drained or cancelled before they started, whose deadline (and
+/// grace) has passed with no exit from their nodes: ended here, as lost
+/// with those nodes' parts, so that their GPUs go to whoever waits. A
+/// start the agent reports later is a stale attempt's, and killed.
+pub(super) fn end_unstarted(p: &mut Parts<'_, impl Effects>) -> Written {
+    while let Some((until_ms, (id, attempt))) = p.jobs.unstarted.pop_due(p.fx.now()) {
+        let Some(job) = p.jobs.get(&id) else { continue };
+        if job.attempt != attempt || unstarted_due(job) != Some(until_ms) {
+            continue; // it started, ended, or has another deadline
         }
-        let detail = ExitedDetail {
-            node: node.to_string(),
-            code,
-            signal,
-            completed_marker: completed,
-            vanished,
-            peak_memory_bytes,
-            start_error,
-            port_in_use,
+        let deadline = until_ms - UNSTARTED_GRACE_MS;
+        let why = "not started by its deadline (its node was still preparing it, e.g. pulling its image): \
+                   ended by the server";
+        tracing::warn!(job = id.0, attempt = attempt.0, "{why}");
+        let a = AttemptRef { job: id, attempt };
+        for node in job.running_on.clone() {
+            p.fx.send(&node, Action::Stop { attempt: a, grace_ms: 0, notice: None });
+            let exit = PartExit::vanished(Some(why.to_string()));
+            if !p.jobs.get(&id).is_some_and(|j| j.attempt == attempt && j.running_on.contains(&node)) {
+                break;
+            }
+            part_exited(p, &node, a, exit, deadline)?;
+        }
+    }
+    Ok(())
+}
+
+/// The live attempt of job `id` ended at `end_ms` with `effect` (the core
+/// knows already): the record, its usage record, the event (with `note`
+/// in its detail), the tenant's load and a restart's back-off.
+pub(super) fn ended(
+    p: &mut Parts<'_, impl Effects>,
+    id: JobId,
+    (effect, end_ms): (ExitEffect, u64),
+    note: EndNote,
+) -> Written {
+    let now = p.fx.now();
+    let job = p.jobs.get_mut(&id).expect("live attempt");
+    // What a drill needs of the attempt, before the record forgets it.
+    let drill_end = drill::AttemptEnd::of(job, effect, end_ms);
+    deadline::attempt_ended(job, end_ms);
+    // A drill is not a drain in the counters: its time is run time.
+    let drained_ms = job
+        .drain
+        .as_ref()
+        .filter(|_| effect != ExitEffect::Drilled)
+        .map(|n| end_ms.saturating_sub(n.notice_at_ms));
+    let mut ended = end_attempt(job, effect, end_ms, now, p.config.min_runtime);
+    if let Some(usage) = &ended.usage {
+        p.fx.add_usage(usage)?;
+        money::fair_share_usage(p.core, usage, now);
+    }
+    let counters = p.fx.counters();
+    counters.ended(ended.usage.as_ref(), drained_ms);
+    counters.lost_gpu_seconds += ended.lost_gpu_ms as f64 / 1000.0;
+    counters.preempted += u64::from(ended.preempted);
+    if ended.backoff_ms > 0 {
+        // Out of the core's queue until the back-off is over.
+        match p.core.cancel(id) {
+            Ok(()) => {
+                let until_ms = now.saturating_add(ended.backoff_ms);
+                job.waiting = Some(Waiting::Backoff { until_ms });
+                p.jobs.backoff.insert(until_ms, id);
+            }
+            Err(e) => tracing::error!(job = id.0, "restart back-off not applied: {e}"),
+        }
+    }
+    note.add_to(&mut ended.event);
+    p.fx.event(&p.jobs[&id], ended.event)?;
+    drill::changed(p.jobs, &mut p.fx, id, |d| d.attempt_ended(drill_end, now))?;
+    if ended.state.is_final() {
+        finished(p.jobs, p.core, p.admission, &mut p.fx, id)?;
+    }
+    effects::save(p.jobs, &mut p.fx, id)?;
+    if ended.state == JobState::Queued && p.jobs[&id].cancel_requested {
+        // Its cancel stands: an attempt lost with its node while it was
+        // being cancelled does not run again.
+        return match super::jobs::cancel(p, id, None) {
+            Ok(()) => Ok(()),
+            Err(Fail::Store(e)) => Err(e),
+            Err(Fail::Refused(e)) => {
+                tracing::error!(job = id.0, "its cancel could not stand: {}", e.message);
+                Ok(())
+            }
         };
-        self.event(id, Event::Exited(detail))?;
-        let job = &self.jobs[&id];
-        if !job.running_on.is_empty() {
-            return self.others_running(id, node, (code, signal, vanished, ended_by), part_ok, now);
-        }
-        let kind = exit_kind(job, completed, self.config.limits.max_requeues);
-        let effect = match self.core.exited(id, attempt.attempt, kind) {
-            Ok(effect) => effect,
-            Err(e) => {
-                tracing::error!(job = id.0, "core refused the exit: {e}");
-                return self.save(id);
-            }
-        };
-        let end_ms = self.jobs[&id].exited_ms;
-        let reason = end_reason(&self.jobs[&id], effect, node);
-        self.ended(id, effect, end_ms, now, EndNote { reason, ..Default::default() })
     }
-
-    /// A part of a gang exited while others run. Being drained or
-    /// cancelled, the other parts already have their notice and deadline:
-    /// they finish their own save. A part that failed fails the gang: the
-    /// others are stopped now. A part that exited 0 leaves the others the
-    /// gang exit grace to exit on their own (torchrun's nodes end
-    /// milliseconds apart; a rank 0 may save final weights after its peers
-    /// are done).
-    fn others_running(
-        &mut self,
-        id: JobId,
-        node: &str,
-        (code, signal, vanished, ended_by): (Option<i32>, Option<i32>, bool, Option<EndedBy>),
-        part_ok: bool,
-        now: u64,
-    ) -> Written {
-        let job = &self.jobs[&id];
-        if job.state == JobState::Draining || job.cancel_requested || job.gang_stopped.is_some() {
-            return self.save(id);
-        }
-        if let Some(why) = self.jobs[&id].rendezvous_failed.clone() {
-            self.stop_gang(id, format!("{why}: the other parts were stopped"))?;
-            return self.save(id);
-        }
-        if part_ok {
-            if job.gang_grace_until.is_none() {
-                let until_ms = now.saturating_add(self.config.gang_exit_grace.as_millis());
-                self.jobs.get_mut(&id).expect("live attempt").gang_grace_until = Some(until_ms);
-                self.jobs.gang_graces.insert(until_ms, id);
-            }
-        } else {
-            let why = match (code, signal, vanished) {
-                _ if ended_by == Some(EndedBy::Requeue) => {
-                    format!("node {node}'s part asked to be requeued")
-                }
-                _ if ended_by == Some(EndedBy::TimeLimit) => {
-                    format!("node {node}'s part ran past the time limit")
-                }
-                _ if ended_by == Some(EndedBy::NodeStopping) => {
-                    format!("node {node}'s agent stopped and ended its part")
-                }
-                (_, _, true) => format!("node {node}'s part was lost"),
-                (_, Some(sig), _) => format!("node {node}'s part was killed by signal {sig}"),
-                (Some(c), _, _) => format!("node {node}'s part exited with code {c}"),
-                _ => format!("node {node}'s part ended"),
-            };
-            self.stop_gang(id, format!("{why}: the other parts were stopped"))?;
-        }
-        self.save(id)
-    }
-
-    /// The gang's rendezvous port was taken on `node` by another program:
-    /// no gang gets it there again, and this attempt is requeued once its
-    /// parts have ended (a failure to meet is not the job's).
-    fn port_taken(&mut self, id: JobId, node: &str, port: u16) {
-        let addr =
-            self.fleet.nodes.get(node).and_then(|n| n.address.clone()).unwrap_or_else(|| node.to_string());
-        let taken = self.fleet.busy_ports.entry(addr).or_default();
-        if !taken.contains(&port) {
-            taken.push_back(port);
-            if taken.len() > BUSY_PORTS_KEPT {
-                taken.pop_front();
-            }
-        }
-        let why =
-            format!("the rendezvous port {port} (MASTER_PORT) is in use on node {node} by another program");
-        tracing::warn!(job = id.0, node, port, "{why}; the gang is requeued with another port");
-        self.jobs.get_mut(&id).expect("live attempt").rendezvous_failed = Some(why);
-    }
-
-    fn stop_gang(&mut self, id: JobId, why: String) -> Written {
-        let (jobs, _, _, mut fx) = self.parts();
-        stop_gang(jobs, &mut fx, id, why)
-    }
-
-    /// Attempts drained or cancelled before they started, whose deadline
-    /// (and grace) has passed with no exit from their nodes: ended here,
-    /// as lost with those nodes' parts, so that their GPUs go to whoever
-    /// waits. A start the agent reports later is a stale attempt's, and
-    /// killed.
-    pub(super) fn end_unstarted(&mut self, now: u64) -> Written {
-        while let Some((until_ms, (id, attempt))) = self.jobs.unstarted.pop_due(now) {
-            let Some(job) = self.jobs.get(&id) else { continue };
-            if job.attempt != attempt || unstarted_due(job) != Some(until_ms) {
-                continue; // it started, ended, or has another deadline
-            }
-            let deadline = until_ms - UNSTARTED_GRACE_MS;
-            let why =
-                "not started by its deadline (its node was still preparing it, e.g. pulling its image): \
-                       ended by the server";
-            tracing::warn!(job = id.0, attempt = attempt.0, "{why}");
-            let a = AttemptRef { job: id, attempt };
-            for node in job.running_on.clone() {
-                self.outbox.push(&node, Action::Stop { attempt: a, grace_ms: 0, notice: None });
-                let exit = PartExit::vanished(Some(why.to_string()));
-                if !self.jobs.get(&id).is_some_and(|j| j.attempt == attempt && j.running_on.contains(&node)) {
-                    break;
-                }
-                self.part_exited(&node, a, exit, deadline, now)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// The live attempt of job `id` ended at `end_ms` with `effect` (the
-    /// core knows already): the record, its usage record, the event (with
-    /// `note` in its detail), the tenant's load and a restart's back-off.
-    pub(super) fn ended(
-        &mut self,
-        id: JobId,
-        effect: ExitEffect,
-        end_ms: u64,
-        now: u64,
-        note: EndNote,
-    ) -> Written {
-        let min_runtime = self.sched.min_runtime;
-        // What a drill needs of the attempt, before the record forgets it.
-        let drill_end = self.drill_attempt_end(id, effect, end_ms);
-        let job = self.jobs.get_mut(&id).expect("live attempt");
-        deadline::attempt_ended(job, end_ms);
-        // A drill is not a drain in the counters: its time is run time.
-        let drained_ms = job
-            .drain
-            .as_ref()
-            .filter(|_| effect != ExitEffect::Drilled)
-            .map(|n| end_ms.saturating_sub(n.notice_at_ms));
-        let mut ended = end_attempt(job, effect, end_ms, now, min_runtime);
-        if let Some(usage) = &ended.usage {
-            self.store.add_usage(usage)?;
-            self.fair_share_usage(usage, now);
-        }
-        self.counters.ended(ended.usage.as_ref(), drained_ms);
-        self.counters.lost_gpu_seconds += ended.lost_gpu_ms as f64 / 1000.0;
-        self.counters.preempted += u64::from(ended.preempted);
-        if ended.backoff_ms > 0 {
-            // Out of the core's queue until the back-off is over.
-            match self.core.cancel(id) {
-                Ok(()) => {
-                    let until_ms = now.saturating_add(ended.backoff_ms);
-                    self.jobs.get_mut(&id).expect("live attempt").waiting =
-                        Some(Waiting::Backoff { until_ms });
-                    self.jobs.backoff.insert(until_ms, id);
-                }
-                Err(e) => tracing::error!(job = id.0, "restart back-off not applied: {e}"),
-            }
-        }
-        note.add_to(&mut ended.event);
-        self.event(id, ended.event)?;
-        self.drill_changed(id, |d| d.attempt_ended(drill_end, now))?;
-        if ended.state.is_final() {
-            self.finished(id)?;
-        }
-        self.save(id)?;
-        if ended.state == JobState::Queued && self.jobs[&id].cancel_requested {
-            // Its cancel stands: an attempt lost with its node while it
-            // was being cancelled does not run again.
-            return match self.cancel(id, &ebb_api::CancelRequest::default(), now) {
-                Ok(_) => Ok(()),
-                Err(Fail::Store(e)) => Err(e),
-                Err(Fail::Refused(e)) => {
-                    tracing::error!(job = id.0, "its cancel could not stand: {}", e.message);
-                    Ok(())
-                }
-            };
-        }
-        // Back in the queue, it may no longer have the time to wait.
-        self.judge_deadline(id, now)
-    }
+    // Back in the queue, it may no longer have the time to wait.
+    deadline::judge_deadline(p.jobs, p.core, p.config.drain_window, &mut p.fx, id, now)
 }
 
 /// Why an attempt ended as it did, where its exit alone does not say:
@@ -299,6 +292,32 @@ fn end_reason(job: &JobRecord, effect: ExitEffect, node: &str) -> Option<String>
         }
         _ => None,
     }
+}
+
+/// Job `id` reached a final state: its open drill is abandoned, it leaves
+/// its tenant's load and no more output comes for it; the gates it held
+/// open, and its tenant's next waiting job may be admitted.
+pub(super) fn finished(
+    jobs: &mut JobTable,
+    core: &mut State,
+    admission: &mut Admission,
+    fx: &mut impl Effects,
+    id: JobId,
+) -> Written {
+    let why = match jobs[&id].state {
+        JobState::Cancelled => "the job was cancelled",
+        JobState::Failed => "the job failed",
+        _ => "the job succeeded",
+    };
+    let now = fx.now();
+    drill::changed(jobs, fx, id, |d| d.abandoned(why, now))?;
+    let job = jobs.get_mut(&id).expect("known job");
+    let was = job.waiting.take();
+    let tenant = job.tenant;
+    admission.release(job, was);
+    jobs.logs.remove(&id);
+    gates::open_gates(jobs, core, admission, fx, id, was)?;
+    admission::admit_waiting(jobs, core, admission, fx, tenant)
 }
 
 /// Stops the parts of gang `id` still running, for `why`: the attempt has

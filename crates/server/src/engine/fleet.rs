@@ -185,7 +185,7 @@ impl<S: Store> Engine<S> {
         for &id in requeued {
             let note =
                 EndNote { node: Some(name.to_string()), why: Some(why.to_string()), ..Default::default() };
-            self.ended(id, ExitEffect::RequeuedLost, heard, now, note)?;
+            self.ended(id, ExitEffect::RequeuedLost, heard, note)?;
         }
         Ok(())
     }

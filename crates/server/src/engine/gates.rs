@@ -117,41 +117,208 @@ enum Standing {
     Never(String),
 }
 
-impl<S: Store> Engine<S> {
-    /// The state of job `id` for a dependency: from memory, or the store
-    /// for a finished job that left it; `None` if the tenant has no such job.
-    fn state_for_dependency(&mut self, tenant: TenantId, id: JobId) -> Result<Option<JobState>, StoreError> {
-        if let Some(job) = self.jobs.get(&id) {
-            return Ok((job.tenant == tenant).then_some(job.state));
-        }
-        let stored: Option<JobRecord> = self.store.job(id)?;
-        Ok(stored.filter(|j| j.tenant == tenant).map(|j| j.state))
+/// The state of job `id` for a dependency: from the table, or the store
+/// for a finished job that left it; `None` if the tenant has no such job.
+fn state_for_dependency(
+    jobs: &JobTable,
+    fx: &mut impl Effects,
+    tenant: TenantId,
+    id: JobId,
+) -> Written<Option<JobState>> {
+    if let Some(job) = jobs.get(&id) {
+        return Ok((job.tenant == tenant).then_some(job.state));
     }
+    Ok(fx.stored_job(id)?.filter(|j| j.tenant == tenant).map(|j| j.state))
+}
 
-    fn standing(&mut self, tenant: TenantId, after: &After) -> Result<Standing, StoreError> {
-        let mut waiting = Vec::new();
-        for &(condition, id) in &after.on {
-            match self.state_for_dependency(tenant, id)? {
-                None => return Ok(Standing::Never(format!("job {id} does not exist"))),
-                Some(state) if !state.is_final() => waiting.push(id),
-                Some(state) if condition.met_by(state) => {}
-                Some(state) => {
-                    return Ok(Standing::Never(format!(
-                        "job {id} {}, and {} can never hold",
-                        state.as_str(),
-                        condition.name()
-                    )))
+fn standing(jobs: &JobTable, fx: &mut impl Effects, tenant: TenantId, after: &After) -> Written<Standing> {
+    let mut waiting = Vec::new();
+    for &(condition, id) in &after.on {
+        match state_for_dependency(jobs, fx, tenant, id)? {
+            None => return Ok(Standing::Never(format!("job {id} does not exist"))),
+            Some(state) if !state.is_final() => waiting.push(id),
+            Some(state) if condition.met_by(state) => {}
+            Some(state) => {
+                return Ok(Standing::Never(format!(
+                    "job {id} {}, and {} can never hold",
+                    state.as_str(),
+                    condition.name()
+                )))
+            }
+        }
+    }
+    waiting.sort_unstable();
+    waiting.dedup();
+    Ok(match waiting.is_empty() {
+        true => Standing::Met,
+        false => Standing::Waiting(waiting),
+    })
+}
+
+/// Puts a new job (in the table, queued, in no gate yet) through its
+/// gates: it waits at the first that is closed, or is admitted.
+pub(super) fn enter(
+    jobs: &mut JobTable,
+    core: &mut State,
+    admission: &mut Admission,
+    fx: &mut impl Effects,
+    id: JobId,
+) -> Result<(), Fail> {
+    let job = &jobs[&id];
+    let tenant = job.tenant;
+    if let Some(after) = &job.spec.after {
+        if let Standing::Waiting(parents) = standing(jobs, fx, tenant, after)? {
+            for parent in parents {
+                admission.gates.dependents.entry(parent).or_default().insert(id);
+            }
+            jobs.get_mut(&id).expect("entering").waiting = Some(Waiting::Dependency);
+            return Ok(());
+        }
+    }
+    Ok(past_dependencies(jobs, core, admission, id)?)
+}
+
+/// A job whose dependencies are met: its array's gate, then its tenant's
+/// limit.
+fn past_dependencies(
+    jobs: &mut JobTable,
+    core: &mut State,
+    admission: &mut Admission,
+    id: JobId,
+) -> Result<(), Refusal> {
+    let job = &jobs[&id];
+    if let (Some(task), Some(limit)) = (&job.array, job.spec.array_limit) {
+        let gate = admission
+            .gates
+            .arrays
+            .entry(task.id)
+            .or_insert_with(|| ArrayGate { limit, ..Default::default() });
+        if gate.active >= u64::from(gate.limit) {
+            gate.waiting.insert(id);
+            jobs.get_mut(&id).expect("entering").waiting = Some(Waiting::ArrayLimit);
+            return Ok(());
+        }
+        gate.active += 1;
+    }
+    past_gates(jobs, core, admission, id)
+}
+
+/// Past its own gates: admitted, or at its tenant's limit.
+fn past_gates(
+    jobs: &mut JobTable,
+    core: &mut State,
+    admission: &mut Admission,
+    id: JobId,
+) -> Result<(), Refusal> {
+    let tenant = jobs[&id].tenant;
+    let max = admission.limits_of(tenant).max_running_jobs;
+    let load = admission.load.entry(tenant).or_default();
+    let job = jobs.get_mut(&id).expect("entering");
+    if load.admitted < max {
+        load.admitted += 1;
+        job.waiting = None;
+        super::recovery::restore_queued(job, core).map_err(|e| Refusal::internal(e.to_string()))
+    } else {
+        load.waiting.insert(id);
+        job.waiting = Some(Waiting::TenantLimit);
+        Ok(())
+    }
+}
+
+/// Job `id` has ended: its place in its array's gate goes to the next
+/// task, and its dependents' gates are judged again. `was` is the gate it
+/// was waiting at, if any. A dependent that can now never run fails, and
+/// its own dependents are judged in turn.
+pub(super) fn open_gates(
+    jobs: &mut JobTable,
+    core: &mut State,
+    admission: &mut Admission,
+    fx: &mut impl Effects,
+    id: JobId,
+    was: Option<Waiting>,
+) -> Written {
+    let mut ended = vec![(id, was)];
+    while let Some((id, was)) = ended.pop() {
+        array_slot_freed(jobs, core, admission, fx, id, was)?;
+        let Some(children) = admission.gates.dependents.remove(&id) else { continue };
+        for child in children {
+            let Some(job) = jobs.get(&child) else { continue };
+            if job.state != JobState::Queued || job.waiting != Some(Waiting::Dependency) {
+                continue;
+            }
+            let after = job.spec.after.clone().unwrap_or_default();
+            match standing(jobs, fx, job.tenant, &after)? {
+                Standing::Waiting(_) => {}
+                Standing::Met => {
+                    jobs.get_mut(&child).expect("dependent").waiting = None;
+                    if let Err(e) = past_dependencies(jobs, core, admission, child) {
+                        tracing::error!(job = child.0, "not admitted: {}", e.message);
+                    }
+                    let reason = "its dependencies are met".into();
+                    fx.event(&jobs[&child], Event::Admitted(AdmittedDetail { reason }))?;
+                    effects::save(jobs, fx, child)?;
+                }
+                Standing::Never(why) => {
+                    let reason = format!("dependency never satisfied: {why}");
+                    let job = jobs.get_mut(&child).expect("dependent");
+                    job.state = JobState::Failed;
+                    job.waiting = None;
+                    let failed = FailedDetail { reason: Some(reason), ..Default::default() };
+                    fx.event(job, Event::Failed(failed))?;
+                    admission.release(job, Some(Waiting::Dependency));
+                    effects::save(jobs, fx, child)?;
+                    ended.push((child, Some(Waiting::Dependency)));
                 }
             }
         }
-        waiting.sort_unstable();
-        waiting.dedup();
-        Ok(match waiting.is_empty() {
-            true => Standing::Met,
-            false => Standing::Waiting(waiting),
-        })
     }
+    Ok(())
+}
 
+/// A task of a limited array ended (`was`: the gate it waited at): the
+/// array's next tasks take its place.
+fn array_slot_freed(
+    jobs: &mut JobTable,
+    core: &mut State,
+    admission: &mut Admission,
+    fx: &mut impl Effects,
+    id: JobId,
+    was: Option<Waiting>,
+) -> Written {
+    let Some(array) = jobs.get(&id).and_then(|j| j.array.as_ref()).map(|a| a.id) else {
+        return Ok(());
+    };
+    let Some(gate) = admission.gates.arrays.get_mut(&array) else { return Ok(()) };
+    match was {
+        Some(Waiting::ArrayLimit) => {
+            gate.waiting.remove(&id);
+        }
+        // Never past the array's gate.
+        Some(Waiting::Dependency) => {}
+        _ => gate.active = gate.active.saturating_sub(1),
+    }
+    loop {
+        let Some(gate) = admission.gates.arrays.get_mut(&array) else { return Ok(()) };
+        if gate.active == 0 && gate.waiting.is_empty() {
+            admission.gates.arrays.remove(&array);
+            return Ok(());
+        }
+        if gate.active >= u64::from(gate.limit) {
+            return Ok(());
+        }
+        let Some(next) = gate.waiting.pop_first() else { return Ok(()) };
+        gate.active += 1;
+        jobs.get_mut(&next).expect("gated task").waiting = None;
+        if let Err(e) = past_gates(jobs, core, admission, next) {
+            tracing::error!(job = next.0, "not admitted: {}", e.message);
+        }
+        let reason = "a task of its array ended: it runs within the array's limit".into();
+        fx.event(&jobs[&next], Event::Admitted(AdmittedDetail { reason }))?;
+        effects::save(jobs, fx, next)?;
+    }
+}
+
+impl<S: Store> Engine<S> {
     /// A new submission's dependencies, checked: its `after` parsed, with
     /// `singleton` made a dependency on each earlier unfinished job of the
     /// tenant's with its name. One that names a job the tenant does not
@@ -198,150 +365,16 @@ impl<S: Store> Engine<S> {
             .into());
         }
         after.on = on;
-        if let Standing::Never(why) = self.standing(tenant, &after)? {
+        let Parts { jobs, mut fx, .. } = self.parts();
+        if let Standing::Never(why) = standing(jobs, &mut fx, tenant, &after)? {
             return Err(Refusal::unacceptable(format!("after: {why}")).into());
         }
         Ok(after)
     }
 
-    /// Puts a new job (in the table, queued, in no gate yet) through its
-    /// gates: it waits at the first that is closed, or is admitted.
-    pub(super) fn enter(&mut self, id: JobId) -> Result<(), Fail> {
-        let job = &self.jobs[&id];
-        let tenant = job.tenant;
-        if let Some(after) = job.spec.after.clone() {
-            if let Standing::Waiting(parents) = self.standing(tenant, &after)? {
-                for parent in parents {
-                    self.gates.dependents.entry(parent).or_default().insert(id);
-                }
-                self.jobs.get_mut(&id).expect("entering").waiting = Some(Waiting::Dependency);
-                return Ok(());
-            }
-        }
-        self.past_dependencies(id)
-    }
-
-    /// A job whose dependencies are met: its array's gate, then its
-    /// tenant's limit.
-    fn past_dependencies(&mut self, id: JobId) -> Result<(), Fail> {
-        let job = &self.jobs[&id];
-        if let (Some(task), Some(limit)) = (&job.array, job.spec.array_limit) {
-            let gate =
-                self.gates.arrays.entry(task.id).or_insert_with(|| ArrayGate { limit, ..Default::default() });
-            if gate.active >= u64::from(gate.limit) {
-                gate.waiting.insert(id);
-                self.jobs.get_mut(&id).expect("entering").waiting = Some(Waiting::ArrayLimit);
-                return Ok(());
-            }
-            gate.active += 1;
-        }
-        self.past_gates(id)
-    }
-
-    /// Past its own gates: admitted, or at its tenant's limit.
-    fn past_gates(&mut self, id: JobId) -> Result<(), Fail> {
-        let tenant = self.jobs[&id].tenant;
-        let max = self.limits_of(tenant).max_running_jobs;
-        let load = self.tenants.load.entry(tenant).or_default();
-        if load.admitted < max {
-            load.admitted += 1;
-            self.jobs.get_mut(&id).expect("entering").waiting = None;
-            self.restore_queued(id).map_err(|e| Refusal::internal(e.to_string()))?;
-        } else {
-            load.waiting.insert(id);
-            self.jobs.get_mut(&id).expect("entering").waiting = Some(Waiting::TenantLimit);
-        }
-        Ok(())
-    }
-
-    /// Job `id` has ended: its place in its array's gate goes to the next
-    /// task, and its dependents' gates are judged again. `was` is the
-    /// gate it was waiting at, if any. A dependent that can now never run
-    /// fails, and its own dependents are judged in turn.
-    pub(super) fn open_gates(&mut self, id: JobId, was: Option<Waiting>) -> Written {
-        let mut ended = vec![(id, was)];
-        while let Some((id, was)) = ended.pop() {
-            self.array_slot_freed(id, was)?;
-            let Some(children) = self.gates.dependents.remove(&id) else { continue };
-            for child in children {
-                let Some(job) = self.jobs.get(&child) else { continue };
-                if job.state != JobState::Queued || job.waiting != Some(Waiting::Dependency) {
-                    continue;
-                }
-                let (tenant, after) = (job.tenant, job.spec.after.clone().unwrap_or_default());
-                match self.standing(tenant, &after)? {
-                    Standing::Waiting(_) => {}
-                    Standing::Met => {
-                        self.jobs.get_mut(&child).expect("dependent").waiting = None;
-                        self.past_dependencies(child).or_else(|e| match e {
-                            Fail::Refused(e) => {
-                                tracing::error!(job = child.0, "not admitted: {}", e.message);
-                                Ok(())
-                            }
-                            Fail::Store(e) => Err(e),
-                        })?;
-                        let reason = "its dependencies are met".into();
-                        self.event(child, Event::Admitted(AdmittedDetail { reason }))?;
-                        self.save(child)?;
-                    }
-                    Standing::Never(why) => {
-                        let reason = format!("dependency never satisfied: {why}");
-                        let job = self.jobs.get_mut(&child).expect("dependent");
-                        job.state = JobState::Failed;
-                        job.waiting = None;
-                        self.event(
-                            child,
-                            Event::Failed(FailedDetail { reason: Some(reason), ..Default::default() }),
-                        )?;
-                        self.release_load(child, Some(Waiting::Dependency));
-                        self.save(child)?;
-                        ended.push((child, Some(Waiting::Dependency)));
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// A task of a limited array ended (`was`: the gate it waited at): the
-    /// array's next tasks take its place.
-    fn array_slot_freed(&mut self, id: JobId, was: Option<Waiting>) -> Written {
-        let Some(array) = self.jobs.get(&id).and_then(|j| j.array.as_ref()).map(|a| a.id) else {
-            return Ok(());
-        };
-        let Some(gate) = self.gates.arrays.get_mut(&array) else { return Ok(()) };
-        match was {
-            Some(Waiting::ArrayLimit) => {
-                gate.waiting.remove(&id);
-            }
-            // Never past the array's gate.
-            Some(Waiting::Dependency) => {}
-            _ => gate.active = gate.active.saturating_sub(1),
-        }
-        loop {
-            let Some(gate) = self.gates.arrays.get_mut(&array) else { return Ok(()) };
-            if gate.active == 0 && gate.waiting.is_empty() {
-                self.gates.arrays.remove(&array);
-                return Ok(());
-            }
-            if gate.active >= u64::from(gate.limit) {
-                return Ok(());
-            }
-            let Some(next) = gate.waiting.pop_first() else { return Ok(()) };
-            gate.active += 1;
-            self.jobs.get_mut(&next).expect("gated task").waiting = None;
-            if let Err(Fail::Store(e)) = self.past_gates(next) {
-                return Err(e);
-            }
-            let reason = "a task of its array ended: it runs within the array's limit".into();
-            self.event(next, Event::Admitted(AdmittedDetail { reason }))?;
-            self.save(next)?;
-        }
-    }
-
     /// The gates as the records say, after a restart.
     pub(super) fn rebuild_gates(&mut self) {
-        self.gates = Gates::default();
+        self.admission.gates = Gates::default();
         let mut dependents: Vec<(JobId, JobId)> = Vec::new();
         for (id, job) in &self.jobs {
             if job.state.is_final() {
@@ -357,6 +390,7 @@ impl<S: Store> Engine<S> {
             }
             if let (Some(task), Some(limit)) = (&job.array, job.spec.array_limit) {
                 let gate = self
+                    .admission
                     .gates
                     .arrays
                     .entry(task.id)
@@ -370,7 +404,7 @@ impl<S: Store> Engine<S> {
             }
         }
         for (parent, child) in dependents {
-            self.gates.dependents.entry(parent).or_default().insert(child);
+            self.admission.gates.dependents.entry(parent).or_default().insert(child);
         }
     }
 
@@ -381,6 +415,7 @@ impl<S: Store> Engine<S> {
         let mut arrays: BTreeMap<JobId, ArrayGate> = BTreeMap::new();
         // Who waits on an unfinished job, once.
         let waiting_on_live: BTreeSet<JobId> = self
+            .admission
             .gates
             .dependents
             .iter()
@@ -413,6 +448,7 @@ impl<S: Store> Engine<S> {
             }
         }
         let kept: BTreeMap<JobId, ArrayGate> = self
+            .admission
             .gates
             .arrays
             .iter()

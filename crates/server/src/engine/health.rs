@@ -204,7 +204,7 @@ impl<S: Store> Engine<S> {
             let end_ms = self.known_time(attempt, at_ms, now);
             let note = EndNote { node: Some(node.to_string()), why: Some(why.clone()), ..Default::default() };
             tracing::warn!(job = job.0, node, "attempt {} ended by a GPU fault: {why}", attempt.attempt);
-            self.ended(job, ExitEffect::RequeuedLost, end_ms, now, note)?;
+            self.ended(job, ExitEffect::RequeuedLost, end_ms, note)?;
         }
         Ok(())
     }

@@ -63,7 +63,7 @@ impl<S: Store> Engine<S> {
     ) -> Result<Vec<Vec<JobId>>, Fail> {
         let (tenant, _) =
             principal.tenant.clone().ok_or_else(|| Refusal::forbidden("this token cannot submit jobs"))?;
-        let limits = self.limits_of(tenant);
+        let limits = self.admission.limits_of(tenant);
         let several = specs.len() > 1;
         let mut prepared = Vec::with_capacity(specs.len());
         let mut first_id = self.jobs.next;
@@ -117,7 +117,7 @@ impl<S: Store> Engine<S> {
                 self.admit(record)?;
                 // No output yet: its first is appended without asking the
                 // store (two round trips to PostgreSQL for each new job).
-                self.logs.insert(id, crate::store::LogState::default());
+                self.jobs.logs.insert(id, crate::store::LogState::default());
                 let detail =
                     SubmittedDetail { tier: checked.tier.as_str().into(), gpus: checked.gpus, task: index };
                 self.event(id, Event::Submitted(detail))?;
@@ -241,7 +241,7 @@ impl<S: Store> Engine<S> {
     ) -> Result<(), Refusal> {
         let (jobs, bytes) = specs
             .fold((0u64, 0u64), |(jobs, bytes), spec| (jobs + 1, bytes.saturating_add(spec.stored_bytes())));
-        let load = self.tenants.load.get(&tenant).cloned().unwrap_or_default();
+        let load = self.admission.load.get(&tenant).cloned().unwrap_or_default();
         if load.jobs.saturating_add(jobs) > limits.max_jobs {
             return Err(Refusal::over_limit(format!(
                 "tenant {}: {} unfinished jobs, and this submission adds {jobs}: over the limit of {} \
@@ -270,11 +270,12 @@ impl<S: Store> Engine<S> {
     fn admit(&mut self, record: JobRecord) -> Result<(), Fail> {
         let (id, tenant, stored) = (record.id, record.tenant, record.spec.stored_bytes());
         self.jobs.insert(id, Box::new(record));
-        let load = self.tenants.load.entry(tenant).or_default();
+        let load = self.admission.load.entry(tenant).or_default();
         load.jobs += 1;
         load.bytes += stored;
-        if let Err(e) = self.enter(id) {
-            let load = self.tenants.load.entry(tenant).or_default();
+        let Parts { jobs, core, admission, mut fx, .. } = self.parts();
+        if let Err(e) = gates::enter(jobs, core, admission, &mut fx, id) {
+            let load = self.admission.load.entry(tenant).or_default();
             load.jobs -= 1;
             load.bytes -= stored;
             self.jobs.remove(&id);
@@ -283,55 +284,9 @@ impl<S: Store> Engine<S> {
         Ok(self.save(id)?)
     }
 
-    /// Cancels job `id`: a queued one ends now; a running one is told (its
-    /// notice, then SIGTERM) and killed at the end of its grace.
-    pub(super) fn cancel(
-        &mut self,
-        id: JobId,
-        req: &ebb_api::CancelRequest,
-        now: u64,
-    ) -> Result<ebb_api::Job, Fail> {
-        let grace_ms = cancel_grace_ms(req.grace_ms, self.config.drain_window)?;
-        let state = self.jobs[&id].state;
-        match state {
-            s if s.is_final() => {
-                let message = format!("job {id}: already {}; there is nothing to cancel", s.as_str());
-                return Err(Refusal::conflict(message).into());
-            }
-            JobState::Queued => {
-                match self.jobs[&id].waiting {
-                    Some(Waiting::Backoff { until_ms }) => {
-                        self.jobs.backoff.remove(until_ms, id);
-                    }
-                    Some(Waiting::TenantLimit | Waiting::Dependency | Waiting::ArrayLimit) => {}
-                    None => self.core.cancel(id).map_err(|e| Refusal::internal(e.to_string()))?,
-                }
-                let job = self.jobs.get_mut(&id).expect("visible");
-                job.state = JobState::Cancelled;
-                self.finished(id)?;
-                self.event(id, Event::Cancelled(CancelledDetail { while_: Some("queued".into()) }))?;
-                self.save(id)?;
-            }
-            _ => {
-                let job = self.jobs.get_mut(&id).expect("visible");
-                if let Some(deadline) = cancel_deadline(job, grace_ms, now) {
-                    job.cancel_requested = true;
-                    job.cancel_notice = Some((now, deadline));
-                    let stop = cancel_stop(job, AttemptRef { job: id, attempt: job.attempt }, now);
-                    for node in job.running_on.clone() {
-                        self.outbox.push(&node, stop.clone());
-                    }
-                    self.jobs.note_unstarted(id);
-                    let detail = CancelRequestedDetail {
-                        at: Some(rfc3339(now)),
-                        deadline: Some(rfc3339(deadline)),
-                        grace_seconds: Some(deadline.saturating_sub(now) as f64 / 1000.0),
-                    };
-                    self.event(id, Event::CancelRequested(detail))?;
-                    self.save(id)?;
-                }
-            }
-        }
+    /// Cancels job `id` ([`cancel`]) and answers with its view.
+    pub(super) fn cancel(&mut self, id: JobId, req: &ebb_api::CancelRequest) -> Result<ebb_api::Job, Fail> {
+        cancel(&mut self.parts(), id, req.grace_ms)?;
         Ok(self.view(&self.jobs[&id], Vec::new()))
     }
 
@@ -348,64 +303,6 @@ impl<S: Store> Engine<S> {
             self.outbox.push(&node, Action::Signal { attempt, signal, batch_only });
         }
         Ok(self.view(&self.jobs[&id], Vec::new()))
-    }
-
-    /// Job `id` reached a final state: its tenant's load shrinks, and the
-    /// tenant's next waiting job may be admitted.
-    pub(super) fn finished(&mut self, id: JobId) -> Written {
-        let why = match self.jobs[&id].state {
-            JobState::Cancelled => "the job was cancelled",
-            JobState::Failed => "the job failed",
-            _ => "the job succeeded",
-        };
-        let now = self.now;
-        self.drill_changed(id, |d| d.abandoned(why, now))?;
-        let job = self.jobs.get_mut(&id).expect("known job");
-        let was = job.waiting.take();
-        let tenant = job.tenant;
-        self.release_load(id, was);
-        // No more output can come for it.
-        self.logs.remove(&id);
-        self.open_gates(id, was)?;
-        self.admit_waiting(tenant)
-    }
-
-    /// A job that ended leaves its tenant's counts (`was`: where it
-    /// waited). Its bytes stay counted while its record stays in memory
-    /// (`--keep-finished`): `prune_finished` gives them back.
-    pub(super) fn release_load(&mut self, id: JobId, was: Option<Waiting>) {
-        let tenant = self.jobs[&id].tenant;
-        let load = self.tenants.load.entry(tenant).or_default();
-        load.jobs = load.jobs.saturating_sub(1);
-        match was {
-            Some(Waiting::TenantLimit) => {
-                load.waiting.remove(&id);
-            }
-            Some(Waiting::Dependency | Waiting::ArrayLimit) => {}
-            _ => load.admitted = load.admitted.saturating_sub(1),
-        }
-    }
-
-    /// Admits the tenant's waiting jobs, oldest first, while it is under
-    /// its limit of running jobs.
-    pub(super) fn admit_waiting(&mut self, tenant: TenantId) -> Written {
-        let max = self.limits_of(tenant).max_running_jobs;
-        loop {
-            let Some(load) = self.tenants.load.get_mut(&tenant) else { return Ok(()) };
-            if load.admitted >= max {
-                return Ok(());
-            }
-            let Some(id) = load.waiting.pop_first() else { return Ok(()) };
-            load.admitted += 1;
-            self.jobs.get_mut(&id).expect("waiting job").waiting = None;
-            if let Err(e) = self.restore_queued(id) {
-                tracing::error!(job = id.0, "not admitted: {e}");
-                continue;
-            }
-            let reason = "its tenant is under its limit of running jobs".into();
-            self.event(id, Event::Admitted(AdmittedDetail { reason }))?;
-            self.save(id)?;
-        }
     }
 
     /// A quota as an operator gave it, checked: its tier, a model the
@@ -439,7 +336,7 @@ impl<S: Store> Engine<S> {
 
     /// A tenant's quotas, each with the GPUs it uses against it now.
     pub(super) fn quota_usage(&self, tenant: TenantId) -> Vec<ebb_api::QuotaUsage> {
-        let quotas = self.tenants.limits.get(&tenant).and_then(|l| l.quotas.clone()).unwrap_or_default();
+        let quotas = self.admission.limits.get(&tenant).and_then(|l| l.quotas.clone()).unwrap_or_default();
         quotas
             .into_iter()
             .map(|quota| {
@@ -460,7 +357,7 @@ impl<S: Store> Engine<S> {
         for (tenant, tier, model) in existing {
             self.core.set_quota(tenant, tier, model, None).expect("a quota the core has");
         }
-        for (&tenant, limits) in &self.tenants.limits {
+        for (&tenant, limits) in &self.admission.limits {
             for q in limits.quotas.iter().flatten() {
                 let (Some(tier), Some(model)) =
                     (parse_quota_tier(&q.tier), self.core.model_by_name(&q.gpu_model))
@@ -477,17 +374,6 @@ impl<S: Store> Engine<S> {
                 }
             }
         }
-    }
-
-    /// The server's limits with the tenant's own in place of the defaults.
-    pub(super) fn limits_of(&self, tenant: TenantId) -> crate::validate::Limits {
-        let mut limits = self.config.limits.clone();
-        if let Some(own) = self.tenants.limits.get(&tenant) {
-            limits.max_jobs = own.max_jobs.unwrap_or(limits.max_jobs);
-            limits.max_running_jobs = own.max_running_jobs.unwrap_or(limits.max_running_jobs);
-            limits.max_stored_bytes = own.max_stored_bytes.unwrap_or(limits.max_stored_bytes);
-        }
-        limits
     }
 
     /// A tenant's registry logins (the tenant itself or an admin); with
@@ -604,16 +490,17 @@ impl<S: Store> Engine<S> {
             tracing::info!(tenant = name, ?set, "tenant limits set");
             let weight = set.weight.unwrap_or(ebb_scheduler::DEFAULT_WEIGHT);
             self.core.set_weight(tenant, weight).expect("checked weight");
-            self.tenants.limits.insert(tenant, set);
+            self.admission.limits.insert(tenant, set);
             self.apply_quotas();
-            self.admit_waiting(tenant)?;
+            let Parts { jobs, core, admission, mut fx, .. } = self.parts();
+            admission::admit_waiting(jobs, core, admission, &mut fx, tenant)?;
         }
-        let limits = self.limits_of(tenant);
-        let load = self.tenants.load.get(&tenant).cloned().unwrap_or_default();
+        let limits = self.admission.limits_of(tenant);
+        let load = self.admission.load.get(&tenant).cloned().unwrap_or_default();
         Ok(ebb_api::TenantUsage {
             tenant: name.to_string(),
             weight: self.core.weight(tenant),
-            own: self.tenants.limits.get(&tenant).cloned().unwrap_or_default(),
+            own: self.admission.limits.get(&tenant).cloned().unwrap_or_default(),
             quotas: self.quota_usage(tenant),
             max_jobs: limits.max_jobs,
             max_running_jobs: limits.max_running_jobs,
@@ -627,7 +514,7 @@ impl<S: Store> Engine<S> {
 
     /// Jobs whose restart back-off is over go back to the scheduler.
     pub(super) fn end_backoffs(&mut self, now: u64) -> Written {
-        let (jobs, core, _, mut fx) = self.parts();
+        let Parts { jobs, core, mut fx, .. } = self.parts();
         end_backoffs(jobs, core, &mut fx, now)
     }
 
@@ -762,6 +649,53 @@ pub(super) fn end_backoffs(
             tracing::error!(job = id.0, "back-off over, but not requeued: {e}");
         }
         effects::save(jobs, fx, id)?;
+    }
+    Ok(())
+}
+
+/// Cancels job `id`: a queued one ends now; a running one is told (its
+/// notice, then SIGTERM) and killed at the end of its grace (`grace_ms`
+/// asked, within the drain window).
+pub(super) fn cancel(p: &mut Parts<'_, impl Effects>, id: JobId, grace_ms: Option<u64>) -> Result<(), Fail> {
+    let grace_ms = cancel_grace_ms(grace_ms, p.config.drain_window)?;
+    let now = p.fx.now();
+    let job = p.jobs.get_mut(&id).expect("visible");
+    match job.state {
+        s if s.is_final() => {
+            let message = format!("job {id}: already {}; there is nothing to cancel", s.as_str());
+            return Err(Refusal::conflict(message).into());
+        }
+        JobState::Queued => {
+            match job.waiting {
+                Some(Waiting::Backoff { until_ms }) => {
+                    p.jobs.backoff.remove(until_ms, id);
+                }
+                Some(Waiting::TenantLimit | Waiting::Dependency | Waiting::ArrayLimit) => {}
+                None => p.core.cancel(id).map_err(|e| Refusal::internal(e.to_string()))?,
+            }
+            p.jobs.get_mut(&id).expect("visible").state = JobState::Cancelled;
+            exits::finished(p.jobs, p.core, p.admission, &mut p.fx, id)?;
+            let cancelled = CancelledDetail { while_: Some("queued".into()) };
+            p.fx.event(&p.jobs[&id], Event::Cancelled(cancelled))?;
+            effects::save(p.jobs, &mut p.fx, id)?;
+        }
+        _ => {
+            let Some(deadline) = cancel_deadline(job, grace_ms, now) else { return Ok(()) };
+            job.cancel_requested = true;
+            job.cancel_notice = Some((now, deadline));
+            let stop = cancel_stop(job, AttemptRef { job: id, attempt: job.attempt }, now);
+            for node in &job.running_on {
+                p.fx.send(node, stop.clone());
+            }
+            p.jobs.note_unstarted(id);
+            let detail = CancelRequestedDetail {
+                at: Some(rfc3339(now)),
+                deadline: Some(rfc3339(deadline)),
+                grace_seconds: Some(deadline.saturating_sub(now) as f64 / 1000.0),
+            };
+            p.fx.event(&p.jobs[&id], Event::CancelRequested(detail))?;
+            effects::save(p.jobs, &mut p.fx, id)?;
+        }
     }
     Ok(())
 }

@@ -45,6 +45,7 @@ use tokio::sync::{oneshot, watch};
 use crate::store::{NodeRow, PriceRow, ReservationRow, Scope, Store, StoreError, TenantRow, TokenRow};
 use crate::{hash_token, new_token, rfc3339, Principal, Refusal, TokenMap, TokenState};
 
+mod admission;
 mod agents;
 mod batch;
 mod config;
@@ -73,12 +74,14 @@ mod views;
 mod webhooks;
 mod write;
 
+use admission::Admission;
 pub use batch::BatchFailed;
 pub use config::{check_policy, check_times, ConfigError, EngineConfig, MAX_KEEP_FINISHED};
 use credentials::write_secret;
 pub use deadline::{Deadline, Progress, Promotion, RESTART_ALLOWANCE_MS};
 pub use drill::{DrillExit, DrillRecord, NextAttempt, Resume, LOST_WORK_TOLERANCE};
 use due::Due;
+use effects::{Effects, Parts};
 pub use ending::STOP_GRACE_MS;
 pub use exits::UNSTARTED_GRACE_MS;
 use job::TenantLoad;
@@ -484,10 +487,8 @@ pub struct Engine<S: Store> {
     jobs: JobTable,
     /// When finished jobs' output was last pruned (`keep_output`).
     output_pruned_ms: u64,
-    /// Queued jobs at their dependencies' or their array's gate.
-    gates: gates::Gates,
-    /// How much of each unfinished job's log is committed, once output came.
-    logs: HashMap<JobId, crate::store::LogState>,
+    /// What lets queued jobs into the core.
+    admission: Admission,
     tenants: Tenants,
     access: Access,
     fleet: Fleet,
@@ -510,13 +511,10 @@ pub struct Engine<S: Store> {
     last_why: Option<(ebb_core::checkpoint::Recommendation, String)>,
 }
 
-/// Tenants: names, what their unfinished jobs hold against their limits,
-/// and the limits the operator set for single tenants.
+/// Tenants: their names and registry logins.
 #[derive(Default)]
 struct Tenants {
     names: BTreeMap<TenantId, String>,
-    load: BTreeMap<TenantId, TenantLoad>,
-    limits: BTreeMap<TenantId, ebb_api::TenantLimits>,
     /// Each tenant's registry logins, by registry host.
     logins: BTreeMap<TenantId, BTreeMap<String, ebb_api::RegistryLogin>>,
 }

@@ -78,16 +78,6 @@ impl<S: Store> Engine<S> {
         }
     }
 
-    /// An attempt's use, metered, counted in its tenant's fair share.
-    pub(super) fn fair_share_usage(&mut self, usage: &crate::billing::UsageRow, now: u64) {
-        let (Some(model), Ok(tier)) = (self.core.model_by_name(&usage.gpu_model), usage.tier.parse::<Tier>())
-        else {
-            return;
-        };
-        let span = (Time(usage.started_ms), Time(usage.ended_ms));
-        let _ = self.core.record_usage(usage.tenant, tier, model, usage.gpus, span, Time(now));
-    }
-
     pub(super) fn known_model(&self, field: &str, model: &str) -> Result<(), Refusal> {
         if self.core.model_by_name(model).is_some() || self.money.prices.contains_key(model) {
             return Ok(());
@@ -327,4 +317,13 @@ impl<S: Store> Engine<S> {
         let names = self.tenants.names.clone();
         Ok(crate::billing::Ledger { usage, live, reservations, nodes, now, names })
     }
+}
+
+/// An attempt's use, metered, counted in its tenant's fair share.
+pub(super) fn fair_share_usage(core: &mut State, usage: &crate::billing::UsageRow, now: u64) {
+    let (Some(model), Ok(tier)) = (core.model_by_name(&usage.gpu_model), usage.tier.parse::<Tier>()) else {
+        return;
+    };
+    let span = (Time(usage.started_ms), Time(usage.ended_ms));
+    let _ = core.record_usage(usage.tenant, tier, model, usage.gpus, span, Time(now));
 }

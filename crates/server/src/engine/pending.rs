@@ -102,7 +102,7 @@ impl<S: Store> Engine<S> {
             Why::TenantLimit => format!(
                 "tenant {} has {} jobs admitted, its limit (ebb tenant limits, ebb server --max-running-jobs)",
                 self.tenant_name(job.tenant),
-                self.limits_of(job.tenant).max_running_jobs
+                self.admission.limits_of(job.tenant).max_running_jobs
             ),
             Why::Dependency => {
                 let on: Vec<String> = job

@@ -30,10 +30,10 @@ impl<S: Store> Engine<S> {
     /// next batch goes on at once.
     pub(super) fn schedule(&mut self, now: u64) -> Written {
         self.end_backoffs(now)?;
-        let (jobs, _, config, mut fx) = self.parts();
+        let Parts { jobs, config, mut fx, .. } = self.parts();
         exits::end_gang_graces(jobs, config.gang_exit_grace, &mut fx, now)?;
-        self.end_unstarted(now)?;
-        let (jobs, core, config, mut fx) = self.parts();
+        exits::end_unstarted(&mut self.parts())?;
+        let Parts { jobs, core, config, mut fx, .. } = self.parts();
         deadline::check_deadlines(jobs, core, config.drain_window, &mut fx, now)?;
         self.hear_silent(now)?;
         let mut starts = 0;
@@ -93,7 +93,7 @@ impl<S: Store> Engine<S> {
     /// every node of the attempt is told.
     pub(super) fn drained(&mut self, d: &Drain) -> Written {
         let said = self.drain_words(d);
-        let (jobs, _, _, mut fx) = self.parts();
+        let Parts { jobs, mut fx, .. } = self.parts();
         give_notice(jobs, &mut fx, d, said)
     }
 

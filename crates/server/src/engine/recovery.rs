@@ -28,6 +28,7 @@ impl<S: Store> Engine<S> {
             getrandom::fill(&mut bytes).map_err(OpenError::Entropy)?;
             u64::from_le_bytes(bytes) >> 1
         };
+        let admission = Admission::new(config.limits.clone());
         let mut engine = Engine {
             store,
             config,
@@ -36,8 +37,7 @@ impl<S: Store> Engine<S> {
             now,
             jobs: JobTable::new(JobId(1)),
             output_pruned_ms: 0,
-            gates: Default::default(),
-            logs: HashMap::new(),
+            admission,
             tenants: Tenants::default(),
             access: Access { tokens, node_credentials: BTreeMap::new() },
             fleet: Fleet::default(),
@@ -98,8 +98,8 @@ impl<S: Store> Engine<S> {
         for t in &snapshot.tenants {
             self.tenants.names.insert(t.id, t.name.clone());
         }
-        self.tenants.limits = std::mem::take(&mut snapshot.tenant_limits).into_iter().collect();
-        for (&tenant, limits) in &self.tenants.limits {
+        self.admission.limits = std::mem::take(&mut snapshot.tenant_limits).into_iter().collect();
+        for (&tenant, limits) in &self.admission.limits {
             if let Some(weight) = limits.weight {
                 let _ = self.core.set_weight(tenant, weight);
             }
@@ -135,7 +135,7 @@ impl<S: Store> Engine<S> {
     fn load_fair_share_usage(&mut self, now: u64) -> Result<(), StoreError> {
         let since = now.saturating_sub(self.config.fair_share_half_life.0.saturating_mul(16));
         for usage in self.store.usage(None, since, u64::MAX)? {
-            self.fair_share_usage(&usage, now);
+            money::fair_share_usage(&mut self.core, &usage, now);
         }
         Ok(())
     }
@@ -194,7 +194,7 @@ impl<S: Store> Engine<S> {
             self.jobs.next = self.jobs.next.max(job.id.next());
             let (id, state, waiting) = (job.id, job.state, job.waiting);
             if !state.is_final() {
-                let load = self.tenants.load.entry(job.tenant).or_default();
+                let load = self.admission.load.entry(job.tenant).or_default();
                 load.jobs += 1;
                 load.bytes += job.spec.stored_bytes();
                 match waiting {
@@ -299,7 +299,7 @@ impl<S: Store> Engine<S> {
             let end_ms = heard.unwrap_or(job.started_ms).min(now);
             tracing::warn!(job = id.0, "attempt not restored, requeued as lost: {why}");
             let note = EndNote { why: Some(format!("server restart: {why}")), ..Default::default() };
-            self.ended(id, ExitEffect::RequeuedLost, end_ms, now, note)?;
+            self.ended(id, ExitEffect::RequeuedLost, end_ms, note)?;
             if let Err(e) = self.restore_queued(id) {
                 tracing::error!(job = id.0, "not requeued: {e}");
             }
@@ -312,7 +312,7 @@ impl<S: Store> Engine<S> {
         for (id, state) in self.store.file_logs()? {
             if self.jobs.get(&id).is_some_and(|j| j.state.is_live() && !j.no_output) {
                 self.cut_uncommitted(id, state.bytes)?;
-                self.logs.insert(id, state);
+                self.jobs.logs.insert(id, state);
             }
         }
         // Holds last: their victims must be back first.
@@ -357,9 +357,10 @@ impl<S: Store> Engine<S> {
             self.save(id)?;
         }
         // The limits may have been raised since.
-        let tenants: Vec<TenantId> = self.tenants.load.keys().copied().collect();
+        let tenants: Vec<TenantId> = self.admission.load.keys().copied().collect();
+        let Parts { jobs, core, admission, mut fx, .. } = self.parts();
         for tenant in tenants {
-            self.admit_waiting(tenant)?;
+            admission::admit_waiting(jobs, core, admission, &mut fx, tenant)?;
         }
         Ok(())
     }
@@ -376,7 +377,8 @@ impl<S: Store> Engine<S> {
             let tenant = (scope == Scope::Admin).then_some(TenantId(1));
             self.store.put_token(&TokenRow { hash: hash_token(&token), tenant, scope, node: None })?;
             let path = self.config.data_dir.join(file);
-            write_secret(&path, &token).map_err(|source| OpenError::TokenFile { path: path.clone(), source })?;
+            write_secret(&path, &token)
+                .map_err(|source| OpenError::TokenFile { path: path.clone(), source })?;
             notes.push(path.display().to_string());
         }
         self.store.commit()?;
@@ -402,18 +404,17 @@ impl<S: Store> Engine<S> {
         };
         let (attempt, preemptions, started) = (job.attempt, job.preemptions, job.started_ms);
         let checkpoint = job.attempt_checkpoint_ms.map(Time);
-        self.core
-            .restore_run(
-                self.spec_of(id),
-                ebb_scheduler::RestoredRun {
-                    attempt,
-                    preemptions,
-                    alloc,
-                    started_at: Time(started),
-                    last_checkpoint_at: checkpoint,
-                    notice,
-                },
-            )?;
+        self.core.restore_run(
+            self.spec_of(id),
+            ebb_scheduler::RestoredRun {
+                attempt,
+                preemptions,
+                alloc,
+                started_at: Time(started),
+                last_checkpoint_at: checkpoint,
+                notice,
+            },
+        )?;
         Ok(restore_marks(&self.jobs[&id], &mut self.core)?)
     }
 

@@ -3,7 +3,7 @@
 //! writer (`Engine::jobs`), so that a handler that takes it shows it
 //! touches jobs and nothing else of the writer's.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use ebb_core::{Attempt, JobId};
 
@@ -38,6 +38,8 @@ pub(super) struct JobTable {
     pub staged: BTreeSet<JobId>,
     /// Jobs by tier and state, counted as records are saved.
     pub tally: Tally,
+    /// How much of each unfinished job's log is committed, once output came.
+    pub logs: HashMap<JobId, crate::store::LogState>,
 }
 
 /// What saving a record changed in the table: whether the job has just
@@ -58,6 +60,7 @@ impl JobTable {
             gang_graces: Due::default(),
             unstarted: Due::default(),
             staged: BTreeSet::new(),
+            logs: HashMap::new(),
             tally: Tally::default(),
         }
     }

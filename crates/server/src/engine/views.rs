@@ -110,7 +110,7 @@ impl<S: Store> Engine<S> {
             .names
             .iter()
             .map(|(id, name)| {
-                let load = self.tenants.load.get(id).cloned().unwrap_or_default();
+                let load = self.admission.load.get(id).cloned().unwrap_or_default();
                 let reservations = self
                     .money
                     .reservations

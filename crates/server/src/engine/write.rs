@@ -8,14 +8,14 @@ use super::*;
 impl<S: Store> Engine<S> {
     /// Records `event` of job `id` at the batch's instant.
     pub(super) fn event(&mut self, id: JobId, event: Event) -> Written {
-        let (jobs, _, _, mut writes) = self.parts();
+        let Parts { jobs, fx: mut writes, .. } = self.parts();
         writes.job_event(id, jobs.get(&id), event)
     }
 
     /// Writes job `id`'s record, and counts it as it is now. A job that
     /// has just finished leaves memory `keep_finished` from now.
     pub(super) fn save(&mut self, id: JobId) -> Written {
-        let (jobs, _, _, mut writes) = self.parts();
+        let Parts { jobs, fx: mut writes, .. } = self.parts();
         effects::save(jobs, &mut writes, id)
     }
 
@@ -45,7 +45,7 @@ impl<S: Store> Engine<S> {
                 // leaves memory; a record only read back for a request
                 // (stamped 0) was never counted.
                 if finished_ms != 0 {
-                    let load = self.tenants.load.entry(job.tenant).or_default();
+                    let load = self.admission.load.entry(job.tenant).or_default();
                     load.bytes = load.bytes.saturating_sub(job.spec.stored_bytes());
                 }
             }
@@ -85,7 +85,7 @@ impl<S: Store> Engine<S> {
         if let Some(job) = self.jobs.get_mut(&id) {
             job.no_output = false;
         }
-        self.logs.insert(id, state);
+        self.jobs.logs.insert(id, state);
         Ok(())
     }
 
@@ -93,7 +93,7 @@ impl<S: Store> Engine<S> {
     /// looks at a log that is a file, output past its committed length
     /// (of a batch that never committed) is cut from it.
     pub(super) fn log_state(&mut self, id: JobId) -> Written<crate::store::LogState> {
-        if let Some(state) = self.logs.get(&id) {
+        if let Some(state) = self.jobs.logs.get(&id) {
             return Ok(state.clone());
         }
         if self.jobs.get(&id).is_some_and(|j| j.no_output) {
@@ -113,7 +113,7 @@ impl<S: Store> Engine<S> {
         }
         // Kept while output can still come; a finished job's is read again.
         if !self.jobs[&id].state.is_final() {
-            self.logs.insert(id, state.clone());
+            self.jobs.logs.insert(id, state.clone());
         }
         Ok(state)
     }
