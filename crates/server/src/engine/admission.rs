@@ -82,3 +82,80 @@ pub(super) fn admit_waiting(
         effects::save(jobs, fx, id)?;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queued(id: u64, waiting: Option<Waiting>) -> Box<JobRecord> {
+        let spec = ebb_api::JobSubmission { argv: vec!["train".into()], ..Default::default() };
+        let spec = StoredSpec::from(spec);
+        let mut job = JobRecord::queued(JobId(id), TenantId(1), spec, Tier::Preemptible, 1, 15, 0);
+        job.waiting = waiting;
+        Box::new(job)
+    }
+
+    #[test]
+    fn a_cancelled_job_lets_its_tenants_oldest_waiting_job_in_and_fails_its_dependents_over_the_parts() {
+        // Tenant 1 may run one job: job 1 is admitted, 2 and 3 wait at the
+        // limit, and 4 waits for job 1 to succeed.
+        let mut jobs = JobTable::new(JobId(5));
+        let mut core = State::new();
+        let mut admission = Admission::new(Limits { max_running_jobs: 1, ..Limits::default() });
+        jobs.insert(JobId(1), queued(1, None));
+        jobs.insert(JobId(2), queued(2, Some(Waiting::TenantLimit)));
+        jobs.insert(JobId(3), queued(3, Some(Waiting::TenantLimit)));
+        let mut dependent = queued(4, Some(Waiting::Dependency));
+        dependent.spec.after =
+            Some(gates::After { on: vec![(gates::Condition::Ok, JobId(1))], singleton: false });
+        jobs.insert(JobId(4), dependent);
+        super::super::recovery::restore_queued(&jobs[&JobId(1)], &mut core).unwrap();
+        let load = admission.load.entry(TenantId(1)).or_default();
+        (load.jobs, load.admitted, load.waiting) = (4, 1, [JobId(2), JobId(3)].into());
+        admission.gates.dependents.insert(JobId(1), [JobId(4)].into());
+
+        let dir = std::env::temp_dir();
+        let config = EngineConfig::for_tests(&dir);
+        let mut fleet = Fleet::default();
+        let fx = effects::Recorded { now: 1_000, ..Default::default() };
+        let mut p = Parts {
+            jobs: &mut jobs,
+            core: &mut core,
+            admission: &mut admission,
+            fleet: &mut fleet,
+            config: &config,
+            fx,
+        };
+        super::super::jobs::cancel(&mut p, JobId(1), None).unwrap();
+
+        // Job 4 can never run and fails; job 2, the oldest waiting, is in
+        // the core; job 3 still waits. Nothing is sent to a node.
+        let events: Vec<(JobId, &str)> = p.fx.events.iter().map(|(id, e)| (*id, e.kind().as_str())).collect();
+        assert_eq!(events, [(JobId(4), "failed"), (JobId(2), "admitted"), (JobId(1), "cancelled")]);
+        let saved: Vec<(JobId, JobState)> = p.fx.saved.iter().map(|j| (j.id, j.state)).collect();
+        assert_eq!(
+            saved,
+            [(JobId(4), JobState::Failed), (JobId(2), JobState::Queued), (JobId(1), JobState::Cancelled)]
+        );
+        assert!(p.fx.sent.is_empty());
+        assert!(
+            p.core.job(JobId(2)).is_some()
+                && p.core.job(JobId(1)).is_none()
+                && p.core.job(JobId(3)).is_none()
+        );
+        assert_eq!(
+            (p.jobs[&JobId(2)].waiting, p.jobs[&JobId(3)].waiting),
+            (None, Some(Waiting::TenantLimit))
+        );
+        let load = &p.admission.load[&TenantId(1)];
+        assert_eq!((load.jobs, load.admitted, load.waiting.len()), (2, 1, 1));
+        assert!(p.admission.gates.dependents.is_empty());
+
+        // A second cancel of job 1 is refused, naming it.
+        let again = super::super::jobs::cancel(&mut p, JobId(1), None).unwrap_err();
+        assert!(
+            matches!(&again, Fail::Refused(r) if r.message.contains("job 1: already cancelled")),
+            "{again:?}"
+        );
+    }
+}
