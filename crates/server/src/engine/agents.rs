@@ -353,13 +353,6 @@ impl<S: Store> Engine<S> {
         Ok(())
     }
 
-    /// An event time of a live attempt, clamped to what the server can
-    /// know: not before the attempt was placed, not after now.
-    pub(super) fn known_time(&self, attempt: AttemptRef, at_ms: u64, now: u64) -> u64 {
-        let placed = self.jobs.get(&attempt.job).map_or(0, |j| j.started_ms);
-        at_ms.clamp(placed.min(now), now)
-    }
-
     /// What a node's agent reports, in order; returns the stale attempts
     /// it spoke of. An event delivered twice (once with a registration,
     /// once in a report) counts once.
@@ -406,88 +399,6 @@ impl<S: Store> Engine<S> {
             return Ok((!matches!(event, AgentEvent::Exited { .. })).then_some(attempt));
         }
         match event {
-            AgentEvent::Started { attempt, pid, at_ms } => {
-                let at_ms = self.known_time(attempt, at_ms, now);
-                self.part_started(node, attempt, pid, at_ms, now)?;
-            }
-            AgentEvent::Exited {
-                attempt,
-                code,
-                signal,
-                completed,
-                at_ms,
-                peak_memory_bytes,
-                start_error,
-                port_in_use,
-                ended_by,
-            } => {
-                // Not before the attempt's start, as the record has it.
-                let started = self.jobs[&attempt.job].run_started_ms.unwrap_or(0);
-                let at_ms = self.known_time(attempt, at_ms.max(started), now);
-                // A node's words, kept to a line's worth.
-                let start_error = start_error.map(|e| clip(&e, MAX_START_ERROR_BYTES));
-                let exit = PartExit {
-                    code,
-                    signal,
-                    completed,
-                    vanished: false,
-                    peak_memory_bytes,
-                    start_error,
-                    port_in_use,
-                    ended_by,
-                };
-                self.part_exited(node, attempt, exit, at_ms)?;
-            }
-            AgentEvent::Checkpoint { attempt, step, bytes, duration_ms, at_ms } => {
-                let at_ms = self.known_time(attempt, at_ms, now);
-                self.checkpointed(attempt, step, bytes, duration_ms, at_ms, now)?;
-            }
-            AgentEvent::Resumed { attempt, step, at_ms } => {
-                let at_ms = self.known_time(attempt, at_ms, now);
-                self.event(attempt.job, Event::Resumed(ResumedDetail { step, at: Some(rfc3339(at_ms)) }))?;
-                self.drill_changed(attempt.job, |d| d.resumed(attempt.attempt, step, at_ms, now))?;
-                self.save(attempt.job)?;
-            }
-            AgentEvent::Restored {
-                attempt,
-                from_attempt,
-                upload,
-                step,
-                files,
-                bytes,
-                duration_ms,
-                at_ms,
-            } => {
-                let at = Some(rfc3339(self.known_time(attempt, at_ms, now)));
-                let seconds = duration_ms as f64 / 1000.0;
-                let node = node.to_string();
-                let detail = RestoredDetail { node, from_attempt, upload, step, files, bytes, seconds, at };
-                self.event(attempt.job, Event::Restored(detail))?;
-            }
-            AgentEvent::Progress { attempt, fraction, at_ms } => {
-                let at_ms = self.known_time(attempt, at_ms, now);
-                let Parts { jobs, core, config, mut fx, .. } = self.parts();
-                deadline::progressed(
-                    jobs,
-                    core,
-                    config.drain_window,
-                    &mut fx,
-                    (attempt, fraction, at_ms),
-                    now,
-                )?;
-            }
-            AgentEvent::Pulling { attempt, done_bytes, total_bytes, at_ms } => {
-                let at_ms = self.known_time(attempt, at_ms, now);
-                self.pulling(node, attempt, (done_bytes, total_bytes), at_ms)?;
-            }
-            AgentEvent::Pulled { attempt, downloaded_bytes, duration_ms, at_ms } => {
-                let at = Some(rfc3339(self.known_time(attempt, at_ms, now)));
-                self.jobs.get_mut(&attempt.job).expect("live").pulling = None;
-                let seconds = duration_ms as f64 / 1000.0;
-                let detail = PulledDetail { node: node.to_string(), downloaded_bytes, seconds, at };
-                self.event(attempt.job, Event::Pulled(detail))?;
-                self.save(attempt.job)?;
-            }
             AgentEvent::Health { findings, at_ms } => self.health_reported(node, findings, at_ms, now)?,
             AgentEvent::Stopping { stop_timeout_ms, .. } => self.agent_stopping(node, stop_timeout_ms)?,
             AgentEvent::Output { attempt, data } => {
@@ -495,101 +406,9 @@ impl<S: Store> Engine<S> {
                 let gang = self.jobs[&attempt.job].placement.len() > 1;
                 self.append_output(attempt.job, &data, gang.then_some(node))?;
             }
+            event => reports::attempt_event(&mut self.parts(), node, event)?,
         }
         Ok(None)
-    }
-
-    /// A part of the live attempt started on `node`: a gang runs once
-    /// every node has started its part.
-    fn part_started(&mut self, node: &str, attempt: AttemptRef, pid: u32, at_ms: u64, now: u64) -> Written {
-        let job = self.jobs.get_mut(&attempt.job).expect("live");
-        if job.started_on.iter().any(|n| n == node) {
-            return Ok(());
-        }
-        job.started_on.push(node.to_string());
-        job.run_started_ms = Some(job.run_started_ms.map_or(at_ms, |t| t.min(at_ms)));
-        if job.state == JobState::Starting && job.started_on.len() == job.placement.len() {
-            job.state = JobState::Running;
-        }
-        let detail = StartedDetail { node: node.to_string(), pid, at: Some(rfc3339(at_ms)) };
-        self.event(attempt.job, Event::Started(detail))?;
-        self.drill_changed(attempt.job, |d| d.started(attempt.attempt, at_ms, now))?;
-        self.save(attempt.job)
-    }
-
-    /// The live attempt's image pull on `node`: `(done, total)` bytes. Its
-    /// first report (or one starting over) is an event.
-    fn pulling(
-        &mut self,
-        node: &str,
-        attempt: AttemptRef,
-        (done_bytes, total_bytes): (u64, u64),
-        at_ms: u64,
-    ) -> Written {
-        let job = self.jobs.get_mut(&attempt.job).expect("live");
-        let first = job.pulling.as_ref().is_none_or(|(n, _, _)| n != node) || done_bytes == 0;
-        job.pulling = Some((node.to_string(), done_bytes.min(total_bytes), total_bytes));
-        if first {
-            let digest = job.spec.image.as_ref().map(|i| i.digest.clone());
-            let detail =
-                PullingDetail { node: node.to_string(), digest, total_bytes, at: Some(rfc3339(at_ms)) };
-            self.event(attempt.job, Event::Pulling(detail))?;
-        }
-        self.save(attempt.job)
-    }
-
-    /// The live attempt reported a completed checkpoint: the core picks
-    /// victims by it, the record shows it, and a checkpoint that would not
-    /// fit in the drain window earns the job a warning.
-    pub(super) fn checkpointed(
-        &mut self,
-        attempt: AttemptRef,
-        step: Option<u64>,
-        bytes: Option<u64>,
-        duration_ms: u64,
-        at_ms: u64,
-        now: u64,
-    ) -> Written {
-        let id = attempt.job;
-        if let Err(e) = self.core.checkpointed(id, attempt.attempt, Time(now)) {
-            tracing::warn!(job = id.0, "checkpoint not taken: {e}");
-            return Ok(());
-        }
-        self.counters.checkpoints += 1;
-        let window = self.config.drain_window;
-        let job = self.jobs.get_mut(&id).expect("live attempt");
-        let checkpoint = ebb_api::Checkpoint {
-            at: rfc3339(at_ms),
-            at_ms,
-            attempt: attempt.attempt.0,
-            step,
-            bytes,
-            seconds: duration_ms as f64 / 1000.0,
-        };
-        job.checkpoints.record(checkpoint, duration_ms);
-        job.attempt_checkpoint_ms = Some(job.attempt_checkpoint_ms.map_or(at_ms, |t| t.max(at_ms)));
-        let warn = duration_ms > window.as_millis() && !job.checkpoints.warned;
-        job.checkpoints.warned |= warn;
-        let seconds = duration_ms as f64 / 1000.0;
-        self.event(id, Event::Checkpoint(CheckpointDetail { step, bytes, seconds }))?;
-        self.drill_changed(id, |d| d.checkpointed(attempt.attempt, step, now))?;
-        if warn {
-            let message = format!(
-                "a checkpoint took {}, longer than the {} drain window: a save started at notice will not \
-                 finish before the kill; checkpoint periodically (EBB_CHECKPOINT_INTERVAL_S) or make the \
-                 save faster",
-                Span(duration_ms).human(),
-                window.human(),
-            );
-            tracing::warn!(job = id.0, "{message}");
-            let detail = WarningDetail {
-                message,
-                checkpoint_seconds: Some(duration_ms as f64 / 1000.0),
-                drain_window_seconds: Some(window.as_secs()),
-            };
-            self.event(id, Event::Warning(detail))?;
-        }
-        self.save(id)
     }
 
     /// Marks `node` unhealthy (it takes no new work) while its agent says
@@ -677,22 +496,6 @@ impl<S: Store> Engine<S> {
 
 /// How often an idle node's contact is written (it has nothing to meter).
 pub(super) const IDLE_CONTACT_MS: u64 = 5 * 60 * 1000;
-
-/// What a start failure's cause may take in an event: the schema's bound.
-const MAX_START_ERROR_BYTES: usize = 4096;
-
-/// `text` cut to at most `max` bytes, between characters, with `…` where
-/// it was cut.
-fn clip(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_string();
-    }
-    let mut at = max.saturating_sub('…'.len_utf8());
-    while !text.is_char_boundary(at) {
-        at -= 1;
-    }
-    format!("{}…", &text[..at])
-}
 
 /// What the document states of a registration, refused with a 400 naming
 /// the field: names that fit in a listing and a URL path, a GPU count a
@@ -783,13 +586,5 @@ mod tests {
         assert!(!ok("", "H100") && !ok("n", "") && !ok("a/b", "H100") && !ok("n", "H\u{7f}"));
         let e = super::check_registration(&register("n", &"x".repeat(65))).unwrap_err();
         assert!(format!("{e:?}").contains("gpu_model: a name of 1 to 64 characters"), "{e:?}");
-    }
-
-    #[test]
-    fn a_start_error_is_clipped_between_characters() {
-        assert_eq!(super::clip("short", 4096), "short");
-        let long = "é".repeat(3000);
-        let clipped = super::clip(&long, super::MAX_START_ERROR_BYTES);
-        assert!(clipped.len() <= super::MAX_START_ERROR_BYTES && clipped.ends_with('…'), "{}", clipped.len());
     }
 }

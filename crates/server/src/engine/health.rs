@@ -201,7 +201,7 @@ impl<S: Store> Engine<S> {
             for n in record.running_on.clone() {
                 self.outbox.push(&n, Action::Stop { attempt, grace_ms: STOP_GRACE_MS, notice: None });
             }
-            let end_ms = self.known_time(attempt, at_ms, now);
+            let end_ms = reports::known_time(&self.jobs, attempt, at_ms, now);
             let note = EndNote { node: Some(node.to_string()), why: Some(why.clone()), ..Default::default() };
             tracing::warn!(job = job.0, node, "attempt {} ended by a GPU fault: {why}", attempt.attempt);
             self.ended(job, ExitEffect::RequeuedLost, end_ms, note)?;

@@ -68,6 +68,7 @@ mod money;
 mod pending;
 mod plan;
 mod recovery;
+mod reports;
 mod staged;
 mod table;
 mod views;
