@@ -123,6 +123,36 @@ fn on_disk(mount: &CgroupMount, path: &str) -> PathBuf {
     }
 }
 
+/// Why the agent's cgroups could not be found, made or used again.
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    #[error("no cgroup v2 hierarchy is mounted")]
+    NoV2Hierarchy,
+    #[error("this process is in no cgroup v2 group (no 0:: line in /proc/self/cgroup)")]
+    NoV2Group,
+    /// A file of the kernel's could not be read, opened or written.
+    #[error("{}: {source}", path.display())]
+    File { path: PathBuf, source: std::io::Error },
+    #[error("cannot create a cgroup in {}: {source}", parent.display())]
+    Probe { parent: PathBuf, source: std::io::Error },
+    #[error("{} has no cgroup.kill (kernel older than 5.14)", .0.display())]
+    NoKill(PathBuf),
+    #[error("cannot create cgroup {}: {source}", path.display())]
+    Create { path: PathBuf, source: std::io::Error },
+    #[error("mount -o remount,favordynmods {}: {why}", mount.display())]
+    Remount { mount: PathBuf, why: String },
+    /// An ended attempt's group holds too much memory to be used again.
+    #[error("it holds {0} bytes")]
+    Holds(u64),
+    #[error("cannot reset {}: {source}", path.display())]
+    Reset { path: PathBuf, source: std::io::Error },
+}
+
+/// A file error of `path`'s.
+fn file(path: &Path) -> impl FnOnce(std::io::Error) -> CgroupError + '_ {
+    move |source| CgroupError::File { path: path.to_path_buf(), source }
+}
+
 /// The directories under which the agent makes its attempts' groups.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Parents {
@@ -134,13 +164,11 @@ pub struct Parents {
 
 /// The agent's own groups, from the texts of mountinfo and
 /// `/proc/self/cgroup`.
-pub fn discover(mountinfo: &str, proc_cgroup: &str) -> Result<Parents, String> {
+pub fn discover(mountinfo: &str, proc_cgroup: &str) -> Result<Parents, CgroupError> {
     let mounts = parse_mountinfo(mountinfo);
     let (v2_path, memory_path) = parse_proc_cgroup(proc_cgroup);
-    let v2_mount =
-        mounts.iter().find(|m| m.fstype == "cgroup2").ok_or("no cgroup v2 hierarchy is mounted")?;
-    let v2_path =
-        v2_path.ok_or("this process is in no cgroup v2 group (no 0:: line in /proc/self/cgroup)")?;
+    let v2_mount = mounts.iter().find(|m| m.fstype == "cgroup2").ok_or(CgroupError::NoV2Hierarchy)?;
+    let v2_path = v2_path.ok_or(CgroupError::NoV2Group)?;
     let memory_v1 = memory_path.and_then(|path| {
         let mount =
             mounts.iter().find(|m| m.fstype == "cgroup" && m.controllers.iter().any(|c| c == "memory"))?;
@@ -156,9 +184,10 @@ pub fn discover(mountinfo: &str, proc_cgroup: &str) -> Result<Parents, String> {
 /// after its victim left. The `favordynmods` mount option (Linux 6.0)
 /// trades this for slightly dearer forks, which is what a node whose
 /// purpose is starting jobs wants. Whether the mount was changed.
-pub fn favor_dynamic_changes(mountinfo: &str) -> Result<bool, String> {
+pub fn favor_dynamic_changes(mountinfo: &str) -> Result<bool, CgroupError> {
     let mounts = parse_mountinfo(mountinfo);
-    let v2 = mounts.iter().find(|m| m.fstype == "cgroup2").ok_or("no cgroup v2 hierarchy is mounted")?;
+    let v2 = mounts.iter().find(|m| m.fstype == "cgroup2").ok_or(CgroupError::NoV2Hierarchy)?;
+    let remount = |why: String| CgroupError::Remount { mount: v2.mount_point.clone(), why };
     if v2.favordynmods {
         return Ok(false);
     }
@@ -167,29 +196,25 @@ pub fn favor_dynamic_changes(mountinfo: &str) -> Result<bool, String> {
         .arg("remount,favordynmods")
         .arg(&v2.mount_point)
         .output()
-        .map_err(|e| format!("mount -o remount,favordynmods {}: {e}", v2.mount_point.display()))?;
+        .map_err(|e| remount(e.to_string()))?;
     if !out.status.success() {
-        return Err(format!(
-            "mount -o remount,favordynmods {}: {}",
-            v2.mount_point.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
+        return Err(remount(String::from_utf8_lossy(&out.stderr).trim().to_string()));
     }
     Ok(true)
 }
 
 impl Parents {
     /// This process's groups, checked by making (and removing) one.
-    pub fn probe() -> Result<Parents, String> {
-        let read = |p: &str| std::fs::read_to_string(p).map_err(|e| format!("{p}: {e}"));
+    pub fn probe() -> Result<Parents, CgroupError> {
+        let read = |p: &str| std::fs::read_to_string(p).map_err(file(Path::new(p)));
         let mut parents = discover(&read("/proc/self/mountinfo")?, &read("/proc/self/cgroup")?)?;
         let test = parents.v2.join(format!("ebb-probe-{}", std::process::id()));
         std::fs::create_dir(&test)
-            .map_err(|e| format!("cannot create a cgroup in {}: {e}", parents.v2.display()))?;
+            .map_err(|source| CgroupError::Probe { parent: parents.v2.clone(), source })?;
         let kill_file = test.join("cgroup.kill").exists();
         let _ = std::fs::remove_dir(&test);
         if !kill_file {
-            return Err(format!("{} has no cgroup.kill (kernel older than 5.14)", parents.v2.display()));
+            return Err(CgroupError::NoKill(parents.v2));
         }
         parents.enable_memory();
         if let Some(memory) = &parents.memory_v1 {
@@ -230,7 +255,7 @@ impl Parents {
 
     /// A new group for an attempt (and its v1 memory group where there is
     /// one), empty: a leftover of the same name is killed first.
-    pub fn create(&self, name: &str) -> Result<AttemptGroup, String> {
+    pub fn create(&self, name: &str) -> Result<AttemptGroup, CgroupError> {
         let group =
             AttemptGroup { v2: self.v2.join(name), memory_v1: self.memory_v1.as_ref().map(|m| m.join(name)) };
         if group.v2.exists() {
@@ -238,7 +263,7 @@ impl Parents {
             group.remove();
         }
         std::fs::create_dir(&group.v2)
-            .map_err(|e| format!("cannot create cgroup {}: {e}", group.v2.display()))?;
+            .map_err(|source| CgroupError::Create { path: group.v2.clone(), source })?;
         if let Some(memory) = &group.memory_v1 {
             if let Err(e) = std::fs::create_dir(memory) {
                 tracing::warn!("cannot create memory cgroup {}: {e}", memory.display());
@@ -375,14 +400,14 @@ impl Pool {
     }
 
     /// An empty group for an attempt: an idle one, or one made now.
-    pub fn take(&self) -> Result<Ready, String> {
+    pub fn take(&self) -> Result<Ready, CgroupError> {
         if let Some(ready) = self.idle.lock().expect("pool").pop() {
             return Ok(ready);
         }
         self.make()
     }
 
-    fn make(&self) -> Result<Ready, String> {
+    fn make(&self) -> Result<Ready, CgroupError> {
         let n = self.made.fetch_add(1, Ordering::Relaxed);
         let group = self.parents.create(&format!("{}{n}", self.prefix))?;
         self.all.lock().expect("pool").insert(group.clone());
@@ -448,7 +473,7 @@ impl Pool {
         }
     }
 
-    fn reset(&self, group: &AttemptGroup) -> Result<Ready, String> {
+    fn reset(&self, group: &AttemptGroup) -> Result<Ready, CgroupError> {
         let read = |p: PathBuf| read_small(&p).ok()?.trim().parse::<u64>().ok();
         let v2_memory = *self.v2_memory.get_or_init(|| group.v2.join("memory.current").exists());
         let held = if v2_memory {
@@ -457,20 +482,18 @@ impl Pool {
             group.memory_v1.as_ref().and_then(|m| read(m.join("memory.usage_in_bytes")))
         };
         if held.is_some_and(|held| held > RECYCLE_MAX_BYTES) {
-            return Err(format!("it holds {} bytes", held.unwrap_or(0)));
+            return Err(CgroupError::Holds(held.unwrap_or(0)));
         }
         let peak = if v2_memory {
             let path = group.v2.join("memory.peak");
-            let mut file = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(&path)
-                .map_err(|e| format!("{}: {e}", path.display()))?;
-            file.write_all(b"reset\n").map_err(|e| format!("cannot reset {}: {e}", path.display()))?;
+            let mut file =
+                std::fs::OpenOptions::new().read(true).write(true).open(&path).map_err(file(&path))?;
+            let reset = |source| CgroupError::Reset { path: path.clone(), source };
+            file.write_all(b"reset\n").map_err(reset)?;
             Peak::Reset(file)
         } else if let Some(memory) = &group.memory_v1 {
             let path = memory.join("memory.max_usage_in_bytes");
-            std::fs::write(&path, "0").map_err(|e| format!("cannot reset {}: {e}", path.display()))?;
+            std::fs::write(&path, "0").map_err(|source| CgroupError::Reset { path: path.clone(), source })?;
             Peak::Path(path)
         } else {
             Peak::None
@@ -513,13 +536,10 @@ impl JoinFiles {
 }
 
 impl AttemptGroup {
-    pub fn join_files(&self) -> Result<JoinFiles, String> {
+    pub fn join_files(&self) -> Result<JoinFiles, CgroupError> {
         let open = |dir: &Path| {
             let path = dir.join("cgroup.procs");
-            std::fs::OpenOptions::new()
-                .write(true)
-                .open(&path)
-                .map_err(|e| format!("{}: {e}", path.display()))
+            std::fs::OpenOptions::new().write(true).open(&path).map_err(file(&path))
         };
         let mut files = vec![open(&self.v2)?];
         if let Some(memory) = self.memory_v1.as_deref().filter(|m| m.exists()) {
@@ -634,7 +654,10 @@ mod tests {
             |options: &str| format!("41 31 0:38 / /sys/fs/cgroup rw,relatime - cgroup2 cgroup2 {options}\n");
         assert!(!parse_mountinfo(&line("rw,nsdelegate"))[0].favordynmods);
         assert!(parse_mountinfo(&line("rw,nsdelegate,favordynmods"))[0].favordynmods);
-        assert_eq!(favor_dynamic_changes(&line("rw,favordynmods")), Ok(false), "already set: nothing to do");
+        assert!(
+            matches!(favor_dynamic_changes(&line("rw,favordynmods")), Ok(false)),
+            "already set: nothing to do"
+        );
     }
 
     const HYBRID: &str = "\
@@ -685,8 +708,10 @@ mod tests {
     fn without_a_v2_hierarchy_there_is_no_containment() {
         let v1_only = "35 31 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n";
         let err = discover(v1_only, "4:memory:/\n").unwrap_err();
-        assert!(err.contains("no cgroup v2 hierarchy"), "{err}");
+        assert!(
+            matches!(err, CgroupError::NoV2Hierarchy) && err.to_string().contains("no cgroup v2 hierarchy")
+        );
         let err = discover(HYBRID, "4:memory:/x\n").unwrap_err();
-        assert!(err.contains("0::"), "{err}");
+        assert!(matches!(err, CgroupError::NoV2Group) && err.to_string().contains("0::"), "{err}");
     }
 }

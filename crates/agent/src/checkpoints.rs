@@ -41,15 +41,14 @@ impl Checkpoints {
     /// stay in the checkpoint root). An error is for the operator: this
     /// agent cannot use the cluster's store, so it must not run jobs that
     /// would lose their checkpoints.
-    pub(crate) fn configure(&self, location: Option<&CheckpointStoreLocation>) -> Result<(), String> {
+    pub(crate) fn configure(&self, location: Option<&CheckpointStoreLocation>) -> Result<(), Unusable> {
         let mut store = self.store.lock().expect("store");
         match location {
             None => *store = None,
             Some(l) if store.as_ref().is_some_and(|(known, _)| known == l) => {}
             Some(l) => {
-                let opened = Store::open(l, self.credentials.as_ref()).map_err(|e| {
-                    format!("the server keeps checkpoints in {}, which this agent cannot use: {e}", l.url)
-                })?;
+                let opened = Store::open(l, self.credentials.as_ref())
+                    .map_err(|source| Unusable { url: l.url.clone(), source })?;
                 tracing::info!(store = l.url, "jobs' checkpoints follow them through the checkpoint store");
                 *store = Some((l.clone(), opened));
             }
@@ -60,6 +59,14 @@ impl Checkpoints {
     pub(crate) fn store(&self) -> Option<Store> {
         self.store.lock().expect("store").as_ref().map(|(_, s)| s.clone())
     }
+}
+
+/// The cluster's checkpoint store cannot be used by this agent.
+#[derive(Debug, thiserror::Error)]
+#[error("the server keeps checkpoints in {url}, which this agent cannot use: {source}")]
+pub(crate) struct Unusable {
+    url: String,
+    source: ebb_checkpoints::StoreError,
 }
 
 /// One attempt's uploads.

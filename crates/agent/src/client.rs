@@ -218,7 +218,7 @@ fn write_credential(path: &Path, credential: &str) -> std::io::Result<()> {
 /// The credential a previous life of this agent was issued, if any: with
 /// it the node rejoins as itself; without it, with the join token.
 /// Blocking (reads a file).
-pub(crate) fn load_credential(data_dir: &Path) -> Result<Option<String>, String> {
+pub(crate) fn load_credential(data_dir: &Path) -> Result<Option<String>, crate::AgentError> {
     let path = credential_path(data_dir);
     match std::fs::read_to_string(&path) {
         Ok(text) if !text.trim().is_empty() => {
@@ -227,6 +227,6 @@ pub(crate) fn load_credential(data_dir: &Path) -> Result<Option<String>, String>
         }
         Ok(_) => Ok(None),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(format!("{}: {e}", path.display())),
+        Err(source) => Err(crate::AgentError::Credential { path, source }),
     }
 }

@@ -296,7 +296,8 @@ impl<S: Supervisor> Agent<S> {
             });
             return;
         }
-        if let Err(message) = self.supervisor.start(s).await {
+        if let Err(failed) = self.supervisor.start(s).await {
+            let message = failed.to_string();
             tracing::error!(job = %a.job, attempt = %a.attempt, "{message}");
             self.reporter.send(AgentEvent::Output { attempt: a, data: format!("ebb: {message}\n") });
             self.reporter.send(AgentEvent::Exited {

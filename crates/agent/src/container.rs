@@ -27,7 +27,9 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
+use crate::cgroup::CgroupError;
 use crate::identity::Identity;
+use CdiError::Malformed;
 
 /// The exit code of a shim whose container never ran; why is in the
 /// bundle's `error` file.
@@ -71,6 +73,20 @@ impl Default for PullLimits {
     }
 }
 
+/// Why a pull was given up: past the node's limits.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PullGivenUp {
+    #[error("the pull took longer than {}s (the node's --pull-timeout); given up, not started", .0.as_secs())]
+    Timeout(std::time::Duration),
+    #[error(
+        "the registry sent {} in {}s, under the node's --pull-min-speed of {}/s; given up, not started",
+        ebb_core::bytes_text(*sent),
+        window.as_secs(),
+        ebb_core::bytes_text(*floor)
+    )]
+    TooSlow { sent: u64, window: std::time::Duration, floor: u64 },
+}
+
 impl PullLimits {
     /// Runs `pull`, giving it up past the timeout or when `done()` (bytes
     /// downloaded so far; `u64::MAX` once the download is over) grows
@@ -79,7 +95,7 @@ impl PullLimits {
         &self,
         pull: impl std::future::Future<Output = T>,
         done: impl Fn() -> u64,
-    ) -> Result<T, String> {
+    ) -> Result<T, PullGivenUp> {
         tokio::pin!(pull);
         let deadline = tokio::time::sleep(self.timeout);
         tokio::pin!(deadline);
@@ -91,22 +107,12 @@ impl PullLimits {
         loop {
             tokio::select! {
                 pulled = &mut pull => return Ok(pulled),
-                _ = &mut deadline => {
-                    return Err(format!(
-                        "the pull took longer than {}s (the node's --pull-timeout); given up, not started",
-                        self.timeout.as_secs()
-                    ));
-                }
+                _ = &mut deadline => return Err(PullGivenUp::Timeout(self.timeout)),
                 _ = windows.tick() => {
                     let now = done();
                     if now != u64::MAX && self.min_bytes_per_s > 0 && now.saturating_sub(before) < floor {
-                        return Err(format!(
-                            "the registry sent {} in {}s, under the node's --pull-min-speed of {}/s; \
-                             given up, not started",
-                            ebb_core::bytes_text(now.saturating_sub(before)),
-                            self.window.as_secs(),
-                            ebb_core::bytes_text(self.min_bytes_per_s)
-                        ));
+                        let (sent, window, floor) = (now.saturating_sub(before), self.window, self.min_bytes_per_s);
+                        return Err(PullGivenUp::TooSlow { sent, window, floor });
                     }
                     before = now;
                 }
@@ -312,36 +318,49 @@ pub struct Edits {
     pub hooks: BTreeMap<String, Vec<Value>>,
 }
 
+/// Why a CDI spec's edits could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum CdiError {
+    /// The spec lacks what the CDI schema says it has.
+    #[error("{0}")]
+    Malformed(&'static str),
+    #[error("the CDI spec has no device {0:?}")]
+    NoDevice(String),
+    #[error("CDI device node {host}: {source}")]
+    DeviceNode { host: String, source: std::io::Error },
+}
+
 /// The edits of a CDI spec for the devices named `names` (for NVIDIA's,
 /// the GPUs' indices: "0", "3"). A device the spec lacks is an error.
-pub fn cdi_edits(spec: &Value, names: &[String]) -> Result<Edits, String> {
+pub fn cdi_edits(spec: &Value, names: &[String]) -> Result<Edits, CdiError> {
     let mut edits = Edits::default();
     add_edits(&mut edits, &spec["containerEdits"])?;
-    let devices = spec["devices"].as_array().ok_or("a CDI spec has a list of devices")?;
+    let devices = spec["devices"].as_array().ok_or(Malformed("a CDI spec has a list of devices"))?;
     for name in names {
         let device = devices
             .iter()
             .find(|d| d["name"].as_str() == Some(name))
-            .ok_or_else(|| format!("the CDI spec has no device {name:?}"))?;
+            .ok_or_else(|| CdiError::NoDevice(name.clone()))?;
         add_edits(&mut edits, &device["containerEdits"])?;
     }
     Ok(edits)
 }
 
-fn add_edits(edits: &mut Edits, e: &Value) -> Result<(), String> {
+fn add_edits(edits: &mut Edits, e: &Value) -> Result<(), CdiError> {
     if e.is_null() {
         return Ok(());
     }
     for v in e["env"].as_array().into_iter().flatten() {
-        edits.env.push(v.as_str().ok_or("a CDI env entry is a string")?.to_string());
+        edits.env.push(v.as_str().ok_or(Malformed("a CDI env entry is a string"))?.to_string());
     }
     for d in e["deviceNodes"].as_array().into_iter().flatten() {
-        let path = d["path"].as_str().ok_or("a CDI device node has a path")?.to_string();
+        let path = d["path"].as_str().ok_or(Malformed("a CDI device node has a path"))?.to_string();
         let host = d["hostPath"].as_str().unwrap_or(&path).to_string();
         if edits.device_nodes.iter().any(|n| n.path == path) {
             continue;
         }
-        let meta = std::fs::metadata(&host).map_err(|e| format!("CDI device node {host}: {e}"))?;
+        let meta =
+            std::fs::metadata(&host).map_err(|source| CdiError::DeviceNode { host: host.clone(), source })?;
         use std::os::unix::fs::FileTypeExt;
         let kind = if meta.file_type().is_block_device() { "b" } else { "c" };
         let rdev = meta.rdev();
@@ -355,8 +374,11 @@ fn add_edits(edits: &mut Edits, e: &Value) -> Result<(), String> {
     }
     for m in e["mounts"].as_array().into_iter().flatten() {
         edits.mounts.push(CdiMount {
-            host_path: m["hostPath"].as_str().ok_or("a CDI mount has a hostPath")?.to_string(),
-            container_path: m["containerPath"].as_str().ok_or("a CDI mount has a containerPath")?.to_string(),
+            host_path: m["hostPath"].as_str().ok_or(Malformed("a CDI mount has a hostPath"))?.to_string(),
+            container_path: m["containerPath"]
+                .as_str()
+                .ok_or(Malformed("a CDI mount has a containerPath"))?
+                .to_string(),
             options: m["options"]
                 .as_array()
                 .map(|o| o.iter().filter_map(|s| s.as_str().map(str::to_string)).collect())
@@ -364,7 +386,7 @@ fn add_edits(edits: &mut Edits, e: &Value) -> Result<(), String> {
         });
     }
     for h in e["hooks"].as_array().into_iter().flatten() {
-        let stage = h["hookName"].as_str().ok_or("a CDI hook has a hookName")?.to_string();
+        let stage = h["hookName"].as_str().ok_or(Malformed("a CDI hook has a hookName"))?.to_string();
         let mut hook = serde_json::Map::new();
         hook.insert("path".into(), h["path"].clone());
         if !h["args"].is_null() {
@@ -483,18 +505,20 @@ pub fn shim(runtime: &Path, state: &Path, bundle: &Path, id: &str, lower: &Path)
 /// device rules stay with its groups: in v1 on hybrid hosts; on unified
 /// ones its eBPF filter stays at its group, which is why root inside an
 /// image has no CAP_MKNOD to make device nodes with.)
-fn hold_in_own_group(init: i32) -> Result<(), String> {
-    let read = |p: &str| std::fs::read_to_string(p).map_err(|e| format!("{p}: {e}"));
+fn hold_in_own_group(init: i32) -> Result<(), CgroupError> {
+    let file = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| CgroupError::File { path, source }
+    };
+    let read = |p: &str| std::fs::read_to_string(p).map_err(file(Path::new(p)));
     let parents = crate::cgroup::discover(&read("/proc/self/mountinfo")?, &read("/proc/self/cgroup")?)?;
     let group = parents.v2.join("container");
     match std::fs::create_dir(&group) {
-        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
-            return Err(format!("{}: {e}", group.display()))
-        }
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(file(&group)(e)),
         _ => {}
     }
-    std::fs::write(group.join("cgroup.procs"), init.to_string())
-        .map_err(|e| format!("{}: {e}", group.join("cgroup.procs").display()))
+    let procs = group.join("cgroup.procs");
+    std::fs::write(&procs, init.to_string()).map_err(file(&procs))
 }
 
 /// An overlay of the image (`lower`, read-only) under the attempt's own
@@ -622,7 +646,8 @@ mod tests {
             }
         };
         let e = limits.watch(trickle, || done.load(Ordering::Relaxed)).await.unwrap_err();
-        assert!(e.contains(" B in 30s, under the node's --pull-min-speed of 1000 B/s"), "{e}");
+        assert!(matches!(e, PullGivenUp::TooSlow { floor: 1000, .. }), "{e:?}");
+        assert!(e.to_string().contains(" B in 30s, under the node's --pull-min-speed of 1000 B/s"), "{e}");
 
         let fast = std::sync::Arc::new(AtomicU64::new(0));
         let steady = {
@@ -641,7 +666,8 @@ mod tests {
 
         let endless = std::future::pending::<()>();
         let e = limits.watch(endless, || u64::MAX).await.unwrap_err();
-        assert!(e.contains("longer than 300s"), "{e}");
+        assert_eq!(e, PullGivenUp::Timeout(Duration::from_secs(300)));
+        assert!(e.to_string().contains("longer than 300s"), "{e}");
     }
 
     fn who() -> Identity {
@@ -726,7 +752,9 @@ mod tests {
         assert_eq!((edits.device_nodes[1].major, edits.device_nodes[1].minor), (1, 5));
         assert_eq!(edits.mounts.len(), 1);
         assert_eq!(edits.hooks["createContainer"].len(), 1);
-        assert!(cdi_edits(&spec, &["7".to_string()]).unwrap_err().contains("no device \"7\""));
+        let missing = cdi_edits(&spec, &["7".to_string()]).unwrap_err();
+        assert!(matches!(&missing, CdiError::NoDevice(name) if name == "7"), "{missing:?}");
+        assert!(missing.to_string().contains("no device \"7\""), "{missing}");
         let who = who();
         let env = BTreeMap::new();
         let c = config(&Spec {

@@ -18,6 +18,18 @@ use ebb_api::AttemptRef;
 
 use crate::identity::Identity;
 
+/// Why a job's directory could not be made its own.
+#[derive(Debug, thiserror::Error)]
+pub enum DirError {
+    #[error("cannot prepare {}: {source}", path.display())]
+    Prepare { path: PathBuf, source: std::io::Error },
+    /// A job planted a link where one of its directories goes.
+    #[error("cannot prepare {}: it is a symbolic link, which is refused", .0.display())]
+    Link(PathBuf),
+    #[error("tenant {0:?}: not a valid tenant name")]
+    TenantName(String),
+}
+
 /// Creates `path` (and its parents) if missing, and gives it `mode` and,
 /// on a root agent, the owner `who` (none: the agent's own), writing only
 /// what differs: a start changes no metadata it need not. Returns whether
@@ -27,9 +39,9 @@ use crate::identity::Identity;
 /// through that descriptor: a job that plants a link where one of its
 /// directories will be (its tenant's checkpoint root is its own) gets an
 /// error, never the root agent handing the link's target to its user.
-pub(crate) fn own_dir(path: &Path, mode: u32, who: Option<&Identity>) -> Result<bool, String> {
+pub(crate) fn own_dir(path: &Path, mode: u32, who: Option<&Identity>) -> Result<bool, DirError> {
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-    let fail = |e: std::io::Error| format!("cannot prepare {}: {e}", path.display());
+    let fail = |source: std::io::Error| DirError::Prepare { path: path.to_path_buf(), source };
     let created = create(path, mode).map_err(fail)?;
     // The agent's own directories are where the operator says, links or not.
     let no_follow = if who.is_some() { libc::O_NOFOLLOW } else { 0 };
@@ -38,9 +50,7 @@ pub(crate) fn own_dir(path: &Path, mode: u32, who: Option<&Identity>) -> Result<
         .custom_flags(libc::O_DIRECTORY | no_follow)
         .open(path)
         .map_err(|e| match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_symlink() => {
-            format!("cannot prepare {}: it is a symbolic link, which is refused", path.display())
-        }
+        Ok(m) if m.file_type().is_symlink() => DirError::Link(path.to_path_buf()),
         _ => fail(e),
     })?;
     let meta = dir.metadata().map_err(fail)?;
@@ -126,8 +136,9 @@ impl NoticeFiles {
             }
             Ok(())
         };
-        let cleared =
-            own_dir(&files.dir, 0o700, None).and_then(|_| clear(&files.dir).map_err(|e| e.to_string()));
+        let cleared = own_dir(&files.dir, 0o700, None).and_then(|_| {
+            clear(&files.dir).map_err(|source| DirError::Prepare { path: files.dir.clone(), source })
+        });
         match cleared {
             Ok(()) => files.refill(),
             Err(e) => tracing::warn!("cannot prepare notice files in {}: {e}", files.dir.display()),
@@ -187,12 +198,12 @@ impl NoticeFiles {
 
 /// A tenant name as a directory name: the server allows letters, digits,
 /// `-` and `_`; anything else is refused rather than trusted as a path.
-pub(crate) fn tenant_dir_name(tenant: &str) -> Result<&str, String> {
+pub(crate) fn tenant_dir_name(tenant: &str) -> Result<&str, DirError> {
     let name = if tenant.is_empty() { "default" } else { tenant };
     if name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
         Ok(name)
     } else {
-        Err(format!("tenant {tenant:?}: not a valid tenant name"))
+        Err(DirError::TenantName(tenant.to_string()))
     }
 }
 
@@ -254,10 +265,10 @@ mod tests {
 
     #[test]
     fn a_tenant_name_never_leaves_the_checkpoint_root() {
-        assert_eq!(tenant_dir_name("team-a_1"), Ok("team-a_1"));
-        assert_eq!(tenant_dir_name(""), Ok("default"));
+        assert_eq!(tenant_dir_name("team-a_1").unwrap(), "team-a_1");
+        assert_eq!(tenant_dir_name("").unwrap(), "default");
         for bad in ["..", "../etc", "a/b", "."] {
-            assert!(tenant_dir_name(bad).is_err(), "{bad}");
+            assert!(matches!(tenant_dir_name(bad), Err(DirError::TenantName(t)) if t == bad), "{bad}");
         }
     }
 

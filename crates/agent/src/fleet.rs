@@ -35,7 +35,7 @@ use crate::drain;
 use crate::report::Reporter;
 use crate::simulated::{FleetCheckpoints, Simulated};
 use crate::supervisor::Supervisor;
-use crate::{tls, AgentConfig};
+use crate::{tls, AgentConfig, AgentError};
 
 /// How far apart the nodes start.
 const PACE: Duration = Duration::from_millis(1);
@@ -78,15 +78,14 @@ pub(crate) fn node_name(name: &str, i: u32) -> String {
 
 /// Runs `n` simulated nodes until SIGINT or SIGTERM, then stops their
 /// attempts; their connections stay within `files` descriptors.
-pub(crate) async fn run(mut config: AgentConfig, n: u32, files: u64) -> Result<(), String> {
+pub(crate) async fn run(mut config: AgentConfig, n: u32, files: u64) -> Result<(), AgentError> {
     let data_dir = config.data_dir.clone();
     config.data_dir = tokio::task::spawn_blocking(move || {
         std::fs::create_dir_all(data_dir.join("nodes"))
             .and_then(|()| std::fs::canonicalize(&data_dir))
-            .map_err(|e| format!("--data-dir {}: {e}", data_dir.display()))
+            .map_err(|source| AgentError::Directory { flag: "--data-dir", path: data_dir, source })
     })
-    .await
-    .map_err(|e| e.to_string())??;
+    .await??;
     // Before any node calls the server, as for one agent.
     let trust =
         tls::agent_trust(&config.server, config.ca.as_deref(), config.ca_fingerprint, &config.data_dir)
@@ -109,7 +108,7 @@ pub(crate) async fn run(mut config: AgentConfig, n: u32, files: u64) -> Result<(
         started = &mut starting => match started {
             Ok(Ok(())) => crate::until_told_to_stop().await,
             Ok(Err(e)) => Err(e),
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(e.into()),
         },
     };
     starting.abort();
@@ -132,7 +131,7 @@ struct Fleet {
 }
 
 /// Starts the nodes, paced, then logs their joining until all have.
-async fn start_all(fleet: Fleet, n: u32, nodes: Nodes) -> Result<(), String> {
+async fn start_all(fleet: Fleet, n: u32, nodes: Nodes) -> Result<(), AgentError> {
     let began = Instant::now();
     let mut progress = Progress { last: began, n };
     // Nodes before this one have all joined.
@@ -185,17 +184,20 @@ impl Progress {
 
 /// Starts node `i`: its data directory and credential, its reporter, its
 /// command loop.
-async fn start_node(fleet: &Fleet, i: u32) -> Result<SimNode, String> {
+async fn start_node(fleet: &Fleet, i: u32) -> Result<SimNode, AgentError> {
     let Fleet { config, http, trust, checkpoints, reports } = fleet;
     let name = node_name(&config.name, i);
     let data_dir = config.data_dir.join("nodes").join(&name);
     let dir = data_dir.clone();
     let credential = tokio::task::spawn_blocking(move || {
-        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        std::fs::create_dir_all(&dir).map_err(|source| AgentError::Directory {
+            flag: "--data-dir",
+            path: dir.clone(),
+            source,
+        })?;
         client::load_credential(&dir)
     })
-    .await
-    .map_err(|e| e.to_string())??;
+    .await??;
     let client = Arc::new(
         Client::new(http.clone(), &config.server, &config.join_token, &data_dir, credential)
             .trusting(trust.clone()),

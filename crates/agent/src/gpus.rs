@@ -1,5 +1,7 @@
 //! GPU discovery: NVML where a driver is present, simulated GPUs otherwise.
 
+use nvml_wrapper::error::NvmlError;
+
 /// What the node reports: how many GPUs and of which model.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Gpus {
@@ -16,28 +18,46 @@ impl Gpus {
     }
 }
 
+/// Why the node's GPUs could not be found or watched.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    #[error("no NVML driver found ({0}): on a machine without GPUs pass --fake-gpus N --gpu-model M")]
+    NoDriver(NvmlError),
+    /// An NVML call failed: what was asked, and NVML's answer.
+    #[error("NVML {what}: {source}")]
+    Nvml { what: String, source: NvmlError },
+    #[error("NVML reports no GPUs")]
+    NoGpus,
+    #[error("a node must have one GPU model, NVML reports {}", .0.join(", "))]
+    Models(Vec<String>),
+    #[error("{0} GPUs on one node is more than ebb supports")]
+    TooMany(u32),
+}
+
+/// An NVML call's error, saying what was asked.
+fn asked(what: impl Into<String>, source: NvmlError) -> GpuError {
+    GpuError::Nvml { what: what.into(), source }
+}
+
 /// Asks NVML for the node's GPUs. All GPUs of a node must be one model.
-pub fn discover() -> Result<Gpus, String> {
-    let nvml = nvml_wrapper::Nvml::init().map_err(|e| {
-        format!("no NVML driver found ({e}): on a machine without GPUs pass --fake-gpus N --gpu-model M")
-    })?;
-    let count = nvml.device_count().map_err(|e| format!("NVML device count: {e}"))?;
+pub fn discover() -> Result<Gpus, GpuError> {
+    let nvml = nvml_wrapper::Nvml::init().map_err(GpuError::NoDriver)?;
+    let count = nvml.device_count().map_err(|e| asked("device count", e))?;
     if count == 0 {
-        return Err("NVML reports no GPUs".into());
+        return Err(GpuError::NoGpus);
     }
     let mut models = Vec::new();
     let mut minors = Vec::new();
     for i in 0..count {
-        let device = nvml.device_by_index(i).map_err(|e| format!("NVML device {i}: {e}"))?;
-        models.push(device.name().map_err(|e| format!("NVML device {i} name: {e}"))?);
-        minors.push(device.minor_number().map_err(|e| format!("NVML device {i} minor number: {e}"))?);
+        let device = nvml.device_by_index(i).map_err(|e| asked(format!("device {i}"), e))?;
+        models.push(device.name().map_err(|e| asked(format!("device {i} name"), e))?);
+        minors.push(device.minor_number().map_err(|e| asked(format!("device {i} minor number"), e))?);
     }
     models.dedup();
     if models.len() != 1 {
-        return Err(format!("a node must have one GPU model, NVML reports {}", models.join(", ")));
+        return Err(GpuError::Models(models));
     }
-    let count =
-        u8::try_from(count).map_err(|_| format!("{count} GPUs on one node is more than ebb supports"))?;
+    let count = u8::try_from(count).map_err(|_| GpuError::TooMany(count))?;
     Ok(Gpus { count, model: models.remove(0).replace(' ', "-"), minors })
 }
 
@@ -54,12 +74,12 @@ pub struct NvmlReadings {
 const NVLINK_MAX_LINKS: u32 = 18;
 
 impl NvmlReadings {
-    pub fn open() -> Result<NvmlReadings, String> {
-        let nvml = nvml_wrapper::Nvml::init().map_err(|e| format!("no NVML driver found ({e})"))?;
-        let count = nvml.device_count().map_err(|e| format!("NVML device count: {e}"))?;
+    pub fn open() -> Result<NvmlReadings, GpuError> {
+        let nvml = nvml_wrapper::Nvml::init().map_err(GpuError::NoDriver)?;
+        let count = nvml.device_count().map_err(|e| asked("device count", e))?;
         let mut links_up = Vec::new();
         for i in 0..count {
-            let device = nvml.device_by_index(i).map_err(|e| format!("NVML device {i}: {e}"))?;
+            let device = nvml.device_by_index(i).map_err(|e| asked(format!("device {i}"), e))?;
             let up = (0..NVLINK_MAX_LINKS)
                 .filter(|&l| device.link_wrapper_for(l).is_active().unwrap_or(false))
                 .collect();
@@ -190,17 +210,16 @@ impl NvmlReadings {
     /// Waits for Xid events on every GPU, calling `seen` with each (GPU
     /// index, code) until `seen` returns false. Blocking: run it on a
     /// thread of its own.
-    pub fn watch_xids(&self, mut seen: impl FnMut(u8, u32) -> bool) -> Result<(), String> {
+    pub fn watch_xids(&self, mut seen: impl FnMut(u8, u32) -> bool) -> Result<(), GpuError> {
         use nvml_wrapper::bitmasks::event::EventTypes;
         use nvml_wrapper::enums::event::XidError;
-        use nvml_wrapper::error::NvmlError;
 
-        let mut set = self.nvml.create_event_set().map_err(|e| format!("NVML event set: {e}"))?;
+        let mut set = self.nvml.create_event_set().map_err(|e| asked("event set", e))?;
         for i in 0..self.count {
-            let device = self.nvml.device_by_index(i).map_err(|e| format!("NVML device {i}: {e}"))?;
+            let device = self.nvml.device_by_index(i).map_err(|e| asked(format!("device {i}"), e))?;
             set = device
                 .register_events(EventTypes::CRITICAL_XID_ERROR, set)
-                .map_err(|e| format!("NVML Xid events of GPU {i}: {}", e.error))?;
+                .map_err(|e| asked(format!("Xid events of GPU {i}"), e.error))?;
         }
         loop {
             match set.wait(1000) {
@@ -219,7 +238,7 @@ impl NvmlReadings {
                         return Ok(());
                     }
                 }
-                Err(e) => return Err(format!("NVML Xid events: {e}")),
+                Err(e) => return Err(asked("Xid events", e)),
             }
         }
     }

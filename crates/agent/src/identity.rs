@@ -54,15 +54,60 @@ pub struct Users {
 /// directory service hand out, below 2^31 (some tools take uids as signed).
 pub const DEFAULT_TENANT_UIDS: &str = "2000000-2999999";
 
+/// Why a job cannot run as the user it would: the refusal names the user
+/// or the tenant, and what the operator can change.
+#[derive(Debug, thiserror::Error)]
+pub enum IdentityError {
+    #[error(
+        "run-as user {wanted}: this agent runs as {own} (uid {uid}), not root, so it runs jobs only as {own}; \
+         map this tenant to {own} or run the agent as root"
+    )]
+    NotRoot { wanted: String, own: String, uid: Uid },
+    #[error("run-as user {name}: cannot look it up: {source}")]
+    Lookup { name: String, source: nix::Error },
+    #[error("run-as user {0}: no such user on this node")]
+    NoSuchUser(String),
+    #[error(
+        "run-as user {0}: refusing to run a job as root (uid 0); map the tenant to an unprivileged user, or \
+         start the agent with --allow-root-jobs (a personal cluster)"
+    )]
+    Root(String),
+    #[error("run-as user {0:?}: not a user name")]
+    NotAName(String),
+    #[error("run-as user {name}: cannot list its groups: {source}")]
+    Groups { name: String, source: nix::Error },
+    #[error(
+        "tenant {tenant} (number {number}): past this agent's --tenant-uids {first}-{last}; widen the range, or \
+         map the tenant to a user (ebb server --run-as {tenant}=USER)"
+    )]
+    PastRange { tenant: String, number: u32, first: u32, last: u32 },
+    #[error(
+        "tenant {tenant}: its uid {uid} (--tenant-uids {first}-{last}) belongs to the node's user {account}; \
+         choose a range no account on the nodes has"
+    )]
+    Taken { tenant: String, uid: u32, first: u32, last: u32, account: String },
+    #[error(transparent)]
+    TenantName(#[from] crate::dirs::DirError),
+}
+
+/// Why a text is not a range of uids for tenants.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotAUidRange {
+    #[error("{0:?}: expected FIRST-LAST, two uids, e.g. {DEFAULT_TENANT_UIDS}")]
+    Form(String),
+    #[error("{0:?}: FIRST from 1, LAST at least FIRST and below {max}", max = u32::MAX)]
+    Bounds(String),
+}
+
 /// `FIRST-LAST`, a range of uids for tenants: never root, never the
 /// invalid `(uid_t)-1`.
-pub fn parse_uid_range(text: &str) -> Result<std::ops::RangeInclusive<u32>, String> {
+pub fn parse_uid_range(text: &str) -> Result<std::ops::RangeInclusive<u32>, NotAUidRange> {
     let (first, last) = text
         .split_once('-')
         .and_then(|(f, l)| Some((f.trim().parse::<u32>().ok()?, l.trim().parse::<u32>().ok()?)))
-        .ok_or_else(|| format!("{text:?}: expected FIRST-LAST, two uids, e.g. {DEFAULT_TENANT_UIDS}"))?;
+        .ok_or_else(|| NotAUidRange::Form(text.to_string()))?;
     if first == 0 || first > last || last == u32::MAX {
-        return Err(format!("{text:?}: FIRST from 1, LAST at least FIRST and below {}", u32::MAX));
+        return Err(NotAUidRange::Bounds(text.to_string()));
     }
     Ok(first..=last)
 }
@@ -81,15 +126,12 @@ pub fn resolve(
     tenant: (&str, u32),
     me: Uid,
     users: &Users,
-) -> Result<Identity, String> {
+) -> Result<Identity, IdentityError> {
     if !me.is_root() {
         let own = User::from_uid(me).ok().flatten();
         let own_name = own.as_ref().map_or_else(|| me.to_string(), |u| u.name.clone());
         if let Some(wanted) = run_as.filter(|w| *w != own_name) {
-            return Err(format!(
-                "run-as user {wanted}: this agent runs as {own_name} (uid {me}), not root, so it runs jobs \
-                 only as {own_name}; map this tenant to {own_name} or run the agent as root"
-            ));
+            return Err(IdentityError::NotRoot { wanted: wanted.to_string(), own: own_name, uid: me });
         }
         return Ok(Identity {
             user: own_name,
@@ -102,18 +144,16 @@ pub fn resolve(
         });
     }
     let Some(name) = run_as else { return tenant_user(tenant, users) };
+    let named = || name.to_string();
     let user = User::from_name(name)
-        .map_err(|e| format!("run-as user {name}: cannot look it up: {e}"))?
-        .ok_or_else(|| format!("run-as user {name}: no such user on this node"))?;
+        .map_err(|source| IdentityError::Lookup { name: named(), source })?
+        .ok_or_else(|| IdentityError::NoSuchUser(named()))?;
     if user.uid.is_root() && !users.allow_root {
-        return Err(format!(
-            "run-as user {name}: refusing to run a job as root (uid 0); map the tenant to an unprivileged \
-             user, or start the agent with --allow-root-jobs (a personal cluster)"
-        ));
+        return Err(IdentityError::Root(named()));
     }
-    let cname = CString::new(name).map_err(|_| format!("run-as user {name:?}: not a user name"))?;
+    let cname = CString::new(name).map_err(|_| IdentityError::NotAName(named()))?;
     let groups = nix::unistd::getgrouplist(&cname, user.gid)
-        .map_err(|e| format!("run-as user {name}: cannot list its groups: {e}"))?;
+        .map_err(|source| IdentityError::Groups { name: named(), source })?;
     Ok(Identity {
         user: user.name,
         uid: user.uid,
@@ -158,7 +198,7 @@ impl IdentityCache {
         tenant: (&str, u32),
         me: Uid,
         users: &Users,
-    ) -> Result<Identity, String> {
+    ) -> Result<Identity, IdentityError> {
         let key = (run_as.map(str::to_string), tenant.0.to_string(), tenant.1);
         let now = std::time::Instant::now();
         if let Some((at, who)) = self.kept.lock().expect("identities").get(&key) {
@@ -187,21 +227,16 @@ impl Default for IdentityCache {
 
 /// The tenant's own uid from the range, refused where the range has none
 /// left for its number or an account of the node already has it.
-fn tenant_user((tenant, number): (&str, u32), users: &Users) -> Result<Identity, String> {
+fn tenant_user((tenant, number): (&str, u32), users: &Users) -> Result<Identity, IdentityError> {
     let dir = crate::dirs::tenant_dir_name(tenant)?;
     let (first, last) = (*users.tenant_uids.start(), *users.tenant_uids.end());
-    let uid = first.checked_add(number).filter(|uid| *uid <= last).ok_or_else(|| {
-        format!(
-            "tenant {tenant} (number {number}): past this agent's --tenant-uids {first}-{last}; \
-                 widen the range, or map the tenant to a user (ebb server --run-as {tenant}=USER)"
-        )
-    })?;
+    let uid = first
+        .checked_add(number)
+        .filter(|uid| *uid <= last)
+        .ok_or_else(|| IdentityError::PastRange { tenant: tenant.to_string(), number, first, last })?;
     if let Ok(Some(account)) = User::from_uid(Uid::from_raw(uid)) {
-        return Err(format!(
-            "tenant {tenant}: its uid {uid} (--tenant-uids {first}-{last}) belongs to the node's user {}; \
-             choose a range no account on the nodes has",
-            account.name
-        ));
+        let account = account.name;
+        return Err(IdentityError::Taken { tenant: tenant.to_string(), uid, first, last, account });
     }
     Ok(Identity {
         user: format!("ebb-{dir}"),
@@ -297,10 +332,14 @@ mod tests {
         let root = Uid::from_raw(0);
         let alice = ("alice", 2);
         let err = resolve(Some("root"), alice, root, &users(false)).unwrap_err();
-        assert!(err.contains("refusing to run a job as root"), "{err}");
+        assert!(matches!(&err, IdentityError::Root(name) if name == "root"), "{err:?}");
+        assert!(err.to_string().contains("refusing to run a job as root"), "{err}");
         assert!(resolve(Some("root"), alice, root, &users(true)).is_ok());
         let err = resolve(Some("no-such-user-ebb"), alice, root, &users(false)).unwrap_err();
-        assert!(err.contains("no such user"), "{err}");
+        assert!(
+            matches!(err, IdentityError::NoSuchUser(_)) && err.to_string().contains("no such user"),
+            "{err}"
+        );
         let daemon = resolve(Some("daemon"), alice, root, &users(false)).unwrap();
         assert!(!daemon.uid.is_root() && daemon.switch && !daemon.allocated);
     }
@@ -319,13 +358,14 @@ mod tests {
         assert_eq!(alice.user, "ebb-alice");
         assert_eq!(alice.home, PathBuf::from("/var/lib/ebb/homes/alice"));
         assert_eq!(resolve(None, ("alice", 2), root, &users(false)).unwrap(), alice, "not the same twice");
-        let err = resolve(None, ("late", 10), root, &users(false)).unwrap_err();
+        let err = resolve(None, ("late", 10), root, &users(false)).unwrap_err().to_string();
         assert!(err.contains("--tenant-uids 2000000-2000009") && err.contains("--run-as late=USER"), "{err}");
         let err = resolve(None, ("odd/name", 4), root, &users(false)).unwrap_err();
-        assert!(err.contains("not a valid tenant name"), "{err}");
+        assert!(matches!(err, IdentityError::TenantName(crate::dirs::DirError::TenantName(_))), "{err:?}");
+        assert!(err.to_string().contains("not a valid tenant name"), "{err}");
         // A range that holds an account of the node (daemon is uid 1).
         let clash = Users { tenant_uids: 1..=10, ..users(false) };
-        let err = resolve(None, ("t", 0), root, &clash).unwrap_err();
+        let err = resolve(None, ("t", 0), root, &clash).unwrap_err().to_string();
         assert!(err.contains("belongs to the node's user daemon"), "{err}");
     }
 
@@ -365,7 +405,7 @@ mod tests {
     #[test]
     fn an_unprivileged_agent_runs_jobs_only_as_itself() {
         let me = Uid::from_raw(1); // daemon
-        let err = resolve(Some("bin"), ("alice", 2), me, &users(false)).unwrap_err();
+        let err = resolve(Some("bin"), ("alice", 2), me, &users(false)).unwrap_err().to_string();
         assert!(err.contains("not root"), "{err}");
         let same = resolve(Some("daemon"), ("alice", 2), me, &users(false)).unwrap();
         assert!(!same.switch);

@@ -121,6 +121,29 @@ pub struct AgentConfig {
     pub stop_timeout: Duration,
 }
 
+/// Why the agent (or a simulated fleet) could not start or run: its
+/// directories, its server's trust, its client, signals.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// One of the agent's directories (named by its flag) cannot be made.
+    #[error("{flag} {}: {source}", path.display())]
+    Directory { flag: &'static str, path: PathBuf, source: std::io::Error },
+    #[error(transparent)]
+    Dir(#[from] dirs::DirError),
+    /// The credential of the node's previous life cannot be read.
+    #[error("{}: {source}", path.display())]
+    Credential { path: PathBuf, source: std::io::Error },
+    #[error(transparent)]
+    Trust(#[from] tls::TrustError),
+    #[error("the HTTP client: {0}")]
+    Client(reqwest::Error),
+    #[error("cannot wait for signals: {0}")]
+    Signals(std::io::Error),
+    /// A task of the agent's own panicked or was cancelled.
+    #[error("a task of the agent's: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
 /// What the agent finds before it starts: its directories made absolute,
 /// its cgroups, the credential of its previous life.
 struct Found {
@@ -131,9 +154,9 @@ struct Found {
 }
 
 /// Runs the agent until SIGINT or SIGTERM, then stops its attempts.
-pub async fn run(config: AgentConfig) -> Result<(), String> {
+pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
     private_files();
-    let found = tokio::task::spawn_blocking(move || find(config)).await.map_err(|e| e.to_string())??;
+    let found = tokio::task::spawn_blocking(move || find(config)).await??;
     let Found { config, cgroups, group_prefix, credential } = found;
     // Before anything else talks to the server, and before any attempt is
     // started: an agent that cannot verify its server must not join it.
@@ -226,7 +249,7 @@ pub async fn run(config: AgentConfig) -> Result<(), String> {
 /// (checkpoint root, jobs' PATH and environment, cgroups, retention) is
 /// not used. `files` is the open-file limit the fleet's connections stay
 /// within.
-pub async fn simulate(config: AgentConfig, nodes: u32, files: u64) -> Result<(), String> {
+pub async fn simulate(config: AgentConfig, nodes: u32, files: u64) -> Result<(), AgentError> {
     private_files();
     fleet::run(config, nodes, files).await
 }
@@ -241,12 +264,12 @@ fn private_files() {
 
 /// Makes the agent's directories, finds its cgroups and its credential,
 /// and kills what a previous life left running. Blocking.
-fn find(mut config: AgentConfig) -> Result<Found, String> {
+fn find(mut config: AgentConfig) -> Result<Found, AgentError> {
     // Jobs run in their own directories: every path they are given is absolute.
-    let absolute = |dir: &Path, flag: &str| -> Result<PathBuf, String> {
+    let absolute = |dir: &Path, flag: &'static str| -> Result<PathBuf, AgentError> {
         std::fs::create_dir_all(dir)
             .and_then(|()| std::fs::canonicalize(dir))
-            .map_err(|e| format!("{flag} {}: {e}", dir.display()))
+            .map_err(|source| AgentError::Directory { flag, path: dir.to_path_buf(), source })
     };
     config.data_dir = absolute(&config.data_dir, "--data-dir")?;
     config.checkpoint_root = absolute(&config.checkpoint_root, "--checkpoint-root")?;
@@ -273,7 +296,7 @@ fn find(mut config: AgentConfig) -> Result<Found, String> {
 /// The agent's cgroups, if it can make them; says why not, where not.
 fn probe_cgroups(config: &AgentConfig) -> Option<cgroup::Parents> {
     let probed = if std::env::var_os("EBB_X_NOCG").is_some() {
-        Err("x".to_string())
+        Err(cgroup::CgroupError::NoV2Hierarchy)
     } else {
         cgroup::Parents::probe()
     };
@@ -307,8 +330,9 @@ fn probe_cgroups(config: &AgentConfig) -> Option<cgroup::Parents> {
 /// Remounts the cgroup v2 hierarchy with `favordynmods` (see
 /// [`cgroup::favor_dynamic_changes`]).
 fn favor_dynamic_changes() {
-    match std::fs::read_to_string("/proc/self/mountinfo")
-        .map_err(|e| e.to_string())
+    let mountinfo = std::path::Path::new("/proc/self/mountinfo");
+    match std::fs::read_to_string(mountinfo)
+        .map_err(|source| cgroup::CgroupError::File { path: mountinfo.to_path_buf(), source })
         .and_then(|m| cgroup::favor_dynamic_changes(&m))
     {
         Ok(true) => tracing::info!(
@@ -345,7 +369,7 @@ fn tag(path: &Path) -> String {
 /// The node's image cache, after removing what containers of an earlier
 /// run of the agent left in the runtime's state (their processes went
 /// with their cgroups).
-async fn open_images(config: &AgentConfig) -> Result<Arc<ebb_image::Cache>, String> {
+async fn open_images(config: &AgentConfig) -> Result<Arc<ebb_image::Cache>, supervisor::CacheUnavailable> {
     let (data_dir, images) = (config.data_dir.clone(), config.images.clone());
     blocking(move || {
         let state = data_dir.join("runc");
@@ -365,7 +389,7 @@ async fn open_images(config: &AgentConfig) -> Result<Arc<ebb_image::Cache>, Stri
                 "the image cache {} cannot be opened: {e}; jobs in images will fail",
                 dir.display()
             );
-            format!("this node's image cache {} cannot be opened: {e}", dir.display())
+            supervisor::CacheUnavailable { dir: dir.clone(), source: Arc::new(e) }
         })
     })
     .await
@@ -403,7 +427,7 @@ fn node(config: &AgentConfig) -> Node {
 }
 
 /// The agent's client: for an `https://` server, trusting `trust` alone.
-fn http_client(trust: Option<&tls::Trust>) -> Result<reqwest::Client, String> {
+fn http_client(trust: Option<&tls::Trust>) -> Result<reqwest::Client, AgentError> {
     let builder = match trust {
         Some(trust) => trust.client_builder()?,
         None => reqwest::Client::builder(),
@@ -415,7 +439,7 @@ fn http_client(trust: Option<&tls::Trust>) -> Result<reqwest::Client, String> {
         .timeout(Duration::from_secs(30))
         .pool_idle_timeout(Duration::from_secs(20))
         .build()
-        .map_err(|e| e.to_string())
+        .map_err(AgentError::Client)
 }
 
 /// Returns once no attempt runs, or `timeout` has passed.
@@ -429,9 +453,9 @@ async fn until_idle<S: Supervisor>(supervisor: &S, timeout: Duration) {
 }
 
 /// Returns at SIGINT or SIGTERM.
-async fn until_told_to_stop() -> Result<(), String> {
+async fn until_told_to_stop() -> Result<(), AgentError> {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
+    let mut term = signal(SignalKind::terminate()).map_err(AgentError::Signals)?;
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}

@@ -65,9 +65,9 @@ pub(crate) struct Secret(String);
 
 impl Secret {
     /// 128 bits from the OS, in hex.
-    pub(crate) fn new() -> Result<Secret, String> {
+    pub(crate) fn new() -> Result<Secret, getrandom::Error> {
         let mut bytes = [0u8; 16];
-        getrandom::fill(&mut bytes).map_err(|e| format!("metadata endpoint: no random bytes: {e}"))?;
+        getrandom::fill(&mut bytes)?;
         Ok(Secret(ebb_api::hex(&bytes)))
     }
 

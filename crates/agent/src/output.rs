@@ -94,22 +94,32 @@ pub(crate) struct Gate {
     at_line_start: bool,
 }
 
+/// Why a text is not a size.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotASize {
+    #[error("{0:?}: expected a size such as 65536, 64KiB or 1MiB")]
+    Number(String),
+    #[error("{text:?}: unknown unit {unit:?} (B, KiB, MiB, GiB)")]
+    Unit { text: String, unit: String },
+    #[error("{0:?}: too large")]
+    TooLarge(String),
+}
+
 /// Reads a size as operators write it: `65536`, `64KiB`, `64K`, `1MiB`,
 /// `1M`, `2GiB` (units are powers of 1024).
-pub fn parse_bytes(text: &str) -> Result<u64, String> {
+pub fn parse_bytes(text: &str) -> Result<u64, NotASize> {
     let text = text.trim();
     let digits = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
     let (number, unit) = text.split_at(digits);
-    let n: u64 =
-        number.parse().map_err(|_| format!("{text:?}: expected a size such as 65536, 64KiB or 1MiB"))?;
+    let n: u64 = number.parse().map_err(|_| NotASize::Number(text.to_string()))?;
     let scale = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kib" | "kb" => KIB,
         "m" | "mib" | "mb" => MIB,
         "g" | "gib" | "gb" => 1024 * MIB,
-        other => return Err(format!("{text:?}: unknown unit {other:?} (B, KiB, MiB, GiB)")),
+        other => return Err(NotASize::Unit { text: text.to_string(), unit: other.to_string() }),
     };
-    n.checked_mul(scale).ok_or_else(|| format!("{text:?}: too large"))
+    n.checked_mul(scale).ok_or_else(|| NotASize::TooLarge(text.to_string()))
 }
 
 impl Gate {
@@ -559,9 +569,11 @@ mod tests {
         assert_eq!(parse_bytes("64MiB"), Ok(64 * MIB));
         assert_eq!(parse_bytes("4k"), Ok(4096));
         assert_eq!(parse_bytes("0"), Ok(0));
-        assert!(parse_bytes("lots").unwrap_err().contains("expected a size"));
-        assert!(parse_bytes("3 parsecs").unwrap_err().contains("unknown unit"));
-        assert!(parse_bytes("99999999999999GiB").unwrap_err().contains("too large"));
+        assert!(parse_bytes("lots").unwrap_err().to_string().contains("expected a size"));
+        let unit = parse_bytes("3 parsecs").unwrap_err();
+        assert!(matches!(&unit, NotASize::Unit { unit, .. } if unit == "parsecs"), "{unit:?}");
+        assert!(unit.to_string().contains("unknown unit"));
+        assert!(parse_bytes("99999999999999GiB").unwrap_err().to_string().contains("too large"));
     }
 
     /// What `stream` makes of `reads`, one after another, and its end.

@@ -59,7 +59,7 @@ use tokio::time::Instant;
 
 use crate::notice::Notice;
 use crate::report::{now_ms, Reporter};
-use crate::supervisor::{NoticeTarget, Supervisor};
+use crate::supervisor::{NoticeTarget, StartError, Supervisor};
 
 /// What a simulated job does, from its environment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,21 +77,46 @@ pub(crate) struct Behaviour {
 /// The longest span a variable may give: a year.
 const LONGEST: Duration = Duration::from_secs(366 * 24 * 3600);
 
+/// Why a simulated job's `EBB_SIM_*` variables cannot be followed: the
+/// variable and its value, and what it may be.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BehaviourError {
+    #[error("{name}={value:?}: {why}")]
+    Span { name: &'static str, value: String, why: SpanError },
+    #[error("EBB_SIM_CHECKPOINT=0: the interval between checkpoints must be above 0")]
+    NoInterval,
+    #[error("EBB_SIM_IGNORE_NOTICE={0:?}: 1 or 0")]
+    IgnoreNotice(String),
+}
+
+/// Why a text is not a span of the `EBB_SIM_*` variables.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SpanError {
+    #[error("not a number of seconds")]
+    Seconds,
+    #[error("a number of seconds (2.5) or a span with units (90s, 5m, 500ms)")]
+    NoSpan,
+    #[error("at most a year")]
+    TooLong,
+}
+
 impl Behaviour {
     /// The behaviour `env` asks for; an error names the variable.
-    pub(crate) fn from_env(env: &BTreeMap<String, String>) -> Result<Behaviour, String> {
-        let span =
-            |name: &str| env.get(name).map(|v| parse_span(v).map_err(|e| format!("{name}={v:?}: {e}")));
+    pub(crate) fn from_env(env: &BTreeMap<String, String>) -> Result<Behaviour, BehaviourError> {
+        let span = |name: &'static str| {
+            env.get(name)
+                .map(|v| parse_span(v).map_err(|why| BehaviourError::Span { name, value: v.clone(), why }))
+        };
         let duration = span("EBB_SIM_DURATION").transpose()?;
         let checkpoint_every = span("EBB_SIM_CHECKPOINT").transpose()?;
         if checkpoint_every == Some(Duration::ZERO) {
-            return Err("EBB_SIM_CHECKPOINT=0: the interval between checkpoints must be above 0".into());
+            return Err(BehaviourError::NoInterval);
         }
         let save = span("EBB_SIM_SAVE").transpose()?.unwrap_or_default();
         let ignore_notice = match env.get("EBB_SIM_IGNORE_NOTICE").map(String::as_str) {
             None | Some("" | "0" | "false") => false,
             Some("1" | "true") => true,
-            Some(other) => return Err(format!("EBB_SIM_IGNORE_NOTICE={other:?}: 1 or 0")),
+            Some(other) => return Err(BehaviourError::IgnoreNotice(other.to_string())),
         };
         Ok(Behaviour { duration, checkpoint_every, save, ignore_notice })
     }
@@ -99,15 +124,14 @@ impl Behaviour {
 
 /// A duration as the `EBB_SIM_*` variables give it: seconds (`2.5`) or a
 /// span with units (`90s`, `5m`), at most a year.
-pub(crate) fn parse_span(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_span(text: &str) -> Result<Duration, SpanError> {
     let text = text.trim();
     let span = match text.parse::<f64>() {
-        Ok(seconds) => Duration::try_from_secs_f64(seconds).map_err(|_| "not a number of seconds")?,
-        Err(_) => humantime::parse_duration(text)
-            .map_err(|_| "a number of seconds (2.5) or a span with units (90s, 5m, 500ms)")?,
+        Ok(seconds) => Duration::try_from_secs_f64(seconds).map_err(|_| SpanError::Seconds)?,
+        Err(_) => humantime::parse_duration(text).map_err(|_| SpanError::NoSpan)?,
     };
     if span > LONGEST {
-        return Err("at most a year".into());
+        return Err(SpanError::TooLong);
     }
     Ok(span)
 }
@@ -317,7 +341,7 @@ impl Supervisor for Simulated {
         self.running.lock().expect("running").contains_key(&attempt)
     }
 
-    fn start(self: &Arc<Self>, start: StartAttempt) -> impl Future<Output = Result<(), String>> + Send {
+    fn start(self: &Arc<Self>, start: StartAttempt) -> impl Future<Output = Result<(), StartError>> + Send {
         let this = self.clone();
         async move {
             let behaviour = Behaviour::from_env(&start.env)?;
@@ -471,14 +495,15 @@ mod tests {
         assert_eq!(parse_span("0"), Ok(Duration::ZERO));
         assert!(parse_span("-1").is_err());
         assert!(parse_span("soon").is_err());
-        assert!(parse_span("400d").unwrap_err().contains("at most a year"));
+        assert_eq!(parse_span("400d"), Err(SpanError::TooLong));
+        assert!(SpanError::TooLong.to_string().contains("at most a year"));
         let b = Behaviour::from_env(&env(&[])).unwrap();
         assert_eq!(
             b,
             Behaviour { duration: None, checkpoint_every: None, save: Duration::ZERO, ignore_notice: false }
         );
         let e = Behaviour::from_env(&env(&[("EBB_SIM_SAVE", "a while")])).unwrap_err();
-        assert!(e.starts_with("EBB_SIM_SAVE=\"a while\": a number of seconds"), "{e}");
+        assert!(e.to_string().starts_with("EBB_SIM_SAVE=\"a while\": a number of seconds"), "{e}");
         assert!(Behaviour::from_env(&env(&[("EBB_SIM_CHECKPOINT", "0")])).is_err());
         assert!(Behaviour::from_env(&env(&[("EBB_SIM_IGNORE_NOTICE", "yes")])).is_err());
     }
@@ -571,7 +596,7 @@ mod tests {
     async fn a_job_whose_environment_is_wrong_does_not_start() {
         let (sim, mut queue) = node();
         let e = sim.start(start_of(A, &[("EBB_SIM_DURATION", "ten")])).await.unwrap_err();
-        assert!(e.starts_with("EBB_SIM_DURATION=\"ten\""), "{e}");
+        assert!(e.to_string().starts_with("EBB_SIM_DURATION=\"ten\""), "{e}");
         assert!(!sim.is_running(A));
         assert!(queue.try_recv().is_err(), "nothing reported");
     }

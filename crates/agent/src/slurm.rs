@@ -14,6 +14,8 @@ use std::path::{Path, PathBuf};
 
 use ebb_api::{SlurmBatch, StartAttempt};
 
+use crate::supervisor::{CommandsUnavailable, SlurmError};
+
 /// The Slurm commands a job finds on its `PATH`: links to the agent's
 /// program, which answers to these names.
 pub const COMMANDS: [&str; 7] = ["sbatch", "srun", "squeue", "scancel", "sacct", "scontrol", "sinfo"];
@@ -58,16 +60,19 @@ fn commands_dir(data_dir: &Path) -> PathBuf {
 
 /// Makes (or remakes) the links to `exe` under the Slurm commands' names,
 /// readable by every job's user, and returns their directory.
-pub(crate) fn install_commands(data_dir: &Path, exe: &Path) -> Result<PathBuf, String> {
+pub(crate) fn install_commands(data_dir: &Path, exe: &Path) -> Result<PathBuf, CommandsUnavailable> {
     use std::os::unix::fs::PermissionsExt;
+    let failed = |path: &Path| {
+        let path = path.to_path_buf();
+        move |e| CommandsUnavailable { path, source: std::sync::Arc::new(e) }
+    };
     let dir = commands_dir(data_dir);
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))
-        .map_err(|e| format!("{}: {e}", dir.display()))?;
+    std::fs::create_dir_all(&dir).map_err(failed(&dir))?;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).map_err(failed(&dir))?;
     for name in COMMANDS {
         let link = dir.join(name);
         let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink(exe, &link).map_err(|e| format!("{}: {e}", link.display()))?;
+        std::os::unix::fs::symlink(exe, &link).map_err(failed(&link))?;
     }
     Ok(dir)
 }
@@ -118,12 +123,12 @@ pub(crate) fn write_script(
     run_dir: &Path,
     slurm: &SlurmBatch,
     who: &crate::identity::Identity,
-) -> Result<(PathBuf, PathBuf), String> {
+) -> Result<(PathBuf, PathBuf), SlurmError> {
     use std::io::Write;
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let script = run_dir.join("slurm_script");
     let tmp = run_dir.join("slurm_script.tmp");
-    let fail = |e: std::io::Error| format!("{}: {e}", script.display());
+    let fail = |source: std::io::Error| SlurmError::Script { path: script.clone(), source };
     match std::fs::remove_file(&tmp) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(fail(e)),
         _ => {}

@@ -33,7 +33,7 @@ use tokio::sync::watch;
 
 use crate::cgroup::{self, AttemptGroup};
 use crate::checkpoints::{self, AttemptUploads, Checkpoints};
-use crate::dirs;
+use crate::dirs::{self, DirError};
 use crate::identity::{self, Identity};
 use crate::ledger::{self, Ledger};
 use crate::metadata;
@@ -41,7 +41,9 @@ use crate::notice::Notice;
 use crate::output::{OutputLimits, Readers};
 use crate::report::{now_ms, Reporter};
 use crate::spawn;
+pub use errors::{CacheUnavailable, CommandsUnavailable, ImageError, SlurmError, StartError};
 
+mod errors;
 #[cfg(test)]
 pub(crate) mod fake;
 mod holds;
@@ -102,7 +104,7 @@ pub(crate) trait Supervisor: Send + Sync + 'static {
     /// the start, and reports its output and exit as they come. An error
     /// says why it could not start: then nothing runs and nothing was
     /// reported.
-    fn start(self: &Arc<Self>, start: StartAttempt) -> impl Future<Output = Result<(), String>> + Send;
+    fn start(self: &Arc<Self>, start: StartAttempt) -> impl Future<Output = Result<(), StartError>> + Send;
 
     /// Sends `signal` to every process of the attempt (nothing if it is
     /// not running).
@@ -202,9 +204,9 @@ pub(crate) struct Processes {
     /// warned of, once.
     tenants_by_uid: Mutex<HashMap<u32, Vec<String>>>,
     /// The node's image cache; none where it could not be opened (why).
-    images: Result<Arc<ebb_image::Cache>, String>,
+    images: Result<Arc<ebb_image::Cache>, CacheUnavailable>,
     /// The Slurm commands' directory, made at the first Slurm job's start.
-    slurm_commands: std::sync::OnceLock<Result<PathBuf, String>>,
+    slurm_commands: std::sync::OnceLock<Result<PathBuf, CommandsUnavailable>>,
     /// Each attempt's GPUs, for the starts held back until they are free.
     gpus: holds::GpuHolds,
     /// Starts held back until their GPUs are free, from their command
@@ -294,7 +296,7 @@ impl Processes {
         reporter: Arc<Reporter>,
         ledger: Arc<Ledger>,
         checkpoints: Arc<Checkpoints>,
-        images: Result<Arc<ebb_image::Cache>, String>,
+        images: Result<Arc<ebb_image::Cache>, CacheUnavailable>,
     ) -> Processes {
         Processes {
             images,
@@ -371,17 +373,15 @@ impl Processes {
 
     /// Starts attempt `s`: its directories and cgroup, its metadata
     /// endpoint, its process, then what watches it.
-    async fn launch(self: &Arc<Self>, s: StartAttempt) -> Result<(), String> {
+    async fn launch(self: &Arc<Self>, s: StartAttempt) -> Result<(), StartError> {
         // A start held back for its GPUs waits from its command on
         // (`hold_back`) until the task that runs this lets it go.
         if s.when_gpus_free && self.waiting.lock().expect("waiting").get(&s.attempt) == Some(&true) {
             return Ok(()); // withdrawn before it began
         }
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .map_err(|e| format!("metadata endpoint: {e}"))?;
-        let port = listener.local_addr().map_err(|e| format!("metadata endpoint: {e}"))?.port();
-        let secret = metadata::Secret::new()?;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(StartError::Endpoint)?;
+        let port = listener.local_addr().map_err(StartError::Endpoint)?.port();
+        let secret = metadata::Secret::new().map_err(StartError::Secret)?;
         let image = match &s.image {
             Some(image) => Some(self.pull_unless_abandoned(s.attempt, image).await?),
             None => None,
@@ -490,7 +490,7 @@ impl Processes {
     /// the tenant's checkpoint root too, so tenants cannot see each
     /// other's. Retention counts from the last use: a requeued job's old
     /// working directory is in use again (a new one is new enough).
-    fn prepare(&self, s: &StartAttempt) -> Result<Prepared, String> {
+    fn prepare(&self, s: &StartAttempt) -> Result<Prepared, StartError> {
         let a = s.attempt;
         let who = self.identities.resolve(
             s.run_as.as_deref(),
@@ -508,7 +508,7 @@ impl Processes {
             if in_use && !created {
                 dirs::touch(&p);
             }
-            Ok::<_, String>(p)
+            Ok::<_, DirError>(p)
         };
         let (workdir, default_workdir) = match &s.workdir {
             Some(w) => (PathBuf::from(w), None),
@@ -553,20 +553,20 @@ impl Processes {
         batch: &ebb_api::SlurmBatch,
         run_dir: &Path,
         who: &Identity,
-    ) -> Result<(Vec<String>, PathBuf), String> {
-        let exe = std::env::current_exe().map_err(|e| format!("cannot find the agent's own program: {e}"))?;
+    ) -> Result<(Vec<String>, PathBuf), StartError> {
+        let exe = std::env::current_exe().map_err(StartError::OwnProgram)?;
         let commands = self
             .slurm_commands
             .get_or_init(|| crate::slurm::install_commands(&self.config.data_dir, &exe))
             .clone()
-            .map_err(|e| format!("the Slurm commands: {e}"))?;
+            .map_err(SlurmError::from)?;
         let (script, steps) = crate::slurm::write_script(run_dir, batch, who)?;
         Ok((crate::slurm::batch_argv(&exe, &script, &steps, s, batch), commands))
     }
 
     /// Starts the attempt's process, with its metadata endpoint at
     /// `endpoint` (`HOST:PORT/SECRET`).
-    fn spawn(&self, s: &StartAttempt, p: &Prepared, endpoint: &str) -> Result<spawn::Child, String> {
+    fn spawn(&self, s: &StartAttempt, p: &Prepared, endpoint: &str) -> Result<spawn::Child, StartError> {
         let mut env = self.job_env(s, p, endpoint);
         let argv = match &p.slurm {
             Some((argv, commands)) => {
@@ -578,15 +578,12 @@ impl Processes {
         };
         let join = p.cgroup.as_ref().map_or_else(Vec::new, |ready| ready.join.fds());
         let request = spawn::Request { argv, env: &env, cwd: &p.workdir, who: &p.who, join: &join };
-        spawn::spawn(&request).map_err(|e| {
-            format!(
-                "cannot start {:?}: {} (as {}, uid {}, in {})",
-                s.argv.first().map_or("", String::as_str),
-                e.cause(),
-                p.who.user,
-                p.who.uid,
-                p.workdir.display()
-            )
+        spawn::spawn(&request).map_err(|e| StartError::Spawn {
+            program: s.argv.first().cloned().unwrap_or_default(),
+            cause: e.cause(),
+            user: p.who.user.clone(),
+            uid: p.who.uid,
+            workdir: p.workdir.clone(),
         })
     }
 
@@ -753,7 +750,7 @@ impl Supervisor for Processes {
         }
     }
 
-    fn start(self: &Arc<Self>, start: StartAttempt) -> impl Future<Output = Result<(), String>> + Send {
+    fn start(self: &Arc<Self>, start: StartAttempt) -> impl Future<Output = Result<(), StartError>> + Send {
         self.launch(start)
     }
 

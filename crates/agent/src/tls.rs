@@ -41,12 +41,57 @@ impl std::fmt::Display for Fingerprint {
     }
 }
 
+/// A text that is not a CA's fingerprint.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?}: expected sha256: and 64 hex digits, as the server prints at start")]
+pub struct NotAFingerprint(String);
+
+/// Why a CA's certificates are not PEM certificates.
+#[derive(Debug, thiserror::Error)]
+pub enum PemError {
+    #[error("not PEM certificates: {0}")]
+    NotPem(rustls_pki_types::pem::Error),
+    #[error("no certificate in it (PEM expected)")]
+    Empty,
+}
+
+/// Why the agent (or a client) has nothing to verify its server with:
+/// the operator's mistake, named by its flag, or a CA that cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum TrustError {
+    /// `--ca FILE` (or a client's CA) cannot be read, or holds no CA.
+    #[error("{flag} {}: {why}", path.display())]
+    CaFile { flag: String, path: PathBuf, why: Box<dyn std::error::Error + Send + Sync> },
+    #[error("--server {0}: all https:// or all http://, not both")]
+    Mixed(String),
+    #[error("--ca: the server {0} is plain HTTP; give its https:// URL")]
+    CaOverHttp(String),
+    #[error("--ca-fingerprint: the server {0} is plain HTTP; give its https:// URL")]
+    FingerprintOverHttp(String),
+    #[error(
+        "the server {0} is https://: pass --ca FILE (the CA that signed its certificate) or --ca-fingerprint \
+         sha256:HEX (its CA's, printed by the server at start)"
+    )]
+    NoCa(String),
+    /// The CA kept at this node's join cannot be read.
+    #[error("{}: {why}", path.display())]
+    Kept { path: PathBuf, why: Box<dyn std::error::Error + Send + Sync> },
+    /// The server's CA was not the one the fingerprint names, or not a CA.
+    #[error("{0}")]
+    Fetched(String),
+    #[error("cannot keep the CA in {}: {source}", path.display())]
+    Keep { path: PathBuf, source: std::io::Error },
+    /// The HTTP client would not take a CA's certificate.
+    #[error("{source_of}: {why}")]
+    Client { source_of: String, why: reqwest::Error },
+}
+
 impl FromStr for Fingerprint {
-    type Err = String;
+    type Err = NotAFingerprint;
 
     /// `sha256:HEX`; the hex in either case, with or without colons.
-    fn from_str(text: &str) -> Result<Fingerprint, String> {
-        let wrong = || format!("{text:?}: expected sha256: and 64 hex digits, as the server prints at start");
+    fn from_str(text: &str) -> Result<Fingerprint, NotAFingerprint> {
+        let wrong = || NotAFingerprint(text.to_string());
         let hex = text.trim().strip_prefix("sha256:").or_else(|| text.trim().strip_prefix("SHA256:"));
         let digits: Vec<u8> = hex.ok_or_else(wrong)?.bytes().filter(|b| *b != b':').collect();
         if digits.len() != 64 {
@@ -72,18 +117,22 @@ pub struct Trust {
 
 impl Trust {
     /// Every certificate of a PEM file (one CA, or a bundle).
-    pub fn from_pem_file(path: &Path, flag: &str) -> Result<Trust, String> {
-        let pem = std::fs::read(path).map_err(|e| format!("{flag} {}: {e}", path.display()))?;
+    pub fn from_pem_file(path: &Path, flag: &str) -> Result<Trust, TrustError> {
+        let refused = |why: Box<dyn std::error::Error + Send + Sync>| TrustError::CaFile {
+            flag: flag.to_string(),
+            path: path.to_path_buf(),
+            why,
+        };
+        let pem = std::fs::read(path).map_err(|e| refused(e.into()))?;
         Trust::from_pem(&pem, format!("the CA in {} given with {flag}", path.display()))
-            .map_err(|e| format!("{flag} {}: {e}", path.display()))
+            .map_err(|e| refused(e.into()))
     }
 
-    pub fn from_pem(pem: &[u8], source: String) -> Result<Trust, String> {
-        let certs = CertificateDer::pem_slice_iter(pem)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| format!("not PEM certificates: {e}"))?;
+    pub fn from_pem(pem: &[u8], source: String) -> Result<Trust, PemError> {
+        let certs =
+            CertificateDer::pem_slice_iter(pem).collect::<Result<Vec<_>, _>>().map_err(PemError::NotPem)?;
         if certs.is_empty() {
-            return Err("no certificate in it (PEM expected)".into());
+            return Err(PemError::Empty);
         }
         Ok(Trust { certs, source })
     }
@@ -93,10 +142,11 @@ impl Trust {
     }
 
     /// A client that trusts these CAs and nothing else.
-    pub fn client_builder(&self) -> Result<reqwest::ClientBuilder, String> {
+    pub fn client_builder(&self) -> Result<reqwest::ClientBuilder, TrustError> {
         let mut builder = reqwest::Client::builder().tls_built_in_root_certs(false);
         for cert in &self.certs {
-            let cert = reqwest::Certificate::from_der(cert).map_err(|e| format!("{}: {e}", self.source))?;
+            let cert = reqwest::Certificate::from_der(cert)
+                .map_err(|why| TrustError::Client { source_of: self.source.clone(), why })?;
             builder = builder.add_root_certificate(cert);
         }
         Ok(builder)
@@ -257,40 +307,35 @@ pub(crate) async fn agent_trust(
     ca: Option<&Path>,
     fingerprint: Option<Fingerprint>,
     data_dir: &Path,
-) -> Result<Option<Trust>, String> {
+) -> Result<Option<Trust>, TrustError> {
     // The servers of one control plane (a comma-separated list) share a CA.
     let servers: Vec<&str> = server.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
     if servers.iter().any(|s| is_https(s)) && !servers.iter().all(|s| is_https(s)) {
-        return Err(format!("--server {server}: all https:// or all http://, not both"));
+        return Err(TrustError::Mixed(server.to_string()));
     }
     if !is_https(server) {
         return match (ca, fingerprint) {
             (None, None) => Ok(None),
-            (Some(_), _) => Err(format!("--ca: the server {server} is plain HTTP; give its https:// URL")),
-            (_, Some(_)) => {
-                Err(format!("--ca-fingerprint: the server {server} is plain HTTP; give its https:// URL"))
-            }
+            (Some(_), _) => Err(TrustError::CaOverHttp(server.to_string())),
+            (_, Some(_)) => Err(TrustError::FingerprintOverHttp(server.to_string())),
         };
     }
     if let Some(path) = ca {
         return Trust::from_pem_file(path, "--ca").map(Some);
     }
     let kept_path = kept_ca_path(data_dir);
+    let unreadable =
+        |why: Box<dyn std::error::Error + Send + Sync>| TrustError::Kept { path: kept_path.clone(), why };
     let kept = match std::fs::read(&kept_path) {
         Ok(pem) => Some(
             Trust::from_pem(&pem, format!("the CA kept in {} at this node's join", kept_path.display()))
-                .map_err(|e| format!("{}: {e}", kept_path.display()))?,
+                .map_err(|e| unreadable(e.into()))?,
         ),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => return Err(format!("{}: {e}", kept_path.display())),
+        Err(e) => return Err(unreadable(e.into())),
     };
     let Some(expected) = fingerprint else {
-        return kept.map(Some).ok_or_else(|| {
-            format!(
-                "the server {server} is https://: pass --ca FILE (the CA that signed its certificate) or \
-                 --ca-fingerprint sha256:HEX (its CA's, printed by the server at start)"
-            )
-        });
+        return kept.map(Some).ok_or_else(|| TrustError::NoCa(server.to_string()));
     };
     if let Some(kept) = kept.filter(|k| k.fingerprints() == [expected]) {
         tracing::info!(path = %kept_path.display(), "verifying the server with the CA kept at this node's join");
@@ -301,7 +346,7 @@ pub(crate) async fn agent_trust(
         for server in &servers {
             match fetch_ca(server, expected).await {
                 Ok(pem) => break 'fetched pem,
-                Err(FetchError::Refused(why)) => return Err(why),
+                Err(FetchError::Refused(why)) => return Err(TrustError::Fetched(why)),
                 Err(FetchError::Unreachable(why)) => tracing::warn!("{why}"),
             }
         }
@@ -312,13 +357,15 @@ pub(crate) async fn agent_trust(
     tokio::task::spawn_blocking(move || keep_ca(&path, &kept))
         .await
         .unwrap_or_else(|e| Err(std::io::Error::other(e)))
-        .map_err(|e| format!("cannot keep the CA in {}: {e}", kept_path.display()))?;
+        .map_err(|source| TrustError::Keep { path: kept_path.clone(), source })?;
     tracing::info!(
         path = %kept_path.display(),
         fingerprint = %expected,
         "fetched the server's CA, checked its fingerprint and kept it: every connection is verified with it"
     );
-    Trust::from_pem(&pem, format!("the CA kept in {} at this node's join", kept_path.display())).map(Some)
+    Trust::from_pem(&pem, format!("the CA kept in {} at this node's join", kept_path.display()))
+        .map(Some)
+        .map_err(|e| unreadable(e.into()))
 }
 
 #[cfg(test)]
@@ -342,7 +389,7 @@ mod tests {
         for wrong in
             ["", "sha256:", "md5:00", &printed[7..], &printed[..70], &format!("{}zz", &printed[..69])]
         {
-            let err = wrong.parse::<Fingerprint>().unwrap_err();
+            let err = wrong.parse::<Fingerprint>().unwrap_err().to_string();
             assert!(err.contains("expected sha256: and 64 hex digits"), "{wrong:?}: {err}");
         }
     }
@@ -411,10 +458,15 @@ h9VNWqujxDcjAiB9lE9tGMCpRyNRrcpcBDlMDuAFte8Rry1BSPpX8c8UzQ==
         std::fs::write(&ca, FIXTURE_CA).unwrap();
         assert!(agent_trust("http://10.0.0.1:7300", None, None, &dir).await.unwrap().is_none());
         let err = agent_trust("http://10.0.0.1:7300", Some(&ca), None, &dir).await.unwrap_err();
-        assert_eq!(err, "--ca: the server http://10.0.0.1:7300 is plain HTTP; give its https:// URL");
-        let err = agent_trust("http://10.0.0.1:7300", None, Some(fingerprint), &dir).await.unwrap_err();
+        assert!(matches!(&err, TrustError::CaOverHttp(s) if s == "http://10.0.0.1:7300"), "{err:?}");
+        assert_eq!(
+            err.to_string(),
+            "--ca: the server http://10.0.0.1:7300 is plain HTTP; give its https:// URL"
+        );
+        let err =
+            agent_trust("http://10.0.0.1:7300", None, Some(fingerprint), &dir).await.unwrap_err().to_string();
         assert!(err.starts_with("--ca-fingerprint: the server http://10.0.0.1:7300 is plain HTTP"), "{err}");
-        let err = agent_trust("https://10.0.0.1:7300", None, None, &dir).await.unwrap_err();
+        let err = agent_trust("https://10.0.0.1:7300", None, None, &dir).await.unwrap_err().to_string();
         assert!(err.contains("pass --ca FILE") && err.contains("--ca-fingerprint sha256:HEX"), "{err}");
 
         let given = agent_trust("https://10.0.0.1:7300", Some(&ca), None, &dir).await.unwrap().unwrap();
@@ -434,9 +486,9 @@ h9VNWqujxDcjAiB9lE9tGMCpRyNRrcpcBDlMDuAFte8Rry1BSPpX8c8UzQ==
     #[test]
     fn a_ca_file_without_a_certificate_is_refused_naming_it() {
         let err = Trust::from_pem(b"hello", "x".into()).unwrap_err();
-        assert!(err.contains("no certificate"), "{err}");
+        assert!(matches!(err, PemError::Empty) && err.to_string().contains("no certificate"), "{err}");
         let missing = Path::new("/nonexistent/ca.pem");
-        let err = Trust::from_pem_file(missing, "--ca").unwrap_err();
+        let err = Trust::from_pem_file(missing, "--ca").unwrap_err().to_string();
         assert!(err.starts_with("--ca /nonexistent/ca.pem: "), "{err}");
     }
 }

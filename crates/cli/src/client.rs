@@ -195,7 +195,7 @@ impl Connection {
             server.split(',').map(|s| check_url(s.trim())).collect::<Result<Vec<String>, String>>()?;
         let trust = self.trust(file.ca, &servers)?;
         let builder = match &trust {
-            Some(trust) => trust.client_builder()?,
+            Some(trust) => trust.client_builder().map_err(|e| e.to_string())?,
             None => reqwest::Client::builder(),
         };
         // Idle connections are dropped before the server closes them (its
@@ -233,7 +233,7 @@ impl Connection {
                 "--ca: server {server} is plain http://, not verified; give its https:// URL"
             ));
         }
-        ebb_agent::tls::Trust::from_pem_file(&path, "--ca").map(Some)
+        ebb_agent::tls::Trust::from_pem_file(&path, "--ca").map(Some).map_err(|e| e.to_string())
     }
 }
 

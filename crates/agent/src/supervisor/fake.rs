@@ -13,7 +13,7 @@ use ebb_api::{AgentEvent, AttemptRef, StartAttempt};
 use nix::sys::signal::Signal;
 use tokio::sync::watch;
 
-use super::{NoticeTarget, Supervisor};
+use super::{NoticeTarget, StartError, Supervisor};
 use crate::notice::Notice;
 use crate::report::{now_ms, Queue, Reporter};
 
@@ -175,21 +175,21 @@ impl Supervisor for FakeSupervisor {
         pulling
     }
 
-    fn start(self: &Arc<Self>, start: StartAttempt) -> impl Future<Output = Result<(), String>> + Send {
+    fn start(self: &Arc<Self>, start: StartAttempt) -> impl Future<Output = Result<(), StartError>> + Send {
         let fake = self.clone();
         async move {
             let a = start.attempt;
             let mut open = fake.starts_open.subscribe();
             while !*open.borrow_and_update() {
                 if let Some(why) = fake.state.lock().unwrap().abandoned.remove(&a) {
-                    return Err(why);
+                    return Err(StartError::Abandoned(why));
                 }
                 let _ = tokio::time::timeout(Duration::from_millis(5), open.changed()).await;
             }
             {
                 let mut state = fake.state.lock().unwrap();
                 if let Some(why) = &state.refuse_starts {
-                    return Err(why.clone());
+                    return Err(StartError::Refused(why.clone()));
                 }
                 state.ops.push(Op::Start(a));
                 let signal = Signal::try_from(start.signal).unwrap_or(Signal::SIGTERM);

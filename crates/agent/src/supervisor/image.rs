@@ -12,13 +12,13 @@ impl Processes {
         &self,
         a: AttemptRef,
         image: &ebb_api::StartImage,
-    ) -> Result<ebb_image::Lease, String> {
+    ) -> Result<ebb_image::Lease, StartError> {
         let (abandon, mut abandoned) = watch::channel(None);
         self.pulling.lock().expect("pulling").insert(a, abandon);
         let pulled = tokio::select! {
-            pulled = self.pull(a, image) => pulled,
+            pulled = self.pull(a, image) => pulled.map_err(StartError::from),
             why = abandoned.wait_for(Option::is_some) => {
-                Err(why.map(|w| w.clone().unwrap_or_default()).unwrap_or_default())
+                Err(StartError::Abandoned(why.map(|w| w.clone().unwrap_or_default()).unwrap_or_default()))
             }
         };
         self.pulling.lock().expect("pulling").remove(&a);
@@ -34,8 +34,12 @@ impl Processes {
         &self,
         a: AttemptRef,
         image: &ebb_api::StartImage,
-    ) -> Result<ebb_image::Lease, String> {
-        let cache = self.images.as_ref().map_err(|why| format!("image {}: {why}", image.reference))?;
+    ) -> Result<ebb_image::Lease, ImageError> {
+        let reference = || image.reference.clone();
+        let cache = self
+            .images
+            .as_ref()
+            .map_err(|cache| ImageError::NoCache { reference: reference(), cache: cache.clone() })?;
         let login = image
             .username
             .clone()
@@ -72,8 +76,7 @@ impl Processes {
         let lease = limits
             .watch(acquire, || downloaded.load(std::sync::atomic::Ordering::Relaxed))
             .await
-            .map_err(|why| format!("image {}: {why}", image.reference))?
-            .map_err(|e| e.to_string())?;
+            .map_err(|why| ImageError::GivenUp { reference: reference(), why })??;
         tracing::info!(
             job = %a.job,
             attempt = %a.attempt,
@@ -99,11 +102,11 @@ impl Processes {
         p: &Prepared,
         endpoint: &str,
         lease: &ebb_image::Lease,
-    ) -> Result<(spawn::Child, Option<Shim>), String> {
+    ) -> Result<(spawn::Child, Option<Shim>), StartError> {
         use crate::container;
         let image = s.image.as_ref().expect("an image");
         if !self.me.is_root() {
-            return Err(format!("image {}: jobs in images need an agent that runs as root", image.reference));
+            return Err(ImageError::NeedsRoot(image.reference.clone()).into());
         }
         let mut env = self.job_env(s, p, endpoint);
         // The image's variables under the job's; its PATH over the node's
@@ -119,12 +122,14 @@ impl Processes {
         }
         let gpus = match (&self.config.cdi_spec, s.gpus.is_empty()) {
             (Some(path), false) => {
-                let text = std::fs::read(path).map_err(|e| format!("CDI spec {}: {e}", path.display()))?;
-                let spec: serde_json::Value =
-                    serde_json::from_slice(&text).map_err(|e| format!("CDI spec {}: {e}", path.display()))?;
+                let path = || path.clone();
+                let text =
+                    std::fs::read(path()).map_err(|source| ImageError::CdiFile { path: path(), source })?;
+                let spec: serde_json::Value = serde_json::from_slice(&text)
+                    .map_err(|source| ImageError::CdiJson { path: path(), source })?;
                 let names: Vec<String> = s.gpus.iter().map(u8::to_string).collect();
-                let edits =
-                    container::cdi_edits(&spec, &names).map_err(|e| format!("{}: {e}", path.display()))?;
+                let edits = container::cdi_edits(&spec, &names)
+                    .map_err(|source| ImageError::Cdi { path: path(), source })?;
                 // Inside, the container's GPUs are its only ones, from 0.
                 env.insert("NVIDIA_VISIBLE_DEVICES".into(), names.join(","));
                 env.insert(
@@ -162,8 +167,8 @@ impl Processes {
             gpus,
         };
         let bundle = container::bundle(&p.run_dir, &spec)
-            .map_err(|e| format!("image {}: cannot write its bundle: {e}", image.reference))?;
-        let exe = std::env::current_exe().map_err(|e| format!("cannot find the agent's own program: {e}"))?;
+            .map_err(|source| ImageError::Bundle { reference: image.reference.clone(), source })?;
+        let exe = std::env::current_exe().map_err(StartError::OwnProgram)?;
         let state = self.config.data_dir.join("runc");
         let mut argv = vec![exe.display().to_string(), "container-shim".to_string()];
         argv.extend(container::shim_args(&self.config.images.runtime, &state, &bundle, &id, &lease.rootfs));
@@ -173,8 +178,8 @@ impl Processes {
         let join = p.cgroup.as_ref().map_or_else(Vec::new, |ready| ready.join.fds());
         let request =
             spawn::Request { argv: &argv, env: &shim_env, cwd: &p.run_dir, who: &root, join: &join };
-        let child = spawn::spawn(&request)
-            .map_err(|e| format!("cannot start the container shim {}: {}", exe.display(), e.cause()))?;
+        let child =
+            spawn::spawn(&request).map_err(|e| ImageError::Shim { exe: exe.clone(), cause: e.cause() })?;
         Ok((child, Some(Shim { error_file: bundle.error_file(), id })))
     }
 }

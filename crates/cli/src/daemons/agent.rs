@@ -286,7 +286,7 @@ pub async fn agent(args: AgentArgs) -> Result<(), String> {
         (Some(0), _) => return Err("--fake-gpus must be at least 1".into()),
         (Some(n), Some(model)) => ebb_agent::gpus::Gpus::simulated(n, model),
         (Some(_), None) => return Err("--fake-gpus needs --gpu-model M".into()),
-        (None, _) => ebb_agent::gpus::discover()?,
+        (None, _) => ebb_agent::gpus::discover().map_err(|e| e.to_string())?,
     };
     let hostname = || -> Result<String, String> {
         Ok(nix::unistd::gethostname().map_err(|e| e.to_string())?.to_string_lossy().into_owned())
@@ -373,18 +373,19 @@ pub async fn agent(args: AgentArgs) -> Result<(), String> {
         real_gpus: args.fake_gpus.is_none(),
         stop_timeout: Duration::from_millis(args.stop_timeout.as_millis()),
     };
-    match args.simulate_nodes {
+    let ran = match args.simulate_nodes {
         Some(n) => ebb_agent::simulate(config, n, files).await,
         None => ebb_agent::run(config).await,
-    }
+    };
+    ran.map_err(|e| e.to_string())
 }
 
 /// `ebb agent --check-gpus`: what discovery finds and what the health
 /// readings would report now, in words and as the agent sends them.
 fn check_gpus() -> Result<(), String> {
-    let gpus = ebb_agent::gpus::discover()?;
+    let gpus = ebb_agent::gpus::discover().map_err(|e| e.to_string())?;
     println!("{} x {}", gpus.count, gpus.model);
-    let readings = ebb_agent::gpus::NvmlReadings::open()?;
+    let readings = ebb_agent::gpus::NvmlReadings::open().map_err(|e| e.to_string())?;
     for line in readings.describe() {
         println!("  {line}");
     }
