@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 
+use crate::error::{file, usage, CliError};
 use clap::Args;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -60,10 +61,10 @@ impl BeforeCommand {
     }
 
     /// A command that talks to no server was given `--server` or `--token`.
-    pub fn refuse(&self, command: &str) -> Result<(), String> {
+    pub fn refuse(&self, command: &str) -> Result<(), CliError> {
         match (&self.server, &self.token) {
             (Some(_), _) => {
-                Err(format!("--server: {command} talks to no server; give it to a command that does"))
+                Err(usage(format!("--server: {command} talks to no server; give it to a command that does")))
             }
             _ => self.refuse_token(command),
         }
@@ -71,9 +72,9 @@ impl BeforeCommand {
 
     /// `--token` for a command that takes none (`ebb agent` joins with its
     /// join token).
-    pub fn refuse_token(&self, command: &str) -> Result<(), String> {
+    pub fn refuse_token(&self, command: &str) -> Result<(), CliError> {
         match &self.token {
-            Some(_) => Err(format!("--token: {command} takes no API token")),
+            Some(_) => Err(usage(format!("--token: {command} takes no API token"))),
             None => Ok(()),
         }
     }
@@ -142,12 +143,6 @@ impl ClientError {
     }
 }
 
-impl From<ClientError> for String {
-    fn from(e: ClientError) -> String {
-        e.to_string()
-    }
-}
-
 const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 /// How long a write may take before the command gives up on its answer.
 const WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
@@ -167,7 +162,7 @@ pub struct Client {
 }
 
 impl Connection {
-    pub fn client(&self) -> Result<Client, String> {
+    pub fn client(&self) -> Result<Client, CliError> {
         let with_env = Connection {
             server: self.server.clone().or_else(|| env_value("EBB_SERVER")),
             token: self.token.clone().or_else(|| env_value("EBB_TOKEN")),
@@ -177,25 +172,27 @@ impl Connection {
     }
 
     /// The client for these settings, the config file filling what they lack.
-    fn resolve(&self) -> Result<Client, String> {
-        let file: ConfigFile = match config_path() {
+    fn resolve(&self) -> Result<Client, CliError> {
+        let config: ConfigFile = match config_path() {
             Some(path) if path.is_file() => {
-                let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-                serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?
+                let text = std::fs::read_to_string(&path).map_err(file(&path))?;
+                serde_json::from_str(&text).map_err(|e| usage(format!("{}: {e}", path.display())))?
             }
             _ => ConfigFile::default(),
         };
-        let server = self.server.clone().or(file.server).ok_or(
-            "no server: pass --server URL, set EBB_SERVER, or put \"server\" in ~/.config/ebb/config.json",
-        )?;
-        let token = self.token.clone().or(file.token).ok_or(
-            "no token: pass --token TOKEN, set EBB_TOKEN, or put \"token\" in ~/.config/ebb/config.json",
-        )?;
+        let server = self.server.clone().or(config.server).ok_or_else(|| {
+            usage("no server: pass --server URL, set EBB_SERVER, or put \"server\" in ~/.config/ebb/config.json")
+        })?;
+        let token = self.token.clone().or(config.token).ok_or_else(|| {
+            usage(
+                "no token: pass --token TOKEN, set EBB_TOKEN, or put \"token\" in ~/.config/ebb/config.json",
+            )
+        })?;
         let servers =
-            server.split(',').map(|s| check_url(s.trim())).collect::<Result<Vec<String>, String>>()?;
-        let trust = self.trust(file.ca, &servers)?;
+            server.split(',').map(|s| check_url(s.trim())).collect::<Result<Vec<String>, CliError>>()?;
+        let trust = self.trust(config.ca, &servers)?;
         let builder = match &trust {
-            Some(trust) => trust.client_builder().map_err(|e| e.to_string())?,
+            Some(trust) => trust.client_builder()?,
             None => reqwest::Client::builder(),
         };
         // Idle connections are dropped before the server closes them (its
@@ -204,7 +201,7 @@ impl Connection {
             .connect_timeout(std::time::Duration::from_secs(5))
             .pool_idle_timeout(std::time::Duration::from_secs(20))
             .build()
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| ClientError::Request(e.to_string()))?;
         Ok(Client { servers, token: token.trim().to_string(), http, trust })
     }
 
@@ -216,36 +213,38 @@ impl Connection {
         &self,
         file: Option<PathBuf>,
         servers: &[String],
-    ) -> Result<Option<ebb_agent::tls::Trust>, String> {
+    ) -> Result<Option<ebb_agent::tls::Trust>, CliError> {
         let Some(path) = self.ca.clone().or(file) else {
             return match servers.iter().find(|s| ebb_agent::tls::is_https(s)) {
-                Some(server) => Err(format!(
+                Some(server) => Err(usage(format!(
                     "server {server} is https://: pass --ca FILE, set EBB_CA, or put \"ca\" in \
                      ~/.config/ebb/config.json (the CA that signed its certificate)"
-                )),
+                ))),
                 None => Ok(None),
             };
         };
         if let Some(server) =
             servers.iter().find(|s| !ebb_agent::tls::is_https(s)).filter(|_| self.ca.is_some())
         {
-            return Err(format!(
+            return Err(usage(format!(
                 "--ca: server {server} is plain http://, not verified; give its https:// URL"
-            ));
+            )));
         }
-        ebb_agent::tls::Trust::from_pem_file(&path, "--ca").map(Some).map_err(|e| e.to_string())
+        Ok(Some(ebb_agent::tls::Trust::from_pem_file(&path, "--ca")?))
     }
 }
 
 /// The server's URL, or an error saying what it should look like: a
 /// scheme is needed (`127.0.0.1:7300` and `localhost:7300` are not URLs).
-fn check_url(server: &str) -> Result<String, String> {
+fn check_url(server: &str) -> Result<String, CliError> {
     let parsed =
         reqwest::Url::parse(server).ok().filter(|u| matches!(u.scheme(), "http" | "https") && u.has_host());
     match parsed {
         Some(_) => Ok(server.trim_end_matches('/').to_string()),
-        None if server.contains("://") => Err(format!("server {server:?}: not an http:// or https:// URL")),
-        None => Err(format!("server {server:?}: not a URL; did you mean http://{server}?")),
+        None if server.contains("://") => {
+            Err(usage(format!("server {server:?}: not an http:// or https:// URL")))
+        }
+        None => Err(usage(format!("server {server:?}: not a URL; did you mean http://{server}?"))),
     }
 }
 

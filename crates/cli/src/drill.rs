@@ -12,6 +12,7 @@ use ebb_api as api;
 use ebb_core::Span;
 
 use crate::client::Connection;
+use crate::error::{failed, CliError};
 use crate::output::json;
 
 #[derive(Args)]
@@ -38,7 +39,7 @@ enum Wait {
 /// How often the job is read while the drill goes on.
 const POLL: Duration = Duration::from_millis(200);
 
-pub async fn drill(conn: &Connection, args: &DrillArgs) -> Result<(), String> {
+pub async fn drill(conn: &Connection, args: &DrillArgs) -> Result<(), CliError> {
     let client = conn.client()?;
     let id = args.id;
     let mut job: api::Job = client.post(&format!("/v1/jobs/{id}/drill"), &serde_json::json!({})).await?;
@@ -48,7 +49,8 @@ pub async fn drill(conn: &Connection, args: &DrillArgs) -> Result<(), String> {
     // start: the resume) and since when.
     let mut waiting: Option<(Wait, Instant)> = None;
     let drill = loop {
-        let drill = job.drill.clone().ok_or_else(|| format!("job {id}: the server shows no drill"))?;
+        let drill =
+            job.drill.clone().ok_or_else(|| failed(format!("job {id}: the server shows no drill")))?;
         let text = said.news(&drill, &job);
         if !args.json {
             crate::write_stdout(&text)?;
@@ -69,7 +71,7 @@ pub async fn drill(conn: &Connection, args: &DrillArgs) -> Result<(), String> {
                         crate::write_stdout(&json(&drill))?;
                     }
                     let within = args.timeout.human();
-                    return Err(match (wait, drill.next_attempt) {
+                    return Err(failed(match (wait, drill.next_attempt) {
                         (Wait::Start, Some(next)) => {
                             format!("job {id}: attempt {next} did not start within {within}")
                         }
@@ -78,7 +80,7 @@ pub async fn drill(conn: &Connection, args: &DrillArgs) -> Result<(), String> {
                             "job {id}: resume not confirmed within {within} of attempt {}'s start",
                             next.unwrap_or_default()
                         ),
-                    });
+                    }));
                 }
             }
             (Some(wait), _) => waiting = Some((wait, Instant::now())),
@@ -92,7 +94,7 @@ pub async fn drill(conn: &Connection, args: &DrillArgs) -> Result<(), String> {
     }
     match drill.verdict.as_deref() {
         Some("ready") => Ok(()),
-        _ => Err(format!("job {id}: the drill failed: {}", drill.failures.join("; "))),
+        _ => Err(failed(format!("job {id}: the drill failed: {}", drill.failures.join("; ")))),
     }
 }
 

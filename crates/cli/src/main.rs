@@ -5,6 +5,7 @@ mod client;
 mod commands;
 mod daemons;
 mod drill;
+mod error;
 mod money;
 mod output;
 mod shown;
@@ -242,19 +243,18 @@ fn completions(shell: clap_complete::Shell) -> String {
 }
 
 /// `ebb man`: the page of `ebb`, or with `--out-dir` one per command.
-fn man(out_dir: Option<std::path::PathBuf>) -> Result<String, String> {
+fn man(out_dir: Option<std::path::PathBuf>) -> Result<String, error::CliError> {
     use clap::CommandFactory;
     let command = Cli::command();
     match out_dir {
         Some(dir) => {
-            std::fs::create_dir_all(&dir).map_err(|e| format!("--out-dir {}: {e}", dir.display()))?;
-            clap_mangen::generate_to(command, &dir)
-                .map_err(|e| format!("--out-dir {}: {e}", dir.display()))?;
+            std::fs::create_dir_all(&dir).map_err(error::given("--out-dir", &dir))?;
+            clap_mangen::generate_to(command, &dir).map_err(error::given("--out-dir", &dir))?;
             Ok(format!("wrote the manual pages into {}\n", dir.display()))
         }
         None => {
             let mut out = Vec::new();
-            clap_mangen::Man::new(command).render(&mut out).map_err(|e| e.to_string())?;
+            clap_mangen::Man::new(command).render(&mut out).map_err(error::CliError::Output)?;
             Ok(String::from_utf8_lossy(&out).into_owned())
         }
     }
@@ -262,12 +262,12 @@ fn man(out_dir: Option<std::path::PathBuf>) -> Result<String, String> {
 
 /// Writes command output, with no control character a tenant put in it
 /// ([`shown`]); a closed pipe (`ebb ... | head`) is not an error.
-fn write_stdout(text: &str) -> Result<(), String> {
+fn write_stdout(text: &str) -> Result<(), error::CliError> {
     use std::io::Write;
     let mut stdout = std::io::stdout().lock();
     let text = shown::terminal_safe(text);
     match stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(format!("writing output: {e}")),
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(error::CliError::Output(e)),
         _ => Ok(()),
     }
 }
@@ -280,7 +280,7 @@ fn init_logging() {
     tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).init();
 }
 
-async fn dispatch(cli: Cli) -> Result<(), String> {
+async fn dispatch(cli: Cli) -> Result<(), error::CliError> {
     let before = cli.before;
     let here = |what: &str| before.refuse(what);
     let text = match cli.command {
@@ -412,9 +412,9 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(dispatch(cli)) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
-            eprintln!("error: {}", shown::terminal_safe(&message));
-            ExitCode::FAILURE
+        Err(e) => {
+            eprintln!("error: {}", shown::terminal_safe(&e.to_string()));
+            e.exit_code()
         }
     }
 }

@@ -11,6 +11,7 @@ use ebb_api as api;
 use ebb_core::MicroUsd;
 
 use crate::client::Connection;
+use crate::error::CliError;
 use crate::output::{json, JsonFlag};
 
 /// An amount of micro-dollars for people: `12.35`.
@@ -42,7 +43,7 @@ pub enum PriceCommand {
     },
 }
 
-pub async fn price(conn: &Connection, command: &PriceCommand) -> Result<String, String> {
+pub async fn price(conn: &Connection, command: &PriceCommand) -> Result<String, CliError> {
     let client = conn.client()?;
     match command {
         PriceCommand::List(out) => {
@@ -158,7 +159,7 @@ fn reservation_table(list: &[api::Reservation]) -> String {
     text
 }
 
-pub async fn reservation(conn: &Connection, command: &ReservationCommand) -> Result<String, String> {
+pub async fn reservation(conn: &Connection, command: &ReservationCommand) -> Result<String, CliError> {
     let client = conn.client()?;
     match command {
         ReservationCommand::Create { tenant, gpu_model, gpus, start, backdate, end, rate, out } => {
@@ -240,7 +241,7 @@ fn period(from: &Option<String>, to: &Option<String>) -> (String, String) {
     (from.clone().unwrap_or_else(|| format!("{year}-{month:02}-01")), to.clone().unwrap_or(next))
 }
 
-pub async fn bill(conn: &Connection, args: &BillArgs) -> Result<String, String> {
+pub async fn bill(conn: &Connection, args: &BillArgs) -> Result<String, CliError> {
     let (from, to) = period(&args.from, &args.to);
     let mut query = vec![("from", from.as_str()), ("to", to.as_str())];
     if let Some(t) = &args.tenant {
@@ -251,7 +252,7 @@ pub async fn bill(conn: &Connection, args: &BillArgs) -> Result<String, String> 
         return Ok(json(&inv));
     }
     if args.csv {
-        return invoice_csv(&inv);
+        return invoice_csv(&inv).map_err(|e| CliError::Output(std::io::Error::other(e)));
     }
     let mut text = format!("invoice for {}, {} to {}\n\n", inv.tenant, inv.from, inv.to);
     writeln!(
@@ -333,9 +334,8 @@ fn repeats_text(inv: &api::Invoice) -> String {
 /// One row per line, reservation charge and summary figure; amounts in
 /// micro-dollars (exact) and dollars; then the attempts and preemptions,
 /// in `count`.
-fn invoice_csv(inv: &api::Invoice) -> Result<String, String> {
+fn invoice_csv(inv: &api::Invoice) -> Result<String, csv::Error> {
     let mut w = csv::Writer::from_writer(Vec::new());
-    let err = |e: csv::Error| e.to_string();
     w.write_record([
         "kind",
         "tier",
@@ -346,8 +346,7 @@ fn invoice_csv(inv: &api::Invoice) -> Result<String, String> {
         "amount_micro_usd",
         "amount_usd",
         "count",
-    ])
-    .map_err(err)?;
+    ])?;
     for l in &inv.lines {
         w.write_record([
             "usage",
@@ -359,8 +358,7 @@ fn invoice_csv(inv: &api::Invoice) -> Result<String, String> {
             &l.amount_micro_usd.to_string(),
             &l.amount_usd,
             "",
-        ])
-        .map_err(err)?;
+        ])?;
     }
     for c in &inv.reservations {
         w.write_record([
@@ -373,15 +371,14 @@ fn invoice_csv(inv: &api::Invoice) -> Result<String, String> {
             &c.amount_micro_usd.to_string(),
             &c.amount_usd,
             "",
-        ])
-        .map_err(err)?;
+        ])?;
     }
     for (kind, micro, usd) in [
         ("total", inv.total_micro_usd, &inv.total_usd),
         ("on_demand_equivalent", inv.on_demand_equivalent_micro_usd, &inv.on_demand_equivalent_usd),
         ("preemptible_savings", inv.preemptible_savings_micro_usd, &inv.preemptible_savings_usd),
     ] {
-        w.write_record([kind, "", "", "", "", "", &micro.to_string(), usd, ""]).map_err(err)?;
+        w.write_record([kind, "", "", "", "", "", &micro.to_string(), usd, ""])?;
     }
     for (kind, count) in [
         ("attempts", inv.attempts),
@@ -389,10 +386,10 @@ fn invoice_csv(inv: &api::Invoice) -> Result<String, String> {
         ("repeat_preemptions", inv.repeat_preemptions),
         ("preemptions_within_min_runtime", inv.preemptions_within_min_runtime),
     ] {
-        w.write_record([kind, "", "", "", "", "", "", "", &count.to_string()]).map_err(err)?;
+        w.write_record([kind, "", "", "", "", "", "", "", &count.to_string()])?;
     }
-    let bytes = w.into_inner().map_err(|e| e.to_string())?;
-    String::from_utf8(bytes).map_err(|e| e.to_string())
+    let bytes = w.into_inner().map_err(|e| csv::Error::from(e.into_error()))?;
+    Ok(String::from_utf8(bytes).expect("CSV of text is text"))
 }
 
 #[derive(Args)]
@@ -409,7 +406,7 @@ pub struct ReportArgs {
     pub json: bool,
 }
 
-pub async fn report(conn: &Connection, args: &ReportArgs) -> Result<String, String> {
+pub async fn report(conn: &Connection, args: &ReportArgs) -> Result<String, CliError> {
     let (from, to) = period(&args.from, &args.to);
     let query = [("from", from.as_str()), ("to", to.as_str())];
     let r: api::OperatorReport = conn.client()?.get_query("/v1/report", &query).await?;

@@ -4,6 +4,7 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::Instant;
 
+use crate::error::{given, usage, CliError};
 use clap::Args;
 use ebb_core::{MicroUsd, Span};
 use ebb_scheduler::VictimPolicy;
@@ -104,22 +105,21 @@ pub struct SimArgs {
     report: Option<PathBuf>,
 }
 
-fn parse_span(text: &str) -> Result<Span, String> {
-    Span::parse(text)
+fn parse_span(text: &str) -> Result<Span, CliError> {
+    Span::parse(text).map_err(usage)
 }
 
-fn parse_usd(text: &str) -> Result<MicroUsd, String> {
-    MicroUsd::parse_usd(text)
+fn parse_usd(text: &str) -> Result<MicroUsd, CliError> {
+    MicroUsd::parse_usd(text).map_err(usage)
 }
 
-pub fn run(args: SimArgs) -> Result<(), String> {
+pub fn run(args: SimArgs) -> Result<(), CliError> {
     let mut traces = args
         .traces
         .iter()
         .map(|arg| Trace::load_arg(arg))
         .chain(args.tenants.iter().map(|arg| Trace::load_tenant_arg(arg)))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| e.to_string())?;
+        .collect::<Result<Vec<_>, _>>()?;
     if let Some(until) = args.until {
         for trace in &mut traces {
             trace.jobs.retain(|job| job.submit_s <= until);
@@ -167,8 +167,7 @@ pub fn run(args: SimArgs) -> Result<(), String> {
             bar.set_length(p.total);
             bar.set_position(p.arrived);
         }
-    })
-    .map_err(|e| e.to_string())?;
+    })?;
     let elapsed = started.elapsed();
     if let Some(bar) = bar {
         bar.finish_and_clear();
@@ -182,13 +181,12 @@ pub fn run(args: SimArgs) -> Result<(), String> {
         if path.as_os_str() == "-" {
             stdout.push_str(&json);
         } else {
-            std::fs::write(path, json).map_err(|e| format!("--json {}: {e}", path.display()))?;
+            std::fs::write(path, json).map_err(given("--json", path))?;
             wrote.push_str(&format!("wrote the summary (JSON) to {}\n", path.display()));
         }
     }
     if let Some(path) = &args.report {
-        std::fs::write(path, ebb_sim::report::html(&output))
-            .map_err(|e| format!("--report {}: {e}", path.display()))?;
+        std::fs::write(path, ebb_sim::report::html(&output)).map_err(given("--report", path))?;
         wrote.push_str(&format!("wrote the report (HTML) to {}\n", path.display()));
     }
     if args.json.as_deref().is_none_or(|p| p.as_os_str() != "-") {

@@ -20,15 +20,33 @@ pub struct DirLock {
     pub path: PathBuf,
 }
 
+/// Why a data directory could not be taken.
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    #[error("--data-dir {}: {source}", dir.display())]
+    Dir { dir: PathBuf, source: std::io::Error },
+    #[error("--data-dir {}: {}: {source}", dir.display(), file.display())]
+    File { dir: PathBuf, file: PathBuf, source: std::io::Error },
+    #[error(
+        "--data-dir {}: in use by {holder}; {what} needs a data directory of its own (stop that process, or \
+         pass another --data-dir)",
+        dir.display()
+    )]
+    InUse { dir: PathBuf, holder: String, what: String },
+    #[error("--data-dir {}: cannot lock {}: {source}", dir.display(), file.display())]
+    Lock { dir: PathBuf, file: PathBuf, source: nix::errno::Errno },
+}
+
 /// The lock file's name inside a data directory.
 pub const LOCK_FILE: &str = "ebb.lock";
 
 /// Takes `dir` for `what` (`ebb server`, ...), creating the directory if
 /// it is missing. Fails at once, touching nothing else, if another
 /// process holds it; the error names the directory and that process.
-pub fn lock_dir(dir: &Path, what: &str) -> Result<DirLock, String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("--data-dir {}: {e}", dir.display()))?;
+pub fn lock_dir(dir: &Path, what: &str) -> Result<DirLock, LockError> {
+    std::fs::create_dir_all(dir).map_err(|source| LockError::Dir { dir: dir.to_path_buf(), source })?;
     let path = dir.join(LOCK_FILE);
+    let file_error = |source| LockError::File { dir: dir.to_path_buf(), file: path.clone(), source };
     // Opened with O_CLOEXEC (std's default): no child inherits the lock.
     let file = std::fs::OpenOptions::new()
         .read(true)
@@ -36,7 +54,7 @@ pub fn lock_dir(dir: &Path, what: &str) -> Result<DirLock, String> {
         .create(true)
         .truncate(false)
         .open(&path)
-        .map_err(|e| format!("--data-dir {}: {}: {e}", dir.display(), path.display()))?;
+        .map_err(file_error)?;
     let mut file = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
         Ok(locked) => locked,
         Err((mut file, nix::errno::Errno::EWOULDBLOCK)) => {
@@ -46,21 +64,15 @@ pub fn lock_dir(dir: &Path, what: &str) -> Result<DirLock, String> {
                 "" => "another process".to_string(),
                 text => format!("another process (pid {})", text.lines().next().unwrap_or(text)),
             };
-            return Err(format!(
-                "--data-dir {}: in use by {holder}; {what} needs a data directory of its own (stop that \
-                 process, or pass another --data-dir)",
-                dir.display()
-            ));
+            return Err(LockError::InUse { dir: dir.to_path_buf(), holder, what: what.to_string() });
         }
-        Err((_, e)) => {
-            return Err(format!("--data-dir {}: cannot lock {}: {e}", dir.display(), path.display()))
-        }
+        Err((_, source)) => return Err(LockError::Lock { dir: dir.to_path_buf(), file: path, source }),
     };
     let pid = format!("{}\n{what}\n", std::process::id());
     file.set_len(0)
         .and_then(|()| file.rewind())
         .and_then(|()| file.write_all(pid.as_bytes()))
-        .map_err(|e| format!("--data-dir {}: {}: {e}", dir.display(), path.display()))?;
+        .map_err(file_error)?;
     Ok(DirLock { _file: file, path })
 }
 
@@ -76,6 +88,8 @@ mod tests {
         // flock is per open file description: a second open in this very
         // process conflicts as another process's would.
         let err = lock_dir(&dir, "ebb server").err().expect("refused");
+        assert!(matches!(&err, LockError::InUse { what, .. } if what == "ebb server"), "{err:?}");
+        let err = err.to_string();
         assert!(err.contains(&format!("pid {}", std::process::id())), "{err}");
         assert!(err.contains(&dir.display().to_string()), "{err}");
         drop(first);

@@ -9,6 +9,7 @@ use ebb_core::count;
 
 use crate::client::Connection;
 
+use crate::error::{usage, CliError};
 use crate::output::{json, JsonFlag};
 
 #[derive(Subcommand)]
@@ -155,7 +156,7 @@ pub enum JoinTokenCommand {
 
 /// What the cluster has and what a job of each tier could get now, per
 /// GPU model: for anyone, as `sinfo` is.
-pub async fn capacity(conn: &Connection, out: &JsonFlag) -> Result<String, String> {
+pub async fn capacity(conn: &Connection, out: &JsonFlag) -> Result<String, CliError> {
     let capacity: api::Capacity = conn.client()?.get("/v1/capacity").await?;
     if out.json {
         return Ok(json(&capacity));
@@ -216,7 +217,7 @@ fn capacity_text(m: &api::ModelCapacity) -> String {
     text
 }
 
-pub async fn nodes(conn: &Connection, out: &JsonFlag) -> Result<String, String> {
+pub async fn nodes(conn: &Connection, out: &JsonFlag) -> Result<String, CliError> {
     let nodes: Vec<api::Node> = conn.client()?.get("/v1/nodes").await?;
     if out.json {
         return Ok(json(&nodes));
@@ -267,7 +268,7 @@ fn health_lines(n: &api::Node) -> String {
     text
 }
 
-pub async fn nodes_command(conn: &Connection, command: &NodesCommand) -> Result<String, String> {
+pub async fn nodes_command(conn: &Connection, command: &NodesCommand) -> Result<String, CliError> {
     match command {
         NodesCommand::Remove { name, out } => {
             let removed: api::NodeRemoved = conn.client()?.delete(&format!("/v1/nodes/{name}")).await?;
@@ -308,7 +309,7 @@ pub async fn nodes_command(conn: &Connection, command: &NodesCommand) -> Result<
     }
 }
 
-pub async fn drain(conn: &Connection, node: &str, out: &JsonFlag) -> Result<String, String> {
+pub async fn drain(conn: &Connection, node: &str, out: &JsonFlag) -> Result<String, CliError> {
     let n: api::Node =
         conn.client()?.post(&format!("/v1/nodes/{node}/drain"), &serde_json::json!({})).await?;
     Ok(if out.json { json(&n) } else { format!("node {}: {}\n", n.name, n.status) })
@@ -319,7 +320,7 @@ pub async fn undrain(
     node: &str,
     gpu: Option<u8>,
     out: &JsonFlag,
-) -> Result<String, String> {
+) -> Result<String, CliError> {
     let route = match gpu {
         Some(gpu) => format!("/v1/nodes/{node}/undrain?gpu={gpu}"),
         None => format!("/v1/nodes/{node}/undrain"),
@@ -336,7 +337,11 @@ pub async fn undrain(
     })
 }
 
-pub async fn release(conn: &Connection, gpu_model: Option<String>, out: &JsonFlag) -> Result<String, String> {
+pub async fn release(
+    conn: &Connection,
+    gpu_model: Option<String>,
+    out: &JsonFlag,
+) -> Result<String, CliError> {
     let reply: api::ReclaimReleased =
         conn.client()?.post("/v1/reclaim/release", &api::ReclaimRelease { gpu_model }).await?;
     Ok(if out.json {
@@ -358,7 +363,7 @@ pub async fn reclaim(
     gpus: u32,
     gpu_model: Option<String>,
     out: &JsonFlag,
-) -> Result<String, String> {
+) -> Result<String, CliError> {
     let reply: api::ReclaimReply =
         conn.client()?.post("/v1/reclaim", &api::ReclaimRequest { gpus, gpu_model }).await?;
     Ok(if out.json {
@@ -373,27 +378,27 @@ pub async fn reclaim(
 }
 
 /// `--quota TIER:MODEL:NOMINAL[:BORROWING[:LENDING]]`.
-fn parse_quota(text: &str) -> Result<api::TenantQuota, String> {
+fn parse_quota(text: &str) -> Result<api::TenantQuota, CliError> {
     let parts: Vec<&str> = text.split(':').collect();
-    let number = |what: &str, s: &str| -> Result<Option<u32>, String> {
+    let number = |what: &str, s: &str| -> Result<Option<u32>, CliError> {
         match s {
             "" => Ok(None),
             s => s
                 .parse::<u32>()
                 .map(Some)
-                .map_err(|_| format!("{what} must be a whole number of GPUs, got {s:?}")),
+                .map_err(|_| usage(format!("{what} must be a whole number of GPUs, got {s:?}"))),
         }
     };
     let [tier, model, nominal, rest @ ..] = parts.as_slice() else {
-        return Err("expected TIER:MODEL:NOMINAL[:BORROWING_LIMIT[:LENDING_LIMIT]]".into());
+        return Err(usage("expected TIER:MODEL:NOMINAL[:BORROWING_LIMIT[:LENDING_LIMIT]]"));
     };
     if rest.len() > 2 || model.is_empty() {
-        return Err("expected TIER:MODEL:NOMINAL[:BORROWING_LIMIT[:LENDING_LIMIT]]".into());
+        return Err(usage("expected TIER:MODEL:NOMINAL[:BORROWING_LIMIT[:LENDING_LIMIT]]"));
     }
     Ok(api::TenantQuota {
         tier: tier.to_string(),
         gpu_model: model.to_string(),
-        nominal: number("NOMINAL", nominal)?.ok_or("NOMINAL is required")?,
+        nominal: number("NOMINAL", nominal)?.ok_or_else(|| usage("NOMINAL is required"))?,
         borrowing_limit: number("BORROWING_LIMIT", rest.first().unwrap_or(&""))?,
         lending_limit: number("LENDING_LIMIT", rest.get(1).unwrap_or(&""))?,
     })
@@ -414,7 +419,7 @@ fn quota_line(lead: &str, q: &api::QuotaUsage) -> String {
     )
 }
 
-pub async fn tenant(conn: &Connection, command: &TenantCommand) -> Result<String, String> {
+pub async fn tenant(conn: &Connection, command: &TenantCommand) -> Result<String, CliError> {
     match command {
         TenantCommand::List(out) => {
             let tenants: Vec<api::TenantSummary> = conn.client()?.get("/v1/tenants").await?;
@@ -527,10 +532,10 @@ pub async fn tenant(conn: &Connection, command: &TenantCommand) -> Result<String
         }
         TenantCommand::RegistryLogin { name, registry, username, password_stdin: _ } => {
             let mut password = String::new();
-            std::io::stdin().read_line(&mut password).map_err(|e| format!("reading the password: {e}"))?;
+            std::io::stdin().read_line(&mut password).map_err(CliError::Input)?;
             let password = password.trim_end_matches(['\n', '\r']).to_string();
             if password.is_empty() {
-                return Err("no password on standard input".into());
+                return Err(usage("no password on standard input"));
             }
             let login = api::RegistryLogin { username: username.clone(), password };
             let path = format!("/v1/tenants/{name}/registry-logins/{registry}");

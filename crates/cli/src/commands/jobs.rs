@@ -9,6 +9,7 @@ use ebb_core::{bytes_text, count, Span};
 
 use crate::client::Connection;
 
+use crate::error::{failed, usage, CliError};
 use crate::output::{json, JsonFlag};
 
 #[derive(Args)]
@@ -40,7 +41,7 @@ pub struct JobsArgs {
 /// Rows the table shows unless asked for more.
 const JOBS_SHOWN: u64 = 100;
 
-pub async fn jobs(conn: &Connection, args: &JobsArgs) -> Result<String, String> {
+pub async fn jobs(conn: &Connection, args: &JobsArgs) -> Result<String, CliError> {
     let client = conn.client()?;
     // The table collapses arrays and shows the newest rows; --json gives
     // every matching job record.
@@ -152,7 +153,7 @@ fn truncate(text: &str, max: usize) -> String {
     }
 }
 
-pub async fn show(conn: &Connection, id: u64, why: bool, out: &JsonFlag) -> Result<String, String> {
+pub async fn show(conn: &Connection, id: u64, why: bool, out: &JsonFlag) -> Result<String, CliError> {
     let job: api::Job = conn.client()?.get(&format!("/v1/jobs/{id}")).await?;
     if out.json {
         return Ok(json(&job));
@@ -366,7 +367,7 @@ pub async fn logs(
     follow: bool,
     tail: Option<usize>,
     view: LogView,
-) -> Result<(), String> {
+) -> Result<(), CliError> {
     use std::io::Write;
     let client = conn.client()?;
     let mut offset = 0;
@@ -428,8 +429,10 @@ pub async fn logs(
 }
 
 /// Why a finished job's log is empty: its output was removed.
-fn removed(id: u64, at: &str) -> String {
-    format!("job {id}: its output was removed at {at}: the server keeps a finished job's output for its --keep-output")
+fn removed(id: u64, at: &str) -> CliError {
+    failed(format!(
+        "job {id}: its output was removed at {at}: the server keeps a finished job's output for its --keep-output"
+    ))
 }
 
 /// The last `n` lines of a text that comes in pieces (a line may span
@@ -506,20 +509,24 @@ pub async fn cancel(
     array: Option<u64>,
     grace: Option<ebb_core::Span>,
     out: &JsonFlag,
-) -> Result<String, String> {
+) -> Result<String, CliError> {
     let client = conn.client()?;
     let mut wanted = ids.to_vec();
     if let Some(array) = array {
         let job: api::Job = client.get(&format!("/v1/jobs/{array}")).await?;
-        let progress = job.progress.ok_or_else(|| format!("--array {array}: job {array} is not an array"))?;
+        let progress =
+            job.progress.ok_or_else(|| usage(format!("--array {array}: job {array} is not an array")))?;
         if job.array.as_ref().is_some_and(|a| a.id != array) {
-            return Err(format!("--array {array}: job {array} is a task of array {}", job.array.unwrap().id));
+            return Err(usage(format!(
+                "--array {array}: job {array} is a task of array {}",
+                job.array.unwrap().id
+            )));
         }
         let done = ["succeeded", "failed", "cancelled"];
         wanted.extend(progress.tasks.iter().filter(|t| !done.contains(&t.state.as_str())).map(|t| t.id));
     }
     if wanted.is_empty() {
-        return Err("nothing to cancel: give job ids, or --array ID".into());
+        return Err(usage("nothing to cancel: give job ids, or --array ID"));
     }
     let request = api::CancelRequest { grace_ms: grace.map(|g| g.0) };
     let (mut text, mut jobs, mut failed) = (String::new(), Vec::new(), Vec::new());
@@ -552,7 +559,7 @@ pub async fn cancel(
         true => Ok(text),
         false => {
             print!("{text}");
-            Err(failed.join("\n"))
+            Err(crate::error::failed(failed.join("\n")))
         }
     }
 }

@@ -8,6 +8,7 @@ use clap::{Args, Parser};
 use ebb_api as api;
 
 use crate::client::Connection;
+use crate::error::{file, usage, CliError};
 
 #[derive(Args, Clone, Debug, Default)]
 pub struct SubmitArgs {
@@ -104,20 +105,22 @@ pub struct SubmitArgs {
 pub const PRIORITY_CLASSES: [(&str, i32); 3] = [("low", -100), ("normal", 0), ("high", 100)];
 
 /// `--priority`: a number from -1000 to 1000, or a class's name.
-fn parse_priority(text: &str) -> Result<i32, String> {
+fn parse_priority(text: &str) -> Result<i32, CliError> {
     if let Some(&(_, n)) = PRIORITY_CLASSES.iter().find(|(name, _)| *name == text) {
         return Ok(n);
     }
     let classes = PRIORITY_CLASSES.map(|(name, n)| format!("{name} ({n})")).join(", ");
     match text.parse::<i64>() {
         Ok(n) if (-1000..=1000).contains(&n) => Ok(n as i32),
-        Ok(n) => Err(format!("{n} is out of range: a priority is -1000 to 1000")),
-        Err(_) => Err(format!("expected a number from -1000 to 1000 or a class: {classes}; got {text:?}")),
+        Ok(n) => Err(usage(format!("{n} is out of range: a priority is -1000 to 1000"))),
+        Err(_) => {
+            Err(usage(format!("expected a number from -1000 to 1000 or a class: {classes}; got {text:?}")))
+        }
     }
 }
 
-fn parse_span(text: &str) -> Result<ebb_core::Span, String> {
-    ebb_core::Span::parse(text)
+fn parse_span(text: &str) -> Result<ebb_core::Span, CliError> {
+    ebb_core::Span::parse(text).map_err(usage)
 }
 
 /// `#EBB --gpus 2` lines of a job script, parsed like command-line flags.
@@ -130,15 +133,15 @@ struct ScriptFlags {
 /// The flags of a job script's `#EBB` lines, in order: each line split as
 /// a shell would (quotes, `\` escapes, a `# comment` at its end). An
 /// unknown or malformed flag is an error naming the script's line.
-fn script_flags(path: &Path) -> Result<Option<SubmitArgs>, String> {
+fn script_flags(path: &Path) -> Result<Option<SubmitArgs>, CliError> {
     let Ok(text) = std::fs::read(path) else { return Ok(None) };
     let text = String::from_utf8_lossy(&text);
     if text.lines().any(|l| l.starts_with("#SBATCH")) && !text.lines().any(|l| l.starts_with("#EBB")) {
-        return Err(format!(
+        return Err(usage(format!(
             "{} is a Slurm batch script (#SBATCH lines): submit it with sbatch, which reads them \
              (`ebb slurm install DIR` puts sbatch on your PATH)",
             path.display()
-        ));
+        )));
     }
     let parse = |words: &[String]| {
         let mut argv = vec!["#EBB".to_string()];
@@ -151,20 +154,20 @@ fn script_flags(path: &Path) -> Result<Option<SubmitArgs>, String> {
         let Some(rest) = line.strip_prefix("#EBB") else { continue };
         let at = || format!("{}:{}: {}", path.display(), number + 1, line.trim());
         if !rest.is_empty() && !rest.starts_with([' ', '\t']) {
-            return Err(format!("{}: a directive is `#EBB --flag value`", at()));
+            return Err(usage(format!("{}: a directive is `#EBB --flag value`", at())));
         }
-        let line_words = shlex::split(rest).ok_or_else(|| format!("{}: an unclosed quote", at()))?;
+        let line_words = shlex::split(rest).ok_or_else(|| usage(format!("{}: an unclosed quote", at())))?;
         if let Err(e) = parse(&line_words) {
             let message = e.render().to_string();
             let first = message.lines().find(|l| !l.trim().is_empty()).unwrap_or("").trim().to_string();
             let tip =
                 message.lines().find(|l| l.trim().starts_with("tip:")).map(|l| format!(" ({})", l.trim()));
-            return Err(format!(
+            return Err(usage(format!(
                 "{}: {}{}",
                 at(),
                 first.trim_start_matches("error: "),
                 tip.unwrap_or_default()
-            ));
+            )));
         }
         words.extend(line_words);
     }
@@ -173,12 +176,12 @@ fn script_flags(path: &Path) -> Result<Option<SubmitArgs>, String> {
     }
     parse(&words)
         .map(Some)
-        .map_err(|e| format!("{}: #EBB lines: {}", path.display(), e.render().to_string().trim()))
+        .map_err(|e| usage(format!("{}: #EBB lines: {}", path.display(), e.render().to_string().trim())))
 }
 
 /// Builds the submission: a job script's `#EBB` flags first, the command
 /// line's over them.
-pub fn submission(args: &SubmitArgs) -> Result<api::JobSubmission, String> {
+pub fn submission(args: &SubmitArgs) -> Result<api::JobSubmission, CliError> {
     let mut argv = args.command.clone();
     let script = Path::new(&argv[0]);
     let from_script = if argv.len() == 1 && script.is_file() { script_flags(script)? } else { None };
@@ -186,19 +189,20 @@ pub fn submission(args: &SubmitArgs) -> Result<api::JobSubmission, String> {
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(script).map(|m| m.permissions().mode()).unwrap_or(0);
         if mode & 0o111 == 0 {
-            return Err(format!("job script {} is not executable (chmod +x it)", script.display()));
+            return Err(usage(format!("job script {} is not executable (chmod +x it)", script.display())));
         }
-        let absolute = std::fs::canonicalize(script).map_err(|e| format!("{}: {e}", script.display()))?;
+        let absolute = std::fs::canonicalize(script).map_err(file(script))?;
         argv = vec![absolute.display().to_string()];
     }
     let base = from_script.unwrap_or_default();
     let mut sweep = Vec::new();
     for param in base.sweep.iter().chain(&args.sweep) {
-        let (name, values) =
-            param.split_once('=').ok_or_else(|| format!("--sweep {param}: expected NAME=V1,V2,..."))?;
+        let (name, values) = param
+            .split_once('=')
+            .ok_or_else(|| usage(format!("--sweep {param}: expected NAME=V1,V2,...")))?;
         let values: Vec<String> = values.split(',').map(str::to_string).collect();
         if values.iter().any(String::is_empty) {
-            return Err(format!("--sweep {param}: empty value"));
+            return Err(usage(format!("--sweep {param}: empty value")));
         }
         sweep.push(api::SweepParam { name: name.to_string(), values });
     }
@@ -207,7 +211,7 @@ pub fn submission(args: &SubmitArgs) -> Result<api::JobSubmission, String> {
     // In an image, the directory is the image's, not this machine's.
     let workdir = match (&image, chdir) {
         (Some(_), Some(dir)) if !dir.starts_with('/') => {
-            return Err(format!("--chdir {dir}: in an image, give an absolute path inside it"));
+            return Err(usage(format!("--chdir {dir}: in an image, give an absolute path inside it")));
         }
         (Some(_), dir) => dir.map(str::to_string),
         (None, dir) => Some(workdir(dir)?),
@@ -216,7 +220,9 @@ pub fn submission(args: &SubmitArgs) -> Result<api::JobSubmission, String> {
         Some(text) => match text.split_once('%') {
             Some((range, limit)) => {
                 let n = limit.parse::<u32>().ok().filter(|n| *n > 0).ok_or_else(|| {
-                    format!("--array {text}: %N is a limit on tasks running at once, a positive whole number")
+                    usage(format!(
+                        "--array {text}: %N is a limit on tasks running at once, a positive whole number"
+                    ))
                 })?;
                 (Some(range), Some(n))
             }
@@ -227,7 +233,7 @@ pub fn submission(args: &SubmitArgs) -> Result<api::JobSubmission, String> {
     let export = args.export.as_deref().or(base.export.as_deref()).unwrap_or("ALL");
     let mut env = exported(export, std::env::vars_os())?;
     for pair in base.env.iter().chain(&args.env) {
-        let (k, v) = pair.split_once('=').ok_or_else(|| format!("--env {pair}: expected K=V"))?;
+        let (k, v) = pair.split_once('=').ok_or_else(|| usage(format!("--env {pair}: expected K=V")))?;
         env.insert(k.to_string(), v.to_string());
     }
     Ok(api::JobSubmission {
@@ -288,7 +294,7 @@ pub(crate) fn valid_name(name: &str) -> bool {
 fn exported(
     mode: &str,
     vars: impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
-) -> Result<BTreeMap<String, String>, String> {
+) -> Result<BTreeMap<String, String>, CliError> {
     let vars: BTreeMap<String, String> =
         vars.filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))).collect();
     match mode {
@@ -303,15 +309,15 @@ fn exported(
                     Some((name, value)) => (name, value.to_string()),
                     None => {
                         let value = vars.get(item).ok_or_else(|| {
-                            format!("--export {item}: not set here (ALL, NONE, or VAR,VAR=VALUE,...)")
+                            usage(format!("--export {item}: not set here (ALL, NONE, or VAR,VAR=VALUE,...)"))
                         })?;
                         (item, value.clone())
                     }
                 };
                 if !valid_name(name) {
-                    return Err(format!(
+                    return Err(usage(format!(
                         "--export {item}: {name:?} is not a variable name (ALL, NONE, or VAR,VAR=VALUE,...)"
-                    ));
+                    )));
                 }
                 env.insert(name.to_string(), value);
             }
@@ -322,17 +328,19 @@ fn exported(
 
 /// The job's working directory: `--chdir` made absolute, or where the
 /// submitter is.
-fn workdir(chdir: Option<&str>) -> Result<String, String> {
-    let here =
-        std::env::current_dir().map_err(|e| format!("the current directory: {e} (pass --chdir DIR)"))?;
+fn workdir(chdir: Option<&str>) -> Result<String, CliError> {
+    let here = std::env::current_dir()
+        .map_err(|e| usage(format!("the current directory: {e} (pass --chdir DIR)")))?;
     let dir = match chdir {
         Some(dir) => here.join(dir),
         None => here,
     };
-    dir.into_os_string().into_string().map_err(|d| format!("--chdir {}: not UTF-8", d.to_string_lossy()))
+    dir.into_os_string()
+        .into_string()
+        .map_err(|d| usage(format!("--chdir {}: not UTF-8", d.to_string_lossy())))
 }
 
-pub async fn submit(conn: &Connection, args: &SubmitArgs) -> Result<String, String> {
+pub async fn submit(conn: &Connection, args: &SubmitArgs) -> Result<String, CliError> {
     let spec = submission(args)?;
     let submitted: api::Submitted = conn.client()?.post("/v1/jobs", &spec).await?;
     Ok(if args.json {
@@ -407,7 +415,11 @@ mod tests {
         assert_eq!(s.time_limit_s, Some(5400));
         assert_eq!(s.after.as_deref(), Some("afterok:4,singleton"));
         let bad = submission(&args(&["--array", "0-9%x", "--", "true"])).unwrap_err();
-        assert_eq!(bad, "--array 0-9%x: %N is a limit on tasks running at once, a positive whole number");
+        assert!(matches!(&bad, CliError::Usage(_)), "{bad:?}");
+        assert_eq!(
+            bad.to_string(),
+            "--array 0-9%x: %N is a limit on tasks running at once, a positive whole number"
+        );
     }
 
     #[test]
@@ -416,7 +428,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let script = dir.join("job.sh");
         std::fs::write(&script, "#!/bin/sh\n#SBATCH --gres=gpu:2\necho hi\n").unwrap();
-        let err = submission(&args(&[script.to_str().unwrap()])).unwrap_err();
+        let err = submission(&args(&[script.to_str().unwrap()])).unwrap_err().to_string();
         assert!(err.contains("is a Slurm batch script (#SBATCH lines): submit it with sbatch"), "{err}");
         let _ = std::fs::remove_dir_all(&dir);
     }

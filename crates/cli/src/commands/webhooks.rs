@@ -7,6 +7,7 @@ use clap::{Args, Subcommand};
 use ebb_api as api;
 
 use crate::client::Connection;
+use crate::error::CliError;
 use crate::output::{json, JsonFlag};
 
 /// A webhook to add.
@@ -91,7 +92,7 @@ pub enum NodesWebhookCommand {
     },
 }
 
-pub async fn tenant_webhook(conn: &Connection, command: &TenantWebhookCommand) -> Result<String, String> {
+pub async fn tenant_webhook(conn: &Connection, command: &TenantWebhookCommand) -> Result<String, CliError> {
     match command {
         TenantWebhookCommand::Add { name, hook } => add(conn, Some(name), hook).await,
         TenantWebhookCommand::List { name, out } => list(conn, Some(name), out).await,
@@ -100,7 +101,7 @@ pub async fn tenant_webhook(conn: &Connection, command: &TenantWebhookCommand) -
     }
 }
 
-pub async fn nodes_webhook(conn: &Connection, command: &NodesWebhookCommand) -> Result<String, String> {
+pub async fn nodes_webhook(conn: &Connection, command: &NodesWebhookCommand) -> Result<String, CliError> {
     match command {
         NodesWebhookCommand::Add { hook } => add(conn, None, hook).await,
         NodesWebhookCommand::List(out) => list(conn, None, out).await,
@@ -109,7 +110,7 @@ pub async fn nodes_webhook(conn: &Connection, command: &NodesWebhookCommand) -> 
     }
 }
 
-async fn add(conn: &Connection, tenant: Option<&str>, hook: &HookArgs) -> Result<String, String> {
+async fn add(conn: &Connection, tenant: Option<&str>, hook: &HookArgs) -> Result<String, CliError> {
     let req = api::WebhookRequest {
         tenant: tenant.map(String::from),
         url: hook.url.clone(),
@@ -131,7 +132,7 @@ async fn add(conn: &Connection, tenant: Option<&str>, hook: &HookArgs) -> Result
     ))
 }
 
-async fn list(conn: &Connection, tenant: Option<&str>, out: &JsonFlag) -> Result<String, String> {
+async fn list(conn: &Connection, tenant: Option<&str>, out: &JsonFlag) -> Result<String, CliError> {
     let client = conn.client()?;
     let hooks: Vec<api::Webhook> = match tenant {
         Some(name) => client.get_query("/v1/webhooks", &[("tenant", name)]).await?,
@@ -153,7 +154,7 @@ async fn list(conn: &Connection, tenant: Option<&str>, out: &JsonFlag) -> Result
     Ok(text)
 }
 
-async fn remove(conn: &Connection, id: u64, out: &JsonFlag) -> Result<String, String> {
+async fn remove(conn: &Connection, id: u64, out: &JsonFlag) -> Result<String, CliError> {
     let gone: api::Webhook = conn.client()?.delete(&format!("/v1/webhooks/{id}")).await?;
     Ok(if out.json {
         json(&gone)
@@ -162,7 +163,7 @@ async fn remove(conn: &Connection, id: u64, out: &JsonFlag) -> Result<String, St
     })
 }
 
-async fn log(conn: &Connection, id: u64, out: &JsonFlag) -> Result<String, String> {
+async fn log(conn: &Connection, id: u64, out: &JsonFlag) -> Result<String, CliError> {
     let log: api::WebhookLog = conn.client()?.get(&format!("/v1/webhooks/{id}/log")).await?;
     if out.json {
         return Ok(json(&log));

@@ -9,6 +9,7 @@ use clap::Args;
 use ebb_core::Span;
 
 use super::*;
+use crate::error::{given, usage, CliError};
 
 #[derive(Args)]
 pub struct AgentArgs {
@@ -219,77 +220,78 @@ const SPARE_FILES: u64 = 256;
 
 /// Refuses `--simulate-nodes n` that the agent's flags or the open-file
 /// limit `files` cannot hold.
-fn check_simulated_fleet(n: u32, args: &AgentArgs, files: u64) -> Result<(), String> {
+fn check_simulated_fleet(n: u32, args: &AgentArgs, files: u64) -> Result<(), CliError> {
     if !(1..=MAX_SIMULATED_NODES).contains(&n) {
-        return Err(format!("--simulate-nodes {n}: from 1 to {MAX_SIMULATED_NODES}"));
+        return Err(usage(format!("--simulate-nodes {n}: from 1 to {MAX_SIMULATED_NODES}")));
     }
     if args.fake_gpus.is_none() {
-        return Err(format!(
+        return Err(usage(format!(
             "--simulate-nodes {n} needs --fake-gpus N --gpu-model M: simulated nodes have no GPUs to discover"
-        ));
+        )));
     }
     if args.checkpoint_root.is_some() {
-        return Err(format!(
+        return Err(usage(format!(
             "--simulate-nodes {n} with --checkpoint-root: simulated jobs write no files, checkpoints \
              included (they are reports to the server only)"
-        ));
+        )));
     }
     // Each node's command poll holds a socket for as long as it waits.
     let needed = u64::from(n) + SPARE_FILES;
     if needed > files {
-        return Err(format!(
+        return Err(usage(format!(
             "--simulate-nodes {n}: the open-file limit is {files}, and {n} nodes need {needed} (a socket \
              each for its command poll, and some to spare); raise it (ulimit -n {}, or LimitNOFILE= for \
              a systemd unit) or simulate fewer nodes",
             2 * u64::from(n) + SPARE_FILES
-        ));
+        )));
     }
     // What is left is the reports' to share (the fleet logs how many).
     Ok(())
 }
 
-pub async fn agent(args: AgentArgs) -> Result<(), String> {
+pub async fn agent(args: AgentArgs) -> Result<(), CliError> {
     if args.check_gpus {
         return check_gpus();
     }
     if args.health_interval.as_millis() == 0 {
-        return Err("--health-interval must be more than 0".into());
+        return Err(usage("--health-interval must be more than 0"));
     }
     if args.stop_timeout.as_millis() > MAX_STOP_TIMEOUT.as_millis() {
-        return Err(format!(
+        return Err(usage(format!(
             "--stop-timeout {}: at most {} (to wait for on-demand jobs however long, drain the node \
              first: ebb drain NODE)",
             args.stop_timeout.human(),
             MAX_STOP_TIMEOUT.human()
-        ));
+        )));
     }
     let files = raise_open_files();
     if let Some(n) = args.simulate_nodes {
         check_simulated_fleet(n, &args, files)?;
     }
-    let server = args.server.clone().ok_or("no server: pass --server URL or set EBB_SERVER")?;
+    let server =
+        args.server.clone().ok_or_else(|| usage("no server: pass --server URL or set EBB_SERVER"))?;
     for url in server.split(',').map(str::trim) {
         if !(url.starts_with("http://") || url.starts_with("https://")) {
-            return Err(format!(
+            return Err(usage(format!(
                 "--server {url:?}: a URL, e.g. http://10.0.0.1:7300 (several: comma-separated)"
-            ));
+            )));
         }
     }
     let join_token = match (&args.join_token, &args.join_token_file) {
         (Some(token), _) => token.clone(),
-        (None, Some(path)) => {
-            std::fs::read_to_string(path).map_err(|e| format!("--join-token-file {}: {e}", path.display()))?
-        }
-        (None, None) => return Err("no join token: pass --join-token or --join-token-file".into()),
+        (None, Some(path)) => std::fs::read_to_string(path).map_err(given("--join-token-file", path))?,
+        (None, None) => return Err(usage("no join token: pass --join-token or --join-token-file")),
     };
     let gpus = match (args.fake_gpus, &args.gpu_model) {
-        (Some(0), _) => return Err("--fake-gpus must be at least 1".into()),
+        (Some(0), _) => return Err(usage("--fake-gpus must be at least 1")),
         (Some(n), Some(model)) => ebb_agent::gpus::Gpus::simulated(n, model),
-        (Some(_), None) => return Err("--fake-gpus needs --gpu-model M".into()),
-        (None, _) => ebb_agent::gpus::discover().map_err(|e| e.to_string())?,
+        (Some(_), None) => return Err(usage("--fake-gpus needs --gpu-model M")),
+        (None, _) => ebb_agent::gpus::discover()?,
     };
-    let hostname = || -> Result<String, String> {
-        Ok(nix::unistd::gethostname().map_err(|e| e.to_string())?.to_string_lossy().into_owned())
+    let hostname = || -> Result<String, CliError> {
+        let name =
+            nix::unistd::gethostname().map_err(|e| usage(format!("the host's name: {e} (pass --name)")))?;
+        Ok(name.to_string_lossy().into_owned())
     };
     let name = match args.name {
         Some(name) => name,
@@ -299,10 +301,11 @@ pub async fn agent(args: AgentArgs) -> Result<(), String> {
         Some(address) => address,
         None => hostname()?,
     };
-    let pairs = |flag: &str, list: &[String]| -> Result<BTreeMap<String, String>, String> {
+    let pairs = |flag: &str, list: &[String]| -> Result<BTreeMap<String, String>, CliError> {
         list.iter()
             .map(|pair| {
-                let (k, v) = pair.split_once('=').ok_or_else(|| format!("{flag} {pair}: expected K=V"))?;
+                let (k, v) =
+                    pair.split_once('=').ok_or_else(|| usage(format!("{flag} {pair}: expected K=V")))?;
                 Ok((k.to_string(), v.to_string()))
             })
             .collect()
@@ -313,7 +316,7 @@ pub async fn agent(args: AgentArgs) -> Result<(), String> {
     // Before the agent kills what it finds in its ledger as left over.
     let _owner = ebb_server::lock::lock_dir(&args.data_dir, "ebb agent")?;
     if args.pull_timeout.as_millis() < 1000 {
-        return Err(format!("--pull-timeout {}: at least 1s", args.pull_timeout.human()));
+        return Err(usage(format!("--pull-timeout {}: at least 1s", args.pull_timeout.human())));
     }
     let config = ebb_agent::AgentConfig {
         server,
@@ -362,8 +365,7 @@ pub async fn agent(args: AgentArgs) -> Result<(), String> {
         checkpoint_credentials: ebb_checkpoints::Credentials::load(
             "--checkpoint-store-credentials",
             args.checkpoint_store_credentials.as_deref(),
-        )
-        .map_err(|e| e.to_string())?,
+        )?,
         health: ebb_agent::health::HealthConfig {
             interval: Duration::from_millis(args.health_interval.as_millis()),
             check: args.health_check,
@@ -377,15 +379,15 @@ pub async fn agent(args: AgentArgs) -> Result<(), String> {
         Some(n) => ebb_agent::simulate(config, n, files).await,
         None => ebb_agent::run(config).await,
     };
-    ran.map_err(|e| e.to_string())
+    Ok(ran?)
 }
 
 /// `ebb agent --check-gpus`: what discovery finds and what the health
 /// readings would report now, in words and as the agent sends them.
-fn check_gpus() -> Result<(), String> {
-    let gpus = ebb_agent::gpus::discover().map_err(|e| e.to_string())?;
+fn check_gpus() -> Result<(), CliError> {
+    let gpus = ebb_agent::gpus::discover()?;
     println!("{} x {}", gpus.count, gpus.model);
-    let readings = ebb_agent::gpus::NvmlReadings::open().map_err(|e| e.to_string())?;
+    let readings = ebb_agent::gpus::NvmlReadings::open()?;
     for line in readings.describe() {
         println!("  {line}");
     }
@@ -400,6 +402,6 @@ fn check_gpus() -> Result<(), String> {
         findings,
         at_ms: ebb_core::time::unix_ms(std::time::SystemTime::now()),
     };
-    println!("{}", serde_json::to_string(&event).map_err(|e| e.to_string())?);
+    println!("{}", serde_json::to_string(&event).expect("an event is JSON"));
     Ok(())
 }

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::error::{usage, CliError};
 use clap::Args;
 use ebb_core::Span;
 use ebb_server::Limits;
@@ -19,8 +20,8 @@ pub use agent::*;
 pub use server::*;
 pub use up::*;
 
-fn parse_span(text: &str) -> Result<Span, String> {
-    Span::parse(text)
+fn parse_span(text: &str) -> Result<Span, CliError> {
+    Span::parse(text).map_err(usage)
 }
 
 /// The scheduling policy's flags, the same for `ebb server` and `ebb up`.
@@ -64,17 +65,18 @@ pub struct PolicyArgs {
 impl PolicyArgs {
     /// The policy's flags within the core's bounds (the writer checks
     /// again at start), before anything is written.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), CliError> {
         let (window, gap) = (self.drain_window, self.fair_share_preemption);
         ebb_server::engine::check_policy(window, self.min_runtime, self.fair_share_half_life, gap)?;
         Ok(())
     }
 
-    pub fn partitions(&self) -> Result<ebb_server::partitions::Partitions, String> {
+    pub fn partitions(&self) -> Result<ebb_server::partitions::Partitions, CliError> {
         ebb_server::partitions::Partitions::parse(
             self.partition_map.as_deref(),
             self.default_partition.as_deref(),
         )
+        .map_err(usage)
     }
 }
 
@@ -137,7 +139,7 @@ impl CheckpointStoreArgs {
     /// The store's location, once it has answered with the server's
     /// credentials: a wrong URL, a missing bucket or an endpoint that does
     /// not answer stops the server at start, naming the flag.
-    async fn checked(&self) -> Result<Option<ebb_api::CheckpointStoreLocation>, String> {
+    async fn checked(&self) -> Result<Option<ebb_api::CheckpointStoreLocation>, CliError> {
         let Some(url) = &self.checkpoint_store else { return Ok(None) };
         let location = ebb_api::CheckpointStoreLocation {
             url: url.trim().to_string(),
@@ -147,13 +149,11 @@ impl CheckpointStoreArgs {
         let credentials = ebb_checkpoints::Credentials::load(
             "--checkpoint-store-credentials",
             self.checkpoint_store_credentials.as_deref(),
-        )
-        .map_err(|e| e.to_string())?;
-        let store =
-            ebb_checkpoints::Store::open(&location, credentials.as_ref()).map_err(|e| e.to_string())?;
-        store.check(Duration::from_secs(15)).await.map_err(|e| {
+        )?;
+        let store = ebb_checkpoints::Store::open(&location, credentials.as_ref())?;
+        store.check(Duration::from_secs(15)).await.map_err(|source| {
             let at = location.endpoint.as_deref().map_or(String::new(), |e| format!(" at {e}"));
-            format!("--checkpoint-store {url}{at}: {e}")
+            CliError::CheckpointStore { store: format!("{url}{at}"), source }
         })?;
         eprintln!("ebb server: jobs' checkpoints are kept in {url}");
         Ok(Some(location))
@@ -243,31 +243,32 @@ impl LimitArgs {
 }
 
 /// `--run-as TENANT=USER` flags and the default user, each checked.
-fn run_as_flags(pairs: &[String], default: Option<&str>) -> Result<ebb_server::RunAs, String> {
+fn run_as_flags(pairs: &[String], default: Option<&str>) -> Result<ebb_server::RunAs, CliError> {
     let mut by_tenant = BTreeMap::new();
     for pair in pairs {
         let (tenant, user) = pair
             .split_once('=')
             .filter(|(t, u)| !t.is_empty() && !u.is_empty())
-            .ok_or_else(|| format!("--run-as {pair}: expected TENANT=USER"))?;
+            .ok_or_else(|| usage(format!("--run-as {pair}: expected TENANT=USER")))?;
         if by_tenant.insert(tenant.to_string(), user.to_string()).is_some() {
-            return Err(format!("--run-as {pair}: tenant {tenant} is mapped twice"));
+            return Err(usage(format!("--run-as {pair}: tenant {tenant} is mapped twice")));
         }
     }
     if default.is_some_and(str::is_empty) {
-        return Err("--default-run-as: a user name".into());
+        return Err(usage("--default-run-as: a user name"));
     }
     Ok(ebb_server::RunAs { by_tenant, default: default.map(str::to_string) })
 }
 
 /// `--price MODEL=USD` flags to micro-dollars, each checked.
-fn price_flags(flag: &str, pairs: &[String], discount_bps: u32) -> Result<Vec<(String, i64)>, String> {
+fn price_flags(flag: &str, pairs: &[String], discount_bps: u32) -> Result<Vec<(String, i64)>, CliError> {
     pairs
         .iter()
         .map(|pair| {
             let (model, usd) =
-                pair.split_once('=').ok_or_else(|| format!("{flag} {pair}: expected MODEL=USD"))?;
-            let micro = ebb_server::billing::parse_price(flag, usd, discount_bps).map_err(|e| e.message)?;
+                pair.split_once('=').ok_or_else(|| usage(format!("{flag} {pair}: expected MODEL=USD")))?;
+            let micro =
+                ebb_server::billing::parse_price(flag, usd, discount_bps).map_err(|e| usage(e.message))?;
             Ok((model.to_string(), micro))
         })
         .collect()
@@ -302,12 +303,12 @@ mod tests {
     #[test]
     fn a_price_flag_is_refused_by_its_name_before_the_server_starts() {
         let bps = ebb_core::PriceBook::DEFAULT_DISCOUNT_BPS;
-        let refused = |pair: &str| price_flags("--price", &[pair.to_string()], bps).unwrap_err();
+        let refused = |pair: &str| price_flags("--price", &[pair.to_string()], bps).unwrap_err().to_string();
         assert!(refused("H100=-1").starts_with("--price"), "{}", refused("H100=-1"));
         assert_eq!(refused("H100"), "--price H100: expected MODEL=USD");
         assert_eq!(
-            price_flags("--price", &["H100=2".into()], bps),
-            Ok(vec![("H100".to_string(), 2_000_000)])
+            price_flags("--price", &["H100=2".into()], bps).unwrap(),
+            vec![("H100".to_string(), 2_000_000)]
         );
     }
 }

@@ -7,6 +7,7 @@ use clap::Args;
 use ebb_core::Span;
 
 use super::*;
+use crate::error::{given, usage, CliError};
 
 #[derive(Args)]
 pub struct ServerArgs {
@@ -139,13 +140,13 @@ pub struct ServerArgs {
     pub checkpoint_store: CheckpointStoreArgs,
 }
 
-pub async fn server(args: ServerArgs) -> Result<(), String> {
+pub async fn server(args: ServerArgs) -> Result<(), CliError> {
     raise_open_files();
     let discount = args.preemptible_discount;
     if !(0.0..100.0).contains(&discount) || (discount * 100.0).fract() != 0.0 {
-        return Err(format!(
+        return Err(usage(format!(
             "--preemptible-discount {discount}: a percentage from 0 to below 100, at most two decimals"
-        ));
+        )));
     }
     let discount_bps = (discount * 100.0) as u32;
     // Every bound before anything is written (the writer checks again).
@@ -158,9 +159,9 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
     let on_demand = price_flags("--price", &args.prices, discount_bps)?;
     let reserved = price_flags("--reserved-price", &args.reserved_prices, discount_bps)?;
     if let Some((model, _)) = reserved.iter().find(|(m, _)| !on_demand.iter().any(|(o, _)| o == m)) {
-        return Err(format!(
+        return Err(usage(format!(
             "--reserved-price {model}=...: give its on-demand price too (--price {model}=USD)"
-        ));
+        )));
     }
     let prices = on_demand
         .into_iter()
@@ -171,47 +172,49 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
         .collect();
     let default_price =
         ebb_server::billing::parse_price("--default-price", &args.default_price, discount_bps)
-            .map_err(|e| e.message)?;
+            .map_err(|e| usage(e.message))?;
     let run_as = run_as_flags(&args.run_as, args.default_run_as.as_deref())?;
     if args.database.is_none() {
         for (flag, given) in [("--advertise", args.advertise.is_some()), ("--lease", args.lease.is_some())] {
             if given {
-                return Err(format!(
+                return Err(usage(format!(
                     "{flag}: only with --database (servers sharing a PostgreSQL database); \
                      a server on its embedded database is alone"
-                ));
+                )));
             }
         }
     }
     if !(100..=3_600_000).contains(&args.header_read_timeout.as_millis()) {
-        return Err(format!("--header-read-timeout {}: from 100ms to 1h", args.header_read_timeout.human()));
+        return Err(usage(format!(
+            "--header-read-timeout {}: from 100ms to 1h",
+            args.header_read_timeout.human()
+        )));
     }
     let metrics_token = args
         .metrics_token_file
         .as_deref()
         .map(ebb_server::http::scrape::ScrapeTokens::from_file)
-        .transpose()?
+        .transpose()
+        .map_err(usage)?
         .map(std::sync::Arc::new);
     let lease = args.lease.unwrap_or(Span::from_secs(5));
     if !(500..=600_000).contains(&lease.as_millis()) {
-        return Err(format!("--lease {}: from 500ms to 10m", lease.human()));
+        return Err(usage(format!("--lease {}: from 500ms to 10m", lease.human())));
     }
     if let Some(url) = &args.advertise {
         if !(url.starts_with("http://") || url.starts_with("https://")) {
-            return Err(format!("--advertise {url}: a URL, e.g. http://10.0.0.2:7300"));
+            return Err(usage(format!("--advertise {url}: a URL, e.g. http://10.0.0.2:7300")));
         }
     }
-    let outbound = ebb_http::Outbound::new(&args.outbound_allow)?.with_own(args.listen.ip());
+    let outbound = ebb_http::Outbound::new(&args.outbound_allow).map_err(usage)?.with_own(args.listen.ip());
     let secret_key_file = match args.secret_key_file {
         Some(file) => file,
         None => {
-            std::fs::create_dir_all(&args.data_dir)
-                .map_err(|e| format!("--data-dir {}: {e}", args.data_dir.display()))?;
+            std::fs::create_dir_all(&args.data_dir).map_err(given("--data-dir", &args.data_dir))?;
             args.data_dir.join("secret.key")
         }
     };
-    let secret_key =
-        ebb_server::sealed::SecretKey::load_or_create(&secret_key_file).map_err(|e| e.to_string())?;
+    let secret_key = ebb_server::sealed::SecretKey::load_or_create(&secret_key_file)?;
     let tls = args.tls.config();
     // Registry passwords travel to the agents with a start only where
     // nobody can read them on the way.
@@ -270,4 +273,5 @@ pub async fn server(args: ServerArgs) -> Result<(), String> {
         registries: ebb_image::Registries { outbound, ..args.registries.registries() },
     })
     .await
+    .map_err(CliError::Daemon)
 }

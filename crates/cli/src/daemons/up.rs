@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::Args;
 
 use super::*;
+use crate::error::{file, given, usage, CliError};
 
 #[derive(Args)]
 pub struct UpArgs {
@@ -37,14 +38,11 @@ struct Child {
     process: tokio::process::Child,
 }
 
-fn spawn(name: &str, args: &[String], log: &Path) -> Result<Child, String> {
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let out = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-        .map_err(|e| format!("{}: {e}", log.display()))?;
-    let err = out.try_clone().map_err(|e| e.to_string())?;
+fn spawn(name: &str, args: &[String], log: &Path) -> Result<Child, CliError> {
+    let cannot = |source| CliError::Spawn { what: name.to_string(), source };
+    let exe = std::env::current_exe().map_err(cannot)?;
+    let out = std::fs::OpenOptions::new().create(true).append(true).open(log).map_err(file(log))?;
+    let err = out.try_clone().map_err(file(log))?;
     let up = std::process::id();
     let mut command = tokio::process::Command::new(exe);
     command.args(args).stdin(Stdio::null()).stdout(out).stderr(err);
@@ -53,7 +51,7 @@ fn spawn(name: &str, args: &[String], log: &Path) -> Result<Child, String> {
     unsafe {
         command.pre_exec(move || die_with_parent(up));
     }
-    let process = command.spawn().map_err(|e| format!("cannot start {name}: {e}"))?;
+    let process = command.spawn().map_err(cannot)?;
     Ok(Child { name: name.to_string(), process })
 }
 
@@ -71,7 +69,7 @@ fn die_with_parent(up: u32) -> std::io::Result<()> {
     Ok(())
 }
 
-async fn wait_for_file(path: &Path, child: &mut Child, log: &Path) -> Result<String, String> {
+async fn wait_for_file(path: &Path, child: &mut Child, log: &Path) -> Result<String, CliError> {
     for _ in 0..400 {
         if let Ok(text) = std::fs::read_to_string(path) {
             if !text.trim().is_empty() {
@@ -80,11 +78,11 @@ async fn wait_for_file(path: &Path, child: &mut Child, log: &Path) -> Result<Str
         }
         if let Ok(Some(status)) = child.process.try_wait() {
             let tail = std::fs::read_to_string(log).unwrap_or_default();
-            return Err(format!("{} exited ({status}):\n{}", child.name, tail.trim()));
+            return Err(CliError::Daemon(format!("{} exited ({status}):\n{}", child.name, tail.trim())));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    Err(format!("{} did not write {} within 20 s", child.name, path.display()))
+    Err(CliError::Daemon(format!("{} did not write {} within 20 s", child.name, path.display())))
 }
 
 /// `ebb up` restarts a server that exits, unless it exits this many times
@@ -92,9 +90,9 @@ async fn wait_for_file(path: &Path, child: &mut Child, log: &Path) -> Result<Str
 const SERVER_RESTARTS: usize = 3;
 const SERVER_RESTART_WINDOW: Duration = Duration::from_secs(60);
 
-pub async fn up(args: UpArgs) -> Result<(), String> {
+pub async fn up(args: UpArgs) -> Result<(), CliError> {
     if args.nodes == 0 || args.gpus_per_node == 0 {
-        return Err("--nodes and --gpus-per-node must be at least 1".into());
+        return Err(usage("--nodes and --gpus-per-node must be at least 1"));
     }
     args.policy.check()?;
     args.policy.partitions()?;
@@ -108,21 +106,20 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
     if args.port != 0 {
         let addr = std::net::SocketAddr::from(([127, 0, 0, 1], args.port));
         if let Err(e) = std::net::TcpListener::bind(addr) {
-            return Err(format!(
+            return Err(usage(format!(
                 "--port {}: cannot listen on {addr}: {e} (another ebb up? pass --port 0 for any free port)",
                 args.port
-            ));
+            )));
         }
     }
     let _owner = match held {
         Some(owner) => owner,
         None => lock(data)?,
     };
-    let data = &std::fs::canonicalize(data).map_err(|e| format!("--data-dir {}: {e}", data.display()))?;
+    let data = &std::fs::canonicalize(data).map_err(given("--data-dir", data))?;
     let logs = data.join("logs");
-    std::fs::create_dir_all(&logs).map_err(|e| format!("--data-dir {}: {e}", data.display()))?;
-    std::fs::create_dir_all(data.join("faults"))
-        .map_err(|e| format!("--data-dir {}: {e}", data.display()))?;
+    std::fs::create_dir_all(&logs).map_err(given("--data-dir", &logs))?;
+    std::fs::create_dir_all(data.join("faults")).map_err(given("--data-dir", data.join("faults")))?;
     let server_dir = data.join("server");
     let _ = std::fs::remove_file(server_dir.join("server.url"));
     if !server_dir.join("ebb.db").exists() {
@@ -252,7 +249,7 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     if joined != args.nodes as usize {
-        return Err(format!("only {joined} of {} agents joined; see {}", args.nodes, logs.display()));
+        return Err(usage(format!("only {joined} of {} agents joined; see {}", args.nodes, logs.display())));
     }
     println!(
         "ebb up: {} nodes x {} simulated {} GPUs, drain window {}, server {url}",
@@ -275,7 +272,7 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
         println!("{} is drained: it takes no new work (ebb undrain {} puts it back)", node.name, node.name);
     }
     use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
+    let mut term = signal(SignalKind::terminate()).map_err(CliError::Signals)?;
     // The server exits on a panic or a failed commit, to restart from its
     // last commit: it is restarted (agents re-register by themselves) unless
     // it keeps failing. An agent that exits stops the cluster.
@@ -313,7 +310,7 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
     let outcome = tokio::select! {
         _ = tokio::signal::ctrl_c() => Ok(()),
         _ = term.recv() => Ok(()),
-        why = exited => Err(why),
+        why = exited => Err(CliError::Daemon(why)),
     };
     println!("ebb up: stopping");
     // Agents first (they end their jobs and report), then the server.
@@ -339,26 +336,30 @@ pub async fn up(args: UpArgs) -> Result<(), String> {
 }
 
 /// The user who runs `ebb up`: a personal cluster runs jobs as them.
-fn invoking_user() -> Result<(String, u32), String> {
+fn invoking_user() -> Result<(String, u32), CliError> {
     let uid = nix::unistd::geteuid();
     let user = nix::unistd::User::from_uid(uid)
-        .map_err(|e| format!("cannot look up uid {uid}: {e}"))?
-        .ok_or_else(|| format!("uid {uid} has no user name; ebb up runs jobs as the user who starts it"))?;
+        .map_err(|e| CliError::Daemon(format!("cannot look up uid {uid}: {e}")))?
+        .ok_or_else(|| {
+            CliError::Daemon(format!(
+                "uid {uid} has no user name; ebb up runs jobs as the user who starts it"
+            ))
+        })?;
     Ok((user.name, uid.as_raw()))
 }
 
 /// Takes the data directory for this cluster; one already in use is said
 /// once, with the address of the cluster running from it.
-fn lock(data: &Path) -> Result<ebb_server::lock::DirLock, String> {
+fn lock(data: &Path) -> Result<ebb_server::lock::DirLock, CliError> {
     ebb_server::lock::lock_dir(data, "ebb up").map_err(|e| {
         let url = std::fs::read_to_string(data.join("server").join("server.url"));
-        match url {
-            Ok(url) if e.contains(": in use by ") => format!(
+        match (&e, url) {
+            (ebb_server::lock::LockError::InUse { .. }, Ok(url)) => CliError::Daemon(format!(
                 "{e}; the cluster running from it serves {} (its admin token is in {})",
                 url.trim(),
                 data.join("server").join("admin.token").display()
-            ),
-            _ => e,
+            )),
+            _ => CliError::Lock(e),
         }
     })
 }

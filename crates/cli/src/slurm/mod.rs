@@ -19,8 +19,10 @@ use ebb_api as api;
 
 use crate::client::{Client, Connection};
 
+pub use remote::StepError;
 pub use step::batch as batch_step;
 
+use crate::error::{failed, file, usage, CliError};
 /// The names this binary answers to as Slurm (the agent links them too).
 use ebb_agent::slurm::COMMANDS;
 
@@ -37,7 +39,7 @@ pub fn main(name: &str, args: Vec<String>) -> ExitCode {
     if name == "srun" && srun::inside() {
         return match srun::in_allocation(&args) {
             Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
-            Err(e) => fail(name, &e),
+            Err(e) => fail(name, &e.to_string()),
         };
     }
     if name == "scontrol"
@@ -49,7 +51,7 @@ pub fn main(name: &str, args: Vec<String>) -> ExitCode {
                 print!("{text}");
                 ExitCode::SUCCESS
             }
-            Err(e) => fail(name, &e),
+            Err(e) => fail(name, &e.to_string()),
         };
     }
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
@@ -62,7 +64,7 @@ pub fn main(name: &str, args: Vec<String>) -> ExitCode {
             ExitCode::SUCCESS
         }
         Ok(Done::Exit(code)) => ExitCode::from(code),
-        Err(e) => fail(name, &e),
+        Err(e) => fail(name, &e.to_string()),
     }
 }
 
@@ -80,22 +82,23 @@ enum Done {
 
 /// The server's client, from `EBB_SERVER`, `EBB_TOKEN`, `EBB_CA` and the
 /// config file, as every `ebb` command finds them.
-fn client() -> Result<Client, String> {
+fn client() -> Result<Client, CliError> {
     let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
     let connection =
         Connection { server: var("EBB_SERVER"), token: var("EBB_TOKEN"), ca: var("EBB_CA").map(Into::into) };
     // These commands take no --server or --token: say what they read.
-    connection.client().map_err(|e| match e.split_once(':') {
-        Some(("no server", _)) => {
-            "no server: set EBB_SERVER (e.g. http://127.0.0.1:7300), or put \"server\" in ~/.config/ebb/config.json"
-                .into()
+    connection.client().map_err(|e| match &e {
+        CliError::Usage(text) if text.starts_with("no server:") => usage(
+            "no server: set EBB_SERVER (e.g. http://127.0.0.1:7300), or put \"server\" in ~/.config/ebb/config.json",
+        ),
+        CliError::Usage(text) if text.starts_with("no token:") => {
+            usage("no token: set EBB_TOKEN, or put \"token\" in ~/.config/ebb/config.json")
         }
-        Some(("no token", _)) => "no token: set EBB_TOKEN, or put \"token\" in ~/.config/ebb/config.json".into(),
         _ => e,
     })
 }
 
-async fn run(name: &str, args: &[String]) -> Result<Done, String> {
+async fn run(name: &str, args: &[String]) -> Result<Done, CliError> {
     match name {
         "sbatch" => submit(args).await,
         "srun" => allocate_and_run(args).await,
@@ -104,7 +107,7 @@ async fn run(name: &str, args: &[String]) -> Result<Done, String> {
         "scancel" => scancel(args).await.map(Done::Print),
         "scontrol" => scontrol(args).await.map(Done::Print),
         "sinfo" => sinfo(args).await.map(Done::Print),
-        other => Err(format!("{other} is not a Slurm command Ebb answers to")),
+        other => Err(usage(format!("{other} is not a Slurm command Ebb answers to"))),
     }
 }
 
@@ -112,8 +115,8 @@ fn vars() -> BTreeMap<String, String> {
     std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))).collect()
 }
 
-async fn submit(args: &[String]) -> Result<Done, String> {
-    let cwd = std::env::current_dir().map_err(|e| format!("the current directory: {e}"))?;
+async fn submit(args: &[String]) -> Result<Done, CliError> {
+    let cwd = std::env::current_dir().map_err(|e| usage(format!("the current directory: {e}")))?;
     let mut batch = sbatch::batch(args, &mut std::io::stdin().lock(), &cwd, &vars())?;
     for note in &batch.notes {
         eprintln!("sbatch: {note}");
@@ -131,7 +134,7 @@ async fn submit(args: &[String]) -> Result<Done, String> {
 
 /// A `--dependency` with Slurm's array tasks (`12_3`) as their job ids;
 /// an array's own id stands for all its tasks (the server's rule).
-async fn task_ids(client: &Client, dependency: &str) -> Result<String, String> {
+async fn task_ids(client: &Client, dependency: &str) -> Result<String, CliError> {
     let mut parts = Vec::new();
     for part in dependency.split(',') {
         let mut words: Vec<String> = Vec::new();
@@ -139,9 +142,10 @@ async fn task_ids(client: &Client, dependency: &str) -> Result<String, String> {
             match (i, word.split_once('_')) {
                 (0, _) | (_, None) => words.push(word.to_string()),
                 (_, Some(_)) => {
-                    let jobs = query::jobs_named(client, word)
-                        .await
-                        .map_err(|e| format!("--dependency={dependency}: {e}"))?;
+                    let jobs = query::jobs_named(client, word).await.map_err(|e| match e {
+                        CliError::Usage(why) => usage(format!("--dependency={dependency}: {why}")),
+                        other => other,
+                    })?;
                     words.extend(jobs.iter().map(|j| j.id.to_string()));
                 }
             }
@@ -153,10 +157,10 @@ async fn task_ids(client: &Client, dependency: &str) -> Result<String, String> {
 
 /// `srun` outside an allocation: a job of one step, whose output is
 /// followed here; `srun` ends as the step did.
-async fn allocate_and_run(args: &[String]) -> Result<Done, String> {
+async fn allocate_and_run(args: &[String]) -> Result<Done, CliError> {
     let (given, program) = options::parse(options::SRUN, args, "")?;
     if program.is_empty() {
-        return Err("no program to run (srun [options] PROGRAM [ARGS...])".into());
+        return Err(usage("no program to run (srun [options] PROGRAM [ARGS...])"));
     }
     // The allocation's options go to sbatch; the step takes them all.
     let quoted: Vec<String> =
@@ -191,7 +195,7 @@ async fn allocate_and_run(args: &[String]) -> Result<Done, String> {
     }
     sbatch_args.push(format!("--wrap=exec srun {}", quoted.join(" ")));
     sbatch_args.extend(["--output=/dev/stdout".to_string(), "--error=/dev/stderr".to_string()]);
-    let cwd = std::env::current_dir().map_err(|e| format!("the current directory: {e}"))?;
+    let cwd = std::env::current_dir().map_err(|e| usage(format!("the current directory: {e}")))?;
     let batch = sbatch::batch(&sbatch_args, &mut std::io::empty(), &cwd, &vars())?;
     let client = client()?;
     let submitted: api::Submitted = client.post("/v1/jobs", &batch.submission).await?;
@@ -221,17 +225,17 @@ async fn allocate_and_run(args: &[String]) -> Result<Done, String> {
 
 /// `scontrol show hostnames [LIST]`: one name a line, of `LIST` or the
 /// job's own nodes.
-fn hostnames(args: &[String]) -> Result<String, String> {
+fn hostnames(args: &[String]) -> Result<String, CliError> {
     let list = match args.first() {
         Some(list) => list.clone(),
         None => std::env::var("SLURM_JOB_NODELIST")
-            .map_err(|_| "no host list given and SLURM_JOB_NODELIST is not set".to_string())?,
+            .map_err(|_| usage("no host list given and SLURM_JOB_NODELIST is not set"))?,
     };
-    let names = ebb_core::hostlist::expand(&list)?;
+    let names = ebb_core::hostlist::expand(&list).map_err(usage)?;
     Ok(names.iter().map(|n| format!("{n}\n")).collect())
 }
 
-async fn scontrol(args: &[String]) -> Result<String, String> {
+async fn scontrol(args: &[String]) -> Result<String, CliError> {
     let words: Vec<&str> = args.iter().map(String::as_str).collect();
     match words.as_slice() {
         ["show", "job", id] | ["show", "jobs", id] => {
@@ -239,25 +243,25 @@ async fn scontrol(args: &[String]) -> Result<String, String> {
             Ok(jobs.iter().map(query::show_job).collect())
         }
         ["requeue", ids] => requeue(ids).await,
-        _ => Err(
-            "Ebb's scontrol answers `show hostnames [LIST]`, `show job ID` and `requeue ID` (see docs/slurm.md)".into(),
-        ),
+        _ => Err(usage(
+            "Ebb's scontrol answers `show hostnames [LIST]`, `show job ID` and `requeue ID` (see docs/slurm.md)",
+        )),
     }
 }
 
 /// `scontrol requeue ID`: from inside that job, its attempt ends and it
 /// goes back to the queue (through its own endpoint, so no token is
 /// needed), as a preemption does.
-async fn requeue(ids: &str) -> Result<String, String> {
+async fn requeue(ids: &str) -> Result<String, CliError> {
     let own = [std::env::var("SLURM_JOB_ID").ok(), array_id()].into_iter().flatten().collect::<Vec<_>>();
     for id in ids.split(',') {
         if !own.iter().any(|o| o == id) {
-            return Err(format!(
+            return Err(usage(format!(
                 "requeue {id}: Ebb's scontrol requeues the job it runs in (its SLURM_JOB_ID), not other jobs"
-            ));
+            )));
         }
     }
-    let url = std::env::var("EBB_METADATA_URL").map_err(|_| "requeue: not inside an Ebb job".to_string())?;
+    let url = std::env::var("EBB_METADATA_URL").map_err(|_| usage("requeue: not inside an Ebb job"))?;
     // The attempt is ended with SIGTERM to all its processes: this one
     // waits for the answer first.
     ignore_sigterm();
@@ -265,12 +269,13 @@ async fn requeue(ids: &str) -> Result<String, String> {
         .post(format!("{url}/ebb/v1/requeue"))
         .send()
         .await
-        .map_err(|e| format!("requeue: the node's endpoint: {e}"))?;
+        .map_err(|e| failed(format!("requeue: the node's endpoint: {e}")))?;
     match answer.status().as_u16() {
         202 => Ok(String::new()),
-        status => {
-            Err(format!("requeue: the node answered {status}: {}", answer.text().await.unwrap_or_default()))
-        }
+        status => Err(failed(format!(
+            "requeue: the node answered {status}: {}",
+            answer.text().await.unwrap_or_default()
+        ))),
     }
 }
 
@@ -288,7 +293,7 @@ fn ignore_sigterm() {
     }
 }
 
-async fn scancel(args: &[String]) -> Result<String, String> {
+async fn scancel(args: &[String]) -> Result<String, CliError> {
     let mut ids = Vec::new();
     let (mut names, mut me, mut signal, mut batch) = (None::<String>, false, None::<String>, false);
     let mut flags = query::Flags::new(args);
@@ -304,7 +309,7 @@ async fn scancel(args: &[String]) -> Result<String, String> {
                 me = true;
             }
             "-f" | "--full" | "-Q" | "--quiet" | "-v" | "--verbose" => {}
-            flag if flag.starts_with('-') => return Err(format!("unrecognized option '{flag}'")),
+            flag if flag.starts_with('-') => return Err(usage(format!("unrecognized option '{flag}'"))),
             id => ids.extend(id.split(',').filter(|s| !s.is_empty()).map(str::to_string)),
         }
     }
@@ -315,7 +320,7 @@ async fn scancel(args: &[String]) -> Result<String, String> {
     }
     if ids.is_empty() {
         if names.is_none() && !me {
-            return Err("No job identification provided".into());
+            return Err(usage("No job identification provided"));
         }
         jobs = query::list(&client, "active").await?;
     }
@@ -326,7 +331,7 @@ async fn scancel(args: &[String]) -> Result<String, String> {
     let active = ["queued", "starting", "running", "draining"];
     jobs.retain(|j| active.contains(&j.state.as_str()));
     if let Some(signal) = signal {
-        srun::signal_named(&signal).ok_or_else(|| format!("Unknown job signal: {signal}"))?;
+        srun::signal_named(&signal).ok_or_else(|| usage(format!("Unknown job signal: {signal}")))?;
         for job in &jobs {
             let request = api::SignalRequest { signal: signal.clone(), batch_only: batch };
             let _: api::Job = client.post(&format!("/v1/jobs/{}/signal", job.id), &request).await?;
@@ -340,11 +345,11 @@ async fn scancel(args: &[String]) -> Result<String, String> {
     Ok(String::new())
 }
 
-async fn sinfo(args: &[String]) -> Result<String, String> {
+async fn sinfo(args: &[String]) -> Result<String, CliError> {
     if let Some(other) =
         args.iter().find(|a| !["-N", "--Node", "-s", "--summarize", "-h", "--noheader"].contains(&a.as_str()))
     {
-        return Err(format!("unrecognized option '{other}' (Ebb's sinfo prints the default listing)"));
+        return Err(usage(format!("unrecognized option '{other}' (Ebb's sinfo prints the default listing)")));
     }
     let client = client()?;
     let nodes: Vec<api::Node> = client.get("/v1/nodes").await?;
@@ -355,22 +360,23 @@ async fn sinfo(args: &[String]) -> Result<String, String> {
 
 /// `ebb slurm install DIR`: links to this program under the Slurm
 /// commands' names, in `DIR` (made if missing).
-pub fn install(dir: &std::path::Path) -> Result<String, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
-    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+pub fn install(dir: &std::path::Path) -> Result<String, CliError> {
+    let exe = std::env::current_exe().map_err(|e| failed(format!("cannot find this program: {e}")))?;
+    std::fs::create_dir_all(dir).map_err(file(dir))?;
     let mut out = String::new();
     for name in COMMANDS {
         let link = dir.join(name);
         match std::fs::symlink_metadata(&link) {
-            Ok(meta) if meta.file_type().is_symlink() => {
-                std::fs::remove_file(&link).map_err(|e| format!("{}: {e}", link.display()))?
-            }
+            Ok(meta) if meta.file_type().is_symlink() => std::fs::remove_file(&link).map_err(file(&link))?,
             Ok(_) => {
-                return Err(format!("{}: exists and is not a link Ebb made; not replaced", link.display()))
+                return Err(usage(format!(
+                    "{}: exists and is not a link Ebb made; not replaced",
+                    link.display()
+                )))
             }
             Err(_) => {}
         }
-        std::os::unix::fs::symlink(&exe, &link).map_err(|e| format!("{}: {e}", link.display()))?;
+        std::os::unix::fs::symlink(&exe, &link).map_err(file(&link))?;
         out.push_str(&format!("{} -> {}\n", link.display(), exe.display()));
     }
     out.push_str(&format!("put {} first on PATH to use them\n", dir.display()));

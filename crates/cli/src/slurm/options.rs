@@ -4,6 +4,8 @@
 //! honoured, accepted and ignored (said once, with why), or refused; one
 //! Slurm does not know is an error, as in Slurm.
 
+use crate::error::{usage, CliError};
+
 /// What Ebb does with an option.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -151,10 +153,10 @@ pub type Given = Vec<(&'static str, String)>;
 /// option (the script or the program), which is returned with the rest.
 /// `--` ends the options too. `what` names the source in errors
 /// (`train.sh:3`; nothing for the command line).
-pub fn parse(specs: &'static [Spec], args: &[String], what: &str) -> Result<(Given, Vec<String>), String> {
+pub fn parse(specs: &'static [Spec], args: &[String], what: &str) -> Result<(Given, Vec<String>), CliError> {
     let at = |message: String| match what {
-        "" => message,
-        what => format!("{what}: {message}"),
+        "" => usage(message),
+        what => usage(format!("{what}: {message}")),
     };
     let mut given = Given::new();
     let mut i = 0;
@@ -213,7 +215,7 @@ pub fn parse(specs: &'static [Spec], args: &[String], what: &str) -> Result<(Giv
 /// A script's `#SBATCH` lines, parsed as options: those before its first
 /// command (Slurm reads no further), each split as a shell would, with a
 /// trailing `# comment` dropped.
-pub fn script_options(script: &str, name: &str) -> Result<Given, String> {
+pub fn script_options(script: &str, name: &str) -> Result<Given, CliError> {
     let mut given = Given::new();
     for (number, line) in script.lines().enumerate().skip(1) {
         let trimmed = line.trim();
@@ -226,12 +228,12 @@ pub fn script_options(script: &str, name: &str) -> Result<Given, String> {
         let Some(rest) = trimmed.strip_prefix("#SBATCH") else { continue };
         let at = format!("{name}:{}", number + 1);
         if !rest.is_empty() && !rest.starts_with([' ', '\t']) {
-            return Err(format!("{at}: a directive is `#SBATCH --option=value`"));
+            return Err(usage(format!("{at}: a directive is `#SBATCH --option=value`")));
         }
-        let words = shlex::split(rest).ok_or_else(|| format!("{at}: an unclosed quote"))?;
+        let words = shlex::split(rest).ok_or_else(|| usage(format!("{at}: an unclosed quote")))?;
         let (options, extra) = parse(SBATCH, &words, &at)?;
         if let Some(word) = extra.first() {
-            return Err(format!("{at}: {word:?} is not an option"));
+            return Err(usage(format!("{at}: {word:?} is not an option")));
         }
         given.extend(options);
     }
@@ -267,24 +269,26 @@ pub fn flag(given: &Given, long: &str) -> bool {
 }
 
 /// A count: a positive whole number.
-pub fn count(given: &Given, long: &str) -> Result<Option<u32>, String> {
+pub fn count(given: &Given, long: &str) -> Result<Option<u32>, CliError> {
     match last(given, long) {
         None => Ok(None),
         Some(text) => match text.trim().parse::<u32>() {
             Ok(n) if n > 0 => Ok(Some(n)),
-            _ => Err(format!("--{long}={text}: expected a positive whole number")),
+            _ => Err(usage(format!("--{long}={text}: expected a positive whole number"))),
         },
     }
 }
 
 /// `--nodes`: `N`, or `N-N` (Ebb places an exact count).
-pub fn nodes(given: &Given) -> Result<Option<u32>, String> {
+pub fn nodes(given: &Given) -> Result<Option<u32>, CliError> {
     match last(given, "nodes") {
         Some(text) if text.contains('-') => {
             let (a, b) = text.split_once('-').expect("a dash");
             match (a.trim().parse::<u32>(), b.trim().parse::<u32>()) {
                 (Ok(a), Ok(b)) if a == b && a > 0 => Ok(Some(a)),
-                _ => Err(format!("--nodes={text}: Ebb places an exact number of nodes; give one count")),
+                _ => {
+                    Err(usage(format!("--nodes={text}: Ebb places an exact number of nodes; give one count")))
+                }
             }
         }
         _ => count(given, "nodes"),
@@ -293,20 +297,20 @@ pub fn nodes(given: &Given) -> Result<Option<u32>, String> {
 
 /// A GPU count with an optional model: `N` or `TYPE:N`, as `--gpus` and
 /// `--gpus-per-node` take it.
-pub fn gpus(long: &str, text: &str) -> Result<(Option<String>, u32), String> {
+pub fn gpus(long: &str, text: &str) -> Result<(Option<String>, u32), CliError> {
     let (model, n) = match text.rsplit_once(':') {
         Some((model, n)) => (Some(model.to_string()), n),
         None => (None, text),
     };
     match n.trim().parse::<u32>() {
         Ok(n) if n > 0 => Ok((model, n)),
-        _ => Err(format!("--{long}={text}: expected [TYPE:]N GPUs")),
+        _ => Err(usage(format!("--{long}={text}: expected [TYPE:]N GPUs"))),
     }
 }
 
 /// `--gres=gpu[:TYPE][:N]` (N 1 by default); other resources are refused
 /// by name, as Ebb has none.
-pub fn gres(text: &str) -> Result<(Option<String>, u32), String> {
+pub fn gres(text: &str) -> Result<(Option<String>, u32), CliError> {
     let mut gpu = None;
     for item in text.split(',') {
         let parts: Vec<&str> = item.split(':').collect();
@@ -316,23 +320,25 @@ pub fn gres(text: &str) -> Result<(Option<String>, u32), String> {
             ["gpu", model] => gpu = Some((Some(model.to_string()), 1)),
             ["gpu", model, n] => gpu = Some((Some(model.to_string()), gpus("gres", n)?.1)),
             [name, ..] => {
-                return Err(format!("--gres={text}: Ebb schedules GPUs only, not {name:?} (gpu[:TYPE][:N])"))
+                return Err(usage(format!(
+                    "--gres={text}: Ebb schedules GPUs only, not {name:?} (gpu[:TYPE][:N])"
+                )))
             }
             [] => {}
         }
     }
-    gpu.ok_or_else(|| format!("--gres={text}: expected gpu[:TYPE][:N]"))
+    gpu.ok_or_else(|| usage(format!("--gres={text}: expected gpu[:TYPE][:N]")))
 }
 
 /// Slurm's time formats: `M`, `M:S`, `H:M:S`, `D-H`, `D-H:M`, `D-H:M:S`,
 /// or `UNLIMITED`/`INFINITE` (no limit). Seconds.
-pub fn time_limit(text: &str) -> Result<Option<u64>, String> {
-    let bad = || format!("--time={text}: expected M, M:S, H:M:S, D-H, D-H:M or D-H:M:S");
+pub fn time_limit(text: &str) -> Result<Option<u64>, CliError> {
+    let bad = || usage(format!("--time={text}: expected M, M:S, H:M:S, D-H, D-H:M or D-H:M:S"));
     let t = text.trim();
     if t.eq_ignore_ascii_case("unlimited") || t.eq_ignore_ascii_case("infinite") {
         return Ok(None);
     }
-    let number = |s: &str| -> Result<u64, String> {
+    let number = |s: &str| -> Result<u64, CliError> {
         if s.is_empty() || s.len() > 9 || !s.bytes().all(|b| b.is_ascii_digit()) {
             return Err(bad());
         }
@@ -362,44 +368,43 @@ pub fn time_limit(text: &str) -> Result<Option<u64>, String> {
 
 /// `--signal=[B:]SIG[@SECS]`: the signal, whether only the batch shell
 /// gets it, and how long before the time limit.
-pub fn signal(text: &str) -> Result<(String, bool, Option<u32>), String> {
+pub fn signal(text: &str) -> Result<(String, bool, Option<u32>), CliError> {
     let (batch, rest) = match text.split_once(':') {
         Some(("B", rest)) => (true, rest),
         Some(("R", rest)) | Some(("RB", rest)) | Some(("BR", rest)) => {
-            return Err(format!(
+            return Err(usage(format!(
                 "--signal={text}: R: (reservation ends) has no meaning on Ebb; use [B:]SIG[@SECS] ({rest})"
-            ))
+            )))
         }
-        Some(_) => return Err(format!("--signal={text}: expected [B:]SIG[@SECS]")),
+        Some(_) => return Err(usage(format!("--signal={text}: expected [B:]SIG[@SECS]"))),
         None => (false, text),
     };
     let (sig, secs) = match rest.split_once('@') {
         Some((sig, secs)) => {
-            let secs = secs
-                .parse::<u32>()
-                .ok()
-                .filter(|s| *s <= 65535)
-                .ok_or_else(|| format!("--signal={text}: SECS must be a whole number up to 65535"))?;
+            let secs =
+                secs.parse::<u32>().ok().filter(|s| *s <= 65535).ok_or_else(|| {
+                    usage(format!("--signal={text}: SECS must be a whole number up to 65535"))
+                })?;
             (sig, Some(secs))
         }
         None => (rest, None),
     };
     if sig.is_empty() {
-        return Err(format!("--signal={text}: expected [B:]SIG[@SECS]"));
+        return Err(usage(format!("--signal={text}: expected [B:]SIG[@SECS]")));
     }
     Ok((sig.to_string(), batch, secs))
 }
 
 /// `--array=A-B[%N]` or `N[%N]`: the range as the API takes it and the
 /// limit on tasks running at once.
-pub fn array(text: &str) -> Result<(String, Option<u32>), String> {
+pub fn array(text: &str) -> Result<(String, Option<u32>), CliError> {
     let (range, limit) = match text.split_once('%') {
         Some((range, limit)) => {
             let n = limit
                 .parse::<u32>()
                 .ok()
                 .filter(|n| *n > 0)
-                .ok_or_else(|| format!("--array={text}: %N must be a positive whole number"))?;
+                .ok_or_else(|| usage(format!("--array={text}: %N must be a positive whole number")))?;
             (range, Some(n))
         }
         None => (text, None),
@@ -410,9 +415,9 @@ pub fn array(text: &str) -> Result<(String, Option<u32>), String> {
         None => digits(range),
     };
     if !ok {
-        return Err(format!(
+        return Err(usage(format!(
             "--array={text}: Ebb takes a range A-B or one index N, with %N for a limit (not lists or steps)"
-        ));
+        )));
     }
     Ok((range.to_string(), limit))
 }
@@ -440,11 +445,17 @@ mod tests {
 
     #[test]
     fn unknown_options_and_missing_values_are_errors_that_name_them() {
-        assert_eq!(parse(SBATCH, &words("--bogus=1"), "").unwrap_err(), "unrecognized option '--bogus'");
-        assert_eq!(parse(SBATCH, &words("-z"), "").unwrap_err(), "invalid option -- 'z'");
-        assert_eq!(parse(SBATCH, &words("--time"), "").unwrap_err(), "option '--time' requires an argument");
         assert_eq!(
-            parse(SBATCH, &words("--parsable=yes"), "").unwrap_err(),
+            parse(SBATCH, &words("--bogus=1"), "").unwrap_err().to_string(),
+            "unrecognized option '--bogus'"
+        );
+        assert_eq!(parse(SBATCH, &words("-z"), "").unwrap_err().to_string(), "invalid option -- 'z'");
+        assert_eq!(
+            parse(SBATCH, &words("--time"), "").unwrap_err().to_string(),
+            "option '--time' requires an argument"
+        );
+        assert_eq!(
+            parse(SBATCH, &words("--parsable=yes"), "").unwrap_err().to_string(),
             "option '--parsable' doesn't allow an argument"
         );
     }
@@ -456,10 +467,11 @@ mod tests {
         assert_eq!(last(&given, "job-name"), Some("b"));
         assert_eq!(last(&given, "ntasks"), Some("2"));
         assert_eq!(ignored_notes(SBATCH, &given), ["ignoring --mem=4G: Ebb does not limit memory"]);
-        let bad = script_options("#!/bin/sh\n#SBATCH --frobnicate\n", "s.sh").unwrap_err();
+        let bad = script_options("#!/bin/sh\n#SBATCH --frobnicate\n", "s.sh").unwrap_err().to_string();
         assert_eq!(bad, "s.sh:2: unrecognized option '--frobnicate'");
         assert!(script_options("#!/bin/sh\n#SBATCH --job-name='x\n", "s.sh")
             .unwrap_err()
+            .to_string()
             .contains("unclosed quote"));
     }
 
@@ -475,13 +487,13 @@ mod tests {
         assert_eq!(gres("gpu:a100:4").unwrap(), (Some("a100".into()), 4));
         assert_eq!(gres("gpu:2").unwrap(), (None, 2));
         assert_eq!(gres("gpu").unwrap(), (None, 1));
-        assert!(gres("nvme:1").unwrap_err().contains("not \"nvme\""));
+        assert!(gres("nvme:1").unwrap_err().to_string().contains("not \"nvme\""));
         assert_eq!(signal("B:USR1@60").unwrap(), ("USR1".into(), true, Some(60)));
         assert_eq!(signal("USR2").unwrap(), ("USR2".into(), false, None));
         assert!(signal("X:USR1").is_err() && signal("USR1@-1").is_err());
         assert_eq!(array("0-19%5").unwrap(), ("0-19".into(), Some(5)));
         assert_eq!(array("7").unwrap(), ("7".into(), None));
-        assert!(array("1,3,5").unwrap_err().contains("not lists"));
+        assert!(array("1,3,5").unwrap_err().to_string().contains("not lists"));
     }
 
     proptest! {

@@ -8,6 +8,7 @@ use std::fmt::Write;
 use ebb_api as api;
 
 use crate::client::{Client, ClientError};
+use crate::error::{usage, CliError};
 
 /// Slurm's long state name for a job.
 pub fn state(job: &api::Job) -> &'static str {
@@ -206,7 +207,7 @@ fn squeue_header(format: &str) -> String {
 }
 
 /// Every job the caller may see in `states` (an API list), oldest first.
-pub async fn list(client: &Client, states: &str) -> Result<Vec<api::Job>, String> {
+pub async fn list(client: &Client, states: &str) -> Result<Vec<api::Job>, CliError> {
     let mut jobs = Vec::new();
     let mut cursor: Option<u64> = None;
     loop {
@@ -264,7 +265,7 @@ pub fn squeue_rows(jobs: &[api::Job], format: &str, expand: bool) -> Vec<String>
 }
 
 /// `squeue`.
-pub async fn squeue(client: &Client, args: &[String]) -> Result<String, String> {
+pub async fn squeue(client: &Client, args: &[String]) -> Result<String, CliError> {
     let mut format = "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R".to_string();
     let (mut header, mut expand) = (true, false);
     let (mut ids, mut users, mut names, mut states): (Vec<String>, Vec<String>, Vec<String>, Vec<String>) =
@@ -285,7 +286,7 @@ pub async fn squeue(client: &Client, args: &[String]) -> Result<String, String> 
             "-p" | "--partition" | "-A" | "--account" | "-q" | "--qos" => {
                 value()?;
             }
-            other => return Err(format!("unrecognized option '{other}'")),
+            other => return Err(usage(format!("unrecognized option '{other}'"))),
         }
     }
     let mut jobs = list(client, "active").await?;
@@ -338,24 +339,24 @@ impl<'a> Flags<'a> {
     }
 
     /// The current flag's value: given with it, or the next word.
-    pub fn value(&mut self) -> Result<String, String> {
+    pub fn value(&mut self) -> Result<String, CliError> {
         if let Some(value) = self.inline.take() {
             return Ok(value);
         }
         let value = self.args.get(self.next).cloned();
         self.next += 1;
-        value.ok_or_else(|| format!("option '{}' requires an argument", self.flag))
+        value.ok_or_else(|| usage(format!("option '{}' requires an argument", self.flag)))
     }
 }
 
 /// The jobs an id names: `N` (a job, or an array: all its tasks),
 /// `A_i` (one task) or `A_[i-j]`.
-pub async fn jobs_named(client: &Client, id: &str) -> Result<Vec<api::Job>, String> {
+pub async fn jobs_named(client: &Client, id: &str) -> Result<Vec<api::Job>, CliError> {
     let (main, task) = match id.split_once('_') {
         Some((main, task)) => (main, Some(task)),
         None => (id, None),
     };
-    let main: u64 = main.parse().map_err(|_| format!("Invalid job id specified: {id}"))?;
+    let main: u64 = main.parse().map_err(|_| invalid_id(id))?;
     let job: api::Job = client.get(&format!("/v1/jobs/{main}")).await.map_err(|e| not_found(id, e))?;
     let tasks = match &job.progress {
         Some(progress) if job.array.as_ref().is_some_and(|a| a.id == main) => progress.tasks.clone(),
@@ -365,13 +366,12 @@ pub async fn jobs_named(client: &Client, id: &str) -> Result<Vec<api::Job>, Stri
         None if tasks.is_empty() => return Ok(vec![job]),
         None => tasks.iter().map(|t| t.id).collect(),
         Some(task) => {
-            let indices = ebb_core::hostlist::expand(&format!("t{task}"))
-                .map_err(|_| format!("Invalid job id specified: {id}"))?;
+            let indices = ebb_core::hostlist::expand(&format!("t{task}")).map_err(|_| invalid_id(id))?;
             let indices: Vec<u64> = indices.iter().filter_map(|n| n[1..].parse().ok()).collect();
             let chosen: Vec<u64> =
                 tasks.iter().filter(|t| indices.contains(&t.index)).map(|t| t.id).collect();
             if chosen.is_empty() {
-                return Err(format!("Invalid job id specified: {id}"));
+                return Err(invalid_id(id));
             }
             chosen
         }
@@ -383,15 +383,20 @@ pub async fn jobs_named(client: &Client, id: &str) -> Result<Vec<api::Job>, Stri
     Ok(jobs)
 }
 
-fn not_found(id: &str, e: ClientError) -> String {
+fn not_found(id: &str, e: ClientError) -> CliError {
     match e.refused_with() {
-        Some(404) => format!("Invalid job id specified: {id}"),
-        _ => e.to_string(),
+        Some(404) => invalid_id(id),
+        _ => e.into(),
     }
 }
 
+/// Slurm's words for an id that names no job.
+fn invalid_id(id: &str) -> CliError {
+    usage(format!("Invalid job id specified: {id}"))
+}
+
 /// One `sacct` field of a job.
-fn sacct_field(job: &api::Job, field: &str) -> Result<String, String> {
+fn sacct_field(job: &api::Job, field: &str) -> Result<String, CliError> {
     let slurm = job.slurm.as_ref();
     Ok(match field.to_ascii_lowercase().as_str() {
         "jobid" | "jobidraw" => job_id(job),
@@ -426,12 +431,12 @@ fn sacct_field(job: &api::Job, field: &str) -> Result<String, String> {
         "restarts" => job.attempt.saturating_sub(1).to_string(),
         "reason" => job.pending_reason.map_or("None".into(), |r| r.as_str().to_string()),
         "workdir" => job.workdir.clone().unwrap_or_default(),
-        _ => return Err(format!("Invalid field requested: \"{field}\"")),
+        _ => return Err(usage(format!("Invalid field requested: \"{field}\""))),
     })
 }
 
 /// `sacct`.
-pub async fn sacct(client: &Client, args: &[String]) -> Result<String, String> {
+pub async fn sacct(client: &Client, args: &[String]) -> Result<String, CliError> {
     let mut fields = "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode".to_string();
     let (mut header, mut parsable, mut trailing) = (true, false, false);
     let mut ids: Vec<String> = Vec::new();
@@ -451,7 +456,7 @@ pub async fn sacct(client: &Client, args: &[String]) -> Result<String, String> {
             | "--clusters" => {
                 value()?;
             }
-            other => return Err(format!("unrecognized option '{other}'")),
+            other => return Err(usage(format!("unrecognized option '{other}'"))),
         }
     }
     let fields: Vec<String> =
@@ -464,7 +469,7 @@ pub async fn sacct(client: &Client, args: &[String]) -> Result<String, String> {
             match jobs_named(client, id).await {
                 Ok(found) => jobs.extend(found),
                 // sacct names nothing for an id it does not know.
-                Err(e) if e.starts_with("Invalid job id") => {}
+                Err(CliError::Usage(why)) if why.starts_with("Invalid job id") => {}
                 Err(e) => return Err(e),
             }
         }
@@ -602,7 +607,10 @@ mod tests {
         assert_eq!(state(&timed_out), "TIMEOUT");
         assert_eq!(sacct_field(&job(1, "succeeded"), "Elapsed").unwrap(), "01:02:03");
         assert_eq!(sacct_field(&job(1, "succeeded"), "NodeList").unwrap(), "node-1");
-        assert!(sacct_field(&job(1, "succeeded"), "Bogus").unwrap_err().contains("Invalid field"));
+        assert!(sacct_field(&job(1, "succeeded"), "Bogus")
+            .unwrap_err()
+            .to_string()
+            .contains("Invalid field"));
     }
 
     #[test]
@@ -631,7 +639,8 @@ mod tests {
         let mut flags = Flags::new(&args);
         let mut seen = Vec::new();
         while let Some(flag) = flags.next_flag() {
-            let value = if flag == "--me" { Ok(String::new()) } else { flags.value() };
+            let value =
+                if flag == "--me" { Ok(String::new()) } else { flags.value().map_err(|e| e.to_string()) };
             seen.push((flag, value));
         }
         assert_eq!(seen[0], ("-j".to_string(), Ok("12,13".to_string())));

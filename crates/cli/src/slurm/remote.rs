@@ -26,6 +26,26 @@ use serde::{Deserialize, Serialize};
 
 use super::step::{self, Names};
 
+/// Why a step could not be run across a job's nodes: the connection
+/// between its nodes' batch steps, in words that name the node.
+#[derive(Debug, thiserror::Error)]
+pub enum StepError {
+    #[error("the step directory on port {port}: {source}")]
+    Listen { port: u16, source: std::io::Error },
+    /// A node (`what`: which, and where) could not be reached.
+    #[error("{what}: {source}")]
+    Connect { what: String, source: std::io::Error },
+    #[error("the step's connection: {0}")]
+    Io(#[from] std::io::Error),
+    /// A node said something that is not the step protocol.
+    #[error("{what}: {source}")]
+    Protocol { what: &'static str, source: serde_json::Error },
+    #[error("node {node} of the job did not join its steps within {seconds}s")]
+    Missing { node: u32, seconds: u64 },
+    #[error("a node's step ended before its tasks did")]
+    Ended,
+}
+
 /// How long a node's batch step tries to reach the first node's, and
 /// `srun` waits for every node to have registered.
 const MEET: Duration = Duration::from_secs(60);
@@ -185,15 +205,15 @@ fn send<T: Serialize>(stream: &mut TcpStream, value: &T) -> std::io::Result<()> 
 
 /// The first node's directory, in a thread of its batch step: nodes
 /// register, `srun`s ask.
-pub fn serve_directory(hub: &str, key: String) -> Result<(), String> {
+pub fn serve_directory(hub: &str, key: String) -> Result<(), StepError> {
     serve_directory_within(hub, key, Bounds::default()).map(|_| ())
 }
 
 /// [`serve_directory`] within `bounds`; the port it listens on.
-fn serve_directory_within(hub: &str, key: String, bounds: Bounds) -> Result<u16, String> {
+fn serve_directory_within(hub: &str, key: String, bounds: Bounds) -> Result<u16, StepError> {
     let port: u16 = hub.rsplit_once(':').map_or(hub, |(_, p)| p).parse().unwrap_or(0);
-    let listener = listen(hub, port).map_err(|e| format!("the step directory on port {port}: {e}"))?;
-    let port = listener.local_addr().map(|a| a.port()).map_err(|e| e.to_string())?;
+    let listener = listen(hub, port).map_err(|source| StepError::Listen { port, source })?;
+    let port = listener.local_addr().map(|a| a.port())?;
     let nodes: Arc<Mutex<BTreeMap<u32, String>>> = Arc::default();
     accept(listener, key, bounds, move |stream, mut reader, hello: Hello| {
         directory_client(stream, &mut reader, &nodes, hello)
@@ -228,16 +248,16 @@ fn directory_client(
 }
 
 /// Where the other nodes' batch steps listen, once `nodes` have registered.
-pub fn directory(hub: &str, key: &str, nodes: u32) -> Result<BTreeMap<u32, String>, String> {
-    let mut stream = TcpStream::connect(hub).map_err(|e| format!("the job's first node ({hub}): {e}"))?;
-    send(&mut stream, &Keyed { key: key.to_string(), body: Hello::Directory { nodes } })
-        .map_err(|e| e.to_string())?;
+pub fn directory(hub: &str, key: &str, nodes: u32) -> Result<BTreeMap<u32, String>, StepError> {
+    let mut stream = TcpStream::connect(hub)
+        .map_err(|source| StepError::Connect { what: format!("the job's first node ({hub})"), source })?;
+    send(&mut stream, &Keyed { key: key.to_string(), body: Hello::Directory { nodes } })?;
     let mut line = String::new();
-    BufReader::new(stream).read_line(&mut line).map_err(|e| e.to_string())?;
-    let known: BTreeMap<u32, String> =
-        serde_json::from_str(&line).map_err(|e| format!("the step directory: {e}"))?;
-    if let Some(missing) = (1..nodes).find(|n| !known.contains_key(n)) {
-        return Err(format!("node {missing} of the job did not join its steps within {}s", MEET.as_secs()));
+    BufReader::new(stream).read_line(&mut line)?;
+    let known: BTreeMap<u32, String> = serde_json::from_str(&line)
+        .map_err(|source| StepError::Protocol { what: "the step directory", source })?;
+    if let Some(node) = (1..nodes).find(|n| !known.contains_key(n)) {
+        return Err(StepError::Missing { node, seconds: MEET.as_secs() });
     }
     Ok(known)
 }
@@ -406,19 +426,21 @@ fn run_remote_step(
 
 /// Sends node `node` (at `at`) its share of a step; returns the stream
 /// its events come back on.
-pub fn start_remote(at: &str, key: &str, request: &StepRequest) -> Result<TcpStream, String> {
-    let mut stream = TcpStream::connect(at).map_err(|e| format!("the job's node at {at}: {e}"))?;
-    send(&mut stream, &Keyed { key: key.to_string(), body: request.clone() }).map_err(|e| e.to_string())?;
+pub fn start_remote(at: &str, key: &str, request: &StepRequest) -> Result<TcpStream, StepError> {
+    let mut stream = TcpStream::connect(at)
+        .map_err(|source| StepError::Connect { what: format!("the job's node at {at}"), source })?;
+    send(&mut stream, &Keyed { key: key.to_string(), body: request.clone() })?;
     Ok(stream)
 }
 
 /// Reads a node's step events until it has sent `tasks` exits, passing
 /// each to `event`.
-pub fn follow(stream: TcpStream, tasks: usize, mut event: impl FnMut(StepEvent)) -> Result<(), String> {
+pub fn follow(stream: TcpStream, tasks: usize, mut event: impl FnMut(StepEvent)) -> Result<(), StepError> {
     let mut exits = 0;
     for line in BufReader::new(stream).lines() {
-        let line = line.map_err(|e| e.to_string())?;
-        let parsed: StepEvent = serde_json::from_str(&line).map_err(|e| format!("a node's step: {e}"))?;
+        let line = line?;
+        let parsed: StepEvent = serde_json::from_str(&line)
+            .map_err(|source| StepError::Protocol { what: "a node's step", source })?;
         let exit = matches!(parsed, StepEvent::Exit { .. });
         let failed = matches!(parsed, StepEvent::Failed { .. });
         event(parsed);
@@ -427,7 +449,7 @@ pub fn follow(stream: TcpStream, tasks: usize, mut event: impl FnMut(StepEvent))
             return Ok(());
         }
     }
-    Err("a node's step ended before its tasks did".into())
+    Err(StepError::Ended)
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ use ebb_api as api;
 
 use super::options::{self, Given, SBATCH};
 use crate::commands::{not_exported as ebb_leaves_out, valid_name};
+use crate::error::{usage, CliError};
 
 /// What `sbatch` sends, and what it says before it does.
 #[derive(Debug)]
@@ -29,7 +30,7 @@ fn not_exported(name: &str) -> bool {
 
 /// `--export`: `ALL` (the default), `NONE`, or `VAR,VAR=VALUE,...`, where
 /// the list may begin with `ALL` or `NONE` (`ALL,EXTRA=1`).
-pub fn exported(text: &str, vars: &BTreeMap<String, String>) -> Result<BTreeMap<String, String>, String> {
+pub fn exported(text: &str, vars: &BTreeMap<String, String>) -> Result<BTreeMap<String, String>, CliError> {
     let mut env = BTreeMap::new();
     for (i, item) in text.split(',').enumerate() {
         if i == 0 && item.eq_ignore_ascii_case("all") {
@@ -51,7 +52,7 @@ pub fn exported(text: &str, vars: &BTreeMap<String, String>) -> Result<BTreeMap<
             },
         };
         if !valid_name(name) {
-            return Err(format!("--export={text}: {name:?} is not a variable name"));
+            return Err(usage(format!("--export={text}: {name:?} is not a variable name")));
         }
         env.insert(name.to_string(), value);
     }
@@ -64,10 +65,10 @@ fn script(
     given: &Given,
     rest: &[String],
     stdin: &mut dyn Read,
-) -> Result<(String, String, Vec<String>), String> {
+) -> Result<(String, String, Vec<String>), CliError> {
     if let Some(command) = options::last(given, "wrap") {
         if !rest.is_empty() {
-            return Err("--wrap: a script cannot be given with it".into());
+            return Err(usage("--wrap: a script cannot be given with it"));
         }
         return Ok((
             format!("#!/bin/sh\n# This script was created by sbatch --wrap.\n\n{command}\n"),
@@ -77,33 +78,31 @@ fn script(
     }
     let (text, name) = match rest.first() {
         Some(path) => {
-            let bytes = std::fs::read(path).map_err(|e| format!("Unable to open file {path}: {e}"))?;
+            let bytes = std::fs::read(path).map_err(|e| usage(format!("Unable to open file {path}: {e}")))?;
             (bytes, path.clone())
         }
         None => {
             let mut bytes = Vec::new();
-            stdin
-                .read_to_end(&mut bytes)
-                .map_err(|e| format!("cannot read the script from standard input: {e}"))?;
+            stdin.read_to_end(&mut bytes).map_err(CliError::Input)?;
             (bytes, "sbatch".into())
         }
     };
     if text.len() > api::MAX_SLURM_SCRIPT_BYTES {
-        return Err(format!(
+        return Err(usage(format!(
             "{name}: {} bytes, over the largest script Ebb takes ({} bytes)",
             text.len(),
             api::MAX_SLURM_SCRIPT_BYTES
-        ));
+        )));
     }
-    let text = String::from_utf8(text).map_err(|_| format!("{name}: not UTF-8 text"))?;
+    let text = String::from_utf8(text).map_err(|_| usage(format!("{name}: not UTF-8 text")))?;
     if text.contains('\0') {
-        return Err(format!("{name}: a batch script cannot hold NUL bytes"));
+        return Err(usage(format!("{name}: a batch script cannot hold NUL bytes")));
     }
     if !text.starts_with("#!") {
-        return Err(
-            "This does not look like a batch script.  The first line must start with #! followed by the path to an interpreter.\nFor instance: #!/bin/sh"
-                .into(),
-        );
+        return Err(usage(
+            "This does not look like a batch script.  The first line must start with #! followed by the path to \
+             an interpreter.\nFor instance: #!/bin/sh",
+        ));
     }
     Ok((text, name, rest.iter().skip(1).cloned().collect()))
 }
@@ -115,7 +114,7 @@ pub fn batch(
     stdin: &mut dyn Read,
     cwd: &Path,
     vars: &BTreeMap<String, String>,
-) -> Result<Batch, String> {
+) -> Result<Batch, CliError> {
     let (cli, rest) = options::parse(SBATCH, args, "")?;
     let (text, script_name, script_args) = script(&cli, &rest, stdin)?;
     let mut given = options::script_options(&text, &script_name)?;
@@ -139,7 +138,7 @@ pub fn batch(
     let append = match last("open-mode") {
         None | Some("truncate") => false,
         Some("append") => true,
-        Some(other) => return Err(format!("--open-mode={other}: expected append or truncate")),
+        Some(other) => return Err(usage(format!("--open-mode={other}: expected append or truncate"))),
     };
     let (signal, signal_batch_only, signal_before_s) = match last("signal") {
         Some(text) => {
@@ -207,13 +206,13 @@ fn requeue_last(given: &Given) -> bool {
 /// The job's GPUs and model from `--gpus`, `--gpus-per-node`, `--gres`
 /// (per node) or `--gpus-per-task`, the last given winning; a job that
 /// asks for none gets one (Ebb places GPUs).
-fn gpu_request(given: &Given, nodes: u32, ntasks: Option<u32>) -> Result<(Option<String>, u32), String> {
+fn gpu_request(given: &Given, nodes: u32, ntasks: Option<u32>) -> Result<(Option<String>, u32), CliError> {
     let kinds = ["gpus", "gpus-per-node", "gres", "gpus-per-task"];
     let Some((long, text)) = given.iter().rev().find(|(l, _)| kinds.contains(l)) else {
         if nodes > 1 {
-            return Err(format!(
+            return Err(usage(format!(
                 "--nodes={nodes} without GPUs: Ebb places GPUs; give --gpus-per-node or --gres=gpu:N"
-            ));
+            )));
         }
         return Ok((None, 1));
     };
@@ -233,7 +232,7 @@ fn gpu_request(given: &Given, nodes: u32, ntasks: Option<u32>) -> Result<(Option
 mod tests {
     use super::*;
 
-    fn run(args: &str, script: &str) -> Result<Batch, String> {
+    fn run(args: &str, script: &str) -> Result<Batch, CliError> {
         // A directory per call: the tests run at once.
         static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -291,13 +290,16 @@ mod tests {
         assert_eq!(s.workdir.as_deref(), Some("/home/me/project/sub"));
         assert_eq!(s.env, BTreeMap::from([("X".to_string(), "1".to_string())]));
         assert!(s.slurm.as_ref().unwrap().append);
-        assert!(run("", "echo no shebang\n").unwrap_err().contains("does not look like a batch script"));
+        assert!(run("", "echo no shebang\n")
+            .unwrap_err()
+            .to_string()
+            .contains("does not look like a batch script"));
         assert_eq!(
-            run("--open-mode=sometimes", script).err().unwrap(),
+            run("--open-mode=sometimes", script).err().unwrap().to_string(),
             "--open-mode=sometimes: expected append or truncate"
         );
-        assert!(run("--nodes=2", "#!/bin/sh\n").unwrap_err().contains("without GPUs"));
-        assert!(run("--gres=fpga:1", "#!/bin/sh\n").unwrap_err().contains("not \"fpga\""));
+        assert!(run("--nodes=2", "#!/bin/sh\n").unwrap_err().to_string().contains("without GPUs"));
+        assert!(run("--gres=fpga:1", "#!/bin/sh\n").unwrap_err().to_string().contains("not \"fpga\""));
         let b = run("", "#!/bin/sh\necho\n").unwrap();
         assert_eq!(b.submission.gpus, Some(1));
         assert_eq!(b.submission.name.as_deref(), Some("train.sh"));

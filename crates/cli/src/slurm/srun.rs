@@ -13,6 +13,7 @@ use nix::sys::signal::Signal;
 
 use super::options::{self, Given, SRUN};
 use super::step::{self, Names};
+use crate::error::{failed, file, usage, CliError};
 
 /// A step's tasks, as `srun`'s options and the job's variables say.
 struct Plan {
@@ -33,22 +34,28 @@ struct Plan {
     program: Vec<String>,
 }
 
-fn plan(given: &Given, program: Vec<String>, env: &BTreeMap<String, String>) -> Result<Plan, String> {
+fn plan(given: &Given, program: Vec<String>, env: &BTreeMap<String, String>) -> Result<Plan, CliError> {
     if program.is_empty() {
-        return Err("no program to run (srun [options] PROGRAM [ARGS...])".into());
+        return Err(usage("no program to run (srun [options] PROGRAM [ARGS...])"));
     }
     let names: Vec<String> = match env.get("SLURM_JOB_NODELIST") {
-        Some(list) if !list.is_empty() => ebb_core::hostlist::expand(list)?,
+        Some(list) if !list.is_empty() => {
+            ebb_core::hostlist::expand(list).map_err(|e| usage(format!("SLURM_JOB_NODELIST={list}: {e}")))?
+        }
         _ => vec![env.get("EBB_NODE").cloned().unwrap_or_default()],
     };
     let allocation = names.len() as u32;
     let mut nodes: Vec<u32> = match options::last(given, "nodelist") {
         Some(list) => {
-            let wanted = ebb_core::hostlist::expand(list).map_err(|e| format!("--nodelist={list}: {e}"))?;
+            let wanted =
+                ebb_core::hostlist::expand(list).map_err(|e| usage(format!("--nodelist={list}: {e}")))?;
             let mut indices = Vec::new();
             for name in &wanted {
                 let i = names.iter().position(|n| n == name).ok_or_else(|| {
-                    format!("--nodelist={list}: {name} is not one of this job's nodes ({})", names.join(", "))
+                    usage(format!(
+                        "--nodelist={list}: {name} is not one of this job's nodes ({})",
+                        names.join(", ")
+                    ))
                 })?;
                 indices.push(i as u32);
             }
@@ -58,18 +65,17 @@ fn plan(given: &Given, program: Vec<String>, env: &BTreeMap<String, String>) -> 
     };
     if let Some(n) = options::nodes(given)? {
         if n > allocation {
-            return Err(format!(
+            return Err(usage(format!(
                 "--nodes={n}: the job has {allocation} node{}",
                 if allocation == 1 { "" } else { "s" }
-            ));
+            )));
         }
         nodes.truncate(n as usize);
     }
     if allocation > 1 && !env.contains_key("EBB_SLURM_HUB") && nodes.iter().any(|n| *n != 0) {
-        return Err(
-            "this job's nodes have no step directory (EBB_SLURM_HUB): a step runs on its first node only"
-                .into(),
-        );
+        return Err(usage(
+            "this job's nodes have no step directory (EBB_SLURM_HUB): a step runs on its first node only",
+        ));
     }
     let per_node = options::count(given, "ntasks-per-node")?;
     let ntasks = match (options::count(given, "ntasks")?, per_node) {
@@ -93,14 +99,14 @@ fn plan(given: &Given, program: Vec<String>, env: &BTreeMap<String, String>) -> 
     for task in 0..ntasks {
         let slot = (task / per) as usize;
         let node = *nodes.get(slot).ok_or_else(|| {
-            format!("{ntasks} tasks, {per} a node, need more than the step's {} nodes", nodes.len())
+            usage(format!("{ntasks} tasks, {per} a node, need more than the step's {} nodes", nodes.len()))
         })?;
         tasks.push((node, task, task % per));
     }
     let append = match options::last(given, "open-mode") {
         None | Some("truncate") => false,
         Some("append") => true,
-        Some(other) => return Err(format!("--open-mode={other}: expected append or truncate")),
+        Some(other) => return Err(usage(format!("--open-mode={other}: expected append or truncate"))),
     };
     let gpus_per_task = match options::last(given, "gpus-per-task") {
         Some(text) => Some(options::gpus("gpus-per-task", text)?.1),
@@ -125,34 +131,36 @@ fn plan(given: &Given, program: Vec<String>, env: &BTreeMap<String, String>) -> 
 
 /// Claims the next step number in `steps` (a file per step, made
 /// exclusively, so concurrent `srun`s never share one).
-fn claim_step(steps: &std::path::Path) -> Result<(u32, std::path::PathBuf), String> {
+fn claim_step(steps: &std::path::Path) -> Result<(u32, std::path::PathBuf), CliError> {
     for n in 0..100_000 {
         let path = steps.join(n.to_string());
         match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
             Ok(_) => return Ok((n, path)),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(format!("{}: {e}", path.display())),
+            Err(e) => return Err(file(&path)(e)),
         }
     }
-    Err("no step number left".into())
+    Err(failed("no step number left"))
 }
 
 /// `srun` in an allocation: runs the step and ends with its exit: the
 /// highest of its tasks' codes, or 128+N for a task killed by signal N.
 /// Its tasks on this node are its children; those on the job's other
 /// nodes are started there by their batch steps (`remote.rs`).
-pub fn in_allocation(args: &[String]) -> Result<i32, String> {
+pub fn in_allocation(args: &[String]) -> Result<i32, CliError> {
     let (given, program) = options::parse(SRUN, args, "")?;
     for note in options::ignored_notes(SRUN, &given) {
         eprintln!("srun: {note}");
     }
     let env: BTreeMap<String, String> = std::env::vars().collect();
     let plan = plan(&given, program, &env)?;
-    let steps =
-        env.get("EBB_SLURM_STEPS").map(std::path::PathBuf::from).ok_or("not in a batch job's step")?;
+    let steps = env
+        .get("EBB_SLURM_STEPS")
+        .map(std::path::PathBuf::from)
+        .ok_or_else(|| usage("not in a batch job's step"))?;
     let (step_id, step_file) = claim_step(&steps)?;
     let waited = step::waited_signals();
-    waited.thread_block().map_err(|e| format!("cannot block signals: {e}"))?;
+    waited.thread_block().map_err(|e| CliError::Signals(e.into()))?;
     let here: u32 = env.get("SLURM_NODEID").and_then(|n| n.parse().ok()).unwrap_or(0);
     let all_names: Vec<String> =
         env.get("SLURM_JOB_NODELIST").and_then(|l| ebb_core::hostlist::expand(l).ok()).unwrap_or_default();
@@ -187,7 +195,7 @@ pub fn in_allocation(args: &[String]) -> Result<i32, String> {
     let mut remote = Vec::new();
     let others: Vec<u32> = plan.nodes.iter().copied().filter(|n| *n != here).collect();
     if !others.is_empty() {
-        let hub = env.get("EBB_SLURM_HUB").ok_or("no step directory (EBB_SLURM_HUB)")?;
+        let hub = env.get("EBB_SLURM_HUB").ok_or_else(|| usage("no step directory (EBB_SLURM_HUB)"))?;
         let key = env.get("EBB_SLURM_KEY").cloned().unwrap_or_default();
         let nodes = super::remote::directory(hub, &key, all_names.len() as u32)?;
         for node in others {
@@ -210,9 +218,11 @@ pub fn in_allocation(args: &[String]) -> Result<i32, String> {
                 task_env: tasks.iter().map(|&(task, _)| (task, task_env(node, task))).collect(),
                 tasks: tasks.clone(),
             };
-            let at = nodes.get(&node).ok_or_else(|| format!("node {node} of the job has no step address"))?;
+            let at = nodes
+                .get(&node)
+                .ok_or_else(|| usage(format!("node {node} of the job has no step address")))?;
             let stream = super::remote::start_remote(at, &key, &request)?;
-            streams.push(stream.try_clone().map_err(|e| e.to_string())?);
+            streams.push(stream.try_clone().map_err(crate::slurm::StepError::from)?);
             let (label, kill_on_bad_exit, failed) = (plan.label, plan.kill_on_bad_exit, failed.clone());
             let count = tasks.len();
             remote.push(std::thread::spawn(move || {
@@ -281,29 +291,28 @@ pub fn in_allocation(args: &[String]) -> Result<i32, String> {
             let mine: Vec<&str> =
                 gpus.iter().skip(from).take(per_task as usize).map(String::as_str).collect();
             if mine.len() < per_task as usize {
-                return Err(format!(
+                return Err(usage(format!(
                     "--gpus-per-task={per_task}: this node's tasks need {} GPUs, it has {}",
                     (local + 1) * per_task,
                     gpus.len()
-                ));
+                )));
             }
             command.env("CUDA_VISIBLE_DEVICES", mine.join(","));
         }
-        let mut file = |pattern: &Option<String>| -> Result<Option<std::fs::File>, String> {
+        let mut file = |pattern: &Option<String>| -> Result<Option<std::fs::File>, CliError> {
             let Some(pattern) = pattern else { return Ok(None) };
             let path = names.expand(pattern);
             if let Some(open) = shared_files.get(&path) {
-                return open.try_clone().map(Some).map_err(|e| e.to_string());
+                return open.try_clone().map(Some).map_err(file(&path));
             }
-            let opened = step::open_output(std::path::Path::new(&path), plan.append)
-                .map_err(|e| format!("cannot open {path}: {e}"))?;
-            shared_files.insert(path, opened.try_clone().map_err(|e| e.to_string())?);
+            let opened = step::open_output(std::path::Path::new(&path), plan.append).map_err(file(&path))?;
+            shared_files.insert(path.clone(), opened.try_clone().map_err(file(&path))?);
             Ok(Some(opened))
         };
         let out = file(&plan.output)?;
         let err = match &plan.error {
             Some(_) => file(&plan.error)?,
-            None => out.as_ref().map(|f| f.try_clone()).transpose().map_err(|e| e.to_string())?,
+            None => out.as_ref().map(|f| f.try_clone()).transpose().map_err(CliError::Output)?,
         };
         // Labelled, or with tasks elsewhere whose lines come here too: one
         // writer per line.
@@ -318,7 +327,9 @@ pub fn in_allocation(args: &[String]) -> Result<i32, String> {
             None if piped => command.stderr(Stdio::piped()),
             None => command.stderr(Stdio::inherit()),
         };
-        let mut child = command.spawn().map_err(|e| format!("cannot run {:?}: {e}", plan.program[0]))?;
+        let mut child = command
+            .spawn()
+            .map_err(|source| CliError::Spawn { what: format!("{:?}", plan.program[0]), source })?;
         if let Some(pipe) = child.stdout.take() {
             readers.push(label(pipe, plan.label.then_some(task), false));
         }
@@ -328,7 +339,7 @@ pub fn in_allocation(args: &[String]) -> Result<i32, String> {
         children.push(Some(child));
     }
     let pids: Vec<String> = children.iter().flatten().map(|c| c.id().to_string()).collect();
-    std::fs::write(&step_file, pids.join("\n")).map_err(|e| format!("{}: {e}", step_file.display()))?;
+    std::fs::write(&step_file, pids.join("\n")).map_err(file(&step_file))?;
     let mut code = wait_all(&mut children, &waited, plan.kill_on_bad_exit, &failed);
     if failed.load(std::sync::atomic::Ordering::SeqCst) {
         for stream in &streams {
@@ -455,10 +466,10 @@ mod tests {
         let (g, program) = given("-w node-1 true");
         assert_eq!(plan(&g, program, &env).unwrap().tasks, [(1, 0, 0)]);
         let (g, program) = given("-w node-7 true");
-        assert!(plan(&g, program, &env).err().unwrap().contains("not one of this job's nodes"));
+        assert!(plan(&g, program, &env).err().unwrap().to_string().contains("not one of this job's nodes"));
         let (g, program) = given("-N 3 true");
-        assert!(plan(&g, program, &env).err().unwrap().contains("the job has 2 nodes"));
+        assert!(plan(&g, program, &env).err().unwrap().to_string().contains("the job has 2 nodes"));
         let (g, program) = given("-n 2");
-        assert!(plan(&g, program, &env).err().unwrap().contains("no program"));
+        assert!(plan(&g, program, &env).err().unwrap().to_string().contains("no program"));
     }
 }

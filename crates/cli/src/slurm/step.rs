@@ -10,6 +10,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 
+use crate::error::{usage, CliError};
 use ebb_agent::slurm::Route;
 use nix::sys::signal::{SigSet, Signal};
 
@@ -191,7 +192,7 @@ struct BatchArgs {
     args: Vec<String>,
 }
 
-fn batch_args(args: &[String]) -> Result<BatchArgs, String> {
+fn batch_args(args: &[String]) -> Result<BatchArgs, CliError> {
     let mut parsed = BatchArgs {
         script: PathBuf::new(),
         steps: PathBuf::new(),
@@ -203,7 +204,7 @@ fn batch_args(args: &[String]) -> Result<BatchArgs, String> {
     };
     let mut i = 0;
     while i < args.len() {
-        let value = || args.get(i + 1).cloned().ok_or_else(|| format!("{} needs a value", args[i]));
+        let value = || args.get(i + 1).cloned().ok_or_else(|| usage(format!("{} needs a value", args[i])));
         match args[i].as_str() {
             "--" => {
                 parsed.args = args[i + 1..].to_vec();
@@ -219,12 +220,12 @@ fn batch_args(args: &[String]) -> Result<BatchArgs, String> {
                 value()?;
             }
             "--signal-to" => parsed.to_batch = value()? == "batch",
-            other => return Err(format!("unknown argument {other:?}")),
+            other => return Err(usage(format!("unknown argument {other:?}"))),
         }
         i += 2;
     }
     if parsed.script.as_os_str().is_empty() || parsed.output.is_empty() {
-        return Err("--script and --output are needed".into());
+        return Err(usage("--script and --output are needed"));
     }
     Ok(parsed)
 }
@@ -237,7 +238,7 @@ pub fn batch(args: &[String]) -> ! {
         eprintln!("ebb slurm-batch: {message}");
         std::process::exit(1)
     };
-    let a = batch_args(args).unwrap_or_else(|e| fail(e));
+    let a = batch_args(args).unwrap_or_else(|e| fail(e.to_string()));
     let env: BTreeMap<String, String> = std::env::vars().collect();
     // A job of several nodes: the script runs on the first; the others'
     // batch steps run the steps srun sends them.
@@ -245,7 +246,7 @@ pub fn batch(args: &[String]) -> ! {
         match env.get("SLURM_NODEID").map(String::as_str) {
             Some("0") | None => {
                 let key = env.get("EBB_SLURM_KEY").cloned().unwrap_or_default();
-                super::remote::serve_directory(hub, key).unwrap_or_else(|e| fail(e));
+                super::remote::serve_directory(hub, key).unwrap_or_else(|e| fail(e.to_string()));
             }
             Some(_) => super::remote::node_step(&a.steps, a.to_batch),
         }

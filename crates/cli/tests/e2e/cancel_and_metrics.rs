@@ -45,7 +45,7 @@ touch {seen}/trapper; while :; do sleep 0.05; done"#,
     // More than the drain window (30 s here) is refused, naming it, and
     // nothing is cancelled.
     let out = c.ebb_as(&c.admin, &["cancel", "--grace", "1m", &a, &b]);
-    assert!(!out.status.success());
+    assert_eq!(out.status.code(), Some(1), "the server refused it: not to be sent again as it is");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("grace_ms: a cancel's grace may be at most the drain window, 30s; got 60s"),

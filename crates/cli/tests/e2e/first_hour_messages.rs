@@ -268,9 +268,38 @@ fn only_commands_that_talk_to_a_server_offer_server_and_token() {
     assert!(agent.contains("--server <URL[,URL...]>") && !agent.contains("--token"), "{agent}");
 
     let out = Command::new(ebb_exe()).args(["--server", "http://127.0.0.1:9", "up"]).output().unwrap();
-    assert!(!out.status.success());
+    assert_eq!(out.status.code(), Some(2), "a usage error exits 2, as clap's own");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--server: ebb up talks to no server"), "{err}");
+}
+
+/// A script can tell a command it used wrongly (2) from one that may work
+/// when sent again (75, no server answered) from one the server refused
+/// or that failed (1).
+#[test]
+fn the_exit_status_says_whether_to_fix_the_command_or_send_it_again() {
+    let run = |server: &str, args: &[&str]| {
+        let out = Command::new(ebb_exe())
+            .args(args)
+            .env("EBB_SERVER", server)
+            .env("EBB_TOKEN", "x")
+            .env_remove("EBB_CONFIG")
+            .output()
+            .unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    // A port the OS gave and took back: nothing listens there.
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let (code, err) = run(&format!("http://127.0.0.1:{free}"), &["jobs"]);
+    assert_eq!(code, Some(75), "{err}");
+    assert!(err.contains("cannot connect to"), "{err}");
+    let (code, err) = run(&format!("127.0.0.1:{free}"), &["jobs"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("not a URL; did you mean http://127.0.0.1:"), "{err}");
+    let (code, err) =
+        run(&format!("http://127.0.0.1:{free}"), &["submit", "--env", "NOEQUALS", "--", "true"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--env NOEQUALS: expected K=V"), "{err}");
 }
 
 /// A tenant's job named `ESC ] 0 ; owned BEL ESC [ 2 J` cleared the

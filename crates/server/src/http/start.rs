@@ -84,7 +84,7 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
     let dir = &config.engine.data_dir;
     nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
     // Before anything in the directory is touched; held until the process ends.
-    let _owner = crate::lock::lock_dir(dir, "ebb server")?;
+    let _owner = crate::lock::lock_dir(dir, "ebb server").map_err(|e| e.to_string())?;
     private_data_dir(dir)?;
     let tls = crate::tls::ServerTls::prepare(&config.tls, dir, config.listen)?;
     for path in tls.iter().flat_map(|t| &t.written) {
