@@ -49,6 +49,15 @@ pub enum CliError {
     /// A setting of the server's out of its bounds.
     #[error(transparent)]
     Config(#[from] ebb_server::engine::ConfigError),
+    /// `--outbound-allow`.
+    #[error(transparent)]
+    Outbound(#[from] ebb_http::outbound::NotARange),
+    /// `--metrics-token-file`.
+    #[error(transparent)]
+    MetricsToken(#[from] ebb_server::http::scrape::MetricsTokenError),
+    /// `--partition-map`, `--default-partition`.
+    #[error(transparent)]
+    Partitions(#[from] ebb_server::partitions::PartitionsError),
     /// The server's key for secrets at rest.
     #[error(transparent)]
     SecretKey(#[from] ebb_server::sealed::KeyFileError),
@@ -58,8 +67,11 @@ pub enum CliError {
     /// The simulator's traces or settings.
     #[error(transparent)]
     Sim(#[from] ebb_sim::SimError),
-    /// A server, or the local cluster, could not start or stopped on an
-    /// error: in its words.
+    /// The server could not start, or stopped serving.
+    #[error(transparent)]
+    Serve(#[from] ebb_server::http::ServeError),
+    /// The local cluster (`ebb up`) could not start, or stopped: a process
+    /// of it exited, or did not come up.
     #[error("{0}")]
     Daemon(String),
     /// A Slurm step could not be run across its job's nodes.
@@ -87,7 +99,9 @@ impl CliError {
 
     fn status(&self) -> u8 {
         match self {
-            CliError::Usage(_) => EXIT_USAGE,
+            CliError::Usage(_) | CliError::Config(_) | CliError::Partitions(_) | CliError::Outbound(_) => {
+                EXIT_USAGE
+            }
             CliError::Client(e) if e.retryable() => EXIT_TRY_AGAIN,
             _ => 1,
         }

@@ -32,10 +32,29 @@ pub struct Outbound {
     own: Vec<IpAddr>,
 }
 
+/// Why a request may not connect to an address.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    #[error("{0} is this server's own address")]
+    Own(IpAddr),
+    #[error("{ip} is {class} (an operator allows it with --outbound-allow)")]
+    Class { ip: IpAddr, class: &'static str },
+    #[error("the URL has no host")]
+    NoHost,
+}
+
+/// An `--outbound-allow` range that is not one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("--outbound-allow {text:?}: {why} (ADDRESS or ADDRESS/BITS)")]
+pub struct NotARange {
+    text: String,
+    why: String,
+}
+
 impl Outbound {
     /// The policy with `allowed` ranges (`ADDRESS/BITS`, or an address)
     /// let through.
-    pub fn new(allowed: &[String]) -> Result<Outbound, String> {
+    pub fn new(allowed: &[String]) -> Result<Outbound, NotARange> {
         let allowed = allowed.iter().map(|a| parse_cidr(a)).collect::<Result<_, _>>()?;
         Ok(Outbound { allowed, own: Vec::new() })
     }
@@ -58,24 +77,24 @@ impl Outbound {
     }
 
     /// Whether a request may connect to `ip`; if not, why, in words.
-    pub fn check(&self, ip: IpAddr) -> Result<(), String> {
+    pub fn check(&self, ip: IpAddr) -> Result<(), Refused> {
         let ip = ip.to_canonical();
         if self.allowed.iter().any(|(net, bits)| contains(*net, *bits, ip)) {
             return Ok(());
         }
         if self.own.contains(&ip) {
-            return Err(format!("{ip} is this server's own address"));
+            return Err(Refused::Own(ip));
         }
         match refused_class(ip) {
-            Some(class) => Err(format!("{ip} is {class} (an operator allows it with --outbound-allow)")),
+            Some(class) => Err(Refused::Class { ip, class }),
             None => Ok(()),
         }
     }
 
     /// Checks a URL's host where it is an address (a name is checked
     /// as it is resolved).
-    pub fn check_url(&self, url: &reqwest::Url) -> Result<(), String> {
-        let host = url.host_str().ok_or_else(|| "the URL has no host".to_string())?;
+    pub fn check_url(&self, url: &reqwest::Url) -> Result<(), Refused> {
+        let host = url.host_str().ok_or(Refused::NoHost)?;
         match host.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>() {
             Ok(ip) => self.check(ip),
             Err(_) => Ok(()),
@@ -107,7 +126,7 @@ impl reqwest::dns::Resolve for Outbound {
                 })
                 .collect();
             if allowed.is_empty() {
-                let why = refused.unwrap_or_else(|| "no address".to_string());
+                let why = refused.map_or_else(|| "no address".to_string(), |r| r.to_string());
                 let error: Box<dyn std::error::Error + Send + Sync> = format!("{host}: {why}").into();
                 return Err(error);
             }
@@ -159,8 +178,8 @@ fn refused_v4(ip: Ipv4Addr) -> Option<&'static str> {
     }
 }
 
-fn parse_cidr(text: &str) -> Result<(IpAddr, u8), String> {
-    let bad = |why: &str| format!("--outbound-allow {text:?}: {why} (ADDRESS or ADDRESS/BITS)");
+fn parse_cidr(text: &str) -> Result<(IpAddr, u8), NotARange> {
+    let bad = |why: &str| NotARange { text: text.to_string(), why: why.to_string() };
     let (address, bits) = match text.split_once('/') {
         Some((a, b)) => (a, Some(b)),
         None => (text, None),
@@ -228,7 +247,8 @@ mod tests {
             assert!(!refused(&policy, ip), "{ip} refused");
         }
         let e = policy.check("::ffff:169.254.169.254".parse().unwrap()).unwrap_err();
-        assert!(e.contains("169.254.169.254 is a link-local address"), "{e}");
+        assert!(matches!(e, Refused::Class { .. }), "{e:?}");
+        assert!(e.to_string().contains("169.254.169.254 is a link-local address"), "{e}");
     }
 
     #[test]
@@ -243,7 +263,10 @@ mod tests {
         let own = Outbound::default().with_own("10.1.2.3".parse().unwrap());
         assert!(refused(&own, "10.1.2.3") && !refused(&own, "10.1.2.4"));
         for bad in ["x", "10.0.0.0/33", "::/129", "10.0.0.0/-1"] {
-            assert!(Outbound::new(&[bad.into()]).unwrap_err().contains("--outbound-allow"), "{bad}");
+            assert!(
+                Outbound::new(&[bad.into()]).unwrap_err().to_string().contains("--outbound-allow"),
+                "{bad}"
+            );
         }
         assert!(Outbound::new(&["0.0.0.0/0".into()]).unwrap().check("127.0.0.1".parse().unwrap()).is_ok());
     }

@@ -231,7 +231,7 @@ impl<'a> Fetch<'a> {
         let why = crate::request_error(e);
         // The policy's resolver refused every address of the name.
         match why.contains("--outbound-allow") {
-            true => refused_address(self.reference, why.rsplit(": ").next().unwrap_or(&why)),
+            true => refused_address(self.reference, &why.rsplit(": ").next().unwrap_or(&why)),
             false => ImageError::Unreachable(self.reference.to_string(), why),
         }
     }
@@ -245,7 +245,7 @@ impl Registries {
     }
 }
 
-fn refused_address(reference: &str, why: &str) -> ImageError {
+fn refused_address(reference: &str, why: &dyn std::fmt::Display) -> ImageError {
     ImageError::Invalid(
         reference.to_string(),
         format!("its registry is at an address this cluster does not reach: {why}"),

@@ -33,9 +33,12 @@ use axum::Json;
 use serde::Serialize;
 use tokio::sync::mpsc;
 
+use crate::engine::OpenError;
+use crate::http::ServeError;
+
 use crate::engine::{Engine, EngineConfig, Feed, Lines, Msg};
 use crate::store::pg::PgStore;
-use crate::store::Store;
+use crate::store::{Store, StoreError};
 use crate::{ApiError, TokenMap};
 
 /// What this server is now, shared by the handlers and the lease loop.
@@ -151,17 +154,17 @@ pub fn start(
     tokens: TokenMap,
     role: Arc<Role>,
     feed: Feed,
-) -> Result<Vec<String>, String> {
-    let first = PgStore::open(&lease.database).map_err(|e| e.to_string())?;
+) -> Result<Vec<String>, ServeError> {
+    let first = PgStore::open(&lease.database).map_err(OpenError::from)?;
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name("ebb-lease".into())
         .spawn(move || run(lease, engine, tokens, role, feed, first, ready_tx))
-        .map_err(|e| format!("cannot start the lease thread: {e}"))?;
-    ready_rx.recv().map_err(|_| "the lease thread ended before it was ready".to_string())?
+        .map_err(|e| ServeError::Thread("lease", e))?;
+    Ok(ready_rx.recv().map_err(|_| ServeError::NotReady("lease"))??)
 }
 
-type Ready = std::sync::mpsc::Sender<Result<Vec<String>, String>>;
+type Ready = std::sync::mpsc::Sender<Result<Vec<String>, OpenError>>;
 
 fn run(
     lease: LeaseConfig,
@@ -245,10 +248,9 @@ pub(crate) fn lead<S: Store>(
     role: &Role,
     epoch: u64,
     url: &str,
-) -> Result<Leading<S>, String> {
+) -> Result<Leading<S>, OpenError> {
     let outbound = config.outbound.clone();
-    let (mut engine, created) =
-        Engine::open(store, config, tokens.clone(), crate::engine::now_ms()).map_err(|e| e.to_string())?;
+    let (mut engine, created) = Engine::open(store, config, tokens.clone(), crate::engine::now_ms())?;
     engine.feed(feed.clone());
     let (tx, rx) = mpsc::channel(1 << 16);
     // Deliveries leave through the deliverer, which does not keep the
@@ -265,12 +267,12 @@ fn follow(
     lease: &LeaseConfig,
     role: &Role,
     ready: &mut Option<Ready>,
-) -> Result<u64, String> {
+) -> Result<u64, StoreError> {
     let ms = lease.lease.as_millis() as u64;
     loop {
-        let seen = db.lease().map_err(|e| e.to_string())?;
+        let seen = db.lease()?;
         if seen.open {
-            if let Some(epoch) = db.take_lease(&lease.url, ms).map_err(|e| e.to_string())? {
+            if let Some(epoch) = db.take_lease(&lease.url, ms)? {
                 return Ok(epoch);
             }
             continue;
@@ -329,17 +331,20 @@ pub struct Proxy {
 impl Proxy {
     /// Forwards over HTTPS trusting `ca` (PEM) alone: the servers of one
     /// control plane share their CA.
-    pub fn new(role: Arc<Role>, ca: Option<&str>) -> Result<Proxy, String> {
+    pub fn new(role: Arc<Role>, ca: Option<&str>) -> Result<Proxy, ServeError> {
         let mut http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(2))
             .pool_idle_timeout(Duration::from_secs(20))
             .redirect(reqwest::redirect::Policy::none())
             .tls_built_in_root_certs(false);
         if let Some(pem) = ca {
-            let cert = reqwest::Certificate::from_pem(pem.as_bytes()).map_err(|e| format!("the CA: {e}"))?;
+            let cert = reqwest::Certificate::from_pem(pem.as_bytes())
+                .map_err(|source| ServeError::Proxy { what: "the CA", source })?;
             http = http.add_root_certificate(cert);
         }
-        Ok(Proxy { role, http: http.build().map_err(|e| format!("the forwarding client: {e}"))? })
+        let http =
+            http.build().map_err(|source| ServeError::Proxy { what: "the forwarding client", source })?;
+        Ok(Proxy { role, http })
     }
 
     async fn send(&self, leader: &str, request: Request) -> Response {

@@ -122,7 +122,7 @@ pub struct ServerConfig {
 }
 
 /// Runs the server until SIGINT or SIGTERM.
-pub async fn serve(config: ServerConfig) -> Result<(), String> {
+pub async fn serve(config: ServerConfig) -> Result<(), http::ServeError> {
     http::serve(config).await
 }
 

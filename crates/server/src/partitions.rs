@@ -27,44 +27,58 @@ impl Default for Partitions {
     }
 }
 
+/// Why `--partition-map` or `--default-partition` cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PartitionsError {
+    #[error("--partition-map {0}: expected NAME=TIER,... (TIER: preemptible, on-demand, reserved)")]
+    Form(String),
+    #[error("--partition-map: {0:?} is not a partition name (letters, digits, - _ .)")]
+    Name(String),
+    #[error("--partition-map {item}: {why}")]
+    Tier { item: String, why: String },
+    #[error("--partition-map: partition {0} is given twice")]
+    Twice(String),
+    #[error("--partition-map: no partitions")]
+    Empty,
+    #[error("--default-partition {given}: not a partition ({})", known.join(", "))]
+    Default { given: String, known: Vec<String> },
+}
+
 impl Partitions {
     /// `NAME=TIER,...` and the default's name (the first when none is
     /// given); every refusal names the flag.
-    pub fn parse(map: Option<&str>, default: Option<&str>) -> Result<Partitions, String> {
+    pub fn parse(map: Option<&str>, default: Option<&str>) -> Result<Partitions, PartitionsError> {
         let mut partitions = match map {
             None => Partitions::default(),
             Some(text) => {
                 let mut list = Vec::new();
                 for item in text.split(',').map(str::trim).filter(|i| !i.is_empty()) {
-                    let (name, tier) = item.split_once('=').ok_or_else(|| {
-                        format!("--partition-map {text}: expected NAME=TIER,... (TIER: preemptible, on-demand, reserved)")
-                    })?;
+                    let (name, tier) =
+                        item.split_once('=').ok_or_else(|| PartitionsError::Form(text.to_string()))?;
                     let name = name.trim();
                     let valid = !name.is_empty()
                         && name.len() <= 64
                         && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
                     if !valid {
-                        return Err(format!(
-                            "--partition-map: {name:?} is not a partition name (letters, digits, - _ .)"
-                        ));
+                        return Err(PartitionsError::Name(name.to_string()));
                     }
-                    let tier: Tier =
-                        tier.trim().parse().map_err(|e| format!("--partition-map {item}: {e}"))?;
+                    let tier: Tier = tier
+                        .trim()
+                        .parse()
+                        .map_err(|e| PartitionsError::Tier { item: item.to_string(), why: format!("{e}") })?;
                     if list.iter().any(|(n, _)| n == name) {
-                        return Err(format!("--partition-map: partition {name} is given twice"));
+                        return Err(PartitionsError::Twice(name.to_string()));
                     }
                     list.push((name.to_string(), tier));
                 }
-                let first = list.first().map(|(n, _)| n.clone()).ok_or("--partition-map: no partitions")?;
+                let first = list.first().map(|(n, _)| n.clone()).ok_or(PartitionsError::Empty)?;
                 Partitions { map: list, default: first }
             }
         };
         if let Some(default) = default {
             if !partitions.map.iter().any(|(n, _)| n == default) {
-                return Err(format!(
-                    "--default-partition {default}: not a partition ({})",
-                    partitions.names().join(", ")
-                ));
+                let known = partitions.names().into_iter().map(str::to_string).collect();
+                return Err(PartitionsError::Default { given: default.to_string(), known });
             }
             partitions.default = default.to_string();
         }
@@ -110,10 +124,14 @@ mod tests {
         let err = p.tier_of(Some("debug")).unwrap_err();
         assert_eq!(err.message, "slurm.partition: no partition \"debug\"; this cluster's are spot, gpu");
         assert_eq!(Partitions::parse(None, None).unwrap().tier_of(None).unwrap(), Tier::Preemptible);
-        assert!(Partitions::parse(Some("spot"), None).unwrap_err().contains("NAME=TIER"));
-        assert!(Partitions::parse(Some("a=cheap"), None).unwrap_err().contains("a=cheap"));
-        assert!(Partitions::parse(Some("a=reserved,a=on-demand"), None).unwrap_err().contains("twice"));
-        assert!(Partitions::parse(Some("a b=reserved"), None).unwrap_err().contains("not a partition name"));
-        assert!(Partitions::parse(None, Some("spot")).unwrap_err().contains("--default-partition spot"));
+        let refused = |map, default| Partitions::parse(map, default).unwrap_err().to_string();
+        assert!(refused(Some("spot"), None).contains("NAME=TIER"));
+        assert!(refused(Some("a=cheap"), None).contains("a=cheap"));
+        assert_eq!(
+            Partitions::parse(Some("a=reserved,a=on-demand"), None).unwrap_err(),
+            PartitionsError::Twice("a".into())
+        );
+        assert!(refused(Some("a b=reserved"), None).contains("not a partition name"));
+        assert!(refused(None, Some("spot")).contains("--default-partition spot"));
     }
 }

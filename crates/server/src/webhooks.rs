@@ -262,7 +262,10 @@ async fn try_once(client: &reqwest::Client, outbound: &ebb_http::Outbound, d: &D
         Tried::Failed { status: None, error: NOT_DELIVERED.to_string() }
     };
     // A name is checked as it resolves; an address here.
-    match reqwest::Url::parse(&d.url).map_err(|e| e.to_string()).and_then(|u| outbound.check_url(&u)) {
+    let checked = reqwest::Url::parse(&d.url)
+        .map_err(|e| e.to_string())
+        .and_then(|u| outbound.check_url(&u).map_err(|e| e.to_string()));
+    match checked {
         Ok(()) => {}
         Err(why) => return failed(&why),
     }

@@ -76,7 +76,7 @@ impl PolicyArgs {
             self.partition_map.as_deref(),
             self.default_partition.as_deref(),
         )
-        .map_err(usage)
+        .map_err(CliError::from)
     }
 }
 

@@ -194,8 +194,7 @@ pub async fn server(args: ServerArgs) -> Result<(), CliError> {
         .metrics_token_file
         .as_deref()
         .map(ebb_server::http::scrape::ScrapeTokens::from_file)
-        .transpose()
-        .map_err(usage)?
+        .transpose()?
         .map(std::sync::Arc::new);
     let lease = args.lease.unwrap_or(Span::from_secs(5));
     if !(500..=600_000).contains(&lease.as_millis()) {
@@ -206,7 +205,7 @@ pub async fn server(args: ServerArgs) -> Result<(), CliError> {
             return Err(usage(format!("--advertise {url}: a URL, e.g. http://10.0.0.2:7300")));
         }
     }
-    let outbound = ebb_http::Outbound::new(&args.outbound_allow).map_err(usage)?.with_own(args.listen.ip());
+    let outbound = ebb_http::Outbound::new(&args.outbound_allow)?.with_own(args.listen.ip());
     let secret_key_file = match args.secret_key_file {
         Some(file) => file,
         None => {
@@ -272,6 +271,6 @@ pub async fn server(args: ServerArgs) -> Result<(), CliError> {
         metrics_token,
         registries: ebb_image::Registries { outbound, ..args.registries.registries() },
     })
-    .await
-    .map_err(CliError::Daemon)
+    .await?;
+    Ok(())
 }

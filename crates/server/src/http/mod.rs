@@ -15,7 +15,7 @@ mod watch;
 mod webhooks;
 
 use extract::{parse, ApiPath, ApiQuery, Body};
-pub use start::serve;
+pub use start::{serve, ServeError};
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};

@@ -12,6 +12,20 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::SystemTime;
 
+/// Why `--metrics-token-file` cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsTokenError {
+    #[error("--metrics-token-file {}: {source}", path.display())]
+    File { path: PathBuf, source: std::io::Error },
+    #[error("--metrics-token-file {}: {why}", path.display())]
+    Tokens { path: PathBuf, why: NotTokens },
+}
+
+/// A file that is not one to 16 tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("one to 16 tokens, one a line, each of at least 16 characters with no spaces")]
+pub struct NotTokens;
+
 /// The scrape tokens, and where they come from.
 #[derive(Debug)]
 pub struct ScrapeTokens {
@@ -21,9 +35,10 @@ pub struct ScrapeTokens {
 
 impl ScrapeTokens {
     /// The tokens of `path`, read now: an error names what is wrong.
-    pub fn from_file(path: &Path) -> Result<ScrapeTokens, String> {
+    pub fn from_file(path: &Path) -> Result<ScrapeTokens, MetricsTokenError> {
         let (modified, text) = read(path)?;
-        let hashes = parse(&text).map_err(|why| format!("--metrics-token-file {}: {why}", path.display()))?;
+        let hashes =
+            parse(&text).map_err(|why| MetricsTokenError::Tokens { path: path.to_path_buf(), why })?;
         Ok(ScrapeTokens { file: Some(path.to_path_buf()), state: Mutex::new((modified, hashes)) })
     }
 
@@ -39,13 +54,14 @@ impl ScrapeTokens {
         if let Some(path) = &self.file {
             let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok();
             if modified != state.0 {
-                match read(path).and_then(|(m, text)| Ok((m, parse(&text)?))) {
+                let tokens = read(path).and_then(|(m, text)| {
+                    let why = |why| MetricsTokenError::Tokens { path: path.clone(), why };
+                    Ok((m, parse(&text).map_err(why)?))
+                });
+                match tokens {
                     Ok((m, hashes)) => *state = (m, hashes),
                     Err(why) => {
-                        tracing::warn!(
-                            "--metrics-token-file {}: {why}; the tokens read before stay",
-                            path.display()
-                        );
+                        tracing::warn!("{why}; the tokens read before stay");
                         state.0 = modified;
                     }
                 }
@@ -55,20 +71,20 @@ impl ScrapeTokens {
     }
 }
 
-fn read(path: &Path) -> Result<(Option<SystemTime>, String), String> {
-    let text =
-        std::fs::read_to_string(path).map_err(|e| format!("--metrics-token-file {}: {e}", path.display()))?;
+fn read(path: &Path) -> Result<(Option<SystemTime>, String), MetricsTokenError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|source| MetricsTokenError::File { path: path.to_path_buf(), source })?;
     let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok();
     Ok((modified, text))
 }
 
 /// The hashes of a file's tokens: one a line, each at least 16
 /// characters with no space; at least one.
-fn parse(text: &str) -> Result<Vec<String>, String> {
+fn parse(text: &str) -> Result<Vec<String>, NotTokens> {
     let tokens: Vec<&str> = text.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
     let bad = tokens.iter().any(|t| t.len() < 16 || t.chars().any(|c| c.is_whitespace() || c.is_control()));
     if tokens.is_empty() || bad || tokens.len() > 16 {
-        return Err("one to 16 tokens, one a line, each of at least 16 characters with no spaces".into());
+        return Err(NotTokens);
     }
     Ok(tokens.into_iter().map(super::hash_token).collect())
 }
@@ -104,9 +120,11 @@ mod tests {
         assert!(tokens.accepts(new), "a bad file keeps the tokens read before");
         for bad in ["short\n", "two words of a token\n", "\n\n"] {
             std::fs::write(&file, bad).unwrap();
-            assert!(ScrapeTokens::from_file(&file).unwrap_err().contains("one to 16 tokens"), "{bad:?}");
+            let refused = ScrapeTokens::from_file(&file).unwrap_err();
+            assert!(matches!(refused, MetricsTokenError::Tokens { why: NotTokens, .. }), "{bad:?}");
+            assert!(refused.to_string().contains("one to 16 tokens"), "{bad:?}");
         }
         std::fs::remove_dir_all(&dir).unwrap();
-        assert!(ScrapeTokens::from_file(&file).unwrap_err().starts_with("--metrics-token-file"));
+        assert!(ScrapeTokens::from_file(&file).unwrap_err().to_string().starts_with("--metrics-token-file"));
     }
 }

@@ -18,15 +18,61 @@ pub(super) fn exit_on_panic() {
     }));
 }
 
+/// Why the server could not start, or stopped serving.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Lock(#[from] crate::lock::LockError),
+    #[error("--data-dir {}: {source}", path.display())]
+    DataDir { path: std::path::PathBuf, source: std::io::Error },
+    /// A file of the data directory's.
+    #[error("{}: {source}", path.display())]
+    File { path: std::path::PathBuf, source: std::io::Error },
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
+    #[error(
+        "--tls-cert with --database: put the CA that signed the servers' certificates in {}; a server \
+         verifies the leader's certificate with it when it forwards a request",
+        .0.display()
+    )]
+    NoPeerCa(std::path::PathBuf),
+    #[error("--listen {addr}: {source}")]
+    Listen { addr: std::net::SocketAddr, source: std::io::Error },
+    #[error(
+        "--advertise: with --database, say where the other servers reach this one (--listen {0} is every \
+         address)"
+    )]
+    Advertise(std::net::SocketAddr),
+    /// The store could not be opened, or the writer could not start on it.
+    #[error(transparent)]
+    Open(#[from] crate::engine::OpenError),
+    #[error("cannot start the {0} thread: {1}")]
+    Thread(&'static str, std::io::Error),
+    #[error("the {0} thread ended before it was ready")]
+    NotReady(&'static str),
+    /// The client that forwards requests to the leader.
+    #[error("{what}: {source}")]
+    Proxy { what: &'static str, source: reqwest::Error },
+    #[error("serving: {0}")]
+    Serving(std::io::Error),
+    #[error(transparent)]
+    Task(#[from] tokio::task::JoinError),
+}
+
 /// The data dir holds tenants' environments, output and the tokens: only
 /// the server's user may read it. Files made before this rule are fixed.
-pub(super) fn private_data_dir(dir: &std::path::Path) -> Result<(), String> {
+pub(super) fn private_data_dir(dir: &std::path::Path) -> Result<(), ServeError> {
     use std::os::unix::fs::PermissionsExt;
     nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
-    std::fs::create_dir_all(dir.join("logs")).map_err(|e| format!("--data-dir {}: {e}", dir.display()))?;
-    let chmod = |path: &std::path::Path, mode: u32| -> Result<(), String> {
+    std::fs::create_dir_all(dir.join("logs"))
+        .map_err(|source| ServeError::DataDir { path: dir.to_path_buf(), source })?;
+    let file = |path: &std::path::Path| {
+        let path = path.to_path_buf();
+        move |source| ServeError::File { path, source }
+    };
+    let chmod = |path: &std::path::Path, mode: u32| -> Result<(), ServeError> {
         match std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(format!("{}: {e}", path.display())),
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(file(path)(e)),
             _ => Ok(()),
         }
     };
@@ -35,8 +81,9 @@ pub(super) fn private_data_dir(dir: &std::path::Path) -> Result<(), String> {
     for name in ["ebb.db", "ebb.db-wal", "ebb.db-shm", "admin.token", "join.token"] {
         chmod(&dir.join(name), 0o600)?;
     }
-    for entry in std::fs::read_dir(dir.join("logs")).map_err(|e| format!("{}: {e}", dir.display()))? {
-        let entry = entry.map_err(|e| e.to_string())?;
+    let logs = dir.join("logs");
+    for entry in std::fs::read_dir(&logs).map_err(file(&logs))? {
+        let entry = entry.map_err(file(&logs))?;
         chmod(&entry.path(), 0o600)?;
     }
     Ok(())
@@ -53,13 +100,13 @@ fn start_writer<S: Store + 'static>(
     feed: crate::engine::Feed,
     role: Arc<Role>,
     url: String,
-) -> Result<Vec<String>, String> {
+) -> Result<Vec<String>, ServeError> {
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name("ebb-writer".into())
         .spawn(move || {
             let opened = open()
-                .map_err(|e| e.to_string())
+                .map_err(crate::engine::OpenError::from)
                 .and_then(|store| crate::leader::lead(store, config, &tokens, &feed, &role, 0, &url));
             match opened {
                 Ok((engine, rx, created)) => {
@@ -75,27 +122,23 @@ fn start_writer<S: Store + 'static>(
                 }
             }
         })
-        .map_err(|e| format!("cannot start the writer thread: {e}"))?;
-    ready_rx.recv().map_err(|_| "the writer thread ended before it was ready".to_string())?
+        .map_err(|e| ServeError::Thread("writer", e))?;
+    Ok(ready_rx.recv().map_err(|_| ServeError::NotReady("writer"))??)
 }
 
-pub async fn serve(config: ServerConfig) -> Result<(), String> {
+pub async fn serve(config: ServerConfig) -> Result<(), ServeError> {
     exit_on_panic();
     let dir = &config.engine.data_dir;
     nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
     // Before anything in the directory is touched; held until the process ends.
-    let _owner = crate::lock::lock_dir(dir, "ebb server").map_err(|e| e.to_string())?;
+    let _owner = crate::lock::lock_dir(dir, "ebb server")?;
     private_data_dir(dir)?;
     let tls = crate::tls::ServerTls::prepare(&config.tls, dir, config.listen)?;
     for path in tls.iter().flat_map(|t| &t.written) {
         eprintln!("ebb server: wrote {}", path.display());
     }
     if config.database.is_some() && tls.as_ref().is_some_and(|t| t.ca.is_none()) {
-        return Err(format!(
-            "--tls-cert with --database: put the CA that signed the servers' certificates in {}; \
-             a server verifies the leader's certificate with it when it forwards a request",
-            dir.join(crate::tls::CA_CERT).display()
-        ));
+        return Err(ServeError::NoPeerCa(dir.join(crate::tls::CA_CERT)));
     }
     // A personal cluster (`ebb up`) runs every job as its own user: no news.
     let own_user = nix::unistd::User::from_uid(nix::unistd::geteuid()).ok().flatten().map(|u| u.name);
@@ -118,8 +161,8 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
     // answers, and `--listen 127.0.0.1:0` picks its port here.
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
-        .map_err(|e| format!("--listen {}: {e}", config.listen))?;
-    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        .map_err(|source| ServeError::Listen { addr: config.listen, source })?;
+    let addr = listener.local_addr().map_err(|source| ServeError::Listen { addr: config.listen, source })?;
     let url = format!("{}://{addr}", if tls.is_some() { "https" } else { "http" });
     let role = Arc::new(Role::default());
     let feed: crate::engine::Feed = Arc::new(tokio::sync::watch::Sender::new(0));
@@ -132,12 +175,7 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
         Some(database) => {
             let advertise = match &config.advertise {
                 Some(advertise) => advertise.trim_end_matches('/').to_string(),
-                None if addr.ip().is_unspecified() => {
-                    return Err(format!(
-                        "--advertise: with --database, say where the other servers reach this one \
-                         (--listen {addr} is every address)"
-                    ))
-                }
+                None if addr.ip().is_unspecified() => return Err(ServeError::Advertise(addr)),
                 None => url.clone(),
             };
             let lease = LeaseConfig { database: database.clone(), url: advertise, lease: config.lease };
@@ -146,8 +184,7 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
             tokio::task::spawn_blocking(move || {
                 crate::leader::start(lease, engine_config, tokens, role, feed)
             })
-            .await
-            .map_err(|e| e.to_string())??
+            .await??
         }
     };
     for path in created {
@@ -176,7 +213,9 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
         registries: config.registries.clone(),
     };
     let router = router(app, role, proxy);
-    std::fs::write(dir.join("server.url"), format!("{url}\n")).map_err(|e| e.to_string())?;
+    let url_file = dir.join("server.url");
+    std::fs::write(&url_file, format!("{url}\n"))
+        .map_err(|source| ServeError::File { path: url_file, source })?;
     tracing::info!(%url, data_dir = %dir.display(), "ebb server listening");
     eprintln!("ebb server: listening on {url}");
     for line in tls.iter().flat_map(|t| t.join_hint(dir)) {
@@ -184,7 +223,7 @@ pub async fn serve(config: ServerConfig) -> Result<(), String> {
     }
     crate::tls::serve(listener, router, tls.as_ref(), config.connections, shutdown_signal())
         .await
-        .map_err(|e| e.to_string())
+        .map_err(ServeError::Serving)
 }
 
 pub(super) async fn shutdown_signal() {

@@ -41,6 +41,10 @@ pub enum StoreError {
     /// writes nothing more (`leader.rs`).
     #[error("storage: deposed: {0}")]
     Deposed(String),
+    /// The connection string (`--database`) cannot be used: retrying the
+    /// same one cannot help.
+    #[error("storage: --database: {0}")]
+    Target(Box<pg_tls::TargetError>),
     /// A file beside the database (a job's log, the write-ahead log) or a
     /// thread the store needs could not be used.
     #[error("storage: {0}")]

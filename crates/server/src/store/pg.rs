@@ -217,8 +217,7 @@ impl PgStore {
     /// key-value string; TLS as libpq's `sslmode` and `sslrootcert` ask,
     /// see [`pg_tls`](super::pg_tls)) and brings its schema to this ebb's.
     pub fn open(url: &str) -> Result<PgStore> {
-        let target = super::pg_tls::Target::parse(url)
-            .map_err(|e| StoreError::Connection(format!("--database: {e}")))?;
+        let target = super::pg_tls::Target::parse(url).map_err(|e| StoreError::Target(Box::new(e)))?;
         let client = target.connect().map_err(|e| StoreError::Connection(format!("--database: {e}")))?;
         let session = Arc::new(Mutex::new(Session { client, prepared: HashMap::new() }));
         let mut store = PgStore { session, lease: None, pending: Pending::default(), ahead: None };

@@ -42,6 +42,45 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{CertificateError, DigitallySignedStruct, SignatureScheme};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
+/// Why a connection string's TLS options cannot be used, or the database
+/// not reached. Never repeats the string (it may hold a password).
+#[derive(Debug, thiserror::Error)]
+pub enum TargetError {
+    #[error("sslmode={0:?} is not one of disable, allow, prefer, require, verify-ca, verify-full")]
+    Mode(String),
+    #[error("{0} is empty")]
+    Empty(&'static str),
+    #[error("sslcert needs sslkey=FILE: the key of the client's certificate")]
+    CertWithoutKey,
+    #[error("sslkey needs sslcert=FILE: the client's certificate")]
+    KeyWithoutCert,
+    #[error("sslcert and sslkey need TLS, and sslmode=disable turns it off")]
+    ClientWithoutTls,
+    #[error("sslmode={0} needs sslrootcert=FILE: the CA (PEM) that signed the server's certificate")]
+    NoRoot(&'static str),
+    /// The connection string's syntax, or what postgres makes of it.
+    #[error("the connection string: {0}")]
+    Syntax(String),
+    /// A file an option names (`sslrootcert`, `sslcert`, `sslkey`).
+    #[error("{option} {}: {why}", path.display())]
+    File { option: &'static str, path: PathBuf, why: Box<dyn std::error::Error + Send + Sync> },
+    #[error("TLS: {0}")]
+    Tls(rustls::Error),
+    #[error("sslcert {} and sslkey {}: {source}", cert.display(), key.display())]
+    ClientAuth { cert: PathBuf, key: PathBuf, source: rustls::Error },
+    #[error("cannot connect to PostgreSQL: {words}{hint}")]
+    Connect { words: String, hint: &'static str },
+}
+
+/// The error of a file `option` names.
+fn file_error(
+    option: &'static str,
+    path: &std::path::Path,
+) -> impl FnOnce(Box<dyn std::error::Error + Send + Sync>) -> TargetError {
+    let path = path.to_path_buf();
+    move |why| TargetError::File { option, path, why }
+}
+
 /// libpq's `sslmode`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SslMode {
@@ -53,9 +92,9 @@ pub enum SslMode {
 }
 
 impl FromStr for SslMode {
-    type Err = String;
+    type Err = TargetError;
 
-    fn from_str(s: &str) -> Result<Self, String> {
+    fn from_str(s: &str) -> Result<Self, TargetError> {
         Ok(match s {
             "disable" => SslMode::Disable,
             // libpq's `allow` tries without TLS first; here it is `prefer`.
@@ -63,11 +102,7 @@ impl FromStr for SslMode {
             "require" => SslMode::Require,
             "verify-ca" => SslMode::VerifyCa,
             "verify-full" => SslMode::VerifyFull,
-            other => {
-                return Err(format!(
-                    "sslmode={other:?} is not one of disable, allow, prefer, require, verify-ca, verify-full"
-                ))
-            }
+            other => return Err(TargetError::Mode(other.to_string())),
         })
     }
 }
@@ -87,13 +122,13 @@ impl Target {
     /// Parses `url` (`postgres://…?sslmode=…&sslrootcert=…`, or
     /// `host=… sslmode=… sslrootcert=…`). The error names what was wrong
     /// and never repeats the string (it may hold a password).
-    pub fn parse(url: &str) -> Result<Target, String> {
+    pub fn parse(url: &str) -> Result<Target, TargetError> {
         let (rest, options) = take_tls_options(url)?;
         let mut mode = SslMode::Prefer;
         let (mut root, mut cert, mut key_file) = (None, None, None);
         for (key, value) in options {
             if key != TlsKey::Mode && value.is_empty() {
-                return Err(format!("{} is empty", key.name()));
+                return Err(TargetError::Empty(key.name()));
             }
             match key {
                 TlsKey::Mode => mode = value.parse()?,
@@ -105,22 +140,18 @@ impl Target {
         let client = match (cert, key_file) {
             (None, None) => None,
             (Some(cert), Some(key)) => Some((cert, key)),
-            (Some(_), None) => {
-                return Err("sslcert needs sslkey=FILE: the key of the client's certificate".into())
-            }
-            (None, Some(_)) => return Err("sslkey needs sslcert=FILE: the client's certificate".into()),
+            (Some(_), None) => return Err(TargetError::CertWithoutKey),
+            (None, Some(_)) => return Err(TargetError::KeyWithoutCert),
         };
         if client.is_some() && mode == SslMode::Disable {
-            return Err("sslcert and sslkey need TLS, and sslmode=disable turns it off".into());
+            return Err(TargetError::ClientWithoutTls);
         }
         if root.is_none() && matches!(mode, SslMode::VerifyCa | SslMode::VerifyFull) {
             let name = if mode == SslMode::VerifyCa { "verify-ca" } else { "verify-full" };
-            return Err(format!(
-                "sslmode={name} needs sslrootcert=FILE: the CA (PEM) that signed the server's certificate"
-            ));
+            return Err(TargetError::NoRoot(name));
         }
-        let mut config = Config::from_str(&rest)
-            .map_err(|e| format!("the connection string: {}", ebb_http::causes::chain(&e)))?;
+        let mut config =
+            Config::from_str(&rest).map_err(|e| TargetError::Syntax(ebb_http::causes::chain(&e)))?;
         config.ssl_mode(match mode {
             SslMode::Disable => PgSslMode::Disable,
             SslMode::Prefer => PgSslMode::Prefer,
@@ -130,30 +161,31 @@ impl Target {
     }
 
     /// The rustls configuration for this mode; `None` for `disable`.
-    pub fn client_config(&self) -> Result<Option<rustls::ClientConfig>, String> {
+    pub fn client_config(&self) -> Result<Option<rustls::ClientConfig>, TargetError> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
-            .map_err(|e| format!("TLS: {e}"))?;
+            .map_err(TargetError::Tls)?;
         let verifier: Arc<dyn ServerCertVerifier> = match (self.mode, &self.root) {
             (SslMode::Disable, _) => return Ok(None),
             (SslMode::Prefer, _) | (SslMode::Require, None) => Arc::new(Unchecked(provider)),
             (_, None) => unreachable!("parse refuses a verify mode without sslrootcert"),
             (mode, Some(root)) => {
                 let mut roots = rustls::RootCertStore::empty();
-                let certs = CertificateDer::pem_file_iter(root)
-                    .map_err(|e| format!("sslrootcert {}: {e}", root.display()))?;
+                let refused =
+                    |why: Box<dyn std::error::Error + Send + Sync>| file_error("sslrootcert", root)(why);
+                let certs = CertificateDer::pem_file_iter(root).map_err(|e| refused(e.into()))?;
                 for cert in certs {
-                    let cert = cert.map_err(|e| format!("sslrootcert {}: {e}", root.display()))?;
-                    roots.add(cert).map_err(|e| format!("sslrootcert {}: {e}", root.display()))?;
+                    let cert = cert.map_err(|e| refused(e.into()))?;
+                    roots.add(cert).map_err(|e| refused(e.into()))?;
                 }
                 if roots.is_empty() {
-                    return Err(format!("sslrootcert {}: no certificate in it", root.display()));
+                    return Err(refused("no certificate in it".into()));
                 }
                 let webpki =
                     rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
                         .build()
-                        .map_err(|e| format!("sslrootcert {}: {e}", root.display()))?;
+                        .map_err(|e| refused(e.into()))?;
                 if mode == SslMode::VerifyFull {
                     webpki
                 } else {
@@ -166,14 +198,15 @@ impl Target {
             return Ok(Some(builder.with_no_client_auth()));
         };
         let (chain, key) = client_identity(cert_file, key_file)?;
-        builder
-            .with_client_auth_cert(chain, key)
-            .map(Some)
-            .map_err(|e| format!("sslcert {} and sslkey {}: {e}", cert_file.display(), key_file.display()))
+        builder.with_client_auth_cert(chain, key).map(Some).map_err(|source| TargetError::ClientAuth {
+            cert: cert_file.clone(),
+            key: key_file.clone(),
+            source,
+        })
     }
 
     /// Connects as the mode asks.
-    pub fn connect(&self) -> Result<Client, String> {
+    pub fn connect(&self) -> Result<Client, TargetError> {
         let connected = match self.client_config()? {
             None => self.config.connect(NoTls),
             Some(tls) => self.config.connect(MakeRustlsConnect::new(tls)),
@@ -188,7 +221,7 @@ impl Target {
             } else {
                 ""
             };
-            format!("cannot connect to PostgreSQL: {words}{hint}")
+            TargetError::Connect { words, hint }
         })
     }
 }
@@ -198,17 +231,17 @@ impl Target {
 fn client_identity(
     cert: &std::path::Path,
     key: &std::path::Path,
-) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), String> {
+) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), TargetError> {
     let chain = CertificateDer::pem_file_iter(cert)
-        .map_err(|e| format!("sslcert {}: {e}", cert.display()))?
+        .map_err(|e| file_error("sslcert", cert)(e.into()))?
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("sslcert {}: {e}", cert.display()))?;
+        .map_err(|e| file_error("sslcert", cert)(e.into()))?;
     if chain.is_empty() {
-        return Err(format!("sslcert {}: no certificate in it", cert.display()));
+        return Err(file_error("sslcert", cert)("no certificate in it".into()));
     }
-    let meta = std::fs::metadata(key).map_err(|e| format!("sslkey {}: {e}", key.display()))?;
-    key_file_private(meta.mode(), meta.uid()).map_err(|why| format!("sslkey {}: {why}", key.display()))?;
-    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| format!("sslkey {}: {e}", key.display()))?;
+    let meta = std::fs::metadata(key).map_err(|e| file_error("sslkey", key)(e.into()))?;
+    key_file_private(meta.mode(), meta.uid()).map_err(|why| file_error("sslkey", key)(why.into()))?;
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| file_error("sslkey", key)(e.into()))?;
     Ok((chain, key))
 }
 
@@ -216,15 +249,20 @@ fn client_identity(
 /// access for group or others (0600 at most); owned by root, read by its
 /// group at most (0640), so that a group the server's user is in may hold
 /// it.
-fn key_file_private(mode: u32, owner: u32) -> Result<(), String> {
+fn key_file_private(mode: u32, owner: u32) -> Result<(), KeyOpen> {
     let (limit, allowed) = if owner == 0 { (0o037, "u=rw,g=r (0640)") } else { (0o077, "u=rw (0600)") };
     if mode & limit != 0 {
-        return Err(format!(
-            "its permissions are {:04o}, open to others than its owner; allow at most {allowed}",
-            mode & 0o7777
-        ));
+        return Err(KeyOpen { mode: mode & 0o7777, allowed });
     }
     Ok(())
+}
+
+/// A client key file others than its owner may read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("its permissions are {mode:04o}, open to others than its owner; allow at most {allowed}")]
+struct KeyOpen {
+    mode: u32,
+    allowed: &'static str,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -258,7 +296,7 @@ impl TlsKey {
 
 /// The connection string without the TLS options, and their
 /// values in the order written (a later one wins, as in libpq).
-fn take_tls_options(url: &str) -> Result<(String, Vec<(TlsKey, String)>), String> {
+fn take_tls_options(url: &str) -> Result<(String, Vec<(TlsKey, String)>), TargetError> {
     let is_url = url.starts_with("postgres://") || url.starts_with("postgresql://");
     if is_url {
         let Some((head, query)) = url.split_once('?') else { return Ok((url.to_string(), Vec::new())) };
@@ -296,7 +334,7 @@ struct Pair {
 /// libpq's key-value form: `key = value` pairs apart by spaces; a value
 /// in single quotes may hold spaces; a backslash escapes the next
 /// character, in quotes or not.
-fn key_values(s: &str) -> Result<Vec<Pair>, String> {
+fn key_values(s: &str) -> Result<Vec<Pair>, TargetError> {
     let mut pairs = Vec::new();
     let mut chars = s.char_indices().peekable();
     loop {
@@ -308,7 +346,7 @@ fn key_values(s: &str) -> Result<Vec<Pair>, String> {
         }
         while chars.next_if(|(_, c)| c.is_whitespace()).is_some() {}
         if chars.next_if(|(_, c)| *c == '=').is_none() {
-            return Err(format!("the connection string: {key:?} has no `=` and value"));
+            return Err(TargetError::Syntax(format!("{key:?} has no `=` and value")));
         }
         while chars.next_if(|(_, c)| c.is_whitespace()).is_some() {}
         let mut value = String::new();
@@ -316,12 +354,12 @@ fn key_values(s: &str) -> Result<Vec<Pair>, String> {
         let end = loop {
             match chars.next() {
                 None if quoted => {
-                    return Err(format!("the connection string: {key}'s value has no closing quote"))
+                    return Err(TargetError::Syntax(format!("{key}'s value has no closing quote")))
                 }
                 None => break s.len(),
                 Some((_, '\\')) => match chars.next() {
                     Some((_, c)) => value.push(c),
-                    None => return Err(format!("the connection string: {key}'s value ends in a backslash")),
+                    None => return Err(TargetError::Syntax(format!("{key}'s value ends in a backslash"))),
                 },
                 Some((i, '\'')) if quoted => break i + 1,
                 Some((i, c)) if !quoted && c.is_whitespace() => break i,
@@ -332,7 +370,7 @@ fn key_values(s: &str) -> Result<Vec<Pair>, String> {
     }
 }
 
-fn percent_decode(s: &str) -> Result<String, String> {
+fn percent_decode(s: &str) -> Result<String, TargetError> {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -340,7 +378,7 @@ fn percent_decode(s: &str) -> Result<String, String> {
         if bytes[i] == b'%' {
             let hex = s.get(i + 1..i + 3).and_then(|h| u8::from_str_radix(h, 16).ok());
             let Some(b) = hex else {
-                return Err("the connection string: a `%` not followed by two hex digits".into());
+                return Err(TargetError::Syntax("a `%` not followed by two hex digits".into()));
             };
             out.push(b);
             i += 3;
@@ -349,7 +387,7 @@ fn percent_decode(s: &str) -> Result<String, String> {
             i += 1;
         }
     }
-    String::from_utf8(out).map_err(|_| "the connection string: a %-escape that is not UTF-8".into())
+    String::from_utf8(out).map_err(|_| TargetError::Syntax("a %-escape that is not UTF-8".into()))
 }
 
 /// `require` without a CA: the channel is encrypted and the handshake's
@@ -492,7 +530,7 @@ mod tests {
             ("host=db sslmode=disable sslcert=/c.pem sslkey=/k.pem", "sslmode=disable turns it off"),
         ];
         for (url, expected) in cases {
-            let e = Target::parse(url).unwrap_err();
+            let e = Target::parse(url).unwrap_err().to_string();
             assert!(e.contains(expected), "{url}: {e}");
             assert!(!e.contains("hunter2"), "{url}: {e}");
         }
@@ -512,7 +550,7 @@ mod tests {
             assert_eq!((t.mode, t.config.get_ssl_mode()), (mode, pg), "{url}");
         }
         let t = Target::parse("host=db sslmode=verify-full sslrootcert=/nonexistent/ca.pem").unwrap();
-        let e = t.client_config().unwrap_err();
+        let e = t.client_config().unwrap_err().to_string();
         assert!(e.starts_with("sslrootcert /nonexistent/ca.pem: "), "{e}");
         assert!(Target::parse("host=db sslmode=disable").unwrap().client_config().unwrap().is_none());
     }
@@ -543,7 +581,7 @@ mod tests {
         assert!(t.client_config().unwrap().unwrap().client_auth_cert_resolver.has_certs());
 
         let refused = |cert: &std::path::Path, key: &std::path::Path, why: &str| {
-            let e = target(cert, key).client_config().unwrap_err();
+            let e = target(cert, key).client_config().unwrap_err().to_string();
             assert!(e.contains(why), "{e}");
         };
         refused(&dir.join("none.pem"), &key_file, "none.pem: ");
@@ -566,10 +604,10 @@ mod tests {
     fn a_key_file_may_be_read_by_its_owner_and_by_roots_group_only() {
         assert_eq!(key_file_private(0o100600, 1000), Ok(()));
         assert_eq!(key_file_private(0o100400, 1000), Ok(()));
-        assert!(key_file_private(0o100640, 1000).unwrap_err().contains("0640"));
-        assert!(key_file_private(0o100644, 1000).unwrap_err().contains("at most u=rw (0600)"));
+        assert!(key_file_private(0o100640, 1000).unwrap_err().to_string().contains("0640"));
+        assert!(key_file_private(0o100644, 1000).unwrap_err().to_string().contains("at most u=rw (0600)"));
         assert_eq!(key_file_private(0o100640, 0), Ok(()));
-        assert!(key_file_private(0o100660, 0).unwrap_err().contains("at most u=rw,g=r (0640)"));
+        assert!(key_file_private(0o100660, 0).unwrap_err().to_string().contains("at most u=rw,g=r (0640)"));
         assert!(key_file_private(0o100604, 0).is_err());
     }
 
@@ -605,14 +643,17 @@ mod tests {
                 Ok(t) => {
                     prop_assert!(!cert.is_empty() && !key.is_empty() && mode != "disable");
                     prop_assert_eq!(&t.client, &Some((PathBuf::from(&cert), PathBuf::from(&key))));
-                    let e = t.client_config().unwrap_err();
+                    let e = t.client_config().unwrap_err().to_string();
                     prop_assert!(e.starts_with("sslrootcert ") || e.starts_with("sslcert "), "{}", e);
                 }
-                Err(e) => prop_assert!(
-                    e.contains("sslcert") || e.contains("sslkey") || e.contains("sslmode=disable"),
-                    "{}",
-                    e
-                ),
+                Err(e) => {
+                    let e = e.to_string();
+                    prop_assert!(
+                        e.contains("sslcert") || e.contains("sslkey") || e.contains("sslmode=disable"),
+                        "{}",
+                        e
+                    )
+                }
             }
         }
 
