@@ -117,12 +117,14 @@ mod tests {
         let dir = std::env::temp_dir();
         let config = EngineConfig::for_tests(&dir);
         let mut fleet = Fleet::default();
+        let tenants = Tenants::default();
         let fx = effects::Recorded { now: 1_000, ..Default::default() };
         let mut p = Parts {
             jobs: &mut jobs,
             core: &mut core,
             admission: &mut admission,
             fleet: &mut fleet,
+            tenants: &tenants,
             config: &config,
             fx,
         };

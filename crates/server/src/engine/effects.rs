@@ -134,6 +134,7 @@ pub(super) struct Parts<'a, F> {
     pub core: &'a mut State,
     pub admission: &'a mut Admission,
     pub fleet: &'a mut Fleet,
+    pub tenants: &'a Tenants,
     pub config: &'a EngineConfig,
     pub fx: F,
 }
@@ -156,9 +157,9 @@ impl<S: Store> Engine<S> {
             fleet,
             ..
         } = self;
-        let config: &EngineConfig = config;
+        let (config, tenants): (&EngineConfig, &Tenants) = (config, tenants);
         let fx = Writes { store, outbox, webhooks, tenants, config, counters, now: *now };
-        Parts { jobs, core, admission, fleet, config, fx }
+        Parts { jobs, core, admission, fleet, tenants, config, fx }
     }
 }
 

@@ -1,5 +1,6 @@
 //! Launch details: the checkpoint interval, a gang's rendezvous and its torchrun variables.
 
+use super::table::JobTable;
 use super::*;
 
 impl<S: Store> Engine<S> {
@@ -18,19 +19,30 @@ impl<S: Store> Engine<S> {
         Ok((model, rate, price.on_demand))
     }
 
-    /// What each node of job `id`'s new attempt is told to start: the
-    /// command, the tenant (its Unix user where the operator mapped it),
-    /// and the environment with the
-    /// checkpoint interval and, for a gang, its rank's rendezvous.
-    pub(super) fn starts(&self, id: JobId) -> Vec<(String, StartAttempt)> {
-        self.starts_of(&self.jobs[&id])
+    /// What a start carries beyond the job's record.
+    pub(super) fn launch(&self) -> Launch<'_> {
+        Launch { config: &self.config, tenants: &self.tenants, fleet: &self.fleet }
     }
+}
 
-    /// [`Engine::starts`] of `job` as it stands (a staged start's, placed
-    /// as it will be).
-    pub(super) fn starts_of(&self, job: &JobRecord) -> Vec<(String, StartAttempt)> {
+/// What a start carries beyond the job's record, read where it is
+/// sent: the operator's rules (run-as users, images), tenants' names and
+/// registry logins, and the nodes (addresses, exposure, taken ports).
+pub(super) struct Launch<'a> {
+    pub config: &'a EngineConfig,
+    pub tenants: &'a Tenants,
+    pub fleet: &'a Fleet,
+}
+
+impl Launch<'_> {
+    /// What each node of `job`'s attempt, placed as its record says (a
+    /// staged start's, placed as it will be), is told to start: the
+    /// command, the tenant (its Unix user where the operator mapped it),
+    /// and the environment with the checkpoint interval and, for a gang,
+    /// its rank's rendezvous.
+    pub fn starts(&self, job: &JobRecord) -> Vec<(String, StartAttempt)> {
         let id = job.id;
-        let tenant = self.tenant_name(job.tenant);
+        let tenant = self.tenants.names.get(&job.tenant).cloned().unwrap_or_default();
         let run_as = self.config.run_as.user(&tenant).map(str::to_string);
         let interval = job.interval.as_ref().map(|(s, _)| s.to_string()).unwrap_or_default();
         let nodes = job.placement.len();
@@ -104,11 +116,11 @@ impl<S: Store> Engine<S> {
             .collect()
     }
 
-    /// Young/Daly for job `id` about to run on `placement`: δ from its own
+    /// Young/Daly for `job` about to run on `placement`: δ from its own
     /// checkpoints, M from the interruptions seen on nodes of that model.
-    pub(super) fn recommend(
+    pub fn recommend(
         &self,
-        id: JobId,
+        job: &JobRecord,
         placement: &[Part],
         now: u64,
     ) -> ebb_core::checkpoint::Recommendation {
@@ -121,22 +133,21 @@ impl<S: Store> Engine<S> {
             node_time: Span(u64::try_from(node_time).unwrap_or(u64::MAX)),
             interruptions: sums.interruptions,
         };
-        let delta = self.jobs[&id].checkpoints.checkpoint_time();
+        let delta = job.checkpoints.checkpoint_time();
         ebb_core::checkpoint::recommend(delta, exposure, placement.len() as u32)
     }
 
     /// Where a gang led by `leader` meets: the leader's address and the
     /// lowest port from 29500 that no live gang there uses and no agent
     /// there found taken by another program.
-    pub(super) fn rendezvous(&self, leader: &str) -> (String, u16) {
+    pub fn rendezvous(&self, jobs: &JobTable, leader: &str) -> (String, u16) {
         let addr = self
             .fleet
             .nodes
             .get(leader)
             .and_then(|n| n.address.clone())
             .unwrap_or_else(|| leader.to_string());
-        let taken: BTreeSet<u16> = self
-            .jobs
+        let taken: BTreeSet<u16> = jobs
             .values()
             .filter(|j| j.state.is_live())
             .filter_map(|j| j.rendezvous.as_ref())

@@ -90,6 +90,7 @@ pub use job::{
     restart_backoff_ms, ArrayTask, CheckpointStats, DrainNotice, Drained, JobRecord, JobState, Part, Restart,
     StoredSpec, Waiting, QUICK_EXIT_MS,
 };
+use launch::Launch;
 pub use lines::{Lines, QuietPoll};
 pub use plan::BATCH_STARTS;
 use recovery::gpu_indices;

@@ -170,9 +170,9 @@ impl<S: Store> Engine<S> {
         }
     }
 
-    /// A new attempt: its rate fixed, its record reset for the attempt, and
-    /// a start sent to each of its nodes.
-    /// A start staged ahead (`staged`) is that start: not sent again.
+    /// A new attempt (`p`): what it carries is settled here (its nodes by
+    /// name, its rate, its checkpoint interval, a gang's rendezvous, a
+    /// start staged ahead, which is that start), then [`begin_attempt`].
     pub(super) fn placed(&mut self, p: &Placement, now: u64) -> Written {
         let id = p.job;
         let placement = self.named(&p.alloc);
@@ -187,47 +187,83 @@ impl<S: Store> Engine<S> {
             }
             None => None,
         };
-        let (seconds, why) = match &staged {
+        let interval = match &staged {
             Some(s) => s.interval.clone(),
             None => {
-                let recommendation = self.recommend(id, &placement, now);
+                let recommendation = self.launch().recommend(&self.jobs[&id], &placement, now);
                 (recommendation.interval.as_secs(), self.why_text(&recommendation))
             }
         };
-        let rendezvous = (placement.len() > 1).then(|| self.rendezvous(&placement[0].node));
+        let rendezvous =
+            (placement.len() > 1).then(|| self.launch().rendezvous(&self.jobs, &placement[0].node));
         let billing = self.rates(self.jobs[&id].tier, &placement[0].node)?;
-        let job = self.jobs.get_mut(&id).expect("known job");
-        job.billing = Some(billing);
-        job.interval = Some((seconds, why.clone()));
-        job.rendezvous = rendezvous;
-        job.run_started_ms = None;
-        job.started_on.clear();
-        job.attempt_checkpoint_ms = None;
-        job.exited_ms = 0;
-        job.state = JobState::Starting;
-        job.attempt = p.attempt;
-        job.placement = placement.clone();
-        job.running_on = placement.iter().map(|p| p.node.clone()).collect();
-        job.started_ms = now;
-        job.drain = None;
-        job.held.clear();
-        job.waiting_for.clear();
-        job.exit_code = None;
-        job.exit_signal = None;
-        if let Some(drill) = job.drill.as_mut() {
-            drill.placed(p.attempt, &placement[0].node);
-        }
-        if staged.is_none() {
-            for (node, start) in self.starts(id) {
-                self.outbox.push(&node, Action::Start(start));
-            }
-        }
-        let placement = placement.iter().map(Part::view).collect();
-        let interval = CheckpointInterval { seconds, why };
-        let detail = PlacedDetail { placement, from_hold: p.from_hold, checkpoint_interval: Some(interval) };
-        self.event(id, Event::Placed(detail))?;
-        self.save(id)
+        let new = NewAttempt {
+            attempt: p.attempt,
+            from_hold: p.from_hold,
+            placement,
+            billing,
+            interval,
+            rendezvous,
+            sent_ahead: staged.is_some(),
+        };
+        begin_attempt(&mut self.parts(), id, new)
     }
+}
+
+/// What a new attempt carries, settled where it is placed.
+pub(super) struct NewAttempt {
+    pub attempt: Attempt,
+    /// Placed on the GPUs its job held for it (a preemptor's).
+    pub from_hold: bool,
+    pub placement: Vec<Part>,
+    /// (model, the tier's rate, on-demand's), per GPU-hour.
+    pub billing: (String, i64, i64),
+    /// The checkpoint interval, seconds, and why.
+    pub interval: (u64, String),
+    /// A gang's rendezvous: its first node's address and a port.
+    pub rendezvous: Option<(String, u16)>,
+    /// Its start was staged ahead on its node: not sent again.
+    pub sent_ahead: bool,
+}
+
+/// Job `id`'s new attempt begins: its record reset for it, a start sent
+/// to each of its nodes (unless it went ahead), and the timeline has it.
+pub(super) fn begin_attempt(p: &mut Parts<'_, impl Effects>, id: JobId, new: NewAttempt) -> Written {
+    let NewAttempt { attempt, from_hold, placement, billing, interval, rendezvous, sent_ahead } = new;
+    let now = p.fx.now();
+    let job = p.jobs.get_mut(&id).expect("known job");
+    job.billing = Some(billing);
+    job.interval = Some(interval.clone());
+    job.rendezvous = rendezvous;
+    job.run_started_ms = None;
+    job.started_on.clear();
+    job.attempt_checkpoint_ms = None;
+    job.exited_ms = 0;
+    job.state = JobState::Starting;
+    job.attempt = attempt;
+    job.running_on = placement.iter().map(|p| p.node.clone()).collect();
+    job.started_ms = now;
+    job.drain = None;
+    job.held.clear();
+    job.waiting_for.clear();
+    job.exit_code = None;
+    job.exit_signal = None;
+    if let Some(drill) = job.drill.as_mut() {
+        drill.placed(attempt, &placement[0].node);
+    }
+    let shown = placement.iter().map(Part::view).collect();
+    job.placement = placement;
+    if !sent_ahead {
+        let launch = Launch { config: p.config, tenants: p.tenants, fleet: p.fleet };
+        for (node, start) in launch.starts(&p.jobs[&id]) {
+            p.fx.send(&node, Action::Start(start));
+        }
+    }
+    let (seconds, why) = interval;
+    let interval = CheckpointInterval { seconds, why };
+    let detail = PlacedDetail { placement: shown, from_hold, checkpoint_interval: Some(interval) };
+    p.fx.event(&p.jobs[&id], Event::Placed(detail))?;
+    effects::save(p.jobs, &mut p.fx, id)
 }
 
 /// Gives the live attempt `d` drains its notice, said as `(reason,
@@ -315,5 +351,71 @@ mod tests {
         assert_eq!((notice.deadline_ms, &notice.cause), (360_000, &Drained::Preempted { by: JobId(9) }));
         // Started: no end at the deadline by the server's own hand.
         assert_eq!(jobs.unstarted.pop_due(u64::MAX), None);
+    }
+
+    #[test]
+    fn a_gangs_new_attempt_sends_each_node_its_rank_and_one_staged_ahead_is_not_sent_again() {
+        // Job 5's attempt 2 ended; attempt 3 goes to nodes a and b.
+        let mut queued = JobRecord::running_gang(JobId(5), Attempt(2), &["x"]);
+        queued.state = JobState::Queued;
+        queued.running_on.clear();
+        let mut jobs = JobTable::new(JobId(6));
+        jobs.insert(JobId(5), Box::new(queued));
+        let (mut core, mut admission, mut fleet) = (State::new(), Admission::default(), Fleet::default());
+        let mut tenants = Tenants::default();
+        tenants.names.insert(TenantId(1), "alpha".into());
+        let config = EngineConfig::for_tests(&std::env::temp_dir());
+        let fx = effects::Recorded { now: 90_000, ..Default::default() };
+        let mut p = Parts {
+            jobs: &mut jobs,
+            core: &mut core,
+            admission: &mut admission,
+            fleet: &mut fleet,
+            tenants: &tenants,
+            config: &config,
+            fx,
+        };
+        let new = |sent_ahead| NewAttempt {
+            attempt: Attempt(3),
+            from_hold: false,
+            placement: vec![Part::new("a", vec![0, 1]), Part::new("b", vec![2, 3])],
+            billing: ("H100".into(), 1_000_000, 2_000_000),
+            interval: (600, "why".into()),
+            rendezvous: Some(("10.0.0.1".into(), 29501)),
+            sent_ahead,
+        };
+        begin_attempt(&mut p, JobId(5), new(false)).unwrap();
+
+        let starts: Vec<(&str, &StartAttempt)> =
+            p.fx.sent
+                .iter()
+                .filter_map(|(node, a)| match a {
+                    Action::Start(s) => Some((node.as_str(), s)),
+                    _ => None,
+                })
+                .collect();
+        assert_eq!(starts.len(), 2);
+        for (rank, (node, start)) in starts.iter().enumerate() {
+            assert_eq!(*node, ["a", "b"][rank]);
+            assert_eq!(start.attempt, AttemptRef { job: JobId(5), attempt: Attempt(3) });
+            assert_eq!((start.tenant.as_str(), start.gpus.len()), ("alpha", 2));
+            assert_eq!(start.env["NODE_RANK"], rank.to_string());
+            assert_eq!(
+                (start.env["MASTER_ADDR"].as_str(), start.env["MASTER_PORT"].as_str()),
+                ("10.0.0.1", "29501")
+            );
+            assert_eq!(start.env["EBB_CHECKPOINT_INTERVAL_S"], "600");
+            assert_eq!(start.rendezvous_port, (rank == 0).then_some(29501), "the first node checks the port");
+        }
+        let job = &p.jobs[&JobId(5)];
+        assert_eq!((job.state, job.attempt, job.started_ms), (JobState::Starting, Attempt(3), 90_000));
+        assert_eq!(job.running_on, ["a", "b"]);
+        assert!(matches!(&p.fx.events[..], [(JobId(5), Event::Placed(d))] if d.placement.len() == 2));
+        assert_eq!(p.fx.saved.len(), 1);
+
+        // A start staged ahead on its node is that start: nothing is sent.
+        p.fx.sent.clear();
+        begin_attempt(&mut p, JobId(5), new(true)).unwrap();
+        assert!(p.fx.sent.is_empty(), "{:?}", p.fx.sent);
     }
 }

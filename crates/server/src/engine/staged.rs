@@ -47,7 +47,7 @@ impl<S: Store> Engine<S> {
         }
         let placement = vec![Part::new(node.clone(), gpus.clone())];
         let Ok(attempt) = self.core.stage(id) else { return };
-        let recommendation = self.recommend(id, &placement, now);
+        let recommendation = self.launch().recommend(&self.jobs[&id], &placement, now);
         let why = self.why_text(&recommendation);
         let staged = StagedStart {
             attempt,
@@ -70,7 +70,7 @@ impl<S: Store> Engine<S> {
         placed.placement = job.held.clone();
         placed.interval = Some(staged.interval.clone());
         placed.rendezvous = None;
-        for (node, mut start) in self.starts_of(&placed) {
+        for (node, mut start) in self.launch().starts(&placed) {
             start.when_gpus_free = true;
             self.outbox.push(&node, Action::Start(start));
         }
