@@ -72,11 +72,11 @@ impl<S: Store> Engine<S> {
                 }
                 self.core.heartbeat(id, Time(now)).map_err(|e| Refusal::conflict(e.to_string()))?;
                 self.heard(&reg.node, now)?;
-                self.agent_started_again(&reg.node)?;
+                fleet::agent_started_again(&mut self.parts(), &reg.node)?;
                 let row = &self.fleet.nodes[&reg.node];
                 if reg.address.is_some() && row.address != reg.address {
                     let row = NodeRow { address: reg.address.clone(), ..row.clone() };
-                    self.fleet.write(row, &mut self.store, &mut self.outbox)?;
+                    self.write_node(row)?;
                 }
                 return Ok(());
             }
@@ -108,7 +108,7 @@ impl<S: Store> Engine<S> {
             gpu_faults: known.map_or_else(Vec::new, |n| n.gpu_faults.clone()),
             health: known.map_or_else(Vec::new, |n| n.health.clone()),
         };
-        self.fleet.write(row, &mut self.store, &mut self.outbox)?;
+        self.write_node(row)?;
         self.money.price_for(&reg.gpu_model, &self.config.pricing, &mut self.store, &mut self.outbox)?;
         self.rate_models();
         self.apply_quotas();
@@ -168,7 +168,7 @@ impl<S: Store> Engine<S> {
         if held.difference(&running).next().is_some() {
             // The agent came back without attempts it was running: an
             // interruption without notice.
-            self.fleet.interrupted(node, &mut self.store, &mut self.outbox)?;
+            self.node_interrupted(node)?;
         }
         for attempt in held {
             if running.contains(&attempt) {
@@ -400,7 +400,9 @@ impl<S: Store> Engine<S> {
         }
         match event {
             AgentEvent::Health { findings, at_ms } => self.health_reported(node, findings, at_ms, now)?,
-            AgentEvent::Stopping { stop_timeout_ms, .. } => self.agent_stopping(node, stop_timeout_ms)?,
+            AgentEvent::Stopping { stop_timeout_ms, .. } => {
+                fleet::agent_stopping(&mut self.parts(), node, stop_timeout_ms)?
+            }
             AgentEvent::Output { attempt, data } => {
                 // Only the nodes the attempt was placed on write its log.
                 let gang = self.jobs[&attempt.job].placement.len() > 1;
@@ -442,11 +444,7 @@ impl<S: Store> Engine<S> {
     /// When `node` was last heard from: by this server, or else by the
     /// one before it.
     pub(super) fn last_contact(&self, node: &str) -> Option<u64> {
-        if self.fleet.heard_since_start.contains(node) {
-            let id = self.core.node_by_name(node)?;
-            return Some(self.core.node(id)?.last_heartbeat.0);
-        }
-        self.fleet.heard_before.get(node).copied()
+        fleet::last_contact(&self.fleet, &self.core, node)
     }
 
     /// Records contact with `node`, durably while it runs attempts, so

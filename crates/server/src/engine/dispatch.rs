@@ -143,7 +143,7 @@ impl<S: Store> Engine<S> {
                 self.answer(reply, result)?;
             }
             Msg::RemoveNode { name, reply } => {
-                let result = self.remove_node(&name, now);
+                let result = self.remove_node(&name);
                 self.answer(reply, result)?;
             }
             Msg::RotateJoinToken { reply } => {

@@ -28,6 +28,11 @@ pub(super) trait Effects {
     fn stored_job(&mut self, id: JobId) -> Written<Option<JobRecord>>;
     /// What the writer counts for its metrics.
     fn counters(&mut self) -> &mut crate::metrics::Counters;
+    /// Writes a node's row.
+    fn put_node(&mut self, row: &NodeRow) -> Written;
+    /// Node `node`'s event `name`, said as `text`, for the operator's
+    /// webhooks.
+    fn node_event(&mut self, node: &str, name: &'static str, text: &str) -> Written;
 }
 
 /// Saves job `id`: the table's bookkeeping, then its record written.
@@ -124,6 +129,15 @@ impl<S: Store> Effects for Writes<'_, S> {
     fn counters(&mut self) -> &mut crate::metrics::Counters {
         self.counters
     }
+
+    fn put_node(&mut self, row: &NodeRow) -> Written {
+        self.outbox.changed = true;
+        self.store.put_node(row)
+    }
+
+    fn node_event(&mut self, node: &str, name: &'static str, text: &str) -> Written {
+        self.webhooks.node_event(self.store, self.outbox, self.now, (node, name, text))
+    }
 }
 
 /// The parts of the writer a handler over parts is given, borrowed apart:
@@ -177,6 +191,9 @@ pub(super) struct Recorded {
     /// What the store holds of jobs the table does not.
     pub stored: BTreeMap<JobId, JobRecord>,
     pub counters: crate::metrics::Counters,
+    pub nodes: Vec<NodeRow>,
+    /// Each node event: the node, its name and text.
+    pub node_events: Vec<(String, &'static str, String)>,
 }
 
 #[cfg(test)]
@@ -210,5 +227,15 @@ impl Effects for Recorded {
 
     fn counters(&mut self) -> &mut crate::metrics::Counters {
         &mut self.counters
+    }
+
+    fn put_node(&mut self, row: &NodeRow) -> Written {
+        self.nodes.push(row.clone());
+        Ok(())
+    }
+
+    fn node_event(&mut self, node: &str, name: &'static str, text: &str) -> Written {
+        self.node_events.push((node.to_string(), name, text.to_string()));
+        Ok(())
     }
 }

@@ -1,96 +1,39 @@
 //! Nodes as the operator and the heartbeat timeout change them: drain, reclaim, removal, loss.
 
+use super::effects;
 use super::ending::EndNote;
+use super::table::JobTable;
 use super::*;
 
 use ebb_api::DRAINED_FOR_AGENT_STOP as AGENT_STOPPING;
 
 impl<S: Store> Engine<S> {
-    /// The core released every hold on `node` (lost or drained): so does
-    /// the record.
-    pub(super) fn forget_holds_on(&mut self, node: &str) -> Written {
-        let holders: Vec<JobId> =
-            self.jobs.values().filter(|j| j.held.iter().any(|p| p.node == node)).map(|j| j.id).collect();
-        for id in holders {
-            let job = self.jobs.get_mut(&id).expect("known job");
-            job.held.clear();
-            job.waiting_for.clear();
-            self.save(id)?;
-        }
-        Ok(())
+    /// [`Fleet::write`], over the writer's effects.
+    pub(super) fn write_node(&mut self, row: NodeRow) -> Written {
+        let Parts { fleet, mut fx, .. } = self.parts();
+        fleet.write(row, &mut fx)
     }
 
+    /// [`Fleet::interrupted`], over the writer's effects.
+    pub(super) fn node_interrupted(&mut self, node: &str) -> Written {
+        let Parts { fleet, mut fx, .. } = self.parts();
+        fleet.interrupted(node, &mut fx)
+    }
+
+    /// Node `node`'s event, for the operator's webhooks.
+    pub(super) fn node_event(&mut self, node: &str, name: &'static str, text: &str) -> Written {
+        self.parts().fx.node_event(node, name, text)
+    }
+
+    /// `ebb drain NODE`: [`drain_node`], answered with the node's view.
     pub(super) fn drain_node(&mut self, name: &str) -> Result<ebb_api::Node, Fail> {
-        let id = self
-            .core
-            .node_by_name(name)
-            .ok_or_else(|| Refusal::not_found(format!("node {name}: not found")))?;
-        self.core.drain_node(id).map_err(|e| Refusal::conflict(e.to_string()))?;
-        self.forget_holds_on(name)?;
-        let row = NodeRow { drained: true, drained_for: None, ..self.fleet.nodes[name].clone() };
-        self.fleet.write(row, &mut self.store, &mut self.outbox)?;
-        tracing::info!(node = name, "drained by the operator");
-        self.node_webhooks(name, "node_drained", "drained by the operator")?;
+        drain_node(&mut self.parts(), name)?;
         Ok(self.node_view(name))
     }
 
-    /// The node's agent was told to stop (SIGTERM): the node drains as
-    /// for the operator, saying why, so preemptible work gets its notice
-    /// and window and nothing new lands there; the agent ends what still
-    /// runs `stop_timeout_ms` later. A node drained already keeps the
-    /// drain it has (its notices are out).
-    pub(super) fn agent_stopping(&mut self, name: &str, stop_timeout_ms: u64) -> Written {
-        let Some(id) = self.core.node_by_name(name) else { return Ok(()) };
-        if matches!(self.core.node(id).map(|n| n.status), Some(NodeStatus::Cordoned | NodeStatus::Lost)) {
-            return Ok(());
-        }
-        if let Err(e) = self.core.drain_node(id) {
-            tracing::error!(node = name, "not drained for its agent's stop: {e}");
-            return Ok(());
-        }
-        self.forget_holds_on(name)?;
-        let timeout = Span(stop_timeout_ms.min(ebb_core::time::LAST_WRITABLE_MS)).human();
-        let why = format!("{AGENT_STOPPING}: what still runs after {timeout} is ended and requeued");
-        let row = NodeRow { drained: true, drained_for: Some(why.clone()), ..self.fleet.nodes[name].clone() };
-        self.fleet.write(row, &mut self.store, &mut self.outbox)?;
-        tracing::info!(node = name, "drained: {why}");
-        self.node_webhooks(name, "node_drained", &format!("drained: {why}"))
-    }
-
-    /// A node drained because its agent stopped takes work again once the
-    /// agent registers anew; any other drain stays until `ebb undrain`.
-    pub(super) fn agent_started_again(&mut self, name: &str) -> Written {
-        let Some(id) = self.core.node_by_name(name) else { return Ok(()) };
-        let row = &self.fleet.nodes[name];
-        let stopped = row.drained_for.as_deref().is_some_and(|why| why.starts_with(AGENT_STOPPING));
-        if !stopped || self.core.node(id).map(|n| n.status) != Some(NodeStatus::Cordoned) {
-            return Ok(());
-        }
-        if let Err(e) = self.core.undrain_node(id) {
-            tracing::error!(node = name, "not back in service after its agent's restart: {e}");
-            return Ok(());
-        }
-        let row = NodeRow { drained: false, drained_for: None, ..row.clone() };
-        self.fleet.write(row, &mut self.store, &mut self.outbox)?;
-        tracing::info!(node = name, "back in service: its agent started again");
-        self.node_webhooks(name, "node_back", "back in service: its agent started again")
-    }
-
-    /// `ebb undrain NODE`: a drained node takes work again.
+    /// `ebb undrain NODE`: [`undrain_node`], answered with the node's view.
     pub(super) fn undrain_node(&mut self, name: &str) -> Result<ebb_api::Node, Fail> {
-        let id = self
-            .core
-            .node_by_name(name)
-            .ok_or_else(|| Refusal::not_found(format!("node {name}: not found")))?;
-        if self.core.node(id).expect("known").status != NodeStatus::Cordoned {
-            let status = super::views::status_name(self.core.node(id).expect("known").status);
-            return Err(Refusal::conflict(format!("node {name}: not drained (it is {status})")).into());
-        }
-        self.core.undrain_node(id).map_err(|e| Refusal::conflict(e.to_string()))?;
-        let row = NodeRow { drained: false, drained_for: None, ..self.fleet.nodes[name].clone() };
-        self.fleet.write(row, &mut self.store, &mut self.outbox)?;
-        tracing::info!(node = name, "back in service (undrained by the operator)");
-        self.node_webhooks(name, "node_back", "back in service (undrained by the operator)")?;
+        undrain_node(&mut self.parts(), name)?;
         Ok(self.node_view(name))
     }
 
@@ -145,7 +88,7 @@ impl<S: Store> Engine<S> {
     /// and the node is taken out as a lost node is (its live attempts
     /// requeued as lost, metered to its last contact). It may join again
     /// with the join token, and gets a fresh credential then.
-    pub(super) fn remove_node(&mut self, name: &str, now: u64) -> Result<ebb_api::NodeRemoved, Fail> {
+    pub(super) fn remove_node(&mut self, name: &str) -> Result<ebb_api::NodeRemoved, Fail> {
         let id = self
             .core
             .node_by_name(name)
@@ -157,10 +100,10 @@ impl<S: Store> Engine<S> {
         let revoked = self.revoke(|p| p.scope == Scope::Node && p.node.as_deref() == Some(name), &why)?;
         let requeued: Vec<JobId> =
             self.core.lose_node(id).map_err(|e| Refusal::internal(e.to_string()))?.into_iter().collect();
-        self.node_gone(name, &requeued, "removed by the operator", now)?;
+        self.node_gone(name, &requeued, "removed by the operator")?;
         if let Some(row) = self.fleet.nodes.get(name) {
             let row = NodeRow { removed: true, ..row.clone() };
-            self.fleet.write(row, &mut self.store, &mut self.outbox)?;
+            self.write_node(row)?;
         }
         if let Some(channel) = self.outbox.channels.get_mut(name) {
             channel.commands.clear();
@@ -170,23 +113,202 @@ impl<S: Store> Engine<S> {
         Ok(ebb_api::NodeRemoved { node: name.to_string(), requeued, credential_revoked: revoked > 0 })
     }
 
-    /// Node `name` is gone (no heartbeat within the timeout, or removed by
-    /// the operator) and the core has requeued the jobs `requeued` had on
-    /// it: their records follow. The node's processes are taken to have
-    /// run until it was last heard from (before this server started, if
-    /// not since), and are metered to there.
-    pub(super) fn node_gone(&mut self, name: &str, requeued: &[JobId], why: &str, now: u64) -> Written {
-        tracing::warn!(node = name, "node lost: {why}");
-        self.node_webhooks(name, "node_lost", why)?;
+    /// [`node_gone`], its quiet polls answered by the writer again.
+    pub(super) fn node_gone(&mut self, name: &str, requeued: &[JobId], why: &str) -> Written {
         self.unquiet(name);
-        self.forget_holds_on(name)?;
-        self.fleet.interrupted(name, &mut self.store, &mut self.outbox)?;
-        let heard = self.last_contact(name).unwrap_or(now);
-        for &id in requeued {
-            let note =
-                EndNote { node: Some(name.to_string()), why: Some(why.to_string()), ..Default::default() };
-            self.ended(id, ExitEffect::RequeuedLost, heard, note)?;
+        node_gone(&mut self.parts(), name, requeued, why)
+    }
+}
+
+/// The core released every hold on `node` (lost or drained): so do the
+/// records.
+pub(super) fn forget_holds_on(jobs: &mut JobTable, fx: &mut impl Effects, node: &str) -> Written {
+    let holders: Vec<JobId> =
+        jobs.values().filter(|j| j.held.iter().any(|p| p.node == node)).map(|j| j.id).collect();
+    for id in holders {
+        let job = jobs.get_mut(&id).expect("known job");
+        job.held.clear();
+        job.waiting_for.clear();
+        effects::save(jobs, fx, id)?;
+    }
+    Ok(())
+}
+
+/// Node `name`, in the core as `id`, drains (its preemptible work gets its
+/// notice, nothing new lands there): its holds go, its row says so
+/// (`why`: for what, or the operator's drain), and the operator's
+/// webhooks hear it.
+fn drain(p: &mut Parts<'_, impl Effects>, name: &str, id: NodeId, why: Option<String>) -> Result<(), Fail> {
+    p.core.drain_node(id).map_err(|e| Refusal::conflict(e.to_string()))?;
+    forget_holds_on(p.jobs, &mut p.fx, name)?;
+    let said = match &why {
+        Some(why) => format!("drained: {why}"),
+        None => "drained by the operator".to_string(),
+    };
+    let row = NodeRow { drained: true, drained_for: why, ..p.fleet.nodes[name].clone() };
+    p.fleet.write(row, &mut p.fx)?;
+    tracing::info!(node = name, "{said}");
+    Ok(p.fx.node_event(name, "node_drained", &said)?)
+}
+
+/// `ebb drain NODE`.
+pub(super) fn drain_node(p: &mut Parts<'_, impl Effects>, name: &str) -> Result<(), Fail> {
+    let id =
+        p.core.node_by_name(name).ok_or_else(|| Refusal::not_found(format!("node {name}: not found")))?;
+    drain(p, name, id, None)
+}
+
+/// The node's agent was told to stop (SIGTERM): the node drains as for
+/// the operator, saying why, so preemptible work gets its notice and
+/// window and nothing new lands there; the agent ends what still runs
+/// `stop_timeout_ms` later. A node drained already keeps the drain it has
+/// (its notices are out).
+pub(super) fn agent_stopping(p: &mut Parts<'_, impl Effects>, name: &str, stop_timeout_ms: u64) -> Written {
+    let Some(id) = p.core.node_by_name(name) else { return Ok(()) };
+    if matches!(p.core.node(id).map(|n| n.status), Some(NodeStatus::Cordoned | NodeStatus::Lost)) {
+        return Ok(());
+    }
+    let timeout = Span(stop_timeout_ms.min(ebb_core::time::LAST_WRITABLE_MS)).human();
+    let why = format!("{AGENT_STOPPING}: what still runs after {timeout} is ended and requeued");
+    match drain(p, name, id, Some(why)) {
+        Ok(()) => Ok(()),
+        Err(Fail::Store(e)) => Err(e),
+        Err(Fail::Refused(e)) => {
+            tracing::error!(node = name, "not drained for its agent's stop: {}", e.message);
+            Ok(())
         }
-        Ok(())
+    }
+}
+
+/// Node `name`, drained, takes work again, saying why (`said`).
+fn back(p: &mut Parts<'_, impl Effects>, name: &str, id: NodeId, said: &str) -> Result<(), Fail> {
+    p.core.undrain_node(id).map_err(|e| Refusal::conflict(e.to_string()))?;
+    let row = NodeRow { drained: false, drained_for: None, ..p.fleet.nodes[name].clone() };
+    p.fleet.write(row, &mut p.fx)?;
+    tracing::info!(node = name, "{said}");
+    Ok(p.fx.node_event(name, "node_back", said)?)
+}
+
+/// A node drained because its agent stopped takes work again once the
+/// agent registers anew; any other drain stays until `ebb undrain`.
+pub(super) fn agent_started_again(p: &mut Parts<'_, impl Effects>, name: &str) -> Written {
+    let Some(id) = p.core.node_by_name(name) else { return Ok(()) };
+    let row = &p.fleet.nodes[name];
+    let stopped = row.drained_for.as_deref().is_some_and(|why| why.starts_with(AGENT_STOPPING));
+    if !stopped || p.core.node(id).map(|n| n.status) != Some(NodeStatus::Cordoned) {
+        return Ok(());
+    }
+    match back(p, name, id, "back in service: its agent started again") {
+        Ok(()) => Ok(()),
+        Err(Fail::Store(e)) => Err(e),
+        Err(Fail::Refused(e)) => {
+            tracing::error!(node = name, "not back in service after its agent's restart: {}", e.message);
+            Ok(())
+        }
+    }
+}
+
+/// `ebb undrain NODE`: a drained node takes work again.
+pub(super) fn undrain_node(p: &mut Parts<'_, impl Effects>, name: &str) -> Result<(), Fail> {
+    let id =
+        p.core.node_by_name(name).ok_or_else(|| Refusal::not_found(format!("node {name}: not found")))?;
+    let status = p.core.node(id).expect("known").status;
+    if status != NodeStatus::Cordoned {
+        let status = super::views::status_name(status);
+        return Err(Refusal::conflict(format!("node {name}: not drained (it is {status})")).into());
+    }
+    back(p, name, id, "back in service (undrained by the operator)")
+}
+
+/// When `node` was last heard from: since this server started, as the
+/// core has it; before, as the store had it.
+pub(super) fn last_contact(fleet: &Fleet, core: &State, node: &str) -> Option<u64> {
+    if fleet.heard_since_start.contains(node) {
+        let id = core.node_by_name(node)?;
+        return Some(core.node(id)?.last_heartbeat.0);
+    }
+    fleet.heard_before.get(node).copied()
+}
+
+/// Node `name` is gone (no heartbeat within the timeout, or removed by the
+/// operator) and the core has requeued the jobs `requeued` had on it:
+/// their records follow. The node's processes are taken to have run until
+/// it was last heard from (before this server started, if not since), and
+/// are metered to there.
+pub(super) fn node_gone(
+    p: &mut Parts<'_, impl Effects>,
+    name: &str,
+    requeued: &[JobId],
+    why: &str,
+) -> Written {
+    tracing::warn!(node = name, "node lost: {why}");
+    p.fx.node_event(name, "node_lost", why)?;
+    forget_holds_on(p.jobs, &mut p.fx, name)?;
+    p.fleet.interrupted(name, &mut p.fx)?;
+    let heard = last_contact(p.fleet, p.core, name).unwrap_or(p.fx.now());
+    for &id in requeued {
+        let note = EndNote { node: Some(name.to_string()), why: Some(why.to_string()), ..Default::default() };
+        exits::ended(p, id, (ExitEffect::RequeuedLost, heard), note)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_drained_over_the_parts_loses_its_holds_says_why_and_an_agents_restart_brings_back_only_its_own_drain(
+    ) {
+        let mut core = State::new();
+        let spec = NodeSpec { name: "a".into(), gpu_model: "H100".into(), gpus: 8, labels: BTreeMap::new() };
+        core.add_node(spec, Time(0)).unwrap();
+        let mut fleet = Fleet::default();
+        let row =
+            serde_json::json!({"name": "a", "gpu_model": "H100", "gpus": 8, "labels": {}, "drained": false});
+        fleet.put(serde_json::from_value(row).unwrap());
+        // Job 3 holds GPUs on a for a preemption.
+        let mut holder = JobRecord::running_gang(JobId(3), Attempt(1), &["b"]);
+        holder.state = JobState::Queued;
+        holder.held = vec![Part::new("a", vec![0, 1])];
+        holder.waiting_for = vec![JobId(9)];
+        let mut jobs = JobTable::new(JobId(4));
+        jobs.insert(JobId(3), Box::new(holder));
+        let (mut admission, tenants) = (Admission::default(), Tenants::default());
+        let config = EngineConfig::for_tests(&std::env::temp_dir());
+        let mut p = Parts {
+            jobs: &mut jobs,
+            core: &mut core,
+            admission: &mut admission,
+            fleet: &mut fleet,
+            tenants: &tenants,
+            config: &config,
+            fx: effects::Recorded::default(),
+        };
+
+        // The agent stops: the node drains, saying so; the hold goes.
+        agent_stopping(&mut p, "a", 600_000).unwrap();
+        assert!(p.jobs[&JobId(3)].held.is_empty() && p.jobs[&JobId(3)].waiting_for.is_empty());
+        let row = &p.fleet.nodes["a"];
+        assert!(row.drained && row.drained_for.as_deref().unwrap().starts_with(AGENT_STOPPING), "{row:?}");
+        assert!(matches!(&p.fx.node_events[..], [(n, "node_drained", t)] if n == "a" && t.contains("10m")));
+        // Its agent is back: so is the node.
+        agent_started_again(&mut p, "a").unwrap();
+        assert!(!p.fleet.nodes["a"].drained);
+        assert_eq!(p.fx.node_events.last().unwrap().1, "node_back");
+
+        // The operator's drain is not lifted by an agent's restart; an
+        // unknown node is refused by name.
+        drain_node(&mut p, "a").unwrap();
+        agent_started_again(&mut p, "a").unwrap();
+        assert!(p.fleet.nodes["a"].drained && p.fleet.nodes["a"].drained_for.is_none());
+        assert!(
+            matches!(drain_node(&mut p, "zz"), Err(Fail::Refused(r)) if r.message == "node zz: not found")
+        );
+        undrain_node(&mut p, "a").unwrap();
+        let refused = undrain_node(&mut p, "a").unwrap_err();
+        assert!(matches!(&refused, Fail::Refused(r) if r.message.contains("not drained")), "{refused:?}");
+        let said: Vec<&str> = p.fx.node_events.iter().map(|(_, name, _)| *name).collect();
+        assert_eq!(said, ["node_drained", "node_back", "node_drained", "node_back"]);
     }
 }

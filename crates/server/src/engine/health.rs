@@ -145,7 +145,7 @@ impl<S: Store> Engine<S> {
         row.gpus_out.retain(|o| back & (1 << o.gpu) == 0);
         let drain = new.iter().find(|f| f.class() == HealthClass::Drain).map(|f| f.describe());
         row.health = findings;
-        self.fleet.write(row, &mut self.store, &mut self.outbox)?;
+        self.write_node(row)?;
         if back != 0 {
             match self.core.return_gpus(id, back) {
                 Ok(()) => {
@@ -154,7 +154,7 @@ impl<S: Store> Engine<S> {
                 Err(e) => tracing::error!(node, "GPUs not returned: {e}"),
             }
             let text = format!("GPUs {:?} back in service: their fault cleared", gpu_indices(back));
-            self.node_webhooks(node, "node_back", &text)?;
+            self.node_event(node, "node_back", &text)?;
         }
         if out != 0 {
             self.gpus_faulted(node, id, out, at_ms, now)?;
@@ -177,17 +177,18 @@ impl<S: Store> Engine<S> {
             }
         };
         if holds_released {
-            self.forget_holds_on(node)?;
+            let Parts { jobs, mut fx, .. } = self.parts();
+            fleet::forget_holds_on(jobs, &mut fx, node)?;
         }
         for o in self.fleet.nodes[node].gpus_out.clone().iter().filter(|o| mask & (1 << o.gpu) != 0) {
-            self.node_webhooks(node, "gpu_out", &format!("GPU {} out of service: {}", o.gpu, o.reason))?;
+            self.node_event(node, "gpu_out", &format!("GPU {} out of service: {}", o.gpu, o.reason))?;
         }
         if requeued.is_empty() {
             return Ok(());
         }
         // An interruption without notice: it counts toward the node's
         // (and so its model's) mean time between interruptions.
-        self.fleet.interrupted(node, &mut self.store, &mut self.outbox)?;
+        self.node_interrupted(node)?;
         let why = self.fleet.nodes[node]
             .gpus_out
             .iter()
@@ -218,11 +219,12 @@ impl<S: Store> Engine<S> {
             tracing::error!(node, "not drained for its health ({why}): {e}");
             return Ok(());
         }
-        self.forget_holds_on(node)?;
+        let Parts { jobs, mut fx, .. } = self.parts();
+        fleet::forget_holds_on(jobs, &mut fx, node)?;
         let row = NodeRow { drained: true, drained_for: Some(why.clone()), ..self.fleet.nodes[node].clone() };
-        self.fleet.write(row, &mut self.store, &mut self.outbox)?;
+        self.write_node(row)?;
         tracing::error!(node, "drained for its health: {why}");
-        self.node_webhooks(node, "node_drained", &format!("drained for its health: {why}"))
+        self.node_event(node, "node_drained", &format!("drained for its health: {why}"))
     }
 
     /// `ebb undrain NODE [--gpu N]`: the operator returns one GPU, or the
@@ -260,10 +262,10 @@ impl<S: Store> Engine<S> {
             let mut back = row.clone();
             back.gpus_out.retain(|o| mask & (1 << o.gpu) == 0);
             back.gpu_faults.retain(|(g, _)| mask & (1 << g) == 0);
-            self.fleet.write(back, &mut self.store, &mut self.outbox)?;
+            self.write_node(back)?;
             tracing::info!(node = name, gpus = ?gpu_indices(mask), "GPUs returned to service by the operator");
             let text = format!("GPUs {:?} returned to service by the operator", gpu_indices(mask));
-            self.node_webhooks(name, "node_back", &text)?;
+            self.node_event(name, "node_back", &text)?;
         }
         if gpu.is_none() && status == NodeStatus::Cordoned {
             return self.undrain_node(name);

@@ -576,20 +576,19 @@ pub(super) struct Exposure {
 
 impl Fleet {
     /// `row` is the node's now: stored, summed, and shown to watchers.
-    fn write(&mut self, row: NodeRow, store: &mut impl Store, outbox: &mut Outbox) -> Written {
-        outbox.changed = true;
-        store.put_node(&row)?;
+    fn write(&mut self, row: NodeRow, fx: &mut impl Effects) -> Written {
+        fx.put_node(&row)?;
         self.put(row);
         Ok(())
     }
 
     /// `node` was interrupted without notice: counted for the checkpoint
     /// advice of its model.
-    fn interrupted(&mut self, node: &str, store: &mut impl Store, outbox: &mut Outbox) -> Written {
+    fn interrupted(&mut self, node: &str, fx: &mut impl Effects) -> Written {
         match self.nodes.get(node) {
             Some(row) => {
                 let row = NodeRow { interruptions: row.interruptions + 1, ..row.clone() };
-                self.write(row, store, outbox)
+                self.write(row, fx)
             }
             None => Ok(()),
         }

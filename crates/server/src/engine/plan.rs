@@ -58,7 +58,7 @@ impl<S: Store> Engine<S> {
             }
             self.counters.passes += 1;
             self.counters.pass_seconds += started.elapsed().as_secs_f64();
-            self.lost_nodes(&plan, now)?;
+            self.lost_nodes(&plan)?;
             for drain in &plan.drains {
                 self.drained(drain)?;
             }
@@ -75,7 +75,7 @@ impl<S: Store> Engine<S> {
 
     /// Nodes the pass found silent past the heartbeat timeout, with the
     /// jobs it requeued from each.
-    fn lost_nodes(&mut self, plan: &Plan, now: u64) -> Written {
+    fn lost_nodes(&mut self, plan: &Plan) -> Written {
         for &node in &plan.lost_nodes {
             let name = self.core.node(node).expect("known").name.clone();
             let requeued: Vec<JobId> = plan
@@ -84,7 +84,7 @@ impl<S: Store> Engine<S> {
                 .filter(|r| matches!(r.reason, ebb_scheduler::RequeueReason::NodeLost(n) if n == node))
                 .map(|r| r.job)
                 .collect();
-            self.node_gone(&name, &requeued, "no heartbeat within the timeout", now)?;
+            self.node_gone(&name, &requeued, "no heartbeat within the timeout")?;
         }
         Ok(())
     }

@@ -286,17 +286,33 @@ impl<S: Store> Engine<S> {
         }
         Ok(())
     }
+}
 
-    /// A node's event, for the operators' webhooks that take it.
-    pub(super) fn node_webhooks(&mut self, node: &str, name: &'static str, text: &str) -> Written {
+/// What a delivery is of: its webhook, the event's name, and the job or
+/// node it is of.
+struct Queued<'a> {
+    hook: u64,
+    event: &'a str,
+    job: Option<JobId>,
+    node: Option<String>,
+}
+
+impl Webhooks {
+    /// Node `node`'s event `name` (`text` says what happened), for the
+    /// operator's webhooks that take it.
+    pub(super) fn node_event(
+        &mut self,
+        store: &mut impl Store,
+        outbox: &mut Outbox,
+        at_ms: u64,
+        (node, name, text): (&str, &'static str, &str),
+    ) -> Written {
         let hooks: Vec<u64> = self
-            .webhooks
             .hooks
             .values()
             .filter(|h| h.tenant.is_none() && h.events.iter().any(|e| e == name))
             .map(|h| h.id)
             .collect();
-        let at_ms = self.now;
         for hook in hooks {
             let body = |delivery: u64, format: &str| match format {
                 "slack" => body_text(&SlackBody { text: format!("Ebb: node {node} {name}: {text}") }),
@@ -311,22 +327,11 @@ impl<S: Store> Engine<S> {
                 }),
             };
             let queued = Queued { hook, event: name, job: None, node: Some(node.to_string()) };
-            self.webhooks.enqueue(&mut self.store, &mut self.outbox, at_ms, queued, body)?;
+            self.enqueue(store, outbox, at_ms, queued, body)?;
         }
         Ok(())
     }
-}
 
-/// What a delivery is of: its webhook, the event's name, and the job or
-/// node it is of.
-struct Queued<'a> {
-    hook: u64,
-    event: &'a str,
-    job: Option<JobId>,
-    node: Option<String>,
-}
-
-impl Webhooks {
     /// Job `job`'s event, for the webhooks of its tenant (`tenant_name`)
     /// that take it.
     pub(super) fn job_event(
