@@ -36,7 +36,7 @@ pub struct DrillRecord {
     pub deadline_ms: u64,
     /// The newest checkpoint reported up to the drilled attempt's exit.
     #[serde(default)]
-    pub checkpoint: Option<ebb_api::Checkpoint>,
+    pub checkpoint: Option<SavedCheckpoint>,
     #[serde(default)]
     pub exit: Option<DrillExit>,
     #[serde(default)]
@@ -87,7 +87,7 @@ pub(super) struct AttemptEnd {
     pub signal: Option<i32>,
     pub lost_ms: u64,
     /// The job's newest checkpoint, any attempt's.
-    pub saved: Option<ebb_api::Checkpoint>,
+    pub saved: Option<SavedCheckpoint>,
 }
 
 impl AttemptEnd {
@@ -200,7 +200,7 @@ impl DrillRecord {
         }
         if exit.lost_ms > LOST_WORK_TOLERANCE.0 {
             let since = match &self.checkpoint {
-                Some(c) if c.attempt == self.attempt.0 => match c.step {
+                Some(c) if c.attempt == self.attempt => match c.step {
                     Some(step) => format!("its checkpoint of step {step}"),
                     None => "its last checkpoint".to_string(),
                 },
@@ -292,9 +292,9 @@ impl DrillRecord {
             deadline_ms: self.deadline_ms,
             window_seconds: since_notice(self.deadline_ms),
             checkpoint: self.checkpoint.as_ref().map(|c| ebb_api::DrillCheckpoint {
-                at: c.at.clone(),
+                at: rfc3339(c.at_ms),
                 at_ms: c.at_ms,
-                attempt: c.attempt,
+                attempt: c.attempt.0,
                 step: c.step,
                 after_notice_seconds: since_notice(c.at_ms),
             }),
@@ -429,16 +429,8 @@ mod tests {
         DrillRecord::new(Attempt(1), vec!["node-0".into()], NOTICE, DEADLINE)
     }
 
-    fn checkpoint(attempt: Attempt, at_ms: u64, step: u64) -> Option<ebb_api::Checkpoint> {
-        let at = rfc3339(at_ms);
-        Some(ebb_api::Checkpoint {
-            at,
-            at_ms,
-            attempt: attempt.0,
-            step: Some(step),
-            bytes: None,
-            seconds: 0.1,
-        })
+    fn checkpoint(attempt: Attempt, at_ms: u64, step: u64) -> Option<SavedCheckpoint> {
+        Some(SavedCheckpoint { at_ms, attempt, step: Some(step), bytes: None, seconds: 0.1 })
     }
 
     fn end(attempt: Attempt, at_ms: u64, code: Option<i32>, signal: Option<i32>, lost_ms: u64) -> AttemptEnd {

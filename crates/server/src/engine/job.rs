@@ -708,10 +708,36 @@ pub(super) struct TenantLoad {
     pub(super) waiting: BTreeSet<JobId>,
 }
 
+/// A checkpoint a job reported: when, in which attempt, at which step,
+/// how large, and how long taking it took. Stored as records before it
+/// stored it, less the time as text (`at`, read and ignored).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SavedCheckpoint {
+    pub at_ms: u64,
+    pub attempt: Attempt,
+    pub step: Option<u64>,
+    pub bytes: Option<u64>,
+    /// How long taking it took, seconds.
+    pub seconds: f64,
+}
+
+impl SavedCheckpoint {
+    pub fn view(&self) -> ebb_api::Checkpoint {
+        ebb_api::Checkpoint {
+            at: rfc3339(self.at_ms),
+            at_ms: self.at_ms,
+            attempt: self.attempt.0,
+            step: self.step,
+            bytes: self.bytes,
+            seconds: self.seconds,
+        }
+    }
+}
+
 /// What a job's checkpoint reports have shown.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct CheckpointStats {
-    pub last: Option<Box<ebb_api::Checkpoint>>,
+    pub last: Option<Box<SavedCheckpoint>>,
     pub count: u64,
     /// How long the latest few took, milliseconds: δ is their mean.
     pub recent_ms: Vec<u64>,
@@ -722,7 +748,7 @@ pub struct CheckpointStats {
 impl CheckpointStats {
     const RECENT: usize = 5;
 
-    pub(super) fn record(&mut self, checkpoint: ebb_api::Checkpoint, duration_ms: u64) {
+    pub(super) fn record(&mut self, checkpoint: SavedCheckpoint, duration_ms: u64) {
         self.last = Some(Box::new(checkpoint));
         self.count += 1;
         self.recent_ms.push(duration_ms);
@@ -796,6 +822,22 @@ mod tests {
             [("alpha", 3), ("beta team", 4)].into_iter().find(|t| t.0 == name).map(|t| TenantId(t.1))
         };
         DrainNotice::from_legacy((10, 20, reason.to_string()), false, tenants).cause
+    }
+
+    #[test]
+    fn a_checkpoint_stored_with_its_time_as_text_reads_and_is_written_without_it() {
+        let stored = r#"{"last": {"at": "2025-12-01T10:00:00.000Z", "at_ms": 1764583200000, "attempt": 3,
+            "step": 120, "bytes": null, "seconds": 2.5}, "count": 4, "recent_ms": [2500], "warned": false}"#;
+        let stats: CheckpointStats = serde_json::from_str(stored).unwrap();
+        let last = stats.last.as_deref().unwrap();
+        assert_eq!(
+            (last.at_ms, last.attempt, last.step, last.seconds),
+            (1_764_583_200_000, Attempt(3), Some(120), 2.5)
+        );
+        let written = serde_json::to_value(&stats).unwrap();
+        assert!(written["last"].get("at").is_none(), "{written}");
+        let view = last.view();
+        assert_eq!((view.at.as_str(), view.attempt), ("2025-12-01T10:00:00.000Z", 3));
     }
 
     #[test]

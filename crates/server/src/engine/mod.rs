@@ -88,7 +88,7 @@ pub use exits::UNSTARTED_GRACE_MS;
 use job::TenantLoad;
 pub use job::{
     restart_backoff_ms, ArrayTask, CheckpointStats, DrainNotice, Drained, JobRecord, JobState, Part, Restart,
-    StoredSpec, Waiting, QUICK_EXIT_MS,
+    SavedCheckpoint, StoredSpec, Waiting, QUICK_EXIT_MS,
 };
 use launch::Launch;
 pub use lines::{Lines, QuietPoll};

@@ -160,8 +160,7 @@ fn checkpointed(
     let window = p.config.drain_window;
     let job = p.jobs.get_mut(&id).expect("live attempt");
     let seconds = duration_ms as f64 / 1000.0;
-    let checkpoint =
-        ebb_api::Checkpoint { at: rfc3339(at_ms), at_ms, attempt: attempt.attempt.0, step, bytes, seconds };
+    let checkpoint = SavedCheckpoint { at_ms, attempt: attempt.attempt, step, bytes, seconds };
     job.checkpoints.record(checkpoint, duration_ms);
     job.attempt_checkpoint_ms = Some(job.attempt_checkpoint_ms.map_or(at_ms, |t| t.max(at_ms)));
     let warn = duration_ms > window.as_millis() && !job.checkpoints.warned;

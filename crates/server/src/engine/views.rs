@@ -276,7 +276,7 @@ impl<S: Store> Engine<S> {
             placement: job.placement.iter().map(Part::view).collect(),
             exit_code: job.exit_code,
             usage: Vec::new(),
-            last_checkpoint: job.checkpoints.last.as_deref().cloned(),
+            last_checkpoint: job.checkpoints.last.as_deref().map(SavedCheckpoint::view),
             checkpoint_interval_s: job.interval.as_ref().map(|(s, _)| *s),
             checkpoint_interval_why: job.interval.as_ref().map(|(_, why)| interval_why(job, why)),
             lost_gpu_seconds: job.lost_gpu_ms as f64 / 1000.0,
