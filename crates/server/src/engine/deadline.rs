@@ -315,14 +315,6 @@ pub(super) fn attempt_ended(job: &mut JobRecord, end_ms: u64) {
     }
 }
 
-impl<S: Store> Engine<S> {
-    /// [`judge_deadline`] over the writer's parts.
-    pub(super) fn judge_deadline(&mut self, id: JobId, now: u64) -> Written {
-        let Parts { jobs, core, config, mut fx, .. } = self.parts();
-        judge_deadline(jobs, core, config.drain_window, &mut fx, id, now)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -101,33 +101,7 @@ impl<S: Store> Engine<S> {
             &limits,
             prepared.iter().flat_map(|(_, tasks)| tasks.iter().map(|(spec, _)| spec)),
         )?;
-        let mut all = Vec::with_capacity(prepared.len());
-        for (checked, tasks) in prepared {
-            let mut ids = Vec::with_capacity(tasks.len());
-            for (spec, array) in tasks {
-                let id = self.jobs.mint();
-                let index = array.as_ref().map(|a| a.index);
-                let mut record =
-                    JobRecord::queued(id, tenant, spec, checked.tier, checked.gpus, checked.signal, now);
-                record.deadline =
-                    checked.deadline_ms.map(|at_ms| Box::new(Deadline { at_ms, ..Deadline::default() }));
-                if let Some(array) = array {
-                    record.array = Some(array);
-                }
-                self.admit(record)?;
-                // No output yet: its first is appended without asking the
-                // store (two round trips to PostgreSQL for each new job).
-                self.jobs.logs.insert(id, crate::store::LogState::default());
-                let detail =
-                    SubmittedDetail { tier: checked.tier.as_str().into(), gpus: checked.gpus, task: index };
-                self.event(id, Event::Submitted(detail))?;
-                self.counters.submitted += 1;
-                self.judge_deadline(id, now)?;
-                ids.push(id);
-            }
-            all.push(ids);
-        }
-        Ok(all)
+        make_jobs(&mut self.parts(), tenant, prepared)
     }
 
     /// One submission checked and expanded into its tasks, the first of
@@ -262,26 +236,6 @@ impl<S: Store> Engine<S> {
             )));
         }
         Ok(())
-    }
-
-    /// A new job into the table and through its gates (`gates.rs`): its
-    /// dependencies, its array's limit, then its tenant's limit of running
-    /// jobs; it waits at the first that is closed, or goes into the core.
-    fn admit(&mut self, record: JobRecord) -> Result<(), Fail> {
-        let (id, tenant, stored) = (record.id, record.tenant, record.spec.stored_bytes());
-        self.jobs.insert(id, Box::new(record));
-        let load = self.admission.load.entry(tenant).or_default();
-        load.jobs += 1;
-        load.bytes += stored;
-        let Parts { jobs, core, admission, mut fx, .. } = self.parts();
-        if let Err(e) = gates::enter(jobs, core, admission, &mut fx, id) {
-            let load = self.admission.load.entry(tenant).or_default();
-            load.jobs -= 1;
-            load.bytes -= stored;
-            self.jobs.remove(&id);
-            return Err(e);
-        }
-        Ok(self.save(id)?)
     }
 
     /// Cancels job `id` ([`cancel`]) and answers with its view.
@@ -651,6 +605,61 @@ pub(super) fn end_backoffs(
         effects::save(jobs, fx, id)?;
     }
     Ok(())
+}
+
+/// The jobs of checked submissions of `tenant`, each into the table and
+/// through its gates, with its submitted event and its deadline judged;
+/// the ids of each submission's, in order.
+pub(super) fn make_jobs(
+    p: &mut Parts<'_, impl Effects>,
+    tenant: TenantId,
+    prepared: Vec<(crate::validate::Checked, Tasks)>,
+) -> Result<Vec<Vec<JobId>>, Fail> {
+    let now = p.fx.now();
+    let mut all = Vec::with_capacity(prepared.len());
+    for (checked, tasks) in prepared {
+        let mut ids = Vec::with_capacity(tasks.len());
+        for (spec, array) in tasks {
+            let id = p.jobs.mint();
+            let index = array.as_ref().map(|a| a.index);
+            let mut record =
+                JobRecord::queued(id, tenant, spec, checked.tier, checked.gpus, checked.signal, now);
+            record.deadline =
+                checked.deadline_ms.map(|at_ms| Box::new(Deadline { at_ms, ..Deadline::default() }));
+            record.array = array;
+            admit(p, record)?;
+            // No output yet: its first is appended without asking the store
+            // (two round trips to PostgreSQL for each new job).
+            p.jobs.logs.insert(id, crate::store::LogState::default());
+            let detail =
+                SubmittedDetail { tier: checked.tier.as_str().into(), gpus: checked.gpus, task: index };
+            p.fx.event(&p.jobs[&id], Event::Submitted(detail))?;
+            p.fx.counters().submitted += 1;
+            deadline::judge_deadline(p.jobs, p.core, p.config.drain_window, &mut p.fx, id, now)?;
+            ids.push(id);
+        }
+        all.push(ids);
+    }
+    Ok(all)
+}
+
+/// A new job into the table and through its gates (`gates.rs`): its
+/// dependencies, its array's limit, then its tenant's limit of running
+/// jobs; it waits at the first that is closed, or goes into the core.
+fn admit(p: &mut Parts<'_, impl Effects>, record: JobRecord) -> Result<(), Fail> {
+    let (id, tenant, stored) = (record.id, record.tenant, record.spec.stored_bytes());
+    p.jobs.insert(id, Box::new(record));
+    let load = p.admission.load.entry(tenant).or_default();
+    load.jobs += 1;
+    load.bytes += stored;
+    if let Err(e) = gates::enter(p.jobs, p.core, p.admission, &mut p.fx, id) {
+        let load = p.admission.load.entry(tenant).or_default();
+        load.jobs -= 1;
+        load.bytes -= stored;
+        p.jobs.remove(&id);
+        return Err(e);
+    }
+    Ok(effects::save(p.jobs, &mut p.fx, id)?)
 }
 
 /// Cancels job `id`: a queued one ends now; a running one is told (its
