@@ -148,7 +148,10 @@ impl<S: Store> Engine<S> {
             match (held, capable) {
                 (true, _) => {}
                 (false, true) => self.send_staged(attempt.job),
-                (false, false) => self.withdraw(attempt.job)?,
+                (false, false) => {
+                    let Parts { jobs, core, mut fx, .. } = self.parts();
+                    staged::withdraw(jobs, core, &mut fx, attempt.job)?
+                }
             }
         }
         // The node's attempts, from the core's index of them: every agent
@@ -379,7 +382,7 @@ impl<S: Store> Engine<S> {
         // ended without one (it could not start: the placement's own start
         // will say why); what else it says before then (its image's pull)
         // is not kept.
-        if let Some(attempt) = staged_attempt(&event).filter(|a| self.staged_on(*a, node)) {
+        if let Some(attempt) = staged_attempt(&event).filter(|a| staged::staged_on(&self.jobs, *a, node)) {
             match &event {
                 AgentEvent::Started { .. } | AgentEvent::Restored { .. } => {
                     if !self.place_staged(attempt.job, now)? {
@@ -387,7 +390,8 @@ impl<S: Store> Engine<S> {
                     }
                 }
                 AgentEvent::Exited { .. } => {
-                    self.withdraw(attempt.job)?;
+                    let Parts { jobs, core, mut fx, .. } = self.parts();
+                    staged::withdraw(jobs, core, &mut fx, attempt.job)?;
                     return Ok(None);
                 }
                 _ => return Ok(None),

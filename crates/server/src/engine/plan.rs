@@ -182,7 +182,8 @@ impl<S: Store> Engine<S> {
                 self.jobs.get_mut(&id).expect("known job").staged.take()
             }
             Some(_) => {
-                self.withdraw(id)?;
+                let Parts { jobs, core, mut fx, .. } = self.parts();
+                staged::withdraw(jobs, core, &mut fx, id)?;
                 None
             }
             None => None,

@@ -16,7 +16,9 @@
 
 use ebb_scheduler::{Placement, Plan};
 
+use super::effects;
 use super::ending::STOP_GRACE_MS;
+use super::table::JobTable;
 use super::*;
 
 /// A preemptor's start sent to its hold's node before its victims left.
@@ -60,29 +62,10 @@ impl<S: Store> Engine<S> {
         self.send_staged(id);
     }
 
-    /// The staged start of job `id`, to its node (again, after the node
-    /// registered anew without it).
+    /// [`send_staged`], over the writer's parts.
     pub(super) fn send_staged(&mut self, id: JobId) {
-        let job = &self.jobs[&id];
-        let Some(staged) = &job.staged else { return };
-        let mut placed = job.clone();
-        placed.attempt = staged.attempt;
-        placed.placement = job.held.clone();
-        placed.interval = Some(staged.interval.clone());
-        placed.rendezvous = None;
-        for (node, mut start) in self.launch().starts(&placed) {
-            start.when_gpus_free = true;
-            self.outbox.push(&node, Action::Start(start));
-        }
-    }
-
-    /// Whether `attempt` is job's start staged on `node`, not yet placed.
-    pub(super) fn staged_on(&self, attempt: AttemptRef, node: &str) -> bool {
-        self.jobs.get(&attempt.job).and_then(|j| j.staged.as_ref()).is_some_and(|s| {
-            s.attempt == attempt.attempt
-                && s.node == node
-                && self.jobs[&attempt.job].state == JobState::Queued
-        })
+        let Parts { jobs, fleet, tenants, config, mut fx, .. } = self.parts();
+        send_staged(jobs, &Launch { config, tenants, fleet }, &mut fx, id);
     }
 
     /// The node started job `id`'s staged attempt (its victims' exits came
@@ -98,27 +81,12 @@ impl<S: Store> Engine<S> {
         let plan = Plan { now: Time(now), placements: vec![placement.clone()], ..Plan::default() };
         if let Err(e) = self.core.apply(&plan) {
             tracing::warn!(job = id.0, "a staged start could not be placed ({e}); withdrawn");
-            self.withdraw(id)?;
+            let Parts { jobs, core, mut fx, .. } = self.parts();
+            withdraw(jobs, core, &mut fx, id)?;
             return Ok(false);
         }
         self.placed(&placement, now)?;
         Ok(true)
-    }
-
-    /// Job `id`'s staged start will not be its placement: the core spends
-    /// the number, the record keeps it as spent (so a takeover numbers the
-    /// next attempt after it), and the node withdraws it (or stops it, if
-    /// it ran).
-    pub(super) fn withdraw(&mut self, id: JobId) -> Written {
-        self.jobs.staged.remove(&id);
-        let Some(job) = self.jobs.get_mut(&id) else { return Ok(()) };
-        let Some(staged) = job.staged.take() else { return Ok(()) };
-        job.spent_attempt = job.spent_attempt.max(staged.attempt);
-        self.counters.starts_withdrawn += 1;
-        let _ = self.core.unstage(id);
-        let attempt = AttemptRef { job: id, attempt: staged.attempt };
-        self.outbox.push(&staged.node, Action::Stop { attempt, grace_ms: STOP_GRACE_MS, notice: None });
-        self.save(id)
     }
 
     /// At the end of a batch: staged starts whose holds went without their
@@ -138,8 +106,9 @@ impl<S: Store> Engine<S> {
                 promised.is_none() || promised != held
             })
             .collect();
+        let Parts { jobs, core, mut fx, .. } = self.parts();
         for id in gone {
-            self.withdraw(id)?;
+            withdraw(jobs, core, &mut fx, id)?;
         }
         Ok(())
     }
@@ -163,4 +132,43 @@ impl<S: Store> Engine<S> {
         }
         Ok(())
     }
+}
+
+/// The staged start of job `id`, to its node (again, after the node
+/// registered anew without it).
+pub(super) fn send_staged(jobs: &JobTable, launch: &Launch, fx: &mut impl Effects, id: JobId) {
+    let job = &jobs[&id];
+    let Some(staged) = &job.staged else { return };
+    let mut placed = job.clone();
+    placed.attempt = staged.attempt;
+    placed.placement = job.held.clone();
+    placed.interval = Some(staged.interval.clone());
+    placed.rendezvous = None;
+    for (node, mut start) in launch.starts(&placed) {
+        start.when_gpus_free = true;
+        fx.send(&node, Action::Start(start));
+    }
+}
+
+/// Whether `attempt` is its job's start staged on `node`, not yet placed.
+pub(super) fn staged_on(jobs: &JobTable, attempt: AttemptRef, node: &str) -> bool {
+    jobs.get(&attempt.job).is_some_and(|job| {
+        job.state == JobState::Queued
+            && job.staged.as_ref().is_some_and(|s| s.attempt == attempt.attempt && s.node == node)
+    })
+}
+
+/// Job `id`'s staged start will not be its placement: the core spends the
+/// number, the record keeps it as spent (so a takeover numbers the next
+/// attempt after it), and the node withdraws it (or stops it, if it ran).
+pub(super) fn withdraw(jobs: &mut JobTable, core: &mut State, fx: &mut impl Effects, id: JobId) -> Written {
+    jobs.staged.remove(&id);
+    let Some(job) = jobs.get_mut(&id) else { return Ok(()) };
+    let Some(staged) = job.staged.take() else { return Ok(()) };
+    job.spent_attempt = job.spent_attempt.max(staged.attempt);
+    fx.counters().starts_withdrawn += 1;
+    let _ = core.unstage(id);
+    let attempt = AttemptRef { job: id, attempt: staged.attempt };
+    fx.send(&staged.node, Action::Stop { attempt, grace_ms: STOP_GRACE_MS, notice: None });
+    effects::save(jobs, fx, id)
 }
