@@ -87,10 +87,10 @@ pub(super) fn admit_waiting(
 mod tests {
     use super::*;
 
-    fn queued(id: u64, waiting: Option<Waiting>) -> Box<JobRecord> {
+    fn queued(id: JobId, waiting: Option<Waiting>) -> Box<JobRecord> {
         let spec = ebb_api::JobSubmission { argv: vec!["train".into()], ..Default::default() };
         let spec = StoredSpec::from(spec);
-        let mut job = JobRecord::queued(JobId(id), TenantId(1), spec, Tier::Preemptible, 1, 15, 0);
+        let mut job = JobRecord::queued(id, TenantId(1), spec, Tier::Preemptible, 1, 15, 0);
         job.waiting = waiting;
         Box::new(job)
     }
@@ -102,10 +102,10 @@ mod tests {
         let mut jobs = JobTable::new(JobId(5));
         let mut core = State::new();
         let mut admission = Admission::new(Limits { max_running_jobs: 1, ..Limits::default() });
-        jobs.insert(JobId(1), queued(1, None));
-        jobs.insert(JobId(2), queued(2, Some(Waiting::TenantLimit)));
-        jobs.insert(JobId(3), queued(3, Some(Waiting::TenantLimit)));
-        let mut dependent = queued(4, Some(Waiting::Dependency));
+        jobs.insert(JobId(1), queued(JobId(1), None));
+        jobs.insert(JobId(2), queued(JobId(2), Some(Waiting::TenantLimit)));
+        jobs.insert(JobId(3), queued(JobId(3), Some(Waiting::TenantLimit)));
+        let mut dependent = queued(JobId(4), Some(Waiting::Dependency));
         dependent.spec.after =
             Some(gates::After { on: vec![(gates::Condition::Ok, JobId(1))], singleton: false });
         jobs.insert(JobId(4), dependent);
