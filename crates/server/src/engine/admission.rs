@@ -99,9 +99,9 @@ mod tests {
     fn a_cancelled_job_lets_its_tenants_oldest_waiting_job_in_and_fails_its_dependents_over_the_parts() {
         // Tenant 1 may run one job: job 1 is admitted, 2 and 3 wait at the
         // limit, and 4 waits for job 1 to succeed.
-        let mut jobs = JobTable::new(JobId(5));
-        let mut core = State::new();
-        let mut admission = Admission::new(Limits { max_running_jobs: 1, ..Limits::default() });
+        let mut owned = effects::Owned::new(JobId(5), 1_000);
+        owned.admission = Admission::new(Limits { max_running_jobs: 1, ..Limits::default() });
+        let jobs = &mut owned.jobs;
         jobs.insert(JobId(1), queued(JobId(1), None));
         jobs.insert(JobId(2), queued(JobId(2), Some(Waiting::TenantLimit)));
         jobs.insert(JobId(3), queued(JobId(3), Some(Waiting::TenantLimit)));
@@ -109,25 +109,11 @@ mod tests {
         dependent.spec.after =
             Some(gates::After { on: vec![(gates::Condition::Ok, JobId(1))], singleton: false });
         jobs.insert(JobId(4), dependent);
-        super::super::recovery::restore_queued(&jobs[&JobId(1)], &mut core).unwrap();
-        let load = admission.load.entry(TenantId(1)).or_default();
+        super::super::recovery::restore_queued(&jobs[&JobId(1)], &mut owned.core).unwrap();
+        let load = owned.admission.load.entry(TenantId(1)).or_default();
         (load.jobs, load.admitted, load.waiting) = (4, 1, [JobId(2), JobId(3)].into());
-        admission.gates.dependents.insert(JobId(1), [JobId(4)].into());
-
-        let dir = std::env::temp_dir();
-        let config = EngineConfig::for_tests(&dir);
-        let mut fleet = Fleet::default();
-        let tenants = Tenants::default();
-        let fx = effects::Recorded { now: 1_000, ..Default::default() };
-        let mut p = Parts {
-            jobs: &mut jobs,
-            core: &mut core,
-            admission: &mut admission,
-            fleet: &mut fleet,
-            tenants: &tenants,
-            config: &config,
-            fx,
-        };
+        owned.admission.gates.dependents.insert(JobId(1), [JobId(4)].into());
+        let mut p = owned.parts();
         super::super::jobs::cancel(&mut p, JobId(1), None).unwrap();
 
         // Job 4 can never run and fails; job 2, the oldest waiting, is in

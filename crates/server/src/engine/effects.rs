@@ -239,3 +239,77 @@ impl Effects for Recorded {
         Ok(())
     }
 }
+
+/// The writer's parts owned, with recorded effects: what a test lends a
+/// handler over parts.
+#[cfg(test)]
+pub(super) struct Owned {
+    pub jobs: JobTable,
+    pub core: State,
+    pub admission: Admission,
+    pub fleet: Fleet,
+    pub tenants: Tenants,
+    pub config: EngineConfig,
+    pub fx: Recorded,
+}
+
+#[cfg(test)]
+impl Owned {
+    /// Empty parts at `now`, the next job `next`.
+    pub fn new(next: JobId, now: u64) -> Owned {
+        Owned {
+            jobs: JobTable::new(next),
+            core: State::new(),
+            admission: Admission::default(),
+            fleet: Fleet::default(),
+            tenants: Tenants::default(),
+            config: EngineConfig::for_tests(&std::env::temp_dir()),
+            fx: Recorded { now, ..Recorded::default() },
+        }
+    }
+
+    pub fn parts(&mut self) -> Parts<'_, &mut Recorded> {
+        let Owned { jobs, core, admission, fleet, tenants, config, fx } = self;
+        Parts { jobs, core, admission, fleet, tenants, config, fx }
+    }
+}
+
+/// Effects lent on (a test's `Owned::parts`).
+#[cfg(test)]
+impl<T: Effects> Effects for &mut T {
+    fn now(&self) -> u64 {
+        (**self).now()
+    }
+
+    fn event(&mut self, job: &JobRecord, event: Event) -> Written {
+        (**self).event(job, event)
+    }
+
+    fn put_job(&mut self, job: &JobRecord, saved: Saved) -> Written {
+        (**self).put_job(job, saved)
+    }
+
+    fn send(&mut self, node: &str, action: Action) {
+        (**self).send(node, action)
+    }
+
+    fn add_usage(&mut self, usage: &crate::billing::UsageRow) -> Written {
+        (**self).add_usage(usage)
+    }
+
+    fn stored_job(&mut self, id: JobId) -> Written<Option<JobRecord>> {
+        (**self).stored_job(id)
+    }
+
+    fn counters(&mut self) -> &mut crate::metrics::Counters {
+        (**self).counters()
+    }
+
+    fn put_node(&mut self, row: &NodeRow) -> Written {
+        (**self).put_node(row)
+    }
+
+    fn node_event(&mut self, node: &str, name: &'static str, text: &str) -> Written {
+        (**self).node_event(node, name, text)
+    }
+}

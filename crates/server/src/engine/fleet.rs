@@ -260,31 +260,19 @@ mod tests {
     #[test]
     fn a_node_drained_over_the_parts_loses_its_holds_says_why_and_an_agents_restart_brings_back_only_its_own_drain(
     ) {
-        let mut core = State::new();
+        let mut owned = effects::Owned::new(JobId(4), 0);
         let spec = NodeSpec { name: "a".into(), gpu_model: "H100".into(), gpus: 8, labels: BTreeMap::new() };
-        core.add_node(spec, Time(0)).unwrap();
-        let mut fleet = Fleet::default();
+        owned.core.add_node(spec, Time(0)).unwrap();
         let row =
             serde_json::json!({"name": "a", "gpu_model": "H100", "gpus": 8, "labels": {}, "drained": false});
-        fleet.put(serde_json::from_value(row).unwrap());
+        owned.fleet.put(serde_json::from_value(row).unwrap());
         // Job 3 holds GPUs on a for a preemption.
         let mut holder = JobRecord::running_gang(JobId(3), Attempt(1), &["b"]);
         holder.state = JobState::Queued;
         holder.held = vec![Part::new("a", vec![0, 1])];
         holder.waiting_for = vec![JobId(9)];
-        let mut jobs = JobTable::new(JobId(4));
-        jobs.insert(JobId(3), Box::new(holder));
-        let (mut admission, tenants) = (Admission::default(), Tenants::default());
-        let config = EngineConfig::for_tests(&std::env::temp_dir());
-        let mut p = Parts {
-            jobs: &mut jobs,
-            core: &mut core,
-            admission: &mut admission,
-            fleet: &mut fleet,
-            tenants: &tenants,
-            config: &config,
-            fx: effects::Recorded::default(),
-        };
+        owned.jobs.insert(JobId(3), Box::new(holder));
+        let mut p = owned.parts();
 
         // The agent stops: the node drains, saying so; the hold goes.
         agent_stopping(&mut p, "a", 600_000).unwrap();

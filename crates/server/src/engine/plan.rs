@@ -360,22 +360,10 @@ mod tests {
         let mut queued = JobRecord::running_gang(JobId(5), Attempt(2), &["x"]);
         queued.state = JobState::Queued;
         queued.running_on.clear();
-        let mut jobs = JobTable::new(JobId(6));
-        jobs.insert(JobId(5), Box::new(queued));
-        let (mut core, mut admission, mut fleet) = (State::new(), Admission::default(), Fleet::default());
-        let mut tenants = Tenants::default();
-        tenants.names.insert(TenantId(1), "alpha".into());
-        let config = EngineConfig::for_tests(&std::env::temp_dir());
-        let fx = effects::Recorded { now: 90_000, ..Default::default() };
-        let mut p = Parts {
-            jobs: &mut jobs,
-            core: &mut core,
-            admission: &mut admission,
-            fleet: &mut fleet,
-            tenants: &tenants,
-            config: &config,
-            fx,
-        };
+        let mut owned = effects::Owned::new(JobId(6), 90_000);
+        owned.jobs.insert(JobId(5), Box::new(queued));
+        owned.tenants.names.insert(TenantId(1), "alpha".into());
+        let mut p = owned.parts();
         let new = |sent_ahead| NewAttempt {
             attempt: Attempt(3),
             from_hold: false,
