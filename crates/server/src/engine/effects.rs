@@ -149,6 +149,7 @@ pub(super) struct Parts<'a, F> {
     pub admission: &'a mut Admission,
     pub fleet: &'a mut Fleet,
     pub tenants: &'a Tenants,
+    pub why: &'a mut launch::WhyText,
     pub config: &'a EngineConfig,
     pub fx: F,
 }
@@ -169,11 +170,12 @@ impl<S: Store> Engine<S> {
             counters,
             admission,
             fleet,
+            why,
             ..
         } = self;
         let (config, tenants): (&EngineConfig, &Tenants) = (config, tenants);
         let fx = Writes { store, outbox, webhooks, tenants, config, counters, now: *now };
-        Parts { jobs, core, admission, fleet, tenants, config, fx }
+        Parts { jobs, core, admission, fleet, tenants, why, config, fx }
     }
 }
 
@@ -249,6 +251,7 @@ pub(super) struct Owned {
     pub admission: Admission,
     pub fleet: Fleet,
     pub tenants: Tenants,
+    pub why: launch::WhyText,
     pub config: EngineConfig,
     pub fx: Recorded,
 }
@@ -263,14 +266,15 @@ impl Owned {
             admission: Admission::default(),
             fleet: Fleet::default(),
             tenants: Tenants::default(),
+            why: Default::default(),
             config: EngineConfig::for_tests(&std::env::temp_dir()),
             fx: Recorded { now, ..Recorded::default() },
         }
     }
 
     pub fn parts(&mut self) -> Parts<'_, &mut Recorded> {
-        let Owned { jobs, core, admission, fleet, tenants, config, fx } = self;
-        Parts { jobs, core, admission, fleet, tenants, config, fx }
+        let Owned { jobs, core, admission, fleet, tenants, why, config, fx } = self;
+        Parts { jobs, core, admission, fleet, tenants, why, config, fx }
     }
 }
 

@@ -25,6 +25,24 @@ impl<S: Store> Engine<S> {
     }
 }
 
+/// The text of a checkpoint interval's recommendation, kept for the last
+/// one: a backlog's placements in one batch mostly share it.
+#[derive(Default)]
+pub(super) struct WhyText(Option<(ebb_core::checkpoint::Recommendation, String)>);
+
+impl WhyText {
+    pub fn of(&mut self, recommendation: &ebb_core::checkpoint::Recommendation) -> String {
+        match &self.0 {
+            Some((last, text)) if last == recommendation => text.clone(),
+            _ => {
+                let text = recommendation.to_string();
+                self.0 = Some((recommendation.clone(), text.clone()));
+                text
+            }
+        }
+    }
+}
+
 /// What a start carries beyond the job's record, read where it is
 /// sent: the operator's rules (run-as users, images), tenants' names and
 /// registry logins, and the nodes (addresses, exposure, taken ports).

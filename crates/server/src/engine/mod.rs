@@ -510,7 +510,7 @@ pub struct Engine<S: Store> {
     /// Batches since the last whole check of a debug build's writer.
     unchecked: u64,
     /// The last checkpoint recommendation a placement made, and its text.
-    last_why: Option<(ebb_core::checkpoint::Recommendation, String)>,
+    why: launch::WhyText,
 }
 
 /// Tenants: their names and registry logins.

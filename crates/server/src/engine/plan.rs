@@ -63,7 +63,7 @@ impl<S: Store> Engine<S> {
                 self.drained(drain)?;
             }
             for preemption in &plan.preemptions {
-                self.preempting(preemption, now)?;
+                preempting(&mut self.parts(), preemption)?;
             }
             for placement in &plan.placements {
                 self.placed(placement, now)?;
@@ -143,33 +143,6 @@ impl<S: Store> Engine<S> {
         }
     }
 
-    /// A preemptor holds its victims' GPUs until they have drained; its
-    /// start goes to their node now where it can (`staged`).
-    fn preempting(&mut self, p: &Preemption, now: u64) -> Written {
-        let held = self.named(&p.hold);
-        let job = self.jobs.get_mut(&p.preemptor).expect("known job");
-        job.held = held;
-        job.waiting_for = p.victims.clone();
-        self.stage(p.preemptor, now);
-        self.save(p.preemptor)?;
-        let lost = p.lost_gpu_ms as f64 / 1000.0;
-        let victims = p.victims.iter().map(|v| v.0).collect();
-        self.event(p.preemptor, Event::Preempting(PreemptingDetail { victims, lost_gpu_seconds: lost }))
-    }
-
-    /// The text of `recommendation`: the last one's again when it is the
-    /// same (a backlog's placements in one batch mostly are).
-    pub(super) fn why_text(&mut self, recommendation: &ebb_core::checkpoint::Recommendation) -> String {
-        match &self.last_why {
-            Some((last, text)) if last == recommendation => text.clone(),
-            _ => {
-                let text = recommendation.to_string();
-                self.last_why = Some((recommendation.clone(), text.clone()));
-                text
-            }
-        }
-    }
-
     /// A new attempt (`p`): what it carries is settled here (its nodes by
     /// name, its rate, its checkpoint interval, a gang's rendezvous, a
     /// start staged ahead, which is that start), then [`begin_attempt`].
@@ -192,7 +165,7 @@ impl<S: Store> Engine<S> {
             Some(s) => s.interval.clone(),
             None => {
                 let recommendation = self.launch().recommend(&self.jobs[&id], &placement, now);
-                (recommendation.interval.as_secs(), self.why_text(&recommendation))
+                (recommendation.interval.as_secs(), self.why.of(&recommendation))
             }
         };
         let rendezvous =
@@ -209,6 +182,21 @@ impl<S: Store> Engine<S> {
         };
         begin_attempt(&mut self.parts(), id, new)
     }
+}
+
+/// A preemptor holds its victims' GPUs until they have drained; its start
+/// goes to their node now where it can (`staged`).
+fn preempting(p: &mut Parts<'_, impl Effects>, pre: &Preemption) -> Written {
+    let held = recovery::named(p.core, &pre.hold);
+    let job = p.jobs.get_mut(&pre.preemptor).expect("known job");
+    job.held = held;
+    job.waiting_for = pre.victims.clone();
+    staged::stage(p, pre.preemptor);
+    effects::save(p.jobs, &mut p.fx, pre.preemptor)?;
+    let lost = pre.lost_gpu_ms as f64 / 1000.0;
+    let victims = pre.victims.iter().map(|v| v.0).collect();
+    let detail = PreemptingDetail { victims, lost_gpu_seconds: lost };
+    p.fx.event(&p.jobs[&pre.preemptor], Event::Preempting(detail))
 }
 
 /// What a new attempt carries, settled where it is placed.

@@ -50,7 +50,7 @@ impl<S: Store> Engine<S> {
             pending: HashMap::new(),
             unsettled: false,
             unchecked: 0,
-            last_why: None,
+            why: Default::default(),
         };
         let mut notes = Vec::new();
         if snapshot.tenants.is_empty() {
@@ -446,13 +446,7 @@ impl<S: Store> Engine<S> {
     /// GPUs by node as the core has them (ids, bit masks) to GPUs by node
     /// as records and agents have them (names, indices), and back.
     pub(super) fn named(&self, alloc: &[(NodeId, u64)]) -> Vec<Part> {
-        alloc
-            .iter()
-            .map(|(node, mask)| {
-                let name = self.core.node(*node).expect("known node").name.clone();
-                Part::new(name, gpu_indices(*mask))
-            })
-            .collect()
+        named(&self.core, alloc)
     }
 
     pub(super) fn masks(&self, named: &[Part]) -> Result<Vec<(NodeId, u64)>, RestoreError> {
@@ -519,6 +513,18 @@ pub enum RestoreError {
     /// The core refused it.
     #[error(transparent)]
     Core(#[from] ebb_scheduler::StateError),
+}
+
+/// GPUs by node as the core has them (ids, bit masks), as records and
+/// agents have them (names, indices).
+pub(super) fn named(core: &State, alloc: &[(NodeId, u64)]) -> Vec<Part> {
+    alloc
+        .iter()
+        .map(|(node, mask)| {
+            let name = core.node(*node).expect("known node").name.clone();
+            Part::new(name, gpu_indices(*mask))
+        })
+        .collect()
 }
 
 /// The GPU indices a mask names, in order.

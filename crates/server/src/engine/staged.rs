@@ -32,36 +32,6 @@ pub struct StagedStart {
 }
 
 impl<S: Store> Engine<S> {
-    /// Sends preemptor `id`'s start to its hold's node now, where it can
-    /// be: a hold on one node with victims still to leave, each of them
-    /// on that node alone (a gang's part elsewhere would keep the hold
-    /// waiting after the node's own part had gone), and an agent there
-    /// that holds such a start back. The caller saves the record.
-    pub(super) fn stage(&mut self, id: JobId, now: u64) {
-        let job = &self.jobs[&id];
-        let [Part { node, gpus }] = &job.held[..] else { return };
-        let local = |v: &JobId| self.jobs.get(v).is_some_and(|v| v.placement.iter().all(|p| p.node == *node));
-        if job.waiting_for.is_empty()
-            || !job.waiting_for.iter().all(local)
-            || !self.fleet.starts_when_free.contains(node)
-        {
-            return;
-        }
-        let placement = vec![Part::new(node.clone(), gpus.clone())];
-        let Ok(attempt) = self.core.stage(id) else { return };
-        let recommendation = self.launch().recommend(&self.jobs[&id], &placement, now);
-        let why = self.why_text(&recommendation);
-        let staged = StagedStart {
-            attempt,
-            node: placement[0].node.clone(),
-            interval: (recommendation.interval.as_secs(), why),
-        };
-        self.jobs.get_mut(&id).expect("known job").staged = Some(staged);
-        self.jobs.staged.insert(id);
-        self.counters.starts_ahead += 1;
-        self.send_staged(id);
-    }
-
     /// [`send_staged`], over the writer's parts.
     pub(super) fn send_staged(&mut self, id: JobId) {
         let Parts { jobs, fleet, tenants, config, mut fx, .. } = self.parts();
@@ -132,6 +102,34 @@ impl<S: Store> Engine<S> {
         }
         Ok(())
     }
+}
+
+/// Sends preemptor `id`'s start to its hold's node now, where it can be:
+/// a hold on one node with victims still to leave, each of them on that
+/// node alone (a gang's part elsewhere would keep the hold waiting after
+/// the node's own part had gone), and an agent there that holds such a
+/// start back. The caller saves the record.
+pub(super) fn stage(p: &mut Parts<'_, impl Effects>, id: JobId) {
+    let job = &p.jobs[&id];
+    let [Part { node, gpus }] = &job.held[..] else { return };
+    let local = |v: &JobId| p.jobs.get(v).is_some_and(|v| v.placement.iter().all(|p| p.node == *node));
+    if job.waiting_for.is_empty()
+        || !job.waiting_for.iter().all(local)
+        || !p.fleet.starts_when_free.contains(node)
+    {
+        return;
+    }
+    let placement = vec![Part::new(node.clone(), gpus.clone())];
+    let Ok(attempt) = p.core.stage(id) else { return };
+    let launch = Launch { config: p.config, tenants: p.tenants, fleet: p.fleet };
+    let recommendation = launch.recommend(&p.jobs[&id], &placement, p.fx.now());
+    let why = p.why.of(&recommendation);
+    let interval = (recommendation.interval.as_secs(), why);
+    let staged = StagedStart { attempt, node: placement[0].node.clone(), interval };
+    p.jobs.get_mut(&id).expect("known job").staged = Some(staged);
+    p.jobs.staged.insert(id);
+    p.fx.counters().starts_ahead += 1;
+    send_staged(p.jobs, &launch, &mut p.fx, id);
 }
 
 /// The staged start of job `id`, to its node (again, after the node
