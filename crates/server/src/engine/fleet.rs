@@ -137,25 +137,27 @@ pub(super) fn forget_holds_on(jobs: &mut JobTable, fx: &mut impl Effects, node: 
 /// Node `name`, in the core as `id`, drains (its preemptible work gets its
 /// notice, nothing new lands there): its holds go, its row says so
 /// (`why`: for what, or the operator's drain), and the operator's
-/// webhooks hear it.
-fn drain(p: &mut Parts<'_, impl Effects>, name: &str, id: NodeId, why: Option<String>) -> Result<(), Fail> {
+/// webhooks hear it said as `said`.
+pub(super) fn drain(
+    p: &mut Parts<'_, impl Effects>,
+    (name, id): (&str, NodeId),
+    why: Option<String>,
+    said: &str,
+) -> Result<(), Fail> {
     p.core.drain_node(id).map_err(|e| Refusal::conflict(e.to_string()))?;
     forget_holds_on(p.jobs, &mut p.fx, name)?;
-    let said = match &why {
-        Some(why) => format!("drained: {why}"),
-        None => "drained by the operator".to_string(),
-    };
     let row = NodeRow { drained: true, drained_for: why, ..p.fleet.nodes[name].clone() };
     p.fleet.write(row, &mut p.fx)?;
-    tracing::info!(node = name, "{said}");
-    Ok(p.fx.node_event(name, "node_drained", &said)?)
+    Ok(p.fx.node_event(name, "node_drained", said)?)
 }
 
 /// `ebb drain NODE`.
 pub(super) fn drain_node(p: &mut Parts<'_, impl Effects>, name: &str) -> Result<(), Fail> {
     let id =
         p.core.node_by_name(name).ok_or_else(|| Refusal::not_found(format!("node {name}: not found")))?;
-    drain(p, name, id, None)
+    drain(p, (name, id), None, "drained by the operator")?;
+    tracing::info!(node = name, "drained by the operator");
+    Ok(())
 }
 
 /// The node's agent was told to stop (SIGTERM): the node drains as for
@@ -170,8 +172,12 @@ pub(super) fn agent_stopping(p: &mut Parts<'_, impl Effects>, name: &str, stop_t
     }
     let timeout = Span(stop_timeout_ms.min(ebb_core::time::LAST_WRITABLE_MS)).human();
     let why = format!("{AGENT_STOPPING}: what still runs after {timeout} is ended and requeued");
-    match drain(p, name, id, Some(why)) {
-        Ok(()) => Ok(()),
+    let said = format!("drained: {why}");
+    match drain(p, (name, id), Some(why), &said) {
+        Ok(()) => {
+            tracing::info!(node = name, "{said}");
+            Ok(())
+        }
         Err(Fail::Store(e)) => Err(e),
         Err(Fail::Refused(e)) => {
             tracing::error!(node = name, "not drained for its agent's stop: {}", e.message);

@@ -157,74 +157,12 @@ impl<S: Store> Engine<S> {
             self.node_event(node, "node_back", &text)?;
         }
         if out != 0 {
-            self.gpus_faulted(node, id, out, at_ms, now)?;
+            gpus_faulted(&mut self.parts(), (node, id), out, at_ms)?;
         }
         if let Some(why) = drain {
-            self.drain_for_health(node, id, why)?;
+            drain_for_health(&mut self.parts(), (node, id), why)?;
         }
         Ok(())
-    }
-
-    /// GPUs of `mask` on `node` faulted at `at_ms`: out of service in the
-    /// core, and the attempts on them ended as a lost node's are, each
-    /// stopped on every node it runs on.
-    fn gpus_faulted(&mut self, node: &str, id: NodeId, mask: u64, at_ms: u64, now: u64) -> Written {
-        let (requeued, holds_released) = match self.core.take_gpus_out(id, mask) {
-            Ok(taken) => taken,
-            Err(e) => {
-                tracing::error!(node, "GPUs not taken out of service: {e}");
-                return Ok(());
-            }
-        };
-        if holds_released {
-            let Parts { jobs, mut fx, .. } = self.parts();
-            fleet::forget_holds_on(jobs, &mut fx, node)?;
-        }
-        for o in self.fleet.nodes[node].gpus_out.clone().iter().filter(|o| mask & (1 << o.gpu) != 0) {
-            self.node_event(node, "gpu_out", &format!("GPU {} out of service: {}", o.gpu, o.reason))?;
-        }
-        if requeued.is_empty() {
-            return Ok(());
-        }
-        // An interruption without notice: it counts toward the node's
-        // (and so its model's) mean time between interruptions.
-        self.node_interrupted(node)?;
-        let why = self.fleet.nodes[node]
-            .gpus_out
-            .iter()
-            .filter(|o| mask & (1 << o.gpu) != 0)
-            .map(|o| o.reason.clone())
-            .collect::<Vec<_>>()
-            .join("; ");
-        for job in requeued {
-            let record = &self.jobs[&job];
-            let attempt = AttemptRef { job, attempt: record.attempt };
-            for n in record.running_on.clone() {
-                self.outbox.push(&n, Action::Stop { attempt, grace_ms: STOP_GRACE_MS, notice: None });
-            }
-            let end_ms = reports::known_time(&self.jobs, attempt, at_ms, now);
-            let note = EndNote { node: Some(node.to_string()), why: Some(why.clone()), ..Default::default() };
-            tracing::warn!(job = job.0, node, "attempt {} ended by a GPU fault: {why}", attempt.attempt);
-            self.ended(job, ExitEffect::RequeuedLost, end_ms, note)?;
-        }
-        Ok(())
-    }
-
-    /// The node drains for its health: as the operator's drain, with why.
-    fn drain_for_health(&mut self, node: &str, id: NodeId, why: String) -> Written {
-        if matches!(self.core.node(id).map(|n| n.status), Some(NodeStatus::Cordoned | NodeStatus::Lost)) {
-            return Ok(());
-        }
-        if let Err(e) = self.core.drain_node(id) {
-            tracing::error!(node, "not drained for its health ({why}): {e}");
-            return Ok(());
-        }
-        let Parts { jobs, mut fx, .. } = self.parts();
-        fleet::forget_holds_on(jobs, &mut fx, node)?;
-        let row = NodeRow { drained: true, drained_for: Some(why.clone()), ..self.fleet.nodes[node].clone() };
-        self.write_node(row)?;
-        tracing::error!(node, "drained for its health: {why}");
-        self.node_event(node, "node_drained", &format!("drained for its health: {why}"))
     }
 
     /// `ebb undrain NODE [--gpu N]`: the operator returns one GPU, or the
@@ -271,5 +209,70 @@ impl<S: Store> Engine<S> {
             return self.undrain_node(name);
         }
         Ok(self.node_view(name))
+    }
+}
+
+/// GPUs of `mask` on `node` faulted at `at_ms`: out of service in the core,
+/// and the attempts on them ended as a lost node's are, each stopped on
+/// every node it runs on.
+fn gpus_faulted(
+    p: &mut Parts<'_, impl Effects>,
+    (node, id): (&str, NodeId),
+    mask: u64,
+    at_ms: u64,
+) -> Written {
+    let (requeued, holds_released) = match p.core.take_gpus_out(id, mask) {
+        Ok(taken) => taken,
+        Err(e) => {
+            tracing::error!(node, "GPUs not taken out of service: {e}");
+            return Ok(());
+        }
+    };
+    if holds_released {
+        fleet::forget_holds_on(p.jobs, &mut p.fx, node)?;
+    }
+    let out: Vec<GpuOut> =
+        p.fleet.nodes[node].gpus_out.iter().filter(|o| mask & (1 << o.gpu) != 0).cloned().collect();
+    for o in &out {
+        p.fx.node_event(node, "gpu_out", &format!("GPU {} out of service: {}", o.gpu, o.reason))?;
+    }
+    if requeued.is_empty() {
+        return Ok(());
+    }
+    // An interruption without notice: it counts toward the node's (and so
+    // its model's) mean time between interruptions.
+    p.fleet.interrupted(node, &mut p.fx)?;
+    let why = out.iter().map(|o| o.reason.clone()).collect::<Vec<_>>().join("; ");
+    let now = p.fx.now();
+    for job in requeued {
+        let record = &p.jobs[&job];
+        let attempt = AttemptRef { job, attempt: record.attempt };
+        for n in &record.running_on {
+            p.fx.send(n, Action::Stop { attempt, grace_ms: STOP_GRACE_MS, notice: None });
+        }
+        let end_ms = reports::known_time(p.jobs, attempt, at_ms, now);
+        let note = EndNote { node: Some(node.to_string()), why: Some(why.clone()), ..Default::default() };
+        tracing::warn!(job = job.0, node, "attempt {} ended by a GPU fault: {why}", attempt.attempt);
+        exits::ended(p, job, (ExitEffect::RequeuedLost, end_ms), note)?;
+    }
+    Ok(())
+}
+
+/// The node drains for its health: as the operator's drain, with why.
+fn drain_for_health(p: &mut Parts<'_, impl Effects>, (node, id): (&str, NodeId), why: String) -> Written {
+    if matches!(p.core.node(id).map(|n| n.status), Some(NodeStatus::Cordoned | NodeStatus::Lost)) {
+        return Ok(());
+    }
+    let said = format!("drained for its health: {why}");
+    match fleet::drain(p, (node, id), Some(why), &said) {
+        Ok(()) => {
+            tracing::error!(node, "{said}");
+            Ok(())
+        }
+        Err(Fail::Store(e)) => Err(e),
+        Err(Fail::Refused(e)) => {
+            tracing::error!(node, "not {said}: {}", e.message);
+            Ok(())
+        }
     }
 }
