@@ -36,7 +36,7 @@ impl<S: Store> Engine<S> {
         // starts, checkpoints and exits, accounted as they happened.
         let unreported = std::mem::take(&mut reg.unreported);
         self.apply_events(&reg.node, unreported, now)?;
-        let kill = self.reconcile(&reg.node, &reg.running, &reg.waiting, last_contact, now)?;
+        let kill = reconcile(&mut self.parts(), &reg.node, (&reg.running, &reg.waiting), last_contact)?;
         let credential = match issue_credential {
             true => {
                 tracing::info!(node = reg.node, "node credential issued");
@@ -115,97 +115,6 @@ impl<S: Store> Engine<S> {
         self.heard(&reg.node, now)?;
         tracing::info!(node = reg.node, gpus = reg.gpus, gpu_model = reg.gpu_model, "node joined");
         Ok(())
-    }
-
-    /// What `node`'s agent runs against what the store says it runs:
-    /// drains and stops of attempts it still runs are sent again, attempts
-    /// it came back without end (as vanished, at its last contact), and
-    /// the attempts it runs that nobody holds are returned, to be killed.
-    /// A start it holds back until its GPUs are free (`waiting`) counts as
-    /// running; a start staged for it that it no longer has is sent again,
-    /// or withdrawn if the agent no longer holds starts back.
-    fn reconcile(
-        &mut self,
-        node: &str,
-        running: &[AttemptRef],
-        waiting: &[AttemptRef],
-        last_contact: u64,
-        now: u64,
-    ) -> Written<Vec<AttemptRef>> {
-        let mut running: BTreeSet<AttemptRef> = running.iter().copied().collect();
-        running.extend(waiting.iter().copied());
-        let staged: Vec<AttemptRef> = self
-            .jobs
-            .staged
-            .iter()
-            .map(|id| (*id, self.jobs[id].staged.as_ref().expect("in the set")))
-            .filter(|(_, s)| s.node == node)
-            .map(|(id, s)| AttemptRef { job: id, attempt: s.attempt })
-            .collect();
-        let capable = self.fleet.starts_when_free.contains(node);
-        for attempt in &staged {
-            let held = running.remove(attempt);
-            match (held, capable) {
-                (true, _) => {}
-                (false, true) => self.send_staged(attempt.job),
-                (false, false) => {
-                    let Parts { jobs, core, mut fx, .. } = self.parts();
-                    staged::withdraw(jobs, core, &mut fx, attempt.job)?
-                }
-            }
-        }
-        // The node's attempts, from the core's index of them: every agent
-        // registers again after a takeover, and a walk of every job for
-        // each made 10,000 registrations take a minute with 100,000 jobs.
-        let on_node: Vec<JobId> = match self.core.node_by_name(node) {
-            Some(id) => self.core.node(id).expect("known").jobs().collect(),
-            None => Vec::new(),
-        };
-        let held: BTreeSet<AttemptRef> = on_node
-            .iter()
-            .filter_map(|id| self.jobs.get(id))
-            .filter(|j| j.state.is_live() && j.running_on.iter().any(|n| n == node))
-            .map(|j| AttemptRef { job: j.id, attempt: j.attempt })
-            .collect();
-        let kill: Vec<AttemptRef> = running.difference(&held).copied().collect();
-        if held.difference(&running).next().is_some() {
-            // The agent came back without attempts it was running: an
-            // interruption without notice.
-            self.node_interrupted(node)?;
-        }
-        for attempt in held {
-            if running.contains(&attempt) {
-                let job = &self.jobs[&attempt.job];
-                let (state, notice) = (job.state, job.drain.clone());
-                let stop = match (job.cancel_requested, job.gang_stopped.is_some()) {
-                    (true, _) => Some(cancel_stop(job, attempt, now)),
-                    // A gang part stopped before the server restarted.
-                    (false, true) => Some(Action::Stop { attempt, grace_ms: STOP_GRACE_MS, notice: None }),
-                    (false, false) => None,
-                };
-                if let (JobState::Draining, Some(notice)) = (state, notice) {
-                    let drain = DrainAttempt {
-                        attempt,
-                        notice_at_ms: notice.notice_at_ms,
-                        deadline_ms: notice.deadline_ms,
-                        reason: notice.reason,
-                    };
-                    self.outbox.push(node, Action::Drain(drain));
-                }
-                if let Some(stop) = stop {
-                    self.outbox.push(node, stop);
-                }
-            } else {
-                // The node does not run what we think it does: that part of
-                // the attempt is gone.
-                let exit = PartExit::vanished(None);
-                self.part_exited(node, attempt, exit, last_contact)?;
-            }
-        }
-        if !kill.is_empty() {
-            tracing::warn!(node, ?kill, "agent runs stale attempts; told to kill them");
-        }
-        Ok(kill)
     }
 
     pub(super) fn poll(
@@ -494,6 +403,94 @@ impl<S: Store> Engine<S> {
         }
         Ok(())
     }
+}
+
+/// What `node`'s agent runs against what the store says it runs: drains
+/// and stops of attempts it still runs are sent again, attempts it came
+/// back without end (as vanished, at its last contact), and the attempts
+/// it runs that nobody holds are returned, to be killed. A start it holds
+/// back until its GPUs are free (`waiting`) counts as running; a start
+/// staged for it that it no longer has is sent again, or withdrawn if the
+/// agent no longer holds starts back.
+fn reconcile(
+    p: &mut Parts<'_, impl Effects>,
+    node: &str,
+    (running, waiting): (&[AttemptRef], &[AttemptRef]),
+    last_contact: u64,
+) -> Written<Vec<AttemptRef>> {
+    let now = p.fx.now();
+    let mut running: BTreeSet<AttemptRef> = running.iter().copied().collect();
+    running.extend(waiting.iter().copied());
+    let staged: Vec<AttemptRef> = p
+        .jobs
+        .staged
+        .iter()
+        .map(|id| (*id, p.jobs[id].staged.as_ref().expect("in the set")))
+        .filter(|(_, s)| s.node == node)
+        .map(|(id, s)| AttemptRef { job: id, attempt: s.attempt })
+        .collect();
+    let capable = p.fleet.starts_when_free.contains(node);
+    for attempt in &staged {
+        let held = running.remove(attempt);
+        match (held, capable) {
+            (true, _) => {}
+            (false, true) => {
+                let launch = Launch { config: p.config, tenants: p.tenants, fleet: p.fleet };
+                staged::send_staged(p.jobs, &launch, &mut p.fx, attempt.job);
+            }
+            (false, false) => staged::withdraw(p.jobs, p.core, &mut p.fx, attempt.job)?,
+        }
+    }
+    // The node's attempts, from the core's index of them: every agent
+    // registers again after a takeover, and a walk of every job for each
+    // made 10,000 registrations take a minute with 100,000 jobs.
+    let on_node: Vec<JobId> = match p.core.node_by_name(node) {
+        Some(id) => p.core.node(id).expect("known").jobs().collect(),
+        None => Vec::new(),
+    };
+    let held: BTreeSet<AttemptRef> = on_node
+        .iter()
+        .filter_map(|id| p.jobs.get(id))
+        .filter(|j| j.state.is_live() && j.running_on.iter().any(|n| n == node))
+        .map(|j| AttemptRef { job: j.id, attempt: j.attempt })
+        .collect();
+    let kill: Vec<AttemptRef> = running.difference(&held).copied().collect();
+    if held.difference(&running).next().is_some() {
+        // The agent came back without attempts it was running: an
+        // interruption without notice.
+        p.fleet.interrupted(node, &mut p.fx)?;
+    }
+    for attempt in held {
+        if !running.contains(&attempt) {
+            // The node does not run what we think it does: that part of
+            // the attempt is gone.
+            exits::part_exited(p, node, attempt, PartExit::vanished(None), last_contact)?;
+            continue;
+        }
+        let job = &p.jobs[&attempt.job];
+        let stop = match (job.cancel_requested, job.gang_stopped.is_some()) {
+            (true, _) => Some(cancel_stop(job, attempt, now)),
+            // A gang part stopped before the server restarted.
+            (false, true) => Some(Action::Stop { attempt, grace_ms: STOP_GRACE_MS, notice: None }),
+            (false, false) => None,
+        };
+        if let (JobState::Draining, Some(notice)) = (job.state, &job.drain) {
+            let drain = DrainAttempt {
+                attempt,
+                notice_at_ms: notice.notice_at_ms,
+                deadline_ms: notice.deadline_ms,
+                reason: notice.reason.clone(),
+            };
+            p.fx.send(node, Action::Drain(drain));
+        }
+        if let Some(stop) = stop {
+            p.fx.send(node, stop);
+        }
+    }
+    if !kill.is_empty() {
+        tracing::warn!(node, ?kill, "agent runs stale attempts; told to kill them");
+    }
+    Ok(kill)
 }
 
 /// How often an idle node's contact is written (it has nothing to meter).

@@ -28,17 +28,6 @@ pub(super) fn unstarted_due(job: &JobRecord) -> Option<u64> {
 }
 
 impl<S: Store> Engine<S> {
-    /// [`part_exited`], over the writer's parts.
-    pub(super) fn part_exited(
-        &mut self,
-        node: &str,
-        attempt: AttemptRef,
-        exit: PartExit,
-        at_ms: u64,
-    ) -> Written {
-        part_exited(&mut self.parts(), node, attempt, exit, at_ms)
-    }
-
     /// [`ended`], over the writer's parts.
     pub(super) fn ended(&mut self, id: JobId, effect: ExitEffect, end_ms: u64, note: EndNote) -> Written {
         ended(&mut self.parts(), id, (effect, end_ms), note)

@@ -14,12 +14,6 @@ impl<S: Store> Engine<S> {
         fleet.write(row, &mut fx)
     }
 
-    /// [`Fleet::interrupted`], over the writer's effects.
-    pub(super) fn node_interrupted(&mut self, node: &str) -> Written {
-        let Parts { fleet, mut fx, .. } = self.parts();
-        fleet.interrupted(node, &mut fx)
-    }
-
     /// Node `node`'s event, for the operator's webhooks.
     pub(super) fn node_event(&mut self, node: &str, name: &'static str, text: &str) -> Written {
         self.parts().fx.node_event(node, name, text)

@@ -32,12 +32,6 @@ pub struct StagedStart {
 }
 
 impl<S: Store> Engine<S> {
-    /// [`send_staged`], over the writer's parts.
-    pub(super) fn send_staged(&mut self, id: JobId) {
-        let Parts { jobs, fleet, tenants, config, mut fx, .. } = self.parts();
-        send_staged(jobs, &Launch { config, tenants, fleet }, &mut fx, id);
-    }
-
     /// The node started job `id`'s staged attempt (its victims' exits came
     /// first in its report): the job is placed from its hold now, as the
     /// pass would have placed it. False if the core refuses the placement
