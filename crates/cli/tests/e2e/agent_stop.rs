@@ -41,9 +41,10 @@ fn sigterm_to_an_agent_drains_its_node_requeues_its_jobs_and_a_restart_brings_th
         j["state"] == "queued" && j["usage"].as_array().is_some_and(|u| !u.is_empty())
     });
     let notice = event(&job, "drain_notice");
+    let reason = notice["detail"]["reason"].as_str().unwrap_or_default();
     assert!(
-        notice["detail"]["reason"].as_str().unwrap_or_default().contains("drain"),
-        "the notice says why: {notice}"
+        reason.starts_with("node node-0 drained: its agent is stopping (SIGTERM)") && !reason.contains("health"),
+        "the notice says why, and not that the node was unhealthy: {notice}"
     );
     assert_eq!(job["usage"][0]["outcome"], "preempted", "{job}");
     assert!(c.checkpoints(preemptible).join("saved-1").is_file(), "it saved in its window");

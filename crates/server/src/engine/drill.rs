@@ -382,7 +382,7 @@ impl<S: Store> Engine<S> {
             window_seconds: window.as_secs_f64(),
         };
         self.event(id, Event::Drill(DrillDetail::Notice(detail)))?;
-        self.drained(&drain)?;
+        plan::drained(&mut self.parts(), &drain)?;
         self.job_view(principal, id)
     }
 

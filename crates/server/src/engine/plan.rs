@@ -60,7 +60,7 @@ impl<S: Store> Engine<S> {
             self.counters.pass_seconds += started.elapsed().as_secs_f64();
             self.lost_nodes(&plan)?;
             for drain in &plan.drains {
-                self.drained(drain)?;
+                drained(&mut self.parts(), drain)?;
             }
             for preemption in &plan.preemptions {
                 preempting(&mut self.parts(), preemption)?;
@@ -87,60 +87,6 @@ impl<S: Store> Engine<S> {
             self.node_gone(&name, &requeued, "no heartbeat within the timeout")?;
         }
         Ok(())
-    }
-
-    /// A drain notice: the record says draining until the deadline, and
-    /// every node of the attempt is told.
-    pub(super) fn drained(&mut self, d: &Drain) -> Written {
-        let said = self.drain_words(d);
-        let Parts { jobs, mut fx, .. } = self.parts();
-        give_notice(jobs, &mut fx, d, said)
-    }
-
-    /// What drained the attempt `d` drains, in words and as the record
-    /// keeps it (the node by name, the waiting tenant).
-    fn drain_words(&self, d: &Drain) -> (String, Drained) {
-        match d.reason {
-            DrainReason::Preempted { by } => {
-                (format!("preempted by job {}", by.0), Drained::Preempted { by })
-            }
-            DrainReason::NodeDrain { node } => {
-                let name = self.core.node(node).expect("known").name.clone();
-                let why = match &self.fleet.nodes[&name].drained_for {
-                    Some(health) => format!("node {name} drained for its health: {health}"),
-                    None => format!("node {name} drained by the operator"),
-                };
-                (why, Drained::Node { node: name })
-            }
-            DrainReason::Reclaim => {
-                ("preemptible capacity reclaimed by the operator".into(), Drained::Reclaim)
-            }
-            DrainReason::Drill => (DRILL_REASON.into(), Drained::Drill),
-            DrainReason::Quota { tenant } => {
-                let job = &self.jobs[&d.job];
-                let why = format!(
-                    "{QUOTA_REASON} {} borrows past its quota of the {} tier; {} is under its own and waits",
-                    self.tenant_name(job.tenant),
-                    job.tier,
-                    self.tenant_name(tenant)
-                );
-                (why, Drained::Quota { waiting: tenant })
-            }
-            DrainReason::FairShare { tenant } => {
-                let job = &self.jobs[&d.job];
-                let victim = self.tenant_name(job.tenant);
-                let share = self.core.share(job.tier, job.tenant, Time(d.notice_at.0));
-                let why = format!(
-                    "{FAIR_SHARE_REASON} {victim} is furthest above its share of the {} tier ({:.0}% of its usage \
-                     against a weight of {:.0}%); {} waits",
-                    job.tier,
-                    share.share * 100.0,
-                    share.weight_share * 100.0,
-                    self.tenant_name(tenant)
-                );
-                (why, Drained::FairShare { waiting: tenant })
-            }
-        }
     }
 
     /// A new attempt (`p`): what it carries is settled here (its nodes by
@@ -253,6 +199,58 @@ pub(super) fn begin_attempt(p: &mut Parts<'_, impl Effects>, id: JobId, new: New
     let detail = PlacedDetail { placement: shown, from_hold, checkpoint_interval: Some(interval) };
     p.fx.event(&p.jobs[&id], Event::Placed(detail))?;
     effects::save(p.jobs, &mut p.fx, id)
+}
+
+/// What drained the attempt `d` drains, in words and as the record
+/// keeps it (the node by name, the waiting tenant).
+pub(super) fn drain_words(p: &Parts<'_, impl Effects>, d: &Drain) -> (String, Drained) {
+    let name_of = |tenant: TenantId| p.tenants.names.get(&tenant).cloned().unwrap_or_default();
+    match d.reason {
+        DrainReason::Preempted { by } => (format!("preempted by job {}", by.0), Drained::Preempted { by }),
+        DrainReason::NodeDrain { node } => {
+            let name = p.core.node(node).expect("known").name.clone();
+            let why = match &p.fleet.nodes[&name].drained_for {
+                Some(stop) if stop.starts_with(ebb_api::DRAINED_FOR_AGENT_STOP) => {
+                    format!("node {name} drained: {stop}")
+                }
+                Some(health) => format!("node {name} drained for its health: {health}"),
+                None => format!("node {name} drained by the operator"),
+            };
+            (why, Drained::Node { node: name })
+        }
+        DrainReason::Reclaim => ("preemptible capacity reclaimed by the operator".into(), Drained::Reclaim),
+        DrainReason::Drill => (DRILL_REASON.into(), Drained::Drill),
+        DrainReason::Quota { tenant } => {
+            let job = &p.jobs[&d.job];
+            let why = format!(
+                "{QUOTA_REASON} {} borrows past its quota of the {} tier; {} is under its own and waits",
+                name_of(job.tenant),
+                job.tier,
+                name_of(tenant)
+            );
+            (why, Drained::Quota { waiting: tenant })
+        }
+        DrainReason::FairShare { tenant } => {
+            let job = &p.jobs[&d.job];
+            let victim = name_of(job.tenant);
+            let share = p.core.share(job.tier, job.tenant, Time(d.notice_at.0));
+            let why = format!(
+                "{FAIR_SHARE_REASON} {victim} is furthest above its share of the {} tier ({:.0}% of its usage \
+                 against a weight of {:.0}%); {} waits",
+                job.tier,
+                share.share * 100.0,
+                share.weight_share * 100.0,
+                name_of(tenant)
+            );
+            (why, Drained::FairShare { waiting: tenant })
+        }
+    }
+}
+
+/// A drain notice (`give_notice`), said as [`drain_words`] say it.
+pub(super) fn drained(p: &mut Parts<'_, impl Effects>, d: &Drain) -> Written {
+    let said = drain_words(p, d);
+    give_notice(p.jobs, &mut p.fx, d, said)
 }
 
 /// Gives the live attempt `d` drains its notice, said as `(reason,
