@@ -43,7 +43,8 @@ fn sigterm_to_an_agent_drains_its_node_requeues_its_jobs_and_a_restart_brings_th
     let notice = event(&job, "drain_notice");
     let reason = notice["detail"]["reason"].as_str().unwrap_or_default();
     assert!(
-        reason.starts_with("node node-0 drained: its agent is stopping (SIGTERM)") && !reason.contains("health"),
+        reason.starts_with("node node-0 drained: its agent is stopping (SIGTERM)")
+            && !reason.contains("health"),
         "the notice says why, and not that the node was unhealthy: {notice}"
     );
     assert_eq!(job["usage"][0]["outcome"], "preempted", "{job}");

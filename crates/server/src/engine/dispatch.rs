@@ -82,7 +82,7 @@ impl<S: Store> Engine<S> {
                 self.answer(reply, result)?;
             }
             Msg::Drill { principal, id, reply } => {
-                let result = self.drill(&principal, id, now);
+                let result = self.drill(&principal, id);
                 self.answer(reply, result)?;
             }
             Msg::LogFile { principal, id, offset, sources, reply } => {

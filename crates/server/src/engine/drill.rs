@@ -336,7 +336,7 @@ fn ended_how(effect: ExitEffect) -> &'static str {
 impl<S: Store> Engine<S> {
     /// Starts a drill of job `id`: the core gives it its notice, and the
     /// record, the agents and the timeline are told as for any drain.
-    pub(super) fn drill(&mut self, principal: &Principal, id: JobId, now: u64) -> Result<ebb_api::Job, Fail> {
+    pub(super) fn drill(&mut self, principal: &Principal, id: JobId) -> Result<ebb_api::Job, Fail> {
         self.visible(principal, id)?;
         let job = &self.jobs[&id];
         if job.tier != Tier::Preemptible {
@@ -365,31 +365,8 @@ impl<S: Store> Engine<S> {
                 .into())
             }
         }
-        let window = self.sched.drain_window;
-        let drain = self.core.drill(id, Time(now), window).map_err(|e| match e {
-            ebb_scheduler::StateError::Invalid(m) => Refusal::unacceptable(m),
-            other => Refusal::conflict(other.to_string()),
-        })?;
-        self.drill_changed(id, |d| d.abandoned("a new drill began", now))?;
-        let job = self.jobs.get_mut(&id).expect("visible");
-        let nodes = job.running_on.clone();
-        job.drill = Some(Box::new(DrillRecord::new(drain.attempt, nodes.clone(), now, drain.deadline.0)));
-        let detail = DrillNotice {
-            attempt: drain.attempt.0,
-            nodes,
-            notice_at: rfc3339(now),
-            deadline: rfc3339(drain.deadline.0),
-            window_seconds: window.as_secs_f64(),
-        };
-        self.event(id, Event::Drill(DrillDetail::Notice(detail)))?;
-        plan::drained(&mut self.parts(), &drain)?;
+        begin(&mut self.parts(), id)?;
         self.job_view(principal, id)
-    }
-
-    /// [`changed`] of job `id`'s drill.
-    pub(super) fn drill_changed(&mut self, id: JobId, change: impl FnOnce(&mut DrillRecord)) -> Written {
-        let Parts { jobs, mut fx, .. } = self.parts();
-        changed(jobs, &mut fx, id, change)
     }
 }
 
@@ -416,6 +393,29 @@ pub(super) fn changed(
     }
     tracing::info!(job = id.0, verdict = report.verdict.as_deref(), failures = ?report.failures, "drill concluded");
     fx.event(&jobs[&id], Event::Drill(DrillDetail::Verdict(Box::new(report))))
+}
+
+/// A drill of job `id` begins: its running attempt is drained as for a
+/// preemption, with a drill's notice, and the drill's record opens.
+fn begin(p: &mut Parts<'_, impl Effects>, id: JobId) -> Result<(), Fail> {
+    let (now, window) = (p.fx.now(), p.config.drain_window);
+    let drain = p.core.drill(id, Time(now), window).map_err(|e| match e {
+        ebb_scheduler::StateError::Invalid(m) => Refusal::unacceptable(m),
+        other => Refusal::conflict(other.to_string()),
+    })?;
+    changed(p.jobs, &mut p.fx, id, |d| d.abandoned("a new drill began", now))?;
+    let job = p.jobs.get_mut(&id).expect("visible");
+    let nodes = job.running_on.clone();
+    job.drill = Some(Box::new(DrillRecord::new(drain.attempt, nodes.clone(), now, drain.deadline.0)));
+    let detail = DrillNotice {
+        attempt: drain.attempt.0,
+        nodes,
+        notice_at: rfc3339(now),
+        deadline: rfc3339(drain.deadline.0),
+        window_seconds: window.as_secs_f64(),
+    };
+    p.fx.event(job, Event::Drill(DrillDetail::Notice(detail)))?;
+    Ok(plan::drained(p, &drain)?)
 }
 
 #[cfg(test)]

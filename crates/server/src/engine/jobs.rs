@@ -246,16 +246,8 @@ impl<S: Store> Engine<S> {
 
     /// Sends `signal` to job `id`'s live attempt on each of its nodes.
     pub(super) fn signal(&mut self, id: JobId, signal: i32, batch_only: bool) -> Result<ebb_api::Job, Fail> {
-        let job = &self.jobs[&id];
-        if !job.state.is_live() {
-            let message = format!("job {id}: {}; only a running job can be signalled", job.state.as_str());
-            return Err(Refusal::conflict(message).into());
-        }
-        let attempt = AttemptRef { job: id, attempt: job.attempt };
-        tracing::info!(job = id.0, signal, batch_only, "signal sent to the job");
-        for node in job.running_on.clone() {
-            self.outbox.push(&node, Action::Signal { attempt, signal, batch_only });
-        }
+        let Parts { jobs, mut fx, .. } = self.parts();
+        send_signal(jobs, &mut fx, id, (signal, batch_only))?;
         Ok(self.view(&self.jobs[&id], Vec::new()))
     }
 
@@ -660,6 +652,27 @@ fn admit(p: &mut Parts<'_, impl Effects>, record: JobRecord) -> Result<(), Fail>
         return Err(e);
     }
     Ok(effects::save(p.jobs, &mut p.fx, id)?)
+}
+
+/// Sends `signal` to job `id`'s live attempt on each of its nodes (to its
+/// batch shell alone where `batch_only`).
+fn send_signal(
+    jobs: &JobTable,
+    fx: &mut impl Effects,
+    id: JobId,
+    (signal, batch_only): (i32, bool),
+) -> Result<(), Refusal> {
+    let job = &jobs[&id];
+    if !job.state.is_live() {
+        let message = format!("job {id}: {}; only a running job can be signalled", job.state.as_str());
+        return Err(Refusal::conflict(message));
+    }
+    let attempt = AttemptRef { job: id, attempt: job.attempt };
+    tracing::info!(job = id.0, signal, batch_only, "signal sent to the job");
+    for node in &job.running_on {
+        fx.send(node, Action::Signal { attempt, signal, batch_only });
+    }
+    Ok(())
 }
 
 /// Cancels job `id`: a queued one ends now; a running one is told (its

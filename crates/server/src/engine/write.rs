@@ -6,12 +6,6 @@ use std::io::Write as _;
 use super::*;
 
 impl<S: Store> Engine<S> {
-    /// Records `event` of job `id` at the batch's instant.
-    pub(super) fn event(&mut self, id: JobId, event: Event) -> Written {
-        let Parts { jobs, fx: mut writes, .. } = self.parts();
-        writes.job_event(id, jobs.get(&id), event)
-    }
-
     /// Writes job `id`'s record, and counts it as it is now. A job that
     /// has just finished leaves memory `keep_finished` from now.
     pub(super) fn save(&mut self, id: JobId) -> Written {
