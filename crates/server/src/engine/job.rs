@@ -896,5 +896,28 @@ mod tests {
             let json = serde_json::to_string(&notice).unwrap();
             prop_assert_eq!(serde_json::from_str::<DrainNotice>(&json).unwrap(), notice);
         }
+
+        /// A checkpoint at any instant, attempt, step, size and duration a
+        /// node may report: stored in either form (with the old text of
+        /// its time, whatever it says), it reads back as it was, and its
+        /// view writes a time even past the year 9999.
+        #[test]
+        fn any_stored_checkpoint_reads_back_and_shows(
+            at_ms in any::<u64>(),
+            attempt in any::<u32>(),
+            step in any::<Option<u64>>(),
+            bytes in any::<Option<u64>>(),
+            seconds in 0.0..1e18f64,
+            at_text in ".{0,40}",
+        ) {
+            let saved = SavedCheckpoint { at_ms, attempt: Attempt(attempt), step, bytes, seconds };
+            let json = serde_json::to_value(&saved).unwrap();
+            prop_assert_eq!(serde_json::from_value::<SavedCheckpoint>(json.clone()).unwrap(), saved.clone());
+            let mut old = json;
+            old["at"] = serde_json::Value::String(at_text);
+            prop_assert_eq!(serde_json::from_value::<SavedCheckpoint>(old).unwrap(), saved.clone());
+            let view = saved.view();
+            prop_assert!(!view.at.is_empty() && view.at_ms == at_ms && view.attempt == attempt);
+        }
     }
 }
