@@ -48,6 +48,7 @@ use crate::{hash_token, new_token, rfc3339, Principal, Refusal, TokenMap, TokenS
 mod admission;
 mod agents;
 mod batch;
+mod checkpoints;
 mod config;
 mod credentials;
 mod deadline;
@@ -77,6 +78,7 @@ mod write;
 
 use admission::Admission;
 pub use batch::BatchFailed;
+pub use checkpoints::{CheckpointStats, SavedCheckpoint};
 pub use config::{check_policy, check_times, ConfigError, EngineConfig, MAX_KEEP_FINISHED};
 use credentials::write_secret;
 pub use deadline::{Deadline, Progress, Promotion, RESTART_ALLOWANCE_MS};
@@ -87,8 +89,8 @@ pub use ending::STOP_GRACE_MS;
 pub use exits::UNSTARTED_GRACE_MS;
 use job::TenantLoad;
 pub use job::{
-    restart_backoff_ms, ArrayTask, CheckpointStats, DrainNotice, Drained, JobRecord, JobState, Part, Restart,
-    SavedCheckpoint, StoredSpec, Waiting, QUICK_EXIT_MS,
+    restart_backoff_ms, ArrayTask, DrainNotice, Drained, JobRecord, JobState, Part, Restart, StoredSpec,
+    Waiting, QUICK_EXIT_MS,
 };
 use launch::Launch;
 pub use lines::{Lines, QuietPoll};
