@@ -11,6 +11,31 @@ use super::*;
 /// whose part ended.
 pub const STOP_GRACE_MS: u64 = 10_000;
 
+/// What ended an attempt besides its own exit, as its node said; kept on
+/// the record until the attempt's end is applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EndedBy {
+    /// The job asked to be requeued (`scontrol requeue`, its endpoint's
+    /// `requeue`): requeued as a preemption is, not failed.
+    Requeue,
+    /// It ran past its time limit.
+    TimeLimit,
+    /// Its node's agent was stopped and the attempt still ran at the
+    /// agent's stop timeout: requeued, not the job's failure.
+    NodeStopping,
+}
+
+impl From<ebb_api::EndedBy> for EndedBy {
+    fn from(by: ebb_api::EndedBy) -> EndedBy {
+        match by {
+            ebb_api::EndedBy::Requeue => EndedBy::Requeue,
+            ebb_api::EndedBy::TimeLimit => EndedBy::TimeLimit,
+            ebb_api::EndedBy::NodeStopping => EndedBy::NodeStopping,
+        }
+    }
+}
+
 /// The grace a cancel gets: the one asked for, or [`STOP_GRACE_MS`] (the
 /// drain window if that is shorter). A cancel never holds GPUs longer
 /// than a preemption may, so more than the drain window is refused.

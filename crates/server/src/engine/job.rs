@@ -228,7 +228,7 @@ pub struct JobRecord {
     pub deadline: Option<Box<super::Deadline>>,
     /// What ended the live attempt besides its exit, as a node said.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ended_by: Option<ebb_api::EndedBy>,
+    pub ended_by: Option<EndedBy>,
     /// It failed because an attempt ran past its time limit.
     #[serde(default, skip_serializing_if = "is_default")]
     pub timed_out: bool,
@@ -471,111 +471,6 @@ impl crate::store::JobRow for JobRecord {
     }
 }
 
-/// What the server keeps of a submission once it is checked: what runs,
-/// and the rules for its ends. Tier, GPUs, signal and array are resolved
-/// into the record. Its own type, not the API's request: the API may grow
-/// without changing what the store holds. Fields read from records of
-/// older servers that are not here are ignored.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct StoredSpec {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gpu_model: Option<String>,
-    /// Shared by the tasks of one submission, as `env` is.
-    pub argv: Arc<Vec<String>>,
-    /// Shared by the tasks of one submission (an array's may be the
-    /// submitter's whole environment, 100,000 times).
-    #[serde(default, skip_serializing_if = "is_empty_env")]
-    pub env: Arc<BTreeMap<String, String>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub workdir: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_preemptions: Option<u32>,
-    /// Its place among its tenant's jobs of its tier: higher first.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub priority: i32,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_retries: Option<u32>,
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub exit_on_drain_is_success: bool,
-    #[serde(default, skip_serializing_if = "Restart::is_never", deserialize_with = "Restart::or_null")]
-    pub restart: Restart,
-    /// The image it runs in, with the digest resolved at submit.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub image: Option<ebb_api::JobImage>,
-    /// Each attempt's time limit, milliseconds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub time_limit_ms: Option<u64>,
-    /// What it waits for before it may run (`after`), checked at submit.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub after: Option<super::gates::After>,
-    /// At most this many of its array's tasks run at once.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub array_limit: Option<u32>,
-    /// A Slurm batch job's script and options (shared by an array's tasks).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub slurm: Option<Arc<ebb_api::SlurmBatch>>,
-}
-
-/// What happens when a job's attempt exits (but for a cancel).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Restart {
-    /// It ends: succeeded, failed, or retried by `max_retries`.
-    #[default]
-    Never,
-    /// It runs again after every exit, as a service does.
-    Always,
-}
-
-impl Restart {
-    fn is_never(&self) -> bool {
-        *self == Restart::Never
-    }
-
-    /// Early releases stored `"restart": null` for none.
-    fn or_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Restart, D::Error> {
-        Ok(Option::<Restart>::deserialize(d)?.unwrap_or_default())
-    }
-}
-
-impl From<JobSubmission> for StoredSpec {
-    fn from(s: JobSubmission) -> StoredSpec {
-        StoredSpec {
-            name: s.name,
-            gpu_model: s.gpu_model,
-            argv: Arc::new(s.argv),
-            env: Arc::new(s.env),
-            workdir: s.workdir,
-            max_preemptions: s.max_preemptions,
-            priority: s.priority.unwrap_or(0),
-            max_retries: s.max_retries,
-            exit_on_drain_is_success: s.exit_on_drain_is_success,
-            // Validated at submit: `never`, `always` or none.
-            restart: if s.restart.as_deref() == Some("always") { Restart::Always } else { Restart::Never },
-            image: s
-                .image
-                .zip(s.image_digest)
-                .map(|(reference, digest)| ebb_api::JobImage { reference, digest }),
-            time_limit_ms: s.time_limit_s.map(|s| s.saturating_mul(1000)),
-            // Checked against the tenant's jobs before it is set.
-            after: None,
-            array_limit: s.array_limit,
-            slurm: s.slurm.map(Arc::new),
-        }
-    }
-}
-
-impl StoredSpec {
-    /// What its arguments and environment cost the server to keep, as
-    /// tenants' limits count them (see [`crate::validate::stored_bytes`]).
-    pub fn stored_bytes(&self) -> u64 {
-        let script = self.slurm.as_ref().map_or(0, |s| s.script.len() as u64);
-        crate::validate::stored_bytes(&self.argv, &self.env).saturating_add(script)
-    }
-}
-
 /// A run id's random bits: never 0 (which marks a job without them).
 fn new_run_nonce() -> u64 {
     let mut bytes = [0u8; 8];
@@ -715,10 +610,6 @@ fn is_default<T: Default + PartialEq>(value: &T) -> bool {
     *value == T::default()
 }
 
-fn is_empty_env(env: &Arc<BTreeMap<String, String>>) -> bool {
-    env.is_empty()
-}
-
 mod tier_name {
     use ebb_core::Tier;
     use serde::{Deserialize, Deserializer, Serializer};
@@ -730,10 +621,6 @@ mod tier_name {
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Tier, D::Error> {
         String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
     }
-}
-
-fn is_zero(n: &i32) -> bool {
-    *n == 0
 }
 
 #[cfg(test)]

@@ -123,7 +123,7 @@ impl Launch<'_> {
                     }
                 }),
                 time_limit_ms: job.spec.time_limit_ms,
-                slurm: job.spec.slurm.as_deref().cloned(),
+                slurm: job.spec.slurm.as_ref().map(|s| s.to_api(true)),
                 when_gpus_free: false,
             }
         };

@@ -34,8 +34,8 @@ use std::time::SystemTime;
 
 use ebb_api::events::*;
 use ebb_api::{
-    Action, AgentEvent, AttemptRef, Command, DrainAttempt, EndedBy, JobSubmission, Register, Registered,
-    ReportReply, StartAttempt,
+    Action, AgentEvent, AttemptRef, Command, DrainAttempt, JobSubmission, Register, Registered, ReportReply,
+    StartAttempt,
 };
 use ebb_core::{Attempt, GpuModelId, JobId, NodeId, Span, TenantId, Tier, Time};
 use ebb_scheduler::{DrainReason, ExitEffect, ExitKind, JobSpec, NodeSpec, NodeStatus, Notice, State};
@@ -70,6 +70,7 @@ mod pending;
 mod plan;
 mod recovery;
 mod reports;
+mod spec;
 mod staged;
 mod table;
 mod views;
@@ -85,18 +86,18 @@ pub use deadline::{Deadline, Progress, Promotion, RESTART_ALLOWANCE_MS};
 pub use drill::{DrillExit, DrillRecord, NextAttempt, Resume, LOST_WORK_TOLERANCE};
 use due::Due;
 use effects::{Effects, Parts};
-pub use ending::STOP_GRACE_MS;
+pub use ending::{EndedBy, STOP_GRACE_MS};
 pub use exits::UNSTARTED_GRACE_MS;
 use job::TenantLoad;
 pub use job::{
-    restart_backoff_ms, ArrayTask, DrainNotice, Drained, JobRecord, JobState, Part, Restart, StoredSpec,
-    Waiting, QUICK_EXIT_MS,
+    restart_backoff_ms, ArrayTask, DrainNotice, Drained, JobRecord, JobState, Part, Waiting, QUICK_EXIT_MS,
 };
 use launch::Launch;
 pub use lines::{Lines, QuietPoll};
 pub use plan::BATCH_STARTS;
 use recovery::gpu_indices;
 pub use recovery::{OpenError, RestoreError};
+pub use spec::{PinnedImage, Restart, SlurmOptions, StoredSpec};
 use table::JobTable;
 pub use views::JobQuery;
 
@@ -393,7 +394,7 @@ struct PartExit {
     port_in_use: Option<u16>,
     /// The agent ended it: the job asked to be requeued, or it ran past
     /// its time limit.
-    ended_by: Option<ebb_api::EndedBy>,
+    ended_by: Option<EndedBy>,
 }
 
 impl PartExit {

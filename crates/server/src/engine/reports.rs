@@ -49,7 +49,7 @@ pub(super) fn attempt_event(p: &mut Parts<'_, impl Effects>, node: &str, event: 
                 peak_memory_bytes,
                 start_error,
                 port_in_use,
-                ended_by,
+                ended_by: ended_by.map(EndedBy::from),
             };
             exits::part_exited(p, node, attempt, exit, at_ms)
         }

@@ -292,7 +292,7 @@ impl<S: Store> Engine<S> {
                 .deadline
                 .as_ref()
                 .map(|d| deadline::status(job, d, self.now, self.config.drain_window)),
-            image: job.spec.image.clone(),
+            image: job.spec.image.clone().map(Into::into),
             pulling: job.pulling.as_ref().map(|(node, done, total)| ebb_api::PullProgress {
                 node: node.clone(),
                 done_bytes: *done,
@@ -300,11 +300,7 @@ impl<S: Store> Engine<S> {
             }),
             time_limit_s: job.spec.time_limit_ms.map(|ms| ms / 1000),
             // The script is the tenant's to keep; a listing need not carry it.
-            slurm: job
-                .spec
-                .slurm
-                .as_deref()
-                .map(|s| ebb_api::SlurmBatch { script: String::new(), ..s.clone() }),
+            slurm: job.spec.slurm.as_ref().map(|s| s.to_api(false)),
             timed_out: job.timed_out,
             priority: job.spec.priority,
             started_at: (job.attempt > Attempt(0))
