@@ -57,7 +57,8 @@ fn survives(name: &str, fail: impl FnOnce(&mut Plane) -> Instant, after: impl Fn
     let preemptor = plane.submit(&["--tier", "on-demand", "--gpus", "2", "--", "bash", "-c", NOTED]);
     let draining = plane.wait_job(victim, "draining", |j| j["state"] == "draining");
     let deadline = event_ms(&draining, "drain_notice", 1).unwrap() + DRAIN_WINDOW_MS;
-    std::thread::sleep(Duration::from_millis(1500));
+    // The leader fails with submissions under way.
+    submitter.wait_answered(5);
 
     let failed_at = fail(&mut plane);
     let health = plane.wait_role(1, "leader");
@@ -67,7 +68,8 @@ fn survives(name: &str, fail: impl FnOnce(&mut Plane) -> Instant, after: impl Fn
     after(&mut plane);
 
     plane.wait_job(preemptor, "running", |j| j["state"] == "running");
-    std::thread::sleep(Duration::from_secs(2));
+    // And go on to be answered by the new leader.
+    submitter.wait_answered(submitter.answered() + 5);
     let (answered, refused) = submitter.finish();
     eprintln!("{} submissions answered, {refused} not", answered.len());
     assert!(answered.len() >= 10, "too few submissions answered: {}", answered.len());

@@ -120,7 +120,8 @@ fn with_fair_share_preemption_a_late_tenant_starts_within_the_drain_window() {
     wait_for("acme's tasks on all 4 GPUs", Duration::from_secs(30), || {
         (states(&c, &array).1 == 4).then_some(())
     });
-    std::thread::sleep(Duration::from_secs(2)); // past --min-runtime
+    // Within --min-runtime acme's tasks are no victims; past it, beta's
+    // first job names the one it drains.
     let late: Vec<u64> = (0..2).map(|_| c.submit_as(&b, &["--", "sleep", "600"])).collect();
     let job = wait_for("beta's job to reclaim its share or run", Duration::from_secs(10), || {
         let job = c.job(late[0]);

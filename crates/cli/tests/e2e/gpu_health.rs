@@ -117,7 +117,11 @@ fn an_xid_takes_its_gpu_out_and_requeues_its_job_a_warning_changes_nothing_a_fai
     running(&c, big, 3);
     let back = c.ebb(&["undrain", &format!("node-{node}"), "--gpu", "3"]);
     assert!(back.starts_with(&format!("node node-{node}: GPU 3 back in service; up")), "{back}");
-    std::thread::sleep(Duration::from_millis(900));
+    // Two more readings of the node, the fault file unchanged.
+    let checked = c.health_checks(node);
+    wait_for("two more health checks", Duration::from_secs(20), || {
+        (c.health_checks(node) >= checked + 2).then_some(())
+    });
     assert!(!c.ebb(&["nodes"]).contains(&out_line), "a finding already seen does not take it out again");
     c.assert_no_double_booking();
 }

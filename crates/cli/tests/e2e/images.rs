@@ -126,7 +126,6 @@ fn jobs_run_in_their_images_resume_on_another_node_and_tenants_cannot_see_each_o
     // Tenant B, also nobody, in the same image on a node that has it: it
     // pulls nothing, and sees none of A's processes, environment or
     // checkpoints.
-    std::thread::sleep(Duration::from_millis(800));
     let blobs = open.blob_gets();
     let alice_checkpoints = c.checkpoints(job);
     let spy = format!(

@@ -61,12 +61,14 @@ fn preemption_delivers_the_drain_and_requeues_the_victim() {
         .send()
         .unwrap();
     assert_eq!(token.status().as_u16(), 200, "IMDSv2 token");
-    // A GCP client blocking on the change.
+    // A GCP client blocking on the change from what it last read (its
+    // ETag): answered at once if the change comes before it asks.
+    let read = http().get(&gcp).header("Metadata-Flavor", "Google").send().unwrap();
+    let etag = read.headers()["etag"].to_str().unwrap().to_string();
     let waiter = {
-        let gcp = format!("{gcp}?wait_for_change=true");
+        let gcp = format!("{gcp}?wait_for_change=true&last_etag={etag}");
         std::thread::spawn(move || get(&gcp, Some(("Metadata-Flavor", "Google"))))
     };
-    std::thread::sleep(Duration::from_millis(200));
 
     let od = c.submit(&[
         "--tier",
@@ -461,10 +463,12 @@ fn a_server_restarted_mid_drain_keeps_the_hold_and_evicts_no_one_else() {
         "--",
         "bash",
         "-c",
-        r#"trap '' TERM; while [ ! -e "$EBB_CHECKPOINT_DIR/release" ]; do sleep 0.05; done"#,
+        r#"trap '' TERM; touch "$EBB_CHECKPOINT_DIR/deaf"; while [ ! -e "$EBB_CHECKPOINT_DIR/release" ]; do sleep 0.05; done"#,
     ]);
     c.wait_state(slow, "running");
-    std::thread::sleep(Duration::from_millis(50));
+    wait_for("the victim to ignore its signal", Duration::from_secs(20), || {
+        c.checkpoints(slow).join("deaf").exists().then_some(())
+    });
     let od = c.submit(&["--tier", "on-demand", "--gpus", "2", "--", "sleep", "600"]);
     c.wait_state(slow, "draining");
     c.kill_server();
@@ -558,6 +562,15 @@ fn polls(c: &Cluster) -> (f64, f64, f64) {
     (value("writer"), value("quiet"), value("woken"))
 }
 
+/// Waits until the node's next poll reaches the writer: it has seen what
+/// was committed before, and its next poll is on its way to wait.
+fn next_writer_poll(c: &Cluster) {
+    let seen = polls(c).0;
+    wait_for("the node's next poll at the writer", Duration::from_secs(20), || {
+        (polls(c).0 > seen).then_some(())
+    });
+}
+
 fn last_heartbeat(c: &Cluster) -> String {
     let nodes: Value = serde_json::from_str(&c.ebb(&["nodes", "--json"])).unwrap();
     nodes[0]["last_heartbeat"].as_str().unwrap().to_string()
@@ -569,8 +582,10 @@ fn an_idle_nodes_polls_are_answered_without_the_writer_and_still_count_as_contac
     // Idle at a 200 ms interval: about 5 polls a second, all but the first
     // answered from the node's quiet line.
     // Counted until five quiet polls came (about a second; longer on a
-    // loaded machine), not over a fixed sleep.
-    std::thread::sleep(Duration::from_millis(500));
+    // loaded machine), not over a fixed sleep, from its first quiet one.
+    wait_for("the idle node's first quiet poll", Duration::from_secs(20), || {
+        (polls(&c).1 >= 1.0).then_some(())
+    });
     let (writer0, quiet0, _) = polls(&c);
     let heard0 = last_heartbeat(&c);
     let (writer1, _) = wait_for("five quiet polls", Duration::from_secs(20), || {
@@ -578,9 +593,10 @@ fn an_idle_nodes_polls_are_answered_without_the_writer_and_still_count_as_contac
         (quiet - quiet0 >= 5.0).then_some((writer, quiet))
     });
     assert!(writer1 - writer0 <= 1.0, "polls to the writer {writer0} -> {writer1}");
+    // Past the 1.5 s heartbeat timeout with quiet polls alone (the time
+    // is what is tested): their contact is applied, the node's last
+    // heartbeat moves on, and it stays up.
     std::thread::sleep(Duration::from_millis(1_600));
-    // Their contact is applied: the node's last heartbeat moves on, and it
-    // stays up well past the 1.5 s timeout.
     let heard1 = last_heartbeat(&c);
     assert!(heard1 > heard0, "last heartbeat {heard0} -> {heard1}");
     let nodes: Value = serde_json::from_str(&c.ebb(&["nodes", "--json"])).unwrap();
@@ -591,7 +607,7 @@ fn an_idle_nodes_polls_are_answered_without_the_writer_and_still_count_as_contac
     // runs, the node is not quiet and its polls go to the writer.
     let job = c.submit_sleeper(1);
     c.wait_state(job, "running");
-    std::thread::sleep(Duration::from_millis(300));
+    next_writer_poll(&c);
     let (writer2, quiet2, _) = polls(&c);
     let quiet3 = wait_for("three polls of the busy node at the writer", Duration::from_secs(20), || {
         let (writer, quiet, _) = polls(&c);
@@ -604,7 +620,7 @@ fn an_idle_nodes_polls_are_answered_without_the_writer_and_still_count_as_contac
     // answer and the next poll is answered by the writer.
     let mut woken = false;
     for _ in 0..3 {
-        std::thread::sleep(Duration::from_millis(300));
+        next_writer_poll(&c);
         let before = polls(&c).2;
         let second = c.submit_sleeper(1);
         c.wait_state(second, "running");
@@ -618,11 +634,8 @@ fn an_idle_nodes_polls_are_answered_without_the_writer_and_still_count_as_contac
     assert!(woken, "no start reached a waiting poll with the wake");
     c.ebb(&["cancel", &job.to_string()]);
     c.wait_state(job, "cancelled");
-    wait_for("the node to be quiet again", Duration::from_secs(10), || {
-        let (_, before, _) = polls(&c);
-        std::thread::sleep(Duration::from_millis(500));
-        (polls(&c).1 > before).then_some(())
-    });
+    let quiet4 = polls(&c).1;
+    wait_for("the node to be quiet again", Duration::from_secs(10), || (polls(&c).1 > quiet4).then_some(()));
 
     // A quiet node that goes silent is lost at the timeout as any other,
     // and joins again when it comes back.

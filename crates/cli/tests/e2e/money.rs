@@ -5,7 +5,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::support;
-use crate::support::{events, Cluster, Options};
+use crate::support::{events, wait_for, Cluster, Options};
 use serde_json::{json, Value};
 
 const MODEL: &str = "H100-80GB";
@@ -91,7 +91,7 @@ fn assert_series_adds_up_to_the_report(c: &Cluster) {
 }
 
 /// A job that "works" until told to stop, then exits at once.
-const WORKER: &str = "trap 'exit 0' TERM; sleep 1.5 & wait";
+const WORKER: &str = "trap 'exit 0' TERM; echo working; sleep 1.5 & wait";
 
 /// The same, for a minute.
 const LONG_WORKER: &str = "trap 'exit 0' TERM; sleep 60 & wait";
@@ -172,7 +172,7 @@ fn a_tenant_pays_half_for_preemptible_work_and_the_bill_matches_show() {
     c.wait_state(od, "succeeded");
     let pe = c.submit_as(&acme, &["--gpus", "2", "--", "bash", "-c", WORKER]);
     c.wait_state(pe, "running");
-    std::thread::sleep(Duration::from_millis(500));
+    wait_for("the worker to run", Duration::from_secs(20), || c.output(pe).contains("working").then_some(()));
     // Someone else's on-demand work takes the GPUs once.
     c.submit(&["--tier", "on-demand", "--gpus", "2", "--", "sleep", "0.5"]);
     let done = c.wait_job(pe, "to finish after a preemption", Duration::from_secs(30), |j| {
@@ -296,8 +296,8 @@ fn a_reservation_takes_back_its_lent_gpus_and_the_borrower_pays_only_what_it_ran
     .unwrap();
     assert_eq!(r["rate_micro_usd"], 1_800_000, "the book's reserved rate");
     // Idle reserved GPUs are lent to preemptible work.
-    let script = r#"date +%s%3N > "$EBB_CHECKPOINT_DIR/start-$EBB_ATTEMPT"
-trap 'date +%s%3N > "$EBB_CHECKPOINT_DIR/end-$EBB_ATTEMPT"; exit 0' TERM
+    let script = r#"trap 'date +%s%3N > "$EBB_CHECKPOINT_DIR/end-$EBB_ATTEMPT"; exit 0' TERM
+date +%s%3N > "$EBB_CHECKPOINT_DIR/start-$EBB_ATTEMPT"
 while :; do sleep 0.05; done"#;
     let lent = c.submit_as(&borrower, &["--gpus", "4", "--", "bash", "-c", script]);
     c.wait_state(lent, "running");
@@ -316,8 +316,10 @@ while :; do sleep 0.05; done"#;
     )
     .unwrap();
     assert_eq!(lending(&seen[0]), (json!(true), json!(0), json!(4), Value::Null), "{seen}");
-    std::thread::sleep(Duration::from_millis(1500));
-    // The owner wants its GPUs back.
+    // Once it runs (its trap set), the owner wants its GPUs back.
+    wait_for("the borrower's process", Duration::from_secs(20), || {
+        c.checkpoints(lent).join("start-1").exists().then_some(())
+    });
     let own = c.submit_as(&owner, &["--tier", "reserved", "--gpus", "4", "--", "sleep", "3"]);
     let started = c.wait_job(own, "the owner's job to start", Duration::from_secs(20), |j| {
         events(j).contains(&"started".to_string())

@@ -123,9 +123,16 @@ fn a_second_ebb_up_on_a_directory_in_use_refuses_and_the_first_cluster_is_untouc
     assert!(err.contains(&holder), "{err}");
     assert!(err.contains(&format!("the cluster running from it serves {url}")), "{err}");
     assert!(!err.contains("--port"), "the port, not the news, was said too: {err}");
-    std::thread::sleep(Duration::from_secs(1));
-    assert!(pid_alive(pid), "the first cluster's job was killed");
     assert_eq!(listing(&dir.join("logs")).len(), before.len());
+    // A job submitted since runs through the first cluster: its node
+    // would have reported the sleeper's end before this one's.
+    let out = first.ebb(&["submit", "--json", "--", "true"]);
+    let after = serde_json::from_slice::<Value>(&out.stdout).unwrap()["id"].as_u64().unwrap().to_string();
+    wait_for("a job submitted since to succeed", Duration::from_secs(30), || {
+        let shown: Value = serde_json::from_slice(&first.ebb(&["show", &after, "--json"]).stdout).ok()?;
+        (shown["state"] == "succeeded").then_some(())
+    });
+    assert!(pid_alive(pid), "the first cluster's job was killed");
     let shown: Value = serde_json::from_slice(&first.ebb(&["show", &id, "--json"]).stdout).unwrap();
     assert_eq!(shown["state"], "running");
     let mut first = first;

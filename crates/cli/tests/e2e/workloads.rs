@@ -84,10 +84,13 @@ fn training_saved_on_notice_resumes_bit_identical_and_loses_almost_nothing() {
     let job = train(&c, &out, &["--mode", "notice"]);
     for round in 1..=2u64 {
         let started = format!("attempt {round}: training from step");
+        // Preempted once this attempt has trained a while: a step line
+        // after its start (every 500 steps).
         wait_for("training to run", Duration::from_secs(60), || {
-            c.output(job).contains(&started).then_some(())
+            let output = c.output(job);
+            let (_, since) = output.split_once(&started)?;
+            since.lines().any(|l| l.starts_with("step ")).then_some(())
         });
-        std::thread::sleep(Duration::from_millis(800));
         preempt(&c, job, round);
     }
     let done = c.wait_job(job, "to succeed", Duration::from_secs(120), |j| j["state"] == "succeeded");
@@ -106,7 +109,7 @@ fn training_saved_on_notice_resumes_bit_identical_and_loses_almost_nothing() {
     assert_eq!(event_details(&done, "checkpoint").len(), 2);
     for (round, l) in (1..=2u64).zip(&lost) {
         // Each attempt saved after its notice, so nothing it trained before
-        // the notice (800 ms and more) was lost: at most what it ran from
+        // the notice (a step line and more) was lost: at most what it ran from
         // the notice to its exit, however slow the machine.
         let notice = ms_of(&done, "drain_notice", round);
         assert!(
@@ -224,12 +227,22 @@ fn an_array_of_100_shards_completes_each_shard_exactly_once_under_preemption() {
     let args = ["--array", "0-99", "--name", "infer", "--", "python3", &script, "run", "--data", data_arg];
     let first = c.submit(&args);
     // On-demand work keeps arriving and taking GPUs from the shards.
+    // Each burst runs, and the shards take the GPUs back and finish
+    // another before the next one comes.
     let progress = |c: &Cluster| c.job(first)["progress"].clone();
+    let done = |c: &Cluster| progress(c)["done"].as_u64().unwrap();
     let mut bursts = 0;
-    while progress(&c)["done"].as_u64().unwrap() < 100 {
-        c.submit(&["--tier", "on-demand", "--gpus", "2", "--", "sleep", "0.4"]);
+    loop {
+        let before = done(&c);
+        if before == 100 {
+            break;
+        }
+        let burst = c.submit(&["--tier", "on-demand", "--gpus", "2", "--", "sleep", "0.4"]);
         bursts += 1;
-        std::thread::sleep(Duration::from_millis(1200));
+        c.wait_state(burst, "succeeded");
+        wait_for("a shard to finish after the burst", Duration::from_secs(60), || {
+            (done(&c) > before).then_some(())
+        });
         assert!(bursts < 200, "the array did not finish: {}", progress(&c));
     }
     let p = progress(&c);
@@ -279,6 +292,7 @@ fn the_victim_is_the_candidate_that_checkpointed_most_recently() {
     let c = Cluster::start(Options { nodes: 1, gpus: 2, ..Options::default() });
     let older = c.submit(&["--name", "a", "--", "python3", "-c", REPORTER]);
     c.wait_state(older, "running");
+    // Started apart in time, so that "younger" is the younger.
     std::thread::sleep(Duration::from_millis(100));
     let younger = c.submit(&["--name", "b", "--", "python3", "-c", REPORTER]);
     c.wait_state(younger, "running");
@@ -378,7 +392,7 @@ fn a_sweep_runs_one_trial_per_combination_and_preempted_trials_resume() {
             .count();
         (training == 2).then_some(())
     });
-    std::thread::sleep(Duration::from_millis(500));
+    // Past "from step", a trial saves a step of its own at the notice.
     c.submit(&["--tier", "on-demand", "--gpus", "2", "--", "sleep", "0.3"]);
     let p = c.wait_job(first, "all trials", Duration::from_secs(120), |j| j["progress"]["done"] == 4)
         ["progress"]
@@ -443,7 +457,8 @@ fn preprocessing_chunks_survive_preemption_with_idempotent_outputs() {
     wait_for("two chunks to run", Duration::from_secs(60), || {
         (c.job(first)["progress"]["states"]["running"] == 2).then_some(())
     });
-    std::thread::sleep(Duration::from_millis(500));
+    // A chunk drained at any point, before its first row or mid-way,
+    // writes nothing and is redone whole.
     c.submit(&["--tier", "on-demand", "--gpus", "2", "--", "sleep", "0.3"]);
     let p = c.wait_job(first, "all chunks", Duration::from_secs(120), |j| j["progress"]["done"] == 8)
         ["progress"]

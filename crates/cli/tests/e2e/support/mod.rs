@@ -292,11 +292,16 @@ impl Cluster {
         let health: Vec<String> = match self.opts.health {
             true => {
                 let check = self.health_file(i, "check");
+                let runs = self.health_file(i, "runs");
                 vec![
                     "--fake-gpu-faults".into(),
                     self.health_file(i, "faults").display().to_string(),
                     "--health-check".into(),
-                    format!("if [ -s {0} ]; then cat {0}; exit 1; fi", check.display()),
+                    format!(
+                        "echo >> {1}; if [ -s {0} ]; then cat {0}; exit 1; fi",
+                        check.display(),
+                        runs.display()
+                    ),
                     "--health-interval".into(),
                     "300ms".into(),
                 ]
@@ -347,6 +352,12 @@ impl Cluster {
         let fresh = path.with_extension("new");
         std::fs::write(&fresh, findings.iter().map(|f| format!("{f}\n")).collect::<String>()).unwrap();
         std::fs::rename(fresh, path).unwrap();
+    }
+
+    /// How many times agent `i` has run its health check (each run comes
+    /// with a reading of its GPUs).
+    pub fn health_checks(&self, i: usize) -> usize {
+        std::fs::read_to_string(self.health_file(i, "runs")).map_or(0, |runs| runs.lines().count())
     }
 
     /// Agent `i`'s health check fails, printing `output`, or passes (None).

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -244,6 +244,8 @@ impl Drop for Plane {
 /// keeps the ids of those answered 2xx.
 pub(crate) struct Submitter {
     stop: Arc<AtomicBool>,
+    /// Submissions answered 2xx so far.
+    answered: Arc<AtomicUsize>,
     thread: std::thread::JoinHandle<(Vec<u64>, usize)>,
 }
 
@@ -252,11 +254,13 @@ impl Submitter {
     /// theirs alone.
     pub(crate) fn start(plane: &Plane) -> Submitter {
         let stop = Arc::new(AtomicBool::new(false));
+        let answered = Arc::new(AtomicUsize::new(0));
         let tenant: Value =
             serde_json::from_str(&plane.run(&["tenant", "create", "steady", "--json"])).unwrap();
         let token = tenant["token"].as_str().unwrap().to_string();
         let (flag, dir, servers, admin) =
             (stop.clone(), plane.dir.join("submit"), plane.urls.join(","), token);
+        let count = answered.clone();
         let thread = std::thread::spawn(move || {
             let (mut answered, mut refused) = (Vec::new(), 0);
             while !flag.load(Ordering::SeqCst) {
@@ -269,13 +273,28 @@ impl Submitter {
                     .output()
                     .unwrap();
                 match serde_json::from_slice::<Value>(&out.stdout) {
-                    Ok(v) if out.status.success() => answered.push(v["id"].as_u64().unwrap()),
+                    Ok(v) if out.status.success() => {
+                        answered.push(v["id"].as_u64().unwrap());
+                        count.fetch_add(1, Ordering::SeqCst);
+                    }
                     _ => refused += 1,
                 }
             }
             (answered, refused)
         });
-        Submitter { stop, thread }
+        Submitter { stop, answered, thread }
+    }
+
+    /// How many submissions have been answered 2xx so far.
+    pub(crate) fn answered(&self) -> usize {
+        self.answered.load(Ordering::SeqCst)
+    }
+
+    /// Waits until `n` submissions in all have been answered 2xx.
+    pub(crate) fn wait_answered(&self, n: usize) {
+        wait_for(&format!("{n} submissions answered"), Duration::from_secs(60), || {
+            (self.answered() >= n).then_some(())
+        });
     }
 
     pub(crate) fn finish(self) -> (Vec<u64>, usize) {
