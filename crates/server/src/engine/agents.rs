@@ -109,8 +109,9 @@ impl<S: Store> Engine<S> {
             health: known.map_or_else(Vec::new, |n| n.health.clone()),
         };
         self.write_node(row)?;
-        self.money.price_for(&reg.gpu_model, &self.config.pricing, &mut self.store, &mut self.outbox)?;
-        self.rate_models();
+        let p = &mut self.parts();
+        p.money.price_for(&reg.gpu_model, &p.config.pricing, &mut p.fx)?;
+        p.money.rate_models(p.core, &p.config.pricing);
         self.apply_quotas();
         self.heard(&reg.node, now)?;
         tracing::info!(node = reg.node, gpus = reg.gpus, gpu_model = reg.gpu_model, "node joined");

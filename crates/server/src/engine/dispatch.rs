@@ -46,7 +46,7 @@ impl<S: Store> Engine<S> {
             | Msg::DeleteReservation { .. }
             | Msg::Bill { .. }
             | Msg::OperatorReport { .. }
-            | Msg::OperatorReportSeries { .. }) => self.on_money(msg, now),
+            | Msg::OperatorReportSeries { .. }) => self.on_money(msg),
             Msg::Tick => {
                 self.hear_lines()?;
                 self.write_contacts()
@@ -211,22 +211,22 @@ impl<S: Store> Engine<S> {
     }
 
     /// Money: prices, reservations, bills and the operator's reports.
-    fn on_money(&mut self, msg: Msg, now: u64) -> Written {
+    fn on_money(&mut self, msg: Msg) -> Written {
         match msg {
             Msg::Prices { reply } => {
                 let book = self.money.price_book(&self.config.pricing);
                 self.outbox.reply(reply, book);
             }
             Msg::SetPrice { model, update, reply } => {
-                let result = self.known_model("gpu_model", &model).map_err(Fail::from).and_then(|()| {
-                    let (store, outbox) = (&mut self.store, &mut self.outbox);
-                    self.money.set_price(&model, &update, &self.config.pricing, store, outbox)
-                });
-                self.rate_models();
+                let p = &mut self.parts();
+                let result = p.money.set_price(p.core, &model, &update, &p.config.pricing, &mut p.fx);
+                p.money.rate_models(p.core, &p.config.pricing);
                 self.answer(reply, result)?;
             }
             Msg::CreateReservation { req, reply } => {
-                let result = self.create_reservation(&req, now);
+                let p = &mut self.parts();
+                let result =
+                    p.money.create_reservation(p.core, p.tenants, &p.config.pricing, &mut p.fx, &req);
                 self.answer(reply, result)?;
             }
             Msg::Reservations { principal, reply } => {
@@ -234,19 +234,21 @@ impl<S: Store> Engine<S> {
                 self.outbox.reply(reply, list);
             }
             Msg::DeleteReservation { id, reply } => {
-                let result = self.delete_reservation(id, now);
+                let p = &mut self.parts();
+                let result = p.money.delete_reservation(p.core, p.jobs, p.tenants, &mut p.fx, id);
                 self.answer(reply, result)?;
             }
             Msg::Bill { principal, tenant, from, to, reply } => {
-                let result = self.bill(&principal, tenant.as_deref(), &from, &to);
+                let p = &mut self.parts();
+                let result = p.money.bill(p.tenants, &mut p.fx, &principal, tenant.as_deref(), (&from, &to));
                 self.answer(reply, result)?;
             }
             Msg::OperatorReport { from, to, reply } => {
-                let result = self.report_for(&from, &to, now);
+                let result = money::report(&mut self.parts(), &from, &to);
                 self.answer(reply, result)?;
             }
             Msg::OperatorReportSeries { from, to, step, reply } => {
-                let result = self.report_series_for(&from, &to, &step, now);
+                let result = money::report_series(&mut self.parts(), (&from, &to), &step);
                 self.answer(reply, result)?;
             }
             _ => unreachable!("dispatched by handle"),

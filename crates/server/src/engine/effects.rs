@@ -33,6 +33,20 @@ pub(super) trait Effects {
     /// Node `node`'s event `name`, said as `text`, for the operator's
     /// webhooks.
     fn node_event(&mut self, node: &str, name: &'static str, text: &str) -> Written;
+    /// Writes a model's prices.
+    fn put_price(&mut self, row: &PriceRow) -> Written;
+    /// Writes a reservation's row.
+    fn put_reservation(&mut self, row: &ReservationRow) -> Written;
+    /// Removes a reservation that never charged anything.
+    fn delete_reservation(&mut self, id: u64) -> Written;
+    /// The usage records of attempts that ended from `from_ms` to
+    /// `to_ms`: `tenant`'s, or everyone's.
+    fn usage(
+        &mut self,
+        tenant: Option<TenantId>,
+        from_ms: u64,
+        to_ms: u64,
+    ) -> Written<Vec<crate::billing::UsageRow>>;
 }
 
 /// Saves job `id`: the table's bookkeeping, then its record written.
@@ -138,6 +152,30 @@ impl<S: Store> Effects for Writes<'_, S> {
     fn node_event(&mut self, node: &str, name: &'static str, text: &str) -> Written {
         self.webhooks.node_event(self.store, self.outbox, self.now, (node, name, text))
     }
+
+    fn put_price(&mut self, row: &PriceRow) -> Written {
+        self.outbox.changed = true;
+        self.store.put_price(row)
+    }
+
+    fn put_reservation(&mut self, row: &ReservationRow) -> Written {
+        self.outbox.changed = true;
+        self.store.put_reservation(row)
+    }
+
+    fn delete_reservation(&mut self, id: u64) -> Written {
+        self.outbox.changed = true;
+        self.store.delete_reservation(id)
+    }
+
+    fn usage(
+        &mut self,
+        tenant: Option<TenantId>,
+        from_ms: u64,
+        to_ms: u64,
+    ) -> Written<Vec<crate::billing::UsageRow>> {
+        self.store.usage(tenant, from_ms, to_ms)
+    }
 }
 
 /// The parts of the writer a handler over parts is given, borrowed apart:
@@ -149,14 +187,15 @@ pub(super) struct Parts<'a, F> {
     pub admission: &'a mut Admission,
     pub fleet: &'a mut Fleet,
     pub tenants: &'a Tenants,
+    pub money: &'a mut Money,
     pub why: &'a mut launch::WhyText,
     pub config: &'a EngineConfig,
     pub fx: F,
 }
 
 impl<S: Store> Engine<S> {
-    /// The job table, the core, admission, the fleet and the writer's
-    /// effects, borrowed apart.
+    /// The job table, the core, admission, the fleet, money and the
+    /// writer's effects, borrowed apart.
     pub(super) fn parts(&mut self) -> Parts<'_, Writes<'_, S>> {
         let Engine {
             store,
@@ -170,12 +209,13 @@ impl<S: Store> Engine<S> {
             counters,
             admission,
             fleet,
+            money,
             why,
             ..
         } = self;
         let (config, tenants): (&EngineConfig, &Tenants) = (config, tenants);
         let fx = Writes { store, outbox, webhooks, tenants, config, counters, now: *now };
-        Parts { jobs, core, admission, fleet, tenants, why, config, fx }
+        Parts { jobs, core, admission, fleet, tenants, money, why, config, fx }
     }
 }
 
@@ -196,6 +236,9 @@ pub(super) struct Recorded {
     pub nodes: Vec<NodeRow>,
     /// Each node event: the node, its name and text.
     pub node_events: Vec<(String, &'static str, String)>,
+    pub prices: Vec<PriceRow>,
+    /// Each reservation row written, and each removed (`None`, its id).
+    pub reservations: Vec<(u64, Option<ReservationRow>)>,
 }
 
 #[cfg(test)]
@@ -240,6 +283,33 @@ impl Effects for Recorded {
         self.node_events.push((node.to_string(), name, text.to_string()));
         Ok(())
     }
+
+    fn put_price(&mut self, row: &PriceRow) -> Written {
+        self.prices.push(row.clone());
+        Ok(())
+    }
+
+    fn put_reservation(&mut self, row: &ReservationRow) -> Written {
+        self.reservations.push((row.id, Some(row.clone())));
+        Ok(())
+    }
+
+    fn delete_reservation(&mut self, id: u64) -> Written {
+        self.reservations.push((id, None));
+        Ok(())
+    }
+
+    /// What was recorded, ended in the period.
+    fn usage(
+        &mut self,
+        tenant: Option<TenantId>,
+        from_ms: u64,
+        to_ms: u64,
+    ) -> Written<Vec<crate::billing::UsageRow>> {
+        let mine = |u: &&crate::billing::UsageRow| tenant.is_none_or(|t| u.tenant == t);
+        let within = |u: &&crate::billing::UsageRow| from_ms <= u.ended_ms && u.ended_ms < to_ms;
+        Ok(self.usage.iter().filter(mine).filter(within).cloned().collect())
+    }
 }
 
 /// The writer's parts owned, with recorded effects: what a test lends a
@@ -251,6 +321,7 @@ pub(super) struct Owned {
     pub admission: Admission,
     pub fleet: Fleet,
     pub tenants: Tenants,
+    pub money: Money,
     pub why: launch::WhyText,
     pub config: EngineConfig,
     pub fx: Recorded,
@@ -266,6 +337,7 @@ impl Owned {
             admission: Admission::default(),
             fleet: Fleet::default(),
             tenants: Tenants::default(),
+            money: Money::default(),
             why: Default::default(),
             config: EngineConfig::for_tests(&std::env::temp_dir()),
             fx: Recorded { now, ..Recorded::default() },
@@ -273,8 +345,8 @@ impl Owned {
     }
 
     pub fn parts(&mut self) -> Parts<'_, &mut Recorded> {
-        let Owned { jobs, core, admission, fleet, tenants, why, config, fx } = self;
-        Parts { jobs, core, admission, fleet, tenants, why, config, fx }
+        let Owned { jobs, core, admission, fleet, tenants, money, why, config, fx } = self;
+        Parts { jobs, core, admission, fleet, tenants, money, why, config, fx }
     }
 }
 
@@ -315,5 +387,26 @@ impl<T: Effects> Effects for &mut T {
 
     fn node_event(&mut self, node: &str, name: &'static str, text: &str) -> Written {
         (**self).node_event(node, name, text)
+    }
+
+    fn put_price(&mut self, row: &PriceRow) -> Written {
+        (**self).put_price(row)
+    }
+
+    fn put_reservation(&mut self, row: &ReservationRow) -> Written {
+        (**self).put_reservation(row)
+    }
+
+    fn delete_reservation(&mut self, id: u64) -> Written {
+        (**self).delete_reservation(id)
+    }
+
+    fn usage(
+        &mut self,
+        tenant: Option<TenantId>,
+        from_ms: u64,
+        to_ms: u64,
+    ) -> Written<Vec<crate::billing::UsageRow>> {
+        (**self).usage(tenant, from_ms, to_ms)
     }
 }

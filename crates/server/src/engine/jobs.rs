@@ -128,7 +128,7 @@ impl<S: Store> Engine<S> {
                 rfc3339(now)
             )));
         }
-        let tenant_name = self.tenant_name(tenant);
+        let tenant_name = self.tenants.name(tenant);
         match (&spec.image, &spec.image_digest) {
             (None, _) if self.config.images.required_for(&tenant_name) => {
                 return Err(Refusal::unacceptable(format!(
@@ -165,13 +165,13 @@ impl<S: Store> Engine<S> {
         match models.len() {
             0 => Err(Refusal::unacceptable(format!(
                 "tier: reserved jobs draw on a reservation, and tenant {} has none{} that has not ended",
-                self.tenant_name(tenant),
+                self.tenants.name(tenant),
                 wanted.map(|m| format!(" of {m}")).unwrap_or_default()
             ))),
             1 => Ok(models.first().expect("one").to_string()),
             _ => Err(Refusal::unacceptable(format!(
                 "gpu_model: tenant {} has reservations of {}; say which",
-                self.tenant_name(tenant),
+                self.tenants.name(tenant),
                 models.into_iter().collect::<Vec<_>>().join(", ")
             ))),
         }
@@ -220,7 +220,7 @@ impl<S: Store> Engine<S> {
             return Err(Refusal::over_limit(format!(
                 "tenant {}: {} unfinished jobs, and this submission adds {jobs}: over the limit of {} \
                  (ebb server --max-jobs-per-tenant)",
-                self.tenant_name(tenant),
+                self.tenants.name(tenant),
                 load.jobs,
                 limits.max_jobs
             )));
@@ -230,7 +230,7 @@ impl<S: Store> Engine<S> {
                 "tenant {}: the arguments and environments of its jobs in the server (unfinished, or finished \
                  within --keep-finished) take {} bytes, and this submission adds {bytes}: over the limit of {} \
                  (ebb server --max-stored-bytes-per-tenant)",
-                self.tenant_name(tenant),
+                self.tenants.name(tenant),
                 load.bytes,
                 limits.max_stored_bytes
             )));
@@ -261,7 +261,7 @@ impl<S: Store> Engine<S> {
                 q.tier
             )));
         }
-        self.known_model(&format!("{field}.gpu_model"), &q.gpu_model)?;
+        self.money.known_model(&self.core, &format!("{field}.gpu_model"), &q.gpu_model)?;
         for (name, value) in [
             ("nominal", Some(q.nominal)),
             ("borrowing_limit", q.borrowing_limit),
@@ -330,8 +330,10 @@ impl<S: Store> Engine<S> {
         name: &str,
         set: Option<(String, Option<ebb_api::RegistryLogin>)>,
     ) -> Result<Vec<ebb_api::RegistryLoginInfo>, Fail> {
-        let tenant =
-            self.tenant_by_name(name).map_err(|_| Refusal::not_found(format!("tenant {name}: not found")))?;
+        let tenant = self
+            .tenants
+            .by_name(name)
+            .map_err(|_| Refusal::not_found(format!("tenant {name}: not found")))?;
         if !principal.may_see(tenant) {
             return Err(Refusal::not_found(format!("tenant {name}: not found")).into());
         }
@@ -389,8 +391,10 @@ impl<S: Store> Engine<S> {
         name: &str,
         set: Option<ebb_api::TenantLimits>,
     ) -> Result<ebb_api::TenantUsage, Fail> {
-        let tenant =
-            self.tenant_by_name(name).map_err(|_| Refusal::not_found(format!("tenant {name}: not found")))?;
+        let tenant = self
+            .tenants
+            .by_name(name)
+            .map_err(|_| Refusal::not_found(format!("tenant {name}: not found")))?;
         if !principal.may_see(tenant) {
             return Err(Refusal::not_found(format!("tenant {name}: not found")).into());
         }
@@ -483,19 +487,6 @@ impl<S: Store> Engine<S> {
         self.tenants.names.insert(id, name.clone());
         let token = self.grant(Principal::tenant(Scope::Tenant, id, &name))?;
         Ok(ebb_api::TenantCreated { tenant: name, token })
-    }
-
-    pub(super) fn tenant_name(&self, id: TenantId) -> String {
-        self.tenants.names.get(&id).cloned().unwrap_or_default()
-    }
-
-    pub(super) fn tenant_by_name(&self, name: &str) -> Result<TenantId, Refusal> {
-        self.tenants
-            .names
-            .iter()
-            .find(|(_, n)| *n == name)
-            .map(|(id, _)| *id)
-            .ok_or_else(|| Refusal::unacceptable(format!("tenant: unknown tenant {name:?}")))
     }
 }
 

@@ -8,7 +8,8 @@ impl<S: Store> Engine<S> {
     /// fixed now for the whole attempt: (model, its tier's, on-demand's).
     pub(super) fn rates(&mut self, tier: Tier, node: &str) -> Written<(String, i64, i64)> {
         let model = self.fleet.nodes[node].gpu_model.clone();
-        let price = self.money.price_for(&model, &self.config.pricing, &mut self.store, &mut self.outbox)?;
+        let p = &mut self.parts();
+        let price = p.money.price_for(&model, &p.config.pricing, &mut p.fx)?;
         let rate = match tier {
             Tier::OnDemand => price.on_demand,
             Tier::Preemptible => {

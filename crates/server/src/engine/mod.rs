@@ -524,6 +524,22 @@ struct Tenants {
     logins: BTreeMap<TenantId, BTreeMap<String, ebb_api::RegistryLogin>>,
 }
 
+impl Tenants {
+    /// Tenant `id`'s name ("" for one unknown).
+    fn name(&self, id: TenantId) -> String {
+        self.names.get(&id).cloned().unwrap_or_default()
+    }
+
+    /// The tenant named `name`.
+    fn by_name(&self, name: &str) -> Result<TenantId, Refusal> {
+        self.names
+            .iter()
+            .find(|(_, n)| *n == name)
+            .map(|(id, _)| *id)
+            .ok_or_else(|| Refusal::unacceptable(format!("tenant: unknown tenant {name:?}")))
+    }
+}
+
 /// Who may call: the token map the HTTP handlers authenticate against,
 /// and each node's credential, by node name (its hash).
 struct Access {

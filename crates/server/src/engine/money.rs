@@ -13,16 +13,14 @@ impl Money {
         &mut self,
         model: &str,
         pricing: &Pricing,
-        store: &mut impl Store,
-        outbox: &mut Outbox,
+        fx: &mut impl Effects,
     ) -> Written<PriceRow> {
         if let Some(row) = self.prices.get(model) {
             return Ok(row.clone());
         }
         let price = pricing.default_price;
         let row = PriceRow { gpu_model: model.to_string(), on_demand: price, reserved: price };
-        outbox.changed = true;
-        store.put_price(&row)?;
+        fx.put_price(&row)?;
         tracing::info!(gpu_model = model, on_demand = %crate::billing::usd(price), "priced at the default");
         self.prices.insert(model.to_string(), row.clone());
         Ok(row)
@@ -36,15 +34,16 @@ impl Money {
         }
     }
 
-    /// The operator's prices for a model the caller knows.
+    /// The operator's prices for a model the core or the price book knows.
     pub(super) fn set_price(
         &mut self,
+        core: &State,
         model: &str,
         update: &ebb_api::PriceUpdate,
         pricing: &Pricing,
-        store: &mut impl Store,
-        outbox: &mut Outbox,
+        fx: &mut impl Effects,
     ) -> Result<ebb_api::Price, Fail> {
+        self.known_model(core, "gpu_model", model)?;
         let bps = pricing.discount_bps;
         let on_demand = crate::billing::parse_price("on_demand_usd", &update.on_demand_usd, bps)?;
         let reserved = match &update.reserved_usd {
@@ -52,54 +51,52 @@ impl Money {
             None => self.prices.get(model).map_or(on_demand, |p| p.reserved),
         };
         let row = PriceRow { gpu_model: model.to_string(), on_demand, reserved };
-        outbox.changed = true;
-        store.put_price(&row)?;
+        fx.put_price(&row)?;
         tracing::info!(gpu_model = model, on_demand = %crate::billing::usd(on_demand), "price set");
         self.prices.insert(model.to_string(), row.clone());
         Ok(crate::billing::price_view(&row, bps))
     }
-}
 
-impl<S: Store> Engine<S> {
     /// Each model's on-demand rate, as fair share weighs its GPU-hours
     /// (the price set for it, else the server's default).
-    pub(super) fn rate_models(&mut self) {
-        let rates: Vec<(ebb_core::GpuModelId, i64)> = self
-            .core
+    pub(super) fn rate_models(&self, core: &mut State, pricing: &Pricing) {
+        let rates: Vec<(ebb_core::GpuModelId, i64)> = core
             .models()
-            .map(|(id, m)| {
-                let rate =
-                    self.money.prices.get(&m.name).map_or(self.config.pricing.default_price, |p| p.on_demand);
-                (id, rate)
-            })
+            .map(|(id, m)| (id, self.prices.get(&m.name).map_or(pricing.default_price, |p| p.on_demand)))
             .collect();
         for (id, rate) in rates {
-            self.core.set_model_rate(id, u64::try_from(rate).unwrap_or(0)).expect("a model the core knows");
+            core.set_model_rate(id, u64::try_from(rate).unwrap_or(0)).expect("a model the core knows");
         }
     }
 
-    pub(super) fn known_model(&self, field: &str, model: &str) -> Result<(), Refusal> {
-        if self.core.model_by_name(model).is_some() || self.money.prices.contains_key(model) {
+    pub(super) fn known_model(&self, core: &State, field: &str, model: &str) -> Result<(), Refusal> {
+        if core.model_by_name(model).is_some() || self.prices.contains_key(model) {
             return Ok(());
         }
-        let known: Vec<&str> = self.money.prices.keys().map(String::as_str).collect();
+        let known: Vec<&str> = self.prices.keys().map(String::as_str).collect();
         Err(Refusal::unacceptable(format!(
             "{field}: unknown GPU model {model:?} (known: {})",
             if known.is_empty() { "none yet".to_string() } else { known.join(", ") }
         )))
     }
 
+    /// A reservation of a model's GPUs for a tenant over a period: no
+    /// more than the model has, none overlapping the tenant's own.
     pub(super) fn create_reservation(
         &mut self,
+        core: &mut State,
+        tenants: &Tenants,
+        pricing: &Pricing,
+        fx: &mut impl Effects,
         req: &ebb_api::ReservationRequest,
-        now: u64,
     ) -> Result<ebb_api::Reservation, Fail> {
-        let tenant = self.tenant_by_name(&req.tenant)?;
-        self.known_model("gpu_model", &req.gpu_model)?;
-        let model = self.core.model_by_name(&req.gpu_model).ok_or_else(|| {
+        let now = fx.now();
+        let tenant = tenants.by_name(&req.tenant)?;
+        self.known_model(core, "gpu_model", &req.gpu_model)?;
+        let model = core.model_by_name(&req.gpu_model).ok_or_else(|| {
             Refusal::unacceptable(format!("gpu_model: no node of {} has joined yet", req.gpu_model))
         })?;
-        let capacity = self.core.model(model).expect("known").capacity;
+        let capacity = core.model(model).expect("known").capacity;
         if req.gpus == 0 || req.gpus > capacity {
             return Err(Refusal::unacceptable(format!(
                 "gpus: must be between 1 and the {} of {}, got {}",
@@ -135,7 +132,6 @@ impl<S: Store> Engine<S> {
             );
         }
         let overlapping: Vec<&ReservationRow> = self
-            .money
             .reservations
             .values()
             .filter(|r| r.gpu_model == req.gpu_model && r.start_ms < end && start < r.end_ms)
@@ -169,13 +165,10 @@ impl<S: Store> Engine<S> {
             .into());
         }
         let rate = match &req.rate_usd {
-            Some(text) => crate::billing::parse_price("rate_usd", text, self.config.pricing.discount_bps)?,
-            None => {
-                let (money, store, outbox) = (&mut self.money, &mut self.store, &mut self.outbox);
-                money.price_for(&req.gpu_model, &self.config.pricing, store, outbox)?.reserved
-            }
+            Some(text) => crate::billing::parse_price("rate_usd", text, pricing.discount_bps)?,
+            None => self.price_for(&req.gpu_model, pricing, fx)?.reserved,
         };
-        let id = self.money.reservations.keys().max().map_or(1, |m| m + 1);
+        let id = self.reservations.keys().max().map_or(1, |m| m + 1);
         let row = ReservationRow {
             id,
             tenant,
@@ -186,13 +179,10 @@ impl<S: Store> Engine<S> {
             rate,
             deleted_ms: None,
         };
-        self.core
-            .add_reservation(self.core_reservation(&row)?)
-            .map_err(|e| Refusal::invalid(e.to_string()))?;
-        self.outbox.changed = true;
-        self.store.put_reservation(&row)?;
+        core.add_reservation(core_reservation(core, &row)?).map_err(|e| Refusal::invalid(e.to_string()))?;
+        fx.put_reservation(&row)?;
         tracing::info!(reservation = id, tenant = req.tenant, gpus = req.gpus, "reservation created");
-        self.money.reservations.insert(id, row.clone());
+        self.reservations.insert(id, row.clone());
         Ok(crate::billing::reservation_view(&row, &req.tenant))
     }
 
@@ -203,9 +193,16 @@ impl<S: Store> Engine<S> {
     /// now, nothing after; refused while its reserved jobs run); one
     /// already over only leaves the list. The reply is the reservation as
     /// it is charged from now on (a withdrawn one ends where it starts).
-    pub(super) fn delete_reservation(&mut self, id: u64, now: u64) -> Result<ebb_api::Reservation, Fail> {
+    pub(super) fn delete_reservation(
+        &mut self,
+        core: &mut State,
+        jobs: &JobTable,
+        tenants: &Tenants,
+        fx: &mut impl Effects,
+        id: u64,
+    ) -> Result<ebb_api::Reservation, Fail> {
+        let now = fx.now();
         let row = self
-            .money
             .reservations
             .get(&id)
             .filter(|r| r.deleted_ms.is_none())
@@ -213,8 +210,7 @@ impl<S: Store> Engine<S> {
             .ok_or_else(|| Refusal::not_found(format!("reservation {id}: not found")))?;
         let in_force = row.start_ms <= now && now < row.end_ms;
         if in_force {
-            let live: Vec<JobId> = self
-                .jobs
+            let live: Vec<JobId> = jobs
                 .values()
                 .filter(|j| j.tier == Tier::Reserved && j.tenant == row.tenant && j.state.is_live())
                 .filter(|j| j.billing.as_ref().is_some_and(|(m, _, _)| *m == row.gpu_model))
@@ -227,37 +223,37 @@ impl<S: Store> Engine<S> {
                 .into());
             }
         }
-        if let Err(e) = self.core.remove_reservation(ebb_core::ReservationId(id as u32)) {
+        if let Err(e) = core.remove_reservation(ebb_core::ReservationId(id as u32)) {
             // It was not restored at start (logged then): nothing to take back.
             tracing::warn!(reservation = id, "not in the scheduler: {e}");
         }
-        let tenant = self.tenant_name(row.tenant);
+        let tenant = tenants.name(row.tenant);
         if row.start_ms > now {
-            self.outbox.changed = true;
-            self.store.delete_reservation(id)?;
-            self.money.reservations.remove(&id);
+            fx.delete_reservation(id)?;
+            self.reservations.remove(&id);
             tracing::info!(reservation = id, tenant, "reservation withdrawn before its start");
             let withdrawn = ReservationRow { end_ms: row.start_ms, ..row };
             return Ok(crate::billing::reservation_view(&withdrawn, &tenant));
         }
         let kept = ReservationRow { end_ms: row.end_ms.min(now), deleted_ms: Some(now), ..row };
-        self.outbox.changed = true;
-        self.store.put_reservation(&kept)?;
+        fx.put_reservation(&kept)?;
         tracing::info!(reservation = id, tenant, end = %rfc3339(kept.end_ms), "reservation deleted; its charges stay");
-        self.money.reservations.insert(id, kept.clone());
+        self.reservations.insert(id, kept.clone());
         Ok(crate::billing::reservation_view(&kept, &tenant))
     }
 
+    /// A tenant's invoice for a period: its own, or any for an operator.
     pub(super) fn bill(
-        &mut self,
+        &self,
+        tenants: &Tenants,
+        fx: &mut impl Effects,
         principal: &Principal,
         tenant: Option<&str>,
-        from: &str,
-        to: &str,
+        (from, to): (&str, &str),
     ) -> Result<ebb_api::Invoice, Fail> {
         let (from_ms, to_ms) = crate::billing::period(from, to)?;
         let tenant = match (tenant, &principal.tenant) {
-            (Some(name), _) if principal.scope == crate::store::Scope::Admin => self.tenant_by_name(name)?,
+            (Some(name), _) if principal.scope == crate::store::Scope::Admin => tenants.by_name(name)?,
             (Some(name), Some((id, own))) if name == own => *id,
             (Some(_), _) => return Err(Refusal::forbidden("only an operator may bill another tenant").into()),
             (None, Some((id, _))) => *id,
@@ -265,58 +261,76 @@ impl<S: Store> Engine<S> {
                 return Err(Refusal::unacceptable("tenant: required for this token".into()).into())
             }
         };
-        let usage = self.store.usage(Some(tenant), from_ms, to_ms)?;
+        let usage = fx.usage(Some(tenant), from_ms, to_ms)?;
         let reservations: Vec<ReservationRow> =
-            self.money.reservations.values().filter(|r| r.tenant == tenant).cloned().collect();
-        Ok(crate::billing::invoice(&self.tenant_name(tenant), &usage, &reservations, from_ms, to_ms))
+            self.reservations.values().filter(|r| r.tenant == tenant).cloned().collect();
+        Ok(crate::billing::invoice(&tenants.name(tenant), &usage, &reservations, from_ms, to_ms))
     }
+}
 
-    pub(super) fn report_for(
-        &mut self,
-        from: &str,
-        to: &str,
-        now: u64,
-    ) -> Result<ebb_api::OperatorReport, Fail> {
-        let (from_ms, to_ms) = crate::billing::period(from, to)?;
-        Ok(crate::billing::report(&self.ledger(from_ms, now)?, from_ms, to_ms))
-    }
-
-    pub(super) fn report_series_for(
-        &mut self,
-        from: &str,
-        to: &str,
-        step: &str,
-        now: u64,
-    ) -> Result<ebb_api::ReportSeries, Fail> {
-        let (from_ms, to_ms) = crate::billing::period(from, to)?;
-        let step_ms = crate::billing::series_step(step, from_ms, to_ms)?;
-        Ok(crate::billing::series(&self.ledger(from_ms, now)?, from_ms, to_ms, step_ms))
-    }
-
-    /// What the report of a period from `from_ms` is computed from.
-    fn ledger(&mut self, from_ms: u64, now: u64) -> Result<crate::billing::Ledger, Fail> {
-        // Attempts that started before the period and ended in or after it
-        // count for the hours they ran inside it.
-        let usage = self.store.usage(None, from_ms, u64::MAX)?;
-        let live: Vec<crate::billing::Live> = self
-            .jobs
-            .values()
-            .filter(|j| j.state.is_live())
-            .filter_map(|j| {
-                Some(crate::billing::Live {
-                    tenant: j.tenant,
-                    tier: j.tier.as_str().into(),
-                    gpus: j.gpus,
-                    started_ms: j.run_started_ms?,
-                })
+/// What the operator's report of a period from `from_ms` is computed
+/// from: the usage records, the attempts running, the nodes and the
+/// reservations.
+pub(super) fn ledger(p: &mut Parts<impl Effects>, from_ms: u64) -> Result<crate::billing::Ledger, Fail> {
+    // Attempts that started before the period and ended in or after it
+    // count for the hours they ran inside it.
+    let usage = p.fx.usage(None, from_ms, u64::MAX)?;
+    let live: Vec<crate::billing::Live> = p
+        .jobs
+        .values()
+        .filter(|j| j.state.is_live())
+        .filter_map(|j| {
+            Some(crate::billing::Live {
+                tenant: j.tenant,
+                tier: j.tier.as_str().into(),
+                gpus: j.gpus,
+                started_ms: j.run_started_ms?,
             })
-            .collect();
-        let nodes: Vec<(u64, u32)> =
-            self.fleet.nodes.values().map(|n| (n.joined_ms, u32::from(n.gpus))).collect();
-        let reservations: Vec<ReservationRow> = self.money.reservations.values().cloned().collect();
-        let names = self.tenants.names.clone();
-        Ok(crate::billing::Ledger { usage, live, reservations, nodes, now, names })
-    }
+        })
+        .collect();
+    let nodes: Vec<(u64, u32)> = p.fleet.nodes.values().map(|n| (n.joined_ms, u32::from(n.gpus))).collect();
+    let reservations: Vec<ReservationRow> = p.money.reservations.values().cloned().collect();
+    let names = p.tenants.names.clone();
+    Ok(crate::billing::Ledger { usage, live, reservations, nodes, now: p.fx.now(), names })
+}
+
+/// The operator's report of a period.
+pub(super) fn report(
+    p: &mut Parts<impl Effects>,
+    from: &str,
+    to: &str,
+) -> Result<ebb_api::OperatorReport, Fail> {
+    let (from_ms, to_ms) = crate::billing::period(from, to)?;
+    Ok(crate::billing::report(&ledger(p, from_ms)?, from_ms, to_ms))
+}
+
+/// The operator's report of a period, step by step.
+pub(super) fn report_series(
+    p: &mut Parts<impl Effects>,
+    (from, to): (&str, &str),
+    step: &str,
+) -> Result<ebb_api::ReportSeries, Fail> {
+    let (from_ms, to_ms) = crate::billing::period(from, to)?;
+    let step_ms = crate::billing::series_step(step, from_ms, to_ms)?;
+    Ok(crate::billing::series(&ledger(p, from_ms)?, from_ms, to_ms, step_ms))
+}
+
+/// A reservation as the scheduling core holds it.
+pub(super) fn core_reservation(
+    core: &State,
+    r: &ReservationRow,
+) -> Result<ebb_scheduler::Reservation, Refusal> {
+    let model = core
+        .model_by_name(&r.gpu_model)
+        .ok_or_else(|| Refusal::invalid(format!("gpu_model: unknown model {:?}", r.gpu_model)))?;
+    Ok(ebb_scheduler::Reservation {
+        id: ebb_core::ReservationId(r.id as u32),
+        tenant: r.tenant,
+        gpu_model: model,
+        gpus: r.gpus,
+        start: Time(r.start_ms),
+        end: Time(r.end_ms),
+    })
 }
 
 /// An attempt's use, metered, counted in its tenant's fair share.
@@ -326,4 +340,73 @@ pub(super) fn fair_share_usage(core: &mut State, usage: &crate::billing::UsageRo
     };
     let span = (Time(usage.started_ms), Time(usage.ended_ms));
     let _ = core.record_usage(usage.tenant, tier, model, usage.gpus, span, Time(now));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HOUR: u64 = 3_600_000;
+    /// 2027-01-15T08:00:00Z.
+    const NOW: u64 = 1_800_000_000_000;
+
+    fn request(tenant: &str, gpus: u32, start_ms: u64, end_ms: u64) -> ebb_api::ReservationRequest {
+        ebb_api::ReservationRequest {
+            tenant: tenant.into(),
+            gpu_model: "H100".into(),
+            gpus,
+            start: rfc3339(start_ms),
+            end: rfc3339(end_ms),
+            rate_usd: None,
+            backdate: false,
+        }
+    }
+
+    fn refusal(result: Result<ebb_api::Reservation, Fail>) -> String {
+        match result {
+            Err(Fail::Refused(refusal)) => refusal.message,
+            other => panic!("not refused: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn reservations_over_the_parts_stay_within_the_model_and_a_deleted_one_keeps_what_it_charged() {
+        let mut owned = effects::Owned::new(JobId(1), NOW);
+        let spec = NodeSpec { name: "a".into(), gpu_model: "H100".into(), gpus: 8, labels: BTreeMap::new() };
+        owned.core.add_node(spec, Time(0)).unwrap();
+        owned.tenants.names.insert(TenantId(1), "acme".into());
+        owned.tenants.names.insert(TenantId(2), "beta".into());
+        let p = &mut owned.parts();
+        let create = |p: &mut Parts<&mut effects::Recorded>, req| {
+            p.money.create_reservation(p.core, p.tenants, &p.config.pricing, &mut p.fx, &req)
+        };
+
+        // Acme's, in force from now, at the price book's reserved rate,
+        // priced at the default for a model first seen.
+        let acme = create(p, request("acme", 6, NOW, NOW + HOUR)).unwrap();
+        assert_eq!((acme.id, acme.gpus, acme.start_ms), (1, 6, NOW));
+        assert_eq!(p.fx.prices.len(), 1);
+        assert_eq!(acme.rate_micro_usd, p.fx.prices[0].reserved);
+        // Two of the eight left for beta, none overlapping acme's own.
+        let over = refusal(create(p, request("beta", 3, NOW, NOW + HOUR)));
+        assert_eq!(over, "gpus: 6 of the 8 H100 GPUs are already reserved in that period; 2 are left");
+        let own = refusal(create(p, request("acme", 1, NOW + HOUR / 2, NOW + 2 * HOUR)));
+        assert!(own.starts_with("the period overlaps reservation 1 of acme"), "{own}");
+        let unknown = refusal(create(p, request("nobody", 1, NOW, NOW + HOUR)));
+        assert_eq!(unknown, "tenant: unknown tenant \"nobody\"");
+        // Beta's, later: withdrawn before its start, it leaves the store.
+        let later = create(p, request("beta", 8, NOW + 2 * HOUR, NOW + 3 * HOUR)).unwrap();
+        let withdrawn = p.money.delete_reservation(p.core, p.jobs, p.tenants, &mut p.fx, later.id).unwrap();
+        assert_eq!(withdrawn.end_ms, withdrawn.start_ms);
+        assert_eq!(p.fx.reservations.last(), Some(&(later.id, None)));
+        // Acme's, in force: it ends now and its row stays for its charges.
+        p.money.delete_reservation(p.core, p.jobs, p.tenants, &mut p.fx, acme.id).unwrap();
+        let (id, kept) = p.fx.reservations.last().unwrap();
+        let kept = kept.as_ref().unwrap();
+        assert_eq!((*id, kept.end_ms, kept.deleted_ms), (1, NOW, Some(NOW)));
+        let gone = p.money.delete_reservation(p.core, p.jobs, p.tenants, &mut p.fx, acme.id);
+        assert_eq!(refusal(gone), "reservation 1: not found");
+        // The GPUs are free again: beta may have all eight now.
+        assert!(create(p, request("beta", 8, NOW, NOW + HOUR)).is_ok());
+    }
 }

@@ -101,7 +101,7 @@ impl<S: Store> Engine<S> {
             ),
             Why::TenantLimit => format!(
                 "tenant {} has {} jobs admitted, its limit (ebb tenant limits, ebb server --max-running-jobs)",
-                self.tenant_name(job.tenant),
+                self.tenants.name(job.tenant),
                 self.admission.limits_of(job.tenant).max_running_jobs
             ),
             Why::Dependency => {
@@ -181,7 +181,7 @@ impl<S: Store> Engine<S> {
             Pending::FairShare { tenants_ahead } => self.fair_share_text(job, *tenants_ahead),
             Pending::Quota { model: m, used, nominal, borrowing } => format!(
                 "{} uses {used} of its {nominal} {} {}; borrowing is {}",
-                self.tenant_name(job.tenant),
+                self.tenants.name(job.tenant),
                 job.tier,
                 model(*m),
                 borrowing.map_or_else(|| "unlimited".to_string(), |b| format!("at most {b}"))
@@ -190,7 +190,7 @@ impl<S: Store> Engine<S> {
                 "it would borrow {} {} that {} is owed under its quota and waits for",
                 job.tier,
                 model(*m),
-                self.tenant_name(*owner)
+                self.tenants.name(*owner)
             ),
             Pending::QuotaKept { model: m, kept } => format!(
                 "{kept} {} {} are kept idle for other tenants' quotas (their lending limits)",
@@ -199,13 +199,13 @@ impl<S: Store> Engine<S> {
             ),
             Pending::ReclaimingQuota { model: m, victims: 0 } => format!(
                 "{} is under its {} {} quota: it waits for borrowers' jobs to end (on-demand is never preempted)",
-                self.tenant_name(job.tenant),
+                self.tenants.name(job.tenant),
                 job.tier,
                 model(*m)
             ),
             Pending::ReclaimingQuota { model: m, victims } => format!(
                 "{} is under its {} {} quota: {victims} borrower job{} drain{} to give GPUs back",
-                self.tenant_name(job.tenant),
+                self.tenants.name(job.tenant),
                 job.tier,
                 model(*m),
                 if *victims == 1 { "" } else { "s" },
@@ -216,9 +216,9 @@ impl<S: Store> Engine<S> {
                  they have left",
                 victims,
                 if *victims == 1 { "" } else { "s" },
-                self.tenant_name(*from),
+                self.tenants.name(*from),
                 if *victims == 1 { "s" } else { "" },
-                self.tenant_name(job.tenant)
+                self.tenants.name(job.tenant)
             ),
         }
     }
@@ -234,7 +234,7 @@ impl<S: Store> Engine<S> {
         format!(
             "{} is {standing} its share: {:.0}% of this tier's usage (half-life {half_life}) against a weight of \
              {:.0}%; {ahead} tenant{} ahead",
-            self.tenant_name(job.tenant),
+            self.tenants.name(job.tenant),
             share.share * 100.0,
             share.weight_share * 100.0,
             if ahead == 1 { "" } else { "s" }

@@ -67,7 +67,7 @@ impl<S: Store> Engine<S> {
         for price in &snapshot.prices {
             engine.money.prices.insert(price.gpu_model.clone(), price.clone());
         }
-        engine.rate_models();
+        engine.money.rate_models(&mut engine.core, &engine.config.pricing);
         engine.apply_quotas();
         let (hooks, deliveries) =
             (std::mem::take(&mut snapshot.webhooks), std::mem::take(&mut snapshot.deliveries));
@@ -265,8 +265,9 @@ impl<S: Store> Engine<S> {
             self.money.prices.insert(model, row);
         }
         let models: Vec<String> = self.fleet.nodes.values().map(|n| n.gpu_model.clone()).collect();
+        let p = &mut self.parts();
         for model in models {
-            self.money.price_for(&model, &self.config.pricing, &mut self.store, &mut self.outbox)?;
+            p.money.price_for(&model, &p.config.pricing, &mut p.fx)?;
         }
         for (model, limit) in snapshot.reclaims {
             match self.core.model_by_name(&model) {
@@ -277,7 +278,7 @@ impl<S: Store> Engine<S> {
         for r in snapshot.reservations {
             // A deleted one is kept for the invoices of its past only.
             if r.deleted_ms.is_none() {
-                match self.core_reservation(&r).map(|c| self.core.add_reservation(c)) {
+                match money::core_reservation(&self.core, &r).map(|c| self.core.add_reservation(c)) {
                     Ok(Ok(())) => {}
                     Ok(Err(e)) => tracing::error!(reservation = r.id, "not restored: {e}"),
                     Err(e) => tracing::error!(reservation = r.id, "not restored: {}", e.message),
@@ -462,24 +463,8 @@ impl<S: Store> Engine<S> {
     pub(super) fn spec_of(&self, id: JobId) -> JobSpec {
         self.jobs[&id].core_spec(&self.core)
     }
-
-    pub(super) fn core_reservation(&self, r: &ReservationRow) -> Result<ebb_scheduler::Reservation, Refusal> {
-        let model = self
-            .core
-            .model_by_name(&r.gpu_model)
-            .ok_or_else(|| Refusal::invalid(format!("gpu_model: unknown model {:?}", r.gpu_model)))?;
-        Ok(ebb_scheduler::Reservation {
-            id: ebb_core::ReservationId(r.id as u32),
-            tenant: r.tenant,
-            gpu_model: model,
-            gpus: r.gpus,
-            start: Time(r.start_ms),
-            end: Time(r.end_ms),
-        })
-    }
 }
 
-/// The store failed while the server starts: it does not start.
 /// Why the writer could not start from its store.
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {

@@ -162,7 +162,7 @@ impl<S: Store> Engine<S> {
             .values()
             .filter(|r| principal.may_see(r.tenant) && r.deleted_ms.is_none())
             .map(|r| {
-                let mut view = crate::billing::reservation_view(r, &self.tenant_name(r.tenant));
+                let mut view = crate::billing::reservation_view(r, &self.tenants.name(r.tenant));
                 if let Some(share) = lending.get(&r.id) {
                     view.active = true;
                     view.in_use = share.in_use;
@@ -174,7 +174,7 @@ impl<S: Store> Engine<S> {
                             let tenant = self.jobs.get(&job)?.tenant;
                             principal.may_see(tenant).then(|| ebb_api::Borrower {
                                 job: job.0,
-                                tenant: self.tenant_name(tenant),
+                                tenant: self.tenants.name(tenant),
                                 gpus,
                             })
                         })
@@ -500,7 +500,7 @@ impl<S: Store> Engine<S> {
         for tier in Tier::ALL {
             for tenant in self.core.tenants_in(tier) {
                 let share = self.core.share(tier, tenant, Time(self.now));
-                let name = self.tenant_name(tenant);
+                let name = self.tenants.name(tenant);
                 snapshot
                     .shares
                     .insert((name, tier.as_str()), (share.share, share.weight_share, share.usage / 1e6));
@@ -509,7 +509,7 @@ impl<S: Store> Engine<S> {
         for (tenant, tier, model, quota) in self.core.quotas() {
             let name = self.core.model(model).map_or_else(String::new, |m| m.name.clone());
             let used = self.core.quota_used(tenant, tier, model);
-            let key = (self.tenant_name(tenant), tier.as_str(), name);
+            let key = (self.tenants.name(tenant), tier.as_str(), name);
             snapshot.quotas.insert(key, (quota.nominal.into(), used.into()));
         }
         for node in self.core.nodes() {

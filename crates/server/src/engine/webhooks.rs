@@ -111,7 +111,7 @@ impl<S: Store> Engine<S> {
     fn webhook_view(&self, hook: &WebhookRow) -> Webhook {
         Webhook {
             id: hook.id,
-            tenant: hook.tenant.map(|t| self.tenant_name(t)),
+            tenant: hook.tenant.map(|t| self.tenants.name(t)),
             url: hook.url.clone(),
             events: hook.events.clone(),
             format: hook.format.clone(),
@@ -129,7 +129,7 @@ impl<S: Store> Engine<S> {
     ) -> Result<Webhook, Fail> {
         let tenant = match (&req.tenant, &principal.tenant, principal.scope) {
             (Some(name), _, _) => {
-                let id = self.tenant_by_name(name)?;
+                let id = self.tenants.by_name(name)?;
                 if !principal.may_see(id) {
                     return Err(Refusal::not_found(format!("tenant {name}: not found")).into());
                 }
@@ -210,7 +210,8 @@ impl<S: Store> Engine<S> {
         let only = match tenant {
             Some(name) => {
                 let id = self
-                    .tenant_by_name(&name)
+                    .tenants
+                    .by_name(&name)
                     .map_err(|_| Refusal::not_found(format!("tenant {name}: not found")))?;
                 if !principal.may_see(id) {
                     return Err(Refusal::not_found(format!("tenant {name}: not found")).into());
