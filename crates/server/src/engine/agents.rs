@@ -14,7 +14,7 @@ impl<S: Store> Engine<S> {
         now: u64,
     ) -> Result<Registered, Fail> {
         check_registration(&reg)?;
-        let issue_credential = self.may_register(principal, &reg.node)?;
+        let issue_credential = self.access.may_register(principal, &reg.node)?;
         // Checked before anything of the registration is applied.
         self.check_event_times("unreported", &reg.unreported, now)?;
         Self::check_health_gpus("unreported", &reg.node, reg.gpus, &reg.unreported)?;
@@ -40,7 +40,8 @@ impl<S: Store> Engine<S> {
         let credential = match issue_credential {
             true => {
                 tracing::info!(node = reg.node, "node credential issued");
-                Some(self.grant(Principal::node(&reg.node))?)
+                let p = &mut self.parts();
+                Some(p.access.grant(&mut p.fx, Principal::node(&reg.node))?)
             }
             false => None,
         };
@@ -112,7 +113,7 @@ impl<S: Store> Engine<S> {
         let p = &mut self.parts();
         p.money.price_for(&reg.gpu_model, &p.config.pricing, &mut p.fx)?;
         p.money.rate_models(p.core, &p.config.pricing);
-        self.apply_quotas();
+        tenants::apply_quotas(&mut self.core, &self.admission);
         self.heard(&reg.node, now)?;
         tracing::info!(node = reg.node, gpus = reg.gpus, gpu_model = reg.gpu_model, "node joined");
         Ok(())
@@ -127,7 +128,7 @@ impl<S: Store> Engine<S> {
         now: u64,
     ) -> Result<Poll, Fail> {
         self.counters.polls_writer += 1;
-        self.credential_valid(node)?;
+        self.access.credential_valid(node)?;
         let Some(id) = self.core.node_by_name(node) else {
             return Err(Refusal::conflict(format!("node {node}: not registered")).into());
         };
@@ -160,7 +161,7 @@ impl<S: Store> Engine<S> {
 
     pub(super) fn report(&mut self, report: ebb_api::Report, now: u64) -> Result<ReportReply, Fail> {
         let node = report.node.clone();
-        self.credential_valid(&node)?;
+        self.access.credential_valid(&node)?;
         self.check_event_times("events", &report.events, now)?;
         let id = self
             .core

@@ -147,7 +147,8 @@ impl<S: Store> Engine<S> {
                 self.answer(reply, result)?;
             }
             Msg::RotateJoinToken { reply } => {
-                let result = self.rotate_join_token();
+                let p = &mut self.parts();
+                let result = p.access.rotate_join_token(&p.config.data_dir, &mut p.fx);
                 self.answer(reply, result)?;
             }
             Msg::Metrics { reply } => {
@@ -163,7 +164,12 @@ impl<S: Store> Engine<S> {
     fn on_tenants(&mut self, msg: Msg, now: u64) -> Written {
         match msg {
             Msg::CreateTenant { name, reply } => {
-                let result = self.create_tenant(name);
+                let result = self.tenants.add(&mut self.store, &name).and_then(|id| {
+                    self.outbox.changed = true;
+                    let p = &mut self.parts();
+                    let token = p.access.grant(&mut p.fx, Principal::tenant(Scope::Tenant, id, &name))?;
+                    Ok(ebb_api::TenantCreated { tenant: name, token })
+                });
                 self.answer(reply, result)?;
             }
             Msg::Tenants { reply } => {
@@ -171,11 +177,12 @@ impl<S: Store> Engine<S> {
                 self.outbox.reply(reply, list);
             }
             Msg::TenantLimits { principal, tenant, set, reply } => {
-                let result = self.tenant_limits(&principal, &tenant, set);
+                let result = tenants::tenant_limits(&mut self.parts(), &principal, &tenant, set);
                 self.answer(reply, result)?;
             }
             Msg::RegistryLogins { principal, tenant, set, reply } => {
-                let result = self.registry_logins(&principal, &tenant, set);
+                let (store, key) = (&mut self.store, &self.config.secret_key);
+                let result = self.tenants.registry_logins(store, key, &principal, &tenant, set);
                 self.answer(reply, result)?;
             }
             Msg::RegistryLoginFor { tenant, registry, reply } => {
@@ -183,7 +190,8 @@ impl<S: Store> Engine<S> {
                 self.outbox.reply(reply, login);
             }
             Msg::TenantTokens { name, issue, reply } => {
-                let result = self.tenant_tokens(&name, issue);
+                let p = &mut self.parts();
+                let result = p.access.tenant_tokens(p.tenants, &mut p.fx, &name, issue);
                 self.answer(reply, result)?;
             }
             Msg::CreateWebhook { principal, req, reply } => {

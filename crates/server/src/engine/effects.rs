@@ -47,6 +47,12 @@ pub(super) trait Effects {
         from_ms: u64,
         to_ms: u64,
     ) -> Written<Vec<crate::billing::UsageRow>>;
+    /// Writes a token's row (its hash, never the token).
+    fn put_token(&mut self, row: &TokenRow) -> Written;
+    /// Removes the token whose hash is `hash`.
+    fn delete_token(&mut self, hash: &str) -> Written;
+    /// Writes the limits the operator set for a tenant.
+    fn put_tenant_limits(&mut self, tenant: TenantId, limits: &ebb_api::TenantLimits) -> Written;
 }
 
 /// Saves job `id`: the table's bookkeeping, then its record written.
@@ -176,6 +182,18 @@ impl<S: Store> Effects for Writes<'_, S> {
     ) -> Written<Vec<crate::billing::UsageRow>> {
         self.store.usage(tenant, from_ms, to_ms)
     }
+
+    fn put_token(&mut self, row: &TokenRow) -> Written {
+        self.store.put_token(row)
+    }
+
+    fn delete_token(&mut self, hash: &str) -> Written {
+        self.store.delete_token(hash)
+    }
+
+    fn put_tenant_limits(&mut self, tenant: TenantId, limits: &ebb_api::TenantLimits) -> Written {
+        self.store.put_tenant_limits(tenant, limits)
+    }
 }
 
 /// The parts of the writer a handler over parts is given, borrowed apart:
@@ -188,14 +206,15 @@ pub(super) struct Parts<'a, F> {
     pub fleet: &'a mut Fleet,
     pub tenants: &'a Tenants,
     pub money: &'a mut Money,
+    pub access: &'a mut Access,
     pub why: &'a mut launch::WhyText,
     pub config: &'a EngineConfig,
     pub fx: F,
 }
 
 impl<S: Store> Engine<S> {
-    /// The job table, the core, admission, the fleet, money and the
-    /// writer's effects, borrowed apart.
+    /// The job table, the core, admission, the fleet, money, access and
+    /// the writer's effects, borrowed apart.
     pub(super) fn parts(&mut self) -> Parts<'_, Writes<'_, S>> {
         let Engine {
             store,
@@ -210,12 +229,13 @@ impl<S: Store> Engine<S> {
             admission,
             fleet,
             money,
+            access,
             why,
             ..
         } = self;
         let (config, tenants): (&EngineConfig, &Tenants) = (config, tenants);
         let fx = Writes { store, outbox, webhooks, tenants, config, counters, now: *now };
-        Parts { jobs, core, admission, fleet, tenants, money, why, config, fx }
+        Parts { jobs, core, admission, fleet, tenants, money, access, why, config, fx }
     }
 }
 
@@ -239,6 +259,10 @@ pub(super) struct Recorded {
     pub prices: Vec<PriceRow>,
     /// Each reservation row written, and each removed (`None`, its id).
     pub reservations: Vec<(u64, Option<ReservationRow>)>,
+    /// Each token row written, and each removed (`None`), by hash.
+    pub tokens: Vec<(String, Option<TokenRow>)>,
+    /// Each tenant's limits written.
+    pub limits: Vec<(TenantId, ebb_api::TenantLimits)>,
 }
 
 #[cfg(test)]
@@ -310,6 +334,21 @@ impl Effects for Recorded {
         let within = |u: &&crate::billing::UsageRow| from_ms <= u.ended_ms && u.ended_ms < to_ms;
         Ok(self.usage.iter().filter(mine).filter(within).cloned().collect())
     }
+
+    fn put_token(&mut self, row: &TokenRow) -> Written {
+        self.tokens.push((row.hash.clone(), Some(row.clone())));
+        Ok(())
+    }
+
+    fn delete_token(&mut self, hash: &str) -> Written {
+        self.tokens.push((hash.to_string(), None));
+        Ok(())
+    }
+
+    fn put_tenant_limits(&mut self, tenant: TenantId, limits: &ebb_api::TenantLimits) -> Written {
+        self.limits.push((tenant, limits.clone()));
+        Ok(())
+    }
 }
 
 /// The writer's parts owned, with recorded effects: what a test lends a
@@ -322,6 +361,7 @@ pub(super) struct Owned {
     pub fleet: Fleet,
     pub tenants: Tenants,
     pub money: Money,
+    pub access: Access,
     pub why: launch::WhyText,
     pub config: EngineConfig,
     pub fx: Recorded,
@@ -338,6 +378,7 @@ impl Owned {
             fleet: Fleet::default(),
             tenants: Tenants::default(),
             money: Money::default(),
+            access: Access { tokens: Default::default(), node_credentials: BTreeMap::new() },
             why: Default::default(),
             config: EngineConfig::for_tests(&std::env::temp_dir()),
             fx: Recorded { now, ..Recorded::default() },
@@ -345,8 +386,8 @@ impl Owned {
     }
 
     pub fn parts(&mut self) -> Parts<'_, &mut Recorded> {
-        let Owned { jobs, core, admission, fleet, tenants, money, why, config, fx } = self;
-        Parts { jobs, core, admission, fleet, tenants, money, why, config, fx }
+        let Owned { jobs, core, admission, fleet, tenants, money, access, why, config, fx } = self;
+        Parts { jobs, core, admission, fleet, tenants, money, access, why, config, fx }
     }
 }
 
@@ -408,5 +449,17 @@ impl<T: Effects> Effects for &mut T {
         to_ms: u64,
     ) -> Written<Vec<crate::billing::UsageRow>> {
         (**self).usage(tenant, from_ms, to_ms)
+    }
+
+    fn put_token(&mut self, row: &TokenRow) -> Written {
+        (**self).put_token(row)
+    }
+
+    fn delete_token(&mut self, hash: &str) -> Written {
+        (**self).delete_token(hash)
+    }
+
+    fn put_tenant_limits(&mut self, tenant: TenantId, limits: &ebb_api::TenantLimits) -> Written {
+        (**self).put_tenant_limits(tenant, limits)
     }
 }

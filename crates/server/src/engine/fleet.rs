@@ -91,7 +91,12 @@ impl<S: Store> Engine<S> {
             "node {name}'s credential was revoked by the operator (ebb nodes remove {name}); to rejoin, \
              delete the agent's node.credential and restart it with the join token"
         );
-        let revoked = self.revoke(|p| p.scope == Scope::Node && p.node.as_deref() == Some(name), &why)?;
+        let p = &mut self.parts();
+        let revoked = p.access.revoke(
+            &mut p.fx,
+            |p| p.scope == Scope::Node && p.node.as_deref() == Some(name),
+            &why,
+        )?;
         let requeued: Vec<JobId> =
             self.core.lose_node(id).map_err(|e| Refusal::internal(e.to_string()))?.into_iter().collect();
         self.node_gone(name, &requeued, "removed by the operator")?;

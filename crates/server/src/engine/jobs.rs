@@ -1,23 +1,9 @@
-//! Job commands: submission (arrays and sweeps expanded), cancel, tenants' limits and admission.
+//! Job commands: submission (arrays and sweeps expanded), cancel, signals and restart back-offs.
 
 use super::effects::{self, Effects};
 use super::ending::{cancel_deadline, cancel_grace_ms, cancel_stop};
 use super::table::JobTable;
 use super::*;
-
-/// The largest fair-share weight a tenant may be given.
-pub const MAX_WEIGHT: u32 = 1_000_000;
-
-/// The largest quota, borrowing or lending limit, in GPUs.
-pub const MAX_QUOTA: u32 = 1_000_000;
-
-/// The most quotas one tenant may have (one per tier and model).
-pub const MAX_QUOTAS: usize = 64;
-
-/// A quota's tier: on-demand or preemptible.
-fn parse_quota_tier(text: &str) -> Option<Tier> {
-    text.parse::<Tier>().ok().filter(|t| *t != Tier::Reserved)
-}
 
 impl<S: Store> Engine<S> {
     /// Whether `principal` may see job `id`. A finished job no longer in
@@ -251,242 +237,10 @@ impl<S: Store> Engine<S> {
         Ok(self.view(&self.jobs[&id], Vec::new()))
     }
 
-    /// A quota as an operator gave it, checked: its tier, a model the
-    /// cluster knows, a lending limit within the quota.
-    fn check_quota(&self, i: usize, q: &ebb_api::TenantQuota) -> Result<(), Refusal> {
-        let field = format!("quotas[{i}]");
-        if parse_quota_tier(&q.tier).is_none() {
-            return Err(Refusal::unacceptable(format!(
-                "{field}.tier: on-demand or preemptible (reserved work has reservations), got {:?}",
-                q.tier
-            )));
-        }
-        self.money.known_model(&self.core, &format!("{field}.gpu_model"), &q.gpu_model)?;
-        for (name, value) in [
-            ("nominal", Some(q.nominal)),
-            ("borrowing_limit", q.borrowing_limit),
-            ("lending_limit", q.lending_limit),
-        ] {
-            if value.is_some_and(|v| v > MAX_QUOTA) {
-                return Err(Refusal::unacceptable(format!("{field}.{name}: at most {MAX_QUOTA}")));
-            }
-        }
-        if q.lending_limit.is_some_and(|l| l > q.nominal) {
-            return Err(Refusal::unacceptable(format!(
-                "{field}.lending_limit: at most the nominal quota, {}",
-                q.nominal
-            )));
-        }
-        Ok(())
-    }
-
-    /// A tenant's quotas, each with the GPUs it uses against it now.
-    pub(super) fn quota_usage(&self, tenant: TenantId) -> Vec<ebb_api::QuotaUsage> {
-        let quotas = self.admission.limits.get(&tenant).and_then(|l| l.quotas.clone()).unwrap_or_default();
-        quotas
-            .into_iter()
-            .map(|quota| {
-                let used = match (parse_quota_tier(&quota.tier), self.core.model_by_name(&quota.gpu_model)) {
-                    (Some(tier), Some(model)) => self.core.quota_used(tenant, tier, model),
-                    _ => 0,
-                };
-                ebb_api::QuotaUsage { quota, used }
-            })
-            .collect()
-    }
-
-    /// Every tenant's quotas on the models the core knows, in the core
-    /// (after a start, a change and a model's first node).
-    pub(super) fn apply_quotas(&mut self) {
-        let existing: Vec<(TenantId, Tier, GpuModelId)> =
-            self.core.quotas().map(|(t, tier, m, _)| (t, tier, m)).collect();
-        for (tenant, tier, model) in existing {
-            self.core.set_quota(tenant, tier, model, None).expect("a quota the core has");
-        }
-        for (&tenant, limits) in &self.admission.limits {
-            for q in limits.quotas.iter().flatten() {
-                let (Some(tier), Some(model)) =
-                    (parse_quota_tier(&q.tier), self.core.model_by_name(&q.gpu_model))
-                else {
-                    continue;
-                };
-                let quota = ebb_scheduler::Quota {
-                    nominal: q.nominal,
-                    borrowing_limit: q.borrowing_limit,
-                    lending_limit: q.lending_limit,
-                };
-                if let Err(e) = self.core.set_quota(tenant, tier, model, Some(quota)) {
-                    tracing::error!(tenant = tenant.0, gpu_model = q.gpu_model, "quota not applied: {e}");
-                }
-            }
-        }
-    }
-
-    /// A tenant's registry logins (the tenant itself or an admin); with
-    /// `set`, first stores or removes one.
-    pub(super) fn registry_logins(
-        &mut self,
-        principal: &Principal,
-        name: &str,
-        set: Option<(String, Option<ebb_api::RegistryLogin>)>,
-    ) -> Result<Vec<ebb_api::RegistryLoginInfo>, Fail> {
-        let tenant = self
-            .tenants
-            .by_name(name)
-            .map_err(|_| Refusal::not_found(format!("tenant {name}: not found")))?;
-        if !principal.may_see(tenant) {
-            return Err(Refusal::not_found(format!("tenant {name}: not found")).into());
-        }
-        if let Some((registry, login)) = set {
-            check_registry_host(&registry)?;
-            if let Some(login) = &login {
-                if login.username.is_empty()
-                    || login.username.len() > 256
-                    || login.username.contains(':')
-                    || login.username.chars().any(char::is_control)
-                {
-                    return Err(Refusal::unacceptable(
-                        "username: 1 to 256 bytes, without ':' or control characters".to_string(),
-                    )
-                    .into());
-                }
-                if login.password.is_empty() || login.password.len() > 4096 || login.password.contains('\0') {
-                    return Err(
-                        Refusal::unacceptable("password: 1 to 4096 bytes, without NUL".to_string()).into()
-                    );
-                }
-            }
-            let sealed = login.as_ref().map(|l| ebb_api::RegistryLogin {
-                password: self.config.secret_key.seal(&l.password, &login_row(tenant, &registry)),
-                ..l.clone()
-            });
-            self.store.put_registry_login(tenant, &registry, sealed.as_ref())?;
-            tracing::info!(tenant = name, registry, given = login.is_some(), "registry login set");
-            let logins = self.tenants.logins.entry(tenant).or_default();
-            match login {
-                Some(login) => logins.insert(registry, login),
-                None => logins.remove(&registry),
-            };
-        }
-        Ok(self
-            .tenants
-            .logins
-            .get(&tenant)
-            .into_iter()
-            .flatten()
-            .map(|(registry, l)| ebb_api::RegistryLoginInfo {
-                registry: registry.clone(),
-                username: l.username.clone(),
-            })
-            .collect())
-    }
-
-    /// A tenant's limits and usage (the tenant itself or an admin); with
-    /// `set` (admin), its own limits first. Raising the running limit
-    /// admits waiting jobs at once; lowering any refuses nothing already
-    /// accepted.
-    pub(super) fn tenant_limits(
-        &mut self,
-        principal: &Principal,
-        name: &str,
-        set: Option<ebb_api::TenantLimits>,
-    ) -> Result<ebb_api::TenantUsage, Fail> {
-        let tenant = self
-            .tenants
-            .by_name(name)
-            .map_err(|_| Refusal::not_found(format!("tenant {name}: not found")))?;
-        if !principal.may_see(tenant) {
-            return Err(Refusal::not_found(format!("tenant {name}: not found")).into());
-        }
-        if let Some(set) = set {
-            if principal.scope != Scope::Admin {
-                return Err(Refusal::forbidden("this call needs an admin token").into());
-            }
-            for (field, value) in [
-                ("max_jobs", set.max_jobs),
-                ("max_running_jobs", set.max_running_jobs),
-                ("max_stored_bytes", set.max_stored_bytes),
-            ] {
-                if value == Some(0) {
-                    return Err(Refusal::unacceptable(format!("{field}: must be at least 1, got 0")).into());
-                }
-            }
-            if set.weight.is_some_and(|w| !(1..=MAX_WEIGHT).contains(&w)) {
-                return Err(Refusal::unacceptable(format!(
-                    "weight: must be between 1 and {MAX_WEIGHT}, got {}",
-                    set.weight.unwrap_or(0)
-                ))
-                .into());
-            }
-            if set.quotas.as_ref().is_some_and(|q| q.len() > MAX_QUOTAS) {
-                let msg = format!("quotas: at most {MAX_QUOTAS} a tenant");
-                return Err(Refusal::unacceptable(msg).into());
-            }
-            for (i, q) in set.quotas.iter().flatten().enumerate() {
-                self.check_quota(i, q)?;
-                let tier = parse_quota_tier(&q.tier).expect("checked");
-                let twice = set
-                    .quotas
-                    .iter()
-                    .flatten()
-                    .take(i)
-                    .any(|o| parse_quota_tier(&o.tier) == Some(tier) && o.gpu_model == q.gpu_model);
-                if twice {
-                    let msg = format!("quotas[{i}]: a second quota for {} {}", q.tier, q.gpu_model);
-                    return Err(Refusal::unacceptable(msg).into());
-                }
-            }
-            self.store.put_tenant_limits(tenant, &set)?;
-            tracing::info!(tenant = name, ?set, "tenant limits set");
-            let weight = set.weight.unwrap_or(ebb_scheduler::DEFAULT_WEIGHT);
-            self.core.set_weight(tenant, weight).expect("checked weight");
-            self.admission.limits.insert(tenant, set);
-            self.apply_quotas();
-            let Parts { jobs, core, admission, mut fx, .. } = self.parts();
-            admission::admit_waiting(jobs, core, admission, &mut fx, tenant)?;
-        }
-        let limits = self.admission.limits_of(tenant);
-        let load = self.admission.load.get(&tenant).cloned().unwrap_or_default();
-        Ok(ebb_api::TenantUsage {
-            tenant: name.to_string(),
-            weight: self.core.weight(tenant),
-            own: self.admission.limits.get(&tenant).cloned().unwrap_or_default(),
-            quotas: self.quota_usage(tenant),
-            max_jobs: limits.max_jobs,
-            max_running_jobs: limits.max_running_jobs,
-            max_stored_bytes: limits.max_stored_bytes,
-            jobs: load.jobs,
-            admitted: load.admitted,
-            waiting: load.waiting.len() as u64,
-            stored_bytes: load.bytes,
-        })
-    }
-
     /// Jobs whose restart back-off is over go back to the scheduler.
     pub(super) fn end_backoffs(&mut self, now: u64) -> Written {
         let Parts { jobs, core, mut fx, .. } = self.parts();
         end_backoffs(jobs, core, &mut fx, now)
-    }
-
-    pub(super) fn create_tenant(&mut self, name: String) -> Result<ebb_api::TenantCreated, Fail> {
-        let valid = !name.is_empty()
-            && name.len() <= 64
-            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
-        if !valid {
-            return Err(Refusal::invalid(format!(
-                "name: must be 1-64 letters, digits, '-' or '_', got {name:?}"
-            ))
-            .into());
-        }
-        if self.tenants.names.values().any(|n| *n == name) {
-            return Err(Refusal::conflict(format!("tenant {name}: already exists")).into());
-        }
-        let id = self.tenants.names.keys().max().map_or(TenantId(1), |m| TenantId(m.0 + 1));
-        self.outbox.changed = true;
-        self.store.put_tenant(&TenantRow { id, name: name.clone() })?;
-        self.tenants.names.insert(id, name.clone());
-        let token = self.grant(Principal::tenant(Scope::Tenant, id, &name))?;
-        Ok(ebb_api::TenantCreated { tenant: name, token })
     }
 }
 
@@ -494,7 +248,6 @@ impl<S: Store> Engine<S> {
 /// `first_id` on: one job, or one per task of an array or sweep (sharing
 /// the array id, the first task's, and the submission's environment),
 /// each with its task and name. A pure function of the submission.
-/// A submission's jobs: each task's spec and its place in its array.
 type Tasks = Vec<(StoredSpec, Option<ArrayTask>)>;
 
 pub(super) fn expand(
@@ -549,27 +302,6 @@ pub(super) fn task_env(task: &ArrayTask) -> BTreeMap<String, String> {
         env.insert("EBB_PARAMS".into(), serde_json::Value::Object(params).to_string());
     }
     env
-}
-
-/// A registry as a login names it: `HOST[:PORT]`, as image references
-/// begin.
-fn check_registry_host(registry: &str) -> Result<(), Refusal> {
-    let ok = !registry.is_empty()
-        && registry.len() <= 253
-        && registry.bytes().all(|b| b.is_ascii_alphanumeric() || b"-.:[]_".contains(&b))
-        && ebb_image::parse(&format!("{registry}/x:y")).is_ok_and(|r| r.registry() == registry);
-    if ok {
-        Ok(())
-    } else {
-        Err(Refusal::unacceptable(format!(
-            "registry: {registry:?} is not a registry host (HOST or HOST:PORT, as an image reference begins)"
-        )))
-    }
-}
-
-/// A registry login's row, as its sealed password's associated data.
-pub(super) fn login_row(tenant: TenantId, registry: &str) -> String {
-    format!("registry login of tenant {tenant} for {registry}")
 }
 
 /// Jobs whose restart back-off is over by `now` go back to the scheduler.

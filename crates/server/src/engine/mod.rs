@@ -73,6 +73,7 @@ mod reports;
 mod spec;
 mod staged;
 mod table;
+mod tenants;
 mod views;
 mod webhooks;
 mod write;
@@ -99,6 +100,7 @@ use recovery::gpu_indices;
 pub use recovery::{OpenError, RestoreError};
 pub use spec::{PinnedImage, Restart, SlurmOptions, StoredSpec};
 use table::JobTable;
+use tenants::Tenants;
 pub use views::JobQuery;
 
 pub fn now_ms() -> u64 {
@@ -514,30 +516,6 @@ pub struct Engine<S: Store> {
     unchecked: u64,
     /// The last checkpoint recommendation a placement made, and its text.
     why: launch::WhyText,
-}
-
-/// Tenants: their names and registry logins.
-#[derive(Default)]
-struct Tenants {
-    names: BTreeMap<TenantId, String>,
-    /// Each tenant's registry logins, by registry host.
-    logins: BTreeMap<TenantId, BTreeMap<String, ebb_api::RegistryLogin>>,
-}
-
-impl Tenants {
-    /// Tenant `id`'s name ("" for one unknown).
-    fn name(&self, id: TenantId) -> String {
-        self.names.get(&id).cloned().unwrap_or_default()
-    }
-
-    /// The tenant named `name`.
-    fn by_name(&self, name: &str) -> Result<TenantId, Refusal> {
-        self.names
-            .iter()
-            .find(|(_, n)| *n == name)
-            .map(|(id, _)| *id)
-            .ok_or_else(|| Refusal::unacceptable(format!("tenant: unknown tenant {name:?}")))
-    }
 }
 
 /// Who may call: the token map the HTTP handlers authenticate against,

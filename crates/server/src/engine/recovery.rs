@@ -68,7 +68,7 @@ impl<S: Store> Engine<S> {
             engine.money.prices.insert(price.gpu_model.clone(), price.clone());
         }
         engine.money.rate_models(&mut engine.core, &engine.config.pricing);
-        engine.apply_quotas();
+        tenants::apply_quotas(&mut engine.core, &engine.admission);
         let (hooks, deliveries) =
             (std::mem::take(&mut snapshot.webhooks), std::mem::take(&mut snapshot.deliveries));
         let clear_hooks = engine.load_webhooks(hooks, deliveries, now)?;
@@ -107,7 +107,7 @@ impl<S: Store> Engine<S> {
         self.tenants.logins.clear();
         let mut clear = Vec::new();
         for (tenant, registry, mut login) in std::mem::take(&mut snapshot.registry_logins) {
-            let row = super::jobs::login_row(tenant, &registry);
+            let row = super::tenants::login_row(tenant, &registry);
             match self.config.secret_key.open(&login.password, &row)? {
                 crate::sealed::Opened::Sealed(password) => login.password = password,
                 crate::sealed::Opened::Clear(password) => {

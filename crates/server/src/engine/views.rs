@@ -126,7 +126,7 @@ impl<S: Store> Engine<S> {
                     reservations,
                     weight: self.core.weight(*id),
                     shares: self.tier_shares(*id),
-                    quotas: self.quota_usage(*id),
+                    quotas: tenants::quota_usage(&self.core, &self.admission, *id),
                 }
             })
             .collect();

@@ -87,7 +87,7 @@ impl<S: Store> Engine<S> {
             let Some(login) = self.tenants.logins.get(&tenant).and_then(|l| l.get(&registry)) else {
                 continue;
             };
-            let row = super::jobs::login_row(tenant, &registry);
+            let row = super::tenants::login_row(tenant, &registry);
             let sealed = ebb_api::RegistryLogin {
                 password: self.config.secret_key.seal(&login.password, &row),
                 ..login.clone()
