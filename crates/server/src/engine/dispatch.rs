@@ -195,23 +195,25 @@ impl<S: Store> Engine<S> {
                 self.answer(reply, result)?;
             }
             Msg::CreateWebhook { principal, req, reply } => {
-                let result = self.create_webhook(&principal, req, now);
+                let (tenants, config) = (&self.tenants, &self.config);
+                let result = self.webhooks.create((tenants, config), &mut self.store, &principal, req, now);
                 self.answer(reply, result)?;
             }
             Msg::Webhooks { principal, tenant, reply } => {
-                let result = self.webhooks(&principal, tenant);
+                let result = self.webhooks.list(&self.tenants, &principal, tenant);
                 self.answer(reply, result)?;
             }
             Msg::DeleteWebhook { principal, id, reply } => {
-                let result = self.delete_webhook(&principal, id);
+                let to = (&mut self.store, &mut self.outbox);
+                let result = self.webhooks.delete(&self.tenants, to, &principal, id);
                 self.answer(reply, result)?;
             }
             Msg::WebhookLog { principal, id, reply } => {
-                let result = self.webhook_log(&principal, id);
+                let result = self.webhooks.log(&self.tenants, &mut self.store, &principal, id);
                 self.answer(reply, result)?;
             }
             Msg::WebhookTried { delivery, attempt, tried, at_ms } => {
-                self.webhook_tried(delivery, attempt, tried, at_ms)?;
+                self.webhooks.tried(&mut self.store, (delivery, attempt), tried, at_ms)?;
             }
             _ => unreachable!("dispatched by handle"),
         }

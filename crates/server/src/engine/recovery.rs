@@ -71,7 +71,7 @@ impl<S: Store> Engine<S> {
         tenants::apply_quotas(&mut engine.core, &engine.admission);
         let (hooks, deliveries) =
             (std::mem::take(&mut snapshot.webhooks), std::mem::take(&mut snapshot.deliveries));
-        let clear_hooks = engine.load_webhooks(hooks, deliveries, now)?;
+        let clear_hooks = engine.webhooks.load(&engine.config.secret_key, hooks, deliveries, now)?;
         engine.load_fair_share_usage(now)?;
         engine.fleet.heard_before = std::mem::take(&mut snapshot.heard).into_iter().collect();
         // Every node's last report at once: a read at each node's first
@@ -80,7 +80,8 @@ impl<S: Store> Engine<S> {
         let unrestored = engine.load_jobs(std::mem::take(&mut snapshot.jobs))?;
         engine.count_finished()?;
         engine.store.begin()?;
-        engine.seal_clear(clear_hooks, clear_logins)?;
+        let to = (&mut engine.store, &engine.config.secret_key);
+        webhooks::seal_clear(to, &engine.tenants, clear_hooks, clear_logins)?;
         engine.recover(snapshot, unrestored, now)?;
         engine.store.commit()?;
         engine.outbox.write_log();

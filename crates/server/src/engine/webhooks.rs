@@ -39,11 +39,12 @@ fn job_event_name(event: &Event) -> Option<&'static str> {
     })
 }
 
-impl<S: Store> Engine<S> {
+impl Webhooks {
     /// The webhooks and the outbox as the store has them; delivery ids go
     /// on past any a previous server gave out.
-    pub(super) fn load_webhooks(
+    pub(super) fn load(
         &mut self,
+        key: &crate::sealed::SecretKey,
         hooks: Vec<WebhookRow>,
         deliveries: Vec<DeliveryRow>,
         now: u64,
@@ -51,7 +52,7 @@ impl<S: Store> Engine<S> {
         let mut clear = Vec::new();
         let mut opened = Vec::with_capacity(hooks.len());
         for mut hook in hooks {
-            match self.config.secret_key.open(&hook.secret, &webhook_row(hook.id))? {
+            match key.open(&hook.secret, &webhook_row(hook.id))? {
                 crate::sealed::Opened::Sealed(secret) => hook.secret = secret,
                 crate::sealed::Opened::Clear(secret) => {
                     hook.secret = secret;
@@ -61,7 +62,7 @@ impl<S: Store> Engine<S> {
             opened.push(hook);
         }
         let hooks = opened;
-        let w = &mut self.webhooks;
+        let w = self;
         w.next_hook = hooks.iter().map(|h| h.id).max().unwrap_or(0) + 1;
         w.hooks = hooks.into_iter().map(|h| (h.id, h)).collect();
         w.next_delivery =
@@ -73,63 +74,31 @@ impl<S: Store> Engine<S> {
         Ok(clear)
     }
 
-    /// Seals what an earlier release stored in the clear (at start-up,
-    /// in its transaction).
-    pub(super) fn seal_clear(&mut self, hooks: Vec<WebhookRow>, logins: Vec<(TenantId, String)>) -> Written {
-        for hook in hooks {
-            let sealed = WebhookRow {
-                secret: self.config.secret_key.seal(&hook.secret, &webhook_row(hook.id)),
-                ..hook
-            };
-            self.store.put_webhook(&sealed)?;
-        }
-        for (tenant, registry) in logins {
-            let Some(login) = self.tenants.logins.get(&tenant).and_then(|l| l.get(&registry)) else {
-                continue;
-            };
-            let row = super::tenants::login_row(tenant, &registry);
-            let sealed = ebb_api::RegistryLogin {
-                password: self.config.secret_key.seal(&login.password, &row),
-                ..login.clone()
-            };
-            self.store.put_registry_login(tenant, &registry, Some(&sealed))?;
-        }
-        Ok(())
-    }
-
-    /// Deliveries go to `deliverer` from now on, starting with those the
-    /// outbox holds.
-    pub fn deliver_webhooks(&mut self, deliverer: tokio::sync::mpsc::UnboundedSender<Command>) {
-        for d in self.webhooks.pending.values() {
-            if let Some(hook) = self.webhooks.hooks.get(&d.webhook) {
-                let _ = deliverer.send(Command::Send(delivery(hook, d)));
-            }
-        }
-        self.outbox.webhooks = Some(deliverer);
-    }
-
-    fn webhook_view(&self, hook: &WebhookRow) -> Webhook {
+    /// A webhook as its owner sees it (without its secret).
+    fn view(&self, tenants: &Tenants, hook: &WebhookRow) -> Webhook {
         Webhook {
             id: hook.id,
-            tenant: hook.tenant.map(|t| self.tenants.name(t)),
+            tenant: hook.tenant.map(|t| tenants.name(t)),
             url: hook.url.clone(),
             events: hook.events.clone(),
             format: hook.format.clone(),
-            pending: self.webhooks.pending_by_hook.get(&hook.id).copied().unwrap_or(0),
+            pending: self.pending_by_hook.get(&hook.id).copied().unwrap_or(0),
             secret: None,
         }
     }
 
     /// `POST /v1/webhooks`.
-    pub(super) fn create_webhook(
+    pub(super) fn create(
         &mut self,
+        (tenants, config): (&Tenants, &EngineConfig),
+        store: &mut impl Store,
         principal: &Principal,
         req: WebhookRequest,
         now: u64,
     ) -> Result<Webhook, Fail> {
         let tenant = match (&req.tenant, &principal.tenant, principal.scope) {
             (Some(name), _, _) => {
-                let id = self.tenants.by_name(name)?;
+                let id = tenants.by_name(name)?;
                 if !principal.may_see(id) {
                     return Err(Refusal::not_found(format!("tenant {name}: not found")).into());
                 }
@@ -160,14 +129,14 @@ impl<S: Store> Engine<S> {
                 events.push(event.clone());
             }
         }
-        let url = check_url(&req.url, &self.config.outbound)?;
+        let url = check_url(&req.url, &config.outbound)?;
         let format = match req.format.as_deref().unwrap_or("json") {
             f @ ("json" | "slack") => f.to_string(),
             other => {
                 return Err(Refusal::unacceptable(format!("format: json or slack, got {other:?}")).into());
             }
         };
-        let owned = self.webhooks.hooks.values().filter(|h| h.tenant == tenant).count();
+        let owned = self.hooks.values().filter(|h| h.tenant == tenant).count();
         if owned >= ebb_api::MAX_WEBHOOKS {
             return Err(Refusal::conflict(format!(
                 "at most {} webhooks each; remove one first (ebb tenant webhook remove)",
@@ -175,23 +144,22 @@ impl<S: Store> Engine<S> {
             ))
             .into());
         }
-        let id = self.webhooks.next_hook;
-        self.webhooks.next_hook += 1;
+        let id = self.next_hook;
+        self.next_hook += 1;
         let secret = crate::webhooks::new_secret();
         let row = WebhookRow { id, tenant, url, events, format, secret: secret.clone(), created_ms: now };
         let sealed =
-            WebhookRow { secret: self.config.secret_key.seal(&row.secret, &webhook_row(id)), ..row.clone() };
-        self.store.put_webhook(&sealed)?;
+            WebhookRow { secret: config.secret_key.seal(&row.secret, &webhook_row(id)), ..row.clone() };
+        store.put_webhook(&sealed)?;
         tracing::info!(webhook = id, tenant = ?row.tenant, url = row.url, "webhook added");
-        let view = Webhook { secret: Some(secret), ..self.webhook_view(&row) };
-        self.webhooks.hooks.insert(id, row);
+        let view = Webhook { secret: Some(secret), ..self.view(tenants, &row) };
+        self.hooks.insert(id, row);
         Ok(view)
     }
 
     /// A webhook `principal` may see, or 404.
-    fn webhook_of(&self, principal: &Principal, id: u64) -> Result<&WebhookRow, Refusal> {
-        self.webhooks
-            .hooks
+    fn of(&self, principal: &Principal, id: u64) -> Result<&WebhookRow, Refusal> {
+        self.hooks
             .get(&id)
             .filter(|h| match h.tenant {
                 Some(t) => principal.may_see(t),
@@ -202,15 +170,15 @@ impl<S: Store> Engine<S> {
 
     /// `GET /v1/webhooks[?tenant=NAME]`: a tenant's own; an operator's,
     /// every one (or one tenant's).
-    pub(super) fn webhooks(
+    pub(super) fn list(
         &self,
+        tenants: &Tenants,
         principal: &Principal,
         tenant: Option<String>,
     ) -> Result<Vec<Webhook>, Fail> {
         let only = match tenant {
             Some(name) => {
-                let id = self
-                    .tenants
+                let id = tenants
                     .by_name(&name)
                     .map_err(|_| Refusal::not_found(format!("tenant {name}: not found")))?;
                 if !principal.may_see(id) {
@@ -221,42 +189,55 @@ impl<S: Store> Engine<S> {
             None => None,
         };
         Ok(self
-            .webhooks
             .hooks
             .values()
             .filter(|h| only.is_none_or(|t| h.tenant == Some(t)))
-            .filter(|h| self.webhook_of(principal, h.id).is_ok())
-            .map(|h| self.webhook_view(h))
+            .filter(|h| self.of(principal, h.id).is_ok())
+            .map(|h| self.view(tenants, h))
             .collect())
     }
 
     /// `DELETE /v1/webhooks/{id}`: the webhook, its outbox and its log.
-    pub(super) fn delete_webhook(&mut self, principal: &Principal, id: u64) -> Result<Webhook, Fail> {
-        let view = self.webhook_view(self.webhook_of(principal, id)?);
-        self.store.delete_webhook(id)?;
-        self.webhooks.hooks.remove(&id);
-        self.webhooks.pending.retain(|_, d| d.webhook != id);
-        self.webhooks.pending_by_hook.remove(&id);
-        self.outbox.webhook_sends.push(Command::Forget(id));
+    pub(super) fn delete(
+        &mut self,
+        tenants: &Tenants,
+        (store, outbox): (&mut impl Store, &mut Outbox),
+        principal: &Principal,
+        id: u64,
+    ) -> Result<Webhook, Fail> {
+        let view = self.view(tenants, self.of(principal, id)?);
+        store.delete_webhook(id)?;
+        self.hooks.remove(&id);
+        self.pending.retain(|_, d| d.webhook != id);
+        self.pending_by_hook.remove(&id);
+        outbox.webhook_sends.push(Command::Forget(id));
         tracing::info!(webhook = id, "webhook removed");
         Ok(view)
     }
 
     /// `GET /v1/webhooks/{id}/log`.
-    pub(super) fn webhook_log(
-        &mut self,
+    pub(super) fn log(
+        &self,
+        tenants: &Tenants,
+        store: &mut impl Store,
         principal: &Principal,
         id: u64,
     ) -> Result<ebb_api::WebhookLog, Fail> {
-        let webhook = self.webhook_view(self.webhook_of(principal, id)?);
-        let deliveries = self.store.webhook_log(id)?;
+        let webhook = self.view(tenants, self.of(principal, id)?);
+        let deliveries = store.webhook_log(id)?;
         Ok(ebb_api::WebhookLog { webhook, deliveries })
     }
 
     /// The deliverer tried delivery `id`: logged; delivered or given up,
     /// it leaves the outbox.
-    pub(super) fn webhook_tried(&mut self, id: u64, attempt: u32, tried: Tried, at_ms: u64) -> Written {
-        let Some(d) = self.webhooks.pending.get(&id) else { return Ok(()) };
+    pub(super) fn tried(
+        &mut self,
+        store: &mut impl Store,
+        (id, attempt): (u64, u32),
+        tried: Tried,
+        at_ms: u64,
+    ) -> Written {
+        let Some(d) = self.pending.get(&id) else { return Ok(()) };
         let (outcome, status, error, done) = match tried {
             Tried::Delivered { status } => ("delivered", Some(status), None, true),
             Tried::Failed { status, error } => ("failed", status, Some(error), false),
@@ -274,11 +255,11 @@ impl<S: Store> Engine<S> {
             error,
         };
         let webhook = d.webhook;
-        self.store.add_webhook_log(webhook, &entry)?;
+        store.add_webhook_log(webhook, &entry)?;
         if done {
-            self.store.delete_delivery(id)?;
-            self.webhooks.pending.remove(&id);
-            if let Some(n) = self.webhooks.pending_by_hook.get_mut(&webhook) {
+            store.delete_delivery(id)?;
+            self.pending.remove(&id);
+            if let Some(n) = self.pending_by_hook.get_mut(&webhook) {
                 *n = n.saturating_sub(1);
             }
         }
@@ -287,6 +268,42 @@ impl<S: Store> Engine<S> {
         }
         Ok(())
     }
+}
+
+impl<S: Store> Engine<S> {
+    /// Deliveries go to `deliverer` from now on, starting with those the
+    /// outbox holds.
+    pub fn deliver_webhooks(&mut self, deliverer: tokio::sync::mpsc::UnboundedSender<Command>) {
+        for d in self.webhooks.pending.values() {
+            if let Some(hook) = self.webhooks.hooks.get(&d.webhook) {
+                let _ = deliverer.send(Command::Send(delivery(hook, d)));
+            }
+        }
+        self.outbox.webhooks = Some(deliverer);
+    }
+}
+
+/// Seals what an earlier release stored in the clear (at start-up,
+/// in its transaction).
+pub(super) fn seal_clear(
+    (store, key): (&mut impl Store, &crate::sealed::SecretKey),
+    tenants: &Tenants,
+    hooks: Vec<WebhookRow>,
+    logins: Vec<(TenantId, String)>,
+) -> Written {
+    for hook in hooks {
+        let sealed = WebhookRow { secret: key.seal(&hook.secret, &webhook_row(hook.id)), ..hook };
+        store.put_webhook(&sealed)?;
+    }
+    for (tenant, registry) in logins {
+        let Some(login) = tenants.logins.get(&tenant).and_then(|l| l.get(&registry)) else {
+            continue;
+        };
+        let row = super::tenants::login_row(tenant, &registry);
+        let sealed = ebb_api::RegistryLogin { password: key.seal(&login.password, &row), ..login.clone() };
+        store.put_registry_login(tenant, &registry, Some(&sealed))?;
+    }
+    Ok(())
 }
 
 /// What a delivery is of: its webhook, the event's name, and the job or
