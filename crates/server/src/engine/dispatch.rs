@@ -58,11 +58,11 @@ impl<S: Store> Engine<S> {
     fn on_jobs(&mut self, msg: Msg, now: u64) -> Written {
         match msg {
             Msg::Submit { principal, spec, reply } => {
-                let result = self.submit(&principal, *spec, now);
+                let result = jobs::submit(&mut self.parts(), &principal, *spec);
                 self.answer(reply, result)?;
             }
             Msg::SubmitBatch { principal, specs, reply } => {
-                let result = self.submit_all(&principal, specs, now);
+                let result = jobs::submit_all(&mut self.parts(), &principal, specs);
                 self.answer(reply, result)?;
             }
             Msg::Jobs { principal, query, reply } => {

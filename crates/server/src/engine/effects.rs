@@ -26,6 +26,9 @@ pub(super) trait Effects {
     /// Job `id`'s record as the store has it: a finished one the table no
     /// longer holds.
     fn stored_job(&mut self, id: JobId) -> Written<Option<JobRecord>>;
+    /// The tasks of the array whose first task is `array`, as the store
+    /// has them (finished ones too).
+    fn array_tasks(&mut self, array: JobId) -> Written<Vec<JobId>>;
     /// What the writer counts for its metrics.
     fn counters(&mut self) -> &mut crate::metrics::Counters;
     /// Writes a node's row.
@@ -144,6 +147,10 @@ impl<S: Store> Effects for Writes<'_, S> {
 
     fn stored_job(&mut self, id: JobId) -> Written<Option<JobRecord>> {
         self.store.job(id)
+    }
+
+    fn array_tasks(&mut self, array: JobId) -> Written<Vec<JobId>> {
+        Ok(self.store.array_tasks(array)?.into_iter().map(|t| t.id).collect())
     }
 
     fn counters(&mut self) -> &mut crate::metrics::Counters {
@@ -294,6 +301,11 @@ impl Effects for Recorded {
         Ok(self.stored.get(&id).cloned())
     }
 
+    fn array_tasks(&mut self, array: JobId) -> Written<Vec<JobId>> {
+        let tasks = self.stored.values().filter(|j| j.array.as_ref().is_some_and(|a| a.id == array));
+        Ok(tasks.map(|j| j.id).collect())
+    }
+
     fn counters(&mut self) -> &mut crate::metrics::Counters {
         &mut self.counters
     }
@@ -416,6 +428,10 @@ impl<T: Effects> Effects for &mut T {
 
     fn stored_job(&mut self, id: JobId) -> Written<Option<JobRecord>> {
         (**self).stored_job(id)
+    }
+
+    fn array_tasks(&mut self, array: JobId) -> Written<Vec<JobId>> {
+        (**self).array_tasks(array)
     }
 
     fn counters(&mut self) -> &mut crate::metrics::Counters {

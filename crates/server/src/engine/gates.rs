@@ -319,59 +319,6 @@ fn array_slot_freed(
 }
 
 impl<S: Store> Engine<S> {
-    /// A new submission's dependencies, checked: its `after` parsed, with
-    /// `singleton` made a dependency on each earlier unfinished job of the
-    /// tenant's with its name. One that names a job the tenant does not
-    /// have, or can never hold, is refused.
-    pub(super) fn check_after(
-        &mut self,
-        tenant: TenantId,
-        text: &str,
-        name: Option<&str>,
-    ) -> Result<After, Fail> {
-        let mut after = parse_after(text).map_err(|e| Refusal::unacceptable(format!("after: {e}")))?;
-        if after.singleton {
-            let name =
-                name.ok_or_else(|| Refusal::unacceptable("after: singleton needs a job name".into()))?;
-            // Rare by nature (a tenant's singleton submits): a scan.
-            let earlier: Vec<JobId> = self
-                .jobs
-                .values()
-                .filter(|j| j.tenant == tenant && !j.state.is_final() && j.spec.name.as_deref() == Some(name))
-                .map(|j| j.id)
-                .collect();
-            after.on.extend(earlier.into_iter().map(|id| (Condition::Any, id)));
-        }
-        // An array's id (its first task's) stands for all its tasks, as in Slurm.
-        let mut on = Vec::with_capacity(after.on.len());
-        for &(condition, id) in &after.on {
-            let head = match self.jobs.get(&id) {
-                Some(job) => job.array.as_ref().is_some_and(|a| a.id == id && a.tasks > 1),
-                None => self
-                    .store
-                    .job::<JobRecord>(id)?
-                    .and_then(|j| j.array)
-                    .is_some_and(|a| a.id == id && a.tasks > 1),
-            };
-            match head {
-                true => on.extend(self.store.array_tasks(id)?.into_iter().map(|t| (condition, t.id))),
-                false => on.push((condition, id)),
-            }
-        }
-        if on.len() > MAX_DEPENDENCIES {
-            return Err(Refusal::unacceptable(format!(
-                "after: at most {MAX_DEPENDENCIES} jobs, arrays' tasks counted"
-            ))
-            .into());
-        }
-        after.on = on;
-        let Parts { jobs, mut fx, .. } = self.parts();
-        if let Standing::Never(why) = standing(jobs, &mut fx, tenant, &after)? {
-            return Err(Refusal::unacceptable(format!("after: {why}")).into());
-        }
-        Ok(after)
-    }
-
     /// The gates as the records say, after a restart.
     pub(super) fn rebuild_gates(&mut self) {
         self.admission.gates = Gates::default();
@@ -468,6 +415,53 @@ impl<S: Store> Engine<S> {
         }
         Ok(())
     }
+}
+
+/// A new submission's dependencies, checked: its `after` parsed, with
+/// `singleton` made a dependency on each earlier unfinished job of the
+/// tenant's with its name. One that names a job the tenant does not
+/// have, or can never hold, is refused.
+pub(super) fn check_after(
+    p: &mut Parts<impl Effects>,
+    tenant: TenantId,
+    text: &str,
+    name: Option<&str>,
+) -> Result<After, Fail> {
+    let mut after = parse_after(text).map_err(|e| Refusal::unacceptable(format!("after: {e}")))?;
+    if after.singleton {
+        let name = name.ok_or_else(|| Refusal::unacceptable("after: singleton needs a job name".into()))?;
+        // Rare by nature (a tenant's singleton submits): a scan.
+        let earlier: Vec<JobId> = p
+            .jobs
+            .values()
+            .filter(|j| j.tenant == tenant && !j.state.is_final() && j.spec.name.as_deref() == Some(name))
+            .map(|j| j.id)
+            .collect();
+        after.on.extend(earlier.into_iter().map(|id| (Condition::Any, id)));
+    }
+    // An array's id (its first task's) stands for all its tasks, as in Slurm.
+    let mut on = Vec::with_capacity(after.on.len());
+    for &(condition, id) in &after.on {
+        let head = match p.jobs.get(&id) {
+            Some(job) => job.array.as_ref().is_some_and(|a| a.id == id && a.tasks > 1),
+            None => p.fx.stored_job(id)?.and_then(|j| j.array).is_some_and(|a| a.id == id && a.tasks > 1),
+        };
+        match head {
+            true => on.extend(p.fx.array_tasks(id)?.into_iter().map(|t| (condition, t))),
+            false => on.push((condition, id)),
+        }
+    }
+    if on.len() > MAX_DEPENDENCIES {
+        return Err(Refusal::unacceptable(format!(
+            "after: at most {MAX_DEPENDENCIES} jobs, arrays' tasks counted"
+        ))
+        .into());
+    }
+    after.on = on;
+    if let Standing::Never(why) = standing(p.jobs, &mut p.fx, tenant, &after)? {
+        return Err(Refusal::unacceptable(format!("after: {why}")).into());
+    }
+    Ok(after)
 }
 
 #[cfg(test)]

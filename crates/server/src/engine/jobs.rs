@@ -27,203 +27,6 @@ impl<S: Store> Engine<S> {
         }
     }
 
-    pub(super) fn submit(
-        &mut self,
-        principal: &Principal,
-        spec: JobSubmission,
-        now: u64,
-    ) -> Result<Vec<JobId>, Fail> {
-        let mut ids = self.submit_all(principal, vec![spec], now)?;
-        Ok(ids.pop().expect("one submission"))
-    }
-
-    /// Several submissions at once, all or none: each is checked (an
-    /// error names its index in a batch of more than one), the tenant's
-    /// limits against them together, and only then is any job made. The
-    /// ids of each, in order.
-    pub(super) fn submit_all(
-        &mut self,
-        principal: &Principal,
-        specs: Vec<JobSubmission>,
-        now: u64,
-    ) -> Result<Vec<Vec<JobId>>, Fail> {
-        let (tenant, _) =
-            principal.tenant.clone().ok_or_else(|| Refusal::forbidden("this token cannot submit jobs"))?;
-        let limits = self.admission.limits_of(tenant);
-        let several = specs.len() > 1;
-        let mut prepared = Vec::with_capacity(specs.len());
-        let mut first_id = self.jobs.next;
-        let mut all_tasks = 0usize;
-        for (i, spec) in specs.into_iter().enumerate() {
-            let named = |e: Refusal| match several {
-                true => e.within(&format!("jobs[{i}]")),
-                false => e,
-            };
-            let (after_text, name) = (spec.after.clone(), spec.name.clone());
-            let mut one = self.prepare(tenant, spec, first_id, &limits, now).map_err(named)?;
-            let after = match after_text.as_deref() {
-                Some(text) => Some(self.check_after(tenant, text, name.as_deref()).map_err(|e| match e {
-                    Fail::Refused(e) => Fail::Refused(named(e)),
-                    store => store,
-                })?),
-                None => None,
-            };
-            for (spec, _) in &mut one.1 {
-                spec.after = after.clone();
-            }
-            first_id = JobId(first_id.0 + one.1.len() as u64);
-            all_tasks += one.1.len();
-            if several && all_tasks as u64 > limits.max_array_tasks {
-                return Err(Refusal::unacceptable(format!(
-                    "jobs: a batch makes at most {} jobs (ebb server --max-array-tasks), and this one makes more by jobs[{i}]",
-                    limits.max_array_tasks
-                ))
-                .into());
-            }
-            prepared.push(one);
-        }
-        self.check_room(
-            tenant,
-            &limits,
-            prepared.iter().flat_map(|(_, tasks)| tasks.iter().map(|(spec, _)| spec)),
-        )?;
-        make_jobs(&mut self.parts(), tenant, prepared)
-    }
-
-    /// One submission checked and expanded into its tasks, the first of
-    /// which will be job `first_id`.
-    fn prepare(
-        &self,
-        tenant: TenantId,
-        spec: JobSubmission,
-        first_id: JobId,
-        limits: &crate::validate::Limits,
-        now: u64,
-    ) -> Result<(crate::validate::Checked, Tasks), Refusal> {
-        let mut spec = spec;
-        if let (None, Some(slurm)) = (&spec.tier, &spec.slurm) {
-            // A Slurm job's tier is its partition's.
-            spec.tier =
-                Some(self.config.partitions.tier_of(slurm.partition.as_deref())?.as_str().to_string());
-        }
-        let mut checked = crate::validate::submission(&spec, &self.core, limits)?;
-        if let Some(deadline_ms) = checked.deadline_ms.filter(|ms| *ms <= now) {
-            return Err(Refusal::unacceptable(format!(
-                "deadline: {} is not in the future (the server's time is {})",
-                rfc3339(deadline_ms),
-                rfc3339(now)
-            )));
-        }
-        let tenant_name = self.tenants.name(tenant);
-        match (&spec.image, &spec.image_digest) {
-            (None, _) if self.config.images.required_for(&tenant_name) => {
-                return Err(Refusal::unacceptable(format!(
-                    "image: tenant {tenant_name}'s jobs must name an image to run in (ebb submit --image \
-                     HOST/NAME:TAG; ebb server --require-image)"
-                )));
-            }
-            (Some(image), None) => {
-                // The HTTP layer resolves every image before the writer sees it.
-                return Err(Refusal::unacceptable(format!("image: {image} was not resolved to a digest")));
-            }
-            _ => {}
-        }
-        let mut spec = StoredSpec::from(spec);
-        if checked.tier == Tier::Reserved {
-            // A reserved job runs on its reservation's model.
-            spec.gpu_model = Some(self.reserved_model(tenant, spec.gpu_model.as_deref(), now)?);
-        }
-        self.check_capacity(checked.gpus, spec.gpu_model.as_deref())?;
-        let tasks = expand(&spec, std::mem::take(&mut checked.tasks), first_id);
-        Ok((checked, tasks))
-    }
-
-    /// The model a reserved job of `tenant` runs on: that of its one
-    /// reservation not yet ended (of `wanted`, if given).
-    fn reserved_model(&self, tenant: TenantId, wanted: Option<&str>, now: u64) -> Result<String, Refusal> {
-        let models: BTreeSet<&str> = self
-            .money
-            .reservations
-            .values()
-            .filter(|r| r.tenant == tenant && r.end_ms > now && wanted.is_none_or(|m| m == r.gpu_model))
-            .map(|r| r.gpu_model.as_str())
-            .collect();
-        match models.len() {
-            0 => Err(Refusal::unacceptable(format!(
-                "tier: reserved jobs draw on a reservation, and tenant {} has none{} that has not ended",
-                self.tenants.name(tenant),
-                wanted.map(|m| format!(" of {m}")).unwrap_or_default()
-            ))),
-            1 => Ok(models.first().expect("one").to_string()),
-            _ => Err(Refusal::unacceptable(format!(
-                "gpu_model: tenant {} has reservations of {}; say which",
-                self.tenants.name(tenant),
-                models.into_iter().collect::<Vec<_>>().join(", ")
-            ))),
-        }
-    }
-
-    /// Refuses a job larger than all the nodes of its model (of any model,
-    /// if it names none) that have joined could ever give it together,
-    /// naming what the cluster has. A cluster no node has joined yet
-    /// takes any size: the nodes may be on their way.
-    fn check_capacity(&self, gpus: u32, model: Option<&str>) -> Result<(), Refusal> {
-        let registered = &self.fleet.registered;
-        let fits = |m: &str| registered.get(m).is_some_and(|(have, _)| u64::from(gpus) <= *have);
-        let fitting = match model {
-            Some(m) => fits(m),
-            None => registered.keys().any(|m| fits(m)),
-        };
-        if fitting || registered.values().all(|(have, _)| *have == 0) {
-            return Ok(());
-        }
-        let has: Vec<String> = registered
-            .iter()
-            .filter(|(m, (have, _))| *have > 0 && model.is_none_or(|w| w == m.as_str()))
-            .map(|(m, (have, nodes))| {
-                format!("{have} {m} on {nodes} node{}", if *nodes == 1 { "" } else { "s" })
-            })
-            .collect();
-        Err(Refusal::unacceptable(format!(
-            "gpus: {gpus} GPUs{}, but the cluster has {} in all: more than its nodes could ever give one job",
-            model.map(|m| format!(" of {m}")).unwrap_or_default(),
-            if has.is_empty() { "none of that model".to_string() } else { has.join(", ") }
-        )))
-    }
-
-    /// Refuses a submission that would take the tenant over its limits of
-    /// unfinished jobs or their stored bytes.
-    fn check_room<'a>(
-        &self,
-        tenant: TenantId,
-        limits: &crate::validate::Limits,
-        specs: impl Iterator<Item = &'a StoredSpec>,
-    ) -> Result<(), Refusal> {
-        let (jobs, bytes) = specs
-            .fold((0u64, 0u64), |(jobs, bytes), spec| (jobs + 1, bytes.saturating_add(spec.stored_bytes())));
-        let load = self.admission.load.get(&tenant).cloned().unwrap_or_default();
-        if load.jobs.saturating_add(jobs) > limits.max_jobs {
-            return Err(Refusal::over_limit(format!(
-                "tenant {}: {} unfinished jobs, and this submission adds {jobs}: over the limit of {} \
-                 (ebb server --max-jobs-per-tenant)",
-                self.tenants.name(tenant),
-                load.jobs,
-                limits.max_jobs
-            )));
-        }
-        if load.bytes.saturating_add(bytes) > limits.max_stored_bytes {
-            return Err(Refusal::over_limit(format!(
-                "tenant {}: the arguments and environments of its jobs in the server (unfinished, or finished \
-                 within --keep-finished) take {} bytes, and this submission adds {bytes}: over the limit of {} \
-                 (ebb server --max-stored-bytes-per-tenant)",
-                self.tenants.name(tenant),
-                load.bytes,
-                limits.max_stored_bytes
-            )));
-        }
-        Ok(())
-    }
-
     /// Cancels job `id` ([`cancel`]) and answers with its view.
     pub(super) fn cancel(&mut self, id: JobId, req: &ebb_api::CancelRequest) -> Result<ebb_api::Job, Fail> {
         cancel(&mut self.parts(), id, req.grace_ms)?;
@@ -242,6 +45,209 @@ impl<S: Store> Engine<S> {
         let Parts { jobs, core, mut fx, .. } = self.parts();
         end_backoffs(jobs, core, &mut fx, now)
     }
+}
+
+/// One submission ([`submit_all`]): its jobs' ids.
+pub(super) fn submit(
+    p: &mut Parts<impl Effects>,
+    principal: &Principal,
+    spec: JobSubmission,
+) -> Result<Vec<JobId>, Fail> {
+    let mut ids = submit_all(p, principal, vec![spec])?;
+    Ok(ids.pop().expect("one submission"))
+}
+
+/// Several submissions at once, all or none: each is checked (an
+/// error names its index in a batch of more than one), the tenant's
+/// limits against them together, and only then is any job made. The
+/// ids of each, in order.
+pub(super) fn submit_all(
+    p: &mut Parts<impl Effects>,
+    principal: &Principal,
+    specs: Vec<JobSubmission>,
+) -> Result<Vec<Vec<JobId>>, Fail> {
+    let (tenant, _) =
+        principal.tenant.clone().ok_or_else(|| Refusal::forbidden("this token cannot submit jobs"))?;
+    let limits = p.admission.limits_of(tenant);
+    let several = specs.len() > 1;
+    let mut prepared = Vec::with_capacity(specs.len());
+    let mut first_id = p.jobs.next;
+    let mut all_tasks = 0usize;
+    for (i, spec) in specs.into_iter().enumerate() {
+        let named = |e: Refusal| match several {
+            true => e.within(&format!("jobs[{i}]")),
+            false => e,
+        };
+        let (after_text, name) = (spec.after.clone(), spec.name.clone());
+        let mut one = prepare(p, tenant, spec, first_id, &limits).map_err(named)?;
+        let after = match after_text.as_deref() {
+            Some(text) => {
+                Some(gates::check_after(p, tenant, text, name.as_deref()).map_err(|e| match e {
+                    Fail::Refused(e) => Fail::Refused(named(e)),
+                    store => store,
+                })?)
+            }
+            None => None,
+        };
+        for (spec, _) in &mut one.1 {
+            spec.after = after.clone();
+        }
+        first_id = JobId(first_id.0 + one.1.len() as u64);
+        all_tasks += one.1.len();
+        if several && all_tasks as u64 > limits.max_array_tasks {
+            return Err(Refusal::unacceptable(format!(
+                "jobs: a batch makes at most {} jobs (ebb server --max-array-tasks), and this one makes more by jobs[{i}]",
+                limits.max_array_tasks
+            ))
+            .into());
+        }
+        prepared.push(one);
+    }
+    check_room(
+        p.admission,
+        p.tenants,
+        tenant,
+        &limits,
+        prepared.iter().flat_map(|(_, tasks)| tasks.iter().map(|(spec, _)| spec)),
+    )?;
+    make_jobs(p, tenant, prepared)
+}
+
+/// One submission checked and expanded into its tasks, the first of
+/// which will be job `first_id`.
+fn prepare(
+    p: &Parts<impl Effects>,
+    tenant: TenantId,
+    spec: JobSubmission,
+    first_id: JobId,
+    limits: &crate::validate::Limits,
+) -> Result<(crate::validate::Checked, Tasks), Refusal> {
+    let now = p.fx.now();
+    let mut spec = spec;
+    if let (None, Some(slurm)) = (&spec.tier, &spec.slurm) {
+        // A Slurm job's tier is its partition's.
+        spec.tier = Some(p.config.partitions.tier_of(slurm.partition.as_deref())?.as_str().to_string());
+    }
+    let mut checked = crate::validate::submission(&spec, p.core, limits)?;
+    if let Some(deadline_ms) = checked.deadline_ms.filter(|ms| *ms <= now) {
+        return Err(Refusal::unacceptable(format!(
+            "deadline: {} is not in the future (the server's time is {})",
+            rfc3339(deadline_ms),
+            rfc3339(now)
+        )));
+    }
+    let tenant_name = p.tenants.name(tenant);
+    match (&spec.image, &spec.image_digest) {
+        (None, _) if p.config.images.required_for(&tenant_name) => {
+            return Err(Refusal::unacceptable(format!(
+                "image: tenant {tenant_name}'s jobs must name an image to run in (ebb submit --image \
+                 HOST/NAME:TAG; ebb server --require-image)"
+            )));
+        }
+        (Some(image), None) => {
+            // The HTTP layer resolves every image before the writer sees it.
+            return Err(Refusal::unacceptable(format!("image: {image} was not resolved to a digest")));
+        }
+        _ => {}
+    }
+    let mut spec = StoredSpec::from(spec);
+    if checked.tier == Tier::Reserved {
+        // A reserved job runs on its reservation's model.
+        spec.gpu_model = Some(reserved_model(p.money, p.tenants, tenant, spec.gpu_model.as_deref(), now)?);
+    }
+    check_capacity(p.fleet, checked.gpus, spec.gpu_model.as_deref())?;
+    let tasks = expand(&spec, std::mem::take(&mut checked.tasks), first_id);
+    Ok((checked, tasks))
+}
+
+/// The model a reserved job of `tenant` runs on: that of its one
+/// reservation not yet ended (of `wanted`, if given).
+fn reserved_model(
+    money: &Money,
+    tenants: &Tenants,
+    tenant: TenantId,
+    wanted: Option<&str>,
+    now: u64,
+) -> Result<String, Refusal> {
+    let models: BTreeSet<&str> = money
+        .reservations
+        .values()
+        .filter(|r| r.tenant == tenant && r.end_ms > now && wanted.is_none_or(|m| m == r.gpu_model))
+        .map(|r| r.gpu_model.as_str())
+        .collect();
+    match models.len() {
+        0 => Err(Refusal::unacceptable(format!(
+            "tier: reserved jobs draw on a reservation, and tenant {} has none{} that has not ended",
+            tenants.name(tenant),
+            wanted.map(|m| format!(" of {m}")).unwrap_or_default()
+        ))),
+        1 => Ok(models.first().expect("one").to_string()),
+        _ => Err(Refusal::unacceptable(format!(
+            "gpu_model: tenant {} has reservations of {}; say which",
+            tenants.name(tenant),
+            models.into_iter().collect::<Vec<_>>().join(", ")
+        ))),
+    }
+}
+
+/// Refuses a job larger than all the nodes of its model (of any model,
+/// if it names none) that have joined could ever give it together,
+/// naming what the cluster has. A cluster no node has joined yet
+/// takes any size: the nodes may be on their way.
+fn check_capacity(fleet: &Fleet, gpus: u32, model: Option<&str>) -> Result<(), Refusal> {
+    let registered = &fleet.registered;
+    let fits = |m: &str| registered.get(m).is_some_and(|(have, _)| u64::from(gpus) <= *have);
+    let fitting = match model {
+        Some(m) => fits(m),
+        None => registered.keys().any(|m| fits(m)),
+    };
+    if fitting || registered.values().all(|(have, _)| *have == 0) {
+        return Ok(());
+    }
+    let has: Vec<String> = registered
+        .iter()
+        .filter(|(m, (have, _))| *have > 0 && model.is_none_or(|w| w == m.as_str()))
+        .map(|(m, (have, nodes))| format!("{have} {m} on {nodes} node{}", if *nodes == 1 { "" } else { "s" }))
+        .collect();
+    Err(Refusal::unacceptable(format!(
+        "gpus: {gpus} GPUs{}, but the cluster has {} in all: more than its nodes could ever give one job",
+        model.map(|m| format!(" of {m}")).unwrap_or_default(),
+        if has.is_empty() { "none of that model".to_string() } else { has.join(", ") }
+    )))
+}
+
+/// Refuses a submission that would take the tenant over its limits of
+/// unfinished jobs or their stored bytes.
+fn check_room<'a>(
+    admission: &Admission,
+    tenants: &Tenants,
+    tenant: TenantId,
+    limits: &crate::validate::Limits,
+    specs: impl Iterator<Item = &'a StoredSpec>,
+) -> Result<(), Refusal> {
+    let (jobs, bytes) =
+        specs.fold((0u64, 0u64), |(jobs, bytes), spec| (jobs + 1, bytes.saturating_add(spec.stored_bytes())));
+    let load = admission.load.get(&tenant).cloned().unwrap_or_default();
+    if load.jobs.saturating_add(jobs) > limits.max_jobs {
+        return Err(Refusal::over_limit(format!(
+            "tenant {}: {} unfinished jobs, and this submission adds {jobs}: over the limit of {} \
+             (ebb server --max-jobs-per-tenant)",
+            tenants.name(tenant),
+            load.jobs,
+            limits.max_jobs
+        )));
+    }
+    if load.bytes.saturating_add(bytes) > limits.max_stored_bytes {
+        return Err(Refusal::over_limit(format!(
+            "tenant {}: the arguments and environments of its jobs in the server (unfinished, or finished \
+             within --keep-finished) take {} bytes, and this submission adds {bytes}: over the limit of {} \
+             (ebb server --max-stored-bytes-per-tenant)",
+            tenants.name(tenant),
+            load.bytes,
+            limits.max_stored_bytes
+        )));
+    }
+    Ok(())
 }
 
 /// The jobs one submission makes, with the ids they will get from
@@ -448,7 +454,56 @@ pub(super) fn cancel(p: &mut Parts<'_, impl Effects>, id: JobId, grace_ms: Optio
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::validate::Task;
+    use crate::validate::{Limits, Task};
+
+    fn submission(argv: &str, gpus: u32) -> JobSubmission {
+        JobSubmission { argv: vec![argv.into()], gpus: Some(gpus), ..Default::default() }
+    }
+
+    fn refused<T: std::fmt::Debug>(result: Result<T, Fail>) -> String {
+        match result {
+            Err(Fail::Refused(refusal)) => refusal.message,
+            other => panic!("not refused: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_submission_over_the_parts_is_checked_whole_before_any_job_is_made() {
+        let mut owned = effects::Owned::new(JobId(1), 1_000);
+        let spec = NodeSpec { name: "a".into(), gpu_model: "H100".into(), gpus: 8, labels: BTreeMap::new() };
+        owned.core.add_node(spec, Time(0)).unwrap();
+        owned.fleet.registered.insert("H100".into(), (8, 1));
+        owned.tenants.names.insert(TenantId(1), "acme".into());
+        owned.admission = Admission::new(Limits { max_jobs: 3, ..Limits::default() });
+        let acme = Principal::tenant(Scope::Tenant, TenantId(1), "acme");
+        let p = &mut owned.parts();
+
+        // A batch whose second job no node could ever hold: nothing made.
+        let too_big = refused(submit_all(p, &acme, vec![submission("a", 1), submission("b", 16)]));
+        assert_eq!(
+            too_big,
+            "jobs[1]: gpus: 16 GPUs, but the cluster has 8 H100 on 1 node in all: more than its nodes could \
+             ever give one job"
+        );
+        let singleton = JobSubmission { after: Some("singleton".into()), ..submission("c", 1) };
+        assert_eq!(refused(submit(p, &acme, singleton)), "after: singleton needs a job name");
+        assert!(p.jobs.len() == 0 && p.fx.saved.is_empty());
+
+        // An array of two and a job: ids in order, each submitted.
+        let array = JobSubmission { array: Some("0-1".into()), ..submission("d", 2) };
+        let ids = submit_all(p, &acme, vec![array, submission("e", 1)]).unwrap();
+        assert_eq!(ids, [vec![JobId(1), JobId(2)], vec![JobId(3)]]);
+        let kinds: Vec<(JobId, &str)> = p.fx.events.iter().map(|(id, e)| (*id, e.kind().as_str())).collect();
+        assert!(kinds.contains(&(JobId(3), "submitted")), "{kinds:?}");
+        // At the tenant's limit of unfinished jobs, the next is refused.
+        let over = refused(submit(p, &acme, submission("f", 1)));
+        assert!(over.starts_with("tenant acme: 3 unfinished jobs, and this submission adds 1"), "{over}");
+        assert_eq!(p.jobs.len(), 3);
+        // A job the tenant does not have cannot be waited for.
+        let after = JobSubmission { after: Some("afterok:99".into()), ..submission("g", 1) };
+        p.admission.defaults.max_jobs = 10;
+        assert!(refused(submit(p, &acme, after)).starts_with("after: "));
+    }
 
     #[test]
     fn an_array_becomes_one_job_per_task_sharing_the_first_id_with_its_index_and_name() {
