@@ -337,7 +337,7 @@ impl<S: Store> Engine<S> {
         let was = self.fleet.unhealthy.contains_key(node);
         match failing {
             Some(why) => {
-                self.unquiet(node);
+                self.lines.unquiet(node);
                 if !was {
                     tracing::warn!(
                         node,

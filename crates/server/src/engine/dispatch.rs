@@ -117,11 +117,13 @@ impl<S: Store> Engine<S> {
                 self.answer(reply, result)?;
             }
             Msg::Reclaim { req, reply } => {
-                let result = self.reclaim(req);
+                let Parts { core, mut fx, .. } = self.parts();
+                let result = fleet::reclaim(core, &mut fx, req);
                 self.answer(reply, result)?;
             }
             Msg::ReleaseReclaim { req, reply } => {
-                let result = self.release_reclaim(req);
+                let Parts { core, mut fx, .. } = self.parts();
+                let result = fleet::release_reclaim(core, &mut fx, req);
                 self.answer(reply, result)?;
             }
             Msg::UndrainNode { name, gpu, reply } => {
@@ -143,7 +145,8 @@ impl<S: Store> Engine<S> {
                 self.answer(reply, result)?;
             }
             Msg::RemoveNode { name, reply } => {
-                let result = self.remove_node(&name);
+                let lines = self.lines.clone();
+                let result = fleet::remove_node(&mut self.parts(), &lines, &name);
                 self.answer(reply, result)?;
             }
             Msg::RotateJoinToken { reply } => {

@@ -21,6 +21,8 @@ pub(super) trait Effects {
     /// Queues `action` in `node`'s command stream, sent once the batch
     /// commits.
     fn send(&mut self, node: &str, action: Action);
+    /// Drops what is queued for `node` and not yet taken (a node removed).
+    fn forget_commands(&mut self, node: &str);
     /// Records what an attempt used, for bills.
     fn add_usage(&mut self, usage: &crate::billing::UsageRow) -> Written;
     /// Job `id`'s record as the store has it: a finished one the table no
@@ -56,6 +58,9 @@ pub(super) trait Effects {
     fn delete_token(&mut self, hash: &str) -> Written;
     /// Writes the limits the operator set for a tenant.
     fn put_tenant_limits(&mut self, tenant: TenantId, limits: &ebb_api::TenantLimits) -> Written;
+    /// Writes a model's reclaim: the limit of its preemptible GPUs, or
+    /// none (released).
+    fn put_reclaim(&mut self, model: &str, limit: Option<u32>) -> Written;
 }
 
 /// Saves job `id`: the table's bookkeeping, then its record written.
@@ -141,6 +146,12 @@ impl<S: Store> Effects for Writes<'_, S> {
         self.outbox.push(node, action);
     }
 
+    fn forget_commands(&mut self, node: &str) {
+        if let Some(channel) = self.outbox.channels.get_mut(node) {
+            channel.commands.clear();
+        }
+    }
+
     fn add_usage(&mut self, usage: &crate::billing::UsageRow) -> Written {
         self.store.add_usage(usage)
     }
@@ -200,6 +211,10 @@ impl<S: Store> Effects for Writes<'_, S> {
 
     fn put_tenant_limits(&mut self, tenant: TenantId, limits: &ebb_api::TenantLimits) -> Written {
         self.store.put_tenant_limits(tenant, limits)
+    }
+
+    fn put_reclaim(&mut self, model: &str, limit: Option<u32>) -> Written {
+        self.store.put_reclaim(model, limit)
     }
 }
 
@@ -270,6 +285,8 @@ pub(super) struct Recorded {
     pub tokens: Vec<(String, Option<TokenRow>)>,
     /// Each tenant's limits written.
     pub limits: Vec<(TenantId, ebb_api::TenantLimits)>,
+    /// Each model's reclaim written.
+    pub reclaims: Vec<(String, Option<u32>)>,
 }
 
 #[cfg(test)]
@@ -290,6 +307,10 @@ impl Effects for Recorded {
 
     fn send(&mut self, node: &str, action: Action) {
         self.sent.push((node.to_string(), action));
+    }
+
+    fn forget_commands(&mut self, node: &str) {
+        self.sent.retain(|(to, _)| to != node);
     }
 
     fn add_usage(&mut self, usage: &crate::billing::UsageRow) -> Written {
@@ -361,6 +382,11 @@ impl Effects for Recorded {
         self.limits.push((tenant, limits.clone()));
         Ok(())
     }
+
+    fn put_reclaim(&mut self, model: &str, limit: Option<u32>) -> Written {
+        self.reclaims.push((model.to_string(), limit));
+        Ok(())
+    }
 }
 
 /// The writer's parts owned, with recorded effects: what a test lends a
@@ -422,6 +448,10 @@ impl<T: Effects> Effects for &mut T {
         (**self).send(node, action)
     }
 
+    fn forget_commands(&mut self, node: &str) {
+        (**self).forget_commands(node)
+    }
+
     fn add_usage(&mut self, usage: &crate::billing::UsageRow) -> Written {
         (**self).add_usage(usage)
     }
@@ -477,5 +507,9 @@ impl<T: Effects> Effects for &mut T {
 
     fn put_tenant_limits(&mut self, tenant: TenantId, limits: &ebb_api::TenantLimits) -> Written {
         (**self).put_tenant_limits(tenant, limits)
+    }
+
+    fn put_reclaim(&mut self, model: &str, limit: Option<u32>) -> Written {
+        (**self).put_reclaim(model, limit)
     }
 }

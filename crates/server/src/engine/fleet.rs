@@ -31,92 +31,93 @@ impl<S: Store> Engine<S> {
         Ok(self.node_view(name))
     }
 
-    /// The model a reclaim names, or the only one.
-    fn reclaim_model(&self, gpu_model: Option<&str>) -> Result<GpuModelId, Refusal> {
-        if let Some(name) = gpu_model {
-            return self
-                .core
-                .model_by_name(name)
-                .ok_or_else(|| Refusal::unacceptable(format!("gpu_model: unknown model {name:?}")));
-        }
-        let models: Vec<GpuModelId> = self.core.models().map(|(id, _)| id).collect();
-        match models.as_slice() {
-            [only] => Ok(*only),
-            [] => Err(Refusal::conflict("no nodes have joined".into())),
-            _ => Err(Refusal::unacceptable("gpu_model: required when nodes have several models".into())),
-        }
-    }
-
-    /// `ebb reclaim --gpus N`: preemptible work of the model may hold N
-    /// fewer GPUs than it does now; the limit is stored, so it holds
-    /// across a restart until released.
-    pub(super) fn reclaim(&mut self, req: ebb_api::ReclaimRequest) -> Result<ebb_api::ReclaimReply, Fail> {
-        if req.gpus == 0 {
-            return Err(Refusal::invalid("gpus: must be at least 1".into()).into());
-        }
-        let model = self.reclaim_model(req.gpu_model.as_deref())?;
-        let limit = self.core.reclaim(model, req.gpus).map_err(|e| Refusal::unacceptable(e.to_string()))?;
-        let name = self.core.model(model).expect("known model").name.clone();
-        let limit = self.core.model(model).expect("known model").preemptible_limit.unwrap_or(limit);
-        self.store.put_reclaim(&name, Some(limit))?;
-        tracing::info!(gpu_model = name, gpus = req.gpus, limit, "preemptible capacity reclaimed");
-        Ok(ebb_api::ReclaimReply { gpu_model: name, preemptible_limit: limit })
-    }
-
-    /// `ebb reclaim --release`: preemptible work may use any idle GPU of
-    /// the model again.
-    pub(super) fn release_reclaim(
-        &mut self,
-        req: ebb_api::ReclaimRelease,
-    ) -> Result<ebb_api::ReclaimReleased, Fail> {
-        let model = self.reclaim_model(req.gpu_model.as_deref())?;
-        let m = self.core.model(model).expect("known model");
-        let (name, released_limit) = (m.name.clone(), m.preemptible_limit);
-        self.core.release_reclaim(model).map_err(|e| Refusal::internal(e.to_string()))?;
-        self.store.put_reclaim(&name, None)?;
-        tracing::info!(gpu_model = name, ?released_limit, "reclaim released");
-        Ok(ebb_api::ReclaimReleased { gpu_model: name, released_limit })
-    }
-
-    /// `ebb nodes remove NAME`: the node's credential is revoked at once
-    /// and the node is taken out as a lost node is (its live attempts
-    /// requeued as lost, metered to its last contact). It may join again
-    /// with the join token, and gets a fresh credential then.
-    pub(super) fn remove_node(&mut self, name: &str) -> Result<ebb_api::NodeRemoved, Fail> {
-        let id = self
-            .core
-            .node_by_name(name)
-            .ok_or_else(|| Refusal::not_found(format!("node {name}: not found")))?;
-        let why = format!(
-            "node {name}'s credential was revoked by the operator (ebb nodes remove {name}); to rejoin, \
-             delete the agent's node.credential and restart it with the join token"
-        );
-        let p = &mut self.parts();
-        let revoked = p.access.revoke(
-            &mut p.fx,
-            |p| p.scope == Scope::Node && p.node.as_deref() == Some(name),
-            &why,
-        )?;
-        let requeued: Vec<JobId> =
-            self.core.lose_node(id).map_err(|e| Refusal::internal(e.to_string()))?.into_iter().collect();
-        self.node_gone(name, &requeued, "removed by the operator")?;
-        if let Some(row) = self.fleet.nodes.get(name) {
-            let row = NodeRow { removed: true, ..row.clone() };
-            self.write_node(row)?;
-        }
-        if let Some(channel) = self.outbox.channels.get_mut(name) {
-            channel.commands.clear();
-        }
-        tracing::warn!(node = name, ?requeued, "node removed by the operator; its credential is revoked");
-        let requeued = requeued.iter().map(|j| j.0).collect();
-        Ok(ebb_api::NodeRemoved { node: name.to_string(), requeued, credential_revoked: revoked > 0 })
-    }
-
     /// [`node_gone`], its quiet polls answered by the writer again.
     pub(super) fn node_gone(&mut self, name: &str, requeued: &[JobId], why: &str) -> Written {
-        self.unquiet(name);
+        self.lines.unquiet(name);
         node_gone(&mut self.parts(), name, requeued, why)
     }
+}
+
+/// The model a reclaim names, or the only one.
+fn reclaim_model(core: &State, gpu_model: Option<&str>) -> Result<GpuModelId, Refusal> {
+    if let Some(name) = gpu_model {
+        return core
+            .model_by_name(name)
+            .ok_or_else(|| Refusal::unacceptable(format!("gpu_model: unknown model {name:?}")));
+    }
+    let models: Vec<GpuModelId> = core.models().map(|(id, _)| id).collect();
+    match models.as_slice() {
+        [only] => Ok(*only),
+        [] => Err(Refusal::conflict("no nodes have joined".into())),
+        _ => Err(Refusal::unacceptable("gpu_model: required when nodes have several models".into())),
+    }
+}
+
+/// `ebb reclaim --gpus N`: preemptible work of the model may hold N
+/// fewer GPUs than it does now; the limit is stored, so it holds
+/// across a restart until released.
+pub(super) fn reclaim(
+    core: &mut State,
+    fx: &mut impl Effects,
+    req: ebb_api::ReclaimRequest,
+) -> Result<ebb_api::ReclaimReply, Fail> {
+    if req.gpus == 0 {
+        return Err(Refusal::invalid("gpus: must be at least 1".into()).into());
+    }
+    let model = reclaim_model(core, req.gpu_model.as_deref())?;
+    let limit = core.reclaim(model, req.gpus).map_err(|e| Refusal::unacceptable(e.to_string()))?;
+    let name = core.model(model).expect("known model").name.clone();
+    let limit = core.model(model).expect("known model").preemptible_limit.unwrap_or(limit);
+    fx.put_reclaim(&name, Some(limit))?;
+    tracing::info!(gpu_model = name, gpus = req.gpus, limit, "preemptible capacity reclaimed");
+    Ok(ebb_api::ReclaimReply { gpu_model: name, preemptible_limit: limit })
+}
+
+/// `ebb reclaim --release`: preemptible work may use any idle GPU of
+/// the model again.
+pub(super) fn release_reclaim(
+    core: &mut State,
+    fx: &mut impl Effects,
+    req: ebb_api::ReclaimRelease,
+) -> Result<ebb_api::ReclaimReleased, Fail> {
+    let model = reclaim_model(core, req.gpu_model.as_deref())?;
+    let m = core.model(model).expect("known model");
+    let (name, released_limit) = (m.name.clone(), m.preemptible_limit);
+    core.release_reclaim(model).map_err(|e| Refusal::internal(e.to_string()))?;
+    fx.put_reclaim(&name, None)?;
+    tracing::info!(gpu_model = name, ?released_limit, "reclaim released");
+    Ok(ebb_api::ReclaimReleased { gpu_model: name, released_limit })
+}
+
+/// `ebb nodes remove NAME`: the node's credential is revoked at once
+/// and the node is taken out as a lost node is (its live attempts
+/// requeued as lost, metered to its last contact). It may join again
+/// with the join token, and gets a fresh credential then.
+pub(super) fn remove_node(
+    p: &mut Parts<impl Effects>,
+    lines: &Lines,
+    name: &str,
+) -> Result<ebb_api::NodeRemoved, Fail> {
+    let id =
+        p.core.node_by_name(name).ok_or_else(|| Refusal::not_found(format!("node {name}: not found")))?;
+    let why = format!(
+        "node {name}'s credential was revoked by the operator (ebb nodes remove {name}); to rejoin, \
+         delete the agent's node.credential and restart it with the join token"
+    );
+    let revoked =
+        p.access.revoke(&mut p.fx, |p| p.scope == Scope::Node && p.node.as_deref() == Some(name), &why)?;
+    let requeued: Vec<JobId> =
+        p.core.lose_node(id).map_err(|e| Refusal::internal(e.to_string()))?.into_iter().collect();
+    lines.unquiet(name);
+    node_gone(p, name, &requeued, "removed by the operator")?;
+    if let Some(row) = p.fleet.nodes.get(name) {
+        let row = NodeRow { removed: true, ..row.clone() };
+        p.fleet.write(row, &mut p.fx)?;
+    }
+    p.fx.forget_commands(name);
+    tracing::warn!(node = name, ?requeued, "node removed by the operator; its credential is revoked");
+    let requeued = requeued.iter().map(|j| j.0).collect();
+    Ok(ebb_api::NodeRemoved { node: name.to_string(), requeued, credential_revoked: revoked > 0 })
 }
 
 /// The core released every hold on `node` (lost or drained): so do the
@@ -303,5 +304,48 @@ mod tests {
         assert!(matches!(&refused, Fail::Refused(r) if r.message.contains("not drained")), "{refused:?}");
         let said: Vec<&str> = p.fx.node_events.iter().map(|(_, name, _)| *name).collect();
         assert_eq!(said, ["node_drained", "node_back", "node_drained", "node_back"]);
+    }
+
+    #[test]
+    fn a_reclaim_over_the_parts_names_its_model_and_is_written_until_released() {
+        let mut owned = effects::Owned::new(JobId(1), 0);
+        let mut add = |name: &str, model: &str| {
+            let spec =
+                NodeSpec { name: name.into(), gpu_model: model.into(), gpus: 8, labels: BTreeMap::new() };
+            owned.core.add_node(spec, Time(0)).unwrap();
+        };
+        add("a", "H100");
+        add("b", "A100");
+        let Parts { core, fx, .. } = &mut owned.parts();
+        let reclaim =
+            |gpus, model: Option<&str>| ebb_api::ReclaimRequest { gpus, gpu_model: model.map(Into::into) };
+        let refused = |r: Result<ebb_api::ReclaimReply, Fail>| match r {
+            Err(Fail::Refused(r)) => r.message,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(refused(reclaim_gpus(core, fx, reclaim(0, None))), "gpus: must be at least 1");
+        assert_eq!(
+            refused(reclaim_gpus(core, fx, reclaim(2, None))),
+            "gpu_model: required when nodes have several models"
+        );
+        assert_eq!(
+            refused(reclaim_gpus(core, fx, reclaim(2, Some("B200")))),
+            "gpu_model: unknown model \"B200\""
+        );
+        // Two fewer than preemptible work holds now (none): none at all.
+        let reply = reclaim_gpus(core, fx, reclaim(2, Some("H100"))).unwrap();
+        assert_eq!((reply.gpu_model.as_str(), reply.preemptible_limit), ("H100", 0));
+        let released =
+            release_reclaim(core, fx, ebb_api::ReclaimRelease { gpu_model: Some("H100".into()) }).unwrap();
+        assert_eq!(released.released_limit, Some(0));
+        assert_eq!(fx.reclaims, [("H100".to_string(), Some(0)), ("H100".to_string(), None)]);
+    }
+
+    fn reclaim_gpus(
+        core: &mut State,
+        fx: &mut &mut effects::Recorded,
+        req: ebb_api::ReclaimRequest,
+    ) -> Result<ebb_api::ReclaimReply, Fail> {
+        reclaim(core, fx, req)
     }
 }

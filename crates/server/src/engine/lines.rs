@@ -103,6 +103,13 @@ impl Lines {
     fn get(&self, node: &str) -> Option<Arc<Line>> {
         self.by_node.read().expect("lines").get(node).cloned()
     }
+
+    /// `node` is no longer quiet: its next poll goes to the writer.
+    pub(super) fn unquiet(&self, node: &str) {
+        if let Some(line) = self.get(node) {
+            line.quiet.store(false, Ordering::Release);
+        }
+    }
 }
 
 impl<S: Store> Engine<S> {
@@ -114,7 +121,7 @@ impl<S: Store> Engine<S> {
     /// `node` polled the writer: its line exists from now on, quiet if
     /// the node is. A node stops being quiet by what makes it so: a
     /// command (its next poll sees it and comes here), a poll that says
-    /// it is failing, being lost or removed ([`Engine::unquiet`]).
+    /// it is failing, being lost or removed ([`Lines::unquiet`]).
     pub(super) fn line(&mut self, node: &str) {
         let quiet = self.is_quiet(node);
         if let Some(line) = self.lines.get(node) {
@@ -128,13 +135,6 @@ impl<S: Store> Engine<S> {
             changed: channel.notify.subscribe(),
         };
         self.lines.by_node.write().expect("lines").insert(node.to_string(), Arc::new(line));
-    }
-
-    /// `node` is no longer quiet: its next poll goes to the writer.
-    pub(super) fn unquiet(&self, node: &str) {
-        if let Some(line) = self.lines.get(node) {
-            line.quiet.store(false, Ordering::Release);
-        }
     }
 
     /// On the tick: the contact of every quiet poll since the last.
