@@ -1,6 +1,8 @@
 //! The agent protocol: registration, the command poll, reports of starts, checkpoints and output.
 
+use super::effects::Effects;
 use super::ending::{cancel_stop, STOP_GRACE_MS};
+use super::table::JobTable;
 use super::*;
 
 impl<S: Store> Engine<S> {
@@ -16,11 +18,11 @@ impl<S: Store> Engine<S> {
         check_registration(&reg)?;
         let issue_credential = self.access.may_register(principal, &reg.node)?;
         // Checked before anything of the registration is applied.
-        self.check_event_times("unreported", &reg.unreported, now)?;
-        Self::check_health_gpus("unreported", &reg.node, reg.gpus, &reg.unreported)?;
+        check_event_times(self.config.max_clock_skew, "unreported", &reg.unreported, now)?;
+        health::check_health_gpus("unreported", &reg.node, reg.gpus, &reg.unreported)?;
         // Attempts the agent comes back without ended after this, the last
         // time the node was heard from, and no later than now.
-        let last_contact = self.last_contact(&reg.node).unwrap_or(now).min(now);
+        let last_contact = fleet::last_contact(&self.fleet, &self.core, &reg.node).unwrap_or(now).min(now);
         self.join(&reg, now)?;
         match reg.starts_when_free {
             true => self.fleet.starts_when_free.insert(reg.node.clone()),
@@ -72,7 +74,8 @@ impl<S: Store> Engine<S> {
                     .into());
                 }
                 self.core.heartbeat(id, Time(now)).map_err(|e| Refusal::conflict(e.to_string()))?;
-                self.heard(&reg.node, now)?;
+                let Parts { fleet, core, mut fx, .. } = self.parts();
+                heard(fleet, core, &mut fx, &reg.node, now)?;
                 fleet::agent_started_again(&mut self.parts(), &reg.node)?;
                 let row = &self.fleet.nodes[&reg.node];
                 if reg.address.is_some() && row.address != reg.address {
@@ -114,7 +117,8 @@ impl<S: Store> Engine<S> {
         p.money.price_for(&reg.gpu_model, &p.config.pricing, &mut p.fx)?;
         p.money.rate_models(p.core, &p.config.pricing);
         tenants::apply_quotas(&mut self.core, &self.admission);
-        self.heard(&reg.node, now)?;
+        let Parts { fleet, core, mut fx, .. } = self.parts();
+        heard(fleet, core, &mut fx, &reg.node, now)?;
         tracing::info!(node = reg.node, gpus = reg.gpus, gpu_model = reg.gpu_model, "node joined");
         Ok(())
     }
@@ -136,9 +140,10 @@ impl<S: Store> Engine<S> {
             return Err(Refusal::conflict("the server restarted: register again".into()).into());
         }
         self.core.heartbeat(id, Time(now)).map_err(|e| Refusal::conflict(e.to_string()))?;
-        self.heard(node, now)?;
+        let Parts { fleet, core, mut fx, .. } = self.parts();
+        heard(fleet, core, &mut fx, node, now)?;
         if let Some(failing) = health {
-            self.set_health(node, failing);
+            self.fleet.set_health(&mut self.core, &self.lines, node, failing);
         }
         self.line(node);
         let channel = self.outbox.channels.entry(node.to_string()).or_insert_with(Channel::new);
@@ -152,27 +157,21 @@ impl<S: Store> Engine<S> {
         })
     }
 
-    /// Is `attempt` the job's live attempt on `node`?
-    pub(super) fn live_on(&self, attempt: AttemptRef, node: &str) -> bool {
-        self.jobs.get(&attempt.job).is_some_and(|j| {
-            j.attempt == attempt.attempt && j.state.is_live() && j.running_on.iter().any(|n| n == node)
-        })
-    }
-
     pub(super) fn report(&mut self, report: ebb_api::Report, now: u64) -> Result<ReportReply, Fail> {
         let node = report.node.clone();
         self.access.credential_valid(&node)?;
-        self.check_event_times("events", &report.events, now)?;
+        check_event_times(self.config.max_clock_skew, "events", &report.events, now)?;
         let id = self
             .core
             .node_by_name(&node)
             .ok_or_else(|| Refusal::conflict(format!("node {node}: not registered")))?;
         let gpus = self.core.node(id).expect("known").gpus;
-        Self::check_health_gpus("events", &node, gpus, &report.events)?;
+        health::check_health_gpus("events", &node, gpus, &report.events)?;
         let _ = self.core.heartbeat(id, Time(now));
-        self.heard(&node, now)?;
+        let Parts { fleet, core, mut fx, .. } = self.parts();
+        heard(fleet, core, &mut fx, &node, now)?;
         // A report got through: whatever failed before does no longer.
-        self.set_health(&node, None);
+        self.fleet.set_health(&mut self.core, &self.lines, &node, None);
         if let Some(report_id) = report.id {
             let last = self.fleet.reports.get(&node).copied();
             if last.is_some_and(|l| l.session == report_id.session && l.seq >= report_id.seq) {
@@ -184,87 +183,6 @@ impl<S: Store> Engine<S> {
         }
         let stale = self.apply_events(&node, report.events, now)?;
         Ok(ReportReply { stale: stale.into_iter().collect() })
-    }
-
-    /// Refuses, whole, a progress report that is not a fraction, events
-    /// stamped past what RFC 3339 can write (the document's bound: a 400),
-    /// and events stamped later than the server's clock plus the allowed
-    /// skew (a 422: a node's clock that far ahead is wrong, and nothing it
-    /// says about time can be taken). `field` names where the events came
-    /// from in the request.
-    pub(super) fn check_event_times(
-        &self,
-        field: &str,
-        events: &[AgentEvent],
-        now: u64,
-    ) -> Result<(), Refusal> {
-        let bound = now.saturating_add(self.config.max_clock_skew.as_millis());
-        for (i, event) in events.iter().enumerate() {
-            if let AgentEvent::Progress { fraction, .. } = event {
-                if !(0.0..=1.0).contains(fraction) {
-                    return Err(Refusal::invalid(format!(
-                        "{field}[{i}].fraction: must be from 0 to 1, got {fraction}; nothing of this request was applied"
-                    )));
-                }
-            }
-            if let AgentEvent::Exited { start_error: Some(error), .. } = event {
-                if error.chars().count() > ebb_api::MAX_START_ERROR_CHARS {
-                    return Err(Refusal::invalid(format!(
-                        "{field}[{i}].start_error: at most {} characters, got {}; nothing of this request was applied",
-                        ebb_api::MAX_START_ERROR_CHARS,
-                        error.chars().count()
-                    )));
-                }
-            }
-            if let AgentEvent::Health { findings, at_ms } = event {
-                Self::check_health_event(field, i, findings, *at_ms, bound)?;
-                continue;
-            }
-            if let AgentEvent::Stopping { at_ms, .. } = event {
-                // When it stopped is the agent's to say; only the bound of
-                // what can be written is checked (the timeout is clamped).
-                if *at_ms > ebb_core::time::LAST_WRITABLE_MS {
-                    return Err(Refusal::invalid(format!(
-                        "{field}[{i}].at_ms: {at_ms} is past the year 9999 (at most {}); nothing of this \
-                         request was applied",
-                        ebb_core::time::LAST_WRITABLE_MS
-                    )));
-                }
-                continue;
-            }
-            let (kind, attempt, at_ms) = match event {
-                AgentEvent::Started { attempt, at_ms, .. } => ("started", attempt, *at_ms),
-                AgentEvent::Exited { attempt, at_ms, .. } => ("exited", attempt, *at_ms),
-                AgentEvent::Checkpoint { attempt, at_ms, .. } => ("checkpoint", attempt, *at_ms),
-                AgentEvent::Resumed { attempt, at_ms, .. } => ("resumed", attempt, *at_ms),
-                AgentEvent::Restored { attempt, at_ms, .. } => ("restored", attempt, *at_ms),
-                AgentEvent::Progress { attempt, at_ms, .. } => ("progress", attempt, *at_ms),
-                AgentEvent::Pulling { attempt, at_ms, .. } => ("pulling", attempt, *at_ms),
-                AgentEvent::Pulled { attempt, at_ms, .. } => ("pulled", attempt, *at_ms),
-                AgentEvent::Output { .. } | AgentEvent::Health { .. } | AgentEvent::Stopping { .. } => {
-                    continue
-                }
-            };
-            if at_ms > ebb_core::time::LAST_WRITABLE_MS {
-                return Err(Refusal::invalid(format!(
-                    "{field}[{i}].at_ms: {at_ms} is past the year 9999 (at most {}); nothing of this \
-                     request was applied",
-                    ebb_core::time::LAST_WRITABLE_MS
-                )));
-            }
-            if at_ms > bound {
-                return Err(Refusal::unacceptable(format!(
-                    "{field}[{i}].at_ms: the {kind} event of job {} attempt {} is stamped {} ({at_ms}), later \
-                     than the server's clock plus the allowed skew of {} ({bound}); nothing of this request \
-                     was applied: check the node's clock",
-                    attempt.job,
-                    attempt.attempt,
-                    rfc3339(at_ms),
-                    self.config.max_clock_skew.human(),
-                )));
-            }
-        }
-        Ok(())
     }
 
     /// What a node's agent reports, in order; returns the stale attempts
@@ -308,7 +226,7 @@ impl<S: Store> Engine<S> {
                 _ => return Ok(None),
             }
         }
-        if let Some(attempt) = event_attempt(&event).filter(|a| !self.live_on(*a, node)) {
+        if let Some(attempt) = event_attempt(&event).filter(|a| !live_on(&self.jobs, *a, node)) {
             // An exit of one already accounted for (lost or fenced) is
             // no news; anything else tells the node to stop it.
             return Ok((!matches!(event, AgentEvent::Exited { .. })).then_some(attempt));
@@ -326,84 +244,6 @@ impl<S: Store> Engine<S> {
             event => reports::attempt_event(&mut self.parts(), node, event)?,
         }
         Ok(None)
-    }
-
-    /// Marks `node` unhealthy (it takes no new work) while its agent says
-    /// its reports keep failing, and healthy again once they get through.
-    /// Not stored: after a restart the agent's next poll says it again.
-    pub(super) fn set_health(&mut self, node: &str, failing: Option<String>) {
-        let Some(id) = self.core.node_by_name(node) else { return };
-        let healthy = failing.is_none();
-        let was = self.fleet.unhealthy.contains_key(node);
-        match failing {
-            Some(why) => {
-                self.lines.unquiet(node);
-                if !was {
-                    tracing::warn!(
-                        node,
-                        why,
-                        "node unhealthy: its reports keep failing; it takes no new work"
-                    );
-                }
-                self.fleet.unhealthy.insert(node.to_string(), why);
-            }
-            None if was => {
-                tracing::info!(node, "node healthy again: its reports get through");
-                self.fleet.unhealthy.remove(node);
-            }
-            None => return,
-        }
-        let _ = self.core.set_healthy(id, healthy);
-    }
-
-    /// When `node` was last heard from: by this server, or else by the
-    /// one before it.
-    pub(super) fn last_contact(&self, node: &str) -> Option<u64> {
-        fleet::last_contact(&self.fleet, &self.core, node)
-    }
-
-    /// Records contact with `node`, durably while it runs attempts, so
-    /// that a restarted server meters work on a node that never comes back
-    /// up to its last contact. A node that runs nothing has nothing to
-    /// meter: its contact is written at most every [`IDLE_CONTACT_MS`], so
-    /// an idle fleet's heartbeats are not each a write and a sync of the
-    /// database. A busy node's is written on the next tick, with every
-    /// other contact since: a poll that brings nothing else is then no
-    /// transaction of its own, and a server that dies meters up to a tick
-    /// less than ran, never more.
-    pub(super) fn heard(&mut self, node: &str, now: u64) -> Written {
-        if !self.fleet.heard_since_start.contains(node) {
-            self.fleet.heard_since_start.insert(node.to_string());
-        }
-        let every = IDLE_CONTACT_MS;
-        let idle = self
-            .core
-            .node_by_name(node)
-            .and_then(|id| self.core.node(id))
-            .is_none_or(|n| n.jobs().next().is_none());
-        match self.fleet.heard_stored.get_mut(node) {
-            Some(stored) if idle && now.saturating_sub(*stored) < every => return Ok(()),
-            Some(stored) => *stored = now,
-            None => {
-                self.fleet.heard_stored.insert(node.to_string(), now);
-            }
-        }
-        if idle {
-            self.fleet.contact_due.remove(node);
-            return self.store.heard(node, now);
-        }
-        self.fleet.contact_due.insert(node.to_string(), now);
-        Ok(())
-    }
-
-    /// On the tick: the busy nodes' contacts since the last.
-    pub(super) fn write_contacts(&mut self) -> Written {
-        let mut due: Vec<(String, u64)> = self.fleet.contact_due.drain().collect();
-        due.sort_unstable();
-        for (node, at) in due {
-            self.store.heard(&node, at)?;
-        }
-        Ok(())
     }
 }
 
@@ -553,6 +393,132 @@ fn staged_attempt(event: &AgentEvent) -> Option<AttemptRef> {
         AgentEvent::Checkpoint { .. } | AgentEvent::Resumed { .. } | AgentEvent::Progress { .. } => None,
         _ => event_attempt(event),
     }
+}
+
+/// Refuses, whole, a progress report that is not a fraction, events
+/// stamped past what RFC 3339 can write (the document's bound: a 400),
+/// and events stamped later than the server's clock plus the allowed
+/// skew (a 422: a node's clock that far ahead is wrong, and nothing it
+/// says about time can be taken). `field` names where the events came
+/// from in the request.
+pub(super) fn check_event_times(
+    max_clock_skew: Span,
+    field: &str,
+    events: &[AgentEvent],
+    now: u64,
+) -> Result<(), Refusal> {
+    let bound = now.saturating_add(max_clock_skew.as_millis());
+    for (i, event) in events.iter().enumerate() {
+        if let AgentEvent::Progress { fraction, .. } = event {
+            if !(0.0..=1.0).contains(fraction) {
+                return Err(Refusal::invalid(format!(
+                    "{field}[{i}].fraction: must be from 0 to 1, got {fraction}; nothing of this request was applied"
+                )));
+            }
+        }
+        if let AgentEvent::Exited { start_error: Some(error), .. } = event {
+            if error.chars().count() > ebb_api::MAX_START_ERROR_CHARS {
+                return Err(Refusal::invalid(format!(
+                    "{field}[{i}].start_error: at most {} characters, got {}; nothing of this request was applied",
+                    ebb_api::MAX_START_ERROR_CHARS,
+                    error.chars().count()
+                )));
+            }
+        }
+        if let AgentEvent::Health { findings, at_ms } = event {
+            health::check_health_event(field, i, findings, *at_ms, bound)?;
+            continue;
+        }
+        if let AgentEvent::Stopping { at_ms, .. } = event {
+            // When it stopped is the agent's to say; only the bound of
+            // what can be written is checked (the timeout is clamped).
+            if *at_ms > ebb_core::time::LAST_WRITABLE_MS {
+                return Err(Refusal::invalid(format!(
+                    "{field}[{i}].at_ms: {at_ms} is past the year 9999 (at most {}); nothing of this \
+                     request was applied",
+                    ebb_core::time::LAST_WRITABLE_MS
+                )));
+            }
+            continue;
+        }
+        let (kind, attempt, at_ms) = match event {
+            AgentEvent::Started { attempt, at_ms, .. } => ("started", attempt, *at_ms),
+            AgentEvent::Exited { attempt, at_ms, .. } => ("exited", attempt, *at_ms),
+            AgentEvent::Checkpoint { attempt, at_ms, .. } => ("checkpoint", attempt, *at_ms),
+            AgentEvent::Resumed { attempt, at_ms, .. } => ("resumed", attempt, *at_ms),
+            AgentEvent::Restored { attempt, at_ms, .. } => ("restored", attempt, *at_ms),
+            AgentEvent::Progress { attempt, at_ms, .. } => ("progress", attempt, *at_ms),
+            AgentEvent::Pulling { attempt, at_ms, .. } => ("pulling", attempt, *at_ms),
+            AgentEvent::Pulled { attempt, at_ms, .. } => ("pulled", attempt, *at_ms),
+            AgentEvent::Output { .. } | AgentEvent::Health { .. } | AgentEvent::Stopping { .. } => continue,
+        };
+        if at_ms > ebb_core::time::LAST_WRITABLE_MS {
+            return Err(Refusal::invalid(format!(
+                "{field}[{i}].at_ms: {at_ms} is past the year 9999 (at most {}); nothing of this \
+                 request was applied",
+                ebb_core::time::LAST_WRITABLE_MS
+            )));
+        }
+        if at_ms > bound {
+            return Err(Refusal::unacceptable(format!(
+                "{field}[{i}].at_ms: the {kind} event of job {} attempt {} is stamped {} ({at_ms}), later \
+                 than the server's clock plus the allowed skew of {} ({bound}); nothing of this request \
+                 was applied: check the node's clock",
+                attempt.job,
+                attempt.attempt,
+                rfc3339(at_ms),
+                max_clock_skew.human(),
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Records contact with `node`, durably while it runs attempts, so
+/// that a restarted server meters work on a node that never comes back
+/// up to its last contact. A node that runs nothing has nothing to
+/// meter: its contact is written at most every [`IDLE_CONTACT_MS`], so
+/// an idle fleet's heartbeats are not each a write and a sync of the
+/// database. A busy node's is written on the next tick, with every
+/// other contact since: a poll that brings nothing else is then no
+/// transaction of its own, and a server that dies meters up to a tick
+/// less than ran, never more.
+pub(super) fn heard(fleet: &mut Fleet, core: &State, fx: &mut impl Effects, node: &str, now: u64) -> Written {
+    if !fleet.heard_since_start.contains(node) {
+        fleet.heard_since_start.insert(node.to_string());
+    }
+    let every = IDLE_CONTACT_MS;
+    let idle = core.node_by_name(node).and_then(|id| core.node(id)).is_none_or(|n| n.jobs().next().is_none());
+    match fleet.heard_stored.get_mut(node) {
+        Some(stored) if idle && now.saturating_sub(*stored) < every => return Ok(()),
+        Some(stored) => *stored = now,
+        None => {
+            fleet.heard_stored.insert(node.to_string(), now);
+        }
+    }
+    if idle {
+        fleet.contact_due.remove(node);
+        return fx.heard(node, now);
+    }
+    fleet.contact_due.insert(node.to_string(), now);
+    Ok(())
+}
+
+/// On the tick: the busy nodes' contacts since the last.
+pub(super) fn write_contacts(fleet: &mut Fleet, fx: &mut impl Effects) -> Written {
+    let mut due: Vec<(String, u64)> = fleet.contact_due.drain().collect();
+    due.sort_unstable();
+    for (node, at) in due {
+        fx.heard(&node, at)?;
+    }
+    Ok(())
+}
+
+/// Is `attempt` the job's live attempt on `node`?
+pub(super) fn live_on(jobs: &JobTable, attempt: AttemptRef, node: &str) -> bool {
+    jobs.get(&attempt.job).is_some_and(|j| {
+        j.attempt == attempt.attempt && j.state.is_live() && j.running_on.iter().any(|n| n == node)
+    })
 }
 
 #[cfg(test)]

@@ -49,7 +49,8 @@ impl<S: Store> Engine<S> {
             | Msg::OperatorReportSeries { .. }) => self.on_money(msg),
             Msg::Tick => {
                 self.hear_lines()?;
-                self.write_contacts()
+                let Parts { fleet, mut fx, .. } = self.parts();
+                agents::write_contacts(fleet, &mut fx)
             }
         }
     }

@@ -35,6 +35,8 @@ pub(super) trait Effects {
     fn counters(&mut self) -> &mut crate::metrics::Counters;
     /// Writes a node's row.
     fn put_node(&mut self, row: &NodeRow) -> Written;
+    /// Records that `node` was heard from at `at_ms`.
+    fn heard(&mut self, node: &str, at_ms: u64) -> Written;
     /// Node `node`'s event `name`, said as `text`, for the operator's
     /// webhooks.
     fn node_event(&mut self, node: &str, name: &'static str, text: &str) -> Written;
@@ -173,6 +175,10 @@ impl<S: Store> Effects for Writes<'_, S> {
         self.store.put_node(row)
     }
 
+    fn heard(&mut self, node: &str, at_ms: u64) -> Written {
+        self.store.heard(node, at_ms)
+    }
+
     fn node_event(&mut self, node: &str, name: &'static str, text: &str) -> Written {
         self.webhooks.node_event(self.store, self.outbox, self.now, (node, name, text))
     }
@@ -287,6 +293,8 @@ pub(super) struct Recorded {
     pub limits: Vec<(TenantId, ebb_api::TenantLimits)>,
     /// Each model's reclaim written.
     pub reclaims: Vec<(String, Option<u32>)>,
+    /// Each contact written: the node, when.
+    pub heard: Vec<(String, u64)>,
 }
 
 #[cfg(test)]
@@ -333,6 +341,11 @@ impl Effects for Recorded {
 
     fn put_node(&mut self, row: &NodeRow) -> Written {
         self.nodes.push(row.clone());
+        Ok(())
+    }
+
+    fn heard(&mut self, node: &str, at_ms: u64) -> Written {
+        self.heard.push((node.to_string(), at_ms));
         Ok(())
     }
 
@@ -470,6 +483,10 @@ impl<T: Effects> Effects for &mut T {
 
     fn put_node(&mut self, row: &NodeRow) -> Written {
         (**self).put_node(row)
+    }
+
+    fn heard(&mut self, node: &str, at_ms: u64) -> Written {
+        (**self).heard(node, at_ms)
     }
 
     fn node_event(&mut self, node: &str, name: &'static str, text: &str) -> Written {

@@ -7,6 +7,42 @@ use super::*;
 
 use ebb_api::DRAINED_FOR_AGENT_STOP as AGENT_STOPPING;
 
+impl Fleet {
+    /// Marks `node` unhealthy (it takes no new work) while its agent says
+    /// its reports keep failing, and healthy again once they get through.
+    /// Not stored: after a restart the agent's next poll says it again.
+    pub(super) fn set_health(
+        &mut self,
+        core: &mut State,
+        lines: &Lines,
+        node: &str,
+        failing: Option<String>,
+    ) {
+        let Some(id) = core.node_by_name(node) else { return };
+        let healthy = failing.is_none();
+        let was = self.unhealthy.contains_key(node);
+        match failing {
+            Some(why) => {
+                lines.unquiet(node);
+                if !was {
+                    tracing::warn!(
+                        node,
+                        why,
+                        "node unhealthy: its reports keep failing; it takes no new work"
+                    );
+                }
+                self.unhealthy.insert(node.to_string(), why);
+            }
+            None if was => {
+                tracing::info!(node, "node healthy again: its reports get through");
+                self.unhealthy.remove(node);
+            }
+            None => return,
+        }
+        let _ = core.set_healthy(id, healthy);
+    }
+}
+
 impl<S: Store> Engine<S> {
     /// [`Fleet::write`], over the writer's effects.
     pub(super) fn write_node(&mut self, row: NodeRow) -> Written {

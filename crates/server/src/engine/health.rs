@@ -12,78 +12,78 @@ use crate::store::GpuOut;
 /// returns it.
 const FAULT_MEMORY_MS: u64 = 24 * 3600 * 1000;
 
-impl<S: Store> Engine<S> {
-    /// Refuses, whole, a health report past its bounds: too many
-    /// findings, a check's output too long, stamped past what RFC 3339 can
-    /// write (400) or later than the server's clock plus the allowed skew
-    /// (`bound`, 422).
-    pub(super) fn check_health_event(
-        field: &str,
-        i: usize,
-        findings: &[GpuFinding],
-        at_ms: u64,
-        bound: u64,
-    ) -> Result<(), Refusal> {
-        if findings.len() > ebb_api::MAX_HEALTH_FINDINGS {
-            return Err(Refusal::invalid(format!(
-                "{field}[{i}].findings: at most {} findings, got {}; nothing of this request was applied",
-                ebb_api::MAX_HEALTH_FINDINGS,
-                findings.len()
-            )));
+/// Refuses, whole, a health report past its bounds: too many
+/// findings, a check's output too long, stamped past what RFC 3339 can
+/// write (400) or later than the server's clock plus the allowed skew
+/// (`bound`, 422).
+pub(super) fn check_health_event(
+    field: &str,
+    i: usize,
+    findings: &[GpuFinding],
+    at_ms: u64,
+    bound: u64,
+) -> Result<(), Refusal> {
+    if findings.len() > ebb_api::MAX_HEALTH_FINDINGS {
+        return Err(Refusal::invalid(format!(
+            "{field}[{i}].findings: at most {} findings, got {}; nothing of this request was applied",
+            ebb_api::MAX_HEALTH_FINDINGS,
+            findings.len()
+        )));
+    }
+    for (k, f) in findings.iter().enumerate() {
+        if let ebb_api::Finding::CheckFailed { output, .. } = &f.finding {
+            let chars = output.chars().count();
+            if chars > ebb_api::MAX_CHECK_OUTPUT_CHARS {
+                return Err(Refusal::invalid(format!(
+                    "{field}[{i}].findings[{k}].output: at most {} characters, got {chars}; nothing of \
+                     this request was applied",
+                    ebb_api::MAX_CHECK_OUTPUT_CHARS
+                )));
+            }
         }
+    }
+    if at_ms > ebb_core::time::LAST_WRITABLE_MS {
+        return Err(Refusal::invalid(format!(
+            "{field}[{i}].at_ms: {at_ms} is past the year 9999 (at most {}); nothing of this request \
+             was applied",
+            ebb_core::time::LAST_WRITABLE_MS
+        )));
+    }
+    if at_ms > bound {
+        return Err(Refusal::unacceptable(format!(
+            "{field}[{i}].at_ms: the health report is stamped {} ({at_ms}), later than the server's \
+             clock plus the allowed skew ({bound}); nothing of this request was applied: check the \
+             node's clock",
+            rfc3339(at_ms)
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses, whole, findings that name a GPU the node does not have
+/// (a 422: the document allows any GPU a node could have).
+pub(super) fn check_health_gpus(
+    field: &str,
+    node: &str,
+    gpus: u8,
+    events: &[AgentEvent],
+) -> Result<(), Refusal> {
+    for (i, event) in events.iter().enumerate() {
+        let AgentEvent::Health { findings, .. } = event else { continue };
         for (k, f) in findings.iter().enumerate() {
-            if let ebb_api::Finding::CheckFailed { output, .. } = &f.finding {
-                let chars = output.chars().count();
-                if chars > ebb_api::MAX_CHECK_OUTPUT_CHARS {
-                    return Err(Refusal::invalid(format!(
-                        "{field}[{i}].findings[{k}].output: at most {} characters, got {chars}; nothing of \
-                         this request was applied",
-                        ebb_api::MAX_CHECK_OUTPUT_CHARS
-                    )));
-                }
+            if let Some(gpu) = f.gpu.filter(|g| *g >= gpus) {
+                return Err(Refusal::unacceptable(format!(
+                    "{field}[{i}].findings[{k}].gpu: node {node} has GPUs 0 to {}, got {gpu}; nothing of \
+                     this request was applied",
+                    gpus.saturating_sub(1)
+                )));
             }
         }
-        if at_ms > ebb_core::time::LAST_WRITABLE_MS {
-            return Err(Refusal::invalid(format!(
-                "{field}[{i}].at_ms: {at_ms} is past the year 9999 (at most {}); nothing of this request \
-                 was applied",
-                ebb_core::time::LAST_WRITABLE_MS
-            )));
-        }
-        if at_ms > bound {
-            return Err(Refusal::unacceptable(format!(
-                "{field}[{i}].at_ms: the health report is stamped {} ({at_ms}), later than the server's \
-                 clock plus the allowed skew ({bound}); nothing of this request was applied: check the \
-                 node's clock",
-                rfc3339(at_ms)
-            )));
-        }
-        Ok(())
     }
+    Ok(())
+}
 
-    /// Refuses, whole, findings that name a GPU the node does not have
-    /// (a 422: the document allows any GPU a node could have).
-    pub(super) fn check_health_gpus(
-        field: &str,
-        node: &str,
-        gpus: u8,
-        events: &[AgentEvent],
-    ) -> Result<(), Refusal> {
-        for (i, event) in events.iter().enumerate() {
-            let AgentEvent::Health { findings, .. } = event else { continue };
-            for (k, f) in findings.iter().enumerate() {
-                if let Some(gpu) = f.gpu.filter(|g| *g >= gpus) {
-                    return Err(Refusal::unacceptable(format!(
-                        "{field}[{i}].findings[{k}].gpu: node {node} has GPUs 0 to {}, got {gpu}; nothing of \
-                         this request was applied",
-                        gpus.saturating_sub(1)
-                    )));
-                }
-            }
-        }
-        Ok(())
-    }
-
+impl<S: Store> Engine<S> {
     /// What `node`'s agent finds wrong now, all of it. A new fatal finding
     /// takes its GPU out of service and ends the attempt on it, requeued
     /// as lost and metered to the fault; a new drain finding drains the

@@ -187,7 +187,8 @@ impl<S: Store> Engine<S> {
         // A lost node's quiet poll does not bring it back: its next poll
         // goes to the writer and is told to register again.
         if self.core.heartbeat(id, Time(at)).is_ok() {
-            self.heard(node, at)?;
+            let Parts { fleet, core, mut fx, .. } = self.parts();
+            agents::heard(fleet, core, &mut fx, node, at)?;
         }
         Ok(())
     }

@@ -297,7 +297,8 @@ impl<S: Store> Engine<S> {
         }
         for (id, why) in unrestored {
             let job = &self.jobs[&id];
-            let heard = job.running_on.iter().filter_map(|n| self.last_contact(n)).min();
+            let heard =
+                job.running_on.iter().filter_map(|n| fleet::last_contact(&self.fleet, &self.core, n)).min();
             let end_ms = heard.unwrap_or(job.started_ms).min(now);
             tracing::warn!(job = id.0, "attempt not restored, requeued as lost: {why}");
             let note = EndNote { why: Some(format!("server restart: {why}")), ..Default::default() };
