@@ -1,6 +1,8 @@
 //! The scheduling policy, one behaviour per test.
 
 mod common;
+#[path = "scenarios/victims.rs"]
+mod victims;
 #[path = "scenarios/waiting.rs"]
 mod waiting;
 
@@ -94,37 +96,6 @@ fn never_evicts_when_the_job_still_would_not_fit() {
     let plan = c.step();
     assert!(plan.drains.is_empty(), "evicting the preemptible job would free only 4 of 8 GPUs");
     assert_eq!(c.phase(big), Some(Phase::Queued));
-}
-
-#[test]
-fn victim_is_the_one_that_checkpointed_most_recently() {
-    let mut c = Cluster::new(2, 4);
-    let a = c.submit(Tier::Preemptible, 4);
-    let b = c.submit(Tier::Preemptible, 4);
-    c.step();
-    c.advance(600);
-    c.checkpoint(b);
-    c.advance(60);
-    c.submit(Tier::OnDemand, 4);
-    let plan = c.step();
-    assert_eq!(plan.drains.iter().map(|d| d.job).collect::<Vec<_>>(), vec![b]);
-    assert_eq!(plan.preemptions[0].lost_gpu_ms, 4 * 60_000);
-    assert_eq!(c.phase(a), Some(Phase::Running));
-}
-
-#[test]
-fn fewer_victims_break_a_tie_in_lost_work() {
-    let mut c = Cluster::new(2, 4);
-    // Node 0: two 2-GPU jobs; node 1: one 4-GPU job; all started together.
-    let small1 = c.submit(Tier::Preemptible, 2);
-    let small2 = c.submit(Tier::Preemptible, 2);
-    let big = c.submit(Tier::Preemptible, 4);
-    c.step();
-    assert_eq!(c.nodes_of(small1), c.nodes_of(small2));
-    c.advance(100);
-    c.submit(Tier::OnDemand, 4);
-    let plan = c.step();
-    assert_eq!(plan.drains.iter().map(|d| d.job).collect::<Vec<_>>(), vec![big]);
 }
 
 #[test]
