@@ -232,7 +232,9 @@ impl<S: Store> Engine<S> {
             return Ok((!matches!(event, AgentEvent::Exited { .. })).then_some(attempt));
         }
         match event {
-            AgentEvent::Health { findings, at_ms } => self.health_reported(node, findings, at_ms, now)?,
+            AgentEvent::Health { findings, at_ms } => {
+                health::health_reported(&mut self.parts(), node, findings, at_ms)?
+            }
             AgentEvent::Stopping { stop_timeout_ms, .. } => {
                 fleet::agent_stopping(&mut self.parts(), node, stop_timeout_ms)?
             }

@@ -128,7 +128,7 @@ impl<S: Store> Engine<S> {
                 self.answer(reply, result)?;
             }
             Msg::UndrainNode { name, gpu, reply } => {
-                let result = self.undrain(&name, gpu);
+                let result = health::undrain(&mut self.parts(), &name, gpu).map(|()| self.node_view(&name));
                 self.answer(reply, result)?;
             }
             Msg::Register { principal, reg, reply } => {

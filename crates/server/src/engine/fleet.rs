@@ -50,20 +50,9 @@ impl<S: Store> Engine<S> {
         fleet.write(row, &mut fx)
     }
 
-    /// Node `node`'s event, for the operator's webhooks.
-    pub(super) fn node_event(&mut self, node: &str, name: &'static str, text: &str) -> Written {
-        self.parts().fx.node_event(node, name, text)
-    }
-
     /// `ebb drain NODE`: [`drain_node`], answered with the node's view.
     pub(super) fn drain_node(&mut self, name: &str) -> Result<ebb_api::Node, Fail> {
         drain_node(&mut self.parts(), name)?;
-        Ok(self.node_view(name))
-    }
-
-    /// `ebb undrain NODE`: [`undrain_node`], answered with the node's view.
-    pub(super) fn undrain_node(&mut self, name: &str) -> Result<ebb_api::Node, Fail> {
-        undrain_node(&mut self.parts(), name)?;
         Ok(self.node_view(name))
     }
 
