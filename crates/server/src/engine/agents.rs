@@ -23,7 +23,7 @@ impl<S: Store> Engine<S> {
         // Attempts the agent comes back without ended after this, the last
         // time the node was heard from, and no later than now.
         let last_contact = fleet::last_contact(&self.fleet, &self.core, &reg.node).unwrap_or(now).min(now);
-        self.join(&reg, now)?;
+        join(&mut self.parts(), &reg)?;
         match reg.starts_when_free {
             true => self.fleet.starts_when_free.insert(reg.node.clone()),
             false => self.fleet.starts_when_free.remove(&reg.node),
@@ -56,71 +56,6 @@ impl<S: Store> Engine<S> {
             credential,
             checkpoint_store: self.config.checkpoint_store.clone(),
         })
-    }
-
-    /// The registering node into the core: heard from if it is there
-    /// already (with the GPUs it had), else added, keeping the history of
-    /// a node back after being lost.
-    fn join(&mut self, reg: &Register, now: u64) -> Result<(), Fail> {
-        if let Some(id) = self.core.node_by_name(&reg.node) {
-            let n = self.core.node(id).expect("known");
-            if n.status != NodeStatus::Lost {
-                let model = &self.core.model(n.model).expect("known").name;
-                if n.gpus != reg.gpus || *model != reg.gpu_model {
-                    return Err(Refusal::conflict(format!(
-                        "node {}: joined before with {} x {model}, now reports {} x {}",
-                        reg.node, n.gpus, reg.gpus, reg.gpu_model
-                    ))
-                    .into());
-                }
-                self.core.heartbeat(id, Time(now)).map_err(|e| Refusal::conflict(e.to_string()))?;
-                let Parts { fleet, core, mut fx, .. } = self.parts();
-                heard(fleet, core, &mut fx, &reg.node, now)?;
-                fleet::agent_started_again(&mut self.parts(), &reg.node)?;
-                let row = &self.fleet.nodes[&reg.node];
-                if reg.address.is_some() && row.address != reg.address {
-                    let row = NodeRow { address: reg.address.clone(), ..row.clone() };
-                    self.write_node(row)?;
-                }
-                return Ok(());
-            }
-        }
-        let spec = NodeSpec {
-            name: reg.node.clone(),
-            gpu_model: reg.gpu_model.clone(),
-            gpus: reg.gpus,
-            labels: reg.labels.clone(),
-        };
-        // What the document states was checked first (400s); what is left
-        // is the cluster's (a model's nodes all have one number of GPUs).
-        self.core.add_node(spec, Time(now)).map_err(|e| Refusal::unacceptable(e.to_string()))?;
-        let known = self.fleet.nodes.get(&reg.node);
-        let row = NodeRow {
-            name: reg.node.clone(),
-            gpu_model: reg.gpu_model.clone(),
-            gpus: reg.gpus,
-            labels: reg.labels.clone(),
-            drained: false,
-            address: reg.address.clone(),
-            joined_ms: known.map_or(now, |n| n.joined_ms),
-            interruptions: known.map_or(0, |n| n.interruptions),
-            removed: false,
-            drained_for: None,
-            // A node back after being lost keeps its GPUs' history; the
-            // core kept which are out.
-            gpus_out: known.map_or_else(Vec::new, |n| n.gpus_out.clone()),
-            gpu_faults: known.map_or_else(Vec::new, |n| n.gpu_faults.clone()),
-            health: known.map_or_else(Vec::new, |n| n.health.clone()),
-        };
-        self.write_node(row)?;
-        let p = &mut self.parts();
-        p.money.price_for(&reg.gpu_model, &p.config.pricing, &mut p.fx)?;
-        p.money.rate_models(p.core, &p.config.pricing);
-        tenants::apply_quotas(&mut self.core, &self.admission);
-        let Parts { fleet, core, mut fx, .. } = self.parts();
-        heard(fleet, core, &mut fx, &reg.node, now)?;
-        tracing::info!(node = reg.node, gpus = reg.gpus, gpu_model = reg.gpu_model, "node joined");
-        Ok(())
     }
 
     pub(super) fn poll(
@@ -397,6 +332,69 @@ fn staged_attempt(event: &AgentEvent) -> Option<AttemptRef> {
     }
 }
 
+/// The registering node into the core: heard from if it is there
+/// already (with the GPUs it had), else added, keeping the history of
+/// a node back after being lost.
+pub(super) fn join(p: &mut Parts<impl Effects>, reg: &Register) -> Result<(), Fail> {
+    let now = p.fx.now();
+    if let Some(id) = p.core.node_by_name(&reg.node) {
+        let n = p.core.node(id).expect("known");
+        if n.status != NodeStatus::Lost {
+            let model = &p.core.model(n.model).expect("known").name;
+            if n.gpus != reg.gpus || *model != reg.gpu_model {
+                return Err(Refusal::conflict(format!(
+                    "node {}: joined before with {} x {model}, now reports {} x {}",
+                    reg.node, n.gpus, reg.gpus, reg.gpu_model
+                ))
+                .into());
+            }
+            p.core.heartbeat(id, Time(now)).map_err(|e| Refusal::conflict(e.to_string()))?;
+            heard(p.fleet, p.core, &mut p.fx, &reg.node, now)?;
+            fleet::agent_started_again(p, &reg.node)?;
+            let row = &p.fleet.nodes[&reg.node];
+            if reg.address.is_some() && row.address != reg.address {
+                let row = NodeRow { address: reg.address.clone(), ..row.clone() };
+                p.fleet.write(row, &mut p.fx)?;
+            }
+            return Ok(());
+        }
+    }
+    let spec = NodeSpec {
+        name: reg.node.clone(),
+        gpu_model: reg.gpu_model.clone(),
+        gpus: reg.gpus,
+        labels: reg.labels.clone(),
+    };
+    // What the document states was checked first (400s); what is left
+    // is the cluster's (a model's nodes all have one number of GPUs).
+    p.core.add_node(spec, Time(now)).map_err(|e| Refusal::unacceptable(e.to_string()))?;
+    let known = p.fleet.nodes.get(&reg.node);
+    let row = NodeRow {
+        name: reg.node.clone(),
+        gpu_model: reg.gpu_model.clone(),
+        gpus: reg.gpus,
+        labels: reg.labels.clone(),
+        drained: false,
+        address: reg.address.clone(),
+        joined_ms: known.map_or(now, |n| n.joined_ms),
+        interruptions: known.map_or(0, |n| n.interruptions),
+        removed: false,
+        drained_for: None,
+        // A node back after being lost keeps its GPUs' history; the
+        // core kept which are out.
+        gpus_out: known.map_or_else(Vec::new, |n| n.gpus_out.clone()),
+        gpu_faults: known.map_or_else(Vec::new, |n| n.gpu_faults.clone()),
+        health: known.map_or_else(Vec::new, |n| n.health.clone()),
+    };
+    p.fleet.write(row, &mut p.fx)?;
+    p.money.price_for(&reg.gpu_model, &p.config.pricing, &mut p.fx)?;
+    p.money.rate_models(p.core, &p.config.pricing);
+    tenants::apply_quotas(p.core, p.admission);
+    heard(p.fleet, p.core, &mut p.fx, &reg.node, now)?;
+    tracing::info!(node = reg.node, gpus = reg.gpus, gpu_model = reg.gpu_model, "node joined");
+    Ok(())
+}
+
 /// Refuses, whole, a progress report that is not a fraction, events
 /// stamped past what RFC 3339 can write (the document's bound: a 400),
 /// and events stamped later than the server's clock plus the allowed
@@ -555,5 +553,25 @@ mod tests {
         assert!(!ok("", "H100") && !ok("n", "") && !ok("a/b", "H100") && !ok("n", "H\u{7f}"));
         let e = super::check_registration(&register("n", &"x".repeat(65))).unwrap_err();
         assert!(format!("{e:?}").contains("gpu_model: a name of 1 to 64 characters"), "{e:?}");
+    }
+
+    #[test]
+    fn a_node_joins_over_the_parts_priced_and_heard_and_may_not_come_back_another_size() {
+        use super::super::*;
+        let mut owned = effects::Owned::new(JobId(1), 9_000);
+        let p = &mut owned.parts();
+        super::join(p, &register("a", "H100")).unwrap();
+        let id = p.core.node_by_name("a").expect("in the core");
+        assert_eq!(p.core.node(id).unwrap().gpus, 8);
+        assert_eq!(p.fx.nodes.last().map(|n| (n.name.as_str(), n.joined_ms)), Some(("a", 9_000)));
+        assert_eq!(p.fx.prices.len(), 1, "a model first seen is priced at the default");
+        assert_eq!(p.fx.heard, [("a".to_string(), 9_000)], "an idle node's contact is written");
+        // Its agent back with another size is refused; with the same, heard.
+        let other = Register { gpus: 4, ..register("a", "H100") };
+        let refused = super::join(p, &other).unwrap_err();
+        let said = "node a: joined before with 8 x H100, now reports 4 x H100";
+        assert!(matches!(&refused, Fail::Refused(r) if r.message == said), "{refused:?}");
+        super::join(p, &register("a", "H100")).unwrap();
+        assert_eq!(p.fx.prices.len(), 1, "priced once");
     }
 }

@@ -44,12 +44,6 @@ impl Fleet {
 }
 
 impl<S: Store> Engine<S> {
-    /// [`Fleet::write`], over the writer's effects.
-    pub(super) fn write_node(&mut self, row: NodeRow) -> Written {
-        let Parts { fleet, mut fx, .. } = self.parts();
-        fleet.write(row, &mut fx)
-    }
-
     /// `ebb drain NODE`: [`drain_node`], answered with the node's view.
     pub(super) fn drain_node(&mut self, name: &str) -> Result<ebb_api::Node, Fail> {
         drain_node(&mut self.parts(), name)?;
