@@ -436,97 +436,11 @@ impl Owned {
         }
     }
 
-    pub fn parts(&mut self) -> Parts<'_, &mut Recorded> {
+    /// The parts lent, with the recorded effects moved into them (a test
+    /// reads what was recorded from the parts it lent).
+    pub fn parts(&mut self) -> Parts<'_, Recorded> {
         let Owned { jobs, core, admission, fleet, tenants, money, access, why, config, fx } = self;
+        let fx = std::mem::replace(fx, Recorded { now: fx.now, ..Recorded::default() });
         Parts { jobs, core, admission, fleet, tenants, money, access, why, config, fx }
-    }
-}
-
-/// Effects lent on (a test's `Owned::parts`).
-#[cfg(test)]
-impl<T: Effects> Effects for &mut T {
-    fn now(&self) -> u64 {
-        (**self).now()
-    }
-
-    fn event(&mut self, job: &JobRecord, event: Event) -> Written {
-        (**self).event(job, event)
-    }
-
-    fn put_job(&mut self, job: &JobRecord, saved: Saved) -> Written {
-        (**self).put_job(job, saved)
-    }
-
-    fn send(&mut self, node: &str, action: Action) {
-        (**self).send(node, action)
-    }
-
-    fn forget_commands(&mut self, node: &str) {
-        (**self).forget_commands(node)
-    }
-
-    fn add_usage(&mut self, usage: &crate::billing::UsageRow) -> Written {
-        (**self).add_usage(usage)
-    }
-
-    fn stored_job(&mut self, id: JobId) -> Written<Option<JobRecord>> {
-        (**self).stored_job(id)
-    }
-
-    fn array_tasks(&mut self, array: JobId) -> Written<Vec<JobId>> {
-        (**self).array_tasks(array)
-    }
-
-    fn counters(&mut self) -> &mut crate::metrics::Counters {
-        (**self).counters()
-    }
-
-    fn put_node(&mut self, row: &NodeRow) -> Written {
-        (**self).put_node(row)
-    }
-
-    fn heard(&mut self, node: &str, at_ms: u64) -> Written {
-        (**self).heard(node, at_ms)
-    }
-
-    fn node_event(&mut self, node: &str, name: &'static str, text: &str) -> Written {
-        (**self).node_event(node, name, text)
-    }
-
-    fn put_price(&mut self, row: &PriceRow) -> Written {
-        (**self).put_price(row)
-    }
-
-    fn put_reservation(&mut self, row: &ReservationRow) -> Written {
-        (**self).put_reservation(row)
-    }
-
-    fn delete_reservation(&mut self, id: u64) -> Written {
-        (**self).delete_reservation(id)
-    }
-
-    fn usage(
-        &mut self,
-        tenant: Option<TenantId>,
-        from_ms: u64,
-        to_ms: u64,
-    ) -> Written<Vec<crate::billing::UsageRow>> {
-        (**self).usage(tenant, from_ms, to_ms)
-    }
-
-    fn put_token(&mut self, row: &TokenRow) -> Written {
-        (**self).put_token(row)
-    }
-
-    fn delete_token(&mut self, hash: &str) -> Written {
-        (**self).delete_token(hash)
-    }
-
-    fn put_tenant_limits(&mut self, tenant: TenantId, limits: &ebb_api::TenantLimits) -> Written {
-        (**self).put_tenant_limits(tenant, limits)
-    }
-
-    fn put_reclaim(&mut self, model: &str, limit: Option<u32>) -> Written {
-        (**self).put_reclaim(model, limit)
     }
 }

@@ -362,7 +362,7 @@ mod tests {
 
     fn reclaim_gpus(
         core: &mut State,
-        fx: &mut &mut effects::Recorded,
+        fx: &mut effects::Recorded,
         req: ebb_api::ReclaimRequest,
     ) -> Result<ebb_api::ReclaimReply, Fail> {
         reclaim(core, fx, req)

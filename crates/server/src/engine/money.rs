@@ -377,7 +377,7 @@ mod tests {
         owned.tenants.names.insert(TenantId(1), "acme".into());
         owned.tenants.names.insert(TenantId(2), "beta".into());
         let p = &mut owned.parts();
-        let create = |p: &mut Parts<&mut effects::Recorded>, req| {
+        let create = |p: &mut Parts<effects::Recorded>, req| {
             p.money.create_reservation(p.core, p.tenants, &p.config.pricing, &mut p.fx, &req)
         };
 

@@ -316,7 +316,7 @@ mod tests {
         let admin = Principal { scope: Scope::Admin, tenant: None, node: None };
         let acme = Principal::tenant(Scope::Tenant, TenantId(2), "acme");
         let p = &mut owned.parts();
-        let set = |p: &mut Parts<&mut effects::Recorded>, who: &Principal, limits| {
+        let set = |p: &mut Parts<effects::Recorded>, who: &Principal, limits| {
             tenant_limits(p, who, "acme", Some(limits)).map_err(|e| match e {
                 Fail::Refused(r) => r.message,
                 Fail::Store(e) => panic!("{e}"),
