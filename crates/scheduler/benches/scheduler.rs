@@ -87,6 +87,7 @@ impl World {
             tenant: TenantId(1 + (id.0 % self.tenants as u64) as u32),
             tier,
             gpus,
+            max_gpus: None,
             gpu_model: None,
             submitted_at: self.now,
             priority: 0,

@@ -39,6 +39,12 @@ pub struct Config {
     /// the waiting tenant's (its job counted) by more than this many
     /// percent (`README.md`, "Fair share").
     pub fair_share_preemption: Option<u32>,
+    /// What a change of an elastic job's members costs each GPU that
+    /// stays: its rank restarts from the job's last save. A shrink's cost
+    /// counts it for every remaining GPU, so the core shrinks a job only
+    /// when that loses less than stopping a job whole (`README.md`,
+    /// "Elastic jobs").
+    pub restart_cost: Span,
 }
 
 impl Config {
@@ -64,6 +70,7 @@ impl Default for Config {
             max_starts: None,
             order: Order::FairShare,
             fair_share_preemption: None,
+            restart_cost: Span::from_secs(60),
         }
     }
 }
@@ -140,8 +147,15 @@ pub struct JobSpec {
     pub tenant: TenantId,
     pub tier: Tier,
     /// Whole GPUs. More than one node's worth makes a gang over whole nodes,
-    /// so it must then be a multiple of the model's GPUs per node.
+    /// so it must then be a multiple of the model's GPUs per node. For an
+    /// elastic job, the fewest it runs on: it starts with this many.
     pub gpus: u32,
+    /// An elastic job: it may run on any whole number of nodes from
+    /// `gpus` up to this many GPUs, grown into capacity no queued job
+    /// wants and shrunk, a node at a time, instead of being stopped
+    /// (`README.md`, "Elastic jobs"). Only preemptible jobs over whole
+    /// nodes are elastic. `None`: rigid, it runs on exactly `gpus`.
+    pub max_gpus: Option<u32>,
     /// `None`: any model that fits. Reserved jobs name the model of their
     /// reservation.
     pub gpu_model: Option<GpuModelId>,
@@ -153,23 +167,86 @@ pub struct JobSpec {
     pub max_preemptions: Option<u32>,
 }
 
+impl JobSpec {
+    /// The most GPUs it runs on: an elastic job's maximum, else `gpus`.
+    pub fn most_gpus(&self) -> u32 {
+        self.max_gpus.unwrap_or(self.gpus)
+    }
+
+    pub fn is_elastic(&self) -> bool {
+        self.max_gpus.is_some()
+    }
+}
+
 /// One attempt's hold on concrete GPUs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Run {
     pub attempt: Attempt,
     pub model: GpuModelId,
-    /// GPUs by node, as bit masks of GPU indices; one entry per node.
+    /// GPUs by node, as bit masks of GPU indices; one entry per node. The
+    /// first is the job's first node (rank 0, the rendezvous host): an
+    /// elastic job never loses it alone.
     pub alloc: Vec<(NodeId, u64)>,
     pub started_at: Time,
     pub last_checkpoint_at: Option<Time>,
-    /// What it is worth per hour at on-demand rates (µ$): its GPUs times
-    /// its model's rate when it started. Its tenant's usage grows by this.
-    pub rate: u64,
+    /// What a GPU of it is worth per hour at on-demand rates (µ$): its
+    /// model's rate when it started. Its tenant's usage grows by this for
+    /// every GPU it holds.
+    pub gpu_rate: u64,
+    /// Nodes an elastic job grew onto after its start, with when each
+    /// joined; every other node of `alloc` joined at `started_at`.
+    pub joined: Vec<(NodeId, Time)>,
+    /// Nodes an elastic job was shrunk off: each has its notice and
+    /// keeps its GPUs until its part exits ([`crate::State::part_left`]).
+    pub leaving: Vec<(NodeId, Notice)>,
+    /// When its nodes last changed: its start, a shrink's notice or a
+    /// grow. An elastic job grows only `min_runtime` after.
+    pub resized_at: Time,
 }
 
 impl Run {
     pub fn gpus(&self) -> u32 {
         self.alloc.iter().map(|(_, mask)| mask.count_ones()).sum()
+    }
+
+    /// GPUs of the nodes that stay: all but those leaving on a shrink.
+    pub fn active_gpus(&self) -> u32 {
+        self.alloc.iter().filter(|(n, _)| !self.is_leaving(*n)).map(|(_, mask)| mask.count_ones()).sum()
+    }
+
+    pub fn is_leaving(&self, node: NodeId) -> bool {
+        self.leaving.iter().any(|(n, _)| *n == node)
+    }
+
+    /// The first node: rank 0's.
+    pub fn first_node(&self) -> NodeId {
+        self.alloc[0].0
+    }
+
+    /// When the part on `node` joined.
+    pub fn joined_at(&self, node: NodeId) -> Time {
+        self.joined.iter().find(|(n, _)| *n == node).map_or(self.started_at, |(_, t)| *t)
+    }
+
+    /// What it is worth per hour at on-demand rates (µ$): every GPU it holds.
+    pub fn rate(&self) -> u64 {
+        self.gpu_rate.saturating_mul(self.gpus() as u64)
+    }
+
+    /// Its worth per hour (µ$) by when it began: the nodes of its start
+    /// together, then each node it grew onto. Fair share counts a run's
+    /// use from these.
+    pub fn segments(&self) -> impl Iterator<Item = (u64, Time)> + '_ {
+        let grown: u32 = self
+            .joined
+            .iter()
+            .map(|(n, _)| self.alloc.iter().find(|(a, _)| a == n).map_or(0, |(_, m)| m.count_ones()))
+            .sum();
+        let first = self.gpu_rate.saturating_mul((self.gpus() - grown) as u64);
+        std::iter::once((first, self.started_at)).chain(self.joined.iter().map(|&(node, at)| {
+            let gpus = self.alloc.iter().find(|(a, _)| *a == node).map_or(0, |(_, m)| m.count_ones());
+            (self.gpu_rate.saturating_mul(gpus as u64), at)
+        }))
     }
 
     /// Work since this instant is lost if the attempt is killed now.

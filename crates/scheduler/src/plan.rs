@@ -14,9 +14,13 @@ pub struct Plan {
     pub requeues: Vec<Requeue>,
     /// Drain notices, one per victim.
     pub drains: Vec<Drain>,
+    /// Elastic jobs shrunk: notices to some of their nodes only.
+    pub shrinks: Vec<Shrink>,
     /// GPUs to hold for a waiting job while its victims drain.
     pub preemptions: Vec<Preemption>,
     pub placements: Vec<Placement>,
+    /// Running elastic jobs given more nodes.
+    pub grows: Vec<Grow>,
     /// Why each job the pass looked at and could not start waits: the
     /// first of every queue class left waiting. The others of its class
     /// wait behind it ([`crate::State::first_in_line`]). Informational:
@@ -38,6 +42,8 @@ impl Plan {
         self.lost_nodes.is_empty()
             && self.requeues.is_empty()
             && self.drains.is_empty()
+            && self.shrinks.is_empty()
+            && self.grows.is_empty()
             && self.preemptions.is_empty()
             && self.placements.is_empty()
     }
@@ -65,6 +71,27 @@ pub struct Drain {
     pub reason: DrainReason,
 }
 
+/// Give the parts of elastic `job` on `nodes` their notice now: they
+/// leave by `deadline`, and the attempt goes on on its other nodes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Shrink {
+    pub job: JobId,
+    pub attempt: Attempt,
+    pub nodes: Vec<NodeId>,
+    pub notice_at: Time,
+    pub deadline: Time,
+    pub reason: DrainReason,
+}
+
+/// Running elastic `job` grows onto `alloc` (whole free nodes); its
+/// attempt goes on, the new parts joining it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Grow {
+    pub job: JobId,
+    pub attempt: Attempt,
+    pub alloc: Vec<(NodeId, u64)>,
+}
+
 /// `preemptor` will fit once `victims` leave; `hold` is reserved for it
 /// from now until it starts, and no other job may take those GPUs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -73,7 +100,12 @@ pub struct Preemption {
     pub model: GpuModelId,
     pub hold: Vec<(NodeId, u64)>,
     pub victims: Vec<JobId>,
-    /// The victims' GPU-milliseconds since their last checkpoint, at notice.
+    /// Parts of elastic jobs that leave for it (the jobs go on), each
+    /// with its shrink in the plan.
+    pub parts: Vec<(JobId, NodeId)>,
+    /// The victims' GPU-milliseconds since their last checkpoint, at
+    /// notice: the leaving parts' GPUs, and for a shrink the restart each
+    /// remaining GPU makes ([`crate::Config::restart_cost`]).
     pub lost_gpu_ms: u128,
 }
 

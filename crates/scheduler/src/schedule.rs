@@ -17,8 +17,9 @@ use rustc_hash::FxHashMap;
 use crate::index::{Reclaimable, SingleVictim};
 use crate::model::*;
 use crate::plan::*;
-use crate::state::{full_mask, shape_fits, QueueClass, QueueKey, ShareKey, State};
+use crate::state::{full_mask, spec_fits, QueueClass, QueueKey, ShareKey, State};
 
+mod elastic;
 mod free;
 use free::lowest_bits;
 mod quota;
@@ -31,7 +32,9 @@ pub fn schedule(state: &State, now: Time, config: &Config) -> Plan {
     pass.drain_cordoned_nodes();
     pass.enforce_reclaims();
     pass.start_ready_holds();
-    pass.walk_queue();
+    if pass.walk_queue() {
+        pass.grow_elastic();
+    }
     // Both ordered by node: compared without building either.
     let kept =
         pass.earmarked.iter().filter(|(_, j)| pass.reserved.contains(&Some(**j))).map(|(&n, &j)| (n, j));
@@ -53,8 +56,17 @@ struct VictimSet {
     model: GpuModelId,
     hold: Vec<(NodeId, u64)>,
     victims: Vec<JobId>,
+    /// Parts of elastic jobs that leave (the jobs go on).
+    parts: Vec<(JobId, NodeId)>,
     /// Policy cost; lower is better.
     cost: u128,
+}
+
+impl VictimSet {
+    /// Jobs drained or shrunk: a set's size, for ties.
+    fn len(&self) -> usize {
+        self.victims.len() + self.parts.len()
+    }
 }
 
 enum Outcome {
@@ -91,6 +103,13 @@ struct Pass<'a> {
     cursor: Vec<Vec<u32>>,
     /// Jobs given a drain notice this pass.
     victims: BTreeSet<JobId>,
+    /// Elastic jobs shrunk this pass: the GPUs their leaving parts free,
+    /// and those parts.
+    shrunk: FxHashMap<JobId, u32>,
+    shrunk_parts: BTreeSet<(JobId, NodeId)>,
+    /// Elastic jobs placed this pass, by their placement's index: the
+    /// grow after the walk may give them more nodes at once.
+    placed_elastic: Vec<usize>,
     /// Per (model, free, gpus) bucket of the single-victim index: entries up
     /// to this one were found unusable this pass.
     single_cursor: BTreeMap<(GpuModelId, u8, u8), SingleVictim>,
@@ -205,6 +224,9 @@ impl<'a> Pass<'a> {
             dead: BTreeSet::new(),
             cursor: models.iter().map(|m| vec![0; m.gpus_per_node as usize + 1]).collect(),
             victims: BTreeSet::new(),
+            shrunk: FxHashMap::default(),
+            shrunk_parts: BTreeSet::new(),
+            placed_elastic: Vec::new(),
             single_cursor: BTreeMap::new(),
             sparing_settling: false,
             passed_over_settling: Cell::new(false),
@@ -248,16 +270,27 @@ impl<'a> Pass<'a> {
         }
     }
 
+    /// A cordoned node's preemptible jobs get their notice; an elastic
+    /// job that can do without the node loses only its part there.
     fn drain_cordoned_nodes(&mut self) {
         let state = self.state;
         for &node in &state.pending_node_drains {
             for job in state.nodes[node.0 as usize].jobs() {
                 let j = &state.jobs[&job];
+                let leaving = j.run.as_ref().is_some_and(|r| r.is_leaving(node));
                 if j.spec.tier == Tier::Preemptible
                     && j.phase == Phase::Running
+                    && !leaving
                     && !self.victims.contains(&job)
+                    && !self.shrunk_parts.contains(&(job, node))
                 {
-                    self.drain(job, DrainReason::NodeDrain { node });
+                    let reason = DrainReason::NodeDrain { node };
+                    match self.part_may_leave(j, node) {
+                        true => self.shrink(job, &[node], reason),
+                        false if !self.shrunk.contains_key(&job) => self.drain(job, reason),
+                        // Shrunk already this pass: drained whole by the next.
+                        false => {}
+                    }
                 }
             }
         }
@@ -286,7 +319,8 @@ impl<'a> Pass<'a> {
                 })
                 .map(|j| {
                     let settling = j.settling(self.now, self.config.min_runtime);
-                    (settling, self.victim_cost(j) / j.spec.gpus as u128, j.spec.id, j.spec.gpus)
+                    let gpus = j.run.as_ref().map_or(j.spec.gpus, Run::active_gpus).max(1);
+                    (settling, self.victim_cost(j) / gpus as u128, j.spec.id, gpus)
                 })
                 .collect();
             candidates.sort();
@@ -294,6 +328,9 @@ impl<'a> Pass<'a> {
             for (_, _, job, gpus) in candidates {
                 if excess == 0 {
                     break;
+                }
+                if self.shrunk.contains_key(&job) {
+                    continue;
                 }
                 self.drain(job, DrainReason::Reclaim);
                 excess = excess.saturating_sub(gpus);
@@ -305,8 +342,9 @@ impl<'a> Pass<'a> {
         let j = &self.state.jobs[&job];
         debug_assert_eq!(j.spec.tier, Tier::Preemptible, "only preemptible jobs are drained");
         let run = j.run.as_ref().expect("drained job runs");
+        debug_assert!(!self.shrunk.contains_key(&job), "a job shrunk this pass is not drained whole");
         self.victims.insert(job);
-        self.preemptible_active[run.model.0 as usize] -= j.spec.gpus;
+        self.preemptible_active[run.model.0 as usize] -= run.active_gpus();
         self.plan.drains.push(Drain {
             job,
             attempt: run.attempt,
@@ -342,17 +380,12 @@ impl<'a> Pass<'a> {
 
     /// Walks queued jobs tier by tier, in the config's order, until every
     /// class has started all it can or is blocked, or the pass's bound on
-    /// starts is reached.
-    fn walk_queue(&mut self) {
+    /// starts is reached. Returns whether it walked them all: whether
+    /// every queued job was either started or found unable to.
+    fn walk_queue(&mut self) -> bool {
         match self.config.order {
             Order::Fifo => self.walk_fifo(),
-            Order::FairShare => {
-                for tier in Tier::ALL {
-                    if !self.walk_tier(tier) {
-                        return;
-                    }
-                }
-            }
+            Order::FairShare => Tier::ALL.into_iter().all(|tier| self.walk_tier(tier)),
         }
     }
 
@@ -550,8 +583,9 @@ impl<'a> Pass<'a> {
 
     /// Every tier in submission order, every tenant together (today's
     /// order before fair share, for comparison): one cursor per class and
-    /// tenant, merged; a class blocked is blocked for all.
-    fn walk_fifo(&mut self) {
+    /// tenant, merged; a class blocked is blocked for all. Returns false
+    /// at the pass's bound.
+    fn walk_fifo(&mut self) -> bool {
         let state = self.state;
         let mut queues: Vec<(QueueClass, btree_set::Iter<'a, QueueKey>)> = state
             .tenant_queues
@@ -573,7 +607,7 @@ impl<'a> Pass<'a> {
                 continue;
             }
             if self.at_bound() {
-                return;
+                return false;
             }
             match self.try_start(job) {
                 Outcome::Started | Outcome::Preempting => {
@@ -590,6 +624,7 @@ impl<'a> Pass<'a> {
                 }
             }
         }
+        true
     }
 
     /// µ$ per hour `tenant` started in `tier` in this pass.
@@ -760,6 +795,9 @@ impl<'a> Pass<'a> {
         let state = self.state;
         let j = &state.jobs[&job];
         self.count(&j.spec, model);
+        if j.spec.is_elastic() {
+            self.placed_elastic.push(self.plan.placements.len());
+        }
         for &(node, mask) in &alloc {
             let t = self.masks(node);
             self.touch(node, Touched { used: t.used | mask, held: t.held });
@@ -785,14 +823,24 @@ impl<'a> Pass<'a> {
         for &victim in &set.victims {
             let v = &state.jobs[&victim];
             let run = v.run.as_ref().expect("victims run");
-            lost_gpu_ms += v.spec.gpus as u128 * self.now.saturating_since(run.progress_saved_at()).0 as u128;
+            lost_gpu_ms +=
+                run.active_gpus() as u128 * self.now.saturating_since(run.progress_saved_at()).0 as u128;
             self.drain(victim, DrainReason::Preempted { by: job });
+        }
+        let mut parts = set.parts.clone();
+        parts.sort_unstable();
+        for group in parts.chunk_by(|a, b| a.0 == b.0) {
+            let victim = group[0].0;
+            lost_gpu_ms += self.shrink_cost(&state.jobs[&victim], group.iter().map(|p| p.1));
+            let nodes: Vec<NodeId> = group.iter().map(|p| p.1).collect();
+            self.shrink(victim, &nodes, DrainReason::Preempted { by: job });
         }
         self.plan.preemptions.push(Preemption {
             preemptor: job,
             model: set.model,
             hold: set.hold,
             victims: set.victims,
+            parts,
             lost_gpu_ms,
         });
     }
@@ -805,6 +853,6 @@ impl<'a> Pass<'a> {
 fn candidate_models<'s>(state: &'s State, spec: &'s JobSpec) -> impl Iterator<Item = GpuModelId> + 's {
     state.models().filter_map(move |(id, m)| {
         let wanted = spec.gpu_model.is_none_or(|w| w == id);
-        (wanted && shape_fits(spec.gpus, m.gpus_per_node) && spec.gpus <= m.capacity).then_some(id)
+        (wanted && spec_fits(spec, m.gpus_per_node) && spec.gpus <= m.capacity).then_some(id)
     })
 }

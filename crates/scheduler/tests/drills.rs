@@ -49,6 +49,7 @@ fn a_drilled_exit_never_consults_max_preemptions() {
         tenant: TenantId(1),
         tier: Tier::Preemptible,
         gpus: 2,
+        max_gpus: None,
         gpu_model: None,
         submitted_at: c.now,
         priority: 0,

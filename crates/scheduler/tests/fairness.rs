@@ -34,6 +34,7 @@ fn submit(c: &mut Cluster, tenant: TenantId, tier: Tier, gpus: u32, priority: i3
             tenant,
             tier,
             gpus,
+            max_gpus: None,
             gpu_model: None,
             submitted_at: c.now,
             priority,

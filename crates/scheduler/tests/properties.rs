@@ -15,6 +15,8 @@ use proptest::prelude::*;
 #[derive(Clone, Debug)]
 enum Op {
     Submit { tier: Tier, gpus: u32, tenant: u32 },
+    SubmitElastic { nodes: u32, more: u32, tenant: u32 },
+    PartLeft { pick: usize },
     Exit { pick: usize, kind: u8 },
     Checkpoint { pick: usize },
     Advance { secs: u64 },
@@ -36,9 +38,18 @@ fn tier() -> impl Strategy<Value = Tier> {
 }
 
 fn op() -> impl Strategy<Value = Op> {
+    op_weighted(3)
+}
+
+/// Ops with elastic jobs and their parts' exits `elastic` times as likely
+/// as in `op()`'s first cut.
+fn op_weighted(elastic: u32) -> impl Strategy<Value = Op> {
     prop_oneof![
         10 => (tier(), prop_oneof![Just(1u32), Just(2), Just(3), Just(4), Just(8), Just(16)], 0u32..3)
             .prop_map(|(tier, gpus, tenant)| Op::Submit { tier, gpus, tenant }),
+        elastic => (1u32..3, 1u32..3, 0u32..3)
+            .prop_map(|(nodes, more, tenant)| Op::SubmitElastic { nodes, more, tenant }),
+        elastic => any::<usize>().prop_map(|pick| Op::PartLeft { pick }),
         3 => (any::<usize>(), 0u8..4).prop_map(|(pick, kind)| Op::Exit { pick, kind }),
         2 => any::<usize>().prop_map(|pick| Op::Checkpoint { pick }),
         3 => (1u64..200).prop_map(|secs| Op::Advance { secs }),
@@ -68,6 +79,7 @@ fn run(
     a100_nodes: u32,
     policy: VictimPolicy,
     min_runtime: Span,
+    restart_cost: Span,
     ops: &[Op],
 ) -> Vec<Plan> {
     let mut c = Cluster::new(nodes, gpus_per_node);
@@ -93,6 +105,7 @@ fn run(
     let all = specs.len() as u32;
     c.config.victim_policy = policy;
     c.config.min_runtime = min_runtime;
+    c.config.restart_cost = restart_cost;
     c.config.heartbeat_timeout = Some(Span::from_secs(600));
     c.config.drain_window = Span::from_secs(120);
     c.state
@@ -112,6 +125,24 @@ fn run(
         match *op {
             Op::Submit { tier, gpus, tenant } => {
                 let _ = c.submit_as(tier, gpus.min(nodes * gpus_per_node as u32), TenantId(tenant));
+            }
+            Op::SubmitElastic { nodes: fewest, more, tenant } => {
+                let most = (fewest + more).min(nodes.max(2));
+                if fewest < most {
+                    let per = gpus_per_node as u32;
+                    let _ = c.submit_elastic(fewest * per, most * per, TenantId(tenant));
+                }
+            }
+            Op::PartLeft { pick: i } => {
+                let leaving: Vec<(JobId, NodeId)> = c
+                    .state
+                    .jobs()
+                    .filter_map(|j| Some((j.spec.id, j.run.as_ref()?)))
+                    .flat_map(|(id, run)| run.leaving.iter().map(move |(n, _)| (id, *n)))
+                    .collect();
+                if let Some((job, node)) = pick(&leaving, i) {
+                    c.part_left(job, node);
+                }
             }
             Op::Exit { pick: i, kind } => {
                 if let Some(job) = pick(&live(&c, &[Phase::Running, Phase::Draining]), i) {
@@ -187,7 +218,10 @@ fn run(
                     .state
                     .jobs()
                     .filter(|j| j.phase == Phase::Holding)
-                    .filter(|j| c.state.hold(j.spec.id).unwrap().waiting_on.is_empty())
+                    .filter(|j| {
+                        let hold = c.state.hold(j.spec.id).unwrap();
+                        hold.waiting_on.is_empty() && hold.waiting_parts.is_empty()
+                    })
                     .map(|j| j.spec.id)
                     .collect();
                 let unhealthy: Vec<NodeId> = c
@@ -201,7 +235,9 @@ fn run(
                     c.state.jobs().filter(|j| j.phase == Phase::Queued).map(|j| j.spec.id).collect();
                 let out: BTreeMap<NodeId, u64> =
                     c.state.nodes().iter().map(|n| (n.id, n.out_mask())).collect();
+                let before = c.state.clone();
                 let plan = c.step();
+                check_elastic(&c, &before, &plan);
                 for p in &plan.placements {
                     for (node, mask) in &p.alloc {
                         assert!(!unhealthy.contains(node), "{} placed on unhealthy {node}", p.job);
@@ -277,6 +313,57 @@ fn run(
     c.plans
 }
 
+/// What a pass did to elastic jobs: a shrink leaves the job running on
+/// its first node and at least its fewest GPUs; and a grow (or a
+/// placement above the fewest) took no capacity a queued job could start
+/// on: had the pass not grown them, the next pass would start nothing on
+/// the nodes they took.
+fn check_elastic(c: &Cluster, before: &State, plan: &Plan) {
+    for s in &plan.shrinks {
+        let job = c.state.job(s.job).unwrap();
+        let run = job.run.as_ref().expect("a shrunk job runs on");
+        assert!(!s.nodes.contains(&run.first_node()), "{} shrunk off its first node", s.job);
+        assert!(run.active_gpus() >= job.spec.gpus, "{} shrunk below its fewest", s.job);
+        assert_eq!(s.deadline, s.notice_at + c.config.drain_window);
+    }
+    let mut without = plan.clone();
+    let mut grown: Vec<NodeId> = Vec::new();
+    for g in without.grows.drain(..) {
+        grown.extend(g.alloc.iter().map(|(n, _)| *n));
+    }
+    for p in &mut without.placements {
+        let spec = &before.job(p.job).unwrap().spec;
+        if spec.is_elastic() {
+            let per = before.model(p.model).unwrap().gpus_per_node as u32;
+            let keep = (spec.gpus / per) as usize;
+            grown.extend(p.alloc.drain(keep..).map(|(n, _)| n));
+        }
+    }
+    if grown.is_empty() {
+        return;
+    }
+    let mut state = before.clone();
+    state.apply(&without).expect("the plan without its grows applies");
+    let next = schedule(&state, plan.now, &c.config);
+    for p in next.placements.iter().filter(|p| !p.from_hold) {
+        let queued = &state.job(p.job).unwrap().spec;
+        if queued.is_elastic() {
+            continue;
+        }
+        for (node, _) in &p.alloc {
+            assert!(
+                !grown.contains(node),
+                "a grow took {node}, where queued {} could start: {plan:#?}",
+                p.job
+            );
+        }
+    }
+}
+
+fn restart_cost() -> impl Strategy<Value = Span> {
+    prop_oneof![Just(Span::ZERO), Just(Span::from_secs(5)), Just(Span::from_secs(60))]
+}
+
 fn min_runtime() -> impl Strategy<Value = Span> {
     prop_oneof![Just(Span::ZERO), Just(Span::from_secs(120)), Just(Span::from_secs(600))]
 }
@@ -301,9 +388,24 @@ proptest! {
         a100_nodes in 0u32..3,
         policy in policy(),
         min_runtime in min_runtime(),
+        restart_cost in restart_cost(),
         ops in prop::collection::vec(op(), 1..200),
     ) {
-        run(nodes, gpus_per_node, a100_nodes, policy, min_runtime, &ops);
+        run(nodes, gpus_per_node, a100_nodes, policy, min_runtime, restart_cost, &ops);
+    }
+
+    /// As above, on clusters of whole nodes where elastic jobs are most
+    /// of the work: shrinks, parts leaving and grows among preemptors,
+    /// drained nodes and lost ones.
+    #[test]
+    fn elastic_invariants_hold_after_every_step(
+        nodes in 2u32..6,
+        gpus_per_node in prop_oneof![Just(4u8), Just(8)],
+        min_runtime in min_runtime(),
+        restart_cost in restart_cost(),
+        ops in prop::collection::vec(op_weighted(12), 1..200),
+    ) {
+        run(nodes, gpus_per_node, 0, VictimPolicy::LostWork, min_runtime, restart_cost, &ops);
     }
 
     #[test]
@@ -311,11 +413,81 @@ proptest! {
         nodes in 1u32..6,
         policy in policy(),
         min_runtime in min_runtime(),
+        restart_cost in restart_cost(),
         ops in prop::collection::vec(op(), 1..80),
     ) {
-        let first = run(nodes, 8, 1, policy, min_runtime, &ops);
-        let second = run(nodes, 8, 1, policy, min_runtime, &ops);
+        let first = run(nodes, 8, 1, policy, min_runtime, restart_cost, &ops);
+        let second = run(nodes, 8, 1, policy, min_runtime, restart_cost, &ops);
         prop_assert_eq!(first, second);
+    }
+
+    /// With elastic jobs among the victims, the search picks a set exactly
+    /// as cheap as trying every node, every subset of its preemptible
+    /// jobs, and for each elastic job there both stopping it and taking
+    /// only its part (where it may go); and what the plan does keeps each
+    /// elastic job on its first node and at least its fewest GPUs, and
+    /// holds every leaving GPU for the preemptor until the part exits.
+    #[test]
+    fn shrink_search_matches_brute_force(
+        nodes in 2u32..7,
+        jobs in prop::collection::vec((1u32..4, 0u32..3), 1..8),
+        saves in prop::collection::vec((any::<usize>(), 1u64..1000), 0..12),
+        restart_s in prop_oneof![Just(0u64), Just(30), Just(120)],
+        want in 1u32..5,
+    ) {
+        let mut c = Cluster::new(nodes, 4);
+        c.config.restart_cost = Span::from_secs(restart_s);
+        c.config.min_runtime = Span::ZERO;
+        for (fewest, more) in jobs {
+            match more {
+                0 => c.submit(Tier::Preemptible, fewest.min(4)),
+                _ => c.submit_elastic(4 * fewest, 4 * (fewest + more), TenantId(1)),
+            };
+            c.advance(7);
+            c.step();
+        }
+        let running: Vec<JobId> = c.state.jobs().filter(|j| j.phase == Phase::Running).map(|j| j.spec.id).collect();
+        for (pick, secs) in saves {
+            c.advance(secs);
+            if let Some(job) = super_pick(&running, pick) {
+                c.checkpoint(job);
+            }
+        }
+        loop {
+            let free: u32 = c.state.nodes().iter().map(|n| n.free_mask().count_ones()).sum();
+            if free == 0 { break; }
+            c.submit(Tier::OnDemand, 1);
+            c.step();
+        }
+        c.advance(300);
+        let expected = brute_force_with_parts(&c, want);
+        let od = c.submit(Tier::OnDemand, want);
+        let before = c.state.clone();
+        let plan = c.step();
+        match expected {
+            None => prop_assert!(plan.preemptions.is_empty()),
+            Some((cost, n)) => {
+                prop_assert_eq!(plan.preemptions.len(), 1);
+                let p = &plan.preemptions[0];
+                prop_assert_eq!((p.lost_gpu_ms, p.victims.len() + p.parts.len()), (cost, n), "{:#?}", plan);
+            }
+        }
+        check_elastic(&c, &before, &plan);
+        // The parts leave; the preemptor starts on exactly its hold, the
+        // leaving GPUs among them, and nobody else took them meanwhile.
+        let Some(p) = plan.preemptions.first() else { return Ok(()) };
+        for &(job, node) in &p.parts {
+            prop_assert!(c.state.hold(od).unwrap().waiting_parts.contains(&(job, node)));
+            prop_assert!(c.step().placements.iter().all(|pl| pl.job != od));
+            c.part_left(job, node);
+        }
+        for &v in &p.victims {
+            c.exit(v, ExitKind::Failed { requeue: true });
+        }
+        let started = c.step();
+        let placed = started.placements.iter().find(|pl| pl.job == od).expect("the preemptor starts");
+        prop_assert!(placed.from_hold);
+        prop_assert_eq!(&placed.alloc, &p.hold);
     }
 
     /// The indexed, pruned search picks a victim set exactly as cheap as
@@ -406,6 +578,7 @@ proptest! {
                     tenant: TenantId(1),
                     tier,
                     gpus,
+                    max_gpus: None,
                     gpu_model: None,
                     submitted_at: Time::ZERO,
                     priority: 0,
@@ -422,6 +595,9 @@ proptest! {
                             started_at: started,
                             last_checkpoint_at: checkpoint,
                             notice: None,
+                            joined: Vec::new(),
+                            leaving: Vec::new(),
+                            resized_at: None,
                         },
                     )
                     .unwrap();
@@ -485,6 +661,67 @@ fn single_node_evictions(c: &Cluster, want: u32) -> Vec<(bool, u128, usize)> {
 }
 
 /// (lost GPU-ms, victims) of the best single-node eviction for `want` GPUs.
+/// (lost GPU-ms, victims and parts) of the cheapest single-node eviction
+/// for `want` GPUs, where each elastic job on a node other than its first
+/// may instead lose only its part there, if what stays is at least its
+/// fewest: that part's GPUs × since its save, and the restart of every
+/// GPU that stays.
+fn brute_force_with_parts(c: &Cluster, want: u32) -> Option<(u128, usize)> {
+    let restart = c.config.restart_cost.0 as u128;
+    let mut best: Option<(u128, usize)> = None;
+    for node in c.state.nodes() {
+        let free = node.free_mask().count_ones();
+        // Per job: (whole cost, part cost if it may go, GPUs here).
+        let options: Vec<(u128, Option<u128>, u32)> = node
+            .jobs()
+            .filter_map(|id| {
+                let j = c.state.job(id).unwrap();
+                let run = j.run.as_ref().unwrap();
+                if j.spec.tier != Tier::Preemptible || j.phase != Phase::Running {
+                    return None;
+                }
+                let since = c.now.saturating_since(run.progress_saved_at()).0 as u128;
+                let here = run.alloc.iter().find(|(n, _)| *n == node.id).unwrap().1.count_ones();
+                let whole = run.gpus() as u128 * since;
+                let may_go =
+                    j.spec.is_elastic() && run.first_node() != node.id && run.gpus() - here >= j.spec.gpus;
+                let part = may_go.then(|| here as u128 * since + (run.gpus() - here) as u128 * restart);
+                Some((whole, part, here))
+            })
+            .collect();
+        // Each job: 0 stays, 1 stops whole, 2 loses its part here.
+        let mut choice = vec![0u8; options.len()];
+        loop {
+            let (mut cost, mut freed, mut n) = (0u128, 0u32, 0usize);
+            let mut valid = true;
+            for (o, &k) in options.iter().zip(&choice) {
+                match k {
+                    0 => {}
+                    1 => (cost, freed, n) = (cost + o.0, freed + o.2, n + 1),
+                    _ => match o.1 {
+                        Some(part) => (cost, freed, n) = (cost + part, freed + o.2, n + 1),
+                        None => valid = false,
+                    },
+                }
+            }
+            if valid && n > 0 && free + freed >= want && free < want {
+                best = Some(best.map_or((cost, n), |b| b.min((cost, n))));
+            }
+            // Next choice, as a number in base 3.
+            let mut i = 0;
+            while i < choice.len() && choice[i] == 2 {
+                choice[i] = 0;
+                i += 1;
+            }
+            if i == choice.len() {
+                break;
+            }
+            choice[i] += 1;
+        }
+    }
+    best
+}
+
 fn brute_force_min_lost(c: &Cluster, want: u32) -> Option<(u128, usize)> {
     single_node_evictions(c, want).into_iter().map(|(_, cost, n)| (cost, n)).min()
 }

@@ -1,6 +1,9 @@
 //! The scheduling policy, one behaviour per test.
 
 mod common;
+
+#[path = "scenarios/elastic.rs"]
+mod elastic;
 #[path = "scenarios/victims.rs"]
 mod victims;
 #[path = "scenarios/waiting.rs"]
@@ -307,6 +310,7 @@ fn max_preemptions_bounds_requeues() {
             tenant: TenantId(1),
             tier: Tier::Preemptible,
             gpus: 4,
+            max_gpus: None,
             gpu_model: None,
             submitted_at: c.now,
             priority: 0,
@@ -340,6 +344,7 @@ fn bad_input_is_refused_with_the_field_named() {
         tenant: TenantId(1),
         tier,
         gpus,
+        max_gpus: None,
         gpu_model: model,
         submitted_at: Time::ZERO,
         priority: 0,
@@ -483,7 +488,7 @@ fn a_restored_hold_waits_for_its_victims_instead_of_preempting_again() {
         fresh.state.restore_run(job.spec.clone(), restored(&run, 0, job.notice)).unwrap();
     }
     fresh.state.submit(c.state.job(od).unwrap().spec.clone()).unwrap();
-    fresh.state.restore_hold(od, hold.clone(), &[v2], None).unwrap();
+    fresh.state.restore_hold(od, hold.clone(), &[v2], &[], None).unwrap();
     fresh.state.sanity_check().unwrap();
     fresh.now = c.now;
     assert!(fresh.step().is_empty(), "no second victim while the first drains");
@@ -747,6 +752,9 @@ fn restored(
         started_at: run.started_at,
         last_checkpoint_at: run.last_checkpoint_at,
         notice,
+        joined: run.joined.clone(),
+        leaving: run.leaving.clone(),
+        resized_at: Some(run.resized_at),
     }
 }
 
@@ -817,8 +825,8 @@ fn a_staged_start_is_the_placement_from_its_hold_or_a_number_never_used_again() 
     fresh.state.restore_run(job.spec.clone(), restored(job.run.as_ref().unwrap(), 0, job.notice)).unwrap();
     let spec = c.state.job(od).unwrap().spec.clone();
     fresh.state.restore_queued(spec.clone(), Attempt(0), 0).unwrap();
-    assert!(fresh.state.restore_hold(od, hold.clone(), &[victim], Some(Attempt(2))).is_err());
-    fresh.state.restore_hold(od, hold, &[victim], Some(staged)).unwrap();
+    assert!(fresh.state.restore_hold(od, hold.clone(), &[victim], &[], Some(Attempt(2))).is_err());
+    fresh.state.restore_hold(od, hold, &[victim], &[], Some(staged)).unwrap();
     fresh.state.sanity_check().unwrap();
     fresh.exit(victim, ExitKind::Failed { requeue: true });
     let plan = fresh.step();

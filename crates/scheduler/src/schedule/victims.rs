@@ -26,8 +26,7 @@ impl<'a> Pass<'a> {
         let mut best: Option<VictimSet> = None;
         for &model in models {
             if let Some(set) = self.find_victims(model, gpus) {
-                let better =
-                    best.as_ref().is_none_or(|b| (set.cost, set.victims.len()) < (b.cost, b.victims.len()));
+                let better = best.as_ref().is_none_or(|b| (set.cost, set.len()) < (b.cost, b.len()));
                 if better {
                     best = Some(set);
                 }
@@ -58,10 +57,11 @@ impl<'a> Pass<'a> {
         spared
     }
 
-    /// The policy's cost of evicting one job now.
+    /// The policy's cost of evicting one job now: the GPUs it runs on
+    /// (an elastic job's leaving nodes are gone already).
     pub(super) fn victim_cost(&self, job: &Job) -> u128 {
         let run = job.run.as_ref().expect("victims run");
-        let gpus = job.spec.gpus as u128;
+        let gpus = run.active_gpus() as u128;
         match self.config.victim_policy {
             VictimPolicy::LostWork => gpus * self.now.saturating_since(run.progress_saved_at()).0 as u128,
             VictimPolicy::Youngest => self.now.saturating_since(run.started_at).0 as u128,
@@ -109,11 +109,13 @@ impl<'a> Pass<'a> {
 
     fn victims_on_one_node(&mut self, model: GpuModelId, gpus: u8) -> Option<VictimSet> {
         let exhaustive = self.config.victim_policy != VictimPolicy::LostWork;
-        let mut best: Option<(u128, usize, NodeId, Vec<JobId>)> = None;
+        let mut best: Option<(u128, usize, NodeId, OnNode)> = None;
         if !exhaustive {
             // The best single victim is exact for one-victim sets and bounds
             // the node search: only nodes that might do better are visited.
-            best = self.best_single_victim(model, gpus).map(|(cost, node, job)| (cost, 1, node, vec![job]));
+            best = self.best_single_victim(model, gpus).map(|(cost, node, job)| {
+                (cost, 1, node, OnNode { cost, victims: vec![job], parts: Vec::new() })
+            });
         }
         let mut candidates = self.candidate_nodes(model, gpus, false);
         while let Some((bound, node)) = candidates.next() {
@@ -126,21 +128,23 @@ impl<'a> Pass<'a> {
             if self.earmarked.contains_key(&node) || self.dead.contains(&node) {
                 continue;
             }
-            let Some((cost, victims)) = self.cheapest_on_node(node, gpus) else { continue };
+            let Some(found) = self.cheapest_on_node(node, gpus) else { continue };
             let better = best.as_ref().is_none_or(|(c, n, id, _)| {
-                let key = (cost, victims.len());
+                let key = (found.cost, found.len());
                 key < (*c, *n) || (exhaustive && key == (*c, *n) && node < *id)
             });
             if better {
-                best = Some((cost, victims.len(), node, victims));
+                best = Some((found.cost, found.len(), node, found));
             }
         }
-        let (cost, _, node, victims) = best?;
+        let (cost, _, node, found) = best?;
         let free = self.free_mask(node);
-        let victim_gpus = victims.iter().fold(0, |acc, v| acc | self.mask_on(*v, node));
+        let victim_gpus =
+            found.victims.iter().chain(&found.parts).fold(0, |acc, v| acc | self.mask_on(*v, node));
         let mut hold = lowest_bits(free, gpus as u32);
         hold |= lowest_bits(victim_gpus, gpus as u32 - hold.count_ones());
-        Some(VictimSet { model, hold: vec![(node, hold)], victims, cost })
+        let parts = found.parts.iter().map(|&job| (job, node)).collect();
+        Some(VictimSet { model, hold: vec![(node, hold)], victims: found.victims, parts, cost })
     }
 
     /// The cheapest single running preemptible job whose leaving makes room
@@ -191,8 +195,8 @@ impl<'a> Pass<'a> {
     fn victims_on_whole_nodes(&self, model: GpuModelId, k: usize) -> Option<VictimSet> {
         let per_node = self.state.models[model.0 as usize].gpus_per_node;
         let exhaustive = self.config.victim_policy != VictimPolicy::LostWork;
-        // (cost, node, victims), kept sorted; free nodes cost nothing.
-        let mut chosen: Vec<(u128, NodeId, Vec<JobId>)> = Vec::new();
+        // (cost, node, what leaves), kept sorted; free nodes cost nothing.
+        let mut chosen: Vec<(u128, NodeId, OnNode)> = Vec::new();
         let mut candidates = self.candidate_nodes(model, per_node, true);
         // Entirely free nodes cost nothing; fewer than k exist (or the gang
         // would have been placed), so this takes at most k of them.
@@ -205,7 +209,7 @@ impl<'a> Pass<'a> {
             .copied()
             .collect();
         for node in free_nodes.into_iter().take(k) {
-            chosen.push((0, node, Vec::new()));
+            chosen.push((0, node, OnNode::default()));
         }
         while let Some((bound, node)) = candidates.next() {
             if !exhaustive && chosen.len() >= k && bound > chosen[k - 1].0 {
@@ -217,39 +221,90 @@ impl<'a> Pass<'a> {
             {
                 continue;
             }
-            let Some((cost, victims)) = self.cheapest_on_node(node, per_node) else { continue };
-            chosen.push((cost, node, victims));
-            chosen.sort_by_key(|(cost, node, victims)| (*cost, victims.len(), *node));
+            let Some(found) = self.cheapest_on_node(node, per_node) else { continue };
+            chosen.push((found.cost, node, found));
+            chosen.sort_by_key(|(cost, node, found)| (*cost, found.len(), *node));
             chosen.truncate(k);
         }
         if chosen.len() < k {
             return None;
         }
-        let mut victims: Vec<JobId> = chosen.iter().flat_map(|c| c.2.iter().copied()).collect();
+        let mut victims: Vec<JobId> = chosen.iter().flat_map(|c| c.2.victims.iter().copied()).collect();
         victims.sort_unstable();
         victims.dedup();
-        let cost = victims.iter().map(|v| self.victim_cost(&self.state.jobs[v])).sum();
+        let mut parts: Vec<(JobId, NodeId)> =
+            chosen.iter().flat_map(|(_, node, found)| found.parts.iter().map(|&job| (job, *node))).collect();
+        if !self.settle_parts(&mut victims, &mut parts) {
+            return None;
+        }
+        let mut cost: u128 = victims.iter().map(|v| self.victim_cost(&self.state.jobs[v])).sum();
+        for group in parts.chunk_by(|a, b| a.0 == b.0) {
+            cost += self.shrink_cost(&self.state.jobs[&group[0].0], group.iter().map(|p| p.1));
+        }
         let mut hold: Vec<(NodeId, u64)> = chosen.iter().map(|c| (c.1, full_mask(per_node))).collect();
         hold.sort_unstable();
-        Some(VictimSet { model, hold, victims, cost })
+        Some(VictimSet { model, hold, victims, parts, cost })
+    }
+
+    /// Nodes chosen one by one may take parts of one elastic job past
+    /// what it can spare, or a part of a job drained whole besides: such
+    /// a job leaves whole instead (it frees every node it was chosen
+    /// for), unless parts of it were taken earlier in the pass, when the
+    /// set is not to be had (false). Leaves the victims and the parts
+    /// sorted.
+    fn settle_parts(&self, victims: &mut Vec<JobId>, parts: &mut Vec<(JobId, NodeId)>) -> bool {
+        parts.retain(|(job, _)| victims.binary_search(job).is_err());
+        parts.sort_unstable();
+        let mut whole = Vec::new();
+        for group in parts.chunk_by(|a, b| a.0 == b.0) {
+            let job = &self.state.jobs[&group[0].0];
+            if !self.parts_may_leave(job, group.iter().map(|p| p.1)) {
+                if self.shrunk.contains_key(&job.spec.id) {
+                    return false;
+                }
+                whole.push(job.spec.id);
+            }
+        }
+        parts.retain(|(job, _)| !whole.contains(job));
+        victims.extend(whole);
+        victims.sort_unstable();
+        true
     }
 
     /// The cheapest set of evictable jobs on `node` that frees room for
-    /// `gpus` GPUs there: (cost, victims), fewest victims among equals.
-    fn cheapest_on_node(&self, node: NodeId, gpus: u8) -> Option<(u128, Vec<JobId>)> {
+    /// `gpus` GPUs there, fewest victims among equals. An elastic job that
+    /// can spare the node may leave it alone (a shrink) where that costs
+    /// less than stopping it.
+    fn cheapest_on_node(&self, node: NodeId, gpus: u8) -> Option<OnNode> {
         let free = self.free_mask(node).count_ones();
         if free >= gpus as u32 {
             return None; // placeable without preemption; best fit saw it
         }
         let need = gpus as u32 - free;
-        let mut options: Vec<(u128, u32, JobId)> = self.state.nodes[node.0 as usize]
+        // (cost, GPUs freed here, job, whether only its part here leaves)
+        let mut options: Vec<(u128, u32, JobId, bool)> = self.state.nodes[node.0 as usize]
             .jobs
             .iter()
-            .filter(|(job, _)| !self.victims.contains(job))
+            .filter(|(job, _)| !self.victims.contains(job) && !self.shrunk_parts.contains(&(*job, node)))
             .filter_map(|&(job, mask)| {
                 let j = &self.state.jobs[&job];
-                (j.spec.tier == Tier::Preemptible && j.phase == Phase::Running && !self.spared(j))
-                    .then(|| (self.victim_cost(j), mask.count_ones(), job))
+                let run = j.run.as_ref()?;
+                let evictable = j.spec.tier == Tier::Preemptible
+                    && j.phase == Phase::Running
+                    && !run.is_leaving(node)
+                    && !self.spared(j);
+                if !evictable {
+                    return None;
+                }
+                let whole = (!self.shrunk.contains_key(&job)).then(|| self.victim_cost(j));
+                let part = self.part_may_leave(j, node).then(|| self.shrink_cost(j, [node]));
+                let (cost, part) = match (whole, part) {
+                    (Some(w), Some(p)) if p < w => (p, true),
+                    (Some(w), _) => (w, false),
+                    (None, Some(p)) => (p, true),
+                    (None, None) => return None,
+                };
+                Some((cost, mask.count_ones(), job, part))
             })
             .collect();
         if options.iter().map(|o| o.1).sum::<u32>() < need {
@@ -289,13 +344,35 @@ impl<'a> Pass<'a> {
                 .collect()
         };
         let cost = pick.iter().map(|&i| options[i].0).sum();
-        let mut victims: Vec<JobId> = pick.iter().map(|&i| options[i].2).collect();
-        victims.sort_unstable();
-        Some((cost, victims))
+        let mut found = OnNode { cost, ..OnNode::default() };
+        for &i in &pick {
+            match options[i].3 {
+                true => found.parts.push(options[i].2),
+                false => found.victims.push(options[i].2),
+            }
+        }
+        found.victims.sort_unstable();
+        found.parts.sort_unstable();
+        Some(found)
     }
 
     fn mask_on(&self, job: JobId, node: NodeId) -> u64 {
         self.state.nodes[node.0 as usize].jobs.iter().find(|(j, _)| *j == job).map_or(0, |(_, mask)| *mask)
+    }
+}
+
+/// What leaves one node to make room there: jobs drained whole, and
+/// elastic jobs that leave only this node.
+#[derive(Default)]
+struct OnNode {
+    cost: u128,
+    victims: Vec<JobId>,
+    parts: Vec<JobId>,
+}
+
+impl OnNode {
+    fn len(&self) -> usize {
+        self.victims.len() + self.parts.len()
     }
 }
 

@@ -34,9 +34,13 @@ impl State {
             job.notice =
                 Some(Notice { notice_at: drain.notice_at, deadline: drain.deadline, reason: drain.reason });
             let run = job.run.as_ref().expect("checked");
-            let (model, gpus, tenant) = (run.model, run.gpus(), job.spec.tenant);
+            let (model, gpus, tenant) = (run.model, run.active_gpus(), job.spec.tenant);
+            let elastic = job.spec.is_elastic();
             changed.extend(run.alloc.iter().map(|(n, _)| *n));
             self.adjust_usage(Tier::Preemptible, tenant, model, -(gpus as i64));
+            if elastic {
+                self.growable.remove(&drain.job);
+            }
             if let DrainReason::NodeDrain { node } = drain.reason {
                 self.pending_node_drains.remove(&node);
             }
@@ -46,15 +50,35 @@ impl State {
                 _ => {}
             }
         }
+        for shrink in &plan.shrinks {
+            let job = self.jobs.get_mut(&shrink.job).expect("checked");
+            let (tenant, notice) = (
+                job.spec.tenant,
+                Notice { notice_at: shrink.notice_at, deadline: shrink.deadline, reason: shrink.reason },
+            );
+            let run = job.run.as_mut().expect("checked");
+            let mut gpus = 0;
+            for &node in &shrink.nodes {
+                gpus += run.alloc.iter().find(|(n, _)| *n == node).expect("checked").1.count_ones();
+                run.leaving.push((node, notice));
+                changed.push(node);
+            }
+            run.resized_at = plan.now;
+            let model = run.model;
+            self.adjust_usage(Tier::Preemptible, tenant, model, -(gpus as i64));
+            self.growable.remove(&shrink.job);
+        }
         // A drained node is done once none of its preemptible jobs runs on
-        // without a notice (one with no such jobs is done at once).
+        // there without a notice (one with no such jobs is done at once).
         let pending = std::mem::take(&mut self.pending_node_drains);
         self.pending_node_drains = pending
             .into_iter()
             .filter(|&n| {
                 self.nodes[n.0 as usize].jobs().any(|j| {
                     let job = &self.jobs[&j];
-                    job.spec.tier == Tier::Preemptible && job.phase == Phase::Running
+                    job.spec.tier == Tier::Preemptible
+                        && job.phase == Phase::Running
+                        && !job.run.as_ref().is_some_and(|r| r.is_leaving(n))
                 })
             })
             .collect();
@@ -74,13 +98,24 @@ impl State {
             for &victim in &p.victims {
                 self.victim_of.insert(victim, p.preemptor);
             }
+            for &part in &p.parts {
+                self.part_victim_of.insert(part, p.preemptor);
+            }
             let waiting_on: BTreeSet<JobId> = p.victims.iter().copied().collect();
-            if waiting_on.is_empty() {
+            let waiting_parts: BTreeSet<(JobId, NodeId)> = p.parts.iter().copied().collect();
+            if waiting_on.is_empty() && waiting_parts.is_empty() {
                 self.ready_holds.insert(p.preemptor);
             }
             self.holds.insert(
                 p.preemptor,
-                Hold { job: p.preemptor, model: p.model, alloc: p.hold.clone(), waiting_on, staged: None },
+                Hold {
+                    job: p.preemptor,
+                    model: p.model,
+                    alloc: p.hold.clone(),
+                    waiting_on,
+                    waiting_parts,
+                    staged: None,
+                },
             );
         }
         // What each tenant started, µ$ per hour: its usage moves once, after
@@ -100,16 +135,23 @@ impl State {
             }
             job.phase = Phase::Running;
             job.attempt = p.attempt;
-            let rate = self.models[p.model.0 as usize].rate.saturating_mul(job.spec.gpus as u64);
-            job.run = Some(Run {
+            let run = Run {
                 attempt: p.attempt,
                 model: p.model,
                 alloc: p.alloc.clone(),
                 started_at: now,
                 last_checkpoint_at: None,
-                rate,
-            });
-            let (tier, tenant, gpus) = (job.spec.tier, job.spec.tenant, job.spec.gpus);
+                gpu_rate: self.models[p.model.0 as usize].rate,
+                joined: Vec::new(),
+                leaving: Vec::new(),
+                resized_at: now,
+            };
+            let (tier, tenant, gpus, rate) = (job.spec.tier, job.spec.tenant, run.gpus(), run.rate());
+            let elastic = job.spec.is_elastic();
+            job.run = Some(run);
+            if elastic {
+                self.regrow(p.job);
+            }
             *started.entry((tier, tenant)).or_insert(0) += rate;
             self.queued_by_tier[tier.rank() as usize] -= 1;
             if !p.from_hold {
@@ -121,6 +163,30 @@ impl State {
                 n.jobs.push((p.job, mask));
                 changed.push(node);
             }
+        }
+        for g in &plan.grows {
+            let job = self.jobs.get_mut(&g.job).expect("checked");
+            let (tier, tenant) = (job.spec.tier, job.spec.tenant);
+            let run = job.run.as_mut().expect("checked");
+            if let [(first, _)] = run.alloc[..] {
+                // No longer a single-node job: out of the single victims.
+                changed.push(first);
+            }
+            let mut gpus = 0;
+            for &(node, mask) in &g.alloc {
+                run.alloc.push((node, mask));
+                run.joined.push((node, now));
+                gpus += mask.count_ones();
+                let n = &mut self.nodes[node.0 as usize];
+                n.used |= mask;
+                n.jobs.push((g.job, mask));
+                changed.push(node);
+            }
+            run.resized_at = now;
+            let (model, rate) = (run.model, run.gpu_rate.saturating_mul(gpus as u64));
+            self.adjust_usage(tier, tenant, model, gpus as i64);
+            *started.entry((tier, tenant)).or_insert(0) += rate;
+            self.regrow(g.job);
         }
         changed.sort_unstable();
         changed.dedup();
@@ -192,8 +258,9 @@ impl State {
         for d in &plan.drains {
             // Drained GPUs no longer count against the reclaim limit.
             let run = self.jobs[&d.job].run.as_ref().expect("checked");
-            *caps.preemptible.entry(run.model).or_insert(0) -= run.gpus() as i64;
+            *caps.preemptible.entry(run.model).or_insert(0) -= run.active_gpus() as i64;
         }
+        let shrunk = self.check_shrinks(plan, &lost, &drained, &mut caps)?;
         for p in &plan.preemptions {
             let job = self.job_checked(p.preemptor).map_err(|e| ApplyError::Stale(e.to_string()))?;
             if job.phase != Phase::Queued || job.spec.tier == Tier::Preemptible {
@@ -208,12 +275,33 @@ impl State {
                     return Err(ApplyError::Invariant(format!("victim {victim} without its drain")));
                 }
             }
+            for (victim, node) in &p.parts {
+                let ok = plan.shrinks.iter().any(|s| {
+                    s.job == *victim
+                        && s.nodes.contains(node)
+                        && s.reason == DrainReason::Preempted { by: p.preemptor }
+                });
+                if !ok {
+                    return Err(ApplyError::Invariant(format!(
+                        "part of {victim} on {node} without its shrink"
+                    )));
+                }
+            }
             let victim_mask = |node: NodeId| -> u64 {
-                p.victims
+                let whole = p
+                    .victims
                     .iter()
                     .flat_map(|v| self.jobs[v].run.as_ref().unwrap().alloc.iter())
                     .filter(|(n, _)| *n == node)
-                    .fold(0, |acc, (_, m)| acc | m)
+                    .fold(0, |acc, (_, m)| acc | m);
+                let parts = p
+                    .parts
+                    .iter()
+                    .filter(|(_, n)| *n == node)
+                    .flat_map(|(v, _)| self.jobs[v].run.as_ref().unwrap().alloc.iter())
+                    .filter(|(n, _)| *n == node)
+                    .fold(0, |acc, (_, m)| acc | m);
+                whole | parts
             };
             let mut total = 0;
             for &(node, mask) in &p.hold {
@@ -271,12 +359,118 @@ impl State {
                 total += mask.count_ones();
             }
             let whole_nodes = p.alloc.iter().all(|(_, m)| m.count_ones() == per_node as u32);
-            if total != job.spec.gpus || (p.alloc.len() > 1 && !whole_nodes) || p.alloc.is_empty() {
+            let size_ok = match job.spec.max_gpus {
+                None => total == job.spec.gpus,
+                Some(max) => (job.spec.gpus..=max).contains(&total) && whole_nodes,
+            };
+            if !size_ok || (p.alloc.len() > 1 && !whole_nodes) || p.alloc.is_empty() {
                 return Err(ApplyError::Invariant(format!("{}: placement has the wrong shape", p.job)));
             }
             if !p.from_hold {
-                caps.check(self, &job.spec, p.model, plan.now)?;
+                caps.check_gpus(self, &job.spec, p.model, total, plan.now)?;
             }
+        }
+        self.check_grows(plan, &lost, &drained, &shrunk, &mut claim, &mut caps)?;
+        Ok(())
+    }
+
+    /// Shrinks: each of a running elastic job's nodes but its first, not
+    /// leaving already, and what stays no fewer than its fewest GPUs.
+    /// Returns the jobs shrunk.
+    fn check_shrinks(
+        &self,
+        plan: &Plan,
+        lost: &BTreeSet<NodeId>,
+        drained: &BTreeSet<JobId>,
+        caps: &mut CapCheck,
+    ) -> Result<BTreeSet<JobId>, ApplyError> {
+        // GPUs each job gives up over the plan's shrinks, and the nodes.
+        let mut shrunk: BTreeMap<JobId, (u32, BTreeSet<NodeId>)> = BTreeMap::new();
+        for s in &plan.shrinks {
+            let job = self.live_run(s.job, s.attempt)?;
+            let run = job.run.as_ref().expect("fenced");
+            if job.phase != Phase::Running || drained.contains(&s.job) {
+                return Err(ApplyError::Stale(format!("{} is draining", s.job)));
+            }
+            if !job.spec.is_elastic() || job.spec.tier != Tier::Preemptible {
+                return Err(ApplyError::Invariant(format!("shrink of {}, which is not elastic", s.job)));
+            }
+            if run.alloc.iter().any(|(n, _)| lost.contains(n)) || s.deadline < s.notice_at {
+                return Err(ApplyError::Invariant(format!(
+                    "shrink of {}: on a lost node, or its deadline first",
+                    s.job
+                )));
+            }
+            let (taken, nodes) = shrunk.entry(s.job).or_default();
+            let mut gpus = 0;
+            for node in &s.nodes {
+                let Some((_, mask)) = run.alloc.iter().find(|(n, _)| n == node) else {
+                    return Err(ApplyError::Stale(format!("shrink of {}: not on {node}", s.job)));
+                };
+                if *node == run.first_node() || run.is_leaving(*node) || !nodes.insert(*node) {
+                    return Err(ApplyError::Invariant(format!(
+                        "shrink of {}: its first node never leaves alone, nor a node twice ({node})",
+                        s.job
+                    )));
+                }
+                gpus += mask.count_ones();
+            }
+            *taken += gpus;
+            if s.nodes.is_empty() || run.active_gpus() - *taken < job.spec.gpus {
+                return Err(ApplyError::Invariant(format!("shrink of {} below its fewest GPUs", s.job)));
+            }
+            *caps.preemptible.entry(run.model).or_insert(0) -= gpus as i64;
+        }
+        Ok(shrunk.into_keys().collect())
+    }
+
+    /// Grows: a running elastic job, not shrinking, onto whole free nodes
+    /// of its model, to at most its most GPUs, within the caps.
+    fn check_grows(
+        &self,
+        plan: &Plan,
+        lost: &BTreeSet<NodeId>,
+        drained: &BTreeSet<JobId>,
+        shrunk: &BTreeSet<JobId>,
+        claim: &mut impl FnMut(NodeId, u64, JobId) -> Result<(), ApplyError>,
+        caps: &mut CapCheck,
+    ) -> Result<(), ApplyError> {
+        let mut grown = BTreeSet::new();
+        for g in &plan.grows {
+            let job = self.live_run(g.job, g.attempt)?;
+            let run = job.run.as_ref().expect("fenced");
+            let Some(max) = job.spec.max_gpus else {
+                return Err(ApplyError::Invariant(format!("grow of {}, which is not elastic", g.job)));
+            };
+            if job.phase != Phase::Running
+                || !run.leaving.is_empty()
+                || drained.contains(&g.job)
+                || shrunk.contains(&g.job)
+                || !grown.insert(g.job)
+            {
+                return Err(ApplyError::Stale(format!(
+                    "grow of {}: draining, shrinking, or grown twice",
+                    g.job
+                )));
+            }
+            let per_node = self.models[run.model.0 as usize].gpus_per_node as u32;
+            let mut total = 0;
+            for &(node, mask) in &g.alloc {
+                let n = self.usable_node(node, run.model, lost)?;
+                if mask != n.full_mask() || n.free_mask() != mask || run.alloc.iter().any(|(a, _)| *a == node)
+                {
+                    return Err(ApplyError::Invariant(format!(
+                        "grow of {}: {node} is not a whole free node",
+                        g.job
+                    )));
+                }
+                claim(node, mask, g.job)?;
+                total += per_node;
+            }
+            if g.alloc.is_empty() || run.gpus() + total > max {
+                return Err(ApplyError::Invariant(format!("grow of {} past its most GPUs", g.job)));
+            }
+            caps.check_gpus(self, &job.spec, run.model, total, plan.now)?;
         }
         Ok(())
     }
@@ -316,8 +510,19 @@ impl CapCheck {
         model: GpuModelId,
         now: Time,
     ) -> Result<(), ApplyError> {
+        self.check_gpus(state, spec, model, spec.gpus, now)
+    }
+
+    /// A job of `spec` takes `gpus` more GPUs of `model`.
+    fn check_gpus(
+        &mut self,
+        state: &State,
+        spec: &JobSpec,
+        model: GpuModelId,
+        gpus: u32,
+        now: Time,
+    ) -> Result<(), ApplyError> {
         let m = &state.models[model.0 as usize];
-        let gpus = spec.gpus;
         match spec.tier {
             Tier::OnDemand => {
                 let d = self.on_demand.entry(model).or_insert(0);

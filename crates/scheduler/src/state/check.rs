@@ -52,9 +52,7 @@ impl State {
                     if job.phase == Phase::Draining && job.spec.tier != Tier::Preemptible {
                         return Err(format!("{id} is {} and draining", job.spec.tier));
                     }
-                    if run.gpus() != job.spec.gpus {
-                        return Err(format!("{id} holds {} GPUs, wants {}", run.gpus(), job.spec.gpus));
-                    }
+                    self.check_parts(job, run)?;
                     for &(node, mask) in &run.alloc {
                         let n = node.0 as usize;
                         if used[n] & mask != 0 {
@@ -73,7 +71,7 @@ impl State {
                             *reserved_use.entry((job.spec.tenant, run.model)).or_insert(0) += run.gpus();
                         }
                         Tier::OnDemand => u.1 += run.gpus(),
-                        Tier::Preemptible if job.phase == Phase::Running => u.2 += run.gpus(),
+                        Tier::Preemptible if job.phase == Phase::Running => u.2 += run.active_gpus(),
                         Tier::Preemptible => {}
                     }
                 }
@@ -102,7 +100,9 @@ impl State {
                 }
                 held[n] |= mask;
                 for &(other, omask) in &on_node[n] {
-                    if omask & mask != 0 && !hold.waiting_on.contains(&other) {
+                    let waited =
+                        hold.waiting_on.contains(&other) || hold.waiting_parts.contains(&(other, node));
+                    if omask & mask != 0 && !waited {
                         return Err(format!("held GPU on {node} given to {other}, not {id}"));
                     }
                 }
@@ -113,7 +113,18 @@ impl State {
                     return Err(format!("{id} waits on {victim} which is not draining for it"));
                 }
             }
-            if hold.waiting_on.is_empty() != self.ready_holds.contains(id) {
+            for part in &hold.waiting_parts {
+                let leaving =
+                    self.jobs.get(&part.0).and_then(|j| j.run.as_ref()).is_some_and(|r| r.is_leaving(part.1));
+                if !leaving || self.part_victim_of.get(part) != Some(id) {
+                    return Err(format!(
+                        "{id} waits on {}'s part on {} which is not leaving for it",
+                        part.0, part.1
+                    ));
+                }
+            }
+            if (hold.waiting_on.is_empty() && hold.waiting_parts.is_empty()) != self.ready_holds.contains(id)
+            {
                 return Err(format!("hold for {id}: readiness out of step"));
             }
             if hold.staged.is_some_and(|a| a.0 != job.attempt.0 + 1 || hold.alloc.len() != 1) {
@@ -208,10 +219,58 @@ impl State {
                 return Err(format!("{} single-victim index has stale entries", m.name));
             }
         }
+        if self.growable.iter().any(|id| self.jobs.get(id).is_none_or(|j| !j.spec.is_elastic())) {
+            return Err("growable holds a job that is gone or rigid".into());
+        }
+        let parts_waited: usize = self.holds.values().map(|h| h.waiting_parts.len()).sum();
+        if parts_waited != self.part_victim_of.len() {
+            return Err("parts waited for out of step with their holds".into());
+        }
         let reserved_use_nonzero: BTreeMap<_, _> =
             self.reserved_used.iter().filter(|(_, v)| **v > 0).map(|(k, v)| (*k, *v)).collect();
         if reserved_use_nonzero != reserved_use {
             return Err("reserved usage out of step".into());
+        }
+        Ok(())
+    }
+
+    /// A run's nodes against its job's range: a rigid job holds exactly
+    /// its GPUs; an elastic one whole nodes within its range, its first
+    /// node never leaving alone, and the nodes that stay never fewer
+    /// than its fewest GPUs (unless it drains whole).
+    fn check_parts(&self, job: &Job, run: &Run) -> Result<(), String> {
+        let id = job.spec.id;
+        let Some(max) = job.spec.max_gpus else {
+            if run.gpus() != job.spec.gpus || !run.joined.is_empty() || !run.leaving.is_empty() {
+                return Err(format!("{id} holds {} GPUs, wants {}", run.gpus(), job.spec.gpus));
+            }
+            return Ok(());
+        };
+        if !(job.spec.gpus..=max).contains(&run.gpus()) {
+            return Err(format!("{id} holds {} GPUs, wants {}:{max}", run.gpus(), job.spec.gpus));
+        }
+        let per_node = self.models[run.model.0 as usize].gpus_per_node as u32;
+        if run.alloc.iter().any(|(_, m)| m.count_ones() != per_node) {
+            return Err(format!("elastic {id} holds part of a node"));
+        }
+        let first = run.first_node();
+        let others = |n: &NodeId| *n != first && run.alloc.iter().any(|(a, _)| a == n);
+        if !run.leaving.iter().all(|(n, _)| others(n)) || !run.joined.iter().all(|(n, _)| others(n)) {
+            return Err(format!("elastic {id}: its first node leaves or joined, or a part is not its own"));
+        }
+        if job.phase == Phase::Running && run.active_gpus() < job.spec.gpus {
+            return Err(format!(
+                "elastic {id} shrunk to {} GPUs, below its {}",
+                run.active_gpus(),
+                job.spec.gpus
+            ));
+        }
+        if run.leaving.iter().any(|(_, notice)| notice.deadline < notice.notice_at) {
+            return Err(format!("elastic {id}: a part's deadline is before its notice"));
+        }
+        let growable = job.phase == Phase::Running && run.leaving.is_empty() && run.gpus() < max;
+        if growable != self.growable.contains(&id) {
+            return Err(format!("elastic {id}: growable out of step"));
         }
         Ok(())
     }
@@ -294,12 +353,12 @@ impl State {
         }
         let mut used: FxHashMap<(Tier, GpuModelId, TenantId), u32> = FxHashMap::default();
         for job in self.jobs.values().filter(|j| j.spec.tier != Tier::Reserved) {
-            let model = match (&job.run, job.phase) {
-                (Some(run), Phase::Running) => run.model,
-                (_, Phase::Holding) => self.holds[&job.spec.id].model,
+            let (model, gpus) = match (&job.run, job.phase) {
+                (Some(run), Phase::Running) => (run.model, run.active_gpus()),
+                (_, Phase::Holding) => (self.holds[&job.spec.id].model, job.spec.gpus),
                 _ => continue,
             };
-            *used.entry((job.spec.tier, model, job.spec.tenant)).or_insert(0) += job.spec.gpus;
+            *used.entry((job.spec.tier, model, job.spec.tenant)).or_insert(0) += gpus;
         }
         if used != self.quotas.used {
             return Err("GPUs used against quotas out of step".into());
@@ -314,8 +373,10 @@ impl State {
         for job in self.jobs.values() {
             if let Some(run) = &job.run {
                 let r = running.entry((job.spec.tier, job.spec.tenant)).or_default();
-                r.0 += run.rate;
-                r.1 += run.rate as f64 * self.fair.g(run.started_at);
+                for (rate, at) in run.segments() {
+                    r.0 += rate;
+                    r.1 += rate as f64 * self.fair.g(at);
+                }
             }
         }
         for (key, u) in &self.fair.usage {

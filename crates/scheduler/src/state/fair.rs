@@ -257,9 +257,11 @@ impl super::State {
         for id in running {
             let job = &self.jobs[&id];
             let run = job.run.as_ref().expect("filtered");
-            let (tier, tenant, rate, at) = (job.spec.tier, job.spec.tenant, run.rate, run.started_at);
-            self.fair.advance(at);
-            self.fair.start(tier, tenant, rate, at);
+            let (tier, tenant) = (job.spec.tier, job.spec.tenant);
+            for (rate, at) in run.segments() {
+                self.fair.advance(at);
+                self.fair.start(tier, tenant, rate, at);
+            }
         }
         self.rekey_all();
         Ok(())
@@ -476,17 +478,23 @@ impl super::State {
     pub(crate) fn fair_start(&mut self, job: JobId) {
         let j = &self.jobs[&job];
         let run = j.run.as_ref().expect("a run starts");
-        let (tier, tenant, rate, at) = (j.spec.tier, j.spec.tenant, run.rate, run.started_at);
-        if self.fair.advance(at) {
+        let (tier, tenant) = (j.spec.tier, j.spec.tenant);
+        let latest = run.segments().map(|(_, at)| at).max().expect("a run has its start");
+        if self.fair.advance(latest) {
             self.rekey_all();
         }
-        self.fair.start(tier, tenant, rate, at);
+        let run = self.jobs[&job].run.as_ref().expect("a run starts");
+        for (rate, at) in run.segments() {
+            self.fair.start(tier, tenant, rate, at);
+        }
         self.rekey(tier, tenant);
     }
 
     /// The run of `job` is about to end (or move tier).
     pub(crate) fn fair_stop(&mut self, tier: Tier, tenant: TenantId, run: &Run) {
-        self.fair.stop(tier, tenant, run.rate, run.started_at);
+        for (rate, at) in run.segments() {
+            self.fair.stop(tier, tenant, rate, at);
+        }
         self.rekey(tier, tenant);
     }
 

@@ -21,10 +21,34 @@ impl State {
         if self.jobs.contains_key(&spec.id) {
             return Err(StateError::Conflict(format!("job {}: already submitted", spec.id)));
         }
+        if let Some(max) = spec.max_gpus {
+            if max <= spec.gpus {
+                return Err(StateError::Invalid(format!(
+                    "job {}: an elastic job's most gpus must be above its fewest, got {}:{max}",
+                    spec.id, spec.gpus
+                )));
+            }
+            if spec.tier != Tier::Preemptible {
+                return Err(StateError::Invalid(format!(
+                    "job {}: only preemptible jobs are elastic, this one is {}",
+                    spec.id, spec.tier
+                )));
+            }
+        }
         if let Some(model) = spec.gpu_model {
             let m = self
                 .model(model)
                 .ok_or_else(|| StateError::NotFound(format!("job {}: gpu model {model}", spec.id)))?;
+            if spec.is_elastic() && !spec_fits(&spec, m.gpus_per_node) {
+                return Err(StateError::Invalid(format!(
+                    "job {}: an elastic job runs on whole {} nodes, so its range must be multiples of {}, got {}:{}",
+                    spec.id,
+                    m.name,
+                    m.gpus_per_node,
+                    spec.gpus,
+                    spec.most_gpus()
+                )));
+            }
             if !shape_fits(spec.gpus, m.gpus_per_node) {
                 return Err(StateError::Invalid(format!(
                     "job {}: gpus must be at most {per} or a multiple of {per} ({} nodes have {per} GPUs), got {}",
@@ -97,7 +121,17 @@ impl State {
     /// as submitted, and its run as the edge recorded it. Refused if the
     /// GPUs are not free on up nodes of one model, or the shape is wrong.
     pub fn restore_run(&mut self, spec: JobSpec, run: RestoredRun) -> Result<(), StateError> {
-        let RestoredRun { attempt, preemptions, alloc, started_at, last_checkpoint_at, notice } = run;
+        let RestoredRun {
+            attempt,
+            preemptions,
+            alloc,
+            started_at,
+            last_checkpoint_at,
+            notice,
+            joined,
+            leaving,
+            resized_at,
+        } = run;
         let id = spec.id;
         if self.jobs.contains_key(&id) {
             return Err(StateError::Conflict(format!("job {id}: already known")));
@@ -107,10 +141,27 @@ impl State {
             None => return Err(StateError::Invalid(format!("job {id}: restored run has no GPUs"))),
         };
         let gpus: u32 = alloc.iter().map(|(_, m)| m.count_ones()).sum();
-        if gpus != spec.gpus {
+        let in_range = match spec.max_gpus {
+            None => gpus == spec.gpus,
+            Some(max) => (spec.gpus..=max).contains(&gpus),
+        };
+        if !in_range {
             return Err(StateError::Invalid(format!(
                 "job {id}: restored run has {gpus} GPUs, wants {}",
-                spec.gpus
+                match spec.max_gpus {
+                    None => spec.gpus.to_string(),
+                    Some(max) => format!("{}:{max}", spec.gpus),
+                }
+            )));
+        }
+        let parts_known = joined
+            .iter()
+            .map(|(n, _)| n)
+            .chain(leaving.iter().map(|(n, _)| n))
+            .all(|n| alloc.iter().skip(1).any(|(a, _)| a == n));
+        if !parts_known || (!spec.is_elastic() && (!joined.is_empty() || !leaving.is_empty())) {
+            return Err(StateError::Invalid(format!(
+                "job {id}: restored run's joined or leaving nodes are not its own (nor its first)"
             )));
         }
         for &(node, mask) in &alloc {
@@ -124,8 +175,20 @@ impl State {
         }
         let (tier, tenant) = (spec.tier, spec.tenant);
         let phase = if notice.is_some() { Phase::Draining } else { Phase::Running };
-        let rate = self.models[model.0 as usize].rate.saturating_mul(gpus as u64);
-        let run = Run { attempt, model, alloc: alloc.clone(), started_at, last_checkpoint_at, rate };
+        let gpu_rate = self.models[model.0 as usize].rate;
+        let resized_at = resized_at.unwrap_or(started_at);
+        let run = Run {
+            attempt,
+            model,
+            alloc: alloc.clone(),
+            started_at,
+            last_checkpoint_at,
+            gpu_rate,
+            joined,
+            leaving,
+            resized_at,
+        };
+        let active = run.active_gpus();
         self.jobs.insert(
             id,
             Job {
@@ -141,9 +204,10 @@ impl State {
             },
         );
         if phase == Phase::Running {
-            self.adjust_usage(tier, tenant, model, gpus as i64);
+            self.adjust_usage(tier, tenant, model, active as i64);
         }
         self.fair_start(id);
+        self.regrow(id);
         match notice.map(|n| n.reason) {
             Some(DrainReason::FairShare { .. }) => self.fair_share_draining += 1,
             Some(DrainReason::Quota { .. }) => self.quota_draining += 1,
@@ -170,6 +234,7 @@ impl State {
         id: JobId,
         alloc: Vec<(NodeId, u64)>,
         victims: &[JobId],
+        parts: &[(JobId, NodeId)],
         staged: Option<Attempt>,
     ) -> Result<(), StateError> {
         let job = self.job_checked(id)?;
@@ -188,6 +253,14 @@ impl State {
                     && !self.victim_of.contains_key(v)
             })
             .collect();
+        let waiting_parts: BTreeSet<(JobId, NodeId)> = parts
+            .iter()
+            .copied()
+            .filter(|(v, node)| {
+                self.jobs.get(v).is_some_and(|j| j.run.as_ref().is_some_and(|r| r.is_leaving(*node)))
+                    && !self.part_victim_of.contains_key(&(*v, *node))
+            })
+            .collect();
         let model = match alloc.first() {
             Some((node, _)) => self.node_checked(*node)?.model,
             None => return Err(StateError::Invalid(format!("job {id}: hold has no GPUs"))),
@@ -198,8 +271,11 @@ impl State {
         }
         for &(node, mask) in &alloc {
             let n = self.node_checked(node)?;
-            let victims_here =
-                n.jobs.iter().filter(|(j, _)| waiting.contains(j)).fold(0, |acc, (_, m)| acc | m);
+            let victims_here = n
+                .jobs
+                .iter()
+                .filter(|(j, _)| waiting.contains(j) || waiting_parts.contains(&(*j, node)))
+                .fold(0, |acc, (_, m)| acc | m);
             if n.status != NodeStatus::Up
                 || n.model != model
                 || n.held & mask != 0
@@ -218,10 +294,13 @@ impl State {
         for v in &waiting {
             self.victim_of.insert(*v, id);
         }
-        if waiting.is_empty() {
+        for part in &waiting_parts {
+            self.part_victim_of.insert(*part, id);
+        }
+        if waiting.is_empty() && waiting_parts.is_empty() {
             self.ready_holds.insert(id);
         }
-        self.holds.insert(id, Hold { job: id, model, alloc, waiting_on: waiting, staged });
+        self.holds.insert(id, Hold { job: id, model, alloc, waiting_on: waiting, waiting_parts, staged });
         Ok(())
     }
 
@@ -364,12 +443,19 @@ impl State {
                 self.queued_by_tier[Tier::Preemptible.rank() as usize] -= 1;
                 let spec = &mut self.jobs.get_mut(&id).expect("checked above").spec;
                 spec.tier = Tier::OnDemand;
+                // On-demand work is never shrunk: it runs on its fewest.
+                spec.max_gpus = None;
                 spec.submitted_at = spec.submitted_at.max(now);
                 self.enqueue(id);
                 Ok(Promoted::Queued)
             }
             Phase::Running => {
                 let run = job.run.clone().expect("a running job has a run");
+                if !run.leaving.is_empty() {
+                    return Err(StateError::Conflict(format!(
+                        "job {id}: nodes of it are leaving; promoted once they have"
+                    )));
+                }
                 let (model, gpus, tenant) = (run.model, run.gpus(), job.spec.tenant);
                 let nodes: Vec<NodeId> = run.alloc.iter().map(|(n, _)| *n).collect();
                 let m = &self.models[model.0 as usize];
@@ -387,6 +473,11 @@ impl State {
                 let spec = &mut self.jobs.get_mut(&id).expect("checked above").spec;
                 spec.tier = Tier::OnDemand;
                 spec.submitted_at = spec.submitted_at.max(now);
+                // It runs on as it is, never shrunk or grown again.
+                if spec.max_gpus.take().is_some() {
+                    spec.gpus = gpus;
+                    self.regrow(id);
+                }
                 self.fair_start(id);
                 for node in nodes {
                     self.reindex(node);
@@ -510,11 +601,14 @@ impl State {
         }
         let job = self.jobs.get_mut(&id).expect("end_run of a known job");
         job.notice = None;
-        let (tier, tenant) = (job.spec.tier, job.spec.tenant);
-        let gpus = run.gpus();
+        let (tier, tenant, elastic) = (job.spec.tier, job.spec.tenant, job.spec.is_elastic());
         self.fair_stop(tier, tenant, &run);
         if !was_draining {
-            self.adjust_usage(tier, tenant, run.model, -(gpus as i64));
+            // Leaving parts stopped counting at their notice.
+            self.adjust_usage(tier, tenant, run.model, -(run.active_gpus() as i64));
+        }
+        if elastic {
+            self.growable.remove(&id);
         }
         for &(node, mask) in &run.alloc {
             let n = &mut self.nodes[node.0 as usize];
@@ -526,11 +620,79 @@ impl State {
         if let Some(preemptor) = self.victim_of.remove(&id) {
             if let Some(hold) = self.holds.get_mut(&preemptor) {
                 hold.waiting_on.remove(&id);
-                if hold.waiting_on.is_empty() {
-                    self.ready_holds.insert(preemptor);
-                }
             }
+            self.ready_if_done(preemptor);
         }
+        for (node, _) in &run.leaving {
+            self.part_gone(id, *node);
+        }
+    }
+
+    /// The part on `node` of elastic job `id` no longer holds its GPUs:
+    /// a preemptor waiting for it waits for it no more.
+    fn part_gone(&mut self, id: JobId, node: NodeId) {
+        if let Some(preemptor) = self.part_victim_of.remove(&(id, node)) {
+            if let Some(hold) = self.holds.get_mut(&preemptor) {
+                hold.waiting_parts.remove(&(id, node));
+            }
+            self.ready_if_done(preemptor);
+        }
+    }
+
+    /// A hold whose victims and parts have all left is ready.
+    fn ready_if_done(&mut self, preemptor: JobId) {
+        if self.holds.get(&preemptor).is_some_and(|h| h.waiting_on.is_empty() && h.waiting_parts.is_empty()) {
+            self.ready_holds.insert(preemptor);
+        }
+    }
+
+    /// The part on `node` of elastic job `id`, given its notice by a
+    /// shrink, has exited: its GPUs are free (or pass to the preemptor
+    /// holding them) and the attempt goes on on its other nodes. What
+    /// the part used is the edge's to meter, from when it joined
+    /// ([`Run::joined_at`]) to its exit.
+    pub fn part_left(&mut self, id: JobId, attempt: Attempt, node: NodeId) -> Result<(), StateError> {
+        self.fence(id, attempt)?;
+        let job = self.jobs.get_mut(&id).expect("fenced");
+        let run = job.run.as_mut().expect("fenced");
+        if !run.is_leaving(node) {
+            return Err(StateError::Conflict(format!("job {id}: its part on {node} was not told to leave")));
+        }
+        let (tier, tenant) = (job.spec.tier, job.spec.tenant);
+        let at = run.alloc.iter().position(|(n, _)| *n == node).expect("a leaving node is the run's");
+        let (_, mask) = run.alloc.remove(at);
+        let joined = run.joined_at(node);
+        run.joined.retain(|(n, _)| *n != node);
+        run.leaving.retain(|(n, _)| *n != node);
+        let rate = run.gpu_rate.saturating_mul(mask.count_ones() as u64);
+        // Down to one node: a single victim now.
+        let single = (run.alloc.len() == 1).then(|| run.first_node());
+        self.fair.stop(tier, tenant, rate, joined);
+        self.rekey(tier, tenant);
+        let n = &mut self.nodes[node.0 as usize];
+        debug_assert_eq!(n.used & mask, mask, "freeing GPUs that were not used");
+        n.used &= !mask;
+        n.jobs.retain(|(j, _)| *j != id);
+        self.reindex(node);
+        if let Some(first) = single {
+            self.reindex(first);
+        }
+        self.part_gone(id, node);
+        self.regrow(id);
+        Ok(())
+    }
+
+    /// Keeps `growable` true of elastic job `id`: running below its most
+    /// GPUs, none of its nodes leaving.
+    pub(super) fn regrow(&mut self, id: JobId) {
+        let growable = self.jobs.get(&id).is_some_and(|j| {
+            j.phase == Phase::Running
+                && j.run.as_ref().is_some_and(|r| r.leaving.is_empty() && r.gpus() < j.spec.most_gpus())
+        });
+        match growable {
+            true => self.growable.insert(id),
+            false => self.growable.remove(&id),
+        };
     }
 
     /// Moves the tier counters by `delta` GPUs (negative to release).
@@ -581,6 +743,9 @@ impl State {
         self.adjust_usage(tier, tenant, hold.model, -(gpus as i64));
         for victim in &hold.waiting_on {
             self.victim_of.remove(victim);
+        }
+        for part in &hold.waiting_parts {
+            self.part_victim_of.remove(part);
         }
         for &(node, mask) in &hold.alloc {
             self.nodes[node.0 as usize].held &= !mask;

@@ -117,6 +117,8 @@ pub struct Hold {
     pub model: GpuModelId,
     pub alloc: Vec<(NodeId, u64)>,
     pub waiting_on: BTreeSet<JobId>,
+    /// Parts of elastic jobs whose leaving it waits for.
+    pub waiting_parts: BTreeSet<(JobId, NodeId)>,
     /// The attempt the job's start from this hold has been promised to its
     /// node ahead of the placement ([`State::stage`]): its placement from
     /// the hold is that attempt, and if the hold goes without one the
@@ -195,6 +197,11 @@ pub struct State {
     pub(crate) ready_holds: BTreeSet<JobId>,
     /// Victim -> the preemptor waiting for it.
     victim_of: BTreeMap<JobId, JobId>,
+    /// A leaving part of an elastic job -> the preemptor waiting for it.
+    part_victim_of: BTreeMap<(JobId, NodeId), JobId>,
+    /// Running elastic jobs below their most GPUs, none of their nodes
+    /// leaving: those a pass may grow.
+    pub(crate) growable: BTreeSet<JobId>,
     pub(crate) reservations: BTreeMap<ReservationId, Reservation>,
     reserved_used: BTreeMap<(TenantId, GpuModelId), u32>,
     pub(crate) index: Vec<ModelIndex>,
@@ -226,6 +233,12 @@ pub struct RestoredRun {
     pub started_at: Time,
     pub last_checkpoint_at: Option<Time>,
     pub notice: Option<Notice>,
+    /// An elastic job's nodes that joined after its start, with when.
+    pub joined: Vec<(NodeId, Time)>,
+    /// An elastic job's nodes with a shrink's notice, still running.
+    pub leaving: Vec<(NodeId, Notice)>,
+    /// When its nodes last changed; its start if `None`.
+    pub resized_at: Option<Time>,
 }
 
 impl State {
@@ -694,6 +707,9 @@ impl State {
                 continue;
             }
             let run = j.run.as_ref().expect("running");
+            if run.is_leaving(node.id) {
+                continue;
+            }
             let saved_at = run.progress_saved_at();
             into.slots.extend(std::iter::repeat_n(saved_at.0, (mask & !node.held).count_ones() as usize));
             if run.alloc.len() == 1 {
@@ -744,4 +760,13 @@ fn top_sums(slots: &[u64]) -> impl Iterator<Item = u64> + '_ {
 /// or as a gang over whole nodes.
 pub fn shape_fits(gpus: u32, per_node: u8) -> bool {
     gpus <= per_node as u32 || gpus.is_multiple_of(per_node as u32)
+}
+
+/// Whether a job of `spec` can run on nodes of `per_node` GPUs: its
+/// shape, and an elastic job's range in whole nodes.
+pub(crate) fn spec_fits(spec: &JobSpec, per_node: u8) -> bool {
+    match spec.max_gpus {
+        None => shape_fits(spec.gpus, per_node),
+        Some(max) => spec.gpus.is_multiple_of(per_node as u32) && max.is_multiple_of(per_node as u32),
+    }
 }

@@ -61,6 +61,7 @@ impl Cluster {
                 tenant,
                 tier,
                 gpus,
+                max_gpus: None,
                 gpu_model,
                 submitted_at: self.now,
                 priority: 0,
@@ -68,6 +69,38 @@ impl Cluster {
             })
             .unwrap();
         id
+    }
+
+    /// A preemptible elastic job of `gpus` to `max_gpus` GPUs.
+    pub fn submit_elastic(&mut self, gpus: u32, max_gpus: u32, tenant: TenantId) -> JobId {
+        let id = JobId(self.next_job);
+        self.next_job += 1;
+        self.state
+            .submit(JobSpec {
+                id,
+                tenant,
+                tier: Tier::Preemptible,
+                gpus,
+                max_gpus: Some(max_gpus),
+                gpu_model: None,
+                submitted_at: self.now,
+                priority: 0,
+                max_preemptions: None,
+            })
+            .unwrap();
+        id
+    }
+
+    /// The part of `job` on `node`, told to leave by a shrink, has exited.
+    pub fn part_left(&mut self, job: JobId, node: NodeId) {
+        let attempt = self.attempt(job);
+        self.state.part_left(job, attempt, node).unwrap();
+        self.state.sanity_check().unwrap();
+    }
+
+    /// GPUs `job` runs on now.
+    pub fn gpus_of(&self, job: JobId) -> u32 {
+        self.state.job(job).and_then(|j| j.run.as_ref()).map_or(0, |r| r.gpus())
     }
 
     pub fn advance(&mut self, secs: u64) {

@@ -59,6 +59,7 @@ impl JobRecord {
             tenant: self.tenant,
             tier: self.tier,
             gpus: self.gpus,
+            max_gpus: None,
             gpu_model: self.spec.gpu_model.as_deref().and_then(|m| core.model_by_name(m)),
             // A promoted job queues on-demand from its promotion (see
             // `State::promote`), after a restart too.

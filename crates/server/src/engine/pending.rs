@@ -343,6 +343,7 @@ mod tests {
             model: m,
             alloc: Vec::new(),
             waiting_on: BTreeSet::new(),
+            waiting_parts: BTreeSet::new(),
             staged: None,
         };
         let core = [

@@ -22,6 +22,7 @@ impl<S: Store> Engine<S> {
             max_starts: None,
             order: ebb_scheduler::Order::FairShare,
             fair_share_preemption: config.fair_share_preemption,
+            restart_cost: ebb_scheduler::Config::default().restart_cost,
         };
         let epoch = {
             let mut bytes = [0u8; 8];
@@ -416,6 +417,9 @@ impl<S: Store> Engine<S> {
                 started_at: Time(started),
                 last_checkpoint_at: checkpoint,
                 notice,
+                joined: Vec::new(),
+                leaving: Vec::new(),
+                resized_at: None,
             },
         )?;
         Ok(restore_marks(&self.jobs[&id], &mut self.core)?)
@@ -443,7 +447,7 @@ impl<S: Store> Engine<S> {
         let alloc = self.masks(&job.held)?;
         let victims: Vec<JobId> = job.waiting_for.clone();
         let staged = job.staged.as_ref().map(|s| s.attempt);
-        Ok(self.core.restore_hold(id, alloc, &victims, staged)?)
+        Ok(self.core.restore_hold(id, alloc, &victims, &[], staged)?)
     }
 
     /// GPUs by node as the core has them (ids, bit masks) to GPUs by node
