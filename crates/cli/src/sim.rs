@@ -65,6 +65,13 @@ pub struct SimArgs {
     /// Time a resumed job spends before making progress.
     #[arg(long, default_value = "0", value_parser = parse_span)]
     restart_overhead: Span,
+    /// Make every multi-node job of the preemptible tier elastic down to
+    /// FRACTION (0-1) of its GPUs, rounded up to whole nodes: it starts
+    /// with that many, grows into what no queued job wants, and is shrunk
+    /// a node at a time rather than stopped. Its work advances with the
+    /// GPUs it holds; each change of its nodes costs --restart-overhead.
+    #[arg(long, value_name = "FRACTION")]
+    elastic: Option<f64>,
     /// lost-work, youngest, oldest, fewest-gpus or random:SEED.
     #[arg(long, default_value = "lost-work")]
     victim_policy: VictimPolicy,
@@ -147,6 +154,7 @@ pub fn run(args: SimArgs) -> Result<(), CliError> {
         order: args.order,
         fair_share_half_life: args.fair_share_half_life,
         fair_share_preemption: args.fair_share_preemption,
+        elastic: args.elastic,
     };
     // A bar only on a terminal; scripts and CI get quiet stderr.
     let bar = if std::io::stderr().is_terminal() {

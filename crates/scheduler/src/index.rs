@@ -14,7 +14,7 @@
 //!   increasing lower bound, and the victim search can stop as soon as the
 //!   bound passes the best set found (see `schedule::victims_on_one_node`).
 //!   For a node that must be emptied the bound is exact.
-//! * `singles[f][g]`: single-node preemptible jobs of `g` GPUs that are
+//! * `singles[f][g]`: rigid single-node preemptible jobs of `g` GPUs that are
 //!   running (not draining) on a node with `f` free GPUs, freshest save
 //!   first. The cheapest single victim for a `G`-GPU preemptor is the head
 //!   of one of the buckets with `f + g >= G`: an exact answer in

@@ -104,8 +104,10 @@ pub struct Preemption {
     /// with its shrink in the plan.
     pub parts: Vec<(JobId, NodeId)>,
     /// The victims' GPU-milliseconds since their last checkpoint, at
-    /// notice: the leaving parts' GPUs, and for a shrink the restart each
-    /// remaining GPU makes ([`crate::Config::restart_cost`]).
+    /// notice, and the restart each GPU of an elastic victim makes
+    /// ([`crate::Config::restart_cost`]): every GPU of one stopped, those
+    /// that stay on one shrunk (its leaving parts' GPUs count as a
+    /// victim's).
     pub lost_gpu_ms: u128,
 }
 

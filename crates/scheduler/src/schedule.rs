@@ -823,8 +823,9 @@ impl<'a> Pass<'a> {
         for &victim in &set.victims {
             let v = &state.jobs[&victim];
             let run = v.run.as_ref().expect("victims run");
-            lost_gpu_ms +=
-                run.active_gpus() as u128 * self.now.saturating_since(run.progress_saved_at()).0 as u128;
+            let restart = if v.spec.is_elastic() { self.config.restart_cost.0 as u128 } else { 0 };
+            let since_save = self.now.saturating_since(run.progress_saved_at()).0 as u128;
+            lost_gpu_ms += run.active_gpus() as u128 * (since_save + restart);
             self.drain(victim, DrainReason::Preempted { by: job });
         }
         let mut parts = set.parts.clone();

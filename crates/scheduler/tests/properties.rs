@@ -422,9 +422,9 @@ proptest! {
     }
 
     /// With elastic jobs among the victims, the search picks a set exactly
-    /// as cheap as trying every node, every subset of its preemptible
-    /// jobs, and for each elastic job there both stopping it and taking
-    /// only its part (where it may go); and what the plan does keeps each
+    /// as cheap as trying every node and every subset of its preemptible
+    /// jobs, an elastic job there losing only its part where it may;
+    /// and what the plan does keeps each
     /// elastic job on its first node and at least its fewest GPUs, and
     /// holds every leaving GPU for the preemptor until the part exits.
     #[test]
@@ -662,17 +662,19 @@ fn single_node_evictions(c: &Cluster, want: u32) -> Vec<(bool, u128, usize)> {
 
 /// (lost GPU-ms, victims) of the best single-node eviction for `want` GPUs.
 /// (lost GPU-ms, victims and parts) of the cheapest single-node eviction
-/// for `want` GPUs, where each elastic job on a node other than its first
-/// may instead lose only its part there, if what stays is at least its
-/// fewest: that part's GPUs × since its save, and the restart of every
-/// GPU that stays.
+/// for `want` GPUs, where an elastic job on a node other than its first
+/// loses only its part there if what stays is at least its fewest: that
+/// part's GPUs × since its save, and the restart of every GPU that stays
+/// (never stopped whole there: that loses what the shrink does and more);
+/// stopped whole, each of its GPUs' work since the save and restart.
 fn brute_force_with_parts(c: &Cluster, want: u32) -> Option<(u128, usize)> {
     let restart = c.config.restart_cost.0 as u128;
     let mut best: Option<(u128, usize)> = None;
     for node in c.state.nodes() {
         let free = node.free_mask().count_ones();
-        // Per job: (whole cost, part cost if it may go, GPUs here).
-        let options: Vec<(u128, Option<u128>, u32)> = node
+        // Per job: (whole cost, unless it may lose only its part here;
+        // that part's cost; GPUs here).
+        let options: Vec<(Option<u128>, Option<u128>, u32)> = node
             .jobs()
             .filter_map(|id| {
                 let j = c.state.job(id).unwrap();
@@ -682,11 +684,11 @@ fn brute_force_with_parts(c: &Cluster, want: u32) -> Option<(u128, usize)> {
                 }
                 let since = c.now.saturating_since(run.progress_saved_at()).0 as u128;
                 let here = run.alloc.iter().find(|(n, _)| *n == node.id).unwrap().1.count_ones();
-                let whole = run.gpus() as u128 * since;
+                let whole = run.gpus() as u128 * (since + if j.spec.is_elastic() { restart } else { 0 });
                 let may_go =
                     j.spec.is_elastic() && run.first_node() != node.id && run.gpus() - here >= j.spec.gpus;
                 let part = may_go.then(|| here as u128 * since + (run.gpus() - here) as u128 * restart);
-                Some((whole, part, here))
+                Some(((!may_go).then_some(whole), part, here))
             })
             .collect();
         // Each job: 0 stays, 1 stops whole, 2 loses its part here.
@@ -697,7 +699,10 @@ fn brute_force_with_parts(c: &Cluster, want: u32) -> Option<(u128, usize)> {
             for (o, &k) in options.iter().zip(&choice) {
                 match k {
                     0 => {}
-                    1 => (cost, freed, n) = (cost + o.0, freed + o.2, n + 1),
+                    1 => match o.0 {
+                        Some(whole) => (cost, freed, n) = (cost + whole, freed + o.2, n + 1),
+                        None => valid = false,
+                    },
                     _ => match o.1 {
                         Some(part) => (cost, freed, n) = (cost + part, freed + o.2, n + 1),
                         None => valid = false,

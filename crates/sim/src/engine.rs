@@ -13,6 +13,15 @@
 //! cannot save in time or does not save on notice — is killed at the
 //! deadline, losing what it did since its last checkpoint. A job that can
 //! finish before it would be killed simply finishes.
+//!
+//! An elastic job (`--elastic`) progresses in proportion to the GPUs it
+//! works on: its trace duration is its work at its most GPUs. Every change
+//! of its nodes restarts each rank from a save and costs
+//! `restart_overhead`: a grow saves first (instantly, as a periodic
+//! checkpoint does); a shrink's notice is met as a drain's — the job
+//! saves in `drain_checkpoint` if that fits the window and the leaving
+//! nodes exit then, or it is rolled back to its last checkpoint when they
+//! exit (at once without a notice, at the deadline without a save).
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
@@ -28,6 +37,7 @@ use crate::summary::{
 };
 use crate::{DeadlinePolicy, NoticeMode, SimConfig, SimError, Trace};
 
+mod elastic;
 mod figures;
 
 const HOUR_MS: u64 = 3_600_000;
@@ -54,16 +64,23 @@ enum Event {
     Checkpoint(usize, u32),
     /// A draining attempt exits: after saving, or killed at its deadline.
     DrainExit(usize, u32),
+    /// The part on node `.2` of elastic job `.0`'s attempt `.1` leaves.
+    PartExit(usize, u32, u32),
     /// Judge job `.0`'s deadline (`--deadline-slack`, policy `promote`).
     DeadlineCheck(usize),
 }
 
+/// A stretch of an attempt on one set of nodes: the whole attempt for a
+/// rigid job, from one change of its nodes to the next for an elastic one.
 struct Running {
     start: Time,
     /// Time before the attempt makes progress (restart overhead).
     overhead: u64,
-    /// Work saved when the attempt started.
+    /// Work saved when the stretch started.
     base: u64,
+    /// GPUs it works on: work advances at `gpus / SimJob::gpus` of the
+    /// rate at its most.
+    gpus: u32,
 }
 
 struct Draining {
@@ -76,7 +93,22 @@ struct Draining {
 
 struct SimJob {
     tier: Tier,
+    /// Its most GPUs (the trace's); the unit of its work.
     gpus: u32,
+    /// An elastic job's fewest GPUs.
+    min_gpus: Option<u32>,
+    /// GPUs its attempt holds now (leaving parts included), since when:
+    /// metered up to each change.
+    held: u32,
+    held_since: Time,
+    /// Parts of its attempt told to leave by a shrink.
+    leaving: Vec<elastic::Leaving>,
+    /// It stopped working to save for a shrink at this instant.
+    paused_at: Option<Time>,
+    shrinks: u32,
+    grows: u32,
+    /// GPU-milliseconds of its work thrown away.
+    lost: u128,
     submit: Time,
     /// Useful work needed, in ms.
     duration: u64,
@@ -119,14 +151,17 @@ impl SimJob {
     /// Useful work done by `t` in the current attempt, saved work included.
     fn progress(&self, t: Time) -> u64 {
         let run = self.run.as_ref().expect("progress of a running job");
-        let until = self.drain.as_ref().and_then(|d| d.stopped_at).map_or(t, |s| s.min(t));
+        let stopped = self.drain.as_ref().and_then(|d| d.stopped_at).into_iter().chain(self.paused_at);
+        let until = stopped.fold(t, Time::min);
         let worked = until.saturating_since(run.start).0.saturating_sub(run.overhead);
-        (run.base + worked).min(self.duration)
+        let done = worked as u128 * run.gpus as u128 / self.gpus as u128;
+        (run.base as u128 + done).min(self.duration as u128) as u64
     }
 
     fn finish_time(&self) -> Time {
         let run = self.run.as_ref().expect("finish time of a running job");
-        run.start + Span(run.overhead + self.duration - run.base)
+        let left = (self.duration - run.base) as u128 * self.gpus as u128;
+        run.start + Span(run.overhead + left.div_ceil(run.gpus as u128) as u64)
     }
 }
 
@@ -224,6 +259,14 @@ fn validate(config: &SimConfig, traces: &[Trace]) -> Result<(), SimError> {
             "--deadline-slack must be at least 1 (a deadline before the work could be done), got {}",
             config.deadline_slack.unwrap_or_default()
         ));
+    }
+    if let Some(fraction) = config.elastic {
+        if !(fraction > 0.0 && fraction <= 1.0) {
+            return fail(format!("--elastic must be above 0 and at most 1, got {fraction}"));
+        }
+        if config.deadline_slack.is_some() {
+            return fail("--elastic and --deadline-slack are not replayed together".into());
+        }
     }
     if config.checkpoint_interval == Some(Span::ZERO) {
         return fail("--checkpoint-interval must be positive".into());
@@ -399,9 +442,25 @@ impl<'a> Engine<'a> {
                 continue;
             }
             let index = self.jobs.len();
+            let per_node = self.config.gpus_per_node as u32;
+            let min_gpus =
+                self.config.elastic.filter(|_| tier == Tier::Preemptible && row.gpus > per_node).and_then(
+                    |fraction| {
+                        let nodes = ((row.gpus as f64 * fraction) / per_node as f64).ceil().max(1.0) as u32;
+                        Some(nodes * per_node).filter(|&min| min < row.gpus)
+                    },
+                );
             self.jobs.push(SimJob {
                 tier,
                 gpus: row.gpus,
+                min_gpus,
+                held: 0,
+                held_since: Time::ZERO,
+                leaving: Vec::new(),
+                paused_at: None,
+                shrinks: 0,
+                grows: 0,
+                lost: 0,
                 submit: Time::from_secs(row.submit_s),
                 duration: row.duration_s * 1000,
                 saved: 0,
@@ -452,8 +511,8 @@ impl<'a> Engine<'a> {
                         id: Self::id(i),
                         tenant,
                         tier: job.tier,
-                        gpus: job.gpus,
-                        max_gpus: None,
+                        gpus: job.min_gpus.unwrap_or(job.gpus),
+                        max_gpus: job.min_gpus.map(|_| job.gpus),
                         gpu_model,
                         submitted_at: now,
                         priority: 0,
@@ -469,6 +528,7 @@ impl<'a> Engine<'a> {
                 Event::Checkpoint(i, generation) if self.jobs[i].generation == generation => {
                     self.checkpoint(i, now)
                 }
+                Event::PartExit(i, attempt, node) => self.part_exit(i, now, Attempt(attempt), node),
                 Event::DrainExit(i, generation) if self.jobs[i].generation == generation => {
                     let job = &mut self.jobs[i];
                     if job.drain.as_ref().is_some_and(|d| d.saves) {
@@ -499,8 +559,16 @@ impl<'a> Engine<'a> {
                 }
                 self.notice(drain.job.0 as usize - 1, now, drain.deadline);
             }
+            for shrink in &plan.shrinks {
+                self.shrink_notice(shrink.job.0 as usize - 1, now, shrink);
+            }
             for placement in &plan.placements {
-                self.start(placement.job.0 as usize - 1, now, placement.attempt);
+                let gpus = placement.alloc.iter().map(|(_, mask)| mask.count_ones()).sum();
+                self.start(placement.job.0 as usize - 1, now, placement.attempt, gpus);
+            }
+            for grow in &plan.grows {
+                let gpus = grow.alloc.iter().map(|(_, mask)| mask.count_ones()).sum();
+                self.grow(grow.job.0 as usize - 1, now, gpus);
             }
             // Exits due right now (no notice, or an instant save) free GPUs
             // that this same instant can use.
@@ -558,15 +626,25 @@ impl<'a> Engine<'a> {
         self.owners[job.owner].preemptions += 1;
     }
 
-    fn start(&mut self, i: usize, now: Time, attempt: Attempt) {
+    /// Attempt `attempt` of job `i` starts on `gpus` GPUs.
+    fn start(&mut self, i: usize, now: Time, attempt: Attempt, gpus: u32) {
         let overhead = if attempt.0 > 1 { self.config.restart_overhead.0 } else { 0 };
-        let interval = self.config.checkpoint_interval;
         let job = &mut self.jobs[i];
         self.owners[job.owner].queued -= 1;
         job.attempt = attempt;
-        job.generation += 1;
-        job.run = Some(Running { start: now, overhead, base: job.saved });
         job.first_start.get_or_insert(now);
+        (job.held, job.held_since) = (gpus, now);
+        self.stretch(i, now, overhead, gpus);
+    }
+
+    /// Job `i` works from `now` on `gpus` GPUs, from what it has saved,
+    /// after `overhead`: its completion and its next checkpoint are due.
+    fn stretch(&mut self, i: usize, now: Time, overhead: u64, gpus: u32) {
+        let interval = self.config.checkpoint_interval;
+        let job = &mut self.jobs[i];
+        job.generation += 1;
+        job.paused_at = None;
+        job.run = Some(Running { start: now, overhead, base: job.saved, gpus });
         let (generation, finish) = (job.generation, job.finish_time());
         let first_checkpoint = (job.tier == Tier::Preemptible)
             .then_some(interval)
@@ -599,7 +677,8 @@ impl<'a> Engine<'a> {
         let save = self.config.drain_checkpoint;
         let job = &mut self.jobs[i];
         let remaining = job.duration - job.progress(now);
-        let finishes_in_window = job.finish_time() <= deadline;
+        // A job saving for a shrink works no more: it finishes only if restarted.
+        let finishes_in_window = job.paused_at.is_none() && job.finish_time() <= deadline;
         let mut draining = Draining { notice: now, stopped_at: None, saves: false };
         let exit_at = match (self.config.notice, save) {
             (NoticeMode::None, _) => {
@@ -632,31 +711,23 @@ impl<'a> Engine<'a> {
     }
 
     fn exit(&mut self, i: usize, now: Time, completed: bool) {
-        let hour_origin = self.origin;
         let job = &mut self.jobs[i];
         let run = job.run.as_ref().expect("exit of a running job");
-        let gpus = job.gpus as u128;
         let ran = now.saturating_since(run.start).0;
-        let tier = job.tier.rank() as usize;
-        self.busy[tier] += gpus * ran as u128;
-        job.cost += MicroUsd::for_gpu_millis(self.rates[tier], gpus * ran as u128).0;
-        self.restart += gpus * run.overhead.min(ran) as u128;
-        add_interval(&mut self.busy_by_hour, hour_origin, tier, job.gpus, run.start, now);
-        let owner = &mut self.owners[job.owner];
-        owner.busy += gpus * ran as u128;
-        add_owner_interval(&mut owner.busy_by_hour, hour_origin, job.gpus, run.start, now);
-        let (start, tenant) =
-            (run.start, if job.tier == Tier::Reserved { RESERVED_TENANT } else { owner.id });
-        if let Some(until) = self.config.window_until {
-            let end = now.min(Time::from_secs(until));
-            self.busy_in_window[tier] += gpus * end.saturating_since(run.start).0 as u128;
+        self.restart += run.gpus as u128 * run.overhead.min(ran) as u128;
+        // Parts leaving go with it, each drained since its own notice.
+        let leaving: u32 = job.leaving.iter().map(|l| l.gpus).sum();
+        for part in job.leaving.drain(..) {
+            self.drain += part.gpus as u128 * now.saturating_since(part.notice).0 as u128;
         }
         if let Some(d) = &job.drain {
-            self.drain += gpus * now.saturating_since(d.notice).0 as u128;
+            self.drain += (job.held - leaving) as u128 * now.saturating_since(d.notice).0 as u128;
         }
+        let owner = &mut self.owners[job.owner];
         if !completed {
-            let lost = gpus * (job.progress(now) - job.saved) as u128;
+            let lost = job.gpus as u128 * (job.progress(now) - job.saved) as u128;
             self.lost += lost;
+            job.lost += lost;
             owner.lost += lost;
             owner.queued += 1;
         } else {
@@ -665,14 +736,12 @@ impl<'a> Engine<'a> {
         let attempt = job.attempt;
         job.run = None;
         job.drain = None;
+        job.paused_at = None;
         job.generation += 1;
         let kind = if completed { ExitKind::Completed } else { ExitKind::Failed { requeue: false } };
         let effect = self.state.exited(Self::id(i), attempt, kind).expect("live attempt");
-        let model = self.state.model_by_name(&self.config.gpu_model).expect("nodes added");
-        let tier = self.jobs[i].tier;
-        self.state
-            .record_usage(tenant, tier, model, self.jobs[i].gpus, (start, now), now)
-            .expect("the model is known");
+        self.meter(i, now);
+        self.jobs[i].held = 0;
         debug_assert!(
             matches!(effect, ExitEffect::Finished | ExitEffect::Requeued { preempted: true }),
             "{effect:?}"
@@ -680,6 +749,33 @@ impl<'a> Engine<'a> {
         if !completed {
             self.plan_deadline_check(i, now);
         }
+    }
+
+    /// Meters what job `i` held since it was last metered, up to `now`:
+    /// busy GPU-time by tier, hour and tenant, its cost, and its usage for
+    /// fair share.
+    fn meter(&mut self, i: usize, now: Time) {
+        let hour_origin = self.origin;
+        let model = self.state.model_by_name(&self.config.gpu_model).expect("nodes added");
+        let job = &mut self.jobs[i];
+        let (held, since) = (job.held, std::mem::replace(&mut job.held_since, now));
+        let gpus = held as u128;
+        let ran = now.saturating_since(since).0;
+        let tier = job.tier.rank() as usize;
+        self.busy[tier] += gpus * ran as u128;
+        job.cost += MicroUsd::for_gpu_millis(self.rates[tier], gpus * ran as u128).0;
+        add_interval(&mut self.busy_by_hour, hour_origin, tier, held, since, now);
+        let owner = &mut self.owners[job.owner];
+        owner.busy += gpus * ran as u128;
+        add_owner_interval(&mut owner.busy_by_hour, hour_origin, held, since, now);
+        let tenant = if job.tier == Tier::Reserved { RESERVED_TENANT } else { owner.id };
+        if let Some(until) = self.config.window_until {
+            let end = now.min(Time::from_secs(until));
+            self.busy_in_window[tier] += gpus * end.saturating_since(since).0 as u128;
+        }
+        self.state
+            .record_usage(tenant, job.tier, model, held, (since, now), now)
+            .expect("the model is known");
     }
 
     fn hour(&self, t: Time) -> usize {

@@ -14,7 +14,8 @@ pub mod trace;
 
 pub use engine::{run, Progress};
 pub use summary::{
-    DeadlineFigures, Percentiles, Series, SimOutput, Summary, TenantFigures, TierFigures, Window,
+    DeadlineFigures, MultiNodeFigures, Percentiles, Series, SimOutput, Summary, TenantFigures, TierFigures,
+    Window,
 };
 pub use trace::{Trace, TraceJob, TraceTenant};
 
@@ -114,6 +115,9 @@ pub struct SimConfig {
     /// Fair-share preemption's threshold in percent (the server's
     /// `--fair-share-preemption`); off when `None`.
     pub fair_share_preemption: Option<u32>,
+    /// Make every multi-node job of the preemptible tier elastic down to
+    /// this fraction of its GPUs, rounded up to whole nodes (`--elastic`).
+    pub elastic: Option<f64>,
 }
 
 impl Default for SimConfig {
@@ -140,6 +144,7 @@ impl Default for SimConfig {
             order: Order::FairShare,
             fair_share_half_life: Span::from_secs(24 * 3600),
             fair_share_preemption: None,
+            elastic: None,
         }
     }
 }

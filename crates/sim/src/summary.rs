@@ -70,6 +70,9 @@ pub struct ConfigEcho {
     pub checkpoint_interval_s: Option<f64>,
     pub drain_checkpoint_s: Option<f64>,
     pub restart_overhead_s: f64,
+    /// `--elastic`: multi-node preemptible jobs elastic down to this
+    /// fraction of their GPUs; absent when off.
+    pub elastic: Option<f64>,
     pub victim_policy: String,
     pub min_runtime_s: f64,
     pub on_demand_price_usd_per_gpu_hour: f64,
@@ -147,10 +150,35 @@ pub struct Summary {
     /// The same figures over a fixed window, when one was asked for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub window: Option<Window>,
+    /// Preemptible jobs over more than one node, apart: the jobs
+    /// `--elastic` makes elastic, and most of a preemptible tier's
+    /// GPU-hours.
+    pub multi_node: MultiNodeFigures,
     /// The jobs given deadlines, when `--deadline-slack` was given.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub deadlines: Option<DeadlineFigures>,
     pub config: ConfigEcho,
+}
+
+/// Preemptible jobs over more than one node.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct MultiNodeFigures {
+    pub jobs: u64,
+    pub completed: u64,
+    /// Of them, elastic (`--elastic`: their fewest GPUs below their most).
+    pub elastic: u64,
+    /// Completion time (submit to finish) over trace duration, completed
+    /// jobs.
+    pub slowdown: Percentiles,
+    /// Submission to first start, seconds.
+    pub wait_s: Percentiles,
+    /// Drain notices of whole jobs that were preemptions.
+    pub preemptions: u64,
+    /// Their work thrown away, at kills and at shrinks that could not save.
+    pub lost_gpu_hours: f64,
+    /// Shrinks (notices to some of a job's nodes) and grows.
+    pub shrinks: u64,
+    pub grows: u64,
 }
 
 /// Utilisation and revenue over `[first submission, until_s]` of trace time.
@@ -209,6 +237,21 @@ impl Summary {
                 format!("p50 {:.0} s, p99 {:.0} s, max {:.0} s", wait.p50, wait.p99, wait.max),
             ),
             ("preemptible slowdown", format!("p50 {:.2}, p99 {:.2}", slow.p50, slow.p99)),
+            (
+                "multi-node preemptible",
+                format!(
+                    "{} jobs ({} elastic): slowdown p50 {:.2}, mean {:.2}; wait p50 {:.0} s; lost {:.1} GPU-h; {} preemptions, {} shrinks, {} grows",
+                    self.multi_node.jobs,
+                    self.multi_node.elastic,
+                    self.multi_node.slowdown.p50,
+                    self.multi_node.slowdown.mean,
+                    self.multi_node.wait_s.p50,
+                    self.multi_node.lost_gpu_hours,
+                    self.multi_node.preemptions,
+                    self.multi_node.shrinks,
+                    self.multi_node.grows
+                ),
+            ),
             (
                 "revenue",
                 format!(

@@ -268,3 +268,100 @@ fn promotion_meets_a_deadline_that_preemptions_would_miss_for_less_than_on_deman
     assert!(promote.cost_micro_usd < on_demand.cost_micro_usd, "{promote:?} {on_demand:?}");
     assert_eq!(on_demand.cost_usd, on_demand.on_demand_cost_usd);
 }
+
+/// One preemptible job of 24 GPUs and an hour on three 8-GPU nodes; an
+/// on-demand job takes one node from 1000 s for 1000 s. A save on notice
+/// takes 30 s, a restart 60 s.
+fn elastic_run(elastic: Option<f64>) -> Summary {
+    let job = |id: &str, submit_s, duration_s, gpus| TraceJob { id: id.into(), submit_s, duration_s, gpus };
+    let preemptible = Trace {
+        name: "preemptible".into(),
+        tier: Some(Tier::Preemptible),
+        tenant: None,
+        jobs: vec![job("train", 0, 3_600, 24)],
+    };
+    let on_demand = Trace {
+        name: "on-demand".into(),
+        tier: Some(Tier::OnDemand),
+        tenant: None,
+        jobs: vec![job("od", 1_000, 1_000, 8)],
+    };
+    let config = SimConfig {
+        nodes: 3,
+        drain_checkpoint: Some(Span::from_secs(30)),
+        restart_overhead: Span::from_secs(60),
+        elastic,
+        ..SimConfig::default()
+    };
+    replay(&config, &[preemptible, on_demand]).summary
+}
+
+#[test]
+fn an_elastic_job_gives_up_a_node_and_grows_back_instead_of_waiting() {
+    let rigid = elastic_run(None);
+    let elastic = elastic_run(Some(0.3));
+    // Rigid: stopped at 1000 s (saved at 1030), waits for the on-demand
+    // job, restarts at 2030 with 60 s of overhead and the 2600 s left.
+    assert_eq!((rigid.multi_node.preemptions, rigid.multi_node.shrinks), (1, 0));
+    let rigid_done = 2_030.0 + 60.0 + 2_600.0;
+    assert!(
+        (rigid.multi_node.slowdown.max - rigid_done / 3_600.0).abs() < 1e-3,
+        "{}",
+        rigid.multi_node.slowdown.max
+    );
+    // Elastic down to one node: at 1000 s it saves (30 s) and goes on
+    // on 16 GPUs from 1030 (after 60 s of restart) at 2/3 of the pace;
+    // at 2030 the node is free, it saves and grows back, restarts (60 s)
+    // and does the rest at full pace.
+    let m = &elastic.multi_node;
+    assert_eq!((m.jobs, m.elastic, m.preemptions, m.shrinks, m.grows), (1, 1, 0, 1, 1));
+    let at_grow = 1_000.0 + (2_030.0 - 1_090.0) * 16.0 / 24.0;
+    let done = 2_030.0 + 60.0 + (3_600.0 - at_grow);
+    assert!((m.slowdown.max - done / 3_600.0).abs() < 1e-3, "{} vs {}", m.slowdown.max, done / 3_600.0);
+    assert!(m.slowdown.max < rigid.multi_node.slowdown.max);
+    // Every GPU-second metered: 24 GPUs to the notice and the save, 16 for
+    // the on-demand job's 1000 s (the freed node went to it), 24 after.
+    let busy_preemptible = elastic.busy_gpu_hours.preemptible * 3_600.0;
+    let expected = 24.0 * 1_030.0 + 16.0 * 1_000.0 + 24.0 * (done - 2_030.0);
+    assert!((busy_preemptible - expected).abs() < 4.0, "{busy_preemptible} vs {expected}");
+    assert_eq!((elastic.lost_gpu_hours, rigid.lost_gpu_hours), (0.0, 0.0));
+    assert!(elastic.gpu_utilization >= rigid.gpu_utilization);
+}
+
+#[test]
+fn elastic_multi_node_jobs_finish_sooner_on_an_itp_pair() {
+    let config = |elastic| SimConfig {
+        nodes: 24,
+        checkpoint_interval: Some(Span::from_secs(3_600)),
+        drain_checkpoint: Some(Span::from_secs(60)),
+        restart_overhead: Span::from_secs(60),
+        elastic,
+        ..SimConfig::default()
+    };
+    let traces =
+        [trace("cluster02.csv", Some(Tier::Preemptible)), trace("cluster08.csv", Some(Tier::OnDemand))];
+    let rigid = replay(&config(None), &traces).summary;
+    let elastic = replay(&config(Some(0.5)), &traces).summary;
+    assert_eq!(rigid.multi_node.elastic, 0);
+    assert_eq!(elastic.multi_node.elastic, elastic.multi_node.jobs);
+    assert!(elastic.multi_node.shrinks > 0 && elastic.multi_node.grows > 0);
+    assert!(elastic.multi_node.slowdown.mean < rigid.multi_node.slowdown.mean);
+    assert!(elastic.gpu_utilization >= rigid.gpu_utilization);
+    assert!(elastic.lost_gpu_hours <= rigid.lost_gpu_hours);
+    assert_eq!(elastic.completed + elastic.unschedulable, elastic.jobs);
+}
+
+#[test]
+fn elastic_is_refused_out_of_range_and_with_deadlines() {
+    let traces = [trace("cluster10.csv", None)];
+    for (fraction, slack, words) in [
+        (0.0, None, "--elastic must be above 0 and at most 1, got 0"),
+        (1.5, None, "--elastic must be above 0 and at most 1, got 1.5"),
+        (f64::NAN, None, "--elastic must be above 0"),
+        (0.5, Some(2.0), "--elastic and --deadline-slack"),
+    ] {
+        let config = SimConfig { elastic: Some(fraction), deadline_slack: slack, ..SimConfig::default() };
+        let err = run(&config, &traces, &mut |_| {}).unwrap_err().to_string();
+        assert!(err.contains(words), "{err}");
+    }
+}

@@ -58,12 +58,18 @@ impl<'a> Pass<'a> {
     }
 
     /// The policy's cost of evicting one job now: the GPUs it runs on
-    /// (an elastic job's leaving nodes are gone already).
+    /// (an elastic job's leaving nodes are gone already). Stopping an
+    /// elastic job also costs the restart of each of its GPUs, as
+    /// shrinking it costs those that stay: a stop is never cheaper than a
+    /// shrink of the same job, which loses less and waits for nothing.
     pub(super) fn victim_cost(&self, job: &Job) -> u128 {
         let run = job.run.as_ref().expect("victims run");
         let gpus = run.active_gpus() as u128;
         match self.config.victim_policy {
-            VictimPolicy::LostWork => gpus * self.now.saturating_since(run.progress_saved_at()).0 as u128,
+            VictimPolicy::LostWork => {
+                let restart = if job.spec.is_elastic() { self.config.restart_cost.0 as u128 } else { 0 };
+                gpus * (self.now.saturating_since(run.progress_saved_at()).0 as u128 + restart)
+            }
             VictimPolicy::Youngest => self.now.saturating_since(run.started_at).0 as u128,
             VictimPolicy::Oldest => run.started_at.0 as u128,
             VictimPolicy::FewestGpus => gpus,
@@ -296,15 +302,13 @@ impl<'a> Pass<'a> {
                 if !evictable {
                     return None;
                 }
-                let whole = (!self.shrunk.contains_key(&job)).then(|| self.victim_cost(j));
-                let part = self.part_may_leave(j, node).then(|| self.shrink_cost(j, [node]));
-                let (cost, part) = match (whole, part) {
-                    (Some(w), Some(p)) if p < w => (p, true),
-                    (Some(w), _) => (w, false),
-                    (None, Some(p)) => (p, true),
-                    (None, None) => return None,
-                };
-                Some((cost, mask.count_ones(), job, part))
+                // An elastic job that can spare the node loses only its part
+                // here: stopping it would lose what the shrink does and more.
+                if self.part_may_leave(j, node) {
+                    return Some((self.shrink_cost(j, [node]), mask.count_ones(), job, true));
+                }
+                (!self.shrunk.contains_key(&job))
+                    .then(|| (self.victim_cost(j), mask.count_ones(), job, false))
             })
             .collect();
         if options.iter().map(|o| o.1).sum::<u32>() < need {

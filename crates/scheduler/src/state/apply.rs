@@ -168,10 +168,6 @@ impl State {
             let job = self.jobs.get_mut(&g.job).expect("checked");
             let (tier, tenant) = (job.spec.tier, job.spec.tenant);
             let run = job.run.as_mut().expect("checked");
-            if let [(first, _)] = run.alloc[..] {
-                // No longer a single-node job: out of the single victims.
-                changed.push(first);
-            }
             let mut gpus = 0;
             for &(node, mask) in &g.alloc {
                 run.alloc.push((node, mask));

@@ -665,8 +665,6 @@ impl State {
         run.joined.retain(|(n, _)| *n != node);
         run.leaving.retain(|(n, _)| *n != node);
         let rate = run.gpu_rate.saturating_mul(mask.count_ones() as u64);
-        // Down to one node: a single victim now.
-        let single = (run.alloc.len() == 1).then(|| run.first_node());
         self.fair.stop(tier, tenant, rate, joined);
         self.rekey(tier, tenant);
         let n = &mut self.nodes[node.0 as usize];
@@ -674,9 +672,6 @@ impl State {
         n.used &= !mask;
         n.jobs.retain(|(j, _)| *j != id);
         self.reindex(node);
-        if let Some(first) = single {
-            self.reindex(first);
-        }
         self.part_gone(id, node);
         self.regrow(id);
         Ok(())

@@ -712,7 +712,9 @@ impl State {
             }
             let saved_at = run.progress_saved_at();
             into.slots.extend(std::iter::repeat_n(saved_at.0, (mask & !node.held).count_ones() as usize));
-            if run.alloc.len() == 1 {
+            // An elastic job's cost is not its GPUs' since its save alone
+            // (`schedule::victims::victim_cost`): the node search prices it.
+            if run.alloc.len() == 1 && !j.spec.is_elastic() {
                 into.singles.push((free, mask.count_ones() as u8, (Reverse(saved_at), node.id, job)));
             }
         }

@@ -115,16 +115,40 @@ fn a_preemptor_shrinks_an_elastic_job_instead_of_stopping_it() {
 }
 
 #[test]
-fn a_whole_stop_is_chosen_when_it_loses_less_than_a_shrink() {
-    // Saved 10 s ago: stopping it loses 24 × 10 GPU-s, less than the
-    // restart of the 16 GPUs that would stay.
+fn a_shrink_is_chosen_over_stopping_the_same_job_even_when_its_restart_costs_more() {
+    // Saved 10 s ago: stopping it would lose 24 × 10 GPU-s, less than the
+    // restart of the 16 GPUs that stay; but a stopped job restarts every
+    // rank too, after a wait in the queue.
     let (mut c, job) = three_nodes_one_job(590, 600);
-    let od = c.submit(Tier::OnDemand, 8);
+    c.submit(Tier::OnDemand, 8);
+    let plan = c.step();
+    assert!(plan.drains.is_empty());
+    assert_eq!(plan.shrinks.len(), 1);
+    assert_eq!(plan.preemptions[0].lost_gpu_ms, (8 * 10 + 16 * 60) * 1000);
+    assert_eq!(c.phase(job), Some(Phase::Running));
+}
+
+#[test]
+fn another_job_is_stopped_when_that_loses_less_than_a_shrink() {
+    // Four nodes: the elastic job on three, a rigid 8-GPU job on the
+    // fourth saved 100 s ago. The shrink would lose 8 × 600 + 16 × 60
+    // GPU-s; stopping the rigid job 8 × 100.
+    let mut c = Cluster::new(4, 8);
+    c.config.restart_cost = Span::from_secs(60);
+    let rigid = c.submit_as(Tier::Preemptible, 8, B);
+    c.step();
+    let job = c.submit_elastic(8, 24, A);
+    c.step();
+    assert_eq!(c.gpus_of(job), 24);
+    c.advance(500);
+    c.checkpoint(rigid);
+    c.advance(100);
+    c.submit(Tier::OnDemand, 8);
     let plan = c.step();
     assert!(plan.shrinks.is_empty());
     assert_eq!(plan.drains.len(), 1);
-    assert_eq!(plan.drains[0].job, job);
-    assert_eq!(plan.preemptions[0].preemptor, od);
+    assert_eq!(plan.drains[0].job, rigid);
+    assert_eq!(plan.preemptions[0].lost_gpu_ms, 8 * 100 * 1000);
 }
 
 #[test]

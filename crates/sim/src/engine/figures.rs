@@ -47,6 +47,7 @@ impl Engine<'_> {
                 .filter_map(|j| j.done_at.map(|d| d.saturating_since(j.submit).0 as f64 / j.duration as f64))
                 .collect(),
         );
+        let multi_node = self.multi_node_figures(&hours);
         let summary = Summary {
             jobs: self.jobs.len() as u64 + unschedulable,
             completed: self.jobs.iter().filter(|j| j.done_at.is_some()).count() as u64,
@@ -75,6 +76,7 @@ impl Engine<'_> {
             },
             revenue_usd: TierFigures::from_array(revenue.map(|m| round(m.as_usd_f64(), 2))),
             revenue_micro_usd: TierFigures::from_array(revenue.map(|m| m.0)),
+            multi_node,
             tenants: self.tenant_figures(&hours),
             jain_index: self.jain_index(),
             busy_hours: self.busy_hours.iter().filter(|b| **b).count() as u64,
@@ -151,6 +153,7 @@ impl Engine<'_> {
                 checkpoint_interval_s: config.checkpoint_interval.map(Span::as_secs_f64),
                 drain_checkpoint_s: config.drain_checkpoint.map(Span::as_secs_f64),
                 restart_overhead_s: config.restart_overhead.as_secs_f64(),
+                elastic: config.elastic,
                 victim_policy: policy_name(config.victim_policy),
                 min_runtime_s: config.min_runtime.as_secs_f64(),
                 on_demand_price_usd_per_gpu_hour: book.on_demand_per_gpu_hour.as_usd_f64(),
@@ -174,6 +177,42 @@ impl Engine<'_> {
                 .push([0, 1, 2].map(|t| MicroUsd::for_gpu_millis(rates[t], cumulative[t]).as_usd_f64()));
         }
         SimOutput { summary, series, capacity_gpus: self.capacity }
+    }
+
+    /// Preemptible jobs over more than one node, apart.
+    pub(super) fn multi_node_figures(&self, hours: &dyn Fn(u128) -> f64) -> crate::MultiNodeFigures {
+        let per_node = self.config.gpus_per_node as u32;
+        let jobs: Vec<&SimJob> = self
+            .jobs
+            .iter()
+            .filter(|j| j.gpus > per_node && (j.tier == Tier::Preemptible || j.min_gpus.is_some()))
+            .collect();
+        let slowdown = Percentiles::of(
+            jobs.iter()
+                .filter(|j| j.duration > 0)
+                .filter_map(|j| j.done_at.map(|d| d.saturating_since(j.submit).0 as f64 / j.duration as f64))
+                .collect(),
+        );
+        crate::MultiNodeFigures {
+            jobs: jobs.len() as u64,
+            completed: jobs.iter().filter(|j| j.done_at.is_some()).count() as u64,
+            elastic: jobs.iter().filter(|j| j.min_gpus.is_some()).count() as u64,
+            slowdown: Percentiles {
+                p50: round(slowdown.p50, 4),
+                p99: round(slowdown.p99, 4),
+                max: round(slowdown.max, 4),
+                mean: round(slowdown.mean, 4),
+            },
+            wait_s: Percentiles::of(
+                jobs.iter()
+                    .filter_map(|j| j.first_start.map(|s| s.saturating_since(j.submit).as_secs_f64()))
+                    .collect(),
+            ),
+            preemptions: jobs.iter().map(|j| j.preemptions as u64).sum(),
+            lost_gpu_hours: hours(jobs.iter().map(|j| j.lost).sum()),
+            shrinks: jobs.iter().map(|j| j.shrinks as u64).sum(),
+            grows: jobs.iter().map(|j| j.grows as u64).sum(),
+        }
     }
 
     pub(super) fn tenant_figures(
