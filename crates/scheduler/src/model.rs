@@ -193,15 +193,22 @@ pub struct Run {
     /// model's rate when it started. Its tenant's usage grows by this for
     /// every GPU it holds.
     pub gpu_rate: u64,
-    /// Nodes an elastic job grew onto after its start, with when each
-    /// joined; every other node of `alloc` joined at `started_at`.
+    /// An elastic job's changes of nodes since its start: `None` until
+    /// the first (and for every rigid job, which pays a pointer for it).
+    pub resized: Option<Box<Resized>>,
+}
+
+/// What an elastic job's changes of nodes left its run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Resized {
+    /// Nodes it grew onto after its start, with when each joined; every
+    /// other node of `alloc` joined at `started_at`.
     pub joined: Vec<(NodeId, Time)>,
-    /// Nodes an elastic job was shrunk off: each has its notice and
-    /// keeps its GPUs until its part exits ([`crate::State::part_left`]).
+    /// Nodes it was shrunk off: each has its notice and keeps its GPUs
+    /// until its part exits ([`crate::State::part_left`]).
     pub leaving: Vec<(NodeId, Notice)>,
-    /// When its nodes last changed: its start, a shrink's notice or a
-    /// grow. An elastic job grows only `min_runtime` after.
-    pub resized_at: Time,
+    /// When its nodes last changed: a shrink's notice or a grow.
+    pub at: Time,
 }
 
 impl Run {
@@ -211,11 +218,36 @@ impl Run {
 
     /// GPUs of the nodes that stay: all but those leaving on a shrink.
     pub fn active_gpus(&self) -> u32 {
-        self.alloc.iter().filter(|(n, _)| !self.is_leaving(*n)).map(|(_, mask)| mask.count_ones()).sum()
+        match self.leaving() {
+            [] => self.gpus(),
+            _ => self.alloc.iter().filter(|(n, _)| !self.is_leaving(*n)).map(|(_, m)| m.count_ones()).sum(),
+        }
     }
 
     pub fn is_leaving(&self, node: NodeId) -> bool {
-        self.leaving.iter().any(|(n, _)| *n == node)
+        self.leaving().iter().any(|(n, _)| *n == node)
+    }
+
+    /// Nodes it grew onto after its start, with when each joined.
+    pub fn joined(&self) -> &[(NodeId, Time)] {
+        self.resized.as_ref().map_or(&[], |r| &r.joined)
+    }
+
+    /// Nodes a shrink told to leave, each with its notice.
+    pub fn leaving(&self) -> &[(NodeId, Notice)] {
+        self.resized.as_ref().map_or(&[], |r| &r.leaving)
+    }
+
+    /// When its nodes last changed: its start, a shrink's notice or a
+    /// grow. An elastic job grows only `min_runtime` after.
+    pub fn resized_at(&self) -> Time {
+        self.resized.as_ref().map_or(self.started_at, |r| r.at)
+    }
+
+    /// Its record of changes, made at its first.
+    pub(crate) fn resized_mut(&mut self) -> &mut Resized {
+        let at = self.started_at;
+        self.resized.get_or_insert_with(|| Box::new(Resized { joined: Vec::new(), leaving: Vec::new(), at }))
     }
 
     /// The first node: rank 0's.
@@ -225,7 +257,7 @@ impl Run {
 
     /// When the part on `node` joined.
     pub fn joined_at(&self, node: NodeId) -> Time {
-        self.joined.iter().find(|(n, _)| *n == node).map_or(self.started_at, |(_, t)| *t)
+        self.joined().iter().find(|(n, _)| *n == node).map_or(self.started_at, |(_, t)| *t)
     }
 
     /// What it is worth per hour at on-demand rates (µ$): every GPU it holds.
@@ -237,21 +269,43 @@ impl Run {
     /// together, then each node it grew onto. Fair share counts a run's
     /// use from these.
     pub fn segments(&self) -> impl Iterator<Item = (u64, Time)> + '_ {
+        if self.resized.is_none() {
+            return Segments::One(std::iter::once((self.rate(), self.started_at)));
+        }
         let grown: u32 = self
-            .joined
+            .joined()
             .iter()
             .map(|(n, _)| self.alloc.iter().find(|(a, _)| a == n).map_or(0, |(_, m)| m.count_ones()))
             .sum();
         let first = self.gpu_rate.saturating_mul((self.gpus() - grown) as u64);
-        std::iter::once((first, self.started_at)).chain(self.joined.iter().map(|&(node, at)| {
-            let gpus = self.alloc.iter().find(|(a, _)| *a == node).map_or(0, |(_, m)| m.count_ones());
-            (self.gpu_rate.saturating_mul(gpus as u64), at)
-        }))
+        Segments::Grown(std::iter::once((first, self.started_at)).chain(self.joined().iter().map(
+            |&(node, at)| {
+                let gpus = self.alloc.iter().find(|(a, _)| *a == node).map_or(0, |(_, m)| m.count_ones());
+                (self.gpu_rate.saturating_mul(gpus as u64), at)
+            },
+        )))
     }
 
     /// Work since this instant is lost if the attempt is killed now.
     pub fn progress_saved_at(&self) -> Time {
         self.last_checkpoint_at.map_or(self.started_at, |ckpt| ckpt.max(self.started_at))
+    }
+}
+
+/// [`Run::segments`]: one for a run whose nodes never changed.
+enum Segments<A, B> {
+    One(A),
+    Grown(B),
+}
+
+impl<A: Iterator<Item = (u64, Time)>, B: Iterator<Item = (u64, Time)>> Iterator for Segments<A, B> {
+    type Item = (u64, Time);
+
+    fn next(&mut self) -> Option<(u64, Time)> {
+        match self {
+            Segments::One(a) => a.next(),
+            Segments::Grown(b) => b.next(),
+        }
     }
 }
 

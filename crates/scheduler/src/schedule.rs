@@ -32,7 +32,9 @@ pub fn schedule(state: &State, now: Time, config: &Config) -> Plan {
     pass.drain_cordoned_nodes();
     pass.enforce_reclaims();
     pass.start_ready_holds();
-    if pass.walk_queue() {
+    // Jobs requeued from lost nodes join the queue only as the plan is
+    // applied: no grow until the next pass has looked at them too.
+    if pass.walk_queue() && pass.plan.requeues.is_empty() {
         pass.grow_elastic();
     }
     // Both ordered by node: compared without building either.

@@ -138,7 +138,7 @@ fn run(
                     .state
                     .jobs()
                     .filter_map(|j| Some((j.spec.id, j.run.as_ref()?)))
-                    .flat_map(|(id, run)| run.leaving.iter().map(move |(n, _)| (id, *n)))
+                    .flat_map(|(id, run)| run.leaving().iter().map(move |(n, _)| (id, *n)))
                     .collect();
                 if let Some((job, node)) = pick(&leaving, i) {
                     c.part_left(job, node);

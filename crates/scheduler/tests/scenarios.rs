@@ -740,7 +740,7 @@ fn a_requeued_job_goes_back_to_the_node_it_ran_on_when_the_fit_is_equal() {
 }
 
 /// A run as the edge would restore it: `run`'s attempt, GPUs and times.
-fn restored(
+pub(crate) fn restored(
     run: &ebb_scheduler::Run,
     preemptions: u32,
     notice: Option<ebb_scheduler::Notice>,
@@ -752,9 +752,9 @@ fn restored(
         started_at: run.started_at,
         last_checkpoint_at: run.last_checkpoint_at,
         notice,
-        joined: run.joined.clone(),
-        leaving: run.leaving.clone(),
-        resized_at: Some(run.resized_at),
+        joined: run.joined().to_vec(),
+        leaving: run.leaving().to_vec(),
+        resized_at: run.resized.as_ref().map(|r| r.at),
     }
 }
 

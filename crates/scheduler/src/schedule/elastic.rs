@@ -104,7 +104,7 @@ impl<'a> Pass<'a> {
         for id in &state.growable {
             let job = &state.jobs[id];
             let run = job.run.as_ref().expect("growable jobs run");
-            let settled = self.now.saturating_since(run.resized_at) >= self.config.min_runtime;
+            let settled = self.now.saturating_since(run.resized_at()) >= self.config.min_runtime;
             if settled && !self.victims.contains(id) && !self.shrunk.contains_key(id) {
                 let key = state.fair.key(tier, job.spec.tenant, self.extra_rate(tier, job.spec.tenant));
                 wanting.push(Reverse((key, crate::state::queue_key(&job.spec), None)));

@@ -291,24 +291,27 @@ impl<'a> Pass<'a> {
         let mut options: Vec<(u128, u32, JobId, bool)> = self.state.nodes[node.0 as usize]
             .jobs
             .iter()
-            .filter(|(job, _)| !self.victims.contains(job) && !self.shrunk_parts.contains(&(*job, node)))
+            .filter(|(job, _)| !self.victims.contains(job))
             .filter_map(|&(job, mask)| {
                 let j = &self.state.jobs[&job];
-                let run = j.run.as_ref()?;
-                let evictable = j.spec.tier == Tier::Preemptible
-                    && j.phase == Phase::Running
-                    && !run.is_leaving(node)
-                    && !self.spared(j);
-                if !evictable {
+                if j.spec.tier != Tier::Preemptible || j.phase != Phase::Running || self.spared(j) {
                     return None;
                 }
-                // An elastic job that can spare the node loses only its part
-                // here: stopping it would lose what the shrink does and more.
-                if self.part_may_leave(j, node) {
-                    return Some((self.shrink_cost(j, [node]), mask.count_ones(), job, true));
+                if j.spec.is_elastic() {
+                    let run = j.run.as_ref().expect("running");
+                    if run.is_leaving(node) || self.shrunk_parts.contains(&(job, node)) {
+                        return None;
+                    }
+                    // One that can spare the node loses only its part here:
+                    // stopping it would lose what the shrink does and more.
+                    if self.part_may_leave(j, node) {
+                        return Some((self.shrink_cost(j, [node]), mask.count_ones(), job, true));
+                    }
+                    if self.shrunk.contains_key(&job) {
+                        return None;
+                    }
                 }
-                (!self.shrunk.contains_key(&job))
-                    .then(|| (self.victim_cost(j), mask.count_ones(), job, false))
+                Some((self.victim_cost(j), mask.count_ones(), job, false))
             })
             .collect();
         if options.iter().map(|o| o.1).sum::<u32>() < need {

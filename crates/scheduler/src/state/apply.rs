@@ -60,10 +60,10 @@ impl State {
             let mut gpus = 0;
             for &node in &shrink.nodes {
                 gpus += run.alloc.iter().find(|(n, _)| *n == node).expect("checked").1.count_ones();
-                run.leaving.push((node, notice));
+                run.resized_mut().leaving.push((node, notice));
                 changed.push(node);
             }
-            run.resized_at = plan.now;
+            run.resized_mut().at = plan.now;
             let model = run.model;
             self.adjust_usage(Tier::Preemptible, tenant, model, -(gpus as i64));
             self.growable.remove(&shrink.job);
@@ -142,11 +142,11 @@ impl State {
                 started_at: now,
                 last_checkpoint_at: None,
                 gpu_rate: self.models[p.model.0 as usize].rate,
-                joined: Vec::new(),
-                leaving: Vec::new(),
-                resized_at: now,
+                resized: None,
             };
-            let (tier, tenant, gpus, rate) = (job.spec.tier, job.spec.tenant, run.gpus(), run.rate());
+            let gpus: u32 = p.alloc.iter().map(|(_, m)| m.count_ones()).sum();
+            let (tier, tenant, rate) =
+                (job.spec.tier, job.spec.tenant, run.gpu_rate.saturating_mul(gpus as u64));
             let elastic = job.spec.is_elastic();
             job.run = Some(run);
             if elastic {
@@ -171,14 +171,14 @@ impl State {
             let mut gpus = 0;
             for &(node, mask) in &g.alloc {
                 run.alloc.push((node, mask));
-                run.joined.push((node, now));
+                run.resized_mut().joined.push((node, now));
                 gpus += mask.count_ones();
                 let n = &mut self.nodes[node.0 as usize];
                 n.used |= mask;
                 n.jobs.push((g.job, mask));
                 changed.push(node);
             }
-            run.resized_at = now;
+            run.resized_mut().at = now;
             let (model, rate) = (run.model, run.gpu_rate.saturating_mul(gpus as u64));
             self.adjust_usage(tier, tenant, model, gpus as i64);
             *started.entry((tier, tenant)).or_insert(0) += rate;
@@ -439,7 +439,7 @@ impl State {
                 return Err(ApplyError::Invariant(format!("grow of {}, which is not elastic", g.job)));
             };
             if job.phase != Phase::Running
-                || !run.leaving.is_empty()
+                || !run.leaving().is_empty()
                 || drained.contains(&g.job)
                 || shrunk.contains(&g.job)
                 || !grown.insert(g.job)

@@ -241,7 +241,7 @@ impl State {
     fn check_parts(&self, job: &Job, run: &Run) -> Result<(), String> {
         let id = job.spec.id;
         let Some(max) = job.spec.max_gpus else {
-            if run.gpus() != job.spec.gpus || !run.joined.is_empty() || !run.leaving.is_empty() {
+            if run.gpus() != job.spec.gpus || run.resized.is_some() {
                 return Err(format!("{id} holds {} GPUs, wants {}", run.gpus(), job.spec.gpus));
             }
             return Ok(());
@@ -255,7 +255,7 @@ impl State {
         }
         let first = run.first_node();
         let others = |n: &NodeId| *n != first && run.alloc.iter().any(|(a, _)| a == n);
-        if !run.leaving.iter().all(|(n, _)| others(n)) || !run.joined.iter().all(|(n, _)| others(n)) {
+        if !run.leaving().iter().all(|(n, _)| others(n)) || !run.joined().iter().all(|(n, _)| others(n)) {
             return Err(format!("elastic {id}: its first node leaves or joined, or a part is not its own"));
         }
         if job.phase == Phase::Running && run.active_gpus() < job.spec.gpus {
@@ -265,10 +265,10 @@ impl State {
                 job.spec.gpus
             ));
         }
-        if run.leaving.iter().any(|(_, notice)| notice.deadline < notice.notice_at) {
+        if run.leaving().iter().any(|(_, notice)| notice.deadline < notice.notice_at) {
             return Err(format!("elastic {id}: a part's deadline is before its notice"));
         }
-        let growable = job.phase == Phase::Running && run.leaving.is_empty() && run.gpus() < max;
+        let growable = job.phase == Phase::Running && run.leaving().is_empty() && run.gpus() < max;
         if growable != self.growable.contains(&id) {
             return Err(format!("elastic {id}: growable out of step"));
         }

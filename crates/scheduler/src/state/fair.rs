@@ -479,6 +479,16 @@ impl super::State {
         let j = &self.jobs[&job];
         let run = j.run.as_ref().expect("a run starts");
         let (tier, tenant) = (j.spec.tier, j.spec.tenant);
+        if run.resized.is_none() {
+            // Every node joined at its start: one segment.
+            let (rate, at) = (run.rate(), run.started_at);
+            if self.fair.advance(at) {
+                self.rekey_all();
+            }
+            self.fair.start(tier, tenant, rate, at);
+            self.rekey(tier, tenant);
+            return;
+        }
         let latest = run.segments().map(|(_, at)| at).max().expect("a run has its start");
         if self.fair.advance(latest) {
             self.rekey_all();

@@ -176,18 +176,12 @@ impl State {
         let (tier, tenant) = (spec.tier, spec.tenant);
         let phase = if notice.is_some() { Phase::Draining } else { Phase::Running };
         let gpu_rate = self.models[model.0 as usize].rate;
-        let resized_at = resized_at.unwrap_or(started_at);
-        let run = Run {
-            attempt,
-            model,
-            alloc: alloc.clone(),
-            started_at,
-            last_checkpoint_at,
-            gpu_rate,
-            joined,
-            leaving,
-            resized_at,
+        let resized = match (joined.is_empty() && leaving.is_empty(), resized_at) {
+            (true, None) => None,
+            (_, at) => Some(Box::new(Resized { joined, leaving, at: at.unwrap_or(started_at) })),
         };
+        let run =
+            Run { attempt, model, alloc: alloc.clone(), started_at, last_checkpoint_at, gpu_rate, resized };
         let active = run.active_gpus();
         self.jobs.insert(
             id,
@@ -451,7 +445,7 @@ impl State {
             }
             Phase::Running => {
                 let run = job.run.clone().expect("a running job has a run");
-                if !run.leaving.is_empty() {
+                if !run.leaving().is_empty() {
                     return Err(StateError::Conflict(format!(
                         "job {id}: nodes of it are leaving; promoted once they have"
                     )));
@@ -623,7 +617,7 @@ impl State {
             }
             self.ready_if_done(preemptor);
         }
-        for (node, _) in &run.leaving {
+        for (node, _) in run.leaving() {
             self.part_gone(id, *node);
         }
     }
@@ -662,8 +656,9 @@ impl State {
         let at = run.alloc.iter().position(|(n, _)| *n == node).expect("a leaving node is the run's");
         let (_, mask) = run.alloc.remove(at);
         let joined = run.joined_at(node);
-        run.joined.retain(|(n, _)| *n != node);
-        run.leaving.retain(|(n, _)| *n != node);
+        let resized = run.resized_mut();
+        resized.joined.retain(|(n, _)| *n != node);
+        resized.leaving.retain(|(n, _)| *n != node);
         let rate = run.gpu_rate.saturating_mul(mask.count_ones() as u64);
         self.fair.stop(tier, tenant, rate, joined);
         self.rekey(tier, tenant);
@@ -682,7 +677,7 @@ impl State {
     pub(super) fn regrow(&mut self, id: JobId) {
         let growable = self.jobs.get(&id).is_some_and(|j| {
             j.phase == Phase::Running
-                && j.run.as_ref().is_some_and(|r| r.leaving.is_empty() && r.gpus() < j.spec.most_gpus())
+                && j.run.as_ref().is_some_and(|r| r.leaving().is_empty() && r.gpus() < j.spec.most_gpus())
         });
         match growable {
             true => self.growable.insert(id),

@@ -215,7 +215,7 @@ fn a_shrunk_job_grows_back_when_the_preemptor_ends() {
     assert_eq!(plan.grows[0].alloc, vec![(leaving, 0xff)]);
     assert_eq!(c.gpus_of(job), 24);
     let run = c.state.job(job).unwrap().run.clone().unwrap();
-    assert_eq!(run.joined, vec![(leaving, c.now)], "the node that joined, and when");
+    assert_eq!(run.joined(), [(leaving, c.now)], "the node that joined, and when");
     assert_eq!(run.attempt, Attempt(1));
 }
 
@@ -307,4 +307,51 @@ fn a_grow_takes_no_node_kept_for_a_waiting_gang() {
     assert_eq!(plan.placements.len(), 1);
     assert_eq!(plan.placements[0].job, gang);
     assert!(plan.grows.is_empty());
+}
+
+#[test]
+fn a_restarted_core_restores_a_shrinking_job_and_the_hold_waiting_for_its_part() {
+    let (mut c, job) = three_nodes_one_job(0, 600);
+    let od = c.submit(Tier::OnDemand, 8);
+    let plan = c.step();
+    let leaving = plan.shrinks[0].nodes[0];
+    let hold = c.state.hold(od).unwrap().alloc.clone();
+    // A fresh core as after a restart: the run with its leaving part,
+    // the queued preemptor, then its hold waiting for that part.
+    let mut fresh = Cluster::new(3, 8);
+    let j = c.state.job(job).unwrap();
+    let run = j.run.clone().unwrap();
+    fresh.state.restore_run(j.spec.clone(), crate::restored(&run, 0, None)).unwrap();
+    fresh.state.submit(c.state.job(od).unwrap().spec.clone()).unwrap();
+    // A part named that is not leaving is not waited for.
+    let first = run.first_node();
+    fresh.state.restore_hold(od, hold.clone(), &[], &[(job, leaving), (job, first)], None).unwrap();
+    fresh.state.sanity_check().unwrap();
+    assert_eq!(fresh.state.hold(od).unwrap().waiting_parts.len(), 1);
+    fresh.now = c.now;
+    assert!(fresh.step().is_empty(), "nothing more is taken while the part leaves");
+    fresh.part_left(job, leaving);
+    let plan = fresh.step();
+    assert_eq!(plan.placements[0].job, od);
+    assert_eq!(plan.placements[0].alloc, hold);
+    assert_eq!(fresh.gpus_of(job), 16);
+}
+
+#[test]
+fn a_restored_run_is_held_to_its_range_and_its_own_nodes() {
+    let (c, job) = three_nodes_one_job(0, 600);
+    let j = c.state.job(job).unwrap();
+    let run = j.run.clone().unwrap();
+    let refused = |spec: JobSpec, restored: RestoredRun| {
+        let mut fresh = Cluster::new(3, 8);
+        fresh.state.restore_run(spec, restored).unwrap_err().to_string()
+    };
+    let rigid = JobSpec { max_gpus: None, gpus: 16, ..j.spec.clone() };
+    assert!(refused(rigid, crate::restored(&run, 0, None)).contains("has 24 GPUs, wants 16"));
+    let small = JobSpec { max_gpus: Some(16), ..j.spec.clone() };
+    assert!(refused(small, crate::restored(&run, 0, None)).contains("wants 8:16"));
+    let mut first_leaves = crate::restored(&run, 0, None);
+    first_leaves.leaving =
+        vec![(run.first_node(), Notice { notice_at: c.now, deadline: c.now, reason: DrainReason::Reclaim })];
+    assert!(refused(j.spec.clone(), first_leaves).contains("not its own (nor its first)"));
 }
