@@ -446,20 +446,7 @@ proptest! {
             c.advance(7);
             c.step();
         }
-        let running: Vec<JobId> = c.state.jobs().filter(|j| j.phase == Phase::Running).map(|j| j.spec.id).collect();
-        for (pick, secs) in saves {
-            c.advance(secs);
-            if let Some(job) = super_pick(&running, pick) {
-                c.checkpoint(job);
-            }
-        }
-        loop {
-            let free: u32 = c.state.nodes().iter().map(|n| n.free_mask().count_ones()).sum();
-            if free == 0 { break; }
-            c.submit(Tier::OnDemand, 1);
-            c.step();
-        }
-        c.advance(300);
+        checkpoint_and_fill(&mut c, saves);
         let expected = brute_force_with_parts(&c, want);
         let od = c.submit(Tier::OnDemand, want);
         let before = c.state.clone();
@@ -507,22 +494,8 @@ proptest! {
             c.advance(7);
             c.step();
         }
-        let running: Vec<JobId> = c.state.jobs().filter(|j| j.phase == Phase::Running).map(|j| j.spec.id).collect();
-        for (pick, secs) in checkpoints {
-            c.advance(secs);
-            if let Some(job) = super_pick(&running, pick) {
-                c.checkpoint(job);
-            }
-        }
-        // Fill every free GPU with on-demand work so the next job must preempt.
         c.config.victim_policy = VictimPolicy::LostWork;
-        loop {
-            let free: u32 = c.state.nodes().iter().map(|n| n.free_mask().count_ones()).sum();
-            if free == 0 { break; }
-            c.submit(Tier::OnDemand, 1);
-            c.step();
-        }
-        c.advance(300);
+        checkpoint_and_fill(&mut c, checkpoints);
         let expected = brute_force_min_lost(&c, want);
         c.submit(Tier::OnDemand, want);
         let plan = schedule(&c.state, c.now, &c.config);
@@ -624,6 +597,29 @@ proptest! {
         c.state.apply(&plan).unwrap();
         c.state.sanity_check().unwrap();
     }
+}
+
+/// Checkpoints running jobs as `saves` says ((pick, seconds later)),
+/// then fills every free GPU with on-demand work, so that the next job
+/// must preempt, and lets 300 s pass.
+fn checkpoint_and_fill(c: &mut Cluster, saves: Vec<(usize, u64)>) {
+    let running: Vec<JobId> =
+        c.state.jobs().filter(|j| j.phase == Phase::Running).map(|j| j.spec.id).collect();
+    for (pick, secs) in saves {
+        c.advance(secs);
+        if let Some(job) = super_pick(&running, pick) {
+            c.checkpoint(job);
+        }
+    }
+    loop {
+        let free: u32 = c.state.nodes().iter().map(|n| n.free_mask().count_ones()).sum();
+        if free == 0 {
+            break;
+        }
+        c.submit(Tier::OnDemand, 1);
+        c.step();
+    }
+    c.advance(300);
 }
 
 fn super_pick(items: &[JobId], i: usize) -> Option<JobId> {
