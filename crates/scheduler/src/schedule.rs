@@ -263,7 +263,9 @@ impl<'a> Pass<'a> {
             self.dead.insert(node);
             self.untouch_bucket(node);
             for job in state.nodes[node.0 as usize].jobs() {
-                if requeued.insert(job) {
+                // A part leaving there is gone with it; the job goes on.
+                let leaving = state.jobs[&job].run.as_ref().is_some_and(|r| r.is_leaving(node));
+                if !leaving && requeued.insert(job) {
                     let attempt = state.jobs[&job].attempt;
                     self.plan.requeues.push(Requeue { job, attempt, reason: RequeueReason::NodeLost(node) });
                     self.victims.insert(job);

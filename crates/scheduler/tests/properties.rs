@@ -196,14 +196,16 @@ fn run(
                     .state
                     .jobs()
                     .filter(|j| {
-                        j.run
-                            .as_ref()
-                            .is_some_and(|r| r.alloc.iter().any(|(n, m)| *n == node && m & (1 << gpu) != 0))
+                        j.run.as_ref().is_some_and(|r| {
+                            !r.is_leaving(node)
+                                && r.alloc.iter().any(|(n, m)| *n == node && m & (1 << gpu) != 0)
+                        })
                     })
                     .map(|j| j.spec.id)
                     .collect();
                 let (mut requeued, _) = c.state.take_gpus_out(node, 1 << gpu).unwrap();
                 requeued.sort_unstable();
+                // A part leaving there is gone, and its job goes on.
                 assert_eq!(requeued, on_it, "the attempts on GPU {gpu} of {node} are the ones requeued");
                 for job in requeued {
                     let phase = c.state.job(job).unwrap().phase;

@@ -652,6 +652,21 @@ impl State {
         if !run.is_leaving(node) {
             return Err(StateError::Conflict(format!("job {id}: its part on {node} was not told to leave")));
         }
+        self.drop_part(id, node);
+        Ok(())
+    }
+
+    /// Whether `id`'s part on `node` was told to leave by a shrink.
+    pub(super) fn leaving_on(&self, id: JobId, node: NodeId) -> bool {
+        self.jobs.get(&id).and_then(|j| j.run.as_ref()).is_some_and(|r| r.is_leaving(node))
+    }
+
+    /// Elastic job `id`'s leaving part on `node` is gone (exited, or lost
+    /// with its node): its GPUs are free, or pass to the preemptor
+    /// holding them, and its use stops counting.
+    pub(super) fn drop_part(&mut self, id: JobId, node: NodeId) {
+        let job = self.jobs.get_mut(&id).expect("a known job");
+        let run = job.run.as_mut().expect("a running job");
         let (tier, tenant) = (job.spec.tier, job.spec.tenant);
         let at = run.alloc.iter().position(|(n, _)| *n == node).expect("a leaving node is the run's");
         let (_, mask) = run.alloc.remove(at);
@@ -669,7 +684,6 @@ impl State {
         self.reindex(node);
         self.part_gone(id, node);
         self.regrow(id);
-        Ok(())
     }
 
     /// Keeps `growable` true of elastic job `id`: running below its most

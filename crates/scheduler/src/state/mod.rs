@@ -523,7 +523,8 @@ impl State {
     }
 
     /// The node is gone: its attempts are requeued as lost (not failed,
-    /// not preempted) and holds on it are released.
+    /// not preempted) and holds on it are released. An elastic job's part
+    /// that was leaving there is simply gone, and the job goes on.
     pub fn lose_node(&mut self, node: NodeId) -> Result<Vec<JobId>, StateError> {
         let n = self.node_checked(node)?;
         match n.status {
@@ -540,7 +541,11 @@ impl State {
         self.pending_node_drains.remove(&node);
         self.reindex(node);
         self.release_holds_on(node);
-        let victims: Vec<JobId> = self.nodes[node.0 as usize].jobs().collect();
+        let (leaving, victims): (Vec<JobId>, Vec<JobId>) =
+            self.nodes[node.0 as usize].jobs().partition(|&job| self.leaving_on(job, node));
+        for job in leaving {
+            self.drop_part(job, node);
+        }
         for &job in &victims {
             self.end_run(job);
             self.requeue(job);
@@ -562,9 +567,15 @@ impl State {
         if newly == 0 {
             return Ok((Vec::new(), false));
         }
-        let victims: Vec<JobId> = n.jobs.iter().filter(|(_, m)| m & newly != 0).map(|(j, _)| *j).collect();
+        let hit: Vec<JobId> = n.jobs.iter().filter(|(_, m)| m & newly != 0).map(|(j, _)| *j).collect();
         let holds_touched = n.held & newly != 0;
         let (model, counted) = (n.model, n.status == NodeStatus::Up);
+        // A part leaving there is simply gone; every other attempt ends.
+        let (leaving, victims): (Vec<JobId>, Vec<JobId>) =
+            hit.into_iter().partition(|&j| self.leaving_on(j, node));
+        for job in leaving {
+            self.drop_part(job, node);
+        }
         for &job in &victims {
             self.end_run(job);
             self.requeue(job);

@@ -355,3 +355,51 @@ fn a_restored_run_is_held_to_its_range_and_its_own_nodes() {
         vec![(run.first_node(), Notice { notice_at: c.now, deadline: c.now, reason: DrainReason::Reclaim })];
     assert!(refused(j.spec.clone(), first_leaves).contains("not its own (nor its first)"));
 }
+
+#[test]
+fn a_node_lost_under_a_leaving_part_takes_only_that_part() {
+    // Told by the operator, and by the heartbeat timeout in a pass.
+    for by_timeout in [false, true] {
+        let (mut c, job) = three_nodes_one_job(0, 600);
+        c.config.heartbeat_timeout = Some(Span::from_secs(60));
+        let nodes = c.nodes_of(job);
+        for n in &nodes {
+            c.state.heartbeat(*n, c.now).unwrap();
+        }
+        let od = c.submit(Tier::OnDemand, 8);
+        let leaving = c.step().shrinks[0].nodes[0];
+        let requeued = match by_timeout {
+            false => c.state.lose_node(leaving).unwrap(),
+            true => {
+                c.advance(61);
+                for n in nodes.iter().filter(|n| **n != leaving) {
+                    c.state.heartbeat(*n, c.now).unwrap();
+                }
+                let plan = c.step();
+                assert_eq!(plan.lost_nodes, vec![leaving]);
+                plan.requeues.iter().map(|r| r.job).collect()
+            }
+        };
+        c.state.sanity_check().unwrap();
+        assert!(requeued.is_empty(), "the job is not requeued: {requeued:?}");
+        assert_eq!((c.phase(job), c.gpus_of(job), c.attempt(job)), (Some(Phase::Running), 16, Attempt(1)));
+        // The hold on the lost node is gone; the preemptor waits again.
+        assert_eq!(c.phase(od), Some(Phase::Queued));
+    }
+}
+
+#[test]
+fn gpus_taken_out_under_a_leaving_part_take_only_that_part() {
+    let (mut c, job) = three_nodes_one_job(0, 600);
+    c.submit(Tier::OnDemand, 8);
+    let leaving = c.step().shrinks[0].nodes[0];
+    let (requeued, _) = c.state.take_gpus_out(leaving, 0b1).unwrap();
+    c.state.sanity_check().unwrap();
+    assert!(requeued.is_empty());
+    assert_eq!((c.phase(job), c.gpus_of(job)), (Some(Phase::Running), 16));
+    // A staying node's GPU out ends the attempt, as for any gang.
+    let staying = c.nodes_of(job)[1];
+    let (requeued, _) = c.state.take_gpus_out(staying, 0b1).unwrap();
+    assert_eq!(requeued, vec![job]);
+    c.state.sanity_check().unwrap();
+}
