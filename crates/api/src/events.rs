@@ -110,6 +110,9 @@ events! {
     GangStopped(GangStoppedDetail),
     Pulling(PullingDetail),
     Pulled(PulledDetail),
+    Shrinking(ShrinkingDetail),
+    Shrunk(ShrunkDetail),
+    Grown(GrownDetail),
 }
 
 /// The detail alone, as JSON.
@@ -139,6 +142,9 @@ impl Event {
 pub struct SubmittedDetail {
     pub tier: String,
     pub gpus: u32,
+    /// An elastic job's most GPUs (`gpus` its fewest).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_gpus: Option<u32>,
     /// An array's or sweep's task index (null for a single job).
     pub task: Option<u64>,
 }
@@ -217,6 +223,42 @@ pub struct DrainNoticeDetail {
     pub detail: DrainCause,
 }
 
+/// An elastic job's nodes told to leave: the attempt goes on on the
+/// others.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct ShrinkingDetail {
+    pub nodes: Vec<String>,
+    /// In words, as a drain notice's.
+    pub reason: String,
+    pub notice_at: String,
+    pub deadline: String,
+    /// The same, for programs.
+    pub detail: DrainCause,
+}
+
+/// An elastic job's node left: what it ran there, and what it runs on now.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct ShrunkDetail {
+    pub node: String,
+    /// GPUs it had there, and their GPU-seconds from the node's join to
+    /// its part's exit.
+    pub gpus: u32,
+    pub gpu_seconds: f64,
+    /// GPUs it runs on now.
+    pub now_gpus: u32,
+}
+
+/// An elastic job grew onto more nodes: the same attempt, more parts.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct GrownDetail {
+    pub nodes: Vec<String>,
+    /// GPUs it runs on now.
+    pub now_gpus: u32,
+}
+
 /// What drained a job: the preemptor (`by`), the node an operator drained
 /// (`node`), or neither (a reclaim, a drill).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -233,8 +275,20 @@ pub struct DrainCause {
 #[serde(default)]
 pub struct PreemptingDetail {
     pub victims: Vec<u64>,
-    /// The victims' work since their last checkpoints, in GPU-seconds.
+    /// Elastic jobs that each lose one node to it, and go on.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub shrinking: Vec<PartOf>,
+    /// The victims' work since their last checkpoints, in GPU-seconds,
+    /// and each elastic job's restart of the GPUs that stay.
     pub lost_gpu_seconds: f64,
+}
+
+/// One node's part of a job.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct PartOf {
+    pub job: u64,
+    pub node: String,
 }
 
 /// A node's processes ended.
@@ -586,10 +640,18 @@ pub enum EventKind {
     /// A node has the job's image: `node`, `downloaded_bytes` (0: it was
     /// in the node's cache), `seconds`.
     Pulled,
+    /// An elastic job's `nodes` told to leave (`reason`, `deadline`); the
+    /// attempt goes on on its other nodes.
+    Shrinking,
+    /// An elastic job's part on `node` left: its `gpus`, `gpu_seconds`,
+    /// and `now_gpus`, what the job runs on now.
+    Shrunk,
+    /// An elastic job grew onto `nodes`: it runs on `now_gpus`.
+    Grown,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 21] = [
+    pub const ALL: [EventKind; 24] = [
         EventKind::Submitted,
         EventKind::Admitted,
         EventKind::Placed,
@@ -611,6 +673,9 @@ impl EventKind {
         EventKind::GangStopped,
         EventKind::Pulling,
         EventKind::Pulled,
+        EventKind::Shrinking,
+        EventKind::Shrunk,
+        EventKind::Grown,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -636,6 +701,9 @@ impl EventKind {
             EventKind::GangStopped => "gang_stopped",
             EventKind::Pulling => "pulling",
             EventKind::Pulled => "pulled",
+            EventKind::Shrinking => "shrinking",
+            EventKind::Shrunk => "shrunk",
+            EventKind::Grown => "grown",
         }
     }
 }
@@ -700,12 +768,28 @@ fn describe(event: &Event, gpus: u32) -> String {
     match event {
         E::Submitted(d) => {
             let task = d.task.map(|t| format!(", task {t}")).unwrap_or_default();
-            format!("{}, {} {}{task}", d.tier, d.gpus, if d.gpus == 1 { "GPU" } else { "GPUs" })
+            match d.max_gpus {
+                Some(max) => format!("{}, {} to {max} GPUs, elastic{task}", d.tier, d.gpus),
+                None => format!("{}, {} {}{task}", d.tier, d.gpus, if d.gpus == 1 { "GPU" } else { "GPUs" }),
+            }
         }
         E::Admitted(d) => d.reason.clone(),
         E::Placed(d) => d.placement.iter().map(|p| on_gpus(&p.node, &p.gpus)).collect::<Vec<_>>().join("; "),
         E::Started(d) => format!("on {} (pid {})", d.node, d.pid),
         E::DrainNotice(d) => format!("{}; kill at {}", d.reason, d.deadline),
+        E::Shrinking(d) => {
+            format!(
+                "{} to leave: {}; kill there at {}; the job goes on",
+                d.nodes.join(", "),
+                d.reason,
+                d.deadline
+            )
+        }
+        E::Shrunk(d) => format!(
+            "{} left ({} GPUs, {:.0} GPU-seconds); it runs on {} GPUs",
+            d.node, d.gpus, d.gpu_seconds, d.now_gpus
+        ),
+        E::Grown(d) => format!("grew onto {}; it runs on {} GPUs", d.nodes.join(", "), d.now_gpus),
         E::Exited(d) => {
             let how = match exit(d.code, d.signal) {
                 Some(how) => format!("on {} {how}", d.node),
@@ -748,7 +832,8 @@ fn describe(event: &Event, gpus: u32) -> String {
         },
         E::GangStopped(d) => d.reason.clone(),
         E::Preempting(d) => {
-            let victims: Vec<String> = d.victims.iter().map(u64::to_string).collect();
+            let mut victims: Vec<String> = d.victims.iter().map(u64::to_string).collect();
+            victims.extend(d.shrinking.iter().map(|p| format!("{}'s node {}", p.job, p.node)));
             format!("victims {}; they lose {}", victims.join(", "), gpu_time(d.lost_gpu_seconds, None))
         }
         E::Succeeded(d) => d.ran_ms.map(|ms| format!("ran {}", Span(ms).human())).unwrap_or_default(),

@@ -19,6 +19,14 @@ pub struct JobSubmission {
     #[serde(default)]
     #[schema(minimum = 1, maximum = 4096)]
     pub gpus: Option<u32>,
+    /// An elastic job's most GPUs; `gpus` is then its fewest. It runs on
+    /// any whole number of nodes between them: it starts on `gpus`, grows
+    /// into what no queued job wants, and a preemption takes one of its
+    /// nodes where it can rather than all of it. Only preemptible jobs over
+    /// whole nodes (both counts multiples of the nodes' GPUs).
+    #[serde(default)]
+    #[schema(minimum = 2, maximum = 4096)]
+    pub max_gpus: Option<u32>,
     /// GPU model; any model when absent (reserved jobs: their reservation's).
     #[serde(default)]
     pub gpu_model: Option<String>,
@@ -238,7 +246,11 @@ pub struct Job {
     pub tenant: String,
     pub name: Option<String>,
     pub tier: String,
+    /// Its GPUs; an elastic job's fewest.
     pub gpus: u32,
+    /// An elastic job's most GPUs; what it runs on now is its placement.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_gpus: Option<u32>,
     pub gpu_model: Option<String>,
     pub argv: Vec<String>,
     /// queued, starting, running, draining, succeeded, failed, cancelled.

@@ -152,6 +152,9 @@ pub struct UsageSegment {
     pub seconds: u64,
     pub rate_micro_usd: i64,
     pub amount_micro_usd: i64,
+    /// Its GPUs: the record's, or for an elastic attempt its node's.
+    #[serde(default)]
+    pub gpus: u32,
 }
 
 /// One invoice line: a tier and GPU model at one rate.

@@ -524,6 +524,7 @@ mod tests {
             follows_preemption: false,
             within_min_runtime: false,
             promoted: promoted_s.map(|p| (ms(p), 1_800_000)),
+            parts: Vec::new(),
         })
     }
 

@@ -147,6 +147,18 @@ pub fn submission(spec: &JobSubmission, core: &State, limits: &Limits) -> Result
     if gpus == 0 || gpus > MAX_GPUS {
         return bad(format!("gpus: must be between 1 and {MAX_GPUS}, got {gpus}"));
     }
+    if let Some(max) = spec.max_gpus {
+        if max <= gpus || max > MAX_GPUS {
+            return bad(format!(
+                "max_gpus: an elastic job's most GPUs must be above gpus ({gpus}) and at most {MAX_GPUS}, got {max}"
+            ));
+        }
+        if tier != Tier::Preemptible {
+            return refuse(format!(
+                "max_gpus: only preemptible jobs are elastic ({tier} work is never shrunk); drop it or submit as preemptible"
+            ));
+        }
+    }
     if let Some(p) = spec.priority.filter(|p| !(-MAX_PRIORITY..=MAX_PRIORITY).contains(p)) {
         return bad(format!("priority: must be between -{MAX_PRIORITY} and {MAX_PRIORITY}, got {p}"));
     }
@@ -293,6 +305,19 @@ fn shape_in_cluster(spec: &JobSubmission, gpus: u32, core: &State) -> Result<(),
     }
     let candidates: Vec<_> =
         models.iter().filter(|(_, m)| spec.gpu_model.as_deref().is_none_or(|w| w == m.name)).collect();
+    if let Some(max) = spec.max_gpus {
+        let whole = |m: &ebb_scheduler::GpuModel| {
+            let per = u32::from(m.gpus_per_node);
+            gpus.is_multiple_of(per) && max.is_multiple_of(per)
+        };
+        if !candidates.is_empty() && !candidates.iter().any(|(_, m)| whole(m)) {
+            let per_node = candidates[0].1.gpus_per_node;
+            return refuse(format!(
+                "max_gpus: an elastic job runs on whole nodes of {}: {gpus}:{max} are not both multiples of {per_node}",
+                ebb_core::count(u64::from(per_node), "GPU")
+            ));
+        }
+    }
     if !candidates.is_empty() && !candidates.iter().any(|(_, m)| shape_fits(gpus, m.gpus_per_node)) {
         let per_node = candidates[0].1.gpus_per_node;
         return refuse(format!(

@@ -81,7 +81,7 @@ fn details_an_earlier_version_stored_still_read() {
     );
     assert_eq!(
         stored(EventKind::Submitted, r#"{"tier":"preemptible","gpus":2}"#),
-        Event::Submitted(SubmittedDetail { tier: "preemptible".into(), gpus: 2, task: None })
+        Event::Submitted(SubmittedDetail { tier: "preemptible".into(), gpus: 2, max_gpus: None, task: None })
     );
     assert_eq!(
         stored(EventKind::CancelRequested, r#"{"at":"2026-12-01T00:00:00Z"}"#),

@@ -114,7 +114,10 @@ fn job_table(jobs: &[api::Job], now_ms: u64) -> String {
             truncate(&name, 32),
             j.tenant.clone(),
             j.tier.clone(),
-            j.gpus.to_string(),
+            match j.max_gpus {
+                Some(max) => format!("{}:{max}", j.gpus),
+                None => j.gpus.to_string(),
+            },
             state,
             attempt(j),
             humantime::parse_rfc3339(&j.submitted_at)
@@ -178,7 +181,14 @@ fn show_text(job: &api::Job, why: bool) -> String {
         text,
         "  tier         {}  ({}{})",
         job.tier,
-        count(u64::from(job.gpus), "GPU"),
+        match job.max_gpus {
+            Some(max) => {
+                let now: usize = job.placement.iter().map(|p| p.gpus.len()).sum();
+                let now = if now > 0 { format!(", on {now} now") } else { String::new() };
+                format!("{} to {max} GPUs, elastic{now}", job.gpus)
+            }
+            None => count(u64::from(job.gpus), "GPU"),
+        },
         job.gpu_model.as_ref().map(|m| format!(" of {m}")).unwrap_or_default()
     )
     .unwrap();
@@ -275,13 +285,14 @@ fn show_text(job: &api::Job, why: bool) -> String {
         .unwrap();
     }
     for u in &job.usage {
-        // A promoted attempt: each part at its own rate.
+        // A promoted attempt's parts at their rates, an elastic one's
+        // nodes on their GPUs.
         let rates = match u.segments.as_slice() {
             [] => format!("{} GPU-s at ${}/GPU-h", u.gpu_seconds, crate::money::rate(u.rate_micro_usd)),
             parts => parts
                 .iter()
                 .map(|p| {
-                    let gpu_seconds = p.seconds * u64::from(u.gpus);
+                    let gpu_seconds = p.seconds * u64::from(if p.gpus > 0 { p.gpus } else { u.gpus });
                     format!(
                         "{gpu_seconds} GPU-s {} at ${}/GPU-h",
                         p.tier,

@@ -15,9 +15,12 @@ pub struct SubmitArgs {
     /// preemptible (default; also spot), on-demand or reserved.
     #[arg(long, value_parser = crate::output::tier)]
     pub tier: Option<String>,
-    /// Whole GPUs (default 1).
-    #[arg(long)]
-    pub gpus: Option<u32>,
+    /// Whole GPUs (default 1); MIN:MAX for an elastic job over whole
+    /// nodes (e.g. 16:64 on 8-GPU nodes): it starts on MIN, grows into
+    /// what no queued job wants, and loses a node rather than all of them
+    /// to a preemption. Preemptible jobs only.
+    #[arg(long, value_name = "N|MIN:MAX", value_parser = parse_gpus)]
+    pub gpus: Option<Gpus>,
     /// GPU model (default: any).
     #[arg(long)]
     pub gpu_model: Option<String>,
@@ -121,6 +124,38 @@ fn parse_priority(text: &str) -> Result<i32, CliError> {
 
 fn parse_span(text: &str) -> Result<ebb_core::Span, CliError> {
     ebb_core::Span::parse(text).map_err(usage)
+}
+
+/// `--gpus`: a count, or an elastic job's range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Gpus {
+    pub fewest: u32,
+    /// An elastic job's most.
+    pub most: Option<u32>,
+}
+
+/// `N` or `MIN:MAX` (MIN below MAX); the server checks them against the
+/// cluster's nodes.
+fn parse_gpus(text: &str) -> Result<Gpus, CliError> {
+    let count = |part: &str| {
+        part.trim().parse::<u32>().ok().filter(|n| *n > 0).ok_or_else(|| {
+            usage(format!(
+                "expected a number of GPUs N, or MIN:MAX for an elastic job (e.g. 16:64); got {text:?}"
+            ))
+        })
+    };
+    match text.split_once(':') {
+        None => Ok(Gpus { fewest: count(text)?, most: None }),
+        Some((fewest, most)) => {
+            let (fewest, most) = (count(fewest)?, count(most)?);
+            if fewest >= most {
+                return Err(usage(format!(
+                    "{text}: an elastic job's MIN:MAX needs MIN below MAX (for {fewest} GPUs exactly, --gpus {fewest})"
+                )));
+            }
+            Ok(Gpus { fewest, most: Some(most) })
+        }
+    }
 }
 
 /// `#EBB --gpus 2` lines of a job script, parsed like command-line flags.
@@ -239,7 +274,8 @@ pub fn submission(args: &SubmitArgs) -> Result<api::JobSubmission, CliError> {
     Ok(api::JobSubmission {
         name: args.name.clone().or(base.name),
         tier: args.tier.clone().or(base.tier),
-        gpus: args.gpus.or(base.gpus),
+        gpus: args.gpus.or(base.gpus).map(|g| g.fewest),
+        max_gpus: args.gpus.or(base.gpus).and_then(|g| g.most),
         gpu_model: args.gpu_model.clone().or(base.gpu_model),
         argv,
         env,
@@ -388,9 +424,37 @@ mod tests {
         }
     }
 
+    #[test]
+    fn gpus_are_a_count_or_an_elastic_range() {
+        assert_eq!(parse_gpus("8").unwrap(), Gpus { fewest: 8, most: None });
+        assert_eq!(parse_gpus("16:64").unwrap(), Gpus { fewest: 16, most: Some(64) });
+        for (text, words) in [
+            ("0", "expected a number of GPUs"),
+            ("8:8", "needs MIN below MAX"),
+            ("16:8", "needs MIN below MAX"),
+            (":8", "expected a number"),
+            ("8:", "expected a number"),
+            ("8:16:24", "expected a number"),
+            ("-8", "expected a number"),
+        ] {
+            let err = parse_gpus(text).unwrap_err().to_string();
+            assert!(err.contains(words), "{text}: {err}");
+        }
+    }
+
     proptest::proptest! {
         /// Every number is taken exactly when it is in range, and any text
         /// at all is answered, never a panic.
+        #[test]
+        fn any_gpus_text_is_a_count_a_range_or_refused(a in 0u64..100_000, b in 0u64..100_000, text in ".{0,24}") {
+            let range = parse_gpus(&format!("{a}:{b}"));
+            proptest::prop_assert_eq!(range.is_ok(), a > 0 && a < b && b <= u32::MAX as u64);
+            if let Ok(g) = range {
+                proptest::prop_assert_eq!((g.fewest as u64, g.most.map(u64::from)), (a, Some(b)));
+            }
+            let _ = parse_gpus(&text);
+        }
+
         #[test]
         fn any_priority_text_is_taken_in_range_or_refused(n in proptest::prelude::any::<i64>(), text in ".{0,24}") {
             proptest::prop_assert_eq!(parse_priority(&n.to_string()).is_ok(), (-1000..=1000).contains(&n));

@@ -108,7 +108,8 @@ pub struct UsageRow {
     pub segments: Vec<Segment>,
 }
 
-/// Part of an attempt at one tier's rate.
+/// Part of an attempt at one tier's rate (a promoted attempt's), or on
+/// one node (an elastic attempt's, each node from its join to its exit).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Segment {
     pub tier: String,
@@ -117,17 +118,31 @@ pub struct Segment {
     pub seconds: u64,
     pub rate: i64,
     pub amount: i64,
+    /// Its GPUs; 0: the record's (records before elastic attempts).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub gpus: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl UsageRow {
     pub fn gpu_seconds(&self) -> u64 {
-        self.seconds.saturating_mul(u64::from(self.gpus))
+        self.parts().iter().map(|p| p.seconds.saturating_mul(u64::from(p.gpus))).fold(0, u64::saturating_add)
     }
 
-    /// Its parts at each tier's rate: its segments, or itself whole.
+    /// Its parts at each tier's rate and on its GPUs: its segments, or
+    /// itself whole; each with its GPUs.
     pub fn parts(&self) -> Vec<Segment> {
         if !self.segments.is_empty() {
-            return self.segments.clone();
+            let mut parts = self.segments.clone();
+            for part in &mut parts {
+                if part.gpus == 0 {
+                    part.gpus = self.gpus;
+                }
+            }
+            return parts;
         }
         vec![Segment {
             tier: self.tier.clone(),
@@ -136,6 +151,7 @@ impl UsageRow {
             seconds: self.seconds,
             rate: self.rate,
             amount: self.amount,
+            gpus: self.gpus,
         }]
     }
 
@@ -159,18 +175,22 @@ impl UsageRow {
             drain_gpu_seconds: self.drain_gpu_seconds,
             lost_gpu_seconds: self.lost_gpu_seconds,
             outcome: self.outcome.clone(),
-            segments: self
-                .segments
-                .iter()
-                .map(|s| api::UsageSegment {
-                    tier: s.tier.clone(),
-                    from_ms: s.from_ms,
-                    to_ms: s.to_ms,
-                    seconds: s.seconds,
-                    rate_micro_usd: s.rate,
-                    amount_micro_usd: s.amount,
-                })
-                .collect(),
+            segments: match self.segments.is_empty() {
+                true => Vec::new(),
+                false => self
+                    .parts()
+                    .into_iter()
+                    .map(|s| api::UsageSegment {
+                        tier: s.tier,
+                        from_ms: s.from_ms,
+                        to_ms: s.to_ms,
+                        seconds: s.seconds,
+                        rate_micro_usd: s.rate,
+                        amount_micro_usd: s.amount,
+                        gpus: s.gpus,
+                    })
+                    .collect(),
+            },
         }
     }
 }
@@ -195,6 +215,19 @@ pub struct Ended<'a> {
     /// Promoted to on-demand during the attempt: when (clamped to the
     /// attempt), and the preemptible rate it ran at before.
     pub promoted: Option<(u64, i64)>,
+    /// An elastic attempt's parts, each on one node from its join to its
+    /// exit: metered each apart (empty for every other attempt).
+    pub parts: Vec<NodeSpan>,
+}
+
+/// One node's part of an elastic attempt: its GPUs, from its join to its
+/// exit, and its drain notice if it had one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NodeSpan {
+    pub gpus: u32,
+    pub from_ms: u64,
+    pub to_ms: u64,
+    pub notice_at_ms: Option<u64>,
 }
 
 /// Whole seconds, a started second counting as one.
@@ -214,7 +247,37 @@ pub fn meter(e: Ended<'_>) -> UsageRow {
     let drain_seconds = e
         .notice_at_ms
         .map_or(0, |notice| whole_seconds(ended_ms.saturating_sub(notice.max(e.started_ms))).min(seconds));
+    let mut drain_gpu_seconds = drain_seconds.saturating_mul(u64::from(e.gpus));
     let (amount, segments) = match e.promoted {
+        None if !e.parts.is_empty() => {
+            let segments: Vec<Segment> = e
+                .parts
+                .iter()
+                .map(|p| {
+                    let to_ms = p.to_ms.max(p.from_ms);
+                    let seconds = whole_seconds(to_ms - p.from_ms);
+                    Segment {
+                        tier: e.tier.to_string(),
+                        from_ms: p.from_ms,
+                        to_ms,
+                        seconds,
+                        rate: e.rate,
+                        amount: amount(e.rate, seconds.saturating_mul(u64::from(p.gpus))),
+                        gpus: p.gpus,
+                    }
+                })
+                .collect();
+            drain_gpu_seconds = e
+                .parts
+                .iter()
+                .filter_map(|p| {
+                    let notice = p.notice_at_ms?;
+                    let drained = whole_seconds(p.to_ms.saturating_sub(notice.max(p.from_ms)));
+                    Some(drained.saturating_mul(u64::from(p.gpus)))
+                })
+                .fold(0, u64::saturating_add);
+            (MicroUsd::total(segments.iter().map(|s| s.amount)), segments)
+        }
         None => (amount(e.rate, seconds.saturating_mul(u64::from(e.gpus))), Vec::new()),
         Some((promoted_ms, preemptible_rate)) => {
             let at = promoted_ms.clamp(e.started_ms, ended_ms);
@@ -232,6 +295,7 @@ pub fn meter(e: Ended<'_>) -> UsageRow {
                     seconds,
                     rate,
                     amount: amount(rate, seconds.saturating_mul(u64::from(e.gpus))),
+                    gpus: 0,
                 })
                 .collect();
             (MicroUsd::total(segments.iter().map(|s| s.amount)), segments)
@@ -250,7 +314,7 @@ pub fn meter(e: Ended<'_>) -> UsageRow {
         rate: e.rate,
         on_demand_rate: e.on_demand_rate,
         amount,
-        drain_gpu_seconds: drain_seconds.saturating_mul(u64::from(e.gpus)),
+        drain_gpu_seconds,
         lost_gpu_seconds: e.lost_gpu_ms.div_ceil(1000),
         outcome: e.outcome.to_string(),
         follows_preemption: e.follows_preemption,
@@ -417,7 +481,7 @@ pub fn invoice(
     let (mut drain, mut lost) = (0u64, 0u64);
     for u in usage {
         for part in u.parts() {
-            let gpu_seconds = part.seconds.saturating_mul(u64::from(u.gpus));
+            let gpu_seconds = part.seconds.saturating_mul(u64::from(part.gpus));
             let line = lines.entry((part.tier.clone(), u.gpu_model.clone(), part.rate)).or_insert((0, 0));
             line.0 = line.0.saturating_add(gpu_seconds);
             line.1 = line.1.saturating_add(part.amount);

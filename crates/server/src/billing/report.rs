@@ -56,7 +56,7 @@ pub fn report(ledger: &Ledger, from: u64, to: u64) -> api::OperatorReport {
         for part in u.parts() {
             let tier = tier_key(&part.tier);
             let ms = overlap((part.from_ms, part.to_ms), (from, to));
-            *used_ms.entry(tier).or_insert(0) += u128::from(ms) * u128::from(u.gpus);
+            *used_ms.entry(tier).or_insert(0) += u128::from(ms) * u128::from(part.gpus);
             if (from..to).contains(&u.ended_ms) {
                 let earned = revenue.entry(tier).or_insert(0);
                 *earned = earned.saturating_add(part.amount);
@@ -202,8 +202,8 @@ pub fn series(ledger: &Ledger, from: u64, to: u64, step_ms: u64) -> api::ReportS
             let used = used_ms.entry(tier).or_insert_with(|| vec![0; n]);
             let tenant = by_tenant.entry(u.tenant).or_insert_with(|| vec![0; n]);
             for (i, ms) in buckets_of((part.from_ms, part.to_ms)) {
-                used[i] += u128::from(ms) * u128::from(u.gpus);
-                tenant[i] += u128::from(ms) * u128::from(u.gpus);
+                used[i] += u128::from(ms) * u128::from(part.gpus);
+                tenant[i] += u128::from(ms) * u128::from(part.gpus);
             }
             if (from..to).contains(&u.ended_ms) {
                 let revenue = revenue.entry(tier).or_insert_with(|| vec![0; n]);

@@ -24,6 +24,7 @@ fn metering_is_per_started_second() {
         follows_preemption: true,
         within_min_runtime: false,
         promoted: None,
+        parts: Vec::new(),
     };
     let u = meter(base);
     assert!(u.follows_preemption && !u.within_min_runtime);
@@ -276,6 +277,7 @@ fn a_promoted_attempt_is_billed_at_each_rate_for_its_seconds_and_invoiced_on_two
         follows_preemption: false,
         within_min_runtime: false,
         promoted: Some((70_200, 1_000_000)),
+        parts: Vec::new(),
     });
     let parts: Vec<_> = u.parts().iter().map(|p| (p.tier.clone(), p.seconds, p.rate, p.amount)).collect();
     assert_eq!(

@@ -100,7 +100,7 @@ impl AttemptEnd {
             at_ms: end_ms,
             code: job.exit_code,
             signal: job.exit_signal,
-            lost_ms: ending::lost_work(job, end_ms) / u64::from(job.gpus.max(1)),
+            lost_ms: ending::lost_work(job, end_ms) / u64::from(job.running_gpus().max(1)),
             saved: job.checkpoints.last.as_deref().cloned(),
         }
     }

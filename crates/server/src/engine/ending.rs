@@ -5,6 +5,7 @@
 //! lost or removed, or a restarted server cannot put it back.
 
 use super::*;
+use crate::billing::NodeSpan;
 
 /// The grace between a stop's signal and SIGKILL: a cancel's unless it
 /// asks for another (`ebb cancel --grace`), and the other nodes' of a gang
@@ -137,7 +138,7 @@ pub(super) fn exit_kind(job: &JobRecord, completed: bool, max_requeues: u64) -> 
 pub(super) fn lost_work(job: &JobRecord, end_ms: u64) -> u64 {
     let started = job.run_started_ms.unwrap_or(job.started_ms);
     let saved = job.attempt_checkpoint_ms.map_or(started, |c| c.max(started));
-    end_ms.saturating_sub(saved) * job.gpus as u64
+    end_ms.saturating_sub(saved) * job.running_gpus() as u64
 }
 
 /// What the caller of `ended` knows of an attempt's end that the record
@@ -356,7 +357,7 @@ fn meter(
         tenant: job.tenant,
         tier: job.tier.as_str(),
         gpu_model: model,
-        gpus: job.gpus,
+        gpus: job.running_gpus(),
         started_ms,
         ended_ms: end_ms,
         notice_at_ms,
@@ -369,7 +370,34 @@ fn meter(
         promoted: job.deadline.as_ref().and_then(|d| d.promoted.as_ref()).and_then(|p| {
             p.running.filter(|(attempt, _)| *attempt == job.attempt).map(|(_, rate)| (p.at_ms, rate))
         }),
+        parts: node_spans(job, started_ms, end_ms, notice_at_ms),
     }))
+}
+
+/// An elastic attempt's parts, each node from its join to its exit: those
+/// that left, and those there at its end. Empty for an attempt whose
+/// nodes never changed, metered whole.
+fn node_spans(job: &JobRecord, started_ms: u64, end_ms: u64, notice_at_ms: Option<u64>) -> Vec<NodeSpan> {
+    let Some(elastic) = job.elastic.as_deref().filter(|e| !e.left.is_empty() || !e.joined.is_empty()) else {
+        return Vec::new();
+    };
+    let left = elastic.left.iter().map(|l| NodeSpan {
+        gpus: l.gpus,
+        from_ms: l.from_ms,
+        to_ms: l.to_ms,
+        notice_at_ms: l.notice_at_ms,
+    });
+    let staying = job.placement.iter().map(|part| {
+        let from_ms = elastic.joined.iter().find(|(n, _)| *n == part.node).map_or(started_ms, |(_, at)| *at);
+        let leaving = elastic.leaving.iter().find(|l| l.node == part.node).map(|l| l.notice.notice_at_ms);
+        NodeSpan {
+            gpus: part.gpus.len() as u32,
+            from_ms,
+            to_ms: end_ms.max(from_ms),
+            notice_at_ms: leaving.or(notice_at_ms),
+        }
+    });
+    left.chain(staying).collect()
 }
 
 #[cfg(test)]

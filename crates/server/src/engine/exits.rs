@@ -43,9 +43,12 @@ pub(super) fn part_exited(
     exit: PartExit,
     at_ms: u64,
 ) -> Written {
+    let id = attempt.job;
+    if p.jobs[&id].elastic.as_ref().is_some_and(|e| e.leaving.iter().any(|l| l.node == node)) {
+        return part_left(p, node, attempt, at_ms);
+    }
     let PartExit { code, signal, completed, vanished, peak_memory_bytes, start_error, port_in_use, ended_by } =
         exit;
-    let id = attempt.job;
     let job = p.jobs.get_mut(&id).expect("live attempt");
     let first_part = job.running_on.len() == job.placement.len();
     job.running_on.retain(|n| n != node);
@@ -94,6 +97,47 @@ pub(super) fn part_exited(
     let end_ms = job.exited_ms;
     let reason = end_reason(job, effect, node);
     ended(p, id, (effect, end_ms), EndNote { reason, ..Default::default() })
+}
+
+/// An elastic job's part told to leave has gone (however it exited: it
+/// was told to): the core frees its GPUs, the part is metered from its
+/// node's join to its exit and counted in its tenant's fair share, and the
+/// attempt goes on on the other nodes.
+fn part_left(p: &mut Parts<'_, impl Effects>, node: &str, attempt: AttemptRef, at_ms: u64) -> Written {
+    let id = attempt.job;
+    let now = p.fx.now();
+    if let Some(n) = p.core.node_by_name(node) {
+        if let Err(e) = p.core.part_left(id, attempt.attempt, n) {
+            tracing::error!(job = id.0, node, "core refused the part's leaving: {e}");
+        }
+    }
+    let job = p.jobs.get_mut(&id).expect("live attempt");
+    let started = job.run_started_ms.unwrap_or(job.started_ms);
+    let Some(at) = job.placement.iter().position(|part| part.node == node) else {
+        return effects::save(p.jobs, &mut p.fx, id);
+    };
+    let part = job.placement.remove(at);
+    job.running_on.retain(|n| n != node);
+    job.started_on.retain(|n| n != node);
+    let elastic = job.elastic.get_or_insert_with(Default::default);
+    let notice_at_ms = elastic.leaving.iter().find(|l| l.node == node).map(|l| l.notice.notice_at_ms);
+    elastic.leaving.retain(|l| l.node != node);
+    let from_ms = elastic.joined.iter().find(|(n, _)| n == node).map_or(started, |(_, at)| *at);
+    elastic.joined.retain(|(n, _)| n != node);
+    let gpus = part.gpus.len() as u32;
+    let to_ms = at_ms.max(from_ms);
+    elastic.left.push(LeftPart { node: node.to_string(), gpus, from_ms, to_ms, notice_at_ms });
+    let now_gpus = job.placement.iter().map(|part| part.gpus.len() as u32).sum();
+    if let Some((model, _, _)) = &job.billing {
+        if let Some(model) = p.core.model_by_name(model) {
+            let span = (Time(from_ms), Time(to_ms));
+            let _ = p.core.record_usage(job.tenant, job.tier, model, gpus, span, Time(now));
+        }
+    }
+    let gpu_seconds = (to_ms - from_ms) as f64 / 1000.0 * f64::from(gpus);
+    let detail = ShrunkDetail { node: node.to_string(), gpus, gpu_seconds, now_gpus };
+    p.fx.event(&p.jobs[&id], Event::Shrunk(detail))?;
+    effects::save(p.jobs, &mut p.fx, id)
 }
 
 /// A part of a gang exited while others run. Being drained or cancelled,

@@ -52,6 +52,15 @@ impl JobState {
 }
 
 impl JobRecord {
+    /// The GPUs its live attempt holds: its `gpus`, or for an elastic job
+    /// what it runs on now.
+    pub fn running_gpus(&self) -> u32 {
+        match self.spec.max_gpus {
+            Some(_) if !self.placement.is_empty() => self.placement.iter().map(|p| p.gpus.len() as u32).sum(),
+            _ => self.gpus,
+        }
+    }
+
     /// The job as the scheduling core takes it.
     pub(super) fn core_spec(&self, core: &State) -> JobSpec {
         JobSpec {
@@ -59,7 +68,7 @@ impl JobRecord {
             tenant: self.tenant,
             tier: self.tier,
             gpus: self.gpus,
-            max_gpus: None,
+            max_gpus: self.spec.max_gpus,
             gpu_model: self.spec.gpu_model.as_deref().and_then(|m| core.model_by_name(m)),
             // A promoted job queues on-demand from its promotion (see
             // `State::promote`), after a restart too.
@@ -134,6 +143,12 @@ pub struct JobRecord {
     pub held: Vec<Part>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub waiting_for: Vec<JobId>,
+    /// Parts of elastic jobs (job, node) its held GPUs wait for.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waiting_parts: Vec<(JobId, String)>,
+    /// An elastic job's live attempt beyond its placement.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elastic: Option<Box<ElasticRun>>,
     /// Its start, sent to the held GPUs' node before the victims left.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub staged: Option<super::staged::StagedStart>,
@@ -341,6 +356,42 @@ impl ArrayTask {
     }
 }
 
+/// An elastic job's live attempt beyond its placement: its nodes told to
+/// leave, the nodes that joined after its start (by the server's clock),
+/// and the parts that have left, each metered from its join to its exit.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ElasticRun {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub leaving: Vec<LeavingPart>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub joined: Vec<(String, u64)>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub left: Vec<LeftPart>,
+    /// When its nodes last changed (a shrink's notice or a grow), by the
+    /// server's clock: it grows again only `min_runtime` after.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resized_ms: Option<u64>,
+}
+
+/// A node of an elastic job's attempt told to leave by a shrink.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeavingPart {
+    pub node: String,
+    pub notice: DrainNotice,
+}
+
+/// A part of an elastic job's attempt that has left: its GPUs there, from
+/// its start (or its node's join) to its exit by its agent's clock.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeftPart {
+    pub node: String,
+    pub gpus: u32,
+    pub from_ms: u64,
+    pub to_ms: u64,
+    /// Its shrink's notice.
+    pub notice_at_ms: Option<u64>,
+}
+
 /// A live attempt's drain: when its notice was given, when it is killed,
 /// what drained it, and why in words (as its `drain_notice` event said).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -519,6 +570,8 @@ impl JobRecord {
             vanished: false,
             held: Vec::new(),
             waiting_for: Vec::new(),
+            waiting_parts: Vec::new(),
+            elastic: None,
             staged: None,
             spent_attempt: Attempt(0),
             array: None,

@@ -155,7 +155,10 @@ fn prepare(
         // A reserved job runs on its reservation's model.
         spec.gpu_model = Some(reserved_model(p.money, p.tenants, tenant, spec.gpu_model.as_deref(), now)?);
     }
-    check_capacity(p.fleet, checked.gpus, spec.gpu_model.as_deref())?;
+    check_capacity(p.fleet, ("gpus", checked.gpus), spec.gpu_model.as_deref())?;
+    if let Some(max) = spec.max_gpus {
+        check_capacity(p.fleet, ("max_gpus", max), spec.gpu_model.as_deref())?;
+    }
     let tasks = expand(&spec, std::mem::take(&mut checked.tasks), first_id);
     Ok((checked, tasks))
 }
@@ -194,7 +197,7 @@ fn reserved_model(
 /// if it names none) that have joined could ever give it together,
 /// naming what the cluster has. A cluster no node has joined yet
 /// takes any size: the nodes may be on their way.
-fn check_capacity(fleet: &Fleet, gpus: u32, model: Option<&str>) -> Result<(), Refusal> {
+fn check_capacity(fleet: &Fleet, (field, gpus): (&str, u32), model: Option<&str>) -> Result<(), Refusal> {
     let registered = &fleet.registered;
     let fits = |m: &str| registered.get(m).is_some_and(|(have, _)| u64::from(gpus) <= *have);
     let fitting = match model {
@@ -210,7 +213,7 @@ fn check_capacity(fleet: &Fleet, gpus: u32, model: Option<&str>) -> Result<(), R
         .map(|(m, (have, nodes))| format!("{have} {m} on {nodes} node{}", if *nodes == 1 { "" } else { "s" }))
         .collect();
     Err(Refusal::unacceptable(format!(
-        "gpus: {gpus} GPUs{}, but the cluster has {} in all: more than its nodes could ever give one job",
+        "{field}: {gpus} GPUs{}, but the cluster has {} in all: more than its nodes could ever give one job",
         model.map(|m| format!(" of {m}")).unwrap_or_default(),
         if has.is_empty() { "none of that model".to_string() } else { has.join(", ") }
     )))
@@ -352,8 +355,13 @@ pub(super) fn make_jobs(
             // No output yet: its first is appended without asking the store
             // (two round trips to PostgreSQL for each new job).
             p.jobs.logs.insert(id, crate::store::LogState::default());
-            let detail =
-                SubmittedDetail { tier: checked.tier.as_str().into(), gpus: checked.gpus, task: index };
+            let max_gpus = p.jobs[&id].spec.max_gpus;
+            let detail = SubmittedDetail {
+                tier: checked.tier.as_str().into(),
+                gpus: checked.gpus,
+                max_gpus,
+                task: index,
+            };
             p.fx.event(&p.jobs[&id], Event::Submitted(detail))?;
             p.fx.counters().submitted += 1;
             deadline::judge_deadline(p.jobs, p.core, p.config.drain_window, &mut p.fx, id, now)?;

@@ -84,6 +84,14 @@ impl Launch<'_> {
             env.insert("EBB_CHECKPOINT_INTERVAL_S".into(), interval.clone());
             env.extend(run_env(&run, &job.spec.env));
             match (&job.rendezvous, &slurm) {
+                (Some((addr, port)), None) if job.spec.max_gpus.is_some() => env.extend(elastic_env(
+                    addr,
+                    *port,
+                    &run,
+                    gpus.len(),
+                    (job.gpus, job.spec.max_gpus),
+                    nodes,
+                )),
                 (Some((addr, port)), None) => {
                     env.extend(gang_env(addr, *port, rank, nodes, gpus.len(), job.gpus))
                 }
@@ -250,6 +258,41 @@ pub(super) fn gang_env(
         ("PET_NPROC_PER_NODE", local_gpus.to_string()),
         ("PET_MASTER_ADDR", addr.to_string()),
         ("PET_MASTER_PORT", port.to_string()),
+    ];
+    pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+}
+
+/// What an elastic job's nodes are told: its range and its nodes now
+/// (`EBB_GPUS_MIN`, `EBB_GPUS_MAX`, `EBB_NODES`), and what a bare
+/// `torchrun train.py` needs to join its elastic rendezvous on the first
+/// node: `--nnodes MIN:MAX` in nodes, the c10d backend, the endpoint and
+/// the run's id, restarts enough for every change of nodes, and the
+/// rendezvous store not shared with the workers (with it shared, a node
+/// that joins later waits for keys the first round set).
+pub(super) fn elastic_env(
+    addr: &str,
+    port: u16,
+    run: &str,
+    local_gpus: usize,
+    (fewest, most): (u32, Option<u32>),
+    nodes: usize,
+) -> Vec<(String, String)> {
+    let per_node = (local_gpus as u32).max(1);
+    let most = most.unwrap_or(fewest);
+    let pairs = [
+        ("EBB_GPUS_MIN", fewest.to_string()),
+        ("EBB_GPUS_MAX", most.to_string()),
+        ("EBB_NODES", nodes.to_string()),
+        ("MASTER_ADDR", addr.to_string()),
+        ("MASTER_PORT", port.to_string()),
+        ("LOCAL_WORLD_SIZE", local_gpus.to_string()),
+        ("PET_NNODES", format!("{}:{}", fewest / per_node, most / per_node)),
+        ("PET_NPROC_PER_NODE", local_gpus.to_string()),
+        ("PET_RDZV_BACKEND", "c10d".to_string()),
+        ("PET_RDZV_ENDPOINT", format!("{addr}:{port}")),
+        ("PET_RDZV_ID", run.to_string()),
+        ("PET_MAX_RESTARTS", "1000".to_string()),
+        ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1".to_string()),
     ];
     pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
 }

@@ -91,7 +91,8 @@ pub use ending::{EndedBy, STOP_GRACE_MS};
 pub use exits::UNSTARTED_GRACE_MS;
 use job::TenantLoad;
 pub use job::{
-    restart_backoff_ms, ArrayTask, DrainNotice, Drained, JobRecord, JobState, Part, Waiting, QUICK_EXIT_MS,
+    restart_backoff_ms, ArrayTask, DrainNotice, Drained, ElasticRun, JobRecord, JobState, LeavingPart,
+    LeftPart, Part, Waiting, QUICK_EXIT_MS,
 };
 use launch::Launch;
 pub use lines::{Lines, QuietPoll};

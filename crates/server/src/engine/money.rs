@@ -283,7 +283,7 @@ pub(super) fn ledger(p: &mut Parts<impl Effects>, from_ms: u64) -> Result<crate:
             Some(crate::billing::Live {
                 tenant: j.tenant,
                 tier: j.tier.as_str().into(),
-                gpus: j.gpus,
+                gpus: j.running_gpus(),
                 started_ms: j.run_started_ms?,
             })
         })

@@ -1,7 +1,7 @@
 //! Plan effects: what a scheduling pass decided, made into records, events
 //! and commands. The details of a start are in `launch`.
 
-use ebb_scheduler::{Drain, Placement, Plan, Preemption};
+use ebb_scheduler::{Drain, Grow, Placement, Plan, Preemption, Shrink};
 
 use super::effects::{self, Effects};
 use super::table::JobTable;
@@ -62,11 +62,17 @@ impl<S: Store> Engine<S> {
             for drain in &plan.drains {
                 drained(&mut self.parts(), drain)?;
             }
+            for shrink in &plan.shrinks {
+                shrinking(&mut self.parts(), shrink)?;
+            }
             for preemption in &plan.preemptions {
                 preempting(&mut self.parts(), preemption)?;
             }
             for placement in &plan.placements {
                 self.placed(placement, now)?;
+            }
+            for grow in &plan.grows {
+                self.grown(grow, now)?;
             }
         }
         tracing::error!("the scheduler did not settle in 1000 passes");
@@ -114,8 +120,9 @@ impl<S: Store> Engine<S> {
                 (recommendation.interval.as_secs(), self.why.of(&recommendation))
             }
         };
-        let rendezvous =
-            (placement.len() > 1).then(|| self.launch().rendezvous(&self.jobs, &placement[0].node));
+        // An elastic job may grow onto more nodes: it meets from its start.
+        let gang = placement.len() > 1 || self.jobs[&id].spec.max_gpus.is_some();
+        let rendezvous = gang.then(|| self.launch().rendezvous(&self.jobs, &placement[0].node));
         let billing = self.rates(self.jobs[&id].tier, &placement[0].node)?;
         let new = NewAttempt {
             attempt: p.attempt,
@@ -134,14 +141,22 @@ impl<S: Store> Engine<S> {
 /// goes to their node now where it can (`staged`).
 fn preempting(p: &mut Parts<'_, impl Effects>, pre: &Preemption) -> Written {
     let held = recovery::named(p.core, &pre.hold);
+    let parts: Vec<(JobId, String)> =
+        pre.parts.iter().map(|&(job, node)| (job, p.core.node(node).expect("known").name.clone())).collect();
     let job = p.jobs.get_mut(&pre.preemptor).expect("known job");
     job.held = held;
     job.waiting_for = pre.victims.clone();
+    job.waiting_parts = parts;
     staged::stage(p, pre.preemptor);
     effects::save(p.jobs, &mut p.fx, pre.preemptor)?;
     let lost = pre.lost_gpu_ms as f64 / 1000.0;
     let victims = pre.victims.iter().map(|v| v.0).collect();
-    let detail = PreemptingDetail { victims, lost_gpu_seconds: lost };
+    let shrinking = p.jobs[&pre.preemptor]
+        .waiting_parts
+        .iter()
+        .map(|(job, node)| PartOf { job: job.0, node: node.clone() })
+        .collect();
+    let detail = PreemptingDetail { victims, shrinking, lost_gpu_seconds: lost };
     p.fx.event(&p.jobs[&pre.preemptor], Event::Preempting(detail))
 }
 
@@ -181,6 +196,8 @@ pub(super) fn begin_attempt(p: &mut Parts<'_, impl Effects>, id: JobId, new: New
     job.drain = None;
     job.held.clear();
     job.waiting_for.clear();
+    job.waiting_parts.clear();
+    job.elastic = None;
     job.exit_code = None;
     job.exit_signal = None;
     if let Some(drill) = job.drill.as_mut() {
@@ -244,6 +261,80 @@ pub(super) fn drain_words(p: &Parts<'_, impl Effects>, d: &Drain) -> (String, Dr
             );
             (why, Drained::FairShare { waiting: tenant })
         }
+    }
+}
+
+/// Some nodes of an elastic job told to leave: each is sent the drain
+/// notice its part acts on, the record keeps it, and the timeline has it;
+/// the attempt goes on on its other nodes.
+pub(super) fn shrinking(p: &mut Parts<'_, impl Effects>, s: &Shrink) -> Written {
+    let as_drain = Drain {
+        job: s.job,
+        attempt: s.attempt,
+        notice_at: s.notice_at,
+        deadline: s.deadline,
+        reason: s.reason,
+    };
+    let (reason, cause) = drain_words(p, &as_drain);
+    let nodes: Vec<String> = s.nodes.iter().map(|&n| p.core.node(n).expect("known").name.clone()).collect();
+    let detail = match &cause {
+        Drained::Preempted { by } => DrainCause { by: Some(by.0), node: None },
+        Drained::Node { node } => DrainCause { by: None, node: Some(node.clone()) },
+        _ => DrainCause::default(),
+    };
+    let notice =
+        DrainNotice { notice_at_ms: s.notice_at.0, deadline_ms: s.deadline.0, cause, reason: reason.clone() };
+    let job = p.jobs.get_mut(&s.job).expect("known job");
+    let elastic = job.elastic.get_or_insert_with(Default::default);
+    for node in &nodes {
+        elastic.leaving.push(LeavingPart { node: node.clone(), notice: notice.clone() });
+    }
+    elastic.resized_ms = Some(s.notice_at.0);
+    let drain = DrainAttempt {
+        attempt: AttemptRef { job: s.job, attempt: s.attempt },
+        notice_at_ms: s.notice_at.0,
+        deadline_ms: s.deadline.0,
+        reason: reason.clone(),
+    };
+    for node in &nodes {
+        p.fx.send(node, Action::Drain(drain.clone()));
+    }
+    let detail = ShrinkingDetail {
+        nodes,
+        reason,
+        notice_at: rfc3339(s.notice_at.0),
+        deadline: rfc3339(s.deadline.0),
+        detail,
+    };
+    p.fx.event(&p.jobs[&s.job], Event::Shrinking(detail))?;
+    effects::save(p.jobs, &mut p.fx, s.job)
+}
+
+impl<S: Store> Engine<S> {
+    /// An elastic job grows onto whole free nodes: the same attempt, a
+    /// start sent to each new node (joining the attempt's rendezvous).
+    pub(super) fn grown(&mut self, g: &Grow, now: u64) -> Written {
+        let added = self.named(&g.alloc);
+        let id = g.job;
+        let job = self.jobs.get_mut(&id).expect("known job");
+        let elastic = job.elastic.get_or_insert_with(Default::default);
+        for part in &added {
+            elastic.joined.push((part.node.clone(), now));
+        }
+        elastic.resized_ms = Some(now);
+        let nodes: Vec<String> = added.iter().map(|part| part.node.clone()).collect();
+        job.placement.extend(added);
+        job.running_on.extend(nodes.iter().cloned());
+        let now_gpus = job.placement.iter().map(|part| part.gpus.len() as u32).sum();
+        let Parts { jobs, config, tenants, fleet, mut fx, .. } = self.parts();
+        let launch = Launch { config, tenants, fleet };
+        for (node, start) in launch.starts(&jobs[&id]) {
+            if nodes.contains(&node) {
+                fx.send(&node, Action::Start(start));
+            }
+        }
+        fx.event(&jobs[&id], Event::Grown(GrownDetail { nodes, now_gpus }))?;
+        effects::save(jobs, &mut fx, id)
     }
 }
 

@@ -408,6 +408,24 @@ impl<S: Store> Engine<S> {
         };
         let (attempt, preemptions, started) = (job.attempt, job.preemptions, job.started_ms);
         let checkpoint = job.attempt_checkpoint_ms.map(Time);
+        let node_id =
+            |name: &str| self.core.node_by_name(name).ok_or_else(|| RestoreError::NodeGone(name.into()));
+        let (mut joined, mut leaving) = (Vec::new(), Vec::new());
+        if let Some(elastic) = job.elastic.as_deref() {
+            for (name, at) in &elastic.joined {
+                joined.push((node_id(name)?, Time(*at)));
+            }
+            for part in &elastic.leaving {
+                let n = &part.notice;
+                let notice = Notice {
+                    notice_at: Time(n.notice_at_ms),
+                    deadline: Time(n.deadline_ms),
+                    reason: self.drain_reason(&n.cause)?,
+                };
+                leaving.push((node_id(&part.node)?, notice));
+            }
+        }
+        let resized_at = job.elastic.as_deref().and_then(|e| e.resized_ms).map(Time);
         self.core.restore_run(
             self.spec_of(id),
             ebb_scheduler::RestoredRun {
@@ -417,9 +435,9 @@ impl<S: Store> Engine<S> {
                 started_at: Time(started),
                 last_checkpoint_at: checkpoint,
                 notice,
-                joined: Vec::new(),
-                leaving: Vec::new(),
-                resized_at: None,
+                joined,
+                leaving,
+                resized_at,
             },
         )?;
         Ok(restore_marks(&self.jobs[&id], &mut self.core)?)
@@ -446,8 +464,13 @@ impl<S: Store> Engine<S> {
         let job = &self.jobs[&id];
         let alloc = self.masks(&job.held)?;
         let victims: Vec<JobId> = job.waiting_for.clone();
+        let parts: Vec<(JobId, NodeId)> = job
+            .waiting_parts
+            .iter()
+            .filter_map(|(victim, node)| Some((*victim, self.core.node_by_name(node)?)))
+            .collect();
         let staged = job.staged.as_ref().map(|s| s.attempt);
-        Ok(self.core.restore_hold(id, alloc, &victims, &[], staged)?)
+        Ok(self.core.restore_hold(id, alloc, &victims, &parts, staged)?)
     }
 
     /// GPUs by node as the core has them (ids, bit masks) to GPUs by node

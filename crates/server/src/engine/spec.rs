@@ -28,6 +28,9 @@ pub struct StoredSpec {
     pub env: Arc<BTreeMap<String, String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workdir: Option<String>,
+    /// An elastic job's most GPUs (its record's `gpus` is its fewest).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_gpus: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_preemptions: Option<u32>,
     /// Its place among its tenant's jobs of its tier: higher first.
@@ -86,6 +89,7 @@ impl From<JobSubmission> for StoredSpec {
             argv: Arc::new(s.argv),
             env: Arc::new(s.env),
             workdir: s.workdir,
+            max_gpus: s.max_gpus,
             max_preemptions: s.max_preemptions,
             priority: s.priority.unwrap_or(0),
             max_retries: s.max_retries,

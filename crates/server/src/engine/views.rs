@@ -265,6 +265,7 @@ impl<S: Store> Engine<S> {
             name: job.spec.name.clone(),
             tier: job.tier.as_str().into(),
             gpus: job.gpus,
+            max_gpus: job.spec.max_gpus,
             gpu_model: job.spec.gpu_model.clone(),
             argv: (*job.spec.argv).clone(),
             state: job.state.as_str().into(),

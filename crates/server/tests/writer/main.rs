@@ -24,6 +24,7 @@ mod billing;
 mod capacity;
 mod counts;
 mod drills;
+mod elastic;
 mod fairness;
 mod fuzz;
 mod gangs;

@@ -305,6 +305,7 @@ pub(super) fn submission() -> impl Strategy<Value = JobSubmission> {
         (deadline, restart, env, sweep, rarely(text()), rarely(any::<u32>())),
         (rarely(any::<u32>()), any::<bool>(), rarely(text()), image()),
         (rarely(any::<u64>()), rarely(any::<u32>()), rarely(text()), rarely(slurm()), rarely(any::<i32>())),
+        rarely(prop_oneof![Just(8u32), Just(16), Just(24), Just(32), any::<u32>()]),
     )
         .prop_map(
             |(
@@ -312,7 +313,9 @@ pub(super) fn submission() -> impl Strategy<Value = JobSubmission> {
                 (deadline, restart, env, sweep, name, max_preemptions),
                 (max_retries, exit_on_drain_is_success, workdir, (image, image_digest)),
                 (time_limit_s, array_limit, after, slurm, priority),
+                max_gpus,
             )| JobSubmission {
+                max_gpus,
                 priority,
                 time_limit_s,
                 array_limit,
