@@ -343,7 +343,7 @@ async function clusterView() {
                   el("td", {}, jobLink(j.id), j.name ? ` ${j.name}` : ""),
                   el("td", { text: j.tenant }),
                   el("td", { text: j.tier }),
-                  el("td", { text: j.gpus }),
+                  el("td", { text: gpuRange(j) }),
                   el("td", { text: j.pending_reason || "" }),
                   el("td", { text: j.pending_detail || "" }),
                 ),
@@ -761,6 +761,18 @@ function lostWork(gpuSeconds, n) {
 }
 
 /// `1 GPU`, `8 GPUs`.
+// A job's GPUs in a table: its count, or an elastic job's range.
+function gpuRange(j) {
+  return j.max_gpus ? `${j.gpus}:${j.max_gpus}` : j.gpus;
+}
+
+// A job's GPUs on its page: an elastic job's range, and what it runs on now.
+function elasticGpus(job) {
+  if (!job.max_gpus) return gpus(job.gpus);
+  const now = job.placement.reduce((n, p) => n + p.gpus.length, 0);
+  return `${job.gpus} to ${job.max_gpus}, elastic${now ? `, on ${now} now` : ""}`;
+}
+
 function gpus(n) {
   return `${n} ${n === 1 ? "GPU" : "GPUs"}`;
 }
@@ -932,7 +944,7 @@ async function jobsView() {
         : el("td", { class: "name command", text: j.argv.join(" ") }),
       session.operator ? el("td", { class: "tenant", text: j.tenant }) : null,
       el("td", { text: j.tier }),
-      el("td", { text: j.gpus }),
+      el("td", { text: gpuRange(j) }),
       el("td", { class: `state-${j.state}`, text: j.state }),
       el("td", {}, progress(j)),
       el("td", { text: j.submitted_at }),
@@ -999,7 +1011,7 @@ async function jobView(id) {
     ["State", job.state],
     ["Tenant", job.tenant],
     ["Tier", job.tier],
-    ["GPUs", `${gpus(job.gpus)}${job.gpu_model ? ` of ${job.gpu_model}` : ""}`],
+    ["GPUs", `${elasticGpus(job)}${job.gpu_model ? ` of ${job.gpu_model}` : ""}`],
     ["Command", job.argv.join(" ")],
     ["Attempt", `${job.attempt} (preempted ${job.preemptions}, retried ${job.retries})`],
     ...(job.run_id ? [["Run", `${job.run_id} (every attempt's EBB_RUN_ID: one run in a tracker)`]] : []),
