@@ -260,6 +260,12 @@ fn promote(
     d.blocked = None;
     d.promoted = Some(Promotion { at_ms: now, why: why.clone(), running });
     job.tier = Tier::OnDemand;
+    // On-demand work is never shrunk or grown: an elastic job runs on as
+    // it is, or queues for its fewest (as the core took it).
+    let holding = job.running_gpus();
+    if job.spec.max_gpus.take().is_some() && running.is_some() {
+        job.gpus = holding;
+    }
     let detail = PromotedDetail {
         running: running.is_some(),
         fraction_done: fraction,

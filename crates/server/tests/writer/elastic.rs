@@ -200,3 +200,41 @@ fn an_elastic_gang_loses_a_node_goes_on_grows_back_and_is_metered_node_by_node()
     let expected = 8 * secs(start, left_at) + 2 * 8 * secs(start, end) + 8 * secs(grown_at, end);
     assert_eq!(usage[0].gpu_seconds(), expected, "{parts:?}");
 }
+
+/// A running elastic job whose deadline needs on-demand is promoted where
+/// it runs and stays as it is, rigid: on-demand work is never shrunk or
+/// grown. A restart keeps it so.
+#[test]
+fn a_promoted_elastic_job_runs_on_rigid_at_its_size() {
+    let mut env = three_nodes("elastic-promoted");
+    let mut told = Told::default();
+    let deadline = Some(ebb_server::rfc3339(env.now + 600_000));
+    let spec = JobSubmission { gpus: Some(8), max_gpus: Some(24), deadline, ..Default::default() };
+    let id = submit(&mut env, spec).unwrap();
+    told.pass(&mut env, 0);
+    let started = told.starts();
+    assert_eq!(started.len(), 3);
+    let attempt = started[0].1.attempt;
+    for (node, _) in &started {
+        let at_ms = env.now;
+        env.report(node, vec![AgentEvent::Started { attempt, pid: 1, at_ms }]);
+    }
+    // 40% in 300 s: the rest does not fit before the deadline.
+    told.pass(&mut env, 300_000);
+    let at_ms = env.now;
+    env.report(&started[0].0, vec![AgentEvent::Progress { attempt, fraction: 0.4, at_ms }]);
+    let job = env.job(id).unwrap();
+    assert_eq!(
+        (job.tier.as_str(), job.state.as_str(), job.gpus, job.max_gpus),
+        ("on-demand", "running", 24, None)
+    );
+    env.restart();
+    for node in ["a", "b", "c"] {
+        env.register(node, vec![attempt], Vec::new());
+    }
+    let job = env.job(id).unwrap();
+    assert_eq!(
+        (job.tier.as_str(), job.state.as_str(), job.gpus, job.max_gpus),
+        ("on-demand", "running", 24, None)
+    );
+}
