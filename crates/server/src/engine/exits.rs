@@ -251,10 +251,12 @@ pub(super) fn ended(
         .as_ref()
         .filter(|_| effect != ExitEffect::Drilled)
         .map(|n| end_ms.saturating_sub(n.notice_at_ms));
+    // An elastic attempt's parts that left were counted as they did.
+    let counted = job.elastic.as_ref().map_or(0, |e| e.left.len());
     let mut ended = end_attempt(job, effect, end_ms, now, p.config.min_runtime);
     if let Some(usage) = &ended.usage {
         p.fx.add_usage(usage)?;
-        money::fair_share_usage(p.core, usage, now);
+        money::fair_share_usage(p.core, usage, now, counted);
     }
     let counters = p.fx.counters();
     counters.ended(ended.usage.as_ref(), drained_ms);

@@ -333,11 +333,20 @@ pub(super) fn core_reservation(
     })
 }
 
-/// An attempt's use, metered, counted in its tenant's fair share.
-pub(super) fn fair_share_usage(core: &mut State, usage: &crate::billing::UsageRow, now: u64) {
+/// An attempt's use, metered, counted in its tenant's fair share: an
+/// elastic attempt's node by node, but for the first `counted` nodes'
+/// (those that left, counted as each did).
+pub(super) fn fair_share_usage(core: &mut State, usage: &crate::billing::UsageRow, now: u64, counted: usize) {
     let (Some(model), Ok(tier)) = (core.model_by_name(&usage.gpu_model), usage.tier.parse::<Tier>()) else {
         return;
     };
+    if usage.segments.iter().any(|s| s.gpus > 0) {
+        for part in usage.parts().iter().skip(counted) {
+            let span = (Time(part.from_ms), Time(part.to_ms));
+            let _ = core.record_usage(usage.tenant, tier, model, part.gpus, span, Time(now));
+        }
+        return;
+    }
     let span = (Time(usage.started_ms), Time(usage.ended_ms));
     let _ = core.record_usage(usage.tenant, tier, model, usage.gpus, span, Time(now));
 }

@@ -79,6 +79,7 @@ impl<S: Store> Engine<S> {
         // report made a takeover's storm of them a round trip each.
         engine.fleet.reports = engine.store.last_reports()?.into_iter().collect();
         let unrestored = engine.load_jobs(std::mem::take(&mut snapshot.jobs))?;
+        engine.count_left_parts(now);
         engine.count_finished()?;
         engine.store.begin()?;
         let to = (&mut engine.store, &engine.config.secret_key);
@@ -137,9 +138,24 @@ impl<S: Store> Engine<S> {
     fn load_fair_share_usage(&mut self, now: u64) -> Result<(), StoreError> {
         let since = now.saturating_sub(self.config.fair_share_half_life.0.saturating_mul(16));
         for usage in self.store.usage(None, since, u64::MAX)? {
-            money::fair_share_usage(&mut self.core, &usage, now);
+            money::fair_share_usage(&mut self.core, &usage, now, 0);
         }
         Ok(())
+    }
+
+    /// Nodes that left elastic attempts still running: counted in fair
+    /// share as they left, in no usage record yet.
+    fn count_left_parts(&mut self, now: u64) {
+        for job in self.jobs.values().filter(|j| j.state.is_live()) {
+            let (Some(elastic), Some((model, _, _))) = (job.elastic.as_deref(), &job.billing) else {
+                continue;
+            };
+            let Some(model) = self.core.model_by_name(model) else { continue };
+            for left in &elastic.left {
+                let span = (Time(left.from_ms), Time(left.to_ms));
+                let _ = self.core.record_usage(job.tenant, job.tier, model, left.gpus, span, Time(now));
+            }
+        }
     }
 
     /// Every node back in the core, drained or removed as it was.
