@@ -134,11 +134,11 @@ pub struct Gpus {
     pub most: Option<u32>,
 }
 
-/// `N` or `MIN:MAX` (MIN below MAX); the server checks them against the
-/// cluster's nodes.
+/// `N` or `MIN:MAX` (MIN below MAX); the server checks the numbers
+/// against its limits and the cluster's nodes, and says what is wrong.
 fn parse_gpus(text: &str) -> Result<Gpus, CliError> {
     let count = |part: &str| {
-        part.trim().parse::<u32>().ok().filter(|n| *n > 0).ok_or_else(|| {
+        part.trim().parse::<u32>().ok().ok_or_else(|| {
             usage(format!(
                 "expected a number of GPUs N, or MIN:MAX for an elastic job (e.g. 16:64); got {text:?}"
             ))
@@ -428,8 +428,9 @@ mod tests {
     fn gpus_are_a_count_or_an_elastic_range() {
         assert_eq!(parse_gpus("8").unwrap(), Gpus { fewest: 8, most: None });
         assert_eq!(parse_gpus("16:64").unwrap(), Gpus { fewest: 16, most: Some(64) });
+        // 0 is the server's to refuse, by its limits.
+        assert_eq!(parse_gpus("0").unwrap(), Gpus { fewest: 0, most: None });
         for (text, words) in [
-            ("0", "expected a number of GPUs"),
             ("8:8", "needs MIN below MAX"),
             ("16:8", "needs MIN below MAX"),
             (":8", "expected a number"),
@@ -448,7 +449,7 @@ mod tests {
         #[test]
         fn any_gpus_text_is_a_count_a_range_or_refused(a in 0u64..100_000, b in 0u64..100_000, text in ".{0,24}") {
             let range = parse_gpus(&format!("{a}:{b}"));
-            proptest::prop_assert_eq!(range.is_ok(), a > 0 && a < b && b <= u32::MAX as u64);
+            proptest::prop_assert_eq!(range.is_ok(), a < b && b <= u32::MAX as u64);
             if let Ok(g) = range {
                 proptest::prop_assert_eq!((g.fewest as u64, g.most.map(u64::from)), (a, Some(b)));
             }
