@@ -264,6 +264,15 @@ pub(super) fn drain_words(p: &Parts<'_, impl Effects>, d: &Drain) -> (String, Dr
     }
 }
 
+/// What drained an attempt, for programs: the preemptor or the node.
+fn drain_cause(cause: &Drained) -> DrainCause {
+    match cause {
+        Drained::Preempted { by } => DrainCause { by: Some(by.0), node: None },
+        Drained::Node { node } => DrainCause { by: None, node: Some(node.clone()) },
+        _ => DrainCause::default(),
+    }
+}
+
 /// Some nodes of an elastic job told to leave: each is sent the drain
 /// notice its part acts on, the record keeps it, and the timeline has it;
 /// the attempt goes on on its other nodes.
@@ -277,11 +286,7 @@ pub(super) fn shrinking(p: &mut Parts<'_, impl Effects>, s: &Shrink) -> Written 
     };
     let (reason, cause) = drain_words(p, &as_drain);
     let nodes: Vec<String> = s.nodes.iter().map(|&n| p.core.node(n).expect("known").name.clone()).collect();
-    let detail = match &cause {
-        Drained::Preempted { by } => DrainCause { by: Some(by.0), node: None },
-        Drained::Node { node } => DrainCause { by: None, node: Some(node.clone()) },
-        _ => DrainCause::default(),
-    };
+    let detail = drain_cause(&cause);
     let notice =
         DrainNotice { notice_at_ms: s.notice_at.0, deadline_ms: s.deadline.0, cause, reason: reason.clone() };
     let job = p.jobs.get_mut(&s.job).expect("known job");
@@ -354,11 +359,7 @@ pub(super) fn give_notice(
     (reason, cause): (String, Drained),
 ) -> Written {
     let id = d.job;
-    let detail = match &cause {
-        Drained::Preempted { by } => DrainCause { by: Some(by.0), node: None },
-        Drained::Node { node } => DrainCause { by: None, node: Some(node.clone()) },
-        _ => DrainCause::default(),
-    };
+    let detail = drain_cause(&cause);
     let job = jobs.get_mut(&id).expect("known job");
     job.state = JobState::Draining;
     job.drain = Some(Box::new(DrainNotice {
