@@ -148,15 +148,12 @@ impl<S: Store> Engine<S> {
                 (JobState::Queued, Some(w)) => Some(w.code()),
                 _ => None,
             };
-            if job.counted != Some((job.tier, job.state, job.gpus, reason)) {
-                return Err(format!(
-                    "job {id}: counted as {:?}, is {:?}",
-                    job.counted,
-                    (job.tier, job.state, job.gpus, reason)
-                ));
+            let is = (job.tier, job.state, job.tallied_gpus(), reason);
+            if job.counted != Some(is) {
+                return Err(format!("job {id}: counted as {:?}, is {is:?}", job.counted));
             }
             *jobs.entry((job.tier, job.state)).or_default() += 1;
-            *gpus.entry((job.tier, job.state)).or_default() += u64::from(job.gpus);
+            *gpus.entry((job.tier, job.state)).or_default() += u64::from(is.2);
             if let Some(reason) = reason {
                 *waiting.entry((job.tier, reason)).or_default() += 1;
             }

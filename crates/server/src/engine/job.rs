@@ -61,6 +61,16 @@ impl JobRecord {
         }
     }
 
+    /// The GPUs the metrics count it at: a live job's what it holds (an
+    /// elastic job's changes), any other's its `gpus`.
+    pub fn tallied_gpus(&self) -> u32 {
+        if self.state.is_live() {
+            self.running_gpus()
+        } else {
+            self.gpus
+        }
+    }
+
     /// The job as the scheduling core takes it.
     pub(super) fn core_spec(&self, core: &State) -> JobSpec {
         JobSpec {
@@ -474,7 +484,7 @@ impl Tally {
             (JobState::Queued, Some(w)) => Some(w.code()),
             _ => None,
         };
-        let now = (job.tier, job.state, job.gpus, waiting);
+        let now = (job.tier, job.state, job.tallied_gpus(), waiting);
         if job.counted == Some(now) {
             return;
         }
@@ -486,7 +496,7 @@ impl Tally {
             }
         }
         *self.jobs.entry((job.tier, job.state)).or_default() += 1;
-        *self.gpus.entry((job.tier, job.state)).or_default() += u64::from(job.gpus);
+        *self.gpus.entry((job.tier, job.state)).or_default() += u64::from(now.2);
         if let Some(reason) = waiting {
             *self.waiting.entry((job.tier, reason)).or_default() += 1;
         }

@@ -75,6 +75,12 @@ impl Told {
     }
 }
 
+/// The GPUs the metrics count preemptible jobs running on.
+fn preemptible_running_gpus(env: &mut TestEnv) -> u64 {
+    let metrics = env.call(|reply| Msg::Metrics { reply });
+    metrics.gpus.get(&("preemptible", "running")).copied().unwrap_or(0)
+}
+
 fn kinds(env: &mut TestEnv, id: JobId) -> Vec<EventKind> {
     env.job(id).unwrap().events.iter().map(|e| e.kind()).collect()
 }
@@ -146,6 +152,7 @@ fn an_elastic_gang_loses_a_node_goes_on_grows_back_and_is_metered_node_by_node()
     let job = env.job(id).unwrap();
     assert_eq!(job.attempt, attempt.attempt.0);
     assert_eq!(job.placement.len(), 2);
+    assert_eq!(preemptible_running_gpus(&mut env), 16, "the metrics count what it holds");
     assert!(kinds(&mut env, id).contains(&EventKind::Shrunk));
     told.pass(&mut env, 0);
     let od_start = told.starts();
@@ -172,6 +179,7 @@ fn an_elastic_gang_loses_a_node_goes_on_grows_back_and_is_metered_node_by_node()
     // Grown once min_runtime had passed since the shrink's notice.
     let noticed_at = events.iter().find(|e| e.kind() == EventKind::Shrinking).unwrap().at_ms;
     assert_eq!(grown_at - noticed_at, 300_000);
+    assert_eq!(preemptible_running_gpus(&mut env), 24);
     assert_eq!(env.job(id).unwrap().placement.len(), 3);
 
     // A restart keeps it all; the nodes register again saying what runs.
