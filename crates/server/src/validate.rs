@@ -679,23 +679,29 @@ mod properties {
                 0..3,
             ),
             proptest::option::of(".{0,6}"),
-            proptest::option::of(prop_oneof![any::<i32>(), -1001i32..=1001]),
+            (
+                proptest::option::of(prop_oneof![any::<i32>(), -1001i32..=1001]),
+                proptest::option::of(prop_oneof![any::<u32>(), 0u32..=64]),
+            ),
         )
-            .prop_map(|(argv, env, gpus, tier, array, signal, restart, sweep, workdir, priority)| {
-                JobSubmission {
-                    priority,
-                    argv,
-                    env,
-                    gpus,
-                    tier,
-                    array,
-                    signal,
-                    restart,
-                    sweep,
-                    workdir,
-                    ..JobSubmission::default()
-                }
-            })
+            .prop_map(
+                |(argv, env, gpus, tier, array, signal, restart, sweep, workdir, (priority, max_gpus))| {
+                    JobSubmission {
+                        priority,
+                        max_gpus,
+                        argv,
+                        env,
+                        gpus,
+                        tier,
+                        array,
+                        signal,
+                        restart,
+                        sweep,
+                        workdir,
+                        ..JobSubmission::default()
+                    }
+                },
+            )
     }
 
     proptest! {
@@ -720,6 +726,38 @@ mod properties {
                 prop_assert!(checked.tasks.len() as u64 <= limits.max_array_tasks);
                 prop_assert!((1..=MAX_GPUS).contains(&checked.gpus));
                 prop_assert!(command_bytes(&spec.argv, &spec.env) <= limits.max_command_bytes);
+            }
+        }
+
+        /// A range is accepted exactly when it is preemptible, above its
+        /// fewest, within the limit and in whole nodes of the cluster's
+        /// (8 GPUs); at the extremes of `u32` too.
+        #[test]
+        fn an_elastic_range_is_accepted_only_in_whole_nodes_above_its_fewest(
+            gpus in prop_oneof![Just(0u32), 1u32..=64, Just(MAX_GPUS), Just(u32::MAX)],
+            max in prop_oneof![Just(0u32), 1u32..=128, Just(MAX_GPUS), Just(MAX_GPUS + 1), Just(u32::MAX)],
+            on_demand in any::<bool>(),
+        ) {
+            let spec = JobSubmission {
+                argv: vec!["train".into()],
+                gpus: Some(gpus),
+                max_gpus: Some(max),
+                tier: on_demand.then(|| "on-demand".to_string()),
+                ..JobSubmission::default()
+            };
+            let ok = !on_demand
+                && (1..=MAX_GPUS).contains(&gpus)
+                && max > gpus
+                && max <= MAX_GPUS
+                && gpus.is_multiple_of(8)
+                && max.is_multiple_of(8);
+            match submission(&spec, &cluster(), &Limits::default()) {
+                Ok(checked) => prop_assert!(ok && checked.gpus == gpus, "{gpus}:{max} accepted"),
+                Err(refused) => {
+                    prop_assert!(!ok, "{gpus}:{max} refused: {}", refused.message);
+                    let named = ["gpus:", "max_gpus:"].iter().any(|f| refused.message.starts_with(f));
+                    prop_assert!(named, "{}", refused.message);
+                }
             }
         }
 
