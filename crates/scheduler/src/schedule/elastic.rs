@@ -93,6 +93,11 @@ impl<'a> Pass<'a> {
         if state.growable.is_empty() && self.placed_elastic.is_empty() {
             return;
         }
+        // No whole free node of any model: nothing to grow into, and no
+        // look at the jobs that want one (a full cluster's every pass).
+        if !state.models().any(|(m, model)| self.bucket_first(m, model.gpus_per_node as usize).is_some()) {
+            return;
+        }
         let tier = Tier::Preemptible;
         // Jobs placed in this pass, by their placement; then running jobs.
         let mut wanting: BinaryHeap<Reverse<(ShareKey, QueueKey, Option<usize>)>> = BinaryHeap::new();
