@@ -209,6 +209,7 @@ impl<S: Supervisor> Agent<S> {
                 self.supervisor.abandon(drain.attempt, why);
                 drain.attempt
             }
+            Action::Members(members) => members.attempt,
             Action::Stop { attempt, notice, .. } => {
                 // A start held back for its GPUs, or still pulling its
                 // image, goes without starting.
@@ -238,6 +239,7 @@ impl<S: Supervisor> Agent<S> {
                     return drain::cancel(&self.supervisor, attempt, notice)
                 }
                 Action::Drain(d) => return drain::drain(&self.supervisor, d),
+                Action::Members(m) => return drain::members(&*self.supervisor, m),
                 _ => {}
             }
         }
@@ -249,6 +251,7 @@ impl<S: Supervisor> Agent<S> {
             match action {
                 Action::Start(start) => agent.start(start).await,
                 Action::Drain(d) => drain::drain(&agent.supervisor, d),
+                Action::Members(m) => drain::members(&*agent.supervisor, m),
                 Action::Stop { attempt, notice: Some(notice), .. } => {
                     drain::cancel(&agent.supervisor, attempt, notice)
                 }

@@ -12,10 +12,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ebb_api::{AttemptRef, DrainAttempt, StopNotice};
+use ebb_api::{AttemptRef, DrainAttempt, Membership, StopNotice};
 use nix::sys::signal::Signal;
 
-use crate::notice::Notice;
+use crate::notice::{Members, Notice};
 use crate::report::now_ms;
 use crate::supervisor::Supervisor;
 
@@ -74,6 +74,30 @@ fn deliver<S: Supervisor>(supervisor: &Arc<S>, a: AttemptRef, notice: Notice, si
             supervisor.signal(a, Signal::SIGKILL);
         }
     });
+}
+
+/// Tells an elastic attempt's part that stays of a change of its nodes:
+/// on its endpoint, then in its members file. No signal: the part goes
+/// on, and a launcher such as `torchrun` must not take one for its end.
+/// A repeated command (after a reconnect), or one older than the change
+/// the part has, does nothing.
+pub(crate) fn members<S: Supervisor>(supervisor: &S, m: Membership) {
+    let members = Members::new(&m);
+    let body = serde_json::to_vec_pretty(&members).expect("members serialise");
+    let Some(target) = supervisor.post_members(m.attempt, members) else { return };
+    if let Some(file) = &target.file {
+        if let Err(e) = supervisor.write_notice(file, &body) {
+            tracing::error!("cannot write the members file {}: {e}", file.display());
+        }
+    }
+    tracing::info!(
+        job = %m.attempt.job,
+        attempt = %m.attempt.attempt,
+        change = ?m.change,
+        nodes = m.nodes.len(),
+        deadline = m.deadline_ms,
+        "members"
+    );
 }
 
 /// Ends an attempt without a notice (the rest of a gang, or every attempt
@@ -223,5 +247,47 @@ mod tests {
             ]
         );
         assert!(!fake.is_running(A), "SIGKILL ended it");
+    }
+
+    fn shrink_at(at_ms: u64, nodes: &[&str]) -> Membership {
+        Membership {
+            attempt: A,
+            change: ebb_api::MembershipChange::Shrink,
+            at_ms,
+            deadline_ms: Some(at_ms + 300_000),
+            nodes: nodes.iter().map(|n| n.to_string()).collect(),
+            leaving: vec!["node-2".into()],
+            joining: vec![],
+            gpus: 8 * nodes.len() as u32,
+            reason: "preempted by job 2".into(),
+        }
+    }
+
+    /// The nodes that stay are told without a signal (a launcher such as
+    /// torchrun would take one for its end); the file says the change as
+    /// the endpoint does; a repeat or an older change is not delivered.
+    #[tokio::test]
+    async fn a_change_of_nodes_is_written_without_a_signal_and_only_the_latest_counts() {
+        let (fake, _queue) = FakeSupervisor::new("members");
+        members(&*fake, shrink_at(1_000, &["node-0"]));
+        assert_eq!(fake.ops(), vec![], "an attempt not running here is told nothing");
+        fake.run(A, Signal::SIGTERM);
+        members(&*fake, shrink_at(1_000, &["node-0", "node-1"]));
+        let file = || -> serde_json::Value {
+            serde_json::from_slice(&std::fs::read(fake.members_file(A)).unwrap()).unwrap()
+        };
+        assert_eq!(file()["change"], "shrink");
+        assert_eq!(file()["nodes"], serde_json::json!(["node-0", "node-1"]));
+        assert_eq!(file()["deadline"], ebb_core::time::rfc3339_millis(301_000));
+        members(&*fake, shrink_at(1_000, &["node-0", "node-1"]));
+        members(&*fake, shrink_at(999, &["node-0"]));
+        assert_eq!(fake.ops(), vec![Op::Members(A)], "a repeat or an older change was delivered");
+        let mut grow = shrink_at(2_000, &["node-0", "node-1", "node-3"]);
+        (grow.change, grow.deadline_ms, grow.leaving, grow.joining) =
+            (ebb_api::MembershipChange::Grow, None, vec![], vec!["node-3".into()]);
+        members(&*fake, grow);
+        assert_eq!(fake.ops(), vec![Op::Members(A), Op::Members(A)]);
+        assert_eq!((file()["change"].as_str(), file().get("deadline")), (Some("grow"), None));
+        assert_eq!(file()["joining"], serde_json::json!(["node-3"]));
     }
 }

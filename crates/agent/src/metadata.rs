@@ -25,6 +25,8 @@
 //! answering 429 beyond.
 //!
 //! * native: `GET /ebb/v1/notice` (404 until notice, then the notice JSON);
+//!   `GET /ebb/v1/members` (an elastic job's latest change of nodes, told
+//!   to the nodes that stay; 404 until one);
 //!   `POST /ebb/v1/checkpoint` with `{"step", "bytes", "seconds"}` reports a
 //!   completed checkpoint, relayed to the server; `POST /ebb/v1/resumed`
 //!   with `{"step"}` says the attempt resumed from a checkpoint (a drill
@@ -55,7 +57,7 @@ use serde_json::json;
 use tokio::sync::watch;
 
 use crate::checkpoints::AttemptUploads;
-use crate::notice::{Notice, NoticeAction};
+use crate::notice::{Members, Notice, NoticeAction};
 use crate::report::{now_ms, Reporter};
 
 /// An attempt's secret: the first segment of every path its endpoint
@@ -150,6 +152,7 @@ struct Endpoint {
     node: String,
     requeue: Requeue,
     notice: watch::Receiver<Option<Notice>>,
+    members: watch::Receiver<Option<Members>>,
     events: Arc<Reporter>,
     /// The attempt's checkpoint uploads, where there is a store.
     uploads: Option<Arc<AttemptUploads>>,
@@ -172,21 +175,30 @@ impl Endpoint {
     }
 }
 
+/// What the agent posts on an attempt's endpoint: its notice, and an
+/// elastic attempt's latest change of nodes.
+pub(crate) struct Posted {
+    pub notice: watch::Receiver<Option<Notice>>,
+    pub members: watch::Receiver<Option<Members>>,
+}
+
 /// Serves one attempt's endpoint on `listener`, under `secret`, until
-/// `notice` is dropped; checkpoint reports go to `events`, remembered
-/// until the server has them, as the attempt's start and exit are.
+/// its notice's sender is dropped; checkpoint reports go to `events`,
+/// remembered until the server has them, as the attempt's start and exit
+/// are.
 pub(crate) async fn serve(
     listener: tokio::net::TcpListener,
     secret: Secret,
     attempt: Attempt,
-    notice: watch::Receiver<Option<Notice>>,
+    posted: Posted,
     events: Arc<Reporter>,
     uploads: Option<Arc<AttemptUploads>>,
 ) {
+    let Posted { notice, members } = posted;
     let mut closed = notice.clone();
     let reports = Arc::new(std::sync::Mutex::new(Reports::new()));
     let Attempt { job, attempt, node, requeue } = attempt;
-    let endpoint = Endpoint { job, attempt, node, requeue, notice, events, uploads, reports };
+    let endpoint = Endpoint { job, attempt, node, requeue, notice, members, events, uploads, reports };
     let service = AttemptService { secret: Arc::new(secret), endpoint };
     let stop = async move { while closed.changed().await.is_ok() {} };
     let limits =
@@ -201,6 +213,7 @@ static ROUTES: std::sync::LazyLock<Router> = std::sync::LazyLock::new(|| {
     Router::new()
         .route("/", get(native_root))
         .route("/ebb/v1/notice", get(native_notice))
+        .route("/ebb/v1/members", get(native_members))
         .route("/ebb/v1/checkpoint", post(native_checkpoint))
         .route("/ebb/v1/resumed", post(native_resumed))
         .route("/ebb/v1/progress", post(native_progress))
@@ -261,7 +274,15 @@ impl Secret {
 
 async fn native_root(Extension(e): Extension<Endpoint>) -> Json<serde_json::Value> {
     let notice = e.notice.borrow().clone();
-    Json(json!({ "job": e.job, "attempt": e.attempt, "node": e.node, "notice": notice }))
+    let members = e.members.borrow().clone();
+    Json(json!({ "job": e.job, "attempt": e.attempt, "node": e.node, "notice": notice, "members": members }))
+}
+
+async fn native_members(Extension(e): Extension<Endpoint>) -> Response {
+    match e.members.borrow().clone() {
+        Some(members) => Json(members).into_response(),
+        None => (StatusCode::NOT_FOUND, "no change of nodes\n").into_response(),
+    }
 }
 
 async fn native_notice(Extension(e): Extension<Endpoint>) -> Response {
@@ -490,6 +511,7 @@ mod tests {
         addr: std::net::SocketAddr,
         base: String,
         notice: watch::Sender<Option<Notice>>,
+        members: watch::Sender<Option<Members>>,
         requeued: Arc<AtomicUsize>,
     }
 
@@ -499,6 +521,7 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (notice, notice_rx) = watch::channel(None);
+        let (members, members_rx) = watch::channel(None);
         let secret = Secret::new().unwrap();
         let base = format!("http://{addr}/{}", secret.as_str());
         let requeued = Arc::new(AtomicUsize::new(0));
@@ -506,11 +529,11 @@ mod tests {
             listener,
             secret,
             numbered(attempt, requeued.clone()),
-            notice_rx,
+            Posted { notice: notice_rx, members: members_rx },
             reporter.clone(),
             None,
         ));
-        Served { fake, reporter, addr, base, notice, requeued }
+        Served { fake, reporter, addr, base, notice, members, requeued }
     }
 
     /// Job 4's `attempt` on node-1, whose requeues count in `requeued`
@@ -531,10 +554,12 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let (_notice, notice_rx) = watch::channel(None);
+        let (_members, members_rx) = watch::channel(None);
         let secret = Secret::new().unwrap();
         let base = format!("http://127.0.0.1:{port}/{}", secret.as_str());
         let attempt = numbered(2, Arc::new(AtomicUsize::new(0)));
-        tokio::spawn(serve(listener, secret, attempt, notice_rx, reporter.clone(), None));
+        let posted = Posted { notice: notice_rx, members: members_rx };
+        tokio::spawn(serve(listener, secret, attempt, posted, reporter.clone(), None));
         let answer = reqwest::Client::new()
             .post(format!("{base}/ebb/v1/checkpoint"))
             .body(r#"{"step": 7, "seconds": 1.5}"#)
@@ -626,15 +651,17 @@ mod tests {
     /// server; with a wrong secret of the right length too.
     #[tokio::test]
     async fn without_the_attempts_secret_every_path_is_a_404_that_names_nothing() {
-        let Served { reporter, addr, base, notice, .. } = served("metadata-secret", 2).await;
+        let Served { reporter, addr, base, notice, members, .. } = served("metadata-secret", 2).await;
         let port = addr.port();
         notice.send_replace(Some(Notice::new(1, 2, "preempted".into())));
+        members.send_replace(Some(shrink_to(&["node-1"], 5)));
         let own = base.rsplit('/').next().unwrap().to_string();
         let http = reqwest::Client::new();
         let wrong = "0".repeat(own.len());
         let paths = [
             "/",
             "/ebb/v1/notice",
+            "/ebb/v1/members",
             "/latest/meta-data/spot/instance-action",
             "/computeMetadata/v1/instance/preempted",
             "/metadata/scheduledevents?api-version=2020-07-01",
@@ -676,6 +703,45 @@ mod tests {
         let aws =
             http.get(format!("http://127.0.0.1:{port}/{own}/latest/meta-data/spot/instance-action")).send();
         assert_eq!(aws.await.unwrap().status(), 200);
+    }
+
+    /// A shrink of job 4 down to `nodes`, decided at `at_ms`, node-9 leaving.
+    fn shrink_to(nodes: &[&str], at_ms: u64) -> Members {
+        Members::new(&ebb_api::Membership {
+            attempt: AttemptRef { job: JobId(4), attempt: ebb_core::Attempt(2) },
+            change: ebb_api::MembershipChange::Shrink,
+            at_ms,
+            deadline_ms: Some(at_ms + 300_000),
+            nodes: nodes.iter().map(|n| n.to_string()).collect(),
+            leaving: vec!["node-9".into()],
+            joining: vec![],
+            gpus: 8 * nodes.len() as u32,
+            reason: "preempted by job 7".into(),
+        })
+    }
+
+    /// The nodes that stay read a change of nodes where they read the
+    /// notice: 404 until one, then the latest, in the file's shape; the
+    /// root shows it beside the notice.
+    #[tokio::test]
+    async fn a_change_of_nodes_is_served_once_posted_in_the_files_shape() {
+        let Served { base, notice: _notice, members, .. } = served("metadata-members", 2).await;
+        let http = reqwest::Client::new();
+        let get = |path: &str| http.get(format!("{base}{path}")).send();
+        let none = get("/ebb/v1/members").await.unwrap();
+        assert_eq!(none.status(), 404);
+        assert_eq!(none.text().await.unwrap(), "no change of nodes\n");
+        members.send_replace(Some(shrink_to(&["node-1", "node-2"], 1_000)));
+        let got: serde_json::Value = get("/ebb/v1/members").await.unwrap().json().await.unwrap();
+        let file = serde_json::to_value(shrink_to(&["node-1", "node-2"], 1_000)).unwrap();
+        assert_eq!(got, file);
+        assert_eq!(got["change"], "shrink");
+        assert_eq!(got["deadline"], "1970-01-01T00:05:01.000Z");
+        assert_eq!(got["nodes"], json!(["node-1", "node-2"]));
+        assert_eq!((got["leaving"].clone(), got["gpus"].clone()), (json!(["node-9"]), json!(16)));
+        let root: serde_json::Value = get("/").await.unwrap().json().await.unwrap();
+        assert_eq!(root["members"], file);
+        assert!(root["notice"].is_null());
     }
 
     /// Every endpoint shares one routing table: each answers for its own

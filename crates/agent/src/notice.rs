@@ -2,6 +2,7 @@
 //! file and served by its metadata endpoint in every shape, the same facts
 //! each time. The job's side is `docs/job-contract.md`.
 
+use ebb_api::{Membership, MembershipChange};
 use serde::{Deserialize, Serialize};
 
 /// What the notice announces.
@@ -50,6 +51,47 @@ impl Notice {
     /// same notice again (a command repeated after a reconnect) does not.
     pub fn supersedes(&self, current: Option<&Notice>) -> bool {
         current.is_none_or(|c| self.deadline_ms < c.deadline_ms)
+    }
+}
+
+/// An elastic job's change of nodes, as the nodes that stay read it (the
+/// members file, `GET /ebb/v1/members`): what changes, when the leaving
+/// nodes are killed on a shrink, the nodes once it is done (the first
+/// first), and the GPUs it holds then.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Members {
+    pub change: MembershipChange,
+    pub at: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<String>,
+    pub nodes: Vec<String>,
+    pub leaving: Vec<String>,
+    pub joining: Vec<String>,
+    pub gpus: u32,
+    pub reason: String,
+    #[serde(skip)]
+    pub at_ms: u64,
+}
+
+impl Members {
+    pub fn new(m: &Membership) -> Members {
+        Members {
+            change: m.change,
+            at: ebb_core::time::rfc3339_millis(m.at_ms),
+            deadline: m.deadline_ms.map(ebb_core::time::rfc3339_millis),
+            nodes: m.nodes.clone(),
+            leaving: m.leaving.clone(),
+            joining: m.joining.clone(),
+            gpus: m.gpus,
+            reason: m.reason.clone(),
+            at_ms: m.at_ms,
+        }
+    }
+
+    /// Whether this change replaces `current`: the later one counts; the
+    /// same change again (a command repeated after a reconnect) does not.
+    pub fn supersedes(&self, current: Option<&Members>) -> bool {
+        current.is_none_or(|c| self.at_ms > c.at_ms || (self.at_ms == c.at_ms && self != c))
     }
 }
 

@@ -57,9 +57,9 @@ use nix::sys::signal::Signal;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::notice::Notice;
+use crate::notice::{Members, Notice};
 use crate::report::{now_ms, Reporter};
-use crate::supervisor::{NoticeTarget, StartError, Supervisor};
+use crate::supervisor::{MembersTarget, NoticeTarget, StartError, Supervisor};
 
 /// What a simulated job does, from its environment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -196,6 +196,8 @@ struct Running {
     /// The signal its job asked drains for.
     signal: Signal,
     notice: Option<Notice>,
+    /// An elastic attempt's latest change of nodes.
+    members: Option<Members>,
     /// Set at its first signal other than SIGKILL; dropped when it ends.
     signalled: watch::Sender<bool>,
 }
@@ -352,7 +354,7 @@ impl Supervisor for Simulated {
             {
                 let mut running = this.running.lock().expect("running");
                 let signal = Signal::try_from(start.signal).unwrap_or(Signal::SIGTERM);
-                running.insert(a, Running { signal, notice: None, signalled });
+                running.insert(a, Running { signal, notice: None, members: None, signalled });
                 this.reporter.send(AgentEvent::Started { attempt: a, pid: 0, at_ms: now_ms() });
                 let data = first_line(&this.node, &behaviour, resumed);
                 this.reporter.send(AgentEvent::Output { attempt: a, data });
@@ -376,6 +378,16 @@ impl Supervisor for Simulated {
         if let Some(r) = self.running.lock().expect("running").get(&attempt) {
             r.signalled.send_if_modified(|signalled| !std::mem::replace(signalled, true));
         }
+    }
+
+    fn post_members(&self, attempt: AttemptRef, members: Members) -> Option<MembersTarget> {
+        let mut running = self.running.lock().expect("running");
+        let r = running.get_mut(&attempt)?;
+        if !members.supersedes(r.members.as_ref()) {
+            return None;
+        }
+        r.members = Some(members);
+        Some(MembersTarget { file: None })
     }
 
     fn post_notice(&self, attempt: AttemptRef, notice: Notice) -> Option<NoticeTarget> {

@@ -37,7 +37,7 @@ use crate::dirs::{self, DirError};
 use crate::identity::{self, Identity};
 use crate::ledger::{self, Ledger};
 use crate::metadata;
-use crate::notice::Notice;
+use crate::notice::{Members, Notice};
 use crate::output::{OutputLimits, Readers};
 use crate::report::{now_ms, Reporter};
 use crate::spawn;
@@ -143,6 +143,11 @@ pub(crate) trait Supervisor: Send + Sync + 'static {
     /// asked for.
     fn post_notice(&self, attempt: AttemptRef, notice: Notice) -> Option<NoticeTarget>;
 
+    /// Puts an elastic attempt's change of nodes on its endpoint. None if
+    /// the attempt is not running here or already has this change or a
+    /// later one; else where its members file goes.
+    fn post_members(&self, attempt: AttemptRef, members: Members) -> Option<MembersTarget>;
+
     /// Writes a notice's file, atomically, in a directory the job owns.
     fn write_notice(&self, file: &Path, body: &[u8]) -> std::io::Result<()> {
         crate::dirs::write_job_file(file, body)
@@ -161,6 +166,14 @@ pub(crate) struct NoticeTarget {
     /// have no files (a simulated node's).
     pub drain_file: Option<PathBuf>,
     pub signal: Signal,
+}
+
+/// Where a change of an elastic attempt's nodes goes beyond the endpoint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct MembersTarget {
+    /// The attempt's members file (`EBB_MEMBERS_FILE`); none where
+    /// attempts have no files (a simulated node's).
+    pub file: Option<PathBuf>,
 }
 
 /// What the real supervisor needs of the agent's configuration.
@@ -229,6 +242,8 @@ struct Running {
     signal: i32,
     drain_file: PathBuf,
     notice: watch::Sender<Option<Notice>>,
+    /// An elastic attempt's latest change of nodes, on its endpoint.
+    members: watch::Sender<Option<Members>>,
     /// The attempt's cgroup; none where the agent cannot make cgroups.
     group: Option<AttemptGroup>,
     /// A Slurm job: its main process is the batch step, which routes the
@@ -399,6 +414,7 @@ impl Processes {
             return Ok(());
         }
         let (notice, notice_rx) = watch::channel(None);
+        let (members, members_rx) = watch::channel(None);
         let endpoint = format!("127.0.0.1:{port}/{}", secret.as_str());
         let this = Arc::downgrade(self);
         let requeue: metadata::Requeue = Arc::new(move || {
@@ -408,7 +424,7 @@ impl Processes {
             listener,
             secret,
             metadata::Attempt { job: a.job, attempt: a.attempt, node: self.config.node.clone(), requeue },
-            notice_rx,
+            metadata::Posted { notice: notice_rx, members: members_rx },
             self.reporter.clone(),
             uploads.clone(),
         ));
@@ -426,7 +442,7 @@ impl Processes {
         let Prepared { run_dir, default_workdir, cgroup, devices, .. } = prepared;
         let (group, peak) =
             cgroup.map_or((None, cgroup::Peak::None), |ready| (Some(ready.group), ready.peak));
-        self.record(&s, child.pid, run_dir.join("drain.json"), notice, group.clone());
+        self.record(&s, child.pid, run_dir.join("drain.json"), (notice, members), group.clone());
         if let Some(limit_ms) = s.time_limit_ms {
             // A Slurm job's --signal comes SECS before the limit (60 s by default).
             let warn = s
@@ -603,6 +619,7 @@ impl Processes {
             ("EBB_NODE", self.config.node.clone()),
             ("EBB_CHECKPOINT_DIR", path(&p.checkpoint_dir)),
             ("EBB_DRAIN_FILE", path(&p.run_dir.join("drain.json"))),
+            ("EBB_MEMBERS_FILE", path(&p.run_dir.join("members.json"))),
             ("EBB_COMPLETION_FILE", path(&p.run_dir.join("complete"))),
             ("EBB_DRAIN_SIGNAL", s.signal.to_string()),
             ("EBB_METADATA_URL", metadata_url.clone()),
@@ -618,7 +635,7 @@ impl Processes {
         s: &StartAttempt,
         pid: i32,
         drain_file: PathBuf,
-        notice: watch::Sender<Option<Notice>>,
+        (notice, members): (watch::Sender<Option<Notice>>, watch::Sender<Option<Members>>),
         group: Option<AttemptGroup>,
     ) {
         let started_ticks = if self.cgroups.is_none() { ledger::process_start(pid) } else { None };
@@ -630,6 +647,7 @@ impl Processes {
             signal: s.signal,
             drain_file,
             notice,
+            members,
             group,
             slurm,
             routed,
@@ -787,6 +805,16 @@ impl Supervisor for Processes {
         r.notice.send_replace(Some(notice));
         let signal = Signal::try_from(r.signal).unwrap_or(Signal::SIGTERM);
         Some(NoticeTarget { drain_file: Some(r.drain_file.clone()), signal })
+    }
+
+    fn post_members(&self, attempt: AttemptRef, members: Members) -> Option<MembersTarget> {
+        let running = self.running.lock().expect("running");
+        let r = running.get(&attempt)?;
+        if !members.supersedes(r.members.borrow().as_ref()) {
+            return None;
+        }
+        r.members.send_replace(Some(members));
+        Some(MembersTarget { file: Some(r.drain_file.with_file_name("members.json")) })
     }
 
     fn write_notice(&self, file: &Path, body: &[u8]) -> std::io::Result<()> {

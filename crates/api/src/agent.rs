@@ -101,6 +101,9 @@ pub struct Command {
 pub enum Action {
     Start(StartAttempt),
     Drain(DrainAttempt),
+    /// An elastic job's nodes change: told to the nodes that stay, which
+    /// go on running (no signal).
+    Members(Membership),
     /// Stop now (cancelled, or the rest of a gang): SIGTERM, then SIGKILL
     /// after `grace_ms`. A cancel carries its notice: the agent posts it
     /// and writes the notice file before the signal, and kills at its
@@ -208,6 +211,37 @@ impl std::fmt::Debug for StartImage {
             .field("root", &self.root)
             .finish_non_exhaustive()
     }
+}
+
+/// A change of an elastic job's nodes, as the nodes that stay are told
+/// it: on a shrink before the leaving nodes' deadline, so that the job
+/// saves once for all of them while every rank is still there; on a grow
+/// as the new nodes start, so that it knows its ranks re-form.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Membership {
+    pub attempt: AttemptRef,
+    pub change: MembershipChange,
+    /// When the change was decided: a later one replaces it.
+    pub at_ms: u64,
+    /// A shrink's: when the leaving nodes are killed if still running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_ms: Option<u64>,
+    /// The attempt's nodes once the change is done, its first node first.
+    pub nodes: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub leaving: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub joining: Vec<String>,
+    /// The GPUs it holds once the change is done.
+    pub gpus: u32,
+    pub reason: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum MembershipChange {
+    Shrink,
+    Grow,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]

@@ -13,8 +13,8 @@ use ebb_api::{AgentEvent, AttemptRef, StartAttempt};
 use nix::sys::signal::Signal;
 use tokio::sync::watch;
 
-use super::{NoticeTarget, StartError, Supervisor};
-use crate::notice::Notice;
+use super::{MembersTarget, NoticeTarget, StartError, Supervisor};
+use crate::notice::{Members, Notice};
 use crate::report::{now_ms, Queue, Reporter};
 
 /// What the fake was asked to do, in order.
@@ -24,6 +24,8 @@ pub(crate) enum Op {
     HoldBack(AttemptRef),
     Start(AttemptRef),
     Notice(AttemptRef),
+    /// A change of nodes posted.
+    Members(AttemptRef),
     /// A signal to a running attempt, and whether its notice file existed
     /// when it was sent.
     Signal {
@@ -46,6 +48,8 @@ pub(crate) struct FakeSupervisor {
 struct State {
     /// Running attempts: the signal each asked for, and its notice.
     running: BTreeMap<AttemptRef, (Signal, Option<Notice>)>,
+    /// Each running attempt's latest change of nodes.
+    members: BTreeMap<AttemptRef, Members>,
     ops: Vec<Op>,
     refuse_starts: Option<String>,
     /// Starts held back, and whether each was withdrawn.
@@ -102,6 +106,10 @@ impl FakeSupervisor {
             port_in_use: None,
             ended_by: None,
         });
+    }
+
+    pub(crate) fn members_file(&self, attempt: AttemptRef) -> PathBuf {
+        self.dir.join(format!("members-{}-{}.json", attempt.job, attempt.attempt))
     }
 
     pub(crate) fn drain_file(&self, attempt: AttemptRef) -> PathBuf {
@@ -212,6 +220,16 @@ impl Supervisor for FakeSupervisor {
             drop(state);
             self.report_exit(attempt, None, Some(libc::SIGKILL));
         }
+    }
+
+    fn post_members(&self, attempt: AttemptRef, members: Members) -> Option<MembersTarget> {
+        let mut state = self.state.lock().unwrap();
+        if !state.running.contains_key(&attempt) || !members.supersedes(state.members.get(&attempt)) {
+            return None;
+        }
+        state.members.insert(attempt, members);
+        state.ops.push(Op::Members(attempt));
+        Some(MembersTarget { file: Some(self.members_file(attempt)) })
     }
 
     fn post_notice(&self, attempt: AttemptRef, notice: Notice) -> Option<NoticeTarget> {

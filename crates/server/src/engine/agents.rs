@@ -262,6 +262,9 @@ fn reconcile(
             };
             p.fx.send(node, Action::Drain(drain));
         }
+        if let Some(change) = shrink_in_progress(job, attempt, node) {
+            p.fx.send(node, change);
+        }
         if let Some(stop) = stop {
             p.fx.send(node, stop);
         }
@@ -270,6 +273,22 @@ fn reconcile(
         tracing::warn!(node, ?kill, "agent runs stale attempts; told to kill them");
     }
     Ok(kill)
+}
+
+/// What a node that registers again must be told of an elastic attempt's
+/// shrink under way: its drain, where its part is leaving; where it stays,
+/// the change of nodes (the latest shrink's).
+fn shrink_in_progress(job: &JobRecord, attempt: AttemptRef, node: &str) -> Option<Action> {
+    let leaving = &job.elastic.as_deref()?.leaving;
+    if let Some(part) = leaving.iter().find(|l| l.node == node) {
+        let n = &part.notice;
+        let (notice_at_ms, deadline_ms, reason) = (n.notice_at_ms, n.deadline_ms, n.reason.clone());
+        return Some(Action::Drain(DrainAttempt { attempt, notice_at_ms, deadline_ms, reason }));
+    }
+    let latest = leaving.iter().max_by_key(|l| l.notice.notice_at_ms)?;
+    let gone = leaving.iter().filter(|l| l.notice.notice_at_ms == latest.notice.notice_at_ms);
+    let change = Change::Shrink { leaving: gone.map(|l| l.node.clone()).collect(), notice: &latest.notice };
+    Some(Action::Members(job.membership(attempt, change)))
 }
 
 /// How often an idle node's contact is written (it has nothing to meter).

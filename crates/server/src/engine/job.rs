@@ -61,6 +61,41 @@ impl JobRecord {
         }
     }
 
+    /// An elastic attempt's parts not told to leave, its first node first.
+    pub(super) fn staying_parts(&self) -> impl Iterator<Item = &Part> {
+        let leaving = self.elastic.as_deref().map_or(&[][..], |e| &e.leaving[..]);
+        self.placement.iter().filter(move |part| !leaving.iter().any(|l| l.node == part.node))
+    }
+
+    /// The change of nodes its staying parts are told, once the record
+    /// holds it: those parts, their GPUs, and what changes.
+    pub(super) fn membership(&self, attempt: AttemptRef, change: Change) -> ebb_api::Membership {
+        let staying: Vec<&Part> = self.staying_parts().collect();
+        let (at_ms, deadline_ms, leaving, joining, reason) = match change {
+            Change::Shrink { leaving, notice } => {
+                (notice.notice_at_ms, Some(notice.deadline_ms), leaving, vec![], notice.reason.clone())
+            }
+            Change::Grow { joining, at_ms } => {
+                let reason = format!("grown onto {}", joining.join(", "));
+                (at_ms, None, vec![], joining, reason)
+            }
+        };
+        ebb_api::Membership {
+            attempt,
+            change: match deadline_ms {
+                Some(_) => ebb_api::MembershipChange::Shrink,
+                None => ebb_api::MembershipChange::Grow,
+            },
+            at_ms,
+            deadline_ms,
+            nodes: staying.iter().map(|part| part.node.clone()).collect(),
+            leaving,
+            joining,
+            gpus: staying.iter().map(|part| part.gpus.len() as u32).sum(),
+            reason,
+        }
+    }
+
     /// The GPUs the metrics count it at: a live job's what it holds (an
     /// elastic job's changes), any other's its `gpus`.
     pub fn tallied_gpus(&self) -> u32 {
@@ -381,6 +416,13 @@ pub struct ElasticRun {
     /// server's clock: it grows again only `min_runtime` after.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resized_ms: Option<u64>,
+}
+
+/// A change of an elastic attempt's nodes, as [`JobRecord::membership`]
+/// tells it.
+pub(super) enum Change<'a> {
+    Shrink { leaving: Vec<String>, notice: &'a DrainNotice },
+    Grow { joining: Vec<String>, at_ms: u64 },
 }
 
 /// A node of an elastic job's attempt told to leave by a shrink.

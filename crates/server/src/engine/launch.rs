@@ -90,7 +90,7 @@ impl Launch<'_> {
                     &run,
                     gpus.len(),
                     (job.gpus, job.spec.max_gpus),
-                    nodes,
+                    (rank, nodes),
                 )),
                 (Some((addr, port)), None) => {
                     env.extend(gang_env(addr, *port, rank, nodes, gpus.len(), job.gpus))
@@ -268,14 +268,18 @@ pub(super) fn gang_env(
 /// node: `--nnodes MIN:MAX` in nodes, the c10d backend, the endpoint and
 /// the run's id, restarts enough for every change of nodes, and the
 /// rendezvous store not shared with the workers (with it shared, a node
-/// that joins later waits for keys the first round set).
+/// that joins later waits for keys the first round set). The store lives
+/// on the first node, which never leaves alone (`is_host`: torchrun would
+/// otherwise host it on whichever node came first where every node's
+/// address is the same); a round closes 5 s after its fewest nodes have
+/// joined (torchrun's 30 s would be added to every change of nodes).
 pub(super) fn elastic_env(
     addr: &str,
     port: u16,
     run: &str,
     local_gpus: usize,
     (fewest, most): (u32, Option<u32>),
-    nodes: usize,
+    (rank, nodes): (usize, usize),
 ) -> Vec<(String, String)> {
     let per_node = (local_gpus as u32).max(1);
     let most = most.unwrap_or(fewest);
@@ -291,6 +295,7 @@ pub(super) fn elastic_env(
         ("PET_RDZV_BACKEND", "c10d".to_string()),
         ("PET_RDZV_ENDPOINT", format!("{addr}:{port}")),
         ("PET_RDZV_ID", run.to_string()),
+        ("PET_RDZV_CONF", format!("is_host={},last_call_timeout=5", rank == 0)),
         ("PET_MAX_RESTARTS", "1000".to_string()),
         ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1".to_string()),
     ];

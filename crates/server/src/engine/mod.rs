@@ -89,11 +89,11 @@ use due::Due;
 use effects::{Effects, Parts};
 pub use ending::{EndedBy, STOP_GRACE_MS};
 pub use exits::UNSTARTED_GRACE_MS;
-use job::TenantLoad;
 pub use job::{
     restart_backoff_ms, ArrayTask, DrainNotice, Drained, ElasticRun, JobRecord, JobState, LeavingPart,
     LeftPart, Part, Waiting, QUICK_EXIT_MS,
 };
+use job::{Change, TenantLoad};
 use launch::Launch;
 pub use lines::{Lines, QuietPoll};
 pub use plan::BATCH_STARTS;

@@ -304,6 +304,13 @@ pub(super) fn shrinking(p: &mut Parts<'_, impl Effects>, s: &Shrink) -> Written 
     for node in &nodes {
         p.fx.send(node, Action::Drain(drain.clone()));
     }
+    // The nodes that stay hear of it as the leaving ones do, so that the
+    // job saves once for all before the deadline.
+    let job = &p.jobs[&s.job];
+    let members = job.membership(drain.attempt, Change::Shrink { leaving: nodes.clone(), notice: &notice });
+    for node in &members.nodes {
+        p.fx.send(node, Action::Members(members.clone()));
+    }
     let detail = ShrinkingDetail {
         nodes,
         reason,
@@ -337,6 +344,12 @@ impl<S: Store> Engine<S> {
             if nodes.contains(&node) {
                 fx.send(&node, Action::Start(start));
             }
+        }
+        // The nodes it ran on hear that their ranks re-form.
+        let attempt = AttemptRef { job: id, attempt: g.attempt };
+        let members = jobs[&id].membership(attempt, Change::Grow { joining: nodes.clone(), at_ms: now });
+        for node in members.nodes.iter().filter(|n| !nodes.contains(n)) {
+            fx.send(node, Action::Members(members.clone()));
         }
         fx.event(&jobs[&id], Event::Grown(GrownDetail { nodes, now_gpus }))?;
         effects::save(jobs, &mut fx, id)

@@ -334,7 +334,7 @@ impl<S: Store> World<S> {
                     }
                 }
                 Action::Stop { attempt, .. } => self.exit(i, attempt, None, Some(15), false),
-                Action::Signal { .. } => {}
+                Action::Signal { .. } | Action::Members(_) => {}
             }
         }
         self.exits_due(i);

@@ -158,7 +158,7 @@ proptest::proptest! {
                                     running.retain(|(_, a)| *a != attempt);
                                 }
                             }
-                            Action::Drain(_) | Action::Signal { .. } => {}
+                            Action::Drain(_) | Action::Signal { .. } | Action::Members(_) => {}
                         }
                     }
                 }

@@ -2,8 +2,12 @@
 //! placed on three nodes loses one to an on-demand job (the notice to
 //! that node alone), goes on on two with the same attempt, grows back,
 //! and is metered node by node; a restart in the middle keeps all of it.
+//! The nodes that stay are told of each change of nodes.
 
-use ebb_api::{Action, AgentEvent, AttemptRef, EventKind, JobSubmission, StartAttempt};
+use ebb_api::{
+    Action, AgentEvent, AttemptRef, DrainAttempt, EventKind, JobSubmission, Membership, MembershipChange,
+    StartAttempt,
+};
 use ebb_core::JobId;
 use ebb_server::engine::Msg;
 
@@ -60,18 +64,39 @@ impl Told {
         starts
     }
 
-    /// The nodes told to drain `attempt`, taken with the rest of what
-    /// they were told.
+    /// The nodes told to drain `attempt`, taken.
     fn drained(&mut self, attempt: AttemptRef) -> Vec<String> {
+        self.drains(attempt).into_iter().map(|(node, _)| node).collect()
+    }
+
+    /// The drains of `attempt` each node was told, taken.
+    fn drains(&mut self, attempt: AttemptRef) -> Vec<(String, DrainAttempt)> {
         let mut drained = Vec::new();
         for (node, actions) in &mut self.0 {
-            for action in std::mem::take(actions) {
-                if matches!(action, Action::Drain(ref d) if d.attempt == attempt) {
-                    drained.push(node.clone());
+            actions.retain(|action| match action {
+                Action::Drain(d) if d.attempt == attempt => {
+                    drained.push((node.clone(), d.clone()));
+                    false
                 }
-            }
+                _ => true,
+            });
         }
         drained
+    }
+
+    /// The changes of nodes each node was told, taken.
+    fn members(&mut self) -> Vec<(String, Membership)> {
+        let mut told = Vec::new();
+        for (node, actions) in &mut self.0 {
+            actions.retain(|action| match action {
+                Action::Members(m) => {
+                    told.push((node.clone(), m.clone()));
+                    false
+                }
+                _ => true,
+            });
+        }
+        told
     }
 }
 
@@ -79,6 +104,11 @@ impl Told {
 fn preemptible_running_gpus(env: &mut TestEnv) -> u64 {
     let metrics = env.call(|reply| Msg::Metrics { reply });
     metrics.gpus.get(&("preemptible", "running")).copied().unwrap_or(0)
+}
+
+/// The nodes of its attempt, its first first.
+fn nodes_of(env: &mut TestEnv, id: JobId) -> Vec<String> {
+    env.job(id).unwrap().placement.iter().map(|part| part.node.clone()).collect()
 }
 
 fn kinds(env: &mut TestEnv, id: JobId) -> Vec<EventKind> {
@@ -128,6 +158,10 @@ fn an_elastic_gang_loses_a_node_goes_on_grows_back_and_is_metered_node_by_node()
         env.report(node, vec![AgentEvent::Started { attempt, pid: 1, at_ms }]);
     }
     let first = env.job(id).unwrap().placement[0].node.clone();
+    for (node, start) in &started {
+        // The rendezvous store lives on the first node, which never leaves alone.
+        assert_eq!(start.env["PET_RDZV_CONF"], format!("is_host={},last_call_timeout=5", *node == first));
+    }
     let job = env.job(id).unwrap();
     assert_eq!((job.gpus, job.max_gpus), (8, Some(24)));
 
@@ -136,10 +170,36 @@ fn an_elastic_gang_loses_a_node_goes_on_grows_back_and_is_metered_node_by_node()
     let on_demand = JobSubmission { gpus: Some(8), tier: Some("on-demand".into()), ..Default::default() };
     let od = submit(&mut env, on_demand).unwrap();
     told.pass(&mut env, 0);
-    let drained = told.drained(attempt);
+    let drained = told.drains(attempt);
     assert_eq!(drained.len(), 1, "the notice goes to the leaving node only: {drained:?}");
-    let leaving = drained[0].clone();
+    let (leaving, notice) = drained[0].clone();
     assert_ne!(leaving, first, "the first node never leaves alone");
+    // The nodes that stay hear of it at once, before the deadline, with
+    // the nodes and GPUs the job will have; no signal, no drain.
+    let staying: Vec<String> =
+        ["a", "b", "c"].into_iter().filter(|n| *n != leaving).map(String::from).collect();
+    let change = Membership {
+        attempt,
+        change: MembershipChange::Shrink,
+        at_ms: notice.notice_at_ms,
+        deadline_ms: Some(notice.deadline_ms),
+        nodes: nodes_of(&mut env, id).into_iter().filter(|n| *n != leaving).collect(),
+        leaving: vec![leaving.clone()],
+        joining: vec![],
+        gpus: 16,
+        reason: notice.reason.clone(),
+    };
+    assert_eq!(change.nodes[0], first, "the first node first");
+    let told_members: Vec<_> = told.members();
+    assert_eq!(told_members, staying.iter().map(|n| (n.clone(), change.clone())).collect::<Vec<_>>());
+    // A node that registers again (its agent restarted) is told again:
+    // the leaving one its drain, one that stays the change.
+    for node in ["a", "b", "c"] {
+        env.register(node, vec![attempt], Vec::new());
+    }
+    told.pass(&mut env, 0);
+    assert_eq!(told.drained(attempt), vec![leaving.clone()]);
+    assert_eq!(told.members(), staying.iter().map(|n| (n.clone(), change.clone())).collect::<Vec<_>>());
     assert_eq!(env.state(id), "running");
     assert!(kinds(&mut env, id).contains(&EventKind::Shrinking));
 
@@ -167,6 +227,7 @@ fn an_elastic_gang_loses_a_node_goes_on_grows_back_and_is_metered_node_by_node()
     let at = env.now;
     env.report(&leaving, vec![exited(od_attempt, 0, at)]);
     told.pass(&mut env, 300_000);
+    let told_members = told.members();
     let grown = told.starts();
     assert_eq!(grown.len(), 1, "{grown:?}");
     assert_eq!(
@@ -181,6 +242,19 @@ fn an_elastic_gang_loses_a_node_goes_on_grows_back_and_is_metered_node_by_node()
     assert_eq!(grown_at - noticed_at, 300_000);
     assert_eq!(preemptible_running_gpus(&mut env), 24);
     assert_eq!(env.job(id).unwrap().placement.len(), 3);
+    // The two nodes it ran on hear that it grows; the new one starts.
+    let change = Membership {
+        attempt,
+        change: MembershipChange::Grow,
+        at_ms: grown_at,
+        deadline_ms: None,
+        nodes: nodes_of(&mut env, id),
+        leaving: vec![],
+        joining: vec![leaving.clone()],
+        gpus: 24,
+        reason: format!("grown onto {leaving}"),
+    };
+    assert_eq!(told_members, staying.iter().map(|n| (n.clone(), change.clone())).collect::<Vec<_>>());
 
     // A restart keeps it all; the nodes register again saying what runs.
     env.restart();
