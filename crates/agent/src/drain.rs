@@ -69,7 +69,7 @@ fn deliver<S: Supervisor>(supervisor: &Arc<S>, a: AttemptRef, notice: Notice, si
     let wait = Duration::from_millis(deadline_ms.saturating_sub(now_ms()));
     tokio::spawn(async move {
         tokio::time::sleep(wait).await;
-        if supervisor.is_running(a) {
+        if supervisor.under_notice(a, deadline_ms) {
             tracing::warn!(job = %a.job, attempt = %a.attempt, "deadline reached: SIGKILL");
             supervisor.signal(a, Signal::SIGKILL);
         }
@@ -247,6 +247,24 @@ mod tests {
             ]
         );
         assert!(!fake.is_running(A), "SIGKILL ended it");
+    }
+
+    /// An elastic job grown back onto a node it left runs the same
+    /// attempt there again: the leaving part's deadline, when it comes,
+    /// is not the new part's, which no notice reached.
+    #[tokio::test]
+    async fn a_part_started_again_after_its_node_left_is_not_killed_at_the_old_deadline() {
+        let (fake, _queue) = FakeSupervisor::new("drain-grown-back");
+        fake.run(A, Signal::SIGTERM);
+        drain(&fake, drain_of(A, Duration::from_millis(200)));
+        fake.exit(A, Some(143));
+        fake.run(A, Signal::SIGTERM);
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert!(fake.is_running(A), "the new part was killed at the old part's deadline");
+        assert_eq!(
+            fake.ops(),
+            vec![Op::Notice(A), Op::Signal { attempt: A, signal: Signal::SIGTERM, notice_file: true }]
+        );
     }
 
     fn shrink_at(at_ms: u64, nodes: &[&str]) -> Membership {

@@ -343,6 +343,11 @@ impl Supervisor for Simulated {
         self.running.lock().expect("running").contains_key(&attempt)
     }
 
+    fn under_notice(&self, attempt: AttemptRef, deadline_ms: u64) -> bool {
+        let running = self.running.lock().expect("running");
+        running.get(&attempt).is_some_and(|r| r.notice.as_ref().is_some_and(|n| n.deadline_ms == deadline_ms))
+    }
+
     fn start(self: &Arc<Self>, start: StartAttempt) -> impl Future<Output = Result<(), StartError>> + Send {
         let this = self.clone();
         async move {

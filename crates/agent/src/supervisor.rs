@@ -62,6 +62,12 @@ pub(crate) trait Supervisor: Send + Sync + 'static {
 
     fn is_running(&self, attempt: AttemptRef) -> bool;
 
+    /// Whether the attempt runs here under a notice with this deadline:
+    /// not a part of the same attempt started here again since (an
+    /// elastic job grown back onto a node it left), which no notice has
+    /// reached.
+    fn under_notice(&self, attempt: AttemptRef, deadline_ms: u64) -> bool;
+
     /// Whether a start marked `when_gpus_free` is held back until no other
     /// attempt here holds its GPUs (else the server never sends one).
     const STARTS_WHEN_FREE: bool = false;
@@ -728,6 +734,13 @@ impl Supervisor for Processes {
 
     fn is_running(&self, attempt: AttemptRef) -> bool {
         self.running.lock().expect("running").contains_key(&attempt)
+    }
+
+    fn under_notice(&self, attempt: AttemptRef, deadline_ms: u64) -> bool {
+        let running = self.running.lock().expect("running");
+        running
+            .get(&attempt)
+            .is_some_and(|r| r.notice.borrow().as_ref().is_some_and(|n| n.deadline_ms == deadline_ms))
     }
 
     const STARTS_WHEN_FREE: bool = true;

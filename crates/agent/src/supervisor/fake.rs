@@ -155,6 +155,14 @@ impl Supervisor for FakeSupervisor {
         self.state.lock().unwrap().running.contains_key(&attempt)
     }
 
+    fn under_notice(&self, attempt: AttemptRef, deadline_ms: u64) -> bool {
+        let state = self.state.lock().unwrap();
+        state
+            .running
+            .get(&attempt)
+            .is_some_and(|(_, n)| n.as_ref().is_some_and(|n| n.deadline_ms == deadline_ms))
+    }
+
     fn hold_back(&self, attempt: AttemptRef) {
         let mut state = self.state.lock().unwrap();
         state.ops.push(Op::HoldBack(attempt));
