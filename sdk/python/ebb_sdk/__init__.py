@@ -13,6 +13,10 @@ Ebb when the work is done.
             ebb_sdk.exit_now()          # requeued: no completion marker
     ebb_sdk.complete()                  # success, even during a drain
 
+An elastic job (`--gpus MIN:MAX`) saves once when its nodes change,
+`should_save()` saying so, and its ranks then exit for torchrun to re-form
+them: see `ebb_sdk.elastic`.
+
 A job with a deadline reports how far it has got, `ebb_sdk.progress(step /
 total)`, so that Ebb moves it to on-demand only when it would be late.
 
@@ -47,6 +51,7 @@ from .checkpoint import (
     report_resumed,
 )
 from .drain import DrainWatcher, Notice, drain_requested, notice, on_drain, watcher
+from .elastic import Members, gpu_range, members
 from .drills import DrillError, drill
 
 __all__ = [
@@ -54,6 +59,7 @@ __all__ = [
     "CheckpointManager",
     "DrainWatcher",
     "DrillError",
+    "Members",
     "Notice",
     "attempt",
     "checkpoint_interval",
@@ -61,8 +67,10 @@ __all__ = [
     "drill",
     "drain_requested",
     "exit_now",
+    "gpu_range",
     "in_ebb",
     "job_id",
+    "members",
     "note_attempt",
     "notice",
     "on_drain",

@@ -20,7 +20,7 @@ import time
 import urllib.request
 from typing import Any, BinaryIO, Callable, Dict, List, NamedTuple, Optional, Tuple, Union
 
-from . import drain
+from . import drain, elastic
 from ._env import attempt as _env_attempt
 from ._env import checkpoint_interval, in_ebb
 from ._env import job_id as _env_job_id
@@ -230,6 +230,11 @@ class CheckpointManager:
         self._last_save = time.monotonic()
         # The drain signal's handler goes in now, on the main thread.
         self.watcher = drain.watcher()
+        # An elastic job's change of nodes already there when this process
+        # started (it resumed from the save made at it) is not a new one.
+        self._members = elastic._MembersFile()
+        found = self._members.read()
+        self._members_at_start = self._saved_for = found.raw if found else None
         self._clean_leftovers()
 
     def path_for(self, step: int) -> str:
@@ -268,6 +273,8 @@ class CheckpointManager:
         seconds = time.monotonic() - started
         self.last_seconds = seconds
         self._last_save = time.monotonic()
+        found = self._members.read()
+        self._saved_for = found.raw if found else None
         # Measured before pruning: a step older than the K newest (a job
         # that started over) is pruned as soon as it is saved.
         size = os.path.getsize(final)
@@ -309,13 +316,26 @@ class CheckpointManager:
             note_attempt(step)
 
     def should_save(self) -> bool:
-        """True when a drain was requested, or the periodic interval has
-        passed since the last save. In a gang, ranks see the notice at
-        slightly different moments: agree across ranks before saving (say,
-        an all-reduce of this flag) so that every rank saves the same step."""
+        """True when a drain was requested, an elastic job's nodes change
+        and no save has followed (see `nodes_changed`), or the periodic
+        interval has passed since the last save. In a gang, ranks see the
+        notice at slightly different moments: agree across ranks before
+        saving (say, an all-reduce of this flag) so that every rank saves
+        the same step."""
         if self.watcher.drain_requested():
             return True
+        found = self._members.read()
+        if found is not None and found.raw != self._saved_for:
+            return True
         return self.interval is not None and time.monotonic() - self._last_save >= self.interval
+
+    def nodes_changed(self) -> bool:
+        """True once this elastic job's nodes have changed since this
+        process started (Ebb told this node of a shrink or a grow): every
+        rank restarts to re-form, so after the save the ranks exit with a
+        non-zero code and `torchrun` starts them again on the new nodes."""
+        found = self._members.read()
+        return found is not None and found.raw != self._members_at_start
 
     def drain_requested(self) -> bool:
         return self.watcher.drain_requested()

@@ -15,6 +15,7 @@ class Endpoint:
 
     def __init__(self):
         self.notice = None
+        self.members = None
         self.reports = []
         self.resumes = []
         self.progress = []
@@ -25,8 +26,9 @@ class Endpoint:
                 pass
 
             def do_GET(self):
-                if self.path == "/ebb/v1/notice" and endpoint.notice is not None:
-                    body = json.dumps(endpoint.notice).encode()
+                served = {"/ebb/v1/notice": endpoint.notice, "/ebb/v1/members": endpoint.members}
+                if served.get(self.path) is not None:
+                    body = json.dumps(served[self.path]).encode()
                     self.send_response(200)
                     self.send_header("Content-Type", "application/json")
                     self.end_headers()
@@ -93,6 +95,7 @@ def ebb_env(monkeypatch, tmp_path, endpoint):
         "EBB_TIER": "preemptible",
         "EBB_CHECKPOINT_DIR": str(tmp_path / "ckpt"),
         "EBB_DRAIN_FILE": str(run / "drain.json"),
+        "EBB_MEMBERS_FILE": str(run / "members.json"),
         "EBB_COMPLETION_FILE": str(run / "complete"),
         "EBB_METADATA_URL": endpoint.url,
         "EBB_DRAIN_SIGNAL": str(int(signal.SIGUSR1)),
