@@ -230,6 +230,23 @@ pub(crate) fn run_dir(data_dir: &Path, a: AttemptRef) -> PathBuf {
     data_dir.join("run").join(format!("{}-{}", a.job, a.attempt))
 }
 
+/// The files an earlier part of the same attempt left in its run
+/// directory (an elastic job grown back onto a node it had left): its
+/// drain notice, change of nodes and completion marker are not the new
+/// part's, which would take the notice for its own drain.
+pub(crate) fn clear_earlier_part(run_dir: &Path) -> Result<(), DirError> {
+    for name in ["drain.json", "members.json", "complete"] {
+        let path = run_dir.join(name);
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(DirError::Prepare { path, source: e });
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// A job's default working directory, shared by its attempts.
 pub(crate) fn default_workdir(data_dir: &Path, job: ebb_core::JobId) -> PathBuf {
     data_dir.join("work").join(job.to_string())
@@ -270,6 +287,24 @@ mod tests {
         for bad in ["..", "../etc", "a/b", "."] {
             assert!(matches!(tenant_dir_name(bad), Err(DirError::TenantName(t)) if t == bad), "{bad}");
         }
+    }
+
+    /// A part of an elastic attempt grown back onto a node it left finds
+    /// its run directory as the leaving part left it: the notice, the
+    /// change of nodes and the marker go; the job's own files stay.
+    #[test]
+    fn a_part_started_again_finds_no_earlier_parts_notice() {
+        let dir = std::env::temp_dir().join(format!("ebb-dirs-earlier-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for name in ["drain.json", "members.json", "complete", "script.sh"] {
+            std::fs::write(dir.join(name), "x").unwrap();
+        }
+        clear_earlier_part(&dir).unwrap();
+        let left: Vec<String> =
+            std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        assert_eq!(left, ["script.sh"]);
+        clear_earlier_part(&dir).expect("nothing to clear is no error");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// A finished attempt's directory is marked used now, and a link the

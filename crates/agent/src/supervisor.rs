@@ -542,6 +542,7 @@ impl Processes {
         let tenant_root = owned(self.config.checkpoint_root.join(dirs::tenant_dir_name(&s.tenant)?), false)?;
         let checkpoint_dir = owned(tenant_root.join(a.job.to_string()), false)?;
         let run_dir = owned(dirs::run_dir(&self.config.data_dir, a), true)?;
+        dirs::clear_earlier_part(&run_dir)?;
         let slurm = match &s.slurm {
             Some(batch) => Some(self.prepare_slurm(s, batch, &run_dir, &who)?),
             None => None,

@@ -17,6 +17,7 @@ mod containment;
 mod dashboard;
 mod deadlines;
 mod drill;
+mod elastic;
 mod failover;
 mod fairness;
 mod first_hour;

@@ -481,7 +481,7 @@ sys.exit(0 if np.array_equal(got, want) else 1)
 
 /// The gang tests take turns: one of them holds port 29500, where every
 /// cluster's first gang would meet.
-static GANG_PORT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+pub(crate) static GANG_PORT: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 #[test]
 fn a_gang_gets_torchrun_variables_starts_together_and_drains_together() {

@@ -84,14 +84,22 @@ impl Launch<'_> {
             env.insert("EBB_CHECKPOINT_INTERVAL_S".into(), interval.clone());
             env.extend(run_env(&run, &job.spec.env));
             match (&job.rendezvous, &slurm) {
-                (Some((addr, port)), None) if job.spec.max_gpus.is_some() => env.extend(elastic_env(
-                    addr,
-                    *port,
-                    &run,
-                    gpus.len(),
-                    (job.gpus, job.spec.max_gpus),
-                    (rank, nodes),
-                )),
+                (Some((addr, port)), None) if job.spec.max_gpus.is_some() => {
+                    env.extend(elastic_env(
+                        addr,
+                        *port,
+                        &run,
+                        gpus.len(),
+                        (job.gpus, job.spec.max_gpus),
+                        (rank, nodes),
+                    ));
+                    // Where the other nodes reach this one's workers when
+                    // its node leads a round: the address it registered
+                    // with, not its host name (which may not resolve).
+                    if let Some(own) = self.fleet.nodes.get(node).and_then(|n| n.address.clone()) {
+                        env.insert("PET_LOCAL_ADDR".into(), own);
+                    }
+                }
                 (Some((addr, port)), None) => {
                     env.extend(gang_env(addr, *port, rank, nodes, gpus.len(), job.gpus))
                 }
