@@ -279,19 +279,20 @@ pub fn count(given: &Given, long: &str) -> Result<Option<u32>, CliError> {
     }
 }
 
-/// `--nodes`: `N`, or `N-N` (Ebb places an exact count).
-pub fn nodes(given: &Given) -> Result<Option<u32>, CliError> {
+/// `--nodes`: `N`, or `MIN-MAX`, any count in the range (Slurm's
+/// meaning: the count is chosen at the start and fixed after).
+pub fn nodes(given: &Given) -> Result<Option<(u32, u32)>, CliError> {
     match last(given, "nodes") {
         Some(text) if text.contains('-') => {
             let (a, b) = text.split_once('-').expect("a dash");
             match (a.trim().parse::<u32>(), b.trim().parse::<u32>()) {
-                (Ok(a), Ok(b)) if a == b && a > 0 => Ok(Some(a)),
-                _ => {
-                    Err(usage(format!("--nodes={text}: Ebb places an exact number of nodes; give one count")))
-                }
+                (Ok(a), Ok(b)) if a > 0 && a <= b => Ok(Some((a, b))),
+                _ => Err(usage(format!(
+                    "--nodes={text}: expected a count or a range MIN-MAX of positive whole numbers, MIN first"
+                ))),
             }
         }
-        _ => count(given, "nodes"),
+        _ => Ok(count(given, "nodes")?.map(|n| (n, n))),
     }
 }
 

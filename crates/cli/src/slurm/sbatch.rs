@@ -119,10 +119,20 @@ pub fn batch(
     let (text, script_name, script_args) = script(&cli, &rest, stdin)?;
     let mut given = options::script_options(&text, &script_name)?;
     given.extend(cli);
-    let notes = options::ignored_notes(SBATCH, &given);
+    let mut notes = options::ignored_notes(SBATCH, &given);
     let last = |long: &str| options::last(&given, long);
 
-    let nodes = options::nodes(&given)?;
+    let nodes = match options::nodes(&given)? {
+        Some((fewest, most)) if most > fewest => {
+            notes.push(format!(
+                "--nodes={fewest}-{most}: Ebb starts the job on {fewest} nodes, its count fixed after (Slurm's \
+                 meaning allows any count in the range); for a job that grows to {most} and is shrunk rather \
+                 than stopped, see docs/elastic.md"
+            ));
+            Some(fewest)
+        }
+        range => range.map(|(n, _)| n),
+    };
     let ntasks = options::count(&given, "ntasks")?;
     let ntasks_per_node = options::count(&given, "ntasks-per-node")?;
     let cpus_per_task = options::count(&given, "cpus-per-task")?;
@@ -303,6 +313,30 @@ mod tests {
         let b = run("", "#!/bin/sh\necho\n").unwrap();
         assert_eq!(b.submission.gpus, Some(1));
         assert_eq!(b.submission.name.as_deref(), Some("train.sh"));
+    }
+
+    /// Slurm's `--nodes=MIN-MAX`: any count in the range, chosen at the
+    /// start and fixed after. Ebb takes the fewest, says so once, and
+    /// counts GPUs per node on that many; a range it cannot read is named.
+    #[test]
+    fn a_node_range_starts_on_its_fewest_fixed_after_and_says_so() {
+        let b = run("--nodes=2-4 --gpus-per-node=8", "#!/bin/sh\nsrun torchrun train.py\n").unwrap();
+        assert_eq!((b.submission.gpus, b.submission.max_gpus), (Some(16), None));
+        assert_eq!(b.submission.slurm.as_ref().unwrap().nodes, Some(2));
+        assert_eq!(b.notes.len(), 1, "{:?}", b.notes);
+        assert!(b.notes[0].starts_with("--nodes=2-4: Ebb starts the job on 2 nodes, its count fixed after"));
+        let b = run("-N 3-3 --gres=gpu:8", "#!/bin/sh\n").unwrap();
+        assert_eq!((b.submission.gpus, b.notes.len()), (Some(24), 0));
+        for bad in ["4-2", "0-2", "2-", "-2", "a-b", "2-4-6", "1-99999999999"] {
+            let err =
+                run(&format!("--nodes={bad} --gpus-per-node=8"), "#!/bin/sh\n").unwrap_err().to_string();
+            assert_eq!(
+                err,
+                format!(
+                    "--nodes={bad}: expected a count or a range MIN-MAX of positive whole numbers, MIN first"
+                )
+            );
+        }
     }
 
     #[test]

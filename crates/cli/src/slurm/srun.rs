@@ -63,14 +63,15 @@ fn plan(given: &Given, program: Vec<String>, env: &BTreeMap<String, String>) -> 
         }
         None => (0..allocation).collect(),
     };
-    if let Some(n) = options::nodes(given)? {
-        if n > allocation {
+    if let Some((fewest, most)) = options::nodes(given)? {
+        if fewest > allocation {
             return Err(usage(format!(
-                "--nodes={n}: the job has {allocation} node{}",
+                "--nodes={fewest}: the job has {allocation} node{}",
                 if allocation == 1 { "" } else { "s" }
             )));
         }
-        nodes.truncate(n as usize);
+        // As many as the range allows, as Slurm gives.
+        nodes.truncate(most.min(allocation) as usize);
     }
     if allocation > 1 && !env.contains_key("EBB_SLURM_HUB") && nodes.iter().any(|n| *n != 0) {
         return Err(usage(
