@@ -116,9 +116,10 @@ fn a_bad_trace_is_refused_naming_line_and_field() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
-/// The tables of `docs/simulator.md` are what the scripts print with this
+/// The tables of `docs/simulator.md` and `docs/elastic.md` are what the
+/// scripts print with this
 /// binary (`scripts/sim-tables --check`): a change to the core or the
-/// simulator that moves a figure fails here until the page is made again
+/// simulator that moves a figure fails here until the pages are made again
 /// (`scripts/sim-tables`).
 #[test]
 fn the_simulators_tables_are_what_the_binary_prints() {
@@ -130,7 +131,7 @@ fn the_simulators_tables_are_what_the_binary_prints() {
         .expect("scripts/sim-tables runs");
     assert!(
         out.status.success(),
-        "docs/simulator.md differs from the replays:\n{}",
+        "the simulator's tables differ from the replays:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "sim-tables: 7 tables as the binary prints them");
