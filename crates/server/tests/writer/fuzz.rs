@@ -45,6 +45,9 @@ struct World {
     /// Attempts the writer told a node to start, and where.
     started: Vec<(&'static str, AttemptRef)>,
     batches: u64,
+    /// Changes of an elastic job's nodes its nodes were told (shrinks
+    /// and grows reached).
+    changes_of_nodes: u64,
 }
 
 fn config(dir: &std::path::Path) -> EngineConfig {
@@ -63,6 +66,7 @@ impl World {
             joined: Default::default(),
             started: Vec::new(),
             batches: 0,
+            changes_of_nodes: 0,
         };
         world.restart();
         world.call(|reply| Msg::CreateTenant { name: "alice".into(), reply }).unwrap();
@@ -277,8 +281,10 @@ impl World {
                 };
                 {
                     for command in poll.commands {
-                        if let Action::Start(start) = &command.action {
-                            self.started.push((name, start.attempt));
+                        match &command.action {
+                            Action::Start(start) => self.started.push((name, start.attempt)),
+                            Action::Members(_) => self.changes_of_nodes += 1,
+                            _ => {}
                         }
                         if let Some(agent) = self.agents.get_mut(name) {
                             agent.1 = agent.1.max(command.seq);
@@ -413,8 +419,8 @@ fn cases() -> u32 {
 static CASE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 /// What all cases together did: batches, attempts started, and each
 /// step's kind, printed at the end (`--nocapture`).
-static TOTALS: std::sync::Mutex<(u64, u64, BTreeMap<&'static str, u64>)> =
-    std::sync::Mutex::new((0, 0, BTreeMap::new()));
+static TOTALS: std::sync::Mutex<(u64, u64, BTreeMap<&'static str, u64>, u64)> =
+    std::sync::Mutex::new((0, 0, BTreeMap::new(), 0));
 
 fn kind(step: &Step) -> &'static str {
     match step {
@@ -468,8 +474,9 @@ proptest! {
         let mut totals = TOTALS.lock().unwrap();
         totals.0 += world.batches;
         totals.1 += world.started.len() as u64;
+        totals.3 += world.changes_of_nodes;
         if case + 1 == u64::from(cases()) {
-            eprintln!("writer fuzz: {} cases, {} batches, {} attempts started; steps: {:?}", case + 1, totals.0, totals.1, totals.2);
+            eprintln!("writer fuzz: {} cases, {} batches, {} attempts started, {} changes of nodes told; steps: {:?}", case + 1, totals.0, totals.1, totals.3, totals.2);
         }
     }
 }

@@ -245,6 +245,23 @@ pub(super) fn rarely<T: std::fmt::Debug + Clone>(
     prop_oneof![24 => Just(None), 1 => odd.prop_map(Some)]
 }
 
+/// A well-formed elastic job on the fuzzer's 8-GPU nodes, so that the
+/// writer's shrinks, parts leaving and grows come up, not only the
+/// refusals of the ranges `submission` draws.
+pub(super) fn elastic() -> impl Strategy<Value = JobSubmission> {
+    (prop_oneof![Just(8u32), Just(16)], prop_oneof![Just(16u32), Just(24)], any::<bool>()).prop_map(
+        |(gpus, max, sleeps)| JobSubmission {
+            gpus: Some(gpus),
+            max_gpus: Some(max.max(gpus + 8)),
+            argv: match sleeps {
+                true => vec!["sleep".to_string(), "100".to_string()],
+                false => vec!["true".to_string()],
+            },
+            ..Default::default()
+        },
+    )
+}
+
 pub(super) fn submission() -> impl Strategy<Value = JobSubmission> {
     let argv = prop_oneof![
         8 => Just(vec!["true".to_string()]),
@@ -521,6 +538,7 @@ pub(super) fn step() -> impl Strategy<Value = Step> {
     let node = 0..NODES.len();
     prop_oneof![
         6 => (any::<bool>(), submission()).prop_map(|(alice, spec)| Step::Submit { alice, spec }),
+        2 => (any::<bool>(), elastic()).prop_map(|(alice, spec)| Step::Submit { alice, spec }),
         1 => proptest::collection::vec(submission(), 0..4).prop_map(|specs| Step::SubmitBatch { specs }),
         2 => (0u64..14, proptest::option::of(big_u64()), any::<bool>()).prop_map(|(id, grace_ms, alice)| Step::Cancel { id, grace_ms, alice }),
         2 => (0u64..14, any::<bool>()).prop_map(|(id, alice)| Step::Drill { id, alice }),
