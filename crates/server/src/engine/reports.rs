@@ -110,6 +110,13 @@ fn part_started(
     }
     job.started_on.push(node.to_string());
     job.run_started_ms = Some(job.run_started_ms.map_or(at_ms, |t| t.min(at_ms)));
+    // A node an elastic job grew onto counts from its part's start, as
+    // the attempt's first nodes do, not from when the grow was decided.
+    if let Some(elastic) = job.elastic.as_deref_mut() {
+        if let Some((_, joined_ms)) = elastic.joined.iter_mut().find(|(n, _)| n == node) {
+            *joined_ms = (*joined_ms).max(at_ms);
+        }
+    }
     if job.state == JobState::Starting && job.started_on.len() == job.placement.len() {
         job.state = JobState::Running;
     }

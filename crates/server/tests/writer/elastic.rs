@@ -229,6 +229,11 @@ fn an_elastic_gang_loses_a_node_goes_on_grows_back_and_is_metered_node_by_node()
     told.pass(&mut env, 300_000);
     let told_members = told.members();
     let grown = told.starts();
+    // The new part starts a few seconds after the grow (its image, its
+    // directories): its node counts from then.
+    env.now += 3_000;
+    let grown_started = env.now;
+    env.report(&leaving, vec![AgentEvent::Started { attempt, pid: 3, at_ms: grown_started }]);
     assert_eq!(grown.len(), 1, "{grown:?}");
     assert_eq!(
         (grown[0].0.as_str(), grown[0].1.attempt),
@@ -265,8 +270,6 @@ fn an_elastic_gang_loses_a_node_goes_on_grows_back_and_is_metered_node_by_node()
     assert_eq!(env.state(id), "running");
 
     // Every part exits 0: the job succeeded, metered node by node.
-    let at = env.now;
-    env.report(&leaving, vec![AgentEvent::Started { attempt, pid: 3, at_ms: at }]);
     told.pass(&mut env, 100_000);
     let end = env.now;
     for node in ["a", "b", "c"] {
@@ -279,7 +282,7 @@ fn an_elastic_gang_loses_a_node_goes_on_grows_back_and_is_metered_node_by_node()
     assert_eq!(parts.len(), 4, "three nodes from the start (one left), one grown: {parts:?}");
     let start = usage[0].started_ms;
     let secs = |from: u64, to: u64| (to - from).div_ceil(1000);
-    let expected = 8 * secs(start, left_at) + 2 * 8 * secs(start, end) + 8 * secs(grown_at, end);
+    let expected = 8 * secs(start, left_at) + 2 * 8 * secs(start, end) + 8 * secs(grown_started, end);
     assert_eq!(usage[0].gpu_seconds(), expected, "{parts:?}");
 }
 
