@@ -233,16 +233,18 @@ pub(crate) fn run_dir(data_dir: &Path, a: AttemptRef) -> PathBuf {
 /// The files an earlier part of the same attempt left in its run
 /// directory (an elastic job grown back onto a node it had left): its
 /// drain notice, change of nodes and completion marker are not the new
-/// part's, which would take the notice for its own drain.
+/// part's, which would take the notice for its own drain. Whatever the
+/// job put under those names goes too (a link itself, not what it
+/// names; a directory with what it holds).
 pub(crate) fn clear_earlier_part(run_dir: &Path) -> Result<(), DirError> {
     for name in ["drain.json", "members.json", "complete"] {
         let path = run_dir.join(name);
-        match std::fs::remove_file(&path) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                return Err(DirError::Prepare { path, source: e });
-            }
-            _ => {}
-        }
+        let removed = match std::fs::remove_file(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(_) if path.is_dir() && !path.is_symlink() => std::fs::remove_dir_all(&path),
+            other => other,
+        };
+        removed.map_err(|source| DirError::Prepare { path, source })?;
     }
     Ok(())
 }
@@ -296,9 +298,13 @@ mod tests {
     fn a_part_started_again_finds_no_earlier_parts_notice() {
         let dir = std::env::temp_dir().join(format!("ebb-dirs-earlier-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        for name in ["drain.json", "members.json", "complete", "script.sh"] {
+        for name in ["drain.json", "complete", "script.sh"] {
             std::fs::write(dir.join(name), "x").unwrap();
         }
+        // What a job may have put there: a directory, a link to its own file.
+        std::fs::create_dir_all(dir.join("members.json/inside")).unwrap();
+        std::os::unix::fs::symlink(dir.join("script.sh"), dir.join("complete.link")).unwrap();
+        std::fs::rename(dir.join("complete.link"), dir.join("complete")).unwrap();
         clear_earlier_part(&dir).unwrap();
         let left: Vec<String> =
             std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
