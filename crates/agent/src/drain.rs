@@ -268,17 +268,7 @@ mod tests {
     }
 
     fn shrink_at(at_ms: u64, nodes: &[&str]) -> Membership {
-        Membership {
-            attempt: A,
-            change: ebb_api::MembershipChange::Shrink,
-            at_ms,
-            deadline_ms: Some(at_ms + 300_000),
-            nodes: nodes.iter().map(|n| n.to_string()).collect(),
-            leaving: vec!["node-2".into()],
-            joining: vec![],
-            gpus: 8 * nodes.len() as u32,
-            reason: "preempted by job 2".into(),
-        }
+        crate::testing::shrink(A, nodes, at_ms)
     }
 
     /// The nodes that stay are told without a signal (a launcher such as

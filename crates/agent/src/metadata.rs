@@ -705,19 +705,10 @@ mod tests {
         assert_eq!(aws.await.unwrap().status(), 200);
     }
 
-    /// A shrink of job 4 down to `nodes`, decided at `at_ms`, node-9 leaving.
+    /// A shrink of job 4's attempt 2 down to `nodes`, as the job reads it.
     fn shrink_to(nodes: &[&str], at_ms: u64) -> Members {
-        Members::new(&ebb_api::Membership {
-            attempt: AttemptRef { job: JobId(4), attempt: ebb_core::Attempt(2) },
-            change: ebb_api::MembershipChange::Shrink,
-            at_ms,
-            deadline_ms: Some(at_ms + 300_000),
-            nodes: nodes.iter().map(|n| n.to_string()).collect(),
-            leaving: vec!["node-9".into()],
-            joining: vec![],
-            gpus: 8 * nodes.len() as u32,
-            reason: "preempted by job 7".into(),
-        })
+        let attempt = AttemptRef { job: JobId(4), attempt: ebb_core::Attempt(2) };
+        Members::new(&testing::shrink(attempt, nodes, at_ms))
     }
 
     /// The nodes that stay read a change of nodes where they read the

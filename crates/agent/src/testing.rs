@@ -192,3 +192,19 @@ pub(crate) async fn until(what: &str, mut done: impl FnMut() -> bool) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// A shrink of `attempt` down to `nodes` (8 GPUs each), decided at
+/// `at_ms` with the ordinary five minutes, `node-9` leaving.
+pub(crate) fn shrink(attempt: AttemptRef, nodes: &[&str], at_ms: u64) -> ebb_api::Membership {
+    ebb_api::Membership {
+        attempt,
+        change: ebb_api::MembershipChange::Shrink,
+        at_ms,
+        deadline_ms: Some(at_ms + 300_000),
+        nodes: nodes.iter().map(|n| n.to_string()).collect(),
+        leaving: vec!["node-9".into()],
+        joining: vec![],
+        gpus: 8 * nodes.len() as u32,
+        reason: "preempted by job 7".into(),
+    }
+}
