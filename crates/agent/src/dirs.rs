@@ -237,7 +237,7 @@ pub(crate) fn run_dir(data_dir: &Path, a: AttemptRef) -> PathBuf {
 /// job put under those names goes too (a link itself, not what it
 /// names; a directory with what it holds).
 pub(crate) fn clear_earlier_part(run_dir: &Path) -> Result<(), DirError> {
-    for name in ["drain.json", "members.json", "complete"] {
+    for name in [DRAIN_FILE, MEMBERS_FILE, COMPLETION_FILE] {
         let path = run_dir.join(name);
         let removed = match std::fs::remove_file(&path) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -248,6 +248,16 @@ pub(crate) fn clear_earlier_part(run_dir: &Path) -> Result<(), DirError> {
     }
     Ok(())
 }
+
+/// In an attempt's run directory, its drain or cancel notice
+/// (`EBB_DRAIN_FILE`).
+pub(crate) const DRAIN_FILE: &str = "drain.json";
+/// In an elastic attempt's run directory, its latest change of nodes
+/// (`EBB_MEMBERS_FILE`).
+pub(crate) const MEMBERS_FILE: &str = "members.json";
+/// In an attempt's run directory, the job's completion marker
+/// (`EBB_COMPLETION_FILE`).
+pub(crate) const COMPLETION_FILE: &str = "complete";
 
 /// A job's default working directory, shared by its attempts.
 pub(crate) fn default_workdir(data_dir: &Path, job: ebb_core::JobId) -> PathBuf {

@@ -448,7 +448,7 @@ impl Processes {
         let Prepared { run_dir, default_workdir, cgroup, devices, .. } = prepared;
         let (group, peak) =
             cgroup.map_or((None, cgroup::Peak::None), |ready| (Some(ready.group), ready.peak));
-        self.record(&s, child.pid, run_dir.join("drain.json"), (notice, members), group.clone());
+        self.record(&s, child.pid, run_dir.join(dirs::DRAIN_FILE), (notice, members), group.clone());
         if let Some(limit_ms) = s.time_limit_ms {
             // A Slurm job's --signal comes SECS before the limit (60 s by default).
             let warn = s
@@ -625,9 +625,9 @@ impl Processes {
             ("EBB_TIER", s.tier.clone()),
             ("EBB_NODE", self.config.node.clone()),
             ("EBB_CHECKPOINT_DIR", path(&p.checkpoint_dir)),
-            ("EBB_DRAIN_FILE", path(&p.run_dir.join("drain.json"))),
-            ("EBB_MEMBERS_FILE", path(&p.run_dir.join("members.json"))),
-            ("EBB_COMPLETION_FILE", path(&p.run_dir.join("complete"))),
+            ("EBB_DRAIN_FILE", path(&p.run_dir.join(dirs::DRAIN_FILE))),
+            ("EBB_MEMBERS_FILE", path(&p.run_dir.join(dirs::MEMBERS_FILE))),
+            ("EBB_COMPLETION_FILE", path(&p.run_dir.join(dirs::COMPLETION_FILE))),
             ("EBB_DRAIN_SIGNAL", s.signal.to_string()),
             ("EBB_METADATA_URL", metadata_url.clone()),
             ("AWS_EC2_METADATA_SERVICE_ENDPOINT", format!("{metadata_url}/")),
@@ -828,7 +828,7 @@ impl Supervisor for Processes {
             return None;
         }
         r.members.send_replace(Some(members));
-        Some(MembersTarget { file: Some(r.drain_file.with_file_name("members.json")) })
+        Some(MembersTarget { file: Some(r.drain_file.with_file_name(dirs::MEMBERS_FILE)) })
     }
 
     fn write_notice(&self, file: &Path, body: &[u8]) -> std::io::Result<()> {

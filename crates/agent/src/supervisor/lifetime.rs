@@ -156,7 +156,7 @@ async fn kill_remains(pid: i32, group: Option<&AttemptGroup>) {
 /// its directories are marked used now, since the retention period counts
 /// from the attempt's end. Blocking.
 fn exit_facts(peak: &cgroup::Peak, run_dir: &Path, default_workdir: Option<&Path>) -> (Option<u64>, bool) {
-    let completed = run_dir.join("complete").exists();
+    let completed = run_dir.join(crate::dirs::COMPLETION_FILE).exists();
     for dir in std::iter::once(run_dir).chain(default_workdir) {
         dirs::touch(dir);
     }

@@ -71,21 +71,20 @@ impl JobRecord {
     /// holds it: those parts, their GPUs, and what changes.
     pub(super) fn membership(&self, attempt: AttemptRef, change: Change) -> ebb_api::Membership {
         let staying: Vec<&Part> = self.staying_parts().collect();
-        let (at_ms, deadline_ms, leaving, joining, reason) = match change {
+        use ebb_api::MembershipChange as Kind;
+        let (change, at_ms, deadline_ms, leaving, joining, reason) = match change {
             Change::Shrink { leaving, notice } => {
-                (notice.notice_at_ms, Some(notice.deadline_ms), leaving, vec![], notice.reason.clone())
+                let (at, deadline, reason) = (notice.notice_at_ms, notice.deadline_ms, notice.reason.clone());
+                (Kind::Shrink, at, Some(deadline), leaving, vec![], reason)
             }
             Change::Grow { joining, at_ms } => {
                 let reason = format!("grown onto {}", joining.join(", "));
-                (at_ms, None, vec![], joining, reason)
+                (Kind::Grow, at_ms, None, vec![], joining, reason)
             }
         };
         ebb_api::Membership {
             attempt,
-            change: match deadline_ms {
-                Some(_) => ebb_api::MembershipChange::Shrink,
-                None => ebb_api::MembershipChange::Grow,
-            },
+            change,
             at_ms,
             deadline_ms,
             nodes: staying.iter().map(|part| part.node.clone()).collect(),
