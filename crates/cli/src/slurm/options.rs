@@ -22,15 +22,23 @@ pub struct Spec {
     pub long: &'static str,
     pub short: Option<char>,
     pub value: bool,
+    /// Its value may be left out (`--kill-on-bad-exit[=0|1]`): given only
+    /// joined to it (`--opt=v`, `-Kv`), never as the next word.
+    pub optional: bool,
     pub kind: Kind,
 }
 
 const fn honoured(long: &'static str, short: Option<char>, value: bool) -> Spec {
-    Spec { long, short, value, kind: Kind::Honoured }
+    Spec { long, short, value, optional: false, kind: Kind::Honoured }
+}
+
+/// An option whose value may be left out, honoured.
+const fn honoured_optional(long: &'static str, short: Option<char>) -> Spec {
+    Spec { long, short, value: true, optional: true, kind: Kind::Honoured }
 }
 
 const fn ignored(long: &'static str, short: Option<char>, value: bool, why: &'static str) -> Spec {
-    Spec { long, short, value, kind: Kind::Ignored(why) }
+    Spec { long, short, value, optional: false, kind: Kind::Ignored(why) }
 }
 
 const NO_MEMORY: &str = "Ebb does not limit memory";
@@ -123,7 +131,7 @@ pub const SRUN: &[Spec] = &[
     honoured("output", Some('o'), true),
     honoured("error", Some('e'), true),
     honoured("open-mode", None, true),
-    honoured("kill-on-bad-exit", Some('K'), false),
+    honoured_optional("kill-on-bad-exit", Some('K')),
     honoured("export", None, true),
     honoured("chdir", Some('D'), true),
     honoured("time", Some('t'), true),
@@ -151,8 +159,12 @@ pub type Given = Vec<(&'static str, String)>;
 
 /// Parses `args` against `specs` up to the first word that is not an
 /// option (the script or the program), which is returned with the rest.
-/// `--` ends the options too. `what` names the source in errors
-/// (`train.sh:3`; nothing for the command line).
+/// `--` ends the options too. As getopt_long reads them: a long option
+/// may be abbreviated to any prefix no other option shares; short
+/// options group (`-lu` is `-l -u`; in `-Jname` the rest of the group is
+/// `-J`'s value); an optional value is only ever joined to its option.
+/// `what` names the source in errors (`train.sh:3`; nothing for the
+/// command line).
 pub fn parse(specs: &'static [Spec], args: &[String], what: &str) -> Result<(Given, Vec<String>), CliError> {
     let at = |message: String| match what {
         "" => usage(message),
@@ -165,51 +177,76 @@ pub fn parse(specs: &'static [Spec], args: &[String], what: &str) -> Result<(Giv
         if arg == "--" {
             return Ok((given, args[i + 1..].to_vec()));
         }
-        let (spec, inline) = if let Some(long) = arg.strip_prefix("--") {
+        if let Some(long) = arg.strip_prefix("--") {
             let (name, inline) = match long.split_once('=') {
                 Some((name, value)) => (name, Some(value.to_string())),
                 None => (long, None),
             };
-            let spec = specs
-                .iter()
-                .find(|s| s.long == name)
-                .ok_or_else(|| at(format!("unrecognized option '--{name}'")))?;
-            (spec, inline)
-        } else if let Some(short) = arg.strip_prefix('-').filter(|s| !s.is_empty()) {
-            let letter = short.chars().next().expect("not empty");
-            let spec = specs
-                .iter()
-                .find(|s| s.short == Some(letter))
-                .ok_or_else(|| at(format!("invalid option -- '{letter}'")))?;
-            let rest = &short[letter.len_utf8()..];
-            let inline = match (spec.value, rest.is_empty()) {
-                (_, true) => None,
-                (true, false) => Some(rest.strip_prefix('=').unwrap_or(rest).to_string()),
-                (false, false) => {
-                    return Err(at(format!("-{letter} takes no value (give -{rest} on its own)")))
+            let spec = long_option(specs, name).map_err(at)?;
+            let value = match (spec.value, spec.optional, inline) {
+                (false, _, Some(_)) => {
+                    return Err(at(format!("option '--{}' doesn't allow an argument", spec.long)))
+                }
+                (false, _, None) | (true, true, None) => String::new(),
+                (true, _, Some(v)) => v,
+                (true, false, None) => {
+                    i += 1;
+                    args.get(i)
+                        .cloned()
+                        .ok_or_else(|| at(format!("option '--{}' requires an argument", spec.long)))?
                 }
             };
-            (spec, inline)
+            given.push((spec.long, value));
+        } else if let Some(group) = arg.strip_prefix('-').filter(|s| !s.is_empty()) {
+            let mut letters = group.char_indices();
+            while let Some((k, letter)) = letters.next() {
+                let spec = specs
+                    .iter()
+                    .find(|s| s.short == Some(letter))
+                    .ok_or_else(|| at(format!("invalid option -- '{letter}'")))?;
+                if !spec.value {
+                    given.push((spec.long, String::new()));
+                    continue;
+                }
+                // The rest of the group is the value (an `=` before it
+                // dropped, as Slurm's own options read it).
+                let rest = &group[k + letter.len_utf8()..];
+                let value = match (rest.is_empty(), spec.optional) {
+                    (false, _) => rest.strip_prefix('=').unwrap_or(rest).to_string(),
+                    (true, true) => String::new(),
+                    (true, false) => {
+                        i += 1;
+                        args.get(i)
+                            .cloned()
+                            .ok_or_else(|| at(format!("option requires an argument -- '{letter}'")))?
+                    }
+                };
+                given.push((spec.long, value));
+                break;
+            }
         } else {
             return Ok((given, args[i..].to_vec()));
-        };
-        let value = match (spec.value, inline) {
-            (false, Some(_)) => {
-                return Err(at(format!("option '--{}' doesn't allow an argument", spec.long)))
-            }
-            (false, None) => String::new(),
-            (true, Some(v)) => v,
-            (true, None) => {
-                i += 1;
-                args.get(i)
-                    .cloned()
-                    .ok_or_else(|| at(format!("option '--{}' requires an argument", spec.long)))?
-            }
-        };
-        given.push((spec.long, value));
+        }
         i += 1;
     }
     Ok((given, Vec::new()))
+}
+
+/// The option `--name` names: itself, or the one option it is a prefix
+/// of; an error in getopt_long's words for none or several.
+fn long_option(specs: &'static [Spec], name: &str) -> Result<&'static Spec, String> {
+    if let Some(spec) = specs.iter().find(|s| s.long == name) {
+        return Ok(spec);
+    }
+    let matches: Vec<&Spec> = specs.iter().filter(|s| !name.is_empty() && s.long.starts_with(name)).collect();
+    match matches.as_slice() {
+        [one] => Ok(one),
+        [] => Err(format!("unrecognized option '--{name}'")),
+        several => {
+            let names: Vec<String> = several.iter().map(|s| format!("'--{}'", s.long)).collect();
+            Err(format!("option '--{name}' is ambiguous; possibilities: {}", names.join(" ")))
+        }
+    }
 }
 
 /// A script's `#SBATCH` lines, parsed as options: those before its first
@@ -458,6 +495,50 @@ mod tests {
         assert_eq!(
             parse(SBATCH, &words("--parsable=yes"), "").unwrap_err().to_string(),
             "option '--parsable' doesn't allow an argument"
+        );
+    }
+
+    /// getopt_long's reading, which the tools built on Slurm write to:
+    /// grouped short options, a value joined to its letter, a long option
+    /// abbreviated to a prefix no other shares, an optional value only
+    /// ever joined to its option.
+    #[test]
+    fn options_read_as_getopt_reads_them() {
+        let (given, rest) = parse(SRUN, &words("-lu -N2 -Jname -K -n 4 train.py"), "").unwrap();
+        let longs: Vec<&str> = given.iter().map(|(l, _)| *l).collect();
+        assert_eq!(longs, ["label", "unbuffered", "nodes", "job-name", "kill-on-bad-exit", "ntasks"]);
+        assert_eq!((last(&given, "nodes"), last(&given, "job-name")), (Some("2"), Some("name")));
+        assert_eq!((last(&given, "kill-on-bad-exit"), last(&given, "ntasks")), (Some(""), Some("4")));
+        assert_eq!(rest, words("train.py"), "an optional value never takes the next word");
+        let (given, rest) =
+            parse(SRUN, &words("-luK0 --kill-on-bad-exit=1 --kill-on-bad-exit prog"), "").unwrap();
+        let values: Vec<&str> = given.iter().map(|(_, v)| v.as_str()).collect();
+        assert_eq!(values, ["", "", "0", "1", ""]);
+        assert_eq!(rest, words("prog"));
+        // Abbreviations: a unique prefix names its option; a shared one is refused.
+        let (given, _) = parse(SBATCH, &words("--job=a --gpus-per-n=8 --parsab"), "").unwrap();
+        assert_eq!(
+            given,
+            [("job-name", "a".into()), ("gpus-per-node", "8".into()), ("parsable", String::new())]
+        );
+        assert_eq!(
+            parse(SBATCH, &words("--gpus-per"), "").unwrap_err().to_string(),
+            "option '--gpus-per' is ambiguous; possibilities: '--gpus-per-node' '--gpus-per-task'"
+        );
+        assert_eq!(
+            parse(SBATCH, &words("--nodes=1 --no"), "").unwrap_err().to_string(),
+            "option '--no' is ambiguous; possibilities: '--nodes' '--no-requeue' '--nodelist' '--no-kill'"
+        );
+        // A letter that takes a value ends its group; a missing one is named.
+        assert_eq!(
+            parse(SRUN, &words("-lN"), "").unwrap_err().to_string(),
+            "option requires an argument -- 'N'"
+        );
+        assert_eq!(parse(SRUN, &words("-lz"), "").unwrap_err().to_string(), "invalid option -- 'z'");
+        assert_eq!(
+            parse(SBATCH, &words("--"), "").unwrap(),
+            (Given::new(), Vec::new()),
+            "`--` alone ends the options"
         );
     }
 

@@ -109,6 +109,12 @@ fn plan(given: &Given, program: Vec<String>, env: &BTreeMap<String, String>) -> 
         Some("append") => true,
         Some(other) => return Err(usage(format!("--open-mode={other}: expected append or truncate"))),
     };
+    // `--kill-on-bad-exit[=0|1]`: given alone, on.
+    let kill_on_bad_exit = match options::last(given, "kill-on-bad-exit") {
+        None | Some("0") => false,
+        Some("" | "1") => true,
+        Some(other) => return Err(usage(format!("--kill-on-bad-exit={other}: expected 0 or 1"))),
+    };
     let gpus_per_task = match options::last(given, "gpus-per-task") {
         Some(text) => Some(options::gpus("gpus-per-task", text)?.1),
         None => None,
@@ -118,7 +124,7 @@ fn plan(given: &Given, program: Vec<String>, env: &BTreeMap<String, String>) -> 
         nodes,
         tasks,
         label: options::flag(given, "label"),
-        kill_on_bad_exit: options::flag(given, "kill-on-bad-exit"),
+        kill_on_bad_exit,
         output: options::last(given, "output").map(str::to_string),
         error: options::last(given, "error").map(str::to_string),
         append,
