@@ -198,8 +198,7 @@ pub fn parse(specs: &'static [Spec], args: &[String], what: &str) -> Result<(Giv
             };
             given.push((spec.long, value));
         } else if let Some(group) = arg.strip_prefix('-').filter(|s| !s.is_empty()) {
-            let mut letters = group.char_indices();
-            while let Some((k, letter)) = letters.next() {
+            for (k, letter) in group.char_indices() {
                 let spec = specs
                     .iter()
                     .find(|s| s.short == Some(letter))
