@@ -99,6 +99,11 @@ impl Launch<'_> {
                     if let Some(own) = self.fleet.nodes.get(node).and_then(|n| n.address.clone()) {
                         env.insert("PET_LOCAL_ADDR".into(), own);
                     }
+                    // Which node is the first (a launcher's head: Ray's
+                    // `ray start --head`); ranks are the launcher's own.
+                    if let Some(first) = job.placement.first() {
+                        env.insert("EBB_FIRST_NODE".into(), first.node.clone());
+                    }
                 }
                 (Some((addr, port)), None) => {
                     env.extend(gang_env(addr, *port, rank, nodes, gpus.len(), job.gpus))

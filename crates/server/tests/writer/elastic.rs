@@ -161,6 +161,7 @@ fn an_elastic_gang_loses_a_node_goes_on_grows_back_and_is_metered_node_by_node()
     for (node, start) in &started {
         // The rendezvous store lives on the first node, which never leaves alone.
         assert_eq!(start.env["PET_RDZV_CONF"], format!("is_host={},last_call_timeout=5", *node == first));
+        assert_eq!(start.env["EBB_FIRST_NODE"], first);
     }
     let job = env.job(id).unwrap();
     assert_eq!((job.gpus, job.max_gpus), (8, Some(24)));
