@@ -581,7 +581,7 @@ mod tests {
         /// Whatever words a command line or an #SBATCH line holds, parsing
         /// answers (options, or an error), never panics.
         #[test]
-        fn any_words_parse_or_are_refused(words in proptest::collection::vec("-{0,2}[a-zA-Z=:@%0-9-]{0,12}", 0..8)) {
+        fn any_words_parse_or_are_refused(words in proptest::collection::vec("-{0,2}[a-zA-Zé=:@%0-9-]{0,12}", 0..8)) {
             let _ = parse(SBATCH, &words, "sbatch");
             let _ = parse(SRUN, &words, "srun");
             let line = format!("#!/bin/sh\n#SBATCH {}\n", words.join(" "));
@@ -595,6 +595,36 @@ mod tests {
             let _ = signal(&text);
             let _ = array(&text);
             let _ = gpus("gpus", &text);
+            let _ = nodes(&vec![("nodes", text.clone())]);
+        }
+
+        /// getopt_long's abbreviations: a prefix that is an option's whole
+        /// name names it; else any prefix of a long option that no other
+        /// option of the command starts with names that option, with its
+        /// value; a prefix several share is refused as ambiguous.
+        #[test]
+        fn a_long_options_unshared_prefixes_name_it(which in 0usize..1000, cut in 1usize..40) {
+            for specs in [SBATCH, SRUN] {
+                let prefix = &specs[which % specs.len()].long;
+                let prefix = &prefix[..cut.min(prefix.len())];
+                let sharing = specs.iter().filter(|s| s.long.starts_with(prefix)).count();
+                let named = specs.iter().find(|s| s.long == prefix).or_else(|| {
+                    (sharing == 1).then(|| specs.iter().find(|s| s.long.starts_with(prefix)).expect("one"))
+                });
+                // Given with a value where the option named takes one.
+                let word = match named.is_some_and(|s| s.value) {
+                    true => format!("--{prefix}=v"),
+                    false => format!("--{prefix}"),
+                };
+                match (parse(specs, &[word], ""), named) {
+                    (Ok((given, _)), Some(spec)) => {
+                        let value = if spec.value { "v" } else { "" };
+                        prop_assert_eq!(given, vec![(spec.long, value.to_string())]);
+                    }
+                    (Err(e), None) => prop_assert!(e.to_string().contains("is ambiguous"), "{}", e),
+                    (other, _) => prop_assert!(false, "--{} ({} options share it): {:?}", prefix, sharing, other.map(|g| g.0)),
+                }
+            }
         }
     }
 }
