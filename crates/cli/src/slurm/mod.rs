@@ -9,8 +9,10 @@ mod options;
 mod query;
 mod remote;
 mod sbatch;
+mod sinfo;
 mod srun;
 mod step;
+mod table;
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
@@ -35,6 +37,19 @@ pub fn called_as(argv0: &str) -> Option<&'static str> {
 /// Runs Slurm command `name` with `args` (after the command's name), as
 /// Slurm's would: `NAME: error: ...` and exit 1 on failure.
 pub fn main(name: &str, args: Vec<String>) -> ExitCode {
+    // The command line first: a bad option is named before the server is
+    // looked for; `--help`, `--usage` and `--version` are answered here.
+    if let Some(command) = options::Command::ALL.into_iter().find(|c| c.name() == name) {
+        match options::parse(command, &args, "") {
+            Err(e) => return fail(name, &e.to_string()),
+            Ok((given, _)) => {
+                if let Some(text) = query::answered(command, &given) {
+                    print!("{text}");
+                    return ExitCode::SUCCESS;
+                }
+            }
+        }
+    }
     // srun in a job's step is the job's own process: no runtime, no server.
     if name == "srun" && srun::inside() {
         return match srun::in_allocation(&args) {
@@ -158,7 +173,7 @@ async fn task_ids(client: &Client, dependency: &str) -> Result<String, CliError>
 /// `srun` outside an allocation: a job of one step, whose output is
 /// followed here; `srun` ends as the step did.
 async fn allocate_and_run(args: &[String]) -> Result<Done, CliError> {
-    let (given, program) = options::parse(options::SRUN, args, "")?;
+    let (given, program) = options::parse(options::Command::Srun, args, "")?;
     if program.is_empty() {
         return Err(usage("no program to run (srun [options] PROGRAM [ARGS...])"));
     }
@@ -236,15 +251,19 @@ fn hostnames(args: &[String]) -> Result<String, CliError> {
 }
 
 async fn scontrol(args: &[String]) -> Result<String, CliError> {
-    let words: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (_, words) = options::parse(options::Command::Scontrol, args, "")?;
+    let words: Vec<&str> = words.iter().map(String::as_str).collect();
     match words.as_slice() {
-        ["show", "job", id] | ["show", "jobs", id] => {
+        ["show", "hostnames", rest @ ..] => hostnames(&rest.iter().map(|w| w.to_string()).collect::<Vec<_>>()),
+        ["show", "job" | "jobs", id] => {
             let jobs = query::jobs_named(&client()?, id).await?;
             Ok(jobs.iter().map(query::show_job).collect())
         }
+        ["show", "config"] => Ok(query::show_config()),
         ["requeue", ids] => requeue(ids).await,
         _ => Err(usage(
-            "Ebb's scontrol answers `show hostnames [LIST]`, `show job ID` and `requeue ID` (see docs/slurm.md)",
+            "Ebb's scontrol answers `show hostnames [LIST]`, `show job ID`, `show config` and `requeue ID` (see \
+             docs/slurm.md)",
         )),
     }
 }
@@ -294,46 +313,29 @@ fn ignore_sigterm() {
 }
 
 async fn scancel(args: &[String]) -> Result<String, CliError> {
-    let mut ids = Vec::new();
-    let (mut names, mut me, mut signal, mut batch) = (None::<String>, false, None::<String>, false);
-    let mut flags = query::Flags::new(args);
-    while let Some(flag) = flags.next_flag() {
-        let mut value = || flags.value();
-        match flag.as_str() {
-            "-s" | "--signal" => signal = Some(value()?),
-            "-b" | "--batch" => batch = true,
-            "--me" => me = true,
-            "-n" | "--name" | "--jobname" => names = Some(value()?),
-            "-u" | "--user" => {
-                value()?;
-                me = true;
-            }
-            "-f" | "--full" | "-Q" | "--quiet" | "-v" | "--verbose" => {}
-            flag if flag.starts_with('-') => return Err(usage(format!("unrecognized option '{flag}'"))),
-            id => ids.extend(id.split(',').filter(|s| !s.is_empty()).map(str::to_string)),
-        }
-    }
+    let (given, words) = options::parse(options::Command::Scancel, args, "")?;
+    query::say_ignored(options::Command::Scancel, &given);
+    let ids: Vec<&str> = words.iter().flat_map(|w| w.split(',')).filter(|s| !s.is_empty()).collect();
+    let filter = query::Filter::from(&given)?;
     let client = client()?;
     let mut jobs = Vec::new();
     for id in &ids {
         jobs.extend(query::jobs_named(&client, id).await?);
     }
     if ids.is_empty() {
-        if names.is_none() && !me {
+        if !filter.narrows() && !options::flag(&given, "me") {
             return Err(usage("No job identification provided"));
         }
         jobs = query::list(&client, "active").await?;
     }
-    if let Some(wanted) = &names {
-        let wanted: Vec<&str> = wanted.split(',').collect();
-        jobs.retain(|j| j.name.as_deref().is_some_and(|n| wanted.contains(&n)));
-    }
+    jobs.retain(|j| filter.keeps(j));
     let active = ["queued", "starting", "running", "draining"];
     jobs.retain(|j| active.contains(&j.state.as_str()));
-    if let Some(signal) = signal {
-        srun::signal_named(&signal).ok_or_else(|| usage(format!("Unknown job signal: {signal}")))?;
+    if let Some(signal) = options::last(&given, "signal") {
+        srun::signal_named(signal).ok_or_else(|| usage(format!("Unknown job signal: {signal}")))?;
         for job in &jobs {
-            let request = api::SignalRequest { signal: signal.clone(), batch_only: batch };
+            let request =
+                api::SignalRequest { signal: signal.to_string(), batch_only: options::flag(&given, "batch") };
             let _: api::Job = client.post(&format!("/v1/jobs/{}/signal", job.id), &request).await?;
         }
         return Ok(String::new());
@@ -346,16 +348,7 @@ async fn scancel(args: &[String]) -> Result<String, CliError> {
 }
 
 async fn sinfo(args: &[String]) -> Result<String, CliError> {
-    if let Some(other) =
-        args.iter().find(|a| !["-N", "--Node", "-s", "--summarize", "-h", "--noheader"].contains(&a.as_str()))
-    {
-        return Err(usage(format!("unrecognized option '{other}' (Ebb's sinfo prints the default listing)")));
-    }
-    let client = client()?;
-    let nodes: Vec<api::Node> = client.get("/v1/nodes").await?;
-    let partitions: Vec<api::Partition> = client.get("/v1/partitions").await?;
-    let partitions: Vec<(String, bool)> = partitions.into_iter().map(|p| (p.name, p.default)).collect();
-    Ok(query::sinfo_rows(&nodes, &partitions))
+    sinfo::sinfo(&client()?, args).await
 }
 
 /// `ebb slurm install DIR`: links to this program under the Slurm

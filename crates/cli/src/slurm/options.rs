@@ -1,248 +1,224 @@
-//! Slurm's command-line options as `sbatch` and `srun` take them: long
+//! Slurm's command-line options as its commands take them: long
 //! (`--ntasks=2`, `--ntasks 2`) and short (`-n 2`, `-n2`) forms, from the
-//! command line and from a script's `#SBATCH` lines. Each option is
-//! honoured, accepted and ignored (said once, with why), or refused; one
-//! Slurm does not know is an error, as in Slurm.
+//! command line and from a script's `#SBATCH` lines, read as getopt_long
+//! reads them. What Ebb does with each is in one table (`table.rs`):
+//! honoured, accepted and ignored (said once, with why), or refused
+//! naming what Ebb does instead; one Slurm does not know is an error, as
+//! in Slurm.
 
 use crate::error::{usage, CliError};
+
+pub use super::table::OPTIONS;
+
+/// A Slurm command Ebb answers to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Command {
+    Sbatch,
+    Srun,
+    Squeue,
+    Sacct,
+    Sinfo,
+    Scontrol,
+    Scancel,
+}
+
+impl Command {
+    pub const ALL: [Command; 7] = [
+        Command::Sbatch,
+        Command::Srun,
+        Command::Squeue,
+        Command::Sacct,
+        Command::Sinfo,
+        Command::Scontrol,
+        Command::Scancel,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Command::Sbatch => "sbatch",
+            Command::Srun => "srun",
+            Command::Squeue => "squeue",
+            Command::Sacct => "sacct",
+            Command::Sinfo => "sinfo",
+            Command::Scontrol => "scontrol",
+            Command::Scancel => "scancel",
+        }
+    }
+
+    /// Whether its options end at the first word that is not one (the
+    /// script or program, whose own options follow), as `sbatch`'s and
+    /// `srun`'s do; the others take options anywhere among their words.
+    fn options_end_at_a_word(self) -> bool {
+        matches!(self, Command::Sbatch | Command::Srun)
+    }
+}
+
+/// Whether an option takes a value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Value {
+    None,
+    Required,
+    /// It may be left out (`--kill-on-bad-exit[=0|1]`): given only joined
+    /// to the option (`--opt=v`, `-Kv`), never as the next word.
+    Optional,
+}
 
 /// What Ebb does with an option.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
     /// Ebb does what it asks.
     Honoured,
-    /// It changes nothing on Ebb: accepted, and said once at submit, with
-    /// the reason.
+    /// It changes nothing on Ebb: accepted, and said once, with the reason.
     Ignored(&'static str),
+    /// Ebb cannot do what it asks: refused, naming what Ebb does instead.
+    Refused(&'static str),
 }
 
-/// One option: its long name, short letter, whether it takes a value,
-/// and what Ebb does with it.
+/// One option of one or more commands: its long name (and the other
+/// names Slurm takes for it), its short letters, its value, and what Ebb
+/// does with it.
 pub struct Spec {
+    pub commands: &'static [Command],
     pub long: &'static str,
-    pub short: Option<char>,
-    pub value: bool,
-    /// Its value may be left out (`--kill-on-bad-exit[=0|1]`): given only
-    /// joined to it (`--opt=v`, `-Kv`), never as the next word.
-    pub optional: bool,
+    pub aliases: &'static [&'static str],
+    pub short: &'static str,
+    pub value: Value,
     pub kind: Kind,
 }
 
-const fn honoured(long: &'static str, short: Option<char>, value: bool) -> Spec {
-    Spec { long, short, value, optional: false, kind: Kind::Honoured }
+impl Spec {
+    /// The same option under other long names too.
+    pub const fn also(self, aliases: &'static [&'static str]) -> Spec {
+        Spec { aliases, ..self }
+    }
+
+    fn names(&self) -> impl Iterator<Item = &'static str> {
+        std::iter::once(self.long).chain(self.aliases.iter().copied())
+    }
 }
 
-/// An option whose value may be left out, honoured.
-const fn honoured_optional(long: &'static str, short: Option<char>) -> Spec {
-    Spec { long, short, value: true, optional: true, kind: Kind::Honoured }
+/// `command`'s options.
+pub fn specs(command: Command) -> impl Iterator<Item = &'static Spec> {
+    OPTIONS.iter().filter(move |s| s.commands.contains(&command))
 }
-
-const fn ignored(long: &'static str, short: Option<char>, value: bool, why: &'static str) -> Spec {
-    Spec { long, short, value, optional: false, kind: Kind::Ignored(why) }
-}
-
-const NO_MEMORY: &str = "Ebb does not limit memory";
-const WHOLE_GPUS: &str = "Ebb places whole GPUs and the nodes that have them free";
-const NO_CPUS: &str = "Ebb places GPUs; a job has its node's CPUs";
-const NO_MAIL: &str = "Ebb sends no mail; `ebb show` has the job's timeline";
-const NO_EFFECT: &str = "it has no effect on Ebb";
-
-/// `sbatch`'s options.
-pub const SBATCH: &[Spec] = &[
-    honoured("job-name", Some('J'), true),
-    honoured("nodes", Some('N'), true),
-    honoured("ntasks", Some('n'), true),
-    honoured("ntasks-per-node", None, true),
-    honoured("gpus", Some('G'), true),
-    honoured("gpus-per-node", None, true),
-    honoured("gres", None, true),
-    honoured("gpus-per-task", None, true),
-    honoured("cpus-per-task", Some('c'), true),
-    honoured("array", Some('a'), true),
-    honoured("output", Some('o'), true),
-    honoured("error", Some('e'), true),
-    honoured("open-mode", None, true),
-    honoured("signal", None, true),
-    honoured("requeue", None, false),
-    honoured("no-requeue", None, false),
-    honoured("chdir", Some('D'), true),
-    honoured("export", None, true),
-    honoured("time", Some('t'), true),
-    honoured("dependency", Some('d'), true),
-    honoured("partition", Some('p'), true),
-    honoured("qos", Some('q'), true),
-    honoured("account", Some('A'), true),
-    honoured("wrap", None, true),
-    honoured("parsable", None, false),
-    ignored("mem", None, true, NO_MEMORY),
-    ignored("mem-per-cpu", None, true, NO_MEMORY),
-    ignored("mem-per-gpu", None, true, NO_MEMORY),
-    ignored("constraint", Some('C'), true, "Ebb has no node features; --gres=gpu:TYPE:N chooses a GPU model"),
-    ignored("exclusive", None, false, "Ebb gives a gang whole nodes, and one GPU to one job only"),
-    ignored("hint", None, true, NO_CPUS),
-    ignored("cpus-per-gpu", None, true, NO_CPUS),
-    ignored("mincpus", None, true, NO_CPUS),
-    ignored("threads-per-core", None, true, NO_CPUS),
-    ignored("cores-per-socket", None, true, NO_CPUS),
-    ignored("sockets-per-node", None, true, NO_CPUS),
-    ignored("distribution", Some('m'), true, NO_CPUS),
-    ignored("gpu-bind", None, true, WHOLE_GPUS),
-    ignored("gpu-freq", None, true, NO_EFFECT),
-    ignored("cpu-freq", None, true, NO_EFFECT),
-    ignored("mail-type", None, true, NO_MAIL),
-    ignored("mail-user", None, true, NO_MAIL),
-    ignored("comment", None, true, NO_EFFECT),
-    ignored("wckey", None, true, NO_EFFECT),
-    ignored("nice", None, true, "Ebb orders jobs by tier, then submission"),
-    ignored("tmp", None, true, NO_EFFECT),
-    ignored("nodelist", Some('w'), true, WHOLE_GPUS),
-    ignored("exclude", Some('x'), true, WHOLE_GPUS),
-    ignored("licenses", Some('L'), true, NO_EFFECT),
-    ignored("reservation", None, true, "Ebb's reservations are the reserved tier's (--partition)"),
-    ignored("oversubscribe", Some('s'), false, WHOLE_GPUS),
-    ignored("overcommit", Some('O'), false, NO_CPUS),
-    ignored("propagate", None, true, NO_EFFECT),
-    ignored("get-user-env", None, false, NO_EFFECT),
-    ignored("kill-on-invalid-dep", None, true, "a job whose dependency can no longer be met fails"),
-    ignored("no-kill", Some('k'), false, "a gang whose node is lost is requeued whole"),
-    ignored("spread-job", None, false, WHOLE_GPUS),
-    ignored("switches", None, true, WHOLE_GPUS),
-    ignored("profile", None, true, NO_EFFECT),
-    ignored("acctg-freq", None, true, NO_EFFECT),
-    ignored("time-min", None, true, "the time limit is --time"),
-    ignored("quiet", Some('Q'), false, NO_EFFECT),
-    ignored("verbose", Some('v'), false, NO_EFFECT),
-];
-
-/// `srun`'s options (inside an allocation, or making one).
-pub const SRUN: &[Spec] = &[
-    honoured("job-name", Some('J'), true),
-    honoured("nodes", Some('N'), true),
-    honoured("ntasks", Some('n'), true),
-    honoured("ntasks-per-node", None, true),
-    honoured("cpus-per-task", Some('c'), true),
-    honoured("gpus", Some('G'), true),
-    honoured("gpus-per-node", None, true),
-    honoured("gres", None, true),
-    honoured("gpus-per-task", None, true),
-    honoured("nodelist", Some('w'), true),
-    honoured("label", Some('l'), false),
-    honoured("unbuffered", Some('u'), false),
-    honoured("output", Some('o'), true),
-    honoured("error", Some('e'), true),
-    honoured("open-mode", None, true),
-    honoured_optional("kill-on-bad-exit", Some('K')),
-    honoured("export", None, true),
-    honoured("chdir", Some('D'), true),
-    honoured("time", Some('t'), true),
-    honoured("partition", Some('p'), true),
-    honoured("signal", None, true),
-    ignored("mem", None, true, NO_MEMORY),
-    ignored("mem-per-cpu", None, true, NO_MEMORY),
-    ignored("mem-per-gpu", None, true, NO_MEMORY),
-    ignored("mpi", None, true, "tasks are started directly; MPI starts its own"),
-    ignored("cpu-bind", None, true, NO_CPUS),
-    ignored("gpu-bind", None, true, WHOLE_GPUS),
-    ignored("hint", None, true, NO_CPUS),
-    ignored("distribution", Some('m'), true, NO_CPUS),
-    ignored("exclusive", None, false, WHOLE_GPUS),
-    ignored("overlap", None, false, NO_EFFECT),
-    ignored("exact", None, false, NO_CPUS),
-    ignored("wait", Some('W'), true, NO_EFFECT),
-    ignored("quiet", Some('Q'), false, NO_EFFECT),
-    ignored("verbose", Some('v'), false, NO_EFFECT),
-];
 
 /// Options given, in order: (long name, value), with the value `""` for
 /// those that take none.
 pub type Given = Vec<(&'static str, String)>;
 
-/// Parses `args` against `specs` up to the first word that is not an
-/// option (the script or the program), which is returned with the rest.
-/// `--` ends the options too. As getopt_long reads them: a long option
-/// may be abbreviated to any prefix no other option shares; short
-/// options group (`-lu` is `-l -u`; in `-Jname` the rest of the group is
-/// `-J`'s value); an optional value is only ever joined to its option.
-/// `what` names the source in errors (`train.sh:3`; nothing for the
-/// command line).
-pub fn parse(specs: &'static [Spec], args: &[String], what: &str) -> Result<(Given, Vec<String>), CliError> {
+/// Parses `command`'s `args`: for `sbatch` and `srun` up to the first
+/// word that is not an option (the script or the program), which is
+/// returned with the rest; for the others, options anywhere and the
+/// other words in order. `--` ends the options. As getopt_long reads
+/// them: a long option may be abbreviated to any prefix that names no
+/// other option; short options group (`-lu` is `-l -u`; in `-Jname` the
+/// rest of the group is `-J`'s value); an optional value is only ever
+/// joined to its option. An option Ebb refuses is an error that says
+/// what Ebb does instead. `what` names the source in errors
+/// (`train.sh:3`; nothing for the command line).
+pub fn parse(command: Command, args: &[String], what: &str) -> Result<(Given, Vec<String>), CliError> {
     let at = |message: String| match what {
         "" => usage(message),
         what => usage(format!("{what}: {message}")),
     };
     let mut given = Given::new();
+    let mut words = Vec::new();
     let mut i = 0;
     while i < args.len() {
         let arg = &args[i];
         if arg == "--" {
-            return Ok((given, args[i + 1..].to_vec()));
+            words.extend_from_slice(&args[i + 1..]);
+            return Ok((given, words));
         }
         if let Some(long) = arg.strip_prefix("--") {
             let (name, inline) = match long.split_once('=') {
                 Some((name, value)) => (name, Some(value.to_string())),
                 None => (long, None),
             };
-            let spec = long_option(specs, name).map_err(at)?;
-            let value = match (spec.value, spec.optional, inline) {
-                (false, _, Some(_)) => {
+            let spec = long_option(command, name).map_err(at)?;
+            let value = match (spec.value, inline) {
+                (Value::None, Some(_)) => {
                     return Err(at(format!("option '--{}' doesn't allow an argument", spec.long)))
                 }
-                (false, _, None) | (true, true, None) => String::new(),
-                (true, _, Some(v)) => v,
-                (true, false, None) => {
+                (Value::None | Value::Optional, None) => String::new(),
+                (_, Some(v)) => v,
+                (Value::Required, None) => {
                     i += 1;
                     args.get(i)
                         .cloned()
                         .ok_or_else(|| at(format!("option '--{}' requires an argument", spec.long)))?
                 }
             };
-            given.push((spec.long, value));
+            given.push((refused(spec, &value).map_err(at)?, value));
         } else if let Some(group) = arg.strip_prefix('-').filter(|s| !s.is_empty()) {
             for (k, letter) in group.char_indices() {
-                let spec = specs
-                    .iter()
-                    .find(|s| s.short == Some(letter))
+                let spec = specs(command)
+                    .find(|s| s.short.contains(letter))
                     .ok_or_else(|| at(format!("invalid option -- '{letter}'")))?;
-                if !spec.value {
-                    given.push((spec.long, String::new()));
+                if spec.value == Value::None {
+                    given.push((refused(spec, "").map_err(at)?, String::new()));
                     continue;
                 }
                 // The rest of the group is the value (an `=` before it
                 // dropped, as Slurm's own options read it).
                 let rest = &group[k + letter.len_utf8()..];
-                let value = match (rest.is_empty(), spec.optional) {
+                let value = match (rest.is_empty(), spec.value) {
                     (false, _) => rest.strip_prefix('=').unwrap_or(rest).to_string(),
-                    (true, true) => String::new(),
-                    (true, false) => {
+                    (true, Value::Optional) => String::new(),
+                    (true, _) => {
                         i += 1;
                         args.get(i)
                             .cloned()
                             .ok_or_else(|| at(format!("option requires an argument -- '{letter}'")))?
                     }
                 };
-                given.push((spec.long, value));
+                given.push((refused(spec, &value).map_err(at)?, value));
                 break;
             }
+        } else if command.options_end_at_a_word() {
+            words.extend_from_slice(&args[i..]);
+            return Ok((given, words));
         } else {
-            return Ok((given, args[i..].to_vec()));
+            words.push(arg.clone());
         }
         i += 1;
     }
-    Ok((given, Vec::new()))
+    Ok((given, words))
 }
 
-/// The option `--name` names: itself, or the one option it is a prefix
-/// of; an error in getopt_long's words for none or several.
-fn long_option(specs: &'static [Spec], name: &str) -> Result<&'static Spec, String> {
-    if let Some(spec) = specs.iter().find(|s| s.long == name) {
+/// The option's name, or why Ebb refuses it.
+fn refused(spec: &'static Spec, value: &str) -> Result<&'static str, String> {
+    match spec.kind {
+        Kind::Refused(instead) => {
+            let shown = if value.is_empty() {
+                format!("--{}", spec.long)
+            } else {
+                format!("--{}={value}", spec.long)
+            };
+            Err(format!("{shown}: not on Ebb: {instead}"))
+        }
+        _ => Ok(spec.long),
+    }
+}
+
+/// The option `--name` names: the one with that name, or the one option
+/// whose names it is a prefix of; an error in getopt_long's words for
+/// none or several.
+fn long_option(command: Command, name: &str) -> Result<&'static Spec, String> {
+    if let Some(spec) = specs(command).find(|s| s.names().any(|n| n == name)) {
         return Ok(spec);
     }
-    let matches: Vec<&Spec> = specs.iter().filter(|s| !name.is_empty() && s.long.starts_with(name)).collect();
+    let matches: Vec<&Spec> =
+        specs(command).filter(|s| !name.is_empty() && s.names().any(|n| n.starts_with(name))).collect();
     match matches.as_slice() {
         [one] => Ok(one),
         [] => Err(format!("unrecognized option '--{name}'")),
         several => {
-            let names: Vec<String> = several.iter().map(|s| format!("'--{}'", s.long)).collect();
+            let names: Vec<String> = several
+                .iter()
+                .flat_map(|s| s.names().filter(|n| n.starts_with(name)))
+                .map(|n| format!("'--{n}'"))
+                .collect();
             Err(format!("option '--{name}' is ambiguous; possibilities: {}", names.join(" ")))
         }
     }
@@ -267,7 +243,7 @@ pub fn script_options(script: &str, name: &str) -> Result<Given, CliError> {
             return Err(usage(format!("{at}: a directive is `#SBATCH --option=value`")));
         }
         let words = shlex::split(rest).ok_or_else(|| usage(format!("{at}: an unclosed quote")))?;
-        let (options, extra) = parse(SBATCH, &words, &at)?;
+        let (options, extra) = parse(Command::Sbatch, &words, &at)?;
         if let Some(word) = extra.first() {
             return Err(usage(format!("{at}: {word:?} is not an option")));
         }
@@ -278,10 +254,10 @@ pub fn script_options(script: &str, name: &str) -> Result<Given, CliError> {
 
 /// The options Ebb ignores among `given`, each once, as `sbatch` says
 /// them: `ignoring --mem=64G: Ebb does not limit memory`.
-pub fn ignored_notes(specs: &[Spec], given: &Given) -> Vec<String> {
+pub fn ignored_notes(command: Command, given: &Given) -> Vec<String> {
     let mut notes: Vec<String> = Vec::new();
     for (long, value) in given {
-        let Some(Kind::Ignored(why)) = specs.iter().find(|s| s.long == *long).map(|s| s.kind) else {
+        let Some(Kind::Ignored(why)) = specs(command).find(|s| s.long == *long).map(|s| s.kind) else {
             continue;
         };
         let shown = if value.is_empty() { format!("--{long}") } else { format!("--{long}={value}") };
@@ -464,6 +440,9 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    const SBATCH: Command = Command::Sbatch;
+    const SRUN: Command = Command::Srun;
+
     fn words(text: &str) -> Vec<String> {
         text.split_whitespace().map(str::to_string).collect()
     }
@@ -522,11 +501,11 @@ mod tests {
         );
         assert_eq!(
             parse(SBATCH, &words("--gpus-per"), "").unwrap_err().to_string(),
-            "option '--gpus-per' is ambiguous; possibilities: '--gpus-per-node' '--gpus-per-task'"
+            "option '--gpus-per' is ambiguous; possibilities: '--gpus-per-node' '--gpus-per-socket' '--gpus-per-task'"
         );
         assert_eq!(
             parse(SBATCH, &words("--nodes=1 --no"), "").unwrap_err().to_string(),
-            "option '--no' is ambiguous; possibilities: '--nodes' '--no-requeue' '--nodelist' '--no-kill'"
+            "option '--no' is ambiguous; possibilities: '--no-kill' '--no-requeue' '--nodefile' '--nodelist' '--nodes'"
         );
         // A letter that takes a value ends its group; a missing one is named.
         assert_eq!(
@@ -538,6 +517,37 @@ mod tests {
             parse(SBATCH, &words("--"), "").unwrap(),
             (Given::new(), Vec::new()),
             "`--` alone ends the options"
+        );
+    }
+
+    /// An option Ebb cannot honour is refused with what Ebb does instead,
+    /// from the command line or a script's line; an ignored one is said
+    /// once; options of one name (`--cluster`, `--clusters`) are one.
+    #[test]
+    fn a_refused_option_says_what_ebb_does_instead() {
+        assert_eq!(
+            parse(SBATCH, &words("--begin=now+1hour train.sh"), "").unwrap_err().to_string(),
+            "--begin=now+1hour: not on Ebb: Ebb starts a job as soon as it fits: hold it back with \
+             --dependency, or submit it later"
+        );
+        assert_eq!(
+            script_options("#!/bin/sh\n#SBATCH -H\n", "s.sh").unwrap_err().to_string(),
+            "s.sh:2: --hold: not on Ebb: Ebb holds no jobs: submit the job when it should be queued"
+        );
+        assert!(parse(SRUN, &words("--pty bash"), "")
+            .unwrap_err()
+            .to_string()
+            .contains("no interactive terminals"));
+        let (given, _) = parse(SBATCH, &words("--cluster=a -M b --mem=1G --mem 2G x"), "").unwrap();
+        assert_eq!(given.iter().map(|(l, _)| *l).collect::<Vec<_>>(), ["clusters", "clusters", "mem", "mem"]);
+        assert_eq!(
+            ignored_notes(SBATCH, &given),
+            [
+                "ignoring --clusters=a: Ebb is one cluster",
+                "ignoring --clusters=b: Ebb is one cluster",
+                "ignoring --mem=1G: Ebb does not limit memory",
+                "ignoring --mem=2G: Ebb does not limit memory"
+            ]
         );
     }
 
@@ -582,8 +592,9 @@ mod tests {
         /// answers (options, or an error), never panics.
         #[test]
         fn any_words_parse_or_are_refused(words in proptest::collection::vec("-{0,2}[a-zA-Zé=:@%0-9-]{0,12}", 0..8)) {
-            let _ = parse(SBATCH, &words, "sbatch");
-            let _ = parse(SRUN, &words, "srun");
+            for command in Command::ALL {
+                let _ = parse(command, &words, command.name());
+            }
             let line = format!("#!/bin/sh\n#SBATCH {}\n", words.join(" "));
             let _ = script_options(&line, "s");
         }
@@ -598,31 +609,36 @@ mod tests {
             let _ = nodes(&vec![("nodes", text.clone())]);
         }
 
-        /// getopt_long's abbreviations: a prefix that is an option's whole
-        /// name names it; else any prefix of a long option that no other
-        /// option of the command starts with names that option, with its
-        /// value; a prefix several share is refused as ambiguous.
+        /// getopt_long's abbreviations: a prefix that is one of an
+        /// option's names names it; else any prefix of a name that no
+        /// other option of the command has a name starting with names that
+        /// option, with its value; a prefix several share is refused as
+        /// ambiguous. Every command, every option.
         #[test]
         fn a_long_options_unshared_prefixes_name_it(which in 0usize..1000, cut in 1usize..40) {
-            for specs in [SBATCH, SRUN] {
-                let prefix = &specs[which % specs.len()].long;
-                let prefix = &prefix[..cut.min(prefix.len())];
-                let sharing = specs.iter().filter(|s| s.long.starts_with(prefix)).count();
-                let named = specs.iter().find(|s| s.long == prefix).or_else(|| {
-                    (sharing == 1).then(|| specs.iter().find(|s| s.long.starts_with(prefix)).expect("one"))
+            for command in Command::ALL {
+                let all: Vec<&Spec> = specs(command).collect();
+                let names: Vec<(&str, &Spec)> = all.iter().flat_map(|s| s.names().map(move |n| (n, *s))).collect();
+                let (name, _) = names[which % names.len()];
+                let prefix = &name[..cut.min(name.len())];
+                let mut sharing: Vec<&str> = names.iter().filter(|(n, _)| n.starts_with(prefix)).map(|(_, s)| s.long).collect();
+                sharing.dedup();
+                let named = names.iter().find(|(n, _)| *n == prefix).map(|(_, s)| *s).or_else(|| {
+                    (sharing.len() == 1).then(|| names.iter().find(|(n, _)| n.starts_with(prefix)).expect("one").1)
                 });
                 // Given with a value where the option named takes one.
-                let word = match named.is_some_and(|s| s.value) {
+                let word = match named.is_some_and(|s| s.value != Value::None) {
                     true => format!("--{prefix}=v"),
                     false => format!("--{prefix}"),
                 };
-                match (parse(specs, &[word], ""), named) {
+                match (parse(command, &[word], ""), named) {
                     (Ok((given, _)), Some(spec)) => {
-                        let value = if spec.value { "v" } else { "" };
+                        let value = if spec.value != Value::None { "v" } else { "" };
                         prop_assert_eq!(given, vec![(spec.long, value.to_string())]);
                     }
+                    (Err(e), Some(spec)) => prop_assert!(matches!(spec.kind, Kind::Refused(_)) && e.to_string().contains("not on Ebb"), "{}", e),
                     (Err(e), None) => prop_assert!(e.to_string().contains("is ambiguous"), "{}", e),
-                    (other, _) => prop_assert!(false, "--{} ({} options share it): {:?}", prefix, sharing, other.map(|g| g.0)),
+                    (other, _) => prop_assert!(false, "{} --{} ({:?} share it): {:?}", command.name(), prefix, sharing, other.map(|g| g.0)),
                 }
             }
         }

@@ -7,6 +7,7 @@ use std::fmt::Write;
 
 use ebb_api as api;
 
+use super::options::{self, Command, Given};
 use crate::client::{Client, ClientError};
 use crate::error::{usage, CliError};
 
@@ -177,32 +178,34 @@ pub fn render(format: &str, field: impl Fn(char) -> String) -> String {
     out
 }
 
+/// The `squeue` format letters Ebb prints, with their headers.
+const SQUEUE_FIELDS: &[(char, &str)] = &[
+    ('i', "JOBID"),
+    ('A', "JOBID"),
+    ('j', "NAME"),
+    ('t', "ST"),
+    ('T', "STATE"),
+    ('M', "TIME"),
+    ('L', "TIME_LEFT"),
+    ('l', "TIME_LIMIT"),
+    ('D', "NODES"),
+    ('C', "CPUS"),
+    ('b', "TRES_PER_NODE"),
+    ('R', "NODELIST(REASON)"),
+    ('N', "NODELIST"),
+    ('P', "PARTITION"),
+    ('u', "USER"),
+    ('a', "ACCOUNT"),
+    ('q', "QOS"),
+    ('r', "REASON"),
+    ('V', "SUBMIT_TIME"),
+    ('S', "START_TIME"),
+];
+
 /// The header of a `squeue` format: each field's name in its place.
 fn squeue_header(format: &str) -> String {
     render(format, |letter| {
-        match letter {
-            'i' | 'A' => "JOBID",
-            'j' => "NAME",
-            't' => "ST",
-            'T' => "STATE",
-            'M' => "TIME",
-            'L' => "TIME_LEFT",
-            'l' => "TIME_LIMIT",
-            'D' => "NODES",
-            'C' => "CPUS",
-            'b' => "TRES_PER_NODE",
-            'R' => "NODELIST(REASON)",
-            'N' => "NODELIST",
-            'P' => "PARTITION",
-            'u' => "USER",
-            'a' => "ACCOUNT",
-            'q' => "QOS",
-            'r' => "REASON",
-            'V' => "SUBMIT_TIME",
-            'S' => "START_TIME",
-            _ => "",
-        }
-        .to_string()
+        SQUEUE_FIELDS.iter().find(|(l, _)| *l == letter).map_or("", |(_, name)| name).to_string()
     })
 }
 
@@ -264,90 +267,179 @@ pub fn squeue_rows(jobs: &[api::Job], format: &str, expand: bool) -> Vec<String>
     rows
 }
 
-/// `squeue`.
-pub async fn squeue(client: &Client, args: &[String]) -> Result<String, CliError> {
-    let mut format = "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R".to_string();
-    let (mut header, mut expand) = (true, false);
-    let (mut ids, mut users, mut names, mut states): (Vec<String>, Vec<String>, Vec<String>, Vec<String>) =
-        Default::default();
-    let mut flags = Flags::new(args);
-    while let Some(flag) = flags.next_flag() {
-        let mut value = || flags.value();
-        match flag.as_str() {
-            "-h" | "--noheader" => header = false,
-            "-r" | "--array" => expand = true,
-            "--me" => {}
-            "-a" | "--all" | "-l" | "--long" => {}
-            "-o" | "--format" => format = value()?,
-            "-j" | "--jobs" => ids.extend(value()?.split(',').map(str::to_string)),
-            "-u" | "--user" => users.extend(value()?.split(',').map(str::to_string)),
-            "-n" | "--name" => names.extend(value()?.split(',').map(str::to_string)),
-            "-t" | "--states" => states.extend(value()?.split(',').map(|s| s.to_ascii_uppercase())),
-            "-p" | "--partition" | "-A" | "--account" | "-q" | "--qos" => {
-                value()?;
-            }
-            other => return Err(usage(format!("unrecognized option '{other}'"))),
+/// The jobs a query names, as `squeue`, `sacct` and `scancel` take them:
+/// each list given (comma-separated, the option repeated) narrows them.
+#[derive(Default)]
+pub struct Filter {
+    pub ids: Vec<String>,
+    users: Vec<String>,
+    names: Vec<String>,
+    accounts: Vec<String>,
+    partitions: Vec<String>,
+    qos: Vec<String>,
+    /// Slurm's state names or their short forms, upper case; `ALL`.
+    pub states: Vec<String>,
+    nodes: Vec<String>,
+    reasons: Vec<String>,
+    /// `sacct --nnodes=MIN[-MAX]`.
+    node_counts: Option<(u32, u32)>,
+}
+
+impl Filter {
+    /// The lists `given` names, under whichever of Slurm's names the
+    /// command gives them (`--accounts`, `--account`).
+    pub fn from(given: &Given) -> Result<Filter, CliError> {
+        let lists = |longs: &[&str]| -> Vec<String> {
+            given
+                .iter()
+                .filter(|(l, _)| longs.contains(l))
+                .flat_map(|(_, v)| v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string))
+                .collect()
+        };
+        let mut nodes = Vec::new();
+        for list in lists(&["nodelist"]) {
+            nodes.extend(
+                ebb_core::hostlist::expand(&list).map_err(|e| usage(format!("--nodelist={list}: {e}")))?,
+            );
         }
+        let node_counts = match options::last(given, "nnodes") {
+            None => None,
+            Some(text) => Some(options::nodes(&vec![("nodes", text.to_string())])?.expect("a count")),
+        };
+        Ok(Filter {
+            ids: lists(&["jobs"]),
+            users: lists(&["user"]),
+            names: lists(&["name"]),
+            accounts: lists(&["accounts", "account"]),
+            partitions: lists(&["partitions", "partition"]),
+            qos: lists(&["qos"]),
+            states: lists(&["states", "state"]).iter().map(|s| s.to_ascii_uppercase()).collect(),
+            nodes,
+            reasons: lists(&["reason"]).iter().map(|s| s.to_ascii_lowercase()).collect(),
+            node_counts,
+        })
     }
-    let mut jobs = list(client, "active").await?;
-    jobs.retain(|job| {
+
+    /// Whether any list narrows the jobs.
+    pub fn narrows(&self) -> bool {
+        let lists = [&self.ids, &self.users, &self.names, &self.accounts, &self.partitions, &self.qos];
+        lists.iter().any(|l| !l.is_empty())
+            || !(self.states.is_empty() && self.nodes.is_empty() && self.reasons.is_empty())
+            || self.node_counts.is_some()
+    }
+
+    /// Whether the states asked for reach past the queue and the running
+    /// (Slurm's `squeue` shows ended jobs only when asked).
+    pub fn wants_ended(&self) -> bool {
+        self.states.iter().any(|s| !["PENDING", "PD", "RUNNING", "R"].contains(&s.as_str()))
+    }
+
+    pub fn keeps(&self, job: &api::Job) -> bool {
+        let slurm = job.slurm.as_ref();
         let id = job_id(job);
         let array = job.array.as_ref().map(|a| a.id.to_string());
-        (ids.is_empty()
-            || ids.iter().any(|w| *w == id || Some(w) == array.as_ref() || *w == job.id.to_string()))
-            && (users.is_empty() || users.contains(&job.tenant))
-            && (names.is_empty() || job.name.as_ref().is_some_and(|n| names.contains(n)))
-            && (states.is_empty()
-                || states.iter().any(|s| s == state(job) || s == short_state(state(job)) || s == "ALL"))
+        let within = |list: &[String], value: Option<&str>| {
+            list.is_empty() || value.is_some_and(|v| list.iter().any(|w| w == v))
+        };
+        let partition = slurm.and_then(|s| s.partition.clone()).unwrap_or_else(|| job.tier.clone());
+        (self.ids.is_empty()
+            || self.ids.iter().any(|w| *w == id || Some(w) == array.as_ref() || *w == job.id.to_string()))
+            && within(&self.users, Some(&job.tenant))
+            && within(&self.names, job.name.as_deref())
+            && within(&self.accounts, slurm.and_then(|s| s.account.as_deref()))
+            && within(&self.partitions, Some(&partition))
+            && within(&self.qos, slurm.and_then(|s| s.qos.as_deref()))
+            && (self.states.is_empty()
+                || self.states.iter().any(|s| s == state(job) || s == short_state(state(job)) || s == "ALL"))
+            && (self.nodes.is_empty() || nodes_of(job).iter().any(|n| self.nodes.iter().any(|w| w == n)))
+            && (self.reasons.is_empty()
+                || job.pending_reason.is_some_and(|r| self.reasons.iter().any(|w| w == r.as_str())))
+            && self.node_counts.is_none_or(|(fewest, most)| {
+                let n = job.placement.len().max(1) as u32;
+                (fewest..=most).contains(&n)
+            })
+    }
+}
+
+/// Slurm's job states, long and short, as `--helpstate` lists them.
+const STATES: &[(&str, &str)] = &[
+    ("PENDING", "PD"),
+    ("RUNNING", "R"),
+    ("COMPLETED", "CD"),
+    ("FAILED", "F"),
+    ("TIMEOUT", "TO"),
+    ("CANCELLED", "CA"),
+];
+
+fn states_help() -> String {
+    STATES.iter().map(|(long, short)| format!("{long} ({short})\n")).collect()
+}
+
+/// What `--help`, `--usage` and `--version` ask for, if one was given.
+pub fn answered(command: Command, given: &Given) -> Option<String> {
+    if options::flag(given, "help") || options::flag(given, "usage") {
+        return Some(super::table::usage(command));
+    }
+    options::flag(given, "version").then(|| format!("slurm 25.11.7 (Ebb {})\n", env!("CARGO_PKG_VERSION")))
+}
+
+/// The notes for the options Ebb ignores, unless `--quiet`.
+pub fn say_ignored(command: Command, given: &Given) {
+    if options::flag(given, "quiet") {
+        return;
+    }
+    for note in options::ignored_notes(command, given) {
+        eprintln!("{}: {note}", command.name());
+    }
+}
+
+/// `squeue`.
+pub async fn squeue(client: &Client, args: &[String]) -> Result<String, CliError> {
+    let (mut given, words) = options::parse(Command::Squeue, args, "")?;
+    // `-j`'s value is optional, so `-j 12` gives it as the first other
+    // word, as Slurm's squeue takes it; any other word is an error.
+    let mut words = words.into_iter();
+    if options::flag(&given, "jobs") {
+        given.extend(words.next().map(|list| ("jobs", list)));
+    }
+    if let Some(word) = words.next() {
+        return Err(usage(format!("Unrecognized option: {word} (squeue takes -j ID to name jobs)")));
+    }
+    if options::flag(&given, "helpstate") {
+        return Ok(states_help());
+    }
+    if options::flag(&given, "helpformat") {
+        return Ok(SQUEUE_FIELDS.iter().map(|(l, _)| format!("%{l}")).collect::<Vec<_>>().join(" ") + "\n");
+    }
+    say_ignored(Command::Squeue, &given);
+    let format = match (options::last(&given, "format"), options::flag(&given, "long")) {
+        (Some(format), _) => format.to_string(),
+        (None, true) => "%.18i %.9P %.8j %.8u %.8T %.10M %.9l %.6D %R".to_string(),
+        (None, false) => "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R".to_string(),
+    };
+    let filter = Filter::from(&given)?;
+    let over = options::last(&given, "running-over").map(options::time_limit).transpose()?.flatten();
+    let under = options::last(&given, "running-under").map(options::time_limit).transpose()?.flatten();
+    let states = if filter.wants_ended() { ALL_STATES } else { "active" };
+    let mut jobs = list(client, states).await?;
+    jobs.retain(|job| {
+        let ran = elapsed_s(job);
+        filter.keeps(job)
+            && over.is_none_or(|t| state(job) == "RUNNING" && ran >= t)
+            && under.is_none_or(|t| state(job) == "RUNNING" && ran < t)
     });
     let mut out = String::new();
-    if header {
+    if !options::flag(&given, "noheader") {
         writeln!(out, "{}", squeue_header(&format)).unwrap();
     }
-    for row in squeue_rows(&jobs, &format, expand) {
+    for row in squeue_rows(&jobs, &format, options::flag(&given, "array")) {
         writeln!(out, "{row}").unwrap();
     }
     Ok(out)
 }
 
-/// A command line read a flag at a time: `--flag=value`, `--flag value`,
-/// `-xVALUE`, `-x value`, or a bare word.
-pub struct Flags<'a> {
-    args: &'a [String],
-    next: usize,
-    flag: String,
-    inline: Option<String>,
-}
-
-impl<'a> Flags<'a> {
-    pub fn new(args: &'a [String]) -> Flags<'a> {
-        Flags { args, next: 0, flag: String::new(), inline: None }
-    }
-
-    /// The next flag (or word), its value held for [`Flags::value`].
-    pub fn next_flag(&mut self) -> Option<String> {
-        let arg = self.args.get(self.next)?;
-        self.next += 1;
-        (self.flag, self.inline) = match arg.split_once('=').filter(|_| arg.starts_with("--")) {
-            Some((flag, value)) => (flag.to_string(), Some(value.to_string())),
-            None if arg.len() > 2 && arg.starts_with('-') && !arg.starts_with("--") => {
-                (arg[..2].to_string(), Some(arg[2..].to_string()))
-            }
-            None => (arg.to_string(), None),
-        };
-        Some(self.flag.clone())
-    }
-
-    /// The current flag's value: given with it, or the next word.
-    pub fn value(&mut self) -> Result<String, CliError> {
-        if let Some(value) = self.inline.take() {
-            return Ok(value);
-        }
-        let value = self.args.get(self.next).cloned();
-        self.next += 1;
-        value.ok_or_else(|| usage(format!("option '{}' requires an argument", self.flag)))
-    }
-}
+/// Every state a job can be in, as the API lists them.
+const ALL_STATES: &str = "queued,starting,running,draining,succeeded,failed,cancelled";
 
 /// The jobs an id names: `N` (a job, or an array: all its tasks),
 /// `A_i` (one task) or `A_[i-j]`.
@@ -435,37 +527,72 @@ fn sacct_field(job: &api::Job, field: &str) -> Result<String, CliError> {
     })
 }
 
+/// The `sacct` fields Ebb prints, as `--helpformat` lists them.
+const SACCT_FIELDS: &[&str] = &[
+    "Account",
+    "AllocCPUS",
+    "AllocGRES",
+    "AllocTRES",
+    "Elapsed",
+    "ElapsedRaw",
+    "End",
+    "ExitCode",
+    "JobID",
+    "JobIDRaw",
+    "JobName",
+    "NCPUS",
+    "NNodes",
+    "NodeList",
+    "Partition",
+    "QOS",
+    "Reason",
+    "ReqGRES",
+    "ReqTRES",
+    "Restarts",
+    "Start",
+    "State",
+    "Submit",
+    "Timelimit",
+    "User",
+    "WorkDir",
+];
+
 /// `sacct`.
 pub async fn sacct(client: &Client, args: &[String]) -> Result<String, CliError> {
-    let mut fields = "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode".to_string();
-    let (mut header, mut parsable, mut trailing) = (true, false, false);
-    let mut ids: Vec<String> = Vec::new();
-    let mut names: Vec<String> = Vec::new();
-    let mut flags = Flags::new(args);
-    while let Some(flag) = flags.next_flag() {
-        let mut value = || flags.value();
-        match flag.as_str() {
-            "-j" | "--jobs" => ids.extend(value()?.split(',').filter(|s| !s.is_empty()).map(str::to_string)),
-            "-o" | "--format" => fields = value()?,
-            "-P" | "--parsable2" => parsable = true,
-            "-p" | "--parsable" => (parsable, trailing) = (true, true),
-            "-n" | "--noheader" => header = false,
-            "--name" => names.extend(value()?.split(',').map(str::to_string)),
-            "-X" | "--allocations" | "-a" | "--allusers" | "-D" | "--duplicates" | "-b" | "--brief" => {}
-            "-S" | "--starttime" | "-E" | "--endtime" | "-u" | "--user" | "-s" | "--state" | "-M"
-            | "--clusters" => {
-                value()?;
-            }
-            other => return Err(usage(format!("unrecognized option '{other}'"))),
-        }
+    let (given, words) = options::parse(Command::Sacct, args, "")?;
+    if let Some(word) = words.first() {
+        return Err(usage(format!("{word:?} is not an option (sacct takes -j ID to name jobs)")));
     }
+    if options::flag(&given, "helpformat") {
+        return Ok(SACCT_FIELDS.join(" ") + "\n");
+    }
+    if options::flag(&given, "helpstate") {
+        return Ok(states_help());
+    }
+    if options::flag(&given, "helpreason") {
+        return Ok(api::PendingReason::ALL.iter().map(|r| format!("{}\n", r.as_str())).collect());
+    }
+    say_ignored(Command::Sacct, &given);
+    let fields = match options::last(&given, "format") {
+        Some(fields) => fields.to_string(),
+        None if options::flag(&given, "brief") => "JobID,State,ExitCode".into(),
+        None if options::flag(&given, "long") => SACCT_FIELDS.join(","),
+        None => "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode".into(),
+    };
+    let header = !options::flag(&given, "noheader");
+    let (parsable, trailing) = match (options::flag(&given, "parsable2"), options::flag(&given, "parsable")) {
+        (true, _) => (true, false),
+        (false, parsable) => (parsable, parsable),
+    };
+    let delimiter = options::last(&given, "delimiter").unwrap_or("|");
+    let filter = Filter::from(&given)?;
     let fields: Vec<String> =
         fields.split(',').map(|f| f.split('%').next().unwrap_or(f).trim().to_string()).collect();
     let mut jobs = Vec::new();
-    if ids.is_empty() {
-        jobs = list(client, "queued,starting,running,draining,succeeded,failed,cancelled").await?;
+    if filter.ids.is_empty() {
+        jobs = list(client, ALL_STATES).await?;
     } else {
-        for id in &ids {
+        for id in &filter.ids {
             match jobs_named(client, id).await {
                 Ok(found) => jobs.extend(found),
                 // sacct names nothing for an id it does not know.
@@ -474,8 +601,16 @@ pub async fn sacct(client: &Client, args: &[String]) -> Result<String, CliError>
             }
         }
     }
-    if !names.is_empty() {
-        jobs.retain(|j| j.name.as_ref().is_some_and(|n| names.contains(n)));
+    // The ids chose the jobs; the other lists narrow them.
+    let narrowing = Filter { ids: Vec::new(), ..filter };
+    jobs.retain(|job| narrowing.keeps(job));
+    if options::flag(&given, "batch-script") {
+        let mut out = String::new();
+        for job in &jobs {
+            let script = job.slurm.as_ref().map_or("NONE\n", |s| s.script.as_str());
+            write!(out, "Batch Script for {}\n{}\n{script}", job_id(job), "-".repeat(80)).unwrap();
+        }
+        return Ok(out);
     }
     let mut rows: Vec<Vec<String>> = Vec::new();
     for job in &jobs {
@@ -483,12 +618,12 @@ pub async fn sacct(client: &Client, args: &[String]) -> Result<String, CliError>
     }
     let mut out = String::new();
     if parsable {
-        let end = if trailing { "|" } else { "" };
+        let end = if trailing { delimiter } else { "" };
         if header {
-            writeln!(out, "{}{end}", fields.join("|")).unwrap();
+            writeln!(out, "{}{end}", fields.join(delimiter)).unwrap();
         }
         for row in rows {
-            writeln!(out, "{}{end}", row.join("|")).unwrap();
+            writeln!(out, "{}{end}", row.join(delimiter)).unwrap();
         }
         return Ok(out);
     }
@@ -522,37 +657,20 @@ pub async fn sacct(client: &Client, args: &[String]) -> Result<String, CliError>
     Ok(out)
 }
 
-/// `sinfo`: the nodes grouped by partition and state, as Slurm prints them.
-pub fn sinfo_rows(nodes: &[api::Node], partitions: &[(String, bool)]) -> String {
-    let mut out = String::from("PARTITION AVAIL  TIMELIMIT  NODES  STATE NODELIST\n");
-    for (partition, default) in partitions {
-        let mut groups: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
-        for node in nodes {
-            // A GPU out of service for a fault is as good as taken.
-            let taken = node.gpus_used + node.gpus_held + node.gpus_out.len() as u32;
-            let state = match (node.status.as_str(), taken) {
-                ("up", 0) => "idle",
-                ("up", used) if used >= u32::from(node.gpus) => "alloc",
-                ("up", _) => "mix",
-                ("draining", 0) => "drained",
-                ("draining", _) => "draining",
-                ("lost", _) => "down",
-                (_, _) => "fail",
-            };
-            groups.entry(state).or_default().push(&node.name);
-        }
-        let name = if *default { format!("{partition}*") } else { partition.clone() };
-        for (state, names) in groups {
-            writeln!(
-                out,
-                "{name:<9} {:>5} {:>10} {:>6} {state:>6} {}",
-                "up",
-                "infinite",
-                names.len(),
-                ebb_core::hostlist::compress(&names)
-            )
-            .unwrap();
-        }
+/// `scontrol show config`: what a tool may ask of Slurm's configuration,
+/// as Ebb has it.
+pub fn show_config() -> String {
+    let lines: [(&str, String); 6] = [
+        ("ClusterName", "ebb".into()),
+        ("GresTypes", "gpu".into()),
+        ("PreemptMode", "REQUEUE".into()),
+        ("PreemptType", "preempt/partition_prio".into()),
+        ("SelectType", "select/cons_tres".into()),
+        ("SLURM_VERSION", "25.11.7".into()),
+    ];
+    let mut out = String::from("Configuration data as of Ebb's server\n");
+    for (key, value) in lines {
+        writeln!(out, "{key:<31} = {value}").unwrap();
     }
     out
 }
@@ -632,76 +750,44 @@ mod tests {
         assert_eq!(squeue_rows(&tasks, "%i", true).len(), 5);
     }
 
+    /// The query commands read options as getopt does, anywhere among
+    /// their words (`sacct -nu root`, `scancel 12 -s USR1`), and each list
+    /// given narrows the jobs: ids, users, names, accounts, partitions,
+    /// QOS, states (long or short), nodes (a host list), node counts.
     #[test]
-    fn flags_take_their_values_in_every_form() {
-        let args: Vec<String> =
-            ["-j12,13", "--format=%i", "-o", "%j", "--me", "-t"].map(String::from).to_vec();
-        let mut flags = Flags::new(&args);
-        let mut seen = Vec::new();
-        while let Some(flag) = flags.next_flag() {
-            let value =
-                if flag == "--me" { Ok(String::new()) } else { flags.value().map_err(|e| e.to_string()) };
-            seen.push((flag, value));
-        }
-        assert_eq!(seen[0], ("-j".to_string(), Ok("12,13".to_string())));
-        assert_eq!(seen[1], ("--format".to_string(), Ok("%i".to_string())));
-        assert_eq!(seen[2], ("-o".to_string(), Ok("%j".to_string())));
-        assert_eq!(seen[4], ("-t".to_string(), Err("option '-t' requires an argument".to_string())));
-    }
-
-    proptest::proptest! {
-        /// Whatever words a command line holds, reading it ends, without a panic.
-        #[test]
-        fn any_command_line_is_read_to_its_end(args in proptest::collection::vec("-{0,2}[a-z=%0-9,]{0,6}", 0..8)) {
-            let mut flags = Flags::new(&args);
-            let mut steps = 0;
-            while flags.next_flag().is_some() {
-                let _ = flags.value();
-                steps += 1;
-                proptest::prop_assert!(steps <= args.len());
-            }
-        }
-    }
-
-    #[test]
-    fn nodes_are_grouped_by_state() {
-        let node = |name: &str, used: u32, status: &str| api::Node {
-            name: name.into(),
-            gpu_model: "H100".into(),
-            gpus: 4,
-            status: status.into(),
-            unhealthy: None,
-            gpus_used: used,
-            gpus_held: 0,
-            held: Vec::new(),
-            last_heartbeat: String::new(),
-            jobs: Vec::new(),
-            placements: Vec::new(),
-            drained_for: None,
-            gpus_out: Vec::new(),
-            warnings: Vec::new(),
-        };
-        let mut faulted = node("node-4", 0, "up");
-        faulted.gpus_out.push(api::GpuOutOfService {
-            gpu: 3,
-            reason: "GPU 3: Xid 79 (fallen off the bus)".into(),
-            since: String::new(),
-            until_returned: false,
-        });
-        let nodes = [
-            node("node-0", 0, "up"),
-            node("node-1", 0, "up"),
-            node("node-2", 4, "up"),
-            node("node-3", 1, "draining"),
-            faulted,
-        ];
-        let text = sinfo_rows(&nodes, &[("spot".into(), true)]);
-        assert!(text.contains("spot*        up   infinite      1  alloc node-2"), "{text}");
-        assert!(text.contains("spot*        up   infinite      2   idle node-[0-1]"), "{text}");
-        assert!(
-            text.contains("spot*        up   infinite      1    mix node-4"),
-            "a GPU out is taken: {text}"
+    fn query_options_group_and_permute_and_each_list_narrows_the_jobs() {
+        let words = |t: &str| t.split_whitespace().map(str::to_string).collect::<Vec<_>>();
+        let (given, rest) = options::parse(Command::Sacct, &words("-nPu alice -j12,13 -s CD,F"), "").unwrap();
+        assert!(rest.is_empty());
+        assert!(options::flag(&given, "noheader") && options::flag(&given, "parsable2"));
+        let filter = Filter::from(&given).unwrap();
+        assert_eq!((filter.ids.clone(), filter.states.clone()), (words("12 13"), words("CD F")));
+        let (given, rest) = options::parse(Command::Scancel, &words("12 -s USR1 13_2"), "").unwrap();
+        assert_eq!((rest, options::last(&given, "signal")), (words("12 13_2"), Some("USR1")));
+        assert_eq!(
+            options::parse(Command::Squeue, &words("-h -t"), "").unwrap_err().to_string(),
+            "option requires an argument -- 't'"
         );
-        assert!(text.contains("draining node-3"), "{text}");
+        let (given, _) =
+            options::parse(Command::Squeue, &words("--partitions=spot --user=alice -w node-[0-1]"), "")
+                .unwrap();
+        let filter = Filter::from(&given).unwrap();
+        let mut on_node_1 = job(1, "running");
+        on_node_1.slurm = Some(api::SlurmBatch { partition: Some("spot".into()), ..Default::default() });
+        assert!(filter.keeps(&on_node_1));
+        let mut elsewhere = on_node_1.clone();
+        elsewhere.placement[0].node = "node-7".into();
+        assert!(!filter.keeps(&elsewhere), "not on node-[0-1]");
+        let mut bob = on_node_1.clone();
+        bob.tenant = "bob".into();
+        assert!(!filter.keeps(&bob), "not alice's");
+        assert!(!filter.keeps(&job(1, "running")), "in the tier's partition, not spot");
+        let (given, _) = options::parse(Command::Sacct, &words("--nnodes=2-3 -s r"), "").unwrap();
+        let filter = Filter::from(&given).unwrap();
+        assert!(!filter.keeps(&job(1, "running")), "one node");
+        let mut two = job(1, "running");
+        two.placement.push(api::NodeGpus { node: "node-2".into(), gpus: vec![0] });
+        assert!(filter.keeps(&two));
+        assert!(!filter.wants_ended());
     }
 }

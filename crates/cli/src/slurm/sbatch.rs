@@ -7,7 +7,7 @@ use std::path::Path;
 
 use ebb_api as api;
 
-use super::options::{self, Given, SBATCH};
+use super::options::{self, Command, Given};
 use crate::commands::{not_exported as ebb_leaves_out, valid_name};
 use crate::error::{usage, CliError};
 
@@ -115,11 +115,11 @@ pub fn batch(
     cwd: &Path,
     vars: &BTreeMap<String, String>,
 ) -> Result<Batch, CliError> {
-    let (cli, rest) = options::parse(SBATCH, args, "")?;
+    let (cli, rest) = options::parse(Command::Sbatch, args, "")?;
     let (text, script_name, script_args) = script(&cli, &rest, stdin)?;
     let mut given = options::script_options(&text, &script_name)?;
     given.extend(cli);
-    let mut notes = options::ignored_notes(SBATCH, &given);
+    let mut notes = options::ignored_notes(Command::Sbatch, &given);
     let last = |long: &str| options::last(&given, long);
 
     let nodes = match options::nodes(&given)? {
@@ -138,6 +138,11 @@ pub fn batch(
     let cpus_per_task = options::count(&given, "cpus-per-task")?;
     let node_count = nodes.unwrap_or(1);
     let (gpu_model, gpus) = gpu_request(&given, node_count, ntasks)?;
+    // `--ntasks-per-gpu`: so many tasks a GPU, or GPUs enough for the tasks.
+    let ntasks = match (options::count(&given, "ntasks-per-gpu")?, ntasks) {
+        (Some(per_gpu), None) => Some(per_gpu.saturating_mul(gpus)),
+        (_, ntasks) => ntasks,
+    };
     let (array, array_limit) = match last("array") {
         Some(text) => {
             let (range, limit) = options::array(text)?;
@@ -204,6 +209,9 @@ pub fn batch(
         after: last("dependency").map(str::to_string),
         ..Default::default()
     };
+    if options::flag(&given, "quiet") {
+        notes.clear();
+    }
     Ok(Batch { submission, notes, parsable: options::flag(&given, "parsable") })
 }
 
@@ -219,6 +227,9 @@ fn requeue_last(given: &Given) -> bool {
 fn gpu_request(given: &Given, nodes: u32, ntasks: Option<u32>) -> Result<(Option<String>, u32), CliError> {
     let kinds = ["gpus", "gpus-per-node", "gres", "gpus-per-task"];
     let Some((long, text)) = given.iter().rev().find(|(l, _)| kinds.contains(l)) else {
+        if let (Some(per_gpu), Some(ntasks)) = (options::count(given, "ntasks-per-gpu")?, ntasks) {
+            return Ok((None, ntasks.div_ceil(per_gpu)));
+        }
         if nodes > 1 {
             return Err(usage(format!(
                 "--nodes={nodes} without GPUs: Ebb places GPUs; give --gpus-per-node or --gres=gpu:N"
@@ -337,6 +348,24 @@ mod tests {
                 )
             );
         }
+    }
+
+    /// `--ntasks-per-gpu`: so many tasks a GPU asked for, or GPUs enough
+    /// for the tasks asked for.
+    #[test]
+    fn ntasks_per_gpu_gives_tasks_for_gpus_or_gpus_for_tasks() {
+        let script = "#!/bin/sh\nsrun python train.py\n";
+        let b = run("--gpus=4 --ntasks-per-gpu=2", script).unwrap();
+        assert_eq!((b.submission.gpus, b.submission.slurm.as_ref().unwrap().ntasks), (Some(4), Some(8)));
+        let b = run("--ntasks=6 --ntasks-per-gpu=4", script).unwrap();
+        assert_eq!((b.submission.gpus, b.submission.slurm.as_ref().unwrap().ntasks), (Some(2), Some(6)));
+        let b = run("-n 3 --gpus=1 --ntasks-per-gpu=2 --mem=1G --quiet", script).unwrap();
+        assert_eq!((b.submission.gpus, b.submission.slurm.as_ref().unwrap().ntasks), (Some(1), Some(3)));
+        assert!(b.notes.is_empty(), "--quiet: {:?}", b.notes);
+        assert_eq!(
+            run("--ntasks-per-gpu=0", script).unwrap_err().to_string(),
+            "--ntasks-per-gpu=0: expected a positive whole number"
+        );
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 
 use nix::sys::signal::Signal;
 
-use super::options::{self, Given, SRUN};
+use super::options::{self, Given};
 use super::step::{self, Names};
 use crate::error::{failed, file, usage, CliError};
 
@@ -79,9 +79,15 @@ fn plan(given: &Given, program: Vec<String>, env: &BTreeMap<String, String>) -> 
         ));
     }
     let per_node = options::count(given, "ntasks-per-node")?;
+    let per_gpu = options::count(given, "ntasks-per-gpu")?;
     let ntasks = match (options::count(given, "ntasks")?, per_node) {
         (Some(n), _) => n,
         (None, Some(per_node)) => per_node.saturating_mul(nodes.len() as u32),
+        // So many a GPU, on every GPU of the step's nodes.
+        (None, None) if per_gpu.is_some() => {
+            let on_node: u32 = env.get("SLURM_GPUS_ON_NODE").and_then(|n| n.parse().ok()).unwrap_or(1);
+            per_gpu.unwrap_or(1).saturating_mul(on_node).saturating_mul(nodes.len() as u32)
+        }
         // A task a node, on the nodes named or counted.
         (None, None)
             if options::last(given, "nodes").is_some() || options::last(given, "nodelist").is_some() =>
@@ -155,10 +161,8 @@ fn claim_step(steps: &std::path::Path) -> Result<(u32, std::path::PathBuf), CliE
 /// Its tasks on this node are its children; those on the job's other
 /// nodes are started there by their batch steps (`remote.rs`).
 pub fn in_allocation(args: &[String]) -> Result<i32, CliError> {
-    let (given, program) = options::parse(SRUN, args, "")?;
-    for note in options::ignored_notes(SRUN, &given) {
-        eprintln!("srun: {note}");
-    }
+    let (given, program) = options::parse(options::Command::Srun, args, "")?;
+    super::query::say_ignored(options::Command::Srun, &given);
     let env: BTreeMap<String, String> = std::env::vars().collect();
     let plan = plan(&given, program, &env)?;
     let steps = env
@@ -449,7 +453,7 @@ mod tests {
 
     fn given(args: &str) -> (Given, Vec<String>) {
         let words: Vec<String> = args.split_whitespace().map(str::to_string).collect();
-        options::parse(SRUN, &words, "srun").unwrap()
+        options::parse(options::Command::Srun, &words, "srun").unwrap()
     }
 
     #[test]

@@ -145,6 +145,27 @@ fn dask_jobqueue_simple_slurm_time_limits_and_dependencies() {
     let out = sbatch(&["--frobnicate", "--wrap", "true"]);
     assert!(!out.status.success());
     assert_eq!(text(&out).1, "sbatch: error: unrecognized option '--frobnicate'\n");
+    let out = sbatch(&["--begin=now+1hour", "--wrap", "true"]);
+    assert!(!out.status.success());
+    assert!(text(&out).1.starts_with("sbatch: error: --begin=now+1hour: not on Ebb: "), "{:?}", text(&out));
+
+    // The query commands as tools call them: grouped, with lists, ended
+    // jobs asked for by state; sinfo a node a row in the fields asked for.
+    let run = |name: &str, args: &[&str]| ok(user(&cluster, &bin, name).args(args).output().unwrap(), name);
+    assert_eq!(
+        run("squeue", &["-h", "--states", "all", "-j", parent, "-o", "%i %T"]).trim(),
+        format!("{parent} FAILED")
+    );
+    assert_eq!(
+        run("sacct", &["-nPXj", &format!("{parent},{child}"), "-o", "JobID,State"]).trim(),
+        format!("{parent}|FAILED\n{child}|FAILED")
+    );
+    assert_eq!(
+        run("sinfo", &["-hNp", "preemptible", "-o", "%N|%G|%P"]).trim(),
+        "node-0|gpu:H100-80GB:4|preemptible*"
+    );
+    assert!(run("scontrol", &["show", "config"]).contains("PreemptMode                     = REQUEUE"));
+    assert!(run("sinfo", &["--usage"]).contains("  -N, --Node                           honoured\n"));
 
     // Preemption the Slurm way: --signal=B:USR1 reaches the batch shell
     // alone (its step's task has a trap too, and must not hear it); the
