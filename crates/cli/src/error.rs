@@ -58,6 +58,9 @@ pub enum CliError {
     /// `--partition-map`, `--default-partition`.
     #[error(transparent)]
     Partitions(#[from] ebb_server::partitions::PartitionsError),
+    /// `--gpu-alias`.
+    #[error(transparent)]
+    GpuAlias(#[from] ebb_server::gpu_names::GpuAliasError),
     /// The server's key for secrets at rest.
     #[error(transparent)]
     SecretKey(#[from] ebb_server::sealed::KeyFileError),

@@ -6,6 +6,7 @@
 
 pub mod billing;
 pub mod engine;
+pub mod gpu_names;
 pub mod http;
 pub mod leader;
 pub mod lock;

@@ -89,15 +89,33 @@ impl Partitions {
         self.map.iter().map(|(n, _)| n.as_str()).collect()
     }
 
-    /// The tier of jobs in `partition` (the default's when none).
+    /// The tier of jobs in `partition` (the default's when none). A list
+    /// (`a,b`: any of these, as Slurm takes it) is the tier its partitions
+    /// share: a job has one tier, its price.
     pub fn tier_of(&self, partition: Option<&str>) -> Result<Tier, Refusal> {
-        let name = partition.unwrap_or(&self.default);
-        self.map.iter().find(|(n, _)| n == name).map(|(_, t)| *t).ok_or_else(|| {
-            Refusal::unacceptable(format!(
-                "slurm.partition: no partition {name:?}; this cluster's are {}",
-                self.names().join(", ")
-            ))
-        })
+        let listed = partition.unwrap_or(&self.default);
+        let mut tiers: Vec<(&str, Tier)> = Vec::new();
+        for name in listed.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            let tier = self.map.iter().find(|(n, _)| n == name).map(|(_, t)| *t).ok_or_else(|| {
+                Refusal::unacceptable(format!(
+                    "slurm.partition: no partition {name:?}; this cluster's are {}",
+                    self.names().join(", ")
+                ))
+            })?;
+            tiers.push((name, tier));
+        }
+        match tiers.as_slice() {
+            [] => Err(Refusal::unacceptable(format!("slurm.partition: {listed:?} names no partition"))),
+            [(_, tier), rest @ ..] if rest.iter().all(|(_, t)| t == tier) => Ok(*tier),
+            several => {
+                let each: Vec<String> =
+                    several.iter().map(|(n, t)| format!("{n} is {}", t.as_str())).collect();
+                Err(Refusal::unacceptable(format!(
+                    "slurm.partition: {listed}: {}, and a job has one tier, its price: name partitions of one tier",
+                    each.join(", ")
+                )))
+            }
+        }
     }
 
     pub fn list(&self) -> Vec<ebb_api::Partition> {
@@ -123,6 +141,16 @@ mod tests {
         assert_eq!(p.tier_of(None).unwrap(), Tier::OnDemand);
         let err = p.tier_of(Some("debug")).unwrap_err();
         assert_eq!(err.message, "slurm.partition: no partition \"debug\"; this cluster's are spot, gpu");
+        // A list is any of its partitions: the tier they share.
+        let p = Partitions::parse(Some("spot=preemptible,idle=preemptible,gpu=on-demand"), None).unwrap();
+        assert_eq!(p.tier_of(Some("spot,idle")).unwrap(), Tier::Preemptible);
+        assert_eq!(
+            p.tier_of(Some("spot,gpu")).unwrap_err().message,
+            "slurm.partition: spot,gpu: spot is preemptible, gpu is on-demand, and a job has one tier, its price: \
+             name partitions of one tier"
+        );
+        assert!(p.tier_of(Some("spot,debug")).unwrap_err().message.contains("no partition \"debug\""));
+        assert!(p.tier_of(Some(",")).unwrap_err().message.contains("names no partition"));
         assert_eq!(Partitions::parse(None, None).unwrap().tier_of(None).unwrap(), Tier::Preemptible);
         let refused = |map, default| Partitions::parse(map, default).unwrap_err().to_string();
         assert!(refused(Some("spot"), None).contains("NAME=TIER"));

@@ -60,6 +60,11 @@ pub struct PolicyArgs {
     /// first, or preemptible).
     #[arg(long, value_name = "NAME")]
     pub default_partition: Option<String>,
+    /// Names a GPU model answers to besides its own, its case-blind
+    /// spelling and its family's (`h100` for `H100-80GB`, where no other
+    /// model's name begins so): a100=A100-SXM4-80GB,... Repeatable.
+    #[arg(long, value_name = "NAME=MODEL,...")]
+    pub gpu_alias: Vec<String>,
 }
 
 impl PolicyArgs {
@@ -69,6 +74,10 @@ impl PolicyArgs {
         let (window, gap) = (self.drain_window, self.fair_share_preemption);
         ebb_server::engine::check_policy(window, self.min_runtime, self.fair_share_half_life, gap)?;
         Ok(())
+    }
+
+    pub fn gpu_names(&self) -> Result<ebb_server::gpu_names::GpuNames, CliError> {
+        ebb_server::gpu_names::GpuNames::parse(&self.gpu_alias).map_err(CliError::from)
     }
 
     pub fn partitions(&self) -> Result<ebb_server::partitions::Partitions, CliError> {

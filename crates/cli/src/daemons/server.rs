@@ -245,6 +245,7 @@ pub async fn server(args: ServerArgs) -> Result<(), CliError> {
         run_as,
         checkpoint_store: args.checkpoint_store.checked().await?,
         partitions: args.policy.partitions()?,
+        gpu_names: args.policy.gpu_names()?,
         images: ebb_server::Images {
             required: match args.require_image.as_deref().map(str::trim) {
                 None | Some("") => ebb_server::Required::Nobody,

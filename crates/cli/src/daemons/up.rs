@@ -96,6 +96,7 @@ pub async fn up(args: UpArgs) -> Result<(), CliError> {
     }
     args.policy.check()?;
     args.policy.partitions()?;
+    args.policy.gpu_names()?;
     let data = &args.data_dir;
     // A directory in use says so first, with where its cluster is: a second
     // `ebb up` here would reuse the first one's node names, database and
@@ -174,6 +175,9 @@ pub async fn up(args: UpArgs) -> Result<(), CliError> {
         if let Some(value) = value {
             server_args.extend([flag.to_string(), value.clone()]);
         }
+    }
+    for alias in &args.policy.gpu_alias {
+        server_args.extend(["--gpu-alias".to_string(), alias.clone()]);
     }
     let _ = std::fs::remove_file(&server_log);
     let mut server = spawn("ebb server", &server_args, &server_log)?;

@@ -347,7 +347,7 @@ impl Filter {
             && within(&self.users, Some(&job.tenant))
             && within(&self.names, job.name.as_deref())
             && within(&self.accounts, slurm.and_then(|s| s.account.as_deref()))
-            && within(&self.partitions, Some(&partition))
+            && (self.partitions.is_empty() || partition.split(',').any(|p| within(&self.partitions, Some(p))))
             && within(&self.qos, slurm.and_then(|s| s.qos.as_deref()))
             && (self.states.is_empty()
                 || self.states.iter().any(|s| s == state(job) || s == short_state(state(job)) || s == "ALL"))

@@ -149,6 +149,24 @@ fn dask_jobqueue_simple_slurm_time_limits_and_dependencies() {
     assert!(!out.status.success());
     assert!(text(&out).1.starts_with("sbatch: error: --begin=now+1hour: not on Ebb: "), "{:?}", text(&out));
 
+    // A GPU type as sites and tools write it is the node's model.
+    for (option, written) in
+        [("--gres", "gpu:h100:1"), ("--gpus", "h100_80gb:1"), ("--gpus-per-node", "H100:1")]
+    {
+        let id = ok(sbatch(&["--parsable", &format!("{option}={written}"), "--wrap", "true"]), option);
+        assert_eq!(cluster.job(id.trim().parse().unwrap())["gpu_model"], "H100-80GB", "{option}={written}");
+    }
+    let out = sbatch(&["--gres=gpu:a100:1", "--wrap", "true"]);
+    assert!(text(&out).1.contains("no node has \"a100\""), "{:?}", text(&out));
+
+    // A partition list is any of its partitions: of one tier, a job's price.
+    let out = sbatch(&["--partition=preemptible,on-demand", "--wrap", "true"]);
+    assert!(
+        text(&out).1.contains("preemptible is preemptible, on-demand is on-demand, and a job has one tier"),
+        "{:?}",
+        text(&out)
+    );
+
     // The query commands as tools call them: grouped, with lists, ended
     // jobs asked for by state; sinfo a node a row in the fields asked for.
     let run = |name: &str, args: &[&str]| ok(user(&cluster, &bin, name).args(args).output().unwrap(), name);

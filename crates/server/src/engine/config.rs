@@ -50,6 +50,8 @@ pub struct EngineConfig {
     pub logins_to_nodes: bool,
     /// Slurm's partitions, each a tier (`--partition-map`).
     pub partitions: crate::partitions::Partitions,
+    /// The names GPU models answer to besides their own (`--gpu-alias`).
+    pub gpu_names: crate::gpu_names::GpuNames,
 }
 
 /// A setting out of its bounds: the flag that sets it, and a message that
@@ -189,6 +191,7 @@ impl EngineConfig {
             secret_key: crate::sealed::SecretKey::from_bytes([7; 32]),
             logins_to_nodes: true,
             partitions: Default::default(),
+            gpu_names: Default::default(),
         }
     }
 }

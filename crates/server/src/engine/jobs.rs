@@ -128,6 +128,13 @@ fn prepare(
         // A Slurm job's tier is its partition's.
         spec.tier = Some(p.config.partitions.tier_of(slurm.partition.as_deref())?.as_str().to_string());
     }
+    if let Some(wanted) = &spec.gpu_model {
+        // The model a name answers to, as the fleet has it now.
+        let models: Vec<&str> = p.core.models().map(|(_, m)| m.name.as_str()).collect();
+        if let Some(model) = p.config.gpu_names.resolve(wanted, &models).map_err(Refusal::unacceptable)? {
+            spec.gpu_model = Some(model.to_string());
+        }
+    }
     let mut checked = crate::validate::submission(&spec, p.core, limits)?;
     if let Some(deadline_ms) = checked.deadline_ms.filter(|ms| *ms <= now) {
         return Err(Refusal::unacceptable(format!(
