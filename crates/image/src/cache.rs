@@ -199,7 +199,7 @@ impl Cache {
             let lease = Lease { cache: self.clone(), rootfs: dir.join("rootfs"), key, config, downloaded: 0 };
             if private {
                 // Dropped on refusal, which lets the hold go.
-                let client: Client = self.registries.client();
+                let client: Client = self.registries.client(pinned.registry());
                 let found =
                     client.fetch_manifest_digest(&pinned, &auth).await.map_err(|e| classify(reference, e))?;
                 if found != digest {
@@ -212,7 +212,7 @@ impl Cache {
             return Ok(lease);
         }
         let served_by = crate::sha256_hex(source.as_bytes());
-        let client: Client = self.registries.client();
+        let client: Client = self.registries.client(pinned.registry());
         let (manifest, _) =
             client.pull_image_manifest(&pinned, &auth).await.map_err(|e| classify(reference, e))?;
         let mut config_bytes = Vec::new();

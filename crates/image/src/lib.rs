@@ -107,8 +107,8 @@ pub fn pinned(reference: &Reference, digest: &str) -> Reference {
 }
 
 /// The registries a cluster reaches: over HTTPS, but for the hosts named
-/// insecure (a registry on loopback, one on a trusted network); only those
-/// of `allowed`, where it names any.
+/// insecure (one on a trusted network) and those on loopback, as Docker
+/// and containerd reach them; only those of `allowed`, where it names any.
 #[derive(Clone, Debug, Default)]
 pub struct Registries {
     pub insecure: Vec<String>,
@@ -142,11 +142,14 @@ impl Registries {
     /// credentials a client is given for a registry and uses them for
     /// every later request there, whoever makes it: never share one
     /// between tenants.
-    pub fn client(&self) -> Client {
-        let protocol = if self.insecure.is_empty() {
-            ClientProtocol::Https
-        } else {
-            ClientProtocol::HttpsExcept(self.insecure.clone())
+    pub fn client(&self, registry: &str) -> Client {
+        let mut plain = self.insecure.clone();
+        if on_loopback(registry) {
+            plain.push(registry.to_string());
+        }
+        let protocol = match plain.is_empty() {
+            true => ClientProtocol::Https,
+            false => ClientProtocol::HttpsExcept(plain),
         };
         Client::new(ClientConfig {
             protocol,
@@ -158,6 +161,30 @@ impl Registries {
             ..Default::default()
         })
     }
+}
+
+impl Registries {
+    /// Whether `registry` is reached over plain HTTP: one the operator
+    /// named insecure, or one on loopback. Plain HTTP is not trust: a
+    /// tenant's reference to a loopback registry still meets the address
+    /// policy (see [`Registries::trusts`]).
+    pub fn plain_http(&self, registry: &str) -> bool {
+        self.insecure.iter().any(|h| h == registry) || on_loopback(registry)
+    }
+}
+
+/// Whether a registry (`HOST[:PORT]`, `[V6]:PORT`) is on loopback:
+/// 127.0.0.0/8, `::1`, or `localhost`, which names them.
+pub fn on_loopback(registry: &str) -> bool {
+    let host = match registry.strip_prefix('[') {
+        Some(rest) => rest.split_once(']').map_or(rest, |(host, _)| host),
+        None => match registry.rsplit_once(':') {
+            Some((host, _)) if !host.contains(':') => host,
+            _ => registry,
+        },
+    };
+    host.eq_ignore_ascii_case("localhost")
+        || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 pub(crate) fn auth(login: Option<&Login>) -> RegistryAuth {
@@ -210,6 +237,28 @@ pub fn request_error(e: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// As Docker and containerd: a registry on loopback is reached over
+    /// plain HTTP without being named insecure; any other only when named.
+    #[test]
+    fn a_registry_on_loopback_is_plain_http_and_no_other_unless_named() {
+        let none = Registries::default();
+        for loopback in ["127.0.0.1:5000", "127.8.9.1", "localhost:5000", "LOCALHOST", "[::1]:5000", "::1"] {
+            assert!(none.plain_http(loopback), "{loopback}");
+        }
+        for other in [
+            "10.0.0.1:5000",
+            "registry.example.com",
+            "[::2]:5000",
+            "localhost.example.com:5000",
+            "0.0.0.0:80",
+        ] {
+            assert!(!none.plain_http(other), "{other}");
+        }
+        let named = Registries { insecure: vec!["10.0.0.1:5000".into()], ..Registries::default() };
+        assert!(named.plain_http("10.0.0.1:5000") && !named.plain_http("10.0.0.1:5001"));
+        assert!(!none.trusts("127.0.0.1:5000"), "plain HTTP is not trust: the address policy still holds");
+    }
 
     #[test]
     fn a_reference_names_its_registry_and_a_well_formed_tag_or_digest() {

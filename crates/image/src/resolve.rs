@@ -72,8 +72,7 @@ impl<'a> Fetch<'a> {
         reference: &'a str,
     ) -> Result<Fetch<'a>, ImageError> {
         let host = parsed.resolve_registry().to_string();
-        let scheme =
-            if registries.insecure.iter().any(|h| h == parsed.registry()) { "http" } else { "https" };
+        let scheme = if registries.plain_http(parsed.registry()) { "http" } else { "https" };
         let target = parsed
             .digest()
             .map(str::to_string)

@@ -127,3 +127,19 @@ async fn an_unnamed_registry_on_loopback_or_link_local_is_refused() {
     assert!(matches!(resolve(&Registries::default(), &mapped, None).await, Err(ImageError::Invalid(..))));
     assert!(asked.lock().unwrap().is_empty());
 }
+
+/// A registry on loopback that the operator allowed but did not name
+/// insecure is reached over plain HTTP, as Docker reaches one.
+#[tokio::test]
+async fn a_loopback_registry_needs_no_insecure_flag() {
+    let (host, seen) = fake(|_| (200, Vec::new(), MANIFEST.into())).await;
+    let allowed = Registries { allowed: vec![host.clone()], ..Registries::default() };
+    assert_eq!(
+        resolve(&allowed, &format!("{host}/x:v1"), None).await.unwrap(),
+        digest_of(MANIFEST.as_bytes())
+    );
+    assert_eq!(seen.lock().unwrap().as_slice(), ["GET /v2/x/manifests/v1 HTTP/1.1"]);
+    // Named by no one, it still meets the address policy (loopback refused).
+    let e = resolve(&Registries::default(), &format!("{host}/x:v1"), None).await.unwrap_err();
+    assert!(e.to_string().contains("loopback"), "{e}");
+}

@@ -78,15 +78,17 @@ fn jobs_run_in_their_images_resume_on_another_node_and_tenants_cannot_see_each_o
     let train = push_busybox_image(&work, &open.host, "train", "v1", &image_files(), None);
     let private =
         push_busybox_image(&work, &locked.host, "private", "v1", &image_files(), Some(("alice", PASSWORD)));
-    let insecure = |flag: &str| [flag.to_string(), open.host.clone(), flag.to_string(), locked.host.clone()];
+    // Both registries are on loopback: allowed, they are reached over plain
+    // HTTP without --insecure-registry, as Docker reaches them.
+    let named = |flag: &str| [flag.to_string(), open.host.clone(), flag.to_string(), locked.host.clone()];
     let c = Cluster::start(Options {
         nodes: 2,
         gpus: 4,
         drain_window: "3s",
         // Both tenants run as nobody: only the containers keep them apart.
         run_as: Some(RunAs { tenants: vec![("alice", "nobody"), ("bob", "nobody")], default: None }),
-        agent_args: insecure("--insecure-registry").into_iter().map(leak).collect(),
-        server_args: insecure("--insecure-registry").to_vec(),
+        agent_args: named("--allowed-registry").into_iter().map(leak).collect(),
+        server_args: named("--allowed-registry").to_vec(),
         ..Options::default()
     });
     let alice = tenant(&c, "alice");
