@@ -5,10 +5,12 @@
 //! (`EBB_SERVER`, `EBB_TOKEN`, the config file) and print what Slurm
 //! prints. What is honoured, ignored and different: `docs/slurm.md`.
 
+mod json;
 mod options;
 mod query;
 mod remote;
 mod sbatch;
+mod scontrol;
 mod sinfo;
 mod srun;
 mod step;
@@ -61,7 +63,7 @@ pub fn main(name: &str, args: Vec<String>) -> ExitCode {
         && args.first().map(String::as_str) == Some("show")
         && args.get(1).map(String::as_str) == Some("hostnames")
     {
-        return match hostnames(&args[2..]) {
+        return match scontrol::hostnames(&args[2..]) {
             Ok(text) => {
                 print!("{text}");
                 ExitCode::SUCCESS
@@ -120,7 +122,7 @@ async fn run(name: &str, args: &[String]) -> Result<Done, CliError> {
         "squeue" => Ok(Done::Print(query::squeue(&client()?, args).await?)),
         "sacct" => Ok(Done::Print(query::sacct(&client()?, args).await?)),
         "scancel" => scancel(args).await.map(Done::Print),
-        "scontrol" => scontrol(args).await.map(Done::Print),
+        "scontrol" => scontrol::scontrol(args).await.map(Done::Print),
         "sinfo" => sinfo(args).await.map(Done::Print),
         other => Err(usage(format!("{other} is not a Slurm command Ebb answers to"))),
     }
@@ -236,80 +238,6 @@ async fn allocate_and_run(args: &[String]) -> Result<Done, CliError> {
         (_, Some(code)) => u8::try_from(code).unwrap_or(1).max(1),
         _ => 1,
     }))
-}
-
-/// `scontrol show hostnames [LIST]`: one name a line, of `LIST` or the
-/// job's own nodes.
-fn hostnames(args: &[String]) -> Result<String, CliError> {
-    let list = match args.first() {
-        Some(list) => list.clone(),
-        None => std::env::var("SLURM_JOB_NODELIST")
-            .map_err(|_| usage("no host list given and SLURM_JOB_NODELIST is not set"))?,
-    };
-    let names = ebb_core::hostlist::expand(&list).map_err(usage)?;
-    Ok(names.iter().map(|n| format!("{n}\n")).collect())
-}
-
-async fn scontrol(args: &[String]) -> Result<String, CliError> {
-    let (_, words) = options::parse(options::Command::Scontrol, args, "")?;
-    let words: Vec<&str> = words.iter().map(String::as_str).collect();
-    match words.as_slice() {
-        ["show", "hostnames", rest @ ..] => hostnames(&rest.iter().map(|w| w.to_string()).collect::<Vec<_>>()),
-        ["show", "job" | "jobs", id] => {
-            let jobs = query::jobs_named(&client()?, id).await?;
-            Ok(jobs.iter().map(query::show_job).collect())
-        }
-        ["show", "config"] => Ok(query::show_config()),
-        ["requeue", ids] => requeue(ids).await,
-        _ => Err(usage(
-            "Ebb's scontrol answers `show hostnames [LIST]`, `show job ID`, `show config` and `requeue ID` (see \
-             docs/slurm.md)",
-        )),
-    }
-}
-
-/// `scontrol requeue ID`: from inside that job, its attempt ends and it
-/// goes back to the queue (through its own endpoint, so no token is
-/// needed), as a preemption does.
-async fn requeue(ids: &str) -> Result<String, CliError> {
-    let own = [std::env::var("SLURM_JOB_ID").ok(), array_id()].into_iter().flatten().collect::<Vec<_>>();
-    for id in ids.split(',') {
-        if !own.iter().any(|o| o == id) {
-            return Err(usage(format!(
-                "requeue {id}: Ebb's scontrol requeues the job it runs in (its SLURM_JOB_ID), not other jobs"
-            )));
-        }
-    }
-    let url = std::env::var("EBB_METADATA_URL").map_err(|_| usage("requeue: not inside an Ebb job"))?;
-    // The attempt is ended with SIGTERM to all its processes: this one
-    // waits for the answer first.
-    ignore_sigterm();
-    let answer = reqwest::Client::new()
-        .post(format!("{url}/ebb/v1/requeue"))
-        .send()
-        .await
-        .map_err(|e| failed(format!("requeue: the node's endpoint: {e}")))?;
-    match answer.status().as_u16() {
-        202 => Ok(String::new()),
-        status => Err(failed(format!(
-            "requeue: the node answered {status}: {}",
-            answer.text().await.unwrap_or_default()
-        ))),
-    }
-}
-
-fn array_id() -> Option<String> {
-    let array = std::env::var("SLURM_ARRAY_JOB_ID").ok()?;
-    let task = std::env::var("SLURM_ARRAY_TASK_ID").ok()?;
-    Some(format!("{array}_{task}"))
-}
-
-fn ignore_sigterm() {
-    // SAFETY: ignoring a signal installs no handler.
-    unsafe {
-        let _ =
-            nix::sys::signal::signal(nix::sys::signal::Signal::SIGTERM, nix::sys::signal::SigHandler::SigIgn);
-    }
 }
 
 async fn scancel(args: &[String]) -> Result<String, CliError> {

@@ -54,7 +54,7 @@ fn now_ms() -> u64 {
 }
 
 /// How long it has run: its latest attempt's start to its end (or now).
-fn elapsed_s(job: &api::Job) -> u64 {
+pub(super) fn elapsed_s(job: &api::Job) -> u64 {
     let Some(start) = job.started_at.as_deref().and_then(parse_ms) else { return 0 };
     let end = match job.ended_at.as_deref().and_then(parse_ms) {
         Some(end) => end,
@@ -65,7 +65,7 @@ fn elapsed_s(job: &api::Job) -> u64 {
 }
 
 /// Slurm's duration: `[D-]HH:MM:SS`, or `M:SS` under an hour (squeue).
-fn duration(seconds: u64, short: bool) -> String {
+pub(super) fn duration(seconds: u64, short: bool) -> String {
     let (d, h, m, s) = (seconds / 86400, seconds / 3600 % 24, seconds / 60 % 60, seconds % 60);
     match (d, h) {
         (0, 0) if short => format!("{m}:{s:02}"),
@@ -78,7 +78,7 @@ fn nodes_of(job: &api::Job) -> Vec<&str> {
     job.placement.iter().map(|p| p.node.as_str()).collect()
 }
 
-fn node_list(job: &api::Job) -> String {
+pub(super) fn node_list(job: &api::Job) -> String {
     match nodes_of(job).as_slice() {
         [] if state(job) == "PENDING" => "None assigned".into(),
         [] => String::new(),
@@ -87,7 +87,7 @@ fn node_list(job: &api::Job) -> String {
 }
 
 /// `%R`: why a pending job waits (Ebb's reason), or where it runs.
-fn reason_or_nodes(job: &api::Job) -> String {
+pub(super) fn reason_or_nodes(job: &api::Job) -> String {
     match state(job) {
         "PENDING" => match &job.pending_reason {
             Some(reason) => format!("({reason})"),
@@ -98,7 +98,7 @@ fn reason_or_nodes(job: &api::Job) -> String {
     }
 }
 
-fn time_limit(job: &api::Job, short: bool) -> String {
+pub(super) fn time_limit(job: &api::Job, short: bool) -> String {
     match job.time_limit_s {
         Some(s) => duration(s, short),
         None => "UNLIMITED".into(),
@@ -428,6 +428,10 @@ pub async fn squeue(client: &Client, args: &[String]) -> Result<String, CliError
             && over.is_none_or(|t| state(job) == "RUNNING" && ran >= t)
             && under.is_none_or(|t| state(job) == "RUNNING" && ran < t)
     });
+    if options::flag(&given, "json") {
+        super::json::data_parser(&given)?;
+        return Ok(super::json::squeue(&jobs));
+    }
     let mut out = String::new();
     if !options::flag(&given, "noheader") {
         writeln!(out, "{}", squeue_header(&format)).unwrap();
@@ -604,6 +608,10 @@ pub async fn sacct(client: &Client, args: &[String]) -> Result<String, CliError>
     // The ids chose the jobs; the other lists narrow them.
     let narrowing = Filter { ids: Vec::new(), ..filter };
     jobs.retain(|job| narrowing.keeps(job));
+    if options::flag(&given, "json") {
+        super::json::data_parser(&given)?;
+        return Ok(super::json::sacct(&jobs));
+    }
     if options::flag(&given, "batch-script") {
         let mut out = String::new();
         for job in &jobs {
@@ -655,50 +663,6 @@ pub async fn sacct(client: &Client, args: &[String]) -> Result<String, CliError>
         writeln!(out, "{}", line(row)).unwrap();
     }
     Ok(out)
-}
-
-/// `scontrol show config`: what a tool may ask of Slurm's configuration,
-/// as Ebb has it.
-pub fn show_config() -> String {
-    let lines: [(&str, String); 6] = [
-        ("ClusterName", "ebb".into()),
-        ("GresTypes", "gpu".into()),
-        ("PreemptMode", "REQUEUE".into()),
-        ("PreemptType", "preempt/partition_prio".into()),
-        ("SelectType", "select/cons_tres".into()),
-        ("SLURM_VERSION", "25.11.7".into()),
-    ];
-    let mut out = String::from("Configuration data as of Ebb's server\n");
-    for (key, value) in lines {
-        writeln!(out, "{key:<31} = {value}").unwrap();
-    }
-    out
-}
-
-/// `scontrol show job`: a job as `Key=Value` words.
-pub fn show_job(job: &api::Job) -> String {
-    let slurm = job.slurm.as_ref();
-    let mut words =
-        vec![format!("JobId={}", job.id), format!("JobName={}", job.name.clone().unwrap_or_default())];
-    if let Some(task) = &job.array {
-        words.push(format!("ArrayJobId={} ArrayTaskId={}", task.id, task.index));
-    }
-    words.extend([
-        format!("UserId={}", job.tenant),
-        format!("JobState={} Reason={}", state(job), reason_or_nodes(job).trim_matches(['(', ')'])),
-        format!(
-            "Requeue=1 Restarts={} ExitCode={}:0",
-            job.attempt.saturating_sub(1),
-            job.exit_code.unwrap_or(0)
-        ),
-        format!("RunTime={} TimeLimit={}", duration(elapsed_s(job), false), time_limit(job, false)),
-        format!("SubmitTime={}", job.submitted_at.trim_end_matches('Z')),
-        format!("Partition={}", slurm.and_then(|s| s.partition.clone()).unwrap_or_else(|| job.tier.clone())),
-        format!("NodeList={}", node_list(job)),
-        format!("NumNodes={} TRES=gres/gpu={}", job.placement.len().max(1), job.gpus),
-        format!("WorkDir={}", job.workdir.clone().unwrap_or_default()),
-    ]);
-    words.join(" ") + "\n"
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use crate::client::Client;
 use crate::error::{usage, CliError};
 
 /// A node's state as `sinfo` prints it: compact (`%t`) and long (`%T`).
-fn node_state(node: &api::Node) -> (&'static str, &'static str) {
+pub fn node_state(node: &api::Node) -> (&'static str, &'static str) {
     // A GPU out of service for a fault is as good as taken.
     let taken = node.gpus_used + node.gpus_held + node.gpus_out.len() as u32;
     match (node.status.as_str(), taken) {
@@ -154,6 +154,10 @@ pub async fn sinfo(client: &Client, args: &[String]) -> Result<String, CliError>
         .filter(|p| wanted_partitions.is_empty() || wanted_partitions.contains(&p.name.to_ascii_lowercase()))
         .map(|p| (p.name, p.default))
         .collect();
+    if options::flag(&given, "json") {
+        super::json::data_parser(&given)?;
+        return Ok(super::json::sinfo(&nodes, &partitions));
+    }
     let mut out = String::new();
     if !flag("noheader") {
         writeln!(
