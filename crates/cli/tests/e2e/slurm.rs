@@ -184,6 +184,23 @@ fn dask_jobqueue_simple_slurm_time_limits_and_dependencies() {
     );
     assert!(run("scontrol", &["show", "config"]).contains("PreemptMode                     = REQUEUE"));
     assert!(run("sinfo", &["--usage"]).contains("  -N, --Node                           honoured\n"));
+    let json: serde_json::Value =
+        serde_json::from_str(&run("squeue", &["--json", "--states=all", "-j", parent])).unwrap();
+    assert_eq!(
+        (json["jobs"][0]["job_id"].as_u64(), json["jobs"][0]["job_state"].clone()),
+        (parent.parse().ok(), serde_json::json!(["FAILED"]))
+    );
+    let json: serde_json::Value = serde_json::from_str(&run("sacct", &["--json", "-j", child])).unwrap();
+    assert_eq!(json["jobs"][0]["state"]["current"], serde_json::json!(["FAILED"]));
+    let json: serde_json::Value = serde_json::from_str(&run("sinfo", &["--json"])).unwrap();
+    assert_eq!(json["sinfo"][0]["gres"]["total"], "gpu:H100-80GB:4");
+    let partitions = run("scontrol", &["show", "partitions", "-o"]);
+    assert!(
+        partitions.lines().next().unwrap().starts_with("PartitionName=preemptible ")
+            && partitions.contains(" Default=YES "),
+        "{partitions}"
+    );
+    assert!(run("scontrol", &["show", "node=node-0"]).contains("NodeAddr=node-0 "));
 
     // Preemption the Slurm way: --signal=B:USR1 reaches the batch shell
     // alone (its step's task has a trap too, and must not hear it); the
@@ -279,4 +296,78 @@ wait
     let job = cluster.job(id.parse().unwrap());
     assert_eq!((job["preemptions"].as_u64(), job["retries"].as_u64()), (Some(1), Some(0)), "{job}");
     cluster.ebb(&["cancel", &id]);
+}
+
+/// Real `#SBATCH` headers from public training repositories
+/// (`slurm/headers/`, with their sources and licences), each submitted
+/// unchanged to a cluster shaped as its site's (simulated nodes of 8, 4 or
+/// 1 GPUs; the 4-GPU site's model an A100, which `gpu:a100:4` names by
+/// family), the sites' partitions mapped to tiers as their operators
+/// would: each is accepted and runs on the nodes and GPUs it asks for.
+#[test]
+fn public_sbatch_headers_run_with_the_resources_they_ask_for() {
+    let headers = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/slurm/headers");
+    let map = |pairs: &str| {
+        vec![
+            "--partition-map".to_string(),
+            format!("preemptible=preemptible,{pairs}"),
+            "--default-partition".to_string(),
+            "preemptible".to_string(),
+        ]
+    };
+    // GPUs a node, the site's model and partitions, and each header's
+    // nodes and GPUs a node.
+    type Site = (u8, &'static str, &'static str, &'static [(&'static str, usize, usize)]);
+    let sites: [Site; 3] = [
+        (
+            8,
+            "H100-80GB",
+            "hopper-prod=preemptible,gpu_p5=preemptible,llmc=preemptible,standard-g=preemptible",
+            &[
+                ("open-r1-train.slurm", 1, 8),
+                ("alignment-handbook-launch.slurm", 1, 8),
+                ("bigscience-tr11-176B-ml.slurm", 48, 8),
+                ("llm.c-gpt2-124M-fs.sbatch", 2, 8),
+                ("olmo-7b-on-lumi.sh", 8, 8),
+            ],
+        ),
+        (
+            4,
+            "A100-SXM4-80GB",
+            "gputest=on-demand",
+            &[
+                ("accelerate-multigpu.sh", 1, 4),
+                ("accelerate-multinode.sh", 4, 4),
+                ("csc-gpu4-dist-mahti.sh", 1, 4),
+            ],
+        ),
+        (1, "L4", "gpu=preemptible", &[("pytorch-ddp-tutorial.sh", 4, 1), ("pytorch-mingpt-ddp.sh", 2, 1)]),
+    ];
+    let mut count = 0;
+    for (gpus, model, partitions, jobs) in sites {
+        let nodes: usize = jobs.iter().map(|(_, n, _)| n).sum();
+        let cluster = Cluster::start(Options {
+            nodes: 1,
+            simulated_nodes: nodes as u32,
+            gpus,
+            gpu_model: Some(model),
+            server_args: map(partitions),
+            ..Default::default()
+        });
+        let bin = install(&cluster);
+        for (file, nodes, per_node) in jobs {
+            let out =
+                user(&cluster, &bin, "sbatch").arg("--parsable").arg(headers.join(file)).output().unwrap();
+            let id: u64 = ok(out, file).trim().parse().unwrap();
+            let job = cluster.wait_state(id, "running");
+            let placement = job["placement"].as_array().unwrap();
+            let shape: Vec<usize> = placement.iter().map(|p| p["gpus"].as_array().unwrap().len()).collect();
+            assert_eq!(shape, vec![*per_node; *nodes], "{file}: {job}");
+            if file.starts_with("csc") {
+                assert_eq!(job["gpu_model"], model, "gpu:a100:4 is the site's A100 model");
+            }
+            count += 1;
+        }
+    }
+    assert_eq!(count, 10);
 }

@@ -47,6 +47,8 @@ pub struct Options {
     /// runs a health check, every 300 ms: see [`Cluster::set_gpu_faults`]
     /// and [`Cluster::fail_health_check`].
     pub health: bool,
+    /// The agents' GPU model (default [`DEFAULT_GPU_MODEL`]).
+    pub gpu_model: Option<&'static str>,
 }
 
 /// An operator's mapping of tenants to Unix users, and the default user
@@ -79,6 +81,7 @@ impl Default for Options {
             agent_env: Vec::new(),
             agent_open_files: None,
             health: false,
+            gpu_model: None,
         }
     }
 }
@@ -323,7 +326,7 @@ impl Cluster {
             .args(blas_settings())
             .args(["--join-token-file", self.dir.join("server/join.token").to_str().unwrap()])
             .args(["--fake-gpus", &self.opts.gpus.to_string()])
-            .args(["--gpu-model", self.gpu_models.get(&i).copied().unwrap_or(DEFAULT_GPU_MODEL)])
+            .args(["--gpu-model", self.gpu_model(i)])
             .args(["--data-dir", self.dir.join("agents").join(&name).to_str().unwrap()])
             .args(["--checkpoint-root", self.checkpoint_root(i).to_str().unwrap()])
             .args(["--address", "127.0.0.1"])
@@ -385,7 +388,7 @@ impl Cluster {
             .args(["--simulate-nodes", &self.opts.simulated_nodes.to_string()])
             .args(&self.opts.agent_args)
             .args(["--join-token-file", self.dir.join("server/join.token").to_str().unwrap()])
-            .args(["--fake-gpus", &self.opts.gpus.to_string(), "--gpu-model", DEFAULT_GPU_MODEL])
+            .args(["--fake-gpus", &self.opts.gpus.to_string(), "--gpu-model", self.gpu_model(i)])
             .args(["--data-dir", self.dir.join("agents").join(&name).to_str().unwrap()])
             .args(["--address", "127.0.0.1"])
             .env(AGENT_CANARY, "agent-only")
@@ -394,6 +397,11 @@ impl Cluster {
             .spawn()
             .unwrap();
         self.agents[i] = Some(child);
+    }
+
+    /// Agent `i`'s GPU model.
+    fn gpu_model(&self, i: usize) -> &'static str {
+        self.gpu_models.get(&i).copied().or(self.opts.gpu_model).unwrap_or(DEFAULT_GPU_MODEL)
     }
 
     /// Starts one more agent, a real one whatever the options say, with
