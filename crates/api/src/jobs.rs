@@ -198,6 +198,32 @@ pub struct SlurmBatch {
     #[serde(default)]
     #[schema(max_length = 4096, pattern = r"^[^\u0000]*$")]
     pub submit_dir: Option<String>,
+    /// A heterogeneous job's components (`#SBATCH hetjob`, `sbatch A :
+    /// B`), in order: one gang whose nodes they take in turn, whole nodes
+    /// each. Empty for any other job.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(max_items = 16)]
+    pub components: Vec<SlurmComponent>,
+}
+
+/// One component of a heterogeneous job: its nodes, GPUs a node, and what
+/// `srun --het-group` starts there by default.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SlurmComponent {
+    #[schema(minimum = 1, maximum = 4096)]
+    pub nodes: u32,
+    #[schema(minimum = 1, maximum = 64)]
+    pub gpus_per_node: u32,
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 65536)]
+    pub ntasks: Option<u32>,
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 65536)]
+    pub ntasks_per_node: Option<u32>,
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 65536)]
+    pub cpus_per_task: Option<u32>,
 }
 
 /// One parameter of a sweep: `--sweep lr=1e-3,3e-4`.

@@ -9,7 +9,7 @@
 use ebb_api as api;
 use serde_json::{json, Value};
 
-use super::query::{job_id, state};
+use super::query::{job_id, node_count, state};
 use super::sinfo::node_state;
 
 /// Slurm's number that may be unset.
@@ -96,9 +96,9 @@ pub fn squeue(jobs: &[api::Job]) -> String {
                 "command": job.argv.first().cloned().unwrap_or_default(),
                 "current_working_directory": job.workdir.clone().unwrap_or_default(),
                 "nodes": nodes(job),
-                "node_count": maybe(Some(job.placement.len().max(1) as u64)),
+                "node_count": maybe(Some(u64::from(node_count(job)))),
                 "cpus_per_task": maybe(slurm.and_then(|s| s.cpus_per_task).map(u64::from)),
-                "tres_per_node": format!("gres/gpu:{}", job.gpus),
+                "tres_per_node": format!("gres/gpu:{}", job.gpus / node_count(job)),
                 "tres_req_str": format!("gres/gpu={}", job.gpus),
                 "restart_cnt": job.attempt.saturating_sub(1),
                 "requeue": true,

@@ -226,9 +226,11 @@ fn long_option(command: Command, name: &str) -> Result<&'static Spec, String> {
 
 /// A script's `#SBATCH` lines, parsed as options: those before its first
 /// command (Slurm reads no further), each split as a shell would, with a
-/// trailing `# comment` dropped.
-pub fn script_options(script: &str, name: &str) -> Result<Given, CliError> {
-    let mut given = Given::new();
+/// trailing `# comment` dropped. A heterogeneous job's components are
+/// separated by `#SBATCH hetjob` (or the older `packjob`) lines: one list
+/// of options for each.
+pub fn script_options(script: &str, name: &str) -> Result<Vec<Given>, CliError> {
+    let mut components = vec![Given::new()];
     for (number, line) in script.lines().enumerate().skip(1) {
         let trimmed = line.trim();
         if trimmed.is_empty() {
@@ -243,13 +245,19 @@ pub fn script_options(script: &str, name: &str) -> Result<Given, CliError> {
             return Err(usage(format!("{at}: a directive is `#SBATCH --option=value`")));
         }
         let words = shlex::split(rest).ok_or_else(|| usage(format!("{at}: an unclosed quote")))?;
+        if let [word] = words.as_slice() {
+            if word == "hetjob" || word == "packjob" {
+                components.push(Given::new());
+                continue;
+            }
+        }
         let (options, extra) = parse(Command::Sbatch, &words, &at)?;
         if let Some(word) = extra.first() {
             return Err(usage(format!("{at}: {word:?} is not an option")));
         }
-        given.extend(options);
+        components.last_mut().expect("a component").extend(options);
     }
-    Ok(given)
+    Ok(components)
 }
 
 /// The options Ebb ignores among `given`, each once, as `sbatch` says
@@ -554,7 +562,7 @@ mod tests {
     #[test]
     fn sbatch_lines_end_at_the_first_command_and_take_trailing_comments_and_repeats() {
         let script = "#!/bin/bash\n#SBATCH --job-name=a # the name\n\n#SBATCH -n 2\n#SBATCH --job-name b\n# a comment\n#SBATCH --mem=4G\necho hi\n#SBATCH --ntasks=9\n";
-        let given = script_options(script, "s.sh").unwrap();
+        let given = script_options(script, "s.sh").unwrap().remove(0);
         assert_eq!(last(&given, "job-name"), Some("b"));
         assert_eq!(last(&given, "ntasks"), Some("2"));
         assert_eq!(ignored_notes(SBATCH, &given), ["ignoring --mem=4G: Ebb does not limit memory"]);

@@ -74,6 +74,14 @@ pub(super) fn duration(seconds: u64, short: bool) -> String {
     }
 }
 
+/// Its nodes: where it runs, else as many as it asked for.
+pub(super) fn node_count(job: &api::Job) -> u32 {
+    match job.placement.len() {
+        0 => job.slurm.as_ref().and_then(|s| s.nodes).unwrap_or(1).max(1),
+        placed => placed as u32,
+    }
+}
+
 fn nodes_of(job: &api::Job) -> Vec<&str> {
     job.placement.iter().map(|p| p.node.as_str()).collect()
 }
@@ -119,12 +127,9 @@ fn squeue_field(job: &api::Job, id: &str, letter: char) -> String {
             None => "UNLIMITED".into(),
         },
         'l' => time_limit(job, true),
-        'D' => match job.placement.len() {
-            0 => slurm.and_then(|s| s.nodes).unwrap_or(1).to_string(),
-            placed => placed.to_string(),
-        },
+        'D' => node_count(job).to_string(),
         'C' => slurm.map(|s| s.cpus_per_task.unwrap_or(1) * s.ntasks.unwrap_or(1)).unwrap_or(1).to_string(),
-        'b' => format!("gres/gpu:{}", job.gpus),
+        'b' => format!("gres/gpu:{}", job.gpus / node_count(job)),
         'R' => reason_or_nodes(job),
         'N' => node_list(job),
         'P' => slurm.and_then(|s| s.partition.clone()).unwrap_or_else(|| job.tier.clone()),
@@ -230,7 +235,35 @@ pub async fn list(client: &Client, states: &str) -> Result<Vec<api::Job>, CliErr
 
 /// `squeue`'s rows: each job, with an array's pending tasks on one line
 /// (`A_[3-9]`) unless `expand` (`--array`).
-pub fn squeue_rows(jobs: &[api::Job], format: &str, expand: bool) -> Vec<String> {
+/// A job as Slurm lists it: itself, or a heterogeneous job's components
+/// (`ID+K`), each with its own nodes and GPUs, those of `only` where it
+/// names any of them (`-j 12+1`).
+pub fn het_parts(job: &api::Job, only: &[String]) -> Vec<(String, api::Job)> {
+    let Some(components) = job.slurm.as_ref().map(|s| &s.components).filter(|c| !c.is_empty()) else {
+        return vec![(job_id(job), job.clone())];
+    };
+    let named: Vec<String> = (0..components.len()).map(|k| format!("{}+{k}", job.id)).collect();
+    let chosen = |id: &String| !only.iter().any(|w| named.contains(w)) || only.contains(id);
+    let mut next = 0usize;
+    let mut parts = Vec::new();
+    for (part, id) in components.iter().zip(named.iter()) {
+        let mut view = job.clone();
+        let end = next.saturating_add(part.nodes as usize).min(job.placement.len());
+        view.placement = job.placement[next.min(end)..end].to_vec();
+        next = end;
+        view.gpus = part.nodes.saturating_mul(part.gpus_per_node);
+        if let Some(slurm) = view.slurm.as_mut() {
+            (slurm.nodes, slurm.ntasks, slurm.cpus_per_task) =
+                (Some(part.nodes), part.ntasks, part.cpus_per_task);
+        }
+        if chosen(id) {
+            parts.push((id.clone(), view));
+        }
+    }
+    parts
+}
+
+pub fn squeue_rows(jobs: &[api::Job], format: &str, expand: bool, only: &[String]) -> Vec<String> {
     let mut rows = Vec::new();
     let mut i = 0;
     while i < jobs.len() {
@@ -260,8 +293,9 @@ pub fn squeue_rows(jobs: &[api::Job], format: &str, expand: bool) -> Vec<String>
             i = k;
             continue;
         }
-        let id = job_id(job);
-        rows.push(render(format, |letter| squeue_field(job, &id, letter)));
+        for (id, part) in het_parts(job, only) {
+            rows.push(render(format, |letter| squeue_field(&part, &id, letter)));
+        }
         i += 1;
     }
     rows
@@ -343,7 +377,12 @@ impl Filter {
         };
         let partition = slurm.and_then(|s| s.partition.clone()).unwrap_or_else(|| job.tier.clone());
         (self.ids.is_empty()
-            || self.ids.iter().any(|w| *w == id || Some(w) == array.as_ref() || *w == job.id.to_string()))
+            || self.ids.iter().any(|w| {
+                *w == id
+                    || Some(w) == array.as_ref()
+                    || *w == job.id.to_string()
+                    || w.split_once('+').is_some_and(|(leader, _)| leader == job.id.to_string())
+            }))
             && within(&self.users, Some(&job.tenant))
             && within(&self.names, job.name.as_deref())
             && within(&self.accounts, slurm.and_then(|s| s.account.as_deref()))
@@ -436,7 +475,7 @@ pub async fn squeue(client: &Client, args: &[String]) -> Result<String, CliError
     if !options::flag(&given, "noheader") {
         writeln!(out, "{}", squeue_header(&format)).unwrap();
     }
-    for row in squeue_rows(&jobs, &format, options::flag(&given, "array")) {
+    for row in squeue_rows(&jobs, &format, options::flag(&given, "array"), &filter.ids) {
         writeln!(out, "{row}").unwrap();
     }
     Ok(out)
@@ -448,6 +487,11 @@ const ALL_STATES: &str = "queued,starting,running,draining,succeeded,failed,canc
 /// The jobs an id names: `N` (a job, or an array: all its tasks),
 /// `A_i` (one task) or `A_[i-j]`.
 pub async fn jobs_named(client: &Client, id: &str) -> Result<Vec<api::Job>, CliError> {
+    // `N+K`: a heterogeneous job's component, which is job N's.
+    let id = match id.split_once('+') {
+        Some((leader, k)) if k.parse::<u16>().is_ok() => leader,
+        _ => id,
+    };
     let (main, task) = match id.split_once('_') {
         Some((main, task)) => (main, Some(task)),
         None => (id, None),
@@ -492,10 +536,10 @@ fn invalid_id(id: &str) -> CliError {
 }
 
 /// One `sacct` field of a job.
-fn sacct_field(job: &api::Job, field: &str) -> Result<String, CliError> {
+fn sacct_field(job: &api::Job, id: &str, field: &str) -> Result<String, CliError> {
     let slurm = job.slurm.as_ref();
     Ok(match field.to_ascii_lowercase().as_str() {
-        "jobid" | "jobidraw" => job_id(job),
+        "jobid" | "jobidraw" => id.to_string(),
         "jobname" => job.name.clone().unwrap_or_default(),
         "state" => state(job).into(),
         "exitcode" => match (job.exit_code, state(job)) {
@@ -510,7 +554,7 @@ fn sacct_field(job: &api::Job, field: &str) -> Result<String, CliError> {
         "account" => slurm.and_then(|s| s.account.clone()).unwrap_or_default(),
         "qos" => slurm.and_then(|s| s.qos.clone()).unwrap_or_default(),
         "user" => job.tenant.clone(),
-        "nnodes" => job.placement.len().max(1).to_string(),
+        "nnodes" => node_count(job).to_string(),
         "alloccpus" | "ncpus" => {
             slurm.map(|s| s.cpus_per_task.unwrap_or(1) * s.ntasks.unwrap_or(1)).unwrap_or(1).to_string()
         }
@@ -606,6 +650,7 @@ pub async fn sacct(client: &Client, args: &[String]) -> Result<String, CliError>
         }
     }
     // The ids chose the jobs; the other lists narrow them.
+    let filter_ids = filter.ids.clone();
     let narrowing = Filter { ids: Vec::new(), ..filter };
     jobs.retain(|job| narrowing.keeps(job));
     if options::flag(&given, "json") {
@@ -622,7 +667,9 @@ pub async fn sacct(client: &Client, args: &[String]) -> Result<String, CliError>
     }
     let mut rows: Vec<Vec<String>> = Vec::new();
     for job in &jobs {
-        rows.push(fields.iter().map(|f| sacct_field(job, f)).collect::<Result<_, _>>()?);
+        for (id, part) in het_parts(job, &filter_ids) {
+            rows.push(fields.iter().map(|f| sacct_field(&part, &id, f)).collect::<Result<_, _>>()?);
+        }
     }
     let mut out = String::new();
     if parsable {
@@ -687,9 +734,9 @@ mod tests {
         let mut timed_out = job(1, "failed");
         timed_out.timed_out = true;
         assert_eq!(state(&timed_out), "TIMEOUT");
-        assert_eq!(sacct_field(&job(1, "succeeded"), "Elapsed").unwrap(), "01:02:03");
-        assert_eq!(sacct_field(&job(1, "succeeded"), "NodeList").unwrap(), "node-1");
-        assert!(sacct_field(&job(1, "succeeded"), "Bogus")
+        assert_eq!(sacct_field(&job(1, "succeeded"), "1", "Elapsed").unwrap(), "01:02:03");
+        assert_eq!(sacct_field(&job(1, "succeeded"), "1", "NodeList").unwrap(), "node-1");
+        assert!(sacct_field(&job(1, "succeeded"), "1", "Bogus")
             .unwrap_err()
             .to_string()
             .contains("Invalid field"));
@@ -709,9 +756,9 @@ mod tests {
             t.array = Some(api::ArrayTask { id: 20, index: i as u64, tasks: 5, params: Default::default() });
         }
         tasks[0].state = "running".into();
-        let rows = squeue_rows(&tasks, "%i %t", false);
+        let rows = squeue_rows(&tasks, "%i %t", false, &[]);
         assert_eq!(rows, ["20_0 R", "20_[1-4] PD"]);
-        assert_eq!(squeue_rows(&tasks, "%i", true).len(), 5);
+        assert_eq!(squeue_rows(&tasks, "%i", true, &[]).len(), 5);
     }
 
     /// The query commands read options as getopt does, anywhere among

@@ -115,11 +115,32 @@ pub fn batch(
     cwd: &Path,
     vars: &BTreeMap<String, String>,
 ) -> Result<Batch, CliError> {
-    let (cli, rest) = options::parse(Command::Sbatch, args, "")?;
-    let (text, script_name, script_args) = script(&cli, &rest, stdin)?;
-    let mut given = options::script_options(&text, &script_name)?;
-    given.extend(cli);
+    // `sbatch A : B script`: a heterogeneous job's components' options.
+    let (mut cli, mut rest) = (Vec::new(), args.to_vec());
+    loop {
+        let (given, after) = options::parse(Command::Sbatch, &rest, "")?;
+        cli.push(given);
+        match after.split_first() {
+            Some((colon, more)) if colon == ":" => rest = more.to_vec(),
+            _ => {
+                rest = after;
+                break;
+            }
+        }
+    }
+    let (text, script_name, script_args) = script(&cli[0], &rest, stdin)?;
+    let mut parts = options::script_options(&text, &script_name)?;
+    parts.resize(parts.len().max(cli.len()), Given::new());
+    for (part, cli) in parts.iter_mut().zip(cli) {
+        part.extend(cli);
+    }
+    let given = parts.remove(0);
     let mut notes = options::ignored_notes(Command::Sbatch, &given);
+    for note in parts.iter().flat_map(|part| options::ignored_notes(Command::Sbatch, part)) {
+        if !notes.contains(&note) {
+            notes.push(note);
+        }
+    }
     let last = |long: &str| options::last(&given, long);
 
     let nodes = match options::nodes(&given)? {
@@ -138,6 +159,21 @@ pub fn batch(
     let cpus_per_task = options::count(&given, "cpus-per-task")?;
     let node_count = nodes.unwrap_or(1);
     let (gpu_model, gpus) = gpu_request(&given, node_count, ntasks)?;
+    let components = match parts.is_empty() {
+        true => Vec::new(),
+        false => het_components(&given, &parts)?,
+    };
+    // A heterogeneous job is one gang of its components' nodes and GPUs.
+    let (nodes, gpus) = match components.is_empty() {
+        true => (nodes, gpus),
+        false => (
+            Some(components.iter().map(|c| c.nodes).fold(0u32, u32::saturating_add)),
+            components
+                .iter()
+                .map(|c| c.nodes.saturating_mul(c.gpus_per_node))
+                .fold(0u32, u32::saturating_add),
+        ),
+    };
     // `--ntasks-per-gpu`: so many tasks a GPU, or GPUs enough for the tasks.
     let ntasks = match (options::count(&given, "ntasks-per-gpu")?, ntasks) {
         (Some(per_gpu), None) => Some(per_gpu.saturating_mul(gpus)),
@@ -204,6 +240,7 @@ pub fn batch(
             qos: last("qos").map(str::to_string),
             account: last("account").map(str::to_string),
             submit_dir: Some(cwd.display().to_string()),
+            components,
         }),
         array_limit,
         after: last("dependency").map(str::to_string),
@@ -213,6 +250,72 @@ pub fn batch(
         notes.clear();
     }
     Ok(Batch { submission, notes, parsable: options::flag(&given, "parsable") })
+}
+
+/// What a component after the first may say: its own resources. The
+/// rest is the job's, given in the first.
+const COMPONENT_OPTIONS: [&str; 9] = [
+    "nodes",
+    "ntasks",
+    "ntasks-per-node",
+    "cpus-per-task",
+    "gpus",
+    "gpus-per-node",
+    "gres",
+    "gpus-per-task",
+    "ntasks-per-gpu",
+];
+
+/// A heterogeneous job's components (`first` and `rest`), each its nodes,
+/// GPUs a node and tasks; all of one GPU model.
+fn het_components(first: &Given, rest: &[Given]) -> Result<Vec<api::SlurmComponent>, CliError> {
+    let mut components = Vec::new();
+    let mut models = Vec::new();
+    for (k, given) in std::iter::once(first).chain(rest).enumerate() {
+        let at = |why: String| usage(format!("heterogeneous job component {k}: {why}"));
+        if k > 0 {
+            let job_wide = given.iter().find(|(long, _)| {
+                !COMPONENT_OPTIONS.contains(long)
+                    && options::specs(Command::Sbatch)
+                        .any(|s| s.long == *long && s.kind == options::Kind::Honoured)
+            });
+            if let Some((long, _)) = job_wide {
+                return Err(at(format!("--{long} is the job's: give it in the first component")));
+            }
+        }
+        let nodes = match options::nodes(given).map_err(|e| at(e.to_string()))? {
+            Some((fewest, most)) if most > fewest => {
+                return Err(at(format!("--nodes={fewest}-{most}: a component's node count is fixed")))
+            }
+            nodes => nodes.map_or(1, |(n, _)| n),
+        };
+        let ntasks = options::count(given, "ntasks").map_err(|e| at(e.to_string()))?;
+        let (model, gpus) = gpu_request(given, nodes, ntasks).map_err(|e| at(e.to_string()))?;
+        if !gpus.is_multiple_of(nodes) {
+            return Err(at(format!(
+                "{gpus} GPUs on {nodes} nodes: each node of a component has the same GPUs"
+            )));
+        }
+        models.push(model);
+        components.push(api::SlurmComponent {
+            nodes,
+            gpus_per_node: gpus / nodes,
+            ntasks: match (options::count(given, "ntasks-per-gpu")?, ntasks) {
+                (Some(per_gpu), None) => Some(per_gpu.saturating_mul(gpus)),
+                (_, ntasks) => ntasks,
+            },
+            ntasks_per_node: options::count(given, "ntasks-per-node").map_err(|e| at(e.to_string()))?,
+            cpus_per_task: options::count(given, "cpus-per-task").map_err(|e| at(e.to_string()))?,
+        });
+    }
+    models.dedup();
+    if models.len() > 1 {
+        return Err(usage(format!(
+            "heterogeneous job: its components ask for GPU models {models:?}: a heterogeneous job is one gang of \
+             one model"
+        )));
+    }
+    Ok(components)
 }
 
 /// Whether `--requeue` came after the last `--no-requeue`.
@@ -350,6 +453,34 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// Any components, any counts (none, huge, ranges), from the
+        /// command line: a job whose GPUs are its components' or a clear
+        /// error, never a panic.
+        #[test]
+        fn any_heterogeneous_command_line_is_read_or_refused(
+            parts in proptest::collection::vec(
+                (proptest::option::of(0u32..u32::MAX), proptest::option::of("[0-9a-z:]{0,12}"), proptest::option::of(0u32..u32::MAX)),
+                1..5,
+            ),
+        ) {
+            let mut args = String::new();
+            for (k, (nodes, gres, ntasks)) in parts.iter().enumerate() {
+                if k > 0 {
+                    args.push_str(" : ");
+                }
+                if let Some(n) = nodes { args.push_str(&format!(" -N{n}")); }
+                if let Some(g) = gres { args.push_str(&format!(" --gres=gpu:{g}")); }
+                if let Some(n) = ntasks { args.push_str(&format!(" -n{n}")); }
+            }
+            if let Ok(b) = run(&args, "#!/bin/sh\n") {
+                let slurm = b.submission.slurm.unwrap();
+                let total = slurm.components.iter().map(|c| u64::from(c.nodes) * u64::from(c.gpus_per_node)).sum::<u64>();
+                proptest::prop_assert!(slurm.components.is_empty() || total.min(u64::from(u32::MAX)) == u64::from(b.submission.gpus.unwrap()));
+            }
+        }
+    }
+
     /// `--ntasks-per-gpu`: so many tasks a GPU asked for, or GPUs enough
     /// for the tasks asked for.
     #[test]
@@ -366,6 +497,48 @@ mod tests {
             run("--ntasks-per-gpu=0", script).unwrap_err().to_string(),
             "--ntasks-per-gpu=0: expected a positive whole number"
         );
+    }
+
+    /// A heterogeneous job's components, from `#SBATCH hetjob` lines or
+    /// `sbatch A : B`, the command line's for each component winning:
+    /// one gang of their nodes and GPUs, each component's own in order.
+    #[test]
+    fn a_heterogeneous_job_is_one_gang_of_its_components() {
+        let script = "#!/bin/bash\n#SBATCH -J het -N1 --gres=gpu:8 -n1 -c4\n#SBATCH hetjob\n#SBATCH -N2 --gpus-per-node=8 --ntasks-per-node=8 --mem=1G\nsrun --het-group=1 train\n";
+        let b = run("", script).unwrap();
+        let slurm = b.submission.slurm.as_ref().unwrap();
+        assert_eq!((b.submission.gpus, slurm.nodes, slurm.ntasks), (Some(24), Some(3), Some(1)));
+        let parts: Vec<(u32, u32, Option<u32>, Option<u32>)> = slurm
+            .components
+            .iter()
+            .map(|c| (c.nodes, c.gpus_per_node, c.ntasks, c.ntasks_per_node))
+            .collect();
+        assert_eq!(parts, [(1, 8, Some(1), None), (2, 8, None, Some(8))]);
+        assert_eq!(b.notes, ["ignoring --mem=1G: Ebb does not limit memory"]);
+        // The same from the command line, its second component's nodes changed there.
+        let b =
+            run("-N1 --gres=gpu:8 : -N3", "#!/bin/sh\n#SBATCH hetjob\n#SBATCH -N2 --gres=gpu:8\n").unwrap();
+        let slurm = b.submission.slurm.as_ref().unwrap();
+        assert_eq!((b.submission.gpus, slurm.components[1].nodes), (Some(32), 3));
+        // What is the job's belongs in the first component.
+        assert_eq!(
+            run("-N1 --gres=gpu:8 : -N1 --gres=gpu:8 -p spot", "#!/bin/sh\n").unwrap_err().to_string(),
+            "heterogeneous job component 1: --partition is the job's: give it in the first component"
+        );
+        assert!(run("--gres=gpu:a100:8 : --gres=gpu:h100:8", "#!/bin/sh\n")
+            .unwrap_err()
+            .to_string()
+            .contains("one gang of one model"));
+        assert!(run("--gres=gpu:8 : -N1-2 --gres=gpu:8", "#!/bin/sh\n")
+            .unwrap_err()
+            .to_string()
+            .contains("fixed"));
+        assert!(run("--gres=gpu:8 : -N2 --gpus=3", "#!/bin/sh\n")
+            .unwrap_err()
+            .to_string()
+            .contains("the same GPUs"));
+        // An ordinary job has none.
+        assert!(run("", "#!/bin/sh\n").unwrap().submission.slurm.unwrap().components.is_empty());
     }
 
     #[test]

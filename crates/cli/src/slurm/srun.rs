@@ -38,13 +38,22 @@ fn plan(given: &Given, program: Vec<String>, env: &BTreeMap<String, String>) -> 
     if program.is_empty() {
         return Err(usage("no program to run (srun [options] PROGRAM [ARGS...])"));
     }
-    let names: Vec<String> = match env.get("SLURM_JOB_NODELIST") {
+    // The job's nodes, in order: a heterogeneous job's all components'.
+    let all = env.get("EBB_SLURM_ALL_NODES").or_else(|| env.get("SLURM_JOB_NODELIST"));
+    let names: Vec<String> = match all {
         Some(list) if !list.is_empty() => {
             ebb_core::hostlist::expand(list).map_err(|e| usage(format!("SLURM_JOB_NODELIST={list}: {e}")))?
         }
         _ => vec![env.get("EBB_NODE").cloned().unwrap_or_default()],
     };
-    let allocation = names.len() as u32;
+    if program.iter().any(|w| w == ":") && env.contains_key("SLURM_HET_SIZE") {
+        return Err(usage(
+            "srun A : B (one step over several components) is not on Ebb: start each with --het-group=K, \
+             `srun --het-group=0 A & srun --het-group=1 B & wait`",
+        ));
+    }
+    let (step_nodes, step_tasks) = het_step(given, env, &names)?;
+    let allocation = step_nodes.len() as u32;
     let mut nodes: Vec<u32> = match options::last(given, "nodelist") {
         Some(list) => {
             let wanted =
@@ -61,7 +70,7 @@ fn plan(given: &Given, program: Vec<String>, env: &BTreeMap<String, String>) -> 
             }
             indices
         }
-        None => (0..allocation).collect(),
+        None => step_nodes.clone(),
     };
     if let Some((fewest, most)) = options::nodes(given)? {
         if fewest > allocation {
@@ -94,8 +103,8 @@ fn plan(given: &Given, program: Vec<String>, env: &BTreeMap<String, String>) -> 
         {
             nodes.len() as u32
         }
-        // The allocation's, as Slurm does inside one.
-        (None, None) => env.get("SLURM_NTASKS").and_then(|n| n.parse().ok()).filter(|n| *n > 0).unwrap_or(1),
+        // The allocation's (its components'), as Slurm does inside one.
+        (None, None) => step_tasks,
     };
     if ntasks < nodes.len() as u32 {
         nodes.truncate(ntasks as usize);
@@ -142,6 +151,57 @@ fn plan(given: &Given, program: Vec<String>, env: &BTreeMap<String, String>) -> 
     })
 }
 
+/// The nodes a step may use (indices into `names`) and its tasks by
+/// default: the job's, or in a heterogeneous job those of the components
+/// `--het-group` names (the first by default, as Slurm's).
+fn het_step(
+    given: &Given,
+    env: &BTreeMap<String, String>,
+    names: &[String],
+) -> Result<(Vec<u32>, u32), CliError> {
+    let tasks = |key: &str| env.get(key).and_then(|n| n.parse::<u32>().ok()).filter(|n| *n > 0);
+    let size: usize = env.get("SLURM_HET_SIZE").and_then(|n| n.parse().ok()).unwrap_or(0);
+    let groups = match (options::last(given, "het-group"), size) {
+        (None, 0) => return Ok(((0..names.len() as u32).collect(), tasks("SLURM_NTASKS").unwrap_or(1))),
+        (Some(_), 0) => return Err(usage("--het-group: this job is not heterogeneous")),
+        (Some(expr), _) => {
+            let expanded = ebb_core::hostlist::expand(&format!("g[{expr}]"))
+                .map_err(|_| usage(format!("--het-group={expr}: expected components such as 1 or 0,2-3")))?;
+            let mut groups = Vec::new();
+            for name in expanded {
+                let k: usize = name[1..].parse().map_err(|_| {
+                    usage(format!("--het-group={expr}: expected components such as 1 or 0,2-3"))
+                })?;
+                if k >= size {
+                    return Err(usage(format!(
+                        "Attempt to run a job step with het-group value of {k}, but the job allocation has maximum \
+                         value of {}",
+                        size - 1
+                    )));
+                }
+                groups.push(k);
+            }
+            groups
+        }
+        (None, _) => vec![0],
+    };
+    let (mut nodes, mut total) = (Vec::new(), 0u32);
+    for k in groups {
+        let list = env.get(&format!("SLURM_JOB_NODELIST_HET_GROUP_{k}")).cloned().unwrap_or_default();
+        for name in
+            ebb_core::hostlist::expand(&list).map_err(|e| usage(format!("component {k}'s nodes: {e}")))?
+        {
+            let i = names
+                .iter()
+                .position(|n| *n == name)
+                .ok_or_else(|| usage(format!("{name}: not this job's")))?;
+            nodes.push(i as u32);
+        }
+        total = total.saturating_add(tasks(&format!("SLURM_NTASKS_HET_GROUP_{k}")).unwrap_or(1));
+    }
+    Ok((nodes, total.max(1)))
+}
+
 /// Claims the next step number in `steps` (a file per step, made
 /// exclusively, so concurrent `srun`s never share one).
 fn claim_step(steps: &std::path::Path) -> Result<(u32, std::path::PathBuf), CliError> {
@@ -173,8 +233,11 @@ pub fn in_allocation(args: &[String]) -> Result<i32, CliError> {
     let waited = step::waited_signals();
     waited.thread_block().map_err(|e| CliError::Signals(e.into()))?;
     let here: u32 = env.get("SLURM_NODEID").and_then(|n| n.parse().ok()).unwrap_or(0);
-    let all_names: Vec<String> =
-        env.get("SLURM_JOB_NODELIST").and_then(|l| ebb_core::hostlist::expand(l).ok()).unwrap_or_default();
+    let all_names: Vec<String> = env
+        .get("EBB_SLURM_ALL_NODES")
+        .or_else(|| env.get("SLURM_JOB_NODELIST"))
+        .and_then(|l| ebb_core::hostlist::expand(l).ok())
+        .unwrap_or_default();
     let step_names: Vec<&str> =
         plan.nodes.iter().filter_map(|n| all_names.get(*n as usize)).map(String::as_str).collect();
     let per_node: Vec<String> =
@@ -482,5 +545,43 @@ mod tests {
         assert!(plan(&g, program, &env).err().unwrap().to_string().contains("the job has 2 nodes"));
         let (g, program) = given("-n 2");
         assert!(plan(&g, program, &env).err().unwrap().to_string().contains("no program"));
+    }
+
+    /// In a heterogeneous job a step runs on the components `--het-group`
+    /// names (the first by default), with their tasks, numbered as the
+    /// job's nodes; a component the job lacks is Slurm's error.
+    #[test]
+    fn a_step_of_a_heterogeneous_job_runs_on_the_components_it_names() {
+        let env = BTreeMap::from(
+            [
+                ("SLURM_HET_SIZE", "2"),
+                ("EBB_SLURM_ALL_NODES", "node-[0-2]"),
+                ("SLURM_JOB_NODELIST", "node-0"),
+                ("SLURM_NTASKS", "1"),
+                ("SLURM_JOB_NODELIST_HET_GROUP_0", "node-0"),
+                ("SLURM_NTASKS_HET_GROUP_0", "1"),
+                ("SLURM_JOB_NODELIST_HET_GROUP_1", "node-[1-2]"),
+                ("SLURM_NTASKS_HET_GROUP_1", "4"),
+                ("EBB_SLURM_HUB", "127.0.0.1:1"),
+            ]
+            .map(|(k, v)| (k.to_string(), v.to_string())),
+        );
+        let (g, program) = given("hostname");
+        assert_eq!(plan(&g, program, &env).unwrap().tasks, [(0, 0, 0)]);
+        let (g, program) = given("--het-group=1 hostname");
+        assert_eq!(plan(&g, program, &env).unwrap().tasks, [(1, 0, 0), (1, 1, 1), (2, 2, 0), (2, 3, 1)]);
+        let (g, program) = given("--het-group=0-1 -n 3 hostname");
+        assert_eq!(plan(&g, program, &env).unwrap().tasks, [(0, 0, 0), (1, 1, 0), (2, 2, 0)]);
+        let (g, program) = given("--het-group=2 hostname");
+        assert_eq!(
+            plan(&g, program, &env).err().unwrap().to_string(),
+            "Attempt to run a job step with het-group value of 2, but the job allocation has maximum value of 1"
+        );
+        let (g, program) = given("server : client");
+        assert!(plan(&g, program, &env).err().unwrap().to_string().contains("--het-group=K"));
+        let mut plain = env.clone();
+        plain.remove("SLURM_HET_SIZE");
+        let (g, program) = given("--het-group=1 hostname");
+        assert!(plan(&g, program, &plain).err().unwrap().to_string().contains("not heterogeneous"));
     }
 }

@@ -114,7 +114,7 @@ pub static OPTIONS: &[Spec] = &[
     opt(BOTH, "gres", "", REQUIRED, Honoured),
     opt(BOTH, "gres-flags", "", REQUIRED, Ignored(WHOLE_GPUS)),
     opt(BOTH, "help", "h", NONE, Honoured),
-    opt(SRUN, "het-group", "", REQUIRED, Refused("a heterogeneous job's components are Ebb jobs of their own: submit each, with --dependency where one waits for another")).also(&["pack-group"]),
+    opt(SRUN, "het-group", "", REQUIRED, Honoured).also(&["pack-group"]),
     opt(BOTH, "hint", "", REQUIRED, Ignored(NO_CPUS)),
     opt(BOTH, "hold", "H", NONE, Refused("Ebb holds no jobs: submit the job when it should be queued")),
     opt(SBATCH, "ignore-pbs", "", NONE, Ignored(NO_EFFECT)),

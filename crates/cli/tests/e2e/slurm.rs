@@ -273,8 +273,13 @@ wait
     };
     let (first, text) = wait_for("both ranks of the first attempt", Duration::from_secs(30), ranks_after(0));
     let job = cluster.job(id.parse().unwrap());
-    let nodes: Vec<&str> =
-        job["placement"].as_array().unwrap().iter().map(|p| p["node"].as_str().unwrap()).collect();
+    let placed = job["events"].as_array().unwrap().iter().find(|e| e["kind"] == "placed").unwrap();
+    let nodes: Vec<&str> = placed["detail"]["placement"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["node"].as_str().unwrap())
+        .collect();
     assert_eq!(nodes.len(), 2, "{job}");
     let master = nodes[0];
     assert!(text.starts_with(&format!("attempt {first} of 2 nodes, master {master}\n")), "{text}");
@@ -370,4 +375,60 @@ fn public_sbatch_headers_run_with_the_resources_they_ask_for() {
         }
     }
     assert_eq!(count, 10);
+}
+
+/// A heterogeneous job as Slurm's documentation writes one: a component
+/// of one node for the batch script and a component of two for the
+/// workers, one gang whose components take its nodes in turn; each
+/// component's `_HET_GROUP_` variables, a step on the first by default and
+/// on the second with `--het-group=1`, and `ID+K` rows in squeue and sacct.
+#[test]
+fn a_heterogeneous_job_runs_its_components_on_their_own_nodes() {
+    let cluster = Cluster::start(Options { nodes: 3, gpus: 4, ..Default::default() });
+    let bin = install(&cluster);
+    let script = cluster.submit_dir().join("het.sh");
+    std::fs::write(
+        &script,
+        r#"#!/bin/bash
+#SBATCH -J het -N1 --gres=gpu:4 -n1 -o het-%j.out
+#SBATCH hetjob
+#SBATCH -N2 --gres=gpu:4 --ntasks-per-node=2
+echo "size $SLURM_HET_SIZE: $SLURM_JOB_NODELIST_HET_GROUP_0 ($SLURM_NTASKS_HET_GROUP_0) and $SLURM_JOB_NODELIST_HET_GROUP_1 ($SLURM_NTASKS_HET_GROUP_1)"
+srun bash -c 'echo "leader task $SLURM_PROCID on node $SLURM_NODEID"'
+srun --het-group=1 bash -c 'echo "worker task $SLURM_PROCID on node $SLURM_NODEID"' | sort
+"#,
+    )
+    .unwrap();
+    let out = user(&cluster, &bin, "sbatch").args(["--parsable", script.to_str().unwrap()]).output().unwrap();
+    let id = ok(out, "sbatch het.sh").trim().to_string();
+    let job = cluster.wait_state(id.parse().unwrap(), "succeeded");
+    let placed = job["events"].as_array().unwrap().iter().find(|e| e["kind"] == "placed").unwrap();
+    let nodes: Vec<&str> = placed["detail"]["placement"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["node"].as_str().unwrap())
+        .collect();
+    assert_eq!((nodes.len(), job["gpus"].as_u64()), (3, Some(12)), "{job}");
+    let said = std::fs::read_to_string(cluster.submit_dir().join(format!("het-{id}.out"))).unwrap();
+    let workers = ebb_core::hostlist::compress(&nodes[1..]);
+    let expected = format!(
+        "size 2: {} (1) and {} (4)\nleader task 0 on node 0\nworker task 0 on node 1\nworker task 1 on node 1\n\
+         worker task 2 on node 2\nworker task 3 on node 2\n",
+        nodes[0], workers,
+    );
+    assert_eq!(said, expected);
+    let run = |name: &str, args: &[&str]| ok(user(&cluster, &bin, name).args(args).output().unwrap(), name);
+    assert_eq!(
+        run("sacct", &["-nP", "-j", &id, "-o", "JobID,NNodes,State"]),
+        format!("{id}+0|1|COMPLETED\n{id}+1|2|COMPLETED\n")
+    );
+    assert_eq!(
+        run("sacct", &["-nP", "-j", &format!("{id}+1"), "-o", "JobID,NNodes"]).trim(),
+        format!("{id}+1|2")
+    );
+    assert_eq!(
+        run("squeue", &["-h", "-t", "all", "-j", &id, "-o", "%i %D %b"]),
+        format!("{id}+0 1 gres/gpu:4\n{id}+1 2 gres/gpu:4\n")
+    );
 }

@@ -321,11 +321,17 @@ pub(super) fn elastic_env(
 /// task's own (`SLURM_PROCID`, `SLURM_LOCALID`, ...).
 fn slurm_env(job: &JobRecord) -> Vec<(String, String)> {
     let slurm = job.spec.slurm.as_deref().expect("a Slurm job");
-    let nodes: Vec<&str> = job.placement.iter().map(|p| p.node.as_str()).collect();
+    let all: Vec<&str> = job.placement.iter().map(|p| p.node.as_str()).collect();
+    // A heterogeneous job's plain variables are its first component's, as
+    // Slurm's are; each component's carry `_HET_GROUP_<k>`.
+    let groups = het_groups(&slurm.components, &all);
+    let (nodes, tasks) = match groups.first() {
+        Some(first) => (first.nodes.clone(), first.tasks),
+        None => (all.clone(), (slurm.ntasks, slurm.ntasks_per_node)),
+    };
     let node_list = ebb_core::hostlist::compress(&nodes);
     let count = nodes.len().max(1) as u32;
-    let per_node = slurm.ntasks_per_node.unwrap_or_else(|| slurm.ntasks.map_or(1, |n| n.div_ceil(count)));
-    let ntasks = slurm.ntasks.unwrap_or(per_node.saturating_mul(count));
+    let (per_node, ntasks) = task_counts(tasks, count);
     let gpus_on_node = job.placement.first().map_or(0, |p| p.gpus.len());
     let mut env = vec![
         ("SLURM_JOB_ID", job.id.to_string()),
@@ -351,6 +357,31 @@ fn slurm_env(job: &JobRecord) -> Vec<(String, String)> {
     if let Some(dir) = &slurm.submit_dir {
         env.push(("SLURM_SUBMIT_DIR", dir.clone()));
     }
+    if !groups.is_empty() {
+        env.push(("SLURM_HET_SIZE", groups.len().to_string()));
+        env.push(("EBB_SLURM_ALL_NODES", ebb_core::hostlist::compress(&all)));
+    }
+    let mut het: Vec<(String, String)> = Vec::new();
+    for (k, group) in groups.iter().enumerate() {
+        let count = group.nodes.len().max(1) as u32;
+        let (per_node, ntasks) = task_counts(group.tasks, count);
+        let list = ebb_core::hostlist::compress(&group.nodes);
+        let mut vars = vec![
+            ("SLURM_JOB_ID", job.id.to_string()),
+            ("SLURM_JOB_NODELIST", list.clone()),
+            ("SLURM_NODELIST", list),
+            ("SLURM_JOB_NUM_NODES", count.to_string()),
+            ("SLURM_NNODES", count.to_string()),
+            ("SLURM_NTASKS", ntasks.to_string()),
+            ("SLURM_NPROCS", ntasks.to_string()),
+            ("SLURM_NTASKS_PER_NODE", per_node.to_string()),
+            ("SLURM_TASKS_PER_NODE", format!("{per_node}(x{count})")),
+        ];
+        if let Some(cpus) = group.cpus_per_task {
+            vars.push(("SLURM_CPUS_PER_TASK", cpus.to_string()));
+        }
+        het.extend(vars.into_iter().map(|(key, value)| (format!("{key}_HET_GROUP_{k}"), value)));
+    }
     if let Some(task) = &job.array {
         // An array's tasks have consecutive ids in index order.
         let min = task.index.saturating_sub(job.id.0.saturating_sub(task.id.0));
@@ -360,7 +391,40 @@ fn slurm_env(job: &JobRecord) -> Vec<(String, String)> {
         env.push(("SLURM_ARRAY_TASK_MIN", min.to_string()));
         env.push(("SLURM_ARRAY_TASK_MAX", min.saturating_add(task.tasks.saturating_sub(1)).to_string()));
     }
-    env.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+    env.into_iter().map(|(k, v)| (k.to_string(), v)).chain(het).collect()
+}
+
+/// One component of a heterogeneous job as placed: its nodes (the gang's
+/// in turn), its task counts (`--ntasks`, `--ntasks-per-node`) and CPUs
+/// a task.
+struct HetGroup<'a> {
+    nodes: Vec<&'a str>,
+    tasks: (Option<u32>, Option<u32>),
+    cpus_per_task: Option<u32>,
+}
+
+fn het_groups<'a>(components: &[ebb_api::SlurmComponent], nodes: &[&'a str]) -> Vec<HetGroup<'a>> {
+    let mut next = 0usize;
+    components
+        .iter()
+        .map(|part| {
+            let end = next.saturating_add(part.nodes as usize).min(nodes.len());
+            let group = HetGroup {
+                nodes: nodes[next.min(end)..end].to_vec(),
+                tasks: (part.ntasks, part.ntasks_per_node),
+                cpus_per_task: part.cpus_per_task,
+            };
+            next = end;
+            group
+        })
+        .collect()
+}
+
+/// Tasks a node and in all, from `--ntasks` and `--ntasks-per-node` on
+/// `count` nodes: one a node when neither is given.
+fn task_counts((ntasks, per_node): (Option<u32>, Option<u32>), count: u32) -> (u32, u32) {
+    let per_node = per_node.unwrap_or_else(|| ntasks.map_or(1, |n| n.div_ceil(count)));
+    (per_node, ntasks.unwrap_or(per_node.saturating_mul(count)))
 }
 
 #[cfg(test)]
@@ -368,6 +432,23 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    /// A heterogeneous job's components take the gang's nodes in turn,
+    /// each with its own tasks.
+    #[test]
+    fn components_take_the_nodes_in_turn() {
+        let part =
+            |nodes, ntasks| ebb_api::SlurmComponent { nodes, gpus_per_node: 8, ntasks, ..Default::default() };
+        let nodes = ["a", "b", "c"];
+        let groups = het_groups(&[part(1, Some(1)), part(2, None)], &nodes);
+        assert_eq!((groups[0].nodes.clone(), groups[1].nodes.clone()), (vec!["a"], vec!["b", "c"]));
+        assert_eq!(task_counts(groups[0].tasks, 1), (1, 1));
+        assert_eq!(task_counts(groups[1].tasks, 2), (1, 2), "a task a node by default");
+        assert_eq!(task_counts((Some(5), None), 2), (3, 5));
+        assert_eq!(task_counts((None, Some(8)), 2), (8, 16));
+        // Fewer nodes than the components ask (never placed so): no panic.
+        assert!(het_groups(&[part(2, None), part(2, None)], &nodes)[1].nodes == ["c"]);
+    }
 
     #[test]
     fn a_run_id_names_the_job_and_its_submission() {

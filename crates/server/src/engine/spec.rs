@@ -166,6 +166,8 @@ pub struct SlurmOptions {
     pub account: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub submit_dir: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub components: Vec<ebb_api::SlurmComponent>,
 }
 
 impl From<ebb_api::SlurmBatch> for SlurmOptions {
@@ -186,6 +188,7 @@ impl From<ebb_api::SlurmBatch> for SlurmOptions {
             qos,
             account,
             submit_dir,
+            components,
         } = s;
         SlurmOptions {
             script,
@@ -203,6 +206,7 @@ impl From<ebb_api::SlurmBatch> for SlurmOptions {
             qos,
             account,
             submit_dir,
+            components,
         }
     }
 }
@@ -228,6 +232,7 @@ impl SlurmOptions {
             qos,
             account,
             submit_dir,
+            components,
         } = self;
         ebb_api::SlurmBatch {
             script: if with_script { script.clone() } else { String::new() },
@@ -245,6 +250,7 @@ impl SlurmOptions {
             qos: qos.clone(),
             account: account.clone(),
             submit_dir: submit_dir.clone(),
+            components: components.clone(),
         }
     }
 }
@@ -276,10 +282,16 @@ mod tests {
             (output, error, partition, qos, account, submit_dir) in (text(), text(), text(), text(), text(), text()),
             (append, signal_batch_only, routed_signal) in (any::<bool>(), any::<bool>(), any::<bool>()),
             (signal_before_s, nodes, ntasks, ntasks_per_node, cpus_per_task) in (count(), count(), count(), count(), count()),
+            components in proptest::collection::vec(
+                (any::<u32>(), any::<u32>(), count(), count(), count()).prop_map(|(nodes, gpus_per_node, ntasks, ntasks_per_node, cpus_per_task)| {
+                    ebb_api::SlurmComponent { nodes, gpus_per_node, ntasks, ntasks_per_node, cpus_per_task }
+                }),
+                0..3,
+            ),
         ) -> ebb_api::SlurmBatch {
             ebb_api::SlurmBatch {
                 script, output, error, append, signal_batch_only, routed_signal, signal_before_s,
-                nodes, ntasks, ntasks_per_node, cpus_per_task, partition, qos, account, submit_dir,
+                nodes, ntasks, ntasks_per_node, cpus_per_task, partition, qos, account, submit_dir, components,
             }
         }
     }

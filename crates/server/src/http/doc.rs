@@ -19,7 +19,7 @@ use utoipa::OpenApi;
         api::NodeRemoved, api::JoinToken, api::TenantTokens,
         api::AttemptRef, api::Register, api::Registered, api::CheckpointStoreLocation, api::Command, api::Action, api::StartAttempt,
         api::DrainAttempt, api::Membership, api::MembershipChange, api::StopNotice, api::CancelRequest, api::Commands, api::Report, api::AgentEvent, api::ReportReply,
-        api::JobImage, api::PullProgress, api::StartImage, api::RegistryLogin, api::RegistryLoginInfo, api::SlurmBatch, api::EndedBy, api::SignalRequest, api::Partition,
+        api::JobImage, api::PullProgress, api::StartImage, api::RegistryLogin, api::RegistryLoginInfo, api::SlurmBatch, api::SlurmComponent, api::EndedBy, api::SignalRequest, api::Partition,
         api::GpuFinding, api::Finding, api::Throttle, api::HealthClass, api::GpuOutOfService,
         api::WebhookRequest, api::Webhook, api::WebhookDelivery, api::WebhookLog
     )),

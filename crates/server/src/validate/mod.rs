@@ -9,6 +9,8 @@ use ebb_scheduler::{shape_fits, State};
 
 use crate::Refusal;
 
+mod slurm;
+
 pub struct Checked {
     pub tier: Tier,
     pub gpus: u32,
@@ -196,7 +198,8 @@ pub fn submission(spec: &JobSubmission, core: &State, limits: &Limits) -> Result
         _ => {}
     }
     if let Some(slurm) = &spec.slurm {
-        slurm_batch(slurm)?;
+        slurm::slurm_batch(slurm)?;
+        slurm::components(spec, slurm, gpus, !tasks.is_empty())?;
     }
     match spec.array_limit {
         Some(n) if n == 0 || n > 100_000 => {
@@ -318,6 +321,18 @@ fn shape_in_cluster(spec: &JobSubmission, gpus: u32, core: &State) -> Result<(),
             ));
         }
     }
+    if let Some(part) = spec.slurm.as_ref().and_then(|s| s.components.first()) {
+        if !candidates.is_empty()
+            && !candidates.iter().any(|(_, m)| u32::from(m.gpus_per_node) == part.gpus_per_node)
+        {
+            let sizes: Vec<String> = candidates.iter().map(|(_, m)| m.gpus_per_node.to_string()).collect();
+            return refuse(format!(
+                "slurm.components: {} GPUs a node, and a heterogeneous job takes whole nodes: this cluster's have {}",
+                part.gpus_per_node,
+                sizes.join(" or ")
+            ));
+        }
+    }
     if !candidates.is_empty() && !candidates.iter().any(|(_, m)| shape_fits(gpus, m.gpus_per_node)) {
         let per_node = candidates[0].1.gpus_per_node;
         return refuse(format!(
@@ -360,68 +375,6 @@ fn tasks(spec: &JobSubmission, limits: &Limits) -> Result<Vec<Task>, Refusal> {
 
 /// The longest time limit: a year.
 pub const MAX_TIME_LIMIT_S: u64 = 365 * 24 * 3600;
-
-/// A Slurm batch job's script and options, as the document states them.
-fn slurm_batch(slurm: &ebb_api::SlurmBatch) -> Result<(), Refusal> {
-    let bad = |m: String| Err(Refusal::invalid(m));
-    // The document cannot require it: a job's view leaves the script out.
-    if slurm.script.is_empty() {
-        return Err(Refusal::unacceptable("slurm.script: a Slurm job's submission needs its script".into()));
-    }
-    if !slurm.script.starts_with("#!") || slurm.script.len() < 3 {
-        return bad("slurm.script: the first line must start with #! and an interpreter".into());
-    }
-    if slurm.script.len() > ebb_api::MAX_SLURM_SCRIPT_BYTES {
-        return bad(format!(
-            "slurm.script: {} bytes, over the limit of {} bytes",
-            slurm.script.len(),
-            ebb_api::MAX_SLURM_SCRIPT_BYTES
-        ));
-    }
-    if slurm.script.contains('\0') {
-        return bad("slurm.script: contains a NUL byte".into());
-    }
-    for (field, value) in [("output", &slurm.output), ("error", &slurm.error)] {
-        if let Some(v) = value {
-            if v.is_empty() || v.len() > 4096 || v.contains('\0') {
-                return bad(format!("slurm.{field}: must be a path of 1 to 4096 bytes without NUL"));
-            }
-        }
-    }
-    if let Some(dir) = &slurm.submit_dir {
-        if dir.len() > 4096 || dir.contains('\0') {
-            return bad("slurm.submit_dir: must be a path of at most 4096 bytes without NUL".into());
-        }
-    }
-    let counts = [
-        ("nodes", slurm.nodes, 4096),
-        ("ntasks", slurm.ntasks, 65536),
-        ("ntasks_per_node", slurm.ntasks_per_node, 65536),
-        ("cpus_per_task", slurm.cpus_per_task, 65536),
-    ];
-    for (field, value, max) in counts {
-        if let Some(n) = value {
-            if n == 0 || n > max {
-                return bad(format!("slurm.{field}: must be between 1 and {max}, got {n}"));
-            }
-        }
-    }
-    if let Some(s) = slurm.signal_before_s.filter(|&s| s > 65535) {
-        return bad(format!("slurm.signal_before_s: at most 65535, got {s}"));
-    }
-    for (field, value) in [("partition", &slurm.partition), ("qos", &slurm.qos), ("account", &slurm.account)]
-    {
-        if let Some(v) = value {
-            // The document's pattern, `^[^\s\u0085\u0000]*$`, as its
-            // regular expressions read `\s`: Unicode's white space, U+FEFF.
-            if v.chars().count() > 256 || v.chars().any(|c| c.is_whitespace() || c == '\u{feff}' || c == '\0')
-            {
-                return bad(format!("slurm.{field}: at most 256 characters, no spaces"));
-            }
-        }
-    }
-    Ok(())
-}
 
 /// `A-B` (inclusive) or a single index `N`, of at most `max_tasks` tasks.
 /// The count is computed in `u128`: `0-18446744073709551615` has 2^64
@@ -533,61 +486,8 @@ mod tests {
     use super::*;
     use ebb_api::SweepParam;
 
-    /// A core with one 8-GPU H100 node.
-    fn one_node() -> State {
-        let mut core = State::new();
-        let node = ebb_scheduler::NodeSpec {
-            name: "n".into(),
-            gpu_model: "H100".into(),
-            gpus: 8,
-            labels: Default::default(),
-        };
-        core.add_node(node, ebb_core::Time(0)).unwrap();
-        core
-    }
-
     fn param(name: &str, values: &[&str]) -> SweepParam {
         SweepParam { name: name.into(), values: values.iter().map(|v| v.to_string()).collect() }
-    }
-
-    /// A Slurm account, partition or QOS is refused exactly as the API
-    /// document's pattern and length say: Unicode white space (U+0085
-    /// included, which the document's `\s` leaves out and names), U+FEFF
-    /// (which its `\s` includes), NUL; at most 256 characters, not bytes.
-    #[test]
-    fn slurm_names_are_refused_as_the_document_says() {
-        let core = one_node();
-        let with = |account: &str| {
-            let script = "#!/bin/bash\ntrue\n".to_string();
-            let slurm = ebb_api::SlurmBatch { account: Some(account.into()), script, ..Default::default() };
-            let spec = JobSubmission { argv: vec!["x".into()], slurm: Some(slurm), ..Default::default() };
-            match submission(&spec, &core, &Limits::default()) {
-                Ok(_) => true,
-                Err(e) if e.message.starts_with("slurm.account") => false,
-                Err(e) => panic!("{account:?}: {}", e.message),
-            }
-        };
-        for refused in ["a b", "a\u{85}b", "a\u{2000}", "\u{feff}", "a\0", &"x".repeat(257)] {
-            assert!(!with(refused), "{refused:?} accepted");
-        }
-        for accepted in ["research-7", "\u{94}\u{b5}0\u{14}", &"é".repeat(256)] {
-            assert!(with(accepted), "{accepted:?} refused");
-        }
-    }
-
-    /// A Slurm block without its script is schema-valid (a job's view
-    /// leaves the script out), so it is refused as what the document
-    /// cannot state: 422, naming the field.
-    #[test]
-    fn a_slurm_submission_without_its_script_is_unprocessable() {
-        let core = one_node();
-        let slurm = ebb_api::SlurmBatch::default();
-        let spec = JobSubmission { argv: vec!["x".into()], slurm: Some(slurm), ..Default::default() };
-        let refused = submission(&spec, &core, &Limits::default()).err().expect("refused");
-        assert_eq!(
-            (crate::http::status(refused.kind), refused.message.as_str()),
-            (422, "slurm.script: a Slurm job's submission needs its script")
-        );
     }
 
     #[test]
