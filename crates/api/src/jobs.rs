@@ -204,6 +204,10 @@ pub struct SlurmBatch {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schema(max_items = 16)]
     pub components: Vec<SlurmComponent>,
+    /// `--exclusive` with no GPU count: the job takes every GPU of its
+    /// `nodes`, whatever their size (`gpus` left out; the server fills it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub whole_nodes: bool,
 }
 
 /// One component of a heterogeneous job: its nodes, GPUs a node, and what

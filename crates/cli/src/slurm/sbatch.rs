@@ -158,7 +158,17 @@ pub fn batch(
     let ntasks_per_node = options::count(&given, "ntasks-per-node")?;
     let cpus_per_task = options::count(&given, "cpus-per-task")?;
     let node_count = nodes.unwrap_or(1);
-    let (gpu_model, gpus) = gpu_request(&given, node_count, ntasks)?;
+    // `--exclusive` and no GPU count: every GPU of its nodes, as a site's
+    // exclusive nodes give them (the server knows their size).
+    let asks_gpus = given.iter().any(|(l, _)| GPU_OPTIONS.contains(l) || *l == "ntasks-per-gpu");
+    let whole_nodes = !asks_gpus && options::flag(&given, "exclusive") && parts.is_empty();
+    if whole_nodes {
+        notes.retain(|n| !n.starts_with("ignoring --exclusive"));
+    }
+    let (gpu_model, gpus) = match whole_nodes {
+        true => (None, 0),
+        false => gpu_request(&given, node_count, ntasks)?,
+    };
     let components = match parts.is_empty() {
         true => Vec::new(),
         false => het_components(&given, &parts)?,
@@ -176,7 +186,7 @@ pub fn batch(
     };
     // `--ntasks-per-gpu`: so many tasks a GPU, or GPUs enough for the tasks.
     let ntasks = match (options::count(&given, "ntasks-per-gpu")?, ntasks) {
-        (Some(per_gpu), None) => Some(per_gpu.saturating_mul(gpus)),
+        (Some(per_gpu), None) if !whole_nodes => Some(per_gpu.saturating_mul(gpus)),
         (_, ntasks) => ntasks,
     };
     let (array, array_limit) = match last("array") {
@@ -212,7 +222,7 @@ pub fn batch(
     argv.extend(script_args);
     let submission = api::JobSubmission {
         name: Some(name),
-        gpus: Some(gpus),
+        gpus: (!whole_nodes).then_some(gpus),
         gpu_model,
         argv,
         env,
@@ -241,6 +251,7 @@ pub fn batch(
             account: last("account").map(str::to_string),
             submit_dir: Some(cwd.display().to_string()),
             components,
+            whole_nodes,
         }),
         array_limit,
         after: last("dependency").map(str::to_string),
@@ -327,15 +338,18 @@ fn requeue_last(given: &Given) -> bool {
 /// The job's GPUs and model from `--gpus`, `--gpus-per-node`, `--gres`
 /// (per node) or `--gpus-per-task`, the last given winning; a job that
 /// asks for none gets one (Ebb places GPUs).
+/// The options that ask for GPUs.
+const GPU_OPTIONS: [&str; 4] = ["gpus", "gpus-per-node", "gres", "gpus-per-task"];
+
 fn gpu_request(given: &Given, nodes: u32, ntasks: Option<u32>) -> Result<(Option<String>, u32), CliError> {
-    let kinds = ["gpus", "gpus-per-node", "gres", "gpus-per-task"];
-    let Some((long, text)) = given.iter().rev().find(|(l, _)| kinds.contains(l)) else {
+    let Some((long, text)) = given.iter().rev().find(|(l, _)| GPU_OPTIONS.contains(l)) else {
         if let (Some(per_gpu), Some(ntasks)) = (options::count(given, "ntasks-per-gpu")?, ntasks) {
             return Ok((None, ntasks.div_ceil(per_gpu)));
         }
         if nodes > 1 {
             return Err(usage(format!(
-                "--nodes={nodes} without GPUs: Ebb places GPUs; give --gpus-per-node or --gres=gpu:N"
+                "--nodes={nodes} without GPUs: Ebb places GPUs; give --gpus-per-node or --gres=gpu:N, or \
+                 --exclusive for every GPU of the nodes"
             )));
         }
         return Ok((None, 1));
@@ -395,13 +409,13 @@ mod tests {
         assert_eq!(s.workdir.as_deref(), Some("/home/me/project"));
         assert_eq!(s.env.get("PATH").map(String::as_str), Some("/usr/bin"));
         assert!(!s.env.contains_key("SLURM_JOB_ID") && !s.env.contains_key("EBB_TOKEN"), "{:?}", s.env);
-        assert_eq!(
-            b.notes,
-            [
-                "ignoring --mem=64G: Ebb does not limit memory",
-                "ignoring --exclusive: Ebb gives a gang whole nodes, and one GPU to one job only"
-            ]
+        assert_eq!(b.notes[0], "ignoring --mem=64G: Ebb does not limit memory");
+        assert!(
+            b.notes[1].starts_with("ignoring --exclusive: Ebb gives a gang whole nodes"),
+            "{:?}",
+            b.notes
         );
+        assert_eq!(b.notes.len(), 2);
         assert_eq!(s.max_preemptions, None);
     }
 
@@ -479,6 +493,22 @@ mod tests {
                 proptest::prop_assert!(slurm.components.is_empty() || total.min(u64::from(u32::MAX)) == u64::from(b.submission.gpus.unwrap()));
             }
         }
+    }
+
+    /// `--exclusive` with no GPU count takes every GPU of its nodes (the
+    /// server, which knows their size, counts them); with one, it is
+    /// ignored and said so, as before.
+    #[test]
+    fn exclusive_nodes_without_a_gpu_count_are_taken_whole() {
+        let b = run("-N 4 --exclusive --ntasks-per-node=8", "#!/bin/sh\n").unwrap();
+        let slurm = b.submission.slurm.as_ref().unwrap();
+        assert_eq!((b.submission.gpus, slurm.whole_nodes, slurm.nodes), (None, true, Some(4)));
+        assert!(b.notes.is_empty(), "{:?}", b.notes);
+        let b = run("-N 2 --exclusive --gres=gpu:8", "#!/bin/sh\n").unwrap();
+        let slurm = b.submission.slurm.as_ref().unwrap();
+        assert_eq!((b.submission.gpus, slurm.whole_nodes), (Some(16), false));
+        assert!(b.notes[0].starts_with("ignoring --exclusive: "), "{:?}", b.notes);
+        assert!(run("-N 4", "#!/bin/sh\n").unwrap_err().to_string().contains("--exclusive for every GPU"));
     }
 
     /// `--ntasks-per-gpu`: so many tasks a GPU asked for, or GPUs enough

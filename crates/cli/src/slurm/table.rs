@@ -33,7 +33,8 @@ const NO_CPUS: &str = "Ebb places GPUs; a job has its node's CPUs";
 const NO_MAIL: &str = "Ebb sends no mail; `ebb show` has the job's timeline";
 const NO_EFFECT: &str = "it has no effect on Ebb";
 const NO_FEATURES: &str = "Ebb has no node features; --gres=gpu:TYPE:N chooses a GPU model";
-const EXCLUSIVE: &str = "Ebb gives a gang whole nodes, and one GPU to one job only";
+const EXCLUSIVE: &str =
+    "Ebb gives a gang whole nodes, and one GPU to one job only; with no GPU count, sbatch --exclusive takes every GPU of the job's nodes";
 const ONE_CLUSTER: &str = "Ebb is one cluster";
 const ORDER: &str = "Ebb orders jobs by tier, then submission";
 const RESERVATION: &str = "Ebb's reservations are the reserved tier's (--partition)";

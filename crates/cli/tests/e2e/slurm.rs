@@ -137,7 +137,7 @@ fn dask_jobqueue_simple_slurm_time_limits_and_dependencies() {
     );
 
     // Every ignored option is said; an unknown one is refused.
-    let out = sbatch(&["--mem=4G", "--exclusive", "--wrap", "true"]);
+    let out = sbatch(&["--mem=4G", "--exclusive", "--gres=gpu:1", "--wrap", "true"]);
     let (stdout, stderr) = text(&out);
     assert!(stdout.starts_with("Submitted batch job "), "{stdout}");
     assert!(stderr.contains("sbatch: ignoring --mem=4G: Ebb does not limit memory"), "{stderr}");
@@ -308,7 +308,8 @@ wait
 /// unchanged to a cluster shaped as its site's (simulated nodes of 8, 4 or
 /// 1 GPUs; the 4-GPU site's model an A100, which `gpu:a100:4` names by
 /// family), the sites' partitions mapped to tiers as their operators
-/// would: each is accepted and runs on the nodes and GPUs it asks for.
+/// would: each is accepted and runs on the nodes and GPUs it asks for
+/// (an `--exclusive` one with no GPU count on every GPU of its nodes).
 #[test]
 fn public_sbatch_headers_run_with_the_resources_they_ask_for() {
     let headers = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/slurm/headers");
@@ -327,13 +328,15 @@ fn public_sbatch_headers_run_with_the_resources_they_ask_for() {
         (
             8,
             "H100-80GB",
-            "hopper-prod=preemptible,gpu_p5=preemptible,llmc=preemptible,standard-g=preemptible",
+            "hopper-prod=preemptible,gpu_p5=preemptible,llmc=preemptible,standard-g=preemptible,g40423=preemptible",
             &[
                 ("open-r1-train.slurm", 1, 8),
                 ("alignment-handbook-launch.slurm", 1, 8),
                 ("bigscience-tr11-176B-ml.slurm", 48, 8),
                 ("llm.c-gpt2-124M-fs.sbatch", 2, 8),
                 ("olmo-7b-on-lumi.sh", 8, 8),
+                // No GPU count, --exclusive: every GPU of its 32 nodes.
+                ("gpt-neox-multinode-runner.sbatch", 32, 8),
             ],
         ),
         (
@@ -374,7 +377,7 @@ fn public_sbatch_headers_run_with_the_resources_they_ask_for() {
             count += 1;
         }
     }
-    assert_eq!(count, 10);
+    assert_eq!(count, 11);
 }
 
 /// A heterogeneous job as Slurm's documentation writes one: a component

@@ -128,6 +128,9 @@ fn prepare(
         // A Slurm job's tier is its partition's.
         spec.tier = Some(p.config.partitions.tier_of(slurm.partition.as_deref())?.as_str().to_string());
     }
+    if spec.slurm.as_ref().is_some_and(|s| s.whole_nodes) {
+        spec.gpus = Some(whole_nodes(&spec, p.core)?);
+    }
     if let Some(wanted) = &spec.gpu_model {
         // The model a name answers to, as the fleet has it now.
         let models: Vec<&str> = p.core.models().map(|(_, m)| m.name.as_str()).collect();
@@ -168,6 +171,34 @@ fn prepare(
     }
     let tasks = expand(&spec, std::mem::take(&mut checked.tasks), first_id);
     Ok((checked, tasks))
+}
+
+/// `sbatch --exclusive` with no GPU count: every GPU of its nodes, where
+/// the nodes it may run on (of its model, if it names one) are of one size.
+fn whole_nodes(spec: &JobSubmission, core: &ebb_scheduler::State) -> Result<u32, Refusal> {
+    let slurm = spec.slurm.as_ref().expect("a Slurm job");
+    if spec.gpus.is_some() || !slurm.components.is_empty() {
+        return Err(Refusal::invalid(
+            "slurm.whole_nodes: a job that takes its nodes whole names no GPUs and no components".into(),
+        ));
+    }
+    let wanted = spec.gpu_model.as_deref();
+    let sizes: BTreeSet<u8> = core
+        .models()
+        .filter(|(_, m)| wanted.is_none_or(|w| w.eq_ignore_ascii_case(&m.name)))
+        .map(|(_, m)| m.gpus_per_node)
+        .collect();
+    let nodes = slurm.nodes.unwrap_or(1).clamp(1, 4096);
+    match sizes.iter().collect::<Vec<_>>().as_slice() {
+        [size] => Ok(nodes.saturating_mul(u32::from(**size))),
+        [] => Err(Refusal::unacceptable(
+            "slurm.whole_nodes: no node of the job's model has joined yet: give --gpus-per-node".into(),
+        )),
+        several => Err(Refusal::unacceptable(format!(
+            "slurm.whole_nodes: this cluster's nodes have {} GPUs: give --gpus-per-node (or --gres=gpu:TYPE:N)",
+            several.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(" or ")
+        ))),
+    }
 }
 
 /// The model a reserved job of `tenant` runs on: that of its one

@@ -168,6 +168,8 @@ pub struct SlurmOptions {
     pub submit_dir: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub components: Vec<ebb_api::SlurmComponent>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub whole_nodes: bool,
 }
 
 impl From<ebb_api::SlurmBatch> for SlurmOptions {
@@ -189,6 +191,7 @@ impl From<ebb_api::SlurmBatch> for SlurmOptions {
             account,
             submit_dir,
             components,
+            whole_nodes,
         } = s;
         SlurmOptions {
             script,
@@ -207,6 +210,7 @@ impl From<ebb_api::SlurmBatch> for SlurmOptions {
             account,
             submit_dir,
             components,
+            whole_nodes,
         }
     }
 }
@@ -233,6 +237,7 @@ impl SlurmOptions {
             account,
             submit_dir,
             components,
+            whole_nodes,
         } = self;
         ebb_api::SlurmBatch {
             script: if with_script { script.clone() } else { String::new() },
@@ -251,6 +256,7 @@ impl SlurmOptions {
             account: account.clone(),
             submit_dir: submit_dir.clone(),
             components: components.clone(),
+            whole_nodes: *whole_nodes,
         }
     }
 }
@@ -280,7 +286,7 @@ mod tests {
         fn slurm_batch()(
             script in "(#![ -~]{0,20})?",
             (output, error, partition, qos, account, submit_dir) in (text(), text(), text(), text(), text(), text()),
-            (append, signal_batch_only, routed_signal) in (any::<bool>(), any::<bool>(), any::<bool>()),
+            (append, signal_batch_only, routed_signal, whole_nodes) in (any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>()),
             (signal_before_s, nodes, ntasks, ntasks_per_node, cpus_per_task) in (count(), count(), count(), count(), count()),
             components in proptest::collection::vec(
                 (any::<u32>(), any::<u32>(), count(), count(), count()).prop_map(|(nodes, gpus_per_node, ntasks, ntasks_per_node, cpus_per_task)| {
@@ -292,6 +298,7 @@ mod tests {
             ebb_api::SlurmBatch {
                 script, output, error, append, signal_batch_only, routed_signal, signal_before_s,
                 nodes, ntasks, ntasks_per_node, cpus_per_task, partition, qos, account, submit_dir, components,
+                whole_nodes,
             }
         }
     }
