@@ -40,7 +40,7 @@ def main() -> int:
                 results[k] = value
                 nodes.add(node)
             alive = sum(1 for n in ray.nodes() if n.get("Alive"))
-            log.write(f"done {len(results)} on {alive} nodes at {time.time():.1f}\n")
+            log.write(f"done {len(results)} on {alive} nodes, tasks on {len(nodes)} so far, at {time.time():.1f}\n")
             if released:
                 break
         # Why nodes left, as Ray recorded it (a drained node says so).

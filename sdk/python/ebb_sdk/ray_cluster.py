@@ -3,11 +3,10 @@
     ebb submit --gpus 8:16 --signal WINCH -- python -m ebb_sdk.ray_cluster -- python app.py
 
 Run as the job's command on every node: the first node starts Ray's head
-on the gang's port, the others join it, and once every node has joined
-the head runs the command as Ray's driver, with `RAY_ADDRESS` set; the
+on the gang's port and runs the command there as Ray's driver, with
+`RAY_ADDRESS` set; the other nodes join once the driver has connected
+(and any node an elastic job adds later joins the running cluster). The
 job ends when the driver does, with its code.
-A node that joins later (an elastic job growing back) joins the running
-cluster.
 
 Submit it with `--signal WINCH`: the drain signal goes to every process
 of the job, and Ray's take TERM as a stop; WINCH they ignore. At a drain
@@ -41,6 +40,7 @@ from typing import List, Optional, Tuple
 from . import drain
 
 _JOIN_TIMEOUT_S = 300.0
+_READY = b"ebb_sdk:driver-connected"
 _MARGIN_S = 2.0
 
 
@@ -75,13 +75,6 @@ def _local_address() -> str:
 def _gpus() -> int:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
     return len([g for g in visible.split(",") if g.strip()])
-
-
-def _nodes_expected() -> int:
-    for key in ("EBB_NODES", "NNODES"):
-        if os.environ.get(key, "").isdigit():
-            return max(1, int(os.environ[key]))
-    return 1
 
 
 def _marker() -> str:
@@ -217,24 +210,38 @@ def _start_joined(head: bool) -> subprocess.Popen:
             time.sleep(0.5)
 
 
+def _gcs():
+    from ray._raylet import GcsClient
+
+    return GcsClient(address=_head())
+
+
 def _head_up() -> bool:
+    """Whether the head's node is up and its driver has connected (or
+    given up on): other nodes join only then. On one host (`ebb up`)
+    every node has the same address and a driver connects to whichever
+    node's Ray has it; joining after the driver keeps it on the head's
+    node, which never leaves alone."""
     if not _reachable(_head()):
         return False
     try:
-        return bool(_nodes())
+        return _gcs().internal_kv_get(_READY, b"ebb_sdk", timeout=5) is not None
     except Exception:  # the GCS not answering yet
         return False
 
 
-def _wait_for_nodes(count: int) -> None:
-    deadline = time.time() + _JOIN_TIMEOUT_S
-    while time.time() < deadline:
-        alive = _nodes()
-        if len(alive) >= count:
-            _say(f"{len(alive)} Ray nodes joined")
-            return
-        time.sleep(0.5)
-    raise SystemExit(f"ebb_sdk.ray_cluster: {count} nodes did not join Ray in {_JOIN_TIMEOUT_S:.0f}s")
+def _announce_driver(driver: subprocess.Popen) -> None:
+    """Lets the other nodes join once the driver has connected, or has
+    not in two minutes, or has ended."""
+    deadline = time.time() + _JOIN_TIMEOUT_S / 2
+    while time.time() < deadline and driver.poll() is None:
+        try:
+            if any(not job.is_dead for job in _gcs().get_all_job_info(timeout=5).values()):
+                break
+        except Exception:  # the GCS busy; ask again
+            pass
+        time.sleep(0.25)
+    _gcs().internal_kv_put(_READY, b"1", True, b"ebb_sdk", timeout=5)
 
 
 def main(argv: List[str]) -> int:
@@ -274,9 +281,9 @@ def main(argv: List[str]) -> int:
             threading.Thread(target=_leave_when_idle, args=(ray_process, notice), daemon=True).start()
 
     if first:
-        _wait_for_nodes(_nodes_expected())
         driver.append(subprocess.Popen(command, env=dict(os.environ, RAY_ADDRESS=_head())))
         drain.on_drain(on_notice)
+        _announce_driver(driver[0])
         code = driver[0].wait()
         _stop(ray_process)
         return code

@@ -179,6 +179,12 @@ async fn allocate_and_run(args: &[String]) -> Result<Done, CliError> {
     if program.is_empty() {
         return Err(usage("no program to run (srun [options] PROGRAM [ARGS...])"));
     }
+    if options::last(&given, "het-group").is_some() {
+        return Err(usage(
+            "--het-group: names a component of the heterogeneous job srun runs in; outside a job, submit one \
+             with sbatch (#SBATCH hetjob)",
+        ));
+    }
     // The allocation's options go to sbatch; the step takes them all.
     let quoted: Vec<String> =
         args.iter().map(|a| shlex::try_quote(a).map(|q| q.into_owned()).unwrap_or_default()).collect();

@@ -31,7 +31,6 @@ mod output;
 mod ownership;
 mod package;
 mod postgres;
-mod ray;
 mod readme;
 mod sim_cli;
 mod simulated_fleet;

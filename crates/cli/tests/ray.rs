@@ -1,12 +1,27 @@
 //! A Ray cluster inside an elastic Ebb job (`python -m ebb_sdk.ray_cluster`),
 //! `ray` from PyPI, unchanged, on CPU: a node leaves at a shrink, Ray is
 //! drained there with the deadline, and the Ray job goes on and finishes
-//! right. Needs `ray` on the PATH (`scripts/test` installs it).
+//! right.
+//!
+//! Not in CI's suite yet: with every node on one host, Ray's GCS timed out
+//! under the suite's load in 3 of some 25 runs on the 2-core machine, and
+//! CI's budget has no room for Ray's install. Run it on its own:
+//!
+//! ```sh
+//! target/py/bin/pip install ray==2.52.1
+//! PATH=$PWD/target/py/bin:$PATH cargo test -p ebb --features ray-test --test ray
+//! ```
+
+#[path = "../../server/tests/writer/pg.rs"]
+mod pg;
+#[path = "e2e/support/mod.rs"]
+#[allow(dead_code)]
+mod support;
 
 use std::path::Path;
 use std::time::Duration;
 
-use crate::support::{repo_root, Cluster, Options};
+use support::{repo_root, Cluster, Options};
 
 fn lines(log: &Path) -> Vec<String> {
     std::fs::read_to_string(log).unwrap_or_default().lines().map(str::to_string).collect()
@@ -20,7 +35,6 @@ fn lines(log: &Path) -> Vec<String> {
 /// the job succeeds in its first attempt, never requeued.
 #[test]
 fn a_ray_job_goes_on_when_a_node_is_drained_from_under_it() {
-    let _turn = crate::workloads::GANG_PORT.lock().unwrap_or_else(|e| e.into_inner());
     let c = Cluster::start(Options {
         nodes: 2,
         gpus: 4,
@@ -52,7 +66,7 @@ fn a_ray_job_goes_on_when_a_node_is_drained_from_under_it() {
     ]);
     let minute = Duration::from_secs(60);
     let start = std::time::Instant::now();
-    while !lines(&log).iter().any(|l| l.contains(" on 2 nodes at ")) {
+    while !lines(&log).iter().any(|l| l.contains(" on 2 nodes, tasks on 2 so far")) {
         assert!(
             start.elapsed() < 3 * minute,
             "no tasks on two Ray nodes: {}\n{:?}",
@@ -67,7 +81,7 @@ fn a_ray_job_goes_on_when_a_node_is_drained_from_under_it() {
         j["events"].as_array().unwrap().iter().any(|e| e["kind"] == "shrunk")
     });
     let start = std::time::Instant::now();
-    while !lines(&log).iter().any(|l| l.contains(" on 1 nodes at ")) {
+    while !lines(&log).iter().any(|l| l.contains(" on 1 nodes, ")) {
         let (tail, events) = (lines(&log), c.job(job)["events"].clone());
         assert!(
             start.elapsed() < 2 * minute,
