@@ -4,7 +4,7 @@
 //! right.
 //!
 //! Not in CI's suite yet: with every node on one host, Ray's GCS timed out
-//! under the suite's load in 3 of some 25 runs on the 2-core machine, and
+//! under the suite's load in 4 of 27 runs on the 2-core machine, and
 //! CI's budget has no room for Ray's install. Run it on its own:
 //!
 //! ```sh
