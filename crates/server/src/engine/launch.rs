@@ -325,35 +325,22 @@ fn slurm_env(job: &JobRecord) -> Vec<(String, String)> {
     // A heterogeneous job's plain variables are its first component's, as
     // Slurm's are; each component's carry `_HET_GROUP_<k>`.
     let groups = het_groups(&slurm.components, &all);
-    let (nodes, tasks) = match groups.first() {
-        Some(first) => (first.nodes.clone(), first.tasks),
-        None => (all.clone(), (slurm.ntasks, slurm.ntasks_per_node)),
+    let (nodes, tasks, cpus) = match groups.first() {
+        Some(first) => (first.nodes.as_slice(), first.tasks, first.cpus_per_task),
+        None => (all.as_slice(), (slurm.ntasks, slurm.ntasks_per_node), slurm.cpus_per_task),
     };
-    let node_list = ebb_core::hostlist::compress(&nodes);
-    let count = nodes.len().max(1) as u32;
-    let (per_node, ntasks) = task_counts(tasks, count);
     let gpus_on_node = job.placement.first().map_or(0, |p| p.gpus.len());
     let mut env = vec![
         ("SLURM_JOB_ID", job.id.to_string()),
         ("SLURM_JOBID", job.id.to_string()),
         ("SLURM_JOB_NAME", job.spec.name.clone().unwrap_or_default()),
-        ("SLURM_JOB_NODELIST", node_list.clone()),
-        ("SLURM_NODELIST", node_list),
-        ("SLURM_NNODES", count.to_string()),
-        ("SLURM_JOB_NUM_NODES", count.to_string()),
-        ("SLURM_NTASKS", ntasks.to_string()),
-        ("SLURM_NPROCS", ntasks.to_string()),
-        ("SLURM_NTASKS_PER_NODE", per_node.to_string()),
-        ("SLURM_TASKS_PER_NODE", format!("{per_node}(x{count})")),
         ("SLURM_JOB_GPUS", (0..gpus_on_node).map(|g| g.to_string()).collect::<Vec<_>>().join(",")),
         ("SLURM_GPUS_ON_NODE", gpus_on_node.to_string()),
         ("SLURM_RESTART_COUNT", job.attempt.0.saturating_sub(1).to_string()),
         ("SLURM_CLUSTER_NAME", "ebb".to_string()),
         ("SLURM_JOB_PARTITION", slurm.partition.clone().unwrap_or_default()),
     ];
-    if let Some(cpus) = slurm.cpus_per_task {
-        env.push(("SLURM_CPUS_PER_TASK", cpus.to_string()));
-    }
+    env.extend(allocation_vars(nodes, tasks, cpus));
     if let Some(dir) = &slurm.submit_dir {
         env.push(("SLURM_SUBMIT_DIR", dir.clone()));
     }
@@ -363,24 +350,12 @@ fn slurm_env(job: &JobRecord) -> Vec<(String, String)> {
     }
     let mut het: Vec<(String, String)> = Vec::new();
     for (k, group) in groups.iter().enumerate() {
-        let count = group.nodes.len().max(1) as u32;
-        let (per_node, ntasks) = task_counts(group.tasks, count);
-        let list = ebb_core::hostlist::compress(&group.nodes);
-        let mut vars = vec![
-            ("SLURM_JOB_ID", job.id.to_string()),
-            ("SLURM_JOB_NODELIST", list.clone()),
-            ("SLURM_NODELIST", list),
-            ("SLURM_JOB_NUM_NODES", count.to_string()),
-            ("SLURM_NNODES", count.to_string()),
-            ("SLURM_NTASKS", ntasks.to_string()),
-            ("SLURM_NPROCS", ntasks.to_string()),
-            ("SLURM_NTASKS_PER_NODE", per_node.to_string()),
-            ("SLURM_TASKS_PER_NODE", format!("{per_node}(x{count})")),
-        ];
-        if let Some(cpus) = group.cpus_per_task {
-            vars.push(("SLURM_CPUS_PER_TASK", cpus.to_string()));
-        }
-        het.extend(vars.into_iter().map(|(key, value)| (format!("{key}_HET_GROUP_{k}"), value)));
+        let vars = std::iter::once(("SLURM_JOB_ID", job.id.to_string())).chain(allocation_vars(
+            &group.nodes,
+            group.tasks,
+            group.cpus_per_task,
+        ));
+        het.extend(vars.map(|(key, value)| (format!("{key}_HET_GROUP_{k}"), value)));
     }
     if let Some(task) = &job.array {
         // An array's tasks have consecutive ids in index order.
@@ -392,6 +367,32 @@ fn slurm_env(job: &JobRecord) -> Vec<(String, String)> {
         env.push(("SLURM_ARRAY_TASK_MAX", min.saturating_add(task.tasks.saturating_sub(1)).to_string()));
     }
     env.into_iter().map(|(k, v)| (k.to_string(), v)).chain(het).collect()
+}
+
+/// An allocation's nodes and tasks as Slurm names them: the job's, or a
+/// heterogeneous job's component's (suffixed `_HET_GROUP_<k>` there).
+fn allocation_vars(
+    nodes: &[&str],
+    tasks: (Option<u32>, Option<u32>),
+    cpus_per_task: Option<u32>,
+) -> Vec<(&'static str, String)> {
+    let list = ebb_core::hostlist::compress(nodes);
+    let count = nodes.len().max(1) as u32;
+    let (per_node, ntasks) = task_counts(tasks, count);
+    let mut vars = vec![
+        ("SLURM_JOB_NODELIST", list.clone()),
+        ("SLURM_NODELIST", list),
+        ("SLURM_NNODES", count.to_string()),
+        ("SLURM_JOB_NUM_NODES", count.to_string()),
+        ("SLURM_NTASKS", ntasks.to_string()),
+        ("SLURM_NPROCS", ntasks.to_string()),
+        ("SLURM_NTASKS_PER_NODE", per_node.to_string()),
+        ("SLURM_TASKS_PER_NODE", format!("{per_node}(x{count})")),
+    ];
+    if let Some(cpus) = cpus_per_task {
+        vars.push(("SLURM_CPUS_PER_TASK", cpus.to_string()));
+    }
+    vars
 }
 
 /// One component of a heterogeneous job as placed: its nodes (the gang's
