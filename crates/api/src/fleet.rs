@@ -370,6 +370,20 @@ pub struct SignalRequest {
     pub batch_only: bool,
 }
 
+/// `GET /v1/jobs/{id}/steps`: how the job's tenant reaches the steps of
+/// its running Slurm job from outside it (`srun --jobid`, as from a login
+/// node): its first node's step directory, the key every step presents,
+/// and the variables Slurm gives each of its processes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct StepAccess {
+    /// `HOST:PORT` of the first node's step directory.
+    pub hub: String,
+    /// The attempt's step key (secret: the job's own processes hold it).
+    pub key: String,
+    /// `SLURM_JOB_ID`, `SLURM_JOB_NODELIST`, `SLURM_NTASKS`, ...
+    pub env: std::collections::BTreeMap<String, String>,
+}
+
 /// A Slurm partition (`sbatch --partition`): the tier its jobs run in, as
 /// the operator maps it (`ebb server --partition-map`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

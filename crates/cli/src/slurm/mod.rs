@@ -52,6 +52,16 @@ pub fn main(name: &str, args: Vec<String>) -> ExitCode {
             }
         }
     }
+    // srun into a running job from outside it: the server says where.
+    let attaching = match name {
+        "srun" => srun::attaching(&args),
+        _ => Ok(None),
+    };
+    match attaching {
+        Err(e) => return fail(name, &e.to_string()),
+        Ok(Some(id)) => return attach(&id, &args),
+        Ok(None) => {}
+    }
     // srun in a job's step is the job's own process: no runtime, no server.
     if name == "srun" && srun::inside() {
         return match srun::in_allocation(&args) {
@@ -82,6 +92,26 @@ pub fn main(name: &str, args: Vec<String>) -> ExitCode {
         }
         Ok(Done::Exit(code)) => ExitCode::from(code),
         Err(e) => fail(name, &e.to_string()),
+    }
+}
+
+/// `srun --jobid=ID ...` from outside job ID: the job's step access from
+/// the server, then the step (synchronous: threads, no runtime).
+fn attach(id: &str, args: &[String]) -> ExitCode {
+    let fetched = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| failed(format!("cannot start the runtime: {e}")))
+        .and_then(|runtime| {
+            runtime.block_on(async {
+                let id: u64 = id.parse().map_err(|_| usage(format!("--jobid={id}: expected a job id")))?;
+                let access: api::StepAccess = client()?.get(&format!("/v1/jobs/{id}/steps")).await?;
+                Ok::<_, CliError>(access)
+            })
+        });
+    match fetched.and_then(|access| srun::attached(args, access)) {
+        Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        Err(e) => fail("srun", &e.to_string()),
     }
 }
 

@@ -22,6 +22,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
 use super::step::{self, Names};
@@ -162,6 +164,24 @@ enum Hello {
     Register { node: u32, at: String },
     /// `srun`: where the nodes listen, once `nodes` have registered.
     Directory { nodes: u32 },
+    /// `srun --jobid` from outside the job: a step number, claimed for as
+    /// long as this connection is open, and where every node (the first
+    /// too) listens, once `nodes` have registered.
+    Attach { nodes: u32 },
+}
+
+/// The directory's answer to [`Hello::Attach`].
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Attached {
+    pub step: u32,
+    pub nodes: BTreeMap<u32, String>,
+}
+
+/// The first node's own step listener and steps directory, which its
+/// directory serves `srun --jobid` with.
+pub struct FirstNode {
+    pub at: String,
+    pub steps: std::path::PathBuf,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -186,15 +206,52 @@ pub struct StepRequest {
     pub tasks: Vec<(u32, u32)>,
     /// Each task's own variables (SLURM_PROCID, ...), by task.
     pub task_env: BTreeMap<u32, BTreeMap<String, String>>,
+    /// From `srun --jobid` outside the job: the tasks' output comes back
+    /// byte for byte ([`StepEvent::Data`]) and their standard input from
+    /// `srun`'s ([`StepInput`]); a directory missing here is `/tmp`, as
+    /// Slurm's.
+    #[serde(default)]
+    pub attached: bool,
 }
+
+/// What `srun --jobid` sends a node after its request: its standard
+/// input, for every task there, then its end.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StepInput {
+    /// Bytes, in base64.
+    Data {
+        data: String,
+    },
+    End,
+}
+
+/// The longest line of [`StepInput`] a node takes: a larger one ends the
+/// step (its tasks killed), as a closed connection does.
+const INPUT_LINE_BYTES: u64 = 1 << 20;
 
 /// What a node sends back: a line a task wrote, or its exit.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StepEvent {
-    Out { task: u32, line: String, err: bool },
-    Exit { task: u32, code: i32 },
-    Failed { message: String },
+    Out {
+        task: u32,
+        line: String,
+        err: bool,
+    },
+    /// An attached step's output, bytes in base64.
+    Data {
+        task: u32,
+        data: String,
+        err: bool,
+    },
+    Exit {
+        task: u32,
+        code: i32,
+    },
+    Failed {
+        message: String,
+    },
 }
 
 fn send<T: Serialize>(stream: &mut TcpStream, value: &T) -> std::io::Result<()> {
@@ -204,19 +261,30 @@ fn send<T: Serialize>(stream: &mut TcpStream, value: &T) -> std::io::Result<()> 
 }
 
 /// The first node's directory, in a thread of its batch step: nodes
-/// register, `srun`s ask.
-pub fn serve_directory(hub: &str, key: String) -> Result<(), StepError> {
-    serve_directory_within(hub, key, Bounds::default()).map(|_| ())
+/// register, `srun`s ask; `first`, the first node's own step listener,
+/// is where `srun --jobid` reaches this node.
+pub fn serve_directory(hub: &str, key: String, first: FirstNode) -> Result<(), StepError> {
+    serve_directory_within(hub, key, Some(first), Bounds::default()).map(|_| ())
 }
 
 /// [`serve_directory`] within `bounds`; the port it listens on.
-fn serve_directory_within(hub: &str, key: String, bounds: Bounds) -> Result<u16, StepError> {
+fn serve_directory_within(
+    hub: &str,
+    key: String,
+    first: Option<FirstNode>,
+    bounds: Bounds,
+) -> Result<u16, StepError> {
     let port: u16 = hub.rsplit_once(':').map_or(hub, |(_, p)| p).parse().unwrap_or(0);
     let listener = listen(hub, port).map_err(|source| StepError::Listen { port, source })?;
     let port = listener.local_addr().map(|a| a.port())?;
-    let nodes: Arc<Mutex<BTreeMap<u32, String>>> = Arc::default();
+    let mut known = BTreeMap::new();
+    let steps = first.map(|f| {
+        known.insert(0, f.at);
+        f.steps
+    });
+    let nodes: Arc<Mutex<BTreeMap<u32, String>>> = Arc::new(Mutex::new(known));
     accept(listener, key, bounds, move |stream, mut reader, hello: Hello| {
-        directory_client(stream, &mut reader, &nodes, hello)
+        directory_client(stream, &mut reader, &nodes, steps.as_deref(), hello)
     });
     Ok(port)
 }
@@ -225,8 +293,20 @@ fn directory_client(
     mut stream: TcpStream,
     reader: &mut BufReader<TcpStream>,
     nodes: &Mutex<BTreeMap<u32, String>>,
+    steps: Option<&Path>,
     hello: Hello,
 ) {
+    // Every node in `from..wanted` registered, or the time to meet gone.
+    let met = |from: u32, wanted: u32| {
+        let deadline = Instant::now() + MEET;
+        loop {
+            let known = nodes.lock().expect("directory").clone();
+            if (from..wanted).all(|n| known.contains_key(&n)) || Instant::now() > deadline {
+                return known;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
     match hello {
         Hello::Register { node, at } => {
             nodes.lock().expect("directory").insert(node, at);
@@ -234,17 +314,64 @@ fn directory_client(
             until_closed(reader);
         }
         Hello::Directory { nodes: wanted } => {
-            let deadline = Instant::now() + MEET;
-            loop {
-                let known = nodes.lock().expect("directory").clone();
-                if (1..wanted).all(|n| known.contains_key(&n)) || Instant::now() > deadline {
-                    let _ = send(&mut stream, &known);
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(50));
+            let _ = send(&mut stream, &met(1, wanted));
+        }
+        Hello::Attach { nodes: wanted } => {
+            let Some(steps) = steps else { return };
+            let Ok((step, claimed)) = step::claim_step(steps) else { return };
+            let known = met(0, wanted);
+            if send(&mut stream, &Attached { step, nodes: known }).is_ok() {
+                // The number is the step's while its srun is connected.
+                until_closed(reader);
             }
+            let _ = std::fs::remove_file(claimed);
         }
     }
+}
+
+/// Where the job's nodes are, and a step number, for `srun --jobid` from
+/// outside the job: from the first node's directory at `hub`. The
+/// connection returned holds the number; close it when the step ends.
+pub fn attach(hub: &str, key: &str, nodes: u32) -> Result<(Attached, TcpStream), StepError> {
+    // A job just started may not have its directory up yet.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut stream = loop {
+        match TcpStream::connect(hub) {
+            Ok(stream) => break stream,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(100))
+            }
+            Err(source) => {
+                return Err(StepError::Connect { what: format!("the job's first node ({hub})"), source })
+            }
+        }
+    };
+    send(&mut stream, &Keyed { key: key.to_string(), body: Hello::Attach { nodes } })?;
+    let mut line = String::new();
+    BufReader::new(stream.try_clone()?).read_line(&mut line)?;
+    if line.is_empty() {
+        return Err(StepError::Ended);
+    }
+    let attached: Attached = serde_json::from_str(&line)
+        .map_err(|source| StepError::Protocol { what: "the step directory", source })?;
+    if let Some(node) = (0..nodes).find(|n| !attached.nodes.contains_key(n)) {
+        return Err(StepError::Missing { node, seconds: MEET.as_secs() });
+    }
+    Ok((attached, stream))
+}
+
+/// This node's step listener, on its own address (`EBB_SLURM_ADDRESS`):
+/// it runs the steps `srun` sends it, as the job's processes (this
+/// process's children, whose variables `env` are). Where it listens.
+pub fn serve_steps(key: String, steps: &Path, env: BTreeMap<String, String>) -> Result<String, StepError> {
+    let address = env.get("EBB_SLURM_ADDRESS").cloned().unwrap_or_default();
+    let listener = listen(&address, 0).map_err(|source| StepError::Listen { port: 0, source })?;
+    let port = listener.local_addr().map(|a| a.port())?;
+    let steps_dir = steps.to_path_buf();
+    accept(listener, key, Bounds::default(), move |stream, reader, request: StepRequest| {
+        run_remote_step(stream, reader, request, &steps_dir, &env)
+    });
+    Ok(format!("{address}:{port}"))
 }
 
 /// Where the other nodes' batch steps listen, once `nodes` have registered.
@@ -279,10 +406,8 @@ pub fn node_step(steps: &Path, to_batch: bool) -> ! {
     if let Err(e) = waited.thread_block() {
         fail(format!("cannot block signals: {e}"));
     }
-    let listener = listen(&get("EBB_SLURM_ADDRESS"), 0)
+    let at = serve_steps(key.clone(), steps, env.clone())
         .unwrap_or_else(|e| fail(format!("cannot listen for steps: {e}")));
-    let port = listener.local_addr().map(|a| a.port()).unwrap_or_else(|e| fail(e.to_string()));
-    let at = format!("{}:{port}", get("EBB_SLURM_ADDRESS"));
     let deadline = Instant::now() + MEET;
     let mut registration = loop {
         match TcpStream::connect(&hub) {
@@ -297,10 +422,6 @@ pub fn node_step(steps: &Path, to_batch: bool) -> ! {
     std::thread::spawn(move || {
         until_closed(&mut registration);
         std::process::exit(0);
-    });
-    let steps_dir = steps.to_path_buf();
-    accept(listener, key, Bounds::default(), move |stream, reader, request: StepRequest| {
-        run_remote_step(stream, reader, request, &steps_dir, &env)
     });
     loop {
         match step::next_signal(&waited) {
@@ -348,18 +469,32 @@ fn run_remote_step(
     let mut names = Names::from_env(own_env);
     names.step = request.step.to_string();
     let file = steps.join(format!("{}.{}", request.step, names.node_index));
+    // An attached step's directory, where it is here; else Slurm's /tmp.
+    let cwd = match &request.cwd {
+        Some(dir) if request.attached && !Path::new(dir).is_dir() => {
+            let line = format!(
+                "slurmstepd: error: couldn't chdir to `{dir}': No such file or directory: going to /tmp instead\n"
+            );
+            let task = request.tasks.first().map_or(0, |t| t.0);
+            emit(StepEvent::Data { task, data: BASE64.encode(line), err: true });
+            Some("/tmp".to_string())
+        }
+        other => other.clone(),
+    };
     let mut children = Vec::new();
+    let mut inputs = Vec::new();
     let mut readers = Vec::new();
     for &(task, local) in &request.tasks {
         names.task = Some(task);
         let mut command = Command::new(&request.argv[0]);
-        step::unblocked(&mut command).args(&request.argv[1..]).stdin(Stdio::null()).env_clear();
+        let stdin = if request.attached { Stdio::piped() } else { Stdio::null() };
+        step::unblocked(&mut command).args(&request.argv[1..]).stdin(stdin).env_clear();
         let mut env = own_env.clone();
         env.extend(request.env.iter().filter(|(k, _)| !node_own(k)).map(|(k, v)| (k.clone(), v.clone())));
         env.extend(request.task_env.get(&task).cloned().unwrap_or_default());
         env.insert("SLURM_LOCALID".into(), local.to_string());
         command.envs(env);
-        if let Some(dir) = &request.cwd {
+        if let Some(dir) = &cwd {
             command.current_dir(dir);
         }
         let open = |pattern: &Option<String>| -> Option<std::fs::File> {
@@ -384,17 +519,25 @@ fn run_remote_step(
                 return;
             }
         };
+        inputs.extend(child.stdin.take());
         for (pipe, err) in [
             (child.stdout.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>), false),
             (child.stderr.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>), true),
         ] {
             if let Some(pipe) = pipe {
                 let out = out.clone();
-                readers.push(std::thread::spawn(move || {
-                    for line in BufReader::new(pipe).split(b'\n').map_while(Result::ok) {
-                        let line = String::from_utf8_lossy(&line).into_owned();
-                        let _ =
-                            send(&mut out.lock().expect("step stream"), &StepEvent::Out { task, line, err });
+                let attached = request.attached;
+                readers.push(std::thread::spawn(move || match attached {
+                    true => copy_bytes(pipe, |data| {
+                        let data = BASE64.encode(data);
+                        send(&mut out.lock().expect("step stream"), &StepEvent::Data { task, data, err })
+                    }),
+                    false => {
+                        for line in BufReader::new(pipe).split(b'\n').map_while(Result::ok) {
+                            let line = String::from_utf8_lossy(&line).into_owned();
+                            let event = StepEvent::Out { task, line, err };
+                            let _ = send(&mut out.lock().expect("step stream"), &event);
+                        }
                     }
                 }));
             }
@@ -403,9 +546,13 @@ fn run_remote_step(
     }
     let pids: Vec<String> = children.iter().map(|(_, c)| c.id().to_string()).collect();
     let _ = std::fs::write(&file, pids.join("\n"));
-    // The srun at the other end gone: its tasks here go too.
+    // The srun at the other end gone: its tasks here go too. An attached
+    // step's input comes this way first.
     let pids_for_kill: Vec<i32> = children.iter().map(|(_, c)| c.id() as i32).collect();
     std::thread::spawn(move || {
+        if !inputs.is_empty() {
+            feed(&mut reader, inputs);
+        }
         until_closed(&mut reader);
         for pid in pids_for_kill {
             // SAFETY: kill with plain numbers.
@@ -422,6 +569,73 @@ fn run_remote_step(
         emit(StepEvent::Exit { task, code });
     }
     let _ = std::fs::remove_file(&file);
+}
+
+/// An attached step's output (base64) to `srun`'s own, as it comes.
+pub fn write_data(data: &str, err: bool) {
+    let Ok(bytes) = BASE64.decode(data.as_bytes()) else { return };
+    let _ = match err {
+        true => std::io::stderr().lock().write_all(&bytes),
+        false => {
+            let mut out = std::io::stdout().lock();
+            out.write_all(&bytes).and_then(|()| out.flush())
+        }
+    };
+}
+
+/// `srun`'s standard input to an attached step's nodes (`streams`), as
+/// it comes, then its end.
+pub fn send_input(streams: Vec<TcpStream>) {
+    let mut streams = streams;
+    copy_bytes(std::io::stdin().lock(), |data| {
+        let input = StepInput::Data { data: BASE64.encode(data) };
+        streams.retain_mut(|s| send(s, &input).is_ok());
+        Ok(())
+    });
+    for stream in &mut streams {
+        let _ = send(stream, &StepInput::End);
+    }
+}
+
+/// Passes `pipe`'s bytes to `send` as they come, until it ends or
+/// `send` fails.
+fn copy_bytes(mut pipe: impl Read, mut send: impl FnMut(&[u8]) -> std::io::Result<()>) {
+    let mut buffer = vec![0u8; 64 << 10];
+    loop {
+        match pipe.read(&mut buffer) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => {
+                if send(&buffer[..n]).is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// An attached step's standard input, from `srun` to every task here,
+/// until its end (the tasks' input closed), a line that is not
+/// [`StepInput`] or longer than [`INPUT_LINE_BYTES`], or the connection's
+/// end. A task that stopped reading no longer gets it.
+fn feed(reader: &mut impl BufRead, mut inputs: Vec<impl Write>) {
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match reader.by_ref().take(INPUT_LINE_BYTES).read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => return,
+            Ok(_) if !line.ends_with(b"\n") => return,
+            Ok(_) => {}
+        }
+        let data = match serde_json::from_slice::<StepInput>(&line) {
+            Ok(StepInput::Data { data }) => match BASE64.decode(data.as_bytes()) {
+                Ok(bytes) => bytes,
+                Err(_) => return,
+            },
+            Ok(StepInput::End) => return,
+            Err(_) => return,
+        };
+        inputs.retain_mut(|input| input.write_all(&data).and_then(|()| input.flush()).is_ok());
+    }
 }
 
 /// Sends node `node` (at `at`) its share of a step; returns the stream
@@ -485,7 +699,7 @@ mod tests {
     #[test]
     fn a_listener_drops_endless_silent_and_unkeyed_lines_and_bounds_its_connections() {
         let bounds = Bounds { line_bytes: 1024, first_line: Duration::from_millis(500), connections: 4 };
-        let port = serve_directory_within("127.0.0.1:0", "k".repeat(32), bounds).unwrap();
+        let port = serve_directory_within("127.0.0.1:0", "k".repeat(32), None, bounds).unwrap();
         let at = format!("127.0.0.1:{port}");
 
         let mut endless = TcpStream::connect(&at).unwrap();
@@ -536,6 +750,91 @@ mod tests {
                 Err(e) => panic!("{e}"),
             }
         }
+    }
+
+    /// `srun --jobid`'s claim: node 0 is the first node's own listener,
+    /// each attach gets a step number of its own while connected, and
+    /// another key gets nothing.
+    #[test]
+    fn an_attach_claims_a_step_number_while_connected_and_lists_every_node() {
+        let steps = std::env::temp_dir().join(format!("ebb-attach-{}", std::process::id()));
+        std::fs::create_dir_all(&steps).unwrap();
+        let key = "k".repeat(32);
+        let first = FirstNode { at: "10.0.0.1:5".into(), steps: steps.clone() };
+        let port =
+            serve_directory_within("127.0.0.1:0", key.clone(), Some(first), Bounds::default()).unwrap();
+        let hub = format!("127.0.0.1:{port}");
+        let mut node = TcpStream::connect(&hub).unwrap();
+        node.write_all(&keyed(&key, &Hello::Register { node: 1, at: "10.0.0.2:7".into() })).unwrap();
+        let (one, held) = attach(&hub, &key, 2).unwrap();
+        let (two, _second) = attach(&hub, &key, 2).unwrap();
+        assert_eq!(one.nodes.values().collect::<Vec<_>>(), ["10.0.0.1:5", "10.0.0.2:7"]);
+        assert_ne!(one.step, two.step);
+        assert!(steps.join(one.step.to_string()).exists());
+        drop(held);
+        wait_until(|| !steps.join(one.step.to_string()).exists());
+        assert!(attach(&hub, &"x".repeat(32), 2).is_err(), "another key is answered");
+        let _ = std::fs::remove_dir_all(&steps);
+    }
+
+    fn wait_until(done: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !done() {
+            assert!(Instant::now() < deadline, "not within 10 s");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn input_lines(chunks: &[Vec<u8>], end: bool) -> Vec<u8> {
+        let mut lines = Vec::new();
+        for chunk in chunks {
+            let data = BASE64.encode(chunk);
+            lines.extend(serde_json::to_vec(&StepInput::Data { data }).unwrap());
+            lines.push(b'\n');
+        }
+        if end {
+            lines.extend(serde_json::to_vec(&StepInput::End).unwrap());
+            lines.push(b'\n');
+        }
+        lines
+    }
+
+    proptest::proptest! {
+        /// What srun sends reaches every task byte for byte, whatever the
+        /// bytes and however they are cut.
+        #[test]
+        fn an_attached_steps_input_reaches_every_task_as_sent(
+            chunks in proptest::collection::vec(proptest::collection::vec(proptest::num::u8::ANY, 0..300), 0..8),
+            end in proptest::bool::ANY,
+        ) {
+            let mut stream = std::io::Cursor::new(input_lines(&chunks, end));
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            feed(&mut stream, vec![&mut a, &mut b]);
+            let all: Vec<u8> = chunks.concat();
+            proptest::prop_assert_eq!(&a, &all);
+            proptest::prop_assert_eq!(&b, &all);
+        }
+
+        /// Anything at all on the connection after the request: no panic,
+        /// and the input stops at the first line that is not input.
+        #[test]
+        fn any_bytes_after_an_attached_request_end_its_input_without_panic(
+            bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..2000),
+        ) {
+            let mut task = Vec::new();
+            feed(&mut std::io::Cursor::new(bytes), vec![&mut task]);
+        }
+    }
+
+    /// A line longer than the bound ends the input (and the step) rather
+    /// than growing without end.
+    #[test]
+    fn an_endless_input_line_ends_the_input() {
+        let mut endless = std::io::Cursor::new(vec![b'x'; (INPUT_LINE_BYTES + 10) as usize]);
+        let mut task = Vec::new();
+        feed(&mut endless, vec![&mut task]);
+        assert!(task.is_empty());
+        assert!(endless.position() <= INPUT_LINE_BYTES, "read {} bytes of one line", endless.position());
     }
 
     #[test]

@@ -13,7 +13,7 @@ use nix::sys::signal::Signal;
 
 use super::options::{self, Given};
 use super::step::{self, Names};
-use crate::error::{failed, file, usage, CliError};
+use crate::error::{file, usage, CliError};
 
 /// A step's tasks, as `srun`'s options and the job's variables say.
 struct Plan {
@@ -202,20 +202,6 @@ fn het_step(
     Ok((nodes, total.max(1)))
 }
 
-/// Claims the next step number in `steps` (a file per step, made
-/// exclusively, so concurrent `srun`s never share one).
-fn claim_step(steps: &std::path::Path) -> Result<(u32, std::path::PathBuf), CliError> {
-    for n in 0..100_000 {
-        let path = steps.join(n.to_string());
-        match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
-            Ok(_) => return Ok((n, path)),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(file(&path)(e)),
-        }
-    }
-    Err(failed("no step number left"))
-}
-
 /// `srun` in an allocation: runs the step and ends with its exit: the
 /// highest of its tasks' codes, or 128+N for a task killed by signal N.
 /// Its tasks on this node are its children; those on the job's other
@@ -229,7 +215,7 @@ pub fn in_allocation(args: &[String]) -> Result<i32, CliError> {
         .get("EBB_SLURM_STEPS")
         .map(std::path::PathBuf::from)
         .ok_or_else(|| usage("not in a batch job's step"))?;
-    let (step_id, step_file) = claim_step(&steps)?;
+    let (step_id, step_file) = step::claim_step(&steps)?;
     let waited = step::waited_signals();
     waited.thread_block().map_err(|e| CliError::Signals(e.into()))?;
     let here: u32 = env.get("SLURM_NODEID").and_then(|n| n.parse().ok()).unwrap_or(0);
@@ -238,28 +224,7 @@ pub fn in_allocation(args: &[String]) -> Result<i32, CliError> {
         .or_else(|| env.get("SLURM_JOB_NODELIST"))
         .and_then(|l| ebb_core::hostlist::expand(l).ok())
         .unwrap_or_default();
-    let step_names: Vec<&str> =
-        plan.nodes.iter().filter_map(|n| all_names.get(*n as usize)).map(String::as_str).collect();
-    let per_node: Vec<String> =
-        plan.nodes.iter().map(|n| plan.tasks.iter().filter(|t| t.0 == *n).count().to_string()).collect();
-    let task_env = |node: u32, task: u32| -> BTreeMap<String, String> {
-        let mut vars = BTreeMap::from([
-            ("SLURM_PROCID".to_string(), task.to_string()),
-            ("SLURM_NODEID".to_string(), node.to_string()),
-            ("SLURM_STEP_ID".to_string(), step_id.to_string()),
-            ("SLURM_STEPID".to_string(), step_id.to_string()),
-            ("SLURM_STEP_NUM_TASKS".to_string(), plan.ntasks.to_string()),
-            ("SLURM_STEP_NUM_NODES".to_string(), plan.nodes.len().to_string()),
-            ("SLURM_STEP_NODELIST".to_string(), ebb_core::hostlist::compress(&step_names)),
-            ("SLURM_STEP_TASKS_PER_NODE".to_string(), per_node.join(",")),
-            ("SLURM_NTASKS".to_string(), plan.ntasks.to_string()),
-            ("SLURM_NPROCS".to_string(), plan.ntasks.to_string()),
-        ]);
-        if let Some(cpus) = plan.cpus_per_task {
-            vars.insert("SLURM_CPUS_PER_TASK".to_string(), cpus.to_string());
-        }
-        vars
-    };
+    let task_env = task_vars(&plan, &all_names, step_id);
     // The other nodes' shares first: they start while this one's do. A
     // task that fails with --kill-on-bad-exit ends the step everywhere:
     // `failed` is set, this process woken, and the other nodes' streams
@@ -291,6 +256,7 @@ pub fn in_allocation(args: &[String]) -> Result<i32, CliError> {
                 append: plan.append,
                 task_env: tasks.iter().map(|&(task, _)| (task, task_env(node, task))).collect(),
                 tasks: tasks.clone(),
+                attached: false,
             };
             let at = nodes
                 .get(&node)
@@ -309,6 +275,7 @@ pub fn in_allocation(args: &[String]) -> Result<i32, CliError> {
                             false => std::io::stdout().lock().write_all(text.as_bytes()),
                         };
                     }
+                    super::remote::StepEvent::Data { data, err, .. } => super::remote::write_data(&data, err),
                     super::remote::StepEvent::Exit { code: c, .. } => {
                         code = code.max(c);
                         if c != 0
@@ -428,6 +395,154 @@ pub fn in_allocation(args: &[String]) -> Result<i32, CliError> {
         code = code.max(node.join().unwrap_or(1));
     }
     Ok(code)
+}
+
+/// Whether `srun` with these options reaches into another job than the
+/// one it runs in (`--jobid` from a login node, or naming another job):
+/// the job it names, if so.
+pub fn attaching(args: &[String]) -> Result<Option<String>, CliError> {
+    let (given, _) = options::parse(options::Command::Srun, args, "")?;
+    let Some(id) = options::last(&given, "jobid") else { return Ok(None) };
+    // A job's own id, from inside it, is the job srun runs in.
+    let own = std::env::var("SLURM_JOB_ID").ok().filter(|_| inside());
+    Ok((own.as_deref() != Some(id)).then(|| id.to_string()))
+}
+
+/// `srun --jobid=ID` from outside job ID (a login node): the step runs in
+/// the job's allocation, its tasks the job's processes on its nodes,
+/// started there by their batch steps (the first node's too). `access`
+/// is the tenant's, from the server. Its tasks' output comes back byte
+/// for byte and `srun`'s standard input goes to each of them (`rsync -e`
+/// works through it); the step ends, its tasks killed, when `srun` does.
+/// It ends with its tasks' highest code.
+pub fn attached(args: &[String], access: ebb_api::StepAccess) -> Result<i32, CliError> {
+    let (given, program) = options::parse(options::Command::Srun, args, "")?;
+    super::query::say_ignored(options::Command::Srun, &given);
+    blocking_stdio();
+    // The login shell's own, without another job's variables, over the
+    // job's: what a step's tasks see there.
+    let mut env: BTreeMap<String, String> = super::vars()
+        .into_iter()
+        .filter(|(k, _)| !k.starts_with("SLURM_") && !k.starts_with("EBB_SLURM"))
+        .collect();
+    env.extend(access.env.clone());
+    let plan = plan(&given, program, &env)?;
+    if plan.output.is_some() || plan.error.is_some() {
+        return Err(usage("--output/--error: a step from outside its job writes to srun's own output"));
+    }
+    let all_names: Vec<String> = env
+        .get("EBB_SLURM_ALL_NODES")
+        .or_else(|| env.get("SLURM_JOB_NODELIST"))
+        .and_then(|l| ebb_core::hostlist::expand(l).ok())
+        .unwrap_or_default();
+    let (attached, claim) = super::remote::attach(&access.hub, &access.key, all_names.len() as u32)?;
+    let task_env = task_vars(&plan, &all_names, attached.step);
+    let exported = match &plan.export {
+        Some(export) => super::sbatch::exported(export, &env)?,
+        None => env.clone(),
+    };
+    let cwd = plan.chdir.clone().or_else(|| std::env::current_dir().ok().map(|d| d.display().to_string()));
+    let mut followers = Vec::new();
+    let mut inputs = Vec::new();
+    for &node in &plan.nodes {
+        let tasks: Vec<(u32, u32)> =
+            plan.tasks.iter().filter(|t| t.0 == node).map(|&(_, task, local)| (task, local)).collect();
+        let request = super::remote::StepRequest {
+            step: attached.step,
+            argv: plan.program.clone(),
+            env: exported.clone(),
+            cwd: cwd.clone(),
+            output: None,
+            error: None,
+            append: plan.append,
+            task_env: tasks.iter().map(|&(task, _)| (task, task_env(node, task))).collect(),
+            tasks: tasks.clone(),
+            attached: !plan.label,
+        };
+        let at = attached
+            .nodes
+            .get(&node)
+            .ok_or_else(|| usage(format!("node {node} of the job has no step address")))?;
+        let stream = super::remote::start_remote(at, &access.key, &request)?;
+        inputs.push(stream.try_clone().map_err(super::StepError::from)?);
+        let label = plan.label;
+        followers.push(std::thread::spawn(move || {
+            let mut code = 0;
+            let followed = super::remote::follow(stream, tasks.len(), |event| match event {
+                super::remote::StepEvent::Data { data, err, .. } => super::remote::write_data(&data, err),
+                super::remote::StepEvent::Out { task, line, err } => {
+                    let text = if label { format!("{task}: {line}\n") } else { format!("{line}\n") };
+                    let _ = match err {
+                        true => std::io::stderr().lock().write_all(text.as_bytes()),
+                        false => std::io::stdout().lock().write_all(text.as_bytes()),
+                    };
+                }
+                super::remote::StepEvent::Exit { code: c, .. } => code = code.max(c),
+                super::remote::StepEvent::Failed { message } => {
+                    eprintln!("srun: error: {message}");
+                    code = code.max(1);
+                }
+            });
+            if let Err(e) = followed {
+                eprintln!("srun: error: {e}");
+                code = code.max(1);
+            }
+            code
+        }));
+    }
+    std::thread::spawn(move || super::remote::send_input(inputs));
+    let code = followers.into_iter().map(|f| f.join().unwrap_or(1)).max().unwrap_or(0);
+    drop(claim);
+    Ok(code)
+}
+
+/// Makes `srun`'s standard input, output and error blocking: rsync hands
+/// its `-e` program a non-blocking socket (as it does ssh, which copes),
+/// and a copy that met "try again" would lose bytes or end early.
+fn blocking_stdio() {
+    use nix::libc::{fcntl, F_GETFL, F_SETFL, O_NONBLOCK};
+    for fd in 0..3 {
+        // SAFETY: fcntl on the standard descriptors, flags only.
+        unsafe {
+            let flags = fcntl(fd, F_GETFL);
+            if flags >= 0 && flags & O_NONBLOCK != 0 {
+                fcntl(fd, F_SETFL, flags & !O_NONBLOCK);
+            }
+        }
+    }
+}
+
+/// Each task's own variables (`SLURM_PROCID`, its step's ...), by node
+/// index and task, for step `step_id` of `plan` in a job of nodes `all_names`.
+fn task_vars<'a>(
+    plan: &'a Plan,
+    all_names: &[String],
+    step_id: u32,
+) -> impl Fn(u32, u32) -> BTreeMap<String, String> + 'a {
+    let step_names: Vec<&str> =
+        plan.nodes.iter().filter_map(|n| all_names.get(*n as usize)).map(String::as_str).collect();
+    let step_nodelist = ebb_core::hostlist::compress(&step_names);
+    let per_node: Vec<String> =
+        plan.nodes.iter().map(|n| plan.tasks.iter().filter(|t| t.0 == *n).count().to_string()).collect();
+    let per_node = per_node.join(",");
+    move |node: u32, task: u32| -> BTreeMap<String, String> {
+        let mut vars = BTreeMap::from([
+            ("SLURM_PROCID".to_string(), task.to_string()),
+            ("SLURM_NODEID".to_string(), node.to_string()),
+            ("SLURM_STEP_ID".to_string(), step_id.to_string()),
+            ("SLURM_STEPID".to_string(), step_id.to_string()),
+            ("SLURM_STEP_NUM_TASKS".to_string(), plan.ntasks.to_string()),
+            ("SLURM_STEP_NUM_NODES".to_string(), plan.nodes.len().to_string()),
+            ("SLURM_STEP_NODELIST".to_string(), step_nodelist.clone()),
+            ("SLURM_STEP_TASKS_PER_NODE".to_string(), per_node.clone()),
+            ("SLURM_NTASKS".to_string(), plan.ntasks.to_string()),
+            ("SLURM_NPROCS".to_string(), plan.ntasks.to_string()),
+        ]);
+        if let Some(cpus) = plan.cpus_per_task {
+            vars.insert("SLURM_CPUS_PER_TASK".to_string(), cpus.to_string());
+        }
+        vars
+    }
 }
 
 /// Copies a task's pipe to `srun`'s own output, line by line, each begun

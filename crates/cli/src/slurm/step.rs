@@ -10,7 +10,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 
-use crate::error::{usage, CliError};
+use crate::error::{failed, file, usage, CliError};
 use ebb_agent::slurm::Route;
 use nix::sys::signal::{SigSet, Signal};
 
@@ -230,6 +230,20 @@ fn batch_args(args: &[String]) -> Result<BatchArgs, CliError> {
     Ok(parsed)
 }
 
+/// Claims the next step number in `steps` (a file per step, made
+/// exclusively, so concurrent `srun`s never share one).
+pub fn claim_step(steps: &std::path::Path) -> Result<(u32, std::path::PathBuf), CliError> {
+    for n in 0..100_000 {
+        let path = steps.join(n.to_string());
+        match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
+            Ok(_) => return Ok((n, path)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(file(&path)(e)),
+        }
+    }
+    Err(failed("no step number left"))
+}
+
 /// `ebb slurm-batch ...`: runs the job's script with its output and error
 /// in their files, routes the job's `--signal`, and ends as the script
 /// did. Not for people: the agent starts it.
@@ -245,8 +259,13 @@ pub fn batch(args: &[String]) -> ! {
     if let Some(hub) = env.get("EBB_SLURM_HUB") {
         match env.get("SLURM_NODEID").map(String::as_str) {
             Some("0") | None => {
+                // This node's own steps listener too: `srun --jobid` from
+                // outside the job runs its tasks here through it.
                 let key = env.get("EBB_SLURM_KEY").cloned().unwrap_or_default();
-                super::remote::serve_directory(hub, key).unwrap_or_else(|e| fail(e.to_string()));
+                let at = super::remote::serve_steps(key.clone(), &a.steps, env.clone())
+                    .unwrap_or_else(|e| fail(format!("cannot listen for steps: {e}")));
+                let first = super::remote::FirstNode { at, steps: a.steps.clone() };
+                super::remote::serve_directory(hub, key, first).unwrap_or_else(|e| fail(e.to_string()));
             }
             Some(_) => super::remote::node_step(&a.steps, a.to_batch),
         }

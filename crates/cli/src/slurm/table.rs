@@ -123,7 +123,7 @@ pub static OPTIONS: &[Spec] = &[
     opt(BOTH, "input", "i", REQUIRED, Refused("a job's standard input is /dev/null")),
     opt(SRUN, "interactive", "", NONE, Refused("Ebb runs no interactive terminals")),
     opt(BOTH, "job-name", "J", REQUIRED, Honoured),
-    opt(SRUN, "jobid", "", REQUIRED, Refused("srun starts steps only inside its own job's allocation (SLURM_JOB_ID set by Ebb)")),
+    opt(SRUN, "jobid", "", REQUIRED, Honoured),
     opt(SRUN, "kill-on-bad-exit", "K", OPTIONAL, Honoured),
     opt(SBATCH, "kill-on-invalid-dep", "", REQUIRED, Ignored(DEPENDENCY_FAILS)),
     opt(SRUN, "label", "l", NONE, Honoured),

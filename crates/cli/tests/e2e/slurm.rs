@@ -435,3 +435,105 @@ srun --het-group=1 bash -c 'echo "worker task $SLURM_PROCID on node $SLURM_NODEI
         format!("{id}+0 1 gres/gpu:4\n{id}+1 2 gres/gpu:4\n")
     );
 }
+
+/// `srun --jobid` from outside a running job, as from a login node (and
+/// as SkyPilot runs everything): its tasks run on the job's nodes with the
+/// job's variables, output and input byte for byte (rsync copies through
+/// it both ways), its exit is the task's, ending srun ends them, and only
+/// the job's own tenant gets in, only while it runs.
+#[test]
+fn srun_jobid_runs_a_step_in_a_running_job_from_outside_it() {
+    let cluster = Cluster::start(Options { nodes: 2, gpus: 4, ..Default::default() });
+    let bin = install(&cluster);
+    let run = |args: &[&str]| user(&cluster, &bin, args[0]).args(&args[1..]).output().unwrap();
+    let id = ok(run(&["sbatch", "--parsable", "-N2", "--gpus-per-node=4", "--wrap", "sleep 600"]), "sbatch");
+    let id = id.trim().to_string();
+    cluster.wait_state(id.parse().unwrap(), "running");
+    let jobid = format!("--jobid={id}");
+    let nodes = ok(run(&["squeue", "-h", "-j", &id, "-o", "%N"]), "squeue");
+    let nodes = ebb_core::hostlist::expand(nodes.trim()).unwrap();
+
+    let said = ok(
+        run(&[
+            "srun",
+            &jobid,
+            "--overlap",
+            "-N2",
+            "-l",
+            "bash",
+            "-c",
+            "echo $SLURM_JOB_ID $SLURM_NODEID $SLURM_NNODES",
+        ]),
+        "srun -N2",
+    );
+    let mut lines: Vec<&str> = said.lines().collect();
+    lines.sort();
+    assert_eq!(lines, [format!("0: {id} 0 2"), format!("1: {id} 1 2")], "{said}");
+
+    let second = ["--nodelist", nodes[1].as_str(), "--nodes=1", "--ntasks=1"];
+    let failed = run(&[&["srun", &jobid][..], &second, &["bash", "-c", "exit 3"]].concat());
+    assert_eq!(failed.status.code(), Some(3), "{:?}", text(&failed));
+
+    // Every byte value, in and out, through cat on the second node.
+    let bytes: Vec<u8> = (0..(1 << 20)).map(|i| (i * 7 % 256) as u8).collect();
+    let blob = cluster.submit_dir().join("blob.bin");
+    std::fs::write(&blob, &bytes).unwrap();
+    let cat = user(&cluster, &bin, "srun")
+        .args([&[jobid.as_str()][..], &second, &["cat"]].concat())
+        .stdin(std::fs::File::open(&blob).unwrap())
+        .output()
+        .unwrap();
+    assert!(cat.status.success(), "{:?}", text(&cat));
+    assert!(
+        cat.stdout == bytes,
+        "cat through srun --jobid gave {} bytes back, not the same",
+        cat.stdout.len()
+    );
+
+    // rsync both ways, srun as its remote shell, as SkyPilot's file sync.
+    let shell = cluster.submit_dir().join("srun-shell");
+    std::fs::write(
+        &shell,
+        "#!/bin/bash\njob=${1%%+*}; node=${1#*+}; shift\n\
+         exec srun --quiet --overlap --jobid=\"$job\" --nodelist=\"$node\" --nodes=1 --ntasks=1 \"$@\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&shell, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let (there, back) = (cluster.submit_dir().join("there"), cluster.submit_dir().join("back"));
+    let remote = format!("{id}+{}:{}/", nodes[1], there.display());
+    let e = shell.to_str().unwrap();
+    ok(run(&["rsync", "-a", "-e", e, blob.to_str().unwrap(), &remote]), "rsync up");
+    ok(run(&["rsync", "-a", "-e", e, &remote, back.to_str().unwrap()]), "rsync down");
+    assert!(
+        std::fs::read(back.join("blob.bin")).unwrap() == bytes,
+        "rsync through srun --jobid changed the bytes"
+    );
+
+    // srun ended: its task on the node goes too.
+    let pid_file = cluster.submit_dir().join("task.pid");
+    let script = format!("echo $$ > {}; exec sleep 999", pid_file.display());
+    let mut held =
+        user(&cluster, &bin, "srun").args([&jobid, "-N1", "-n1", "bash", "-c", &script]).spawn().unwrap();
+    let pid: i32 = wait_for("the attached task's pid", Duration::from_secs(20), || {
+        std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok()
+    });
+    held.kill().unwrap();
+    held.wait().unwrap();
+    wait_for("the attached task to end with its srun", Duration::from_secs(10), || {
+        (!Path::new(&format!("/proc/{pid}")).exists()).then_some(())
+    });
+
+    // Another tenant's token: no such job. Not running: said.
+    let other: serde_json::Value =
+        serde_json::from_str(&cluster.ebb(&["tenant", "create", "outsider", "--json"])).unwrap();
+    let outsider = user(&cluster, &bin, "srun")
+        .args([&jobid, "true"])
+        .env("EBB_TOKEN", other["token"].as_str().unwrap())
+        .output()
+        .unwrap();
+    assert!(!outsider.status.success() && text(&outsider).1.contains("not found"), "{:?}", text(&outsider));
+    ok(run(&["scancel", &id]), "scancel");
+    cluster.wait_state(id.parse().unwrap(), "cancelled");
+    let ended = run(&["srun", &jobid, "true"]);
+    assert!(text(&ended).1.contains("steps run only in a running job"), "{:?}", text(&ended));
+}

@@ -13,6 +13,7 @@ impl<S: Store> Engine<S> {
             | Msg::Job { .. }
             | Msg::Cancel { .. }
             | Msg::Signal { .. }
+            | Msg::Steps { .. }
             | Msg::Drill { .. }
             | Msg::LogFile { .. }
             | Msg::Capacity { .. }
@@ -80,6 +81,10 @@ impl<S: Store> Engine<S> {
             }
             Msg::Signal { principal, id, signal, batch_only, reply } => {
                 let result = self.visible(&principal, id).and_then(|()| self.signal(id, signal, batch_only));
+                self.answer(reply, result)?;
+            }
+            Msg::Steps { principal, id, reply } => {
+                let result = self.visible(&principal, id).and_then(|()| self.step_access(&principal, id));
                 self.answer(reply, result)?;
             }
             Msg::Drill { principal, id, reply } => {

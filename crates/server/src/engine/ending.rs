@@ -222,6 +222,7 @@ fn leave_attempt(job: &mut JobRecord) {
     job.drain = None;
     job.vanished = false;
     job.rendezvous = None;
+    job.step_key = None;
     job.gang_grace_until = None;
     job.gang_stopped = None;
     job.rendezvous_failed = None;

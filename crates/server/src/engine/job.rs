@@ -245,6 +245,11 @@ pub struct JobRecord {
     /// A live gang's rendezvous (`MASTER_ADDR`, `MASTER_PORT`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rendezvous: Option<(String, u16)>,
+    /// A live Slurm job's step key: what its batch steps and every `srun`
+    /// into it (from inside, or from a login node with `--jobid`, which
+    /// the job's tenant is given it for) must present. Drawn per attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_key: Option<String>,
     /// The live attempt's GPU model and rates per GPU-hour (its tier's, and
     /// on-demand's), fixed when it was placed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -634,6 +639,7 @@ impl JobRecord {
             lost_gpu_ms: 0,
             interval: None,
             rendezvous: None,
+            step_key: None,
             billing: None,
             waiting: None,
             quick_exits: 0,

@@ -40,6 +40,32 @@ impl<S: Store> Engine<S> {
         Ok(self.view(&self.jobs[&id], Vec::new()))
     }
 
+    /// Where the tenant's running Slurm job `id` keeps its steps, and their
+    /// key: its own tenant's alone (an admin may see the job, not run in
+    /// it: the key is the tenant's processes' own).
+    pub(super) fn step_access(&self, principal: &Principal, id: JobId) -> Result<ebb_api::StepAccess, Fail> {
+        let job = &self.jobs[&id];
+        if principal.tenant.as_ref().is_none_or(|(tenant, _)| *tenant != job.tenant) {
+            return Err(Refusal::not_found(format!("job {id}: not a job of this tenant's")).into());
+        }
+        if job.spec.slurm.is_none() {
+            return Err(
+                Refusal::conflict(format!("job {id}: not a Slurm job; its processes have no steps")).into()
+            );
+        }
+        if !matches!(job.state, JobState::Running | JobState::Draining) {
+            let state = job.state.as_str();
+            return Err(
+                Refusal::conflict(format!("job {id}: {state}; steps run only in a running job")).into()
+            );
+        }
+        let (Some((addr, port)), Some(key)) = (&job.rendezvous, &job.step_key) else {
+            let why = "its start went to its node ahead of its placement, without a step directory";
+            return Err(Refusal::conflict(format!("job {id}: no step directory ({why})")).into());
+        };
+        Ok(self.launch().step_access(job, format!("{addr}:{port}"), key.clone()))
+    }
+
     /// Jobs whose restart back-off is over go back to the scheduler.
     pub(super) fn end_backoffs(&mut self, now: u64) -> Written {
         let Parts { jobs, core, mut fx, .. } = self.parts();

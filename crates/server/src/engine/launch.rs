@@ -66,11 +66,9 @@ impl Launch<'_> {
         let interval = job.interval.as_ref().map(|(s, _)| s.to_string()).unwrap_or_default();
         let nodes = job.placement.len();
         let slurm = job.spec.slurm.as_ref().map(|_| slurm_env(job));
-        // A Slurm gang's steps meet at its first node's batch step (the
-        // rendezvous port), with a key of this attempt's: drawn only for
-        // such a gang, not on every start.
-        let step_key =
-            (slurm.is_some() && job.rendezvous.is_some()).then(crate::new_token).unwrap_or_default();
+        // A Slurm job's steps meet at its first node's batch step (the
+        // rendezvous port), with its attempt's key.
+        let step_key = job.step_key.clone().unwrap_or_default();
         let run = job.run_id();
         let start = |rank: usize, node: &str, gpus: &Vec<u8>| {
             let mut env = (*job.spec.env).clone();
@@ -154,6 +152,16 @@ impl Launch<'_> {
             .enumerate()
             .map(|(rank, p)| (p.node.clone(), start(rank, &p.node, &p.gpus)))
             .collect()
+    }
+
+    /// What `srun --jobid` from outside needs of running Slurm job `job`:
+    /// where its steps meet (`hub`), their key, and the variables its
+    /// processes have in common.
+    pub fn step_access(&self, job: &JobRecord, hub: String, key: String) -> ebb_api::StepAccess {
+        let mut env: BTreeMap<String, String> = slurm_env(job).into_iter().collect();
+        env.insert("EBB_SLURM_HUB".into(), hub.clone());
+        env.insert("EBB_SLURM_KEY".into(), key.clone());
+        ebb_api::StepAccess { hub, key, env }
     }
 
     /// Young/Daly for `job` about to run on `placement`: δ from its own

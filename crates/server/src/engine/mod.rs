@@ -145,6 +145,12 @@ pub enum Msg {
         batch_only: bool,
         reply: oneshot::Sender<Result<ebb_api::Job, Refusal>>,
     },
+    /// How the job's tenant reaches its running Slurm job's steps.
+    Steps {
+        principal: Principal,
+        id: JobId,
+        reply: oneshot::Sender<Result<ebb_api::StepAccess, Refusal>>,
+    },
     Partitions {
         reply: oneshot::Sender<Vec<ebb_api::Partition>>,
     },

@@ -121,7 +121,10 @@ impl<S: Store> Engine<S> {
             }
         };
         // An elastic job may grow onto more nodes: it meets from its start.
-        let gang = placement.len() > 1 || self.jobs[&id].spec.max_gpus.is_some();
+        // A Slurm job's first node keeps its step directory on the port,
+        // one node or many: `srun --jobid` reaches its steps there.
+        let spec = &self.jobs[&id].spec;
+        let gang = placement.len() > 1 || spec.max_gpus.is_some() || spec.slurm.is_some();
         let rendezvous = gang.then(|| self.launch().rendezvous(&self.jobs, &placement[0].node));
         let billing = self.rates(self.jobs[&id].tier, &placement[0].node)?;
         let new = NewAttempt {
@@ -184,6 +187,7 @@ pub(super) fn begin_attempt(p: &mut Parts<'_, impl Effects>, id: JobId, new: New
     let job = p.jobs.get_mut(&id).expect("known job");
     job.billing = Some(billing);
     job.interval = Some(interval.clone());
+    job.step_key = (job.spec.slurm.is_some() && rendezvous.is_some()).then(crate::new_token);
     job.rendezvous = rendezvous;
     job.run_started_ms = None;
     job.started_on.clear();

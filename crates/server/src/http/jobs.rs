@@ -200,6 +200,21 @@ pub(super) async fn signal_job(
     Ok(Json(app.ask(|reply| Msg::Signal { principal, id, signal, batch_only, reply }).await??))
 }
 
+/// How to reach a running Slurm job's steps from outside it (`srun
+/// --jobid`): for the job's own tenant only. A job that is not a running
+/// Slurm job, or whose steps have no directory, is a 409 saying which.
+#[utoipa::path(get, path = "/v1/jobs/{id}/steps", tag = "jobs", params(("id" = u64, Path)),
+    responses((status = 200, body = api::StepAccess), (status = 404, description = "No such job of the caller's tenant", body = api::ErrorBody),
+        (status = 409, description = "The job is not a running Slurm job with a step directory", body = api::ErrorBody)))]
+pub(super) async fn job_steps(
+    State(app): State<App>,
+    headers: HeaderMap,
+    ApiPath(id): ApiPath<JobId>,
+) -> ApiResult<Json<api::StepAccess>> {
+    let principal = app.tenant(&headers)?;
+    Ok(Json(app.ask(|reply| Msg::Steps { principal, id, reply }).await??))
+}
+
 /// The Slurm partitions (`sbatch --partition`) and the tier each runs in
 /// (any token).
 #[utoipa::path(get, path = "/v1/partitions", tag = "jobs", responses((status = 200, body = [api::Partition])))]

@@ -309,6 +309,7 @@ fn router(app: App, role: Arc<Role>, proxy: Proxy) -> Router {
         .route("/v1/jobs/{id}", get(jobs::show_job))
         .route("/v1/jobs/{id}/cancel", post(jobs::cancel_job))
         .route("/v1/jobs/{id}/signal", post(jobs::signal_job))
+        .route("/v1/jobs/{id}/steps", get(jobs::job_steps))
         .route("/v1/partitions", get(jobs::list_partitions))
         .route("/v1/jobs/{id}/drill", post(jobs::drill_job))
         .route("/v1/jobs/{id}/logs", get(jobs::job_logs))
