@@ -131,6 +131,8 @@ impl<S: Supervisor> Agent<S> {
             unreported: self.unreported(),
             starts_when_free: S::STARTS_WHEN_FREE,
             waiting: self.supervisor.waiting(),
+            cpus: crate::host::cpus(),
+            memory_mib: crate::host::memory_mib(),
         };
         let registered = self.client.register(&body).await?;
         tracing::info!(node = self.node.name, gpus = self.node.gpus, "registered");

@@ -26,6 +26,7 @@ mod drain;
 mod fleet;
 pub mod gpus;
 pub mod health;
+mod host;
 pub mod identity;
 mod ledger;
 mod metadata;

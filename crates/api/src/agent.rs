@@ -41,6 +41,14 @@ pub struct Register {
     /// such starts only to agents that say they can.
     #[serde(default)]
     pub starts_when_free: bool,
+    /// The node's CPUs and memory (MiB), as Slurm's `sinfo %c %m` and
+    /// `scontrol show node` give them to the tools that read them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 1048576)]
+    pub cpus: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 1099511627776_u64)]
+    pub memory_mib: Option<u64>,
     /// Starts the agent holds back until their GPUs are free, not yet
     /// running.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

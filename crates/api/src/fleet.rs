@@ -51,6 +51,14 @@ pub struct Node {
     /// thermal limit, an application's Xid): shown, counted.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// Where the other nodes and the login hosts reach it, its CPUs and
+    /// its memory (MiB), as its agent said (absent: it did not).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mib: Option<u64>,
 }
 
 /// A GPU out of service: the scheduler places nothing on it.

@@ -4,7 +4,8 @@
 //! a number that may be unset is `{"set", "infinite", "number"}`, a state
 //! a list of names, an exit code `{"status", "return_code", "signal"}`.
 //! Ebb fills the fields it knows and leaves out the ones it does not (a
-//! node's CPUs and memory), rather than invent them.
+//! node's CPUs and memory where its agent did not say), rather than
+//! invent them.
 
 use ebb_api as api;
 use serde_json::{json, Value};
@@ -182,7 +183,14 @@ pub fn sinfo(nodes: &[api::Node], partitions: &[(String, bool)]) -> String {
             let busy = matches!(long, "allocated" | "mixed" | "draining");
             let idle = long == "idle";
             let total = group.len();
-            records.push(json!({
+            let addresses: Vec<&str> =
+                group.iter().map(|n| n.address.as_deref().unwrap_or(n.name.as_str())).collect();
+            let range = |values: Vec<u64>| -> Option<(u64, u64)> {
+                Some((*values.iter().min()?, *values.iter().max()?)).filter(|_| values.len() == group.len())
+            };
+            let cpus = range(group.iter().filter_map(|n| n.cpus.map(u64::from)).collect());
+            let memory = range(group.iter().filter_map(|n| n.memory_mib).collect());
+            let mut record = json!({
                 "port": 0,
                 "node": {"state": [long.to_ascii_uppercase()]},
                 "nodes": {
@@ -191,7 +199,7 @@ pub fn sinfo(nodes: &[api::Node], partitions: &[(String, bool)]) -> String {
                     "other": if busy || idle { 0 } else { total },
                     "total": total,
                     "hostnames": names,
-                    "addresses": [],
+                    "addresses": addresses,
                     "nodes": names,
                 },
                 "gres": {
@@ -203,7 +211,14 @@ pub fn sinfo(nodes: &[api::Node], partitions: &[(String, bool)]) -> String {
                     "time": 0,
                 },
                 "partition": {"name": partition, "partition": {"state": ["UP"]}},
-            }));
+            });
+            if let Some((least, most)) = cpus {
+                record["cpus"] = json!({"minimum": least, "maximum": most});
+            }
+            if let Some((least, most)) = memory {
+                record["memory"] = json!({"minimum": least, "maximum": most});
+            }
+            records.push(record);
         }
     }
     envelope("sinfo", "sinfo", records)

@@ -218,8 +218,10 @@ pub fn show_nodes(
         let reason = node.drained_for.clone().or_else(|| node.unhealthy.clone());
         let mut words = vec![
             ("NodeName", node.name.clone()),
-            ("NodeAddr", node.name.clone()),
+            ("NodeAddr", node.address.clone().unwrap_or_else(|| node.name.clone())),
             ("NodeHostName", node.name.clone()),
+            ("CPUTot", node.cpus.unwrap_or(1).to_string()),
+            ("RealMemory", node.memory_mib.unwrap_or(1).to_string()),
             ("Gres", format!("gpu:{}:{}", node.gpu_model, node.gpus)),
             ("GresUsed", format!("gpu:{}:{}", node.gpu_model, node.gpus_used)),
             ("State", super::sinfo::node_state(node).1.to_ascii_uppercase()),
@@ -247,7 +249,8 @@ mod tests {
         serde_json::from_value(json!({
             "name": name, "gpu_model": "H100-80GB", "gpus": 8, "status": status, "unhealthy": null,
             "gpus_used": used, "gpus_held": 0, "held": [], "last_heartbeat": "", "jobs": [], "placements": [],
-            "drained_for": drained_for, "gpus_out": [], "warnings": []
+            "drained_for": drained_for, "gpus_out": [], "warnings": [], "address": "10.0.0.7", "cpus": 64,
+            "memory_mib": 515000
         }))
         .unwrap()
     }
@@ -273,7 +276,10 @@ mod tests {
         assert!(lines[0].contains(" Nodes=node-[0-1] ") && lines[0].ends_with(" TRES=gres/gpu=16"), "{text}");
         let one = show_nodes(&nodes, &partitions(), Some("node-1"), false).unwrap();
         assert!(
-            one.starts_with("NodeName=node-1\n   NodeAddr=node-1 NodeHostName=node-1 Gres=gpu:H100-80GB:8\n"),
+            one.starts_with(
+                "NodeName=node-1\n   NodeAddr=10.0.0.7 NodeHostName=node-1 CPUTot=64\n   RealMemory=515000 \
+                 Gres=gpu:H100-80GB:8 "
+            ),
             "{one}"
         );
         assert!(

@@ -38,6 +38,8 @@ const SINFO_FIELDS: &[(char, &str)] = &[
     ('N', "NODELIST"),
     ('n', "HOSTNAMES"),
     ('G', "GRES"),
+    ('c', "CPUS"),
+    ('m', "MEMORY"),
     ('E', "REASON"),
 ];
 
@@ -67,6 +69,10 @@ fn sinfo_field(row: &SinfoRow, letter: char) -> String {
         'T' => first.map_or("", |n| node_state(n).1).to_string(),
         'N' | 'n' => ebb_core::hostlist::compress(&names),
         'G' => first.map_or("(null)".into(), |n| format!("gpu:{}:{}", n.gpu_model, n.gpus)),
+        // What its agent said; unsaid, Slurm's own default for a node
+        // whose line names none: 1.
+        'c' => first.and_then(|n| n.cpus).unwrap_or(1).to_string(),
+        'm' => first.and_then(|n| n.memory_mib).unwrap_or(1).to_string(),
         'E' => first
             .and_then(|n| n.drained_for.clone().or_else(|| n.unhealthy.clone()))
             .unwrap_or_else(|| "none".into()),
@@ -198,6 +204,9 @@ mod tests {
             drained_for: None,
             gpus_out: Vec::new(),
             warnings: Vec::new(),
+            address: None,
+            cpus: (name != "node-1").then_some(32),
+            memory_mib: (name != "node-1").then_some(257_000),
         };
         let mut faulted = node("node-4", 0, "up");
         faulted.gpus_out.push(api::GpuOutOfService {
@@ -222,10 +231,12 @@ mod tests {
             "a GPU out is taken: {text}"
         );
         assert!(text.contains("drng node-3"), "{text}");
-        // Node by node, with the fields SkyPilot reads.
-        let rows = sinfo_rows(&nodes, &[("spot".into(), true)], "%N|%t|%G|%P", true);
-        assert_eq!(rows[0], "node-0|idle|gpu:H100:4|spot*");
-        assert_eq!(rows[3], "node-3|drng|gpu:H100:4|spot*");
+        // Node by node, with the fields SkyPilot reads; a node whose agent
+        // did not say its CPUs and memory has Slurm's default, 1.
+        let rows = sinfo_rows(&nodes, &[("spot".into(), true)], "%N|%t|%G|%c|%m|%P", true);
+        assert_eq!(rows[0], "node-0|idle|gpu:H100:4|32|257000|spot*");
+        assert_eq!(rows[1], "node-1|idle|gpu:H100:4|1|1|spot*");
+        assert_eq!(rows[3], "node-3|drng|gpu:H100:4|32|257000|spot*");
         assert_eq!(rows.len(), 5);
     }
 }

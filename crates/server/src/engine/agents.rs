@@ -322,6 +322,12 @@ fn check_registration(reg: &Register) -> Result<(), Refusal> {
             reg.gpus
         )));
     }
+    if let Some(cpus) = reg.cpus.filter(|c| !(1..=1 << 20).contains(c)) {
+        return Err(Refusal::invalid(format!("cpus: must be between 1 and 1048576, got {cpus}")));
+    }
+    if let Some(mib) = reg.memory_mib.filter(|m| !(1..=1 << 40).contains(m)) {
+        return Err(Refusal::invalid(format!("memory_mib: must be between 1 and 1099511627776, got {mib}")));
+    }
     Ok(())
 }
 
@@ -371,8 +377,10 @@ pub(super) fn join(p: &mut Parts<impl Effects>, reg: &Register) -> Result<(), Fa
             heard(p.fleet, p.core, &mut p.fx, &reg.node, now)?;
             fleet::agent_started_again(p, &reg.node)?;
             let row = &p.fleet.nodes[&reg.node];
-            if reg.address.is_some() && row.address != reg.address {
-                let row = NodeRow { address: reg.address.clone(), ..row.clone() };
+            let said = (reg.address.clone().or(row.address.clone()), reg.cpus, reg.memory_mib);
+            if said != (row.address.clone(), row.cpus, row.memory_mib) {
+                let (address, cpus, memory_mib) = said;
+                let row = NodeRow { address, cpus, memory_mib, ..row.clone() };
                 p.fleet.write(row, &mut p.fx)?;
             }
             return Ok(());
@@ -395,6 +403,8 @@ pub(super) fn join(p: &mut Parts<impl Effects>, reg: &Register) -> Result<(), Fa
         labels: reg.labels.clone(),
         drained: false,
         address: reg.address.clone(),
+        cpus: reg.cpus,
+        memory_mib: reg.memory_mib,
         joined_ms: known.map_or(now, |n| n.joined_ms),
         interruptions: known.map_or(0, |n| n.interruptions),
         removed: false,
@@ -555,6 +565,8 @@ mod tests {
             unreported: Vec::new(),
             starts_when_free: false,
             waiting: Vec::new(),
+            cpus: None,
+            memory_mib: None,
         }
     }
 

@@ -405,6 +405,9 @@ impl<S: Store> Engine<S> {
                 .filter(|f| f.class() == ebb_api::HealthClass::Warn)
                 .map(|f| f.describe())
                 .collect(),
+            address: row.address.clone(),
+            cpus: row.cpus,
+            memory_mib: row.memory_mib,
         }
     }
 

@@ -111,6 +111,11 @@ pub struct NodeRow {
     /// Where other nodes reach it (a gang's `MASTER_ADDR`).
     #[serde(default)]
     pub address: Option<String>,
+    /// Its CPUs and memory (MiB), as its agent last said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mib: Option<u64>,
     /// When it first joined, and how often it has been interrupted without
     /// notice since (lost, or its agent came back without its attempts):
     /// what the recommended checkpoint interval is estimated from.

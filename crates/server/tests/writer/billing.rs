@@ -266,6 +266,8 @@ impl<S: Store> World<S> {
                 unreported: node.unreported.clone(),
                 starts_when_free: false,
                 waiting: Vec::new(),
+                cpus: None,
+                memory_mib: None,
             };
             let principal = if node.credential { Principal::node(&node.name) } else { Principal::join() };
             let Some(Ok(registered)) = self.call(|reply| Msg::Register { principal, reg, reply }) else {

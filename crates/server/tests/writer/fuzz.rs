@@ -248,6 +248,8 @@ impl World {
                     unreported: unreported.iter().map(|e| self.event(e, name)).collect(),
                     starts_when_free,
                     waiting: waiting.iter().map(|w| self.attempt(*w, name)).collect(),
+                    cpus: None,
+                    memory_mib: None,
                 };
                 if let Ok(registered) = self.call(|reply| Msg::Register { principal, reg, reply }) {
                     self.agents.insert(name, (registered.epoch, registered.next_seq));

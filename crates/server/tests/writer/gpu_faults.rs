@@ -84,6 +84,8 @@ impl Server {
             unreported,
             starts_when_free: false,
             waiting: Vec::new(),
+            cpus: None,
+            memory_mib: None,
         })
     }
 

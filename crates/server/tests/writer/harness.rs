@@ -384,6 +384,8 @@ impl<S: Store> TestEnv<S> {
             unreported,
             starts_when_free: self.starts_when_free,
             waiting: self.waiting.clone(),
+            cpus: None,
+            memory_mib: None,
         };
         self.try_register(reg).unwrap();
     }

@@ -333,6 +333,8 @@ impl Node {
             unreported: Vec::new(),
             starts_when_free: self.capable,
             waiting: self.waiting.iter().copied().collect(),
+            cpus: None,
+            memory_mib: None,
         };
         let principal = Principal::node("n1");
         let registered = env.call(|reply| Msg::Register { principal, reg, reply }).expect("registered");

@@ -92,6 +92,8 @@ fn exercise(store: &mut impl Store) -> String {
         gpus_out: Vec::new(),
         gpu_faults: Vec::new(),
         health: Vec::new(),
+        cpus: None,
+        memory_mib: None,
     };
     store.put_node(&node).unwrap();
     // A node's health travels whole: what was found, the GPU it took out.
