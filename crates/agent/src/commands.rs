@@ -223,9 +223,15 @@ impl<S: Supervisor> Agent<S> {
                 self.supervisor.abandon(*attempt, why);
                 *attempt
             }
-            Action::Signal { attempt, signal, batch_only } => {
+            Action::Signal { attempt, signal, batch_only, full } => {
+                use crate::slurm::Route;
+                let route = match (batch_only, full) {
+                    (true, _) => Route::Batch,
+                    (false, true) => Route::Full,
+                    (false, false) => Route::Steps,
+                };
                 if let Ok(signal) = nix::sys::signal::Signal::try_from(*signal) {
-                    self.supervisor.pass_signal(*attempt, signal, *batch_only);
+                    self.supervisor.pass_signal(*attempt, signal, route);
                 }
                 return;
             }

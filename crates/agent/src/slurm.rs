@@ -31,6 +31,9 @@ pub enum Route {
     Batch = 2,
     /// `scancel --signal`: the steps' tasks.
     Steps = 3,
+    /// `scancel --signal --full`: the steps' tasks, the batch shell and
+    /// its children.
+    Full = 4,
 }
 
 impl Route {
@@ -39,6 +42,7 @@ impl Route {
             1 => Some(Route::Drain),
             2 => Some(Route::Batch),
             3 => Some(Route::Steps),
+            4 => Some(Route::Full),
             _ => None,
         }
     }

@@ -127,10 +127,11 @@ pub(crate) trait Supervisor: Send + Sync + 'static {
     }
 
     /// A signal the job's owner sent (`scancel --signal`): a Slurm job's
-    /// batch step passes it to its steps' tasks or (`batch_only`) its
-    /// batch shell; any other job's processes all get it.
-    fn pass_signal(&self, attempt: AttemptRef, signal: Signal, batch_only: bool) {
-        let _ = batch_only;
+    /// batch step passes it where `route` says (its steps' tasks, its
+    /// batch shell, or both with the shell's children); any other job's
+    /// processes all get it.
+    fn pass_signal(&self, attempt: AttemptRef, signal: Signal, route: crate::slurm::Route) {
+        let _ = route;
         self.signal(attempt, signal);
     }
 
@@ -799,13 +800,10 @@ impl Supervisor for Processes {
         }
     }
 
-    fn pass_signal(&self, attempt: AttemptRef, signal: Signal, batch_only: bool) {
+    fn pass_signal(&self, attempt: AttemptRef, signal: Signal, route: crate::slurm::Route) {
         let slurm = self.running.lock().expect("running").get(&attempt).filter(|r| r.slurm).map(|r| r.pgid);
         match slurm {
-            Some(pid) => {
-                let route = if batch_only { crate::slurm::Route::Batch } else { crate::slurm::Route::Steps };
-                route.send(pid, signal);
-            }
+            Some(pid) => route.send(pid, signal),
             None => self.signal_all(attempt, signal),
         }
     }

@@ -130,6 +130,9 @@ pub enum Action {
         signal: i32,
         #[serde(default)]
         batch_only: bool,
+        /// Steps, batch shell and its children (`scancel --full`).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        full: bool,
     },
 }
 

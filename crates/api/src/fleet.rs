@@ -374,8 +374,13 @@ pub struct SignalRequest {
         pattern = r"^(([Ss][Ii][Gg])?([Hh][Uu][Pp]|[Ii][Nn][Tt]|[Qq][Uu][Ii][Tt]|[Kk][Ii][Ll][Ll]|[Uu][Ss][Rr][12]|[Tt][Ee][Rr][Mm]|[Cc][Oo][Nn][Tt]|[Ss][Tt][Oo][Pp]|[Tt][Ss][Tt][Pp]|[Ww][Ii][Nn][Cc][Hh])|\+?0*([1-9]|[1-5][0-9]|6[0-4]))$"
     )]
     pub signal: String,
+    /// The batch shell alone (Slurm's `scancel -b`).
     #[serde(default)]
     pub batch_only: bool,
+    /// The steps' tasks and the batch shell with its children too
+    /// (Slurm's `scancel -f`); `batch_only` wins over it.
+    #[serde(default)]
+    pub full: bool,
 }
 
 /// `GET /v1/jobs/{id}/steps`: how the job's tenant reaches the steps of

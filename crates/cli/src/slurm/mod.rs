@@ -298,8 +298,11 @@ async fn scancel(args: &[String]) -> Result<String, CliError> {
     if let Some(signal) = options::last(&given, "signal") {
         srun::signal_named(signal).ok_or_else(|| usage(format!("Unknown job signal: {signal}")))?;
         for job in &jobs {
-            let request =
-                api::SignalRequest { signal: signal.to_string(), batch_only: options::flag(&given, "batch") };
+            let request = api::SignalRequest {
+                signal: signal.to_string(),
+                batch_only: options::flag(&given, "batch"),
+                full: options::flag(&given, "full"),
+            };
             let _: api::Job = client.post(&format!("/v1/jobs/{}/signal", job.id), &request).await?;
         }
         return Ok(String::new());

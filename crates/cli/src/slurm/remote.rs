@@ -430,7 +430,7 @@ pub fn node_step(steps: &Path, to_batch: bool) -> ! {
                 use ebb_agent::slurm::Route;
                 let to_steps = match route {
                     Route::Drain => !to_batch,
-                    Route::Steps => true,
+                    Route::Steps | Route::Full => true,
                     Route::Batch => false,
                 };
                 if to_steps {

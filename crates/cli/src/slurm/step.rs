@@ -296,19 +296,14 @@ pub fn batch(args: &[String]) -> ! {
         .spawn()
         .unwrap_or_else(|e| fail(format!("cannot run the batch script {}: {e}", a.script.display())));
     let script_pid = child.id() as i32;
-    let status = wait_routing(&mut child, &waited, |signo, route| {
-        let to_batch = match route {
-            Route::Drain => a.to_batch,
-            Route::Batch => true,
-            Route::Steps => false,
-        };
-        match to_batch {
-            // SAFETY: kill with a plain number; the batch shell is our child.
-            true => unsafe {
-                nix::libc::kill(script_pid, signo);
-            },
-            false => signal_steps(&a.steps, signo),
-        }
+    let status = wait_routing(&mut child, &waited, |signo, route| match route {
+        Route::Full => signal_full(&a.steps, script_pid, signo),
+        Route::Drain if !a.to_batch => signal_steps(&a.steps, signo),
+        Route::Steps => signal_steps(&a.steps, signo),
+        // SAFETY: kill with a plain number; the batch shell is our child.
+        Route::Drain | Route::Batch => unsafe {
+            nix::libc::kill(script_pid, signo);
+        },
     });
     end_as(status)
 }
@@ -331,22 +326,101 @@ fn wait_routing(child: &mut Child, waited: &SigSet, route: impl Fn(i32, Route)) 
 /// Sends `signal` to every task of the job's running `srun` steps on this
 /// node (each step lists its tasks' pids in a file of `steps`).
 pub fn signal_steps(steps: &Path, signo: i32) {
-    let Ok(entries) = std::fs::read_dir(steps) else { return };
-    for entry in entries.flatten() {
-        let Ok(text) = std::fs::read_to_string(entry.path()) else { continue };
-        for pid in text.split_whitespace().filter_map(|p| p.parse::<i32>().ok()).filter(|p| *p > 1) {
-            // SAFETY: kill with plain numbers.
-            unsafe {
-                nix::libc::kill(pid, signo);
-            }
+    for pid in step_tasks(steps) {
+        // SAFETY: kill with plain numbers.
+        unsafe {
+            nix::libc::kill(pid, signo);
         }
     }
+}
+
+/// The pids of the steps' tasks, as their `srun`s listed them.
+fn step_tasks(steps: &Path) -> std::collections::BTreeSet<i32> {
+    let Ok(entries) = std::fs::read_dir(steps) else { return Default::default() };
+    entries
+        .flatten()
+        .filter_map(|entry| std::fs::read_to_string(entry.path()).ok())
+        .flat_map(|text| text.split_whitespace().filter_map(|p| p.parse::<i32>().ok()).collect::<Vec<_>>())
+        .filter(|p| *p > 1)
+        .collect()
+}
+
+/// `scancel --signal --full`: the steps' tasks, and the batch shell
+/// `script` with every process under it but the steps' (a task, and what
+/// it started, get the signal once, as a step's).
+fn signal_full(steps: &Path, script: i32, signo: i32) {
+    let tasks = step_tasks(steps);
+    signal_steps(steps, signo);
+    for pid in under(script, &tasks) {
+        // SAFETY: kill with plain numbers.
+        unsafe {
+            nix::libc::kill(pid, signo);
+        }
+    }
+}
+
+/// `root` and the processes under it, as /proc has them now, leaving out
+/// those in `apart` and everything under them.
+fn under(root: i32, apart: &std::collections::BTreeSet<i32>) -> Vec<i32> {
+    let mut children: std::collections::BTreeMap<i32, Vec<i32>> = Default::default();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+        // `PID (COMMAND) STATE PPID ...`: the command may hold spaces and ')'.
+        let Some(ppid) = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)) else {
+            continue;
+        };
+        if let Ok(ppid) = ppid.parse::<i32>() {
+            children.entry(ppid).or_default().push(pid);
+        }
+    }
+    let (mut found, mut next) = (Vec::new(), vec![root]);
+    while let Some(pid) = next.pop() {
+        if apart.contains(&pid) {
+            continue;
+        }
+        found.push(pid);
+        next.extend(children.get(&pid).into_iter().flatten());
+    }
+    found
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// `scancel --full` reaches the batch shell's children (a `sleep` it
+    /// waits on), but not a step's task again, nor what that task started.
+    #[test]
+    fn the_processes_under_a_batch_shell_leave_out_the_steps_tasks() {
+        let mut shell =
+            Command::new("bash").args(["-c", "sleep 30 & bash -c 'sleep 31 & wait' & wait"]).spawn().unwrap();
+        let root = shell.id() as i32;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let all = loop {
+            let all = under(root, &Default::default());
+            if all.len() == 4 || std::time::Instant::now() > deadline {
+                break all;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        assert_eq!(all.len(), 4, "bash, sleep 30, bash, sleep 31, and no more: {all:?}");
+        let inner_bash = all.iter().copied().find(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.starts_with("bash\0-c\0sleep 31"))
+        });
+        let apart = std::collections::BTreeSet::from([inner_bash.unwrap()]);
+        assert_eq!(under(root, &apart).len(), 2, "the task and what it started are left out");
+        let _ = shell.kill();
+        for pid in all {
+            // SAFETY: kill with plain numbers: this test's own processes.
+            unsafe {
+                nix::libc::kill(pid, nix::libc::SIGKILL);
+            }
+        }
+        let _ = shell.wait();
+    }
 
     /// An array task's output in a directory its submitter has not made
     /// yet (submitit makes it after `sbatch` answers): made with the

@@ -440,13 +440,18 @@ srun --het-group=1 bash -c 'echo "worker task $SLURM_PROCID on node $SLURM_NODEI
 /// as SkyPilot runs everything): its tasks run on the job's nodes with the
 /// job's variables, output and input byte for byte (rsync copies through
 /// it both ways), its exit is the task's, ending srun ends them, and only
-/// the job's own tenant gets in, only while it runs.
+/// the job's own tenant gets in, only while it runs; `scancel --full`
+/// ends the job's shell's children too.
 #[test]
 fn srun_jobid_runs_a_step_in_a_running_job_from_outside_it() {
     let cluster = Cluster::start(Options { nodes: 2, gpus: 4, ..Default::default() });
     let bin = install(&cluster);
     let run = |args: &[&str]| user(&cluster, &bin, args[0]).args(&args[1..]).output().unwrap();
-    let id = ok(run(&["sbatch", "--parsable", "-N2", "--gpus-per-node=4", "--wrap", "sleep 600"]), "sbatch");
+    let script = "trap 'echo the shell got TERM; exit 0' TERM; sleep 600";
+    let id = ok(
+        run(&["sbatch", "--parsable", "-N2", "--gpus-per-node=4", "-o", "full-%j.out", "--wrap", script]),
+        "sbatch",
+    );
     let id = id.trim().to_string();
     cluster.wait_state(id.parse().unwrap(), "running");
     let jobid = format!("--jobid={id}");
@@ -532,8 +537,13 @@ fn srun_jobid_runs_a_step_in_a_running_job_from_outside_it() {
         .output()
         .unwrap();
     assert!(!outsider.status.success() && text(&outsider).1.contains("not found"), "{:?}", text(&outsider));
-    ok(run(&["scancel", &id]), "scancel");
-    cluster.wait_state(id.parse().unwrap(), "cancelled");
+    // `scancel --full` reaches the shell's `sleep` too (SkyPilot's `sky
+    // down`): the shell's trap runs at once and the job ends as it says.
+    ok(run(&["scancel", "--signal", "TERM", "--full", &id]), "scancel --full");
+    cluster.wait_state(id.parse().unwrap(), "succeeded");
+    let said = std::fs::read_to_string(cluster.submit_dir().join(format!("full-{id}.out"))).unwrap();
+    // (bash says its `sleep` was "Terminated" first, as under Slurm.)
+    assert!(said.ends_with("the shell got TERM\n"), "{said}");
     let ended = run(&["srun", &jobid, "true"]);
     assert!(text(&ended).1.contains("steps run only in a running job"), "{:?}", text(&ended));
 }

@@ -79,8 +79,8 @@ impl<S: Store> Engine<S> {
                 let result = self.visible(&principal, id).and_then(|()| self.cancel(id, &req));
                 self.answer(reply, result)?;
             }
-            Msg::Signal { principal, id, signal, batch_only, reply } => {
-                let result = self.visible(&principal, id).and_then(|()| self.signal(id, signal, batch_only));
+            Msg::Signal { principal, id, signal, to, reply } => {
+                let result = self.visible(&principal, id).and_then(|()| self.signal(id, signal, to));
                 self.answer(reply, result)?;
             }
             Msg::Steps { principal, id, reply } => {

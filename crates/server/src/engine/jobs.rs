@@ -34,9 +34,9 @@ impl<S: Store> Engine<S> {
     }
 
     /// Sends `signal` to job `id`'s live attempt on each of its nodes.
-    pub(super) fn signal(&mut self, id: JobId, signal: i32, batch_only: bool) -> Result<ebb_api::Job, Fail> {
+    pub(super) fn signal(&mut self, id: JobId, signal: i32, to: (bool, bool)) -> Result<ebb_api::Job, Fail> {
         let Parts { jobs, mut fx, .. } = self.parts();
-        send_signal(jobs, &mut fx, id, (signal, batch_only))?;
+        send_signal(jobs, &mut fx, id, signal, to)?;
         Ok(self.view(&self.jobs[&id], Vec::new()))
     }
 
@@ -456,12 +456,14 @@ fn admit(p: &mut Parts<'_, impl Effects>, record: JobRecord) -> Result<(), Fail>
 }
 
 /// Sends `signal` to job `id`'s live attempt on each of its nodes (to its
-/// batch shell alone where `batch_only`).
+/// batch shell alone where `batch_only`; steps, shell and its children
+/// where `full`).
 fn send_signal(
     jobs: &JobTable,
     fx: &mut impl Effects,
     id: JobId,
-    (signal, batch_only): (i32, bool),
+    signal: i32,
+    (batch_only, full): (bool, bool),
 ) -> Result<(), Refusal> {
     let job = &jobs[&id];
     if !job.state.is_live() {
@@ -469,9 +471,9 @@ fn send_signal(
         return Err(Refusal::conflict(message));
     }
     let attempt = AttemptRef { job: id, attempt: job.attempt };
-    tracing::info!(job = id.0, signal, batch_only, "signal sent to the job");
+    tracing::info!(job = id.0, signal, batch_only, full, "signal sent to the job");
     for node in &job.running_on {
-        fx.send(node, Action::Signal { attempt, signal, batch_only });
+        fx.send(node, Action::Signal { attempt, signal, batch_only, full });
     }
     Ok(())
 }

@@ -142,7 +142,8 @@ pub enum Msg {
         principal: Principal,
         id: JobId,
         signal: i32,
-        batch_only: bool,
+        /// (the batch shell alone, everything: steps, shell, its children).
+        to: (bool, bool),
         reply: oneshot::Sender<Result<ebb_api::Job, Refusal>>,
     },
     /// How the job's tenant reaches its running Slurm job's steps.

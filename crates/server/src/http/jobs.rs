@@ -196,8 +196,8 @@ pub(super) async fn signal_job(
     let signal = crate::validate::parse_signal(&req.signal).ok_or_else(|| {
         ApiError::bad_request(format!("signal: unknown signal {:?} (e.g. USR1, SIGTERM, 10)", req.signal))
     })?;
-    let batch_only = req.batch_only;
-    Ok(Json(app.ask(|reply| Msg::Signal { principal, id, signal, batch_only, reply }).await??))
+    let to = (req.batch_only, req.full && !req.batch_only);
+    Ok(Json(app.ask(|reply| Msg::Signal { principal, id, signal, to, reply }).await??))
 }
 
 /// How to reach a running Slurm job's steps from outside it (`srun

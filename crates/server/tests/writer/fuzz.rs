@@ -204,8 +204,13 @@ impl World {
             }
             Step::Signal { id, signal, batch_only, alice } => {
                 let principal = self.who(alice);
-                let _ =
-                    self.call(|reply| Msg::Signal { principal, id: JobId(id), signal, batch_only, reply });
+                let _ = self.call(|reply| Msg::Signal {
+                    principal,
+                    id: JobId(id),
+                    signal,
+                    to: (batch_only, false),
+                    reply,
+                });
             }
             Step::Show { id } => {
                 let principal = self.env.admin.clone();

@@ -244,7 +244,20 @@ fn a_running_job_takes_a_signal_and_one_that_is_not_running_is_refused_by_state(
     );
     assert_eq!(sent.status, 200, "{}", sent.body);
     let commands = api.env.commands("n1");
-    assert_eq!(commands, [Action::Signal { attempt: started[0], signal: 12, batch_only: true }]);
+    assert_eq!(commands, [Action::Signal { attempt: started[0], signal: 12, batch_only: true, full: false }]);
+    // `scancel --full`: steps, shell and its children; with -b, the shell.
+    for (body, full) in [
+        (json!({"signal": "TERM", "full": true}), true),
+        (json!({"signal": "TERM", "full": true, "batch_only": true}), false),
+    ] {
+        let sent = api.post(&admin, &format!("/v1/jobs/{job}/signal"), &body);
+        assert_eq!(sent.status, 200, "{}", sent.body);
+        let batch_only = !full;
+        assert_eq!(
+            api.env.commands("n1"),
+            [Action::Signal { attempt: started[0], signal: 15, batch_only, full }]
+        );
+    }
     let bad = api.post(&admin, &format!("/v1/jobs/{job}/signal"), &json!({"signal": "USR9"}));
     assert_eq!(bad.status, 400, "{}", bad.body);
     let bob = api.tenant("bob");
