@@ -12,6 +12,8 @@ mod remote;
 mod sbatch;
 mod scontrol;
 mod sinfo;
+#[cfg(test)]
+mod skypilot;
 mod srun;
 mod step;
 mod table;

@@ -547,3 +547,74 @@ fn srun_jobid_runs_a_step_in_a_running_job_from_outside_it() {
     let ended = run(&["srun", &jobid, "true"]);
     assert!(text(&ended).1.contains("steps run only in a running job"), "{:?}", text(&ended));
 }
+
+/// The queries a real SkyPilot run sent its login node
+/// (`src/slurm/skypilot-commands.jsonl`, recorded by
+/// `scripts/skypilot-run`), replayed against a running job named as
+/// SkyPilot names its clusters' jobs; each answer is read as SkyPilot's
+/// Slurm adaptor reads it (`sky/adaptors/slurm.py`): numbers where it
+/// calls `int()`, states it knows, the node's address an IP it need not
+/// resolve, one default partition.
+#[test]
+fn skypilot_queries_answer_as_skypilot_reads_them() {
+    let cluster = Cluster::start(Options { nodes: 2, gpus: 4, ..Default::default() });
+    let bin = install(&cluster);
+    let run = |args: &[&str]| user(&cluster, &bin, args[0]).args(&args[1..]).output().unwrap();
+    let name = "ebb-dev-0123abcd";
+    let sbatch = ["sbatch", "--parsable", "-J", name, "-N1", "--gpus-per-node=1", "--wrap", "sleep 600"];
+    let id = ok(run(&sbatch), "sbatch").trim().to_string();
+    cluster.wait_state(id.parse().unwrap(), "running");
+    let recorded = include_str!("../../src/slurm/skypilot-commands.jsonl");
+    let mut replayed = 0;
+    for line in recorded.lines() {
+        let line = line.replace("{JOB}", &id).replace("{NAME}", name);
+        let argv: Vec<String> = serde_json::from_str(&line).unwrap();
+        if !["squeue", "sinfo", "scontrol"].contains(&argv[0].as_str()) || argv.iter().any(|a| a == "-s") {
+            continue;
+        }
+        let args: Vec<&str> = argv.iter().map(String::as_str).collect();
+        let said = ok(run(&args), &line);
+        // (scontrol's -o is its one-line flag, not a format)
+        let format = match argv[0].as_str() {
+            "scontrol" => "",
+            _ => argv.iter().position(|a| a == "-o").and_then(|i| argv.get(i + 1)).map_or("", String::as_str),
+        };
+        let rows: Vec<&str> = said.lines().collect();
+        match (argv[0].as_str(), format) {
+            (_, "%T") => assert!(
+                rows.iter().all(|s| ["PENDING", "RUNNING", "COMPLETED", "CANCELLED", "FAILED"].contains(s)),
+                "{line}: {said}"
+            ),
+            (_, "%i") => assert!(rows.iter().all(|r| r.parse::<u64>().is_ok()), "{line}: {said}"),
+            (_, "%N") => {
+                assert_eq!(ebb_core::hostlist::expand(said.trim()).unwrap().len(), 1, "{line}: {said}")
+            }
+            ("sinfo", f) if f.contains('\u{1f}') => {
+                for row in &rows {
+                    let fields: Vec<&str> = row.split('\u{1f}').collect();
+                    assert_eq!(fields.len(), 6, "{line}: {row}");
+                    assert!(fields[3].parse::<u32>().is_ok() && fields[4].parse::<u64>().is_ok(), "{row}");
+                }
+            }
+            ("scontrol", _) if argv[1] == "show" && argv[2] == "partitions" => {
+                assert!(rows.iter().all(|r| r.starts_with("PartitionName=")), "{said}");
+                assert_eq!(rows.iter().filter(|r| r.contains(" Default=YES")).count(), 1, "{said}");
+            }
+            ("scontrol", _) if argv[1] == "show" && argv[2] == "config" => {
+                assert!(said.contains("ClusterName"), "{said}")
+            }
+            _ => {}
+        }
+        replayed += 1;
+    }
+    assert!(replayed >= 6, "{replayed} queries replayed");
+    // SkyPilot's own pipeline for a job's nodes and their addresses.
+    let nodes = format!(
+        "nodelist=$(squeue -h --jobs {id} -o \"%N\"); scontrol show hostnames $nodelist | while read -r node; do \
+         node_addr=$(scontrol show node=$node | grep NodeAddr= | awk -F= '{{print $2}}' | awk '{{print $1}}'); \
+         echo \"$node $node_addr\"; done"
+    );
+    let said = ok(run(&["bash", "-c", &nodes]), "the nodes pipeline");
+    let (node, addr) = said.trim().split_once(' ').unwrap_or_else(|| panic!("{said}"));
+    assert!(node.starts_with("node-") && addr.parse::<std::net::IpAddr>().is_ok(), "{said}");
+}

@@ -239,7 +239,17 @@ impl World {
                     reply,
                 });
             }
-            Step::Register { node, join, gpus, model, running, unreported, starts_when_free, waiting } => {
+            Step::Register {
+                node,
+                join,
+                gpus,
+                model,
+                running,
+                unreported,
+                starts_when_free,
+                waiting,
+                host,
+            } => {
                 let name = NODES[node];
                 let join = join.unwrap_or(!self.joined.contains(name));
                 let principal = if join { Principal::join() } else { Principal::node(name) };
@@ -253,8 +263,8 @@ impl World {
                     unreported: unreported.iter().map(|e| self.event(e, name)).collect(),
                     starts_when_free,
                     waiting: waiting.iter().map(|w| self.attempt(*w, name)).collect(),
-                    cpus: None,
-                    memory_mib: None,
+                    cpus: host.0,
+                    memory_mib: host.1,
                 };
                 if let Ok(registered) = self.call(|reply| Msg::Register { principal, reg, reply }) {
                     self.agents.insert(name, (registered.epoch, registered.next_seq));
@@ -282,6 +292,7 @@ impl World {
                             unreported: vec![],
                             starts_when_free: true,
                             waiting: vec![],
+                            host: (Some(64), Some(1 << 19)),
                         });
                     }
                     Err(_) => return,
@@ -412,6 +423,7 @@ impl World {
                         unreported: vec![],
                         starts_when_free: true,
                         waiting: vec![],
+                        host: (Some(64), Some(1 << 19)),
                     });
                 }
             }
@@ -467,7 +479,7 @@ proptest! {
         let mut world = World::new(case);
         // The nodes join first, most of the time, so that jobs run.
         for node in 0..NODES.len() {
-            world.run(&Step::Register { node, join: None, gpus: 8, model: "H100".into(), running: vec![], unreported: vec![], starts_when_free: true, waiting: vec![] });
+            world.run(&Step::Register { node, join: None, gpus: 8, model: "H100".into(), running: vec![], unreported: vec![], starts_when_free: true, waiting: vec![], host: (None, None) });
         }
         for step in &steps {
             world.run(step);

@@ -407,6 +407,9 @@ pub(super) enum Step {
         /// it holds.
         starts_when_free: bool,
         waiting: Vec<Which>,
+        /// The CPUs and memory (MiB) it says it has, at and past their
+        /// bounds.
+        host: (Option<u32>, Option<u64>),
     },
     Poll {
         node: usize,
@@ -548,8 +551,10 @@ pub(super) fn step() -> impl Strategy<Value = Step> {
         1 => Just(Step::List),
         1 => (0u64..14, big_u64()).prop_map(|(id, offset)| Step::Log { id, offset }),
         3 => (node.clone(), rarely(any::<bool>()), prop_oneof![4 => Just(8u8), 1 => any::<u8>()], prop_oneof![4 => Just("H100".to_string()), 1 => text()],
-              proptest::collection::vec(which(), 0..3), proptest::collection::vec(event(), 0..3), any::<bool>(), proptest::collection::vec(which(), 0..3))
-            .prop_map(|(node, join, gpus, model, running, unreported, starts_when_free, waiting)| Step::Register { node, join, gpus, model, running, unreported, starts_when_free, waiting }),
+              proptest::collection::vec(which(), 0..3), proptest::collection::vec(event(), 0..3), any::<bool>(), proptest::collection::vec(which(), 0..3),
+              (proptest::option::of(prop_oneof![Just(0u32), 1u32..256, Just(1 << 20), Just((1 << 20) + 1), Just(u32::MAX)]),
+               proptest::option::of(prop_oneof![Just(0u64), 1u64..1 << 20, Just(1 << 40), Just((1 << 40) + 1), Just(u64::MAX)])))
+            .prop_map(|(node, join, gpus, model, running, unreported, starts_when_free, waiting, host)| Step::Register { node, join, gpus, model, running, unreported, starts_when_free, waiting, host }),
         10 => (node.clone(), rarely(big_u64()), rarely(big_u64()), rarely(proptest::option::of(text())))
             .prop_map(|(node, epoch, after, failing)| Step::Poll { node, epoch, after, failing }),
         8 => (node.clone(), proptest::collection::vec(event(), 0..5), proptest::option::of((0u64..3, big_u64())))
