@@ -613,11 +613,10 @@ fn copy_bytes(mut pipe: impl Read, mut send: impl FnMut(&[u8]) -> std::io::Resul
     }
 }
 
-/// An attached step's standard input, from `srun` to every task here,
-/// until its end (the tasks' input closed), a line that is not
-/// [`StepInput`] or longer than [`INPUT_LINE_BYTES`], or the connection's
-/// end. A task that stopped reading no longer gets it.
-fn feed(reader: &mut impl BufRead, mut inputs: Vec<impl Write>) {
+/// An attached step's standard input, from `srun`, chunk by chunk to
+/// `each`, until its end, a line that is not [`StepInput`] or longer than
+/// [`INPUT_LINE_BYTES`], or the connection's end.
+fn input_chunks(reader: &mut impl BufRead, mut each: impl FnMut(Vec<u8>)) {
     let mut line = Vec::new();
     loop {
         line.clear();
@@ -626,16 +625,31 @@ fn feed(reader: &mut impl BufRead, mut inputs: Vec<impl Write>) {
             Ok(_) if !line.ends_with(b"\n") => return,
             Ok(_) => {}
         }
-        let data = match serde_json::from_slice::<StepInput>(&line) {
+        match serde_json::from_slice::<StepInput>(&line) {
             Ok(StepInput::Data { data }) => match BASE64.decode(data.as_bytes()) {
-                Ok(bytes) => bytes,
+                Ok(bytes) => each(bytes),
                 Err(_) => return,
             },
-            Ok(StepInput::End) => return,
-            Err(_) => return,
-        };
-        inputs.retain_mut(|input| input.write_all(&data).and_then(|()| input.flush()).is_ok());
+            Ok(StepInput::End) | Err(_) => return,
+        }
     }
+}
+
+/// Feeds an attached step's input to every task here (`inputs`), from a
+/// thread of its own: the connection is read on while a task is slow to
+/// read its input, so that `srun`'s end is seen (and its tasks ended) at
+/// once. A task that stopped reading no longer gets it. What waits is
+/// the job's own memory, in its cgroup.
+fn feed(reader: &mut impl BufRead, mut inputs: Vec<std::process::ChildStdin>) {
+    let (send, received) = std::sync::mpsc::channel::<Vec<u8>>();
+    std::thread::spawn(move || {
+        for data in received {
+            inputs.retain_mut(|input| input.write_all(&data).and_then(|()| input.flush()).is_ok());
+        }
+    });
+    input_chunks(reader, |data| {
+        let _ = send.send(data);
+    });
 }
 
 /// Sends node `node` (at `at`) its share of a step; returns the stream
@@ -800,19 +814,17 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// What srun sends reaches every task byte for byte, whatever the
-        /// bytes and however they are cut.
+        /// What srun sends comes out byte for byte, whatever the bytes and
+        /// however they are cut.
         #[test]
-        fn an_attached_steps_input_reaches_every_task_as_sent(
+        fn an_attached_steps_input_comes_out_as_sent(
             chunks in proptest::collection::vec(proptest::collection::vec(proptest::num::u8::ANY, 0..300), 0..8),
             end in proptest::bool::ANY,
         ) {
             let mut stream = std::io::Cursor::new(input_lines(&chunks, end));
-            let (mut a, mut b) = (Vec::new(), Vec::new());
-            feed(&mut stream, vec![&mut a, &mut b]);
-            let all: Vec<u8> = chunks.concat();
-            proptest::prop_assert_eq!(&a, &all);
-            proptest::prop_assert_eq!(&b, &all);
+            let mut got = Vec::new();
+            input_chunks(&mut stream, |data| got.extend(data));
+            proptest::prop_assert_eq!(got, chunks.concat());
         }
 
         /// Anything at all on the connection after the request: no panic,
@@ -821,8 +833,7 @@ mod tests {
         fn any_bytes_after_an_attached_request_end_its_input_without_panic(
             bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..2000),
         ) {
-            let mut task = Vec::new();
-            feed(&mut std::io::Cursor::new(bytes), vec![&mut task]);
+            input_chunks(&mut std::io::Cursor::new(bytes), |_| {});
         }
     }
 
@@ -831,9 +842,9 @@ mod tests {
     #[test]
     fn an_endless_input_line_ends_the_input() {
         let mut endless = std::io::Cursor::new(vec![b'x'; (INPUT_LINE_BYTES + 10) as usize]);
-        let mut task = Vec::new();
-        feed(&mut endless, vec![&mut task]);
-        assert!(task.is_empty());
+        let mut chunks = 0;
+        input_chunks(&mut endless, |_| chunks += 1);
+        assert_eq!(chunks, 0);
         assert!(endless.position() <= INPUT_LINE_BYTES, "read {} bytes of one line", endless.position());
     }
 

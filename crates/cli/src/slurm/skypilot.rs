@@ -20,10 +20,14 @@ pub fn recorded(job: &str, name: &str) -> Vec<Vec<String>> {
         .collect()
 }
 
-/// SkyPilot's own listing of a task's steps to cancel them (`squeue -s`),
-/// which Ebb refuses by name: Ebb's squeue lists jobs, not steps.
-fn lists_steps(argv: &[String]) -> bool {
-    argv[0] == "squeue" && argv.iter().any(|a| a == "-s")
+/// What Ebb refuses by name of what SkyPilot sends, and SkyPilot does
+/// without: a task's steps, listed to cancel them (`squeue -s`: Ebb's
+/// squeue lists jobs), and its check for FUSE on a node in a job of its
+/// own that must start within 10 s (`srun --immediate`: Ebb queues a job
+/// until it fits; SkyPilot then checks the login node).
+fn refused(argv: &[String]) -> bool {
+    (argv[0] == "squeue" && argv.iter().any(|a| a == "-s"))
+        || (argv[0] == "srun" && argv.iter().any(|a| a.starts_with("--immediate")))
 }
 
 #[test]
@@ -33,12 +37,18 @@ fn skypilot_command_lines_are_read_as_slurm_reads_them() {
     for argv in lines {
         let command = Command::ALL.into_iter().find(|c| c.name() == argv[0]).expect("a Slurm command");
         let parsed = options::parse(command, &argv[1..], "");
-        if lists_steps(&argv) {
-            let refused = parsed.expect_err("squeue -s is refused").to_string();
-            assert!(refused.contains("not on Ebb"), "{refused}");
+        if refused(&argv) {
+            let refusal = parsed.expect_err("refused by name").to_string();
+            assert!(refusal.contains("not on Ebb"), "{refusal}");
             continue;
         }
         let (given, words) = parsed.unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+        if options::flag(&given, "help") {
+            // SkyPilot's check for Pyxis: Ebb's srun --help does not say
+            // `[pyxis]`.
+            assert!(!super::table::usage(command).contains("[pyxis]"));
+            continue;
+        }
         // What Ebb only notes (srun's --unbuffered, a step's --mem or
         // --exclusive, which Ebb does not account): none that changes
         // what SkyPilot gets back.

@@ -200,7 +200,7 @@ fn dask_jobqueue_simple_slurm_time_limits_and_dependencies() {
             && partitions.contains(" Default=YES "),
         "{partitions}"
     );
-    assert!(run("scontrol", &["show", "node=node-0"]).contains("NodeAddr=node-0 "));
+    assert!(run("scontrol", &["show", "node=node-0"]).contains("NodeAddr=127.0.0.1 "));
 
     // Preemption the Slurm way: --signal=B:USR1 reaches the batch shell
     // alone (its step's task has a trap too, and must not hear it); the
@@ -514,14 +514,25 @@ fn srun_jobid_runs_a_step_in_a_running_job_from_outside_it() {
         "rsync through srun --jobid changed the bytes"
     );
 
-    // srun ended: its task on the node goes too.
+    // srun ended: its task on the node goes too, even one that does not
+    // read the input srun still sends it.
     let pid_file = cluster.submit_dir().join("task.pid");
     let script = format!("echo $$ > {}; exec sleep 999", pid_file.display());
-    let mut held =
-        user(&cluster, &bin, "srun").args([&jobid, "-N1", "-n1", "bash", "-c", &script]).spawn().unwrap();
+    let mut held = user(&cluster, &bin, "srun")
+        .args([&jobid, "-N1", "-n1", "bash", "-c", &script])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = held.stdin.take().unwrap();
+    std::thread::spawn(move || {
+        use std::io::Write;
+        let chunk = vec![b'y'; 1 << 16];
+        while input.write_all(&chunk).is_ok() {}
+    });
     let pid: i32 = wait_for("the attached task's pid", Duration::from_secs(20), || {
         std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok()
     });
+    std::thread::sleep(Duration::from_millis(500));
     held.kill().unwrap();
     held.wait().unwrap();
     wait_for("the attached task to end with its srun", Duration::from_secs(10), || {
@@ -589,9 +600,10 @@ fn skypilot_queries_answer_as_skypilot_reads_them() {
             (_, "%N") => {
                 assert_eq!(ebb_core::hostlist::expand(said.trim()).unwrap().len(), 1, "{line}: {said}")
             }
-            ("sinfo", f) if f.contains('\u{1f}') => {
+            // SkyPilot's separator is the four characters `\x1f`.
+            ("sinfo", f) if f.contains("\\x1f") => {
                 for row in &rows {
-                    let fields: Vec<&str> = row.split('\u{1f}').collect();
+                    let fields: Vec<&str> = row.split("\\x1f").collect();
                     assert_eq!(fields.len(), 6, "{line}: {row}");
                     assert!(fields[3].parse::<u32>().is_ok() && fields[4].parse::<u64>().is_ok(), "{row}");
                 }
@@ -600,6 +612,13 @@ fn skypilot_queries_answer_as_skypilot_reads_them() {
                 assert!(rows.iter().all(|r| r.starts_with("PartitionName=")), "{said}");
                 assert_eq!(rows.iter().filter(|r| r.contains(" Default=YES")).count(), 1, "{said}");
             }
+            ("scontrol", _) if argv[1] == "show" && argv[2] == "node" => {
+                assert_eq!(rows.len(), 2, "a line a node: {said}");
+                for row in &rows {
+                    let addr = row.split_whitespace().find_map(|w| w.strip_prefix("NodeAddr=")).unwrap();
+                    assert!(addr.parse::<std::net::IpAddr>().is_ok(), "{row}");
+                }
+            }
             ("scontrol", _) if argv[1] == "show" && argv[2] == "config" => {
                 assert!(said.contains("ClusterName"), "{said}")
             }
@@ -607,7 +626,7 @@ fn skypilot_queries_answer_as_skypilot_reads_them() {
         }
         replayed += 1;
     }
-    assert!(replayed >= 6, "{replayed} queries replayed");
+    assert!(replayed >= 8, "{replayed} queries replayed");
     // SkyPilot's own pipeline for a job's nodes and their addresses.
     let nodes = format!(
         "nodelist=$(squeue -h --jobs {id} -o \"%N\"); scontrol show hostnames $nodelist | while read -r node; do \
