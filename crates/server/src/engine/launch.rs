@@ -186,9 +186,9 @@ impl Launch<'_> {
     }
 
     /// Where a gang led by `leader` meets: the leader's address and the
-    /// lowest port from 29500 that no live gang there uses and no agent
+    /// lowest port from `from` that no live gang there uses and no agent
     /// there found taken by another program.
-    pub fn rendezvous(&self, jobs: &JobTable, leader: &str) -> (String, u16) {
+    pub fn rendezvous(&self, jobs: &JobTable, leader: &str, from: u16) -> (String, u16) {
         let addr = self
             .fleet
             .nodes
@@ -203,9 +203,9 @@ impl Launch<'_> {
             .map(|(_, port)| *port)
             .collect();
         let busy = self.fleet.busy_ports.get(&addr);
-        let port = (29500..u16::MAX)
+        let port = (from..u16::MAX)
             .find(|p| !taken.contains(p) && !busy.is_some_and(|b| b.contains(p)))
-            .unwrap_or(29500);
+            .unwrap_or(from);
         (addr, port)
     }
 }

@@ -125,7 +125,8 @@ impl<S: Store> Engine<S> {
         // one node or many: `srun --jobid` reaches its steps there.
         let spec = &self.jobs[&id].spec;
         let gang = placement.len() > 1 || spec.max_gpus.is_some() || spec.slurm.is_some();
-        let rendezvous = gang.then(|| self.launch().rendezvous(&self.jobs, &placement[0].node));
+        let from = if spec.slurm.is_some() { SLURM_STEP_PORTS } else { TORCH_PORTS };
+        let rendezvous = gang.then(|| self.launch().rendezvous(&self.jobs, &placement[0].node, from));
         let billing = self.rates(self.jobs[&id].tier, &placement[0].node)?;
         let new = NewAttempt {
             attempt: p.attempt,
@@ -139,6 +140,15 @@ impl<S: Store> Engine<S> {
         begin_attempt(&mut self.parts(), id, new)
     }
 }
+
+/// Where a gang's rendezvous ports begin: torch's own default port.
+const TORCH_PORTS: u16 = 29500;
+
+/// Where a Slurm job's step directory ports begin: above Linux's ephemeral
+/// range (32768-60999) and away from the ports scripts set for torch
+/// themselves (`export MASTER_PORT=29500` on the first node, where the
+/// directory listens too).
+const SLURM_STEP_PORTS: u16 = 61000;
 
 /// A preemptor holds its victims' GPUs until they have drained; its start
 /// goes to their node now where it can (`staged`).
