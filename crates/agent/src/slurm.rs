@@ -57,6 +57,12 @@ impl Route {
     }
 }
 
+/// A file the first node's batch step writes into the attempt's run
+/// directory when the job's step port, found free before the start, was
+/// taken by the time it listened: the port. The exit then says so
+/// (`port_in_use`), and the server starts the job again on another port.
+pub const STEP_PORT_TAKEN: &str = "step-port-taken";
+
 /// The directory of the agent's data dir that holds the links.
 fn commands_dir(data_dir: &Path) -> PathBuf {
     data_dir.join("slurm-bin")

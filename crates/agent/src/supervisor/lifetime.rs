@@ -53,6 +53,10 @@ impl Processes {
         // until then a stale entry is harmless (its start time no longer
         // matches).
         let ended_by = self.running.lock().expect("running").remove(&a).and_then(|r| r.ended_by);
+        // A Slurm job whose step port was taken as it started.
+        let port_in_use = std::fs::read_to_string(run_dir.join(crate::slurm::STEP_PORT_TAKEN))
+            .ok()
+            .and_then(|p| p.trim().parse::<u16>().ok());
         tracing::info!(
             job = %a.job,
             attempt = %a.attempt,
@@ -71,7 +75,7 @@ impl Processes {
             at_ms,
             peak_memory_bytes,
             start_error,
-            port_in_use: None,
+            port_in_use,
             ended_by,
         });
         // The exit is on its way first: a start waiting for these GPUs

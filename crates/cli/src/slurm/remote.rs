@@ -549,17 +549,27 @@ fn run_remote_step(
     // The srun at the other end gone: its tasks here go too. An attached
     // step's input comes this way first.
     let pids_for_kill: Vec<i32> = children.iter().map(|(_, c)| c.id() as i32).collect();
-    std::thread::spawn(move || {
-        if !inputs.is_empty() {
-            feed(&mut reader, inputs);
-        }
-        until_closed(&mut reader);
-        for pid in pids_for_kill {
+    let kill = move || {
+        for &pid in &pids_for_kill {
             // SAFETY: kill with plain numbers.
             unsafe {
                 nix::libc::kill(pid, nix::libc::SIGKILL);
             }
         }
+    };
+    if let Some(watched) = inputs.first().and_then(|_| reader.get_ref().try_clone().ok()) {
+        let kill = kill.clone();
+        std::thread::spawn(move || {
+            until_gone(&watched);
+            kill();
+        });
+    }
+    std::thread::spawn(move || {
+        if !inputs.is_empty() {
+            feed(&mut reader, inputs);
+        }
+        until_closed(&mut reader);
+        kill();
     });
     for reader in readers {
         let _ = reader.join();
@@ -635,21 +645,30 @@ fn input_chunks(reader: &mut impl BufRead, mut each: impl FnMut(Vec<u8>)) {
     }
 }
 
-/// Feeds an attached step's input to every task here (`inputs`), from a
-/// thread of its own: the connection is read on while a task is slow to
-/// read its input, so that `srun`'s end is seen (and its tasks ended) at
-/// once. A task that stopped reading no longer gets it. What waits is
-/// the job's own memory, in its cgroup.
+/// Feeds an attached step's input to every task here (`inputs`); a task
+/// that stopped reading no longer gets it. A task that does not read holds
+/// it back (to `srun`, through TCP), so what waits is bounded.
 fn feed(reader: &mut impl BufRead, mut inputs: Vec<std::process::ChildStdin>) {
-    let (send, received) = std::sync::mpsc::channel::<Vec<u8>>();
-    std::thread::spawn(move || {
-        for data in received {
-            inputs.retain_mut(|input| input.write_all(&data).and_then(|()| input.flush()).is_ok());
-        }
-    });
     input_chunks(reader, |data| {
-        let _ = send.send(data);
+        inputs.retain_mut(|input| input.write_all(&data).and_then(|()| input.flush()).is_ok());
     });
+}
+
+/// Waits until the other end of `stream` has gone (closed or reset)
+/// without reading what it sent: while a task's unread input holds the
+/// reader back, `srun`'s end is still seen.
+fn until_gone(stream: &TcpStream) {
+    use nix::libc::{poll, pollfd, POLLERR, POLLHUP, POLLNVAL, POLLRDHUP};
+    use std::os::fd::AsRawFd;
+    let mut watched = pollfd { fd: stream.as_raw_fd(), events: POLLRDHUP, revents: 0 };
+    loop {
+        // SAFETY: one pollfd, ours, for the call's length.
+        let ready = unsafe { poll(&mut watched, 1, -1) };
+        let interrupted = std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted;
+        if (ready < 0 && !interrupted) || watched.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL) != 0 {
+            return;
+        }
+    }
 }
 
 /// Sends node `node` (at `at`) its share of a step; returns the stream

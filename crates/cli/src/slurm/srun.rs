@@ -266,38 +266,17 @@ pub fn in_allocation(args: &[String]) -> Result<i32, CliError> {
             let (label, kill_on_bad_exit, failed) = (plan.label, plan.kill_on_bad_exit, failed.clone());
             let count = tasks.len();
             remote.push(std::thread::spawn(move || {
-                let mut code = 0;
-                let followed = super::remote::follow(stream, count, |event| match event {
-                    super::remote::StepEvent::Out { task, line, err } => {
-                        let text = if label { format!("{task}: {line}\n") } else { format!("{line}\n") };
-                        let _ = match err {
-                            true => std::io::stderr().lock().write_all(text.as_bytes()),
-                            false => std::io::stdout().lock().write_all(text.as_bytes()),
-                        };
-                    }
-                    super::remote::StepEvent::Data { data, err, .. } => super::remote::write_data(&data, err),
-                    super::remote::StepEvent::Exit { code: c, .. } => {
-                        code = code.max(c);
-                        if c != 0
-                            && kill_on_bad_exit
-                            && !failed.swap(true, std::sync::atomic::Ordering::SeqCst)
-                        {
-                            // SAFETY: a signal to this process, which waits for it.
-                            unsafe {
-                                nix::libc::kill(std::process::id() as i32, nix::libc::SIGUSR1);
-                            }
+                follow_node(stream, count, label, |code| {
+                    if code != 0
+                        && kill_on_bad_exit
+                        && !failed.swap(true, std::sync::atomic::Ordering::SeqCst)
+                    {
+                        // SAFETY: a signal to this process, which waits for it.
+                        unsafe {
+                            nix::libc::kill(std::process::id() as i32, nix::libc::SIGUSR1);
                         }
                     }
-                    super::remote::StepEvent::Failed { message } => {
-                        eprintln!("srun: error: {message}");
-                        code = code.max(1);
-                    }
-                });
-                if let Err(e) = followed {
-                    eprintln!("srun: error: {e}");
-                    code = code.max(1);
-                }
-                code
+                })
             }));
         }
     }
@@ -466,34 +445,44 @@ pub fn attached(args: &[String], access: ebb_api::StepAccess) -> Result<i32, Cli
         let stream = super::remote::start_remote(at, &access.key, &request)?;
         inputs.push(stream.try_clone().map_err(super::StepError::from)?);
         let label = plan.label;
-        followers.push(std::thread::spawn(move || {
-            let mut code = 0;
-            let followed = super::remote::follow(stream, tasks.len(), |event| match event {
-                super::remote::StepEvent::Data { data, err, .. } => super::remote::write_data(&data, err),
-                super::remote::StepEvent::Out { task, line, err } => {
-                    let text = if label { format!("{task}: {line}\n") } else { format!("{line}\n") };
-                    let _ = match err {
-                        true => std::io::stderr().lock().write_all(text.as_bytes()),
-                        false => std::io::stdout().lock().write_all(text.as_bytes()),
-                    };
-                }
-                super::remote::StepEvent::Exit { code: c, .. } => code = code.max(c),
-                super::remote::StepEvent::Failed { message } => {
-                    eprintln!("srun: error: {message}");
-                    code = code.max(1);
-                }
-            });
-            if let Err(e) = followed {
-                eprintln!("srun: error: {e}");
-                code = code.max(1);
-            }
-            code
-        }));
+        followers.push(std::thread::spawn(move || follow_node(stream, tasks.len(), label, |_| {})));
     }
     std::thread::spawn(move || super::remote::send_input(inputs));
     let code = followers.into_iter().map(|f| f.join().unwrap_or(1)).max().unwrap_or(0);
     drop(claim);
     Ok(code)
+}
+
+/// Follows one node's share of a step: its tasks' output to `srun`'s own
+/// (each line begun with its task with `label`), each task's exit code to
+/// `exited`. The highest code, or at least 1 where the node could not run
+/// the tasks or its stream broke.
+fn follow_node(stream: std::net::TcpStream, tasks: usize, label: bool, mut exited: impl FnMut(i32)) -> i32 {
+    use super::remote::StepEvent;
+    let mut code = 0;
+    let followed = super::remote::follow(stream, tasks, |event| match event {
+        StepEvent::Out { task, line, err } => {
+            let text = if label { format!("{task}: {line}\n") } else { format!("{line}\n") };
+            let _ = match err {
+                true => std::io::stderr().lock().write_all(text.as_bytes()),
+                false => std::io::stdout().lock().write_all(text.as_bytes()),
+            };
+        }
+        StepEvent::Data { data, err, .. } => super::remote::write_data(&data, err),
+        StepEvent::Exit { code: c, .. } => {
+            code = code.max(c);
+            exited(c);
+        }
+        StepEvent::Failed { message } => {
+            eprintln!("srun: error: {message}");
+            code = code.max(1);
+        }
+    });
+    if let Err(e) = followed {
+        eprintln!("srun: error: {e}");
+        code = code.max(1);
+    }
+    code
 }
 
 /// Makes `srun`'s standard input, output and error blocking: rsync hands

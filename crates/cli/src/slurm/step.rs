@@ -244,6 +244,10 @@ pub fn claim_step(steps: &std::path::Path) -> Result<(u32, std::path::PathBuf), 
     Err(failed("no step number left"))
 }
 
+/// The file in the attempt's run directory whose port the first node's
+/// batch step found taken ([`ebb_agent::slurm::STEP_PORT_TAKEN`]).
+const STEP_PORT_TAKEN: &str = ebb_agent::slurm::STEP_PORT_TAKEN;
+
 /// `ebb slurm-batch ...`: runs the job's script with its output and error
 /// in their files, routes the job's `--signal`, and ends as the script
 /// did. Not for people: the agent starts it.
@@ -265,7 +269,18 @@ pub fn batch(args: &[String]) -> ! {
                 let at = super::remote::serve_steps(key.clone(), &a.steps, env.clone())
                     .unwrap_or_else(|e| fail(format!("cannot listen for steps: {e}")));
                 let first = super::remote::FirstNode { at, steps: a.steps.clone() };
-                super::remote::serve_directory(hub, key, first).unwrap_or_else(|e| fail(e.to_string()));
+                if let Err(e) = super::remote::serve_directory(hub, key, first) {
+                    // Taken since the agent found it free: the agent tells
+                    // the server, which starts the job again on another.
+                    if let super::remote::StepError::Listen { port, source } = &e {
+                        if source.kind() == std::io::ErrorKind::AddrInUse {
+                            if let Some(run_dir) = a.steps.parent() {
+                                let _ = std::fs::write(run_dir.join(STEP_PORT_TAKEN), port.to_string());
+                            }
+                        }
+                    }
+                    fail(e.to_string())
+                }
             }
             Some(_) => super::remote::node_step(&a.steps, a.to_batch),
         }

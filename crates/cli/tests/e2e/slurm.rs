@@ -523,11 +523,14 @@ fn srun_jobid_runs_a_step_in_a_running_job_from_outside_it() {
         .stdin(std::process::Stdio::piped())
         .spawn()
         .unwrap();
+    // More than its pipe holds, never read: the node's feed of it waits on
+    // the task (and TCP holds back what is past the node's buffer: a
+    // flood's srun, gone, is seen only when the kernel gives it up).
     let mut input = held.stdin.take().unwrap();
     std::thread::spawn(move || {
         use std::io::Write;
-        let chunk = vec![b'y'; 1 << 16];
-        while input.write_all(&chunk).is_ok() {}
+        let _ = input.write_all(&vec![b'y'; 80 << 10]);
+        std::thread::sleep(Duration::from_secs(30));
     });
     let pid: i32 = wait_for("the attached task's pid", Duration::from_secs(20), || {
         std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok()

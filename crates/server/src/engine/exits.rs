@@ -68,7 +68,9 @@ pub(super) fn part_exited(
         job.exit_code = code;
         job.exit_signal = signal;
     }
-    if let Some(port) = port_in_use {
+    // The job's own port alone: a job's word cannot mark others busy.
+    if let Some(port) = port_in_use.filter(|port| job.rendezvous.as_ref().is_some_and(|(_, own)| own == port))
+    {
         job.rendezvous_failed = Some(port_taken(p.fleet, id, node, port));
     }
     let detail = ExitedDetail {

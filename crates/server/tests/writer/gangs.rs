@@ -181,6 +181,45 @@ fn a_gang_whose_rendezvous_port_is_taken_is_requeued_with_another() {
     );
 }
 
+/// A part's exit names a taken port (a Slurm job's first batch step that
+/// found its step port taken as it listened writes it for its agent): only
+/// the attempt's own port requeues it; any other is the job's word about
+/// ports not its own, and its exit stands.
+#[test]
+fn only_the_attempts_own_port_taken_requeues_it() {
+    let mut env = two_nodes("gang-port-own");
+    let id = env.submit(16);
+    let starts = gang_starts(&mut env);
+    let (rank0, start0) = starts[0].clone();
+    let port = start0.rendezvous_port.expect("rank 0 is told to check its port");
+    let attempt = start0.attempt;
+    let at = env.now;
+    for (node, _) in &starts {
+        env.report(node, vec![AgentEvent::Started { attempt, pid: 1, at_ms: at }]);
+    }
+    let claims_another = AgentEvent::Exited {
+        attempt,
+        code: Some(1),
+        signal: None,
+        completed: false,
+        at_ms: at + 10,
+        peak_memory_bytes: None,
+        start_error: None,
+        port_in_use: Some(port.wrapping_add(1)),
+        ended_by: None,
+    };
+    env.report(&rank0, vec![claims_another]);
+    env.report(&starts[1].0, vec![exited(attempt, 1, at + 20)]);
+    let job = env.job(id).unwrap();
+    assert_eq!(
+        job.state,
+        "failed",
+        "{:#?}",
+        job.events.iter().map(|e| (e.kind(), e.text.clone())).collect::<Vec<_>>()
+    );
+    assert!(!job.events.iter().any(|e| e.kind() == EventKind::Requeued), "{:?}", job.events);
+}
+
 /// Registry logins are a tenant's own, survive a restart, and reach a
 /// node only in the start of that tenant's job from that registry; a
 /// tenant the operator requires images of is refused without one.
