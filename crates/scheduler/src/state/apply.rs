@@ -198,7 +198,7 @@ impl State {
         self.keep_earmarks(plan);
         if cfg!(debug_assertions) {
             self.unchecked += 1;
-            if self.unchecked >= (self.jobs.len() as u64 / 1_000).max(1) {
+            if self.unchecked >= (self.jobs.len() as u64 / 50).max(1) {
                 self.unchecked = 0;
                 debug_assert!(self.sanity_check().is_ok(), "{:?}", self.sanity_check());
             }
