@@ -5,6 +5,7 @@
 //! (`EBB_SERVER`, `EBB_TOKEN`, the config file) and print what Slurm
 //! prints. What is honoured, ignored and different: `docs/slurm.md`.
 
+mod attached;
 mod json;
 mod options;
 mod query;
@@ -16,6 +17,7 @@ mod sinfo;
 mod skypilot;
 mod srun;
 mod step;
+mod steps;
 mod table;
 
 use std::collections::BTreeMap;
@@ -281,12 +283,22 @@ async fn allocate_and_run(args: &[String]) -> Result<Done, CliError> {
 async fn scancel(args: &[String]) -> Result<String, CliError> {
     let (given, words) = options::parse(options::Command::Scancel, args, "")?;
     query::say_ignored(options::Command::Scancel, &given);
-    let ids: Vec<&str> = words.iter().flat_map(|w| w.split(',')).filter(|s| !s.is_empty()).collect();
+    let all: Vec<&str> = words.iter().flat_map(|w| w.split(',')).filter(|s| !s.is_empty()).collect();
     let filter = query::Filter::from(&given)?;
     let client = client()?;
+    let mut ids = Vec::new();
+    for id in all {
+        match steps::step_id(id)? {
+            Some((job, step)) => cancel_step(&client, &given, id, (job, step)).await?,
+            None => ids.push(id),
+        }
+    }
     let mut jobs = Vec::new();
     for id in &ids {
         jobs.extend(query::jobs_named(&client, id).await?);
+    }
+    if ids.is_empty() && words.iter().any(|w| w.contains('.')) {
+        return Ok(String::new()); // steps alone
     }
     if ids.is_empty() {
         if !filter.narrows() && !options::flag(&given, "me") {
@@ -314,6 +326,33 @@ async fn scancel(args: &[String]) -> Result<String, CliError> {
         let _: api::Job = client.post(&format!("/v1/jobs/{}/cancel", job.id), &request).await?;
     }
     Ok(String::new())
+}
+
+/// `scancel JOB.STEP`: the step's tasks on every node of the job get
+/// `--signal`'s signal, or, without it, end (SIGTERM, then SIGKILL after
+/// Slurm's `KillWait`); the job goes on.
+async fn cancel_step(
+    client: &Client,
+    given: &options::Given,
+    id: &str,
+    (job, step): (&str, u32),
+) -> Result<(), CliError> {
+    let job: u64 = job.parse().map_err(|_| usage(format!("Invalid job id specified: {id}")))?;
+    let signal = match options::last(given, "signal") {
+        Some(name) => {
+            let signal =
+                srun::signal_named(name).ok_or_else(|| usage(format!("Unknown job signal: {name}")))?;
+            steps::StepSignal::Signal { signo: signal as i32 }
+        }
+        None => steps::StepSignal::End,
+    };
+    let gone =
+        || usage(format!("Kill job error on job step id {id}: Job/step already completing or completed"));
+    let Some(access) = steps::access(client, job).await? else { return Err(gone()) };
+    match steps::signal(&access, step, signal)? {
+        true => Ok(()),
+        false => Err(gone()),
+    }
 }
 
 async fn sinfo(args: &[String]) -> Result<String, CliError> {

@@ -436,10 +436,13 @@ pub fn say_ignored(command: Command, given: &Given) {
 pub async fn squeue(client: &Client, args: &[String]) -> Result<String, CliError> {
     let (mut given, words) = options::parse(Command::Squeue, args, "")?;
     // `-j`'s value is optional, so `-j 12` gives it as the first other
-    // word, as Slurm's squeue takes it; any other word is an error.
+    // word, as Slurm's squeue takes it (`-s 12.0` too, without -j); any
+    // other word is an error.
     let mut words = words.into_iter();
     if options::flag(&given, "jobs") {
         given.extend(words.next().map(|list| ("jobs", list)));
+    } else if options::flag(&given, "steps") {
+        given.extend(words.next().map(|list| ("steps", list)));
     }
     if let Some(word) = words.next() {
         return Err(usage(format!("Unrecognized option: {word} (squeue takes -j ID to name jobs)")));
@@ -467,6 +470,9 @@ pub async fn squeue(client: &Client, args: &[String]) -> Result<String, CliError
             && over.is_none_or(|t| state(job) == "RUNNING" && ran >= t)
             && under.is_none_or(|t| state(job) == "RUNNING" && ran < t)
     });
+    if options::flag(&given, "steps") {
+        return step_rows(client, &given, &jobs).await;
+    }
     if options::flag(&given, "json") {
         super::json::data_parser(&given)?;
         return Ok(super::json::squeue(&jobs));
@@ -477,6 +483,32 @@ pub async fn squeue(client: &Client, args: &[String]) -> Result<String, CliError
     }
     for row in squeue_rows(&jobs, &format, options::flag(&given, "array"), &filter.ids) {
         writeln!(out, "{row}").unwrap();
+    }
+    Ok(out)
+}
+
+/// `squeue -s [STEPS]`: the running steps of `jobs` (those of `STEPS`,
+/// `ID.N,...`, where it names any), as their first nodes list them.
+async fn step_rows(client: &Client, given: &Given, jobs: &[api::Job]) -> Result<String, CliError> {
+    if options::flag(given, "json") {
+        return Err(usage("--json with --steps: Ebb's squeue --json lists jobs; list steps without --json"));
+    }
+    let only: Vec<&str> = options::last(given, "steps")
+        .map_or_else(Vec::new, |l| l.split(',').filter(|s| !s.is_empty()).collect());
+    let format = options::last(given, "format").unwrap_or(super::steps::DEFAULT_FORMAT);
+    let mut out = String::new();
+    if !options::flag(given, "noheader") {
+        writeln!(out, "{}", super::steps::header(format)).unwrap();
+    }
+    for job in jobs.iter().filter(|j| j.slurm.is_some() && state(j) == "RUNNING") {
+        let Some(access) = super::steps::access(client, job.id).await? else { continue };
+        let mut steps = super::steps::list(&access)?;
+        if !only.is_empty() {
+            steps.retain(|n, _| only.contains(&format!("{}.{n}", job.id).as_str()));
+        }
+        for row in super::steps::rows(job, &steps, format) {
+            writeln!(out, "{row}").unwrap();
+        }
     }
     Ok(out)
 }

@@ -26,7 +26,9 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
+use super::attached::{copy_bytes, feed, until_gone};
 use super::step::{self, Names};
+use super::steps::{self, StepInfo, StepSignal};
 
 /// Why a step could not be run across a job's nodes: the connection
 /// between its nodes' batch steps, in words that name the node.
@@ -159,15 +161,25 @@ fn listen(address: &str, port: u16) -> std::io::Result<TcpListener> {
 
 #[derive(Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-enum Hello {
+pub(super) enum Hello {
     /// A node's batch step: where it listens.
     Register { node: u32, at: String },
     /// `srun`: where the nodes listen, once `nodes` have registered.
     Directory { nodes: u32 },
     /// `srun --jobid` from outside the job: a step number, claimed for as
     /// long as this connection is open, and where every node (the first
-    /// too) listens, once `nodes` have registered.
-    Attach { nodes: u32 },
+    /// too) listens, once `nodes` have registered; `info` is what the
+    /// step is, for `squeue -s`.
+    Attach {
+        nodes: u32,
+        #[serde(default)]
+        info: Option<StepInfo>,
+    },
+    /// `squeue -s`: the steps running now ([`steps::listed`]).
+    Steps,
+    /// `scancel ID.STEP`: `signal` to step `step`'s tasks on every node;
+    /// answers whether the step runs.
+    Signal { step: u32, signal: StepSignal },
 }
 
 /// The directory's answer to [`Hello::Attach`].
@@ -185,13 +197,14 @@ pub struct FirstNode {
 }
 
 #[derive(Serialize, Deserialize)]
-struct Keyed<T> {
-    key: String,
-    body: T,
+pub(super) struct Keyed<T> {
+    pub key: String,
+    pub body: T,
 }
 
-/// The tasks of one step on one node.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+/// The tasks of one step on one node (or, with `signal`, a signal to
+/// them).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct StepRequest {
     pub step: u32,
     pub argv: Vec<String>,
@@ -208,27 +221,15 @@ pub struct StepRequest {
     pub task_env: BTreeMap<u32, BTreeMap<String, String>>,
     /// From `srun --jobid` outside the job: the tasks' output comes back
     /// byte for byte ([`StepEvent::Data`]) and their standard input from
-    /// `srun`'s ([`StepInput`]); a directory missing here is `/tmp`, as
+    /// `srun`'s ([`super::attached::StepInput`]); a directory missing here is `/tmp`, as
     /// Slurm's.
     #[serde(default)]
     pub attached: bool,
+    /// `scancel ID.STEP`, passed on by the first node: no tasks to start,
+    /// a signal to those of step `step` here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<StepSignal>,
 }
-
-/// What `srun --jobid` sends a node after its request: its standard
-/// input, for every task there, then its end.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum StepInput {
-    /// Bytes, in base64.
-    Data {
-        data: String,
-    },
-    End,
-}
-
-/// The longest line of [`StepInput`] a node takes: a larger one ends the
-/// step (its tasks killed), as a closed connection does.
-const INPUT_LINE_BYTES: u64 = 1 << 20;
 
 /// What a node sends back: a line a task wrote, or its exit.
 #[derive(Debug, Serialize, Deserialize)]
@@ -254,7 +255,7 @@ pub enum StepEvent {
     },
 }
 
-fn send<T: Serialize>(stream: &mut TcpStream, value: &T) -> std::io::Result<()> {
+pub(super) fn send<T: Serialize>(stream: &mut TcpStream, value: &T) -> std::io::Result<()> {
     let mut line = serde_json::to_vec(value).map_err(std::io::Error::other)?;
     line.push(b'\n');
     stream.write_all(&line)
@@ -283,8 +284,9 @@ fn serve_directory_within(
         f.steps
     });
     let nodes: Arc<Mutex<BTreeMap<u32, String>>> = Arc::new(Mutex::new(known));
+    let own_key = key.clone();
     accept(listener, key, bounds, move |stream, mut reader, hello: Hello| {
-        directory_client(stream, &mut reader, &nodes, steps.as_deref(), hello)
+        directory_client(stream, &mut reader, (&nodes, &own_key), steps.as_deref(), hello)
     });
     Ok(port)
 }
@@ -292,7 +294,7 @@ fn serve_directory_within(
 fn directory_client(
     mut stream: TcpStream,
     reader: &mut BufReader<TcpStream>,
-    nodes: &Mutex<BTreeMap<u32, String>>,
+    (nodes, key): (&Mutex<BTreeMap<u32, String>>, &str),
     steps: Option<&Path>,
     hello: Hello,
 ) {
@@ -316,15 +318,30 @@ fn directory_client(
         Hello::Directory { nodes: wanted } => {
             let _ = send(&mut stream, &met(1, wanted));
         }
-        Hello::Attach { nodes: wanted } => {
+        Hello::Attach { nodes: wanted, info } => {
             let Some(steps) = steps else { return };
             let Ok((step, claimed)) = step::claim_step(steps) else { return };
+            if let Some(info) = &info {
+                steps::record(steps, step, info);
+            }
             let known = met(0, wanted);
             if send(&mut stream, &Attached { step, nodes: known }).is_ok() {
                 // The number is the step's while its srun is connected.
                 until_closed(reader);
             }
+            steps::forget(steps, step);
             let _ = std::fs::remove_file(claimed);
+        }
+        Hello::Steps => {
+            let listed = steps.map(steps::listed).unwrap_or_default();
+            let _ = send(&mut stream, &listed);
+        }
+        Hello::Signal { step, signal } => {
+            let runs = steps.is_some_and(|s| s.join(step.to_string()).exists());
+            if runs {
+                steps::pass_signal(&nodes.lock().expect("directory").clone(), key, step, signal);
+            }
+            let _ = send(&mut stream, &runs);
         }
     }
 }
@@ -332,7 +349,7 @@ fn directory_client(
 /// Where the job's nodes are, and a step number, for `srun --jobid` from
 /// outside the job: from the first node's directory at `hub`. The
 /// connection returned holds the number; close it when the step ends.
-pub fn attach(hub: &str, key: &str, nodes: u32) -> Result<(Attached, TcpStream), StepError> {
+pub fn attach(hub: &str, key: &str, nodes: u32, info: StepInfo) -> Result<(Attached, TcpStream), StepError> {
     // A job just started may not have its directory up yet.
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut stream = loop {
@@ -346,7 +363,7 @@ pub fn attach(hub: &str, key: &str, nodes: u32) -> Result<(Attached, TcpStream),
             }
         }
     };
-    send(&mut stream, &Keyed { key: key.to_string(), body: Hello::Attach { nodes } })?;
+    send(&mut stream, &Keyed { key: key.to_string(), body: Hello::Attach { nodes, info: Some(info) } })?;
     let mut line = String::new();
     BufReader::new(stream.try_clone()?).read_line(&mut line)?;
     if line.is_empty() {
@@ -459,6 +476,10 @@ fn run_remote_step(
     steps: &Path,
     own_env: &BTreeMap<String, String>,
 ) {
+    if let Some(signal) = request.signal {
+        steps::signal_here(steps, request.step, signal);
+        return;
+    }
     if request.argv.is_empty() {
         return;
     }
@@ -579,96 +600,6 @@ fn run_remote_step(
         emit(StepEvent::Exit { task, code });
     }
     let _ = std::fs::remove_file(&file);
-}
-
-/// An attached step's output (base64) to `srun`'s own, as it comes.
-pub fn write_data(data: &str, err: bool) {
-    let Ok(bytes) = BASE64.decode(data.as_bytes()) else { return };
-    let _ = match err {
-        true => std::io::stderr().lock().write_all(&bytes),
-        false => {
-            let mut out = std::io::stdout().lock();
-            out.write_all(&bytes).and_then(|()| out.flush())
-        }
-    };
-}
-
-/// `srun`'s standard input to an attached step's nodes (`streams`), as
-/// it comes, then its end.
-pub fn send_input(streams: Vec<TcpStream>) {
-    let mut streams = streams;
-    copy_bytes(std::io::stdin().lock(), |data| {
-        let input = StepInput::Data { data: BASE64.encode(data) };
-        streams.retain_mut(|s| send(s, &input).is_ok());
-        Ok(())
-    });
-    for stream in &mut streams {
-        let _ = send(stream, &StepInput::End);
-    }
-}
-
-/// Passes `pipe`'s bytes to `send` as they come, until it ends or
-/// `send` fails.
-fn copy_bytes(mut pipe: impl Read, mut send: impl FnMut(&[u8]) -> std::io::Result<()>) {
-    let mut buffer = vec![0u8; 64 << 10];
-    loop {
-        match pipe.read(&mut buffer) {
-            Ok(0) | Err(_) => return,
-            Ok(n) => {
-                if send(&buffer[..n]).is_err() {
-                    return;
-                }
-            }
-        }
-    }
-}
-
-/// An attached step's standard input, from `srun`, chunk by chunk to
-/// `each`, until its end, a line that is not [`StepInput`] or longer than
-/// [`INPUT_LINE_BYTES`], or the connection's end.
-fn input_chunks(reader: &mut impl BufRead, mut each: impl FnMut(Vec<u8>)) {
-    let mut line = Vec::new();
-    loop {
-        line.clear();
-        match reader.by_ref().take(INPUT_LINE_BYTES).read_until(b'\n', &mut line) {
-            Ok(0) | Err(_) => return,
-            Ok(_) if !line.ends_with(b"\n") => return,
-            Ok(_) => {}
-        }
-        match serde_json::from_slice::<StepInput>(&line) {
-            Ok(StepInput::Data { data }) => match BASE64.decode(data.as_bytes()) {
-                Ok(bytes) => each(bytes),
-                Err(_) => return,
-            },
-            Ok(StepInput::End) | Err(_) => return,
-        }
-    }
-}
-
-/// Feeds an attached step's input to every task here (`inputs`); a task
-/// that stopped reading no longer gets it. A task that does not read holds
-/// it back (to `srun`, through TCP), so what waits is bounded.
-fn feed(reader: &mut impl BufRead, mut inputs: Vec<std::process::ChildStdin>) {
-    input_chunks(reader, |data| {
-        inputs.retain_mut(|input| input.write_all(&data).and_then(|()| input.flush()).is_ok());
-    });
-}
-
-/// Waits until the other end of `stream` has gone (closed or reset)
-/// without reading what it sent: while a task's unread input holds the
-/// reader back, `srun`'s end is still seen.
-fn until_gone(stream: &TcpStream) {
-    use nix::libc::{poll, pollfd, POLLERR, POLLHUP, POLLNVAL, POLLRDHUP};
-    use std::os::fd::AsRawFd;
-    let mut watched = pollfd { fd: stream.as_raw_fd(), events: POLLRDHUP, revents: 0 };
-    loop {
-        // SAFETY: one pollfd, ours, for the call's length.
-        let ready = unsafe { poll(&mut watched, 1, -1) };
-        let interrupted = std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted;
-        if (ready < 0 && !interrupted) || watched.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL) != 0 {
-            return;
-        }
-    }
 }
 
 /// Sends node `node` (at `at`) its share of a step; returns the stream
@@ -799,14 +730,22 @@ mod tests {
         let hub = format!("127.0.0.1:{port}");
         let mut node = TcpStream::connect(&hub).unwrap();
         node.write_all(&keyed(&key, &Hello::Register { node: 1, at: "10.0.0.2:7".into() })).unwrap();
-        let (one, held) = attach(&hub, &key, 2).unwrap();
-        let (two, _second) = attach(&hub, &key, 2).unwrap();
+        let info = |name: &str| StepInfo { name: name.into(), nodes: vec![0, 1], started_s: 5 };
+        let (one, held) = attach(&hub, &key, 2, info("sky-1")).unwrap();
+        let (two, _second) = attach(&hub, &key, 2, info("rsync")).unwrap();
         assert_eq!(one.nodes.values().collect::<Vec<_>>(), ["10.0.0.1:5", "10.0.0.2:7"]);
         assert_ne!(one.step, two.step);
         assert!(steps.join(one.step.to_string()).exists());
+        // squeue -s: both, by number, with what each is.
+        let access = ebb_api::StepAccess { hub: hub.clone(), key: key.clone(), env: Default::default() };
+        let listed = steps::list(&access).unwrap();
+        assert_eq!(listed.get(&one.step), Some(&Some(info("sky-1"))));
+        assert_eq!(listed.get(&two.step), Some(&Some(info("rsync"))));
+        assert!(!steps::signal(&access, 99, StepSignal::End).unwrap(), "no step 99 runs");
         drop(held);
         wait_until(|| !steps.join(one.step.to_string()).exists());
-        assert!(attach(&hub, &"x".repeat(32), 2).is_err(), "another key is answered");
+        assert!(!steps::list(&access).unwrap().contains_key(&one.step), "an ended step is not listed");
+        assert!(attach(&hub, &"x".repeat(32), 2, info("x")).is_err(), "another key is answered");
         let _ = std::fs::remove_dir_all(&steps);
     }
 
@@ -816,55 +755,6 @@ mod tests {
             assert!(Instant::now() < deadline, "not within 10 s");
             std::thread::sleep(Duration::from_millis(20));
         }
-    }
-
-    fn input_lines(chunks: &[Vec<u8>], end: bool) -> Vec<u8> {
-        let mut lines = Vec::new();
-        for chunk in chunks {
-            let data = BASE64.encode(chunk);
-            lines.extend(serde_json::to_vec(&StepInput::Data { data }).unwrap());
-            lines.push(b'\n');
-        }
-        if end {
-            lines.extend(serde_json::to_vec(&StepInput::End).unwrap());
-            lines.push(b'\n');
-        }
-        lines
-    }
-
-    proptest::proptest! {
-        /// What srun sends comes out byte for byte, whatever the bytes and
-        /// however they are cut.
-        #[test]
-        fn an_attached_steps_input_comes_out_as_sent(
-            chunks in proptest::collection::vec(proptest::collection::vec(proptest::num::u8::ANY, 0..300), 0..8),
-            end in proptest::bool::ANY,
-        ) {
-            let mut stream = std::io::Cursor::new(input_lines(&chunks, end));
-            let mut got = Vec::new();
-            input_chunks(&mut stream, |data| got.extend(data));
-            proptest::prop_assert_eq!(got, chunks.concat());
-        }
-
-        /// Anything at all on the connection after the request: no panic,
-        /// and the input stops at the first line that is not input.
-        #[test]
-        fn any_bytes_after_an_attached_request_end_its_input_without_panic(
-            bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..2000),
-        ) {
-            input_chunks(&mut std::io::Cursor::new(bytes), |_| {});
-        }
-    }
-
-    /// A line longer than the bound ends the input (and the step) rather
-    /// than growing without end.
-    #[test]
-    fn an_endless_input_line_ends_the_input() {
-        let mut endless = std::io::Cursor::new(vec![b'x'; (INPUT_LINE_BYTES + 10) as usize]);
-        let mut chunks = 0;
-        input_chunks(&mut endless, |_| chunks += 1);
-        assert_eq!(chunks, 0);
-        assert!(endless.position() <= INPUT_LINE_BYTES, "read {} bytes of one line", endless.position());
     }
 
     #[test]

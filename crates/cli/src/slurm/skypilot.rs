@@ -21,13 +21,11 @@ pub fn recorded(job: &str, name: &str) -> Vec<Vec<String>> {
 }
 
 /// What Ebb refuses by name of what SkyPilot sends, and SkyPilot does
-/// without: a task's steps, listed to cancel them (`squeue -s`: Ebb's
-/// squeue lists jobs), and its check for FUSE on a node in a job of its
-/// own that must start within 10 s (`srun --immediate`: Ebb queues a job
-/// until it fits; SkyPilot then checks the login node).
+/// without: its check for FUSE on a node in a job of its own that must
+/// start within 10 s (`srun --immediate`: Ebb queues a job until it fits;
+/// SkyPilot then checks the login node).
 fn refused(argv: &[String]) -> bool {
-    (argv[0] == "squeue" && argv.iter().any(|a| a == "-s"))
-        || (argv[0] == "srun" && argv.iter().any(|a| a.starts_with("--immediate")))
+    argv[0] == "srun" && argv.iter().any(|a| a.starts_with("--immediate"))
 }
 
 #[test]
@@ -68,6 +66,12 @@ fn skypilot_command_lines_are_read_as_slurm_reads_them() {
             Command::Sbatch => {
                 assert_eq!(options::last(&given, "partition"), Some("preemptible"), "{argv:?}");
                 assert!(words[0].ends_with(".sh"), "{argv:?}: the provision script");
+            }
+            Command::Squeue if options::flag(&given, "steps") => {
+                // A task's steps, listed to cancel those named sky-N.
+                assert_eq!(options::last(&given, "steps"), Some(""), "{argv:?}: -s takes no next word");
+                assert_eq!(options::last(&given, "format"), Some("%i %j"), "{argv:?}");
+                assert_eq!(words, ["7"], "{argv:?}: -j's job");
             }
             Command::Squeue => {
                 assert!(options::last(&given, "format").is_some(), "{argv:?}: SkyPilot names its fields");

@@ -13,6 +13,7 @@ use nix::sys::signal::Signal;
 
 use super::options::{self, Given};
 use super::step::{self, Names};
+use super::steps::StepInfo;
 use crate::error::{file, usage, CliError};
 
 /// A step's tasks, as `srun`'s options and the job's variables say.
@@ -216,6 +217,9 @@ pub fn in_allocation(args: &[String]) -> Result<i32, CliError> {
         .map(std::path::PathBuf::from)
         .ok_or_else(|| usage("not in a batch job's step"))?;
     let (step_id, step_file) = step::claim_step(&steps)?;
+    let info = StepInfo::starting(options::last(&given, "job-name"), &plan.program[0], plan.nodes.clone());
+    super::steps::record(&steps, step_id, &info);
+    let claim = Claim { steps: &steps, step: step_id, file: step_file.clone() };
     let waited = step::waited_signals();
     waited.thread_block().map_err(|e| CliError::Signals(e.into()))?;
     let here: u32 = env.get("SLURM_NODEID").and_then(|n| n.parse().ok()).unwrap_or(0);
@@ -257,6 +261,7 @@ pub fn in_allocation(args: &[String]) -> Result<i32, CliError> {
                 task_env: tasks.iter().map(|&(task, _)| (task, task_env(node, task))).collect(),
                 tasks: tasks.clone(),
                 attached: false,
+                signal: None,
             };
             let at = nodes
                 .get(&node)
@@ -366,7 +371,7 @@ pub fn in_allocation(args: &[String]) -> Result<i32, CliError> {
             let _ = stream.shutdown(std::net::Shutdown::Both);
         }
     }
-    let _ = std::fs::remove_file(&step_file);
+    drop(claim);
     for reader in readers {
         let _ = reader.join();
     }
@@ -374,6 +379,21 @@ pub fn in_allocation(args: &[String]) -> Result<i32, CliError> {
         code = code.max(node.join().unwrap_or(1));
     }
     Ok(code)
+}
+
+/// A step's number and record in its steps directory, given back when
+/// the step ends, whichever way it ends.
+struct Claim<'a> {
+    steps: &'a std::path::Path,
+    step: u32,
+    file: std::path::PathBuf,
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        super::steps::forget(self.steps, self.step);
+        let _ = std::fs::remove_file(&self.file);
+    }
 }
 
 /// Whether `srun` with these options reaches into another job than the
@@ -414,7 +434,8 @@ pub fn attached(args: &[String], access: ebb_api::StepAccess) -> Result<i32, Cli
         .or_else(|| env.get("SLURM_JOB_NODELIST"))
         .and_then(|l| ebb_core::hostlist::expand(l).ok())
         .unwrap_or_default();
-    let (attached, claim) = super::remote::attach(&access.hub, &access.key, all_names.len() as u32)?;
+    let info = StepInfo::starting(options::last(&given, "job-name"), &plan.program[0], plan.nodes.clone());
+    let (attached, claim) = super::remote::attach(&access.hub, &access.key, all_names.len() as u32, info)?;
     let task_env = task_vars(&plan, &all_names, attached.step);
     let exported = match &plan.export {
         Some(export) => super::sbatch::exported(export, &env)?,
@@ -437,6 +458,7 @@ pub fn attached(args: &[String], access: ebb_api::StepAccess) -> Result<i32, Cli
             task_env: tasks.iter().map(|&(task, _)| (task, task_env(node, task))).collect(),
             tasks: tasks.clone(),
             attached: !plan.label,
+            signal: None,
         };
         let at = attached
             .nodes
@@ -447,7 +469,7 @@ pub fn attached(args: &[String], access: ebb_api::StepAccess) -> Result<i32, Cli
         let label = plan.label;
         followers.push(std::thread::spawn(move || follow_node(stream, tasks.len(), label, |_| {})));
     }
-    std::thread::spawn(move || super::remote::send_input(inputs));
+    std::thread::spawn(move || super::attached::send_input(inputs));
     let code = followers.into_iter().map(|f| f.join().unwrap_or(1)).max().unwrap_or(0);
     drop(claim);
     Ok(code)
@@ -468,7 +490,7 @@ fn follow_node(stream: std::net::TcpStream, tasks: usize, label: bool, mut exite
                 false => std::io::stdout().lock().write_all(text.as_bytes()),
             };
         }
-        StepEvent::Data { data, err, .. } => super::remote::write_data(&data, err),
+        StepEvent::Data { data, err, .. } => super::attached::write_data(&data, err),
         StepEvent::Exit { code: c, .. } => {
             code = code.max(c);
             exited(c);

@@ -376,7 +376,7 @@ fn signal_full(steps: &Path, script: i32, signo: i32) {
 
 /// `root` and the processes under it, as /proc has them now, leaving out
 /// those in `apart` and everything under them.
-fn under(root: i32, apart: &std::collections::BTreeSet<i32>) -> Vec<i32> {
+pub(super) fn under(root: i32, apart: &std::collections::BTreeSet<i32>) -> Vec<i32> {
     let mut children: std::collections::BTreeMap<i32, Vec<i32>> = Default::default();
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };

@@ -249,7 +249,7 @@ pub static OPTIONS: &[Spec] = &[
     opt(SQUEUE, "sort", "S", REQUIRED, Ignored(OLDEST_FIRST)),
     opt(SQUEUE, "start", "", NONE, Refused("Ebb does not estimate start times; `ebb sim` replays a workload")),
     opt(SQUEUE, "states", "t", REQUIRED, Honoured),
-    opt(SQUEUE, "steps", "s", OPTIONAL, Refused("Ebb's squeue lists jobs, not their steps")),
+    opt(SQUEUE, "steps", "s", OPTIONAL, Honoured),
     opt(SQUEUE, "usage", "", NONE, Honoured),
     opt(SQUEUE, "user", "u", REQUIRED, Honoured).also(&["users"]),
     opt(SQUEUE, "verbose", "v", NONE, Ignored(NO_EFFECT)),

@@ -439,9 +439,10 @@ srun --het-group=1 bash -c 'echo "worker task $SLURM_PROCID on node $SLURM_NODEI
 /// `srun --jobid` from outside a running job, as from a login node (and
 /// as SkyPilot runs everything): its tasks run on the job's nodes with the
 /// job's variables, output and input byte for byte (rsync copies through
-/// it both ways), its exit is the task's, ending srun ends them, and only
-/// the job's own tenant gets in, only while it runs; `scancel --full`
-/// ends the job's shell's children too.
+/// it both ways), its exit is the task's, ending srun ends them, `squeue
+/// -s` lists the steps and `scancel ID.N` ends one, and only the job's
+/// own tenant gets in, only while it runs; `scancel --full` ends the job's
+/// shell's children too.
 #[test]
 fn srun_jobid_runs_a_step_in_a_running_job_from_outside_it() {
     let cluster = Cluster::start(Options { nodes: 2, gpus: 4, ..Default::default() });
@@ -455,8 +456,8 @@ fn srun_jobid_runs_a_step_in_a_running_job_from_outside_it() {
     let id = id.trim().to_string();
     cluster.wait_state(id.parse().unwrap(), "running");
     let jobid = format!("--jobid={id}");
-    let nodes = ok(run(&["squeue", "-h", "-j", &id, "-o", "%N"]), "squeue");
-    let nodes = ebb_core::hostlist::expand(nodes.trim()).unwrap();
+    let nodes_list = ok(run(&["squeue", "-h", "-j", &id, "-o", "%N"]), "squeue");
+    let nodes = ebb_core::hostlist::expand(nodes_list.trim()).unwrap();
 
     let said = ok(
         run(&[
@@ -541,6 +542,38 @@ fn srun_jobid_runs_a_step_in_a_running_job_from_outside_it() {
     wait_for("the attached task to end with its srun", Duration::from_secs(10), || {
         (!Path::new(&format!("/proc/{pid}")).exists()).then_some(())
     });
+
+    // A task's steps, listed and ended by number, as SkyPilot's `sky
+    // cancel` does: `squeue -s` names each running step, `scancel ID.N`
+    // ends one (its tasks and what they started) and the job runs on.
+    let mut named = user(&cluster, &bin, "srun")
+        .args([&jobid, "--job-name=sky-1", "-N2", "bash", "-c", "trap 'exit 7' TERM; sleep 600 & wait"])
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let listed = |id: &str| text(&run(&["squeue", "-s", "-j", id, "-h", "-o", "%i %j"])).0;
+    let step = wait_for("the named step in squeue -s", Duration::from_secs(20), || {
+        let said = listed(&id);
+        said.lines().find(|l| l.ends_with(" sky-1")).map(|l| l.split(' ').next().unwrap().to_string())
+    });
+    assert!(step.starts_with(&format!("{id}.")), "{step}");
+    let table = ok(run(&["squeue", "--steps", &step]), "squeue --steps ID.N");
+    let (header, row) = table.split_once('\n').unwrap();
+    assert_eq!(
+        header.split_whitespace().collect::<Vec<_>>(),
+        ["STEPID", "NAME", "PARTITION", "USER", "TIME", "NODELIST"]
+    );
+    let columns: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!((columns[0], columns[1], columns[5]), (step.as_str(), "sky-1", nodes_list.trim()), "{table}");
+    ok(run(&["scancel", &step]), "scancel ID.N");
+    assert_eq!(named.wait().unwrap().code(), Some(7), "the tasks' TERM trap");
+    assert!(!listed(&id).contains("sky-1"), "{}", listed(&id));
+    assert_eq!(cluster.job(id.parse().unwrap())["state"], "running");
+    let missing = run(&["scancel", &format!("{id}.999")]);
+    assert!(!missing.status.success(), "{:?}", text(&missing));
+    assert!(text(&missing).1.contains("already completing or completed"), "{:?}", text(&missing));
+    let batch = run(&["scancel", &format!("{id}.batch")]);
+    assert!(text(&batch).1.contains("Ebb's batch step is the job itself"), "{:?}", text(&batch));
 
     // Another tenant's token: no such job. Not running: said.
     let other: serde_json::Value =
