@@ -1,27 +1,14 @@
 //! A Ray cluster inside an elastic Ebb job (`python -m ebb_sdk.ray_cluster`),
 //! `ray` from PyPI, unchanged, on CPU: a node leaves at a shrink, Ray is
 //! drained there with the deadline, and the Ray job goes on and finishes
-//! right.
-//!
-//! Not in CI's suite yet: with every node on one host, Ray's GCS timed out
-//! under the suite's load in 4 of 27 runs on the 2-core machine, and
-//! CI's budget has no room for Ray's install. Run it on its own:
-//!
-//! ```sh
-//! target/py/bin/pip install ray==2.52.1
-//! PATH=$PWD/target/py/bin:$PATH cargo test -p ebb --features ray-test --test ray
-//! ```
-
-#[path = "../../server/tests/writer/pg.rs"]
-mod pg;
-#[path = "e2e/support/mod.rs"]
-#[allow(dead_code)]
-mod support;
+//! right. `scripts/test` installs `ray` and runs this module on its own,
+//! before the rest: with every node on one host, Ray's GCS timed out under
+//! the whole suite's load in 4 of 27 runs on the 2-core machine.
 
 use std::path::Path;
 use std::time::Duration;
 
-use support::{repo_root, Cluster, Options};
+use crate::support::{repo_root, Cluster, Options};
 
 fn lines(log: &Path) -> Vec<String> {
     std::fs::read_to_string(log).unwrap_or_default().lines().map(str::to_string).collect()
@@ -35,6 +22,12 @@ fn lines(log: &Path) -> Vec<String> {
 /// the job succeeds in its first attempt, never requeued.
 #[test]
 fn a_ray_job_goes_on_when_a_node_is_drained_from_under_it() {
+    let ray = std::process::Command::new("python3").args(["-c", "import ray"]).output().unwrap();
+    assert!(
+        ray.status.success(),
+        "no ray for python3 (scripts/test installs ray==2.52.1 into target/py, first on PATH): {}",
+        String::from_utf8_lossy(&ray.stderr)
+    );
     let c = Cluster::start(Options {
         nodes: 2,
         gpus: 4,
