@@ -557,7 +557,9 @@ mod tests {
         drop(taken);
         until("both nodes' starts are delivered", || fake.delivered().len() == 2).await;
         assert_eq!(fake.report_ids.lock().unwrap().len(), 2, "each report tried once: none failed");
-        assert_eq!(slots.available_permits(), 1, "every slot given back");
+        // The server has a report before its reply reaches the reporter,
+        // which gives its slot back then.
+        until("every slot given back", || slots.available_permits() == 1).await;
     }
 
     #[tokio::test]
