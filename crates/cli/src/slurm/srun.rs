@@ -47,12 +47,6 @@ fn plan(given: &Given, program: Vec<String>, env: &BTreeMap<String, String>) -> 
         }
         _ => vec![env.get("EBB_NODE").cloned().unwrap_or_default()],
     };
-    if program.iter().any(|w| w == ":") && env.contains_key("SLURM_HET_SIZE") {
-        return Err(usage(
-            "srun A : B (one step over several components) is not on Ebb: start each with --het-group=K, \
-             `srun --het-group=0 A & srun --het-group=1 B & wait`",
-        ));
-    }
     let (step_nodes, step_tasks) = het_step(given, env, &names)?;
     let allocation = step_nodes.len() as u32;
     let mut nodes: Vec<u32> = match options::last(given, "nodelist") {
@@ -209,9 +203,18 @@ fn het_step(
 /// nodes are started there by their batch steps (`remote.rs`).
 pub fn in_allocation(args: &[String]) -> Result<i32, CliError> {
     let (given, program) = options::parse(options::Command::Srun, args, "")?;
-    super::query::say_ignored(options::Command::Srun, &given);
     let env: BTreeMap<String, String> = std::env::vars().collect();
-    let plan = plan(&given, program, &env)?;
+    if program.iter().any(|w| w == ":") {
+        return heterogeneous_step(args, &env);
+    }
+    super::query::say_ignored(options::Command::Srun, &given);
+    let mut plan = plan(&given, program, &env)?;
+    // A part of `srun A : B`: its tasks' ranks follow the parts before it.
+    let base: u32 = env.get(RANK_BASE).and_then(|n| n.parse().ok()).unwrap_or(0);
+    if let Some(total) = env.get(STEP_TASKS).and_then(|n| n.parse::<u32>().ok()) {
+        plan.tasks.iter_mut().for_each(|t| t.1 = t.1.saturating_add(base));
+        plan.ntasks = total;
+    }
     let steps = env
         .get("EBB_SLURM_STEPS")
         .map(std::path::PathBuf::from)
@@ -394,6 +397,67 @@ impl Drop for Claim<'_> {
         super::steps::forget(self.steps, self.step);
         let _ = std::fs::remove_file(&self.file);
     }
+}
+
+/// Where a part of `srun A : B` learns the rank of its first task and the
+/// step's tasks in all (its parent `srun` sets them).
+const RANK_BASE: &str = "EBB_SLURM_HET_STEP_RANK_BASE";
+const STEP_TASKS: &str = "EBB_SLURM_HET_STEP_TASKS";
+
+/// `srun [OPTIONS] A [ARGS] : [OPTIONS] B [ARGS] ...` in a heterogeneous
+/// job: one part on each component in turn (the first on component 0,
+/// unless a part names its own `--het-group`), all at once, each with its
+/// own options, the tasks' ranks (`SLURM_PROCID`) running on across the
+/// parts and `SLURM_NTASKS` their sum, as in Slurm's heterogeneous step.
+/// Each part is an `srun` of its own (a step number each); this one ends
+/// with the highest of their codes.
+fn heterogeneous_step(args: &[String], env: &BTreeMap<String, String>) -> Result<i32, CliError> {
+    let size: usize = env.get("SLURM_HET_SIZE").and_then(|n| n.parse().ok()).unwrap_or(0);
+    if size == 0 {
+        return Err(usage(
+            "srun A : B runs a part on each component of a heterogeneous job (#SBATCH hetjob); this job has one",
+        ));
+    }
+    let mut parts: Vec<Vec<String>> = args.split(|a| a == ":").map(<[String]>::to_vec).collect();
+    if parts.len() > size {
+        return Err(usage(format!(
+            "srun A : B: {} parts, but the job allocation has {size} components",
+            parts.len()
+        )));
+    }
+    let mut bases = Vec::new();
+    let mut total = 0u32;
+    for (k, part) in parts.iter_mut().enumerate() {
+        let (given, program) = options::parse(options::Command::Srun, part, "")?;
+        if options::last(&given, "het-group").is_none() {
+            part.insert(0, format!("--het-group={k}"));
+        }
+        let (given, _) = options::parse(options::Command::Srun, part, "")?;
+        if program.is_empty() {
+            return Err(usage(format!("srun A : B: part {k} has no program to run")));
+        }
+        let plan = plan(&given, program, env)?;
+        bases.push(total);
+        total = total.saturating_add(plan.ntasks);
+    }
+    let exe = std::env::current_exe().map_err(|e| usage(format!("cannot find this program: {e}")))?;
+    let mut children = Vec::new();
+    for (part, base) in parts.iter().zip(bases) {
+        use std::os::unix::process::CommandExt;
+        let child = Command::new(&exe)
+            .arg0("srun")
+            .args(part)
+            .env(RANK_BASE, base.to_string())
+            .env(STEP_TASKS, total.to_string())
+            .spawn()
+            .map_err(|source| CliError::Spawn { what: "srun".into(), source })?;
+        children.push(child);
+    }
+    let mut code = 0;
+    for mut child in children {
+        code = code.max(child.wait().map_or(1, step::exit_code));
+    }
+    Ok(code)
 }
 
 /// Whether `srun` with these options reaches into another job than the
@@ -703,10 +767,16 @@ mod tests {
             plan(&g, program, &env).err().unwrap().to_string(),
             "Attempt to run a job step with het-group value of 2, but the job allocation has maximum value of 1"
         );
-        let (g, program) = given("server : client");
-        assert!(plan(&g, program, &env).err().unwrap().to_string().contains("--het-group=K"));
+        // srun A : B: a part a component, no more parts than components.
+        let words = |line: &str| line.split(' ').map(str::to_string).collect::<Vec<_>>();
+        let three = heterogeneous_step(&words("a : b : c"), &env).unwrap_err().to_string();
+        assert!(three.contains("3 parts, but the job allocation has 2 components"), "{three}");
+        let empty = heterogeneous_step(&words("a : -n 2"), &env).unwrap_err().to_string();
+        assert!(empty.contains("part 1 has no program"), "{empty}");
         let mut plain = env.clone();
         plain.remove("SLURM_HET_SIZE");
+        let one = heterogeneous_step(&words("a : b"), &plain).unwrap_err().to_string();
+        assert!(one.contains("this job has one"), "{one}");
         let (g, program) = given("--het-group=1 hostname");
         assert!(plan(&g, program, &plain).err().unwrap().to_string().contains("not heterogeneous"));
     }

@@ -384,7 +384,9 @@ fn public_sbatch_headers_run_with_the_resources_they_ask_for() {
 /// of one node for the batch script and a component of two for the
 /// workers, one gang whose components take its nodes in turn; each
 /// component's `_HET_GROUP_` variables, a step on the first by default and
-/// on the second with `--het-group=1`, and `ID+K` rows in squeue and sacct.
+/// on the second with `--het-group=1`, `srun A : B` with one part on each
+/// and its ranks running on across them, and `ID+K` rows in squeue and
+/// sacct.
 #[test]
 fn a_heterogeneous_job_runs_its_components_on_their_own_nodes() {
     let cluster = Cluster::start(Options { nodes: 3, gpus: 4, ..Default::default() });
@@ -399,6 +401,7 @@ fn a_heterogeneous_job_runs_its_components_on_their_own_nodes() {
 echo "size $SLURM_HET_SIZE: $SLURM_JOB_NODELIST_HET_GROUP_0 ($SLURM_NTASKS_HET_GROUP_0) and $SLURM_JOB_NODELIST_HET_GROUP_1 ($SLURM_NTASKS_HET_GROUP_1)"
 srun bash -c 'echo "leader task $SLURM_PROCID on node $SLURM_NODEID"'
 srun --het-group=1 bash -c 'echo "worker task $SLURM_PROCID on node $SLURM_NODEID"' | sort
+srun bash -c 'echo "mpmd server $SLURM_PROCID/$SLURM_NTASKS on node $SLURM_NODEID"' : -n2 bash -c 'echo "mpmd client $SLURM_PROCID/$SLURM_NTASKS on node $SLURM_NODEID"' | sort
 "#,
     )
     .unwrap();
@@ -417,7 +420,8 @@ srun --het-group=1 bash -c 'echo "worker task $SLURM_PROCID on node $SLURM_NODEI
     let workers = ebb_core::hostlist::compress(&nodes[1..]);
     let expected = format!(
         "size 2: {} (1) and {} (4)\nleader task 0 on node 0\nworker task 0 on node 1\nworker task 1 on node 1\n\
-         worker task 2 on node 2\nworker task 3 on node 2\n",
+         worker task 2 on node 2\nworker task 3 on node 2\n\
+         mpmd client 1/3 on node 1\nmpmd client 2/3 on node 2\nmpmd server 0/3 on node 0\n",
         nodes[0], workers,
     );
     assert_eq!(said, expected);
@@ -458,6 +462,9 @@ fn srun_jobid_runs_a_step_in_a_running_job_from_outside_it() {
     let jobid = format!("--jobid={id}");
     let nodes_list = ok(run(&["squeue", "-h", "-j", &id, "-o", "%N"]), "squeue");
     let nodes = ebb_core::hostlist::expand(nodes_list.trim()).unwrap();
+    // The same by -O's names: JobID 8 wide, the node list 20.
+    let long = ok(run(&["squeue", "-h", "-j", &id, "-O", "JobID:8,nodelist"]), "squeue -O");
+    assert_eq!(long, format!("{id:<8}{:<20}\n", nodes_list.trim()), "{long:?}");
 
     let said = ok(
         run(&[
