@@ -6,6 +6,7 @@
 //! prints. What is honoured, ignored and different: `docs/slurm.md`.
 
 mod attached;
+mod fields;
 mod json;
 mod options;
 mod query;
@@ -217,6 +218,12 @@ async fn allocate_and_run(args: &[String]) -> Result<Done, CliError> {
         return Err(usage(
             "--het-group: names a component of the heterogeneous job srun runs in; outside a job, submit one \
              with sbatch (#SBATCH hetjob)",
+        ));
+    }
+    if program.iter().any(|w| w == ":") {
+        return Err(usage(
+            "srun A : B runs in a heterogeneous job: submit one with sbatch (#SBATCH hetjob) and run srun A : B \
+             in its script",
         ));
     }
     // The allocation's options go to sbatch; the step takes them all.

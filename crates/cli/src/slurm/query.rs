@@ -7,6 +7,7 @@ use std::fmt::Write;
 
 use ebb_api as api;
 
+use super::fields::{long_format, SQUEUE_NAMES};
 use super::options::{self, Command, Given};
 use crate::client::{Client, ClientError};
 use crate::error::{usage, CliError};
@@ -454,11 +455,14 @@ pub async fn squeue(client: &Client, args: &[String]) -> Result<String, CliError
         return Ok(SQUEUE_FIELDS.iter().map(|(l, _)| format!("%{l}")).collect::<Vec<_>>().join(" ") + "\n");
     }
     say_ignored(Command::Squeue, &given);
-    let format = match (options::last(&given, "format"), options::flag(&given, "long")) {
-        (Some(format), _) => format.to_string(),
-        (None, true) => "%.18i %.9P %.8j %.8u %.8T %.10M %.9l %.6D %R".to_string(),
-        (None, false) => "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R".to_string(),
-    };
+    let long =
+        options::last(&given, "Format").map(|spec| long_format(spec, SQUEUE_NAMES, "job")).transpose()?;
+    let format =
+        match (options::last(&given, "format").map(str::to_string).or(long), options::flag(&given, "long")) {
+            (Some(format), _) => format,
+            (None, true) => "%.18i %.9P %.8j %.8u %.8T %.10M %.9l %.6D %R".to_string(),
+            (None, false) => "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R".to_string(),
+        };
     let filter = Filter::from(&given)?;
     let over = options::last(&given, "running-over").map(options::time_limit).transpose()?.flatten();
     let under = options::last(&given, "running-under").map(options::time_limit).transpose()?.flatten();
@@ -495,7 +499,11 @@ async fn step_rows(client: &Client, given: &Given, jobs: &[api::Job]) -> Result<
     }
     let only: Vec<&str> = options::last(given, "steps")
         .map_or_else(Vec::new, |l| l.split(',').filter(|s| !s.is_empty()).collect());
-    let format = options::last(given, "format").unwrap_or(super::steps::DEFAULT_FORMAT);
+    let long = options::last(given, "Format")
+        .map(|spec| long_format(spec, super::steps::NAMES, "step"))
+        .transpose()?;
+    let format = options::last(given, "format").map(str::to_string).or(long);
+    let format = format.as_deref().unwrap_or(super::steps::DEFAULT_FORMAT);
     let mut out = String::new();
     if !options::flag(given, "noheader") {
         writeln!(out, "{}", super::steps::header(format)).unwrap();
@@ -772,6 +780,14 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("Invalid field"));
+    }
+
+    /// `-O`'s names print what their letters print.
+    #[test]
+    fn a_long_format_prints_what_its_letters_do() {
+        let j = job(12, "running");
+        let format = long_format("jobid:4,name:.6", SQUEUE_NAMES, "job").unwrap();
+        assert_eq!(render(&format, |l| squeue_field(&j, "12", l)), "12   train");
     }
 
     #[test]

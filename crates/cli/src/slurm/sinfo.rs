@@ -43,6 +43,24 @@ const SINFO_FIELDS: &[(char, &str)] = &[
     ('E', "REASON"),
 ];
 
+/// `sinfo -O`'s field names and the `%` letters that print them.
+const SINFO_NAMES: &[(&str, char)] = &[
+    ("partition", 'P'),
+    ("partitionname", 'R'),
+    ("available", 'a'),
+    ("time", 'l'),
+    ("nodes", 'D'),
+    ("nodeaiot", 'F'),
+    ("statecompact", 't'),
+    ("statelong", 'T'),
+    ("nodelist", 'N'),
+    ("nodehost", 'n'),
+    ("gres", 'G'),
+    ("cpus", 'c'),
+    ("memory", 'm'),
+    ("reason", 'E'),
+];
+
 /// One row of `sinfo`: a partition's nodes in one state, or one node.
 pub struct SinfoRow<'a> {
     partition: &'a str,
@@ -123,8 +141,11 @@ pub async fn sinfo(client: &Client, args: &[String]) -> Result<String, CliError>
     say_ignored(Command::Sinfo, &given);
     let flag = |long: &str| options::flag(&given, long);
     let per_node = flag("Node");
-    let format = match options::last(&given, "format") {
-        Some(format) => format.to_string(),
+    let long = options::last(&given, "Format")
+        .map(|spec| super::fields::long_format(spec, SINFO_NAMES, "node"))
+        .transpose()?;
+    let format = match options::last(&given, "format").map(str::to_string).or(long) {
+        Some(format) => format,
         None if flag("list-reasons") => "%20E %N".into(),
         None if flag("summarize") => "%9P %.5a %.10l %.16F %N".into(),
         None if per_node && flag("long") => "%9N %.6D %9P %.11T %.10G".into(),

@@ -268,6 +268,18 @@ fn slurm_time(unix_s: u64) -> String {
     humantime::format_rfc3339_seconds(at).to_string().trim_end_matches('Z').to_string()
 }
 
+/// `squeue -s -O`'s field names and the `%` letters that print them.
+pub const NAMES: &[(&str, char)] = &[
+    ("stepid", 'i'),
+    ("stepname", 'j'),
+    ("partition", 'P'),
+    ("username", 'u'),
+    ("timeused", 'M'),
+    ("timelimit", 'l'),
+    ("nodelist", 'N'),
+    ("starttime", 'S'),
+];
+
 /// `squeue -s`'s default columns, and their headers.
 pub const DEFAULT_FORMAT: &str = "%.15i %.8j %.9P %.8u %.9M %N";
 const FIELDS: &[(char, &str)] = &[
