@@ -203,15 +203,19 @@ fn het_step(
 /// nodes are started there by their batch steps (`remote.rs`).
 pub fn in_allocation(args: &[String]) -> Result<i32, CliError> {
     let (given, program) = options::parse(options::Command::Srun, args, "")?;
-    let env: BTreeMap<String, String> = std::env::vars().collect();
+    let mut env: BTreeMap<String, String> = std::env::vars().collect();
     if program.iter().any(|w| w == ":") {
         return heterogeneous_step(args, &env);
     }
     super::query::say_ignored(options::Command::Srun, &given);
     let mut plan = plan(&given, program, &env)?;
     // A part of `srun A : B`: its tasks' ranks follow the parts before it.
-    let base: u32 = env.get(RANK_BASE).and_then(|n| n.parse().ok()).unwrap_or(0);
-    if let Some(total) = env.get(STEP_TASKS).and_then(|n| n.parse::<u32>().ok()) {
+    // Its tasks do not inherit that (an srun of theirs is a step of its own).
+    let (base, total) = (env.remove(RANK_BASE), env.remove(STEP_TASKS));
+    std::env::remove_var(RANK_BASE);
+    std::env::remove_var(STEP_TASKS);
+    if let Some(total) = total.and_then(|n| n.parse::<u32>().ok()) {
+        let base: u32 = base.and_then(|n| n.parse().ok()).unwrap_or(0);
         plan.tasks.iter_mut().for_each(|t| t.1 = t.1.saturating_add(base));
         plan.ntasks = total;
     }

@@ -401,7 +401,7 @@ fn a_heterogeneous_job_runs_its_components_on_their_own_nodes() {
 echo "size $SLURM_HET_SIZE: $SLURM_JOB_NODELIST_HET_GROUP_0 ($SLURM_NTASKS_HET_GROUP_0) and $SLURM_JOB_NODELIST_HET_GROUP_1 ($SLURM_NTASKS_HET_GROUP_1)"
 srun bash -c 'echo "leader task $SLURM_PROCID on node $SLURM_NODEID"'
 srun --het-group=1 bash -c 'echo "worker task $SLURM_PROCID on node $SLURM_NODEID"' | sort
-srun bash -c 'echo "mpmd server $SLURM_PROCID/$SLURM_NTASKS on node $SLURM_NODEID"' : -n2 bash -c 'echo "mpmd client $SLURM_PROCID/$SLURM_NTASKS on node $SLURM_NODEID"' | sort
+srun bash -c 'echo "mpmd server $SLURM_PROCID/$SLURM_NTASKS on node $SLURM_NODEID ${EBB_SLURM_HET_STEP_TASKS:-alone}"' : -n2 bash -c 'echo "mpmd client $SLURM_PROCID/$SLURM_NTASKS on node $SLURM_NODEID"' | sort
 "#,
     )
     .unwrap();
@@ -421,7 +421,7 @@ srun bash -c 'echo "mpmd server $SLURM_PROCID/$SLURM_NTASKS on node $SLURM_NODEI
     let expected = format!(
         "size 2: {} (1) and {} (4)\nleader task 0 on node 0\nworker task 0 on node 1\nworker task 1 on node 1\n\
          worker task 2 on node 2\nworker task 3 on node 2\n\
-         mpmd client 1/3 on node 1\nmpmd client 2/3 on node 2\nmpmd server 0/3 on node 0\n",
+         mpmd client 1/3 on node 1\nmpmd client 2/3 on node 2\nmpmd server 0/3 on node 0 alone\n",
         nodes[0], workers,
     );
     assert_eq!(said, expected);
