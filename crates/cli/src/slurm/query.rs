@@ -510,7 +510,15 @@ async fn step_rows(client: &Client, given: &Given, jobs: &[api::Job]) -> Result<
     }
     for job in jobs.iter().filter(|j| j.slurm.is_some() && state(j) == "RUNNING") {
         let Some(access) = super::steps::access(client, job.id).await? else { continue };
-        let mut steps = super::steps::list(&access)?;
+        // A job whose first node does not answer (one just starting)
+        // holds up none of the others.
+        let mut steps = match super::steps::list(&access) {
+            Ok(steps) => steps,
+            Err(e) => {
+                eprintln!("squeue: warning: job {}'s steps: {e}", job.id);
+                continue;
+            }
+        };
         if !only.is_empty() {
             steps.retain(|n, _| only.contains(&format!("{}.{n}", job.id).as_str()));
         }

@@ -174,8 +174,16 @@ pub fn pass_signal(nodes: &BTreeMap<u32, String>, key: &str, step: u32, signal: 
 }
 
 /// Asks the job's first node's directory at `hub` one question: its answer.
+/// A node that does not answer within seconds is given up.
 fn ask<T: serde::de::DeserializeOwned>(hub: &str, key: &str, hello: Hello) -> Result<T, StepError> {
-    let mut stream = TcpStream::connect(hub)
+    use std::net::ToSocketAddrs;
+    let connect = || {
+        let address = hub.to_socket_addrs()?.next().ok_or(std::io::ErrorKind::AddrNotAvailable)?;
+        let stream = TcpStream::connect_timeout(&address, Duration::from_secs(5))?;
+        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+        Ok::<_, std::io::Error>(stream)
+    };
+    let mut stream = connect()
         .map_err(|source| StepError::Connect { what: format!("the job's first node ({hub})"), source })?;
     send(&mut stream, &Keyed { key: key.to_string(), body: hello })?;
     let mut line = String::new();

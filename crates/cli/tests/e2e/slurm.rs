@@ -591,6 +591,19 @@ fn srun_jobid_runs_a_step_in_a_running_job_from_outside_it() {
         .output()
         .unwrap();
     assert!(!outsider.status.success() && text(&outsider).1.contains("not found"), "{:?}", text(&outsider));
+    // Nor can it list or end the job's steps.
+    let as_outsider = |name: &str, args: &[&str]| {
+        user(&cluster, &bin, name)
+            .args(args)
+            .env("EBB_TOKEN", other["token"].as_str().unwrap())
+            .output()
+            .unwrap()
+    };
+    let step0 = format!("{id}.0");
+    let cancel = as_outsider("scancel", &[&step0]);
+    assert!(!cancel.status.success(), "{:?}", text(&cancel));
+    assert!(text(&cancel).1.contains(&format!("Invalid job id specified: {id}")), "{:?}", text(&cancel));
+    assert_eq!(ok(as_outsider("squeue", &["-s", "-h"]), "squeue -s as another tenant"), "");
     // `scancel --full` reaches the shell's `sleep` too (SkyPilot's `sky
     // down`): the shell's trap runs at once and the job ends as it says.
     ok(run(&["scancel", "--signal", "TERM", "--full", &id]), "scancel --full");
