@@ -292,11 +292,20 @@ async fn scancel(args: &[String]) -> Result<String, CliError> {
     query::say_ignored(options::Command::Scancel, &given);
     let all: Vec<&str> = words.iter().flat_map(|w| w.split(',')).filter(|s| !s.is_empty()).collect();
     let filter = query::Filter::from(&given)?;
+    // Named before anything is signalled: a wrong name signals nothing.
+    let signal = options::last(&given, "signal")
+        .map(|name| srun::signal_named(name).ok_or_else(|| usage(format!("Unknown job signal: {name}"))))
+        .transpose()?;
     let client = client()?;
-    let mut ids = Vec::new();
+    let (mut ids, mut stepped) = (Vec::new(), false);
     for id in all {
         match steps::step_id(id)? {
-            Some((job, step)) => cancel_step(&client, &given, id, (job, step)).await?,
+            Some((job, step)) => {
+                let signal =
+                    signal.map_or(steps::StepSignal::End, |s| steps::StepSignal::Signal { signo: s as i32 });
+                cancel_step(&client, id, (job, step), signal).await?;
+                stepped = true;
+            }
             None => ids.push(id),
         }
     }
@@ -304,7 +313,7 @@ async fn scancel(args: &[String]) -> Result<String, CliError> {
     for id in &ids {
         jobs.extend(query::jobs_named(&client, id).await?);
     }
-    if ids.is_empty() && words.iter().any(|w| w.contains('.')) {
+    if ids.is_empty() && stepped {
         return Ok(String::new()); // steps alone
     }
     if ids.is_empty() {
@@ -316,8 +325,7 @@ async fn scancel(args: &[String]) -> Result<String, CliError> {
     jobs.retain(|j| filter.keeps(j));
     let active = ["queued", "starting", "running", "draining"];
     jobs.retain(|j| active.contains(&j.state.as_str()));
-    if let Some(signal) = options::last(&given, "signal") {
-        srun::signal_named(signal).ok_or_else(|| usage(format!("Unknown job signal: {signal}")))?;
+    if let Some(signal) = options::last(&given, "signal").filter(|_| signal.is_some()) {
         for job in &jobs {
             let request = api::SignalRequest {
                 signal: signal.to_string(),
@@ -340,19 +348,11 @@ async fn scancel(args: &[String]) -> Result<String, CliError> {
 /// Slurm's `KillWait`); the job goes on.
 async fn cancel_step(
     client: &Client,
-    given: &options::Given,
     id: &str,
     (job, step): (&str, u32),
+    signal: steps::StepSignal,
 ) -> Result<(), CliError> {
     let job: u64 = job.parse().map_err(|_| usage(format!("Invalid job id specified: {id}")))?;
-    let signal = match options::last(given, "signal") {
-        Some(name) => {
-            let signal =
-                srun::signal_named(name).ok_or_else(|| usage(format!("Unknown job signal: {name}")))?;
-            steps::StepSignal::Signal { signo: signal as i32 }
-        }
-        None => steps::StepSignal::End,
-    };
     let gone =
         || usage(format!("Kill job error on job step id {id}: Job/step already completing or completed"));
     let Some(access) = steps::access(client, job).await? else { return Err(gone()) };

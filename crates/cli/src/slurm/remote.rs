@@ -393,17 +393,39 @@ pub fn serve_steps(key: String, steps: &Path, env: BTreeMap<String, String>) -> 
 
 /// Where the other nodes' batch steps listen, once `nodes` have registered.
 pub fn directory(hub: &str, key: &str, nodes: u32) -> Result<BTreeMap<u32, String>, StepError> {
-    let mut stream = TcpStream::connect(hub)
-        .map_err(|source| StepError::Connect { what: format!("the job's first node ({hub})"), source })?;
-    send(&mut stream, &Keyed { key: key.to_string(), body: Hello::Directory { nodes } })?;
-    let mut line = String::new();
-    BufReader::new(stream).read_line(&mut line)?;
-    let known: BTreeMap<u32, String> = serde_json::from_str(&line)
-        .map_err(|source| StepError::Protocol { what: "the step directory", source })?;
+    let known: BTreeMap<u32, String> =
+        ask(hub, key, Hello::Directory { nodes }, MEET + Duration::from_secs(10))?;
     if let Some(node) = (1..nodes).find(|n| !known.contains_key(n)) {
         return Err(StepError::Missing { node, seconds: MEET.as_secs() });
     }
     Ok(known)
+}
+
+/// Asks the job's first node's directory at `hub` one question: its
+/// answer, given up if it does not come within `within` (or the node
+/// cannot be reached within seconds).
+pub(super) fn ask<T: serde::de::DeserializeOwned>(
+    hub: &str,
+    key: &str,
+    hello: Hello,
+    within: Duration,
+) -> Result<T, StepError> {
+    use std::net::ToSocketAddrs;
+    let connect = || {
+        let address = hub.to_socket_addrs()?.next().ok_or(std::io::ErrorKind::AddrNotAvailable)?;
+        let stream = TcpStream::connect_timeout(&address, Duration::from_secs(5))?;
+        stream.set_read_timeout(Some(within))?;
+        Ok::<_, std::io::Error>(stream)
+    };
+    let mut stream = connect()
+        .map_err(|source| StepError::Connect { what: format!("the job's first node ({hub})"), source })?;
+    send(&mut stream, &Keyed { key: key.to_string(), body: hello })?;
+    let mut line = String::new();
+    BufReader::new(stream).read_line(&mut line)?;
+    if line.is_empty() {
+        return Err(StepError::Ended);
+    }
+    serde_json::from_str(&line).map_err(|source| StepError::Protocol { what: "the step directory", source })
 }
 
 /// The batch step of a node other than the job's first: it registers with

@@ -341,23 +341,13 @@ fn wait_routing(child: &mut Child, waited: &SigSet, route: impl Fn(i32, Route)) 
 /// Sends `signal` to every task of the job's running `srun` steps on this
 /// node (each step lists its tasks' pids in a file of `steps`).
 pub fn signal_steps(steps: &Path, signo: i32) {
-    for pid in step_tasks(steps) {
-        // SAFETY: kill with plain numbers.
-        unsafe {
-            nix::libc::kill(pid, signo);
-        }
-    }
+    super::steps::kill_all(&step_tasks(steps), signo);
 }
 
 /// The pids of the steps' tasks, as their `srun`s listed them.
 fn step_tasks(steps: &Path) -> std::collections::BTreeSet<i32> {
     let Ok(entries) = std::fs::read_dir(steps) else { return Default::default() };
-    entries
-        .flatten()
-        .filter_map(|entry| std::fs::read_to_string(entry.path()).ok())
-        .flat_map(|text| text.split_whitespace().filter_map(|p| p.parse::<i32>().ok()).collect::<Vec<_>>())
-        .filter(|p| *p > 1)
-        .collect()
+    super::steps::pids_listed(entries.flatten().map(|entry| entry.path())).into_iter().collect()
 }
 
 /// `scancel --signal --full`: the steps' tasks, and the batch shell
@@ -366,17 +356,12 @@ fn step_tasks(steps: &Path) -> std::collections::BTreeSet<i32> {
 fn signal_full(steps: &Path, script: i32, signo: i32) {
     let tasks = step_tasks(steps);
     signal_steps(steps, signo);
-    for pid in under(script, &tasks) {
-        // SAFETY: kill with plain numbers.
-        unsafe {
-            nix::libc::kill(pid, signo);
-        }
-    }
+    super::steps::kill_all(&under(&[script], &tasks), signo);
 }
 
-/// `root` and the processes under it, as /proc has them now, leaving out
-/// those in `apart` and everything under them.
-pub(super) fn under(root: i32, apart: &std::collections::BTreeSet<i32>) -> Vec<i32> {
+/// `roots` and the processes under them, as one walk of /proc has them
+/// now, leaving out those in `apart` and everything under them.
+pub(super) fn under(roots: &[i32], apart: &std::collections::BTreeSet<i32>) -> Vec<i32> {
     let mut children: std::collections::BTreeMap<i32, Vec<i32>> = Default::default();
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
@@ -389,7 +374,7 @@ pub(super) fn under(root: i32, apart: &std::collections::BTreeSet<i32>) -> Vec<i
             children.entry(ppid).or_default().push(pid);
         }
     }
-    let (mut found, mut next) = (Vec::new(), vec![root]);
+    let (mut found, mut next) = (Vec::new(), roots.to_vec());
     while let Some(pid) = next.pop() {
         if apart.contains(&pid) {
             continue;
@@ -414,7 +399,7 @@ mod tests {
         let root = shell.id() as i32;
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         let all = loop {
-            let all = under(root, &Default::default());
+            let all = under(&[root], &Default::default());
             if all.len() == 4 || std::time::Instant::now() > deadline {
                 break all;
             }
@@ -426,7 +411,7 @@ mod tests {
                 .is_ok_and(|c| c.starts_with("bash\0-c\0sleep 31"))
         });
         let apart = std::collections::BTreeSet::from([inner_bash.unwrap()]);
-        assert_eq!(under(root, &apart).len(), 2, "the task and what it started are left out");
+        assert_eq!(under(&[root], &apart).len(), 2, "the task and what it started are left out");
         let _ = shell.kill();
         for pid in all {
             // SAFETY: kill with plain numbers: this test's own processes.

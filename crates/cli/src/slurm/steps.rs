@@ -7,14 +7,13 @@
 //! tasks there: the pids each node lists under the step's number.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::remote::{send, Hello, Keyed, StepError, StepRequest};
+use super::remote::{ask, send, Hello, Keyed, StepError, StepRequest};
 use crate::client::Client;
 use crate::error::{usage, CliError};
 use ebb_api as api;
@@ -107,28 +106,33 @@ fn pid_files(steps: &Path, step: u32) -> Vec<PathBuf> {
         .collect()
 }
 
-/// Step `step`'s task pids on this node, as their files list them now.
-fn step_pids(steps: &Path, step: u32) -> Vec<i32> {
-    pid_files(steps, step)
-        .iter()
+/// The task pids that `files` list now (one file per step's share on a
+/// node, pids separated by white space; pid 1 and below never).
+pub fn pids_listed(files: impl IntoIterator<Item = PathBuf>) -> Vec<i32> {
+    files
+        .into_iter()
         .filter_map(|f| std::fs::read_to_string(f).ok())
         .flat_map(|text| text.split_whitespace().filter_map(|p| p.parse::<i32>().ok()).collect::<Vec<_>>())
         .filter(|p| *p > 1)
         .collect()
 }
 
+/// Step `step`'s task pids on this node, as their files list them now.
+fn step_pids(steps: &Path, step: u32) -> Vec<i32> {
+    pids_listed(pid_files(steps, step))
+}
+
 /// Step `step`'s processes on this node: its tasks and every process
-/// under them, as Slurm signals a step's whole cgroup.
+/// under them (one walk of /proc), as Slurm signals a step's cgroup.
 fn step_processes(steps: &Path, step: u32) -> Vec<i32> {
-    let tasks = step_pids(steps, step);
-    let mut all: Vec<i32> =
-        tasks.iter().flat_map(|&task| super::step::under(task, &Default::default())).collect();
+    let mut all = super::step::under(&step_pids(steps, step), &Default::default());
     all.sort_unstable();
     all.dedup();
     all
 }
 
-fn kill_all(pids: &[i32], signo: i32) {
+/// Sends `signo` to each of `pids` (one that is gone is passed over).
+pub fn kill_all<'a>(pids: impl IntoIterator<Item = &'a i32>, signo: i32) {
     for &pid in pids {
         // SAFETY: kill with plain numbers.
         unsafe {
@@ -173,36 +177,19 @@ pub fn pass_signal(nodes: &BTreeMap<u32, String>, key: &str, step: u32, signal: 
     }
 }
 
-/// Asks the job's first node's directory at `hub` one question: its answer.
-/// A node that does not answer within seconds is given up.
-fn ask<T: serde::de::DeserializeOwned>(hub: &str, key: &str, hello: Hello) -> Result<T, StepError> {
-    use std::net::ToSocketAddrs;
-    let connect = || {
-        let address = hub.to_socket_addrs()?.next().ok_or(std::io::ErrorKind::AddrNotAvailable)?;
-        let stream = TcpStream::connect_timeout(&address, Duration::from_secs(5))?;
-        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-        Ok::<_, std::io::Error>(stream)
-    };
-    let mut stream = connect()
-        .map_err(|source| StepError::Connect { what: format!("the job's first node ({hub})"), source })?;
-    send(&mut stream, &Keyed { key: key.to_string(), body: hello })?;
-    let mut line = String::new();
-    BufReader::new(stream).read_line(&mut line)?;
-    if line.is_empty() {
-        return Err(StepError::Ended);
-    }
-    serde_json::from_str(&line).map_err(|source| StepError::Protocol { what: "the step directory", source })
-}
+/// How long a first node may take to answer `squeue -s` or `scancel
+/// ID.N`: a node that does not is given up.
+const ANSWER: Duration = Duration::from_secs(10);
 
 /// The job's steps running now, from its first node's directory.
 pub fn list(access: &api::StepAccess) -> Result<BTreeMap<u32, Option<StepInfo>>, StepError> {
-    ask(&access.hub, &access.key, Hello::Steps)
+    ask(&access.hub, &access.key, Hello::Steps, ANSWER)
 }
 
 /// Sends `signal` to step `step`'s tasks on every node of the job;
 /// whether the step was running.
 pub fn signal(access: &api::StepAccess, step: u32, signal: StepSignal) -> Result<bool, StepError> {
-    ask(&access.hub, &access.key, Hello::Signal { step, signal })
+    ask(&access.hub, &access.key, Hello::Signal { step, signal }, ANSWER)
 }
 
 /// Where a running job's steps are known: its first node's directory,
