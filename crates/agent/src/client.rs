@@ -192,6 +192,11 @@ impl Client {
         self.call(req).await
     }
 
+    /// The image a running attempt's step names, pinned for the attempt.
+    pub(crate) async fn step_image(&self, asked: &ebb_api::StepImage) -> Result<ebb_api::StartImage, CallError> {
+        self.call(self.http.post(self.url("/v1/agent/image")).json(asked)).await
+    }
+
     pub(crate) async fn report(&self, report: &Report) -> Result<ReportReply, CallError> {
         self.call(self.http.post(self.url("/v1/agent/report")).json(report)).await
     }

@@ -41,6 +41,7 @@ mod supervisor;
 #[cfg(test)]
 mod testing;
 pub mod tls;
+mod views;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -172,6 +173,9 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
     let pool = cgroups.map(|parents| Arc::new(cgroup::Pool::new(parents, &group_prefix, keep)));
     let checkpoints = Arc::new(checkpoints::Checkpoints::new(config.checkpoint_credentials.clone()));
     let images = open_images(&config).await;
+    // What an agent before this one showed its attempts' steps.
+    let data_dir = config.data_dir.clone();
+    blocking(move || views::remove_all(&data_dir)).await;
     let supervisor = Arc::new(Processes::new(
         supervisor_config(&config),
         pool,
@@ -192,6 +196,7 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
         )
         .trusting(trust),
     );
+    supervisor.reach_server(client.clone());
     let fenced = supervisor.clone();
     tokio::spawn(reporter.clone().run(queue, client.clone(), config.name.clone(), move |stale| {
         drain::kill_stale(&*fenced, stale, "the server fenced this stale attempt")

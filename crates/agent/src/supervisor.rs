@@ -49,6 +49,7 @@ pub(crate) mod fake;
 mod holds;
 mod image;
 mod lifetime;
+mod step_images;
 
 /// SIGKILL follows a job's own requeue's SIGTERM after this.
 const REQUEUE_GRACE: Duration = Duration::from_secs(10);
@@ -238,6 +239,12 @@ pub(crate) struct Processes {
     device_programs: crate::devices::Programs,
     /// Notices' files, made ahead.
     notice_files: dirs::NoticeFiles,
+    /// The server, once reached: step images are pinned there.
+    server: std::sync::OnceLock<Arc<crate::client::Client>>,
+    /// The images running attempts' steps were shown, by attempt.
+    step_views: Mutex<HashMap<AttemptRef, Vec<step_images::StepView>>>,
+    /// Held while an image is shown to a step.
+    showing: tokio::sync::Mutex<()>,
 }
 
 /// A running attempt.
@@ -337,6 +344,9 @@ impl Processes {
             waiting: Mutex::new(HashMap::new()),
             pulling: Mutex::new(HashMap::new()),
             device_programs: Default::default(),
+            server: std::sync::OnceLock::new(),
+            step_views: Mutex::new(HashMap::new()),
+            showing: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -427,10 +437,21 @@ impl Processes {
         let requeue: metadata::Requeue = Arc::new(move || {
             this.upgrade().is_some_and(|p| p.end(a, ebb_api::EndedBy::Requeue, REQUEUE_GRACE))
         });
+        let (this, who) = (Arc::downgrade(self), prepared.who.clone());
+        let images: metadata::ShowImage = Arc::new(move |reference| {
+            let (this, who) = (this.clone(), who.clone());
+            Box::pin(async move {
+                match this.upgrade() {
+                    Some(p) => p.show_step_image(a, &who, reference).await,
+                    None => Err((503, "the agent is stopping".into())),
+                }
+            })
+        });
+        let node = self.config.node.clone();
         tokio::spawn(metadata::serve(
             listener,
             secret,
-            metadata::Attempt { job: a.job, attempt: a.attempt, node: self.config.node.clone(), requeue },
+            metadata::Attempt { job: a.job, attempt: a.attempt, node, requeue, images },
             metadata::Posted { notice: notice_rx, members: members_rx },
             self.reporter.clone(),
             uploads.clone(),

@@ -195,6 +195,21 @@ pub struct StartAttempt {
     pub when_gpus_free: bool,
 }
 
+/// An agent's request for an image a running attempt's step names (Pyxis'
+/// `srun --container-image`): the server pins it as at submit, with the
+/// tenant's login and the operator's registries, once per attempt, so
+/// that every node of the step runs the same digest. The answer is a
+/// [`StartImage`] whose `root` is always false: a step's container is
+/// the job's user's.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StepImage {
+    pub node: String,
+    pub attempt: AttemptRef,
+    #[schema(max_length = 512)]
+    pub reference: String,
+}
+
 /// An attempt's image: the reference (for its registry and name), the
 /// digest to run, the tenant's login for that registry if it gave one,
 /// and whether the operator lets the tenant be root inside.

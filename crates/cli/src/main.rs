@@ -398,6 +398,11 @@ fn main() -> ExitCode {
     if args.get(1).map(String::as_str) == Some("slurm-batch") {
         slurm::batch_step(&args[2..]);
     }
+    // One task of a Slurm step into its container (srun's own, not for
+    // people): before any thread exists, as a user namespace needs.
+    if args.get(1).map(String::as_str) == Some("slurm-container") {
+        slurm::enter_container(&args[2..]);
+    }
     // Run as sbatch, srun, squeue, ...: Slurm's front door.
     if let Some(name) = args.first().and_then(|a| slurm::called_as(a)) {
         return slurm::main(name, args[1..].to_vec());

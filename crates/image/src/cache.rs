@@ -56,6 +56,10 @@ pub struct ImageConfig {
     pub env: Vec<String>,
     #[serde(default)]
     pub working_dir: Option<String>,
+    /// What the image runs first, given the command as its arguments
+    /// (Pyxis' `--container-entrypoint`).
+    #[serde(default)]
+    pub entrypoint: Vec<String>,
     /// The layers' digests, bottom first.
     pub layers: Vec<String>,
     /// The unpacked root file system's size.
@@ -396,6 +400,8 @@ fn parse_image_config(reference: &str, bytes: &[u8]) -> Result<ImageConfig, Imag
         env: Option<Vec<String>>,
         #[serde(rename = "WorkingDir", default)]
         working_dir: Option<String>,
+        #[serde(rename = "Entrypoint", default)]
+        entrypoint: Option<Vec<String>>,
     }
     let file: File = serde_json::from_slice(bytes).map_err(|e| {
         ImageError::Other(reference.to_string(), format!("its config is not an image config: {e}"))
@@ -403,6 +409,7 @@ fn parse_image_config(reference: &str, bytes: &[u8]) -> Result<ImageConfig, Imag
     let inner = file.config;
     Ok(ImageConfig {
         env: inner.as_ref().and_then(|c| c.env.clone()).unwrap_or_default(),
+        entrypoint: inner.as_ref().and_then(|c| c.entrypoint.clone()).unwrap_or_default(),
         working_dir: inner.and_then(|c| c.working_dir).filter(|w| !w.is_empty()),
         ..ImageConfig::default()
     })

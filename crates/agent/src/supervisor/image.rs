@@ -16,7 +16,7 @@ impl Processes {
         let (abandon, mut abandoned) = watch::channel(None);
         self.pulling.lock().expect("pulling").insert(a, abandon);
         let pulled = tokio::select! {
-            pulled = self.pull(a, image) => pulled.map_err(StartError::from),
+            pulled = self.pull(a, image, true) => pulled.map_err(StartError::from),
             why = abandoned.wait_for(Option::is_some) => {
                 Err(StartError::Abandoned(why.map(|w| w.clone().unwrap_or_default()).unwrap_or_default()))
             }
@@ -29,11 +29,13 @@ impl Processes {
     /// lacks it; the pull's progress is reported as it goes (at most once
     /// a second), and its end in any case. A pull that takes longer than
     /// `--pull-timeout`, or downloads slower than `--pull-min-speed` over
-    /// a window, is given up.
+    /// a window, is given up. Unless `report`, the server hears nothing of
+    /// it (a running attempt's step's image).
     pub(super) async fn pull(
         &self,
         a: AttemptRef,
         image: &ebb_api::StartImage,
+        report: bool,
     ) -> Result<ebb_image::Lease, ImageError> {
         let reference = || image.reference.clone();
         let cache = self
@@ -50,7 +52,7 @@ impl Processes {
         let mut last: Option<std::time::Instant> = None;
         let progress = move |p: ebb_image::Progress| {
             let due = last.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) || p.done == p.total;
-            if due {
+            if report && due {
                 last = Some(std::time::Instant::now());
                 reporter.send(AgentEvent::Pulling {
                     attempt: a,
@@ -84,6 +86,9 @@ impl Processes {
             downloaded = lease.downloaded,
             "image ready"
         );
+        if !report {
+            return Ok(lease);
+        }
         self.reporter.send(AgentEvent::Pulled {
             attempt: a,
             downloaded_bytes: lease.downloaded,

@@ -101,6 +101,7 @@ impl Processes {
             })
             .await;
         }
+        self.forget_step_images(a).await;
         drop(devices);
         // After the exit is on its way: a waiting preemptor need not wait
         // for the group to be put back. Made idle here (a few of the

@@ -9,6 +9,7 @@ mod attached;
 mod fields;
 mod json;
 mod options;
+mod pyxis;
 mod query;
 mod remote;
 mod sbatch;
@@ -29,6 +30,7 @@ use ebb_api as api;
 use crate::client::{Client, Connection};
 
 pub use remote::StepError;
+pub use pyxis::enter::main as enter_container;
 pub use step::batch as batch_step;
 
 use crate::error::{failed, file, usage, CliError};

@@ -8,7 +8,7 @@
 
 use crate::error::{usage, CliError};
 
-pub use super::table::OPTIONS;
+pub use super::table::{OPTIONS, PYXIS_OPTIONS};
 
 /// A Slurm command Ebb answers to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -99,7 +99,7 @@ impl Spec {
 
 /// `command`'s options.
 pub fn specs(command: Command) -> impl Iterator<Item = &'static Spec> {
-    OPTIONS.iter().filter(move |s| s.commands.contains(&command))
+    OPTIONS.iter().chain(PYXIS_OPTIONS).filter(move |s| s.commands.contains(&command))
 }
 
 /// Options given, in order: (long name, value), with the value `""` for

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -229,6 +229,9 @@ pub struct StepRequest {
     /// a signal to those of step `step` here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signal: Option<StepSignal>,
+    /// Pyxis' options: the tasks run in this container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<super::pyxis::Container>,
 }
 
 /// What a node sends back: a line a task wrote, or its exit.
@@ -524,14 +527,22 @@ fn run_remote_step(
         }
         other => other.clone(),
     };
+    let container = request.container.as_ref().map(|c| super::pyxis::prepare(c, own_env, steps, request.step));
+    let spec = match container.transpose() {
+        Ok(spec) => spec,
+        Err(e) => return emit(StepEvent::Failed { message: format!("pyxis: {e} (on {})", names.node) }),
+    };
     let mut children = Vec::new();
     let mut inputs = Vec::new();
     let mut readers = Vec::new();
     for &(task, local) in &request.tasks {
         names.task = Some(task);
-        let mut command = Command::new(&request.argv[0]);
+        let mut command = match super::pyxis::task_command(spec.as_ref(), &request.argv) {
+            Ok(command) => command,
+            Err(e) => return emit(StepEvent::Failed { message: e.to_string() }),
+        };
         let stdin = if request.attached { Stdio::piped() } else { Stdio::null() };
-        step::unblocked(&mut command).args(&request.argv[1..]).stdin(stdin).env_clear();
+        step::unblocked(&mut command).stdin(stdin).env_clear();
         let mut env = own_env.clone();
         env.extend(request.env.iter().filter(|(k, _)| !node_own(k)).map(|(k, v)| (k.clone(), v.clone())));
         env.extend(request.task_env.get(&task).cloned().unwrap_or_default());
@@ -620,6 +631,9 @@ fn run_remote_step(
     for (task, mut child) in children {
         let code = child.wait().map_or(1, step::exit_code);
         emit(StepEvent::Exit { task, code });
+    }
+    if let Some(spec) = &spec {
+        super::pyxis::finish(spec);
     }
     let _ = std::fs::remove_file(&file);
 }

@@ -42,9 +42,9 @@ fn skypilot_command_lines_are_read_as_slurm_reads_them() {
         }
         let (given, words) = parsed.unwrap_or_else(|e| panic!("{argv:?}: {e}"));
         if options::flag(&given, "help") {
-            // SkyPilot's check for Pyxis: Ebb's srun --help does not say
-            // `[pyxis]`.
-            assert!(!super::table::usage(command).contains("[pyxis]"));
+            // SkyPilot's check for Pyxis (`srun --help | grep '\[pyxis\]'`):
+            // Ebb's srun has the plugin's options.
+            assert!(super::table::usage(command).contains("[pyxis]"));
             continue;
         }
         // What Ebb only notes (srun's --unbuffered, a step's --mem or

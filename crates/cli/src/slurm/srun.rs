@@ -14,7 +14,7 @@ use nix::sys::signal::Signal;
 use super::options::{self, Given};
 use super::step::{self, Names};
 use super::steps::StepInfo;
-use crate::error::{file, usage, CliError};
+use crate::error::{failed, file, usage, CliError};
 
 /// A step's tasks, as `srun`'s options and the job's variables say.
 struct Plan {
@@ -223,13 +223,19 @@ pub fn in_allocation(args: &[String]) -> Result<i32, CliError> {
         .get("EBB_SLURM_STEPS")
         .map(std::path::PathBuf::from)
         .ok_or_else(|| usage("not in a batch job's step"))?;
+    let container = super::pyxis::from_given(&given, &env)?;
     let (step_id, step_file) = step::claim_step(&steps)?;
     let info = StepInfo::starting(options::last(&given, "job-name"), &plan.program[0], plan.nodes.clone());
     super::steps::record(&steps, step_id, &info);
     let claim = Claim { steps: &steps, step: step_id, file: step_file.clone() };
+    let here: u32 = env.get("SLURM_NODEID").and_then(|n| n.parse().ok()).unwrap_or(0);
+    // This node's container before any node's tasks start.
+    let spec = match (&container, plan.tasks.iter().any(|t| t.0 == here)) {
+        (Some(c), true) => Some(super::pyxis::prepare(c, &env, &steps, step_id).map_err(|e| failed(format!("pyxis: {e}")))?),
+        _ => None,
+    };
     let waited = step::waited_signals();
     waited.thread_block().map_err(|e| CliError::Signals(e.into()))?;
-    let here: u32 = env.get("SLURM_NODEID").and_then(|n| n.parse().ok()).unwrap_or(0);
     let all_names: Vec<String> = env
         .get("EBB_SLURM_ALL_NODES")
         .or_else(|| env.get("SLURM_JOB_NODELIST"))
@@ -269,6 +275,7 @@ pub fn in_allocation(args: &[String]) -> Result<i32, CliError> {
                 tasks: tasks.clone(),
                 attached: false,
                 signal: None,
+                container: container.clone(),
             };
             let at = nodes
                 .get(&node)
@@ -303,8 +310,8 @@ pub fn in_allocation(args: &[String]) -> Result<i32, CliError> {
     let mut readers = Vec::new();
     for &(_, task, local) in plan.tasks.iter().filter(|t| t.0 == here) {
         names.task = Some(task);
-        let mut command = Command::new(&plan.program[0]);
-        step::unblocked(&mut command).args(&plan.program[1..]).stdin(Stdio::null());
+        let mut command = super::pyxis::task_command(spec.as_ref(), &plan.program)?;
+        step::unblocked(&mut command).stdin(Stdio::null());
         if let Some(export) = &plan.export {
             let vars = super::sbatch::exported(export, &env)?;
             command.env_clear().envs(vars);
@@ -373,6 +380,9 @@ pub fn in_allocation(args: &[String]) -> Result<i32, CliError> {
     let pids: Vec<String> = children.iter().flatten().map(|c| c.id().to_string()).collect();
     std::fs::write(&step_file, pids.join("\n")).map_err(file(&step_file))?;
     let mut code = wait_all(&mut children, &waited, plan.kill_on_bad_exit, &failed);
+    if let Some(spec) = &spec {
+        super::pyxis::finish(spec);
+    }
     if failed.load(std::sync::atomic::Ordering::SeqCst) {
         for stream in &streams {
             let _ = stream.shutdown(std::net::Shutdown::Both);
@@ -494,6 +504,7 @@ pub fn attached(args: &[String], access: ebb_api::StepAccess) -> Result<i32, Cli
         .collect();
     env.extend(access.env.clone());
     let plan = plan(&given, program, &env)?;
+    let container = super::pyxis::from_given(&given, &env)?;
     if plan.output.is_some() || plan.error.is_some() {
         return Err(usage("--output/--error: a step from outside its job writes to srun's own output"));
     }
@@ -527,6 +538,7 @@ pub fn attached(args: &[String], access: ebb_api::StepAccess) -> Result<i32, Cli
             tasks: tasks.clone(),
             attached: !plan.label,
             signal: None,
+            container: container.clone(),
         };
         let at = attached
             .nodes

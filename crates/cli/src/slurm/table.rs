@@ -412,6 +412,55 @@ fn said(kind: super::options::Kind) -> String {
     }
 }
 
+/// Pyxis' options (0.24's `spank_opts`), as a site with the plugin has
+/// them on `srun` and `sbatch`: a step's tasks in an OCI image, run
+/// unprivileged (`slurm/pyxis`); a batch script itself stays on its node. `--help` marks them `[pyxis]`, as the
+/// plugin's own lines are, which is how tools (SkyPilot) find the plugin.
+pub static PYXIS_OPTIONS: &[Spec] = &[
+    opt(SRUN, "container-image", "", REQUIRED, Honoured),
+    opt(SRUN, "container-mounts", "", REQUIRED, Honoured),
+    opt(SRUN, "container-workdir", "", REQUIRED, Honoured),
+    opt(SRUN, "container-name", "", REQUIRED, Honoured),
+    opt(SRUN, "container-save", "", REQUIRED, Refused(NO_SAVE)),
+    opt(SRUN, "container-mount-home", "", NONE, Honoured),
+    opt(SRUN, "no-container-mount-home", "", NONE, Honoured),
+    opt(SRUN, "container-remap-root", "", NONE, Honoured),
+    opt(SRUN, "no-container-remap-root", "", NONE, Honoured),
+    opt(SRUN, "container-entrypoint", "", NONE, Honoured),
+    opt(SRUN, "no-container-entrypoint", "", NONE, Honoured),
+    opt(SRUN, "container-entrypoint-log", "", NONE, Ignored("the entrypoint's output is the task's own")),
+    opt(SRUN, "container-writable", "", NONE, Honoured),
+    opt(SRUN, "container-readonly", "", NONE, Honoured),
+    opt(SRUN, "container-env", "", REQUIRED, Honoured),
+    opt(SRUN, "container-unshare", "", REQUIRED, Honoured),
+    opt(SBATCH, "container-image", "", REQUIRED, Refused(BATCH_ON_NODE)),
+    opt(SBATCH, "container-mounts", "", REQUIRED, Refused(BATCH_ON_NODE)),
+    opt(SBATCH, "container-workdir", "", REQUIRED, Refused(BATCH_ON_NODE)),
+    opt(SBATCH, "container-name", "", REQUIRED, Refused(BATCH_ON_NODE)),
+    opt(SBATCH, "container-save", "", REQUIRED, Refused(BATCH_ON_NODE)),
+    opt(SBATCH, "container-mount-home", "", NONE, Refused(BATCH_ON_NODE)),
+    opt(SBATCH, "no-container-mount-home", "", NONE, Refused(BATCH_ON_NODE)),
+    opt(SBATCH, "container-remap-root", "", NONE, Refused(BATCH_ON_NODE)),
+    opt(SBATCH, "no-container-remap-root", "", NONE, Refused(BATCH_ON_NODE)),
+    opt(SBATCH, "container-entrypoint", "", NONE, Refused(BATCH_ON_NODE)),
+    opt(SBATCH, "no-container-entrypoint", "", NONE, Refused(BATCH_ON_NODE)),
+    opt(SBATCH, "container-entrypoint-log", "", NONE, Refused(BATCH_ON_NODE)),
+    opt(SBATCH, "container-writable", "", NONE, Refused(BATCH_ON_NODE)),
+    opt(SBATCH, "container-readonly", "", NONE, Refused(BATCH_ON_NODE)),
+    opt(SBATCH, "container-env", "", REQUIRED, Refused(BATCH_ON_NODE)),
+    opt(SBATCH, "container-unshare", "", REQUIRED, Refused(BATCH_ON_NODE)),
+];
+
+const BATCH_ON_NODE: &str = "a batch script runs on its first node: give the --container-* options to its srun lines, \
+     or run the whole job in an image (ebb submit --image)";
+const NO_SAVE: &str =
+    "Ebb writes no image files on nodes: a named container keeps its changes for the job's steps; push an image from a registry";
+
+/// Whether `spec` is one of Pyxis' options.
+pub fn is_pyxis(spec: &Spec) -> bool {
+    PYXIS_OPTIONS.iter().any(|p| std::ptr::eq(p, spec))
+}
+
 /// `command`'s options by name, as `--help` and the page list them.
 fn by_name(command: Command) -> Vec<&'static Spec> {
     let mut specs: Vec<&Spec> = super::options::specs(command).collect();
@@ -428,7 +477,8 @@ pub fn usage(command: Command) -> String {
         command.name()
     );
     for spec in by_name(command) {
-        out.push_str(&format!("  {:<36} {}\n", written(spec), said(spec.kind)));
+        let plugin = if is_pyxis(spec) { "[pyxis] " } else { "" };
+        out.push_str(&format!("  {:<36} {plugin}{}\n", written(spec), said(spec.kind)));
     }
     out
 }
@@ -527,7 +577,7 @@ mod tests {
         }
         assert!(lines > 400, "the list is whole: {lines} lines");
         for command in Command::ALL {
-            for spec in specs(command) {
+            for spec in specs(command).filter(|s| !is_pyxis(s)) {
                 assert!(
                     seen.contains(&(command, spec.long)),
                     "{} --{}: Slurm 25.11 has no such option",
@@ -536,6 +586,29 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Pyxis' options are on `srun` and `sbatch` as the plugin has them,
+    /// and `--help` marks them `[pyxis]` as the plugin's lines are.
+    #[test]
+    fn every_option_of_pyxis_is_in_the_table_and_marked_in_help() {
+        let listed = include_str!("pyxis-0.24-options.txt");
+        let mut lines = 0;
+        for line in listed.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()) {
+            let [long, value] = line.split_whitespace().collect::<Vec<_>>()[..] else { panic!("{line}") };
+            let value = if value == "none" { Value::None } else { Value::Required };
+            for command in [Command::Srun, Command::Sbatch] {
+                let spec = specs(command).find(|s| s.long == long).unwrap_or_else(|| panic!("{line}"));
+                assert!(is_pyxis(spec), "{line}");
+                assert_eq!(spec.value, value, "{line}");
+                let help = usage(command);
+                let shown = help.lines().find(|l| l.contains(&format!("--{long}"))).expect(long);
+                assert!(shown.contains("[pyxis] "), "{shown}");
+            }
+            lines += 1;
+        }
+        assert_eq!(lines, 16);
+        assert_eq!(PYXIS_OPTIONS.len(), 2 * lines, "the table has no Pyxis option Pyxis lacks");
     }
 
     /// `docs/slurm.md`'s table is this one's. `EBB_WRITE_DOCS=1` writes it.

@@ -14,6 +14,8 @@ impl<S: Store> Engine<S> {
             | Msg::Cancel { .. }
             | Msg::Signal { .. }
             | Msg::Steps { .. }
+            | Msg::StepImage { .. }
+            | Msg::PinStepImage { .. }
             | Msg::Drill { .. }
             | Msg::LogFile { .. }
             | Msg::Capacity { .. }
@@ -86,6 +88,14 @@ impl<S: Store> Engine<S> {
             Msg::Steps { principal, id, reply } => {
                 let result = self.visible(&principal, id).and_then(|()| self.step_access(&principal, id));
                 self.answer(reply, result)?;
+            }
+            Msg::StepImage { node, attempt, registry, reference, reply } => {
+                let result = self.step_image(&node, attempt, &registry, &reference);
+                self.answer(reply, result)?;
+            }
+            Msg::PinStepImage { attempt, reference, digest, reply } => {
+                let pinned = self.pin_step_image(attempt, reference, digest);
+                self.outbox.reply(reply, pinned);
             }
             Msg::Drill { principal, id, reply } => {
                 let result = self.drill(&principal, id);

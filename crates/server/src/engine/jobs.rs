@@ -66,6 +66,46 @@ impl<S: Store> Engine<S> {
         Ok(self.launch().step_access(job, format!("{addr}:{port}"), key.clone()))
     }
 
+    /// What pinning an image for a step of `a` on `node` needs; refused
+    /// unless `a` is its job's live attempt and runs on `node`.
+    pub(super) fn step_image(
+        &self,
+        node: &str,
+        a: ebb_api::AttemptRef,
+        registry: &str,
+        reference: &str,
+    ) -> Result<super::StepImageGrant, Fail> {
+        let live = self.jobs.get(&a.job).filter(|job| {
+            job.attempt == a.attempt
+                && matches!(job.state, JobState::Running | JobState::Draining)
+                && job.placement.iter().any(|p| p.node == node)
+        });
+        let Some(job) = live else {
+            return Err(Refusal::not_found(format!(
+                "attempt {}.{} does not run on node {node}: no image for its steps",
+                a.job, a.attempt
+            ))
+            .into());
+        };
+        Ok(super::StepImageGrant {
+            login: self.tenants.logins.get(&job.tenant).and_then(|l| l.get(registry)).cloned(),
+            login_to_node: self.config.logins_to_nodes,
+            pinned: self.step_images.get(&a).and_then(|pins| pins.get(reference)).cloned(),
+        })
+    }
+
+    /// Pins `reference` to `digest` for `a`'s steps unless a step pinned
+    /// it first; returns the pin. Pins of attempts no longer live go.
+    pub(super) fn pin_step_image(&mut self, a: ebb_api::AttemptRef, reference: String, digest: String) -> String {
+        let jobs = &self.jobs;
+        self.step_images.retain(|pinned, _| {
+            jobs.get(&pinned.job).is_some_and(|job| {
+                job.attempt == pinned.attempt && matches!(job.state, JobState::Running | JobState::Draining)
+            })
+        });
+        self.step_images.entry(a).or_default().entry(reference).or_insert(digest).clone()
+    }
+
     /// Jobs whose restart back-off is over go back to the scheduler.
     pub(super) fn end_backoffs(&mut self, now: u64) -> Written {
         let Parts { jobs, core, mut fx, .. } = self.parts();

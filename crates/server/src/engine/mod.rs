@@ -224,6 +224,24 @@ pub enum Msg {
         registry: String,
         reply: oneshot::Sender<Option<ebb_api::RegistryLogin>>,
     },
+    /// What the server needs to pin the image of a step of `attempt`,
+    /// which a poll of `node` asks for: refused unless the attempt runs
+    /// there.
+    StepImage {
+        node: String,
+        attempt: ebb_api::AttemptRef,
+        registry: String,
+        reference: String,
+        reply: oneshot::Sender<Result<StepImageGrant, Refusal>>,
+    },
+    /// The digest `reference` resolved to for `attempt`'s steps; the
+    /// reply is the attempt's pin, the first one made.
+    PinStepImage {
+        attempt: ebb_api::AttemptRef,
+        reference: String,
+        digest: String,
+        reply: oneshot::Sender<String>,
+    },
     /// `principal` is the join token, or the node's own credential.
     Register {
         principal: Principal,
@@ -491,6 +509,16 @@ impl RunAs {
 
 /// The writer. Its state is grouped by what each part of it serves, so
 /// that a handler's borrows show what it touches.
+/// What pinning a step's image needs of the writer: the tenant's login
+/// for the registry (and whether it may go to nodes), and the attempt's
+/// pin of the reference if it has one.
+#[derive(Debug)]
+pub struct StepImageGrant {
+    pub login: Option<ebb_api::RegistryLogin>,
+    pub login_to_node: bool,
+    pub pinned: Option<String>,
+}
+
 pub struct Engine<S: Store> {
     store: S,
     config: EngineConfig,
@@ -524,6 +552,9 @@ pub struct Engine<S: Store> {
     unchecked: u64,
     /// The last checkpoint recommendation a placement made, and its text.
     why: launch::WhyText,
+    /// The images live attempts' steps run, by reference: their digests,
+    /// pinned at the first step that named each.
+    step_images: HashMap<ebb_api::AttemptRef, BTreeMap<String, String>>,
 }
 
 /// Who may call: the token map the HTTP handlers authenticate against,

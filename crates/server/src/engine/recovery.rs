@@ -52,6 +52,7 @@ impl<S: Store> Engine<S> {
             unsettled: false,
             unchecked: 0,
             why: Default::default(),
+            step_images: HashMap::new(),
         };
         let mut notes = Vec::new();
         if snapshot.tenants.is_empty() {

@@ -136,6 +136,58 @@ pub(super) async fn agent_report(
     Ok(Json(app.ask(|reply| Msg::Report { report, reply }).await??))
 }
 
+/// The image a running attempt's step names, pinned for the attempt
+/// (Pyxis' `srun --container-image`): the node's agent pulls it for the
+/// step. The registries the operator allows, the tenant's login for that
+/// registry, and the same digest for every node of the attempt.
+#[utoipa::path(post, path = "/v1/agent/image", tag = "agent", request_body = api::StepImage,
+    responses((status = 200, body = api::StartImage),
+        (status = 404, description = "The attempt does not run on the node", body = api::ErrorBody),
+        (status = 422, description = "The registry is not allowed, or has no such image", body = api::ErrorBody),
+        (status = 503, description = "The registry could not be reached", body = api::ErrorBody)))]
+pub(super) async fn agent_image(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Body(body): Body,
+) -> ApiResult<Json<api::StartImage>> {
+    let asked: api::StepImage = parse(&body)?;
+    app.node(&headers, &asked.node)?;
+    let unprocessable = |e: String| ApiError::unprocessable(format!("image {}: {e}", asked.reference));
+    if asked.reference.len() > 512 {
+        return Err(unprocessable("longer than 512 bytes".into()));
+    }
+    let parsed = app.registries.check(&asked.reference).map_err(|e| unprocessable(e.to_string()))?;
+    let (node, attempt, reference) = (asked.node.clone(), asked.attempt, asked.reference.clone());
+    let registry = parsed.registry().to_string();
+    let grant = app.ask(|reply| Msg::StepImage { node, attempt, registry, reference, reply }).await??;
+    let digest = match grant.pinned {
+        Some(digest) => digest,
+        None => {
+            let login = grant.login.as_ref().map(|l| ebb_image::Login {
+                username: l.username.clone(),
+                password: l.password.clone(),
+            });
+            let digest = match ebb_image::resolve(&app.registries, &asked.reference, login.as_ref()).await {
+                Ok(digest) => digest,
+                Err(e) if e.is_transient() => {
+                    return Err(Refusal::unavailable(format!("image {}: {e}", asked.reference)).into())
+                }
+                Err(e) => return Err(unprocessable(e.to_string())),
+            };
+            let reference = asked.reference.clone();
+            app.ask(|reply| Msg::PinStepImage { attempt, reference, digest, reply }).await?
+        }
+    };
+    let login = grant.login.filter(|_| grant.login_to_node);
+    Ok(Json(api::StartImage {
+        reference: asked.reference,
+        digest,
+        username: login.as_ref().map(|l| l.username.clone()),
+        password: login.map(|l| l.password),
+        root: false,
+    }))
+}
+
 /// The CA that signed this server's certificate, PEM: an agent joining
 /// with `--ca-fingerprint` fetches it without verifying the connection,
 /// then trusts it only if its SHA-256 is the fingerprint it was given. No

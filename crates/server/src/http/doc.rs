@@ -8,7 +8,7 @@ use utoipa::OpenApi;
 #[derive(OpenApi)]
 #[openapi(
     info(title = "Ebb", description = "Preemptible GPU compute with a drain window"),
-    paths(jobs::submit, jobs::submit_batch, jobs::list_jobs, jobs::show_job, jobs::cancel_job, jobs::signal_job, jobs::job_steps, jobs::list_partitions, jobs::drill_job, jobs::job_logs, fleet::list_nodes, fleet::capacity, fleet::drain_node, fleet::undrain_node, fleet::remove_node, fleet::reclaim, fleet::release_reclaim, tenants::create_tenant, tenants::list_tenants, tenants::rotate_tenant_token, tenants::revoke_tenant_tokens, fleet::rotate_join_token, tenants::get_tenant_limits, tenants::set_tenant_limits, tenants::list_registry_logins, tenants::set_registry_login, tenants::delete_registry_login, money::list_prices, money::set_price, money::create_reservation, money::list_reservations, money::delete_reservation, money::bill, money::operator_report, money::operator_report_series, agent::agent_register, agent::agent_commands, agent::agent_report, agent::tls_ca, webhooks::create_webhook, webhooks::list_webhooks, webhooks::delete_webhook, webhooks::webhook_log),
+    paths(jobs::submit, jobs::submit_batch, jobs::list_jobs, jobs::show_job, jobs::cancel_job, jobs::signal_job, jobs::job_steps, jobs::list_partitions, jobs::drill_job, jobs::job_logs, fleet::list_nodes, fleet::capacity, fleet::drain_node, fleet::undrain_node, fleet::remove_node, fleet::reclaim, fleet::release_reclaim, tenants::create_tenant, tenants::list_tenants, tenants::rotate_tenant_token, tenants::revoke_tenant_tokens, fleet::rotate_join_token, tenants::get_tenant_limits, tenants::set_tenant_limits, tenants::list_registry_logins, tenants::set_registry_login, tenants::delete_registry_login, money::list_prices, money::set_price, money::create_reservation, money::list_reservations, money::delete_reservation, money::bill, money::operator_report, money::operator_report_series, agent::agent_register, agent::agent_commands, agent::agent_report, agent::agent_image, agent::tls_ca, webhooks::create_webhook, webhooks::list_webhooks, webhooks::delete_webhook, webhooks::webhook_log),
     components(schemas(
         api::JobSubmission, api::Submitted, api::JobBatch, api::BatchSubmitted, api::Job, api::JobEvent, api::EventKind, api::NodeGpus, api::Node, api::NodeJob, api::HeldGpus, api::Capacity, api::ModelCapacity, api::TierGpus,
         api::ReclaimRequest, api::ReclaimReply, api::ReclaimRelease, api::ReclaimReleased, api::TenantRequest, api::TenantCreated, api::TenantSummary, api::LogChunk, api::LogSource,
@@ -19,7 +19,7 @@ use utoipa::OpenApi;
         api::NodeRemoved, api::JoinToken, api::TenantTokens,
         api::AttemptRef, api::Register, api::Registered, api::CheckpointStoreLocation, api::Command, api::Action, api::StartAttempt,
         api::DrainAttempt, api::Membership, api::MembershipChange, api::StopNotice, api::CancelRequest, api::Commands, api::Report, api::AgentEvent, api::ReportReply,
-        api::JobImage, api::PullProgress, api::StartImage, api::RegistryLogin, api::RegistryLoginInfo, api::SlurmBatch, api::SlurmComponent, api::EndedBy, api::SignalRequest, api::StepAccess, api::Partition,
+        api::JobImage, api::PullProgress, api::StartImage, api::StepImage, api::RegistryLogin, api::RegistryLoginInfo, api::SlurmBatch, api::SlurmComponent, api::EndedBy, api::SignalRequest, api::StepAccess, api::Partition,
         api::GpuFinding, api::Finding, api::Throttle, api::HealthClass, api::GpuOutOfService,
         api::WebhookRequest, api::Webhook, api::WebhookDelivery, api::WebhookLog
     )),

@@ -345,6 +345,7 @@ fn router(app: App, role: Arc<Role>, proxy: Proxy) -> Router {
         .route("/v1/agent/register", post(agent::agent_register))
         .route("/v1/agent/commands", get(agent::agent_commands))
         .route("/v1/agent/report", post(agent::agent_report))
+        .route("/v1/agent/image", post(agent::agent_image))
         .route("/v1/tls/ca.crt", get(agent::tls_ca))
         .route("/v1/stream", get(watch::stream))
         .route("/", get(crate::web::index))

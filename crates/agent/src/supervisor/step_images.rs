@@ -1,0 +1,99 @@
+//! Images a running attempt's steps ask for (Pyxis' `srun
+//! --container-image`, on the attempt's endpoint): pinned by the server
+//! for the attempt, pulled into the node's cache without a word to the
+//! server's timeline, and shown to the attempt's user as a view
+//! ([`crate::views`]) held until the attempt ends.
+
+use super::*;
+
+/// An image shown to an attempt's steps.
+pub(super) struct StepView {
+    digest: String,
+    at: PathBuf,
+    shown: serde_json::Value,
+    _lease: ebb_image::Lease,
+}
+
+impl Processes {
+    /// The server this agent reports to: step images are pinned there.
+    pub(crate) fn reach_server(&self, client: Arc<crate::client::Client>) {
+        let _ = self.server.set(client);
+    }
+
+    /// Shows the image `reference` to attempt `a`, run as `who`: what a
+    /// step's container needs of it (`slurm/pyxis` in the CLI). Err: the
+    /// status to answer and why.
+    pub(crate) async fn show_step_image(
+        self: &Arc<Self>,
+        a: AttemptRef,
+        who: &Identity,
+        reference: String,
+    ) -> Result<serde_json::Value, (u16, String)> {
+        let refused = |why: String| (422, format!("image {reference}: {why}"));
+        if let Err(why) = &self.images {
+            return Err(refused(format!("this node runs no images: {why}")));
+        }
+        if !self.me.is_root() {
+            return Err(refused("this node's agent is not root, and only root may show a job an image".into()));
+        }
+        let server = self.server.get().ok_or_else(|| (503, "the agent has not reached its server yet".into()))?;
+        // One at a time: two steps naming one image share its view.
+        let _one = self.showing.lock().await;
+        let asked = ebb_api::StepImage { node: self.config.node.clone(), attempt: a, reference: reference.clone() };
+        let image = server.step_image(&asked).await.map_err(|e| match e {
+            crate::client::CallError::Refused(why) => (422, why),
+            other => (503, other.to_string()),
+        })?;
+        let shown = self.step_views.lock().expect("step views").get(&a).and_then(|views| {
+            views.iter().find(|v| v.digest == image.digest).map(|v| v.shown.clone())
+        });
+        if let Some(shown) = shown {
+            return Ok(shown);
+        }
+        let lease = self.pull(a, &image, false).await.map_err(|e| (422, e.to_string()))?;
+        let dir = crate::views::root(&self.config.data_dir).join(format!("{}-{}", a.job, a.attempt));
+        let at = dir.join(image.digest.trim_start_matches("sha256:"));
+        let (source, target, owner) = (lease.rootfs.clone(), at.clone(), who.clone());
+        let mounted = crate::blocking(move || -> Result<(), String> {
+            let parent = target.parent().expect("a view has a directory");
+            dirs::own_dir(parent, 0o700, Some(&owner)).map_err(|e| e.to_string())?;
+            std::fs::create_dir_all(&target).map_err(|e| format!("cannot make {}: {e}", target.display()))?;
+            crate::views::mount(&source, &target, owner.uid.as_raw(), owner.gid.as_raw())
+                .map_err(|e| format!("cannot show the image to the job: {e}"))
+        })
+        .await;
+        mounted.map_err(|why| (500, why))?;
+        let shown = serde_json::json!({
+            "reference": image.reference,
+            "digest": image.digest,
+            "rootfs": at,
+            "env": lease.config.env,
+            "working_dir": lease.config.working_dir,
+            "entrypoint": lease.config.entrypoint,
+        });
+        tracing::info!(job = %a.job, attempt = %a.attempt, image = %image.digest, "image shown to a step");
+        let view = StepView { digest: image.digest.clone(), at: at.clone(), shown: shown.clone(), _lease: lease };
+        let live = self.running.lock().expect("running").contains_key(&a);
+        if !live {
+            // The attempt ended meanwhile: nothing keeps its view.
+            crate::blocking(move || crate::views::remove(&dir)).await;
+            return Err((404, "the attempt has ended".into()));
+        }
+        self.step_views.lock().expect("step views").entry(a).or_default().push(view);
+        Ok(shown)
+    }
+
+    /// After attempt `a` has ended: its steps' views go, and the images
+    /// they held are let go.
+    pub(super) async fn forget_step_images(&self, a: AttemptRef) {
+        let Some(views) = self.step_views.lock().expect("step views").remove(&a) else { return };
+        let dir = views.first().and_then(|v| v.at.parent().map(Path::to_path_buf));
+        crate::blocking(move || {
+            if let Some(dir) = dir {
+                crate::views::remove(&dir);
+            }
+            drop(views);
+        })
+        .await;
+    }
+}
