@@ -193,7 +193,10 @@ impl Client {
     }
 
     /// The image a running attempt's step names, pinned for the attempt.
-    pub(crate) async fn step_image(&self, asked: &ebb_api::StepImage) -> Result<ebb_api::StartImage, CallError> {
+    pub(crate) async fn step_image(
+        &self,
+        asked: &ebb_api::StepImage,
+    ) -> Result<ebb_api::StartImage, CallError> {
         self.call(self.http.post(self.url("/v1/agent/image")).json(asked)).await
     }
 

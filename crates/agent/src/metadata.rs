@@ -60,6 +60,9 @@ use crate::checkpoints::AttemptUploads;
 use crate::notice::{Members, Notice, NoticeAction};
 use crate::report::{now_ms, Reporter};
 
+mod image;
+pub(crate) use image::ShowImage;
+
 /// An attempt's secret: the first segment of every path its endpoint
 /// answers.
 #[derive(Clone, PartialEq, Eq)]
@@ -137,22 +140,13 @@ impl Reports {
 /// /ebb/v1/requeue`); false if it no longer runs.
 pub(crate) type Requeue = Arc<dyn Fn() -> bool + Send + Sync>;
 
-/// Shows the attempt an image its step names (`POST /ebb/v1/image`):
-/// what the step's container needs of it, or the status to answer and
-/// why not.
-pub(crate) type ShowImage = Arc<
-    dyn Fn(String) -> std::pin::Pin<Box<dyn Future<Output = Result<serde_json::Value, (u16, String)>> + Send>>
-        + Send
-        + Sync,
->;
-
 /// The attempt an endpoint serves.
 pub(crate) struct Attempt {
     pub job: ebb_core::JobId,
     pub attempt: ebb_core::Attempt,
     pub node: String,
     pub requeue: Requeue,
-    pub images: ShowImage,
+    pub images: image::ShowImage,
 }
 
 #[derive(Clone)]
@@ -161,7 +155,7 @@ struct Endpoint {
     attempt: ebb_core::Attempt,
     node: String,
     requeue: Requeue,
-    images: ShowImage,
+    images: image::ShowImage,
     notice: watch::Receiver<Option<Notice>>,
     members: watch::Receiver<Option<Members>>,
     events: Arc<Reporter>,
@@ -209,7 +203,8 @@ pub(crate) async fn serve(
     let mut closed = notice.clone();
     let reports = Arc::new(std::sync::Mutex::new(Reports::new()));
     let Attempt { job, attempt, node, requeue, images } = attempt;
-    let endpoint = Endpoint { job, attempt, node, requeue, images, notice, members, events, uploads, reports };
+    let endpoint =
+        Endpoint { job, attempt, node, requeue, images, notice, members, events, uploads, reports };
     let service = AttemptService { secret: Arc::new(secret), endpoint };
     let stop = async move { while closed.changed().await.is_ok() {} };
     let limits =
@@ -229,7 +224,7 @@ static ROUTES: std::sync::LazyLock<Router> = std::sync::LazyLock::new(|| {
         .route("/ebb/v1/resumed", post(native_resumed))
         .route("/ebb/v1/progress", post(native_progress))
         .route("/ebb/v1/requeue", post(native_requeue))
-        .route("/ebb/v1/image", post(native_image))
+        .route("/ebb/v1/image", post(image::native_image))
         .route("/latest/api/token", put(aws_token))
         .route("/latest/meta-data/spot/instance-action", get(aws_instance_action))
         .route("/computeMetadata/v1/instance/preempted", get(gcp_preempted))
@@ -301,41 +296,6 @@ async fn native_notice(Extension(e): Extension<Endpoint>) -> Response {
     match e.notice.borrow().clone() {
         Some(notice) => Json(notice).into_response(),
         None => (StatusCode::NOT_FOUND, "no drain notice\n").into_response(),
-    }
-}
-
-/// A step's image (Pyxis' `srun --container-image`).
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ImageRequest {
-    reference: String,
-}
-
-/// The longest image reference a step may name, as at submit.
-const MAX_REFERENCE: usize = 512;
-
-async fn native_image(Extension(e): Extension<Endpoint>, body: Bytes) -> Response {
-    let answer = |status: u16, m: String| {
-        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        (status, Json(json!({ "error": m }))).into_response()
-    };
-    if let Some(over) = e.over_rate() {
-        return over;
-    }
-    let de = &mut serde_json::Deserializer::from_slice(&body);
-    let asked: ImageRequest = match serde_path_to_error::deserialize(de) {
-        Ok(r) => r,
-        Err(err) => {
-            let path = err.path().to_string();
-            return answer(400, format!("{path}: {}", err.into_inner()));
-        }
-    };
-    if asked.reference.is_empty() || asked.reference.len() > MAX_REFERENCE {
-        return answer(400, format!("reference: 1 to {MAX_REFERENCE} bytes, got {}", asked.reference.len()));
-    }
-    match (e.images)(asked.reference).await {
-        Ok(shown) => Json(shown).into_response(),
-        Err((status, why)) => answer(status, why),
     }
 }
 
@@ -541,7 +501,7 @@ async fn azure_events(Extension(e): Extension<Endpoint>, headers: HeaderMap) -> 
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
@@ -552,17 +512,17 @@ mod tests {
     /// server it reports to, its reporter, where it listens, its URL (the
     /// secret included) and the sender of its notice (the endpoint stops
     /// when that is dropped).
-    struct Served {
-        fake: Arc<FakeServer>,
-        reporter: Arc<Reporter>,
-        addr: std::net::SocketAddr,
-        base: String,
-        notice: watch::Sender<Option<Notice>>,
-        members: watch::Sender<Option<Members>>,
-        requeued: Arc<AtomicUsize>,
+    pub(super) struct Served {
+        pub(super) fake: Arc<FakeServer>,
+        pub(super) reporter: Arc<Reporter>,
+        pub(super) addr: std::net::SocketAddr,
+        pub(super) base: String,
+        pub(super) notice: watch::Sender<Option<Notice>>,
+        pub(super) members: watch::Sender<Option<Members>>,
+        pub(super) requeued: Arc<AtomicUsize>,
     }
 
-    async fn served(name: &str, attempt: u32) -> Served {
+    pub(super) async fn served(name: &str, attempt: u32) -> Served {
         let fake = Arc::new(FakeServer::default());
         let (_, reporter) = testing::reporter(fake.clone(), name).await;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -588,7 +548,7 @@ mod tests {
     fn numbered(attempt: u32, requeued: Arc<AtomicUsize>) -> Attempt {
         let requeue: Requeue = Arc::new(move || requeued.fetch_add(1, Ordering::SeqCst) == 0);
         // Shows `reg/ok:v1` alone, as an agent with that image would.
-        let images: ShowImage = Arc::new(|reference| {
+        let images: image::ShowImage = Arc::new(|reference| {
             Box::pin(async move {
                 match reference.as_str() {
                     "reg/ok:v1" => Ok(json!({ "reference": reference, "rootfs": "/views/4-1/abc" })),
@@ -597,33 +557,6 @@ mod tests {
             })
         });
         Attempt { job: JobId(4), attempt: ebb_core::Attempt(attempt), node: "node-1".into(), requeue, images }
-    }
-
-    /// A step's image: what the agent shows, or why not, and a clear
-    /// refusal of any other body.
-    #[tokio::test]
-    async fn a_step_asks_for_its_image_and_hears_why_not() {
-        let Served { base, notice: _notice, .. } = served("metadata-image", 1).await;
-        let http = reqwest::Client::new();
-        let ask = |body: String| http.post(format!("{base}/ebb/v1/image")).body(body).send();
-        let shown = ask(r#"{"reference": "reg/ok:v1"}"#.into()).await.unwrap();
-        assert_eq!(shown.status(), 200);
-        assert_eq!(shown.json::<serde_json::Value>().await.unwrap()["rootfs"], "/views/4-1/abc");
-        let missing = ask(r#"{"reference": "reg/gone:v1"}"#.into()).await.unwrap();
-        assert_eq!(missing.status(), 422);
-        assert!(missing.text().await.unwrap().contains("not found in the registry"));
-        let long = format!(r#"{{"reference": "{}"}}"#, "r".repeat(MAX_REFERENCE + 1));
-        for (body, says) in [
-            ("{}".to_string(), "missing field `reference`"),
-            (r#"{"reference": ""}"#.to_string(), "1 to 512 bytes"),
-            (long, "1 to 512 bytes"),
-            (r#"{"reference": "reg/ok:v1", "root": true}"#.to_string(), "unknown field `root`"),
-            ("\u{0}".to_string(), "expected value"),
-        ] {
-            let refused = ask(body.clone()).await.unwrap();
-            assert_eq!(refused.status(), 400, "{body}");
-            assert!(refused.text().await.unwrap().contains(says), "{body}");
-        }
     }
 
     /// The endpoint put checkpoints straight on the report queue, so a
@@ -851,21 +784,6 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         assert_eq!(get(format!("{}/ebb/v1/notice", b.base)).await.status(), 200);
-    }
-
-    proptest::proptest! {
-        #![proptest_config(proptest::test_runner::Config::with_cases(64))]
-        /// Any body a job sends for an image: an answer, never a panic,
-        /// and never a 5xx of the endpoint's own.
-        #[test]
-        fn any_image_request_is_answered(body in proptest::collection::vec(proptest::num::u8::ANY, 0..600)) {
-            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-            let status = runtime.block_on(async {
-                let Served { base, notice: _notice, .. } = served("metadata-image-any", 1).await;
-                reqwest::Client::new().post(format!("{base}/ebb/v1/image")).body(body).send().await.unwrap().status()
-            });
-            proptest::prop_assert!([200, 400, 422, 429].contains(&status.as_u16()), "{status}");
-        }
     }
 
     proptest::proptest! {

@@ -23,7 +23,10 @@ pub(crate) fn mount(source: &Path, target: &Path, uid: u32, gid: u32) -> std::io
     let userns = mapping(uid, gid)?;
     let tree = open_tree(source)?;
     let attr = libc::mount_attr {
-        attr_set: libc::MOUNT_ATTR_IDMAP | libc::MOUNT_ATTR_RDONLY | libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV,
+        attr_set: libc::MOUNT_ATTR_IDMAP
+            | libc::MOUNT_ATTR_RDONLY
+            | libc::MOUNT_ATTR_NOSUID
+            | libc::MOUNT_ATTR_NODEV,
         attr_clr: 0,
         propagation: 0,
         userns_fd: userns.as_raw_fd() as u64,
@@ -43,7 +46,8 @@ pub(crate) fn mount(source: &Path, target: &Path, uid: u32, gid: u32) -> std::io
     if set != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    let target = std::ffi::CString::new(target.as_os_str().as_encoded_bytes()).map_err(std::io::Error::other)?;
+    let target =
+        std::ffi::CString::new(target.as_os_str().as_encoded_bytes()).map_err(std::io::Error::other)?;
     // SAFETY: as above.
     let moved = unsafe {
         libc::syscall(
@@ -63,8 +67,9 @@ pub(crate) fn mount(source: &Path, target: &Path, uid: u32, gid: u32) -> std::io
 
 /// A detached copy of the mount tree at `source`.
 fn open_tree(source: &Path) -> std::io::Result<OwnedFd> {
-    let path = std::ffi::CString::new(source.as_os_str().as_encoded_bytes()).map_err(std::io::Error::other)?;
-    let flags = libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC as u32 | libc::AT_RECURSIVE as u32;
+    let path =
+        std::ffi::CString::new(source.as_os_str().as_encoded_bytes()).map_err(std::io::Error::other)?;
+    let flags = libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC | libc::AT_RECURSIVE as u32;
     // SAFETY: the path outlives the call; a descriptor it returns is ours.
     let fd = unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, path.as_ptr(), flags) };
     if fd < 0 {
@@ -78,7 +83,8 @@ fn open_tree(source: &Path) -> std::io::Result<OwnedFd> {
 /// takes its mapping from: a short-lived process's, made for it.
 fn mapping(uid: u32, gid: u32) -> std::io::Result<std::fs::File> {
     use std::os::unix::process::CommandExt;
-    let sleep = ["/bin/sleep", "/usr/bin/sleep"].into_iter().find(|p| Path::new(p).exists()).unwrap_or("sleep");
+    let sleep =
+        ["/bin/sleep", "/usr/bin/sleep"].into_iter().find(|p| Path::new(p).exists()).unwrap_or("sleep");
     let mut command = std::process::Command::new(sleep);
     command.arg("600").stdin(std::process::Stdio::null());
     // SAFETY: between fork and exec the child only calls unshare(2).

@@ -34,19 +34,26 @@ impl Processes {
             return Err(refused(format!("this node runs no images: {why}")));
         }
         if !self.me.is_root() {
-            return Err(refused("this node's agent is not root, and only root may show a job an image".into()));
+            return Err(refused(
+                "this node's agent is not root, and only root may show a job an image".into(),
+            ));
         }
-        let server = self.server.get().ok_or_else(|| (503, "the agent has not reached its server yet".into()))?;
+        let server =
+            self.server.get().ok_or_else(|| (503, "the agent has not reached its server yet".into()))?;
         // One at a time: two steps naming one image share its view.
         let _one = self.showing.lock().await;
-        let asked = ebb_api::StepImage { node: self.config.node.clone(), attempt: a, reference: reference.clone() };
+        let asked =
+            ebb_api::StepImage { node: self.config.node.clone(), attempt: a, reference: reference.clone() };
         let image = server.step_image(&asked).await.map_err(|e| match e {
             crate::client::CallError::Refused(why) => (422, why),
             other => (503, other.to_string()),
         })?;
-        let shown = self.step_views.lock().expect("step views").get(&a).and_then(|views| {
-            views.iter().find(|v| v.digest == image.digest).map(|v| v.shown.clone())
-        });
+        let shown = self
+            .step_views
+            .lock()
+            .expect("step views")
+            .get(&a)
+            .and_then(|views| views.iter().find(|v| v.digest == image.digest).map(|v| v.shown.clone()));
         if let Some(shown) = shown {
             return Ok(shown);
         }
@@ -55,7 +62,11 @@ impl Processes {
         let at = dir.join(image.digest.trim_start_matches("sha256:"));
         let (source, target, owner) = (lease.rootfs.clone(), at.clone(), who.clone());
         let mounted = crate::blocking(move || -> Result<(), String> {
+            // The views' root is the agent's, open to pass through; each
+            // attempt's directory its user's alone.
             let parent = target.parent().expect("a view has a directory");
+            let root = parent.parent().expect("views have a root");
+            dirs::own_dir(root, 0o711, None).map_err(|e| e.to_string())?;
             dirs::own_dir(parent, 0o700, Some(&owner)).map_err(|e| e.to_string())?;
             std::fs::create_dir_all(&target).map_err(|e| format!("cannot make {}: {e}", target.display()))?;
             crate::views::mount(&source, &target, owner.uid.as_raw(), owner.gid.as_raw())
@@ -72,7 +83,8 @@ impl Processes {
             "entrypoint": lease.config.entrypoint,
         });
         tracing::info!(job = %a.job, attempt = %a.attempt, image = %image.digest, "image shown to a step");
-        let view = StepView { digest: image.digest.clone(), at: at.clone(), shown: shown.clone(), _lease: lease };
+        let view =
+            StepView { digest: image.digest.clone(), at: at.clone(), shown: shown.clone(), _lease: lease };
         let live = self.running.lock().expect("running").contains_key(&a);
         if !live {
             // The attempt ended meanwhile: nothing keeps its view.

@@ -29,8 +29,8 @@ use ebb_api as api;
 
 use crate::client::{Client, Connection};
 
-pub use remote::StepError;
 pub use pyxis::enter::main as enter_container;
+pub use remote::StepError;
 pub use step::batch as batch_step;
 
 use crate::error::{failed, file, usage, CliError};

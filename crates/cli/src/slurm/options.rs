@@ -513,7 +513,8 @@ mod tests {
         );
         assert_eq!(
             parse(SBATCH, &words("--nodes=1 --no"), "").unwrap_err().to_string(),
-            "option '--no' is ambiguous; possibilities: '--no-kill' '--no-requeue' '--nodefile' '--nodelist' '--nodes'"
+            "option '--no' is ambiguous; possibilities: '--no-kill' '--no-requeue' '--nodefile' '--nodelist' '--nodes' \
+             '--no-container-mount-home' '--no-container-remap-root' '--no-container-entrypoint'"
         );
         // A letter that takes a value ends its group; a missing one is named.
         assert_eq!(

@@ -527,7 +527,8 @@ fn run_remote_step(
         }
         other => other.clone(),
     };
-    let container = request.container.as_ref().map(|c| super::pyxis::prepare(c, own_env, steps, request.step));
+    let container =
+        request.container.as_ref().map(|c| super::pyxis::prepare(c, own_env, steps, request.step));
     let spec = match container.transpose() {
         Ok(spec) => spec,
         Err(e) => return emit(StepEvent::Failed { message: format!("pyxis: {e} (on {})", names.node) }),

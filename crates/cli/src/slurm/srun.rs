@@ -231,7 +231,9 @@ pub fn in_allocation(args: &[String]) -> Result<i32, CliError> {
     let here: u32 = env.get("SLURM_NODEID").and_then(|n| n.parse().ok()).unwrap_or(0);
     // This node's container before any node's tasks start.
     let spec = match (&container, plan.tasks.iter().any(|t| t.0 == here)) {
-        (Some(c), true) => Some(super::pyxis::prepare(c, &env, &steps, step_id).map_err(|e| failed(format!("pyxis: {e}")))?),
+        (Some(c), true) => {
+            Some(super::pyxis::prepare(c, &env, &steps, step_id).map_err(|e| failed(format!("pyxis: {e}")))?)
+        }
         _ => None,
     };
     let waited = step::waited_signals();

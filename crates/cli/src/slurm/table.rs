@@ -451,7 +451,8 @@ pub static PYXIS_OPTIONS: &[Spec] = &[
     opt(SBATCH, "container-unshare", "", REQUIRED, Refused(BATCH_ON_NODE)),
 ];
 
-const BATCH_ON_NODE: &str = "a batch script runs on its first node: give the --container-* options to its srun lines, \
+const BATCH_ON_NODE: &str =
+    "a batch script runs on its first node: give the --container-* options to its srun lines, \
      or run the whole job in an image (ebb submit --image)";
 const NO_SAVE: &str =
     "Ebb writes no image files on nodes: a named container keeps its changes for the job's steps; push an image from a registry";
@@ -500,7 +501,9 @@ pub fn docs_table() -> String {
         ));
         for spec in specs {
             let names: Vec<String> = written(spec).split(", ").map(|n| format!("`{n}`")).collect();
-            out.push_str(&format!("| {} | {} |\n", names.join(", "), said(spec.kind).replace('|', "\\|")));
+            let plugin = if is_pyxis(spec) { "[pyxis] " } else { "" };
+            let said = said(spec.kind).replace('|', "\\|");
+            out.push_str(&format!("| {} | {plugin}{said} |\n", names.join(", ")));
         }
         out.push('\n');
     }

@@ -31,6 +31,7 @@ mod output;
 mod ownership;
 mod package;
 mod postgres;
+mod pyxis;
 mod ray_cluster;
 mod readme;
 mod sim_cli;

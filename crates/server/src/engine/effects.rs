@@ -431,7 +431,6 @@ impl Owned {
             money: Money::default(),
             access: Access { tokens: Default::default(), node_credentials: BTreeMap::new() },
             why: Default::default(),
-            step_images: HashMap::new(),
             config: EngineConfig::for_tests(&std::env::temp_dir()),
             fx: Recorded { now, ..Recorded::default() },
         }

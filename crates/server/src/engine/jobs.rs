@@ -96,7 +96,12 @@ impl<S: Store> Engine<S> {
 
     /// Pins `reference` to `digest` for `a`'s steps unless a step pinned
     /// it first; returns the pin. Pins of attempts no longer live go.
-    pub(super) fn pin_step_image(&mut self, a: ebb_api::AttemptRef, reference: String, digest: String) -> String {
+    pub(super) fn pin_step_image(
+        &mut self,
+        a: ebb_api::AttemptRef,
+        reference: String,
+        digest: String,
+    ) -> String {
         let jobs = &self.jobs;
         self.step_images.retain(|pinned, _| {
             jobs.get(&pinned.job).is_some_and(|job| {

@@ -163,10 +163,10 @@ pub(super) async fn agent_image(
     let digest = match grant.pinned {
         Some(digest) => digest,
         None => {
-            let login = grant.login.as_ref().map(|l| ebb_image::Login {
-                username: l.username.clone(),
-                password: l.password.clone(),
-            });
+            let login = grant
+                .login
+                .as_ref()
+                .map(|l| ebb_image::Login { username: l.username.clone(), password: l.password.clone() });
             let digest = match ebb_image::resolve(&app.registries, &asked.reference, login.as_ref()).await {
                 Ok(digest) => digest,
                 Err(e) if e.is_transient() => {

@@ -160,7 +160,7 @@ mod tests {
         }
         // Every route `serve` routes under /v1: a new one needs its
         // `#[utoipa::path]` and a place in `ApiDoc`'s paths.
-        assert_eq!(operations, 43, "routes documented");
+        assert_eq!(operations, 44, "routes documented");
     }
 
     /// A job's events are a union on `kind`: each kind names the schema

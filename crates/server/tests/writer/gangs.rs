@@ -328,3 +328,39 @@ fn registry_logins_are_the_tenants_own_and_ride_only_with_its_starts() {
         .call(|reply| Msg::RegistryLoginFor { tenant: TenantId(2), registry: "127.0.0.1:5000".into(), reply })
         .is_none());
 }
+
+/// A step's image (Pyxis' `srun --container-image`): asked by a node the
+/// attempt runs on, pinned once for the attempt (the first digest wins,
+/// so every node runs the same image), refused for a node or attempt that
+/// is not the live one, and forgotten once the attempt has ended.
+#[test]
+fn a_steps_image_is_pinned_once_per_attempt_for_the_nodes_it_runs_on() {
+    let mut env = two_nodes("step-images");
+    env.register("c", Vec::new(), Vec::new());
+    let (attempt, _) = gang(&mut env);
+    let (reference, registry) = ("reg.example/tools:v1".to_string(), "reg.example".to_string());
+    let ask = |env: &mut TestEnv, node: &str, attempt: AttemptRef| {
+        let (node, registry, reference) = (node.to_string(), registry.clone(), reference.clone());
+        env.call(|reply| Msg::StepImage { node, attempt, registry, reference, reply })
+    };
+    let pin = |env: &mut TestEnv, attempt: AttemptRef, digest: &str| {
+        let (reference, digest) = (reference.clone(), digest.to_string());
+        env.call(|reply| Msg::PinStepImage { attempt, reference, digest, reply })
+    };
+    let grant = ask(&mut env, "a", attempt).expect("node a runs the attempt");
+    assert_eq!(grant.pinned, None);
+    assert_eq!(pin(&mut env, attempt, "sha256:first"), "sha256:first");
+    // The tag moved before node b asked: b runs what a runs.
+    assert_eq!(pin(&mut env, attempt, "sha256:moved"), "sha256:first");
+    assert_eq!(ask(&mut env, "b", attempt).unwrap().pinned.as_deref(), Some("sha256:first"));
+    let refused = ask(&mut env, "c", attempt).unwrap_err();
+    assert!(refused.message.contains("does not run on node c"), "{}", refused.message);
+    let other = AttemptRef { job: attempt.job, attempt: Attempt(attempt.attempt.0 + 1) };
+    assert!(ask(&mut env, "a", other).is_err(), "only the live attempt");
+    for node in ["a", "b"] {
+        let at_ms = env.now;
+        env.report(node, vec![exited(attempt, 0, at_ms)]);
+    }
+    assert_eq!(env.state(attempt.job), "succeeded");
+    assert!(ask(&mut env, "a", attempt).is_err(), "an ended attempt runs no steps");
+}

@@ -36,7 +36,8 @@ pub fn main(args: &[String]) -> ! {
         [spec, dashes, argv @ ..] if dashes == "--" && !argv.is_empty() => (spec, argv),
         _ => fail("usage: ebb slurm-container SPEC -- PROGRAM [ARGS...] (this command is srun's own)".into()),
     };
-    let spec: Spec = serde_json::from_str(spec).unwrap_or_else(|e| fail(format!("the container's spec: {e}")));
+    let spec: Spec =
+        serde_json::from_str(spec).unwrap_or_else(|e| fail(format!("the container's spec: {e}")));
     let host: BTreeMap<String, String> = std::env::vars().collect();
     let cwd = std::env::current_dir().ok();
     let mut program = Vec::new();
@@ -48,7 +49,8 @@ pub fn main(args: &[String]) -> ! {
     if let Err(e) = enter(&spec) {
         fail(e)
     }
-    let workdir = spec.container.workdir.clone().or_else(|| spec.image.working_dir.clone().filter(|d| !d.is_empty()));
+    let workdir =
+        spec.container.workdir.clone().or_else(|| spec.image.working_dir.clone().filter(|d| !d.is_empty()));
     let moved = match workdir {
         Some(dir) => std::env::set_current_dir(&dir).map_err(|e| format!("--container-workdir {dir}: {e}")),
         // The step's directory where the container has it, else its root.
@@ -86,7 +88,8 @@ pub fn environment(spec: &Spec, host: &BTreeMap<String, String>) -> BTreeMap<Str
 
 /// Joins the container where one of its tasks runs, or makes it.
 fn enter(spec: &Spec) -> Result<(), String> {
-    let lock = std::fs::File::create(spec.dir.join("lock")).map_err(|e| format!("cannot lock the container: {e}"))?;
+    let lock = std::fs::File::create(spec.dir.join("lock"))
+        .map_err(|e| format!("cannot lock the container: {e}"))?;
     let held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
         .map_err(|(_, e)| format!("cannot lock the container: {e}"))?;
     let me = std::process::id() as i32;
@@ -140,9 +143,11 @@ fn join(pid: i32) -> Result<(), String> {
     let own = |ns: &str| std::fs::read_link(format!("/proc/self/ns/{ns}")).ok();
     let theirs = |ns: &str| std::fs::read_link(format!("/proc/{pid}/ns/{ns}")).ok();
     let mut order = vec![("user", CloneFlags::CLONE_NEWUSER), ("mnt", CloneFlags::CLONE_NEWNS)];
-    for (ns, flag) in
-        [("net", CloneFlags::CLONE_NEWNET), ("ipc", CloneFlags::CLONE_NEWIPC), ("uts", CloneFlags::CLONE_NEWUTS)]
-    {
+    for (ns, flag) in [
+        ("net", CloneFlags::CLONE_NEWNET),
+        ("ipc", CloneFlags::CLONE_NEWIPC),
+        ("uts", CloneFlags::CLONE_NEWUTS),
+    ] {
         if own(ns) != theirs(ns) {
             order.push((ns, flag));
         }
@@ -151,10 +156,13 @@ fn join(pid: i32) -> Result<(), String> {
     // /proc may not be the one that names them.
     let files: Vec<_> = order
         .iter()
-        .map(|(ns, flag)| open(ns).map(|f| (*ns, *flag, f)).map_err(|e| format!("cannot join the container: {e}")))
+        .map(|(ns, flag)| {
+            open(ns).map(|f| (*ns, *flag, f)).map_err(|e| format!("cannot join the container: {e}"))
+        })
         .collect::<Result<_, _>>()?;
     for (ns, flag, file) in files {
-        nix::sched::setns(file, flag).map_err(|e| format!("cannot join the container's {ns} namespace: {e}"))?;
+        nix::sched::setns(file, flag)
+            .map_err(|e| format!("cannot join the container's {ns} namespace: {e}"))?;
     }
     Ok(())
 }
@@ -164,9 +172,11 @@ fn make(spec: &Spec) -> Result<(), String> {
     let c = &spec.container;
     let (uid, gid) = (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw());
     let mut flags = CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNS;
-    for (name, flag) in
-        [("net", CloneFlags::CLONE_NEWNET), ("ipc", CloneFlags::CLONE_NEWIPC), ("uts", CloneFlags::CLONE_NEWUTS)]
-    {
+    for (name, flag) in [
+        ("net", CloneFlags::CLONE_NEWNET),
+        ("ipc", CloneFlags::CLONE_NEWIPC),
+        ("uts", CloneFlags::CLONE_NEWUTS),
+    ] {
         if c.unshare.iter().any(|n| n == name) {
             flags |= flag;
         }
@@ -185,24 +195,21 @@ fn make(spec: &Spec) -> Result<(), String> {
         .map_err(failed("cannot make the container's mounts private".into()))?;
     let root = spec.dir.join("rootfs");
     let view = Path::new(&spec.image.rootfs);
-    if c.writable {
-        let (upper, work) = (spec.dir.join("upper"), spec.dir.join("work"));
-        let paths = [view, upper.as_path(), work.as_path()];
-        if let Some(odd) = paths.iter().find(|p| p.to_string_lossy().contains([',', ':'])) {
-            return Err(format!("{}: a path with ',' or ':' cannot be an overlay layer", odd.display()));
-        }
-        let data = format!(
-            "lowerdir={},upperdir={},workdir={},userxattr",
-            view.display(),
-            upper.display(),
-            work.display()
-        );
-        mount(Some("overlay"), &root, Some("overlay"), MsFlags::empty(), Some(data.as_str()))
-            .map_err(failed("cannot mount the container's file system".into()))?;
-    } else {
-        // The agent's view is read-only: a bind of it is too.
-        bind(view, &root, false)?;
+    // Writable to begin with, even for --container-readonly: the mount
+    // points below are made in the upper layer.
+    let (upper, work) = (spec.dir.join("upper"), spec.dir.join("work"));
+    let paths = [view, upper.as_path(), work.as_path()];
+    if let Some(odd) = paths.iter().find(|p| p.to_string_lossy().contains([',', ':'])) {
+        return Err(format!("{}: a path with ',' or ':' cannot be an overlay layer", odd.display()));
     }
+    let data = format!(
+        "lowerdir={},upperdir={},workdir={},userxattr",
+        view.display(),
+        upper.display(),
+        work.display()
+    );
+    mount(Some("overlay"), &root, Some("overlay"), MsFlags::empty(), Some(data.as_str()))
+        .map_err(failed("cannot mount the container's file system".into()))?;
     for dir in ["/proc", "/sys", "/dev"] {
         bind(Path::new(dir), &inside(&root, dir, true)?, false)?;
     }
@@ -225,14 +232,25 @@ fn make(spec: &Spec) -> Result<(), String> {
     for m in &c.mounts {
         if m.source == "tmpfs" {
             let target = inside(&root, &m.target, true)?;
-            mount(Some("tmpfs"), &target, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("mode=755"))
-                .map_err(failed(format!("cannot mount a tmpfs at {}", m.target)))?;
+            mount(
+                Some("tmpfs"),
+                &target,
+                Some("tmpfs"),
+                MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+                Some("mode=755"),
+            )
+            .map_err(failed(format!("cannot mount a tmpfs at {}", m.target)))?;
             continue;
         }
         let source = Path::new(&m.source);
         let meta = std::fs::metadata(source).map_err(|e| format!("--container-mounts: {}: {e}", m.source))?;
         let target = inside(&root, &m.target, meta.is_dir())?;
         bind(source, &target, m.read_only)?;
+    }
+    if !c.writable {
+        let flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY;
+        mount(None::<&str>, &root, None::<&str>, flags, None::<&str>)
+            .map_err(failed("cannot make the container read-only".into()))?;
     }
     std::env::set_current_dir(&root).map_err(|e| format!("cannot enter {}: {e}", root.display()))?;
     nix::unistd::pivot_root(".", ".").map_err(failed("cannot make the image the container's root".into()))?;
@@ -263,7 +281,8 @@ fn inside(root: &Path, path: &str, dir: bool) -> Result<PathBuf, String> {
 /// namespace may not take away.
 fn bind(source: &Path, target: &Path, read_only: bool) -> Result<(), String> {
     let failed = |e: nix::Error| format!("cannot bind {} in the container: {e}", source.display());
-    mount(Some(source), target, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>).map_err(failed)?;
+    mount(Some(source), target, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>)
+        .map_err(failed)?;
     if read_only {
         use nix::sys::statvfs::FsFlags;
         let kept = nix::sys::statvfs::statvfs(source).map_err(failed)?.flags();

@@ -88,7 +88,8 @@ pub fn from_given(given: &Given, env: &BTreeMap<String, String>) -> Result<Optio
     let image = value("container-image", "IMAGE").map(|i| image_reference(&i)).transpose()?;
     let name = value("container-name", "NAME");
     if image.is_none() && name.is_none() {
-        if let Some((long, _)) = given.iter().find(|(l, _)| l.starts_with("container-") || l.contains("-container-"))
+        if let Some((long, _)) =
+            given.iter().find(|(l, _)| l.starts_with("container-") || l.contains("-container-"))
         {
             return Err(usage(format!("--{long} needs --container-image or --container-name")));
         }
@@ -178,7 +179,9 @@ pub fn image_reference(given: &str) -> Result<String, CliError> {
     // enroot's `USER@` picks a login from its credentials file; Ebb's is
     // the tenant's (ebb registry login).
     let bare = match bare.split_once('@') {
-        Some((user, rest)) if !user.contains('/') && !user.contains('#') && !rest.starts_with("sha256:") => rest,
+        Some((user, rest)) if !user.contains('/') && !user.contains('#') && !rest.starts_with("sha256:") => {
+            rest
+        }
         _ => bare,
     };
     Ok(bare.replacen('#', "/", 1))
@@ -206,8 +209,6 @@ pub fn parse_mounts(list: &str) -> Result<Vec<Mount>, CliError> {
         let mut parts = entry.splitn(3, ':');
         let (source, target) = match (parts.next(), parts.next()) {
             (Some(s), Some(t)) if !s.is_empty() && !t.is_empty() => (s, t),
-            // Enroot's `SRC` alone: the same path inside.
-            (Some(s), None) if s.starts_with('/') => (s, s),
             _ => return Err(bad("give SRC:DST[:FLAGS]")),
         };
         let mut read_only = false;
@@ -215,13 +216,18 @@ pub fn parse_mounts(list: &str) -> Result<Vec<Mount>, CliError> {
             match flag {
                 "ro" => read_only = true,
                 "rw" => read_only = false,
-                "bind" | "rbind" | "private" | "rprivate" | "slave" | "rslave" | "nosuid" | "nodev" | "noexec" => {}
-                other => return Err(bad(&format!("flag {other:?} is not one of ro, rw, rbind, rprivate, rslave"))),
+                "bind" | "rbind" | "private" | "rprivate" | "slave" | "rslave" | "nosuid" | "nodev"
+                | "noexec" => {}
+                other => {
+                    return Err(bad(&format!("flag {other:?} is not one of ro, rw, rbind, rprivate, rslave")))
+                }
             }
         }
         let source = match source {
             "tmpfs" => source.to_string(),
-            "umount" => return Err(bad("Ebb mounts nothing it would have to take away again: leave the entry out")),
+            "umount" => {
+                return Err(bad("Ebb mounts nothing it would have to take away again: leave the entry out"))
+            }
             s if s.starts_with('/') => s.to_string(),
             s if s.starts_with('.') => std::env::current_dir()
                 .map(|d| d.join(s).display().to_string())
@@ -292,7 +298,8 @@ pub fn prepare(
 ) -> Result<Spec, String> {
     let root = steps.join("containers");
     std::fs::create_dir_all(&root).map_err(|e| format!("cannot make {}: {e}", root.display()))?;
-    let lock = std::fs::File::create(root.join(".lock")).map_err(|e| format!("cannot lock containers: {e}"))?;
+    let lock =
+        std::fs::File::create(root.join(".lock")).map_err(|e| format!("cannot lock containers: {e}"))?;
     let _held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
         .map_err(|(_, e)| format!("cannot lock containers: {e}"))?;
     let shown_name = container.name.clone().unwrap_or_else(|| format!("step {step}"));
@@ -300,16 +307,26 @@ pub fn prepare(
         Some(name) => root.join(name),
         None => root.join(format!(".step-{step}")),
     };
-    let recorded = std::fs::read(dir.join(IMAGE_FILE)).ok().and_then(|b| serde_json::from_slice::<Shown>(&b).ok());
+    if container.name.is_none() {
+        // An unnamed container is its step's alone: what an earlier step
+        // of the same number left is not its.
+        remove_tree(&dir);
+    }
+    let recorded =
+        std::fs::read(dir.join(IMAGE_FILE)).ok().and_then(|b| serde_json::from_slice::<Shown>(&b).ok());
     let running = recorded.is_some() && enter::running(&dir).is_some();
-    let (image, join) = match (&recorded, container.mode) {
+    let image = match (&recorded, container.mode) {
         (Some(_), NameMode::Create) => {
-            return Err(format!("container {shown_name:?} exists (--container-name=NAME:create makes a new one)"))
+            return Err(format!(
+                "container {shown_name:?} exists (--container-name=NAME:create makes a new one)"
+            ))
         }
         (_, NameMode::Exec) if !running => {
-            return Err(format!("container {shown_name:?} is not running (--container-name=NAME:exec joins one)"))
+            return Err(format!(
+                "container {shown_name:?} is not running (--container-name=NAME:exec joins one)"
+            ))
         }
-        (Some(shown), mode) => (shown.clone(), running && mode != NameMode::NoExec),
+        (Some(shown), _) => shown.clone(),
         (None, _) => {
             let Some(reference) = &container.image else {
                 return Err(format!(
@@ -317,18 +334,19 @@ pub fn prepare(
                 ));
             };
             let shown = ask_for_image(env, reference)?;
-            for sub in ["upper", "work", "rootfs", "pids"] {
-                std::fs::create_dir_all(dir.join(sub))
-                    .map_err(|e| format!("cannot make {}: {e}", dir.join(sub).display()))?;
-            }
+            make_dirs(&dir)?;
             let body = serde_json::to_vec(&shown).map_err(|e| e.to_string())?;
             let temp = dir.join(format!("{IMAGE_FILE}.new"));
             std::fs::write(&temp, body)
                 .and_then(|()| std::fs::rename(&temp, dir.join(IMAGE_FILE)))
                 .map_err(|e| format!("cannot record the container's image: {e}"))?;
-            (shown, false)
+            shown
         }
     };
+    make_dirs(&dir)?;
+    // The step's tasks here share one container, and join the one that
+    // runs, unless told not to (no_exec).
+    let join = container.mode != NameMode::NoExec;
     let mut binds: Vec<String> = ["EBB_CHECKPOINT_DIR", "EBB_DRAIN_FILE"]
         .iter()
         .filter_map(|k| env.get(*k))
@@ -396,10 +414,35 @@ pub fn task_command(spec: Option<&Spec>, argv: &[String]) -> Result<std::process
     Ok(command)
 }
 
+/// A container's directories, made where missing.
+fn make_dirs(dir: &Path) -> Result<(), String> {
+    for sub in ["upper", "work", "rootfs", "pids"] {
+        std::fs::create_dir_all(dir.join(sub))
+            .map_err(|e| format!("cannot make {}: {e}", dir.join(sub).display()))?;
+    }
+    Ok(())
+}
+
 /// After a step's tasks here have ended: an unnamed container goes.
 pub fn finish(spec: &Spec) {
     if spec.remove_after {
-        let _ = std::fs::remove_dir_all(&spec.dir);
+        remove_tree(&spec.dir);
+    }
+}
+
+/// Removes `dir` and what it holds, its own directories opened to their
+/// owner first (the overlay leaves its work directory mode 000).
+fn remove_tree(dir: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let Ok(meta) = std::fs::symlink_metadata(dir) else { return };
+    if meta.is_dir() {
+        let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            remove_tree(&entry.path());
+        }
+        let _ = std::fs::remove_dir(dir);
+    } else {
+        let _ = std::fs::remove_file(dir);
     }
 }
 
@@ -457,7 +500,10 @@ mod tests {
     #[test]
     fn wrong_container_options_name_what_is_wrong() {
         for (args, says) in [
-            ("--container-remap-root --no-container-remap-root --container-image=r/i", "both --container-remap-root"),
+            (
+                "--container-remap-root --no-container-remap-root --container-image=r/i",
+                "both --container-remap-root",
+            ),
             ("--container-name=box:later", "auto, create, exec or no_exec"),
             ("--container-name=../etc", "a name is 1 to 128"),
             ("--container-image=r/i --container-mounts=/a", "give SRC:DST"),
