@@ -437,12 +437,12 @@ impl Processes {
         let requeue: metadata::Requeue = Arc::new(move || {
             this.upgrade().is_some_and(|p| p.end(a, ebb_api::EndedBy::Requeue, REQUEUE_GRACE))
         });
-        let (this, who) = (Arc::downgrade(self), prepared.who.clone());
+        let (this, who, gpus) = (Arc::downgrade(self), prepared.who.clone(), s.gpus.clone());
         let images: metadata::ShowImage = Arc::new(move |reference| {
-            let (this, who) = (this.clone(), who.clone());
+            let (this, who, gpus) = (this.clone(), who.clone(), gpus.clone());
             Box::pin(async move {
                 match this.upgrade() {
-                    Some(p) => p.show_step_image(a, &who, reference).await,
+                    Some(p) => p.show_step_image(a, (&who, &gpus), reference).await,
                     None => Err((503, "the agent is stopping".into())),
                 }
             })

@@ -1,6 +1,6 @@
 //! Views of the image cache for jobs' steps: an image's root file system
-//! mounted read-only under `DATA_DIR/views/JOB-ATTEMPT/` (a directory
-//! only the job's user may enter), idmapped so that what root owns in the
+//! mounted read-only under `DATA_DIR/views/JOB-ATTEMPT/` (the agent's
+//! directory, which only the job's group may pass through), idmapped so that what root owns in the
 //! image the job's user owns in the view. A step's container (Pyxis'
 //! `srun --container-image`) is then made by the job's user alone, with
 //! no privilege: its overlay's lower layer is the view, and inside its

@@ -26,7 +26,7 @@ impl Processes {
     pub(crate) async fn show_step_image(
         self: &Arc<Self>,
         a: AttemptRef,
-        who: &Identity,
+        (who, gpus): (&Identity, &[u8]),
         reference: String,
     ) -> Result<serde_json::Value, (u16, String)> {
         let refused = |why: String| (422, format!("image {reference}: {why}"));
@@ -45,7 +45,13 @@ impl Processes {
         let asked =
             ebb_api::StepImage { node: self.config.node.clone(), attempt: a, reference: reference.clone() };
         let image = server.step_image(&asked).await.map_err(|e| match e {
-            crate::client::CallError::Refused(why) => (422, why),
+            // The server's reason, without its status ("422 ...: why").
+            crate::client::CallError::Refused(why) => {
+                let said = why
+                    .split_once(": ")
+                    .filter(|(status, _)| status.starts_with(|c: char| c.is_ascii_digit()));
+                (422, said.map_or(why.clone(), |(_, reason)| reason.to_string()))
+            }
             other => (503, other.to_string()),
         })?;
         let shown = self
@@ -63,17 +69,23 @@ impl Processes {
         let (source, target, owner) = (lease.rootfs.clone(), at.clone(), who.clone());
         let mounted = crate::blocking(move || -> Result<(), String> {
             // The views' root is the agent's, open to pass through; each
-            // attempt's directory its user's alone.
+            // attempt's directory the agent's too, which the job's group
+            // alone may pass through: nothing in it is the job's to
+            // replace (a link where a view is mounted would put the image
+            // over the node's own files).
             let parent = target.parent().expect("a view has a directory");
             let root = parent.parent().expect("views have a root");
             dirs::own_dir(root, 0o711, None).map_err(|e| e.to_string())?;
-            dirs::own_dir(parent, 0o700, Some(&owner)).map_err(|e| e.to_string())?;
+            dirs::own_dir(parent, 0o710, None).map_err(|e| e.to_string())?;
+            std::os::unix::fs::chown(parent, None, Some(owner.gid.as_raw()))
+                .map_err(|e| format!("cannot give {} to the job's group: {e}", parent.display()))?;
             std::fs::create_dir_all(&target).map_err(|e| format!("cannot make {}: {e}", target.display()))?;
             crate::views::mount(&source, &target, owner.uid.as_raw(), owner.gid.as_raw())
                 .map_err(|e| format!("cannot show the image to the job: {e}"))
         })
         .await;
         mounted.map_err(|why| (500, why))?;
+        let (gpu_mounts, gpu_env) = self.gpu_edits(gpus).map_err(|why| (500, why))?;
         let shown = serde_json::json!({
             "reference": image.reference,
             "digest": image.digest,
@@ -81,6 +93,8 @@ impl Processes {
             "env": lease.config.env,
             "working_dir": lease.config.working_dir,
             "entrypoint": lease.config.entrypoint,
+            "gpu_mounts": gpu_mounts,
+            "gpu_env": gpu_env,
         });
         tracing::info!(job = %a.job, attempt = %a.attempt, image = %image.digest, "image shown to a step");
         let view =
@@ -93,6 +107,32 @@ impl Processes {
         }
         self.step_views.lock().expect("step views").entry(a).or_default().push(view);
         Ok(shown)
+    }
+
+    /// What the node's CDI spec adds to a container for `gpus`: its
+    /// mounts (host path, path inside, read-only) and variables. A step's
+    /// container has the node's `/dev`, whose GPUs other than the
+    /// attempt's its device program refuses; its hooks are not run (they
+    /// need the node's root).
+    fn gpu_edits(&self, gpus: &[u8]) -> Result<(Vec<(String, String, bool)>, Vec<String>), String> {
+        let (Some(path), false) = (&self.config.cdi_spec, gpus.is_empty()) else {
+            return Ok((Vec::new(), Vec::new()));
+        };
+        let text = std::fs::read(path).map_err(|e| format!("the CDI spec {}: {e}", path.display()))?;
+        let spec: serde_json::Value =
+            serde_json::from_slice(&text).map_err(|e| format!("the CDI spec {}: {e}", path.display()))?;
+        let names: Vec<String> = gpus.iter().map(u8::to_string).collect();
+        let edits = crate::container::cdi_edits(&spec, &names)
+            .map_err(|e| format!("the CDI spec {}: {e}", path.display()))?;
+        let mounts = edits
+            .mounts
+            .into_iter()
+            .map(|m| {
+                let read_only = m.options.iter().any(|o| o == "ro");
+                (m.host_path, m.container_path, read_only)
+            })
+            .collect();
+        Ok((mounts, edits.env))
     }
 
     /// After attempt `a` has ended: its steps' views go, and the images

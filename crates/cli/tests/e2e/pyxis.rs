@@ -22,11 +22,29 @@ fn srun_runs_steps_in_an_image_unprivileged_and_names_what_fails() {
     let files = [File { path: "/marker", contents: b"from-the-image", mode: 0o644 }];
     push_busybox_image(&work, &registry.host, "tools", "v1", &files, None);
     let allowed = ["--allowed-registry".to_string(), registry.host.clone()];
+    // A CDI spec as nvidia-ctk writes one: each GPU's device node, and the
+    // driver's library mounted into every container.
+    let driver = work.join("libcuda.so.1");
+    std::fs::write(&driver, b"the node's driver").unwrap();
+    let device = |name: &str| serde_json::json!({"name": name, "containerEdits": {"deviceNodes": [{"path": "/dev/null"}]}});
+    let cdi = serde_json::json!({
+        "cdiVersion": "0.5.0", "kind": "nvidia.com/gpu",
+        "devices": [device("0"), device("1")],
+        "containerEdits": {
+            "env": ["NVIDIA_DRIVER_FROM=cdi"],
+            "mounts": [{"hostPath": driver, "containerPath": "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+                        "options": ["ro", "nosuid", "nodev", "bind"]}],
+        },
+    });
+    let cdi_file = work.join("cdi.json");
+    std::fs::write(&cdi_file, cdi.to_string()).unwrap();
+    let mut agent_args: Vec<&'static str> = allowed.iter().cloned().map(leak).collect();
+    agent_args.extend(["--cdi-spec", leak(cdi_file.display().to_string())]);
     let c = Cluster::start(Options {
         nodes: 2,
         gpus: 2,
         run_as: Some(RunAs { tenants: vec![("alice", "nobody")], default: None }),
-        agent_args: allowed.iter().cloned().map(leak).collect(),
+        agent_args,
         server_args: allowed.to_vec(),
         ..Options::default()
     });
@@ -50,6 +68,7 @@ fn srun_runs_steps_in_an_image_unprivileged_and_names_what_fails() {
 IMAGE={image}
 echo "batch uid $(id -u)"
 srun --container-image=$IMAGE sh -c 'echo "plain $SLURM_PROCID uid=$(id -u) marker=$(cat /marker) python=$(test -e /usr/bin/python3 && echo seen || echo unseen)"' | sort
+srun -N1 --container-image=$IMAGE sh -c 'echo "driver: $(cat /usr/lib/x86_64-linux-gnu/libcuda.so.1) $NVIDIA_DRIVER_FROM gpus=$CUDA_VISIBLE_DEVICES libraries=$LD_LIBRARY_PATH"' 
 srun -N1 --container-image=$IMAGE --container-remap-root --container-mounts={shared}:/out sh -c 'echo "remapped uid=$(id -u)"; echo mine > /marker; echo "image file now $(cat /marker)"; touch /out/made-inside'
 echo "made-inside owner $(stat -c %u {shared}/made-inside)"
 srun -N1 --container-image=$IMAGE --container-name=box sh -c 'echo kept > /etc/kept'
@@ -86,6 +105,8 @@ srun -N1 --container-name=box:create true; echo "create twice: $?"
     // Both nodes, as the job's user, in the image and not the node.
     expect("plain 0 uid=65534 marker=from-the-image python=unseen\nplain 1 uid=65534 marker=from-the-image");
     // Root inside, with the image's files its own, but nobody outside.
+    // The GPUs' driver from the node's CDI spec, and the job's GPUs.
+    expect("driver: the node's driver cdi gpus=0,1 libraries=/usr/lib/x86_64-linux-gnu");
     expect("remapped uid=0\nimage file now mine\n");
     expect("made-inside owner 65534\n");
     // A named container keeps its changes; an unnamed one's are gone.
@@ -98,7 +119,7 @@ srun -N1 --container-name=box:create true; echo "create twice: $?"
     expect("create twice: 1\n");
     for why in [
         "pyxis: no container \"nothing\" exists on this node and --container-image is not given",
-        "not found in the registry",
+        &format!("srun: error: pyxis: image {}/absent:v9: not found in the registry\n", registry.host),
         "container \"box\" exists (--container-name=NAME:create makes a new one)",
     ] {
         expect(why);

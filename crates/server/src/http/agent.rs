@@ -172,7 +172,8 @@ pub(super) async fn agent_image(
                 Err(e) if e.is_transient() => {
                     return Err(Refusal::unavailable(format!("image {}: {e}", asked.reference)).into())
                 }
-                Err(e) => return Err(unprocessable(e.to_string())),
+                // The error names the image.
+                Err(e) => return Err(ApiError::unprocessable(e.to_string())),
             };
             let reference = asked.reference.clone();
             app.ask(|reply| Msg::PinStepImage { attempt, reference, digest, reply }).await?

@@ -78,6 +78,28 @@ pub fn environment(spec: &Spec, host: &BTreeMap<String, String>) -> BTreeMap<Str
             }
         }
     }
+    for pair in &spec.image.gpu_env {
+        if let Some((k, v)) = pair.split_once('=') {
+            env.insert(k.to_string(), v.to_string());
+        }
+    }
+    // The driver's libraries where the loader finds them: the CDI spec's
+    // hooks (which would update the image's loader cache) need the node's
+    // root, and are not run.
+    let mut dirs: Vec<&str> = Vec::new();
+    for (_, at, _) in &spec.image.gpu_mounts {
+        let (dir, name) = at.rsplit_once('/').unwrap_or(("", at));
+        if name.contains(".so") && !dir.is_empty() && !dirs.contains(&dir) {
+            dirs.push(dir);
+        }
+    }
+    if !dirs.is_empty() {
+        let mut path = dirs.join(":");
+        if let Some(had) = env.get("LD_LIBRARY_PATH").filter(|p| !p.is_empty()) {
+            path = format!("{path}:{had}");
+        }
+        env.insert("LD_LIBRARY_PATH".into(), path);
+    }
     if spec.container.remap_root {
         env.insert("HOME".into(), "/root".into());
         env.insert("USER".into(), "root".into());
@@ -228,6 +250,10 @@ fn make(spec: &Spec) -> Result<(), String> {
     if let Some(home) = spec.home.as_deref().filter(|h| Path::new(h).is_dir()) {
         let at = if c.remap_root { "/root" } else { home };
         bind(Path::new(home), &inside(&root, at, true)?, false)?;
+    }
+    for (host, at, read_only) in &spec.image.gpu_mounts {
+        let meta = std::fs::metadata(host).map_err(|e| format!("the GPUs' {host}: {e}"))?;
+        bind(Path::new(host), &inside(&root, at, meta.is_dir())?, *read_only)?;
     }
     for m in &c.mounts {
         if m.source == "tmpfs" {

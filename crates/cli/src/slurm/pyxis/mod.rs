@@ -261,6 +261,13 @@ pub struct Shown {
     pub working_dir: Option<String>,
     #[serde(default)]
     pub entrypoint: Vec<String>,
+    /// The node's CDI spec's mounts for the attempt's GPUs (the driver's
+    /// libraries): host path, path inside, read-only.
+    #[serde(default)]
+    pub gpu_mounts: Vec<(String, String, bool)>,
+    /// Its variables for them.
+    #[serde(default)]
+    pub gpu_env: Vec<String>,
 }
 
 /// What each task of a step on one node enters or makes
