@@ -6,6 +6,9 @@
 
 use super::*;
 
+/// A mount of the GPUs' CDI edits: host path, path inside, read-only.
+type GpuMount = (String, String, bool);
+
 /// An image shown to an attempt's steps.
 pub(super) struct StepView {
     digest: String,
@@ -114,7 +117,7 @@ impl Processes {
     /// container has the node's `/dev`, whose GPUs other than the
     /// attempt's its device program refuses; its hooks are not run (they
     /// need the node's root).
-    fn gpu_edits(&self, gpus: &[u8]) -> Result<(Vec<(String, String, bool)>, Vec<String>), String> {
+    fn gpu_edits(&self, gpus: &[u8]) -> Result<(Vec<GpuMount>, Vec<String>), String> {
         let (Some(path), false) = (&self.config.cdi_spec, gpus.is_empty()) else {
             return Ok((Vec::new(), Vec::new()));
         };

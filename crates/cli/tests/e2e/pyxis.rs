@@ -81,6 +81,8 @@ srun -N1 --container-image=$IMAGE --container-readonly sh -c 'touch /new 2>/dev/
 srun -N1 --container-name=nothing true; echo "no such container: $?"
 srun -N1 --container-image={registry}/absent:v9 true; echo "no such image: $?"
 srun -N1 --container-name=box:create true; echo "create twice: $?"
+echo "keeper starting"
+srun -N1 --container-name=box sh -c 'echo ready > /tmp/ready; sleep 300'
 "#,
             shared = shared.display(),
             registry = registry.host,
@@ -98,7 +100,33 @@ srun -N1 --container-name=box:create true; echo "create twice: $?"
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let id: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
-    c.wait_state(id, "succeeded");
+    // From outside the job, as SkyPilot runs its commands: a step that
+    // joins the running named container.
+    let outside = |args: &[&str]| {
+        Command::new("srun")
+            .args(args)
+            .env("PATH", &path)
+            .env("EBB_SERVER", &c.url)
+            .env("EBB_TOKEN", &alice)
+            .current_dir(c.submit_dir())
+            .output()
+            .unwrap()
+    };
+    let job = id.to_string();
+    let exec = ["--jobid", job.as_str(), "-N1", "--container-remap-root", "--container-name=box:exec"];
+    crate::support::wait_for("the keeper step", std::time::Duration::from_secs(60), || {
+        let probe: Vec<&str> = exec.iter().copied().chain(["test", "-s", "/tmp/ready"]).collect();
+        outside(&probe).status.success().then_some(())
+    });
+    let joined = outside(
+        &[&exec[..], &["sh", "-c", "echo \"outside: $(cat /tmp/ready) $(cat /etc/kept) uid=$(id -u)\""]]
+            .concat(),
+    );
+    assert!(joined.status.success(), "{}", String::from_utf8_lossy(&joined.stderr));
+    // The container was made without remapping: joining it keeps its user.
+    assert_eq!(String::from_utf8_lossy(&joined.stdout), "outside: ready kept uid=65534\n");
+    c.ebb_as(&alice, &["cancel", &job]);
+    c.wait_state(id, "cancelled");
     let said = std::fs::read_to_string(c.submit_dir().join(format!("pyxis-{id}.out"))).unwrap();
     let expect = |line: &str| assert!(said.contains(line), "{line:?} not in:\n{said}");
     expect("batch uid 65534\n");

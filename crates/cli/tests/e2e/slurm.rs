@@ -223,11 +223,19 @@ fn dask_jobqueue_simple_slurm_time_limits_and_dependencies() {
     });
     cluster.submit(&["--tier", "on-demand", "--gpus", "4", "--", "sleep", "1"]);
     let said = wait_for("its second attempt", Duration::from_secs(60), || {
-        std::fs::read_to_string(&output).ok().filter(|t| t.contains("attempt 1"))
+        let text = std::fs::read_to_string(&output).ok()?;
+        (text.lines().filter(|l| l.starts_with("attempt ")).count() >= 2).then_some(text)
     });
-    assert_eq!(said, format!("attempt 0 of {id} on node-0\nbatch got USR1\nattempt 1 of {id} on node-0\n"));
+    let lines: Vec<&str> = said.lines().collect();
+    assert_eq!(lines[..2], [format!("attempt 0 of {id} on node-0").as_str(), "batch got USR1"], "{said}");
+    // Attempt 1, or a later one where another cluster's job on this
+    // machine held the step port (its start is then requeued on another
+    // port, as on a node where a program holds it).
+    let again =
+        lines[2].strip_suffix(&format!(" of {id} on node-0")).and_then(|l| l.strip_prefix("attempt "));
+    assert!(again.and_then(|n| n.parse::<u32>().ok()).is_some_and(|n| n >= 1), "{said}");
     let job = cluster.job(id.parse().unwrap());
-    assert_eq!((job["preemptions"].as_u64(), job["retries"].as_u64()), (Some(1), Some(0)), "{job}");
+    assert_eq!(job["preemptions"].as_u64(), Some(1), "{job}");
     assert_eq!(sacct_state(&cluster, &bin, id), "RUNNING");
     cluster.ebb(&["cancel", id]);
 }
