@@ -243,8 +243,9 @@ pub(crate) struct Processes {
     server: std::sync::OnceLock<Arc<crate::client::Client>>,
     /// The images running attempts' steps were shown, by attempt.
     step_views: Mutex<HashMap<AttemptRef, Vec<step_images::StepView>>>,
-    /// Held while an image is shown to a step.
-    showing: tokio::sync::Mutex<()>,
+    /// Held while an image is shown to a step of the attempt: one at a
+    /// time for an attempt, attempts side by side.
+    showing: Mutex<HashMap<AttemptRef, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 /// A running attempt.
@@ -346,7 +347,7 @@ impl Processes {
             device_programs: Default::default(),
             server: std::sync::OnceLock::new(),
             step_views: Mutex::new(HashMap::new()),
-            showing: tokio::sync::Mutex::new(()),
+            showing: Mutex::new(HashMap::new()),
         }
     }
 

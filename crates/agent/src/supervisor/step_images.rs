@@ -43,8 +43,13 @@ impl Processes {
         }
         let server =
             self.server.get().ok_or_else(|| (503, "the agent has not reached its server yet".into()))?;
-        // One at a time: two steps naming one image share its view.
-        let _one = self.showing.lock().await;
+        if !self.running.lock().expect("running").contains_key(&a) {
+            return Err((404, "the attempt has ended".into()));
+        }
+        // One at a time for the attempt: two steps naming one image share
+        // its view. Another attempt's slow pull holds up none of its.
+        let turn = self.showing.lock().expect("showing").entry(a).or_default().clone();
+        let _one = turn.lock().await;
         let asked =
             ebb_api::StepImage { node: self.config.node.clone(), attempt: a, reference: reference.clone() };
         let image = server.step_image(&asked).await.map_err(|e| match e {
@@ -105,6 +110,7 @@ impl Processes {
         let live = self.running.lock().expect("running").contains_key(&a);
         if !live {
             // The attempt ended meanwhile: nothing keeps its view.
+            self.showing.lock().expect("showing").remove(&a);
             crate::blocking(move || crate::views::remove(&dir)).await;
             return Err((404, "the attempt has ended".into()));
         }
@@ -141,6 +147,7 @@ impl Processes {
     /// After attempt `a` has ended: its steps' views go, and the images
     /// they held are let go.
     pub(super) async fn forget_step_images(&self, a: AttemptRef) {
+        self.showing.lock().expect("showing").remove(&a);
         let Some(views) = self.step_views.lock().expect("step views").remove(&a) else { return };
         let dir = views.first().and_then(|v| v.at.parent().map(Path::to_path_buf));
         crate::blocking(move || {
