@@ -77,6 +77,7 @@ pub enum Kind {
 /// One option of one or more commands: its long name (and the other
 /// names Slurm takes for it), its short letters, its value, and what Ebb
 /// does with it.
+#[derive(Clone, Copy)]
 pub struct Spec {
     pub commands: &'static [Command],
     pub long: &'static str,
@@ -99,7 +100,7 @@ impl Spec {
 
 /// `command`'s options.
 pub fn specs(command: Command) -> impl Iterator<Item = &'static Spec> {
-    OPTIONS.iter().chain(PYXIS_OPTIONS).filter(move |s| s.commands.contains(&command))
+    OPTIONS.iter().chain(PYXIS_OPTIONS.iter()).filter(move |s| s.commands.contains(&command))
 }
 
 /// Options given, in order: (long name, value), with the value `""` for

@@ -416,7 +416,7 @@ fn said(kind: super::options::Kind) -> String {
 /// them on `srun` and `sbatch`: a step's tasks in an OCI image, run
 /// unprivileged (`slurm/pyxis`); a batch script itself stays on its node. `--help` marks them `[pyxis]`, as the
 /// plugin's own lines are, which is how tools (SkyPilot) find the plugin.
-pub static PYXIS_OPTIONS: &[Spec] = &[
+pub static PYXIS_OPTIONS: [Spec; 32] = on_srun_and_sbatch([
     opt(SRUN, "container-image", "", REQUIRED, Honoured),
     opt(SRUN, "container-mounts", "", REQUIRED, Honoured),
     opt(SRUN, "container-workdir", "", REQUIRED, Honoured),
@@ -433,23 +433,20 @@ pub static PYXIS_OPTIONS: &[Spec] = &[
     opt(SRUN, "container-readonly", "", NONE, Honoured),
     opt(SRUN, "container-env", "", REQUIRED, Honoured),
     opt(SRUN, "container-unshare", "", REQUIRED, Honoured),
-    opt(SBATCH, "container-image", "", REQUIRED, Refused(BATCH_ON_NODE)),
-    opt(SBATCH, "container-mounts", "", REQUIRED, Refused(BATCH_ON_NODE)),
-    opt(SBATCH, "container-workdir", "", REQUIRED, Refused(BATCH_ON_NODE)),
-    opt(SBATCH, "container-name", "", REQUIRED, Refused(BATCH_ON_NODE)),
-    opt(SBATCH, "container-save", "", REQUIRED, Refused(BATCH_ON_NODE)),
-    opt(SBATCH, "container-mount-home", "", NONE, Refused(BATCH_ON_NODE)),
-    opt(SBATCH, "no-container-mount-home", "", NONE, Refused(BATCH_ON_NODE)),
-    opt(SBATCH, "container-remap-root", "", NONE, Refused(BATCH_ON_NODE)),
-    opt(SBATCH, "no-container-remap-root", "", NONE, Refused(BATCH_ON_NODE)),
-    opt(SBATCH, "container-entrypoint", "", NONE, Refused(BATCH_ON_NODE)),
-    opt(SBATCH, "no-container-entrypoint", "", NONE, Refused(BATCH_ON_NODE)),
-    opt(SBATCH, "container-entrypoint-log", "", NONE, Refused(BATCH_ON_NODE)),
-    opt(SBATCH, "container-writable", "", NONE, Refused(BATCH_ON_NODE)),
-    opt(SBATCH, "container-readonly", "", NONE, Refused(BATCH_ON_NODE)),
-    opt(SBATCH, "container-env", "", REQUIRED, Refused(BATCH_ON_NODE)),
-    opt(SBATCH, "container-unshare", "", REQUIRED, Refused(BATCH_ON_NODE)),
-];
+]);
+
+/// Pyxis' options as `srun` has them, then as `sbatch` has them: each
+/// refused there, naming what to do instead.
+const fn on_srun_and_sbatch(srun: [Spec; 16]) -> [Spec; 32] {
+    let mut both = [srun[0]; 32];
+    let mut i = 0;
+    while i < 16 {
+        both[i] = srun[i];
+        both[16 + i] = Spec { commands: SBATCH, kind: Refused(BATCH_ON_NODE), ..srun[i] };
+        i += 1;
+    }
+    both
+}
 
 const BATCH_ON_NODE: &str =
     "a batch script runs on its first node: give the --container-* options to its srun lines, \
