@@ -465,7 +465,7 @@ pub fn shim(runtime: &Path, state: &Path, bundle: &Path, id: &str, lower: &Path)
     let created = runc(&["create", "--bundle", &bundle_arg, "--pid-file", &pid_arg, id]).status();
     match created {
         Ok(s) if s.success() => {}
-        Ok(_) => fail(format!("{} create: {}", runtime.display(), last_error(&log))),
+        Ok(_) => fail(format!("{} create: {}", runtime.display(), create_error(&log, bundle))),
         Err(e) => fail(format!("cannot run the OCI runtime {}: {e}", runtime.display())),
     }
     let init: i32 = match std::fs::read_to_string(&pid_file).ok().and_then(|s| s.trim().parse().ok()) {
@@ -542,6 +542,51 @@ fn mount_root(bundle: &Path, lower: &Path) -> nix::Result<()> {
     mount(Some("overlay"), &bundle.join("rootfs"), Some("overlay"), flags, Some(options.as_os_str()))
 }
 
+/// Why `runc create` failed: its log's last error. What runc says of a
+/// program the image lacks goes only to its standard error, which is the
+/// container's (the job's log): that case is found here, the program
+/// looked for in the image as runc looks for it, and named with the
+/// `PATH` searched.
+fn create_error(log: &Path, bundle: &Path) -> String {
+    let logged = last_error(log);
+    if logged != NO_MESSAGE {
+        return logged;
+    }
+    let config: Option<Value> =
+        std::fs::read(bundle.join("config.json")).ok().and_then(|b| serde_json::from_slice(&b).ok());
+    let Some(process) = config.as_ref().map(|c| &c["process"]) else { return logged };
+    let Some(program) = process["args"][0].as_str() else { return logged };
+    let path = process["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .find_map(|v| v.strip_prefix("PATH="))
+        .unwrap_or("");
+    match missing(&bundle.join("rootfs"), program, path) {
+        true if program.contains('/') => format!("exec: {program:?}: no such file in the image"),
+        true => format!("exec: {program:?}: executable file not found in the image's PATH ({path})"),
+        false => format!("{logged}; what the runtime said is in the job's log (ebb logs)"),
+    }
+}
+
+/// Whether `program` is missing from the image at `rootfs`: a path, or a
+/// name looked for in each of `path`'s directories.
+fn missing(rootfs: &Path, program: &str, path: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let runnable =
+        |p: PathBuf| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+    if program.contains('/') {
+        return !runnable(rootfs.join(program.trim_start_matches('/')));
+    }
+    !path
+        .split(':')
+        .filter(|d| !d.is_empty())
+        .any(|dir| runnable(rootfs.join(dir.trim_start_matches('/')).join(program)))
+}
+
+const NO_MESSAGE: &str = "failed (no message in its log)";
+
 /// The runtime's last error message from its JSON log.
 fn last_error(log: &Path) -> String {
     let text = std::fs::read_to_string(log).unwrap_or_default();
@@ -550,7 +595,7 @@ fn last_error(log: &Path) -> String {
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
         .find(|v| v["level"] == "error")
         .and_then(|v| v["msg"].as_str().map(str::to_string))
-        .unwrap_or_else(|| "failed (no message in its log)".into())
+        .unwrap_or_else(|| NO_MESSAGE.into())
 }
 
 /// Waits for `init` to end, reaping everything else that ends meanwhile
@@ -775,5 +820,23 @@ mod tests {
             .unwrap()
             .contains(&json!({"allow": true, "type": "c", "major": 1, "minor": 5, "access": "rwm"})));
         assert_eq!(c["hooks"]["createContainer"][0]["path"], "/usr/bin/nvidia-ctk");
+    }
+
+    #[test]
+    fn a_program_the_image_lacks_is_found_missing_as_runc_looks_for_it() {
+        use std::os::unix::fs::PermissionsExt;
+        let rootfs = std::env::temp_dir().join(format!("ebb-missing-{}", std::process::id()));
+        std::fs::create_dir_all(rootfs.join("bin")).unwrap();
+        std::fs::create_dir_all(rootfs.join("data")).unwrap();
+        std::fs::write(rootfs.join("bin/sh"), b"").unwrap();
+        std::fs::set_permissions(rootfs.join("bin/sh"), std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::write(rootfs.join("data/notes"), b"").unwrap();
+        assert!(!missing(&rootfs, "sh", "/usr/bin:/bin"));
+        assert!(missing(&rootfs, "python3", "/usr/bin:/bin"));
+        assert!(missing(&rootfs, "sh", ""), "no PATH, nothing found by name");
+        assert!(!missing(&rootfs, "/bin/sh", ""));
+        assert!(missing(&rootfs, "/app/train.py", "/bin"));
+        assert!(missing(&rootfs, "notes", "/data"), "a file that is not executable");
+        let _ = std::fs::remove_dir_all(&rootfs);
     }
 }

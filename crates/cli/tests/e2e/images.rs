@@ -271,6 +271,14 @@ fn jobs_run_in_their_images_resume_on_another_node_and_tenants_cannot_see_each_o
         "logins are per tenant"
     );
 
+    // A program the image lacks: the timeline names it, and where it was
+    // looked for.
+    let lacking = c.submit_as(&alice, &["--image", &train, "--", "python3", "/app/train.py"]);
+    let failed = c.wait_state(lacking, "failed");
+    let why = event(&failed, "exited")[0]["detail"]["start_error"].as_str().unwrap_or_default().to_string();
+    let said = r#"create: exec: "python3": executable file not found in the image's PATH ("#;
+    assert!(why.contains(said) && why.ends_with("/bin)"), "{why}");
+
     // A layer that does not match its digest: the job fails, saying so.
     let mut unique = image_files();
     unique.push(File { path: "/broken", contents: b"a layer of its own", mode: 0o644 });
