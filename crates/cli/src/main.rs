@@ -2,6 +2,7 @@
 //! arguments and hands them to the library crates.
 
 mod client;
+mod command_line;
 mod commands;
 mod daemons;
 mod drill;
@@ -407,7 +408,10 @@ fn main() -> ExitCode {
     if let Some(name) = args.first().and_then(|a| slurm::called_as(a)) {
         return slurm::main(name, args[1..].to_vec());
     }
-    let cli = Cli::parse();
+    let cli: Cli = match command_line::parse(&args) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -429,6 +433,31 @@ mod tests {
     use clap::CommandFactory;
 
     use super::Cli;
+
+    /// What clap alone would answer with an unrelated tip or the wrong
+    /// word: a flag the command does not take because it runs its own
+    /// server, a negative number, a duration in two words.
+    #[test]
+    fn flags_that_do_not_apply_and_values_misread_are_named() {
+        let words = |line: &str| line.split_whitespace().map(str::to_string).collect::<Vec<_>>();
+        let error = |line: &str| super::command_line::parse::<Cli>(&words(line)).err().expect(line).to_string();
+        for (line, says) in [
+            ("ebb up --server http://x", "ebb up takes no --server: it runs its own server and agents"),
+            ("ebb sim --token t", "ebb sim takes no --token: it simulates a cluster in this process"),
+            ("ebb server --server=http://x", "ebb server takes no --server: it is the server"),
+            ("ebb submit --gpus -1 -- true", "invalid value '-1' for '--gpus <N|MIN:MAX>'"),
+            ("ebb up --gpus-per-node -1", "invalid value '-1' for '--gpus-per-node"),
+            ("ebb up --drain-window 5 minutes", "--drain-window 5 minutes: a duration is one word, as 5m"),
+            ("ebb up --drain-window 30 s", "--drain-window 30 s: a duration is one word, as 30s"),
+        ] {
+            let said = error(line);
+            assert!(said.contains(says), "{line}: {said}");
+        }
+        // Where they do apply, they are taken.
+        for line in ["ebb up --drain-window 5m", "ebb jobs --server http://127.0.0.1:1", "ebb submit -- sleep -1"] {
+            assert!(super::command_line::parse::<Cli>(&words(line)).is_ok(), "{line}");
+        }
+    }
 
     /// Every argument of every command, by its path (`ebb tenant create
     /// NAME`), that `check` finds wanting.
