@@ -440,7 +440,8 @@ mod tests {
     #[test]
     fn flags_that_do_not_apply_and_values_misread_are_named() {
         let words = |line: &str| line.split_whitespace().map(str::to_string).collect::<Vec<_>>();
-        let error = |line: &str| super::command_line::parse::<Cli>(&words(line)).err().expect(line).to_string();
+        let error =
+            |line: &str| super::command_line::parse::<Cli>(&words(line)).err().expect(line).to_string();
         for (line, says) in [
             ("ebb up --server http://x", "ebb up takes no --server: it runs its own server and agents"),
             ("ebb sim --token t", "ebb sim takes no --token: it simulates a cluster in this process"),
@@ -454,7 +455,9 @@ mod tests {
             assert!(said.contains(says), "{line}: {said}");
         }
         // Where they do apply, they are taken.
-        for line in ["ebb up --drain-window 5m", "ebb jobs --server http://127.0.0.1:1", "ebb submit -- sleep -1"] {
+        for line in
+            ["ebb up --drain-window 5m", "ebb jobs --server http://127.0.0.1:1", "ebb submit -- sleep -1"]
+        {
             assert!(super::command_line::parse::<Cli>(&words(line)).is_ok(), "{line}");
         }
     }

@@ -18,15 +18,12 @@ pub fn json<T: serde::Serialize>(value: &T) -> String {
     text
 }
 
-/// A tier as people write it: the API's names, `ondemand` and `on_demand`,
-/// and `spot` (what the clouds call preemptible capacity), as the API's
-/// name; anything else is refused naming the three.
+/// A tier as people write it (`ebb_core::TIER_NAMES`), as the API's
+/// name; anything else is refused naming them.
 pub fn tier(text: &str) -> Result<String, CliError> {
-    match text.to_ascii_lowercase().as_str() {
-        "preemptible" | "spot" => Ok("preemptible".into()),
-        "on-demand" | "ondemand" | "on_demand" => Ok("on-demand".into()),
-        "reserved" => Ok("reserved".into()),
-        _ => Err(usage("expected preemptible (also spot), on-demand or reserved")),
+    match text.parse::<ebb_core::Tier>() {
+        Ok(tier) => Ok(tier.as_str().into()),
+        Err(_) => Err(usage(format!("expected {}", ebb_core::TIER_NAMES))),
     }
 }
 

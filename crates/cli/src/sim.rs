@@ -15,7 +15,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 pub struct SimArgs {
     /// Trace file (ITP format: job_id,submission_time,duration,num_gpu).
     /// Repeatable; TIER=PATH puts all of a trace's jobs in one tier
-    /// (reserved, on-demand or preemptible).
+    /// (preemptible, also spot; on-demand, also ondemand; or reserved).
     #[arg(long = "trace", value_name = "[TIER=]PATH", required_unless_present = "tenants")]
     traces: Vec<String>,
     /// A trace replayed as the jobs of one tenant, with its fair-share

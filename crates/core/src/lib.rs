@@ -153,27 +153,53 @@ pub struct UnknownTier(pub String);
 
 impl fmt::Display for UnknownTier {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "unknown tier {:?}: expected reserved, on-demand or preemptible", self.0)
+        write!(f, "unknown tier {:?}: expected {TIER_NAMES}", self.0)
     }
 }
 
 impl std::error::Error for UnknownTier {}
 
+/// The tiers as people may write them, wherever Ebb reads one: each
+/// name, with the aliases taken for it.
+pub const TIER_NAMES: &str = "preemptible (also spot), on-demand (also ondemand) or reserved";
+
+/// A tier by its name or an alias (`spot`, what the clouds call
+/// preemptible capacity; `ondemand`, `on_demand`), in any case.
 impl std::str::FromStr for Tier {
     type Err = UnknownTier;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
+        match s.to_ascii_lowercase().as_str() {
             "reserved" => Ok(Tier::Reserved),
             "on-demand" | "ondemand" | "on_demand" => Ok(Tier::OnDemand),
-            "preemptible" => Ok(Tier::Preemptible),
-            other => Err(UnknownTier(other.to_string())),
+            "preemptible" | "spot" => Ok(Tier::Preemptible),
+            _ => Err(UnknownTier(s.to_string())),
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_tier_is_read_by_its_name_or_an_alias_in_any_case() {
+        use super::Tier;
+        for (given, tier) in [
+            ("preemptible", Tier::Preemptible),
+            ("Spot", Tier::Preemptible),
+            ("ON-DEMAND", Tier::OnDemand),
+            ("ondemand", Tier::OnDemand),
+            ("on_demand", Tier::OnDemand),
+            ("reserved", Tier::Reserved),
+        ] {
+            assert_eq!(given.parse::<Tier>(), Ok(tier), "{given}");
+        }
+        let refused = "on demand".parse::<Tier>().unwrap_err().to_string();
+        assert_eq!(
+            refused,
+            "unknown tier \"on demand\": expected preemptible (also spot), on-demand (also ondemand) or reserved"
+        );
+    }
+
     #[test]
     fn one_gpu_is_singular() {
         assert_eq!(super::count(1, "GPU"), "1 GPU");

@@ -168,4 +168,22 @@ mod tests {
         );
         assert!(err("id,submit,duration,gpus\n").starts_with("t.csv line 1: header: expected job_id,"));
     }
+
+    /// The tier of `--trace TIER=PATH` is read as everywhere else in Ebb:
+    /// `spot=` is preemptible, and a wrong one names the names.
+    #[test]
+    fn a_traces_tier_takes_the_aliases_ebb_takes_everywhere() {
+        let path = std::env::temp_dir().join(format!("ebb-trace-tier-{}.csv", std::process::id()));
+        std::fs::write(&path, "job_id,submission_time,duration,num_gpu\na,0,5,1\n").unwrap();
+        let spot = Trace::load_arg(&format!("spot={}", path.display())).unwrap();
+        assert_eq!(spot.tier, Some(Tier::Preemptible));
+        let ondemand = Trace::load_arg(&format!("ondemand={}", path.display())).unwrap();
+        assert_eq!(ondemand.tier, Some(Tier::OnDemand));
+        let wrong = Trace::load_arg(&format!("cheap={}", path.display())).unwrap_err().to_string();
+        assert!(
+            wrong.contains("expected preemptible (also spot), on-demand (also ondemand) or reserved"),
+            "{wrong}"
+        );
+        let _ = std::fs::remove_file(&path);
+    }
 }

@@ -12,7 +12,8 @@ use crate::error::{file, usage, CliError};
 
 #[derive(Args, Clone, Debug, Default)]
 pub struct SubmitArgs {
-    /// preemptible (default; also spot), on-demand or reserved.
+    /// preemptible (default; also spot), on-demand (also ondemand) or
+    /// reserved.
     #[arg(long, value_parser = crate::output::tier)]
     pub tier: Option<String>,
     /// Whole GPUs (default 1); MIN:MAX for an elastic job over whole

@@ -100,14 +100,10 @@ impl JobsQuery {
             None => None,
             Some(list) => Some(job_states(list)?),
         };
-        let tier = match self.tier.as_deref() {
+        let tier = match self.tier.as_deref().map(str::parse::<ebb_core::Tier>) {
             None => None,
-            Some(t @ ("reserved" | "on-demand" | "preemptible")) => t.parse::<ebb_core::Tier>().ok(),
-            Some(other) => {
-                return Err(ApiError::bad_request(format!(
-                    "tier: must be reserved, on-demand or preemptible, got {other:?}"
-                )))
-            }
+            Some(Ok(tier)) => Some(tier),
+            Some(Err(e)) => return Err(ApiError::bad_request(format!("tier: {e}"))),
         };
         Ok(crate::engine::JobQuery {
             cursor: self.cursor,
