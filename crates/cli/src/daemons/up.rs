@@ -255,10 +255,7 @@ pub async fn up(args: UpArgs) -> Result<(), CliError> {
     if joined != args.nodes as usize {
         return Err(usage(format!("only {joined} of {} agents joined; see {}", args.nodes, logs.display())));
     }
-    println!(
-        "ebb up: {} nodes x {} simulated {} GPUs, drain window {}, server {url}",
-        args.nodes, args.gpus_per_node, args.gpu_model, args.policy.drain_window
-    );
+    println!("{}", banner(args.nodes, args.gpus_per_node, &args.gpu_model, args.policy.drain_window, &url));
     println!(
         "dashboard: {url}/ (sign in with the admin token, in {})",
         server_dir.join("admin.token").display()
@@ -366,4 +363,34 @@ fn lock(data: &Path) -> Result<ebb_server::lock::DirLock, CliError> {
             _ => CliError::Lock(e),
         }
     })
+}
+
+/// The line that says what came up: `2 nodes x 8 simulated H100-80GB
+/// GPUs`, one node and one GPU in the singular.
+fn banner(
+    nodes: impl Into<u64>,
+    gpus: impl Into<u64>,
+    model: &str,
+    window: impl std::fmt::Display,
+    url: &str,
+) -> String {
+    let nodes = ebb_core::count(nodes.into(), "node");
+    let gpus = ebb_core::count(gpus.into(), &format!("simulated {model} GPU"));
+    format!("ebb up: {nodes} x {gpus}, drain window {window}, server {url}")
+}
+
+#[cfg(test)]
+mod banner_tests {
+    #[test]
+    fn one_node_and_one_gpu_are_singular() {
+        let url = "http://127.0.0.1:7300";
+        assert_eq!(
+            super::banner(2u32, 8u8, "H100-80GB", "300s", url),
+            "ebb up: 2 nodes x 8 simulated H100-80GB GPUs, drain window 300s, server http://127.0.0.1:7300"
+        );
+        assert_eq!(
+            super::banner(1u32, 1u8, "H100-80GB", "300s", url),
+            "ebb up: 1 node x 1 simulated H100-80GB GPU, drain window 300s, server http://127.0.0.1:7300"
+        );
+    }
 }

@@ -311,9 +311,15 @@ async fn scancel(args: &[String]) -> Result<String, CliError> {
             None => ids.push(id),
         }
     }
-    let mut jobs = Vec::new();
+    let (mut jobs, mut ended) = (Vec::new(), Vec::new());
+    let active = ["queued", "starting", "running", "draining"];
     for id in &ids {
-        jobs.extend(query::jobs_named(&client, id).await?);
+        let named = query::jobs_named(&client, id).await?;
+        // A job that has ended is said to have, as Slurm says it.
+        if !named.is_empty() && !named.iter().any(|j| active.contains(&j.state.as_str())) {
+            ended.push(format!("Kill job error on job id {id}: Job/step already completing or completed"));
+        }
+        jobs.extend(named);
     }
     if ids.is_empty() && stepped {
         return Ok(String::new()); // steps alone
@@ -325,7 +331,6 @@ async fn scancel(args: &[String]) -> Result<String, CliError> {
         jobs = query::list(&client, "active").await?;
     }
     jobs.retain(|j| filter.keeps(j));
-    let active = ["queued", "starting", "running", "draining"];
     jobs.retain(|j| active.contains(&j.state.as_str()));
     if let Some(signal) = options::last(&given, "signal").filter(|_| signal.is_some()) {
         for job in &jobs {
@@ -342,7 +347,10 @@ async fn scancel(args: &[String]) -> Result<String, CliError> {
         let request = api::CancelRequest { grace_ms: None };
         let _: api::Job = client.post(&format!("/v1/jobs/{}/cancel", job.id), &request).await?;
     }
-    Ok(String::new())
+    match ended.is_empty() {
+        true => Ok(String::new()),
+        false => Err(usage(ended.join("\nscancel: error: "))),
+    }
 }
 
 /// `scancel JOB.STEP`: the step's tasks on every node of the job get

@@ -621,6 +621,13 @@ fn srun_jobid_runs_a_step_in_a_running_job_from_outside_it() {
     assert!(said.ends_with("the shell got TERM\n"), "{said}");
     let ended = run(&["srun", &jobid, "true"]);
     assert!(text(&ended).1.contains("steps run only in a running job"), "{:?}", text(&ended));
+    // Cancelling a job that has ended says so, as Slurm does.
+    let late = run(&["scancel", &id]);
+    assert!(!late.status.success());
+    assert_eq!(
+        text(&late).1,
+        format!("scancel: error: Kill job error on job id {id}: Job/step already completing or completed\n")
+    );
 }
 
 /// The queries a real SkyPilot run sent its login node
