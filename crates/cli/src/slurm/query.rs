@@ -134,7 +134,9 @@ pub(super) fn job_name(job: &api::Job) -> String {
             opening.map_or(name.as_str(), |(at, _)| &name[..at]).to_string()
         }
         (Some(name), _) => name.clone(),
-        (None, _) => job.argv.first().map(|p| p.rsplit('/').next().unwrap_or(p).to_string()).unwrap_or_default(),
+        (None, _) => {
+            job.argv.first().map(|p| p.rsplit('/').next().unwrap_or(p).to_string()).unwrap_or_default()
+        }
     }
 }
 

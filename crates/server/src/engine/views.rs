@@ -68,8 +68,20 @@ impl<S: Store> Engine<S> {
         for row in &rows {
             let job = self.jobs.get(&row.id).map_or(row, |j| j);
             let mut view = self.view(job, Vec::new());
-            if let Some(array) = job.array.as_ref().filter(|_| q.collapse) {
-                view.progress = Some(self.progress_counts(array.id).map_err(read_error)?);
+            if let Some(array) = job.array.clone().filter(|_| q.collapse) {
+                let progress = self.progress_counts(array.id).map_err(read_error)?;
+                if view.pending_reason.is_none() && progress.states.contains_key(JobState::Queued.as_str()) {
+                    // The row is its first task's; what holds the array's
+                    // queued ones back is the first of theirs.
+                    let first_queued = (array.id.0..array.id.0.saturating_add(array.tasks))
+                        .filter_map(|id| self.jobs.get(&JobId(id)))
+                        .find(|task| task.state == JobState::Queued);
+                    if let Some((code, detail)) = first_queued.and_then(|task| self.pending(task, now_ms())) {
+                        view.pending_reason = Some(code);
+                        view.pending_detail = Some(detail);
+                    }
+                }
+                view.progress = Some(progress);
             }
             jobs.push(view);
         }

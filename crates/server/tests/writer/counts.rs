@@ -453,3 +453,38 @@ fn a_deadline_job_is_promoted_in_place_and_its_attempt_is_billed_at_both_rates()
     let revenue: Vec<_> = metrics.counters.revenue_micro_usd.into_iter().collect();
     assert_eq!(revenue, [("on-demand", 200_000), ("preemptible", 300_000), ("reserved", 0)]);
 }
+
+/// An array listed as one row says why its queued tasks wait, though the
+/// row is its first task's, which runs.
+#[test]
+fn a_collapsed_arrays_row_says_why_its_queued_tasks_wait() {
+    let mut env = TestEnv::new("array-reason");
+    env.register_node("a", "H100", 2, Vec::new(), Vec::new());
+    let (reply, mut rx) = oneshot::channel();
+    let spec = JobSubmission {
+        gpus: Some(1),
+        argv: vec!["work".into()],
+        array: Some("0-4".into()),
+        name: Some("infer".into()),
+        ..Default::default()
+    };
+    let principal = env.admin.clone();
+    let now = env.now;
+    env.engine().batch(vec![Msg::Submit { principal, spec: Box::new(spec), reply }], now).unwrap();
+    let tasks = rx.try_recv().unwrap().unwrap();
+    let started = env.poll("a");
+    assert_eq!(started.len(), 2, "two GPUs: two tasks run, three wait");
+    let at_ms = env.now;
+    env.report("a", started.iter().map(|&attempt| AgentEvent::Started { attempt, pid: 1, at_ms }).collect());
+    env.tick();
+    let query =
+        ebb_server::engine::JobQuery { cursor: Some(0), limit: 10, collapse: true, ..Default::default() };
+    let rows = all_pages(&mut env, query, |_| {});
+    assert_eq!(rows.len(), 1);
+    assert_eq!(JobId(rows[0].id), tasks[0]);
+    assert_eq!(rows[0].state, "running", "the row is the first task's");
+    let waiting = env.job(tasks[4]).unwrap();
+    assert!(waiting.pending_reason.is_some(), "a queued task says why it waits");
+    assert!(rows[0].pending_reason.is_some(), "and so does its array's row: {:?}", rows[0]);
+    assert!(rows[0].pending_detail.is_some());
+}
