@@ -11,9 +11,10 @@ pub struct JobSubmission {
     #[serde(default)]
     #[schema(max_length = 256, pattern = r"^[^\n\u0000]*$")]
     pub name: Option<String>,
-    /// `preemptible` (default), `on-demand` or `reserved`.
+    /// `preemptible` (default; also `spot`), `on-demand` (also `ondemand`)
+    /// or `reserved`, in any case.
     #[serde(default)]
-    #[schema(pattern = r"^(preemptible|on-demand|ondemand|on_demand|reserved)$")]
+    #[schema(pattern = r"^(preemptible|spot|on-demand|ondemand|on_demand|reserved)$")]
     pub tier: Option<String>,
     /// Whole GPUs (default 1). More than one node's worth is a gang.
     #[serde(default)]

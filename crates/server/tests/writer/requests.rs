@@ -160,7 +160,7 @@ fn tenants_see_only_their_own_jobs_and_bad_requests_name_what_was_wrong() {
         (r#"{"argv": []}"#, "argv", 400),
         (r#"{"argv": ["x"], "gpus": "two"}"#, "gpus", 400),
         (r#"{"argv": ["x"], "gpus": 0}"#, "gpus", 400),
-        (r#"{"argv": ["x"], "tier": "spot"}"#, "tier", 400),
+        (r#"{"argv": ["x"], "tier": "cheap"}"#, "tier", 400),
         (r#"{"argv": ["x"], "signal": "SIGFOO"}"#, "signal", 400),
         (r#"{"argv": ["x"], "gpu": 2}"#, "gpu", 400),
         (r#"{"argv": ["x"], "env": {"EBB_JOB_ID": "7"}}"#, "env", 400),
