@@ -381,6 +381,14 @@ pub async fn logs(
 ) -> Result<(), CliError> {
     use std::io::Write;
     let client = conn.client()?;
+    if follow {
+        // A job that has not started has no output yet: say what it waits
+        // for, once, on standard error, then follow.
+        let job: api::Job = client.get(&format!("/v1/jobs/{id}")).await?;
+        if let Some(line) = waiting_line(&job) {
+            eprintln!("{line}");
+        }
+    }
     let mut offset = 0;
     let mut labels = Labels::default();
     if let Some(lines) = tail {
@@ -437,6 +445,18 @@ pub async fn logs(
             return Ok(());
         }
     }
+}
+
+/// What `ebb logs -f` says of a job that has not started yet.
+fn waiting_line(job: &api::Job) -> Option<String> {
+    if job.state != "queued" {
+        return None;
+    }
+    let why = match (&job.pending_detail, &job.pending_reason) {
+        (Some(detail), Some(code)) => format!(": {detail} ({code})"),
+        _ => String::new(),
+    };
+    Some(format!("ebb logs: job {} is queued{why}; its output follows once it starts", job.id))
 }
 
 /// Why a finished job's log is empty: its output was removed.
@@ -648,6 +668,24 @@ mod tests {
         let shown = show_text(&jobs[0], false);
         assert!(shown.contains(&format!("\n  waiting      {why} (reservation_cap)\n")), "{shown}");
         assert!(!show_text(&jobs[1], false).contains("waiting "));
+    }
+
+    /// `ebb logs -f` of a job that has not started says what it waits
+    /// for; of one that has, nothing.
+    #[test]
+    fn following_a_queued_jobs_log_says_what_it_waits_for() {
+        let queued = waiting(9, Some("resources"), Some("waits for 4 free H100-80GB GPUs"));
+        assert_eq!(
+            waiting_line(&queued).unwrap(),
+            "ebb logs: job 9 is queued: waits for 4 free H100-80GB GPUs (resources); its output follows once it starts"
+        );
+        assert_eq!(
+            waiting_line(&waiting(10, None, None)).unwrap(),
+            "ebb logs: job 10 is queued; its output follows once it starts"
+        );
+        let mut running = waiting(11, None, None);
+        running.state = "running".into();
+        assert_eq!(waiting_line(&running), None);
     }
 
     /// A job's priority shows in `ebb show`, named when it is a class's,
