@@ -448,6 +448,26 @@ fn logs_follow_a_running_job_live() {
     assert!(lines.next().is_none(), "follow ends when the job does");
     assert!(follow.wait().unwrap().success());
     assert_eq!(c.job(job)["state"], "succeeded");
+
+    // A job that has not started: what it waits for, once, then its output.
+    let filler = c.submit(&["--tier", "on-demand", "--gpus", "4", "--", "sleep", "600"]);
+    c.wait_state(filler, "running");
+    let queued = c.submit(&["--", "echo", "three"]);
+    let mut follow = std::process::Command::new(support::ebb_exe())
+        .args(["logs", "-f", &queued.to_string()])
+        .env("EBB_SERVER", &c.url)
+        .env("EBB_TOKEN", &c.admin)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let said = std::io::BufReader::new(follow.stderr.take().unwrap()).lines().next().unwrap().unwrap();
+    assert!(said.starts_with(&format!("ebb logs: job {queued} is queued: ")), "{said}");
+    assert!(said.ends_with("; its output follows once it starts"), "{said}");
+    c.ebb(&["cancel", &filler.to_string()]);
+    let mut lines = std::io::BufReader::new(follow.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "three");
+    assert!(follow.wait().unwrap().success());
 }
 
 #[test]
