@@ -105,7 +105,11 @@ def main():
         drained = ebb_sdk.drain_requested()
         if args.mode == "notice" and drained:
             ckpt.save(step, lambda f: save_state(f, step, params, rng))
-            print(f"drain notice: saved step {step}, exiting to be requeued", flush=True)
+            notice = ebb_sdk.notice()
+            if notice is not None and notice.cancelled:
+                print(f"cancel notice: saved step {step}, exiting (cancelled: no attempt follows)", flush=True)
+            else:
+                print(f"drain notice: saved step {step}, exiting to be requeued", flush=True)
             ebb_sdk.exit_now()  # no completion marker: requeued, not "succeeded"
         if args.mode == "periodic":
             if drained:
@@ -116,6 +120,7 @@ def main():
         if step % 500 == 0:
             print(f"step {step}: accuracy {accuracy(params, x, y):.3f}", flush=True)
 
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     weights = io.BytesIO()
     np.save(weights, np.concatenate([params[k].ravel() for k in ("w1", "b1", "w2", "b2")]))
     tmp = args.out + ".tmp"

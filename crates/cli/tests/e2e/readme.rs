@@ -154,6 +154,12 @@ fn the_readme_tour_and_workload_commands_work_as_written() {
             (terminal.job(id)["state"] == "cancelled").then_some(())
         });
     }
+    // The training's own log tells a cancel from a drain.
+    let log = terminal.run("ebb logs 1");
+    assert!(
+        log.contains("cancel notice: saved step") && log.contains("(cancelled: no attempt follows)"),
+        "{log}"
+    );
 
     // The workload commands, each as written, then every batch job to its end.
     let workloads = blocks("## Workloads that survive preemption");
@@ -171,6 +177,10 @@ fn the_readme_tour_and_workload_commands_work_as_written() {
             }
         }
     }
+    // Taking a node away drained some of the batch work, which resumed.
+    wait_for("the reclaim to drain batch work", Duration::from_secs(60), || {
+        batch.iter().any(|id| terminal.job(*id)["preemptions"].as_u64() >= Some(1)).then_some(())
+    });
     for id in &batch {
         let j = wait_for(&format!("job {id} to end"), Duration::from_secs(300), || {
             let j = terminal.job(*id);
@@ -178,8 +188,8 @@ fn the_readme_tour_and_workload_commands_work_as_written() {
         });
         assert_eq!(j["state"], "succeeded", "job {id}: {}", terminal.run(&format!("ebb logs {id}")));
     }
-    assert!(here.join("weights-periodic.npy").exists(), "the training run's weights");
-    terminal.run("python3 examples/batch_inference.py check --data infer");
+    assert!(here.join("tour/weights-periodic.npy").exists(), "the training run's weights");
+    terminal.run("python3 examples/batch_inference.py check --data tour/infer");
     // The service serves, on-demand, until cancelled.
     let service = service.expect("the README starts a service");
     wait_for("the service to run", Duration::from_secs(60), || {
