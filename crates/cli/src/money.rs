@@ -19,6 +19,16 @@ pub fn amount(micro_usd: i64) -> String {
     MicroUsd(micro_usd).amount_text()
 }
 
+/// The savings as the invoice shows them: the shown on-demand figure
+/// less what the same work cost, each rounded to the cent once, so that
+/// the lines people subtract agree (1.41 - 1.26 = 0.15, never 0.14).
+fn shown_savings(on_demand: i64, savings: i64) -> i64 {
+    let cents = |m: i128| (m.abs() + 5_000) / 10_000 * m.signum() * 10_000;
+    let (on_demand, savings) = (i128::from(on_demand), i128::from(savings));
+    let shown = cents(on_demand) - cents(on_demand - savings);
+    shown.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64
+}
+
 /// A price per GPU-hour, in micro-dollars, for people: `3.6000`.
 pub fn rate(micro_usd: i64) -> String {
     MicroUsd(micro_usd).rate_text()
@@ -297,7 +307,7 @@ pub async fn bill(conn: &Connection, args: &BillArgs) -> Result<String, CliError
         text,
         "{:<42} {:>14}",
         "saved by running preemptible",
-        amount(inv.preemptible_savings_micro_usd)
+        amount(shown_savings(inv.on_demand_equivalent_micro_usd, inv.preemptible_savings_micro_usd))
     )
     .unwrap();
     writeln!(
@@ -463,4 +473,25 @@ pub async fn report(conn: &Connection, args: &ReportArgs) -> Result<String, CliE
          counts them (per started second), and the reservations' charges.\n",
     );
     Ok(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The total, the on-demand figure and the savings are each rounded to
+    /// the cent; the savings shown are the difference of the other two as
+    /// shown.
+    #[test]
+    fn the_savings_shown_are_the_difference_of_the_figures_shown() {
+        // 1.414_999 and 1.264_999: shown 1.41 and 1.26; the savings,
+        // 0.150_000, shown 0.15 either way.
+        assert_eq!(amount(shown_savings(1_414_999, 150_000)), "0.15");
+        // 1.415_000 (1.42) less 0.144_999: 1.270_001 (1.27): 0.15, where
+        // rounding the savings alone gives 0.14.
+        assert_eq!(amount(144_999), "0.14");
+        assert_eq!(amount(shown_savings(1_415_000, 144_999)), "0.15");
+        assert_eq!(amount(shown_savings(0, 0)), "0.00");
+        assert_eq!(shown_savings(i64::MAX, i64::MIN), shown_savings(i64::MAX, i64::MIN), "no overflow");
+    }
 }
