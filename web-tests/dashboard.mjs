@@ -303,6 +303,10 @@ async function operatorSeesPreemption(browser, server, admin, problems) {
   const timeline = (await page.locator(".timeline li").allTextContents()).map(words);
   check(JSON.stringify(timeline) === JSON.stringify(shown.map(words)),
     `the timeline is ebb show's, sentence for sentence (${timeline.length} events, e.g. "${timeline[timeline.length - 1]}")`);
+  // Its attempts' lost work in ebb show's words, not the bill's whole seconds.
+  const lostShown = shown.find((l) => / requeued /.test(l)).split("; lost ")[1];
+  const lostCell = await page.locator('tr[data-attempt="1"] td.lost').textContent();
+  check(lostCell === lostShown, `an attempt's lost work is ebb show's (${lostCell})`);
   await screenshot(page, "dashboard-job.png");
   await page.goto(`${server}/#/cluster`);
   await page.getByRole("heading", { level: 1, name: "Cluster" }).waitFor();
@@ -385,6 +389,8 @@ async function tenantSeesOnlyItsOwn(browser, server, admin, problems) {
   await signIn(page, server, alice);
   await page.getByRole("heading", { level: 1, name: "My jobs" }).waitFor();
   check(await page.getByRole("link", { name: "Cluster" }).count() === 0, "a tenant has no cluster view");
+  const who = await page.locator("#who").textContent();
+  check(who === "Signed in as tenant alice", `the page names the tenant signed in (${who})`);
   await page.locator(`tr[data-job="${mine}"]`).waitFor();
   check((await page.locator(`tr[data-job="${onDemand}"]`).count()) === 1, "alice's jobs are on her page");
   check((await page.locator(`tr[data-job="${secret}"]`).count()) === 0, "bob's job is not on alice's page");

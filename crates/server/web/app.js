@@ -104,8 +104,10 @@ function announce(text) {
 // ---- sign in and out ---------------------------------------------------------
 
 async function signIn(token) {
-  // Who is signed in: an operator may list the tenants, a tenant may not.
+  // Who is signed in: an operator may list the tenants, a tenant may not
+  // (and is named by its own bill).
   let operator;
+  let tenant = null;
   try {
     await api("/v1/tenants", token);
     operator = true;
@@ -113,6 +115,7 @@ async function signIn(token) {
     if (e.status === 403) operator = false;
     else throw e;
   }
+  if (!operator) tenant = (await api("/v1/bill", token)).tenant;
   session = { token, operator };
   sessionStorage.setItem(TOKEN_KEY, token);
   document.getElementById("nav").hidden = false;
@@ -120,7 +123,7 @@ async function signIn(token) {
   document.getElementById("sign-out").hidden = false;
   const who = document.getElementById("who");
   who.hidden = false;
-  who.textContent = operator ? "Signed in as operator" : "Signed in as tenant";
+  who.textContent = operator ? "Signed in as operator" : `Signed in as tenant ${tenant}`;
   follow();
   if (!location.hash || location.hash === "#") location.hash = operator ? "#/cluster" : "#/jobs";
   else render();
@@ -358,7 +361,7 @@ async function clusterView() {
         ? el("p", { text: "No recent preemption." })
         : table(
               "The latest preemptions: notice, the victim's exit, the preemptor's start, and the work lost",
-              ["Victim", "Preemptor", "Notice", "Victim exited", "Preemptor started", "Lost GPU-seconds"],
+              ["Victim", "Preemptor", "Notice", "Victim exited", "Preemptor started", "Lost work"],
               preemptions.map((p) =>
                 el(
                   "tr",
@@ -755,6 +758,16 @@ function span(ms) {
 }
 
 /// Lost work as `ebb show` gives it: `0.67 GPU-hours (8 GPUs x 5m 01s)`.
+// An attempt's lost work as its timeline and `ebb show` say it (the
+// requeue's exact figure; the usage record's is in whole seconds, for
+// billing), or nothing where it lost none.
+function attemptLost(job, u) {
+  const requeued = job.events.find((e) => e.kind === "requeued" && e.attempt === u.attempt);
+  const seconds = requeued && requeued.detail ? requeued.detail.lost_gpu_seconds : null;
+  if (seconds === null || seconds === undefined) return u.lost_gpu_seconds > 0 ? `${u.lost_gpu_seconds} GPU-s` : "none";
+  return seconds > 0 ? lostWork(seconds, job.gpus) : "none";
+}
+
 function lostWork(gpuSeconds, n) {
   const hours = `${gpuHours(gpuSeconds / 3600)} GPU-hours`;
   return n > 0 ? `${hours} (${gpus(n)} x ${span((gpuSeconds / n) * 1000)})` : hours;
@@ -806,7 +819,7 @@ async function preemptionTimeline(recentJobs) {
         noticeMs: notice.at_ms,
         exitedMs: exited ? exited.at_ms : null,
         startedMs: null,
-        lost: usage ? usage.lost_gpu_seconds : null,
+        lost: usage ? attemptLost(victim, usage) : null,
       });
     }
   }
@@ -1050,17 +1063,17 @@ async function jobView(id) {
       ? el("p", { text: "No attempt has ended yet." })
       : table(
             "Each ended attempt and its charge",
-            ["Attempt", "Outcome", "Started", "Ended", "GPU-seconds", "Lost GPU-seconds", "Charge (USD)"],
+            ["Attempt", "Outcome", "Started", "Ended", "GPU-seconds", "Lost work", "Charge (USD)"],
             job.usage.map((u) =>
               el(
                 "tr",
-                {},
+                { "data-attempt": u.attempt },
                 el("td", { text: u.attempt }),
                 el("td", { text: u.outcome }),
                 el("td", { text: u.started_at }),
                 el("td", { text: u.ended_at }),
                 el("td", { text: u.gpu_seconds }),
-                el("td", { text: u.lost_gpu_seconds }),
+                el("td", { class: "lost", text: attemptLost(job, u) }),
                 el("td", { class: "money", text: amount(u.amount_micro_usd) }),
               ),
             ),
