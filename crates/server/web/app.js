@@ -115,7 +115,10 @@ async function signIn(token) {
     if (e.status === 403) operator = false;
     else throw e;
   }
-  if (!operator) tenant = (await api("/v1/bill", token)).tenant;
+  if (!operator) {
+    const [from, to] = thisMonth();
+    tenant = (await api(`/v1/bill?from=${from}&to=${to}`, token)).tenant;
+  }
   session = { token, operator };
   sessionStorage.setItem(TOKEN_KEY, token);
   document.getElementById("nav").hidden = false;
