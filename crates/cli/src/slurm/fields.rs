@@ -1,5 +1,8 @@
 //! `-O`/`--Format` (`squeue`'s, `sinfo`'s, `squeue -s`'s): Slurm's field
-//! names, read as the `%`-letters that print the same.
+//! names, read as the `%`-letters that print the same; and a job's name
+//! as those fields show it.
+
+use ebb_api as api;
 
 use crate::error::{usage, CliError};
 
@@ -56,6 +59,32 @@ pub fn long_format(spec: &str, names: &[(&str, char)], what: &str) -> Result<Str
     Ok(format)
 }
 
+/// A job's name as Slurm shows it: an Ebb array's task by its array's
+/// name (Ebb names each task `NAME[INDEX]` or `NAME[k=v,...]`, which a
+/// narrow column would cut mid-token), a job given none by its program's.
+pub(super) fn job_name(job: &api::Job) -> String {
+    match (&job.name, &job.array) {
+        (Some(name), Some(_)) if name.ends_with(']') => {
+            // The '[' that opens the last group (whose values may hold
+            // brackets of their own).
+            let mut depth = 0usize;
+            let opening = name.char_indices().rev().find(|&(_, c)| {
+                match c {
+                    ']' => depth += 1,
+                    '[' => depth -= 1,
+                    _ => {}
+                }
+                depth == 0
+            });
+            opening.map_or(name.as_str(), |(at, _)| &name[..at]).to_string()
+        }
+        (Some(name), _) => name.clone(),
+        (None, _) => {
+            job.argv.first().map(|p| p.rsplit('/').next().unwrap_or(p).to_string()).unwrap_or_default()
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -88,5 +117,35 @@ mod tests {
                 Err(e) => proptest::prop_assert!(e.to_string().starts_with("Invalid job format")),
             }
         }
+    }
+
+    #[test]
+    fn a_jobs_name_is_its_arrays_or_its_programs_where_it_has_none_of_its_own() {
+        let mut j: api::Job = serde_json::from_value(serde_json::json!({
+            "id": 12, "tenant": "default", "name": null, "tier": "preemptible", "gpus": 1,
+            "gpu_model": null, "argv": [], "state": "running", "attempt": 1, "preemptions": 0,
+            "retries": 0, "submitted_at": "2026-12-07T08:00:00Z", "placement": [], "lost_gpu_seconds": 0.0,
+        }))
+        .unwrap();
+        j.name = None;
+        j.argv = vec!["/usr/bin/python3".into(), "train.py".into()];
+        assert_eq!(job_name(&j), "python3");
+        j.name = Some("infer2[7]".into());
+        j.array = Some(api::ArrayTask { id: 5, index: 7, tasks: 9, params: Default::default() });
+        assert_eq!(job_name(&j), "infer2");
+        j.name = Some("sweep[lr=0.1,bs=[1,2]]".into());
+        assert_eq!(job_name(&j), "sweep");
+        j.name = Some("a[b][3]".into());
+        assert_eq!(job_name(&j), "a[b]");
+        j.name = Some("odd]".into());
+        assert_eq!(job_name(&j), "odd]", "no group: the name whole");
+        j.name = Some("sweep[lr=0.1]".into());
+        assert_eq!(job_name(&j), "sweep");
+        j.array = None;
+        j.name = Some("plain[1]".into());
+        assert_eq!(job_name(&j), "plain[1]", "a name of its own is kept whole");
+        j.argv.clear();
+        j.name = None;
+        assert_eq!(job_name(&j), "");
     }
 }

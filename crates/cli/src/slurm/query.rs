@@ -114,38 +114,12 @@ pub(super) fn time_limit(job: &api::Job, short: bool) -> String {
     }
 }
 
-/// A job's name as Slurm shows it: an Ebb array's task by its array's
-/// name (Ebb names each task `NAME[INDEX]` or `NAME[k=v,...]`, which a
-/// narrow column would cut mid-token), a job given none by its program's.
-pub(super) fn job_name(job: &api::Job) -> String {
-    match (&job.name, &job.array) {
-        (Some(name), Some(_)) if name.ends_with(']') => {
-            // The '[' that opens the last group (whose values may hold
-            // brackets of their own).
-            let mut depth = 0usize;
-            let opening = name.char_indices().rev().find(|&(_, c)| {
-                match c {
-                    ']' => depth += 1,
-                    '[' => depth -= 1,
-                    _ => {}
-                }
-                depth == 0
-            });
-            opening.map_or(name.as_str(), |(at, _)| &name[..at]).to_string()
-        }
-        (Some(name), _) => name.clone(),
-        (None, _) => {
-            job.argv.first().map(|p| p.rsplit('/').next().unwrap_or(p).to_string()).unwrap_or_default()
-        }
-    }
-}
-
 /// One `squeue -o` field.
 fn squeue_field(job: &api::Job, id: &str, letter: char) -> String {
     let slurm = job.slurm.as_ref();
     match letter {
         'i' | 'A' => id.to_string(),
-        'j' => job_name(job),
+        'j' => super::fields::job_name(job),
         't' => short_state(state(job)).into(),
         'T' => state(job).into(),
         'M' => duration(elapsed_s(job), true),
@@ -614,7 +588,7 @@ fn sacct_field(job: &api::Job, id: &str, field: &str) -> Result<String, CliError
     let slurm = job.slurm.as_ref();
     Ok(match field.to_ascii_lowercase().as_str() {
         "jobid" | "jobidraw" => id.to_string(),
-        "jobname" => job_name(job),
+        "jobname" => super::fields::job_name(job),
         "state" => state(job).into(),
         "exitcode" => match (job.exit_code, state(job)) {
             (Some(code), _) => format!("{code}:0"),
@@ -829,31 +803,6 @@ mod tests {
         let j = job(12, "running");
         assert_eq!(render("%.6i|%4j|%5t|%%", |l| squeue_field(&j, "12", l)), "    12|trai|R    |%");
         assert_eq!(squeue_header("%i %j %t"), "JOBID NAME ST");
-    }
-
-    #[test]
-    fn a_jobs_name_is_its_arrays_or_its_programs_where_it_has_none_of_its_own() {
-        let mut j = job(12, "running");
-        j.name = None;
-        j.argv = vec!["/usr/bin/python3".into(), "train.py".into()];
-        assert_eq!(job_name(&j), "python3");
-        j.name = Some("infer2[7]".into());
-        j.array = Some(api::ArrayTask { id: 5, index: 7, tasks: 9, params: Default::default() });
-        assert_eq!(job_name(&j), "infer2");
-        j.name = Some("sweep[lr=0.1,bs=[1,2]]".into());
-        assert_eq!(job_name(&j), "sweep");
-        j.name = Some("a[b][3]".into());
-        assert_eq!(job_name(&j), "a[b]");
-        j.name = Some("odd]".into());
-        assert_eq!(job_name(&j), "odd]", "no group: the name whole");
-        j.name = Some("sweep[lr=0.1]".into());
-        assert_eq!(job_name(&j), "sweep");
-        j.array = None;
-        j.name = Some("plain[1]".into());
-        assert_eq!(job_name(&j), "plain[1]", "a name of its own is kept whole");
-        j.argv.clear();
-        j.name = None;
-        assert_eq!(job_name(&j), "");
     }
 
     #[test]
