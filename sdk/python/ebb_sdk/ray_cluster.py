@@ -40,6 +40,8 @@ from typing import List, Optional, Tuple
 from . import drain
 
 _JOIN_TIMEOUT_S = 300.0
+# Between a worker's Ray that gave up on the head and its next start.
+_RETRY_S = 2.0
 _READY = b"ebb_sdk:driver-connected"
 _MARGIN_S = 2.0
 
@@ -198,7 +200,16 @@ def _start_joined(head: bool) -> subprocess.Popen:
         deadline = time.time() + _JOIN_TIMEOUT_S
         while True:
             if ray_process.poll() is not None:
-                raise SystemExit(f"ebb_sdk.ray_cluster: Ray exited ({ray_process.returncode}) before it joined")
+                # A worker's Ray gives up when the head's GCS is slow to
+                # answer (busy with a node that just left): it starts
+                # again, until the join's time is up. The head's does not.
+                if head or time.time() + _RETRY_S > deadline:
+                    raise SystemExit(f"ebb_sdk.ray_cluster: Ray exited ({ray_process.returncode}) before it joined")
+                _say(f"Ray exited ({ray_process.returncode}) before it joined; starting it again in {_RETRY_S:.0f}s")
+                _stop(ray_process)  # what its group left
+                time.sleep(_RETRY_S)
+                ray_process = _start(head)
+                continue
             if time.time() > deadline:
                 _stop(ray_process)
                 raise SystemExit(f"ebb_sdk.ray_cluster: Ray did not join in {_JOIN_TIMEOUT_S:.0f}s")
