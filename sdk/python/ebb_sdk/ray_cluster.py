@@ -202,11 +202,17 @@ def _start_joined(head: bool) -> subprocess.Popen:
             if ray_process.poll() is not None:
                 # A worker's Ray gives up when the head's GCS is slow to
                 # answer (busy with a node that just left): it starts
-                # again, until the join's time is up. The head's does not.
+                # again, until the join's time is up, while the head is
+                # there. The head's does not.
+                _stop(ray_process)  # what its group left
+                if not head and not _reachable(_head()):
+                    # The head's Ray has ended: the driver is done, and the
+                    # job with it (a node that grew back just then).
+                    _say(f"Ray's head at {_head()} has ended: nothing to join on {_node()}")
+                    os._exit(0)
                 if head or time.time() + _RETRY_S > deadline:
                     raise SystemExit(f"ebb_sdk.ray_cluster: Ray exited ({ray_process.returncode}) before it joined")
                 _say(f"Ray exited ({ray_process.returncode}) before it joined; starting it again in {_RETRY_S:.0f}s")
-                _stop(ray_process)  # what its group left
                 time.sleep(_RETRY_S)
                 ray_process = _start(head)
                 continue
