@@ -102,9 +102,10 @@ fn a_bad_trace_is_refused_naming_line_and_field() {
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert!(stderr.contains("line 3: duration: expected a non-negative integer, got \"ten\""), "{stderr}");
 
-    let out = ebb(&["sim", "--trace", &format!("spot={}", bad.display())]);
+    let out = ebb(&["sim", "--trace", &format!("cheap={}", bad.display())]);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown tier \"spot\""));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("unknown tier \"cheap\": expected preemptible (also spot), on-demand"), "{said}");
 
     let out = ebb(&["sim", "--trace", dir.join("missing.csv").to_str().unwrap()]);
     assert!(!out.status.success());

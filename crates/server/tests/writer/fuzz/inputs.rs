@@ -278,6 +278,7 @@ pub(super) fn submission() -> impl Strategy<Value = JobSubmission> {
         1 => Just(Some("reserved".to_string())),
         1 => Just(Some("preemptible".to_string())),
         1 => Just(Some("spot".to_string())),
+        1 => Just(Some("cheap".to_string())),
     ];
     let gpus = proptest::option::of(
         prop_oneof![8 => 1u32..=8, 1 => 9u32..=24, 1 => Just(0), 1 => Just(4096), 1 => Just(u32::MAX)],
